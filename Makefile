@@ -1,0 +1,135 @@
+# cumulo — one plain Makefile. Every src/<module>/*.c is part of libcumulo.a
+# (except src/cli, which makes the binary). ISA-specific kernel files are
+# named *_avx2.c, *_avx512.c, *_neon.c and get their own flags; the default
+# build runs on any x86-64 or arm64 machine (runtime dispatch, no -march=native).
+#
+#   make demo    install what is missing, build, run the demo
+#   make test    install what is missing, build, run every test
+#   make         build ./cumulo
+
+SHARED ?= $(abspath $(CURDIR)/../shared)
+export CUMULO_SHARED ?= $(SHARED)
+
+CC ?= cc
+UNAME_S := $(shell uname -s)
+UNAME_M := $(shell uname -m)
+BUILD ?= build
+PKGS := libmicrohttpd libcjson libsodium libpcre2-8 libuv
+
+PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+
+OPT ?= -O2
+WARN := -Wall -Wextra -Wpedantic -Wno-unused-parameter -Werror
+ifeq ($(UNAME_S),Darwin)
+  OSDEF := -D_DARWIN_C_SOURCE
+else
+  OSDEF := -D_GNU_SOURCE
+endif
+CFLAGS ?=
+CFLAGS += -std=c11 $(OPT) -g $(WARN) $(OSDEF) -fno-strict-aliasing -Isrc $(PKG_CFLAGS) $(SAN)
+LDLIBS += $(PKG_LIBS) -lm -lpthread $(SAN)
+
+# ISA flags: only the files that carry the ISA in their name get them.
+ifeq ($(UNAME_M),x86_64)
+  ISA_AVX2 := -mavx2 -mfma -mf16c
+  ISA_AVX512 := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavx512bf16 -mfma -mf16c -mavx2
+  ISA_SRCS_EXCLUDE := %_neon.c
+else ifneq ($(filter arm64 aarch64,$(UNAME_M)),)
+  ISA_NEON := -march=armv8.2-a+dotprod+fp16
+  ISA_SRCS_EXCLUDE := %_avx2.c %_avx512.c
+endif
+
+LIB_SRCS := $(filter-out $(ISA_SRCS_EXCLUDE),$(wildcard src/*/*.c))
+LIB_SRCS := $(filter-out src/cli/%,$(LIB_SRCS))
+CLI_SRCS := $(wildcard src/cli/*.c)
+LIB_OBJS := $(LIB_SRCS:%.c=$(BUILD)/%.o)
+CLI_OBJS := $(CLI_SRCS:%.c=$(BUILD)/%.o)
+TEST_SRCS := $(wildcard tests/unit/test_*.c)
+TEST_BINS := $(TEST_SRCS:tests/unit/%.c=$(BUILD)/tests/%)
+DEPS := $(LIB_OBJS:.o=.d) $(CLI_OBJS:.o=.d) $(TEST_BINS:=.d)
+
+.PHONY: all deps demo test test-quick check clean fuzz fuzz-long asan tsan neon-test format bench
+
+all: cumulo
+
+cumulo: $(BUILD)/cumulo
+	@ln -sf $(BUILD)/cumulo cumulo
+
+$(BUILD)/cumulo: $(CLI_OBJS) $(BUILD)/libcumulo.a
+	$(CC) $(CFLAGS) -o $@ $(CLI_OBJS) $(BUILD)/libcumulo.a $(LDLIBS)
+
+$(BUILD)/libcumulo.a: $(LIB_OBJS)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/%_avx2.o: %_avx2.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(ISA_AVX2) -MMD -MP -c -o $@ $<
+$(BUILD)/%_avx512.o: %_avx512.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(ISA_AVX512) -MMD -MP -c -o $@ $<
+$(BUILD)/%_neon.o: %_neon.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(ISA_NEON) -MMD -MP -c -o $@ $<
+$(BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -MMD -MP -c -o $@ $<
+
+$(BUILD)/tests/%: tests/unit/%.c $(BUILD)/libcumulo.a tests/unit/test.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Itests/unit -MMD -MP -o $@ $< $(BUILD)/libcumulo.a $(LDLIBS)
+
+tests: $(TEST_BINS)
+
+# Install missing system packages (apt on Debian/Ubuntu, brew on macOS); a no-op when all is there.
+deps:
+	@sh scripts/setup.sh
+
+demo: deps
+	@$(MAKE) --no-print-directory cumulo
+	@sh scripts/demo.sh
+
+# The README's test command: everything a newcomer and CI run.
+test: deps
+	@$(MAKE) --no-print-directory cumulo tests
+	@sh tests/run.sh
+
+# Tests without the dependency check (for quick iteration).
+test-quick: cumulo tests
+	@sh tests/run.sh
+
+# Sanitizer builds of the whole suite, in their own build folders.
+asan:
+	@$(MAKE) --no-print-directory BUILD=build-asan CC=clang OPT=-O1 \
+	  SAN="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer" cumulo tests
+	@CUMULO_BIN=build-asan/cumulo CUMULO_TESTBIN=build-asan/tests sh tests/run.sh
+tsan:
+	@$(MAKE) --no-print-directory BUILD=build-tsan CC=clang OPT=-O1 SAN="-fsanitize=thread" cumulo tests
+	@CUMULO_BIN=build-tsan/cumulo CUMULO_TESTBIN=build-tsan/tests sh tests/run.sh
+
+# libFuzzer targets: fuzz/fuzz_*.c, built against an instrumented library.
+FUZZ_SRCS := $(wildcard fuzz/fuzz_*.c)
+FUZZ_BINS := $(FUZZ_SRCS:fuzz/%.c=build-fuzz/%)
+FUZZ_SECONDS ?= 20
+build-fuzz/libcumulo.a: $(LIB_SRCS)
+	@$(MAKE) --no-print-directory BUILD=build-fuzz CC=clang OPT=-O1 \
+	  SAN="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined" build-fuzz/libcumulo.a-inner
+build-fuzz/libcumulo.a-inner: $(LIB_OBJS)
+	@rm -f build-fuzz/libcumulo.a
+	ar rcs build-fuzz/libcumulo.a $^
+build-fuzz/fuzz_%: fuzz/fuzz_%.c build-fuzz/libcumulo.a
+	clang -std=c11 -O1 -g $(OSDEF) -Isrc $(PKG_CFLAGS) -fsanitize=fuzzer,address,undefined \
+	  -fno-sanitize-recover=undefined -o $@ $< build-fuzz/libcumulo.a $(PKG_LIBS) -lm -lpthread
+fuzz: $(FUZZ_BINS)
+	@sh fuzz/run.sh $(FUZZ_SECONDS)
+fuzz-long:
+	@$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=600
+
+format:
+	clang-format -i $$(find src tests fuzz bench tools -name '*.[ch]')
+
+clean:
+	rm -rf build build-asan build-tsan build-fuzz build-neon cumulo
+
+-include $(DEPS)

@@ -1,0 +1,143 @@
+/*
+ * base: error codes, logging, assertions, arenas and small helpers that every
+ * module of cumulo uses. It depends on nothing but libc and must never include
+ * any other cumulo header.
+ *
+ * Errors are values: functions return 0 or a negative CM_E* code, and write a
+ * one-line, lower-case, problem-first message into a caller-supplied buffer
+ * (`char *err, size_t errlen`, which may be NULL/0).
+ */
+#ifndef CM_BASE_H
+#define CM_BASE_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define CM_VERSION "0.1.0"
+
+/* One table of error codes; cm_strerror() names them. */
+#define CM_ERRORS(X)                                              \
+    X(CM_OK, 0, "ok")                                             \
+    X(CM_EINVAL, -1, "invalid argument")                          \
+    X(CM_ENOMEM, -2, "out of memory")                             \
+    X(CM_EIO, -3, "input/output error")                           \
+    X(CM_ENOENT, -4, "no such file")                              \
+    X(CM_EFORMAT, -5, "malformed data")                           \
+    X(CM_EUNSUPPORTED, -6, "unsupported")                         \
+    X(CM_ERANGE, -7, "value out of range")                        \
+    X(CM_ETIMEDOUT, -8, "timed out")                              \
+    X(CM_ECLOSED, -9, "connection closed")                        \
+    X(CM_EAUTH, -10, "authentication failed")                     \
+    X(CM_EPROTO, -11, "protocol error")                           \
+    X(CM_EBUSY, -12, "busy")                                      \
+    X(CM_ECANCELED, -13, "canceled")                              \
+    X(CM_ENOSPACE, -14, "no space left (context full)")           \
+    X(CM_EAGAIN, -15, "try again")                                \
+    X(CM_ESTATE, -16, "wrong state")
+
+enum cm_err {
+#define CM_X_ENUM(name, val, str) name = val,
+    CM_ERRORS(CM_X_ENUM)
+#undef CM_X_ENUM
+    CM_ERR_COUNT_ = 17
+};
+
+/* Static string for an error code; never NULL. */
+const char *cm_strerror(int code);
+
+/* printf into err (if non-NULL) and return code. Lets callers write
+ *     return cm_errf(err, errlen, CM_EFORMAT, "'%s': truncated header", path);
+ */
+int cm_errf(char *err, size_t errlen, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* Logging to stderr. Level from CUMULO_LOG (error|warn|info|debug), default warn. */
+enum cm_log_level { CM_LOG_ERROR, CM_LOG_WARN, CM_LOG_INFO, CM_LOG_DEBUG, CM_LOG_COUNT };
+void cm_log(enum cm_log_level lvl, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void cm_log_set_level(enum cm_log_level lvl);
+enum cm_log_level cm_log_get_level(void);
+#define CM_LOGE(...) cm_log(CM_LOG_ERROR, __VA_ARGS__)
+#define CM_LOGW(...) cm_log(CM_LOG_WARN, __VA_ARGS__)
+#define CM_LOGI(...) cm_log(CM_LOG_INFO, __VA_ARGS__)
+#define CM_LOGD(...) cm_log(CM_LOG_DEBUG, __VA_ARGS__)
+
+/* Always-on assertion for programmer bugs only. Never use it on bytes that
+ * came from a file, a socket or a request: those get validation + an error. */
+void cm_assert_fail(const char *expr, const char *file, int line) __attribute__((noreturn));
+#define CM_ASSERT(x) ((x) ? (void)0 : cm_assert_fail(#x, __FILE__, __LINE__))
+
+#define CM_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define CM_MAX(a, b) ((a) > (b) ? (a) : (b))
+#define CM_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
+
+/* Overflow-checked size arithmetic: return false on overflow. */
+static inline bool cm_add_ok(uint64_t a, uint64_t b, uint64_t *out) {
+    if (a > UINT64_MAX - b) return false;
+    *out = a + b;
+    return true;
+}
+static inline bool cm_mul_ok(uint64_t a, uint64_t b, uint64_t *out) {
+    if (a != 0 && b > UINT64_MAX / a) return false;
+    *out = a * b;
+    return true;
+}
+
+/* malloc wrappers: never return NULL for n > 0 unless out of memory;
+ * cm_free(NULL) is a no-op. Aligned allocations are 64-byte aligned. */
+void *cm_malloc(size_t n);
+void *cm_calloc(size_t count, size_t size);
+void *cm_realloc(void *p, size_t n);
+void *cm_aligned_alloc(size_t n); /* free with cm_aligned_free */
+void cm_aligned_free(void *p);
+void cm_free(void *p);
+char *cm_strdup(const char *s);
+
+/* Arena: bump allocator for per-request / per-session memory. Not thread-safe. */
+typedef struct cm_arena {
+    struct cm_arena_block *head;
+    size_t block_size;
+    size_t used_total;
+} cm_arena;
+void cm_arena_init(cm_arena *a, size_t block_size);
+void *cm_arena_alloc(cm_arena *a, size_t n); /* 16-byte aligned; NULL on OOM */
+char *cm_arena_strdup(cm_arena *a, const char *s);
+void cm_arena_reset(cm_arena *a); /* keeps the first block */
+void cm_arena_release(cm_arena *a);
+
+/* Growable byte buffer (for building strings/frames outside hot loops). */
+typedef struct cm_buf {
+    char *data;
+    size_t len, cap;
+    bool oom; /* sticky: set when a growth failed */
+} cm_buf;
+void cm_buf_init(cm_buf *b);
+void cm_buf_release(cm_buf *b);
+void cm_buf_append(cm_buf *b, const void *p, size_t n);
+void cm_buf_puts(cm_buf *b, const char *s);
+void cm_buf_printf(cm_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void cm_buf_clear(cm_buf *b);
+
+/* Deterministic PRNG (xoshiro256**), seeded by splitmix64. */
+typedef struct cm_rng { uint64_t s[4]; } cm_rng;
+void cm_rng_seed(cm_rng *r, uint64_t seed);
+uint64_t cm_rng_next(cm_rng *r);
+float cm_rng_uniform(cm_rng *r);      /* [0, 1) */
+float cm_rng_normal(cm_rng *r);       /* N(0, 1) */
+
+/* Little-endian field access for parsers and encoders (no struct memcpy). */
+static inline uint16_t cm_rd_u16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+static inline uint32_t cm_rd_u32(const uint8_t *p) {
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+static inline uint64_t cm_rd_u64(const uint8_t *p) {
+    return (uint64_t)cm_rd_u32(p) | ((uint64_t)cm_rd_u32(p + 4) << 32);
+}
+static inline void cm_wr_u16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
+static inline void cm_wr_u32(uint8_t *p, uint32_t v) {
+    p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); p[2] = (uint8_t)(v >> 16); p[3] = (uint8_t)(v >> 24);
+}
+static inline void cm_wr_u64(uint8_t *p, uint64_t v) { cm_wr_u32(p, (uint32_t)v); cm_wr_u32(p + 4, (uint32_t)(v >> 32)); }
+
+#endif

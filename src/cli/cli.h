@@ -1,0 +1,34 @@
+/*
+ * cli.h: the subcommands of the cumulo binary and helpers they share
+ * (option parsing, one-line errors, progress bars). Every command accepts
+ * --help and returns the process exit status.
+ */
+#ifndef CM_CLI_H
+#define CM_CLI_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+typedef struct cm_command {
+    const char *name;
+    const char *summary;
+    int (*main)(int argc, char **argv); /* argv[0] is the command name */
+} cm_command;
+
+/* Print "cumulo: <msg>" to stderr and return 1 (use as `return cli_fail(...)`). */
+int cli_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* True if any argument is -h or --help. */
+bool cli_wants_help(int argc, char **argv);
+/* Parse numbers from option values; on error print a one-line message and return false. */
+bool cli_int(const char *opt, const char *val, long lo, long hi, long *out);
+bool cli_float(const char *opt, const char *val, double lo, double hi, double *out);
+
+/* A progress bar on stderr (only when stderr is a terminal, or CUMULO_PROGRESS=1). */
+typedef struct cli_progress { const char *label; double total, last_draw; bool on; } cli_progress;
+void cli_progress_start(cli_progress *p, const char *label, double total);
+void cli_progress_update(cli_progress *p, double done);
+void cli_progress_end(cli_progress *p);
+
+int cmd_version(int argc, char **argv);
+
+#endif

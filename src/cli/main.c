@@ -1,0 +1,35 @@
+/*
+ * main.c: the cumulo binary's entry point: finds the subcommand and runs it.
+ * Each subcommand lives in its own src/cli/cmd_*.c file; this table is the
+ * only place that lists them.
+ */
+#include "cli.h"
+
+#include "base/base.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static const cm_command k_commands[] = {
+    {"version", "print the version", cmd_version},
+};
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: cumulo <command> [options]   (cumulo <command> --help for details)\n\n"
+               "cumulo turns a few ordinary machines into one LLM inference cluster.\n\ncommands:\n");
+    for (size_t i = 0; i < CM_ARRAY_LEN(k_commands); i++)
+        fprintf(f, "  %-10s %s\n", k_commands[i].name, k_commands[i].summary);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) { usage(stderr); return 2; }
+    if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
+        usage(stdout);
+        return 0;
+    }
+    if (!strcmp(argv[1], "--version")) return cmd_version(0, NULL);
+    for (size_t i = 0; i < CM_ARRAY_LEN(k_commands); i++)
+        if (!strcmp(argv[1], k_commands[i].name)) return k_commands[i].main(argc - 1, argv + 1);
+    fprintf(stderr, "cumulo: unknown command '%s'; run 'cumulo --help' for the list\n", argv[1]);
+    return 2;
+}

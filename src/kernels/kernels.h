@@ -1,0 +1,67 @@
+/*
+ * kernels: the numeric primitives of the forward pass, per type and per ISA.
+ *
+ * Each op has a plain-C scalar reference (the spec, in *_ref.c files) and
+ * optional per-ISA versions (*_avx2.c, *_avx512.c, *_neon.c, compiled with
+ * their own flags). One dispatch table, filled once at start-up from runtime
+ * CPU detection (and capped by CUMULO_ISA=scalar|avx2|avx512|neon), picks
+ * them. Kernels never include model, net, proto or cluster code, never
+ * allocate, and never touch a socket or file.
+ *
+ * Activation quantization follows ggml so that dot products agree with
+ * llama.cpp: a weight type's dot product takes activations already converted
+ * to its vec_dot_type (Q8_0 for Q4_0/Q5_0/Q8_0, Q8_1 for Q4_1/Q5_1, Q8_K for
+ * K-quants, F16 for F16, BF16 for BF16, F32 for F32).
+ */
+#ifndef CM_KERNELS_H
+#define CM_KERNELS_H
+
+#include "../tensor/tensor.h"
+
+#include <stdint.h>
+
+/* s = dot(x[0:n], y[0:n]); x has the weight type, y its vec_dot_type. */
+typedef void (*cm_vec_dot_fn)(int64_t n, float *s, const void *x, const void *y);
+/* Convert n floats into a type (activations; weights via cm_quantize_rows). */
+typedef void (*cm_from_float_fn)(const float *x, void *y, int64_t n);
+/* Dequantize n elements. */
+typedef void (*cm_to_float_fn)(const void *x, float *y, int64_t n);
+/* Matrix x matrix: for rows i in [r0, r1) of W (row stride w_stride bytes,
+ * k elements each) and activation rows j in [0, n_tok) (stride x_stride bytes,
+ * in vec_dot_type): y[j * ldy + i] = dot(W_i, x_j). NULL = use vec_dot. */
+typedef void (*cm_gemm_fn)(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride,
+                           float *y, int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok);
+
+typedef struct cm_kernels {
+    const char *name; /* "scalar", "avx2", "avx512", "neon" */
+    cm_vec_dot_fn vec_dot[CM_TYPE_COUNT];
+    cm_from_float_fn from_float[CM_TYPE_COUNT];
+    cm_to_float_fn to_float[CM_TYPE_COUNT];
+    cm_gemm_fn gemm[CM_TYPE_COUNT];
+} cm_kernels;
+
+/* The best table for this CPU (respecting CUMULO_ISA). Thread-safe; never NULL. */
+const cm_kernels *cm_kernels_get(void);
+/* The scalar reference table (the spec). */
+const cm_kernels *cm_kernels_ref(void);
+/* A specific ISA's table, or NULL when this CPU/binary lacks it (for tests). */
+const cm_kernels *cm_kernels_for(const char *isa);
+
+/* Is type t usable as a weight type (has a dot product and a dequantizer)? */
+bool cm_kernels_supports(enum cm_type t);
+
+/* Quantize nrows rows of n_per_row floats into weight type t (reference
+ * quantizers; used by synth and tests, not in the token loop). Returns bytes
+ * written, or 0 if t cannot be quantized to or n_per_row is not a multiple of
+ * its block size. */
+size_t cm_quantize_rows(enum cm_type t, const float *src, void *dst, int64_t nrows, int64_t n_per_row);
+
+/* Matrix-vector / matrix-matrix product for one slice of rows, the op the
+ * model calls for every weight: y[j * ldy + i] = dot(W row i, x_j) for i in
+ * [r0, r1), j in [0, n_tok). xq holds the activations already converted to
+ * W's vec_dot_type (row stride xq_stride). Uses gemm when present and
+ * n_tok > 1. Callers split [0, rows) across threads. */
+void cm_matmul_rows(const cm_kernels *k, const cm_tensor *W, const void *xq, size_t xq_stride,
+                    int64_t n_tok, float *y, int64_t ldy, int64_t r0, int64_t r1);
+
+#endif

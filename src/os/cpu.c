@@ -1,0 +1,91 @@
+/*
+ * cpu.c: runtime CPU feature detection, so one binary picks the best kernels
+ * on every machine of a mixed cluster (no -march=native anywhere).
+ */
+#include "os.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+#if defined(__linux__) && defined(__aarch64__)
+#include <sys/auxv.h>
+#ifndef HWCAP_ASIMDDP
+#define HWCAP_ASIMDDP (1 << 20)
+#endif
+#ifndef HWCAP_ASIMDHP
+#define HWCAP_ASIMDHP (1 << 10)
+#endif
+#ifndef HWCAP2_I8MM
+#define HWCAP2_I8MM (1 << 13)
+#endif
+#endif
+#if defined(__APPLE__)
+#include <sys/sysctl.h>
+#endif
+
+static cm_cpu_features g_feat;
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+
+#if defined(__x86_64__)
+static uint64_t xgetbv0(void) {
+    uint32_t eax, edx;
+    __asm__ volatile("xgetbv" : "=a"(eax), "=d"(edx) : "c"(0));
+    return ((uint64_t)edx << 32) | eax;
+}
+#endif
+
+static void detect(void) {
+    memset(&g_feat, 0, sizeof g_feat);
+#if defined(__x86_64__)
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return;
+    bool osxsave = c & (1u << 27);
+    bool avx = c & (1u << 28);
+    uint64_t xcr0 = osxsave ? xgetbv0() : 0;
+    bool ymm_ok = (xcr0 & 6) == 6;
+    bool zmm_ok = (xcr0 & 0xe6) == 0xe6;
+    g_feat.x86_fma = avx && ymm_ok && (c & (1u << 12));
+    g_feat.x86_f16c = avx && ymm_ok && (c & (1u << 29));
+    if (__get_cpuid_count(7, 0, &a, &b, &c, &d)) {
+        g_feat.x86_avx2 = avx && ymm_ok && (b & (1u << 5));
+        g_feat.x86_avx512f = zmm_ok && (b & (1u << 16));
+        g_feat.x86_avx512bw = g_feat.x86_avx512f && (b & (1u << 30));
+        g_feat.x86_avx512vl = g_feat.x86_avx512f && (b & (1u << 31));
+        g_feat.x86_avx512vnni = g_feat.x86_avx512f && (c & (1u << 11));
+    }
+    if (__get_cpuid_count(7, 1, &a, &b, &c, &d)) {
+        g_feat.x86_avxvnni = ymm_ok && (a & (1u << 4));
+        g_feat.x86_avx512bf16 = g_feat.x86_avx512f && (a & (1u << 5));
+    }
+#elif defined(__aarch64__)
+    g_feat.arm_neon = true;
+#if defined(__linux__)
+    unsigned long hw = getauxval(AT_HWCAP), hw2 = getauxval(AT_HWCAP2);
+    g_feat.arm_dotprod = hw & HWCAP_ASIMDDP;
+    g_feat.arm_fp16 = hw & HWCAP_ASIMDHP;
+    g_feat.arm_i8mm = hw2 & HWCAP2_I8MM;
+#elif defined(__APPLE__)
+    int v = 0;
+    size_t len = sizeof v;
+    if (sysctlbyname("hw.optional.arm.FEAT_DotProd", &v, &len, NULL, 0) == 0) g_feat.arm_dotprod = v;
+    len = sizeof v; v = 0;
+    if (sysctlbyname("hw.optional.arm.FEAT_I8MM", &v, &len, NULL, 0) == 0) g_feat.arm_i8mm = v;
+    len = sizeof v; v = 0;
+    if (sysctlbyname("hw.optional.arm.FEAT_FP16", &v, &len, NULL, 0) == 0) g_feat.arm_fp16 = v;
+#endif
+#endif
+}
+
+const cm_cpu_features *cm_cpu_features_get(void) {
+    pthread_once(&g_once, detect);
+    return &g_feat;
+}
+
+const char *cm_cpu_isa_cap(void) {
+    const char *e = getenv("CUMULO_ISA");
+    return e && *e ? e : "best";
+}

@@ -1,0 +1,207 @@
+/*
+ * os.c: POSIX implementations of files, clocks and machine facts.
+ * Platform #ifdefs are allowed here (and only in src/os/).
+ */
+#include "os.h"
+
+#include "../base/base.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#if defined(__APPLE__)
+#include <sys/sysctl.h>
+#include <mach/mach.h>
+#endif
+
+int cm_file_map(cm_mapped_file *f, const char *path, char *err, size_t errlen) {
+    memset(f, 0, sizeof *f);
+    f->fd = -1;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        int e = errno;
+        return cm_errf(err, errlen, e == ENOENT ? CM_ENOENT : CM_EIO, "cannot open '%s': %s", path,
+                       e == ENOENT ? "no such file" : strerror(e));
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return cm_errf(err, errlen, CM_EIO, "cannot open '%s': not a regular file", path);
+    }
+    f->size = (size_t)st.st_size;
+    if (f->size > 0) {
+        void *p = mmap(NULL, f->size, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (p == MAP_FAILED) {
+            int e = errno;
+            close(fd);
+            return cm_errf(err, errlen, CM_EIO, "cannot map '%s': %s", path, strerror(e));
+        }
+        f->data = p;
+    }
+    f->fd = fd;
+    return 0;
+}
+
+void cm_file_unmap(cm_mapped_file *f) {
+    if (!f) return;
+    if (f->data && f->size) munmap((void *)f->data, f->size);
+    if (f->fd > 0) close(f->fd);
+    memset(f, 0, sizeof *f);
+    f->fd = -1;
+}
+
+int cm_file_read_all(const char *path, char **out, size_t *len, char *err, size_t errlen) {
+    *out = NULL;
+    if (len) *len = 0;
+    FILE *fp = fopen(path, "rb");
+    if (!fp) {
+        int e = errno;
+        return cm_errf(err, errlen, e == ENOENT ? CM_ENOENT : CM_EIO, "cannot open '%s': %s", path,
+                       e == ENOENT ? "no such file" : strerror(e));
+    }
+    size_t cap = 4096, n = 0;
+    char *buf = malloc(cap);
+    for (;;) {
+        if (!buf) { fclose(fp); return cm_errf(err, errlen, CM_ENOMEM, "out of memory reading '%s'", path); }
+        size_t r = fread(buf + n, 1, cap - n - 1, fp);
+        n += r;
+        if (r == 0) break;
+        if (n + 1 >= cap) {
+            cap *= 2;
+            char *nb = realloc(buf, cap);
+            if (!nb) free(buf);
+            buf = nb;
+        }
+    }
+    int bad = ferror(fp);
+    fclose(fp);
+    if (bad) { free(buf); return cm_errf(err, errlen, CM_EIO, "cannot read '%s'", path); }
+    buf[n] = 0;
+    *out = buf;
+    if (len) *len = n;
+    return 0;
+}
+
+int cm_file_write_atomic(const char *path, const void *data, size_t n, int mode, char *err,
+                         size_t errlen) {
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
+    if (fd < 0) return cm_errf(err, errlen, CM_EIO, "cannot create '%s': %s", tmp, strerror(errno));
+    const char *p = data;
+    while (n) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            int e = errno;
+            close(fd);
+            unlink(tmp);
+            return cm_errf(err, errlen, CM_EIO, "cannot write '%s': %s", tmp, strerror(e));
+        }
+        p += w;
+        n -= (size_t)w;
+    }
+    if (fsync(fd) != 0 || close(fd) != 0) {
+        unlink(tmp);
+        return cm_errf(err, errlen, CM_EIO, "cannot write '%s'", tmp);
+    }
+    if (rename(tmp, path) != 0) {
+        int e = errno;
+        unlink(tmp);
+        return cm_errf(err, errlen, CM_EIO, "cannot rename to '%s': %s", path, strerror(e));
+    }
+    return 0;
+}
+
+bool cm_file_exists(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+uint64_t cm_now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+double cm_now_s(void) { return (double)cm_now_ns() * 1e-9; }
+uint64_t cm_wall_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000ull + (uint64_t)ts.tv_nsec / 1000000ull;
+}
+void cm_sleep_ms(unsigned ms) {
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
+}
+
+int cm_cpu_count(void) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
+uint64_t cm_mem_total_bytes(void) {
+#if defined(__APPLE__)
+    uint64_t m = 0;
+    size_t len = sizeof m;
+    sysctlbyname("hw.memsize", &m, &len, NULL, 0);
+    return m;
+#else
+    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    return pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz : 0;
+#endif
+}
+
+uint64_t cm_mem_available_bytes(void) {
+#if defined(__APPLE__)
+    mach_port_t host = mach_host_self();
+    vm_statistics64_data_t vs;
+    mach_msg_type_number_t cnt = HOST_VM_INFO64_COUNT;
+    if (host_statistics64(host, HOST_VM_INFO64, (host_info64_t)&vs, &cnt) != KERN_SUCCESS) return 0;
+    return ((uint64_t)vs.free_count + vs.inactive_count + vs.purgeable_count) * (uint64_t)vm_page_size;
+#else
+    FILE *fp = fopen("/proc/meminfo", "r");
+    if (!fp) return 0;
+    char line[256];
+    uint64_t kb = 0;
+    while (fgets(line, sizeof line, fp)) {
+        if (sscanf(line, "MemAvailable: %lu kB", (unsigned long *)&kb) == 1) break;
+    }
+    fclose(fp);
+    return kb * 1024ull;
+#endif
+}
+
+const char *cm_os_name(void) {
+#if defined(__APPLE__)
+    return "darwin";
+#else
+    return "linux";
+#endif
+}
+
+const char *cm_arch_name(void) {
+#if defined(__x86_64__)
+    return "x86_64";
+#elif defined(__aarch64__)
+    return "arm64";
+#else
+    return "unknown";
+#endif
+}
+
+uint64_t cm_peak_rss_bytes(void) {
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;
+#if defined(__APPLE__)
+    return (uint64_t)ru.ru_maxrss; /* bytes on macOS */
+#else
+    return (uint64_t)ru.ru_maxrss * 1024ull; /* kilobytes on Linux */
+#endif
+}

@@ -1,0 +1,136 @@
+/*
+ * tensor: element types, their block layouts, and tensor views.
+ *
+ * Type numbers and block layouts are GGUF's (ggml's) so that a tensor's bytes
+ * in the file are used in place. A tensor is a view {type, shape, strides,
+ * data}: it never owns its data (weights stay in the mmap).
+ * This module must never include anything above L0 (base only).
+ */
+#ifndef CM_TENSOR_H
+#define CM_TENSOR_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+/* GGUF/ggml type ids. Only the ones with a name below are understood. */
+enum cm_type {
+    CM_TYPE_F32 = 0,
+    CM_TYPE_F16 = 1,
+    CM_TYPE_Q4_0 = 2,
+    CM_TYPE_Q4_1 = 3,
+    CM_TYPE_Q5_0 = 6,
+    CM_TYPE_Q5_1 = 7,
+    CM_TYPE_Q8_0 = 8,
+    CM_TYPE_Q8_1 = 9,
+    CM_TYPE_Q2_K = 10,
+    CM_TYPE_Q3_K = 11,
+    CM_TYPE_Q4_K = 12,
+    CM_TYPE_Q5_K = 13,
+    CM_TYPE_Q6_K = 14,
+    CM_TYPE_Q8_K = 15,
+    CM_TYPE_I8 = 24,
+    CM_TYPE_I16 = 25,
+    CM_TYPE_I32 = 26,
+    CM_TYPE_I64 = 27,
+    CM_TYPE_F64 = 28,
+    CM_TYPE_BF16 = 30,
+    CM_TYPE_COUNT = 40 /* upper bound of ids we name (table size) */
+};
+
+typedef uint16_t cm_f16;  /* IEEE half bits */
+typedef uint16_t cm_bf16; /* bfloat16 bits */
+
+#define CM_QK4_0 32
+#define CM_QK4_1 32
+#define CM_QK5_0 32
+#define CM_QK5_1 32
+#define CM_QK8_0 32
+#define CM_QK8_1 32
+#define CM_QK_K 256
+#define CM_K_SCALE_SIZE 12
+
+/* Block layouts, byte-identical to GGUF. Fields are only ever read from
+ * mmapped data that the GGUF reader has bounds-checked. */
+typedef struct { cm_f16 d; uint8_t qs[CM_QK4_0 / 2]; } cm_block_q4_0;                 /* 18 B */
+typedef struct { cm_f16 d, m; uint8_t qs[CM_QK4_1 / 2]; } cm_block_q4_1;              /* 20 B */
+typedef struct { cm_f16 d; uint8_t qh[4]; uint8_t qs[CM_QK5_0 / 2]; } cm_block_q5_0;  /* 22 B */
+typedef struct { cm_f16 d, m; uint8_t qh[4]; uint8_t qs[CM_QK5_1 / 2]; } cm_block_q5_1; /* 24 B */
+typedef struct { cm_f16 d; int8_t qs[CM_QK8_0]; } cm_block_q8_0;                      /* 34 B */
+typedef struct { cm_f16 d, s; int8_t qs[CM_QK8_1]; } cm_block_q8_1;                   /* 36 B: s = d * sum(qs) */
+typedef struct {
+    cm_f16 d, dmin;
+    uint8_t scales[CM_K_SCALE_SIZE];
+    uint8_t qs[CM_QK_K / 2];
+} cm_block_q4_k; /* 144 B */
+typedef struct {
+    cm_f16 d, dmin;
+    uint8_t scales[CM_K_SCALE_SIZE];
+    uint8_t qh[CM_QK_K / 8];
+    uint8_t qs[CM_QK_K / 2];
+} cm_block_q5_k; /* 176 B */
+typedef struct {
+    uint8_t ql[CM_QK_K / 2];
+    uint8_t qh[CM_QK_K / 4];
+    int8_t scales[CM_QK_K / 16];
+    cm_f16 d;
+} cm_block_q6_k; /* 210 B */
+typedef struct {
+    float d;
+    int8_t qs[CM_QK_K];
+    int16_t bsums[CM_QK_K / 16];
+} cm_block_q8_k; /* 292 B */
+
+/* Static facts about a type. */
+typedef struct cm_type_traits {
+    const char *name;     /* "q4_0"; NULL for ids we do not know */
+    int block_size;       /* elements per block (1 for plain types) */
+    size_t type_size;     /* bytes per block */
+    bool quantized;
+    enum cm_type vec_dot_type; /* activation type of this type's dot product */
+} cm_type_traits;
+
+/* Traits for a type id; returns NULL for unknown ids (including ids >= COUNT). */
+const cm_type_traits *cm_type_traits_of(uint32_t type);
+const char *cm_type_name(uint32_t type); /* "q4_0" or "unknown" */
+/* Parse "q4_0", "Q4_0", "f16", ... Returns -1 if unknown. */
+int cm_type_from_name(const char *name);
+/* Bytes of a row of n elements; 0 if n is not a multiple of the block size. */
+size_t cm_row_size(enum cm_type t, int64_t n);
+
+/* Half/bfloat conversions (exact round-to-nearest-even, like ggml's scalar path). */
+float cm_f16_to_f32(cm_f16 h);
+cm_f16 cm_f32_to_f16(float f);
+static inline float cm_bf16_to_f32(cm_bf16 h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+cm_bf16 cm_f32_to_bf16(float f);
+
+/* A view of a tensor. ne[0] is the row length (contiguous); nb[] byte strides.
+ * For quantized types nb[0] is the block size in bytes and ne[0] must be a
+ * multiple of the block size. */
+#define CM_MAX_DIMS 4
+typedef struct cm_tensor {
+    enum cm_type type;
+    int n_dims;
+    int64_t ne[CM_MAX_DIMS];
+    size_t nb[CM_MAX_DIMS];
+    void *data;
+    const char *name;
+} cm_tensor;
+
+/* Fill a contiguous view. */
+void cm_tensor_init(cm_tensor *t, enum cm_type type, int n_dims, const int64_t *ne, void *data,
+                    const char *name);
+int64_t cm_tensor_nelements(const cm_tensor *t);
+size_t cm_tensor_nbytes(const cm_tensor *t);
+/* Pointer to row i of a 2-D view (i in [0, ne[1])). */
+static inline void *cm_tensor_row(const cm_tensor *t, int64_t i) {
+    return (char *)t->data + (size_t)i * t->nb[1];
+}
+
+#endif

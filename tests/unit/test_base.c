@@ -1,0 +1,138 @@
+/* test_base.c: base (errors, arena, buf, rng), tensor (types, f16/bf16) and
+ * os (thread pool, barrier, file map) through their public headers. */
+#include "test.h"
+
+#include "base/base.h"
+#include "os/os.h"
+#include "tensor/tensor.h"
+
+#include <stdatomic.h>
+
+static void test_errors(void) {
+    char e[64];
+    CHECK(cm_errf(e, sizeof e, CM_EFORMAT, "bad '%s'", "x") == CM_EFORMAT);
+    CHECK(!strcmp(e, "bad 'x'"));
+    CHECK(!strcmp(cm_strerror(CM_ENOENT), "no such file"));
+    CHECK(!strcmp(cm_strerror(12345), "unknown error"));
+    uint64_t r;
+    CHECK(!cm_mul_ok(UINT64_MAX / 2, 3, &r));
+    CHECK(cm_mul_ok(1u << 20, 1u << 20, &r) && r == (1ull << 40));
+    CHECK(!cm_add_ok(UINT64_MAX, 1, &r));
+}
+
+static void test_arena_buf(void) {
+    cm_arena a;
+    cm_arena_init(&a, 128);
+    for (int i = 0; i < 100; i++) {
+        char *p = cm_arena_alloc(&a, 100);
+        CHECK(p && ((uintptr_t)p & 15) == 0);
+        memset(p, i, 100);
+    }
+    cm_arena_release(&a);
+    cm_buf b;
+    cm_buf_init(&b);
+    for (int i = 0; i < 1000; i++) cm_buf_printf(&b, "%d,", i);
+    CHECK(b.len > 3000 && !strncmp(b.data, "0,1,2,", 6));
+    cm_buf_release(&b);
+}
+
+static void test_rng(void) {
+    cm_rng a, b;
+    cm_rng_seed(&a, 42);
+    cm_rng_seed(&b, 42);
+    for (int i = 0; i < 100; i++) CHECK(cm_rng_next(&a) == cm_rng_next(&b));
+    double s = 0, s2 = 0;
+    for (int i = 0; i < 100000; i++) { float x = cm_rng_normal(&a); s += x; s2 += x * x; }
+    CHECK(fabs(s / 100000) < 0.02 && fabs(s2 / 100000 - 1) < 0.03);
+}
+
+static void test_types(void) {
+    CHECK(cm_type_traits_of(CM_TYPE_Q4_K)->type_size == 144);
+    CHECK(cm_type_traits_of(4) == NULL); /* removed Q4_2 */
+    CHECK(cm_type_traits_of(999) == NULL);
+    CHECK(cm_type_from_name("Q6_K") == CM_TYPE_Q6_K);
+    CHECK(cm_type_from_name("nope") == -1);
+    CHECK(cm_row_size(CM_TYPE_Q8_0, 64) == 68);
+    CHECK(cm_row_size(CM_TYPE_Q8_0, 65) == 0);
+}
+
+static void test_f16(void) {
+    /* every half value round-trips through float exactly */
+    int bad = 0;
+    for (uint32_t h = 0; h < 65536; h++) {
+        if ((h & 0x7c00) == 0x7c00 && (h & 0x3ff)) continue; /* nan */
+        if (cm_f32_to_f16(cm_f16_to_f32((cm_f16)h)) != h) bad++;
+    }
+    CHECK(bad == 0);
+    CHECK(cm_f16_to_f32(0x3c00) == 1.0f);
+    CHECK(cm_f32_to_f16(65520.0f) == 0x7c00);
+    CHECK(cm_f32_to_f16(1.0f + 1.0f / 2048) == 0x3c00);     /* tie -> even */
+    CHECK(cm_f32_to_f16(1.0f + 3.0f / 2048) == 0x3c02);     /* tie -> even (up) */
+    CHECK(cm_f32_to_f16(5.9604645e-08f) == 1);              /* smallest subnormal */
+    CHECK(cm_bf16_to_f32(cm_f32_to_bf16(1.5f)) == 1.5f);
+}
+
+typedef struct { _Atomic int64_t sum; int64_t parts[8]; int phases_ok; } pool_ctx;
+
+static void pool_job(void *vctx, int ith, int nth) {
+    pool_ctx *c = vctx;
+    int64_t b, e;
+    cm_split_range(1000, ith, nth, &b, &e);
+    int64_t s = 0;
+    for (int64_t i = b; i < e; i++) s += i;
+    c->parts[ith] = s;
+    atomic_fetch_add(&c->sum, s);
+}
+
+static cm_pool *g_pool;
+static void barrier_job(void *vctx, int ith, int nth) {
+    pool_ctx *c = vctx;
+    for (int round = 0; round < 50; round++) {
+        c->parts[ith] = round;
+        cm_pool_barrier(g_pool);
+        int ok = 1;
+        for (int j = 0; j < nth; j++) ok &= c->parts[j] == round;
+        if (ith == 0 && ok) c->phases_ok++;
+        cm_pool_barrier(g_pool);
+    }
+}
+
+static void test_pool(void) {
+    for (int n = 1; n <= 4; n++) {
+        cm_pool *p = cm_pool_new(n);
+        g_pool = p;
+        for (int k = 0; k < 200; k++) {
+            pool_ctx c = {0};
+            cm_pool_run(p, pool_job, &c);
+            CHECK(atomic_load(&c.sum) == 499500);
+        }
+        pool_ctx c = {0};
+        cm_pool_run(p, barrier_job, &c);
+        CHECKF(c.phases_ok == 50, "n=%d phases_ok=%d", n, c.phases_ok);
+        cm_pool_free(p);
+    }
+}
+
+static void test_file(void) {
+    char err[256];
+    cm_mapped_file f;
+    CHECK(cm_file_map(&f, "/nonexistent/x.gguf", err, sizeof err) == CM_ENOENT);
+    CHECK(strstr(err, "no such file") != NULL);
+    const char *path = "/tmp/cumulo-test-base.bin";
+    CHECK(cm_file_write_atomic(path, "hello", 5, 0600, err, sizeof err) == 0);
+    CHECK(cm_file_map(&f, path, err, sizeof err) == 0 && f.size == 5 && !memcmp(f.data, "hello", 5));
+    cm_file_unmap(&f);
+    remove(path);
+    CHECK(cm_cpu_count() >= 1 && cm_mem_total_bytes() > 0);
+}
+
+int main(void) {
+    RUN(test_errors);
+    RUN(test_arena_buf);
+    RUN(test_rng);
+    RUN(test_types);
+    RUN(test_f16);
+    RUN(test_pool);
+    RUN(test_file);
+    TEST_END();
+}
