@@ -30,5 +30,12 @@ void cli_progress_update(cli_progress *p, double done);
 void cli_progress_end(cli_progress *p);
 
 int cmd_version(int argc, char **argv);
+int cmd_run(int argc, char **argv);
+int cmd_info(int argc, char **argv);
+
+/* Load a model through engine.h with a progress bar (cmd_run.c); prints the
+ * one-line error itself and returns non-zero on failure. */
+struct cm_engine;
+int cli_load_engine(struct cm_engine **e, const char *path, int threads, int n_ctx);
 
 #endif
