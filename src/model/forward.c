@@ -32,14 +32,14 @@ int cm_kv_init(cm_kv *kv, const cm_model *m, int layer_first, int layer_last, cm
     if (layer_first < 0 || layer_last > m->hp.n_layer || layer_first >= layer_last)
         return cm_errf(err, errlen, CM_EINVAL, "layer range [%d, %d) is out of [0, %d)", layer_first, layer_last,
                        m->hp.n_layer);
-    if (s.h0 < 0 || s.h1 > m->hp.n_head_kv || s.h0 >= s.h1)
+    if (s.h0 < 0 || s.h1 > m->hp.n_head_kv || s.h0 > s.h1)
         return cm_errf(err, errlen, CM_EINVAL, "kv head range [%d, %d) is out of [0, %d)", s.h0, s.h1, m->hp.n_head_kv);
     if (n_ctx < 1 || n_ctx > (1 << 24)) return cm_errf(err, errlen, CM_EINVAL, "context size %d is out of range", n_ctx);
     uint64_t half = cm_kv_bytes(m, layer_first, layer_last, s.h0, s.h1, n_ctx) / 2;
     if (half > SIZE_MAX / 2) return cm_errf(err, errlen, CM_ENOMEM, "kv cache of %llu bytes is too large", (unsigned long long)half * 2);
     /* calloc: untouched context costs no resident memory. */
-    kv->k = cm_calloc(1, (size_t)half);
-    kv->v = cm_calloc(1, (size_t)half);
+    kv->k = cm_calloc(1, (size_t)half + sizeof(float));
+    kv->v = cm_calloc(1, (size_t)half + sizeof(float));
     if (!kv->k || !kv->v) {
         cm_kv_release(kv);
         return cm_errf(err, errlen, CM_ENOMEM, "out of memory for a kv cache of %llu bytes", (unsigned long long)half * 2);
@@ -267,6 +267,12 @@ static void add_pending(cm_ctx *c, int ith, int nth) {
     cm_pool_barrier(c->pool);
 }
 
+static void zero_part(cm_ctx *c, int ith, int nth) {
+    int64_t n = (int64_t)c->b->n * c->m->hp.n_embd, i0, i1;
+    cm_split_range(n, ith, nth, &i0, &i1);
+    if (i1 > i0) memset(c->part + i0, 0, (size_t)(i1 - i0) * sizeof(float));
+}
+
 static void norm_rows(cm_ctx *c, const cm_tensor *w, int ith, int nth) {
     const int E = c->m->hp.n_embd;
     int64_t t0, t1;
@@ -287,6 +293,10 @@ static void phase_attn(cm_ctx *c, int ith, int nth) {
     const int QS = nq * D, KS = nkv * D;         /* row widths of q and k/v in this slice */
 
     add_pending(c, ith, nth);
+    if (nkv == 0) { /* a member with FFN rows only: contributes nothing here */
+        zero_part(c, ith, nth);
+        return;
+    }
     norm_rows(c, &L->attn_norm, ith, nth);
 
     /* Q, K, V: the activations are converted once per distinct vec_dot_type. */
@@ -394,6 +404,10 @@ static void phase_ffn(cm_ctx *c, int ith, int nth) {
     const int E = m->hp.n_embd, n = c->b->n;
     const int FS = c->a->slice.f1 - c->a->slice.f0;
     add_pending(c, ith, nth);
+    if (FS == 0) {
+        zero_part(c, ith, nth);
+        return;
+    }
     norm_rows(c, &L->ffn_norm, ith, nth);
     size_t xs;
     const void *xq = prep_act(c, &c->gt, c->xn, E, E, n, &xs, ith, nth);

@@ -104,8 +104,8 @@ void cm_model_release(cm_model *m); /* no-op on a zeroed struct */
 
 /* ---- slices ---- */
 typedef struct cm_slice {
-    int h0, h1; /* KV heads [h0, h1) of [0, n_head_kv) */
-    int f0, f1; /* FFN rows [f0, f1) of [0, n_ff) */
+    int h0, h1; /* KV heads [h0, h1) of [0, n_head_kv); may be empty (FFN-only member) */
+    int f0, f1; /* FFN rows [f0, f1) of [0, n_ff); may be empty */
 } cm_slice;
 /* The whole model (single machine). */
 cm_slice cm_slice_full(const cm_model *m);

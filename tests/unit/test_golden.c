@@ -374,8 +374,8 @@ static void test_pipeline_stages(void) {
 typedef struct tp_group {
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    int arrived, generation;
-    float *buf[2];
+    int arrived, generation, n_members;
+    float *buf[4];
     int64_t n;
     int calls;
 } tp_group;
@@ -391,8 +391,8 @@ typedef struct tp_member {
     int rc;
 } tp_member;
 
-/* Each member publishes its partial sums, waits for the other, and both
- * compute buf0 + buf1 in the same order, so both get identical results. */
+/* Each member publishes its partial sums, waits for the others; the last to
+ * arrive sums them in rank order for everyone, so all get identical results. */
 static int tp_allreduce(void *user, float *x, int64_t n) {
     tp_member *me = user;
     tp_group *g = me->g;
@@ -400,11 +400,11 @@ static int tp_allreduce(void *user, float *x, int64_t n) {
     g->buf[me->rank] = x;
     g->n = n;
     int gen = g->generation;
-    if (++g->arrived == 2) {
+    if (++g->arrived == g->n_members) {
         for (int64_t i = 0; i < n; i++) {
-            float s = g->buf[0][i] + g->buf[1][i];
-            g->buf[0][i] = s;
-            g->buf[1][i] = s;
+            float s = g->buf[0][i];
+            for (int r = 1; r < g->n_members; r++) s += g->buf[r][i];
+            for (int r = 0; r < g->n_members; r++) g->buf[r][i] = s;
         }
         g->arrived = 0;
         g->generation++;
@@ -446,29 +446,36 @@ static void *tp_main(void *arg) {
     return NULL;
 }
 
-static void test_tensor_parallel_slices(void) {
-    golden *Gs[] = {&G32, &G8};
-    for (int gi = 0; gi < 2; gi++) {
-        const cm_model *m = &Gs[gi]->m;
-        tp_group g = {.arrived = 0};
-        pthread_mutex_init(&g.mu, NULL);
-        pthread_cond_init(&g.cv, NULL);
-        tp_member mem[2] = {{.g = &g, .rank = 0, .G = Gs[gi], .slice = {0, 2, 0, 100}},
-                            {.g = &g, .rank = 1, .G = Gs[gi], .slice = {2, 4, 100, m->hp.n_ff}}};
-        CHECK(cm_slice_check(m, mem[0].slice, errbuf, sizeof errbuf) == 0);
-        CHECK(cm_slice_check(m, mem[1].slice, errbuf, sizeof errbuf) == 0);
-        pthread_t th[2];
-        for (int i = 0; i < 2; i++) pthread_create(&th[i], NULL, tp_main, &mem[i]);
-        for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
-        CHECK(mem[0].rc == 0 && mem[1].rc == 0);
-        CHECK(g.calls == 64 * 2 * m->hp.n_layer);
-        const ref_case *rc = &Gs[gi]->cases[1];
-        for (int i = 0; i < 2; i++)
-            CHECKF(mem[i].n_out == 64 && first_diff(mem[i].out, rc->gen, 64) == 64, "%s: slice %d differs at %d",
-                   Gs[gi]->name, i, first_diff(mem[i].out, rc->gen, 64));
-        pthread_mutex_destroy(&g.mu);
-        pthread_cond_destroy(&g.cv);
+static void run_tp(const golden *G, int n, const cm_slice *slices) {
+    const cm_model *m = &G->m;
+    tp_group g = {.n_members = n};
+    pthread_mutex_init(&g.mu, NULL);
+    pthread_cond_init(&g.cv, NULL);
+    tp_member mem[4];
+    pthread_t th[4];
+    for (int i = 0; i < n; i++) {
+        mem[i] = (tp_member){.g = &g, .rank = i, .G = G, .slice = slices[i]};
+        CHECK(cm_slice_check(m, slices[i], errbuf, sizeof errbuf) == 0);
     }
+    for (int i = 0; i < n; i++) pthread_create(&th[i], NULL, tp_main, &mem[i]);
+    for (int i = 0; i < n; i++) pthread_join(th[i], NULL);
+    CHECK(g.calls == 64 * 2 * m->hp.n_layer);
+    const ref_case *rc = &G->cases[1];
+    for (int i = 0; i < n; i++)
+        CHECKF(mem[i].rc == 0 && mem[i].n_out == 64 && first_diff(mem[i].out, rc->gen, 64) == 64,
+               "%s: %d slices: member %d differs at %d", G->name, n, i, first_diff(mem[i].out, rc->gen, 64));
+    pthread_mutex_destroy(&g.mu);
+    pthread_cond_destroy(&g.cv);
+}
+
+static void test_tensor_parallel_slices(void) {
+    const int F = G32.m.hp.n_ff;
+    cm_slice two[2] = {{0, 2, 0, 100}, {2, 4, 100, F}};
+    /* Uneven, with a member that holds FFN rows only (more members than KV heads). */
+    cm_slice three[3] = {{0, 1, 0, 30}, {1, 4, 30, 120}, {4, 4, 120, F}};
+    run_tp(&G32, 2, two);
+    run_tp(&G8, 2, two);
+    run_tp(&G32, 3, three);
     /* A slice boundary inside a Q8_0 block of attn_output is refused. */
     CHECK(cm_slice_check(&G8.m, (cm_slice){0, 1, 0, 172}, errbuf, sizeof errbuf) == CM_EINVAL);
     CHECK(cm_slice_check(&G32.m, (cm_slice){0, 1, 0, 172}, errbuf, sizeof errbuf) == 0);
