@@ -9,6 +9,7 @@
 
 #include <cJSON.h>
 #include <math.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 
