@@ -20,7 +20,8 @@
 static const char k_run_usage[] =
     "usage: cumulo run MODEL.gguf [-p TEXT | -f FILE] [options]\n"
     "\n"
-    "Generate text from a prompt on this machine.\n"
+    "Generate text from a prompt on this machine: the prompt and the generated text\n"
+    "stream to stdout, prompt and generation speed go to stderr.\n"
     "\n"
     "  -p, --prompt TEXT      prompt text (default: empty, i.e. BOS only)\n"
     "  -f, --file FILE        read the prompt from FILE\n"
@@ -193,6 +194,10 @@ int cmd_run(int argc, char **argv) {
     out.cap_ids = n_predict > 0 ? (int)n_predict : cm_session_n_ctx(s);
     out.ids = cm_malloc((size_t)out.cap_ids * sizeof *out.ids + 1);
     if (!out.ids) { cli_fail("out of memory"); goto done; }
+    if (!json && plen) { /* echo the prompt, as llama.cpp's CLI does, so the story reads whole */
+        fwrite(prompt, 1, plen, stdout);
+        fflush(stdout);
+    }
     g_session = s;
     signal(SIGINT, on_sigint);
     if (cm_session_set_prompt(s, ptoks, np, err, sizeof err)) { cli_fail("%s", err); goto done; }
