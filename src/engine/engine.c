@@ -157,7 +157,14 @@ int cm_engine_tokenize(const cm_engine *e, const char *text, size_t len, bool ad
                        int32_t *out, int max, char *err, size_t errlen) {
     unsigned flags = (add_bos ? CM_TOK_ADD_SPECIAL : 0) | (parse_special ? CM_TOK_PARSE_SPECIAL : 0);
     size_t n = 0;
-    int rc = cm_tokenizer_encode(e->tok, text, len, flags, out, max < 0 ? 0 : (size_t)max, &n, err, errlen);
+    if (!out || max <= 0) { /* only counting: the tokenizer wants a real buffer */
+        cm_token *tmp = NULL;
+        int rc = cm_tokenizer_encode_alloc(e->tok, text, len, flags, &tmp, &n, err, errlen);
+        cm_free(tmp);
+        if (rc) return rc;
+        return n > (size_t)INT32_MAX ? CM_ERANGE : (int)n;
+    }
+    int rc = cm_tokenizer_encode(e->tok, text, len, flags, out, (size_t)max, &n, err, errlen);
     if (rc && rc != CM_ERANGE) return rc;
     return n > (size_t)INT32_MAX ? CM_ERANGE : (int)n;
 }
