@@ -459,7 +459,7 @@ static void test_matmul_rows(void) {
     const cm_kernels *k = cm_kernels_ref();
     enum { ROWS = 13, NTOK = 3, LDY = ROWS + 3 };
     static float wf[ROWS * ROW], xf[NTOK * ROW], y[NTOK * LDY], want[NTOK * LDY];
-    static uint8_t wq[ROWS * ROW * 4], xq[NTOK * ROW * 4];
+    static uint8_t wq[ROWS * ROW * 4], xq[NTOK * (ROW * 4 + 64)];
     cm_rng r;
     cm_rng_seed(&r, 5);
     for (int ti = 0; ti < N_WT; ti++) {
