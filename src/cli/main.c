@@ -12,6 +12,8 @@
 
 static const cm_command k_commands[] = {
     {"version", "print the version", cmd_version},
+    {"tokenize", "text -> token ids with a model's vocabulary", cmd_tokenize},
+    {"detokenize", "token ids -> text with a model's vocabulary", cmd_detokenize},
 };
 
 static void usage(FILE *f) {
