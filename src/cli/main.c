@@ -15,6 +15,8 @@ static const cm_command k_commands[] = {
     {"version", "print the version", cmd_version},
     {"run", "generate text from a prompt on this machine", cmd_run},
     {"info", "architecture, size, quant mix and memory needs of a model", cmd_info},
+    {"tokenize", "text -> token ids with a model's vocabulary", cmd_tokenize},
+    {"detokenize", "token ids -> text with a model's vocabulary", cmd_detokenize},
 };
 
 static void usage(FILE *f) {
