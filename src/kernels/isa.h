@@ -16,6 +16,7 @@
 #define CM_KERNELS_ISA_H
 
 #include "kernels.h"
+#include "ref.h"
 
 void cm_kernels_fill_ref(cm_kernels *k);
 
