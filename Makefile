@@ -49,7 +49,7 @@ TEST_SRCS := $(wildcard tests/unit/test_*.c)
 TEST_BINS := $(TEST_SRCS:tests/unit/%.c=$(BUILD)/tests/%)
 DEPS := $(LIB_OBJS:.o=.d) $(CLI_OBJS:.o=.d) $(TEST_BINS:=.d)
 
-.PHONY: all deps demo test test-quick check clean fuzz fuzz-long asan tsan neon-test format bench
+.PHONY: all deps demo test test-quick check clean fuzz fuzz-long asan tsan neon-test format bench kbench
 
 all: cumulo
 
@@ -81,6 +81,13 @@ $(BUILD)/tests/%: tests/unit/%.c $(BUILD)/libcumulo.a tests/unit/test.h
 	$(CC) $(CFLAGS) -Itests/unit -MMD -MP -o $@ $< $(BUILD)/libcumulo.a $(LDLIBS)
 
 tests: $(TEST_BINS)
+
+# Kernel micro-benchmark (GB/s of weights per type and ISA); not a test.
+$(BUILD)/bench/kbench: bench/kbench.c $(BUILD)/libcumulo.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libcumulo.a $(LDLIBS)
+kbench: $(BUILD)/bench/kbench
+	$(BUILD)/bench/kbench
 
 # Install missing system packages (apt on Debian/Ubuntu, brew on macOS); a no-op when all is there.
 deps:
