@@ -307,6 +307,11 @@ static void test_tables(void) {
 /* Every SIMD table claims the types the task names (a kernel silently left
  * as the reference would pass the comparisons above without being tested). */
 static void test_coverage(void) {
+    /* CUMULO_EXPECT_ISA="neon" (tests/sh/neon.sh): these tables must exist, so
+     * a dispatch that silently stopped picking them fails instead of skipping. */
+    const char *expect = getenv("CUMULO_EXPECT_ISA");
+    for (size_t i = 0; expect && i < sizeof k_isas / sizeof k_isas[0]; i++)
+        if (strstr(expect, k_isas[i])) CHECKF(cm_kernels_for(k_isas[i]) != NULL, "expected table '%s' missing", k_isas[i]);
     for (size_t i = 0; i < sizeof k_isas / sizeof k_isas[0]; i++) {
         const cm_kernels *k = cm_kernels_for(k_isas[i]);
         if (!k) continue;
