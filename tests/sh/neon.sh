@@ -3,7 +3,8 @@
 # `make neon-test` (cross-compiled test_kernels_simd under qemu-aarch64):
 # once on a CPU with dotprod, where the NEON table must exist and match the
 # scalar reference, and once on one without, where dispatch must fall back to
-# scalar without executing a NEON-dotprod instruction. On an arm64 host the
+# scalar without executing a NEON-dotprod instruction; and the kernels
+# module's own test_kernels (its independent decoders, dispatch) on arm64. On an arm64 host the
 # ordinary unit-test run already covers NEON natively, so this has nothing to add.
 cd "$(dirname "$0")/../.." || exit 1
 case "$(uname -m)" in
@@ -21,15 +22,15 @@ for tool in aarch64-linux-gnu-gcc qemu-aarch64; do
         exit 1
     fi
 done
-if ! make --no-print-directory build-neon/test_kernels_simd >/tmp/cumulo-neon-build.$$ 2>&1; then
+if ! make --no-print-directory build-neon/test_kernels_simd build-neon/test_kernels >/tmp/cumulo-neon-build.$$ 2>&1; then
     tail -20 /tmp/cumulo-neon-build.$$ >&2
     rm -f /tmp/cumulo-neon-build.$$
     echo "0 passed, 1 failed"
     exit 1
 fi
 rm -f /tmp/cumulo-neon-build.$$
-run() { # name, qemu cpu, expected ISA list
-    out=$(CUMULO_EXPECT_ISA=$3 qemu-aarch64 -cpu "$2" build-neon/test_kernels_simd 2>&1)
+run() { # name, qemu cpu, expected ISA list[, test binary]
+    out=$(CUMULO_EXPECT_ISA=$3 CUMULO_TEST_WRAPPER="qemu-aarch64 -cpu $2" qemu-aarch64 -cpu "$2" "build-neon/${4:-test_kernels_simd}" 2>&1)
     rc=$?
     if [ $rc -eq 0 ] && echo "$out" | grep -q '^[0-9]* passed, 0 failed'; then
         pass=$((pass + 1))
@@ -43,5 +44,6 @@ run() { # name, qemu cpu, expected ISA list
 }
 run "neon+dotprod (qemu -cpu max)" max neon
 run "no dotprod (qemu -cpu cortex-a57): scalar fallback" cortex-a57 ""
+run "test_kernels (independent decoders, dispatch) under qemu -cpu max" max neon test_kernels
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]
