@@ -92,13 +92,6 @@ AI __m256 d8_q8_0(const void *p) {
 AI __m512i ld2x256(const void *a, const void *b) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(ld256(a)), ld256(b), 1);
 }
-/* Blocks b, b+1 of q4_0 as signed bytes in block order. */
-AI __m512i pair_q4_0(const cm_block_q4_0 *x) {
-    const __m256i v = _mm256_loadu2_m128i((const __m128i *)x[1].qs, (const __m128i *)x[0].qs);
-    __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(v), _mm256_srli_epi16(v, 4), 1); /* b0 b1 b0>>4 b1>>4 */
-    z = _mm512_shuffle_i64x2(z, z, _MM_SHUFFLE(3, 1, 2, 0));
-    return _mm512_sub_epi8(_mm512_and_si512(z, _mm512_set1_epi8(0x0f)), _mm512_set1_epi8(8));
-}
 AI __m512i pair_q8_0(const cm_block_q8_0 *x) { return ld2x256(x[0].qs, x[1].qs); }
 
 #define ZTILE_Q(NAME, XB, PAIR, D8X)                                                               \
@@ -133,19 +126,175 @@ AI __m512i pair_q8_0(const cm_block_q8_0 *x) { return ld2x256(x[0].qs, x[1].qs);
         }                                                                                          \
         for (int t = 0; t < T; t++) out[t] = _mm512_reduce_add_ps(_mm512_add_ps(acc[0][t], acc[1][t])) + tail[t]; \
     }
-ZTILE_Q(q4_0, cm_block_q4_0, pair_q4_0, d8_q4_0)
+
+/* q4_0, four blocks per vector: 128-bit lane k holds block k's 16 low nibbles
+ * (elements 0..15) against y[0..15], or its 16 high nibbles against
+ * y[16..31], so unpacking is one and/shift per four blocks and each lane's
+ * int32 sums belong to one block. The nibbles stay unsigned (0..15) for
+ * vpdpbusd; the -8 offset is subtracted as 8 * sum(y), itself a vpdpbusd. */
+AI __m512i ld4x128(const void *a, const void *b, const void *c, const void *d) {
+    __m512i z = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)a));
+    z = _mm512_inserti32x4(z, _mm_loadu_si128((const __m128i *)b), 1);
+    z = _mm512_inserti32x4(z, _mm_loadu_si128((const __m128i *)c), 2);
+    return _mm512_inserti32x4(z, _mm_loadu_si128((const __m128i *)d), 3);
+}
+AI void ztile_q4_0(int64_t nb, const cm_block_q4_0 *x, const cm_block_q8_0 *const *yv, int T, float *out) {
+    __m512 acc[2][TMAX];
+    for (int t = 0; t < T; t++) acc[0][t] = acc[1][t] = _mm512_setzero_ps();
+    const int64_t n8 = nb & ~(int64_t)7;
+    const __m512i m4 = _mm512_set1_epi8(0x0f), k8 = _mm512_set1_epi8(8);
+    for (int64_t b = 0; b < n8; b += 8) {
+        const __m256 dx = d8_q4_0(x + b);
+        __m512 sc[TMAX];
+        for (int t = 0; t < T; t++) sc[t] = _mm512_castps256_ps512(_mm256_mul_ps(dx, d8_q8_0(yv[t] + b)));
+        _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
+            const cm_block_q4_0 *xb = x + b + 4 * h;
+            const __m512i q = ld4x128(xb[0].qs, xb[1].qs, xb[2].qs, xb[3].qs);
+            const __m512i lo = _mm512_and_si512(q, m4), hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+            const __m512i pidx = _mm512_setr_epi32(4 * h, 4 * h, 4 * h, 4 * h, 4 * h + 1, 4 * h + 1, 4 * h + 1, 4 * h + 1,
+                                                   4 * h + 2, 4 * h + 2, 4 * h + 2, 4 * h + 2, 4 * h + 3, 4 * h + 3,
+                                                   4 * h + 3, 4 * h + 3);
+            for (int t = 0; t < T; t++) {
+                const cm_block_q8_0 *y = yv[t] + b + 4 * h;
+                const __m512i ylo = ld4x128(y[0].qs, y[1].qs, y[2].qs, y[3].qs);
+                const __m512i yhi = ld4x128(y[0].qs + 16, y[1].qs + 16, y[2].qs + 16, y[3].qs + 16);
+                const __m512i z = _mm512_setzero_si512();
+                const __m512i qy = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, lo, ylo), hi, yhi);
+                const __m512i sy = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, k8, ylo), k8, yhi);
+                acc[h][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(qy, sy)),
+                                            _mm512_permutexvar_ps(pidx, sc[t]), acc[h][t]);
+            }
+        }
+    }
+    float tail[TMAX] = {0};
+    if (n8 < nb) {
+        const cm_block_q8_0 *yt[TMAX];
+        for (int t = 0; t < T; t++) yt[t] = yv[t] + n8;
+        tile_q4_0(nb - n8, x + n8, yt, T, tail);
+    }
+    for (int t = 0; t < T; t++) out[t] = _mm512_reduce_add_ps(_mm512_add_ps(acc[0][t], acc[1][t])) + tail[t];
+}
 ZTILE_Q(q8_0, cm_block_q8_0, pair_q8_0, d8_q8_0)
+
+/* ---- q4_k and q6_k with 512-bit vectors: 64 weights per vector ----
+ * Each 32-element sub-block (q4_k) or 16-element group (q6_k) fills whole
+ * 128/256-bit parts of a vector, so its 16-bit scale is a word permute of the
+ * block's scales away; the byte products go through maddubs (pairs) and madd
+ * with the scale, as in the 256-bit tiles, with the same lane bounds (below
+ * 2^24, so every conversion to float is exact). */
+
+/* q4_k: vector h (0, 1) holds qs[64h .. 64h+63]: low nibbles = sub-blocks 4h
+ * and 4h+2, high nibbles = 4h+1 and 4h+3, each 32 bytes. */
+static const uint16_t k_q4k_idx[4][32] = {
+    {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2},
+    {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3},
+    {4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6},
+    {5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7}};
+
+AI void ztile_q4_k(int64_t nb, const cm_block_q4_k *x, const cm_block_q8_k *const *yv, int T, float *out) {
+    __m512 acc[TMAX];
+    __m128 accm[TMAX];
+    for (int t = 0; t < T; t++) {
+        acc[t] = _mm512_setzero_ps();
+        accm[t] = _mm_setzero_ps();
+    }
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    for (int64_t b = 0; b < nb; b++) {
+        uint8_t sc[8], mn[8];
+        kscales(x[b].scales, sc, mn);
+        const __m512i sc16 = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sc)));
+        __m512i sumi[TMAX];
+        for (int t = 0; t < T; t++) sumi[t] = _mm512_setzero_si512();
+        _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
+            const __m512i q = _mm512_loadu_si512(x[b].qs + 64 * h);
+            const __m512i lo = _mm512_and_si512(q, m4), hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+            const __m512i slo = _mm512_permutexvar_epi16(_mm512_loadu_si512(k_q4k_idx[2 * h]), sc16);
+            const __m512i shi = _mm512_permutexvar_epi16(_mm512_loadu_si512(k_q4k_idx[2 * h + 1]), sc16);
+            for (int t = 0; t < T; t++) {
+                const int8_t *y = yv[t][b].qs + 128 * h;
+                const __m512i ylo = ld2x256(y, y + 64), yhi = ld2x256(y + 32, y + 96);
+                const __m512i plo = _mm512_madd_epi16(_mm512_maddubs_epi16(lo, ylo), slo);
+                const __m512i phi = _mm512_madd_epi16(_mm512_maddubs_epi16(hi, yhi), shi);
+                sumi[t] = _mm512_add_epi32(sumi[t], _mm512_add_epi32(plo, phi));
+            }
+        }
+        const float d = f16f(x[b].d), dmin = f16f(x[b].dmin);
+        for (int t = 0; t < T; t++) {
+            const float yd = yv[t][b].d;
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi[t]), _mm512_set1_ps(d * yd), acc[t]);
+            accm[t] = _mm_fmadd_ps(_mm_cvtepi32_ps(kmins(mn, yv[t][b].bsums)), _mm_set1_ps(dmin * yd), accm[t]);
+        }
+    }
+    for (int t = 0; t < T; t++) out[t] = _mm512_reduce_add_ps(acc[t]) - hsum4(accm[t]);
+}
+
+/* q6_k: per 128-element chunk c, one vector holds runs q0|q1 (ql[0..63] low
+ * nibbles with qh bits 0-1 and 2-3) and one q2|q3 (high nibbles, qh bits 4-5
+ * and 6-7), matching y[0..63] and y[64..127]; each 16-element quarter has one
+ * scale. Values are made signed (q - 32) and |q| is the unsigned operand. */
+static const uint16_t k_q6k_idx[4][32] = {
+    {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3},
+    {4, 4, 4, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5, 5, 5, 6, 6, 6, 6, 6, 6, 6, 6, 7, 7, 7, 7, 7, 7, 7, 7},
+    {8, 8, 8, 8, 8, 8, 8, 8, 9, 9, 9, 9, 9, 9, 9, 9, 10, 10, 10, 10, 10, 10, 10, 10, 11, 11, 11, 11, 11, 11, 11, 11},
+    {12, 12, 12, 12, 12, 12, 12, 12, 13, 13, 13, 13, 13, 13, 13, 13,
+     14, 14, 14, 14, 14, 14, 14, 14, 15, 15, 15, 15, 15, 15, 15, 15}};
+static const uint16_t k_q6k_shift[2][32] = {
+    {4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2},
+    {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2}};
+
+AI void ztile_q6_k(int64_t nb, const cm_block_q6_k *x, const cm_block_q8_k *const *yv, int T, float *out) {
+    __m512 acc[TMAX];
+    for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
+    const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30), k32 = _mm512_set1_epi8(32);
+    const __m512i shl = _mm512_loadu_si512(k_q6k_shift[0]), shr = _mm512_loadu_si512(k_q6k_shift[1]);
+    for (int64_t b = 0; b < nb; b++) {
+        const __m512i sc16 = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[b].scales)));
+        __m512i sumi[TMAX];
+        for (int t = 0; t < T; t++) sumi[t] = _mm512_setzero_si512();
+        _Pragma("GCC unroll 2") for (int c = 0; c < 2; c++) {
+            const __m512i l = _mm512_loadu_si512(x[b].ql + 64 * c);
+            const __m512i h = _mm512_broadcast_i64x4(ld256(x[b].qh + 32 * c));
+            const __m512i q01 = _mm512_sub_epi8(
+                _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_and_si512(_mm512_sllv_epi16(h, shl), m30)), k32);
+            const __m512i q23 = _mm512_sub_epi8(_mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
+                                                                _mm512_and_si512(_mm512_srlv_epi16(h, shr), m30)),
+                                                k32);
+            const __m512i a01 = _mm512_abs_epi8(q01), a23 = _mm512_abs_epi8(q23);
+            const __mmask64 n01 = _mm512_movepi8_mask(q01), n23 = _mm512_movepi8_mask(q23);
+            const __m512i s01 = _mm512_permutexvar_epi16(_mm512_loadu_si512(k_q6k_idx[2 * c]), sc16);
+            const __m512i s23 = _mm512_permutexvar_epi16(_mm512_loadu_si512(k_q6k_idx[2 * c + 1]), sc16);
+            const __m512i z = _mm512_setzero_si512();
+            for (int t = 0; t < T; t++) {
+                const int8_t *y = yv[t][b].qs + 128 * c;
+                __m512i y01 = _mm512_loadu_si512(y), y23 = _mm512_loadu_si512(y + 64);
+                y01 = _mm512_mask_sub_epi8(y01, n01, z, y01);
+                y23 = _mm512_mask_sub_epi8(y23, n23, z, y23);
+                const __m512i p01 = _mm512_madd_epi16(_mm512_maddubs_epi16(a01, y01), s01);
+                const __m512i p23 = _mm512_madd_epi16(_mm512_maddubs_epi16(a23, y23), s23);
+                sumi[t] = _mm512_add_epi32(sumi[t], _mm512_add_epi32(p01, p23));
+            }
+        }
+        const float d = f16f(x[b].d);
+        for (int t = 0; t < T; t++)
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi[t]), _mm512_set1_ps(d * yv[t][b].d), acc[t]);
+    }
+    for (int t = 0; t < T; t++) out[t] = _mm512_reduce_add_ps(acc[t]);
+}
 
 #define tile_zf32 ztile_f32
 #define tile_zf16 ztile_f16
 #define tile_zbf16 ztile_bf16
 #define tile_zq4_0 ztile_q4_0
 #define tile_zq8_0 ztile_q8_0
+#define tile_zq4_k ztile_q4_k
+#define tile_zq6_k ztile_q6_k
 VEC_DOT(zf32, void, void, 1)
 VEC_DOT(zf16, void, void, 1)
 VEC_DOT(zbf16, void, void, 1)
 VEC_DOT(zq4_0, cm_block_q4_0, cm_block_q8_0, CM_QK4_0)
 VEC_DOT(zq8_0, cm_block_q8_0, cm_block_q8_0, CM_QK8_0)
+VEC_DOT(zq4_k, cm_block_q4_k, cm_block_q8_k, CM_QK_K)
+VEC_DOT(zq6_k, cm_block_q6_k, cm_block_q8_k, CM_QK_K)
 
 void cm_kernels_fill_avx512(cm_kernels *k) {
     x86_fill(k);
@@ -159,4 +308,8 @@ void cm_kernels_fill_avx512(cm_kernels *k) {
     k->gemm[CM_TYPE_Q4_0] = gemm_zq4_0;
     k->vec_dot[CM_TYPE_Q8_0] = vec_dot_zq8_0;
     k->gemm[CM_TYPE_Q8_0] = gemm_zq8_0;
+    k->vec_dot[CM_TYPE_Q4_K] = vec_dot_zq4_k;
+    k->gemm[CM_TYPE_Q4_K] = gemm_zq4_k;
+    k->vec_dot[CM_TYPE_Q6_K] = vec_dot_zq6_k;
+    k->gemm[CM_TYPE_Q6_K] = gemm_zq6_k;
 }

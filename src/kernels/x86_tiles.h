@@ -24,6 +24,7 @@
 
 #define AI static inline __attribute__((always_inline))
 #define TMAX 4 /* tokens per gemm tile */
+#define RB 32 /* weight rows per gemm cache block */
 
 AI float f16f(cm_f16 h) { return _cvtsh_ss(h); }
 
@@ -301,21 +302,26 @@ TILE_FLOAT(bf16)
     }                                                                                              \
     static void gemm_##NAME(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, \
                             float *y, int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {        \
-        for (int64_t i = r0; i < r1; i++) {                                                        \
-            const XB *wr = (const XB *)(const void *)((const char *)w + (size_t)i * w_stride);     \
+        /* RB rows at a time (a few hundred KB: stays in L2) against each group */                 \
+        /* of TMAX tokens (stays in L1), so neither side streams from memory twice */             \
+        for (int64_t i0 = r0; i0 < r1; i0 += RB) {                                                 \
+            const int64_t i1 = r1 - i0 < RB ? r1 : i0 + RB;                                        \
             for (int64_t j = 0; j < n_tok; j += TMAX) {                                            \
                 const YB *yv[TMAX];                                                                \
-                float out[TMAX];                                                                   \
                 const int T = n_tok - j < TMAX ? (int)(n_tok - j) : TMAX;                          \
                 for (int t = 0; t < T; t++)                                                        \
                     yv[t] = (const YB *)(const void *)((const char *)x + (size_t)(j + t) * x_stride); \
-                switch (T) { /* constant T lets the compiler keep the tile in registers */         \
-                case 4: tile_##NAME(k / (BLK), wr, yv, 4, out); break;                             \
-                case 3: tile_##NAME(k / (BLK), wr, yv, 3, out); break;                             \
-                case 2: tile_##NAME(k / (BLK), wr, yv, 2, out); break;                             \
-                default: tile_##NAME(k / (BLK), wr, yv, 1, out); break;                            \
+                for (int64_t i = i0; i < i1; i++) {                                                \
+                    const XB *wr = (const XB *)(const void *)((const char *)w + (size_t)i * w_stride); \
+                    float out[TMAX];                                                               \
+                    switch (T) { /* constant T lets the compiler keep the tile in registers */     \
+                    case 4: tile_##NAME(k / (BLK), wr, yv, 4, out); break;                         \
+                    case 3: tile_##NAME(k / (BLK), wr, yv, 3, out); break;                         \
+                    case 2: tile_##NAME(k / (BLK), wr, yv, 2, out); break;                         \
+                    default: tile_##NAME(k / (BLK), wr, yv, 1, out); break;                        \
+                    }                                                                              \
+                    for (int t = 0; t < T; t++) y[(j + t) * ldy + i] = out[t];                     \
                 }                                                                                  \
-                for (int t = 0; t < T; t++) y[(j + t) * ldy + i] = out[t];                         \
             }                                                                                      \
         }                                                                                          \
     }
