@@ -18,6 +18,7 @@
 #include <string.h>
 
 enum { N = 4096, TOK = 16 };
+static int64_t g_rows = 4096; /* KBENCH_ROWS */
 
 static uint64_t g_rng = 88172645463325252ull;
 static uint64_t rnd(void) {
@@ -68,36 +69,38 @@ int main(void) {
                                          CM_TYPE_F16,  CM_TYPE_BF16, CM_TYPE_F32};
     static const char *const isas[] = {"scalar", "avx2", "avx512", "neon"};
     const int reps = getenv("KBENCH_REPS") ? atoi(getenv("KBENCH_REPS")) : 5;
+    if (getenv("KBENCH_ROWS") && atoi(getenv("KBENCH_ROWS")) >= 16) g_rows = atoi(getenv("KBENCH_ROWS"));
     const double bw = read_bw();
     printf("single-thread read bandwidth: %.1f GB/s (512 MiB sum)\n", bw);
+    printf("matrix %lld x %d, 1 thread; gemm16 = 16 tokens, weight bytes x 16 / time\n", (long long)g_rows, N);
     printf("%-6s %-7s %10s %8s %12s\n", "type", "isa", "matvec GB/s", "% of bw", "gemm16 GB/s");
-    float *xf = malloc(sizeof(float) * N * TOK), *y = malloc(sizeof(float) * N * TOK);
+    float *xf = malloc(sizeof(float) * N * TOK), *y = malloc(sizeof(float) * (size_t)g_rows * TOK);
     for (int i = 0; i < N * TOK; i++) xf[i] = (float)((int)(rnd() % 2001) - 1000) / 1000.0f;
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         const enum cm_type t = types[ti];
         const cm_type_traits *tr = cm_type_traits_of(t);
         if (!wanted(tr->name)) continue;
         const size_t rs = cm_row_size(t, N), as = cm_row_size(tr->vec_dot_type, N);
-        uint8_t *w = malloc(rs * N), *xq = malloc(as * TOK);
-        for (size_t i = 0; i < rs * N; i++) w[i] = (uint8_t)rnd();
+        uint8_t *w = malloc(rs * (size_t)g_rows), *xq = malloc(as * TOK);
+        for (size_t i = 0; i < rs * (size_t)g_rows; i++) w[i] = (uint8_t)rnd();
         /* sane scales: every fp16 field the layouts have becomes 0.01 */
         const cm_f16 h = cm_f32_to_f16(0.01f);
-        for (size_t b = 0; tr->quantized && b < rs * N / tr->type_size; b++) {
+        for (size_t b = 0; tr->quantized && b < rs * (size_t)g_rows / tr->type_size; b++) {
             uint8_t *blk = w + b * tr->type_size;
             size_t off = t == CM_TYPE_Q6_K ? offsetof(cm_block_q6_k, d) : 0;
             memcpy(blk + off, &h, 2);
             if (t == CM_TYPE_Q4_1 || t == CM_TYPE_Q5_1 || t == CM_TYPE_Q4_K || t == CM_TYPE_Q5_K) memcpy(blk + 2, &h, 2);
         }
         if (t == CM_TYPE_F16)
-            for (size_t i = 0; i < (size_t)N * N; i++) ((cm_f16 *)w)[i] = cm_f32_to_f16(xf[i % (N * TOK)]);
+            for (size_t i = 0; i < (size_t)N * (size_t)g_rows; i++) ((cm_f16 *)w)[i] = cm_f32_to_f16(xf[i % (N * TOK)]);
         if (t == CM_TYPE_BF16)
-            for (size_t i = 0; i < (size_t)N * N; i++) ((cm_bf16 *)w)[i] = cm_f32_to_bf16(xf[i % (N * TOK)]);
+            for (size_t i = 0; i < (size_t)N * (size_t)g_rows; i++) ((cm_bf16 *)w)[i] = cm_f32_to_bf16(xf[i % (N * TOK)]);
         if (t == CM_TYPE_F32)
-            for (size_t i = 0; i < (size_t)N * N; i++) ((float *)w)[i] = xf[i % (N * TOK)];
+            for (size_t i = 0; i < (size_t)N * (size_t)g_rows; i++) ((float *)w)[i] = xf[i % (N * TOK)];
         cm_kernels_ref()->from_float[tr->vec_dot_type](xf, xq, N);
         for (int j = 1; j < TOK; j++) memcpy(xq + j * as, xq, as);
         cm_tensor W;
-        const int64_t ne[2] = {N, N};
+        const int64_t ne[2] = {N, g_rows};
         cm_tensor_init(&W, t, 2, ne, w, "w");
         for (size_t ii = 0; ii < sizeof isas / sizeof isas[0]; ii++) {
             const cm_kernels *k = cm_kernels_for(isas[ii]);
@@ -105,17 +108,17 @@ int main(void) {
             double best = 1e9, bestg = 1e9;
             for (int r = 0; r < reps; r++) {
                 double t0 = cm_now_s();
-                cm_matmul_rows(k, &W, xq, as, 1, y, N, 0, N);
+                cm_matmul_rows(k, &W, xq, as, 1, y, g_rows, 0, g_rows);
                 double dt = cm_now_s() - t0;
                 if (dt < best) best = dt;
             }
             for (int r = 0; r < (reps + 1) / 2; r++) {
                 double t0 = cm_now_s();
-                cm_matmul_rows(k, &W, xq, as, TOK, y, N, 0, N);
+                cm_matmul_rows(k, &W, xq, as, TOK, y, g_rows, 0, g_rows);
                 double dt = cm_now_s() - t0;
                 if (dt < bestg) bestg = dt;
             }
-            const double gb = (double)rs * N / 1e9;
+            const double gb = (double)rs * (double)g_rows / 1e9;
             printf("%-6s %-7s %10.1f %7.0f%% %12.1f\n", tr->name, k->name, gb / best, 100 * gb / best / bw,
                    gb * TOK / bestg);
             fflush(stdout);

@@ -3,14 +3,17 @@
  * Zen 4 and later) versions of the kernels.
  *
  * Compiled with this ISA's flags only (Makefile) and called only when
- * cm_cpu_features_get() says the CPU has all of them (dispatch.c). The
- * quantized tiles are x86_tiles.h compiled with vpdpbusd (VNNI) for the byte
- * dot products; the float types use 512-bit FMA here, and bf16 uses the
- * vdpbf16ps pair dot product (it treats denormal inputs as zero, which
- * activations and weights of real models never are). cm_kernels_fill_avx512()
- * runs after cm_kernels_fill_avx2() on the same table and overrides what it
- * implements. Tested against the reference in tests/unit/test_kernels_simd.c.
- * Never allocates.
+ * cm_cpu_features_get() says the CPU has all of them (dispatch.c).
+ * cm_kernels_fill_avx512() runs after cm_kernels_fill_avx2() on the same
+ * table. It installs x86_tiles.h compiled with vpdpbusd (VNNI) for the byte
+ * dot products, then replaces the hottest types with 512-bit tiles written
+ * here: q4_0 (four blocks per vector) and q8_0 (two), whose fp16 scales are
+ * converted eight at a time; q4_k and q6_k (64 weights per vector); f32 and
+ * f16 (FMA), and bf16 with the vdpbf16ps pair dot product (it treats denormal
+ * inputs as zero, which activations and weights of real models never are).
+ * Every tile keeps the contract of isa.h: integer sums exactly the
+ * reference's, only the float accumulation order free. Tested against the
+ * reference in tests/unit/test_kernels_simd.c. Never allocates.
  */
 #define CM_X86_VNNI 1
 #include "x86_tiles.h"
