@@ -1,13 +1,318 @@
 /*
- * kernels_avx512.c: AVX-512 F/BW/VL/VNNI/BF16 (Ice Lake server, Sapphire Rapids, Zen 4 and later) versions of the kernels.
+ * kernels_avx512.c: AVX-512 F/BW/VL + VNNI + BF16 (Ice Lake, Sapphire Rapids,
+ * Zen 4 and later) versions of the kernels.
+ *
  * Compiled with this ISA's flags only (Makefile) and called only when
- * cm_cpu_features_get() says the CPU has it. cm_kernels_fill_avx512() overrides
- * the table entries this file implements; every other entry stays the scalar
- * reference. Each override must agree with the reference (see isa.h) and is
- * tested against it in tests/unit/test_kernels.c. Never allocates.
+ * cm_cpu_features_get() says the CPU has all of them (dispatch.c).
+ * cm_kernels_fill_avx512() runs after cm_kernels_fill_avx2() on the same
+ * table. It installs x86_tiles.h compiled with vpdpbusd (VNNI) for the byte
+ * dot products, then replaces the hottest types with 512-bit tiles written
+ * here: q4_0 (four blocks per vector) and q8_0 (two), whose fp16 scales are
+ * converted eight at a time; q4_k and q6_k (64 weights per vector); f32 and
+ * f16 (FMA), and bf16 with the vdpbf16ps pair dot product (it treats denormal
+ * inputs as zero, which activations and weights of real models never are).
+ * Every tile keeps the contract of isa.h: integer sums exactly the
+ * reference's, only the float accumulation order free. Tested against the
+ * reference in tests/unit/test_kernels_simd.c. Never allocates.
  */
-#include "isa.h"
+#define CM_X86_VNNI 1
+#include "x86_tiles.h"
+
+AI __m512 z_f32(const void *p, int64_t i) { return _mm512_loadu_ps((const float *)p + i); }
+AI __m512 z_f16(const void *p, int64_t i) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const cm_f16 *)p + i)));
+}
+
+/* 32 elements per step, two accumulators per token; the tail goes through
+ * the 8-wide AVX2 tile's scalar end. */
+#define ZTILE(NAME)                                                                                \
+    AI void ztile_##NAME(int64_t n, const void *x, const void *const *yv, int T, float *out) {     \
+        __m512 a0[TMAX], a1[TMAX];                                                                 \
+        for (int t = 0; t < T; t++) a0[t] = a1[t] = _mm512_setzero_ps();                           \
+        int64_t i = 0;                                                                             \
+        for (; i + 32 <= n; i += 32) {                                                             \
+            const __m512 x0 = z_##NAME(x, i), x1 = z_##NAME(x, i + 16);                            \
+            for (int t = 0; t < T; t++) {                                                          \
+                a0[t] = _mm512_fmadd_ps(x0, z_##NAME(yv[t], i), a0[t]);                            \
+                a1[t] = _mm512_fmadd_ps(x1, z_##NAME(yv[t], i + 16), a1[t]);                       \
+            }                                                                                      \
+        }                                                                                          \
+        for (int t = 0; t < T; t++) {                                                              \
+            float s = _mm512_reduce_add_ps(_mm512_add_ps(a0[t], a1[t]));                           \
+            for (int64_t k = i; k < n; k++) s += sc_##NAME(x, k) * sc_##NAME(yv[t], k);            \
+            out[t] = s;                                                                            \
+        }                                                                                          \
+    }
+ZTILE(f32)
+ZTILE(f16)
+
+/* bf16: vdpbf16ps multiplies pairs of bf16 (exactly: 8-bit mantissas) and adds
+ * both products into one float lane; 64 elements per step. */
+AI void ztile_bf16(int64_t n, const void *x, const void *const *yv, int T, float *out) {
+    __m512 a0[TMAX], a1[TMAX];
+    for (int t = 0; t < T; t++) a0[t] = a1[t] = _mm512_setzero_ps();
+    const cm_bf16 *xb = x;
+    int64_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        const __m512bh x0 = (__m512bh)_mm512_loadu_si512(xb + i), x1 = (__m512bh)_mm512_loadu_si512(xb + i + 32);
+        for (int t = 0; t < T; t++) {
+            const cm_bf16 *yb = yv[t];
+            a0[t] = _mm512_dpbf16_ps(a0[t], x0, (__m512bh)_mm512_loadu_si512(yb + i));
+            a1[t] = _mm512_dpbf16_ps(a1[t], x1, (__m512bh)_mm512_loadu_si512(yb + i + 32));
+        }
+    }
+    for (int t = 0; t < T; t++) {
+        float s = _mm512_reduce_add_ps(_mm512_add_ps(a0[t], a1[t]));
+        for (int64_t k = i; k < n; k++) s += sc_bf16(x, k) * sc_bf16(yv[t], k);
+        out[t] = s;
+    }
+}
+
+/* ---- q4_0 and q8_0 with 512-bit vectors: two blocks per vector ----
+ * Groups of 8 blocks. The 8 fp16 scales of a group are picked out of two
+ * 64-byte loads with one word permute (instead of 8 scalar conversions), and
+ * each pair of blocks is multiplied with vpdpbusd; |x| and the sign of x moved
+ * onto y keep the unsigned x signed y form. The nb % 8 tail blocks use the
+ * 256-bit tile. */
+
+/* fp16 d of 8 consecutive blocks of 18 bytes (q4_0): words 0, 9, ..., 63. */
+AI __m256 d8_q4_0(const void *p) {
+    static const uint16_t idx[32] = {0, 9, 18, 27, 36, 45, 54, 63};
+    const uint8_t *b = p;
+    const __m512i w = _mm512_permutex2var_epi16(_mm512_loadu_si512(b), _mm512_loadu_si512(idx),
+                                                _mm512_loadu_si512(b + 64));
+    return _mm256_cvtph_ps(_mm512_castsi512_si128(w));
+}
+/* fp16 d of 8 consecutive blocks of 34 bytes (q8_0): words 0, 17, ..., 119. */
+AI __m256 d8_q8_0(const void *p) {
+    static const uint16_t i0[32] = {0, 17, 34, 51}, i1[32] = {0, 0, 0, 0, 4, 21, 38, 55};
+    const uint8_t *b = p;
+    const __m512i lo = _mm512_permutex2var_epi16(_mm512_loadu_si512(b), _mm512_loadu_si512(i0), _mm512_loadu_si512(b + 64));
+    const __m512i hi = _mm512_permutex2var_epi16(_mm512_loadu_si512(b + 128), _mm512_loadu_si512(i1),
+                                                 _mm512_loadu_si512(b + 192));
+    return _mm256_cvtph_ps(_mm512_castsi512_si128(_mm512_mask_blend_epi16(0xf0, lo, hi)));
+}
+AI __m512i ld2x256(const void *a, const void *b) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(ld256(a)), ld256(b), 1);
+}
+AI __m512i pair_q8_0(const cm_block_q8_0 *x) { return ld2x256(x[0].qs, x[1].qs); }
+
+#define ZTILE_Q(NAME, XB, PAIR, D8X)                                                               \
+    AI void ztile_##NAME(int64_t nb, const XB *x, const cm_block_q8_0 *const *yv, int T, float *out) { \
+        __m512 acc[2][TMAX];                                                                       \
+        for (int t = 0; t < T; t++) acc[0][t] = acc[1][t] = _mm512_setzero_ps();                   \
+        const int64_t n8 = nb & ~(int64_t)7;                                                       \
+        for (int64_t b = 0; b < n8; b += 8) {                                                      \
+            const __m256 dx = D8X(x + b);                                                          \
+            __m512 sc[TMAX];                                                                       \
+            for (int t = 0; t < T; t++) sc[t] = _mm512_castps256_ps512(_mm256_mul_ps(dx, d8_q8_0(yv[t] + b))); \
+            _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++) {                                  \
+                const __m512i qx = PAIR(x + b + 2 * p);                                            \
+                const __m512i ax = _mm512_abs_epi8(qx);                                            \
+                const __mmask64 neg = _mm512_movepi8_mask(qx);                                     \
+                const __m512i pidx = _mm512_inserti64x4(_mm512_set1_epi32(2 * p), _mm256_set1_epi32(2 * p + 1), 1); \
+                for (int t = 0; t < T; t++) {                                                      \
+                    const cm_block_q8_0 *y = yv[t] + b + 2 * p;                                    \
+                    __m512i qy = ld2x256(y[0].qs, y[1].qs);                                        \
+                    qy = _mm512_mask_sub_epi8(qy, neg, _mm512_setzero_si512(), qy);                \
+                    const __m512i sumi = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ax, qy);      \
+                    acc[p & 1][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi), _mm512_permutexvar_ps(pidx, sc[t]), \
+                                                    acc[p & 1][t]);                                \
+                }                                                                                  \
+            }                                                                                      \
+        }                                                                                          \
+        float tail[TMAX] = {0};                                                                    \
+        if (n8 < nb) {                                                                             \
+            const cm_block_q8_0 *yt[TMAX];                                                         \
+            for (int t = 0; t < T; t++) yt[t] = yv[t] + n8;                                        \
+            tile_##NAME(nb - n8, x + n8, yt, T, tail);                                             \
+        }                                                                                          \
+        for (int t = 0; t < T; t++) out[t] = _mm512_reduce_add_ps(_mm512_add_ps(acc[0][t], acc[1][t])) + tail[t]; \
+    }
+
+/* q4_0, four blocks per vector: 128-bit lane k holds block k's 16 low nibbles
+ * (elements 0..15) against y[0..15], or its 16 high nibbles against
+ * y[16..31], so unpacking is one and/shift per four blocks and each lane's
+ * int32 sums belong to one block. The nibbles stay unsigned (0..15) for
+ * vpdpbusd; the -8 offset is subtracted as 8 * sum(y), itself a vpdpbusd. */
+AI __m512i ld4x128(const void *a, const void *b, const void *c, const void *d) {
+    __m512i z = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)a));
+    z = _mm512_inserti32x4(z, _mm_loadu_si128((const __m128i *)b), 1);
+    z = _mm512_inserti32x4(z, _mm_loadu_si128((const __m128i *)c), 2);
+    return _mm512_inserti32x4(z, _mm_loadu_si128((const __m128i *)d), 3);
+}
+AI void ztile_q4_0(int64_t nb, const cm_block_q4_0 *x, const cm_block_q8_0 *const *yv, int T, float *out) {
+    __m512 acc[2][TMAX];
+    for (int t = 0; t < T; t++) acc[0][t] = acc[1][t] = _mm512_setzero_ps();
+    const int64_t n8 = nb & ~(int64_t)7;
+    const __m512i m4 = _mm512_set1_epi8(0x0f), k8 = _mm512_set1_epi8(8);
+    for (int64_t b = 0; b < n8; b += 8) {
+        const __m256 dx = d8_q4_0(x + b);
+        __m512 sc[TMAX];
+        for (int t = 0; t < T; t++) sc[t] = _mm512_castps256_ps512(_mm256_mul_ps(dx, d8_q8_0(yv[t] + b)));
+        _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
+            const cm_block_q4_0 *xb = x + b + 4 * h;
+            const __m512i q = ld4x128(xb[0].qs, xb[1].qs, xb[2].qs, xb[3].qs);
+            const __m512i lo = _mm512_and_si512(q, m4), hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+            const __m512i pidx = _mm512_setr_epi32(4 * h, 4 * h, 4 * h, 4 * h, 4 * h + 1, 4 * h + 1, 4 * h + 1, 4 * h + 1,
+                                                   4 * h + 2, 4 * h + 2, 4 * h + 2, 4 * h + 2, 4 * h + 3, 4 * h + 3,
+                                                   4 * h + 3, 4 * h + 3);
+            for (int t = 0; t < T; t++) {
+                const cm_block_q8_0 *y = yv[t] + b + 4 * h;
+                const __m512i ylo = ld4x128(y[0].qs, y[1].qs, y[2].qs, y[3].qs);
+                const __m512i yhi = ld4x128(y[0].qs + 16, y[1].qs + 16, y[2].qs + 16, y[3].qs + 16);
+                const __m512i z = _mm512_setzero_si512();
+                const __m512i qy = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, lo, ylo), hi, yhi);
+                const __m512i sy = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, k8, ylo), k8, yhi);
+                acc[h][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(qy, sy)),
+                                            _mm512_permutexvar_ps(pidx, sc[t]), acc[h][t]);
+            }
+        }
+    }
+    float tail[TMAX] = {0};
+    if (n8 < nb) {
+        const cm_block_q8_0 *yt[TMAX];
+        for (int t = 0; t < T; t++) yt[t] = yv[t] + n8;
+        tile_q4_0(nb - n8, x + n8, yt, T, tail);
+    }
+    for (int t = 0; t < T; t++) out[t] = _mm512_reduce_add_ps(_mm512_add_ps(acc[0][t], acc[1][t])) + tail[t];
+}
+ZTILE_Q(q8_0, cm_block_q8_0, pair_q8_0, d8_q8_0)
+
+/* ---- q4_k and q6_k with 512-bit vectors: 64 weights per vector ----
+ * Each 32-element sub-block (q4_k) or 16-element group (q6_k) fills whole
+ * 128/256-bit parts of a vector, so its 16-bit scale is a word permute of the
+ * block's scales away; the byte products go through maddubs (pairs) and madd
+ * with the scale, as in the 256-bit tiles, with the same lane bounds (below
+ * 2^24, so every conversion to float is exact). */
+
+/* q4_k: vector h (0, 1) holds qs[64h .. 64h+63]: low nibbles = sub-blocks 4h
+ * and 4h+2, high nibbles = 4h+1 and 4h+3, each 32 bytes. */
+static const uint16_t k_q4k_idx[4][32] = {
+    {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2},
+    {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3},
+    {4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6},
+    {5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7}};
+
+AI void ztile_q4_k(int64_t nb, const cm_block_q4_k *x, const cm_block_q8_k *const *yv, int T, float *out) {
+    __m512 acc[TMAX];
+    __m128 accm[TMAX];
+    for (int t = 0; t < T; t++) {
+        acc[t] = _mm512_setzero_ps();
+        accm[t] = _mm_setzero_ps();
+    }
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    for (int64_t b = 0; b < nb; b++) {
+        uint8_t sc[8], mn[8];
+        kscales(x[b].scales, sc, mn);
+        const __m512i sc16 = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sc)));
+        __m512i sumi[TMAX];
+        for (int t = 0; t < T; t++) sumi[t] = _mm512_setzero_si512();
+        _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
+            const __m512i q = _mm512_loadu_si512(x[b].qs + 64 * h);
+            const __m512i lo = _mm512_and_si512(q, m4), hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+            const __m512i slo = _mm512_permutexvar_epi16(_mm512_loadu_si512(k_q4k_idx[2 * h]), sc16);
+            const __m512i shi = _mm512_permutexvar_epi16(_mm512_loadu_si512(k_q4k_idx[2 * h + 1]), sc16);
+            for (int t = 0; t < T; t++) {
+                const int8_t *y = yv[t][b].qs + 128 * h;
+                const __m512i ylo = ld2x256(y, y + 64), yhi = ld2x256(y + 32, y + 96);
+                const __m512i plo = _mm512_madd_epi16(_mm512_maddubs_epi16(lo, ylo), slo);
+                const __m512i phi = _mm512_madd_epi16(_mm512_maddubs_epi16(hi, yhi), shi);
+                sumi[t] = _mm512_add_epi32(sumi[t], _mm512_add_epi32(plo, phi));
+            }
+        }
+        const float d = f16f(x[b].d), dmin = f16f(x[b].dmin);
+        for (int t = 0; t < T; t++) {
+            const float yd = yv[t][b].d;
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi[t]), _mm512_set1_ps(d * yd), acc[t]);
+            accm[t] = _mm_fmadd_ps(_mm_cvtepi32_ps(kmins(mn, yv[t][b].bsums)), _mm_set1_ps(dmin * yd), accm[t]);
+        }
+    }
+    for (int t = 0; t < T; t++) out[t] = _mm512_reduce_add_ps(acc[t]) - hsum4(accm[t]);
+}
+
+/* q6_k: per 128-element chunk c, one vector holds runs q0|q1 (ql[0..63] low
+ * nibbles with qh bits 0-1 and 2-3) and one q2|q3 (high nibbles, qh bits 4-5
+ * and 6-7), matching y[0..63] and y[64..127]; each 16-element quarter has one
+ * scale. Values are made signed (q - 32) and |q| is the unsigned operand. */
+static const uint16_t k_q6k_idx[4][32] = {
+    {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3},
+    {4, 4, 4, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5, 5, 5, 6, 6, 6, 6, 6, 6, 6, 6, 7, 7, 7, 7, 7, 7, 7, 7},
+    {8, 8, 8, 8, 8, 8, 8, 8, 9, 9, 9, 9, 9, 9, 9, 9, 10, 10, 10, 10, 10, 10, 10, 10, 11, 11, 11, 11, 11, 11, 11, 11},
+    {12, 12, 12, 12, 12, 12, 12, 12, 13, 13, 13, 13, 13, 13, 13, 13,
+     14, 14, 14, 14, 14, 14, 14, 14, 15, 15, 15, 15, 15, 15, 15, 15}};
+static const uint16_t k_q6k_shift[2][32] = {
+    {4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2},
+    {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2}};
+
+AI void ztile_q6_k(int64_t nb, const cm_block_q6_k *x, const cm_block_q8_k *const *yv, int T, float *out) {
+    __m512 acc[TMAX];
+    for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
+    const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30), k32 = _mm512_set1_epi8(32);
+    const __m512i shl = _mm512_loadu_si512(k_q6k_shift[0]), shr = _mm512_loadu_si512(k_q6k_shift[1]);
+    for (int64_t b = 0; b < nb; b++) {
+        const __m512i sc16 = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[b].scales)));
+        __m512i sumi[TMAX];
+        for (int t = 0; t < T; t++) sumi[t] = _mm512_setzero_si512();
+        _Pragma("GCC unroll 2") for (int c = 0; c < 2; c++) {
+            const __m512i l = _mm512_loadu_si512(x[b].ql + 64 * c);
+            const __m512i h = _mm512_broadcast_i64x4(ld256(x[b].qh + 32 * c));
+            const __m512i q01 = _mm512_sub_epi8(
+                _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_and_si512(_mm512_sllv_epi16(h, shl), m30)), k32);
+            const __m512i q23 = _mm512_sub_epi8(_mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
+                                                                _mm512_and_si512(_mm512_srlv_epi16(h, shr), m30)),
+                                                k32);
+            const __m512i a01 = _mm512_abs_epi8(q01), a23 = _mm512_abs_epi8(q23);
+            const __mmask64 n01 = _mm512_movepi8_mask(q01), n23 = _mm512_movepi8_mask(q23);
+            const __m512i s01 = _mm512_permutexvar_epi16(_mm512_loadu_si512(k_q6k_idx[2 * c]), sc16);
+            const __m512i s23 = _mm512_permutexvar_epi16(_mm512_loadu_si512(k_q6k_idx[2 * c + 1]), sc16);
+            const __m512i z = _mm512_setzero_si512();
+            for (int t = 0; t < T; t++) {
+                const int8_t *y = yv[t][b].qs + 128 * c;
+                __m512i y01 = _mm512_loadu_si512(y), y23 = _mm512_loadu_si512(y + 64);
+                y01 = _mm512_mask_sub_epi8(y01, n01, z, y01);
+                y23 = _mm512_mask_sub_epi8(y23, n23, z, y23);
+                const __m512i p01 = _mm512_madd_epi16(_mm512_maddubs_epi16(a01, y01), s01);
+                const __m512i p23 = _mm512_madd_epi16(_mm512_maddubs_epi16(a23, y23), s23);
+                sumi[t] = _mm512_add_epi32(sumi[t], _mm512_add_epi32(p01, p23));
+            }
+        }
+        const float d = f16f(x[b].d);
+        for (int t = 0; t < T; t++)
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi[t]), _mm512_set1_ps(d * yv[t][b].d), acc[t]);
+    }
+    for (int t = 0; t < T; t++) out[t] = _mm512_reduce_add_ps(acc[t]);
+}
+
+#define tile_zf32 ztile_f32
+#define tile_zf16 ztile_f16
+#define tile_zbf16 ztile_bf16
+#define tile_zq4_0 ztile_q4_0
+#define tile_zq8_0 ztile_q8_0
+#define tile_zq4_k ztile_q4_k
+#define tile_zq6_k ztile_q6_k
+VEC_DOT(zf32, void, void, 1)
+VEC_DOT(zf16, void, void, 1)
+VEC_DOT(zbf16, void, void, 1)
+VEC_DOT(zq4_0, cm_block_q4_0, cm_block_q8_0, CM_QK4_0)
+VEC_DOT(zq8_0, cm_block_q8_0, cm_block_q8_0, CM_QK8_0)
+VEC_DOT(zq4_k, cm_block_q4_k, cm_block_q8_k, CM_QK_K)
+VEC_DOT(zq6_k, cm_block_q6_k, cm_block_q8_k, CM_QK_K)
 
 void cm_kernels_fill_avx512(cm_kernels *k) {
-    (void)k; /* NEEDSWORK: no avx512 kernels yet; the simd helper owns this file. */
+    x86_fill(k);
+    k->vec_dot[CM_TYPE_F32] = vec_dot_zf32;
+    k->gemm[CM_TYPE_F32] = gemm_zf32;
+    k->vec_dot[CM_TYPE_F16] = vec_dot_zf16;
+    k->gemm[CM_TYPE_F16] = gemm_zf16;
+    k->vec_dot[CM_TYPE_BF16] = vec_dot_zbf16;
+    k->gemm[CM_TYPE_BF16] = gemm_zbf16;
+    k->vec_dot[CM_TYPE_Q4_0] = vec_dot_zq4_0;
+    k->gemm[CM_TYPE_Q4_0] = gemm_zq4_0;
+    k->vec_dot[CM_TYPE_Q8_0] = vec_dot_zq8_0;
+    k->gemm[CM_TYPE_Q8_0] = gemm_zq8_0;
+    k->vec_dot[CM_TYPE_Q4_K] = vec_dot_zq4_k;
+    k->gemm[CM_TYPE_Q4_K] = gemm_zq4_k;
+    k->vec_dot[CM_TYPE_Q6_K] = vec_dot_zq6_k;
+    k->gemm[CM_TYPE_Q6_K] = gemm_zq6_k;
 }
