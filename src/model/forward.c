@@ -356,6 +356,7 @@ static void phase_attn(cm_ctx *c, int ith, int nth) {
      * as ggml_soft_max_ext (scale, max, expf, double sum), then V^T rows. */
     {
         const float scale = 1.0f / sqrtf((float)D);
+        const cm_vec_dot_fn dot_f32 = c->k->vec_dot[CM_TYPE_F32];
         float *sc = c->scores + (size_t)ith * c->max_ctx;
         int64_t tasks = (int64_t)n * nq, t0, t1;
         cm_split_range(tasks, ith, nth, &t0, &t1);
@@ -368,10 +369,12 @@ static void phase_attn(cm_ctx *c, int ith, int nth) {
             const float *vt = kv->v + kv_off(kv, c->il, hk);
             int np = b->pos[j] + 1;
             float mx = -INFINITY;
+            /* The F32 dot of the kernel table: SIMD where the CPU has it (a
+             * plain loop here is one serial add chain, the costliest part of
+             * a long prompt outside the matmuls). */
             for (int p = 0; p < np; p++) {
-                const float *kr = kk + (size_t)p * D;
-                float d = 0.0f;
-                for (int i = 0; i < D; i++) d += qv[i] * kr[i];
+                float d;
+                dot_f32(D, &d, kk + (size_t)p * D, qv);
                 sc[p] = d * scale;
                 if (sc[p] > mx) mx = sc[p];
             }
@@ -384,12 +387,7 @@ static void phase_attn(cm_ctx *c, int ith, int nth) {
             const float inv = (float)(1.0 / sum);
             for (int p = 0; p < np; p++) sc[p] *= inv;
             float *o = c->att + (size_t)j * QS + (size_t)h * D;
-            for (int i = 0; i < D; i++) {
-                const float *vr = vt + (size_t)i * kv->n_ctx;
-                float acc = 0.0f;
-                for (int p = 0; p < np; p++) acc += vr[p] * sc[p];
-                o[i] = acc;
-            }
+            for (int i = 0; i < D; i++) dot_f32(np, &o[i], vt + (size_t)i * kv->n_ctx, sc);
         }
     }
     cm_pool_barrier(c->pool);
