@@ -178,6 +178,31 @@ int cm_engine_token_piece(const cm_engine *e, int32_t id, char *buf, size_t cap)
     return (int)n;
 }
 
+int cm_engine_chat_render(const cm_engine *e, const char *template_name, const cm_chat_msg *msgs, size_t n,
+                          bool add_generation_prompt, cm_buf *out, char *err, size_t errlen) {
+    cm_chat_template t;
+    int rc;
+    if (template_name) {
+        rc = cm_chat_template_by_name(&t, template_name, err, errlen);
+    } else {
+        const cm_gguf_kv *kv = cm_gguf_find_kv(&e->g, "tokenizer.chat_template");
+        if (!kv || kv->type != CM_GGUF_STRING)
+            return cm_errf(err, errlen, CM_EUNSUPPORTED, "the model has no chat template; choose one with --chat-template (%s)",
+                           cm_chat_template_names());
+        rc = cm_chat_template_detect(&t, kv->v.str.ptr, (size_t)kv->v.str.len, err, errlen);
+    }
+    if (rc) return rc;
+    /* BOS/EOS texts, NUL-terminated copies (vocabulary texts are not). */
+    char bos[64] = "", eos[64] = "";
+    size_t len;
+    const char *p;
+    if ((p = cm_tokenizer_text(e->tok, cm_tokenizer_bos(e->tok), &len)) && len < sizeof bos) memcpy(bos, p, len), bos[len] = 0;
+    if ((p = cm_tokenizer_text(e->tok, cm_tokenizer_eos(e->tok), &len)) && len < sizeof eos) memcpy(eos, p, len), eos[len] = 0;
+    cm_chat_opts o = {.add_generation_prompt = add_generation_prompt,
+                      .tokenizer_adds_bos = cm_tokenizer_add_bos(e->tok), .bos = bos, .eos = eos};
+    return cm_chat_render(&t, msgs, n, &o, out, err, errlen);
+}
+
 void cm_gen_params_default(cm_gen_params *p) {
     memset(p, 0, sizeof *p);
     p->n_predict = 128;

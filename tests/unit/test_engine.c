@@ -227,6 +227,17 @@ static void test_info_and_errors(void) {
     CHECK(cm_engine_type_usage(e2, tu, 8) == 2);
     cm_engine_free(e2);
     cm_engine_free(NULL);
+    /* Chat: stories260K has no template (an error naming the choices); a named one renders. */
+    cm_buf b;
+    cm_buf_init(&b);
+    cm_chat_msg msgs[2] = {{"system", "Be brief."}, {"user", "hi"}};
+    CHECK(cm_engine_chat_render(E, NULL, msgs, 2, true, &b, errbuf, sizeof errbuf) == CM_EUNSUPPORTED);
+    CHECK(strstr(errbuf, "chatml") != NULL);
+    CHECK(cm_engine_chat_render(E, "chatml", msgs, 2, true, &b, errbuf, sizeof errbuf) == 0);
+    cm_buf_append(&b, "", 1);
+    CHECKF(b.data && !strcmp(b.data, "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"
+                                     "<|im_start|>assistant\n"), "%s", b.data);
+    cm_buf_release(&b);
     cm_session_free(NULL);
 }
 
