@@ -12,6 +12,8 @@
 
 static const cm_command k_commands[] = {
     {"version", "print the version", cmd_version},
+    {"discover", "list cumulo nodes found on the local network (mDNS)", cmd_discover},
+    {"announce", "announce this machine over mDNS until Ctrl-C (test aid)", cmd_announce},
 };
 
 static void usage(FILE *f) {
