@@ -45,11 +45,13 @@ typedef struct inst {
 
 struct cm_mdns {
     int fd;
+    bool detached;
+    size_t sent_len;
     mif ifs[MAX_IFS];
     int nifs;
     cm_rng rng;
     cm_mdns_stats st;
-    uint8_t rx[CM_MDNS_PKT_MAX], tx[CM_MDNS_PKT_MAX];
+    uint8_t rx[CM_MDNS_PKT_MAX], tx[CM_MDNS_PKT_MAX], sent[CM_MDNS_PKT_MAX];
     cm_mdns_msg msg;
     /* responder */
     int rstate, probe_n, announce_n, renames;
@@ -126,10 +128,35 @@ int cm_mdns_open(cm_mdns **out, const char *ifaces, char *err, size_t errlen) {
     return 0;
 }
 
+int cm_mdns_open_detached(cm_mdns **out) {
+    cm_mdns *m = cm_calloc(1, sizeof *m);
+    if (!m) return CM_ENOMEM;
+    cm_rng_seed(&m->rng, 42);
+    cm_mdns_name_make(&m->svc, NULL, CM_MDNS_SERVICE);
+    cm_mdns_name_make(&m->enum_name, NULL, "_services._dns-sd._udp.local");
+    m->fd = -1;
+    m->detached = true;
+    mif *d = &m->ifs[m->nifs++];
+    snprintf(d->name, sizeof d->name, "test0");
+    d->index = 1;
+    memcpy(d->addr, (uint8_t[4]){10, 0, 0, 1}, 4);
+    memcpy(d->mask, (uint8_t[4]){255, 255, 255, 0}, 4);
+    m->tokens = 2 * UNICAST_RATE;
+    m->tokens_at = now_ms();
+    *out = m;
+    return 0;
+}
+
+size_t cm_mdns_last_sent(const cm_mdns *m, const uint8_t **p) {
+    *p = m->sent;
+    return m->sent_len;
+}
+
 void cm_mdns_close(cm_mdns *m) {
     if (!m) return;
     cm_mdns_withdraw(m);
-    for (int i = 0; i < m->nifs; i++) cm_mcast4_leave(m->fd, k_group, m->ifs[i].addr, m->ifs[i].index);
+    for (int i = 0; i < m->nifs && !m->detached; i++)
+        cm_mcast4_leave(m->fd, k_group, m->ifs[i].addr, m->ifs[i].index);
     cm_fd_close(m->fd);
     cm_free(m);
 }
@@ -142,13 +169,21 @@ bool cm_mdns_is_announced(const cm_mdns *m) {
 
 /* ------------------------------------------------------------ sending */
 
+static bool keep_detached(cm_mdns *m, int len) {
+    if (!m->detached) return false;
+    memcpy(m->sent, m->tx, (size_t)len);
+    m->sent_len = (size_t)len;
+    m->st.tx++;
+    return true;
+}
+
 static void send_mcast(cm_mdns *m, const mif *f, int len) {
-    if (len <= 0) return;
+    if (len <= 0 || keep_detached(m, len)) return;
     if (cm_udp4_send(m->fd, m->tx, (size_t)len, k_group, CM_MDNS_PORT, f->addr) == 0) m->st.tx++;
 }
 
 static void send_unicast(cm_mdns *m, const uint8_t dst[4], uint16_t port, int len) {
-    if (len <= 0) return;
+    if (len <= 0 || keep_detached(m, len)) return;
     if (cm_udp4_send(m->fd, m->tx, (size_t)len, dst, port, NULL) == 0) m->st.tx++;
 }
 
@@ -315,7 +350,7 @@ int cm_mdns_announce(cm_mdns *m, const cm_mdns_service *svc, char *err, size_t e
 void cm_mdns_withdraw(cm_mdns *m) {
     if (m->rstate == RS_ANNOUNCING || m->rstate == RS_RUNNING) {
         send_announce(m, true);
-        cm_sleep_ms(50); /* a second goodbye survives one lost packet */
+        if (!m->detached) cm_sleep_ms(50); /* a second goodbye survives one lost packet */
         send_announce(m, true);
     }
     m->rstate = RS_IDLE;
@@ -355,6 +390,10 @@ static size_t canon_rdata(const cm_mdns_rr *rr, uint8_t *b, size_t cap) {
     } else if (rr->type == CM_MDNS_T_A) {
         memcpy(b, rr->addr, 4);
         n = 4;
+    } else if (rr->type == CM_MDNS_T_PTR) {
+        if (cap < rr->target.len) return 0;
+        memcpy(b, rr->target.b, rr->target.len);
+        n = rr->target.len;
     } else {
         n = CM_MIN((size_t)rr->rdlen, cap);
         if (n) memcpy(b, rr->rdata, n);
@@ -709,6 +748,13 @@ static void handle_packet(cm_mdns *m, size_t n, const uint8_t src[4], uint16_t s
     }
 }
 
+void cm_mdns_feed(cm_mdns *m, const uint8_t *p, size_t n, const uint8_t src[4], uint16_t sport) {
+    n = CM_MIN(n, sizeof m->rx);
+    memcpy(m->rx, p, n);
+    m->st.rx++;
+    handle_packet(m, n, src, sport, m->ifs[0].index);
+}
+
 int cm_mdns_step(cm_mdns *m, int timeout_ms) {
     uint64_t end = now_ms() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 0);
     for (;;) {
@@ -717,7 +763,9 @@ int cm_mdns_step(cm_mdns *m, int timeout_ms) {
         browser_timer(m, t);
         uint64_t d = CM_MIN(end, next_deadline(m));
         int wait = d > t ? (int)CM_MIN(d - t, (uint64_t)1000) : 0;
-        int r = cm_fd_wait_readable(m->fd, wait);
+        int r = 0;
+        if (m->detached) cm_sleep_ms((unsigned)wait);
+        else r = cm_fd_wait_readable(m->fd, wait);
         if (r < 0) return r;
         for (int i = 0; r > 0 && i < RX_PER_STEP; i++) {
             uint8_t src[4];

@@ -197,6 +197,15 @@ const cm_mdns_instance *cm_mdns_instance_at(const cm_mdns *m, size_t i);
  * failure. Call it in a loop. */
 int cm_mdns_step(cm_mdns *m, int timeout_ms);
 
+/* Testing and fuzzing without a network: a handle with no socket and one
+ * imaginary interface ("test0", 10.0.0.1/24, index 1). cm_mdns_feed handles
+ * p[0..n) as if it arrived on test0 from src:sport; what the handle would
+ * have sent is kept, the last packet readable with cm_mdns_last_sent. Timers
+ * run in cm_mdns_step as usual (it just sleeps instead of polling a socket). */
+int cm_mdns_open_detached(cm_mdns **out);
+void cm_mdns_feed(cm_mdns *m, const uint8_t *p, size_t n, const uint8_t src[4], uint16_t sport);
+size_t cm_mdns_last_sent(const cm_mdns *m, const uint8_t **p);
+
 /* Counters, for tests and `cumulo nodes`. */
 typedef struct cm_mdns_stats {
     uint64_t rx, rx_bad, tx, tx_suppressed, conflicts;
