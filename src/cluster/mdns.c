@@ -22,6 +22,7 @@
 #define RX_PER_STEP 256 /* packets handled before timers get a turn (flood bound) */
 #define QUERY_MAX_MS 60000u
 #define UNICAST_RATE 20.0 /* replies per second, burst 2x */
+#define RESCAN_MS 5000u   /* interfaces come and go (Thunderbolt bridge, DHCP) */
 
 enum { R_PTR, R_SRV, R_TXT, R_A, R_ENUM, R_COUNT };
 enum { RS_IDLE, RS_WAIT, RS_PROBING, RS_ANNOUNCING, RS_RUNNING };
@@ -46,6 +47,8 @@ typedef struct inst {
 struct cm_mdns {
     int fd;
     bool detached;
+    char ifaces[256];  /* interface filter, "" = all */
+    uint64_t next_scan;
     size_t sent_len;
     mif ifs[MAX_IFS];
     int nifs;
@@ -92,30 +95,63 @@ static bool iface_wanted(const char *list, const char *name) {
     return false;
 }
 
-int cm_mdns_open(cm_mdns **out, const char *ifaces, char *err, size_t errlen) {
-    *out = NULL;
-    cm_mdns *m = cm_calloc(1, sizeof *m);
-    if (!m) return cm_errf(err, errlen, CM_ENOMEM, "out of memory");
-    cm_rng_seed(&m->rng, cm_now_ns() ^ ((uint64_t)(uintptr_t)m << 16));
-    cm_mdns_name_make(&m->svc, NULL, CM_MDNS_SERVICE);
-    cm_mdns_name_make(&m->enum_name, NULL, "_services._dns-sd._udp.local");
-    m->fd = cm_mcast4_open(CM_MDNS_PORT, err, errlen);
-    if (m->fd < 0) { int rc = m->fd; cm_free(m); return rc; }
+/* (Re)list interfaces: join new ones, follow address changes, forget vanished
+ * ones. Returns how many were added or changed. */
+static int scan_ifaces(cm_mdns *m) {
     cm_netif all[64];
-    int n = cm_netif_list(all, 64);
-    for (int i = 0; i < n && m->nifs < MAX_IFS; i++) {
+    int n = cm_netif_list(all, 64), changed = 0;
+    if (n < 0) return 0;
+    bool seen[MAX_IFS] = {false};
+    for (int i = 0; i < n; i++) {
         cm_netif *f = &all[i];
-        if (!f->up || !f->multicast || (f->loopback && !ifaces) || !iface_wanted(ifaces, f->name)) continue;
-        bool dup = false; /* one membership per interface; first address wins */
-        for (int k = 0; k < m->nifs; k++) dup |= m->ifs[k].index == f->index;
-        if (dup || cm_mcast4_join(m->fd, k_group, f->ipv4, f->index) != 0) continue;
-        mif *d = &m->ifs[m->nifs++];
+        const char *want = m->ifaces[0] ? m->ifaces : NULL;
+        if (!f->up || !f->multicast || (f->loopback && !want) || !iface_wanted(want, f->name)) continue;
+        int k = 0;
+        while (k < m->nifs && m->ifs[k].index != f->index) k++;
+        if (k < m->nifs) { /* known: one address per interface, first one wins */
+            if (seen[k]) continue;
+            seen[k] = true;
+            if (memcmp(m->ifs[k].addr, f->ipv4, 4)) {
+                cm_mcast4_leave(m->fd, k_group, m->ifs[k].addr, m->ifs[k].index);
+                cm_mcast4_join(m->fd, k_group, f->ipv4, f->index);
+                memcpy(m->ifs[k].addr, f->ipv4, 4);
+                memcpy(m->ifs[k].mask, f->mask4, 4);
+                changed++;
+            }
+            continue;
+        }
+        if (m->nifs >= MAX_IFS || cm_mcast4_join(m->fd, k_group, f->ipv4, f->index) != 0) continue;
+        mif *d = &m->ifs[m->nifs];
         memset(d, 0, sizeof *d);
         snprintf(d->name, sizeof d->name, "%s", f->name);
         d->index = f->index;
         memcpy(d->addr, f->ipv4, 4);
         memcpy(d->mask, f->mask4, 4);
+        seen[m->nifs++] = true;
+        changed++;
     }
+    for (int k = m->nifs - 1; k >= 0; k--) /* vanished (down, renamed, no address) */
+        if (!seen[k]) {
+            m->ifs[k] = m->ifs[m->nifs - 1];
+            seen[k] = seen[m->nifs - 1];
+            m->nifs--;
+        }
+    return changed;
+}
+
+int cm_mdns_open(cm_mdns **out, const char *ifaces, char *err, size_t errlen) {
+    *out = NULL;
+    if (ifaces && strlen(ifaces) >= sizeof(((cm_mdns *)0)->ifaces))
+        return cm_errf(err, errlen, CM_EINVAL, "interface list too long");
+    cm_mdns *m = cm_calloc(1, sizeof *m);
+    if (!m) return cm_errf(err, errlen, CM_ENOMEM, "out of memory");
+    cm_rng_seed(&m->rng, cm_now_ns() ^ ((uint64_t)(uintptr_t)m << 16));
+    cm_mdns_name_make(&m->svc, NULL, CM_MDNS_SERVICE);
+    cm_mdns_name_make(&m->enum_name, NULL, "_services._dns-sd._udp.local");
+    snprintf(m->ifaces, sizeof m->ifaces, "%s", ifaces ? ifaces : "");
+    m->fd = cm_mcast4_open(CM_MDNS_PORT, err, errlen);
+    if (m->fd < 0) { int rc = m->fd; cm_free(m); return rc; }
+    scan_ifaces(m);
     if (m->nifs == 0) {
         cm_fd_close(m->fd);
         cm_free(m);
@@ -124,6 +160,7 @@ int cm_mdns_open(cm_mdns **out, const char *ifaces, char *err, size_t errlen) {
     }
     m->tokens = 2 * UNICAST_RATE;
     m->tokens_at = now_ms();
+    m->next_scan = now_ms() + RESCAN_MS;
     *out = m;
     return 0;
 }
@@ -755,10 +792,30 @@ void cm_mdns_feed(cm_mdns *m, const uint8_t *p, size_t n, const uint8_t src[4], 
     handle_packet(m, n, src, sport, m->ifs[0].index);
 }
 
+int cm_mdns_fd(const cm_mdns *m) { return m->fd; }
+
+int cm_mdns_poll_timeout_ms(const cm_mdns *m) {
+    uint64_t d = next_deadline(m), t = now_ms();
+    if (!m->detached) d = CM_MIN(d, m->next_scan);
+    return d <= t ? 0 : (int)CM_MIN(d - t, (uint64_t)60000);
+}
+
 int cm_mdns_step(cm_mdns *m, int timeout_ms) {
     uint64_t end = now_ms() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 0);
     for (;;) {
         uint64_t t = now_ms();
+        if (!m->detached && t >= m->next_scan) {
+            m->next_scan = t + RESCAN_MS;
+            /* NEEDSWORK: RFC 6762 §8 wants a probe on a new interface; we announce */
+            if (scan_ifaces(m) > 0) {
+                if (m->rstate == RS_ANNOUNCING || m->rstate == RS_RUNNING) {
+                    m->rstate = RS_ANNOUNCING;
+                    m->announce_n = 0;
+                    m->next_tx = t;
+                }
+                if (m->browsing) { m->query_ms = 1000; m->next_query = t + rand_ms(m, 20, 120); }
+            }
+        }
         responder_timer(m, t);
         browser_timer(m, t);
         uint64_t d = CM_MIN(end, next_deadline(m));

@@ -172,6 +172,7 @@ typedef void (*cm_mdns_event_fn)(void *ud, enum cm_mdns_event ev, const cm_mdns_
 
 /* Open the sockets and join 224.0.0.251 on every up, multicast-capable,
  * non-loopback IPv4 interface (or only those in the comma-separated ifaces).
+ * Interfaces are listed again every 5 s (new ones joined and announced on).
  * Errors: CM_EIO (socket), CM_ENOENT (no usable interface). */
 int cm_mdns_open(cm_mdns **out, const char *ifaces, char *err, size_t errlen);
 /* Sends goodbyes if announcing, closes the sockets; NULL is a no-op. */
@@ -205,6 +206,11 @@ int cm_mdns_step(cm_mdns *m, int timeout_ms);
 int cm_mdns_open_detached(cm_mdns **out);
 void cm_mdns_feed(cm_mdns *m, const uint8_t *p, size_t n, const uint8_t src[4], uint16_t sport);
 size_t cm_mdns_last_sent(const cm_mdns *m, const uint8_t **p);
+
+/* For an event loop (libuv): wait for fd readable or poll_timeout_ms, then call
+ * cm_mdns_step(m, 0), which handles what is pending without blocking. */
+int cm_mdns_fd(const cm_mdns *m);
+int cm_mdns_poll_timeout_ms(const cm_mdns *m);
 
 /* Counters, for tests and `cumulo nodes`. */
 typedef struct cm_mdns_stats {

@@ -85,5 +85,10 @@ wait_for "$TMP/a3" "^announced beta (2)$" 8 && ok "conflicting name renamed to '
 wait_for "$TMP/events" "^add 'beta (2)' 10.77.0.1:7003$" 10 && ok "browser found 'beta (2)'" || bad "browser found 'beta (2)'"
 grep -q "^announced beta (2)" "$TMP/a2" && bad "the established beta renamed itself" || ok "established beta kept its name"
 
+# an address change is noticed by the responder's interface rescan (every 5 s) and re-announced
+ip -n "$N2" addr del 10.77.0.2/24 dev eth0
+ip -n "$N2" addr add 10.77.0.12/24 dev eth0
+wait_for "$TMP/events" "^update 'beta' 10.77.0.12:7002$" 12 && ok "new address re-announced" || bad "address change: $(cat "$TMP/events")"
+
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]
