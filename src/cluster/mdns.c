@@ -58,7 +58,8 @@ struct cm_mdns {
     cm_mdns_msg msg;
     /* responder */
     int rstate, probe_n, announce_n, renames;
-    uint64_t next_tx;
+    uint64_t next_tx, defend_at;
+    int defends;
     char base[CM_MDNS_LABEL_MAX + 1], label[CM_MDNS_LABEL_MAX + 1], host[CM_MDNS_LABEL_MAX + 1];
     cm_mdns_name svc, enum_name, inst_name, host_name;
     uint16_t port;
@@ -105,7 +106,10 @@ static int scan_ifaces(cm_mdns *m) {
     for (int i = 0; i < n; i++) {
         cm_netif *f = &all[i];
         const char *want = m->ifaces[0] ? m->ifaces : NULL;
-        if (!f->up || !f->multicast || (f->loopback && !want) || !iface_wanted(want, f->name)) continue;
+        /* a named interface is used as it is (lo for one-machine clusters);
+         * by default only multicast-capable, non-loopback ones */
+        if (!f->up || (want && !iface_wanted(want, f->name))) continue;
+        if (!want && (f->loopback || !f->multicast)) continue;
         int k = 0;
         while (k < m->nifs && m->ifs[k].index != f->index) k++;
         if (k < m->nifs) { /* known: one address per interface, first one wins */
@@ -409,8 +413,7 @@ static void responder_timer(cm_mdns *m, uint64_t t) {
     }
     send_announce(m, false);
     m->announce_n++;
-    m->next_tx = t + 1000u * (1u << m->announce_n); /* 0, 2 s... : 1 s, then doubling */
-    if (m->announce_n == 1) m->next_tx = t + 1000;
+    m->next_tx = t + 1000u * (1u << (m->announce_n - 1)); /* 1 s, then doubling (§8.3) */
     if (m->announce_n >= 3) m->rstate = RS_RUNNING;
 }
 
@@ -476,6 +479,23 @@ static void probe_tiebreak(cm_mdns *m, const cm_mdns_msg *msg) {
     }
 }
 
+/* An established name is kept by the first comer: re-announce so a newcomer
+ * that missed our probe defence renames. If the other side keeps insisting
+ * (two established nodes after a partition heals), the §8.2 ordering picks
+ * who yields, so exactly one renames. */
+static void defend(cm_mdns *m, const cm_mdns_rr *theirs, const cm_mdns_rr *ours) {
+    uint64_t t = now_ms();
+    if (t - m->defend_at > 30000) m->defends = 0;
+    m->defend_at = t;
+    m->st.conflicts++;
+    if (++m->defends > 3 && rr_cmp(ours, theirs) < 0) {
+        m->defends = 0;
+        rename_instance(m);
+        return;
+    }
+    if (t - m->ifs[0].last_mcast[R_SRV] >= 1000 || m->nifs == 0) send_announce(m, false);
+}
+
 /* A response carrying our names with different data is a conflict (§9). */
 static void check_conflict(cm_mdns *m, const cm_mdns_msg *msg) {
     for (size_t i = 0; i < msg->nrr; i++) {
@@ -486,7 +506,11 @@ static void check_conflict(cm_mdns *m, const cm_mdns_msg *msg) {
             if (rr->type == CM_MDNS_T_SRV) our_rr(m, R_SRV, &m->ifs[0], &ours);
             else if (rr->type == CM_MDNS_T_TXT) our_rr(m, R_TXT, &m->ifs[0], &ours);
             else continue;
-            if (rr_cmp(rr, &ours) != 0) { rename_instance(m); return; }
+            if (rr_cmp(rr, &ours) != 0) {
+                if (m->rstate == RS_RUNNING) defend(m, rr, &ours);
+                else rename_instance(m);
+                return;
+            }
         } else if (rr->type == CM_MDNS_T_A && cm_mdns_name_eq(&rr->name, &m->host_name) &&
                    !is_our_addr(m, rr->addr)) {
             rename_host(m);
@@ -527,6 +551,11 @@ static void answer_query(cm_mdns *m, const cm_mdns_msg *q, mif *f, const uint8_t
         if (hit && qq->unicast_response) unicast = true;
     }
     bool legacy = sport != CM_MDNS_PORT; /* RFC 6762 §6.7: one-shot resolver */
+    bool probe = false;
+    for (size_t i = 0; i < q->nrr; i++) probe |= q->rr[i].section == CM_MDNS_SEC_AUTHORITY;
+    /* another responder on this host shares port 5353, and a unicast reply
+     * reaches only one of the sockets: answer same-host queries by multicast */
+    if (unicast && !legacy && is_our_addr(m, src)) unicast = false;
     if (legacy || unicast) {
         uint64_t t = now_ms();
         m->tokens = CM_MIN(2 * UNICAST_RATE, m->tokens + (double)(t - m->tokens_at) * UNICAST_RATE / 1000.0);
@@ -546,7 +575,8 @@ static void answer_query(cm_mdns *m, const cm_mdns_msg *q, mif *f, const uint8_t
             our_rr(m, k, f, &rr);
             if (known_answer(q, &rr)) { m->st.tx_suppressed++; continue; }
             if (!legacy && !unicast && pass == 0) {
-                if (t - f->last_mcast[k] < 1000) { m->st.tx_suppressed++; continue; } /* §6 */
+                /* §6: once a second per record, four times for probe defence */
+                if (t - f->last_mcast[k] < (probe ? 250u : 1000u)) { m->st.tx_suppressed++; continue; }
                 f->last_mcast[k] = t;
             }
             if (legacy) { rr.cache_flush = false; rr.ttl = CM_MIN(rr.ttl, 10u); }

@@ -90,5 +90,20 @@ ip -n "$N2" addr del 10.77.0.2/24 dev eth0
 ip -n "$N2" addr add 10.77.0.12/24 dev eth0
 wait_for "$TMP/events" "^update 'beta' 10.77.0.12:7002$" 12 && ok "new address re-announced" || bad "address change: $(cat "$TMP/events")"
 
+# one machine, several processes sharing port 5353 on lo (make demo's case):
+# both found, and a same-name conflict between them is resolved
+ip netns exec "$N3" "$BIN" announce --iface lo --name solo --port 7101 --id d4d4d4d4d4d4d4d4 >"$TMP/l1" 2>&1 &
+PIDS="$PIDS $!"
+wait_for "$TMP/l1" "^announced solo$" 5 || bad "solo announced: $(cat "$TMP/l1")"
+ip netns exec "$N3" "$BIN" announce --iface lo --name solo --port 7102 --id e5e5e5e5e5e5e5e5 >"$TMP/l2" 2>&1 &
+PIDS="$PIDS $!"
+wait_for "$TMP/l2" "^announced solo (2)$" 8 && ok "same-host conflict on lo renamed" || bad "same-host rename: $(cat "$TMP/l2")"
+ip netns exec "$N3" "$BIN" discover --iface lo --timeout 2 >"$TMP/lo.txt" 2>&1
+if grep -q "^solo  *127.0.0.1:7101 " "$TMP/lo.txt" && grep -q "^solo (2)  *127.0.0.1:7102 " "$TMP/lo.txt"; then
+    ok "discover --iface lo finds both local processes"
+else
+    bad "discover on lo: $(cat "$TMP/lo.txt")"
+fi
+
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -479,6 +479,29 @@ static void test_probe_tiebreak(void) {
     cm_mdns_close(m);
 }
 
+static void test_defend_established(void) {
+    /* once established (three announcements out), a conflicting response makes
+     * us defend the name, not yield it; only a peer that keeps insisting and
+     * wins the §8.2 ordering makes us rename */
+    cm_mdns *m;
+    CHECK(cm_mdns_open_detached(&m) == 0);
+    cm_mdns_service svc = {.name = "keep", .port = 7001, .node_id = "abc", .proto_version = 1};
+    CHECK(cm_mdns_announce(m, &svc, NULL, 0) == 0);
+    cm_mdns_step(m, 1100 + 3100 + 1000); /* and 1 s more: the per-record limit allows a defence */
+    CHECK(cm_mdns_is_announced(m));
+    static uint8_t buf[2048];
+    int len = make_announce(buf, sizeof buf, "keep", 9999, 4500, 120, true);
+    cm_mdns_stats st0, st1;
+    cm_mdns_get_stats(m, &st0);
+    cm_mdns_feed(m, buf, (size_t)len, k_peer, CM_MDNS_PORT);
+    cm_mdns_get_stats(m, &st1);
+    CHECK(!strcmp(cm_mdns_current_name(m), "keep") && cm_mdns_is_announced(m));
+    CHECK(st1.tx == st0.tx + 1 && sent_has(m, CM_MDNS_T_SRV, CM_MDNS_SEC_ANSWER, 120));
+    for (int i = 0; i < 3; i++) cm_mdns_feed(m, buf, (size_t)len, k_peer, CM_MDNS_PORT);
+    CHECK(!strcmp(cm_mdns_current_name(m), "keep (2)")); /* our port 7001 sorts before 9999: we yield */
+    cm_mdns_close(m);
+}
+
 int main(void) {
     RUN(test_names);
     RUN(test_avahi_packet);
@@ -488,5 +511,6 @@ int main(void) {
     RUN(test_browser);
     RUN(test_responder);
     RUN(test_probe_tiebreak);
+    RUN(test_defend_established);
     TEST_END();
 }
