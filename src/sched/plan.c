@@ -413,6 +413,9 @@ int cm_plan_make(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan
             have = true;
         }
     }
+    if (!have && o->mode == CM_PARALLEL_HYBRID)
+        return cm_errf(err, errlen, CM_EINVAL, "no hybrid plan for %d node%s: hybrid needs 3 or more nodes and a fitting split%s%s",
+                       n, n == 1 ? "" : "s", e2[0] ? " — " : "", e2);
     if (!have) {
         /* report the plain pipeline's error: it is the one that uses all memory best */
         for (int i = 0; i < n; i++) group_of[i] = i < m->n_layers ? i : -1;
