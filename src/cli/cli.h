@@ -40,5 +40,7 @@ int cli_load_engine(struct cm_engine **e, const char *path, int threads, int n_c
 int cmd_plan(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);
+int cmd_discover(int argc, char **argv);
+int cmd_announce(int argc, char **argv);
 
 #endif
