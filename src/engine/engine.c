@@ -30,6 +30,7 @@ struct cm_engine {
     cm_ctx *ctx;
     pthread_mutex_t mu;
     int n_ctx, n_batch, max_ctx;
+    bool kv_f16;
     char *name;
 };
 
@@ -79,6 +80,7 @@ int cm_engine_load(cm_engine **out, const char *path, const cm_engine_opts *opts
     e->pool = cm_pool_new(nt < 1 ? 1 : nt);
     e->n_ctx = o.n_ctx > 0 ? o.n_ctx : CM_MIN(e->m.hp.n_ctx_train, 4096);
     e->n_batch = o.n_batch > 0 ? o.n_batch : 64;
+    e->kv_f16 = o.kv_f16;
     e->max_ctx = CM_MAX(e->n_ctx, CM_MIN(e->m.hp.n_ctx_train, 1 << 20));
     e->ctx = e->pool ? cm_ctx_new(&e->m, e->n_batch, e->max_ctx, e->pool, msg, sizeof msg) : NULL;
     if (!e->ctx) {
@@ -124,7 +126,7 @@ void cm_engine_get_info(const cm_engine *e, cm_engine_info *in) {
     in->n_params = e->m.n_params;
     in->weight_bytes = e->m.weight_bytes;
     in->file_bytes = e->g.size;
-    in->kv_bytes_per_token = cm_kv_bytes(&e->m, 0, hp->n_layer, 0, hp->n_head_kv, 1);
+    in->kv_bytes_per_token = cm_kv_bytes(&e->m, 0, hp->n_layer, 0, hp->n_head_kv, 1) / (e->kv_f16 ? 2 : 1);
     in->bos = cm_tokenizer_bos(e->tok);
     in->eos = cm_tokenizer_eos(e->tok);
     in->eot = cm_tokenizer_eot(e->tok);
@@ -226,7 +228,8 @@ cm_session *cm_session_new(cm_engine *e, int n_ctx, char *err, size_t errlen) {
     if (!s) { cm_errf(err, errlen, CM_ENOMEM, "out of memory"); return NULL; }
     s->e = e;
     s->n_ctx = n_ctx;
-    if (cm_kv_init(&s->kv, &e->m, 0, e->m.hp.n_layer, cm_slice_full(&e->m), n_ctx, err, errlen)) {
+    if (cm_kv_init_type(&s->kv, &e->m, 0, e->m.hp.n_layer, cm_slice_full(&e->m), n_ctx,
+                        e->kv_f16 ? CM_TYPE_F16 : CM_TYPE_F32, err, errlen)) {
         cm_free(s);
         return NULL;
     }

@@ -36,6 +36,7 @@ typedef struct cm_engine_opts {
     int n_threads;       /* compute threads; 0 = all online CPUs */
     int n_ctx;           /* default context of sessions; 0 = the model's, capped at 4096 */
     int n_batch;         /* most prompt tokens per forward pass; 0 = 64 */
+    bool kv_f16;         /* sessions keep an F16 KV cache (half the memory; llama.cpp's default) */
     cm_engine_progress_fn progress; /* NULL: no progress (pages load lazily) */
     void *progress_ctx;
 } cm_engine_opts;
@@ -56,7 +57,7 @@ typedef struct cm_engine_info {
     uint64_t n_params;       /* weight elements */
     uint64_t weight_bytes;   /* bytes of weights (mmapped) */
     uint64_t file_bytes;
-    uint64_t kv_bytes_per_token; /* KV cache bytes per position of one sequence */
+    uint64_t kv_bytes_per_token; /* KV cache bytes per position of one sequence (F32 or F16 per opts) */
     int32_t bos, eos, eot;   /* -1 when the vocabulary has none */
     bool add_bos;            /* tokenizer.ggml.add_bos_token */
 } cm_engine_info;
