@@ -54,8 +54,11 @@ typedef struct run_out {
     cm_buf text;
 } run_out;
 
-static int on_token(void *user, int32_t id, const char *text, size_t len) {
+static int on_token(void *user, const cm_token_event *ev) {
     run_out *o = user;
+    int32_t id = ev->id;
+    const char *text = ev->text;
+    size_t len = ev->len;
     if (id >= 0 && o->n_ids < o->cap_ids) o->ids[o->n_ids++] = id;
     if (o->json) cm_buf_append(&o->text, text, len);
     else if (len) {

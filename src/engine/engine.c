@@ -345,13 +345,14 @@ typedef struct gen_state {
 } gen_state;
 
 /* Pass detokenized bytes through the stop matcher to the callback. */
-static int emit(gen_state *g, int32_t id, const char *text, size_t n) {
+static int emit(gen_state *g, int32_t id, const char *text, size_t n, const cm_sample_info *info) {
     const char *out = "";
     size_t out_n = 0;
     int r = cm_stop_feed(g->stop, text, n, &out, &out_n);
     if (r == CM_ENOMEM) return r;
     if (r >= 0) g->stop_hit = r;
-    if (g->cb && g->cb(g->user, id, out, out_n)) g->cb_stopped = true;
+    cm_token_event ev = {.id = id, .text = out, .len = out_n, .info = info};
+    if (g->cb && g->cb(g->user, &ev)) g->cb_stopped = true;
     return 0;
 }
 
@@ -384,18 +385,19 @@ int cm_session_generate(cm_session *s, const cm_gen_params *p, cm_token_cb cb, v
     int rc = 0;
     int n_gen = 0;
     enum cm_finish fin = CM_FINISH_LENGTH;
+    cm_sample_info info; /* a few hundred bytes on the stack, filled per token */
     double t0 = cm_now_s();
     for (;;) {
         if (atomic_load(&s->cancel)) { fin = CM_FINISH_CANCEL; break; }
         if (p->n_predict > 0 && n_gen >= p->n_predict) { fin = CM_FINISH_LENGTH; break; }
-        int32_t id = cm_sampler_sample(smp, s->logits, NULL);
+        int32_t id = cm_sampler_sample(smp, s->logits, &info);
         cm_sampler_accept(smp, id);
         if (!p->ignore_eos && cm_tokenizer_is_eog(e->tok, id)) { fin = CM_FINISH_EOG; n_gen++; break; }
         n_gen++;
         s->hist[s->n_hist++] = id;
         size_t pn = 0;
         if ((rc = cm_detok_push(&dt, id, s->piece, s->piece_cap, &pn))) break;
-        if ((rc = emit(&g, id, s->piece, pn))) break;
+        if ((rc = emit(&g, id, s->piece, pn, &info))) break;
         if (g.stop_hit >= 0) { fin = CM_FINISH_STOP; break; }
         if (g.cb_stopped) { fin = CM_FINISH_CANCEL; break; }
         if (p->n_predict > 0 && n_gen >= p->n_predict) { fin = CM_FINISH_LENGTH; break; }
@@ -408,12 +410,13 @@ int cm_session_generate(cm_session *s, const cm_gen_params *p, cm_token_cb cb, v
     if (!rc && fin != CM_FINISH_STOP) {
         /* Flush what the detokenizer and the stop matcher still hold. */
         size_t pn = 0;
-        if (cm_detok_flush(&dt, s->piece, s->piece_cap, &pn) == 0 && pn) emit(&g, -1, s->piece, pn);
+        if (cm_detok_flush(&dt, s->piece, s->piece_cap, &pn) == 0 && pn) emit(&g, -1, s->piece, pn, NULL);
         if (g.stop_hit >= 0) fin = CM_FINISH_STOP;
         const char *out = "";
         size_t on = 0;
         cm_stop_flush(stop, &out, &on);
-        if (on && cb) cb(user, -1, out, on);
+        cm_token_event ev = {.id = -1, .text = out, .len = on};
+        if (on && cb) cb(user, &ev);
     }
     s->have_logits = s->have_logits && s->n_hist == s->kv.n_past;
     s->t.n_gen = n_gen;

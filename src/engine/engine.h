@@ -120,11 +120,19 @@ typedef struct cm_gen_result {
     int stop_index;    /* which stop string matched, or -1 */
 } cm_gen_result;
 
-/* Streams generated text: called with each token id and the text that is
- * now safe to show (whole UTF-8 characters, stop strings held back; may be
- * empty), and at the end with id -1 for text still held back. The EOG token
- * itself is not reported. Return non-zero to stop (finish = cancel). */
-typedef int (*cm_token_cb)(void *user, int32_t id, const char *text, size_t len);
+/* One step of a generation, as the callback sees it. */
+typedef struct cm_token_event {
+    int32_t id;                 /* the token sampled; -1 for the final flush of held-back text */
+    const char *text;           /* text now safe to show: whole UTF-8 characters, stop strings held
+                                 * back; may be empty, and may belong to earlier tokens */
+    size_t len;
+    const cm_sample_info *info; /* logprob of id and, when sampling.n_probs > 0, the top
+                                 * alternatives (sampler.h); NULL for the flush */
+} cm_token_event;
+/* Called for every generated token and once at the end (id -1) when text
+ * was still held back. The EOG token itself is not reported. Return non-zero
+ * to stop (finish = cancel). Runs on the generating thread. */
+typedef int (*cm_token_cb)(void *user, const cm_token_event *ev);
 
 /* A session of n_ctx positions (0 = the engine's default). */
 cm_session *cm_session_new(cm_engine *e, int n_ctx, char *err, size_t errlen);
