@@ -12,6 +12,7 @@
 
 static const cm_command k_commands[] = {
     {"version", "print the version", cmd_version},
+    {"key", "create or show the cluster key", cmd_key},
 };
 
 static void usage(FILE *f) {
