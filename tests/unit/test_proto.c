@@ -565,8 +565,65 @@ static void test_sealed_frames(void) {
     CHECKF(strstr(e, "before the handshake") != NULL, "%s", e);
 }
 
+/* Seeds for fuzz/fuzz_frame.c (see its header for the input format). */
+static void seed(const char *dir, const char *name, uint8_t sel, const uint8_t *p, size_t n) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "wb");
+    if (!f) { fprintf(stderr, "cannot write '%s'\n", path); exit(1); }
+    fputc(sel, f);
+    fwrite(p, 1, n, f);
+    fclose(f);
+}
+
+static int write_corpus(const char *dir) {
+    static uint8_t buf[4096], frame[4200];
+    char name[64];
+    for (unsigned t = CM_MSG_HELLO; t < CM_MSG_COUNT; t++) {
+        for (int v = 0; v < 3; v++) {
+            cm_msg m;
+            sample(t, &m, v);
+            size_t n = enc(&m, buf + 1, sizeof buf - 1);
+            buf[0] = (uint8_t)t;
+            snprintf(name, sizeof name, "msg-%s-%d", cm_msg_type_name(t), v);
+            seed(dir, name, 1, buf, n + 1);
+            if (v) continue;
+            snprintf(name, sizeof name, "all-%s", cm_msg_type_name(t));
+            seed(dir, name, 3, buf + 1, n);
+            for (int mode = 0; mode < CM_SEC_COUNT; mode++) { /* kinds 1..3 of the fuzz target */
+                cm_session s;
+                cm_session_init(&s);
+                s.established = true;
+                s.mode = (cm_sec_mode)mode;
+                memset(s.tx_key, 0x42, 32); /* FUZZ_KEY_BYTE */
+                size_t fl;
+                memcpy(frame + CM_FRAME_HDR, buf + 1, n);
+                if (cm_frame_seal(&s, t, frame, n, sizeof frame, &fl, NULL, 0)) return 1;
+                snprintf(name, sizeof name, "frame-%s-%s", cm_sec_mode_name((cm_sec_mode)mode), cm_msg_type_name(t));
+                seed(dir, name, (uint8_t)((mode + 1) << 2), frame, fl);
+            }
+        }
+    }
+    cm_hs a, b;
+    size_t n, fl;
+    cm_hs_init(&a, true, CM_SEC_ENCRYPT, k_key, NULL, 0);
+    cm_hs_init(&b, false, CM_SEC_ENCRYPT, k_key, NULL, 0);
+    cm_hs_write_init(&a, buf, sizeof buf, &n, NULL, 0);
+    seed(dir, "hs-init", 2, buf, n);
+    cm_session s;
+    cm_session_init(&s);
+    memcpy(frame + CM_FRAME_HDR, buf, n);
+    cm_frame_seal(&s, CM_MSG_AUTH_INIT, frame, n, sizeof frame, &fl, NULL, 0);
+    seed(dir, "frame-handshake-AUTH_INIT", 0, frame, fl);
+    cm_hs_read_init(&b, buf, n, NULL, 0);
+    cm_hs_write_reply(&b, buf, sizeof buf, &n, NULL, 0);
+    seed(dir, "hs-reply", 2, buf, n);
+    return 0;
+}
+
 int main(void) {
     init_data();
+    if (getenv("CUMULO_FRAME_CORPUS")) return write_corpus(getenv("CUMULO_FRAME_CORPUS"));
     RUN(test_header_layout);
     RUN(test_header_refusals);
     RUN(test_roundtrip_all);
