@@ -28,11 +28,12 @@ static void check_codec(unsigned type, const uint8_t *p, size_t n) {
     size_t len = 0;
     if (type == CM_MSG_FORWARD) {
         cm_msg_forward *f = &m.u.forward;
-        volatile int32_t sink = 0;
+        volatile uint32_t sink = 0; /* unsigned: the sum may wrap */
         static float row[CM_MSG_MAX_DIM];
         for (uint32_t i = 0; i < f->n_tokens; i++) {
-            sink += cm_msg_forward_pos(f, i) + cm_msg_forward_seq(f, i) + cm_msg_forward_want(f, i);
-            if (f->dtype == CM_HIDDEN_TOKENS) sink += cm_msg_forward_token(f, i);
+            sink += (uint32_t)cm_msg_forward_pos(f, i) + (uint32_t)cm_msg_forward_seq(f, i) +
+                    (uint32_t)cm_msg_forward_want(f, i);
+            if (f->dtype == CM_HIDDEN_TOKENS) sink += (uint32_t)cm_msg_forward_token(f, i);
             else cm_msg_forward_row(f, i, row);
         }
         (void)sink;
