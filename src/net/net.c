@@ -527,7 +527,7 @@ int cm_conn_handshake(cm_conn *c, bool initiator, const cm_net_cfg *cfg, const c
         if ((rc = cm_msg_decode(h.type, pl, h.len, &them, e, sizeof e)) != 0)
             return refuse(c, rc, e, deadline, err, errlen);
         if (them.u.hello.proto_version != CM_PROTO_VERSION) {
-            snprintf(e, sizeof e, "HELLO of protocol version %u (this node speaks %d)",
+            snprintf(e, sizeof e, "sent a HELLO of protocol version %u (expected %d)",
                      (unsigned)them.u.hello.proto_version, CM_PROTO_VERSION);
             return refuse(c, CM_EUNSUPPORTED, e, deadline, err, errlen);
         }

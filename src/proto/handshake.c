@@ -45,30 +45,31 @@ static void put_core(const cm_hs *hs, uint8_t out[CM_HS_INIT_BYTES]) {
     memcpy(out + 36, hs->epk, 32);
 }
 
-/* Checks the version and mode of a peer's INIT/REPLY core. The messages are
- * written for the peer as much as for us: the caller may send them in ERROR. */
+static const char *mode_words(unsigned m) {
+    return m == CM_SEC_INSECURE ? "runs --insecure"
+         : m == CM_SEC_AUTH     ? "uses auth-only frames"
+                                : "requires the cluster key and encrypted frames";
+}
+
+/* Checks the version and mode of a peer's INIT/REPLY core. The messages may be
+ * relayed to the peer in an ERROR frame, so they name the two sides by role
+ * (connecting / listening), never as "this node" and "the peer". */
 static int check_core(const cm_hs *hs, const uint8_t *p, char *err, size_t errlen) {
     unsigned v = cm_rd_u16(p), mode = p[2];
+    const char *me = hs->initiator ? "the connecting node" : "the listening node";
     if (v != CM_PROTO_VERSION)
         return cm_errf(err, errlen, CM_EUNSUPPORTED,
-                       "protocol version %u is not supported (this node speaks version %d)", v,
+                       "protocol version %u is not supported (%s speaks version %d)", v, me,
                        CM_PROTO_VERSION);
     if (mode >= CM_SEC_COUNT || p[3] != 0)
         return cm_errf(err, errlen, CM_EFORMAT, "handshake with unknown security mode %u", mode);
     if (mode != (unsigned)hs->mode) {
-        if (hs->mode == CM_SEC_INSECURE)
-            return cm_errf(err, errlen, CM_EAUTH,
-                           "security mismatch: this node runs --insecure, the peer wants %s "
-                           "frames (both sides must agree)",
-                           cm_sec_mode_name((cm_sec_mode)mode));
-        if (mode == CM_SEC_INSECURE)
-            return cm_errf(err, errlen, CM_EAUTH,
-                           "security mismatch: the peer runs --insecure, this node requires the "
-                           "cluster key (both sides must agree)");
+        unsigned conn = hs->initiator ? (unsigned)hs->mode : mode;
+        unsigned lis = hs->initiator ? mode : (unsigned)hs->mode;
         return cm_errf(err, errlen, CM_EAUTH,
-                       "security mismatch: this node uses %s frames, the peer %s (both sides "
-                       "must agree)",
-                       cm_sec_mode_name(hs->mode), cm_sec_mode_name((cm_sec_mode)mode));
+                       "security mismatch: the connecting node %s, the listening node %s (both "
+                       "sides must agree)",
+                       mode_words(conn), mode_words(lis));
     }
     return 0;
 }

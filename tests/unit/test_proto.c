@@ -458,10 +458,10 @@ static void test_handshake(void) {
     /* --insecure on one side only, either way round; auth-only vs encrypted. */
     handshake(&p, CM_SEC_INSECURE, NULL, CM_SEC_ENCRYPT, k_key);
     CHECK(p.rc_s == CM_EAUTH);
-    CHECKF(strstr(p.es, "peer runs --insecure") != NULL, "%s", p.es);
+    CHECKF(strstr(p.es, "the connecting node runs --insecure, the listening node requires the cluster key") != NULL, "%s", p.es);
     handshake(&p, CM_SEC_ENCRYPT, k_key, CM_SEC_INSECURE, NULL);
     CHECK(p.rc_s == CM_EAUTH);
-    CHECKF(strstr(p.es, "this node runs --insecure") != NULL, "%s", p.es);
+    CHECKF(strstr(p.es, "the connecting node requires the cluster key and encrypted frames, the listening node runs --insecure") != NULL, "%s", p.es);
     handshake(&p, CM_SEC_AUTH, k_key, CM_SEC_ENCRYPT, k_key);
     CHECK(p.rc_s == CM_EAUTH);
     handshake(&p, CM_SEC_INSECURE, NULL, CM_SEC_INSECURE, NULL);
