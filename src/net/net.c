@@ -192,6 +192,8 @@ int cm_net_listen(const char *host, uint16_t port, cm_listener **out, char *err,
         close(fd);
     }
     freeaddrinfo(res);
+    if (any && hints.ai_family == AF_INET6) /* a kernel without IPv6 sockets: IPv4 only */
+        return cm_net_listen("0.0.0.0", port, out, err, errlen);
     return cm_errf(err, errlen, CM_EIO, "cannot listen on %s port %u: %s", any ? "*" : host,
                    (unsigned)port, strerror(last));
 }
