@@ -11,9 +11,12 @@
 #include <string.h>
 
 static const cm_command k_commands[] = {
+    {"plan", "show how a model splits across a cluster, with predicted speed", cmd_plan},
     {"version", "print the version", cmd_version},
     {"tokenize", "text -> token ids with a model's vocabulary", cmd_tokenize},
     {"detokenize", "token ids -> text with a model's vocabulary", cmd_detokenize},
+    {"discover", "list cumulo nodes found on the local network (mDNS)", cmd_discover},
+    {"announce", "announce this machine over mDNS until Ctrl-C (test aid)", cmd_announce},
 };
 
 static void usage(FILE *f) {

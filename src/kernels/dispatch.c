@@ -1,0 +1,133 @@
+/*
+ * dispatch.c: builds the kernel tables once and picks one for this CPU; runs
+ * the row-sliced matrix product the model calls for every weight.
+ *
+ * Every table starts as the scalar reference; ISA files override what they
+ * implement (isa.h). cm_kernels_get() returns the best table the CPU supports,
+ * capped by CUMULO_ISA (scalar|avx2|avx512|neon). Tables are filled exactly
+ * once (pthread_once) and are read-only afterwards, so any thread may use
+ * them. Nothing here allocates.
+ */
+#include "kernels.h"
+
+#include "base/base.h"
+#include "isa.h"
+#include "os/os.h"
+
+#include <pthread.h>
+#include <string.h>
+
+enum { ISA_SCALAR, ISA_AVX2, ISA_AVX512, ISA_NEON, ISA_COUNT };
+static const char *const k_isa_names[ISA_COUNT] = {"scalar", "avx2", "avx512", "neon"};
+
+static cm_kernels g_tables[ISA_COUNT];
+static bool g_have[ISA_COUNT]; /* compiled in and supported by this CPU */
+static const cm_kernels *g_best;
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+
+/* What each ISA file may use, from the flags the Makefile compiles it with.
+ * A CPU lacking any of them never runs that file. */
+static bool cpu_has(int isa, const cm_cpu_features *f) {
+    switch (isa) {
+    case ISA_SCALAR: return true;
+    case ISA_AVX2: return CM_KERNELS_HAVE_X86 && f->x86_avx2 && f->x86_fma && f->x86_f16c;
+    case ISA_AVX512:
+        return CM_KERNELS_HAVE_X86 && f->x86_avx2 && f->x86_fma && f->x86_f16c && f->x86_avx512f &&
+               f->x86_avx512bw && f->x86_avx512vl && f->x86_avx512vnni && f->x86_avx512bf16;
+    case ISA_NEON: return CM_KERNELS_HAVE_NEON && f->arm_neon && f->arm_dotprod && f->arm_fp16;
+    default: return false;
+    }
+}
+
+/* Index into k_isa_names, or -1. */
+static int isa_index(const char *name) {
+    for (int i = 0; i < ISA_COUNT; i++)
+        if (name && strcmp(name, k_isa_names[i]) == 0) return i;
+    return -1;
+}
+
+/* The ISA's rank within its own family (x86: avx2 < avx512; arm: neon);
+ * scalar is 0 in every family. */
+static int isa_rank(int isa) { return isa == ISA_AVX512 ? 2 : isa == ISA_SCALAR ? 0 : 1; }
+static bool isa_same_family(int a, int b) {
+    bool ax = a == ISA_AVX2 || a == ISA_AVX512, bx = b == ISA_AVX2 || b == ISA_AVX512;
+    return a == ISA_SCALAR || b == ISA_SCALAR || ax == bx;
+}
+
+static void build_tables(void) {
+    const cm_cpu_features *f = cm_cpu_features_get();
+    for (int i = 0; i < ISA_COUNT; i++) {
+        cm_kernels_fill_ref(&g_tables[i]);
+        g_tables[i].name = k_isa_names[i];
+        g_have[i] = cpu_has(i, f);
+    }
+#if CM_KERNELS_HAVE_X86
+    if (g_have[ISA_AVX2]) cm_kernels_fill_avx2(&g_tables[ISA_AVX2]);
+    if (g_have[ISA_AVX512]) {
+        cm_kernels_fill_avx2(&g_tables[ISA_AVX512]);
+        cm_kernels_fill_avx512(&g_tables[ISA_AVX512]);
+    }
+#endif
+#if CM_KERNELS_HAVE_NEON
+    if (g_have[ISA_NEON]) cm_kernels_fill_neon(&g_tables[ISA_NEON]);
+#endif
+
+    /* CUMULO_ISA caps the choice: the best ISA we have whose rank does not
+     * exceed the cap's within the cap's family. "best" (unset) caps nothing;
+     * a cap naming another architecture's ISA leaves only scalar. */
+    const char *cap_name = cm_cpu_isa_cap();
+    int cap = isa_index(cap_name);
+    if (cap < 0 && strcmp(cap_name, "best") != 0)
+        CM_LOGW("CUMULO_ISA='%s' is not one of scalar|avx2|avx512|neon; ignoring it", cap_name);
+    int best = ISA_SCALAR;
+    for (int i = 0; i < ISA_COUNT; i++) {
+        if (!g_have[i]) continue;
+        if (cap >= 0 && (!isa_same_family(i, cap) || isa_rank(i) > isa_rank(cap))) continue;
+        if (isa_rank(i) > isa_rank(best)) best = i;
+    }
+    g_best = &g_tables[best];
+    CM_LOGD("kernels: using '%s' (CUMULO_ISA=%s; avx2 %s, avx512 %s, neon %s)", g_best->name, cap_name,
+            g_have[ISA_AVX2] ? "yes" : "no", g_have[ISA_AVX512] ? "yes" : "no",
+            g_have[ISA_NEON] ? "yes" : "no");
+}
+
+const cm_kernels *cm_kernels_get(void) {
+    pthread_once(&g_once, build_tables);
+    return g_best;
+}
+
+const cm_kernels *cm_kernels_ref(void) {
+    pthread_once(&g_once, build_tables);
+    return &g_tables[ISA_SCALAR];
+}
+
+const cm_kernels *cm_kernels_for(const char *isa) {
+    pthread_once(&g_once, build_tables);
+    int i = isa_index(isa);
+    return i >= 0 && g_have[i] ? &g_tables[i] : NULL;
+}
+
+bool cm_kernels_supports(enum cm_type t) {
+    const cm_kernels *k = cm_kernels_ref();
+    const cm_type_traits *tr = cm_type_traits_of((uint32_t)t);
+    if (!tr || !k->vec_dot[t] || !k->to_float[t]) return false;
+    return k->from_float[tr->vec_dot_type] != NULL;
+}
+
+void cm_matmul_rows(const cm_kernels *k, const cm_tensor *W, const void *xq, size_t xq_stride,
+                    int64_t n_tok, float *y, int64_t ldy, int64_t r0, int64_t r1) {
+    const enum cm_type t = W->type;
+    CM_ASSERT((unsigned)t < CM_TYPE_COUNT && k->vec_dot[t]);
+    CM_ASSERT(r0 >= 0 && r1 <= W->ne[1] && r0 <= r1 && n_tok >= 0);
+    const int64_t n = W->ne[0];
+    if (n_tok > 1 && k->gemm[t]) {
+        k->gemm[t](n, W->data, W->nb[1], xq, xq_stride, y, ldy, r0, r1, n_tok);
+        return;
+    }
+    /* Row-major over weights: each weight row is read once for all tokens. */
+    for (int64_t i = r0; i < r1; i++) {
+        const void *w = (const char *)W->data + (size_t)i * W->nb[1];
+        for (int64_t j = 0; j < n_tok; j++)
+            k->vec_dot[t](n, &y[j * ldy + i], w, (const char *)xq + (size_t)j * xq_stride);
+    }
+}

@@ -1,0 +1,74 @@
+/*
+ * ref.h: private declarations of the scalar reference kernels, so that ISA
+ * files can fall back to them (tails, rarely used types) and tests can name
+ * them. Not part of the kernels API. Also the two integer helpers every
+ * K-quant routine shares, as ggml defines them.
+ */
+#ifndef CM_KERNELS_REF_H
+#define CM_KERNELS_REF_H
+
+#include "kernels.h"
+
+#include <string.h>
+
+/* Round to nearest, ties to even, for |f| <= 2^22: adding 1.5 * 2^23 leaves
+ * the integer in the low mantissa bits. This is ggml's nearest_int; K-quant
+ * files and Q8_K activations depend on its exact tie-breaking. */
+static inline int cm_nearest_int(float f) {
+    float v = f + 12582912.f;
+    int32_t i;
+    memcpy(&i, &v, sizeof i);
+    return (i & 0x007fffff) - 0x00400000;
+}
+
+/* The 6-bit scale and min of sub-block j (0..7) of a Q4_K/Q5_K super-block:
+ * sub-blocks 0-3 keep theirs in the low 6 bits of bytes 0-3 (scale) and 4-7
+ * (min); sub-blocks 4-7 keep the low 4 bits in bytes 8-11 and the top 2 bits
+ * in the spare high bits of bytes 0-3 (scale) and 4-7 (min). */
+static inline void cm_k4_scale_min(int j, const uint8_t *q, uint8_t *sc, uint8_t *m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+        *m = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+    }
+}
+
+/* Dequantizers (cm_to_float_fn). */
+void cm_ref_to_float_f32(const void *x, float *y, int64_t n);
+void cm_ref_to_float_f16(const void *x, float *y, int64_t n);
+void cm_ref_to_float_bf16(const void *x, float *y, int64_t n);
+void cm_ref_to_float_q4_0(const void *x, float *y, int64_t n);
+void cm_ref_to_float_q4_1(const void *x, float *y, int64_t n);
+void cm_ref_to_float_q5_0(const void *x, float *y, int64_t n);
+void cm_ref_to_float_q5_1(const void *x, float *y, int64_t n);
+void cm_ref_to_float_q8_0(const void *x, float *y, int64_t n);
+void cm_ref_to_float_q8_1(const void *x, float *y, int64_t n);
+void cm_ref_to_float_q4_k(const void *x, float *y, int64_t n);
+void cm_ref_to_float_q5_k(const void *x, float *y, int64_t n);
+void cm_ref_to_float_q6_k(const void *x, float *y, int64_t n);
+void cm_ref_to_float_q8_k(const void *x, float *y, int64_t n);
+
+/* Activation converters (cm_from_float_fn): llama.cpp's x86 arithmetic. */
+void cm_ref_from_float_f32(const float *x, void *y, int64_t n);
+void cm_ref_from_float_f16(const float *x, void *y, int64_t n);
+void cm_ref_from_float_bf16(const float *x, void *y, int64_t n);
+void cm_ref_from_float_q8_0(const float *x, void *y, int64_t n);
+void cm_ref_from_float_q8_1(const float *x, void *y, int64_t n);
+void cm_ref_from_float_q8_k(const float *x, void *y, int64_t n);
+
+/* Dot products (cm_vec_dot_fn): x in the weight type, y in its vec_dot_type. */
+void cm_ref_vec_dot_f32(int64_t n, float *s, const void *x, const void *y);
+void cm_ref_vec_dot_f16(int64_t n, float *s, const void *x, const void *y);
+void cm_ref_vec_dot_bf16(int64_t n, float *s, const void *x, const void *y);
+void cm_ref_vec_dot_q4_0(int64_t n, float *s, const void *x, const void *y);
+void cm_ref_vec_dot_q4_1(int64_t n, float *s, const void *x, const void *y);
+void cm_ref_vec_dot_q5_0(int64_t n, float *s, const void *x, const void *y);
+void cm_ref_vec_dot_q5_1(int64_t n, float *s, const void *x, const void *y);
+void cm_ref_vec_dot_q8_0(int64_t n, float *s, const void *x, const void *y);
+void cm_ref_vec_dot_q4_k(int64_t n, float *s, const void *x, const void *y);
+void cm_ref_vec_dot_q5_k(int64_t n, float *s, const void *x, const void *y);
+void cm_ref_vec_dot_q6_k(int64_t n, float *s, const void *x, const void *y);
+
+#endif
