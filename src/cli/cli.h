@@ -32,6 +32,7 @@ void cli_progress_end(cli_progress *p);
 int cmd_version(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);
+int cmd_key(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
 int cmd_discover(int argc, char **argv);
 int cmd_announce(int argc, char **argv);
