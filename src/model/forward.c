@@ -28,7 +28,14 @@ uint64_t cm_kv_bytes(const cm_model *m, int layer_first, int layer_last, int h0,
 
 int cm_kv_init(cm_kv *kv, const cm_model *m, int layer_first, int layer_last, cm_slice s, int n_ctx,
                char *err, size_t errlen) {
+    return cm_kv_init_type(kv, m, layer_first, layer_last, s, n_ctx, CM_TYPE_F32, err, errlen);
+}
+
+int cm_kv_init_type(cm_kv *kv, const cm_model *m, int layer_first, int layer_last, cm_slice s, int n_ctx,
+                    enum cm_type type, char *err, size_t errlen) {
     memset(kv, 0, sizeof *kv);
+    if (type != CM_TYPE_F32 && type != CM_TYPE_F16)
+        return cm_errf(err, errlen, CM_EINVAL, "kv cache type %s is not supported (f32, f16)", cm_type_name(type));
     if (layer_first < 0 || layer_last > m->hp.n_layer || layer_first >= layer_last)
         return cm_errf(err, errlen, CM_EINVAL, "layer range [%d, %d) is out of [0, %d)", layer_first, layer_last,
                        m->hp.n_layer);
@@ -36,6 +43,7 @@ int cm_kv_init(cm_kv *kv, const cm_model *m, int layer_first, int layer_last, cm
         return cm_errf(err, errlen, CM_EINVAL, "kv head range [%d, %d) is out of [0, %d)", s.h0, s.h1, m->hp.n_head_kv);
     if (n_ctx < 1 || n_ctx > (1 << 24)) return cm_errf(err, errlen, CM_EINVAL, "context size %d is out of range", n_ctx);
     uint64_t half = cm_kv_bytes(m, layer_first, layer_last, s.h0, s.h1, n_ctx) / 2;
+    if (type == CM_TYPE_F16) half /= 2;
     if (half > SIZE_MAX / 2) return cm_errf(err, errlen, CM_ENOMEM, "kv cache of %llu bytes is too large", (unsigned long long)half * 2);
     /* calloc: untouched context costs no resident memory. */
     kv->k = cm_calloc(1, (size_t)half + sizeof(float));
@@ -51,6 +59,7 @@ int cm_kv_init(cm_kv *kv, const cm_model *m, int layer_first, int layer_last, cm
     kv->n_ctx = n_ctx;
     kv->head_dim = m->hp.head_dim;
     kv->n_past = 0;
+    kv->type = type;
     return 0;
 }
 
@@ -99,6 +108,12 @@ static void *zalloc(size_t n) {
     return p;
 }
 
+/* Floats of attention scratch per thread: scores [max_ctx], the query as
+ * F16 [head_dim halves], the scores as F16 [max_ctx halves] (F16 cache). */
+static size_t scores_stride(int max_ctx, int head_dim) {
+    return (size_t)max_ctx + (size_t)head_dim + ((size_t)max_ctx + 1) / 2 + 16;
+}
+
 cm_ctx *cm_ctx_new(const cm_model *m, int max_batch, int max_ctx, cm_pool *pool, char *err, size_t errlen) {
     if (max_batch < 1 || max_batch > 65536 || max_ctx < 1 || max_ctx > (1 << 24)) {
         cm_errf(err, errlen, CM_EINVAL, "batch %d / context %d out of range", max_batch, max_ctx);
@@ -126,7 +141,7 @@ cm_ctx *cm_ctx_new(const cm_model *m, int max_batch, int max_ctx, cm_pool *pool,
     c->gate = zalloc(B * F * 4);
     c->up = zalloc(B * F * 4);
     c->rope = zalloc(B * (size_t)hp->n_rot * 4);
-    c->scores = zalloc((size_t)c->n_threads * (size_t)max_ctx * 4);
+    c->scores = zalloc((size_t)c->n_threads * scores_stride(max_ctx, hp->head_dim) * 4);
     /* F32 is the widest activation type (4 bytes per element; Q8_K is ~1.14). */
     c->xq = zalloc(B * kmax * 4 + 64);
     c->out_rows = zalloc(B * 4);
@@ -344,9 +359,15 @@ static void phase_attn(cm_ctx *c, int ith, int nth) {
                 cm_kv *kv = c->a->kvs[b->seq[j]];
                 size_t off = kv_off(kv, c->il, hk);
                 int p = b->pos[j];
-                memcpy(kv->k + off + (size_t)p * D, kv_k, (size_t)D * sizeof(float));
-                float *vt = kv->v + off;
-                for (int i = 0; i < D; i++) vt[(size_t)i * kv->n_ctx + p] = kv_v[i];
+                if (kv->type == CM_TYPE_F16) {
+                    cm_f16 *kd = (cm_f16 *)kv->k + off + (size_t)p * D, *vt = (cm_f16 *)kv->v + off;
+                    for (int i = 0; i < D; i++) kd[i] = cm_f32_to_f16(kv_k[i]);
+                    for (int i = 0; i < D; i++) vt[(size_t)i * kv->n_ctx + p] = cm_f32_to_f16(kv_v[i]);
+                } else {
+                    memcpy((float *)kv->k + off + (size_t)p * D, kv_k, (size_t)D * sizeof(float));
+                    float *vt = (float *)kv->v + off;
+                    for (int i = 0; i < D; i++) vt[(size_t)i * kv->n_ctx + p] = kv_v[i];
+                }
             }
         }
     }
@@ -356,27 +377,44 @@ static void phase_attn(cm_ctx *c, int ith, int nth) {
      * as ggml_soft_max_ext (scale, max, expf, double sum), then V^T rows. */
     {
         const float scale = 1.0f / sqrtf((float)D);
-        const cm_vec_dot_fn dot_f32 = c->k->vec_dot[CM_TYPE_F32];
-        float *sc = c->scores + (size_t)ith * c->max_ctx;
+        float *sc = c->scores + (size_t)ith * scores_stride(c->max_ctx, D);
+        cm_f16 *qh = (cm_f16 *)(sc + c->max_ctx); /* the query rounded to F16 (F16 cache) */
+        cm_f16 *sch = qh + D;                      /* the weights rounded to F16 (F16 cache) */
+        /* The dot products go through the kernel table (SIMD where the CPU
+         * has it): a plain loop here is one serial add chain per dot, the
+         * costliest part of a long prompt outside the matmuls. The F16 dot
+         * takes both sides as F16 like ggml's, i.e. the same roundings as
+         * converting q and the weights to F16 first. */
+        const cm_vec_dot_fn dot_f32 = c->k->vec_dot[CM_TYPE_F32], dot_f16 = c->k->vec_dot[CM_TYPE_F16];
+        const cm_from_float_fn to_f16 = c->k->from_float[CM_TYPE_F16];
         int64_t tasks = (int64_t)n * nq, t0, t1;
         cm_split_range(tasks, ith, nth, &t0, &t1);
         for (int64_t t = t0; t < t1; t++) {
             int j = (int)(t / nq), h = (int)(t % nq);
             int hk = s.h0 + h / rep;
             const cm_kv *kv = c->a->kvs[b->seq[j]];
+            const bool f16 = kv->type == CM_TYPE_F16;
             const float *qv = c->q + (size_t)j * QS + (size_t)h * D;
-            const float *kk = kv->k + kv_off(kv, c->il, hk);
-            const float *vt = kv->v + kv_off(kv, c->il, hk);
+            const size_t off = kv_off(kv, c->il, hk);
             int np = b->pos[j] + 1;
             float mx = -INFINITY;
-            /* The F32 dot of the kernel table: SIMD where the CPU has it (a
-             * plain loop here is one serial add chain, the costliest part of
-             * a long prompt outside the matmuls). */
-            for (int p = 0; p < np; p++) {
-                float d;
-                dot_f32(D, &d, kk + (size_t)p * D, qv);
-                sc[p] = d * scale;
-                if (sc[p] > mx) mx = sc[p];
+            if (f16) {
+                const cm_f16 *kk = (const cm_f16 *)kv->k + off;
+                to_f16(qv, qh, D);
+                for (int p = 0; p < np; p++) {
+                    float d;
+                    dot_f16(D, &d, kk + (size_t)p * D, qh);
+                    sc[p] = d * scale;
+                    if (sc[p] > mx) mx = sc[p];
+                }
+            } else {
+                const float *kk = (const float *)kv->k + off;
+                for (int p = 0; p < np; p++) {
+                    float d;
+                    dot_f32(D, &d, kk + (size_t)p * D, qv);
+                    sc[p] = d * scale;
+                    if (sc[p] > mx) mx = sc[p];
+                }
             }
             double sum = 0.0;
             for (int p = 0; p < np; p++) {
@@ -387,7 +425,14 @@ static void phase_attn(cm_ctx *c, int ith, int nth) {
             const float inv = (float)(1.0 / sum);
             for (int p = 0; p < np; p++) sc[p] *= inv;
             float *o = c->att + (size_t)j * QS + (size_t)h * D;
-            for (int i = 0; i < D; i++) dot_f32(np, &o[i], vt + (size_t)i * kv->n_ctx, sc);
+            if (f16) {
+                const cm_f16 *vt = (const cm_f16 *)kv->v + off;
+                to_f16(sc, sch, np);
+                for (int i = 0; i < D; i++) dot_f16(np, &o[i], vt + (size_t)i * kv->n_ctx, sch);
+            } else {
+                const float *vt = (const float *)kv->v + off;
+                for (int i = 0; i < D; i++) dot_f32(np, &o[i], vt + (size_t)i * kv->n_ctx, sc);
+            }
         }
     }
     cm_pool_barrier(c->pool);
