@@ -53,6 +53,7 @@ static const char k_bench_usage[] =
     "  --prompt N         prompt tokens (default 128)\n"
     "  --gen N            generated tokens (default 64)\n"
     "  --reps N           repetitions; the best counts (default 3)\n"
+    "  --kv-type T        cumulo's KV cache: f32 (default) or f16 (llama.cpp's default)\n"
     "  --isa ISA          cap cumulo's kernels: scalar, avx2, avx512 or neon (default: best)\n"
     "  --vs-llamacpp      run llama.cpp (node-llama-cpp) on the same file, interleaved A B A B,\n"
     "                     and print the ratios cumulo / llama.cpp\n"
@@ -64,7 +65,7 @@ static const char k_bench_usage[] =
 typedef struct bench_opts {
     const char *model, *isa, *oracle_dir;
     int threads, n_prompt, n_gen, reps, bw_mib;
-    bool json, vs;
+    bool json, vs, kv_f16;
 } bench_opts;
 
 typedef struct speed {
@@ -271,6 +272,10 @@ static int parse(int argc, char **argv, bench_opts *o) {
             if (strcmp(v, "scalar") && strcmp(v, "avx2") && strcmp(v, "avx512") && strcmp(v, "neon"))
                 return cli_fail("option '--isa': '%s' is not one of scalar, avx2, avx512, neon", v);
             o->isa = v, i++;
+        } else if (!strcmp(a, "--kv-type")) {
+            if (!v || (strcmp(v, "f32") && strcmp(v, "f16")))
+                return cli_fail("option '--kv-type' needs f32 or f16");
+            o->kv_f16 = !strcmp(v, "f16"), i++;
         } else if (!strcmp(a, "--oracle-dir")) {
             if (!v) return cli_fail("option '%s' needs a value", a);
             o->oracle_dir = v, i++;
@@ -313,7 +318,7 @@ int cmd_bench(int argc, char **argv) {
 
     cm_engine *e = NULL;
     cm_engine_opts eo = {.n_threads = o.threads, .n_ctx = o.n_prompt + o.n_gen + 8,
-                         .n_batch = CM_MIN(o.n_prompt, 256)};
+                         .n_batch = CM_MIN(o.n_prompt, 256), .kv_f16 = o.kv_f16};
     if (cm_engine_load(&e, o.model, &eo, err, sizeof err)) return cli_fail("%s", err);
     cm_engine_info in;
     cm_engine_get_info(e, &in);
@@ -356,6 +361,7 @@ int cmd_bench(int argc, char **argv) {
         cJSON_AddNumberToObject(j, "n_params", (double)in.n_params);
         cJSON_AddStringToObject(j, "kernels", kname);
         cJSON_AddNumberToObject(j, "threads", o.threads);
+        cJSON_AddStringToObject(j, "kv_type", o.kv_f16 ? "f16" : "f32");
         cJSON_AddNumberToObject(j, "n_prompt", o.n_prompt);
         cJSON_AddNumberToObject(j, "n_gen", o.n_gen);
         cJSON_AddNumberToObject(j, "reps", o.reps);
@@ -389,8 +395,8 @@ int cmd_bench(int argc, char **argv) {
         free(s);
         cJSON_Delete(j);
     } else {
-        printf("model      %s (%s, %.1f M params), %d thread%s, kernels %s\n", base, in.arch, in.n_params / 1e6,
-               o.threads, o.threads == 1 ? "" : "s", kname);
+        printf("model      %s (%s, %.1f M params), %d thread%s, kernels %s, kv %s\n", base, in.arch,
+               in.n_params / 1e6, o.threads, o.threads == 1 ? "" : "s", kname, o.kv_f16 ? "f16" : "f32");
         printf("run        prompt %d tokens, gen %d tokens, best of %d rep%s%s\n", o.n_prompt, o.n_gen, o.reps,
                o.reps == 1 ? "" : "s", vs ? ", cumulo and llama.cpp interleaved" : "");
         printf("%-26s %14s %14s %12s\n", "", "prompt tok/s", "decode tok/s", "% roofline");
