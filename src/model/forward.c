@@ -288,12 +288,59 @@ static void zero_part(cm_ctx *c, int ith, int nth) {
     if (i1 > i0) memset(c->part + i0, 0, (size_t)(i1 - i0) * sizeof(float));
 }
 
-static void norm_rows(cm_ctx *c, const cm_tensor *w, int ith, int nth) {
+/* For this thread's tokens: add the pending (all-reduced) output into the
+ * residual, RMS-norm the row and convert it to W's vec_dot_type; then one
+ * barrier. Each row needs only itself, so the three steps need no barrier
+ * between them (add_pending + norm_rows + prep_act cost three per use).
+ * Same arithmetic, same order: results are unchanged. */
+static const void *add_norm_prep(cm_ctx *c, const cm_tensor *normw, const cm_tensor *w, size_t *stride, int ith,
+                                 int nth) {
     const int E = c->m->hp.n_embd;
+    const enum cm_type vdt = cm_type_traits_of(w->type)->vec_dot_type;
+    const size_t rs = vdt == CM_TYPE_F32 ? (size_t)E * sizeof(float) : cm_row_size(vdt, E);
     int64_t t0, t1;
     cm_split_range(c->b->n, ith, nth, &t0, &t1);
-    for (int64_t j = t0; j < t1; j++) rms_norm_row(c->x + j * E, w->data, c->xn + j * E, E, c->m->hp.rms_eps);
+    for (int64_t j = t0; j < t1; j++) {
+        float *x = c->x + j * E, *xn = c->xn + j * E;
+        if (c->pending) {
+            const float *pt = c->part + j * E;
+            for (int i = 0; i < E; i++) x[i] = x[i] + pt[i];
+        }
+        rms_norm_row(x, normw->data, xn, E, c->m->hp.rms_eps);
+        if (vdt != CM_TYPE_F32) c->k->from_float[vdt](xn, c->xq + (size_t)j * rs, E);
+    }
     cm_pool_barrier(c->pool);
+    *stride = rs;
+    return vdt == CM_TYPE_F32 ? (const void *)c->xn : (const void *)c->xq;
+}
+
+/* gate = silu(gate) * up and its conversion to W's (ffn_down's)
+ * vec_dot_type, split across threads by activation blocks (conversions are
+ * per block, so converting a row piecewise gives the same bytes), then one
+ * barrier; even a single token's row is shared by all threads. */
+static const void *silu_prep(cm_ctx *c, const cm_tensor *w, int n, int FS, size_t *stride, int ith, int nth) {
+    const enum cm_type vdt = cm_type_traits_of(w->type)->vec_dot_type;
+    const int bs = cm_type_traits_of(vdt)->block_size;
+    const size_t rs = vdt == CM_TYPE_F32 ? (size_t)FS * sizeof(float) : cm_row_size(vdt, FS);
+    const int64_t nbr = FS / bs; /* FS is a multiple of the block size (cm_slice_check) */
+    int64_t u0, u1;
+    cm_split_range((int64_t)n * nbr, ith, nth, &u0, &u1);
+    for (int64_t u = u0; u < u1;) {
+        const int64_t j = u / nbr, b0 = u % nbr, b1 = CM_MIN(nbr, b0 + (u1 - u));
+        float *g = c->gate + j * FS;
+        const float *up = c->up + j * FS;
+        for (int64_t i = b0 * bs; i < b1 * bs; i++) {
+            float v = g[i];
+            v = v / (1.0f + expf(-v)); /* ggml_silu_f32 */
+            g[i] = v * up[i];
+        }
+        if (vdt != CM_TYPE_F32)
+            c->k->from_float[vdt](g + b0 * bs, c->xq + (size_t)j * rs + cm_row_size(vdt, b0 * bs), (b1 - b0) * bs);
+        u += b1 - b0;
+    }
+    cm_pool_barrier(c->pool);
+    *stride = rs;
+    return vdt == CM_TYPE_F32 ? (const void *)c->gate : (const void *)c->xq;
 }
 
 static void phase_attn(cm_ctx *c, int ith, int nth) {
@@ -307,16 +354,15 @@ static void phase_attn(cm_ctx *c, int ith, int nth) {
     const int nkv = s.h1 - s.h0, nq = nkv * rep; /* heads in this slice */
     const int QS = nq * D, KS = nkv * D;         /* row widths of q and k/v in this slice */
 
-    add_pending(c, ith, nth);
     if (nkv == 0) { /* a member with FFN rows only: contributes nothing here */
+        add_pending(c, ith, nth);
         zero_part(c, ith, nth);
         return;
     }
-    norm_rows(c, &L->attn_norm, ith, nth);
 
     /* Q, K, V: the activations are converted once per distinct vec_dot_type. */
     size_t xs;
-    const void *xq = prep_act(c, &c->wq, c->xn, E, E, n, &xs, ith, nth);
+    const void *xq = add_norm_prep(c, &L->attn_norm, &c->wq, &xs, ith, nth);
     matmul(c, &c->wq, xq, xs, n, c->q, QS, ith, nth);
     enum cm_type vq = cm_type_traits_of(c->wq.type)->vec_dot_type;
     if (cm_type_traits_of(c->wk.type)->vec_dot_type != vq) {
@@ -446,14 +492,13 @@ static void phase_ffn(cm_ctx *c, int ith, int nth) {
     const cm_layer *L = &m->layers[c->il];
     const int E = m->hp.n_embd, n = c->b->n;
     const int FS = c->a->slice.f1 - c->a->slice.f0;
-    add_pending(c, ith, nth);
     if (FS == 0) {
+        add_pending(c, ith, nth);
         zero_part(c, ith, nth);
         return;
     }
-    norm_rows(c, &L->ffn_norm, ith, nth);
     size_t xs;
-    const void *xq = prep_act(c, &c->gt, c->xn, E, E, n, &xs, ith, nth);
+    const void *xq = add_norm_prep(c, &L->ffn_norm, &c->gt, &xs, ith, nth);
     matmul(c, &c->gt, xq, xs, n, c->gate, FS, ith, nth);
     if (cm_type_traits_of(c->up_w.type)->vec_dot_type != cm_type_traits_of(c->gt.type)->vec_dot_type) {
         cm_pool_barrier(c->pool);
@@ -461,17 +506,7 @@ static void phase_ffn(cm_ctx *c, int ith, int nth) {
     }
     matmul(c, &c->up_w, xq, xs, n, c->up, FS, ith, nth);
     cm_pool_barrier(c->pool);
-    {
-        int64_t tot = (int64_t)n * FS, i0, i1;
-        cm_split_range(tot, ith, nth, &i0, &i1);
-        for (int64_t i = i0; i < i1; i++) {
-            float g = c->gate[i];
-            g = g / (1.0f + expf(-g)); /* ggml_silu_f32 */
-            c->gate[i] = g * c->up[i];
-        }
-    }
-    cm_pool_barrier(c->pool);
-    xq = prep_act(c, &c->dn, c->gate, FS, FS, n, &xs, ith, nth);
+    xq = silu_prep(c, &c->dn, n, FS, &xs, ith, nth);
     matmul(c, &c->dn, xq, xs, n, c->part, E, ith, nth);
 }
 
