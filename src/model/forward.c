@@ -1,0 +1,609 @@
+/*
+ * forward.c: the forward pass over a batch, a layer range and a slice, and
+ * the per-sequence KV cache.
+ *
+ * Each layer is two pool runs: attention up to attn_output's partial sum,
+ * then (after the caller-thread all-reduce) the FFN up to ffn_down's partial
+ * sum (all-reduced again). Inside a run the threads step through the ops
+ * with barriers: matmul rows, token rows and (token, head) pairs are split
+ * across threads. The all-reduce runs on the caller's thread between pool
+ * runs, so compute threads never wait on a socket.
+ *
+ * The arithmetic mirrors ggml's CPU ops (see model.h) because the golden
+ * tests compare probabilities with llama.cpp at 1e-4. This file must never
+ * allocate in cm_forward(): all scratch lives in cm_ctx.
+ */
+#include "model.h"
+
+#include <math.h>
+#include <string.h>
+
+/* ---------------- KV cache ---------------- */
+
+uint64_t cm_kv_bytes(const cm_model *m, int layer_first, int layer_last, int h0, int h1, int n_ctx) {
+    uint64_t n = (uint64_t)(layer_last - layer_first) * (uint64_t)(h1 - h0) * (uint64_t)n_ctx *
+                 (uint64_t)m->hp.head_dim;
+    return 2 * n * sizeof(float);
+}
+
+int cm_kv_init(cm_kv *kv, const cm_model *m, int layer_first, int layer_last, cm_slice s, int n_ctx,
+               char *err, size_t errlen) {
+    return cm_kv_init_type(kv, m, layer_first, layer_last, s, n_ctx, CM_TYPE_F32, err, errlen);
+}
+
+int cm_kv_init_type(cm_kv *kv, const cm_model *m, int layer_first, int layer_last, cm_slice s, int n_ctx,
+                    enum cm_type type, char *err, size_t errlen) {
+    memset(kv, 0, sizeof *kv);
+    if (type != CM_TYPE_F32 && type != CM_TYPE_F16)
+        return cm_errf(err, errlen, CM_EINVAL, "kv cache type %s is not supported (f32, f16)", cm_type_name(type));
+    if (layer_first < 0 || layer_last > m->hp.n_layer || layer_first >= layer_last)
+        return cm_errf(err, errlen, CM_EINVAL, "layer range [%d, %d) is out of [0, %d)", layer_first, layer_last,
+                       m->hp.n_layer);
+    if (s.h0 < 0 || s.h1 > m->hp.n_head_kv || s.h0 > s.h1)
+        return cm_errf(err, errlen, CM_EINVAL, "kv head range [%d, %d) is out of [0, %d)", s.h0, s.h1, m->hp.n_head_kv);
+    if (n_ctx < 1 || n_ctx > (1 << 24)) return cm_errf(err, errlen, CM_EINVAL, "context size %d is out of range", n_ctx);
+    uint64_t half = cm_kv_bytes(m, layer_first, layer_last, s.h0, s.h1, n_ctx) / 2;
+    if (type == CM_TYPE_F16) half /= 2;
+    if (half > SIZE_MAX / 2) return cm_errf(err, errlen, CM_ENOMEM, "kv cache of %llu bytes is too large", (unsigned long long)half * 2);
+    /* calloc: untouched context costs no resident memory. */
+    kv->k = cm_calloc(1, (size_t)half + sizeof(float));
+    kv->v = cm_calloc(1, (size_t)half + sizeof(float));
+    if (!kv->k || !kv->v) {
+        cm_kv_release(kv);
+        return cm_errf(err, errlen, CM_ENOMEM, "out of memory for a kv cache of %llu bytes", (unsigned long long)half * 2);
+    }
+    kv->layer_first = layer_first;
+    kv->layer_last = layer_last;
+    kv->h0 = s.h0;
+    kv->h1 = s.h1;
+    kv->n_ctx = n_ctx;
+    kv->head_dim = m->hp.head_dim;
+    kv->n_past = 0;
+    kv->type = type;
+    return 0;
+}
+
+void cm_kv_release(cm_kv *kv) {
+    if (!kv) return;
+    cm_free(kv->k);
+    cm_free(kv->v);
+    memset(kv, 0, sizeof *kv);
+}
+
+void cm_kv_truncate(cm_kv *kv, int n_past) {
+    if (n_past < 0) n_past = 0;
+    if (n_past < kv->n_past) kv->n_past = n_past;
+}
+
+static inline size_t kv_off(const cm_kv *kv, int il, int hk) {
+    return ((size_t)(il - kv->layer_first) * (size_t)(kv->h1 - kv->h0) + (size_t)(hk - kv->h0)) *
+           (size_t)kv->n_ctx * (size_t)kv->head_dim;
+}
+
+/* ---------------- context ---------------- */
+
+enum phase { PH_EMBED, PH_ATTN, PH_FFN, PH_FINAL };
+
+struct cm_ctx {
+    const cm_model *m;
+    const cm_kernels *k;
+    cm_pool *pool;
+    int max_batch, max_ctx, n_threads;
+    float *x, *xn, *q, *kc, *vc, *att, *part, *gate, *up, *rope, *scores;
+    uint8_t *xq;
+    int32_t *out_rows;
+    /* per call */
+    const cm_batch *b;
+    const cm_forward_args *a;
+    enum phase ph;
+    int il, n_out;
+    bool pending; /* part holds a reduced output to add into x */
+    cm_tensor wq, wk, wv, wo, gt, up_w, dn; /* slice views of layer il */
+    int bad_token;
+};
+
+static void *zalloc(size_t n) {
+    void *p = cm_aligned_alloc(n ? n : 64);
+    if (p) memset(p, 0, n ? n : 64);
+    return p;
+}
+
+cm_ctx *cm_ctx_new(const cm_model *m, int max_batch, int max_ctx, cm_pool *pool, char *err, size_t errlen) {
+    if (max_batch < 1 || max_batch > 65536 || max_ctx < 1 || max_ctx > (1 << 24)) {
+        cm_errf(err, errlen, CM_EINVAL, "batch %d / context %d out of range", max_batch, max_ctx);
+        return NULL;
+    }
+    cm_ctx *c = cm_calloc(1, sizeof *c);
+    if (!c) { cm_errf(err, errlen, CM_ENOMEM, "out of memory"); return NULL; }
+    const cm_hparams *hp = &m->hp;
+    size_t B = (size_t)max_batch, E = (size_t)hp->n_embd, QD = (size_t)hp->n_head * hp->head_dim;
+    size_t KD = (size_t)hp->n_head_kv * hp->head_dim, F = (size_t)hp->n_ff;
+    size_t kmax = CM_MAX(E, CM_MAX(QD, F));
+    c->m = m;
+    c->k = cm_kernels_get();
+    c->pool = pool;
+    c->n_threads = cm_pool_size(pool);
+    c->max_batch = max_batch;
+    c->max_ctx = max_ctx;
+    c->x = zalloc(B * E * 4);
+    c->xn = zalloc(B * E * 4);
+    c->part = zalloc(B * E * 4);
+    c->q = zalloc(B * QD * 4);
+    c->att = zalloc(B * QD * 4);
+    c->kc = zalloc(B * KD * 4);
+    c->vc = zalloc(B * KD * 4);
+    c->gate = zalloc(B * F * 4);
+    c->up = zalloc(B * F * 4);
+    c->rope = zalloc(B * (size_t)hp->n_rot * 4);
+    c->scores = zalloc((size_t)c->n_threads * ((size_t)max_ctx + (size_t)hp->head_dim) * 4);
+    /* F32 is the widest activation type (4 bytes per element; Q8_K is ~1.14). */
+    c->xq = zalloc(B * kmax * 4 + 64);
+    c->out_rows = zalloc(B * 4);
+    if (!c->x || !c->xn || !c->part || !c->q || !c->att || !c->kc || !c->vc || !c->gate || !c->up || !c->rope ||
+        !c->scores || !c->xq || !c->out_rows) {
+        cm_ctx_free(c);
+        cm_errf(err, errlen, CM_ENOMEM, "out of memory for forward scratch (batch %d)", max_batch);
+        return NULL;
+    }
+    return c;
+}
+
+void cm_ctx_free(cm_ctx *c) {
+    if (!c) return;
+    float *fs[] = {c->x, c->xn, c->q, c->kc, c->vc, c->att, c->part, c->gate, c->up, c->rope, c->scores};
+    for (size_t i = 0; i < CM_ARRAY_LEN(fs); i++) cm_aligned_free(fs[i]);
+    cm_aligned_free(c->xq);
+    cm_aligned_free(c->out_rows);
+    cm_free(c);
+}
+
+int cm_ctx_max_batch(const cm_ctx *c) { return c->max_batch; }
+void cm_ctx_set_kernels(cm_ctx *c, const cm_kernels *k) { c->k = k ? k : cm_kernels_get(); }
+
+/* ---------------- views ---------------- */
+
+static cm_tensor rows_view(const cm_tensor *w, int64_t r0, int64_t r1) {
+    cm_tensor t = *w;
+    t.data = (char *)w->data + (size_t)r0 * w->nb[1];
+    t.ne[1] = r1 - r0;
+    return t;
+}
+
+/* Columns [c0, c1) of every row (c0, c1 on block boundaries; the row stride stays). */
+static cm_tensor cols_view(const cm_tensor *w, int64_t c0, int64_t c1) {
+    cm_tensor t = *w;
+    t.data = (char *)w->data + cm_row_size(w->type, c0);
+    t.ne[0] = c1 - c0;
+    return t;
+}
+
+/* ---------------- ops (each called by every thread) ---------------- */
+
+/* ggml_compute_forward_rms_norm_f32 then ggml_mul: double sum of float
+ * squares, scale = 1/sqrtf(mean + eps), y = (x * scale) * w. */
+static void rms_norm_row(const float *x, const float *w, float *y, int n, float eps) {
+    double sum = 0.0;
+    for (int i = 0; i < n; i++) sum += (double)(x[i] * x[i]);
+    const float mean = (float)(sum / n);
+    const float scale = 1.0f / sqrtf(mean + eps);
+    for (int i = 0; i < n; i++) {
+        float t = x[i] * scale;
+        y[i] = t * w[i];
+    }
+}
+
+/* Convert n_tok rows of ld floats (ncols used) to W's vec_dot_type. Returns
+ * the activation pointer and its row stride; F32 needs no conversion. */
+static const void *prep_act(cm_ctx *c, const cm_tensor *w, const float *x, int64_t ld, int64_t ncols, int n_tok,
+                            size_t *stride, int ith, int nth) {
+    enum cm_type vdt = cm_type_traits_of(w->type)->vec_dot_type;
+    if (vdt == CM_TYPE_F32) {
+        *stride = (size_t)ld * sizeof(float);
+        return x;
+    }
+    size_t rs = cm_row_size(vdt, ncols);
+    *stride = rs;
+    int64_t t0, t1;
+    cm_split_range(n_tok, ith, nth, &t0, &t1);
+    for (int64_t j = t0; j < t1; j++) c->k->from_float[vdt](x + j * ld, c->xq + (size_t)j * rs, ncols);
+    cm_pool_barrier(c->pool);
+    return c->xq;
+}
+
+static void matmul(cm_ctx *c, const cm_tensor *w, const void *xq, size_t xs, int n_tok, float *y, int64_t ldy,
+                   int ith, int nth) {
+    int64_t r0, r1;
+    cm_split_range(w->ne[1], ith, nth, &r0, &r1);
+    if (r1 > r0) cm_matmul_rows(c->k, w, xq, xs, n_tok, y, ldy, r0, r1);
+}
+
+/* ggml_rope_cache_init with freq_scale, no YaRN (ext_factor 0, mscale 1). */
+static void rope_cache(const cm_model *m, float p, float *cache) {
+    const cm_hparams *hp = &m->hp;
+    const float theta_scale = powf(hp->rope_base, -2.0f / (float)hp->n_rot);
+    const float *ff = m->rope_freqs.data;
+    float theta = p;
+    for (int i0 = 0; i0 < hp->n_rot; i0 += 2) {
+        float th = (ff ? theta / ff[i0 / 2] : theta) * hp->rope_freq_scale;
+        cache[i0] = cosf(th);
+        cache[i0 + 1] = sinf(th);
+        theta *= theta_scale;
+    }
+}
+
+static void rope_apply(const cm_hparams *hp, const float *cache, float *v) {
+    const int n = hp->n_rot;
+    if (hp->rope_type == CM_ROPE_NORM) {
+        for (int i0 = 0; i0 < n; i0 += 2) {
+            const float c = cache[i0], s = cache[i0 + 1];
+            const float x0 = v[i0], x1 = v[i0 + 1];
+            v[i0] = x0 * c - x1 * s;
+            v[i0 + 1] = x0 * s + x1 * c;
+        }
+    } else {
+        for (int i0 = 0; i0 < n; i0 += 2) {
+            const float c = cache[i0], s = cache[i0 + 1];
+            const int ic = i0 / 2;
+            const float x0 = v[ic], x1 = v[ic + n / 2];
+            v[ic] = x0 * c - x1 * s;
+            v[ic + n / 2] = x0 * s + x1 * c;
+        }
+    }
+}
+
+static void phase_embed(cm_ctx *c, int ith, int nth) {
+    const cm_model *m = c->m;
+    const cm_batch *b = c->b;
+    const int E = m->hp.n_embd;
+    int64_t t0, t1;
+    cm_split_range(b->n, ith, nth, &t0, &t1);
+    for (int64_t j = t0; j < t1; j++) {
+        if (b->tokens) {
+            int32_t id = b->tokens[j];
+            c->k->to_float[m->tok_embd.type](cm_tensor_row(&m->tok_embd, id), c->x + j * E, E);
+        } else {
+            memcpy(c->x + j * E, b->embd + j * E, (size_t)E * sizeof(float));
+        }
+        rope_cache(m, (float)b->pos[j], c->rope + j * m->hp.n_rot);
+    }
+}
+
+static void add_pending(cm_ctx *c, int ith, int nth) {
+    if (!c->pending) return;
+    int64_t n = (int64_t)c->b->n * c->m->hp.n_embd, i0, i1;
+    cm_split_range(n, ith, nth, &i0, &i1);
+    for (int64_t i = i0; i < i1; i++) c->x[i] = c->x[i] + c->part[i];
+    cm_pool_barrier(c->pool);
+}
+
+static void zero_part(cm_ctx *c, int ith, int nth) {
+    int64_t n = (int64_t)c->b->n * c->m->hp.n_embd, i0, i1;
+    cm_split_range(n, ith, nth, &i0, &i1);
+    if (i1 > i0) memset(c->part + i0, 0, (size_t)(i1 - i0) * sizeof(float));
+}
+
+static void norm_rows(cm_ctx *c, const cm_tensor *w, int ith, int nth) {
+    const int E = c->m->hp.n_embd;
+    int64_t t0, t1;
+    cm_split_range(c->b->n, ith, nth, &t0, &t1);
+    for (int64_t j = t0; j < t1; j++) rms_norm_row(c->x + j * E, w->data, c->xn + j * E, E, c->m->hp.rms_eps);
+    cm_pool_barrier(c->pool);
+}
+
+static void phase_attn(cm_ctx *c, int ith, int nth) {
+    const cm_model *m = c->m;
+    const cm_hparams *hp = &m->hp;
+    const cm_layer *L = &m->layers[c->il];
+    const cm_batch *b = c->b;
+    const cm_slice s = c->a->slice;
+    const int E = hp->n_embd, D = hp->head_dim, n = b->n;
+    const int rep = hp->n_head / hp->n_head_kv;
+    const int nkv = s.h1 - s.h0, nq = nkv * rep; /* heads in this slice */
+    const int QS = nq * D, KS = nkv * D;         /* row widths of q and k/v in this slice */
+
+    add_pending(c, ith, nth);
+    if (nkv == 0) { /* a member with FFN rows only: contributes nothing here */
+        zero_part(c, ith, nth);
+        return;
+    }
+    norm_rows(c, &L->attn_norm, ith, nth);
+
+    /* Q, K, V: the activations are converted once per distinct vec_dot_type. */
+    size_t xs;
+    const void *xq = prep_act(c, &c->wq, c->xn, E, E, n, &xs, ith, nth);
+    matmul(c, &c->wq, xq, xs, n, c->q, QS, ith, nth);
+    enum cm_type vq = cm_type_traits_of(c->wq.type)->vec_dot_type;
+    if (cm_type_traits_of(c->wk.type)->vec_dot_type != vq) {
+        cm_pool_barrier(c->pool);
+        xq = prep_act(c, &c->wk, c->xn, E, E, n, &xs, ith, nth);
+    }
+    matmul(c, &c->wk, xq, xs, n, c->kc, KS, ith, nth);
+    if (cm_type_traits_of(c->wv.type)->vec_dot_type != cm_type_traits_of(c->wk.type)->vec_dot_type) {
+        cm_pool_barrier(c->pool);
+        xq = prep_act(c, &c->wv, c->xn, E, E, n, &xs, ith, nth);
+    }
+    matmul(c, &c->wv, xq, xs, n, c->vc, KS, ith, nth);
+    cm_pool_barrier(c->pool);
+
+    /* Bias, Q/K norm, RoPE; K and V into each sequence's cache. One task per
+     * (token, head), q heads first. */
+    {
+        int64_t tasks = (int64_t)n * (nq + nkv), t0, t1;
+        cm_split_range(tasks, ith, nth, &t0, &t1);
+        for (int64_t t = t0; t < t1; t++) {
+            int j = (int)(t / (nq + nkv)), h = (int)(t % (nq + nkv));
+            const float *rc = c->rope + (size_t)j * hp->n_rot;
+            if (h < nq) {
+                float *qv = c->q + (size_t)j * QS + (size_t)h * D;
+                int hg = s.h0 * rep + h; /* global q head */
+                if (L->bq.data)
+                    for (int i = 0; i < D; i++) qv[i] += ((const float *)L->bq.data)[hg * D + i];
+                if (L->q_norm.data) rms_norm_row(qv, L->q_norm.data, qv, D, hp->rms_eps);
+                rope_apply(hp, rc, qv);
+            } else {
+                int hl = h - nq, hk = s.h0 + hl;
+                float *kv_k = c->kc + (size_t)j * KS + (size_t)hl * D;
+                float *kv_v = c->vc + (size_t)j * KS + (size_t)hl * D;
+                if (L->bk.data)
+                    for (int i = 0; i < D; i++) kv_k[i] += ((const float *)L->bk.data)[hk * D + i];
+                if (L->bv.data)
+                    for (int i = 0; i < D; i++) kv_v[i] += ((const float *)L->bv.data)[hk * D + i];
+                if (L->k_norm.data) rms_norm_row(kv_k, L->k_norm.data, kv_k, D, hp->rms_eps);
+                rope_apply(hp, rc, kv_k);
+                cm_kv *kv = c->a->kvs[b->seq[j]];
+                size_t off = kv_off(kv, c->il, hk);
+                int p = b->pos[j];
+                if (kv->type == CM_TYPE_F16) {
+                    cm_f16 *kd = (cm_f16 *)kv->k + off + (size_t)p * D, *vt = (cm_f16 *)kv->v + off;
+                    for (int i = 0; i < D; i++) kd[i] = cm_f32_to_f16(kv_k[i]);
+                    for (int i = 0; i < D; i++) vt[(size_t)i * kv->n_ctx + p] = cm_f32_to_f16(kv_v[i]);
+                } else {
+                    memcpy((float *)kv->k + off + (size_t)p * D, kv_k, (size_t)D * sizeof(float));
+                    float *vt = (float *)kv->v + off;
+                    for (int i = 0; i < D; i++) vt[(size_t)i * kv->n_ctx + p] = kv_v[i];
+                }
+            }
+        }
+    }
+    cm_pool_barrier(c->pool);
+
+    /* Attention, one task per (token, q head): scores over [0, pos], softmax
+     * as ggml_soft_max_ext (scale, max, expf, double sum), then V^T rows. */
+    {
+        const float scale = 1.0f / sqrtf((float)D);
+        float *sc = c->scores + (size_t)ith * (c->max_ctx + D);
+        float *qr = sc + c->max_ctx; /* the query rounded to F16 (F16 cache) */
+        int64_t tasks = (int64_t)n * nq, t0, t1;
+        cm_split_range(tasks, ith, nth, &t0, &t1);
+        for (int64_t t = t0; t < t1; t++) {
+            int j = (int)(t / nq), h = (int)(t % nq);
+            int hk = s.h0 + h / rep;
+            const cm_kv *kv = c->a->kvs[b->seq[j]];
+            const bool f16 = kv->type == CM_TYPE_F16;
+            const float *qv = c->q + (size_t)j * QS + (size_t)h * D;
+            const size_t off = kv_off(kv, c->il, hk);
+            int np = b->pos[j] + 1;
+            float mx = -INFINITY;
+            if (f16) {
+                const cm_f16 *kk = (const cm_f16 *)kv->k + off;
+                for (int i = 0; i < D; i++) qr[i] = cm_f16_to_f32(cm_f32_to_f16(qv[i]));
+                for (int p = 0; p < np; p++) {
+                    const cm_f16 *kr = kk + (size_t)p * D;
+                    float d = 0.0f;
+                    for (int i = 0; i < D; i++) d += qr[i] * cm_f16_to_f32(kr[i]);
+                    sc[p] = d * scale;
+                    if (sc[p] > mx) mx = sc[p];
+                }
+            } else {
+                const float *kk = (const float *)kv->k + off;
+                for (int p = 0; p < np; p++) {
+                    const float *kr = kk + (size_t)p * D;
+                    float d = 0.0f;
+                    for (int i = 0; i < D; i++) d += qv[i] * kr[i];
+                    sc[p] = d * scale;
+                    if (sc[p] > mx) mx = sc[p];
+                }
+            }
+            double sum = 0.0;
+            for (int p = 0; p < np; p++) {
+                float e = expf(sc[p] - mx);
+                sc[p] = e;
+                sum += (double)e;
+            }
+            const float inv = (float)(1.0 / sum);
+            for (int p = 0; p < np; p++) sc[p] *= inv;
+            float *o = c->att + (size_t)j * QS + (size_t)h * D;
+            if (f16) {
+                const cm_f16 *vt = (const cm_f16 *)kv->v + off;
+                for (int p = 0; p < np; p++) sc[p] = cm_f16_to_f32(cm_f32_to_f16(sc[p]));
+                for (int i = 0; i < D; i++) {
+                    const cm_f16 *vr = vt + (size_t)i * kv->n_ctx;
+                    float acc = 0.0f;
+                    for (int p = 0; p < np; p++) acc += cm_f16_to_f32(vr[p]) * sc[p];
+                    o[i] = acc;
+                }
+            } else {
+                const float *vt = (const float *)kv->v + off;
+                for (int i = 0; i < D; i++) {
+                    const float *vr = vt + (size_t)i * kv->n_ctx;
+                    float acc = 0.0f;
+                    for (int p = 0; p < np; p++) acc += vr[p] * sc[p];
+                    o[i] = acc;
+                }
+            }
+        }
+    }
+    cm_pool_barrier(c->pool);
+
+    xq = prep_act(c, &c->wo, c->att, QS, QS, n, &xs, ith, nth);
+    matmul(c, &c->wo, xq, xs, n, c->part, E, ith, nth);
+}
+
+static void phase_ffn(cm_ctx *c, int ith, int nth) {
+    const cm_model *m = c->m;
+    const cm_layer *L = &m->layers[c->il];
+    const int E = m->hp.n_embd, n = c->b->n;
+    const int FS = c->a->slice.f1 - c->a->slice.f0;
+    add_pending(c, ith, nth);
+    if (FS == 0) {
+        zero_part(c, ith, nth);
+        return;
+    }
+    norm_rows(c, &L->ffn_norm, ith, nth);
+    size_t xs;
+    const void *xq = prep_act(c, &c->gt, c->xn, E, E, n, &xs, ith, nth);
+    matmul(c, &c->gt, xq, xs, n, c->gate, FS, ith, nth);
+    if (cm_type_traits_of(c->up_w.type)->vec_dot_type != cm_type_traits_of(c->gt.type)->vec_dot_type) {
+        cm_pool_barrier(c->pool);
+        xq = prep_act(c, &c->up_w, c->xn, E, E, n, &xs, ith, nth);
+    }
+    matmul(c, &c->up_w, xq, xs, n, c->up, FS, ith, nth);
+    cm_pool_barrier(c->pool);
+    {
+        int64_t tot = (int64_t)n * FS, i0, i1;
+        cm_split_range(tot, ith, nth, &i0, &i1);
+        for (int64_t i = i0; i < i1; i++) {
+            float g = c->gate[i];
+            g = g / (1.0f + expf(-g)); /* ggml_silu_f32 */
+            c->gate[i] = g * c->up[i];
+        }
+    }
+    cm_pool_barrier(c->pool);
+    xq = prep_act(c, &c->dn, c->gate, FS, FS, n, &xs, ith, nth);
+    matmul(c, &c->dn, xq, xs, n, c->part, E, ith, nth);
+}
+
+static void phase_final(cm_ctx *c, int ith, int nth) {
+    const cm_model *m = c->m;
+    const int E = m->hp.n_embd;
+    add_pending(c, ith, nth);
+    if (c->a->out_hidden) {
+        int64_t t0, t1;
+        cm_split_range(c->b->n, ith, nth, &t0, &t1);
+        if (t1 > t0) memcpy(c->a->out_hidden + t0 * E, c->x + t0 * E, (size_t)(t1 - t0) * E * sizeof(float));
+    }
+    if (!c->a->out_logits || c->n_out == 0) return;
+    int64_t t0, t1;
+    cm_split_range(c->n_out, ith, nth, &t0, &t1);
+    for (int64_t r = t0; r < t1; r++)
+        rms_norm_row(c->x + (size_t)c->out_rows[r] * E, m->output_norm.data, c->xn + r * E, E, m->hp.rms_eps);
+    cm_pool_barrier(c->pool);
+    size_t xs;
+    const void *xq = prep_act(c, &m->output, c->xn, E, E, c->n_out, &xs, ith, nth);
+    matmul(c, &m->output, xq, xs, c->n_out, c->a->out_logits, m->hp.n_vocab, ith, nth);
+}
+
+static void run_phase(void *ctx, int ith, int nth) {
+    cm_ctx *c = ctx;
+    switch (c->ph) {
+    case PH_EMBED: phase_embed(c, ith, nth); break;
+    case PH_ATTN: phase_attn(c, ith, nth); break;
+    case PH_FFN: phase_ffn(c, ith, nth); break;
+    case PH_FINAL: phase_final(c, ith, nth); break;
+    }
+}
+
+/* ---------------- driver ---------------- */
+
+static int check_args(cm_ctx *c, const cm_batch *b, const cm_forward_args *a, char *err, size_t errlen) {
+    const cm_model *m = c->m;
+    const cm_hparams *hp = &m->hp;
+    if (b->n < 1 || b->n > c->max_batch)
+        return cm_errf(err, errlen, CM_EINVAL, "batch of %d tokens (context allows 1..%d)", b->n, c->max_batch);
+    if (a->layer_first < 0 || a->layer_last > hp->n_layer || a->layer_first >= a->layer_last)
+        return cm_errf(err, errlen, CM_EINVAL, "layer range [%d, %d) is out of [0, %d)", a->layer_first, a->layer_last,
+                       hp->n_layer);
+    int rc = cm_slice_check(m, a->slice, err, errlen);
+    if (rc) return rc;
+    if (!b->pos || !b->seq || !a->kvs) return cm_errf(err, errlen, CM_EINVAL, "batch without positions or sequences");
+    if (b->tokens ? a->layer_first != 0 : !b->embd)
+        return cm_errf(err, errlen, CM_EINVAL, "%s", b->tokens ? "token ids given to a stage that does not start at layer 0" : "batch without token ids or hidden states");
+    if (a->out_logits && a->layer_last != hp->n_layer)
+        return cm_errf(err, errlen, CM_EINVAL, "logits requested from a stage that ends at layer %d of %d", a->layer_last, hp->n_layer);
+    for (int j = 0; j < b->n; j++) {
+        if (b->tokens && (b->tokens[j] < 0 || b->tokens[j] >= hp->n_vocab))
+            return cm_errf(err, errlen, CM_EINVAL, "token id %d is out of the vocabulary [0, %d)", b->tokens[j], hp->n_vocab);
+        if (b->seq[j] < 0 || b->seq[j] >= a->n_kvs || !a->kvs[b->seq[j]])
+            return cm_errf(err, errlen, CM_EINVAL, "token %d has sequence %d of %d", j, b->seq[j], a->n_kvs);
+        const cm_kv *kv = a->kvs[b->seq[j]];
+        if (kv->layer_first > a->layer_first || kv->layer_last < a->layer_last || kv->h0 != a->slice.h0 ||
+            kv->h1 != a->slice.h1 || kv->head_dim != hp->head_dim)
+            return cm_errf(err, errlen, CM_EINVAL, "kv cache of sequence %d does not match the layer range / slice", b->seq[j]);
+        if (kv->n_ctx > c->max_ctx)
+            return cm_errf(err, errlen, CM_EINVAL, "kv cache of %d positions exceeds the context's %d", kv->n_ctx, c->max_ctx);
+        int before = 0;
+        for (int i = 0; i < j; i++) before += b->seq[i] == b->seq[j];
+        int want = kv->n_past + before;
+        if (b->pos[j] != want)
+            return cm_errf(err, errlen, CM_EINVAL, "token %d of sequence %d is at position %d, expected %d", j, b->seq[j],
+                           b->pos[j], want);
+        if (want >= kv->n_ctx)
+            return cm_errf(err, errlen, CM_ENOSPACE, "sequence %d is full (context %d)", b->seq[j], kv->n_ctx);
+    }
+    return 0;
+}
+
+int cm_forward(cm_ctx *c, const cm_batch *b, const cm_forward_args *a, char *err, size_t errlen) {
+    int rc = check_args(c, b, a, err, errlen);
+    if (rc) return rc;
+    const cm_model *m = c->m;
+    const cm_hparams *hp = &m->hp;
+    const int rep = hp->n_head / hp->n_head_kv, D = hp->head_dim;
+    const cm_slice s = a->slice;
+    c->b = b;
+    c->a = a;
+    c->n_out = 0;
+    for (int j = 0; j < b->n; j++)
+        if (b->logits ? b->logits[j] : j == b->n - 1) c->out_rows[c->n_out++] = j;
+    c->pending = false;
+    c->ph = PH_EMBED;
+    cm_pool_run(c->pool, run_phase, c);
+    const int64_t red = (int64_t)b->n * hp->n_embd;
+    for (int il = a->layer_first; il < a->layer_last; il++) {
+        const cm_layer *L = &m->layers[il];
+        c->il = il;
+        c->wq = rows_view(&L->wq, (int64_t)s.h0 * rep * D, (int64_t)s.h1 * rep * D);
+        c->wk = rows_view(&L->wk, (int64_t)s.h0 * D, (int64_t)s.h1 * D);
+        c->wv = rows_view(&L->wv, (int64_t)s.h0 * D, (int64_t)s.h1 * D);
+        c->wo = cols_view(&L->wo, (int64_t)s.h0 * rep * D, (int64_t)s.h1 * rep * D);
+        c->gt = rows_view(&L->ffn_gate, s.f0, s.f1);
+        c->up_w = rows_view(&L->ffn_up, s.f0, s.f1);
+        c->dn = cols_view(&L->ffn_down, s.f0, s.f1);
+        c->ph = PH_ATTN;
+        cm_pool_run(c->pool, run_phase, c);
+        if (a->allreduce && (rc = a->allreduce(a->allreduce_user, c->part, red)))
+            return cm_errf(err, errlen, rc, "all-reduce after attention of layer %d failed: %s", il, cm_strerror(rc));
+        c->pending = true;
+        c->ph = PH_FFN;
+        cm_pool_run(c->pool, run_phase, c);
+        if (a->allreduce && (rc = a->allreduce(a->allreduce_user, c->part, red)))
+            return cm_errf(err, errlen, rc, "all-reduce after the ffn of layer %d failed: %s", il, cm_strerror(rc));
+    }
+    c->ph = PH_FINAL;
+    cm_pool_run(c->pool, run_phase, c);
+    for (int j = 0; j < b->n; j++) a->kvs[b->seq[j]]->n_past++;
+    return 0;
+}
+
+int cm_forward_simple(cm_ctx *c, cm_kv *kv, const int32_t *tokens, int n, float *out_logits, char *err,
+                      size_t errlen) {
+    /* Positions and sequence ids come from small stack chunks so that long
+     * prompts are fed in batches of at most max_batch tokens. */
+    enum { CHUNK = 64 };
+    int32_t pos[CHUNK], seq[CHUNK];
+    int bmax = CM_MIN(c->max_batch, CHUNK);
+    for (int i = 0; i < CHUNK; i++) seq[i] = 0;
+    for (int done = 0; done < n;) {
+        int nb = CM_MIN(bmax, n - done);
+        for (int i = 0; i < nb; i++) pos[i] = kv->n_past + i;
+        cm_batch b = {.n = nb, .tokens = tokens + done, .pos = pos, .seq = seq};
+        cm_kv *kvs[1] = {kv};
+        bool last = done + nb == n;
+        cm_forward_args a = {.layer_first = 0, .layer_last = c->m->hp.n_layer, .slice = cm_slice_full(c->m),
+                             .kvs = kvs, .n_kvs = 1, .out_logits = last ? out_logits : NULL};
+        int rc = cm_forward(c, &b, &a, err, errlen);
+        if (rc) return rc;
+        done += nb;
+    }
+    return 0;
+}

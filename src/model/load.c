@@ -1,0 +1,259 @@
+/*
+ * load.c: binds a cm_model to a parsed GGUF: hyperparameters from metadata,
+ * tensors as views into the mapped bytes, and validation of every tensor's
+ * presence, type and shape so that the forward pass can trust them.
+ * It must never copy weight data, and never accept a file it cannot run:
+ * every rejection names the architecture, tensor or type at fault.
+ */
+#include "model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+static const char *const k_arch_names[CM_ARCH_COUNT] = {"llama", "qwen2", "qwen3"};
+
+const char *cm_arch_name_of(enum cm_arch a) {
+    return (unsigned)a < CM_ARCH_COUNT ? k_arch_names[a] : "unknown";
+}
+
+/* Read "<arch>.<suffix>" as an integer in [lo, hi]; missing keys give def
+ * (def < 0: required). */
+static int get_int(const cm_gguf *g, const char *arch, const char *suffix, long def, long lo, long hi,
+                   int *out, char *err, size_t errlen) {
+    char key[160];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    uint64_t v;
+    if (!cm_gguf_get_u64(g, key, &v)) {
+        if (cm_gguf_find_kv(g, key)) return cm_errf(err, errlen, CM_EFORMAT, "metadata '%s' is not a non-negative integer", key);
+        if (def < 0) return cm_errf(err, errlen, CM_EFORMAT, "missing metadata '%s'", key);
+        *out = (int)def;
+        return 0;
+    }
+    if (v < (uint64_t)lo || v > (uint64_t)hi)
+        return cm_errf(err, errlen, CM_EFORMAT, "metadata '%s' = %llu is out of range [%ld, %ld]", key,
+                       (unsigned long long)v, lo, hi);
+    *out = (int)v;
+    return 0;
+}
+
+static int get_float(const cm_gguf *g, const char *arch, const char *suffix, double def, double lo,
+                     double hi, float *out, char *err, size_t errlen) {
+    char key[160];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    double v;
+    if (!cm_gguf_get_f64(g, key, &v)) {
+        if (cm_gguf_find_kv(g, key)) return cm_errf(err, errlen, CM_EFORMAT, "metadata '%s' is not a number", key);
+        v = def;
+    }
+    if (!(v >= lo && v <= hi))
+        return cm_errf(err, errlen, CM_EFORMAT, "metadata '%s' = %g is out of range", key, v);
+    *out = (float)v;
+    return 0;
+}
+
+static void fmt_shape(char *b, size_t n, int nd, const int64_t *ne) {
+    size_t o = 0;
+    o += (size_t)snprintf(b + o, n - o, "[");
+    for (int i = 0; i < nd && o < n; i++)
+        o += (size_t)snprintf(b + o, n - o, "%s%lld", i ? ", " : "", (long long)ne[i]);
+    if (o < n) snprintf(b + o, n - o, "]");
+}
+
+/* Bind tensor `name` with expected shape [ne0] or [ne0, ne1] (ne1 == 0: 1-D).
+ * weight: any type the kernels support; otherwise F32 only (norms, biases). */
+static int bind(cm_model *m, cm_tensor *t, const char *name, int64_t ne0, int64_t ne1, bool weight,
+                bool optional, char *err, size_t errlen) {
+    memset(t, 0, sizeof *t);
+    const cm_gguf_tensor_info *ti = cm_gguf_find_tensor(m->gguf, name);
+    if (!ti) {
+        if (optional) return 0;
+        return cm_errf(err, errlen, CM_EFORMAT, "missing tensor '%s'", name);
+    }
+    if (weight ? !cm_kernels_supports((enum cm_type)ti->type) : ti->type != CM_TYPE_F32)
+        return cm_errf(err, errlen, CM_EUNSUPPORTED, "tensor '%s' has unsupported type %s", name,
+                       cm_type_name(ti->type));
+    int nd = ne1 ? 2 : 1;
+    int64_t want[2] = {ne0, ne1};
+    bool ok = true;
+    for (int i = 0; i < CM_MAX_DIMS; i++) {
+        int64_t have = i < ti->n_dims ? ti->ne[i] : 1;
+        int64_t exp = i < nd ? want[i] : 1;
+        if (have != exp) ok = false;
+    }
+    if (!ok) {
+        char hs[96], ws[96];
+        fmt_shape(hs, sizeof hs, ti->n_dims, ti->ne);
+        fmt_shape(ws, sizeof ws, nd, want);
+        return cm_errf(err, errlen, CM_EFORMAT, "tensor '%s' has shape %s, expected %s", name, hs, ws);
+    }
+    int64_t ne[2] = {ne0, ne1 ? ne1 : 1};
+    if (cm_row_size((enum cm_type)ti->type, ne0) == 0)
+        return cm_errf(err, errlen, CM_EFORMAT, "tensor '%s': row length %lld is not a multiple of the %s block",
+                       name, (long long)ne0, cm_type_name(ti->type));
+    cm_tensor_init(t, (enum cm_type)ti->type, nd, ne, (void *)ti->data, ti->name);
+    if (cm_tensor_nbytes(t) > ti->nbytes)
+        return cm_errf(err, errlen, CM_EFORMAT, "tensor '%s' is shorter than its shape", name);
+    m->n_params += (uint64_t)ne[0] * (uint64_t)ne[1];
+    m->weight_bytes += cm_tensor_nbytes(t);
+    return 0;
+}
+
+static int bind_blk(cm_model *m, cm_tensor *t, int il, const char *suffix, int64_t ne0, int64_t ne1,
+                    bool weight, bool optional, char *err, size_t errlen) {
+    char name[96];
+    snprintf(name, sizeof name, "blk.%d.%s", il, suffix);
+    return bind(m, t, name, ne0, ne1, weight, optional, err, errlen);
+}
+
+static int load_hparams(cm_model *m, char *err, size_t errlen) {
+    const cm_gguf *g = m->gguf;
+    cm_hparams *hp = &m->hp;
+    char *arch = cm_gguf_get_str(g, "general.architecture");
+    if (!arch) return cm_errf(err, errlen, CM_EFORMAT, "missing metadata 'general.architecture'");
+    int a = -1;
+    for (int i = 0; i < CM_ARCH_COUNT; i++)
+        if (!strcmp(arch, k_arch_names[i])) a = i;
+    if (a < 0) {
+        int rc = cm_errf(err, errlen, CM_EUNSUPPORTED, "unknown architecture '%.64s' (supported: llama, qwen2, qwen3)", arch);
+        cm_free(arch);
+        return rc;
+    }
+    cm_free(arch);
+    hp->arch = (enum cm_arch)a;
+    const char *an = k_arch_names[a];
+    const long big = 1L << 24;
+    int rc;
+    if ((rc = get_int(g, an, "embedding_length", -1, 1, big, &hp->n_embd, err, errlen)) ||
+        (rc = get_int(g, an, "block_count", -1, 1, 4096, &hp->n_layer, err, errlen)) ||
+        (rc = get_int(g, an, "attention.head_count", -1, 1, 4096, &hp->n_head, err, errlen)) ||
+        (rc = get_int(g, an, "attention.head_count_kv", hp->n_head, 1, hp->n_head, &hp->n_head_kv, err, errlen)) ||
+        (rc = get_int(g, an, "context_length", 2048, 1, 1L << 30, &hp->n_ctx_train, err, errlen)))
+        return rc;
+    if (hp->n_head % hp->n_head_kv)
+        return cm_errf(err, errlen, CM_EFORMAT, "head count %d is not a multiple of the KV head count %d",
+                       hp->n_head, hp->n_head_kv);
+    long def_hd = hp->n_embd % hp->n_head ? -1 : hp->n_embd / hp->n_head;
+    if ((rc = get_int(g, an, "attention.key_length", def_hd, 2, 65536, &hp->head_dim, err, errlen))) return rc;
+    int vlen;
+    if ((rc = get_int(g, an, "attention.value_length", hp->head_dim, 1, 65536, &vlen, err, errlen))) return rc;
+    if (vlen != hp->head_dim)
+        return cm_errf(err, errlen, CM_EUNSUPPORTED, "value length %d differs from key length %d", vlen, hp->head_dim);
+    if ((rc = get_int(g, an, "rope.dimension_count", hp->head_dim, 2, hp->head_dim, &hp->n_rot, err, errlen)))
+        return rc;
+    if (hp->n_rot % 2) return cm_errf(err, errlen, CM_EFORMAT, "rope dimension count %d is odd", hp->n_rot);
+    if ((rc = get_float(g, an, "attention.layer_norm_rms_epsilon", 1e-5, 0, 1, &hp->rms_eps, err, errlen)) ||
+        (rc = get_float(g, an, "rope.freq_base", 10000.0, 1e-3, 1e12, &hp->rope_base, err, errlen)))
+        return rc;
+    hp->rope_freq_scale = 1.0f;
+    char key[128];
+    snprintf(key, sizeof key, "%s.rope.scaling.type", an);
+    char *st = cm_gguf_get_str(g, key);
+    float factor = 0;
+    if ((rc = get_float(g, an, "rope.scaling.factor", 0.0, 0.0, 1e6, &factor, err, errlen))) { cm_free(st); return rc; }
+    if (st && strcmp(st, "none") && strcmp(st, "linear")) {
+        rc = cm_errf(err, errlen, CM_EUNSUPPORTED, "rope scaling type '%.32s' is not supported", st);
+        cm_free(st);
+        return rc;
+    }
+    if (st && !strcmp(st, "linear") && factor > 0) hp->rope_freq_scale = 1.0f / factor;
+    cm_free(st);
+    hp->rope_type = hp->arch == CM_ARCH_LLAMA ? CM_ROPE_NORM : CM_ROPE_NEOX;
+    return 0;
+}
+
+void cm_model_release(cm_model *m) {
+    if (!m) return;
+    cm_free(m->layers);
+    memset(m, 0, sizeof *m);
+}
+
+int cm_model_load(cm_model *m, const cm_gguf *g, char *err, size_t errlen) {
+    memset(m, 0, sizeof *m);
+    m->gguf = g;
+    int rc = load_hparams(m, err, errlen);
+    if (rc) { cm_model_release(m); return rc; }
+    cm_hparams *hp = &m->hp;
+    const cm_gguf_tensor_info *te = cm_gguf_find_tensor(g, "token_embd.weight");
+    if (!te) { cm_model_release(m); return cm_errf(err, errlen, CM_EFORMAT, "missing tensor 'token_embd.weight'"); }
+    if (te->n_dims != 2 || te->ne[1] < 1 || te->ne[1] > (1 << 24)) {
+        cm_model_release(m);
+        return cm_errf(err, errlen, CM_EFORMAT, "tensor 'token_embd.weight' has a bad shape");
+    }
+    hp->n_vocab = (int)te->ne[1];
+    /* The FFN width comes from the tensor when the key is missing (old files). */
+    const cm_gguf_tensor_info *tg = cm_gguf_find_tensor(g, "blk.0.ffn_gate.weight");
+    long def_ff = tg && tg->n_dims == 2 && tg->ne[1] > 0 && tg->ne[1] < (1 << 26) ? (long)tg->ne[1] : -1;
+    if ((rc = get_int(g, cm_arch_name_of(hp->arch), "feed_forward_length", def_ff, 1, 1L << 26, &hp->n_ff, err, errlen))) {
+        cm_model_release(m);
+        return rc;
+    }
+    const int64_t E = hp->n_embd, V = hp->n_vocab, D = hp->head_dim;
+    const int64_t QD = (int64_t)hp->n_head * D, KD = (int64_t)hp->n_head_kv * D, F = hp->n_ff;
+    m->layers = cm_calloc((size_t)hp->n_layer, sizeof *m->layers);
+    if (!m->layers) { cm_model_release(m); return cm_errf(err, errlen, CM_ENOMEM, "out of memory"); }
+
+    if ((rc = bind(m, &m->tok_embd, "token_embd.weight", E, V, true, false, err, errlen)) ||
+        (rc = bind(m, &m->output_norm, "output_norm.weight", E, 0, false, false, err, errlen)) ||
+        (rc = bind(m, &m->output, "output.weight", E, V, true, true, err, errlen)) ||
+        (rc = bind(m, &m->rope_freqs, "rope_freqs.weight", hp->n_rot / 2, 0, false, true, err, errlen)))
+        goto fail;
+    if (!m->output.data) {
+        m->output = m->tok_embd;
+        m->tied_output = true;
+    }
+    for (int il = 0; il < hp->n_layer; il++) {
+        cm_layer *L = &m->layers[il];
+        bool qwen2 = hp->arch == CM_ARCH_QWEN2, qwen3 = hp->arch == CM_ARCH_QWEN3;
+        if ((rc = bind_blk(m, &L->attn_norm, il, "attn_norm.weight", E, 0, false, false, err, errlen)) ||
+            (rc = bind_blk(m, &L->wq, il, "attn_q.weight", E, QD, true, false, err, errlen)) ||
+            (rc = bind_blk(m, &L->wk, il, "attn_k.weight", E, KD, true, false, err, errlen)) ||
+            (rc = bind_blk(m, &L->wv, il, "attn_v.weight", E, KD, true, false, err, errlen)) ||
+            (rc = bind_blk(m, &L->wo, il, "attn_output.weight", QD, E, true, false, err, errlen)) ||
+            (rc = bind_blk(m, &L->bq, il, "attn_q.bias", QD, 0, false, !qwen2, err, errlen)) ||
+            (rc = bind_blk(m, &L->bk, il, "attn_k.bias", KD, 0, false, !qwen2, err, errlen)) ||
+            (rc = bind_blk(m, &L->bv, il, "attn_v.bias", KD, 0, false, !qwen2, err, errlen)) ||
+            (rc = bind_blk(m, &L->q_norm, il, "attn_q_norm.weight", D, 0, false, !qwen3, err, errlen)) ||
+            (rc = bind_blk(m, &L->k_norm, il, "attn_k_norm.weight", D, 0, false, !qwen3, err, errlen)) ||
+            (rc = bind_blk(m, &L->ffn_norm, il, "ffn_norm.weight", E, 0, false, false, err, errlen)) ||
+            (rc = bind_blk(m, &L->ffn_gate, il, "ffn_gate.weight", E, F, true, false, err, errlen)) ||
+            (rc = bind_blk(m, &L->ffn_up, il, "ffn_up.weight", E, F, true, false, err, errlen)) ||
+            (rc = bind_blk(m, &L->ffn_down, il, "ffn_down.weight", F, E, true, false, err, errlen)))
+            goto fail;
+        char bname[96];
+        snprintf(bname, sizeof bname, "blk.%d.attn_output.bias", il);
+        if (cm_gguf_find_tensor(g, bname)) {
+            rc = cm_errf(err, errlen, CM_EUNSUPPORTED, "tensor '%s' is not supported", bname);
+            goto fail;
+        }
+    }
+    return 0;
+fail:
+    cm_model_release(m);
+    return rc;
+}
+
+cm_slice cm_slice_full(const cm_model *m) {
+    cm_slice s = {0, m->hp.n_head_kv, 0, m->hp.n_ff};
+    return s;
+}
+
+int cm_slice_check(const cm_model *m, cm_slice s, char *err, size_t errlen) {
+    const cm_hparams *hp = &m->hp;
+    if (s.h0 < 0 || s.h1 > hp->n_head_kv || s.h0 > s.h1 || s.f0 < 0 || s.f1 > hp->n_ff || s.f0 > s.f1)
+        return cm_errf(err, errlen, CM_EINVAL, "slice heads [%d, %d) ffn [%d, %d) is out of range (kv heads %d, ffn %d)",
+                       s.h0, s.h1, s.f0, s.f1, hp->n_head_kv, hp->n_ff);
+    int64_t cols_per_kv = (int64_t)(hp->n_head / hp->n_head_kv) * hp->head_dim;
+    for (int il = 0; il < hp->n_layer; il++) {
+        const cm_layer *L = &m->layers[il];
+        int bo = cm_type_traits_of(L->wo.type)->block_size;
+        int bd = cm_type_traits_of(L->ffn_down.type)->block_size;
+        if ((s.h0 * cols_per_kv) % bo || (s.h1 * cols_per_kv) % bo)
+            return cm_errf(err, errlen, CM_EINVAL, "slice heads [%d, %d) do not fall on %s block boundaries of '%s'",
+                           s.h0, s.h1, cm_type_name(L->wo.type), L->wo.name);
+        if (s.f0 % bd || s.f1 % bd)
+            return cm_errf(err, errlen, CM_EINVAL, "slice ffn rows [%d, %d) do not fall on %s block boundaries of '%s'",
+                           s.f0, s.f1, cm_type_name(L->ffn_down.type), L->ffn_down.name);
+    }
+    return 0;
+}

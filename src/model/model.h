@@ -1,0 +1,208 @@
+/*
+ * model: the forward pass of the supported architectures (llama, qwen2,
+ * qwen3) over a layer range and a tensor slice, with per-sequence KV caches.
+ *
+ * A cm_model is a set of cm_tensor views into a parsed GGUF (the mmap): no
+ * weight is ever copied. The forward pass is written once for every way the
+ * engine and the cluster run it:
+ *
+ *   - a BATCH of tokens, each with its position and its sequence: prefill of
+ *     a prompt, one decode step, or several sequences decoding together all
+ *     go through cm_forward();
+ *   - a LAYER RANGE [first, last): pipeline stage k runs its layers and hands
+ *     hidden states (n x n_embd floats) to stage k+1; only a stage with
+ *     first == 0 embeds token ids, only a stage with last == n_layer applies
+ *     the output norm and head;
+ *   - a SLICE: KV heads [h0, h1) (query heads follow their KV head: query head
+ *     q belongs to KV head q / (n_head / n_head_kv)) and FFN rows [f0, f1) of
+ *     ffn_gate/ffn_up with the matching columns of ffn_down. attn_output and
+ *     ffn_down then produce PARTIAL sums over the slice; the caller's
+ *     all-reduce callback must replace them by the sum over all slices
+ *     (single machine: the whole slice, callback NULL = no-op).
+ *
+ * Numerics follow ggml/llama.cpp (CPU) so that results match it: RMS norm
+ * with a double sum of squares, RoPE angles by iterated multiplication with
+ * theta_scale = base^(-2/n_rot) (adjacent pairs for llama, half split for
+ * qwen2/qwen3), KQ scaled by 1/sqrt(head_dim), softmax with max subtraction
+ * and a double sum, SiLU, activations converted to each weight type's
+ * vec_dot_type (Q8_0 for Q4_0/Q8_0...) before its dot products.
+ *
+ * This module never includes net, proto, cluster or engine code, never opens
+ * files (the caller passes a parsed cm_gguf) and never allocates in
+ * cm_forward(): scratch is sized when a cm_ctx is created.
+ */
+#ifndef CM_MODEL_H
+#define CM_MODEL_H
+
+#include "../base/base.h"
+#include "../gguf/gguf.h"
+#include "../kernels/kernels.h"
+#include "../os/os.h"
+#include "../tensor/tensor.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+enum cm_arch { CM_ARCH_LLAMA, CM_ARCH_QWEN2, CM_ARCH_QWEN3, CM_ARCH_COUNT };
+enum cm_rope_type { CM_ROPE_NORM, CM_ROPE_NEOX, CM_ROPE_TYPE_COUNT };
+
+const char *cm_arch_name_of(enum cm_arch a); /* "llama", "qwen2", "qwen3" */
+
+/* Hyperparameters, read from "<arch>.*" metadata keys. */
+typedef struct cm_hparams {
+    enum cm_arch arch;
+    int n_vocab;      /* rows of token_embd */
+    int n_embd;       /* <arch>.embedding_length */
+    int n_layer;      /* <arch>.block_count */
+    int n_head;       /* <arch>.attention.head_count */
+    int n_head_kv;    /* <arch>.attention.head_count_kv (default n_head) */
+    int head_dim;     /* <arch>.attention.key_length (default n_embd / n_head) */
+    int n_ff;         /* <arch>.feed_forward_length (or from ffn_gate's shape) */
+    int n_rot;        /* <arch>.rope.dimension_count (default head_dim) */
+    int n_ctx_train;  /* <arch>.context_length */
+    float rms_eps;    /* <arch>.attention.layer_norm_rms_epsilon (default 1e-5) */
+    float rope_base;  /* <arch>.rope.freq_base (default 10000) */
+    float rope_freq_scale; /* 1 / <arch>.rope.scaling.factor for linear scaling, else 1 */
+    enum cm_rope_type rope_type;
+} cm_hparams;
+
+/* One transformer block. Optional tensors have data == NULL. Shapes (ne[0]
+ * = input features): wq [E, H*D], wk/wv [E, Hkv*D], wo [H*D, E],
+ * gate/up [E, F], down [F, E]; norms and biases are F32 vectors. */
+typedef struct cm_layer {
+    cm_tensor attn_norm, wq, wk, wv, wo;
+    cm_tensor bq, bk, bv;          /* qwen2 */
+    cm_tensor q_norm, k_norm;      /* qwen3: [D], applied per head before RoPE */
+    cm_tensor ffn_norm, ffn_gate, ffn_up, ffn_down;
+} cm_layer;
+
+typedef struct cm_model {
+    cm_hparams hp;
+    cm_tensor tok_embd;    /* [E, V] */
+    cm_tensor output_norm; /* [E] */
+    cm_tensor output;      /* [E, V]; a view of tok_embd when the file has no output.weight */
+    cm_tensor rope_freqs;  /* [n_rot/2] Llama 3.x frequency factors, or data == NULL */
+    bool tied_output;      /* output is tok_embd */
+    cm_layer *layers;      /* [n_layer] */
+    const cm_gguf *gguf;   /* not owned */
+    uint64_t n_params;     /* elements of all weights (tied output counted once) */
+    uint64_t weight_bytes; /* bytes of all weights in the file */
+} cm_model;
+
+/* Bind a model to a parsed GGUF (which must outlive it). Validates the
+ * architecture, hyperparameters, every tensor's presence, type and shape.
+ * Errors (CM_EUNSUPPORTED / CM_EFORMAT) name the culprit:
+ *   "unknown architecture 'gpt2' (supported: llama, qwen2, qwen3)",
+ *   "missing tensor 'blk.3.ffn_up.weight'",
+ *   "tensor 'blk.0.attn_q.weight' has unsupported type q2_k",
+ *   "tensor 'blk.0.attn_k.weight' has shape [64, 48], expected [64, 32]".
+ * On error *m is released. Not thread-safe against itself; the loaded model
+ * is read-only afterwards and may be shared by any number of threads. */
+int cm_model_load(cm_model *m, const cm_gguf *g, char *err, size_t errlen);
+void cm_model_release(cm_model *m); /* no-op on a zeroed struct */
+
+/* ---- slices ---- */
+typedef struct cm_slice {
+    int h0, h1; /* KV heads [h0, h1) of [0, n_head_kv); may be empty (FFN-only member) */
+    int f0, f1; /* FFN rows [f0, f1) of [0, n_ff); may be empty */
+} cm_slice;
+/* The whole model (single machine). */
+cm_slice cm_slice_full(const cm_model *m);
+/* Is the slice in range and aligned so that the columns it takes from
+ * attn_output and ffn_down start and end on block boundaries of their types?
+ * Returns 0 or CM_EINVAL with a message. */
+int cm_slice_check(const cm_model *m, cm_slice s, char *err, size_t errlen);
+
+/* ---- KV cache of one sequence ----
+ * For each layer in [layer_first, layer_last) and each KV head of the slice:
+ * K as [n_ctx][head_dim] and V transposed as [head_dim][n_ctx] (ggml's
+ * non-flash layout, so the V product sums over positions in ggml's order).
+ * F32 like the llama.cpp reference, or F16 (half the memory; then, like
+ * ggml, the query is rounded to F16 for K.Q and the attention weights to F16
+ * for the V product). n_past is the number of positions filled:
+ * cm_forward() appends at n_past; cm_kv_truncate() lets a sequence drop its
+ * tail and continue from an earlier position (prefix reuse). A cm_kv is used
+ * by one cm_forward() at a time. */
+typedef struct cm_kv {
+    int layer_first, layer_last;
+    int h0, h1;
+    int n_ctx;
+    int head_dim;
+    int n_past;
+    enum cm_type type; /* CM_TYPE_F32 or CM_TYPE_F16 */
+    void *k;           /* [layer][head][n_ctx][head_dim] */
+    void *v;           /* [layer][head][head_dim][n_ctx] */
+} cm_kv;
+/* Bytes of an F32 KV cache for n_ctx positions over a layer range and head
+ * range (an F16 cache takes half). */
+uint64_t cm_kv_bytes(const cm_model *m, int layer_first, int layer_last, int h0, int h1, int n_ctx);
+/* An F32 cache. */
+int cm_kv_init(cm_kv *kv, const cm_model *m, int layer_first, int layer_last, cm_slice s, int n_ctx,
+               char *err, size_t errlen);
+/* type: CM_TYPE_F32 or CM_TYPE_F16 (anything else: CM_EINVAL). */
+int cm_kv_init_type(cm_kv *kv, const cm_model *m, int layer_first, int layer_last, cm_slice s, int n_ctx,
+                    enum cm_type type, char *err, size_t errlen);
+void cm_kv_release(cm_kv *kv);
+void cm_kv_truncate(cm_kv *kv, int n_past); /* keeps positions [0, n_past); n_past clamped */
+
+/* ---- forward pass ---- */
+
+/* A batch of n tokens. Row i is token i. */
+typedef struct cm_batch {
+    int n;
+    const int32_t *tokens; /* [n] token ids: first stage (layer_first == 0) */
+    const float *embd;     /* [n][n_embd] input hidden states: other stages (tokens == NULL) */
+    const int32_t *pos;    /* [n] position of each token in its sequence */
+    const int32_t *seq;    /* [n] index into cm_forward_args.kvs of its sequence */
+    const int8_t *logits;  /* [n] nonzero: produce logits for this row; NULL = last row only */
+} cm_batch;
+
+/* Replace x[0 .. n) by its sum over all slices of the tensor-parallel group,
+ * in place. Called by cm_forward() on the caller's thread, twice per layer
+ * (after attn_output, after ffn_down), with n = batch n * n_embd. Must give
+ * every member the same result (fixed reduction order). Returns 0 or an
+ * error code, which aborts the forward pass. */
+typedef int (*cm_allreduce_fn)(void *user, float *x, int64_t n);
+
+typedef struct cm_forward_args {
+    int layer_first, layer_last; /* [0, n_layer) for a single machine */
+    cm_slice slice;              /* must equal the slice the kvs were made with */
+    cm_kv **kvs;                 /* sequences; batch.seq[i] indexes this array */
+    int n_kvs;
+    cm_allreduce_fn allreduce;   /* NULL: no-op (the slice is the whole model) */
+    void *allreduce_user;
+    /* Outputs (either, both or neither — neither just fills the KV caches):
+     * out_hidden: [n][n_embd] hidden states after layer_last - 1 (for the next stage);
+     * out_logits: [n_out][n_vocab] for the rows selected by batch.logits, in
+     * batch order; requires layer_last == n_layer. */
+    float *out_hidden;
+    float *out_logits;
+} cm_forward_args;
+
+/* Scratch for forward passes of up to max_batch tokens over sequences of up
+ * to max_ctx positions, threads from pool (not owned; NULL = caller only).
+ * One cm_ctx runs one cm_forward() at a time. */
+typedef struct cm_ctx cm_ctx;
+cm_ctx *cm_ctx_new(const cm_model *m, int max_batch, int max_ctx, cm_pool *pool, char *err,
+                   size_t errlen);
+void cm_ctx_free(cm_ctx *c);
+int cm_ctx_max_batch(const cm_ctx *c);
+/* Use another kernel table (tests: the scalar reference). Default cm_kernels_get(). */
+void cm_ctx_set_kernels(cm_ctx *c, const cm_kernels *k);
+
+/* Run the batch through layers [layer_first, layer_last) over the slice.
+ * For each sequence, its tokens in the batch must be at consecutive
+ * positions starting at its kv->n_past (appended in batch order); each token
+ * attends to positions [0, pos] of its own sequence. On success every kv's
+ * n_past has advanced by its token count. Errors (CM_EINVAL, CM_ENOSPACE when
+ * a sequence would exceed its n_ctx, or the all-reduce's code) leave the KV
+ * n_past values unchanged. No allocation. */
+int cm_forward(cm_ctx *c, const cm_batch *b, const cm_forward_args *a, char *err, size_t errlen);
+
+/* Convenience for one sequence on one machine: whole model, whole slice,
+ * logits of the last token into out_logits [n_vocab]. */
+int cm_forward_simple(cm_ctx *c, cm_kv *kv, const int32_t *tokens, int n, float *out_logits,
+                      char *err, size_t errlen);
+
+#endif
