@@ -144,7 +144,7 @@ tsan:
 FUZZ_SRCS := $(wildcard fuzz/fuzz_*.c)
 FUZZ_BINS := $(FUZZ_SRCS:fuzz/%.c=build-fuzz/%)
 FUZZ_SECONDS ?= 20
-build-fuzz/libcumulo.a: $(LIB_SRCS)
+build-fuzz/libcumulo.a: $(LIB_SRCS) $(wildcard src/*/*.h)
 	@$(MAKE) --no-print-directory BUILD=build-fuzz CC=clang OPT=-O1 \
 	  SAN="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined" build-fuzz/libcumulo.a-inner
 build-fuzz/libcumulo.a-inner: $(LIB_OBJS)

@@ -156,6 +156,7 @@ static bool buf_reserve(cm_buf *b, size_t extra) {
 }
 
 void cm_buf_append(cm_buf *b, const void *p, size_t n) {
+    if (!n) return;
     if (!buf_reserve(b, n)) return;
     memcpy(b->data + b->len, p, n);
     b->len += n;

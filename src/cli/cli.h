@@ -30,5 +30,6 @@ void cli_progress_update(cli_progress *p, double done);
 void cli_progress_end(cli_progress *p);
 
 int cmd_version(int argc, char **argv);
+int cmd_plan(int argc, char **argv);
 
 #endif

@@ -11,6 +11,7 @@
 #include <string.h>
 
 static const cm_command k_commands[] = {
+    {"plan", "show how a model splits across a cluster, with predicted speed", cmd_plan},
     {"version", "print the version", cmd_version},
 };
 

@@ -1,7 +1,7 @@
 /* test_kernels.c: the kernels module through its public header.
  *
- * Dequantizers are checked against a second decoder written here from the
- * GGUF block layouts (byte offsets and bit positions, no shared code);
+ * Dequantizers are checked against a second decoder (kernels_cases.h) written
+ * from the GGUF block layouts (byte offsets and bit positions, no shared code);
  * quantizers by round-trip error with bounds derived from each format's step
  * size; dot products against double-precision dots of the dequantized
  * operands, with bounds derived from float accumulation and activation
@@ -17,6 +17,7 @@
 #include "base/base.h"
 #include "kernels/kernels.h"
 #include "tensor/tensor.h"
+#include "kernels_cases.h"
 
 #include <float.h>
 #include <stdint.h>
@@ -29,83 +30,6 @@ static const enum cm_type k_weight_types[] = {CM_TYPE_F32,  CM_TYPE_F16,  CM_TYP
                                               CM_TYPE_Q4_K, CM_TYPE_Q5_K, CM_TYPE_Q6_K};
 #define N_WT ((int)CM_ARRAY_LEN(k_weight_types))
 #define ROW 512 /* a multiple of every block size */
-
-/* ---- an independent decoder, from the GGUF layouts ----
- * decode(t, block bytes, i, &mag) returns element i of one block and, in
- * mag, the sum of the magnitudes of the float terms that make it up (what
- * its float rounding error is relative to). */
-static float h2f(const uint8_t *p) { return cm_f16_to_f32(cm_rd_u16(p)); }
-static int nib(const uint8_t *qs, int i, int half) { /* element i of a 2-nibble packing */
-    return i < half ? (qs[i] & 15) : (qs[i - half] >> 4);
-}
-static int bit(const uint8_t *p, int k) { return (p[k / 8] >> (k % 8)) & 1; }
-/* 6-bit scale (which=0) or min (which=1) of sub-block s of a Q4_K/Q5_K block:
- * 12 bytes hold 8 pairs; s<4: low 6 bits of byte s (scale) / s+4 (min);
- * s>=4: low/high nibble of byte s+4, top 2 bits from bits 6-7 of byte s-4
- * (scale) / s (min). */
-static int k_sm(const uint8_t *sc, int s, int which) {
-    if (s < 4) return sc[s + 4 * which] & 63;
-    const int low = which ? sc[s + 4] >> 4 : sc[s + 4] & 15;
-    const int top = sc[which ? s : s - 4] >> 6;
-    return low | (top << 4);
-}
-
-static float decode(enum cm_type t, const uint8_t *b, int i, double *mag) {
-    float d, m, v;
-    int q;
-    switch (t) {
-    case CM_TYPE_Q4_0: /* f16 d | 16 B nibbles: elem i<16 low nibble of byte i, else high of i-16 */
-        d = h2f(b); q = nib(b + 2, i, 16) - 8; v = q * d; *mag = fabs(v); return v;
-    case CM_TYPE_Q4_1: /* f16 d | f16 m | 16 B nibbles */
-        d = h2f(b); m = h2f(b + 2); q = nib(b + 4, i, 16);
-        *mag = fabs((double)q * d) + fabs(m); return q * d + m;
-    case CM_TYPE_Q5_0: /* f16 d | u32 qh (bit i = 5th bit of elem i) | 16 B nibbles */
-        d = h2f(b); q = (nib(b + 6, i, 16) | (bit(b + 2, i) << 4)) - 16; v = q * d; *mag = fabs(v); return v;
-    case CM_TYPE_Q5_1:
-        d = h2f(b); m = h2f(b + 2); q = nib(b + 8, i, 16) | (bit(b + 4, i) << 4);
-        *mag = fabs((double)q * d) + fabs(m); return q * d + m;
-    case CM_TYPE_Q8_0: d = h2f(b); v = (int8_t)b[2 + i] * d; *mag = fabs(v); return v;
-    case CM_TYPE_Q8_1: d = h2f(b); v = (int8_t)b[4 + i] * d; *mag = fabs(v); return v;
-    case CM_TYPE_Q4_K:   /* f16 d | f16 dmin | 12 B scales | 128 B: 64-elem chunks, low then high nibbles */
-    case CM_TYPE_Q5_K: { /* same, then 32 B qh (bit s of byte l: 5th bit of elem 32s+l) before qs */
-        const int s = i / 32, c = i / 64, l = i % 32;
-        const uint8_t *qs = b + (t == CM_TYPE_Q4_K ? 16 : 48);
-        q = (s & 1) ? qs[32 * c + l] >> 4 : qs[32 * c + l] & 15;
-        if (t == CM_TYPE_Q5_K) q |= ((b[16 + l] >> s) & 1) << 4;
-        const float dd = h2f(b) * k_sm(b + 4, s, 0), mm = h2f(b + 2) * k_sm(b + 4, s, 1);
-        *mag = fabs((double)dd * q) + fabs(mm);
-        return dd * q - mm;
-    }
-    case CM_TYPE_Q6_K: { /* 128 B ql | 64 B qh | 16 x int8 scale | f16 d; halves of 128 elems */
-        const int h = i / 128, r = i % 128, k = r / 32, l = r % 32;
-        const int lo = (b[64 * h + l + 32 * (k & 1)] >> (4 * (k >> 1))) & 15;
-        const int hi = (b[128 + 32 * h + l] >> (2 * k)) & 3;
-        q = (lo | (hi << 4)) - 32;
-        v = h2f(b + 208) * (int8_t)b[192 + i / 16] * q;
-        *mag = fabs(v);
-        return v;
-    }
-    case CM_TYPE_Q8_K: { /* f32 d | 256 x int8 | 16 x i16 bsums */
-        float df;
-        memcpy(&df, b, 4);
-        v = df * (int8_t)b[4 + i]; *mag = fabs(v); return v;
-    }
-    case CM_TYPE_F32: memcpy(&v, b + 4 * i, 4); *mag = fabs(v); return v;
-    case CM_TYPE_F16: v = h2f(b + 2 * i); *mag = fabs(v); return v;
-    case CM_TYPE_BF16: v = cm_bf16_to_f32(cm_rd_u16(b + 2 * i)); *mag = fabs(v); return v;
-    default: CHECK(!"type"); return 0;
-    }
-}
-
-static void decode_row(enum cm_type t, const void *row, int64_t n, float *y, double *mag) {
-    const cm_type_traits *tr = cm_type_traits_of(t);
-    for (int64_t i = 0; i < n; i++) {
-        const uint8_t *blk = (const uint8_t *)row + (size_t)(i / tr->block_size) * tr->type_size;
-        double mg = 0;
-        y[i] = decode(t, blk, (int)(i % tr->block_size), &mg);
-        if (mag) mag[i] = mg;
-    }
-}
 
 /* ---- data ---- */
 enum { DIST_NORMAL, DIST_UNIFORM, DIST_OUTLIERS, DIST_POSITIVE, DIST_ZERO_BLOCKS, DIST_TINY, DIST_COUNT };

@@ -1,0 +1,480 @@
+/*
+ * plan.c: the placement policy (see plan.h for the cost model).
+ * PURE: no sockets, files, clocks or globals; the same input gives the same
+ * plan. Every number it uses comes from its arguments.
+ */
+#include "plan.h"
+
+#include "base/base.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+static const char *k_parallel_names[CM_PARALLEL_COUNT] = {"auto", "pp", "tp", "hybrid"};
+
+const char *cm_parallel_name(enum cm_parallel p) {
+    return (unsigned)p < CM_PARALLEL_COUNT ? k_parallel_names[p] : "unknown";
+}
+
+int cm_parallel_from_name(const char *s) {
+    for (int i = 0; i < CM_PARALLEL_COUNT; i++)
+        if (!strcmp(s, k_parallel_names[i])) return i;
+    return -1;
+}
+
+void cm_plan_opts_default(cm_plan_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->ctx = 2048;
+    o->n_seq = 1;
+    o->kv_elem_bytes = 4;
+    o->prompt_tokens = 128;
+    o->mode = CM_PARALLEL_AUTO;
+    o->reserve_bytes = 256ull << 20;
+    o->exchange_overhead_s = 30e-6;
+}
+
+/* ---- slices inside a group ---- */
+
+/* Share of a layer's weights for a member that holds `heads` of the KV heads
+ * and `rows` of the FFN rows. */
+static double member_share(const cm_plan_model *m, int heads, int rows) {
+    double hd = m->head_dim;
+    double attn = (double)m->dim * hd * (2.0 * m->n_heads + 2.0 * m->n_kv_heads);
+    double ffn = 3.0 * m->dim * (double)m->ffn;
+    double tot = attn + ffn;
+    if (tot <= 0) return 0;
+    return attn / tot * heads / m->n_kv_heads + ffn / tot * rows / (double)m->ffn;
+}
+
+/* Split `units` among k members proportionally to w[], largest remainder,
+ * each member getting at least `min_each` (when units allow). */
+static void split_units(int units, int k, const double *w, int min_each, int *out) {
+    double wsum = 0;
+    for (int i = 0; i < k; i++) wsum += w[i] > 0 ? w[i] : 0;
+    if (min_each * k > units) min_each = 0;
+    int rest = units - min_each * k, given = 0;
+    double rem[CM_PLAN_MAX_NODES];
+    for (int i = 0; i < k; i++) {
+        double exact = wsum > 0 ? rest * (w[i] > 0 ? w[i] : 0) / wsum : (double)rest / k;
+        out[i] = (int)floor(exact);
+        rem[i] = exact - out[i];
+        given += out[i];
+    }
+    while (given < rest) { /* hand out the remainder, largest fraction first, ties to lower index */
+        int best = 0;
+        for (int i = 1; i < k; i++)
+            if (rem[i] > rem[best]) best = i;
+        out[best]++;
+        rem[best] = -1;
+        given++;
+    }
+    for (int i = 0; i < k; i++) out[i] += min_each;
+}
+
+/* Fill kv-head and FFN ranges of a stage's members from their speeds. */
+static void assign_slices(const cm_plan_model *m, const cm_plan_cluster *c, cm_plan_stage *st) {
+    int k = st->n_members;
+    double w[CM_PLAN_MAX_NODES];
+    int heads[CM_PLAN_MAX_NODES], units[CM_PLAN_MAX_NODES];
+    for (int i = 0; i < k; i++) w[i] = c->nodes[st->members[i].node].mem_bw;
+    split_units(m->n_kv_heads, k, w, 1, heads);
+    int gran = m->ffn_granule > 0 ? m->ffn_granule : 1;
+    if (m->ffn % gran) gran = 1;
+    split_units(m->ffn / gran, k, w, 1, units);
+    int h = 0, f = 0;
+    for (int i = 0; i < k; i++) {
+        cm_plan_member *mb = &st->members[i];
+        mb->kv_head_begin = h;
+        h += heads[i];
+        mb->kv_head_end = h;
+        mb->ffn_begin = f;
+        f += units[i] * gran;
+        mb->ffn_end = i == k - 1 ? m->ffn : f;
+    }
+}
+
+/* ---- costs ---- */
+
+static double link_oneway(const cm_plan_cluster *c, const cm_plan_opts *o, int a, int b, double bytes) {
+    if (a == b) return 0;
+    double bw = c->bw[a][b] > 0 ? c->bw[a][b] : 1e9;
+    return c->rtt_s[a][b] / 2 + bytes / bw + o->exchange_overhead_s;
+}
+
+static double allreduce_s(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan_opts *o,
+                          const cm_plan_stage *st, double n_tok) {
+    int k = st->n_members;
+    if (k < 2) return 0;
+    double worst = 0, bytes = n_tok * m->dim * 4.0;
+    for (int i = 0; i < k; i++)
+        for (int j = 0; j < k; j++) {
+            if (i == j) continue;
+            int a = st->members[i].node, b = st->members[j].node;
+            double bw = c->bw[a][b] > 0 ? c->bw[a][b] : 1e9;
+            /* direct exchange for one token; ring (2(k-1)/k of the data) for batches */
+            double data = n_tok <= 1 ? (k - 1) * bytes : 2.0 * (k - 1) / k * bytes;
+            double t = c->rtt_s[a][b] / 2 + data / bw + o->exchange_overhead_s;
+            if (n_tok > 1) t += (2.0 * (k - 1) - 1) * (c->rtt_s[a][b] / 2 + o->exchange_overhead_s);
+            if (t > worst) worst = t;
+        }
+    return worst;
+}
+
+static double member_layer_s(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan_member *mb,
+                             int layer, double n_tok) {
+    const cm_plan_node *n = &c->nodes[mb->node];
+    double s = member_share(m, mb->kv_head_end - mb->kv_head_begin, mb->ffn_end - mb->ffn_begin);
+    double mem = s * (double)m->layer_bytes[layer] / (n->mem_bw > 0 ? n->mem_bw : 1e9);
+    double cmp = s * 2.0 * (double)m->layer_params[layer] * n_tok / (n->flops > 0 ? n->flops : 1e9);
+    return mem > cmp ? mem : cmp;
+}
+
+/* Time of one layer for the whole group, n_tok tokens at once. */
+static double stage_layer_s(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan_opts *o,
+                            const cm_plan_stage *st, int layer, double n_tok, double ar) {
+    double worst = 0;
+    for (int i = 0; i < st->n_members; i++) {
+        double t = member_layer_s(m, c, &st->members[i], layer, n_tok);
+        if (t > worst) worst = t;
+    }
+    return worst + 2 * ar;
+}
+
+static double head_s(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan_stage *st, double n_tok) {
+    for (int i = 0; i < st->n_members; i++) {
+        if (!st->members[i].head) continue;
+        const cm_plan_node *n = &c->nodes[st->members[i].node];
+        double mem = (double)m->head_bytes / (n->mem_bw > 0 ? n->mem_bw : 1e9);
+        double cmp = 2.0 * (double)m->head_params * n_tok / (n->flops > 0 ? n->flops : 1e9);
+        return mem > cmp ? mem : cmp;
+    }
+    return 0;
+}
+
+static uint64_t kv_head_layer_bytes(const cm_plan_model *m, const cm_plan_opts *o) {
+    return 2ull * (uint64_t)m->head_dim * (uint64_t)o->ctx * (uint64_t)o->n_seq * (uint64_t)o->kv_elem_bytes;
+}
+
+/* Bytes member i of stage st needs for layers [a, b). */
+static uint64_t member_bytes(const cm_plan_model *m, const cm_plan_opts *o, const cm_plan_member *mb,
+                             int a, int b, uint64_t *weights_out, uint64_t *kv_out) {
+    double s = member_share(m, mb->kv_head_end - mb->kv_head_begin, mb->ffn_end - mb->ffn_begin);
+    double w = 0;
+    for (int l = a; l < b; l++) w += s * (double)m->layer_bytes[l];
+    uint64_t weights = (uint64_t)ceil(w);
+    if (mb->embed) weights += m->embd_bytes;
+    if (mb->head) weights += m->head_bytes;
+    uint64_t kv = kv_head_layer_bytes(m, o) * (uint64_t)(mb->kv_head_end - mb->kv_head_begin) * (uint64_t)(b - a);
+    if (weights_out) *weights_out = weights;
+    if (kv_out) *kv_out = kv;
+    return weights + kv + o->reserve_bytes;
+}
+
+static bool stage_fits(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan_opts *o,
+                       const cm_plan_stage *st, int a, int b) {
+    for (int i = 0; i < st->n_members; i++)
+        if (member_bytes(m, o, &st->members[i], a, b, NULL, NULL) > c->nodes[st->members[i].node].mem_bytes)
+            return false;
+    return true;
+}
+
+void cm_plan_predict(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan_opts *o, cm_plan *p) {
+    double cycle = 0, bottleneck = 0, ttft = 0;
+    double P = o->prompt_tokens > 0 ? o->prompt_tokens : 1;
+    for (int s = 0; s < p->n_stages; s++) {
+        cm_plan_stage *st = &p->stages[s];
+        double ar1 = allreduce_s(m, c, o, st, 1), arP = allreduce_s(m, c, o, st, P);
+        double t = 0, tp = 0;
+        for (int l = st->first_layer; l < st->last_layer; l++) {
+            t += stage_layer_s(m, c, o, st, l, 1, ar1);
+            tp += stage_layer_s(m, c, o, st, l, P, arP);
+        }
+        t += head_s(m, c, st, 1);
+        tp += head_s(m, c, st, 1); /* logits only for the last prompt token */
+        for (int i = 0; i < st->n_members; i++) {
+            cm_plan_member *mb = &st->members[i];
+            double mt = 0;
+            for (int l = st->first_layer; l < st->last_layer; l++) mt += member_layer_s(m, c, mb, l, 1);
+            mb->layer_s = mt;
+            member_bytes(m, o, mb, st->first_layer, st->last_layer, &mb->weight_bytes, &mb->kv_bytes);
+        }
+        int from = st->members[0].node;
+        int to = s + 1 < p->n_stages ? p->stages[s + 1].members[0].node : 0;
+        double bytes = s + 1 < p->n_stages ? m->dim * 4.0 : 16.0; /* hidden state, or a token id back */
+        st->compute_s = t;
+        st->hop_s = link_oneway(c, o, from, to, bytes);
+        cycle += t + st->hop_s;
+        ttft += tp + link_oneway(c, o, from, to, s + 1 < p->n_stages ? P * m->dim * 4.0 : 16.0);
+    }
+    for (int s = 0; s < p->n_stages; s++) {
+        /* without compute/communication overlap a stage is busy receiving,
+         * computing and sending: that bounds the pipeline's throughput */
+        const cm_plan_stage *st = &p->stages[s];
+        double busy = st->compute_s + st->hop_s + p->stages[s == 0 ? p->n_stages - 1 : s - 1].hop_s;
+        if (p->n_stages == 1) busy = st->compute_s + st->hop_s;
+        if (busy > bottleneck) bottleneck = busy;
+    }
+    p->tok_s = cycle > 0 ? 1.0 / cycle : 0;
+    double agg = cycle > 0 ? o->n_seq / cycle : 0;
+    if (bottleneck > 0 && agg > 1.0 / bottleneck) agg = 1.0 / bottleneck;
+    p->tok_s_aggregate = agg;
+    p->ttft_s = ttft;
+    p->bytes_per_token_hop = (uint64_t)m->dim * 4;
+    p->bytes_per_token_tp = 0;
+    for (int s = 0; s < p->n_stages; s++)
+        if (p->stages[s].n_members > 1)
+            p->bytes_per_token_tp += 2ull * (uint64_t)(p->stages[s].last_layer - p->stages[s].first_layer) *
+                                     (uint64_t)m->dim * 4;
+}
+
+/* ---- layer split across stages ---- */
+
+/* Greedy fill under a bottleneck time T: stage s takes layers while its time
+ * (with its outgoing hop) stays <= T and its members' memory holds them,
+ * leaving at least one layer for each later stage. */
+static bool fill_under(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan_opts *o,
+                       cm_plan *p, const double *lay_s, const double *hop, double T) {
+    int G = p->n_stages, l = 0;
+    for (int s = 0; s < G; s++) {
+        cm_plan_stage *st = &p->stages[s];
+        int left_for_later = G - 1 - s;
+        double t = s == G - 1 ? head_s(m, c, st, 1) : 0;
+        t += hop[s] + hop[s == 0 ? G - 1 : s - 1]; /* a stage sends and receives */
+        st->first_layer = l;
+        int b = l;
+        if (s == G - 1) {
+            b = m->n_layers;
+            for (int k = l; k < b; k++) t += lay_s[s * CM_PLAN_MAX_LAYERS + k];
+            if (t > T || !stage_fits(m, c, o, st, l, b)) return false;
+        } else {
+            while (b < m->n_layers - left_for_later) {
+                double nt = t + lay_s[s * CM_PLAN_MAX_LAYERS + b];
+                if (b > l && (nt > T || !stage_fits(m, c, o, st, l, b + 1))) break;
+                if (b == l && !stage_fits(m, c, o, st, l, b + 1)) return false;
+                t = nt;
+                b++;
+            }
+            if (t > T && b == l + 1 && T < 1e30) return false;
+        }
+        st->last_layer = b;
+        l = b;
+    }
+    return l == m->n_layers;
+}
+
+int cm_plan_for_groups(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan_opts *o,
+                       const int *group_of, cm_plan *out, char *err, size_t errlen) {
+    if (!m || !c || !o || !out) return cm_errf(err, errlen, CM_EINVAL, "plan: missing argument");
+    if (c->n_nodes < 1 || c->n_nodes > CM_PLAN_MAX_NODES)
+        return cm_errf(err, errlen, CM_EINVAL, "plan: %d nodes (1..%d supported)", c->n_nodes, CM_PLAN_MAX_NODES);
+    if (m->n_layers < 1 || m->n_layers > CM_PLAN_MAX_LAYERS || m->n_kv_heads < 1 || m->dim < 1 || m->ffn < 1)
+        return cm_errf(err, errlen, CM_EINVAL, "plan: bad model shape (%d layers)", m->n_layers);
+    memset(out, 0, sizeof *out);
+    int G = 0;
+    for (int i = 0; i < c->n_nodes; i++)
+        if (group_of[i] >= 0 && group_of[i] + 1 > G) G = group_of[i] + 1;
+    if (G < 1) return cm_errf(err, errlen, CM_EINVAL, "plan: no node is used");
+    if (G > m->n_layers)
+        return cm_errf(err, errlen, CM_EINVAL, "plan: %d pipeline stages for %d layers", G, m->n_layers);
+    out->n_stages = G;
+    for (int i = 0; i < c->n_nodes; i++) {
+        if (group_of[i] < 0) continue;
+        cm_plan_stage *st = &out->stages[group_of[i]];
+        st->members[st->n_members++].node = i;
+    }
+    bool any_tp = false;
+    for (int s = 0; s < G; s++) {
+        cm_plan_stage *st = &out->stages[s];
+        if (st->n_members == 0) return cm_errf(err, errlen, CM_EINVAL, "plan: stage %d has no node", s);
+        if (st->n_members > 1) any_tp = true;
+        assign_slices(m, c, st);
+    }
+    /* embedding on the first stage, head on the last: the member with the most memory */
+    for (int pass = 0; pass < 2; pass++) {
+        cm_plan_stage *st = &out->stages[pass == 0 ? 0 : G - 1];
+        int best = 0;
+        for (int i = 1; i < st->n_members; i++)
+            if (c->nodes[st->members[i].node].mem_bytes > c->nodes[st->members[best].node].mem_bytes) best = i;
+        if (pass == 0) st->members[best].embed = true;
+        else st->members[best].head = true;
+    }
+    out->mode = G == 1 && any_tp ? CM_PARALLEL_TP : !any_tp ? CM_PARALLEL_PP : CM_PARALLEL_HYBRID;
+
+    /* per-stage per-layer times and hops, then binary search the bottleneck */
+    static const int LMAX = CM_PLAN_MAX_LAYERS;
+    double lay_s[CM_PLAN_MAX_NODES * CM_PLAN_MAX_LAYERS];
+    double hop[CM_PLAN_MAX_NODES];
+    double hi = 0;
+    for (int s = 0; s < G; s++) {
+        cm_plan_stage *st = &out->stages[s];
+        double ar = allreduce_s(m, c, o, st, 1);
+        for (int l = 0; l < m->n_layers; l++) {
+            lay_s[s * LMAX + l] = stage_layer_s(m, c, o, st, l, 1, ar);
+            hi += lay_s[s * LMAX + l];
+        }
+        int to = s + 1 < G ? out->stages[s + 1].members[0].node : 0;
+        hop[s] = link_oneway(c, o, st->members[0].node, to, s + 1 < G ? m->dim * 4.0 : 16.0);
+        hi += hop[s] + head_s(m, c, st, 1);
+    }
+    if (!fill_under(m, c, o, out, lay_s, hop, 1e300)) {
+        /* does not fit: say how much is missing */
+        uint64_t need = 0, have = 0;
+        cm_plan_member whole = {0};
+        whole.kv_head_end = m->n_kv_heads;
+        whole.ffn_end = m->ffn;
+        whole.embed = whole.head = true;
+        need = member_bytes(m, o, &whole, 0, m->n_layers, NULL, NULL) - o->reserve_bytes;
+        for (int i = 0; i < c->n_nodes; i++)
+            if (group_of[i] >= 0) {
+                uint64_t mb = c->nodes[i].mem_bytes;
+                have += mb > o->reserve_bytes ? mb - o->reserve_bytes : 0;
+            }
+        if (need > have)
+            return cm_errf(err, errlen, CM_ENOSPACE,
+                           "model does not fit: needs %.2f GiB (weights + KV at ctx %d x %d seq), the nodes offer "
+                           "%.2f GiB; %.2f GiB missing — add a node, lower --ctx, or use a smaller quantization",
+                           need / 1073741824.0, o->ctx, o->n_seq, have / 1073741824.0,
+                           (need - have) / 1073741824.0);
+        return cm_errf(err, errlen, CM_ENOSPACE,
+                       "model does not fit this split: a node's share exceeds its memory (needs %.2f GiB in all, "
+                       "%.2f GiB offered); lower --ctx or try another --parallel mode",
+                       need / 1073741824.0, have / 1073741824.0);
+    }
+    double lo = 0;
+    for (int it = 0; it < 80; it++) {
+        double mid = (lo + hi) / 2;
+        if (fill_under(m, c, o, out, lay_s, hop, mid)) hi = mid;
+        else lo = mid;
+    }
+    if (!fill_under(m, c, o, out, lay_s, hop, hi)) fill_under(m, c, o, out, lay_s, hop, 1e300);
+    cm_plan_predict(m, c, o, out);
+    return 0;
+}
+
+static void describe(cm_plan *p, const cm_plan_cluster *c, const char *extra) {
+    int n = snprintf(p->why, sizeof p->why, "%s plan, %d stage%s: ", cm_parallel_name(p->mode), p->n_stages,
+                     p->n_stages == 1 ? "" : "s");
+    for (int s = 0; s < p->n_stages && n < (int)sizeof p->why; s++) {
+        const cm_plan_stage *st = &p->stages[s];
+        n += snprintf(p->why + n, sizeof p->why - (size_t)n, "%s[", s ? " -> " : "");
+        for (int i = 0; i < st->n_members && n < (int)sizeof p->why; i++)
+            n += snprintf(p->why + n, sizeof p->why - (size_t)n, "%s%s", i ? "+" : "", c->nodes[st->members[i].node].name);
+        if (n < (int)sizeof p->why)
+            n += snprintf(p->why + n, sizeof p->why - (size_t)n, "] layers %d-%d", st->first_layer, st->last_layer - 1);
+    }
+    if (n < (int)sizeof p->why)
+        snprintf(p->why + n, sizeof p->why - (size_t)n, "; predicted %.1f tok/s for one stream%s", p->tok_s, extra);
+}
+
+int cm_plan_make(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan_opts *o, cm_plan *out,
+                 char *err, size_t errlen) {
+    if (!c || c->n_nodes < 1 || c->n_nodes > CM_PLAN_MAX_NODES)
+        return cm_errf(err, errlen, CM_EINVAL, "plan: need 1..%d nodes", CM_PLAN_MAX_NODES);
+    int n = c->n_nodes;
+    int group_of[CM_PLAN_MAX_NODES];
+    int rc;
+    char e2[512] = "";
+    if (o->mode == CM_PARALLEL_PP || o->mode == CM_PARALLEL_TP || n == 1) {
+        for (int i = 0; i < n; i++) group_of[i] = o->mode == CM_PARALLEL_TP ? 0 : i;
+        if (n > m->n_layers && o->mode != CM_PARALLEL_TP)
+            for (int i = m->n_layers; i < n; i++) group_of[i] = -1;
+        rc = cm_plan_for_groups(m, c, o, group_of, out, err, errlen);
+        if (rc == 0) describe(out, c, o->mode == CM_PARALLEL_AUTO ? "" : " (forced by --parallel)");
+        return rc;
+    }
+    /* AUTO / HYBRID: every split of the node order into contiguous groups
+     * (2^(n-1) of them; beyond 12 nodes only groups of equal size). */
+    cm_plan best, cand;
+    bool have = false;
+    double best_pp = 0, best_tp = 0;
+    int compositions = n <= 12 ? 1 << (n - 1) : 0;
+    for (int mask = 0; mask < compositions || (compositions == 0 && mask < n); mask++) {
+        if (compositions) {
+            int g = 0;
+            group_of[0] = 0;
+            for (int i = 1; i < n; i++) {
+                if (mask & (1 << (i - 1))) g++;
+                group_of[i] = g;
+            }
+        } else {
+            int size = mask + 1;
+            if (n % size) continue;
+            for (int i = 0; i < n; i++) group_of[i] = i / size;
+        }
+        if (cm_plan_for_groups(m, c, o, group_of, &cand, e2, sizeof e2) != 0) continue;
+        if (o->mode == CM_PARALLEL_HYBRID && cand.mode != CM_PARALLEL_HYBRID) continue;
+        if (cand.mode == CM_PARALLEL_PP && cand.tok_s > best_pp) best_pp = cand.tok_s;
+        if (cand.mode == CM_PARALLEL_TP && cand.tok_s > best_tp) best_tp = cand.tok_s;
+        double score = o->n_seq > 1 ? cand.tok_s_aggregate : cand.tok_s;
+        double best_score = have ? (o->n_seq > 1 ? best.tok_s_aggregate : best.tok_s) : -1;
+        if (score > best_score * (1 + 1e-9)) {
+            best = cand;
+            have = true;
+        }
+    }
+    if (!have && o->mode == CM_PARALLEL_HYBRID)
+        return cm_errf(err, errlen, CM_EINVAL, "no hybrid plan for %d node%s: hybrid needs 3 or more nodes and a fitting split%s%s",
+                       n, n == 1 ? "" : "s", e2[0] ? " — " : "", e2);
+    if (!have) {
+        /* report the plain pipeline's error: it is the one that uses all memory best */
+        for (int i = 0; i < n; i++) group_of[i] = i < m->n_layers ? i : -1;
+        rc = cm_plan_for_groups(m, c, o, group_of, out, err, errlen);
+        return rc ? rc : cm_errf(err, errlen, CM_ENOSPACE, "no plan fits: %s", e2);
+    }
+    *out = best;
+    char extra[200];
+    snprintf(extra, sizeof extra, " (best of all splits; pipeline-only best %.1f, tensor-only %.1f)", best_pp, best_tp);
+    describe(out, c, extra);
+    return 0;
+}
+
+void cm_plan_model_synthetic(cm_plan_model *m, int n_layers, int dim, int n_heads, int n_kv_heads, int ffn,
+                             int n_vocab, double bits_per_weight) {
+    memset(m, 0, sizeof *m);
+    if (n_layers > CM_PLAN_MAX_LAYERS) n_layers = CM_PLAN_MAX_LAYERS;
+    m->n_layers = n_layers;
+    m->dim = dim;
+    m->n_heads = n_heads;
+    m->n_kv_heads = n_kv_heads;
+    m->head_dim = n_heads ? dim / n_heads : 0;
+    m->ffn = ffn;
+    m->n_vocab = n_vocab;
+    m->ffn_granule = 256;
+    uint64_t attn = (uint64_t)dim * (uint64_t)m->head_dim * (2ull * (uint64_t)n_heads + 2ull * (uint64_t)n_kv_heads);
+    uint64_t params = attn + 3ull * (uint64_t)dim * (uint64_t)ffn + 2ull * (uint64_t)dim;
+    for (int l = 0; l < n_layers; l++) {
+        m->layer_params[l] = params;
+        m->layer_bytes[l] = (uint64_t)(params * bits_per_weight / 8.0);
+    }
+    m->embd_bytes = (uint64_t)((double)n_vocab * dim * bits_per_weight / 8.0);
+    m->head_params = (uint64_t)n_vocab * (uint64_t)dim;
+    m->head_bytes = (uint64_t)((double)n_vocab * dim * 6.5625 / 8.0); /* output head is usually Q6_K */
+}
+
+void cm_plan_format(const cm_plan *p, const cm_plan_model *m, const cm_plan_cluster *c, char *buf, size_t n) {
+    size_t k = 0;
+#define OUT(...) do { if (k < n) { int w_ = snprintf(buf + k, n - k, __VA_ARGS__); if (w_ > 0) k += (size_t)w_; } } while (0)
+    OUT("%-16s %-9s %-7s %-9s %-10s %10s %10s %10s\n", "node", "stage", "layers", "kv-heads", "ffn-rows",
+        "weights", "kv-cache", "ms/token");
+    for (int s = 0; s < p->n_stages; s++) {
+        const cm_plan_stage *st = &p->stages[s];
+        for (int i = 0; i < st->n_members; i++) {
+            const cm_plan_member *mb = &st->members[i];
+            char lay[32], hr[32], fr[32];
+            snprintf(lay, sizeof lay, "%d-%d", st->first_layer, st->last_layer - 1);
+            snprintf(hr, sizeof hr, "%d-%d", mb->kv_head_begin, mb->kv_head_end - 1);
+            snprintf(fr, sizeof fr, "%d-%d", mb->ffn_begin, mb->ffn_end - 1);
+            OUT("%-16s %-9d %-7s %-9s %-10s %9.1fM %9.1fM %10.3f%s%s\n", c->nodes[mb->node].name, s, lay, hr, fr,
+                mb->weight_bytes / 1048576.0, mb->kv_bytes / 1048576.0, mb->layer_s * 1e3,
+                mb->embed ? " embed" : "", mb->head ? " head" : "");
+        }
+    }
+    OUT("mode %s; one stream %.2f tok/s; aggregate %.2f tok/s; time to first token %.3f s\n",
+        cm_parallel_name(p->mode), p->tok_s, p->tok_s_aggregate, p->ttft_s);
+    OUT("per token: %llu bytes per pipeline hop, %llu bytes of tensor-parallel all-reduce per member\n",
+        (unsigned long long)p->bytes_per_token_hop, (unsigned long long)p->bytes_per_token_tp);
+    OUT("why: %s\n", p->why);
+    (void)m;
+#undef OUT
+}

@@ -1,0 +1,132 @@
+/*
+ * plan: decide which node computes what — a PURE function from (model shape,
+ * cluster description, options) to a plan. It touches no socket, file or
+ * clock, so every placement policy is table-tested with imaginary clusters.
+ *
+ * A plan is a pipeline of stages; each stage is a tensor-parallel group of one
+ * or more nodes that all hold a slice of every layer in the stage's range:
+ * KV heads [h0,h1) (query heads follow their KV head) and FFN rows [f0,f1).
+ *   pipeline only: every group has one member;
+ *   tensor only:   one stage holding all layers;
+ *   hybrid:        several groups, each over nodes with fast links.
+ *
+ * Cost model (decode is memory-bound, prefill compute-bound):
+ *   layer time on node i with share s   = max(s*layer_bytes/mem_bw_i, s*2*layer_params/flops_i)
+ *   tensor-parallel layer time          = max over members + 2 all-reduces
+ *   all-reduce (direct exchange, k>1)   = max over pairs (rtt/2 + (k-1)*dim*4/bw) + overhead
+ *   pipeline hop                        = rtt/2 + n_tok*dim*4/bw + overhead
+ *   one stream:  1 / (sum of stage times + hops + token return)
+ *   n streams:   min(n / cycle, 1 / slowest stage (with its outgoing hop))
+ * Layers are split to minimise the slowest stage's time (the pipeline's
+ * throughput bound) subject to memory, so a slower node or one behind a slower
+ * link gets fewer layers; within a group, slices follow each member's speed.
+ */
+#ifndef CM_PLAN_H
+#define CM_PLAN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define CM_PLAN_MAX_NODES 16
+#define CM_PLAN_MAX_LAYERS 512
+
+enum cm_parallel { CM_PARALLEL_AUTO, CM_PARALLEL_PP, CM_PARALLEL_TP, CM_PARALLEL_HYBRID, CM_PARALLEL_COUNT };
+const char *cm_parallel_name(enum cm_parallel p);
+int cm_parallel_from_name(const char *s); /* -1 if unknown */
+
+/* A node as the planner sees it (measured or declared). */
+typedef struct cm_plan_node {
+    char name[64];
+    uint64_t mem_bytes; /* memory offered for weights + KV + scratch */
+    double mem_bw;      /* bytes/s at which it streams weights */
+    double flops;       /* FLOP/s for matrix work (prefill) */
+} cm_plan_node;
+
+typedef struct cm_plan_cluster {
+    int n_nodes; /* node 0 is the coordinator: it holds the first stage */
+    cm_plan_node nodes[CM_PLAN_MAX_NODES];
+    double rtt_s[CM_PLAN_MAX_NODES][CM_PLAN_MAX_NODES]; /* round trip, seconds */
+    double bw[CM_PLAN_MAX_NODES][CM_PLAN_MAX_NODES];    /* bytes/s one way */
+} cm_plan_cluster;
+
+/* The model's shape: what each layer costs. */
+typedef struct cm_plan_model {
+    int n_layers, dim, n_heads, n_kv_heads, head_dim, ffn, n_vocab;
+    uint64_t layer_bytes[CM_PLAN_MAX_LAYERS]; /* weight bytes of block i */
+    uint64_t layer_params[CM_PLAN_MAX_LAYERS];
+    uint64_t embd_bytes; /* token embedding: held by the first stage */
+    uint64_t head_bytes; /* output norm + output head: held by the last stage
+                            (for tied embeddings, the embedding's bytes again) */
+    uint64_t head_params;
+    int ffn_granule;     /* FFN slices are multiples of this (ffn_down block size) */
+} cm_plan_model;
+
+typedef struct cm_plan_opts {
+    int ctx;               /* KV length per sequence */
+    int n_seq;             /* concurrent sequences (KV is sized for all of them) */
+    int kv_elem_bytes;     /* 4 (f32) or 2 (f16) */
+    int prompt_tokens;     /* for the time-to-first-token prediction */
+    enum cm_parallel mode; /* AUTO picks the best predicted plan */
+    uint64_t reserve_bytes;/* per node: scratch, buffers, the OS */
+    double exchange_overhead_s; /* software cost of one network exchange */
+} cm_plan_opts;
+
+/* Defaults: ctx 2048, 1 sequence, f32 KV, 128-token prompt, AUTO, 256 MiB
+ * reserve, 30 us per exchange. */
+void cm_plan_opts_default(cm_plan_opts *o);
+
+typedef struct cm_plan_member {
+    int node;                 /* index into the cluster */
+    int kv_head_begin, kv_head_end;
+    int ffn_begin, ffn_end;
+    bool embed, head;         /* holds the embedding / the output head */
+    uint64_t weight_bytes, kv_bytes;
+    double layer_s;           /* its decode time for the stage's layers, seconds */
+} cm_plan_member;
+
+typedef struct cm_plan_stage {
+    int first_layer, last_layer; /* [first, last) */
+    int n_members;
+    cm_plan_member members[CM_PLAN_MAX_NODES];
+    double compute_s;  /* decode: slowest member + all-reduces, per token */
+    double hop_s;      /* sending one token's hidden state to the next stage (or the token back) */
+} cm_plan_stage;
+
+typedef struct cm_plan {
+    enum cm_parallel mode; /* PP (all groups of one), TP (one group), HYBRID */
+    int n_stages;
+    cm_plan_stage stages[CM_PLAN_MAX_NODES];
+    double tok_s;           /* one stream, decode */
+    double tok_s_aggregate; /* opts.n_seq streams */
+    double ttft_s;          /* prefill of opts.prompt_tokens + first token */
+    uint64_t bytes_per_token_hop; /* pipeline: dim*4 */
+    uint64_t bytes_per_token_tp;  /* tensor parallel: 2*layers*dim*4 per member */
+    char why[1024];
+} cm_plan;
+
+/* Make the best plan of the requested mode. Errors: CM_ENOSPACE when the
+ * model fits nowhere (message says how much memory is missing), CM_EINVAL for
+ * nonsense input. Pure: same input, same output. */
+int cm_plan_make(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan_opts *o,
+                 cm_plan *out, char *err, size_t errlen);
+
+/* Build a plan for a given grouping: group_of[i] = pipeline position of node
+ * i's group (0, 1, ... in order; -1 = node unused). */
+int cm_plan_for_groups(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan_opts *o,
+                       const int *group_of, cm_plan *out, char *err, size_t errlen);
+
+/* Predict the timings of a filled plan (compute_s, hop_s, tok_s, ...). */
+void cm_plan_predict(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan_opts *o,
+                     cm_plan *p);
+
+/* Shape of a model from hyper-parameters and an average bits-per-weight
+ * (for simulating models we do not have on disk, e.g. a 70B Q4_K_M). */
+void cm_plan_model_synthetic(cm_plan_model *m, int n_layers, int dim, int n_heads, int n_kv_heads,
+                             int ffn, int n_vocab, double bits_per_weight);
+
+/* Human-readable plan (multi-line) into buf. */
+void cm_plan_format(const cm_plan *p, const cm_plan_model *m, const cm_plan_cluster *c,
+                    char *buf, size_t n);
+
+#endif

@@ -1,0 +1,233 @@
+/*
+ * simulate.c: cluster files, model presets and GGUF model shapes for the
+ * planner. Parses JSON with cJSON; every number is range-checked, so a bad
+ * file is an error message, never a crash or a nonsense plan.
+ */
+#include "simulate.h"
+
+#include "base/base.h"
+
+#include <cJSON.h>
+#include <math.h>
+#include <stdlib.h>
+#include <stdio.h>
+#include <string.h>
+
+#define GB 1e9
+#define GIB (1024.0 * 1024.0 * 1024.0)
+
+static bool num(const cJSON *o, const char *key, double lo, double hi, double def, double *out,
+                char *err, size_t errlen, int *rc) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!v) { *out = def; return true; }
+    if (!cJSON_IsNumber(v) || !(v->valuedouble >= lo && v->valuedouble <= hi)) {
+        *rc = cm_errf(err, errlen, CM_EINVAL, "cluster file: '%s' must be a number in [%g, %g]", key, lo, hi);
+        return false;
+    }
+    *out = v->valuedouble;
+    return true;
+}
+
+static int find_node(const cm_plan_cluster *c, const char *name) {
+    for (int i = 0; i < c->n_nodes; i++)
+        if (!strcmp(c->nodes[i].name, name)) return i;
+    return -1;
+}
+
+int cm_sim_parse_cluster(const char *json, size_t n, cm_plan_cluster *c, cm_plan_opts *o, char *model_preset,
+                         size_t preset_len, char *model_type, size_t type_len, char *err, size_t errlen) {
+    memset(c, 0, sizeof *c);
+    if (model_preset && preset_len) model_preset[0] = 0;
+    if (model_type && type_len) model_type[0] = 0;
+    cJSON *root = cJSON_ParseWithLength(json, n);
+    if (!root || !cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        return cm_errf(err, errlen, CM_EFORMAT, "cluster file: not a JSON object");
+    }
+    int rc = 0;
+    const cJSON *nodes = cJSON_GetObjectItemCaseSensitive(root, "nodes");
+    if (!cJSON_IsArray(nodes) || cJSON_GetArraySize(nodes) < 1) {
+        rc = cm_errf(err, errlen, CM_EFORMAT, "cluster file: 'nodes' must be a non-empty array");
+        goto out;
+    }
+    const cJSON *nd;
+    cJSON_ArrayForEach(nd, nodes) {
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(nd, "name");
+        if (!cJSON_IsObject(nd) || !cJSON_IsString(name) || !name->valuestring[0] || strlen(name->valuestring) > 50) {
+            rc = cm_errf(err, errlen, CM_EFORMAT, "cluster file: every node needs a 'name' (1-50 characters)");
+            goto out;
+        }
+        double count, mem, bw, tf;
+        if (!num(nd, "count", 1, CM_PLAN_MAX_NODES, 1, &count, err, errlen, &rc) ||
+            !num(nd, "mem_gb", 0.01, 1e6, 16, &mem, err, errlen, &rc) ||
+            !num(nd, "mem_bw_gbs", 0.01, 1e5, 100, &bw, err, errlen, &rc) ||
+            !num(nd, "tflops", 1e-4, 1e5, 2, &tf, err, errlen, &rc))
+            goto out;
+        for (int k = 0; k < (int)count; k++) {
+            if (c->n_nodes >= CM_PLAN_MAX_NODES) {
+                rc = cm_errf(err, errlen, CM_ERANGE, "cluster file: more than %d nodes", CM_PLAN_MAX_NODES);
+                goto out;
+            }
+            cm_plan_node *pn = &c->nodes[c->n_nodes++];
+            if (count > 1) snprintf(pn->name, sizeof pn->name, "%s%d", name->valuestring, k + 1);
+            else snprintf(pn->name, sizeof pn->name, "%s", name->valuestring);
+            pn->mem_bytes = (uint64_t)(mem * GIB);
+            pn->mem_bw = bw * GB;
+            pn->flops = tf * 1e12;
+        }
+    }
+    double rtt = 0.5, gbit = 1;
+    const cJSON *links = cJSON_GetObjectItemCaseSensitive(root, "links");
+    const cJSON *def = links ? cJSON_GetObjectItemCaseSensitive(links, "default") : NULL;
+    if (def && (!num(def, "rtt_ms", 0, 1e5, 0.5, &rtt, err, errlen, &rc) ||
+                !num(def, "gbit", 1e-6, 1e5, 1, &gbit, err, errlen, &rc)))
+        goto out;
+    for (int i = 0; i < CM_PLAN_MAX_NODES; i++)
+        for (int j = 0; j < CM_PLAN_MAX_NODES; j++) {
+            c->rtt_s[i][j] = i == j ? 0 : rtt * 1e-3;
+            c->bw[i][j] = gbit * 1e9 / 8;
+        }
+    const cJSON *pairs = links ? cJSON_GetObjectItemCaseSensitive(links, "pairs") : NULL;
+    const cJSON *pr;
+    cJSON_ArrayForEach(pr, pairs) {
+        const cJSON *a = cJSON_GetObjectItemCaseSensitive(pr, "a"), *b = cJSON_GetObjectItemCaseSensitive(pr, "b");
+        int ia = cJSON_IsString(a) ? find_node(c, a->valuestring) : -1;
+        int ib = cJSON_IsString(b) ? find_node(c, b->valuestring) : -1;
+        if (ia < 0 || ib < 0 || ia == ib) {
+            rc = cm_errf(err, errlen, CM_EFORMAT, "cluster file: a link pair names an unknown node ('%s'-'%s')",
+                         cJSON_IsString(a) ? a->valuestring : "?", cJSON_IsString(b) ? b->valuestring : "?");
+            goto out;
+        }
+        double r, g;
+        if (!num(pr, "rtt_ms", 0, 1e5, rtt, &r, err, errlen, &rc) || !num(pr, "gbit", 1e-6, 1e5, gbit, &g, err, errlen, &rc))
+            goto out;
+        c->rtt_s[ia][ib] = c->rtt_s[ib][ia] = r * 1e-3;
+        c->bw[ia][ib] = c->bw[ib][ia] = g * 1e9 / 8;
+    }
+    if (o) {
+        double v;
+        if (!num(root, "ctx", 16, 1 << 22, o->ctx, &v, err, errlen, &rc)) goto out;
+        o->ctx = (int)v;
+        if (!num(root, "n_seq", 1, 4096, o->n_seq, &v, err, errlen, &rc)) goto out;
+        o->n_seq = (int)v;
+        if (!num(root, "prompt_tokens", 1, 1 << 22, o->prompt_tokens, &v, err, errlen, &rc)) goto out;
+        o->prompt_tokens = (int)v;
+        const cJSON *par = cJSON_GetObjectItemCaseSensitive(root, "parallel");
+        if (par) {
+            int p = cJSON_IsString(par) ? cm_parallel_from_name(par->valuestring) : -1;
+            if (p < 0) {
+                rc = cm_errf(err, errlen, CM_EINVAL, "cluster file: 'parallel' must be auto, pp, tp or hybrid");
+                goto out;
+            }
+            o->mode = (enum cm_parallel)p;
+        }
+    }
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
+    if (model) {
+        const cJSON *pre = cJSON_GetObjectItemCaseSensitive(model, "preset");
+        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(model, "type");
+        if (cJSON_IsString(pre) && model_preset) snprintf(model_preset, preset_len, "%s", pre->valuestring);
+        if (cJSON_IsString(ty) && model_type) snprintf(model_type, type_len, "%s", ty->valuestring);
+    }
+out:
+    cJSON_Delete(root);
+    return rc;
+}
+
+static const struct { const char *name; double bpw; } k_types[] = {
+    {"f32", 32}, {"f16", 16}, {"bf16", 16}, {"q8_0", 8.5}, {"q6_k", 6.5625}, {"q5_k_m", 5.69},
+    {"q5_1", 6.0}, {"q5_0", 5.5}, {"q4_k_m", 4.85}, {"q4_k_s", 4.58}, {"q4_1", 5.0}, {"q4_0", 4.5},
+};
+
+double cm_sim_bits_per_weight(const char *type) {
+    for (size_t i = 0; i < CM_ARRAY_LEN(k_types); i++)
+        if (!strcmp(type, k_types[i].name)) return k_types[i].bpw;
+    return 0;
+}
+
+static const struct { const char *name; int layers, dim, heads, kv, ffn, vocab; } k_presets[] = {
+    {"llama-2-7b", 32, 4096, 32, 32, 11008, 32000},   {"llama-2-13b", 40, 5120, 40, 40, 13824, 32000},
+    {"llama-3-8b", 32, 4096, 32, 8, 14336, 128256},   {"llama-3-70b", 80, 8192, 64, 8, 28672, 128256},
+    {"llama-3.2-1b", 16, 2048, 32, 8, 8192, 128256},  {"llama-3.2-3b", 28, 3072, 24, 8, 8192, 128256},
+    {"mistral-7b", 32, 4096, 32, 8, 14336, 32768},    {"tinyllama-1.1b", 22, 2048, 32, 4, 5632, 32000},
+    {"qwen2.5-7b", 28, 3584, 28, 4, 18944, 152064},   {"qwen2.5-14b", 48, 5120, 40, 8, 13824, 152064},
+    {"qwen2.5-32b", 64, 5120, 40, 8, 27648, 152064},  {"qwen2.5-72b", 80, 8192, 64, 8, 29568, 152064},
+    {"llama-3.1-405b", 126, 16384, 128, 8, 53248, 128256},
+};
+
+const char *cm_sim_preset_names(void) {
+    return "llama-2-7b, llama-2-13b, llama-3-8b, llama-3-70b, llama-3.2-1b, llama-3.2-3b, mistral-7b, "
+           "tinyllama-1.1b, qwen2.5-7b, qwen2.5-14b, qwen2.5-32b, qwen2.5-72b, llama-3.1-405b";
+}
+
+int cm_sim_model_preset(const char *preset, const char *type, cm_plan_model *m, char *err, size_t errlen) {
+    double bpw = cm_sim_bits_per_weight(type && *type ? type : "q4_k_m");
+    if (bpw <= 0) return cm_errf(err, errlen, CM_EINVAL, "unknown quantization type '%s'", type);
+    for (size_t i = 0; i < CM_ARRAY_LEN(k_presets); i++)
+        if (!strcmp(preset, k_presets[i].name)) {
+            cm_plan_model_synthetic(m, k_presets[i].layers, k_presets[i].dim, k_presets[i].heads, k_presets[i].kv,
+                                    k_presets[i].ffn, k_presets[i].vocab, bpw);
+            return 0;
+        }
+    return cm_errf(err, errlen, CM_EINVAL, "unknown model preset '%s' (known: %s)", preset, cm_sim_preset_names());
+}
+
+static int64_t hparam(const cm_gguf *g, const char *arch, const char *key, int64_t def) {
+    char full[160];
+    snprintf(full, sizeof full, "%s.%s", arch, key);
+    int64_t v;
+    return cm_gguf_get_i64(g, full, &v) ? v : def;
+}
+
+int cm_plan_model_from_gguf(const cm_gguf *g, cm_plan_model *m, char *err, size_t errlen) {
+    memset(m, 0, sizeof *m);
+    char *arch = cm_gguf_get_str(g, "general.architecture");
+    if (!arch) return cm_errf(err, errlen, CM_EFORMAT, "model has no general.architecture");
+    m->n_layers = (int)hparam(g, arch, "block_count", 0);
+    m->dim = (int)hparam(g, arch, "embedding_length", 0);
+    m->n_heads = (int)hparam(g, arch, "attention.head_count", 0);
+    m->n_kv_heads = (int)hparam(g, arch, "attention.head_count_kv", m->n_heads);
+    m->ffn = (int)hparam(g, arch, "feed_forward_length", 0);
+    m->head_dim = m->n_heads > 0 ? (int)hparam(g, arch, "attention.key_length", m->dim / m->n_heads) : 0;
+    free(arch);
+    if (m->n_layers < 1 || m->n_layers > CM_PLAN_MAX_LAYERS || m->dim < 1 || m->n_heads < 1 || m->n_kv_heads < 1 ||
+        m->ffn < 1 || m->n_heads % m->n_kv_heads)
+        return cm_errf(err, errlen, CM_EFORMAT, "model shape not understood (%d layers, dim %d, %d/%d heads, ffn %d)",
+                       m->n_layers, m->dim, m->n_heads, m->n_kv_heads, m->ffn);
+    bool has_output = false;
+    uint64_t embd = 0, embd_params = 0;
+    m->ffn_granule = 1;
+    for (uint64_t i = 0; i < g->n_tensors; i++) {
+        const cm_gguf_tensor_info *t = &g->tensors[i];
+        uint64_t params = 1;
+        for (int d = 0; d < t->n_dims; d++) params *= (uint64_t)t->ne[d];
+        int layer;
+        char rest[128];
+        if (sscanf(t->name, "blk.%d.%127s", &layer, rest) == 2) {
+            if (layer < 0 || layer >= m->n_layers)
+                return cm_errf(err, errlen, CM_EFORMAT, "tensor '%s' names a block beyond %d", t->name, m->n_layers);
+            m->layer_bytes[layer] += t->nbytes;
+            m->layer_params[layer] += params;
+            if (!strcmp(rest, "ffn_down.weight")) {
+                const cm_type_traits *tr = cm_type_traits_of(t->type);
+                if (tr) m->ffn_granule = tr->block_size;
+            }
+        } else if (!strcmp(t->name, "token_embd.weight")) {
+            embd = t->nbytes;
+            embd_params = params;
+            if (t->n_dims >= 2) m->n_vocab = (int)t->ne[1];
+        } else if (!strcmp(t->name, "output.weight")) {
+            has_output = true;
+            m->head_bytes += t->nbytes;
+            m->head_params += params;
+        } else {
+            m->head_bytes += t->nbytes; /* output_norm, rope_freqs: small */
+        }
+    }
+    m->embd_bytes = embd;
+    if (!has_output) {
+        m->head_bytes += embd;
+        m->head_params += embd_params;
+    }
+    return 0;
+}

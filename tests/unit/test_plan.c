@@ -1,0 +1,222 @@
+/* test_plan.c: the planner as a pure function, table-tested on imaginary
+ * clusters (Mac minis, mixed boxes, slow links, too little memory). */
+#include "test.h"
+
+#include "base/base.h"
+#include "sched/plan.h"
+
+#define GiB (1024.0 * 1024 * 1024)
+
+static void add_node(cm_plan_cluster *c, const char *name, double mem_gib, double bw_gbs, double tflops) {
+    cm_plan_node *n = &c->nodes[c->n_nodes++];
+    snprintf(n->name, sizeof n->name, "%s", name);
+    n->mem_bytes = (uint64_t)(mem_gib * GiB);
+    n->mem_bw = bw_gbs * 1e9;
+    n->flops = tflops * 1e12;
+}
+
+static void links_all(cm_plan_cluster *c, double rtt_ms, double gbit) {
+    for (int i = 0; i < CM_PLAN_MAX_NODES; i++)
+        for (int j = 0; j < CM_PLAN_MAX_NODES; j++) {
+            c->rtt_s[i][j] = i == j ? 0 : rtt_ms * 1e-3;
+            c->bw[i][j] = gbit * 1e9 / 8;
+        }
+}
+
+static void link_set(cm_plan_cluster *c, int a, int b, double rtt_ms, double gbit) {
+    c->rtt_s[a][b] = c->rtt_s[b][a] = rtt_ms * 1e-3;
+    c->bw[a][b] = c->bw[b][a] = gbit * 1e9 / 8;
+}
+
+static int layers_of(const cm_plan *p, int node) {
+    for (int s = 0; s < p->n_stages; s++)
+        for (int i = 0; i < p->stages[s].n_members; i++)
+            if (p->stages[s].members[i].node == node) return p->stages[s].last_layer - p->stages[s].first_layer;
+    return 0;
+}
+
+/* A plan must cover every layer once, in order, with valid slices, and never
+ * exceed any node's memory. */
+static void check_plan_valid(const cm_plan *p, const cm_plan_model *m, const cm_plan_cluster *c,
+                             const cm_plan_opts *o) {
+    int l = 0;
+    CHECK(p->n_stages >= 1);
+    for (int s = 0; s < p->n_stages; s++) {
+        const cm_plan_stage *st = &p->stages[s];
+        CHECKF(st->first_layer == l, "stage %d starts at %d, expected %d", s, st->first_layer, l);
+        CHECK(st->last_layer > st->first_layer);
+        l = st->last_layer;
+        int h = 0, f = 0;
+        for (int i = 0; i < st->n_members; i++) {
+            const cm_plan_member *mb = &st->members[i];
+            CHECK(mb->kv_head_begin == h && mb->kv_head_end >= h);
+            CHECK(mb->ffn_begin == f && mb->ffn_end >= f);
+            if (i < st->n_members - 1 && m->ffn_granule > 1) CHECK((mb->ffn_end - mb->ffn_begin) % m->ffn_granule == 0);
+            h = mb->kv_head_end;
+            f = mb->ffn_end;
+            CHECKF(mb->weight_bytes + mb->kv_bytes + o->reserve_bytes <= c->nodes[mb->node].mem_bytes,
+                   "%s over memory", c->nodes[mb->node].name);
+        }
+        CHECK(h == m->n_kv_heads && f == m->ffn);
+    }
+    CHECK(l == m->n_layers);
+    CHECK(p->tok_s > 0 && p->tok_s_aggregate >= p->tok_s * 0.999 && p->ttft_s > 0);
+}
+
+static void llama8b(cm_plan_model *m) { cm_plan_model_synthetic(m, 32, 4096, 32, 8, 14336, 128256, 4.85); }
+static void llama70b(cm_plan_model *m) { cm_plan_model_synthetic(m, 80, 8192, 64, 8, 28672, 128256, 4.85); }
+
+static void test_single_node(void) {
+    cm_plan_model m; llama8b(&m);
+    cm_plan_cluster c = {0}; links_all(&c, 0.2, 40);
+    add_node(&c, "mini", 16, 100, 4);
+    cm_plan_opts o; cm_plan_opts_default(&o);
+    cm_plan p; char err[512];
+    CHECK(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == 0);
+    check_plan_valid(&p, &m, &c, &o);
+    CHECK(p.n_stages == 1 && p.stages[0].n_members == 1);
+    /* memory-bound: ~ bandwidth / bytes per token */
+    double bytes = 0;
+    for (int l = 0; l < m.n_layers; l++) bytes += m.layer_bytes[l];
+    bytes += m.head_bytes;
+    CHECKF(fabs(p.tok_s - 100e9 / bytes) / (100e9 / bytes) < 0.01, "tok/s %.2f", p.tok_s);
+}
+
+static void test_even_and_uneven_pipeline(void) {
+    cm_plan_model m; llama8b(&m);
+    cm_plan_opts o; cm_plan_opts_default(&o); o.mode = CM_PARALLEL_PP;
+    cm_plan p; char err[512];
+    cm_plan_cluster c = {0}; links_all(&c, 0.3, 40);
+    add_node(&c, "a", 16, 100, 4); add_node(&c, "b", 16, 100, 4);
+    CHECK(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == 0);
+    check_plan_valid(&p, &m, &c, &o);
+    /* equal nodes: equal stage times within one layer (the last stage also runs the output head) */
+    double layer_s = m.layer_bytes[0] / 100e9;
+    CHECKF(fabs(p.stages[0].compute_s - p.stages[1].compute_s) <= layer_s * 1.01, "%d vs %d layers",
+           layers_of(&p, 0), layers_of(&p, 1));
+    CHECK(layers_of(&p, 0) > layers_of(&p, 1));
+    /* twice the bandwidth -> about twice the layers */
+    c.nodes[1].mem_bw = 200e9;
+    CHECK(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == 0);
+    check_plan_valid(&p, &m, &c, &o);
+    double ratio = (double)layers_of(&p, 1) / layers_of(&p, 0);
+    CHECKF(ratio > 1.6 && ratio < 2.5, "ratio %.2f (%d/%d)", ratio, layers_of(&p, 1), layers_of(&p, 0));
+    /* the slow node gets less, 3 nodes */
+    cm_plan_cluster c3 = {0}; links_all(&c3, 0.3, 40);
+    add_node(&c3, "m4pro", 64, 273, 9); add_node(&c3, "m4", 16, 120, 4); add_node(&c3, "linux", 32, 40, 2);
+    CHECK(cm_plan_make(&m, &c3, &o, &p, err, sizeof err) == 0);
+    check_plan_valid(&p, &m, &c3, &o);
+    CHECK(layers_of(&p, 0) > layers_of(&p, 1) && layers_of(&p, 1) > layers_of(&p, 2) && layers_of(&p, 2) >= 1);
+}
+
+static void test_memory_bound_node(void) {
+    cm_plan_model m; llama8b(&m);
+    cm_plan_opts o; cm_plan_opts_default(&o); o.mode = CM_PARALLEL_PP;
+    cm_plan p; char err[512];
+    cm_plan_cluster c = {0}; links_all(&c, 0.3, 40);
+    add_node(&c, "big", 64, 100, 4);
+    add_node(&c, "fast-but-small", 2.0, 400, 16); /* fastest, but holds few layers */
+    CHECK(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == 0);
+    check_plan_valid(&p, &m, &c, &o);
+    CHECK(layers_of(&p, 1) < layers_of(&p, 0));
+    CHECK(layers_of(&p, 1) >= 1);
+}
+
+static void test_slow_link_gets_fewer(void) {
+    cm_plan_model m; cm_plan_model_synthetic(&m, 48, 2048, 32, 8, 5632, 32000, 8.5);
+    cm_plan_opts o; cm_plan_opts_default(&o); o.mode = CM_PARALLEL_PP; o.n_seq = 4;
+    cm_plan p; char err[512];
+    cm_plan_cluster c = {0}; links_all(&c, 0.2, 10);
+    add_node(&c, "a", 8, 50, 2); add_node(&c, "b", 8, 50, 2); add_node(&c, "c", 8, 50, 2);
+    link_set(&c, 1, 0, 20, 0.01); link_set(&c, 1, 2, 20, 0.01); /* b behind a slow link */
+    CHECK(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == 0);
+    check_plan_valid(&p, &m, &c, &o);
+    CHECKF(layers_of(&p, 1) < layers_of(&p, 0) && layers_of(&p, 1) < layers_of(&p, 2), "%d %d %d",
+           layers_of(&p, 0), layers_of(&p, 1), layers_of(&p, 2));
+}
+
+static void test_does_not_fit(void) {
+    cm_plan_model m; llama70b(&m);
+    cm_plan_opts o; cm_plan_opts_default(&o);
+    cm_plan p; char err[512] = "";
+    cm_plan_cluster c = {0}; links_all(&c, 0.3, 40);
+    add_node(&c, "a", 16, 100, 4); add_node(&c, "b", 16, 100, 4);
+    CHECK(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == CM_ENOSPACE);
+    CHECKF(strstr(err, "GiB missing") != NULL, "%s", err);
+}
+
+static void test_tensor_parallel_slices(void) {
+    cm_plan_model m; llama8b(&m);
+    cm_plan_opts o; cm_plan_opts_default(&o); o.mode = CM_PARALLEL_TP;
+    cm_plan p; char err[512];
+    cm_plan_cluster c = {0}; links_all(&c, 0.1, 80);
+    add_node(&c, "a", 16, 100, 4); add_node(&c, "b", 16, 200, 8); add_node(&c, "c", 16, 100, 4);
+    CHECK(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == 0);
+    check_plan_valid(&p, &m, &c, &o);
+    CHECK(p.n_stages == 1 && p.stages[0].n_members == 3 && p.mode == CM_PARALLEL_TP);
+    const cm_plan_member *mb = p.stages[0].members;
+    CHECK(mb[1].kv_head_end - mb[1].kv_head_begin == 4); /* 8 heads at speeds 1:2:1 */
+    CHECK(mb[1].ffn_end - mb[1].ffn_begin > mb[0].ffn_end - mb[0].ffn_begin);
+    CHECK(p.bytes_per_token_tp == 2ull * 32 * 4096 * 4);
+    /* more members than KV heads: the extra ones get FFN rows only */
+    cm_plan_model small; cm_plan_model_synthetic(&small, 4, 512, 8, 2, 1536, 1000, 8.5);
+    CHECK(cm_plan_make(&small, &c, &o, &p, err, sizeof err) == 0);
+    check_plan_valid(&p, &small, &c, &o);
+}
+
+static void test_auto_hybrid(void) {
+    /* two pairs on Thunderbolt, the pairs joined by slow Ethernet: two TP groups, pipelined */
+    cm_plan_model m; llama70b(&m);
+    cm_plan_opts o; cm_plan_opts_default(&o);
+    cm_plan p; char err[512];
+    cm_plan_cluster c = {0}; links_all(&c, 1.0, 1);
+    for (int i = 0; i < 4; i++) { char nm[16]; snprintf(nm, sizeof nm, "mini%d", i); add_node(&c, nm, 64, 273, 9); }
+    link_set(&c, 0, 1, 0.1, 40); link_set(&c, 2, 3, 0.1, 40);
+    CHECK(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == 0);
+    check_plan_valid(&p, &m, &c, &o);
+    CHECKF(p.mode == CM_PARALLEL_HYBRID && p.n_stages == 2, "mode %s stages %d: %s", cm_parallel_name(p.mode),
+           p.n_stages, p.why);
+    /* all on fast links: tensor parallel wins for one stream */
+    links_all(&c, 0.1, 80);
+    CHECK(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == 0);
+    CHECKF(p.mode == CM_PARALLEL_TP, "mode %s: %s", cm_parallel_name(p.mode), p.why);
+    /* on slow links only, tensor parallelism loses */
+    links_all(&c, 2.0, 1);
+    CHECK(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == 0);
+    CHECKF(p.mode == CM_PARALLEL_PP, "mode %s: %s", cm_parallel_name(p.mode), p.why);
+    /* deterministic */
+    cm_plan p2;
+    CHECK(cm_plan_make(&m, &c, &o, &p2, err, sizeof err) == 0);
+    CHECK(p2.tok_s == p.tok_s && p2.n_stages == p.n_stages);
+}
+
+static void test_bad_input(void) {
+    cm_plan_model m; llama8b(&m);
+    cm_plan_opts o; cm_plan_opts_default(&o);
+    cm_plan p; char err[512];
+    cm_plan_cluster c = {0};
+    CHECK(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == CM_EINVAL);
+    links_all(&c, 0.3, 40);
+    add_node(&c, "a", 16, 100, 4);
+    m.n_layers = 0;
+    CHECK(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == CM_EINVAL);
+    /* more nodes than layers: pipeline uses as many as it can */
+    cm_plan_model t; cm_plan_model_synthetic(&t, 2, 64, 8, 4, 172, 512, 32);
+    for (int i = 0; i < 3; i++) add_node(&c, "x", 1, 10, 1);
+    o.mode = CM_PARALLEL_PP;
+    o.reserve_bytes = 0;
+    CHECK(cm_plan_make(&t, &c, &o, &p, err, sizeof err) == 0);
+    CHECK(p.n_stages == 2);
+}
+
+int main(void) {
+    RUN(test_single_node);
+    RUN(test_even_and_uneven_pipeline);
+    RUN(test_memory_bound_node);
+    RUN(test_slow_link_gets_fewer);
+    RUN(test_does_not_fit);
+    RUN(test_tensor_parallel_slices);
+    RUN(test_auto_hybrid);
+    RUN(test_bad_input);
+    TEST_END();
+}
