@@ -141,33 +141,37 @@ AI __m512i ld4x128(const void *a, const void *b, const void *c, const void *d) {
     z = _mm512_inserti32x4(z, _mm_loadu_si128((const __m128i *)c), 2);
     return _mm512_inserti32x4(z, _mm_loadu_si128((const __m128i *)d), 3);
 }
+/* Half h (blocks b+4h .. b+4h+3) of a group, accumulated into ACC[t]. */
+#define ZQ4_0_HALF(H, ACC)                                                                         \
+    do {                                                                                           \
+        const cm_block_q4_0 *xb = x + b + 4 * (H);                                                 \
+        const __m512i q = ld4x128(xb[0].qs, xb[1].qs, xb[2].qs, xb[3].qs);                         \
+        const __m512i lo = _mm512_and_si512(q, m4), hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4); \
+        const __m512i pidx = _mm512_add_epi32(qidx, _mm512_set1_epi32(4 * (H)));                   \
+        for (int t = 0; t < T; t++) {                                                              \
+            const cm_block_q8_0 *y = yv[t] + b + 4 * (H);                                          \
+            const __m512i ylo = ld4x128(y[0].qs, y[1].qs, y[2].qs, y[3].qs);                       \
+            const __m512i yhi = ld4x128(y[0].qs + 16, y[1].qs + 16, y[2].qs + 16, y[3].qs + 16);   \
+            const __m512i z = _mm512_setzero_si512();                                              \
+            const __m512i qy = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, lo, ylo), hi, yhi);      \
+            const __m512i sy = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, k8, ylo), k8, yhi);      \
+            ACC[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(qy, sy)),                 \
+                                     _mm512_permutexvar_ps(pidx, sc[t]), ACC[t]);                  \
+        }                                                                                          \
+    } while (0)
+
 AI void ztile_q4_0(int64_t nb, const cm_block_q4_0 *x, const cm_block_q8_0 *const *yv, int T, float *out) {
-    __m512 acc[2][TMAX];
-    for (int t = 0; t < T; t++) acc[0][t] = acc[1][t] = _mm512_setzero_ps();
+    __m512 acc0[TMAX], acc1[TMAX];
+    for (int t = 0; t < T; t++) acc0[t] = acc1[t] = _mm512_setzero_ps();
     const int64_t n8 = nb & ~(int64_t)7;
     const __m512i m4 = _mm512_set1_epi8(0x0f), k8 = _mm512_set1_epi8(8);
+    const __m512i qidx = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     for (int64_t b = 0; b < n8; b += 8) {
         const __m256 dx = d8_q4_0(x + b);
         __m512 sc[TMAX];
         for (int t = 0; t < T; t++) sc[t] = _mm512_castps256_ps512(_mm256_mul_ps(dx, d8_q8_0(yv[t] + b)));
-        _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
-            const cm_block_q4_0 *xb = x + b + 4 * h;
-            const __m512i q = ld4x128(xb[0].qs, xb[1].qs, xb[2].qs, xb[3].qs);
-            const __m512i lo = _mm512_and_si512(q, m4), hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
-            const __m512i pidx = _mm512_setr_epi32(4 * h, 4 * h, 4 * h, 4 * h, 4 * h + 1, 4 * h + 1, 4 * h + 1, 4 * h + 1,
-                                                   4 * h + 2, 4 * h + 2, 4 * h + 2, 4 * h + 2, 4 * h + 3, 4 * h + 3,
-                                                   4 * h + 3, 4 * h + 3);
-            for (int t = 0; t < T; t++) {
-                const cm_block_q8_0 *y = yv[t] + b + 4 * h;
-                const __m512i ylo = ld4x128(y[0].qs, y[1].qs, y[2].qs, y[3].qs);
-                const __m512i yhi = ld4x128(y[0].qs + 16, y[1].qs + 16, y[2].qs + 16, y[3].qs + 16);
-                const __m512i z = _mm512_setzero_si512();
-                const __m512i qy = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, lo, ylo), hi, yhi);
-                const __m512i sy = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, k8, ylo), k8, yhi);
-                acc[h][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(qy, sy)),
-                                            _mm512_permutexvar_ps(pidx, sc[t]), acc[h][t]);
-            }
-        }
+        ZQ4_0_HALF(0, acc0);
+        ZQ4_0_HALF(1, acc1);
     }
     float tail[TMAX] = {0};
     if (n8 < nb) {
@@ -175,9 +179,8 @@ AI void ztile_q4_0(int64_t nb, const cm_block_q4_0 *x, const cm_block_q8_0 *cons
         for (int t = 0; t < T; t++) yt[t] = yv[t] + n8;
         tile_q4_0(nb - n8, x + n8, yt, T, tail);
     }
-    for (int t = 0; t < T; t++) out[t] = _mm512_reduce_add_ps(_mm512_add_ps(acc[0][t], acc[1][t])) + tail[t];
+    for (int t = 0; t < T; t++) out[t] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[t], acc1[t])) + tail[t];
 }
-ZTILE_Q(q8_0, cm_block_q8_0, pair_q8_0, d8_q8_0)
 
 /* ---- q4_k and q6_k with 512-bit vectors: 64 weights per vector ----
  * Each 32-element sub-block (q4_k) or 16-element group (q6_k) fills whole
