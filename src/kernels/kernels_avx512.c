@@ -182,6 +182,8 @@ AI void ztile_q4_0(int64_t nb, const cm_block_q4_0 *x, const cm_block_q8_0 *cons
     for (int t = 0; t < T; t++) out[t] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[t], acc1[t])) + tail[t];
 }
 
+ZTILE_Q(q8_0, cm_block_q8_0, pair_q8_0, d8_q8_0)
+
 /* ---- q4_k and q6_k with 512-bit vectors: 64 weights per vector ----
  * Each 32-element sub-block (q4_k) or 16-element group (q6_k) fills whole
  * 128/256-bit parts of a vector, so its 16-bit scale is a word permute of the
@@ -302,6 +304,109 @@ VEC_DOT(zq8_0, cm_block_q8_0, cm_block_q8_0, CM_QK8_0)
 VEC_DOT(zq4_k, cm_block_q4_k, cm_block_q8_k, CM_QK_K)
 VEC_DOT(zq6_k, cm_block_q6_k, cm_block_q8_k, CM_QK_K)
 
+/* ---- prefill gemm for q4_0 and q8_0: tokens across lanes ----
+ * With many tokens the block-at-a-time tiles spend most of their work per
+ * (block, token) on unpacking and scaling. Here each 32-bit lane of a vector
+ * is one token: GT = 16 tokens' activations are packed once per chunk of GCB
+ * blocks so that vector [b][k] holds bytes 4k..4k+3 of block b of every
+ * token; a weight row's block is unpacked to unsigned bytes once, and each of
+ * its 8 dwords is broadcast against [b][k] with vpdpbusd, so 8 instructions
+ * give the integer dot of one block for 16 tokens, and one FMA scales it.
+ * Weights become unsigned (q4_0 nibbles 0..15, q8_0 bytes + 128); the offset
+ * is taken back as off * sum(y) per token and block, itself vpdpbusd of the
+ * packed activations with ones. Lanes hold at most 32 * 255 * 127 before the
+ * offset and one block's dot after it, so the conversion to float is exact and
+ * only the float summation order differs from vec_dot. Accumulators for GRB
+ * rows x GT tokens live on the stack (16 KiB); nothing is allocated. */
+enum { GT = 16, GCB = 8, GRB = 256 };
+typedef struct {
+    __m512i q[GCB][8];
+    __m512i corr[GCB]; /* off * sum of the block's activations, per token */
+    __m512 dy[GCB];
+} ypanel;
+
+static void pack_q8_0(ypanel *P, const void *x, size_t x_stride, int64_t j0, int nt, int64_t b0, int cb, int off_shift) {
+    for (int b = 0; b < cb; b++) {
+        int32_t q[8][GT];
+        float dy[GT];
+        for (int t = 0; t < GT; t++) {
+            if (t < nt) {
+                const cm_block_q8_0 *y = (const cm_block_q8_0 *)(const void *)((const char *)x + (size_t)(j0 + t) * x_stride) + b0 + b;
+                for (int k = 0; k < 8; k++) memcpy(&q[k][t], y->qs + 4 * k, 4);
+                dy[t] = f16f(y->d);
+            } else {
+                for (int k = 0; k < 8; k++) q[k][t] = 0;
+                dy[t] = 0.0f;
+            }
+        }
+        __m512i sy = _mm512_setzero_si512();
+        for (int k = 0; k < 8; k++) {
+            P->q[b][k] = _mm512_loadu_si512(q[k]);
+            sy = _mm512_dpbusd_epi32(sy, _mm512_set1_epi8(1), P->q[b][k]);
+        }
+        P->corr[b] = _mm512_slli_epi32(sy, off_shift);
+        P->dy[b] = _mm512_loadu_ps(dy);
+    }
+}
+
+/* Unsigned bytes of one weight block, in element order. */
+AI void unpack_u8_q4_0(const void *blk, uint32_t u[8]) {
+    const cm_block_q4_0 *x = blk;
+    const __m128i v = _mm_loadu_si128((const __m128i *)x->qs), m4 = _mm_set1_epi8(0x0f);
+    _mm_storeu_si128((__m128i *)u, _mm_and_si128(v, m4));
+    _mm_storeu_si128((__m128i *)(u + 4), _mm_and_si128(_mm_srli_epi16(v, 4), m4));
+}
+AI void unpack_u8_q8_0(const void *blk, uint32_t u[8]) {
+    const cm_block_q8_0 *x = blk;
+    _mm256_storeu_si256((__m256i *)u, _mm256_xor_si256(ld256(x->qs), _mm256_set1_epi8((char)0x80)));
+}
+
+#define PREFILL(NAME, XB, OFF_SHIFT)                                                               \
+    static void prefill_##NAME(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, \
+                               float *y, int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {     \
+        const int64_t nb = k / 32;                                                                 \
+        float acc[GRB][GT];                                                                        \
+        ypanel P;                                                                                  \
+        for (int64_t j0 = 0; j0 < n_tok; j0 += GT) {                                               \
+            const int nt = n_tok - j0 < GT ? (int)(n_tok - j0) : GT;                               \
+            for (int64_t i0 = r0; i0 < r1; i0 += GRB) {                                            \
+                const int nr = r1 - i0 < GRB ? (int)(r1 - i0) : GRB;                               \
+                memset(acc, 0, sizeof(float) * GT * (size_t)nr);                                   \
+                for (int64_t b0 = 0; b0 < nb; b0 += GCB) {                                         \
+                    const int cb = nb - b0 < GCB ? (int)(nb - b0) : GCB;                           \
+                    pack_q8_0(&P, x, x_stride, j0, nt, b0, cb, OFF_SHIFT);                         \
+                    for (int r = 0; r < nr; r++) {                                                 \
+                        const XB *wr = (const XB *)(const void *)((const char *)w + (size_t)(i0 + r) * w_stride) + b0; \
+                        __m512 a = _mm512_loadu_ps(acc[r]);                                        \
+                        for (int b = 0; b < cb; b++) {                                             \
+                            uint32_t u[8];                                                         \
+                            unpack_u8_##NAME(&wr[b], u);                                           \
+                            __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();      \
+                            for (int kk = 0; kk < 8; kk += 2) {                                    \
+                                s0 = _mm512_dpbusd_epi32(s0, _mm512_set1_epi32((int)u[kk]), P.q[b][kk]); \
+                                s1 = _mm512_dpbusd_epi32(s1, _mm512_set1_epi32((int)u[kk + 1]), P.q[b][kk + 1]); \
+                            }                                                                      \
+                            const __m512i sumi = _mm512_sub_epi32(_mm512_add_epi32(s0, s1), P.corr[b]); \
+                            a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi),                          \
+                                                _mm512_mul_ps(P.dy[b], _mm512_set1_ps(f16f(wr[b].d))), a); \
+                        }                                                                          \
+                        _mm512_storeu_ps(acc[r], a);                                               \
+                    }                                                                              \
+                }                                                                                  \
+                for (int t = 0; t < nt; t++)                                                       \
+                    for (int r = 0; r < nr; r++) y[(j0 + t) * ldy + i0 + r] = acc[r][t];           \
+            }                                                                                      \
+        }                                                                                          \
+    }                                                                                              \
+    /* Few tokens: the register tiles; many: the token-lane kernel. */                             \
+    static void gemm_p##NAME(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, \
+                             float *y, int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {       \
+        if (n_tok >= GT / 2) prefill_##NAME(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);   \
+        else gemm_z##NAME(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);                     \
+    }
+PREFILL(q4_0, cm_block_q4_0, 3)
+PREFILL(q8_0, cm_block_q8_0, 7)
+
 void cm_kernels_fill_avx512(cm_kernels *k) {
     x86_fill(k);
     k->vec_dot[CM_TYPE_F32] = vec_dot_zf32;
@@ -311,9 +416,9 @@ void cm_kernels_fill_avx512(cm_kernels *k) {
     k->vec_dot[CM_TYPE_BF16] = vec_dot_zbf16;
     k->gemm[CM_TYPE_BF16] = gemm_zbf16;
     k->vec_dot[CM_TYPE_Q4_0] = vec_dot_zq4_0;
-    k->gemm[CM_TYPE_Q4_0] = gemm_zq4_0;
+    k->gemm[CM_TYPE_Q4_0] = gemm_pq4_0;
     k->vec_dot[CM_TYPE_Q8_0] = vec_dot_zq8_0;
-    k->gemm[CM_TYPE_Q8_0] = gemm_zq8_0;
+    k->gemm[CM_TYPE_Q8_0] = gemm_pq8_0;
     k->vec_dot[CM_TYPE_Q4_K] = vec_dot_zq4_k;
     k->gemm[CM_TYPE_Q4_K] = gemm_zq4_k;
     k->vec_dot[CM_TYPE_Q6_K] = vec_dot_zq6_k;
