@@ -413,27 +413,27 @@ PREFILL(q8_0, cm_block_q8_0, 7)
  * sum_j mn[j] * (bsum pair j) from the packed bsums. */
 typedef struct {
     __m512i q[64];
-    __m512i bs[8]; /* bsums[2j] + bsums[2j+1], per token */
+    __m512i bs[16]; /* bsums, per token */
     __m512 dy;
 } kpanel;
 
 static void pack_q8_k(kpanel *P, const void *x, size_t x_stride, int64_t j0, int nt, int64_t b) {
-    int32_t q[64][GT], bs[8][GT];
+    int32_t q[64][GT], bs[16][GT];
     float dy[GT];
     for (int t = 0; t < GT; t++) {
         if (t < nt) {
             const cm_block_q8_k *y = (const cm_block_q8_k *)(const void *)((const char *)x + (size_t)(j0 + t) * x_stride) + b;
             for (int k = 0; k < 64; k++) memcpy(&q[k][t], y->qs + 4 * k, 4);
-            for (int j = 0; j < 8; j++) bs[j][t] = y->bsums[2 * j] + y->bsums[2 * j + 1];
+            for (int j = 0; j < 16; j++) bs[j][t] = y->bsums[j];
             dy[t] = y->d;
         } else {
             for (int k = 0; k < 64; k++) q[k][t] = 0;
-            for (int j = 0; j < 8; j++) bs[j][t] = 0;
+            for (int j = 0; j < 16; j++) bs[j][t] = 0;
             dy[t] = 0.0f;
         }
     }
     for (int k = 0; k < 64; k++) P->q[k] = _mm512_loadu_si512(q[k]);
-    for (int j = 0; j < 8; j++) P->bs[j] = _mm512_loadu_si512(bs[j]);
+    for (int j = 0; j < 16; j++) P->bs[j] = _mm512_loadu_si512(bs[j]);
     P->dy = _mm512_loadu_ps(dy);
 }
 
@@ -468,7 +468,8 @@ static void prefill_q4_k(int64_t k, const void *w, size_t w_stride, const void *
                             s1 = _mm512_dpbusd_epi32(s1, _mm512_set1_epi32((int)u[8 * s + kk + 1]), P.q[8 * s + kk + 1]);
                         }
                         sumi = _mm512_add_epi32(sumi, _mm512_mullo_epi32(_mm512_add_epi32(s0, s1), _mm512_set1_epi32(sc[s])));
-                        summ = _mm512_add_epi32(summ, _mm512_mullo_epi32(P.bs[s], _mm512_set1_epi32(mn[s])));
+                        const __m512i bs = _mm512_add_epi32(P.bs[2 * s], P.bs[2 * s + 1]);
+                        summ = _mm512_add_epi32(summ, _mm512_mullo_epi32(bs, _mm512_set1_epi32(mn[s])));
                     }
                     __m512 a = _mm512_loadu_ps(acc[r]);
                     a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi), _mm512_mul_ps(P.dy, _mm512_set1_ps(f16f(xb->d))), a);
@@ -487,6 +488,65 @@ static void gemm_pq4_k(int64_t k, const void *w, size_t w_stride, const void *x,
     else gemm_zq4_k(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
 }
 
+/* q6_k with tokens across lanes: unsigned 6-bit values (0..63), each
+ * 16-element group's dot times its signed scale in int32, minus
+ * 32 * sum_g sc[g] * bsums[g] for the stored offset (|lanes| < 2^29). */
+static void prefill_q6_k(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
+                         int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {
+    const int64_t nb = k / CM_QK_K;
+    float acc[GRB][GT];
+    kpanel P;
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
+    for (int64_t j0 = 0; j0 < n_tok; j0 += GT) {
+        const int nt = n_tok - j0 < GT ? (int)(n_tok - j0) : GT;
+        for (int64_t i0 = r0; i0 < r1; i0 += GRB) {
+            const int nr = r1 - i0 < GRB ? (int)(r1 - i0) : GRB;
+            memset(acc, 0, sizeof(float) * GT * (size_t)nr);
+            for (int64_t b = 0; b < nb; b++) {
+                pack_q8_k(&P, x, x_stride, j0, nt, b);
+                for (int r = 0; r < nr; r++) {
+                    const cm_block_q6_k *xb = (const cm_block_q6_k *)(const void *)((const char *)w + (size_t)(i0 + r) * w_stride) + b;
+                    uint32_t u[64];
+                    for (int c = 0; c < 2; c++) {
+                        const __m256i l0 = ld256(xb->ql + 64 * c), l1 = ld256(xb->ql + 64 * c + 32);
+                        const __m256i h = ld256(xb->qh + 32 * c);
+                        uint32_t *o = u + 32 * c;
+                        _mm256_storeu_si256((__m256i *)o, _mm256_or_si256(_mm256_and_si256(l0, m4),
+                                                                          _mm256_and_si256(_mm256_slli_epi16(h, 4), m30)));
+                        _mm256_storeu_si256((__m256i *)(o + 8), _mm256_or_si256(_mm256_and_si256(l1, m4),
+                                                                                _mm256_and_si256(_mm256_slli_epi16(h, 2), m30)));
+                        _mm256_storeu_si256((__m256i *)(o + 16), _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                                                                                 _mm256_and_si256(h, m30)));
+                        _mm256_storeu_si256((__m256i *)(o + 24), _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                                                                 _mm256_and_si256(_mm256_srli_epi16(h, 2), m30)));
+                    }
+                    __m512i sumi = _mm512_setzero_si512(), corr = _mm512_setzero_si512();
+                    for (int g = 0; g < 16; g++) {
+                        __m512i s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi32((int)u[4 * g]), P.q[4 * g]);
+                        __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi32((int)u[4 * g + 1]), P.q[4 * g + 1]);
+                        s0 = _mm512_dpbusd_epi32(s0, _mm512_set1_epi32((int)u[4 * g + 2]), P.q[4 * g + 2]);
+                        s1 = _mm512_dpbusd_epi32(s1, _mm512_set1_epi32((int)u[4 * g + 3]), P.q[4 * g + 3]);
+                        const __m512i sc = _mm512_set1_epi32(xb->scales[g]);
+                        sumi = _mm512_add_epi32(sumi, _mm512_mullo_epi32(_mm512_add_epi32(s0, s1), sc));
+                        corr = _mm512_add_epi32(corr, _mm512_mullo_epi32(P.bs[g], sc));
+                    }
+                    sumi = _mm512_sub_epi32(sumi, _mm512_slli_epi32(corr, 5));
+                    __m512 a = _mm512_loadu_ps(acc[r]);
+                    a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi), _mm512_mul_ps(P.dy, _mm512_set1_ps(f16f(xb->d))), a);
+                    _mm512_storeu_ps(acc[r], a);
+                }
+            }
+            for (int t = 0; t < nt; t++)
+                for (int r = 0; r < nr; r++) y[(j0 + t) * ldy + i0 + r] = acc[r][t];
+        }
+    }
+}
+static void gemm_pq6_k(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
+                       int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {
+    if (n_tok >= GT / 2) prefill_q6_k(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
+    else gemm_zq6_k(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
+}
+
 void cm_kernels_fill_avx512(cm_kernels *k) {
     x86_fill(k);
     k->vec_dot[CM_TYPE_F32] = vec_dot_zf32;
@@ -502,5 +562,5 @@ void cm_kernels_fill_avx512(cm_kernels *k) {
     k->vec_dot[CM_TYPE_Q4_K] = vec_dot_zq4_k;
     k->gemm[CM_TYPE_Q4_K] = gemm_pq4_k;
     k->vec_dot[CM_TYPE_Q6_K] = vec_dot_zq6_k;
-    k->gemm[CM_TYPE_Q6_K] = gemm_zq6_k;
+    k->gemm[CM_TYPE_Q6_K] = gemm_pq6_k;
 }
