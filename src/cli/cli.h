@@ -30,6 +30,9 @@ void cli_progress_update(cli_progress *p, double done);
 void cli_progress_end(cli_progress *p);
 
 int cmd_version(int argc, char **argv);
+int cmd_key(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
+int cmd_discover(int argc, char **argv);
+int cmd_announce(int argc, char **argv);
 
 #endif

@@ -13,6 +13,9 @@
 static const cm_command k_commands[] = {
     {"plan", "show how a model splits across a cluster, with predicted speed", cmd_plan},
     {"version", "print the version", cmd_version},
+    {"key", "create or show the cluster key", cmd_key},
+    {"discover", "list cumulo nodes found on the local network (mDNS)", cmd_discover},
+    {"announce", "announce this machine over mDNS until Ctrl-C (test aid)", cmd_announce},
 };
 
 static void usage(FILE *f) {
