@@ -151,8 +151,8 @@ void cm_kv_truncate(cm_kv *kv, int n_past); /* keeps positions [0, n_past); n_pa
 /* A batch of n tokens. Row i is token i. */
 typedef struct cm_batch {
     int n;
-    const int32_t *tokens; /* [n] token ids: first stage (layer_first == 0) */
-    const float *embd;     /* [n][n_embd] input hidden states: other stages (tokens == NULL) */
+    const int32_t *tokens; /* [n] token ids; only for a stage with layer_first == 0 */
+    const float *embd;     /* [n][n_embd] input hidden states, used when tokens == NULL (any stage) */
     const int32_t *pos;    /* [n] position of each token in its sequence */
     const int32_t *seq;    /* [n] index into cm_forward_args.kvs of its sequence */
     const int8_t *logits;  /* [n] nonzero: produce logits for this row; NULL = last row only */
