@@ -14,6 +14,10 @@
  * produce the reference's bytes (vcvtnq rounds ties to even like the x86 path
  * the reference follows). Tested against the reference under qemu-aarch64
  * (make neon-test). Never allocates.
+ *
+ * NEEDSWORK: arm64 CPUs without dotprod (Cortex-A72/A53, Raspberry Pi 4) get
+ * the scalar table; a vmull_s8/vpadalq fallback table would serve them.
+ * Speed on real Apple/Graviton cores is unmeasured (qemu only checks results).
  */
 #include "isa.h"
 

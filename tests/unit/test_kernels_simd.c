@@ -23,9 +23,10 @@
  * block, nibble or scale is off by a sizeable fraction of S, far above this.
  *
  * from_float must equal the reference byte for byte (it reproduces llama.cpp's
- * rounding). gemm must equal the same table's vec_dot for every (row, token)
- * (our tiles share code, so we check exact equality and, as the contract,
- * the bound against the reference).
+ * rounding). gemm must agree with the same table's vec_dot and with the
+ * reference for every (row, token) within the same bound (the register tiles
+ * share code with vec_dot and give the same bits; the many-token kernels sum
+ * in another order), and must write nothing outside its rows.
  */
 #include "kernels/kernels.h"
 #include "test.h"
@@ -239,9 +240,10 @@ static void check_from_float(const cm_kernels *k) {
  * (row, token), and within the bound of the reference. */
 static void check_gemm(const cm_kernels *k) {
     const cm_kernels *ref = cm_kernels_ref();
-    enum { R = 7, TOK = 9 };
+    enum { R = 7, TOK = 21 };
     static float out[TOK * (R + 3)];
-    int checked = 0;
+    static const int ntoks[] = {1, 2, 3, 4, 5, 7, 8, 9, 16, 21}; /* tiles, token-lane groups, partial groups */
+    int checked = 0, exact = 0;
     for (int ti = 0; ti < N_TYPES; ti++) {
         const enum cm_type t = k_types[ti];
         const cm_type_traits *tr = cm_type_traits_of(t);
@@ -256,7 +258,8 @@ static void check_gemm(const cm_kernels *k) {
             fill_floats(g_a, n, j % 4);
             ref->from_float[at](g_a, g_aq + j * x_stride, n);
         }
-        for (int n_tok = 1; n_tok <= TOK; n_tok++) {
+        for (size_t ni = 0; ni < sizeof ntoks / sizeof ntoks[0]; ni++) {
+            const int n_tok = ntoks[ni];
             const int64_t r0 = n_tok % 3, r1 = R - (n_tok % 2), ldy = R + 3;
             for (size_t i = 0; i < sizeof out / sizeof out[0]; i++) out[i] = -1234.5f;
             k->gemm[t](n, g_wq, w_stride, g_aq, x_stride, out, ldy, r0, r1, n_tok);
@@ -277,14 +280,15 @@ static void check_gemm(const cm_kernels *k) {
                     double S = 0;
                     for (int64_t e = 0; e < n; e++) S += fabs((double)g_w[e]) * fabs((double)g_tmp[e]);
                     checked++;
-                    CHECKF(got == v, "%s gemm %s row %lld tok %lld n_tok %d: %.9g vs vec_dot %.9g", k->name,
-                           tr->name, (long long)i, (long long)j, n_tok, got, v);
+                    exact += got == v;
+                    CHECKF(fabs((double)got - v) <= dot_bound(t, n, S), "%s gemm %s row %lld tok %lld n_tok %d: %.9g vs vec_dot %.9g",
+                           k->name, tr->name, (long long)i, (long long)j, n_tok, got, v);
                     CHECKF(fabs((double)got - rv) <= dot_bound(t, n, S), "%s gemm %s vs ref: %.9g vs %.9g",
                            k->name, tr->name, got, rv);
                 }
         }
     }
-    printf("# %s gemm: %d (row, token) results checked\n", k->name, checked);
+    printf("# %s gemm: %d (row, token) results checked, %d bit-equal to vec_dot\n", k->name, checked, exact);
 }
 
 static void test_tables(void) {
