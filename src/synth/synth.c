@@ -17,7 +17,7 @@
  * llama.cpp; neither uniform nor one-hot), and margins between the first two
  * candidates that are mostly large enough for greedy comparisons to mean
  * something. A tied model has one matrix for both roles: its embedding gets
- * the head's scale and the residual writes shrink with it. Norm weights are
+ * the head's scale and the residual writes grow to std ~2 (see below). Norm weights are
  * 1 + 0.05 noise; biases (qwen2) 0.2 noise.
  */
 #include "synth.h"
@@ -279,7 +279,11 @@ int cm_synth_write(const cm_synth_params *p, const cm_gguf *vocab, const char *p
     const enum cm_type embd_t = p->tied ? head_t : wt;
     const float head_std = LOGIT_STD / sqrtf((float)E);
     const float embd_std = p->tied ? head_std : 1.0f;
-    const float res_scale = 0.5f * embd_std;
+    /* Tied: the embedding must be small to serve as the head, and a token's
+     * own embedding would then dominate its own logit (|e|^2 = 16 against
+     * logits of std 4: one-hot repeats), so the layers write at std ~2 and
+     * the stream is mostly their output. */
+    const float res_scale = p->tied ? 2.0f : 0.5f * embd_std;
 
     if (p->rope_llama3) {
         freqs = cm_malloc(sizeof(float) * (size_t)(D / 2));
