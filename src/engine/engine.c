@@ -17,35 +17,12 @@
 #include "../os/os.h"
 #include "../tokenizer/tokenizer.h"
 
+#include "engine_impl.h"
+
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
-
-struct cm_engine {
-    cm_gguf g;
-    cm_model m;
-    cm_tokenizer *tok;
-    cm_pool *pool;
-    cm_ctx *ctx;
-    pthread_mutex_t mu;
-    int n_ctx, n_batch, max_ctx;
-    char *name;
-};
-
-struct cm_session {
-    cm_engine *e;
-    cm_kv kv;
-    int n_ctx;
-    int32_t *hist; /* [n_ctx + 1]: tokens of the sequence; the first kv.n_past are in the cache */
-    int n_hist;
-    float *logits; /* [n_vocab]: after the last evaluated token */
-    bool have_logits;
-    char *piece; /* detokenizer output, cm_detok_max_out bytes */
-    size_t piece_cap;
-    atomic_int cancel;
-    cm_timings t;
-};
 
 static void fill_default_opts(cm_engine_opts *o) {
     memset(o, 0, sizeof *o);
@@ -97,6 +74,7 @@ int cm_engine_load(cm_engine **out, const char *path, const cm_engine_opts *opts
 void cm_engine_free(cm_engine *e) {
     if (!e) return;
     cm_ctx_free(e->ctx);
+    cm_free(e->step_logits);
     cm_pool_free(e->pool);
     cm_tokenizer_free(e->tok);
     cm_model_release(&e->m);
@@ -212,6 +190,7 @@ cm_session *cm_session_new(cm_engine *e, int n_ctx, char *err, size_t errlen) {
 
 void cm_session_free(cm_session *s) {
     if (!s) return;
+    cm_session_step_release(s);
     cm_kv_release(&s->kv);
     cm_free(s->hist);
     cm_free(s->logits);

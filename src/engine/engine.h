@@ -148,4 +148,48 @@ void cm_session_cancel(cm_session *s);
 /* Timings of the last set_prompt/append + generate. */
 cm_timings cm_session_timings(const cm_session *s);
 
+/* ---- several sessions generating together (batch.c) ----
+ *
+ * Continuous batching: each session that is generating samples its next token
+ * and all of them are evaluated in ONE forward pass (one row per sequence);
+ * sessions may start and finish between steps. Output equals what
+ * cm_session_generate produces for the same prompt and parameters.
+ *
+ * Use: cm_session_set_prompt (prefill), then cm_session_start; then call
+ * cm_engine_step with every running session until cm_session_running is false
+ * for each; then cm_session_finish for its result. All of these run on one
+ * thread (the scheduler's); cm_session_cancel from any thread ends a session
+ * at its next step with finish = cancel. */
+
+/* Called for each generated token with its id, the text now safe to show
+ * (possibly empty; see cm_token_cb) and, when the sampler was asked for
+ * n_probs, its logprobs; at the end with id -1 and info NULL for held-back
+ * text. The EOG token is not reported. */
+typedef void (*cm_step_cb)(void *user, int32_t id, const char *text, size_t len, const cm_sample_info *info);
+
+/* Begin generating on a session whose prompt was just evaluated. Allocates
+ * the sampler and stop matcher (per request, not per token). CM_ESTATE when
+ * no logits are ready; CM_EINVAL for bad parameters. */
+int cm_session_start(cm_session *s, const cm_gen_params *p, cm_step_cb cb, void *user, char *err, size_t errlen);
+bool cm_session_running(const cm_session *s);
+/* One step for ss[0..n) (sessions that are not running are skipped): sample,
+ * stream, and evaluate every new token together. Returns the number of
+ * sessions still running, or an error code (then every session of the step
+ * has stopped). */
+int cm_engine_step(cm_engine *e, cm_session *const *ss, int n, char *err, size_t errlen);
+/* The result of a session that is no longer running; frees its step state.
+ * CM_ESTATE if it never started or is still running. */
+int cm_session_finish(cm_session *s, cm_gen_result *res);
+
+/* ---- chat (chat_prompt.c) ---- */
+typedef struct cm_engine_msg {
+    const char *role;    /* "system", "user" or "assistant" */
+    const char *content;
+} cm_engine_msg;
+/* Render a conversation as the prompt text of the model's chat template,
+ * ending with the opening of the assistant's turn; append it to out. The
+ * text is meant to be tokenized with add_bos and parse_special. */
+int cm_engine_chat_render(const cm_engine *e, const cm_engine_msg *msgs, int n, cm_buf *out, char *err,
+                          size_t errlen);
+
 #endif
