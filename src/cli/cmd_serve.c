@@ -107,7 +107,7 @@ int cmd_serve(int argc, char **argv) {
     fprintf(stderr, "cumulo: listening on http://%s%s%s:%d/ (loading '%s')\n", v6 ? "[" : "", h, v6 ? "]" : "",
             cm_http_port(srv), model);
     cm_engine *e = NULL;
-    if (cli_load_engine(&e, model, (int)threads, 0)) { cm_http_stop(srv); return 1; }
+    if (cli_load_engine(&e, model, (int)threads, o.n_ctx)) { cm_http_stop(srv); return 1; }
     if (cm_http_set_engine(srv, e, err, sizeof err)) {
         cm_http_stop(srv);
         cm_engine_free(e);

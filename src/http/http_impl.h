@@ -49,6 +49,7 @@ typedef struct job {
     int32_t *lp_ids;
     int n_lps, cap_lps, lps_sent;
     int n_gen;
+    int n_cached;         /* prompt tokens found in the slot's KV cache */
     enum cm_finish finish;
     int http_status;      /* 0 or the status of a failure */
     char errmsg[256];
@@ -102,7 +103,7 @@ typedef struct metrics metrics;
 metrics *metrics_new(double tdp_w);
 void metrics_free(metrics *m);
 void metrics_request(metrics *m, enum route r, int status);
-void metrics_tokens(metrics *m, int n_prompt, int n_gen);
+void metrics_tokens(metrics *m, int n_prompt, int n_cached); /* a request completed */
 void metrics_gen_tokens(metrics *m, int n); /* as they are produced, for tokens/s */
 void metrics_prometheus(metrics *m, cm_http_server *srv, cm_buf *out);
 void metrics_cluster_json(metrics *m, cm_http_server *srv, cm_buf *out);

@@ -23,7 +23,7 @@ static const int k_statuses[] = {200, 400, 401, 403, 404, 405, 408, 413, 429, 43
 struct metrics {
     pthread_mutex_t mu;
     uint64_t requests[R_COUNT][N_STATUS];
-    uint64_t prompt_tokens, gen_tokens, client_errors, server_errors;
+    uint64_t prompt_tokens, cached_tokens, gen_tokens, client_errors, server_errors;
     uint64_t bucket[RATE_WINDOW + 1]; /* generated tokens per second, ring by second */
     int64_t bucket_sec[RATE_WINDOW + 1];
     cm_power_meter *pm;
@@ -60,10 +60,10 @@ void metrics_request(metrics *m, enum route r, int status) {
     pthread_mutex_unlock(&m->mu);
 }
 
-void metrics_tokens(metrics *m, int n_prompt, int n_gen) {
+void metrics_tokens(metrics *m, int n_prompt, int n_cached) {
     pthread_mutex_lock(&m->mu);
     m->prompt_tokens += (uint64_t)n_prompt;
-    (void)n_gen; /* generated tokens are counted as they come (metrics_gen_tokens) */
+    m->cached_tokens += (uint64_t)(n_cached > 0 ? n_cached : 0);
     pthread_mutex_unlock(&m->mu);
 }
 
@@ -140,6 +140,8 @@ void metrics_prometheus(metrics *m, cm_http_server *srv, cm_buf *o) {
                   "cumulo_errors_total{kind=\"client\"} %llu\ncumulo_errors_total{kind=\"server\"} %llu\n"
                   "# HELP cumulo_prompt_tokens_total Prompt tokens of completed requests.\n"
                   "# TYPE cumulo_prompt_tokens_total counter\ncumulo_prompt_tokens_total %llu\n"
+                  "# HELP cumulo_prompt_tokens_cached_total Prompt tokens reused from a slot's KV cache (not evaluated).\n"
+                  "# TYPE cumulo_prompt_tokens_cached_total counter\ncumulo_prompt_tokens_cached_total %llu\n"
                   "# HELP cumulo_generated_tokens_total Tokens generated.\n"
                   "# TYPE cumulo_generated_tokens_total counter\ncumulo_generated_tokens_total %llu\n"
                   "# HELP cumulo_ready 1 when the model is loaded.\n# TYPE cumulo_ready gauge\ncumulo_ready %d\n"
@@ -151,7 +153,7 @@ void metrics_prometheus(metrics *m, cm_http_server *srv, cm_buf *o) {
                   "# HELP cumulo_tokens_per_second Generated tokens per second, last %d s, whole cluster.\n"
                   "# TYPE cumulo_tokens_per_second gauge\ncumulo_tokens_per_second %.3f\n",
                   (unsigned long long)m->client_errors, (unsigned long long)m->server_errors,
-                  (unsigned long long)m->prompt_tokens, (unsigned long long)m->gen_tokens, s.ready, s.queued, s.active,
+                  (unsigned long long)m->prompt_tokens, (unsigned long long)m->cached_tokens, (unsigned long long)m->gen_tokens, s.ready, s.queued, s.active,
                   s.slots, RATE_WINDOW, s.tps);
     const char *src = s.measured ? "measured" : "estimated";
     cm_buf_printf(o,

@@ -15,6 +15,7 @@
 #include "http_impl.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 typedef struct slot {
@@ -36,6 +37,7 @@ struct sched {
     slot *slots;
     int n_slots;
     int n_active;
+    unsigned step_delay_ms; /* test hook: CUMULO_TEST_STEP_DELAY_MS slows every step */
 };
 
 static void on_token(void *user, int32_t id, const char *text, size_t len, const cm_sample_info *info) {
@@ -80,7 +82,7 @@ static void job_end(job *j, enum cm_finish fin, int status, const char *msg) {
     j->state = JOB_DONE;
     pthread_cond_broadcast(&j->cv);
     pthread_mutex_unlock(&j->mu);
-    if (!status && !atomic_load(&j->cancel)) metrics_tokens(srv_metrics(j->srv), j->n_ids, j->n_gen);
+    if (!status && !atomic_load(&j->cancel)) metrics_tokens(srv_metrics(j->srv), j->n_ids, j->n_cached);
     job_unref(j);
 }
 
@@ -143,7 +145,11 @@ static void *sched_main(void *arg) {
                 sl->started = true;
                 int rc = atomic_load(&j->cancel) ? CM_ECANCELED
                                                  : cm_session_set_prompt(sl->s, j->ids, j->n_ids, err, sizeof err);
-                if (!rc) rc = cm_session_start(sl->s, &j->gp, on_token, j, err, sizeof err);
+                if (!rc) {
+                    cm_timings t = cm_session_timings(sl->s);
+                    j->n_cached = j->n_ids - t.n_prompt; /* prefix reused from the slot's KV cache */
+                    rc = cm_session_start(sl->s, &j->gp, on_token, j, err, sizeof err);
+                }
                 if (rc) {
                     /* The prompt was checked against the context already, so
                      * this is cancel or a server fault. */
@@ -159,6 +165,7 @@ static void *sched_main(void *arg) {
             ss[n++] = sl->s;
         }
         int rc = n ? cm_engine_step(s->e, ss, n, err, sizeof err) : 0;
+        if (s->step_delay_ms) cm_sleep_ms(s->step_delay_ms);
         pthread_mutex_lock(&s->mu);
         for (int i = 0; i < s->n_slots; i++) {
             slot *sl = &s->slots[i];
@@ -205,6 +212,8 @@ sched *sched_new(cm_http_server *srv, cm_engine *e, int n_slots, int queue_max, 
     s->e = e;
     s->n_slots = n_slots;
     s->queue_max = queue_max;
+    const char *d = getenv("CUMULO_TEST_STEP_DELAY_MS");
+    s->step_delay_ms = d ? (unsigned)atoi(d) : 0;
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     s->slots = cm_calloc((size_t)n_slots, sizeof *s->slots);

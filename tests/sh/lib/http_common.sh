@@ -49,3 +49,17 @@ status() { u=$1; shift; curl -s -o "$TMP/body" -w '%{http_code}' --max-time 30 "
 js() { node -e 'const fs=require("fs");const j=JSON.parse(fs.readFileSync(process.argv[1],"utf8"));const v=('"$1"');process.stdout.write(typeof v==="string"?v:JSON.stringify(v))' "$2"; }
 
 finish() { echo "$pass passed, $fail failed"; [ "$fail" -eq 0 ]; }
+
+# sse_text FILE: the text of an SSE stream (chat deltas or completion text);
+# fails unless the stream ends with "data: [DONE]".
+sse_text() {
+    node -e '
+const t=require("fs").readFileSync(process.argv[1],"utf8");let s="";
+const evs=t.split("\n\n").filter(e=>e.length);if(evs[evs.length-1]!=="data: [DONE]")process.exit(3);
+for(const ev of evs){if(ev==="data: [DONE]")continue;const j=JSON.parse(ev.slice(6));if(j.error)process.exit(4);
+ const c=j.choices[0];if(!c)continue;s+=c.delta?(c.delta.content||""):c.text}
+process.stdout.write(s)' "$1"
+}
+
+# metric NAME: the value of an unlabelled series on /metrics (auth: $AUTH_HDR if set).
+metric() { curl -s ${AUTH_HDR:+-H "$AUTH_HDR"} "$URL/metrics" | sed -n "s/^$1 //p"; }
