@@ -6,7 +6,7 @@
 set -e
 cd "$(dirname "$0")/.."
 in=src/http/dashboard.html
-out=src/http/dashboard.c
+out=${1:-src/http/dashboard.c}  # another path: to compare (tests)
 {
     echo "/*"
     echo " * dashboard.c: GENERATED from dashboard.html by tools/embed_dashboard.sh; do not"
