@@ -181,15 +181,4 @@ int cm_engine_step(cm_engine *e, cm_session *const *ss, int n, char *err, size_t
  * CM_ESTATE if it never started or is still running. */
 int cm_session_finish(cm_session *s, cm_gen_result *res);
 
-/* ---- chat (chat_prompt.c) ---- */
-typedef struct cm_engine_msg {
-    const char *role;    /* "system", "user" or "assistant" */
-    const char *content;
-} cm_engine_msg;
-/* Render a conversation as the prompt text of the model's chat template,
- * ending with the opening of the assistant's turn; append it to out. The
- * text is meant to be tokenized with add_bos and parse_special. */
-int cm_engine_chat_render(const cm_engine *e, const cm_engine_msg *msgs, int n, cm_buf *out, char *err,
-                          size_t errlen);
-
 #endif
