@@ -177,14 +177,19 @@ int cmd_run(int argc, char **argv) {
     int32_t *ptoks = NULL;
     run_out out = {.json = json};
     cm_buf_init(&out.text);
-    int np = cm_engine_tokenize(e, prompt, plen, !no_bos, false, NULL, 0, err, sizeof err);
-    if (np < 0) { cli_fail("cannot tokenize the prompt: %s", err); goto done; }
-    if (np == 0) { cli_fail("the prompt is empty and --no-bos leaves no token to start from"); goto done; }
-    ptoks = cm_malloc((size_t)np * sizeof *ptoks);
-    if (!ptoks || cm_engine_tokenize(e, prompt, plen, !no_bos, false, ptoks, np, err, sizeof err) != np) {
-        cli_fail("cannot tokenize the prompt");
-        goto done;
+    /* A token covers at least one byte; BOS/EOS and SPM's leading space add a few. */
+    int cap = plen > (size_t)(1 << 28) ? (1 << 28) : (int)plen + 8, np = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        cm_free(ptoks);
+        ptoks = cm_malloc((size_t)cap * sizeof *ptoks);
+        if (!ptoks) { cli_fail("out of memory for a prompt of %zu bytes", plen); goto done; }
+        np = cm_engine_tokenize(e, prompt, plen, !no_bos, false, ptoks, cap, err, sizeof err);
+        if (np < 0) { cli_fail("cannot tokenize the prompt: %s", err); goto done; }
+        if (np <= cap) break;
+        cap = np;
     }
+    if (np > cap) { cli_fail("cannot tokenize the prompt"); goto done; }
+    if (np == 0) { cli_fail("the prompt is empty and --no-bos leaves no token to start from"); goto done; }
     s = cm_session_new(e, (int)ctx, err, sizeof err);
     if (!s) { cli_fail("%s", err); goto done; }
     if (np > cm_session_n_ctx(s)) {

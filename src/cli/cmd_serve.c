@@ -37,7 +37,9 @@ static const char k_serve_usage[] =
     "  --timeout S        idle seconds before a connection is closed (default 10)\n"
     "  --max-conns N      open connections at most (default 64)\n"
     "  --tdp W            watts at full load, for the power estimate without counters (default 65)\n"
-    "  --alias NAME       model id in the API (default: the file name without .gguf)\n";
+    "  --alias NAME       model id in the API (default: the file name without .gguf)\n"
+    "  --chat-template F  chat template family (chatml, llama3, ...; default: the model's own,\n"
+    "                     or chatml when it has none)\n";
 
 int cmd_serve(int argc, char **argv) {
     if (cli_wants_help(argc, argv)) { fputs(k_serve_usage, stdout); return 0; }
@@ -72,6 +74,7 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--max-conns")) { if (!cli_int(a, NEXT(), 4, 100000, &l)) return 1; o.max_conns = (int)l; }
         else if (!strcmp(a, "--tdp")) { if (!cli_float(a, NEXT(), 1, 100000, &d)) return 1; o.tdp_w = d; }
         else if (!strcmp(a, "--alias")) { NEED(); alias = NEXT(); }
+        else if (!strcmp(a, "--chat-template")) { NEED(); o.chat_template = NEXT(); }
         else if (a[0] == '-') return cli_fail("unknown option '%s'; see 'cumulo serve --help'", a);
         else if (model) return cli_fail("more than one model given ('%s' and '%s')", model, a);
         else model = a;

@@ -16,6 +16,8 @@ static const cm_command k_commands[] = {
     {"run", "generate text from a prompt on this machine", cmd_run},
     {"info", "architecture, size, quant mix and memory needs of a model", cmd_info},
     {"serve", "serve a model over an OpenAI-compatible HTTP API, with a dashboard", cmd_serve},
+    {"tokenize", "text -> token ids with a model's vocabulary", cmd_tokenize},
+    {"detokenize", "token ids -> text with a model's vocabulary", cmd_detokenize},
 };
 
 static void usage(FILE *f) {

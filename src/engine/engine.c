@@ -135,7 +135,14 @@ int cm_engine_tokenize(const cm_engine *e, const char *text, size_t len, bool ad
                        int32_t *out, int max, char *err, size_t errlen) {
     unsigned flags = (add_bos ? CM_TOK_ADD_SPECIAL : 0) | (parse_special ? CM_TOK_PARSE_SPECIAL : 0);
     size_t n = 0;
-    int rc = cm_tokenizer_encode(e->tok, text, len, flags, out, max < 0 ? 0 : (size_t)max, &n, err, errlen);
+    if (!out || max <= 0) { /* only counting: the tokenizer wants a real buffer */
+        cm_token *tmp = NULL;
+        int rc = cm_tokenizer_encode_alloc(e->tok, text, len, flags, &tmp, &n, err, errlen);
+        cm_free(tmp);
+        if (rc) return rc;
+        return n > (size_t)INT32_MAX ? CM_ERANGE : (int)n;
+    }
+    int rc = cm_tokenizer_encode(e->tok, text, len, flags, out, (size_t)max, &n, err, errlen);
     if (rc && rc != CM_ERANGE) return rc;
     return n > (size_t)INT32_MAX ? CM_ERANGE : (int)n;
 }
@@ -147,6 +154,31 @@ int cm_engine_token_piece(const cm_engine *e, int32_t id, char *buf, size_t cap)
     if (n > cap) n = cap;
     memcpy(buf, p, n);
     return (int)n;
+}
+
+int cm_engine_chat_render(const cm_engine *e, const char *template_name, const cm_chat_msg *msgs, size_t n,
+                          bool add_generation_prompt, cm_buf *out, char *err, size_t errlen) {
+    cm_chat_template t;
+    int rc;
+    if (template_name) {
+        rc = cm_chat_template_by_name(&t, template_name, err, errlen);
+    } else {
+        const cm_gguf_kv *kv = cm_gguf_find_kv(&e->g, "tokenizer.chat_template");
+        if (!kv || kv->type != CM_GGUF_STRING)
+            return cm_errf(err, errlen, CM_EUNSUPPORTED, "the model has no chat template; choose one with --chat-template (%s)",
+                           cm_chat_template_names());
+        rc = cm_chat_template_detect(&t, kv->v.str.ptr, (size_t)kv->v.str.len, err, errlen);
+    }
+    if (rc) return rc;
+    /* BOS/EOS texts, NUL-terminated copies (vocabulary texts are not). */
+    char bos[64] = "", eos[64] = "";
+    size_t len;
+    const char *p;
+    if ((p = cm_tokenizer_text(e->tok, cm_tokenizer_bos(e->tok), &len)) && len < sizeof bos) memcpy(bos, p, len), bos[len] = 0;
+    if ((p = cm_tokenizer_text(e->tok, cm_tokenizer_eos(e->tok), &len)) && len < sizeof eos) memcpy(eos, p, len), eos[len] = 0;
+    cm_chat_opts o = {.add_generation_prompt = add_generation_prompt,
+                      .tokenizer_adds_bos = cm_tokenizer_add_bos(e->tok), .bos = bos, .eos = eos};
+    return cm_chat_render(&t, msgs, n, &o, out, err, errlen);
 }
 
 void cm_gen_params_default(cm_gen_params *p) {

@@ -20,6 +20,7 @@
 
 #include "../base/base.h"
 #include "../sampler/sampler.h"
+#include "../tokenizer/chat.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -80,6 +81,16 @@ int cm_engine_tokenize(const cm_engine *e, const char *text, size_t len, bool ad
 /* The bytes of one token (may be a partial UTF-8 sequence); returns the
  * length written (at most cap) or a negative code. */
 int cm_engine_token_piece(const cm_engine *e, int32_t id, char *buf, size_t cap);
+
+/* Render a conversation (cm_chat_msg from tokenizer/chat.h: role + content)
+ * with the model's tokenizer.chat_template, or with the named family when
+ * template_name is non-NULL ("chatml", "llama3", ...). Appends the prompt
+ * text to out; tokenize it with add_bos = true and parse_special = true (the
+ * text never repeats a BOS the tokenizer adds). CM_EUNSUPPORTED when the
+ * model has no template or an unrecognised one (the message lists the names
+ * --chat-template accepts). */
+int cm_engine_chat_render(const cm_engine *e, const char *template_name, const cm_chat_msg *msgs, size_t n,
+                          bool add_generation_prompt, cm_buf *out, char *err, size_t errlen);
 
 /* ---- sessions ---- */
 

@@ -177,7 +177,7 @@ static int chat_prompt(cm_http_server *srv, const cJSON *root, cm_buf *text, api
         api_error_set(ae, 400, "invalid_request_error", "messages", NULL, "too many messages (%d; at most 4096)", n);
         return -1;
     }
-    cm_engine_msg *m = cm_calloc((size_t)n, sizeof *m);
+    cm_chat_msg *m = cm_calloc((size_t)n, sizeof *m);
     cm_buf *parts = cm_calloc((size_t)n, sizeof *parts);
     int rc = -1;
     if (!m || !parts) { api_error_set(ae, 503, "server_error", NULL, NULL, "out of memory"); goto out; }
@@ -206,7 +206,7 @@ static int chat_prompt(cm_http_server *srv, const cJSON *root, cm_buf *text, api
         i++;
     }
     char err[256];
-    if (cm_engine_chat_render(srv_engine(srv), m, n, text, err, sizeof err)) {
+    if (cm_engine_chat_render(srv_engine(srv), srv_chat_template(srv), m, (size_t)n, true, text, err, sizeof err)) {
         api_error_set(ae, 400, "invalid_request_error", "messages", NULL, "%s", err);
         goto out;
     }

@@ -40,6 +40,8 @@ typedef struct cm_http_opts {
     int timeout_s;           /* idle seconds before a connection is closed; default 10 */
     double tdp_w;            /* for the power estimate; default 65 */
     const char *model_id;    /* id in /v1/models and responses; default "model" */
+    const char *chat_template; /* a family name ("chatml", "llama3", ...); NULL: the model's own
+                              * template, or chatml when the model has none (as llama.cpp does) */
 } cm_http_opts;
 void cm_http_opts_default(cm_http_opts *o);
 

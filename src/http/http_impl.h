@@ -116,6 +116,8 @@ metrics *srv_metrics(const cm_http_server *s);
 void srv_sched_stats(cm_http_server *s, int *queued, int *active, int *slots);
 bool srv_ready(cm_http_server *s);
 int srv_n_ctx(const cm_http_server *s);
+/* The chat template family to use: NULL = the model's own. */
+const char *srv_chat_template(const cm_http_server *s);
 
 /* ---- JSON text (api.c) ---- */
 /* Append n bytes as a JSON string (with quotes); invalid UTF-8 becomes U+FFFD. */

@@ -27,7 +27,7 @@
 struct cm_http_server {
     struct MHD_Daemon *d;
     cm_http_opts o;
-    char *host, *api_key, *cors, *model_id;
+    char *host, *api_key, *cors, *model_id, *chat_template;
     char **allow;
     int n_allow;
     int port;
@@ -50,6 +50,7 @@ const char *srv_model_id(const cm_http_server *s) { return s->model_id; }
 cm_engine *srv_engine(const cm_http_server *s) { return s->e; }
 metrics *srv_metrics(const cm_http_server *s) { return s->m; }
 int srv_n_ctx(const cm_http_server *s) { return s->n_ctx; }
+const char *srv_chat_template(const cm_http_server *s) { return s->chat_template; }
 
 void srv_sched_stats(cm_http_server *s, int *queued, int *active, int *slots) {
     *queued = *active = 0;
@@ -477,6 +478,7 @@ static void srv_free(cm_http_server *s) {
     cm_free(s->api_key);
     cm_free(s->cors);
     cm_free(s->model_id);
+    cm_free(s->chat_template);
     for (int i = 0; i < s->n_allow; i++) cm_free(s->allow[i]);
     cm_free(s->allow);
     pthread_rwlock_destroy(&s->rw);
@@ -493,6 +495,7 @@ int cm_http_start(cm_http_server **out, const cm_http_opts *o, char *err, size_t
     s->api_key = dup_or_null(o->api_key);
     s->cors = dup_or_null(o->cors_origin);
     s->model_id = cm_strdup(o->model_id && *o->model_id ? o->model_id : "model");
+    s->chat_template = dup_or_null(o->chat_template);
     s->allow = cm_calloc((size_t)o->n_allow_hosts + 1, sizeof *s->allow);
     for (int i = 0; s->allow && i < o->n_allow_hosts; i++) s->allow[s->n_allow++] = cm_strdup(o->allow_hosts[i]);
     s->m = metrics_new(o->tdp_w);
@@ -532,6 +535,18 @@ int cm_http_set_engine(cm_http_server *s, cm_engine *e, char *err, size_t errlen
     cm_engine_info in;
     cm_engine_get_info(e, &in);
     int n_ctx = s->o.n_ctx > 0 ? s->o.n_ctx : in.n_ctx;
+    /* Check the chat template once, with a one-message conversation. */
+    cm_buf b;
+    cm_buf_init(&b);
+    cm_chat_msg probe = {.role = "user", .content = "hi"};
+    char msg[512];
+    int rc = cm_engine_chat_render(e, s->chat_template, &probe, 1, true, &b, msg, sizeof msg);
+    cm_buf_release(&b);
+    if (rc && s->chat_template) return cm_errf(err, errlen, rc, "%s", msg);
+    if (rc) {
+        fprintf(stderr, "cumulo: %s; using chatml for /v1/chat/completions\n", msg);
+        s->chat_template = cm_strdup("chatml");
+    }
     sched *sc = sched_new(s, e, s->o.n_slots, s->o.queue_max, n_ctx, err, errlen);
     if (!sc) return CM_ENOMEM;
     pthread_rwlock_wrlock(&s->rw);

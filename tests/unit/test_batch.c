@@ -2,7 +2,7 @@
  * test_batch.c: continuous batching (engine.h, batch.c) on stories260K-q8_0:
  * sessions stepped together produce exactly the text each produces alone
  * with cm_session_generate, including sessions that join late, finish early
- * (different n_predict, a stop string) or are canceled; and the chat render.
+ * (different n_predict, a stop string) or are canceled.
  */
 #include "engine/engine.h"
 #include "test.h"
@@ -123,20 +123,6 @@ static void test_cancel_and_stop(void) {
     cm_session_free(b);
 }
 
-static void test_chat_render(void) {
-    cm_engine_msg m[2] = {{"system", "Be brief."}, {"user", "Hi"}};
-    cm_buf b;
-    cm_buf_init(&b);
-    CHECK(cm_engine_chat_render(E, m, 2, &b, errbuf, sizeof errbuf) == 0);
-    cm_buf_append(&b, "", 1);
-    CHECKF(!strcmp(b.data, "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
-                           "<|im_start|>assistant\n"), "%s", b.data);
-    cm_engine_msg bad = {"tool", "x"};
-    cm_buf_clear(&b);
-    CHECK(cm_engine_chat_render(E, &bad, 1, &b, errbuf, sizeof errbuf) == CM_EINVAL);
-    cm_buf_release(&b);
-}
-
 int main(void) {
     cm_engine_opts o = {.n_threads = 1};
     if (cm_engine_load(&E, t_shared("models/stories260K-q8_0.gguf"), &o, errbuf, sizeof errbuf)) {
@@ -145,7 +131,6 @@ int main(void) {
     }
     RUN(test_batched_equals_alone);
     RUN(test_cancel_and_stop);
-    RUN(test_chat_render);
     cm_engine_free(E);
     TEST_END();
 }

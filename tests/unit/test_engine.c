@@ -180,14 +180,15 @@ static void test_stops_and_limits(void) {
 typedef struct thr {
     int c;
     int ok;
+    int32_t prompt[64], gen[256];
+    int np, ng;
 } thr;
 
 static void *thr_main(void *arg) {
     thr *t = arg;
-    int32_t prompt[64], gen[256];
-    int np, ng;
+    int32_t *prompt = t->prompt, *gen = t->gen;
+    int np = t->np, ng = t->ng;
     char eb[256];
-    if (ref_case(t->c, prompt, &np, gen, &ng, NULL)) return NULL;
     cm_session *s = cm_session_new(E, 256, eb, sizeof eb);
     cm_gen_params p = greedy_params(ng);
     collect *col = cm_calloc(1, sizeof *col);
@@ -202,7 +203,8 @@ static void *thr_main(void *arg) {
 
 static void test_two_sessions_threads(void) {
     pthread_t th[2];
-    thr t[2] = {{1, 0}, {3, 0}};
+    static thr t[2] = {{.c = 1}, {.c = 3}};
+    for (int i = 0; i < 2; i++) CHECK(ref_case(t[i].c, t[i].prompt, &t[i].np, t[i].gen, &t[i].ng, NULL) == 0);
     for (int i = 0; i < 2; i++) pthread_create(&th[i], NULL, thr_main, &t[i]);
     for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
     CHECK(t[0].ok && t[1].ok);
@@ -225,6 +227,17 @@ static void test_info_and_errors(void) {
     CHECK(cm_engine_type_usage(e2, tu, 8) == 2);
     cm_engine_free(e2);
     cm_engine_free(NULL);
+    /* Chat: stories260K has no template (an error naming the choices); a named one renders. */
+    cm_buf b;
+    cm_buf_init(&b);
+    cm_chat_msg msgs[2] = {{"system", "Be brief."}, {"user", "hi"}};
+    CHECK(cm_engine_chat_render(E, NULL, msgs, 2, true, &b, errbuf, sizeof errbuf) == CM_EUNSUPPORTED);
+    CHECK(strstr(errbuf, "chatml") != NULL);
+    CHECK(cm_engine_chat_render(E, "chatml", msgs, 2, true, &b, errbuf, sizeof errbuf) == 0);
+    cm_buf_append(&b, "", 1);
+    CHECKF(b.data && !strcmp(b.data, "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"
+                                     "<|im_start|>assistant\n"), "%s", b.data);
+    cm_buf_release(&b);
     cm_session_free(NULL);
 }
 
