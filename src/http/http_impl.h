@@ -55,6 +55,7 @@ typedef struct job {
     char errmsg[256];
 } job;
 
+job *job_new(cm_http_server *srv, bool chat); /* one reference */
 void job_unref(job *j);
 
 /* An OpenAI error: {"error":{"message","type","param","code"}} with a status. */

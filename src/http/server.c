@@ -83,7 +83,7 @@ void cm_http_opts_default(cm_http_opts *o) {
 
 /* ---- jobs ---- */
 
-static job *job_new(cm_http_server *srv, bool chat) {
+job *job_new(cm_http_server *srv, bool chat) {
     job *j = cm_calloc(1, sizeof *j);
     if (!j) return NULL;
     pthread_mutex_init(&j->mu, NULL);
