@@ -102,10 +102,14 @@ typedef struct snap {
     uint64_t mem_total, mem_used;
 } snap;
 
+/* Lock order: the scheduler's lock is never taken under m->mu (the scheduler
+ * may report to metrics while holding its own), so the scheduler's numbers
+ * are read first, then m->mu is taken here. */
 static void take(metrics *m, cm_http_server *srv, snap *s) {
     memset(s, 0, sizeof *s);
     s->ready = srv_ready(srv);
     srv_sched_stats(srv, &s->queued, &s->active, &s->slots);
+    pthread_mutex_lock(&m->mu);
     s->tps = rate(m);
     refresh_power(m);
     s->watts = m->power.watts;
@@ -113,15 +117,16 @@ static void take(metrics *m, cm_http_server *srv, snap *s) {
     s->load = m->power.cpu_load;
     s->measured = m->power.measured;
     s->tpw = cm_power_tokens_per_watt(s->tps, s->watts);
+    pthread_mutex_unlock(&m->mu);
     s->mem_total = cm_mem_total_bytes();
     uint64_t avail = cm_mem_available_bytes();
     s->mem_used = s->mem_total > avail ? s->mem_total - avail : 0;
 }
 
 void metrics_prometheus(metrics *m, cm_http_server *srv, cm_buf *o) {
-    pthread_mutex_lock(&m->mu);
     snap s;
     take(m, srv, &s);
+    pthread_mutex_lock(&m->mu);
     cm_buf_puts(o, "# HELP cumulo_requests_total HTTP requests by route and status.\n"
                    "# TYPE cumulo_requests_total counter\n");
     for (int r = 0; r < R_COUNT; r++)
@@ -182,10 +187,8 @@ void metrics_prometheus(metrics *m, cm_http_server *srv, cm_buf *o) {
 }
 
 void metrics_cluster_json(metrics *m, cm_http_server *srv, cm_buf *o) {
-    pthread_mutex_lock(&m->mu);
     snap s;
     take(m, srv, &s);
-    pthread_mutex_unlock(&m->mu);
     cm_engine *e = srv_engine(srv);
     cm_engine_info in;
     memset(&in, 0, sizeof in);
