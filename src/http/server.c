@@ -37,7 +37,21 @@ struct cm_http_server {
     metrics *m;
     int n_ctx;
     atomic_uint_fast64_t seq;
+    /* header deadline */
+    pthread_mutex_t cmu;
+    pthread_cond_t ccv;
+    struct conn *conns;
+    pthread_t wd;
+    bool wd_started, wd_stop;
 };
+
+/* One open connection, for the header deadline (see watchdog). */
+typedef struct conn {
+    int fd;
+    double t0;       /* when the connection opened or its last request ended */
+    bool in_request; /* headers complete: the request is the handler's now */
+    struct conn *prev, *next;
+} conn;
 
 typedef struct req {
     enum route route;
@@ -338,6 +352,77 @@ static enum MHD_Result generate(cm_http_server *srv, struct MHD_Connection *c, r
     return ok;
 }
 
+/* ---- slowloris: a deadline for request headers ----
+ * MHD's timeout is an IDLE timeout: a client that sends one header byte
+ * every few seconds would hold its connection (and thread) forever. The
+ * watchdog shuts down any connection whose request headers are not complete
+ * within timeout_s of the connection opening (or of its previous request
+ * ending, for keep-alive). shutdown(), not close(): MHD still owns the fd,
+ * sees EOF and cleans up; entries leave the list (under cmu) when MHD
+ * reports the connection closed, before it closes the fd. */
+
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode code) {
+    cm_http_server *srv = cls;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        conn *k = cm_calloc(1, sizeof *k);
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        if (!k || !ci) { cm_free(k); return; }
+        k->fd = ci->connect_fd;
+        k->t0 = cm_now_s();
+        pthread_mutex_lock(&srv->cmu);
+        k->next = srv->conns;
+        if (srv->conns) srv->conns->prev = k;
+        srv->conns = k;
+        pthread_mutex_unlock(&srv->cmu);
+        *socket_context = k;
+    } else if (code == MHD_CONNECTION_NOTIFY_CLOSED && *socket_context) {
+        conn *k = *socket_context;
+        pthread_mutex_lock(&srv->cmu);
+        if (k->prev) k->prev->next = k->next;
+        else srv->conns = k->next;
+        if (k->next) k->next->prev = k->prev;
+        pthread_mutex_unlock(&srv->cmu);
+        cm_free(k);
+        *socket_context = NULL;
+    }
+}
+
+static conn *conn_of(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
+
+static void conn_mark(cm_http_server *srv, struct MHD_Connection *c, bool in_request) {
+    conn *k = conn_of(c);
+    if (!k) return;
+    pthread_mutex_lock(&srv->cmu);
+    k->in_request = in_request;
+    k->t0 = cm_now_s();
+    pthread_mutex_unlock(&srv->cmu);
+}
+
+static void *watchdog(void *arg) {
+    cm_http_server *srv = arg;
+    pthread_mutex_lock(&srv->cmu);
+    while (!srv->wd_stop) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 250000000L;
+        ts.tv_sec += ts.tv_nsec / 1000000000L;
+        ts.tv_nsec %= 1000000000L;
+        pthread_cond_timedwait(&srv->ccv, &srv->cmu, &ts);
+        double now = cm_now_s();
+        for (conn *k = srv->conns; k; k = k->next)
+            if (!k->in_request && now - k->t0 > srv->o.timeout_s) {
+                shutdown(k->fd, SHUT_RDWR);
+                k->t0 = now + 1e9; /* once */
+            }
+    }
+    pthread_mutex_unlock(&srv->cmu);
+    return NULL;
+}
+
 /* ---- the access handler ---- */
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
@@ -349,6 +434,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         q = cm_calloc(1, sizeof *q);
         if (!q) return MHD_NO;
         *con_cls = q;
+        conn_mark(srv, c, true);
         cm_buf_init(&q->body);
         q->t0 = cm_now_s();
         q->route = route_of(url);
@@ -458,9 +544,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
-    (void)cls;
-    (void)c;
     (void)toe;
+    conn_mark(cls, c, false); /* the next request's headers start the clock again */
     req *q = *con_cls;
     if (!q) return;
     cm_buf_release(&q->body);
@@ -482,6 +567,8 @@ static void srv_free(cm_http_server *s) {
     for (int i = 0; i < s->n_allow; i++) cm_free(s->allow[i]);
     cm_free(s->allow);
     pthread_rwlock_destroy(&s->rw);
+    pthread_mutex_destroy(&s->cmu);
+    pthread_cond_destroy(&s->ccv);
     cm_free(s);
 }
 
@@ -490,7 +577,10 @@ int cm_http_start(cm_http_server **out, const cm_http_opts *o, char *err, size_t
     cm_http_server *s = cm_calloc(1, sizeof *s);
     if (!s) return cm_errf(err, errlen, CM_ENOMEM, "out of memory");
     pthread_rwlock_init(&s->rw, NULL);
+    pthread_mutex_init(&s->cmu, NULL);
+    pthread_cond_init(&s->ccv, NULL);
     s->o = *o;
+    if (s->o.timeout_s < 1) s->o.timeout_s = 1;
     s->host = dup_or_null(o->host ? o->host : "127.0.0.1");
     s->api_key = dup_or_null(o->api_key);
     s->cors = dup_or_null(o->cors_origin);
@@ -517,12 +607,13 @@ int cm_http_start(cm_http_server **out, const cm_http_opts *o, char *err, size_t
                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)CM_MAX(o->max_conns, 4), MHD_OPTION_CONNECTION_TIMEOUT,
                             (unsigned)CM_MAX(o->timeout_s, 1), MHD_OPTION_CONNECTION_MEMORY_LIMIT,
                             (size_t)CM_MAX(o->max_header, (size_t)4096), MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
-                            MHD_OPTION_END);
+                            MHD_OPTION_NOTIFY_CONNECTION, on_connection, s, MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!s->d) {
         srv_free(s);
         return cm_errf(err, errlen, CM_EIO, "cannot listen on %s port %d: %s", o->host, o->port, strerror(errno));
     }
+    if (pthread_create(&s->wd, NULL, watchdog, s) == 0) s->wd_started = true;
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
     s->port = di ? di->port : o->port;
     *out = s;
@@ -565,6 +656,13 @@ void cm_http_stop(cm_http_server *s) {
     s->sc = NULL;
     pthread_rwlock_unlock(&s->rw);
     sched_free(sc); /* ends every job, so connection threads finish */
+    if (s->wd_started) {
+        pthread_mutex_lock(&s->cmu);
+        s->wd_stop = true;
+        pthread_cond_signal(&s->ccv);
+        pthread_mutex_unlock(&s->cmu);
+        pthread_join(s->wd, NULL);
+    }
     MHD_stop_daemon(s->d);
     srv_free(s);
 }

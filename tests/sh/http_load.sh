@@ -6,8 +6,9 @@
 #  - queue full: extra requests get 503 + Retry-After at once, later ones 200;
 #  - a client that disconnects (streaming or not) frees its slot and stops its
 #    generation (seen through /metrics);
-#  - slowloris: stalled and trickling senders are cut off by the idle timeout
-#    while another client is served.
+#  - slowloris: stalled headers, headers trickling a byte at a time and a
+#    trickling body are all cut off (idle timeout, header deadline, body
+#    deadline) while other clients are served.
 # CUMULO_TEST_STEP_DELAY_MS (a test hook of the scheduler) slows generation so
 # that requests stay in flight long enough to observe.
 . "$(dirname "$0")/lib/http_common.sh"
@@ -110,8 +111,8 @@ stop_server "$PID"
 # ---- slowloris ----
 start_server slow --timeout 2 || bad "server slow"
 node -e '
-const net=require("net"),port=+process.argv[1],t0=Date.now();let closed=0;const N=8;
-function done(){if(++closed===N*2){process.stdout.write("closed "+((Date.now()-t0)/1000).toFixed(1));process.exit(0)}}
+const net=require("net"),port=+process.argv[1],t0=Date.now();let closed=0;const N=6;
+function done(){if(++closed===N*3){process.stdout.write("closed "+((Date.now()-t0)/1000).toFixed(1));process.exit(0)}}
 for(let i=0;i<N;i++){
   // headers that never finish
   const a=net.connect(port,"127.0.0.1",()=>a.write("POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"));
@@ -120,8 +121,13 @@ for(let i=0;i<N;i++){
   const b=net.connect(port,"127.0.0.1",()=>{b.write("POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1000\r\n\r\n");
     const iv=setInterval(()=>{if(!b.destroyed)b.write("x");else clearInterval(iv)},1000);b.on("close",()=>clearInterval(iv))});
   b.on("close",done);b.on("error",()=>{});
+  // headers that trickle one byte every 300 ms, never idle long enough for an idle timeout
+  const h="GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: "+"y".repeat(500)+"\r\n\r\n";let k=0;
+  const c=net.connect(port,"127.0.0.1",()=>{const iv=setInterval(()=>{if(c.destroyed||k>=h.length)return clearInterval(iv);c.write(h[k++])},300);
+    c.on("close",()=>clearInterval(iv))});
+  c.on("close",done);c.on("error",()=>{});
 }
-setTimeout(()=>{process.stdout.write("still open after 20 s: "+(2*N-closed));process.exit(1)},20000);
+setTimeout(()=>{process.stdout.write("still open after 20 s: "+(3*N-closed));process.exit(1)},20000);
 ' "$PORT" >"$TMP/slow" &
 slowpid=$!
 sleep 0.5
