@@ -2,7 +2,8 @@
  * server.c: libmicrohttpd glue. One thread per connection (so a slow or
  * stalled client only ever holds its own thread, and a streaming response
  * can wait for tokens), a bounded number of connections, an idle timeout,
- * a header-size cap, a body-size cap checked before reading the body. Every
+ * a deadline for request headers (slowloris), a header-size cap, a
+ * body-size cap checked before reading the body. Every
  * request passes, in order: Host allow-list (DNS rebinding), route and method,
  * API key, body size; then the route runs. Generation requests become jobs for
  * the scheduler; the connection thread streams the job's SSE bytes or waits
