@@ -33,6 +33,7 @@ static const char k_serve_usage[] =
     "  --queue N          requests waiting for a slot; more get 503 (default 16)\n"
     "  --ctx N            context of each slot (default: the model's, at most 4096)\n"
     "  --threads N        compute threads (default: all CPUs)\n"
+    "  --kv-type f32|f16  KV cache element type (default f32; f16 halves its memory)\n"
     "  --max-body BYTES   largest request body (default 1048576)\n"
     "  --timeout S        idle seconds before a connection is closed (default 10)\n"
     "  --max-conns N      open connections at most (default 64)\n"
@@ -49,6 +50,7 @@ int cmd_serve(int argc, char **argv) {
     const char *allow[16];
     int n_allow = 0;
     long threads = 0, l;
+    bool kv_f16 = false;
     double d;
     o.api_key = getenv("CUMULO_API_KEY");
     for (int i = 1; i < argc; i++) {
@@ -68,6 +70,13 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--slots")) { if (!cli_int(a, NEXT(), 1, 256, &l)) return 1; o.n_slots = (int)l; }
         else if (!strcmp(a, "--queue")) { if (!cli_int(a, NEXT(), 0, 1 << 16, &l)) return 1; o.queue_max = (int)l; }
         else if (!strcmp(a, "--ctx")) { if (!cli_int(a, NEXT(), 16, 1 << 20, &l)) return 1; o.n_ctx = (int)l; }
+        else if (!strcmp(a, "--kv-type")) {
+            NEED();
+            if (!strcmp(v, "f16")) kv_f16 = true;
+            else if (!strcmp(v, "f32")) kv_f16 = false;
+            else return cli_fail("option '--kv-type' must be f32 or f16, not '%s'", v);
+            i++;
+        }
         else if (!strcmp(a, "--threads")) { if (!cli_int(a, NEXT(), 1, 1024, &threads)) return 1; }
         else if (!strcmp(a, "--max-body")) { if (!cli_int(a, NEXT(), 1024, 1L << 30, &l)) return 1; o.max_body = (size_t)l; }
         else if (!strcmp(a, "--timeout")) { if (!cli_int(a, NEXT(), 1, 3600, &l)) return 1; o.timeout_s = (int)l; }
@@ -110,7 +119,7 @@ int cmd_serve(int argc, char **argv) {
     fprintf(stderr, "cumulo: listening on http://%s%s%s:%d/ (loading '%s')\n", v6 ? "[" : "", h, v6 ? "]" : "",
             cm_http_port(srv), model);
     cm_engine *e = NULL;
-    if (cli_load_engine(&e, model, (int)threads, o.n_ctx)) { cm_http_stop(srv); return 1; }
+    if (cli_load_engine(&e, model, (int)threads, o.n_ctx, kv_f16)) { cm_http_stop(srv); return 1; }
     if (cm_http_set_engine(srv, e, err, sizeof err)) {
         cm_http_stop(srv);
         cm_engine_free(e);

@@ -20,7 +20,8 @@ struct cm_step {
     cm_sampler *smp;
     cm_stop *stop;
     cm_detok dt;
-    cm_step_cb cb;
+    cm_token_cb cb;
+    bool cb_stopped;
     void *user;
     int n_gen;
     int stop_hit;
@@ -37,7 +38,7 @@ void cm_session_step_release(cm_session *s) {
     s->step = NULL;
 }
 
-int cm_session_start(cm_session *s, const cm_gen_params *p, cm_step_cb cb, void *user, char *err, size_t errlen) {
+int cm_session_start(cm_session *s, const cm_gen_params *p, cm_token_cb cb, void *user, char *err, size_t errlen) {
     cm_engine *e = s->e;
     cm_session_step_release(s);
     if (!s->have_logits || s->n_hist != s->kv.n_past)
@@ -79,7 +80,8 @@ static int step_emit(struct cm_step *st, int32_t id, const char *text, size_t n,
     int r = cm_stop_feed(st->stop, text, n, &out, &on);
     if (r == CM_ENOMEM) return r;
     if (r >= 0) st->stop_hit = r;
-    if (st->cb) st->cb(st->user, id, out, on, info);
+    cm_token_event ev = {.id = id, .text = out, .len = on, .info = info};
+    if (st->cb && st->cb(st->user, &ev)) st->cb_stopped = true;
     return 0;
 }
 
@@ -95,7 +97,8 @@ static void step_end(cm_session *s, enum cm_finish fin) {
         const char *out = "";
         size_t on = 0;
         cm_stop_flush(st->stop, &out, &on);
-        if (on && st->cb) st->cb(st->user, -1, out, on, NULL);
+        cm_token_event ev = {.id = -1, .text = out, .len = on};
+        if (on && st->cb) st->cb(st->user, &ev);
     }
     s->have_logits = s->have_logits && s->n_hist == s->kv.n_past;
     s->t.n_gen = st->n_gen;
@@ -123,6 +126,7 @@ static int step_sample(cm_session *s) {
     if (!rc) rc = step_emit(st, id, s->piece, pn, &info);
     if (rc) { step_end(s, CM_FINISH_CANCEL); return rc; }
     if (st->stop_hit >= 0) { step_end(s, CM_FINISH_STOP); return 0; }
+    if (st->cb_stopped) { step_end(s, CM_FINISH_CANCEL); return 0; }
     if (st->p.n_predict > 0 && st->n_gen >= st->p.n_predict) { step_end(s, CM_FINISH_LENGTH); return 0; }
     if (s->n_hist >= s->n_ctx) { step_end(s, CM_FINISH_CTX); return 0; }
     return 1;

@@ -36,6 +36,7 @@ typedef struct cm_engine_opts {
     int n_threads;       /* compute threads; 0 = all online CPUs */
     int n_ctx;           /* default context of sessions; 0 = the model's, capped at 4096 */
     int n_batch;         /* most prompt tokens per forward pass; 0 = 64 */
+    bool kv_f16;         /* sessions keep an F16 KV cache (half the memory; llama.cpp's default) */
     cm_engine_progress_fn progress; /* NULL: no progress (pages load lazily) */
     void *progress_ctx;
 } cm_engine_opts;
@@ -56,7 +57,7 @@ typedef struct cm_engine_info {
     uint64_t n_params;       /* weight elements */
     uint64_t weight_bytes;   /* bytes of weights (mmapped) */
     uint64_t file_bytes;
-    uint64_t kv_bytes_per_token; /* KV cache bytes per position of one sequence */
+    uint64_t kv_bytes_per_token; /* KV cache bytes per position of one sequence (F32 or F16 per opts) */
     int32_t bos, eos, eot;   /* -1 when the vocabulary has none */
     bool add_bos;            /* tokenizer.ggml.add_bos_token */
 } cm_engine_info;
@@ -119,11 +120,19 @@ typedef struct cm_gen_result {
     int stop_index;    /* which stop string matched, or -1 */
 } cm_gen_result;
 
-/* Streams generated text: called with each token id and the text that is
- * now safe to show (whole UTF-8 characters, stop strings held back; may be
- * empty), and at the end with id -1 for text still held back. The EOG token
- * itself is not reported. Return non-zero to stop (finish = cancel). */
-typedef int (*cm_token_cb)(void *user, int32_t id, const char *text, size_t len);
+/* One step of a generation, as the callback sees it. */
+typedef struct cm_token_event {
+    int32_t id;                 /* the token sampled; -1 for the final flush of held-back text */
+    const char *text;           /* text now safe to show: whole UTF-8 characters, stop strings held
+                                 * back; may be empty, and may belong to earlier tokens */
+    size_t len;
+    const cm_sample_info *info; /* logprob of id and, when sampling.n_probs > 0, the top
+                                 * alternatives (sampler.h); NULL for the flush */
+} cm_token_event;
+/* Called for every generated token and once at the end (id -1) when text
+ * was still held back. The EOG token itself is not reported. Return non-zero
+ * to stop (finish = cancel). Runs on the generating thread. */
+typedef int (*cm_token_cb)(void *user, const cm_token_event *ev);
 
 /* A session of n_ctx positions (0 = the engine's default). */
 cm_session *cm_session_new(cm_engine *e, int n_ctx, char *err, size_t errlen);
@@ -172,16 +181,14 @@ cm_timings cm_session_timings(const cm_session *s);
  * thread (the scheduler's); cm_session_cancel from any thread ends a session
  * at its next step with finish = cancel. */
 
-/* Called for each generated token with its id, the text now safe to show
- * (possibly empty; see cm_token_cb) and, when the sampler was asked for
- * n_probs, its logprobs; at the end with id -1 and info NULL for held-back
- * text. The EOG token is not reported. */
-typedef void (*cm_step_cb)(void *user, int32_t id, const char *text, size_t len, const cm_sample_info *info);
 
 /* Begin generating on a session whose prompt was just evaluated. Allocates
  * the sampler and stop matcher (per request, not per token). CM_ESTATE when
  * no logits are ready; CM_EINVAL for bad parameters. */
-int cm_session_start(cm_session *s, const cm_gen_params *p, cm_step_cb cb, void *user, char *err, size_t errlen);
+/* The callback is cm_session_generate's (cm_token_cb, with the token's
+ * logprobs in ev->info); it runs inside cm_engine_step; returning non-zero
+ * ends that session (finish = cancel). */
+int cm_session_start(cm_session *s, const cm_gen_params *p, cm_token_cb cb, void *user, char *err, size_t errlen);
 bool cm_session_running(const cm_session *s);
 /* One step for ss[0..n) (sessions that are not running are skipped): sample,
  * stream, and evaluate every new token together. Returns the number of

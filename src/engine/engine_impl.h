@@ -25,6 +25,7 @@ struct cm_engine {
     cm_ctx *ctx;
     pthread_mutex_t mu;
     int n_ctx, n_batch, max_ctx;
+    bool kv_f16;
     char *name;
     float *step_logits; /* [n_batch][n_vocab] for cm_engine_step; made on its first call (batch.c) */
 };

@@ -40,8 +40,12 @@ struct sched {
     unsigned step_delay_ms; /* test hook: CUMULO_TEST_STEP_DELAY_MS slows every step */
 };
 
-static void on_token(void *user, int32_t id, const char *text, size_t len, const cm_sample_info *info) {
+static int on_token(void *user, const cm_token_event *ev) {
     job *j = user;
+    int32_t id = ev->id;
+    const char *text = ev->text;
+    size_t len = ev->len;
+    const cm_sample_info *info = ev->info;
     pthread_mutex_lock(&j->mu);
     if (id >= 0) {
         j->n_gen++;
@@ -67,6 +71,7 @@ static void on_token(void *user, int32_t id, const char *text, size_t len, const
     pthread_cond_broadcast(&j->cv);
     pthread_mutex_unlock(&j->mu);
     if (id >= 0) metrics_gen_tokens(srv_metrics(j->srv), 1);
+    return 0;
 }
 
 /* The job is over (finished, failed or canceled): tell its connection. */

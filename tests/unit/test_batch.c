@@ -12,17 +12,13 @@ static char errbuf[512];
 
 typedef struct out { cm_buf b; int n_tok; float lp_sum; } out;
 
-static int gen_cb(void *u, int32_t id, const char *t, size_t n) {
+static int gen_cb(void *u, const cm_token_event *ev) {
     out *o = u;
-    if (id >= 0) o->n_tok++;
-    cm_buf_append(&o->b, t, n);
+    if (ev->id >= 0) { o->n_tok++; if (ev->info) o->lp_sum += ev->info->logprob; }
+    cm_buf_append(&o->b, ev->text, ev->len);
     return 0;
 }
-static void step_cb(void *u, int32_t id, const char *t, size_t n, const cm_sample_info *info) {
-    out *o = u;
-    if (id >= 0) { o->n_tok++; if (info) o->lp_sum += info->logprob; }
-    cm_buf_append(&o->b, t, n);
-}
+#define step_cb gen_cb
 
 static const char *k_prompts[] = {"Once upon a time", "The cat", "Lily and Tom went to the park", "One day",
                                   "Tim had a red ball", "The sun"};
@@ -85,6 +81,8 @@ static void test_batched_equals_alone(void) {
         CHECKF(rt[i].finish == ra[i].finish, "prompt %d finish %d vs %d", i, rt[i].finish, ra[i].finish);
         CHECK(rt[i].t.n_gen == ra[i].t.n_gen);
         CHECK(together[i].lp_sum < 0);
+        CHECKF(together[i].lp_sum == alone[i].lp_sum, "prompt %d logprobs %g vs %g", i, together[i].lp_sum,
+               alone[i].lp_sum);
         cm_buf_release(&alone[i].b);
         cm_buf_release(&together[i].b);
         cm_session_free(ss[i]);
