@@ -17,6 +17,7 @@ static const cm_command k_commands[] = {
     {"info", "architecture, size, quant mix and memory needs of a model", cmd_info},
     {"tokenize", "text -> token ids with a model's vocabulary", cmd_tokenize},
     {"detokenize", "token ids -> text with a model's vocabulary", cmd_detokenize},
+    {"key", "create or show the cluster key", cmd_key},
     {"discover", "list cumulo nodes found on the local network (mDNS)", cmd_discover},
     {"announce", "announce this machine over mDNS until Ctrl-C (test aid)", cmd_announce},
 };
