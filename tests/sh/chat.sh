@@ -1,0 +1,160 @@
+#!/bin/sh
+# tests/sh/chat.sh: `cumulo chat` end to end on stories260K.
+# (a) Piped stdin, --chat-template chatml, greedy: each reply equals what
+#     `cumulo run` gives for the same conversation rendered here by hand
+#     (ChatML written out in this script, not by our renderer), so the second
+#     turn, which reuses the KV cache of the first (the --verbose line says how
+#     many tokens), must agree with a fresh evaluation; /reset starts over.
+# (b) In a terminal (tmux): the reply streams into the pane, Ctrl-C stops a
+#     long reply and the prompt comes back with the program alive, Ctrl-D
+#     exits with status 0.
+# (c) Errors: a model without a chat template, an unknown template name: one
+#     line on stderr, exit status 1.
+# Needs perl (JSON::PP) and tmux (scripts/setup.sh installs both).
+cd "$(dirname "$0")/../.." || exit 1
+BIN=${CUMULO_BIN:-build/cumulo}
+case "$BIN" in /*) ;; *) BIN=$(pwd)/$BIN ;; esac
+SHARED=${CUMULO_SHARED:-$(cd .. && pwd)/shared}
+M=$SHARED/models/stories260K-f32.gguf
+pass=0
+fail=0
+ok() { pass=$((pass + 1)); }
+bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
+TMP=$(mktemp -d)
+TM="tmux -L cumulo-chat-test-$$ -f /dev/null"
+trap '$TM kill-server >/dev/null 2>&1; rm -rf "$TMP"' EXIT
+
+# run_text PROMPT-FILE: the text `cumulo run` generates (greedy, 24 tokens) for the prompt's exact bytes.
+run_text() {
+    "$BIN" run "$M" -f "$1" -n 24 --temp 0 --threads 1 --json 2>"$TMP/run.err" |
+        perl -MJSON::PP -e 'local $/; binmode STDOUT; print decode_json(<STDIN>)->{text}'
+}
+
+# ---- (a) piped: two turns, prefix reuse, agreement with `cumulo run`; /reset
+printf '<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n' >"$TMP/p1"
+run_text "$TMP/p1" >"$TMP/t1"
+{ cat "$TMP/p1" "$TMP/t1"; printf '<|im_end|>\n<|im_start|>user\nwhat next?<|im_end|>\n<|im_start|>assistant\n'; } >"$TMP/p2"
+run_text "$TMP/p2" >"$TMP/t2"
+# chat shows each reply without its leading whitespace, then a newline.
+perl -e 'binmode STDOUT; for (@ARGV) { open my $f, "<", $_ or die; local $/; my $t = <$f>; $t =~ s/^\s+//; print "$t\n" }' \
+    "$TMP/t1" "$TMP/t2" "$TMP/t1" >"$TMP/want"
+[ -s "$TMP/t1" ] && [ -s "$TMP/t2" ] && ok || bad "cumulo run gave no text: $(cat "$TMP/run.err")"
+printf 'hello\nwhat next?\n/reset\nhello\n' |
+    "$BIN" chat "$M" --chat-template chatml --temp 0 -n 24 --threads 1 -v >"$TMP/chat.out" 2>"$TMP/chat.err"
+st=$?
+[ "$st" -eq 0 ] && ok || bad "piped chat exited with $st: $(cat "$TMP/chat.err")"
+cmp -s "$TMP/chat.out" "$TMP/want" && ok || {
+    bad "chat replies differ from cumulo run on the same rendered prompts"
+    echo "  chat:" >&2; sed 's/^/    /' "$TMP/chat.out" >&2
+    echo "  run:" >&2; sed 's/^/    /' "$TMP/want" >&2
+}
+# Turn 2 evaluates only what is new: at least turn 1's whole prompt comes from the cache.
+n1=$(sed -n 's/^chat: turn 1: prompt \([0-9]*\) tokens.*/\1/p' "$TMP/chat.err")
+n2=$(sed -n 's/^chat: turn 2: prompt \([0-9]*\) tokens.*/\1/p' "$TMP/chat.err")
+r1=$(sed -n 's/^chat: turn 1: prompt [0-9]* tokens, \([0-9]*\) reused.*/\1/p' "$TMP/chat.err")
+r2=$(sed -n 's/^chat: turn 2: prompt [0-9]* tokens, \([0-9]*\) reused.*/\1/p' "$TMP/chat.err")
+e2=$(sed -n 's/^chat: turn 2: .* reused from the cache, \([0-9]*\) evaluated.*/\1/p' "$TMP/chat.err")
+p2n=$("$BIN" run "$M" -f "$TMP/p2" -n 1 --temp 0 --json 2>/dev/null | perl -MJSON::PP -e 'print scalar @{decode_json(<STDIN>)->{prompt_tokens}}')
+if [ -n "$n1" ] && [ -n "$r2" ] && [ "$r1" = 0 ] && [ "$r2" -ge "$n1" ] && [ $((r2 + e2)) -eq "$n2" ] && [ "$n2" = "$p2n" ]; then
+    ok
+else
+    bad "prefix reuse: turn 1 prompt $n1 (reused $r1), turn 2 prompt $n2 (run: $p2n) reused $r2 evaluated $e2: $(cat "$TMP/chat.err")"
+fi
+# After /reset the third turn is turn 1 again (same reply, checked above) with a fresh history.
+n3=$(sed -n 's/^chat: turn 3: prompt \([0-9]*\) tokens.*/\1/p' "$TMP/chat.err")
+[ -n "$n3" ] && [ "$n3" = "$n1" ] && ok || bad "after /reset the prompt has $n3 tokens, not $n1"
+grep -q 'conversation cleared' "$TMP/chat.err" && ok || bad "/reset said nothing"
+# A system message is rendered first (greedy: the reply is run's for that prompt).
+printf '<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n' >"$TMP/ps"
+run_text "$TMP/ps" | perl -e 'local $/; my $t = <STDIN>; $t =~ s/^\s+//; binmode STDOUT; print "$t\n"' >"$TMP/wants"
+echo hello | "$BIN" chat "$M" --chat-template chatml --system "Be brief." --temp 0 -n 24 --threads 1 >"$TMP/s.out" 2>/dev/null
+cmp -s "$TMP/s.out" "$TMP/wants" && ok || bad "--system: reply differs from run's"
+"$BIN" chat --help | grep -q 'usage: cumulo chat' && ok || bad "chat --help"
+
+# ---- (c) errors: one line, status 1
+expect_error() { # NAME PATTERN -- command...
+    name=$1 pat=$2
+    shift 2
+    "$@" </dev/null >"$TMP/e.out" 2>"$TMP/e.err"
+    st=$?
+    lines=$(wc -l <"$TMP/e.err")
+    if [ "$st" -ne 1 ] || [ "$lines" -ne 1 ] || ! grep -q -e "$pat" "$TMP/e.err"; then
+        bad "$name: status $st, stderr: $(cat "$TMP/e.err")"
+    else
+        ok
+    fi
+}
+expect_error "no template" "no chat template.*--chat-template.*chatml" "$BIN" chat "$M"
+expect_error "unknown template" "unknown chat template 'nope'.*chatml" "$BIN" chat "$M" --chat-template nope
+expect_error "missing model" "no such file" "$BIN" chat "$TMP/none.gguf" --chat-template chatml
+expect_error "no model" "needs a MODEL" "$BIN" chat
+expect_error "bad option" "unknown option" "$BIN" chat "$M" --bogus
+
+# ---- (b) tmux
+if ! command -v tmux >/dev/null 2>&1; then
+    bad "tmux is not installed (scripts/setup.sh installs it)"
+    echo "$pass passed, $fail failed"
+    exit 1
+fi
+pane() { $TM capture-pane -p -t "$1" -S -200 2>/dev/null; }
+# wait_for SESSION SECONDS PERL-REGEX: until the pane matches (its whole text, trailing blanks
+# removed, so a prompt "> " waiting for input is a final ">").
+wait_for() {
+    i=0
+    while [ $i -lt $(($2 * 10)) ]; do
+        pane "$1" | perl -e 'local $/; my $t = <STDIN>; $t =~ s/\s+\z//; exit($t =~ /$ARGV[0]/ ? 0 : 1)' "$3" && return 0
+        sleep 0.1
+        i=$((i + 1))
+    done
+    return 1
+}
+# last_line SESSION: the pane's last non-blank line.
+last_line() { pane "$1" | grep -v '^ *$' | tail -1; }
+
+# The wrapper shell outlives a Ctrl-C (its trap) to record the exit status.
+# Session A: a short greedy reply streams into the pane; Ctrl-D exits with status 0.
+$TM new-session -d -s a -x 160 -y 50 \
+    "sh -c 'trap : INT; \"$BIN\" chat \"$M\" --chat-template chatml --temp 0 -n 24 --threads 1; echo \$? >\"$TMP/a.status\"; sleep 60'"
+if wait_for a 30 '\n>\z'; then ok; else bad "tmux: no prompt: $(pane a)"; fi
+$TM send-keys -t a 'hello' Enter
+first=$(perl -e 'local $/; my $t = <STDIN>; $t =~ s/^\s+//; print((split /\n/, $t)[0])' <"$TMP/t1")
+first_re=$(printf '%s' "$first" | perl -pe '$_ = quotemeta')
+if wait_for a 30 '(?s)> hello\n'"$first_re"'.*\n>\z'; then ok; else bad "tmux: reply '$first' not in the pane: $(pane a)"; fi
+$TM send-keys -t a C-d
+i=0
+while [ ! -s "$TMP/a.status" ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+[ "$(cat "$TMP/a.status" 2>/dev/null)" = 0 ] && ok || bad "tmux: Ctrl-D: exit status '$(cat "$TMP/a.status" 2>/dev/null)'"
+
+# Session B: a long sampled reply; Ctrl-C stops it, the program lives on and answers again; Ctrl-D exits 0.
+$TM new-session -d -s b -x 160 -y 50 \
+    "sh -c 'trap : INT; \"$BIN\" chat \"$M\" --chat-template chatml --temp 1 --seed 3 -n 10000 --ignore-eos --ctx 12000 --threads 1; echo \$? >\"$TMP/b.status\"; sleep 60'"
+wait_for b 30 '\n>\z' && ok || bad "tmux b: no prompt: $(pane b)"
+$TM send-keys -t b 'tell me a story' Enter
+# The reply is streaming: text after the message, and more of it a moment later.
+if wait_for b 30 '> tell me a story\n(.*\n){2}'; then
+    before=$(pane b | wc -c)
+    sleep 1
+    after=$(pane b | wc -c)
+    [ ! -s "$TMP/b.status" ] && ok || bad "tmux b: the program ended during the reply"
+    [ "$after" -ne "$before" ] || [ "$(pane b | wc -l)" -ge 45 ] && ok || bad "tmux b: the reply did not keep streaming"
+else
+    bad "tmux b: no streamed reply: $(pane b)"
+fi
+$TM send-keys -t b C-c
+if wait_for b 20 '\(stopped\)\n>\z'; then ok; else bad "tmux b: no prompt after Ctrl-C: $(last_line b)"; fi
+sleep 0.5
+[ ! -s "$TMP/b.status" ] && ok || bad "tmux b: Ctrl-C ended the program (status $(cat "$TMP/b.status"))"
+# Still alive and answering: /help goes through the same loop.
+$TM send-keys -t b '/help' Enter
+wait_for b 20 'commands:(.*\n)+>\z' && ok || bad "tmux b: no answer after Ctrl-C: $(last_line b)"
+# Ctrl-C at the prompt drops the half-typed line, and the program stays.
+$TM send-keys -t b 'half a line' C-c
+wait_for b 20 '\(Ctrl-D quits\)\n>\z' && ok || bad "tmux b: Ctrl-C at the prompt: $(last_line b)"
+[ ! -s "$TMP/b.status" ] && ok || bad "tmux b: Ctrl-C at the prompt ended the program"
+$TM send-keys -t b C-d
+i=0
+while [ ! -s "$TMP/b.status" ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+[ "$(cat "$TMP/b.status" 2>/dev/null)" = 0 ] && ok || bad "tmux b: Ctrl-D: exit status '$(cat "$TMP/b.status" 2>/dev/null)'"
+
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
