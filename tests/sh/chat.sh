@@ -71,6 +71,28 @@ echo hello | "$BIN" chat "$M" --chat-template chatml --system "Be brief." --temp
 cmp -s "$TMP/s.out" "$TMP/wants" && ok || bad "--system: reply differs from run's"
 "$BIN" chat --help | grep -q 'usage: cumulo chat' && ok || bad "chat --help"
 
+# with_template OUT TEMPLATE: stories260K with a tokenizer.chat_template key
+# inserted first; the text is padded with spaces so the insertion is a
+# multiple of 32 bytes (GGUF's default alignment) and the tensor data stays
+# aligned.
+with_template() {
+    perl -e 'my ($in, $out, $t) = @ARGV;
+        open my $f, "<", $in or die; binmode $f; local $/; my $d = <$f>;
+        my $k = "tokenizer.chat_template";
+        $t .= " " while (8 + length($k) + 4 + 8 + length($t)) % 32;
+        my $kv = pack("Q<", length $k) . $k . pack("V", 8) . pack("Q<", length $t) . $t;
+        substr($d, 16, 8) = pack("Q<", unpack("Q<", substr($d, 16, 8)) + 1);
+        substr($d, 24, 0) = $kv;
+        open my $o, ">", $out or die; binmode $o; print $o $d' "$M" "$1" "$2"
+}
+# The model's own ChatML template (a Qwen-style Jinja text) is recognised: same replies as above.
+with_template "$TMP/chatml.gguf" "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+printf 'hello\nwhat next?\n' | "$BIN" chat "$TMP/chatml.gguf" --temp 0 -n 24 --threads 1 >"$TMP/m.out" 2>"$TMP/m.err"
+perl -e 'binmode STDOUT; for (@ARGV) { open my $f, "<", $_ or die; local $/; my $t = <$f>; $t =~ s/^\s+//; print "$t\n" }' \
+    "$TMP/t1" "$TMP/t2" >"$TMP/want2"
+cmp -s "$TMP/m.out" "$TMP/want2" && ok || bad "the model's ChatML template: replies differ: $(cat "$TMP/m.err")"
+with_template "$TMP/odd.gguf" "{{ messages | tojson }}"
+
 # ---- (c) errors: one line, status 1
 expect_error() { # NAME PATTERN -- command...
     name=$1 pat=$2
@@ -86,6 +108,11 @@ expect_error() { # NAME PATTERN -- command...
 }
 expect_error "no template" "no chat template.*--chat-template.*chatml" "$BIN" chat "$M"
 expect_error "unknown template" "unknown chat template 'nope'.*chatml" "$BIN" chat "$M" --chat-template nope
+expect_error "unrecognised template" "odd.gguf.*unrecognised chat template.*--chat-template.*chatml" "$BIN" chat "$TMP/odd.gguf"
+# --chat-template overrides a template the model has but we do not recognise.
+echo hello | "$BIN" chat "$TMP/odd.gguf" --chat-template chatml --temp 0 -n 24 --threads 1 >"$TMP/o.out" 2>/dev/null
+perl -e 'local $/; my $t = <STDIN>; $t =~ s/^\s+//; binmode STDOUT; print "$t\n"' <"$TMP/t1" >"$TMP/want1"
+cmp -s "$TMP/o.out" "$TMP/want1" && ok || bad "--chat-template over an unrecognised template"
 expect_error "missing model" "no such file" "$BIN" chat "$TMP/none.gguf" --chat-template chatml
 expect_error "no model" "needs a MODEL" "$BIN" chat
 expect_error "bad option" "unknown option" "$BIN" chat "$M" --bogus
