@@ -70,6 +70,10 @@ run_text "$TMP/ps" | perl -e 'local $/; my $t = <STDIN>; $t =~ s/^\s+//; binmode
 echo hello | "$BIN" chat "$M" --chat-template chatml --system "Be brief." --temp 0 -n 24 --threads 1 >"$TMP/s.out" 2>/dev/null
 cmp -s "$TMP/s.out" "$TMP/wants" && ok || bad "--system: reply differs from run's"
 "$BIN" chat --help | grep -q 'usage: cumulo chat' && ok || bad "chat --help"
+# `cumulo run --chat-template` renders one user message the same way.
+"$BIN" run "$M" --chat-template chatml -p hello -n 24 --temp 0 --threads 1 --json 2>/dev/null |
+    perl -MJSON::PP -e 'local $/; binmode STDOUT; print decode_json(<STDIN>)->{text}' >"$TMP/rc"
+cmp -s "$TMP/rc" "$TMP/t1" && ok || bad "run --chat-template chatml differs from run on the rendered prompt"
 
 # with_template OUT TEMPLATE: stories260K with a tokenizer.chat_template key
 # inserted first; the text is padded with spaces so the insertion is a
@@ -116,6 +120,7 @@ cmp -s "$TMP/o.out" "$TMP/want1" && ok || bad "--chat-template over an unrecogni
 expect_error "missing model" "no such file" "$BIN" chat "$TMP/none.gguf" --chat-template chatml
 expect_error "no model" "needs a MODEL" "$BIN" chat
 expect_error "bad option" "unknown option" "$BIN" chat "$M" --bogus
+expect_error "run --chat, no template" "no chat template.*chatml" "$BIN" run "$M" --chat -p hi
 
 # ---- (b) tmux
 if ! command -v tmux >/dev/null 2>&1; then
