@@ -90,6 +90,7 @@ typedef struct chat {
     int cap_ids;
     cm_buf reply;
     bool interactive, verbose;
+    bool failed;   /* a turn failed: the exit status is 1 (for scripts) */
     bool at_start; /* no visible reply text shown yet (leading whitespace is not shown) */
     char *line;    /* getline's buffer (malloc'd by libc) */
     size_t line_cap;
@@ -151,13 +152,24 @@ static int on_piece(void *user, int32_t id, const char *text, size_t len) {
         fwrite(text, 1, len, stdout);
         fflush(stdout);
     }
+    /* A Ctrl-C between set_prompt and generate is forgotten by the session
+     * (generate clears its cancel flag); the flag here still stops the reply. */
+    return g_sigint != 0;
+}
+
+/* A turn that cannot go on: one line on stderr, the user's message leaves
+ * the history, the chat continues (and exits 1 at the end). */
+static int turn_fail(chat *c, const char *msg) {
+    fprintf(stderr, "cumulo: %s\n", msg);
+    chat_drop(c, c->n_msgs - 1, 1);
+    c->failed = true;
     return 0;
 }
 
 /* One user turn: add the message, fit the conversation into the context
  * (dropping the oldest exchanges if needed), evaluate what is new, stream
- * the reply and keep it in the history. Returns non-zero only on errors
- * that end the program. */
+ * the reply and keep it in the history. Returns non-zero only when the
+ * program cannot go on (out of memory). */
 static int chat_turn(chat *c, const char *msg, size_t len, const cm_gen_params *gp_in, int turn) {
     char err[512];
     if (chat_push(c, "user", msg, len)) return cli_fail("out of memory");
@@ -166,17 +178,13 @@ static int chat_turn(chat *c, const char *msg, size_t len, const cm_gen_params *
     int n, dropped = 0;
     for (;;) {
         n = chat_tokens(c, err, sizeof err);
-        if (n < 0) {
-            chat_drop(c, c->n_msgs - 1, 1);
-            return cli_fail("%s", err);
-        }
+        if (n < 0) return turn_fail(c, err);
         if (n <= n_ctx - room) break;
         /* Oldest exchange after the fixed messages: user + assistant. */
         if (c->n_msgs - c->n_fixed < 3) {
-            fprintf(stderr, "cumulo: this message makes a prompt of %d tokens, more than the context of %d allows "
-                            "(use --ctx or a shorter message)\n", n, n_ctx);
-            chat_drop(c, c->n_msgs - 1, 1);
-            return 0;
+            snprintf(err, sizeof err, "this message makes a prompt of %d tokens, more than the context of %d allows "
+                                      "(use --ctx or a shorter message)", n, n_ctx);
+            return turn_fail(c, err);
         }
         chat_drop(c, c->n_fixed, 2);
         dropped++;
@@ -200,8 +208,7 @@ static int chat_turn(chat *c, const char *msg, size_t len, const cm_gen_params *
     }
     if (rc) {
         g_session = NULL;
-        chat_drop(c, c->n_msgs - 1, 1);
-        return cli_fail("%s", err);
+        return turn_fail(c, err);
     }
     cm_buf_clear(&c->reply);
     c->at_start = true;
@@ -211,8 +218,7 @@ static int chat_turn(chat *c, const char *msg, size_t len, const cm_gen_params *
     if (rc) {
         fputc('\n', stdout);
         fflush(stdout);
-        chat_drop(c, c->n_msgs - 1, 1);
-        return cli_fail("%s", err);
+        return turn_fail(c, err);
     }
     fputc('\n', stdout);
     fflush(stdout);
@@ -380,7 +386,7 @@ int cmd_chat(int argc, char **argv) {
         turn++;
     }
     if (c.interactive) fputc('\n', stdout);
-    status = 0;
+    status = c.failed ? 1 : 0;
 done:
     set_sigint(SIG_DFL);
     g_session = NULL;

@@ -70,6 +70,21 @@ run_text "$TMP/ps" | perl -e 'local $/; my $t = <STDIN>; $t =~ s/^\s+//; binmode
 echo hello | "$BIN" chat "$M" --chat-template chatml --system "Be brief." --temp 0 -n 24 --threads 1 >"$TMP/s.out" 2>/dev/null
 cmp -s "$TMP/s.out" "$TMP/wants" && ok || bad "--system: reply differs from run's"
 "$BIN" chat --help | grep -q 'usage: cumulo chat' && ok || bad "chat --help"
+# A small context: the oldest exchange is dropped to make room, and the reply
+# is run's for the conversation without it.
+printf 'hello\nwhat next?\n' | "$BIN" chat "$M" --chat-template chatml --temp 0 -n 24 --ctx 128 --threads 1 -v \
+    >"$TMP/d.out" 2>"$TMP/d.err"
+printf '<|im_start|>user\nwhat next?<|im_end|>\n<|im_start|>assistant\n' >"$TMP/p3"
+run_text "$TMP/p3" >"$TMP/t3"
+perl -e 'binmode STDOUT; for (@ARGV) { open my $f, "<", $_ or die; local $/; my $t = <$f>; $t =~ s/^\s+//; print "$t\n" }' \
+    "$TMP/t1" "$TMP/t3" >"$TMP/want3"
+grep -q 'dropped the oldest 1 exchange' "$TMP/d.err" && cmp -s "$TMP/d.out" "$TMP/want3" && ok ||
+    bad "--ctx 128: no exchange dropped, or replies differ: $(cat "$TMP/d.err")"
+# A message that cannot fit: one line, the chat goes on, exit status 1 at the end.
+printf 'hello\n/help\n' | "$BIN" chat "$M" --chat-template chatml --temp 0 -n 8 --ctx 40 --threads 1 >/dev/null 2>"$TMP/f.err"
+st=$?
+[ "$st" -eq 1 ] && grep -q 'more than the context of 40' "$TMP/f.err" && grep -q '^commands:' "$TMP/f.err" && ok ||
+    bad "message larger than the context: status $st: $(cat "$TMP/f.err")"
 # `cumulo run --chat-template` renders one user message the same way.
 "$BIN" run "$M" --chat-template chatml -p hello -n 24 --temp 0 --threads 1 --json 2>/dev/null |
     perl -MJSON::PP -e 'local $/; binmode STDOUT; print decode_json(<STDIN>)->{text}' >"$TMP/rc"
