@@ -48,6 +48,7 @@ static const char k_chat_usage[] =
     "  --seed S               RNG seed (default: random); reply k (from 0) samples with S+k\n"
     "  --ctx N                context size (default: the model's, at most 4096)\n"
     "  --threads N            compute threads (default: all CPUs)\n"
+    "  --kv-type f32|f16      KV cache element type (default f32; f16 halves its memory)\n"
     "  --ignore-eos           keep generating past end-of-turn tokens\n"
     "  -v, --verbose          after each reply, print token counts, prefix reuse and speed to stderr\n";
 
@@ -138,9 +139,10 @@ static int chat_tokens(chat *c, char *err, size_t errlen) {
     }
 }
 
-static int on_piece(void *user, int32_t id, const char *text, size_t len) {
+static int on_piece(void *user, const cm_token_event *ev) {
     chat *c = user;
-    (void)id;
+    const char *text = ev->text;
+    size_t len = ev->len;
     cm_buf_append(&c->reply, text, len);
     /* Show the reply without the whitespace models put first (" Hello");
      * the history keeps the exact text, so the next turn's prompt repeats
@@ -274,7 +276,7 @@ int cmd_chat(int argc, char **argv) {
     if (cli_wants_help(argc, argv)) { fputs(k_chat_usage, stdout); return 0; }
     const char *model = NULL, *system = NULL, *tmpl = NULL;
     long n_predict = -1, ctx = 0, threads = 0;
-    bool verbose = false;
+    bool verbose = false, kv_f16 = false;
     cm_gen_params gp;
     cm_gen_params_default(&gp);
     for (int i = 1; i < argc; i++) {
@@ -313,6 +315,9 @@ int cmd_chat(int argc, char **argv) {
             if (!cli_int(a, NEXT(), 1, 1 << 20, &ctx)) return 1;
         } else if (!strcmp(a, "--threads")) {
             if (!cli_int(a, NEXT(), 1, 1024, &threads)) return 1;
+        } else if (!strcmp(a, "--kv-type")) {
+            if (!v || (strcmp(v, "f32") && strcmp(v, "f16"))) return cli_fail("option '--kv-type' takes f32 or f16");
+            kv_f16 = !strcmp(NEXT(), "f16");
         } else if (!strcmp(a, "--ignore-eos")) {
             gp.ignore_eos = true;
         } else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) {
@@ -341,7 +346,7 @@ int cmd_chat(int argc, char **argv) {
     cm_buf line;
     cm_buf_init(&line);
     int status = 1;
-    if (cli_load_engine(&c.e, model, (int)threads, (int)ctx)) goto done;
+    if (cli_load_engine(&c.e, model, (int)threads, (int)ctx, kv_f16)) goto done;
     if (system && chat_push(&c, "system", system, strlen(system))) { cli_fail("out of memory"); goto done; }
     c.n_fixed = c.n_msgs;
     /* Render the empty conversation once: a model without a usable template

@@ -35,6 +35,7 @@ static const char k_run_usage[] =
     "  --stop TEXT            stop when TEXT appears (repeatable)\n"
     "  --ctx N                context size (default: the model's, at most 4096)\n"
     "  --threads N            compute threads (default: all CPUs)\n"
+    "  --kv-type f32|f16      KV cache element type (default f32; f16 halves its memory)\n"
     "  --no-bos               do not add the BOS token\n"
     "  --ignore-eos           keep generating past end-of-generation tokens\n"
     "  --chat                 send the prompt as a user message through the model's chat template\n"
@@ -57,8 +58,11 @@ typedef struct run_out {
     cm_buf text;
 } run_out;
 
-static int on_token(void *user, int32_t id, const char *text, size_t len) {
+static int on_token(void *user, const cm_token_event *ev) {
     run_out *o = user;
+    int32_t id = ev->id;
+    const char *text = ev->text;
+    size_t len = ev->len;
     if (id >= 0 && o->n_ids < o->cap_ids) o->ids[o->n_ids++] = id;
     if (o->json) cm_buf_append(&o->text, text, len);
     else if (len) {
@@ -76,10 +80,10 @@ static void progress_cb(void *ctx, uint64_t done, uint64_t total) {
 }
 
 /* Shared by run and info: map + load with a progress bar for large files. */
-int cli_load_engine(cm_engine **e, const char *path, int threads, int n_ctx) {
+int cli_load_engine(cm_engine **e, const char *path, int threads, int n_ctx, bool kv_f16) {
     cli_progress prog;
     cli_progress_start(&prog, "loading", 0);
-    cm_engine_opts o = {.n_threads = threads, .n_ctx = n_ctx};
+    cm_engine_opts o = {.n_threads = threads, .n_ctx = n_ctx, .kv_f16 = kv_f16};
     /* Pages load lazily unless there is a bar to show (reading them all costs time). */
     if (prog.on) {
         o.progress = progress_cb;
@@ -98,7 +102,7 @@ int cmd_run(int argc, char **argv) {
     const char *stops[16];
     int n_stops = 0;
     long n_predict = 128, ctx = 0, threads = 0;
-    bool json = false, no_bos = false, chat = false;
+    bool json = false, no_bos = false, kv_f16 = false, chat = false;
     cm_gen_params gp;
     cm_gen_params_default(&gp);
     for (int i = 1; i < argc; i++) {
@@ -142,6 +146,9 @@ int cmd_run(int argc, char **argv) {
             if (!cli_int(a, NEXT(), 1, 1 << 20, &ctx)) return 1;
         } else if (!strcmp(a, "--threads")) {
             if (!cli_int(a, NEXT(), 1, 1024, &threads)) return 1;
+        } else if (!strcmp(a, "--kv-type")) {
+            if (!v || (strcmp(v, "f32") && strcmp(v, "f16"))) return cli_fail("option '--kv-type' takes f32 or f16");
+            kv_f16 = !strcmp(NEXT(), "f16");
         } else if (!strcmp(a, "--no-bos")) {
             no_bos = true;
         } else if (!strcmp(a, "--ignore-eos")) {
@@ -187,7 +194,7 @@ int cmd_run(int argc, char **argv) {
     if (cm_sampler_params_check(&gp.sampling, msg, sizeof msg)) { cm_free(file_text); return cli_fail("%s", msg); }
 
     cm_engine *e = NULL;
-    if (cli_load_engine(&e, model, (int)threads, (int)ctx)) { cm_free(file_text); return 1; }
+    if (cli_load_engine(&e, model, (int)threads, (int)ctx, kv_f16)) { cm_free(file_text); return 1; }
     int status = 1;
     cm_session *s = NULL;
     int32_t *ptoks = NULL;

@@ -30,6 +30,7 @@ struct cm_engine {
     cm_ctx *ctx;
     pthread_mutex_t mu;
     int n_ctx, n_batch, max_ctx;
+    bool kv_f16;
     char *name;
 };
 
@@ -79,6 +80,7 @@ int cm_engine_load(cm_engine **out, const char *path, const cm_engine_opts *opts
     e->pool = cm_pool_new(nt < 1 ? 1 : nt);
     e->n_ctx = o.n_ctx > 0 ? o.n_ctx : CM_MIN(e->m.hp.n_ctx_train, 4096);
     e->n_batch = o.n_batch > 0 ? o.n_batch : 64;
+    e->kv_f16 = o.kv_f16;
     e->max_ctx = CM_MAX(e->n_ctx, CM_MIN(e->m.hp.n_ctx_train, 1 << 20));
     e->ctx = e->pool ? cm_ctx_new(&e->m, e->n_batch, e->max_ctx, e->pool, msg, sizeof msg) : NULL;
     if (!e->ctx) {
@@ -124,7 +126,7 @@ void cm_engine_get_info(const cm_engine *e, cm_engine_info *in) {
     in->n_params = e->m.n_params;
     in->weight_bytes = e->m.weight_bytes;
     in->file_bytes = e->g.size;
-    in->kv_bytes_per_token = cm_kv_bytes(&e->m, 0, hp->n_layer, 0, hp->n_head_kv, 1);
+    in->kv_bytes_per_token = cm_kv_bytes(&e->m, 0, hp->n_layer, 0, hp->n_head_kv, 1) / (e->kv_f16 ? 2 : 1);
     in->bos = cm_tokenizer_bos(e->tok);
     in->eos = cm_tokenizer_eos(e->tok);
     in->eot = cm_tokenizer_eot(e->tok);
@@ -226,7 +228,8 @@ cm_session *cm_session_new(cm_engine *e, int n_ctx, char *err, size_t errlen) {
     if (!s) { cm_errf(err, errlen, CM_ENOMEM, "out of memory"); return NULL; }
     s->e = e;
     s->n_ctx = n_ctx;
-    if (cm_kv_init(&s->kv, &e->m, 0, e->m.hp.n_layer, cm_slice_full(&e->m), n_ctx, err, errlen)) {
+    if (cm_kv_init_type(&s->kv, &e->m, 0, e->m.hp.n_layer, cm_slice_full(&e->m), n_ctx,
+                        e->kv_f16 ? CM_TYPE_F16 : CM_TYPE_F32, err, errlen)) {
         cm_free(s);
         return NULL;
     }
@@ -342,13 +345,14 @@ typedef struct gen_state {
 } gen_state;
 
 /* Pass detokenized bytes through the stop matcher to the callback. */
-static int emit(gen_state *g, int32_t id, const char *text, size_t n) {
+static int emit(gen_state *g, int32_t id, const char *text, size_t n, const cm_sample_info *info) {
     const char *out = "";
     size_t out_n = 0;
     int r = cm_stop_feed(g->stop, text, n, &out, &out_n);
     if (r == CM_ENOMEM) return r;
     if (r >= 0) g->stop_hit = r;
-    if (g->cb && g->cb(g->user, id, out, out_n)) g->cb_stopped = true;
+    cm_token_event ev = {.id = id, .text = out, .len = out_n, .info = info};
+    if (g->cb && g->cb(g->user, &ev)) g->cb_stopped = true;
     return 0;
 }
 
@@ -381,18 +385,19 @@ int cm_session_generate(cm_session *s, const cm_gen_params *p, cm_token_cb cb, v
     int rc = 0;
     int n_gen = 0;
     enum cm_finish fin = CM_FINISH_LENGTH;
+    cm_sample_info info; /* a few hundred bytes on the stack, filled per token */
     double t0 = cm_now_s();
     for (;;) {
         if (atomic_load(&s->cancel)) { fin = CM_FINISH_CANCEL; break; }
         if (p->n_predict > 0 && n_gen >= p->n_predict) { fin = CM_FINISH_LENGTH; break; }
-        int32_t id = cm_sampler_sample(smp, s->logits, NULL);
+        int32_t id = cm_sampler_sample(smp, s->logits, &info);
         cm_sampler_accept(smp, id);
         if (!p->ignore_eos && cm_tokenizer_is_eog(e->tok, id)) { fin = CM_FINISH_EOG; n_gen++; break; }
         n_gen++;
         s->hist[s->n_hist++] = id;
         size_t pn = 0;
         if ((rc = cm_detok_push(&dt, id, s->piece, s->piece_cap, &pn))) break;
-        if ((rc = emit(&g, id, s->piece, pn))) break;
+        if ((rc = emit(&g, id, s->piece, pn, &info))) break;
         if (g.stop_hit >= 0) { fin = CM_FINISH_STOP; break; }
         if (g.cb_stopped) { fin = CM_FINISH_CANCEL; break; }
         if (p->n_predict > 0 && n_gen >= p->n_predict) { fin = CM_FINISH_LENGTH; break; }
@@ -405,12 +410,13 @@ int cm_session_generate(cm_session *s, const cm_gen_params *p, cm_token_cb cb, v
     if (!rc && fin != CM_FINISH_STOP) {
         /* Flush what the detokenizer and the stop matcher still hold. */
         size_t pn = 0;
-        if (cm_detok_flush(&dt, s->piece, s->piece_cap, &pn) == 0 && pn) emit(&g, -1, s->piece, pn);
+        if (cm_detok_flush(&dt, s->piece, s->piece_cap, &pn) == 0 && pn) emit(&g, -1, s->piece, pn, NULL);
         if (g.stop_hit >= 0) fin = CM_FINISH_STOP;
         const char *out = "";
         size_t on = 0;
         cm_stop_flush(stop, &out, &on);
-        if (on && cb) cb(user, -1, out, on);
+        cm_token_event ev = {.id = -1, .text = out, .len = on};
+        if (on && cb) cb(user, &ev);
     }
     s->have_logits = s->have_logits && s->n_hist == s->kv.n_past;
     s->t.n_gen = n_gen;

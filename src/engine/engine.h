@@ -36,6 +36,7 @@ typedef struct cm_engine_opts {
     int n_threads;       /* compute threads; 0 = all online CPUs */
     int n_ctx;           /* default context of sessions; 0 = the model's, capped at 4096 */
     int n_batch;         /* most prompt tokens per forward pass; 0 = 64 */
+    bool kv_f16;         /* sessions keep an F16 KV cache (half the memory; llama.cpp's default) */
     cm_engine_progress_fn progress; /* NULL: no progress (pages load lazily) */
     void *progress_ctx;
 } cm_engine_opts;
@@ -56,7 +57,7 @@ typedef struct cm_engine_info {
     uint64_t n_params;       /* weight elements */
     uint64_t weight_bytes;   /* bytes of weights (mmapped) */
     uint64_t file_bytes;
-    uint64_t kv_bytes_per_token; /* KV cache bytes per position of one sequence */
+    uint64_t kv_bytes_per_token; /* KV cache bytes per position of one sequence (F32 or F16 per opts) */
     int32_t bos, eos, eot;   /* -1 when the vocabulary has none */
     bool add_bos;            /* tokenizer.ggml.add_bos_token */
 } cm_engine_info;
@@ -119,11 +120,19 @@ typedef struct cm_gen_result {
     int stop_index;    /* which stop string matched, or -1 */
 } cm_gen_result;
 
-/* Streams generated text: called with each token id and the text that is
- * now safe to show (whole UTF-8 characters, stop strings held back; may be
- * empty), and at the end with id -1 for text still held back. The EOG token
- * itself is not reported. Return non-zero to stop (finish = cancel). */
-typedef int (*cm_token_cb)(void *user, int32_t id, const char *text, size_t len);
+/* One step of a generation, as the callback sees it. */
+typedef struct cm_token_event {
+    int32_t id;                 /* the token sampled; -1 for the final flush of held-back text */
+    const char *text;           /* text now safe to show: whole UTF-8 characters, stop strings held
+                                 * back; may be empty, and may belong to earlier tokens */
+    size_t len;
+    const cm_sample_info *info; /* logprob of id and, when sampling.n_probs > 0, the top
+                                 * alternatives (sampler.h); NULL for the flush */
+} cm_token_event;
+/* Called for every generated token and once at the end (id -1) when text
+ * was still held back. The EOG token itself is not reported. Return non-zero
+ * to stop (finish = cancel). Runs on the generating thread. */
+typedef int (*cm_token_cb)(void *user, const cm_token_event *ev);
 
 /* A session of n_ctx positions (0 = the engine's default). */
 cm_session *cm_session_new(cm_engine *e, int n_ctx, char *err, size_t errlen);

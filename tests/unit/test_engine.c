@@ -22,10 +22,19 @@ typedef struct collect {
     char text[8192];
     size_t len;
     int stop_after; /* return 1 after this many tokens (0: never) */
+    int bad_info;   /* events whose logprob info is missing or inconsistent */
+    int with_top;   /* events carrying 3 top alternatives */
 } collect;
 
-static int on_tok(void *user, int32_t id, const char *text, size_t len) {
+static int on_tok(void *user, const cm_token_event *ev) {
     collect *c = user;
+    int32_t id = ev->id;
+    const char *text = ev->text;
+    size_t len = ev->len;
+    /* Greedy picks the most likely token: its logprob is the top one. */
+    if (id >= 0 && (!ev->info || ev->info->logprob > 0 || (ev->info->n_top > 0 && ev->info->top[0].id != id)))
+        c->bad_info++;
+    if (id >= 0 && ev->info && ev->info->n_top == 3) c->with_top++;
     if (id >= 0 && c->n < 1024) c->ids[c->n++] = id;
     if (c->len + len < sizeof c->text) {
         memcpy(c->text + c->len, text, len);
@@ -71,12 +80,15 @@ static void test_tokenize_and_greedy(void) {
         cm_session *s = cm_session_new(E, 512, errbuf, sizeof errbuf);
         CHECK(cm_session_set_prompt(s, toks, n, errbuf, sizeof errbuf) == 0);
         cm_gen_params p = greedy_params(ng);
+        p.sampling.n_probs = c == 1 ? 3 : 0;
         static collect col;
         memset(&col, 0, sizeof col);
         cm_gen_result res;
         CHECK(cm_session_generate(s, &p, on_tok, &col, &res, errbuf, sizeof errbuf) == 0);
+        CHECK(col.with_top == (c == 1 ? ng : 0));
         CHECKF(col.n == ng && !memcmp(col.ids, gen, (size_t)ng * 4), "case %d: ids differ", c);
         CHECK(res.finish == CM_FINISH_LENGTH && res.t.n_gen == ng && res.t.n_prompt == np);
+        CHECK(col.bad_info == 0);
         if (c == 0) {
             char *want;
             size_t wl;
