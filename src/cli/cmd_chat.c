@@ -13,6 +13,11 @@
  * prompt it discards the line. Ctrl-D (EOF) quits with status 0.
  * Talks to the inference side only through engine.h. It must never fall back
  * silently to some template when the model's is missing or unrecognised.
+ *
+ * NEEDSWORK: a reply ends at an end-of-generation token of the vocabulary;
+ * a forced template whose end marker is not one (chatml on a Llama 2 model)
+ * runs to -n or the context. Stop strings per family would need the family
+ * from engine.h. Input is the terminal's line mode (no arrow-key history).
  */
 #include "cli.h"
 
