@@ -617,7 +617,37 @@ static void test_synth_q8(void) {
     model_close(&h);
 }
 
+/* The planner only cuts where cm_slice_check allows: Q8_0 attn_output with
+ * 16 columns per KV head needs boundaries on even heads, ffn_down rows on 32. */
+static void test_plan_legal_slices(void) {
+    model_h h;
+    memset(&h, 0, sizeof h);
+    cm_buf_init(&h.bytes);
+    tp_model_spec s = {.E = 64, .L = 1, .H = 8, .HKV = 4, .F = 160, .V = 64, .type = CM_TYPE_Q8_0, .seed = 2};
+    CHECK(tp_model_write(&s, NULL, &h.bytes, errbuf, sizeof errbuf) == 0);
+    CHECK(cm_gguf_parse(&h.g, (const uint8_t *)h.bytes.data, h.bytes.len, errbuf, sizeof errbuf) == 0);
+    CHECKF(cm_model_load(&h.m, &h.g, errbuf, sizeof errbuf) == 0, "%s", errbuf);
+    CHECK(cm_slice_check(&h.m, (cm_slice){0, 1, 0, 160}, errbuf, sizeof errbuf) == CM_EINVAL); /* the test can fail */
+    const double speeds[3][MAXM] = {{1, 2, 3, 4}, {3, 1, 1, 1}, {1, 1, 1, 5}};
+    for (int k = 2; k <= 4; k++)
+        for (int v = 0; v < 3; v++) {
+            cm_slice sl[MAXM];
+            plan_slices(&h, k, speeds[v], sl);
+            int heads = 0, rows = 0;
+            for (int r = 0; r < k; r++) {
+                CHECKF(cm_slice_check(&h.m, sl[r], errbuf, sizeof errbuf) == 0, "k=%d speeds %d member %d: %s", k, v,
+                       r, errbuf);
+                heads += sl[r].h1 - sl[r].h0;
+                rows += sl[r].f1 - sl[r].f0;
+                if (r) CHECK(sl[r].h0 == sl[r - 1].h1 && sl[r].f0 == sl[r - 1].f1);
+            }
+            CHECK(heads == 4 && rows == 160 && sl[0].h0 == 0 && sl[0].f0 == 0);
+        }
+    model_close(&h);
+}
+
 int main(void) {
+    RUN(test_plan_legal_slices);
     RUN(test_collective_orders);
     RUN(test_collective_compress);
     RUN(test_collective_failures);
