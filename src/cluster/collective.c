@@ -440,9 +440,7 @@ int cm_coll_mesh_open(int rank, int size, cm_listener *l, const char *const *add
                     addrs[j], e);
             break;
         }
-        cm_msg m = {.type = CM_MSG_PING};
-        m.u.ping.id = CM_COLL_MESH_ID + (uint64_t)rank;
-        if ((rc = cm_conn_send(conns[j], &m, timeout_ms, e, sizeof e)))
+        if ((rc = cm_coll_mesh_greet(conns[j], rank, timeout_ms, e, sizeof e)))
             cm_errf(err, errlen, rc, "tensor-parallel member %d: cannot greet member %d at '%s': %s", rank, j,
                     addrs[j], e);
     }
@@ -457,8 +455,8 @@ int cm_coll_mesh_open(int rank, int size, cm_listener *l, const char *const *add
             cm_conn_close(c, "mesh set-up failed");
             break;
         }
-        uint64_t j = m.type == CM_MSG_PING ? m.u.ping.id - CM_COLL_MESH_ID : 0;
-        if (m.type != CM_MSG_PING || j <= (uint64_t)rank || j >= (uint64_t)size || conns[j]) {
+        int j = cm_coll_mesh_rank_of(&m);
+        if (j <= rank || j >= size || conns[j]) {
             rc = cm_errf(err, errlen, CM_EPROTO, "tensor-parallel member %d: peer %s did not give a valid rank", rank,
                          cm_conn_peer(c));
             cm_conn_close(c, "bad rank");
@@ -468,6 +466,19 @@ int cm_coll_mesh_open(int rank, int size, cm_listener *l, const char *const *add
     }
     if (rc) cm_coll_mesh_close(conns, size);
     return rc;
+}
+
+int cm_coll_mesh_greet(cm_conn *c, int rank, int timeout_ms, char *err, size_t errlen) {
+    cm_msg m = {.type = CM_MSG_PING};
+    m.u.ping.id = CM_COLL_MESH_ID + (uint64_t)rank;
+    return cm_conn_send(c, &m, timeout_ms, err, errlen);
+}
+
+int cm_coll_mesh_rank_of(const cm_msg *m) {
+    if (m->type != CM_MSG_PING || m->u.ping.data_len || m->u.ping.id < CM_COLL_MESH_ID ||
+        m->u.ping.id - CM_COLL_MESH_ID >= CM_COLL_MAX_MEMBERS)
+        return -1;
+    return (int)(m->u.ping.id - CM_COLL_MESH_ID);
 }
 
 void cm_coll_mesh_close(cm_conn **conns, int size) {

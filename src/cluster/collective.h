@@ -147,5 +147,12 @@ int cm_coll_mesh_open(int rank, int size, cm_listener *l, const char *const *add
                       const cm_net_cfg *cfg, const cm_msg_hello *mine, int timeout_ms,
                       cm_conn **conns, char *err, size_t errlen);
 void cm_coll_mesh_close(cm_conn **conns, int size);
+/* The two halves of the rank greeting, for a node daemon whose own accept
+ * loop receives the TP connections: after the handshake the connecting
+ * member calls cm_coll_mesh_greet(conn, its rank); the accepting side passes
+ * the first message it receives to cm_coll_mesh_rank_of(), which returns the
+ * peer's rank, or -1 when the message is not a greeting (an ordinary peer). */
+int cm_coll_mesh_greet(cm_conn *c, int rank, int timeout_ms, char *err, size_t errlen);
+int cm_coll_mesh_rank_of(const cm_msg *m);
 
 #endif
