@@ -9,7 +9,7 @@
  * machine's measured read bandwidth (1 and 2 threads) and the loopback
  * all-reduce latency and bandwidth measured here, and the cost model's error.
  * Not a test: it asserts nothing and is not part of `make test`.
- *   make tp-bench        TP_BENCH_TOKENS=N (default 24) TP_BENCH_MODEL=path
+ *   make tp-bench        TP_BENCH_TOKENS=N (default 12) TP_BENCH_REPS=N (3) TP_BENCH_MODEL=path
  */
 #include "cluster/collective.h"
 #include "model/model.h"
@@ -22,7 +22,7 @@
 
 #define PROMPT 8
 static char err[512];
-static int g_tokens = 24;
+static int g_tokens = 12;
 static const uint8_t k_key[CM_KEY_BYTES] = {9, 9, 9};
 
 /* ---- machine measurements ---- */
@@ -88,7 +88,7 @@ typedef struct member {
     cm_slice slice;
     bool compress;
     int probe_n, probe_reps; /* > 0: only time all-reduces of probe_n floats */
-    double tok_s, probe_s, ar_s;
+    double tok_s, probe_s, ar_s, wait_s;
     int rc;
     char err[600];
 } member;
@@ -110,7 +110,7 @@ static void *member_main(void *arg) {
                                         me->M->conns[me->rank], me->err, sizeof me->err)))
             return NULL;
         cm_coll_cfg cc = {.rank = me->rank, .size = me->k, .max_n = me->probe_n > 0 ? me->probe_n : PROMPT * E,
-                          .compress = me->compress, .epoch = 1, .timeout_ms = 30000};
+                          .compress = me->compress, .epoch = 1, .timeout_ms = 30000, .ring_min = -1};
         cc.peers[1 - me->rank] = me->M->conns[me->rank][1 - me->rank];
         if ((me->rc = cm_coll_new(&cc, &coll, me->err, sizeof me->err))) return NULL;
     }
@@ -156,6 +156,7 @@ static void *member_main(void *arg) {
         cm_coll_stats st;
         cm_coll_stats_get(coll, &st);
         me->ar_s = st.busy_s / g_tokens;
+        me->wait_s = st.wait_s / g_tokens;
     }
     free(logits);
 out:
@@ -250,8 +251,8 @@ int main(int argc, char **argv) {
     /* link: one decode-sized all-reduce (2048 floats) for latency, 4 MiB for bandwidth */
     if (run(2, 1, NULL, NULL, false, 2048, 400, mem)) return 1;
     double t_small = mem[0].probe_s;
-    if (run(2, 1, NULL, NULL, false, 1 << 20, 10, mem)) return 1;
-    double link_bw = (double)(1 << 20) * 4 / (mem[0].probe_s - t_small);
+    if (run(2, 1, NULL, NULL, false, 1 << 18, 20, mem)) return 1;
+    double link_bw = (double)(1 << 18) * 4 / (mem[0].probe_s - t_small);
     double rtt = 2 * (t_small - 2048 * 4 / link_bw); /* planner: one exchange = rtt/2 + bytes/bw */
     if (rtt < 0) rtt = 2 * t_small;
     printf("machine: %d cores online; read bandwidth %.2f GB/s (1 thread), %.2f GB/s (2 threads); loopback "
@@ -277,19 +278,32 @@ int main(int argc, char **argv) {
         const cm_plan_member *mb = &pt.stages[0].members[i];
         tps[mb->node] = (cm_slice){mb->kv_head_begin, mb->kv_head_end, mb->ffn_begin, mb->ffn_end};
     }
+    /* Rounds alternate the configurations and each keeps its best, so that
+     * load from other processes on a shared machine hits all of them alike. */
+    int reps = getenv("TP_BENCH_REPS") && atoi(getenv("TP_BENCH_REPS")) > 0 ? atoi(getenv("TP_BENCH_REPS")) : 3;
+    double ar[3] = {0}, wait[3] = {0};
+    for (int rep = 0; rep < reps; rep++)
+        for (int r = 0; r < 3; r++) {
+            const cm_slice *sl = rows[r].k == 1 ? &full : tps;
+            if (run(rows[r].k, rows[r].nth, &m, sl, false, 0, 0, mem)) return 1;
+            if (mem[0].tok_s > rows[r].meas) {
+                rows[r].meas = mem[0].tok_s;
+                ar[r] = mem[0].ar_s;
+                wait[r] = mem[0].wait_s;
+            }
+            fprintf(stderr, "tp_bench: round %d: %s %.2f tok/s\n", rep + 1, rows[r].name, mem[0].tok_s);
+        }
     double err_sum = 0;
     for (int r = 0; r < 3; r++) {
-        const cm_slice *sl = rows[r].k == 1 ? &full : tps;
-        if (run(rows[r].k, rows[r].nth, &m, sl, false, 0, 0, mem)) return 1;
-        rows[r].meas = mem[0].tok_s;
         double er = (rows[r].pred - rows[r].meas) / rows[r].meas;
         err_sum += fabs(er);
-        printf("%-28s %6.2f tok/s measured, %6.2f predicted (%+.0f%%)", rows[r].name, rows[r].meas, rows[r].pred,
-               er * 100);
+        printf("%-28s %6.2f tok/s measured (best of %d), %6.2f predicted (%+.0f%%)", rows[r].name, rows[r].meas, reps,
+               rows[r].pred, er * 100);
         if (rows[r].k > 1)
-            printf("; all-reduce %.2f ms/token (2 x %d per token), slices h%d-%d/f%d-%d + h%d-%d/f%d-%d",
-                   mem[0].ar_s * 1e3, m.hp.n_layer, tps[0].h0, tps[0].h1, tps[0].f0, tps[0].f1, tps[1].h0, tps[1].h1,
-                   tps[1].f0, tps[1].f1);
+            printf("; all-reduce %.2f ms/token of which %.2f waiting for the peer (2 x %d per token), slices "
+                   "h%d-%d/f%d-%d + h%d-%d/f%d-%d",
+                   ar[r] * 1e3, wait[r] * 1e3, m.hp.n_layer, tps[0].h0, tps[0].h1, tps[0].f0, tps[0].f1, tps[1].h0,
+                   tps[1].h1, tps[1].f0, tps[1].f1);
         printf("\n");
     }
     double comp = 0;
