@@ -14,6 +14,7 @@ static const cm_command k_commands[] = {
     {"plan", "show how a model splits across a cluster, with predicted speed", cmd_plan},
     {"version", "print the version", cmd_version},
     {"run", "generate text from a prompt on this machine", cmd_run},
+    {"chat", "chat with a model in the terminal", cmd_chat},
     {"info", "architecture, size, quant mix and memory needs of a model", cmd_info},
     {"tokenize", "text -> token ids with a model's vocabulary", cmd_tokenize},
     {"detokenize", "token ids -> text with a model's vocabulary", cmd_detokenize},
