@@ -14,6 +14,13 @@ static const cm_command k_commands[] = {
     {"plan", "show how a model splits across a cluster, with predicted speed", cmd_plan},
     {"synth", "write a random-weight model of any architecture and tensor type", cmd_synth},
     {"version", "print the version", cmd_version},
+    {"run", "generate text from a prompt on this machine", cmd_run},
+    {"info", "architecture, size, quant mix and memory needs of a model", cmd_info},
+    {"tokenize", "text -> token ids with a model's vocabulary", cmd_tokenize},
+    {"detokenize", "token ids -> text with a model's vocabulary", cmd_detokenize},
+    {"key", "create or show the cluster key", cmd_key},
+    {"discover", "list cumulo nodes found on the local network (mDNS)", cmd_discover},
+    {"announce", "announce this machine over mDNS until Ctrl-C (test aid)", cmd_announce},
 };
 
 static void usage(FILE *f) {

@@ -72,7 +72,9 @@ size_t cm_quantize_rows(enum cm_type t, const float *src, void *dst, int64_t nro
  * model calls for every weight: y[j * ldy + i] = dot(W row i, x_j) for i in
  * [r0, r1), j in [0, n_tok). xq holds the activations already converted to
  * W's vec_dot_type (row stride xq_stride). Uses gemm when present and
- * n_tok > 1. Callers split [0, rows) across threads. */
+ * n_tok > 1. Callers split [0, rows) across threads. W->type must be one
+ * cm_kernels_supports() accepts (anything else is a programmer error: the
+ * loader rejects such files first). */
 void cm_matmul_rows(const cm_kernels *k, const cm_tensor *W, const void *xq, size_t xq_stride,
                     int64_t n_tok, float *y, int64_t ldy, int64_t r0, int64_t r1);
 

@@ -240,7 +240,7 @@ cm_slice cm_slice_full(const cm_model *m) {
 
 int cm_slice_check(const cm_model *m, cm_slice s, char *err, size_t errlen) {
     const cm_hparams *hp = &m->hp;
-    if (s.h0 < 0 || s.h1 > hp->n_head_kv || s.h0 >= s.h1 || s.f0 < 0 || s.f1 > hp->n_ff || s.f0 >= s.f1)
+    if (s.h0 < 0 || s.h1 > hp->n_head_kv || s.h0 > s.h1 || s.f0 < 0 || s.f1 > hp->n_ff || s.f0 > s.f1)
         return cm_errf(err, errlen, CM_EINVAL, "slice heads [%d, %d) ffn [%d, %d) is out of range (kv heads %d, ffn %d)",
                        s.h0, s.h1, s.f0, s.f1, hp->n_head_kv, hp->n_ff);
     int64_t cols_per_kv = (int64_t)(hp->n_head / hp->n_head_kv) * hp->head_dim;

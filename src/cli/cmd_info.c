@@ -1,0 +1,119 @@
+/*
+ * cmd_info.c: `cumulo info MODEL [--ctx N] [--json]`: what a GGUF model is
+ * and what running it costs: architecture and shape, parameter count, quant
+ * mix, context, and memory needed (mmapped weights + KV cache at ctx).
+ * Reads through engine.h only; never writes anything but stdout/stderr.
+ */
+#include "cli.h"
+
+#include "base/base.h"
+#include "engine/engine.h"
+
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <string.h>
+
+static const char k_info_usage[] =
+    "usage: cumulo info MODEL.gguf [--ctx N] [--kv-type f32|f16] [--json]\n"
+    "\n"
+    "Print the model's architecture, parameter count, quant mix, context and the\n"
+    "memory it needs (weights, mapped from the file, plus the KV cache at --ctx).\n"
+    "\n"
+    "  --ctx N     context for the KV estimate (default: the model's, at most 4096)\n"
+    "  --kv-type T f32 (default) or f16 KV cache for the estimate\n"
+    "  --json      one JSON object instead of text\n";
+
+static void human(char *b, size_t n, double bytes) {
+    const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int i = 0;
+    while (bytes >= 1024 && i < 4) bytes /= 1024, i++;
+    snprintf(b, n, i ? "%.2f %s" : "%.0f %s", bytes, u[i]);
+}
+
+int cmd_info(int argc, char **argv) {
+    if (cli_wants_help(argc, argv)) { fputs(k_info_usage, stdout); return 0; }
+    const char *model = NULL;
+    long ctx = 0;
+    bool json = false, kv_f16 = false;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--ctx")) {
+            if (!cli_int("--ctx", i + 1 < argc ? argv[++i] : NULL, 1, 1 << 24, &ctx)) return 1;
+        } else if (!strcmp(argv[i], "--kv-type")) {
+            const char *v = i + 1 < argc ? argv[++i] : NULL;
+            if (!v || (strcmp(v, "f32") && strcmp(v, "f16"))) return cli_fail("option '--kv-type' takes f32 or f16");
+            kv_f16 = !strcmp(v, "f16");
+        } else if (!strcmp(argv[i], "--json")) {
+            json = true;
+        } else if (argv[i][0] == '-' && argv[i][1]) {
+            return cli_fail("unknown option '%s'; see 'cumulo info --help'", argv[i]);
+        } else if (!model) {
+            model = argv[i];
+        } else {
+            return cli_fail("unexpected argument '%s'; see 'cumulo info --help'", argv[i]);
+        }
+    }
+    if (!model) return cli_fail("info needs a MODEL.gguf; see 'cumulo info --help'");
+    cm_engine *e;
+    if (cli_load_engine(&e, model, 1, (int)(ctx > (1 << 20) ? (1 << 20) : ctx), kv_f16)) return 1;
+    cm_engine_info in;
+    cm_engine_get_info(e, &in);
+    int n_ctx = ctx > 0 ? (int)ctx : in.n_ctx;
+    cm_type_usage tu[32];
+    int nt = cm_engine_type_usage(e, tu, 32);
+    if (nt > 32) nt = 32;
+    uint64_t kv = in.kv_bytes_per_token * (uint64_t)n_ctx;
+    uint64_t total = in.file_bytes + kv;
+    if (json) {
+        cJSON *j = cJSON_CreateObject();
+        cJSON_AddStringToObject(j, "architecture", in.arch);
+        cJSON_AddStringToObject(j, "name", in.name);
+        cJSON_AddNumberToObject(j, "n_params", (double)in.n_params);
+        cJSON_AddNumberToObject(j, "n_vocab", in.n_vocab);
+        cJSON_AddNumberToObject(j, "n_embd", in.n_embd);
+        cJSON_AddNumberToObject(j, "n_layer", in.n_layer);
+        cJSON_AddNumberToObject(j, "n_head", in.n_head);
+        cJSON_AddNumberToObject(j, "n_head_kv", in.n_head_kv);
+        cJSON_AddNumberToObject(j, "head_dim", in.head_dim);
+        cJSON_AddNumberToObject(j, "n_ff", in.n_ff);
+        cJSON_AddNumberToObject(j, "n_ctx_train", in.n_ctx_train);
+        cJSON_AddNumberToObject(j, "n_ctx", n_ctx);
+        cJSON *q = cJSON_AddArrayToObject(j, "types");
+        for (int i = 0; i < nt; i++) {
+            cJSON *o = cJSON_CreateObject();
+            cJSON_AddStringToObject(o, "type", tu[i].type);
+            cJSON_AddNumberToObject(o, "tensors", tu[i].n_tensors);
+            cJSON_AddNumberToObject(o, "bytes", (double)tu[i].bytes);
+            cJSON_AddNumberToObject(o, "elements", (double)tu[i].n_elements);
+            cJSON_AddItemToArray(q, o);
+        }
+        cJSON_AddNumberToObject(j, "file_bytes", (double)in.file_bytes);
+        cJSON_AddNumberToObject(j, "weight_bytes", (double)in.weight_bytes);
+        cJSON_AddNumberToObject(j, "kv_bytes", (double)kv);
+        cJSON_AddNumberToObject(j, "memory_bytes", (double)total);
+        char *s = cJSON_PrintUnformatted(j);
+        if (s) puts(s);
+        cJSON_free(s);
+        cJSON_Delete(j);
+    } else {
+        char b1[32], b2[32], b3[32];
+        printf("model:        %s\n", in.name);
+        printf("architecture: %s\n", in.arch);
+        printf("parameters:   %llu (%.2f M)\n", (unsigned long long)in.n_params, in.n_params / 1e6);
+        printf("shape:        %d layers, embedding %d, %d heads (%d KV, dim %d), ffn %d, vocabulary %d\n", in.n_layer,
+               in.n_embd, in.n_head, in.n_head_kv, in.head_dim, in.n_ff, in.n_vocab);
+        printf("context:      %d trained, %d for this estimate\n", in.n_ctx_train, n_ctx);
+        printf("quant mix:\n");
+        for (int i = 0; i < nt; i++) {
+            human(b1, sizeof b1, (double)tu[i].bytes);
+            printf("  %-6s %5d tensors  %12s  %6.2f bits/weight\n", tu[i].type, tu[i].n_tensors, b1,
+                   tu[i].n_elements ? 8.0 * (double)tu[i].bytes / (double)tu[i].n_elements : 0.0);
+        }
+        human(b1, sizeof b1, (double)in.file_bytes);
+        human(b2, sizeof b2, (double)kv);
+        human(b3, sizeof b3, (double)total);
+        printf("memory:       %s weights (mapped) + %s KV cache (%s, ctx %d) = %s\n", b1, b2, kv_f16 ? "F16" : "F32",
+               n_ctx, b3);
+    }
+    cm_engine_free(e);
+    return 0;
+}

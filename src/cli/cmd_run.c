@@ -1,0 +1,261 @@
+/*
+ * cmd_run.c: `cumulo run MODEL -p TEXT`: one-shot generation on this
+ * machine. Streams text to stdout and prints prompt/generation speed to
+ * stderr; --json prints one JSON object instead (the machine interface of
+ * tests and benchmarks). Talks to the inference side only through engine.h.
+ * Errors are one line and a non-zero exit; it never crashes on bad input.
+ */
+#include "cli.h"
+
+#include "base/base.h"
+#include "engine/engine.h"
+#include "os/os.h"
+
+#include <cjson/cJSON.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char k_run_usage[] =
+    "usage: cumulo run MODEL.gguf [-p TEXT | -f FILE] [options]\n"
+    "\n"
+    "Generate text from a prompt on this machine: the prompt and the generated text\n"
+    "stream to stdout, prompt and generation speed go to stderr.\n"
+    "\n"
+    "  -p, --prompt TEXT      prompt text (default: empty, i.e. BOS only)\n"
+    "  -f, --file FILE        read the prompt from FILE\n"
+    "  -n, --n-predict N      tokens to generate (default 128; -1: until EOS or the context is full)\n"
+    "  --temp T               temperature (default 0.8; 0 = greedy)\n"
+    "  --top-k K              top-k (default 40; 0 = off)\n"
+    "  --top-p P              top-p (default 0.95; 1 = off)\n"
+    "  --min-p P              min-p (default 0.05; 0 = off)\n"
+    "  --repeat-penalty R     repetition penalty (default 1.0 = off)\n"
+    "  --seed S               RNG seed (default: random)\n"
+    "  --stop TEXT            stop when TEXT appears (repeatable)\n"
+    "  --ctx N                context size (default: the model's, at most 4096)\n"
+    "  --threads N            compute threads (default: all CPUs)\n"
+    "  --kv-type f32|f16      KV cache element type (default f32; f16 halves its memory)\n"
+    "  --no-bos               do not add the BOS token\n"
+    "  --ignore-eos           keep generating past end-of-generation tokens\n"
+    "  --json                 print one JSON object: prompt_tokens, tokens, text, timings\n";
+
+static cm_session *g_session; /* for SIGINT */
+
+static void on_sigint(int sig) {
+    (void)sig;
+    if (g_session) cm_session_cancel(g_session);
+}
+
+typedef struct run_out {
+    bool json;
+    int32_t *ids;
+    int n_ids, cap_ids;
+    cm_buf text;
+} run_out;
+
+static int on_token(void *user, const cm_token_event *ev) {
+    run_out *o = user;
+    int32_t id = ev->id;
+    const char *text = ev->text;
+    size_t len = ev->len;
+    if (id >= 0 && o->n_ids < o->cap_ids) o->ids[o->n_ids++] = id;
+    if (o->json) cm_buf_append(&o->text, text, len);
+    else if (len) {
+        fwrite(text, 1, len, stdout);
+        fflush(stdout);
+    }
+    return 0;
+}
+
+static void progress_cb(void *ctx, uint64_t done, uint64_t total) {
+    cli_progress *p = ctx;
+    if (total == 0) return;
+    if (p->total <= 1) p->total = (double)total;
+    cli_progress_update(p, (double)done);
+}
+
+/* Shared by run and info: map + load with a progress bar for large files. */
+int cli_load_engine(cm_engine **e, const char *path, int threads, int n_ctx, bool kv_f16) {
+    cli_progress prog;
+    cli_progress_start(&prog, "loading", 0);
+    cm_engine_opts o = {.n_threads = threads, .n_ctx = n_ctx, .kv_f16 = kv_f16};
+    /* Pages load lazily unless there is a bar to show (reading them all costs time). */
+    if (prog.on) {
+        o.progress = progress_cb;
+        o.progress_ctx = &prog;
+    }
+    char err[512];
+    int rc = cm_engine_load(e, path, &o, err, sizeof err);
+    if (prog.on) cli_progress_end(&prog);
+    if (rc) return cli_fail("%s", err);
+    return 0;
+}
+
+int cmd_run(int argc, char **argv) {
+    if (cli_wants_help(argc, argv)) { fputs(k_run_usage, stdout); return 0; }
+    const char *model = NULL, *prompt = NULL, *file = NULL;
+    const char *stops[16];
+    int n_stops = 0;
+    long n_predict = 128, ctx = 0, threads = 0;
+    bool json = false, no_bos = false, kv_f16 = false;
+    cm_gen_params gp;
+    cm_gen_params_default(&gp);
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        double d;
+        long l;
+#define NEXT() (i++, v)
+        if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) {
+            if (!v) return cli_fail("option '%s' needs a value", a);
+            prompt = NEXT();
+        } else if (!strcmp(a, "-f") || !strcmp(a, "--file")) {
+            if (!v) return cli_fail("option '%s' needs a value", a);
+            file = NEXT();
+        } else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) {
+            if (!cli_int(a, NEXT(), -1, 1 << 24, &n_predict)) return 1;
+        } else if (!strcmp(a, "--temp")) {
+            if (!cli_float(a, NEXT(), 0, 100, &d)) return 1;
+            gp.sampling.temperature = (float)d;
+        } else if (!strcmp(a, "--top-k")) {
+            if (!cli_int(a, NEXT(), 0, 1 << 24, &l)) return 1;
+            gp.sampling.top_k = (int32_t)l;
+        } else if (!strcmp(a, "--top-p")) {
+            if (!cli_float(a, NEXT(), 0, 1, &d)) return 1;
+            gp.sampling.top_p = (float)d;
+        } else if (!strcmp(a, "--min-p")) {
+            if (!cli_float(a, NEXT(), 0, 1, &d)) return 1;
+            gp.sampling.min_p = (float)d;
+        } else if (!strcmp(a, "--repeat-penalty")) {
+            if (!cli_float(a, NEXT(), 0, 100, &d)) return 1;
+            gp.sampling.repeat_penalty = (float)d;
+        } else if (!strcmp(a, "--seed")) {
+            if (!cli_int(a, NEXT(), 0, 0x7fffffffL, &l)) return 1;
+            gp.sampling.seed = (uint64_t)l;
+        } else if (!strcmp(a, "--stop")) {
+            if (!v) return cli_fail("option '%s' needs a value", a);
+            if (n_stops == (int)CM_ARRAY_LEN(stops)) return cli_fail("at most %d --stop strings", (int)CM_ARRAY_LEN(stops));
+            if (!*v) return cli_fail("option '--stop' needs a non-empty string");
+            stops[n_stops++] = NEXT();
+        } else if (!strcmp(a, "--ctx")) {
+            if (!cli_int(a, NEXT(), 1, 1 << 20, &ctx)) return 1;
+        } else if (!strcmp(a, "--threads")) {
+            if (!cli_int(a, NEXT(), 1, 1024, &threads)) return 1;
+        } else if (!strcmp(a, "--kv-type")) {
+            if (!v || (strcmp(v, "f32") && strcmp(v, "f16"))) return cli_fail("option '--kv-type' takes f32 or f16");
+            kv_f16 = !strcmp(NEXT(), "f16");
+        } else if (!strcmp(a, "--no-bos")) {
+            no_bos = true;
+        } else if (!strcmp(a, "--ignore-eos")) {
+            gp.ignore_eos = true;
+        } else if (!strcmp(a, "--json")) {
+            json = true;
+        } else if (a[0] == '-' && a[1]) {
+            return cli_fail("unknown option '%s'; see 'cumulo run --help'", a);
+        } else if (!model) {
+            model = a;
+        } else {
+            return cli_fail("unexpected argument '%s'; see 'cumulo run --help'", a);
+        }
+#undef NEXT
+    }
+    if (!model) return cli_fail("run needs a MODEL.gguf; see 'cumulo run --help'");
+    if (prompt && file) return cli_fail("give either -p or -f, not both");
+    char *file_text = NULL;
+    size_t file_len = 0;
+    char err[512];
+    if (file) {
+        if (cm_file_read_all(file, &file_text, &file_len, err, sizeof err)) return cli_fail("%s", err);
+        prompt = file_text;
+    }
+    if (!prompt) prompt = "";
+    size_t plen = file ? file_len : strlen(prompt);
+    gp.n_predict = (int)n_predict;
+    gp.stops = stops;
+    gp.n_stops = n_stops;
+    char msg[512];
+    if (cm_sampler_params_check(&gp.sampling, msg, sizeof msg)) { cm_free(file_text); return cli_fail("%s", msg); }
+
+    cm_engine *e = NULL;
+    if (cli_load_engine(&e, model, (int)threads, (int)ctx, kv_f16)) { cm_free(file_text); return 1; }
+    int status = 1;
+    cm_session *s = NULL;
+    int32_t *ptoks = NULL;
+    run_out out = {.json = json};
+    cm_buf_init(&out.text);
+    /* A token covers at least one byte; BOS/EOS and SPM's leading space add a few. */
+    int cap = plen > (size_t)(1 << 28) ? (1 << 28) : (int)plen + 8, np = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        cm_free(ptoks);
+        ptoks = cm_malloc((size_t)cap * sizeof *ptoks);
+        if (!ptoks) { cli_fail("out of memory for a prompt of %zu bytes", plen); goto done; }
+        np = cm_engine_tokenize(e, prompt, plen, !no_bos, false, ptoks, cap, err, sizeof err);
+        if (np < 0) { cli_fail("cannot tokenize the prompt: %s", err); goto done; }
+        if (np <= cap) break;
+        cap = np;
+    }
+    if (np > cap) { cli_fail("cannot tokenize the prompt"); goto done; }
+    if (np == 0) { cli_fail("the prompt is empty and --no-bos leaves no token to start from"); goto done; }
+    s = cm_session_new(e, (int)ctx, err, sizeof err);
+    if (!s) { cli_fail("%s", err); goto done; }
+    if (np > cm_session_n_ctx(s)) {
+        cli_fail("prompt of %d tokens does not fit the context of %d (use --ctx)", np, cm_session_n_ctx(s));
+        goto done;
+    }
+    out.cap_ids = n_predict > 0 ? (int)n_predict : cm_session_n_ctx(s);
+    out.ids = cm_malloc((size_t)out.cap_ids * sizeof *out.ids + 1);
+    if (!out.ids) { cli_fail("out of memory"); goto done; }
+    if (!json && plen) { /* echo the prompt, as llama.cpp's CLI does, so the story reads whole */
+        fwrite(prompt, 1, plen, stdout);
+        fflush(stdout);
+    }
+    g_session = s;
+    signal(SIGINT, on_sigint);
+    if (cm_session_set_prompt(s, ptoks, np, err, sizeof err)) { cli_fail("%s", err); goto done; }
+    cm_gen_result res;
+    if (cm_session_generate(s, &gp, on_token, &out, &res, err, sizeof err)) { cli_fail("%s", err); goto done; }
+    signal(SIGINT, SIG_DFL);
+    g_session = NULL;
+    cm_timings t = cm_session_timings(s);
+    double ptps = t.prompt_s > 0 ? t.n_prompt / t.prompt_s : 0, gtps = t.gen_s > 0 ? t.n_gen / t.gen_s : 0;
+    if (json) {
+        cJSON *j = cJSON_CreateObject();
+        cJSON *pa = cJSON_AddArrayToObject(j, "prompt_tokens");
+        for (int i = 0; i < np; i++) cJSON_AddItemToArray(pa, cJSON_CreateNumber(ptoks[i]));
+        cJSON *ta = cJSON_AddArrayToObject(j, "tokens");
+        for (int i = 0; i < out.n_ids; i++) cJSON_AddItemToArray(ta, cJSON_CreateNumber(out.ids[i]));
+        cm_buf_append(&out.text, "", 1);
+        cJSON_AddStringToObject(j, "text", out.text.data ? out.text.data : "");
+        cJSON_AddStringToObject(j, "finish_reason", cm_finish_name(res.finish));
+        cJSON *tj = cJSON_AddObjectToObject(j, "timings");
+        cJSON_AddNumberToObject(tj, "prompt_n", t.n_prompt);
+        cJSON_AddNumberToObject(tj, "prompt_s", t.prompt_s);
+        cJSON_AddNumberToObject(tj, "prompt_tps", ptps);
+        cJSON_AddNumberToObject(tj, "gen_n", t.n_gen);
+        cJSON_AddNumberToObject(tj, "gen_s", t.gen_s);
+        cJSON_AddNumberToObject(tj, "gen_tps", gtps);
+        cJSON_AddNumberToObject(tj, "peak_rss_bytes", (double)cm_peak_rss_bytes());
+        char *js = cJSON_PrintUnformatted(j);
+        if (js) puts(js);
+        cJSON_free(js);
+        cJSON_Delete(j);
+    } else {
+        fputc('\n', stdout);
+        fflush(stdout);
+        fprintf(stderr, "\nprompt: %d tokens in %.3f s (%.1f tok/s); generation: %d tokens in %.3f s (%.1f tok/s)%s\n",
+                t.n_prompt, t.prompt_s, ptps, t.n_gen, t.gen_s, gtps,
+                res.finish == CM_FINISH_CANCEL ? " (interrupted)" : res.finish == CM_FINISH_CTX ? " (context full)" : "");
+    }
+    status = 0;
+done:
+    signal(SIGINT, SIG_DFL);
+    g_session = NULL;
+    cm_buf_release(&out.text);
+    cm_free(out.ids);
+    cm_free(ptoks);
+    cm_session_free(s);
+    cm_engine_free(e);
+    cm_free(file_text);
+    return status;
+}

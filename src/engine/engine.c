@@ -1,0 +1,431 @@
+/*
+ * engine.c: the single-machine engine behind engine.h: maps the GGUF, binds
+ * the model and tokenizer, owns the compute pool and one forward context,
+ * and runs sessions (prefix reuse, chunked prompt evaluation, the sample ->
+ * detokenize -> stop-string -> callback loop, timings).
+ *
+ * Forward passes of all sessions go through one cm_ctx under e->mu, so
+ * sessions on several threads take turns. Nothing here allocates per token:
+ * logits, pieces and the sampler are sized when a session/generation starts.
+ * NEEDSWORK: sessions decoding at the same time could share one batch
+ * (cm_forward takes several sequences); the queue in sched/ will do that.
+ */
+#include "engine.h"
+
+#include "../gguf/gguf.h"
+#include "../model/model.h"
+#include "../os/os.h"
+#include "../tokenizer/tokenizer.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+
+struct cm_engine {
+    cm_gguf g;
+    cm_model m;
+    cm_tokenizer *tok;
+    cm_pool *pool;
+    cm_ctx *ctx;
+    pthread_mutex_t mu;
+    int n_ctx, n_batch, max_ctx;
+    bool kv_f16;
+    char *name;
+};
+
+struct cm_session {
+    cm_engine *e;
+    cm_kv kv;
+    int n_ctx;
+    int32_t *hist; /* [n_ctx + 1]: tokens of the sequence; the first kv.n_past are in the cache */
+    int n_hist;
+    float *logits; /* [n_vocab]: after the last evaluated token */
+    bool have_logits;
+    char *piece; /* detokenizer output, cm_detok_max_out bytes */
+    size_t piece_cap;
+    atomic_int cancel;
+    cm_timings t;
+};
+
+static void fill_default_opts(cm_engine_opts *o) {
+    memset(o, 0, sizeof *o);
+}
+
+int cm_engine_load(cm_engine **out, const char *path, const cm_engine_opts *opts, char *err, size_t errlen) {
+    *out = NULL;
+    cm_engine_opts o;
+    if (opts) o = *opts;
+    else fill_default_opts(&o);
+    cm_engine *e = cm_calloc(1, sizeof *e);
+    if (!e) return cm_errf(err, errlen, CM_ENOMEM, "out of memory");
+    pthread_mutex_init(&e->mu, NULL);
+    int rc = cm_gguf_open(&e->g, path, o.progress, o.progress_ctx, err, errlen);
+    if (rc) { cm_engine_free(e); return rc; }
+    char msg[400];
+    if ((rc = cm_model_load(&e->m, &e->g, msg, sizeof msg))) {
+        cm_engine_free(e);
+        return cm_errf(err, errlen, rc, "'%s': %s", path, msg);
+    }
+    if ((rc = cm_tokenizer_new(&e->tok, &e->g, msg, sizeof msg))) {
+        cm_engine_free(e);
+        return cm_errf(err, errlen, rc, "'%s': %s", path, msg);
+    }
+    if (cm_tokenizer_n_vocab(e->tok) > e->m.hp.n_vocab) {
+        cm_engine_free(e);
+        return cm_errf(err, errlen, CM_EFORMAT, "'%s': vocabulary of %d tokens exceeds the embedding's %d rows", path,
+                       cm_tokenizer_n_vocab(e->tok), e->m.hp.n_vocab);
+    }
+    int nt = o.n_threads > 0 ? o.n_threads : cm_cpu_count();
+    e->pool = cm_pool_new(nt < 1 ? 1 : nt);
+    e->n_ctx = o.n_ctx > 0 ? o.n_ctx : CM_MIN(e->m.hp.n_ctx_train, 4096);
+    e->n_batch = o.n_batch > 0 ? o.n_batch : 64;
+    e->kv_f16 = o.kv_f16;
+    e->max_ctx = CM_MAX(e->n_ctx, CM_MIN(e->m.hp.n_ctx_train, 1 << 20));
+    e->ctx = e->pool ? cm_ctx_new(&e->m, e->n_batch, e->max_ctx, e->pool, msg, sizeof msg) : NULL;
+    if (!e->ctx) {
+        cm_engine_free(e);
+        return cm_errf(err, errlen, CM_ENOMEM, "'%s': %s", path, e->pool ? msg : "cannot start threads");
+    }
+    e->name = cm_gguf_get_str(&e->g, "general.name");
+    if (!e->name) {
+        const char *b = strrchr(path, '/');
+        e->name = cm_strdup(b ? b + 1 : path);
+    }
+    *out = e;
+    return 0;
+}
+
+void cm_engine_free(cm_engine *e) {
+    if (!e) return;
+    cm_ctx_free(e->ctx);
+    cm_pool_free(e->pool);
+    cm_tokenizer_free(e->tok);
+    cm_model_release(&e->m);
+    cm_gguf_close(&e->g);
+    pthread_mutex_destroy(&e->mu);
+    cm_free(e->name);
+    cm_free(e);
+}
+
+void cm_engine_get_info(const cm_engine *e, cm_engine_info *in) {
+    const cm_hparams *hp = &e->m.hp;
+    memset(in, 0, sizeof *in);
+    in->arch = cm_arch_name_of(hp->arch);
+    in->name = e->name;
+    in->n_vocab = hp->n_vocab;
+    in->n_embd = hp->n_embd;
+    in->n_layer = hp->n_layer;
+    in->n_head = hp->n_head;
+    in->n_head_kv = hp->n_head_kv;
+    in->head_dim = hp->head_dim;
+    in->n_ff = hp->n_ff;
+    in->n_ctx_train = hp->n_ctx_train;
+    in->n_ctx = e->n_ctx;
+    in->n_threads = cm_pool_size(e->pool);
+    in->n_params = e->m.n_params;
+    in->weight_bytes = e->m.weight_bytes;
+    in->file_bytes = e->g.size;
+    in->kv_bytes_per_token = cm_kv_bytes(&e->m, 0, hp->n_layer, 0, hp->n_head_kv, 1) / (e->kv_f16 ? 2 : 1);
+    in->bos = cm_tokenizer_bos(e->tok);
+    in->eos = cm_tokenizer_eos(e->tok);
+    in->eot = cm_tokenizer_eot(e->tok);
+    in->add_bos = cm_tokenizer_add_bos(e->tok);
+}
+
+int cm_engine_type_usage(const cm_engine *e, cm_type_usage *out, int max) {
+    int n = 0;
+    for (uint64_t i = 0; i < e->g.n_tensors; i++) {
+        const cm_gguf_tensor_info *ti = &e->g.tensors[i];
+        const char *name = cm_type_name(ti->type);
+        int k = 0;
+        while (k < n && k < max && strcmp(out[k].type, name)) k++;
+        if (k == n) {
+            if (n < max) out[n] = (cm_type_usage){.type = name};
+            n++;
+        }
+        if (k < max) {
+            uint64_t ne = 1;
+            for (int d = 0; d < ti->n_dims; d++) ne *= (uint64_t)ti->ne[d];
+            out[k].n_tensors++;
+            out[k].bytes += ti->nbytes;
+            out[k].n_elements += ne;
+        }
+    }
+    return n;
+}
+
+int cm_engine_tokenize(const cm_engine *e, const char *text, size_t len, bool add_bos, bool parse_special,
+                       int32_t *out, int max, char *err, size_t errlen) {
+    unsigned flags = (add_bos ? CM_TOK_ADD_SPECIAL : 0) | (parse_special ? CM_TOK_PARSE_SPECIAL : 0);
+    size_t n = 0;
+    if (!out || max <= 0) { /* only counting: the tokenizer wants a real buffer */
+        cm_token *tmp = NULL;
+        int rc = cm_tokenizer_encode_alloc(e->tok, text, len, flags, &tmp, &n, err, errlen);
+        cm_free(tmp);
+        if (rc) return rc;
+        return n > (size_t)INT32_MAX ? CM_ERANGE : (int)n;
+    }
+    int rc = cm_tokenizer_encode(e->tok, text, len, flags, out, (size_t)max, &n, err, errlen);
+    if (rc && rc != CM_ERANGE) return rc;
+    return n > (size_t)INT32_MAX ? CM_ERANGE : (int)n;
+}
+
+int cm_engine_token_piece(const cm_engine *e, int32_t id, char *buf, size_t cap) {
+    size_t n;
+    const char *p = cm_tokenizer_piece(e->tok, id, false, &n);
+    if (!p) return CM_ERANGE;
+    if (n > cap) n = cap;
+    memcpy(buf, p, n);
+    return (int)n;
+}
+
+int cm_engine_chat_render(const cm_engine *e, const char *template_name, const cm_chat_msg *msgs, size_t n,
+                          bool add_generation_prompt, cm_buf *out, char *err, size_t errlen) {
+    cm_chat_template t;
+    int rc;
+    if (template_name) {
+        rc = cm_chat_template_by_name(&t, template_name, err, errlen);
+    } else {
+        const cm_gguf_kv *kv = cm_gguf_find_kv(&e->g, "tokenizer.chat_template");
+        if (!kv || kv->type != CM_GGUF_STRING)
+            return cm_errf(err, errlen, CM_EUNSUPPORTED, "the model has no chat template; choose one with --chat-template (%s)",
+                           cm_chat_template_names());
+        rc = cm_chat_template_detect(&t, kv->v.str.ptr, (size_t)kv->v.str.len, err, errlen);
+    }
+    if (rc) return rc;
+    /* BOS/EOS texts, NUL-terminated copies (vocabulary texts are not). */
+    char bos[64] = "", eos[64] = "";
+    size_t len;
+    const char *p;
+    if ((p = cm_tokenizer_text(e->tok, cm_tokenizer_bos(e->tok), &len)) && len < sizeof bos) memcpy(bos, p, len), bos[len] = 0;
+    if ((p = cm_tokenizer_text(e->tok, cm_tokenizer_eos(e->tok), &len)) && len < sizeof eos) memcpy(eos, p, len), eos[len] = 0;
+    cm_chat_opts o = {.add_generation_prompt = add_generation_prompt,
+                      .tokenizer_adds_bos = cm_tokenizer_add_bos(e->tok), .bos = bos, .eos = eos};
+    return cm_chat_render(&t, msgs, n, &o, out, err, errlen);
+}
+
+void cm_gen_params_default(cm_gen_params *p) {
+    memset(p, 0, sizeof *p);
+    p->n_predict = 128;
+    cm_sampler_params_default(&p->sampling);
+}
+
+const char *cm_finish_name(enum cm_finish f) {
+    static const char *const names[CM_FINISH_COUNT] = {"length", "eog", "stop", "cancel", "ctx"};
+    return (unsigned)f < CM_FINISH_COUNT ? names[f] : "unknown";
+}
+
+/* ---- sessions ---- */
+
+cm_session *cm_session_new(cm_engine *e, int n_ctx, char *err, size_t errlen) {
+    if (n_ctx <= 0) n_ctx = e->n_ctx;
+    if (n_ctx > e->max_ctx) {
+        cm_errf(err, errlen, CM_EINVAL, "context of %d exceeds the engine's maximum of %d", n_ctx, e->max_ctx);
+        return NULL;
+    }
+    cm_session *s = cm_calloc(1, sizeof *s);
+    if (!s) { cm_errf(err, errlen, CM_ENOMEM, "out of memory"); return NULL; }
+    s->e = e;
+    s->n_ctx = n_ctx;
+    if (cm_kv_init_type(&s->kv, &e->m, 0, e->m.hp.n_layer, cm_slice_full(&e->m), n_ctx,
+                        e->kv_f16 ? CM_TYPE_F16 : CM_TYPE_F32, err, errlen)) {
+        cm_free(s);
+        return NULL;
+    }
+    s->hist = cm_calloc((size_t)n_ctx + 1, sizeof *s->hist);
+    s->logits = cm_calloc((size_t)e->m.hp.n_vocab, sizeof *s->logits);
+    s->piece_cap = cm_detok_max_out(e->tok);
+    s->piece = cm_malloc(s->piece_cap);
+    if (!s->hist || !s->logits || !s->piece) {
+        cm_session_free(s);
+        cm_errf(err, errlen, CM_ENOMEM, "out of memory for a session of %d positions", n_ctx);
+        return NULL;
+    }
+    return s;
+}
+
+void cm_session_free(cm_session *s) {
+    if (!s) return;
+    cm_kv_release(&s->kv);
+    cm_free(s->hist);
+    cm_free(s->logits);
+    cm_free(s->piece);
+    cm_free(s);
+}
+
+int cm_session_n_ctx(const cm_session *s) { return s->n_ctx; }
+int cm_session_n_past(const cm_session *s) { return s->kv.n_past; }
+const int32_t *cm_session_tokens(const cm_session *s, int *n) {
+    *n = s->n_hist;
+    return s->hist;
+}
+void cm_session_cancel(cm_session *s) { atomic_store(&s->cancel, 1); }
+cm_timings cm_session_timings(const cm_session *s) { return s->t; }
+
+/* Evaluate hist[kv.n_past .. n_hist) in chunks; logits of the last one. */
+static int eval_pending(cm_session *s, char *err, size_t errlen) {
+    cm_engine *e = s->e;
+    int32_t pos[256], seq[256] = {0};
+    int bmax = CM_MIN(e->n_batch, 256);
+    cm_kv *kvs[1] = {&s->kv};
+    while (s->kv.n_past < s->n_hist) {
+        if (atomic_load(&s->cancel)) return cm_errf(err, errlen, CM_ECANCELED, "canceled");
+        int nb = CM_MIN(bmax, s->n_hist - s->kv.n_past);
+        for (int i = 0; i < nb; i++) pos[i] = s->kv.n_past + i;
+        bool last = s->kv.n_past + nb == s->n_hist;
+        cm_batch b = {.n = nb, .tokens = s->hist + s->kv.n_past, .pos = pos, .seq = seq};
+        cm_forward_args a = {.layer_first = 0, .layer_last = e->m.hp.n_layer, .slice = cm_slice_full(&e->m),
+                             .kvs = kvs, .n_kvs = 1, .out_logits = last ? s->logits : NULL};
+        pthread_mutex_lock(&e->mu);
+        int rc = cm_forward(e->ctx, &b, &a, err, errlen);
+        pthread_mutex_unlock(&e->mu);
+        if (rc) { s->have_logits = false; return rc; }
+        s->have_logits = last;
+    }
+    return 0;
+}
+
+static int check_ids(cm_session *s, const int32_t *ids, int n, char *err, size_t errlen) {
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= s->e->m.hp.n_vocab)
+            return cm_errf(err, errlen, CM_EINVAL, "token id %d is out of the vocabulary", ids[i]);
+    return 0;
+}
+
+int cm_session_set_prompt(cm_session *s, const int32_t *ids, int n, char *err, size_t errlen) {
+    atomic_store(&s->cancel, 0);
+    memset(&s->t, 0, sizeof s->t);
+    if (n < 1) return cm_errf(err, errlen, CM_EINVAL, "empty prompt");
+    if (n > s->n_ctx)
+        return cm_errf(err, errlen, CM_ENOSPACE, "prompt of %d tokens does not fit the context of %d", n, s->n_ctx);
+    int rc = check_ids(s, ids, n, err, errlen);
+    if (rc) return rc;
+    /* Keep the common prefix already in the cache; always re-evaluate at
+     * least the last token so its logits are fresh. */
+    int keep = 0;
+    while (keep < s->kv.n_past && keep < n - 1 && s->hist[keep] == ids[keep]) keep++;
+    cm_kv_truncate(&s->kv, keep);
+    memcpy(s->hist + keep, ids + keep, (size_t)(n - keep) * sizeof *ids);
+    s->n_hist = n;
+    double t0 = cm_now_s();
+    rc = eval_pending(s, err, errlen);
+    s->t.n_prompt = n - keep;
+    s->t.prompt_s = cm_now_s() - t0;
+    return rc;
+}
+
+int cm_session_append(cm_session *s, const int32_t *ids, int n, char *err, size_t errlen) {
+    atomic_store(&s->cancel, 0);
+    memset(&s->t, 0, sizeof s->t);
+    if (n < 1) return 0;
+    /* A token sampled last time but not yet evaluated stays in the history
+     * and is evaluated with these. */
+    if (n > s->n_ctx - s->n_hist)
+        return cm_errf(err, errlen, CM_ENOSPACE, "%d more tokens do not fit the context (%d of %d used)", n, s->n_hist,
+                       s->n_ctx);
+    int rc = check_ids(s, ids, n, err, errlen);
+    if (rc) return rc;
+    memcpy(s->hist + s->n_hist, ids, (size_t)n * sizeof *ids);
+    s->n_hist += n;
+    double t0 = cm_now_s();
+    rc = eval_pending(s, err, errlen);
+    s->t.n_prompt = n;
+    s->t.prompt_s = cm_now_s() - t0;
+    return rc;
+}
+
+typedef struct gen_state {
+    cm_session *s;
+    cm_stop *stop;
+    cm_token_cb cb;
+    void *user;
+    int stop_hit;
+    bool cb_stopped;
+} gen_state;
+
+/* Pass detokenized bytes through the stop matcher to the callback. */
+static int emit(gen_state *g, int32_t id, const char *text, size_t n, const cm_sample_info *info) {
+    const char *out = "";
+    size_t out_n = 0;
+    int r = cm_stop_feed(g->stop, text, n, &out, &out_n);
+    if (r == CM_ENOMEM) return r;
+    if (r >= 0) g->stop_hit = r;
+    cm_token_event ev = {.id = id, .text = out, .len = out_n, .info = info};
+    if (g->cb && g->cb(g->user, &ev)) g->cb_stopped = true;
+    return 0;
+}
+
+int cm_session_generate(cm_session *s, const cm_gen_params *p, cm_token_cb cb, void *user, cm_gen_result *res,
+                        char *err, size_t errlen) {
+    cm_engine *e = s->e;
+    memset(res, 0, sizeof *res);
+    res->stop_index = -1;
+    atomic_store(&s->cancel, 0);
+    if (s->n_hist > s->kv.n_past) { /* continuing: evaluate the last sampled token */
+        int r = eval_pending(s, err, errlen);
+        if (r) return r;
+    }
+    if (!s->have_logits) return cm_errf(err, errlen, CM_ESTATE, "generate before a prompt was evaluated");
+    cm_sampler *smp = cm_sampler_new(&p->sampling, e->m.hp.n_vocab, err, errlen);
+    if (!smp) return CM_EINVAL;
+    cm_stop *stop = cm_stop_new(p->stops, p->n_stops, err, errlen);
+    if (!stop) { cm_sampler_free(smp); return CM_EINVAL; }
+    /* Penalties see the recent context, as llama.cpp's CLI accepts the prompt. */
+    int from = s->kv.n_past - (p->sampling.repeat_last_n > 0 ? p->sampling.repeat_last_n : 0);
+    for (int i = from < 0 ? 0 : from; i < s->kv.n_past; i++) cm_sampler_accept(smp, s->hist[i]);
+    /* The first generated piece loses its leading space only when nothing
+     * but specials (BOS) precedes it, like llama.cpp's detokenizer. */
+    bool lstrip = true;
+    for (int i = 0; i < s->kv.n_past; i++)
+        if (!cm_tokenizer_is_control(e->tok, s->hist[i])) lstrip = false;
+    cm_detok dt;
+    cm_detok_init(&dt, e->tok, false, lstrip);
+    gen_state g = {.s = s, .stop = stop, .cb = cb, .user = user, .stop_hit = -1};
+    int rc = 0;
+    int n_gen = 0;
+    enum cm_finish fin = CM_FINISH_LENGTH;
+    cm_sample_info info; /* a few hundred bytes on the stack, filled per token */
+    double t0 = cm_now_s();
+    for (;;) {
+        if (atomic_load(&s->cancel)) { fin = CM_FINISH_CANCEL; break; }
+        if (p->n_predict > 0 && n_gen >= p->n_predict) { fin = CM_FINISH_LENGTH; break; }
+        int32_t id = cm_sampler_sample(smp, s->logits, &info);
+        cm_sampler_accept(smp, id);
+        if (!p->ignore_eos && cm_tokenizer_is_eog(e->tok, id)) { fin = CM_FINISH_EOG; n_gen++; break; }
+        n_gen++;
+        s->hist[s->n_hist++] = id;
+        size_t pn = 0;
+        if ((rc = cm_detok_push(&dt, id, s->piece, s->piece_cap, &pn))) break;
+        if ((rc = emit(&g, id, s->piece, pn, &info))) break;
+        if (g.stop_hit >= 0) { fin = CM_FINISH_STOP; break; }
+        if (g.cb_stopped) { fin = CM_FINISH_CANCEL; break; }
+        if (p->n_predict > 0 && n_gen >= p->n_predict) { fin = CM_FINISH_LENGTH; break; }
+        if (s->n_hist >= s->n_ctx) { fin = CM_FINISH_CTX; break; }
+        if ((rc = eval_pending(s, err, errlen))) {
+            if (rc == CM_ECANCELED) { rc = 0; fin = CM_FINISH_CANCEL; }
+            break;
+        }
+    }
+    if (!rc && fin != CM_FINISH_STOP) {
+        /* Flush what the detokenizer and the stop matcher still hold. */
+        size_t pn = 0;
+        if (cm_detok_flush(&dt, s->piece, s->piece_cap, &pn) == 0 && pn) emit(&g, -1, s->piece, pn, NULL);
+        if (g.stop_hit >= 0) fin = CM_FINISH_STOP;
+        const char *out = "";
+        size_t on = 0;
+        cm_stop_flush(stop, &out, &on);
+        cm_token_event ev = {.id = -1, .text = out, .len = on};
+        if (on && cb) cb(user, &ev);
+    }
+    s->have_logits = s->have_logits && s->n_hist == s->kv.n_past;
+    s->t.n_gen = n_gen;
+    s->t.gen_s = cm_now_s() - t0;
+    res->finish = fin;
+    res->t = s->t;
+    res->stop_index = g.stop_hit;
+    cm_stop_free(stop);
+    cm_sampler_free(smp);
+    if (rc && rc != CM_ECANCELED && err && !*err) cm_errf(err, errlen, rc, "generation failed: %s", cm_strerror(rc));
+    return rc;
+}
