@@ -41,6 +41,7 @@ int cli_load_engine(struct cm_engine **e, const char *path, int threads, int n_c
 int cmd_key(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
+int cmd_synth(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);
 int cmd_discover(int argc, char **argv);
