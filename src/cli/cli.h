@@ -37,6 +37,7 @@ int cmd_info(int argc, char **argv);
  * one-line error itself and returns non-zero on failure. */
 struct cm_engine;
 int cli_load_engine(struct cm_engine **e, const char *path, int threads, int n_ctx);
+int cmd_key(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
 
 #endif

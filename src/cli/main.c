@@ -15,6 +15,7 @@ static const cm_command k_commands[] = {
     {"version", "print the version", cmd_version},
     {"run", "generate text from a prompt on this machine", cmd_run},
     {"info", "architecture, size, quant mix and memory needs of a model", cmd_info},
+    {"key", "create or show the cluster key", cmd_key},
 };
 
 static void usage(FILE *f) {

@@ -32,6 +32,13 @@ double cm_now_s(void);     /* monotonic seconds */
 uint64_t cm_wall_ms(void); /* unix epoch milliseconds */
 void cm_sleep_ms(unsigned ms);
 
+/* ---- sockets (the platform bits of TCP; net owns the rest) ---- */
+/* Make fd non-blocking and close-on-exec, and make writes to a closed peer
+ * fail with EPIPE instead of raising SIGPIPE. 0 or -1 (errno set). */
+int cm_sock_prepare(int fd);
+/* send() that never raises SIGPIPE: bytes sent, or -1 with errno. */
+long cm_sock_send(int fd, const void *p, size_t n);
+
 /* ---- machine facts ---- */
 typedef struct cm_cpu_features {
     bool x86_avx2, x86_fma, x86_f16c;

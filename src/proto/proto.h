@@ -1,0 +1,363 @@
+/*
+ * proto: the cumulo wire protocol as pure functions over bytes — frame headers,
+ * sealing/opening of frames (libsodium AEAD), the key-proving handshake, and one
+ * codec per message type. No sockets, no files, no clocks: everything here can be
+ * fed arbitrary bytes by a fuzzer. docs/PROTOCOL.md is the prose version of this
+ * header; keep the two in step.
+ *
+ * Decoders never trust a length: every count is bounded by a declared maximum and
+ * checked with overflow-safe arithmetic before it is used, and a frame's declared
+ * payload length is checked against its type's maximum before anyone allocates.
+ * Decoders never allocate: variable-length fields are views into the caller's
+ * buffer (valid as long as that buffer is).
+ */
+#ifndef CM_PROTO_H
+#define CM_PROTO_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define CM_PROTO_VERSION 1
+#define CM_PROTO_MAGIC 0x4F4C4D43u /* "CMLO" on the wire */
+#define CM_FRAME_HDR 20            /* magic4 version1 type1 flags2 seq8 len4 */
+#define CM_FRAME_MAC 16            /* Poly1305 tag, present when CM_FRAME_F_MAC */
+#define CM_KEY_BYTES 32            /* the cluster key */
+#define CM_NODE_ID_BYTES 16
+
+/* Frame flags. A session demands exactly the flags of its mode. */
+#define CM_FRAME_F_MAC 0x0001u     /* a 16-byte tag follows the payload */
+#define CM_FRAME_F_ENC 0x0002u     /* the payload is ciphertext */
+
+/* Message types: number, name, maximum payload bytes (checked before allocation). */
+#define CM_MSG_TYPES(X)                                       \
+    X(AUTH_INIT, 1, 128)                                      \
+    X(AUTH_REPLY, 2, 160)                                     \
+    X(AUTH_FINISH, 3, 64)                                     \
+    X(HELLO, 4, 1024)                                         \
+    X(HEARTBEAT, 5, 64)                                       \
+    X(PING, 6, (16u << 20) + 64)                              \
+    X(PONG, 7, (16u << 20) + 64)                              \
+    X(ASSIGN, 8, 4096)                                        \
+    X(READY, 9, 1024)                                         \
+    X(WEIGHTS_REQ, 10, 128)                                   \
+    X(WEIGHTS_CHUNK, 11, (16u << 20) + 128)                   \
+    X(FORWARD, 12, 256u << 20)                                \
+    X(TOKEN, 13, 1024)                                        \
+    X(SEQ_CONFIG, 14, 256)                                    \
+    X(SEQ_FREE, 15, 64)                                       \
+    X(ALLREDUCE, 16, 256u << 20)                              \
+    X(ERROR, 17, 1024)                                        \
+    X(BYE, 18, 512)
+
+enum cm_msg_type {
+    CM_MSG_NONE = 0,
+#define CM_X_MSG(name, num, max) CM_MSG_##name = num,
+    CM_MSG_TYPES(CM_X_MSG)
+#undef CM_X_MSG
+    CM_MSG_COUNT
+};
+
+/* "FORWARD"; "unknown" for a number outside the table. */
+const char *cm_msg_type_name(unsigned type);
+/* Maximum payload bytes for a type; 0 for an unknown type. */
+uint32_t cm_msg_max_payload(unsigned type);
+
+/* ---------------------------------------------------------------- frames */
+
+typedef struct cm_frame_hdr {
+    uint8_t version, type;
+    uint16_t flags;
+    uint64_t seq;
+    uint32_t len; /* payload bytes on the wire (the MAC is not counted) */
+} cm_frame_hdr;
+
+/* Decode and validate the CM_FRAME_HDR bytes at p: magic, version, known type,
+ * known flags, len <= the type's maximum. Needs n >= CM_FRAME_HDR. Errors:
+ * CM_EFORMAT (magic/flags/truncated), CM_EUNSUPPORTED (version, type), CM_ERANGE (len). */
+int cm_frame_hdr_decode(const uint8_t *p, size_t n, cm_frame_hdr *h, char *err, size_t errlen);
+void cm_frame_hdr_encode(const cm_frame_hdr *h, uint8_t out[CM_FRAME_HDR]);
+
+/* Security of a connection. Both ends must use the same mode. */
+typedef enum cm_sec_mode {
+    CM_SEC_INSECURE = 0, /* no key, no MAC, plaintext: only with an explicit --insecure */
+    CM_SEC_AUTH = 1,     /* every frame authenticated (MAC), payload in the clear */
+    CM_SEC_ENCRYPT = 2,  /* every frame authenticated and encrypted (the default) */
+    CM_SEC_COUNT
+} cm_sec_mode;
+const char *cm_sec_mode_name(cm_sec_mode m); /* "insecure" / "auth-only" / "encrypted" */
+
+/* The per-connection frame state: one direction's key and sequence each way.
+ * Starts in the handshake phase (plaintext frames, AUTH_* and ERROR only);
+ * cm_hs_finish() moves it to the established phase in the negotiated mode.
+ * Sending and receiving touch disjoint fields, so one thread may seal while
+ * another opens; two concurrent sealers (or openers) need a lock. */
+typedef struct cm_session {
+    cm_sec_mode mode;
+    bool established;
+    uint64_t tx_seq, rx_seq; /* next sequence number to send / to accept */
+    uint8_t tx_key[32], rx_key[32];
+} cm_session;
+
+void cm_session_init(cm_session *s); /* handshake phase, seq 0 both ways; initialises libsodium */
+void cm_session_wipe(cm_session *s); /* zero the keys */
+/* Bytes a frame adds around its payload in this session (header + MAC). */
+size_t cm_session_overhead(const cm_session *s);
+
+/* Check a decoded header against the session before reading (or allocating
+ * for) its payload: the type is allowed in this phase, the flags match the
+ * mode, and seq is exactly the next one expected (replays and reordering fail
+ * here). Errors: CM_EPROTO, CM_EAUTH. */
+int cm_session_check_hdr(const cm_session *s, const cm_frame_hdr *h, char *err, size_t errlen);
+
+/* Seal the payload already placed at frame + CM_FRAME_HDR (payload_len bytes):
+ * writes the header, encrypts in place when the mode says so, appends the MAC,
+ * advances tx_seq. cap is the size of frame; *frame_len gets the bytes to send.
+ * Errors: CM_ERANGE (too large for the type or cap), CM_EINVAL, CM_ESTATE. */
+int cm_frame_seal(cm_session *s, unsigned type, uint8_t *frame, size_t payload_len, size_t cap,
+                  size_t *frame_len, char *err, size_t errlen);
+
+/* Open one whole frame (n must be exactly its wire size): checks the header
+ * (cm_session_check_hdr), verifies the MAC and decrypts in place, advances rx_seq.
+ * *payload points into frame. On any error the session is unchanged.
+ * Errors: CM_EFORMAT, CM_EUNSUPPORTED, CM_ERANGE, CM_EPROTO, CM_EAUTH (bad MAC). */
+int cm_frame_open(cm_session *s, uint8_t *frame, size_t n, cm_frame_hdr *h, uint8_t **payload,
+                  char *err, size_t errlen);
+
+/* ------------------------------------------------------------- handshake
+ *
+ * initiator (client)                         responder (server)
+ *   AUTH_INIT  {version, mode, nonce_c, epk_c}  ->
+ *                      <-  AUTH_REPLY {version, mode, nonce_s, epk_s, proof_s}
+ *   AUTH_FINISH {proof_c}                        ->
+ * Both derive the traffic keys from the cluster key, the X25519 shared secret
+ * and a hash of the transcript; proofs are keyed hashes of the transcript, so
+ * a peer without the key cannot produce one and learns nothing from seeing one.
+ * In CM_SEC_INSECURE mode only INIT and REPLY are exchanged (mode agreement).
+ * The whole derivation is spelled out in docs/PROTOCOL.md.
+ */
+#define CM_HS_INIT_BYTES 68
+#define CM_HS_REPLY_BYTES 100
+#define CM_HS_FINISH_BYTES 32
+
+typedef struct cm_hs {
+    bool initiator;
+    cm_sec_mode mode;
+    int step;
+    uint8_t key[CM_KEY_BYTES];
+    uint8_t esk[32], epk[32], nonce[32];
+    uint8_t init[CM_HS_INIT_BYTES], reply[CM_HS_INIT_BYTES]; /* transcript (reply sans proof) */
+    uint8_t k_c2s[32], k_s2c[32], proof_s[32], proof_c[32];
+    bool keys_ready, peer_ok; /* peer_ok: the peer's proof checked out */
+} cm_hs;
+
+/* key may be NULL only for CM_SEC_INSECURE. Draws the nonce and ephemeral key. */
+int cm_hs_init(cm_hs *hs, bool initiator, cm_sec_mode mode, const uint8_t *key, char *err,
+               size_t errlen);
+/* Initiator: the AUTH_INIT payload (CM_HS_INIT_BYTES). */
+int cm_hs_write_init(cm_hs *hs, uint8_t *out, size_t cap, size_t *len, char *err, size_t errlen);
+/* Responder: check AUTH_INIT (version, mode agreement). On CM_EAUTH/CM_EUNSUPPORTED
+ * the message is meant for the peer too (send it in an ERROR frame). */
+int cm_hs_read_init(cm_hs *hs, const uint8_t *p, size_t n, char *err, size_t errlen);
+/* Responder: the AUTH_REPLY payload (derives the keys). */
+int cm_hs_write_reply(cm_hs *hs, uint8_t *out, size_t cap, size_t *len, char *err, size_t errlen);
+/* Initiator: check AUTH_REPLY and derive the keys. Returns CM_EAUTH when the
+ * responder's proof is wrong; cm_hs_write_finish still works then, so the
+ * responder learns of the mismatch too. */
+int cm_hs_read_reply(cm_hs *hs, const uint8_t *p, size_t n, char *err, size_t errlen);
+/* Initiator: the AUTH_FINISH payload (CM_HS_FINISH_BYTES). */
+int cm_hs_write_finish(cm_hs *hs, uint8_t *out, size_t cap, size_t *len, char *err, size_t errlen);
+/* Responder: check the initiator's proof. CM_EAUTH when wrong. */
+int cm_hs_read_finish(cm_hs *hs, const uint8_t *p, size_t n, char *err, size_t errlen);
+/* Both: install the traffic keys in s (which keeps its sequence numbers) and
+ * wipe the handshake secrets. */
+int cm_hs_finish(cm_hs *hs, cm_session *s, char *err, size_t errlen);
+void cm_hs_wipe(cm_hs *hs);
+
+/* -------------------------------------------------------------- messages */
+
+#define CM_MSG_NAME_MAX 63    /* node names, ISA strings */
+#define CM_MSG_SHORT_MAX 31   /* os, arch, version strings */
+#define CM_MSG_ADDR_MAX 63    /* "host:port" / "[v6]:port" */
+#define CM_MSG_TEXT_MAX 511   /* ERROR / READY / BYE messages */
+#define CM_MSG_MAX_TOP 20     /* top logprobs per TOKEN */
+#define CM_MSG_MAX_TP 16      /* tensor-parallel group size */
+#define CM_MSG_MAX_TOKENS 16384u  /* tokens per FORWARD micro-batch */
+#define CM_MSG_MAX_DIM 65536u     /* hidden size */
+#define CM_MSG_MAX_CHUNK (16u << 20) /* WEIGHTS_CHUNK / PING data bytes */
+
+typedef struct cm_msg_hello {
+    uint16_t proto_version;
+    uint8_t node_id[CM_NODE_ID_BYTES]; /* random, chosen once per node process */
+    char name[CM_MSG_NAME_MAX + 1];
+    uint16_t listen_port;              /* where this node accepts peers (0: none) */
+    uint32_t roles;                    /* CM_ROLE_* bits */
+    uint32_t cores;
+    char isa[CM_MSG_NAME_MAX + 1];     /* "avx2,fma,f16c" */
+    uint64_t mem_total, mem_free;      /* bytes */
+    char os[CM_MSG_SHORT_MAX + 1], arch[CM_MSG_SHORT_MAX + 1];
+    char version[CM_MSG_SHORT_MAX + 1]; /* cumulo version */
+    float gflops;                       /* measured compute speed, >= 0, finite */
+} cm_msg_hello;
+#define CM_ROLE_NODE 1u
+#define CM_ROLE_COORDINATOR 2u
+
+typedef struct cm_msg_heartbeat {
+    uint64_t epoch;   /* the plan epoch the sender acts on */
+    uint64_t wall_ms; /* sender's wall clock, unix ms */
+    uint64_t mono_ns; /* sender's monotonic clock (echo it to measure RTT) */
+    uint32_t load;    /* busy threads x 100 / cores, for the dashboard */
+} cm_msg_heartbeat;
+
+/* PING carries data (upload bandwidth) and asks for reply_len bytes back in the
+ * PONG (download bandwidth); id and sent_ns are echoed for RTT. */
+typedef struct cm_msg_ping {
+    uint64_t id, sent_ns;
+    uint32_t reply_len; /* PING only: bytes wanted in the PONG (<= CM_MSG_MAX_CHUNK) */
+    const uint8_t *data;
+    uint32_t data_len;  /* <= CM_MSG_MAX_CHUNK */
+} cm_msg_ping;
+
+/* ASSIGN: the coordinator gives one node its part of plan `epoch`. */
+#define CM_ASSIGN_F_EMBED 1u    /* first stage: embeds token ids */
+#define CM_ASSIGN_F_OUTPUT 2u   /* last stage: output head + sampling */
+typedef struct cm_msg_assign {
+    uint64_t epoch;
+    uint8_t model_sha256[32];
+    char model_name[CM_MSG_NAME_MAX + 1]; /* file name hint for --models DIR */
+    uint32_t flags;
+    uint32_t n_layers;                    /* of the whole model */
+    uint32_t layer_begin, layer_end;      /* [begin, end) */
+    uint32_t head_begin, head_end;        /* attention heads [begin, end) of n_heads */
+    uint32_t ffn_begin, ffn_end;          /* FFN rows [begin, end) of n_ff */
+    uint32_t n_ctx, n_seq_max;            /* KV cache the node must reserve */
+    uint16_t stage, n_stages;
+    uint8_t hidden_dtype;                 /* CM_HIDDEN_F32 or CM_HIDDEN_Q8 between stages */
+    char prev[CM_MSG_ADDR_MAX + 1];       /* "" for the first stage */
+    char next[CM_MSG_ADDR_MAX + 1];       /* "" for the last stage */
+    uint8_t tp_rank, tp_size;             /* tensor-parallel group (1 = none) */
+    char tp_peers[CM_MSG_MAX_TP][CM_MSG_ADDR_MAX + 1]; /* tp_size entries, rank order */
+} cm_msg_assign;
+
+/* READY: a node answers ASSIGN (status 0: loaded; else a CM_E* code + text). */
+typedef struct cm_msg_ready {
+    uint64_t epoch;
+    int32_t status;
+    uint64_t bytes_missing; /* weight bytes the node still needs streamed */
+    char text[CM_MSG_TEXT_MAX + 1];
+} cm_msg_ready;
+
+/* Content-addressed weights: tensor_hash = sha256 of the tensor's bytes. */
+typedef struct cm_msg_weights_req {
+    uint8_t tensor_hash[32];
+    uint64_t offset;
+    uint32_t len; /* <= CM_MSG_MAX_CHUNK */
+} cm_msg_weights_req;
+typedef struct cm_msg_weights_chunk {
+    uint8_t tensor_hash[32];
+    uint64_t offset, total; /* offset + data_len <= total */
+    const uint8_t *data;
+    uint32_t data_len;      /* <= CM_MSG_MAX_CHUNK */
+} cm_msg_weights_chunk;
+
+enum cm_hidden_dtype { CM_HIDDEN_TOKENS = 0, CM_HIDDEN_F32 = 1, CM_HIDDEN_Q8 = 2, CM_HIDDEN_COUNT };
+
+/* FORWARD: one micro-batch for the next stage. TOKENS carries token ids (to the
+ * first stage, dim 0); F32 carries n_tokens x dim floats; Q8 carries per token
+ * a f32 scale + dim int8 (x = scale * q). want[i] = 1 asks for output at token i.
+ * Encoding reads the typed pointers; decoding fills the *_le views (little-endian
+ * bytes inside the frame) — read them with the accessors below. */
+typedef struct cm_msg_forward {
+    uint64_t epoch, request_id;
+    uint32_t n_tokens, dim;
+    uint8_t dtype;
+    const int32_t *pos, *seq, *tokens; /* encode: n_tokens each (tokens: TOKENS only) */
+    const uint8_t *want;               /* encode: n_tokens */
+    const float *hidden;               /* encode: n_tokens x dim (F32/Q8) */
+    const uint8_t *pos_le, *seq_le, *want_le, *data_le; /* decode views */
+} cm_msg_forward;
+int32_t cm_msg_forward_pos(const cm_msg_forward *m, uint32_t i);
+int32_t cm_msg_forward_seq(const cm_msg_forward *m, uint32_t i);
+bool cm_msg_forward_want(const cm_msg_forward *m, uint32_t i);
+int32_t cm_msg_forward_token(const cm_msg_forward *m, uint32_t i); /* TOKENS only */
+/* Row i (dim floats) of a decoded F32/Q8 FORWARD into out. */
+void cm_msg_forward_row(const cm_msg_forward *m, uint32_t i, float *out);
+
+/* TOKEN: the last stage's sampled token for one sequence. */
+typedef struct cm_msg_token {
+    uint64_t epoch, request_id;
+    int32_t seq, pos, token;
+    float logprob;
+    uint8_t n_top; /* <= CM_MSG_MAX_TOP */
+    int32_t top_token[CM_MSG_MAX_TOP];
+    float top_logprob[CM_MSG_MAX_TOP];
+} cm_msg_token;
+
+/* SEQ_CONFIG: sampling parameters of a sequence, sent to the last stage. */
+typedef struct cm_msg_seq_config {
+    uint64_t epoch, request_id;
+    int32_t seq;
+    float temperature, top_p, min_p, repeat_penalty;
+    int32_t top_k;
+    uint64_t seed;
+    uint8_t n_top_logprobs; /* <= CM_MSG_MAX_TOP */
+} cm_msg_seq_config;
+
+typedef struct cm_msg_seq_free {
+    uint64_t epoch, request_id;
+    int32_t seq;
+} cm_msg_seq_free;
+
+/* ALLREDUCE: a segment of a tensor-parallel partial sum (n floats at elem_offset
+ * of the op's vector). op_id numbers the collectives of an epoch; step is the
+ * ring step (0 for a direct exchange). */
+typedef struct cm_msg_allreduce {
+    uint64_t epoch, op_id;
+    uint16_t layer;
+    uint8_t point; /* 0: after attn_output, 1: after ffn_down */
+    uint8_t step;
+    uint32_t elem_offset, n;
+    const float *data;     /* encode: n floats */
+    const uint8_t *data_le; /* decode view */
+} cm_msg_allreduce;
+void cm_msg_allreduce_get(const cm_msg_allreduce *m, float *out); /* n floats */
+
+typedef struct cm_msg_error {
+    int32_t code; /* a CM_E* value */
+    char text[CM_MSG_TEXT_MAX + 1];
+} cm_msg_error;
+
+typedef struct cm_msg_bye {
+    char text[CM_MSG_TEXT_MAX + 1];
+} cm_msg_bye;
+
+/* Any message. AUTH_* payloads are handled by cm_hs_*, not by cm_msg_*. */
+typedef struct cm_msg {
+    unsigned type; /* enum cm_msg_type */
+    union {
+        cm_msg_hello hello;
+        cm_msg_heartbeat heartbeat;
+        cm_msg_ping ping; /* PING and PONG */
+        cm_msg_assign assign;
+        cm_msg_ready ready;
+        cm_msg_weights_req weights_req;
+        cm_msg_weights_chunk weights_chunk;
+        cm_msg_forward forward;
+        cm_msg_token token;
+        cm_msg_seq_config seq_config;
+        cm_msg_seq_free seq_free;
+        cm_msg_allreduce allreduce;
+        cm_msg_error error;
+        cm_msg_bye bye;
+    } u;
+} cm_msg;
+
+/* Encode m's payload into out (cap bytes); out == NULL only measures.
+ * *len gets the payload size. Errors: CM_EINVAL (a field out of its bounds,
+ * unknown type), CM_ERANGE (cap too small). */
+int cm_msg_encode(const cm_msg *m, uint8_t *out, size_t cap, size_t *len, char *err, size_t errlen);
+/* Decode a payload of the given type. Views point into p. Errors: CM_EFORMAT
+ * (truncated, trailing bytes, a bound violated), CM_EUNSUPPORTED (type). */
+int cm_msg_decode(unsigned type, const uint8_t *p, size_t n, cm_msg *m, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,636 @@
+/* test_proto.c: the wire protocol without sockets — header layout against bytes
+ * written out by hand from docs/PROTOCOL.md, a round trip of every message,
+ * every truncation and random corruptions refused, oversized lengths refused
+ * from the header alone, the handshake (same key, wrong key, mode and version
+ * mismatches) and sealed frames (replay, reorder, bit flips, downgrades). */
+#include "test.h"
+
+#include "base/base.h"
+#include "proto/proto.h"
+
+#include <math.h>
+
+static const uint8_t k_key[32] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16,
+                                  17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32};
+
+/* Fixed inputs for the array-carrying messages. */
+static int32_t g_pos[8] = {0, 1, 2, 3, 7, 8, 9, 100}, g_seq[8] = {0, 0, 0, 0, 1, 1, 1, 2};
+static int32_t g_tok[8] = {1, 15043, 3186, 0, 5, 6, 31999, 2};
+static uint8_t g_want[8] = {0, 0, 0, 1, 0, 0, 1, 1};
+static float g_hidden[8 * 5];
+static float g_partial[33];
+static uint8_t g_blob[300];
+
+/* A valid message of each type (deterministic contents). */
+static void sample(unsigned type, cm_msg *m, int variant) {
+    memset(m, 0, sizeof *m);
+    m->type = type;
+    switch (type) {
+    case CM_MSG_HELLO: {
+        cm_msg_hello *h = &m->u.hello;
+        h->proto_version = CM_PROTO_VERSION;
+        for (int i = 0; i < 16; i++) h->node_id[i] = (uint8_t)(i * 17 + 3);
+        strcpy(h->name, "mac-mini-2 \xc3\xa9");
+        h->listen_port = 7070;
+        h->roles = CM_ROLE_NODE;
+        h->cores = 10;
+        strcpy(h->isa, "neon,dotprod,fp16");
+        h->mem_total = 16ull << 30;
+        h->mem_free = 11ull << 30;
+        strcpy(h->os, "darwin");
+        strcpy(h->arch, "arm64");
+        strcpy(h->version, CM_VERSION);
+        h->gflops = 123.5f;
+        break;
+    }
+    case CM_MSG_HEARTBEAT:
+        m->u.heartbeat = (cm_msg_heartbeat){7, 1764670000123ull, 987654321ull, 250};
+        break;
+    case CM_MSG_PING:
+    case CM_MSG_PONG:
+        m->u.ping.id = 42;
+        m->u.ping.sent_ns = 123456789;
+        m->u.ping.reply_len = type == CM_MSG_PING ? 4096 : 0;
+        m->u.ping.data = g_blob;
+        m->u.ping.data_len = variant ? 0 : sizeof g_blob;
+        break;
+    case CM_MSG_ASSIGN: {
+        cm_msg_assign *a = &m->u.assign;
+        a->epoch = 3;
+        for (int i = 0; i < 32; i++) a->model_sha256[i] = (uint8_t)(255 - i);
+        strcpy(a->model_name, "stories260K-q8_0.gguf");
+        a->flags = CM_ASSIGN_F_OUTPUT;
+        a->n_layers = 5;
+        a->layer_begin = 3;
+        a->layer_end = 5;
+        a->head_begin = 0;
+        a->head_end = 8;
+        a->ffn_begin = 0;
+        a->ffn_end = 768;
+        a->n_ctx = 512;
+        a->n_seq_max = 4;
+        a->stage = 1;
+        a->n_stages = 2;
+        a->hidden_dtype = CM_HIDDEN_Q8;
+        strcpy(a->prev, "[fe80::1]:7070");
+        a->tp_rank = 1;
+        a->tp_size = 2;
+        strcpy(a->tp_peers[0], "10.0.0.2:7070");
+        strcpy(a->tp_peers[1], "10.0.0.3:7070");
+        break;
+    }
+    case CM_MSG_READY:
+        m->u.ready.epoch = 3;
+        m->u.ready.status = variant ? CM_ENOMEM : 0;
+        m->u.ready.bytes_missing = 1234567;
+        strcpy(m->u.ready.text, variant ? "not enough memory" : "");
+        break;
+    case CM_MSG_WEIGHTS_REQ:
+        memset(m->u.weights_req.tensor_hash, 0xab, 32);
+        m->u.weights_req.offset = 1ull << 33;
+        m->u.weights_req.len = 1 << 20;
+        break;
+    case CM_MSG_WEIGHTS_CHUNK:
+        memset(m->u.weights_chunk.tensor_hash, 0xcd, 32);
+        m->u.weights_chunk.offset = 100;
+        m->u.weights_chunk.total = 100 + sizeof g_blob;
+        m->u.weights_chunk.data = g_blob;
+        m->u.weights_chunk.data_len = sizeof g_blob;
+        break;
+    case CM_MSG_FORWARD: {
+        cm_msg_forward *f = &m->u.forward;
+        f->epoch = 9;
+        f->request_id = 77;
+        f->n_tokens = 8;
+        f->pos = g_pos;
+        f->seq = g_seq;
+        f->want = g_want;
+        f->dtype = (uint8_t)(variant % 3);
+        if (f->dtype == CM_HIDDEN_TOKENS) f->tokens = g_tok;
+        else { f->dim = 5; f->hidden = g_hidden; }
+        break;
+    }
+    case CM_MSG_TOKEN: {
+        cm_msg_token *t = &m->u.token;
+        t->epoch = 9;
+        t->request_id = 77;
+        t->seq = 2;
+        t->pos = 100;
+        t->token = 31999;
+        t->logprob = -0.25f;
+        t->n_top = variant ? 0 : 3;
+        for (int i = 0; i < 3; i++) { t->top_token[i] = 31999 - i; t->top_logprob[i] = -0.25f * (float)(i + 1); }
+        break;
+    }
+    case CM_MSG_SEQ_CONFIG:
+        m->u.seq_config = (cm_msg_seq_config){9, 77, 2, 0.8f, 0.95f, 0.05f, 1.1f, 40, 1234, 5};
+        break;
+    case CM_MSG_SEQ_FREE: m->u.seq_free = (cm_msg_seq_free){9, 77, 2}; break;
+    case CM_MSG_ALLREDUCE: {
+        cm_msg_allreduce *a = &m->u.allreduce;
+        a->epoch = 9;
+        a->op_id = 1000;
+        a->layer = 4;
+        a->point = 1;
+        a->step = 2;
+        a->elem_offset = 64;
+        a->n = 33;
+        a->data = g_partial;
+        break;
+    }
+    case CM_MSG_ERROR:
+        m->u.error.code = CM_EAUTH;
+        strcpy(m->u.error.text, "the peer does not know this cluster's key");
+        break;
+    case CM_MSG_BYE: strcpy(m->u.bye.text, "node shutting down"); break;
+    }
+}
+
+static void init_data(void) {
+    cm_rng r;
+    cm_rng_seed(&r, 1234);
+    for (size_t i = 0; i < CM_ARRAY_LEN(g_hidden); i++) g_hidden[i] = cm_rng_normal(&r) * 3.0f;
+    g_hidden[7] = 0; /* a row with a zero and (below) one all-zero row for Q8 */
+    for (int j = 0; j < 5; j++) g_hidden[5 * 2 + j] = 0;
+    for (size_t i = 0; i < CM_ARRAY_LEN(g_partial); i++) g_partial[i] = cm_rng_normal(&r);
+    for (size_t i = 0; i < sizeof g_blob; i++) g_blob[i] = (uint8_t)cm_rng_next(&r);
+}
+
+static size_t enc(const cm_msg *m, uint8_t *out, size_t cap) {
+    size_t n = 0, n2 = 0;
+    char e[256];
+    int rc = cm_msg_encode(m, NULL, 0, &n, e, sizeof e);
+    CHECKF(rc == 0, "%s: %s", cm_msg_type_name(m->type), e);
+    rc = cm_msg_encode(m, out, cap, &n2, e, sizeof e);
+    CHECKF(rc == 0 && n2 == n, "%s: %s (%zu vs %zu)", cm_msg_type_name(m->type), e, n, n2);
+    return n2;
+}
+
+/* The header layout, byte for byte, as PROTOCOL.md states it. */
+static void test_header_layout(void) {
+    cm_frame_hdr h = {1, CM_MSG_FORWARD, 3, 0x0102030405060708ull, 0x00a0b0c0};
+    uint8_t b[CM_FRAME_HDR];
+    cm_frame_hdr_encode(&h, b);
+    const uint8_t want[CM_FRAME_HDR] = {'C', 'M', 'L', 'O', 1, 12, 3, 0, 8, 7,
+                                        6,   5,   4,   3,   2, 1, 0xc0, 0xb0, 0xa0, 0};
+    CHECK(!memcmp(b, want, sizeof want));
+    cm_frame_hdr d;
+    CHECK(cm_frame_hdr_decode(b, sizeof b, &d, NULL, 0) == 0);
+    CHECK(d.type == CM_MSG_FORWARD && d.seq == h.seq && d.len == h.len && d.flags == 3);
+    /* HEARTBEAT payload: epoch u64, wall_ms u64, mono_ns u64, load u32, little-endian. */
+    cm_msg m;
+    sample(CM_MSG_HEARTBEAT, &m, 0);
+    m.u.heartbeat = (cm_msg_heartbeat){0x11, 0x2233, 0x44, 0x55667788};
+    uint8_t p[64];
+    size_t n = enc(&m, p, sizeof p);
+    const uint8_t wp[28] = {0x11, 0, 0, 0, 0, 0, 0, 0, 0x33, 0x22, 0, 0, 0, 0,
+                            0,    0, 0x44, 0, 0, 0, 0, 0, 0, 0, 0x88, 0x77, 0x66, 0x55};
+    CHECK(n == 28 && !memcmp(p, wp, 28));
+}
+
+static void test_header_refusals(void) {
+    cm_frame_hdr h = {1, CM_MSG_HEARTBEAT, 0, 0, 28}, d;
+    uint8_t b[CM_FRAME_HDR];
+    char e[256];
+    cm_frame_hdr_encode(&h, b);
+    CHECK(cm_frame_hdr_decode(b, sizeof b, &d, e, sizeof e) == 0);
+    for (size_t n = 0; n < CM_FRAME_HDR; n++) CHECK(cm_frame_hdr_decode(b, n, &d, e, sizeof e) == CM_EFORMAT);
+    b[4] = 2; /* version */
+    CHECK(cm_frame_hdr_decode(b, sizeof b, &d, e, sizeof e) == CM_EUNSUPPORTED);
+    CHECKF(strstr(e, "protocol version 2") != NULL, "%s", e);
+    b[4] = 1;
+    b[5] = 200; /* type */
+    CHECK(cm_frame_hdr_decode(b, sizeof b, &d, e, sizeof e) == CM_EUNSUPPORTED);
+    CHECKF(strstr(e, "unknown message type 200") != NULL, "%s", e);
+    b[5] = 0;
+    CHECK(cm_frame_hdr_decode(b, sizeof b, &d, e, sizeof e) == CM_EUNSUPPORTED);
+    b[5] = CM_MSG_HEARTBEAT;
+    b[0] = 'G'; /* "GET / HTTP/1.1" */
+    CHECK(cm_frame_hdr_decode(b, sizeof b, &d, e, sizeof e) == CM_EFORMAT);
+    b[0] = 'C';
+    b[6] = 0x04; /* unknown flag */
+    CHECK(cm_frame_hdr_decode(b, sizeof b, &d, e, sizeof e) == CM_EFORMAT);
+    b[6] = CM_FRAME_F_ENC; /* encryption without MAC */
+    CHECK(cm_frame_hdr_decode(b, sizeof b, &d, e, sizeof e) == CM_EFORMAT);
+    b[6] = 0;
+    /* Oversized lengths: refused from the header alone, for every type. */
+    for (unsigned t = 1; t < CM_MSG_COUNT; t++) {
+        h.type = (uint8_t)t;
+        h.len = cm_msg_max_payload(t);
+        cm_frame_hdr_encode(&h, b);
+        CHECK(cm_frame_hdr_decode(b, sizeof b, &d, e, sizeof e) == 0);
+        h.len = cm_msg_max_payload(t) + 1;
+        cm_frame_hdr_encode(&h, b);
+        CHECK(cm_frame_hdr_decode(b, sizeof b, &d, e, sizeof e) == CM_ERANGE);
+        h.len = UINT32_MAX;
+        cm_frame_hdr_encode(&h, b);
+        CHECK(cm_frame_hdr_decode(b, sizeof b, &d, e, sizeof e) == CM_ERANGE);
+    }
+    CHECKF(strstr(e, "exceeds the maximum") != NULL, "%s", e);
+    CHECK(!strcmp(cm_msg_type_name(CM_MSG_FORWARD), "FORWARD"));
+    CHECK(!strcmp(cm_msg_type_name(999), "unknown"));
+}
+
+static void check_forward(const cm_msg_forward *a, const cm_msg_forward *d) {
+    CHECK(d->epoch == a->epoch && d->request_id == a->request_id && d->n_tokens == a->n_tokens &&
+          d->dim == a->dim && d->dtype == a->dtype);
+    for (uint32_t i = 0; i < d->n_tokens; i++) {
+        CHECK(cm_msg_forward_pos(d, i) == a->pos[i]);
+        CHECK(cm_msg_forward_seq(d, i) == a->seq[i]);
+        CHECK(cm_msg_forward_want(d, i) == (a->want[i] != 0));
+        if (a->dtype == CM_HIDDEN_TOKENS) { CHECK(cm_msg_forward_token(d, i) == a->tokens[i]); continue; }
+        float row[5], amax = 0;
+        cm_msg_forward_row(d, i, row);
+        for (uint32_t j = 0; j < a->dim; j++) amax = fmaxf(amax, fabsf(a->hidden[i * a->dim + j]));
+        for (uint32_t j = 0; j < a->dim; j++) {
+            float x = a->hidden[i * a->dim + j];
+            if (a->dtype == CM_HIDDEN_F32) CHECK(row[j] == x);
+            /* Q8: rounding to the nearest of 255 levels errs by at most half a step (+ f32 slack). */
+            else CHECKF(fabsf(row[j] - x) <= amax / 127.0f * 0.5f * 1.0001f + 1e-7f, "%g vs %g", row[j], x);
+        }
+    }
+}
+
+static void test_roundtrip_all(void) {
+    static uint8_t buf[4096], buf2[4096];
+    char e[256];
+    for (unsigned t = CM_MSG_HELLO; t < CM_MSG_COUNT; t++) {
+        for (int v = 0; v < 3; v++) {
+            cm_msg m, d;
+            sample(t, &m, v);
+            size_t n = enc(&m, buf, sizeof buf);
+            int rc = cm_msg_decode(t, buf, n, &d, e, sizeof e);
+            CHECKF(rc == 0, "%s: %s", cm_msg_type_name(t), e);
+            if (rc) continue;
+            if (t == CM_MSG_FORWARD) { check_forward(&m.u.forward, &d.u.forward); continue; }
+            if (t == CM_MSG_ALLREDUCE) {
+                float out[33];
+                cm_msg_allreduce_get(&d.u.allreduce, out);
+                CHECK(d.u.allreduce.n == 33 && d.u.allreduce.elem_offset == 64 && d.u.allreduce.layer == 4);
+                CHECK(!memcmp(out, g_partial, sizeof out));
+                continue;
+            }
+            /* Everything else: decode then re-encode gives the same bytes. */
+            size_t n2 = enc(&d, buf2, sizeof buf2);
+            CHECKF(n2 == n && !memcmp(buf, buf2, n), "%s re-encodes differently", cm_msg_type_name(t));
+        }
+    }
+    /* A few fields by name. */
+    cm_msg m, d;
+    sample(CM_MSG_HELLO, &m, 0);
+    size_t n = enc(&m, buf, sizeof buf);
+    CHECK(cm_msg_decode(CM_MSG_HELLO, buf, n, &d, e, sizeof e) == 0);
+    CHECK(!strcmp(d.u.hello.name, "mac-mini-2 \xc3\xa9") && d.u.hello.gflops == 123.5f &&
+          d.u.hello.mem_total == (16ull << 30) && !memcmp(d.u.hello.node_id, m.u.hello.node_id, 16));
+    sample(CM_MSG_ASSIGN, &m, 0);
+    n = enc(&m, buf, sizeof buf);
+    CHECK(cm_msg_decode(CM_MSG_ASSIGN, buf, n, &d, e, sizeof e) == 0);
+    CHECK(!strcmp(d.u.assign.tp_peers[1], "10.0.0.3:7070") && !strcmp(d.u.assign.prev, "[fe80::1]:7070") &&
+          d.u.assign.next[0] == 0 && d.u.assign.layer_end == 5);
+    sample(CM_MSG_TOKEN, &m, 0);
+    n = enc(&m, buf, sizeof buf);
+    CHECK(cm_msg_decode(CM_MSG_TOKEN, buf, n, &d, e, sizeof e) == 0);
+    CHECK(d.u.token.n_top == 3 && d.u.token.top_token[2] == 31997 && d.u.token.top_logprob[2] == -0.75f);
+    sample(CM_MSG_PING, &m, 0);
+    n = enc(&m, buf, sizeof buf);
+    CHECK(cm_msg_decode(CM_MSG_PING, buf, n, &d, e, sizeof e) == 0);
+    CHECK(d.u.ping.data == buf + 24 && d.u.ping.data_len == sizeof g_blob && d.u.ping.reply_len == 4096);
+}
+
+/* Every strict prefix of every payload is refused, and so is any trailing byte. */
+static void test_truncation(void) {
+    static uint8_t buf[4096];
+    char e[256];
+    int refused = 0, total = 0;
+    for (unsigned t = CM_MSG_HELLO; t < CM_MSG_COUNT; t++) {
+        for (int v = 0; v < 3; v++) {
+            cm_msg m, d;
+            sample(t, &m, v);
+            size_t n = enc(&m, buf, sizeof buf);
+            for (size_t k = 0; k < n; k++) {
+                /* copy the prefix into its own allocation so ASan sees any over-read */
+                uint8_t *p = malloc(k ? k : 1);
+                memcpy(p, buf, k);
+                int rc = cm_msg_decode(t, p, k, &d, e, sizeof e);
+                total++;
+                refused += rc == CM_EFORMAT;
+                CHECKF(rc == CM_EFORMAT, "%s truncated to %zu of %zu: rc %d", cm_msg_type_name(t), k, n, rc);
+                free(p);
+            }
+            buf[n] = 0;
+            CHECK(cm_msg_decode(t, buf, n + 1, &d, e, sizeof e) == CM_EFORMAT);
+        }
+    }
+    CHECK(refused == total && total > 1000);
+    CHECKF(strstr(e, "trailing") != NULL, "%s", e);
+}
+
+/* Random corruption of payloads: decoding never crashes and what it accepts re-encodes. */
+static void test_corruption(void) {
+    static uint8_t buf[4096];
+    cm_rng r;
+    cm_rng_seed(&r, 99);
+    char e[256];
+    int accepted = 0, refused = 0;
+    for (int it = 0; it < 20000; it++) {
+        unsigned t = CM_MSG_HELLO + (unsigned)(cm_rng_next(&r) % (CM_MSG_COUNT - CM_MSG_HELLO));
+        cm_msg m, d;
+        sample(t, &m, (int)(cm_rng_next(&r) % 3));
+        size_t n = enc(&m, buf, sizeof buf);
+        int flips = 1 + (int)(cm_rng_next(&r) % 4);
+        for (int f = 0; f < flips; f++) buf[cm_rng_next(&r) % n] ^= (uint8_t)(1u << (cm_rng_next(&r) % 8));
+        uint8_t *p = malloc(n);
+        memcpy(p, buf, n);
+        if (cm_msg_decode(t, p, n, &d, e, sizeof e) == 0) accepted++;
+        else refused++;
+        free(p);
+    }
+    CHECK(accepted > 0 && refused > 0); /* the corpus exercises both paths */
+    /* Counts from a hostile peer are checked before use: a FORWARD claiming the maximum
+     * tokens and dimension in a tiny payload is refused without touching memory. */
+    cm_msg m, d;
+    sample(CM_MSG_FORWARD, &m, 1);
+    size_t n = enc(&m, buf, sizeof buf);
+    cm_wr_u32(buf + 16, CM_MSG_MAX_TOKENS);
+    cm_wr_u32(buf + 20, CM_MSG_MAX_DIM);
+    CHECK(cm_msg_decode(CM_MSG_FORWARD, buf, n, &d, e, sizeof e) == CM_EFORMAT);
+    cm_wr_u32(buf + 16, 0xffffffffu);
+    CHECK(cm_msg_decode(CM_MSG_FORWARD, buf, n, &d, e, sizeof e) == CM_EFORMAT);
+    CHECKF(strstr(e, "n_tokens") != NULL, "%s", e);
+    /* A string with a control character (log injection) is refused. */
+    sample(CM_MSG_HELLO, &m, 0);
+    strcpy(m.u.hello.name, "evil\nnode");
+    n = enc(&m, buf, sizeof buf);
+    CHECK(cm_msg_decode(CM_MSG_HELLO, buf, n, &d, e, sizeof e) == CM_EFORMAT);
+    CHECKF(strstr(e, "control") != NULL, "%s", e);
+}
+
+static void test_encode_bounds(void) {
+    cm_msg m;
+    size_t n;
+    char e[256];
+    uint8_t small[8];
+    sample(CM_MSG_ASSIGN, &m, 0);
+    m.u.assign.layer_end = 6; /* past n_layers */
+    CHECK(cm_msg_encode(&m, NULL, 0, &n, e, sizeof e) == CM_EINVAL);
+    sample(CM_MSG_ASSIGN, &m, 0);
+    m.u.assign.flags = 0; /* the last stage must own the output head */
+    CHECK(cm_msg_encode(&m, NULL, 0, &n, e, sizeof e) == CM_EINVAL);
+    sample(CM_MSG_TOKEN, &m, 0);
+    m.u.token.n_top = CM_MSG_MAX_TOP + 1;
+    CHECK(cm_msg_encode(&m, NULL, 0, &n, e, sizeof e) == CM_EINVAL);
+    sample(CM_MSG_SEQ_CONFIG, &m, 0);
+    m.u.seq_config.temperature = NAN;
+    CHECK(cm_msg_encode(&m, NULL, 0, &n, e, sizeof e) == CM_EINVAL);
+    sample(CM_MSG_ERROR, &m, 0);
+    memset(m.u.error.text, 'x', sizeof m.u.error.text); /* no NUL within the maximum */
+    CHECK(cm_msg_encode(&m, NULL, 0, &n, e, sizeof e) == CM_EINVAL);
+    sample(CM_MSG_HEARTBEAT, &m, 0);
+    CHECK(cm_msg_encode(&m, small, sizeof small, &n, e, sizeof e) == CM_ERANGE);
+    /* A FORWARD larger than its frame maximum is refused at encoding: split the batch. */
+    sample(CM_MSG_FORWARD, &m, 1);
+    m.u.forward.n_tokens = CM_MSG_MAX_TOKENS;
+    m.u.forward.dim = 8192;
+    CHECK(cm_msg_encode(&m, NULL, 0, &n, e, sizeof e) == CM_ERANGE);
+    sample(CM_MSG_FORWARD, &m, 2);
+    float bad[40];
+    memcpy(bad, g_hidden, sizeof bad);
+    bad[3] = INFINITY;
+    m.u.forward.hidden = bad;
+    uint8_t buf[512];
+    CHECK(cm_msg_encode(&m, buf, sizeof buf, &n, e, sizeof e) == CM_EINVAL); /* Q8 of inf */
+    CHECK(cm_msg_decode(CM_MSG_AUTH_INIT, buf, 0, &m, e, sizeof e) == CM_EUNSUPPORTED);
+}
+
+/* ---- handshake and sessions, both ends in one process ---- */
+
+typedef struct pair { cm_session c, s; int rc_c, rc_s; char ec[256], es[256]; } pair;
+
+static void handshake(pair *p, cm_sec_mode mc, const uint8_t *kc, cm_sec_mode ms, const uint8_t *ks) {
+    cm_hs hc, hsv;
+    uint8_t b1[128], b2[128], b3[128];
+    size_t n1, n2, n3;
+    memset(p, 0, sizeof *p);
+    cm_session_init(&p->c);
+    cm_session_init(&p->s);
+    CHECK(cm_hs_init(&hc, true, mc, kc, NULL, 0) == 0);
+    CHECK(cm_hs_init(&hsv, false, ms, ks, NULL, 0) == 0);
+    CHECK(cm_hs_write_init(&hc, b1, sizeof b1, &n1, NULL, 0) == 0 && n1 == CM_HS_INIT_BYTES);
+    p->rc_s = cm_hs_read_init(&hsv, b1, n1, p->es, sizeof p->es);
+    if (p->rc_s) { p->rc_c = p->rc_s; goto out; }
+    CHECK(cm_hs_write_reply(&hsv, b2, sizeof b2, &n2, NULL, 0) == 0 && n2 == CM_HS_REPLY_BYTES);
+    p->rc_c = cm_hs_read_reply(&hc, b2, n2, p->ec, sizeof p->ec);
+    if (mc != CM_SEC_INSECURE && hc.keys_ready) {
+        CHECK(cm_hs_write_finish(&hc, b3, sizeof b3, &n3, NULL, 0) == 0);
+        p->rc_s = cm_hs_read_finish(&hsv, b3, n3, p->es, sizeof p->es);
+        /* the cluster key never appears in what goes on the wire */
+        CHECK(!memmem(b1, n1, kc, 32) && !memmem(b2, n2, kc, 32) && !memmem(b3, n3, kc, 32));
+    }
+    if (!p->rc_c) p->rc_c = cm_hs_finish(&hc, &p->c, p->ec, sizeof p->ec);
+    if (!p->rc_s) p->rc_s = cm_hs_finish(&hsv, &p->s, p->es, sizeof p->es);
+out:
+    cm_hs_wipe(&hc);
+    cm_hs_wipe(&hsv);
+}
+
+static int seal(cm_session *s, unsigned type, const void *payload, size_t n, uint8_t *out, size_t *len) {
+    memcpy(out + CM_FRAME_HDR, payload, n);
+    return cm_frame_seal(s, type, out, n, n + CM_FRAME_HDR + CM_FRAME_MAC, len, NULL, 0);
+}
+
+static void test_handshake(void) {
+    uint8_t other[32];
+    memcpy(other, k_key, 32);
+    other[31] ^= 1;
+    pair p;
+    handshake(&p, CM_SEC_ENCRYPT, k_key, CM_SEC_ENCRYPT, k_key);
+    CHECKF(p.rc_c == 0 && p.rc_s == 0, "%s / %s", p.ec, p.es);
+    CHECK(p.c.established && p.s.established && p.c.mode == CM_SEC_ENCRYPT);
+    CHECK(!memcmp(p.c.tx_key, p.s.rx_key, 32) && !memcmp(p.c.rx_key, p.s.tx_key, 32));
+    CHECK(memcmp(p.c.tx_key, p.c.rx_key, 32) != 0 && memcmp(p.c.tx_key, k_key, 32) != 0);
+    pair q;
+    handshake(&q, CM_SEC_ENCRYPT, k_key, CM_SEC_ENCRYPT, k_key);
+    CHECK(memcmp(p.c.tx_key, q.c.tx_key, 32) != 0); /* fresh keys per connection */
+    /* A wrong key: both sides refuse. */
+    handshake(&p, CM_SEC_ENCRYPT, other, CM_SEC_ENCRYPT, k_key);
+    CHECK(p.rc_c == CM_EAUTH && p.rc_s == CM_EAUTH && !p.c.established && !p.s.established);
+    CHECKF(strstr(p.ec, "does not know this cluster's key") != NULL, "%s", p.ec);
+    /* --insecure on one side only, either way round; auth-only vs encrypted. */
+    handshake(&p, CM_SEC_INSECURE, NULL, CM_SEC_ENCRYPT, k_key);
+    CHECK(p.rc_s == CM_EAUTH);
+    CHECKF(strstr(p.es, "the connecting node runs --insecure, the listening node requires the cluster key") != NULL, "%s", p.es);
+    handshake(&p, CM_SEC_ENCRYPT, k_key, CM_SEC_INSECURE, NULL);
+    CHECK(p.rc_s == CM_EAUTH);
+    CHECKF(strstr(p.es, "the connecting node requires the cluster key and encrypted frames, the listening node runs --insecure") != NULL, "%s", p.es);
+    handshake(&p, CM_SEC_AUTH, k_key, CM_SEC_ENCRYPT, k_key);
+    CHECK(p.rc_s == CM_EAUTH);
+    handshake(&p, CM_SEC_INSECURE, NULL, CM_SEC_INSECURE, NULL);
+    CHECK(p.rc_c == 0 && p.rc_s == 0 && p.c.established && p.c.mode == CM_SEC_INSECURE);
+    CHECK(cm_hs_init(&(cm_hs){0}, true, CM_SEC_ENCRYPT, NULL, NULL, 0) == CM_EINVAL);
+    /* Another protocol version in AUTH_INIT is refused with both numbers. */
+    cm_hs a, b;
+    uint8_t buf[128];
+    size_t n;
+    char e[256];
+    cm_hs_init(&a, true, CM_SEC_ENCRYPT, k_key, NULL, 0);
+    cm_hs_init(&b, false, CM_SEC_ENCRYPT, k_key, NULL, 0);
+    cm_hs_write_init(&a, buf, sizeof buf, &n, NULL, 0);
+    buf[0] = 9;
+    CHECK(cm_hs_read_init(&b, buf, n, e, sizeof e) == CM_EUNSUPPORTED);
+    CHECKF(strstr(e, "version 9") != NULL, "%s", e);
+    CHECK(cm_hs_read_init(&b, buf, n - 1, e, sizeof e) == CM_EFORMAT);
+}
+
+static void test_sealed_frames(void) {
+    for (int mode = CM_SEC_INSECURE; mode < CM_SEC_COUNT; mode++) {
+        pair p;
+        const uint8_t *k = mode == CM_SEC_INSECURE ? NULL : k_key;
+        handshake(&p, (cm_sec_mode)mode, k, (cm_sec_mode)mode, k);
+        p.s.rx_seq = p.c.tx_seq; /* line the counters up as a real connection would */
+        p.c.rx_seq = p.s.tx_seq;
+        const char secret[] = "the quick brown fox: hidden state bytes";
+        uint8_t f1[128], f2[128], f3[128], save[128];
+        size_t n1, n2, n3;
+        cm_frame_hdr h;
+        uint8_t *pl;
+        char e[256];
+        CHECK(seal(&p.c, CM_MSG_BYE, secret, sizeof secret, f1, &n1) == 0);
+        CHECK(seal(&p.c, CM_MSG_BYE, secret, sizeof secret, f2, &n2) == 0);
+        CHECK(seal(&p.c, CM_MSG_BYE, secret, sizeof secret, f3, &n3) == 0);
+        bool visible = memmem(f1, n1, secret, sizeof secret) != NULL;
+        CHECK(visible == (mode != CM_SEC_ENCRYPT)); /* encrypted: nothing readable on the wire */
+        CHECK(n1 == CM_FRAME_HDR + sizeof secret + (mode == CM_SEC_INSECURE ? 0 : CM_FRAME_MAC));
+        memcpy(save, f1, n1);
+        CHECK(cm_frame_open(&p.s, f1, n1, &h, &pl, e, sizeof e) == 0);
+        CHECK(h.len == sizeof secret && !memcmp(pl, secret, sizeof secret));
+        /* replay of frame 1 */
+        CHECK(cm_frame_open(&p.s, save, n1, &h, &pl, e, sizeof e) == CM_EAUTH);
+        CHECKF(strstr(e, "replayed") != NULL, "%s", e);
+        /* frame 3 before frame 2 */
+        memcpy(save, f3, n3);
+        CHECK(cm_frame_open(&p.s, save, n3, &h, &pl, e, sizeof e) == CM_EAUTH);
+        CHECKF(strstr(e, "out-of-order") != NULL, "%s", e);
+        if (mode != CM_SEC_INSECURE) {
+            /* every single-bit flip of frame 2 is refused, and the session is unchanged */
+            int refused = 0;
+            for (size_t bit = 0; bit < n2 * 8; bit++) {
+                memcpy(save, f2, n2);
+                save[bit / 8] ^= (uint8_t)(1u << (bit % 8));
+                refused += cm_frame_open(&p.s, save, n2, &h, &pl, e, sizeof e) != 0;
+            }
+            CHECK(refused == (int)(n2 * 8));
+            memcpy(save, f2, n2);
+            save[CM_FRAME_HDR + 3] ^= 0x10;
+            CHECK(cm_frame_open(&p.s, save, n2, &h, &pl, e, sizeof e) == CM_EAUTH);
+            CHECKF(strstr(e, "bad MAC") != NULL, "%s", e);
+            /* forging the seq to skip the check does not help: seq is in the nonce and AAD */
+            memcpy(save, f3, n3);
+            cm_wr_u64(save + 8, p.s.rx_seq);
+            CHECK(cm_frame_open(&p.s, save, n3, &h, &pl, e, sizeof e) == CM_EAUTH);
+            /* a downgrade: the same payload without MAC is refused */
+            cm_session plain;
+            cm_session_init(&plain);
+            plain.established = true;
+            plain.tx_seq = p.s.rx_seq;
+            CHECK(seal(&plain, CM_MSG_BYE, secret, sizeof secret, save, &n1) == 0);
+            CHECK(cm_frame_open(&p.s, save, n1, &h, &pl, e, sizeof e) == CM_EAUTH);
+            CHECKF(strstr(e, "unauthenticated") != NULL, "%s", e);
+            /* truncations of a sealed frame */
+            for (size_t k2 = 0; k2 < n2; k2++) {
+                memcpy(save, f2, n2);
+                CHECK(cm_frame_open(&p.s, save, k2, &h, &pl, e, sizeof e) != 0);
+            }
+        }
+        memcpy(save, f2, n2);
+        CHECKF(cm_frame_open(&p.s, save, n2, &h, &pl, e, sizeof e) == 0, "%s", e);
+        CHECK(cm_frame_open(&p.s, f3, n3, &h, &pl, e, sizeof e) == 0);
+        CHECK(p.s.rx_seq == p.c.tx_seq);
+        /* handshake messages are refused once established */
+        CHECK(seal(&p.s, CM_MSG_AUTH_INIT, secret, 4, save, &n1) == CM_ESTATE);
+        cm_session_wipe(&p.c);
+        cm_session_wipe(&p.s);
+    }
+    /* before the handshake only AUTH_* and ERROR may be sent or accepted */
+    cm_session s, r;
+    cm_session_init(&s);
+    cm_session_init(&r);
+    uint8_t f[64], *pl;
+    size_t n;
+    cm_frame_hdr h;
+    char e[256];
+    CHECK(seal(&s, CM_MSG_FORWARD, "x", 1, f, &n) == CM_ESTATE);
+    s.established = true;
+    CHECK(seal(&s, CM_MSG_FORWARD, "x", 1, f, &n) == 0);
+    CHECK(cm_frame_open(&r, f, n, &h, &pl, e, sizeof e) == CM_EPROTO);
+    CHECKF(strstr(e, "before the handshake") != NULL, "%s", e);
+}
+
+/* Seeds for fuzz/fuzz_frame.c (see its header for the input format). */
+static void seed(const char *dir, const char *name, uint8_t sel, const uint8_t *p, size_t n) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "wb");
+    if (!f) { fprintf(stderr, "cannot write '%s'\n", path); exit(1); }
+    fputc(sel, f);
+    fwrite(p, 1, n, f);
+    fclose(f);
+}
+
+static int write_corpus(const char *dir) {
+    static uint8_t buf[4096], frame[4200];
+    char name[64];
+    for (unsigned t = CM_MSG_HELLO; t < CM_MSG_COUNT; t++) {
+        for (int v = 0; v < 3; v++) {
+            cm_msg m;
+            sample(t, &m, v);
+            size_t n = enc(&m, buf + 1, sizeof buf - 1);
+            buf[0] = (uint8_t)t;
+            snprintf(name, sizeof name, "msg-%s-%d", cm_msg_type_name(t), v);
+            seed(dir, name, 1, buf, n + 1);
+            if (v) continue;
+            snprintf(name, sizeof name, "all-%s", cm_msg_type_name(t));
+            seed(dir, name, 3, buf + 1, n);
+            for (int mode = 0; mode < CM_SEC_COUNT; mode++) { /* kinds 1..3 of the fuzz target */
+                cm_session s;
+                cm_session_init(&s);
+                s.established = true;
+                s.mode = (cm_sec_mode)mode;
+                memset(s.tx_key, 0x42, 32); /* FUZZ_KEY_BYTE */
+                size_t fl;
+                memcpy(frame + CM_FRAME_HDR, buf + 1, n);
+                if (cm_frame_seal(&s, t, frame, n, sizeof frame, &fl, NULL, 0)) return 1;
+                snprintf(name, sizeof name, "frame-%s-%s", cm_sec_mode_name((cm_sec_mode)mode), cm_msg_type_name(t));
+                seed(dir, name, (uint8_t)((mode + 1) << 2), frame, fl);
+            }
+        }
+    }
+    cm_hs a, b;
+    size_t n, fl;
+    cm_hs_init(&a, true, CM_SEC_ENCRYPT, k_key, NULL, 0);
+    cm_hs_init(&b, false, CM_SEC_ENCRYPT, k_key, NULL, 0);
+    cm_hs_write_init(&a, buf, sizeof buf, &n, NULL, 0);
+    seed(dir, "hs-init", 2, buf, n);
+    cm_session s;
+    cm_session_init(&s);
+    memcpy(frame + CM_FRAME_HDR, buf, n);
+    cm_frame_seal(&s, CM_MSG_AUTH_INIT, frame, n, sizeof frame, &fl, NULL, 0);
+    seed(dir, "frame-handshake-AUTH_INIT", 0, frame, fl);
+    cm_hs_read_init(&b, buf, n, NULL, 0);
+    cm_hs_write_reply(&b, buf, sizeof buf, &n, NULL, 0);
+    seed(dir, "hs-reply", 2, buf, n);
+    return 0;
+}
+
+int main(void) {
+    init_data();
+    if (getenv("CUMULO_FRAME_CORPUS")) return write_corpus(getenv("CUMULO_FRAME_CORPUS"));
+    RUN(test_header_layout);
+    RUN(test_header_refusals);
+    RUN(test_roundtrip_all);
+    RUN(test_truncation);
+    RUN(test_corruption);
+    RUN(test_encode_bounds);
+    RUN(test_handshake);
+    RUN(test_sealed_frames);
+    TEST_END();
+}
