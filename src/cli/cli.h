@@ -39,5 +39,7 @@ struct cm_engine;
 int cli_load_engine(struct cm_engine **e, const char *path, int threads, int n_ctx);
 int cmd_key(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
+int cmd_discover(int argc, char **argv);
+int cmd_announce(int argc, char **argv);
 
 #endif

@@ -76,4 +76,32 @@ static inline void cm_split_range(int64_t n, int ith, int nth, int64_t *begin, i
     *end = *begin + per + (ith < rem ? 1 : 0);
 }
 
+/* ---- network interfaces and IPv4 multicast UDP (netif.c) ----
+ * For mDNS: list interfaces, open a UDP socket bound to a port shared with
+ * other responders (avahi, mDNSResponder), join a group per interface, send
+ * out of a chosen interface, and learn which interface a datagram came in on.
+ * Addresses are 4 bytes in network order; fds are plain POSIX descriptors. */
+typedef struct cm_netif {
+    char name[32];
+    unsigned index;
+    uint8_t ipv4[4], mask4[4];
+    bool up, loopback, multicast;
+} cm_netif;
+/* Fill out[0..max) with interfaces that have an IPv4 address; returns the count or CM_EIO. */
+int cm_netif_list(cm_netif *out, int max);
+/* UDP socket bound to 0.0.0.0:port with address reuse, multicast TTL 255,
+ * loopback of our own multicast on, non-blocking; CM_EIO with message. */
+int cm_mcast4_open(uint16_t port, char *err, size_t errlen);
+int cm_mcast4_join(int fd, const uint8_t group[4], const uint8_t ifaddr[4], unsigned ifindex);
+int cm_mcast4_leave(int fd, const uint8_t group[4], const uint8_t ifaddr[4], unsigned ifindex);
+/* Send to dst:port; for a multicast dst, out of the interface with address ifaddr. */
+int cm_udp4_send(int fd, const void *buf, size_t n, const uint8_t dst[4], uint16_t port,
+                 const uint8_t ifaddr[4]);
+/* Receive one datagram: bytes (>= 0), CM_EAGAIN when none is waiting, CM_EIO.
+ * *ifindex is the arrival interface (0 if unknown). */
+long cm_udp4_recv(int fd, void *buf, size_t cap, uint8_t src[4], uint16_t *sport, unsigned *ifindex);
+/* Wait until fd is readable: 1 readable, 0 timeout, CM_EIO. EINTR counts as a timeout. */
+int cm_fd_wait_readable(int fd, int timeout_ms);
+void cm_fd_close(int fd); /* no-op for fd < 0 */
+
 #endif
