@@ -11,7 +11,15 @@
  * Activation quantization follows ggml so that dot products agree with
  * llama.cpp: a weight type's dot product takes activations already converted
  * to its vec_dot_type (Q8_0 for Q4_0/Q5_0/Q8_0, Q8_1 for Q4_1/Q5_1, Q8_K for
- * K-quants, F16 for F16, BF16 for BF16, F32 for F32).
+ * K-quants, F16 for F16, BF16 for BF16, F32 for F32), converted the way
+ * llama.cpp's x86 build converts them (quants_ref.c says exactly how).
+ *
+ * Usage: k = cm_kernels_get() once; per weight W and activation rows x:
+ *   vt = cm_type_traits_of(W->type)->vec_dot_type;
+ *   k->from_float[vt](x_j, xq + j * cm_row_size(vt, n), n) for each token j;
+ *   cm_matmul_rows(k, W, xq, cm_row_size(vt, n), n_tok, y, ldy, r0, r1) per thread.
+ * Tables are immutable after the first cm_kernels_* call; every function is
+ * reentrant. Row lengths must be multiples of the type's block size.
  */
 #ifndef CM_KERNELS_H
 #define CM_KERNELS_H
@@ -32,12 +40,13 @@ typedef void (*cm_to_float_fn)(const void *x, float *y, int64_t n);
 typedef void (*cm_gemm_fn)(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride,
                            float *y, int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok);
 
+/* Indexed by type id; NULL where the type has no such op. */
 typedef struct cm_kernels {
     const char *name; /* "scalar", "avx2", "avx512", "neon" */
-    cm_vec_dot_fn vec_dot[CM_TYPE_COUNT];
-    cm_from_float_fn from_float[CM_TYPE_COUNT];
-    cm_to_float_fn to_float[CM_TYPE_COUNT];
-    cm_gemm_fn gemm[CM_TYPE_COUNT];
+    cm_vec_dot_fn vec_dot[CM_TYPE_COUNT];       /* weight types: F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q4_K Q5_K Q6_K */
+    cm_from_float_fn from_float[CM_TYPE_COUNT]; /* activation types: F32 F16 BF16 Q8_0 Q8_1 Q8_K */
+    cm_to_float_fn to_float[CM_TYPE_COUNT];     /* the weight types plus Q8_1 and Q8_K */
+    cm_gemm_fn gemm[CM_TYPE_COUNT];             /* optional, per weight type */
 } cm_kernels;
 
 /* The best table for this CPU (respecting CUMULO_ISA). Thread-safe; never NULL. */
@@ -47,20 +56,25 @@ const cm_kernels *cm_kernels_ref(void);
 /* A specific ISA's table, or NULL when this CPU/binary lacks it (for tests). */
 const cm_kernels *cm_kernels_for(const char *isa);
 
-/* Is type t usable as a weight type (has a dot product and a dequantizer)? */
+/* Is type t usable as a weight type (has a dot product, a dequantizer and an
+ * activation converter for its vec_dot_type)? False for unknown ids. */
 bool cm_kernels_supports(enum cm_type t);
 
-/* Quantize nrows rows of n_per_row floats into weight type t (reference
- * quantizers; used by synth and tests, not in the token loop). Returns bytes
- * written, or 0 if t cannot be quantized to or n_per_row is not a multiple of
- * its block size. */
+/* Quantize nrows rows of n_per_row floats into weight type t with ggml's
+ * reference quantizers (no importance matrix), so the bytes equal what
+ * llama.cpp writes: F32 (copy), F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
+ * Q4_K, Q5_K, Q6_K. Used by synth and tests, not in the token loop. Returns
+ * bytes written (nrows * cm_row_size(t, n_per_row)), or 0 if t is not one of
+ * those or n_per_row is not a multiple of its block size. */
 size_t cm_quantize_rows(enum cm_type t, const float *src, void *dst, int64_t nrows, int64_t n_per_row);
 
 /* Matrix-vector / matrix-matrix product for one slice of rows, the op the
  * model calls for every weight: y[j * ldy + i] = dot(W row i, x_j) for i in
  * [r0, r1), j in [0, n_tok). xq holds the activations already converted to
  * W's vec_dot_type (row stride xq_stride). Uses gemm when present and
- * n_tok > 1. Callers split [0, rows) across threads. */
+ * n_tok > 1. Callers split [0, rows) across threads. W->type must be one
+ * cm_kernels_supports() accepts (anything else is a programmer error: the
+ * loader rejects such files first). */
 void cm_matmul_rows(const cm_kernels *k, const cm_tensor *W, const void *xq, size_t xq_stride,
                     int64_t n_tok, float *y, int64_t ldy, int64_t r0, int64_t r1);
 

@@ -181,26 +181,29 @@ static inline void swap_cand(cand *a, cand *b) {
     *b = t;
 }
 
-/* Rearrange c[0..n) so that c[0..k) are the k candidates ahead of all others
- * (in no particular order). Quickselect with a median-of-three pivot. */
-static void select_top(cand *c, int32_t n, int32_t k) {
-    int32_t lo = 0, hi = n - 1;
-    while (lo < hi) {
-        int32_t mid = lo + (hi - lo) / 2;
-        if (ahead(&c[hi], &c[lo])) swap_cand(&c[hi], &c[lo]);
-        if (ahead(&c[mid], &c[lo])) swap_cand(&c[mid], &c[lo]);
-        if (ahead(&c[hi], &c[mid])) swap_cand(&c[hi], &c[mid]);
-        /* now c[lo] >= c[mid] >= c[hi] in "ahead" order; use c[mid] as pivot */
-        swap_cand(&c[mid], &c[hi]);
-        cand pivot = c[hi];
-        int32_t store = lo;
-        for (int32_t i = lo; i < hi; i++)
-            if (ahead(&c[i], &pivot)) swap_cand(&c[i], &c[store++]);
-        swap_cand(&c[store], &c[hi]);
-        if (store == k - 1 || store == k) return;
-        if (store < k) lo = store + 1;
-        else hi = store - 1;
+/* Sift c[i] down the min-heap c[0..k) whose root is the candidate LAST in
+ * "ahead" order (the weakest of the k kept so far). */
+static void sift_down(cand *c, int32_t k, int32_t i) {
+    for (;;) {
+        int32_t l = 2 * i + 1, r = l + 1, w = i;
+        if (l < k && ahead(&c[w], &c[l])) w = l;
+        if (r < k && ahead(&c[w], &c[r])) w = r;
+        if (w == i) return;
+        swap_cand(&c[i], &c[w]);
+        i = w;
     }
+}
+
+/* Rearrange c[0..n) so that c[0..k) are the k candidates ahead of all others
+ * (in no particular order). One pass with a k-heap: most candidates lose
+ * one comparison against the heap's weakest, so this is ~n for small k. */
+static void select_top(cand *c, int32_t n, int32_t k) {
+    for (int32_t i = k / 2 - 1; i >= 0; i--) sift_down(c, k, i);
+    for (int32_t i = k; i < n; i++)
+        if (ahead(&c[i], &c[0])) {
+            swap_cand(&c[i], &c[0]);
+            sift_down(c, k, 0);
+        }
 }
 
 /* The one place the penalty formula lives (documented in sampler.h). */
@@ -257,7 +260,7 @@ static void fill_info(const cm_sampler *s, const float *logits, int32_t chosen, 
     double sum = 0.0;
     if (mx != -INFINITY)
         for (int32_t i = 0; i < n; i++)
-            if (isfinite(logits[i])) sum += exp((double)logits[i] - mx);
+            if (isfinite(logits[i])) sum += expf(logits[i] - mx); /* float exp, double sum: ~1e-7 relative */
     double lse = mx == -INFINITY ? 0.0 : mx + log(sum);
     float lc = logits[chosen];
     info->logprob = isfinite(lc) && mx != -INFINITY ? (float)(lc - lse) : -INFINITY;
@@ -322,17 +325,34 @@ static int32_t sample_chain(cm_sampler *s, const float *logits) {
     }
 
     if (p->top_p < 1.0f) {
-        /* NEEDSWORK: without top-k this sorts the whole vocabulary each token
-         * (~10 ms at 150k ids); a bucketed partial sort would avoid it. */
-        if (!sorted) qsort(c, (size_t)n, sizeof *c, cmp_cand);
-        sorted = true;
         float mx = c[0].logit;
+        if (!sorted)
+            for (int32_t i = 1; i < n; i++)
+                if (c[i].logit > mx) mx = c[i].logit;
         double sum = 0.0;
-        for (int32_t i = 0; i < n; i++) sum += exp((double)c[i].logit - mx);
-        double cum = 0.0, target = (double)p->top_p * sum;
+        for (int32_t i = 0; i < n; i++) sum += expf(c[i].logit - mx);
+        double target = (double)p->top_p * sum;
+        if (!sorted) {
+            /* The nucleus is a prefix of the sorted order: once the k best
+             * hold the target mass, sorting those k alone gives the same
+             * nucleus as sorting everything. Peaked distributions stop at
+             * k = 256; flat ones end in a full sort. */
+            int32_t k = CM_MIN(n, 256);
+            for (;;) {
+                if (k < n) select_top(c, n, k);
+                double mass = 0.0;
+                for (int32_t i = 0; i < k; i++) mass += expf(c[i].logit - mx);
+                if (mass >= target || k == n) break;
+                k = k > n / 8 ? n : k * 8;
+            }
+            n = k;
+            qsort(c, (size_t)n, sizeof *c, cmp_cand);
+            sorted = true;
+        }
+        double cum = 0.0;
         int32_t keep = n;
         for (int32_t i = 0; i < n; i++) {
-            cum += exp((double)c[i].logit - mx);
+            cum += expf(c[i].logit - mx);
             if (cum >= target) {
                 keep = i + 1;
                 break;

@@ -122,6 +122,7 @@ int cm_stop_feed(cm_stop *m, const char *piece, size_t n, const char **emit, siz
     }
     if (n) memcpy(m->buf + m->len, piece, n);
     m->len += n;
+    *emit = m->buf; /* only now: the buffer may have moved */
 
     /* Earliest full match; the longer stop string on a tie. */
     size_t at = (size_t)-1, at_len = 0;

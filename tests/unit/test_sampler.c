@@ -215,6 +215,31 @@ static void test_filters_exclude(void) {
     CHECK(h[12] == 0 && h[150] + h[3] + h[77] == DRAWS);
     cm_sampler_free(s);
 
+    /* top-p over a nucleus larger than the first partial sort (256): 1000
+     * equal tokens at ids 0, 5, 10, ... and 4000 at -5. Sorted by (logit, id)
+     * the nucleus is the first m = ceil(0.9 Z) of the equal ones. */
+    {
+        enum { NB = 5000 };
+        static float lb[NB];
+        static int hb[NB];
+        for (int i = 0; i < NB; i++) lb[i] = i % 5 == 0 ? 0.0f : -5.0f;
+        double Z = 1000 + 4000 * exp(-5.0);
+        int m = (int)ceil(0.9 * Z);
+        p = plain();
+        p.top_p = 0.9f;
+        s = mk(&p, NB);
+        histogram(s, lb, NB, 5000, hb);
+        int outside = 0, max_id = 0;
+        for (int i = 0; i < NB; i++)
+            if (hb[i]) {
+                outside += i % 5 != 0 || i / 5 >= m;
+                if (i > max_id) max_id = i;
+            }
+        CHECKF(outside == 0, "top-p drew %d ids outside the nucleus of %d", outside, m);
+        CHECKF(max_id / 5 >= m - 10, "top-p nucleus too small: largest id %d, m %d", max_id, m);
+        cm_sampler_free(s);
+    }
+
     /* the chain: top-k 3 then top-p 0.8 of the renormalised (0.44, 0.33, 0.22):
      * 0.44 < 0.8 <= 0.78? no: 0.444 + 0.333 = 0.778 < 0.8, so all three stay;
      * top-p 0.7 then keeps two. */

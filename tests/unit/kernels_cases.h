@@ -1,0 +1,132 @@
+/* kernels_cases.h: the seeded inputs shared by tools/kernels_oracle.c (which
+ * records what llama.cpp's own ggml libraries compute on them) and
+ * tests/unit/test_kernels_ggml.c (which checks our kernels against that
+ * record). Both must generate the same floats, so the generator lives here,
+ * with the tests' independent block decoder. */
+#ifndef CM_KERNELS_CASES_H
+#define CM_KERNELS_CASES_H
+
+#include "base/base.h"
+#include "tensor/tensor.h"
+
+#include <math.h>
+#include <string.h>
+
+#define KC_ROWS 8
+#define KC_N 512 /* elements per row: a multiple of every block size */
+#define KC_DISTS 7
+
+/* Rows of KC_N floats for case (kind, type, dist): normal, uniform, normal
+ * with 40x outliers, positive, blocks of zeros / constants, small, and
+ * "ties": half-integers with 127 at every block start, so that scale 1 puts
+ * every value on a rounding tie (ties-to-even vs away-from-zero shows). */
+static inline void kc_fill(float *x, int kind, int type, int dist) {
+    cm_rng r;
+    cm_rng_seed(&r, 0x6b65726eULL * 1000003u + (uint64_t)kind * 10007u + (uint64_t)type * 101u + (uint64_t)dist);
+    for (int i = 0; i < KC_ROWS * KC_N; i++) {
+        float v = cm_rng_normal(&r);
+        switch (dist) {
+        case 1: v = 2 * cm_rng_uniform(&r) - 1; break;
+        case 2: v = (cm_rng_next(&r) % 97 == 0) ? 40 * v : v; break;
+        case 3: v = fabsf(v) + 0.5f; break;
+        case 4: v = (i / 32) % 3 == 1 ? 0.0f : (i / 32) % 3 == 2 ? 0.25f : v; break;
+        case 5: v *= 1e-2f; break;
+        case 6: v = i % 32 == 0 ? 127.0f : (float)((int)(cm_rng_next(&r) % 254) - 127) + 0.5f; break;
+        default: break;
+        }
+        x[i] = v;
+    }
+}
+
+static inline uint64_t kc_fnv(const void *p, size_t n) {
+    const uint8_t *b = p;
+    uint64_t h = 1469598103934665603ULL;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ULL;
+    return h;
+}
+
+/* Weight types the record covers (quantizers and dot products) and
+ * activation types (converters). */
+static const enum cm_type kc_weight_types[] = {CM_TYPE_F32,  CM_TYPE_F16,  CM_TYPE_BF16, CM_TYPE_Q4_0,
+                                               CM_TYPE_Q4_1, CM_TYPE_Q5_0, CM_TYPE_Q5_1, CM_TYPE_Q8_0,
+                                               CM_TYPE_Q4_K, CM_TYPE_Q5_K, CM_TYPE_Q6_K};
+static const enum cm_type kc_act_types[] = {CM_TYPE_F16, CM_TYPE_BF16, CM_TYPE_Q8_0, CM_TYPE_Q8_1, CM_TYPE_Q8_K};
+
+/* ---- an independent decoder, from the GGUF layouts ----
+ * decode(t, block bytes, i, &mag) returns element i of one block and, in
+ * mag, the sum of the magnitudes of the float terms that make it up (what
+ * its float rounding error is relative to). */
+static inline float h2f(const uint8_t *p) { return cm_f16_to_f32(cm_rd_u16(p)); }
+static inline int nib(const uint8_t *qs, int i, int half) { /* element i of a 2-nibble packing */
+    return i < half ? (qs[i] & 15) : (qs[i - half] >> 4);
+}
+static inline int bit(const uint8_t *p, int k) { return (p[k / 8] >> (k % 8)) & 1; }
+/* 6-bit scale (which=0) or min (which=1) of sub-block s of a Q4_K/Q5_K block:
+ * 12 bytes hold 8 pairs; s<4: low 6 bits of byte s (scale) / s+4 (min);
+ * s>=4: low/high nibble of byte s+4, top 2 bits from bits 6-7 of byte s-4
+ * (scale) / s (min). */
+static inline int k_sm(const uint8_t *sc, int s, int which) {
+    if (s < 4) return sc[s + 4 * which] & 63;
+    const int low = which ? sc[s + 4] >> 4 : sc[s + 4] & 15;
+    const int top = sc[which ? s : s - 4] >> 6;
+    return low | (top << 4);
+}
+
+static inline float decode(enum cm_type t, const uint8_t *b, int i, double *mag) {
+    float d, m, v;
+    int q;
+    switch (t) {
+    case CM_TYPE_Q4_0: /* f16 d | 16 B nibbles: elem i<16 low nibble of byte i, else high of i-16 */
+        d = h2f(b); q = nib(b + 2, i, 16) - 8; v = q * d; *mag = fabs(v); return v;
+    case CM_TYPE_Q4_1: /* f16 d | f16 m | 16 B nibbles */
+        d = h2f(b); m = h2f(b + 2); q = nib(b + 4, i, 16);
+        *mag = fabs((double)q * d) + fabs(m); return q * d + m;
+    case CM_TYPE_Q5_0: /* f16 d | u32 qh (bit i = 5th bit of elem i) | 16 B nibbles */
+        d = h2f(b); q = (nib(b + 6, i, 16) | (bit(b + 2, i) << 4)) - 16; v = q * d; *mag = fabs(v); return v;
+    case CM_TYPE_Q5_1:
+        d = h2f(b); m = h2f(b + 2); q = nib(b + 8, i, 16) | (bit(b + 4, i) << 4);
+        *mag = fabs((double)q * d) + fabs(m); return q * d + m;
+    case CM_TYPE_Q8_0: d = h2f(b); v = (int8_t)b[2 + i] * d; *mag = fabs(v); return v;
+    case CM_TYPE_Q8_1: d = h2f(b); v = (int8_t)b[4 + i] * d; *mag = fabs(v); return v;
+    case CM_TYPE_Q4_K:   /* f16 d | f16 dmin | 12 B scales | 128 B: 64-elem chunks, low then high nibbles */
+    case CM_TYPE_Q5_K: { /* same, then 32 B qh (bit s of byte l: 5th bit of elem 32s+l) before qs */
+        const int s = i / 32, c = i / 64, l = i % 32;
+        const uint8_t *qs = b + (t == CM_TYPE_Q4_K ? 16 : 48);
+        q = (s & 1) ? qs[32 * c + l] >> 4 : qs[32 * c + l] & 15;
+        if (t == CM_TYPE_Q5_K) q |= ((b[16 + l] >> s) & 1) << 4;
+        const float dd = h2f(b) * k_sm(b + 4, s, 0), mm = h2f(b + 2) * k_sm(b + 4, s, 1);
+        *mag = fabs((double)dd * q) + fabs(mm);
+        return dd * q - mm;
+    }
+    case CM_TYPE_Q6_K: { /* 128 B ql | 64 B qh | 16 x int8 scale | f16 d; halves of 128 elems */
+        const int h = i / 128, r = i % 128, k = r / 32, l = r % 32;
+        const int lo = (b[64 * h + l + 32 * (k & 1)] >> (4 * (k >> 1))) & 15;
+        const int hi = (b[128 + 32 * h + l] >> (2 * k)) & 3;
+        q = (lo | (hi << 4)) - 32;
+        v = h2f(b + 208) * (int8_t)b[192 + i / 16] * q;
+        *mag = fabs(v);
+        return v;
+    }
+    case CM_TYPE_Q8_K: { /* f32 d | 256 x int8 | 16 x i16 bsums */
+        float df;
+        memcpy(&df, b, 4);
+        v = df * (int8_t)b[4 + i]; *mag = fabs(v); return v;
+    }
+    case CM_TYPE_F32: memcpy(&v, b + 4 * i, 4); *mag = fabs(v); return v;
+    case CM_TYPE_F16: v = h2f(b + 2 * i); *mag = fabs(v); return v;
+    case CM_TYPE_BF16: v = cm_bf16_to_f32(cm_rd_u16(b + 2 * i)); *mag = fabs(v); return v;
+    default: *mag = NAN; return NAN; /* not a type we decode */
+    }
+}
+
+static inline void decode_row(enum cm_type t, const void *row, int64_t n, float *y, double *mag) {
+    const cm_type_traits *tr = cm_type_traits_of(t);
+    for (int64_t i = 0; i < n; i++) {
+        const uint8_t *blk = (const uint8_t *)row + (size_t)(i / tr->block_size) * tr->type_size;
+        double mg = 0;
+        y[i] = decode(t, blk, (int)(i % tr->block_size), &mg);
+        if (mag) mag[i] = mg;
+    }
+}
+
+#endif
