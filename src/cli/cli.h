@@ -41,5 +41,7 @@ int cmd_key(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
 int cmd_discover(int argc, char **argv);
 int cmd_announce(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);
+int cmd_detokenize(int argc, char **argv);
 
 #endif
