@@ -143,6 +143,16 @@ static void sample(unsigned type, cm_msg *m, int variant) {
         strcpy(m->u.error.text, "the peer does not know this cluster's key");
         break;
     case CM_MSG_BYE: strcpy(m->u.bye.text, "node shutting down"); break;
+    case CM_MSG_SEQ_START: {
+        cm_msg_seq_start *c = &m->u.seq_start;
+        *c = (cm_msg_seq_start){.epoch = 9, .request_id = 77, .seq = 2, .temperature = 0.8f, .top_k = 40,
+                                .top_p = 0.95f, .min_p = 0.05f, .repeat_penalty = 1.1f, .repeat_last_n = 64,
+                                .presence_penalty = 0.5f, .frequency_penalty = -0.25f, .seed = 1234,
+                                .n_probs = 5};
+        c->n_hist = variant ? 0 : 8;
+        c->hist = variant ? NULL : g_tok;
+        break;
+    }
     }
 }
 
