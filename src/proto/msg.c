@@ -109,6 +109,7 @@ static const char *hello_invalid(const cm_msg_hello *h) {
     if (h->cores == 0 || h->cores > 65536) return "cores";
     if (h->mem_free > h->mem_total) return "mem_free";
     if (!finite_nonneg(h->gflops)) return "gflops";
+    if (!finite_nonneg(h->mem_gbs)) return "mem_gbs";
     return NULL;
 }
 
@@ -238,6 +239,7 @@ static void encode(wcur *w, const cm_msg *m) {
         w_str(w, h->arch, CM_MSG_SHORT_MAX, "arch");
         w_str(w, h->version, CM_MSG_SHORT_MAX, "version");
         w_f32(w, h->gflops);
+        w_f32(w, h->mem_gbs);
         const char *bad = hello_invalid(h);
         if (bad) w_check(w, false, bad);
         break;
@@ -476,6 +478,7 @@ static int decode(rcur *r, unsigned type, cm_msg *m) {
         r_str(r, h->arch, CM_MSG_SHORT_MAX, "arch");
         r_str(r, h->version, CM_MSG_SHORT_MAX, "version");
         h->gflops = r_f32(r, "gflops");
+        h->mem_gbs = r_f32(r, "mem_gbs");
         if (!r->bad) { const char *bad = hello_invalid(h); if (bad) r_fail(r, bad, "out of range"); }
         break;
     }

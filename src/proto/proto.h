@@ -200,6 +200,7 @@ typedef struct cm_msg_hello {
     char os[CM_MSG_SHORT_MAX + 1], arch[CM_MSG_SHORT_MAX + 1];
     char version[CM_MSG_SHORT_MAX + 1]; /* cumulo version */
     float gflops;                       /* measured compute speed, >= 0, finite */
+    float mem_gbs;                      /* measured memory bandwidth, GB/s, >= 0, finite */
 } cm_msg_hello;
 #define CM_ROLE_NODE 1u
 #define CM_ROLE_COORDINATOR 2u

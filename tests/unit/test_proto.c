@@ -41,6 +41,7 @@ static void sample(unsigned type, cm_msg *m, int variant) {
         strcpy(h->arch, "arm64");
         strcpy(h->version, CM_VERSION);
         h->gflops = 123.5f;
+        h->mem_gbs = 42.25f;
         break;
     }
     case CM_MSG_HEARTBEAT:
@@ -290,7 +291,7 @@ static void test_roundtrip_all(void) {
     sample(CM_MSG_HELLO, &m, 0);
     size_t n = enc(&m, buf, sizeof buf);
     CHECK(cm_msg_decode(CM_MSG_HELLO, buf, n, &d, e, sizeof e) == 0);
-    CHECK(!strcmp(d.u.hello.name, "mac-mini-2 \xc3\xa9") && d.u.hello.gflops == 123.5f &&
+    CHECK(!strcmp(d.u.hello.name, "mac-mini-2 \xc3\xa9") && d.u.hello.gflops == 123.5f && d.u.hello.mem_gbs == 42.25f &&
           d.u.hello.mem_total == (16ull << 30) && !memcmp(d.u.hello.node_id, m.u.hello.node_id, 16));
     sample(CM_MSG_ASSIGN, &m, 0);
     n = enc(&m, buf, sizeof buf);
