@@ -16,6 +16,8 @@ static const cm_command k_commands[] = {
     {"run", "generate text from a prompt on this machine", cmd_run},
     {"info", "architecture, size, quant mix and memory needs of a model", cmd_info},
     {"key", "create or show the cluster key", cmd_key},
+    {"node", "offer this machine to a cluster (a daemon)", cmd_node},
+    {"nodes", "list cluster nodes (mDNS and given) with capabilities and link speed", cmd_nodes},
     {"discover", "list cumulo nodes found on the local network (mDNS)", cmd_discover},
     {"announce", "announce this machine over mDNS until Ctrl-C (test aid)", cmd_announce},
     {"tokenize", "text -> token ids with a model's vocabulary", cmd_tokenize},
