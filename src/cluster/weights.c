@@ -271,12 +271,13 @@ int cm_weights_fetch(cm_conn *c, pthread_mutex_t *send_mu, const char *cache_dir
     }
     bool has_output = cm_gguf_find_tensor(&g, "output.weight") != NULL;
     uint64_t need = 0, have = 0;
+    for (uint64_t i = 0; i < nt; i++)
+        if (wanted(g.tensors[i].name, layer_begin, layer_end, last, has_output)) need += g.tensors[i].nbytes;
     for (uint64_t i = 0; i < nt && !rc; i++) {
         const cm_gguf_tensor_info *ti = &g.tensors[i];
         if (!wanted(ti->name, layer_begin, layer_end, last, has_output)) continue;
         const uint8_t *h = mf + 24 + doff + 32 * i;
         uint64_t at = g.data_offset + ti->offset;
-        need += ti->nbytes;
         if (verify(fd, at, ti->nbytes, h)) { have += ti->nbytes; continue; }
         rc = fetch(c, send_mu, h, NULL, 0, fd, at, ti->nbytes, NULL, e, sizeof e);
         if (!rc && !verify(fd, at, ti->nbytes, h))
