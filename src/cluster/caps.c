@@ -138,15 +138,14 @@ int cm_file_sha256(const char *path, uint8_t out[32], char *err, size_t errlen) 
 }
 
 void cm_cluster_hello(cm_msg_hello *h, const char *name, uint16_t listen_port, uint32_t roles) {
-    static uint8_t id[CM_NODE_ID_BYTES];
     cm_node_caps c;
     cm_node_caps_get(&c);
     memset(h, 0, sizeof *h);
     h->proto_version = CM_PROTO_VERSION;
-    if (sodium_init() < 0) { /* randombytes still works after a failed init on Linux */ }
-    static bool have_id;
-    if (!have_id) { randombytes_buf(id, sizeof id); have_id = true; }
-    memcpy(h->node_id, id, sizeof id);
+    /* A fresh id per caller: a node daemon draws its own once, a
+     * coordinator once per pipe (several may share a process in tests). */
+    if (sodium_init() < 0) { /* randombytes works even so */ }
+    randombytes_buf(h->node_id, sizeof h->node_id);
     char host[64] = "cumulo";
     if (!name || !*name) {
         gethostname(host, sizeof host - 1);

@@ -10,7 +10,8 @@
 #include "cluster/cluster.h"
 #include "net/net.h"
 
-/* Fill a HELLO from the measured capabilities. roles: CM_ROLE_* bits. */
+/* Fill a HELLO from the measured capabilities, with a new random node id.
+ * roles: CM_ROLE_* bits. */
 void cm_cluster_hello(cm_msg_hello *h, const char *name, uint16_t listen_port, uint32_t roles);
 /* Load the key (or not, when insecure) into cfg. */
 int cm_cluster_net_cfg(cm_net_cfg *cfg, bool insecure, const char *key_file, char *err, size_t errlen);

@@ -148,6 +148,8 @@ void cm_engine_get_info(const cm_engine *e, cm_engine_info *in) {
     in->eos = cm_tokenizer_eos(e->tok);
     in->eot = cm_tokenizer_eot(e->tok);
     in->add_bos = cm_tokenizer_add_bos(e->tok);
+    in->n_stages = e->pipe ? cm_pipe_n_stages(e->pipe) : 1;
+    in->local_layers = e->local_last;
 }
 
 const char *cm_engine_plan(const cm_engine *e) { return e->pipe ? cm_pipe_plan_text(e->pipe) : NULL; }

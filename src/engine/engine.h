@@ -68,6 +68,8 @@ typedef struct cm_engine_info {
     uint64_t kv_bytes_per_token; /* KV cache bytes per position of one sequence */
     int32_t bos, eos, eot;   /* -1 when the vocabulary has none */
     bool add_bos;            /* tokenizer.ggml.add_bos_token */
+    int n_stages;            /* pipeline stages (1: this machine alone) */
+    int local_layers;        /* layers computed on this machine */
 } cm_engine_info;
 void cm_engine_get_info(const cm_engine *e, cm_engine_info *info);
 
