@@ -105,7 +105,8 @@ static void *rx_main(void *arg) {
     char err[512];
     while (!atomic_load(&p->closing)) {
         cm_msg m;
-        int rc = cm_conn_recv(r->ctl, &m, 250, err, sizeof err);
+        if (cm_fd_wait_readable(cm_conn_fd(r->ctl), 250) <= 0) continue;
+        int rc = cm_conn_recv(r->ctl, &m, 60000, err, sizeof err);
         if (rc == CM_ETIMEDOUT) continue;
         if (rc || m.type == CM_MSG_BYE) {
             if (!atomic_load(&p->closing))
@@ -326,6 +327,16 @@ int cm_pipe_open(cm_pipe **out, const char *model_path, const cm_gguf *g, const 
              r->hello.name, r->hello.cores, r->hello.isa, r->hello.gflops, r->hello.mem_gbs,
              (double)r->hello.mem_free / (1 << 30), r->rtt * 1e3, r->bw / 1e6);
     }
+    /* Pipeline order follows the cluster's node order: put the nodes behind
+     * slower links last, where only the last stage's hop (token ids back)
+     * leaves them. Stable, so equal links keep the order given. */
+    for (int i = 1; i < p->n_remote; i++)
+        for (int j = i; j > 0 && p->r[j].bw > 2 * p->r[j - 1].bw; j--) {
+            remote t = p->r[j];
+            p->r[j] = p->r[j - 1];
+            p->r[j - 1] = t;
+        }
+    for (int i = 0; i < p->n_remote; i++) p->r[i].p = p;
     cm_plan plan;
     static cm_plan_model pm; /* large (per-layer tables); only used here, under the caller's load */
     static pthread_mutex_t pm_mu = PTHREAD_MUTEX_INITIALIZER;

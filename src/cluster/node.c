@@ -27,6 +27,7 @@
 
 #define NODE_MAX_BATCH 256
 #define NODE_RECV_MS 500
+#define NODE_FRAME_MS 60000
 
 /* One assigned stage: the model part this node runs for one epoch. */
 typedef struct stage {
@@ -356,7 +357,10 @@ static void *conn_main(void *arg) {
     uint8_t *pong = NULL;
     while (!*n->stop) {
         cm_msg m;
-        rc = cm_conn_recv(c, &m, NODE_RECV_MS, err, sizeof err);
+        /* Idle waits are short (to notice the stop flag); once a frame
+         * starts, a slow link gets a generous deadline for the rest. */
+        if (cm_fd_wait_readable(cm_conn_fd(c), NODE_RECV_MS) <= 0) continue;
+        rc = cm_conn_recv(c, &m, NODE_FRAME_MS, err, sizeof err);
         if (rc == CM_ETIMEDOUT) continue;
         if (rc) break;
         if (m.type == CM_MSG_BYE) break;

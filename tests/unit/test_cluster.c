@@ -181,6 +181,14 @@ int main(void) {
     mkdir(g_dir, 0700);
     snprintf(g_model, sizeof g_model, "%s/deep24.gguf", g_dir);
     snprintf(g_key, sizeof g_key, "%s/key", g_dir);
+    /* tests/sh/cluster_netns.sh borrows the deep model: write it and stop. */
+    const char *only = getenv("CM_TEST_WRITE_DEEP");
+    if (only && *only) {
+        snprintf(g_model, sizeof g_model, "%s", only);
+        int rc = write_deep();
+        rmdir(g_dir);
+        return rc ? 1 : 0;
+    }
     uint8_t key[32];
     char err[300];
     cm_net_key_generate(key);
