@@ -42,6 +42,7 @@ int cli_load_engine_opts(struct cm_engine **e, const char *path, const struct cm
 int cmd_key(int argc, char **argv);
 int cmd_node(int argc, char **argv);
 int cmd_nodes(int argc, char **argv);
+int cmd_launch(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
 int cmd_discover(int argc, char **argv);
 int cmd_announce(int argc, char **argv);

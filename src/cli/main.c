@@ -18,6 +18,7 @@ static const cm_command k_commands[] = {
     {"key", "create or show the cluster key", cmd_key},
     {"node", "offer this machine to a cluster (a daemon)", cmd_node},
     {"nodes", "list cluster nodes (mDNS and given) with capabilities and link speed", cmd_nodes},
+    {"launch", "start cumulo node on other machines over SSH", cmd_launch},
     {"discover", "list cumulo nodes found on the local network (mDNS)", cmd_discover},
     {"announce", "announce this machine over mDNS until Ctrl-C (test aid)", cmd_announce},
     {"tokenize", "text -> token ids with a model's vocabulary", cmd_tokenize},
