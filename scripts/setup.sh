@@ -11,7 +11,7 @@ if command -v pkg-config >/dev/null 2>&1; then
 fi
 if [ "$(uname -s)" = Linux ]; then
     # test tools: clang+libFuzzer, qemu-user + aarch64 cross compiler, namespaces, avahi, ssh, node
-    for c in clang qemu-aarch64 aarch64-linux-gnu-gcc ip tc nft avahi-browse avahi-daemon sshd node npm; do
+    for c in clang qemu-aarch64 aarch64-linux-gnu-gcc ip tc nft avahi-browse avahi-daemon dbus-daemon sshd node npm; do
         command -v $c >/dev/null 2>&1 || [ -x /usr/sbin/$c ] || missing="$missing $c"
     done
     [ -f /usr/lib/llvm-14/lib/clang/14.0.6/lib/linux/libclang_rt.fuzzer-x86_64.a ] || \
@@ -32,7 +32,7 @@ if command -v apt-get >/dev/null 2>&1; then
     $SUDO apt-get install -y -qq --no-install-recommends build-essential pkg-config \
         libmicrohttpd-dev libcjson-dev libsodium-dev libpcre2-dev libuv1-dev \
         clang libclang-rt-14-dev qemu-user gcc-aarch64-linux-gnu libc6-dev-arm64-cross \
-        iproute2 nftables avahi-utils avahi-daemon openssh-server openssh-client nodejs npm \
+        iproute2 nftables avahi-utils avahi-daemon dbus openssh-server openssh-client nodejs npm \
         ca-certificates >/dev/null
     exit 0
 fi

@@ -5,6 +5,7 @@
 #include "base.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,22 +29,25 @@ int cm_errf(char *err, size_t errlen, int code, const char *fmt, ...) {
     return code;
 }
 
-static int g_log_level = -1;
+/* Read lazily from CUMULO_LOG; atomic because any thread may log first. */
+static _Atomic int g_log_level = -1;
 
 enum cm_log_level cm_log_get_level(void) {
-    if (g_log_level < 0) {
+    int lvl = atomic_load(&g_log_level);
+    if (lvl < 0) {
         const char *e = getenv("CUMULO_LOG");
-        g_log_level = CM_LOG_WARN;
+        lvl = CM_LOG_WARN;
         if (e) {
-            if (!strcmp(e, "error")) g_log_level = CM_LOG_ERROR;
-            else if (!strcmp(e, "info")) g_log_level = CM_LOG_INFO;
-            else if (!strcmp(e, "debug")) g_log_level = CM_LOG_DEBUG;
+            if (!strcmp(e, "error")) lvl = CM_LOG_ERROR;
+            else if (!strcmp(e, "info")) lvl = CM_LOG_INFO;
+            else if (!strcmp(e, "debug")) lvl = CM_LOG_DEBUG;
         }
+        atomic_store(&g_log_level, lvl);
     }
-    return (enum cm_log_level)g_log_level;
+    return (enum cm_log_level)lvl;
 }
 
-void cm_log_set_level(enum cm_log_level lvl) { g_log_level = (int)lvl; }
+void cm_log_set_level(enum cm_log_level lvl) { atomic_store(&g_log_level, (int)lvl); }
 
 void cm_log(enum cm_log_level lvl, const char *fmt, ...) {
     static const char *names[CM_LOG_COUNT] = {"error", "warning", "info", "debug"};

@@ -38,7 +38,7 @@
  * same over a buffer far larger than the caches. Thread-safe. */
 typedef struct cm_node_caps {
     int cores;
-    char isa[64];          /* cm_kernels_get()->name + CPU feature string */
+    char isa[128];         /* "avx512 (avx2,fma,...)": the kernels in use, then the CPU's features */
     uint64_t mem_total, mem_free;
     char os[32], arch[32], version[32];
     double gflops;         /* one thread */

@@ -1,85 +1,20 @@
 /*
- * mdns.c: the mDNS responder and DNS-SD browser for _cumulo._tcp (RFC 6762,
- * RFC 6763) on one UDP socket bound to 5353, joined to 224.0.0.251 on every
- * multicast-capable IPv4 interface. Responder: probe (3 x 250 ms, tie-break,
- * rename "name (2)"), announce (3 times, 1 s then 2 s apart), answer queries
- * (known-answer suppression, 1 s per-record multicast limit, token bucket for
- * unicast), goodbye. Browser: PTR queries with doubling interval, resolve
- * SRV/TXT/A, expire by TTL, remove on goodbye, at most CM_MDNS_MAX_INSTANCES.
+ * mdns.c: the mDNS handle for _cumulo._tcp (RFC 6762, RFC 6763): one UDP
+ * socket bound to 5353, joined to 224.0.0.251 on every multicast-capable IPv4
+ * interface (rescanned every 5 s), the receive loop and timers, and the
+ * responder: probe (3 x 250 ms, tie-break, rename "name (2)"), announce (3
+ * times, 1 s then 2 s apart), answer queries (known-answer suppression,
+ * per-record multicast limit, token bucket for unicast), defend an
+ * established name, goodbye. The browser lives in mdns_browse.c.
  * Packet bytes are parsed only by cm_mdns_parse; nothing here may abort on them.
  * Single-threaded: all state is touched from cm_mdns_step's caller.
  */
-#include "mdns.h"
-
-#include "base/base.h"
-#include "os/os.h"
+#include "mdns_priv.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define MAX_IFS 16
-#define RX_PER_STEP 256 /* packets handled before timers get a turn (flood bound) */
-#define QUERY_MAX_MS 60000u
-#define UNICAST_RATE 20.0 /* replies per second, burst 2x */
-#define RESCAN_MS 5000u   /* interfaces come and go (Thunderbolt bridge, DHCP) */
-
-enum { R_PTR, R_SRV, R_TXT, R_A, R_ENUM, R_COUNT };
-enum { RS_IDLE, RS_WAIT, RS_PROBING, RS_ANNOUNCING, RS_RUNNING };
-
-typedef struct mif {
-    char name[32];
-    unsigned index;
-    uint8_t addr[4], mask[4];
-    uint64_t last_mcast[R_COUNT]; /* ms, per-record rate limit (RFC 6762 §6) */
-} mif;
-
-typedef struct inst {
-    cm_mdns_instance pub;
-    bool used, added, changed;
-    cm_mdns_name name, target;
-    uint64_t ptr_rx, ptr_exp, srv_exp, txt_exp, a_exp; /* ms; 0 = not known */
-    uint32_t ptr_ttl;
-    uint64_t next_resolve, refresh_at;
-    int tries;
-} inst;
-
-struct cm_mdns {
-    int fd;
-    bool detached;
-    char ifaces[256];  /* interface filter, "" = all */
-    uint64_t next_scan;
-    size_t sent_len;
-    mif ifs[MAX_IFS];
-    int nifs;
-    cm_rng rng;
-    cm_mdns_stats st;
-    uint8_t rx[CM_MDNS_PKT_MAX], tx[CM_MDNS_PKT_MAX], sent[CM_MDNS_PKT_MAX];
-    cm_mdns_msg msg;
-    /* responder */
-    int rstate, probe_n, announce_n, renames;
-    uint64_t next_tx, defend_at;
-    int defends;
-    char base[CM_MDNS_LABEL_MAX + 1], label[CM_MDNS_LABEL_MAX + 1], host[CM_MDNS_LABEL_MAX + 1];
-    cm_mdns_name svc, enum_name, inst_name, host_name;
-    uint16_t port;
-    uint8_t txt[CM_MDNS_TXT_MAX];
-    size_t txt_len;
-    uint32_t ttl_host, ttl_other;
-    double tokens;
-    uint64_t tokens_at;
-    /* browser */
-    bool browsing;
-    cm_mdns_event_fn fn;
-    void *ud;
-    uint64_t next_query, query_ms;
-    inst insts[CM_MDNS_MAX_INSTANCES];
-};
-
-static uint64_t now_ms(void) { return cm_now_ns() / 1000000u; }
-static uint64_t rand_ms(cm_mdns *m, unsigned lo, unsigned hi) {
-    return lo + cm_rng_next(&m->rng) % (uint64_t)(hi - lo + 1);
-}
 static const uint8_t k_group[4] = {224, 0, 0, 251};
 
 /* ------------------------------------------------------------ open/close */
@@ -218,7 +153,7 @@ static bool keep_detached(cm_mdns *m, int len) {
     return true;
 }
 
-static void send_mcast(cm_mdns *m, const mif *f, int len) {
+void mdns_send_mcast(cm_mdns *m, const mif *f, int len) {
     if (len <= 0 || keep_detached(m, len)) return;
     if (cm_udp4_send(m->fd, m->tx, (size_t)len, k_group, CM_MDNS_PORT, f->addr) == 0) m->st.tx++;
 }
@@ -325,7 +260,7 @@ static void send_probe(cm_mdns *m) {
             rr.cache_flush = false; /* authority records of a probe carry no flush bit */
             cm_mdns_write_rr(&w, CM_MDNS_SEC_AUTHORITY, &rr);
         }
-        send_mcast(m, &m->ifs[i], cm_mdns_writer_finish(&w));
+        mdns_send_mcast(m, &m->ifs[i], cm_mdns_writer_finish(&w));
     }
 }
 
@@ -343,7 +278,7 @@ static void send_announce(cm_mdns *m, bool ttl0) {
             cm_mdns_write_rr(&w, CM_MDNS_SEC_ANSWER, &rr);
             m->ifs[i].last_mcast[k] = t;
         }
-        send_mcast(m, &m->ifs[i], cm_mdns_writer_finish(&w));
+        mdns_send_mcast(m, &m->ifs[i], cm_mdns_writer_finish(&w));
     }
 }
 
@@ -591,195 +526,7 @@ static void answer_query(cm_mdns *m, const cm_mdns_msg *q, mif *f, const uint8_t
         m->tokens -= 1.0;
         send_unicast(m, src, sport, len);
     } else {
-        send_mcast(m, f, len);
-    }
-}
-
-/* ------------------------------------------------------------ browser */
-
-static void emit(cm_mdns *m, enum cm_mdns_event ev, inst *e) {
-    if (m->fn) m->fn(m->ud, ev, &e->pub);
-}
-
-static void inst_drop(cm_mdns *m, inst *e) {
-    if (e->added) emit(m, CM_MDNS_REMOVE, e);
-    memset(e, 0, sizeof *e);
-}
-
-static inst *inst_find(cm_mdns *m, const cm_mdns_name *n) {
-    for (int i = 0; i < CM_MDNS_MAX_INSTANCES; i++)
-        if (m->insts[i].used && cm_mdns_name_eq(&m->insts[i].name, n)) return &m->insts[i];
-    return NULL;
-}
-
-static inst *inst_new(cm_mdns *m, const cm_mdns_name *n) {
-    inst *victim = NULL;
-    for (int i = 0; i < CM_MDNS_MAX_INSTANCES; i++) {
-        inst *e = &m->insts[i];
-        if (!e->used) { victim = e; break; }
-        /* full: evict the oldest instance that never resolved (flood of bare PTRs) */
-        if (!e->added && (!victim || e->ptr_rx < victim->ptr_rx)) victim = e;
-    }
-    if (!victim) return NULL;
-    if (victim->used) inst_drop(m, victim);
-    victim->used = true;
-    victim->name = *n;
-    return victim;
-}
-
-static void send_query(cm_mdns *m, inst *only) {
-    uint64_t t = now_ms();
-    for (int i = 0; i < m->nifs; i++) {
-        cm_mdns_writer w;
-        cm_mdns_rr rr;
-        cm_mdns_writer_init(&w, m->tx, sizeof m->tx, 0, 0);
-        if (only) {
-            cm_mdns_write_question(&w, &only->name, CM_MDNS_T_SRV, false);
-            cm_mdns_write_question(&w, &only->name, CM_MDNS_T_TXT, false);
-            if (only->target.len) cm_mdns_write_question(&w, &only->target, CM_MDNS_T_A, false);
-        } else {
-            cm_mdns_write_question(&w, &m->svc, CM_MDNS_T_PTR, false);
-            /* known answers (RFC 6762 §7.1): PTRs with more than half their TTL left */
-            for (int k = 0; k < CM_MDNS_MAX_INSTANCES; k++) {
-                inst *e = &m->insts[k];
-                if (!e->used || !e->ptr_exp || e->ptr_exp <= t) continue;
-                uint64_t left = (e->ptr_exp - t) / 1000;
-                if (left * 2 < e->ptr_ttl) continue;
-                memset(&rr, 0, sizeof rr);
-                rr.name = m->svc; rr.type = CM_MDNS_T_PTR; rr.klass = CM_MDNS_CLASS_IN;
-                rr.ttl = (uint32_t)left; rr.target = e->name;
-                cm_mdns_writer save = w;
-                cm_mdns_write_rr(&w, CM_MDNS_SEC_ANSWER, &rr);
-                if (w.overflow || w.len > 1400) { w = save; break; } /* NEEDSWORK: TC + continuation */
-            }
-        }
-        send_mcast(m, &m->ifs[i], cm_mdns_writer_finish(&w));
-    }
-}
-
-int cm_mdns_browse(cm_mdns *m, cm_mdns_event_fn fn, void *ud) {
-    m->fn = fn;
-    m->ud = ud;
-    if (!m->browsing) {
-        m->browsing = true;
-        m->query_ms = 1000;
-        m->next_query = now_ms() + rand_ms(m, 20, 120); /* RFC 6762 §5.2 */
-    }
-    return 0;
-}
-
-size_t cm_mdns_instance_count(const cm_mdns *m) {
-    size_t n = 0;
-    for (int i = 0; i < CM_MDNS_MAX_INSTANCES; i++) n += m->insts[i].added;
-    return n;
-}
-
-const cm_mdns_instance *cm_mdns_instance_at(const cm_mdns *m, size_t idx) {
-    for (int i = 0; i < CM_MDNS_MAX_INSTANCES; i++)
-        if (m->insts[i].added && idx-- == 0) return &m->insts[i].pub;
-    return NULL;
-}
-
-static uint64_t expiry(uint64_t t, uint32_t ttl) { return t + (uint64_t)ttl * 1000u; }
-
-static void browse_response(cm_mdns *m, const cm_mdns_msg *msg, const mif *f) {
-    uint64_t t = now_ms();
-    /* pass 0: PTRs create or remove instances; 1: SRV/TXT; 2: addresses */
-    for (int pass = 0; pass < 3; pass++) {
-        for (size_t i = 0; i < msg->nrr; i++) {
-            const cm_mdns_rr *rr = &msg->rr[i];
-            if (rr->klass != CM_MDNS_CLASS_IN) continue;
-            if (pass == 0 && rr->type == CM_MDNS_T_PTR && cm_mdns_name_eq(&rr->name, &m->svc)) {
-                char label[CM_MDNS_LABEL_MAX + 1];
-                if (!cm_mdns_name_split_instance(&rr->target, &m->svc, label, sizeof label)) continue;
-                inst *e = inst_find(m, &rr->target);
-                if (rr->ttl == 0) { if (e) inst_drop(m, e); continue; } /* goodbye */
-                if (!e && !(e = inst_new(m, &rr->target))) continue;
-                memcpy(e->pub.name, label, sizeof label);
-                e->ptr_rx = t;
-                e->ptr_ttl = rr->ttl;
-                e->ptr_exp = expiry(t, rr->ttl);
-                if (!e->next_resolve) e->next_resolve = t + 200; /* answers usually carry SRV/TXT/A */
-                if (f) snprintf(e->pub.ifname, sizeof e->pub.ifname, "%s", f->name);
-            } else if (pass == 1 && (rr->type == CM_MDNS_T_SRV || rr->type == CM_MDNS_T_TXT)) {
-                inst *e = inst_find(m, &rr->name);
-                if (!e) continue;
-                if (rr->ttl == 0) { inst_drop(m, e); continue; }
-                if (rr->type == CM_MDNS_T_SRV) {
-                    if (!e->pub.has_srv || e->pub.port != rr->port || !cm_mdns_name_eq(&e->target, &rr->target)) {
-                        if (e->target.len && !cm_mdns_name_eq(&e->target, &rr->target)) e->pub.addr[0] = 0;
-                        e->target = rr->target;
-                        e->pub.port = rr->port;
-                        cm_mdns_name_text(&rr->target, e->pub.host, sizeof e->pub.host);
-                        e->pub.has_srv = e->changed = true;
-                    }
-                    e->srv_exp = expiry(t, rr->ttl);
-                    e->refresh_at = t + (uint64_t)rr->ttl * 800u; /* re-query at 80% (§5.2) */
-                } else {
-                    size_t l = CM_MIN((size_t)rr->rdlen, sizeof e->pub.txt);
-                    if (!e->pub.has_txt || l != e->pub.txt_len || memcmp(e->pub.txt, rr->rdata, l)) {
-                        if (l) memcpy(e->pub.txt, rr->rdata, l);
-                        e->pub.txt_len = l;
-                        e->pub.has_txt = e->changed = true;
-                    }
-                    e->txt_exp = expiry(t, rr->ttl);
-                }
-            } else if (pass == 2 && (rr->type == CM_MDNS_T_A || rr->type == CM_MDNS_T_AAAA)) {
-                for (int k = 0; k < CM_MDNS_MAX_INSTANCES; k++) {
-                    inst *e = &m->insts[k];
-                    if (!e->used || !e->target.len || !cm_mdns_name_eq(&e->target, &rr->name)) continue;
-                    if (rr->ttl == 0) { inst_drop(m, e); continue; }
-                    char a[48];
-                    if (rr->type == CM_MDNS_T_A)
-                        snprintf(a, sizeof a, "%u.%u.%u.%u", rr->addr[0], rr->addr[1], rr->addr[2], rr->addr[3]);
-                    else {
-                        if (e->pub.addr[0] && !strchr(e->pub.addr, ':')) continue; /* prefer IPv4 */
-                        size_t o = 0;
-                        for (int j = 0; j < 16; j += 2)
-                            o += (size_t)snprintf(a + o, sizeof a - o, "%s%x", j ? ":" : "", (rr->addr[j] << 8) | rr->addr[j + 1]);
-                    }
-                    if (strcmp(a, e->pub.addr)) { memcpy(e->pub.addr, a, sizeof a); e->changed = true; }
-                    e->a_exp = expiry(t, rr->ttl);
-                }
-            }
-        }
-    }
-    for (int k = 0; k < CM_MDNS_MAX_INSTANCES; k++) {
-        inst *e = &m->insts[k];
-        if (!e->used || !e->changed) continue;
-        e->changed = false;
-        if (e->pub.has_srv && e->pub.has_txt && e->pub.addr[0]) {
-            emit(m, e->added ? CM_MDNS_UPDATE : CM_MDNS_ADD, e);
-            e->added = true;
-        }
-    }
-}
-
-static void browser_timer(cm_mdns *m, uint64_t t) {
-    if (!m->browsing) return;
-    if (t >= m->next_query) {
-        send_query(m, NULL);
-        m->next_query = t + m->query_ms;
-        m->query_ms = CM_MIN(m->query_ms * 2, (uint64_t)QUERY_MAX_MS);
-    }
-    for (int k = 0; k < CM_MDNS_MAX_INSTANCES; k++) {
-        inst *e = &m->insts[k];
-        if (!e->used) continue;
-        if ((e->ptr_exp && t >= e->ptr_exp) || (e->srv_exp && t >= e->srv_exp) ||
-            (e->txt_exp && t >= e->txt_exp) || (e->a_exp && t >= e->a_exp)) {
-            inst_drop(m, e);
-            continue;
-        }
-        bool complete = e->pub.has_srv && e->pub.has_txt && e->pub.addr[0];
-        if (!complete && e->next_resolve && t >= e->next_resolve) {
-            if (e->tries >= 6) { inst_drop(m, e); continue; } /* never resolved: forget it */
-            send_query(m, e);
-            e->tries++;
-            e->next_resolve = t + 1000u * (1u << CM_MIN(e->tries, 4));
-        } else if (complete && e->refresh_at && t >= e->refresh_at) {
-            send_query(m, e);
-            e->refresh_at = t + (e->srv_exp - t) / 2 + 1000;
-        }
+        mdns_send_mcast(m, f, len);
     }
 }
 
@@ -808,7 +555,7 @@ static void handle_packet(cm_mdns *m, size_t n, const uint8_t src[4], uint16_t s
     if (msg->flags & CM_MDNS_FLAG_QR) {
         if (sport != CM_MDNS_PORT) return; /* RFC 6762 §6: responses come from 5353 */
         if (m->rstate != RS_IDLE) check_conflict(m, msg);
-        if (m->browsing) browse_response(m, msg, f);
+        if (m->browsing) mdns_browse_response(m, msg, f);
     } else {
         if (m->rstate == RS_PROBING) probe_tiebreak(m, msg);
         else if (m->rstate == RS_ANNOUNCING || m->rstate == RS_RUNNING) answer_query(m, msg, f, src, sport);
@@ -847,7 +594,7 @@ int cm_mdns_step(cm_mdns *m, int timeout_ms) {
             }
         }
         responder_timer(m, t);
-        browser_timer(m, t);
+        mdns_browser_timer(m, t);
         uint64_t d = CM_MIN(end, next_deadline(m));
         int wait = d > t ? (int)CM_MIN(d - t, (uint64_t)1000) : 0;
         int r = 0;

@@ -471,7 +471,7 @@ int cm_node_run(const cm_node_opts *o, volatile sig_atomic_t *stop, char *err, s
     join_peers(&n);
     cm_mdns *md = NULL;
     if (o->mdns) {
-        char id[2 * CM_NODE_ID_BYTES + 1], caps_txt[4][80];
+        char id[2 * CM_NODE_ID_BYTES + 1], caps_txt[4][160];
         for (int i = 0; i < CM_NODE_ID_BYTES; i++) snprintf(id + 2 * i, 3, "%02x", n.hello.node_id[i]);
         snprintf(caps_txt[0], sizeof caps_txt[0], "cores=%d", caps.cores);
         snprintf(caps_txt[1], sizeof caps_txt[1], "mem=%llu", (unsigned long long)caps.mem_free);

@@ -232,7 +232,7 @@ static void encode(wcur *w, const cm_msg *m) {
         w_u16(w, h->listen_port);
         w_u32(w, h->roles);
         w_u32(w, h->cores);
-        w_str(w, h->isa, CM_MSG_NAME_MAX, "isa");
+        w_str(w, h->isa, CM_MSG_ISA_MAX, "isa");
         w_u64(w, h->mem_total);
         w_u64(w, h->mem_free);
         w_str(w, h->os, CM_MSG_SHORT_MAX, "os");
@@ -471,7 +471,7 @@ static int decode(rcur *r, unsigned type, cm_msg *m) {
         h->listen_port = r_u16(r, "listen_port");
         h->roles = r_u32(r, "roles");
         h->cores = r_u32(r, "cores");
-        r_str(r, h->isa, CM_MSG_NAME_MAX, "isa");
+        r_str(r, h->isa, CM_MSG_ISA_MAX, "isa");
         h->mem_total = r_u64(r, "mem_total");
         h->mem_free = r_u64(r, "mem_free");
         r_str(r, h->os, CM_MSG_SHORT_MAX, "os");

@@ -177,7 +177,8 @@ void cm_hs_wipe(cm_hs *hs);
 
 /* -------------------------------------------------------------- messages */
 
-#define CM_MSG_NAME_MAX 63    /* node names, ISA strings */
+#define CM_MSG_NAME_MAX 63    /* node and model names */
+#define CM_MSG_ISA_MAX 127    /* "avx2,fma,f16c,avx512f,..." */
 #define CM_MSG_SHORT_MAX 31   /* os, arch, version strings */
 #define CM_MSG_ADDR_MAX 63    /* "host:port" / "[v6]:port" */
 #define CM_MSG_TEXT_MAX 511   /* ERROR / READY / BYE messages */
@@ -195,7 +196,7 @@ typedef struct cm_msg_hello {
     uint16_t listen_port;              /* where this node accepts peers (0: none) */
     uint32_t roles;                    /* CM_ROLE_* bits */
     uint32_t cores;
-    char isa[CM_MSG_NAME_MAX + 1];     /* "avx2,fma,f16c" */
+    char isa[CM_MSG_ISA_MAX + 1];      /* "avx2,fma,f16c" */
     uint64_t mem_total, mem_free;      /* bytes */
     char os[CM_MSG_SHORT_MAX + 1], arch[CM_MSG_SHORT_MAX + 1];
     char version[CM_MSG_SHORT_MAX + 1]; /* cumulo version */

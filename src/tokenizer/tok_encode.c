@@ -383,7 +383,7 @@ int cm_tokenizer_encode(const cm_tokenizer *t, const char *text, size_t n, unsig
     int rc = cm_tokenizer_encode_alloc(t, text, n, flags, &ids, &k, err, errlen);
     if (rc) return rc;
     *n_out = k;
-    memcpy(out, ids, CM_MIN(k, cap) * sizeof(cm_token));
+    if (CM_MIN(k, cap)) memcpy(out, ids, CM_MIN(k, cap) * sizeof(cm_token));
     cm_free(ids);
     if (k > cap) return cm_errf(err, errlen, CM_ERANGE, "%zu tokens do not fit in %zu", k, cap);
     return 0;

@@ -76,6 +76,12 @@ static inline uint64_t cm_tok_hash(uint64_t h, const void *p, size_t n) {
     return h;
 }
 #define CM_TOK_HASH_SEED 0xcbf29ce484222325ull
+/* FNV's low bits mix poorly; slots come from a finalised hash. */
+static inline uint64_t cm_tok_hash_fin(uint64_t h) {
+    h ^= h >> 32;
+    h *= 0x9e3779b97f4a7c15ull;
+    return h ^ (h >> 29);
+}
 
 /* Lookups (tok_load.c). */
 cm_token cm_tok_lookup(const cm_tokenizer *t, const char *s, size_t n);

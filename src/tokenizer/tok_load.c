@@ -28,7 +28,7 @@ static int strtab_init(cm_tok_strtab *h, uint64_t n) {
 cm_token cm_tok_lookup(const cm_tokenizer *t, const char *s, size_t n) {
     if (!t->tok_ht.slots) return CM_TOKEN_NULL;
     uint64_t h = cm_tok_hash(CM_TOK_HASH_SEED, s, n);
-    for (uint64_t i = h & t->tok_ht.mask;; i = (i + 1) & t->tok_ht.mask) {
+    for (uint64_t i = cm_tok_hash_fin(h) & t->tok_ht.mask;; i = (i + 1) & t->tok_ht.mask) {
         uint32_t v = t->tok_ht.slots[i];
         if (!v) return CM_TOKEN_NULL;
         cm_token id = (cm_token)(v - 1);
@@ -43,7 +43,7 @@ cm_token cm_tokenizer_find(const cm_tokenizer *t, const char *text, size_t len) 
 int32_t cm_tok_merge_rank(const cm_tokenizer *t, const char *l, size_t ln, const char *r, size_t rn) {
     if (!t->merge_ht.slots) return -1;
     uint64_t h = cm_tok_hash(cm_tok_hash(cm_tok_hash(CM_TOK_HASH_SEED, l, ln), " ", 1), r, rn);
-    for (uint64_t i = h & t->merge_ht.mask;; i = (i + 1) & t->merge_ht.mask) {
+    for (uint64_t i = cm_tok_hash_fin(h) & t->merge_ht.mask;; i = (i + 1) & t->merge_ht.mask) {
         uint32_t v = t->merge_ht.slots[i];
         if (!v) return -1;
         const cm_tok_merge *m = &t->merges[v - 1];
@@ -286,7 +286,7 @@ static int load_vocab(cm_tokenizer *t, const cm_gguf *g, char *err, size_t errle
     for (uint64_t i = 0; i < n; i++) {
         const char *s = t->text_blob + t->text_off[i];
         uint64_t h = cm_tok_hash(CM_TOK_HASH_SEED, s, t->text_len[i]);
-        for (uint64_t j = h & t->tok_ht.mask;; j = (j + 1) & t->tok_ht.mask) {
+        for (uint64_t j = cm_tok_hash_fin(h) & t->tok_ht.mask;; j = (j + 1) & t->tok_ht.mask) {
             uint32_t v = t->tok_ht.slots[j];
             if (!v) { t->tok_ht.slots[j] = (uint32_t)(i + 1); break; }
             if (t->text_len[v - 1] == t->text_len[i] && !memcmp(t->text_blob + t->text_off[v - 1], s, t->text_len[i]))
@@ -331,7 +331,7 @@ static int load_merges(cm_tokenizer *t, const cm_gguf *g, char *err, size_t errl
         m->first_len = (uint32_t)(sp - s.ptr);
         const char *key = t->merge_blob + m->off;
         uint64_t h = cm_tok_hash(CM_TOK_HASH_SEED, key, m->len);
-        for (uint64_t j = h & t->merge_ht.mask;; j = (j + 1) & t->merge_ht.mask) {
+        for (uint64_t j = cm_tok_hash_fin(h) & t->merge_ht.mask;; j = (j + 1) & t->merge_ht.mask) {
             uint32_t v = t->merge_ht.slots[j];
             if (!v) { t->merge_ht.slots[j] = (uint32_t)(i + 1); break; }
             const cm_tok_merge *o = &t->merges[v - 1];

@@ -135,7 +135,7 @@ const char *cm_tokenizer_text(const cm_tokenizer *t, cm_token id, size_t *len);
 float cm_tokenizer_score(const cm_tokenizer *t, cm_token id);
 /* Exact lookup of a token by its vocabulary text; CM_TOKEN_NULL if none. */
 cm_token cm_tokenizer_find(const cm_tokenizer *t, const char *text, size_t len);
-/* Names of the supported tokenizer.ggml.pre values, NULL-terminated. */
-const char *const *cm_tokenizer_pre_names(void);
+/* The i-th supported tokenizer.ggml.pre value; NULL past the last. */
+const char *cm_tokenizer_pre_name_at(size_t i);
 
 #endif

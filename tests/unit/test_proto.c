@@ -293,6 +293,26 @@ static void test_roundtrip_all(void) {
     CHECK(cm_msg_decode(CM_MSG_HELLO, buf, n, &d, e, sizeof e) == 0);
     CHECK(!strcmp(d.u.hello.name, "mac-mini-2 \xc3\xa9") && d.u.hello.gflops == 123.5f && d.u.hello.mem_gbs == 42.25f &&
           d.u.hello.mem_total == (16ull << 30) && !memcmp(d.u.hello.node_id, m.u.hello.node_id, 16));
+    memset(m.u.hello.isa, 'a', CM_MSG_ISA_MAX); /* the longest ISA string fits... */
+    m.u.hello.isa[CM_MSG_ISA_MAX] = 0;
+    n = enc(&m, buf, sizeof buf);
+    CHECK(cm_msg_decode(CM_MSG_HELLO, buf, n, &d, e, sizeof e) == 0 && strlen(d.u.hello.isa) == CM_MSG_ISA_MAX);
+    /* ...one more byte is refused: by the encoder, and by the decoder (the same payload
+     * with the isa field grown by hand; it starts after version, id, name, port, roles, cores) */
+    size_t off = 2 + 16 + 2 + strlen(m.u.hello.name) + 2 + 4 + 4;
+    CHECK(cm_rd_u16(buf + off) == CM_MSG_ISA_MAX);
+    static uint8_t grown[4096];
+    memcpy(grown, buf, off);
+    cm_wr_u16(grown + off, CM_MSG_ISA_MAX + 1);
+    memset(grown + off + 2, 'a', CM_MSG_ISA_MAX + 1);
+    memcpy(grown + off + 2 + CM_MSG_ISA_MAX + 1, buf + off + 2 + CM_MSG_ISA_MAX, n - off - 2 - CM_MSG_ISA_MAX);
+    CHECK(cm_msg_decode(CM_MSG_HELLO, grown, n + 1, &d, e, sizeof e) == CM_EFORMAT);
+    CHECKF(strstr(e, "'isa' too long") != NULL, "%s", e);
+    grown[off] = CM_MSG_ISA_MAX; /* shrunk back to the original bytes, it decodes again */
+    memmove(grown + off + 2 + CM_MSG_ISA_MAX, grown + off + 3 + CM_MSG_ISA_MAX, n - off - 2 - CM_MSG_ISA_MAX);
+    CHECK(cm_msg_decode(CM_MSG_HELLO, grown, n, &d, e, sizeof e) == 0);
+    memset(m.u.hello.isa, 'a', sizeof m.u.hello.isa); /* no NUL within the maximum */
+    CHECK(cm_msg_encode(&m, NULL, 0, &n, e, sizeof e) == CM_EINVAL);
     sample(CM_MSG_ASSIGN, &m, 0);
     n = enc(&m, buf, sizeof buf);
     CHECK(cm_msg_decode(CM_MSG_ASSIGN, buf, n, &d, e, sizeof e) == 0);
