@@ -395,7 +395,12 @@ static void *conn_main(void *arg) {
             int r2 = 0;
             err[0] = 0;
             if (!s) r2 = cm_errf(err, sizeof err, CM_ESTATE, "%s without an assignment", cm_msg_type_name(m.type));
-            else if (m.type == CM_MSG_FORWARD) r2 = on_forward(s, &m.u.forward, err, sizeof err);
+            else if (m.type == CM_MSG_FORWARD && m.u.forward.epoch != s->as.epoch) {
+                /* A stale plan's traffic: dropped, and not reported to the
+                 * current coordinator (it is not about its sequences). */
+                CM_LOGW("FORWARD of epoch %llu from %s dropped (current epoch %llu)",
+                        (unsigned long long)m.u.forward.epoch, cm_conn_peer(c), (unsigned long long)s->as.epoch);
+            } else if (m.type == CM_MSG_FORWARD) r2 = on_forward(s, &m.u.forward, err, sizeof err);
             else if (m.type == CM_MSG_SEQ_START) r2 = on_seq_start(s, &m, err, sizeof err);
             else r2 = on_seq_free(s, &m, err, sizeof err);
             if (r2) {
