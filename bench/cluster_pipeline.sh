@@ -26,14 +26,17 @@ while [ ! -s "$TMP/port" ]; do sleep 0.05; done
 NODE=127.0.0.1:$(cat "$TMP/port")
 for m in $models; do
     name=$(basename "$m" .gguf)
+    # an even split, so runs compare (the planner's choice moves with the measured speeds)
+    nl=$(case "$name" in deep24) echo 24 ;; *) echo 5 ;; esac)
+    split="$(((nl + 1) / 2)),$((nl / 2))"
     for s in 1 2 4; do
         "$BIN" run "$m" -p "Once upon a time" -n "$N" --temp 0 --ignore-eos --threads 1 --streams "$s" --json \
             >"$TMP/local.json" 2>/dev/null
-        "$BIN" run "$m" --nodes "$NODE" -p "Once upon a time" -n "$N" --temp 0 --ignore-eos --threads 1 --streams "$s" \
+        "$BIN" run "$m" --nodes "$NODE" --layers "$split" -p "Once upon a time" -n "$N" --temp 0 --ignore-eos --threads 1 --streams "$s" \
             --json >"$TMP/cl.json" 2>"$TMP/cl.err"
         perl -MJSON::PP -e '
             local $/; open L, "<", $ARGV[0]; my $l = decode_json(<L>); open C, "<", $ARGV[1]; my $c = decode_json(<C>);
-            open E, "<", $ARGV[2]; my $e = <E>; my ($rtt) = $e =~ /rtt ([0-9.]+) ms/; my ($split) = $e =~ /(\d+ stages: .*?); predicted/;
+            open E, "<", $ARGV[2]; my $e = <E>; my ($rtt) = $e =~ /rtt ([0-9.]+) ms/; my ($split) = $e =~ /(layers split by --layers \S+)/;
             my $tok = $c->{tokens}; my $s = $ARGV[4];
             printf "{\"model\":\"%s\",\"streams\":%d,\"local_tps\":%.1f,\"cluster_tps\":%.1f,\"ratio\":%.2f,\"ms_per_token_per_stream\":%.3f,\"link_rtt_ms\":%.3f,\"hop_bytes_per_token\":%.1f,\"hop_bytes_per_decode_token\":%d,\"identical\":%s,\"split\":\"%s\"}\n",
                 $ARGV[3], $s, $l->{aggregate_tps}, $c->{aggregate_tps}, $c->{aggregate_tps} / ($l->{aggregate_tps} || 1),

@@ -179,7 +179,7 @@ int cmd_run(int argc, char **argv) {
     const char *model = NULL, *prompt = NULL, *file = NULL;
     const char *stops[16];
     int n_stops = 0;
-    long n_predict = 128, ctx = 0, threads = 0, streams = 1;
+    long n_predict = 128, ctx = 0, threads = 0, streams = 0;
     bool json = false, no_bos = false, cluster = false, insecure = false;
     const char *nodes = NULL, *layers = NULL, *key_file = NULL;
     cm_gen_params gp;
@@ -273,6 +273,7 @@ int cmd_run(int argc, char **argv) {
     cm_engine_opts eo = {.n_threads = (int)threads, .n_ctx = (int)ctx, .nodes = cluster ? (nodes ? nodes : "auto") : NULL,
                          .insecure = insecure, .key_file = key_file, .layers = layers,
                          .n_seq = streams > 8 ? (int)streams : 8};
+    /* --streams (even 1) reports aggregate numbers instead of the text. */
     if (cli_load_engine_opts(&e, model, &eo)) { cm_free(file_text); return 1; }
     int status = 1;
     cm_session *s = NULL;
@@ -292,7 +293,7 @@ int cmd_run(int argc, char **argv) {
     }
     if (np > cap) { cli_fail("cannot tokenize the prompt"); goto done; }
     if (np == 0) { cli_fail("the prompt is empty and --no-bos leaves no token to start from"); goto done; }
-    if (streams > 1) {
+    if (streams >= 1) {
         status = run_streams(e, (int)streams, ptoks, np, &gp, json) ? 1 : 0;
         goto done;
     }
