@@ -10,13 +10,14 @@
 
 #include <cjson/cJSON.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 
-static volatile sig_atomic_t g_stop;
+static atomic_int g_stop;
 static void on_stop(int sig) {
     (void)sig;
-    g_stop = 1;
+    atomic_store(&g_stop, 1);
 }
 
 static const char k_node_usage[] =

@@ -26,7 +26,7 @@
 #include "model/model.h"
 #include "sampler/sampler.h"
 
-#include <signal.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -68,9 +68,10 @@ typedef struct cm_node_opts {
     const char *port_file;  /* write the listening port here once listening */
 } cm_node_opts;
 
-/* Run until *stop becomes non-zero (a signal handler sets it). Returns 0 on
- * a clean stop, or an error (cannot listen, no key, ...). */
-int cm_node_run(const cm_node_opts *o, volatile sig_atomic_t *stop, char *err, size_t errlen);
+/* Run until *stop becomes non-zero (a signal handler or another thread sets
+ * it: atomic_int is lock-free, so a handler may store to it). Returns 0 on a
+ * clean stop, or an error (cannot listen, no key, ...). */
+int cm_node_run(const cm_node_opts *o, atomic_int *stop, char *err, size_t errlen);
 
 /* ---- discovery and probing (`cumulo nodes`, --nodes auto) ---- */
 

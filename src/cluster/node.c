@@ -53,7 +53,7 @@ typedef struct node {
     const cm_node_opts *o;
     cm_net_cfg cfg;
     cm_msg_hello hello;
-    volatile sig_atomic_t *stop;
+    atomic_int *stop;
     pthread_mutex_t mu;       /* stage pointer, compute, sends on next/coord */
     stage *st;
     _Atomic int n_threads;
@@ -355,7 +355,7 @@ static void *conn_main(void *arg) {
     CM_LOGI("%s '%s' connected from %s", is_coord ? "coordinator" : "peer", peer.name, cm_conn_peer(c));
     bool assigned_here = false;
     uint8_t *pong = NULL;
-    while (!*n->stop) {
+    while (!atomic_load(n->stop)) {
         cm_msg m;
         /* Idle waits are short (to notice the stop flag); once a frame
          * starts, a slow link gets a generous deadline for the rest. */
@@ -426,7 +426,7 @@ static void *conn_main(void *arg) {
         stage_free(s);
     }
     CM_LOGI("%s disconnected", cm_conn_peer(c));
-    cm_conn_close(c, *n->stop ? "node shutting down" : NULL);
+    cm_conn_close(c, atomic_load(n->stop) ? "node shutting down" : NULL);
     atomic_fetch_sub(&n->n_threads, 1);
     return NULL;
 }
@@ -448,7 +448,7 @@ static void join_peers(node *n) {
     }
 }
 
-int cm_node_run(const cm_node_opts *o, volatile sig_atomic_t *stop, char *err, size_t errlen) {
+int cm_node_run(const cm_node_opts *o, atomic_int *stop, char *err, size_t errlen) {
     node n = {.o = o, .stop = stop};
     pthread_mutex_init(&n.mu, NULL);
     int rc = cm_cluster_net_cfg(&n.cfg, o->insecure, o->key_file, err, errlen);
@@ -491,7 +491,7 @@ int cm_node_run(const cm_node_opts *o, volatile sig_atomic_t *stop, char *err, s
             md = NULL;
         }
     }
-    while (!*stop) {
+    while (!atomic_load(stop)) {
         if (md) cm_mdns_step(md, 0);
         cm_conn *c;
         char e[300];

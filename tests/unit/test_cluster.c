@@ -16,6 +16,7 @@
 
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,7 +28,7 @@
 #define N_GEN 40
 
 static char g_dir[256], g_model[300], g_key[300];
-static volatile sig_atomic_t g_stop;
+static atomic_int g_stop;
 static uint16_t g_port[N_NODES];
 
 /* stories260K with its 5 blocks repeated to DEEP_LAYERS. */
@@ -218,7 +219,7 @@ int main(void) {
     }
     RUN(test_deep_pipeline);
     RUN(test_refusals);
-    g_stop = 1;
+    atomic_store(&g_stop, 1);
     for (int i = 0; i < N_NODES; i++) pthread_join(jobs[i].th, NULL);
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
