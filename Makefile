@@ -49,7 +49,7 @@ TEST_SRCS := $(wildcard tests/unit/test_*.c)
 TEST_BINS := $(TEST_SRCS:tests/unit/%.c=$(BUILD)/tests/%)
 DEPS := $(LIB_OBJS:.o=.d) $(CLI_OBJS:.o=.d) $(TEST_BINS:=.d)
 
-.PHONY: all deps demo test test-quick check clean fuzz fuzz-long asan tsan neon-test format bench
+.PHONY: all deps demo test test-quick check clean fuzz fuzz-long asan tsan neon-test format bench kbench
 
 all: cumulo
 
@@ -81,6 +81,38 @@ $(BUILD)/tests/%: tests/unit/%.c $(BUILD)/libcumulo.a tests/unit/test.h
 	$(CC) $(CFLAGS) -Itests/unit -MMD -MP -o $@ $< $(BUILD)/libcumulo.a $(LDLIBS)
 
 tests: $(TEST_BINS)
+
+# Kernel micro-benchmark (GB/s of weights per type and ISA); not a test.
+$(BUILD)/bench/kbench: bench/kbench.c $(BUILD)/libcumulo.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libcumulo.a $(LDLIBS)
+kbench: $(BUILD)/bench/kbench
+	$(BUILD)/bench/kbench
+
+# NEON kernels on this x86 machine: cross-compile only what the kernel test
+# needs (base, os, tensor, kernels; no system libraries) statically, and run
+# it under qemu-user. Only *_neon.c files get the NEON ISA flags, as in the
+# native arm64 build. tests/sh/neon.sh runs this as part of `make test`.
+NEON_CC ?= aarch64-linux-gnu-gcc
+NEON_QEMU ?= qemu-aarch64
+NEON_ISA := -march=armv8.2-a+dotprod+fp16
+NEON_CFLAGS := -std=c11 -O2 $(WARN) -D_GNU_SOURCE -fno-strict-aliasing -Isrc -Itests/unit
+NEON_SRCS := $(filter-out %_avx2.c %_avx512.c,$(wildcard src/base/*.c src/os/*.c src/tensor/*.c src/kernels/*.c))
+NEON_OBJS := $(NEON_SRCS:%.c=build-neon/%.o)
+build-neon/%_neon.o: %_neon.c
+	@mkdir -p $(dir $@)
+	$(NEON_CC) $(NEON_CFLAGS) $(NEON_ISA) -MMD -MP -c -o $@ $<
+build-neon/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(NEON_CC) $(NEON_CFLAGS) -MMD -MP -c -o $@ $<
+build-neon/test_kernels_simd build-neon/test_kernels: build-neon/%: tests/unit/%.c tests/unit/test.h $(NEON_OBJS)
+	$(NEON_CC) $(NEON_CFLAGS) -static -o $@ $< $(NEON_OBJS) -lm -lpthread
+# -cpu max has dotprod (the NEON table is tested); cortex-a57 lacks it (dispatch
+# must fall back to scalar without executing a NEON-dotprod instruction).
+neon-test: build-neon/test_kernels_simd build-neon/test_kernels
+	CUMULO_EXPECT_ISA=neon $(NEON_QEMU) -cpu max build-neon/test_kernels_simd
+	$(NEON_QEMU) -cpu cortex-a57 build-neon/test_kernels_simd
+	CUMULO_TEST_WRAPPER="$(NEON_QEMU) -cpu max" $(NEON_QEMU) -cpu max build-neon/test_kernels
 
 # Install missing system packages (apt on Debian/Ubuntu, brew on macOS); a no-op when all is there.
 deps:
@@ -133,3 +165,4 @@ clean:
 	rm -rf build build-asan build-tsan build-fuzz build-neon cumulo
 
 -include $(DEPS)
+-include $(NEON_OBJS:.o=.d)

@@ -14,12 +14,13 @@
 #include <string.h>
 
 static const char k_info_usage[] =
-    "usage: cumulo info MODEL.gguf [--ctx N] [--json]\n"
+    "usage: cumulo info MODEL.gguf [--ctx N] [--kv-type f32|f16] [--json]\n"
     "\n"
     "Print the model's architecture, parameter count, quant mix, context and the\n"
     "memory it needs (weights, mapped from the file, plus the KV cache at --ctx).\n"
     "\n"
     "  --ctx N     context for the KV estimate (default: the model's, at most 4096)\n"
+    "  --kv-type T f32 (default) or f16 KV cache for the estimate\n"
     "  --json      one JSON object instead of text\n";
 
 static void human(char *b, size_t n, double bytes) {
@@ -33,10 +34,14 @@ int cmd_info(int argc, char **argv) {
     if (cli_wants_help(argc, argv)) { fputs(k_info_usage, stdout); return 0; }
     const char *model = NULL;
     long ctx = 0;
-    bool json = false;
+    bool json = false, kv_f16 = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--ctx")) {
             if (!cli_int("--ctx", i + 1 < argc ? argv[++i] : NULL, 1, 1 << 24, &ctx)) return 1;
+        } else if (!strcmp(argv[i], "--kv-type")) {
+            const char *v = i + 1 < argc ? argv[++i] : NULL;
+            if (!v || (strcmp(v, "f32") && strcmp(v, "f16"))) return cli_fail("option '--kv-type' takes f32 or f16");
+            kv_f16 = !strcmp(v, "f16");
         } else if (!strcmp(argv[i], "--json")) {
             json = true;
         } else if (argv[i][0] == '-' && argv[i][1]) {
@@ -49,7 +54,7 @@ int cmd_info(int argc, char **argv) {
     }
     if (!model) return cli_fail("info needs a MODEL.gguf; see 'cumulo info --help'");
     cm_engine *e;
-    if (cli_load_engine(&e, model, 1, (int)(ctx > (1 << 20) ? (1 << 20) : ctx))) return 1;
+    if (cli_load_engine(&e, model, 1, (int)(ctx > (1 << 20) ? (1 << 20) : ctx), kv_f16)) return 1;
     cm_engine_info in;
     cm_engine_get_info(e, &in);
     int n_ctx = ctx > 0 ? (int)ctx : in.n_ctx;
@@ -106,7 +111,8 @@ int cmd_info(int argc, char **argv) {
         human(b1, sizeof b1, (double)in.file_bytes);
         human(b2, sizeof b2, (double)kv);
         human(b3, sizeof b3, (double)total);
-        printf("memory:       %s weights (mapped) + %s KV cache (F32, ctx %d) = %s\n", b1, b2, n_ctx, b3);
+        printf("memory:       %s weights (mapped) + %s KV cache (%s, ctx %d) = %s\n", b1, b2, kv_f16 ? "F16" : "F32",
+               n_ctx, b3);
     }
     cm_engine_free(e);
     return 0;

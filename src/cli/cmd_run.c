@@ -36,6 +36,7 @@ static const char k_run_usage[] =
     "  --stop TEXT            stop when TEXT appears (repeatable)\n"
     "  --ctx N                context size (default: the model's, at most 4096)\n"
     "  --threads N            compute threads (default: all CPUs)\n"
+    "  --kv-type f32|f16      KV cache element type (default f32; f16 halves its memory)\n"
     "  --no-bos               do not add the BOS token\n"
     "  --ignore-eos           keep generating past end-of-generation tokens\n"
     "  --json                 print one JSON object: prompt_tokens, tokens, text, timings\n"
@@ -62,8 +63,11 @@ typedef struct run_out {
     cm_buf text;
 } run_out;
 
-static int on_token(void *user, int32_t id, const char *text, size_t len) {
+static int on_token(void *user, const cm_token_event *ev) {
     run_out *o = user;
+    int32_t id = ev->id;
+    const char *text = ev->text;
+    size_t len = ev->len;
     if (id >= 0 && o->n_ids < o->cap_ids) o->ids[o->n_ids++] = id;
     if (o->json) cm_buf_append(&o->text, text, len);
     else if (len) {
@@ -86,8 +90,8 @@ static void log_line(void *ctx, const char *line) {
 }
 
 /* Shared by run and info: map + load with a progress bar for large files. */
-int cli_load_engine(cm_engine **e, const char *path, int threads, int n_ctx) {
-    cm_engine_opts o = {.n_threads = threads, .n_ctx = n_ctx};
+int cli_load_engine(cm_engine **e, const char *path, int threads, int n_ctx, bool kv_f16) {
+    cm_engine_opts o = {.n_threads = threads, .n_ctx = n_ctx, .kv_f16 = kv_f16};
     return cli_load_engine_opts(e, path, &o);
 }
 
@@ -180,7 +184,7 @@ int cmd_run(int argc, char **argv) {
     const char *stops[16];
     int n_stops = 0;
     long n_predict = 128, ctx = 0, threads = 0, streams = 0;
-    bool json = false, no_bos = false, cluster = false, insecure = false;
+    bool json = false, no_bos = false, kv_f16 = false, cluster = false, insecure = false;
     const char *nodes = NULL, *layers = NULL, *key_file = NULL;
     cm_gen_params gp;
     cm_gen_params_default(&gp);
@@ -225,6 +229,9 @@ int cmd_run(int argc, char **argv) {
             if (!cli_int(a, NEXT(), 1, 1 << 20, &ctx)) return 1;
         } else if (!strcmp(a, "--threads")) {
             if (!cli_int(a, NEXT(), 1, 1024, &threads)) return 1;
+        } else if (!strcmp(a, "--kv-type")) {
+            if (!v || (strcmp(v, "f32") && strcmp(v, "f16"))) return cli_fail("option '--kv-type' takes f32 or f16");
+            kv_f16 = !strcmp(NEXT(), "f16");
         } else if (!strcmp(a, "--no-bos")) {
             no_bos = true;
         } else if (!strcmp(a, "--ignore-eos")) {
@@ -272,7 +279,7 @@ int cmd_run(int argc, char **argv) {
     cm_engine *e = NULL;
     cm_engine_opts eo = {.n_threads = (int)threads, .n_ctx = (int)ctx, .nodes = cluster ? (nodes ? nodes : "auto") : NULL,
                          .insecure = insecure, .key_file = key_file, .layers = layers,
-                         .n_seq = streams > 8 ? (int)streams : 8};
+                         .n_seq = streams > 8 ? (int)streams : 8, .kv_f16 = kv_f16};
     /* --streams (even 1) reports aggregate numbers instead of the text. */
     if (cli_load_engine_opts(&e, model, &eo)) { cm_free(file_text); return 1; }
     int status = 1;

@@ -15,6 +15,7 @@ static const cm_command k_commands[] = {
     {"version", "print the version", cmd_version},
     {"run", "generate text from a prompt on this machine", cmd_run},
     {"info", "architecture, size, quant mix and memory needs of a model", cmd_info},
+    {"serve", "serve a model over an OpenAI-compatible HTTP API, with a dashboard", cmd_serve},
     {"key", "create or show the cluster key", cmd_key},
     {"node", "offer this machine to a cluster (a daemon)", cmd_node},
     {"nodes", "list cluster nodes (mDNS and given) with capabilities and link speed", cmd_nodes},

@@ -18,39 +18,12 @@
 #include "../os/os.h"
 #include "../tokenizer/tokenizer.h"
 
+#include "engine_impl.h"
+
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
-
-struct cm_engine {
-    cm_gguf g;
-    cm_model m;
-    cm_tokenizer *tok;
-    cm_pool *pool;
-    cm_ctx *ctx;
-    pthread_mutex_t mu;
-    int n_ctx, n_batch, max_ctx;
-    char *name;
-    cm_pipe *pipe;  /* cluster: stages after ours; NULL on one machine */
-    int local_last; /* we compute layers [0, local_last) */
-};
-
-struct cm_session {
-    cm_engine *e;
-    cm_kv kv;
-    int n_ctx;
-    int32_t *hist; /* [n_ctx + 1]: tokens of the sequence; the first kv.n_past are in the cache */
-    int n_hist;
-    float *logits; /* [n_vocab]: after the last evaluated token */
-    bool have_logits;
-    char *piece; /* detokenizer output, cm_detok_max_out bytes */
-    size_t piece_cap;
-    atomic_int cancel;
-    cm_timings t;
-    int slot;      /* cluster: the sequence's slot on every stage; -1 on one machine */
-    float *hidden; /* cluster: [n_batch][n_embd] our stage's output */
-};
 
 static void fill_default_opts(cm_engine_opts *o) {
     memset(o, 0, sizeof *o);
@@ -84,6 +57,7 @@ int cm_engine_load(cm_engine **out, const char *path, const cm_engine_opts *opts
     e->pool = cm_pool_new(nt < 1 ? 1 : nt);
     e->n_ctx = o.n_ctx > 0 ? o.n_ctx : CM_MIN(e->m.hp.n_ctx_train, 4096);
     e->n_batch = o.n_batch > 0 ? o.n_batch : 64;
+    e->kv_f16 = o.kv_f16;
     e->max_ctx = CM_MAX(e->n_ctx, CM_MIN(e->m.hp.n_ctx_train, 1 << 20));
     e->local_last = e->m.hp.n_layer;
     if (o.nodes && *o.nodes) {
@@ -116,6 +90,7 @@ void cm_engine_free(cm_engine *e) {
     if (!e) return;
     cm_pipe_close(e->pipe);
     cm_ctx_free(e->ctx);
+    cm_free(e->step_logits);
     cm_pool_free(e->pool);
     cm_tokenizer_free(e->tok);
     cm_model_release(&e->m);
@@ -143,7 +118,7 @@ void cm_engine_get_info(const cm_engine *e, cm_engine_info *in) {
     in->n_params = e->m.n_params;
     in->weight_bytes = e->m.weight_bytes;
     in->file_bytes = e->g.size;
-    in->kv_bytes_per_token = cm_kv_bytes(&e->m, 0, hp->n_layer, 0, hp->n_head_kv, 1);
+    in->kv_bytes_per_token = cm_kv_bytes(&e->m, 0, hp->n_layer, 0, hp->n_head_kv, 1) / (e->kv_f16 ? 2 : 1);
     in->bos = cm_tokenizer_bos(e->tok);
     in->eos = cm_tokenizer_eos(e->tok);
     in->eot = cm_tokenizer_eot(e->tok);
@@ -207,6 +182,31 @@ int cm_engine_token_piece(const cm_engine *e, int32_t id, char *buf, size_t cap)
     return (int)n;
 }
 
+int cm_engine_chat_render(const cm_engine *e, const char *template_name, const cm_chat_msg *msgs, size_t n,
+                          bool add_generation_prompt, cm_buf *out, char *err, size_t errlen) {
+    cm_chat_template t;
+    int rc;
+    if (template_name) {
+        rc = cm_chat_template_by_name(&t, template_name, err, errlen);
+    } else {
+        const cm_gguf_kv *kv = cm_gguf_find_kv(&e->g, "tokenizer.chat_template");
+        if (!kv || kv->type != CM_GGUF_STRING)
+            return cm_errf(err, errlen, CM_EUNSUPPORTED, "the model has no chat template; choose one with --chat-template (%s)",
+                           cm_chat_template_names());
+        rc = cm_chat_template_detect(&t, kv->v.str.ptr, (size_t)kv->v.str.len, err, errlen);
+    }
+    if (rc) return rc;
+    /* BOS/EOS texts, NUL-terminated copies (vocabulary texts are not). */
+    char bos[64] = "", eos[64] = "";
+    size_t len;
+    const char *p;
+    if ((p = cm_tokenizer_text(e->tok, cm_tokenizer_bos(e->tok), &len)) && len < sizeof bos) memcpy(bos, p, len), bos[len] = 0;
+    if ((p = cm_tokenizer_text(e->tok, cm_tokenizer_eos(e->tok), &len)) && len < sizeof eos) memcpy(eos, p, len), eos[len] = 0;
+    cm_chat_opts o = {.add_generation_prompt = add_generation_prompt,
+                      .tokenizer_adds_bos = cm_tokenizer_add_bos(e->tok), .bos = bos, .eos = eos};
+    return cm_chat_render(&t, msgs, n, &o, out, err, errlen);
+}
+
 void cm_gen_params_default(cm_gen_params *p) {
     memset(p, 0, sizeof *p);
     p->n_predict = 128;
@@ -242,7 +242,8 @@ cm_session *cm_session_new(cm_engine *e, int n_ctx, char *err, size_t errlen) {
             return NULL;
         }
     }
-    if (cm_kv_init(&s->kv, &e->m, 0, e->local_last, cm_slice_full(&e->m), n_ctx, err, errlen)) {
+    if (cm_kv_init_type(&s->kv, &e->m, 0, e->local_last, cm_slice_full(&e->m), n_ctx,
+                        e->kv_f16 ? CM_TYPE_F16 : CM_TYPE_F32, err, errlen)) {
         if (s->slot >= 0) cm_pipe_seq_release(e->pipe, s->slot);
         cm_free(s->hidden);
         cm_free(s);
@@ -264,6 +265,7 @@ void cm_session_free(cm_session *s) {
     if (!s) return;
     if (s->slot >= 0) cm_pipe_seq_release(s->e->pipe, s->slot);
     cm_free(s->hidden);
+    cm_session_step_release(s);
     cm_kv_release(&s->kv);
     cm_free(s->hist);
     cm_free(s->logits);
@@ -282,7 +284,7 @@ cm_timings cm_session_timings(const cm_session *s) { return s->t; }
 
 /* Cluster: evaluate hist[kv.n_past .. upto) through our layers and send the
  * hidden states on; want_last asks the last stage to sample after upto - 1. */
-static int eval_cluster(cm_session *s, int upto, bool want_last, char *err, size_t errlen) {
+int cm_engine_eval_cluster(cm_session *s, int upto, bool want_last, char *err, size_t errlen) {
     cm_engine *e = s->e;
     int32_t pos[256], seq[256] = {0};
     int bmax = CM_MIN(e->n_batch, 256);
@@ -316,7 +318,7 @@ static int eval_cluster(cm_session *s, int upto, bool want_last, char *err, size
 static int eval_pending(cm_session *s, char *err, size_t errlen) {
     cm_engine *e = s->e;
     if (e->pipe) {
-        int rc = eval_cluster(s, s->n_hist - 1, false, err, errlen);
+        int rc = cm_engine_eval_cluster(s, s->n_hist - 1, false, err, errlen);
         s->have_logits = !rc && s->n_hist == s->kv.n_past + 1;
         return rc;
     }
@@ -399,13 +401,14 @@ typedef struct gen_state {
 } gen_state;
 
 /* Pass detokenized bytes through the stop matcher to the callback. */
-static int emit(gen_state *g, int32_t id, const char *text, size_t n) {
+static int emit(gen_state *g, int32_t id, const char *text, size_t n, const cm_sample_info *info) {
     const char *out = "";
     size_t out_n = 0;
     int r = cm_stop_feed(g->stop, text, n, &out, &out_n);
     if (r == CM_ENOMEM) return r;
     if (r >= 0) g->stop_hit = r;
-    if (g->cb && g->cb(g->user, id, out, out_n)) g->cb_stopped = true;
+    cm_token_event ev = {.id = id, .text = out, .len = out_n, .info = info};
+    if (g->cb && g->cb(g->user, &ev)) g->cb_stopped = true;
     return 0;
 }
 
@@ -444,15 +447,17 @@ int cm_session_generate(cm_session *s, const cm_gen_params *p, cm_token_cb cb, v
     int rc = 0;
     int n_gen = 0;
     enum cm_finish fin = CM_FINISH_LENGTH;
+    cm_sample_info info; /* a few hundred bytes on the stack, filled per token */
     double t0 = cm_now_s();
     for (;;) {
         if (atomic_load(&s->cancel)) { fin = CM_FINISH_CANCEL; break; }
         if (p->n_predict > 0 && n_gen >= p->n_predict) { fin = CM_FINISH_LENGTH; break; }
         int32_t id;
+        memset(&info, 0, sizeof info);
         if (e->pipe) {
             /* Evaluate the pending token; the last stage samples. */
-            if ((rc = eval_cluster(s, s->n_hist, true, err, errlen)) ||
-                (rc = cm_pipe_recv_token(e->pipe, s->slot, &id, NULL, err, errlen))) {
+            if ((rc = cm_engine_eval_cluster(s, s->n_hist, true, err, errlen)) ||
+                (rc = cm_pipe_recv_token(e->pipe, s->slot, &id, &info.logprob, err, errlen))) {
                 if (rc == CM_ECANCELED) { rc = 0; fin = CM_FINISH_CANCEL; }
                 break;
             }
@@ -461,7 +466,7 @@ int cm_session_generate(cm_session *s, const cm_gen_params *p, cm_token_cb cb, v
                 break;
             }
         } else {
-            id = cm_sampler_sample(smp, s->logits, NULL);
+            id = cm_sampler_sample(smp, s->logits, &info);
         }
         cm_sampler_accept(smp, id);
         if (!p->ignore_eos && cm_tokenizer_is_eog(e->tok, id)) { fin = CM_FINISH_EOG; n_gen++; break; }
@@ -469,7 +474,7 @@ int cm_session_generate(cm_session *s, const cm_gen_params *p, cm_token_cb cb, v
         s->hist[s->n_hist++] = id;
         size_t pn = 0;
         if ((rc = cm_detok_push(&dt, id, s->piece, s->piece_cap, &pn))) break;
-        if ((rc = emit(&g, id, s->piece, pn))) break;
+        if ((rc = emit(&g, id, s->piece, pn, &info))) break;
         if (g.stop_hit >= 0) { fin = CM_FINISH_STOP; break; }
         if (g.cb_stopped) { fin = CM_FINISH_CANCEL; break; }
         if (p->n_predict > 0 && n_gen >= p->n_predict) { fin = CM_FINISH_LENGTH; break; }
@@ -483,12 +488,13 @@ int cm_session_generate(cm_session *s, const cm_gen_params *p, cm_token_cb cb, v
     if (!rc && fin != CM_FINISH_STOP) {
         /* Flush what the detokenizer and the stop matcher still hold. */
         size_t pn = 0;
-        if (cm_detok_flush(&dt, s->piece, s->piece_cap, &pn) == 0 && pn) emit(&g, -1, s->piece, pn);
+        if (cm_detok_flush(&dt, s->piece, s->piece_cap, &pn) == 0 && pn) emit(&g, -1, s->piece, pn, NULL);
         if (g.stop_hit >= 0) fin = CM_FINISH_STOP;
         const char *out = "";
         size_t on = 0;
         cm_stop_flush(stop, &out, &on);
-        if (on && cb) cb(user, -1, out, on);
+        cm_token_event ev = {.id = -1, .text = out, .len = on};
+        if (on && cb) cb(user, &ev);
     }
     s->have_logits = e->pipe ? s->n_hist == s->kv.n_past + 1 : s->have_logits && s->n_hist == s->kv.n_past;
     s->t.n_gen = n_gen;

@@ -20,6 +20,7 @@
 
 #include "../base/base.h"
 #include "../sampler/sampler.h"
+#include "../tokenizer/chat.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -35,6 +36,7 @@ typedef struct cm_engine_opts {
     int n_threads;       /* compute threads; 0 = all online CPUs */
     int n_ctx;           /* default context of sessions; 0 = the model's, capped at 4096 */
     int n_batch;         /* most prompt tokens per forward pass; 0 = 64 */
+    bool kv_f16;         /* sessions keep an F16 KV cache (half the memory; llama.cpp's default) */
     cm_engine_progress_fn progress; /* NULL: no progress (pages load lazily) */
     void *progress_ctx;
     /* Cluster, pipeline parallel (NULL nodes: this machine only). This
@@ -65,7 +67,7 @@ typedef struct cm_engine_info {
     uint64_t n_params;       /* weight elements */
     uint64_t weight_bytes;   /* bytes of weights (mmapped) */
     uint64_t file_bytes;
-    uint64_t kv_bytes_per_token; /* KV cache bytes per position of one sequence */
+    uint64_t kv_bytes_per_token; /* KV cache bytes per position of one sequence (F32 or F16 per opts) */
     int32_t bos, eos, eot;   /* -1 when the vocabulary has none */
     bool add_bos;            /* tokenizer.ggml.add_bos_token */
     int n_stages;            /* pipeline stages (1: this machine alone) */
@@ -100,6 +102,16 @@ int cm_engine_tokenize(const cm_engine *e, const char *text, size_t len, bool ad
  * length written (at most cap) or a negative code. */
 int cm_engine_token_piece(const cm_engine *e, int32_t id, char *buf, size_t cap);
 
+/* Render a conversation (cm_chat_msg from tokenizer/chat.h: role + content)
+ * with the model's tokenizer.chat_template, or with the named family when
+ * template_name is non-NULL ("chatml", "llama3", ...). Appends the prompt
+ * text to out; tokenize it with add_bos = true and parse_special = true (the
+ * text never repeats a BOS the tokenizer adds). CM_EUNSUPPORTED when the
+ * model has no template or an unrecognised one (the message lists the names
+ * --chat-template accepts). */
+int cm_engine_chat_render(const cm_engine *e, const char *template_name, const cm_chat_msg *msgs, size_t n,
+                          bool add_generation_prompt, cm_buf *out, char *err, size_t errlen);
+
 /* ---- sessions ---- */
 
 typedef struct cm_gen_params {
@@ -127,11 +139,19 @@ typedef struct cm_gen_result {
     int stop_index;    /* which stop string matched, or -1 */
 } cm_gen_result;
 
-/* Streams generated text: called with each token id and the text that is
- * now safe to show (whole UTF-8 characters, stop strings held back; may be
- * empty), and at the end with id -1 for text still held back. The EOG token
- * itself is not reported. Return non-zero to stop (finish = cancel). */
-typedef int (*cm_token_cb)(void *user, int32_t id, const char *text, size_t len);
+/* One step of a generation, as the callback sees it. */
+typedef struct cm_token_event {
+    int32_t id;                 /* the token sampled; -1 for the final flush of held-back text */
+    const char *text;           /* text now safe to show: whole UTF-8 characters, stop strings held
+                                 * back; may be empty, and may belong to earlier tokens */
+    size_t len;
+    const cm_sample_info *info; /* logprob of id and, when sampling.n_probs > 0, the top
+                                 * alternatives (sampler.h); NULL for the flush */
+} cm_token_event;
+/* Called for every generated token and once at the end (id -1) when text
+ * was still held back. The EOG token itself is not reported. Return non-zero
+ * to stop (finish = cancel). Runs on the generating thread. */
+typedef int (*cm_token_cb)(void *user, const cm_token_event *ev);
 
 /* A session of n_ctx positions (0 = the engine's default). */
 cm_session *cm_session_new(cm_engine *e, int n_ctx, char *err, size_t errlen);
@@ -166,5 +186,36 @@ void cm_session_cancel(cm_session *s);
 
 /* Timings of the last set_prompt/append + generate. */
 cm_timings cm_session_timings(const cm_session *s);
+
+/* ---- several sessions generating together (batch.c) ----
+ *
+ * Continuous batching: each session that is generating samples its next token
+ * and all of them are evaluated in ONE forward pass (one row per sequence);
+ * sessions may start and finish between steps. Output equals what
+ * cm_session_generate produces for the same prompt and parameters.
+ *
+ * Use: cm_session_set_prompt (prefill), then cm_session_start; then call
+ * cm_engine_step with every running session until cm_session_running is false
+ * for each; then cm_session_finish for its result. All of these run on one
+ * thread (the scheduler's); cm_session_cancel from any thread ends a session
+ * at its next step with finish = cancel. */
+
+
+/* Begin generating on a session whose prompt was just evaluated. Allocates
+ * the sampler and stop matcher (per request, not per token). CM_ESTATE when
+ * no logits are ready; CM_EINVAL for bad parameters. */
+/* The callback is cm_session_generate's (cm_token_cb, with the token's
+ * logprobs in ev->info); it runs inside cm_engine_step; returning non-zero
+ * ends that session (finish = cancel). */
+int cm_session_start(cm_session *s, const cm_gen_params *p, cm_token_cb cb, void *user, char *err, size_t errlen);
+bool cm_session_running(const cm_session *s);
+/* One step for ss[0..n) (sessions that are not running are skipped): sample,
+ * stream, and evaluate every new token together. Returns the number of
+ * sessions still running, or an error code (then every session of the step
+ * has stopped). */
+int cm_engine_step(cm_engine *e, cm_session *const *ss, int n, char *err, size_t errlen);
+/* The result of a session that is no longer running; frees its step state.
+ * CM_ESTATE if it never started or is still running. */
+int cm_session_finish(cm_session *s, cm_gen_result *res);
 
 #endif

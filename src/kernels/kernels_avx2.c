@@ -1,13 +1,17 @@
 /*
- * kernels_avx2.c: AVX2 + FMA + F16C (Haswell, Zen and later) versions of the kernels.
+ * kernels_avx2.c: AVX2 + FMA + F16C (Haswell, Zen and later) versions of the
+ * dot products, activation converters and prefill gemm.
+ *
  * Compiled with this ISA's flags only (Makefile) and called only when
  * cm_cpu_features_get() says the CPU has it. cm_kernels_fill_avx2() overrides
- * the table entries this file implements; every other entry stays the scalar
- * reference. Each override must agree with the reference (see isa.h) and is
- * tested against it in tests/unit/test_kernels.c. Never allocates.
+ * the entries this file implements; every other entry stays the scalar
+ * reference. The kernels themselves are in x86_tiles.h (shared with the
+ * AVX-512 file); tested against the reference in
+ * tests/unit/test_kernels_simd.c. Never allocates.
  */
-#include "isa.h"
+#define CM_X86_VNNI 0
+#include "x86_tiles.h"
 
 void cm_kernels_fill_avx2(cm_kernels *k) {
-    (void)k; /* NEEDSWORK: no avx2 kernels yet; the simd helper owns this file. */
+    x86_fill(k);
 }

@@ -1,13 +1,574 @@
 /*
- * kernels_avx512.c: AVX-512 F/BW/VL/VNNI/BF16 (Ice Lake server, Sapphire Rapids, Zen 4 and later) versions of the kernels.
+ * kernels_avx512.c: AVX-512 F/BW/VL + VNNI + BF16 (Ice Lake, Sapphire Rapids,
+ * Zen 4 and later) versions of the kernels.
+ *
  * Compiled with this ISA's flags only (Makefile) and called only when
- * cm_cpu_features_get() says the CPU has it. cm_kernels_fill_avx512() overrides
- * the table entries this file implements; every other entry stays the scalar
- * reference. Each override must agree with the reference (see isa.h) and is
- * tested against it in tests/unit/test_kernels.c. Never allocates.
+ * cm_cpu_features_get() says the CPU has all of them (dispatch.c).
+ * cm_kernels_fill_avx512() runs after cm_kernels_fill_avx2() on the same
+ * table. It installs x86_tiles.h compiled with vpdpbusd (VNNI) for the byte
+ * dot products, then replaces the hottest types with 512-bit tiles written
+ * here: q4_0 (four blocks per vector) and q8_0 (two), whose fp16 scales are
+ * converted eight at a time; q4_k and q6_k (64 weights per vector); f32 and
+ * f16 (FMA), and bf16 with the vdpbf16ps pair dot product (it treats denormal
+ * inputs as zero, which activations and weights of real models never are).
+ * For prefill (8 or more tokens), q4_0, q8_0, q4_k and q6_k have a gemm with
+ * tokens across the lanes (see "prefill gemm" below), 2.4-2.7x the tiles'
+ * per-token speed.
+ * Every tile keeps the contract of isa.h: integer sums exactly the
+ * reference's, only the float accumulation order free. Tested against the
+ * reference in tests/unit/test_kernels_simd.c. Never allocates.
+ *
+ * NEEDSWORK: f16/bf16/f32 use the 4-token register tile for every token
+ * count; on a loaded machine 16-token f16 products measured slower per token
+ * than vec_dot, which a quiet-machine measurement must settle (a token-lane
+ * kernel like the quantized ones, converting activations once, is the fix).
  */
-#include "isa.h"
+#define CM_X86_VNNI 1
+#include "x86_tiles.h"
+
+AI __m512 z_f32(const void *p, int64_t i) { return _mm512_loadu_ps((const float *)p + i); }
+AI __m512 z_f16(const void *p, int64_t i) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const cm_f16 *)p + i)));
+}
+
+/* 32 elements per step, two accumulators per token; the tail goes through
+ * the 8-wide AVX2 tile's scalar end. */
+#define ZTILE(NAME)                                                                                \
+    AI void ztile_##NAME(int64_t n, const void *x, const void *const *yv, int T, float *out) {     \
+        __m512 a0[TMAX], a1[TMAX];                                                                 \
+        for (int t = 0; t < T; t++) a0[t] = a1[t] = _mm512_setzero_ps();                           \
+        int64_t i = 0;                                                                             \
+        for (; i + 32 <= n; i += 32) {                                                             \
+            const __m512 x0 = z_##NAME(x, i), x1 = z_##NAME(x, i + 16);                            \
+            for (int t = 0; t < T; t++) {                                                          \
+                a0[t] = _mm512_fmadd_ps(x0, z_##NAME(yv[t], i), a0[t]);                            \
+                a1[t] = _mm512_fmadd_ps(x1, z_##NAME(yv[t], i + 16), a1[t]);                       \
+            }                                                                                      \
+        }                                                                                          \
+        for (int t = 0; t < T; t++) {                                                              \
+            float s = _mm512_reduce_add_ps(_mm512_add_ps(a0[t], a1[t]));                           \
+            for (int64_t k = i; k < n; k++) s += sc_##NAME(x, k) * sc_##NAME(yv[t], k);            \
+            out[t] = s;                                                                            \
+        }                                                                                          \
+    }
+ZTILE(f32)
+ZTILE(f16)
+
+/* bf16: vdpbf16ps multiplies pairs of bf16 (exactly: 8-bit mantissas) and adds
+ * both products into one float lane; 64 elements per step. */
+AI void ztile_bf16(int64_t n, const void *x, const void *const *yv, int T, float *out) {
+    __m512 a0[TMAX], a1[TMAX];
+    for (int t = 0; t < T; t++) a0[t] = a1[t] = _mm512_setzero_ps();
+    const cm_bf16 *xb = x;
+    int64_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        const __m512bh x0 = (__m512bh)_mm512_loadu_si512(xb + i), x1 = (__m512bh)_mm512_loadu_si512(xb + i + 32);
+        for (int t = 0; t < T; t++) {
+            const cm_bf16 *yb = yv[t];
+            a0[t] = _mm512_dpbf16_ps(a0[t], x0, (__m512bh)_mm512_loadu_si512(yb + i));
+            a1[t] = _mm512_dpbf16_ps(a1[t], x1, (__m512bh)_mm512_loadu_si512(yb + i + 32));
+        }
+    }
+    for (int t = 0; t < T; t++) {
+        float s = _mm512_reduce_add_ps(_mm512_add_ps(a0[t], a1[t]));
+        for (int64_t k = i; k < n; k++) s += sc_bf16(x, k) * sc_bf16(yv[t], k);
+        out[t] = s;
+    }
+}
+
+/* ---- q4_0 and q8_0 with 512-bit vectors: two blocks per vector ----
+ * Groups of 8 blocks. The 8 fp16 scales of a group are picked out of two
+ * 64-byte loads with one word permute (instead of 8 scalar conversions), and
+ * each pair of blocks is multiplied with vpdpbusd; |x| and the sign of x moved
+ * onto y keep the unsigned x signed y form. The nb % 8 tail blocks use the
+ * 256-bit tile. */
+
+/* fp16 d of 8 consecutive blocks of 18 bytes (q4_0): words 0, 9, ..., 63. */
+AI __m256 d8_q4_0(const void *p) {
+    static const uint16_t idx[32] = {0, 9, 18, 27, 36, 45, 54, 63};
+    const uint8_t *b = p;
+    const __m512i w = _mm512_permutex2var_epi16(_mm512_loadu_si512(b), _mm512_loadu_si512(idx),
+                                                _mm512_loadu_si512(b + 64));
+    return _mm256_cvtph_ps(_mm512_castsi512_si128(w));
+}
+/* fp16 d of 8 consecutive blocks of 34 bytes (q8_0): words 0, 17, ..., 119. */
+AI __m256 d8_q8_0(const void *p) {
+    static const uint16_t i0[32] = {0, 17, 34, 51}, i1[32] = {0, 0, 0, 0, 4, 21, 38, 55};
+    const uint8_t *b = p;
+    const __m512i lo = _mm512_permutex2var_epi16(_mm512_loadu_si512(b), _mm512_loadu_si512(i0), _mm512_loadu_si512(b + 64));
+    const __m512i hi = _mm512_permutex2var_epi16(_mm512_loadu_si512(b + 128), _mm512_loadu_si512(i1),
+                                                 _mm512_loadu_si512(b + 192));
+    return _mm256_cvtph_ps(_mm512_castsi512_si128(_mm512_mask_blend_epi16(0xf0, lo, hi)));
+}
+AI __m512i ld2x256(const void *a, const void *b) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(ld256(a)), ld256(b), 1);
+}
+AI __m512i pair_q8_0(const cm_block_q8_0 *x) { return ld2x256(x[0].qs, x[1].qs); }
+
+#define ZTILE_Q(NAME, XB, PAIR, D8X)                                                               \
+    AI void ztile_##NAME(int64_t nb, const XB *x, const cm_block_q8_0 *const *yv, int T, float *out) { \
+        __m512 acc[2][TMAX];                                                                       \
+        for (int t = 0; t < T; t++) acc[0][t] = acc[1][t] = _mm512_setzero_ps();                   \
+        const int64_t n8 = nb & ~(int64_t)7;                                                       \
+        for (int64_t b = 0; b < n8; b += 8) {                                                      \
+            const __m256 dx = D8X(x + b);                                                          \
+            __m512 sc[TMAX];                                                                       \
+            for (int t = 0; t < T; t++) sc[t] = _mm512_castps256_ps512(_mm256_mul_ps(dx, d8_q8_0(yv[t] + b))); \
+            _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++) {                                  \
+                const __m512i qx = PAIR(x + b + 2 * p);                                            \
+                const __m512i ax = _mm512_abs_epi8(qx);                                            \
+                const __mmask64 neg = _mm512_movepi8_mask(qx);                                     \
+                const __m512i pidx = _mm512_inserti64x4(_mm512_set1_epi32(2 * p), _mm256_set1_epi32(2 * p + 1), 1); \
+                for (int t = 0; t < T; t++) {                                                      \
+                    const cm_block_q8_0 *y = yv[t] + b + 2 * p;                                    \
+                    __m512i qy = ld2x256(y[0].qs, y[1].qs);                                        \
+                    qy = _mm512_mask_sub_epi8(qy, neg, _mm512_setzero_si512(), qy);                \
+                    const __m512i sumi = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ax, qy);      \
+                    acc[p & 1][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi), _mm512_permutexvar_ps(pidx, sc[t]), \
+                                                    acc[p & 1][t]);                                \
+                }                                                                                  \
+            }                                                                                      \
+        }                                                                                          \
+        float tail[TMAX] = {0};                                                                    \
+        if (n8 < nb) {                                                                             \
+            const cm_block_q8_0 *yt[TMAX];                                                         \
+            for (int t = 0; t < T; t++) yt[t] = yv[t] + n8;                                        \
+            tile_##NAME(nb - n8, x + n8, yt, T, tail);                                             \
+        }                                                                                          \
+        for (int t = 0; t < T; t++) out[t] = _mm512_reduce_add_ps(_mm512_add_ps(acc[0][t], acc[1][t])) + tail[t]; \
+    }
+
+/* q4_0, four blocks per vector: 128-bit lane k holds block k's 16 low nibbles
+ * (elements 0..15) against y[0..15], or its 16 high nibbles against
+ * y[16..31], so unpacking is one and/shift per four blocks and each lane's
+ * int32 sums belong to one block. The nibbles stay unsigned (0..15) for
+ * vpdpbusd; the -8 offset is subtracted as 8 * sum(y), itself a vpdpbusd. */
+AI __m512i ld4x128(const void *a, const void *b, const void *c, const void *d) {
+    __m512i z = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)a));
+    z = _mm512_inserti32x4(z, _mm_loadu_si128((const __m128i *)b), 1);
+    z = _mm512_inserti32x4(z, _mm_loadu_si128((const __m128i *)c), 2);
+    return _mm512_inserti32x4(z, _mm_loadu_si128((const __m128i *)d), 3);
+}
+/* Half h (blocks b+4h .. b+4h+3) of a group, accumulated into ACC[t]. */
+#define ZQ4_0_HALF(H, ACC)                                                                         \
+    do {                                                                                           \
+        const cm_block_q4_0 *xb = x + b + 4 * (H);                                                 \
+        const __m512i q = ld4x128(xb[0].qs, xb[1].qs, xb[2].qs, xb[3].qs);                         \
+        const __m512i lo = _mm512_and_si512(q, m4), hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4); \
+        const __m512i pidx = _mm512_add_epi32(qidx, _mm512_set1_epi32(4 * (H)));                   \
+        for (int t = 0; t < T; t++) {                                                              \
+            const cm_block_q8_0 *y = yv[t] + b + 4 * (H);                                          \
+            const __m512i ylo = ld4x128(y[0].qs, y[1].qs, y[2].qs, y[3].qs);                       \
+            const __m512i yhi = ld4x128(y[0].qs + 16, y[1].qs + 16, y[2].qs + 16, y[3].qs + 16);   \
+            const __m512i z = _mm512_setzero_si512();                                              \
+            const __m512i qy = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, lo, ylo), hi, yhi);      \
+            const __m512i sy = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, k8, ylo), k8, yhi);      \
+            ACC[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(qy, sy)),                 \
+                                     _mm512_permutexvar_ps(pidx, sc[t]), ACC[t]);                  \
+        }                                                                                          \
+    } while (0)
+
+AI void ztile_q4_0(int64_t nb, const cm_block_q4_0 *x, const cm_block_q8_0 *const *yv, int T, float *out) {
+    __m512 acc0[TMAX], acc1[TMAX];
+    for (int t = 0; t < T; t++) acc0[t] = acc1[t] = _mm512_setzero_ps();
+    const int64_t n8 = nb & ~(int64_t)7;
+    const __m512i m4 = _mm512_set1_epi8(0x0f), k8 = _mm512_set1_epi8(8);
+    const __m512i qidx = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    for (int64_t b = 0; b < n8; b += 8) {
+        const __m256 dx = d8_q4_0(x + b);
+        __m512 sc[TMAX];
+        for (int t = 0; t < T; t++) sc[t] = _mm512_castps256_ps512(_mm256_mul_ps(dx, d8_q8_0(yv[t] + b)));
+        ZQ4_0_HALF(0, acc0);
+        ZQ4_0_HALF(1, acc1);
+    }
+    float tail[TMAX] = {0};
+    if (n8 < nb) {
+        const cm_block_q8_0 *yt[TMAX];
+        for (int t = 0; t < T; t++) yt[t] = yv[t] + n8;
+        tile_q4_0(nb - n8, x + n8, yt, T, tail);
+    }
+    for (int t = 0; t < T; t++) out[t] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[t], acc1[t])) + tail[t];
+}
+
+ZTILE_Q(q8_0, cm_block_q8_0, pair_q8_0, d8_q8_0)
+
+/* ---- q4_k and q6_k with 512-bit vectors: 64 weights per vector ----
+ * Each 32-element sub-block (q4_k) or 16-element group (q6_k) fills whole
+ * 128/256-bit parts of a vector, so its 16-bit scale is a word permute of the
+ * block's scales away; the byte products go through maddubs (pairs) and madd
+ * with the scale, as in the 256-bit tiles, with the same lane bounds (below
+ * 2^24, so every conversion to float is exact). */
+
+/* q4_k: vector h (0, 1) holds qs[64h .. 64h+63]: low nibbles = sub-blocks 4h
+ * and 4h+2, high nibbles = 4h+1 and 4h+3, each 32 bytes. */
+static const uint16_t k_q4k_idx[4][32] = {
+    {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2},
+    {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3},
+    {4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6},
+    {5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7}};
+
+AI void ztile_q4_k(int64_t nb, const cm_block_q4_k *x, const cm_block_q8_k *const *yv, int T, float *out) {
+    __m512 acc[TMAX];
+    __m128 accm[TMAX];
+    for (int t = 0; t < T; t++) {
+        acc[t] = _mm512_setzero_ps();
+        accm[t] = _mm_setzero_ps();
+    }
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    for (int64_t b = 0; b < nb; b++) {
+        uint8_t sc[8], mn[8];
+        kscales(x[b].scales, sc, mn);
+        const __m512i sc16 = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sc)));
+        __m512i sumi[TMAX];
+        for (int t = 0; t < T; t++) sumi[t] = _mm512_setzero_si512();
+        _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
+            const __m512i q = _mm512_loadu_si512(x[b].qs + 64 * h);
+            const __m512i lo = _mm512_and_si512(q, m4), hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+            const __m512i slo = _mm512_permutexvar_epi16(_mm512_loadu_si512(k_q4k_idx[2 * h]), sc16);
+            const __m512i shi = _mm512_permutexvar_epi16(_mm512_loadu_si512(k_q4k_idx[2 * h + 1]), sc16);
+            for (int t = 0; t < T; t++) {
+                const int8_t *y = yv[t][b].qs + 128 * h;
+                const __m512i ylo = ld2x256(y, y + 64), yhi = ld2x256(y + 32, y + 96);
+                const __m512i plo = _mm512_madd_epi16(_mm512_maddubs_epi16(lo, ylo), slo);
+                const __m512i phi = _mm512_madd_epi16(_mm512_maddubs_epi16(hi, yhi), shi);
+                sumi[t] = _mm512_add_epi32(sumi[t], _mm512_add_epi32(plo, phi));
+            }
+        }
+        const float d = f16f(x[b].d), dmin = f16f(x[b].dmin);
+        for (int t = 0; t < T; t++) {
+            const float yd = yv[t][b].d;
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi[t]), _mm512_set1_ps(d * yd), acc[t]);
+            accm[t] = _mm_fmadd_ps(_mm_cvtepi32_ps(kmins(mn, yv[t][b].bsums)), _mm_set1_ps(dmin * yd), accm[t]);
+        }
+    }
+    for (int t = 0; t < T; t++) out[t] = _mm512_reduce_add_ps(acc[t]) - hsum4(accm[t]);
+}
+
+/* q6_k: per 128-element chunk c, one vector holds runs q0|q1 (ql[0..63] low
+ * nibbles with qh bits 0-1 and 2-3) and one q2|q3 (high nibbles, qh bits 4-5
+ * and 6-7), matching y[0..63] and y[64..127]; each 16-element quarter has one
+ * scale. Values are made signed (q - 32) and |q| is the unsigned operand. */
+static const uint16_t k_q6k_idx[4][32] = {
+    {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3},
+    {4, 4, 4, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5, 5, 5, 6, 6, 6, 6, 6, 6, 6, 6, 7, 7, 7, 7, 7, 7, 7, 7},
+    {8, 8, 8, 8, 8, 8, 8, 8, 9, 9, 9, 9, 9, 9, 9, 9, 10, 10, 10, 10, 10, 10, 10, 10, 11, 11, 11, 11, 11, 11, 11, 11},
+    {12, 12, 12, 12, 12, 12, 12, 12, 13, 13, 13, 13, 13, 13, 13, 13,
+     14, 14, 14, 14, 14, 14, 14, 14, 15, 15, 15, 15, 15, 15, 15, 15}};
+static const uint16_t k_q6k_shift[2][32] = {
+    {4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2},
+    {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2}};
+
+AI void ztile_q6_k(int64_t nb, const cm_block_q6_k *x, const cm_block_q8_k *const *yv, int T, float *out) {
+    __m512 acc[TMAX];
+    for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
+    const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30), k32 = _mm512_set1_epi8(32);
+    const __m512i shl = _mm512_loadu_si512(k_q6k_shift[0]), shr = _mm512_loadu_si512(k_q6k_shift[1]);
+    for (int64_t b = 0; b < nb; b++) {
+        const __m512i sc16 = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[b].scales)));
+        __m512i sumi[TMAX];
+        for (int t = 0; t < T; t++) sumi[t] = _mm512_setzero_si512();
+        _Pragma("GCC unroll 2") for (int c = 0; c < 2; c++) {
+            const __m512i l = _mm512_loadu_si512(x[b].ql + 64 * c);
+            const __m512i h = _mm512_broadcast_i64x4(ld256(x[b].qh + 32 * c));
+            const __m512i q01 = _mm512_sub_epi8(
+                _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_and_si512(_mm512_sllv_epi16(h, shl), m30)), k32);
+            const __m512i q23 = _mm512_sub_epi8(_mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
+                                                                _mm512_and_si512(_mm512_srlv_epi16(h, shr), m30)),
+                                                k32);
+            const __m512i a01 = _mm512_abs_epi8(q01), a23 = _mm512_abs_epi8(q23);
+            const __mmask64 n01 = _mm512_movepi8_mask(q01), n23 = _mm512_movepi8_mask(q23);
+            const __m512i s01 = _mm512_permutexvar_epi16(_mm512_loadu_si512(k_q6k_idx[2 * c]), sc16);
+            const __m512i s23 = _mm512_permutexvar_epi16(_mm512_loadu_si512(k_q6k_idx[2 * c + 1]), sc16);
+            const __m512i z = _mm512_setzero_si512();
+            for (int t = 0; t < T; t++) {
+                const int8_t *y = yv[t][b].qs + 128 * c;
+                __m512i y01 = _mm512_loadu_si512(y), y23 = _mm512_loadu_si512(y + 64);
+                y01 = _mm512_mask_sub_epi8(y01, n01, z, y01);
+                y23 = _mm512_mask_sub_epi8(y23, n23, z, y23);
+                const __m512i p01 = _mm512_madd_epi16(_mm512_maddubs_epi16(a01, y01), s01);
+                const __m512i p23 = _mm512_madd_epi16(_mm512_maddubs_epi16(a23, y23), s23);
+                sumi[t] = _mm512_add_epi32(sumi[t], _mm512_add_epi32(p01, p23));
+            }
+        }
+        const float d = f16f(x[b].d);
+        for (int t = 0; t < T; t++)
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi[t]), _mm512_set1_ps(d * yv[t][b].d), acc[t]);
+    }
+    for (int t = 0; t < T; t++) out[t] = _mm512_reduce_add_ps(acc[t]);
+}
+
+#define tile_zf32 ztile_f32
+#define tile_zf16 ztile_f16
+#define tile_zbf16 ztile_bf16
+#define tile_zq4_0 ztile_q4_0
+#define tile_zq8_0 ztile_q8_0
+#define tile_zq4_k ztile_q4_k
+#define tile_zq6_k ztile_q6_k
+VEC_DOT(zf32, void, void, 1)
+VEC_DOT(zf16, void, void, 1)
+VEC_DOT(zbf16, void, void, 1)
+VEC_DOT(zq4_0, cm_block_q4_0, cm_block_q8_0, CM_QK4_0)
+VEC_DOT(zq8_0, cm_block_q8_0, cm_block_q8_0, CM_QK8_0)
+VEC_DOT(zq4_k, cm_block_q4_k, cm_block_q8_k, CM_QK_K)
+VEC_DOT(zq6_k, cm_block_q6_k, cm_block_q8_k, CM_QK_K)
+
+/* ---- prefill gemm for q4_0 and q8_0: tokens across lanes ----
+ * With many tokens the block-at-a-time tiles spend most of their work per
+ * (block, token) on unpacking and scaling. Here each 32-bit lane of a vector
+ * is one token: GT = 16 tokens' activations are packed once per chunk of GCB
+ * blocks so that vector [b][k] holds bytes 4k..4k+3 of block b of every
+ * token; a weight row's block is unpacked to unsigned bytes once, and each of
+ * its 8 dwords is broadcast against [b][k] with vpdpbusd, so 8 instructions
+ * give the integer dot of one block for 16 tokens, and one FMA scales it.
+ * Weights become unsigned (q4_0 nibbles 0..15, q8_0 bytes + 128); the offset
+ * is taken back as off * sum(y) per token and block, itself vpdpbusd of the
+ * packed activations with ones. Lanes hold at most 32 * 255 * 127 before the
+ * offset and one block's dot after it, so the conversion to float is exact and
+ * only the float summation order differs from vec_dot. Accumulators for GRB
+ * rows x GT tokens live on the stack (16 KiB); nothing is allocated. */
+enum { GT = 16, GCB = 8, GRB = 256 };
+typedef struct {
+    __m512i q[GCB][8];
+    __m512i corr[GCB]; /* off * sum of the block's activations, per token */
+    __m512 dy[GCB];
+} ypanel;
+
+static void pack_q8_0(ypanel *P, const void *x, size_t x_stride, int64_t j0, int nt, int64_t b0, int cb, int off_shift) {
+    for (int b = 0; b < cb; b++) {
+        int32_t q[8][GT];
+        float dy[GT];
+        for (int t = 0; t < GT; t++) {
+            if (t < nt) {
+                const cm_block_q8_0 *y = (const cm_block_q8_0 *)(const void *)((const char *)x + (size_t)(j0 + t) * x_stride) + b0 + b;
+                for (int k = 0; k < 8; k++) memcpy(&q[k][t], y->qs + 4 * k, 4);
+                dy[t] = f16f(y->d);
+            } else {
+                for (int k = 0; k < 8; k++) q[k][t] = 0;
+                dy[t] = 0.0f;
+            }
+        }
+        __m512i sy = _mm512_setzero_si512();
+        for (int k = 0; k < 8; k++) {
+            P->q[b][k] = _mm512_loadu_si512(q[k]);
+            sy = _mm512_dpbusd_epi32(sy, _mm512_set1_epi8(1), P->q[b][k]);
+        }
+        P->corr[b] = _mm512_slli_epi32(sy, off_shift);
+        P->dy[b] = _mm512_loadu_ps(dy);
+    }
+}
+
+/* Unsigned bytes of one weight block, in element order. */
+AI void unpack_u8_q4_0(const void *blk, uint32_t u[8]) {
+    const cm_block_q4_0 *x = blk;
+    const __m128i v = _mm_loadu_si128((const __m128i *)x->qs), m4 = _mm_set1_epi8(0x0f);
+    _mm_storeu_si128((__m128i *)u, _mm_and_si128(v, m4));
+    _mm_storeu_si128((__m128i *)(u + 4), _mm_and_si128(_mm_srli_epi16(v, 4), m4));
+}
+AI void unpack_u8_q8_0(const void *blk, uint32_t u[8]) {
+    const cm_block_q8_0 *x = blk;
+    _mm256_storeu_si256((__m256i *)u, _mm256_xor_si256(ld256(x->qs), _mm256_set1_epi8((char)0x80)));
+}
+
+#define PREFILL(NAME, XB, OFF_SHIFT)                                                               \
+    static void prefill_##NAME(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, \
+                               float *y, int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {     \
+        const int64_t nb = k / 32;                                                                 \
+        float acc[GRB][GT];                                                                        \
+        ypanel P;                                                                                  \
+        for (int64_t j0 = 0; j0 < n_tok; j0 += GT) {                                               \
+            const int nt = n_tok - j0 < GT ? (int)(n_tok - j0) : GT;                               \
+            for (int64_t i0 = r0; i0 < r1; i0 += GRB) {                                            \
+                const int nr = r1 - i0 < GRB ? (int)(r1 - i0) : GRB;                               \
+                memset(acc, 0, sizeof(float) * GT * (size_t)nr);                                   \
+                for (int64_t b0 = 0; b0 < nb; b0 += GCB) {                                         \
+                    const int cb = nb - b0 < GCB ? (int)(nb - b0) : GCB;                           \
+                    pack_q8_0(&P, x, x_stride, j0, nt, b0, cb, OFF_SHIFT);                         \
+                    for (int r = 0; r < nr; r++) {                                                 \
+                        const XB *wr = (const XB *)(const void *)((const char *)w + (size_t)(i0 + r) * w_stride) + b0; \
+                        __m512 a = _mm512_loadu_ps(acc[r]);                                        \
+                        for (int b = 0; b < cb; b++) {                                             \
+                            uint32_t u[8];                                                         \
+                            unpack_u8_##NAME(&wr[b], u);                                           \
+                            __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();      \
+                            for (int kk = 0; kk < 8; kk += 2) {                                    \
+                                s0 = _mm512_dpbusd_epi32(s0, _mm512_set1_epi32((int)u[kk]), P.q[b][kk]); \
+                                s1 = _mm512_dpbusd_epi32(s1, _mm512_set1_epi32((int)u[kk + 1]), P.q[b][kk + 1]); \
+                            }                                                                      \
+                            const __m512i sumi = _mm512_sub_epi32(_mm512_add_epi32(s0, s1), P.corr[b]); \
+                            a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi),                          \
+                                                _mm512_mul_ps(P.dy[b], _mm512_set1_ps(f16f(wr[b].d))), a); \
+                        }                                                                          \
+                        _mm512_storeu_ps(acc[r], a);                                               \
+                    }                                                                              \
+                }                                                                                  \
+                for (int t = 0; t < nt; t++)                                                       \
+                    for (int r = 0; r < nr; r++) y[(j0 + t) * ldy + i0 + r] = acc[r][t];           \
+            }                                                                                      \
+        }                                                                                          \
+    }                                                                                              \
+    /* Few tokens: the register tiles; many: the token-lane kernel. */                             \
+    static void gemm_p##NAME(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, \
+                             float *y, int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {       \
+        if (n_tok >= GT / 2) prefill_##NAME(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);   \
+        else gemm_z##NAME(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);                     \
+    }
+PREFILL(q4_0, cm_block_q4_0, 3)
+PREFILL(q8_0, cm_block_q8_0, 7)
+
+/* q4_k with tokens across lanes: the same scheme per super-block. Each
+ * sub-block's 8 vpdpbusd give its dot for 16 tokens, multiplied by its 6-bit
+ * scale in int32 (|lane| <= 8 * 63 * 32 * 15 * 127 < 2^31); the mins term is
+ * sum_j mn[j] * (bsum pair j) from the packed bsums. */
+typedef struct {
+    __m512i q[64];
+    __m512i bs[16]; /* bsums, per token */
+    __m512 dy;
+} kpanel;
+
+static void pack_q8_k(kpanel *P, const void *x, size_t x_stride, int64_t j0, int nt, int64_t b) {
+    int32_t q[64][GT], bs[16][GT];
+    float dy[GT];
+    for (int t = 0; t < GT; t++) {
+        if (t < nt) {
+            const cm_block_q8_k *y = (const cm_block_q8_k *)(const void *)((const char *)x + (size_t)(j0 + t) * x_stride) + b;
+            for (int k = 0; k < 64; k++) memcpy(&q[k][t], y->qs + 4 * k, 4);
+            for (int j = 0; j < 16; j++) bs[j][t] = y->bsums[j];
+            dy[t] = y->d;
+        } else {
+            for (int k = 0; k < 64; k++) q[k][t] = 0;
+            for (int j = 0; j < 16; j++) bs[j][t] = 0;
+            dy[t] = 0.0f;
+        }
+    }
+    for (int k = 0; k < 64; k++) P->q[k] = _mm512_loadu_si512(q[k]);
+    for (int j = 0; j < 16; j++) P->bs[j] = _mm512_loadu_si512(bs[j]);
+    P->dy = _mm512_loadu_ps(dy);
+}
+
+static void prefill_q4_k(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
+                         int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {
+    const int64_t nb = k / CM_QK_K;
+    float acc[GRB][GT];
+    kpanel P;
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    for (int64_t j0 = 0; j0 < n_tok; j0 += GT) {
+        const int nt = n_tok - j0 < GT ? (int)(n_tok - j0) : GT;
+        for (int64_t i0 = r0; i0 < r1; i0 += GRB) {
+            const int nr = r1 - i0 < GRB ? (int)(r1 - i0) : GRB;
+            memset(acc, 0, sizeof(float) * GT * (size_t)nr);
+            for (int64_t b = 0; b < nb; b++) {
+                pack_q8_k(&P, x, x_stride, j0, nt, b);
+                for (int r = 0; r < nr; r++) {
+                    const cm_block_q4_k *xb = (const cm_block_q4_k *)(const void *)((const char *)w + (size_t)(i0 + r) * w_stride) + b;
+                    uint8_t sc[8], mn[8];
+                    kscales(xb->scales, sc, mn);
+                    uint32_t u[64];
+                    for (int j = 0; j < 4; j++) {
+                        const __m256i q = ld256(xb->qs + 32 * j);
+                        _mm256_storeu_si256((__m256i *)(u + 16 * j), _mm256_and_si256(q, m4));
+                        _mm256_storeu_si256((__m256i *)(u + 16 * j + 8), _mm256_and_si256(_mm256_srli_epi16(q, 4), m4));
+                    }
+                    __m512i sumi = _mm512_setzero_si512(), summ = _mm512_setzero_si512();
+                    for (int s = 0; s < 8; s++) {
+                        __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+                        for (int kk = 0; kk < 8; kk += 2) {
+                            s0 = _mm512_dpbusd_epi32(s0, _mm512_set1_epi32((int)u[8 * s + kk]), P.q[8 * s + kk]);
+                            s1 = _mm512_dpbusd_epi32(s1, _mm512_set1_epi32((int)u[8 * s + kk + 1]), P.q[8 * s + kk + 1]);
+                        }
+                        sumi = _mm512_add_epi32(sumi, _mm512_mullo_epi32(_mm512_add_epi32(s0, s1), _mm512_set1_epi32(sc[s])));
+                        const __m512i bs = _mm512_add_epi32(P.bs[2 * s], P.bs[2 * s + 1]);
+                        summ = _mm512_add_epi32(summ, _mm512_mullo_epi32(bs, _mm512_set1_epi32(mn[s])));
+                    }
+                    __m512 a = _mm512_loadu_ps(acc[r]);
+                    a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi), _mm512_mul_ps(P.dy, _mm512_set1_ps(f16f(xb->d))), a);
+                    a = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(summ), _mm512_mul_ps(P.dy, _mm512_set1_ps(f16f(xb->dmin))), a);
+                    _mm512_storeu_ps(acc[r], a);
+                }
+            }
+            for (int t = 0; t < nt; t++)
+                for (int r = 0; r < nr; r++) y[(j0 + t) * ldy + i0 + r] = acc[r][t];
+        }
+    }
+}
+static void gemm_pq4_k(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
+                       int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {
+    if (n_tok >= GT / 2) prefill_q4_k(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
+    else gemm_zq4_k(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
+}
+
+/* q6_k with tokens across lanes: unsigned 6-bit values (0..63), each
+ * 16-element group's dot times its signed scale in int32, minus
+ * 32 * sum_g sc[g] * bsums[g] for the stored offset (|lanes| < 2^29). */
+static void prefill_q6_k(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
+                         int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {
+    const int64_t nb = k / CM_QK_K;
+    float acc[GRB][GT];
+    kpanel P;
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
+    for (int64_t j0 = 0; j0 < n_tok; j0 += GT) {
+        const int nt = n_tok - j0 < GT ? (int)(n_tok - j0) : GT;
+        for (int64_t i0 = r0; i0 < r1; i0 += GRB) {
+            const int nr = r1 - i0 < GRB ? (int)(r1 - i0) : GRB;
+            memset(acc, 0, sizeof(float) * GT * (size_t)nr);
+            for (int64_t b = 0; b < nb; b++) {
+                pack_q8_k(&P, x, x_stride, j0, nt, b);
+                for (int r = 0; r < nr; r++) {
+                    const cm_block_q6_k *xb = (const cm_block_q6_k *)(const void *)((const char *)w + (size_t)(i0 + r) * w_stride) + b;
+                    uint32_t u[64];
+                    for (int c = 0; c < 2; c++) {
+                        const __m256i l0 = ld256(xb->ql + 64 * c), l1 = ld256(xb->ql + 64 * c + 32);
+                        const __m256i h = ld256(xb->qh + 32 * c);
+                        uint32_t *o = u + 32 * c;
+                        _mm256_storeu_si256((__m256i *)o, _mm256_or_si256(_mm256_and_si256(l0, m4),
+                                                                          _mm256_and_si256(_mm256_slli_epi16(h, 4), m30)));
+                        _mm256_storeu_si256((__m256i *)(o + 8), _mm256_or_si256(_mm256_and_si256(l1, m4),
+                                                                                _mm256_and_si256(_mm256_slli_epi16(h, 2), m30)));
+                        _mm256_storeu_si256((__m256i *)(o + 16), _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                                                                                 _mm256_and_si256(h, m30)));
+                        _mm256_storeu_si256((__m256i *)(o + 24), _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                                                                 _mm256_and_si256(_mm256_srli_epi16(h, 2), m30)));
+                    }
+                    __m512i sumi = _mm512_setzero_si512(), corr = _mm512_setzero_si512();
+                    for (int g = 0; g < 16; g++) {
+                        __m512i s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi32((int)u[4 * g]), P.q[4 * g]);
+                        __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi32((int)u[4 * g + 1]), P.q[4 * g + 1]);
+                        s0 = _mm512_dpbusd_epi32(s0, _mm512_set1_epi32((int)u[4 * g + 2]), P.q[4 * g + 2]);
+                        s1 = _mm512_dpbusd_epi32(s1, _mm512_set1_epi32((int)u[4 * g + 3]), P.q[4 * g + 3]);
+                        const __m512i sc = _mm512_set1_epi32(xb->scales[g]);
+                        sumi = _mm512_add_epi32(sumi, _mm512_mullo_epi32(_mm512_add_epi32(s0, s1), sc));
+                        corr = _mm512_add_epi32(corr, _mm512_mullo_epi32(P.bs[g], sc));
+                    }
+                    sumi = _mm512_sub_epi32(sumi, _mm512_slli_epi32(corr, 5));
+                    __m512 a = _mm512_loadu_ps(acc[r]);
+                    a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi), _mm512_mul_ps(P.dy, _mm512_set1_ps(f16f(xb->d))), a);
+                    _mm512_storeu_ps(acc[r], a);
+                }
+            }
+            for (int t = 0; t < nt; t++)
+                for (int r = 0; r < nr; r++) y[(j0 + t) * ldy + i0 + r] = acc[r][t];
+        }
+    }
+}
+static void gemm_pq6_k(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
+                       int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {
+    if (n_tok >= GT / 2) prefill_q6_k(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
+    else gemm_zq6_k(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
+}
 
 void cm_kernels_fill_avx512(cm_kernels *k) {
-    (void)k; /* NEEDSWORK: no avx512 kernels yet; the simd helper owns this file. */
+    x86_fill(k);
+    k->vec_dot[CM_TYPE_F32] = vec_dot_zf32;
+    k->gemm[CM_TYPE_F32] = gemm_zf32;
+    k->vec_dot[CM_TYPE_F16] = vec_dot_zf16;
+    k->gemm[CM_TYPE_F16] = gemm_zf16;
+    k->vec_dot[CM_TYPE_BF16] = vec_dot_zbf16;
+    k->gemm[CM_TYPE_BF16] = gemm_zbf16;
+    k->vec_dot[CM_TYPE_Q4_0] = vec_dot_zq4_0;
+    k->gemm[CM_TYPE_Q4_0] = gemm_pq4_0;
+    k->vec_dot[CM_TYPE_Q8_0] = vec_dot_zq8_0;
+    k->gemm[CM_TYPE_Q8_0] = gemm_pq8_0;
+    k->vec_dot[CM_TYPE_Q4_K] = vec_dot_zq4_k;
+    k->gemm[CM_TYPE_Q4_K] = gemm_pq4_k;
+    k->vec_dot[CM_TYPE_Q6_K] = vec_dot_zq6_k;
+    k->gemm[CM_TYPE_Q6_K] = gemm_pq6_k;
 }

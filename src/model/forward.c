@@ -28,7 +28,14 @@ uint64_t cm_kv_bytes(const cm_model *m, int layer_first, int layer_last, int h0,
 
 int cm_kv_init(cm_kv *kv, const cm_model *m, int layer_first, int layer_last, cm_slice s, int n_ctx,
                char *err, size_t errlen) {
+    return cm_kv_init_type(kv, m, layer_first, layer_last, s, n_ctx, CM_TYPE_F32, err, errlen);
+}
+
+int cm_kv_init_type(cm_kv *kv, const cm_model *m, int layer_first, int layer_last, cm_slice s, int n_ctx,
+                    enum cm_type type, char *err, size_t errlen) {
     memset(kv, 0, sizeof *kv);
+    if (type != CM_TYPE_F32 && type != CM_TYPE_F16)
+        return cm_errf(err, errlen, CM_EINVAL, "kv cache type %s is not supported (f32, f16)", cm_type_name(type));
     if (layer_first < 0 || layer_last > m->hp.n_layer || layer_first >= layer_last)
         return cm_errf(err, errlen, CM_EINVAL, "layer range [%d, %d) is out of [0, %d)", layer_first, layer_last,
                        m->hp.n_layer);
@@ -36,6 +43,7 @@ int cm_kv_init(cm_kv *kv, const cm_model *m, int layer_first, int layer_last, cm
         return cm_errf(err, errlen, CM_EINVAL, "kv head range [%d, %d) is out of [0, %d)", s.h0, s.h1, m->hp.n_head_kv);
     if (n_ctx < 1 || n_ctx > (1 << 24)) return cm_errf(err, errlen, CM_EINVAL, "context size %d is out of range", n_ctx);
     uint64_t half = cm_kv_bytes(m, layer_first, layer_last, s.h0, s.h1, n_ctx) / 2;
+    if (type == CM_TYPE_F16) half /= 2;
     if (half > SIZE_MAX / 2) return cm_errf(err, errlen, CM_ENOMEM, "kv cache of %llu bytes is too large", (unsigned long long)half * 2);
     /* calloc: untouched context costs no resident memory. */
     kv->k = cm_calloc(1, (size_t)half + sizeof(float));
@@ -51,6 +59,7 @@ int cm_kv_init(cm_kv *kv, const cm_model *m, int layer_first, int layer_last, cm
     kv->n_ctx = n_ctx;
     kv->head_dim = m->hp.head_dim;
     kv->n_past = 0;
+    kv->type = type;
     return 0;
 }
 
@@ -126,7 +135,7 @@ cm_ctx *cm_ctx_new(const cm_model *m, int max_batch, int max_ctx, cm_pool *pool,
     c->gate = zalloc(B * F * 4);
     c->up = zalloc(B * F * 4);
     c->rope = zalloc(B * (size_t)hp->n_rot * 4);
-    c->scores = zalloc((size_t)c->n_threads * (size_t)max_ctx * 4);
+    c->scores = zalloc((size_t)c->n_threads * ((size_t)max_ctx + (size_t)hp->head_dim) * 4);
     /* F32 is the widest activation type (4 bytes per element; Q8_K is ~1.14). */
     c->xq = zalloc(B * kmax * 4 + 64);
     c->out_rows = zalloc(B * 4);
@@ -344,9 +353,15 @@ static void phase_attn(cm_ctx *c, int ith, int nth) {
                 cm_kv *kv = c->a->kvs[b->seq[j]];
                 size_t off = kv_off(kv, c->il, hk);
                 int p = b->pos[j];
-                memcpy(kv->k + off + (size_t)p * D, kv_k, (size_t)D * sizeof(float));
-                float *vt = kv->v + off;
-                for (int i = 0; i < D; i++) vt[(size_t)i * kv->n_ctx + p] = kv_v[i];
+                if (kv->type == CM_TYPE_F16) {
+                    cm_f16 *kd = (cm_f16 *)kv->k + off + (size_t)p * D, *vt = (cm_f16 *)kv->v + off;
+                    for (int i = 0; i < D; i++) kd[i] = cm_f32_to_f16(kv_k[i]);
+                    for (int i = 0; i < D; i++) vt[(size_t)i * kv->n_ctx + p] = cm_f32_to_f16(kv_v[i]);
+                } else {
+                    memcpy((float *)kv->k + off + (size_t)p * D, kv_k, (size_t)D * sizeof(float));
+                    float *vt = (float *)kv->v + off;
+                    for (int i = 0; i < D; i++) vt[(size_t)i * kv->n_ctx + p] = kv_v[i];
+                }
             }
         }
     }
@@ -356,24 +371,38 @@ static void phase_attn(cm_ctx *c, int ith, int nth) {
      * as ggml_soft_max_ext (scale, max, expf, double sum), then V^T rows. */
     {
         const float scale = 1.0f / sqrtf((float)D);
-        float *sc = c->scores + (size_t)ith * c->max_ctx;
+        float *sc = c->scores + (size_t)ith * (c->max_ctx + D);
+        float *qr = sc + c->max_ctx; /* the query rounded to F16 (F16 cache) */
         int64_t tasks = (int64_t)n * nq, t0, t1;
         cm_split_range(tasks, ith, nth, &t0, &t1);
         for (int64_t t = t0; t < t1; t++) {
             int j = (int)(t / nq), h = (int)(t % nq);
             int hk = s.h0 + h / rep;
             const cm_kv *kv = c->a->kvs[b->seq[j]];
+            const bool f16 = kv->type == CM_TYPE_F16;
             const float *qv = c->q + (size_t)j * QS + (size_t)h * D;
-            const float *kk = kv->k + kv_off(kv, c->il, hk);
-            const float *vt = kv->v + kv_off(kv, c->il, hk);
+            const size_t off = kv_off(kv, c->il, hk);
             int np = b->pos[j] + 1;
             float mx = -INFINITY;
-            for (int p = 0; p < np; p++) {
-                const float *kr = kk + (size_t)p * D;
-                float d = 0.0f;
-                for (int i = 0; i < D; i++) d += qv[i] * kr[i];
-                sc[p] = d * scale;
-                if (sc[p] > mx) mx = sc[p];
+            if (f16) {
+                const cm_f16 *kk = (const cm_f16 *)kv->k + off;
+                for (int i = 0; i < D; i++) qr[i] = cm_f16_to_f32(cm_f32_to_f16(qv[i]));
+                for (int p = 0; p < np; p++) {
+                    const cm_f16 *kr = kk + (size_t)p * D;
+                    float d = 0.0f;
+                    for (int i = 0; i < D; i++) d += qr[i] * cm_f16_to_f32(kr[i]);
+                    sc[p] = d * scale;
+                    if (sc[p] > mx) mx = sc[p];
+                }
+            } else {
+                const float *kk = (const float *)kv->k + off;
+                for (int p = 0; p < np; p++) {
+                    const float *kr = kk + (size_t)p * D;
+                    float d = 0.0f;
+                    for (int i = 0; i < D; i++) d += qv[i] * kr[i];
+                    sc[p] = d * scale;
+                    if (sc[p] > mx) mx = sc[p];
+                }
             }
             double sum = 0.0;
             for (int p = 0; p < np; p++) {
@@ -384,11 +413,23 @@ static void phase_attn(cm_ctx *c, int ith, int nth) {
             const float inv = (float)(1.0 / sum);
             for (int p = 0; p < np; p++) sc[p] *= inv;
             float *o = c->att + (size_t)j * QS + (size_t)h * D;
-            for (int i = 0; i < D; i++) {
-                const float *vr = vt + (size_t)i * kv->n_ctx;
-                float acc = 0.0f;
-                for (int p = 0; p < np; p++) acc += vr[p] * sc[p];
-                o[i] = acc;
+            if (f16) {
+                const cm_f16 *vt = (const cm_f16 *)kv->v + off;
+                for (int p = 0; p < np; p++) sc[p] = cm_f16_to_f32(cm_f32_to_f16(sc[p]));
+                for (int i = 0; i < D; i++) {
+                    const cm_f16 *vr = vt + (size_t)i * kv->n_ctx;
+                    float acc = 0.0f;
+                    for (int p = 0; p < np; p++) acc += cm_f16_to_f32(vr[p]) * sc[p];
+                    o[i] = acc;
+                }
+            } else {
+                const float *vt = (const float *)kv->v + off;
+                for (int i = 0; i < D; i++) {
+                    const float *vr = vt + (size_t)i * kv->n_ctx;
+                    float acc = 0.0f;
+                    for (int p = 0; p < np; p++) acc += vr[p] * sc[p];
+                    o[i] = acc;
+                }
             }
         }
     }

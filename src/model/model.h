@@ -118,23 +118,31 @@ int cm_slice_check(const cm_model *m, cm_slice s, char *err, size_t errlen);
  * For each layer in [layer_first, layer_last) and each KV head of the slice:
  * K as [n_ctx][head_dim] and V transposed as [head_dim][n_ctx] (ggml's
  * non-flash layout, so the V product sums over positions in ggml's order).
- * F32 like the llama.cpp reference. n_past is the number of positions
- * filled: cm_forward() appends at n_past; cm_kv_truncate() lets a sequence
- * drop its tail and continue from an earlier position (prefix reuse).
- * A cm_kv is used by one cm_forward() at a time. */
+ * F32 like the llama.cpp reference, or F16 (half the memory; then, like
+ * ggml, the query is rounded to F16 for K.Q and the attention weights to F16
+ * for the V product). n_past is the number of positions filled:
+ * cm_forward() appends at n_past; cm_kv_truncate() lets a sequence drop its
+ * tail and continue from an earlier position (prefix reuse). A cm_kv is used
+ * by one cm_forward() at a time. */
 typedef struct cm_kv {
     int layer_first, layer_last;
     int h0, h1;
     int n_ctx;
     int head_dim;
     int n_past;
-    float *k; /* [layer][head][n_ctx][head_dim] */
-    float *v; /* [layer][head][head_dim][n_ctx] */
+    enum cm_type type; /* CM_TYPE_F32 or CM_TYPE_F16 */
+    void *k;           /* [layer][head][n_ctx][head_dim] */
+    void *v;           /* [layer][head][head_dim][n_ctx] */
 } cm_kv;
-/* Bytes of KV cache for n_ctx positions over a layer range and head range. */
+/* Bytes of an F32 KV cache for n_ctx positions over a layer range and head
+ * range (an F16 cache takes half). */
 uint64_t cm_kv_bytes(const cm_model *m, int layer_first, int layer_last, int h0, int h1, int n_ctx);
+/* An F32 cache. */
 int cm_kv_init(cm_kv *kv, const cm_model *m, int layer_first, int layer_last, cm_slice s, int n_ctx,
                char *err, size_t errlen);
+/* type: CM_TYPE_F32 or CM_TYPE_F16 (anything else: CM_EINVAL). */
+int cm_kv_init_type(cm_kv *kv, const cm_model *m, int layer_first, int layer_last, cm_slice s, int n_ctx,
+                    enum cm_type type, char *err, size_t errlen);
 void cm_kv_release(cm_kv *kv);
 void cm_kv_truncate(cm_kv *kv, int n_past); /* keeps positions [0, n_past); n_past clamped */
 
@@ -143,8 +151,8 @@ void cm_kv_truncate(cm_kv *kv, int n_past); /* keeps positions [0, n_past); n_pa
 /* A batch of n tokens. Row i is token i. */
 typedef struct cm_batch {
     int n;
-    const int32_t *tokens; /* [n] token ids: first stage (layer_first == 0) */
-    const float *embd;     /* [n][n_embd] input hidden states: other stages (tokens == NULL) */
+    const int32_t *tokens; /* [n] token ids; only for a stage with layer_first == 0 */
+    const float *embd;     /* [n][n_embd] input hidden states, used when tokens == NULL (any stage) */
     const int32_t *pos;    /* [n] position of each token in its sequence */
     const int32_t *seq;    /* [n] index into cm_forward_args.kvs of its sequence */
     const int8_t *logits;  /* [n] nonzero: produce logits for this row; NULL = last row only */

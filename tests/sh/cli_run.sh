@@ -94,6 +94,10 @@ grep -q '^architecture: llama' "$TMP/i.txt" && grep -q '^parameters:   292800 ' 
 "$BIN" info "$M/stories260K-q4_0.gguf" --ctx 256 --json >"$TMP/i.json" 2>/dev/null
 [ "$(jsonget "$TMP/i.json" '$j->{kv_bytes}')" = $((2 * 5 * 4 * 256 * 8 * 4)) ] && ok || bad "info kv bytes"
 [ "$(jsonget "$TMP/i.json" 'join ",", map { $_->{type} } @{$j->{types}}')" != "" ] && ok || bad "info types"
+"$BIN" info "$M/stories260K-q4_0.gguf" --ctx 256 --kv-type f16 --json >"$TMP/i16.json" 2>/dev/null
+[ "$(jsonget "$TMP/i16.json" '$j->{kv_bytes}')" = $((5 * 4 * 256 * 8 * 4)) ] && ok || bad "info kv bytes (f16)"
+out=$("$BIN" run "$M/stories260K-f32.gguf" -p "The dog" -n 16 --temp 0 --kv-type f16 --json 2>/dev/null | perl -MJSON::PP -e 'print scalar @{decode_json(<STDIN>)->{tokens}}')
+[ "$out" = 16 ] && ok || bad "run --kv-type f16"
 "$BIN" run --help | grep -q 'usage: cumulo run' && ok || bad "run --help"
 "$BIN" info --help | grep -q 'usage: cumulo info' && ok || bad "info --help"
 
@@ -128,6 +132,7 @@ expect_error "prompt longer than ctx" "does not fit the context of 32" "$BIN" ru
 expect_error "bad option" "unknown option" "$BIN" run "$M/stories260K-f32.gguf" --bogus
 expect_error "bad number" "--temp" "$BIN" run "$M/stories260K-f32.gguf" --temp abc
 expect_error "no model" "needs a MODEL" "$BIN" run
+expect_error "bad kv type" "f32 or f16" "$BIN" run "$M/stories260K-f32.gguf" --kv-type q8_0
 expect_error "missing prompt file" "no such file" "$BIN" run "$M/stories260K-f32.gguf" -f "$TMP/none.txt"
 
 echo "$pass passed, $fail failed"

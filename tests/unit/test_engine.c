@@ -22,10 +22,19 @@ typedef struct collect {
     char text[8192];
     size_t len;
     int stop_after; /* return 1 after this many tokens (0: never) */
+    int bad_info;   /* events whose logprob info is missing or inconsistent */
+    int with_top;   /* events carrying 3 top alternatives */
 } collect;
 
-static int on_tok(void *user, int32_t id, const char *text, size_t len) {
+static int on_tok(void *user, const cm_token_event *ev) {
     collect *c = user;
+    int32_t id = ev->id;
+    const char *text = ev->text;
+    size_t len = ev->len;
+    /* Greedy picks the most likely token: its logprob is the top one. */
+    if (id >= 0 && (!ev->info || ev->info->logprob > 0 || (ev->info->n_top > 0 && ev->info->top[0].id != id)))
+        c->bad_info++;
+    if (id >= 0 && ev->info && ev->info->n_top == 3) c->with_top++;
     if (id >= 0 && c->n < 1024) c->ids[c->n++] = id;
     if (c->len + len < sizeof c->text) {
         memcpy(c->text + c->len, text, len);
@@ -71,12 +80,15 @@ static void test_tokenize_and_greedy(void) {
         cm_session *s = cm_session_new(E, 512, errbuf, sizeof errbuf);
         CHECK(cm_session_set_prompt(s, toks, n, errbuf, sizeof errbuf) == 0);
         cm_gen_params p = greedy_params(ng);
+        p.sampling.n_probs = c == 1 ? 3 : 0;
         static collect col;
         memset(&col, 0, sizeof col);
         cm_gen_result res;
         CHECK(cm_session_generate(s, &p, on_tok, &col, &res, errbuf, sizeof errbuf) == 0);
+        CHECK(col.with_top == (c == 1 ? ng : 0));
         CHECKF(col.n == ng && !memcmp(col.ids, gen, (size_t)ng * 4), "case %d: ids differ", c);
         CHECK(res.finish == CM_FINISH_LENGTH && res.t.n_gen == ng && res.t.n_prompt == np);
+        CHECK(col.bad_info == 0);
         if (c == 0) {
             char *want;
             size_t wl;
@@ -180,14 +192,15 @@ static void test_stops_and_limits(void) {
 typedef struct thr {
     int c;
     int ok;
+    int32_t prompt[64], gen[256];
+    int np, ng;
 } thr;
 
 static void *thr_main(void *arg) {
     thr *t = arg;
-    int32_t prompt[64], gen[256];
-    int np, ng;
+    int32_t *prompt = t->prompt, *gen = t->gen;
+    int np = t->np, ng = t->ng;
     char eb[256];
-    if (ref_case(t->c, prompt, &np, gen, &ng, NULL)) return NULL;
     cm_session *s = cm_session_new(E, 256, eb, sizeof eb);
     cm_gen_params p = greedy_params(ng);
     collect *col = cm_calloc(1, sizeof *col);
@@ -202,7 +215,8 @@ static void *thr_main(void *arg) {
 
 static void test_two_sessions_threads(void) {
     pthread_t th[2];
-    thr t[2] = {{1, 0}, {3, 0}};
+    static thr t[2] = {{.c = 1}, {.c = 3}};
+    for (int i = 0; i < 2; i++) CHECK(ref_case(t[i].c, t[i].prompt, &t[i].np, t[i].gen, &t[i].ng, NULL) == 0);
     for (int i = 0; i < 2; i++) pthread_create(&th[i], NULL, thr_main, &t[i]);
     for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
     CHECK(t[0].ok && t[1].ok);
@@ -225,6 +239,17 @@ static void test_info_and_errors(void) {
     CHECK(cm_engine_type_usage(e2, tu, 8) == 2);
     cm_engine_free(e2);
     cm_engine_free(NULL);
+    /* Chat: stories260K has no template (an error naming the choices); a named one renders. */
+    cm_buf b;
+    cm_buf_init(&b);
+    cm_chat_msg msgs[2] = {{"system", "Be brief."}, {"user", "hi"}};
+    CHECK(cm_engine_chat_render(E, NULL, msgs, 2, true, &b, errbuf, sizeof errbuf) == CM_EUNSUPPORTED);
+    CHECK(strstr(errbuf, "chatml") != NULL);
+    CHECK(cm_engine_chat_render(E, "chatml", msgs, 2, true, &b, errbuf, sizeof errbuf) == 0);
+    cm_buf_append(&b, "", 1);
+    CHECKF(b.data && !strcmp(b.data, "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"
+                                     "<|im_start|>assistant\n"), "%s", b.data);
+    cm_buf_release(&b);
     cm_session_free(NULL);
 }
 

@@ -407,6 +407,47 @@ static void test_stages_and_slices(void) {
     }
 }
 
+/* Bad batches are errors that leave the caches alone. */
+static void test_forward_errors(void) {
+    loaded L;
+    CHECK(load_synth(&k_models[0], &L) == 0);
+    const cm_model *m = &L.m;
+    cm_ctx *c = cm_ctx_new(m, 4, 8, NULL, errbuf, sizeof errbuf);
+    cm_kv kv;
+    CHECK(cm_kv_init(&kv, m, 0, 2, cm_slice_full(m), 8, errbuf, sizeof errbuf) == 0);
+    float lg[512];
+    int32_t ids[8] = {1, 2, 3, 4, 5, 6, 7, 8}, bad = 512;
+    CHECK(cm_forward_simple(c, &kv, &bad, 1, lg, errbuf, sizeof errbuf) == CM_EINVAL && strstr(errbuf, "token id 512"));
+    CHECK(kv.n_past == 0);
+    CHECK(cm_forward_simple(c, &kv, ids, 8, lg, errbuf, sizeof errbuf) == 0 && kv.n_past == 8);
+    CHECK(cm_forward_simple(c, &kv, ids, 1, lg, errbuf, sizeof errbuf) == CM_ENOSPACE && kv.n_past == 8);
+    int32_t pos[5] = {0, 1, 2, 3, 4}, seq[5] = {0};
+    cm_kv *kvs[1] = {&kv};
+    cm_kv_truncate(&kv, 0);
+    cm_batch b = {.n = 5, .tokens = ids, .pos = pos, .seq = seq};
+    cm_forward_args a = {.layer_first = 0, .layer_last = 2, .slice = cm_slice_full(m), .kvs = kvs, .n_kvs = 1, .out_logits = lg};
+    CHECK(cm_forward(c, &b, &a, errbuf, sizeof errbuf) == CM_EINVAL); /* more than max_batch */
+    b.n = 2;
+    seq[1] = 1;
+    CHECK(cm_forward(c, &b, &a, errbuf, sizeof errbuf) == CM_EINVAL); /* no such sequence */
+    seq[1] = 0;
+    a.slice.h1 = 3;
+    CHECK(cm_forward(c, &b, &a, errbuf, sizeof errbuf) == CM_EINVAL); /* slice out of range */
+    a.slice = (cm_slice){0, 1, 0, 128};
+    CHECK(cm_forward(c, &b, &a, errbuf, sizeof errbuf) == CM_EINVAL); /* kv made for another slice */
+    a.slice = cm_slice_full(m);
+    b.tokens = NULL;
+    CHECK(cm_forward(c, &b, &a, errbuf, sizeof errbuf) == CM_EINVAL); /* no input */
+    CHECK(kv.n_past == 0);
+    cm_kv_release(&kv);
+    cm_kv_release(&kv); /* released twice: a no-op */
+    CHECK(cm_kv_init(&kv, m, 1, 1, cm_slice_full(m), 8, errbuf, sizeof errbuf) == CM_EINVAL);
+    CHECK(cm_ctx_new(m, 0, 8, NULL, errbuf, sizeof errbuf) == NULL);
+    cm_ctx_free(c);
+    cm_ctx_free(NULL);
+    unload(&L);
+}
+
 /* `test_model --write DIR`: write the models for the oracle. */
 static int write_models(const char *dir) {
     for (size_t mi = 0; mi < CM_ARRAY_LEN(k_models); mi++) {
@@ -439,6 +480,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     RUN(test_load_errors);
+    RUN(test_forward_errors);
     RUN(test_vs_llama_cpp);
     RUN(test_stages_and_slices);
     cm_free(g_ref);

@@ -1,0 +1,474 @@
+/*
+ * x86_tiles.h: the body shared by kernels_avx2.c and kernels_avx512.c. Not a
+ * header in the usual sense: each of those two files includes it once, under
+ * its own ISA flags, so the same tiles compile to AVX2 code in one and to
+ * AVX-512VL/VNNI code in the other (CM_X86_VNNI selects vpdpbusd for the byte
+ * dot products). Nothing else may include it.
+ *
+ * Every quantized kernel is a "tile" that walks one weight row once and dots
+ * each block against T activation rows (T = 1 for vec_dot, up to 4 for gemm),
+ * so prefill loads and unpacks each weight block once per 4 tokens. vec_dot
+ * and gemm share the tile, hence give the same bits. Integer sums are exactly
+ * the reference's; only the order of the float accumulation differs.
+ * Activation converters produce the reference's bytes exactly.
+ *
+ * NEEDSWORK: the 256-bit q4_0 tile spends about half its instructions on the
+ * per-block fp16 scales (two conversions and a broadcast per block) and runs
+ * at ~14 GB/s on one Zen 5 core, below memory bandwidth; llama.cpp gets more
+ * by repacking weights (blocks of 8 rows interleaved) at load time, which
+ * needs a weight-layout decision above the kernels.
+ */
+#ifndef CM_X86_VNNI
+#error "define CM_X86_VNNI (0 or 1) before including x86_tiles.h"
+#endif
+
+#include "isa.h"
+
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#define AI static inline __attribute__((always_inline))
+#define TMAX 4 /* tokens per gemm tile */
+#define RB 32 /* weight rows per gemm cache block */
+
+AI float f16f(cm_f16 h) { return _cvtsh_ss(h); }
+
+AI float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+AI float hsum4(__m128 s) {
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+AI int hsum_i32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+    return _mm_cvtsi128_si32(s);
+}
+
+AI __m256i ld256(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
+
+/* 16 bytes of nibbles -> 32 bytes: low nibbles are elements 0..15, high 16..31. */
+AI __m256i nibbles32(const uint8_t *q) {
+    __m128i v = _mm_loadu_si128((const __m128i *)q);
+    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(0x0f));
+}
+/* 32 bits -> 32 bytes: 0xff where bit i is set, else 0. */
+AI __m256i bits32(const uint8_t *p) {
+    uint32_t u;
+    memcpy(&u, p, 4);
+    __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)u),
+                                    _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
+                                                      0x0101010101010101, 0x0000000000000000));
+    v = _mm256_or_si256(v, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+    return _mm256_cmpeq_epi8(v, _mm256_set1_epi64x(-1));
+}
+/* Sum of products of unsigned bytes x (<= 128) and signed bytes y (> -128), as 8 int32
+ * (each the sum of 4 neighbours). Without VNNI, maddubs' pairs stay below
+ * 2*128*127 < 32767, so nothing saturates. */
+AI __m256i dot_u8s8(__m256i x, __m256i y) {
+#if CM_X86_VNNI
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), x, y);
+#else
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(x, y), _mm256_set1_epi16(1));
+#endif
+}
+/* Signed x signed: move x's sign onto y, so |x| can be the unsigned operand. */
+AI __m256i dot_s8s8(__m256i x, __m256i y) { return dot_u8s8(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x)); }
+
+/* ---- 32-element block types ----
+ * TILE32 defines tile_<name>(nb, x, yv, T, out): out[t] = dot(x, yv[t]) over nb
+ * blocks. Even and odd blocks use separate accumulators so two FMA chains
+ * overlap; BODY(b, acc, m) adds block b's contribution. */
+#define TILE32(NAME, XB, YB, BODY)                                                                 \
+    AI void tile_##NAME(int64_t nb, const XB *x, const YB *const *yv, int T, float *out) {         \
+        __m256 acc0[TMAX], acc1[TMAX];                                                             \
+        float m0[TMAX], m1[TMAX];                                                                  \
+        for (int t = 0; t < T; t++) {                                                              \
+            acc0[t] = acc1[t] = _mm256_setzero_ps();                                               \
+            m0[t] = m1[t] = 0.0f;                                                                  \
+        }                                                                                          \
+        int64_t b = 0;                                                                             \
+        for (; b + 1 < nb; b += 2) {                                                               \
+            BODY(b, acc0, m0);                                                                     \
+            BODY(b + 1, acc1, m1);                                                                 \
+        }                                                                                          \
+        if (b < nb) BODY(b, acc0, m0);                                                             \
+        for (int t = 0; t < T; t++) out[t] = hsum8(_mm256_add_ps(acc0[t], acc1[t])) + (m0[t] + m1[t]); \
+    }
+
+#define FMA_BLOCK(ACC, SUMI, SCALE) ACC = _mm256_fmadd_ps(_mm256_cvtepi32_ps(SUMI), _mm256_set1_ps(SCALE), ACC)
+
+#define BODY_Q4_0(B, ACC, M)                                                                       \
+    do {                                                                                           \
+        const __m256i qx = _mm256_sub_epi8(nibbles32(x[B].qs), _mm256_set1_epi8(8));               \
+        const float dx = f16f(x[B].d);                                                             \
+        for (int t = 0; t < T; t++)                                                                \
+            FMA_BLOCK(ACC[t], dot_s8s8(qx, ld256(yv[t][B].qs)), dx * f16f(yv[t][B].d));            \
+    } while (0)
+TILE32(q4_0, cm_block_q4_0, cm_block_q8_0, BODY_Q4_0)
+
+#define BODY_Q4_1(B, ACC, M)                                                                       \
+    do {                                                                                           \
+        const __m256i qx = nibbles32(x[B].qs);                                                     \
+        const float dx = f16f(x[B].d), mx = f16f(x[B].m);                                          \
+        for (int t = 0; t < T; t++) {                                                              \
+            FMA_BLOCK(ACC[t], dot_u8s8(qx, ld256(yv[t][B].qs)), dx * f16f(yv[t][B].d));            \
+            M[t] += mx * f16f(yv[t][B].s);                                                         \
+        }                                                                                          \
+    } while (0)
+TILE32(q4_1, cm_block_q4_1, cm_block_q8_1, BODY_Q4_1)
+
+/* q5_0: the fifth bit clear means value - 16, which in a signed byte is 0xf0 | nibble. */
+#define BODY_Q5_0(B, ACC, M)                                                                       \
+    do {                                                                                           \
+        const __m256i hi = _mm256_andnot_si256(bits32(x[B].qh), _mm256_set1_epi8((char)0xf0));     \
+        const __m256i qx = _mm256_or_si256(nibbles32(x[B].qs), hi);                                \
+        const float dx = f16f(x[B].d);                                                             \
+        for (int t = 0; t < T; t++)                                                                \
+            FMA_BLOCK(ACC[t], dot_s8s8(qx, ld256(yv[t][B].qs)), dx * f16f(yv[t][B].d));            \
+    } while (0)
+TILE32(q5_0, cm_block_q5_0, cm_block_q8_0, BODY_Q5_0)
+
+#define BODY_Q5_1(B, ACC, M)                                                                       \
+    do {                                                                                           \
+        const __m256i hi = _mm256_and_si256(bits32(x[B].qh), _mm256_set1_epi8(0x10));             \
+        const __m256i qx = _mm256_or_si256(nibbles32(x[B].qs), hi);                                \
+        const float dx = f16f(x[B].d), mx = f16f(x[B].m);                                          \
+        for (int t = 0; t < T; t++) {                                                              \
+            FMA_BLOCK(ACC[t], dot_u8s8(qx, ld256(yv[t][B].qs)), dx * f16f(yv[t][B].d));            \
+            M[t] += mx * f16f(yv[t][B].s);                                                         \
+        }                                                                                          \
+    } while (0)
+TILE32(q5_1, cm_block_q5_1, cm_block_q8_1, BODY_Q5_1)
+
+#define BODY_Q8_0(B, ACC, M)                                                                       \
+    do {                                                                                           \
+        const __m256i qx = ld256(x[B].qs);                                                         \
+        const float dx = f16f(x[B].d);                                                             \
+        for (int t = 0; t < T; t++)                                                                \
+            FMA_BLOCK(ACC[t], dot_s8s8(qx, ld256(yv[t][B].qs)), dx * f16f(yv[t][B].d));            \
+    } while (0)
+TILE32(q8_0, cm_block_q8_0, cm_block_q8_0, BODY_Q8_0)
+
+/* ---- K-quants (256-element super-blocks against Q8_K) ---- */
+
+/* The 12 packed bytes of 6-bit scales and mins -> sc[0..7], mn[0..7]. */
+AI void kscales(const uint8_t *s, uint8_t sc[8], uint8_t mn[8]) {
+    uint32_t a, b, c, w[4];
+    memcpy(&a, s, 4);
+    memcpy(&b, s + 4, 4);
+    memcpy(&c, s + 8, 4);
+    w[0] = a & 0x3f3f3f3f;                                             /* sc 0..3 */
+    w[1] = (c & 0x0f0f0f0f) | (((a >> 6) & 0x03030303) << 4);          /* sc 4..7 */
+    w[2] = b & 0x3f3f3f3f;                                             /* mn 0..3 */
+    w[3] = ((c >> 4) & 0x0f0f0f0f) | (((b >> 6) & 0x03030303) << 4);   /* mn 4..7 */
+    memcpy(sc, w, 8);
+    memcpy(mn, w + 2, 8);
+}
+
+/* Sum over the 8 sub-blocks of mn[j] * (bsums[2j] + bsums[2j+1]), as 4 int32. */
+AI __m128i kmins(const uint8_t mn[8], const int16_t *bsums) {
+    const __m256i bs = ld256(bsums);
+    const __m128i pairs = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+    return _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mn)), pairs);
+}
+
+/* q4_k / q5_k share everything but the fifth bit. */
+#define TILE_K45(NAME, XB, HAS_QH)                                                                 \
+    AI void tile_##NAME(int64_t nb, const XB *x, const cm_block_q8_k *const *yv, int T, float *out) { \
+        __m256 acc[TMAX];                                                                          \
+        __m128 accm[TMAX];                                                                         \
+        for (int t = 0; t < T; t++) {                                                              \
+            acc[t] = _mm256_setzero_ps();                                                          \
+            accm[t] = _mm_setzero_ps();                                                            \
+        }                                                                                          \
+        const __m256i m4 = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1);                      \
+        for (int64_t b = 0; b < nb; b++) {                                                         \
+            uint8_t sc[8], mn[8];                                                                  \
+            kscales(x[b].scales, sc, mn);                                                          \
+            __m256i sumi[TMAX];                                                                    \
+            for (int t = 0; t < T; t++) sumi[t] = _mm256_setzero_si256();                          \
+            __m256i qh = HAS_QH ? ld256(((const cm_block_q5_k *)(const void *)&x[b])->qh) : one;   \
+            (void)qh;                                                                              \
+            for (int j = 0; j < 4; j++) {                                                          \
+                const __m256i q = ld256(x[b].qs + 32 * j);                                         \
+                __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4); \
+                if (HAS_QH) {                                                                      \
+                    lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(qh, one), 4));     \
+                    hi = _mm256_or_si256(hi, _mm256_slli_epi16(                                    \
+                                                 _mm256_and_si256(_mm256_srli_epi16(qh, 1), one), 4)); \
+                    qh = _mm256_srli_epi16(qh, 2);                                                 \
+                }                                                                                  \
+                const __m256i slo = _mm256_set1_epi16(sc[2 * j]), shi = _mm256_set1_epi16(sc[2 * j + 1]); \
+                for (int t = 0; t < T; t++) {                                                      \
+                    const int8_t *y = yv[t][b].qs + 64 * j;                                        \
+                    const __m256i plo = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, ld256(y)), slo); \
+                    const __m256i phi = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, ld256(y + 32)), shi); \
+                    sumi[t] = _mm256_add_epi32(sumi[t], _mm256_add_epi32(plo, phi));               \
+                }                                                                                  \
+            }                                                                                      \
+            const float d = f16f(x[b].d), dmin = f16f(x[b].dmin);                                  \
+            for (int t = 0; t < T; t++) {                                                          \
+                const float yd = yv[t][b].d;                                                       \
+                FMA_BLOCK(acc[t], sumi[t], d * yd);                                                \
+                accm[t] = _mm_fmadd_ps(_mm_cvtepi32_ps(kmins(mn, yv[t][b].bsums)), _mm_set1_ps(dmin * yd), \
+                                       accm[t]);                                                   \
+            }                                                                                      \
+        }                                                                                          \
+        for (int t = 0; t < T; t++) out[t] = hsum8(acc[t]) - hsum4(accm[t]);                       \
+    }
+TILE_K45(q4_k, cm_block_q4_k, 0)
+TILE_K45(q5_k, cm_block_q5_k, 1)
+
+/* q6_k: 6-bit values stored offset by 32, 16 signed 8-bit scales per super-block.
+ * The values are made signed (q - 32) before the byte products: then every
+ * int32 lane stays below 2^24 (8 * 2*32*127 * 128), so converting it to float
+ * is exact and its size is bounded by the dot's own absolute sum. */
+AI void tile_q6_k(int64_t nb, const cm_block_q6_k *x, const cm_block_q8_k *const *yv, int T, float *out) {
+    __m256 acc[TMAX];
+    for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_ps();
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30), k32 = _mm256_set1_epi8(32);
+    for (int64_t b = 0; b < nb; b++) {
+        __m256i sumi[TMAX];
+        for (int t = 0; t < T; t++) sumi[t] = _mm256_setzero_si256();
+        for (int c = 0; c < 2; c++) {
+            const __m256i l0 = ld256(x[b].ql + 64 * c), l1 = ld256(x[b].ql + 64 * c + 32);
+            const __m256i h = ld256(x[b].qh + 32 * c);
+            __m256i q[4];
+            q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(h, 4), m30));
+            q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(h, 2), m30));
+            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(h, m30));
+            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                   _mm256_and_si256(_mm256_srli_epi16(h, 2), m30));
+            for (int k = 0; k < 4; k++) {
+                const int8_t *s = x[b].scales + 8 * c + 2 * k;
+                const __m256i sv = _mm256_set_m128i(_mm_set1_epi16(s[1]), _mm_set1_epi16(s[0]));
+                const __m256i qs = _mm256_sub_epi8(q[k], k32);
+                const __m256i qa = _mm256_sign_epi8(qs, qs);
+                for (int t = 0; t < T; t++) {
+                    const __m256i yy = _mm256_sign_epi8(ld256(yv[t][b].qs + 128 * c + 32 * k), qs);
+                    sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(_mm256_maddubs_epi16(qa, yy), sv));
+                }
+            }
+        }
+        const float d = f16f(x[b].d);
+        for (int t = 0; t < T; t++) FMA_BLOCK(acc[t], sumi[t], d * yv[t][b].d);
+    }
+    for (int t = 0; t < T; t++) out[t] = hsum8(acc[t]);
+}
+
+/* ---- float types: 16 elements per step, two accumulators per token ---- */
+AI __m256 ld_f32(const void *p, int64_t i) { return _mm256_loadu_ps((const float *)p + i); }
+AI __m256 ld_f16(const void *p, int64_t i) {
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const cm_f16 *)p + i)));
+}
+AI __m256 ld_bf16(const void *p, int64_t i) {
+    const __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const cm_bf16 *)p + i)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+}
+AI float sc_f32(const void *p, int64_t i) { return ((const float *)p)[i]; }
+AI float sc_f16(const void *p, int64_t i) { return f16f(((const cm_f16 *)p)[i]); }
+AI float sc_bf16(const void *p, int64_t i) { return cm_bf16_to_f32(((const cm_bf16 *)p)[i]); }
+
+#define TILE_FLOAT(NAME)                                                                           \
+    AI void tile_##NAME(int64_t n, const void *x, const void *const *yv, int T, float *out) {       \
+        __m256 a0[TMAX], a1[TMAX];                                                                 \
+        for (int t = 0; t < T; t++) a0[t] = a1[t] = _mm256_setzero_ps();                           \
+        int64_t i = 0;                                                                             \
+        for (; i + 16 <= n; i += 16) {                                                             \
+            const __m256 x0 = ld_##NAME(x, i), x1 = ld_##NAME(x, i + 8);                           \
+            for (int t = 0; t < T; t++) {                                                          \
+                a0[t] = _mm256_fmadd_ps(x0, ld_##NAME(yv[t], i), a0[t]);                           \
+                a1[t] = _mm256_fmadd_ps(x1, ld_##NAME(yv[t], i + 8), a1[t]);                       \
+            }                                                                                      \
+        }                                                                                          \
+        for (int t = 0; t < T; t++) {                                                              \
+            float s = hsum8(_mm256_add_ps(a0[t], a1[t]));                                          \
+            for (int64_t k = i; k < n; k++) s += sc_##NAME(x, k) * sc_##NAME(yv[t], k);            \
+            out[t] = s;                                                                            \
+        }                                                                                          \
+    }
+TILE_FLOAT(f32)
+TILE_FLOAT(f16)
+TILE_FLOAT(bf16)
+
+/* ---- vec_dot and gemm wrappers ---- */
+
+#define VEC_DOT(NAME, XB, YB, BLK)                                                                 \
+    static void vec_dot_##NAME(int64_t n, float *s, const void *x, const void *y) {               \
+        const YB *yv[1] = {(const YB *)y};                                                         \
+        tile_##NAME(n / (BLK), (const XB *)x, yv, 1, s);                                           \
+    }                                                                                              \
+    static void gemm_##NAME(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, \
+                            float *y, int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {        \
+        /* RB rows at a time (a few hundred KB: stays in L2) against each group */                 \
+        /* of TMAX tokens (stays in L1), so neither side streams from memory twice */             \
+        for (int64_t i0 = r0; i0 < r1; i0 += RB) {                                                 \
+            const int64_t i1 = r1 - i0 < RB ? r1 : i0 + RB;                                        \
+            for (int64_t j = 0; j < n_tok; j += TMAX) {                                            \
+                const YB *yv[TMAX];                                                                \
+                const int T = n_tok - j < TMAX ? (int)(n_tok - j) : TMAX;                          \
+                for (int t = 0; t < T; t++)                                                        \
+                    yv[t] = (const YB *)(const void *)((const char *)x + (size_t)(j + t) * x_stride); \
+                for (int64_t i = i0; i < i1; i++) {                                                \
+                    const XB *wr = (const XB *)(const void *)((const char *)w + (size_t)i * w_stride); \
+                    float out[TMAX];                                                               \
+                    switch (T) { /* constant T lets the compiler keep the tile in registers */     \
+                    case 4: tile_##NAME(k / (BLK), wr, yv, 4, out); break;                         \
+                    case 3: tile_##NAME(k / (BLK), wr, yv, 3, out); break;                         \
+                    case 2: tile_##NAME(k / (BLK), wr, yv, 2, out); break;                         \
+                    default: tile_##NAME(k / (BLK), wr, yv, 1, out); break;                        \
+                    }                                                                              \
+                    for (int t = 0; t < T; t++) y[(j + t) * ldy + i] = out[t];                     \
+                }                                                                                  \
+            }                                                                                      \
+        }                                                                                          \
+    }
+
+VEC_DOT(q4_0, cm_block_q4_0, cm_block_q8_0, CM_QK4_0)
+VEC_DOT(q4_1, cm_block_q4_1, cm_block_q8_1, CM_QK4_1)
+VEC_DOT(q5_0, cm_block_q5_0, cm_block_q8_0, CM_QK5_0)
+VEC_DOT(q5_1, cm_block_q5_1, cm_block_q8_1, CM_QK5_1)
+VEC_DOT(q8_0, cm_block_q8_0, cm_block_q8_0, CM_QK8_0)
+VEC_DOT(q4_k, cm_block_q4_k, cm_block_q8_k, CM_QK_K)
+VEC_DOT(q5_k, cm_block_q5_k, cm_block_q8_k, CM_QK_K)
+VEC_DOT(q6_k, cm_block_q6_k, cm_block_q8_k, CM_QK_K)
+VEC_DOT(f32, void, void, 1)
+VEC_DOT(f16, void, void, 1)
+VEC_DOT(bf16, void, void, 1)
+
+/* ---- activation converters (must match quants_ref.c byte for byte) ---- */
+
+/* |x| max of 32 floats. */
+AI float amax32(const float *x, __m256 v[4]) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 m = _mm256_setzero_ps();
+    for (int k = 0; k < 4; k++) {
+        v[k] = _mm256_loadu_ps(x + 8 * k);
+        m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[k]));
+    }
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+/* Round v[k] * id to nearest-even int8 (|v * id| <= 127 by construction); returns the int sum. */
+AI int round_store32(const __m256 v[4], float id, int8_t *q) {
+    const __m256 m = _mm256_set1_ps(id);
+    __m256i i[4];
+    for (int k = 0; k < 4; k++)
+        i[k] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[k], m), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    const int sum = hsum_i32(_mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3])));
+    /* packs interleave 128-bit lanes; the permute puts the bytes back in order */
+    __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i[0], i[1]), _mm256_packs_epi32(i[2], i[3]));
+    p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256((__m256i *)q, p);
+    return sum;
+}
+
+static void from_float_q8_0(const float *x, void *vy, int64_t n) {
+    cm_block_q8_0 *y = vy;
+    for (int64_t b = 0; b < n / CM_QK8_0; b++, x += CM_QK8_0) {
+        __m256 v[4];
+        const float amax = amax32(x, v);
+        const float d = amax / 127.0f;
+        y[b].d = cm_f32_to_f16(d);
+        (void)round_store32(v, amax != 0.0f ? 127.0f / amax : 0.0f, y[b].qs);
+    }
+}
+
+static void from_float_q8_1(const float *x, void *vy, int64_t n) {
+    cm_block_q8_1 *y = vy;
+    for (int64_t b = 0; b < n / CM_QK8_1; b++, x += CM_QK8_1) {
+        __m256 v[4];
+        const float amax = amax32(x, v);
+        const float d = amax / 127.0f;
+        y[b].d = cm_f32_to_f16(d);
+        const int sum = round_store32(v, amax != 0.0f ? 127.0f / amax : 0.0f, y[b].qs);
+        y[b].s = cm_f32_to_f16(d * (float)sum);
+    }
+}
+
+/* Q8_K: scale -127 / (the signed value of largest magnitude; the first one
+ * wins a tie, as in the reference), round to nearest even, clamp at 127,
+ * bsums per 16 elements; an all-zero block is all zero bytes. */
+static void from_float_q8_k(const float *x, void *vy, int64_t n) {
+    cm_block_q8_k *y = vy;
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int64_t b = 0; b < n / CM_QK_K; b++, x += CM_QK_K) {
+        __m256 m = _mm256_setzero_ps();
+        for (int k = 0; k < CM_QK_K; k += 8) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + k)));
+        __m128 s = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+        s = _mm_max_ss(s, _mm_movehdup_ps(s));
+        const float amax = _mm_cvtss_f32(s);
+        if (amax == 0.0f) {
+            memset(&y[b], 0, sizeof y[b]);
+            continue;
+        }
+        const __m256 va = _mm256_set1_ps(amax);
+        int first = 0;
+        for (int k = 0; k < CM_QK_K; k += 8) {
+            const int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(x + k)), va, _CMP_EQ_OQ));
+            if (hit) {
+                first = k + __builtin_ctz((unsigned)hit);
+                break;
+            }
+        }
+        const float iscale = -127.f / x[first];
+        const __m256 vs = _mm256_set1_ps(iscale);
+        const __m256i k127 = _mm256_set1_epi32(127);
+        for (int g = 0; g < CM_QK_K / 16; g++) {
+            const float *xg = x + 16 * g;
+            const __m256i i0 = _mm256_min_epi32(k127, _mm256_cvtps_epi32(_mm256_round_ps(
+                _mm256_mul_ps(_mm256_loadu_ps(xg), vs), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
+            const __m256i i1 = _mm256_min_epi32(k127, _mm256_cvtps_epi32(_mm256_round_ps(
+                _mm256_mul_ps(_mm256_loadu_ps(xg + 8), vs), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
+            y[b].bsums[g] = (int16_t)hsum_i32(_mm256_add_epi32(i0, i1));
+            const __m256i p16 = _mm256_packs_epi32(i0, i1); /* lanes: i0lo i1lo | i0hi i1hi */
+            const __m128i p8 = _mm_packs_epi16(_mm256_castsi256_si128(p16), _mm256_extracti128_si256(p16, 1));
+            /* p8 = i0[0..3] i1[0..3] i0[4..7] i1[4..7]: swap the middle 4-byte groups */
+            _mm_storeu_si128((__m128i *)(y[b].qs + 16 * g), _mm_shuffle_epi32(p8, _MM_SHUFFLE(3, 1, 2, 0)));
+        }
+        y[b].d = 1 / iscale;
+    }
+}
+
+static void from_float_f16(const float *x, void *vy, int64_t n) {
+    cm_f16 *y = vy;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(y + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++) y[i] = cm_f32_to_f16(x[i]);
+}
+
+
+/* Every entry this body implements (both ISA files start from it). */
+static void x86_fill(cm_kernels *k) {
+#define SET(T, NAME)                                                                               \
+    k->vec_dot[T] = vec_dot_##NAME;                                                                \
+    k->gemm[T] = gemm_##NAME
+    SET(CM_TYPE_Q4_0, q4_0);
+    SET(CM_TYPE_Q4_1, q4_1);
+    SET(CM_TYPE_Q5_0, q5_0);
+    SET(CM_TYPE_Q5_1, q5_1);
+    SET(CM_TYPE_Q8_0, q8_0);
+    SET(CM_TYPE_Q4_K, q4_k);
+    SET(CM_TYPE_Q5_K, q5_k);
+    SET(CM_TYPE_Q6_K, q6_k);
+    SET(CM_TYPE_F32, f32);
+    SET(CM_TYPE_F16, f16);
+    SET(CM_TYPE_BF16, bf16);
+#undef SET
+    k->from_float[CM_TYPE_Q8_0] = from_float_q8_0;
+    k->from_float[CM_TYPE_Q8_1] = from_float_q8_1;
+    k->from_float[CM_TYPE_Q8_K] = from_float_q8_k;
+    k->from_float[CM_TYPE_F16] = from_float_f16;
+}
