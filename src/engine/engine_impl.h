@@ -9,6 +9,7 @@
 
 #include "engine.h"
 
+#include "../cluster/cluster.h"
 #include "../gguf/gguf.h"
 #include "../model/model.h"
 #include "../os/os.h"
@@ -28,7 +29,7 @@ struct cm_engine {
     bool kv_f16;
     char *name;
     float *step_logits; /* [n_batch][n_vocab] for cm_engine_step; made on its first call (batch.c) */
-    struct cm_pipe *pipe; /* cluster: the stages after ours; NULL on one machine */
+    cm_pipe *pipe;        /* cluster: the stages after ours; NULL on one machine */
     int local_last;       /* we compute layers [0, local_last) */
 };
 
