@@ -19,8 +19,8 @@ if command -v pkg-config >/dev/null 2>&1; then
 fi
 if [ "$(uname -s)" = Linux ]; then
     # test tools: clang+libFuzzer, qemu-user + aarch64 cross compiler, namespaces, avahi, ssh, node,
-    # chromium (the dashboard test drives Debian's /usr/bin/chromium)
-    for c in clang qemu-aarch64 aarch64-linux-gnu-gcc ip tc nft avahi-browse avahi-daemon dbus-daemon sshd node npm chromium; do
+    # chromium (the dashboard test drives Debian's /usr/bin/chromium), tmux (drives `cumulo chat` in a terminal)
+    for c in clang qemu-aarch64 aarch64-linux-gnu-gcc ip tc nft avahi-browse avahi-daemon dbus-daemon sshd node npm chromium tmux; do
         command -v $c >/dev/null 2>&1 || [ -x /usr/sbin/$c ] || missing="$missing $c"
     done
     [ -f /usr/lib/llvm-14/lib/clang/14.0.6/lib/linux/libclang_rt.fuzzer-x86_64.a ] || \
@@ -30,7 +30,7 @@ fi
 echo "setup: installing missing:$missing"
 if [ "$(uname -s)" = Darwin ]; then
     command -v brew >/dev/null 2>&1 || { echo "setup: install Homebrew first (https://brew.sh), then run make again" >&2; exit 1; }
-    brew install pkg-config libmicrohttpd cjson libsodium pcre2 libuv node
+    brew install pkg-config libmicrohttpd cjson libsodium pcre2 libuv node tmux
     js_deps
     exit 0
 fi
@@ -42,7 +42,7 @@ if command -v apt-get >/dev/null 2>&1; then
     $SUDO apt-get install -y -qq --no-install-recommends build-essential pkg-config \
         libmicrohttpd-dev libcjson-dev libsodium-dev libpcre2-dev libuv1-dev \
         clang libclang-rt-14-dev qemu-user gcc-aarch64-linux-gnu libc6-dev-arm64-cross \
-        iproute2 nftables avahi-utils avahi-daemon dbus openssh-server openssh-client nodejs npm \
+        iproute2 nftables avahi-utils avahi-daemon dbus openssh-server openssh-client nodejs npm tmux \
         chromium ca-certificates >/dev/null
     js_deps
     exit 0

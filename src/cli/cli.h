@@ -31,6 +31,7 @@ void cli_progress_end(cli_progress *p);
 
 int cmd_version(int argc, char **argv);
 int cmd_run(int argc, char **argv);
+int cmd_chat(int argc, char **argv);
 int cmd_info(int argc, char **argv);
 
 /* Load a model through engine.h with a progress bar (cmd_run.c); prints the

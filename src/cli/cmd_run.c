@@ -39,6 +39,11 @@ static const char k_run_usage[] =
     "  --kv-type f32|f16      KV cache element type (default f32; f16 halves its memory)\n"
     "  --no-bos               do not add the BOS token\n"
     "  --ignore-eos           keep generating past end-of-generation tokens\n"
+    "  --chat                 send the prompt as a user message through the model's chat template\n"
+    "                         (only the reply is printed)\n"
+    "  --chat-template NAME   like --chat, with this template family (chatml, llama3, ...)\n"
+    "  --system TEXT          with --chat: a system message before the prompt\n"
+
     "  --json                 print one JSON object: prompt_tokens, tokens, text, timings\n"
     "\n"
     "Cluster (pipeline parallel; this machine computes the first stage):\n"
@@ -180,11 +185,11 @@ static int run_streams(cm_engine *e, int n, const int32_t *ptoks, int np, const 
 
 int cmd_run(int argc, char **argv) {
     if (cli_wants_help(argc, argv)) { fputs(k_run_usage, stdout); return 0; }
-    const char *model = NULL, *prompt = NULL, *file = NULL;
+    const char *model = NULL, *prompt = NULL, *file = NULL, *tmpl = NULL, *system = NULL;
     const char *stops[16];
     int n_stops = 0;
     long n_predict = 128, ctx = 0, threads = 0, streams = 0;
-    bool json = false, no_bos = false, kv_f16 = false, cluster = false, insecure = false;
+    bool json = false, no_bos = false, kv_f16 = false, chat = false, cluster = false, insecure = false;
     const char *nodes = NULL, *layers = NULL, *key_file = NULL;
     cm_gen_params gp;
     cm_gen_params_default(&gp);
@@ -236,6 +241,15 @@ int cmd_run(int argc, char **argv) {
             no_bos = true;
         } else if (!strcmp(a, "--ignore-eos")) {
             gp.ignore_eos = true;
+        } else if (!strcmp(a, "--chat")) {
+            chat = true;
+        } else if (!strcmp(a, "--chat-template")) {
+            if (!v) return cli_fail("option '%s' needs a value", a);
+            tmpl = NEXT();
+            chat = true;
+        } else if (!strcmp(a, "--system")) {
+            if (!v) return cli_fail("option '%s' needs a value", a);
+            system = NEXT();
         } else if (!strcmp(a, "--json")) {
             json = true;
         } else if (!strcmp(a, "--cluster")) {
@@ -260,9 +274,12 @@ int cmd_run(int argc, char **argv) {
     }
     if (!model) return cli_fail("run needs a MODEL.gguf; see 'cumulo run --help'");
     if (prompt && file) return cli_fail("give either -p or -f, not both");
+    if (system && !chat) return cli_fail("--system needs --chat or --chat-template");
     char *file_text = NULL;
     size_t file_len = 0;
     char err[512];
+    cm_chat_template ct;
+    if (tmpl && cm_chat_template_by_name(&ct, tmpl, err, sizeof err)) return cli_fail("%s", err);
     if (file) {
         if (cm_file_read_all(file, &file_text, &file_len, err, sizeof err)) return cli_fail("%s", err);
         prompt = file_text;
@@ -287,13 +304,25 @@ int cmd_run(int argc, char **argv) {
     int32_t *ptoks = NULL;
     run_out out = {.json = json};
     cm_buf_init(&out.text);
+    cm_buf chat_text;
+    cm_buf_init(&chat_text);
+    if (chat) { /* the prompt becomes the rendered conversation [system,] user */
+        cm_chat_msg msgs[2];
+        size_t nm = 0;
+        if (system) msgs[nm++] = (cm_chat_msg){.role = "system", .content = system};
+        msgs[nm++] = (cm_chat_msg){.role = "user", .content = prompt};
+        if (cm_engine_chat_render(e, tmpl, msgs, nm, true, &chat_text, err, sizeof err)) { cli_fail("%s", err); goto done; }
+        if (chat_text.oom) { cli_fail("out of memory"); goto done; }
+        prompt = chat_text.data ? chat_text.data : "";
+        plen = chat_text.len;
+    }
     /* A token covers at least one byte; BOS/EOS and SPM's leading space add a few. */
     int cap = plen > (size_t)(1 << 28) ? (1 << 28) : (int)plen + 8, np = 0;
     for (int pass = 0; pass < 2; pass++) {
         cm_free(ptoks);
         ptoks = cm_malloc((size_t)cap * sizeof *ptoks);
         if (!ptoks) { cli_fail("out of memory for a prompt of %zu bytes", plen); goto done; }
-        np = cm_engine_tokenize(e, prompt, plen, !no_bos, false, ptoks, cap, err, sizeof err);
+        np = cm_engine_tokenize(e, prompt, plen, !no_bos, chat, ptoks, cap, err, sizeof err);
         if (np < 0) { cli_fail("cannot tokenize the prompt: %s", err); goto done; }
         if (np <= cap) break;
         cap = np;
@@ -313,7 +342,7 @@ int cmd_run(int argc, char **argv) {
     out.cap_ids = n_predict > 0 ? (int)n_predict : cm_session_n_ctx(s);
     out.ids = cm_malloc((size_t)out.cap_ids * sizeof *out.ids + 1);
     if (!out.ids) { cli_fail("out of memory"); goto done; }
-    if (!json && plen) { /* echo the prompt, as llama.cpp's CLI does, so the story reads whole */
+    if (!json && plen && !chat) { /* echo the prompt, as llama.cpp's CLI does, so the story reads whole */
         fwrite(prompt, 1, plen, stdout);
         fflush(stdout);
     }
@@ -366,6 +395,7 @@ done:
     signal(SIGINT, SIG_DFL);
     g_session = NULL;
     cm_buf_release(&out.text);
+    cm_buf_release(&chat_text);
     cm_free(out.ids);
     cm_free(ptoks);
     cm_session_free(s);

@@ -33,6 +33,10 @@ static const char k_serve_usage[] =
     "  --queue N          requests waiting for a slot; more get 503 (default 16)\n"
     "  --ctx N            context of each slot (default: the model's, at most 4096)\n"
     "  --threads N        compute threads (default: all CPUs)\n"
+    "  --batch N          most tokens (prompt chunk, or sequences of a decode step) per forward\n"
+    "                     pass (default 4: every request gets the same bits alone or batched,\n"
+    "                     with or without a cached prefix; larger prefills faster on AVX-512 but\n"
+    "                     may change the last bits, and so near-tie tokens)\n"
     "  --kv-type f32|f16  KV cache element type (default f32; f16 halves its memory)\n"
     "  --max-body BYTES   largest request body (default 1048576)\n"
     "  --timeout S        idle seconds before a connection is closed (default 10)\n"
@@ -48,6 +52,11 @@ static const char k_serve_usage[] =
     "  --insecure         no cluster key (the nodes must run --insecure too)\n"
     "  --key-file FILE    cluster key (default $CUMULO_KEY_FILE or ~/.config/cumulo/cluster.key)\n";
 
+static void log_line(void *ctx, const char *line) {
+    (void)ctx;
+    fprintf(stderr, "%s\n", line);
+}
+
 int cmd_serve(int argc, char **argv) {
     if (cli_wants_help(argc, argv)) { fputs(k_serve_usage, stdout); return 0; }
     cm_http_opts o;
@@ -56,6 +65,7 @@ int cmd_serve(int argc, char **argv) {
     const char *allow[16];
     int n_allow = 0;
     long threads = 0, l;
+    long n_batch = 4; /* batch-invariant by default: see engine.h */
     bool kv_f16 = false, insecure = false;
     const char *nodes = NULL, *layers = NULL, *key_file = NULL;
     double d;
@@ -84,6 +94,7 @@ int cmd_serve(int argc, char **argv) {
             else return cli_fail("option '--kv-type' must be f32 or f16, not '%s'", v);
             i++;
         }
+        else if (!strcmp(a, "--batch")) { if (!cli_int(a, NEXT(), 1, 256, &n_batch)) return 1; }
         else if (!strcmp(a, "--threads")) { if (!cli_int(a, NEXT(), 1, 1024, &threads)) return 1; }
         else if (!strcmp(a, "--max-body")) { if (!cli_int(a, NEXT(), 1024, 1L << 30, &l)) return 1; o.max_body = (size_t)l; }
         else if (!strcmp(a, "--timeout")) { if (!cli_int(a, NEXT(), 1, 3600, &l)) return 1; o.timeout_s = (int)l; }
@@ -130,10 +141,13 @@ int cmd_serve(int argc, char **argv) {
     fprintf(stderr, "cumulo: listening on http://%s%s%s:%d/ (loading '%s')\n", v6 ? "[" : "", h, v6 ? "]" : "",
             cm_http_port(srv), model);
     cm_engine *e = NULL;
-    cm_engine_opts eo = {.n_threads = (int)threads, .n_ctx = o.n_ctx, .kv_f16 = kv_f16, .nodes = nodes,
-                         .insecure = insecure, .key_file = key_file, .layers = layers,
-                         .n_seq = o.n_slots > 0 ? o.n_slots : 4};
-    if (cli_load_engine_opts(&e, model, &eo)) { cm_http_stop(srv); return 1; }
+    cm_engine_opts eo = {.n_threads = (int)threads, .n_ctx = o.n_ctx, .n_batch = (int)n_batch, .kv_f16 = kv_f16,
+                         .nodes = nodes, .insecure = insecure, .key_file = key_file, .layers = layers,
+                         .n_seq = o.n_slots > 0 ? o.n_slots : 4, .log = log_line};
+    if (cm_engine_load(&e, model, &eo, err, sizeof err)) {
+        cm_http_stop(srv);
+        return cli_fail("%s", err);
+    }
     if (cm_http_set_engine(srv, e, err, sizeof err)) {
         cm_http_stop(srv);
         cm_engine_free(e);

@@ -15,6 +15,7 @@
 
 #include <string.h>
 
+
 struct cm_step {
     cm_gen_params p;
     cm_sampler *smp;
@@ -214,6 +215,9 @@ int cm_engine_step(cm_engine *e, cm_session *const *ss, int n, char *err, size_t
     cm_kv *kvs[256];
     int32_t tok[256], pos[256], seq[256];
     int8_t want[256];
+    /* n_batch bounds the rows of one pass; further sessions go in more passes
+     * of the same step. (With n_batch within the kernels' exact tile, every
+     * row gets the bits it would get alone: see engine.h.) */
     int cap = CM_MIN(nb, 256);
     int running = 0, first_err = 0;
     int i = 0;

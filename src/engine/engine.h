@@ -191,8 +191,18 @@ cm_timings cm_session_timings(const cm_session *s);
  *
  * Continuous batching: each session that is generating samples its next token
  * and all of them are evaluated in ONE forward pass (one row per sequence);
- * sessions may start and finish between steps. Output equals what
- * cm_session_generate produces for the same prompt and parameters.
+ * sessions may start and finish between steps; at most n_batch sequences
+ * share one forward pass (more take several passes of the same step).
+ *
+ * Same output alone or in a crowd: a session's text equals what
+ * cm_session_generate gives for the same prompt and parameters WHEN every
+ * forward pass computes each row with the same bits whatever the number of
+ * rows. The kernels promise that only within one gemm tile (4 tokens,
+ * kernels/x86_tiles.h; the AVX-512 token-lane gemm for 8+ tokens sums in
+ * another order), so an engine loaded with n_batch <= 4 is batch-invariant
+ * (prompts, prefix reuse and batched decode alike) and one with a larger
+ * n_batch prefills faster but may differ in the last bits, which can flip
+ * near-ties. NEEDSWORK: batch-invariant kernels would remove the choice.
  *
  * Use: cm_session_set_prompt (prefill), then cm_session_start; then call
  * cm_engine_step with every running session until cm_session_running is false

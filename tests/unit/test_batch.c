@@ -21,13 +21,15 @@ static int gen_cb(void *u, const cm_token_event *ev) {
 #define step_cb gen_cb
 
 static const char *k_prompts[] = {"Once upon a time", "The cat", "Lily and Tom went to the park", "One day",
-                                  "Tim had a red ball", "The sun"};
-#define NP 6
+                                  "Tim had a red ball", "The sun", "A bird", "Mom said", "The little dog",
+                                  "Sara saw", "Ben and Mia", "It was a rainy day", "The old tree", "Max wanted",
+                                  "In the garden", "A big box"};
+#define NP 16 /* more than any kernel tile, so the batch crosses every gemm path */
 
 static void params(cm_gen_params *p, int i) {
     cm_gen_params_default(p);
-    p->sampling.temperature = i == 5 ? 0.8f : 0.0f; /* one seeded sampled stream */
-    p->sampling.seed = 42;
+    p->sampling.temperature = i % 3 == 2 ? 0.8f : 0.0f; /* some seeded sampled streams */
+    p->sampling.seed = 42 + (uint64_t)i;
     p->n_predict = 20 + 7 * i;
 }
 
@@ -122,7 +124,7 @@ static void test_cancel_and_stop(void) {
 }
 
 int main(void) {
-    cm_engine_opts o = {.n_threads = 1};
+    cm_engine_opts o = {.n_threads = 1, .n_batch = 4}; /* batch-invariant: see engine.h */
     if (cm_engine_load(&E, t_shared("models/stories260K-q8_0.gguf"), &o, errbuf, sizeof errbuf)) {
         fprintf(stderr, "%s\n", errbuf);
         return 1;
