@@ -49,7 +49,7 @@ TEST_SRCS := $(wildcard tests/unit/test_*.c)
 TEST_BINS := $(TEST_SRCS:tests/unit/%.c=$(BUILD)/tests/%)
 DEPS := $(LIB_OBJS:.o=.d) $(CLI_OBJS:.o=.d) $(TEST_BINS:=.d)
 
-.PHONY: all deps demo test test-quick check clean fuzz fuzz-long asan tsan neon-test format bench kbench
+.PHONY: all deps demo test test-quick check clean fuzz fuzz-long asan tsan neon-test format bench kbench tp-bench
 
 all: cumulo
 
@@ -88,6 +88,13 @@ $(BUILD)/bench/kbench: bench/kbench.c $(BUILD)/libcumulo.a
 	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libcumulo.a $(LDLIBS)
 kbench: $(BUILD)/bench/kbench
 	$(BUILD)/bench/kbench
+
+# Tensor-parallel benchmark (1B-class Q8_0 model written to $$TMPDIR once); not a test.
+$(BUILD)/bench/tp_bench: bench/tp_bench.c tests/unit/tp_model.h $(BUILD)/libcumulo.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Itests/unit -o $@ $< $(BUILD)/libcumulo.a $(LDLIBS)
+tp-bench: $(BUILD)/bench/tp_bench
+	$(BUILD)/bench/tp_bench $(TP_BENCH_ARGS)
 
 # NEON kernels on this x86 machine: cross-compile only what the kernel test
 # needs (base, os, tensor, kernels; no system libraries) statically, and run

@@ -16,12 +16,17 @@ static const cm_command k_commands[] = {
     {"bench", "prompt and decode speed, % of the memory roofline, vs llama.cpp", cmd_bench},
     {"version", "print the version", cmd_version},
     {"run", "generate text from a prompt on this machine", cmd_run},
+    {"chat", "chat with a model in the terminal", cmd_chat},
     {"info", "architecture, size, quant mix and memory needs of a model", cmd_info},
-    {"tokenize", "text -> token ids with a model's vocabulary", cmd_tokenize},
-    {"detokenize", "token ids -> text with a model's vocabulary", cmd_detokenize},
+    {"serve", "serve a model over an OpenAI-compatible HTTP API, with a dashboard", cmd_serve},
     {"key", "create or show the cluster key", cmd_key},
+    {"node", "offer this machine to a cluster (a daemon)", cmd_node},
+    {"nodes", "list cluster nodes (mDNS and given) with capabilities and link speed", cmd_nodes},
+    {"launch", "start cumulo node on other machines over SSH", cmd_launch},
     {"discover", "list cumulo nodes found on the local network (mDNS)", cmd_discover},
     {"announce", "announce this machine over mDNS until Ctrl-C (test aid)", cmd_announce},
+    {"tokenize", "text -> token ids with a model's vocabulary", cmd_tokenize},
+    {"detokenize", "token ids -> text with a model's vocabulary", cmd_detokenize},
 };
 
 static void usage(FILE *f) {

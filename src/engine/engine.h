@@ -39,6 +39,16 @@ typedef struct cm_engine_opts {
     bool kv_f16;         /* sessions keep an F16 KV cache (half the memory; llama.cpp's default) */
     cm_engine_progress_fn progress; /* NULL: no progress (pages load lazily) */
     void *progress_ctx;
+    /* Cluster, pipeline parallel (NULL nodes: this machine only). This
+     * machine computes the first stage; the nodes the rest, the last one
+     * samples. "auto" finds nodes by mDNS; else "host:port,host:port,...". */
+    const char *nodes;
+    bool insecure;          /* no cluster key (every node must run --insecure too) */
+    const char *key_file;   /* NULL: $CUMULO_KEY_FILE or ~/.config/cumulo/cluster.key */
+    const char *layers;     /* layers per stage, this machine first ("2,1,2"); NULL: the planner's */
+    int n_seq;              /* sequences the cluster serves at once; 0 = 8 */
+    void (*log)(void *ctx, const char *line); /* cluster progress: links, plan, weights */
+    void *log_ctx;
 } cm_engine_opts;
 
 /* Load a GGUF model. Errors (one line, naming the file/tensor/arch/type):
@@ -60,8 +70,17 @@ typedef struct cm_engine_info {
     uint64_t kv_bytes_per_token; /* KV cache bytes per position of one sequence (F32 or F16 per opts) */
     int32_t bos, eos, eot;   /* -1 when the vocabulary has none */
     bool add_bos;            /* tokenizer.ggml.add_bos_token */
+    int n_stages;            /* pipeline stages (1: this machine alone) */
+    int local_layers;        /* layers computed on this machine */
 } cm_engine_info;
 void cm_engine_get_info(const cm_engine *e, cm_engine_info *info);
+
+/* The cluster plan as text, or NULL when the engine runs on this machine. */
+const char *cm_engine_plan(const cm_engine *e);
+/* Traffic on the first pipeline hop (this machine -> stage 1): bytes of
+ * FORWARD frames, their count, and the hidden-state rows (tokens) carried.
+ * Returns false on a single-machine engine. */
+bool cm_engine_hop_stats(const cm_engine *e, uint64_t *bytes, uint64_t *frames, uint64_t *rows);
 
 /* Quant mix: for each tensor type present, the count and bytes of tensors.
  * Fills up to max entries; returns the number of distinct types. */
@@ -167,5 +186,46 @@ void cm_session_cancel(cm_session *s);
 
 /* Timings of the last set_prompt/append + generate. */
 cm_timings cm_session_timings(const cm_session *s);
+
+/* ---- several sessions generating together (batch.c) ----
+ *
+ * Continuous batching: each session that is generating samples its next token
+ * and all of them are evaluated in ONE forward pass (one row per sequence);
+ * sessions may start and finish between steps; at most n_batch sequences
+ * share one forward pass (more take several passes of the same step).
+ *
+ * Same output alone or in a crowd: a session's text equals what
+ * cm_session_generate gives for the same prompt and parameters WHEN every
+ * forward pass computes each row with the same bits whatever the number of
+ * rows. The kernels promise that only within one gemm tile (4 tokens,
+ * kernels/x86_tiles.h; the AVX-512 token-lane gemm for 8+ tokens sums in
+ * another order), so an engine loaded with n_batch <= 4 is batch-invariant
+ * (prompts, prefix reuse and batched decode alike) and one with a larger
+ * n_batch prefills faster but may differ in the last bits, which can flip
+ * near-ties. NEEDSWORK: batch-invariant kernels would remove the choice.
+ *
+ * Use: cm_session_set_prompt (prefill), then cm_session_start; then call
+ * cm_engine_step with every running session until cm_session_running is false
+ * for each; then cm_session_finish for its result. All of these run on one
+ * thread (the scheduler's); cm_session_cancel from any thread ends a session
+ * at its next step with finish = cancel. */
+
+
+/* Begin generating on a session whose prompt was just evaluated. Allocates
+ * the sampler and stop matcher (per request, not per token). CM_ESTATE when
+ * no logits are ready; CM_EINVAL for bad parameters. */
+/* The callback is cm_session_generate's (cm_token_cb, with the token's
+ * logprobs in ev->info); it runs inside cm_engine_step; returning non-zero
+ * ends that session (finish = cancel). */
+int cm_session_start(cm_session *s, const cm_gen_params *p, cm_token_cb cb, void *user, char *err, size_t errlen);
+bool cm_session_running(const cm_session *s);
+/* One step for ss[0..n) (sessions that are not running are skipped): sample,
+ * stream, and evaluate every new token together. Returns the number of
+ * sessions still running, or an error code (then every session of the step
+ * has stopped). */
+int cm_engine_step(cm_engine *e, cm_session *const *ss, int n, char *err, size_t errlen);
+/* The result of a session that is no longer running; frees its step state.
+ * CM_ESTATE if it never started or is still running. */
+int cm_session_finish(cm_session *s, cm_gen_result *res);
 
 #endif

@@ -85,6 +85,36 @@ static inline void cm_split_range(int64_t n, int ith, int nth, int64_t *begin, i
     *end = *begin + per + (ith < rem ? 1 : 0);
 }
 
+/* ==== power and CPU load (power.c) — added by the http helper ====
+ * A power meter answers "how many watts does this machine draw now" and
+ * "how many joules since it was opened", always saying whether the number is
+ * MEASURED (Linux RAPL: <root>/intel-rapl:N/energy_uj, summed over top-level
+ * packages; root = $CUMULO_POWERCAP_ROOT or /sys/class/powercap) or
+ * ESTIMATED (CPU busy fraction from /proc/stat, or load average on macOS,
+ * times a TDP in watts). Counter wrap-around uses max_energy_range_uj.
+ * NEEDSWORK: macOS power counters (IOReport) are not read yet; macOS is
+ * estimated. A meter is used by one thread at a time. */
+typedef struct cm_power_meter cm_power_meter;
+typedef struct cm_power_sample {
+    double watts;    /* average since the previous read (first read: since open) */
+    double joules;   /* energy since the meter was opened */
+    double cpu_load; /* busy fraction of all CPUs in [0, 1] over the same interval; -1 unknown */
+    bool measured;   /* true: RAPL counters; false: estimate from load x TDP */
+    const char *source; /* "rapl" or "estimate" */
+} cm_power_sample;
+/* tdp_w: watts at full load for the estimate (<= 0: 65). Never fails for
+ * lack of counters (it estimates instead); NULL only when out of memory. */
+cm_power_meter *cm_power_open(double tdp_w);
+void cm_power_close(cm_power_meter *m); /* NULL is a no-op */
+/* Read the counters and fill *out. Returns 0, or CM_EIO when a RAPL counter
+ * that was readable at open no longer is (the sample is then an estimate). */
+int cm_power_read(cm_power_meter *m, cm_power_sample *out);
+/* Helpers for benchmarks and the dashboard: joules per token and tokens per
+ * watt (= tokens per joule); 0 when the denominator is not positive. */
+double cm_power_joules_per_token(double joules, double tokens);
+double cm_power_tokens_per_watt(double tokens_per_s, double watts);
+/* ==== end power ==== */
+
 /* ---- network interfaces and IPv4 multicast UDP (netif.c) ----
  * For mDNS: list interfaces, open a UDP socket bound to a port shared with
  * other responders (avahi, mDNSResponder), join a group per interface, send

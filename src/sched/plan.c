@@ -78,18 +78,23 @@ static void assign_slices(const cm_plan_model *m, const cm_plan_cluster *c, cm_p
     double w[CM_PLAN_MAX_NODES];
     int heads[CM_PLAN_MAX_NODES], units[CM_PLAN_MAX_NODES];
     for (int i = 0; i < k; i++) w[i] = c->nodes[st->members[i].node].mem_bw;
-    split_units(m->n_kv_heads, k, w, 1, heads);
+    /* Boundaries only where cm_slice_check allows them: heads in units of
+     * head_granule, FFN rows in units of ffn_granule; the last member takes
+     * any remainder (the ends of the ranges are always legal). */
+    int hg = m->head_granule > 0 ? m->head_granule : 1;
+    split_units(m->n_kv_heads / hg > 0 ? m->n_kv_heads / hg : 1, k, w, 1, heads);
     int gran = m->ffn_granule > 0 ? m->ffn_granule : 1;
-    if (m->ffn % gran) gran = 1;
-    split_units(m->ffn / gran, k, w, 1, units);
+    split_units(m->ffn / gran > 0 ? m->ffn / gran : 1, k, w, 1, units);
     int h = 0, f = 0;
     for (int i = 0; i < k; i++) {
         cm_plan_member *mb = &st->members[i];
         mb->kv_head_begin = h;
-        h += heads[i];
+        h += heads[i] * hg;
+        if (h > m->n_kv_heads || i == k - 1) h = m->n_kv_heads;
         mb->kv_head_end = h;
         mb->ffn_begin = f;
         f += units[i] * gran;
+        if (f > m->ffn) f = m->ffn;
         mb->ffn_end = i == k - 1 ? m->ffn : f;
     }
 }
@@ -441,6 +446,7 @@ void cm_plan_model_synthetic(cm_plan_model *m, int n_layers, int dim, int n_head
     m->ffn = ffn;
     m->n_vocab = n_vocab;
     m->ffn_granule = 256;
+    m->head_granule = 1; /* (n_heads / n_kv_heads) * head_dim columns per KV head: a multiple of 256 in practice */
     uint64_t attn = (uint64_t)dim * (uint64_t)m->head_dim * (2ull * (uint64_t)n_heads + 2ull * (uint64_t)n_kv_heads);
     uint64_t params = attn + 3ull * (uint64_t)dim * (uint64_t)ffn + 2ull * (uint64_t)dim;
     for (int l = 0; l < n_layers; l++) {

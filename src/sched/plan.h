@@ -59,7 +59,10 @@ typedef struct cm_plan_model {
     uint64_t head_bytes; /* output norm + output head: held by the last stage
                             (for tied embeddings, the embedding's bytes again) */
     uint64_t head_params;
-    int ffn_granule;     /* FFN slices are multiples of this (ffn_down block size) */
+    int ffn_granule;     /* FFN slice boundaries are multiples of this (ffn_down block size) */
+    int head_granule;    /* KV-head slice boundaries are multiples of this, so that the
+                            attn_output columns of a slice start on a block boundary
+                            (cm_slice_check); 0 or 1: any head */
 } cm_plan_model;
 
 typedef struct cm_plan_opts {

@@ -197,6 +197,7 @@ int cm_plan_model_from_gguf(const cm_gguf *g, cm_plan_model *m, char *err, size_
     bool has_output = false;
     uint64_t embd = 0, embd_params = 0;
     m->ffn_granule = 1;
+    m->head_granule = 1;
     for (uint64_t i = 0; i < g->n_tensors; i++) {
         const cm_gguf_tensor_info *t = &g->tensors[i];
         uint64_t params = 1;
@@ -210,7 +211,15 @@ int cm_plan_model_from_gguf(const cm_gguf *g, cm_plan_model *m, char *err, size_
             m->layer_params[layer] += params;
             if (!strcmp(rest, "ffn_down.weight")) {
                 const cm_type_traits *tr = cm_type_traits_of(t->type);
-                if (tr) m->ffn_granule = tr->block_size;
+                if (tr && tr->block_size > m->ffn_granule) m->ffn_granule = tr->block_size;
+            }
+            if (!strcmp(rest, "attn_output.weight")) {
+                /* a KV head owns (n_heads / n_kv_heads) * head_dim columns; a slice
+                 * boundary must fall on a block of this tensor's type */
+                const cm_type_traits *tr = cm_type_traits_of(t->type);
+                int cols = m->n_heads / m->n_kv_heads * m->head_dim, g = 1;
+                while (tr && cols > 0 && g < m->n_kv_heads && (g * cols) % tr->block_size) g++;
+                if (g > m->head_granule) m->head_granule = g;
             }
         } else if (!strcmp(t->name, "token_embd.weight")) {
             embd = t->nbytes;

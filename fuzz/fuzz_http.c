@@ -1,0 +1,55 @@
+/*
+ * fuzz_http.c: libFuzzer target for the OpenAI request parser
+ * (api_parse_request in src/http/api.c): untrusted JSON bodies of
+ * /v1/chat/completions and /v1/completions, parsed, checked, rendered through
+ * the chat template and tokenized against stories260K-q8_0 (from
+ * $CUMULO_SHARED, default ../shared). The first input byte picks the route.
+ * Any crash, leak or sanitizer report is a bug; a 4xx is the expected answer
+ * to nonsense. The server listens on 127.0.0.1 with a free port only because
+ * the parser needs a configured server; nothing connects to it.
+ */
+#include "engine/engine.h"
+#include "http/http.h"
+#include "http/http_impl.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static cm_http_server *S;
+static cm_engine *E;
+
+int LLVMFuzzerInitialize(int *argc, char ***argv) {
+    (void)argc;
+    (void)argv;
+    const char *shared = getenv("CUMULO_SHARED");
+    char path[1024], err[512];
+    snprintf(path, sizeof path, "%s/models/stories260K-q8_0.gguf", shared && *shared ? shared : "../shared");
+    cm_engine_opts eo = {.n_threads = 1};
+    if (cm_engine_load(&E, path, &eo, err, sizeof err)) { fprintf(stderr, "%s\n", err); abort(); }
+    cm_http_opts o;
+    cm_http_opts_default(&o);
+    o.port = 0;
+    o.model_id = "m";
+    if (cm_http_start(&S, &o, err, sizeof err) || cm_http_set_engine(S, E, err, sizeof err)) {
+        fprintf(stderr, "%s\n", err);
+        abort();
+    }
+    return 0;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    if (size < 1) return 0;
+    bool chat = data[0] & 1;
+    job *j = job_new(S, chat);
+    if (!j) return 0;
+    api_error ae;
+    memset(&ae, 0, sizeof ae);
+    if (api_parse_request(S, chat, (const char *)data + 1, size - 1, j, &ae)) {
+        if (ae.status < 400 || ae.status >= 500 || !ae.message[0]) abort(); /* an error must be a 4xx with a message */
+    } else {
+        if (j->n_ids < 1 || j->n_ids >= srv_n_ctx(S)) abort();
+    }
+    job_unref(j);
+    return 0;
+}

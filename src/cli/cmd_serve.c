@@ -1,0 +1,164 @@
+/*
+ * cmd_serve.c: `cumulo serve MODEL.gguf` — the OpenAI-compatible API and the
+ * dashboard on this machine (src/http). Listens first (so /health answers 503
+ * while the model loads), then loads the engine and hands it to the server,
+ * then waits for SIGINT/SIGTERM and shuts down cleanly: running requests end
+ * with an error event, threads are joined, the engine is freed.
+ */
+#include "cli.h"
+
+#include "engine/engine.h"
+#include "http/http.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char k_serve_usage[] =
+    "usage: cumulo serve MODEL.gguf [options]\n"
+    "\n"
+    "Serve MODEL over an OpenAI-compatible HTTP API (/v1/chat/completions,\n"
+    "/v1/completions, /v1/models), with /health, /metrics (Prometheus), /api/cluster\n"
+    "and a live dashboard at /. Stops on Ctrl-C / SIGTERM.\n"
+    "\n"
+    "  --host H           address to listen on (default 127.0.0.1: this machine only)\n"
+    "  --port P           port (default 8080; 0 = any free port, printed on stderr)\n"
+    "  --api-key K        require 'Authorization: Bearer K' (default: $CUMULO_API_KEY)\n"
+    "  --cors ORIGIN      send Access-Control-Allow-Origin: ORIGIN (default: no CORS)\n"
+    "  --allow-host NAME  also accept NAME in the Host header (repeatable; IP literals,\n"
+    "                     localhost and the --host value are always accepted)\n"
+    "  --slots N          requests generating at once, batched together (default 4)\n"
+    "  --queue N          requests waiting for a slot; more get 503 (default 16)\n"
+    "  --ctx N            context of each slot (default: the model's, at most 4096)\n"
+    "  --threads N        compute threads (default: all CPUs)\n"
+    "  --batch N          most tokens (prompt chunk, or sequences of a decode step) per forward\n"
+    "                     pass (default 4: every request gets the same bits alone or batched,\n"
+    "                     with or without a cached prefix; larger prefills faster on AVX-512 but\n"
+    "                     may change the last bits, and so near-tie tokens)\n"
+    "  --kv-type f32|f16  KV cache element type (default f32; f16 halves its memory)\n"
+    "  --max-body BYTES   largest request body (default 1048576)\n"
+    "  --timeout S        idle seconds before a connection is closed (default 10)\n"
+    "  --max-conns N      open connections at most (default 64)\n"
+    "  --tdp W            watts at full load, for the power estimate without counters (default 65)\n"
+    "  --alias NAME       model id in the API (default: the file name without .gguf)\n"
+    "  --chat-template F  chat template family (chatml, llama3, ...; default: the model's own,\n"
+    "                     or chatml when it has none)\n"
+    "\n"
+    "Cluster (pipeline parallel; this machine computes the first stage):\n"
+    "  --nodes LIST       auto (mDNS) or host:port,host:port,... of `cumulo node`s\n"
+    "  --layers A,B,...   layers per stage, this machine first (default: the planner's)\n"
+    "  --insecure         no cluster key (the nodes must run --insecure too)\n"
+    "  --key-file FILE    cluster key (default $CUMULO_KEY_FILE or ~/.config/cumulo/cluster.key)\n";
+
+static void log_line(void *ctx, const char *line) {
+    (void)ctx;
+    fprintf(stderr, "%s\n", line);
+}
+
+int cmd_serve(int argc, char **argv) {
+    if (cli_wants_help(argc, argv)) { fputs(k_serve_usage, stdout); return 0; }
+    cm_http_opts o;
+    cm_http_opts_default(&o);
+    const char *model = NULL, *alias = NULL;
+    const char *allow[16];
+    int n_allow = 0;
+    long threads = 0, l;
+    long n_batch = 4; /* batch-invariant by default: see engine.h */
+    bool kv_f16 = false, insecure = false;
+    const char *nodes = NULL, *layers = NULL, *key_file = NULL;
+    double d;
+    o.api_key = getenv("CUMULO_API_KEY");
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+#define NEXT() (i++, v)
+#define NEED() do { if (!v) return cli_fail("option '%s' needs a value", a); } while (0)
+        if (!strcmp(a, "--host")) { NEED(); o.host = NEXT(); }
+        else if (!strcmp(a, "--port")) { if (!cli_int(a, NEXT(), 0, 65535, &l)) return 1; o.port = (int)l; }
+        else if (!strcmp(a, "--api-key")) { NEED(); o.api_key = NEXT(); }
+        else if (!strcmp(a, "--cors")) { NEED(); o.cors_origin = NEXT(); }
+        else if (!strcmp(a, "--allow-host")) {
+            NEED();
+            if (n_allow == (int)CM_ARRAY_LEN(allow)) return cli_fail("at most %d --allow-host names", n_allow);
+            allow[n_allow++] = NEXT();
+        }
+        else if (!strcmp(a, "--slots")) { if (!cli_int(a, NEXT(), 1, 256, &l)) return 1; o.n_slots = (int)l; }
+        else if (!strcmp(a, "--queue")) { if (!cli_int(a, NEXT(), 0, 1 << 16, &l)) return 1; o.queue_max = (int)l; }
+        else if (!strcmp(a, "--ctx")) { if (!cli_int(a, NEXT(), 16, 1 << 20, &l)) return 1; o.n_ctx = (int)l; }
+        else if (!strcmp(a, "--kv-type")) {
+            NEED();
+            if (!strcmp(v, "f16")) kv_f16 = true;
+            else if (!strcmp(v, "f32")) kv_f16 = false;
+            else return cli_fail("option '--kv-type' must be f32 or f16, not '%s'", v);
+            i++;
+        }
+        else if (!strcmp(a, "--batch")) { if (!cli_int(a, NEXT(), 1, 256, &n_batch)) return 1; }
+        else if (!strcmp(a, "--threads")) { if (!cli_int(a, NEXT(), 1, 1024, &threads)) return 1; }
+        else if (!strcmp(a, "--max-body")) { if (!cli_int(a, NEXT(), 1024, 1L << 30, &l)) return 1; o.max_body = (size_t)l; }
+        else if (!strcmp(a, "--timeout")) { if (!cli_int(a, NEXT(), 1, 3600, &l)) return 1; o.timeout_s = (int)l; }
+        else if (!strcmp(a, "--max-conns")) { if (!cli_int(a, NEXT(), 4, 100000, &l)) return 1; o.max_conns = (int)l; }
+        else if (!strcmp(a, "--tdp")) { if (!cli_float(a, NEXT(), 1, 100000, &d)) return 1; o.tdp_w = d; }
+        else if (!strcmp(a, "--alias")) { NEED(); alias = NEXT(); }
+        else if (!strcmp(a, "--chat-template")) { NEED(); o.chat_template = NEXT(); }
+        else if (!strcmp(a, "--nodes")) { NEED(); nodes = NEXT(); }
+        else if (!strcmp(a, "--layers")) { NEED(); layers = NEXT(); }
+        else if (!strcmp(a, "--key-file")) { NEED(); key_file = NEXT(); }
+        else if (!strcmp(a, "--insecure")) insecure = true;
+        else if (a[0] == '-') return cli_fail("unknown option '%s'; see 'cumulo serve --help'", a);
+        else if (model) return cli_fail("more than one model given ('%s' and '%s')", model, a);
+        else model = a;
+#undef NEXT
+#undef NEED
+    }
+    if (!model) return cli_fail("serve needs a model: cumulo serve MODEL.gguf");
+    o.allow_hosts = allow;
+    o.n_allow_hosts = n_allow;
+    char id[256];
+    if (alias) snprintf(id, sizeof id, "%s", alias);
+    else {
+        const char *b = strrchr(model, '/');
+        snprintf(id, sizeof id, "%s", b ? b + 1 : model);
+        size_t n = strlen(id);
+        if (n > 5 && !strcmp(id + n - 5, ".gguf")) id[n - 5] = 0;
+    }
+    o.model_id = id;
+
+    /* Signals go to sigwait below, never to a server or compute thread. */
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    cm_http_server *srv;
+    char err[512];
+    if (cm_http_start(&srv, &o, err, sizeof err)) return cli_fail("%s", err);
+    const char *h = o.host;
+    bool v6 = strchr(h, ':') != NULL;
+    fprintf(stderr, "cumulo: listening on http://%s%s%s:%d/ (loading '%s')\n", v6 ? "[" : "", h, v6 ? "]" : "",
+            cm_http_port(srv), model);
+    cm_engine *e = NULL;
+    cm_engine_opts eo = {.n_threads = (int)threads, .n_ctx = o.n_ctx, .n_batch = (int)n_batch, .kv_f16 = kv_f16,
+                         .nodes = nodes, .insecure = insecure, .key_file = key_file, .layers = layers,
+                         .n_seq = o.n_slots > 0 ? o.n_slots : 4, .log = log_line};
+    if (cm_engine_load(&e, model, &eo, err, sizeof err)) {
+        cm_http_stop(srv);
+        return cli_fail("%s", err);
+    }
+    if (cm_http_set_engine(srv, e, err, sizeof err)) {
+        cm_http_stop(srv);
+        cm_engine_free(e);
+        return cli_fail("%s", err);
+    }
+    fprintf(stderr, "cumulo: ready: model '%s', %d slots, queue %d%s\n", id, o.n_slots, o.queue_max,
+            o.api_key && *o.api_key ? ", API key required" : "");
+    int sig = 0;
+    sigwait(&set, &sig);
+    fprintf(stderr, "cumulo: stopping (%s)\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    cm_http_stop(srv);
+    cm_engine_free(e);
+    return 0;
+}

@@ -1,0 +1,272 @@
+/*
+ * batch.c: continuous batching for the engine. Several sessions generate at
+ * once: every step samples one token per running session and evaluates all
+ * of them in a single cm_forward call (one row per sequence, each row with
+ * its own KV cache), so the weights stream through the caches once per step
+ * instead of once per session. Sessions join and leave between steps.
+ *
+ * The per-token work mirrors cm_session_generate in engine.c (sample ->
+ * accept -> EOG check -> detokenize -> stop strings -> callback) so that a
+ * request gives the same text alone or in a crowd; keep the two in step.
+ * Nothing here allocates per token: the sampler, stop matcher and detokenizer
+ * are made in cm_session_start, the logits buffer on the first step.
+ */
+#include "engine_impl.h"
+
+#include <string.h>
+
+
+struct cm_step {
+    cm_gen_params p;
+    cm_sampler *smp;
+    cm_stop *stop;
+    cm_detok dt;
+    cm_token_cb cb;
+    bool cb_stopped;
+    void *user;
+    int n_gen;
+    int stop_hit;
+    bool running;
+    enum cm_finish fin;
+    double t0;
+};
+
+void cm_session_step_release(cm_session *s) {
+    if (!s->step) return;
+    cm_sampler_free(s->step->smp);
+    cm_stop_free(s->step->stop);
+    cm_free(s->step);
+    s->step = NULL;
+}
+
+int cm_session_start(cm_session *s, const cm_gen_params *p, cm_token_cb cb, void *user, char *err, size_t errlen) {
+    cm_engine *e = s->e;
+    cm_session_step_release(s);
+    /* On a cluster the last token stays pending until its sample (engine_impl.h). */
+    if (!s->have_logits || s->n_hist != s->kv.n_past + (e->pipe ? 1 : 0))
+        return cm_errf(err, errlen, CM_ESTATE, "start before a prompt was evaluated");
+    struct cm_step *st = cm_calloc(1, sizeof *st);
+    if (!st) return cm_errf(err, errlen, CM_ENOMEM, "out of memory");
+    st->p = *p;
+    st->p.stops = NULL; /* the matcher keeps its own copies */
+    st->smp = cm_sampler_new(&p->sampling, e->m.hp.n_vocab, err, errlen);
+    st->stop = st->smp ? cm_stop_new(p->stops, p->n_stops, err, errlen) : NULL;
+    if (!st->smp || !st->stop) {
+        cm_sampler_free(st->smp);
+        cm_free(st);
+        return CM_EINVAL;
+    }
+    int n_done = e->pipe ? s->n_hist : s->kv.n_past;
+    int from = n_done - (p->sampling.repeat_last_n > 0 ? p->sampling.repeat_last_n : 0);
+    for (int i = from < 0 ? 0 : from; i < n_done; i++) cm_sampler_accept(st->smp, s->hist[i]);
+    /* The last stage samples: it gets the parameters and the history. */
+    if (e->pipe) {
+        int rc = cm_pipe_seq_start(e->pipe, s->slot, &p->sampling, s->hist, s->n_hist, err, errlen);
+        if (rc) {
+            cm_stop_free(st->stop);
+            cm_sampler_free(st->smp);
+            cm_free(st);
+            return rc;
+        }
+    }
+    bool lstrip = true;
+    for (int i = 0; i < n_done; i++)
+        if (!cm_tokenizer_is_control(e->tok, s->hist[i])) lstrip = false;
+    cm_detok_init(&st->dt, e->tok, false, lstrip);
+    st->cb = cb;
+    st->user = user;
+    st->stop_hit = -1;
+    st->running = true;
+    st->fin = CM_FINISH_LENGTH;
+    st->t0 = cm_now_s();
+    atomic_store(&s->cancel, 0);
+    s->step = st;
+    return 0;
+}
+
+bool cm_session_running(const cm_session *s) { return s->step && s->step->running; }
+
+/* Pass bytes through the stop matcher to the callback. */
+static int step_emit(struct cm_step *st, int32_t id, const char *text, size_t n, const cm_sample_info *info) {
+    const char *out = "";
+    size_t on = 0;
+    int r = cm_stop_feed(st->stop, text, n, &out, &on);
+    if (r == CM_ENOMEM) return r;
+    if (r >= 0) st->stop_hit = r;
+    cm_token_event ev = {.id = id, .text = out, .len = on, .info = info};
+    if (st->cb && st->cb(st->user, &ev)) st->cb_stopped = true;
+    return 0;
+}
+
+/* The session is done: flush held-back text (unless a stop string ended it). */
+static void step_end(cm_session *s, enum cm_finish fin) {
+    struct cm_step *st = s->step;
+    st->running = false;
+    st->fin = fin;
+    if (fin != CM_FINISH_STOP) {
+        size_t pn = 0;
+        if (cm_detok_flush(&st->dt, s->piece, s->piece_cap, &pn) == 0 && pn) step_emit(st, -1, s->piece, pn, NULL);
+        if (st->stop_hit >= 0) st->fin = CM_FINISH_STOP;
+        const char *out = "";
+        size_t on = 0;
+        cm_stop_flush(st->stop, &out, &on);
+        cm_token_event ev = {.id = -1, .text = out, .len = on};
+        if (on && st->cb) st->cb(st->user, &ev);
+    }
+    s->have_logits = s->e->pipe ? s->n_hist == s->kv.n_past + 1 : s->have_logits && s->n_hist == s->kv.n_past;
+    s->t.n_gen = st->n_gen;
+    s->t.gen_s = cm_now_s() - st->t0;
+}
+
+/* Sample, stream and decide for one session; returns 1 when its new token
+ * must be evaluated, 0 when it finished, or an error code. */
+static int step_take(cm_session *s, int32_t id, const cm_sample_info *info_in);
+
+static int step_sample(cm_session *s) {
+    struct cm_step *st = s->step;
+    if (atomic_load(&s->cancel)) { step_end(s, CM_FINISH_CANCEL); return 0; }
+    if (st->p.n_predict > 0 && st->n_gen >= st->p.n_predict) { step_end(s, CM_FINISH_LENGTH); return 0; }
+    /* The chosen token's logprob costs one softmax over the vocabulary: small
+     * next to the forward pass, and the API may ask for it. */
+    cm_sample_info info;
+    int32_t id = cm_sampler_sample(st->smp, s->logits, &info);
+    return step_take(s, id, &info);
+}
+
+/* The rest of a step once the token is known (sampled here, or by the last
+ * stage of a cluster): accept, stream, decide. Same return as step_sample. */
+static int step_take(cm_session *s, int32_t id, const cm_sample_info *info_in) {
+    struct cm_step *st = s->step;
+    cm_engine *e = s->e;
+    cm_sample_info info = *info_in;
+    cm_sampler_accept(st->smp, id);
+    st->n_gen++;
+    if (!st->p.ignore_eos && cm_tokenizer_is_eog(e->tok, id)) { step_end(s, CM_FINISH_EOG); return 0; }
+    s->hist[s->n_hist++] = id;
+    s->have_logits = false;
+    size_t pn = 0;
+    int rc = cm_detok_push(&st->dt, id, s->piece, s->piece_cap, &pn);
+    if (!rc) rc = step_emit(st, id, s->piece, pn, &info);
+    if (rc) { step_end(s, CM_FINISH_CANCEL); return rc; }
+    if (st->stop_hit >= 0) { step_end(s, CM_FINISH_STOP); return 0; }
+    if (st->cb_stopped) { step_end(s, CM_FINISH_CANCEL); return 0; }
+    if (st->p.n_predict > 0 && st->n_gen >= st->p.n_predict) { step_end(s, CM_FINISH_LENGTH); return 0; }
+    if (s->n_hist >= s->n_ctx) { step_end(s, CM_FINISH_CTX); return 0; }
+    if (e->pipe) s->have_logits = true; /* the new token is pending: ready for the next sample */
+    return 1;
+}
+
+/* A cluster step: every running session sends its pending token through our
+ * layers to the next stage (one micro-batch each, so the stages work on them
+ * in turn), then each waits for the token the last stage sampled. */
+static int step_cluster(cm_engine *e, cm_session *const *ss, int n, char *err, size_t errlen) {
+    int running = 0, first_err = 0;
+    for (int base = 0; base < n; base += 256) {
+        int m = CM_MIN(256, n - base);
+        bool sent[256] = {false};
+        for (int k = 0; k < m; k++) {
+            cm_session *s = ss[base + k];
+            if (!cm_session_running(s)) continue;
+            struct cm_step *st = s->step;
+            if (atomic_load(&s->cancel)) { step_end(s, CM_FINISH_CANCEL); continue; }
+            if (st->p.n_predict > 0 && st->n_gen >= st->p.n_predict) { step_end(s, CM_FINISH_LENGTH); continue; }
+            char msg[256] = "";
+            int rc = cm_engine_eval_cluster(s, s->n_hist, true, msg, sizeof msg);
+            if (rc) {
+                step_end(s, CM_FINISH_CANCEL);
+                if (!first_err) { first_err = rc; cm_errf(err, errlen, rc, "%s", msg); }
+                continue;
+            }
+            sent[k] = true;
+        }
+        for (int k = 0; k < m; k++) {
+            if (!sent[k]) continue;
+            cm_session *s = ss[base + k];
+            cm_sample_info info;
+            memset(&info, 0, sizeof info);
+            int32_t id = -1;
+            char msg[256] = "";
+            int rc = cm_pipe_recv_token(e->pipe, s->slot, &id, &info.logprob, msg, sizeof msg);
+            if (!rc && (id < 0 || id >= e->m.hp.n_vocab))
+                rc = cm_errf(msg, sizeof msg, CM_EPROTO, "the last stage sent token id %d", id);
+            if (rc) {
+                step_end(s, CM_FINISH_CANCEL);
+                if (!first_err) { first_err = rc; cm_errf(err, errlen, rc, "%s", msg); }
+                continue;
+            }
+            int r = step_take(s, id, &info);
+            if (r < 0 && !first_err) { first_err = r; cm_errf(err, errlen, r, "generation failed: %s", cm_strerror(r)); }
+            if (r == 1) running++;
+        }
+    }
+    return first_err ? first_err : running;
+}
+
+int cm_engine_step(cm_engine *e, cm_session *const *ss, int n, char *err, size_t errlen) {
+    if (e->pipe) return step_cluster(e, ss, n, err, errlen);
+    int nb = e->n_batch;
+    int nv = e->m.hp.n_vocab;
+    if (!e->step_logits) {
+        e->step_logits = cm_malloc((size_t)nb * (size_t)nv * sizeof(float));
+        if (!e->step_logits) return cm_errf(err, errlen, CM_ENOMEM, "out of memory for %d rows of logits", nb);
+    }
+    /* Rows are collected and evaluated in chunks of at most n_batch sequences. */
+    cm_session *rows[256];
+    cm_kv *kvs[256];
+    int32_t tok[256], pos[256], seq[256];
+    int8_t want[256];
+    /* n_batch bounds the rows of one pass; further sessions go in more passes
+     * of the same step. (With n_batch within the kernels' exact tile, every
+     * row gets the bits it would get alone: see engine.h.) */
+    int cap = CM_MIN(nb, 256);
+    int running = 0, first_err = 0;
+    int i = 0;
+    while (i < n) {
+        int nr = 0;
+        for (; i < n && nr < cap; i++) {
+            cm_session *s = ss[i];
+            if (!cm_session_running(s)) continue;
+            int r = step_sample(s);
+            if (r < 0 && !first_err) { first_err = r; cm_errf(err, errlen, r, "generation failed: %s", cm_strerror(r)); }
+            if (r != 1) continue;
+            rows[nr] = s;
+            kvs[nr] = &s->kv;
+            tok[nr] = s->hist[s->n_hist - 1];
+            pos[nr] = s->kv.n_past;
+            seq[nr] = nr;
+            want[nr] = 1;
+            nr++;
+        }
+        if (!nr) continue;
+        cm_batch b = {.n = nr, .tokens = tok, .pos = pos, .seq = seq, .logits = want};
+        cm_forward_args a = {.layer_first = 0, .layer_last = e->m.hp.n_layer, .slice = cm_slice_full(&e->m),
+                             .kvs = kvs, .n_kvs = nr, .out_logits = e->step_logits};
+        pthread_mutex_lock(&e->mu);
+        char msg[256] = "";
+        int rc = cm_forward(e->ctx, &b, &a, msg, sizeof msg);
+        pthread_mutex_unlock(&e->mu);
+        for (int r = 0; r < nr; r++) {
+            cm_session *s = rows[r];
+            if (rc) {
+                step_end(s, CM_FINISH_CANCEL);
+                continue;
+            }
+            memcpy(s->logits, e->step_logits + (size_t)r * (size_t)nv, (size_t)nv * sizeof(float));
+            s->have_logits = true;
+            running++;
+        }
+        if (rc && !first_err) { first_err = rc; cm_errf(err, errlen, rc, "forward pass failed: %s", msg); }
+    }
+    return first_err ? first_err : running;
+}
+
+int cm_session_finish(cm_session *s, cm_gen_result *res) {
+    memset(res, 0, sizeof *res);
+    res->stop_index = -1;
+    if (!s->step || s->step->running) return CM_ESTATE;
+    res->finish = s->step->fin;
+    res->t = s->t;
+    res->stop_index = s->step->stop_hit;
+    cm_session_step_release(s);
+    return 0;
+}

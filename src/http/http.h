@@ -1,0 +1,62 @@
+/*
+ * http: the OpenAI-compatible HTTP API, the dashboard and its JSON, on
+ * libmicrohttpd. On the inference side it sees ONLY engine/engine.h, so the
+ * same server fronts one machine now and a cluster engine later.
+ *
+ * Routes: GET /health, /metrics, /api/cluster, /v1/models, / (dashboard);
+ * POST /v1/chat/completions, /v1/completions (streaming as server-sent
+ * events or not). Requests wait in a bounded queue for one of n_slots slots;
+ * every slot holds an engine session, and all running slots advance together
+ * in one batched forward step (continuous batching); a new request joins
+ * between steps, on the free slot whose cached tokens share the longest
+ * prefix with its prompt. A client that disconnects cancels its request.
+ *
+ * Safe defaults: 127.0.0.1 only, a Host-header allow-list (DNS rebinding),
+ * no CORS headers unless asked, limits on body and header size, connection
+ * count and idle time. Every client mistake is a 4xx OpenAI error object.
+ */
+#ifndef CM_HTTP_H
+#define CM_HTTP_H
+
+#include "../base/base.h"
+#include "../engine/engine.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+
+typedef struct cm_http_opts {
+    const char *host;        /* address to listen on; default "127.0.0.1" */
+    int port;                /* 0: any free port (see cm_http_port); default 8080 */
+    const char *api_key;     /* required as "Authorization: Bearer KEY" on every route but /health and /; NULL/"": none */
+    const char *cors_origin; /* Access-Control-Allow-Origin value; NULL: no CORS headers */
+    const char *const *allow_hosts; /* more names accepted in the Host header */
+    int n_allow_hosts;
+    int n_slots;             /* sequences generating at once; default 4 */
+    int queue_max;           /* requests waiting for a slot; beyond: 503; default 16 */
+    int n_ctx;               /* context of each slot; 0: the engine's */
+    size_t max_body;         /* bytes; larger bodies get 413; default 1 MiB */
+    size_t max_header;       /* bytes for the request line + headers; default 16 KiB */
+    int max_conns;           /* open connections; default 64 */
+    int timeout_s;           /* idle seconds before a connection is closed; default 10 */
+    double tdp_w;            /* for the power estimate; default 65 */
+    const char *model_id;    /* id in /v1/models and responses; default "model" */
+    const char *chat_template; /* a family name ("chatml", "llama3", ...); NULL: the model's own
+                              * template, or chatml when the model has none (as llama.cpp does) */
+} cm_http_opts;
+void cm_http_opts_default(cm_http_opts *o);
+
+typedef struct cm_http_server cm_http_server;
+
+/* Listen and serve. Until cm_http_set_engine, /health answers 503 and the
+ * generation routes 503 (loading). The options' strings are copied. */
+int cm_http_start(cm_http_server **out, const cm_http_opts *o, char *err, size_t errlen);
+/* The port actually bound (useful with port 0). */
+int cm_http_port(const cm_http_server *s);
+/* Hand over a loaded engine (not owned; must outlive cm_http_stop). Makes
+ * the slots' sessions and starts the scheduler. */
+int cm_http_set_engine(cm_http_server *s, cm_engine *e, char *err, size_t errlen);
+/* Stop listening, end every request (streams get an error event), join all
+ * threads, free the server. NULL is a no-op. */
+void cm_http_stop(cm_http_server *s);
+
+#endif

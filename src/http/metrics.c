@@ -1,0 +1,218 @@
+/*
+ * metrics.c: counters for /metrics (Prometheus text format 0.0.4) and the
+ * dashboard's /api/cluster JSON: requests by route and status, prompt and
+ * generated tokens, errors, queue depth, active slots, tokens/s over the last
+ * seconds, and per node memory, CPU load, power (measured or estimated,
+ * labelled) and tokens per watt. One machine = one node; the cluster engine
+ * will add its nodes and links here. Every number shown is a real reading;
+ * nothing is made up for show.
+ */
+#include "http_impl.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+const char *const k_route_names[R_COUNT] = {"/",          "/health",        "/metrics", "/api/cluster",
+                                            "/v1/models", "/v1/chat/completions", "/v1/completions", "other"};
+
+static const int k_statuses[] = {200, 400, 401, 403, 404, 405, 408, 413, 429, 431, 500, 503};
+#define N_STATUS ((int)CM_ARRAY_LEN(k_statuses) + 1) /* + "other" */
+#define RATE_WINDOW 5                                 /* seconds of tokens/s averaging */
+
+struct metrics {
+    pthread_mutex_t mu;
+    uint64_t requests[R_COUNT][N_STATUS];
+    uint64_t prompt_tokens, cached_tokens, gen_tokens, client_errors, server_errors;
+    uint64_t bucket[RATE_WINDOW + 1]; /* generated tokens per second, ring by second */
+    int64_t bucket_sec[RATE_WINDOW + 1];
+    cm_power_meter *pm;
+    cm_power_sample power;
+    double power_t;
+    char node[128];
+};
+
+metrics *metrics_new(double tdp_w) {
+    metrics *m = cm_calloc(1, sizeof *m);
+    if (!m) return NULL;
+    pthread_mutex_init(&m->mu, NULL);
+    m->pm = cm_power_open(tdp_w);
+    if (gethostname(m->node, sizeof m->node - 1) || !m->node[0]) snprintf(m->node, sizeof m->node, "local");
+    if (m->pm) cm_power_read(m->pm, &m->power);
+    m->power_t = cm_now_s();
+    return m;
+}
+
+void metrics_free(metrics *m) {
+    if (!m) return;
+    cm_power_close(m->pm);
+    pthread_mutex_destroy(&m->mu);
+    cm_free(m);
+}
+
+void metrics_request(metrics *m, enum route r, int status) {
+    int k = 0;
+    while (k < N_STATUS - 1 && k_statuses[k] != status) k++;
+    pthread_mutex_lock(&m->mu);
+    m->requests[r][k]++;
+    if (status >= 400 && status < 500) m->client_errors++;
+    if (status >= 500) m->server_errors++;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void metrics_tokens(metrics *m, int n_prompt, int n_cached) {
+    pthread_mutex_lock(&m->mu);
+    m->prompt_tokens += (uint64_t)n_prompt;
+    m->cached_tokens += (uint64_t)(n_cached > 0 ? n_cached : 0);
+    pthread_mutex_unlock(&m->mu);
+}
+
+void metrics_gen_tokens(metrics *m, int n) {
+    int64_t sec = (int64_t)cm_now_s();
+    int i = (int)(sec % (RATE_WINDOW + 1));
+    pthread_mutex_lock(&m->mu);
+    m->gen_tokens += (uint64_t)n;
+    if (m->bucket_sec[i] != sec) { m->bucket_sec[i] = sec; m->bucket[i] = 0; }
+    m->bucket[i] += (uint64_t)n;
+    pthread_mutex_unlock(&m->mu);
+}
+
+/* Under mu: tokens/s over the last RATE_WINDOW whole seconds. */
+static double rate(metrics *m) {
+    int64_t now = (int64_t)cm_now_s();
+    uint64_t sum = 0;
+    for (int i = 0; i < RATE_WINDOW + 1; i++)
+        if (m->bucket_sec[i] < now && m->bucket_sec[i] >= now - RATE_WINDOW) sum += m->bucket[i];
+    return (double)sum / RATE_WINDOW;
+}
+
+/* Under mu: a power reading at most a second old (reads average over the gap). */
+static void refresh_power(metrics *m) {
+    double now = cm_now_s();
+    if (m->pm && now - m->power_t >= 1.0) {
+        cm_power_read(m->pm, &m->power);
+        m->power_t = now;
+    }
+}
+
+typedef struct snap {
+    int queued, active, slots;
+    double tps, watts, joules, load, tpw;
+    bool measured, ready;
+    uint64_t mem_total, mem_used;
+} snap;
+
+/* Lock order: the scheduler's lock is never taken under m->mu (the scheduler
+ * may report to metrics while holding its own), so the scheduler's numbers
+ * are read first, then m->mu is taken here. */
+static void take(metrics *m, cm_http_server *srv, snap *s) {
+    memset(s, 0, sizeof *s);
+    s->ready = srv_ready(srv);
+    srv_sched_stats(srv, &s->queued, &s->active, &s->slots);
+    pthread_mutex_lock(&m->mu);
+    s->tps = rate(m);
+    refresh_power(m);
+    s->watts = m->power.watts;
+    s->joules = m->power.joules;
+    s->load = m->power.cpu_load;
+    s->measured = m->power.measured;
+    s->tpw = cm_power_tokens_per_watt(s->tps, s->watts);
+    pthread_mutex_unlock(&m->mu);
+    s->mem_total = cm_mem_total_bytes();
+    uint64_t avail = cm_mem_available_bytes();
+    s->mem_used = s->mem_total > avail ? s->mem_total - avail : 0;
+}
+
+void metrics_prometheus(metrics *m, cm_http_server *srv, cm_buf *o) {
+    snap s;
+    take(m, srv, &s);
+    pthread_mutex_lock(&m->mu);
+    cm_buf_puts(o, "# HELP cumulo_requests_total HTTP requests by route and status.\n"
+                   "# TYPE cumulo_requests_total counter\n");
+    for (int r = 0; r < R_COUNT; r++)
+        for (int k = 0; k < N_STATUS; k++)
+            if (m->requests[r][k]) {
+                if (k < N_STATUS - 1)
+                    cm_buf_printf(o, "cumulo_requests_total{route=\"%s\",status=\"%d\"} %llu\n", k_route_names[r],
+                                  k_statuses[k], (unsigned long long)m->requests[r][k]);
+                else
+                    cm_buf_printf(o, "cumulo_requests_total{route=\"%s\",status=\"other\"} %llu\n", k_route_names[r],
+                                  (unsigned long long)m->requests[r][k]);
+            }
+    cm_buf_printf(o,
+                  "# HELP cumulo_errors_total Requests answered with an error, by kind (client: 4xx, server: 5xx).\n"
+                  "# TYPE cumulo_errors_total counter\n"
+                  "cumulo_errors_total{kind=\"client\"} %llu\ncumulo_errors_total{kind=\"server\"} %llu\n"
+                  "# HELP cumulo_prompt_tokens_total Prompt tokens of completed requests.\n"
+                  "# TYPE cumulo_prompt_tokens_total counter\ncumulo_prompt_tokens_total %llu\n"
+                  "# HELP cumulo_prompt_tokens_cached_total Prompt tokens reused from a slot's KV cache (not evaluated).\n"
+                  "# TYPE cumulo_prompt_tokens_cached_total counter\ncumulo_prompt_tokens_cached_total %llu\n"
+                  "# HELP cumulo_generated_tokens_total Tokens generated.\n"
+                  "# TYPE cumulo_generated_tokens_total counter\ncumulo_generated_tokens_total %llu\n"
+                  "# HELP cumulo_ready 1 when the model is loaded.\n# TYPE cumulo_ready gauge\ncumulo_ready %d\n"
+                  "# HELP cumulo_queue_depth Requests waiting for a slot.\n# TYPE cumulo_queue_depth gauge\n"
+                  "cumulo_queue_depth %d\n"
+                  "# HELP cumulo_slots_active Slots generating now.\n# TYPE cumulo_slots_active gauge\n"
+                  "cumulo_slots_active %d\n"
+                  "# HELP cumulo_slots_total Slots.\n# TYPE cumulo_slots_total gauge\ncumulo_slots_total %d\n"
+                  "# HELP cumulo_tokens_per_second Generated tokens per second, last %d s, whole cluster.\n"
+                  "# TYPE cumulo_tokens_per_second gauge\ncumulo_tokens_per_second %.3f\n",
+                  (unsigned long long)m->client_errors, (unsigned long long)m->server_errors,
+                  (unsigned long long)m->prompt_tokens, (unsigned long long)m->cached_tokens, (unsigned long long)m->gen_tokens, s.ready, s.queued, s.active,
+                  s.slots, RATE_WINDOW, s.tps);
+    const char *src = s.measured ? "measured" : "estimated";
+    cm_buf_printf(o,
+                  "# HELP cumulo_node_tokens_per_second Generated tokens per second of a node.\n"
+                  "# TYPE cumulo_node_tokens_per_second gauge\ncumulo_node_tokens_per_second{node=\"%s\"} %.3f\n"
+                  "# HELP cumulo_node_power_watts Power draw of a node (source: measured or estimated).\n"
+                  "# TYPE cumulo_node_power_watts gauge\ncumulo_node_power_watts{node=\"%s\",source=\"%s\"} %.3f\n"
+                  "# HELP cumulo_node_energy_joules_total Energy of a node since the server started.\n"
+                  "# TYPE cumulo_node_energy_joules_total counter\n"
+                  "cumulo_node_energy_joules_total{node=\"%s\",source=\"%s\"} %.3f\n"
+                  "# HELP cumulo_node_tokens_per_watt Tokens per second per watt (tokens per joule).\n"
+                  "# TYPE cumulo_node_tokens_per_watt gauge\n"
+                  "cumulo_node_tokens_per_watt{node=\"%s\",source=\"%s\"} %.5f\n"
+                  "# HELP cumulo_node_memory_used_bytes Memory in use on a node.\n"
+                  "# TYPE cumulo_node_memory_used_bytes gauge\ncumulo_node_memory_used_bytes{node=\"%s\"} %llu\n"
+                  "# HELP cumulo_node_memory_total_bytes Memory of a node.\n"
+                  "# TYPE cumulo_node_memory_total_bytes gauge\ncumulo_node_memory_total_bytes{node=\"%s\"} %llu\n",
+                  m->node, s.tps, m->node, src, s.watts, m->node, src, s.joules, m->node, src, s.tpw, m->node,
+                  (unsigned long long)s.mem_used, m->node, (unsigned long long)s.mem_total);
+    if (s.load >= 0)
+        cm_buf_printf(o,
+                      "# HELP cumulo_node_cpu_load Busy fraction of a node's CPUs.\n"
+                      "# TYPE cumulo_node_cpu_load gauge\ncumulo_node_cpu_load{node=\"%s\"} %.4f\n",
+                      m->node, s.load);
+    pthread_mutex_unlock(&m->mu);
+}
+
+void metrics_cluster_json(metrics *m, cm_http_server *srv, cm_buf *o) {
+    snap s;
+    take(m, srv, &s);
+    cm_engine *e = srv_engine(srv);
+    cm_engine_info in;
+    memset(&in, 0, sizeof in);
+    if (e) cm_engine_get_info(e, &in);
+    cm_buf_puts(o, "{\"model\":");
+    json_str(o, srv_model_id(srv), strlen(srv_model_id(srv)));
+    cm_buf_printf(o, ",\"ready\":%s,\"arch\":", s.ready ? "true" : "false");
+    json_str(o, in.arch ? in.arch : "", in.arch ? strlen(in.arch) : 0);
+    cm_buf_printf(o,
+                  ",\"n_layer\":%d,\"n_params\":%llu,\"queue_depth\":%d,\"slots_active\":%d,\"slots_total\":%d,"
+                  "\"tokens_per_second\":%.3f,\"power_watts\":%.3f,\"power_source\":\"%s\",\"tokens_per_watt\":%.5f,"
+                  "\"nodes\":[{\"id\":",
+                  in.n_layer, (unsigned long long)in.n_params, s.queued, s.active, s.slots, s.tps, s.watts,
+                  s.measured ? "measured" : "estimated", s.tpw);
+    json_str(o, m->node, strlen(m->node));
+    cm_buf_printf(o,
+                  ",\"host\":\"local\",\"role\":\"coordinator+worker\",\"layers\":[0,%d],\"slice\":\"all\","
+                  "\"weights_bytes\":%llu,\"memory_used\":%llu,\"memory_total\":%llu,\"cpu_load\":",
+                  in.n_layer, (unsigned long long)in.weight_bytes, (unsigned long long)s.mem_used,
+                  (unsigned long long)s.mem_total);
+    if (s.load >= 0) cm_buf_printf(o, "%.4f", s.load);
+    else cm_buf_puts(o, "null");
+    cm_buf_printf(o,
+                  ",\"threads\":%d,\"tokens_per_second\":%.3f,\"power_watts\":%.3f,\"power_source\":\"%s\","
+                  "\"tokens_per_watt\":%.5f}],\"links\":[]}",
+                  in.n_threads, s.tps, s.watts, s.measured ? "measured" : "estimated", s.tpw);
+}

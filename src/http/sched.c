@@ -1,0 +1,282 @@
+/*
+ * sched.c: the request queue and the slots. One scheduler thread owns the
+ * engine's sessions: it moves queued jobs into free slots (prefill), then
+ * advances every running slot by one token in a single batched engine step,
+ * and hands tokens to the jobs as they come. New jobs join between steps.
+ *
+ * Slot choice: among free slots, the one whose session already holds the
+ * longest prefix of the new prompt (a continuing conversation reuses its KV
+ * cache; the engine evaluates only the new tail).
+ *
+ * Never blocks on a client: jobs are written into under their own lock and
+ * the connection threads drain them. A canceled job (client gone) is dropped
+ * from the queue or stopped at the next step, freeing its slot.
+ */
+#include "http_impl.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct slot {
+    cm_session *s;
+    job *j; /* NULL when free */
+    bool started;
+} slot;
+
+struct sched {
+    cm_http_server *srv;
+    cm_engine *e;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    pthread_t th;
+    bool th_started;
+    bool stop;
+    job *head, *tail;
+    int n_queued, queue_max;
+    slot *slots;
+    int n_slots;
+    int n_active;
+    unsigned step_delay_ms; /* test hook: CUMULO_TEST_STEP_DELAY_MS slows every step */
+};
+
+static int on_token(void *user, const cm_token_event *ev) {
+    job *j = user;
+    int32_t id = ev->id;
+    const char *text = ev->text;
+    size_t len = ev->len;
+    const cm_sample_info *info = ev->info;
+    pthread_mutex_lock(&j->mu);
+    if (id >= 0) {
+        j->n_gen++;
+        if (j->logprobs >= 0 && info) {
+            if (j->n_lps == j->cap_lps) {
+                int nc = j->cap_lps ? 2 * j->cap_lps : 64;
+                cm_sample_info *a = cm_realloc(j->lps, (size_t)nc * sizeof *a);
+                int32_t *b = a ? cm_realloc(j->lp_ids, (size_t)nc * sizeof *b) : NULL;
+                if (a) j->lps = a;
+                if (b) { j->lp_ids = b; j->cap_lps = nc; }
+            }
+            if (j->n_lps < j->cap_lps) {
+                j->lps[j->n_lps] = *info;
+                j->lp_ids[j->n_lps++] = id;
+            }
+        }
+    }
+    if (j->stream) {
+        if (len || j->n_lps > j->lps_sent) api_stream_delta(j, text, len);
+    } else {
+        cm_buf_append(&j->text, text, len);
+    }
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+    if (id >= 0) metrics_gen_tokens(srv_metrics(j->srv), 1);
+    return 0;
+}
+
+/* The job is over (finished, failed or canceled): tell its connection. */
+static void job_end(job *j, enum cm_finish fin, int status, const char *msg) {
+    pthread_mutex_lock(&j->mu);
+    j->finish = fin;
+    j->sess = NULL;
+    if (status) {
+        j->http_status = status;
+        snprintf(j->errmsg, sizeof j->errmsg, "%s", msg ? msg : "generation failed");
+    }
+    if (j->stream) api_stream_end(j);
+    j->state = JOB_DONE;
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+    if (!status && !atomic_load(&j->cancel)) metrics_tokens(srv_metrics(j->srv), j->n_ids, j->n_cached);
+    job_unref(j);
+}
+
+static int common_prefix(cm_session *s, const int32_t *ids, int n) {
+    int m;
+    const int32_t *h = cm_session_tokens(s, &m);
+    int np = cm_session_n_past(s);
+    if (m > np) m = np;
+    int k = 0;
+    while (k < m && k < n && h[k] == ids[k]) k++;
+    return k;
+}
+
+/* Under s->mu: the free slot sharing the longest prefix with j, or -1. */
+static int pick_slot(sched *s, job *j) {
+    int best = -1, best_k = -1;
+    for (int i = 0; i < s->n_slots; i++) {
+        if (s->slots[i].j) continue;
+        int k = common_prefix(s->slots[i].s, j->ids, j->n_ids);
+        if (k > best_k) { best = i; best_k = k; }
+    }
+    return best;
+}
+
+static void *sched_main(void *arg) {
+    sched *s = arg;
+    cm_session **ss = cm_calloc((size_t)s->n_slots, sizeof *ss);
+    char err[256];
+    pthread_mutex_lock(&s->mu);
+    while (!s->stop) {
+        /* Admit queued jobs into free slots. */
+        while (s->head && s->n_active < s->n_slots) {
+            job *j = s->head;
+            s->head = j->next;
+            if (!s->head) s->tail = NULL;
+            s->n_queued--;
+            if (atomic_load(&j->cancel)) { job_end(j, CM_FINISH_CANCEL, 0, NULL); continue; }
+            int k = pick_slot(s, j);
+            s->slots[k].j = j;
+            s->slots[k].started = false;
+            s->n_active++;
+            pthread_mutex_lock(&j->mu);
+            j->state = JOB_RUNNING;
+            j->sess = s->slots[k].s;
+            pthread_mutex_unlock(&j->mu);
+        }
+        if (!s->n_active) {
+            pthread_cond_wait(&s->cv, &s->mu);
+            continue;
+        }
+        pthread_mutex_unlock(&s->mu);
+        /* Prefill newcomers (NEEDSWORK: chunked prefill inside the steps, so a
+         * long prompt does not pause the running streams). */
+        int n = 0;
+        for (int i = 0; i < s->n_slots; i++) {
+            slot *sl = &s->slots[i];
+            if (!sl->j) continue;
+            if (!sl->started) {
+                job *j = sl->j;
+                sl->started = true;
+                int rc = atomic_load(&j->cancel) ? CM_ECANCELED
+                                                 : cm_session_set_prompt(sl->s, j->ids, j->n_ids, err, sizeof err);
+                if (!rc) {
+                    cm_timings t = cm_session_timings(sl->s);
+                    j->n_cached = j->n_ids - t.n_prompt; /* prefix reused from the slot's KV cache */
+                    rc = cm_session_start(sl->s, &j->gp, on_token, j, err, sizeof err);
+                }
+                if (rc) {
+                    /* The prompt was checked against the context already, so
+                     * this is cancel or a server fault. */
+                    job_end(j, CM_FINISH_CANCEL, rc == CM_ECANCELED ? 0 : 500, err);
+                    pthread_mutex_lock(&s->mu);
+                    sl->j = NULL;
+                    s->n_active--;
+                    pthread_mutex_unlock(&s->mu);
+                    continue;
+                }
+            }
+            if (atomic_load(&sl->j->cancel)) cm_session_cancel(sl->s);
+            ss[n++] = sl->s;
+        }
+        int rc = n ? cm_engine_step(s->e, ss, n, err, sizeof err) : 0;
+        if (s->step_delay_ms) cm_sleep_ms(s->step_delay_ms);
+        pthread_mutex_lock(&s->mu);
+        for (int i = 0; i < s->n_slots; i++) {
+            slot *sl = &s->slots[i];
+            if (!sl->j || !sl->started || cm_session_running(sl->s)) continue;
+            cm_gen_result res;
+            cm_session_finish(sl->s, &res);
+            job *j = sl->j;
+            sl->j = NULL;
+            s->n_active--;
+            pthread_mutex_unlock(&s->mu);
+            job_end(j, res.finish, rc < 0 ? 500 : 0, rc < 0 ? err : NULL);
+            pthread_mutex_lock(&s->mu);
+        }
+    }
+    /* Stopping: end everything still here. */
+    for (int i = 0; i < s->n_slots; i++)
+        if (s->slots[i].j) {
+            job *j = s->slots[i].j;
+            s->slots[i].j = NULL;
+            if (cm_session_running(s->slots[i].s)) cm_session_cancel(s->slots[i].s);
+            cm_gen_result res;
+            if (s->slots[i].started) {
+                while (cm_session_running(s->slots[i].s)) cm_engine_step(s->e, &s->slots[i].s, 1, err, sizeof err);
+                cm_session_finish(s->slots[i].s, &res);
+            }
+            job_end(j, CM_FINISH_CANCEL, 503, "the server is shutting down");
+        }
+    while (s->head) {
+        job *j = s->head;
+        s->head = j->next;
+        job_end(j, CM_FINISH_CANCEL, 503, "the server is shutting down");
+    }
+    s->n_active = s->n_queued = 0;
+    pthread_mutex_unlock(&s->mu);
+    cm_free(ss);
+    return NULL;
+}
+
+sched *sched_new(cm_http_server *srv, cm_engine *e, int n_slots, int queue_max, int n_ctx, char *err,
+                 size_t errlen) {
+    sched *s = cm_calloc(1, sizeof *s);
+    if (!s) { cm_errf(err, errlen, CM_ENOMEM, "out of memory"); return NULL; }
+    s->srv = srv;
+    s->e = e;
+    s->n_slots = n_slots;
+    s->queue_max = queue_max;
+    const char *d = getenv("CUMULO_TEST_STEP_DELAY_MS");
+    s->step_delay_ms = d ? (unsigned)atoi(d) : 0;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    s->slots = cm_calloc((size_t)n_slots, sizeof *s->slots);
+    if (!s->slots) { sched_free(s); cm_errf(err, errlen, CM_ENOMEM, "out of memory"); return NULL; }
+    for (int i = 0; i < n_slots; i++) {
+        s->slots[i].s = cm_session_new(e, n_ctx, err, errlen);
+        if (!s->slots[i].s) { sched_free(s); return NULL; }
+    }
+    if (pthread_create(&s->th, NULL, sched_main, s) == 0) s->th_started = true;
+    else {
+        sched_free(s);
+        cm_errf(err, errlen, CM_ENOMEM, "cannot start the scheduler thread");
+        return NULL;
+    }
+    return s;
+}
+
+int sched_submit(sched *s, job *j) {
+    pthread_mutex_lock(&s->mu);
+    int rc = 0;
+    if (s->stop) rc = CM_ESTATE;
+    /* Free slots take a job at once; only jobs beyond them wait in the queue. */
+    else if (s->n_queued >= s->queue_max + (s->n_slots - s->n_active)) rc = CM_EBUSY;
+    else {
+        pthread_mutex_lock(&j->mu);
+        j->refs++;
+        pthread_mutex_unlock(&j->mu);
+        j->next = NULL;
+        if (s->tail) s->tail->next = j;
+        else s->head = j;
+        s->tail = j;
+        s->n_queued++;
+        pthread_cond_signal(&s->cv);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return rc;
+}
+
+void sched_stats(sched *s, int *queued, int *active, int *slots) {
+    pthread_mutex_lock(&s->mu);
+    *queued = s->n_queued;
+    *active = s->n_active;
+    *slots = s->n_slots;
+    pthread_mutex_unlock(&s->mu);
+}
+
+void sched_free(sched *s) {
+    if (!s) return;
+    if (s->th_started) {
+        pthread_mutex_lock(&s->mu);
+        s->stop = true;
+        pthread_cond_signal(&s->cv);
+        pthread_mutex_unlock(&s->mu);
+        pthread_join(s->th, NULL);
+    }
+    for (int i = 0; s->slots && i < s->n_slots; i++) cm_session_free(s->slots[i].s);
+    cm_free(s->slots);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    cm_free(s);
+}

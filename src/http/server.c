@@ -1,0 +1,669 @@
+/*
+ * server.c: libmicrohttpd glue. One thread per connection (so a slow or
+ * stalled client only ever holds its own thread, and a streaming response
+ * can wait for tokens), a bounded number of connections, an idle timeout,
+ * a deadline for request headers (slowloris), a header-size cap, a
+ * body-size cap checked before reading the body. Every
+ * request passes, in order: Host allow-list (DNS rebinding), route and method,
+ * API key, body size; then the route runs. Generation requests become jobs for
+ * the scheduler; the connection thread streams the job's SSE bytes or waits
+ * for its whole text, and cancels the job when the client hangs up.
+ *
+ * Never answers a client's mistake with a 5xx; never logs request bodies or
+ * keys.
+ */
+#include "http_impl.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <microhttpd.h>
+#include <netdb.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+
+struct cm_http_server {
+    struct MHD_Daemon *d;
+    cm_http_opts o;
+    char *host, *api_key, *cors, *model_id, *chat_template;
+    char **allow;
+    int n_allow;
+    int port;
+    pthread_rwlock_t rw; /* guards e and sc against cm_http_set_engine / stop */
+    cm_engine *e;
+    sched *sc;
+    metrics *m;
+    int n_ctx;
+    atomic_uint_fast64_t seq;
+    /* header deadline */
+    pthread_mutex_t cmu;
+    pthread_cond_t ccv;
+    struct conn *conns;
+    pthread_t wd;
+    bool wd_started, wd_stop;
+};
+
+/* One open connection, for the header deadline (see watchdog). */
+typedef struct conn {
+    int fd;
+    double t0;       /* when the connection opened or its last request ended */
+    bool in_request; /* headers complete: the request is the handler's now */
+    struct conn *prev, *next;
+} conn;
+
+typedef struct req {
+    enum route route;
+    cm_buf body;
+    bool too_big, responded;
+    double t0;
+} req;
+
+const char *srv_model_id(const cm_http_server *s) { return s->model_id; }
+cm_engine *srv_engine(const cm_http_server *s) { return s->e; }
+metrics *srv_metrics(const cm_http_server *s) { return s->m; }
+int srv_n_ctx(const cm_http_server *s) { return s->n_ctx; }
+const char *srv_chat_template(const cm_http_server *s) { return s->chat_template; }
+
+void srv_sched_stats(cm_http_server *s, int *queued, int *active, int *slots) {
+    *queued = *active = 0;
+    *slots = s->o.n_slots;
+    pthread_rwlock_rdlock(&s->rw);
+    if (s->sc) sched_stats(s->sc, queued, active, slots);
+    pthread_rwlock_unlock(&s->rw);
+}
+
+bool srv_ready(cm_http_server *s) {
+    pthread_rwlock_rdlock(&s->rw);
+    bool r = s->sc != NULL;
+    pthread_rwlock_unlock(&s->rw);
+    return r;
+}
+
+void cm_http_opts_default(cm_http_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->host = "127.0.0.1";
+    o->port = 8080;
+    o->n_slots = 4;
+    o->queue_max = 16;
+    o->max_body = 1 << 20;
+    o->max_header = 16 << 10;
+    o->max_conns = 64;
+    o->timeout_s = 10;
+    o->tdp_w = 65;
+    o->model_id = "model";
+}
+
+/* ---- jobs ---- */
+
+job *job_new(cm_http_server *srv, bool chat) {
+    job *j = cm_calloc(1, sizeof *j);
+    if (!j) return NULL;
+    pthread_mutex_init(&j->mu, NULL);
+    pthread_cond_init(&j->cv, NULL);
+    j->refs = 1;
+    j->srv = srv;
+    j->fd = -1;
+    cm_buf_init(&j->sse);
+    cm_buf_init(&j->text);
+    j->created = (long long)(cm_wall_ms() / 1000);
+    /* Unique, not secret: a counter mixed with the clock. */
+    cm_rng r;
+    cm_rng_seed(&r, cm_now_ns() ^ (atomic_fetch_add(&srv->seq, 1) * 0x9E3779B97F4A7C15ull));
+    snprintf(j->id, sizeof j->id, "%s-%016llx%08llx", chat ? "chatcmpl" : "cmpl", (unsigned long long)cm_rng_next(&r),
+             (unsigned long long)(cm_rng_next(&r) & 0xffffffffu));
+    return j;
+}
+
+void job_unref(job *j) {
+    if (!j) return;
+    pthread_mutex_lock(&j->mu);
+    int r = --j->refs;
+    pthread_mutex_unlock(&j->mu);
+    if (r) return;
+    for (int i = 0; i < j->n_stops; i++) cm_free(j->stops[i]);
+    cm_free(j->stops);
+    cm_free(j->ids);
+    cm_free(j->lps);
+    cm_free(j->lp_ids);
+    cm_buf_release(&j->sse);
+    cm_buf_release(&j->text);
+    pthread_mutex_destroy(&j->mu);
+    pthread_cond_destroy(&j->cv);
+    cm_free(j);
+}
+
+static void job_cancel(job *j) {
+    atomic_store(&j->cancel, 1);
+    pthread_mutex_lock(&j->mu);
+    if (j->sess) cm_session_cancel(j->sess);
+    pthread_mutex_unlock(&j->mu);
+}
+
+/* Has the peer closed the connection? (Pipelined bytes do not count.) */
+static bool peer_gone(int fd) {
+    if (fd < 0) return false;
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    if (poll(&p, 1, 0) <= 0) return false;
+    if (p.revents & (POLLERR | POLLHUP | POLLNVAL)) return true;
+    char c;
+    ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
+static void timed_wait(job *j, int ms) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += (long)ms * 1000000L;
+    ts.tv_sec += ts.tv_nsec / 1000000000L;
+    ts.tv_nsec %= 1000000000L;
+    pthread_cond_timedwait(&j->cv, &j->mu, &ts);
+}
+
+/* ---- responses ---- */
+
+static void common_headers(cm_http_server *srv, struct MHD_Response *r, const char *type) {
+    MHD_add_response_header(r, "Content-Type", type);
+    MHD_add_response_header(r, "X-Content-Type-Options", "nosniff");
+    MHD_add_response_header(r, "Cache-Control", "no-store");
+    if (srv->cors) {
+        MHD_add_response_header(r, "Access-Control-Allow-Origin", srv->cors);
+        MHD_add_response_header(r, "Vary", "Origin");
+    }
+}
+
+static enum MHD_Result send_bytes(cm_http_server *srv, struct MHD_Connection *c, req *q, int status, const char *type,
+                                  const char *data, size_t n) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(n, (void *)data, MHD_RESPMEM_MUST_COPY);
+    if (!r) return MHD_NO;
+    common_headers(srv, r, type);
+    if (status == 503 || status == 429) MHD_add_response_header(r, "Retry-After", "1");
+    if (q->route == R_ROOT)
+        MHD_add_response_header(r, "Content-Security-Policy",
+                                "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+                                "connect-src 'self'; img-src 'self' data:");
+    enum MHD_Result ok = MHD_queue_response(c, (unsigned)status, r);
+    MHD_destroy_response(r);
+    q->responded = true;
+    metrics_request(srv->m, q->route, status);
+    return ok;
+}
+
+static enum MHD_Result send_buf(cm_http_server *srv, struct MHD_Connection *c, req *q, int status, const char *type,
+                                cm_buf *b) {
+    enum MHD_Result ok = send_bytes(srv, c, q, status, type, b->data ? b->data : "", b->len);
+    cm_buf_release(b);
+    return ok;
+}
+
+static enum MHD_Result send_error(cm_http_server *srv, struct MHD_Connection *c, req *q, const api_error *e) {
+    cm_buf b;
+    cm_buf_init(&b);
+    api_error_json(&b, e);
+    return send_buf(srv, c, q, e->status, "application/json", &b);
+}
+
+static enum MHD_Result fail(cm_http_server *srv, struct MHD_Connection *c, req *q, int status, const char *type,
+                            const char *code, const char *msg) {
+    api_error e;
+    api_error_set(&e, status, type, NULL, code, "%s", msg);
+    return send_error(srv, c, q, &e);
+}
+
+/* ---- checks ---- */
+
+static enum route route_of(const char *url) {
+    static const struct { const char *path; enum route r; } k[] = {
+        {"/", R_ROOT},           {"/index.html", R_ROOT},  {"/health", R_HEALTH},
+        {"/metrics", R_METRICS}, {"/api/cluster", R_CLUSTER}, {"/v1/models", R_MODELS},
+        {"/v1/chat/completions", R_CHAT}, {"/v1/completions", R_COMPLETIONS},
+    };
+    for (size_t i = 0; i < CM_ARRAY_LEN(k); i++)
+        if (!strcmp(url, k[i].path)) return k[i].r;
+    return R_OTHER;
+}
+
+/* Host header: an IP literal (a rebinding attack needs a name), localhost,
+ * the --host value or an --allow-host name; the port is ignored. */
+static bool host_ok(cm_http_server *srv, const char *h) {
+    if (!h) return true; /* HTTP/1.0 without Host: not a browser */
+    char name[256];
+    size_t n = 0;
+    if (h[0] == '[') {
+        const char *e = strchr(h, ']');
+        if (!e || (size_t)(e - h - 1) >= sizeof name) return false;
+        n = (size_t)(e - h - 1);
+        memcpy(name, h + 1, n);
+    } else {
+        while (h[n] && h[n] != ':' && n < sizeof name - 1) { name[n] = h[n]; n++; }
+        if (h[n] && h[n] != ':') return false;
+    }
+    name[n] = 0;
+    if (n && name[n - 1] == '.') name[--n] = 0; /* "localhost." */
+    unsigned char a[16];
+    if (inet_pton(AF_INET, name, a) == 1 || inet_pton(AF_INET6, name, a) == 1) return true;
+    if (!strcasecmp(name, "localhost")) return true;
+    if (srv->host && !strcasecmp(name, srv->host)) return true;
+    for (int i = 0; i < srv->n_allow; i++)
+        if (!strcasecmp(name, srv->allow[i])) return true;
+    return false;
+}
+
+static bool key_ok(cm_http_server *srv, struct MHD_Connection *c) {
+    if (!srv->api_key) return true;
+    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
+    if (!h || strncasecmp(h, "Bearer ", 7)) return false;
+    h += 7;
+    size_t a = strlen(h), b = strlen(srv->api_key);
+    unsigned char d = (unsigned char)(a != b);
+    for (size_t i = 0; i < b; i++) d |= (unsigned char)(h[i < a ? i : 0] ^ srv->api_key[i]); /* constant time */
+    return d == 0;
+}
+
+/* ---- generation routes ---- */
+
+static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max) {
+    (void)pos;
+    job *j = cls;
+    pthread_mutex_lock(&j->mu);
+    for (;;) {
+        if (j->sse_off < j->sse.len) {
+            size_t n = CM_MIN(max, j->sse.len - j->sse_off);
+            memcpy(buf, j->sse.data + j->sse_off, n);
+            j->sse_off += n;
+            if (j->sse_off == j->sse.len) { cm_buf_clear(&j->sse); j->sse_off = 0; }
+            pthread_mutex_unlock(&j->mu);
+            return (ssize_t)n;
+        }
+        if (j->state == JOB_DONE) { pthread_mutex_unlock(&j->mu); return MHD_CONTENT_READER_END_OF_STREAM; }
+        timed_wait(j, 100);
+        if (peer_gone(j->fd)) {
+            pthread_mutex_unlock(&j->mu);
+            job_cancel(j);
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+        }
+    }
+}
+
+static void sse_free(void *cls) {
+    job *j = cls;
+    pthread_mutex_lock(&j->mu);
+    bool done = j->state == JOB_DONE;
+    pthread_mutex_unlock(&j->mu);
+    if (!done) job_cancel(j); /* the client left mid-stream */
+    job_unref(j);
+}
+
+static enum MHD_Result generate(cm_http_server *srv, struct MHD_Connection *c, req *q, bool chat) {
+    job *j = job_new(srv, chat);
+    if (!j) return fail(srv, c, q, 503, "server_error", NULL, "out of memory");
+    api_error ae;
+    if (api_parse_request(srv, chat, q->body.data ? q->body.data : "", q->body.len, j, &ae)) {
+        job_unref(j);
+        return send_error(srv, c, q, &ae);
+    }
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    j->fd = ci ? ci->connect_fd : -1;
+    j->t_queued = cm_now_s();
+    if (j->stream) api_stream_role(j);
+    pthread_rwlock_rdlock(&srv->rw);
+    int rc = srv->sc ? sched_submit(srv->sc, j) : CM_ESTATE;
+    pthread_rwlock_unlock(&srv->rw);
+    if (rc) {
+        job_unref(j);
+        return fail(srv, c, q, 503, "server_error", rc == CM_EBUSY ? "queue_full" : "unavailable",
+                    rc == CM_EBUSY ? "the server is busy: every slot is generating and the queue is full; retry later"
+                                   : "the server is not ready");
+    }
+    if (j->stream) {
+        struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, sse_reader, j, sse_free);
+        if (!r) { job_cancel(j); job_unref(j); return MHD_NO; }
+        common_headers(srv, r, "text/event-stream");
+        MHD_add_response_header(r, "X-Accel-Buffering", "no");
+        enum MHD_Result ok = MHD_queue_response(c, 200, r);
+        MHD_destroy_response(r);
+        q->responded = true;
+        metrics_request(srv->m, q->route, 200);
+        return ok;
+    }
+    pthread_mutex_lock(&j->mu);
+    while (j->state != JOB_DONE) {
+        timed_wait(j, 100);
+        if (j->state != JOB_DONE && peer_gone(j->fd)) {
+            pthread_mutex_unlock(&j->mu);
+            job_cancel(j);
+            job_unref(j);
+            metrics_request(srv->m, q->route, 499); /* nginx's "client closed request" */
+            return MHD_NO;
+        }
+    }
+    pthread_mutex_unlock(&j->mu);
+    enum MHD_Result ok;
+    if (j->http_status) {
+        ok = fail(srv, c, q, j->http_status, "server_error", NULL, j->errmsg);
+    } else {
+        char *body = api_final_json(j);
+        ok = body ? send_bytes(srv, c, q, 200, "application/json", body, strlen(body))
+                  : fail(srv, c, q, 503, "server_error", NULL, "out of memory");
+        cm_free(body);
+    }
+    job_unref(j);
+    return ok;
+}
+
+/* ---- slowloris: a deadline for request headers ----
+ * MHD's timeout is an IDLE timeout: a client that sends one header byte
+ * every few seconds would hold its connection (and thread) forever. The
+ * watchdog shuts down any connection whose request headers are not complete
+ * within timeout_s of the connection opening (or of its previous request
+ * ending, for keep-alive). shutdown(), not close(): MHD still owns the fd,
+ * sees EOF and cleans up; entries leave the list (under cmu) when MHD
+ * reports the connection closed, before it closes the fd. */
+
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode code) {
+    cm_http_server *srv = cls;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        conn *k = cm_calloc(1, sizeof *k);
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        if (!k || !ci) { cm_free(k); return; }
+        k->fd = ci->connect_fd;
+        k->t0 = cm_now_s();
+        pthread_mutex_lock(&srv->cmu);
+        k->next = srv->conns;
+        if (srv->conns) srv->conns->prev = k;
+        srv->conns = k;
+        pthread_mutex_unlock(&srv->cmu);
+        *socket_context = k;
+    } else if (code == MHD_CONNECTION_NOTIFY_CLOSED && *socket_context) {
+        conn *k = *socket_context;
+        pthread_mutex_lock(&srv->cmu);
+        if (k->prev) k->prev->next = k->next;
+        else srv->conns = k->next;
+        if (k->next) k->next->prev = k->prev;
+        pthread_mutex_unlock(&srv->cmu);
+        cm_free(k);
+        *socket_context = NULL;
+    }
+}
+
+static conn *conn_of(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
+
+static void conn_mark(cm_http_server *srv, struct MHD_Connection *c, bool in_request) {
+    conn *k = conn_of(c);
+    if (!k) return;
+    pthread_mutex_lock(&srv->cmu);
+    k->in_request = in_request;
+    k->t0 = cm_now_s();
+    pthread_mutex_unlock(&srv->cmu);
+}
+
+static void *watchdog(void *arg) {
+    cm_http_server *srv = arg;
+    pthread_mutex_lock(&srv->cmu);
+    while (!srv->wd_stop) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 250000000L;
+        ts.tv_sec += ts.tv_nsec / 1000000000L;
+        ts.tv_nsec %= 1000000000L;
+        pthread_cond_timedwait(&srv->ccv, &srv->cmu, &ts);
+        double now = cm_now_s();
+        for (conn *k = srv->conns; k; k = k->next)
+            if (!k->in_request && now - k->t0 > srv->o.timeout_s) {
+                shutdown(k->fd, SHUT_RDWR);
+                k->t0 = now + 1e9; /* once */
+            }
+    }
+    pthread_mutex_unlock(&srv->cmu);
+    return NULL;
+}
+
+/* ---- the access handler ---- */
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                                  const char *version, const char *upload, size_t *upload_size, void **con_cls) {
+    (void)version;
+    cm_http_server *srv = cls;
+    req *q = *con_cls;
+    if (!q) {
+        q = cm_calloc(1, sizeof *q);
+        if (!q) return MHD_NO;
+        *con_cls = q;
+        conn_mark(srv, c, true);
+        cm_buf_init(&q->body);
+        q->t0 = cm_now_s();
+        q->route = route_of(url);
+        bool get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
+        bool post = !strcmp(method, "POST");
+        if (!host_ok(srv, MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Host")))
+            return fail(srv, c, q, 403, "permission_error", "host_not_allowed",
+                        "this Host header is not allowed (DNS rebinding protection); start the server with "
+                        "--allow-host NAME to accept it");
+        if (!strcmp(method, "OPTIONS") && srv->cors && q->route != R_OTHER) {
+            struct MHD_Response *r = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
+            common_headers(srv, r, "text/plain");
+            MHD_add_response_header(r, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+            MHD_add_response_header(r, "Access-Control-Allow-Headers", "Authorization, Content-Type");
+            MHD_add_response_header(r, "Access-Control-Max-Age", "600");
+            enum MHD_Result ok = MHD_queue_response(c, 204, r);
+            MHD_destroy_response(r);
+            q->responded = true;
+            metrics_request(srv->m, q->route, 204);
+            return ok;
+        }
+        if (q->route == R_OTHER)
+            return fail(srv, c, q, 404, "invalid_request_error", "not_found", "no such route");
+        bool want_post = q->route == R_CHAT || q->route == R_COMPLETIONS;
+        if (want_post ? !post : !get) {
+            struct MHD_Response *r = NULL;
+            cm_buf b;
+            cm_buf_init(&b);
+            api_error e;
+            api_error_set(&e, 405, "invalid_request_error", NULL, "method_not_allowed", "%s is not allowed here; use %s",
+                          method, want_post ? "POST" : "GET");
+            api_error_json(&b, &e);
+            r = MHD_create_response_from_buffer(b.len, b.data, MHD_RESPMEM_MUST_COPY);
+            cm_buf_release(&b);
+            common_headers(srv, r, "application/json");
+            MHD_add_response_header(r, "Allow", want_post ? "POST" : "GET, HEAD");
+            enum MHD_Result ok = MHD_queue_response(c, 405, r);
+            MHD_destroy_response(r);
+            q->responded = true;
+            metrics_request(srv->m, q->route, 405);
+            return ok;
+        }
+        /* The dashboard page itself holds no data (it asks for the key and
+         * sends it with its API calls); /health is for load balancers. */
+        if (q->route != R_HEALTH && q->route != R_ROOT && !key_ok(srv, c))
+            return fail(srv, c, q, 401, "authentication_error", "invalid_api_key",
+                        "missing or incorrect API key: send 'Authorization: Bearer KEY'");
+        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
+        if (cl) {
+            char *end;
+            errno = 0;
+            unsigned long long v = strtoull(cl, &end, 10);
+            if (errno || *end || v > srv->o.max_body) q->too_big = true;
+        }
+        if (q->too_big) {
+            char msg[128];
+            snprintf(msg, sizeof msg, "the request body is larger than %zu bytes", srv->o.max_body);
+            return fail(srv, c, q, 413, "invalid_request_error", "request_too_large", msg);
+        }
+        return MHD_YES;
+    }
+    if (q->responded) { *upload_size = 0; return MHD_YES; }
+    if (*upload_size) {
+        if (!q->too_big) {
+            if (q->body.len + *upload_size > srv->o.max_body) {
+                q->too_big = true;
+                cm_buf_release(&q->body);
+            } else {
+                cm_buf_append(&q->body, upload, *upload_size);
+            }
+        }
+        *upload_size = 0;
+        /* A body that trickles in for too long holds a thread: cut it off. */
+        if (cm_now_s() - q->t0 > 3.0 * srv->o.timeout_s)
+            return fail(srv, c, q, 408, "invalid_request_error", "request_timeout", "the request body took too long");
+        return MHD_YES;
+    }
+    if (q->too_big) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "the request body is larger than %zu bytes", srv->o.max_body);
+        return fail(srv, c, q, 413, "invalid_request_error", "request_too_large", msg);
+    }
+    bool ready = srv_ready(srv);
+    cm_buf b;
+    cm_buf_init(&b);
+    switch (q->route) {
+    case R_ROOT:
+        return send_bytes(srv, c, q, 200, "text/html; charset=utf-8", (const char *)cm_http_dashboard_html,
+                          strlen((const char *)cm_http_dashboard_html));
+    case R_HEALTH:
+        cm_buf_puts(&b, ready ? "{\"status\":\"ok\"}" : "{\"status\":\"loading\"}");
+        return send_buf(srv, c, q, ready ? 200 : 503, "application/json", &b);
+    case R_METRICS:
+        metrics_prometheus(srv->m, srv, &b);
+        return send_buf(srv, c, q, 200, "text/plain; version=0.0.4; charset=utf-8", &b);
+    case R_CLUSTER:
+        metrics_cluster_json(srv->m, srv, &b);
+        return send_buf(srv, c, q, 200, "application/json", &b);
+    default: break;
+    }
+    if (!ready) return fail(srv, c, q, 503, "server_error", "loading", "the model is still loading; retry shortly");
+    if (q->route == R_MODELS) {
+        api_models_json(srv, &b);
+        return send_buf(srv, c, q, 200, "application/json", &b);
+    }
+    return generate(srv, c, q, q->route == R_CHAT);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
+    (void)toe;
+    conn_mark(cls, c, false); /* the next request's headers start the clock again */
+    req *q = *con_cls;
+    if (!q) return;
+    cm_buf_release(&q->body);
+    cm_free(q);
+    *con_cls = NULL;
+}
+
+/* ---- lifecycle ---- */
+
+static char *dup_or_null(const char *s) { return s && *s ? cm_strdup(s) : NULL; }
+
+static void srv_free(cm_http_server *s) {
+    metrics_free(s->m);
+    cm_free(s->host);
+    cm_free(s->api_key);
+    cm_free(s->cors);
+    cm_free(s->model_id);
+    cm_free(s->chat_template);
+    for (int i = 0; i < s->n_allow; i++) cm_free(s->allow[i]);
+    cm_free(s->allow);
+    pthread_rwlock_destroy(&s->rw);
+    pthread_mutex_destroy(&s->cmu);
+    pthread_cond_destroy(&s->ccv);
+    cm_free(s);
+}
+
+int cm_http_start(cm_http_server **out, const cm_http_opts *o, char *err, size_t errlen) {
+    *out = NULL;
+    cm_http_server *s = cm_calloc(1, sizeof *s);
+    if (!s) return cm_errf(err, errlen, CM_ENOMEM, "out of memory");
+    pthread_rwlock_init(&s->rw, NULL);
+    pthread_mutex_init(&s->cmu, NULL);
+    pthread_cond_init(&s->ccv, NULL);
+    s->o = *o;
+    if (s->o.timeout_s < 1) s->o.timeout_s = 1;
+    s->host = dup_or_null(o->host ? o->host : "127.0.0.1");
+    s->api_key = dup_or_null(o->api_key);
+    s->cors = dup_or_null(o->cors_origin);
+    s->model_id = cm_strdup(o->model_id && *o->model_id ? o->model_id : "model");
+    s->chat_template = dup_or_null(o->chat_template);
+    s->allow = cm_calloc((size_t)o->n_allow_hosts + 1, sizeof *s->allow);
+    for (int i = 0; s->allow && i < o->n_allow_hosts; i++) s->allow[s->n_allow++] = cm_strdup(o->allow_hosts[i]);
+    s->m = metrics_new(o->tdp_w);
+    if (!s->host || !s->model_id || !s->allow || !s->m) { srv_free(s); return cm_errf(err, errlen, CM_ENOMEM, "out of memory"); }
+    if (s->o.n_slots < 1) s->o.n_slots = 1;
+    if (s->o.queue_max < 0) s->o.queue_max = 0;
+
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *ai = NULL;
+    char port[16];
+    snprintf(port, sizeof port, "%d", o->port);
+    int gr = getaddrinfo(s->host, port, &hints, &ai);
+    if (gr || !ai) {
+        srv_free(s);
+        return cm_errf(err, errlen, CM_EINVAL, "cannot resolve host '%s': %s", o->host, gai_strerror(gr));
+    }
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG | MHD_USE_ITC;
+    if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
+    s->d = MHD_start_daemon(flags, (uint16_t)o->port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR, ai->ai_addr,
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)CM_MAX(o->max_conns, 4), MHD_OPTION_CONNECTION_TIMEOUT,
+                            (unsigned)CM_MAX(o->timeout_s, 1), MHD_OPTION_CONNECTION_MEMORY_LIMIT,
+                            (size_t)CM_MAX(o->max_header, (size_t)4096), MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+                            MHD_OPTION_NOTIFY_CONNECTION, on_connection, s, MHD_OPTION_END);
+    freeaddrinfo(ai);
+    if (!s->d) {
+        srv_free(s);
+        return cm_errf(err, errlen, CM_EIO, "cannot listen on %s port %d: %s", o->host, o->port, strerror(errno));
+    }
+    if (pthread_create(&s->wd, NULL, watchdog, s) == 0) s->wd_started = true;
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
+    s->port = di ? di->port : o->port;
+    *out = s;
+    return 0;
+}
+
+int cm_http_port(const cm_http_server *s) { return s->port; }
+
+int cm_http_set_engine(cm_http_server *s, cm_engine *e, char *err, size_t errlen) {
+    cm_engine_info in;
+    cm_engine_get_info(e, &in);
+    int n_ctx = s->o.n_ctx > 0 ? s->o.n_ctx : in.n_ctx;
+    /* Check the chat template once, with a one-message conversation. */
+    cm_buf b;
+    cm_buf_init(&b);
+    cm_chat_msg probe = {.role = "user", .content = "hi"};
+    char msg[512];
+    int rc = cm_engine_chat_render(e, s->chat_template, &probe, 1, true, &b, msg, sizeof msg);
+    cm_buf_release(&b);
+    if (rc && s->chat_template) return cm_errf(err, errlen, rc, "%s", msg);
+    if (rc) {
+        fprintf(stderr, "cumulo: %s; using chatml for /v1/chat/completions\n", msg);
+        s->chat_template = cm_strdup("chatml");
+    }
+    sched *sc = sched_new(s, e, s->o.n_slots, s->o.queue_max, n_ctx, err, errlen);
+    if (!sc) return CM_ENOMEM;
+    pthread_rwlock_wrlock(&s->rw);
+    s->e = e;
+    s->n_ctx = n_ctx;
+    s->sc = sc;
+    pthread_rwlock_unlock(&s->rw);
+    return 0;
+}
+
+void cm_http_stop(cm_http_server *s) {
+    if (!s) return;
+    MHD_quiesce_daemon(s->d); /* no new connections */
+    pthread_rwlock_wrlock(&s->rw);
+    sched *sc = s->sc;
+    s->sc = NULL;
+    pthread_rwlock_unlock(&s->rw);
+    sched_free(sc); /* ends every job, so connection threads finish */
+    if (s->wd_started) {
+        pthread_mutex_lock(&s->cmu);
+        s->wd_stop = true;
+        pthread_cond_signal(&s->ccv);
+        pthread_mutex_unlock(&s->cmu);
+        pthread_join(s->wd, NULL);
+    }
+    MHD_stop_daemon(s->d);
+    srv_free(s);
+}
