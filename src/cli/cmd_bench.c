@@ -17,7 +17,9 @@
  *     token_embd when the head is tied);
  *   - read bandwidth: a STREAM-like read over 1 GiB with the same threads,
  *     best of 3 passes, right before and right after the model runs; the
- *     roofline is the larger bandwidth / bytes per token.
+ *     roofline is the larger bandwidth / bytes per token;
+ *   - power (os/power.c) over cumulo's decode phases: joules per token and
+ *     tokens/s per watt, labelled measured (RAPL) or estimated.
  * Timings never gate anything: this prints, it does not assert.
  * Progress goes to stderr; stdout carries the result (one JSON line with --json).
  */
@@ -72,6 +74,14 @@ typedef struct speed {
     double pp, tg; /* tokens/s; 0 = not measured */
 } speed;
 
+/* Energy of cumulo's decode phases, summed over reps (os/power.c). */
+typedef struct energy {
+    cm_power_meter *meter; /* NULL: power unknown */
+    double joules, seconds, tokens;
+    bool measured;
+    const char *source;
+} energy;
+
 /* ---- the model's bytes per decoded token ---- */
 
 /* Weight bytes a decode step reads: all tensors, minus the embedding rows
@@ -123,7 +133,7 @@ static void make_prompt(int32_t *ids, int n, int rep, int32_t bos, int n_vocab) 
 
 /* ---- one cumulo rep ---- */
 
-static int cumulo_rep(cm_engine *e, const bench_opts *o, int rep, speed *sp) {
+static int cumulo_rep(cm_engine *e, const bench_opts *o, int rep, speed *sp, energy *en) {
     cm_engine_info in;
     cm_engine_get_info(e, &in);
     char err[512] = "";
@@ -146,11 +156,20 @@ static int cumulo_rep(cm_engine *e, const bench_opts *o, int rep, speed *sp) {
     /* n_gen + 1 samples take n_gen forward passes: the last sample is not evaluated. */
     gp.n_predict = o->n_gen + 1;
     cm_gen_result res;
+    cm_power_sample p0 = {0}, p1 = {0};
+    if (en->meter) cm_power_read(en->meter, &p0);
     if (cm_session_generate(s, &gp, NULL, NULL, &res, err, sizeof err)) {
         cli_fail("generation failed: %s", err);
         goto done;
     }
     int passes = res.t.n_gen - 1;
+    if (en->meter && cm_power_read(en->meter, &p1) == 0 && passes > 0) {
+        en->joules += p1.joules - p0.joules;
+        en->seconds += res.t.gen_s;
+        en->tokens += passes;
+        en->measured = p1.measured;
+        en->source = p1.source;
+    }
     sp->tg = res.t.gen_s > 0 && passes > 0 ? passes / res.t.gen_s : 0;
     status = 0;
 done:
@@ -327,11 +346,14 @@ int cmd_bench(int argc, char **argv) {
             in.n_params / 1e6, wbytes / 1e9, o.threads, o.threads == 1 ? "" : "s", kname);
 
     speed *runs = cm_calloc((size_t)o.reps * 2, sizeof *runs), best = {0, 0}, lbest = {0, 0};
+    /* Power of this machine while cumulo decodes: RAPL when readable, else an
+     * estimate (CPU load of the whole machine x 65 W), labelled as such. */
+    energy en = {.meter = cm_power_open(0)};
     if (!runs) { cm_engine_free(e); return cli_fail("out of memory"); }
     speed *lruns = runs + o.reps;
     int status = 1;
     for (int r = 0; r < o.reps; r++) {
-        if (cumulo_rep(e, &o, r, &runs[r])) goto done;
+        if (cumulo_rep(e, &o, r, &runs[r], &en)) goto done;
         best.pp = CM_MAX(best.pp, runs[r].pp);
         best.tg = CM_MAX(best.tg, runs[r].tg);
         fprintf(stderr, "bench: rep %d/%d  cumulo     prompt %8.2f tok/s  decode %7.2f tok/s\n", r + 1, o.reps,
@@ -350,6 +372,10 @@ int cmd_bench(int argc, char **argv) {
     double bw = CM_MAX(bw_before, bw_after);
     double roof = bw > 0 ? bw / (double)bpt : 0;
     double pct = roof > 0 ? 100 * best.tg / roof : 0, lpct = roof > 0 ? 100 * lbest.tg / roof : 0;
+    double jpt = en.tokens > 0 ? cm_power_joules_per_token(en.joules, en.tokens) : 0;
+    double watts = en.seconds > 0 ? en.joules / en.seconds : 0;
+    double tpw = cm_power_tokens_per_watt(best.tg, watts);
+    const char *plabel = !en.meter || en.tokens <= 0 ? "unknown" : en.measured ? "measured" : "estimated";
     const char *base = strrchr(o.model, '/');
     base = base ? base + 1 : o.model;
 
@@ -388,8 +414,15 @@ int cmd_bench(int argc, char **argv) {
         } else if (o.vs) {
             cJSON_AddStringToObject(j, "llamacpp_skipped", skip);
         }
-        cJSON_AddNullToObject(j, "joules_per_token");
-        cJSON_AddStringToObject(j, "power", "unknown");
+        cJSON_AddStringToObject(j, "power", plabel);
+        if (jpt > 0) {
+            cJSON_AddStringToObject(j, "power_source", en.source ? en.source : "");
+            cJSON_AddNumberToObject(j, "decode_watts", round(watts * 10) / 10);
+            cJSON_AddNumberToObject(j, "joules_per_token", round(jpt * 1000) / 1000);
+            cJSON_AddNumberToObject(j, "tokens_per_watt", round(tpw * 1000) / 1000);
+        } else {
+            cJSON_AddNullToObject(j, "joules_per_token");
+        }
         char *s = cJSON_PrintUnformatted(j);
         if (s) puts(s);
         free(s);
@@ -411,10 +444,15 @@ int cmd_bench(int argc, char **argv) {
         printf("weights    %.3f GB read per decoded token (of %.3f GB)\n", bpt / 1e9, wbytes / 1e9);
         printf("bandwidth  %.1f GB/s read (before %.1f, after %.1f; %d MiB, %d thread%s) -> roofline %.2f tok/s\n",
                bw / 1e9, bw_before / 1e9, bw_after / 1e9, o.bw_mib, o.threads, o.threads == 1 ? "" : "s", roof);
-        printf("power      unknown (no power meter in this build)\n");
+        if (jpt > 0)
+            printf("power      %s: %.1f W while cumulo decodes, %.3f J/token, %.3f tokens per W·s%s\n", plabel,
+                   watts, jpt, tpw, en.measured ? " (RAPL)" : " (machine-wide CPU load x 65 W, not a measurement)");
+        else
+            printf("power      unknown\n");
     }
     status = 0;
 done:
+    cm_power_close(en.meter);
     cm_engine_free(e);
     cm_free(runs);
     return status;
