@@ -107,6 +107,7 @@ static void test_gemm_equals_vec_dot(void) {
         const cm_kernels *k = cm_kernels_for(k_isas[i]);
         if (!k) continue;
         tables++;
+        printf("# table %s\n", k->name);
         for (int ti = 0; ti < N_TYPES; ti++) check_table(k, k_types[ti]);
     }
     CHECK(tables >= 1); /* scalar always exists */
