@@ -1,0 +1,127 @@
+/*
+ * cmd_synth.c: `cumulo synth`: write a random-weight model of a given
+ * architecture, shape and tensor type (src/synth does the work). For tests,
+ * demos and benchmarks without downloads: its output is noise, but its
+ * metadata, tensor names, shapes and types are those of a real GGUF, and
+ * llama.cpp loads it.
+ */
+#include "cli.h"
+
+#include "base/base.h"
+#include "gguf/gguf.h"
+#include "os/os.h"
+#include "synth/synth.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: cumulo synth --arch ARCH --dim D --layers L --heads H --kv-heads K --ffn F\n"
+            "                    --type T --vocab VOCAB.gguf --seed S -o OUT.gguf [options]\n\n"
+            "Write a random-weight model with the keys, tensor names, shapes and types a real GGUF\n"
+            "of that architecture has (llama.cpp loads it). Deterministic by seed: the same\n"
+            "arguments give the same bytes on any machine and thread count.\n\n"
+            "  --arch ARCH          llama, qwen2 (QKV bias) or qwen3 (Q/K norm)\n"
+            "  --dim D              embedding size (a multiple of 256 for K-quants, 32 otherwise)\n"
+            "  --layers L           transformer blocks\n"
+            "  --heads H            attention heads (D/H is the head size)\n"
+            "  --kv-heads K         key/value heads (divides H)\n"
+            "  --ffn F              feed-forward size (multiple of 256 / 32 like D)\n"
+            "  --type T             %s\n"
+            "                       (q4_k_m mixes Q4_K and Q6_K the way llama-quantize does)\n"
+            "  --vocab FILE         GGUF whose tokenizer.* keys are copied (e.g. a ggml-vocab-*.gguf)\n"
+            "  --seed S             random seed (default 1)\n"
+            "  -o, --output FILE    the model to write\n"
+            "  --tied               no output.weight: the head reuses token_embd\n"
+            "  --rope-scaling llama3  Llama 3.1 RoPE scaling (writes rope_freqs.weight)\n"
+            "  --rope-base B        RoPE base (default: llama 10000, llama3 scaling 500000, qwen 1e6)\n"
+            "  --ctx N              context_length key (default 4096)\n"
+            "  --threads N          threads (default: all CPUs; never changes the output)\n",
+            cm_synth_type_names());
+}
+
+static void progress_cb(void *ctx, uint64_t done, uint64_t total) {
+    cli_progress *p = ctx;
+    p->total = (double)total;
+    cli_progress_update(p, (double)done);
+}
+
+int cmd_synth(int argc, char **argv) {
+    if (cli_wants_help(argc, argv)) { usage(stdout); return 0; }
+    cm_synth_params p = {.seed = 1};
+    const char *vocab_path = NULL, *out_path = NULL;
+    long dim = 0, layers = 0, heads = 0, kv = 0, ffn = 0, ctx = 0, threads = 0, seed = 1;
+    double base = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+#define STR(dst)                                                              \
+    do {                                                                      \
+        if (!v) return cli_fail("option '%s' needs a value", a);             \
+        dst = v;                                                              \
+        i++;                                                                  \
+    } while (0)
+#define INT(dst, lo, hi)                                                      \
+    do {                                                                      \
+        if (!cli_int(a, v, lo, hi, &dst)) return 1;                           \
+        i++;                                                                  \
+    } while (0)
+        if (!strcmp(a, "--arch")) STR(p.arch);
+        else if (!strcmp(a, "--type")) STR(p.type);
+        else if (!strcmp(a, "--vocab")) STR(vocab_path);
+        else if (!strcmp(a, "-o") || !strcmp(a, "--output")) STR(out_path);
+        else if (!strcmp(a, "--dim")) INT(dim, 1, 1 << 16);
+        else if (!strcmp(a, "--layers")) INT(layers, 1, 1024);
+        else if (!strcmp(a, "--heads")) INT(heads, 1, 1024);
+        else if (!strcmp(a, "--kv-heads")) INT(kv, 1, 1024);
+        else if (!strcmp(a, "--ffn")) INT(ffn, 1, 1 << 18);
+        else if (!strcmp(a, "--ctx")) INT(ctx, 1, 1 << 24);
+        else if (!strcmp(a, "--threads")) INT(threads, 1, 1024);
+        else if (!strcmp(a, "--seed")) INT(seed, 0, 0x7fffffffL);
+        else if (!strcmp(a, "--tied")) p.tied = true;
+        else if (!strcmp(a, "--rope-base")) {
+            if (!cli_float(a, v, 1, 1e9, &base)) return 1;
+            i++;
+        } else if (!strcmp(a, "--rope-scaling")) {
+            const char *s;
+            STR(s);
+            if (strcmp(s, "llama3") && strcmp(s, "none"))
+                return cli_fail("unknown rope scaling '%s' (supported: llama3, none)", s);
+            p.rope_llama3 = !strcmp(s, "llama3");
+        } else return cli_fail("unknown option '%s'; run 'cumulo synth --help'", a);
+#undef STR
+#undef INT
+    }
+    if (!p.arch) return cli_fail("missing --arch (llama, qwen2 or qwen3)");
+    if (!p.type) return cli_fail("missing --type (%s)", cm_synth_type_names());
+    if (!dim || !layers || !heads || !ffn) return cli_fail("missing --dim, --layers, --heads or --ffn");
+    if (!vocab_path) return cli_fail("missing --vocab (a GGUF with a tokenizer, e.g. ggml-vocab-llama-spm.gguf)");
+    if (!out_path) return cli_fail("missing -o OUT.gguf");
+    p.n_embd = (int)dim;
+    p.n_layer = (int)layers;
+    p.n_head = (int)heads;
+    p.n_head_kv = kv ? (int)kv : (int)heads;
+    p.n_ff = (int)ffn;
+    p.n_ctx = (int)ctx;
+    p.n_threads = (int)threads;
+    p.seed = (uint64_t)seed;
+    p.rope_base = (float)base;
+    char err[512];
+    if (cm_synth_check(&p, err, sizeof err)) return cli_fail("%s", err);
+
+    cm_gguf vocab;
+    memset(&vocab, 0, sizeof vocab);
+    if (cm_gguf_open(&vocab, vocab_path, NULL, NULL, err, sizeof err)) return cli_fail("%s", err);
+    cli_progress bar;
+    cli_progress_start(&bar, "synth", 1);
+    p.progress = progress_cb;
+    p.progress_ctx = &bar;
+    double t0 = cm_now_s();
+    int rc = cm_synth_write(&p, &vocab, out_path, NULL, err, sizeof err);
+    cli_progress_end(&bar);
+    cm_gguf_close(&vocab);
+    if (rc) return cli_fail("%s", err);
+    fprintf(stderr, "wrote '%s' (%s %s, %.1f s)\n", out_path, p.arch, p.type, cm_now_s() - t0);
+    return 0;
+}

@@ -1,0 +1,373 @@
+/*
+ * synth.c: writes a random-weight GGUF model (see synth.h). Every tensor is
+ * produced at write time (cm_gguf_w_tensor_fill): its rows are drawn and
+ * quantized by a compute pool, each row from its own RNG stream seeded by
+ * (seed, tensor name, row), so the bytes never depend on the thread count.
+ * It must never depend on libm for the values it writes (glibc and macOS
+ * round logf/cosf differently; the committed references regenerate models
+ * from their seeds on both).
+ *
+ * Scales. Values are near-normal (a sum of four uniforms, rescaled to unit
+ * variance). A matrix with fan-in n gets std 1/sqrt(n), so every projection
+ * of a unit-RMS input has unit-size outputs; the two that write into the
+ * residual stream (attn_output, ffn_down) get half the embedding's scale, so
+ * the token's own embedding stays visible through the layers. The output
+ * head gets std LOGIT_STD/sqrt(n_embd): logits of std ~LOGIT_STD over a 32k
+ * vocabulary give a top-1 probability of typically 0.1-0.8 (measured with
+ * llama.cpp; neither uniform nor one-hot), and margins between the first two
+ * candidates that are mostly large enough for greedy comparisons to mean
+ * something. A tied model has one matrix for both roles: its embedding gets
+ * the head's scale and the residual writes grow to std ~2 (see below). Norm weights are
+ * 1 + 0.05 noise; biases (qwen2) 0.2 noise.
+ */
+#include "synth.h"
+
+#include "../kernels/kernels.h"
+#include "../tensor/tensor.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#ifdef __clang__
+#pragma STDC FP_CONTRACT OFF
+#endif
+
+#define LOGIT_STD 4.0f
+#define NORM_NOISE 0.05f
+#define BIAS_STD 0.2f
+#define ROWS_PER_CHUNK 16
+
+enum synth_arch { A_LLAMA, A_QWEN2, A_QWEN3 };
+
+/* One --type: the file type id llama.cpp records and the weight type. */
+typedef struct synth_type {
+    const char *name;
+    uint32_t ftype;       /* llama_ftype */
+    enum cm_type wtype;   /* type of the 2-D weights (q4_k_m: the base type) */
+    bool mix_q4_k_m;
+} synth_type;
+
+static const synth_type k_types[] = {
+    {"f32", 0, CM_TYPE_F32, false},    {"f16", 1, CM_TYPE_F16, false},
+    {"bf16", 32, CM_TYPE_BF16, false}, {"q8_0", 7, CM_TYPE_Q8_0, false},
+    {"q4_0", 2, CM_TYPE_Q4_0, false},  {"q4_1", 3, CM_TYPE_Q4_1, false},
+    {"q5_0", 8, CM_TYPE_Q5_0, false},  {"q5_1", 9, CM_TYPE_Q5_1, false},
+    {"q4_k", 14, CM_TYPE_Q4_K, false}, /* llama.cpp calls an all-Q4_K file "Q4_K_S" */
+    {"q5_k", 16, CM_TYPE_Q5_K, false}, /* ... and an all-Q5_K one "Q5_K_S" */
+    {"q6_k", 18, CM_TYPE_Q6_K, false}, {"q4_k_m", 15, CM_TYPE_Q4_K, true},
+};
+
+const char *cm_synth_type_names(void) {
+    return "f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k q4_k_m";
+}
+
+static const synth_type *find_type(const char *name) {
+    if (!name) return NULL;
+    for (size_t i = 0; i < CM_ARRAY_LEN(k_types); i++)
+        if (!strcmp(k_types[i].name, name)) return &k_types[i];
+    return NULL;
+}
+
+static int find_arch(const char *name) {
+    if (!name) return -1;
+    if (!strcmp(name, "llama")) return A_LLAMA;
+    if (!strcmp(name, "qwen2")) return A_QWEN2;
+    if (!strcmp(name, "qwen3")) return A_QWEN3;
+    return -1;
+}
+
+/* llama.cpp's use_more_bits(): the first and last eighth of the layers and
+ * every third one in between get more bits in Q4_K_M. */
+static bool use_more_bits(int i, int n) { return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2; }
+
+int cm_synth_check(const cm_synth_params *p, char *err, size_t errlen) {
+    const synth_type *st = find_type(p->type);
+    if (find_arch(p->arch) < 0)
+        return cm_errf(err, errlen, CM_EINVAL, "unknown architecture '%s' (supported: llama, qwen2, qwen3)",
+                       p->arch ? p->arch : "");
+    if (!st)
+        return cm_errf(err, errlen, CM_EINVAL, "unknown type '%s' (supported: %s)", p->type ? p->type : "",
+                       cm_synth_type_names());
+    if (p->n_embd <= 0 || p->n_layer <= 0 || p->n_head <= 0 || p->n_head_kv <= 0 || p->n_ff <= 0)
+        return cm_errf(err, errlen, CM_EINVAL, "dim, layers, heads, kv-heads and ffn must be positive");
+    if (p->n_embd > (1 << 16) || p->n_ff > (1 << 18) || p->n_layer > 1024 || p->n_head > 1024)
+        return cm_errf(err, errlen, CM_EINVAL, "model shape too large");
+    if (p->n_embd % p->n_head)
+        return cm_errf(err, errlen, CM_EINVAL, "dim %d is not a multiple of heads %d", p->n_embd, p->n_head);
+    if ((p->n_embd / p->n_head) % 2)
+        return cm_errf(err, errlen, CM_EINVAL, "head dimension %d must be even (RoPE pairs)",
+                       p->n_embd / p->n_head);
+    if (p->n_head % p->n_head_kv)
+        return cm_errf(err, errlen, CM_EINVAL, "heads %d is not a multiple of kv-heads %d", p->n_head,
+                       p->n_head_kv);
+    int bs = cm_type_traits_of(st->wtype)->block_size;
+    if (st->mix_q4_k_m) bs = CM_QK_K;
+    if (p->n_embd % bs || p->n_ff % bs)
+        return cm_errf(err, errlen, CM_EINVAL, "type %s needs dim and ffn to be multiples of %d (got %d, %d)",
+                       st->name, bs, p->n_embd, p->n_ff);
+    if (p->n_ctx < 0) return cm_errf(err, errlen, CM_EINVAL, "context length must be positive");
+    return 0;
+}
+
+/* ---- deterministic values ---- */
+
+static uint64_t mix64(uint64_t x) {
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+static uint64_t name_hash(const char *s) {
+    uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a */
+    for (; *s; s++) h = (h ^ (uint8_t)*s) * 0x100000001b3ull;
+    return h;
+}
+
+/* Near-normal values of mean 0 and std 1: the sum of four 16-bit uniforms is
+ * exact in integers; centring and scaling is one float multiply, so the
+ * value is the same on every IEEE machine. Range +-3.46. */
+static void fill_normal(cm_rng *r, float *x, int64_t n, float mean, float std) {
+    /* sum of 4 U{0..65535}: mean 131070, variance 4 * (65536^2 - 1) / 12 */
+    const float k = std * (float)(1.0 / sqrt(4.0 * (65536.0 * 65536.0 - 1.0) / 12.0));
+    for (int64_t i = 0; i < n; i++) {
+        uint64_t u = cm_rng_next(r);
+        int32_t s = (int32_t)(u & 0xffff) + (int32_t)((u >> 16) & 0xffff) + (int32_t)((u >> 32) & 0xffff) +
+                    (int32_t)(u >> 48) - 131070;
+        x[i] = mean + (float)s * k;
+    }
+}
+
+void cm_synth_llama3_freqs(float *out, int head_dim, float rope_base) {
+    const double factor = 8, low = 1, high = 4, old_ctx = 8192;
+    const double low_wavelen = old_ctx / low, high_wavelen = old_ctx / high;
+    const double pi = 3.14159265358979323846;
+    for (int i = 0; i < head_dim / 2; i++) {
+        double freq = 1.0 / pow((double)rope_base, (double)(2 * i) / head_dim);
+        double wavelen = 2 * pi / freq, f;
+        if (wavelen < high_wavelen) f = 1;
+        else if (wavelen > low_wavelen) f = factor;
+        else {
+            double smooth = (old_ctx / wavelen - low) / (high - low);
+            f = 1 / ((1 - smooth) / factor + smooth);
+        }
+        out[i] = (float)f;
+    }
+}
+
+/* ---- tensors ---- */
+
+typedef struct synth_run synth_run;
+
+typedef struct synth_tensor {
+    synth_run *run;
+    char name[64];
+    enum cm_type type;
+    int64_t ne0, nrows;
+    float mean, std;
+    const float *fixed; /* rope_freqs: exact values instead of noise */
+    uint64_t seed;
+} synth_tensor;
+
+struct synth_run {
+    const cm_synth_params *p;
+    cm_pool *pool;
+    float *scratch; /* [n_threads][ROWS_PER_CHUNK * max_row] */
+    int64_t max_row;
+    uint64_t done, total;
+    /* the job of the current fill */
+    const synth_tensor *cur;
+    void *dst;
+    int qfail;
+};
+
+static void fill_job(void *ctx, int ith, int nth) {
+    synth_run *R = ctx;
+    const synth_tensor *t = R->cur;
+    const size_t row_size = cm_row_size(t->type, t->ne0);
+    float *buf = R->scratch + (size_t)ith * ROWS_PER_CHUNK * (size_t)R->max_row;
+    int64_t nchunks = (t->nrows + ROWS_PER_CHUNK - 1) / ROWS_PER_CHUNK, c0, c1;
+    cm_split_range(nchunks, ith, nth, &c0, &c1);
+    for (int64_t c = c0; c < c1; c++) {
+        int64_t r0 = c * ROWS_PER_CHUNK, r1 = CM_MIN(r0 + ROWS_PER_CHUNK, t->nrows);
+        for (int64_t r = r0; r < r1; r++) {
+            cm_rng rng;
+            cm_rng_seed(&rng, mix64(t->seed ^ mix64((uint64_t)r)));
+            fill_normal(&rng, buf + (r - r0) * t->ne0, t->ne0, t->mean, t->std);
+        }
+        char *out = (char *)R->dst + (size_t)r0 * row_size;
+        if (cm_quantize_rows(t->type, buf, out, r1 - r0, t->ne0) != (size_t)(r1 - r0) * row_size) R->qfail = 1;
+    }
+}
+
+static int fill_tensor(void *ctx, void *dst, uint64_t nbytes, char *err, size_t errlen) {
+    synth_tensor *t = ctx;
+    synth_run *R = t->run;
+    if (nbytes != cm_row_size(t->type, t->ne0) * (uint64_t)t->nrows)
+        return cm_errf(err, errlen, CM_EINVAL, "tensor '%s': size mismatch", t->name);
+    if (t->fixed) {
+        memcpy(dst, t->fixed, (size_t)nbytes);
+    } else {
+        R->cur = t;
+        R->dst = dst;
+        R->qfail = 0;
+        cm_pool_run(R->pool, fill_job, R);
+        if (R->qfail)
+            return cm_errf(err, errlen, CM_EUNSUPPORTED, "tensor '%s': cannot quantize to %s", t->name,
+                           cm_type_name(t->type));
+    }
+    R->done += nbytes;
+    if (R->p->progress) R->p->progress(R->p->progress_ctx, R->done, R->total);
+    return 0;
+}
+
+typedef struct synth_plan {
+    synth_tensor *t;
+    int n, cap;
+} synth_plan;
+
+static synth_tensor *add(synth_plan *P, synth_run *R, const char *name, enum cm_type type, int64_t ne0,
+                         int64_t nrows, float mean, float std) {
+    CM_ASSERT(P->n < P->cap);
+    synth_tensor *t = &P->t[P->n++];
+    memset(t, 0, sizeof *t);
+    t->run = R;
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->type = type;
+    t->ne0 = ne0;
+    t->nrows = nrows;
+    t->mean = mean;
+    t->std = std;
+    t->seed = mix64(R->p->seed ^ name_hash(name));
+    R->max_row = CM_MAX(R->max_row, ne0);
+    R->total += cm_row_size(type, ne0) * (uint64_t)nrows;
+    return t;
+}
+
+int cm_synth_write(const cm_synth_params *p, const cm_gguf *vocab, const char *path, cm_buf *out,
+                   char *err, size_t errlen) {
+    int rc = cm_synth_check(p, err, errlen);
+    if (rc) return rc;
+    const synth_type *st = find_type(p->type);
+    const int arch = find_arch(p->arch);
+    const cm_gguf_kv *toks = cm_gguf_find_kv(vocab, "tokenizer.ggml.tokens");
+    if (!toks || toks->type != CM_GGUF_ARRAY || toks->arr_type != CM_GGUF_STRING || toks->arr_len == 0 ||
+        toks->arr_len > (1u << 22))
+        return cm_errf(err, errlen, CM_EFORMAT, "vocabulary has no tokenizer.ggml.tokens array");
+    const int64_t n_vocab = (int64_t)toks->arr_len;
+    const int E = p->n_embd, L = p->n_layer, H = p->n_head, HKV = p->n_head_kv, F = p->n_ff;
+    const int D = E / H;
+    const float rope_base = p->rope_base > 0 ? p->rope_base
+                            : arch != A_LLAMA ? 1e6f
+                            : p->rope_llama3  ? 500000.0f
+                                              : 10000.0f;
+    const float eps = arch == A_LLAMA ? 1e-5f : 1e-6f;
+
+    synth_run R = {.p = p};
+    synth_plan P = {.cap = 4 + L * 16};
+    float *freqs = NULL;
+    cm_gguf_writer *w = NULL;
+    P.t = cm_calloc((size_t)P.cap, sizeof *P.t);
+    if (!P.t) return cm_errf(err, errlen, CM_ENOMEM, "out of memory");
+
+    /* Types per tensor. q4_k_m follows llama.cpp's llama_tensor_get_type():
+     * output (or a tied token_embd, which is the head) Q6_K; attn_v and
+     * ffn_down Q6_K in the layers use_more_bits() picks; the rest Q4_K. */
+    const enum cm_type wt = st->wtype;
+    const enum cm_type head_t = st->mix_q4_k_m ? CM_TYPE_Q6_K : wt;
+    const enum cm_type embd_t = p->tied ? head_t : wt;
+    const float head_std = LOGIT_STD / sqrtf((float)E);
+    const float embd_std = p->tied ? head_std : 1.0f;
+    /* Tied: the embedding must be small to serve as the head, and a token's
+     * own embedding would then dominate its own logit (|e|^2 = 16 against
+     * logits of std 4: one-hot repeats), so the layers write at std ~2 and
+     * the stream is mostly their output. */
+    const float res_scale = p->tied ? 2.0f : 0.5f * embd_std;
+
+    if (p->rope_llama3) {
+        freqs = cm_malloc(sizeof(float) * (size_t)(D / 2));
+        if (!freqs) { rc = cm_errf(err, errlen, CM_ENOMEM, "out of memory"); goto done; }
+        cm_synth_llama3_freqs(freqs, D, rope_base);
+        add(&P, &R, "rope_freqs.weight", CM_TYPE_F32, D / 2, 1, 0, 0)->fixed = freqs;
+    }
+    add(&P, &R, "token_embd.weight", embd_t, E, n_vocab, 0, embd_std);
+    for (int l = 0; l < L; l++) {
+        char n[64];
+        const bool more = use_more_bits(l, L);
+        const enum cm_type v_t = st->mix_q4_k_m && more ? CM_TYPE_Q6_K : wt;
+        const enum cm_type down_t = st->mix_q4_k_m && more ? CM_TYPE_Q6_K : wt;
+#define T(suffix, type, ne0, rows, mean, std)                 \
+    do {                                                      \
+        snprintf(n, sizeof n, "blk.%d." suffix, l);           \
+        add(&P, &R, n, type, ne0, rows, mean, std);           \
+    } while (0)
+        T("attn_norm.weight", CM_TYPE_F32, E, 1, 1, NORM_NOISE);
+        T("attn_q.weight", wt, E, H * D, 0, 1 / sqrtf((float)E));
+        if (arch == A_QWEN2) T("attn_q.bias", CM_TYPE_F32, H * D, 1, 0, BIAS_STD);
+        T("attn_k.weight", wt, E, HKV * D, 0, 1 / sqrtf((float)E));
+        if (arch == A_QWEN2) T("attn_k.bias", CM_TYPE_F32, HKV * D, 1, 0, BIAS_STD);
+        T("attn_v.weight", v_t, E, HKV * D, 0, 1 / sqrtf((float)E));
+        if (arch == A_QWEN2) T("attn_v.bias", CM_TYPE_F32, HKV * D, 1, 0, BIAS_STD);
+        if (arch == A_QWEN3) {
+            T("attn_q_norm.weight", CM_TYPE_F32, D, 1, 1, NORM_NOISE);
+            T("attn_k_norm.weight", CM_TYPE_F32, D, 1, 1, NORM_NOISE);
+        }
+        T("attn_output.weight", wt, H * D, E, 0, res_scale / sqrtf((float)(H * D)));
+        T("ffn_norm.weight", CM_TYPE_F32, E, 1, 1, NORM_NOISE);
+        T("ffn_gate.weight", wt, E, F, 0, 1 / sqrtf((float)E));
+        T("ffn_up.weight", wt, E, F, 0, 1 / sqrtf((float)E));
+        T("ffn_down.weight", down_t, F, E, 0, res_scale / sqrtf((float)F));
+#undef T
+    }
+    add(&P, &R, "output_norm.weight", CM_TYPE_F32, E, 1, 1, NORM_NOISE);
+    if (!p->tied) add(&P, &R, "output.weight", head_t, E, n_vocab, 0, head_std);
+
+    w = cm_gguf_writer_new(0);
+    if (!w) { rc = cm_errf(err, errlen, CM_ENOMEM, "out of memory"); goto done; }
+    char key[128];
+#define K(fmt) (snprintf(key, sizeof key, "%s." fmt, p->arch), key)
+    cm_gguf_w_str(w, "general.architecture", p->arch);
+    char name[64];
+    snprintf(name, sizeof name, "synth-%s-%s", p->arch, st->name);
+    cm_gguf_w_str(w, "general.name", name);
+    cm_gguf_w_u32(w, "general.file_type", st->ftype);
+    if (wt != CM_TYPE_F32 && wt != CM_TYPE_F16 && wt != CM_TYPE_BF16)
+        cm_gguf_w_u32(w, "general.quantization_version", 2);
+    cm_gguf_w_u32(w, K("vocab_size"), (uint32_t)n_vocab);
+    cm_gguf_w_u32(w, K("context_length"), (uint32_t)(p->n_ctx > 0 ? p->n_ctx : 4096));
+    cm_gguf_w_u32(w, K("embedding_length"), (uint32_t)E);
+    cm_gguf_w_u32(w, K("block_count"), (uint32_t)L);
+    cm_gguf_w_u32(w, K("feed_forward_length"), (uint32_t)F);
+    cm_gguf_w_u32(w, K("attention.head_count"), (uint32_t)H);
+    cm_gguf_w_u32(w, K("attention.head_count_kv"), (uint32_t)HKV);
+    cm_gguf_w_f32(w, K("attention.layer_norm_rms_epsilon"), eps);
+    if (arch == A_QWEN3) {
+        cm_gguf_w_u32(w, K("attention.key_length"), (uint32_t)D);
+        cm_gguf_w_u32(w, K("attention.value_length"), (uint32_t)D);
+    }
+    cm_gguf_w_f32(w, K("rope.freq_base"), rope_base);
+    cm_gguf_w_u32(w, K("rope.dimension_count"), (uint32_t)D);
+#undef K
+    /* The vocabulary, verbatim. */
+    for (uint64_t i = 0; i < vocab->n_kv; i++)
+        if (!strncmp(vocab->kv[i].key, "tokenizer.", 10)) cm_gguf_w_copy_kv(w, &vocab->kv[i]);
+    for (int i = 0; i < P.n; i++) {
+        int64_t ne[2] = {P.t[i].ne0, P.t[i].nrows};
+        cm_gguf_w_tensor_fill(w, P.t[i].name, P.t[i].type, P.t[i].nrows > 1 ? 2 : 1, ne, fill_tensor, &P.t[i]);
+    }
+
+    int nth = p->n_threads > 0 ? p->n_threads : cm_cpu_count();
+    if (nth < 1) nth = 1;
+    R.pool = cm_pool_new(nth);
+    R.scratch = cm_malloc(sizeof(float) * (size_t)nth * ROWS_PER_CHUNK * (size_t)R.max_row);
+    if (!R.pool || !R.scratch) { rc = cm_errf(err, errlen, CM_ENOMEM, "out of memory"); goto done; }
+    rc = path ? cm_gguf_writer_write(w, path, err, errlen) : cm_gguf_writer_write_buf(w, out, err, errlen);
+done:
+    cm_gguf_writer_free(w);
+    if (R.pool) cm_pool_free(R.pool);
+    cm_free(R.scratch);
+    cm_free(freqs);
+    cm_free(P.t);
+    return rc;
+}

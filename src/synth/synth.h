@@ -1,0 +1,66 @@
+/*
+ * synth: random-weight models with exactly the metadata keys, tensor names,
+ * shapes and types a real GGUF of the architecture has (llama, qwen2, qwen3),
+ * so that tests and demos can exercise every architecture x tensor type
+ * without downloading anything, and llama.cpp loads the same file.
+ *
+ * Weights are drawn deterministically from (seed, tensor name, row): the file
+ * is a pure function of its parameters, whatever the thread count or
+ * platform (the generator uses integer arithmetic and one float multiply per
+ * value; no libm). Scales keep the logits non-degenerate (see synth.c).
+ * Quantization uses the kernels module's reference quantizers (the bytes
+ * llama-quantize would write from the same floats).
+ *
+ * This module writes files and never reads anything but the vocabulary GGUF
+ * it is given; it does no inference.
+ */
+#ifndef CM_SYNTH_H
+#define CM_SYNTH_H
+
+#include "../base/base.h"
+#include "../gguf/gguf.h"
+#include "../os/os.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+typedef struct cm_synth_params {
+    const char *arch;   /* "llama", "qwen2", "qwen3" */
+    int n_embd;         /* model dim; a multiple of the weight type's block size (256 for K-quants) */
+    int n_layer;
+    int n_head;         /* n_embd % n_head == 0; head_dim = n_embd / n_head, even */
+    int n_head_kv;      /* divides n_head */
+    int n_ff;           /* multiple of the block size like n_embd */
+    int n_ctx;          /* <arch>.context_length; 0 = 4096 */
+    const char *type;   /* f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k q4_k_m */
+    float rope_base;    /* 0 = the architecture's usual (llama 10000, with llama3 scaling 500000, qwen 1e6) */
+    bool rope_llama3;   /* Llama 3.1 rope scaling: rope_freqs.weight (factor 8, low 1, high 4, original ctx 8192) */
+    bool tied;          /* no output.weight: the head reuses token_embd */
+    uint64_t seed;
+    int n_threads;      /* 0 = all CPUs; never changes the output */
+    /* Called after each tensor with bytes done / total (total is the tensor data size). */
+    void (*progress)(void *ctx, uint64_t done, uint64_t total);
+    void *progress_ctx;
+} cm_synth_params;
+
+/* Types that --type accepts, space-separated (for help texts). */
+const char *cm_synth_type_names(void);
+
+/* Check p (shapes vs types, known arch/type) without writing anything.
+ * Returns 0 or CM_EINVAL with a one-line message. */
+int cm_synth_check(const cm_synth_params *p, char *err, size_t errlen);
+
+/* Write the model to path atomically (or, when path is NULL, append the
+ * whole file to out: tests). vocab is a parsed GGUF whose tokenizer.* keys
+ * are copied (its tokenizer.ggml.tokens gives n_vocab). Returns 0 or a CM_E*
+ * code with a message. Thread-safe only against other calls with their own
+ * arguments; uses its own compute pool for the duration of the call. */
+int cm_synth_write(const cm_synth_params *p, const cm_gguf *vocab, const char *path, cm_buf *out,
+                   char *err, size_t errlen);
+
+/* Llama 3.1 rope frequency factors (n = head_dim / 2 values), as the HF
+ * converter computes them: factor 8, low_freq_factor 1, high_freq_factor 4,
+ * original context 8192. */
+void cm_synth_llama3_freqs(float *out, int head_dim, float rope_base);
+
+#endif

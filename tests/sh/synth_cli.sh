@@ -1,0 +1,52 @@
+#!/bin/sh
+# synth_cli.sh: `cumulo synth` as a user meets it: --help, one-line errors with
+# a non-zero exit for every bad argument, and a file that is the same bytes
+# whatever the thread count (the golden comparison with llama.cpp is
+# tests/unit/test_synth_golden.c, which calls the same generator).
+cd "$(dirname "$0")/../.." || exit 1
+BIN=${CUMULO_BIN:-build/cumulo}
+SHARED=${CUMULO_SHARED:-../shared}
+VOCAB=$SHARED/vocab/ggml-vocab-llama-spm.gguf
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+pass=0; fail=0
+ok() { pass=$((pass + 1)); }
+bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
+
+"$BIN" synth --help >"$T/help" 2>&1 && grep -q "q4_k_m" "$T/help" && ok || bad "--help"
+
+BASE="--arch llama --dim 256 --layers 1 --heads 4 --kv-heads 2 --ffn 512 --vocab $VOCAB --seed 5"
+# Each bad invocation: exit 1, exactly one line on stderr starting with "cumulo: ".
+expect_err() {
+    want=$1; shift
+    "$BIN" synth "$@" >"$T/out" 2>"$T/err"; rc=$?
+    if [ $rc -ne 1 ] || [ "$(wc -l <"$T/err")" -ne 1 ] || ! grep -Eq "^cumulo: .*($want)" "$T/err"; then
+        bad "synth $*: rc $rc, stderr: $(cat "$T/err")"
+    else ok; fi
+}
+# shellcheck disable=SC2086
+{
+expect_err "unknown architecture 'gpt2'" $BASE --type q8_0 -o "$T/x.gguf" --arch gpt2
+expect_err "unknown type 'q2_k'" $BASE --type q2_k -o "$T/x.gguf"
+expect_err "multiples of 256" $BASE --type q4_k --dim 288 -o "$T/x.gguf"
+expect_err "not a multiple of kv-heads" $BASE --type q8_0 --kv-heads 3 -o "$T/x.gguf"
+expect_err "missing -o" $BASE --type q8_0
+expect_err "missing --vocab" --arch llama --dim 256 --layers 1 --heads 4 --ffn 512 --type q8_0 -o "$T/x.gguf"
+expect_err "cannot open|no such file" --arch llama --dim 256 --layers 1 --heads 4 --ffn 512 --type q8_0 --vocab "$T/none.gguf" -o "$T/x.gguf"
+expect_err "unknown rope scaling 'yarn'" $BASE --type q8_0 --rope-scaling yarn -o "$T/x.gguf"
+expect_err "unknown option '--bogus'" $BASE --type q8_0 --bogus -o "$T/x.gguf"
+expect_err "'--dim'" $BASE --type q8_0 --dim abc -o "$T/x.gguf"
+}
+[ ! -e "$T/x.gguf" ] && ok || bad "a failed synth left a file behind"
+
+# shellcheck disable=SC2086
+if "$BIN" synth $BASE --type q4_k_m --rope-scaling llama3 -o "$T/a.gguf" --threads 1 2>/dev/null &&
+   "$BIN" synth $BASE --type q4_k_m --rope-scaling llama3 -o "$T/b.gguf" --threads 2 2>/dev/null; then
+    ok
+    cmp -s "$T/a.gguf" "$T/b.gguf" && ok || bad "1 and 2 threads wrote different files"
+    [ "$(head -c 4 "$T/a.gguf")" = "GGUF" ] && ok || bad "not a GGUF file"
+else
+    bad "synth failed"
+fi
+echo "$pass passed, $fail failed"
+[ $fail -eq 0 ]
