@@ -7,6 +7,7 @@
 #include "cli.h"
 
 #include "base/base.h"
+#include "engine/engine.h"
 #include "gguf/gguf.h"
 #include "os/os.h"
 #include "sched/plan.h"
@@ -19,11 +20,16 @@
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: cumulo plan [MODEL.gguf] --simulate CLUSTER.json [options]\n"
+            "usage: cumulo plan MODEL.gguf --nodes auto|HOST:PORT,... [--key-file F] [--insecure]\n"
+            "       cumulo plan [MODEL.gguf] --simulate CLUSTER.json [options]\n"
             "       cumulo plan --preset NAME [--type TYPE] --simulate CLUSTER.json [options]\n\n"
             "Split a model across a cluster and predict its speed (tokens/s, time to first token)\n"
             "for the chosen plan and the alternatives: pipeline only, tensor only, hybrid.\n\n"
             "options:\n"
+            "  --nodes LIST        plan for live nodes: connect (mDNS with 'auto'), measure them and\n"
+            "                      their links, assign the stages and print the plan the cluster runs\n"
+            "  --key-file F        the cluster key (default $CUMULO_KEY_FILE or ~/.config/cumulo/cluster.key)\n"
+            "  --insecure          nodes without a key (they must run --insecure too)\n"
             "  --simulate FILE     imaginary cluster: nodes (memory, bandwidth, compute) and links\n"
             "                      (rtt, Gbit/s); see examples/clusters/*.json\n"
             "  --preset NAME       a model shape without a file (%s)\n"
@@ -75,11 +81,16 @@ static cJSON *plan_json(const cm_plan *p, const cm_plan_cluster *c) {
 int cmd_plan(int argc, char **argv) {
     if (cli_wants_help(argc, argv)) { usage(stdout); return 0; }
     const char *model_path = NULL, *sim = NULL, *preset = NULL, *type = NULL, *par = NULL;
+    const char *nodes = NULL, *key_file = NULL;
+    bool insecure = false;
     long ctx = 0, seq = 0;
     bool json = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--simulate")) { sim = v; i++; }
+        else if (!strcmp(a, "--nodes")) { nodes = v; i++; }
+        else if (!strcmp(a, "--key-file")) { key_file = v; i++; }
+        else if (!strcmp(a, "--insecure")) insecure = true;
         else if (!strcmp(a, "--preset")) { preset = v; i++; }
         else if (!strcmp(a, "--type")) { type = v; i++; }
         else if (!strcmp(a, "--parallel")) { par = v; i++; }
@@ -91,10 +102,24 @@ int cmd_plan(int argc, char **argv) {
         else return cli_fail("unexpected argument '%s'; see 'cumulo plan --help'", a);
         if (i >= argc) return cli_fail("option '%s' needs a value", a);
     }
-    if (!sim)
-        return cli_fail("plan needs --simulate CLUSTER.json (planning for live nodes is 'cumulo serve'); "
-                        "see examples/clusters/");
     char err[512];
+    if (nodes) {
+        if (!model_path) return cli_fail("plan --nodes needs MODEL.gguf");
+        /* Live cluster: the same path 'serve' takes (handshake, measurement,
+         * plan, assignment), then the plan it settled on. */
+        cm_engine_opts eo = {0};
+        eo.nodes = nodes;
+        eo.key_file = key_file;
+        eo.insecure = insecure;
+        cm_engine *e = NULL;
+        if (cm_engine_load(&e, model_path, &eo, err, sizeof err) != 0) return cli_fail("%s", err);
+        const char *text = cm_engine_plan(e);
+        printf("%s", text ? text : "this machine alone: no node took part\n");
+        cm_engine_free(e);
+        return 0;
+    }
+    if (!sim)
+        return cli_fail("plan needs --simulate CLUSTER.json or --nodes auto|HOST:PORT,...; see examples/clusters/");
     char *text = NULL;
     size_t len = 0;
     if (cm_file_read_all(sim, &text, &len, err, sizeof err) != 0) return cli_fail("%s", err);

@@ -1,0 +1,44 @@
+#!/bin/sh
+# plan_cli.sh: `cumulo plan` on the example cluster files (simulated) and on
+# two live nodes on 127.0.0.1 (the plan a real cluster settles on).
+cd "$(dirname "$0")/../.." || exit 1
+BIN=${CUMULO_BIN:-build/cumulo}
+SHARED=${CUMULO_SHARED:-../shared}
+pass=0; fail=0
+ok() { pass=$((pass + 1)); }
+bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
+tmp=$(mktemp -d)
+cleanup() { [ -n "$n1" ] && kill $n1 $n2 2>/dev/null; wait 2>/dev/null; rm -rf "$tmp"; }
+trap cleanup EXIT INT TERM
+
+for f in examples/clusters/*.json; do
+    out=$("$BIN" plan --simulate "$f" 2>&1)
+    if [ $? -eq 0 ] && echo "$out" | grep -q '^mode ' && echo "$out" | grep -q 'alternatives'; then ok; else bad "simulate $f: $out"; fi
+    j=$("$BIN" plan --simulate "$f" --json 2>&1)
+    echo "$j" | grep -q '"tok_s"' && ok || bad "simulate $f --json: $j"
+done
+# a model that fits nowhere: the error says how much is missing
+cat > "$tmp/small.json" <<'J'
+{ "nodes": [ { "name": "tiny", "count": 2, "mem_gb": 4, "mem_bw_gbs": 50, "tflops": 1 } ] }
+J
+out=$("$BIN" plan --preset llama-3-70b --type q4_k_m --simulate "$tmp/small.json" 2>&1)
+[ $? -ne 0 ] && echo "$out" | grep -q 'GiB missing' && ok || bad "does not fit: $out"
+out=$("$BIN" plan "$SHARED/models/stories260K-f32.gguf" 2>&1)
+[ $? -ne 0 ] && [ "$(echo "$out" | wc -l)" -eq 1 ] && ok || bad "no --simulate/--nodes: $out"
+out=$("$BIN" plan --simulate /nonexistent.json 2>&1)
+[ $? -ne 0 ] && echo "$out" | grep -q 'no such file' && ok || bad "missing cluster file: $out"
+
+# live: two nodes on loopback with a temporary key
+"$BIN" key --new --file "$tmp/k" >/dev/null 2>&1 || bad "key"
+port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+p1=$(port); p2=$(port)
+"$BIN" node --port "$p1" --no-mdns --key-file "$tmp/k" >"$tmp/n1.log" 2>&1 & n1=$!
+"$BIN" node --port "$p2" --no-mdns --key-file "$tmp/k" >"$tmp/n2.log" 2>&1 & n2=$!
+sleep 1
+out=$(timeout 60 "$BIN" plan "$SHARED/models/stories260K-q8_0.gguf" --nodes "127.0.0.1:$p1,127.0.0.1:$p2" --key-file "$tmp/k" 2>&1)
+if [ $? -eq 0 ] && [ "$(echo "$out" | grep -c "127.0.0.1:")" -ge 2 ] && echo "$out" | grep -q 'head'; then ok; else bad "live plan: $out"; fi
+# every layer is placed once: the stages' ranges cover 0..4
+layers=$(echo "$out" | awk '$0 ~ /^vm/ { for (i = 1; i <= NF; i++) if ($i ~ /^[0-9]+-[0-9]+$/) { print $i; break } }' | tr '\n' ' ')
+echo "$layers" | grep -q '^0-' && echo "$layers" | grep -q -- '-4 $' && ok || bad "layer ranges: $layers"
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
