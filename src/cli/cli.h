@@ -38,13 +38,18 @@ int cmd_info(int argc, char **argv);
  * one-line error itself and returns non-zero on failure. */
 struct cm_engine;
 int cli_load_engine(struct cm_engine **e, const char *path, int threads, int n_ctx, bool kv_f16);
+struct cm_engine_opts;
+int cli_load_engine_opts(struct cm_engine **e, const char *path, const struct cm_engine_opts *o);
 int cmd_key(int argc, char **argv);
+int cmd_node(int argc, char **argv);
+int cmd_nodes(int argc, char **argv);
+int cmd_launch(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
 int cmd_synth(int argc, char **argv);
-int cmd_tokenize(int argc, char **argv);
-int cmd_detokenize(int argc, char **argv);
 int cmd_discover(int argc, char **argv);
 int cmd_announce(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);
+int cmd_detokenize(int argc, char **argv);
 
 #endif

@@ -12,6 +12,7 @@
 #include "os/os.h"
 
 #include <cjson/cJSON.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,7 +43,16 @@ static const char k_run_usage[] =
     "                         (only the reply is printed)\n"
     "  --chat-template NAME   like --chat, with this template family (chatml, llama3, ...)\n"
     "  --system TEXT          with --chat: a system message before the prompt\n"
-    "  --json                 print one JSON object: prompt_tokens, tokens, text, timings\n";
+
+    "  --json                 print one JSON object: prompt_tokens, tokens, text, timings\n"
+    "\n"
+    "Cluster (pipeline parallel; this machine computes the first stage):\n"
+    "  --cluster              use `cumulo node`s (with --nodes, default auto)\n"
+    "  --nodes LIST           auto (mDNS) or host:port,host:port,...\n"
+    "  --layers A,B,...       layers per stage, this machine first (default: the planner's)\n"
+    "  --insecure             no cluster key (the nodes must run --insecure too)\n"
+    "  --key-file FILE        cluster key (default $CUMULO_KEY_FILE or ~/.config/cumulo/cluster.key)\n"
+    "  --streams N            run N copies of the request at once (aggregate tokens/s; a benchmark)\n";
 
 static cm_session *g_session; /* for SIGINT */
 
@@ -79,11 +89,22 @@ static void progress_cb(void *ctx, uint64_t done, uint64_t total) {
     cli_progress_update(p, (double)done);
 }
 
+static void log_line(void *ctx, const char *line) {
+    (void)ctx;
+    fprintf(stderr, "%s\n", line);
+}
+
 /* Shared by run and info: map + load with a progress bar for large files. */
 int cli_load_engine(cm_engine **e, const char *path, int threads, int n_ctx, bool kv_f16) {
+    cm_engine_opts o = {.n_threads = threads, .n_ctx = n_ctx, .kv_f16 = kv_f16};
+    return cli_load_engine_opts(e, path, &o);
+}
+
+int cli_load_engine_opts(cm_engine **e, const char *path, const cm_engine_opts *in) {
     cli_progress prog;
     cli_progress_start(&prog, "loading", 0);
-    cm_engine_opts o = {.n_threads = threads, .n_ctx = n_ctx, .kv_f16 = kv_f16};
+    cm_engine_opts o = *in;
+    if (o.nodes && !o.log) o.log = log_line;
     /* Pages load lazily unless there is a bar to show (reading them all costs time). */
     if (prog.on) {
         o.progress = progress_cb;
@@ -96,13 +117,80 @@ int cli_load_engine(cm_engine **e, const char *path, int threads, int n_ctx, boo
     return 0;
 }
 
+/* --streams: one request per thread, all at once. */
+typedef struct stream_job {
+    cm_engine *e;
+    const int32_t *ptoks;
+    int np;
+    const cm_gen_params *gp;
+    run_out out;
+    int rc;
+    char err[512];
+    pthread_t th;
+} stream_job;
+
+static void *stream_main(void *arg) {
+    stream_job *j = arg;
+    cm_session *s = cm_session_new(j->e, 0, j->err, sizeof j->err);
+    cm_gen_result res;
+    j->rc = s ? 0 : CM_ENOMEM;
+    if (!j->rc) j->rc = cm_session_set_prompt(s, j->ptoks, j->np, j->err, sizeof j->err);
+    if (!j->rc) j->rc = cm_session_generate(s, j->gp, on_token, &j->out, &res, j->err, sizeof j->err);
+    cm_session_free(s);
+    return NULL;
+}
+
+static int run_streams(cm_engine *e, int n, const int32_t *ptoks, int np, const cm_gen_params *gp, bool json) {
+    stream_job *jobs = cm_calloc((size_t)n, sizeof *jobs);
+    if (!jobs) return cli_fail("out of memory");
+    int cap = gp->n_predict > 0 ? gp->n_predict : 4096, status = 0;
+    double t0 = cm_now_s();
+    for (int i = 0; i < n; i++) {
+        jobs[i] = (stream_job){.e = e, .ptoks = ptoks, .np = np, .gp = gp, .out = {.json = true, .cap_ids = cap}};
+        jobs[i].out.ids = cm_malloc((size_t)cap * sizeof(int32_t));
+        cm_buf_init(&jobs[i].out.text);
+        if (pthread_create(&jobs[i].th, NULL, stream_main, &jobs[i])) jobs[i].th = 0;
+    }
+    long total = 0;
+    bool same = true;
+    for (int i = 0; i < n; i++) {
+        if (jobs[i].th) pthread_join(jobs[i].th, NULL);
+        if (jobs[i].rc && !status) status = cli_fail("stream %d: %s", i, jobs[i].err);
+        total += jobs[i].out.n_ids;
+        same = same && jobs[i].out.n_ids == jobs[0].out.n_ids &&
+               !memcmp(jobs[i].out.ids, jobs[0].out.ids, (size_t)jobs[0].out.n_ids * sizeof(int32_t));
+    }
+    double dt = cm_now_s() - t0;
+    uint64_t hb = 0, hf = 0, hr = 0;
+    bool hop = cm_engine_hop_stats(e, &hb, &hf, &hr);
+    if (json) {
+        printf("{\"streams\":%d,\"tokens\":%ld,\"seconds\":%.4f,\"aggregate_tps\":%.2f,\"identical\":%s", n, total, dt,
+               dt > 0 ? total / dt : 0, same ? "true" : "false");
+        if (hop) printf(",\"hop_bytes\":%llu,\"hop_frames\":%llu,\"hop_rows\":%llu", (unsigned long long)hb,
+                        (unsigned long long)hf, (unsigned long long)hr);
+        printf(",\"ids\":[");
+        for (int k = 0; k < jobs[0].out.n_ids; k++) printf(k ? ",%d" : "%d", jobs[0].out.ids[k]);
+        printf("]}\n");
+    } else {
+        printf("%d streams: %ld tokens in %.3f s = %.1f tok/s aggregate; outputs %s\n", n, total, dt,
+               dt > 0 ? total / dt : 0, same ? "identical" : "DIFFER");
+    }
+    for (int i = 0; i < n; i++) {
+        cm_free(jobs[i].out.ids);
+        cm_buf_release(&jobs[i].out.text);
+    }
+    cm_free(jobs);
+    return status;
+}
+
 int cmd_run(int argc, char **argv) {
     if (cli_wants_help(argc, argv)) { fputs(k_run_usage, stdout); return 0; }
     const char *model = NULL, *prompt = NULL, *file = NULL, *tmpl = NULL, *system = NULL;
     const char *stops[16];
     int n_stops = 0;
-    long n_predict = 128, ctx = 0, threads = 0;
-    bool json = false, no_bos = false, kv_f16 = false, chat = false;
+    long n_predict = 128, ctx = 0, threads = 0, streams = 0;
+    bool json = false, no_bos = false, kv_f16 = false, chat = false, cluster = false, insecure = false;
+    const char *nodes = NULL, *layers = NULL, *key_file = NULL;
     cm_gen_params gp;
     cm_gen_params_default(&gp);
     for (int i = 1; i < argc; i++) {
@@ -164,6 +252,17 @@ int cmd_run(int argc, char **argv) {
             system = NEXT();
         } else if (!strcmp(a, "--json")) {
             json = true;
+        } else if (!strcmp(a, "--cluster")) {
+            cluster = true;
+        } else if (!strcmp(a, "--insecure")) {
+            insecure = true;
+        } else if (!strcmp(a, "--nodes") || !strcmp(a, "--layers") || !strcmp(a, "--key-file")) {
+            if (!v) return cli_fail("option '%s' needs a value", a);
+            if (a[2] == 'n') nodes = NEXT();
+            else if (a[2] == 'l') layers = NEXT();
+            else key_file = NEXT();
+        } else if (!strcmp(a, "--streams")) {
+            if (!cli_int(a, NEXT(), 1, 64, &streams)) return 1;
         } else if (a[0] == '-' && a[1]) {
             return cli_fail("unknown option '%s'; see 'cumulo run --help'", a);
         } else if (!model) {
@@ -193,8 +292,13 @@ int cmd_run(int argc, char **argv) {
     char msg[512];
     if (cm_sampler_params_check(&gp.sampling, msg, sizeof msg)) { cm_free(file_text); return cli_fail("%s", msg); }
 
+    if ((nodes || layers) && !cluster) cluster = true;
     cm_engine *e = NULL;
-    if (cli_load_engine(&e, model, (int)threads, (int)ctx, kv_f16)) { cm_free(file_text); return 1; }
+    cm_engine_opts eo = {.n_threads = (int)threads, .n_ctx = (int)ctx, .nodes = cluster ? (nodes ? nodes : "auto") : NULL,
+                         .insecure = insecure, .key_file = key_file, .layers = layers,
+                         .n_seq = streams > 8 ? (int)streams : 8, .kv_f16 = kv_f16};
+    /* --streams (even 1) reports aggregate numbers instead of the text. */
+    if (cli_load_engine_opts(&e, model, &eo)) { cm_free(file_text); return 1; }
     int status = 1;
     cm_session *s = NULL;
     int32_t *ptoks = NULL;
@@ -225,6 +329,10 @@ int cmd_run(int argc, char **argv) {
     }
     if (np > cap) { cli_fail("cannot tokenize the prompt"); goto done; }
     if (np == 0) { cli_fail("the prompt is empty and --no-bos leaves no token to start from"); goto done; }
+    if (streams >= 1) {
+        status = run_streams(e, (int)streams, ptoks, np, &gp, json) ? 1 : 0;
+        goto done;
+    }
     s = cm_session_new(e, (int)ctx, err, sizeof err);
     if (!s) { cli_fail("%s", err); goto done; }
     if (np > cm_session_n_ctx(s)) {
@@ -264,6 +372,13 @@ int cmd_run(int argc, char **argv) {
         cJSON_AddNumberToObject(tj, "gen_s", t.gen_s);
         cJSON_AddNumberToObject(tj, "gen_tps", gtps);
         cJSON_AddNumberToObject(tj, "peak_rss_bytes", (double)cm_peak_rss_bytes());
+        uint64_t hb, hf, hr;
+        if (cm_engine_hop_stats(e, &hb, &hf, &hr)) {
+            cJSON *hj = cJSON_AddObjectToObject(j, "hop");
+            cJSON_AddNumberToObject(hj, "bytes", (double)hb);
+            cJSON_AddNumberToObject(hj, "frames", (double)hf);
+            cJSON_AddNumberToObject(hj, "rows", (double)hr);
+        }
         char *js = cJSON_PrintUnformatted(j);
         if (js) puts(js);
         cJSON_free(js);

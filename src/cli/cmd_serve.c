@@ -44,7 +44,18 @@ static const char k_serve_usage[] =
     "  --tdp W            watts at full load, for the power estimate without counters (default 65)\n"
     "  --alias NAME       model id in the API (default: the file name without .gguf)\n"
     "  --chat-template F  chat template family (chatml, llama3, ...; default: the model's own,\n"
-    "                     or chatml when it has none)\n";
+    "                     or chatml when it has none)\n"
+    "\n"
+    "Cluster (pipeline parallel; this machine computes the first stage):\n"
+    "  --nodes LIST       auto (mDNS) or host:port,host:port,... of `cumulo node`s\n"
+    "  --layers A,B,...   layers per stage, this machine first (default: the planner's)\n"
+    "  --insecure         no cluster key (the nodes must run --insecure too)\n"
+    "  --key-file FILE    cluster key (default $CUMULO_KEY_FILE or ~/.config/cumulo/cluster.key)\n";
+
+static void log_line(void *ctx, const char *line) {
+    (void)ctx;
+    fprintf(stderr, "%s\n", line);
+}
 
 int cmd_serve(int argc, char **argv) {
     if (cli_wants_help(argc, argv)) { fputs(k_serve_usage, stdout); return 0; }
@@ -55,7 +66,8 @@ int cmd_serve(int argc, char **argv) {
     int n_allow = 0;
     long threads = 0, l;
     long n_batch = 4; /* batch-invariant by default: see engine.h */
-    bool kv_f16 = false;
+    bool kv_f16 = false, insecure = false;
+    const char *nodes = NULL, *layers = NULL, *key_file = NULL;
     double d;
     o.api_key = getenv("CUMULO_API_KEY");
     for (int i = 1; i < argc; i++) {
@@ -90,6 +102,10 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--tdp")) { if (!cli_float(a, NEXT(), 1, 100000, &d)) return 1; o.tdp_w = d; }
         else if (!strcmp(a, "--alias")) { NEED(); alias = NEXT(); }
         else if (!strcmp(a, "--chat-template")) { NEED(); o.chat_template = NEXT(); }
+        else if (!strcmp(a, "--nodes")) { NEED(); nodes = NEXT(); }
+        else if (!strcmp(a, "--layers")) { NEED(); layers = NEXT(); }
+        else if (!strcmp(a, "--key-file")) { NEED(); key_file = NEXT(); }
+        else if (!strcmp(a, "--insecure")) insecure = true;
         else if (a[0] == '-') return cli_fail("unknown option '%s'; see 'cumulo serve --help'", a);
         else if (model) return cli_fail("more than one model given ('%s' and '%s')", model, a);
         else model = a;
@@ -125,7 +141,9 @@ int cmd_serve(int argc, char **argv) {
     fprintf(stderr, "cumulo: listening on http://%s%s%s:%d/ (loading '%s')\n", v6 ? "[" : "", h, v6 ? "]" : "",
             cm_http_port(srv), model);
     cm_engine *e = NULL;
-    cm_engine_opts eo = {.n_threads = (int)threads, .n_ctx = o.n_ctx, .n_batch = (int)n_batch, .kv_f16 = kv_f16};
+    cm_engine_opts eo = {.n_threads = (int)threads, .n_ctx = o.n_ctx, .n_batch = (int)n_batch, .kv_f16 = kv_f16,
+                         .nodes = nodes, .insecure = insecure, .key_file = key_file, .layers = layers,
+                         .n_seq = o.n_slots > 0 ? o.n_slots : 4, .log = log_line};
     if (cm_engine_load(&e, model, &eo, err, sizeof err)) {
         cm_http_stop(srv);
         return cli_fail("%s", err);

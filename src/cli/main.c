@@ -18,11 +18,14 @@ static const cm_command k_commands[] = {
     {"chat", "chat with a model in the terminal", cmd_chat},
     {"info", "architecture, size, quant mix and memory needs of a model", cmd_info},
     {"serve", "serve a model over an OpenAI-compatible HTTP API, with a dashboard", cmd_serve},
-    {"tokenize", "text -> token ids with a model's vocabulary", cmd_tokenize},
-    {"detokenize", "token ids -> text with a model's vocabulary", cmd_detokenize},
     {"key", "create or show the cluster key", cmd_key},
+    {"node", "offer this machine to a cluster (a daemon)", cmd_node},
+    {"nodes", "list cluster nodes (mDNS and given) with capabilities and link speed", cmd_nodes},
+    {"launch", "start cumulo node on other machines over SSH", cmd_launch},
     {"discover", "list cumulo nodes found on the local network (mDNS)", cmd_discover},
     {"announce", "announce this machine over mDNS until Ctrl-C (test aid)", cmd_announce},
+    {"tokenize", "text -> token ids with a model's vocabulary", cmd_tokenize},
+    {"detokenize", "token ids -> text with a model's vocabulary", cmd_detokenize},
 };
 
 static void usage(FILE *f) {

@@ -42,7 +42,8 @@ void cm_session_step_release(cm_session *s) {
 int cm_session_start(cm_session *s, const cm_gen_params *p, cm_token_cb cb, void *user, char *err, size_t errlen) {
     cm_engine *e = s->e;
     cm_session_step_release(s);
-    if (!s->have_logits || s->n_hist != s->kv.n_past)
+    /* On a cluster the last token stays pending until its sample (engine_impl.h). */
+    if (!s->have_logits || s->n_hist != s->kv.n_past + (e->pipe ? 1 : 0))
         return cm_errf(err, errlen, CM_ESTATE, "start before a prompt was evaluated");
     struct cm_step *st = cm_calloc(1, sizeof *st);
     if (!st) return cm_errf(err, errlen, CM_ENOMEM, "out of memory");
@@ -55,10 +56,21 @@ int cm_session_start(cm_session *s, const cm_gen_params *p, cm_token_cb cb, void
         cm_free(st);
         return CM_EINVAL;
     }
-    int from = s->kv.n_past - (p->sampling.repeat_last_n > 0 ? p->sampling.repeat_last_n : 0);
-    for (int i = from < 0 ? 0 : from; i < s->kv.n_past; i++) cm_sampler_accept(st->smp, s->hist[i]);
+    int n_done = e->pipe ? s->n_hist : s->kv.n_past;
+    int from = n_done - (p->sampling.repeat_last_n > 0 ? p->sampling.repeat_last_n : 0);
+    for (int i = from < 0 ? 0 : from; i < n_done; i++) cm_sampler_accept(st->smp, s->hist[i]);
+    /* The last stage samples: it gets the parameters and the history. */
+    if (e->pipe) {
+        int rc = cm_pipe_seq_start(e->pipe, s->slot, &p->sampling, s->hist, s->n_hist, err, errlen);
+        if (rc) {
+            cm_stop_free(st->stop);
+            cm_sampler_free(st->smp);
+            cm_free(st);
+            return rc;
+        }
+    }
     bool lstrip = true;
-    for (int i = 0; i < s->kv.n_past; i++)
+    for (int i = 0; i < n_done; i++)
         if (!cm_tokenizer_is_control(e->tok, s->hist[i])) lstrip = false;
     cm_detok_init(&st->dt, e->tok, false, lstrip);
     st->cb = cb;
@@ -101,22 +113,32 @@ static void step_end(cm_session *s, enum cm_finish fin) {
         cm_token_event ev = {.id = -1, .text = out, .len = on};
         if (on && st->cb) st->cb(st->user, &ev);
     }
-    s->have_logits = s->have_logits && s->n_hist == s->kv.n_past;
+    s->have_logits = s->e->pipe ? s->n_hist == s->kv.n_past + 1 : s->have_logits && s->n_hist == s->kv.n_past;
     s->t.n_gen = st->n_gen;
     s->t.gen_s = cm_now_s() - st->t0;
 }
 
 /* Sample, stream and decide for one session; returns 1 when its new token
  * must be evaluated, 0 when it finished, or an error code. */
+static int step_take(cm_session *s, int32_t id, const cm_sample_info *info_in);
+
 static int step_sample(cm_session *s) {
     struct cm_step *st = s->step;
-    cm_engine *e = s->e;
     if (atomic_load(&s->cancel)) { step_end(s, CM_FINISH_CANCEL); return 0; }
     if (st->p.n_predict > 0 && st->n_gen >= st->p.n_predict) { step_end(s, CM_FINISH_LENGTH); return 0; }
     /* The chosen token's logprob costs one softmax over the vocabulary: small
      * next to the forward pass, and the API may ask for it. */
     cm_sample_info info;
     int32_t id = cm_sampler_sample(st->smp, s->logits, &info);
+    return step_take(s, id, &info);
+}
+
+/* The rest of a step once the token is known (sampled here, or by the last
+ * stage of a cluster): accept, stream, decide. Same return as step_sample. */
+static int step_take(cm_session *s, int32_t id, const cm_sample_info *info_in) {
+    struct cm_step *st = s->step;
+    cm_engine *e = s->e;
+    cm_sample_info info = *info_in;
     cm_sampler_accept(st->smp, id);
     st->n_gen++;
     if (!st->p.ignore_eos && cm_tokenizer_is_eog(e->tok, id)) { step_end(s, CM_FINISH_EOG); return 0; }
@@ -130,10 +152,58 @@ static int step_sample(cm_session *s) {
     if (st->cb_stopped) { step_end(s, CM_FINISH_CANCEL); return 0; }
     if (st->p.n_predict > 0 && st->n_gen >= st->p.n_predict) { step_end(s, CM_FINISH_LENGTH); return 0; }
     if (s->n_hist >= s->n_ctx) { step_end(s, CM_FINISH_CTX); return 0; }
+    if (e->pipe) s->have_logits = true; /* the new token is pending: ready for the next sample */
     return 1;
 }
 
+/* A cluster step: every running session sends its pending token through our
+ * layers to the next stage (one micro-batch each, so the stages work on them
+ * in turn), then each waits for the token the last stage sampled. */
+static int step_cluster(cm_engine *e, cm_session *const *ss, int n, char *err, size_t errlen) {
+    int running = 0, first_err = 0;
+    for (int base = 0; base < n; base += 256) {
+        int m = CM_MIN(256, n - base);
+        bool sent[256] = {false};
+        for (int k = 0; k < m; k++) {
+            cm_session *s = ss[base + k];
+            if (!cm_session_running(s)) continue;
+            struct cm_step *st = s->step;
+            if (atomic_load(&s->cancel)) { step_end(s, CM_FINISH_CANCEL); continue; }
+            if (st->p.n_predict > 0 && st->n_gen >= st->p.n_predict) { step_end(s, CM_FINISH_LENGTH); continue; }
+            char msg[256] = "";
+            int rc = cm_engine_eval_cluster(s, s->n_hist, true, msg, sizeof msg);
+            if (rc) {
+                step_end(s, CM_FINISH_CANCEL);
+                if (!first_err) { first_err = rc; cm_errf(err, errlen, rc, "%s", msg); }
+                continue;
+            }
+            sent[k] = true;
+        }
+        for (int k = 0; k < m; k++) {
+            if (!sent[k]) continue;
+            cm_session *s = ss[base + k];
+            cm_sample_info info;
+            memset(&info, 0, sizeof info);
+            int32_t id = -1;
+            char msg[256] = "";
+            int rc = cm_pipe_recv_token(e->pipe, s->slot, &id, &info.logprob, msg, sizeof msg);
+            if (!rc && (id < 0 || id >= e->m.hp.n_vocab))
+                rc = cm_errf(msg, sizeof msg, CM_EPROTO, "the last stage sent token id %d", id);
+            if (rc) {
+                step_end(s, CM_FINISH_CANCEL);
+                if (!first_err) { first_err = rc; cm_errf(err, errlen, rc, "%s", msg); }
+                continue;
+            }
+            int r = step_take(s, id, &info);
+            if (r < 0 && !first_err) { first_err = r; cm_errf(err, errlen, r, "generation failed: %s", cm_strerror(r)); }
+            if (r == 1) running++;
+        }
+    }
+    return first_err ? first_err : running;
+}
+
 int cm_engine_step(cm_engine *e, cm_session *const *ss, int n, char *err, size_t errlen) {
+    if (e->pipe) return step_cluster(e, ss, n, err, errlen);
     int nb = e->n_batch;
     int nv = e->m.hp.n_vocab;
     if (!e->step_logits) {

@@ -12,6 +12,7 @@
  */
 #include "engine.h"
 
+#include "../cluster/cluster.h"
 #include "../gguf/gguf.h"
 #include "../model/model.h"
 #include "../os/os.h"
@@ -58,6 +59,19 @@ int cm_engine_load(cm_engine **out, const char *path, const cm_engine_opts *opts
     e->n_batch = o.n_batch > 0 ? o.n_batch : 64;
     e->kv_f16 = o.kv_f16;
     e->max_ctx = CM_MAX(e->n_ctx, CM_MIN(e->m.hp.n_ctx_train, 1 << 20));
+    e->local_last = e->m.hp.n_layer;
+    if (o.nodes && *o.nodes) {
+        if (e->n_batch > 256) e->n_batch = 256;
+        cm_pipe_opts po = {.nodes = o.nodes, .insecure = o.insecure, .key_file = o.key_file, .layers = o.layers,
+                           .n_ctx = e->n_ctx, .n_seq_max = o.n_seq > 0 ? o.n_seq : 8, .max_batch = e->n_batch,
+                           .log = o.log, .log_ctx = o.log_ctx};
+        rc = cm_pipe_open(&e->pipe, path, &e->g, &e->m, &po, &e->local_last, msg, sizeof msg);
+        if (rc) {
+            cm_engine_free(e);
+            return cm_errf(err, errlen, rc, "cluster: %s", msg);
+        }
+        if (e->pipe) e->max_ctx = e->n_ctx; /* the nodes reserved that much */
+    }
     e->ctx = e->pool ? cm_ctx_new(&e->m, e->n_batch, e->max_ctx, e->pool, msg, sizeof msg) : NULL;
     if (!e->ctx) {
         cm_engine_free(e);
@@ -74,6 +88,7 @@ int cm_engine_load(cm_engine **out, const char *path, const cm_engine_opts *opts
 
 void cm_engine_free(cm_engine *e) {
     if (!e) return;
+    cm_pipe_close(e->pipe);
     cm_ctx_free(e->ctx);
     cm_free(e->step_logits);
     cm_pool_free(e->pool);
@@ -108,6 +123,16 @@ void cm_engine_get_info(const cm_engine *e, cm_engine_info *in) {
     in->eos = cm_tokenizer_eos(e->tok);
     in->eot = cm_tokenizer_eot(e->tok);
     in->add_bos = cm_tokenizer_add_bos(e->tok);
+    in->n_stages = e->pipe ? cm_pipe_n_stages(e->pipe) : 1;
+    in->local_layers = e->local_last;
+}
+
+const char *cm_engine_plan(const cm_engine *e) { return e->pipe ? cm_pipe_plan_text(e->pipe) : NULL; }
+
+bool cm_engine_hop_stats(const cm_engine *e, uint64_t *bytes, uint64_t *frames, uint64_t *rows) {
+    if (!e->pipe) return false;
+    cm_pipe_hop_stats(e->pipe, bytes, frames, rows);
+    return true;
 }
 
 int cm_engine_type_usage(const cm_engine *e, cm_type_usage *out, int max) {
@@ -205,8 +230,22 @@ cm_session *cm_session_new(cm_engine *e, int n_ctx, char *err, size_t errlen) {
     if (!s) { cm_errf(err, errlen, CM_ENOMEM, "out of memory"); return NULL; }
     s->e = e;
     s->n_ctx = n_ctx;
-    if (cm_kv_init_type(&s->kv, &e->m, 0, e->m.hp.n_layer, cm_slice_full(&e->m), n_ctx,
+    s->slot = -1;
+    if (e->pipe) {
+        s->slot = cm_pipe_seq_acquire(e->pipe, err, errlen);
+        if (s->slot < 0) { cm_free(s); return NULL; }
+        s->hidden = cm_malloc((size_t)e->n_batch * (size_t)e->m.hp.n_embd * sizeof(float));
+        if (!s->hidden) {
+            cm_pipe_seq_release(e->pipe, s->slot);
+            cm_free(s);
+            cm_errf(err, errlen, CM_ENOMEM, "out of memory");
+            return NULL;
+        }
+    }
+    if (cm_kv_init_type(&s->kv, &e->m, 0, e->local_last, cm_slice_full(&e->m), n_ctx,
                         e->kv_f16 ? CM_TYPE_F16 : CM_TYPE_F32, err, errlen)) {
+        if (s->slot >= 0) cm_pipe_seq_release(e->pipe, s->slot);
+        cm_free(s->hidden);
         cm_free(s);
         return NULL;
     }
@@ -224,6 +263,8 @@ cm_session *cm_session_new(cm_engine *e, int n_ctx, char *err, size_t errlen) {
 
 void cm_session_free(cm_session *s) {
     if (!s) return;
+    if (s->slot >= 0) cm_pipe_seq_release(s->e->pipe, s->slot);
+    cm_free(s->hidden);
     cm_session_step_release(s);
     cm_kv_release(&s->kv);
     cm_free(s->hist);
@@ -241,9 +282,46 @@ const int32_t *cm_session_tokens(const cm_session *s, int *n) {
 void cm_session_cancel(cm_session *s) { atomic_store(&s->cancel, 1); }
 cm_timings cm_session_timings(const cm_session *s) { return s->t; }
 
-/* Evaluate hist[kv.n_past .. n_hist) in chunks; logits of the last one. */
+/* Cluster: evaluate hist[kv.n_past .. upto) through our layers and send the
+ * hidden states on; want_last asks the last stage to sample after upto - 1. */
+int cm_engine_eval_cluster(cm_session *s, int upto, bool want_last, char *err, size_t errlen) {
+    cm_engine *e = s->e;
+    int32_t pos[256], seq[256] = {0};
+    int bmax = CM_MIN(e->n_batch, 256);
+    cm_kv *kvs[1] = {&s->kv};
+    while (s->kv.n_past < upto) {
+        if (atomic_load(&s->cancel)) return cm_errf(err, errlen, CM_ECANCELED, "canceled");
+        int nb = CM_MIN(bmax, upto - s->kv.n_past);
+        int p0 = s->kv.n_past;
+        for (int i = 0; i < nb; i++) pos[i] = p0 + i;
+        bool last = p0 + nb == upto;
+        cm_batch b = {.n = nb, .tokens = s->hist + p0, .pos = pos, .seq = seq};
+        cm_forward_args a = {.layer_first = 0, .layer_last = e->local_last, .slice = cm_slice_full(&e->m),
+                             .kvs = kvs, .n_kvs = 1, .out_hidden = s->hidden};
+        /* The send stays under the lock so micro-batches leave in the order
+         * the stage-0 caches saw them. */
+        pthread_mutex_lock(&e->mu);
+        int rc = cm_forward(e->ctx, &b, &a, err, errlen);
+        if (!rc) rc = cm_pipe_send(e->pipe, s->slot, s->hidden, pos, nb, want_last && last, err, errlen);
+        pthread_mutex_unlock(&e->mu);
+        if (rc) {
+            cm_kv_truncate(&s->kv, p0); /* the next stages may not have it */
+            return rc;
+        }
+    }
+    return 0;
+}
+
+/* Evaluate hist[kv.n_past .. n_hist) in chunks; logits of the last one. On
+ * a cluster the last token stays pending: it is evaluated with the sampling
+ * step (the last stage samples; its logits never travel). */
 static int eval_pending(cm_session *s, char *err, size_t errlen) {
     cm_engine *e = s->e;
+    if (e->pipe) {
+        int rc = cm_engine_eval_cluster(s, s->n_hist - 1, false, err, errlen);
+        s->have_logits = !rc && s->n_hist == s->kv.n_past + 1;
+        return rc;
+    }
     int32_t pos[256], seq[256] = {0};
     int bmax = CM_MIN(e->n_batch, 256);
     cm_kv *kvs[1] = {&s->kv};
@@ -340,7 +418,7 @@ int cm_session_generate(cm_session *s, const cm_gen_params *p, cm_token_cb cb, v
     memset(res, 0, sizeof *res);
     res->stop_index = -1;
     atomic_store(&s->cancel, 0);
-    if (s->n_hist > s->kv.n_past) { /* continuing: evaluate the last sampled token */
+    if (s->n_hist > s->kv.n_past + (e->pipe ? 1 : 0)) { /* continuing: evaluate the last sampled token */
         int r = eval_pending(s, err, errlen);
         if (r) return r;
     }
@@ -349,13 +427,19 @@ int cm_session_generate(cm_session *s, const cm_gen_params *p, cm_token_cb cb, v
     if (!smp) return CM_EINVAL;
     cm_stop *stop = cm_stop_new(p->stops, p->n_stops, err, errlen);
     if (!stop) { cm_sampler_free(smp); return CM_EINVAL; }
-    /* Penalties see the recent context, as llama.cpp's CLI accepts the prompt. */
-    int from = s->kv.n_past - (p->sampling.repeat_last_n > 0 ? p->sampling.repeat_last_n : 0);
-    for (int i = from < 0 ? 0 : from; i < s->kv.n_past; i++) cm_sampler_accept(smp, s->hist[i]);
+    /* Penalties see the recent context, as llama.cpp's CLI accepts the prompt.
+     * On a cluster the last stage samples: the history goes to it. */
+    int n_done = e->pipe ? s->n_hist : s->kv.n_past;
+    int from = n_done - (p->sampling.repeat_last_n > 0 ? p->sampling.repeat_last_n : 0);
+    for (int i = from < 0 ? 0 : from; i < n_done; i++) cm_sampler_accept(smp, s->hist[i]);
+    if (e->pipe) {
+        int r = cm_pipe_seq_start(e->pipe, s->slot, &p->sampling, s->hist, s->n_hist, err, errlen);
+        if (r) { cm_stop_free(stop); cm_sampler_free(smp); return r; }
+    }
     /* The first generated piece loses its leading space only when nothing
      * but specials (BOS) precedes it, like llama.cpp's detokenizer. */
     bool lstrip = true;
-    for (int i = 0; i < s->kv.n_past; i++)
+    for (int i = 0; i < n_done; i++)
         if (!cm_tokenizer_is_control(e->tok, s->hist[i])) lstrip = false;
     cm_detok dt;
     cm_detok_init(&dt, e->tok, false, lstrip);
@@ -368,7 +452,22 @@ int cm_session_generate(cm_session *s, const cm_gen_params *p, cm_token_cb cb, v
     for (;;) {
         if (atomic_load(&s->cancel)) { fin = CM_FINISH_CANCEL; break; }
         if (p->n_predict > 0 && n_gen >= p->n_predict) { fin = CM_FINISH_LENGTH; break; }
-        int32_t id = cm_sampler_sample(smp, s->logits, &info);
+        int32_t id;
+        memset(&info, 0, sizeof info);
+        if (e->pipe) {
+            /* Evaluate the pending token; the last stage samples. */
+            if ((rc = cm_engine_eval_cluster(s, s->n_hist, true, err, errlen)) ||
+                (rc = cm_pipe_recv_token(e->pipe, s->slot, &id, &info.logprob, err, errlen))) {
+                if (rc == CM_ECANCELED) { rc = 0; fin = CM_FINISH_CANCEL; }
+                break;
+            }
+            if (id < 0 || id >= e->m.hp.n_vocab) {
+                rc = cm_errf(err, errlen, CM_EPROTO, "the last stage sent token id %d", id);
+                break;
+            }
+        } else {
+            id = cm_sampler_sample(smp, s->logits, &info);
+        }
         cm_sampler_accept(smp, id);
         if (!p->ignore_eos && cm_tokenizer_is_eog(e->tok, id)) { fin = CM_FINISH_EOG; n_gen++; break; }
         n_gen++;
@@ -380,6 +479,7 @@ int cm_session_generate(cm_session *s, const cm_gen_params *p, cm_token_cb cb, v
         if (g.cb_stopped) { fin = CM_FINISH_CANCEL; break; }
         if (p->n_predict > 0 && n_gen >= p->n_predict) { fin = CM_FINISH_LENGTH; break; }
         if (s->n_hist >= s->n_ctx) { fin = CM_FINISH_CTX; break; }
+        if (e->pipe) continue; /* the new token is evaluated with the next sample */
         if ((rc = eval_pending(s, err, errlen))) {
             if (rc == CM_ECANCELED) { rc = 0; fin = CM_FINISH_CANCEL; }
             break;
@@ -396,7 +496,7 @@ int cm_session_generate(cm_session *s, const cm_gen_params *p, cm_token_cb cb, v
         cm_token_event ev = {.id = -1, .text = out, .len = on};
         if (on && cb) cb(user, &ev);
     }
-    s->have_logits = s->have_logits && s->n_hist == s->kv.n_past;
+    s->have_logits = e->pipe ? s->n_hist == s->kv.n_past + 1 : s->have_logits && s->n_hist == s->kv.n_past;
     s->t.n_gen = n_gen;
     s->t.gen_s = cm_now_s() - t0;
     res->finish = fin;

@@ -39,6 +39,16 @@ typedef struct cm_engine_opts {
     bool kv_f16;         /* sessions keep an F16 KV cache (half the memory; llama.cpp's default) */
     cm_engine_progress_fn progress; /* NULL: no progress (pages load lazily) */
     void *progress_ctx;
+    /* Cluster, pipeline parallel (NULL nodes: this machine only). This
+     * machine computes the first stage; the nodes the rest, the last one
+     * samples. "auto" finds nodes by mDNS; else "host:port,host:port,...". */
+    const char *nodes;
+    bool insecure;          /* no cluster key (every node must run --insecure too) */
+    const char *key_file;   /* NULL: $CUMULO_KEY_FILE or ~/.config/cumulo/cluster.key */
+    const char *layers;     /* layers per stage, this machine first ("2,1,2"); NULL: the planner's */
+    int n_seq;              /* sequences the cluster serves at once; 0 = 8 */
+    void (*log)(void *ctx, const char *line); /* cluster progress: links, plan, weights */
+    void *log_ctx;
 } cm_engine_opts;
 
 /* Load a GGUF model. Errors (one line, naming the file/tensor/arch/type):
@@ -60,8 +70,17 @@ typedef struct cm_engine_info {
     uint64_t kv_bytes_per_token; /* KV cache bytes per position of one sequence (F32 or F16 per opts) */
     int32_t bos, eos, eot;   /* -1 when the vocabulary has none */
     bool add_bos;            /* tokenizer.ggml.add_bos_token */
+    int n_stages;            /* pipeline stages (1: this machine alone) */
+    int local_layers;        /* layers computed on this machine */
 } cm_engine_info;
 void cm_engine_get_info(const cm_engine *e, cm_engine_info *info);
+
+/* The cluster plan as text, or NULL when the engine runs on this machine. */
+const char *cm_engine_plan(const cm_engine *e);
+/* Traffic on the first pipeline hop (this machine -> stage 1): bytes of
+ * FORWARD frames, their count, and the hidden-state rows (tokens) carried.
+ * Returns false on a single-machine engine. */
+bool cm_engine_hop_stats(const cm_engine *e, uint64_t *bytes, uint64_t *frames, uint64_t *rows);
 
 /* Quant mix: for each tensor type present, the count and bytes of tensors.
  * Fills up to max entries; returns the number of distinct types. */

@@ -9,6 +9,7 @@
 
 #include "engine.h"
 
+#include "../cluster/cluster.h"
 #include "../gguf/gguf.h"
 #include "../model/model.h"
 #include "../os/os.h"
@@ -28,6 +29,8 @@ struct cm_engine {
     bool kv_f16;
     char *name;
     float *step_logits; /* [n_batch][n_vocab] for cm_engine_step; made on its first call (batch.c) */
+    cm_pipe *pipe;        /* cluster: the stages after ours; NULL on one machine */
+    int local_last;       /* we compute layers [0, local_last) */
 };
 
 struct cm_step; /* batch.c: generation state of a session in step mode */
@@ -45,7 +48,16 @@ struct cm_session {
     atomic_int cancel;
     cm_timings t;
     struct cm_step *step; /* NULL unless cm_session_start was called (batch.c) */
+    int slot;      /* cluster: the sequence's slot on every stage; -1 on one machine */
+    float *hidden; /* cluster: [n_batch][n_embd] our stage's output */
 };
+
+/* Cluster (engine.c): evaluate hist[kv.n_past .. upto) through our layers
+ * and send the hidden states on; want_last asks the last stage to sample
+ * after upto - 1. On a cluster the last evaluated-or-pending token of a
+ * session is pending until the next sample: have_logits means "ready to
+ * sample" (n_hist == kv.n_past + 1). */
+int cm_engine_eval_cluster(cm_session *s, int upto, bool want_last, char *err, size_t errlen);
 
 /* Free a session's step state (batch.c); called by cm_session_free. */
 void cm_session_step_release(cm_session *s);

@@ -18,6 +18,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,6 +39,11 @@ struct cm_conn {
     char peer[64];
     uint8_t *rx, *tx;
     size_t rx_cap, tx_cap;
+    /* Traffic counters: whole frames on the wire (header + payload + MAC), by
+     * type. The sender's thread writes tx_*, the receiver's rx_*; readers on
+     * other threads see relaxed snapshots. */
+    _Atomic uint64_t tx_bytes[CM_MSG_COUNT], tx_frames[CM_MSG_COUNT];
+    _Atomic uint64_t rx_bytes[CM_MSG_COUNT], rx_frames[CM_MSG_COUNT];
 };
 
 /* ---- small helpers ---- */
@@ -348,7 +354,12 @@ static int send_sealed(cm_conn *c, unsigned type, size_t n, uint64_t deadline, c
     char e[256];
     int rc = cm_frame_seal(&c->s, type, c->tx, n, c->tx_cap, &len, e, sizeof e);
     if (rc) return cm_errf(err, errlen, rc, "cannot send to %s: %s", c->peer, e);
-    return write_all(c, c->tx, len, deadline, err, errlen);
+    rc = write_all(c, c->tx, len, deadline, err, errlen);
+    if (!rc && type < CM_MSG_COUNT) {
+        atomic_fetch_add_explicit(&c->tx_bytes[type], len, memory_order_relaxed);
+        atomic_fetch_add_explicit(&c->tx_frames[type], 1, memory_order_relaxed);
+    }
+    return rc;
 }
 
 static int send_payload(cm_conn *c, unsigned type, const uint8_t *p, size_t n, uint64_t deadline,
@@ -397,6 +408,10 @@ static int recv_frame(cm_conn *c, cm_frame_hdr *h, uint8_t **payload, uint64_t d
     }
     rc = cm_frame_open(&c->s, c->rx, need, h, payload, e, sizeof e);
     if (rc) return conn_fail(c, rc, err, errlen, "%s", e);
+    if (h->type < CM_MSG_COUNT) {
+        atomic_fetch_add_explicit(&c->rx_bytes[h->type], need, memory_order_relaxed);
+        atomic_fetch_add_explicit(&c->rx_frames[h->type], 1, memory_order_relaxed);
+    }
     return 0;
 io_error:
     if (rc == CM_ETIMEDOUT)
@@ -608,6 +623,17 @@ const char *cm_conn_peer(const cm_conn *c) { return c->peer; }
 enum cm_conn_state cm_conn_state(const cm_conn *c) { return c->state; }
 cm_sec_mode cm_conn_mode(const cm_conn *c) { return c->s.mode; }
 int cm_conn_fd(const cm_conn *c) { return c->fd; }
+
+void cm_conn_get_stats(const cm_conn *c, unsigned type, cm_conn_stats *st) {
+    memset(st, 0, sizeof *st);
+    for (unsigned t = 0; t < CM_MSG_COUNT; t++) {
+        if (type && t != type) continue;
+        st->tx_bytes += atomic_load_explicit(&c->tx_bytes[t], memory_order_relaxed);
+        st->tx_frames += atomic_load_explicit(&c->tx_frames[t], memory_order_relaxed);
+        st->rx_bytes += atomic_load_explicit(&c->rx_bytes[t], memory_order_relaxed);
+        st->rx_frames += atomic_load_explicit(&c->rx_frames[t], memory_order_relaxed);
+    }
+}
 
 int cm_conn_seal_raw(cm_conn *c, unsigned type, const uint8_t *payload, size_t n, uint8_t *out,
                      size_t cap, size_t *len, char *err, size_t errlen) {

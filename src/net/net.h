@@ -97,6 +97,14 @@ enum cm_conn_state cm_conn_state(const cm_conn *c);
 cm_sec_mode cm_conn_mode(const cm_conn *c);
 int cm_conn_fd(const cm_conn *c);
 
+/* Traffic of a connection so far: whole frames as they crossed the wire
+ * (header + payload + MAC) and their count, each way, for one message type
+ * (0 = all types). Safe from any thread (a relaxed snapshot). */
+typedef struct cm_conn_stats {
+    uint64_t tx_bytes, tx_frames, rx_bytes, rx_frames;
+} cm_conn_stats;
+void cm_conn_get_stats(const cm_conn *c, unsigned type, cm_conn_stats *st);
+
 /* For tests of hostile peers: seal a frame with c's session (advancing its
  * send sequence) into out (cap bytes) without sending it, and write raw bytes. */
 int cm_conn_seal_raw(cm_conn *c, unsigned type, const uint8_t *payload, size_t n, uint8_t *out,

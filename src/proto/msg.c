@@ -109,6 +109,7 @@ static const char *hello_invalid(const cm_msg_hello *h) {
     if (h->cores == 0 || h->cores > 65536) return "cores";
     if (h->mem_free > h->mem_total) return "mem_free";
     if (!finite_nonneg(h->gflops)) return "gflops";
+    if (!finite_nonneg(h->mem_gbs)) return "mem_gbs";
     return NULL;
 }
 
@@ -154,6 +155,18 @@ static const char *seq_config_invalid(const cm_msg_seq_config *c) {
     if (!(isfinite(c->repeat_penalty) && c->repeat_penalty > 0)) return "repeat_penalty";
     if (c->top_k < 0) return "top_k";
     if (c->n_top_logprobs > CM_MSG_MAX_TOP) return "n_top_logprobs";
+    return NULL;
+}
+
+static const char *seq_start_invalid(const cm_msg_seq_start *c) {
+    if (c->seq < 0) return "seq";
+    if (!isfinite(c->temperature)) return "temperature";
+    if (!(c->top_p >= 0 && c->top_p <= 1) || !(c->min_p >= 0 && c->min_p <= 1)) return "top_p/min_p";
+    if (!(isfinite(c->repeat_penalty) && c->repeat_penalty > 0)) return "repeat_penalty";
+    if (c->repeat_last_n < 0 || c->repeat_last_n > (1 << 20)) return "repeat_last_n";
+    if (!isfinite(c->presence_penalty) || !isfinite(c->frequency_penalty)) return "penalties";
+    if (c->n_probs > CM_MSG_MAX_TOP) return "n_probs";
+    if (c->n_hist > CM_MSG_MAX_HIST) return "n_hist";
     return NULL;
 }
 
@@ -226,6 +239,7 @@ static void encode(wcur *w, const cm_msg *m) {
         w_str(w, h->arch, CM_MSG_SHORT_MAX, "arch");
         w_str(w, h->version, CM_MSG_SHORT_MAX, "version");
         w_f32(w, h->gflops);
+        w_f32(w, h->mem_gbs);
         const char *bad = hello_invalid(h);
         if (bad) w_check(w, false, bad);
         break;
@@ -364,6 +378,33 @@ static void encode(wcur *w, const cm_msg *m) {
         w_str(w, m->u.error.text, CM_MSG_TEXT_MAX, "text");
         break;
     case CM_MSG_BYE: w_str(w, m->u.bye.text, CM_MSG_TEXT_MAX, "text"); break;
+    case CM_MSG_SEQ_START: {
+        const cm_msg_seq_start *c = &m->u.seq_start;
+        const char *bad = seq_start_invalid(c);
+        if (bad) { w_check(w, false, bad); break; }
+        w_u64(w, c->epoch);
+        w_u64(w, c->request_id);
+        w_i32(w, c->seq);
+        w_f32(w, c->temperature);
+        w_i32(w, c->top_k);
+        w_f32(w, c->top_p);
+        w_f32(w, c->min_p);
+        w_f32(w, c->repeat_penalty);
+        w_i32(w, c->repeat_last_n);
+        w_f32(w, c->presence_penalty);
+        w_f32(w, c->frequency_penalty);
+        w_u64(w, c->seed);
+        w_u8(w, c->n_probs);
+        w_u32(w, c->n_hist);
+        /* A decoded message (hist_le) re-encodes as is: stages pass it down the chain. */
+        w_check(w, c->n_hist == 0 || c->hist || c->hist_le, "hist");
+        for (uint32_t i = 0; i < c->n_hist && (c->hist || c->hist_le); i++) {
+            int32_t id = c->hist ? c->hist[i] : (int32_t)cm_rd_u32(c->hist_le + 4 * (size_t)i);
+            w_check(w, id >= 0, "hist");
+            w_i32(w, id);
+        }
+        break;
+    }
     default: w_check(w, false, "type"); break;
     }
 }
@@ -437,6 +478,7 @@ static int decode(rcur *r, unsigned type, cm_msg *m) {
         r_str(r, h->arch, CM_MSG_SHORT_MAX, "arch");
         r_str(r, h->version, CM_MSG_SHORT_MAX, "version");
         h->gflops = r_f32(r, "gflops");
+        h->mem_gbs = r_f32(r, "mem_gbs");
         if (!r->bad) { const char *bad = hello_invalid(h); if (bad) r_fail(r, bad, "out of range"); }
         break;
     }
@@ -573,6 +615,29 @@ static int decode(rcur *r, unsigned type, cm_msg *m) {
         r_str(r, m->u.error.text, CM_MSG_TEXT_MAX, "text");
         break;
     case CM_MSG_BYE: r_str(r, m->u.bye.text, CM_MSG_TEXT_MAX, "text"); break;
+    case CM_MSG_SEQ_START: {
+        cm_msg_seq_start *c = &m->u.seq_start;
+        c->epoch = r_u64(r, "epoch");
+        c->request_id = r_u64(r, "request_id");
+        c->seq = r_i32(r, "seq");
+        c->temperature = r_f32(r, "temperature");
+        c->top_k = r_i32(r, "top_k");
+        c->top_p = r_f32(r, "top_p");
+        c->min_p = r_f32(r, "min_p");
+        c->repeat_penalty = r_f32(r, "repeat_penalty");
+        c->repeat_last_n = r_i32(r, "repeat_last_n");
+        c->presence_penalty = r_f32(r, "presence_penalty");
+        c->frequency_penalty = r_f32(r, "frequency_penalty");
+        c->seed = r_u64(r, "seed");
+        c->n_probs = r_u8(r, "n_probs");
+        c->n_hist = r_u32(r, "n_hist");
+        if (r->bad) break;
+        { const char *bad = seq_start_invalid(c); if (bad) { r_fail(r, bad, "out of range"); break; } }
+        c->hist_le = r_view(r, c->n_hist, 4, "hist");
+        for (uint32_t i = 0; i < c->n_hist && !r->bad; i++)
+            if ((int32_t)cm_rd_u32(c->hist_le + 4 * (size_t)i) < 0) r_fail(r, "hist", "negative");
+        break;
+    }
     default: return CM_EUNSUPPORTED;
     }
     return 0;
@@ -625,6 +690,10 @@ void cm_msg_forward_row(const cm_msg_forward *m, uint32_t i, float *out) {
         float d = bits_f32(cm_rd_u32(q));
         for (uint32_t j = 0; j < m->dim; j++) out[j] = d * (float)(int8_t)q[4 + j];
     }
+}
+int32_t cm_msg_seq_start_hist(const cm_msg_seq_start *m, uint32_t i) {
+    CM_ASSERT(m->hist_le && i < m->n_hist);
+    return (int32_t)cm_rd_u32(m->hist_le + 4 * (size_t)i);
 }
 void cm_msg_allreduce_get(const cm_msg_allreduce *m, float *out) {
     CM_ASSERT(m->data_le);

@@ -48,7 +48,8 @@
     X(SEQ_FREE, 15, 64)                                       \
     X(ALLREDUCE, 16, 256u << 20)                              \
     X(ERROR, 17, 1024)                                        \
-    X(BYE, 18, 512)
+    X(BYE, 18, 512)                                           \
+    X(SEQ_START, 19, 128 + 4u * CM_MSG_MAX_HIST)
 
 enum cm_msg_type {
     CM_MSG_NONE = 0,
@@ -185,6 +186,7 @@ void cm_hs_wipe(cm_hs *hs);
 #define CM_MSG_MAX_TP 16      /* tensor-parallel group size */
 #define CM_MSG_MAX_TOKENS 16384u  /* tokens per FORWARD micro-batch */
 #define CM_MSG_MAX_DIM 65536u     /* hidden size */
+#define CM_MSG_MAX_HIST 4096u     /* penalty-history tokens per SEQ_START */
 #define CM_MSG_MAX_CHUNK (16u << 20) /* WEIGHTS_CHUNK / PING data bytes */
 
 typedef struct cm_msg_hello {
@@ -199,6 +201,7 @@ typedef struct cm_msg_hello {
     char os[CM_MSG_SHORT_MAX + 1], arch[CM_MSG_SHORT_MAX + 1];
     char version[CM_MSG_SHORT_MAX + 1]; /* cumulo version */
     float gflops;                       /* measured compute speed, >= 0, finite */
+    float mem_gbs;                      /* measured memory bandwidth, GB/s, >= 0, finite */
 } cm_msg_hello;
 #define CM_ROLE_NODE 1u
 #define CM_ROLE_COORDINATOR 2u
@@ -304,6 +307,27 @@ typedef struct cm_msg_seq_config {
     uint8_t n_top_logprobs; /* <= CM_MSG_MAX_TOP */
 } cm_msg_seq_config;
 
+/* SEQ_START: a sequence starts generating: the full sampler parameters and
+ * the tail of its history for the penalties. Sent by the coordinator down the
+ * stage chain (so it reaches the last stage in order with the sequence's
+ * FORWARDs); the last stage (re)makes the sequence's sampler from it. */
+typedef struct cm_msg_seq_start {
+    uint64_t epoch, request_id;
+    int32_t seq;
+    float temperature;          /* finite; <= 0: greedy */
+    int32_t top_k;              /* <= 0: off */
+    float top_p, min_p;         /* [0, 1] */
+    float repeat_penalty;       /* finite, > 0 */
+    int32_t repeat_last_n;      /* [0, 1 << 20] */
+    float presence_penalty, frequency_penalty; /* finite */
+    uint64_t seed;
+    uint8_t n_probs;            /* top logprobs wanted per TOKEN, <= CM_MSG_MAX_TOP */
+    uint32_t n_hist;            /* <= CM_MSG_MAX_HIST */
+    const int32_t *hist;        /* encode: n_hist token ids (>= 0), oldest first */
+    const uint8_t *hist_le;     /* decode view (also encoded from when hist is NULL) */
+} cm_msg_seq_start;
+int32_t cm_msg_seq_start_hist(const cm_msg_seq_start *m, uint32_t i);
+
 typedef struct cm_msg_seq_free {
     uint64_t epoch, request_id;
     int32_t seq;
@@ -347,6 +371,7 @@ typedef struct cm_msg {
         cm_msg_token token;
         cm_msg_seq_config seq_config;
         cm_msg_seq_free seq_free;
+        cm_msg_seq_start seq_start;
         cm_msg_allreduce allreduce;
         cm_msg_error error;
         cm_msg_bye bye;

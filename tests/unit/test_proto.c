@@ -41,6 +41,7 @@ static void sample(unsigned type, cm_msg *m, int variant) {
         strcpy(h->arch, "arm64");
         strcpy(h->version, CM_VERSION);
         h->gflops = 123.5f;
+        h->mem_gbs = 42.25f;
         break;
     }
     case CM_MSG_HEARTBEAT:
@@ -143,6 +144,16 @@ static void sample(unsigned type, cm_msg *m, int variant) {
         strcpy(m->u.error.text, "the peer does not know this cluster's key");
         break;
     case CM_MSG_BYE: strcpy(m->u.bye.text, "node shutting down"); break;
+    case CM_MSG_SEQ_START: {
+        cm_msg_seq_start *c = &m->u.seq_start;
+        *c = (cm_msg_seq_start){.epoch = 9, .request_id = 77, .seq = 2, .temperature = 0.8f, .top_k = 40,
+                                .top_p = 0.95f, .min_p = 0.05f, .repeat_penalty = 1.1f, .repeat_last_n = 64,
+                                .presence_penalty = 0.5f, .frequency_penalty = -0.25f, .seed = 1234,
+                                .n_probs = 5};
+        c->n_hist = variant ? 0 : 8;
+        c->hist = variant ? NULL : g_tok;
+        break;
+    }
     }
 }
 
@@ -280,7 +291,7 @@ static void test_roundtrip_all(void) {
     sample(CM_MSG_HELLO, &m, 0);
     size_t n = enc(&m, buf, sizeof buf);
     CHECK(cm_msg_decode(CM_MSG_HELLO, buf, n, &d, e, sizeof e) == 0);
-    CHECK(!strcmp(d.u.hello.name, "mac-mini-2 \xc3\xa9") && d.u.hello.gflops == 123.5f &&
+    CHECK(!strcmp(d.u.hello.name, "mac-mini-2 \xc3\xa9") && d.u.hello.gflops == 123.5f && d.u.hello.mem_gbs == 42.25f &&
           d.u.hello.mem_total == (16ull << 30) && !memcmp(d.u.hello.node_id, m.u.hello.node_id, 16));
     memset(m.u.hello.isa, 'a', CM_MSG_ISA_MAX); /* the longest ISA string fits... */
     m.u.hello.isa[CM_MSG_ISA_MAX] = 0;

@@ -1,0 +1,198 @@
+/*
+ * cmd_node.c: `cumulo node` offers this machine to a cluster (see
+ * cluster/cluster.h) until SIGINT/SIGTERM, and `cumulo nodes` lists the nodes
+ * found by mDNS or given, measured from here.
+ */
+#include "cli.h"
+
+#include "base/base.h"
+#include "cluster/cluster.h"
+
+#include <cjson/cJSON.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+
+static atomic_int g_stop;
+static void on_stop(int sig) {
+    (void)sig;
+    atomic_store(&g_stop, 1);
+}
+
+static const char k_node_usage[] =
+    "usage: cumulo node [--port P] [--name N] [--cache DIR] [--models DIR] [--join HOST:PORT ...]\n"
+    "                   [--threads N] [--insecure] [--key-file FILE] [--bind ADDR] [--no-mdns]\n"
+    "\n"
+    "Offer this machine's cores and memory to a cumulo cluster: listen for the\n"
+    "coordinator (`cumulo run --cluster`, `cumulo serve --nodes`), take a pipeline\n"
+    "stage, run it. Every peer must know the cluster key (see `cumulo key`).\n"
+    "\n"
+    "  --port P          TCP port (default 7070; 0 = any free port)\n"
+    "  --port-file FILE  write the port chosen to FILE\n"
+    "  --name N          name shown to others (default: the host name)\n"
+    "  --cache DIR       streamed weights (default ~/.cache/cumulo)\n"
+    "  --models DIR      where to look for an assigned model's GGUF (same sha256: mapped from disk)\n"
+    "  --join HOST:PORT  check the link to a peer at start (repeatable)\n"
+    "  --threads N       compute threads (default: all CPUs)\n"
+    "  --insecure        no key, plaintext (every peer must say so too)\n"
+    "  --key-file FILE   cluster key (default $CUMULO_KEY_FILE or ~/.config/cumulo/cluster.key)\n"
+    "  --bind ADDR       listen on this address only\n"
+    "  --no-mdns         do not announce this node on the local network\n";
+
+int cmd_node(int argc, char **argv) {
+    if (cli_wants_help(argc, argv)) { fputs(k_node_usage, stdout); return 0; }
+    cm_node_opts o = {.port = 7070, .mdns = true};
+    const char *join[16];
+    long l;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--insecure")) { o.insecure = true; continue; }
+        if (!strcmp(a, "--no-mdns")) { o.mdns = false; continue; }
+        if (a[0] != '-') return cli_fail("unexpected argument '%s'; see 'cumulo node --help'", a);
+        if (!v) return cli_fail("option '%s' needs a value", a);
+        i++;
+        if (!strcmp(a, "--port")) {
+            if (!cli_int(a, v, 0, 65535, &l)) return 1;
+            o.port = (uint16_t)l;
+        } else if (!strcmp(a, "--threads")) {
+            if (!cli_int(a, v, 1, 1024, &l)) return 1;
+            o.n_threads = (int)l;
+        } else if (!strcmp(a, "--name")) o.name = v;
+        else if (!strcmp(a, "--cache")) o.cache_dir = v;
+        else if (!strcmp(a, "--models")) o.models_dir = v;
+        else if (!strcmp(a, "--key-file")) o.key_file = v;
+        else if (!strcmp(a, "--bind")) o.bind = v;
+        else if (!strcmp(a, "--port-file")) o.port_file = v;
+        else if (!strcmp(a, "--join")) {
+            if (o.n_join == (int)CM_ARRAY_LEN(join)) return cli_fail("at most %d --join peers", (int)CM_ARRAY_LEN(join));
+            join[o.n_join++] = v;
+        } else return cli_fail("unknown option '%s'; see 'cumulo node --help'", a);
+    }
+    o.join = join;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    char err[512];
+    int rc = cm_node_run(&o, &g_stop, err, sizeof err);
+    if (rc) return cli_fail("%s", err);
+    fprintf(stderr, "cumulo node stopped\n");
+    return 0;
+}
+
+static const char k_nodes_usage[] =
+    "usage: cumulo nodes [--timeout S] [--json] [--nodes HOST:PORT,...] [--no-mdns] [--insecure] [--key-file FILE]\n"
+    "\n"
+    "List cumulo nodes: those announced on the local network (mDNS) and those given,\n"
+    "each with its capabilities and the round trip and bandwidth measured from here.\n"
+    "\n"
+    "  --timeout S    seconds to browse mDNS (default 2)\n"
+    "  --nodes LIST   also probe these host:port addresses\n"
+    "  --no-mdns      do not browse\n"
+    "  --json         print a JSON array\n";
+
+int cmd_nodes(int argc, char **argv) {
+    if (cli_wants_help(argc, argv)) { fputs(k_nodes_usage, stdout); return 0; }
+    double timeout = 2;
+    bool json = false, mdns = true, insecure = false;
+    const char *given = NULL, *key_file = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--json")) json = true;
+        else if (!strcmp(a, "--no-mdns")) mdns = false;
+        else if (!strcmp(a, "--insecure")) insecure = true;
+        else if (!strcmp(a, "--timeout")) {
+            if (!cli_float(a, v, 0, 600, &timeout)) return 1;
+            i++;
+        } else if (!strcmp(a, "--nodes") || !strcmp(a, "--key-file")) {
+            if (!v) return cli_fail("option '%s' needs a value", a);
+            if (a[2] == 'n') given = v;
+            else key_file = v;
+            i++;
+        } else return cli_fail("unknown option '%s'; see 'cumulo nodes --help'", a);
+    }
+    char addrs[64][80];
+    bool from_mdns[64] = {0};
+    int n = 0;
+    char err[512];
+    if (given) {
+        for (const char *s = given; *s && n < 64;) {
+            const char *e = strchr(s, ',');
+            size_t len = e ? (size_t)(e - s) : strlen(s);
+            if (len && len < 80) {
+                memcpy(addrs[n], s, len);
+                addrs[n++][len] = 0;
+            }
+            s += len + (e ? 1 : 0);
+        }
+    }
+    if (mdns) {
+        char found[64][80];
+        int k = cm_discover(timeout, found, 64, err, sizeof err);
+        if (k < 0) fprintf(stderr, "cumulo: mDNS: %s\n", err);
+        for (int i = 0; i < k && n < 64; i++) {
+            bool dup = false;
+            for (int j = 0; j < n; j++) dup |= !strcmp(addrs[j], found[i]);
+            if (dup) continue;
+            from_mdns[n] = true;
+            memcpy(addrs[n++], found[i], 80);
+        }
+    }
+    const char *ptr[64];
+    for (int i = 0; i < n; i++) ptr[i] = addrs[i];
+    cm_node_info info[64];
+    if (n && cm_probe_nodes(ptr, n, insecure, key_file, info, err, sizeof err)) return cli_fail("%s", err);
+    if (json) {
+        cJSON *arr = cJSON_CreateArray();
+        for (int i = 0; i < n; i++) {
+            const cm_node_info *f = &info[i];
+            cJSON *o = cJSON_CreateObject();
+            cJSON_AddStringToObject(o, "addr", f->addr);
+            cJSON_AddBoolToObject(o, "mdns", from_mdns[i]);
+            cJSON_AddBoolToObject(o, "reachable", f->status == 0);
+            if (f->status) cJSON_AddStringToObject(o, "error", f->error);
+            else {
+                cJSON_AddStringToObject(o, "name", f->name);
+                cJSON_AddNumberToObject(o, "cores", f->caps.cores);
+                cJSON_AddStringToObject(o, "isa", f->caps.isa);
+                cJSON_AddNumberToObject(o, "mem_total", (double)f->caps.mem_total);
+                cJSON_AddNumberToObject(o, "mem_free", (double)f->caps.mem_free);
+                cJSON_AddStringToObject(o, "os", f->caps.os);
+                cJSON_AddStringToObject(o, "arch", f->caps.arch);
+                cJSON_AddStringToObject(o, "version", f->caps.version);
+                cJSON_AddNumberToObject(o, "gflops", f->caps.gflops);
+                cJSON_AddNumberToObject(o, "mem_gbs", f->caps.mem_bw / 1e9);
+                cJSON_AddNumberToObject(o, "rtt_ms", f->rtt_s * 1e3);
+                cJSON_AddNumberToObject(o, "mbytes_per_s", f->bw / 1e6);
+            }
+            cJSON_AddItemToArray(arr, o);
+        }
+        char *s = cJSON_Print(arr);
+        if (s) puts(s);
+        cJSON_free(s);
+        cJSON_Delete(arr);
+        return 0;
+    }
+    if (!n) {
+        printf("no nodes found (mDNS %s)\n", mdns ? "browsed" : "off");
+        return 0;
+    }
+    printf("%-22s %-16s %5s %-8s %9s %9s %8s %8s %9s %10s\n", "address", "name", "cores", "isa", "mem free",
+           "GFLOP/s", "GB/s", "os/arch", "rtt ms", "MB/s");
+    for (int i = 0; i < n; i++) {
+        const cm_node_info *f = &info[i];
+        if (f->status) {
+            printf("%-22s unreachable: %s\n", f->addr, f->error);
+            continue;
+        }
+        char osa[40];
+        snprintf(osa, sizeof osa, "%s/%s", f->caps.os, f->caps.arch);
+        printf("%-22s %-16.16s %5d %-8.8s %8.1fG %9.1f %8.1f %8s %9.3f %10.1f%s\n", f->addr, f->name, f->caps.cores,
+               f->caps.isa, (double)f->caps.mem_free / (1 << 30), f->caps.gflops, f->caps.mem_bw / 1e9, osa,
+               f->rtt_s * 1e3, f->bw / 1e6, from_mdns[i] ? " (mdns)" : "");
+    }
+    return 0;
+}

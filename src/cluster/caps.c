@@ -1,0 +1,262 @@
+/*
+ * caps.c: what this machine offers (cores, ISA, memory, a measured compute
+ * speed and memory bandwidth), the HELLO built from it, file hashing for
+ * content addressing, and the small network helpers node.c and coord.c share.
+ * The measurements run real kernels for a few milliseconds, once per process.
+ */
+#include "cluster/cluster_int.h"
+
+#include "kernels/kernels.h"
+#include "os/os.h"
+#include "tensor/tensor.h"
+
+#include <pthread.h>
+#include <sodium.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static cm_node_caps g_caps;
+static pthread_once_t g_caps_once = PTHREAD_ONCE_INIT;
+
+/* Seconds for `reps` Q8_0 x Q8_0 dot products over n elements at x/y. */
+static double time_dots(const cm_kernels *k, const uint8_t *x, const uint8_t *y, int64_t n, int reps,
+                        float *sink) {
+    double t0 = cm_now_s();
+    for (int r = 0; r < reps; r++) {
+        float s = 0;
+        k->vec_dot[CM_TYPE_Q8_0](n, &s, x, y);
+        *sink += s;
+    }
+    return cm_now_s() - t0;
+}
+
+static void measure(void) {
+    cm_node_caps *c = &g_caps;
+    const cm_kernels *k = cm_kernels_get();
+    c->cores = cm_cpu_count();
+    const cm_cpu_features *f = cm_cpu_features_get();
+    const struct { bool on; const char *name; } feats[] = {
+        {f->x86_avx2, "avx2"}, {f->x86_fma, "fma"}, {f->x86_f16c, "f16c"}, {f->x86_avx512f, "avx512f"},
+        {f->x86_avx512bw, "avx512bw"}, {f->x86_avx512vnni, "avx512vnni"}, {f->x86_avx512bf16, "avx512bf16"},
+        {f->arm_neon, "neon"}, {f->arm_dotprod, "dotprod"}, {f->arm_i8mm, "i8mm"}, {f->arm_fp16, "fp16"}};
+    size_t at = (size_t)snprintf(c->isa, sizeof c->isa, "%s", k->name);
+    const char *sep = " (";
+    for (size_t i = 0; i < CM_ARRAY_LEN(feats) && at < sizeof c->isa; i++)
+        if (feats[i].on) {
+            at += (size_t)snprintf(c->isa + at, sizeof c->isa - at, "%s%s", sep, feats[i].name);
+            sep = ",";
+        }
+    if (*sep == ',' && at + 1 < sizeof c->isa) memcpy(c->isa + at, ")", 2);
+    c->mem_total = cm_mem_total_bytes();
+    c->mem_free = cm_mem_available_bytes();
+    if (c->mem_free > c->mem_total) c->mem_free = c->mem_total;
+    snprintf(c->os, sizeof c->os, "%s", cm_os_name());
+    snprintf(c->arch, sizeof c->arch, "%s", cm_arch_name());
+    snprintf(c->version, sizeof c->version, "%s", CM_VERSION);
+    /* Compute: 8 Ki elements (both operands ~17 KiB, in L1/L2), repeated.
+     * Bandwidth: 32 MiB of Q8_0 weights against one activation row. */
+    const int64_t small = 8192, big = (int64_t)24 << 20;
+    size_t bs = (size_t)(big / CM_QK8_0) * sizeof(cm_block_q8_0);
+    uint8_t *x = cm_calloc(1, bs), *y = cm_calloc(1, bs);
+    float sink = 0;
+    if (x && y && k->vec_dot[CM_TYPE_Q8_0]) {
+        /* Touch every page first: the timed pass must stream memory, not
+         * take page faults. Scales stay 0 (f16 zero), quants arbitrary. */
+        memset(x, 1, bs);
+        for (size_t i = 0; i < bs; i += sizeof(cm_block_q8_0)) x[i] = x[i + 1] = 0;
+        time_dots(k, x, y, small, 50, &sink); /* warm up */
+        double best = 1e9;
+        for (int i = 0; i < 3; i++) {
+            double t = time_dots(k, x, y, small, 400, &sink);
+            if (t < best) best = t;
+        }
+        c->gflops = best > 0 ? 2.0 * (double)small * 400 / best / 1e9 : 0;
+        /* A pass over a weight matrix streams it with the activation cached;
+         * the best of two passes. */
+        int64_t rows = big / small;
+        double t = 1e9;
+        for (int pass = 0; pass < 2; pass++) {
+            double t0 = cm_now_s();
+            for (int64_t r = 0; r < rows; r++) {
+                float s = 0;
+                k->vec_dot[CM_TYPE_Q8_0](small, &s, x + (size_t)r * (small / CM_QK8_0) * sizeof(cm_block_q8_0), y);
+                sink += s;
+            }
+            double dt = cm_now_s() - t0;
+            if (dt < t) t = dt;
+        }
+        c->mem_bw = t > 0 ? (double)bs / t : 0;
+    }
+    if (sink == 12345.0f) c->gflops += 0; /* keep the loops */
+    cm_free(x);
+    cm_free(y);
+}
+
+void cm_node_caps_get(cm_node_caps *c) {
+    pthread_once(&g_caps_once, measure);
+    *c = g_caps;
+    uint64_t fr = cm_mem_available_bytes();
+    c->mem_free = fr < c->mem_total ? fr : c->mem_total;
+}
+
+void cm_sha256_hex(const uint8_t h[32], char out[65]) {
+    for (int i = 0; i < 32; i++) snprintf(out + 2 * i, 3, "%02x", h[i]);
+}
+
+/* Remembered hashes: hashing a multi-GB file takes seconds. */
+typedef struct hash_memo {
+    char path[512];
+    uint64_t size;
+    int64_t mtime;
+    uint8_t h[32];
+} hash_memo;
+static hash_memo g_memo[32];
+static int g_memo_n;
+static pthread_mutex_t g_memo_mu = PTHREAD_MUTEX_INITIALIZER;
+
+int cm_file_sha256(const char *path, uint8_t out[32], char *err, size_t errlen) {
+    struct stat st;
+    if (stat(path, &st) != 0) return cm_errf(err, errlen, CM_ENOENT, "cannot open '%s': no such file", path);
+    pthread_mutex_lock(&g_memo_mu);
+    for (int i = 0; i < g_memo_n; i++)
+        if (!strcmp(g_memo[i].path, path) && g_memo[i].size == (uint64_t)st.st_size &&
+            g_memo[i].mtime == (int64_t)st.st_mtime) {
+            memcpy(out, g_memo[i].h, 32);
+            pthread_mutex_unlock(&g_memo_mu);
+            return 0;
+        }
+    pthread_mutex_unlock(&g_memo_mu);
+    FILE *f = fopen(path, "rb");
+    if (!f) return cm_errf(err, errlen, CM_ENOENT, "cannot open '%s'", path);
+    crypto_hash_sha256_state s;
+    crypto_hash_sha256_init(&s);
+    static _Thread_local uint8_t buf[1 << 16];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, f)) > 0) crypto_hash_sha256_update(&s, buf, n);
+    int bad = ferror(f);
+    fclose(f);
+    if (bad) return cm_errf(err, errlen, CM_EIO, "cannot read '%s'", path);
+    crypto_hash_sha256_final(&s, out);
+    pthread_mutex_lock(&g_memo_mu);
+    hash_memo *m = &g_memo[g_memo_n < 32 ? g_memo_n++ : 0];
+    snprintf(m->path, sizeof m->path, "%s", path);
+    m->size = (uint64_t)st.st_size;
+    m->mtime = (int64_t)st.st_mtime;
+    memcpy(m->h, out, 32);
+    pthread_mutex_unlock(&g_memo_mu);
+    return 0;
+}
+
+void cm_cluster_hello(cm_msg_hello *h, const char *name, uint16_t listen_port, uint32_t roles) {
+    cm_node_caps c;
+    cm_node_caps_get(&c);
+    memset(h, 0, sizeof *h);
+    h->proto_version = CM_PROTO_VERSION;
+    /* A fresh id per caller: a node daemon draws its own once, a
+     * coordinator once per pipe (several may share a process in tests). */
+    if (sodium_init() < 0) { /* randombytes works even so */ }
+    randombytes_buf(h->node_id, sizeof h->node_id);
+    char host[64] = "cumulo";
+    if (!name || !*name) {
+        gethostname(host, sizeof host - 1);
+        name = host;
+    }
+    snprintf(h->name, sizeof h->name, "%s", name);
+    for (char *p = h->name; *p; p++)
+        if ((unsigned char)*p < 0x20 || *p == 0x7f) *p = '_';
+    h->listen_port = listen_port;
+    h->roles = roles;
+    h->cores = (uint32_t)(c.cores > 0 ? c.cores : 1);
+    snprintf(h->isa, sizeof h->isa, "%s", c.isa);
+    h->mem_total = c.mem_total;
+    h->mem_free = c.mem_free;
+    snprintf(h->os, sizeof h->os, "%s", c.os);
+    snprintf(h->arch, sizeof h->arch, "%s", c.arch);
+    snprintf(h->version, sizeof h->version, "%s", c.version);
+    h->gflops = (float)c.gflops;
+    h->mem_gbs = (float)(c.mem_bw / 1e9);
+}
+
+int cm_cluster_net_cfg(cm_net_cfg *cfg, bool insecure, const char *key_file, char *err, size_t errlen) {
+    memset(cfg, 0, sizeof *cfg);
+    if (insecure) {
+        cfg->mode = CM_SEC_INSECURE;
+        return 0;
+    }
+    cfg->mode = CM_SEC_ENCRYPT;
+    char path[512];
+    if (!key_file || !*key_file) {
+        int rc = cm_net_key_default_path(path, sizeof path, err, errlen);
+        if (rc) return rc;
+        key_file = path;
+    }
+    int rc = cm_net_key_load(key_file, cfg->key, err, errlen);
+    if (rc == CM_ENOENT)
+        return cm_errf(err, errlen, rc, "no cluster key at '%s' (run `cumulo key`, or pass --insecure on every node)",
+                       key_file);
+    return rc;
+}
+
+int cm_cluster_dial(const char *addr, const cm_net_cfg *cfg, const cm_msg_hello *mine, cm_conn **out,
+                    cm_msg_hello *peer, char *err, size_t errlen) {
+    char host[256];
+    uint16_t port;
+    *out = NULL;
+    int rc = cm_net_parse_addr(addr, CM_NET_DEFAULT_PORT, host, sizeof host, &port, err, errlen);
+    if (rc) return rc;
+    cm_conn *c;
+    if ((rc = cm_net_connect(host, port, 5000, &c, err, errlen))) return rc;
+    if ((rc = cm_conn_handshake(c, true, cfg, mine, peer, err, errlen))) {
+        cm_conn_close(c, NULL);
+        return rc;
+    }
+    *out = c;
+    return 0;
+}
+
+int cm_cluster_measure(cm_conn *c, int probe_bytes, double *rtt_s, double *bw, char *err, size_t errlen) {
+    double best = 1e9;
+    cm_msg m, r;
+    for (int i = 0; i < 4; i++) {
+        memset(&m, 0, sizeof m);
+        m.type = CM_MSG_PING;
+        m.u.ping.id = (uint64_t)i;
+        m.u.ping.sent_ns = cm_now_ns();
+        double t0 = cm_now_s();
+        int rc = cm_conn_send(c, &m, 5000, err, errlen);
+        if (!rc) rc = cm_conn_recv(c, &r, 5000, err, errlen);
+        if (rc) return rc;
+        if (r.type != CM_MSG_PONG) return cm_errf(err, errlen, CM_EPROTO, "expected PONG, got %s", cm_msg_type_name(r.type));
+        double t = cm_now_s() - t0;
+        if (t < best) best = t;
+    }
+    *rtt_s = best;
+    *bw = 0;
+    if (probe_bytes <= 0) return 0;
+    uint8_t *data = cm_calloc(1, (size_t)probe_bytes);
+    if (!data) return cm_errf(err, errlen, CM_ENOMEM, "out of memory");
+    /* The fastest of three, so a cold connection (slow start, first
+     * buffer growth) does not pass for a slow link. */
+    double tb = 1e9;
+    int rc = 0;
+    for (int i = 0; i < 3 && !rc; i++) {
+        memset(&m, 0, sizeof m);
+        m.type = CM_MSG_PING;
+        m.u.ping.id = 100 + (uint64_t)i;
+        m.u.ping.data = data;
+        m.u.ping.data_len = (uint32_t)probe_bytes;
+        double t0 = cm_now_s();
+        rc = cm_conn_send(c, &m, 60000, err, errlen);
+        if (!rc) rc = cm_conn_recv(c, &r, 60000, err, errlen);
+        double t = cm_now_s() - t0;
+        if (t < tb) tb = t;
+    }
+    cm_free(data);
+    if (rc) return rc;
+    /* Below ~10 us the difference is noise: call it 10 GB/s-class. */
+    double t = tb - best;
+    *bw = (double)probe_bytes / (t > probe_bytes / 1e10 ? t : probe_bytes / 1e10);
+    return 0;
+}

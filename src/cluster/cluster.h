@@ -1,0 +1,150 @@
+/*
+ * cluster: a model spread over machines, pipeline parallel. Two halves:
+ *
+ *  - the NODE daemon (`cumulo node`, node.c): accepts authenticated
+ *    connections, reports its capabilities in HELLO, answers PING, takes an
+ *    ASSIGN (epoch, model sha256, layer range, slice, next stage), maps its
+ *    weights from a local GGUF with the same sha256, and runs its stage:
+ *    hidden states in from the previous stage, out to the next one directly;
+ *    the last stage applies the output head, SAMPLES and sends token ids to
+ *    the coordinator (no vocabulary-sized data on any link).
+ *  - the COORDINATOR pipe (coord.c): connects to the nodes, measures the
+ *    links, plans with cm_plan_make, assigns stages, and then carries the
+ *    first stage's hidden states to stage 1 and the sampled tokens back to
+ *    the sequence waiting for them. The engine (L4) runs the first stage
+ *    itself and uses this pipe behind cm_session_*.
+ *
+ * This header deliberately does not include proto/net: engine.c includes it
+ * next to engine.h (both define a `cm_session`; proto's is the frame state).
+ * Every network wait has a deadline. Nothing here allocates per token.
+ */
+#ifndef CM_CLUSTER_H
+#define CM_CLUSTER_H
+
+#include "base/base.h"
+#include "gguf/gguf.h"
+#include "model/model.h"
+#include "sampler/sampler.h"
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- this machine ---- */
+
+/* Capabilities measured once per process (a few ms of real kernels):
+ * compute speed from Q8_0 dot products in cache, memory bandwidth from the
+ * same over a buffer far larger than the caches. Thread-safe. */
+typedef struct cm_node_caps {
+    int cores;
+    char isa[128];         /* "avx512 (avx2,fma,...)": the kernels in use, then the CPU's features */
+    uint64_t mem_total, mem_free;
+    char os[32], arch[32], version[32];
+    double gflops;         /* one thread */
+    double mem_bw;         /* bytes/s, one thread */
+} cm_node_caps;
+void cm_node_caps_get(cm_node_caps *c);
+
+/* SHA-256 of a file, hex (65 bytes with NUL). Results are remembered per
+ * (path, size, mtime) in this process. */
+int cm_file_sha256(const char *path, uint8_t out[32], char *err, size_t errlen);
+void cm_sha256_hex(const uint8_t h[32], char out[65]);
+
+/* ---- the node daemon ---- */
+
+typedef struct cm_node_opts {
+    const char *bind;       /* NULL / "": every address */
+    uint16_t port;          /* 0: a free port (printed, and written to port_file) */
+    const char *name;       /* NULL: the host name */
+    const char *cache_dir;  /* NULL: ~/.cache/cumulo */
+    const char *models_dir; /* where GGUFs of assigned models are looked for */
+    const char *const *join;/* peers to connect to at start (link check), n_join of them */
+    int n_join;
+    int n_threads;          /* 0: all CPUs */
+    bool insecure;          /* plaintext, no key (both ends must say so) */
+    const char *key_file;   /* NULL: cm_net_key_default_path */
+    bool mdns;              /* announce _cumulo._tcp */
+    const char *port_file;  /* write the listening port here once listening */
+} cm_node_opts;
+
+/* Run until *stop becomes non-zero (a signal handler or another thread sets
+ * it: atomic_int is lock-free, so a handler may store to it). Returns 0 on a
+ * clean stop, or an error (cannot listen, no key, ...). */
+int cm_node_run(const cm_node_opts *o, atomic_int *stop, char *err, size_t errlen);
+
+/* ---- discovery and probing (`cumulo nodes`, --nodes auto) ---- */
+
+typedef struct cm_node_info {
+    char addr[80];          /* "host:port" as used to connect */
+    char name[64];
+    bool from_mdns;
+    int status;             /* 0 reachable; else the CM_E* of the failure */
+    char error[200];
+    cm_node_caps caps;      /* from its HELLO (mem_bw: 0, not reported) */
+    double rtt_s;           /* round trip of a small PING */
+    double bw;              /* bytes/s of a 64 KiB PING, one way */
+} cm_node_info;
+
+/* Browse mDNS for timeout_s seconds and append what it finds ("addr:port")
+ * to addrs (up to max entries, comma separated into buf). Returns the count
+ * or an error. */
+int cm_discover(double timeout_s, char addrs[][80], int max, char *err, size_t errlen);
+
+/* Connect to each address, handshake, and measure RTT and bandwidth. */
+int cm_probe_nodes(const char *const *addrs, int n, bool insecure, const char *key_file,
+                   cm_node_info *out, char *err, size_t errlen);
+
+/* ---- the coordinator's pipe ---- */
+
+typedef struct cm_pipe cm_pipe;
+
+typedef void (*cm_pipe_log_fn)(void *ctx, const char *line);
+
+typedef struct cm_pipe_opts {
+    const char *nodes;       /* "auto" or "host:port,host:port,..." */
+    double auto_wait_s;      /* mDNS browse time for "auto" (0: 3 s) */
+    bool insecure;
+    const char *key_file;
+    const char *layers;      /* optional: layers per stage, coordinator first ("2,1,2") */
+    int n_ctx;               /* positions per sequence */
+    int n_seq_max;           /* concurrent sequences (KV on every node) */
+    int max_batch;           /* most tokens per FORWARD */
+    int timeout_ms;          /* deadline for one token to come back (0: 60 s) */
+    cm_pipe_log_fn log;      /* progress lines (plan, weights); NULL: none */
+    void *log_ctx;
+} cm_pipe_opts;
+
+/* Connect, measure, plan, assign and wait until every stage is ready. The
+ * coordinator is node 0 of the plan and computes layers [0, *local_last).
+ * If the plan keeps every layer on this machine, *out is NULL and
+ * *local_last = n_layer (a single-machine engine). g and m must outlive the
+ * pipe (weights are streamed from g's mapping). */
+int cm_pipe_open(cm_pipe **out, const char *model_path, const cm_gguf *g, const cm_model *m,
+                 const cm_pipe_opts *o, int *local_last, char *err, size_t errlen);
+/* Say BYE to every node (they drop the assignment) and free. NULL: no-op. */
+void cm_pipe_close(cm_pipe *p);
+/* The plan as printed by `cumulo plan`, plus the measured links. */
+const char *cm_pipe_plan_text(const cm_pipe *p);
+int cm_pipe_n_stages(const cm_pipe *p);
+
+/* A sequence slot (0..n_seq_max-1) or CM_EBUSY when all are taken. */
+int cm_pipe_seq_acquire(cm_pipe *p, char *err, size_t errlen);
+/* Tells every stage to drop the slot's KV cache, then frees the slot. */
+void cm_pipe_seq_release(cm_pipe *p, int slot);
+/* Sampler parameters and penalty history for the slot's next tokens. */
+int cm_pipe_seq_start(cm_pipe *p, int slot, const cm_sampler_params *sp, const int32_t *hist, int n_hist,
+                      char *err, size_t errlen);
+/* Send n rows of hidden states (first stage's output) at positions pos[] to
+ * stage 1; want_last asks the last stage to sample after the last row. The
+ * caller must send one slot's rows in order. Thread-safe. */
+int cm_pipe_send(cm_pipe *p, int slot, const float *hidden, const int32_t *pos, int n, bool want_last,
+                 char *err, size_t errlen);
+/* Wait for the token sampled after the slot's last want_last row. */
+int cm_pipe_recv_token(cm_pipe *p, int slot, int32_t *token, float *logprob, char *err, size_t errlen);
+
+/* Traffic on the hop coordinator -> stage 1 (FORWARD frames only) and the
+ * number of hidden-state rows carried. */
+void cm_pipe_hop_stats(const cm_pipe *p, uint64_t *bytes, uint64_t *frames, uint64_t *rows);
+
+#endif

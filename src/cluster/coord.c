@@ -1,0 +1,539 @@
+/*
+ * coord.c: the coordinator's side of a pipeline-parallel cluster. cm_pipe_open
+ * connects to the nodes (as a coordinator), measures each link, plans with
+ * cm_plan_make (this machine is node 0 and keeps the first stage), sends every
+ * node its ASSIGN and waits for READY, serving streamed weights meanwhile.
+ * Afterwards the engine sends each micro-batch's hidden states to stage 1 on
+ * one data connection (stages pass them on directly) and waits on a sequence
+ * slot for the token the last stage sampled; a receiver thread per node
+ * delivers TOKENs, ERRORs and weight requests.
+ *
+ * Ordering: everything about one sequence (SEQ_START, FORWARD, SEQ_FREE)
+ * travels down the same chain of connections, so every stage sees it in the
+ * order it was sent. No vocabulary-sized data crosses any link. Every wait has
+ * a deadline.
+ */
+#include "cluster/cluster_int.h"
+#include "cluster/weights.h"
+
+#include "os/os.h"
+#include "sched/plan.h"
+#include "sched/simulate.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct remote {
+    char addr[80];
+    cm_conn *ctl;
+    cm_msg_hello hello;
+    double rtt, bw;
+    pthread_t rx;
+    bool rx_started;
+    bool ready;
+    int ready_status;
+    char ready_text[CM_MSG_TEXT_MAX + 1];
+    cm_pipe *p;
+} remote;
+
+typedef struct slot {
+    bool used;
+    uint64_t asked, got; /* samples requested / tokens received */
+    int32_t token;
+    float logprob;
+} slot;
+
+struct cm_pipe {
+    const cm_gguf *g;
+    const cm_model *m;
+    char model_path[512];
+    uint8_t sha[32];
+    cm_net_cfg cfg;
+    cm_msg_hello hello;
+    int n_remote;
+    remote r[CM_PLAN_MAX_NODES];
+    cm_conn *data; /* to stage 1 */
+    pthread_mutex_t send_mu;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    slot *slots;
+    int n_seq, n_ctx, max_batch, timeout_ms;
+    uint64_t epoch, next_req;
+    int fatal;
+    char fatal_text[600];
+    atomic_int closing;
+    int n_stages, local_last;
+    uint64_t rows_sent;
+    int32_t seqbuf[CM_MSG_MAX_TOKENS > 4096 ? 4096 : CM_MSG_MAX_TOKENS];
+    uint8_t wantbuf[4096];
+    cm_pipe_log_fn log;
+    void *log_ctx;
+    char plan_text[8192];
+};
+
+static void plog(cm_pipe *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void plog(cm_pipe *p, const char *fmt, ...) {
+    if (!p->log) return;
+    char line[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    p->log(p->log_ctx, line);
+}
+
+static void set_fatal(cm_pipe *p, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void set_fatal(cm_pipe *p, int code, const char *fmt, ...) {
+    pthread_mutex_lock(&p->mu);
+    if (!p->fatal) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(p->fatal_text, sizeof p->fatal_text, fmt, ap);
+        va_end(ap);
+        p->fatal = code < 0 ? code : CM_EIO;
+    }
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+}
+
+static void *rx_main(void *arg) {
+    remote *r = arg;
+    cm_pipe *p = r->p;
+    char err[512];
+    while (!atomic_load(&p->closing)) {
+        cm_msg m;
+        if (cm_fd_wait_readable(cm_conn_fd(r->ctl), 250) <= 0) continue;
+        int rc = cm_conn_recv(r->ctl, &m, 60000, err, sizeof err);
+        if (rc == CM_ETIMEDOUT) continue;
+        if (rc || m.type == CM_MSG_BYE) {
+            if (!atomic_load(&p->closing))
+                set_fatal(p, rc ? rc : CM_ECLOSED, "node %s ('%s') left: %s", r->addr, r->hello.name,
+                          rc ? err : m.u.bye.text);
+            break;
+        }
+        switch (m.type) {
+        case CM_MSG_TOKEN: {
+            const cm_msg_token *t = &m.u.token;
+            if (t->epoch != p->epoch || t->seq >= p->n_seq) break;
+            pthread_mutex_lock(&p->mu);
+            slot *s = &p->slots[t->seq];
+            s->token = t->token;
+            s->logprob = t->logprob;
+            s->got++;
+            pthread_cond_broadcast(&p->cv);
+            pthread_mutex_unlock(&p->mu);
+            break;
+        }
+        case CM_MSG_READY:
+            if (m.u.ready.epoch != p->epoch) break;
+            pthread_mutex_lock(&p->mu);
+            r->ready = true;
+            r->ready_status = m.u.ready.status;
+            memcpy(r->ready_text, m.u.ready.text, sizeof r->ready_text);
+            pthread_cond_broadcast(&p->cv);
+            pthread_mutex_unlock(&p->mu);
+            break;
+        case CM_MSG_ERROR:
+            set_fatal(p, m.u.error.code, "node %s ('%s'): %s", r->addr, r->hello.name, m.u.error.text);
+            break;
+        case CM_MSG_WEIGHTS_REQ:
+            rc = cm_weights_serve(r->ctl, &p->send_mu, p->g, p->sha, &m.u.weights_req, err, sizeof err);
+            if (rc) CM_LOGW("weights for %s: %s", r->addr, err);
+            break;
+        case CM_MSG_HEARTBEAT:
+        case CM_MSG_PONG: break;
+        default: CM_LOGW("unexpected %s from %s", cm_msg_type_name(m.type), r->addr); break;
+        }
+    }
+    return NULL;
+}
+
+/* Split "a,b,c" (or "auto") into node addresses. */
+static int parse_nodes(const cm_pipe_opts *o, char addrs[][80], int max, char *err, size_t errlen) {
+    if (!o->nodes || !*o->nodes) return cm_errf(err, errlen, CM_EINVAL, "no nodes given");
+    if (!strcmp(o->nodes, "auto")) {
+        int n = cm_discover(o->auto_wait_s > 0 ? o->auto_wait_s : 3, addrs, max, err, errlen);
+        if (n == 0) return cm_errf(err, errlen, CM_ENOENT, "no cumulo nodes found by mDNS (is `cumulo node` running?)");
+        return n;
+    }
+    int n = 0;
+    const char *s = o->nodes;
+    while (*s) {
+        const char *e = strchr(s, ',');
+        size_t l = e ? (size_t)(e - s) : strlen(s);
+        if (l) {
+            if (n == max) return cm_errf(err, errlen, CM_ERANGE, "more than %d nodes", max);
+            if (l >= 80) return cm_errf(err, errlen, CM_EINVAL, "node address '%.*s' is too long", (int)l, s);
+            memcpy(addrs[n], s, l);
+            addrs[n][l] = 0;
+            n++;
+        }
+        s += l + (e ? 1 : 0);
+    }
+    if (!n) return cm_errf(err, errlen, CM_EINVAL, "no nodes given");
+    return n;
+}
+
+/* Build the planner's view: node 0 is this machine, then the remotes. */
+static void make_cluster(cm_pipe *p, cm_plan_cluster *c) {
+    memset(c, 0, sizeof *c);
+    cm_node_caps me;
+    cm_node_caps_get(&me);
+    c->n_nodes = 1 + p->n_remote;
+    snprintf(c->nodes[0].name, sizeof c->nodes[0].name, "%.50s (here)", p->hello.name);
+    c->nodes[0].mem_bytes = me.mem_free;
+    c->nodes[0].mem_bw = me.mem_bw > 0 ? me.mem_bw : 1e9;
+    c->nodes[0].flops = (me.gflops > 0 ? me.gflops : 1) * 1e9;
+    for (int i = 0; i < p->n_remote; i++) {
+        const remote *r = &p->r[i];
+        cm_plan_node *nd = &c->nodes[i + 1];
+        snprintf(nd->name, sizeof nd->name, "%.40s %.20s", r->hello.name, r->addr);
+        nd->mem_bytes = r->hello.mem_free;
+        nd->mem_bw = r->hello.mem_gbs > 0 ? (double)r->hello.mem_gbs * 1e9 : 1e9;
+        nd->flops = (r->hello.gflops > 0 ? r->hello.gflops : 1) * 1e9;
+    }
+    /* Measured: this machine to each node. Node to node is not measured yet
+     * (NEEDSWORK: nodes should ping each other); on a switch or bridge the
+     * slower of the two links to here bounds it. */
+    for (int i = 0; i < c->n_nodes; i++)
+        for (int j = 0; j < c->n_nodes; j++) {
+            if (i == j) { c->rtt_s[i][j] = 0; c->bw[i][j] = 1e12; continue; }
+            double ri = i ? p->r[i - 1].rtt : 0, rj = j ? p->r[j - 1].rtt : 0;
+            double bi = i ? p->r[i - 1].bw : 1e12, bj = j ? p->r[j - 1].bw : 1e12;
+            c->rtt_s[i][j] = ri > rj ? ri : rj;
+            c->bw[i][j] = bi < bj ? bi : bj;
+        }
+}
+
+static int make_plan(cm_pipe *p, const cm_pipe_opts *o, cm_plan *plan, cm_plan_model *pm, cm_plan_cluster *pc,
+                     char *err, size_t errlen) {
+    int rc = cm_plan_model_from_gguf(p->g, pm, err, errlen);
+    if (rc) return rc;
+    make_cluster(p, pc);
+    cm_plan_opts po;
+    cm_plan_opts_default(&po);
+    po.ctx = p->n_ctx;
+    po.n_seq = p->n_seq;
+    po.mode = CM_PARALLEL_PP;
+    if (!o->layers || !*o->layers) return cm_plan_make(pm, pc, &po, plan, err, errlen);
+    /* Explicit split: layers per stage, this machine first. */
+    int counts[CM_PLAN_MAX_NODES], n = 0, sum = 0;
+    for (const char *s = o->layers; *s;) {
+        char *e;
+        long v = strtol(s, &e, 10);
+        if (e == s || v < 1 || n == CM_PLAN_MAX_NODES)
+            return cm_errf(err, errlen, CM_EINVAL, "--layers '%s': expected positive counts like 2,1,2", o->layers);
+        counts[n++] = (int)v;
+        sum += (int)v;
+        s = *e == ',' ? e + 1 : e;
+        if (*e && *e != ',') return cm_errf(err, errlen, CM_EINVAL, "--layers '%s': expected counts like 2,1,2", o->layers);
+    }
+    if (sum != pm->n_layers)
+        return cm_errf(err, errlen, CM_EINVAL, "--layers adds up to %d, the model has %d layers", sum, pm->n_layers);
+    if (n > pc->n_nodes)
+        return cm_errf(err, errlen, CM_EINVAL, "--layers names %d stages for %d machines", n, pc->n_nodes);
+    int group_of[CM_PLAN_MAX_NODES];
+    for (int i = 0; i < pc->n_nodes; i++) group_of[i] = i < n ? i : -1;
+    rc = cm_plan_for_groups(pm, pc, &po, group_of, plan, err, errlen);
+    if (rc) return rc;
+    int at = 0;
+    for (int s = 0; s < plan->n_stages; s++) {
+        plan->stages[s].first_layer = at;
+        at += counts[s];
+        plan->stages[s].last_layer = at;
+    }
+    cm_plan_predict(pm, pc, &po, plan);
+    snprintf(plan->why, sizeof plan->why, "layers split by --layers %s", o->layers);
+    return 0;
+}
+
+static int send_assign(cm_pipe *p, const cm_plan *plan, int s, char *err, size_t errlen) {
+    const cm_plan_stage *st = &plan->stages[s];
+    remote *r = &p->r[st->members[0].node - 1];
+    cm_msg m = {.type = CM_MSG_ASSIGN};
+    cm_msg_assign *a = &m.u.assign;
+    const cm_hparams *hp = &p->m->hp;
+    a->epoch = p->epoch;
+    memcpy(a->model_sha256, p->sha, 32);
+    const char *base = strrchr(p->model_path, '/');
+    snprintf(a->model_name, sizeof a->model_name, "%.63s", base ? base + 1 : p->model_path);
+    a->n_layers = (uint32_t)hp->n_layer;
+    a->layer_begin = (uint32_t)st->first_layer;
+    a->layer_end = (uint32_t)st->last_layer;
+    a->flags = s == plan->n_stages - 1 ? CM_ASSIGN_F_OUTPUT : 0;
+    a->head_begin = 0;
+    a->head_end = (uint32_t)hp->n_head_kv;
+    a->ffn_begin = 0;
+    a->ffn_end = (uint32_t)hp->n_ff;
+    a->n_ctx = (uint32_t)p->n_ctx;
+    a->n_seq_max = (uint32_t)p->n_seq;
+    a->stage = (uint16_t)s;
+    a->n_stages = (uint16_t)plan->n_stages;
+    a->hidden_dtype = CM_HIDDEN_F32;
+    a->tp_rank = 0;
+    a->tp_size = 1;
+    snprintf(a->tp_peers[0], sizeof a->tp_peers[0], "%.63s", r->addr);
+    const cm_plan_stage *prev = &plan->stages[s - 1];
+    snprintf(a->prev, sizeof a->prev, "%.63s", prev->members[0].node ? p->r[prev->members[0].node - 1].addr : "");
+    if (s + 1 < plan->n_stages) snprintf(a->next, sizeof a->next, "%.63s", p->r[plan->stages[s + 1].members[0].node - 1].addr);
+    pthread_mutex_lock(&p->send_mu);
+    int rc = cm_conn_send(r->ctl, &m, 10000, err, errlen);
+    pthread_mutex_unlock(&p->send_mu);
+    return rc;
+}
+
+int cm_pipe_open(cm_pipe **out, const char *model_path, const cm_gguf *g, const cm_model *m, const cm_pipe_opts *o,
+                 int *local_last, char *err, size_t errlen) {
+    *out = NULL;
+    *local_last = m->hp.n_layer;
+    cm_pipe *p = cm_calloc(1, sizeof *p);
+    if (!p) return cm_errf(err, errlen, CM_ENOMEM, "out of memory");
+    p->g = g;
+    p->m = m;
+    snprintf(p->model_path, sizeof p->model_path, "%.511s", model_path);
+    pthread_mutex_init(&p->send_mu, NULL);
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->cv, NULL);
+    p->n_seq = o->n_seq_max > 0 ? o->n_seq_max : 8;
+    p->n_ctx = o->n_ctx > 0 ? o->n_ctx : 2048;
+    p->max_batch = o->max_batch > 0 ? CM_MIN(o->max_batch, 256) : 64;
+    p->timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : 60000;
+    p->log = o->log;
+    p->log_ctx = o->log_ctx;
+    p->epoch = cm_wall_ms();
+    p->slots = cm_calloc((size_t)p->n_seq, sizeof *p->slots);
+    int rc = p->slots ? 0 : cm_errf(err, errlen, CM_ENOMEM, "out of memory");
+    char addrs[CM_PLAN_MAX_NODES - 1][80];
+    int n = 0;
+    if (!rc) rc = cm_cluster_net_cfg(&p->cfg, o->insecure, o->key_file, err, errlen);
+    if (!rc) rc = n = parse_nodes(o, addrs, CM_PLAN_MAX_NODES - 1, err, errlen);
+    if (rc < 0) goto fail;
+    rc = cm_file_sha256(model_path, p->sha, err, errlen);
+    if (rc) goto fail;
+    cm_cluster_hello(&p->hello, NULL, 0, CM_ROLE_COORDINATOR);
+    for (int i = 0; i < n; i++) {
+        remote *r = &p->r[i];
+        char e[400];
+        snprintf(r->addr, sizeof r->addr, "%.79s", addrs[i]);
+        r->p = p;
+        p->n_remote = i + 1;
+        rc = cm_cluster_dial(r->addr, &p->cfg, &p->hello, &r->ctl, &r->hello, e, sizeof e);
+        if (!rc) rc = cm_cluster_measure(r->ctl, 1 << 16, &r->rtt, &r->bw, e, sizeof e);
+        if (rc) { cm_errf(err, errlen, rc, "node %s: %s", r->addr, e); goto fail; }
+        plog(p, "node %s ('%s'): %u cores %s, %.1f GFLOP/s, %.1f GB/s, %.2f GiB free; rtt %.3f ms, %.1f MB/s", r->addr,
+             r->hello.name, r->hello.cores, r->hello.isa, r->hello.gflops, r->hello.mem_gbs,
+             (double)r->hello.mem_free / (1 << 30), r->rtt * 1e3, r->bw / 1e6);
+    }
+    /* Pipeline order follows the cluster's node order: put the nodes behind
+     * slower links last, where only the last stage's hop (token ids back)
+     * leaves them. Stable, so equal links keep the order given. */
+    for (int i = 1; i < p->n_remote; i++)
+        for (int j = i; j > 0 && p->r[j].bw > 2 * p->r[j - 1].bw; j--) {
+            remote t = p->r[j];
+            p->r[j] = p->r[j - 1];
+            p->r[j - 1] = t;
+        }
+    for (int i = 0; i < p->n_remote; i++) p->r[i].p = p;
+    cm_plan plan;
+    static cm_plan_model pm; /* large (per-layer tables); only used here, under the caller's load */
+    static pthread_mutex_t pm_mu = PTHREAD_MUTEX_INITIALIZER;
+    cm_plan_cluster *pc = cm_calloc(1, sizeof *pc);
+    if (!pc) { rc = cm_errf(err, errlen, CM_ENOMEM, "out of memory"); goto fail; }
+    pthread_mutex_lock(&pm_mu);
+    rc = make_plan(p, o, &plan, &pm, pc, err, errlen);
+    if (!rc) cm_plan_format(&plan, &pm, pc, p->plan_text, sizeof p->plan_text);
+    pthread_mutex_unlock(&pm_mu);
+    cm_free(pc);
+    if (rc) goto fail;
+    if (plan.stages[0].members[0].node != 0) {
+        rc = cm_errf(err, errlen, CM_EINVAL, "the plan does not start on this machine");
+        goto fail;
+    }
+    p->n_stages = plan.n_stages;
+    p->local_last = plan.stages[0].last_layer;
+    plog(p, "%s", p->plan_text);
+    if (plan.n_stages == 1) { /* everything fits best here: no cluster needed */
+        *local_last = m->hp.n_layer;
+        cm_pipe_close(p);
+        return 0;
+    }
+    for (int i = 0; i < p->n_remote; i++) {
+        if (pthread_create(&p->r[i].rx, NULL, rx_main, &p->r[i])) {
+            rc = cm_errf(err, errlen, CM_ENOMEM, "cannot start a thread");
+            goto fail;
+        }
+        p->r[i].rx_started = true;
+    }
+    for (int s = 1; s < plan.n_stages; s++)
+        if ((rc = send_assign(p, &plan, s, err, errlen))) goto fail;
+    /* Wait for every assigned node (loading, maybe streaming weights). */
+    uint64_t deadline = cm_now_ns() + 600ull * 1000000000ull;
+    pthread_mutex_lock(&p->mu);
+    for (;;) {
+        int waiting = 0;
+        for (int s = 1; s < plan.n_stages; s++) {
+            remote *r = &p->r[plan.stages[s].members[0].node - 1];
+            if (!r->ready) waiting++;
+            else if (r->ready_status && !rc) {
+                rc = cm_errf(err, errlen, r->ready_status, "node %s ('%s') cannot take its stage: %s", r->addr,
+                             r->hello.name, r->ready_text);
+            }
+        }
+        if (p->fatal && !rc) rc = cm_errf(err, errlen, p->fatal, "%s", p->fatal_text);
+        if (rc || !waiting) break;
+        if (cm_now_ns() > deadline) { rc = cm_errf(err, errlen, CM_ETIMEDOUT, "nodes were not ready within 600 s"); break; }
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 200000000;
+        if (ts.tv_nsec >= 1000000000) { ts.tv_sec++; ts.tv_nsec -= 1000000000; }
+        pthread_cond_timedwait(&p->cv, &p->mu, &ts);
+    }
+    pthread_mutex_unlock(&p->mu);
+    if (rc) goto fail;
+    {
+        const char *a1 = p->r[plan.stages[1].members[0].node - 1].addr;
+        char e[400];
+        cm_msg_hello peer;
+        rc = cm_cluster_dial(a1, &p->cfg, &p->hello, &p->data, &peer, e, sizeof e);
+        if (rc) { cm_errf(err, errlen, rc, "stage 1 at %s: %s", a1, e); goto fail; }
+    }
+    *local_last = p->local_last;
+    *out = p;
+    return 0;
+fail:
+    cm_pipe_close(p);
+    return rc < 0 ? rc : CM_EIO;
+}
+
+void cm_pipe_close(cm_pipe *p) {
+    if (!p) return;
+    atomic_store(&p->closing, 1);
+    for (int i = 0; i < p->n_remote; i++)
+        if (p->r[i].rx_started) pthread_join(p->r[i].rx, NULL);
+    if (p->data) cm_conn_close(p->data, "coordinator done");
+    for (int i = 0; i < p->n_remote; i++)
+        if (p->r[i].ctl) cm_conn_close(p->r[i].ctl, "coordinator done");
+    pthread_mutex_destroy(&p->send_mu);
+    pthread_mutex_destroy(&p->mu);
+    pthread_cond_destroy(&p->cv);
+    cm_free(p->slots);
+    cm_free(p);
+}
+
+const char *cm_pipe_plan_text(const cm_pipe *p) { return p->plan_text; }
+int cm_pipe_n_stages(const cm_pipe *p) { return p->n_stages; }
+
+int cm_pipe_seq_acquire(cm_pipe *p, char *err, size_t errlen) {
+    pthread_mutex_lock(&p->mu);
+    int got = CM_EBUSY;
+    for (int i = 0; i < p->n_seq; i++)
+        if (!p->slots[i].used) {
+            p->slots[i] = (slot){.used = true};
+            got = i;
+            break;
+        }
+    pthread_mutex_unlock(&p->mu);
+    if (got < 0) cm_errf(err, errlen, CM_EBUSY, "all %d cluster sequences are in use", p->n_seq);
+    return got;
+}
+
+static int send_data(cm_pipe *p, const cm_msg *m, char *err, size_t errlen) {
+    pthread_mutex_lock(&p->mu);
+    int fatal = p->fatal;
+    if (fatal) cm_errf(err, errlen, fatal, "%s", p->fatal_text);
+    pthread_mutex_unlock(&p->mu);
+    if (fatal) return fatal;
+    int rc = cm_conn_send(p->data, m, p->timeout_ms, err, errlen);
+    if (rc) set_fatal(p, rc, "stage 1: %s", err);
+    return rc;
+}
+
+void cm_pipe_seq_release(cm_pipe *p, int slot_i) {
+    if (slot_i < 0 || slot_i >= p->n_seq) return;
+    cm_msg m = {.type = CM_MSG_SEQ_FREE};
+    m.u.seq_free = (cm_msg_seq_free){.epoch = p->epoch, .request_id = 0, .seq = slot_i};
+    char e[300];
+    pthread_mutex_lock(&p->send_mu);
+    send_data(p, &m, e, sizeof e);
+    pthread_mutex_unlock(&p->send_mu);
+    pthread_mutex_lock(&p->mu);
+    p->slots[slot_i].used = false;
+    pthread_mutex_unlock(&p->mu);
+}
+
+int cm_pipe_seq_start(cm_pipe *p, int slot_i, const cm_sampler_params *sp, const int32_t *hist, int n_hist,
+                      char *err, size_t errlen) {
+    cm_msg m = {.type = CM_MSG_SEQ_START};
+    cm_msg_seq_start *q = &m.u.seq_start;
+    int keep = sp->repeat_last_n > 0 ? CM_MIN(sp->repeat_last_n, (int)CM_MSG_MAX_HIST) : 0;
+    if (n_hist > keep) { hist += n_hist - keep; n_hist = keep; }
+    *q = (cm_msg_seq_start){.epoch = p->epoch, .seq = slot_i, .temperature = sp->temperature, .top_k = sp->top_k,
+                            .top_p = sp->top_p, .min_p = sp->min_p, .repeat_penalty = sp->repeat_penalty,
+                            .repeat_last_n = sp->repeat_last_n, .presence_penalty = sp->presence_penalty,
+                            .frequency_penalty = sp->frequency_penalty, .seed = sp->seed,
+                            .n_probs = (uint8_t)CM_MIN(sp->n_probs > 0 ? sp->n_probs : 0, CM_MSG_MAX_TOP),
+                            .n_hist = (uint32_t)n_hist, .hist = hist};
+    pthread_mutex_lock(&p->send_mu);
+    int rc = send_data(p, &m, err, errlen);
+    pthread_mutex_unlock(&p->send_mu);
+    return rc;
+}
+
+int cm_pipe_send(cm_pipe *p, int slot_i, const float *hidden, const int32_t *pos, int n, bool want_last, char *err,
+                 size_t errlen) {
+    if (n < 1 || n > (int)sizeof p->wantbuf) return cm_errf(err, errlen, CM_EINVAL, "micro-batch of %d rows", n);
+    pthread_mutex_lock(&p->send_mu);
+    for (int i = 0; i < n; i++) {
+        p->seqbuf[i] = slot_i;
+        p->wantbuf[i] = (uint8_t)(want_last && i == n - 1);
+    }
+    if (want_last) {
+        pthread_mutex_lock(&p->mu);
+        p->slots[slot_i].asked++;
+        pthread_mutex_unlock(&p->mu);
+    }
+    cm_msg m = {.type = CM_MSG_FORWARD};
+    m.u.forward = (cm_msg_forward){.epoch = p->epoch, .request_id = ++p->next_req, .n_tokens = (uint32_t)n,
+                                   .dim = (uint32_t)p->m->hp.n_embd, .dtype = CM_HIDDEN_F32, .pos = pos,
+                                   .seq = p->seqbuf, .want = p->wantbuf, .hidden = hidden};
+    int rc = send_data(p, &m, err, errlen);
+    if (!rc) p->rows_sent += (uint64_t)n;
+    pthread_mutex_unlock(&p->send_mu);
+    return rc;
+}
+
+int cm_pipe_recv_token(cm_pipe *p, int slot_i, int32_t *token, float *logprob, char *err, size_t errlen) {
+    uint64_t deadline = cm_now_ns() + (uint64_t)p->timeout_ms * 1000000ull;
+    int rc = 0;
+    pthread_mutex_lock(&p->mu);
+    slot *s = &p->slots[slot_i];
+    while (s->got < s->asked) {
+        if (p->fatal) { rc = cm_errf(err, errlen, p->fatal, "%s", p->fatal_text); break; }
+        if (cm_now_ns() > deadline) {
+            rc = cm_errf(err, errlen, CM_ETIMEDOUT, "no token from the last stage within %d ms", p->timeout_ms);
+            break;
+        }
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 50000000;
+        if (ts.tv_nsec >= 1000000000) { ts.tv_sec++; ts.tv_nsec -= 1000000000; }
+        pthread_cond_timedwait(&p->cv, &p->mu, &ts);
+    }
+    if (!rc) {
+        *token = s->token;
+        if (logprob) *logprob = s->logprob;
+    }
+    pthread_mutex_unlock(&p->mu);
+    return rc;
+}
+
+void cm_pipe_hop_stats(const cm_pipe *p, uint64_t *bytes, uint64_t *frames, uint64_t *rows) {
+    cm_conn_stats st;
+    cm_conn_get_stats(p->data, CM_MSG_FORWARD, &st);
+    *bytes = st.tx_bytes;
+    *frames = st.tx_frames;
+    *rows = p->rows_sent;
+}

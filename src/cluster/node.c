@@ -1,0 +1,527 @@
+/*
+ * node.c: the `cumulo node` daemon. It listens, authenticates every peer
+ * (cluster key, or --insecure on both ends), and serves each connection on
+ * its own thread:
+ *   - from the coordinator: PING (link measurement), ASSIGN (load a stage),
+ *     WEIGHTS_CHUNK (streamed weights), BYE/close (drop the assignment);
+ *   - from the previous stage (or the coordinator as stage 0): FORWARD
+ *     micro-batches, SEQ_START and SEQ_FREE, in order. A middle stage runs its
+ *     layers and sends the hidden states straight to the next stage; the last
+ *     stage applies the output head, samples with the sequence's sampler and
+ *     sends only TOKENs (ids + logprobs) to the coordinator.
+ * It never runs anything a peer sends but its own forward pass over the
+ * assigned layers, with shapes checked against the model it loaded; it never
+ * allocates in the token loop (buffers are sized at ASSIGN).
+ */
+#include "cluster/cluster_int.h"
+#include "cluster/mdns.h"
+#include "cluster/weights.h"
+
+#include "os/os.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NODE_MAX_BATCH 256
+#define NODE_RECV_MS 500
+#define NODE_FRAME_MS 60000
+
+/* One assigned stage: the model part this node runs for one epoch. */
+typedef struct stage {
+    cm_msg_assign as;
+    cm_gguf g;
+    cm_model m;
+    cm_pool *pool;
+    cm_ctx *ctx;
+    cm_kv *kv;        /* [n_seq] */
+    cm_kv **kvp;      /* [n_seq] pointers for cm_forward */
+    cm_sampler **smp; /* [n_seq], last stage only */
+    int n_seq;
+    float *in, *out;  /* [NODE_MAX_BATCH][n_embd] */
+    float *logits;    /* [NODE_MAX_BATCH][n_vocab], last stage only */
+    int32_t pos[NODE_MAX_BATCH], seq[NODE_MAX_BATCH];
+    int8_t want[NODE_MAX_BATCH];
+    uint8_t want_u8[NODE_MAX_BATCH];
+    cm_conn *next;    /* to the next stage (owned), NULL for the last */
+    cm_conn *coord;   /* the coordinator's connection (not owned) */
+} stage;
+
+typedef struct node {
+    const cm_node_opts *o;
+    cm_net_cfg cfg;
+    cm_msg_hello hello;
+    atomic_int *stop;
+    pthread_mutex_t mu;       /* stage pointer, compute, sends on next/coord */
+    stage *st;
+    _Atomic int n_threads;
+    char cache_dir[512];
+} node;
+
+typedef struct conn_job {
+    node *n;
+    cm_conn *c;
+} conn_job;
+
+static void stage_free(stage *s) {
+    if (!s) return;
+    if (s->next) cm_conn_close(s->next, "plan ended");
+    for (int i = 0; i < s->n_seq; i++) {
+        if (s->kv) cm_kv_release(&s->kv[i]);
+        if (s->smp) cm_sampler_free(s->smp[i]);
+    }
+    cm_free(s->kv);
+    cm_free(s->kvp);
+    cm_free(s->smp);
+    cm_free(s->in);
+    cm_free(s->out);
+    cm_free(s->logits);
+    cm_ctx_free(s->ctx);
+    cm_pool_free(s->pool);
+    cm_model_release(&s->m);
+    cm_gguf_close(&s->g);
+    cm_free(s);
+}
+
+/* Where is the model with this sha256? --models DIR/<name>, then the cache. */
+static int find_model(node *n, const cm_msg_assign *a, char *path, size_t cap, char *err, size_t errlen) {
+    char want[65];
+    cm_sha256_hex(a->model_sha256, want);
+    char cand[3][600];
+    int nc = 0;
+    if (n->o->models_dir && *n->o->models_dir && *a->model_name && !strchr(a->model_name, '/'))
+        snprintf(cand[nc++], sizeof cand[0], "%s/%s", n->o->models_dir, a->model_name);
+    snprintf(cand[nc++], sizeof cand[0], "%s/models/%s.gguf", n->cache_dir, want);
+    for (int i = 0; i < nc; i++) {
+        if (!cm_file_exists(cand[i])) continue;
+        uint8_t h[32];
+        char e[200];
+        if (cm_file_sha256(cand[i], h, e, sizeof e)) continue;
+        if (memcmp(h, a->model_sha256, 32)) {
+            CM_LOGW("'%s' is not the assigned model (sha256 differs)", cand[i]);
+            continue;
+        }
+        size_t l = strlen(cand[i]);
+        if (l >= cap) continue;
+        memcpy(path, cand[i], l + 1);
+        return 0;
+    }
+    return cm_errf(err, errlen, CM_ENOENT, "model %.12s... ('%s') is not on this node", want, a->model_name);
+}
+
+static int stage_load(node *n, stage *s, const char *path, char *err, size_t errlen) {
+    const cm_msg_assign *a = &s->as;
+    char e[400];
+    int rc = cm_gguf_open(&s->g, path, NULL, NULL, e, sizeof e);
+    if (!rc) rc = cm_model_load(&s->m, &s->g, e, sizeof e);
+    if (rc) return cm_errf(err, errlen, rc, "'%s': %s", path, e);
+    const cm_hparams *hp = &s->m.hp;
+    if ((int)a->n_layers != hp->n_layer || (int)a->layer_end > hp->n_layer)
+        return cm_errf(err, errlen, CM_EINVAL, "assignment of layers [%u, %u) of %u does not match the model's %d",
+                       a->layer_begin, a->layer_end, a->n_layers, hp->n_layer);
+    if (a->head_begin != 0 || (int)a->head_end != hp->n_head_kv || a->ffn_begin != 0 || (int)a->ffn_end != hp->n_ff ||
+        a->tp_size != 1)
+        return cm_errf(err, errlen, CM_EUNSUPPORTED, "tensor-parallel slices are not supported by this node yet");
+    if (a->layer_begin == 0)
+        return cm_errf(err, errlen, CM_EUNSUPPORTED, "the first stage runs on the coordinator");
+    int nt = n->o->n_threads > 0 ? n->o->n_threads : cm_cpu_count();
+    s->pool = cm_pool_new(nt < 1 ? 1 : nt);
+    s->ctx = s->pool ? cm_ctx_new(&s->m, NODE_MAX_BATCH, (int)a->n_ctx, s->pool, e, sizeof e) : NULL;
+    if (!s->ctx) return cm_errf(err, errlen, CM_ENOMEM, "%s", s->pool ? e : "cannot start threads");
+    s->n_seq = (int)a->n_seq_max;
+    s->kv = cm_calloc((size_t)s->n_seq, sizeof *s->kv);
+    s->kvp = cm_calloc((size_t)s->n_seq, sizeof *s->kvp);
+    s->smp = cm_calloc((size_t)s->n_seq, sizeof *s->smp);
+    s->in = cm_malloc((size_t)NODE_MAX_BATCH * (size_t)hp->n_embd * sizeof(float));
+    s->out = cm_malloc((size_t)NODE_MAX_BATCH * (size_t)hp->n_embd * sizeof(float));
+    bool last = a->flags & CM_ASSIGN_F_OUTPUT;
+    if (last) s->logits = cm_malloc((size_t)NODE_MAX_BATCH * (size_t)hp->n_vocab * sizeof(float));
+    if (!s->kv || !s->kvp || !s->smp || !s->in || !s->out || (last && !s->logits))
+        return cm_errf(err, errlen, CM_ENOMEM, "out of memory for the stage's buffers");
+    for (int i = 0; i < s->n_seq; i++) {
+        rc = cm_kv_init(&s->kv[i], &s->m, (int)a->layer_begin, (int)a->layer_end, cm_slice_full(&s->m),
+                        (int)a->n_ctx, e, sizeof e);
+        if (rc) return cm_errf(err, errlen, rc, "KV cache: %s", e);
+        s->kvp[i] = &s->kv[i];
+    }
+    if (!last) {
+        if (!*a->next) return cm_errf(err, errlen, CM_EINVAL, "a middle stage without a next stage");
+        cm_msg_hello peer;
+        rc = cm_cluster_dial(a->next, &n->cfg, &n->hello, &s->next, &peer, e, sizeof e);
+        if (rc) return cm_errf(err, errlen, rc, "cannot reach the next stage %s: %s", a->next, e);
+    }
+    return 0;
+}
+
+static int send_ready(node *n, cm_conn *c, uint64_t epoch, int status, uint64_t missing, const char *text) {
+    cm_msg m = {.type = CM_MSG_READY};
+    m.u.ready.epoch = epoch;
+    m.u.ready.status = status;
+    m.u.ready.bytes_missing = missing;
+    snprintf(m.u.ready.text, sizeof m.u.ready.text, "%s", text ? text : "");
+    char e[200];
+    pthread_mutex_lock(&n->mu);
+    int rc = cm_conn_send(c, &m, 10000, e, sizeof e);
+    pthread_mutex_unlock(&n->mu);
+    return rc;
+}
+
+static void on_assign(node *n, cm_conn *c, const cm_msg_assign *a) {
+    char err[512] = "", path[600];
+    stage *s = cm_calloc(1, sizeof *s);
+    if (!s) { send_ready(n, c, a->epoch, CM_ENOMEM, 0, "out of memory"); return; }
+    s->as = *a;
+    s->coord = c;
+    int rc = find_model(n, a, path, sizeof path, err, sizeof err);
+    if (rc == CM_ENOENT) {
+        /* Not on disk: fetch this stage's tensors from the coordinator into
+         * the cache (nothing when a previous run left them there). */
+        uint64_t got = 0;
+        double t0 = cm_now_s();
+        rc = cm_weights_fetch(c, &n->mu, n->cache_dir, a->model_sha256, (int)a->layer_begin, (int)a->layer_end,
+                              a->flags & CM_ASSIGN_F_OUTPUT, path, sizeof path, &got, err, sizeof err);
+        if (!rc)
+            CM_LOGI("weights: %llu bytes streamed in %.2f s into '%s'", (unsigned long long)got, cm_now_s() - t0, path);
+    }
+    if (!rc) rc = stage_load(n, s, path, err, sizeof err);
+    if (rc) {
+        CM_LOGW("assignment of epoch %llu refused: %s", (unsigned long long)a->epoch, err);
+        stage_free(s);
+        send_ready(n, c, a->epoch, rc, 0, err);
+        return;
+    }
+    pthread_mutex_lock(&n->mu);
+    stage *old = n->st;
+    n->st = s;
+    pthread_mutex_unlock(&n->mu);
+    stage_free(old);
+    CM_LOGI("stage %u/%u: layers [%u, %u) of '%s' (epoch %llu)%s%s", a->stage, a->n_stages, a->layer_begin,
+            a->layer_end, a->model_name, (unsigned long long)a->epoch, *a->next ? ", next " : ", last stage",
+            a->next);
+    send_ready(n, c, a->epoch, 0, 0, "");
+}
+
+/* Tell the coordinator a stage failed (it fails the waiting sequences). */
+static void report(stage *s, int code, const char *text) {
+    cm_msg m = {.type = CM_MSG_ERROR};
+    m.u.error.code = code < 0 ? code : CM_EIO;
+    snprintf(m.u.error.text, sizeof m.u.error.text, "%s", text);
+    char e[200];
+    cm_conn_send(s->coord, &m, 5000, e, sizeof e);
+}
+
+/* FORWARD on a stage (n->mu held). */
+static int on_forward(stage *s, const cm_msg_forward *f, char *err, size_t errlen) {
+    const cm_hparams *hp = &s->m.hp;
+    bool last = s->as.flags & CM_ASSIGN_F_OUTPUT;
+    if (f->epoch != s->as.epoch) return cm_errf(err, errlen, CM_ESTATE, "FORWARD of epoch %llu (current %llu)",
+                                                (unsigned long long)f->epoch, (unsigned long long)s->as.epoch);
+    if (f->dtype == CM_HIDDEN_TOKENS || (int)f->dim != hp->n_embd || f->n_tokens > NODE_MAX_BATCH)
+        return cm_errf(err, errlen, CM_EINVAL, "FORWARD of %u x %u (dtype %u) does not fit this stage (dim %d, batch %d)",
+                       f->n_tokens, f->dim, f->dtype, hp->n_embd, NODE_MAX_BATCH);
+    int n = (int)f->n_tokens, n_want = 0;
+    for (int i = 0; i < n; i++) {
+        s->pos[i] = cm_msg_forward_pos(f, (uint32_t)i);
+        s->seq[i] = cm_msg_forward_seq(f, (uint32_t)i);
+        s->want[i] = (int8_t)cm_msg_forward_want(f, (uint32_t)i);
+        s->want_u8[i] = (uint8_t)s->want[i];
+        n_want += s->want[i];
+        if (s->seq[i] >= s->n_seq) return cm_errf(err, errlen, CM_EINVAL, "sequence %d out of %d", s->seq[i], s->n_seq);
+        if (s->pos[i] >= s->kv[s->seq[i]].n_ctx) return cm_errf(err, errlen, CM_ENOSPACE, "position %d past the context", s->pos[i]);
+        cm_msg_forward_row(f, (uint32_t)i, s->in + (size_t)i * (size_t)hp->n_embd);
+    }
+    if (last && n_want)
+        for (int i = 0; i < n; i++)
+            if (s->want[i] && !s->smp[s->seq[i]])
+                return cm_errf(err, errlen, CM_ESTATE, "sequence %d samples before its SEQ_START", s->seq[i]);
+    /* A sequence's first position in the batch may go back (prefix reuse on
+     * the coordinator): drop the tail of its cache. */
+    for (int i = 0; i < n; i++) {
+        bool first = true;
+        for (int j = 0; j < i; j++) if (s->seq[j] == s->seq[i]) first = false;
+        if (!first) continue;
+        cm_kv *kv = &s->kv[s->seq[i]];
+        if (s->pos[i] < kv->n_past) cm_kv_truncate(kv, s->pos[i]);
+        if (s->pos[i] != kv->n_past)
+            return cm_errf(err, errlen, CM_EINVAL, "sequence %d jumps from position %d to %d", s->seq[i], kv->n_past, s->pos[i]);
+    }
+    cm_batch b = {.n = n, .embd = s->in, .pos = s->pos, .seq = s->seq, .logits = s->want};
+    cm_forward_args fa = {.layer_first = (int)s->as.layer_begin, .layer_last = (int)s->as.layer_end,
+                          .slice = cm_slice_full(&s->m), .kvs = s->kvp, .n_kvs = s->n_seq,
+                          .out_hidden = last ? NULL : s->out, .out_logits = last && n_want ? s->logits : NULL};
+    char e[300];
+    int rc = cm_forward(s->ctx, &b, &fa, e, sizeof e);
+    if (rc) return cm_errf(err, errlen, rc, "forward pass: %s", e);
+    if (!last) {
+        cm_msg m = {.type = CM_MSG_FORWARD};
+        m.u.forward = (cm_msg_forward){.epoch = f->epoch, .request_id = f->request_id, .n_tokens = f->n_tokens,
+                                       .dim = f->dim, .dtype = s->as.hidden_dtype, .pos = s->pos, .seq = s->seq,
+                                       .want = s->want_u8, .hidden = s->out};
+        rc = cm_conn_send(s->next, &m, 30000, e, sizeof e);
+        if (rc) return cm_errf(err, errlen, rc, "to the next stage: %s", e);
+        return 0;
+    }
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        if (!s->want[i]) continue;
+        cm_sampler *smp = s->smp[s->seq[i]];
+        cm_sample_info info;
+        int32_t id = cm_sampler_sample(smp, s->logits + (size_t)k++ * (size_t)hp->n_vocab, &info);
+        cm_sampler_accept(smp, id);
+        cm_msg m = {.type = CM_MSG_TOKEN};
+        cm_msg_token *t = &m.u.token;
+        t->epoch = f->epoch;
+        t->request_id = f->request_id;
+        t->seq = s->seq[i];
+        t->pos = s->pos[i];
+        t->token = id;
+        t->logprob = info.logprob <= 0 ? info.logprob : 0;
+        int nt = info.n_top < CM_MSG_MAX_TOP ? info.n_top : CM_MSG_MAX_TOP;
+        t->n_top = (uint8_t)(nt > 0 ? nt : 0);
+        for (int j = 0; j < t->n_top; j++) {
+            t->top_token[j] = info.top[j].id;
+            t->top_logprob[j] = info.top[j].logprob <= 0 ? info.top[j].logprob : 0;
+        }
+        rc = cm_conn_send(s->coord, &m, 30000, e, sizeof e);
+        if (rc) return cm_errf(err, errlen, rc, "to the coordinator: %s", e);
+    }
+    return 0;
+}
+
+static int on_seq_start(stage *s, const cm_msg *msg, char *err, size_t errlen) {
+    const cm_msg_seq_start *q = &msg->u.seq_start;
+    if (q->epoch != s->as.epoch) return 0; /* stale: ignore */
+    if (q->seq >= s->n_seq) return cm_errf(err, errlen, CM_EINVAL, "sequence %d out of %d", q->seq, s->n_seq);
+    if (!(s->as.flags & CM_ASSIGN_F_OUTPUT)) {
+        char e[200];
+        int rc = cm_conn_send(s->next, msg, 30000, e, sizeof e);
+        return rc ? cm_errf(err, errlen, rc, "to the next stage: %s", e) : 0;
+    }
+    cm_sampler_params p;
+    cm_sampler_params_default(&p);
+    p.temperature = q->temperature;
+    p.top_k = q->top_k;
+    p.top_p = q->top_p;
+    p.min_p = q->min_p;
+    p.repeat_penalty = q->repeat_penalty;
+    p.repeat_last_n = q->repeat_last_n;
+    p.presence_penalty = q->presence_penalty;
+    p.frequency_penalty = q->frequency_penalty;
+    p.seed = q->seed;
+    p.n_probs = q->n_probs;
+    char e[200];
+    if (cm_sampler_params_check(&p, e, sizeof e)) return cm_errf(err, errlen, CM_EINVAL, "SEQ_START: %s", e);
+    /* NEEDSWORK: this allocates per request (the sampler); a pool of samplers
+     * sized at ASSIGN would avoid it. */
+    cm_sampler *smp = cm_sampler_new(&p, s->m.hp.n_vocab, e, sizeof e);
+    if (!smp) return cm_errf(err, errlen, CM_ENOMEM, "sampler: %s", e);
+    for (uint32_t i = 0; i < q->n_hist; i++) cm_sampler_accept(smp, cm_msg_seq_start_hist(q, i));
+    cm_sampler_free(s->smp[q->seq]);
+    s->smp[q->seq] = smp;
+    return 0;
+}
+
+static int on_seq_free(stage *s, const cm_msg *msg, char *err, size_t errlen) {
+    const cm_msg_seq_free *q = &msg->u.seq_free;
+    if (q->epoch != s->as.epoch || q->seq >= s->n_seq) return 0;
+    cm_kv_truncate(&s->kv[q->seq], 0);
+    cm_sampler_free(s->smp[q->seq]);
+    s->smp[q->seq] = NULL;
+    if (s->next) {
+        char e[200];
+        int rc = cm_conn_send(s->next, msg, 30000, e, sizeof e);
+        if (rc) return cm_errf(err, errlen, rc, "to the next stage: %s", e);
+    }
+    return 0;
+}
+
+static void *conn_main(void *arg) {
+    conn_job *j = arg;
+    node *n = j->n;
+    cm_conn *c = j->c;
+    cm_free(j);
+    char err[512];
+    cm_msg_hello peer;
+    int rc = cm_conn_handshake(c, false, &n->cfg, &n->hello, &peer, err, sizeof err);
+    if (rc) {
+        CM_LOGW("refused %s: %s", cm_conn_peer(c), err);
+        cm_conn_close(c, NULL);
+        atomic_fetch_sub(&n->n_threads, 1);
+        return NULL;
+    }
+    bool is_coord = peer.roles & CM_ROLE_COORDINATOR;
+    CM_LOGI("%s '%s' connected from %s", is_coord ? "coordinator" : "peer", peer.name, cm_conn_peer(c));
+    bool assigned_here = false;
+    uint8_t *pong = NULL;
+    while (!atomic_load(n->stop)) {
+        cm_msg m;
+        /* Idle waits are short (to notice the stop flag); once a frame
+         * starts, a slow link gets a generous deadline for the rest. */
+        if (cm_fd_wait_readable(cm_conn_fd(c), NODE_RECV_MS) <= 0) continue;
+        rc = cm_conn_recv(c, &m, NODE_FRAME_MS, err, sizeof err);
+        if (rc == CM_ETIMEDOUT) continue;
+        if (rc) break;
+        if (m.type == CM_MSG_BYE) break;
+        switch (m.type) {
+        case CM_MSG_PING: {
+            cm_msg r = {.type = CM_MSG_PONG};
+            r.u.ping.id = m.u.ping.id;
+            r.u.ping.sent_ns = m.u.ping.sent_ns;
+            r.u.ping.data_len = m.u.ping.reply_len;
+            if (m.u.ping.reply_len) {
+                cm_free(pong);
+                pong = cm_calloc(1, m.u.ping.reply_len);
+                if (!pong) r.u.ping.data_len = 0;
+            }
+            r.u.ping.data = pong;
+            pthread_mutex_lock(&n->mu);
+            rc = cm_conn_send(c, &r, 30000, err, sizeof err);
+            pthread_mutex_unlock(&n->mu);
+            break;
+        }
+        case CM_MSG_HEARTBEAT: break;
+        case CM_MSG_ASSIGN:
+            if (!is_coord) { CM_LOGW("ASSIGN from %s, which is not a coordinator: ignored", cm_conn_peer(c)); break; }
+            on_assign(n, c, &m.u.assign);
+            assigned_here = true;
+            break;
+        case CM_MSG_FORWARD:
+        case CM_MSG_SEQ_START:
+        case CM_MSG_SEQ_FREE: {
+            pthread_mutex_lock(&n->mu);
+            stage *s = n->st;
+            int r2 = 0;
+            err[0] = 0;
+            if (!s) r2 = cm_errf(err, sizeof err, CM_ESTATE, "%s without an assignment", cm_msg_type_name(m.type));
+            else if (m.type == CM_MSG_FORWARD && m.u.forward.epoch != s->as.epoch) {
+                /* A stale plan's traffic: dropped, and not reported to the
+                 * current coordinator (it is not about its sequences). */
+                CM_LOGW("FORWARD of epoch %llu from %s dropped (current epoch %llu)",
+                        (unsigned long long)m.u.forward.epoch, cm_conn_peer(c), (unsigned long long)s->as.epoch);
+            } else if (m.type == CM_MSG_FORWARD) r2 = on_forward(s, &m.u.forward, err, sizeof err);
+            else if (m.type == CM_MSG_SEQ_START) r2 = on_seq_start(s, &m, err, sizeof err);
+            else r2 = on_seq_free(s, &m, err, sizeof err);
+            if (r2) {
+                CM_LOGW("%s from %s failed: %s", cm_msg_type_name(m.type), cm_conn_peer(c), err);
+                if (s) report(s, r2, err);
+            }
+            pthread_mutex_unlock(&n->mu);
+            break;
+        }
+        default: CM_LOGW("unexpected %s from %s: ignored", cm_msg_type_name(m.type), cm_conn_peer(c)); break;
+        }
+        if (rc) break;
+    }
+    cm_free(pong);
+    if (assigned_here) {
+        /* The coordinator is gone: the plan it made is over. */
+        pthread_mutex_lock(&n->mu);
+        stage *s = n->st;
+        if (s && s->coord == c) n->st = NULL;
+        else s = NULL;
+        pthread_mutex_unlock(&n->mu);
+        if (s) CM_LOGI("coordinator left: dropping stage of epoch %llu", (unsigned long long)s->as.epoch);
+        stage_free(s);
+    }
+    CM_LOGI("%s disconnected", cm_conn_peer(c));
+    cm_conn_close(c, atomic_load(n->stop) ? "node shutting down" : NULL);
+    atomic_fetch_sub(&n->n_threads, 1);
+    return NULL;
+}
+
+static void join_peers(node *n) {
+    for (int i = 0; i < n->o->n_join; i++) {
+        cm_conn *c;
+        cm_msg_hello peer;
+        char err[300];
+        double rtt = 0, bw = 0;
+        int rc = cm_cluster_dial(n->o->join[i], &n->cfg, &n->hello, &c, &peer, err, sizeof err);
+        if (!rc) {
+            rc = cm_cluster_measure(c, 1 << 16, &rtt, &bw, err, sizeof err);
+            cm_conn_close(c, "link check done");
+        }
+        if (rc) CM_LOGW("peer %s: %s", n->o->join[i], err);
+        else
+            CM_LOGI("peer %s ('%s'): rtt %.3f ms, %.1f MB/s", n->o->join[i], peer.name, rtt * 1e3, bw / 1e6);
+    }
+}
+
+int cm_node_run(const cm_node_opts *o, atomic_int *stop, char *err, size_t errlen) {
+    node n = {.o = o, .stop = stop};
+    pthread_mutex_init(&n.mu, NULL);
+    int rc = cm_cluster_net_cfg(&n.cfg, o->insecure, o->key_file, err, errlen);
+    if (rc) return rc;
+    if (o->cache_dir && *o->cache_dir) snprintf(n.cache_dir, sizeof n.cache_dir, "%s", o->cache_dir);
+    else {
+        const char *home = getenv("HOME");
+        snprintf(n.cache_dir, sizeof n.cache_dir, "%s/.cache/cumulo", home && *home ? home : ".");
+    }
+    cm_listener *l;
+    rc = cm_net_listen(o->bind, o->port, &l, err, errlen);
+    if (rc) return rc;
+    uint16_t port = cm_listener_port(l);
+    cm_cluster_hello(&n.hello, o->name, port, CM_ROLE_NODE);
+    cm_node_caps caps;
+    cm_node_caps_get(&caps);
+    fprintf(stderr, "cumulo node '%s' listening on port %u (%s; %d cores, %s, %.1f GFLOP/s, %.1f GB/s, %.1f of %.1f GiB free)\n",
+            n.hello.name, port, cm_sec_mode_name(n.cfg.mode), caps.cores, caps.isa, caps.gflops, caps.mem_bw / 1e9,
+            (double)caps.mem_free / (1 << 30), (double)caps.mem_total / (1 << 30));
+    if (o->port_file && *o->port_file) {
+        char buf[16];
+        int k = snprintf(buf, sizeof buf, "%u\n", port);
+        if (cm_file_write_atomic(o->port_file, buf, (size_t)k, 0644, err, errlen)) CM_LOGW("%s", err);
+    }
+    join_peers(&n);
+    cm_mdns *md = NULL;
+    if (o->mdns) {
+        char id[2 * CM_NODE_ID_BYTES + 1], caps_txt[4][160];
+        for (int i = 0; i < CM_NODE_ID_BYTES; i++) snprintf(id + 2 * i, 3, "%02x", n.hello.node_id[i]);
+        snprintf(caps_txt[0], sizeof caps_txt[0], "cores=%d", caps.cores);
+        snprintf(caps_txt[1], sizeof caps_txt[1], "mem=%llu", (unsigned long long)caps.mem_free);
+        snprintf(caps_txt[2], sizeof caps_txt[2], "isa=%s", caps.isa);
+        snprintf(caps_txt[3], sizeof caps_txt[3], "sec=%s", n.cfg.mode == CM_SEC_INSECURE ? "insecure" : "key");
+        cm_mdns_service svc = {.name = n.hello.name, .port = port, .node_id = id, .proto_version = CM_PROTO_VERSION,
+                               .txt_extra = {caps_txt[0], caps_txt[1], caps_txt[2], caps_txt[3]}, .n_txt_extra = 4};
+        char e[300];
+        if (cm_mdns_open(&md, NULL, e, sizeof e) || cm_mdns_announce(md, &svc, e, sizeof e)) {
+            CM_LOGW("mDNS announcement off: %s", e);
+            cm_mdns_close(md);
+            md = NULL;
+        }
+    }
+    while (!atomic_load(stop)) {
+        if (md) cm_mdns_step(md, 0);
+        cm_conn *c;
+        char e[300];
+        rc = cm_listener_accept(l, md ? 100 : 250, &c, e, sizeof e);
+        if (rc == CM_ETIMEDOUT) continue;
+        if (rc) { CM_LOGW("accept: %s", e); cm_sleep_ms(50); continue; }
+        conn_job *j = cm_calloc(1, sizeof *j);
+        pthread_t t;
+        pthread_attr_t at;
+        pthread_attr_init(&at);
+        pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+        if (j) { j->n = &n; j->c = c; }
+        atomic_fetch_add(&n.n_threads, 1);
+        if (!j || pthread_create(&t, &at, conn_main, j)) {
+            atomic_fetch_sub(&n.n_threads, 1);
+            cm_free(j);
+            cm_conn_close(c, "node overloaded");
+        }
+        pthread_attr_destroy(&at);
+    }
+    /* Let connection threads see the stop flag and leave (each waits at most
+     * one receive deadline). */
+    for (int i = 0; i < 100 && atomic_load(&n.n_threads) > 0; i++) cm_sleep_ms(20);
+    cm_mdns_close(md);
+    cm_listener_close(l);
+    pthread_mutex_lock(&n.mu);
+    stage *s = n.st;
+    n.st = NULL;
+    pthread_mutex_unlock(&n.mu);
+    stage_free(s);
+    pthread_mutex_destroy(&n.mu);
+    return 0;
+}

@@ -1,0 +1,301 @@
+/*
+ * weights.c: content-addressed weight streaming (see weights.h for the
+ * objects and the sparse cache file). The coordinator serves bytes from its
+ * mapping; the node verifies every tensor's SHA-256 before trusting it and
+ * never allocates from a peer's claim: sizes come from the manifest, whose
+ * own bytes are checked against the model's hash in the manifest's tensor
+ * table only after it is fully parsed by the bounded GGUF reader.
+ */
+#include "cluster/weights.h"
+#include "cluster/cluster.h"
+
+#include "os/os.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sodium.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define CHUNK (4u << 20)
+#define MANIFEST_MAX (256ull << 20) /* a header of 256 MiB is not a model we serve */
+
+/* ---- coordinator ---- */
+
+typedef struct served {
+    const cm_gguf *g;
+    uint8_t (*hash)[32]; /* per tensor */
+    uint8_t *manifest;
+    size_t manifest_len;
+} served;
+static served g_served;
+static pthread_mutex_t g_served_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void put_u64(uint8_t *p, uint64_t v) {
+    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static uint64_t get_u64(const uint8_t *p) {
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
+    return v;
+}
+
+static int prepare(const cm_gguf *g, char *err, size_t errlen) {
+    if (g_served.g == g) return 0;
+    cm_free(g_served.hash);
+    cm_free(g_served.manifest);
+    memset(&g_served, 0, sizeof g_served);
+    uint64_t nt = g->n_tensors;
+    size_t len = 24 + (size_t)g->data_offset + 32 * (size_t)nt;
+    uint8_t (*h)[32] = cm_calloc(nt ? nt : 1, 32);
+    uint8_t *mf = cm_malloc(len);
+    if (!h || !mf) {
+        cm_free(h);
+        cm_free(mf);
+        return cm_errf(err, errlen, CM_ENOMEM, "out of memory for the manifest");
+    }
+    put_u64(mf, g->size);
+    put_u64(mf + 8, g->data_offset);
+    put_u64(mf + 16, nt);
+    memcpy(mf + 24, g->base, (size_t)g->data_offset);
+    for (uint64_t i = 0; i < nt; i++) {
+        crypto_hash_sha256(h[i], g->tensors[i].data, g->tensors[i].nbytes);
+        memcpy(mf + 24 + g->data_offset + 32 * i, h[i], 32);
+    }
+    g_served = (served){.g = g, .hash = h, .manifest = mf, .manifest_len = len};
+    return 0;
+}
+
+int cm_weights_serve(cm_conn *c, pthread_mutex_t *send_mu, const cm_gguf *g, const uint8_t model_sha[32],
+                     const cm_msg_weights_req *rq, char *err, size_t errlen) {
+    pthread_mutex_lock(&g_served_mu);
+    int rc = prepare(g, err, errlen);
+    const uint8_t *obj = NULL;
+    uint64_t total = 0;
+    if (!rc) {
+        if (!memcmp(rq->tensor_hash, model_sha, 32)) {
+            obj = g_served.manifest;
+            total = g_served.manifest_len;
+        } else {
+            for (uint64_t i = 0; i < g->n_tensors && !obj; i++)
+                if (!memcmp(g_served.hash[i], rq->tensor_hash, 32)) {
+                    obj = g->tensors[i].data;
+                    total = g->tensors[i].nbytes;
+                }
+        }
+    }
+    pthread_mutex_unlock(&g_served_mu);
+    if (rc) return rc;
+    cm_msg m = {.type = CM_MSG_WEIGHTS_CHUNK};
+    memcpy(m.u.weights_chunk.tensor_hash, rq->tensor_hash, 32);
+    if (!obj || rq->offset > total) {
+        /* An empty chunk with total 0 says "no such object". */
+        m.u.weights_chunk.total = 0;
+        m.u.weights_chunk.offset = 0;
+    } else {
+        uint64_t n = total - rq->offset;
+        if (n > rq->len) n = rq->len;
+        m.u.weights_chunk.offset = rq->offset;
+        m.u.weights_chunk.total = total;
+        m.u.weights_chunk.data = obj + rq->offset;
+        m.u.weights_chunk.data_len = (uint32_t)n;
+    }
+    pthread_mutex_lock(send_mu);
+    rc = cm_conn_send(c, &m, 60000, err, errlen);
+    pthread_mutex_unlock(send_mu);
+    return rc;
+}
+
+/* ---- node ---- */
+
+/* Fetch [0, total) of an object into buf (cap bytes) or, when fd >= 0, to
+ * fd at file offset base. total_out: the object's size (first chunk). */
+static int fetch(cm_conn *c, pthread_mutex_t *send_mu, const uint8_t hash[32], uint8_t *buf, size_t cap, int fd,
+                 uint64_t base, uint64_t expect, uint64_t *total_out, char *err, size_t errlen) {
+    uint64_t off = 0, total = expect;
+    for (;;) {
+        cm_msg m = {.type = CM_MSG_WEIGHTS_REQ};
+        memcpy(m.u.weights_req.tensor_hash, hash, 32);
+        m.u.weights_req.offset = off;
+        m.u.weights_req.len = CHUNK;
+        pthread_mutex_lock(send_mu);
+        int rc = cm_conn_send(c, &m, 30000, err, errlen);
+        pthread_mutex_unlock(send_mu);
+        if (rc) return rc;
+        cm_msg r;
+        /* Chunks are the only thing the coordinator sends while we load. */
+        do rc = cm_conn_recv(c, &r, 60000, err, errlen);
+        while (!rc && (r.type == CM_MSG_HEARTBEAT || r.type == CM_MSG_PING));
+        if (rc) return rc;
+        if (r.type != CM_MSG_WEIGHTS_CHUNK || memcmp(r.u.weights_chunk.tensor_hash, hash, 32))
+            return cm_errf(err, errlen, CM_EPROTO, "expected a WEIGHTS_CHUNK, got %s", cm_msg_type_name(r.type));
+        const cm_msg_weights_chunk *ch = &r.u.weights_chunk;
+        if (ch->total == 0) return cm_errf(err, errlen, CM_ENOENT, "the coordinator does not have that object");
+        if (off == 0 && !expect) {
+            total = ch->total;
+            if (fd < 0 && total > cap) return cm_errf(err, errlen, CM_ERANGE, "object of %llu bytes is too large",
+                                                   (unsigned long long)total);
+        }
+        if (ch->total != total || ch->offset != off || (ch->data_len == 0 && off < total))
+            return cm_errf(err, errlen, CM_EPROTO, "chunk at %llu of %llu does not continue at %llu",
+                           (unsigned long long)ch->offset, (unsigned long long)ch->total, (unsigned long long)off);
+        if (fd >= 0) {
+            size_t done = 0;
+            while (done < ch->data_len) {
+                ssize_t w = pwrite(fd, ch->data + done, ch->data_len - done, (off_t)(base + off + done));
+                if (w <= 0) return cm_errf(err, errlen, CM_EIO, "cannot write the cache: %s", strerror(errno));
+                done += (size_t)w;
+            }
+        } else {
+            if (off + ch->data_len > cap) return cm_errf(err, errlen, CM_ERANGE, "object larger than announced");
+            memcpy(buf + off, ch->data, ch->data_len);
+        }
+        off += ch->data_len;
+        if (off >= total) break;
+    }
+    if (total_out) *total_out = total;
+    return 0;
+}
+
+static bool wanted(const char *name, int b, int e, bool last, bool has_output) {
+    int layer;
+    char rest[8];
+    if (sscanf(name, "blk.%d.%1s", &layer, rest) == 2) return layer >= b && layer < e;
+    if (!strcmp(name, "rope_freqs.weight")) return true;
+    if (!last) return false;
+    if (!strcmp(name, "output_norm.weight") || !strcmp(name, "output.weight")) return true;
+    return !has_output && !strcmp(name, "token_embd.weight");
+}
+
+static int mkdirs(const char *path) {
+    char tmp[600];
+    snprintf(tmp, sizeof tmp, "%s", path);
+    for (char *p = tmp + 1; *p; p++)
+        if (*p == '/') {
+            *p = 0;
+            if (mkdir(tmp, 0700) && errno != EEXIST) return -1;
+            *p = '/';
+        }
+    return mkdir(tmp, 0700) && errno != EEXIST ? -1 : 0;
+}
+
+/* Is the tensor at [off, off + n) of fd equal to hash? */
+static bool verify(int fd, uint64_t off, uint64_t n, const uint8_t hash[32]) {
+    static _Thread_local uint8_t buf[1 << 16];
+    crypto_hash_sha256_state s;
+    crypto_hash_sha256_init(&s);
+    uint64_t done = 0;
+    while (done < n) {
+        size_t want = n - done < sizeof buf ? (size_t)(n - done) : sizeof buf;
+        ssize_t r = pread(fd, buf, want, (off_t)(off + done));
+        if (r <= 0) return false;
+        crypto_hash_sha256_update(&s, buf, (size_t)r);
+        done += (uint64_t)r;
+    }
+    uint8_t h[32];
+    crypto_hash_sha256_final(&s, h);
+    return !memcmp(h, hash, 32);
+}
+
+int cm_weights_fetch(cm_conn *c, pthread_mutex_t *send_mu, const char *cache_dir, const uint8_t model_sha[32],
+                     int layer_begin, int layer_end, bool last, char *path, size_t cap, uint64_t *fetched,
+                     char *err, size_t errlen) {
+    char hex[65], dir[520], mpath[640], gpath[640];
+    cm_sha256_hex(model_sha, hex);
+    *fetched = 0;
+    snprintf(dir, sizeof dir, "%.500s/slices", cache_dir);
+    if (mkdirs(dir)) return cm_errf(err, errlen, CM_EIO, "cannot create '%s': %s", dir, strerror(errno));
+    snprintf(mpath, sizeof mpath, "%s/%s.manifest", dir, hex);
+    snprintf(gpath, sizeof gpath, "%s/%s.gguf", dir, hex);
+    /* 1. The manifest: from the cache, else from the coordinator. */
+    uint8_t *mf = NULL;
+    size_t mlen = 0;
+    int rc = 0;
+    char *raw = NULL;
+    if (cm_file_read_all(mpath, &raw, &mlen, err, errlen) == 0) {
+        mf = (uint8_t *)raw;
+    } else {
+        uint8_t head[24];
+        uint64_t total = 0;
+        /* The size first (a 24-byte read), then the whole manifest. */
+        cm_msg m = {.type = CM_MSG_WEIGHTS_REQ};
+        memcpy(m.u.weights_req.tensor_hash, model_sha, 32);
+        m.u.weights_req.len = 24;
+        pthread_mutex_lock(send_mu);
+        rc = cm_conn_send(c, &m, 30000, err, errlen);
+        pthread_mutex_unlock(send_mu);
+        cm_msg r;
+        if (!rc) rc = cm_conn_recv(c, &r, 60000, err, errlen);
+        if (rc) return rc;
+        if (r.type != CM_MSG_WEIGHTS_CHUNK || r.u.weights_chunk.total < 24 || r.u.weights_chunk.data_len != 24)
+            return cm_errf(err, errlen, CM_EPROTO, "no manifest for model %.12s from the coordinator", hex);
+        memcpy(head, r.u.weights_chunk.data, 24);
+        total = r.u.weights_chunk.total;
+        if (total > MANIFEST_MAX) return cm_errf(err, errlen, CM_ERANGE, "manifest of %llu bytes", (unsigned long long)total);
+        mf = cm_malloc((size_t)total);
+        if (!mf) return cm_errf(err, errlen, CM_ENOMEM, "out of memory");
+        rc = fetch(c, send_mu, model_sha, mf, (size_t)total, -1, 0, total, NULL, err, errlen);
+        if (!rc && memcmp(mf, head, 24)) rc = cm_errf(err, errlen, CM_EPROTO, "manifest changed while fetched");
+        mlen = (size_t)total;
+        if (!rc) rc = cm_file_write_atomic(mpath, mf, mlen, 0600, err, errlen);
+        if (rc) { cm_free(mf); return rc; }
+    }
+    uint64_t fsize = mlen >= 24 ? get_u64(mf) : 0, doff = mlen >= 24 ? get_u64(mf + 8) : 0,
+             nt = mlen >= 24 ? get_u64(mf + 16) : 0;
+    if (mlen < 24 || doff > mlen - 24 || nt > (mlen - 24 - doff) / 32 || 24 + doff + 32 * nt != mlen || doff > fsize) {
+        cm_free(mf);
+        remove(mpath);
+        return cm_errf(err, errlen, CM_EFORMAT, "malformed manifest for model %.12s", hex);
+    }
+    /* 2. The sparse file: header at 0, full size. */
+    int fd = open(gpath, O_RDWR | O_CREAT, 0600);
+    if (fd < 0) { cm_free(mf); return cm_errf(err, errlen, CM_EIO, "cannot open '%s': %s", gpath, strerror(errno)); }
+    if (ftruncate(fd, (off_t)fsize) || pwrite(fd, mf + 24, (size_t)doff, 0) != (ssize_t)doff) {
+        rc = cm_errf(err, errlen, CM_EIO, "cannot write '%s': %s", gpath, strerror(errno));
+        goto out;
+    }
+    /* Parse the header through the bounded reader, on the sparse file. */
+    cm_gguf g;
+    char e[300];
+    fsync(fd);
+    if ((rc = cm_gguf_open(&g, gpath, NULL, NULL, e, sizeof e))) {
+        rc = cm_errf(err, errlen, rc, "streamed header: %s", e);
+        goto out;
+    }
+    if (g.n_tensors != nt || g.data_offset > fsize) {
+        cm_gguf_close(&g);
+        rc = cm_errf(err, errlen, CM_EFORMAT, "manifest and header disagree");
+        goto out;
+    }
+    bool has_output = cm_gguf_find_tensor(&g, "output.weight") != NULL;
+    uint64_t need = 0, have = 0;
+    for (uint64_t i = 0; i < nt; i++)
+        if (wanted(g.tensors[i].name, layer_begin, layer_end, last, has_output)) need += g.tensors[i].nbytes;
+    for (uint64_t i = 0; i < nt && !rc; i++) {
+        const cm_gguf_tensor_info *ti = &g.tensors[i];
+        if (!wanted(ti->name, layer_begin, layer_end, last, has_output)) continue;
+        const uint8_t *h = mf + 24 + doff + 32 * i;
+        uint64_t at = g.data_offset + ti->offset;
+        if (verify(fd, at, ti->nbytes, h)) { have += ti->nbytes; continue; }
+        rc = fetch(c, send_mu, h, NULL, 0, fd, at, ti->nbytes, NULL, e, sizeof e);
+        if (!rc && !verify(fd, at, ti->nbytes, h))
+            rc = cm_errf(e, sizeof e, CM_EAUTH, "tensor '%s' does not match its hash", ti->name);
+        if (rc) { rc = cm_errf(err, errlen, rc, "tensor '%s': %s", ti->name, e); break; }
+        *fetched += ti->nbytes;
+        CM_LOGI("weights: '%s' %.1f MB verified (%.0f%% of this stage's %.1f MB)", ti->name, ti->nbytes / 1e6,
+                need ? 100.0 * (double)(have + *fetched) / (double)need : 100.0, need / 1e6);
+    }
+    cm_gguf_close(&g);
+    if (!rc) {
+        fsync(fd);
+        size_t l = strlen(gpath);
+        if (l >= cap) rc = cm_errf(err, errlen, CM_ERANGE, "cache path too long");
+        else memcpy(path, gpath, l + 1);
+    }
+out:
+    close(fd);
+    cm_free(mf);
+    return rc;
+}

@@ -1,0 +1,42 @@
+/*
+ * weights.h: streaming a stage's weights to a node that lacks the model file.
+ * Internal to src/cluster (includes net/proto).
+ *
+ * Objects are content-addressed by SHA-256 in WEIGHTS_REQ / WEIGHTS_CHUNK:
+ *   - the MANIFEST of a model, addressed by the model file's sha256:
+ *       file_size u64 | data_offset u64 | n_tensors u64 |
+ *       the file's bytes [0, data_offset) (GGUF header, metadata, tensor table) |
+ *       n_tensors x sha256 of each tensor's bytes (table order);
+ *   - each TENSOR, addressed by the sha256 of its bytes.
+ * The node writes what it receives into a SPARSE copy of the model file in
+ * its cache (<cache>/slices/<model sha>.gguf): the header at offset 0, each
+ * of its tensors at its own offset, holes elsewhere. So the unchanged GGUF
+ * reader and cm_model_load accept it (every descriptor is there), the stage
+ * only ever touches its own tensors, and the disk holds only those bytes.
+ * Every tensor is verified against the manifest's hash before it counts as
+ * present; a restart finds the manifest and verified tensors in the cache and
+ * asks for nothing.
+ */
+#ifndef CM_WEIGHTS_H
+#define CM_WEIGHTS_H
+
+#include "net/net.h"
+#include "gguf/gguf.h"
+
+#include <pthread.h>
+
+/* Coordinator: answer one WEIGHTS_REQ from g's mapping (the manifest or a
+ * tensor), sending on c under send_mu. Hashes are computed on first use. */
+int cm_weights_serve(cm_conn *c, pthread_mutex_t *send_mu, const cm_gguf *g, const uint8_t model_sha[32],
+                     const cm_msg_weights_req *rq, char *err, size_t errlen);
+
+/* Node: make sure the cache holds the model's manifest and every tensor of
+ * layers [layer_begin, layer_end) (plus the output head when `last`),
+ * fetching what is missing over c (the coordinator's connection; nobody else
+ * may receive on it meanwhile; sends under send_mu). Writes the sparse
+ * GGUF's path to path. *fetched gets the tensor bytes received. */
+int cm_weights_fetch(cm_conn *c, pthread_mutex_t *send_mu, const char *cache_dir, const uint8_t model_sha[32],
+                     int layer_begin, int layer_end, bool last, char *path, size_t cap, uint64_t *fetched,
+                     char *err, size_t errlen);
+
+#endif

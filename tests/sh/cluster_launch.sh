@@ -1,0 +1,106 @@
+#!/bin/sh
+# cluster_launch.sh: `cumulo launch` against a real OpenSSH server: a private
+# sshd on 127.0.0.1 with its own host key and an authorized_keys holding a
+# throwaway key. Launch copies the binary (none there yet) and the cluster key
+# (mode 0600), starts the node, and the node then serves a pipeline stage
+# whose output equals a single machine's; a second launch finds the binary
+# and does not copy it; --stop ends the node. Everything is killed on exit.
+cd "$(dirname "$0")/../.." || exit 1
+BIN=$(realpath "${CUMULO_BIN:-build/cumulo}")
+SHARED=${CUMULO_SHARED:-$(cd .. && pwd)/shared}
+M=$(realpath "$SHARED/models")
+pass=0
+fail=0
+ok() { pass=$((pass + 1)); }
+bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
+SSHD=/usr/sbin/sshd
+if [ ! -x "$SSHD" ] || ! command -v ssh >/dev/null || ! command -v ssh-keygen >/dev/null; then
+    echo "skip: needs openssh-server and openssh-client" >&2
+    echo "0 passed, 0 failed"
+    exit 0
+fi
+TMP=$(mktemp -d /tmp/cmtest-launch.XXXXXX)
+chmod 700 "$TMP"
+SSHD_PID=""
+cleanup() {
+    [ -n "$LAUNCHED" ] && "$BIN" launch "$(id -un)@127.0.0.1:$SPORT" --identity "$TMP/id" --ssh-opt "UserKnownHostsFile=$TMP/known" \
+        --ssh-opt StrictHostKeyChecking=accept-new --remote-dir "$TMP/remote" --stop >/dev/null 2>&1
+    [ -f "$TMP/remote/node.pid" ] && kill "$(cat "$TMP/remote/node.pid")" 2>/dev/null
+    [ -n "$SSHD_PID" ] && kill "$SSHD_PID" 2>/dev/null
+    rm -rf "$TMP"
+}
+trap cleanup EXIT
+trap 'exit 1' INT TERM HUP
+jsonget() {
+    perl -MJSON::PP -e 'local $/; open my $f, "<", $ARGV[0] or exit 2; my $j = decode_json(<$f>); print eval $ARGV[1]' "$1" "$2"
+}
+
+# free ports from the kernel
+ports=$(perl -MIO::Socket::INET -e 'for (1..2) { my $s = IO::Socket::INET->new(LocalAddr => "127.0.0.1", Listen => 1) or die; push @s, $s; print $s->sockport, " " }')
+SPORT=${ports%% *}
+NPORT=$(echo "$ports" | cut -d' ' -f2)
+ssh-keygen -q -t ed25519 -N '' -f "$TMP/hostkey" && ssh-keygen -q -t ed25519 -N '' -f "$TMP/id" || bad "ssh-keygen"
+cp "$TMP/id.pub" "$TMP/authorized_keys"
+chmod 600 "$TMP/authorized_keys"
+cat >"$TMP/sshd_config" <<CFG
+Port $SPORT
+ListenAddress 127.0.0.1
+HostKey $TMP/hostkey
+AuthorizedKeysFile $TMP/authorized_keys
+PidFile $TMP/sshd.pid
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+PubkeyAuthentication yes
+PermitRootLogin prohibit-password
+StrictModes no
+UsePAM no
+Subsystem sftp /usr/lib/openssh/sftp-server
+CFG
+[ -d /run/sshd ] || mkdir -p /run/sshd
+"$SSHD" -D -f "$TMP/sshd_config" -E "$TMP/sshd.log" &
+SSHD_PID=$!
+i=0
+while ! perl -MIO::Socket::INET -e 'exit !IO::Socket::INET->new("127.0.0.1:'$SPORT'")' 2>/dev/null && [ $i -lt 50 ]; do
+    sleep 0.1
+    i=$((i + 1))
+done
+export CUMULO_KEY_FILE="$TMP/cluster.key"
+"$BIN" key >/dev/null 2>&1
+T="$(id -un)@127.0.0.1:$SPORT"
+L="--identity $TMP/id --ssh-opt UserKnownHostsFile=$TMP/known --ssh-opt StrictHostKeyChecking=accept-new --remote-dir $TMP/remote"
+
+LAUNCHED=1
+# shellcheck disable=SC2086
+if "$BIN" launch "$T" $L --port "$NPORT" --models "$M" --no-mdns >"$TMP/l1.out" 2>"$TMP/l1.err"; then ok
+else bad "launch failed: $(cat "$TMP/l1.err" "$TMP/sshd.log" | tail -5)"; fi
+grep -q "copying" "$TMP/l1.err" && ok || bad "the binary was not copied: $(cat "$TMP/l1.err")"
+cmp -s "$BIN" "$TMP/remote/cumulo" && ok || bad "the remote binary differs"
+[ "$(stat -c %a "$TMP/remote/cluster.key" 2>/dev/null)" = 600 ] && ok || bad "key file mode $(stat -c %a "$TMP/remote/cluster.key")"
+cmp -s "$CUMULO_KEY_FILE" "$TMP/remote/cluster.key" && ok || bad "the key was not copied"
+grep -q "node '" "$TMP/l1.out" && ok || bad "launch did not show the node: $(cat "$TMP/l1.out")"
+
+# the launched node serves a stage
+"$BIN" run "$M/stories260K-q8_0.gguf" -p "Once upon a time" -n 24 --temp 0 --threads 1 --json >"$TMP/a.json" 2>/dev/null
+if "$BIN" run "$M/stories260K-q8_0.gguf" --nodes "127.0.0.1:$NPORT" -p "Once upon a time" -n 24 --temp 0 --threads 1 \
+    --json >"$TMP/b.json" 2>"$TMP/b.err"; then
+    [ "$(jsonget "$TMP/a.json" 'join(",", @{$j->{tokens}})')" = "$(jsonget "$TMP/b.json" 'join(",", @{$j->{tokens}})')" ] &&
+        ok || bad "the launched node's pipeline differs"
+else
+    bad "run through the launched node failed: $(tail -2 "$TMP/b.err")"
+fi
+
+# again: the binary is there (same version), the node is replaced
+# shellcheck disable=SC2086
+"$BIN" launch "$T" $L --port "$NPORT" --no-mdns >"$TMP/l2.out" 2>"$TMP/l2.err" && ok || bad "second launch: $(cat "$TMP/l2.err")"
+grep -q "already there" "$TMP/l2.err" && ok || bad "the binary was copied again: $(cat "$TMP/l2.err")"
+
+# stop
+# shellcheck disable=SC2086
+"$BIN" launch "$T" $L --stop >/dev/null 2>&1 && ok || bad "--stop failed"
+sleep 0.5
+"$BIN" nodes --no-mdns --nodes "127.0.0.1:$NPORT" --json >"$TMP/n.json" 2>/dev/null
+[ "$(jsonget "$TMP/n.json" '$j->[0]{reachable} ? 1 : 0')" = 0 ] && ok || bad "the node still answers after --stop"
+LAUNCHED=""
+
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]

@@ -1,0 +1,106 @@
+#!/bin/sh
+# cluster_netns.sh: a pipeline across network namespaces. Four namespaces on
+# a bridge (itself in a fifth namespace, so the host's network is untouched):
+# three run `cumulo node`, one the coordinator, which finds the nodes by mDNS
+# alone (--nodes auto, no static peers). One node's link is rate-limited with
+# tc tbf (1 mbit): the planner must give it fewer layers than the others, and
+# the greedy output must still equal a single machine's, on stories260K and on
+# a 24-layer model. Needs root, ip netns and tc; names start with cmtest- and
+# everything is removed on exit.
+cd "$(dirname "$0")/../.." || exit 1
+BIN=$(realpath "${CUMULO_BIN:-build/cumulo}")
+SHARED=${CUMULO_SHARED:-$(cd .. && pwd)/shared}
+M=$(realpath "$SHARED/models")
+pass=0; fail=0
+ok() { pass=$((pass + 1)); }
+bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
+T=cmtest-cl$$
+BR=$T-br; N0=$T-0; N1=$T-1; N2=$T-2; N3=$T-3
+TMP=$(mktemp -d /tmp/cmtest-cluster.XXXXXX)
+chmod 755 "$TMP"
+PIDS=""
+cleanup() {
+    for p in $PIDS; do kill "$p" 2>/dev/null; done
+    sleep 0.3
+    for p in $PIDS; do kill -9 "$p" 2>/dev/null; done
+    for n in $N0 $N1 $N2 $N3 $BR; do ip netns del "$n" 2>/dev/null; done
+    rm -rf "$TMP"
+}
+trap cleanup EXIT
+trap 'exit 1' INT TERM HUP
+
+if [ "$(id -u)" != 0 ] || ! command -v ip >/dev/null || ! command -v tc >/dev/null || ! ip netns add "$BR" 2>/dev/null; then
+    echo "skip: needs root, ip netns and tc" >&2
+    echo "0 passed, 0 failed"
+    exit 0
+fi
+jsonget() {
+    perl -MJSON::PP -e 'local $/; open my $f, "<", $ARGV[0] or exit 2; my $j = decode_json(<$f>); print eval $ARGV[1]' "$1" "$2"
+}
+ip -n "$BR" link add cmbr0 type bridge && ip -n "$BR" link set cmbr0 up || bad "bridge"
+i=0
+for n in $N0 $N1 $N2 $N3; do
+    ip netns add "$n"
+    ip -n "$n" link set lo up
+    ip link add name eth0 netns "$n" type veth peer name cmp$i netns "$BR"
+    ip -n "$BR" link set cmp$i master cmbr0
+    ip -n "$BR" link set cmp$i up
+    ip -n "$n" addr add 10.78.0.$((i + 1))/24 dev eth0
+    ip -n "$n" link set eth0 up
+    i=$((i + 1))
+done
+# node 3's link is slow both ways: its own egress and the bridge port toward it
+tc -n "$N3" qdisc add dev eth0 root tbf rate 1mbit burst 32kbit latency 400ms || bad "tc on $N3"
+tc -n "$BR" qdisc add dev cmp3 root tbf rate 1mbit burst 32kbit latency 400ms || bad "tc on the bridge port"
+
+export CUMULO_KEY_FILE="$TMP/cluster.key"
+"$BIN" key >/dev/null 2>&1
+CM_TEST_WRITE_DEEP="$TMP/deep24.gguf" build/tests/test_cluster >/dev/null 2>&1 || bad "cannot write the deep model"
+mkdir -p "$TMP/models" && ln -s "$M/stories260K-q8_0.gguf" "$TMP/models/" && ln -s "$TMP/deep24.gguf" "$TMP/models/"
+for k in 1 2 3; do
+    eval ns=\$N$k
+    ip netns exec "$ns" "$BIN" node --name fast$k --port 7070 --models "$TMP/models" --cache "$TMP/cache$k" --threads 1 \
+        >"$TMP/node$k.log" 2>&1 &
+    PIDS="$PIDS $!"
+    # one at a time: each measures its speed at start, which two cores shared
+    # by three nodes would distort
+    j=0
+    while ! grep -q listening "$TMP/node$k.log" && [ $j -lt 100 ]; do sleep 0.1; j=$((j + 1)); done
+done
+sleep 1
+
+# cumulo nodes, from the coordinator's namespace: mDNS only
+ip netns exec "$N0" "$BIN" nodes --timeout 3 --json >"$TMP/nodes.json" 2>"$TMP/nodes.err"
+[ "$(jsonget "$TMP/nodes.json" 'scalar(grep { $_->{reachable} && $_->{mdns} } @$j)')" = 3 ] && ok ||
+    bad "cumulo nodes found $(jsonget "$TMP/nodes.json" 'scalar(@$j)') nodes: $(cat "$TMP/nodes.json" "$TMP/nodes.err")"
+slow_bw=$(jsonget "$TMP/nodes.json" 'join ",", map { int($_->{mbytes_per_s} * 1000) } grep { $_->{addr} =~ /^10\.78\.0\.4:/ } @$j')
+fast_bw=$(jsonget "$TMP/nodes.json" 'join ",", map { int($_->{mbytes_per_s} * 1000) } grep { $_->{addr} =~ /^10\.78\.0\.2:/ } @$j')
+[ -n "$slow_bw" ] && [ -n "$fast_bw" ] && [ "$slow_bw" -lt "$fast_bw" ] && ok || bad "slow link not measured slower ($slow_bw vs $fast_bw kB/s)"
+
+for model in stories260K-q8_0 deep24; do
+    ip netns exec "$N0" "$BIN" run "$TMP/models/$model.gguf" -p "Once upon a time" -n 32 --temp 0 --ignore-eos --threads 1 \
+        --json >"$TMP/local.json" 2>/dev/null
+    want=$(jsonget "$TMP/local.json" 'join(",", @{$j->{tokens}})')
+    if ip netns exec "$N0" "$BIN" run "$TMP/models/$model.gguf" --cluster --nodes auto -p "Once upon a time" -n 32 --temp 0 \
+        --ignore-eos --threads 1 --json >"$TMP/cl.json" 2>"$TMP/cl.err"; then
+        [ "$(jsonget "$TMP/cl.json" 'join(",", @{$j->{tokens}})')" = "$want" ] && ok || bad "$model: cluster ids differ"
+    else
+        bad "$model: cluster run failed: $(tail -3 "$TMP/cl.err")"
+        continue
+    fi
+    # layers per machine from the plan table: the slow-linked node (10.78.0.4)
+    # gets fewer than the busiest fast machine (the planner balances stage
+    # times; a hop over 1 mbit costs more than several layers)
+    layers=$(perl -ne 'if (/(10\.78\.0\.\d|\(here\))\S*\s+\d+\s+(\d+)-(\d+)\s/) { print "$1=", $3 - $2 + 1, " " }' "$TMP/cl.err")
+    slow=$(echo "$layers" | tr ' ' '\n' | grep '^10.78.0.4=' | cut -d= -f2)
+    maxfast=$(echo "$layers" | tr ' ' '\n' | grep -vE '^10.78.0.4=' | grep = | cut -d= -f2 | sort -n | tail -1)
+    echo "$model plan: $layers" >&2
+    if [ -z "$slow" ] || { [ -n "$maxfast" ] && [ "$slow" -lt "$maxfast" ]; }; then ok
+    else bad "$model: the slow-linked node has $slow layers, the busiest fast one $maxfast"; fi
+    # it comes last in the pipeline (only token ids leave it)
+    last=$(perl -ne 'print "$1\n" if /^\S+ (\d+\.\d+\.\d+\.\d+):\d+\s+\d+\s+\d+-\d+.*head/' "$TMP/cl.err")
+    [ -z "$slow" ] || [ "$last" = 10.78.0.4 ] && ok || bad "$model: the slow-linked node is not the last stage ($last)"
+done
+
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]

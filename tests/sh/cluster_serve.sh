@@ -1,0 +1,56 @@
+#!/bin/sh
+# cluster_serve.sh: `cumulo serve --nodes` on a 3-stage pipeline (this
+# process + two `cumulo node`s on 127.0.0.1): five concurrent greedy
+# completions (four slots batched through the pipeline, one queued) all equal
+# the single-machine text. Every process is killed on exit.
+cd "$(dirname "$0")/../.." || exit 1
+BIN=${CUMULO_BIN:-build/cumulo}
+SHARED=${CUMULO_SHARED:-$(cd .. && pwd)/shared}
+M=$SHARED/models/stories260K-q8_0.gguf
+pass=0
+fail=0
+ok() { pass=$((pass + 1)); }
+bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
+if ! command -v curl >/dev/null; then echo "skip: needs curl" >&2; echo "0 passed, 0 failed"; exit 0; fi
+TMP=$(mktemp -d)
+PIDS=""
+cleanup() {
+    for p in $PIDS; do kill "$p" 2>/dev/null; done
+    for p in $PIDS; do wait "$p" 2>/dev/null; done
+    rm -rf "$TMP"
+}
+trap cleanup EXIT
+trap 'exit 1' INT TERM
+export CUMULO_KEY_FILE="$TMP/key"
+"$BIN" key >/dev/null 2>&1
+NODES=""
+for i in 1 2; do
+    "$BIN" node --bind 127.0.0.1 --port 0 --port-file "$TMP/p$i" --no-mdns --threads 1 --cache "$TMP/c$i" >"$TMP/n$i.log" 2>&1 &
+    PIDS="$PIDS $!"
+    k=0
+    while [ ! -s "$TMP/p$i" ] && [ $k -lt 100 ]; do sleep 0.05; k=$((k + 1)); done
+    NODES="$NODES${NODES:+,}127.0.0.1:$(cat "$TMP/p$i")"
+done
+"$BIN" serve "$M" --host 127.0.0.1 --port 0 --nodes "$NODES" --threads 1 --slots 4 >"$TMP/serve.out" 2>"$TMP/serve.log" &
+PIDS="$PIDS $!"
+k=0
+while ! grep -q 'ready' "$TMP/serve.log" && [ $k -lt 200 ]; do sleep 0.05; k=$((k + 1)); done
+grep -q 'ready' "$TMP/serve.log" && ok || { bad "serve did not start: $(tail -3 "$TMP/serve.log")"; echo "$pass passed, $fail failed"; exit 1; }
+grep -q 'pp plan, 3 stages' "$TMP/serve.log" && ok || bad "serve did not plan 3 stages"
+PORT=$(sed -n 's/.*http:\/\/[^:]*:\([0-9]*\).*/\1/p' "$TMP/serve.log" "$TMP/serve.out" | head -1)
+[ -n "$PORT" ] && ok || { bad "no port in the serve log: $(cat "$TMP/serve.log")"; echo "$pass passed, $fail failed"; exit 1; }
+want=$("$BIN" run "$M" -p "Once upon a time" -n 40 --temp 0 --threads 1 --json 2>/dev/null |
+    perl -MJSON::PP -e 'local $/; print decode_json(<STDIN>)->{text}')
+CP=""
+for k in 1 2 3 4 5; do
+    curl -s --max-time 60 "http://127.0.0.1:$PORT/v1/completions" -H 'Content-Type: application/json' \
+        -d '{"prompt":"Once upon a time","max_tokens":40,"temperature":0}' >"$TMP/r$k.json" &
+    CP="$CP $!"
+done
+for p in $CP; do wait "$p"; done
+for k in 1 2 3 4 5; do
+    got=$(perl -MJSON::PP -e 'local $/; print decode_json(<STDIN>)->{choices}[0]{text}' <"$TMP/r$k.json" 2>/dev/null)
+    [ -n "$want" ] && [ "$got" = "$want" ] && ok || bad "request $k: '$got' vs '$want' ($(head -c 200 "$TMP/r$k.json"))"
+done
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
