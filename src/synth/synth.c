@@ -1,14 +1,17 @@
 /*
  * synth.c: writes a random-weight GGUF model (see synth.h). Every tensor is
- * produced at write time (cm_gguf_w_tensor_fill): its rows are drawn and
- * quantized by a compute pool, each row from its own RNG stream seeded by
+ * produced at write time (cm_gguf_w_tensor_fill): its rows are drawn by a
+ * compute pool (F32/F16/BF16 as floats; quantized types directly as blocks
+ * of random codes and scales, see direct_row), each row from its own RNG
+ * stream seeded by
  * (seed, tensor name, row), so the bytes never depend on the thread count.
  * It must never depend on libm for the values it writes (glibc and macOS
  * round logf/cosf differently; the committed references regenerate models
  * from their seeds on both).
  *
- * Scales. Values are near-normal (a sum of four uniforms, rescaled to unit
- * variance). A matrix with fan-in n gets std 1/sqrt(n), so every projection
+ * Scales. Float values are near-normal (a sum of four uniforms, rescaled to
+ * unit variance); quantized ones are uniform codes times block scales, of
+ * the same mean and std. A matrix with fan-in n gets std 1/sqrt(n), so every projection
  * of a unit-RMS input has unit-size outputs; the two that write into the
  * residual stream (attn_output, ffn_down) get half the embedding's scale, so
  * the token's own embedding stays visible through the layers. The output
@@ -182,10 +185,164 @@ struct synth_run {
     int qfail;
 };
 
+/* ---- weights drawn in the quantized domain ----
+ * Drawing floats and running the reference quantizers (the K-quants' scale
+ * searches above all) costs ~50 s of CPU for a 1B model; a weight is only
+ * noise of a given std, so quantized tensors are drawn as blocks instead:
+ * uniformly random codes (random bytes: every code bit is an independent
+ * fair bit, whatever the packing) and block scales chosen so that the
+ * dequantized values have mean 0 and the tensor's std. A uniform code over
+ * n levels has std sqrt((n^2 - 1) / 12). Codes whose range is off-centre
+ * (q8_0 -128..127, q4_0 -8..7, q6_K -32..31: mean -1/2) get a random sign
+ * on the block scale (q6_K: on each sub-block scale), so no matrix has a
+ * common-mode bias; types with a minimum (q4_1, q5_1, q4_K, q5_K) get
+ * m = -(n - 1) / 2 * d. K-quant sub-block scales are uniform integers in
+ * [K_SC_LO, max] like the varying scales of real weights. */
+#define K_SC_LO 16
+
+static float code_std(int levels) { return sqrtf((float)((double)levels * levels - 1) / 12.0f); }
+
+/* rms of the integers lo..hi, exactly summed */
+static float int_rms(int lo, int hi) {
+    double s = 0;
+    for (int i = lo; i <= hi; i++) s += (double)i * i;
+    return sqrtf((float)(s / (hi - lo + 1)));
+}
+
+static void rand_bytes(cm_rng *r, uint8_t *p, size_t n) {
+    while (n) {
+        uint64_t u = cm_rng_next(r);
+        for (int k = 0; k < 8 && n; k++, n--, u >>= 8) *p++ = (uint8_t)u;
+    }
+}
+
+static bool direct_type(enum cm_type t) {
+    switch (t) {
+    case CM_TYPE_Q8_0: case CM_TYPE_Q4_0: case CM_TYPE_Q4_1: case CM_TYPE_Q5_0: case CM_TYPE_Q5_1:
+    case CM_TYPE_Q4_K: case CM_TYPE_Q5_K: case CM_TYPE_Q6_K: return true;
+    default: return false;
+    }
+}
+
+/* a random integer in lo..hi (modulo bias is irrelevant for noise) */
+static int rand_int(cm_rng *r, int lo, int hi) { return lo + (int)(cm_rng_next(r) % (uint64_t)(hi - lo + 1)); }
+
+static cm_f16 rand_sign(cm_rng *r, cm_f16 d) { return (cm_f16)(d ^ (cm_rng_next(r) & 1 ? 0x8000u : 0)); }
+
+/* One row of ne0 values of type t, std `std`, mean 0. */
+static void direct_row(cm_rng *r, enum cm_type t, void *dst, int64_t ne0, float std) {
+    switch (t) {
+    case CM_TYPE_Q8_0: {
+        const cm_f16 d = cm_f32_to_f16(std / code_std(256));
+        cm_block_q8_0 *b = dst;
+        for (int64_t i = 0; i < ne0 / CM_QK8_0; i++) {
+            b[i].d = rand_sign(r, d);
+            rand_bytes(r, (uint8_t *)b[i].qs, sizeof b[i].qs);
+        }
+        break;
+    }
+    case CM_TYPE_Q4_0: case CM_TYPE_Q5_0: {
+        const bool q5 = t == CM_TYPE_Q5_0;
+        const cm_f16 d = cm_f32_to_f16(std / code_std(q5 ? 32 : 16));
+        for (int64_t i = 0; i < ne0 / 32; i++) {
+            if (q5) {
+                cm_block_q5_0 *b = (cm_block_q5_0 *)dst + i;
+                b->d = rand_sign(r, d);
+                rand_bytes(r, b->qh, sizeof b->qh);
+                rand_bytes(r, b->qs, sizeof b->qs);
+            } else {
+                cm_block_q4_0 *b = (cm_block_q4_0 *)dst + i;
+                b->d = rand_sign(r, d);
+                rand_bytes(r, b->qs, sizeof b->qs);
+            }
+        }
+        break;
+    }
+    case CM_TYPE_Q4_1: case CM_TYPE_Q5_1: {
+        const bool q5 = t == CM_TYPE_Q5_1;
+        const cm_f16 d = cm_f32_to_f16(std / code_std(q5 ? 32 : 16));
+        const cm_f16 m = cm_f32_to_f16(-(q5 ? 15.5f : 7.5f) * cm_f16_to_f32(d));
+        for (int64_t i = 0; i < ne0 / 32; i++) {
+            if (q5) {
+                cm_block_q5_1 *b = (cm_block_q5_1 *)dst + i;
+                b->d = d, b->m = m;
+                rand_bytes(r, b->qh, sizeof b->qh);
+                rand_bytes(r, b->qs, sizeof b->qs);
+            } else {
+                cm_block_q4_1 *b = (cm_block_q4_1 *)dst + i;
+                b->d = d, b->m = m;
+                rand_bytes(r, b->qs, sizeof b->qs);
+            }
+        }
+        break;
+    }
+    case CM_TYPE_Q4_K: case CM_TYPE_Q5_K: {
+        /* y = d * sc * q - dmin * m with m = sc, dmin = (n - 1) / 2 * d:
+         * y = d * sc * (q - (n - 1) / 2), centred. Scales packed as
+         * llama.cpp's quantize_row_q4_K_ref does (get_scale_min_k4). */
+        const bool q5 = t == CM_TYPE_Q5_K;
+        const cm_f16 d = cm_f32_to_f16(std / (code_std(q5 ? 32 : 16) * int_rms(K_SC_LO, 63)));
+        const cm_f16 dmin = cm_f32_to_f16((q5 ? 15.5f : 7.5f) * cm_f16_to_f32(d));
+        for (int64_t i = 0; i < ne0 / CM_QK_K; i++) {
+            uint8_t *scales, sc[8];
+            if (q5) {
+                cm_block_q5_k *b = (cm_block_q5_k *)dst + i;
+                b->d = d, b->dmin = dmin, scales = b->scales;
+                rand_bytes(r, b->qh, sizeof b->qh);
+                rand_bytes(r, b->qs, sizeof b->qs);
+            } else {
+                cm_block_q4_k *b = (cm_block_q4_k *)dst + i;
+                b->d = d, b->dmin = dmin, scales = b->scales;
+                rand_bytes(r, b->qs, sizeof b->qs);
+            }
+            for (int j = 0; j < 8; j++) sc[j] = (uint8_t)rand_int(r, K_SC_LO, 63);
+            memset(scales, 0, CM_K_SCALE_SIZE);
+            for (int j = 0; j < 8; j++) {
+                const uint8_t ls = sc[j], lm = sc[j];
+                if (j < 4) {
+                    scales[j] = ls;
+                    scales[j + 4] = lm;
+                } else {
+                    scales[j + 4] = (uint8_t)((ls & 0xF) | ((lm & 0xF) << 4));
+                    scales[j - 4] |= (uint8_t)((ls >> 4) << 6);
+                    scales[j] |= (uint8_t)((lm >> 4) << 6);
+                }
+            }
+        }
+        break;
+    }
+    case CM_TYPE_Q6_K: {
+        const cm_f16 d = cm_f32_to_f16(std / (code_std(64) * int_rms(K_SC_LO * 2, 127)));
+        cm_block_q6_k *b = dst;
+        for (int64_t i = 0; i < ne0 / CM_QK_K; i++) {
+            b[i].d = d;
+            rand_bytes(r, b[i].ql, sizeof b[i].ql);
+            rand_bytes(r, b[i].qh, sizeof b[i].qh);
+            for (int j = 0; j < CM_QK_K / 16; j++) {
+                const int s = rand_int(r, K_SC_LO * 2, 127);
+                b[i].scales[j] = (int8_t)(cm_rng_next(r) & 1 ? -s : s);
+            }
+        }
+        break;
+    }
+    default: CM_ASSERT(0);
+    }
+}
+
 static void fill_job(void *ctx, int ith, int nth) {
     synth_run *R = ctx;
     const synth_tensor *t = R->cur;
     const size_t row_size = cm_row_size(t->type, t->ne0);
+    if (direct_type(t->type) && t->mean == 0) {
+        int64_t r0, r1;
+        cm_split_range(t->nrows, ith, nth, &r0, &r1);
+        for (int64_t r = r0; r < r1; r++) {
+            cm_rng rng;
+            cm_rng_seed(&rng, mix64(t->seed ^ mix64((uint64_t)r)));
+            direct_row(&rng, t->type, (char *)R->dst + (size_t)r * row_size, t->ne0, t->std);
+        }
+        return;
+    }
     float *buf = R->scratch + (size_t)ith * ROWS_PER_CHUNK * (size_t)R->max_row;
     int64_t nchunks = (t->nrows + ROWS_PER_CHUNK - 1) / ROWS_PER_CHUNK, c0, c1;
     cm_split_range(nchunks, ith, nth, &c0, &c1);
