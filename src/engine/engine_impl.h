@@ -50,6 +50,7 @@ struct cm_session {
     struct cm_step *step; /* NULL unless cm_session_start was called (batch.c) */
     int slot;      /* cluster: the sequence's slot on every stage; -1 on one machine */
     float *hidden; /* cluster: [n_batch][n_embd] our stage's output */
+    int pipe_gen;  /* cluster: cm_pipe_generation when our stage-0 cache was last valid downstream */
 };
 
 /* Cluster (engine.c): evaluate hist[kv.n_past .. upto) through our layers
