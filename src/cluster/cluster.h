@@ -157,8 +157,9 @@ bool cm_pipe_failed(cm_pipe *p);
  * or cache, or streamed from here). Every slot's state on the nodes is gone:
  * the caller must SEQ_START again and resend each sequence from position 0.
  * 0 when nothing failed or the pipe recovered; otherwise an error with the
- * reason, and the pipe stays failed with it (no survivors, a survivor that
- * cannot take the layers). Call only while nothing else uses the pipe. */
+ * reason, and the pipe stays failed with it (CM_EAGAIN: no survivor is left
+ * for the layers; else a survivor could not take them). Call only while
+ * nothing else uses the pipe (no token awaited). */
 int cm_pipe_recover(cm_pipe *p, char *err, size_t errlen);
 /* Bumped by every recovery: a session whose generation differs must resend. */
 int cm_pipe_generation(const cm_pipe *p);

@@ -642,7 +642,7 @@ static int recover_once(cm_pipe *p, char *err, size_t errlen) {
         if (!used[i] && p->r[i].ctl && p->r[i].rx_started && !atomic_load(&p->r[i].lost)) rid[n_st++] = i;
     int rest = n_layer - p->local_last;
     if (n_st == 1)
-        return cm_errf(err, errlen, CM_EUNSUPPORTED,
+        return cm_errf(err, errlen, CM_EAGAIN,
                        "no node is left to run layers [%d, %d): the model does not fit on the survivors", p->local_last,
                        n_layer);
     if (n_st - 1 > rest) n_st = rest + 1;
@@ -724,17 +724,18 @@ int cm_pipe_recover(cm_pipe *p, char *err, size_t errlen) {
     plog(p, "failure: %s; re-planning on the survivors", why);
     int rc = 0;
     /* Test hook (tests/sh/cluster_failover.sh shows it fails without recovery). */
-    if (getenv("CUMULO_TEST_NO_RECOVER")) rc = cm_errf(err, errlen, CM_EUNSUPPORTED, "recovery disabled");
+    if (getenv("CUMULO_TEST_NO_RECOVER")) rc = cm_errf(err, errlen, CM_EAGAIN, "recovery disabled");
     for (int attempt = 0; attempt < 3 && !rc; attempt++) {
         rc = recover_once(p, err, errlen);
         if (!rc) {
             plog(p, "recovered: %d stages, epoch %llu", p->n_stages, (unsigned long long)atomic_load(&p->epoch));
             return 0;
         }
-        if (rc == CM_EUNSUPPORTED) break;
+        if (rc == CM_EAGAIN) break;
         plog(p, "re-plan failed: %s", err);
     }
-    /* Stay failed with the reason: every later request gets it. */
+    /* Stay failed with the reason (CM_EAGAIN when no survivor can take the
+     * layers: serve answers new requests 503): every later request gets it. */
     char e2[400];
     snprintf(e2, sizeof e2, "%s", err);
     pthread_mutex_lock(&p->mu);

@@ -156,11 +156,10 @@ static int step_take(cm_session *s, int32_t id, const cm_sample_info *info_in) {
     return 1;
 }
 
-/* A stage failed during a step (cm_pipe_failed): re-plan on the survivors,
- * then every running session starts over on the new stages: SEQ_START with
- * its whole history (prompt + tokens emitted), and its next evaluation
- * recomputes from position 0 (cm_engine_eval_cluster sees the new
- * generation). Tokens already streamed are in the history, the token lost in
+/* A stage failed during a step (cm_pipe_failed): re-plan on the survivors.
+ * Every running session then starts over on the new stages at its next
+ * evaluation (cm_engine_eval_cluster sees the new generation: SEQ_START with
+ * prompt + tokens emitted, recompute from position 0). The token lost in
  * flight was never taken: the client sees a pause, nothing repeated or
  * skipped. When no re-plan is possible, every running session ends with the
  * reason. */
@@ -168,17 +167,17 @@ static int step_recover(cm_engine *e, cm_session *const *ss, int n, char *err, s
     char msg[600] = "";
     int rc = cm_pipe_recover(e->pipe, msg, sizeof msg);
     int running = 0;
-    for (int i = 0; i < n && !rc; i++) {
-        cm_session *s = ss[i];
-        if (!cm_session_running(s)) continue;
-        int r = cm_pipe_seq_start(e->pipe, s->slot, &s->step->p.sampling, s->hist, s->n_hist, msg, sizeof msg);
-        if (r) { rc = r; break; }
-        running++;
+    for (int i = 0; i < n; i++) {
+        if (!cm_session_running(ss[i])) continue;
+        if (rc) step_end(ss[i], CM_FINISH_CANCEL);
+        else running++;
     }
-    if (!rc) return running;
-    for (int i = 0; i < n; i++)
-        if (cm_session_running(ss[i])) step_end(ss[i], CM_FINISH_CANCEL);
-    return cm_errf(err, errlen, rc, "%s", msg);
+    return rc ? cm_errf(err, errlen, rc, "%s", msg) : running;
+}
+
+int cm_session_seq_restart(cm_session *s, char *err, size_t errlen) {
+    if (!s->step || !s->step->running) return 0;
+    return cm_pipe_seq_start(s->e->pipe, s->slot, &s->step->p.sampling, s->hist, s->n_hist, err, errlen);
 }
 
 /* A cluster step: every running session sends its pending token through our

@@ -295,6 +295,8 @@ int cm_engine_eval_cluster(cm_session *s, int upto, bool want_last, char *err, s
     if (s->pipe_gen != cm_pipe_generation(e->pipe)) {
         cm_kv_truncate(&s->kv, 0);
         s->pipe_gen = cm_pipe_generation(e->pipe);
+        int rc = cm_session_seq_restart(s, err, errlen);
+        if (rc) return rc;
     }
     while (s->kv.n_past < upto) {
         if (atomic_load(&s->cancel)) return cm_errf(err, errlen, CM_ECANCELED, "canceled");
@@ -325,7 +327,10 @@ int cm_engine_eval_cluster(cm_session *s, int upto, bool want_last, char *err, s
 static int eval_pending(cm_session *s, char *err, size_t errlen) {
     cm_engine *e = s->e;
     if (e->pipe) {
-        int rc = cm_engine_eval_cluster(s, s->n_hist - 1, false, err, errlen);
+        /* A failure seen since the last step: recover before new work (the
+         * caller's thread is the pipe's only user here). */
+        int rc = cm_pipe_failed(e->pipe) ? cm_pipe_recover(e->pipe, err, errlen) : 0;
+        if (!rc) rc = cm_engine_eval_cluster(s, s->n_hist - 1, false, err, errlen);
         s->have_logits = !rc && s->n_hist == s->kv.n_past + 1;
         return rc;
     }

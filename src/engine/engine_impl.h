@@ -60,6 +60,11 @@ struct cm_session {
  * sample" (n_hist == kv.n_past + 1). */
 int cm_engine_eval_cluster(cm_session *s, int upto, bool want_last, char *err, size_t errlen);
 
+/* Cluster, after a recovery (batch.c): a running session tells the new last
+ * stage its sampler parameters and whole history again (SEQ_START); 0 and
+ * nothing sent when it has not been started. */
+int cm_session_seq_restart(cm_session *s, char *err, size_t errlen);
+
 /* Free a session's step state (batch.c); called by cm_session_free. */
 void cm_session_step_release(cm_session *s);
 

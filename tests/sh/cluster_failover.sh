@@ -54,7 +54,7 @@ start_node() { # $1: tag; sets NODE_PID, NODE_ADDR
 phase() {
     tag=$1 sig=$2
     start_node "${tag}a"; MID=$NODE_PID; A1=$NODE_ADDR
-    start_node "${tag}b"; A2=$NODE_ADDR
+    start_node "${tag}b"; A2=$NODE_ADDR; LAST=$NODE_PID
     CUMULO_TEST_STEP_DELAY_MS=15 "$BIN" serve "$M" --host 127.0.0.1 --port 0 --nodes "$A1,$A2" --layers 2,2,1 \
         --threads 1 --slots 8 >"$TMP/s$tag.out" 2>"$TMP/s$tag.log" &
     SRV=$!
@@ -105,6 +105,30 @@ phase() {
     grep -q 'recovered' "$TMP/s$tag.log" && ok || bad "$tag: no recovery in the log: $(grep -i 'lost\|fail' "$TMP/s$tag.log" | head -3)"
     el=$(( ($(date +%s%N) - t0) / 1000000 ))
     echo "$tag: 8 streams done ${el} ms after SIG$sig" >&2
+    if [ "$sig" = KILL ]; then
+        # The last survivor goes too: the model no longer fits anywhere but
+        # here (which keeps only its layers). In-flight streams end with an
+        # explicit error event, new requests get 503 with the reason.
+        CP=""
+        for r in 1 2; do
+            body=$(printf '{"prompt":"%s","max_tokens":%d,"temperature":0,"stream":true}' "$(prompt $r)" $N_TOK)
+            curl -sN --max-time 60 "http://127.0.0.1:$PORT/v1/completions" -H 'Content-Type: application/json' \
+                -d "$body" >"$TMP/gone.r$r.sse" &
+            CP="$CP $!"
+        done
+        k=0
+        while [ "$(grep -c '^data:' "$TMP/gone.r2.sse" 2>/dev/null)" -lt 5 ] && [ $k -lt 200 ]; do sleep 0.05; k=$((k + 1)); done
+        kill -9 "$LAST"
+        for p in $CP; do wait "$p"; done
+        for r in 1 2; do
+            grep -q '"error".*no node is left' "$TMP/gone.r$r.sse" && ok ||
+                bad "gone: stream $r has no explicit error: $(tail -c 300 "$TMP/gone.r$r.sse")"
+        done
+        code=$(curl -s -o "$TMP/gone.json" -w '%{http_code}' --max-time 30 "http://127.0.0.1:$PORT/v1/completions" \
+            -H 'Content-Type: application/json' -d '{"prompt":"Hi","max_tokens":4,"temperature":0}')
+        [ "$code" = 503 ] && grep -q 'no node is left' "$TMP/gone.json" && ok ||
+            bad "gone: a new request got $code: $(head -c 300 "$TMP/gone.json")"
+    fi
     kill -9 $SRV 2>/dev/null
 }
 phase kill KILL
