@@ -112,14 +112,15 @@ build-neon/%_neon.o: %_neon.c
 build-neon/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(NEON_CC) $(NEON_CFLAGS) -MMD -MP -c -o $@ $<
-build-neon/test_kernels_simd build-neon/test_kernels: build-neon/%: tests/unit/%.c tests/unit/test.h $(NEON_OBJS)
+build-neon/test_kernels_simd build-neon/test_kernels build-neon/test_kernels_invariant: build-neon/%: tests/unit/%.c tests/unit/test.h $(NEON_OBJS)
 	$(NEON_CC) $(NEON_CFLAGS) -static -o $@ $< $(NEON_OBJS) -lm -lpthread
 # -cpu max has dotprod (the NEON table is tested); cortex-a57 lacks it (dispatch
 # must fall back to scalar without executing a NEON-dotprod instruction).
-neon-test: build-neon/test_kernels_simd build-neon/test_kernels
+neon-test: build-neon/test_kernels_simd build-neon/test_kernels build-neon/test_kernels_invariant
 	CUMULO_EXPECT_ISA=neon $(NEON_QEMU) -cpu max build-neon/test_kernels_simd
 	$(NEON_QEMU) -cpu cortex-a57 build-neon/test_kernels_simd
 	CUMULO_TEST_WRAPPER="$(NEON_QEMU) -cpu max" $(NEON_QEMU) -cpu max build-neon/test_kernels
+	$(NEON_QEMU) -cpu max build-neon/test_kernels_invariant
 
 # Install missing system packages (apt on Debian/Ubuntu, brew on macOS); a no-op when all is there.
 deps:

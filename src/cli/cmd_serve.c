@@ -34,9 +34,8 @@ static const char k_serve_usage[] =
     "  --ctx N            context of each slot (default: the model's, at most 4096)\n"
     "  --threads N        compute threads (default: all CPUs)\n"
     "  --batch N          most tokens (prompt chunk, or sequences of a decode step) per forward\n"
-    "                     pass (default 4: every request gets the same bits alone or batched,\n"
-    "                     with or without a cached prefix; larger prefills faster on AVX-512 but\n"
-    "                     may change the last bits, and so near-tie tokens)\n"
+    "                     pass (default 32; any value gives every request the same bits alone\n"
+    "                     or batched, with or without a cached prefix)\n"
     "  --kv-type f32|f16  KV cache element type (default f32; f16 halves its memory)\n"
     "  --max-body BYTES   largest request body (default 1048576)\n"
     "  --timeout S        idle seconds before a connection is closed (default 10)\n"
@@ -65,7 +64,7 @@ int cmd_serve(int argc, char **argv) {
     const char *allow[16];
     int n_allow = 0;
     long threads = 0, l;
-    long n_batch = 4; /* batch-invariant by default: see engine.h */
+    long n_batch = 32; /* any value is batch-invariant (kernels.h); larger prefills in fewer passes */
     bool kv_f16 = false, insecure = false;
     const char *nodes = NULL, *layers = NULL, *key_file = NULL;
     double d;

@@ -197,12 +197,10 @@ cm_timings cm_session_timings(const cm_session *s);
  * Same output alone or in a crowd: a session's text equals what
  * cm_session_generate gives for the same prompt and parameters WHEN every
  * forward pass computes each row with the same bits whatever the number of
- * rows. The kernels promise that only within one gemm tile (4 tokens,
- * kernels/x86_tiles.h; the AVX-512 token-lane gemm for 8+ tokens sums in
- * another order), so an engine loaded with n_batch <= 4 is batch-invariant
- * (prompts, prefix reuse and batched decode alike) and one with a larger
- * n_batch prefills faster but may differ in the last bits, which can flip
- * near-ties. NEEDSWORK: batch-invariant kernels would remove the choice.
+ * rows. The kernels promise exactly that (kernels.h: every gemm result is
+ * bit-identical to vec_dot for any token count and position), so an engine
+ * is batch-invariant whatever its n_batch: prompts, prefix reuse and batched
+ * decode alike.
  *
  * Use: cm_session_set_prompt (prefill), then cm_session_start; then call
  * cm_engine_step with every running session until cm_session_running is false

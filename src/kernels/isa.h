@@ -9,7 +9,8 @@
  * avx512 also passes the avx2 check). An override must compute what the
  * reference computes: bit-identical bytes for from_float (the activation
  * quantizers reproduce llama.cpp's x86 rounding, see quants_ref.c), and for
- * vec_dot the same integer sums with only float summation order free.
+ * vec_dot the same integer sums with only float summation order free, and
+ * gemm exactly the bits of the same table's vec_dot (kernels.h: batch invariance).
  * Fill functions run once under pthread_once and must not allocate.
  */
 #ifndef CM_KERNELS_ISA_H

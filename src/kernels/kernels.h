@@ -20,6 +20,16 @@
  *   cm_matmul_rows(k, W, xq, cm_row_size(vt, n), n_tok, y, ldy, r0, r1) per thread.
  * Tables are immutable after the first cm_kernels_* call; every function is
  * reentrant. Row lengths must be multiples of the type's block size.
+ *
+ * Batch invariance (a contract of every table): gemm's result for a
+ * (row, token) is bit-identical to that table's vec_dot of the same weight
+ * row and activation row, for any n_tok, any position of the token in the
+ * batch and any row slice [r0, r1). So a request gets the same logits alone,
+ * batched with others or after prompt-prefix reuse. An ISA file keeps it by
+ * running gemm and vec_dot through one shared tile whose float accumulation
+ * order per token does not depend on how many tokens share the pass
+ * (tests/unit/test_kernels_invariant.c). Tables of different ISAs may still
+ * differ from each other in the last bits (isa.h).
  */
 #ifndef CM_KERNELS_H
 #define CM_KERNELS_H

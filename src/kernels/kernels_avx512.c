@@ -11,12 +11,20 @@
  * converted eight at a time; q4_k and q6_k (64 weights per vector); f32 and
  * f16 (FMA), and bf16 with the vdpbf16ps pair dot product (it treats denormal
  * inputs as zero, which activations and weights of real models never are).
- * For prefill (8 or more tokens), q4_0, q8_0, q4_k and q6_k have a gemm with
- * tokens across the lanes (see "prefill gemm" below), 2.4-2.7x the tiles'
- * per-token speed.
+ * gemm runs the same tiles as vec_dot (4 tokens per weight-row pass), so
+ * every (row, token) gets vec_dot's bits whatever the batch (kernels.h).
  * Every tile keeps the contract of isa.h: integer sums exactly the
  * reference's, only the float accumulation order free. Tested against the
- * reference in tests/unit/test_kernels_simd.c. Never allocates.
+ * reference in tests/unit/test_kernels_simd.c and for batch invariance in
+ * test_kernels_invariant.c. Never allocates.
+ *
+ * NEEDSWORK: a prefill gemm with tokens across the 32-bit lanes (one
+ * vpdpbusd per weight dword for 16 tokens) ran 2.4-2.7x the tiles' per-token
+ * speed for q4_0, q8_0, q4_k and q6_k at 16+ tokens, but summed each block's
+ * scaled integer dot into one float chain per (row, token), an order the
+ * one-token tiles do not follow, so it broke batch invariance and was
+ * removed (git history: the "prefill gemm" section). Bringing it back needs
+ * vec_dot to adopt the same per-block order at no cost to its GB/s.
  *
  * NEEDSWORK: f16/bf16/f32 use the 4-token register tile for every token
  * count; on a loaded machine 16-token f16 products measured slower per token
@@ -312,249 +320,6 @@ VEC_DOT(zq8_0, cm_block_q8_0, cm_block_q8_0, CM_QK8_0)
 VEC_DOT(zq4_k, cm_block_q4_k, cm_block_q8_k, CM_QK_K)
 VEC_DOT(zq6_k, cm_block_q6_k, cm_block_q8_k, CM_QK_K)
 
-/* ---- prefill gemm for q4_0 and q8_0: tokens across lanes ----
- * With many tokens the block-at-a-time tiles spend most of their work per
- * (block, token) on unpacking and scaling. Here each 32-bit lane of a vector
- * is one token: GT = 16 tokens' activations are packed once per chunk of GCB
- * blocks so that vector [b][k] holds bytes 4k..4k+3 of block b of every
- * token; a weight row's block is unpacked to unsigned bytes once, and each of
- * its 8 dwords is broadcast against [b][k] with vpdpbusd, so 8 instructions
- * give the integer dot of one block for 16 tokens, and one FMA scales it.
- * Weights become unsigned (q4_0 nibbles 0..15, q8_0 bytes + 128); the offset
- * is taken back as off * sum(y) per token and block, itself vpdpbusd of the
- * packed activations with ones. Lanes hold at most 32 * 255 * 127 before the
- * offset and one block's dot after it, so the conversion to float is exact and
- * only the float summation order differs from vec_dot. Accumulators for GRB
- * rows x GT tokens live on the stack (16 KiB); nothing is allocated. */
-enum { GT = 16, GCB = 8, GRB = 256 };
-typedef struct {
-    __m512i q[GCB][8];
-    __m512i corr[GCB]; /* off * sum of the block's activations, per token */
-    __m512 dy[GCB];
-} ypanel;
-
-static void pack_q8_0(ypanel *P, const void *x, size_t x_stride, int64_t j0, int nt, int64_t b0, int cb, int off_shift) {
-    for (int b = 0; b < cb; b++) {
-        int32_t q[8][GT];
-        float dy[GT];
-        for (int t = 0; t < GT; t++) {
-            if (t < nt) {
-                const cm_block_q8_0 *y = (const cm_block_q8_0 *)(const void *)((const char *)x + (size_t)(j0 + t) * x_stride) + b0 + b;
-                for (int k = 0; k < 8; k++) memcpy(&q[k][t], y->qs + 4 * k, 4);
-                dy[t] = f16f(y->d);
-            } else {
-                for (int k = 0; k < 8; k++) q[k][t] = 0;
-                dy[t] = 0.0f;
-            }
-        }
-        __m512i sy = _mm512_setzero_si512();
-        for (int k = 0; k < 8; k++) {
-            P->q[b][k] = _mm512_loadu_si512(q[k]);
-            sy = _mm512_dpbusd_epi32(sy, _mm512_set1_epi8(1), P->q[b][k]);
-        }
-        P->corr[b] = _mm512_slli_epi32(sy, off_shift);
-        P->dy[b] = _mm512_loadu_ps(dy);
-    }
-}
-
-/* Unsigned bytes of one weight block, in element order. */
-AI void unpack_u8_q4_0(const void *blk, uint32_t u[8]) {
-    const cm_block_q4_0 *x = blk;
-    const __m128i v = _mm_loadu_si128((const __m128i *)x->qs), m4 = _mm_set1_epi8(0x0f);
-    _mm_storeu_si128((__m128i *)u, _mm_and_si128(v, m4));
-    _mm_storeu_si128((__m128i *)(u + 4), _mm_and_si128(_mm_srli_epi16(v, 4), m4));
-}
-AI void unpack_u8_q8_0(const void *blk, uint32_t u[8]) {
-    const cm_block_q8_0 *x = blk;
-    _mm256_storeu_si256((__m256i *)u, _mm256_xor_si256(ld256(x->qs), _mm256_set1_epi8((char)0x80)));
-}
-
-#define PREFILL(NAME, XB, OFF_SHIFT)                                                               \
-    static void prefill_##NAME(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, \
-                               float *y, int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {     \
-        const int64_t nb = k / 32;                                                                 \
-        float acc[GRB][GT];                                                                        \
-        ypanel P;                                                                                  \
-        for (int64_t j0 = 0; j0 < n_tok; j0 += GT) {                                               \
-            const int nt = n_tok - j0 < GT ? (int)(n_tok - j0) : GT;                               \
-            for (int64_t i0 = r0; i0 < r1; i0 += GRB) {                                            \
-                const int nr = r1 - i0 < GRB ? (int)(r1 - i0) : GRB;                               \
-                memset(acc, 0, sizeof(float) * GT * (size_t)nr);                                   \
-                for (int64_t b0 = 0; b0 < nb; b0 += GCB) {                                         \
-                    const int cb = nb - b0 < GCB ? (int)(nb - b0) : GCB;                           \
-                    pack_q8_0(&P, x, x_stride, j0, nt, b0, cb, OFF_SHIFT);                         \
-                    for (int r = 0; r < nr; r++) {                                                 \
-                        const XB *wr = (const XB *)(const void *)((const char *)w + (size_t)(i0 + r) * w_stride) + b0; \
-                        __m512 a = _mm512_loadu_ps(acc[r]);                                        \
-                        for (int b = 0; b < cb; b++) {                                             \
-                            uint32_t u[8];                                                         \
-                            unpack_u8_##NAME(&wr[b], u);                                           \
-                            __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();      \
-                            for (int kk = 0; kk < 8; kk += 2) {                                    \
-                                s0 = _mm512_dpbusd_epi32(s0, _mm512_set1_epi32((int)u[kk]), P.q[b][kk]); \
-                                s1 = _mm512_dpbusd_epi32(s1, _mm512_set1_epi32((int)u[kk + 1]), P.q[b][kk + 1]); \
-                            }                                                                      \
-                            const __m512i sumi = _mm512_sub_epi32(_mm512_add_epi32(s0, s1), P.corr[b]); \
-                            a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi),                          \
-                                                _mm512_mul_ps(P.dy[b], _mm512_set1_ps(f16f(wr[b].d))), a); \
-                        }                                                                          \
-                        _mm512_storeu_ps(acc[r], a);                                               \
-                    }                                                                              \
-                }                                                                                  \
-                for (int t = 0; t < nt; t++)                                                       \
-                    for (int r = 0; r < nr; r++) y[(j0 + t) * ldy + i0 + r] = acc[r][t];           \
-            }                                                                                      \
-        }                                                                                          \
-    }                                                                                              \
-    /* Few tokens: the register tiles; many: the token-lane kernel. */                             \
-    static void gemm_p##NAME(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, \
-                             float *y, int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {       \
-        if (n_tok >= GT / 2) prefill_##NAME(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);   \
-        else gemm_z##NAME(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);                     \
-    }
-PREFILL(q4_0, cm_block_q4_0, 3)
-PREFILL(q8_0, cm_block_q8_0, 7)
-
-/* q4_k with tokens across lanes: the same scheme per super-block. Each
- * sub-block's 8 vpdpbusd give its dot for 16 tokens, multiplied by its 6-bit
- * scale in int32 (|lane| <= 8 * 63 * 32 * 15 * 127 < 2^31); the mins term is
- * sum_j mn[j] * (bsum pair j) from the packed bsums. */
-typedef struct {
-    __m512i q[64];
-    __m512i bs[16]; /* bsums, per token */
-    __m512 dy;
-} kpanel;
-
-static void pack_q8_k(kpanel *P, const void *x, size_t x_stride, int64_t j0, int nt, int64_t b) {
-    int32_t q[64][GT], bs[16][GT];
-    float dy[GT];
-    for (int t = 0; t < GT; t++) {
-        if (t < nt) {
-            const cm_block_q8_k *y = (const cm_block_q8_k *)(const void *)((const char *)x + (size_t)(j0 + t) * x_stride) + b;
-            for (int k = 0; k < 64; k++) memcpy(&q[k][t], y->qs + 4 * k, 4);
-            for (int j = 0; j < 16; j++) bs[j][t] = y->bsums[j];
-            dy[t] = y->d;
-        } else {
-            for (int k = 0; k < 64; k++) q[k][t] = 0;
-            for (int j = 0; j < 16; j++) bs[j][t] = 0;
-            dy[t] = 0.0f;
-        }
-    }
-    for (int k = 0; k < 64; k++) P->q[k] = _mm512_loadu_si512(q[k]);
-    for (int j = 0; j < 16; j++) P->bs[j] = _mm512_loadu_si512(bs[j]);
-    P->dy = _mm512_loadu_ps(dy);
-}
-
-static void prefill_q4_k(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
-                         int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {
-    const int64_t nb = k / CM_QK_K;
-    float acc[GRB][GT];
-    kpanel P;
-    const __m256i m4 = _mm256_set1_epi8(0x0f);
-    for (int64_t j0 = 0; j0 < n_tok; j0 += GT) {
-        const int nt = n_tok - j0 < GT ? (int)(n_tok - j0) : GT;
-        for (int64_t i0 = r0; i0 < r1; i0 += GRB) {
-            const int nr = r1 - i0 < GRB ? (int)(r1 - i0) : GRB;
-            memset(acc, 0, sizeof(float) * GT * (size_t)nr);
-            for (int64_t b = 0; b < nb; b++) {
-                pack_q8_k(&P, x, x_stride, j0, nt, b);
-                for (int r = 0; r < nr; r++) {
-                    const cm_block_q4_k *xb = (const cm_block_q4_k *)(const void *)((const char *)w + (size_t)(i0 + r) * w_stride) + b;
-                    uint8_t sc[8], mn[8];
-                    kscales(xb->scales, sc, mn);
-                    uint32_t u[64];
-                    for (int j = 0; j < 4; j++) {
-                        const __m256i q = ld256(xb->qs + 32 * j);
-                        _mm256_storeu_si256((__m256i *)(u + 16 * j), _mm256_and_si256(q, m4));
-                        _mm256_storeu_si256((__m256i *)(u + 16 * j + 8), _mm256_and_si256(_mm256_srli_epi16(q, 4), m4));
-                    }
-                    __m512i sumi = _mm512_setzero_si512(), summ = _mm512_setzero_si512();
-                    for (int s = 0; s < 8; s++) {
-                        __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
-                        for (int kk = 0; kk < 8; kk += 2) {
-                            s0 = _mm512_dpbusd_epi32(s0, _mm512_set1_epi32((int)u[8 * s + kk]), P.q[8 * s + kk]);
-                            s1 = _mm512_dpbusd_epi32(s1, _mm512_set1_epi32((int)u[8 * s + kk + 1]), P.q[8 * s + kk + 1]);
-                        }
-                        sumi = _mm512_add_epi32(sumi, _mm512_mullo_epi32(_mm512_add_epi32(s0, s1), _mm512_set1_epi32(sc[s])));
-                        const __m512i bs = _mm512_add_epi32(P.bs[2 * s], P.bs[2 * s + 1]);
-                        summ = _mm512_add_epi32(summ, _mm512_mullo_epi32(bs, _mm512_set1_epi32(mn[s])));
-                    }
-                    __m512 a = _mm512_loadu_ps(acc[r]);
-                    a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi), _mm512_mul_ps(P.dy, _mm512_set1_ps(f16f(xb->d))), a);
-                    a = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(summ), _mm512_mul_ps(P.dy, _mm512_set1_ps(f16f(xb->dmin))), a);
-                    _mm512_storeu_ps(acc[r], a);
-                }
-            }
-            for (int t = 0; t < nt; t++)
-                for (int r = 0; r < nr; r++) y[(j0 + t) * ldy + i0 + r] = acc[r][t];
-        }
-    }
-}
-static void gemm_pq4_k(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
-                       int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {
-    if (n_tok >= GT / 2) prefill_q4_k(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
-    else gemm_zq4_k(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
-}
-
-/* q6_k with tokens across lanes: unsigned 6-bit values (0..63), each
- * 16-element group's dot times its signed scale in int32, minus
- * 32 * sum_g sc[g] * bsums[g] for the stored offset (|lanes| < 2^29). */
-static void prefill_q6_k(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
-                         int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {
-    const int64_t nb = k / CM_QK_K;
-    float acc[GRB][GT];
-    kpanel P;
-    const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
-    for (int64_t j0 = 0; j0 < n_tok; j0 += GT) {
-        const int nt = n_tok - j0 < GT ? (int)(n_tok - j0) : GT;
-        for (int64_t i0 = r0; i0 < r1; i0 += GRB) {
-            const int nr = r1 - i0 < GRB ? (int)(r1 - i0) : GRB;
-            memset(acc, 0, sizeof(float) * GT * (size_t)nr);
-            for (int64_t b = 0; b < nb; b++) {
-                pack_q8_k(&P, x, x_stride, j0, nt, b);
-                for (int r = 0; r < nr; r++) {
-                    const cm_block_q6_k *xb = (const cm_block_q6_k *)(const void *)((const char *)w + (size_t)(i0 + r) * w_stride) + b;
-                    uint32_t u[64];
-                    for (int c = 0; c < 2; c++) {
-                        const __m256i l0 = ld256(xb->ql + 64 * c), l1 = ld256(xb->ql + 64 * c + 32);
-                        const __m256i h = ld256(xb->qh + 32 * c);
-                        uint32_t *o = u + 32 * c;
-                        _mm256_storeu_si256((__m256i *)o, _mm256_or_si256(_mm256_and_si256(l0, m4),
-                                                                          _mm256_and_si256(_mm256_slli_epi16(h, 4), m30)));
-                        _mm256_storeu_si256((__m256i *)(o + 8), _mm256_or_si256(_mm256_and_si256(l1, m4),
-                                                                                _mm256_and_si256(_mm256_slli_epi16(h, 2), m30)));
-                        _mm256_storeu_si256((__m256i *)(o + 16), _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-                                                                                 _mm256_and_si256(h, m30)));
-                        _mm256_storeu_si256((__m256i *)(o + 24), _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                                                                                 _mm256_and_si256(_mm256_srli_epi16(h, 2), m30)));
-                    }
-                    __m512i sumi = _mm512_setzero_si512(), corr = _mm512_setzero_si512();
-                    for (int g = 0; g < 16; g++) {
-                        __m512i s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi32((int)u[4 * g]), P.q[4 * g]);
-                        __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi32((int)u[4 * g + 1]), P.q[4 * g + 1]);
-                        s0 = _mm512_dpbusd_epi32(s0, _mm512_set1_epi32((int)u[4 * g + 2]), P.q[4 * g + 2]);
-                        s1 = _mm512_dpbusd_epi32(s1, _mm512_set1_epi32((int)u[4 * g + 3]), P.q[4 * g + 3]);
-                        const __m512i sc = _mm512_set1_epi32(xb->scales[g]);
-                        sumi = _mm512_add_epi32(sumi, _mm512_mullo_epi32(_mm512_add_epi32(s0, s1), sc));
-                        corr = _mm512_add_epi32(corr, _mm512_mullo_epi32(P.bs[g], sc));
-                    }
-                    sumi = _mm512_sub_epi32(sumi, _mm512_slli_epi32(corr, 5));
-                    __m512 a = _mm512_loadu_ps(acc[r]);
-                    a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi), _mm512_mul_ps(P.dy, _mm512_set1_ps(f16f(xb->d))), a);
-                    _mm512_storeu_ps(acc[r], a);
-                }
-            }
-            for (int t = 0; t < nt; t++)
-                for (int r = 0; r < nr; r++) y[(j0 + t) * ldy + i0 + r] = acc[r][t];
-        }
-    }
-}
-static void gemm_pq6_k(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
-                       int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {
-    if (n_tok >= GT / 2) prefill_q6_k(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
-    else gemm_zq6_k(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
-}
-
 void cm_kernels_fill_avx512(cm_kernels *k) {
     x86_fill(k);
     k->vec_dot[CM_TYPE_F32] = vec_dot_zf32;
@@ -564,11 +329,11 @@ void cm_kernels_fill_avx512(cm_kernels *k) {
     k->vec_dot[CM_TYPE_BF16] = vec_dot_zbf16;
     k->gemm[CM_TYPE_BF16] = gemm_zbf16;
     k->vec_dot[CM_TYPE_Q4_0] = vec_dot_zq4_0;
-    k->gemm[CM_TYPE_Q4_0] = gemm_pq4_0;
+    k->gemm[CM_TYPE_Q4_0] = gemm_zq4_0;
     k->vec_dot[CM_TYPE_Q8_0] = vec_dot_zq8_0;
-    k->gemm[CM_TYPE_Q8_0] = gemm_pq8_0;
+    k->gemm[CM_TYPE_Q8_0] = gemm_zq8_0;
     k->vec_dot[CM_TYPE_Q4_K] = vec_dot_zq4_k;
-    k->gemm[CM_TYPE_Q4_K] = gemm_pq4_k;
+    k->gemm[CM_TYPE_Q4_K] = gemm_zq4_k;
     k->vec_dot[CM_TYPE_Q6_K] = vec_dot_zq6_k;
-    k->gemm[CM_TYPE_Q6_K] = gemm_pq6_k;
+    k->gemm[CM_TYPE_Q6_K] = gemm_zq6_k;
 }

@@ -4,7 +4,8 @@
 # once on a CPU with dotprod, where the NEON table must exist and match the
 # scalar reference, and once on one without, where dispatch must fall back to
 # scalar without executing a NEON-dotprod instruction; and the kernels
-# module's own test_kernels (its independent decoders, dispatch) on arm64. On an arm64 host the
+# module's own test_kernels (its independent decoders, dispatch) and the batch-invariance test
+# test_kernels_invariant on arm64. On an arm64 host the
 # ordinary unit-test run already covers NEON natively, so this has nothing to add.
 cd "$(dirname "$0")/../.." || exit 1
 case "$(uname -m)" in
@@ -22,7 +23,7 @@ for tool in aarch64-linux-gnu-gcc qemu-aarch64; do
         exit 1
     fi
 done
-if ! make --no-print-directory build-neon/test_kernels_simd build-neon/test_kernels >/tmp/cumulo-neon-build.$$ 2>&1; then
+if ! make --no-print-directory build-neon/test_kernels_simd build-neon/test_kernels build-neon/test_kernels_invariant >/tmp/cumulo-neon-build.$$ 2>&1; then
     tail -20 /tmp/cumulo-neon-build.$$ >&2
     rm -f /tmp/cumulo-neon-build.$$
     echo "0 passed, 1 failed"
@@ -45,5 +46,6 @@ run() { # name, qemu cpu, expected ISA list[, test binary]
 run "neon+dotprod (qemu -cpu max)" max neon
 run "no dotprod (qemu -cpu cortex-a57): scalar fallback" cortex-a57 ""
 run "test_kernels (independent decoders, dispatch) under qemu -cpu max" max neon test_kernels
+run "test_kernels_invariant (neon gemm == neon vec_dot, bit for bit) under qemu -cpu max" max neon test_kernels_invariant
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

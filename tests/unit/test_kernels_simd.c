@@ -24,9 +24,9 @@
  *
  * from_float must equal the reference byte for byte (it reproduces llama.cpp's
  * rounding). gemm must agree with the same table's vec_dot and with the
- * reference for every (row, token) within the same bound (the register tiles
- * share code with vec_dot and give the same bits; the many-token kernels sum
- * in another order), and must write nothing outside its rows.
+ * reference for every (row, token) within the same bound, and must write
+ * nothing outside its rows (that gemm gives vec_dot's exact bits is
+ * test_kernels_invariant.c's check).
  */
 #include "kernels/kernels.h"
 #include "test.h"

@@ -1,0 +1,119 @@
+/*
+ * test_kernels_invariant.c: batch invariance, the contract of kernels.h.
+ * For every kernel table this CPU runs (scalar, avx2, avx512, neon) and every
+ * weight type, the product of a token in a batch of n_tok tokens (any n_tok
+ * from 1 to 33, the token at any position in the batch, any row slice) must
+ * equal, bit for bit (memcmp), vec_dot of the same weight row and activation
+ * row. Without this the same request gives different logits alone, batched
+ * with other users, or after prompt-prefix reuse, and near-tie greedy tokens
+ * flip. Agreement with the reference within a float bound is
+ * test_kernels_simd.c's job; this test allows no difference at all.
+ *
+ * Rows of 27 blocks (the 512-bit tiles' 8-block groups plus a 3-block tail)
+ * for 32-element types, 3 super-blocks for K-quants and 869 elements (not a
+ * multiple of any vector width) for float types; 37 rows, so row slices
+ * cross the gemm's row blocks unevenly. Activations are a pool of 40 distinct
+ * token rows; a batch is the pool window [s, s + n_tok), so each pool row
+ * shows up at many positions of many batch sizes.
+ */
+#include "kernels/kernels.h"
+#include "test.h"
+
+#include <stdint.h>
+
+static uint64_t g_rng = 0x2545f4914f6cdd1dull;
+static uint64_t rnd(void) {
+    g_rng ^= g_rng << 13;
+    g_rng ^= g_rng >> 7;
+    g_rng ^= g_rng << 17;
+    return g_rng;
+}
+static float frand(void) { return (float)((rnd() >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f; }
+
+static const enum cm_type k_types[] = {CM_TYPE_Q4_0, CM_TYPE_Q4_1, CM_TYPE_Q5_0, CM_TYPE_Q5_1,
+                                       CM_TYPE_Q8_0, CM_TYPE_Q4_K, CM_TYPE_Q5_K, CM_TYPE_Q6_K,
+                                       CM_TYPE_F16,  CM_TYPE_BF16, CM_TYPE_F32};
+#define N_TYPES (int)(sizeof k_types / sizeof k_types[0])
+static const char *const k_isas[] = {"scalar", "avx2", "avx512", "neon"};
+
+enum { ROWS = 37, POOL = 40, MAXTOK = 33, MAXK = 1024 };
+static float g_f[ROWS * MAXK];
+static uint8_t g_w[ROWS * MAXK * 4], g_x[POOL * MAXK * 4];
+static float g_ref[POOL][ROWS], g_y[MAXTOK * ROWS];
+
+static int64_t row_len(enum cm_type t) {
+    if (t == CM_TYPE_F32 || t == CM_TYPE_F16 || t == CM_TYPE_BF16) return 869;
+    if (t == CM_TYPE_Q4_K || t == CM_TYPE_Q5_K || t == CM_TYPE_Q6_K) return 3 * 256;
+    return 27 * 32;
+}
+
+static void check_table(const cm_kernels *k, enum cm_type t) {
+    const cm_type_traits *tr = cm_type_traits_of(t);
+    const enum cm_type vt = tr->vec_dot_type;
+    const int64_t n = row_len(t);
+    const size_t ws = cm_row_size(t, n), xs = cm_row_size(vt, n);
+    /* Weights with a spread of magnitudes, so float rounding matters. */
+    for (int64_t i = 0; i < ROWS * n; i++) g_f[i] = frand() * (float)(1 << (rnd() % 8));
+    CHECK(cm_quantize_rows(t, g_f, g_w, ROWS, n) == ROWS * ws);
+    for (int p = 0; p < POOL; p++) {
+        for (int64_t i = 0; i < n; i++) g_f[i] = frand() * (float)(1 << (rnd() % 6));
+        k->from_float[vt](g_f, g_x + (size_t)p * xs, n);
+    }
+    cm_tensor W;
+    memset(&W, 0, sizeof W);
+    W.type = t;
+    W.ne[0] = n;
+    W.ne[1] = ROWS;
+    W.nb[1] = ws;
+    W.data = g_w;
+    for (int p = 0; p < POOL; p++)
+        for (int r = 0; r < ROWS; r++) k->vec_dot[t](n, &g_ref[p][r], g_w + (size_t)r * ws, g_x + (size_t)p * xs);
+
+    long bad = 0, cases = 0;
+    char first[160] = "";
+    static const int starts[] = {0, 1, 3, 7};
+    static const int slices[][2] = {{0, ROWS}, {5, 22}, {36, 37}};
+    for (int n_tok = 1; n_tok <= MAXTOK; n_tok++) {
+        for (size_t si = 0; si < sizeof starts / sizeof starts[0]; si++) {
+            const int s = starts[si];
+            if (s + n_tok > POOL) continue;
+            for (size_t ri = 0; ri < sizeof slices / sizeof slices[0]; ri++) {
+                const int r0 = slices[ri][0], r1 = slices[ri][1];
+                for (int i = 0; i < MAXTOK * ROWS; i++) g_y[i] = -7.0f;
+                cm_matmul_rows(k, &W, g_x + (size_t)s * xs, xs, n_tok, g_y, ROWS, r0, r1);
+                for (int j = 0; j < n_tok; j++)
+                    for (int r = 0; r < ROWS; r++) {
+                        const float *got = &g_y[j * ROWS + r];
+                        cases++;
+                        if (r < r0 || r >= r1) {
+                            if (*got != -7.0f) bad++; /* wrote outside its slice */
+                            continue;
+                        }
+                        if (memcmp(got, &g_ref[s + j][r], sizeof(float)) == 0) continue;
+                        if (!bad++)
+                            snprintf(first, sizeof first, "n_tok %d, token %d of the batch, row %d: gemm %.9g vec_dot %.9g",
+                                     n_tok, j, r, (double)*got, (double)g_ref[s + j][r]);
+                    }
+            }
+        }
+    }
+    CHECKF(bad == 0, "%s %s: %ld of %ld (row, token) results differ from vec_dot; first: %s", k->name,
+           tr->name, bad, cases, first);
+}
+
+static void test_gemm_equals_vec_dot(void) {
+    int tables = 0;
+    for (size_t i = 0; i < sizeof k_isas / sizeof k_isas[0]; i++) {
+        const cm_kernels *k = cm_kernels_for(k_isas[i]);
+        if (!k) continue;
+        tables++;
+        printf("# table %s\n", k->name);
+        for (int ti = 0; ti < N_TYPES; ti++) check_table(k, k_types[ti]);
+    }
+    CHECK(tables >= 1); /* scalar always exists */
+}
+
+int main(void) {
+    RUN(test_gemm_equals_vec_dot);
+    TEST_END();
+}
