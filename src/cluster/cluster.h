@@ -143,6 +143,27 @@ int cm_pipe_send(cm_pipe *p, int slot, const float *hidden, const int32_t *pos, 
 /* Wait for the token sampled after the slot's last want_last row. */
 int cm_pipe_recv_token(cm_pipe *p, int slot, int32_t *token, float *logprob, char *err, size_t errlen);
 
+/* Failures. The coordinator sends each node a HEARTBEAT every
+ * CM_PIPE_HB_MS on its control connection and the node echoes it; a node
+ * silent for CM_PIPE_LOST_MS (env CUMULO_LOST_MS overrides, >= 200) or whose
+ * connection closes is declared lost: the pipe fails (every waiting call
+ * returns the reason) until cm_pipe_recover. */
+#define CM_PIPE_HB_MS 500
+#define CM_PIPE_LOST_MS 2000
+/* Whether the pipe has failed (a node lost or reporting an error). */
+bool cm_pipe_failed(cm_pipe *p);
+/* Re-plan on the surviving nodes under a new epoch: this machine keeps its
+ * layers, the survivors share the rest (loading them from their model file
+ * or cache, or streamed from here). Every slot's state on the nodes is gone:
+ * the caller must SEQ_START again and resend each sequence from position 0.
+ * 0 when nothing failed or the pipe recovered; otherwise an error with the
+ * reason, and the pipe stays failed with it (CM_EAGAIN: no survivor is left
+ * for the layers; else a survivor could not take them). Call only while
+ * nothing else uses the pipe (no token awaited). */
+int cm_pipe_recover(cm_pipe *p, char *err, size_t errlen);
+/* Bumped by every recovery: a session whose generation differs must resend. */
+int cm_pipe_generation(const cm_pipe *p);
+
 /* Traffic on the hop coordinator -> stage 1 (FORWARD frames only) and the
  * number of hidden-state rows carried. */
 void cm_pipe_hop_stats(const cm_pipe *p, uint64_t *bytes, uint64_t *frames, uint64_t *rows);

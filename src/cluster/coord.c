@@ -12,6 +12,14 @@
  * travels down the same chain of connections, so every stage sees it in the
  * order it was sent. No vocabulary-sized data crosses any link. Every wait has
  * a deadline.
+ *
+ * Failures (issue 7): every node's control connection carries a HEARTBEAT
+ * each CM_PIPE_HB_MS and the node echoes it; a node we hear nothing from for
+ * CM_PIPE_LOST_MS (kill -9 shows sooner, as a closed connection; SIGSTOP or a
+ * cut link only by silence) is declared lost, and waiting sequences wake with
+ * the error. cm_pipe_recover then re-plans on the survivors under a new
+ * epoch (nodes drop traffic of any other epoch), and the engine recomputes
+ * its sequences into the new stages.
  */
 #include "cluster/cluster_int.h"
 #include "cluster/weights.h"
@@ -34,6 +42,11 @@ typedef struct remote {
     pthread_t rx;
     bool rx_started;
     bool ready;
+    atomic_bool loading;     /* ASSIGN sent, READY not yet: loading may outlast the heartbeat bound, and
+                              * the node's control thread expects only WEIGHTS_CHUNKs: no heartbeats */
+    atomic_bool lost;        /* declared lost: its rx thread has ended */
+    _Atomic uint64_t last_rx_ns;
+    uint64_t last_hb_ns;     /* rx thread only */
     int ready_status;
     char ready_text[CM_MSG_TEXT_MAX + 1];
     cm_pipe *p;
@@ -61,7 +74,11 @@ struct cm_pipe {
     pthread_cond_t cv;
     slot *slots;
     int n_seq, n_ctx, max_batch, timeout_ms;
-    uint64_t epoch, next_req;
+    _Atomic uint64_t epoch;
+    uint64_t next_req;
+    int stage_remote[CM_PLAN_MAX_NODES]; /* stage s (>= 1) runs on r[stage_remote[s]] */
+    int lost_ms;
+    int generation; /* bumped by every successful cm_pipe_recover */
     int fatal;
     char fatal_text[600];
     atomic_int closing;
@@ -103,21 +120,51 @@ static void *rx_main(void *arg) {
     remote *r = arg;
     cm_pipe *p = r->p;
     char err[512];
+    atomic_store(&r->last_rx_ns, cm_now_ns());
+    r->last_hb_ns = 0;
     while (!atomic_load(&p->closing)) {
         cm_msg m;
-        if (cm_fd_wait_readable(cm_conn_fd(r->ctl), 250) <= 0) continue;
-        int rc = cm_conn_recv(r->ctl, &m, 60000, err, sizeof err);
+        uint64_t now = cm_now_ns();
+        if (now - r->last_hb_ns >= (uint64_t)CM_PIPE_HB_MS * 1000000ull) {
+            cm_msg hb = {.type = CM_MSG_HEARTBEAT};
+            hb.u.heartbeat = (cm_msg_heartbeat){.epoch = atomic_load(&p->epoch), .wall_ms = cm_wall_ms(), .mono_ns = now};
+            int rc = 0;
+            pthread_mutex_lock(&p->send_mu); /* loading is set under it, before the ASSIGN leaves */
+            if (!atomic_load(&r->loading)) rc = cm_conn_send(r->ctl, &hb, p->lost_ms, err, sizeof err);
+            pthread_mutex_unlock(&p->send_mu);
+            r->last_hb_ns = now;
+            if (rc) {
+                atomic_store(&r->lost, true);
+                if (!atomic_load(&p->closing))
+                    set_fatal(p, CM_ECLOSED, "node %s ('%s') lost: %s", r->addr, r->hello.name, err);
+                break;
+            }
+        }
+        /* Silence: loading a stage (no READY yet) may take long; otherwise
+         * the node echoes every heartbeat. */
+        uint64_t bound_ms = atomic_load(&r->loading) ? 600000 : (uint64_t)p->lost_ms;
+        if (now - atomic_load(&r->last_rx_ns) > bound_ms * 1000000ull) {
+            atomic_store(&r->lost, true);
+            if (!atomic_load(&p->closing))
+                set_fatal(p, CM_ETIMEDOUT, "node %s ('%s') lost: silent for %llu ms", r->addr, r->hello.name,
+                          (unsigned long long)bound_ms);
+            break;
+        }
+        if (cm_fd_wait_readable(cm_conn_fd(r->ctl), 100) <= 0) continue;
+        int rc = cm_conn_recv(r->ctl, &m, p->lost_ms, err, sizeof err);
         if (rc == CM_ETIMEDOUT) continue;
         if (rc || m.type == CM_MSG_BYE) {
+            atomic_store(&r->lost, true);
             if (!atomic_load(&p->closing))
                 set_fatal(p, rc ? rc : CM_ECLOSED, "node %s ('%s') left: %s", r->addr, r->hello.name,
                           rc ? err : m.u.bye.text);
             break;
         }
+        atomic_store(&r->last_rx_ns, cm_now_ns());
         switch (m.type) {
         case CM_MSG_TOKEN: {
             const cm_msg_token *t = &m.u.token;
-            if (t->epoch != p->epoch || t->seq >= p->n_seq) break;
+            if (t->epoch != atomic_load(&p->epoch) || t->seq >= p->n_seq) break;
             pthread_mutex_lock(&p->mu);
             slot *s = &p->slots[t->seq];
             s->token = t->token;
@@ -128,9 +175,10 @@ static void *rx_main(void *arg) {
             break;
         }
         case CM_MSG_READY:
-            if (m.u.ready.epoch != p->epoch) break;
+            if (m.u.ready.epoch != atomic_load(&p->epoch)) break;
             pthread_mutex_lock(&p->mu);
             r->ready = true;
+            atomic_store(&r->loading, false);
             r->ready_status = m.u.ready.status;
             memcpy(r->ready_text, m.u.ready.text, sizeof r->ready_text);
             pthread_cond_broadcast(&p->cv);
@@ -250,20 +298,22 @@ static int make_plan(cm_pipe *p, const cm_pipe_opts *o, cm_plan *plan, cm_plan_m
     return 0;
 }
 
-static int send_assign(cm_pipe *p, const cm_plan *plan, int s, char *err, size_t errlen) {
-    const cm_plan_stage *st = &plan->stages[s];
-    remote *r = &p->r[st->members[0].node - 1];
+/* ASSIGN stage s of n_st: layers [lb[s], le[s]) on r[rid[s]] (stage 0 is
+ * this machine). */
+static int assign_stage(cm_pipe *p, int s, int n_st, const int *rid, const int *lb, const int *le, char *err,
+                        size_t errlen) {
+    remote *r = &p->r[rid[s]];
     cm_msg m = {.type = CM_MSG_ASSIGN};
     cm_msg_assign *a = &m.u.assign;
     const cm_hparams *hp = &p->m->hp;
-    a->epoch = p->epoch;
+    a->epoch = atomic_load(&p->epoch);
     memcpy(a->model_sha256, p->sha, 32);
     const char *base = strrchr(p->model_path, '/');
     snprintf(a->model_name, sizeof a->model_name, "%.63s", base ? base + 1 : p->model_path);
     a->n_layers = (uint32_t)hp->n_layer;
-    a->layer_begin = (uint32_t)st->first_layer;
-    a->layer_end = (uint32_t)st->last_layer;
-    a->flags = s == plan->n_stages - 1 ? CM_ASSIGN_F_OUTPUT : 0;
+    a->layer_begin = (uint32_t)lb[s];
+    a->layer_end = (uint32_t)le[s];
+    a->flags = s == n_st - 1 ? CM_ASSIGN_F_OUTPUT : 0;
     a->head_begin = 0;
     a->head_end = (uint32_t)hp->n_head_kv;
     a->ffn_begin = 0;
@@ -271,18 +321,31 @@ static int send_assign(cm_pipe *p, const cm_plan *plan, int s, char *err, size_t
     a->n_ctx = (uint32_t)p->n_ctx;
     a->n_seq_max = (uint32_t)p->n_seq;
     a->stage = (uint16_t)s;
-    a->n_stages = (uint16_t)plan->n_stages;
+    a->n_stages = (uint16_t)n_st;
     a->hidden_dtype = CM_HIDDEN_F32;
     a->tp_rank = 0;
     a->tp_size = 1;
     snprintf(a->tp_peers[0], sizeof a->tp_peers[0], "%.63s", r->addr);
-    const cm_plan_stage *prev = &plan->stages[s - 1];
-    snprintf(a->prev, sizeof a->prev, "%.63s", prev->members[0].node ? p->r[prev->members[0].node - 1].addr : "");
-    if (s + 1 < plan->n_stages) snprintf(a->next, sizeof a->next, "%.63s", p->r[plan->stages[s + 1].members[0].node - 1].addr);
+    snprintf(a->prev, sizeof a->prev, "%.63s", s > 1 ? p->r[rid[s - 1]].addr : "");
+    if (s + 1 < n_st) snprintf(a->next, sizeof a->next, "%.63s", p->r[rid[s + 1]].addr);
+    pthread_mutex_lock(&p->mu);
+    r->ready = false;
+    pthread_mutex_unlock(&p->mu);
     pthread_mutex_lock(&p->send_mu);
+    atomic_store(&r->loading, true);
     int rc = cm_conn_send(r->ctl, &m, 10000, err, errlen);
     pthread_mutex_unlock(&p->send_mu);
     return rc;
+}
+
+static int send_assign(cm_pipe *p, const cm_plan *plan, int s, char *err, size_t errlen) {
+    int rid[CM_PLAN_MAX_NODES], lb[CM_PLAN_MAX_NODES], le[CM_PLAN_MAX_NODES];
+    for (int i = 0; i < plan->n_stages; i++) {
+        rid[i] = plan->stages[i].members[0].node - 1;
+        lb[i] = plan->stages[i].first_layer;
+        le[i] = plan->stages[i].last_layer;
+    }
+    return assign_stage(p, s, plan->n_stages, rid, lb, le, err, errlen);
 }
 
 int cm_pipe_open(cm_pipe **out, const char *model_path, const cm_gguf *g, const cm_model *m, const cm_pipe_opts *o,
@@ -301,6 +364,11 @@ int cm_pipe_open(cm_pipe **out, const char *model_path, const cm_gguf *g, const 
     p->n_ctx = o->n_ctx > 0 ? o->n_ctx : 2048;
     p->max_batch = o->max_batch > 0 ? CM_MIN(o->max_batch, 256) : 64;
     p->timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : 60000;
+    p->lost_ms = CM_PIPE_LOST_MS;
+    {
+        const char *env = getenv("CUMULO_LOST_MS"); /* tests: a tighter or looser bound */
+        if (env && atoi(env) >= 200) p->lost_ms = atoi(env);
+    }
     p->log = o->log;
     p->log_ctx = o->log_ctx;
     p->epoch = cm_wall_ms();
@@ -354,6 +422,7 @@ int cm_pipe_open(cm_pipe **out, const char *model_path, const cm_gguf *g, const 
     }
     p->n_stages = plan.n_stages;
     p->local_last = plan.stages[0].last_layer;
+    for (int s = 1; s < plan.n_stages; s++) p->stage_remote[s] = plan.stages[s].members[0].node - 1;
     plog(p, "%s", p->plan_text);
     if (plan.n_stages == 1) { /* everything fits best here: no cluster needed */
         *local_last = m->hp.n_layer;
@@ -536,4 +605,144 @@ void cm_pipe_hop_stats(const cm_pipe *p, uint64_t *bytes, uint64_t *frames, uint
     *bytes = st.tx_bytes;
     *frames = st.tx_frames;
     *rows = p->rows_sent;
+}
+
+bool cm_pipe_failed(cm_pipe *p) {
+    pthread_mutex_lock(&p->mu);
+    bool f = p->fatal != 0;
+    pthread_mutex_unlock(&p->mu);
+    return f;
+}
+
+int cm_pipe_generation(const cm_pipe *p) { return p->generation; }
+
+/* One re-plan attempt: this machine keeps layers [0, local_last) (the
+ * engine's stage-0 caches stay valid); the surviving nodes, in their old
+ * stage order, share the rest evenly. */
+static int recover_once(cm_pipe *p, char *err, size_t errlen) {
+    int n_layer = p->m->hp.n_layer;
+    /* Lost nodes: their rx threads have ended (or end within the bound). */
+    for (int i = 0; i < p->n_remote; i++) {
+        remote *r = &p->r[i];
+        if (atomic_load(&r->lost) && r->rx_started) {
+            pthread_join(r->rx, NULL);
+            r->rx_started = false;
+            cm_conn_close(r->ctl, NULL);
+            r->ctl = NULL;
+        }
+    }
+    int rid[CM_PLAN_MAX_NODES], lb[CM_PLAN_MAX_NODES], le[CM_PLAN_MAX_NODES], n_st = 1;
+    bool used[CM_PLAN_MAX_NODES] = {false};
+    for (int s = 1; s < p->n_stages; s++) {
+        int i = p->stage_remote[s];
+        used[i] = true;
+        if (p->r[i].ctl && !atomic_load(&p->r[i].lost)) rid[n_st++] = i;
+    }
+    for (int i = 0; i < p->n_remote; i++) /* idle nodes we know join too */
+        if (!used[i] && p->r[i].ctl && p->r[i].rx_started && !atomic_load(&p->r[i].lost)) rid[n_st++] = i;
+    int rest = n_layer - p->local_last;
+    if (n_st == 1)
+        return cm_errf(err, errlen, CM_EAGAIN,
+                       "no node is left to run layers [%d, %d): the model does not fit on the survivors", p->local_last,
+                       n_layer);
+    if (n_st - 1 > rest) n_st = rest + 1;
+    lb[0] = 0;
+    le[0] = p->local_last;
+    for (int s = 1, at = p->local_last; s < n_st; s++) {
+        int k = rest / (n_st - 1) + (s - 1 < rest % (n_st - 1) ? 1 : 0);
+        lb[s] = at;
+        le[s] = at + k;
+        at += k;
+    }
+    uint64_t ep = cm_wall_ms();
+    if (ep <= atomic_load(&p->epoch)) ep = atomic_load(&p->epoch) + 1;
+    atomic_store(&p->epoch, ep);
+    if (p->data) {
+        cm_conn_close(p->data, NULL);
+        p->data = NULL;
+    }
+    pthread_mutex_lock(&p->mu);
+    p->fatal = 0;
+    p->fatal_text[0] = 0;
+    for (int i = 0; i < p->n_seq; i++) p->slots[i].asked = p->slots[i].got = 0;
+    pthread_mutex_unlock(&p->mu);
+    char line[600];
+    int o = snprintf(line, sizeof line, "re-plan (epoch %llu): here [0, %d)", (unsigned long long)ep, p->local_last);
+    for (int s = 1; s < n_st && o < (int)sizeof line; s++)
+        o += snprintf(line + o, sizeof line - (size_t)o, ", %s [%d, %d)", p->r[rid[s]].addr, lb[s], le[s]);
+    plog(p, "%s", line);
+    for (int s = 1; s < n_st; s++) {
+        int rc = assign_stage(p, s, n_st, rid, lb, le, err, errlen);
+        if (rc) return rc;
+    }
+    uint64_t deadline = cm_now_ns() + 120ull * 1000000000ull;
+    int rc = 0;
+    pthread_mutex_lock(&p->mu);
+    for (;;) {
+        int waiting = 0;
+        for (int s = 1; s < n_st; s++) {
+            remote *r = &p->r[rid[s]];
+            if (!r->ready) waiting++;
+            else if (r->ready_status && !rc)
+                rc = cm_errf(err, errlen, r->ready_status, "node %s ('%s') cannot take layers [%d, %d): %s", r->addr,
+                             r->hello.name, lb[s], le[s], r->ready_text);
+        }
+        if (p->fatal && !rc) rc = cm_errf(err, errlen, p->fatal, "%s", p->fatal_text);
+        if (rc || !waiting) break;
+        if (cm_now_ns() > deadline) { rc = cm_errf(err, errlen, CM_ETIMEDOUT, "survivors were not ready within 120 s"); break; }
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 50000000;
+        if (ts.tv_nsec >= 1000000000) { ts.tv_sec++; ts.tv_nsec -= 1000000000; }
+        pthread_cond_timedwait(&p->cv, &p->mu, &ts);
+    }
+    pthread_mutex_unlock(&p->mu);
+    if (rc) return rc;
+    char e[400];
+    cm_msg_hello peer;
+    cm_conn *d = NULL;
+    rc = cm_cluster_dial(p->r[rid[1]].addr, &p->cfg, &p->hello, &d, &peer, e, sizeof e);
+    if (rc) return cm_errf(err, errlen, rc, "stage 1 at %s: %s", p->r[rid[1]].addr, e);
+    pthread_mutex_lock(&p->send_mu);
+    p->data = d;
+    pthread_mutex_unlock(&p->send_mu);
+    p->n_stages = n_st;
+    for (int s = 1; s < n_st; s++) p->stage_remote[s] = rid[s];
+    p->generation++;
+    return 0;
+}
+
+int cm_pipe_recover(cm_pipe *p, char *err, size_t errlen) {
+    if (!cm_pipe_failed(p)) return 0;
+    /* A stage that reports its neighbour's failure may speak first: give
+     * closed connections a moment to show as lost. */
+    cm_sleep_ms(200);
+    char why[600];
+    pthread_mutex_lock(&p->mu);
+    snprintf(why, sizeof why, "%s", p->fatal_text);
+    pthread_mutex_unlock(&p->mu);
+    plog(p, "failure: %s; re-planning on the survivors", why);
+    int rc = 0;
+    /* Test hook (tests/sh/cluster_failover.sh shows it fails without recovery). */
+    if (getenv("CUMULO_TEST_NO_RECOVER")) rc = cm_errf(err, errlen, CM_EAGAIN, "recovery disabled");
+    for (int attempt = 0; attempt < 3 && !rc; attempt++) {
+        rc = recover_once(p, err, errlen);
+        if (!rc) {
+            plog(p, "recovered: %d stages, epoch %llu", p->n_stages, (unsigned long long)atomic_load(&p->epoch));
+            return 0;
+        }
+        if (rc == CM_EAGAIN) break;
+        plog(p, "re-plan failed: %s", err);
+    }
+    /* Stay failed with the reason (CM_EAGAIN when no survivor can take the
+     * layers: serve answers new requests 503): every later request gets it. */
+    char e2[400];
+    snprintf(e2, sizeof e2, "%s", err);
+    pthread_mutex_lock(&p->mu);
+    p->fatal = rc < 0 ? rc : CM_EIO;
+    snprintf(p->fatal_text, sizeof p->fatal_text, "%.250s; the cluster cannot continue: %.250s", why, e2);
+    pthread_cond_broadcast(&p->cv);
+    cm_errf(err, errlen, p->fatal, "%s", p->fatal_text);
+    pthread_mutex_unlock(&p->mu);
+    return rc;
 }

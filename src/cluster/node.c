@@ -381,7 +381,16 @@ static void *conn_main(void *arg) {
             pthread_mutex_unlock(&n->mu);
             break;
         }
-        case CM_MSG_HEARTBEAT: break;
+        case CM_MSG_HEARTBEAT: {
+            /* Echo: the coordinator declares a silent node lost (coord.c). */
+            cm_msg r = {.type = CM_MSG_HEARTBEAT};
+            r.u.heartbeat = m.u.heartbeat;
+            pthread_mutex_lock(&n->mu);
+            r.u.heartbeat.epoch = n->st ? n->st->as.epoch : 0;
+            rc = cm_conn_send(c, &r, 5000, err, sizeof err);
+            pthread_mutex_unlock(&n->mu);
+            break;
+        }
         case CM_MSG_ASSIGN:
             if (!is_coord) { CM_LOGW("ASSIGN from %s, which is not a coordinator: ignored", cm_conn_peer(c)); break; }
             on_assign(n, c, &m.u.assign);

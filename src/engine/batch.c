@@ -156,11 +156,36 @@ static int step_take(cm_session *s, int32_t id, const cm_sample_info *info_in) {
     return 1;
 }
 
+/* A stage failed during a step (cm_pipe_failed): re-plan on the survivors.
+ * Every running session then starts over on the new stages at its next
+ * evaluation (cm_engine_eval_cluster sees the new generation: SEQ_START with
+ * prompt + tokens emitted, recompute from position 0). The token lost in
+ * flight was never taken: the client sees a pause, nothing repeated or
+ * skipped. When no re-plan is possible, every running session ends with the
+ * reason. */
+static int step_recover(cm_engine *e, cm_session *const *ss, int n, char *err, size_t errlen) {
+    char msg[600] = "";
+    int rc = cm_pipe_recover(e->pipe, msg, sizeof msg);
+    int running = 0;
+    for (int i = 0; i < n; i++) {
+        if (!cm_session_running(ss[i])) continue;
+        if (rc) step_end(ss[i], CM_FINISH_CANCEL);
+        else running++;
+    }
+    return rc ? cm_errf(err, errlen, rc, "%s", msg) : running;
+}
+
+int cm_session_seq_restart(cm_session *s, char *err, size_t errlen) {
+    if (!s->step || !s->step->running) return 0;
+    return cm_pipe_seq_start(s->e->pipe, s->slot, &s->step->p.sampling, s->hist, s->n_hist, err, errlen);
+}
+
 /* A cluster step: every running session sends its pending token through our
  * layers to the next stage (one micro-batch each, so the stages work on them
  * in turn), then each waits for the token the last stage sampled. */
 static int step_cluster(cm_engine *e, cm_session *const *ss, int n, char *err, size_t errlen) {
     int running = 0, first_err = 0;
+    bool lost = false;
     for (int base = 0; base < n; base += 256) {
         int m = CM_MIN(256, n - base);
         bool sent[256] = {false};
@@ -172,6 +197,7 @@ static int step_cluster(cm_engine *e, cm_session *const *ss, int n, char *err, s
             if (st->p.n_predict > 0 && st->n_gen >= st->p.n_predict) { step_end(s, CM_FINISH_LENGTH); continue; }
             char msg[256] = "";
             int rc = cm_engine_eval_cluster(s, s->n_hist, true, msg, sizeof msg);
+            if (rc && rc != CM_ECANCELED && cm_pipe_failed(e->pipe)) { lost = true; continue; }
             if (rc) {
                 step_end(s, CM_FINISH_CANCEL);
                 if (!first_err) { first_err = rc; cm_errf(err, errlen, rc, "%s", msg); }
@@ -189,6 +215,7 @@ static int step_cluster(cm_engine *e, cm_session *const *ss, int n, char *err, s
             int rc = cm_pipe_recv_token(e->pipe, s->slot, &id, &info.logprob, msg, sizeof msg);
             if (!rc && (id < 0 || id >= e->m.hp.n_vocab))
                 rc = cm_errf(msg, sizeof msg, CM_EPROTO, "the last stage sent token id %d", id);
+            if (rc && cm_pipe_failed(e->pipe)) { lost = true; continue; } /* its token comes after recovery */
             if (rc) {
                 step_end(s, CM_FINISH_CANCEL);
                 if (!first_err) { first_err = rc; cm_errf(err, errlen, rc, "%s", msg); }
@@ -199,6 +226,7 @@ static int step_cluster(cm_engine *e, cm_session *const *ss, int n, char *err, s
             if (r == 1) running++;
         }
     }
+    if (lost) return step_recover(e, ss, n, err, errlen);
     return first_err ? first_err : running;
 }
 

@@ -233,6 +233,7 @@ cm_session *cm_session_new(cm_engine *e, int n_ctx, char *err, size_t errlen) {
     s->slot = -1;
     if (e->pipe) {
         s->slot = cm_pipe_seq_acquire(e->pipe, err, errlen);
+        s->pipe_gen = cm_pipe_generation(e->pipe);
         if (s->slot < 0) { cm_free(s); return NULL; }
         s->hidden = cm_malloc((size_t)e->n_batch * (size_t)e->m.hp.n_embd * sizeof(float));
         if (!s->hidden) {
@@ -289,6 +290,14 @@ int cm_engine_eval_cluster(cm_session *s, int upto, bool want_last, char *err, s
     int32_t pos[256], seq[256] = {0};
     int bmax = CM_MIN(e->n_batch, 256);
     cm_kv *kvs[1] = {&s->kv};
+    /* After a recovery the new stages know nothing of this sequence:
+     * recompute it from position 0 (same bits here, new caches there). */
+    if (s->pipe_gen != cm_pipe_generation(e->pipe)) {
+        cm_kv_truncate(&s->kv, 0);
+        s->pipe_gen = cm_pipe_generation(e->pipe);
+        int rc = cm_session_seq_restart(s, err, errlen);
+        if (rc) return rc;
+    }
     while (s->kv.n_past < upto) {
         if (atomic_load(&s->cancel)) return cm_errf(err, errlen, CM_ECANCELED, "canceled");
         int nb = CM_MIN(bmax, upto - s->kv.n_past);
@@ -318,7 +327,10 @@ int cm_engine_eval_cluster(cm_session *s, int upto, bool want_last, char *err, s
 static int eval_pending(cm_session *s, char *err, size_t errlen) {
     cm_engine *e = s->e;
     if (e->pipe) {
-        int rc = cm_engine_eval_cluster(s, s->n_hist - 1, false, err, errlen);
+        /* A failure seen since the last step: recover before new work (the
+         * caller's thread is the pipe's only user here). */
+        int rc = cm_pipe_failed(e->pipe) ? cm_pipe_recover(e->pipe, err, errlen) : 0;
+        if (!rc) rc = cm_engine_eval_cluster(s, s->n_hist - 1, false, err, errlen);
         s->have_logits = !rc && s->n_hist == s->kv.n_past + 1;
         return rc;
     }

@@ -50,6 +50,7 @@ struct cm_session {
     struct cm_step *step; /* NULL unless cm_session_start was called (batch.c) */
     int slot;      /* cluster: the sequence's slot on every stage; -1 on one machine */
     float *hidden; /* cluster: [n_batch][n_embd] our stage's output */
+    int pipe_gen;  /* cluster: cm_pipe_generation when our stage-0 cache was last valid downstream */
 };
 
 /* Cluster (engine.c): evaluate hist[kv.n_past .. upto) through our layers
@@ -58,6 +59,11 @@ struct cm_session {
  * session is pending until the next sample: have_logits means "ready to
  * sample" (n_hist == kv.n_past + 1). */
 int cm_engine_eval_cluster(cm_session *s, int upto, bool want_last, char *err, size_t errlen);
+
+/* Cluster, after a recovery (batch.c): a running session tells the new last
+ * stage its sampler parameters and whole history again (SEQ_START); 0 and
+ * nothing sent when it has not been started. */
+int cm_session_seq_restart(cm_session *s, char *err, size_t errlen);
 
 /* Free a session's step state (batch.c); called by cm_session_free. */
 void cm_session_step_release(cm_session *s);

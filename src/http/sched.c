@@ -158,7 +158,8 @@ static void *sched_main(void *arg) {
                 if (rc) {
                     /* The prompt was checked against the context already, so
                      * this is cancel or a server fault. */
-                    job_end(j, CM_FINISH_CANCEL, rc == CM_ECANCELED ? 0 : 500, err);
+                    /* CM_EAGAIN: the cluster lost nodes it cannot do without. */
+                    job_end(j, CM_FINISH_CANCEL, rc == CM_ECANCELED ? 0 : rc == CM_EAGAIN ? 503 : 500, err);
                     pthread_mutex_lock(&s->mu);
                     sl->j = NULL;
                     s->n_active--;
