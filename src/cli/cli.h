@@ -51,5 +51,6 @@ int cmd_discover(int argc, char **argv);
 int cmd_announce(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
 
 #endif

@@ -13,6 +13,7 @@
 static const cm_command k_commands[] = {
     {"plan", "show how a model splits across a cluster, with predicted speed", cmd_plan},
     {"synth", "write a random-weight model of any architecture and tensor type", cmd_synth},
+    {"bench", "prompt and decode speed, % of the memory roofline, vs llama.cpp", cmd_bench},
     {"version", "print the version", cmd_version},
     {"run", "generate text from a prompt on this machine", cmd_run},
     {"chat", "chat with a model in the terminal", cmd_chat},

@@ -124,9 +124,19 @@ void cm_matmul_rows(const cm_kernels *k, const cm_tensor *W, const void *xq, siz
         k->gemm[t](n, W->data, W->nb[1], xq, xq_stride, y, ldy, r0, r1, n_tok);
         return;
     }
-    /* Row-major over weights: each weight row is read once for all tokens. */
+    /* Row-major over weights: each weight row is read once for all tokens.
+     * Decode is a stream of weight rows from DRAM: ask for the row PF_AHEAD
+     * rows ahead while this one is computed, so several rows' cache lines are
+     * in flight at once (the hardware prefetcher alone stalls at each row
+     * start on a busy machine). Prefetches never fault, even past the end. */
+    enum { PF_AHEAD = 4 };
+    const size_t rs = W->nb[1], row_bytes = cm_row_size(t, n);
     for (int64_t i = r0; i < r1; i++) {
-        const void *w = (const char *)W->data + (size_t)i * W->nb[1];
+        const void *w = (const char *)W->data + (size_t)i * rs;
+        if (i + PF_AHEAD < r1) {
+            const char *pf = (const char *)w + PF_AHEAD * rs;
+            for (size_t o = 0; o < row_bytes; o += 64) __builtin_prefetch(pf + o, 0, 0);
+        }
         for (int64_t j = 0; j < n_tok; j++)
             k->vec_dot[t](n, &y[j * ldy + i], w, (const char *)xq + (size_t)j * xq_stride);
     }

@@ -108,6 +108,12 @@ static void *zalloc(size_t n) {
     return p;
 }
 
+/* Floats of attention scratch per thread: scores [max_ctx], the query as
+ * F16 [head_dim halves], the scores as F16 [max_ctx halves] (F16 cache). */
+static size_t scores_stride(int max_ctx, int head_dim) {
+    return (size_t)max_ctx + (size_t)head_dim + ((size_t)max_ctx + 1) / 2 + 16;
+}
+
 cm_ctx *cm_ctx_new(const cm_model *m, int max_batch, int max_ctx, cm_pool *pool, char *err, size_t errlen) {
     if (max_batch < 1 || max_batch > 65536 || max_ctx < 1 || max_ctx > (1 << 24)) {
         cm_errf(err, errlen, CM_EINVAL, "batch %d / context %d out of range", max_batch, max_ctx);
@@ -135,7 +141,7 @@ cm_ctx *cm_ctx_new(const cm_model *m, int max_batch, int max_ctx, cm_pool *pool,
     c->gate = zalloc(B * F * 4);
     c->up = zalloc(B * F * 4);
     c->rope = zalloc(B * (size_t)hp->n_rot * 4);
-    c->scores = zalloc((size_t)c->n_threads * ((size_t)max_ctx + (size_t)hp->head_dim) * 4);
+    c->scores = zalloc((size_t)c->n_threads * scores_stride(max_ctx, hp->head_dim) * 4);
     /* F32 is the widest activation type (4 bytes per element; Q8_K is ~1.14). */
     c->xq = zalloc(B * kmax * 4 + 64);
     c->out_rows = zalloc(B * 4);
@@ -282,12 +288,59 @@ static void zero_part(cm_ctx *c, int ith, int nth) {
     if (i1 > i0) memset(c->part + i0, 0, (size_t)(i1 - i0) * sizeof(float));
 }
 
-static void norm_rows(cm_ctx *c, const cm_tensor *w, int ith, int nth) {
+/* For this thread's tokens: add the pending (all-reduced) output into the
+ * residual, RMS-norm the row and convert it to W's vec_dot_type; then one
+ * barrier. Each row needs only itself, so the three steps need no barrier
+ * between them (add_pending + norm_rows + prep_act cost three per use).
+ * Same arithmetic, same order: results are unchanged. */
+static const void *add_norm_prep(cm_ctx *c, const cm_tensor *normw, const cm_tensor *w, size_t *stride, int ith,
+                                 int nth) {
     const int E = c->m->hp.n_embd;
+    const enum cm_type vdt = cm_type_traits_of(w->type)->vec_dot_type;
+    const size_t rs = vdt == CM_TYPE_F32 ? (size_t)E * sizeof(float) : cm_row_size(vdt, E);
     int64_t t0, t1;
     cm_split_range(c->b->n, ith, nth, &t0, &t1);
-    for (int64_t j = t0; j < t1; j++) rms_norm_row(c->x + j * E, w->data, c->xn + j * E, E, c->m->hp.rms_eps);
+    for (int64_t j = t0; j < t1; j++) {
+        float *x = c->x + j * E, *xn = c->xn + j * E;
+        if (c->pending) {
+            const float *pt = c->part + j * E;
+            for (int i = 0; i < E; i++) x[i] = x[i] + pt[i];
+        }
+        rms_norm_row(x, normw->data, xn, E, c->m->hp.rms_eps);
+        if (vdt != CM_TYPE_F32) c->k->from_float[vdt](xn, c->xq + (size_t)j * rs, E);
+    }
     cm_pool_barrier(c->pool);
+    *stride = rs;
+    return vdt == CM_TYPE_F32 ? (const void *)c->xn : (const void *)c->xq;
+}
+
+/* gate = silu(gate) * up and its conversion to W's (ffn_down's)
+ * vec_dot_type, split across threads by activation blocks (conversions are
+ * per block, so converting a row piecewise gives the same bytes), then one
+ * barrier; even a single token's row is shared by all threads. */
+static const void *silu_prep(cm_ctx *c, const cm_tensor *w, int n, int FS, size_t *stride, int ith, int nth) {
+    const enum cm_type vdt = cm_type_traits_of(w->type)->vec_dot_type;
+    const int bs = cm_type_traits_of(vdt)->block_size;
+    const size_t rs = vdt == CM_TYPE_F32 ? (size_t)FS * sizeof(float) : cm_row_size(vdt, FS);
+    const int64_t nbr = FS / bs; /* FS is a multiple of the block size (cm_slice_check) */
+    int64_t u0, u1;
+    cm_split_range((int64_t)n * nbr, ith, nth, &u0, &u1);
+    for (int64_t u = u0; u < u1;) {
+        const int64_t j = u / nbr, b0 = u % nbr, b1 = CM_MIN(nbr, b0 + (u1 - u));
+        float *g = c->gate + j * FS;
+        const float *up = c->up + j * FS;
+        for (int64_t i = b0 * bs; i < b1 * bs; i++) {
+            float v = g[i];
+            v = v / (1.0f + expf(-v)); /* ggml_silu_f32 */
+            g[i] = v * up[i];
+        }
+        if (vdt != CM_TYPE_F32)
+            c->k->from_float[vdt](g + b0 * bs, c->xq + (size_t)j * rs + cm_row_size(vdt, b0 * bs), (b1 - b0) * bs);
+        u += b1 - b0;
+    }
+    cm_pool_barrier(c->pool);
+    *stride = rs;
+    return vdt == CM_TYPE_F32 ? (const void *)c->gate : (const void *)c->xq;
 }
 
 static void phase_attn(cm_ctx *c, int ith, int nth) {
@@ -301,16 +354,15 @@ static void phase_attn(cm_ctx *c, int ith, int nth) {
     const int nkv = s.h1 - s.h0, nq = nkv * rep; /* heads in this slice */
     const int QS = nq * D, KS = nkv * D;         /* row widths of q and k/v in this slice */
 
-    add_pending(c, ith, nth);
     if (nkv == 0) { /* a member with FFN rows only: contributes nothing here */
+        add_pending(c, ith, nth);
         zero_part(c, ith, nth);
         return;
     }
-    norm_rows(c, &L->attn_norm, ith, nth);
 
     /* Q, K, V: the activations are converted once per distinct vec_dot_type. */
     size_t xs;
-    const void *xq = prep_act(c, &c->wq, c->xn, E, E, n, &xs, ith, nth);
+    const void *xq = add_norm_prep(c, &L->attn_norm, &c->wq, &xs, ith, nth);
     matmul(c, &c->wq, xq, xs, n, c->q, QS, ith, nth);
     enum cm_type vq = cm_type_traits_of(c->wq.type)->vec_dot_type;
     if (cm_type_traits_of(c->wk.type)->vec_dot_type != vq) {
@@ -371,8 +423,16 @@ static void phase_attn(cm_ctx *c, int ith, int nth) {
      * as ggml_soft_max_ext (scale, max, expf, double sum), then V^T rows. */
     {
         const float scale = 1.0f / sqrtf((float)D);
-        float *sc = c->scores + (size_t)ith * (c->max_ctx + D);
-        float *qr = sc + c->max_ctx; /* the query rounded to F16 (F16 cache) */
+        float *sc = c->scores + (size_t)ith * scores_stride(c->max_ctx, D);
+        cm_f16 *qh = (cm_f16 *)(sc + c->max_ctx); /* the query rounded to F16 (F16 cache) */
+        cm_f16 *sch = qh + D;                      /* the weights rounded to F16 (F16 cache) */
+        /* The dot products go through the kernel table (SIMD where the CPU
+         * has it): a plain loop here is one serial add chain per dot, the
+         * costliest part of a long prompt outside the matmuls. The F16 dot
+         * takes both sides as F16 like ggml's, i.e. the same roundings as
+         * converting q and the weights to F16 first. */
+        const cm_vec_dot_fn dot_f32 = c->k->vec_dot[CM_TYPE_F32], dot_f16 = c->k->vec_dot[CM_TYPE_F16];
+        const cm_from_float_fn to_f16 = c->k->from_float[CM_TYPE_F16];
         int64_t tasks = (int64_t)n * nq, t0, t1;
         cm_split_range(tasks, ith, nth, &t0, &t1);
         for (int64_t t = t0; t < t1; t++) {
@@ -386,20 +446,18 @@ static void phase_attn(cm_ctx *c, int ith, int nth) {
             float mx = -INFINITY;
             if (f16) {
                 const cm_f16 *kk = (const cm_f16 *)kv->k + off;
-                for (int i = 0; i < D; i++) qr[i] = cm_f16_to_f32(cm_f32_to_f16(qv[i]));
+                to_f16(qv, qh, D);
                 for (int p = 0; p < np; p++) {
-                    const cm_f16 *kr = kk + (size_t)p * D;
-                    float d = 0.0f;
-                    for (int i = 0; i < D; i++) d += qr[i] * cm_f16_to_f32(kr[i]);
+                    float d;
+                    dot_f16(D, &d, kk + (size_t)p * D, qh);
                     sc[p] = d * scale;
                     if (sc[p] > mx) mx = sc[p];
                 }
             } else {
                 const float *kk = (const float *)kv->k + off;
                 for (int p = 0; p < np; p++) {
-                    const float *kr = kk + (size_t)p * D;
-                    float d = 0.0f;
-                    for (int i = 0; i < D; i++) d += qv[i] * kr[i];
+                    float d;
+                    dot_f32(D, &d, kk + (size_t)p * D, qv);
                     sc[p] = d * scale;
                     if (sc[p] > mx) mx = sc[p];
                 }
@@ -415,21 +473,11 @@ static void phase_attn(cm_ctx *c, int ith, int nth) {
             float *o = c->att + (size_t)j * QS + (size_t)h * D;
             if (f16) {
                 const cm_f16 *vt = (const cm_f16 *)kv->v + off;
-                for (int p = 0; p < np; p++) sc[p] = cm_f16_to_f32(cm_f32_to_f16(sc[p]));
-                for (int i = 0; i < D; i++) {
-                    const cm_f16 *vr = vt + (size_t)i * kv->n_ctx;
-                    float acc = 0.0f;
-                    for (int p = 0; p < np; p++) acc += cm_f16_to_f32(vr[p]) * sc[p];
-                    o[i] = acc;
-                }
+                to_f16(sc, sch, np);
+                for (int i = 0; i < D; i++) dot_f16(np, &o[i], vt + (size_t)i * kv->n_ctx, sch);
             } else {
                 const float *vt = (const float *)kv->v + off;
-                for (int i = 0; i < D; i++) {
-                    const float *vr = vt + (size_t)i * kv->n_ctx;
-                    float acc = 0.0f;
-                    for (int p = 0; p < np; p++) acc += vr[p] * sc[p];
-                    o[i] = acc;
-                }
+                for (int i = 0; i < D; i++) dot_f32(np, &o[i], vt + (size_t)i * kv->n_ctx, sc);
             }
         }
     }
@@ -444,14 +492,13 @@ static void phase_ffn(cm_ctx *c, int ith, int nth) {
     const cm_layer *L = &m->layers[c->il];
     const int E = m->hp.n_embd, n = c->b->n;
     const int FS = c->a->slice.f1 - c->a->slice.f0;
-    add_pending(c, ith, nth);
     if (FS == 0) {
+        add_pending(c, ith, nth);
         zero_part(c, ith, nth);
         return;
     }
-    norm_rows(c, &L->ffn_norm, ith, nth);
     size_t xs;
-    const void *xq = prep_act(c, &c->gt, c->xn, E, E, n, &xs, ith, nth);
+    const void *xq = add_norm_prep(c, &L->ffn_norm, &c->gt, &xs, ith, nth);
     matmul(c, &c->gt, xq, xs, n, c->gate, FS, ith, nth);
     if (cm_type_traits_of(c->up_w.type)->vec_dot_type != cm_type_traits_of(c->gt.type)->vec_dot_type) {
         cm_pool_barrier(c->pool);
@@ -459,17 +506,7 @@ static void phase_ffn(cm_ctx *c, int ith, int nth) {
     }
     matmul(c, &c->up_w, xq, xs, n, c->up, FS, ith, nth);
     cm_pool_barrier(c->pool);
-    {
-        int64_t tot = (int64_t)n * FS, i0, i1;
-        cm_split_range(tot, ith, nth, &i0, &i1);
-        for (int64_t i = i0; i < i1; i++) {
-            float g = c->gate[i];
-            g = g / (1.0f + expf(-g)); /* ggml_silu_f32 */
-            c->gate[i] = g * c->up[i];
-        }
-    }
-    cm_pool_barrier(c->pool);
-    xq = prep_act(c, &c->dn, c->gate, FS, FS, n, &xs, ith, nth);
+    xq = silu_prep(c, &c->dn, n, FS, &xs, ith, nth);
     matmul(c, &c->dn, xq, xs, n, c->part, E, ith, nth);
 }
 

@@ -56,6 +56,15 @@ const char *cm_arch_name(void);          /* "x86_64" / "arm64" */
 /* Peak resident set size of this process in bytes (0 if unknown). */
 uint64_t cm_peak_rss_bytes(void);
 
+/* Measured memory READ bandwidth in bytes/s (membw.c): a STREAM-like sum
+ * over `bytes` of memory (make it much larger than the last-level cache,
+ * e.g. 1 GiB) split across the pool's threads (NULL = the caller alone),
+ * best of `runs` timed passes after one untimed pass that touches the pages.
+ * Allocates and frees the buffer itself (not for the token loop). Returns
+ * 0 or CM_ENOMEM / CM_EINVAL. Uses the pool: not while it runs other work. */
+typedef struct cm_pool cm_pool;
+int cm_mem_read_bandwidth(cm_pool *pool, size_t bytes, int runs, double *best_bytes_per_s);
+
 /* ---- compute thread pool ----
  * One persistent pool per process. cm_pool_run() runs fn(ctx, ith, nth) on nth
  * threads (the caller is thread 0) and returns when all have finished. Inside

@@ -1,0 +1,61 @@
+#!/bin/sh
+# run_table.sh: the table of issue 3 — cumulo vs llama.cpp on 1B-class
+# `cumulo synth` models (llama arch, dim 2048, 16 layers, 32 heads, 8 KV heads,
+# FFN 5632, separate output) in Q4_0, Q8_0, Q4_K_M and F16, at 1 and 2
+# threads, interleaved A B A B with the read bandwidth measured in the same
+# run (cumulo bench --vs-llamacpp). Prints a markdown table on stdout, one
+# JSON line per row into $OUT/results.jsonl, progress on stderr.
+#
+# Models are generated into $MODELS (default /tmp/cumulo-bench-1b; never
+# commit them) once and reused. Needs llama.cpp through node-llama-cpp in
+# $CUMULO_ORACLE_DIR (default /tmp/nlc; see shared/oracle/README.md).
+#
+#   sh bench/run_table.sh                 # everything (about 20-40 min on 2 cores)
+#   TYPES="q4_0 f16" THREADS="2" REPS=3 sh bench/run_table.sh
+set -eu
+here=$(cd "$(dirname "$0")/.." && pwd)
+CUMULO=${CUMULO:-$here/cumulo}
+SHARED=${CUMULO_SHARED:-$here/../shared}
+MODELS=${MODELS:-/tmp/cumulo-bench-1b}
+OUT=${OUT:-$MODELS}
+TYPES=${TYPES:-q4_0 q8_0 q4_k_m f16}
+THREADS=${THREADS:-1 2}
+REPS=${REPS:-3}
+PROMPT=${PROMPT:-128}
+GEN=${GEN:-64}
+KV=${KV:-f16}  # llama.cpp (node-llama-cpp) keeps an F16 KV cache by default: same for both
+VOCAB=$SHARED/vocab/ggml-vocab-llama-spm.gguf
+
+[ -x "$CUMULO" ] || { echo "run_table.sh: build cumulo first (make cumulo)" >&2; exit 1; }
+mkdir -p "$MODELS" "$OUT"
+for t in $TYPES; do
+    m=$MODELS/llama1b-$t.gguf
+    [ -f "$m" ] && continue
+    echo "run_table.sh: synthesizing $m" >&2
+    "$CUMULO" synth --arch llama --dim 2048 --layers 16 --heads 32 --kv-heads 8 --ffn 5632 \
+        --type "$t" --vocab "$VOCAB" --seed 1 -o "$m" >&2
+done
+
+: >"$OUT/results.jsonl"
+for t in $TYPES; do
+    for th in $THREADS; do
+        echo "run_table.sh: $t, $th thread(s)" >&2
+        "$CUMULO" bench "$MODELS/llama1b-$t.gguf" --threads "$th" --prompt "$PROMPT" --gen "$GEN" \
+            --reps "$REPS" --kv-type "$KV" --vs-llamacpp --json >>"$OUT/results.jsonl"
+    done
+done
+
+node - "$OUT/results.jsonl" <<'EOF'
+const fs = require("fs");
+const rows = fs.readFileSync(process.argv[2], "utf8").trim().split("\n").map(JSON.parse);
+const f = (x, d = 1) => (x === undefined || x === null ? "-" : x.toFixed(d));
+console.log("| model | threads | prompt tok/s cumulo | llama.cpp | ratio | decode tok/s cumulo | llama.cpp | ratio | % roofline cumulo | llama.cpp | read GB/s |");
+console.log("|---|---|---|---|---|---|---|---|---|---|---|");
+for (const r of rows) {
+  const l = r.llamacpp || {};
+  const type = r.model.replace(/^llama1b-/, "").replace(/\.gguf$/, "").toUpperCase();
+  console.log(`| ${type} | ${r.threads} | ${f(r.pp_tokens_per_s)} | ${f(l.pp_tokens_per_s)} | ${f(r.pp_ratio, 2)} | ` +
+    `${f(r.tg_tokens_per_s)} | ${f(l.tg_tokens_per_s)} | ${f(r.tg_ratio, 2)} | ${f(r.tg_roofline_pct)}% | ` +
+    `${f(l.tg_roofline_pct)}% | ${f(r.read_bw_gbs)} |`);
+}
+EOF

@@ -1,0 +1,50 @@
+#!/bin/sh
+# bench_cli.sh: `cumulo bench` as a user meets it: --help, one-line errors,
+# and a tiny run whose JSON line carries the fields and the byte count a
+# decode step reads (all weights minus the token-embedding rows not looked up,
+# the separate output head included). Timings are printed, never asserted.
+cd "$(dirname "$0")/../.." || exit 1
+BIN=${CUMULO_BIN:-build/cumulo}
+SHARED=${CUMULO_SHARED:-../shared}
+VOCAB=$SHARED/vocab/ggml-vocab-llama-spm.gguf
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+pass=0; fail=0
+ok() { pass=$((pass + 1)); }
+bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
+num() { sed -n "s/.*\"$1\":\([0-9.e+-]*\).*/\1/p" "$T/json"; }
+
+"$BIN" bench --help >"$T/help" 2>&1 && grep -q -- "--vs-llamacpp" "$T/help" && ok || bad "--help"
+
+expect_err() {
+    want=$1; shift
+    "$BIN" bench "$@" >"$T/out" 2>"$T/err"; rc=$?
+    if [ $rc -ne 1 ] || [ "$(wc -l <"$T/err")" -ne 1 ] || ! grep -Eq "^cumulo: .*($want)" "$T/err"; then
+        bad "bench $*: rc $rc, stderr: $(cat "$T/err")"
+    else ok; fi
+}
+expect_err "no model given"
+expect_err "cannot open '$T/none.gguf'" "$T/none.gguf"
+expect_err "'foo' is not one of" "$T/none.gguf" --isa foo
+expect_err "'0' is not an integer" "$T/none.gguf" --threads 0
+expect_err "unknown option '--bogus'" "$T/none.gguf" --bogus
+
+# A small Q8_0 model: vocab 32000 x dim 256, so one token_embd row is 8 blocks x 34 bytes.
+"$BIN" synth --arch llama --dim 256 --layers 1 --heads 4 --kv-heads 2 --ffn 512 --type q8_0 \
+    --vocab "$VOCAB" --seed 3 -o "$T/m.gguf" >/dev/null 2>&1 || bad "synth"
+"$BIN" bench "$T/m.gguf" --threads 2 --prompt 8 --gen 4 --reps 1 --bw-mib 16 --json --vs-llamacpp \
+    --oracle-dir "$T/no-oracle" >"$T/json" 2>"$T/err"; rc=$?
+[ $rc -eq 0 ] && [ "$(wc -l <"$T/json")" -eq 1 ] && ok || bad "json run: rc $rc, $(cat "$T/err")"
+grep -q "skipping llama.cpp: node" "$T/err" && grep -q '"llamacpp_skipped"' "$T/json" && ok ||
+    bad "missing oracle is skipped with a message: $(cat "$T/err")"
+wb=$(num weight_bytes); bpt=$(num bytes_per_token)
+row=$((8 * 34)); embd=$((32000 * row))
+[ -n "$wb" ] && [ "$bpt" = "$((wb - embd + row))" ] && ok || bad "bytes_per_token $bpt, weights $wb, expected $((wb - embd + row))"
+for f in pp_tokens_per_s tg_tokens_per_s read_bw_gbs roofline_tokens_per_s tg_roofline_pct; do
+    v=$(num $f)
+    awk -v v="$v" 'BEGIN { exit !(v > 0) }' && ok || bad "$f is '$v'"
+done
+grep -q '"power":"\(measured\|estimated\|unknown\)"' "$T/json" && ok || bad "power label"
+
+echo "$pass passed, $fail failed"
+[ $fail -eq 0 ]
