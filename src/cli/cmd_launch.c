@@ -227,7 +227,8 @@ static int launch_one(const launch_opts *o, const char *target, const char *self
     snprintf(addr, sizeof addr, strchr(host, ':') ? "[%s]:%d" : "%s:%d", host, o->port);
     const char *addrs[1] = {addr};
     char err[300];
-    for (int tries = 0; tries < 50; tries++) {
+    /* a node measures its speed before it listens; give a loaded machine 30 s */
+    for (int tries = 0; tries < 150; tries++) {
         cm_sleep_ms(200);
         if (cm_probe_nodes(addrs, 1, o->insecure, o->key_file, info, err, sizeof err)) return cli_fail("%s", err);
         if (info->status == 0) break;

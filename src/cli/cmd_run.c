@@ -46,10 +46,13 @@ static const char k_run_usage[] =
 
     "  --json                 print one JSON object: prompt_tokens, tokens, text, timings\n"
     "\n"
-    "Cluster (pipeline parallel; this machine computes the first stage):\n"
+    "Cluster (pipeline: this machine computes the first stage; or tensor parallel):\n"
     "  --cluster              use `cumulo node`s (with --nodes, default auto)\n"
     "  --nodes LIST           auto (mDNS) or host:port,host:port,...\n"
     "  --layers A,B,...       layers per stage, this machine first (default: the planner's)\n"
+    "  --parallel pp|tp       pp (default): a pipeline; tp: one tensor-parallel group of this\n"
+    "                         machine and every node (each computes a slice of every layer)\n"
+    "  --tp-weights W,W,...   tp: relative speed per machine, this one first (slice sizes)\n"
     "  --insecure             no cluster key (the nodes must run --insecure too)\n"
     "  --key-file FILE        cluster key (default $CUMULO_KEY_FILE or ~/.config/cumulo/cluster.key)\n"
     "  --streams N            run N copies of the request at once (aggregate tokens/s; a benchmark)\n";
@@ -190,7 +193,7 @@ int cmd_run(int argc, char **argv) {
     int n_stops = 0;
     long n_predict = 128, ctx = 0, threads = 0, streams = 0;
     bool json = false, no_bos = false, kv_f16 = false, chat = false, cluster = false, insecure = false;
-    const char *nodes = NULL, *layers = NULL, *key_file = NULL;
+    const char *nodes = NULL, *layers = NULL, *key_file = NULL, *parallel = NULL, *tp_weights = NULL;
     cm_gen_params gp;
     cm_gen_params_default(&gp);
     for (int i = 1; i < argc; i++) {
@@ -261,6 +264,10 @@ int cmd_run(int argc, char **argv) {
             if (a[2] == 'n') nodes = NEXT();
             else if (a[2] == 'l') layers = NEXT();
             else key_file = NEXT();
+        } else if (!strcmp(a, "--parallel") || !strcmp(a, "--tp-weights")) {
+            if (!v) return cli_fail("option '%s' needs a value", a);
+            if (a[2] == 'p') parallel = NEXT();
+            else tp_weights = NEXT();
         } else if (!strcmp(a, "--streams")) {
             if (!cli_int(a, NEXT(), 1, 64, &streams)) return 1;
         } else if (a[0] == '-' && a[1]) {
@@ -292,11 +299,11 @@ int cmd_run(int argc, char **argv) {
     char msg[512];
     if (cm_sampler_params_check(&gp.sampling, msg, sizeof msg)) { cm_free(file_text); return cli_fail("%s", msg); }
 
-    if ((nodes || layers) && !cluster) cluster = true;
+    if ((nodes || layers || parallel) && !cluster) cluster = true;
     cm_engine *e = NULL;
     cm_engine_opts eo = {.n_threads = (int)threads, .n_ctx = (int)ctx, .nodes = cluster ? (nodes ? nodes : "auto") : NULL,
                          .insecure = insecure, .key_file = key_file, .layers = layers,
-                         .n_seq = streams > 8 ? (int)streams : 8, .kv_f16 = kv_f16};
+                         .parallel = parallel, .tp_weights = tp_weights, .n_seq = streams > 8 ? (int)streams : 8, .kv_f16 = kv_f16};
     /* --streams (even 1) reports aggregate numbers instead of the text. */
     if (cli_load_engine_opts(&e, model, &eo)) { cm_free(file_text); return 1; }
     int status = 1;
@@ -378,6 +385,17 @@ int cmd_run(int argc, char **argv) {
             cJSON_AddNumberToObject(hj, "bytes", (double)hb);
             cJSON_AddNumberToObject(hj, "frames", (double)hf);
             cJSON_AddNumberToObject(hj, "rows", (double)hr);
+        }
+        uint64_t td, tw, to, tr;
+        if (cm_engine_tp_stats(e, &td, &tw, &to, &tr)) {
+            cm_engine_info inf;
+            cm_engine_get_info(e, &inf);
+            cJSON *tj2 = cJSON_AddObjectToObject(j, "tp");
+            cJSON_AddNumberToObject(tj2, "size", inf.tp_size);
+            cJSON_AddNumberToObject(tj2, "data_bytes", (double)td);
+            cJSON_AddNumberToObject(tj2, "wire_bytes", (double)tw);
+            cJSON_AddNumberToObject(tj2, "ops", (double)to);
+            cJSON_AddNumberToObject(tj2, "rows", (double)tr);
         }
         char *js = cJSON_PrintUnformatted(j);
         if (js) puts(js);

@@ -260,3 +260,9 @@ int cm_cluster_measure(cm_conn *c, int probe_bytes, double *rtt_s, double *bw, c
     *bw = (double)probe_bytes / (t > probe_bytes / 1e10 ? t : probe_bytes / 1e10);
     return 0;
 }
+
+int cm_tp_greet_epoch(cm_conn *c, uint64_t epoch, char *err, size_t errlen) {
+    cm_msg m = {.type = CM_MSG_PING};
+    m.u.ping.id = epoch;
+    return cm_conn_send(c, &m, 10000, err, errlen);
+}

@@ -107,6 +107,8 @@ typedef struct cm_pipe_opts {
     bool insecure;
     const char *key_file;
     const char *layers;      /* optional: layers per stage, coordinator first ("2,1,2") */
+    const char *parallel;    /* NULL / "pp": pipeline; "tp": one tensor-parallel group of every machine */
+    const char *tp_weights;  /* optional, TP: relative speed per member, this machine first ("1,2,1") */
     int n_ctx;               /* positions per sequence */
     int n_seq_max;           /* concurrent sequences (KV on every node) */
     int max_batch;           /* most tokens per FORWARD */
@@ -167,5 +169,22 @@ int cm_pipe_generation(const cm_pipe *p);
 /* Traffic on the hop coordinator -> stage 1 (FORWARD frames only) and the
  * number of hidden-state rows carried. */
 void cm_pipe_hop_stats(const cm_pipe *p, uint64_t *bytes, uint64_t *frames, uint64_t *rows);
+
+/* ---- tensor parallel (opts.parallel "tp") ----
+ * The coordinator is rank 0 of a group of every machine: it computes every
+ * layer on its slice, all-reduces with the nodes and samples itself. Per
+ * evaluation it first sends the token ids to every node (cm_pipe_tp_send),
+ * then runs cm_forward with the slice and cm_pipe_tp_allreduce. */
+bool cm_pipe_is_tp(const cm_pipe *p);
+int cm_pipe_tp_size(const cm_pipe *p);
+cm_slice cm_pipe_tp_slice(const cm_pipe *p);
+void *cm_pipe_tp_coll(const cm_pipe *p); /* allreduce_user for cm_forward_args */
+int cm_pipe_tp_allreduce(void *coll, float *x, int64_t n); /* cm_allreduce_fn */
+/* Send n token ids at pos[], sequence slots seq[], to every member. */
+int cm_pipe_tp_send(cm_pipe *p, const int32_t *tokens, const int32_t *pos, const int32_t *seq, int n,
+                    char *err, size_t errlen);
+/* This member's all-reduce traffic: element bytes and whole frames sent,
+ * operations, and token rows sent to the members. */
+void cm_pipe_tp_stats(const cm_pipe *p, uint64_t *data_sent, uint64_t *wire_sent, uint64_t *ops, uint64_t *rows);
 
 #endif

@@ -22,4 +22,9 @@ int cm_cluster_dial(const char *addr, const cm_net_cfg *cfg, const cm_msg_hello 
  * carrying probe_bytes) on a connection nobody else is receiving on. */
 int cm_cluster_measure(cm_conn *c, int probe_bytes, double *rtt_s, double *bw, char *err, size_t errlen);
 
+/* Tensor parallel: after cm_coll_mesh_greet, the dialer names the plan's
+ * epoch in a PING (id = epoch), so that the node hands the connection to the
+ * assignment of that epoch only. */
+int cm_tp_greet_epoch(cm_conn *c, uint64_t epoch, char *err, size_t errlen);
+
 #endif

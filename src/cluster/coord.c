@@ -22,6 +22,7 @@
  * its sequences into the new stages.
  */
 #include "cluster/cluster_int.h"
+#include "cluster/collective.h"
 #include "cluster/weights.h"
 
 #include "os/os.h"
@@ -84,6 +85,11 @@ struct cm_pipe {
     atomic_int closing;
     int n_stages, local_last;
     uint64_t rows_sent;
+    bool tp;                           /* one TP group: this machine is rank 0 */
+    int tp_size;
+    cm_slice tp_slice;
+    cm_conn *tp_conn[CM_COLL_MAX_MEMBERS]; /* to each node's rank (owned) */
+    cm_coll *coll;
     int32_t seqbuf[CM_MSG_MAX_TOKENS > 4096 ? 4096 : CM_MSG_MAX_TOKENS];
     uint8_t wantbuf[4096];
     cm_pipe_log_fn log;
@@ -266,6 +272,28 @@ static int make_plan(cm_pipe *p, const cm_pipe_opts *o, cm_plan *plan, cm_plan_m
     po.ctx = p->n_ctx;
     po.n_seq = p->n_seq;
     po.mode = CM_PARALLEL_PP;
+    if (o->parallel && *o->parallel) {
+        int mode = cm_parallel_from_name(o->parallel);
+        if (mode != CM_PARALLEL_PP && mode != CM_PARALLEL_TP)
+            return cm_errf(err, errlen, CM_EUNSUPPORTED, "--parallel '%s': a cluster runs pp or tp", o->parallel);
+        po.mode = (enum cm_parallel)mode;
+    }
+    if (po.mode == CM_PARALLEL_TP && o->tp_weights && *o->tp_weights) {
+        /* Relative speeds (tests, or known-unequal machines): scale each
+         * member's measured compute and memory bandwidth. */
+        int i = 0;
+        for (const char *s = o->tp_weights; *s && i < pc->n_nodes; i++) {
+            char *e;
+            double w = strtod(s, &e);
+            if (e == s || !(w > 0) || w > 1e6 || (*e && *e != ','))
+                return cm_errf(err, errlen, CM_EINVAL, "--tp-weights '%s': expected positive numbers like 1,2,1", o->tp_weights);
+            pc->nodes[i].flops *= w;
+            pc->nodes[i].mem_bw *= w;
+            s = *e ? e + 1 : e;
+        }
+    }
+    if (po.mode == CM_PARALLEL_TP && o->layers && *o->layers)
+        return cm_errf(err, errlen, CM_EINVAL, "--layers splits a pipeline; it does not go with --parallel tp");
     if (!o->layers || !*o->layers) return cm_plan_make(pm, pc, &po, plan, err, errlen);
     /* Explicit split: layers per stage, this machine first. */
     int counts[CM_PLAN_MAX_NODES], n = 0, sum = 0;
@@ -348,6 +376,103 @@ static int send_assign(cm_pipe *p, const cm_plan *plan, int s, char *err, size_t
     return assign_stage(p, s, plan->n_stages, rid, lb, le, err, errlen);
 }
 
+static void start_rx(cm_pipe *p);
+
+/* One TP group of every machine, this machine rank 0 (members[0]): ASSIGN
+ * each node its rank and slice, dial and greet every node, wait for READY,
+ * make the all-reduce. */
+static int tp_open(cm_pipe *p, const cm_plan *plan, char *err, size_t errlen) {
+    const cm_plan_stage *st = &plan->stages[0];
+    const cm_hparams *hp = &p->m->hp;
+    int k = st->n_members;
+    if (st->members[0].node != 0 || k > CM_COLL_MAX_MEMBERS || k > (int)CM_MSG_MAX_TP)
+        return cm_errf(err, errlen, CM_EINVAL, "the tensor-parallel group must start on this machine (and have at most %d members)",
+                       CM_COLL_MAX_MEMBERS);
+    p->tp = true;
+    p->tp_size = k;
+    const cm_plan_member *m0 = &st->members[0];
+    p->tp_slice = (cm_slice){m0->kv_head_begin, m0->kv_head_end, m0->ffn_begin, m0->ffn_end};
+    start_rx(p);
+    for (int r = 1; r < k; r++) {
+        const cm_plan_member *mb = &st->members[r];
+        remote *rm = &p->r[mb->node - 1];
+        cm_msg msg = {.type = CM_MSG_ASSIGN};
+        cm_msg_assign *a = &msg.u.assign;
+        a->epoch = p->epoch;
+        memcpy(a->model_sha256, p->sha, 32);
+        const char *base = strrchr(p->model_path, '/');
+        snprintf(a->model_name, sizeof a->model_name, "%.63s", base ? base + 1 : p->model_path);
+        a->n_layers = (uint32_t)hp->n_layer;
+        a->layer_begin = 0;
+        a->layer_end = (uint32_t)hp->n_layer;
+        a->flags = CM_ASSIGN_F_EMBED | CM_ASSIGN_F_OUTPUT;
+        a->head_begin = (uint32_t)mb->kv_head_begin;
+        a->head_end = (uint32_t)mb->kv_head_end;
+        a->ffn_begin = (uint32_t)mb->ffn_begin;
+        a->ffn_end = (uint32_t)mb->ffn_end;
+        a->n_ctx = (uint32_t)p->n_ctx;
+        a->n_seq_max = (uint32_t)p->n_seq;
+        a->stage = 0;
+        a->n_stages = 1;
+        a->hidden_dtype = CM_HIDDEN_F32;
+        a->tp_rank = (uint8_t)r;
+        a->tp_size = (uint8_t)k;
+        snprintf(a->tp_peers[0], sizeof a->tp_peers[0], "%s", "coordinator");
+        for (int j = 1; j < k; j++)
+            snprintf(a->tp_peers[j], sizeof a->tp_peers[j], "%.63s", p->r[st->members[j].node - 1].addr);
+        pthread_mutex_lock(&p->send_mu);
+        int rc = cm_conn_send(rm->ctl, &msg, 10000, err, errlen);
+        pthread_mutex_unlock(&p->send_mu);
+        if (rc) return rc;
+    }
+    for (int r = 1; r < k; r++) {
+        remote *rm = &p->r[st->members[r].node - 1];
+        char e[400];
+        cm_msg_hello peer;
+        int rc = cm_cluster_dial(rm->addr, &p->cfg, &p->hello, &p->tp_conn[r], &peer, e, sizeof e);
+        if (!rc) rc = cm_coll_mesh_greet(p->tp_conn[r], 0, 10000, e, sizeof e);
+        if (!rc) rc = cm_tp_greet_epoch(p->tp_conn[r], p->epoch, e, sizeof e);
+        if (rc) return cm_errf(err, errlen, rc, "tensor-parallel rank %d at %s: %s", r, rm->addr, e);
+    }
+    uint64_t deadline = cm_now_ns() + 600ull * 1000000000ull;
+    int rc = 0;
+    pthread_mutex_lock(&p->mu);
+    for (;;) {
+        int waiting = 0;
+        for (int r = 1; r < k; r++) {
+            remote *rm = &p->r[st->members[r].node - 1];
+            if (!rm->ready) waiting++;
+            else if (rm->ready_status && !rc)
+                rc = cm_errf(err, errlen, rm->ready_status, "node %s ('%s') cannot take rank %d: %s", rm->addr,
+                             rm->hello.name, r, rm->ready_text);
+        }
+        if (p->fatal && !rc) rc = cm_errf(err, errlen, p->fatal, "%s", p->fatal_text);
+        if (rc || !waiting) break;
+        if (cm_now_ns() > deadline) { rc = cm_errf(err, errlen, CM_ETIMEDOUT, "nodes were not ready within 600 s"); break; }
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 200000000;
+        if (ts.tv_nsec >= 1000000000) { ts.tv_sec++; ts.tv_nsec -= 1000000000; }
+        pthread_cond_timedwait(&p->cv, &p->mu, &ts);
+    }
+    pthread_mutex_unlock(&p->mu);
+    if (rc) return rc;
+    cm_coll_cfg cc = {.rank = 0, .size = k, .max_n = (int64_t)p->max_batch * hp->n_embd, .timeout_ms = 60000,
+                      .epoch = p->epoch};
+    for (int r = 1; r < k; r++) cc.peers[r] = p->tp_conn[r];
+    char e[300];
+    rc = cm_coll_new(&cc, &p->coll, e, sizeof e);
+    if (rc) return cm_errf(err, errlen, rc, "all-reduce: %s", e);
+    plog(p, "tensor parallel: %d members, this machine rank 0 with KV heads [%d, %d) and FFN rows [%d, %d)", k,
+         p->tp_slice.h0, p->tp_slice.h1, p->tp_slice.f0, p->tp_slice.f1);
+    return 0;
+}
+
+static void start_rx(cm_pipe *p) {
+    for (int i = 0; i < p->n_remote; i++)
+        if (!p->r[i].rx_started && !pthread_create(&p->r[i].rx, NULL, rx_main, &p->r[i])) p->r[i].rx_started = true;
+}
+
 int cm_pipe_open(cm_pipe **out, const char *model_path, const cm_gguf *g, const cm_model *m, const cm_pipe_opts *o,
                  int *local_last, char *err, size_t errlen) {
     *out = NULL;
@@ -424,6 +549,19 @@ int cm_pipe_open(cm_pipe **out, const char *model_path, const cm_gguf *g, const 
     p->local_last = plan.stages[0].last_layer;
     for (int s = 1; s < plan.n_stages; s++) p->stage_remote[s] = plan.stages[s].members[0].node - 1;
     plog(p, "%s", p->plan_text);
+    if (plan.n_stages == 1 && plan.stages[0].n_members > 1) {
+        rc = tp_open(p, &plan, err, errlen);
+        if (rc) goto fail;
+        *local_last = m->hp.n_layer;
+        *out = p;
+        return 0;
+    }
+    if (plan.n_stages > 1 && plan.mode != CM_PARALLEL_PP) {
+        /* NEEDSWORK: hybrid plans (TP groups as pipeline stages). */
+        rc = cm_errf(err, errlen, CM_EUNSUPPORTED, "the plan has %d tensor-parallel stages; only one group of every machine runs yet",
+                     plan.n_stages);
+        goto fail;
+    }
     if (plan.n_stages == 1) { /* everything fits best here: no cluster needed */
         *local_last = m->hp.n_layer;
         cm_pipe_close(p);
@@ -483,6 +621,8 @@ void cm_pipe_close(cm_pipe *p) {
     for (int i = 0; i < p->n_remote; i++)
         if (p->r[i].rx_started) pthread_join(p->r[i].rx, NULL);
     if (p->data) cm_conn_close(p->data, "coordinator done");
+    cm_coll_free(p->coll);
+    cm_coll_mesh_close(p->tp_conn, CM_COLL_MAX_MEMBERS);
     for (int i = 0; i < p->n_remote; i++)
         if (p->r[i].ctl) cm_conn_close(p->r[i].ctl, "coordinator done");
     pthread_mutex_destroy(&p->send_mu);
@@ -515,6 +655,13 @@ static int send_data(cm_pipe *p, const cm_msg *m, char *err, size_t errlen) {
     if (fatal) cm_errf(err, errlen, fatal, "%s", p->fatal_text);
     pthread_mutex_unlock(&p->mu);
     if (fatal) return fatal;
+    if (p->tp) { /* every member gets every sequence message */
+        for (int i = 0; i < p->n_remote; i++) {
+            int rc = cm_conn_send(p->r[i].ctl, m, p->timeout_ms, err, errlen);
+            if (rc) { set_fatal(p, rc, "node %s: %s", p->r[i].addr, err); return rc; }
+        }
+        return 0;
+    }
     int rc = cm_conn_send(p->data, m, p->timeout_ms, err, errlen);
     if (rc) set_fatal(p, rc, "stage 1: %s", err);
     return rc;
@@ -600,7 +747,8 @@ int cm_pipe_recv_token(cm_pipe *p, int slot_i, int32_t *token, float *logprob, c
 }
 
 void cm_pipe_hop_stats(const cm_pipe *p, uint64_t *bytes, uint64_t *frames, uint64_t *rows) {
-    cm_conn_stats st;
+    cm_conn_stats st = {0};
+    if (!p->data) { *bytes = *frames = 0; *rows = p->rows_sent; return; }
     cm_conn_get_stats(p->data, CM_MSG_FORWARD, &st);
     *bytes = st.tx_bytes;
     *frames = st.tx_frames;
@@ -745,4 +893,33 @@ int cm_pipe_recover(cm_pipe *p, char *err, size_t errlen) {
     cm_errf(err, errlen, p->fatal, "%s", p->fatal_text);
     pthread_mutex_unlock(&p->mu);
     return rc;
+}
+bool cm_pipe_is_tp(const cm_pipe *p) { return p && p->tp; }
+int cm_pipe_tp_size(const cm_pipe *p) { return p->tp ? p->tp_size : 1; }
+cm_slice cm_pipe_tp_slice(const cm_pipe *p) { return p->tp_slice; }
+void *cm_pipe_tp_coll(const cm_pipe *p) { return p->coll; }
+int cm_pipe_tp_allreduce(void *coll, float *x, int64_t n) { return cm_coll_allreduce_cb(coll, x, n); }
+
+int cm_pipe_tp_send(cm_pipe *p, const int32_t *tokens, const int32_t *pos, const int32_t *seq, int n, char *err,
+                    size_t errlen) {
+    if (n < 1 || n > (int)sizeof p->wantbuf) return cm_errf(err, errlen, CM_EINVAL, "micro-batch of %d rows", n);
+    pthread_mutex_lock(&p->send_mu);
+    memset(p->wantbuf, 0, (size_t)n);
+    cm_msg m = {.type = CM_MSG_FORWARD};
+    m.u.forward = (cm_msg_forward){.epoch = p->epoch, .request_id = ++p->next_req, .n_tokens = (uint32_t)n, .dim = 0,
+                                   .dtype = CM_HIDDEN_TOKENS, .pos = pos, .seq = seq, .want = p->wantbuf,
+                                   .tokens = tokens};
+    int rc = send_data(p, &m, err, errlen);
+    if (!rc) p->rows_sent += (uint64_t)n;
+    pthread_mutex_unlock(&p->send_mu);
+    return rc;
+}
+
+void cm_pipe_tp_stats(const cm_pipe *p, uint64_t *data_sent, uint64_t *wire_sent, uint64_t *ops, uint64_t *rows) {
+    cm_coll_stats st = {0};
+    if (p->coll) cm_coll_stats_get(p->coll, &st);
+    *data_sent = st.total.data_sent;
+    *wire_sent = st.total.wire_sent;
+    *ops = st.ops;
+    *rows = p->rows_sent;
 }

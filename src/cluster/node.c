@@ -9,11 +9,21 @@
  *     layers and sends the hidden states straight to the next stage; the last
  *     stage applies the output head, samples with the sequence's sampler and
  *     sends only TOKENs (ids + logprobs) to the coordinator.
+ * Tensor parallel (ASSIGN with tp_size > 1): the node is one member of a
+ * group that computes the same layers on slices (KV heads, FFN rows). At
+ * ASSIGN it dials every lower-ranked member but rank 0 (the coordinator,
+ * which has no listener, dials every node itself) and greets it with its
+ * rank; the accept loop hands connections that greet (cm_coll_mesh_rank_of)
+ * to node.tp_in[rank], where the assignment collects them. The thread that
+ * serves the coordinator's connection runs cm_forward with the all-reduce
+ * over those connections (it owns them); FORWARDs of token ids come from the
+ * coordinator to every member, and only rank 0 (the coordinator) samples.
  * It never runs anything a peer sends but its own forward pass over the
  * assigned layers, with shapes checked against the model it loaded; it never
  * allocates in the token loop (buffers are sized at ASSIGN).
  */
 #include "cluster/cluster_int.h"
+#include "cluster/collective.h"
 #include "cluster/mdns.h"
 #include "cluster/weights.h"
 
@@ -42,11 +52,15 @@ typedef struct stage {
     int n_seq;
     float *in, *out;  /* [NODE_MAX_BATCH][n_embd] */
     float *logits;    /* [NODE_MAX_BATCH][n_vocab], last stage only */
-    int32_t pos[NODE_MAX_BATCH], seq[NODE_MAX_BATCH];
+    int32_t pos[NODE_MAX_BATCH], seq[NODE_MAX_BATCH], tok[NODE_MAX_BATCH];
     int8_t want[NODE_MAX_BATCH];
     uint8_t want_u8[NODE_MAX_BATCH];
     cm_conn *next;    /* to the next stage (owned), NULL for the last */
     cm_conn *coord;   /* the coordinator's connection (not owned) */
+    cm_slice slice;   /* this member's part of every layer (full without TP) */
+    cm_conn *tp[CM_COLL_MAX_MEMBERS]; /* TP group: connection to each other rank (owned) */
+    cm_coll *coll;    /* TP group's all-reduce, NULL without TP */
+    uint64_t rows;    /* token rows computed */
 } stage;
 
 typedef struct node {
@@ -58,6 +72,8 @@ typedef struct node {
     stage *st;
     _Atomic int n_threads;
     char cache_dir[512];
+    cm_conn *tp_in[CM_COLL_MAX_MEMBERS]; /* greeted TP connections not yet taken by a stage (under mu) */
+    uint64_t tp_in_epoch[CM_COLL_MAX_MEMBERS]; /* the plan epoch each was made for */
 } node;
 
 typedef struct conn_job {
@@ -68,6 +84,16 @@ typedef struct conn_job {
 static void stage_free(stage *s) {
     if (!s) return;
     if (s->next) cm_conn_close(s->next, "plan ended");
+    if (s->coll) {
+        /* The member's traffic, for the operator and the tests (one line). */
+        cm_coll_stats st;
+        cm_coll_stats_get(s->coll, &st);
+        fprintf(stderr, "tensor-parallel rank %u of %u (epoch %llu): %llu rows, %llu all-reduces, %llu element bytes / %llu wire bytes sent\n",
+                s->as.tp_rank, s->as.tp_size, (unsigned long long)s->as.epoch, (unsigned long long)s->rows,
+                (unsigned long long)st.ops, (unsigned long long)st.total.data_sent, (unsigned long long)st.total.wire_sent);
+    }
+    cm_coll_free(s->coll);
+    cm_coll_mesh_close(s->tp, CM_COLL_MAX_MEMBERS);
     for (int i = 0; i < s->n_seq; i++) {
         if (s->kv) cm_kv_release(&s->kv[i]);
         if (s->smp) cm_sampler_free(s->smp[i]);
@@ -111,6 +137,45 @@ static int find_model(node *n, const cm_msg_assign *a, char *path, size_t cap, c
     return cm_errf(err, errlen, CM_ENOENT, "model %.12s... ('%s') is not on this node", want, a->model_name);
 }
 
+/* TP group set-up: dial and greet ranks 1..rank-1, then wait until rank 0
+ * (the coordinator) and every higher rank have greeted us, and make the
+ * collective. */
+static int tp_connect(node *n, stage *s, char *err, size_t errlen) {
+    const cm_msg_assign *a = &s->as;
+    int me = a->tp_rank, k = a->tp_size;
+    char e[400];
+    for (int j = 1; j < me; j++) {
+        cm_msg_hello peer;
+        int rc = cm_cluster_dial(a->tp_peers[j], &n->cfg, &n->hello, &s->tp[j], &peer, e, sizeof e);
+        if (!rc) rc = cm_coll_mesh_greet(s->tp[j], me, 10000, e, sizeof e);
+        if (!rc) rc = cm_tp_greet_epoch(s->tp[j], a->epoch, e, sizeof e);
+        if (rc) return cm_errf(err, errlen, rc, "tensor-parallel rank %d at %s: %s", j, a->tp_peers[j], e);
+    }
+    uint64_t deadline = cm_now_ns() + 30ull * 1000000000ull;
+    for (;;) {
+        int missing = -1;
+        pthread_mutex_lock(&n->mu);
+        for (int j = 0; j < k; j++) {
+            if (j == me || (j >= 1 && j < me)) continue;
+            if (!s->tp[j] && n->tp_in[j] && n->tp_in_epoch[j] == a->epoch) {
+                s->tp[j] = n->tp_in[j];
+                n->tp_in[j] = NULL;
+            }
+            if (!s->tp[j] && missing < 0) missing = j;
+        }
+        pthread_mutex_unlock(&n->mu);
+        if (missing < 0) break;
+        if (cm_now_ns() > deadline || atomic_load(n->stop))
+            return cm_errf(err, errlen, CM_ETIMEDOUT, "tensor-parallel rank %d did not connect within 30 s", missing);
+        cm_sleep_ms(5);
+    }
+    cm_coll_cfg cc = {.rank = me, .size = k, .max_n = (int64_t)NODE_MAX_BATCH * s->m.hp.n_embd,
+                      .timeout_ms = 60000, .epoch = a->epoch};
+    for (int j = 0; j < k; j++) cc.peers[j] = j == me ? NULL : s->tp[j];
+    int rc = cm_coll_new(&cc, &s->coll, e, sizeof e);
+    return rc ? cm_errf(err, errlen, rc, "all-reduce: %s", e) : 0;
+}
+
 static int stage_load(node *n, stage *s, const char *path, char *err, size_t errlen) {
     const cm_msg_assign *a = &s->as;
     char e[400];
@@ -121,11 +186,20 @@ static int stage_load(node *n, stage *s, const char *path, char *err, size_t err
     if ((int)a->n_layers != hp->n_layer || (int)a->layer_end > hp->n_layer)
         return cm_errf(err, errlen, CM_EINVAL, "assignment of layers [%u, %u) of %u does not match the model's %d",
                        a->layer_begin, a->layer_end, a->n_layers, hp->n_layer);
-    if (a->head_begin != 0 || (int)a->head_end != hp->n_head_kv || a->ffn_begin != 0 || (int)a->ffn_end != hp->n_ff ||
-        a->tp_size != 1)
-        return cm_errf(err, errlen, CM_EUNSUPPORTED, "tensor-parallel slices are not supported by this node yet");
-    if (a->layer_begin == 0)
+    bool tp = a->tp_size > 1;
+    s->slice = (cm_slice){(int)a->head_begin, (int)a->head_end, (int)a->ffn_begin, (int)a->ffn_end};
+    if (!tp && (a->head_begin != 0 || (int)a->head_end != hp->n_head_kv || a->ffn_begin != 0 || (int)a->ffn_end != hp->n_ff))
+        return cm_errf(err, errlen, CM_EINVAL, "a slice of the layers without a tensor-parallel group");
+    if (tp && (a->tp_size > CM_COLL_MAX_MEMBERS || a->tp_rank == 0))
+        return cm_errf(err, errlen, CM_EUNSUPPORTED, "tensor-parallel rank %u of %u (rank 0 is the coordinator)",
+                       a->tp_rank, a->tp_size);
+    if ((rc = cm_slice_check(&s->m, s->slice, e, sizeof e))) return cm_errf(err, errlen, rc, "slice: %s", e);
+    if (a->layer_begin == 0 && !tp)
         return cm_errf(err, errlen, CM_EUNSUPPORTED, "the first stage runs on the coordinator");
+    /* NEEDSWORK: a TP group that is not the only stage (hybrid); the
+     * coordinator sends its FORWARDs to every member of one group only. */
+    if (tp && (a->layer_begin != 0 || (int)a->layer_end != hp->n_layer))
+        return cm_errf(err, errlen, CM_EUNSUPPORTED, "tensor parallel over a part of the layers (hybrid) is not supported yet");
     int nt = n->o->n_threads > 0 ? n->o->n_threads : cm_cpu_count();
     s->pool = cm_pool_new(nt < 1 ? 1 : nt);
     s->ctx = s->pool ? cm_ctx_new(&s->m, NODE_MAX_BATCH, (int)a->n_ctx, s->pool, e, sizeof e) : NULL;
@@ -136,16 +210,17 @@ static int stage_load(node *n, stage *s, const char *path, char *err, size_t err
     s->smp = cm_calloc((size_t)s->n_seq, sizeof *s->smp);
     s->in = cm_malloc((size_t)NODE_MAX_BATCH * (size_t)hp->n_embd * sizeof(float));
     s->out = cm_malloc((size_t)NODE_MAX_BATCH * (size_t)hp->n_embd * sizeof(float));
-    bool last = a->flags & CM_ASSIGN_F_OUTPUT;
+    bool last = (a->flags & CM_ASSIGN_F_OUTPUT) && !tp; /* TP: rank 0 samples */
     if (last) s->logits = cm_malloc((size_t)NODE_MAX_BATCH * (size_t)hp->n_vocab * sizeof(float));
     if (!s->kv || !s->kvp || !s->smp || !s->in || !s->out || (last && !s->logits))
         return cm_errf(err, errlen, CM_ENOMEM, "out of memory for the stage's buffers");
     for (int i = 0; i < s->n_seq; i++) {
-        rc = cm_kv_init(&s->kv[i], &s->m, (int)a->layer_begin, (int)a->layer_end, cm_slice_full(&s->m),
+        rc = cm_kv_init(&s->kv[i], &s->m, (int)a->layer_begin, (int)a->layer_end, s->slice,
                         (int)a->n_ctx, e, sizeof e);
         if (rc) return cm_errf(err, errlen, rc, "KV cache: %s", e);
         s->kvp[i] = &s->kv[i];
     }
+    if (tp) return tp_connect(n, s, err, errlen);
     if (!last) {
         if (!*a->next) return cm_errf(err, errlen, CM_EINVAL, "a middle stage without a next stage");
         cm_msg_hello peer;
@@ -218,7 +293,8 @@ static int on_forward(stage *s, const cm_msg_forward *f, char *err, size_t errle
     bool last = s->as.flags & CM_ASSIGN_F_OUTPUT;
     if (f->epoch != s->as.epoch) return cm_errf(err, errlen, CM_ESTATE, "FORWARD of epoch %llu (current %llu)",
                                                 (unsigned long long)f->epoch, (unsigned long long)s->as.epoch);
-    if (f->dtype == CM_HIDDEN_TOKENS || (int)f->dim != hp->n_embd || f->n_tokens > NODE_MAX_BATCH)
+    bool embed = s->as.flags & CM_ASSIGN_F_EMBED;
+    if (embed != (f->dtype == CM_HIDDEN_TOKENS) || (!embed && (int)f->dim != hp->n_embd) || f->n_tokens > NODE_MAX_BATCH)
         return cm_errf(err, errlen, CM_EINVAL, "FORWARD of %u x %u (dtype %u) does not fit this stage (dim %d, batch %d)",
                        f->n_tokens, f->dim, f->dtype, hp->n_embd, NODE_MAX_BATCH);
     int n = (int)f->n_tokens, n_want = 0;
@@ -230,8 +306,13 @@ static int on_forward(stage *s, const cm_msg_forward *f, char *err, size_t errle
         n_want += s->want[i];
         if (s->seq[i] >= s->n_seq) return cm_errf(err, errlen, CM_EINVAL, "sequence %d out of %d", s->seq[i], s->n_seq);
         if (s->pos[i] >= s->kv[s->seq[i]].n_ctx) return cm_errf(err, errlen, CM_ENOSPACE, "position %d past the context", s->pos[i]);
-        cm_msg_forward_row(f, (uint32_t)i, s->in + (size_t)i * (size_t)hp->n_embd);
+        if (embed) {
+            s->tok[i] = cm_msg_forward_token(f, (uint32_t)i);
+            if (s->tok[i] < 0 || s->tok[i] >= hp->n_vocab) return cm_errf(err, errlen, CM_EINVAL, "token id %d", s->tok[i]);
+        } else
+            cm_msg_forward_row(f, (uint32_t)i, s->in + (size_t)i * (size_t)hp->n_embd);
     }
+    if (s->coll) last = false; /* rank 0 (the coordinator) applies the head */
     if (last && n_want)
         for (int i = 0; i < n; i++)
             if (s->want[i] && !s->smp[s->seq[i]])
@@ -247,13 +328,19 @@ static int on_forward(stage *s, const cm_msg_forward *f, char *err, size_t errle
         if (s->pos[i] != kv->n_past)
             return cm_errf(err, errlen, CM_EINVAL, "sequence %d jumps from position %d to %d", s->seq[i], kv->n_past, s->pos[i]);
     }
-    cm_batch b = {.n = n, .embd = s->in, .pos = s->pos, .seq = s->seq, .logits = s->want};
+    cm_batch b = {.n = n, .embd = embed ? NULL : s->in, .tokens = embed ? s->tok : NULL, .pos = s->pos, .seq = s->seq,
+                  .logits = s->want};
     cm_forward_args fa = {.layer_first = (int)s->as.layer_begin, .layer_last = (int)s->as.layer_end,
-                          .slice = cm_slice_full(&s->m), .kvs = s->kvp, .n_kvs = s->n_seq,
-                          .out_hidden = last ? NULL : s->out, .out_logits = last && n_want ? s->logits : NULL};
+                          .slice = s->slice, .kvs = s->kvp, .n_kvs = s->n_seq,
+                          .allreduce = s->coll ? cm_coll_allreduce_cb : NULL, .allreduce_user = s->coll,
+                          .out_hidden = last || s->coll ? NULL : s->out, .out_logits = last && n_want ? s->logits : NULL};
     char e[300];
     int rc = cm_forward(s->ctx, &b, &fa, e, sizeof e);
+    if (rc && s->coll && *cm_coll_error(s->coll))
+        return cm_errf(err, errlen, rc, "forward pass: %s (all-reduce: %s)", e, cm_coll_error(s->coll));
     if (rc) return cm_errf(err, errlen, rc, "forward pass: %s", e);
+    s->rows += (uint64_t)n;
+    if (s->coll) return 0; /* a TP member: the coordinator (rank 0) goes on */
     if (!last) {
         cm_msg m = {.type = CM_MSG_FORWARD};
         m.u.forward = (cm_msg_forward){.epoch = f->epoch, .request_id = f->request_id, .n_tokens = f->n_tokens,
@@ -294,6 +381,7 @@ static int on_seq_start(stage *s, const cm_msg *msg, char *err, size_t errlen) {
     const cm_msg_seq_start *q = &msg->u.seq_start;
     if (q->epoch != s->as.epoch) return 0; /* stale: ignore */
     if (q->seq >= s->n_seq) return cm_errf(err, errlen, CM_EINVAL, "sequence %d out of %d", q->seq, s->n_seq);
+    if (s->coll) return 0; /* TP member: rank 0 samples */
     if (!(s->as.flags & CM_ASSIGN_F_OUTPUT)) {
         char e[200];
         int rc = cm_conn_send(s->next, msg, 30000, e, sizeof e);
@@ -366,6 +454,28 @@ static void *conn_main(void *arg) {
         if (m.type == CM_MSG_BYE) break;
         switch (m.type) {
         case CM_MSG_PING: {
+            int tr = cm_coll_mesh_rank_of(&m);
+            if (tr >= 0) {
+                /* A TP member greets, then names the plan's epoch (so an
+                 * assignment of an older plan, still waiting, cannot take
+                 * it): the connection now belongs to the assignment of that
+                 * epoch (tp_connect takes it); this thread leaves. */
+                cm_msg em;
+                rc = cm_conn_recv(c, &em, 10000, err, sizeof err);
+                if (!rc && (em.type != CM_MSG_PING || em.u.ping.data_len))
+                    rc = cm_errf(err, sizeof err, CM_EPROTO, "%s after the tensor-parallel greeting", cm_msg_type_name(em.type));
+                if (rc) { CM_LOGW("tensor-parallel peer %s: %s", cm_conn_peer(c), err); break; }
+                pthread_mutex_lock(&n->mu);
+                cm_conn *old = n->tp_in[tr];
+                n->tp_in[tr] = c;
+                n->tp_in_epoch[tr] = em.u.ping.id;
+                pthread_mutex_unlock(&n->mu);
+                if (old) cm_conn_close(old, "replaced by a newer tensor-parallel connection");
+                CM_LOGI("tensor-parallel rank %d connected from %s", tr, cm_conn_peer(c));
+                cm_free(pong);
+                atomic_fetch_sub(&n->n_threads, 1);
+                return NULL;
+            }
             cm_msg r = {.type = CM_MSG_PONG};
             r.u.ping.id = m.u.ping.id;
             r.u.ping.sent_ns = m.u.ping.sent_ns;
@@ -531,6 +641,7 @@ int cm_node_run(const cm_node_opts *o, atomic_int *stop, char *err, size_t errle
     n.st = NULL;
     pthread_mutex_unlock(&n.mu);
     stage_free(s);
+    cm_coll_mesh_close(n.tp_in, CM_COLL_MAX_MEMBERS);
     pthread_mutex_destroy(&n.mu);
     return 0;
 }

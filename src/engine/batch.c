@@ -267,11 +267,11 @@ int cm_engine_step(cm_engine *e, cm_session *const *ss, int n, char *err, size_t
         }
         if (!nr) continue;
         cm_batch b = {.n = nr, .tokens = tok, .pos = pos, .seq = seq, .logits = want};
-        cm_forward_args a = {.layer_first = 0, .layer_last = e->m.hp.n_layer, .slice = cm_slice_full(&e->m),
+        cm_forward_args a = {.layer_first = 0, .layer_last = e->m.hp.n_layer, .slice = e->slice,
                              .kvs = kvs, .n_kvs = nr, .out_logits = e->step_logits};
         pthread_mutex_lock(&e->mu);
         char msg[256] = "";
-        int rc = cm_forward(e->ctx, &b, &a, msg, sizeof msg);
+        int rc = cm_engine_forward(e, &b, &a, rows, msg, sizeof msg);
         pthread_mutex_unlock(&e->mu);
         for (int r = 0; r < nr; r++) {
             cm_session *s = rows[r];

@@ -60,17 +60,23 @@ int cm_engine_load(cm_engine **out, const char *path, const cm_engine_opts *opts
     e->kv_f16 = o.kv_f16;
     e->max_ctx = CM_MAX(e->n_ctx, CM_MIN(e->m.hp.n_ctx_train, 1 << 20));
     e->local_last = e->m.hp.n_layer;
+    e->slice = cm_slice_full(&e->m);
     if (o.nodes && *o.nodes) {
         if (e->n_batch > 256) e->n_batch = 256;
         cm_pipe_opts po = {.nodes = o.nodes, .insecure = o.insecure, .key_file = o.key_file, .layers = o.layers,
-                           .n_ctx = e->n_ctx, .n_seq_max = o.n_seq > 0 ? o.n_seq : 8, .max_batch = e->n_batch,
+                           .parallel = o.parallel, .tp_weights = o.tp_weights, .n_ctx = e->n_ctx, .n_seq_max = o.n_seq > 0 ? o.n_seq : 8, .max_batch = e->n_batch,
                            .log = o.log, .log_ctx = o.log_ctx};
         rc = cm_pipe_open(&e->pipe, path, &e->g, &e->m, &po, &e->local_last, msg, sizeof msg);
         if (rc) {
             cm_engine_free(e);
             return cm_errf(err, errlen, rc, "cluster: %s", msg);
         }
-        if (e->pipe) e->max_ctx = e->n_ctx; /* the nodes reserved that much */
+        if (cm_pipe_is_tp(e->pipe)) { /* every layer here, on our slice; we sample */
+            e->tp = e->pipe;
+            e->pipe = NULL;
+            e->slice = cm_pipe_tp_slice(e->tp);
+        }
+        if (e->pipe || e->tp) e->max_ctx = e->n_ctx; /* the nodes reserved that much */
     }
     e->ctx = e->pool ? cm_ctx_new(&e->m, e->n_batch, e->max_ctx, e->pool, msg, sizeof msg) : NULL;
     if (!e->ctx) {
@@ -89,6 +95,7 @@ int cm_engine_load(cm_engine **out, const char *path, const cm_engine_opts *opts
 void cm_engine_free(cm_engine *e) {
     if (!e) return;
     cm_pipe_close(e->pipe);
+    cm_pipe_close(e->tp);
     cm_ctx_free(e->ctx);
     cm_free(e->step_logits);
     cm_pool_free(e->pool);
@@ -124,10 +131,34 @@ void cm_engine_get_info(const cm_engine *e, cm_engine_info *in) {
     in->eot = cm_tokenizer_eot(e->tok);
     in->add_bos = cm_tokenizer_add_bos(e->tok);
     in->n_stages = e->pipe ? cm_pipe_n_stages(e->pipe) : 1;
+    in->tp_size = e->tp ? cm_pipe_tp_size(e->tp) : 1;
     in->local_layers = e->local_last;
 }
 
-const char *cm_engine_plan(const cm_engine *e) { return e->pipe ? cm_pipe_plan_text(e->pipe) : NULL; }
+const char *cm_engine_plan(const cm_engine *e) {
+    return e->pipe ? cm_pipe_plan_text(e->pipe) : e->tp ? cm_pipe_plan_text(e->tp) : NULL;
+}
+
+bool cm_engine_tp_stats(const cm_engine *e, uint64_t *data_sent, uint64_t *wire_sent, uint64_t *ops, uint64_t *rows) {
+    if (!e->tp) return false;
+    cm_pipe_tp_stats(e->tp, data_sent, wire_sent, ops, rows);
+    return true;
+}
+
+int cm_engine_forward(cm_engine *e, const cm_batch *b, cm_forward_args *a, cm_session *const *sess, char *err,
+                      size_t errlen) {
+    a->slice = e->slice;
+    if (e->tp) {
+        int32_t slots[256];
+        if (b->n > 256) return cm_errf(err, errlen, CM_EINVAL, "batch of %d rows", b->n);
+        for (int i = 0; i < b->n; i++) slots[i] = sess[b->seq[i]]->slot;
+        int rc = cm_pipe_tp_send(e->tp, b->tokens, b->pos, slots, b->n, err, errlen);
+        if (rc) return rc;
+        a->allreduce = cm_pipe_tp_allreduce;
+        a->allreduce_user = cm_pipe_tp_coll(e->tp);
+    }
+    return cm_forward(e->ctx, b, a, err, errlen);
+}
 
 bool cm_engine_hop_stats(const cm_engine *e, uint64_t *bytes, uint64_t *frames, uint64_t *rows) {
     if (!e->pipe) return false;
@@ -231,6 +262,10 @@ cm_session *cm_session_new(cm_engine *e, int n_ctx, char *err, size_t errlen) {
     s->e = e;
     s->n_ctx = n_ctx;
     s->slot = -1;
+    if (e->tp) {
+        s->slot = cm_pipe_seq_acquire(e->tp, err, errlen);
+        if (s->slot < 0) { cm_free(s); return NULL; }
+    }
     if (e->pipe) {
         s->slot = cm_pipe_seq_acquire(e->pipe, err, errlen);
         s->pipe_gen = cm_pipe_generation(e->pipe);
@@ -243,9 +278,9 @@ cm_session *cm_session_new(cm_engine *e, int n_ctx, char *err, size_t errlen) {
             return NULL;
         }
     }
-    if (cm_kv_init_type(&s->kv, &e->m, 0, e->local_last, cm_slice_full(&e->m), n_ctx,
+    if (cm_kv_init_type(&s->kv, &e->m, 0, e->local_last, e->slice, n_ctx,
                         e->kv_f16 ? CM_TYPE_F16 : CM_TYPE_F32, err, errlen)) {
-        if (s->slot >= 0) cm_pipe_seq_release(e->pipe, s->slot);
+        if (s->slot >= 0) cm_pipe_seq_release(e->pipe ? e->pipe : e->tp, s->slot);
         cm_free(s->hidden);
         cm_free(s);
         return NULL;
@@ -264,7 +299,7 @@ cm_session *cm_session_new(cm_engine *e, int n_ctx, char *err, size_t errlen) {
 
 void cm_session_free(cm_session *s) {
     if (!s) return;
-    if (s->slot >= 0) cm_pipe_seq_release(s->e->pipe, s->slot);
+    if (s->slot >= 0) cm_pipe_seq_release(s->e->pipe ? s->e->pipe : s->e->tp, s->slot);
     cm_free(s->hidden);
     cm_session_step_release(s);
     cm_kv_release(&s->kv);
@@ -343,10 +378,10 @@ static int eval_pending(cm_session *s, char *err, size_t errlen) {
         for (int i = 0; i < nb; i++) pos[i] = s->kv.n_past + i;
         bool last = s->kv.n_past + nb == s->n_hist;
         cm_batch b = {.n = nb, .tokens = s->hist + s->kv.n_past, .pos = pos, .seq = seq};
-        cm_forward_args a = {.layer_first = 0, .layer_last = e->m.hp.n_layer, .slice = cm_slice_full(&e->m),
+        cm_forward_args a = {.layer_first = 0, .layer_last = e->m.hp.n_layer, .slice = e->slice,
                              .kvs = kvs, .n_kvs = 1, .out_logits = last ? s->logits : NULL};
         pthread_mutex_lock(&e->mu);
-        int rc = cm_forward(e->ctx, &b, &a, err, errlen);
+        int rc = cm_engine_forward(e, &b, &a, &s, err, errlen);
         pthread_mutex_unlock(&e->mu);
         if (rc) { s->have_logits = false; return rc; }
         s->have_logits = last;

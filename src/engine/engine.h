@@ -47,6 +47,9 @@ typedef struct cm_engine_opts {
     const char *key_file;   /* NULL: $CUMULO_KEY_FILE or ~/.config/cumulo/cluster.key */
     const char *layers;     /* layers per stage, this machine first ("2,1,2"); NULL: the planner's */
     int n_seq;              /* sequences the cluster serves at once; 0 = 8 */
+    const char *parallel;   /* NULL / "pp": pipeline; "tp": one tensor-parallel group of every machine
+                             * (this machine rank 0: it computes every layer on its slice and samples) */
+    const char *tp_weights; /* tp: relative speed per machine, this one first ("1,2"): slice sizes */
     void (*log)(void *ctx, const char *line); /* cluster progress: links, plan, weights */
     void *log_ctx;
 } cm_engine_opts;
@@ -72,6 +75,7 @@ typedef struct cm_engine_info {
     bool add_bos;            /* tokenizer.ggml.add_bos_token */
     int n_stages;            /* pipeline stages (1: this machine alone) */
     int local_layers;        /* layers computed on this machine */
+    int tp_size;             /* tensor-parallel group size (1: none) */
 } cm_engine_info;
 void cm_engine_get_info(const cm_engine *e, cm_engine_info *info);
 
@@ -81,6 +85,10 @@ const char *cm_engine_plan(const cm_engine *e);
  * FORWARD frames, their count, and the hidden-state rows (tokens) carried.
  * Returns false on a single-machine engine. */
 bool cm_engine_hop_stats(const cm_engine *e, uint64_t *bytes, uint64_t *frames, uint64_t *rows);
+/* Tensor parallel: this machine's all-reduce traffic (element bytes, whole
+ * frames' bytes), all-reduce operations, and token rows evaluated. False
+ * without a TP group. */
+bool cm_engine_tp_stats(const cm_engine *e, uint64_t *data_sent, uint64_t *wire_sent, uint64_t *ops, uint64_t *rows);
 
 /* Quant mix: for each tensor type present, the count and bytes of tensors.
  * Fills up to max entries; returns the number of distinct types. */

@@ -31,6 +31,8 @@ struct cm_engine {
     float *step_logits; /* [n_batch][n_vocab] for cm_engine_step; made on its first call (batch.c) */
     cm_pipe *pipe;        /* cluster: the stages after ours; NULL on one machine */
     int local_last;       /* we compute layers [0, local_last) */
+    cm_pipe *tp;          /* cluster, tensor parallel: the group (we are rank 0 and sample); NULL otherwise */
+    cm_slice slice;       /* our part of every layer: full, or our TP slice */
 };
 
 struct cm_step; /* batch.c: generation state of a session in step mode */
@@ -64,6 +66,11 @@ int cm_engine_eval_cluster(cm_session *s, int upto, bool want_last, char *err, s
  * stage its sampler parameters and whole history again (SEQ_START); 0 and
  * nothing sent when it has not been started. */
 int cm_session_seq_restart(cm_session *s, char *err, size_t errlen);
+/* A forward pass over every layer (e->mu held). With a TP group the token
+ * rows go to every member first (sess[b->seq[i]]->slot names the sequence
+ * there) and the pass all-reduces with them; a->slice is set to ours. */
+int cm_engine_forward(cm_engine *e, const cm_batch *b, cm_forward_args *a, cm_session *const *sess, char *err,
+                      size_t errlen);
 
 /* Free a session's step state (batch.c); called by cm_session_free. */
 void cm_session_step_release(cm_session *s);

@@ -117,8 +117,11 @@ static const char *assign_invalid(const cm_msg_assign *a) {
     if (a->flags & ~(CM_ASSIGN_F_EMBED | CM_ASSIGN_F_OUTPUT)) return "flags";
     if (a->n_layers == 0 || a->n_layers > 65536) return "n_layers";
     if (a->layer_begin >= a->layer_end || a->layer_end > a->n_layers) return "layer range";
-    if (a->head_begin >= a->head_end || a->head_end > 65536) return "head range";
-    if (a->ffn_begin >= a->ffn_end || a->ffn_end > (1u << 24)) return "ffn range";
+    /* A member of a tensor-parallel group may hold no KV heads (FFN only) or
+     * no FFN rows (attention only); a whole-layer stage holds both. */
+    bool tp = a->tp_size > 1;
+    if (a->head_begin > a->head_end || (!tp && a->head_begin == a->head_end) || a->head_end > 65536) return "head range";
+    if (a->ffn_begin > a->ffn_end || (!tp && a->ffn_begin == a->ffn_end) || a->ffn_end > (1u << 24)) return "ffn range";
     if (a->n_ctx == 0 || a->n_ctx > (1u << 24) || a->n_seq_max == 0 || a->n_seq_max > 65536)
         return "kv size";
     if (a->n_stages == 0 || a->stage >= a->n_stages) return "stage";
