@@ -38,12 +38,17 @@ if command -v apt-get >/dev/null 2>&1; then
     SUDO=""
     [ "$(id -u)" -ne 0 ] && SUDO=sudo
     export DEBIAN_FRONTEND=noninteractive
+    # Node.js only when there is none: a machine with NodeSource's nodejs (which bundles npm)
+    # must not be offered Debian's npm, which conflicts with it.
+    node_pkgs=""
+    command -v node >/dev/null 2>&1 || node_pkgs="nodejs"
+    command -v npm >/dev/null 2>&1 || node_pkgs="$node_pkgs npm"
     $SUDO apt-get update -qq
     $SUDO apt-get install -y -qq --no-install-recommends build-essential pkg-config \
         libmicrohttpd-dev libcjson-dev libsodium-dev libpcre2-dev libuv1-dev \
         clang libclang-rt-14-dev qemu-user gcc-aarch64-linux-gnu libc6-dev-arm64-cross \
-        iproute2 nftables avahi-utils avahi-daemon dbus openssh-server openssh-client nodejs npm tmux \
-        chromium ca-certificates >/dev/null
+        iproute2 nftables avahi-utils avahi-daemon dbus openssh-server openssh-client tmux \
+        chromium ca-certificates $node_pkgs >/dev/null
     js_deps
     exit 0
 fi

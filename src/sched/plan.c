@@ -461,7 +461,13 @@ void cm_plan_model_synthetic(cm_plan_model *m, int n_layers, int dim, int n_head
 void cm_plan_format(const cm_plan *p, const cm_plan_model *m, const cm_plan_cluster *c, char *buf, size_t n) {
     size_t k = 0;
 #define OUT(...) do { if (k < n) { int w_ = snprintf(buf + k, n - k, __VA_ARGS__); if (w_ > 0) k += (size_t)w_; } } while (0)
-    OUT("%-16s %-9s %-7s %-9s %-10s %10s %10s %10s\n", "node", "stage", "layers", "kv-heads", "ffn-rows",
+    int w = 16;
+    for (int s = 0; s < p->n_stages; s++)
+        for (int i = 0; i < p->stages[s].n_members; i++) {
+            int l = (int)strlen(c->nodes[p->stages[s].members[i].node].name);
+            if (l > w) w = l;
+        }
+    OUT("%-*s %-5s %-7s %-9s %-10s %10s %10s %10s\n", w, "node", "stage", "layers", "kv-heads", "ffn-rows",
         "weights", "kv-cache", "ms/token");
     for (int s = 0; s < p->n_stages; s++) {
         const cm_plan_stage *st = &p->stages[s];
@@ -471,7 +477,7 @@ void cm_plan_format(const cm_plan *p, const cm_plan_model *m, const cm_plan_clus
             snprintf(lay, sizeof lay, "%d-%d", st->first_layer, st->last_layer - 1);
             snprintf(hr, sizeof hr, "%d-%d", mb->kv_head_begin, mb->kv_head_end - 1);
             snprintf(fr, sizeof fr, "%d-%d", mb->ffn_begin, mb->ffn_end - 1);
-            OUT("%-16s %-9d %-7s %-9s %-10s %9.1fM %9.1fM %10.3f%s%s\n", c->nodes[mb->node].name, s, lay, hr, fr,
+            OUT("%-*s %-5d %-7s %-9s %-10s %9.1fM %9.1fM %10.3f%s%s\n", w, c->nodes[mb->node].name, s, lay, hr, fr,
                 mb->weight_bytes / 1048576.0, mb->kv_bytes / 1048576.0, mb->layer_s * 1e3,
                 mb->embed ? " embed" : "", mb->head ? " head" : "");
         }
