@@ -187,4 +187,23 @@ int cm_pipe_tp_send(cm_pipe *p, const int32_t *tokens, const int32_t *pos, const
  * operations, and token rows sent to the members. */
 void cm_pipe_tp_stats(const cm_pipe *p, uint64_t *data_sent, uint64_t *wire_sent, uint64_t *ops, uint64_t *rows);
 
+/* One machine of the plan as the coordinator knows it (for the dashboard):
+ * its stage and layers, its tensor-parallel slice, the facts of its HELLO
+ * (taken when it connected) and the link this machine measured to it. */
+typedef struct cm_pipe_member_info {
+    int stage;                    /* 0: this machine's stage */
+    int first_layer, last_layer;  /* [first, last) */
+    int n_members, member;        /* tensor-parallel group size and index (1, 0: whole layers) */
+    int kv_head_begin, kv_head_end, ffn_begin, ffn_end;
+    bool local;                   /* this machine */
+    char addr[80], name[64];      /* addr "" for this machine */
+    uint32_t cores;
+    uint64_t mem_total, mem_free; /* bytes, at connect (HELLO) */
+    uint64_t weight_bytes, kv_bytes; /* planned for this member */
+    double gflops;
+    double rtt_s, bw;             /* this machine -> it, measured at connect; 0 for this machine */
+} cm_pipe_member_info;
+/* Fills up to max entries, stage order; returns how many there are. */
+int cm_pipe_members(const cm_pipe *p, cm_pipe_member_info *out, int max);
+
 #endif

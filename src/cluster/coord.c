@@ -95,6 +95,8 @@ struct cm_pipe {
     cm_pipe_log_fn log;
     void *log_ctx;
     char plan_text[8192];
+    int n_members;
+    cm_pipe_member_info members[CM_PLAN_MAX_NODES * 2];
 };
 
 static void plog(cm_pipe *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -326,6 +328,52 @@ static int make_plan(cm_pipe *p, const cm_pipe_opts *o, cm_plan *plan, cm_plan_m
     return 0;
 }
 
+/* What the dashboard shows of each machine: the plan's assignment plus the
+ * HELLO facts and measured links gathered while connecting. */
+static void record_members(cm_pipe *p, const cm_plan *plan) {
+    cm_node_caps me;
+    cm_node_caps_get(&me);
+    p->n_members = 0;
+    for (int s = 0; s < plan->n_stages; s++) {
+        const cm_plan_stage *st = &plan->stages[s];
+        for (int k = 0; k < st->n_members && p->n_members < (int)CM_ARRAY_LEN(p->members); k++) {
+            const cm_plan_member *mb = &st->members[k];
+            cm_pipe_member_info *o = &p->members[p->n_members++];
+            memset(o, 0, sizeof *o);
+            o->stage = s;
+            o->first_layer = st->first_layer;
+            o->last_layer = st->last_layer;
+            o->n_members = st->n_members;
+            o->member = k;
+            o->kv_head_begin = mb->kv_head_begin;
+            o->kv_head_end = mb->kv_head_end;
+            o->ffn_begin = mb->ffn_begin;
+            o->ffn_end = mb->ffn_end;
+            o->weight_bytes = mb->weight_bytes;
+            o->kv_bytes = mb->kv_bytes;
+            if (mb->node == 0) {
+                o->local = true;
+                memcpy(o->name, p->hello.name, strnlen(p->hello.name, sizeof o->name - 1));
+                o->cores = (uint32_t)me.cores;
+                o->mem_total = me.mem_total;
+                o->mem_free = me.mem_free;
+                o->gflops = me.gflops;
+            } else {
+                const remote *r = &p->r[mb->node - 1];
+                /* o is zeroed: copy up to one byte short (snprintf would see p and o alias) */
+                memcpy(o->addr, r->addr, strnlen(r->addr, sizeof o->addr - 1));
+                memcpy(o->name, r->hello.name, strnlen(r->hello.name, sizeof o->name - 1));
+                o->cores = r->hello.cores;
+                o->mem_total = r->hello.mem_total;
+                o->mem_free = r->hello.mem_free;
+                o->gflops = r->hello.gflops;
+                o->rtt_s = r->rtt;
+                o->bw = r->bw;
+            }
+        }
+    }
+}
+
 /* ASSIGN stage s of n_st: layers [lb[s], le[s]) on r[rid[s]] (stage 0 is
  * this machine). */
 static int assign_stage(cm_pipe *p, int s, int n_st, const int *rid, const int *lb, const int *le, char *err,
@@ -548,6 +596,7 @@ int cm_pipe_open(cm_pipe **out, const char *model_path, const cm_gguf *g, const 
     p->n_stages = plan.n_stages;
     p->local_last = plan.stages[0].last_layer;
     for (int s = 1; s < plan.n_stages; s++) p->stage_remote[s] = plan.stages[s].members[0].node - 1;
+    record_members(p, &plan);
     plog(p, "%s", p->plan_text);
     if (plan.n_stages == 1 && plan.stages[0].n_members > 1) {
         rc = tp_open(p, &plan, err, errlen);
@@ -744,6 +793,11 @@ int cm_pipe_recv_token(cm_pipe *p, int slot_i, int32_t *token, float *logprob, c
     }
     pthread_mutex_unlock(&p->mu);
     return rc;
+}
+
+int cm_pipe_members(const cm_pipe *p, cm_pipe_member_info *out, int max) {
+    for (int i = 0; i < p->n_members && i < max; i++) out[i] = p->members[i];
+    return p->n_members;
 }
 
 void cm_pipe_hop_stats(const cm_pipe *p, uint64_t *bytes, uint64_t *frames, uint64_t *rows) {

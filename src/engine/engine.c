@@ -166,6 +166,38 @@ bool cm_engine_hop_stats(const cm_engine *e, uint64_t *bytes, uint64_t *frames, 
     return true;
 }
 
+int cm_engine_members(const cm_engine *e, cm_engine_member *out, int max) {
+    if (!e->pipe) return 0;
+    cm_pipe_member_info in[32]; /* more than a plan has (16 nodes) */
+    int n = cm_pipe_members(e->pipe, in, (int)CM_ARRAY_LEN(in));
+    for (int i = 0; i < n && i < max && i < (int)CM_ARRAY_LEN(in); i++) {
+        const cm_pipe_member_info *a = &in[i];
+        cm_engine_member *o = &out[i];
+        memset(o, 0, sizeof *o);
+        o->stage = a->stage;
+        o->first_layer = a->first_layer;
+        o->last_layer = a->last_layer;
+        o->n_members = a->n_members;
+        o->member = a->member;
+        o->kv_head_begin = a->kv_head_begin;
+        o->kv_head_end = a->kv_head_end;
+        o->ffn_begin = a->ffn_begin;
+        o->ffn_end = a->ffn_end;
+        o->local = a->local;
+        memcpy(o->addr, a->addr, sizeof o->addr);
+        memcpy(o->name, a->name, sizeof o->name);
+        o->cores = a->cores;
+        o->mem_total = a->mem_total;
+        o->mem_free = a->mem_free;
+        o->weight_bytes = a->weight_bytes;
+        o->kv_bytes = a->kv_bytes;
+        o->gflops = a->gflops;
+        o->rtt_s = a->rtt_s;
+        o->bw = a->bw;
+    }
+    return n;
+}
+
 int cm_engine_type_usage(const cm_engine *e, cm_type_usage *out, int max) {
     int n = 0;
     for (uint64_t i = 0; i < e->g.n_tensors; i++) {

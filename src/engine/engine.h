@@ -90,6 +90,23 @@ bool cm_engine_hop_stats(const cm_engine *e, uint64_t *bytes, uint64_t *frames, 
  * without a TP group. */
 bool cm_engine_tp_stats(const cm_engine *e, uint64_t *data_sent, uint64_t *wire_sent, uint64_t *ops, uint64_t *rows);
 
+/* The machines of a cluster engine as the coordinator knows them, stage
+ * order (the dashboard's topology). Facts of remote machines are from their
+ * HELLO when they connected; rtt_s/bw are this machine's measured link to
+ * them (0 for this machine). */
+typedef struct cm_engine_member {
+    int stage, first_layer, last_layer; /* layers [first, last) */
+    int n_members, member;              /* tensor-parallel group (1, 0: whole layers) */
+    int kv_head_begin, kv_head_end, ffn_begin, ffn_end;
+    bool local;
+    char addr[80], name[64];
+    uint32_t cores;
+    uint64_t mem_total, mem_free, weight_bytes, kv_bytes;
+    double gflops, rtt_s, bw;
+} cm_engine_member;
+/* Fills up to max entries; returns the count (0 on a single-machine engine). */
+int cm_engine_members(const cm_engine *e, cm_engine_member *out, int max);
+
 /* Quant mix: for each tensor type present, the count and bytes of tensors.
  * Fills up to max entries; returns the number of distinct types. */
 typedef struct cm_type_usage {

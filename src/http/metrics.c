@@ -186,6 +186,51 @@ void metrics_prometheus(metrics *m, cm_http_server *srv, cm_buf *o) {
     pthread_mutex_unlock(&m->mu);
 }
 
+static void json_num_or_null(cm_buf *o, const char *fmt, double v, bool known) {
+    if (known) cm_buf_printf(o, fmt, v);
+    else cm_buf_puts(o, "null");
+}
+
+/* One node of a cluster engine. Remote machines report no power or load to
+ * the coordinator (their HELLO carries cores, memory and speed; heartbeats
+ * carry no readings yet), so those are null with source "unknown"; their
+ * memory is what their HELLO said when they connected. Every stage of a
+ * pipeline carries every token, so each node's tokens/s is the cluster's. */
+static void cluster_node_json(cm_buf *o, metrics *m, const snap *s, const cm_engine_member *mb, int n_threads) {
+    char id[160], role[48], slice[96];
+    if (mb->local) snprintf(id, sizeof id, "%s", m->node);
+    else snprintf(id, sizeof id, "%s", mb->addr);
+    if (mb->stage == 0) snprintf(role, sizeof role, "coordinator (stage 0)");
+    else snprintf(role, sizeof role, "stage %d", mb->stage);
+    if (mb->n_members > 1)
+        snprintf(slice, sizeof slice, "%d/%d: kv heads %d-%d, ffn %d-%d", mb->member + 1, mb->n_members,
+                 mb->kv_head_begin, mb->kv_head_end, mb->ffn_begin, mb->ffn_end);
+    else snprintf(slice, sizeof slice, "all");
+    cm_buf_puts(o, "{\"id\":");
+    json_str(o, id, strlen(id));
+    cm_buf_puts(o, ",\"name\":");
+    json_str(o, mb->name, strlen(mb->name));
+    cm_buf_printf(o, ",\"host\":\"%s\",\"role\":", mb->local ? "local" : "remote");
+    json_str(o, role, strlen(role));
+    cm_buf_printf(o, ",\"stage\":%d,\"layers\":[%d,%d],\"slice\":", mb->stage, mb->first_layer, mb->last_layer);
+    json_str(o, slice, strlen(slice));
+    uint64_t used = mb->local ? s->mem_used : mb->mem_total - (mb->mem_free < mb->mem_total ? mb->mem_free : mb->mem_total);
+    uint64_t total = mb->local ? s->mem_total : mb->mem_total;
+    cm_buf_printf(o,
+                  ",\"weights_bytes\":%llu,\"kv_bytes\":%llu,\"memory_used\":%llu,\"memory_total\":%llu,"
+                  "\"memory_source\":\"%s\",\"cpu_load\":",
+                  (unsigned long long)mb->weight_bytes, (unsigned long long)mb->kv_bytes, (unsigned long long)used,
+                  (unsigned long long)total, mb->local ? "live" : "at connect (HELLO)");
+    json_num_or_null(o, "%.4f", s->load, mb->local && s->load >= 0);
+    cm_buf_printf(o, ",\"threads\":%d,\"cores\":%u,\"gflops\":%.2f,\"tokens_per_second\":%.3f,\"power_watts\":",
+                  mb->local ? n_threads : 0, mb->cores, mb->gflops, s->tps);
+    json_num_or_null(o, "%.3f", s->watts, mb->local);
+    cm_buf_printf(o, ",\"power_source\":\"%s\",\"tokens_per_watt\":",
+                  mb->local ? (s->measured ? "measured" : "estimated") : "unknown");
+    json_num_or_null(o, "%.5f", s->tpw, mb->local);
+    cm_buf_puts(o, "}");
+}
+
 void metrics_cluster_json(metrics *m, cm_http_server *srv, cm_buf *o) {
     snap s;
     take(m, srv, &s);
@@ -193,24 +238,64 @@ void metrics_cluster_json(metrics *m, cm_http_server *srv, cm_buf *o) {
     cm_engine_info in;
     memset(&in, 0, sizeof in);
     if (e) cm_engine_get_info(e, &in);
+    cm_engine_member mbs[32];
+    int n_mb = e ? cm_engine_members(e, mbs, (int)CM_ARRAY_LEN(mbs)) : 0;
+    if (n_mb > (int)CM_ARRAY_LEN(mbs)) n_mb = (int)CM_ARRAY_LEN(mbs);
     cm_buf_puts(o, "{\"model\":");
     json_str(o, srv_model_id(srv), strlen(srv_model_id(srv)));
     cm_buf_printf(o, ",\"ready\":%s,\"arch\":", s.ready ? "true" : "false");
     json_str(o, in.arch ? in.arch : "", in.arch ? strlen(in.arch) : 0);
     cm_buf_printf(o,
-                  ",\"n_layer\":%d,\"n_params\":%llu,\"queue_depth\":%d,\"slots_active\":%d,\"slots_total\":%d,"
-                  "\"tokens_per_second\":%.3f,\"power_watts\":%.3f,\"power_source\":\"%s\",\"tokens_per_watt\":%.5f,"
-                  "\"nodes\":[{\"id\":",
-                  in.n_layer, (unsigned long long)in.n_params, s.queued, s.active, s.slots, s.tps, s.watts,
-                  s.measured ? "measured" : "estimated", s.tpw);
+                  ",\"n_layer\":%d,\"n_params\":%llu,\"n_stages\":%d,\"queue_depth\":%d,\"slots_active\":%d,"
+                  "\"slots_total\":%d,\"tokens_per_second\":%.3f,\"power_watts\":%.3f,\"power_source\":\"%s\","
+                  "\"tokens_per_watt\":%.5f,\"power_scope\":\"%s\",\"nodes\":[",
+                  in.n_layer, (unsigned long long)in.n_params, n_mb ? in.n_stages : 1, s.queued, s.active, s.slots,
+                  s.tps, s.watts, s.measured ? "measured" : "estimated", s.tpw,
+                  n_mb ? "this machine only (remote nodes report no power)" : "this machine");
+    if (n_mb) {
+        for (int i = 0; i < n_mb; i++) {
+            if (i) cm_buf_puts(o, ",");
+            cluster_node_json(o, m, &s, &mbs[i], in.n_threads);
+        }
+        /* Links between consecutive stages (first members). This machine
+         * measured its own links when the nodes connected; node-to-node
+         * links are not measured yet, so they say so. */
+        cm_buf_puts(o, "],\"links\":[");
+        uint64_t hop_bytes = 0, hop_frames = 0, hop_rows = 0;
+        cm_engine_hop_stats(e, &hop_bytes, &hop_frames, &hop_rows);
+        bool first = true;
+        for (int i = 0; i < n_mb; i++) {
+            if (mbs[i].member) continue;
+            int j = i + 1;
+            while (j < n_mb && mbs[j].member) j++;
+            if (j >= n_mb) break;
+            const cm_engine_member *a = &mbs[i], *b = &mbs[j];
+            bool measured = a->local;
+            cm_buf_puts(o, first ? "{\"from\":" : ",{\"from\":");
+            first = false;
+            const char *fa = a->local ? m->node : a->addr, *tb = b->local ? m->node : b->addr;
+            json_str(o, fa, strlen(fa));
+            cm_buf_puts(o, ",\"to\":");
+            json_str(o, tb, strlen(tb));
+            cm_buf_printf(o, ",\"from_stage\":%d,\"to_stage\":%d,\"latency_ms\":", a->stage, b->stage);
+            json_num_or_null(o, "%.3f", b->rtt_s * 1e3, measured);
+            cm_buf_puts(o, ",\"bandwidth_mbps\":");
+            json_num_or_null(o, "%.1f", b->bw * 8 / 1e6, measured);
+            cm_buf_printf(o, ",\"source\":\"%s\",\"bytes\":", measured ? "measured at connect" : "not measured (node to node)");
+            json_num_or_null(o, "%.0f", (double)hop_bytes, measured);
+            cm_buf_puts(o, "}");
+        }
+        cm_buf_puts(o, "]}");
+        return;
+    }
+    cm_buf_puts(o, "{\"id\":");
     json_str(o, m->node, strlen(m->node));
     cm_buf_printf(o,
-                  ",\"host\":\"local\",\"role\":\"coordinator+worker\",\"layers\":[0,%d],\"slice\":\"all\","
-                  "\"weights_bytes\":%llu,\"memory_used\":%llu,\"memory_total\":%llu,\"cpu_load\":",
+                  ",\"host\":\"local\",\"role\":\"coordinator+worker\",\"stage\":0,\"layers\":[0,%d],\"slice\":\"all\","
+                  "\"weights_bytes\":%llu,\"memory_used\":%llu,\"memory_total\":%llu,\"memory_source\":\"live\",\"cpu_load\":",
                   in.n_layer, (unsigned long long)in.weight_bytes, (unsigned long long)s.mem_used,
                   (unsigned long long)s.mem_total);
-    if (s.load >= 0) cm_buf_printf(o, "%.4f", s.load);
-    else cm_buf_puts(o, "null");
+    json_num_or_null(o, "%.4f", s.load, s.load >= 0);
     cm_buf_printf(o,
                   ",\"threads\":%d,\"tokens_per_second\":%.3f,\"power_watts\":%.3f,\"power_source\":\"%s\","
                   "\"tokens_per_watt\":%.5f}],\"links\":[]}",

@@ -1,0 +1,52 @@
+#!/bin/sh
+# tests/sh/http_cluster_dash.sh: the dashboard of a 3-node cluster. Two
+# `cumulo node`s on 127.0.0.1 (a temporary key) and `cumulo serve --nodes`
+# make a 3-stage pipeline; /api/cluster lists the 3 machines with layer ranges
+# that cover every layer, and headless Chromium (tests/js/dashboard.mjs) sees
+# the 3 nodes with those layers and the link between stages, sends a chat
+# message and sees the streamed answer. Screenshots: tests/artifacts/
+# dashboard-cluster*.png. Every process is killed on exit (http_common's trap).
+. "$(dirname "$0")/lib/http_common.sh"
+
+if [ ! -d tests/js/node_modules/playwright-core ]; then
+    (cd tests/js && npm ci --no-audit --no-fund >/dev/null 2>&1) || { bad "npm ci in tests/js failed"; finish; exit 1; }
+fi
+[ -x /usr/bin/chromium ] || { bad "/usr/bin/chromium missing (run scripts/setup.sh)"; finish; exit 1; }
+
+export CUMULO_KEY_FILE="$TMP/key"
+"$BIN" key >/dev/null 2>&1 || { bad "cumulo key"; finish; exit 1; }
+NODES=""
+for i in 1 2; do
+    "$BIN" node --bind 127.0.0.1 --port 0 --port-file "$TMP/p$i" --no-mdns --threads 1 --cache "$TMP/c$i" \
+        >"$TMP/n$i.log" 2>&1 &
+    SERVER_PIDS="$SERVER_PIDS $!"
+    k=0
+    while [ ! -s "$TMP/p$i" ] && [ $k -lt 100 ]; do sleep 0.05; k=$((k + 1)); done
+    [ -s "$TMP/p$i" ] || { bad "node $i did not start: $(tail -3 "$TMP/n$i.log")"; finish; exit 1; }
+    NODES="$NODES${NODES:+,}127.0.0.1:$(cat "$TMP/p$i")"
+done
+start_server cdash --nodes "$NODES" --slots 2 --api-key dashkey || { bad "serve --nodes"; finish; exit 1; }
+check "serve planned 3 stages" grep -q 'pp plan, 3 stages' "$TMP/cdash.log"
+
+status "$URL/api/cluster" -H 'Authorization: Bearer dashkey' >"$TMP/st"
+check "/api/cluster 200" [ "$(cat "$TMP/st")" = 200 ]
+cp "$TMP/body" "$TMP/cluster.json"
+check "/api/cluster: 3 nodes, 3 stages" [ "$(js '[j.nodes.length, j.n_stages, j.nodes.map(n=>n.stage).join()]' "$TMP/cluster.json")" = '[3,3,"0,1,2"]' ]
+check "/api/cluster: layers contiguous over all layers" [ "$(js 'j.nodes.every((n,i)=>n.layers[0]===(i?j.nodes[i-1].layers[1]:0)&&n.layers[1]>n.layers[0])&&j.nodes[2].layers[1]===j.n_layer&&j.n_layer===5' "$TMP/cluster.json")" = true ]
+check "/api/cluster: remote nodes by address, power unknown (not invented)" \
+    [ "$(js 'j.nodes.slice(1).map(n=>[n.id,n.power_watts,n.power_source,n.tokens_per_watt].join()).sort().join(";")' "$TMP/cluster.json")" = \
+      "$(echo "$NODES" | tr ',' '\n' | sort | sed 's/$/,,unknown,/' | paste -sd';')" ]
+check "/api/cluster: coordinator power labelled" [ "$(js '/^(measured|estimated)$/.test(j.nodes[0].power_source)&&typeof j.nodes[0].power_watts' "$TMP/cluster.json")" = number ]
+check "/api/cluster: 2 links, first measured, second labelled not measured" \
+    [ "$(js '[j.links.length, typeof j.links[0].latency_ms, typeof j.links[0].bandwidth_mbps, j.links[1].latency_ms, j.links[1].source].join()' "$TMP/cluster.json")" = '2,number,number,,not measured (node to node)' ]
+
+mkdir -p tests/artifacts
+node tests/js/dashboard.mjs "$URL" dashkey tests/artifacts 3 dashboard-cluster >"$TMP/dash.out" 2>"$TMP/dash.err"
+rc=$?
+cat "$TMP/dash.err" >&2
+line=$(tail -1 "$TMP/dash.out")
+p=$(echo "$line" | sed -n 's/^\([0-9]*\) passed.*/\1/p'); f=$(echo "$line" | sed -n 's/.* \([0-9]*\) failed$/\1/p')
+pass=$((pass + ${p:-0})); fail=$((fail + ${f:-0}))
+[ $rc -ne 0 ] && [ "${f:-0}" -eq 0 ] && bad "dashboard.mjs exited $rc"
+check "screenshots saved" sh -c '[ -s tests/artifacts/dashboard-cluster.png ] && [ -s tests/artifacts/dashboard-cluster-chat.png ]'
+finish
