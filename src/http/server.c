@@ -264,9 +264,17 @@ static bool key_ok(cm_http_server *srv, struct MHD_Connection *c) {
 
 /* ---- generation routes ---- */
 
+/* While a stream waits (queued, or a long prefill) it sends an SSE comment
+ * every keep-alive interval: clients ignore it, and it keeps the connection
+ * from looking idle to MHD's timeout (which would otherwise close a healthy
+ * stream that has not produced its first token yet). */
+static const char k_keepalive[] = ": keep-alive\n\n";
+
 static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max) {
     (void)pos;
     job *j = cls;
+    double t_enter = cm_now_s();
+    double keepalive_s = CM_MAX(0.5, j->srv->o.timeout_s / 3.0);
     pthread_mutex_lock(&j->mu);
     for (;;) {
         if (j->sse_off < j->sse.len) {
@@ -278,6 +286,11 @@ static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max) {
             return (ssize_t)n;
         }
         if (j->state == JOB_DONE) { pthread_mutex_unlock(&j->mu); return MHD_CONTENT_READER_END_OF_STREAM; }
+        if (cm_now_s() - t_enter > keepalive_s && max >= sizeof k_keepalive - 1) {
+            pthread_mutex_unlock(&j->mu);
+            memcpy(buf, k_keepalive, sizeof k_keepalive - 1);
+            return (ssize_t)(sizeof k_keepalive - 1);
+        }
         timed_wait(j, 100);
         if (peer_gone(j->fd)) {
             pthread_mutex_unlock(&j->mu);

@@ -1,0 +1,22 @@
+#!/bin/sh
+# http_keepalive.sh: a stream whose tokens come slower than the idle timeout
+# (--timeout 2, every step slowed to 2.5 s by the test hook) still completes:
+# the server sends SSE keep-alive comments while it waits.
+cd "$(dirname "$0")/../.." || exit 1
+BIN=${CUMULO_BIN:-build/cumulo}
+SHARED=${CUMULO_SHARED:-../shared}
+pass=0; fail=0
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+log=$(mktemp)
+CUMULO_TEST_STEP_DELAY_MS=2500 "$BIN" serve "$SHARED/models/stories260K-q8_0.gguf" --port "$port" --timeout 2 --threads 1 >"$log" 2>&1 &
+srv=$!
+trap 'kill $srv 2>/dev/null; wait 2>/dev/null; rm -f "$log"' EXIT INT TERM
+for i in $(seq 1 100); do curl -s "http://127.0.0.1:$port/health" 2>/dev/null | grep -q ok && break; sleep 0.1; done
+out=$(curl -sN -m 60 "http://127.0.0.1:$port/v1/completions" -H 'Content-Type: application/json' \
+      -d '{"prompt":"Once","max_tokens":3,"stream":true,"temperature":0}')
+if echo "$out" | grep -q '^: keep-alive'; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL: no keep-alive comment" >&2; fi
+if echo "$out" | grep -q '^data: \[DONE\]'; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL: stream did not finish: $out" >&2; fi
+n=$(echo "$out" | grep -c '"text"')
+if [ "$n" -ge 3 ]; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL: $n chunks" >&2; fi
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
