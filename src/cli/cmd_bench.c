@@ -62,12 +62,17 @@ static const char k_bench_usage[] =
     "  --oracle-dir DIR   folder with bench.mjs and node_modules/node-llama-cpp\n"
     "                     (default: $CUMULO_ORACLE_DIR, else /tmp/nlc)\n"
     "  --bw-mib N         size of the bandwidth buffer in MiB (default 1024)\n"
-    "  --json             print one JSON line instead of the table\n";
+    "  --json             print one JSON line instead of the table\n"
+    "  --cluster          run over cluster nodes (mDNS, or --nodes HOST:PORT,...); power,\n"
+    "                     joules/token and the roofline then count this machine only\n"
+    "  --nodes LIST       the nodes (implies --cluster); --key-file F, --insecure as for serve\n"
+    "  --parallel pp|tp   with --cluster: pipeline stages (default) or one tensor-parallel group\n";
 
 typedef struct bench_opts {
     const char *model, *isa, *oracle_dir;
+    const char *nodes, *key_file, *parallel; /* --cluster: the engine runs over these nodes */
     int threads, n_prompt, n_gen, reps, bw_mib;
-    bool json, vs, kv_f16;
+    bool json, vs, kv_f16, insecure;
 } bench_opts;
 
 typedef struct speed {
@@ -298,6 +303,19 @@ static int parse(int argc, char **argv, bench_opts *o) {
         } else if (!strcmp(a, "--oracle-dir")) {
             if (!v) return cli_fail("option '%s' needs a value", a);
             o->oracle_dir = v, i++;
+        } else if (!strcmp(a, "--cluster")) {
+            if (!o->nodes) o->nodes = "auto";
+        } else if (!strcmp(a, "--nodes")) {
+            if (!v) return cli_fail("option '%s' needs a value", a);
+            o->nodes = v, i++;
+        } else if (!strcmp(a, "--key-file")) {
+            if (!v) return cli_fail("option '%s' needs a value", a);
+            o->key_file = v, i++;
+        } else if (!strcmp(a, "--parallel")) {
+            if (!v || (strcmp(v, "pp") && strcmp(v, "tp"))) return cli_fail("option '--parallel' needs pp or tp");
+            o->parallel = v, i++;
+        } else if (!strcmp(a, "--insecure")) {
+            o->insecure = true;
         } else if (!strcmp(a, "--vs-llamacpp")) {
             o->vs = true;
         } else if (!strcmp(a, "--json")) {
@@ -337,11 +355,17 @@ int cmd_bench(int argc, char **argv) {
 
     cm_engine *e = NULL;
     cm_engine_opts eo = {.n_threads = o.threads, .n_ctx = o.n_prompt + o.n_gen + 8,
-                         .n_batch = CM_MIN(o.n_prompt, 256), .kv_f16 = o.kv_f16};
+                         .n_batch = CM_MIN(o.n_prompt, 256), .kv_f16 = o.kv_f16,
+                         .nodes = o.nodes, .key_file = o.key_file, .insecure = o.insecure,
+                         .parallel = o.parallel};
     if (cm_engine_load(&e, o.model, &eo, err, sizeof err)) return cli_fail("%s", err);
     cm_engine_info in;
     cm_engine_get_info(e, &in);
     const char *kname = cm_kernels_get()->name;
+    if (in.n_stages > 1 || o.nodes)
+        fprintf(stderr, "bench: cluster: %d stage%s, %d layer%s on this machine; power, joules/token and the "
+                        "roofline count this machine only\n",
+                in.n_stages, in.n_stages == 1 ? "" : "s", in.local_layers, in.local_layers == 1 ? "" : "s");
     fprintf(stderr, "bench: %s (%s, %.1f M params, %.2f GB weights), %d thread%s, kernels %s\n", in.name, in.arch,
             in.n_params / 1e6, wbytes / 1e9, o.threads, o.threads == 1 ? "" : "s", kname);
 
