@@ -46,5 +46,17 @@ for f in pp_tokens_per_s tg_tokens_per_s read_bw_gbs roofline_tokens_per_s tg_ro
 done
 grep -q '"power":"\(measured\|estimated\|unknown\)"' "$T/json" && ok || bad "power label"
 
+# --nodes: the same measurement over a one-node cluster on loopback
+"$BIN" key --new --file "$T/k" >/dev/null 2>&1
+cport=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+"$BIN" node --port "$cport" --no-mdns --key-file "$T/k" >"$T/node.log" 2>&1 &
+cnode=$!
+sleep 1
+timeout 120 "$BIN" bench "$SHARED/models/stories260K-q8_0.gguf" --nodes "127.0.0.1:$cport" --key-file "$T/k" \
+    --threads 1 --reps 1 --prompt 16 --gen 8 --bw-mib 16 --json >"$T/cjson" 2>"$T/cerr"; rc=$?
+kill $cnode 2>/dev/null; wait $cnode 2>/dev/null
+[ $rc -eq 0 ] && grep -q "cluster: 2 stages" "$T/cerr" && grep -q '"tg_tokens_per_s"' "$T/cjson" && ok ||
+    bad "bench --nodes: rc $rc, $(cat "$T/cerr")"
+
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]
