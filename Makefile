@@ -1,7 +1,7 @@
 # cumulo — one plain Makefile. Every src/<module>/*.c is part of libcumulo.a
 # (except src/cli, which makes the binary). ISA-specific kernel files are
 # named *_avx2.c, *_avx512.c, *_neon.c and get their own flags; the default
-# build runs on any x86-64 or arm64 machine (runtime dispatch, no -march=native).
+# build runs on any x86-64 or arm64 machine (runtime dispatch; never tuned to the build host).
 #
 #   make demo    install what is missing, build, run the demo
 #   make test    install what is missing, build, run every test
