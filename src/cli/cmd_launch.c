@@ -217,7 +217,9 @@ static int launch_one(const launch_opts *o, const char *target, const char *self
     }
     if (o->no_mdns) strcat(extra, " --no-mdns");
     snprintf(cmd, sizeof cmd,
-             "cd && (test -f %s/node.pid && kill $(cat %s/node.pid) 2>/dev/null; sleep 0.2; "
+             /* stop the node we started before and wait (up to 10 s) until it has let go of the port */
+             "cd && (if test -f %s/node.pid; then p=$(cat %s/node.pid); kill $p 2>/dev/null; i=0; "
+             "while kill -0 $p 2>/dev/null && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done; fi; "
              "nohup %s/cumulo node --port %d --cache %s/cache %s%s%s%s > %s/node.log 2>&1 < /dev/null & echo $! > %s/node.pid)",
              rd, rd, rd, o->port, rd, o->insecure ? "--insecure" : "--key-file ", o->insecure ? "" : rd,
              o->insecure ? "" : "/cluster.key", extra, rd, rd);
