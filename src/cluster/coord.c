@@ -13,6 +13,9 @@
  * order it was sent. No vocabulary-sized data crosses any link. Every wait has
  * a deadline.
  *
+ * Split: coord_tp.c opens a tensor-parallel group, coord_recover.c re-plans
+ * after a loss; the state they share is in coord_impl.h.
+ *
  * Failures (issue 7): every node's control connection carries a HEARTBEAT
  * each CM_PIPE_HB_MS and the node echoes it; a node we hear nothing from for
  * CM_PIPE_LOST_MS (kill -9 shows sooner, as a closed connection; SIGSTOP or a
@@ -21,86 +24,14 @@
  * epoch (nodes drop traffic of any other epoch), and the engine recomputes
  * its sequences into the new stages.
  */
-#include "cluster/cluster_int.h"
-#include "cluster/collective.h"
-#include "cluster/weights.h"
-
-#include "os/os.h"
-#include "sched/plan.h"
+#include "cluster/coord_impl.h"
 #include "sched/simulate.h"
 
-#include <pthread.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct remote {
-    char addr[80];
-    cm_conn *ctl;
-    cm_msg_hello hello;
-    double rtt, bw;
-    pthread_t rx;
-    bool rx_started;
-    bool ready;
-    atomic_bool loading;     /* ASSIGN sent, READY not yet: loading may outlast the heartbeat bound, and
-                              * the node's control thread expects only WEIGHTS_CHUNKs: no heartbeats */
-    atomic_bool lost;        /* declared lost: its rx thread has ended */
-    _Atomic uint64_t last_rx_ns;
-    uint64_t last_hb_ns;     /* rx thread only */
-    int ready_status;
-    char ready_text[CM_MSG_TEXT_MAX + 1];
-    cm_pipe *p;
-} remote;
-
-typedef struct slot {
-    bool used;
-    uint64_t asked, got; /* samples requested / tokens received */
-    int32_t token;
-    float logprob;
-} slot;
-
-struct cm_pipe {
-    const cm_gguf *g;
-    const cm_model *m;
-    char model_path[512];
-    uint8_t sha[32];
-    cm_net_cfg cfg;
-    cm_msg_hello hello;
-    int n_remote;
-    remote r[CM_PLAN_MAX_NODES];
-    cm_conn *data; /* to stage 1 */
-    pthread_mutex_t send_mu;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    slot *slots;
-    int n_seq, n_ctx, max_batch, timeout_ms;
-    _Atomic uint64_t epoch;
-    uint64_t next_req;
-    int stage_remote[CM_PLAN_MAX_NODES]; /* stage s (>= 1) runs on r[stage_remote[s]] */
-    int lost_ms;
-    int generation; /* bumped by every successful cm_pipe_recover */
-    int fatal;
-    char fatal_text[600];
-    atomic_int closing;
-    int n_stages, local_last;
-    uint64_t rows_sent;
-    bool tp;                           /* one TP group: this machine is rank 0 */
-    int tp_size;
-    cm_slice tp_slice;
-    cm_conn *tp_conn[CM_COLL_MAX_MEMBERS]; /* to each node's rank (owned) */
-    cm_coll *coll;
-    int32_t seqbuf[CM_MSG_MAX_TOKENS > 4096 ? 4096 : CM_MSG_MAX_TOKENS];
-    uint8_t wantbuf[4096];
-    cm_pipe_log_fn log;
-    void *log_ctx;
-    char plan_text[8192];
-    int n_members;
-    cm_pipe_member_info members[CM_PLAN_MAX_NODES * 2];
-};
-
-static void plog(cm_pipe *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void plog(cm_pipe *p, const char *fmt, ...) {
+void cm_coord_log(cm_pipe *p, const char *fmt, ...) {
     if (!p->log) return;
     char line[1024];
     va_list ap;
@@ -110,8 +41,7 @@ static void plog(cm_pipe *p, const char *fmt, ...) {
     p->log(p->log_ctx, line);
 }
 
-static void set_fatal(cm_pipe *p, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void set_fatal(cm_pipe *p, int code, const char *fmt, ...) {
+void cm_coord_fatal(cm_pipe *p, int code, const char *fmt, ...) {
     pthread_mutex_lock(&p->mu);
     if (!p->fatal) {
         va_list ap;
@@ -144,7 +74,7 @@ static void *rx_main(void *arg) {
             if (rc) {
                 atomic_store(&r->lost, true);
                 if (!atomic_load(&p->closing))
-                    set_fatal(p, CM_ECLOSED, "node %s ('%s') lost: %s", r->addr, r->hello.name, err);
+                    cm_coord_fatal(p, CM_ECLOSED, "node %s ('%s') lost: %s", r->addr, r->hello.name, err);
                 break;
             }
         }
@@ -154,7 +84,7 @@ static void *rx_main(void *arg) {
         if (now - atomic_load(&r->last_rx_ns) > bound_ms * 1000000ull) {
             atomic_store(&r->lost, true);
             if (!atomic_load(&p->closing))
-                set_fatal(p, CM_ETIMEDOUT, "node %s ('%s') lost: silent for %llu ms", r->addr, r->hello.name,
+                cm_coord_fatal(p, CM_ETIMEDOUT, "node %s ('%s') lost: silent for %llu ms", r->addr, r->hello.name,
                           (unsigned long long)bound_ms);
             break;
         }
@@ -164,7 +94,7 @@ static void *rx_main(void *arg) {
         if (rc || m.type == CM_MSG_BYE) {
             atomic_store(&r->lost, true);
             if (!atomic_load(&p->closing))
-                set_fatal(p, rc ? rc : CM_ECLOSED, "node %s ('%s') left: %s", r->addr, r->hello.name,
+                cm_coord_fatal(p, rc ? rc : CM_ECLOSED, "node %s ('%s') left: %s", r->addr, r->hello.name,
                           rc ? err : m.u.bye.text);
             break;
         }
@@ -193,7 +123,7 @@ static void *rx_main(void *arg) {
             pthread_mutex_unlock(&p->mu);
             break;
         case CM_MSG_ERROR:
-            set_fatal(p, m.u.error.code, "node %s ('%s'): %s", r->addr, r->hello.name, m.u.error.text);
+            cm_coord_fatal(p, m.u.error.code, "node %s ('%s'): %s", r->addr, r->hello.name, m.u.error.text);
             break;
         case CM_MSG_WEIGHTS_REQ:
             rc = cm_weights_serve(r->ctl, &p->send_mu, p->g, p->sha, &m.u.weights_req, err, sizeof err);
@@ -376,7 +306,7 @@ static void record_members(cm_pipe *p, const cm_plan *plan) {
 
 /* ASSIGN stage s of n_st: layers [lb[s], le[s]) on r[rid[s]] (stage 0 is
  * this machine). */
-static int assign_stage(cm_pipe *p, int s, int n_st, const int *rid, const int *lb, const int *le, char *err,
+int cm_coord_assign_stage(cm_pipe *p, int s, int n_st, const int *rid, const int *lb, const int *le, char *err,
                         size_t errlen) {
     remote *r = &p->r[rid[s]];
     cm_msg m = {.type = CM_MSG_ASSIGN};
@@ -421,102 +351,11 @@ static int send_assign(cm_pipe *p, const cm_plan *plan, int s, char *err, size_t
         lb[i] = plan->stages[i].first_layer;
         le[i] = plan->stages[i].last_layer;
     }
-    return assign_stage(p, s, plan->n_stages, rid, lb, le, err, errlen);
+    return cm_coord_assign_stage(p, s, plan->n_stages, rid, lb, le, err, errlen);
 }
 
-static void start_rx(cm_pipe *p);
 
-/* One TP group of every machine, this machine rank 0 (members[0]): ASSIGN
- * each node its rank and slice, dial and greet every node, wait for READY,
- * make the all-reduce. */
-static int tp_open(cm_pipe *p, const cm_plan *plan, char *err, size_t errlen) {
-    const cm_plan_stage *st = &plan->stages[0];
-    const cm_hparams *hp = &p->m->hp;
-    int k = st->n_members;
-    if (st->members[0].node != 0 || k > CM_COLL_MAX_MEMBERS || k > (int)CM_MSG_MAX_TP)
-        return cm_errf(err, errlen, CM_EINVAL, "the tensor-parallel group must start on this machine (and have at most %d members)",
-                       CM_COLL_MAX_MEMBERS);
-    p->tp = true;
-    p->tp_size = k;
-    const cm_plan_member *m0 = &st->members[0];
-    p->tp_slice = (cm_slice){m0->kv_head_begin, m0->kv_head_end, m0->ffn_begin, m0->ffn_end};
-    start_rx(p);
-    for (int r = 1; r < k; r++) {
-        const cm_plan_member *mb = &st->members[r];
-        remote *rm = &p->r[mb->node - 1];
-        cm_msg msg = {.type = CM_MSG_ASSIGN};
-        cm_msg_assign *a = &msg.u.assign;
-        a->epoch = p->epoch;
-        memcpy(a->model_sha256, p->sha, 32);
-        const char *base = strrchr(p->model_path, '/');
-        snprintf(a->model_name, sizeof a->model_name, "%.63s", base ? base + 1 : p->model_path);
-        a->n_layers = (uint32_t)hp->n_layer;
-        a->layer_begin = 0;
-        a->layer_end = (uint32_t)hp->n_layer;
-        a->flags = CM_ASSIGN_F_EMBED | CM_ASSIGN_F_OUTPUT;
-        a->head_begin = (uint32_t)mb->kv_head_begin;
-        a->head_end = (uint32_t)mb->kv_head_end;
-        a->ffn_begin = (uint32_t)mb->ffn_begin;
-        a->ffn_end = (uint32_t)mb->ffn_end;
-        a->n_ctx = (uint32_t)p->n_ctx;
-        a->n_seq_max = (uint32_t)p->n_seq;
-        a->stage = 0;
-        a->n_stages = 1;
-        a->hidden_dtype = CM_HIDDEN_F32;
-        a->tp_rank = (uint8_t)r;
-        a->tp_size = (uint8_t)k;
-        snprintf(a->tp_peers[0], sizeof a->tp_peers[0], "%s", "coordinator");
-        for (int j = 1; j < k; j++)
-            snprintf(a->tp_peers[j], sizeof a->tp_peers[j], "%.63s", p->r[st->members[j].node - 1].addr);
-        pthread_mutex_lock(&p->send_mu);
-        int rc = cm_conn_send(rm->ctl, &msg, 10000, err, errlen);
-        pthread_mutex_unlock(&p->send_mu);
-        if (rc) return rc;
-    }
-    for (int r = 1; r < k; r++) {
-        remote *rm = &p->r[st->members[r].node - 1];
-        char e[400];
-        cm_msg_hello peer;
-        int rc = cm_cluster_dial(rm->addr, &p->cfg, &p->hello, &p->tp_conn[r], &peer, e, sizeof e);
-        if (!rc) rc = cm_coll_mesh_greet(p->tp_conn[r], 0, 10000, e, sizeof e);
-        if (!rc) rc = cm_tp_greet_epoch(p->tp_conn[r], p->epoch, e, sizeof e);
-        if (rc) return cm_errf(err, errlen, rc, "tensor-parallel rank %d at %s: %s", r, rm->addr, e);
-    }
-    uint64_t deadline = cm_now_ns() + 600ull * 1000000000ull;
-    int rc = 0;
-    pthread_mutex_lock(&p->mu);
-    for (;;) {
-        int waiting = 0;
-        for (int r = 1; r < k; r++) {
-            remote *rm = &p->r[st->members[r].node - 1];
-            if (!rm->ready) waiting++;
-            else if (rm->ready_status && !rc)
-                rc = cm_errf(err, errlen, rm->ready_status, "node %s ('%s') cannot take rank %d: %s", rm->addr,
-                             rm->hello.name, r, rm->ready_text);
-        }
-        if (p->fatal && !rc) rc = cm_errf(err, errlen, p->fatal, "%s", p->fatal_text);
-        if (rc || !waiting) break;
-        if (cm_now_ns() > deadline) { rc = cm_errf(err, errlen, CM_ETIMEDOUT, "nodes were not ready within 600 s"); break; }
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 200000000;
-        if (ts.tv_nsec >= 1000000000) { ts.tv_sec++; ts.tv_nsec -= 1000000000; }
-        pthread_cond_timedwait(&p->cv, &p->mu, &ts);
-    }
-    pthread_mutex_unlock(&p->mu);
-    if (rc) return rc;
-    cm_coll_cfg cc = {.rank = 0, .size = k, .max_n = (int64_t)p->max_batch * hp->n_embd, .timeout_ms = 60000,
-                      .epoch = p->epoch};
-    for (int r = 1; r < k; r++) cc.peers[r] = p->tp_conn[r];
-    char e[300];
-    rc = cm_coll_new(&cc, &p->coll, e, sizeof e);
-    if (rc) return cm_errf(err, errlen, rc, "all-reduce: %s", e);
-    plog(p, "tensor parallel: %d members, this machine rank 0 with KV heads [%d, %d) and FFN rows [%d, %d)", k,
-         p->tp_slice.h0, p->tp_slice.h1, p->tp_slice.f0, p->tp_slice.f1);
-    return 0;
-}
-
-static void start_rx(cm_pipe *p) {
+void cm_coord_start_rx(cm_pipe *p) {
     for (int i = 0; i < p->n_remote; i++)
         if (!p->r[i].rx_started && !pthread_create(&p->r[i].rx, NULL, rx_main, &p->r[i])) p->r[i].rx_started = true;
 }
@@ -564,7 +403,7 @@ int cm_pipe_open(cm_pipe **out, const char *model_path, const cm_gguf *g, const 
         rc = cm_cluster_dial(r->addr, &p->cfg, &p->hello, &r->ctl, &r->hello, e, sizeof e);
         if (!rc) rc = cm_cluster_measure(r->ctl, 1 << 16, &r->rtt, &r->bw, e, sizeof e);
         if (rc) { cm_errf(err, errlen, rc, "node %s: %s", r->addr, e); goto fail; }
-        plog(p, "node %s ('%s'): %u cores %s, %.1f GFLOP/s, %.1f GB/s, %.2f GiB free; rtt %.3f ms, %.1f MB/s", r->addr,
+        cm_coord_log(p, "node %s ('%s'): %u cores %s, %.1f GFLOP/s, %.1f GB/s, %.2f GiB free; rtt %.3f ms, %.1f MB/s", r->addr,
              r->hello.name, r->hello.cores, r->hello.isa, r->hello.gflops, r->hello.mem_gbs,
              (double)r->hello.mem_free / (1 << 30), r->rtt * 1e3, r->bw / 1e6);
     }
@@ -597,9 +436,9 @@ int cm_pipe_open(cm_pipe **out, const char *model_path, const cm_gguf *g, const 
     p->local_last = plan.stages[0].last_layer;
     for (int s = 1; s < plan.n_stages; s++) p->stage_remote[s] = plan.stages[s].members[0].node - 1;
     record_members(p, &plan);
-    plog(p, "%s", p->plan_text);
+    cm_coord_log(p, "%s", p->plan_text);
     if (plan.n_stages == 1 && plan.stages[0].n_members > 1) {
-        rc = tp_open(p, &plan, err, errlen);
+        rc = cm_coord_tp_open(p, &plan, err, errlen);
         if (rc) goto fail;
         *local_last = m->hp.n_layer;
         *out = p;
@@ -698,7 +537,7 @@ int cm_pipe_seq_acquire(cm_pipe *p, char *err, size_t errlen) {
     return got;
 }
 
-static int send_data(cm_pipe *p, const cm_msg *m, char *err, size_t errlen) {
+int cm_coord_send_data(cm_pipe *p, const cm_msg *m, char *err, size_t errlen) {
     pthread_mutex_lock(&p->mu);
     int fatal = p->fatal;
     if (fatal) cm_errf(err, errlen, fatal, "%s", p->fatal_text);
@@ -707,12 +546,12 @@ static int send_data(cm_pipe *p, const cm_msg *m, char *err, size_t errlen) {
     if (p->tp) { /* every member gets every sequence message */
         for (int i = 0; i < p->n_remote; i++) {
             int rc = cm_conn_send(p->r[i].ctl, m, p->timeout_ms, err, errlen);
-            if (rc) { set_fatal(p, rc, "node %s: %s", p->r[i].addr, err); return rc; }
+            if (rc) { cm_coord_fatal(p, rc, "node %s: %s", p->r[i].addr, err); return rc; }
         }
         return 0;
     }
     int rc = cm_conn_send(p->data, m, p->timeout_ms, err, errlen);
-    if (rc) set_fatal(p, rc, "stage 1: %s", err);
+    if (rc) cm_coord_fatal(p, rc, "stage 1: %s", err);
     return rc;
 }
 
@@ -722,7 +561,7 @@ void cm_pipe_seq_release(cm_pipe *p, int slot_i) {
     m.u.seq_free = (cm_msg_seq_free){.epoch = p->epoch, .request_id = 0, .seq = slot_i};
     char e[300];
     pthread_mutex_lock(&p->send_mu);
-    send_data(p, &m, e, sizeof e);
+    cm_coord_send_data(p, &m, e, sizeof e);
     pthread_mutex_unlock(&p->send_mu);
     pthread_mutex_lock(&p->mu);
     p->slots[slot_i].used = false;
@@ -742,7 +581,7 @@ int cm_pipe_seq_start(cm_pipe *p, int slot_i, const cm_sampler_params *sp, const
                             .n_probs = (uint8_t)CM_MIN(sp->n_probs > 0 ? sp->n_probs : 0, CM_MSG_MAX_TOP),
                             .n_hist = (uint32_t)n_hist, .hist = hist};
     pthread_mutex_lock(&p->send_mu);
-    int rc = send_data(p, &m, err, errlen);
+    int rc = cm_coord_send_data(p, &m, err, errlen);
     pthread_mutex_unlock(&p->send_mu);
     return rc;
 }
@@ -764,7 +603,7 @@ int cm_pipe_send(cm_pipe *p, int slot_i, const float *hidden, const int32_t *pos
     m.u.forward = (cm_msg_forward){.epoch = p->epoch, .request_id = ++p->next_req, .n_tokens = (uint32_t)n,
                                    .dim = (uint32_t)p->m->hp.n_embd, .dtype = CM_HIDDEN_F32, .pos = pos,
                                    .seq = p->seqbuf, .want = p->wantbuf, .hidden = hidden};
-    int rc = send_data(p, &m, err, errlen);
+    int rc = cm_coord_send_data(p, &m, err, errlen);
     if (!rc) p->rows_sent += (uint64_t)n;
     pthread_mutex_unlock(&p->send_mu);
     return rc;
@@ -809,171 +648,3 @@ void cm_pipe_hop_stats(const cm_pipe *p, uint64_t *bytes, uint64_t *frames, uint
     *rows = p->rows_sent;
 }
 
-bool cm_pipe_failed(cm_pipe *p) {
-    pthread_mutex_lock(&p->mu);
-    bool f = p->fatal != 0;
-    pthread_mutex_unlock(&p->mu);
-    return f;
-}
-
-int cm_pipe_generation(const cm_pipe *p) { return p->generation; }
-
-/* One re-plan attempt: this machine keeps layers [0, local_last) (the
- * engine's stage-0 caches stay valid); the surviving nodes, in their old
- * stage order, share the rest evenly. */
-static int recover_once(cm_pipe *p, char *err, size_t errlen) {
-    int n_layer = p->m->hp.n_layer;
-    /* Lost nodes: their rx threads have ended (or end within the bound). */
-    for (int i = 0; i < p->n_remote; i++) {
-        remote *r = &p->r[i];
-        if (atomic_load(&r->lost) && r->rx_started) {
-            pthread_join(r->rx, NULL);
-            r->rx_started = false;
-            cm_conn_close(r->ctl, NULL);
-            r->ctl = NULL;
-        }
-    }
-    int rid[CM_PLAN_MAX_NODES], lb[CM_PLAN_MAX_NODES], le[CM_PLAN_MAX_NODES], n_st = 1;
-    bool used[CM_PLAN_MAX_NODES] = {false};
-    for (int s = 1; s < p->n_stages; s++) {
-        int i = p->stage_remote[s];
-        used[i] = true;
-        if (p->r[i].ctl && !atomic_load(&p->r[i].lost)) rid[n_st++] = i;
-    }
-    for (int i = 0; i < p->n_remote; i++) /* idle nodes we know join too */
-        if (!used[i] && p->r[i].ctl && p->r[i].rx_started && !atomic_load(&p->r[i].lost)) rid[n_st++] = i;
-    int rest = n_layer - p->local_last;
-    if (n_st == 1)
-        return cm_errf(err, errlen, CM_EAGAIN,
-                       "no node is left to run layers [%d, %d): the model does not fit on the survivors", p->local_last,
-                       n_layer);
-    if (n_st - 1 > rest) n_st = rest + 1;
-    lb[0] = 0;
-    le[0] = p->local_last;
-    for (int s = 1, at = p->local_last; s < n_st; s++) {
-        int k = rest / (n_st - 1) + (s - 1 < rest % (n_st - 1) ? 1 : 0);
-        lb[s] = at;
-        le[s] = at + k;
-        at += k;
-    }
-    uint64_t ep = cm_wall_ms();
-    if (ep <= atomic_load(&p->epoch)) ep = atomic_load(&p->epoch) + 1;
-    atomic_store(&p->epoch, ep);
-    if (p->data) {
-        cm_conn_close(p->data, NULL);
-        p->data = NULL;
-    }
-    pthread_mutex_lock(&p->mu);
-    p->fatal = 0;
-    p->fatal_text[0] = 0;
-    for (int i = 0; i < p->n_seq; i++) p->slots[i].asked = p->slots[i].got = 0;
-    pthread_mutex_unlock(&p->mu);
-    char line[600];
-    int o = snprintf(line, sizeof line, "re-plan (epoch %llu): here [0, %d)", (unsigned long long)ep, p->local_last);
-    for (int s = 1; s < n_st && o < (int)sizeof line; s++)
-        o += snprintf(line + o, sizeof line - (size_t)o, ", %s [%d, %d)", p->r[rid[s]].addr, lb[s], le[s]);
-    plog(p, "%s", line);
-    for (int s = 1; s < n_st; s++) {
-        int rc = assign_stage(p, s, n_st, rid, lb, le, err, errlen);
-        if (rc) return rc;
-    }
-    uint64_t deadline = cm_now_ns() + 120ull * 1000000000ull;
-    int rc = 0;
-    pthread_mutex_lock(&p->mu);
-    for (;;) {
-        int waiting = 0;
-        for (int s = 1; s < n_st; s++) {
-            remote *r = &p->r[rid[s]];
-            if (!r->ready) waiting++;
-            else if (r->ready_status && !rc)
-                rc = cm_errf(err, errlen, r->ready_status, "node %s ('%s') cannot take layers [%d, %d): %s", r->addr,
-                             r->hello.name, lb[s], le[s], r->ready_text);
-        }
-        if (p->fatal && !rc) rc = cm_errf(err, errlen, p->fatal, "%s", p->fatal_text);
-        if (rc || !waiting) break;
-        if (cm_now_ns() > deadline) { rc = cm_errf(err, errlen, CM_ETIMEDOUT, "survivors were not ready within 120 s"); break; }
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 50000000;
-        if (ts.tv_nsec >= 1000000000) { ts.tv_sec++; ts.tv_nsec -= 1000000000; }
-        pthread_cond_timedwait(&p->cv, &p->mu, &ts);
-    }
-    pthread_mutex_unlock(&p->mu);
-    if (rc) return rc;
-    char e[400];
-    cm_msg_hello peer;
-    cm_conn *d = NULL;
-    rc = cm_cluster_dial(p->r[rid[1]].addr, &p->cfg, &p->hello, &d, &peer, e, sizeof e);
-    if (rc) return cm_errf(err, errlen, rc, "stage 1 at %s: %s", p->r[rid[1]].addr, e);
-    pthread_mutex_lock(&p->send_mu);
-    p->data = d;
-    pthread_mutex_unlock(&p->send_mu);
-    p->n_stages = n_st;
-    for (int s = 1; s < n_st; s++) p->stage_remote[s] = rid[s];
-    p->generation++;
-    return 0;
-}
-
-int cm_pipe_recover(cm_pipe *p, char *err, size_t errlen) {
-    if (!cm_pipe_failed(p)) return 0;
-    /* A stage that reports its neighbour's failure may speak first: give
-     * closed connections a moment to show as lost. */
-    cm_sleep_ms(200);
-    char why[600];
-    pthread_mutex_lock(&p->mu);
-    snprintf(why, sizeof why, "%s", p->fatal_text);
-    pthread_mutex_unlock(&p->mu);
-    plog(p, "failure: %s; re-planning on the survivors", why);
-    int rc = 0;
-    /* Test hook (tests/sh/cluster_failover.sh shows it fails without recovery). */
-    if (getenv("CUMULO_TEST_NO_RECOVER")) rc = cm_errf(err, errlen, CM_EAGAIN, "recovery disabled");
-    for (int attempt = 0; attempt < 3 && !rc; attempt++) {
-        rc = recover_once(p, err, errlen);
-        if (!rc) {
-            plog(p, "recovered: %d stages, epoch %llu", p->n_stages, (unsigned long long)atomic_load(&p->epoch));
-            return 0;
-        }
-        if (rc == CM_EAGAIN) break;
-        plog(p, "re-plan failed: %s", err);
-    }
-    /* Stay failed with the reason (CM_EAGAIN when no survivor can take the
-     * layers: serve answers new requests 503): every later request gets it. */
-    char e2[400];
-    snprintf(e2, sizeof e2, "%s", err);
-    pthread_mutex_lock(&p->mu);
-    p->fatal = rc < 0 ? rc : CM_EIO;
-    snprintf(p->fatal_text, sizeof p->fatal_text, "%.250s; the cluster cannot continue: %.250s", why, e2);
-    pthread_cond_broadcast(&p->cv);
-    cm_errf(err, errlen, p->fatal, "%s", p->fatal_text);
-    pthread_mutex_unlock(&p->mu);
-    return rc;
-}
-bool cm_pipe_is_tp(const cm_pipe *p) { return p && p->tp; }
-int cm_pipe_tp_size(const cm_pipe *p) { return p->tp ? p->tp_size : 1; }
-cm_slice cm_pipe_tp_slice(const cm_pipe *p) { return p->tp_slice; }
-void *cm_pipe_tp_coll(const cm_pipe *p) { return p->coll; }
-int cm_pipe_tp_allreduce(void *coll, float *x, int64_t n) { return cm_coll_allreduce_cb(coll, x, n); }
-
-int cm_pipe_tp_send(cm_pipe *p, const int32_t *tokens, const int32_t *pos, const int32_t *seq, int n, char *err,
-                    size_t errlen) {
-    if (n < 1 || n > (int)sizeof p->wantbuf) return cm_errf(err, errlen, CM_EINVAL, "micro-batch of %d rows", n);
-    pthread_mutex_lock(&p->send_mu);
-    memset(p->wantbuf, 0, (size_t)n);
-    cm_msg m = {.type = CM_MSG_FORWARD};
-    m.u.forward = (cm_msg_forward){.epoch = p->epoch, .request_id = ++p->next_req, .n_tokens = (uint32_t)n, .dim = 0,
-                                   .dtype = CM_HIDDEN_TOKENS, .pos = pos, .seq = seq, .want = p->wantbuf,
-                                   .tokens = tokens};
-    int rc = send_data(p, &m, err, errlen);
-    if (!rc) p->rows_sent += (uint64_t)n;
-    pthread_mutex_unlock(&p->send_mu);
-    return rc;
-}
-
-void cm_pipe_tp_stats(const cm_pipe *p, uint64_t *data_sent, uint64_t *wire_sent, uint64_t *ops, uint64_t *rows) {
-    cm_coll_stats st = {0};
-    if (p->coll) cm_coll_stats_get(p->coll, &st);
-    *data_sent = st.total.data_sent;
-    *wire_sent = st.total.wire_sent;
-    *ops = st.ops;
-    *rows = p->rows_sent;
-}

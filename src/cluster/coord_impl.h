@@ -1,0 +1,100 @@
+/*
+ * coord_impl.h: the coordinator's private state, shared by coord.c (connect,
+ * plan, assign, the data path), coord_tp.c (one tensor-parallel group) and
+ * coord_recover.c (re-planning after a node is lost). Nothing outside these
+ * three files may include it.
+ */
+#ifndef CM_COORD_IMPL_H
+#define CM_COORD_IMPL_H
+
+#include "cluster/cluster_int.h"
+#include "cluster/collective.h"
+#include "cluster/weights.h"
+
+#include "os/os.h"
+#include "sched/plan.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+typedef struct remote {
+    char addr[80];
+    cm_conn *ctl;
+    cm_msg_hello hello;
+    double rtt, bw;
+    pthread_t rx;
+    bool rx_started;
+    bool ready;
+    atomic_bool loading;     /* ASSIGN sent, READY not yet: loading may outlast the heartbeat bound, and
+                              * the node's control thread expects only WEIGHTS_CHUNKs: no heartbeats */
+    atomic_bool lost;        /* declared lost: its rx thread has ended */
+    _Atomic uint64_t last_rx_ns;
+    uint64_t last_hb_ns;     /* rx thread only */
+    int ready_status;
+    char ready_text[CM_MSG_TEXT_MAX + 1];
+    cm_pipe *p;
+} remote;
+
+typedef struct slot {
+    bool used;
+    uint64_t asked, got; /* samples requested / tokens received */
+    int32_t token;
+    float logprob;
+} slot;
+
+struct cm_pipe {
+    const cm_gguf *g;
+    const cm_model *m;
+    char model_path[512];
+    uint8_t sha[32];
+    cm_net_cfg cfg;
+    cm_msg_hello hello;
+    int n_remote;
+    remote r[CM_PLAN_MAX_NODES];
+    cm_conn *data; /* to stage 1 */
+    pthread_mutex_t send_mu;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    slot *slots;
+    int n_seq, n_ctx, max_batch, timeout_ms;
+    _Atomic uint64_t epoch;
+    uint64_t next_req;
+    int stage_remote[CM_PLAN_MAX_NODES]; /* stage s (>= 1) runs on r[stage_remote[s]] */
+    int lost_ms;
+    int generation; /* bumped by every successful cm_pipe_recover */
+    int fatal;
+    char fatal_text[600];
+    atomic_int closing;
+    int n_stages, local_last;
+    uint64_t rows_sent;
+    bool tp;                           /* one TP group: this machine is rank 0 */
+    int tp_size;
+    cm_slice tp_slice;
+    cm_conn *tp_conn[CM_COLL_MAX_MEMBERS]; /* to each node's rank (owned) */
+    cm_coll *coll;
+    int32_t seqbuf[CM_MSG_MAX_TOKENS > 4096 ? 4096 : CM_MSG_MAX_TOKENS];
+    uint8_t wantbuf[4096];
+    cm_pipe_log_fn log;
+    void *log_ctx;
+    char plan_text[8192];
+    int n_members;
+    cm_pipe_member_info members[CM_PLAN_MAX_NODES * 2];
+};
+
+/* A line into the caller's log callback (the plan, failures, re-plans). */
+void cm_coord_log(cm_pipe *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Record the first failure and wake every waiter. */
+void cm_coord_fatal(cm_pipe *p, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Start the receiver thread of every node that has none. */
+void cm_coord_start_rx(cm_pipe *p);
+/* ASSIGN stage s of n_st: layers [lb[s], le[s]) on r[rid[s]] (stage 0 is
+ * this machine). */
+int cm_coord_assign_stage(cm_pipe *p, int s, int n_st, const int *rid, const int *lb, const int *le, char *err,
+                          size_t errlen);
+/* Send a sequence message down the data path (every TP member, or stage 1);
+ * caller holds send_mu. A failure marks the pipe failed. */
+int cm_coord_send_data(cm_pipe *p, const cm_msg *m, char *err, size_t errlen);
+/* Open one TP group of every machine, this machine rank 0. */
+int cm_coord_tp_open(cm_pipe *p, const cm_plan *plan, char *err, size_t errlen);
+
+#endif
