@@ -107,6 +107,11 @@ static void *rx_main(void *arg) {
             slot *s = &p->slots[t->seq];
             s->token = t->token;
             s->logprob = t->logprob;
+            s->n_top = t->n_top;
+            for (int j = 0; j < t->n_top; j++) {
+                s->top_id[j] = t->top_token[j];
+                s->top_lp[j] = t->top_logprob[j];
+            }
             s->got++;
             pthread_cond_broadcast(&p->cv);
             pthread_mutex_unlock(&p->mu);
@@ -206,11 +211,12 @@ static int make_plan(cm_pipe *p, const cm_pipe_opts *o, cm_plan *plan, cm_plan_m
     po.mode = CM_PARALLEL_PP;
     if (o->parallel && *o->parallel) {
         int mode = cm_parallel_from_name(o->parallel);
-        if (mode != CM_PARALLEL_PP && mode != CM_PARALLEL_TP)
-            return cm_errf(err, errlen, CM_EUNSUPPORTED, "--parallel '%s': a cluster runs pp or tp", o->parallel);
+        if (mode < 0)
+            return cm_errf(err, errlen, CM_EINVAL, "--parallel '%s': expected pp, tp, hybrid or auto", o->parallel);
         po.mode = (enum cm_parallel)mode;
     }
-    if (po.mode == CM_PARALLEL_TP && o->tp_weights && *o->tp_weights) {
+    if (o->groups && *o->groups && !(o->parallel && *o->parallel)) po.mode = CM_PARALLEL_HYBRID;
+    if (po.mode != CM_PARALLEL_PP && o->tp_weights && *o->tp_weights) {
         /* Relative speeds (tests, or known-unequal machines): scale each
          * member's measured compute and memory bandwidth. */
         int i = 0;
@@ -226,6 +232,7 @@ static int make_plan(cm_pipe *p, const cm_pipe_opts *o, cm_plan *plan, cm_plan_m
     }
     if (po.mode == CM_PARALLEL_TP && o->layers && *o->layers)
         return cm_errf(err, errlen, CM_EINVAL, "--layers splits a pipeline; it does not go with --parallel tp");
+    if (o->groups && *o->groups) return cm_coord_plan_groups(p, o, &po, pm, pc, plan, err, errlen);
     if (!o->layers || !*o->layers) return cm_plan_make(pm, pc, &po, plan, err, errlen);
     /* Explicit split: layers per stage, this machine first. */
     int counts[CM_PLAN_MAX_NODES], n = 0, sum = 0;
@@ -437,19 +444,15 @@ int cm_pipe_open(cm_pipe **out, const char *model_path, const cm_gguf *g, const 
     for (int s = 1; s < plan.n_stages; s++) p->stage_remote[s] = plan.stages[s].members[0].node - 1;
     record_members(p, &plan);
     cm_coord_log(p, "%s", p->plan_text);
-    if (plan.n_stages == 1 && plan.stages[0].n_members > 1) {
-        rc = cm_coord_tp_open(p, &plan, err, errlen);
-        if (rc) goto fail;
-        *local_last = m->hp.n_layer;
-        *out = p;
-        return 0;
-    }
-    if (plan.n_stages > 1 && plan.mode != CM_PARALLEL_PP) {
-        /* NEEDSWORK: hybrid plans (TP groups as pipeline stages). */
-        rc = cm_errf(err, errlen, CM_EUNSUPPORTED, "the plan has %d tensor-parallel stages; only one group of every machine runs yet",
-                     plan.n_stages);
-        goto fail;
-    }
+    p->tp_compress = o->tp_compress;
+    for (int s = 0; s < plan.n_stages; s++)
+        if (plan.stages[s].n_members > 1) { /* TP, or hybrid: coord_tp.c */
+            rc = cm_coord_tp_open(p, &plan, err, errlen);
+            if (rc) goto fail;
+            *local_last = p->local_last;
+            *out = p;
+            return 0;
+        }
     if (plan.n_stages == 1) { /* everything fits best here: no cluster needed */
         *local_last = m->hp.n_layer;
         cm_pipe_close(p);
@@ -549,6 +552,10 @@ int cm_coord_send_data(cm_pipe *p, const cm_msg *m, char *err, size_t errlen) {
             if (rc) { cm_coord_fatal(p, rc, "node %s: %s", p->r[i].addr, err); return rc; }
         }
         return 0;
+    }
+    if (p->grouped && m->type == CM_MSG_SEQ_FREE) { /* hybrid: stage 0's members hold the sequence too */
+        int rc = cm_coord_send_group0(p, m, err, errlen);
+        if (rc) return rc;
     }
     int rc = cm_conn_send(p->data, m, p->timeout_ms, err, errlen);
     if (rc) cm_coord_fatal(p, rc, "stage 1: %s", err);
