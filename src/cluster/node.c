@@ -18,6 +18,11 @@
  * serves the coordinator's connection runs cm_forward with the all-reduce
  * over those connections (it owns them); FORWARDs of token ids come from the
  * coordinator to every member, and only rank 0 (the coordinator) samples.
+ * Hybrid (ASSIGN with tp_size > 1 of a later stage): rank 0 is a node; every
+ * rank dials all lower ones, and rank 0 also dials a data connection to each
+ * member, on which it relays every FORWARD (the rows it decoded) and SEQ_FREE
+ * before computing; members compute and stop; rank 0 sends the hidden state to
+ * the next group's rank 0, or samples when its group is the last.
  * It never runs anything a peer sends but its own forward pass over the
  * assigned layers, with shapes checked against the model it loaded; it never
  * allocates in the token loop (buffers are sized at ASSIGN).
