@@ -364,7 +364,8 @@ static int send_assign(cm_pipe *p, const cm_plan *plan, int s, char *err, size_t
 
 void cm_coord_start_rx(cm_pipe *p) {
     for (int i = 0; i < p->n_remote; i++)
-        if (!p->r[i].rx_started && !pthread_create(&p->r[i].rx, NULL, rx_main, &p->r[i])) p->r[i].rx_started = true;
+        if (!p->r[i].rx_started && p->r[i].ctl && !pthread_create(&p->r[i].rx, NULL, rx_main, &p->r[i]))
+            p->r[i].rx_started = true;
 }
 
 int cm_pipe_open(cm_pipe **out, const char *model_path, const cm_gguf *g, const cm_model *m, const cm_pipe_opts *o,
@@ -520,6 +521,7 @@ void cm_pipe_close(cm_pipe *p) {
     pthread_mutex_destroy(&p->mu);
     pthread_cond_destroy(&p->cv);
     cm_free(p->slots);
+    cm_free(p->tp_plan);
     cm_free(p);
 }
 

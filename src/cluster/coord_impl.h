@@ -75,6 +75,7 @@ struct cm_pipe {
     bool tp_compress;                  /* Q8_0 all-reduce transfers in every group */
     int tp_size;                       /* members of this machine's group (stage 0) */
     int s0_remote[CM_COLL_MAX_MEMBERS]; /* stage-0 rank r (>= 1) is r[s0_remote[r]] */
+    cm_plan *tp_plan;                  /* grouped plans: the plan running now (owned; re-planning starts from it) */
     cm_slice tp_slice;
     cm_conn *tp_conn[CM_COLL_MAX_MEMBERS]; /* to each node's rank (owned) */
     cm_coll *coll;

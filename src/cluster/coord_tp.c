@@ -11,6 +11,7 @@
  * back here.
  */
 #include "cluster/coord_impl.h"
+#include "sched/simulate.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -68,6 +69,9 @@ int cm_coord_tp_open(cm_pipe *p, const cm_plan *plan, char *err, size_t errlen) 
         if (plan->stages[s].n_members > CM_COLL_MAX_MEMBERS || plan->stages[s].n_members > (int)CM_MSG_MAX_TP)
             return cm_errf(err, errlen, CM_EINVAL, "a tensor-parallel group of %d members (at most %d)",
                            plan->stages[s].n_members, CM_COLL_MAX_MEMBERS);
+    if (!p->tp_plan && !(p->tp_plan = cm_calloc(1, sizeof *p->tp_plan)))
+        return cm_errf(err, errlen, CM_ENOMEM, "out of memory");
+    if (p->tp_plan != plan) *p->tp_plan = *plan;
     p->tp = plan->n_stages == 1;
     p->grouped = true;
     p->tp_size = k;
@@ -211,11 +215,106 @@ int cm_coord_plan_groups(cm_pipe *p, const cm_pipe_opts *o, const cm_plan_opts *
     return 0;
 }
 
+/* [begin, end) of part r of k of total units in multiples of granule (the
+ * last part takes the remainder). */
+static void even_part(int total, int granule, int k, int r, int *b, int *e) {
+    if (granule < 1) granule = 1;
+    *b = r == 0 ? 0 : (int)((int64_t)total * r / k) / granule * granule;
+    *e = r == k - 1 ? total : (int)((int64_t)total * (r + 1) / k) / granule * granule;
+}
+
+/* A member of a later group was lost: this machine's group keeps its layers,
+ * members and slices (so the engine's stage-0 caches stay valid); each later
+ * group keeps its surviving members, slices split evenly among them; groups
+ * left empty disappear and the later layers are split evenly over the groups
+ * that remain. Everyone gets the new epoch (the stage-0 members too: their
+ * FORWARDs and all-reduces carry it), so the whole plan is opened again. */
 int cm_coord_tp_recover(cm_pipe *p, char *err, size_t errlen) {
-    /* NEEDSWORK: re-plan the groups on the survivors (this machine's slice
-     * and stage-0 caches would change with its group). */
-    (void)p;
-    return cm_errf(err, errlen, CM_EAGAIN, "a member of a tensor-parallel group was lost; groups are not re-planned yet");
+    const cm_plan *old = p->tp_plan;
+    if (!old || p->tp)
+        return cm_errf(err, errlen, CM_EAGAIN, "a member of the tensor-parallel group was lost; one group of every "
+                                               "machine is not re-planned (NEEDSWORK)");
+    for (int r = 1; r < p->tp_size; r++) {
+        remote *rm = &p->r[p->s0_remote[r]];
+        if (atomic_load(&rm->lost) || !rm->ctl)
+            return cm_errf(err, errlen, CM_EAGAIN, "%s, a member of this machine's tensor-parallel group, was lost; "
+                           "that group is not re-planned (NEEDSWORK)", rm->addr);
+    }
+    for (int i = 0; i < p->n_remote; i++) { /* lost: their rx threads end within the bound */
+        remote *r = &p->r[i];
+        if (atomic_load(&r->lost) && r->rx_started) {
+            pthread_join(r->rx, NULL);
+            r->rx_started = false;
+            cm_conn_close(r->ctl, NULL);
+            r->ctl = NULL;
+        }
+    }
+    cm_plan *np = cm_calloc(1, sizeof *np);
+    cm_plan_model *pm = cm_calloc(1, sizeof *pm);
+    int rc = np && pm ? cm_plan_model_from_gguf(p->g, pm, err, errlen) : cm_errf(err, errlen, CM_ENOMEM, "out of memory");
+    if (rc) goto out;
+    *np = *old;
+    np->n_stages = 1;
+    for (int s = 1; s < old->n_stages; s++) {
+        cm_plan_stage st = old->stages[s];
+        st.n_members = 0;
+        for (int j = 0; j < old->stages[s].n_members; j++) {
+            const remote *rm = &p->r[old->stages[s].members[j].node - 1];
+            if (rm->ctl && !atomic_load(&rm->lost)) st.members[st.n_members++] = old->stages[s].members[j];
+        }
+        if (!st.n_members) continue;
+        for (int j = 0; j < st.n_members; j++) {
+            cm_plan_member *mb = &st.members[j];
+            even_part(pm->n_kv_heads, pm->head_granule, st.n_members, j, &mb->kv_head_begin, &mb->kv_head_end);
+            even_part(pm->ffn, pm->ffn_granule, st.n_members, j, &mb->ffn_begin, &mb->ffn_end);
+        }
+        np->stages[np->n_stages++] = st;
+    }
+    int n_layer = p->m->hp.n_layer, rest = n_layer - p->local_last, later = np->n_stages - 1;
+    if (!later) {
+        rc = cm_errf(err, errlen, CM_EAGAIN, "no node is left to run layers [%d, %d)", p->local_last, n_layer);
+        goto out;
+    }
+    if (later > rest) later = rest; /* more groups than layers: the last ones go */
+    np->n_stages = later + 1;
+    for (int s = 1, at = p->local_last; s <= later; s++) {
+        int k = rest / later + (s - 1 < rest % later ? 1 : 0);
+        np->stages[s].first_layer = at;
+        np->stages[s].last_layer = at + k;
+        at += k;
+    }
+    np->mode = CM_PARALLEL_HYBRID;
+    uint64_t ep = cm_wall_ms();
+    if (ep <= atomic_load(&p->epoch)) ep = atomic_load(&p->epoch) + 1;
+    atomic_store(&p->epoch, ep);
+    pthread_mutex_lock(&p->send_mu);
+    if (p->data) cm_conn_close(p->data, NULL);
+    p->data = NULL;
+    pthread_mutex_unlock(&p->send_mu);
+    cm_coll_free(p->coll);
+    p->coll = NULL;
+    cm_coll_mesh_close(p->tp_conn, CM_COLL_MAX_MEMBERS);
+    pthread_mutex_lock(&p->mu);
+    p->fatal = 0;
+    p->fatal_text[0] = 0;
+    for (int i = 0; i < p->n_seq; i++) p->slots[i].asked = p->slots[i].got = 0;
+    pthread_mutex_unlock(&p->mu);
+    char line[600];
+    int o = snprintf(line, sizeof line, "re-plan (epoch %llu): this group keeps [0, %d)", (unsigned long long)ep,
+                     p->local_last);
+    for (int s = 1; s < np->n_stages && o < (int)sizeof line; s++)
+        o += snprintf(line + o, sizeof line - (size_t)o, ", %d member%s [%d, %d)", np->stages[s].n_members,
+                      np->stages[s].n_members > 1 ? "s" : "", np->stages[s].first_layer, np->stages[s].last_layer);
+    cm_coord_log(p, "%s", line);
+    rc = cm_coord_tp_open(p, np, err, errlen);
+    if (rc) goto out;
+    p->n_stages = np->n_stages;
+    for (int s = 1; s < np->n_stages; s++) p->stage_remote[s] = np->stages[s].members[0].node - 1;
+    p->generation++;
+out:
+    cm_free(pm);
+    cm_free(np); /* cm_coord_tp_open kept its own copy */
+    return rc;
 }
 
 int cm_coord_send_group0(cm_pipe *p, const cm_msg *m, char *err, size_t errlen) {

@@ -96,8 +96,9 @@ static void stage_free(stage *s) {
         /* The member's traffic, for the operator and the tests (one line). */
         cm_coll_stats st;
         cm_coll_stats_get(s->coll, &st);
-        fprintf(stderr, "tensor-parallel rank %u of %u (epoch %llu): %llu rows, %llu all-reduces, %llu element bytes / %llu wire bytes sent\n",
-                s->as.tp_rank, s->as.tp_size, (unsigned long long)s->as.epoch, (unsigned long long)s->rows,
+        fprintf(stderr, "tensor-parallel rank %u of %u (epoch %llu), stage %u layers [%u, %u): %llu rows, %llu all-reduces, %llu element bytes / %llu wire bytes sent\n",
+                s->as.tp_rank, s->as.tp_size, (unsigned long long)s->as.epoch, s->as.stage, s->as.layer_begin,
+                s->as.layer_end, (unsigned long long)s->rows,
                 (unsigned long long)st.ops, (unsigned long long)st.total.data_sent, (unsigned long long)st.total.wire_sent);
     }
     cm_coll_free(s->coll);
@@ -283,9 +284,9 @@ static void on_assign(node *n, cm_conn *c, const cm_msg_assign *a) {
     n->st = s;
     pthread_mutex_unlock(&n->mu);
     stage_free(old);
-    CM_LOGI("stage %u/%u: layers [%u, %u) of '%s' (epoch %llu)%s%s", a->stage, a->n_stages, a->layer_begin,
-            a->layer_end, a->model_name, (unsigned long long)a->epoch, *a->next ? ", next " : ", last stage",
-            a->next);
+    CM_LOGI("stage %u/%u: layers [%u, %u) of '%s' (epoch %llu), rank %u of %u%s%s", a->stage, a->n_stages,
+            a->layer_begin, a->layer_end, a->model_name, (unsigned long long)a->epoch, a->tp_rank, a->tp_size,
+            *a->next ? ", next " : ", last stage", a->next);
     send_ready(n, c, a->epoch, 0, 0, "");
 }
 
