@@ -223,23 +223,18 @@ static void even_part(int total, int granule, int k, int r, int *b, int *e) {
     *e = r == k - 1 ? total : (int)((int64_t)total * (r + 1) / k) / granule * granule;
 }
 
-/* A member of a later group was lost: this machine's group keeps its layers,
- * members and slices (so the engine's stage-0 caches stay valid); each later
- * group keeps its surviving members, slices split evenly among them; groups
- * left empty disappear and the later layers are split evenly over the groups
- * that remain. Everyone gets the new epoch (the stage-0 members too: their
- * FORWARDs and all-reduces carry it), so the whole plan is opened again. */
+/* A member of a group was lost: every group keeps its surviving members
+ * (this machine stays rank 0 of the first) and, when it lost one, its slices
+ * are split evenly among them (the engine re-shapes its stage-0 caches when
+ * its own slice changes: cm_pipe_tp_slice); this machine's group keeps its
+ * layers, groups left empty disappear and the later layers are split evenly
+ * over the groups that remain. Everyone gets the new epoch (their FORWARDs
+ * and all-reduces carry it), so the whole plan is opened again. */
 int cm_coord_tp_recover(cm_pipe *p, char *err, size_t errlen) {
     const cm_plan *old = p->tp_plan;
     if (!old || p->tp)
         return cm_errf(err, errlen, CM_EAGAIN, "a member of the tensor-parallel group was lost; one group of every "
                                                "machine is not re-planned (NEEDSWORK)");
-    for (int r = 1; r < p->tp_size; r++) {
-        remote *rm = &p->r[p->s0_remote[r]];
-        if (atomic_load(&rm->lost) || !rm->ctl)
-            return cm_errf(err, errlen, CM_EAGAIN, "%s, a member of this machine's tensor-parallel group, was lost; "
-                           "that group is not re-planned (NEEDSWORK)", rm->addr);
-    }
     for (int i = 0; i < p->n_remote; i++) { /* lost: their rx threads end within the bound */
         remote *r = &p->r[i];
         if (atomic_load(&r->lost) && r->rx_started) {
@@ -254,16 +249,17 @@ int cm_coord_tp_recover(cm_pipe *p, char *err, size_t errlen) {
     int rc = np && pm ? cm_plan_model_from_gguf(p->g, pm, err, errlen) : cm_errf(err, errlen, CM_ENOMEM, "out of memory");
     if (rc) goto out;
     *np = *old;
-    np->n_stages = 1;
-    for (int s = 1; s < old->n_stages; s++) {
+    np->n_stages = 0;
+    for (int s = 0; s < old->n_stages; s++) {
         cm_plan_stage st = old->stages[s];
         st.n_members = 0;
         for (int j = 0; j < old->stages[s].n_members; j++) {
-            const remote *rm = &p->r[old->stages[s].members[j].node - 1];
-            if (rm->ctl && !atomic_load(&rm->lost)) st.members[st.n_members++] = old->stages[s].members[j];
+            int nd = old->stages[s].members[j].node;
+            const remote *rm = nd ? &p->r[nd - 1] : NULL;
+            if (!rm || (rm->ctl && !atomic_load(&rm->lost))) st.members[st.n_members++] = old->stages[s].members[j];
         }
         if (!st.n_members) continue;
-        for (int j = 0; j < st.n_members; j++) {
+        for (int j = 0; j < st.n_members && st.n_members != old->stages[s].n_members; j++) {
             cm_plan_member *mb = &st.members[j];
             even_part(pm->n_kv_heads, pm->head_granule, st.n_members, j, &mb->kv_head_begin, &mb->kv_head_end);
             even_part(pm->ffn, pm->ffn_granule, st.n_members, j, &mb->ffn_begin, &mb->ffn_end);
@@ -276,8 +272,9 @@ int cm_coord_tp_recover(cm_pipe *p, char *err, size_t errlen) {
         goto out;
     }
     if (later > rest) later = rest; /* more groups than layers: the last ones go */
+    bool same = later + 1 == old->n_stages; /* no group vanished: the layers stay where they are */
     np->n_stages = later + 1;
-    for (int s = 1, at = p->local_last; s <= later; s++) {
+    for (int s = 1, at = p->local_last; s <= later && !same; s++) {
         int k = rest / later + (s - 1 < rest % later ? 1 : 0);
         np->stages[s].first_layer = at;
         np->stages[s].last_layer = at + k;
@@ -300,8 +297,8 @@ int cm_coord_tp_recover(cm_pipe *p, char *err, size_t errlen) {
     for (int i = 0; i < p->n_seq; i++) p->slots[i].asked = p->slots[i].got = 0;
     pthread_mutex_unlock(&p->mu);
     char line[600];
-    int o = snprintf(line, sizeof line, "re-plan (epoch %llu): this group keeps [0, %d)", (unsigned long long)ep,
-                     p->local_last);
+    int o = snprintf(line, sizeof line, "re-plan (epoch %llu): this machine's group, %d member%s, keeps [0, %d)",
+                     (unsigned long long)ep, np->stages[0].n_members, np->stages[0].n_members > 1 ? "s" : "", p->local_last);
     for (int s = 1; s < np->n_stages && o < (int)sizeof line; s++)
         o += snprintf(line + o, sizeof line - (size_t)o, ", %d member%s [%d, %d)", np->stages[s].n_members,
                       np->stages[s].n_members > 1 ? "s" : "", np->stages[s].first_layer, np->stages[s].last_layer);

@@ -148,6 +148,11 @@ bool cm_engine_tp_stats(const cm_engine *e, uint64_t *data_sent, uint64_t *wire_
     return true;
 }
 
+cm_slice cm_engine_slice(const cm_engine *e) {
+    if (e->pipe) return cm_pipe_tp_size(e->pipe) > 1 ? cm_pipe_tp_slice(e->pipe) : cm_slice_full(&e->m);
+    return e->slice;
+}
+
 void cm_engine_pipe_top(cm_engine *e, int slot, cm_sample_info *info) {
     int32_t ids[CM_SAMPLER_MAX_PROBS];
     float lp[CM_SAMPLER_MAX_PROBS];
@@ -321,7 +326,7 @@ cm_session *cm_session_new(cm_engine *e, int n_ctx, char *err, size_t errlen) {
             return NULL;
         }
     }
-    if (cm_kv_init_type(&s->kv, &e->m, 0, e->local_last, e->slice, n_ctx,
+    if (cm_kv_init_type(&s->kv, &e->m, 0, e->local_last, cm_engine_slice(e), n_ctx,
                         e->kv_f16 ? CM_TYPE_F16 : CM_TYPE_F32, err, errlen)) {
         if (s->slot >= 0) cm_pipe_seq_release(e->pipe ? e->pipe : e->tp, s->slot);
         cm_free(s->hidden);
@@ -371,6 +376,15 @@ int cm_engine_eval_cluster(cm_session *s, int upto, bool want_last, char *err, s
     /* After a recovery the new stages know nothing of this sequence:
      * recompute it from position 0 (same bits here, new caches there). */
     if (s->pipe_gen != cm_pipe_generation(e->pipe)) {
+        cm_slice sl = cm_engine_slice(e);
+        if (sl.h0 != s->kv.h0 || sl.h1 != s->kv.h1) { /* our group changed: our KV heads too */
+            cm_kv nk;
+            int rc = cm_kv_init_type(&nk, &e->m, 0, e->local_last, sl, s->n_ctx, e->kv_f16 ? CM_TYPE_F16 : CM_TYPE_F32,
+                                     err, errlen);
+            if (rc) return rc;
+            cm_kv_release(&s->kv);
+            s->kv = nk;
+        }
         cm_kv_truncate(&s->kv, 0);
         s->pipe_gen = cm_pipe_generation(e->pipe);
         int rc = cm_session_seq_restart(s, err, errlen);
@@ -383,7 +397,7 @@ int cm_engine_eval_cluster(cm_session *s, int upto, bool want_last, char *err, s
         for (int i = 0; i < nb; i++) pos[i] = p0 + i;
         bool last = p0 + nb == upto;
         cm_batch b = {.n = nb, .tokens = s->hist + p0, .pos = pos, .seq = seq};
-        cm_forward_args a = {.layer_first = 0, .layer_last = e->local_last, .slice = e->slice,
+        cm_forward_args a = {.layer_first = 0, .layer_last = e->local_last, .slice = cm_engine_slice(e),
                              .kvs = kvs, .n_kvs = 1, .out_hidden = s->hidden};
         /* The send stays under the lock so micro-batches leave in the order
          * the stage-0 caches saw them. Hybrid: our group's other members get
