@@ -182,8 +182,8 @@ void cm_pipe_hop_stats(const cm_pipe *p, uint64_t *bytes, uint64_t *frames, uint
 bool cm_pipe_is_tp(const cm_pipe *p);
 int cm_pipe_tp_size(const cm_pipe *p);
 cm_slice cm_pipe_tp_slice(const cm_pipe *p);
-void *cm_pipe_tp_coll(const cm_pipe *p); /* allreduce_user for cm_forward_args */
-int cm_pipe_tp_allreduce(void *coll, float *x, int64_t n); /* cm_allreduce_fn */
+void *cm_pipe_tp_coll(const cm_pipe *p); /* allreduce_user for cm_forward_args (the pipe) */
+int cm_pipe_tp_allreduce(void *user, float *x, int64_t n); /* cm_allreduce_fn; a failure fails the pipe */
 /* Send n token ids at pos[], sequence slots seq[], to every member. */
 int cm_pipe_tp_send(cm_pipe *p, const int32_t *tokens, const int32_t *pos, const int32_t *seq, int n,
                     char *err, size_t errlen);

@@ -345,8 +345,16 @@ int cm_pipe_last_top(cm_pipe *p, int slot_i, int32_t *ids, float *logprobs, int 
 bool cm_pipe_is_tp(const cm_pipe *p) { return p && p->tp; }
 int cm_pipe_tp_size(const cm_pipe *p) { return p->grouped ? p->tp_size : 1; }
 cm_slice cm_pipe_tp_slice(const cm_pipe *p) { return p->tp_slice; }
-void *cm_pipe_tp_coll(const cm_pipe *p) { return p->coll; }
-int cm_pipe_tp_allreduce(void *coll, float *x, int64_t n) { return cm_coll_allreduce_cb(coll, x, n); }
+void *cm_pipe_tp_coll(const cm_pipe *p) { return (void *)p; }
+/* A failed all-reduce (a member lost mid-operation) fails the pipe at once,
+ * so that the caller sees cm_pipe_failed and re-plans, rather than racing the
+ * receiver thread that notices the closed connection. */
+int cm_pipe_tp_allreduce(void *user, float *x, int64_t n) {
+    cm_pipe *p = user;
+    int rc = cm_coll_allreduce_cb(p->coll, x, n);
+    if (rc) cm_coord_fatal(p, rc, "all-reduce of this machine's group: %s", cm_coll_error(p->coll));
+    return rc;
+}
 
 int cm_pipe_tp_send(cm_pipe *p, const int32_t *tokens, const int32_t *pos, const int32_t *seq, int n, char *err,
                     size_t errlen) {

@@ -38,7 +38,7 @@ PIDS=""
 cleanup() {
     for p in $PIDS; do kill "$p" 2>/dev/null; done
     for p in $PIDS; do wait "$p" 2>/dev/null; done
-    rm -rf "$TMP"
+    [ -n "$CUMULO_KEEP_TMP" ] && echo "kept $TMP" >&2 || rm -rf "$TMP"
 }
 trap cleanup EXIT INT TERM
 export CUMULO_KEY_FILE="$TMP/cluster.key"
