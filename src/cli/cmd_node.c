@@ -24,7 +24,6 @@ static void on_stop(int sig) {
 static const char k_node_usage[] =
     "usage: cumulo node [--port P] [--name N] [--cache DIR] [--models DIR] [--join HOST:PORT ...]\n"
     "                   [--threads N] [--insecure] [--key-file FILE] [--bind ADDR] [--no-mdns]\n"
-    "                   [--declare-speed GFLOPS,GBS]\n"
     "\n"
     "Offer this machine's cores and memory to a cumulo cluster: listen for the\n"
     "coordinator (`cumulo run --cluster`, `cumulo serve --nodes`), take a pipeline\n"
@@ -41,9 +40,9 @@ static const char k_node_usage[] =
     "  --key-file FILE   cluster key (default $CUMULO_KEY_FILE or ~/.config/cumulo/cluster.key)\n"
     "  --bind ADDR       listen on this address only\n"
     "  --no-mdns         do not announce this node on the local network\n"
-    "  --declare-speed GFLOPS,GBS\n"
-    "                    tell peers this compute speed and memory bandwidth instead of the\n"
-    "                    measured ones (equal nodes in tests; a machine busy at start)\n";
+    "\n"
+    "CUMULO_DECLARE_SPEED=GFLOPS,GBS in the environment replaces the measured compute\n"
+    "speed and memory bandwidth (equally strong machines in tests).\n";
 
 int cmd_node(int argc, char **argv) {
     if (cli_wants_help(argc, argv)) { fputs(k_node_usage, stdout); return 0; }
@@ -69,13 +68,7 @@ int cmd_node(int argc, char **argv) {
         else if (!strcmp(a, "--key-file")) o.key_file = v;
         else if (!strcmp(a, "--bind")) o.bind = v;
         else if (!strcmp(a, "--port-file")) o.port_file = v;
-        else if (!strcmp(a, "--declare-speed")) {
-            char *e1, *e2 = NULL;
-            o.gflops = strtod(v, &e1);
-            if (*e1 == ',') o.mem_gbs = strtod(e1 + 1, &e2);
-            if (e1 == v || *e1 != ',' || !e2 || *e2 || !(o.gflops > 0 && o.gflops < 1e6) || !(o.mem_gbs > 0 && o.mem_gbs < 1e6))
-                return cli_fail("--declare-speed '%s': expected GFLOPS,GBS like 20,10", v);
-        } else if (!strcmp(a, "--join")) {
+        else if (!strcmp(a, "--join")) {
             if (o.n_join == (int)CM_ARRAY_LEN(join)) return cli_fail("at most %d --join peers", (int)CM_ARRAY_LEN(join));
             join[o.n_join++] = v;
         } else return cli_fail("unknown option '%s'; see 'cumulo node --help'", a);

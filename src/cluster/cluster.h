@@ -35,7 +35,9 @@
 
 /* Capabilities measured once per process (a few ms of real kernels):
  * compute speed from Q8_0 dot products in cache, memory bandwidth from the
- * same over a buffer far larger than the caches. Thread-safe. */
+ * same over a buffer far larger than the caches; the environment variable
+ * CUMULO_DECLARE_SPEED="GFLOPS,GBS" replaces both (tests that need equally
+ * strong machines on one host). Thread-safe. */
 typedef struct cm_node_caps {
     int cores;
     char isa[128];         /* "avx512 (avx2,fma,...)": the kernels in use, then the CPU's features */
@@ -43,6 +45,7 @@ typedef struct cm_node_caps {
     char os[32], arch[32], version[32];
     double gflops;         /* one thread */
     double mem_bw;         /* bytes/s, one thread */
+    bool declared;         /* gflops and mem_bw come from CUMULO_DECLARE_SPEED="GFLOPS,GBS", not measured */
 } cm_node_caps;
 void cm_node_caps_get(cm_node_caps *c);
 
@@ -66,8 +69,6 @@ typedef struct cm_node_opts {
     const char *key_file;   /* NULL: cm_net_key_default_path */
     bool mdns;              /* announce _cumulo._tcp */
     const char *port_file;  /* write the listening port here once listening */
-    double gflops, mem_gbs; /* > 0: declared speed, told to peers instead of the measured one
-                               (tests that need equal nodes; machines whose measurement is disturbed) */
 } cm_node_opts;
 
 /* Run until *stop becomes non-zero (a signal handler or another thread sets

@@ -34,7 +34,7 @@
 
 void cm_coord_log(cm_pipe *p, const char *fmt, ...) {
     if (!p->log) return;
-    char line[1024];
+    char line[8192]; /* the plan with its links matrix is one entry */
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(line, sizeof line, fmt, ap);

@@ -597,14 +597,10 @@ int cm_node_run(const cm_node_opts *o, atomic_int *stop, char *err, size_t errle
     cm_cluster_hello(&n.hello, o->name, port, CM_ROLE_NODE);
     cm_node_caps caps;
     cm_node_caps_get(&caps);
-    /* Declared speeds replace the measured ones in what peers are told. */
-    if (o->gflops > 0) n.hello.gflops = (float)o->gflops;
-    if (o->mem_gbs > 0) n.hello.mem_gbs = (float)o->mem_gbs;
-    if (o->gflops > 0 || o->mem_gbs > 0)
-        fprintf(stderr, "declared speed: %.1f GFLOP/s, %.1f GB/s (measured %.1f, %.1f)\n", n.hello.gflops, n.hello.mem_gbs,
-                caps.gflops, caps.mem_bw / 1e9);
-    fprintf(stderr, "cumulo node '%s' listening on port %u (%s; %d cores, %s, %.1f GFLOP/s, %.1f GB/s, %.1f of %.1f GiB free)\n",
+
+    fprintf(stderr, "cumulo node '%s' listening on port %u (%s; %d cores, %s, %.1f GFLOP/s, %.1f GB/s%s, %.1f of %.1f GiB free)\n",
             n.hello.name, port, cm_sec_mode_name(n.cfg.mode), caps.cores, caps.isa, caps.gflops, caps.mem_bw / 1e9,
+            caps.declared ? " declared" : "",
             (double)caps.mem_free / (1 << 30), (double)caps.mem_total / (1 << 30));
     if (o->port_file && *o->port_file) {
         char buf[16];

@@ -410,10 +410,13 @@ static int plan_best_order(const cm_plan_model *m, const cm_plan_cluster *c, con
     if (!have) return cm_errf(err, errlen, rc_first ? rc_first : CM_ENOSPACE, "%s", e1[0] ? e1 : "no order fits");
     *out = best;
     char extra[200];
+    const char *by = o->n_seq > 1 ? "aggregate" : "one-stream";
+    double got = o->n_seq > 1 ? best.tok_s_aggregate : best.tok_s;
     if (given_score > 0)
-        snprintf(extra, sizeof extra, " (best of %d node orders; the given order: %.1f)", tried, given_score);
+        snprintf(extra, sizeof extra, " (best of %d node orders by %s tok/s: %.1f; the given order: %.1f)", tried, by,
+                 got, given_score);
     else
-        snprintf(extra, sizeof extra, " (best of %d node orders)", tried);
+        snprintf(extra, sizeof extra, " (best of %d node orders by %s tok/s: %.1f)", tried, by, got);
     describe(out, c, extra);
     return 0;
 }
@@ -530,11 +533,18 @@ void cm_plan_format(const cm_plan *p, const cm_plan_model *m, const cm_plan_clus
                 mb->embed ? " embed" : "", mb->head ? " head" : "");
         }
     }
+    if (p->n_stages > 1) {
+        /* the hops the cost model charges (one token's hidden state; the
+         * last one is the token id back to the first stage) */
+        OUT("hops (ms per token):");
+        for (int s = 0; s < p->n_stages; s++)
+            OUT(" %d->%d %.3f%s", s, s + 1 < p->n_stages ? s + 1 : 0, p->stages[s].hop_s * 1e3, s + 1 < p->n_stages ? "," : ";");
+        OUT(" output head %.3f\n", head_s(m, c, &p->stages[p->n_stages - 1], 1) * 1e3);
+    }
     OUT("mode %s; one stream %.2f tok/s; aggregate %.2f tok/s; time to first token %.3f s\n",
         cm_parallel_name(p->mode), p->tok_s, p->tok_s_aggregate, p->ttft_s);
     OUT("per token: %llu bytes per pipeline hop, %llu bytes of tensor-parallel all-reduce per member\n",
         (unsigned long long)p->bytes_per_token_hop, (unsigned long long)p->bytes_per_token_tp);
     OUT("why: %s\n", p->why);
-    (void)m;
 #undef OUT
 }
