@@ -125,6 +125,10 @@ for model in stories260K-q8_0 deep24; do
     last=$(perl -ne 'print "$1\n" if /^\S+ (\d+\.\d+\.\d+\.\d+):\d+\s+\d+\s+\d+-\d+.*head/' "$TMP/cl.err")
     [ -z "$slow" ] || [ "$last" = 10.78.0.4 ] && ok || bad "$model: the slow-linked node is not the last stage ($last)"
     [ "$model" = deep24 ] || continue
+    # the plan was made on a fully measured matrix (nodes measured each other)
+    matrix=$(sed -n '/^links (row/,/^$/p' "$TMP/cl.err")
+    [ "$(printf '%s\n' "$matrix" | grep -c '10\.78\.0\.')" -ge 4 ] && ! printf '%s\n' "$matrix" | grep -qE 'not measured|unreachable' && ok ||
+        bad "$model: the plan's link matrix is incomplete: $matrix"
     # The real check, from the cost model as printed: the planner balances
     # each stage's time (its layers + the hops it receives and sends + the
     # output head on the last) and fills stages in order up to that bound.
