@@ -291,7 +291,7 @@ static int make_plan(cm_pipe *p, const cm_pipe_opts *o, cm_plan *plan, cm_plan_m
 
 /* What the dashboard shows of each machine: the plan's assignment plus the
  * HELLO facts and measured links gathered while connecting. */
-static void record_members(cm_pipe *p, const cm_plan *plan) {
+void cm_coord_record_members(cm_pipe *p, const cm_plan *plan) {
     cm_node_caps me;
     cm_node_caps_get(&me);
     p->n_members = 0;
@@ -476,7 +476,7 @@ int cm_pipe_open(cm_pipe **out, const char *model_path, const cm_gguf *g, const 
     p->n_stages = plan.n_stages;
     p->local_last = plan.stages[0].last_layer;
     for (int s = 1; s < plan.n_stages; s++) p->stage_remote[s] = plan.stages[s].members[0].node - 1;
-    record_members(p, &plan);
+    cm_coord_record_members(p, &plan);
     cm_coord_log(p, "%s", p->plan_text);
     p->tp_compress = o->tp_compress;
     for (int s = 0; s < plan.n_stages; s++)

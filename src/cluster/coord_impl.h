@@ -119,6 +119,8 @@ int cm_coord_tp_open(cm_pipe *p, const cm_plan *plan, char *err, size_t errlen);
  * --layers may split the layers between the groups). */
 int cm_coord_plan_groups(cm_pipe *p, const cm_pipe_opts *o, const cm_plan_opts *po, const cm_plan_model *pm,
                          const cm_plan_cluster *pc, cm_plan *plan, char *err, size_t errlen);
+/* What the dashboard shows of each machine of the plan (again after a re-plan). */
+void cm_coord_record_members(cm_pipe *p, const cm_plan *plan);
 /* Re-plan a plan with tensor-parallel groups after a loss (called by
  * cm_pipe_recover); CM_EAGAIN when it cannot. */
 int cm_coord_tp_recover(cm_pipe *p, char *err, size_t errlen);

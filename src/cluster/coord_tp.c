@@ -307,6 +307,7 @@ int cm_coord_tp_recover(cm_pipe *p, char *err, size_t errlen) {
     if (rc) goto out;
     p->n_stages = np->n_stages;
     for (int s = 1; s < np->n_stages; s++) p->stage_remote[s] = np->stages[s].members[0].node - 1;
+    cm_coord_record_members(p, np);
     p->generation++;
 out:
     cm_free(pm);
