@@ -163,7 +163,17 @@ bool cm_pipe_failed(cm_pipe *p);
  * for the layers; else a survivor could not take them). Call only while
  * nothing else uses the pipe (no token awaited). */
 int cm_pipe_recover(cm_pipe *p, char *err, size_t errlen);
-/* Bumped by every recovery: a session whose generation differs must resend. */
+/* Idle upkeep: call only while nothing uses the pipe, as often as you like
+ * (it acts at most every CM_PIPE_REJOIN_MS; env CUMULO_REJOIN_MS). Redials
+ * the nodes of the plan that were lost; when some came back it re-plans with
+ * the planner on every reachable node (this machine keeps its layers) and
+ * switches to that plan unless it is predicted more than 10% slower (a
+ * failed pipe switches whenever the plan fits again). Returns 1 when the
+ * plan changed (sessions then resend, as after cm_pipe_recover), 0 when not,
+ * or an error (the pipe is then failed, as after cm_pipe_recover). */
+#define CM_PIPE_REJOIN_MS 5000
+int cm_pipe_maintain(cm_pipe *p, char *err, size_t errlen);
+/* Bumped by every re-plan: a session whose generation differs must resend. */
 int cm_pipe_generation(const cm_pipe *p);
 
 /* Traffic on the hop coordinator -> stage 1 (FORWARD frames only) and the

@@ -648,3 +648,8 @@ void cm_pipe_hop_stats(const cm_pipe *p, uint64_t *bytes, uint64_t *frames, uint
     *rows = p->rows_sent;
 }
 
+
+/* For coord_recover.c: the planner's view of every known node (index i + 1
+ * is r[i]) and the dashboard's record of a plan (node i + 1 is r[i]). */
+void cm_coord_make_cluster(cm_pipe *p, cm_plan_cluster *c) { make_cluster(p, c); }
+void cm_coord_record_members(cm_pipe *p, const cm_plan *plan) { record_members(p, plan); }

@@ -79,6 +79,7 @@ struct cm_pipe {
     char plan_text[8192];
     int n_members;
     cm_pipe_member_info members[CM_PLAN_MAX_NODES * 2];
+    uint64_t next_rejoin_ns; /* coord_recover.c: next redial of lost nodes (cm_pipe_maintain) */
 };
 
 /* A line into the caller's log callback (the plan, failures, re-plans). */
@@ -94,6 +95,11 @@ int cm_coord_assign_stage(cm_pipe *p, int s, int n_st, const int *rid, const int
 /* Send a sequence message down the data path (every TP member, or stage 1);
  * caller holds send_mu. A failure marks the pipe failed. */
 int cm_coord_send_data(cm_pipe *p, const cm_msg *m, char *err, size_t errlen);
+/* The planner's view of this machine (node 0) and every known node (node
+ * i + 1 is r[i], lost or not), and the dashboard's record of a plan in
+ * those indices (coord.c, for coord_recover.c). */
+void cm_coord_make_cluster(cm_pipe *p, cm_plan_cluster *c);
+void cm_coord_record_members(cm_pipe *p, const cm_plan *plan);
 /* Open one TP group of every machine, this machine rank 0. */
 int cm_coord_tp_open(cm_pipe *p, const cm_plan *plan, char *err, size_t errlen);
 

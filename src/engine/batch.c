@@ -62,6 +62,9 @@ int cm_session_start(cm_session *s, const cm_gen_params *p, cm_token_cb cb, void
     /* The last stage samples: it gets the parameters and the history. */
     if (e->pipe) {
         int rc = cm_pipe_seq_start(e->pipe, s->slot, &p->sampling, s->hist, s->n_hist, err, errlen);
+        /* A stage lost since the prefill: the next step recovers and then
+         * restarts this sequence like every other (pipe generation). */
+        if (rc && cm_pipe_failed(e->pipe)) rc = 0;
         if (rc) {
             cm_stop_free(st->stop);
             cm_sampler_free(st->smp);

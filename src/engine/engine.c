@@ -23,6 +23,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static void fill_default_opts(cm_engine_opts *o) {
@@ -61,6 +62,8 @@ int cm_engine_load(cm_engine **out, const char *path, const cm_engine_opts *opts
     e->max_ctx = CM_MAX(e->n_ctx, CM_MIN(e->m.hp.n_ctx_train, 1 << 20));
     e->local_last = e->m.hp.n_layer;
     e->slice = cm_slice_full(&e->m);
+    const char *pd = getenv("CUMULO_TEST_PREFILL_DELAY_MS");
+    e->test_prefill_delay_ms = pd ? (unsigned)atoi(pd) : 0;
     if (o.nodes && *o.nodes) {
         if (e->n_batch > 256) e->n_batch = 256;
         cm_pipe_opts po = {.nodes = o.nodes, .insecure = o.insecure, .key_file = o.key_file, .layers = o.layers,
@@ -158,6 +161,10 @@ int cm_engine_forward(cm_engine *e, const cm_batch *b, cm_forward_args *a, cm_se
         a->allreduce_user = cm_pipe_tp_coll(e->tp);
     }
     return cm_forward(e->ctx, b, a, err, errlen);
+}
+
+int cm_engine_maintain(cm_engine *e, char *err, size_t errlen) {
+    return e->pipe ? cm_pipe_maintain(e->pipe, err, errlen) : 0;
 }
 
 bool cm_engine_hop_stats(const cm_engine *e, uint64_t *bytes, uint64_t *frames, uint64_t *rows) {
@@ -384,6 +391,7 @@ int cm_engine_eval_cluster(cm_session *s, int upto, bool want_last, char *err, s
             cm_kv_truncate(&s->kv, p0); /* the next stages may not have it */
             return rc;
         }
+        if (!want_last && e->test_prefill_delay_ms) cm_sleep_ms(e->test_prefill_delay_ms);
     }
     return 0;
 }
@@ -394,10 +402,15 @@ int cm_engine_eval_cluster(cm_session *s, int upto, bool want_last, char *err, s
 static int eval_pending(cm_session *s, char *err, size_t errlen) {
     cm_engine *e = s->e;
     if (e->pipe) {
-        /* A failure seen since the last step: recover before new work (the
-         * caller's thread is the pipe's only user here). */
-        int rc = cm_pipe_failed(e->pipe) ? cm_pipe_recover(e->pipe, err, errlen) : 0;
-        if (!rc) rc = cm_engine_eval_cluster(s, s->n_hist - 1, false, err, errlen);
+        /* A failure seen since the last step, or during this prefill: recover
+         * and evaluate again (the caller's thread is the pipe's only user
+         * here; after a re-plan the whole sequence is recomputed). */
+        int rc = 0;
+        for (int attempt = 0; attempt < 4; attempt++) {
+            rc = cm_pipe_failed(e->pipe) ? cm_pipe_recover(e->pipe, err, errlen) : 0;
+            if (!rc) rc = cm_engine_eval_cluster(s, s->n_hist - 1, false, err, errlen);
+            if (!rc || rc == CM_ECANCELED || !cm_pipe_failed(e->pipe)) break;
+        }
         s->have_logits = !rc && s->n_hist == s->kv.n_past + 1;
         return rc;
     }
@@ -524,7 +537,7 @@ int cm_session_generate(cm_session *s, const cm_gen_params *p, cm_token_cb cb, v
     cm_detok_init(&dt, e->tok, false, lstrip);
     gen_state g = {.s = s, .stop = stop, .cb = cb, .user = user, .stop_hit = -1};
     int rc = 0;
-    int n_gen = 0;
+    int n_gen = 0, recoveries = 0;
     enum cm_finish fin = CM_FINISH_LENGTH;
     cm_sample_info info; /* a few hundred bytes on the stack, filled per token */
     double t0 = cm_now_s();
@@ -537,7 +550,19 @@ int cm_session_generate(cm_session *s, const cm_gen_params *p, cm_token_cb cb, v
             /* Evaluate the pending token; the last stage samples. */
             if ((rc = cm_engine_eval_cluster(s, s->n_hist, true, err, errlen)) ||
                 (rc = cm_pipe_recv_token(e->pipe, s->slot, &id, &info.logprob, err, errlen))) {
-                if (rc == CM_ECANCELED) { rc = 0; fin = CM_FINISH_CANCEL; }
+                if (rc == CM_ECANCELED) { rc = 0; fin = CM_FINISH_CANCEL; break; }
+                /* A stage was lost: re-plan, tell the new last stage the
+                 * sampler and the history, recompute prompt + tokens emitted
+                 * (the token in flight was never taken: nothing repeats). */
+                if (cm_pipe_failed(e->pipe) && recoveries++ < 4) {
+                    rc = cm_pipe_recover(e->pipe, err, errlen);
+                    if (!rc) rc = cm_pipe_seq_start(e->pipe, s->slot, &p->sampling, s->hist, s->n_hist, err, errlen);
+                    if (!rc) {
+                        cm_kv_truncate(&s->kv, 0);
+                        s->pipe_gen = cm_pipe_generation(e->pipe);
+                        continue;
+                    }
+                }
                 break;
             }
             if (id < 0 || id >= e->m.hp.n_vocab) {
