@@ -80,6 +80,8 @@ struct cm_pipe {
     int n_members;
     cm_pipe_member_info members[CM_PLAN_MAX_NODES * 2];
     uint64_t next_rejoin_ns; /* coord_recover.c: next redial of lost nodes (cm_pipe_maintain) */
+    bool gave_up;            /* coord_recover.c: recovery failed; only returning nodes retry it */
+    char cause[300];         /* coord_recover.c: the failure that started it */
 };
 
 /* A line into the caller's log callback (the plan, failures, re-plans). */

@@ -247,12 +247,18 @@ int cm_pipe_recover(cm_pipe *p, char *err, size_t errlen) {
         pthread_mutex_unlock(&p->mu);
         return rc;
     }
+    if (p->gave_up) { /* nothing changed since: the same answer, at once */
+        pthread_mutex_lock(&p->mu);
+        int rc = cm_errf(err, errlen, p->fatal, "%s", p->fatal_text);
+        pthread_mutex_unlock(&p->mu);
+        return rc;
+    }
     /* A stage that reports its neighbour's failure may speak first: give
      * closed connections a moment to show as lost. */
     cm_sleep_ms(200);
-    char why[600];
+    char why[300];
     pthread_mutex_lock(&p->mu);
-    snprintf(why, sizeof why, "%s", p->fatal_text);
+    snprintf(why, sizeof why, "%.299s", p->cause[0] ? p->cause : p->fatal_text);
     pthread_mutex_unlock(&p->mu);
     cm_coord_log(p, "failure: %s; re-planning on the survivors", why);
     int rc = 0;
@@ -261,6 +267,7 @@ int cm_pipe_recover(cm_pipe *p, char *err, size_t errlen) {
     for (int attempt = 0; attempt < 3 && !rc; attempt++) {
         rc = recover_once(p, err, errlen);
         if (!rc) {
+            p->cause[0] = 0;
             cm_coord_log(p, "recovered: %d stages, epoch %llu", p->n_stages, (unsigned long long)atomic_load(&p->epoch));
             return 0;
         }
@@ -275,7 +282,10 @@ int cm_pipe_recover(cm_pipe *p, char *err, size_t errlen) {
     snprintf(e2, sizeof e2, "%s", err);
     pthread_mutex_lock(&p->mu);
     p->fatal = rc == CM_EAGAIN ? CM_EAGAIN : CM_EIO;
-    snprintf(p->fatal_text, sizeof p->fatal_text, "%.200s; the cluster cannot continue: %.360s", why, e2);
+    p->gave_up = true;
+    memcpy(p->cause, why, sizeof p->cause);
+    /* The reason first: HTTP error bodies keep only the first 255 bytes. */
+    snprintf(p->fatal_text, sizeof p->fatal_text, "the cluster cannot continue: %.330s (after: %.230s)", e2, why);
     pthread_cond_broadcast(&p->cv);
     cm_errf(err, errlen, p->fatal, "%s", p->fatal_text);
     pthread_mutex_unlock(&p->mu);
@@ -288,11 +298,20 @@ static int redial_lost(cm_pipe *p) {
     for (int i = 0; i < p->n_remote; i++) {
         remote *r = &p->r[i];
         if (r->ctl) continue;
-        char e[400];
+        char e[400], host[256];
+        uint16_t port;
         cm_msg_hello h;
         cm_conn *c = NULL;
         double rtt = 0, bw = 0;
-        int rc = cm_cluster_dial(r->addr, &p->cfg, &p->hello, &c, &h, e, sizeof e);
+        /* The caller is idle but new requests may be waiting behind it: a
+         * quick TCP check first (a machine that is off costs 300 ms), then a
+         * handshake bounded at 1 s (a frozen process accepts TCP but never
+         * answers). */
+        if (cm_net_parse_addr(r->addr, CM_NET_DEFAULT_PORT, host, sizeof host, &port, e, sizeof e)) continue;
+        if (cm_net_connect(host, port, 300, &c, e, sizeof e)) continue;
+        cm_net_cfg cfg = p->cfg;
+        cfg.handshake_ms = 1000;
+        int rc = cm_conn_handshake(c, true, &cfg, &p->hello, &h, e, sizeof e);
         if (!rc) rc = cm_cluster_measure(c, 1 << 16, &rtt, &bw, e, sizeof e);
         if (rc) {
             if (c) cm_conn_close(c, NULL);
@@ -326,6 +345,7 @@ int cm_pipe_maintain(cm_pipe *p, char *err, size_t errlen) {
     int back = redial_lost(p);
     if (cm_pipe_failed(p)) {
         if (!back) return 0;
+        p->gave_up = false;
         int rc = cm_pipe_recover(p, err, errlen);
         return rc ? rc : 1;
     }

@@ -62,8 +62,8 @@ int cm_engine_load(cm_engine **out, const char *path, const cm_engine_opts *opts
     e->max_ctx = CM_MAX(e->n_ctx, CM_MIN(e->m.hp.n_ctx_train, 1 << 20));
     e->local_last = e->m.hp.n_layer;
     e->slice = cm_slice_full(&e->m);
-    const char *pd = getenv("CUMULO_TEST_PREFILL_DELAY_MS");
-    e->test_prefill_delay_ms = pd ? (unsigned)atoi(pd) : 0;
+    const char *pd = getenv("CUMULO_TEST_CLUSTER_DELAY_MS");
+    e->test_cluster_delay_ms = pd ? (unsigned)atoi(pd) : 0;
     if (o.nodes && *o.nodes) {
         if (e->n_batch > 256) e->n_batch = 256;
         cm_pipe_opts po = {.nodes = o.nodes, .insecure = o.insecure, .key_file = o.key_file, .layers = o.layers,
@@ -391,7 +391,7 @@ int cm_engine_eval_cluster(cm_session *s, int upto, bool want_last, char *err, s
             cm_kv_truncate(&s->kv, p0); /* the next stages may not have it */
             return rc;
         }
-        if (!want_last && e->test_prefill_delay_ms) cm_sleep_ms(e->test_prefill_delay_ms);
+        if (e->test_cluster_delay_ms) cm_sleep_ms(e->test_cluster_delay_ms);
     }
     return 0;
 }

@@ -33,8 +33,9 @@ struct cm_engine {
     int local_last;       /* we compute layers [0, local_last) */
     cm_pipe *tp;          /* cluster, tensor parallel: the group (we are rank 0 and sample); NULL otherwise */
     cm_slice slice;       /* our part of every layer: full, or our TP slice */
-    unsigned test_prefill_delay_ms; /* test hook (CUMULO_TEST_PREFILL_DELAY_MS): a pause after each
-                                       prompt chunk sent to a cluster, so a test can kill a stage mid-prefill */
+    unsigned test_cluster_delay_ms; /* test hook (CUMULO_TEST_CLUSTER_DELAY_MS): a pause after each
+                                       micro-batch sent to the cluster, so a test can kill a stage
+                                       mid-prefill or mid-generation of `cumulo run` */
 };
 
 struct cm_step; /* batch.c: generation state of a session in step mode */
