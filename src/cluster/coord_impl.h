@@ -28,6 +28,7 @@ typedef struct remote {
     atomic_bool loading;     /* ASSIGN sent, READY not yet: loading may outlast the heartbeat bound, and
                               * the node's control thread expects only WEIGHTS_CHUNKs: no heartbeats */
     atomic_bool lost;        /* declared lost: its rx thread has ended */
+    bool seen_back;          /* coord_recover.c: lost, answered one rejoin check */
     _Atomic uint64_t last_rx_ns;
     uint64_t last_hb_ns;     /* rx thread only */
     int ready_status;

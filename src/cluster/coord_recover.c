@@ -237,16 +237,97 @@ static int recover_once(cm_pipe *p, char *err, size_t errlen) {
     return rc;
 }
 
+/* One re-formation of a tensor-parallel group on the survivors: leave the
+ * old group (closing our rank links wakes members blocked in an all-reduce
+ * with us), plan a TP group of this machine and every live node (KV heads
+ * and FFN rows by speed; memory checked), and open it under a new epoch. With
+ * no node left this machine computes every slice itself (it maps the whole
+ * model anyway). */
+static int tp_recover_once(cm_pipe *p, char *err, size_t errlen) {
+    cm_coll_free(p->coll);
+    p->coll = NULL;
+    cm_coll_mesh_close(p->tp_conn, CM_COLL_MAX_MEMBERS);
+    reap_lost(p);
+    replan_ctx *x = cm_calloc(1, sizeof *x);
+    if (!x) return cm_errf(err, errlen, CM_ENOMEM, "out of memory");
+    char e[600];
+    int rc = cm_plan_model_from_gguf(p->g, &x->pm, e, sizeof e);
+    if (rc) { cm_free(x); return cm_errf(err, errlen, rc, "re-plan: %s", e); }
+    cm_coord_make_cluster(p, &x->full);
+    int n = 1;
+    x->map[0] = -1;
+    for (int i = 0; i < p->n_remote; i++)
+        if (alive(&p->r[i])) x->map[n++] = i;
+    memset(&x->sub, 0, sizeof x->sub);
+    x->sub.n_nodes = n;
+    for (int a = 0; a < n; a++) {
+        int fa = a ? x->map[a] + 1 : 0;
+        x->sub.nodes[a] = x->full.nodes[fa];
+        for (int b = 0; b < n; b++) {
+            int fb = b ? x->map[b] + 1 : 0;
+            x->sub.rtt_s[a][b] = x->full.rtt_s[fa][fb];
+            x->sub.bw[a][b] = x->full.bw[fa][fb];
+        }
+    }
+    cm_plan_opts po;
+    cm_plan_opts_default(&po);
+    po.ctx = p->n_ctx;
+    po.n_seq = p->n_seq;
+    po.mode = CM_PARALLEL_TP;
+    rc = cm_plan_make(&x->pm, &x->sub, &po, &x->cand, e, sizeof e);
+    if (rc) {
+        cm_free(x);
+        return cm_errf(err, errlen, CM_EAGAIN, "the model no longer fits on this machine and the %d surviving node%s: %s",
+                       n - 1, n == 2 ? "" : "s", e);
+    }
+    cm_plan *fp = &x->cur; /* the plan in the full node indices */
+    *fp = x->cand;
+    cm_plan_stage *st = &fp->stages[0];
+    for (int k = 0; k < st->n_members; k++) {
+        int j = st->members[k].node;
+        st->members[k].node = j ? x->map[j] + 1 : 0;
+        if (j) p->r[x->map[j]].ready = false;
+    }
+    uint64_t ep = cm_wall_ms();
+    if (ep <= atomic_load(&p->epoch)) ep = atomic_load(&p->epoch) + 1;
+    atomic_store(&p->epoch, ep);
+    pthread_mutex_lock(&p->mu);
+    p->fatal = 0;
+    p->fatal_text[0] = 0;
+    for (int i = 0; i < p->n_seq; i++) p->slots[i].asked = p->slots[i].got = 0;
+    pthread_mutex_unlock(&p->mu);
+    cm_coord_log(p, "re-plan (epoch %llu, recovery): tensor-parallel group of %d (this machine and %d node%s)",
+                 (unsigned long long)ep, st->n_members, st->n_members - 1, st->n_members == 2 ? "" : "s");
+    if (st->n_members > 1 && st->members[0].node == 0) {
+        rc = cm_coord_tp_open(p, fp, err, errlen);
+    } else if (st->n_members == 1 && st->members[0].node == 0) {
+        p->tp_size = 1; /* every slice here: no all-reduce */
+        p->tp_slice = (cm_slice){0, p->m->hp.n_head_kv, 0, p->m->hp.n_ff};
+        cm_coord_log(p, "tensor parallel: this machine alone now, every KV head and FFN row");
+    } else {
+        rc = cm_errf(err, errlen, CM_EINVAL, "re-plan: the group does not start on this machine");
+    }
+    if (!rc) {
+        cm_coord_record_members(p, fp);
+        cm_plan_format(fp, &x->pm, &x->full, p->plan_text, sizeof p->plan_text);
+        p->generation++;
+    } else {
+        cm_coord_fatal(p, rc, "re-plan: %s", err);
+    }
+    cm_free(x);
+    return rc;
+}
+
+int cm_pipe_tp_recover(cm_pipe *p, char *err, size_t errlen) {
+    if (!p->tp) return cm_errf(err, errlen, CM_EINVAL, "not a tensor-parallel group");
+    /* An all-reduce may fail before the receiver threads declare the node
+     * lost: the group is broken either way. */
+    if (!cm_pipe_failed(p)) cm_coord_fatal(p, CM_EIO, "an all-reduce of the tensor-parallel group failed");
+    return cm_pipe_recover(p, err, errlen);
+}
+
 int cm_pipe_recover(cm_pipe *p, char *err, size_t errlen) {
     if (!cm_pipe_failed(p)) return 0;
-    if (p->tp) {
-        /* NEEDSWORK: a tensor-parallel group is not re-formed on its
-         * survivors yet; its requests end with the reason. */
-        pthread_mutex_lock(&p->mu);
-        int rc = cm_errf(err, errlen, p->fatal, "%s", p->fatal_text);
-        pthread_mutex_unlock(&p->mu);
-        return rc;
-    }
     if (p->gave_up) { /* nothing changed since: the same answer, at once */
         pthread_mutex_lock(&p->mu);
         int rc = cm_errf(err, errlen, p->fatal, "%s", p->fatal_text);
@@ -265,10 +346,12 @@ int cm_pipe_recover(cm_pipe *p, char *err, size_t errlen) {
     /* Test hook (tests/sh/cluster_failover.sh shows it fails without recovery). */
     if (getenv("CUMULO_TEST_NO_RECOVER")) rc = cm_errf(err, errlen, CM_EAGAIN, "recovery disabled");
     for (int attempt = 0; attempt < 3 && !rc; attempt++) {
-        rc = recover_once(p, err, errlen);
+        rc = p->tp ? tp_recover_once(p, err, errlen) : recover_once(p, err, errlen);
         if (!rc) {
             p->cause[0] = 0;
-            cm_coord_log(p, "recovered: %d stages, epoch %llu", p->n_stages, (unsigned long long)atomic_load(&p->epoch));
+            if (p->tp) cm_coord_log(p, "recovered: tensor-parallel group of %d, epoch %llu", p->tp_size,
+                                    (unsigned long long)atomic_load(&p->epoch));
+            else cm_coord_log(p, "recovered: %d stages, epoch %llu", p->n_stages, (unsigned long long)atomic_load(&p->epoch));
             return 0;
         }
         if (rc == CM_EAGAIN) break;
@@ -312,11 +395,27 @@ static int redial_lost(cm_pipe *p) {
         cm_net_cfg cfg = p->cfg;
         cfg.handshake_ms = 1000;
         int rc = cm_conn_handshake(c, true, &cfg, &p->hello, &h, e, sizeof e);
+        if (!rc && !r->seen_back) {
+            /* Back once: taken at the next check if it still answers (a
+             * flapping node is not re-planned for at every blink, and one
+             * just woken from SIGSTOP settles before its link is measured). */
+            r->seen_back = true;
+            cm_conn_close(c, NULL);
+            continue;
+        }
+        /* Two measurements, best of each: one busy moment of a loaded
+         * machine would otherwise price its link far too high. */
+        double rtt2 = 0, bw2 = 0;
         if (!rc) rc = cm_cluster_measure(c, 1 << 16, &rtt, &bw, e, sizeof e);
+        if (!rc) rc = cm_cluster_measure(c, 1 << 16, &rtt2, &bw2, e, sizeof e);
         if (rc) {
+            r->seen_back = false;
             if (c) cm_conn_close(c, NULL);
             continue;
         }
+        if (rtt2 < rtt) rtt = rtt2;
+        if (bw2 > bw) bw = bw2;
+        r->seen_back = false;
         r->ctl = c;
         r->hello = h;
         r->rtt = rtt;

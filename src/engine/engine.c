@@ -157,8 +157,11 @@ int cm_engine_forward(cm_engine *e, const cm_batch *b, cm_forward_args *a, cm_se
         for (int i = 0; i < b->n; i++) slots[i] = sess[b->seq[i]]->slot;
         int rc = cm_pipe_tp_send(e->tp, b->tokens, b->pos, slots, b->n, err, errlen);
         if (rc) return rc;
-        a->allreduce = cm_pipe_tp_allreduce;
-        a->allreduce_user = cm_pipe_tp_coll(e->tp);
+        if (e->test_cluster_delay_ms) cm_sleep_ms(e->test_cluster_delay_ms);
+        if (cm_pipe_tp_size(e->tp) > 1) { /* 1: every node lost, all slices here */
+            a->allreduce = cm_pipe_tp_allreduce;
+            a->allreduce_user = cm_pipe_tp_coll(e->tp);
+        }
     }
     return cm_forward(e->ctx, b, a, err, errlen);
 }
@@ -303,6 +306,7 @@ cm_session *cm_session_new(cm_engine *e, int n_ctx, char *err, size_t errlen) {
     s->slot = -1;
     if (e->tp) {
         s->slot = cm_pipe_seq_acquire(e->tp, err, errlen);
+        s->pipe_gen = cm_pipe_generation(e->tp);
         if (s->slot < 0) { cm_free(s); return NULL; }
     }
     if (e->pipe) {
@@ -396,6 +400,26 @@ int cm_engine_eval_cluster(cm_session *s, int upto, bool want_last, char *err, s
     return 0;
 }
 
+/* Tensor parallel: after the group was re-formed (cm_pipe_tp_recover) our
+ * slice changed and the members know nothing of this sequence: a KV cache of
+ * the new slice, empty, so the next evaluation recomputes from position 0. */
+int cm_session_tp_sync(cm_session *s, char *err, size_t errlen) {
+    cm_engine *e = s->e;
+    if (!e->tp || s->pipe_gen == cm_pipe_generation(e->tp)) return 0;
+    cm_kv_release(&s->kv);
+    s->have_logits = false;
+    int rc = cm_kv_init_type(&s->kv, &e->m, 0, e->local_last, e->slice, s->n_ctx, e->kv_f16 ? CM_TYPE_F16 : CM_TYPE_F32,
+                             err, errlen);
+    if (!rc) s->pipe_gen = cm_pipe_generation(e->tp);
+    return rc;
+}
+
+int cm_engine_tp_recover(cm_engine *e, char *err, size_t errlen) {
+    int rc = cm_pipe_tp_recover(e->tp, err, errlen);
+    if (!rc) e->slice = cm_pipe_tp_slice(e->tp);
+    return rc;
+}
+
 /* Evaluate hist[kv.n_past .. n_hist) in chunks; logits of the last one. On
  * a cluster the last token stays pending: it is evaluated with the sampling
  * step (the last stage samples; its logits never travel). */
@@ -417,6 +441,9 @@ static int eval_pending(cm_session *s, char *err, size_t errlen) {
     int32_t pos[256], seq[256] = {0};
     int bmax = CM_MIN(e->n_batch, 256);
     cm_kv *kvs[1] = {&s->kv};
+    int recoveries = 0;
+    int rc = cm_session_tp_sync(s, err, errlen);
+    if (rc) return rc;
     while (s->kv.n_past < s->n_hist) {
         if (atomic_load(&s->cancel)) return cm_errf(err, errlen, CM_ECANCELED, "canceled");
         int nb = CM_MIN(bmax, s->n_hist - s->kv.n_past);
@@ -426,13 +453,21 @@ static int eval_pending(cm_session *s, char *err, size_t errlen) {
         cm_forward_args a = {.layer_first = 0, .layer_last = e->m.hp.n_layer, .slice = e->slice,
                              .kvs = kvs, .n_kvs = 1, .out_logits = last ? s->logits : NULL};
         pthread_mutex_lock(&e->mu);
-        int rc = cm_engine_forward(e, &b, &a, &s, err, errlen);
+        rc = cm_engine_forward(e, &b, &a, &s, err, errlen);
         pthread_mutex_unlock(&e->mu);
+        if (rc && e->tp && rc != CM_ECANCELED && recoveries++ < 3) {
+            /* A member of the group was lost: re-form it, start over. */
+            rc = cm_engine_tp_recover(e, err, errlen);
+            if (!rc) rc = cm_session_tp_sync(s, err, errlen);
+            if (!rc) continue;
+        }
         if (rc) { s->have_logits = false; return rc; }
         s->have_logits = last;
     }
     return 0;
 }
+
+int cm_session_recompute(cm_session *s, char *err, size_t errlen) { return eval_pending(s, err, errlen); }
 
 static int check_ids(cm_session *s, const int32_t *ids, int n, char *err, size_t errlen) {
     for (int i = 0; i < n; i++)
@@ -448,6 +483,7 @@ int cm_session_set_prompt(cm_session *s, const int32_t *ids, int n, char *err, s
     if (n > s->n_ctx)
         return cm_errf(err, errlen, CM_ENOSPACE, "prompt of %d tokens does not fit the context of %d", n, s->n_ctx);
     int rc = check_ids(s, ids, n, err, errlen);
+    if (!rc) rc = cm_session_tp_sync(s, err, errlen); /* after a re-formed group nothing is cached */
     if (rc) return rc;
     /* Keep the common prefix already in the cache; always re-evaluate at
      * least the last token so its logits are fresh. */

@@ -75,6 +75,16 @@ int cm_session_seq_restart(cm_session *s, char *err, size_t errlen);
 int cm_engine_forward(cm_engine *e, const cm_batch *b, cm_forward_args *a, cm_session *const *sess, char *err,
                       size_t errlen);
 
+/* Tensor parallel, after the group was re-formed (engine.c): the session
+ * gets an empty KV cache of the engine's new slice (0 when nothing changed). */
+int cm_session_tp_sync(cm_session *s, char *err, size_t errlen);
+/* Re-form a lost tensor-parallel group (cm_pipe_tp_recover) and take the new
+ * slice; e->mu not held. */
+int cm_engine_tp_recover(cm_engine *e, char *err, size_t errlen);
+/* Evaluate what the session has not evaluated (after cm_session_tp_sync:
+ * prompt + tokens emitted), logits of the last token (engine.c). */
+int cm_session_recompute(cm_session *s, char *err, size_t errlen);
+
 /* Free a session's step state (batch.c); called by cm_session_free. */
 void cm_session_step_release(cm_session *s);
 

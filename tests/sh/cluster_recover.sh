@@ -1,7 +1,7 @@
 #!/bin/sh
 # cluster_recover.sh (issue 7): recovery beyond cluster_failover.sh, on
 # stories260K split over this process + two `cumulo node`s on 127.0.0.1
-# (--layers 2,2,1; ports 47311-47318), all greedy, every text compared with
+# (--layers 2,2,1; ports 47311-47320), all greedy, every text compared with
 # the single-machine text (SSE streams token by token: the concatenation of
 # their chunks, and no chunk after an error):
 #   nofit:    the nodes offer little memory (CUMULO_MEM_OFFER), so after a
@@ -15,6 +15,7 @@
 #             redialled and used again (in /api/cluster), texts still equal.
 #   prefill:  kill -9 of the middle stage while 8 long prompts are prefilled.
 #   cli:      kill -9 of the middle stage during `cumulo run --cluster`.
+#   tp:       kill -9 of a tensor-parallel member, then of the other one.
 cd "$(dirname "$0")/../.." || exit 1
 BIN=${CUMULO_BIN:-build/cumulo}
 SHARED=${CUMULO_SHARED:-$(cd .. && pwd)/shared}
@@ -204,6 +205,46 @@ wait $RUN
 perl -MJSON::PP -e 'local $/; print decode_json(<STDIN>)->{text}' <"$TMP/cli.json" >"$TMP/cli.got" 2>/dev/null
 cmp -s "$TMP/cli.got" "$TMP/want1" && ok || bad "cli: text differs: $(tail -3 "$TMP/cli.log")"
 grep -q 'recovered' "$TMP/cli.log" && ok || bad "cli: no recovery: $(tail -3 "$TMP/cli.log")"
+
+# ---- tp: `serve --parallel tp`, a group of this machine + 2 nodes (they
+# map the model from --models: NEEDSWORK, TP members that stream their
+# weights compute wrong sums, see the report of this branch). A member is
+# killed mid-stream: the group is re-formed with the survivor (new slices);
+# then the survivor is killed too: this machine computes every slice alone.
+# Texts equal one machine's. TP sums in another order than one machine, so a
+# near-tie can flip a greedy choice whatever the recovery: "The little dog"
+# does with every split tried (1,1 1,10 10,1 1,3 3,1 1,1,1 1,2,3 3,2,1 1,5,5
+# by --tp-weights), the three other prompts agree with all of them for 100
+# tokens; only those three are used here.
+tp_node() {
+    CUMULO_LOG=info "$BIN" node --bind 127.0.0.1 --port "$1" --no-mdns --threads 1 --cache "$TMP/c$1" \
+        --models "$SHARED/models" >>"$TMP/n$1.log" 2>&1 &
+    NODE_PID=$!
+    PIDS="$PIDS $NODE_PID"
+    k=0
+    while ! grep -q 'listening' "$TMP/n$1.log" 2>/dev/null && [ $k -lt 100 ]; do sleep 0.05; k=$((k + 1)); done
+}
+tp_node 47319; A=$NODE_PID
+tp_node 47320; B2=$NODE_PID
+CUMULO_TEST_STEP_DELAY_MS=15 "$BIN" serve "$M" --host 127.0.0.1 --port 0 --nodes 127.0.0.1:47319,127.0.0.1:47320 \
+    --parallel tp --threads 1 --slots 8 >"$TMP/stp.out" 2>"$TMP/stp.log" &
+SRV=$!
+PIDS="$PIDS $SRV"
+wait_log "$TMP/stp.log" 'ready' 300 || bad "tp: serve did not start: $(tail -3 "$TMP/stp.log")"
+grep -q 'tensor parallel: 3 members' "$TMP/stp.log" && ok || bad "tp: not a group of 3: $(grep -i 'tensor' "$TMP/stp.log")"
+PORT=$(sed -n 's/.*http:\/\/[^:]*:\([0-9]*\).*/\1/p' "$TMP/stp.log" "$TMP/stp.out" | head -1)
+tpp() { echo "1 3 4" | cut -d' ' -f$(( ($1 - 1) % 3 + 1 )); }
+for round in 1 2; do
+    CP=""
+    for r in 1 2 3 4 5 6 7 8; do s=true; [ $r -gt 6 ] && s=false; request tp$round $r $(tpp $r) $s $N_TOK; done
+    wait_streams tp$round 6 5 || bad "tp: the streams did not start"
+    if [ $round = 1 ]; then kill -9 $A; else kill -9 $B2; fi
+    for p in $CP; do wait "$p"; done
+    for r in 1 2 3 4 5 6 7 8; do s=true; [ $r -gt 6 ] && s=false; check tp$round $r $(tpp $r) $s; done
+done
+grep -q 'recovered: tensor-parallel group of 2' "$TMP/stp.log" && ok || bad "tp: no re-formed group of 2: $(grep -i 'plan\|fail' "$TMP/stp.log" | tail -3)"
+grep -q 'this machine alone now' "$TMP/stp.log" && ok || bad "tp: no fallback to this machine: $(grep -i 'plan\|fail' "$TMP/stp.log" | tail -3)"
+kill -9 $SRV 2>/dev/null
 
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]
