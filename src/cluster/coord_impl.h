@@ -34,6 +34,8 @@ typedef struct remote {
     int ready_status;
     char ready_text[CM_MSG_TEXT_MAX + 1];
     cm_pipe *p;
+    int n_links;             /* node to node links this node measured (LINKS), by peer address */
+    struct { char addr[80]; int status; double rtt, bw; } links[CM_PLAN_MAX_NODES];
 } remote;
 
 typedef struct slot {
@@ -103,6 +105,15 @@ int cm_coord_send_data(cm_pipe *p, const cm_msg *m, char *err, size_t errlen);
  * those indices (coord.c, for coord_recover.c). */
 void cm_coord_make_cluster(cm_pipe *p, cm_plan_cluster *c);
 void cm_coord_record_members(cm_pipe *p, const cm_plan *plan);
+/* Ask every node to measure its links to the other nodes (coord_links.c;
+ * before the receiver threads start). Never fails: a link not measured
+ * falls back to an estimate, and the plan text says which. */
+void cm_coord_measure_links(cm_pipe *p);
+/* The link from r[a] to r[b] as r[a] measured it: 1 measured (rtt, bw set),
+ * 0 not measured, < 0 r[a] could not reach r[b] (the CM_E* code). */
+int cm_coord_link(const cm_pipe *p, int a, int b, double *rtt, double *bw);
+/* The links the planner used, as a matrix (appended to the plan text). */
+void cm_coord_links_text(const cm_pipe *p, char *buf, size_t n);
 /* Open one TP group of every machine, this machine rank 0. */
 int cm_coord_tp_open(cm_pipe *p, const cm_plan *plan, char *err, size_t errlen);
 

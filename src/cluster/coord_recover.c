@@ -104,6 +104,7 @@ static int plan_survivors(cm_pipe *p, replan_ctx *x, char *err, size_t errlen) {
     po.n_seq = p->n_seq;
     po.mode = CM_PARALLEL_PP;
     po.first_stage_layers = p->local_last;
+    po.reorder = true; /* as cm_pipe_open: the order follows the measured links */
     rc = cm_plan_make(&x->pm, &x->sub, &po, &x->cand, e, sizeof e);
     if (rc)
         return cm_errf(err, errlen, CM_EAGAIN, "the model no longer fits on this machine and the %d surviving node%s: %s",
