@@ -269,7 +269,7 @@ static void on_assign(node *n, cm_conn *c, const cm_msg_assign *a) {
         uint64_t got = 0;
         double t0 = cm_now_s();
         rc = cm_weights_fetch(c, &n->mu, n->cache_dir, a->model_sha256, (int)a->layer_begin, (int)a->layer_end,
-                              a->flags & CM_ASSIGN_F_OUTPUT, path, sizeof path, &got, err, sizeof err);
+                              a->flags & CM_ASSIGN_F_EMBED, a->flags & CM_ASSIGN_F_OUTPUT, path, sizeof path, &got, err, sizeof err);
         if (!rc)
             CM_LOGI("weights: %llu bytes streamed in %.2f s into '%s'", (unsigned long long)got, cm_now_s() - t0, path);
     }

@@ -159,11 +159,13 @@ static int fetch(cm_conn *c, pthread_mutex_t *send_mu, const uint8_t hash[32], u
     return 0;
 }
 
-static bool wanted(const char *name, int b, int e, bool last, bool has_output) {
+static bool wanted(const char *name, int b, int e, bool embed, bool last, bool has_output) {
     int layer;
     char rest[8];
     if (sscanf(name, "blk.%d.%1s", &layer, rest) == 2) return layer >= b && layer < e;
     if (!strcmp(name, "rope_freqs.weight")) return true;
+    /* A member of the first stage's TP group embeds its tokens itself. */
+    if (embed && !strcmp(name, "token_embd.weight")) return true;
     if (!last) return false;
     if (!strcmp(name, "output_norm.weight") || !strcmp(name, "output.weight")) return true;
     return !has_output && !strcmp(name, "token_embd.weight");
@@ -200,8 +202,8 @@ static bool verify(int fd, uint64_t off, uint64_t n, const uint8_t hash[32]) {
 }
 
 int cm_weights_fetch(cm_conn *c, pthread_mutex_t *send_mu, const char *cache_dir, const uint8_t model_sha[32],
-                     int layer_begin, int layer_end, bool last, char *path, size_t cap, uint64_t *fetched,
-                     char *err, size_t errlen) {
+                     int layer_begin, int layer_end, bool embed, bool last, char *path, size_t cap,
+                     uint64_t *fetched, char *err, size_t errlen) {
     char hex[65], dir[520], mpath[640], gpath[640];
     cm_sha256_hex(model_sha, hex);
     *fetched = 0;
@@ -272,10 +274,10 @@ int cm_weights_fetch(cm_conn *c, pthread_mutex_t *send_mu, const char *cache_dir
     bool has_output = cm_gguf_find_tensor(&g, "output.weight") != NULL;
     uint64_t need = 0, have = 0;
     for (uint64_t i = 0; i < nt; i++)
-        if (wanted(g.tensors[i].name, layer_begin, layer_end, last, has_output)) need += g.tensors[i].nbytes;
+        if (wanted(g.tensors[i].name, layer_begin, layer_end, embed, last, has_output)) need += g.tensors[i].nbytes;
     for (uint64_t i = 0; i < nt && !rc; i++) {
         const cm_gguf_tensor_info *ti = &g.tensors[i];
-        if (!wanted(ti->name, layer_begin, layer_end, last, has_output)) continue;
+        if (!wanted(ti->name, layer_begin, layer_end, embed, last, has_output)) continue;
         const uint8_t *h = mf + 24 + doff + 32 * i;
         uint64_t at = g.data_offset + ti->offset;
         if (verify(fd, at, ti->nbytes, h)) { have += ti->nbytes; continue; }

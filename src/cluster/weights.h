@@ -31,12 +31,13 @@ int cm_weights_serve(cm_conn *c, pthread_mutex_t *send_mu, const cm_gguf *g, con
                      const cm_msg_weights_req *rq, char *err, size_t errlen);
 
 /* Node: make sure the cache holds the model's manifest and every tensor of
- * layers [layer_begin, layer_end) (plus the output head when `last`),
+ * layers [layer_begin, layer_end) (plus the token embedding when `embed`,
+ * the output head when `last`),
  * fetching what is missing over c (the coordinator's connection; nobody else
  * may receive on it meanwhile; sends under send_mu). Writes the sparse
  * GGUF's path to path. *fetched gets the tensor bytes received. */
 int cm_weights_fetch(cm_conn *c, pthread_mutex_t *send_mu, const char *cache_dir, const uint8_t model_sha[32],
-                     int layer_begin, int layer_end, bool last, char *path, size_t cap, uint64_t *fetched,
-                     char *err, size_t errlen);
+                     int layer_begin, int layer_end, bool embed, bool last, char *path, size_t cap,
+                     uint64_t *fetched, char *err, size_t errlen);
 
 #endif
