@@ -305,6 +305,40 @@ kill "$SPID" 2>/dev/null
 wait "$SPID" 2>/dev/null
 resync
 
+# 4b. Streamed weights: three nodes WITHOUT --models (the coordinator streams
+# each only its tensors, the first group's member also token_embd) under
+# --groups 2,2 and 1,3: ids equal one machine's, twice, and again after a
+# restart that finds every tensor in the node caches.
+for n in u v w; do start_node $n; done
+SALL=127.0.0.1:$PORT_u,127.0.0.1:$PORT_v,127.0.0.1:$PORT_w
+stream_hy() { # LABEL
+    for model in "$TMP/models/synth.gguf" "$MQ"; do
+        run_one "$TMP/so" "$model" "Once upon a time" 24
+        for args in "--groups 2,2" "--groups 1,3"; do
+            if run_one "$TMP/ss" "$model" "Once upon a time" 24 --nodes "$SALL" $args; then
+                [ "$(ids "$TMP/ss.json")" = "$(ids "$TMP/so.json")" ] && ok ||
+                    bad "streamed $(basename "$model") $args, $1: ids $(ids "$TMP/ss.json") vs $(ids "$TMP/so.json")"
+            else
+                bad "streamed $(basename "$model") $args, $1: run failed: $(tail -3 "$TMP/ss.err")"
+            fi
+        done
+    done
+}
+if [ -n "$PORT_u" ] && [ -n "$PORT_v" ] && [ -n "$PORT_w" ]; then
+    stream_hy "run 1"
+    stream_hy "run 2"
+    kill $PID_u $PID_v $PID_w 2>/dev/null
+    wait $PID_u $PID_v $PID_w 2>/dev/null
+    rm -f "$TMP/u.port" "$TMP/v.port" "$TMP/w.port"
+    for n in u v w; do start_node $n; done
+    SALL=127.0.0.1:$PORT_u,127.0.0.1:$PORT_v,127.0.0.1:$PORT_w
+    stream_hy "after a restart on the caches"
+    kill $PID_u $PID_v $PID_w 2>/dev/null
+    wait $PID_u $PID_v $PID_w 2>/dev/null
+else
+    bad "streamed nodes did not start"
+fi
+
 # 5. A member of the last group dies (kill -9 its rank 0, the sampler) while
 # 4 streams run: the coordinator re-plans (this machine's group keeps its
 # layers and slices; the survivor of the last group takes the rest) and every
