@@ -294,12 +294,14 @@ static int make_plan(cm_pipe *p, const cm_pipe_opts *o, cm_plan *plan, cm_plan_m
 void cm_coord_record_members(cm_pipe *p, const cm_plan *plan) {
     cm_node_caps me;
     cm_node_caps_get(&me);
-    p->n_members = 0;
+    /* Built aside, then copied under info_mu (an /api/cluster reader). */
+    cm_pipe_member_info tmp[CM_ARRAY_LEN(p->members)];
+    int nm = 0;
     for (int s = 0; s < plan->n_stages; s++) {
         const cm_plan_stage *st = &plan->stages[s];
-        for (int k = 0; k < st->n_members && p->n_members < (int)CM_ARRAY_LEN(p->members); k++) {
+        for (int k = 0; k < st->n_members && nm < (int)CM_ARRAY_LEN(tmp); k++) {
             const cm_plan_member *mb = &st->members[k];
-            cm_pipe_member_info *o = &p->members[p->n_members++];
+            cm_pipe_member_info *o = &tmp[nm++];
             memset(o, 0, sizeof *o);
             o->stage = s;
             o->first_layer = st->first_layer;
@@ -335,6 +337,10 @@ void cm_coord_record_members(cm_pipe *p, const cm_plan *plan) {
                 o->link_measured = node_link(p, plan->stages[s - 1].members[0].node, mb->node, &o->link_rtt_s, &o->link_bw);
         }
     }
+    pthread_mutex_lock(&p->info_mu);
+    memcpy(p->members, tmp, (size_t)nm * sizeof tmp[0]);
+    p->n_members = nm;
+    pthread_mutex_unlock(&p->info_mu);
 }
 
 /* ASSIGN stage s of n_st: layers [lb[s], le[s]) on r[rid[s]] (stage 0 is
@@ -405,6 +411,7 @@ int cm_pipe_open(cm_pipe **out, const char *model_path, const cm_gguf *g, const 
     snprintf(p->model_path, sizeof p->model_path, "%.511s", model_path);
     pthread_mutex_init(&p->send_mu, NULL);
     pthread_mutex_init(&p->mu, NULL);
+    pthread_mutex_init(&p->info_mu, NULL);
     pthread_cond_init(&p->cv, NULL);
     p->n_seq = o->n_seq_max > 0 ? o->n_seq_max : 8;
     p->n_ctx = o->n_ctx > 0 ? o->n_ctx : 2048;
@@ -678,8 +685,12 @@ int cm_pipe_recv_token(cm_pipe *p, int slot_i, int32_t *token, float *logprob, c
 }
 
 int cm_pipe_members(const cm_pipe *p, cm_pipe_member_info *out, int max) {
-    for (int i = 0; i < p->n_members && i < max; i++) out[i] = p->members[i];
-    return p->n_members;
+    cm_pipe *q = (cm_pipe *)p; /* the lock, not the record, changes */
+    pthread_mutex_lock(&q->info_mu);
+    int n = p->n_members;
+    for (int i = 0; i < n && i < max; i++) out[i] = p->members[i];
+    pthread_mutex_unlock(&q->info_mu);
+    return n;
 }
 
 void cm_pipe_hop_stats(const cm_pipe *p, uint64_t *bytes, uint64_t *frames, uint64_t *rows) {

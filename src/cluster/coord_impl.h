@@ -87,6 +87,10 @@ struct cm_pipe {
     cm_pipe_log_fn log;
     void *log_ctx;
     char plan_text[8192];
+    /* The dashboard's copy of the plan: rewritten by a re-plan while an HTTP
+     * thread reads it (cm_pipe_members), so both hold info_mu, a lock of its
+     * own that the data path never takes. */
+    pthread_mutex_t info_mu;
     int n_members;
     cm_pipe_member_info members[CM_PLAN_MAX_NODES * 2];
     uint64_t next_rejoin_ns; /* coord_recover.c: next redial of lost nodes (cm_pipe_maintain) */
