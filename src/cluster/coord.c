@@ -394,18 +394,54 @@ int cm_pipe_open(cm_pipe **out, const char *model_path, const cm_gguf *g, const 
     rc = cm_file_sha256(model_path, p->sha, err, errlen);
     if (rc) goto fail;
     cm_cluster_hello(&p->hello, NULL, 0, CM_ROLE_COORDINATOR);
+    /* With --nodes auto, anyone on the LAN can announce itself: a node that
+     * fails the handshake (another cluster key, --insecure, another
+     * protocol version, nothing listening) is left out with a warning, so a
+     * rogue announcement cannot stop the cluster. Nodes named by the user
+     * must all work. Handshakes run all at once (addresses that never
+     * answer cost one deadline in all), link measurements one at a time. */
+    bool from_mdns = !strcmp(o->nodes, "auto");
+    int n_refused = 0;
+    char first_refusal[300] = "";
+    cm_conn *dialled[CM_PLAN_MAX_NODES - 1];
+    cm_msg_hello peers[CM_PLAN_MAX_NODES - 1];
+    int dial_rc[CM_PLAN_MAX_NODES - 1];
+    char dial_err[CM_PLAN_MAX_NODES - 1][400];
+    cm_cluster_dial_many((const char (*)[80])addrs, n, &p->cfg, &p->hello, dialled, peers, dial_rc, dial_err);
     for (int i = 0; i < n; i++) {
-        remote *r = &p->r[i];
+        remote *r = &p->r[p->n_remote];
         char e[400];
+        memset(r, 0, sizeof *r);
         snprintf(r->addr, sizeof r->addr, "%.79s", addrs[i]);
         r->p = p;
-        p->n_remote = i + 1;
-        rc = cm_cluster_dial(r->addr, &p->cfg, &p->hello, &r->ctl, &r->hello, e, sizeof e);
+        p->n_remote++;
+        rc = dial_rc[i];
+        r->ctl = dialled[i];
+        r->hello = peers[i];
+        memcpy(e, dial_err[i], sizeof e);
         if (!rc) rc = cm_cluster_measure(r->ctl, 1 << 16, &r->rtt, &r->bw, e, sizeof e);
-        if (rc) { cm_errf(err, errlen, rc, "node %s: %s", r->addr, e); goto fail; }
+        if (rc && from_mdns) {
+            CM_LOGW("node %s (found by mDNS) not used: %s", r->addr, e);
+            cm_coord_log(p, "node %s (found by mDNS) not used: %s", r->addr, e);
+            if (!n_refused++) snprintf(first_refusal, sizeof first_refusal, "node %.79s: %.200s", r->addr, e);
+            cm_conn_close(r->ctl, NULL);
+            memset(r, 0, sizeof *r);
+            p->n_remote--;
+            rc = 0;
+            continue;
+        }
+        if (rc) {
+            cm_errf(err, errlen, rc, "node %s: %s", r->addr, e);
+            for (int k = i + 1; k < n; k++) cm_conn_close(dialled[k], NULL);
+            goto fail;
+        }
         cm_coord_log(p, "node %s ('%s'): %u cores %s, %.1f GFLOP/s, %.1f GB/s, %.2f GiB free; rtt %.3f ms, %.1f MB/s", r->addr,
              r->hello.name, r->hello.cores, r->hello.isa, r->hello.gflops, r->hello.mem_gbs,
              (double)r->hello.mem_free / (1 << 30), r->rtt * 1e3, r->bw / 1e6);
+    }
+    if (!p->n_remote) {
+        rc = cm_errf(err, errlen, CM_EAUTH, "none of the %d node(s) found by mDNS could be used; %s", n, first_refusal);
+        goto fail;
     }
     /* Pipeline order follows the cluster's node order: put the nodes behind
      * slower links last, where only the last stage's hop (token ids back)
