@@ -380,6 +380,8 @@ int cm_pipe_open(cm_pipe **out, const char *model_path, const cm_gguf *g, const 
     {
         const char *env = getenv("CUMULO_LOST_MS"); /* tests: a tighter or looser bound */
         if (env && atoi(env) >= 200) p->lost_ms = atoi(env);
+        env = getenv("CUMULO_TOKEN_TIMEOUT_MS"); /* tests: the token deadline of cm_pipe_recv_token */
+        if (env && atoi(env) >= 200) p->timeout_ms = atoi(env);
     }
     p->log = o->log;
     p->log_ctx = o->log_ctx;
@@ -653,7 +655,16 @@ int cm_pipe_recv_token(cm_pipe *p, int slot_i, int32_t *token, float *logprob, c
     while (s->got < s->asked) {
         if (p->fatal) { rc = cm_errf(err, errlen, p->fatal, "%s", p->fatal_text); break; }
         if (cm_now_ns() > deadline) {
-            rc = cm_errf(err, errlen, CM_ETIMEDOUT, "no token from the last stage within %d ms", p->timeout_ms);
+            /* Every node answers its heartbeats, yet no token comes: a link
+             * between two stages is cut (TCP retries it for many minutes and
+             * nobody notices) or a stage is stuck. Fail the pipe, so that
+             * the caller re-plans (fresh connections everywhere) or ends its
+             * requests with this reason, instead of each waiting in turn. */
+            pthread_mutex_unlock(&p->mu);
+            cm_coord_fatal(p, CM_ETIMEDOUT, "no token from the last stage within %d ms (a link between stages may be cut)",
+                           p->timeout_ms);
+            pthread_mutex_lock(&p->mu);
+            rc = cm_errf(err, errlen, p->fatal, "%s", p->fatal_text);
             break;
         }
         struct timespec ts;

@@ -4,7 +4,8 @@
 # network namespaces on a bridge (itself in a namespace: the host's network is
 # untouched). Per scenario a fresh cluster serves concurrent curl clients
 # (streaming and not, temperature 0) in three waves: before, during and after
-# one injected fault on the middle stage A:
+# one injected fault on the middle stage A (whichever node the
+# coordinator put in the middle):
 #   none       no fault (the control)
 #   kill       kill -9
 #   stop       SIGSTOP, then SIGCONT after the loss bound
@@ -12,6 +13,11 @@
 #   partition  nftables drops everything to and from A, then heals
 #   slow       tc tbf limits A's link to 256 kbit/s for a few seconds
 #   flap       A's link drops and heals every ~1 s, four times
+#   cut        the link between the two nodes drops both ways, then heals:
+#              every node still answers its heartbeats, only tokens stop
+#   cutperm    the same until every request in flight has ended (with an
+#              explicit error: no plan without that link is tried), then
+#              heals: the requests after it must succeed again
 #   killlast   kill -9 of the last stage B (long mode only)
 # Every request's start, end, HTTP status and body are recorded, and
 # tests/sh/lib/chaos_check.py checks the contract on that history: every
@@ -33,11 +39,11 @@ cd "$(dirname "$0")/../.." || exit 1
 M=$MODELS/stories260K-q8_0.gguf
 LONG=${CUMULO_CHAOS_LONG:-}
 if [ -n "$LONG" ]; then
-    N_TOK=300; LOST_MS=2000; HOLD_S=4; WAVE1=8; WAVE2=4; WAVE3=4
-    SCENARIOS=${CUMULO_CHAOS_SCENARIOS:-none kill stop drop1 partition slow flap killlast}
+    N_TOK=300; LOST_MS=2000; HOLD_S=4; WAVE1=8; WAVE2=4; WAVE3=4; TOKEN_MS=10000
+    SCENARIOS=${CUMULO_CHAOS_SCENARIOS:-none kill stop drop1 partition slow flap cut cutperm killlast}
 else
-    N_TOK=160; LOST_MS=1000; HOLD_S=2; WAVE1=6; WAVE2=3; WAVE3=2
-    SCENARIOS=${CUMULO_CHAOS_SCENARIOS:-none kill stop drop1 partition slow flap}
+    N_TOK=120; LOST_MS=1000; HOLD_S=2; WAVE1=6; WAVE2=3; WAVE3=2; TOKEN_MS=5000
+    SCENARIOS=${CUMULO_CHAOS_SCENARIOS:-none kill stop drop1 partition slow flap cut cutperm}
 fi
 KNOWN_FAIL=${CUMULO_CHAOS_KNOWN_FAIL:-}
 T=cmchaos-$$
@@ -110,8 +116,11 @@ EOF
 out=$(python3 tests/sh/lib/chaos_check.py "$D" "$TMP/ref")
 echo "$out" | tail -1 | grep -q '^requests 7 ok 1 error 1 violations 6$' && ok || bad "chaos_check self-test: $out"
 
-# ---- faults: nftables in A's namespace (a table of our own), tc on A's veth
-nft_a() { ip netns exec "$NA" nft "$@"; }
+# ---- faults on the middle stage F (A or B: the coordinator orders the nodes
+# by measured bandwidth): nftables in F's namespace (a table of our own), tc
+# on F's veth and its bridge port. FNS, FBR, OIP (the other node) are set per
+# scenario from the plan.
+nft_a() { ip netns exec "$FNS" nft "$@"; }
 drop_a() { # $1: "out-to-coord" (one way) or "both"
     nft_a add table inet cmchaos
     nft_a add chain inet cmchaos in '{ type filter hook input priority 0; policy accept; }'
@@ -119,16 +128,19 @@ drop_a() { # $1: "out-to-coord" (one way) or "both"
     if [ "$1" = both ]; then
         nft_a add rule inet cmchaos in iifname eth0 drop
         nft_a add rule inet cmchaos out oifname eth0 drop
+    elif [ "$1" = to-other ]; then
+        nft_a add rule inet cmchaos in ip saddr $OIP drop
+        nft_a add rule inet cmchaos out ip daddr $OIP drop
     else
         nft_a add rule inet cmchaos out ip daddr $IPC drop
     fi
 }
 heal_a() { nft_a delete table inet cmchaos 2>/dev/null; }
 slow_a() {
-    tc -n "$NA" qdisc add dev eth0 root tbf rate 256kbit burst 4kb latency 300ms
-    tc -n "$BR" qdisc add dev cxp2 root tbf rate 256kbit burst 4kb latency 300ms
+    tc -n "$FNS" qdisc add dev eth0 root tbf rate 256kbit burst 4kb latency 300ms
+    tc -n "$BR" qdisc add dev "$FBR" root tbf rate 256kbit burst 4kb latency 300ms
 }
-fast_a() { tc -n "$NA" qdisc del dev eth0 root 2>/dev/null; tc -n "$BR" qdisc del dev cxp2 root 2>/dev/null; }
+fast_a() { [ -n "$FNS" ] && tc -n "$FNS" qdisc del dev eth0 root 2>/dev/null; [ -n "$FBR" ] && tc -n "$BR" qdisc del dev "$FBR" root 2>/dev/null; }
 hold() { sleep "$(awk "BEGIN { print $LOST_MS / 1000 + $HOLD_S }")"; }
 
 # ---- clients
@@ -177,9 +189,10 @@ run_scenario() {
     mkdir -p "$D"
     : >"$D/launched"
     port=$((7100 + sc))
-    CUMULO_LOG=info CC_NS=$NA cc_start_node "$name-a" --port $port --no-mdns --models "$TMP/models"; PA=$NODE_PID
+    CC_NOWAIT=1 CUMULO_LOG=info CC_NS=$NA cc_start_node "$name-a" --port $port --no-mdns --models "$TMP/models"; PA=$NODE_PID
     CUMULO_LOG=info CC_NS=$NB cc_start_node "$name-b" --port $port --no-mdns --models "$TMP/models"; PB=$NODE_PID
-    CUMULO_LOST_MS=$LOST_MS CUMULO_TEST_STEP_DELAY_MS=15 CC_NS=$NC cc_start_serve "$name-s" "$M" --host 127.0.0.1 \
+    cc_wait_grep "$TMP/$name-a.port" . 100
+    CUMULO_LOST_MS=$LOST_MS CUMULO_TOKEN_TIMEOUT_MS=$TOKEN_MS CUMULO_TEST_STEP_DELAY_MS=15 CC_NS=$NC cc_start_serve "$name-s" "$M" --host 127.0.0.1 \
         --nodes "$IPA:$port,$IPB:$port" --layers 2,2,1 --threads 1 --slots 8
     PS=$SERVE_PID PORT=$SERVE_PORT
     if [ -z "$PORT" ]; then
@@ -187,6 +200,10 @@ run_scenario() {
         cc_stop "$PS"; cc_stop "$PA"; cc_stop "$PB"
         return
     fi
+    # the middle stage (F) and the last one (L), from the plan table
+    mid=$(sed -n "s/^$name-\([ab]\) [^ ]* *1 .*/\1/p" "$TMP/$name-s.log" | head -1)
+    if [ "$mid" = b ]; then FNS=$NB FBR=cxp3 FPID=$PB LPID=$PA OIP=$IPA
+    else FNS=$NA FBR=cxp2 FPID=$PA LPID=$PB OIP=$IPB; fi
     health_loop &
     HP=$!
     WPIDS=""
@@ -197,11 +214,13 @@ run_scenario() {
     ts=$(date +%s%N)
     case $name in
         none) wave w2 $WAVE2 ;;
-        kill) kill -9 "$PA"; wave w2 $WAVE2 ;;
-        killlast) kill -9 "$PB"; wave w2 $WAVE2 ;;
-        stop) kill -STOP "$PA"; wave w2 $WAVE2; hold; kill -CONT "$PA" ;;
+        kill) kill -9 "$FPID"; wave w2 $WAVE2 ;;
+        killlast) kill -9 "$LPID"; wave w2 $WAVE2 ;;
+        stop) kill -STOP "$FPID"; wave w2 $WAVE2; hold; kill -CONT "$FPID" ;;
         drop1) drop_a out-to-coord; wave w2 $WAVE2; hold; heal_a ;;
         partition) drop_a both; wave w2 $WAVE2; hold; heal_a ;;
+        cut) drop_a to-other; wave w2 $WAVE2; hold; heal_a ;;
+        cutperm) drop_a to-other; wave w2 $WAVE2; wait_wave; heal_a ;; # wave 3 after the heal
         slow) slow_a; wave w2 $WAVE2; sleep $((HOLD_S + 1)); fast_a ;;
         flap)
             wave w2 $WAVE2
@@ -217,28 +236,33 @@ run_scenario() {
     kill -0 "$PS" 2>/dev/null || echo "999 000" >>"$D/health" # the server died
     out=$(python3 tests/sh/lib/chaos_check.py "$D" "$TMP/ref" 2>&1)
     crc=$?
-    # One plan at a time: the coordinator's epochs (initial + each recovery)
-    # are the only ones any node was assigned, and after the fault no node
-    # still holds a stage of a superseded epoch.
-    latest=$(assigned_epochs "$TMP/$name-b.log" | tail -1)
+    # One plan at a time. The coordinator's epochs are the first plan's (the
+    # oldest any node was assigned) and one per re-plan ("re-plan (epoch E)");
+    # no node was ever assigned another. Once a re-plan succeeded and the
+    # fault healed, no live node still holds a stage of a superseded epoch
+    # (after a failed re-plan nothing is served, so a stale stage is idle).
+    first=$( (assigned_epochs "$TMP/$name-a.log"; assigned_epochs "$TMP/$name-b.log") | sort -n | head -1)
+    sed -n 's/.*re-plan (epoch \([0-9]*\)).*/\1/p' "$TMP/$name-s.log" >"$D/epochs"
+    echo "$first" >>"$D/epochs"
     rec=$(sed -n 's/.*recovered: .* epoch \([0-9]*\).*/\1/p' "$TMP/$name-s.log" | tail -1)
-    [ -n "$rec" ] && latest=$rec
+    last_plan=$(sort -n "$D/epochs" | tail -1)
     eprob=""
     for tag in a b; do
         log=$TMP/$name-$tag.log
+        for ep in $(assigned_epochs "$log"); do
+            grep -qx "$ep" "$D/epochs" || eprob="$eprob node $tag was assigned epoch $ep, which the coordinator never planned;"
+        done
         h=$(held_epoch "$log")
-        if [ -n "$h" ] && [ "$h" != "$latest" ] && kill -0 "$([ $tag = a ] && echo "$PA" || echo "$PB")" 2>/dev/null; then
-            eprob="$eprob node $tag still holds a stage of epoch $h (current $latest);"
+        if [ -n "$rec" ] && [ "$rec" = "$last_plan" ] && [ -n "$h" ] && [ "$h" != "$rec" ] &&
+            kill -0 "$([ $tag = a ] && echo "$PA" || echo "$PB")" 2>/dev/null; then
+            eprob="$eprob node $tag still holds a stage of epoch $h (current $rec);"
         fi
-        n_ep=$(assigned_epochs "$log" | wc -l)
-        [ "$n_ep" -le $((1 + $(grep -c 'recovered:' "$TMP/$name-s.log"))) ] ||
-            eprob="$eprob node $tag was assigned $n_ep epochs;"
     done
     stale=$(grep -c 'FORWARD of epoch .* dropped' "$TMP/$name-a.log" "$TMP/$name-b.log" | awk -F: '{ s += $2 } END { print s + 0 }')
     summary=$(echo "$out" | tail -1)
     lost=$(grep -o 'lost: [^;]*' "$TMP/$name-s.log" | head -1)
     recov=$(grep -c 'recovered:' "$TMP/$name-s.log")
-    echo "chaos $name: $summary; ${el} ms; recoveries $recov${lost:+ ($lost)}; stale FORWARDs dropped $stale" >&2
+    echo "chaos $name (middle stage: node $mid): $summary; ${el} ms; recoveries $recov${lost:+ ($lost)}; stale FORWARDs dropped $stale" >&2
     if [ $crc -eq 0 ] && [ -z "$eprob" ]; then ok
     else
         case " $KNOWN_FAIL " in
@@ -253,7 +277,9 @@ run_scenario() {
     fi
     echo "$out" | grep -v VIOLATION | grep -v '^requests' | head -4 >&2
     heal_a; fast_a
-    cc_stop "$PS"; cc_stop "$PA"; cc_stop "$PB"
+    kill -CONT "$PA" "$PB" 2>/dev/null
+    kill -9 "$PS" "$PA" "$PB" 2>/dev/null
+    wait "$PS" "$PA" "$PB" 2>/dev/null
 }
 
 for s in $SCENARIOS; do run_scenario "$s"; done

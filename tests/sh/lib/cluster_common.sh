@@ -52,7 +52,8 @@ cc_wait_grep() {
 
 # cc_start_node TAG [node options...]: `cumulo node` on a free port (--port 0
 # unless the options give one), log in $TMP/TAG.log. Sets NODE_PID and
-# NODE_PORT (empty when it did not start within 10 s).
+# NODE_PORT (empty when it did not start within 10 s). With CC_NOWAIT set it
+# returns at once (several nodes start together; wait for $TMP/TAG.port).
 cc_start_node() {
     tag=$1
     shift
@@ -64,6 +65,7 @@ cc_start_node() {
         "$@" >"$TMP/$tag.log" 2>&1 &
     NODE_PID=$!
     CC_PIDS="$CC_PIDS $NODE_PID"
+    [ -n "$CC_NOWAIT" ] && return 0 # the caller waits for $TMP/TAG.port itself
     k=0
     while [ ! -s "$TMP/$tag.port" ] && [ $k -lt 100 ] && kill -0 "$NODE_PID" 2>/dev/null; do sleep 0.1; k=$((k + 1)); done
     NODE_PORT=$(cat "$TMP/$tag.port" 2>/dev/null)
