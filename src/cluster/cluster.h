@@ -35,7 +35,9 @@
 
 /* Capabilities measured once per process (a few ms of real kernels):
  * compute speed from Q8_0 dot products in cache, memory bandwidth from the
- * same over a buffer far larger than the caches. Thread-safe. */
+ * same over a buffer far larger than the caches; the environment variable
+ * CUMULO_DECLARE_SPEED="GFLOPS,GBS" replaces both (tests that need equally
+ * strong machines on one host). Thread-safe. */
 typedef struct cm_node_caps {
     int cores;
     char isa[128];         /* "avx512 (avx2,fma,...)": the kernels in use, then the CPU's features */
@@ -43,6 +45,7 @@ typedef struct cm_node_caps {
     char os[32], arch[32], version[32];
     double gflops;         /* one thread */
     double mem_bw;         /* bytes/s, one thread */
+    bool declared;         /* gflops and mem_bw come from CUMULO_DECLARE_SPEED="GFLOPS,GBS", not measured */
 } cm_node_caps;
 void cm_node_caps_get(cm_node_caps *c);
 
@@ -75,6 +78,14 @@ int cm_node_run(const cm_node_opts *o, atomic_int *stop, char *err, size_t errle
 
 /* ---- discovery and probing (`cumulo nodes`, --nodes auto) ---- */
 
+/* A node to node link, as the first node measured it toward the second. */
+typedef struct cm_node_link {
+    bool asked;             /* measurement asked for (both nodes reachable) */
+    int status;             /* 0 measured; else the CM_E* of the failure (or CM_ETIMEDOUT: no answer in time) */
+    double rtt_s, bw;       /* round trip; bytes/s from this node toward the other */
+} cm_node_link;
+#define CM_NODE_LINKS_MAX 16 /* probes of more nodes measure no node to node links */
+
 typedef struct cm_node_info {
     char addr[80];          /* "host:port" as used to connect */
     char name[64];
@@ -84,6 +95,7 @@ typedef struct cm_node_info {
     cm_node_caps caps;      /* from its HELLO (mem_bw: 0, not reported) */
     double rtt_s;           /* round trip of a small PING */
     double bw;              /* bytes/s of a 64 KiB PING, one way */
+    cm_node_link links[CM_NODE_LINKS_MAX]; /* this node -> node j of the same probe (j indexes out[]) */
 } cm_node_info;
 
 /* Browse mDNS for timeout_s seconds and append what it finds ("addr:port")
@@ -91,7 +103,9 @@ typedef struct cm_node_info {
  * or an error. */
 int cm_discover(double timeout_s, char addrs[][80], int max, char *err, size_t errlen);
 
-/* Connect to each address, handshake, and measure RTT and bandwidth. */
+/* Connect to each address, handshake, and measure RTT and bandwidth; then
+ * (n <= CM_NODE_LINKS_MAX) ask every reachable node to measure its links to
+ * the other reachable ones (LINKS_REQ), CM_LINKS_DEADLINE_MS each at most. */
 int cm_probe_nodes(const char *const *addrs, int n, bool insecure, const char *key_file,
                    cm_node_info *out, char *err, size_t errlen);
 
@@ -202,6 +216,8 @@ typedef struct cm_pipe_member_info {
     uint64_t weight_bytes, kv_bytes; /* planned for this member */
     double gflops;
     double rtt_s, bw;             /* this machine -> it, measured at connect; 0 for this machine */
+    bool link_measured;           /* first member of stage >= 1: the hop into it (previous stage's first */
+    double link_rtt_s, link_bw;   /* member -> it) was measured (else estimated); its rtt and bytes/s */
 } cm_pipe_member_info;
 /* Fills up to max entries, stage order; returns how many there are. */
 int cm_pipe_members(const cm_pipe *p, cm_pipe_member_info *out, int max);

@@ -1,6 +1,7 @@
 /*
  * coord.c: the coordinator's side of a pipeline-parallel cluster. cm_pipe_open
- * connects to the nodes (as a coordinator), measures each link, plans with
+ * connects to the nodes (as a coordinator), measures each link, has the nodes
+ * measure the links between them (coord_links.c), plans with
  * cm_plan_make (this machine is node 0 and keeps the first stage), sends every
  * node its ASSIGN and waits for READY, serving streamed weights meanwhile.
  * Afterwards the engine sends each micro-batch's hidden states to stage 1 on
@@ -33,7 +34,7 @@
 
 void cm_coord_log(cm_pipe *p, const char *fmt, ...) {
     if (!p->log) return;
-    char line[1024];
+    char line[8192]; /* the plan with its links matrix is one entry */
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(line, sizeof line, fmt, ap);
@@ -130,6 +131,7 @@ static void *rx_main(void *arg) {
             if (rc) CM_LOGW("weights for %s: %s", r->addr, err);
             break;
         case CM_MSG_HEARTBEAT:
+        case CM_MSG_LINKS: /* an answer that came after its deadline */
         case CM_MSG_PONG: break;
         default: CM_LOGW("unexpected %s from %s", cm_msg_type_name(m.type), r->addr); break;
         }
@@ -163,6 +165,36 @@ static int parse_nodes(const cm_pipe_opts *o, char addrs[][80], int max, char *e
     return n;
 }
 
+/* The link from plan node i to plan node j (0 = this machine, k = r[k-1]).
+ * This machine measured its own link to each node (one direction; taken for
+ * both). Between nodes: what i measured toward j (LINKS), else what j
+ * measured toward i; a pair that could not reach each other gets a link no
+ * plan wants to use; an unmeasured pair (a node that did not answer) is
+ * estimated as the slower of the two links to here, which bounds it on a
+ * switch or bridge. Returns whether it was measured. */
+static bool node_link(const cm_pipe *p, int i, int j, double *rtt, double *bw) {
+    if (i == j) { *rtt = 0; *bw = 1e12; return true; }
+    if (i == 0 || j == 0) {
+        const remote *r = &p->r[(i ? i : j) - 1];
+        *rtt = r->rtt;
+        *bw = r->bw;
+        return true;
+    }
+    int st = cm_coord_link(p, i - 1, j - 1, rtt, bw);
+    if (st > 0) return true;
+    int st2 = cm_coord_link(p, j - 1, i - 1, rtt, bw);
+    if (st2 > 0) return true;
+    if (st < 0 || st2 < 0) { /* unreachable: 10 s round trips, 1 kB/s */
+        *rtt = 10;
+        *bw = 1e3;
+        return false;
+    }
+    const remote *a = &p->r[i - 1], *b = &p->r[j - 1];
+    *rtt = a->rtt > b->rtt ? a->rtt : b->rtt;
+    *bw = a->bw < b->bw ? a->bw : b->bw;
+    return false;
+}
+
 /* Build the planner's view: node 0 is this machine, then the remotes. */
 static void make_cluster(cm_pipe *p, cm_plan_cluster *c) {
     memset(c, 0, sizeof *c);
@@ -181,17 +213,8 @@ static void make_cluster(cm_pipe *p, cm_plan_cluster *c) {
         nd->mem_bw = r->hello.mem_gbs > 0 ? (double)r->hello.mem_gbs * 1e9 : 1e9;
         nd->flops = (r->hello.gflops > 0 ? r->hello.gflops : 1) * 1e9;
     }
-    /* Measured: this machine to each node. Node to node is not measured yet
-     * (NEEDSWORK: nodes should ping each other); on a switch or bridge the
-     * slower of the two links to here bounds it. */
     for (int i = 0; i < c->n_nodes; i++)
-        for (int j = 0; j < c->n_nodes; j++) {
-            if (i == j) { c->rtt_s[i][j] = 0; c->bw[i][j] = 1e12; continue; }
-            double ri = i ? p->r[i - 1].rtt : 0, rj = j ? p->r[j - 1].rtt : 0;
-            double bi = i ? p->r[i - 1].bw : 1e12, bj = j ? p->r[j - 1].bw : 1e12;
-            c->rtt_s[i][j] = ri > rj ? ri : rj;
-            c->bw[i][j] = bi < bj ? bi : bj;
-        }
+        for (int j = 0; j < c->n_nodes; j++) node_link(p, i, j, &c->rtt_s[i][j], &c->bw[i][j]);
 }
 
 static int make_plan(cm_pipe *p, const cm_pipe_opts *o, cm_plan *plan, cm_plan_model *pm, cm_plan_cluster *pc,
@@ -204,6 +227,7 @@ static int make_plan(cm_pipe *p, const cm_pipe_opts *o, cm_plan *plan, cm_plan_m
     po.ctx = p->n_ctx;
     po.n_seq = p->n_seq;
     po.mode = CM_PARALLEL_PP;
+    po.reorder = true; /* the pipeline's order follows the measured links */
     if (o->parallel && *o->parallel) {
         int mode = cm_parallel_from_name(o->parallel);
         if (mode != CM_PARALLEL_PP && mode != CM_PARALLEL_TP)
@@ -300,6 +324,8 @@ static void record_members(cm_pipe *p, const cm_plan *plan) {
                 o->rtt_s = r->rtt;
                 o->bw = r->bw;
             }
+            if (s > 0 && k == 0) /* the hop into this stage */
+                o->link_measured = node_link(p, plan->stages[s - 1].members[0].node, mb->node, &o->link_rtt_s, &o->link_bw);
         }
     }
 }
@@ -445,9 +471,12 @@ int cm_pipe_open(cm_pipe **out, const char *model_path, const cm_gguf *g, const 
         rc = cm_errf(err, errlen, CM_EAUTH, "none of the %d node(s) found by mDNS could be used; %s", n, first_refusal);
         goto fail;
     }
-    /* Pipeline order follows the cluster's node order: put the nodes behind
-     * slower links last, where only the last stage's hop (token ids back)
-     * leaves them. Stable, so equal links keep the order given. */
+    cm_coord_measure_links(p);
+    /* The cluster's node order: the nodes behind slower links last, where
+     * only the last stage's hop (token ids back) leaves them. Stable, so
+     * equal links keep the order given. A pipeline plan then tries every
+     * order against the measured matrix (po.reorder); groups of other
+     * modes follow this one. */
     for (int i = 1; i < p->n_remote; i++)
         for (int j = i; j > 0 && p->r[j].bw > 2 * p->r[j - 1].bw; j--) {
             remote t = p->r[j];
@@ -462,7 +491,11 @@ int cm_pipe_open(cm_pipe **out, const char *model_path, const cm_gguf *g, const 
     if (!pc) { rc = cm_errf(err, errlen, CM_ENOMEM, "out of memory"); goto fail; }
     pthread_mutex_lock(&pm_mu);
     rc = make_plan(p, o, &plan, &pm, pc, err, errlen);
-    if (!rc) cm_plan_format(&plan, &pm, pc, p->plan_text, sizeof p->plan_text);
+    if (!rc) {
+        cm_plan_format(&plan, &pm, pc, p->plan_text, sizeof p->plan_text);
+        size_t used = strlen(p->plan_text);
+        cm_coord_links_text(p, p->plan_text + used, sizeof p->plan_text - used);
+    }
     pthread_mutex_unlock(&pm_mu);
     cm_free(pc);
     if (rc) goto fail;

@@ -33,6 +33,8 @@ typedef struct remote {
     int ready_status;
     char ready_text[CM_MSG_TEXT_MAX + 1];
     cm_pipe *p;
+    int n_links;             /* node to node links this node measured (LINKS), by peer address */
+    struct { char addr[80]; int status; double rtt, bw; } links[CM_PLAN_MAX_NODES];
 } remote;
 
 typedef struct slot {
@@ -94,6 +96,15 @@ int cm_coord_assign_stage(cm_pipe *p, int s, int n_st, const int *rid, const int
 /* Send a sequence message down the data path (every TP member, or stage 1);
  * caller holds send_mu. A failure marks the pipe failed. */
 int cm_coord_send_data(cm_pipe *p, const cm_msg *m, char *err, size_t errlen);
+/* Ask every node to measure its links to the other nodes (coord_links.c;
+ * before the receiver threads start). Never fails: a link not measured
+ * falls back to an estimate, and the plan text says which. */
+void cm_coord_measure_links(cm_pipe *p);
+/* The link from r[a] to r[b] as r[a] measured it: 1 measured (rtt, bw set),
+ * 0 not measured, < 0 r[a] could not reach r[b] (the CM_E* code). */
+int cm_coord_link(const cm_pipe *p, int a, int b, double *rtt, double *bw);
+/* The links the planner used, as a matrix (appended to the plan text). */
+void cm_coord_links_text(const cm_pipe *p, char *buf, size_t n);
 /* Open one TP group of every machine, this machine rank 0. */
 int cm_coord_tp_open(cm_pipe *p, const cm_plan *plan, char *err, size_t errlen);
 

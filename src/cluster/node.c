@@ -2,7 +2,8 @@
  * node.c: the `cumulo node` daemon. It listens, authenticates every peer
  * (cluster key, or --insecure on both ends), and serves each connection on
  * its own thread:
- *   - from the coordinator: PING (link measurement), ASSIGN (load a stage),
+ *   - from the coordinator: PING (link measurement), LINKS_REQ (measure our
+ *     links to the peers it names and report them), ASSIGN (load a stage),
  *     WEIGHTS_CHUNK (streamed weights), BYE/close (drop the assignment);
  *   - from the previous stage (or the coordinator as stage 0): FORWARD
  *     micro-batches, SEQ_START and SEQ_FREE, in order. A middle stage runs its
@@ -501,6 +502,18 @@ static void *conn_main(void *arg) {
             pthread_mutex_unlock(&n->mu);
             break;
         }
+        case CM_MSG_LINKS_REQ: {
+            /* Measure our links to the peers named (bounded by the
+             * request's deadline) and report them: the coordinator plans
+             * with node to node links, `cumulo nodes` shows them. Any
+             * authenticated peer may ask; it costs a few pings. */
+            cm_msg r = {.type = CM_MSG_LINKS};
+            cm_cluster_links_measure(&n->cfg, &n->hello, &m.u.links_req, &r.u.links);
+            pthread_mutex_lock(&n->mu);
+            rc = cm_conn_send(c, &r, 5000, err, sizeof err);
+            pthread_mutex_unlock(&n->mu);
+            break;
+        }
         case CM_MSG_ASSIGN:
             if (!is_coord) { CM_LOGW("ASSIGN from %s, which is not a coordinator: ignored", cm_conn_peer(c)); break; }
             on_assign(n, c, &m.u.assign);
@@ -584,8 +597,10 @@ int cm_node_run(const cm_node_opts *o, atomic_int *stop, char *err, size_t errle
     cm_cluster_hello(&n.hello, o->name, port, CM_ROLE_NODE);
     cm_node_caps caps;
     cm_node_caps_get(&caps);
-    fprintf(stderr, "cumulo node '%s' listening on port %u (%s; %d cores, %s, %.1f GFLOP/s, %.1f GB/s, %.1f of %.1f GiB free)\n",
+
+    fprintf(stderr, "cumulo node '%s' listening on port %u (%s; %d cores, %s, %.1f GFLOP/s, %.1f GB/s%s, %.1f of %.1f GiB free)\n",
             n.hello.name, port, cm_sec_mode_name(n.cfg.mode), caps.cores, caps.isa, caps.gflops, caps.mem_bw / 1e9,
+            caps.declared ? " declared" : "",
             (double)caps.mem_free / (1 << 30), (double)caps.mem_total / (1 << 30));
     if (o->port_file && *o->port_file) {
         char buf[16];

@@ -194,6 +194,9 @@ int cm_engine_members(const cm_engine *e, cm_engine_member *out, int max) {
         o->gflops = a->gflops;
         o->rtt_s = a->rtt_s;
         o->bw = a->bw;
+        o->link_measured = a->link_measured;
+        o->link_rtt_s = a->link_rtt_s;
+        o->link_bw = a->link_bw;
     }
     return n;
 }

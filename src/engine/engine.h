@@ -103,6 +103,10 @@ typedef struct cm_engine_member {
     uint32_t cores;
     uint64_t mem_total, mem_free, weight_bytes, kv_bytes;
     double gflops, rtt_s, bw;
+    /* First member of stage >= 1: the hop into it, from the previous stage's
+     * first member (node to node links are measured by the nodes) */
+    bool link_measured;
+    double link_rtt_s, link_bw;
 } cm_engine_member;
 /* Fills up to max entries; returns the count (0 on a single-machine engine). */
 int cm_engine_members(const cm_engine *e, cm_engine_member *out, int max);
