@@ -14,7 +14,9 @@
 #     node and logs why each other one was not used; the rogue logs the
 #     refused handshake. Then thousands of mDNS packets per second (junk,
 #     fake _cumulo._tcp services, queries) from the rogue's namespace: the
-#     good node and the server survive and discovery still finds the node.
+#     good node and the server survive, discovery still finds the good node
+#     among the fakes (one source holds few browse entries), and probing the
+#     fakes does not hang `cumulo nodes` (handshakes run in parallel).
 cd "$(dirname "$0")/../.." || exit 1
 . tests/sh/lib/cluster_common.sh
 M=$MODELS/stories260K-q8_0.gguf
@@ -127,9 +129,11 @@ else
 fi
 grep -q "does not know this cluster's key" "$TMP/rogue.log" && ok || bad "the rogue did not log the refused handshake: $(cat "$TMP/rogue.log")"
 
-# The flood: ~5000 packets/s for 3 s to 224.0.0.251:5353 from the rogue's namespace.
-ip netns exec "$NR" python3 - <<'EOF' &
-import os, random, socket, struct, time
+# The flood: thousands of packets/s to 224.0.0.251:5353 from the rogue's
+# namespace, from when it writes $TMP/flooding until $TMP/stop-flood exists.
+ip netns exec "$NR" python3 - "$TMP" <<'EOF' &
+import os, random, socket, struct, sys, time
+tmp = sys.argv[1]
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 s.bind(("0.0.0.0", 5353))  # responses from another source port are ignored (RFC 6762 6.)
@@ -140,8 +144,9 @@ def name(*labels):
 def rr(n, t, data, ttl=120):
     return n + struct.pack(">HHIH", t, 0x8001, ttl, len(data)) + data
 svc = name(b"_cumulo", b"_tcp", b"local")
-end, i = time.time() + 3, 0
-while time.time() < end:
+end, i = time.time() + 30, 0
+open(tmp + "/flooding", "w").write("flooding\n")
+while time.time() < end and not os.path.exists(tmp + "/stop-flood"):
     k = i % 4
     if k == 0:  # junk
         p = os.urandom(random.randint(0, 1400))
@@ -166,6 +171,7 @@ while time.time() < end:
 print("sent", i)
 EOF
 FLOOD=$!
+cc_wait_grep "$TMP/flooding" flooding 100 || bad "the flood did not start"
 sleep 0.5
 # Fake services must not wedge probing: handshakes run in parallel, so
 # addresses where nothing answers cost one connect deadline in all.
@@ -173,6 +179,7 @@ t0=$(date +%s)
 ip netns exec "$NC" timeout 90 "$BIN" nodes --timeout 2 --json >"$TMP/during.json" 2>"$TMP/during.err"
 nrc=$?
 el=$(($(date +%s) - t0))
+touch "$TMP/stop-flood"
 wait $FLOOD
 n_seen=$(cc_jsonget "$TMP/during.json" 'scalar(@$j)')
 echo "mDNS flood: cumulo nodes listed $n_seen services (fakes included) in ${el} s" >&2
