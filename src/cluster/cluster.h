@@ -121,8 +121,12 @@ typedef struct cm_pipe_opts {
     bool insecure;
     const char *key_file;
     const char *layers;      /* optional: layers per stage, coordinator first ("2,1,2") */
-    const char *parallel;    /* NULL / "pp": pipeline; "tp": one tensor-parallel group of every machine */
-    const char *tp_weights;  /* optional, TP: relative speed per member, this machine first ("1,2,1") */
+    const char *parallel;    /* NULL / "pp": pipeline; "tp": one tensor-parallel group of every machine;
+                              * "hybrid": tensor-parallel groups as pipeline stages; "auto": the best predicted */
+    const char *tp_weights;  /* optional, TP/hybrid: relative speed per member, this machine first ("1,2,1") */
+    const char *groups;      /* optional: members per pipeline stage, this machine's group first ("2,2");
+                              * implies hybrid (or tp for one group, pp for all ones) */
+    bool tp_compress;        /* all-reduce transfers as 8-bit Q8_0 blocks (--tp-compress) */
     int n_ctx;               /* positions per sequence */
     int n_seq_max;           /* concurrent sequences (KV on every node) */
     int max_batch;           /* most tokens per FORWARD */
@@ -192,14 +196,24 @@ void cm_pipe_hop_stats(const cm_pipe *p, uint64_t *bytes, uint64_t *frames, uint
 bool cm_pipe_is_tp(const cm_pipe *p);
 int cm_pipe_tp_size(const cm_pipe *p);
 cm_slice cm_pipe_tp_slice(const cm_pipe *p);
-void *cm_pipe_tp_coll(const cm_pipe *p); /* allreduce_user for cm_forward_args */
-int cm_pipe_tp_allreduce(void *coll, float *x, int64_t n); /* cm_allreduce_fn */
+void *cm_pipe_tp_coll(const cm_pipe *p); /* allreduce_user for cm_forward_args (the pipe) */
+int cm_pipe_tp_allreduce(void *user, float *x, int64_t n); /* cm_allreduce_fn; a failure fails the pipe */
 /* Send n token ids at pos[], sequence slots seq[], to every member. */
 int cm_pipe_tp_send(cm_pipe *p, const int32_t *tokens, const int32_t *pos, const int32_t *seq, int n,
                     char *err, size_t errlen);
 /* This member's all-reduce traffic: element bytes and whole frames sent,
  * operations, and token rows sent to the members. */
 void cm_pipe_tp_stats(const cm_pipe *p, uint64_t *data_sent, uint64_t *wire_sent, uint64_t *ops, uint64_t *rows);
+
+/* ---- hybrid (tensor-parallel groups as pipeline stages) ----
+ * The pipe is a pipeline (cm_pipe_send, cm_pipe_recv_token) whose stage 0 may
+ * be a group: this machine is its rank 0. Before each stage-0 forward pass the
+ * engine sends the token ids to the other stage-0 members (cm_pipe_tp_send)
+ * and passes cm_pipe_tp_allreduce / cm_pipe_tp_coll to cm_forward with
+ * cm_pipe_tp_slice; cm_pipe_tp_size is then > 1. */
+int cm_pipe_stage0_size(const cm_pipe *p); /* members of this machine's group (1: whole layers) */
+/* Top logprobs the last stage sent with the slot's latest token (n <= max). */
+int cm_pipe_last_top(cm_pipe *p, int slot, int32_t *ids, float *logprobs, int max);
 
 /* One machine of the plan as the coordinator knows it (for the dashboard):
  * its stage and layers, its tensor-parallel slice, the facts of its HELLO
