@@ -172,16 +172,35 @@ int cm_pipe_recv_token(cm_pipe *p, int slot, int32_t *token, float *logprob, cha
 #define CM_PIPE_LOST_MS 2000
 /* Whether the pipe has failed (a node lost or reporting an error). */
 bool cm_pipe_failed(cm_pipe *p);
-/* Re-plan on the surviving nodes under a new epoch: this machine keeps its
- * layers, the survivors share the rest (loading them from their model file
- * or cache, or streamed from here). Every slot's state on the nodes is gone:
- * the caller must SEQ_START again and resend each sequence from position 0.
- * 0 when nothing failed or the pipe recovered; otherwise an error with the
- * reason, and the pipe stays failed with it (CM_EAGAIN: no survivor is left
- * for the layers; else a survivor could not take them). Call only while
- * nothing else uses the pipe (no token awaited). */
+/* Re-plan on the surviving nodes under a new epoch (cm_plan_make): this
+ * machine keeps its layers, the survivors share the rest by speed and
+ * memory, KV counted (loading them from their model file or cache, or
+ * streamed from here); a tensor-parallel group is re-formed instead (see
+ * cm_pipe_tp_recover). Every slot's state on the nodes is gone: the caller
+ * must SEQ_START again and resend each sequence from position 0. 0 when
+ * nothing failed or the pipe recovered; otherwise an error with the reason,
+ * and the pipe stays failed with it (CM_EAGAIN: the survivors cannot hold
+ * the model; else a survivor could not take its part). After a failed
+ * recovery later calls answer at once until cm_pipe_maintain sees nodes
+ * return. Call only while nothing else uses the pipe (no token awaited). */
 int cm_pipe_recover(cm_pipe *p, char *err, size_t errlen);
-/* Bumped by every recovery: a session whose generation differs must resend. */
+/* Idle upkeep: call only while nothing uses the pipe, as often as you like
+ * (it acts at most every CM_PIPE_REJOIN_MS; env CUMULO_REJOIN_MS). Redials
+ * the nodes of the plan that were lost; when some came back it re-plans with
+ * the planner on every reachable node (this machine keeps its layers) and
+ * switches to that plan unless it is predicted more than 10% slower (a
+ * failed pipe switches whenever the plan fits again). Returns 1 when the
+ * plan changed (sessions then resend, as after cm_pipe_recover), 0 when not,
+ * or an error (the pipe is then failed, as after cm_pipe_recover). */
+#define CM_PIPE_REJOIN_MS 5000
+int cm_pipe_maintain(cm_pipe *p, char *err, size_t errlen);
+/* Tensor parallel: a forward pass (all-reduce) failed. Re-forms the group
+ * on the live nodes under a new epoch with the planner's slices (this
+ * machine alone, every slice, when none is left); the caller then takes
+ * cm_pipe_tp_slice again and recomputes every sequence from position 0 with
+ * KV caches of the new slice. Errors as cm_pipe_recover. */
+int cm_pipe_tp_recover(cm_pipe *p, char *err, size_t errlen);
+/* Bumped by every re-plan: a session whose generation differs must resend. */
 int cm_pipe_generation(const cm_pipe *p);
 
 /* Traffic on the hop coordinator -> stage 1 (FORWARD frames only) and the

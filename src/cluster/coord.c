@@ -391,7 +391,7 @@ static int send_assign(cm_pipe *p, const cm_plan *plan, int s, char *err, size_t
 void cm_coord_start_rx(cm_pipe *p) {
     for (int i = 0; i < p->n_remote; i++)
         if (!p->r[i].rx_started && p->r[i].ctl && !pthread_create(&p->r[i].rx, NULL, rx_main, &p->r[i]))
-            p->r[i].rx_started = true;
+            p->r[i].rx_started = true; /* (no ctl: lost and closed by a re-plan) */
 }
 
 int cm_pipe_open(cm_pipe **out, const char *model_path, const cm_gguf *g, const cm_model *m, const cm_pipe_opts *o,
@@ -621,6 +621,7 @@ int cm_coord_send_data(cm_pipe *p, const cm_msg *m, char *err, size_t errlen) {
     if (fatal) return fatal;
     if (p->tp) { /* every member gets every sequence message */
         for (int i = 0; i < p->n_remote; i++) {
+            if (!p->r[i].ctl) continue; /* lost, not in the re-formed group */
             int rc = cm_conn_send(p->r[i].ctl, m, p->timeout_ms, err, errlen);
             if (rc) { cm_coord_fatal(p, rc, "node %s: %s", p->r[i].addr, err); return rc; }
         }
@@ -737,3 +738,7 @@ void cm_pipe_hop_stats(const cm_pipe *p, uint64_t *bytes, uint64_t *frames, uint
     *rows = p->rows_sent;
 }
 
+
+/* For coord_recover.c: the planner's view of every known node (index i + 1
+ * is r[i]). */
+void cm_coord_make_cluster(cm_pipe *p, cm_plan_cluster *c) { make_cluster(p, c); }

@@ -28,6 +28,7 @@ typedef struct remote {
     atomic_bool loading;     /* ASSIGN sent, READY not yet: loading may outlast the heartbeat bound, and
                               * the node's control thread expects only WEIGHTS_CHUNKs: no heartbeats */
     atomic_bool lost;        /* declared lost: its rx thread has ended */
+    bool seen_back;          /* coord_recover.c: lost, answered one rejoin check */
     _Atomic uint64_t last_rx_ns;
     uint64_t last_hb_ns;     /* rx thread only */
     int ready_status;
@@ -88,6 +89,9 @@ struct cm_pipe {
     char plan_text[8192];
     int n_members;
     cm_pipe_member_info members[CM_PLAN_MAX_NODES * 2];
+    uint64_t next_rejoin_ns; /* coord_recover.c: next redial of lost nodes (cm_pipe_maintain) */
+    bool gave_up;            /* coord_recover.c: recovery failed; only returning nodes retry it */
+    char cause[300];         /* coord_recover.c: the failure that started it */
 };
 
 /* A line into the caller's log callback (the plan, failures, re-plans). */
@@ -103,6 +107,11 @@ int cm_coord_assign_stage(cm_pipe *p, int s, int n_st, const int *rid, const int
 /* Send a sequence message down the data path (every TP member, or stage 1);
  * caller holds send_mu. A failure marks the pipe failed. */
 int cm_coord_send_data(cm_pipe *p, const cm_msg *m, char *err, size_t errlen);
+/* The planner's view of this machine (node 0) and every known node (node
+ * i + 1 is r[i], lost or not), and the dashboard's record of a plan in
+ * those indices (coord.c, for coord_recover.c). */
+void cm_coord_make_cluster(cm_pipe *p, cm_plan_cluster *c);
+void cm_coord_record_members(cm_pipe *p, const cm_plan *plan);
 /* Ask every node to measure its links to the other nodes (coord_links.c;
  * before the receiver threads start). Never fails: a link not measured
  * falls back to an estimate, and the plan text says which. */
@@ -119,8 +128,6 @@ int cm_coord_tp_open(cm_pipe *p, const cm_plan *plan, char *err, size_t errlen);
  * --layers may split the layers between the groups). */
 int cm_coord_plan_groups(cm_pipe *p, const cm_pipe_opts *o, const cm_plan_opts *po, const cm_plan_model *pm,
                          const cm_plan_cluster *pc, cm_plan *plan, char *err, size_t errlen);
-/* What the dashboard shows of each machine of the plan (again after a re-plan). */
-void cm_coord_record_members(cm_pipe *p, const cm_plan *plan);
 /* Re-plan a plan with tensor-parallel groups after a loss (called by
  * cm_pipe_recover); CM_EAGAIN when it cannot. */
 int cm_coord_tp_recover(cm_pipe *p, char *err, size_t errlen);

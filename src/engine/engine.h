@@ -84,6 +84,13 @@ void cm_engine_get_info(const cm_engine *e, cm_engine_info *info);
 
 /* The cluster plan as text, or NULL when the engine runs on this machine. */
 const char *cm_engine_plan(const cm_engine *e);
+/* Cluster upkeep while idle: call only when no session of e is evaluating
+ * or generating (serve's scheduler does, about every second with nothing in
+ * flight). Nodes that were lost and answer again are taken back with a
+ * re-plan when the planner predicts it is not worse (cm_pipe_maintain); a
+ * cluster that could not continue becomes usable again. Returns 1 when the
+ * plan changed, 0 when not (always on one machine), or an error. */
+int cm_engine_maintain(cm_engine *e, char *err, size_t errlen);
 /* Traffic on the first pipeline hop (this machine -> stage 1): bytes of
  * FORWARD frames, their count, and the hidden-state rows (tokens) carried.
  * Returns false on a single-machine engine. */
