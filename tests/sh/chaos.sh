@@ -242,7 +242,7 @@ run_scenario() {
     # fault healed, no live node still holds a stage of a superseded epoch
     # (after a failed re-plan nothing is served, so a stale stage is idle).
     first=$( (assigned_epochs "$TMP/$name-a.log"; assigned_epochs "$TMP/$name-b.log") | sort -n | head -1)
-    sed -n 's/.*re-plan (epoch \([0-9]*\)).*/\1/p' "$TMP/$name-s.log" >"$D/epochs"
+    sed -n 's/.*re-plan (epoch \([0-9]*\)[,)].*/\1/p' "$TMP/$name-s.log" >"$D/epochs"
     echo "$first" >>"$D/epochs"
     rec=$(sed -n 's/.*recovered: .* epoch \([0-9]*\).*/\1/p' "$TMP/$name-s.log" | tail -1)
     last_plan=$(sort -n "$D/epochs" | tail -1)
