@@ -320,18 +320,20 @@ VEC_DOT(zq8_0, cm_block_q8_0, cm_block_q8_0, CM_QK8_0)
 VEC_DOT(zq4_k, cm_block_q4_k, cm_block_q8_k, CM_QK_K)
 VEC_DOT(zq6_k, cm_block_q6_k, cm_block_q8_k, CM_QK_K)
 
+#include "avx512_gemm.h"
+
 void cm_kernels_fill_avx512(cm_kernels *k) {
     x86_fill(k);
     k->vec_dot[CM_TYPE_F32] = vec_dot_zf32;
     k->gemm[CM_TYPE_F32] = gemm_zf32;
     k->vec_dot[CM_TYPE_F16] = vec_dot_zf16;
-    k->gemm[CM_TYPE_F16] = gemm_zf16;
+    k->gemm[CM_TYPE_F16] = gemm_pf16;
     k->vec_dot[CM_TYPE_BF16] = vec_dot_zbf16;
     k->gemm[CM_TYPE_BF16] = gemm_zbf16;
     k->vec_dot[CM_TYPE_Q4_0] = vec_dot_zq4_0;
-    k->gemm[CM_TYPE_Q4_0] = gemm_zq4_0;
+    k->gemm[CM_TYPE_Q4_0] = gemm_pq4_0;
     k->vec_dot[CM_TYPE_Q8_0] = vec_dot_zq8_0;
-    k->gemm[CM_TYPE_Q8_0] = gemm_zq8_0;
+    k->gemm[CM_TYPE_Q8_0] = gemm_pq8_0;
     k->vec_dot[CM_TYPE_Q4_K] = vec_dot_zq4_k;
     k->gemm[CM_TYPE_Q4_K] = gemm_zq4_k;
     k->vec_dot[CM_TYPE_Q6_K] = vec_dot_zq6_k;

@@ -1,0 +1,219 @@
+/*
+ * avx512_gemm.h: the AVX-512 prefill gemms over packed activations. Not a
+ * header in the usual sense: kernels_avx512.c includes it once, after its
+ * tiles, under its own ISA flags. Nothing else may include it.
+ *
+ * Batch invariance (kernels.h) without giving up speed: each gemm here does,
+ * for every (row, token), exactly the arithmetic of that type's one-token
+ * tile (ztile_* in kernels_avx512.c, which vec_dot runs): the same int32
+ * lanes, the same float products of scales, the same FMAs into the same
+ * accumulators in the same block order, the same final reduction. What it
+ * changes is only where the operands come from. Before the rows are walked,
+ * the activations of up to ZPACK bytes' worth of tokens are rewritten once
+ * into the layout the tile consumes (q4_0: the 4x128-bit interleave, the
+ * offset correction -8*sum(y) as the initial vpdpbusd accumulator and the
+ * block scales spread over the lanes; f16: converted to f32), so the inner
+ * loop is loads, vpdpbusd/FMA and no shuffles, and each unpacked weight
+ * vector serves ZT tokens. Integer identities used (all exact in int32):
+ *   q4_0: sum(q * y) - 8 * sum(y) = sum((q - 8) * y), q the unsigned nibble;
+ *   q8_0: sum((x + 128) * y) - 128 * sum(y) = sum(x * y) = sum(|x| * sign(x) y).
+ * tests/unit/test_kernels_invariant.c checks every (row, token) bit for bit.
+ *
+ * The packed buffer lives on the stack (ZPACK bytes): the gemm needs a thread
+ * stack of a few hundred KiB, which every thread cumulo starts has (the
+ * default 8 MiB). Rows too long for even two tokens fall back to the tiles.
+ * Never allocates.
+ */
+
+enum {
+    ZT = 8,              /* tokens per register tile */
+    ZRB = 16,            /* weight rows per cache block (stay in L2 across token tiles) */
+    ZPACK = 160 * 1024,  /* bytes of packed activations per pass */
+};
+
+/* The driver: pack as many tokens as fit, then for each ZRB-row block run
+ * every ZT-token tile over it. ROW(T, wrow, pk, tstride, out) computes T
+ * tokens' results for one row (T a constant after the switch). */
+#define ZGEMM(NAME, XB, YB, BLK, TOKBYTES, PACK, ROW, FALLBACK)                                    \
+    static void gemm_p##NAME(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, \
+                             float *y, int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {       \
+        const size_t tb = (TOKBYTES);                                                              \
+        if (tb == 0 || tb * 2 > ZPACK) {                                                           \
+            FALLBACK(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);                          \
+            return;                                                                                \
+        }                                                                                          \
+        _Alignas(64) uint8_t pk[ZPACK];                                                            \
+        const int64_t cap = (int64_t)(ZPACK / tb);                                                 \
+        for (int64_t j0 = 0; j0 < n_tok; j0 += cap) {                                              \
+            const int64_t nt = n_tok - j0 < cap ? n_tok - j0 : cap;                                \
+            for (int64_t t = 0; t < nt; t++)                                                       \
+                PACK(k, (const YB *)(const void *)((const char *)x + (size_t)(j0 + t) * x_stride), pk + (size_t)t * tb); \
+            for (int64_t i0 = r0; i0 < r1; i0 += ZRB) {                                            \
+                const int64_t i1 = r1 - i0 < ZRB ? r1 : i0 + ZRB;                                  \
+                for (int64_t jj = 0; jj < nt; jj += ZT) {                                          \
+                    const int T = nt - jj < ZT ? (int)(nt - jj) : ZT;                              \
+                    const uint8_t *p = pk + (size_t)jj * tb;                                       \
+                    const YB *yv[ZT];                                                              \
+                    for (int t = 0; t < T; t++)                                                    \
+                        yv[t] = (const YB *)(const void *)((const char *)x + (size_t)(j0 + jj + t) * x_stride); \
+                    for (int64_t i = i0; i < i1; i++) {                                            \
+                        const XB *wr = (const XB *)(const void *)((const char *)w + (size_t)i * w_stride); \
+                        float out[ZT];                                                             \
+                        switch (T) {                                                               \
+                        case 8: ROW(k, wr, p, tb, yv, 8, out); break;                              \
+                        case 7: ROW(k, wr, p, tb, yv, 7, out); break;                              \
+                        case 6: ROW(k, wr, p, tb, yv, 6, out); break;                              \
+                        case 5: ROW(k, wr, p, tb, yv, 5, out); break;                              \
+                        case 4: ROW(k, wr, p, tb, yv, 4, out); break;                              \
+                        case 3: ROW(k, wr, p, tb, yv, 3, out); break;                              \
+                        case 2: ROW(k, wr, p, tb, yv, 2, out); break;                              \
+                        default: ROW(k, wr, p, tb, yv, 1, out); break;                             \
+                        }                                                                          \
+                        for (int t = 0; t < T; t++) y[(j0 + jj + t) * ldy + i] = out[t];           \
+                    }                                                                              \
+                }                                                                                  \
+            }                                                                                      \
+        }                                                                                          \
+    }
+
+/* ---- q4_0: per 8-block group and half h, 256 bytes per token:
+ * [y low halves 4x16][y high halves 4x16][-8 * sum(y) lanes][dy per lane] ---- */
+enum { PQ4_HALF = 256, PQ4_GROUP = 512 };
+
+AI void pack_q4_0(int64_t k, const cm_block_q8_0 *y, uint8_t *d) {
+    const int64_t ng = k / CM_QK8_0 / 8;
+    const __m512i k8 = _mm512_set1_epi8(8), z = _mm512_setzero_si512();
+    const __m512i qidx = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    for (int64_t g = 0; g < ng; g++, y += 8) {
+        const __m512 dy = _mm512_castps256_ps512(d8_q8_0(y));
+        for (int h = 0; h < 2; h++, d += PQ4_HALF) {
+            const cm_block_q8_0 *yb = y + 4 * h;
+            const __m512i lo = ld4x128(yb[0].qs, yb[1].qs, yb[2].qs, yb[3].qs);
+            const __m512i hi = ld4x128(yb[0].qs + 16, yb[1].qs + 16, yb[2].qs + 16, yb[3].qs + 16);
+            const __m512i sy = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, k8, lo), k8, hi);
+            _mm512_store_si512((void *)d, lo);
+            _mm512_store_si512((void *)(d + 64), hi);
+            _mm512_store_si512((void *)(d + 128), _mm512_sub_epi32(z, sy));
+            _mm512_store_ps((void *)(d + 192), _mm512_permutexvar_ps(_mm512_add_epi32(qidx, _mm512_set1_epi32(4 * h)), dy));
+        }
+    }
+}
+
+#define PQ4_HALF_ROW(H, ACC)                                                                       \
+    do {                                                                                           \
+        const cm_block_q4_0 *xb = x + 8 * g + 4 * (H);                                             \
+        const __m512i q = ld4x128(xb[0].qs, xb[1].qs, xb[2].qs, xb[3].qs);                         \
+        const __m512i lo = _mm512_and_si512(q, m4), hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4); \
+        const __m512 dxl = _mm512_permutexvar_ps(_mm512_add_epi32(qidx, _mm512_set1_epi32(4 * (H))), dx); \
+        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {                                      \
+            const uint8_t *py = pk + (size_t)t * tb + (size_t)g * PQ4_GROUP + (H) * PQ4_HALF;       \
+            const __m512i s = _mm512_dpbusd_epi32(                                                 \
+                _mm512_dpbusd_epi32(_mm512_load_si512((const void *)(py + 128)), lo, _mm512_load_si512((const void *)py)), \
+                hi, _mm512_load_si512((const void *)(py + 64)));                                   \
+            ACC[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dxl, _mm512_load_ps((const void *)(py + 192))), \
+                                     ACC[t]);                                                      \
+        }                                                                                          \
+    } while (0)
+
+AI void prow_q4_0(int64_t k, const cm_block_q4_0 *x, const uint8_t *pk, size_t tb, const cm_block_q8_0 *const *yv,
+                  int T, float *out) {
+    const int64_t nb = k / CM_QK4_0, ng = nb / 8;
+    __m512 acc0[ZT], acc1[ZT];
+    for (int t = 0; t < T; t++) acc0[t] = acc1[t] = _mm512_setzero_ps();
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    const __m512i qidx = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    for (int64_t g = 0; g < ng; g++) {
+        const __m512 dx = _mm512_castps256_ps512(d8_q4_0(x + 8 * g));
+        PQ4_HALF_ROW(0, acc0);
+        PQ4_HALF_ROW(1, acc1);
+    }
+    float tail[ZT] = {0};
+    if (8 * ng < nb) {
+        const cm_block_q8_0 *yt[ZT];
+        for (int t = 0; t < T; t++) yt[t] = yv[t] + 8 * ng;
+        for (int t0 = 0; t0 < T; t0 += TMAX) /* the tile holds at most TMAX tokens */
+            tile_q4_0(nb - 8 * ng, x + 8 * ng, yt + t0, T - t0 < TMAX ? T - t0 : TMAX, tail + t0);
+    }
+    for (int t = 0; t < T; t++) out[t] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[t], acc1[t])) + tail[t];
+}
+ZGEMM(q4_0, cm_block_q4_0, cm_block_q8_0, CM_QK4_0, (size_t)(k / CM_QK4_0 / 8) * PQ4_GROUP, pack_q4_0, prow_q4_0,
+      gemm_zq4_0)
+
+/* ---- q8_0: per 8-block group and pair p, 192 bytes per token:
+ * [y of blocks 2p, 2p+1][-128 * sum(y) lanes][dy per lane] ---- */
+enum { PQ8_PAIR = 192, PQ8_GROUP = 768 };
+
+AI __m512i pair_idx(int p) { return _mm512_inserti64x4(_mm512_set1_epi32(2 * p), _mm256_set1_epi32(2 * p + 1), 1); }
+
+AI void pack_q8_0(int64_t k, const cm_block_q8_0 *y, uint8_t *d) {
+    const int64_t ng = k / CM_QK8_0 / 8;
+    const __m512i k128 = _mm512_set1_epi8((char)0x80), z = _mm512_setzero_si512();
+    for (int64_t g = 0; g < ng; g++, y += 8) {
+        const __m512 dy = _mm512_castps256_ps512(d8_q8_0(y));
+        for (int p = 0; p < 4; p++, d += PQ8_PAIR) {
+            const __m512i qy = ld2x256(y[2 * p].qs, y[2 * p + 1].qs);
+            _mm512_store_si512((void *)d, qy);
+            _mm512_store_si512((void *)(d + 64), _mm512_sub_epi32(z, _mm512_dpbusd_epi32(z, k128, qy)));
+            _mm512_store_ps((void *)(d + 128), _mm512_permutexvar_ps(pair_idx(p), dy));
+        }
+    }
+}
+
+AI void prow_q8_0(int64_t k, const cm_block_q8_0 *x, const uint8_t *pk, size_t tb, const cm_block_q8_0 *const *yv,
+                  int T, float *out) {
+    const int64_t nb = k / CM_QK8_0, ng = nb / 8;
+    __m512 acc[2][ZT];
+    for (int t = 0; t < T; t++) acc[0][t] = acc[1][t] = _mm512_setzero_ps();
+    const __m512i k128 = _mm512_set1_epi8((char)0x80);
+    for (int64_t g = 0; g < ng; g++) {
+        const __m512 dx = _mm512_castps256_ps512(d8_q8_0(x + 8 * g));
+        _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++) {
+            const cm_block_q8_0 *xb = x + 8 * g + 2 * p;
+            const __m512i xu = _mm512_xor_si512(ld2x256(xb[0].qs, xb[1].qs), k128);
+            const __m512 dxl = _mm512_permutexvar_ps(pair_idx(p), dx);
+            _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
+                const uint8_t *py = pk + (size_t)t * tb + (size_t)g * PQ8_GROUP + (size_t)p * PQ8_PAIR;
+                const __m512i s = _mm512_dpbusd_epi32(_mm512_load_si512((const void *)(py + 64)), xu,
+                                                      _mm512_load_si512((const void *)py));
+                acc[p & 1][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s),
+                                                _mm512_mul_ps(dxl, _mm512_load_ps((const void *)(py + 128))), acc[p & 1][t]);
+            }
+        }
+    }
+    float tail[ZT] = {0};
+    if (8 * ng < nb) {
+        const cm_block_q8_0 *yt[ZT];
+        for (int t = 0; t < T; t++) yt[t] = yv[t] + 8 * ng;
+        for (int t0 = 0; t0 < T; t0 += TMAX) /* the tile holds at most TMAX tokens */
+            tile_q8_0(nb - 8 * ng, x + 8 * ng, yt + t0, T - t0 < TMAX ? T - t0 : TMAX, tail + t0);
+    }
+    for (int t = 0; t < T; t++) out[t] = _mm512_reduce_add_ps(_mm512_add_ps(acc[0][t], acc[1][t])) + tail[t];
+}
+ZGEMM(q8_0, cm_block_q8_0, cm_block_q8_0, CM_QK8_0, (size_t)(k / CM_QK8_0 / 8) * PQ8_GROUP, pack_q8_0, prow_q8_0,
+      gemm_zq8_0)
+
+/* ---- f16: activations converted to f32 once (the 32-aligned prefix; the
+ * tail is read from the f16 row like the tile does) ---- */
+AI void pack_f16(int64_t k, const void *y, uint8_t *d) {
+    for (int64_t i = 0; i + 16 <= (k & ~(int64_t)31); i += 16) _mm512_store_ps((void *)(d + 4 * i), z_f16(y, i));
+}
+
+AI void prow_f16(int64_t k, const void *x, const uint8_t *pk, size_t tb, const void *const *yv, int T, float *out) {
+    __m512 a0[ZT], a1[ZT];
+    for (int t = 0; t < T; t++) a0[t] = a1[t] = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 32 <= k; i += 32) {
+        const __m512 x0 = z_f16(x, i), x1 = z_f16(x, i + 16);
+        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
+            const float *py = (const float *)(const void *)(pk + (size_t)t * tb) + i;
+            a0[t] = _mm512_fmadd_ps(x0, _mm512_load_ps(py), a0[t]);
+            a1[t] = _mm512_fmadd_ps(x1, _mm512_load_ps(py + 16), a1[t]);
+        }
+    }
+    for (int t = 0; t < T; t++) {
+        float s = _mm512_reduce_add_ps(_mm512_add_ps(a0[t], a1[t]));
+        for (int64_t j = i; j < k; j++) s += sc_f16(x, j) * sc_f16(yv[t], j);
+        out[t] = s;
+    }
+}
+ZGEMM(f16, void, void, 1, (size_t)(k & ~(int64_t)31) * 4, pack_f16, prow_f16, gemm_zf16)
