@@ -26,15 +26,17 @@
  */
 
 enum {
-    ZT = 8,              /* tokens per register tile */
+    ZT = 8,              /* most tokens per register tile */
+    ZR = 2,              /* most weight rows per register tile */
     ZRB = 16,            /* weight rows per cache block (stay in L2 across token tiles) */
     ZPACK = 160 * 1024,  /* bytes of packed activations per pass */
 };
 
 /* The driver: pack as many tokens as fit, then for each ZRB-row block run
- * every ZT-token tile over it. ROW(T, wrow, pk, tstride, out) computes T
- * tokens' results for one row (T a constant after the switch). */
-#define ZGEMM(NAME, XB, YB, BLK, TOKBYTES, PACK, ROW, FALLBACK)                                    \
+ * every TT-token tile over it, RR rows at a time. ROW(k, rows, pk, tb, yv, R,
+ * T, out) computes out[r][t] for R rows and T tokens (constants after the
+ * switch, so the compiler keeps the R x T accumulators in registers). */
+#define ZGEMM(NAME, XB, YB, RR, TT, TOKBYTES, PACK, ROW, FALLBACK)                                 \
     static void gemm_p##NAME(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, \
                              float *y, int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {       \
         const size_t tb = (TOKBYTES);                                                              \
@@ -50,26 +52,43 @@ enum {
                 PACK(k, (const YB *)(const void *)((const char *)x + (size_t)(j0 + t) * x_stride), pk + (size_t)t * tb); \
             for (int64_t i0 = r0; i0 < r1; i0 += ZRB) {                                            \
                 const int64_t i1 = r1 - i0 < ZRB ? r1 : i0 + ZRB;                                  \
-                for (int64_t jj = 0; jj < nt; jj += ZT) {                                          \
-                    const int T = nt - jj < ZT ? (int)(nt - jj) : ZT;                              \
+                for (int64_t jj = 0; jj < nt; jj += TT) {                                          \
+                    const int T = nt - jj < TT ? (int)(nt - jj) : TT;                              \
                     const uint8_t *p = pk + (size_t)jj * tb;                                       \
                     const YB *yv[ZT];                                                              \
                     for (int t = 0; t < T; t++)                                                    \
                         yv[t] = (const YB *)(const void *)((const char *)x + (size_t)(j0 + jj + t) * x_stride); \
-                    for (int64_t i = i0; i < i1; i++) {                                            \
-                        const XB *wr = (const XB *)(const void *)((const char *)w + (size_t)i * w_stride); \
-                        float out[ZT];                                                             \
-                        switch (T) {                                                               \
-                        case 8: ROW(k, wr, p, tb, yv, 8, out); break;                              \
-                        case 7: ROW(k, wr, p, tb, yv, 7, out); break;                              \
-                        case 6: ROW(k, wr, p, tb, yv, 6, out); break;                              \
-                        case 5: ROW(k, wr, p, tb, yv, 5, out); break;                              \
-                        case 4: ROW(k, wr, p, tb, yv, 4, out); break;                              \
-                        case 3: ROW(k, wr, p, tb, yv, 3, out); break;                              \
-                        case 2: ROW(k, wr, p, tb, yv, 2, out); break;                              \
-                        default: ROW(k, wr, p, tb, yv, 1, out); break;                             \
+                    for (int64_t i = i0; i < i1; i += RR) {                                        \
+                        const int R = i1 - i < RR ? (int)(i1 - i) : RR;                            \
+                        const XB *wr[ZR];                                                          \
+                        for (int r = 0; r < R; r++)                                                \
+                            wr[r] = (const XB *)(const void *)((const char *)w + (size_t)(i + r) * w_stride); \
+                        float out[ZR][ZT];                                                         \
+                        if (R == RR) {                                                             \
+                            switch (T) {                                                           \
+                            case 8: ROW(k, wr, p, tb, yv, RR, 8 <= TT ? 8 : 1, out); break;        \
+                            case 7: ROW(k, wr, p, tb, yv, RR, 7 <= TT ? 7 : 1, out); break;        \
+                            case 6: ROW(k, wr, p, tb, yv, RR, 6 <= TT ? 6 : 1, out); break;        \
+                            case 5: ROW(k, wr, p, tb, yv, RR, 5 <= TT ? 5 : 1, out); break;        \
+                            case 4: ROW(k, wr, p, tb, yv, RR, 4 <= TT ? 4 : 1, out); break;        \
+                            case 3: ROW(k, wr, p, tb, yv, RR, 3 <= TT ? 3 : 1, out); break;        \
+                            case 2: ROW(k, wr, p, tb, yv, RR, 2 <= TT ? 2 : 1, out); break;        \
+                            default: ROW(k, wr, p, tb, yv, RR, 1, out); break;                     \
+                            }                                                                      \
+                        } else {                                                                   \
+                            for (int r = 0; r < R; r++) switch (T) {                                                           \
+                                case 8: ROW(k, wr + r, p, tb, yv, 1, 8 <= TT ? 8 : 1, out + r); break;\
+                                case 7: ROW(k, wr + r, p, tb, yv, 1, 7 <= TT ? 7 : 1, out + r); break;\
+                                case 6: ROW(k, wr + r, p, tb, yv, 1, 6 <= TT ? 6 : 1, out + r); break;\
+                                case 5: ROW(k, wr + r, p, tb, yv, 1, 5 <= TT ? 5 : 1, out + r); break;\
+                                case 4: ROW(k, wr + r, p, tb, yv, 1, 4 <= TT ? 4 : 1, out + r); break;\
+                                case 3: ROW(k, wr + r, p, tb, yv, 1, 3 <= TT ? 3 : 1, out + r); break;\
+                                case 2: ROW(k, wr + r, p, tb, yv, 1, 2 <= TT ? 2 : 1, out + r); break;\
+                                default: ROW(k, wr + r, p, tb, yv, 1, 1, out + r); break;          \
+                                }                                                                  \
                         }                                                                          \
-                        for (int t = 0; t < T; t++) y[(j0 + jj + t) * ldy + i] = out[t];           \
+                        for (int r = 0; r < R; r++)                                                \
+                            for (int t = 0; t < T; t++) y[(j0 + jj + t) * ldy + i + r] = out[r][t]; \
                     }                                                                              \
                 }                                                                                  \
             }                                                                                      \
@@ -101,42 +120,54 @@ AI void pack_q4_0(int64_t k, const cm_block_q8_0 *y, uint8_t *d) {
 
 #define PQ4_HALF_ROW(H, ACC)                                                                       \
     do {                                                                                           \
-        const cm_block_q4_0 *xb = x + 8 * g + 4 * (H);                                             \
-        const __m512i q = ld4x128(xb[0].qs, xb[1].qs, xb[2].qs, xb[3].qs);                         \
-        const __m512i lo = _mm512_and_si512(q, m4), hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4); \
-        const __m512 dxl = _mm512_permutexvar_ps(_mm512_add_epi32(qidx, _mm512_set1_epi32(4 * (H))), dx); \
+        __m512i lo[ZR], hi[ZR];                                                                    \
+        __m512 dxl[ZR];                                                                            \
+        for (int r = 0; r < R; r++) {                                                              \
+            const cm_block_q4_0 *xb = x[r] + 8 * g + 4 * (H);                                      \
+            const __m512i q = ld4x128(xb[0].qs, xb[1].qs, xb[2].qs, xb[3].qs);                     \
+            lo[r] = _mm512_and_si512(q, m4);                                                       \
+            hi[r] = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);                                 \
+            dxl[r] = _mm512_permutexvar_ps(_mm512_add_epi32(qidx, _mm512_set1_epi32(4 * (H))), dx[r]); \
+        }                                                                                          \
         _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {                                      \
             const uint8_t *py = pk + (size_t)t * tb + (size_t)g * PQ4_GROUP + (H) * PQ4_HALF;       \
-            const __m512i s = _mm512_dpbusd_epi32(                                                 \
-                _mm512_dpbusd_epi32(_mm512_load_si512((const void *)(py + 128)), lo, _mm512_load_si512((const void *)py)), \
-                hi, _mm512_load_si512((const void *)(py + 64)));                                   \
-            ACC[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dxl, _mm512_load_ps((const void *)(py + 192))), \
-                                     ACC[t]);                                                      \
+            const __m512i ylo = _mm512_load_si512((const void *)py), yhi = _mm512_load_si512((const void *)(py + 64)); \
+            const __m512i ini = _mm512_load_si512((const void *)(py + 128));                       \
+            const __m512 dyl = _mm512_load_ps((const void *)(py + 192));                           \
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {                                  \
+                const __m512i s = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(ini, lo[r], ylo), hi[r], yhi); \
+                ACC[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dxl[r], dyl), ACC[r][t]); \
+            }                                                                                      \
         }                                                                                          \
     } while (0)
 
-AI void prow_q4_0(int64_t k, const cm_block_q4_0 *x, const uint8_t *pk, size_t tb, const cm_block_q8_0 *const *yv,
-                  int T, float *out) {
+/* The rows' results for T tokens: out[r][t]. */
+AI void prow_q4_0(int64_t k, const cm_block_q4_0 *const *x, const uint8_t *pk, size_t tb,
+                  const cm_block_q8_0 *const *yv, int R, int T, float (*out)[ZT]) {
     const int64_t nb = k / CM_QK4_0, ng = nb / 8;
-    __m512 acc0[ZT], acc1[ZT];
-    for (int t = 0; t < T; t++) acc0[t] = acc1[t] = _mm512_setzero_ps();
+    __m512 acc0[ZR][ZT], acc1[ZR][ZT];
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) acc0[r][t] = acc1[r][t] = _mm512_setzero_ps();
     const __m512i m4 = _mm512_set1_epi8(0x0f);
     const __m512i qidx = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     for (int64_t g = 0; g < ng; g++) {
-        const __m512 dx = _mm512_castps256_ps512(d8_q4_0(x + 8 * g));
+        __m512 dx[ZR];
+        for (int r = 0; r < R; r++) dx[r] = _mm512_castps256_ps512(d8_q4_0(x[r] + 8 * g));
         PQ4_HALF_ROW(0, acc0);
         PQ4_HALF_ROW(1, acc1);
     }
-    float tail[ZT] = {0};
-    if (8 * ng < nb) {
-        const cm_block_q8_0 *yt[ZT];
-        for (int t = 0; t < T; t++) yt[t] = yv[t] + 8 * ng;
-        for (int t0 = 0; t0 < T; t0 += TMAX) /* the tile holds at most TMAX tokens */
-            tile_q4_0(nb - 8 * ng, x + 8 * ng, yt + t0, T - t0 < TMAX ? T - t0 : TMAX, tail + t0);
+    for (int r = 0; r < R; r++) {
+        float tail[ZT] = {0};
+        if (8 * ng < nb) {
+            const cm_block_q8_0 *yt[ZT];
+            for (int t = 0; t < T; t++) yt[t] = yv[t] + 8 * ng;
+            for (int t0 = 0; t0 < T; t0 += TMAX) /* the tile holds at most TMAX tokens */
+                tile_q4_0(nb - 8 * ng, x[r] + 8 * ng, yt + t0, T - t0 < TMAX ? T - t0 : TMAX, tail + t0);
+        }
+        for (int t = 0; t < T; t++) out[r][t] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[r][t], acc1[r][t])) + tail[t];
     }
-    for (int t = 0; t < T; t++) out[t] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[t], acc1[t])) + tail[t];
 }
-ZGEMM(q4_0, cm_block_q4_0, cm_block_q8_0, CM_QK4_0, (size_t)(k / CM_QK4_0 / 8) * PQ4_GROUP, pack_q4_0, prow_q4_0,
+ZGEMM(q4_0, cm_block_q4_0, cm_block_q8_0, 1, 8, (size_t)(k / CM_QK4_0 / 8) * PQ4_GROUP, pack_q4_0, prow_q4_0,
       gemm_zq4_0)
 
 /* ---- q8_0: per 8-block group and pair p, 192 bytes per token:
@@ -159,37 +190,48 @@ AI void pack_q8_0(int64_t k, const cm_block_q8_0 *y, uint8_t *d) {
     }
 }
 
-AI void prow_q8_0(int64_t k, const cm_block_q8_0 *x, const uint8_t *pk, size_t tb, const cm_block_q8_0 *const *yv,
-                  int T, float *out) {
+AI void prow_q8_0(int64_t k, const cm_block_q8_0 *const *x, const uint8_t *pk, size_t tb,
+                  const cm_block_q8_0 *const *yv, int R, int T, float (*out)[ZT]) {
     const int64_t nb = k / CM_QK8_0, ng = nb / 8;
-    __m512 acc[2][ZT];
-    for (int t = 0; t < T; t++) acc[0][t] = acc[1][t] = _mm512_setzero_ps();
+    __m512 acc[2][ZR][ZT];
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) acc[0][r][t] = acc[1][r][t] = _mm512_setzero_ps();
     const __m512i k128 = _mm512_set1_epi8((char)0x80);
     for (int64_t g = 0; g < ng; g++) {
-        const __m512 dx = _mm512_castps256_ps512(d8_q8_0(x + 8 * g));
+        __m512 dx[ZR];
+        for (int r = 0; r < R; r++) dx[r] = _mm512_castps256_ps512(d8_q8_0(x[r] + 8 * g));
         _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++) {
-            const cm_block_q8_0 *xb = x + 8 * g + 2 * p;
-            const __m512i xu = _mm512_xor_si512(ld2x256(xb[0].qs, xb[1].qs), k128);
-            const __m512 dxl = _mm512_permutexvar_ps(pair_idx(p), dx);
+            __m512i xu[ZR];
+            __m512 dxl[ZR];
+            for (int r = 0; r < R; r++) {
+                const cm_block_q8_0 *xb = x[r] + 8 * g + 2 * p;
+                xu[r] = _mm512_xor_si512(ld2x256(xb[0].qs, xb[1].qs), k128);
+                dxl[r] = _mm512_permutexvar_ps(pair_idx(p), dx[r]);
+            }
             _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
                 const uint8_t *py = pk + (size_t)t * tb + (size_t)g * PQ8_GROUP + (size_t)p * PQ8_PAIR;
-                const __m512i s = _mm512_dpbusd_epi32(_mm512_load_si512((const void *)(py + 64)), xu,
-                                                      _mm512_load_si512((const void *)py));
-                acc[p & 1][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s),
-                                                _mm512_mul_ps(dxl, _mm512_load_ps((const void *)(py + 128))), acc[p & 1][t]);
+                const __m512i qy = _mm512_load_si512((const void *)py), ini = _mm512_load_si512((const void *)(py + 64));
+                const __m512 dyl = _mm512_load_ps((const void *)(py + 128));
+                _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+                    const __m512i s = _mm512_dpbusd_epi32(ini, xu[r], qy);
+                    acc[p & 1][r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dxl[r], dyl), acc[p & 1][r][t]);
+                }
             }
         }
     }
-    float tail[ZT] = {0};
-    if (8 * ng < nb) {
-        const cm_block_q8_0 *yt[ZT];
-        for (int t = 0; t < T; t++) yt[t] = yv[t] + 8 * ng;
-        for (int t0 = 0; t0 < T; t0 += TMAX) /* the tile holds at most TMAX tokens */
-            tile_q8_0(nb - 8 * ng, x + 8 * ng, yt + t0, T - t0 < TMAX ? T - t0 : TMAX, tail + t0);
+    for (int r = 0; r < R; r++) {
+        float tail[ZT] = {0};
+        if (8 * ng < nb) {
+            const cm_block_q8_0 *yt[ZT];
+            for (int t = 0; t < T; t++) yt[t] = yv[t] + 8 * ng;
+            for (int t0 = 0; t0 < T; t0 += TMAX) /* the tile holds at most TMAX tokens */
+                tile_q8_0(nb - 8 * ng, x[r] + 8 * ng, yt + t0, T - t0 < TMAX ? T - t0 : TMAX, tail + t0);
+        }
+        for (int t = 0; t < T; t++)
+            out[r][t] = _mm512_reduce_add_ps(_mm512_add_ps(acc[0][r][t], acc[1][r][t])) + tail[t];
     }
-    for (int t = 0; t < T; t++) out[t] = _mm512_reduce_add_ps(_mm512_add_ps(acc[0][t], acc[1][t])) + tail[t];
 }
-ZGEMM(q8_0, cm_block_q8_0, cm_block_q8_0, CM_QK8_0, (size_t)(k / CM_QK8_0 / 8) * PQ8_GROUP, pack_q8_0, prow_q8_0,
+ZGEMM(q8_0, cm_block_q8_0, cm_block_q8_0, 2, 4, (size_t)(k / CM_QK8_0 / 8) * PQ8_GROUP, pack_q8_0, prow_q8_0,
       gemm_zq8_0)
 
 /* ---- f16: activations converted to f32 once (the 32-aligned prefix; the
@@ -198,22 +240,32 @@ AI void pack_f16(int64_t k, const void *y, uint8_t *d) {
     for (int64_t i = 0; i + 16 <= (k & ~(int64_t)31); i += 16) _mm512_store_ps((void *)(d + 4 * i), z_f16(y, i));
 }
 
-AI void prow_f16(int64_t k, const void *x, const uint8_t *pk, size_t tb, const void *const *yv, int T, float *out) {
-    __m512 a0[ZT], a1[ZT];
-    for (int t = 0; t < T; t++) a0[t] = a1[t] = _mm512_setzero_ps();
+AI void prow_f16(int64_t k, const void *const *x, const uint8_t *pk, size_t tb, const void *const *yv, int R, int T,
+                 float (*out)[ZT]) {
+    __m512 a0[ZR][ZT], a1[ZR][ZT];
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) a0[r][t] = a1[r][t] = _mm512_setzero_ps();
     int64_t i = 0;
     for (; i + 32 <= k; i += 32) {
-        const __m512 x0 = z_f16(x, i), x1 = z_f16(x, i + 16);
+        __m512 x0[ZR], x1[ZR];
+        for (int r = 0; r < R; r++) {
+            x0[r] = z_f16(x[r], i);
+            x1[r] = z_f16(x[r], i + 16);
+        }
         _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
             const float *py = (const float *)(const void *)(pk + (size_t)t * tb) + i;
-            a0[t] = _mm512_fmadd_ps(x0, _mm512_load_ps(py), a0[t]);
-            a1[t] = _mm512_fmadd_ps(x1, _mm512_load_ps(py + 16), a1[t]);
+            const __m512 y0 = _mm512_load_ps(py), y1 = _mm512_load_ps(py + 16);
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+                a0[r][t] = _mm512_fmadd_ps(x0[r], y0, a0[r][t]);
+                a1[r][t] = _mm512_fmadd_ps(x1[r], y1, a1[r][t]);
+            }
         }
     }
-    for (int t = 0; t < T; t++) {
-        float s = _mm512_reduce_add_ps(_mm512_add_ps(a0[t], a1[t]));
-        for (int64_t j = i; j < k; j++) s += sc_f16(x, j) * sc_f16(yv[t], j);
-        out[t] = s;
-    }
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) {
+            float s = _mm512_reduce_add_ps(_mm512_add_ps(a0[r][t], a1[r][t]));
+            for (int64_t j = i; j < k; j++) s += sc_f16(x[r], j) * sc_f16(yv[t], j);
+            out[r][t] = s;
+        }
 }
-ZGEMM(f16, void, void, 1, (size_t)(k & ~(int64_t)31) * 4, pack_f16, prow_f16, gemm_zf16)
+ZGEMM(f16, void, void, 2, 4, (size_t)(k & ~(int64_t)31) * 4, pack_f16, prow_f16, gemm_zf16)
