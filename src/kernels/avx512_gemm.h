@@ -29,6 +29,7 @@ enum {
     ZT = 8,              /* most tokens per register tile */
     ZR = 2,              /* most weight rows per register tile */
     ZRB = 16,            /* weight rows per cache block (stay in L2 across token tiles) */
+    ZPF = 4,             /* prefetch the weight row this many rows ahead (as cm_matmul_rows) */
     ZPACK = 160 * 1024,  /* bytes of packed activations per pass */
 };
 
@@ -63,6 +64,10 @@ enum {
                         const XB *wr[ZR];                                                          \
                         for (int r = 0; r < R; r++)                                                \
                             wr[r] = (const XB *)(const void *)((const char *)w + (size_t)(i + r) * w_stride); \
+                        if (jj == 0) /* first pass over these rows: they come from DRAM */         \
+                            for (int64_t ip = i + ZPF; ip < i + ZPF + R && ip < r1; ip++)          \
+                                for (size_t o = 0; o < w_stride; o += 64)                          \
+                                    __builtin_prefetch((const char *)w + (size_t)ip * w_stride + o, 0, 0); \
                         float out[ZR][ZT];                                                         \
                         if (R == RR) {                                                             \
                             switch (T) {                                                           \
