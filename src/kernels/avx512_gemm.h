@@ -100,16 +100,15 @@ enum {
         }                                                                                          \
     }
 
-/* ---- q4_0: per 8-block group and half h, 256 bytes per token:
- * [y low halves 4x16][y high halves 4x16][-8 * sum(y) lanes][dy per lane] ---- */
-enum { PQ4_HALF = 256, PQ4_GROUP = 512 };
+/* ---- q4_0: per 8-block group, 448 bytes per token: for each half h (blocks
+ * 4h..4h+3) [y low halves 4x16][y high halves 4x16][-8 * sum(y) lanes], then
+ * the 8 blocks' dy as f32 and 32 bytes of padding ---- */
+enum { PQ4_HALF = 192, PQ4_GROUP = 448 }; /* two halves, then the 8 dy (32 bytes) and 32 of padding */
 
 AI void pack_q4_0(int64_t k, const cm_block_q8_0 *y, uint8_t *d) {
     const int64_t ng = k / CM_QK8_0 / 8;
     const __m512i k8 = _mm512_set1_epi8(8), z = _mm512_setzero_si512();
-    const __m512i qidx = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     for (int64_t g = 0; g < ng; g++, y += 8) {
-        const __m512 dy = _mm512_castps256_ps512(d8_q8_0(y));
         for (int h = 0; h < 2; h++, d += PQ4_HALF) {
             const cm_block_q8_0 *yb = y + 4 * h;
             const __m512i lo = ld4x128(yb[0].qs, yb[1].qs, yb[2].qs, yb[3].qs);
@@ -118,30 +117,30 @@ AI void pack_q4_0(int64_t k, const cm_block_q8_0 *y, uint8_t *d) {
             _mm512_store_si512((void *)d, lo);
             _mm512_store_si512((void *)(d + 64), hi);
             _mm512_store_si512((void *)(d + 128), _mm512_sub_epi32(z, sy));
-            _mm512_store_ps((void *)(d + 192), _mm512_permutexvar_ps(_mm512_add_epi32(qidx, _mm512_set1_epi32(4 * h)), dy));
         }
+        _mm256_store_ps((void *)d, d8_q8_0(y));
+        _mm256_store_ps((void *)(d + 32), _mm256_setzero_ps()); /* padding: keeps groups 64-byte aligned */
+        d += PQ4_GROUP - 2 * PQ4_HALF;
     }
 }
 
 #define PQ4_HALF_ROW(H, ACC)                                                                       \
     do {                                                                                           \
         __m512i lo[ZR], hi[ZR];                                                                    \
-        __m512 dxl[ZR];                                                                            \
         for (int r = 0; r < R; r++) {                                                              \
             const cm_block_q4_0 *xb = x[r] + 8 * g + 4 * (H);                                      \
             const __m512i q = ld4x128(xb[0].qs, xb[1].qs, xb[2].qs, xb[3].qs);                     \
             lo[r] = _mm512_and_si512(q, m4);                                                       \
             hi[r] = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);                                 \
-            dxl[r] = _mm512_permutexvar_ps(_mm512_add_epi32(qidx, _mm512_set1_epi32(4 * (H))), dx[r]); \
         }                                                                                          \
+        const __m512i pidx = _mm512_add_epi32(qidx, _mm512_set1_epi32(4 * (H)));                   \
         _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {                                      \
             const uint8_t *py = pk + (size_t)t * tb + (size_t)g * PQ4_GROUP + (H) * PQ4_HALF;       \
             const __m512i ylo = _mm512_load_si512((const void *)py), yhi = _mm512_load_si512((const void *)(py + 64)); \
             const __m512i ini = _mm512_load_si512((const void *)(py + 128));                       \
-            const __m512 dyl = _mm512_load_ps((const void *)(py + 192));                           \
             _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {                                  \
                 const __m512i s = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(ini, lo[r], ylo), hi[r], yhi); \
-                ACC[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dxl[r], dyl), ACC[r][t]); \
+                ACC[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_permutexvar_ps(pidx, sc[r][t]), ACC[r][t]); \
             }                                                                                      \
         }                                                                                          \
     } while (0)
@@ -156,8 +155,13 @@ AI void prow_q4_0(int64_t k, const cm_block_q4_0 *const *x, const uint8_t *pk, s
     const __m512i m4 = _mm512_set1_epi8(0x0f);
     const __m512i qidx = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     for (int64_t g = 0; g < ng; g++) {
-        __m512 dx[ZR];
-        for (int r = 0; r < R; r++) dx[r] = _mm512_castps256_ps512(d8_q4_0(x[r] + 8 * g));
+        __m512 sc[ZR][ZT]; /* dx * dy of the group's 8 blocks (low 256 bits), as the tile computes it */
+        for (int r = 0; r < R; r++) {
+            const __m256 dx = d8_q4_0(x[r] + 8 * g);
+            _Pragma("GCC unroll 8") for (int t = 0; t < T; t++)
+                sc[r][t] = _mm512_castps256_ps512(_mm256_mul_ps(
+                    dx, _mm256_load_ps((const void *)(pk + (size_t)t * tb + (size_t)g * PQ4_GROUP + 2 * PQ4_HALF))));
+        }
         PQ4_HALF_ROW(0, acc0);
         PQ4_HALF_ROW(1, acc1);
     }
