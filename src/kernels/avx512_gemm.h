@@ -12,9 +12,11 @@
  * the activations of up to ZPACK bytes' worth of tokens are rewritten once
  * into the layout the tile consumes (q4_0: the 4x128-bit interleave, the
  * offset correction -8*sum(y) as the initial vpdpbusd accumulator and the
- * block scales spread over the lanes; f16: converted to f32), so the inner
- * loop is loads, vpdpbusd/FMA and no shuffles, and each unpacked weight
- * vector serves ZT tokens. Integer identities used (all exact in int32):
+ * block scales as f32; q8_0: block pairs, -128*sum(y), scales spread over the
+ * lanes; f16: converted to f32), so the inner loop is aligned loads,
+ * vpdpbusd/FMA and almost no shuffles, and each unpacked weight vector serves
+ * several tokens (and each packed activation vector several rows) from
+ * registers. Integer identities used (all exact in int32):
  *   q4_0: sum(q * y) - 8 * sum(y) = sum((q - 8) * y), q the unsigned nibble;
  *   q8_0: sum((x + 128) * y) - 128 * sum(y) = sum(x * y) = sum(|x| * sign(x) y).
  * tests/unit/test_kernels_invariant.c checks every (row, token) bit for bit.

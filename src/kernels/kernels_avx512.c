@@ -12,24 +12,24 @@
  * f16 (FMA), and bf16 with the vdpbf16ps pair dot product (it treats denormal
  * inputs as zero, which activations and weights of real models never are).
  * gemm runs the same tiles as vec_dot (4 tokens per weight-row pass), so
- * every (row, token) gets vec_dot's bits whatever the batch (kernels.h).
+ * every (row, token) gets vec_dot's bits whatever the batch (kernels.h);
+ * q4_0, q8_0 and f16 instead use avx512_gemm.h, which repacks the
+ * activations once per call and replays the tiles' exact arithmetic from the
+ * packed operands (8 tokens per unpacked weight vector for q4_0, 2 rows x 4
+ * tokens for q8_0 and f16), 2.2-3x the tiles' per-token speed.
  * Every tile keeps the contract of isa.h: integer sums exactly the
  * reference's, only the float accumulation order free. Tested against the
  * reference in tests/unit/test_kernels_simd.c and for batch invariance in
  * test_kernels_invariant.c. Never allocates.
  *
- * NEEDSWORK: a prefill gemm with tokens across the 32-bit lanes (one
- * vpdpbusd per weight dword for 16 tokens) ran 2.4-2.7x the tiles' per-token
- * speed for q4_0, q8_0, q4_k and q6_k at 16+ tokens, but summed each block's
- * scaled integer dot into one float chain per (row, token), an order the
- * one-token tiles do not follow, so it broke batch invariance and was
- * removed (git history: the "prefill gemm" section). Bringing it back needs
- * vec_dot to adopt the same per-block order at no cost to its GB/s.
- *
- * NEEDSWORK: f16/bf16/f32 use the 4-token register tile for every token
- * count; on a loaded machine 16-token f16 products measured slower per token
- * than vec_dot, which a quiet-machine measurement must settle (a token-lane
- * kernel like the quantized ones, converting activations once, is the fix).
+ * NEEDSWORK: the packed gemms are bound by the float work the tiles' order
+ * fixes per 4 blocks (convert, scale product, FMA for every 16 int32 lanes).
+ * A gemm with tokens across the 32-bit lanes (one vpdpbusd per weight dword
+ * for 16 tokens, one FMA per block for 16 tokens) does a third less work per
+ * token, but its order (one float chain per (row, token) over the blocks)
+ * differs from the tiles', so it needs vec_dot to adopt a lane-friendly order
+ * too (e.g. 16 chains over blocks b mod 16, then a fixed tree) and the golden
+ * tests re-checked. q4_k, q6_k and bf16 still use the 4-token tiles.
  */
 #define CM_X86_VNNI 1
 #include "x86_tiles.h"
