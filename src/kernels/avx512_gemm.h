@@ -13,7 +13,8 @@
  * into the layout the tile consumes (q4_0: the 4x128-bit interleave, the
  * offset correction -8*sum(y) as the initial vpdpbusd accumulator and the
  * block scales as f32; q8_0: block pairs, -128*sum(y), scales spread over the
- * lanes; f16: converted to f32), so the inner loop is aligned loads,
+ * lanes; q4_k: contiguous 64-byte y vectors and the bsums pairs; f16:
+ * converted to f32), so the inner loop is aligned loads,
  * vpdpbusd/FMA and almost no shuffles, and each unpacked weight vector serves
  * several tokens (and each packed activation vector several rows) from
  * registers. Integer identities used (all exact in int32):
@@ -280,3 +281,74 @@ AI void prow_f16(int64_t k, const void *const *x, const uint8_t *pk, size_t tb, 
         }
 }
 ZGEMM(f16, void, void, 2, 4, (size_t)(k & ~(int64_t)31) * 4, pack_f16, prow_f16, gemm_zf16)
+
+/* ---- q4_k: per super-block, 320 bytes per token: for h = 0, 1 the two
+ * vectors ztile_q4_k multiplies the low and high nibbles with
+ * ([y 128h..+31 | y 128h+64..+95], [y 128h+32..+63 | y 128h+96..+127]), then
+ * the 8 pair sums of bsums (int16, as kmins forms them) and d (f32) ---- */
+enum { PQ4K_BLOCK = 320 };
+
+AI void pack_q4_k(int64_t k, const cm_block_q8_k *y, uint8_t *d) {
+    for (int64_t b = 0; b < k / CM_QK_K; b++, d += PQ4K_BLOCK) {
+        for (int h = 0; h < 2; h++) {
+            const int8_t *q = y[b].qs + 128 * h;
+            _mm512_store_si512((void *)(d + 128 * h), ld2x256(q, q + 64));
+            _mm512_store_si512((void *)(d + 128 * h + 64), ld2x256(q + 32, q + 96));
+        }
+        const __m256i bs = ld256(y[b].bsums);
+        _mm_store_si128((__m128i *)(void *)(d + 256),
+                        _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1)));
+        _mm_store_si128((__m128i *)(void *)(d + 272), _mm_castps_si128(_mm_set_ss(y[b].d)));
+        _mm256_store_si256((__m256i *)(void *)(d + 288), _mm256_setzero_si256());
+    }
+}
+
+AI void prow_q4_k(int64_t k, const cm_block_q4_k *const *x, const uint8_t *pk, size_t tb,
+                  const cm_block_q8_k *const *yv, int R, int T, float (*out)[ZT]) {
+    (void)yv;
+    __m512 acc[ZR][ZT];
+    __m128 accm[ZR][ZT];
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
+            acc[r][t] = _mm512_setzero_ps();
+            accm[r][t] = _mm_setzero_ps();
+        }
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    for (int64_t b = 0; b < k / CM_QK_K; b++) {
+        __m512i sumi[ZR][ZT];
+        __m128i mn16[ZR];
+        float d[ZR], dmin[ZR];
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+            uint8_t sc[8], mn[8];
+            kscales(x[r][b].scales, sc, mn);
+            mn16[r] = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mn));
+            const __m512i sc16 = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sc)));
+            d[r] = f16f(x[r][b].d);
+            dmin[r] = f16f(x[r][b].dmin);
+            _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) sumi[r][t] = _mm512_setzero_si512();
+            _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
+                const __m512i q = _mm512_loadu_si512(x[r][b].qs + 64 * h);
+                const __m512i lo = _mm512_and_si512(q, m4), hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+                const __m512i slo = _mm512_permutexvar_epi16(_mm512_loadu_si512(k_q4k_idx[2 * h]), sc16);
+                const __m512i shi = _mm512_permutexvar_epi16(_mm512_loadu_si512(k_q4k_idx[2 * h + 1]), sc16);
+                _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
+                    const uint8_t *py = pk + (size_t)t * tb + (size_t)b * PQ4K_BLOCK + 128 * h;
+                    const __m512i plo = _mm512_madd_epi16(_mm512_maddubs_epi16(lo, _mm512_load_si512((const void *)py)), slo);
+                    const __m512i phi =
+                        _mm512_madd_epi16(_mm512_maddubs_epi16(hi, _mm512_load_si512((const void *)(py + 64))), shi);
+                    sumi[r][t] = _mm512_add_epi32(sumi[r][t], _mm512_add_epi32(plo, phi));
+                }
+            }
+        }
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
+                const uint8_t *py = pk + (size_t)t * tb + (size_t)b * PQ4K_BLOCK;
+                float yd;
+                memcpy(&yd, py + 272, sizeof yd);
+                acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi[r][t]), _mm512_set1_ps(d[r] * yd), acc[r][t]);
+                const __m128i mins = _mm_madd_epi16(mn16[r], _mm_load_si128((const __m128i *)(const void *)(py + 256)));
+                accm[r][t] = _mm_fmadd_ps(_mm_cvtepi32_ps(mins), _mm_set1_ps(dmin[r] * yd), accm[r][t]);
+            }
+    }
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) out[r][t] = _mm512_reduce_add_ps(acc[r][t]) - hsum4(accm[r][t]);
+}
+ZGEMM(q4_k, cm_block_q4_k, cm_block_q8_k, 1, 4, (size_t)(k / CM_QK_K) * PQ4K_BLOCK, pack_q4_k, prow_q4_k, gemm_zq4_k)

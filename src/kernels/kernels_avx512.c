@@ -13,10 +13,10 @@
  * inputs as zero, which activations and weights of real models never are).
  * gemm runs the same tiles as vec_dot (4 tokens per weight-row pass), so
  * every (row, token) gets vec_dot's bits whatever the batch (kernels.h);
- * q4_0, q8_0 and f16 instead use avx512_gemm.h, which repacks the
+ * q4_0, q8_0, q4_k and f16 instead use avx512_gemm.h, which repacks the
  * activations once per call and replays the tiles' exact arithmetic from the
  * packed operands (8 tokens per unpacked weight vector for q4_0, 2 rows x 4
- * tokens for q8_0 and f16), 2.2-3x the tiles' per-token speed.
+ * tokens for q8_0 and f16, 4 tokens for q4_k), 2-3x the tiles' per-token speed.
  * Every tile keeps the contract of isa.h: integer sums exactly the
  * reference's, only the float accumulation order free. Tested against the
  * reference in tests/unit/test_kernels_simd.c and for batch invariance in
@@ -29,7 +29,7 @@
  * token, but its order (one float chain per (row, token) over the blocks)
  * differs from the tiles', so it needs vec_dot to adopt a lane-friendly order
  * too (e.g. 16 chains over blocks b mod 16, then a fixed tree) and the golden
- * tests re-checked. q4_k, q6_k and bf16 still use the 4-token tiles.
+ * tests re-checked. q6_k, q5_k and bf16 still use the 4-token tiles.
  */
 #define CM_X86_VNNI 1
 #include "x86_tiles.h"
@@ -335,7 +335,7 @@ void cm_kernels_fill_avx512(cm_kernels *k) {
     k->vec_dot[CM_TYPE_Q8_0] = vec_dot_zq8_0;
     k->gemm[CM_TYPE_Q8_0] = gemm_pq8_0;
     k->vec_dot[CM_TYPE_Q4_K] = vec_dot_zq4_k;
-    k->gemm[CM_TYPE_Q4_K] = gemm_zq4_k;
+    k->gemm[CM_TYPE_Q4_K] = gemm_pq4_k;
     k->vec_dot[CM_TYPE_Q6_K] = vec_dot_zq6_k;
     k->gemm[CM_TYPE_Q6_K] = gemm_zq6_k;
 }
