@@ -10,6 +10,7 @@
 
 #include <cjson/cJSON.h>
 #include <signal.h>
+#include <stdlib.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
@@ -38,7 +39,10 @@ static const char k_node_usage[] =
     "  --insecure        no key, plaintext (every peer must say so too)\n"
     "  --key-file FILE   cluster key (default $CUMULO_KEY_FILE or ~/.config/cumulo/cluster.key)\n"
     "  --bind ADDR       listen on this address only\n"
-    "  --no-mdns         do not announce this node on the local network\n";
+    "  --no-mdns         do not announce this node on the local network\n"
+    "\n"
+    "CUMULO_DECLARE_SPEED=GFLOPS,GBS in the environment replaces the measured compute\n"
+    "speed and memory bandwidth (equally strong machines in tests).\n";
 
 int cmd_node(int argc, char **argv) {
     if (cli_wants_help(argc, argv)) { fputs(k_node_usage, stdout); return 0; }
@@ -87,7 +91,8 @@ static const char k_nodes_usage[] =
     "usage: cumulo nodes [--timeout S] [--json] [--nodes HOST:PORT,...] [--no-mdns] [--insecure] [--key-file FILE]\n"
     "\n"
     "List cumulo nodes: those announced on the local network (mDNS) and those given,\n"
-    "each with its capabilities and the round trip and bandwidth measured from here.\n"
+    "each with its capabilities and the round trip and bandwidth measured from here,\n"
+    "then the links between them as each node measures them (node to node).\n"
     "\n"
     "  --timeout S    seconds to browse mDNS (default 2)\n"
     "  --nodes LIST   also probe these host:port addresses\n"
@@ -167,6 +172,21 @@ int cmd_nodes(int argc, char **argv) {
                 cJSON_AddNumberToObject(o, "mem_gbs", f->caps.mem_bw / 1e9);
                 cJSON_AddNumberToObject(o, "rtt_ms", f->rtt_s * 1e3);
                 cJSON_AddNumberToObject(o, "mbytes_per_s", f->bw / 1e6);
+                /* node to node, as this node measured them toward each other node */
+                cJSON *lk = cJSON_AddArrayToObject(o, "links");
+                for (int j = 0; j < n && j < CM_NODE_LINKS_MAX; j++) {
+                    const cm_node_link *nl = &f->links[j];
+                    if (!nl->asked) continue;
+                    cJSON *jl = cJSON_CreateObject();
+                    cJSON_AddStringToObject(jl, "to", info[j].addr);
+                    cJSON_AddBoolToObject(jl, "measured", nl->status == 0);
+                    if (nl->status) cJSON_AddStringToObject(jl, "error", cm_strerror(nl->status));
+                    else {
+                        cJSON_AddNumberToObject(jl, "rtt_ms", nl->rtt_s * 1e3);
+                        cJSON_AddNumberToObject(jl, "mbytes_per_s", nl->bw / 1e6);
+                    }
+                    cJSON_AddItemToArray(lk, jl);
+                }
             }
             cJSON_AddItemToArray(arr, o);
         }
@@ -193,6 +213,27 @@ int cmd_nodes(int argc, char **argv) {
         printf("%-22s %-16.16s %5d %-8.8s %8.1fG %9.1f %8.1f %8s %9.3f %10.1f%s\n", f->addr, f->name, f->caps.cores,
                f->caps.isa, (double)f->caps.mem_free / (1 << 30), f->caps.gflops, f->caps.mem_bw / 1e9, osa,
                f->rtt_s * 1e3, f->bw / 1e6, from_mdns[i] ? " (mdns)" : "");
+    }
+    /* Node to node: row = the measuring node, column = the peer; rtt ms / MB/s. */
+    bool any = false;
+    for (int i = 0; i < n && i < CM_NODE_LINKS_MAX; i++)
+        for (int j = 0; j < n && j < CM_NODE_LINKS_MAX; j++) any |= info[i].links[j].asked;
+    if (!any) return 0;
+    printf("\nlinks node to node (row measured toward column: rtt ms / MB/s):\n%-22s", "from \\ to");
+    for (int j = 0; j < n && j < CM_NODE_LINKS_MAX; j++) printf(" %-22s", info[j].addr);
+    printf("\n");
+    for (int i = 0; i < n && i < CM_NODE_LINKS_MAX; i++) {
+        printf("%-22s", info[i].addr);
+        for (int j = 0; j < n && j < CM_NODE_LINKS_MAX; j++) {
+            const cm_node_link *nl = &info[i].links[j];
+            char cell[64];
+            if (i == j) snprintf(cell, sizeof cell, "-");
+            else if (!nl->asked) snprintf(cell, sizeof cell, "not measured");
+            else if (nl->status) snprintf(cell, sizeof cell, "failed: %s", cm_strerror(nl->status));
+            else snprintf(cell, sizeof cell, "%.3f / %.1f", nl->rtt_s * 1e3, nl->bw / 1e6);
+            printf(" %-22.22s", cell);
+        }
+        printf("\n");
     }
     return 0;
 }

@@ -13,6 +13,7 @@
 #include <pthread.h>
 #include <sodium.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -92,6 +93,19 @@ static void measure(void) {
     if (sink == 12345.0f) c->gflops += 0; /* keep the loops */
     cm_free(x);
     cm_free(y);
+    /* Declared speeds replace the measured ones (tests that need equally
+     * strong machines on one shared host; a machine busy at start). */
+    const char *d = getenv("CUMULO_DECLARE_SPEED");
+    if (d && *d) {
+        char *e1, *e2 = NULL;
+        double g = strtod(d, &e1), b = *e1 == ',' ? strtod(e1 + 1, &e2) : 0;
+        if (e1 != d && *e1 == ',' && e2 && !*e2 && g > 0 && g < 1e6 && b > 0 && b < 1e6) {
+            c->gflops = g;
+            c->mem_bw = b * 1e9;
+            c->declared = true;
+        } else
+            CM_LOGW("CUMULO_DECLARE_SPEED='%s' ignored: expected GFLOPS,GBS like 20,4", d);
+    }
 }
 
 void cm_node_caps_get(cm_node_caps *c) {
@@ -201,14 +215,29 @@ int cm_cluster_net_cfg(cm_net_cfg *cfg, bool insecure, const char *key_file, cha
 
 int cm_cluster_dial(const char *addr, const cm_net_cfg *cfg, const cm_msg_hello *mine, cm_conn **out,
                     cm_msg_hello *peer, char *err, size_t errlen) {
+    return cm_cluster_dial_within(addr, cfg, mine, 5000, out, peer, err, errlen);
+}
+
+int cm_cluster_dial_within(const char *addr, const cm_net_cfg *cfg, const cm_msg_hello *mine, int timeout_ms,
+                           cm_conn **out, cm_msg_hello *peer, char *err, size_t errlen) {
     char host[256];
     uint16_t port;
     *out = NULL;
+    if (timeout_ms < 1) return cm_errf(err, errlen, CM_ETIMEDOUT, "no time left to connect to %s", addr);
     int rc = cm_net_parse_addr(addr, CM_NET_DEFAULT_PORT, host, sizeof host, &port, err, errlen);
     if (rc) return rc;
+    uint64_t end = cm_now_ns() + (uint64_t)timeout_ms * 1000000ull;
     cm_conn *c;
-    if ((rc = cm_net_connect(host, port, 5000, &c, err, errlen))) return rc;
-    if ((rc = cm_conn_handshake(c, true, cfg, mine, peer, err, errlen))) {
+    if ((rc = cm_net_connect(host, port, timeout_ms, &c, err, errlen))) return rc;
+    /* the handshake gets what the connect left (it has its own default otherwise) */
+    cm_net_cfg hc = *cfg;
+    uint64_t now = cm_now_ns();
+    int left = now < end ? (int)((end - now) / 1000000ull) : 0;
+    if (left < 1) left = 1;
+    if (!hc.handshake_ms || hc.handshake_ms > left) hc.handshake_ms = left;
+    rc = cm_conn_handshake(c, true, &hc, mine, peer, err, errlen);
+    sodium_memzero(&hc, sizeof hc); /* a copy of the key */
+    if (rc) {
         cm_conn_close(c, NULL);
         return rc;
     }
@@ -217,16 +246,35 @@ int cm_cluster_dial(const char *addr, const cm_net_cfg *cfg, const cm_msg_hello 
 }
 
 int cm_cluster_measure(cm_conn *c, int probe_bytes, double *rtt_s, double *bw, char *err, size_t errlen) {
+    return cm_cluster_measure_within(c, probe_bytes, 0, rtt_s, bw, err, errlen);
+}
+
+/* The wait for one exchange: its own bound, cut to what the deadline leaves
+ * (end 0: no deadline). */
+static int wait_ms(uint64_t end, int own, char *err, size_t errlen) {
+    if (!end) return own;
+    uint64_t now = cm_now_ns();
+    if (now >= end) return cm_errf(err, errlen, CM_ETIMEDOUT, "link measurement ran out of time");
+    uint64_t left = (end - now) / 1000000ull + 1;
+    return left < (uint64_t)own ? (int)left : own;
+}
+
+int cm_cluster_measure_within(cm_conn *c, int probe_bytes, int timeout_ms, double *rtt_s, double *bw, char *err,
+                              size_t errlen) {
     double best = 1e9;
     cm_msg m, r;
+    uint64_t end = timeout_ms > 0 ? cm_now_ns() + (uint64_t)timeout_ms * 1000000ull : 0;
     for (int i = 0; i < 4; i++) {
         memset(&m, 0, sizeof m);
         m.type = CM_MSG_PING;
         m.u.ping.id = (uint64_t)i;
         m.u.ping.sent_ns = cm_now_ns();
         double t0 = cm_now_s();
-        int rc = cm_conn_send(c, &m, 5000, err, errlen);
-        if (!rc) rc = cm_conn_recv(c, &r, 5000, err, errlen);
+        int w = wait_ms(end, 5000, err, errlen);
+        if (w < 0) return w;
+        int rc = cm_conn_send(c, &m, w, err, errlen);
+        if (!rc && (w = wait_ms(end, 5000, err, errlen)) < 0) rc = w;
+        if (!rc) rc = cm_conn_recv(c, &r, w, err, errlen);
         if (rc) return rc;
         if (r.type != CM_MSG_PONG) return cm_errf(err, errlen, CM_EPROTO, "expected PONG, got %s", cm_msg_type_name(r.type));
         double t = cm_now_s() - t0;
@@ -248,8 +296,11 @@ int cm_cluster_measure(cm_conn *c, int probe_bytes, double *rtt_s, double *bw, c
         m.u.ping.data = data;
         m.u.ping.data_len = (uint32_t)probe_bytes;
         double t0 = cm_now_s();
-        rc = cm_conn_send(c, &m, 60000, err, errlen);
-        if (!rc) rc = cm_conn_recv(c, &r, 60000, err, errlen);
+        int w = wait_ms(end, 60000, err, errlen);
+        rc = w < 0 ? w : cm_conn_send(c, &m, w, err, errlen);
+        if (!rc && (w = wait_ms(end, 60000, err, errlen)) < 0) rc = w;
+        if (!rc) rc = cm_conn_recv(c, &r, w, err, errlen);
+        if (!rc && r.type != CM_MSG_PONG) rc = cm_errf(err, errlen, CM_EPROTO, "expected PONG, got %s", cm_msg_type_name(r.type));
         double t = cm_now_s() - t0;
         if (t < tb) tb = t;
     }

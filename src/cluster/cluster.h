@@ -35,7 +35,9 @@
 
 /* Capabilities measured once per process (a few ms of real kernels):
  * compute speed from Q8_0 dot products in cache, memory bandwidth from the
- * same over a buffer far larger than the caches. Thread-safe. */
+ * same over a buffer far larger than the caches; the environment variable
+ * CUMULO_DECLARE_SPEED="GFLOPS,GBS" replaces both (tests that need equally
+ * strong machines on one host). Thread-safe. */
 typedef struct cm_node_caps {
     int cores;
     char isa[128];         /* "avx512 (avx2,fma,...)": the kernels in use, then the CPU's features */
@@ -43,6 +45,7 @@ typedef struct cm_node_caps {
     char os[32], arch[32], version[32];
     double gflops;         /* one thread */
     double mem_bw;         /* bytes/s, one thread */
+    bool declared;         /* gflops and mem_bw come from CUMULO_DECLARE_SPEED="GFLOPS,GBS", not measured */
 } cm_node_caps;
 void cm_node_caps_get(cm_node_caps *c);
 
@@ -75,6 +78,14 @@ int cm_node_run(const cm_node_opts *o, atomic_int *stop, char *err, size_t errle
 
 /* ---- discovery and probing (`cumulo nodes`, --nodes auto) ---- */
 
+/* A node to node link, as the first node measured it toward the second. */
+typedef struct cm_node_link {
+    bool asked;             /* measurement asked for (both nodes reachable) */
+    int status;             /* 0 measured; else the CM_E* of the failure (or CM_ETIMEDOUT: no answer in time) */
+    double rtt_s, bw;       /* round trip; bytes/s from this node toward the other */
+} cm_node_link;
+#define CM_NODE_LINKS_MAX 16 /* probes of more nodes measure no node to node links */
+
 typedef struct cm_node_info {
     char addr[80];          /* "host:port" as used to connect */
     char name[64];
@@ -84,6 +95,7 @@ typedef struct cm_node_info {
     cm_node_caps caps;      /* from its HELLO (mem_bw: 0, not reported) */
     double rtt_s;           /* round trip of a small PING */
     double bw;              /* bytes/s of a 64 KiB PING, one way */
+    cm_node_link links[CM_NODE_LINKS_MAX]; /* this node -> node j of the same probe (j indexes out[]) */
 } cm_node_info;
 
 /* Browse mDNS for timeout_s seconds and append what it finds ("addr:port")
@@ -91,7 +103,9 @@ typedef struct cm_node_info {
  * or an error. */
 int cm_discover(double timeout_s, char addrs[][80], int max, char *err, size_t errlen);
 
-/* Connect to each address, handshake, and measure RTT and bandwidth. */
+/* Connect to each address, handshake, and measure RTT and bandwidth; then
+ * (n <= CM_NODE_LINKS_MAX) ask every reachable node to measure its links to
+ * the other reachable ones (LINKS_REQ), CM_LINKS_DEADLINE_MS each at most. */
 int cm_probe_nodes(const char *const *addrs, int n, bool insecure, const char *key_file,
                    cm_node_info *out, char *err, size_t errlen);
 
@@ -107,8 +121,12 @@ typedef struct cm_pipe_opts {
     bool insecure;
     const char *key_file;
     const char *layers;      /* optional: layers per stage, coordinator first ("2,1,2") */
-    const char *parallel;    /* NULL / "pp": pipeline; "tp": one tensor-parallel group of every machine */
-    const char *tp_weights;  /* optional, TP: relative speed per member, this machine first ("1,2,1") */
+    const char *parallel;    /* NULL / "pp": pipeline; "tp": one tensor-parallel group of every machine;
+                              * "hybrid": tensor-parallel groups as pipeline stages; "auto": the best predicted */
+    const char *tp_weights;  /* optional, TP/hybrid: relative speed per member, this machine first ("1,2,1") */
+    const char *groups;      /* optional: members per pipeline stage, this machine's group first ("2,2");
+                              * implies hybrid (or tp for one group, pp for all ones) */
+    bool tp_compress;        /* all-reduce transfers as 8-bit Q8_0 blocks (--tp-compress) */
     int n_ctx;               /* positions per sequence */
     int n_seq_max;           /* concurrent sequences (KV on every node) */
     int max_batch;           /* most tokens per FORWARD */
@@ -178,14 +196,24 @@ void cm_pipe_hop_stats(const cm_pipe *p, uint64_t *bytes, uint64_t *frames, uint
 bool cm_pipe_is_tp(const cm_pipe *p);
 int cm_pipe_tp_size(const cm_pipe *p);
 cm_slice cm_pipe_tp_slice(const cm_pipe *p);
-void *cm_pipe_tp_coll(const cm_pipe *p); /* allreduce_user for cm_forward_args */
-int cm_pipe_tp_allreduce(void *coll, float *x, int64_t n); /* cm_allreduce_fn */
+void *cm_pipe_tp_coll(const cm_pipe *p); /* allreduce_user for cm_forward_args (the pipe) */
+int cm_pipe_tp_allreduce(void *user, float *x, int64_t n); /* cm_allreduce_fn; a failure fails the pipe */
 /* Send n token ids at pos[], sequence slots seq[], to every member. */
 int cm_pipe_tp_send(cm_pipe *p, const int32_t *tokens, const int32_t *pos, const int32_t *seq, int n,
                     char *err, size_t errlen);
 /* This member's all-reduce traffic: element bytes and whole frames sent,
  * operations, and token rows sent to the members. */
 void cm_pipe_tp_stats(const cm_pipe *p, uint64_t *data_sent, uint64_t *wire_sent, uint64_t *ops, uint64_t *rows);
+
+/* ---- hybrid (tensor-parallel groups as pipeline stages) ----
+ * The pipe is a pipeline (cm_pipe_send, cm_pipe_recv_token) whose stage 0 may
+ * be a group: this machine is its rank 0. Before each stage-0 forward pass the
+ * engine sends the token ids to the other stage-0 members (cm_pipe_tp_send)
+ * and passes cm_pipe_tp_allreduce / cm_pipe_tp_coll to cm_forward with
+ * cm_pipe_tp_slice; cm_pipe_tp_size is then > 1. */
+int cm_pipe_stage0_size(const cm_pipe *p); /* members of this machine's group (1: whole layers) */
+/* Top logprobs the last stage sent with the slot's latest token (n <= max). */
+int cm_pipe_last_top(cm_pipe *p, int slot, int32_t *ids, float *logprobs, int max);
 
 /* One machine of the plan as the coordinator knows it (for the dashboard):
  * its stage and layers, its tensor-parallel slice, the facts of its HELLO
@@ -202,6 +230,8 @@ typedef struct cm_pipe_member_info {
     uint64_t weight_bytes, kv_bytes; /* planned for this member */
     double gflops;
     double rtt_s, bw;             /* this machine -> it, measured at connect; 0 for this machine */
+    bool link_measured;           /* first member of stage >= 1: the hop into it (previous stage's first */
+    double link_rtt_s, link_bw;   /* member -> it) was measured (else estimated); its rtt and bytes/s */
 } cm_pipe_member_info;
 /* Fills up to max entries, stage order; returns how many there are. */
 int cm_pipe_members(const cm_pipe *p, cm_pipe_member_info *out, int max);

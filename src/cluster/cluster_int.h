@@ -18,9 +18,31 @@ int cm_cluster_net_cfg(cm_net_cfg *cfg, bool insecure, const char *key_file, cha
 /* Connect to "host:port" and run the handshake as initiator. */
 int cm_cluster_dial(const char *addr, const cm_net_cfg *cfg, const cm_msg_hello *mine, cm_conn **out,
                     cm_msg_hello *peer, char *err, size_t errlen);
+/* The same, connect and handshake together bounded by timeout_ms. */
+int cm_cluster_dial_within(const char *addr, const cm_net_cfg *cfg, const cm_msg_hello *mine, int timeout_ms,
+                           cm_conn **out, cm_msg_hello *peer, char *err, size_t errlen);
 /* Round trip (minimum of a few empty PINGs) and one-way bandwidth (a PING
  * carrying probe_bytes) on a connection nobody else is receiving on. */
 int cm_cluster_measure(cm_conn *c, int probe_bytes, double *rtt_s, double *bw, char *err, size_t errlen);
+/* The same within timeout_ms in all (0: each exchange has its own bound). */
+int cm_cluster_measure_within(cm_conn *c, int probe_bytes, int timeout_ms, double *rtt_s, double *bw, char *err,
+                              size_t errlen);
+
+/* Node to node links (LINKS_REQ / LINKS, docs/PROTOCOL.md).
+ * Answering side: dial every peer of q with this node's identity, measure
+ * RTT and bandwidth toward it, one peer after the other, all within
+ * q->deadline_ms; fills out (one entry per peer; those not reached in time
+ * say CM_ETIMEDOUT). Never fails as a whole. */
+void cm_cluster_links_measure(const cm_net_cfg *cfg, const cm_msg_hello *mine, const cm_msg_links_req *q,
+                              cm_msg_links *out);
+/* Asking side: send a LINKS_REQ naming peers[0..n) on c and wait for the
+ * LINKS answer (deadline_ms plus a margin for the answer itself). On a
+ * connection nobody else receives on; other messages meanwhile are
+ * skipped. */
+int cm_cluster_links_ask(cm_conn *c, const char *const *peers, int n, int deadline_ms, int probe_bytes,
+                         cm_msg_links *out, char *err, size_t errlen);
+#define CM_LINKS_DEADLINE_MS 3000  /* per node asked: a dead peer costs at most this */
+#define CM_LINKS_PROBE_BYTES (1 << 16)
 
 /* Tensor parallel: after cm_coll_mesh_greet, the dialer names the plan's
  * epoch in a PING (id = epoch), so that the node hands the connection to the

@@ -1,6 +1,7 @@
 /*
  * coord.c: the coordinator's side of a pipeline-parallel cluster. cm_pipe_open
- * connects to the nodes (as a coordinator), measures each link, plans with
+ * connects to the nodes (as a coordinator), measures each link, has the nodes
+ * measure the links between them (coord_links.c), plans with
  * cm_plan_make (this machine is node 0 and keeps the first stage), sends every
  * node its ASSIGN and waits for READY, serving streamed weights meanwhile.
  * Afterwards the engine sends each micro-batch's hidden states to stage 1 on
@@ -33,7 +34,7 @@
 
 void cm_coord_log(cm_pipe *p, const char *fmt, ...) {
     if (!p->log) return;
-    char line[1024];
+    char line[8192]; /* the plan with its links matrix is one entry */
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(line, sizeof line, fmt, ap);
@@ -107,6 +108,11 @@ static void *rx_main(void *arg) {
             slot *s = &p->slots[t->seq];
             s->token = t->token;
             s->logprob = t->logprob;
+            s->n_top = t->n_top;
+            for (int j = 0; j < t->n_top; j++) {
+                s->top_id[j] = t->top_token[j];
+                s->top_lp[j] = t->top_logprob[j];
+            }
             s->got++;
             pthread_cond_broadcast(&p->cv);
             pthread_mutex_unlock(&p->mu);
@@ -130,6 +136,7 @@ static void *rx_main(void *arg) {
             if (rc) CM_LOGW("weights for %s: %s", r->addr, err);
             break;
         case CM_MSG_HEARTBEAT:
+        case CM_MSG_LINKS: /* an answer that came after its deadline */
         case CM_MSG_PONG: break;
         default: CM_LOGW("unexpected %s from %s", cm_msg_type_name(m.type), r->addr); break;
         }
@@ -163,6 +170,36 @@ static int parse_nodes(const cm_pipe_opts *o, char addrs[][80], int max, char *e
     return n;
 }
 
+/* The link from plan node i to plan node j (0 = this machine, k = r[k-1]).
+ * This machine measured its own link to each node (one direction; taken for
+ * both). Between nodes: what i measured toward j (LINKS), else what j
+ * measured toward i; a pair that could not reach each other gets a link no
+ * plan wants to use; an unmeasured pair (a node that did not answer) is
+ * estimated as the slower of the two links to here, which bounds it on a
+ * switch or bridge. Returns whether it was measured. */
+static bool node_link(const cm_pipe *p, int i, int j, double *rtt, double *bw) {
+    if (i == j) { *rtt = 0; *bw = 1e12; return true; }
+    if (i == 0 || j == 0) {
+        const remote *r = &p->r[(i ? i : j) - 1];
+        *rtt = r->rtt;
+        *bw = r->bw;
+        return true;
+    }
+    int st = cm_coord_link(p, i - 1, j - 1, rtt, bw);
+    if (st > 0) return true;
+    int st2 = cm_coord_link(p, j - 1, i - 1, rtt, bw);
+    if (st2 > 0) return true;
+    if (st < 0 || st2 < 0) { /* unreachable: 10 s round trips, 1 kB/s */
+        *rtt = 10;
+        *bw = 1e3;
+        return false;
+    }
+    const remote *a = &p->r[i - 1], *b = &p->r[j - 1];
+    *rtt = a->rtt > b->rtt ? a->rtt : b->rtt;
+    *bw = a->bw < b->bw ? a->bw : b->bw;
+    return false;
+}
+
 /* Build the planner's view: node 0 is this machine, then the remotes. */
 static void make_cluster(cm_pipe *p, cm_plan_cluster *c) {
     memset(c, 0, sizeof *c);
@@ -181,17 +218,8 @@ static void make_cluster(cm_pipe *p, cm_plan_cluster *c) {
         nd->mem_bw = r->hello.mem_gbs > 0 ? (double)r->hello.mem_gbs * 1e9 : 1e9;
         nd->flops = (r->hello.gflops > 0 ? r->hello.gflops : 1) * 1e9;
     }
-    /* Measured: this machine to each node. Node to node is not measured yet
-     * (NEEDSWORK: nodes should ping each other); on a switch or bridge the
-     * slower of the two links to here bounds it. */
     for (int i = 0; i < c->n_nodes; i++)
-        for (int j = 0; j < c->n_nodes; j++) {
-            if (i == j) { c->rtt_s[i][j] = 0; c->bw[i][j] = 1e12; continue; }
-            double ri = i ? p->r[i - 1].rtt : 0, rj = j ? p->r[j - 1].rtt : 0;
-            double bi = i ? p->r[i - 1].bw : 1e12, bj = j ? p->r[j - 1].bw : 1e12;
-            c->rtt_s[i][j] = ri > rj ? ri : rj;
-            c->bw[i][j] = bi < bj ? bi : bj;
-        }
+        for (int j = 0; j < c->n_nodes; j++) node_link(p, i, j, &c->rtt_s[i][j], &c->bw[i][j]);
 }
 
 static int make_plan(cm_pipe *p, const cm_pipe_opts *o, cm_plan *plan, cm_plan_model *pm, cm_plan_cluster *pc,
@@ -204,13 +232,15 @@ static int make_plan(cm_pipe *p, const cm_pipe_opts *o, cm_plan *plan, cm_plan_m
     po.ctx = p->n_ctx;
     po.n_seq = p->n_seq;
     po.mode = CM_PARALLEL_PP;
+    po.reorder = true; /* the pipeline's order follows the measured links */
     if (o->parallel && *o->parallel) {
         int mode = cm_parallel_from_name(o->parallel);
-        if (mode != CM_PARALLEL_PP && mode != CM_PARALLEL_TP)
-            return cm_errf(err, errlen, CM_EUNSUPPORTED, "--parallel '%s': a cluster runs pp or tp", o->parallel);
+        if (mode < 0)
+            return cm_errf(err, errlen, CM_EINVAL, "--parallel '%s': expected pp, tp, hybrid or auto", o->parallel);
         po.mode = (enum cm_parallel)mode;
     }
-    if (po.mode == CM_PARALLEL_TP && o->tp_weights && *o->tp_weights) {
+    if (o->groups && *o->groups && !(o->parallel && *o->parallel)) po.mode = CM_PARALLEL_HYBRID;
+    if (po.mode != CM_PARALLEL_PP && o->tp_weights && *o->tp_weights) {
         /* Relative speeds (tests, or known-unequal machines): scale each
          * member's measured compute and memory bandwidth. */
         int i = 0;
@@ -226,6 +256,7 @@ static int make_plan(cm_pipe *p, const cm_pipe_opts *o, cm_plan *plan, cm_plan_m
     }
     if (po.mode == CM_PARALLEL_TP && o->layers && *o->layers)
         return cm_errf(err, errlen, CM_EINVAL, "--layers splits a pipeline; it does not go with --parallel tp");
+    if (o->groups && *o->groups) return cm_coord_plan_groups(p, o, &po, pm, pc, plan, err, errlen);
     if (!o->layers || !*o->layers) return cm_plan_make(pm, pc, &po, plan, err, errlen);
     /* Explicit split: layers per stage, this machine first. */
     int counts[CM_PLAN_MAX_NODES], n = 0, sum = 0;
@@ -260,7 +291,7 @@ static int make_plan(cm_pipe *p, const cm_pipe_opts *o, cm_plan *plan, cm_plan_m
 
 /* What the dashboard shows of each machine: the plan's assignment plus the
  * HELLO facts and measured links gathered while connecting. */
-static void record_members(cm_pipe *p, const cm_plan *plan) {
+void cm_coord_record_members(cm_pipe *p, const cm_plan *plan) {
     cm_node_caps me;
     cm_node_caps_get(&me);
     p->n_members = 0;
@@ -300,6 +331,8 @@ static void record_members(cm_pipe *p, const cm_plan *plan) {
                 o->rtt_s = r->rtt;
                 o->bw = r->bw;
             }
+            if (s > 0 && k == 0) /* the hop into this stage */
+                o->link_measured = node_link(p, plan->stages[s - 1].members[0].node, mb->node, &o->link_rtt_s, &o->link_bw);
         }
     }
 }
@@ -357,7 +390,8 @@ static int send_assign(cm_pipe *p, const cm_plan *plan, int s, char *err, size_t
 
 void cm_coord_start_rx(cm_pipe *p) {
     for (int i = 0; i < p->n_remote; i++)
-        if (!p->r[i].rx_started && !pthread_create(&p->r[i].rx, NULL, rx_main, &p->r[i])) p->r[i].rx_started = true;
+        if (!p->r[i].rx_started && p->r[i].ctl && !pthread_create(&p->r[i].rx, NULL, rx_main, &p->r[i]))
+            p->r[i].rx_started = true;
 }
 
 int cm_pipe_open(cm_pipe **out, const char *model_path, const cm_gguf *g, const cm_model *m, const cm_pipe_opts *o,
@@ -407,9 +441,12 @@ int cm_pipe_open(cm_pipe **out, const char *model_path, const cm_gguf *g, const 
              r->hello.name, r->hello.cores, r->hello.isa, r->hello.gflops, r->hello.mem_gbs,
              (double)r->hello.mem_free / (1 << 30), r->rtt * 1e3, r->bw / 1e6);
     }
-    /* Pipeline order follows the cluster's node order: put the nodes behind
-     * slower links last, where only the last stage's hop (token ids back)
-     * leaves them. Stable, so equal links keep the order given. */
+    cm_coord_measure_links(p);
+    /* The cluster's node order: the nodes behind slower links last, where
+     * only the last stage's hop (token ids back) leaves them. Stable, so
+     * equal links keep the order given. A pipeline plan then tries every
+     * order against the measured matrix (po.reorder); groups of other
+     * modes follow this one. */
     for (int i = 1; i < p->n_remote; i++)
         for (int j = i; j > 0 && p->r[j].bw > 2 * p->r[j - 1].bw; j--) {
             remote t = p->r[j];
@@ -424,7 +461,11 @@ int cm_pipe_open(cm_pipe **out, const char *model_path, const cm_gguf *g, const 
     if (!pc) { rc = cm_errf(err, errlen, CM_ENOMEM, "out of memory"); goto fail; }
     pthread_mutex_lock(&pm_mu);
     rc = make_plan(p, o, &plan, &pm, pc, err, errlen);
-    if (!rc) cm_plan_format(&plan, &pm, pc, p->plan_text, sizeof p->plan_text);
+    if (!rc) {
+        cm_plan_format(&plan, &pm, pc, p->plan_text, sizeof p->plan_text);
+        size_t used = strlen(p->plan_text);
+        cm_coord_links_text(p, p->plan_text + used, sizeof p->plan_text - used);
+    }
     pthread_mutex_unlock(&pm_mu);
     cm_free(pc);
     if (rc) goto fail;
@@ -435,21 +476,17 @@ int cm_pipe_open(cm_pipe **out, const char *model_path, const cm_gguf *g, const 
     p->n_stages = plan.n_stages;
     p->local_last = plan.stages[0].last_layer;
     for (int s = 1; s < plan.n_stages; s++) p->stage_remote[s] = plan.stages[s].members[0].node - 1;
-    record_members(p, &plan);
+    cm_coord_record_members(p, &plan);
     cm_coord_log(p, "%s", p->plan_text);
-    if (plan.n_stages == 1 && plan.stages[0].n_members > 1) {
-        rc = cm_coord_tp_open(p, &plan, err, errlen);
-        if (rc) goto fail;
-        *local_last = m->hp.n_layer;
-        *out = p;
-        return 0;
-    }
-    if (plan.n_stages > 1 && plan.mode != CM_PARALLEL_PP) {
-        /* NEEDSWORK: hybrid plans (TP groups as pipeline stages). */
-        rc = cm_errf(err, errlen, CM_EUNSUPPORTED, "the plan has %d tensor-parallel stages; only one group of every machine runs yet",
-                     plan.n_stages);
-        goto fail;
-    }
+    p->tp_compress = o->tp_compress;
+    for (int s = 0; s < plan.n_stages; s++)
+        if (plan.stages[s].n_members > 1) { /* TP, or hybrid: coord_tp.c */
+            rc = cm_coord_tp_open(p, &plan, err, errlen);
+            if (rc) goto fail;
+            *local_last = p->local_last;
+            *out = p;
+            return 0;
+        }
     if (plan.n_stages == 1) { /* everything fits best here: no cluster needed */
         *local_last = m->hp.n_layer;
         cm_pipe_close(p);
@@ -517,6 +554,7 @@ void cm_pipe_close(cm_pipe *p) {
     pthread_mutex_destroy(&p->mu);
     pthread_cond_destroy(&p->cv);
     cm_free(p->slots);
+    cm_free(p->tp_plan);
     cm_free(p);
 }
 
@@ -549,6 +587,10 @@ int cm_coord_send_data(cm_pipe *p, const cm_msg *m, char *err, size_t errlen) {
             if (rc) { cm_coord_fatal(p, rc, "node %s: %s", p->r[i].addr, err); return rc; }
         }
         return 0;
+    }
+    if (p->grouped && m->type == CM_MSG_SEQ_FREE) { /* hybrid: stage 0's members hold the sequence too */
+        int rc = cm_coord_send_group0(p, m, err, errlen);
+        if (rc) return rc;
     }
     int rc = cm_conn_send(p->data, m, p->timeout_ms, err, errlen);
     if (rc) cm_coord_fatal(p, rc, "stage 1: %s", err);

@@ -25,6 +25,7 @@ int cm_pipe_generation(const cm_pipe *p) { return p->generation; }
  * engine's stage-0 caches stay valid); the surviving nodes, in their old
  * stage order, share the rest evenly. */
 static int recover_once(cm_pipe *p, char *err, size_t errlen) {
+    if (p->grouped) return cm_coord_tp_recover(p, err, errlen); /* tensor-parallel groups: coord_tp.c */
     int n_layer = p->m->hp.n_layer;
     /* Lost nodes: their rx threads have ended (or end within the bound). */
     for (int i = 0; i < p->n_remote; i++) {

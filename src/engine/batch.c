@@ -215,6 +215,7 @@ static int step_cluster(cm_engine *e, cm_session *const *ss, int n, char *err, s
             int rc = cm_pipe_recv_token(e->pipe, s->slot, &id, &info.logprob, msg, sizeof msg);
             if (!rc && (id < 0 || id >= e->m.hp.n_vocab))
                 rc = cm_errf(msg, sizeof msg, CM_EPROTO, "the last stage sent token id %d", id);
+            if (!rc) cm_engine_pipe_top(e, s->slot, &info);
             if (rc && cm_pipe_failed(e->pipe)) { lost = true; continue; } /* its token comes after recovery */
             if (rc) {
                 step_end(s, CM_FINISH_CANCEL);

@@ -64,7 +64,8 @@ int cm_engine_load(cm_engine **out, const char *path, const cm_engine_opts *opts
     if (o.nodes && *o.nodes) {
         if (e->n_batch > 256) e->n_batch = 256;
         cm_pipe_opts po = {.nodes = o.nodes, .insecure = o.insecure, .key_file = o.key_file, .layers = o.layers,
-                           .parallel = o.parallel, .tp_weights = o.tp_weights, .n_ctx = e->n_ctx, .n_seq_max = o.n_seq > 0 ? o.n_seq : 8, .max_batch = e->n_batch,
+                           .parallel = o.parallel, .tp_weights = o.tp_weights, .groups = o.groups,
+                           .tp_compress = o.tp_compress, .n_ctx = e->n_ctx, .n_seq_max = o.n_seq > 0 ? o.n_seq : 8, .max_batch = e->n_batch,
                            .log = o.log, .log_ctx = o.log_ctx};
         rc = cm_pipe_open(&e->pipe, path, &e->g, &e->m, &po, &e->local_last, msg, sizeof msg);
         if (rc) {
@@ -75,7 +76,8 @@ int cm_engine_load(cm_engine **out, const char *path, const cm_engine_opts *opts
             e->tp = e->pipe;
             e->pipe = NULL;
             e->slice = cm_pipe_tp_slice(e->tp);
-        }
+        } else if (e->pipe && cm_pipe_tp_size(e->pipe) > 1) /* hybrid: our group's slice of our layers */
+            e->slice = cm_pipe_tp_slice(e->pipe);
         if (e->pipe || e->tp) e->max_ctx = e->n_ctx; /* the nodes reserved that much */
     }
     e->ctx = e->pool ? cm_ctx_new(&e->m, e->n_batch, e->max_ctx, e->pool, msg, sizeof msg) : NULL;
@@ -131,7 +133,7 @@ void cm_engine_get_info(const cm_engine *e, cm_engine_info *in) {
     in->eot = cm_tokenizer_eot(e->tok);
     in->add_bos = cm_tokenizer_add_bos(e->tok);
     in->n_stages = e->pipe ? cm_pipe_n_stages(e->pipe) : 1;
-    in->tp_size = e->tp ? cm_pipe_tp_size(e->tp) : 1;
+    in->tp_size = e->tp ? cm_pipe_tp_size(e->tp) : e->pipe ? cm_pipe_tp_size(e->pipe) : 1;
     in->local_layers = e->local_last;
 }
 
@@ -140,9 +142,23 @@ const char *cm_engine_plan(const cm_engine *e) {
 }
 
 bool cm_engine_tp_stats(const cm_engine *e, uint64_t *data_sent, uint64_t *wire_sent, uint64_t *ops, uint64_t *rows) {
-    if (!e->tp) return false;
-    cm_pipe_tp_stats(e->tp, data_sent, wire_sent, ops, rows);
+    const cm_pipe *p = e->tp ? e->tp : e->pipe && cm_pipe_tp_size(e->pipe) > 1 ? e->pipe : NULL;
+    if (!p) return false;
+    cm_pipe_tp_stats(p, data_sent, wire_sent, ops, rows);
     return true;
+}
+
+cm_slice cm_engine_slice(const cm_engine *e) {
+    if (e->pipe) return cm_pipe_tp_size(e->pipe) > 1 ? cm_pipe_tp_slice(e->pipe) : cm_slice_full(&e->m);
+    return e->slice;
+}
+
+void cm_engine_pipe_top(cm_engine *e, int slot, cm_sample_info *info) {
+    int32_t ids[CM_SAMPLER_MAX_PROBS];
+    float lp[CM_SAMPLER_MAX_PROBS];
+    int n = cm_pipe_last_top(e->pipe, slot, ids, lp, CM_SAMPLER_MAX_PROBS);
+    info->n_top = n;
+    for (int i = 0; i < n; i++) info->top[i] = (cm_token_logprob){ids[i], lp[i]};
 }
 
 int cm_engine_forward(cm_engine *e, const cm_batch *b, cm_forward_args *a, cm_session *const *sess, char *err,
@@ -194,6 +210,9 @@ int cm_engine_members(const cm_engine *e, cm_engine_member *out, int max) {
         o->gflops = a->gflops;
         o->rtt_s = a->rtt_s;
         o->bw = a->bw;
+        o->link_measured = a->link_measured;
+        o->link_rtt_s = a->link_rtt_s;
+        o->link_bw = a->link_bw;
     }
     return n;
 }
@@ -310,7 +329,7 @@ cm_session *cm_session_new(cm_engine *e, int n_ctx, char *err, size_t errlen) {
             return NULL;
         }
     }
-    if (cm_kv_init_type(&s->kv, &e->m, 0, e->local_last, e->slice, n_ctx,
+    if (cm_kv_init_type(&s->kv, &e->m, 0, e->local_last, cm_engine_slice(e), n_ctx,
                         e->kv_f16 ? CM_TYPE_F16 : CM_TYPE_F32, err, errlen)) {
         if (s->slot >= 0) cm_pipe_seq_release(e->pipe ? e->pipe : e->tp, s->slot);
         cm_free(s->hidden);
@@ -360,6 +379,15 @@ int cm_engine_eval_cluster(cm_session *s, int upto, bool want_last, char *err, s
     /* After a recovery the new stages know nothing of this sequence:
      * recompute it from position 0 (same bits here, new caches there). */
     if (s->pipe_gen != cm_pipe_generation(e->pipe)) {
+        cm_slice sl = cm_engine_slice(e);
+        if (sl.h0 != s->kv.h0 || sl.h1 != s->kv.h1) { /* our group changed: our KV heads too */
+            cm_kv nk;
+            int rc = cm_kv_init_type(&nk, &e->m, 0, e->local_last, sl, s->n_ctx, e->kv_f16 ? CM_TYPE_F16 : CM_TYPE_F32,
+                                     err, errlen);
+            if (rc) return rc;
+            cm_kv_release(&s->kv);
+            s->kv = nk;
+        }
         cm_kv_truncate(&s->kv, 0);
         s->pipe_gen = cm_pipe_generation(e->pipe);
         int rc = cm_session_seq_restart(s, err, errlen);
@@ -372,12 +400,21 @@ int cm_engine_eval_cluster(cm_session *s, int upto, bool want_last, char *err, s
         for (int i = 0; i < nb; i++) pos[i] = p0 + i;
         bool last = p0 + nb == upto;
         cm_batch b = {.n = nb, .tokens = s->hist + p0, .pos = pos, .seq = seq};
-        cm_forward_args a = {.layer_first = 0, .layer_last = e->local_last, .slice = cm_slice_full(&e->m),
+        cm_forward_args a = {.layer_first = 0, .layer_last = e->local_last, .slice = cm_engine_slice(e),
                              .kvs = kvs, .n_kvs = 1, .out_hidden = s->hidden};
         /* The send stays under the lock so micro-batches leave in the order
-         * the stage-0 caches saw them. */
+         * the stage-0 caches saw them. Hybrid: our group's other members get
+         * the token ids first and meet us in the all-reduces. */
         pthread_mutex_lock(&e->mu);
-        int rc = cm_forward(e->ctx, &b, &a, err, errlen);
+        int rc = 0;
+        if (cm_pipe_tp_size(e->pipe) > 1) {
+            int32_t slots[256];
+            for (int i = 0; i < nb; i++) slots[i] = s->slot;
+            rc = cm_pipe_tp_send(e->pipe, b.tokens, pos, slots, nb, err, errlen);
+            a.allreduce = cm_pipe_tp_allreduce;
+            a.allreduce_user = cm_pipe_tp_coll(e->pipe);
+        }
+        if (!rc) rc = cm_forward(e->ctx, &b, &a, err, errlen);
         if (!rc) rc = cm_pipe_send(e->pipe, s->slot, s->hidden, pos, nb, want_last && last, err, errlen);
         pthread_mutex_unlock(&e->mu);
         if (rc) {
@@ -540,6 +577,7 @@ int cm_session_generate(cm_session *s, const cm_gen_params *p, cm_token_cb cb, v
                 if (rc == CM_ECANCELED) { rc = 0; fin = CM_FINISH_CANCEL; }
                 break;
             }
+            cm_engine_pipe_top(e, s->slot, &info);
             if (id < 0 || id >= e->m.hp.n_vocab) {
                 rc = cm_errf(err, errlen, CM_EPROTO, "the last stage sent token id %d", id);
                 break;

@@ -47,9 +47,12 @@ typedef struct cm_engine_opts {
     const char *key_file;   /* NULL: $CUMULO_KEY_FILE or ~/.config/cumulo/cluster.key */
     const char *layers;     /* layers per stage, this machine first ("2,1,2"); NULL: the planner's */
     int n_seq;              /* sequences the cluster serves at once; 0 = 8 */
-    const char *parallel;   /* NULL / "pp": pipeline; "tp": one tensor-parallel group of every machine
+    const char *parallel;   /* NULL / "pp": pipeline; "tp": one tensor-parallel group of every machine;
+                             * "hybrid": tensor-parallel groups as pipeline stages; "auto": the planner's choice
                              * (this machine rank 0: it computes every layer on its slice and samples) */
     const char *tp_weights; /* tp: relative speed per machine, this one first ("1,2"): slice sizes */
+    const char *groups;     /* members per pipeline stage, this machine's group first ("2,2"): hybrid */
+    bool tp_compress;       /* tensor-parallel all-reduces travel as 8-bit Q8_0 blocks */
     void (*log)(void *ctx, const char *line); /* cluster progress: links, plan, weights */
     void *log_ctx;
 } cm_engine_opts;
@@ -103,6 +106,10 @@ typedef struct cm_engine_member {
     uint32_t cores;
     uint64_t mem_total, mem_free, weight_bytes, kv_bytes;
     double gflops, rtt_s, bw;
+    /* First member of stage >= 1: the hop into it, from the previous stage's
+     * first member (node to node links are measured by the nodes) */
+    bool link_measured;
+    double link_rtt_s, link_bw;
 } cm_engine_member;
 /* Fills up to max entries; returns the count (0 on a single-machine engine). */
 int cm_engine_members(const cm_engine *e, cm_engine_member *out, int max);

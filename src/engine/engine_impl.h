@@ -72,6 +72,12 @@ int cm_session_seq_restart(cm_session *s, char *err, size_t errlen);
 int cm_engine_forward(cm_engine *e, const cm_batch *b, cm_forward_args *a, cm_session *const *sess, char *err,
                       size_t errlen);
 
+/* This machine's part of every layer: full, its TP slice, or (hybrid) its
+ * group's slice now (a re-plan may change it: sessions re-shape their caches). */
+cm_slice cm_engine_slice(const cm_engine *e);
+/* Cluster: the top logprobs that came with the slot's latest token. */
+void cm_engine_pipe_top(cm_engine *e, int slot, cm_sample_info *info);
+
 /* Free a session's step state (batch.c); called by cm_session_free. */
 void cm_session_step_release(cm_session *s);
 

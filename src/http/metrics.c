@@ -257,9 +257,10 @@ void metrics_cluster_json(metrics *m, cm_http_server *srv, cm_buf *o) {
             if (i) cm_buf_puts(o, ",");
             cluster_node_json(o, m, &s, &mbs[i], in.n_threads);
         }
-        /* Links between consecutive stages (first members). This machine
-         * measured its own links when the nodes connected; node-to-node
-         * links are not measured yet, so they say so. */
+        /* Links between consecutive stages (first members): the hop into
+         * each stage, as measured when the pipe opened (this machine's own
+         * links at connect, node to node links by the nodes themselves);
+         * one the nodes could not measure says so, with null numbers. */
         cm_buf_puts(o, "],\"links\":[");
         uint64_t hop_bytes = 0, hop_frames = 0, hop_rows = 0;
         cm_engine_hop_stats(e, &hop_bytes, &hop_frames, &hop_rows);
@@ -270,7 +271,7 @@ void metrics_cluster_json(metrics *m, cm_http_server *srv, cm_buf *o) {
             while (j < n_mb && mbs[j].member) j++;
             if (j >= n_mb) break;
             const cm_engine_member *a = &mbs[i], *b = &mbs[j];
-            bool measured = a->local;
+            bool measured = b->link_measured;
             cm_buf_puts(o, first ? "{\"from\":" : ",{\"from\":");
             first = false;
             const char *fa = a->local ? m->node : a->addr, *tb = b->local ? m->node : b->addr;
@@ -278,11 +279,14 @@ void metrics_cluster_json(metrics *m, cm_http_server *srv, cm_buf *o) {
             cm_buf_puts(o, ",\"to\":");
             json_str(o, tb, strlen(tb));
             cm_buf_printf(o, ",\"from_stage\":%d,\"to_stage\":%d,\"latency_ms\":", a->stage, b->stage);
-            json_num_or_null(o, "%.3f", b->rtt_s * 1e3, measured);
+            json_num_or_null(o, "%.3f", b->link_rtt_s * 1e3, measured);
             cm_buf_puts(o, ",\"bandwidth_mbps\":");
-            json_num_or_null(o, "%.1f", b->bw * 8 / 1e6, measured);
-            cm_buf_printf(o, ",\"source\":\"%s\",\"bytes\":", measured ? "measured at connect" : "not measured (node to node)");
-            json_num_or_null(o, "%.0f", (double)hop_bytes, measured);
+            json_num_or_null(o, "%.1f", b->link_bw * 8 / 1e6, measured);
+            cm_buf_printf(o, ",\"source\":\"%s\",\"bytes\":",
+                          !measured ? "not measured (node to node)" : a->local ? "measured at connect"
+                                                                             : "measured node to node");
+            /* traffic is counted on this machine's own hop only */
+            json_num_or_null(o, "%.0f", (double)hop_bytes, a->local);
             cm_buf_puts(o, "}");
         }
         cm_buf_puts(o, "]}");

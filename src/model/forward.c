@@ -100,6 +100,8 @@ struct cm_ctx {
     bool pending; /* part holds a reduced output to add into x */
     cm_tensor wq, wk, wv, wo, gt, up_w, dn; /* slice views of layer il */
     int bad_token;
+    cm_act_hook_fn hook; /* tests only (model.h) */
+    void *hook_user;
 };
 
 static void *zalloc(size_t n) {
@@ -165,6 +167,17 @@ void cm_ctx_free(cm_ctx *c) {
 
 int cm_ctx_max_batch(const cm_ctx *c) { return c->max_batch; }
 void cm_ctx_set_kernels(cm_ctx *c, const cm_kernels *k) { c->k = k ? k : cm_kernels_get(); }
+void cm_ctx_set_act_hook(cm_ctx *c, cm_act_hook_fn fn, void *user) {
+    c->hook = fn;
+    c->hook_user = user;
+}
+
+/* Convert n floats to vdt and show them to the test hook, if any. */
+static void convert(cm_ctx *c, enum cm_act_site site, int row, int64_t col0, enum cm_type vdt, const float *x,
+                    void *xq, int64_t n) {
+    c->k->from_float[vdt](x, xq, n);
+    if (c->hook) c->hook(c->hook_user, site == CM_ACT_OUTPUT ? c->m->hp.n_layer : c->il, site, row, col0, vdt, x, xq, n);
+}
 
 /* ---------------- views ---------------- */
 
@@ -200,8 +213,8 @@ static void rms_norm_row(const float *x, const float *w, float *y, int n, float 
 
 /* Convert n_tok rows of ld floats (ncols used) to W's vec_dot_type. Returns
  * the activation pointer and its row stride; F32 needs no conversion. */
-static const void *prep_act(cm_ctx *c, const cm_tensor *w, const float *x, int64_t ld, int64_t ncols, int n_tok,
-                            size_t *stride, int ith, int nth) {
+static const void *prep_act(cm_ctx *c, enum cm_act_site site, const cm_tensor *w, const float *x, int64_t ld,
+                            int64_t ncols, int n_tok, size_t *stride, int ith, int nth) {
     enum cm_type vdt = cm_type_traits_of(w->type)->vec_dot_type;
     if (vdt == CM_TYPE_F32) {
         *stride = (size_t)ld * sizeof(float);
@@ -211,7 +224,7 @@ static const void *prep_act(cm_ctx *c, const cm_tensor *w, const float *x, int64
     *stride = rs;
     int64_t t0, t1;
     cm_split_range(n_tok, ith, nth, &t0, &t1);
-    for (int64_t j = t0; j < t1; j++) c->k->from_float[vdt](x + j * ld, c->xq + (size_t)j * rs, ncols);
+    for (int64_t j = t0; j < t1; j++) convert(c, site, (int)j, 0, vdt, x + j * ld, c->xq + (size_t)j * rs, ncols);
     cm_pool_barrier(c->pool);
     return c->xq;
 }
@@ -293,8 +306,8 @@ static void zero_part(cm_ctx *c, int ith, int nth) {
  * barrier. Each row needs only itself, so the three steps need no barrier
  * between them (add_pending + norm_rows + prep_act cost three per use).
  * Same arithmetic, same order: results are unchanged. */
-static const void *add_norm_prep(cm_ctx *c, const cm_tensor *normw, const cm_tensor *w, size_t *stride, int ith,
-                                 int nth) {
+static const void *add_norm_prep(cm_ctx *c, enum cm_act_site site, const cm_tensor *normw, const cm_tensor *w,
+                                 size_t *stride, int ith, int nth) {
     const int E = c->m->hp.n_embd;
     const enum cm_type vdt = cm_type_traits_of(w->type)->vec_dot_type;
     const size_t rs = vdt == CM_TYPE_F32 ? (size_t)E * sizeof(float) : cm_row_size(vdt, E);
@@ -307,7 +320,7 @@ static const void *add_norm_prep(cm_ctx *c, const cm_tensor *normw, const cm_ten
             for (int i = 0; i < E; i++) x[i] = x[i] + pt[i];
         }
         rms_norm_row(x, normw->data, xn, E, c->m->hp.rms_eps);
-        if (vdt != CM_TYPE_F32) c->k->from_float[vdt](xn, c->xq + (size_t)j * rs, E);
+        if (vdt != CM_TYPE_F32) convert(c, site, (int)j, 0, vdt, xn, c->xq + (size_t)j * rs, E);
     }
     cm_pool_barrier(c->pool);
     *stride = rs;
@@ -335,7 +348,8 @@ static const void *silu_prep(cm_ctx *c, const cm_tensor *w, int n, int FS, size_
             g[i] = v * up[i];
         }
         if (vdt != CM_TYPE_F32)
-            c->k->from_float[vdt](g + b0 * bs, c->xq + (size_t)j * rs + cm_row_size(vdt, b0 * bs), (b1 - b0) * bs);
+            convert(c, CM_ACT_FFN_DOWN, (int)j, b0 * bs, vdt, g + b0 * bs,
+                    c->xq + (size_t)j * rs + cm_row_size(vdt, b0 * bs), (b1 - b0) * bs);
         u += b1 - b0;
     }
     cm_pool_barrier(c->pool);
@@ -362,17 +376,17 @@ static void phase_attn(cm_ctx *c, int ith, int nth) {
 
     /* Q, K, V: the activations are converted once per distinct vec_dot_type. */
     size_t xs;
-    const void *xq = add_norm_prep(c, &L->attn_norm, &c->wq, &xs, ith, nth);
+    const void *xq = add_norm_prep(c, CM_ACT_ATTN_IN, &L->attn_norm, &c->wq, &xs, ith, nth);
     matmul(c, &c->wq, xq, xs, n, c->q, QS, ith, nth);
     enum cm_type vq = cm_type_traits_of(c->wq.type)->vec_dot_type;
     if (cm_type_traits_of(c->wk.type)->vec_dot_type != vq) {
         cm_pool_barrier(c->pool);
-        xq = prep_act(c, &c->wk, c->xn, E, E, n, &xs, ith, nth);
+        xq = prep_act(c, CM_ACT_K_IN, &c->wk, c->xn, E, E, n, &xs, ith, nth);
     }
     matmul(c, &c->wk, xq, xs, n, c->kc, KS, ith, nth);
     if (cm_type_traits_of(c->wv.type)->vec_dot_type != cm_type_traits_of(c->wk.type)->vec_dot_type) {
         cm_pool_barrier(c->pool);
-        xq = prep_act(c, &c->wv, c->xn, E, E, n, &xs, ith, nth);
+        xq = prep_act(c, CM_ACT_V_IN, &c->wv, c->xn, E, E, n, &xs, ith, nth);
     }
     matmul(c, &c->wv, xq, xs, n, c->vc, KS, ith, nth);
     cm_pool_barrier(c->pool);
@@ -483,7 +497,7 @@ static void phase_attn(cm_ctx *c, int ith, int nth) {
     }
     cm_pool_barrier(c->pool);
 
-    xq = prep_act(c, &c->wo, c->att, QS, QS, n, &xs, ith, nth);
+    xq = prep_act(c, CM_ACT_ATTN_OUT, &c->wo, c->att, QS, QS, n, &xs, ith, nth);
     matmul(c, &c->wo, xq, xs, n, c->part, E, ith, nth);
 }
 
@@ -498,11 +512,11 @@ static void phase_ffn(cm_ctx *c, int ith, int nth) {
         return;
     }
     size_t xs;
-    const void *xq = add_norm_prep(c, &L->ffn_norm, &c->gt, &xs, ith, nth);
+    const void *xq = add_norm_prep(c, CM_ACT_FFN_IN, &L->ffn_norm, &c->gt, &xs, ith, nth);
     matmul(c, &c->gt, xq, xs, n, c->gate, FS, ith, nth);
     if (cm_type_traits_of(c->up_w.type)->vec_dot_type != cm_type_traits_of(c->gt.type)->vec_dot_type) {
         cm_pool_barrier(c->pool);
-        xq = prep_act(c, &c->up_w, c->xn, E, E, n, &xs, ith, nth);
+        xq = prep_act(c, CM_ACT_UP_IN, &c->up_w, c->xn, E, E, n, &xs, ith, nth);
     }
     matmul(c, &c->up_w, xq, xs, n, c->up, FS, ith, nth);
     cm_pool_barrier(c->pool);
@@ -526,7 +540,7 @@ static void phase_final(cm_ctx *c, int ith, int nth) {
         rms_norm_row(c->x + (size_t)c->out_rows[r] * E, m->output_norm.data, c->xn + r * E, E, m->hp.rms_eps);
     cm_pool_barrier(c->pool);
     size_t xs;
-    const void *xq = prep_act(c, &m->output, c->xn, E, E, c->n_out, &xs, ith, nth);
+    const void *xq = prep_act(c, CM_ACT_OUTPUT, &m->output, c->xn, E, E, c->n_out, &xs, ith, nth);
     matmul(c, &m->output, xq, xs, c->n_out, c->a->out_logits, m->hp.n_vocab, ith, nth);
 }
 

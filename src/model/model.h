@@ -191,6 +191,19 @@ int cm_ctx_max_batch(const cm_ctx *c);
 /* Use another kernel table (tests: the scalar reference). Default cm_kernels_get(). */
 void cm_ctx_set_kernels(cm_ctx *c, const cm_kernels *k);
 
+/* Tests only (tests/unit/test_synth_golden.c): called after every
+ * conversion of activations to a dot product's input type, with the float
+ * source x[0:n] and its converted bytes xq (columns [col0, col0 + n) of
+ * batch row `row`; for CM_ACT_OUTPUT the row is the index among the rows
+ * whose logits are produced). The hook may rewrite xq in place, e.g. to
+ * round one element the other way. Called from the pool's threads, several
+ * at once when the pool has more than one. NULL = none (the default). */
+enum cm_act_site { CM_ACT_ATTN_IN, CM_ACT_K_IN, CM_ACT_V_IN, CM_ACT_ATTN_OUT, CM_ACT_FFN_IN, CM_ACT_UP_IN,
+                   CM_ACT_FFN_DOWN, CM_ACT_OUTPUT };
+typedef void (*cm_act_hook_fn)(void *user, int layer, enum cm_act_site site, int row, int64_t col0,
+                               enum cm_type vdt, const float *x, void *xq, int64_t n);
+void cm_ctx_set_act_hook(cm_ctx *c, cm_act_hook_fn fn, void *user);
+
 /* Run the batch through layers [layer_first, layer_last) over the slice.
  * For each sequence, its tokens in the batch must be at consecutive
  * positions starting at its kv->n_past (appended in batch order); each token

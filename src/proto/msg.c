@@ -114,7 +114,8 @@ static const char *hello_invalid(const cm_msg_hello *h) {
 }
 
 static const char *assign_invalid(const cm_msg_assign *a) {
-    if (a->flags & ~(CM_ASSIGN_F_EMBED | CM_ASSIGN_F_OUTPUT)) return "flags";
+    if (a->flags & ~(CM_ASSIGN_F_EMBED | CM_ASSIGN_F_OUTPUT | CM_ASSIGN_F_TP_Q8)) return "flags";
+    if ((a->flags & CM_ASSIGN_F_TP_Q8) && a->tp_size < 2) return "flags";
     if (a->n_layers == 0 || a->n_layers > 65536) return "n_layers";
     if (a->layer_begin >= a->layer_end || a->layer_end > a->n_layers) return "layer range";
     /* A member of a tensor-parallel group may hold no KV heads (FFN only) or
@@ -408,6 +409,35 @@ static void encode(wcur *w, const cm_msg *m) {
         }
         break;
     }
+    case CM_MSG_LINKS_REQ: {
+        const cm_msg_links_req *q = &m->u.links_req;
+        w_check(w, q->deadline_ms >= 1 && q->deadline_ms <= CM_MSG_LINKS_MAX_MS, "deadline_ms");
+        w_check(w, q->probe_bytes <= CM_MSG_LINKS_MAX_PROBE, "probe_bytes");
+        w_check(w, q->n_peers >= 1 && q->n_peers <= CM_MSG_MAX_PEERS, "n_peers");
+        w_u64(w, q->id);
+        w_u32(w, q->deadline_ms);
+        w_u32(w, q->probe_bytes);
+        w_u8(w, q->n_peers);
+        for (unsigned i = 0; i < q->n_peers && i < CM_MSG_MAX_PEERS; i++) w_str(w, q->peers[i], CM_MSG_ADDR_MAX, "peer");
+        break;
+    }
+    case CM_MSG_LINKS: {
+        const cm_msg_links *q = &m->u.links;
+        w_check(w, q->n <= CM_MSG_MAX_PEERS, "n");
+        w_u64(w, q->id);
+        w_u8(w, q->n);
+        for (unsigned i = 0; i < q->n && i < CM_MSG_MAX_PEERS; i++) {
+            const cm_msg_link *l = &q->link[i];
+            w_check(w, l->status <= 0, "status");
+            w_check(w, finite_nonneg(l->rtt_s), "rtt_s");
+            w_check(w, finite_nonneg(l->bw), "bw");
+            w_str(w, l->addr, CM_MSG_ADDR_MAX, "addr");
+            w_i32(w, l->status);
+            w_f32(w, l->rtt_s);
+            w_f32(w, l->bw);
+        }
+        break;
+    }
     default: w_check(w, false, "type"); break;
     }
 }
@@ -639,6 +669,35 @@ static int decode(rcur *r, unsigned type, cm_msg *m) {
         c->hist_le = r_view(r, c->n_hist, 4, "hist");
         for (uint32_t i = 0; i < c->n_hist && !r->bad; i++)
             if ((int32_t)cm_rd_u32(c->hist_le + 4 * (size_t)i) < 0) r_fail(r, "hist", "negative");
+        break;
+    }
+    case CM_MSG_LINKS_REQ: {
+        cm_msg_links_req *q = &m->u.links_req;
+        q->id = r_u64(r, "id");
+        q->deadline_ms = r_u32(r, "deadline_ms");
+        r_check(r, q->deadline_ms >= 1 && q->deadline_ms <= CM_MSG_LINKS_MAX_MS, "deadline_ms");
+        q->probe_bytes = r_u32(r, "probe_bytes");
+        r_check(r, q->probe_bytes <= CM_MSG_LINKS_MAX_PROBE, "probe_bytes");
+        q->n_peers = r_u8(r, "n_peers");
+        r_check(r, q->n_peers >= 1 && q->n_peers <= CM_MSG_MAX_PEERS, "n_peers");
+        for (unsigned i = 0; i < q->n_peers && !r->bad; i++) r_str(r, q->peers[i], CM_MSG_ADDR_MAX, "peer");
+        break;
+    }
+    case CM_MSG_LINKS: {
+        cm_msg_links *q = &m->u.links;
+        q->id = r_u64(r, "id");
+        q->n = r_u8(r, "n");
+        r_check(r, q->n <= CM_MSG_MAX_PEERS, "n");
+        for (unsigned i = 0; i < q->n && !r->bad; i++) {
+            cm_msg_link *l = &q->link[i];
+            r_str(r, l->addr, CM_MSG_ADDR_MAX, "addr");
+            l->status = r_i32(r, "status");
+            r_check(r, l->status <= 0, "status");
+            l->rtt_s = r_f32(r, "rtt_s");
+            r_check(r, finite_nonneg(l->rtt_s), "rtt_s");
+            l->bw = r_f32(r, "bw");
+            r_check(r, finite_nonneg(l->bw), "bw");
+        }
         break;
     }
     default: return CM_EUNSUPPORTED;

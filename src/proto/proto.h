@@ -49,7 +49,9 @@
     X(ALLREDUCE, 16, 256u << 20)                              \
     X(ERROR, 17, 1024)                                        \
     X(BYE, 18, 512)                                           \
-    X(SEQ_START, 19, 128 + 4u * CM_MSG_MAX_HIST)
+    X(SEQ_START, 19, 128 + 4u * CM_MSG_MAX_HIST)              \
+    X(LINKS_REQ, 20, 2048)                                    \
+    X(LINKS, 21, 2048)
 
 enum cm_msg_type {
     CM_MSG_NONE = 0,
@@ -188,6 +190,9 @@ void cm_hs_wipe(cm_hs *hs);
 #define CM_MSG_MAX_DIM 65536u     /* hidden size */
 #define CM_MSG_MAX_HIST 4096u     /* penalty-history tokens per SEQ_START */
 #define CM_MSG_MAX_CHUNK (16u << 20) /* WEIGHTS_CHUNK / PING data bytes */
+#define CM_MSG_MAX_PEERS 15       /* peers named in one LINKS_REQ / LINKS */
+#define CM_MSG_LINKS_MAX_MS 30000u   /* a LINKS_REQ's deadline */
+#define CM_MSG_LINKS_MAX_PROBE (1u << 20) /* bandwidth probe bytes per peer */
 
 typedef struct cm_msg_hello {
     uint16_t proto_version;
@@ -225,6 +230,7 @@ typedef struct cm_msg_ping {
 /* ASSIGN: the coordinator gives one node its part of plan `epoch`. */
 #define CM_ASSIGN_F_EMBED 1u    /* first stage: embeds token ids */
 #define CM_ASSIGN_F_OUTPUT 2u   /* last stage: output head + sampling */
+#define CM_ASSIGN_F_TP_Q8 4u    /* tensor-parallel group: all-reduce transfers as Q8_0 (tp_size > 1 only) */
 typedef struct cm_msg_assign {
     uint64_t epoch;
     uint8_t model_sha256[32];
@@ -347,6 +353,29 @@ typedef struct cm_msg_allreduce {
 } cm_msg_allreduce;
 void cm_msg_allreduce_get(const cm_msg_allreduce *m, float *out); /* n floats */
 
+/* LINKS_REQ: measure your links to these peers (handshake, RTT and
+ * bandwidth toward each, as the requester measures its own) and answer with
+ * LINKS within deadline_ms; a peer not measured by then is reported with
+ * CM_ETIMEDOUT. LINKS: one entry per peer of the request, in its order. */
+typedef struct cm_msg_links_req {
+    uint64_t id;              /* echoed in LINKS */
+    uint32_t deadline_ms;     /* 1..CM_MSG_LINKS_MAX_MS, for the whole answer */
+    uint32_t probe_bytes;     /* bandwidth probe per peer, <= CM_MSG_LINKS_MAX_PROBE (0: RTT only) */
+    uint8_t n_peers;          /* 1..CM_MSG_MAX_PEERS */
+    char peers[CM_MSG_MAX_PEERS][CM_MSG_ADDR_MAX + 1]; /* "host:port" */
+} cm_msg_links_req;
+typedef struct cm_msg_link {
+    char addr[CM_MSG_ADDR_MAX + 1]; /* the peer, as named in the request */
+    int32_t status;                 /* 0 measured, else a CM_E* code (unreachable, refused, timed out) */
+    float rtt_s;                    /* round trip of an empty PING, seconds (finite, >= 0) */
+    float bw;                       /* bytes/s from the reporting node to the peer (finite, >= 0; 0: not measured) */
+} cm_msg_link;
+typedef struct cm_msg_links {
+    uint64_t id;
+    uint8_t n;                      /* <= CM_MSG_MAX_PEERS */
+    cm_msg_link link[CM_MSG_MAX_PEERS];
+} cm_msg_links;
+
 typedef struct cm_msg_error {
     int32_t code; /* a CM_E* value */
     char text[CM_MSG_TEXT_MAX + 1];
@@ -373,6 +402,8 @@ typedef struct cm_msg {
         cm_msg_seq_free seq_free;
         cm_msg_seq_start seq_start;
         cm_msg_allreduce allreduce;
+        cm_msg_links_req links_req;
+        cm_msg_links links;
         cm_msg_error error;
         cm_msg_bye bye;
     } u;

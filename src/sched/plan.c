@@ -372,6 +372,55 @@ static void describe(cm_plan *p, const cm_plan_cluster *c, const char *extra) {
         snprintf(p->why + n, sizeof p->why - (size_t)n, "; predicted %.1f tok/s for one stream%s", p->tok_s, extra);
 }
 
+/* Pipeline over every order of nodes 1..n-1 (node 0, the coordinator, keeps
+ * the first stage): lexicographic permutations from the given order, so ties
+ * keep the earliest, i.e. the cluster's own order. */
+static int plan_best_order(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan_opts *o, cm_plan *out,
+                           char *err, size_t errlen) {
+    int n = c->n_nodes, perm[CM_PLAN_MAX_NODES], group_of[CM_PLAN_MAX_NODES];
+    for (int i = 0; i < n; i++) perm[i] = i;
+    static _Thread_local cm_plan best, cand; /* large; one plan at a time per thread */
+    bool have = false;
+    int tried = 0, rc_first = 0;
+    char e1[512] = "";
+    double given_score = -1;
+    for (;;) {
+        for (int k = 0; k < n; k++) group_of[perm[k]] = k;
+        char e2[512];
+        int rc = cm_plan_for_groups(m, c, o, group_of, &cand, e2, sizeof e2);
+        if (tried++ == 0 && rc) { rc_first = rc; snprintf(e1, sizeof e1, "%s", e2); }
+        if (!rc) {
+            double score = o->n_seq > 1 ? cand.tok_s_aggregate : cand.tok_s;
+            if (tried == 1) given_score = score;
+            double best_score = have ? (o->n_seq > 1 ? best.tok_s_aggregate : best.tok_s) : -1;
+            if (score > best_score * (1 + 1e-9)) {
+                best = cand;
+                have = true;
+            }
+        }
+        /* next permutation of perm[1..n-1] */
+        int i = n - 2;
+        while (i >= 1 && perm[i] > perm[i + 1]) i--;
+        if (i < 1) break;
+        int j = n - 1;
+        while (perm[j] < perm[i]) j--;
+        int t = perm[i]; perm[i] = perm[j]; perm[j] = t;
+        for (int a = i + 1, b = n - 1; a < b; a++, b--) { t = perm[a]; perm[a] = perm[b]; perm[b] = t; }
+    }
+    if (!have) return cm_errf(err, errlen, rc_first ? rc_first : CM_ENOSPACE, "%s", e1[0] ? e1 : "no order fits");
+    *out = best;
+    char extra[200];
+    const char *by = o->n_seq > 1 ? "aggregate" : "one-stream";
+    double got = o->n_seq > 1 ? best.tok_s_aggregate : best.tok_s;
+    if (given_score > 0)
+        snprintf(extra, sizeof extra, " (best of %d node orders by %s tok/s: %.1f; the given order: %.1f)", tried, by,
+                 got, given_score);
+    else
+        snprintf(extra, sizeof extra, " (best of %d node orders by %s tok/s: %.1f)", tried, by, got);
+    describe(out, c, extra);
+    return 0;
+}
+
 int cm_plan_make(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan_opts *o, cm_plan *out,
                  char *err, size_t errlen) {
     if (!c || c->n_nodes < 1 || c->n_nodes > CM_PLAN_MAX_NODES)
@@ -380,6 +429,8 @@ int cm_plan_make(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan
     int group_of[CM_PLAN_MAX_NODES];
     int rc;
     char e2[512] = "";
+    if (o->mode == CM_PARALLEL_PP && o->reorder && n >= 3 && n <= CM_PLAN_REORDER_MAX && n <= m->n_layers)
+        return plan_best_order(m, c, o, out, err, errlen);
     if (o->mode == CM_PARALLEL_PP || o->mode == CM_PARALLEL_TP || n == 1) {
         for (int i = 0; i < n; i++) group_of[i] = o->mode == CM_PARALLEL_TP ? 0 : i;
         if (n > m->n_layers && o->mode != CM_PARALLEL_TP)
@@ -482,11 +533,18 @@ void cm_plan_format(const cm_plan *p, const cm_plan_model *m, const cm_plan_clus
                 mb->embed ? " embed" : "", mb->head ? " head" : "");
         }
     }
+    if (p->n_stages > 1) {
+        /* the hops the cost model charges (one token's hidden state; the
+         * last one is the token id back to the first stage) */
+        OUT("hops (ms per token):");
+        for (int s = 0; s < p->n_stages; s++)
+            OUT(" %d->%d %.3f%s", s, s + 1 < p->n_stages ? s + 1 : 0, p->stages[s].hop_s * 1e3, s + 1 < p->n_stages ? "," : ";");
+        OUT(" output head %.3f\n", head_s(m, c, &p->stages[p->n_stages - 1], 1) * 1e3);
+    }
     OUT("mode %s; one stream %.2f tok/s; aggregate %.2f tok/s; time to first token %.3f s\n",
         cm_parallel_name(p->mode), p->tok_s, p->tok_s_aggregate, p->ttft_s);
     OUT("per token: %llu bytes per pipeline hop, %llu bytes of tensor-parallel all-reduce per member\n",
         (unsigned long long)p->bytes_per_token_hop, (unsigned long long)p->bytes_per_token_tp);
     OUT("why: %s\n", p->why);
-    (void)m;
 #undef OUT
 }

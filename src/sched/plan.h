@@ -73,10 +73,15 @@ typedef struct cm_plan_opts {
     enum cm_parallel mode; /* AUTO picks the best predicted plan */
     uint64_t reserve_bytes;/* per node: scratch, buffers, the OS */
     double exchange_overhead_s; /* software cost of one network exchange */
+    bool reorder;          /* PP: try every order of nodes 1..n-1 (node 0 stays first; up to
+                              CM_PLAN_REORDER_MAX nodes) and keep the fastest predicted, so a
+                              slow link, also between two nodes, is kept off the busy hops;
+                              false: the cluster's order */
 } cm_plan_opts;
+#define CM_PLAN_REORDER_MAX 8
 
 /* Defaults: ctx 2048, 1 sequence, f32 KV, 128-token prompt, AUTO, 256 MiB
- * reserve, 30 us per exchange. */
+ * reserve, 30 us per exchange, the cluster's order. */
 void cm_plan_opts_default(cm_plan_opts *o);
 
 typedef struct cm_plan_member {

@@ -37,8 +37,8 @@ check "/api/cluster: remote nodes by address, power unknown (not invented)" \
     [ "$(js 'j.nodes.slice(1).map(n=>[n.id,n.power_watts,n.power_source,n.tokens_per_watt].join()).sort().join(";")' "$TMP/cluster.json")" = \
       "$(echo "$NODES" | tr ',' '\n' | sort | sed 's/$/,,unknown,/' | paste -sd';')" ]
 check "/api/cluster: coordinator power labelled" [ "$(js '/^(measured|estimated)$/.test(j.nodes[0].power_source)&&typeof j.nodes[0].power_watts' "$TMP/cluster.json")" = number ]
-check "/api/cluster: 2 links, first measured, second labelled not measured" \
-    [ "$(js '[j.links.length, typeof j.links[0].latency_ms, typeof j.links[0].bandwidth_mbps, j.links[1].latency_ms, j.links[1].source].join()' "$TMP/cluster.json")" = '2,number,number,,not measured (node to node)' ]
+check "/api/cluster: 2 links, both measured (the second, node to node, by the nodes themselves)" \
+    [ "$(js '[j.links.length, typeof j.links[0].latency_ms, typeof j.links[0].bandwidth_mbps, typeof j.links[1].latency_ms, typeof j.links[1].bandwidth_mbps, j.links[0].source, j.links[1].source].join()' "$TMP/cluster.json")" = '2,number,number,number,number,measured at connect,measured node to node' ]
 
 mkdir -p tests/artifacts
 node tests/js/dashboard.mjs "$URL" dashkey tests/artifacts 3 dashboard-cluster >"$TMP/dash.out" 2>"$TMP/dash.err"

@@ -2,6 +2,8 @@
  * clusters (Mac minis, mixed boxes, slow links, too little memory). */
 #include "test.h"
 
+#include <stdlib.h>
+
 #include "base/base.h"
 #include "sched/plan.h"
 
@@ -135,6 +137,71 @@ static void test_slow_link_gets_fewer(void) {
            layers_of(&p, 0), layers_of(&p, 1), layers_of(&p, 2));
 }
 
+static int stage_of(const cm_plan *p, int node) {
+    for (int s = 0; s < p->n_stages; s++)
+        for (int i = 0; i < p->stages[s].n_members; i++)
+            if (p->stages[s].members[i].node == node) return s;
+    return -1;
+}
+
+/* A slow link between two nodes, while every link to the coordinator (node
+ * 0) is fast: what the coordinator measures alone would not show it; the
+ * node to node matrix does. Equal nodes; the slow hop costs ~5 layers. */
+static void test_slow_node_to_node_link(void) {
+    cm_plan_model m; llama8b(&m);
+    cm_plan_opts o; cm_plan_opts_default(&o); o.mode = CM_PARALLEL_PP;
+    cm_plan p, q, u; char err[512];
+    double layer_s = m.layer_bytes[0] / 100e9;
+    /* Four nodes, the slow link between b and c. In the given order
+     * (here, b, c, d) it is the hop b -> c: b sends over it and c receives
+     * over it, so both get fewer layers than the first stage and fewer than
+     * on the same cluster with every link fast. */
+    cm_plan_cluster c = {0}; links_all(&c, 0.2, 40);
+    add_node(&c, "here", 16, 100, 4); add_node(&c, "b", 16, 100, 4); add_node(&c, "c", 16, 100, 4); add_node(&c, "d", 16, 100, 4);
+    cm_plan_cluster cu = c;
+    link_set(&c, 1, 2, 2, 0.025);
+    double hop = 1e-3 + m.dim * 4.0 / (0.025e9 / 8);
+    CHECKF(hop > 3 * layer_s, "the slow hop (%.2f ms) must cost several layers (%.2f ms each)", hop * 1e3, layer_s * 1e3);
+    CHECK(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == 0);
+    check_plan_valid(&p, &m, &c, &o);
+    CHECK(cm_plan_make(&m, &cu, &o, &u, err, sizeof err) == 0);
+    CHECKF(stage_of(&p, 1) == 1 && stage_of(&p, 2) == 2, "given order kept: %s", p.why);
+    CHECKF(layers_of(&p, 1) < layers_of(&p, 0) && layers_of(&p, 2) < layers_of(&p, 0), "%d %d %d %d: %s",
+           layers_of(&p, 0), layers_of(&p, 1), layers_of(&p, 2), layers_of(&p, 3), p.why);
+    CHECKF(layers_of(&p, 1) < layers_of(&u, 1) && layers_of(&p, 2) < layers_of(&u, 2), "b %d/%d, c %d/%d (slow/fast)",
+           layers_of(&p, 1), layers_of(&u, 1), layers_of(&p, 2), layers_of(&u, 2));
+    /* Free to order the nodes, the plan keeps b and c apart (here, b, d, c
+     * or here, c, d, b): no hop crosses the slow link, the stages are sized
+     * as on the fast cluster, and it predicts more tokens/s. */
+    o.reorder = true;
+    CHECK(cm_plan_make(&m, &c, &o, &q, err, sizeof err) == 0);
+    check_plan_valid(&q, &m, &c, &o);
+    int sb = stage_of(&q, 1), sc = stage_of(&q, 2);
+    CHECKF(sb > 0 && sc > 0 && abs(sb - sc) > 1, "b in stage %d, c in stage %d: %s", sb, sc, q.why);
+    CHECKF(q.tok_s > p.tok_s * 1.02, "reordered %.2f tok/s vs given order %.2f", q.tok_s, p.tok_s);
+    CHECK(layers_of(&q, 0) == layers_of(&u, 0));
+    CHECK(strstr(q.why, "node orders") != NULL);
+    /* Three nodes: b and c are always neighbours, whatever the order; both
+     * get fewer layers than the coordinator and than on fast links. */
+    cm_plan_cluster c3 = {0}; links_all(&c3, 0.2, 40);
+    add_node(&c3, "here", 16, 100, 4); add_node(&c3, "b", 16, 100, 4); add_node(&c3, "c", 16, 100, 4);
+    cm_plan_cluster c3u = c3;
+    link_set(&c3, 1, 2, 2, 0.025);
+    CHECK(cm_plan_make(&m, &c3, &o, &p, err, sizeof err) == 0);
+    check_plan_valid(&p, &m, &c3, &o);
+    CHECK(cm_plan_make(&m, &c3u, &o, &u, err, sizeof err) == 0);
+    CHECK(abs(stage_of(&p, 1) - stage_of(&p, 2)) == 1);
+    CHECKF(layers_of(&p, 1) < layers_of(&p, 0) && layers_of(&p, 2) < layers_of(&p, 0), "%d %d %d: %s", layers_of(&p, 0),
+           layers_of(&p, 1), layers_of(&p, 2), p.why);
+    CHECKF(layers_of(&p, 1) + layers_of(&p, 2) < layers_of(&u, 1) + layers_of(&u, 2), "%d+%d vs %d+%d on fast links",
+           layers_of(&p, 1), layers_of(&p, 2), layers_of(&u, 1), layers_of(&u, 2));
+    /* An unreachable pair (how the coordinator marks a failed measurement)
+     * is never made neighbours when another order exists. */
+    link_set(&c, 1, 2, 10000, 1e-5);
+    CHECK(cm_plan_make(&m, &c, &o, &q, err, sizeof err) == 0);
+    CHECK(abs(stage_of(&q, 1) - stage_of(&q, 2)) > 1);
+}
+
 static void test_does_not_fit(void) {
     cm_plan_model m; llama70b(&m);
     cm_plan_opts o; cm_plan_opts_default(&o);
@@ -214,6 +281,7 @@ int main(void) {
     RUN(test_even_and_uneven_pipeline);
     RUN(test_memory_bound_node);
     RUN(test_slow_link_gets_fewer);
+    RUN(test_slow_node_to_node_link);
     RUN(test_does_not_fit);
     RUN(test_tensor_parallel_slices);
     RUN(test_auto_hybrid);

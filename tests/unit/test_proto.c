@@ -154,6 +154,28 @@ static void sample(unsigned type, cm_msg *m, int variant) {
         c->hist = variant ? NULL : g_tok;
         break;
     }
+    case CM_MSG_LINKS_REQ: {
+        cm_msg_links_req *q = &m->u.links_req;
+        q->id = 0x1234567890ull + (uint64_t)variant;
+        q->deadline_ms = variant == 2 ? CM_MSG_LINKS_MAX_MS : 3000;
+        q->probe_bytes = variant == 1 ? 0 : 65536;
+        q->n_peers = variant == 2 ? CM_MSG_MAX_PEERS : (uint8_t)(1 + variant);
+        for (int i = 0; i < q->n_peers; i++) snprintf(q->peers[i], sizeof q->peers[i], "10.78.0.%d:7070", i + 2);
+        if (variant == 1) strcpy(q->peers[1], "[fe80::1%eth0]:7070");
+        break;
+    }
+    case CM_MSG_LINKS: {
+        cm_msg_links *q = &m->u.links;
+        q->id = 0x1234567890ull + (uint64_t)variant;
+        q->n = (uint8_t)(variant == 2 ? 0 : 1 + variant);
+        for (int i = 0; i < q->n; i++) {
+            snprintf(q->link[i].addr, sizeof q->link[i].addr, "10.78.0.%d:7070", i + 2);
+            q->link[i].rtt_s = 1.5e-4f * (float)(i + 1);
+            q->link[i].bw = i ? 0 : 1.25e9f;
+            q->link[i].status = i ? CM_ETIMEDOUT : 0;
+        }
+        break;
+    }
     }
 }
 
@@ -407,6 +429,15 @@ static void test_encode_bounds(void) {
     sample(CM_MSG_ASSIGN, &m, 0);
     m.u.assign.flags = 0; /* the last stage must own the output head */
     CHECK(cm_msg_encode(&m, NULL, 0, &n, e, sizeof e) == CM_EINVAL);
+    sample(CM_MSG_ASSIGN, &m, 0);
+    m.u.assign.flags |= CM_ASSIGN_F_TP_Q8; /* a group's Q8_0 all-reduces: fine with tp_size 2 */
+    CHECK(cm_msg_encode(&m, NULL, 0, &n, e, sizeof e) == 0);
+    m.u.assign.tp_size = 1; /* ... but not without a group */
+    m.u.assign.tp_rank = 0;
+    CHECK(cm_msg_encode(&m, NULL, 0, &n, e, sizeof e) == CM_EINVAL);
+    sample(CM_MSG_ASSIGN, &m, 0);
+    m.u.assign.flags |= 8; /* unknown flag */
+    CHECK(cm_msg_encode(&m, NULL, 0, &n, e, sizeof e) == CM_EINVAL);
     sample(CM_MSG_TOKEN, &m, 0);
     m.u.token.n_top = CM_MSG_MAX_TOP + 1;
     CHECK(cm_msg_encode(&m, NULL, 0, &n, e, sizeof e) == CM_EINVAL);
@@ -418,6 +449,41 @@ static void test_encode_bounds(void) {
     CHECK(cm_msg_encode(&m, NULL, 0, &n, e, sizeof e) == CM_EINVAL);
     sample(CM_MSG_HEARTBEAT, &m, 0);
     CHECK(cm_msg_encode(&m, small, sizeof small, &n, e, sizeof e) == CM_ERANGE);
+    /* LINKS_REQ / LINKS: peer counts, deadline, probe size and measurements are bounded
+     * both ways (the decoder sees the same payloads grown by hand). */
+    {
+        static uint8_t lb[4096];
+        cm_msg d;
+        sample(CM_MSG_LINKS_REQ, &m, 0);
+        m.u.links_req.deadline_ms = 0;
+        CHECK(cm_msg_encode(&m, NULL, 0, &n, e, sizeof e) == CM_EINVAL);
+        sample(CM_MSG_LINKS_REQ, &m, 0);
+        m.u.links_req.probe_bytes = CM_MSG_LINKS_MAX_PROBE + 1;
+        CHECK(cm_msg_encode(&m, NULL, 0, &n, e, sizeof e) == CM_EINVAL);
+        sample(CM_MSG_LINKS_REQ, &m, 2);
+        n = enc(&m, lb, sizeof lb);
+        lb[16] = CM_MSG_MAX_PEERS + 1; /* n_peers follows id, deadline_ms, probe_bytes */
+        CHECK(cm_msg_decode(CM_MSG_LINKS_REQ, lb, n, &d, e, sizeof e) == CM_EFORMAT);
+        lb[16] = 0;
+        CHECK(cm_msg_decode(CM_MSG_LINKS_REQ, lb, n, &d, e, sizeof e) == CM_EFORMAT);
+        cm_wr_u32(lb + 8, CM_MSG_LINKS_MAX_MS + 1);
+        lb[16] = CM_MSG_MAX_PEERS;
+        CHECK(cm_msg_decode(CM_MSG_LINKS_REQ, lb, n, &d, e, sizeof e) == CM_EFORMAT);
+        sample(CM_MSG_LINKS, &m, 0);
+        m.u.links.link[0].rtt_s = NAN;
+        CHECK(cm_msg_encode(&m, NULL, 0, &n, e, sizeof e) == CM_EINVAL);
+        sample(CM_MSG_LINKS, &m, 0);
+        m.u.links.link[0].status = 5;
+        CHECK(cm_msg_encode(&m, NULL, 0, &n, e, sizeof e) == CM_EINVAL);
+        sample(CM_MSG_LINKS, &m, 0);
+        n = enc(&m, lb, sizeof lb);
+        lb[8] = CM_MSG_MAX_PEERS + 1;
+        CHECK(cm_msg_decode(CM_MSG_LINKS, lb, n, &d, e, sizeof e) == CM_EFORMAT);
+        lb[8] = 1;
+        size_t bwoff = n - 4; /* the last field: bw of the only entry */
+        cm_wr_u32(lb + bwoff, 0xff800000u); /* -inf */
+        CHECK(cm_msg_decode(CM_MSG_LINKS, lb, n, &d, e, sizeof e) == CM_EFORMAT);
+    }
     /* A FORWARD larger than its frame maximum is refused at encoding: split the batch. */
     sample(CM_MSG_FORWARD, &m, 1);
     m.u.forward.n_tokens = CM_MSG_MAX_TOKENS;

@@ -6,39 +6,49 @@
  * writes); the JSON files hold llama.cpp's numbers for them, produced once by
  * tools/gen_synth_refs.sh (node-llama-cpp 3.21.1, 1 thread, F32 KV cache).
  *
- * Rules (issue 2):
+ * Rules (issue 2, tightened where the measurements allow):
  *  - greedy ids identical token by token; a first difference is acceptable
  *    only at a step where llama.cpp's own top-1 margin p1 - p2 is below
- *    1e-3 for F32/F16 models (activations keep 11+ bits), and nothing after
- *    it is compared. With 8-bit activations (BF16's mantissa has 8 bits
- *    too) the issue says 0.02; measured here, one flipped rounding (below)
- *    moves a probability by up to 1.9e-2 on these peaked models, so a margin
- *    up to twice that can flip: these types get 0.05 (FLIP_MAX). Seen: a
- *    first difference at margin 0.029 (qwen2-q4_k with the AVX kernels);
- *  - teacher-forced next-token probabilities at the first 8 positions within
- *    1e-3 max-abs (F32 1e-4, F16/BF16 2e-3). The references keep the top 16
- *    of each distribution and the sum of the rest: the 16 are compared one by
- *    one, every other token of ours must stay below the 16th reference
- *    probability + the bound, and the rest's sums within 10x the bound;
- *  - one exception, measured here: with 8-bit activations (every type but
- *    F32/F16; BF16's mantissa has 8 bits too) most positions agree with llama.cpp to ~1e-6, but now and
- *    then (about 1 position in 25) one Q8 rounding of an activation flips
- *    (our sums run in another order than ggml's SIMD lanes, 1e-7 apart) and
- *    these random models amplify the flip to 1e-3..2e-2 at that position;
- *    later positions attend to its keys and values, so they move too. Like
- *    the greedy rule, from the first position over the bound on, a case is
- *    only held to 0.05 (what one flipped rounding can do, never what a wrong
- *    kernel does), and the median error over the positions before each
- *    case's flip must stay below bound/10: a systematic bug (block layout,
- *    RoPE, norm) moves every position, and a 1e-3 change of the logits fails
- *    every model. A flip at position 0 (BOS, shared by all cases) leaves no
- *    unperturbed position: such a model is held to 0.05 and greedy only
- *    (measured: 1 of 60, llamatied-q5_1);
+ *    0.02 (1e-3 for F32/F16, whose activations keep 11+ bits), and nothing
+ *    after it is compared. Measured: every first difference is at a margin
+ *    below 0.01;
+ *  - teacher-forced next-token probabilities at the first 8 positions
+ *    (max-abs over the reference's top 16, every other token of ours below
+ *    the 16th reference probability + the bound, the mass outside the top 16
+ *    within 10x the bound): F32 1e-4; 8-bit activations (Q8_0, Q8_1, Q8_K
+ *    for the quantized types; BF16's mantissa has 8 bits too) 1e-4, 10x
+ *    tighter than the issue's ~1e-3, because every deviation larger than
+ *    float noise is accounted for by a named rounding flip (below) and what
+ *    remains is <= 1.1e-6; F16 1e-3 (the issue: 2e-3) and a median over the
+ *    24 positions <= 2.5e-4 (measured: max 4.6e-4, median <= 1.7e-4);
+ *  - rounding flips. Our floats equal llama.cpp's up to the last bits (its
+ *    x86 build sums in other orders: repacked Q4_0/Q4_K/Q5_K/Q6_K/Q8_0 gemv
+ *    and gemm, tinyBLAS, AVX-512 expf in SiLU and softmax). Where an
+ *    activation sits within a few ulps of a rounding tie, one of 8 bits
+ *    rounds the other way in one of the two programs, and these random
+ *    models amplify that to 1e-3..2e-2 of a probability at that position and
+ *    at later ones (which attend to its keys and values). Three roundings
+ *    can flip: an element's q (x * id near k + 0.5), the F16 rounding of a
+ *    Q8_0/Q8_1 block's scale d = amax / 127, and the F16 rounding of a Q8_1
+ *    block's s = d * sum(q). The test names the flip: at a position over the
+ *    bound it re-runs the batch with one (then two) of the roundings that
+ *    are nearest a tie (at most MAX_ULPS away) done the other way, and the
+ *    position passes only if that brings every position up to it within the
+ *    bound. Measured on the x86 references: 21 of 60 models need 1-4 flips;
+ *    every flip found is within 3.1 ulps of its tie (BF16: 38), and with the
+ *    flips every 8-bit position agrees to <= 1.1e-6 (CUMULO_ISA=avx2: <= 7
+ *    ulps, BF16 14; scalar: <= 5.2 ulps; both <= 1.2e-6; docs/DESIGN.md). A wrong kernel, norm,
+ *    RoPE or a perturbation of the logits moves every position, which no
+ *    rounding explains. F16's 11-bit roundings flip too (0.4 per position,
+ *    each worth ~1e-4), too many to name: hence its looser bound;
  *  - where llama.cpp's one-token decode and its batched evaluation disagree
- *    (K-quants: a repacked kernel), the file has both and either is accepted.
+ *    by more than 1e-5 (only F16/BF16 here: tinyBLAS in the batch, vec_dot
+ *    for one token), the file has both and either is accepted.
  *
- * CUMULO_TEST_PERTURB=x scales our logits by (1 + x) before comparing: with
- * x = 1e-3 the test must fail (proof that it can).
+ * CUMULO_TEST_PERTURB=x scales our logits by (1 + x) before comparing (proof
+ * that the test can fail): measured, x = 2e-4 fails every F32, BF16 and
+ * 8-bit model (x = 1e-4: 54 of 55), x = 1e-3 every model (F16 from ~5e-4).
+ * CUMULO_TEST_VERBOSE=1 prints every position's error and the flip search.
  * CUMULO_SYNTH_ONLY=regex limits the models (by name).
  */
 #include "test.h"
@@ -57,7 +67,11 @@
 #define MAXGEN 64
 #define MAXPROMPT 32
 #define MAXCASES 4
-#define FLIP_MAX 0.05
+#define MARGIN_8BIT 0.02
+#define TOL_F32 1e-4
+#define TOL_F16 1e-3
+#define MEDIAN_F16 2.5e-4
+#define TOL_8BIT 1e-4
 
 typedef struct ref_dist {
     int n;
@@ -218,13 +232,290 @@ static double dist_err(const double *p, int n_vocab, const ref_dist *d, double t
     return e;
 }
 
+/* ---- rounding flips (see the header) ----
+ * Candidates are recorded through cm_ctx_set_act_hook while the batch runs
+ * single-threaded (so in a fixed order); a flip is applied by moving the
+ * float source ulp by ulp until our own converter rounds that one value the
+ * other way and nothing else in its block changes (for d and s: until that
+ * F16 field changes), so the flipped bytes are ones llama.cpp could have
+ * produced from floats a few ulps from ours. */
+#define MAX_ULPS 16      /* Q8_0/Q8_1/Q8_K: in ulps of the block's max element; measured: <= 3.1 */
+#define MAX_ULPS_BF16 64 /* BF16: in ulps of the element; measured: <= 38 (llama.cpp's dpbf16 gemm) */
+#define MAX_CANDS 4096
+#define MAX_FLIPS 6
+#define N_SINGLE 16 /* candidates tried alone */
+#define N_PAIR 6    /* the first ones, tried in pairs */
+
+typedef struct flip {
+    int kind; /* 0: one element's rounding; 1: the F16 rounding of a Q8_0/Q8_1 block's scale d = amax/127;
+               * 2: the F16 rounding of a Q8_1 block's s = d * sum(q) */
+    int layer, site, row;
+    int64_t col;
+    double ulps;
+} flip;
+
+typedef struct hookstate {
+    const cm_kernels *k;
+    bool scan;
+    double max_ulps;
+    int n_cands, n_flips, n_applied;
+    flip cands[MAX_CANDS];
+    flip flips[MAX_FLIPS + 1];
+} hookstate;
+
+/* The 8-bit activation types a flip can happen in, and where an element's
+ * quantized value sits in a block. */
+static int q_offset(enum cm_type vdt) {
+    switch (vdt) {
+    case CM_TYPE_Q8_0: return 2;
+    case CM_TYPE_Q8_1: return 4;
+    case CM_TYPE_Q8_K: return 4;
+    default: return -1;
+    }
+}
+
+static int qval(enum cm_type vdt, const uint8_t *blk, int e) {
+    if (vdt == CM_TYPE_BF16 || vdt == CM_TYPE_F16) {
+        uint16_t u;
+        memcpy(&u, blk, 2);
+        return u;
+    }
+    return (int8_t)blk[q_offset(vdt) + e];
+}
+
+/* Float ulps element e of a block must move to reach its rounding tie
+ * (the formulas of quants_ref.c); HUGE_VAL when it is the block's max. */
+static double tie_ulps(enum cm_type vdt, const float *xb, int bs, int e) {
+    if (vdt == CM_TYPE_BF16) {
+        uint32_t u;
+        memcpy(&u, &xb[e], 4);
+        return fabs((double)(int)(u & 0xffffu) - 0x8000);
+    }
+    if (vdt == CM_TYPE_F16) { /* normal halves: 13 dropped mantissa bits */
+        uint32_t u;
+        memcpy(&u, &xb[e], 4);
+        return fabsf(xb[e]) < 6.2e-5f ? HUGE_VAL : fabs((double)(int)(u & 0x1fffu) - 0x1000);
+    }
+    float amax = 0, max = 0;
+    for (int j = 0; j < bs; j++)
+        if (fabsf(xb[j]) > amax) amax = fabsf(xb[j]), max = xb[j];
+    if (amax == 0 || fabsf(xb[e]) == amax) return HUGE_VAL;
+    const float v = vdt == CM_TYPE_Q8_K ? (-127.f / max) * xb[e] : xb[e] * (127.f / amax);
+    const double t = 0.5 - fabs((double)v - rint((double)v));
+    /* in ulps of the block's max: a dot product's rounding error scales
+     * with its terms, not with its (possibly cancelled) result */
+    return t / (127 * ldexp(1.0, -23));
+}
+
+/* Round element e of one block the other way: move it ulp by ulp until its
+ * quantized value changes and nothing else does. */
+static bool apply_flip(const cm_kernels *k, enum cm_type vdt, const float *xb, uint8_t *qb, int bs, size_t ts, int e,
+                       int kind) {
+    float tmp[256];
+    uint8_t out[512], best[512];
+    int best_steps = 0;
+    memcpy(tmp, xb, (size_t)bs * sizeof(float));
+    const int q0 = qval(vdt, qb, e);
+    for (int dir = -1; dir <= 1; dir += 2) {
+        float v = xb[e];
+        for (int st = 1; st <= 4 * MAX_ULPS_BF16; st++) {
+            v = nextafterf(v, dir > 0 ? INFINITY : -INFINITY);
+            tmp[e] = v;
+            k->from_float[vdt](tmp, out, bs);
+            if (kind) { /* the max element moved until fp16(d) (1) or fp16(s) (2) changes */
+                if (memcmp(out + 2 * (kind - 1), qb + 2 * (kind - 1), 2) == 0) continue;
+                if (best_steps == 0 || st < best_steps) best_steps = st, memcpy(best, out, ts);
+                break;
+            }
+            if (qval(vdt, out, e) == q0) continue;
+            const size_t dbytes = vdt == CM_TYPE_BF16 || vdt == CM_TYPE_F16 ? 0 : vdt == CM_TYPE_Q8_K ? 4 : 2; /* the scale d */
+            bool others = memcmp(out, qb, dbytes) != 0;
+            for (int j = 0; j < bs && !others; j++) others = j != e && qval(vdt, out, j) != qval(vdt, qb, j);
+            if (!others && (best_steps == 0 || st < best_steps)) {
+                best_steps = st;
+                memcpy(best, out, ts);
+            }
+            break;
+        }
+        tmp[e] = xb[e];
+    }
+    if (best_steps) memcpy(qb, best, ts);
+    return best_steps != 0;
+}
+
+static void act_hook(void *user, int layer, enum cm_act_site site, int row, int64_t col0, enum cm_type vdt,
+                     const float *x, void *xq, int64_t n) {
+    hookstate *h = user;
+    if (vdt != CM_TYPE_BF16 && vdt != CM_TYPE_F16 && q_offset(vdt) < 0) return;
+    const int bs = cm_type_traits_of(vdt)->block_size;
+    const size_t ts = cm_type_traits_of(vdt)->type_size;
+    for (int i = 0; i < h->n_flips; i++) {
+        const flip *f = &h->flips[i];
+        if (f->layer != layer || (int)f->site != (int)site || f->row != row || f->col < col0 || f->col >= col0 + n)
+            continue;
+        int64_t e = f->col - col0, b = e / bs;
+        h->n_applied +=
+            apply_flip(h->k, vdt, x + b * bs, (uint8_t *)xq + (size_t)b * ts, bs, ts, (int)(e % bs), f->kind);
+    }
+    if (!h->scan) return;
+    for (int64_t b = 0; b < n / bs; b++) {
+        const float *xb = x + b * bs;
+        for (int e = 0; e < bs; e++) {
+            double u = tie_ulps(vdt, xb, bs, e);
+            if (u <= h->max_ulps && h->n_cands < MAX_CANDS)
+                h->cands[h->n_cands++] = (flip){0, layer, (int)site, row, col0 + b * bs + e, u};
+        }
+        if (vdt == CM_TYPE_Q8_0 || vdt == CM_TYPE_Q8_1) {
+            /* d = amax / 127 to F16 (10 mantissa bits): float ulps of d from the tie */
+            int im = 0;
+            for (int e = 1; e < bs; e++)
+                if (fabsf(xb[e]) > fabsf(xb[im])) im = e;
+            const float d = fabsf(xb[im]) / 127.f;
+            uint32_t u;
+            memcpy(&u, &d, 4);
+            const double ud = fabs((double)(int)(u & 0x1fffu) - 0x1000);
+            if (d >= 6.2e-5f && ud <= h->max_ulps && h->n_cands < MAX_CANDS)
+                h->cands[h->n_cands++] = (flip){1, layer, (int)site, row, col0 + b * bs + im, ud};
+            if (vdt == CM_TYPE_Q8_1) { /* s = fp16(d * sum(q)), d the float */
+                const uint8_t *qb = (const uint8_t *)xq + (size_t)b * cm_type_traits_of(vdt)->type_size;
+                int sum = 0;
+                for (int e = 0; e < bs; e++) sum += qval(vdt, qb, e);
+                const float sv = fabsf(d * (float)sum);
+                memcpy(&u, &sv, 4);
+                const double us = fabs((double)(int)(u & 0x1fffu) - 0x1000);
+                if (sv >= 6.2e-5f && us <= h->max_ulps && h->n_cands < MAX_CANDS)
+                    h->cands[h->n_cands++] = (flip){2, layer, (int)site, row, col0 + b * bs + im, us};
+            }
+        }
+    }
+}
+
+static int cmp_flip(const void *a, const void *b) {
+    double x = ((const flip *)a)->ulps, y = ((const flip *)b)->ulps;
+    return x < y ? -1 : x > y;
+}
+
+static const char *site_name(int s) {
+    static const char *n[] = {"attn_in", "k_in", "v_in", "attn_out", "ffn_in", "up_in", "ffn_down_in", "output_in"};
+    return s >= 0 && s < 8 ? n[s] : "?";
+}
+
+/* Types whose activations keep 11+ bits (no 8-bit rounding to flip). */
+static bool is_fine(const char *t) { return !strcmp(t, "f32") || !strcmp(t, "f16"); }
+
+/* One teacher-forced batch of the first NPOS tokens of a case (prompt +
+ * llama.cpp's greedy ids) through ctx c (single-threaded: the hook records
+ * candidates in order) with the hook's flips; per position the error of
+ * our distribution against llama.cpp's (its batched numbers where they
+ * exist and are closer), and of the mass outside its top k. */
+typedef struct tf_env {
+    cm_ctx *c;
+    const cm_model *m;
+    cm_kv *kv;
+    float *logits;
+    double *p, scale;
+    hookstate *h;
+    int n_eitherway;
+} tf_env;
+
+static int tf_eval(tf_env *env, const ref_case *rc, double *err, double *rest) {
+    const int V = env->m->hp.n_vocab;
+    int32_t ids[NPOS], pos[NPOS], seq[NPOS];
+    int8_t want[NPOS];
+    for (int i = 0; i < NPOS; i++) {
+        ids[i] = i < rc->n_prompt ? rc->prompt[i] : rc->gen[i - rc->n_prompt];
+        pos[i] = i, seq[i] = 0, want[i] = 1;
+    }
+    cm_kv_truncate(env->kv, 0);
+    cm_kv *kvs[1] = {env->kv};
+    cm_batch b = {.n = NPOS, .tokens = ids, .pos = pos, .seq = seq, .logits = want};
+    cm_forward_args a = {.layer_first = 0, .layer_last = env->m->hp.n_layer, .slice = cm_slice_full(env->m),
+                         .kvs = kvs, .n_kvs = 1, .out_logits = env->logits};
+    env->h->n_cands = 0;
+    env->h->n_applied = 0;
+    if (cm_forward(env->c, &b, &a, errbuf, sizeof errbuf)) return -1;
+    for (int i = 0; i < NPOS; i++) {
+        softmax_d(env->logits + (size_t)i * V, V, env->scale, env->p);
+        double re1, re2 = 1e9;
+        double e = dist_err(env->p, V, &rc->dec[i], 0, &re1);
+        if (rc->has_bat) {
+            double e2 = dist_err(env->p, V, &rc->bat[i], 0, &re2);
+            if (e2 < e) { e = e2; re1 = re2; env->n_eitherway++; }
+        }
+        err[i] = e;
+        rest[i] = re1;
+    }
+    return 0;
+}
+
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
 }
 
-/* Types whose activations keep 11+ bits (no 8-bit rounding to flip). */
-static bool is_fine(const char *t) { return !strcmp(t, "f32") || !strcmp(t, "f16"); }
+static bool flipped_already(const hookstate *h, const flip *f) {
+    for (int k = 0; k < h->n_flips; k++) {
+        const flip *g = &h->flips[k];
+        if (g->kind == f->kind && g->layer == f->layer && g->site == f->site && g->row == f->row && g->col == f->col)
+            return true;
+    }
+    return false;
+}
+
+static double max_upto(const double *e, int i) {
+    double m = 0;
+    for (int j = 0; j <= i; j++) m = fmax(m, e[j]);
+    return m;
+}
+
+/* Explain the first position over tol by one or two rounding flips among
+ * the candidates of rows <= i (see above). On success the flips stay in
+ * env->h and err/rest hold the re-run's numbers. */
+static bool explain(tf_env *env, const ref_case *rc, int i, double tol, double *err, double *rest) {
+    hookstate *h = env->h;
+    flip c[MAX_CANDS];
+    int nc = 0;
+    for (int k = 0; k < h->n_cands; k++)
+        if (h->cands[k].row <= i && !flipped_already(h, &h->cands[k])) c[nc++] = h->cands[k];
+    qsort(c, (size_t)nc, sizeof *c, cmp_flip);
+    if (getenv("CUMULO_TEST_VERBOSE"))
+        for (int k = 0; k < nc && k < 12; k++)
+            fprintf(stderr, "    candidate L%d.%s[%d,%lld]%s %.1f ulps\n", c[k].layer, site_name(c[k].site), c[k].row,
+                    (long long)c[k].col, c[k].kind == 1 ? ".d" : c[k].kind == 2 ? ".s" : "", c[k].ulps);
+    if (nc > N_SINGLE) nc = N_SINGLE;
+    const int base = h->n_flips;
+    double e[NPOS], r[NPOS], best = HUGE_VAL;
+    flip bf[2];
+    int bn = 0;
+    for (int pass = 1; pass <= 2 && bn == 0 && base + pass <= MAX_FLIPS; pass++)
+        for (int x = 0; x < nc; x++)
+            for (int y = pass == 1 ? x : x + 1; y < (pass == 1 ? x + 1 : CM_MIN(nc, N_PAIR)); y++) {
+                h->flips[base] = c[x];
+                h->flips[base + 1] = c[y];
+                h->n_flips = base + pass;
+                const bool scan = h->scan;
+                h->scan = false;
+                int rc_ = tf_eval(env, rc, e, r);
+                h->scan = scan;
+                if (rc_ || h->n_applied != base + pass) continue; /* every flip must take */
+                double mx = max_upto(e, i);
+                if (getenv("CUMULO_TEST_VERBOSE") && pass == 1)
+                    fprintf(stderr, "    try L%d.%s[%d,%lld]%s (%.1f ulps): max error up to position %d %.3g\n",
+                            c[x].layer, site_name(c[x].site), c[x].row, (long long)c[x].col, c[x].kind == 1 ? ".d" : c[x].kind == 2 ? ".s" : "",
+                            c[x].ulps, i, mx);
+                if (mx <= tol && mx < best) {
+                    best = mx;
+                    bn = pass;
+                    bf[0] = c[x], bf[1] = c[y];
+                }
+            }
+    h->n_flips = base;
+    if (!bn) return false;
+    for (int k = 0; k < bn; k++) h->flips[h->n_flips++] = bf[k];
+    h->scan = true;
+    tf_eval(env, rc, err, rest); /* again, with the flips and a fresh candidate list */
+    return true;
+}
 
 static void check_model(const ref_model *R, cm_pool *pool) {
     cm_synth_params sp = {.arch = R->arch, .n_embd = R->dim, .n_layer = R->layers, .n_head = R->heads,
@@ -237,7 +528,7 @@ static void check_model(const ref_model *R, cm_pool *pool) {
     memset(&g, 0, sizeof g);
     cm_model m;
     memset(&m, 0, sizeof m);
-    cm_ctx *c = NULL;
+    cm_ctx *c = NULL, *c1 = NULL;
     float *logits = NULL;
     double *p = NULL;
     g_models++;
@@ -249,18 +540,25 @@ static void check_model(const ref_model *R, cm_pool *pool) {
         goto out;
     }
     const int V = m.hp.n_vocab;
-    const double prob_tol = !strcmp(R->type, "f32")                               ? 1e-4
-                            : !strcmp(R->type, "f16") || !strcmp(R->type, "bf16") ? 2e-3
-                                                                                   : 1e-3;
-    const double margin_thr = is_fine(R->type) ? 1e-3 : FLIP_MAX;
+    const double prob_tol = !strcmp(R->type, "f32") ? TOL_F32 : !strcmp(R->type, "f16") ? TOL_F16 : TOL_8BIT;
+    const double margin_thr = is_fine(R->type) ? 1e-3 : MARGIN_8BIT;
+    /* 8-bit activations: every type but F32/F16 (BF16's mantissa has 8 bits) */
+    const bool flip_ok = !is_fine(R->type);
     c = cm_ctx_new(&m, MAXPROMPT, 128, pool, errbuf, sizeof errbuf);
+    c1 = cm_ctx_new(&m, NPOS, 128, NULL, errbuf, sizeof errbuf);
     logits = cm_malloc(sizeof(float) * (size_t)V * NPOS);
     p = cm_malloc(sizeof(double) * (size_t)V);
-    if (!c || !logits || !p) { CHECKF(0, "%s: %s", R->name, errbuf); goto out; }
+    if (!c || !c1 || !logits || !p) { CHECKF(0, "%s: %s", R->name, errbuf); goto out; }
     const double scale = 1 + g_perturb;
-    char greedy_txt[128] = "";
-    double worst = 0, worst_rest = 0, errs[MAXCASES * NPOS];
-    int n_eitherway = 0, n_errs = 0, n_flips = 0;
+    char greedy_txt[128] = "", flips_txt[1024] = "";
+    double worst = 0, worst_rest = 0, all_err[MAXCASES * NPOS];
+    int n_flips = 0, n_flipped_pos = 0, n_err = 0;
+    static hookstate h;
+    memset(&h, 0, sizeof h);
+    h.k = cm_kernels_get();
+    h.max_ulps = !strcmp(R->type, "bf16") ? MAX_ULPS_BF16 : MAX_ULPS;
+    cm_ctx_set_act_hook(c1, act_hook, &h);
+    tf_env env = {.c = c1, .m = &m, .logits = logits, .p = p, .scale = scale, .h = &h};
     for (int ci = 0; ci < R->n_cases; ci++) {
         const ref_case *rc = &R->cases[ci];
         cm_kv kv;
@@ -292,61 +590,54 @@ static void check_model(const ref_model *R, cm_pool *pool) {
         else snprintf(tmp, sizeof tmp, "%s%d/%d", ci ? " " : "", same, rc->n_gen);
         strncat(greedy_txt, tmp, sizeof greedy_txt - strlen(greedy_txt) - 1);
 
-        bool flipped = false;
         /* Teacher-forced: the first NPOS tokens of prompt + llama.cpp's greedy ids, one batch. */
-        int32_t ids[NPOS], pos[NPOS], seq[NPOS];
-        int8_t want[NPOS];
-        for (int i = 0; i < NPOS; i++) {
-            ids[i] = i < rc->n_prompt ? rc->prompt[i] : rc->gen[i - rc->n_prompt];
-            pos[i] = i, seq[i] = 0, want[i] = 1;
-        }
-        cm_kv_truncate(&kv, 0);
-        cm_kv *kvs[1] = {&kv};
-        cm_batch b = {.n = NPOS, .tokens = ids, .pos = pos, .seq = seq, .logits = want};
-        cm_forward_args a = {.layer_first = 0, .layer_last = m.hp.n_layer, .slice = cm_slice_full(&m),
-                             .kvs = kvs, .n_kvs = 1, .out_logits = logits};
-        if (cm_forward(c, &b, &a, errbuf, sizeof errbuf)) {
+        double err[NPOS], rest[NPOS];
+        env.kv = &kv;
+        h.n_flips = 0;
+        h.scan = flip_ok;
+        bool search = flip_ok;
+        if (tf_eval(&env, rc, err, rest)) {
             CHECKF(0, "%s: forward: %s", R->name, errbuf);
         } else {
             for (int i = 0; i < NPOS; i++) {
-                softmax_d(logits + (size_t)i * V, V, scale, p);
-                double re1, re2 = 1e9;
-                double e = dist_err(p, V, &rc->dec[i], prob_tol, &re1);
-                if (rc->has_bat) {
-                    double e2 = dist_err(p, V, &rc->bat[i], prob_tol, &re2);
-                    if (e2 < e) { e = e2; re1 = re2; n_eitherway++; }
+                if (err[i] > prob_tol && search) {
+                    if (explain(&env, rc, i, prob_tol, err, rest)) n_flipped_pos++;
+                    else search = false; /* failed here: later positions are only checked */
                 }
-                worst = fmax(worst, e);
-                if (e > prob_tol && !is_fine(R->type) && !flipped) {
-                    flipped = true; /* a rounding flip: from here on, FLIP_MAX */
-                    n_flips++;
-                }
-                if (!flipped) errs[n_errs++] = e;
-                const double tol = flipped ? FLIP_MAX : prob_tol;
-                CHECKF(e <= tol, "%s case %d position %d: max |p - p_llama.cpp| = %.3g > %g", R->name, ci, i, e,
-                       tol);
-                CHECKF(re1 <= 10 * tol, "%s case %d position %d: mass outside the top %d differs by %.3g", R->name,
-                       ci, i, rc->dec[i].n, re1);
+                CHECKF(err[i] <= prob_tol, "%s case %d position %d: max |p - p_llama.cpp| = %.3g > %g%s", R->name, ci,
+                       i, err[i], prob_tol, flip_ok ? " (no rounding flip explains it)" : "");
+                CHECKF(rest[i] <= 10 * prob_tol, "%s case %d position %d: mass outside the top %d differs by %.3g",
+                       R->name, ci, i, rc->dec[i].n, rest[i]);
                 if (getenv("CUMULO_TEST_VERBOSE"))
-                    fprintf(stderr, "  %s case %d position %d: error %.3g, rest %.3g\n", R->name, ci, i, e, re1);
-                worst_rest = fmax(worst_rest, re1);
+                    fprintf(stderr, "  %s case %d position %d: error %.3g, rest %.3g\n", R->name, ci, i, err[i],
+                            rest[i]);
+                worst = fmax(worst, err[i]);
+                all_err[n_err++] = err[i];
+                worst_rest = fmax(worst_rest, rest[i]);
             }
+            for (int k = 0; k < h.n_flips; k++) {
+                const flip *f = &h.flips[k];
+                snprintf(flips_txt + strlen(flips_txt), sizeof flips_txt - strlen(flips_txt),
+                         " c%d:L%d.%s[%d,%lld]%s@%.1fulp", ci, f->layer,
+                         site_name(f->site), f->row, (long long)f->col, f->kind == 1 ? ".d" : f->kind == 2 ? ".s" : "", f->ulps);
+            }
+            n_flips += h.n_flips;
         }
         cm_kv_release(&kv);
     }
-    qsort(errs, (size_t)n_errs, sizeof *errs, cmp_double);
-    double median = n_errs ? errs[n_errs / 2] : 0;
-    if (n_errs >= 4)
-        CHECKF(median <= prob_tol / 10, "%s: median probability error %.3g > %g", R->name, median, prob_tol / 10);
-    printf("# %-16s greedy %-26s probs: max %.1e median %.1e rest %.1e (bound %.0e)%s%s\n", R->name, greedy_txt,
-           worst, median, worst_rest, prob_tol, n_flips ? (n_flips == 1 ? ", a rounding flip in 1 case" : ", rounding flips in 2+ cases") : "",
-           n_eitherway ? ", batched ref closer somewhere" : "");
-    if (n_errs < 4) printf("#   (a flip at position 0: no unperturbed position; held to %g and greedy)\n", FLIP_MAX);
+    qsort(all_err, (size_t)n_err, sizeof *all_err, cmp_double);
+    const double median = n_err ? all_err[n_err / 2] : 0;
+    if (!strcmp(R->type, "f16"))
+        CHECKF(median <= MEDIAN_F16, "%s: median probability error %.3g > %g", R->name, median, MEDIAN_F16);
+    printf("# %-16s greedy %-26s probs: max %.1e median %.1e rest %.1e (bound %.0e)%s\n", R->name, greedy_txt, worst,
+           median, worst_rest, prob_tol, env.n_eitherway ? ", batched ref closer somewhere" : "");
+    if (n_flips) printf("#   %d position(s) explained by %d rounding flip(s):%s\n", n_flipped_pos, n_flips, flips_txt);
     if (t_cur_failed == bad0) g_models_ok++;
 out:
     cm_free(p);
     cm_free(logits);
     cm_ctx_free(c);
+    cm_ctx_free(c1);
     cm_model_release(&m);
     cm_gguf_close(&g);
     cm_buf_release(&file);
