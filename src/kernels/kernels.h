@@ -27,7 +27,8 @@
  * batch and any row slice [r0, r1). So a request gets the same logits alone,
  * batched with others or after prompt-prefix reuse. An ISA file keeps it by
  * running gemm and vec_dot through one shared tile whose float accumulation
- * order per token does not depend on how many tokens share the pass
+ * order per token does not depend on how many tokens share the pass, or by a
+ * gemm that performs that tile's exact operations on repacked operands
  * (tests/unit/test_kernels_invariant.c). Tables of different ISAs may still
  * differ from each other in the last bits (isa.h).
  */
