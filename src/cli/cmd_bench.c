@@ -66,11 +66,16 @@ static const char k_bench_usage[] =
     "  --cluster          run over cluster nodes (mDNS, or --nodes HOST:PORT,...); power,\n"
     "                     joules/token and the roofline then count this machine only\n"
     "  --nodes LIST       the nodes (implies --cluster); --key-file F, --insecure as for serve\n"
-    "  --parallel pp|tp   with --cluster: pipeline stages (default) or one tensor-parallel group\n";
+    "  --parallel MODE    with --cluster: pp (pipeline stages, default), tp (one tensor-parallel\n"
+    "                     group), hybrid (tensor-parallel groups as stages) or auto\n"
+    "  --groups A,B,...   members per stage, this machine's group first (e.g. 2,2: hybrid)\n"
+    "  --tp-compress      all-reduces travel as 8-bit Q8_0 blocks (off by default); the bytes on\n"
+    "                     the wire per token are printed either way\n";
 
 typedef struct bench_opts {
     const char *model, *isa, *oracle_dir;
-    const char *nodes, *key_file, *parallel; /* --cluster: the engine runs over these nodes */
+    const char *nodes, *key_file, *parallel, *groups; /* --cluster: the engine runs over these nodes */
+    bool tp_compress;
     int threads, n_prompt, n_gen, reps, bw_mib;
     bool json, vs, kv_f16, insecure;
 } bench_opts;
@@ -312,8 +317,14 @@ static int parse(int argc, char **argv, bench_opts *o) {
             if (!v) return cli_fail("option '%s' needs a value", a);
             o->key_file = v, i++;
         } else if (!strcmp(a, "--parallel")) {
-            if (!v || (strcmp(v, "pp") && strcmp(v, "tp"))) return cli_fail("option '--parallel' needs pp or tp");
+            if (!v || (strcmp(v, "pp") && strcmp(v, "tp") && strcmp(v, "hybrid") && strcmp(v, "auto")))
+                return cli_fail("option '--parallel' needs pp, tp, hybrid or auto");
             o->parallel = v, i++;
+        } else if (!strcmp(a, "--groups")) {
+            if (!v) return cli_fail("option '%s' needs a value", a);
+            o->groups = v, i++;
+        } else if (!strcmp(a, "--tp-compress")) {
+            o->tp_compress = true;
         } else if (!strcmp(a, "--insecure")) {
             o->insecure = true;
         } else if (!strcmp(a, "--vs-llamacpp")) {
@@ -357,7 +368,7 @@ int cmd_bench(int argc, char **argv) {
     cm_engine_opts eo = {.n_threads = o.threads, .n_ctx = o.n_prompt + o.n_gen + 8,
                          .n_batch = CM_MIN(o.n_prompt, 256), .kv_f16 = o.kv_f16,
                          .nodes = o.nodes, .key_file = o.key_file, .insecure = o.insecure,
-                         .parallel = o.parallel};
+                         .parallel = o.parallel, .groups = o.groups, .tp_compress = o.tp_compress};
     if (cm_engine_load(&e, o.model, &eo, err, sizeof err)) return cli_fail("%s", err);
     cm_engine_info in;
     cm_engine_get_info(e, &in);
@@ -390,6 +401,16 @@ int cmd_bench(int argc, char **argv) {
                     lruns[r].pp, lruns[r].tg);
         }
     }
+    /* The cluster's traffic from this machine, per token row it evaluated. */
+    uint64_t td = 0, tw = 0, top = 0, trows = 0, hb = 0, hf = 0, hrows = 0;
+    bool have_tp = cm_engine_tp_stats(e, &td, &tw, &top, &trows);
+    bool have_hop = cm_engine_hop_stats(e, &hb, &hf, &hrows);
+    if (have_tp && trows == 0) trows = hrows; /* hybrid: rows counted on the hop */
+    if (have_tp && trows)
+        fprintf(stderr, "bench: all-reduce from this machine: %.0f element bytes, %.0f bytes on the wire per token (%s)\n",
+                (double)td / (double)trows, (double)tw / (double)trows, o.tp_compress ? "Q8_0" : "f32");
+    if (have_hop && hrows)
+        fprintf(stderr, "bench: hidden states to stage 1: %.0f bytes on the wire per token\n", (double)hb / (double)hrows);
     cm_engine_free(e);
     e = NULL;
     double bw_after = measure_bw(o.threads, o.bw_mib, "after");
@@ -438,6 +459,11 @@ int cmd_bench(int argc, char **argv) {
         } else if (o.vs) {
             cJSON_AddStringToObject(j, "llamacpp_skipped", skip);
         }
+        if (have_tp && trows) {
+            cJSON_AddNumberToObject(j, "tp_data_bytes_per_token", round((double)td / (double)trows));
+            cJSON_AddNumberToObject(j, "tp_wire_bytes_per_token", round((double)tw / (double)trows));
+        }
+        if (have_hop && hrows) cJSON_AddNumberToObject(j, "hop_wire_bytes_per_token", round((double)hb / (double)hrows));
         cJSON_AddStringToObject(j, "power", plabel);
         if (jpt > 0) {
             cJSON_AddStringToObject(j, "power_source", en.source ? en.source : "");

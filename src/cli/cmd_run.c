@@ -45,14 +45,19 @@ static const char k_run_usage[] =
     "  --system TEXT          with --chat: a system message before the prompt\n"
 
     "  --json                 print one JSON object: prompt_tokens, tokens, text, timings\n"
+    "  --logprobs N           with --json: each generated token's logprob and the N most likely\n"
+    "                         tokens' (natural log of the model's softmax; N <= 20)\n"
     "\n"
     "Cluster (pipeline: this machine computes the first stage; or tensor parallel):\n"
     "  --cluster              use `cumulo node`s (with --nodes, default auto)\n"
     "  --nodes LIST           auto (mDNS) or host:port,host:port,...\n"
     "  --layers A,B,...       layers per stage, this machine first (default: the planner's)\n"
-    "  --parallel pp|tp       pp (default): a pipeline; tp: one tensor-parallel group of this\n"
-    "                         machine and every node (each computes a slice of every layer)\n"
-    "  --tp-weights W,W,...   tp: relative speed per machine, this one first (slice sizes)\n"
+    "  --parallel MODE        pp (default): a pipeline; tp: one tensor-parallel group of this\n"
+    "                         machine and every node (each computes a slice of every layer);\n"
+    "                         hybrid: tensor-parallel groups as pipeline stages; auto: the planner's best\n"
+    "  --groups A,B,...       members per stage, this machine's group first (e.g. 2,2: hybrid)\n"
+    "  --tp-weights W,W,...   tp/hybrid: relative speed per machine, this one first (slice sizes)\n"
+    "  --tp-compress          all-reduces travel as 8-bit Q8_0 blocks (off by default; not exact)\n"
     "  --insecure             no cluster key (the nodes must run --insecure too)\n"
     "  --key-file FILE        cluster key (default $CUMULO_KEY_FILE or ~/.config/cumulo/cluster.key)\n"
     "  --streams N            run N copies of the request at once (aggregate tokens/s; a benchmark)\n";
@@ -66,6 +71,7 @@ static void on_sigint(int sig) {
 
 typedef struct run_out {
     bool json;
+    cJSON *lp; /* --logprobs: one {id, logprob, top: [[id, logprob], ...]} per token */
     int32_t *ids;
     int n_ids, cap_ids;
     cm_buf text;
@@ -77,6 +83,19 @@ static int on_token(void *user, const cm_token_event *ev) {
     const char *text = ev->text;
     size_t len = ev->len;
     if (id >= 0 && o->n_ids < o->cap_ids) o->ids[o->n_ids++] = id;
+    if (id >= 0 && o->lp && ev->info) {
+        cJSON *t = cJSON_CreateObject();
+        cJSON_AddNumberToObject(t, "id", id);
+        cJSON_AddNumberToObject(t, "logprob", ev->info->logprob);
+        cJSON *top = cJSON_AddArrayToObject(t, "top");
+        for (int i = 0; i < ev->info->n_top; i++) {
+            cJSON *pr = cJSON_CreateArray();
+            cJSON_AddItemToArray(pr, cJSON_CreateNumber(ev->info->top[i].id));
+            cJSON_AddItemToArray(pr, cJSON_CreateNumber(ev->info->top[i].logprob));
+            cJSON_AddItemToArray(top, pr);
+        }
+        cJSON_AddItemToArray(o->lp, t);
+    }
     if (o->json) cm_buf_append(&o->text, text, len);
     else if (len) {
         fwrite(text, 1, len, stdout);
@@ -191,9 +210,10 @@ int cmd_run(int argc, char **argv) {
     const char *model = NULL, *prompt = NULL, *file = NULL, *tmpl = NULL, *system = NULL;
     const char *stops[16];
     int n_stops = 0;
-    long n_predict = 128, ctx = 0, threads = 0, streams = 0;
+    long n_predict = 128, ctx = 0, threads = 0, streams = 0, logprobs = 0;
     bool json = false, no_bos = false, kv_f16 = false, chat = false, cluster = false, insecure = false;
-    const char *nodes = NULL, *layers = NULL, *key_file = NULL, *parallel = NULL, *tp_weights = NULL;
+    bool tp_compress = false;
+    const char *nodes = NULL, *layers = NULL, *key_file = NULL, *parallel = NULL, *tp_weights = NULL, *groups = NULL;
     cm_gen_params gp;
     cm_gen_params_default(&gp);
     for (int i = 1; i < argc; i++) {
@@ -264,10 +284,18 @@ int cmd_run(int argc, char **argv) {
             if (a[2] == 'n') nodes = NEXT();
             else if (a[2] == 'l') layers = NEXT();
             else key_file = NEXT();
-        } else if (!strcmp(a, "--parallel") || !strcmp(a, "--tp-weights")) {
+        } else if (!strcmp(a, "--parallel")) {
+            if (!v || (strcmp(v, "pp") && strcmp(v, "tp") && strcmp(v, "hybrid") && strcmp(v, "auto")))
+                return cli_fail("option '--parallel' needs pp, tp, hybrid or auto");
+            parallel = NEXT();
+        } else if (!strcmp(a, "--tp-weights") || !strcmp(a, "--groups")) {
             if (!v) return cli_fail("option '%s' needs a value", a);
-            if (a[2] == 'p') parallel = NEXT();
-            else tp_weights = NEXT();
+            if (a[2] == 't') tp_weights = NEXT();
+            else groups = NEXT();
+        } else if (!strcmp(a, "--tp-compress")) {
+            tp_compress = true;
+        } else if (!strcmp(a, "--logprobs")) {
+            if (!cli_int(a, NEXT(), 0, CM_SAMPLER_MAX_PROBS, &logprobs)) return 1;
         } else if (!strcmp(a, "--streams")) {
             if (!cli_int(a, NEXT(), 1, 64, &streams)) return 1;
         } else if (a[0] == '-' && a[1]) {
@@ -299,17 +327,19 @@ int cmd_run(int argc, char **argv) {
     char msg[512];
     if (cm_sampler_params_check(&gp.sampling, msg, sizeof msg)) { cm_free(file_text); return cli_fail("%s", msg); }
 
-    if ((nodes || layers || parallel) && !cluster) cluster = true;
+    if ((nodes || layers || parallel || groups) && !cluster) cluster = true;
+    gp.sampling.n_probs = (int32_t)logprobs;
     cm_engine *e = NULL;
     cm_engine_opts eo = {.n_threads = (int)threads, .n_ctx = (int)ctx, .nodes = cluster ? (nodes ? nodes : "auto") : NULL,
                          .insecure = insecure, .key_file = key_file, .layers = layers,
-                         .parallel = parallel, .tp_weights = tp_weights, .n_seq = streams > 8 ? (int)streams : 8, .kv_f16 = kv_f16};
+                         .parallel = parallel, .tp_weights = tp_weights, .groups = groups,
+                         .tp_compress = tp_compress, .n_seq = streams > 8 ? (int)streams : 8, .kv_f16 = kv_f16};
     /* --streams (even 1) reports aggregate numbers instead of the text. */
     if (cli_load_engine_opts(&e, model, &eo)) { cm_free(file_text); return 1; }
     int status = 1;
     cm_session *s = NULL;
     int32_t *ptoks = NULL;
-    run_out out = {.json = json};
+    run_out out = {.json = json, .lp = json && logprobs > 0 ? cJSON_CreateArray() : NULL};
     cm_buf_init(&out.text);
     cm_buf chat_text;
     cm_buf_init(&chat_text);
@@ -371,6 +401,10 @@ int cmd_run(int argc, char **argv) {
         cm_buf_append(&out.text, "", 1);
         cJSON_AddStringToObject(j, "text", out.text.data ? out.text.data : "");
         cJSON_AddStringToObject(j, "finish_reason", cm_finish_name(res.finish));
+        if (out.lp) {
+            cJSON_AddItemToObject(j, "logprobs", out.lp);
+            out.lp = NULL;
+        }
         cJSON *tj = cJSON_AddObjectToObject(j, "timings");
         cJSON_AddNumberToObject(tj, "prompt_n", t.n_prompt);
         cJSON_AddNumberToObject(tj, "prompt_s", t.prompt_s);
@@ -413,6 +447,7 @@ done:
     signal(SIGINT, SIG_DFL);
     g_session = NULL;
     cm_buf_release(&out.text);
+    cJSON_Delete(out.lp);
     cm_buf_release(&chat_text);
     cm_free(out.ids);
     cm_free(ptoks);

@@ -48,8 +48,11 @@ static const char k_serve_usage[] =
     "Cluster (pipeline: this machine computes the first stage; or tensor parallel):\n"
     "  --nodes LIST       auto (mDNS) or host:port,host:port,... of `cumulo node`s\n"
     "  --layers A,B,...   layers per stage, this machine first (default: the planner's)\n"
-    "  --parallel pp|tp   pp (default): a pipeline; tp: one tensor-parallel group of every machine\n"
-    "  --tp-weights W,... tp: relative speed per machine, this one first (slice sizes)\n"
+    "  --parallel MODE    pp (default): a pipeline; tp: one tensor-parallel group of every machine;\n"
+    "                     hybrid: tensor-parallel groups as pipeline stages; auto: the planner's best\n"
+    "  --groups A,B,...   members per stage, this machine's group first (e.g. 2,2: hybrid)\n"
+    "  --tp-weights W,... tp/hybrid: relative speed per machine, this one first (slice sizes)\n"
+    "  --tp-compress      all-reduces travel as 8-bit Q8_0 blocks (off by default; not exact)\n"
     "  --insecure         no cluster key (the nodes must run --insecure too)\n"
     "  --key-file FILE    cluster key (default $CUMULO_KEY_FILE or ~/.config/cumulo/cluster.key)\n";
 
@@ -68,7 +71,8 @@ int cmd_serve(int argc, char **argv) {
     long threads = 0, l;
     long n_batch = 32; /* any value is batch-invariant (kernels.h); larger prefills in fewer passes */
     bool kv_f16 = false, insecure = false;
-    const char *nodes = NULL, *layers = NULL, *key_file = NULL, *parallel = NULL, *tp_weights = NULL;
+    const char *nodes = NULL, *layers = NULL, *key_file = NULL, *parallel = NULL, *tp_weights = NULL, *groups = NULL;
+    bool tp_compress = false;
     double d;
     o.api_key = getenv("CUMULO_API_KEY");
     for (int i = 1; i < argc; i++) {
@@ -105,8 +109,15 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--chat-template")) { NEED(); o.chat_template = NEXT(); }
         else if (!strcmp(a, "--nodes")) { NEED(); nodes = NEXT(); }
         else if (!strcmp(a, "--layers")) { NEED(); layers = NEXT(); }
-        else if (!strcmp(a, "--parallel")) { NEED(); parallel = NEXT(); }
+        else if (!strcmp(a, "--parallel")) {
+            NEED();
+            if (strcmp(v, "pp") && strcmp(v, "tp") && strcmp(v, "hybrid") && strcmp(v, "auto"))
+                return cli_fail("option '--parallel' needs pp, tp, hybrid or auto");
+            parallel = NEXT();
+        }
         else if (!strcmp(a, "--tp-weights")) { NEED(); tp_weights = NEXT(); }
+        else if (!strcmp(a, "--groups")) { NEED(); groups = NEXT(); }
+        else if (!strcmp(a, "--tp-compress")) tp_compress = true;
         else if (!strcmp(a, "--key-file")) { NEED(); key_file = NEXT(); }
         else if (!strcmp(a, "--insecure")) insecure = true;
         else if (a[0] == '-') return cli_fail("unknown option '%s'; see 'cumulo serve --help'", a);
@@ -146,7 +157,7 @@ int cmd_serve(int argc, char **argv) {
     cm_engine *e = NULL;
     cm_engine_opts eo = {.n_threads = (int)threads, .n_ctx = o.n_ctx, .n_batch = (int)n_batch, .kv_f16 = kv_f16,
                          .nodes = nodes, .insecure = insecure, .key_file = key_file, .layers = layers,
-                         .parallel = parallel, .tp_weights = tp_weights, .n_seq = o.n_slots > 0 ? o.n_slots : 4, .log = log_line};
+                         .parallel = parallel, .tp_weights = tp_weights, .groups = groups, .tp_compress = tp_compress, .n_seq = o.n_slots > 0 ? o.n_slots : 4, .log = log_line};
     if (cm_engine_load(&e, model, &eo, err, sizeof err)) {
         cm_http_stop(srv);
         return cli_fail("%s", err);

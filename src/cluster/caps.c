@@ -113,6 +113,16 @@ void cm_node_caps_get(cm_node_caps *c) {
     *c = g_caps;
     uint64_t fr = cm_mem_available_bytes();
     c->mem_free = fr < c->mem_total ? fr : c->mem_total;
+    /* CUMULO_MEM_OFFER (bytes, or with a K/M/G suffix) caps the memory this
+     * machine offers the planner: it keeps the rest for other work, and
+     * tests make a model stop fitting when a node goes. */
+    const char *env = getenv("CUMULO_MEM_OFFER");
+    if (env && *env) {
+        char *end;
+        unsigned long long v = strtoull(env, &end, 10);
+        int shift = *end == 'K' || *end == 'k' ? 10 : *end == 'M' || *end == 'm' ? 20 : *end == 'G' || *end == 'g' ? 30 : 0;
+        if (end != env && v < (1ull << 44) && (v << shift) < c->mem_free) c->mem_free = v << shift;
+    }
 }
 
 void cm_sha256_hex(const uint8_t h[32], char out[65]) {

@@ -121,8 +121,12 @@ typedef struct cm_pipe_opts {
     bool insecure;
     const char *key_file;
     const char *layers;      /* optional: layers per stage, coordinator first ("2,1,2") */
-    const char *parallel;    /* NULL / "pp": pipeline; "tp": one tensor-parallel group of every machine */
-    const char *tp_weights;  /* optional, TP: relative speed per member, this machine first ("1,2,1") */
+    const char *parallel;    /* NULL / "pp": pipeline; "tp": one tensor-parallel group of every machine;
+                              * "hybrid": tensor-parallel groups as pipeline stages; "auto": the best predicted */
+    const char *tp_weights;  /* optional, TP/hybrid: relative speed per member, this machine first ("1,2,1") */
+    const char *groups;      /* optional: members per pipeline stage, this machine's group first ("2,2");
+                              * implies hybrid (or tp for one group, pp for all ones) */
+    bool tp_compress;        /* all-reduce transfers as 8-bit Q8_0 blocks (--tp-compress) */
     int n_ctx;               /* positions per sequence */
     int n_seq_max;           /* concurrent sequences (KV on every node) */
     int max_batch;           /* most tokens per FORWARD */
@@ -168,16 +172,35 @@ int cm_pipe_recv_token(cm_pipe *p, int slot, int32_t *token, float *logprob, cha
 #define CM_PIPE_LOST_MS 2000
 /* Whether the pipe has failed (a node lost or reporting an error). */
 bool cm_pipe_failed(cm_pipe *p);
-/* Re-plan on the surviving nodes under a new epoch: this machine keeps its
- * layers, the survivors share the rest (loading them from their model file
- * or cache, or streamed from here). Every slot's state on the nodes is gone:
- * the caller must SEQ_START again and resend each sequence from position 0.
- * 0 when nothing failed or the pipe recovered; otherwise an error with the
- * reason, and the pipe stays failed with it (CM_EAGAIN: no survivor is left
- * for the layers; else a survivor could not take them). Call only while
- * nothing else uses the pipe (no token awaited). */
+/* Re-plan on the surviving nodes under a new epoch (cm_plan_make): this
+ * machine keeps its layers, the survivors share the rest by speed and
+ * memory, KV counted (loading them from their model file or cache, or
+ * streamed from here); a tensor-parallel group is re-formed instead (see
+ * cm_pipe_tp_recover). Every slot's state on the nodes is gone: the caller
+ * must SEQ_START again and resend each sequence from position 0. 0 when
+ * nothing failed or the pipe recovered; otherwise an error with the reason,
+ * and the pipe stays failed with it (CM_EAGAIN: the survivors cannot hold
+ * the model; else a survivor could not take its part). After a failed
+ * recovery later calls answer at once until cm_pipe_maintain sees nodes
+ * return. Call only while nothing else uses the pipe (no token awaited). */
 int cm_pipe_recover(cm_pipe *p, char *err, size_t errlen);
-/* Bumped by every recovery: a session whose generation differs must resend. */
+/* Idle upkeep: call only while nothing uses the pipe, as often as you like
+ * (it acts at most every CM_PIPE_REJOIN_MS; env CUMULO_REJOIN_MS). Redials
+ * the nodes of the plan that were lost; when some came back it re-plans with
+ * the planner on every reachable node (this machine keeps its layers) and
+ * switches to that plan unless it is predicted more than 10% slower (a
+ * failed pipe switches whenever the plan fits again). Returns 1 when the
+ * plan changed (sessions then resend, as after cm_pipe_recover), 0 when not,
+ * or an error (the pipe is then failed, as after cm_pipe_recover). */
+#define CM_PIPE_REJOIN_MS 5000
+int cm_pipe_maintain(cm_pipe *p, char *err, size_t errlen);
+/* Tensor parallel: a forward pass (all-reduce) failed. Re-forms the group
+ * on the live nodes under a new epoch with the planner's slices (this
+ * machine alone, every slice, when none is left); the caller then takes
+ * cm_pipe_tp_slice again and recomputes every sequence from position 0 with
+ * KV caches of the new slice. Errors as cm_pipe_recover. */
+int cm_pipe_tp_recover(cm_pipe *p, char *err, size_t errlen);
+/* Bumped by every re-plan: a session whose generation differs must resend. */
 int cm_pipe_generation(const cm_pipe *p);
 
 /* Traffic on the hop coordinator -> stage 1 (FORWARD frames only) and the
@@ -192,14 +215,24 @@ void cm_pipe_hop_stats(const cm_pipe *p, uint64_t *bytes, uint64_t *frames, uint
 bool cm_pipe_is_tp(const cm_pipe *p);
 int cm_pipe_tp_size(const cm_pipe *p);
 cm_slice cm_pipe_tp_slice(const cm_pipe *p);
-void *cm_pipe_tp_coll(const cm_pipe *p); /* allreduce_user for cm_forward_args */
-int cm_pipe_tp_allreduce(void *coll, float *x, int64_t n); /* cm_allreduce_fn */
+void *cm_pipe_tp_coll(const cm_pipe *p); /* allreduce_user for cm_forward_args (the pipe) */
+int cm_pipe_tp_allreduce(void *user, float *x, int64_t n); /* cm_allreduce_fn; a failure fails the pipe */
 /* Send n token ids at pos[], sequence slots seq[], to every member. */
 int cm_pipe_tp_send(cm_pipe *p, const int32_t *tokens, const int32_t *pos, const int32_t *seq, int n,
                     char *err, size_t errlen);
 /* This member's all-reduce traffic: element bytes and whole frames sent,
  * operations, and token rows sent to the members. */
 void cm_pipe_tp_stats(const cm_pipe *p, uint64_t *data_sent, uint64_t *wire_sent, uint64_t *ops, uint64_t *rows);
+
+/* ---- hybrid (tensor-parallel groups as pipeline stages) ----
+ * The pipe is a pipeline (cm_pipe_send, cm_pipe_recv_token) whose stage 0 may
+ * be a group: this machine is its rank 0. Before each stage-0 forward pass the
+ * engine sends the token ids to the other stage-0 members (cm_pipe_tp_send)
+ * and passes cm_pipe_tp_allreduce / cm_pipe_tp_coll to cm_forward with
+ * cm_pipe_tp_slice; cm_pipe_tp_size is then > 1. */
+int cm_pipe_stage0_size(const cm_pipe *p); /* members of this machine's group (1: whole layers) */
+/* Top logprobs the last stage sent with the slot's latest token (n <= max). */
+int cm_pipe_last_top(cm_pipe *p, int slot, int32_t *ids, float *logprobs, int max);
 
 /* One machine of the plan as the coordinator knows it (for the dashboard):
  * its stage and layers, its tensor-parallel slice, the facts of its HELLO

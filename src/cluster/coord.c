@@ -108,6 +108,11 @@ static void *rx_main(void *arg) {
             slot *s = &p->slots[t->seq];
             s->token = t->token;
             s->logprob = t->logprob;
+            s->n_top = t->n_top;
+            for (int j = 0; j < t->n_top; j++) {
+                s->top_id[j] = t->top_token[j];
+                s->top_lp[j] = t->top_logprob[j];
+            }
             s->got++;
             pthread_cond_broadcast(&p->cv);
             pthread_mutex_unlock(&p->mu);
@@ -230,11 +235,12 @@ static int make_plan(cm_pipe *p, const cm_pipe_opts *o, cm_plan *plan, cm_plan_m
     po.reorder = true; /* the pipeline's order follows the measured links */
     if (o->parallel && *o->parallel) {
         int mode = cm_parallel_from_name(o->parallel);
-        if (mode != CM_PARALLEL_PP && mode != CM_PARALLEL_TP)
-            return cm_errf(err, errlen, CM_EUNSUPPORTED, "--parallel '%s': a cluster runs pp or tp", o->parallel);
+        if (mode < 0)
+            return cm_errf(err, errlen, CM_EINVAL, "--parallel '%s': expected pp, tp, hybrid or auto", o->parallel);
         po.mode = (enum cm_parallel)mode;
     }
-    if (po.mode == CM_PARALLEL_TP && o->tp_weights && *o->tp_weights) {
+    if (o->groups && *o->groups && !(o->parallel && *o->parallel)) po.mode = CM_PARALLEL_HYBRID;
+    if (po.mode != CM_PARALLEL_PP && o->tp_weights && *o->tp_weights) {
         /* Relative speeds (tests, or known-unequal machines): scale each
          * member's measured compute and memory bandwidth. */
         int i = 0;
@@ -250,6 +256,7 @@ static int make_plan(cm_pipe *p, const cm_pipe_opts *o, cm_plan *plan, cm_plan_m
     }
     if (po.mode == CM_PARALLEL_TP && o->layers && *o->layers)
         return cm_errf(err, errlen, CM_EINVAL, "--layers splits a pipeline; it does not go with --parallel tp");
+    if (o->groups && *o->groups) return cm_coord_plan_groups(p, o, &po, pm, pc, plan, err, errlen);
     if (!o->layers || !*o->layers) return cm_plan_make(pm, pc, &po, plan, err, errlen);
     /* Explicit split: layers per stage, this machine first. */
     int counts[CM_PLAN_MAX_NODES], n = 0, sum = 0;
@@ -284,7 +291,7 @@ static int make_plan(cm_pipe *p, const cm_pipe_opts *o, cm_plan *plan, cm_plan_m
 
 /* What the dashboard shows of each machine: the plan's assignment plus the
  * HELLO facts and measured links gathered while connecting. */
-static void record_members(cm_pipe *p, const cm_plan *plan) {
+void cm_coord_record_members(cm_pipe *p, const cm_plan *plan) {
     cm_node_caps me;
     cm_node_caps_get(&me);
     p->n_members = 0;
@@ -383,7 +390,8 @@ static int send_assign(cm_pipe *p, const cm_plan *plan, int s, char *err, size_t
 
 void cm_coord_start_rx(cm_pipe *p) {
     for (int i = 0; i < p->n_remote; i++)
-        if (!p->r[i].rx_started && !pthread_create(&p->r[i].rx, NULL, rx_main, &p->r[i])) p->r[i].rx_started = true;
+        if (!p->r[i].rx_started && p->r[i].ctl && !pthread_create(&p->r[i].rx, NULL, rx_main, &p->r[i]))
+            p->r[i].rx_started = true; /* (no ctl: lost and closed by a re-plan) */
 }
 
 int cm_pipe_open(cm_pipe **out, const char *model_path, const cm_gguf *g, const cm_model *m, const cm_pipe_opts *o,
@@ -468,21 +476,17 @@ int cm_pipe_open(cm_pipe **out, const char *model_path, const cm_gguf *g, const 
     p->n_stages = plan.n_stages;
     p->local_last = plan.stages[0].last_layer;
     for (int s = 1; s < plan.n_stages; s++) p->stage_remote[s] = plan.stages[s].members[0].node - 1;
-    record_members(p, &plan);
+    cm_coord_record_members(p, &plan);
     cm_coord_log(p, "%s", p->plan_text);
-    if (plan.n_stages == 1 && plan.stages[0].n_members > 1) {
-        rc = cm_coord_tp_open(p, &plan, err, errlen);
-        if (rc) goto fail;
-        *local_last = m->hp.n_layer;
-        *out = p;
-        return 0;
-    }
-    if (plan.n_stages > 1 && plan.mode != CM_PARALLEL_PP) {
-        /* NEEDSWORK: hybrid plans (TP groups as pipeline stages). */
-        rc = cm_errf(err, errlen, CM_EUNSUPPORTED, "the plan has %d tensor-parallel stages; only one group of every machine runs yet",
-                     plan.n_stages);
-        goto fail;
-    }
+    p->tp_compress = o->tp_compress;
+    for (int s = 0; s < plan.n_stages; s++)
+        if (plan.stages[s].n_members > 1) { /* TP, or hybrid: coord_tp.c */
+            rc = cm_coord_tp_open(p, &plan, err, errlen);
+            if (rc) goto fail;
+            *local_last = p->local_last;
+            *out = p;
+            return 0;
+        }
     if (plan.n_stages == 1) { /* everything fits best here: no cluster needed */
         *local_last = m->hp.n_layer;
         cm_pipe_close(p);
@@ -550,6 +554,7 @@ void cm_pipe_close(cm_pipe *p) {
     pthread_mutex_destroy(&p->mu);
     pthread_cond_destroy(&p->cv);
     cm_free(p->slots);
+    cm_free(p->tp_plan);
     cm_free(p);
 }
 
@@ -578,10 +583,15 @@ int cm_coord_send_data(cm_pipe *p, const cm_msg *m, char *err, size_t errlen) {
     if (fatal) return fatal;
     if (p->tp) { /* every member gets every sequence message */
         for (int i = 0; i < p->n_remote; i++) {
+            if (!p->r[i].ctl) continue; /* lost, not in the re-formed group */
             int rc = cm_conn_send(p->r[i].ctl, m, p->timeout_ms, err, errlen);
             if (rc) { cm_coord_fatal(p, rc, "node %s: %s", p->r[i].addr, err); return rc; }
         }
         return 0;
+    }
+    if (p->grouped && m->type == CM_MSG_SEQ_FREE) { /* hybrid: stage 0's members hold the sequence too */
+        int rc = cm_coord_send_group0(p, m, err, errlen);
+        if (rc) return rc;
     }
     int rc = cm_conn_send(p->data, m, p->timeout_ms, err, errlen);
     if (rc) cm_coord_fatal(p, rc, "stage 1: %s", err);
@@ -681,3 +691,7 @@ void cm_pipe_hop_stats(const cm_pipe *p, uint64_t *bytes, uint64_t *frames, uint
     *rows = p->rows_sent;
 }
 
+
+/* For coord_recover.c: the planner's view of every known node (index i + 1
+ * is r[i]). */
+void cm_coord_make_cluster(cm_pipe *p, cm_plan_cluster *c) { make_cluster(p, c); }

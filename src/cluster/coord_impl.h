@@ -28,6 +28,7 @@ typedef struct remote {
     atomic_bool loading;     /* ASSIGN sent, READY not yet: loading may outlast the heartbeat bound, and
                               * the node's control thread expects only WEIGHTS_CHUNKs: no heartbeats */
     atomic_bool lost;        /* declared lost: its rx thread has ended */
+    bool seen_back;          /* coord_recover.c: lost, answered one rejoin check */
     _Atomic uint64_t last_rx_ns;
     uint64_t last_hb_ns;     /* rx thread only */
     int ready_status;
@@ -42,6 +43,9 @@ typedef struct slot {
     uint64_t asked, got; /* samples requested / tokens received */
     int32_t token;
     float logprob;
+    int n_top;                       /* top logprobs of the latest TOKEN */
+    int32_t top_id[CM_MSG_MAX_TOP];
+    float top_lp[CM_MSG_MAX_TOP];
 } slot;
 
 struct cm_pipe {
@@ -70,7 +74,11 @@ struct cm_pipe {
     int n_stages, local_last;
     uint64_t rows_sent;
     bool tp;                           /* one TP group: this machine is rank 0 */
-    int tp_size;
+    bool grouped;                      /* some stage is a TP group (tp, or hybrid) */
+    bool tp_compress;                  /* Q8_0 all-reduce transfers in every group */
+    int tp_size;                       /* members of this machine's group (stage 0) */
+    int s0_remote[CM_COLL_MAX_MEMBERS]; /* stage-0 rank r (>= 1) is r[s0_remote[r]] */
+    cm_plan *tp_plan;                  /* grouped plans: the plan running now (owned; re-planning starts from it) */
     cm_slice tp_slice;
     cm_conn *tp_conn[CM_COLL_MAX_MEMBERS]; /* to each node's rank (owned) */
     cm_coll *coll;
@@ -81,6 +89,9 @@ struct cm_pipe {
     char plan_text[8192];
     int n_members;
     cm_pipe_member_info members[CM_PLAN_MAX_NODES * 2];
+    uint64_t next_rejoin_ns; /* coord_recover.c: next redial of lost nodes (cm_pipe_maintain) */
+    bool gave_up;            /* coord_recover.c: recovery failed; only returning nodes retry it */
+    char cause[300];         /* coord_recover.c: the failure that started it */
 };
 
 /* A line into the caller's log callback (the plan, failures, re-plans). */
@@ -96,6 +107,11 @@ int cm_coord_assign_stage(cm_pipe *p, int s, int n_st, const int *rid, const int
 /* Send a sequence message down the data path (every TP member, or stage 1);
  * caller holds send_mu. A failure marks the pipe failed. */
 int cm_coord_send_data(cm_pipe *p, const cm_msg *m, char *err, size_t errlen);
+/* The planner's view of this machine (node 0) and every known node (node
+ * i + 1 is r[i], lost or not), and the dashboard's record of a plan in
+ * those indices (coord.c, for coord_recover.c). */
+void cm_coord_make_cluster(cm_pipe *p, cm_plan_cluster *c);
+void cm_coord_record_members(cm_pipe *p, const cm_plan *plan);
 /* Ask every node to measure its links to the other nodes (coord_links.c;
  * before the receiver threads start). Never fails: a link not measured
  * falls back to an estimate, and the plan text says which. */
@@ -105,7 +121,18 @@ void cm_coord_measure_links(cm_pipe *p);
 int cm_coord_link(const cm_pipe *p, int a, int b, double *rtt, double *bw);
 /* The links the planner used, as a matrix (appended to the plan text). */
 void cm_coord_links_text(const cm_pipe *p, char *buf, size_t n);
-/* Open one TP group of every machine, this machine rank 0. */
+/* Open a plan with tensor-parallel groups (one group of every machine, or
+ * hybrid: groups as pipeline stages), this machine rank 0 of stage 0. */
 int cm_coord_tp_open(cm_pipe *p, const cm_plan *plan, char *err, size_t errlen);
+/* The plan of --groups "2,2" (members per stage, this machine's group first;
+ * --layers may split the layers between the groups). */
+int cm_coord_plan_groups(cm_pipe *p, const cm_pipe_opts *o, const cm_plan_opts *po, const cm_plan_model *pm,
+                         const cm_plan_cluster *pc, cm_plan *plan, char *err, size_t errlen);
+/* Re-plan a plan with tensor-parallel groups after a loss (called by
+ * cm_pipe_recover); CM_EAGAIN when it cannot. */
+int cm_coord_tp_recover(cm_pipe *p, char *err, size_t errlen);
+/* Send a sequence message to the other members of this machine's group (on
+ * their control connections); caller holds send_mu. */
+int cm_coord_send_group0(cm_pipe *p, const cm_msg *m, char *err, size_t errlen);
 
 #endif

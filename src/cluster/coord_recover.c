@@ -1,12 +1,18 @@
 /*
- * coord_recover.c: what the coordinator does when a node is lost (issue 7).
- * cm_pipe_recover re-plans on the survivors under a new epoch (nodes drop
- * traffic of any other epoch, so a stale node cannot act on the old plan),
- * waits for their READY and redials stage 1; the engine then recomputes its
- * sequences into the new stages. It must never leave the pipe half-switched:
- * on failure the pipe stays failed with the reason.
+ * coord_recover.c: what the coordinator does when the set of nodes changes
+ * (issue 7). cm_pipe_recover re-plans on the survivors after a loss;
+ * cm_pipe_maintain, called while idle, redials lost nodes of the --nodes
+ * list and moves to a plan that uses them. Both plan with the real planner
+ * (cm_plan_make: speed, links, memory with KV counted) under a new epoch
+ * (nodes drop traffic of any other epoch, so a stale node cannot act on the
+ * old plan), keeping this machine's layers [0, local_last) because the
+ * engine's stage-0 caches rely on them; they wait for READY and redial stage
+ * 1; the engine then recomputes its sequences into the new stages. It must
+ * never leave the pipe half-switched: on failure the pipe stays failed with
+ * the reason.
  */
 #include "cluster/coord_impl.h"
+#include "sched/simulate.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,64 +27,151 @@ bool cm_pipe_failed(cm_pipe *p) {
 
 int cm_pipe_generation(const cm_pipe *p) { return p->generation; }
 
-/* One re-plan attempt: this machine keeps layers [0, local_last) (the
- * engine's stage-0 caches stay valid); the surviving nodes, in their old
- * stage order, share the rest evenly. */
-static int recover_once(cm_pipe *p, char *err, size_t errlen) {
-    int n_layer = p->m->hp.n_layer;
-    /* Lost nodes: their rx threads have ended (or end within the bound). */
+static bool alive(const remote *r) { return r->ctl && r->rx_started && !atomic_load(&r->lost); }
+
+/* Join the receiver threads of lost nodes (they end within the bound) and
+ * close their connections: a node is then either alive or closed. */
+static void reap_lost(cm_pipe *p) {
     for (int i = 0; i < p->n_remote; i++) {
         remote *r = &p->r[i];
-        if (atomic_load(&r->lost) && r->rx_started) {
-            pthread_join(r->rx, NULL);
-            r->rx_started = false;
-            cm_conn_close(r->ctl, NULL);
-            r->ctl = NULL;
-        }
+        if (!atomic_load(&r->lost) || !r->ctl) continue;
+        if (r->rx_started) pthread_join(r->rx, NULL);
+        r->rx_started = false;
+        cm_conn_close(r->ctl, NULL);
+        r->ctl = NULL;
     }
-    int rid[CM_PLAN_MAX_NODES], lb[CM_PLAN_MAX_NODES], le[CM_PLAN_MAX_NODES], n_st = 1;
+}
+
+/* Score of a plan as the planner ranks them (aggregate speed when several
+ * sequences share the pipeline). */
+static double score_of(const cm_plan *pl, int n_seq) { return n_seq > 1 ? pl->tok_s_aggregate : pl->tok_s; }
+
+/* Layers [first, last) of stage s as recorded for the dashboard. */
+static void stage_range(const cm_pipe *p, int s, int *first, int *last) {
+    *first = *last = 0;
+    for (int i = 0; i < p->n_members; i++)
+        if (p->members[i].stage == s) {
+            *first = p->members[i].first_layer;
+            *last = p->members[i].last_layer;
+            return;
+        }
+}
+
+typedef struct replan_ctx {
+    cm_plan_model pm;
+    cm_plan_cluster full, sub;
+    cm_plan cand, cur;
+    int map[CM_PLAN_MAX_NODES]; /* sub-cluster node k (>= 1) is r[map[k]] */
+} replan_ctx;
+
+/* The planner's view of this machine plus the live nodes (the old stage
+ * order first, then idle ones), and the best plan on it with this machine's
+ * layers pinned. Fills x->cand (sub-cluster indices) and x->cur (the running
+ * assignment, predicted on the same view). */
+static int plan_survivors(cm_pipe *p, replan_ctx *x, char *err, size_t errlen) {
+    char e[600];
+    int rc = cm_plan_model_from_gguf(p->g, &x->pm, e, sizeof e);
+    if (rc) return cm_errf(err, errlen, rc, "re-plan: %s", e);
+    cm_coord_make_cluster(p, &x->full);
+    int n = 1;
     bool used[CM_PLAN_MAX_NODES] = {false};
+    x->map[0] = -1;
     for (int s = 1; s < p->n_stages; s++) {
         int i = p->stage_remote[s];
         used[i] = true;
-        if (p->r[i].ctl && !atomic_load(&p->r[i].lost)) rid[n_st++] = i;
+        if (alive(&p->r[i])) x->map[n++] = i;
     }
-    for (int i = 0; i < p->n_remote; i++) /* idle nodes we know join too */
-        if (!used[i] && p->r[i].ctl && p->r[i].rx_started && !atomic_load(&p->r[i].lost)) rid[n_st++] = i;
-    int rest = n_layer - p->local_last;
-    if (n_st == 1)
-        return cm_errf(err, errlen, CM_EAGAIN,
-                       "no node is left to run layers [%d, %d): the model does not fit on the survivors", p->local_last,
-                       n_layer);
-    if (n_st - 1 > rest) n_st = rest + 1;
-    lb[0] = 0;
-    le[0] = p->local_last;
-    for (int s = 1, at = p->local_last; s < n_st; s++) {
-        int k = rest / (n_st - 1) + (s - 1 < rest % (n_st - 1) ? 1 : 0);
-        lb[s] = at;
-        le[s] = at + k;
-        at += k;
+    for (int i = 0; i < p->n_remote; i++)
+        if (!used[i] && alive(&p->r[i])) x->map[n++] = i;
+    int n_layer = p->m->hp.n_layer;
+    if (n == 1)
+        return cm_errf(err, errlen, CM_EAGAIN, "no node is left to run layers [%d, %d): the model does not fit on the survivors",
+                       p->local_last, n_layer);
+    memset(&x->sub, 0, sizeof x->sub);
+    x->sub.n_nodes = n;
+    for (int a = 0; a < n; a++) {
+        int fa = a ? x->map[a] + 1 : 0;
+        x->sub.nodes[a] = x->full.nodes[fa];
+        for (int b = 0; b < n; b++) {
+            int fb = b ? x->map[b] + 1 : 0;
+            x->sub.rtt_s[a][b] = x->full.rtt_s[fa][fb];
+            x->sub.bw[a][b] = x->full.bw[fa][fb];
+        }
     }
+    cm_plan_opts po;
+    cm_plan_opts_default(&po);
+    po.ctx = p->n_ctx;
+    po.n_seq = p->n_seq;
+    po.mode = CM_PARALLEL_PP;
+    po.first_stage_layers = p->local_last;
+    po.reorder = true; /* as cm_pipe_open: the order follows the measured links */
+    rc = cm_plan_make(&x->pm, &x->sub, &po, &x->cand, e, sizeof e);
+    if (rc)
+        return cm_errf(err, errlen, CM_EAGAIN, "the model no longer fits on this machine and the %d surviving node%s: %s",
+                       n - 1, n == 2 ? "" : "s", e);
+    /* The running assignment on the same view (only meaningful when every
+     * one of its stages is alive; cur.n_stages = 0 otherwise). */
+    memset(&x->cur, 0, sizeof x->cur);
+    int k = 1;
+    bool whole = true;
+    for (int s = 1; s < p->n_stages; s++, k++)
+        if (k >= n || x->map[k] != p->stage_remote[s]) whole = false;
+    if (whole && !p->fatal) {
+        x->cur.n_stages = p->n_stages;
+        x->cur.mode = CM_PARALLEL_PP;
+        for (int s = 0; s < p->n_stages; s++) {
+            cm_plan_stage *st = &x->cur.stages[s];
+            st->n_members = 1;
+            st->members[0] = (cm_plan_member){.node = s, .kv_head_end = x->pm.n_kv_heads, .ffn_end = x->pm.ffn,
+                                              .embed = s == 0, .head = s == p->n_stages - 1};
+            stage_range(p, s, &st->first_layer, &st->last_layer);
+        }
+        cm_plan_predict(&x->pm, &x->sub, &po, &x->cur);
+    }
+    return 0;
+}
+
+/* Switch to x->cand: new epoch, ASSIGN every stage, wait for READY, redial
+ * stage 1, record the plan, bump the generation. */
+static int apply_plan(cm_pipe *p, replan_ctx *x, const char *why, char *err, size_t errlen) {
+    const cm_plan *pl = &x->cand;
+    int n_st = pl->n_stages;
+    int rid[CM_PLAN_MAX_NODES], lb[CM_PLAN_MAX_NODES], le[CM_PLAN_MAX_NODES];
+    for (int s = 0; s < n_st; s++) {
+        int k = pl->stages[s].members[0].node;
+        rid[s] = k ? x->map[k] : -1;
+        lb[s] = pl->stages[s].first_layer;
+        le[s] = pl->stages[s].last_layer;
+    }
+    if (pl->stages[0].members[0].node != 0 || le[0] != p->local_last || n_st < 2)
+        return cm_errf(err, errlen, CM_EINVAL, "re-plan: the plan does not keep this machine's layers [0, %d)", p->local_last);
     uint64_t ep = cm_wall_ms();
     if (ep <= atomic_load(&p->epoch)) ep = atomic_load(&p->epoch) + 1;
     atomic_store(&p->epoch, ep);
+    pthread_mutex_lock(&p->send_mu);
     if (p->data) {
         cm_conn_close(p->data, NULL);
         p->data = NULL;
     }
+    pthread_mutex_unlock(&p->send_mu);
     pthread_mutex_lock(&p->mu);
     p->fatal = 0;
     p->fatal_text[0] = 0;
     for (int i = 0; i < p->n_seq; i++) p->slots[i].asked = p->slots[i].got = 0;
     pthread_mutex_unlock(&p->mu);
-    char line[600];
-    int o = snprintf(line, sizeof line, "re-plan (epoch %llu): here [0, %d)", (unsigned long long)ep, p->local_last);
+    char line[900];
+    int o = snprintf(line, sizeof line, "re-plan (epoch %llu, %s): here [0, %d)", (unsigned long long)ep, why, p->local_last);
     for (int s = 1; s < n_st && o < (int)sizeof line; s++)
         o += snprintf(line + o, sizeof line - (size_t)o, ", %s [%d, %d)", p->r[rid[s]].addr, lb[s], le[s]);
+    if (o < (int)sizeof line)
+        snprintf(line + o, sizeof line - (size_t)o, "; predicted %.1f tok/s (%.1f aggregate)", pl->tok_s, pl->tok_s_aggregate);
     cm_coord_log(p, "%s", line);
     for (int s = 1; s < n_st; s++) {
         int rc = cm_coord_assign_stage(p, s, n_st, rid, lb, le, err, errlen);
-        if (rc) return rc;
+        if (rc) {
+            cm_coord_fatal(p, rc, "re-plan: %s", err);
+            return rc;
+        }
     }
     uint64_t deadline = cm_now_ns() + 120ull * 1000000000ull;
     int rc = 0;
@@ -94,7 +187,7 @@ static int recover_once(cm_pipe *p, char *err, size_t errlen) {
         }
         if (p->fatal && !rc) rc = cm_errf(err, errlen, p->fatal, "%s", p->fatal_text);
         if (rc || !waiting) break;
-        if (cm_now_ns() > deadline) { rc = cm_errf(err, errlen, CM_ETIMEDOUT, "survivors were not ready within 120 s"); break; }
+        if (cm_now_ns() > deadline) { rc = cm_errf(err, errlen, CM_ETIMEDOUT, "nodes were not ready within 120 s"); break; }
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         ts.tv_nsec += 50000000;
@@ -102,52 +195,280 @@ static int recover_once(cm_pipe *p, char *err, size_t errlen) {
         pthread_cond_timedwait(&p->cv, &p->mu, &ts);
     }
     pthread_mutex_unlock(&p->mu);
-    if (rc) return rc;
-    char e[400];
     cm_msg_hello peer;
     cm_conn *d = NULL;
-    rc = cm_cluster_dial(p->r[rid[1]].addr, &p->cfg, &p->hello, &d, &peer, e, sizeof e);
-    if (rc) return cm_errf(err, errlen, rc, "stage 1 at %s: %s", p->r[rid[1]].addr, e);
+    if (!rc) {
+        char e[400];
+        rc = cm_cluster_dial(p->r[rid[1]].addr, &p->cfg, &p->hello, &d, &peer, e, sizeof e);
+        if (rc) cm_errf(err, errlen, rc, "stage 1 at %s: %s", p->r[rid[1]].addr, e);
+    }
+    if (rc) { /* half-assigned: stay failed until the next attempt */
+        cm_coord_fatal(p, rc, "re-plan: %s", err);
+        return rc;
+    }
     pthread_mutex_lock(&p->send_mu);
     p->data = d;
     pthread_mutex_unlock(&p->send_mu);
     p->n_stages = n_st;
     for (int s = 1; s < n_st; s++) p->stage_remote[s] = rid[s];
+    /* The dashboard's record and the plan text, in the full node indices. */
+    cm_plan *fp = &x->cur; /* reused: cur is no longer needed */
+    *fp = *pl;
+    for (int s = 0; s < n_st; s++) {
+        int k = fp->stages[s].members[0].node;
+        fp->stages[s].members[0].node = k ? x->map[k] + 1 : 0;
+    }
+    cm_coord_record_members(p, fp);
+    cm_plan_format(fp, &x->pm, &x->full, p->plan_text, sizeof p->plan_text);
     p->generation++;
     return 0;
 }
 
+/* One re-plan after a loss. */
+static int recover_once(cm_pipe *p, char *err, size_t errlen) {
+    if (p->grouped) return cm_coord_tp_recover(p, err, errlen); /* hybrid: tensor-parallel groups as stages (coord_tp.c) */
+    reap_lost(p);
+    replan_ctx *x = cm_calloc(1, sizeof *x);
+    if (!x) return cm_errf(err, errlen, CM_ENOMEM, "out of memory");
+    pthread_mutex_lock(&p->mu);
+    p->fatal = CM_EIO; /* plan_survivors must not take the broken plan for a running one */
+    pthread_mutex_unlock(&p->mu);
+    int rc = plan_survivors(p, x, err, errlen);
+    if (!rc) rc = apply_plan(p, x, "recovery", err, errlen);
+    cm_free(x);
+    return rc;
+}
+
+/* One re-formation of a tensor-parallel group on the survivors: leave the
+ * old group (closing our rank links wakes members blocked in an all-reduce
+ * with us), plan a TP group of this machine and every live node (KV heads
+ * and FFN rows by speed; memory checked), and open it under a new epoch. With
+ * no node left this machine computes every slice itself (it maps the whole
+ * model anyway). */
+static int tp_recover_once(cm_pipe *p, char *err, size_t errlen) {
+    cm_coll_free(p->coll);
+    p->coll = NULL;
+    cm_coll_mesh_close(p->tp_conn, CM_COLL_MAX_MEMBERS);
+    reap_lost(p);
+    replan_ctx *x = cm_calloc(1, sizeof *x);
+    if (!x) return cm_errf(err, errlen, CM_ENOMEM, "out of memory");
+    char e[600];
+    int rc = cm_plan_model_from_gguf(p->g, &x->pm, e, sizeof e);
+    if (rc) { cm_free(x); return cm_errf(err, errlen, rc, "re-plan: %s", e); }
+    cm_coord_make_cluster(p, &x->full);
+    int n = 1;
+    x->map[0] = -1;
+    for (int i = 0; i < p->n_remote; i++)
+        if (alive(&p->r[i])) x->map[n++] = i;
+    memset(&x->sub, 0, sizeof x->sub);
+    x->sub.n_nodes = n;
+    for (int a = 0; a < n; a++) {
+        int fa = a ? x->map[a] + 1 : 0;
+        x->sub.nodes[a] = x->full.nodes[fa];
+        for (int b = 0; b < n; b++) {
+            int fb = b ? x->map[b] + 1 : 0;
+            x->sub.rtt_s[a][b] = x->full.rtt_s[fa][fb];
+            x->sub.bw[a][b] = x->full.bw[fa][fb];
+        }
+    }
+    cm_plan_opts po;
+    cm_plan_opts_default(&po);
+    po.ctx = p->n_ctx;
+    po.n_seq = p->n_seq;
+    po.mode = CM_PARALLEL_TP;
+    rc = cm_plan_make(&x->pm, &x->sub, &po, &x->cand, e, sizeof e);
+    if (rc) {
+        cm_free(x);
+        return cm_errf(err, errlen, CM_EAGAIN, "the model no longer fits on this machine and the %d surviving node%s: %s",
+                       n - 1, n == 2 ? "" : "s", e);
+    }
+    cm_plan *fp = &x->cur; /* the plan in the full node indices */
+    *fp = x->cand;
+    cm_plan_stage *st = &fp->stages[0];
+    for (int k = 0; k < st->n_members; k++) {
+        int j = st->members[k].node;
+        st->members[k].node = j ? x->map[j] + 1 : 0;
+        if (j) p->r[x->map[j]].ready = false;
+    }
+    uint64_t ep = cm_wall_ms();
+    if (ep <= atomic_load(&p->epoch)) ep = atomic_load(&p->epoch) + 1;
+    atomic_store(&p->epoch, ep);
+    pthread_mutex_lock(&p->mu);
+    p->fatal = 0;
+    p->fatal_text[0] = 0;
+    for (int i = 0; i < p->n_seq; i++) p->slots[i].asked = p->slots[i].got = 0;
+    pthread_mutex_unlock(&p->mu);
+    cm_coord_log(p, "re-plan (epoch %llu, recovery): tensor-parallel group of %d (this machine and %d node%s)",
+                 (unsigned long long)ep, st->n_members, st->n_members - 1, st->n_members == 2 ? "" : "s");
+    if (st->n_members > 1 && st->members[0].node == 0) {
+        rc = cm_coord_tp_open(p, fp, err, errlen);
+    } else if (st->n_members == 1 && st->members[0].node == 0) {
+        p->tp_size = 1; /* every slice here: no all-reduce */
+        p->tp_slice = (cm_slice){0, p->m->hp.n_head_kv, 0, p->m->hp.n_ff};
+        cm_coord_log(p, "tensor parallel: this machine alone now, every KV head and FFN row");
+    } else {
+        rc = cm_errf(err, errlen, CM_EINVAL, "re-plan: the group does not start on this machine");
+    }
+    if (!rc) {
+        cm_coord_record_members(p, fp);
+        cm_plan_format(fp, &x->pm, &x->full, p->plan_text, sizeof p->plan_text);
+        p->generation++;
+    } else {
+        cm_coord_fatal(p, rc, "re-plan: %s", err);
+    }
+    cm_free(x);
+    return rc;
+}
+
+int cm_pipe_tp_recover(cm_pipe *p, char *err, size_t errlen) {
+    if (!p->tp) return cm_errf(err, errlen, CM_EINVAL, "not a tensor-parallel group");
+    /* An all-reduce may fail before the receiver threads declare the node
+     * lost: the group is broken either way. */
+    if (!cm_pipe_failed(p)) cm_coord_fatal(p, CM_EIO, "an all-reduce of the tensor-parallel group failed");
+    return cm_pipe_recover(p, err, errlen);
+}
+
 int cm_pipe_recover(cm_pipe *p, char *err, size_t errlen) {
     if (!cm_pipe_failed(p)) return 0;
+    if (p->gave_up) { /* nothing changed since: the same answer, at once */
+        pthread_mutex_lock(&p->mu);
+        int rc = cm_errf(err, errlen, p->fatal, "%s", p->fatal_text);
+        pthread_mutex_unlock(&p->mu);
+        return rc;
+    }
     /* A stage that reports its neighbour's failure may speak first: give
      * closed connections a moment to show as lost. */
     cm_sleep_ms(200);
-    char why[600];
+    char why[300];
     pthread_mutex_lock(&p->mu);
-    snprintf(why, sizeof why, "%s", p->fatal_text);
+    snprintf(why, sizeof why, "%.299s", p->cause[0] ? p->cause : p->fatal_text);
     pthread_mutex_unlock(&p->mu);
     cm_coord_log(p, "failure: %s; re-planning on the survivors", why);
     int rc = 0;
     /* Test hook (tests/sh/cluster_failover.sh shows it fails without recovery). */
     if (getenv("CUMULO_TEST_NO_RECOVER")) rc = cm_errf(err, errlen, CM_EAGAIN, "recovery disabled");
     for (int attempt = 0; attempt < 3 && !rc; attempt++) {
-        rc = recover_once(p, err, errlen);
+        rc = p->tp ? tp_recover_once(p, err, errlen) : recover_once(p, err, errlen);
         if (!rc) {
-            cm_coord_log(p, "recovered: %d stages, epoch %llu", p->n_stages, (unsigned long long)atomic_load(&p->epoch));
+            p->cause[0] = 0;
+            if (p->tp) cm_coord_log(p, "recovered: tensor-parallel group of %d, epoch %llu", p->tp_size,
+                                    (unsigned long long)atomic_load(&p->epoch));
+            else cm_coord_log(p, "recovered: %d stages, epoch %llu", p->n_stages, (unsigned long long)atomic_load(&p->epoch));
             return 0;
         }
         if (rc == CM_EAGAIN) break;
         cm_coord_log(p, "re-plan failed: %s", err);
+        rc = 0;
     }
-    /* Stay failed with the reason (CM_EAGAIN when no survivor can take the
-     * layers: serve answers new requests 503): every later request gets it. */
-    char e2[400];
+    /* Stay failed with the reason (CM_EAGAIN when the survivors cannot hold
+     * the model: serve answers new requests 503): every later request gets
+     * it, until cm_pipe_maintain finds nodes back. */
+    char e2[600];
     snprintf(e2, sizeof e2, "%s", err);
     pthread_mutex_lock(&p->mu);
-    p->fatal = rc < 0 ? rc : CM_EIO;
-    snprintf(p->fatal_text, sizeof p->fatal_text, "%.250s; the cluster cannot continue: %.250s", why, e2);
+    p->fatal = rc == CM_EAGAIN ? CM_EAGAIN : CM_EIO;
+    p->gave_up = true;
+    memcpy(p->cause, why, sizeof p->cause);
+    /* The reason first: HTTP error bodies keep only the first 255 bytes. */
+    snprintf(p->fatal_text, sizeof p->fatal_text, "the cluster cannot continue: %.330s (after: %.230s)", e2, why);
     pthread_cond_broadcast(&p->cv);
     cm_errf(err, errlen, p->fatal, "%s", p->fatal_text);
     pthread_mutex_unlock(&p->mu);
+    return p->fatal;
+}
+
+/* Redial the nodes we lost; returns how many came back. */
+static int redial_lost(cm_pipe *p) {
+    int back = 0;
+    for (int i = 0; i < p->n_remote; i++) {
+        remote *r = &p->r[i];
+        if (r->ctl) continue;
+        char e[400], host[256];
+        uint16_t port;
+        cm_msg_hello h;
+        cm_conn *c = NULL;
+        double rtt = 0, bw = 0;
+        /* The caller is idle but new requests may be waiting behind it: a
+         * quick TCP check first (a machine that is off costs 300 ms), then a
+         * handshake bounded at 1 s (a frozen process accepts TCP but never
+         * answers). */
+        if (cm_net_parse_addr(r->addr, CM_NET_DEFAULT_PORT, host, sizeof host, &port, e, sizeof e)) continue;
+        if (cm_net_connect(host, port, 300, &c, e, sizeof e)) continue;
+        cm_net_cfg cfg = p->cfg;
+        cfg.handshake_ms = 1000;
+        int rc = cm_conn_handshake(c, true, &cfg, &p->hello, &h, e, sizeof e);
+        if (!rc && !r->seen_back) {
+            /* Back once: taken at the next check if it still answers (a
+             * flapping node is not re-planned for at every blink, and one
+             * just woken from SIGSTOP settles before its link is measured). */
+            r->seen_back = true;
+            cm_conn_close(c, NULL);
+            continue;
+        }
+        /* Two measurements, best of each: one busy moment of a loaded
+         * machine would otherwise price its link far too high. */
+        double rtt2 = 0, bw2 = 0;
+        if (!rc) rc = cm_cluster_measure(c, 1 << 16, &rtt, &bw, e, sizeof e);
+        if (!rc) rc = cm_cluster_measure(c, 1 << 16, &rtt2, &bw2, e, sizeof e);
+        if (rc) {
+            r->seen_back = false;
+            if (c) cm_conn_close(c, NULL);
+            continue;
+        }
+        if (rtt2 < rtt) rtt = rtt2;
+        if (bw2 > bw) bw = bw2;
+        r->seen_back = false;
+        r->ctl = c;
+        r->hello = h;
+        r->rtt = rtt;
+        r->bw = bw;
+        r->ready = false;
+        r->ready_status = 0;
+        atomic_store(&r->loading, false);
+        atomic_store(&r->lost, false);
+        cm_coord_log(p, "node %s ('%s') is back: rtt %.3f ms, %.1f MB/s, %.2f GiB free", r->addr, h.name, rtt * 1e3,
+                     bw / 1e6, (double)h.mem_free / (1 << 30));
+        back++;
+    }
+    if (back) cm_coord_start_rx(p);
+    return back;
+}
+
+int cm_pipe_maintain(cm_pipe *p, char *err, size_t errlen) {
+    if (!p || p->tp) return 0;
+    uint64_t now = cm_now_ns();
+    if (now < p->next_rejoin_ns) return 0;
+    int every_ms = CM_PIPE_REJOIN_MS;
+    const char *env = getenv("CUMULO_REJOIN_MS"); /* tests: sooner */
+    if (env && atoi(env) >= 100) every_ms = atoi(env);
+    p->next_rejoin_ns = now + (uint64_t)every_ms * 1000000ull;
+    reap_lost(p);
+    int back = redial_lost(p);
+    if (cm_pipe_failed(p)) {
+        if (!back) return 0;
+        p->gave_up = false;
+        int rc = cm_pipe_recover(p, err, errlen);
+        return rc ? rc : 1;
+    }
+    if (!back) return 0;
+    replan_ctx *x = cm_calloc(1, sizeof *x);
+    if (!x) return cm_errf(err, errlen, CM_ENOMEM, "out of memory");
+    int rc = plan_survivors(p, x, err, errlen);
+    double cand = rc ? 0 : score_of(&x->cand, p->n_seq), cur = x->cur.n_stages ? score_of(&x->cur, p->n_seq) : 0;
+    if (!rc && x->cand.n_stages > p->n_stages && cand < 0.9 * cur) {
+        cm_coord_log(p, "re-plan with the returning node(s) not taken: predicted %.1f tok/s vs %.1f now", cand, cur);
+    } else if (!rc && (x->cand.n_stages > p->n_stages || cand > 1.05 * cur)) {
+        rc = apply_plan(p, x, "nodes back", err, errlen);
+        if (!rc) {
+            cm_coord_log(p, "now %d stages, epoch %llu", p->n_stages, (unsigned long long)atomic_load(&p->epoch));
+            rc = 1;
+        } else {
+            char e2[600];
+            snprintf(e2, sizeof e2, "%s", err);
+            rc = cm_pipe_recover(p, err, errlen); /* back on the nodes that work */
+            if (!rc) rc = cm_errf(err, errlen, CM_EIO, "%s", e2);
+        }
+    }
+    cm_free(x);
     return rc;
 }

@@ -19,6 +19,11 @@
  * serves the coordinator's connection runs cm_forward with the all-reduce
  * over those connections (it owns them); FORWARDs of token ids come from the
  * coordinator to every member, and only rank 0 (the coordinator) samples.
+ * Hybrid (ASSIGN with tp_size > 1 of a later stage): rank 0 is a node; every
+ * rank dials all lower ones, and rank 0 also dials a data connection to each
+ * member, on which it relays every FORWARD (the rows it decoded) and SEQ_FREE
+ * before computing; members compute and stop; rank 0 sends the hidden state to
+ * the next group's rank 0, or samples when its group is the last.
  * It never runs anything a peer sends but its own forward pass over the
  * assigned layers, with shapes checked against the model it loaded; it never
  * allocates in the token loop (buffers are sized at ASSIGN).
@@ -60,6 +65,7 @@ typedef struct stage {
     cm_conn *coord;   /* the coordinator's connection (not owned) */
     cm_slice slice;   /* this member's part of every layer (full without TP) */
     cm_conn *tp[CM_COLL_MAX_MEMBERS]; /* TP group: connection to each other rank (owned) */
+    cm_conn *relay[CM_COLL_MAX_MEMBERS]; /* hybrid, rank 0 of a later group: data connection to each member (owned) */
     cm_coll *coll;    /* TP group's all-reduce, NULL without TP */
     uint64_t rows;    /* token rows computed */
 } stage;
@@ -85,12 +91,15 @@ typedef struct conn_job {
 static void stage_free(stage *s) {
     if (!s) return;
     if (s->next) cm_conn_close(s->next, "plan ended");
+    for (int i = 0; i < CM_COLL_MAX_MEMBERS; i++)
+        if (s->relay[i]) cm_conn_close(s->relay[i], "plan ended");
     if (s->coll) {
         /* The member's traffic, for the operator and the tests (one line). */
         cm_coll_stats st;
         cm_coll_stats_get(s->coll, &st);
-        fprintf(stderr, "tensor-parallel rank %u of %u (epoch %llu): %llu rows, %llu all-reduces, %llu element bytes / %llu wire bytes sent\n",
-                s->as.tp_rank, s->as.tp_size, (unsigned long long)s->as.epoch, (unsigned long long)s->rows,
+        fprintf(stderr, "tensor-parallel rank %u of %u (epoch %llu), stage %u layers [%u, %u): %llu rows, %llu all-reduces, %llu element bytes / %llu wire bytes sent\n",
+                s->as.tp_rank, s->as.tp_size, (unsigned long long)s->as.epoch, s->as.stage, s->as.layer_begin,
+                s->as.layer_end, (unsigned long long)s->rows,
                 (unsigned long long)st.ops, (unsigned long long)st.total.data_sent, (unsigned long long)st.total.wire_sent);
     }
     cm_coll_free(s->coll);
@@ -138,14 +147,15 @@ static int find_model(node *n, const cm_msg_assign *a, char *path, size_t cap, c
     return cm_errf(err, errlen, CM_ENOENT, "model %.12s... ('%s') is not on this node", want, a->model_name);
 }
 
-/* TP group set-up: dial and greet ranks 1..rank-1, then wait until rank 0
- * (the coordinator) and every higher rank have greeted us, and make the
- * collective. */
+/* TP group set-up: dial and greet every lower rank (but rank 0 of stage 0:
+ * the coordinator, which has no listener, dials every member itself), then
+ * wait until the others have greeted us, and make the collective. */
 static int tp_connect(node *n, stage *s, char *err, size_t errlen) {
     const cm_msg_assign *a = &s->as;
     int me = a->tp_rank, k = a->tp_size;
+    int lo = a->stage == 0 ? 1 : 0; /* lowest rank this member dials */
     char e[400];
-    for (int j = 1; j < me; j++) {
+    for (int j = lo; j < me; j++) {
         cm_msg_hello peer;
         int rc = cm_cluster_dial(a->tp_peers[j], &n->cfg, &n->hello, &s->tp[j], &peer, e, sizeof e);
         if (!rc) rc = cm_coll_mesh_greet(s->tp[j], me, 10000, e, sizeof e);
@@ -157,7 +167,7 @@ static int tp_connect(node *n, stage *s, char *err, size_t errlen) {
         int missing = -1;
         pthread_mutex_lock(&n->mu);
         for (int j = 0; j < k; j++) {
-            if (j == me || (j >= 1 && j < me)) continue;
+            if (j == me || (j >= lo && j < me)) continue;
             if (!s->tp[j] && n->tp_in[j] && n->tp_in_epoch[j] == a->epoch) {
                 s->tp[j] = n->tp_in[j];
                 n->tp_in[j] = NULL;
@@ -171,7 +181,7 @@ static int tp_connect(node *n, stage *s, char *err, size_t errlen) {
         cm_sleep_ms(5);
     }
     cm_coll_cfg cc = {.rank = me, .size = k, .max_n = (int64_t)NODE_MAX_BATCH * s->m.hp.n_embd,
-                      .timeout_ms = 60000, .epoch = a->epoch};
+                      .timeout_ms = 60000, .epoch = a->epoch, .compress = (a->flags & CM_ASSIGN_F_TP_Q8) != 0};
     for (int j = 0; j < k; j++) cc.peers[j] = j == me ? NULL : s->tp[j];
     int rc = cm_coll_new(&cc, &s->coll, e, sizeof e);
     return rc ? cm_errf(err, errlen, rc, "all-reduce: %s", e) : 0;
@@ -191,16 +201,12 @@ static int stage_load(node *n, stage *s, const char *path, char *err, size_t err
     s->slice = (cm_slice){(int)a->head_begin, (int)a->head_end, (int)a->ffn_begin, (int)a->ffn_end};
     if (!tp && (a->head_begin != 0 || (int)a->head_end != hp->n_head_kv || a->ffn_begin != 0 || (int)a->ffn_end != hp->n_ff))
         return cm_errf(err, errlen, CM_EINVAL, "a slice of the layers without a tensor-parallel group");
-    if (tp && (a->tp_size > CM_COLL_MAX_MEMBERS || a->tp_rank == 0))
-        return cm_errf(err, errlen, CM_EUNSUPPORTED, "tensor-parallel rank %u of %u (rank 0 is the coordinator)",
-                       a->tp_rank, a->tp_size);
+    if (tp && (a->tp_size > CM_COLL_MAX_MEMBERS || (a->tp_rank == 0 && a->stage == 0)))
+        return cm_errf(err, errlen, CM_EUNSUPPORTED, "tensor-parallel rank %u of %u of stage %u (rank 0 of stage 0 is the coordinator)",
+                       a->tp_rank, a->tp_size, a->stage);
     if ((rc = cm_slice_check(&s->m, s->slice, e, sizeof e))) return cm_errf(err, errlen, rc, "slice: %s", e);
     if (a->layer_begin == 0 && !tp)
         return cm_errf(err, errlen, CM_EUNSUPPORTED, "the first stage runs on the coordinator");
-    /* NEEDSWORK: a TP group that is not the only stage (hybrid); the
-     * coordinator sends its FORWARDs to every member of one group only. */
-    if (tp && (a->layer_begin != 0 || (int)a->layer_end != hp->n_layer))
-        return cm_errf(err, errlen, CM_EUNSUPPORTED, "tensor parallel over a part of the layers (hybrid) is not supported yet");
     int nt = n->o->n_threads > 0 ? n->o->n_threads : cm_cpu_count();
     s->pool = cm_pool_new(nt < 1 ? 1 : nt);
     s->ctx = s->pool ? cm_ctx_new(&s->m, NODE_MAX_BATCH, (int)a->n_ctx, s->pool, e, sizeof e) : NULL;
@@ -211,7 +217,7 @@ static int stage_load(node *n, stage *s, const char *path, char *err, size_t err
     s->smp = cm_calloc((size_t)s->n_seq, sizeof *s->smp);
     s->in = cm_malloc((size_t)NODE_MAX_BATCH * (size_t)hp->n_embd * sizeof(float));
     s->out = cm_malloc((size_t)NODE_MAX_BATCH * (size_t)hp->n_embd * sizeof(float));
-    bool last = (a->flags & CM_ASSIGN_F_OUTPUT) && !tp; /* TP: rank 0 samples */
+    bool last = (a->flags & CM_ASSIGN_F_OUTPUT) && a->tp_rank == 0; /* a group's rank 0 samples */
     if (last) s->logits = cm_malloc((size_t)NODE_MAX_BATCH * (size_t)hp->n_vocab * sizeof(float));
     if (!s->kv || !s->kvp || !s->smp || !s->in || !s->out || (last && !s->logits))
         return cm_errf(err, errlen, CM_ENOMEM, "out of memory for the stage's buffers");
@@ -221,8 +227,14 @@ static int stage_load(node *n, stage *s, const char *path, char *err, size_t err
         if (rc) return cm_errf(err, errlen, rc, "KV cache: %s", e);
         s->kvp[i] = &s->kv[i];
     }
-    if (tp) return tp_connect(n, s, err, errlen);
-    if (!last) {
+    if (tp && (rc = tp_connect(n, s, err, errlen))) return rc;
+    if (tp && a->tp_rank == 0)
+        for (int j = 1; j < (int)a->tp_size; j++) { /* hybrid: this group's FORWARDs go on to every member */
+            cm_msg_hello peer;
+            rc = cm_cluster_dial(a->tp_peers[j], &n->cfg, &n->hello, &s->relay[j], &peer, e, sizeof e);
+            if (rc) return cm_errf(err, errlen, rc, "cannot reach rank %d of this group at %s: %s", j, a->tp_peers[j], e);
+        }
+    if (a->tp_rank == 0 && !last) {
         if (!*a->next) return cm_errf(err, errlen, CM_EINVAL, "a middle stage without a next stage");
         cm_msg_hello peer;
         rc = cm_cluster_dial(a->next, &n->cfg, &n->hello, &s->next, &peer, e, sizeof e);
@@ -273,9 +285,9 @@ static void on_assign(node *n, cm_conn *c, const cm_msg_assign *a) {
     n->st = s;
     pthread_mutex_unlock(&n->mu);
     stage_free(old);
-    CM_LOGI("stage %u/%u: layers [%u, %u) of '%s' (epoch %llu)%s%s", a->stage, a->n_stages, a->layer_begin,
-            a->layer_end, a->model_name, (unsigned long long)a->epoch, *a->next ? ", next " : ", last stage",
-            a->next);
+    CM_LOGI("stage %u/%u: layers [%u, %u) of '%s' (epoch %llu), rank %u of %u%s%s", a->stage, a->n_stages,
+            a->layer_begin, a->layer_end, a->model_name, (unsigned long long)a->epoch, a->tp_rank, a->tp_size,
+            *a->next ? ", next " : ", last stage", a->next);
     send_ready(n, c, a->epoch, 0, 0, "");
 }
 
@@ -313,7 +325,18 @@ static int on_forward(stage *s, const cm_msg_forward *f, char *err, size_t errle
         } else
             cm_msg_forward_row(f, (uint32_t)i, s->in + (size_t)i * (size_t)hp->n_embd);
     }
-    if (s->coll) last = false; /* rank 0 (the coordinator) applies the head */
+    if (s->as.tp_rank != 0) last = false; /* the group's rank 0 applies the head and samples */
+    if (s->relay[1]) { /* hybrid: rank 0 relays the hidden states to its members (same floats) */
+        cm_msg m = {.type = CM_MSG_FORWARD};
+        m.u.forward = (cm_msg_forward){.epoch = f->epoch, .request_id = f->request_id, .n_tokens = f->n_tokens,
+                                       .dim = (uint32_t)hp->n_embd, .dtype = CM_HIDDEN_F32, .pos = s->pos, .seq = s->seq,
+                                       .want = s->want_u8, .hidden = s->in};
+        char e2[300];
+        for (int j = 1; j < (int)s->as.tp_size; j++) {
+            int rc = cm_conn_send(s->relay[j], &m, 30000, e2, sizeof e2);
+            if (rc) return cm_errf(err, errlen, rc, "to rank %d of this group: %s", j, e2);
+        }
+    }
     if (last && n_want)
         for (int i = 0; i < n; i++)
             if (s->want[i] && !s->smp[s->seq[i]])
@@ -334,14 +357,15 @@ static int on_forward(stage *s, const cm_msg_forward *f, char *err, size_t errle
     cm_forward_args fa = {.layer_first = (int)s->as.layer_begin, .layer_last = (int)s->as.layer_end,
                           .slice = s->slice, .kvs = s->kvp, .n_kvs = s->n_seq,
                           .allreduce = s->coll ? cm_coll_allreduce_cb : NULL, .allreduce_user = s->coll,
-                          .out_hidden = last || s->coll ? NULL : s->out, .out_logits = last && n_want ? s->logits : NULL};
+                          .out_hidden = last || s->as.tp_rank != 0 || !s->next ? NULL : s->out,
+                          .out_logits = last && n_want ? s->logits : NULL};
     char e[300];
     int rc = cm_forward(s->ctx, &b, &fa, e, sizeof e);
     if (rc && s->coll && *cm_coll_error(s->coll))
         return cm_errf(err, errlen, rc, "forward pass: %s (all-reduce: %s)", e, cm_coll_error(s->coll));
     if (rc) return cm_errf(err, errlen, rc, "forward pass: %s", e);
     s->rows += (uint64_t)n;
-    if (s->coll) return 0; /* a TP member: the coordinator (rank 0) goes on */
+    if (s->as.tp_rank != 0) return 0; /* a TP member: its group's rank 0 goes on */
     if (!last) {
         cm_msg m = {.type = CM_MSG_FORWARD};
         m.u.forward = (cm_msg_forward){.epoch = f->epoch, .request_id = f->request_id, .n_tokens = f->n_tokens,
@@ -382,7 +406,7 @@ static int on_seq_start(stage *s, const cm_msg *msg, char *err, size_t errlen) {
     const cm_msg_seq_start *q = &msg->u.seq_start;
     if (q->epoch != s->as.epoch) return 0; /* stale: ignore */
     if (q->seq >= s->n_seq) return cm_errf(err, errlen, CM_EINVAL, "sequence %d out of %d", q->seq, s->n_seq);
-    if (s->coll) return 0; /* TP member: rank 0 samples */
+    if (s->as.tp_rank != 0) return 0; /* TP member: its group's rank 0 samples */
     if (!(s->as.flags & CM_ASSIGN_F_OUTPUT)) {
         char e[200];
         int rc = cm_conn_send(s->next, msg, 30000, e, sizeof e);
@@ -414,12 +438,16 @@ static int on_seq_start(stage *s, const cm_msg *msg, char *err, size_t errlen) {
 
 static int on_seq_free(stage *s, const cm_msg *msg, char *err, size_t errlen) {
     const cm_msg_seq_free *q = &msg->u.seq_free;
+    int rc0;
     if (q->epoch != s->as.epoch || q->seq >= s->n_seq) return 0;
     cm_kv_truncate(&s->kv[q->seq], 0);
     cm_sampler_free(s->smp[q->seq]);
     s->smp[q->seq] = NULL;
+    char e[200];
+    for (int j = 1; j < CM_COLL_MAX_MEMBERS; j++) /* hybrid: this group's members */
+        if (s->relay[j] && (rc0 = cm_conn_send(s->relay[j], msg, 30000, e, sizeof e)))
+            return cm_errf(err, errlen, rc0, "to rank %d of this group: %s", j, e);
     if (s->next) {
-        char e[200];
         int rc = cm_conn_send(s->next, msg, 30000, e, sizeof e);
         if (rc) return cm_errf(err, errlen, rc, "to the next stage: %s", e);
     }

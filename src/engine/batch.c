@@ -62,6 +62,9 @@ int cm_session_start(cm_session *s, const cm_gen_params *p, cm_token_cb cb, void
     /* The last stage samples: it gets the parameters and the history. */
     if (e->pipe) {
         int rc = cm_pipe_seq_start(e->pipe, s->slot, &p->sampling, s->hist, s->n_hist, err, errlen);
+        /* A stage lost since the prefill: the next step recovers and then
+         * restarts this sequence like every other (pipe generation). */
+        if (rc && cm_pipe_failed(e->pipe)) rc = 0;
         if (rc) {
             cm_stop_free(st->stop);
             cm_sampler_free(st->smp);
@@ -215,6 +218,7 @@ static int step_cluster(cm_engine *e, cm_session *const *ss, int n, char *err, s
             int rc = cm_pipe_recv_token(e->pipe, s->slot, &id, &info.logprob, msg, sizeof msg);
             if (!rc && (id < 0 || id >= e->m.hp.n_vocab))
                 rc = cm_errf(msg, sizeof msg, CM_EPROTO, "the last stage sent token id %d", id);
+            if (!rc) cm_engine_pipe_top(e, s->slot, &info);
             if (rc && cm_pipe_failed(e->pipe)) { lost = true; continue; } /* its token comes after recovery */
             if (rc) {
                 step_end(s, CM_FINISH_CANCEL);
@@ -254,6 +258,18 @@ int cm_engine_step(cm_engine *e, cm_session *const *ss, int n, char *err, size_t
         for (; i < n && nr < cap; i++) {
             cm_session *s = ss[i];
             if (!cm_session_running(s)) continue;
+            if (e->tp && s->pipe_gen != cm_pipe_generation(e->tp)) {
+                /* The group was re-formed while this session waited in
+                 * another pass of the step: recompute before sampling. */
+                char m2[256];
+                int r2 = cm_session_tp_sync(s, m2, sizeof m2);
+                if (!r2) r2 = cm_session_recompute(s, m2, sizeof m2);
+                if (r2) {
+                    step_end(s, CM_FINISH_CANCEL);
+                    if (!first_err) { first_err = r2; cm_errf(err, errlen, r2, "%s", m2); }
+                    continue;
+                }
+            }
             int r = step_sample(s);
             if (r < 0 && !first_err) { first_err = r; cm_errf(err, errlen, r, "generation failed: %s", cm_strerror(r)); }
             if (r != 1) continue;
@@ -273,6 +289,27 @@ int cm_engine_step(cm_engine *e, cm_session *const *ss, int n, char *err, size_t
         char msg[256] = "";
         int rc = cm_engine_forward(e, &b, &a, rows, msg, sizeof msg);
         pthread_mutex_unlock(&e->mu);
+        if (rc && e->tp && rc != CM_ECANCELED) {
+            /* A member of the tensor-parallel group was lost: re-form the
+             * group, then each row recomputes prompt + tokens emitted (its
+             * new token was streamed already and is the last one evaluated:
+             * nothing repeats). Sessions not in this pass resync at their
+             * next evaluation (cm_session_tp_sync). */
+            rc = cm_engine_tp_recover(e, msg, sizeof msg);
+            for (int r = 0; r < nr; r++) {
+                cm_session *s = rows[r];
+                int r2 = rc ? rc : cm_session_tp_sync(s, msg, sizeof msg);
+                if (!r2) r2 = cm_session_recompute(s, msg, sizeof msg);
+                if (r2) {
+                    step_end(s, CM_FINISH_CANCEL);
+                    if (!rc) rc = r2;
+                    continue;
+                }
+                running++;
+            }
+            if (rc && !first_err) { first_err = rc; cm_errf(err, errlen, rc, "%s", msg); }
+            continue;
+        }
         for (int r = 0; r < nr; r++) {
             cm_session *s = rows[r];
             if (rc) {

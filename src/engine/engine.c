@@ -23,6 +23,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static void fill_default_opts(cm_engine_opts *o) {
@@ -61,10 +62,13 @@ int cm_engine_load(cm_engine **out, const char *path, const cm_engine_opts *opts
     e->max_ctx = CM_MAX(e->n_ctx, CM_MIN(e->m.hp.n_ctx_train, 1 << 20));
     e->local_last = e->m.hp.n_layer;
     e->slice = cm_slice_full(&e->m);
+    const char *pd = getenv("CUMULO_TEST_CLUSTER_DELAY_MS");
+    e->test_cluster_delay_ms = pd ? (unsigned)atoi(pd) : 0;
     if (o.nodes && *o.nodes) {
         if (e->n_batch > 256) e->n_batch = 256;
         cm_pipe_opts po = {.nodes = o.nodes, .insecure = o.insecure, .key_file = o.key_file, .layers = o.layers,
-                           .parallel = o.parallel, .tp_weights = o.tp_weights, .n_ctx = e->n_ctx, .n_seq_max = o.n_seq > 0 ? o.n_seq : 8, .max_batch = e->n_batch,
+                           .parallel = o.parallel, .tp_weights = o.tp_weights, .groups = o.groups,
+                           .tp_compress = o.tp_compress, .n_ctx = e->n_ctx, .n_seq_max = o.n_seq > 0 ? o.n_seq : 8, .max_batch = e->n_batch,
                            .log = o.log, .log_ctx = o.log_ctx};
         rc = cm_pipe_open(&e->pipe, path, &e->g, &e->m, &po, &e->local_last, msg, sizeof msg);
         if (rc) {
@@ -75,7 +79,8 @@ int cm_engine_load(cm_engine **out, const char *path, const cm_engine_opts *opts
             e->tp = e->pipe;
             e->pipe = NULL;
             e->slice = cm_pipe_tp_slice(e->tp);
-        }
+        } else if (e->pipe && cm_pipe_tp_size(e->pipe) > 1) /* hybrid: our group's slice of our layers */
+            e->slice = cm_pipe_tp_slice(e->pipe);
         if (e->pipe || e->tp) e->max_ctx = e->n_ctx; /* the nodes reserved that much */
     }
     e->ctx = e->pool ? cm_ctx_new(&e->m, e->n_batch, e->max_ctx, e->pool, msg, sizeof msg) : NULL;
@@ -131,7 +136,7 @@ void cm_engine_get_info(const cm_engine *e, cm_engine_info *in) {
     in->eot = cm_tokenizer_eot(e->tok);
     in->add_bos = cm_tokenizer_add_bos(e->tok);
     in->n_stages = e->pipe ? cm_pipe_n_stages(e->pipe) : 1;
-    in->tp_size = e->tp ? cm_pipe_tp_size(e->tp) : 1;
+    in->tp_size = e->tp ? cm_pipe_tp_size(e->tp) : e->pipe ? cm_pipe_tp_size(e->pipe) : 1;
     in->local_layers = e->local_last;
 }
 
@@ -140,9 +145,23 @@ const char *cm_engine_plan(const cm_engine *e) {
 }
 
 bool cm_engine_tp_stats(const cm_engine *e, uint64_t *data_sent, uint64_t *wire_sent, uint64_t *ops, uint64_t *rows) {
-    if (!e->tp) return false;
-    cm_pipe_tp_stats(e->tp, data_sent, wire_sent, ops, rows);
+    const cm_pipe *p = e->tp ? e->tp : e->pipe && cm_pipe_tp_size(e->pipe) > 1 ? e->pipe : NULL;
+    if (!p) return false;
+    cm_pipe_tp_stats(p, data_sent, wire_sent, ops, rows);
     return true;
+}
+
+cm_slice cm_engine_slice(const cm_engine *e) {
+    if (e->pipe) return cm_pipe_tp_size(e->pipe) > 1 ? cm_pipe_tp_slice(e->pipe) : cm_slice_full(&e->m);
+    return e->slice;
+}
+
+void cm_engine_pipe_top(cm_engine *e, int slot, cm_sample_info *info) {
+    int32_t ids[CM_SAMPLER_MAX_PROBS];
+    float lp[CM_SAMPLER_MAX_PROBS];
+    int n = cm_pipe_last_top(e->pipe, slot, ids, lp, CM_SAMPLER_MAX_PROBS);
+    info->n_top = n;
+    for (int i = 0; i < n; i++) info->top[i] = (cm_token_logprob){ids[i], lp[i]};
 }
 
 int cm_engine_forward(cm_engine *e, const cm_batch *b, cm_forward_args *a, cm_session *const *sess, char *err,
@@ -154,10 +173,17 @@ int cm_engine_forward(cm_engine *e, const cm_batch *b, cm_forward_args *a, cm_se
         for (int i = 0; i < b->n; i++) slots[i] = sess[b->seq[i]]->slot;
         int rc = cm_pipe_tp_send(e->tp, b->tokens, b->pos, slots, b->n, err, errlen);
         if (rc) return rc;
-        a->allreduce = cm_pipe_tp_allreduce;
-        a->allreduce_user = cm_pipe_tp_coll(e->tp);
+        if (e->test_cluster_delay_ms) cm_sleep_ms(e->test_cluster_delay_ms);
+        if (cm_pipe_tp_size(e->tp) > 1) { /* 1: every node lost, all slices here */
+            a->allreduce = cm_pipe_tp_allreduce;
+            a->allreduce_user = cm_pipe_tp_coll(e->tp);
+        }
     }
     return cm_forward(e->ctx, b, a, err, errlen);
+}
+
+int cm_engine_maintain(cm_engine *e, char *err, size_t errlen) {
+    return e->pipe ? cm_pipe_maintain(e->pipe, err, errlen) : 0;
 }
 
 bool cm_engine_hop_stats(const cm_engine *e, uint64_t *bytes, uint64_t *frames, uint64_t *rows) {
@@ -299,6 +325,7 @@ cm_session *cm_session_new(cm_engine *e, int n_ctx, char *err, size_t errlen) {
     s->slot = -1;
     if (e->tp) {
         s->slot = cm_pipe_seq_acquire(e->tp, err, errlen);
+        s->pipe_gen = cm_pipe_generation(e->tp);
         if (s->slot < 0) { cm_free(s); return NULL; }
     }
     if (e->pipe) {
@@ -313,7 +340,7 @@ cm_session *cm_session_new(cm_engine *e, int n_ctx, char *err, size_t errlen) {
             return NULL;
         }
     }
-    if (cm_kv_init_type(&s->kv, &e->m, 0, e->local_last, e->slice, n_ctx,
+    if (cm_kv_init_type(&s->kv, &e->m, 0, e->local_last, cm_engine_slice(e), n_ctx,
                         e->kv_f16 ? CM_TYPE_F16 : CM_TYPE_F32, err, errlen)) {
         if (s->slot >= 0) cm_pipe_seq_release(e->pipe ? e->pipe : e->tp, s->slot);
         cm_free(s->hidden);
@@ -363,6 +390,15 @@ int cm_engine_eval_cluster(cm_session *s, int upto, bool want_last, char *err, s
     /* After a recovery the new stages know nothing of this sequence:
      * recompute it from position 0 (same bits here, new caches there). */
     if (s->pipe_gen != cm_pipe_generation(e->pipe)) {
+        cm_slice sl = cm_engine_slice(e);
+        if (sl.h0 != s->kv.h0 || sl.h1 != s->kv.h1) { /* our group changed: our KV heads too */
+            cm_kv nk;
+            int rc = cm_kv_init_type(&nk, &e->m, 0, e->local_last, sl, s->n_ctx, e->kv_f16 ? CM_TYPE_F16 : CM_TYPE_F32,
+                                     err, errlen);
+            if (rc) return rc;
+            cm_kv_release(&s->kv);
+            s->kv = nk;
+        }
         cm_kv_truncate(&s->kv, 0);
         s->pipe_gen = cm_pipe_generation(e->pipe);
         int rc = cm_session_seq_restart(s, err, errlen);
@@ -375,20 +411,50 @@ int cm_engine_eval_cluster(cm_session *s, int upto, bool want_last, char *err, s
         for (int i = 0; i < nb; i++) pos[i] = p0 + i;
         bool last = p0 + nb == upto;
         cm_batch b = {.n = nb, .tokens = s->hist + p0, .pos = pos, .seq = seq};
-        cm_forward_args a = {.layer_first = 0, .layer_last = e->local_last, .slice = cm_slice_full(&e->m),
+        cm_forward_args a = {.layer_first = 0, .layer_last = e->local_last, .slice = cm_engine_slice(e),
                              .kvs = kvs, .n_kvs = 1, .out_hidden = s->hidden};
         /* The send stays under the lock so micro-batches leave in the order
-         * the stage-0 caches saw them. */
+         * the stage-0 caches saw them. Hybrid: our group's other members get
+         * the token ids first and meet us in the all-reduces. */
         pthread_mutex_lock(&e->mu);
-        int rc = cm_forward(e->ctx, &b, &a, err, errlen);
+        int rc = 0;
+        if (cm_pipe_tp_size(e->pipe) > 1) {
+            int32_t slots[256];
+            for (int i = 0; i < nb; i++) slots[i] = s->slot;
+            rc = cm_pipe_tp_send(e->pipe, b.tokens, pos, slots, nb, err, errlen);
+            a.allreduce = cm_pipe_tp_allreduce;
+            a.allreduce_user = cm_pipe_tp_coll(e->pipe);
+        }
+        if (!rc) rc = cm_forward(e->ctx, &b, &a, err, errlen);
         if (!rc) rc = cm_pipe_send(e->pipe, s->slot, s->hidden, pos, nb, want_last && last, err, errlen);
         pthread_mutex_unlock(&e->mu);
         if (rc) {
             cm_kv_truncate(&s->kv, p0); /* the next stages may not have it */
             return rc;
         }
+        if (e->test_cluster_delay_ms) cm_sleep_ms(e->test_cluster_delay_ms);
     }
     return 0;
+}
+
+/* Tensor parallel: after the group was re-formed (cm_pipe_tp_recover) our
+ * slice changed and the members know nothing of this sequence: a KV cache of
+ * the new slice, empty, so the next evaluation recomputes from position 0. */
+int cm_session_tp_sync(cm_session *s, char *err, size_t errlen) {
+    cm_engine *e = s->e;
+    if (!e->tp || s->pipe_gen == cm_pipe_generation(e->tp)) return 0;
+    cm_kv_release(&s->kv);
+    s->have_logits = false;
+    int rc = cm_kv_init_type(&s->kv, &e->m, 0, e->local_last, e->slice, s->n_ctx, e->kv_f16 ? CM_TYPE_F16 : CM_TYPE_F32,
+                             err, errlen);
+    if (!rc) s->pipe_gen = cm_pipe_generation(e->tp);
+    return rc;
+}
+
+int cm_engine_tp_recover(cm_engine *e, char *err, size_t errlen) {
+    int rc = cm_pipe_tp_recover(e->tp, err, errlen);
+    if (!rc) e->slice = cm_pipe_tp_slice(e->tp);
+    return rc;
 }
 
 /* Evaluate hist[kv.n_past .. n_hist) in chunks; logits of the last one. On
@@ -397,16 +463,24 @@ int cm_engine_eval_cluster(cm_session *s, int upto, bool want_last, char *err, s
 static int eval_pending(cm_session *s, char *err, size_t errlen) {
     cm_engine *e = s->e;
     if (e->pipe) {
-        /* A failure seen since the last step: recover before new work (the
-         * caller's thread is the pipe's only user here). */
-        int rc = cm_pipe_failed(e->pipe) ? cm_pipe_recover(e->pipe, err, errlen) : 0;
-        if (!rc) rc = cm_engine_eval_cluster(s, s->n_hist - 1, false, err, errlen);
+        /* A failure seen since the last step, or during this prefill: recover
+         * and evaluate again (the caller's thread is the pipe's only user
+         * here; after a re-plan the whole sequence is recomputed). */
+        int rc = 0;
+        for (int attempt = 0; attempt < 4; attempt++) {
+            rc = cm_pipe_failed(e->pipe) ? cm_pipe_recover(e->pipe, err, errlen) : 0;
+            if (!rc) rc = cm_engine_eval_cluster(s, s->n_hist - 1, false, err, errlen);
+            if (!rc || rc == CM_ECANCELED || !cm_pipe_failed(e->pipe)) break;
+        }
         s->have_logits = !rc && s->n_hist == s->kv.n_past + 1;
         return rc;
     }
     int32_t pos[256], seq[256] = {0};
     int bmax = CM_MIN(e->n_batch, 256);
     cm_kv *kvs[1] = {&s->kv};
+    int recoveries = 0;
+    int rc = cm_session_tp_sync(s, err, errlen);
+    if (rc) return rc;
     while (s->kv.n_past < s->n_hist) {
         if (atomic_load(&s->cancel)) return cm_errf(err, errlen, CM_ECANCELED, "canceled");
         int nb = CM_MIN(bmax, s->n_hist - s->kv.n_past);
@@ -416,13 +490,21 @@ static int eval_pending(cm_session *s, char *err, size_t errlen) {
         cm_forward_args a = {.layer_first = 0, .layer_last = e->m.hp.n_layer, .slice = e->slice,
                              .kvs = kvs, .n_kvs = 1, .out_logits = last ? s->logits : NULL};
         pthread_mutex_lock(&e->mu);
-        int rc = cm_engine_forward(e, &b, &a, &s, err, errlen);
+        rc = cm_engine_forward(e, &b, &a, &s, err, errlen);
         pthread_mutex_unlock(&e->mu);
+        if (rc && e->tp && rc != CM_ECANCELED && recoveries++ < 3) {
+            /* A member of the group was lost: re-form it, start over. */
+            rc = cm_engine_tp_recover(e, err, errlen);
+            if (!rc) rc = cm_session_tp_sync(s, err, errlen);
+            if (!rc) continue;
+        }
         if (rc) { s->have_logits = false; return rc; }
         s->have_logits = last;
     }
     return 0;
 }
+
+int cm_session_recompute(cm_session *s, char *err, size_t errlen) { return eval_pending(s, err, errlen); }
 
 static int check_ids(cm_session *s, const int32_t *ids, int n, char *err, size_t errlen) {
     for (int i = 0; i < n; i++)
@@ -438,6 +520,7 @@ int cm_session_set_prompt(cm_session *s, const int32_t *ids, int n, char *err, s
     if (n > s->n_ctx)
         return cm_errf(err, errlen, CM_ENOSPACE, "prompt of %d tokens does not fit the context of %d", n, s->n_ctx);
     int rc = check_ids(s, ids, n, err, errlen);
+    if (!rc) rc = cm_session_tp_sync(s, err, errlen); /* after a re-formed group nothing is cached */
     if (rc) return rc;
     /* Keep the common prefix already in the cache; always re-evaluate at
      * least the last token so its logits are fresh. */
@@ -527,7 +610,7 @@ int cm_session_generate(cm_session *s, const cm_gen_params *p, cm_token_cb cb, v
     cm_detok_init(&dt, e->tok, false, lstrip);
     gen_state g = {.s = s, .stop = stop, .cb = cb, .user = user, .stop_hit = -1};
     int rc = 0;
-    int n_gen = 0;
+    int n_gen = 0, recoveries = 0;
     enum cm_finish fin = CM_FINISH_LENGTH;
     cm_sample_info info; /* a few hundred bytes on the stack, filled per token */
     double t0 = cm_now_s();
@@ -540,9 +623,22 @@ int cm_session_generate(cm_session *s, const cm_gen_params *p, cm_token_cb cb, v
             /* Evaluate the pending token; the last stage samples. */
             if ((rc = cm_engine_eval_cluster(s, s->n_hist, true, err, errlen)) ||
                 (rc = cm_pipe_recv_token(e->pipe, s->slot, &id, &info.logprob, err, errlen))) {
-                if (rc == CM_ECANCELED) { rc = 0; fin = CM_FINISH_CANCEL; }
+                if (rc == CM_ECANCELED) { rc = 0; fin = CM_FINISH_CANCEL; break; }
+                /* A stage was lost: re-plan, tell the new last stage the
+                 * sampler and the history, recompute prompt + tokens emitted
+                 * (the token in flight was never taken: nothing repeats). */
+                if (cm_pipe_failed(e->pipe) && recoveries++ < 4) {
+                    rc = cm_pipe_recover(e->pipe, err, errlen);
+                    if (!rc) rc = cm_pipe_seq_start(e->pipe, s->slot, &p->sampling, s->hist, s->n_hist, err, errlen);
+                    if (!rc) {
+                        cm_kv_truncate(&s->kv, 0);
+                        s->pipe_gen = cm_pipe_generation(e->pipe);
+                        continue;
+                    }
+                }
                 break;
             }
+            cm_engine_pipe_top(e, s->slot, &info);
             if (id < 0 || id >= e->m.hp.n_vocab) {
                 rc = cm_errf(err, errlen, CM_EPROTO, "the last stage sent token id %d", id);
                 break;

@@ -47,9 +47,12 @@ typedef struct cm_engine_opts {
     const char *key_file;   /* NULL: $CUMULO_KEY_FILE or ~/.config/cumulo/cluster.key */
     const char *layers;     /* layers per stage, this machine first ("2,1,2"); NULL: the planner's */
     int n_seq;              /* sequences the cluster serves at once; 0 = 8 */
-    const char *parallel;   /* NULL / "pp": pipeline; "tp": one tensor-parallel group of every machine
+    const char *parallel;   /* NULL / "pp": pipeline; "tp": one tensor-parallel group of every machine;
+                             * "hybrid": tensor-parallel groups as pipeline stages; "auto": the planner's choice
                              * (this machine rank 0: it computes every layer on its slice and samples) */
     const char *tp_weights; /* tp: relative speed per machine, this one first ("1,2"): slice sizes */
+    const char *groups;     /* members per pipeline stage, this machine's group first ("2,2"): hybrid */
+    bool tp_compress;       /* tensor-parallel all-reduces travel as 8-bit Q8_0 blocks */
     void (*log)(void *ctx, const char *line); /* cluster progress: links, plan, weights */
     void *log_ctx;
 } cm_engine_opts;
@@ -81,6 +84,13 @@ void cm_engine_get_info(const cm_engine *e, cm_engine_info *info);
 
 /* The cluster plan as text, or NULL when the engine runs on this machine. */
 const char *cm_engine_plan(const cm_engine *e);
+/* Cluster upkeep while idle: call only when no session of e is evaluating
+ * or generating (serve's scheduler does, about every second with nothing in
+ * flight). Nodes that were lost and answer again are taken back with a
+ * re-plan when the planner predicts it is not worse (cm_pipe_maintain); a
+ * cluster that could not continue becomes usable again. Returns 1 when the
+ * plan changed, 0 when not (always on one machine), or an error. */
+int cm_engine_maintain(cm_engine *e, char *err, size_t errlen);
 /* Traffic on the first pipeline hop (this machine -> stage 1): bytes of
  * FORWARD frames, their count, and the hidden-state rows (tokens) carried.
  * Returns false on a single-machine engine. */

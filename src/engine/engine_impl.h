@@ -33,6 +33,9 @@ struct cm_engine {
     int local_last;       /* we compute layers [0, local_last) */
     cm_pipe *tp;          /* cluster, tensor parallel: the group (we are rank 0 and sample); NULL otherwise */
     cm_slice slice;       /* our part of every layer: full, or our TP slice */
+    unsigned test_cluster_delay_ms; /* test hook (CUMULO_TEST_CLUSTER_DELAY_MS): a pause after each
+                                       micro-batch sent to the cluster, so a test can kill a stage
+                                       mid-prefill or mid-generation of `cumulo run` */
 };
 
 struct cm_step; /* batch.c: generation state of a session in step mode */
@@ -71,6 +74,21 @@ int cm_session_seq_restart(cm_session *s, char *err, size_t errlen);
  * there) and the pass all-reduces with them; a->slice is set to ours. */
 int cm_engine_forward(cm_engine *e, const cm_batch *b, cm_forward_args *a, cm_session *const *sess, char *err,
                       size_t errlen);
+
+/* This machine's part of every layer: full, its TP slice, or (hybrid) its
+ * group's slice now (a re-plan may change it: sessions re-shape their caches). */
+cm_slice cm_engine_slice(const cm_engine *e);
+/* Cluster: the top logprobs that came with the slot's latest token. */
+void cm_engine_pipe_top(cm_engine *e, int slot, cm_sample_info *info);
+/* Tensor parallel, after the group was re-formed (engine.c): the session
+ * gets an empty KV cache of the engine's new slice (0 when nothing changed). */
+int cm_session_tp_sync(cm_session *s, char *err, size_t errlen);
+/* Re-form a lost tensor-parallel group (cm_pipe_tp_recover) and take the new
+ * slice; e->mu not held. */
+int cm_engine_tp_recover(cm_engine *e, char *err, size_t errlen);
+/* Evaluate what the session has not evaluated (after cm_session_tp_sync:
+ * prompt + tokens emitted), logits of the last token (engine.c). */
+int cm_session_recompute(cm_session *s, char *err, size_t errlen);
 
 /* Free a session's step state (batch.c); called by cm_session_free. */
 void cm_session_step_release(cm_session *s);

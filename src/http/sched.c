@@ -14,6 +14,7 @@
  */
 #include "http_impl.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -135,7 +136,17 @@ static void *sched_main(void *arg) {
             pthread_mutex_unlock(&j->mu);
         }
         if (!s->n_active) {
-            pthread_cond_wait(&s->cv, &s->mu);
+            /* Idle: about once a second the engine may take back nodes
+             * that returned (cm_engine_maintain; it acts every few seconds
+             * at most). Nothing is in flight, as it requires. */
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_sec += 1;
+            if (pthread_cond_timedwait(&s->cv, &s->mu, &ts) == ETIMEDOUT && !s->head && !s->stop) {
+                pthread_mutex_unlock(&s->mu);
+                if (cm_engine_maintain(s->e, err, sizeof err) < 0) CM_LOGW("cluster: %s", err);
+                pthread_mutex_lock(&s->mu);
+            }
             continue;
         }
         pthread_mutex_unlock(&s->mu);

@@ -114,7 +114,8 @@ static const char *hello_invalid(const cm_msg_hello *h) {
 }
 
 static const char *assign_invalid(const cm_msg_assign *a) {
-    if (a->flags & ~(CM_ASSIGN_F_EMBED | CM_ASSIGN_F_OUTPUT)) return "flags";
+    if (a->flags & ~(CM_ASSIGN_F_EMBED | CM_ASSIGN_F_OUTPUT | CM_ASSIGN_F_TP_Q8)) return "flags";
+    if ((a->flags & CM_ASSIGN_F_TP_Q8) && a->tp_size < 2) return "flags";
     if (a->n_layers == 0 || a->n_layers > 65536) return "n_layers";
     if (a->layer_begin >= a->layer_end || a->layer_end > a->n_layers) return "layer range";
     /* A member of a tensor-parallel group may hold no KV heads (FFN only) or

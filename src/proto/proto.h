@@ -230,6 +230,7 @@ typedef struct cm_msg_ping {
 /* ASSIGN: the coordinator gives one node its part of plan `epoch`. */
 #define CM_ASSIGN_F_EMBED 1u    /* first stage: embeds token ids */
 #define CM_ASSIGN_F_OUTPUT 2u   /* last stage: output head + sampling */
+#define CM_ASSIGN_F_TP_Q8 4u    /* tensor-parallel group: all-reduce transfers as Q8_0 (tp_size > 1 only) */
 typedef struct cm_msg_assign {
     uint64_t epoch;
     uint8_t model_sha256[32];

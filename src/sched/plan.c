@@ -252,6 +252,13 @@ static bool fill_under(const cm_plan_model *m, const cm_plan_cluster *c, const c
             b = m->n_layers;
             for (int k = l; k < b; k++) t += lay_s[s * CM_PLAN_MAX_LAYERS + k];
             if (t > T || !stage_fits(m, c, o, st, l, b)) return false;
+        } else if (s == 0 && o->first_stage_layers > 0) {
+            /* Pinned: the coordinator already holds these layers (its memory
+             * is not checked again: what it uses for them is no longer free). */
+            b = o->first_stage_layers;
+            if (b > m->n_layers - left_for_later) return false;
+            for (int k = l; k < b; k++) t += lay_s[k];
+            if (t > T && T < 1e30) return false;
         } else {
             while (b < m->n_layers - left_for_later) {
                 double nt = t + lay_s[s * CM_PLAN_MAX_LAYERS + b];

@@ -73,6 +73,9 @@ typedef struct cm_plan_opts {
     enum cm_parallel mode; /* AUTO picks the best predicted plan */
     uint64_t reserve_bytes;/* per node: scratch, buffers, the OS */
     double exchange_overhead_s; /* software cost of one network exchange */
+    int first_stage_layers; /* > 0: stage 0 holds exactly layers [0, this), its memory not checked
+                               (a re-plan after a node is lost keeps the coordinator's layers: its
+                               caches rely on them, and it already holds them) */
     bool reorder;          /* PP: try every order of nodes 1..n-1 (node 0 stays first; up to
                               CM_PLAN_REORDER_MAX nodes) and keep the fastest predicted, so a
                               slow link, also between two nodes, is kept off the busy hops;

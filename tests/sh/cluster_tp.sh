@@ -167,7 +167,7 @@ fi
 kill "$SPID" 2>/dev/null
 wait "$SPID" 2>/dev/null
 
-# NEEDSWORK: a member dying mid-run (the failover work); hybrid groups x stages.
+# NEEDSWORK: a member dying mid-run (the failover work). Hybrid plans: cluster_hybrid.sh.
 
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

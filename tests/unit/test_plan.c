@@ -137,6 +137,33 @@ static void test_slow_link_gets_fewer(void) {
            layers_of(&p, 0), layers_of(&p, 1), layers_of(&p, 2));
 }
 
+/* A re-plan after a loss keeps the coordinator's layers (first_stage_layers):
+ * stage 0 holds exactly them, the survivors split the rest by speed and
+ * memory, and a survivor too small for the rest makes it not fit. */
+static void test_pinned_first_stage(void) {
+    cm_plan_model m; llama8b(&m);
+    cm_plan_opts o; cm_plan_opts_default(&o); o.mode = CM_PARALLEL_PP;
+    cm_plan p; char err[512];
+    cm_plan_cluster c = {0}; links_all(&c, 0.3, 40);
+    add_node(&c, "here", 64, 100, 4); add_node(&c, "slow", 16, 50, 2); add_node(&c, "fast", 16, 200, 8);
+    o.first_stage_layers = 5;
+    CHECK(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == 0);
+    check_plan_valid(&p, &m, &c, &o);
+    CHECKF(p.n_stages == 3 && p.stages[0].last_layer == 5, "stage 0 ends at %d", p.stages[0].last_layer);
+    CHECKF(layers_of(&p, 2) > layers_of(&p, 1), "slow %d, fast %d", layers_of(&p, 1), layers_of(&p, 2));
+    o.first_stage_layers = 20; /* more than the free plan would give here: still honoured */
+    CHECK(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == 0);
+    CHECK(p.stages[0].last_layer == 20 && layers_of(&p, 1) + layers_of(&p, 2) == 12);
+    /* one small survivor cannot take the other 27 layers */
+    cm_plan_cluster c2 = {0}; links_all(&c2, 0.3, 40);
+    add_node(&c2, "here", 64, 100, 4); add_node(&c2, "tiny", 1.0, 100, 4);
+    o.first_stage_layers = 5;
+    CHECK(cm_plan_make(&m, &c2, &o, &p, err, sizeof err) == CM_ENOSPACE);
+    CHECKF(strstr(err, "does not fit") != NULL, "%s", err);
+    o.first_stage_layers = 32; /* nothing left for a second stage */
+    CHECK(cm_plan_make(&m, &c2, &o, &p, err, sizeof err) != 0);
+}
+
 static int stage_of(const cm_plan *p, int node) {
     for (int s = 0; s < p->n_stages; s++)
         for (int i = 0; i < p->stages[s].n_members; i++)
@@ -283,6 +310,7 @@ int main(void) {
     RUN(test_slow_link_gets_fewer);
     RUN(test_slow_node_to_node_link);
     RUN(test_does_not_fit);
+    RUN(test_pinned_first_stage);
     RUN(test_tensor_parallel_slices);
     RUN(test_auto_hybrid);
     RUN(test_bad_input);

@@ -429,6 +429,15 @@ static void test_encode_bounds(void) {
     sample(CM_MSG_ASSIGN, &m, 0);
     m.u.assign.flags = 0; /* the last stage must own the output head */
     CHECK(cm_msg_encode(&m, NULL, 0, &n, e, sizeof e) == CM_EINVAL);
+    sample(CM_MSG_ASSIGN, &m, 0);
+    m.u.assign.flags |= CM_ASSIGN_F_TP_Q8; /* a group's Q8_0 all-reduces: fine with tp_size 2 */
+    CHECK(cm_msg_encode(&m, NULL, 0, &n, e, sizeof e) == 0);
+    m.u.assign.tp_size = 1; /* ... but not without a group */
+    m.u.assign.tp_rank = 0;
+    CHECK(cm_msg_encode(&m, NULL, 0, &n, e, sizeof e) == CM_EINVAL);
+    sample(CM_MSG_ASSIGN, &m, 0);
+    m.u.assign.flags |= 8; /* unknown flag */
+    CHECK(cm_msg_encode(&m, NULL, 0, &n, e, sizeof e) == CM_EINVAL);
     sample(CM_MSG_TOKEN, &m, 0);
     m.u.token.n_top = CM_MSG_MAX_TOP + 1;
     CHECK(cm_msg_encode(&m, NULL, 0, &n, e, sizeof e) == CM_EINVAL);
