@@ -255,6 +255,52 @@ int cm_cluster_dial_within(const char *addr, const cm_net_cfg *cfg, const cm_msg
     return 0;
 }
 
+typedef struct dial_job {
+    const char *addr;
+    const cm_net_cfg *cfg;
+    const cm_msg_hello *mine;
+    cm_conn *out;
+    cm_msg_hello peer;
+    int rc;
+    char err[400];
+    pthread_t th;
+    bool started;
+} dial_job;
+
+static void *dial_main(void *arg) {
+    dial_job *j = arg;
+    j->rc = cm_cluster_dial(j->addr, j->cfg, j->mine, &j->out, &j->peer, j->err, sizeof j->err);
+    return NULL;
+}
+
+void cm_cluster_dial_many(const char (*addrs)[80], int n, const cm_net_cfg *cfg, const cm_msg_hello *mine,
+                          cm_conn **out, cm_msg_hello *peers, int *rc, char (*err)[400]) {
+    CM_ASSERT(n >= 0 && n <= CM_CLUSTER_DIAL_MAX);
+    dial_job *jobs = cm_calloc((size_t)(n ? n : 1), sizeof *jobs);
+    for (int i = 0; i < n; i++) {
+        out[i] = NULL;
+        if (!jobs) {
+            rc[i] = cm_errf(err[i], 400, CM_ENOMEM, "out of memory");
+            continue;
+        }
+        dial_job *j = &jobs[i];
+        j->addr = addrs[i];
+        j->cfg = cfg;
+        j->mine = mine;
+        j->started = pthread_create(&j->th, NULL, dial_main, j) == 0;
+        if (!j->started) dial_main(j); /* no thread: dial here, one at a time */
+    }
+    for (int i = 0; jobs && i < n; i++) {
+        dial_job *j = &jobs[i];
+        if (j->started) pthread_join(j->th, NULL);
+        out[i] = j->out;
+        if (peers) peers[i] = j->peer;
+        rc[i] = j->rc;
+        snprintf(err[i], 400, "%s", j->rc ? j->err : "");
+    }
+    cm_free(jobs);
+}
+
 int cm_cluster_measure(cm_conn *c, int probe_bytes, double *rtt_s, double *bw, char *err, size_t errlen) {
     return cm_cluster_measure_within(c, probe_bytes, 0, rtt_s, bw, err, errlen);
 }

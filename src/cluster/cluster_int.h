@@ -18,6 +18,13 @@ int cm_cluster_net_cfg(cm_net_cfg *cfg, bool insecure, const char *key_file, cha
 /* Connect to "host:port" and run the handshake as initiator. */
 int cm_cluster_dial(const char *addr, const cm_net_cfg *cfg, const cm_msg_hello *mine, cm_conn **out,
                     cm_msg_hello *peer, char *err, size_t errlen);
+/* Dial n addresses at once, one thread each (n <= CM_CLUSTER_DIAL_MAX), so
+ * that addresses that never answer (a flood of fake mDNS announcements) cost
+ * one connect deadline in all, not one each. out[i] is NULL and rc[i] < 0
+ * (reason in err[i]) for each that failed. Peers may be NULL. */
+#define CM_CLUSTER_DIAL_MAX 64
+void cm_cluster_dial_many(const char (*addrs)[80], int n, const cm_net_cfg *cfg, const cm_msg_hello *mine,
+                          cm_conn **out, cm_msg_hello *peers, int *rc, char (*err)[400]);
 /* The same, connect and handshake together bounded by timeout_ms. */
 int cm_cluster_dial_within(const char *addr, const cm_net_cfg *cfg, const cm_msg_hello *mine, int timeout_ms,
                            cm_conn **out, cm_msg_hello *peer, char *err, size_t errlen);

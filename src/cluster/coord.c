@@ -421,6 +421,8 @@ int cm_pipe_open(cm_pipe **out, const char *model_path, const cm_gguf *g, const 
     {
         const char *env = getenv("CUMULO_LOST_MS"); /* tests: a tighter or looser bound */
         if (env && atoi(env) >= 200) p->lost_ms = atoi(env);
+        env = getenv("CUMULO_TOKEN_TIMEOUT_MS"); /* tests: the token deadline of cm_pipe_recv_token */
+        if (env && atoi(env) >= 200) p->timeout_ms = atoi(env);
     }
     p->log = o->log;
     p->log_ctx = o->log_ctx;
@@ -435,18 +437,54 @@ int cm_pipe_open(cm_pipe **out, const char *model_path, const cm_gguf *g, const 
     rc = cm_file_sha256(model_path, p->sha, err, errlen);
     if (rc) goto fail;
     cm_cluster_hello(&p->hello, NULL, 0, CM_ROLE_COORDINATOR);
+    /* With --nodes auto, anyone on the LAN can announce itself: a node that
+     * fails the handshake (another cluster key, --insecure, another
+     * protocol version, nothing listening) is left out with a warning, so a
+     * rogue announcement cannot stop the cluster. Nodes named by the user
+     * must all work. Handshakes run all at once (addresses that never
+     * answer cost one deadline in all), link measurements one at a time. */
+    bool from_mdns = !strcmp(o->nodes, "auto");
+    int n_refused = 0;
+    char first_refusal[300] = "";
+    cm_conn *dialled[CM_PLAN_MAX_NODES - 1];
+    cm_msg_hello peers[CM_PLAN_MAX_NODES - 1];
+    int dial_rc[CM_PLAN_MAX_NODES - 1];
+    char dial_err[CM_PLAN_MAX_NODES - 1][400];
+    cm_cluster_dial_many((const char (*)[80])addrs, n, &p->cfg, &p->hello, dialled, peers, dial_rc, dial_err);
     for (int i = 0; i < n; i++) {
-        remote *r = &p->r[i];
+        remote *r = &p->r[p->n_remote];
         char e[400];
+        memset(r, 0, sizeof *r);
         snprintf(r->addr, sizeof r->addr, "%.79s", addrs[i]);
         r->p = p;
-        p->n_remote = i + 1;
-        rc = cm_cluster_dial(r->addr, &p->cfg, &p->hello, &r->ctl, &r->hello, e, sizeof e);
+        p->n_remote++;
+        rc = dial_rc[i];
+        r->ctl = dialled[i];
+        r->hello = peers[i];
+        memcpy(e, dial_err[i], sizeof e);
         if (!rc) rc = cm_cluster_measure(r->ctl, 1 << 16, &r->rtt, &r->bw, e, sizeof e);
-        if (rc) { cm_errf(err, errlen, rc, "node %s: %s", r->addr, e); goto fail; }
+        if (rc && from_mdns) {
+            CM_LOGW("node %s (found by mDNS) not used: %s", r->addr, e);
+            cm_coord_log(p, "node %s (found by mDNS) not used: %s", r->addr, e);
+            if (!n_refused++) snprintf(first_refusal, sizeof first_refusal, "node %.79s: %.200s", r->addr, e);
+            cm_conn_close(r->ctl, NULL);
+            memset(r, 0, sizeof *r);
+            p->n_remote--;
+            rc = 0;
+            continue;
+        }
+        if (rc) {
+            cm_errf(err, errlen, rc, "node %s: %s", r->addr, e);
+            for (int k = i + 1; k < n; k++) cm_conn_close(dialled[k], NULL);
+            goto fail;
+        }
         cm_coord_log(p, "node %s ('%s'): %u cores %s, %.1f GFLOP/s, %.1f GB/s, %.2f GiB free; rtt %.3f ms, %.1f MB/s", r->addr,
              r->hello.name, r->hello.cores, r->hello.isa, r->hello.gflops, r->hello.mem_gbs,
              (double)r->hello.mem_free / (1 << 30), r->rtt * 1e3, r->bw / 1e6);
+    }
+    if (!p->n_remote) {
+        rc = cm_errf(err, errlen, CM_EAUTH, "none of the %d node(s) found by mDNS could be used; %s", n, first_refusal);
+        goto fail;
     }
     cm_coord_measure_links(p);
     /* The cluster's node order: the nodes behind slower links last, where
@@ -667,7 +705,16 @@ int cm_pipe_recv_token(cm_pipe *p, int slot_i, int32_t *token, float *logprob, c
     while (s->got < s->asked) {
         if (p->fatal) { rc = cm_errf(err, errlen, p->fatal, "%s", p->fatal_text); break; }
         if (cm_now_ns() > deadline) {
-            rc = cm_errf(err, errlen, CM_ETIMEDOUT, "no token from the last stage within %d ms", p->timeout_ms);
+            /* Every node answers its heartbeats, yet no token comes: a link
+             * between two stages is cut (TCP retries it for many minutes and
+             * nobody notices) or a stage is stuck. Fail the pipe, so that
+             * the caller re-plans (fresh connections everywhere) or ends its
+             * requests with this reason, instead of each waiting in turn. */
+            pthread_mutex_unlock(&p->mu);
+            cm_coord_fatal(p, CM_ETIMEDOUT, "no token from the last stage within %d ms (a link between stages may be cut)",
+                           p->timeout_ms);
+            pthread_mutex_lock(&p->mu);
+            rc = cm_errf(err, errlen, p->fatal, "%s", p->fatal_text);
             break;
         }
         struct timespec ts;

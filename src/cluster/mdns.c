@@ -555,7 +555,7 @@ static void handle_packet(cm_mdns *m, size_t n, const uint8_t src[4], uint16_t s
     if (msg->flags & CM_MDNS_FLAG_QR) {
         if (sport != CM_MDNS_PORT) return; /* RFC 6762 §6: responses come from 5353 */
         if (m->rstate != RS_IDLE) check_conflict(m, msg);
-        if (m->browsing) mdns_browse_response(m, msg, f);
+        if (m->browsing) mdns_browse_response(m, msg, f, src);
     } else {
         if (m->rstate == RS_PROBING) probe_tiebreak(m, msg);
         else if (m->rstate == RS_ANNOUNCING || m->rstate == RS_RUNNING) answer_query(m, msg, f, src, sport);

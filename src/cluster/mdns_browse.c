@@ -26,18 +26,26 @@ static inst *inst_find(cm_mdns *m, const cm_mdns_name *n) {
     return NULL;
 }
 
-static inst *inst_new(cm_mdns *m, const cm_mdns_name *n) {
-    inst *victim = NULL;
+static inst *inst_new(cm_mdns *m, const cm_mdns_name *n, const uint8_t src[4]) {
+    inst *victim = NULL, *own = NULL;
+    int n_own = 0;
     for (int i = 0; i < CM_MDNS_MAX_INSTANCES; i++) {
         inst *e = &m->insts[i];
-        if (!e->used) { victim = e; break; }
+        if (!e->used) { if (!victim || victim->used) victim = e; continue; }
+        if (!memcmp(e->src, src, 4)) {
+            n_own++;
+            if (!own || e->ptr_rx < own->ptr_rx) own = e;
+        }
         /* full: evict the oldest instance that never resolved (flood of bare PTRs) */
-        if (!e->added && (!victim || e->ptr_rx < victim->ptr_rx)) victim = e;
+        if ((!victim || victim->used) && !e->added && (!victim || e->ptr_rx < victim->ptr_rx)) victim = e;
     }
+    /* one source announcing many services replaces its own oldest one */
+    if (n_own >= MDNS_MAX_PER_SOURCE) victim = own;
     if (!victim) return NULL;
     if (victim->used) inst_drop(m, victim);
     victim->used = true;
     victim->name = *n;
+    memcpy(victim->src, src, 4);
     return victim;
 }
 
@@ -96,7 +104,7 @@ const cm_mdns_instance *cm_mdns_instance_at(const cm_mdns *m, size_t idx) {
 
 static uint64_t expiry(uint64_t t, uint32_t ttl) { return t + (uint64_t)ttl * 1000u; }
 
-void mdns_browse_response(cm_mdns *m, const cm_mdns_msg *msg, const mif *f) {
+void mdns_browse_response(cm_mdns *m, const cm_mdns_msg *msg, const mif *f, const uint8_t src[4]) {
     uint64_t t = now_ms();
     /* pass 0: PTRs create or remove instances; 1: SRV/TXT; 2: addresses */
     for (int pass = 0; pass < 3; pass++) {
@@ -108,7 +116,7 @@ void mdns_browse_response(cm_mdns *m, const cm_mdns_msg *msg, const mif *f) {
                 if (!cm_mdns_name_split_instance(&rr->target, &m->svc, label, sizeof label)) continue;
                 inst *e = inst_find(m, &rr->target);
                 if (rr->ttl == 0) { if (e) inst_drop(m, e); continue; } /* goodbye */
-                if (!e && !(e = inst_new(m, &rr->target))) continue;
+                if (!e && !(e = inst_new(m, &rr->target, src))) continue;
                 memcpy(e->pub.name, label, sizeof label);
                 e->ptr_rx = t;
                 e->ptr_ttl = rr->ttl;

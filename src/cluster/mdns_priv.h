@@ -35,6 +35,7 @@ typedef struct inst {
     uint32_t ptr_ttl;
     uint64_t next_resolve, refresh_at;
     int tries;
+    uint8_t src[4];        /* who announced it (the packet's source address) */
 } inst;
 
 struct cm_mdns {
@@ -76,7 +77,11 @@ static inline uint64_t rand_ms(cm_mdns *m, unsigned lo, unsigned hi) {
 /* mdns.c */
 void mdns_send_mcast(cm_mdns *m, const mif *f, int len);
 /* mdns_browse.c */
-void mdns_browse_response(cm_mdns *m, const cm_mdns_msg *msg, const mif *f);
+/* src: the packet's IPv4 source. One source holds at most
+ * MDNS_MAX_PER_SOURCE instances: a flood of fake services from one host
+ * evicts only its own entries, never another host's. */
+#define MDNS_MAX_PER_SOURCE 8
+void mdns_browse_response(cm_mdns *m, const cm_mdns_msg *msg, const mif *f, const uint8_t src[4]);
 void mdns_browser_timer(cm_mdns *m, uint64_t t);
 
 #endif

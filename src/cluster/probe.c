@@ -46,39 +46,68 @@ int cm_discover(double timeout_s, char addrs[][80], int max, char *err, size_t e
 
 static void probe_links(cm_conn **conns, int n, cm_node_info *out);
 
+/* Measure one dialled node (c NULL when its dial failed with rc, e) into o;
+ * the connection goes to *keep when keep is not NULL, else it is closed. */
+static void probe_one(cm_node_info *o, const char *addr, cm_conn *c, const cm_msg_hello *peer, int rc, const char *e,
+                      cm_conn **keep) {
+    memset(o, 0, sizeof *o);
+    snprintf(o->addr, sizeof o->addr, "%s", addr);
+    snprintf(o->error, sizeof o->error, "%s", e);
+    if (!rc) {
+        rc = cm_cluster_measure(c, CM_LINKS_PROBE_BYTES, &o->rtt_s, &o->bw, o->error, sizeof o->error);
+        if (!rc && keep) *keep = c;
+        else cm_conn_close(c, "probe done");
+    }
+    o->status = rc;
+    if (rc) return;
+    snprintf(o->name, sizeof o->name, "%s", peer->name);
+    o->caps.cores = (int)peer->cores;
+    snprintf(o->caps.isa, sizeof o->caps.isa, "%s", peer->isa);
+    o->caps.mem_total = peer->mem_total;
+    o->caps.mem_free = peer->mem_free;
+    snprintf(o->caps.os, sizeof o->caps.os, "%s", peer->os);
+    snprintf(o->caps.arch, sizeof o->caps.arch, "%s", peer->arch);
+    snprintf(o->caps.version, sizeof o->caps.version, "%s", peer->version);
+    o->caps.gflops = peer->gflops;
+    o->caps.mem_bw = peer->mem_gbs * 1e9;
+}
+
 int cm_probe_nodes(const char *const *addrs, int n, bool insecure, const char *key_file, cm_node_info *out,
                    char *err, size_t errlen) {
     cm_net_cfg cfg;
     int rc = cm_cluster_net_cfg(&cfg, insecure, key_file, err, errlen);
     if (rc) return rc;
-    cm_msg_hello me, peer;
+    cm_msg_hello me;
     cm_cluster_hello(&me, NULL, 0, 0);
     /* kept open for the node to node measurement */
     cm_conn *conns[CM_NODE_LINKS_MAX] = {0};
     bool links = n <= CM_NODE_LINKS_MAX;
-    for (int i = 0; i < n; i++) {
-        cm_node_info *o = &out[i];
-        memset(o, 0, sizeof *o);
-        snprintf(o->addr, sizeof o->addr, "%s", addrs[i]);
-        cm_conn *c;
-        rc = cm_cluster_dial(addrs[i], &cfg, &me, &c, &peer, o->error, sizeof o->error);
+    /* Handshakes all at once (dead or fake addresses cost one deadline in
+     * all), then the measurements one at a time (links measured together
+     * would share this machine's bandwidth). */
+    for (int at = 0; at < n; at += CM_CLUSTER_DIAL_MAX) {
+        int k = n - at < CM_CLUSTER_DIAL_MAX ? n - at : CM_CLUSTER_DIAL_MAX;
+        char (*a)[80] = cm_calloc((size_t)k, sizeof *a);
+        char (*es)[400] = cm_calloc((size_t)k, sizeof *es);
+        cm_conn **cs = cm_calloc((size_t)k, sizeof *cs);
+        cm_msg_hello *peers = cm_calloc((size_t)k, sizeof *peers);
+        int *rcs = cm_calloc((size_t)k, sizeof *rcs);
+        rc = a && es && cs && peers && rcs ? 0 : cm_errf(err, errlen, CM_ENOMEM, "out of memory");
         if (!rc) {
-            rc = cm_cluster_measure(c, CM_LINKS_PROBE_BYTES, &o->rtt_s, &o->bw, o->error, sizeof o->error);
-            if (!rc && links) conns[i] = c;
-            else cm_conn_close(c, "probe done");
+            for (int i = 0; i < k; i++) snprintf(a[i], sizeof a[i], "%s", addrs[at + i]);
+            cm_cluster_dial_many((const char (*)[80])a, k, &cfg, &me, cs, peers, rcs, es);
+            for (int i = 0; i < k; i++)
+                probe_one(&out[at + i], addrs[at + i], cs[i], &peers[i], rcs[i], es[i], links ? &conns[at + i] : NULL);
         }
-        o->status = rc;
-        if (rc) continue;
-        snprintf(o->name, sizeof o->name, "%s", peer.name);
-        o->caps.cores = (int)peer.cores;
-        snprintf(o->caps.isa, sizeof o->caps.isa, "%s", peer.isa);
-        o->caps.mem_total = peer.mem_total;
-        o->caps.mem_free = peer.mem_free;
-        snprintf(o->caps.os, sizeof o->caps.os, "%s", peer.os);
-        snprintf(o->caps.arch, sizeof o->caps.arch, "%s", peer.arch);
-        snprintf(o->caps.version, sizeof o->caps.version, "%s", peer.version);
-        o->caps.gflops = peer.gflops;
-        o->caps.mem_bw = peer.mem_gbs * 1e9;
+        cm_free(a);
+        cm_free(es);
+        cm_free(cs);
+        cm_free(peers);
+        cm_free(rcs);
+        if (rc) {
+            for (int i = 0; i < n && links; i++) cm_conn_close(conns[i], NULL);
+            return rc;
+        }
     }
     if (links) {
         probe_links(conns, n, out);

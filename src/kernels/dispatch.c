@@ -66,6 +66,7 @@ static void build_tables(void) {
     if (g_have[ISA_AVX512]) {
         cm_kernels_fill_avx2(&g_tables[ISA_AVX512]);
         cm_kernels_fill_avx512(&g_tables[ISA_AVX512]);
+        cm_kernels_fill_gemv_avx512(&g_tables[ISA_AVX512]);
     }
 #endif
 #if CM_KERNELS_HAVE_NEON
@@ -122,6 +123,10 @@ void cm_matmul_rows(const cm_kernels *k, const cm_tensor *W, const void *xq, siz
     const int64_t n = W->ne[0];
     if (n_tok > 1 && k->gemm[t]) {
         k->gemm[t](n, W->data, W->nb[1], xq, xq_stride, y, ldy, r0, r1, n_tok);
+        return;
+    }
+    if (n_tok == 1 && k->gemv[t]) {
+        k->gemv[t](n, W->data, W->nb[1], xq, xq_stride, y, ldy, r0, r1, 1);
         return;
     }
     /* Row-major over weights: each weight row is read once for all tokens.

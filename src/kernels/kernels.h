@@ -27,7 +27,8 @@
  * batch and any row slice [r0, r1). So a request gets the same logits alone,
  * batched with others or after prompt-prefix reuse. An ISA file keeps it by
  * running gemm and vec_dot through one shared tile whose float accumulation
- * order per token does not depend on how many tokens share the pass
+ * order per token does not depend on how many tokens share the pass, or by a
+ * gemm that performs that tile's exact operations on repacked operands
  * (tests/unit/test_kernels_invariant.c). Tables of different ISAs may still
  * differ from each other in the last bits (isa.h).
  */
@@ -57,6 +58,9 @@ typedef struct cm_kernels {
     cm_from_float_fn from_float[CM_TYPE_COUNT]; /* activation types: F32 F16 BF16 Q8_0 Q8_1 Q8_K */
     cm_to_float_fn to_float[CM_TYPE_COUNT];     /* the weight types plus Q8_1 and Q8_K */
     cm_gemm_fn gemm[CM_TYPE_COUNT];             /* optional, per weight type */
+    /* Optional decode path (n_tok == 1, x_stride/ldy unused): several rows
+     * per pass, each row bit-identical to vec_dot. NULL = use vec_dot. */
+    cm_gemm_fn gemv[CM_TYPE_COUNT];
 } cm_kernels;
 
 /* The best table for this CPU (respecting CUMULO_ISA). Thread-safe; never NULL. */
@@ -82,7 +86,7 @@ size_t cm_quantize_rows(enum cm_type t, const float *src, void *dst, int64_t nro
  * model calls for every weight: y[j * ldy + i] = dot(W row i, x_j) for i in
  * [r0, r1), j in [0, n_tok). xq holds the activations already converted to
  * W's vec_dot_type (row stride xq_stride). Uses gemm when present and
- * n_tok > 1. Callers split [0, rows) across threads. W->type must be one
+ * n_tok > 1, gemv when present and n_tok == 1. Callers split [0, rows) across threads. W->type must be one
  * cm_kernels_supports() accepts (anything else is a programmer error: the
  * loader rejects such files first). */
 void cm_matmul_rows(const cm_kernels *k, const cm_tensor *W, const void *xq, size_t xq_stride,

@@ -12,24 +12,24 @@
  * f16 (FMA), and bf16 with the vdpbf16ps pair dot product (it treats denormal
  * inputs as zero, which activations and weights of real models never are).
  * gemm runs the same tiles as vec_dot (4 tokens per weight-row pass), so
- * every (row, token) gets vec_dot's bits whatever the batch (kernels.h).
+ * every (row, token) gets vec_dot's bits whatever the batch (kernels.h);
+ * q4_0, q8_0, q4_k and f16 instead use avx512_gemm.h, which repacks the
+ * activations once per call and replays the tiles' exact arithmetic from the
+ * packed operands (8 tokens per unpacked weight vector for q4_0, 2 rows x 4
+ * tokens for q8_0 and f16, 4 tokens for q4_k), 2-3x the tiles' per-token speed.
  * Every tile keeps the contract of isa.h: integer sums exactly the
  * reference's, only the float accumulation order free. Tested against the
  * reference in tests/unit/test_kernels_simd.c and for batch invariance in
  * test_kernels_invariant.c. Never allocates.
  *
- * NEEDSWORK: a prefill gemm with tokens across the 32-bit lanes (one
- * vpdpbusd per weight dword for 16 tokens) ran 2.4-2.7x the tiles' per-token
- * speed for q4_0, q8_0, q4_k and q6_k at 16+ tokens, but summed each block's
- * scaled integer dot into one float chain per (row, token), an order the
- * one-token tiles do not follow, so it broke batch invariance and was
- * removed (git history: the "prefill gemm" section). Bringing it back needs
- * vec_dot to adopt the same per-block order at no cost to its GB/s.
- *
- * NEEDSWORK: f16/bf16/f32 use the 4-token register tile for every token
- * count; on a loaded machine 16-token f16 products measured slower per token
- * than vec_dot, which a quiet-machine measurement must settle (a token-lane
- * kernel like the quantized ones, converting activations once, is the fix).
+ * NEEDSWORK: the packed gemms are bound by the float work the tiles' order
+ * fixes per 4 blocks (convert, scale product, FMA for every 16 int32 lanes).
+ * A gemm with tokens across the 32-bit lanes (one vpdpbusd per weight dword
+ * for 16 tokens, one FMA per block for 16 tokens) does a third less work per
+ * token, but its order (one float chain per (row, token) over the blocks)
+ * differs from the tiles', so it needs vec_dot to adopt a lane-friendly order
+ * too (e.g. 16 chains over blocks b mod 16, then a fixed tree) and the golden
+ * tests re-checked. q6_k, q5_k and bf16 still use the 4-token tiles.
  */
 #define CM_X86_VNNI 1
 #include "x86_tiles.h"
@@ -320,20 +320,22 @@ VEC_DOT(zq8_0, cm_block_q8_0, cm_block_q8_0, CM_QK8_0)
 VEC_DOT(zq4_k, cm_block_q4_k, cm_block_q8_k, CM_QK_K)
 VEC_DOT(zq6_k, cm_block_q6_k, cm_block_q8_k, CM_QK_K)
 
+#include "avx512_gemm.h"
+
 void cm_kernels_fill_avx512(cm_kernels *k) {
     x86_fill(k);
     k->vec_dot[CM_TYPE_F32] = vec_dot_zf32;
     k->gemm[CM_TYPE_F32] = gemm_zf32;
     k->vec_dot[CM_TYPE_F16] = vec_dot_zf16;
-    k->gemm[CM_TYPE_F16] = gemm_zf16;
+    k->gemm[CM_TYPE_F16] = gemm_pf16;
     k->vec_dot[CM_TYPE_BF16] = vec_dot_zbf16;
     k->gemm[CM_TYPE_BF16] = gemm_zbf16;
     k->vec_dot[CM_TYPE_Q4_0] = vec_dot_zq4_0;
-    k->gemm[CM_TYPE_Q4_0] = gemm_zq4_0;
+    k->gemm[CM_TYPE_Q4_0] = gemm_pq4_0;
     k->vec_dot[CM_TYPE_Q8_0] = vec_dot_zq8_0;
-    k->gemm[CM_TYPE_Q8_0] = gemm_zq8_0;
+    k->gemm[CM_TYPE_Q8_0] = gemm_pq8_0;
     k->vec_dot[CM_TYPE_Q4_K] = vec_dot_zq4_k;
-    k->gemm[CM_TYPE_Q4_K] = gemm_zq4_k;
+    k->gemm[CM_TYPE_Q4_K] = gemm_pq4_k;
     k->vec_dot[CM_TYPE_Q6_K] = vec_dot_zq6_k;
     k->gemm[CM_TYPE_Q6_K] = gemm_zq6_k;
 }

@@ -91,6 +91,7 @@ struct cm_ctx {
     int max_batch, max_ctx, n_threads;
     float *x, *xn, *q, *kc, *vc, *att, *part, *gate, *up, *rope, *scores;
     uint8_t *xq;
+    size_t xq_size; /* bytes of xq */
     int32_t *out_rows;
     /* per call */
     const cm_batch *b;
@@ -145,7 +146,8 @@ cm_ctx *cm_ctx_new(const cm_model *m, int max_batch, int max_ctx, cm_pool *pool,
     c->rope = zalloc(B * (size_t)hp->n_rot * 4);
     c->scores = zalloc((size_t)c->n_threads * scores_stride(max_ctx, hp->head_dim) * 4);
     /* F32 is the widest activation type (4 bytes per element; Q8_K is ~1.14). */
-    c->xq = zalloc(B * kmax * 4 + 64);
+    c->xq_size = B * kmax * 4 + 64;
+    c->xq = zalloc(c->xq_size);
     c->out_rows = zalloc(B * 4);
     if (!c->x || !c->xn || !c->part || !c->q || !c->att || !c->kc || !c->vc || !c->gate || !c->up || !c->rope ||
         !c->scores || !c->xq || !c->out_rows) {
@@ -331,13 +333,14 @@ static const void *add_norm_prep(cm_ctx *c, enum cm_act_site site, const cm_tens
  * vec_dot_type, split across threads by activation blocks (conversions are
  * per block, so converting a row piecewise gives the same bytes), then one
  * barrier; even a single token's row is shared by all threads. */
-static const void *silu_prep(cm_ctx *c, const cm_tensor *w, int n, int FS, size_t *stride, int ith, int nth) {
-    const enum cm_type vdt = cm_type_traits_of(w->type)->vec_dot_type;
+static size_t xq_bytes(const cm_ctx *c) { return c->xq_size; }
+
+/* silu(gate) * up and its conversion for units [u0, u1) of (token, block
+ * of ffn_down's vec_dot_type) pairs. */
+static void silu_blocks(cm_ctx *c, enum cm_type vdt, int FS, int64_t u0, int64_t u1, uint8_t *out) {
     const int bs = cm_type_traits_of(vdt)->block_size;
     const size_t rs = vdt == CM_TYPE_F32 ? (size_t)FS * sizeof(float) : cm_row_size(vdt, FS);
     const int64_t nbr = FS / bs; /* FS is a multiple of the block size (cm_slice_check) */
-    int64_t u0, u1;
-    cm_split_range((int64_t)n * nbr, ith, nth, &u0, &u1);
     for (int64_t u = u0; u < u1;) {
         const int64_t j = u / nbr, b0 = u % nbr, b1 = CM_MIN(nbr, b0 + (u1 - u));
         float *g = c->gate + j * FS;
@@ -349,13 +352,166 @@ static const void *silu_prep(cm_ctx *c, const cm_tensor *w, int n, int FS, size_
         }
         if (vdt != CM_TYPE_F32)
             convert(c, CM_ACT_FFN_DOWN, (int)j, b0 * bs, vdt, g + b0 * bs,
-                    c->xq + (size_t)j * rs + cm_row_size(vdt, b0 * bs), (b1 - b0) * bs);
+                    out + (size_t)j * rs + cm_row_size(vdt, b0 * bs), (b1 - b0) * bs);
         u += b1 - b0;
     }
+}
+
+static const void *silu_prep(cm_ctx *c, const cm_tensor *w, int n, int FS, size_t *stride, int ith, int nth) {
+    const enum cm_type vdt = cm_type_traits_of(w->type)->vec_dot_type;
+    const int bs = cm_type_traits_of(vdt)->block_size;
+    int64_t u0, u1;
+    cm_split_range((int64_t)n * (FS / bs), ith, nth, &u0, &u1);
+    silu_blocks(c, vdt, FS, u0, u1, c->xq);
     cm_pool_barrier(c->pool);
-    *stride = rs;
+    *stride = vdt == CM_TYPE_F32 ? (size_t)FS * sizeof(float) : cm_row_size(vdt, FS);
     return vdt == CM_TYPE_F32 ? (const void *)c->gate : (const void *)c->xq;
 }
+
+/* Bias, Q norm and RoPE of q head h (of this slice) of token j. */
+static void rope_q_task(cm_ctx *c, int j, int h) {
+    const cm_hparams *hp = &c->m->hp;
+    const cm_layer *L = &c->m->layers[c->il];
+    const int D = hp->head_dim, rep = hp->n_head / hp->n_head_kv;
+    const int nq = (c->a->slice.h1 - c->a->slice.h0) * rep, QS = nq * D;
+    const float *rc = c->rope + (size_t)j * hp->n_rot;
+    float *qv = c->q + (size_t)j * QS + (size_t)h * D;
+    int hg = c->a->slice.h0 * rep + h; /* global q head */
+    if (L->bq.data)
+        for (int i = 0; i < D; i++) qv[i] += ((const float *)L->bq.data)[hg * D + i];
+    if (L->q_norm.data) rms_norm_row(qv, L->q_norm.data, qv, D, hp->rms_eps);
+    rope_apply(hp, rc, qv);
+}
+
+/* Bias, K norm and RoPE of kv head hl (of this slice) of token j; K and V
+ * into the token's sequence cache. */
+static void rope_kv_task(cm_ctx *c, int j, int hl) {
+    const cm_hparams *hp = &c->m->hp;
+    const cm_layer *L = &c->m->layers[c->il];
+    const cm_batch *b = c->b;
+    const int D = hp->head_dim, KS = (c->a->slice.h1 - c->a->slice.h0) * D, hk = c->a->slice.h0 + hl;
+    const float *rc = c->rope + (size_t)j * hp->n_rot;
+    float *kv_k = c->kc + (size_t)j * KS + (size_t)hl * D;
+    float *kv_v = c->vc + (size_t)j * KS + (size_t)hl * D;
+    if (L->bk.data)
+        for (int i = 0; i < D; i++) kv_k[i] += ((const float *)L->bk.data)[hk * D + i];
+    if (L->bv.data)
+        for (int i = 0; i < D; i++) kv_v[i] += ((const float *)L->bv.data)[hk * D + i];
+    if (L->k_norm.data) rms_norm_row(kv_k, L->k_norm.data, kv_k, D, hp->rms_eps);
+    rope_apply(hp, rc, kv_k);
+    cm_kv *kv = c->a->kvs[b->seq[j]];
+    size_t off = kv_off(kv, c->il, hk);
+    int p = b->pos[j];
+    if (kv->type == CM_TYPE_F16) {
+        cm_f16 *kd = (cm_f16 *)kv->k + off + (size_t)p * D, *vt = (cm_f16 *)kv->v + off;
+        for (int i = 0; i < D; i++) kd[i] = cm_f32_to_f16(kv_k[i]);
+        for (int i = 0; i < D; i++) vt[(size_t)i * kv->n_ctx + p] = cm_f32_to_f16(kv_v[i]);
+    } else {
+        memcpy((float *)kv->k + off + (size_t)p * D, kv_k, (size_t)D * sizeof(float));
+        float *vt = (float *)kv->v + off;
+        for (int i = 0; i < D; i++) vt[(size_t)i * kv->n_ctx + p] = kv_v[i];
+    }
+}
+
+/* Attention of q head h (of this slice) of token j: scores over [0, pos],
+ * softmax as ggml_soft_max_ext (scale, max, expf, double sum), then V^T
+ * rows. The dot products go through the kernel table (SIMD where the CPU
+ * has it): a plain loop here is one serial add chain per dot, the costliest
+ * part of a long prompt outside the matmuls. The F16 dot takes both sides as
+ * F16 like ggml's, i.e. the same roundings as converting q and the weights
+ * to F16 first. */
+static void attn_task(cm_ctx *c, int j, int h, int ith) {
+    const cm_hparams *hp = &c->m->hp;
+    const cm_batch *b = c->b;
+    const int D = hp->head_dim, rep = hp->n_head / hp->n_head_kv;
+    const int nq = (c->a->slice.h1 - c->a->slice.h0) * rep, QS = nq * D;
+    const float scale = 1.0f / sqrtf((float)D);
+    float *sc = c->scores + (size_t)ith * scores_stride(c->max_ctx, D);
+    cm_f16 *qh = (cm_f16 *)(sc + c->max_ctx); /* the query rounded to F16 (F16 cache) */
+    cm_f16 *sch = qh + D;                      /* the weights rounded to F16 (F16 cache) */
+    const cm_vec_dot_fn dot_f32 = c->k->vec_dot[CM_TYPE_F32], dot_f16 = c->k->vec_dot[CM_TYPE_F16];
+    const cm_from_float_fn to_f16 = c->k->from_float[CM_TYPE_F16];
+    int hk = c->a->slice.h0 + h / rep;
+    const cm_kv *kv = c->a->kvs[b->seq[j]];
+    const bool f16 = kv->type == CM_TYPE_F16;
+    const float *qv = c->q + (size_t)j * QS + (size_t)h * D;
+    const size_t off = kv_off(kv, c->il, hk);
+    int np = b->pos[j] + 1;
+    float mx = -INFINITY;
+    if (f16) {
+        const cm_f16 *kk = (const cm_f16 *)kv->k + off;
+        to_f16(qv, qh, D);
+        for (int p = 0; p < np; p++) {
+            float d;
+            dot_f16(D, &d, kk + (size_t)p * D, qh);
+            sc[p] = d * scale;
+            if (sc[p] > mx) mx = sc[p];
+        }
+    } else {
+        const float *kk = (const float *)kv->k + off;
+        for (int p = 0; p < np; p++) {
+            float d;
+            dot_f32(D, &d, kk + (size_t)p * D, qv);
+            sc[p] = d * scale;
+            if (sc[p] > mx) mx = sc[p];
+        }
+    }
+    double sum = 0.0;
+    for (int p = 0; p < np; p++) {
+        float e = expf(sc[p] - mx);
+        sc[p] = e;
+        sum += (double)e;
+    }
+    const float inv = (float)(1.0 / sum);
+    for (int p = 0; p < np; p++) sc[p] *= inv;
+    float *o = c->att + (size_t)j * QS + (size_t)h * D;
+    if (f16) {
+        const cm_f16 *vt = (const cm_f16 *)kv->v + off;
+        to_f16(sc, sch, np);
+        for (int i = 0; i < D; i++) dot_f16(np, &o[i], vt + (size_t)i * kv->n_ctx, sch);
+    } else {
+        const float *vt = (const float *)kv->v + off;
+        for (int i = 0; i < D; i++) dot_f32(np, &o[i], vt + (size_t)i * kv->n_ctx, sc);
+    }
+}
+
+/* Decode (one token) with at least as many kv heads as threads: each thread
+ * takes whole kv heads, ropes their K/V and their q heads, attends with
+ * them and converts its part of the output row for attn_output, so only one
+ * barrier separates the QKV products from attn_output (instead of three).
+ * Same ops on the same data as the general path: results are unchanged.
+ * Conversion is per activation block, so piecewise conversion gives the
+ * same bytes when each thread's columns start and end on block boundaries;
+ * otherwise thread 0 converts the whole row after a barrier. */
+static const void *attn_decode(cm_ctx *c, size_t *stride, int ith, int nth) {
+    const cm_hparams *hp = &c->m->hp;
+    const int D = hp->head_dim, rep = hp->n_head / hp->n_head_kv;
+    const int nkv = c->a->slice.h1 - c->a->slice.h0, QS = nkv * rep * D;
+    const enum cm_type vdt = cm_type_traits_of(c->wo.type)->vec_dot_type;
+    const int bs = cm_type_traits_of(vdt)->block_size;
+    int64_t k0, k1;
+    cm_split_range(nkv, ith, nth, &k0, &k1);
+    for (int64_t hl = k0; hl < k1; hl++) rope_kv_task(c, 0, (int)hl);
+    for (int64_t h = k0 * rep; h < k1 * rep; h++) {
+        rope_q_task(c, 0, (int)h);
+        attn_task(c, 0, (int)h, ith);
+    }
+    if (vdt == CM_TYPE_F32) {
+        cm_pool_barrier(c->pool);
+        *stride = (size_t)QS * sizeof(float);
+        return c->att;
+    }
+    if (((int64_t)rep * D) % bs == 0) {
+        const int64_t c0 = k0 * rep * D, c1 = k1 * rep * D;
+        if (c1 > c0) convert(c, CM_ACT_ATTN_OUT, 0, c0, vdt, c->att + c0, c->xq + cm_row_size(vdt, c0), c1 - c0);
+        cm_pool_barrier(c->pool);
+        *stride = cm_row_size(vdt, QS);
+        return c->xq;
+    }
+    cm_pool_barrier(c->pool);
+    return prep_act(c, CM_ACT_ATTN_OUT, &c->wo, c->att, QS, QS, 1, stride, ith, nth);
+}
+
 
 static void phase_attn(cm_ctx *c, int ith, int nth) {
     const cm_model *m = c->m;
@@ -391,109 +547,29 @@ static void phase_attn(cm_ctx *c, int ith, int nth) {
     matmul(c, &c->wv, xq, xs, n, c->vc, KS, ith, nth);
     cm_pool_barrier(c->pool);
 
-    /* Bias, Q/K norm, RoPE; K and V into each sequence's cache. One task per
-     * (token, head), q heads first. */
+    if (n == 1 && nkv >= nth) {
+        xq = attn_decode(c, &xs, ith, nth);
+        matmul(c, &c->wo, xq, xs, n, c->part, E, ith, nth);
+        return;
+    }
+
+    /* One task per (token, head), q heads first. */
     {
         int64_t tasks = (int64_t)n * (nq + nkv), t0, t1;
         cm_split_range(tasks, ith, nth, &t0, &t1);
         for (int64_t t = t0; t < t1; t++) {
             int j = (int)(t / (nq + nkv)), h = (int)(t % (nq + nkv));
-            const float *rc = c->rope + (size_t)j * hp->n_rot;
-            if (h < nq) {
-                float *qv = c->q + (size_t)j * QS + (size_t)h * D;
-                int hg = s.h0 * rep + h; /* global q head */
-                if (L->bq.data)
-                    for (int i = 0; i < D; i++) qv[i] += ((const float *)L->bq.data)[hg * D + i];
-                if (L->q_norm.data) rms_norm_row(qv, L->q_norm.data, qv, D, hp->rms_eps);
-                rope_apply(hp, rc, qv);
-            } else {
-                int hl = h - nq, hk = s.h0 + hl;
-                float *kv_k = c->kc + (size_t)j * KS + (size_t)hl * D;
-                float *kv_v = c->vc + (size_t)j * KS + (size_t)hl * D;
-                if (L->bk.data)
-                    for (int i = 0; i < D; i++) kv_k[i] += ((const float *)L->bk.data)[hk * D + i];
-                if (L->bv.data)
-                    for (int i = 0; i < D; i++) kv_v[i] += ((const float *)L->bv.data)[hk * D + i];
-                if (L->k_norm.data) rms_norm_row(kv_k, L->k_norm.data, kv_k, D, hp->rms_eps);
-                rope_apply(hp, rc, kv_k);
-                cm_kv *kv = c->a->kvs[b->seq[j]];
-                size_t off = kv_off(kv, c->il, hk);
-                int p = b->pos[j];
-                if (kv->type == CM_TYPE_F16) {
-                    cm_f16 *kd = (cm_f16 *)kv->k + off + (size_t)p * D, *vt = (cm_f16 *)kv->v + off;
-                    for (int i = 0; i < D; i++) kd[i] = cm_f32_to_f16(kv_k[i]);
-                    for (int i = 0; i < D; i++) vt[(size_t)i * kv->n_ctx + p] = cm_f32_to_f16(kv_v[i]);
-                } else {
-                    memcpy((float *)kv->k + off + (size_t)p * D, kv_k, (size_t)D * sizeof(float));
-                    float *vt = (float *)kv->v + off;
-                    for (int i = 0; i < D; i++) vt[(size_t)i * kv->n_ctx + p] = kv_v[i];
-                }
-            }
+            if (h < nq) rope_q_task(c, j, h);
+            else rope_kv_task(c, j, h - nq);
         }
     }
     cm_pool_barrier(c->pool);
 
-    /* Attention, one task per (token, q head): scores over [0, pos], softmax
-     * as ggml_soft_max_ext (scale, max, expf, double sum), then V^T rows. */
+    /* Attention, one task per (token, q head). */
     {
-        const float scale = 1.0f / sqrtf((float)D);
-        float *sc = c->scores + (size_t)ith * scores_stride(c->max_ctx, D);
-        cm_f16 *qh = (cm_f16 *)(sc + c->max_ctx); /* the query rounded to F16 (F16 cache) */
-        cm_f16 *sch = qh + D;                      /* the weights rounded to F16 (F16 cache) */
-        /* The dot products go through the kernel table (SIMD where the CPU
-         * has it): a plain loop here is one serial add chain per dot, the
-         * costliest part of a long prompt outside the matmuls. The F16 dot
-         * takes both sides as F16 like ggml's, i.e. the same roundings as
-         * converting q and the weights to F16 first. */
-        const cm_vec_dot_fn dot_f32 = c->k->vec_dot[CM_TYPE_F32], dot_f16 = c->k->vec_dot[CM_TYPE_F16];
-        const cm_from_float_fn to_f16 = c->k->from_float[CM_TYPE_F16];
         int64_t tasks = (int64_t)n * nq, t0, t1;
         cm_split_range(tasks, ith, nth, &t0, &t1);
-        for (int64_t t = t0; t < t1; t++) {
-            int j = (int)(t / nq), h = (int)(t % nq);
-            int hk = s.h0 + h / rep;
-            const cm_kv *kv = c->a->kvs[b->seq[j]];
-            const bool f16 = kv->type == CM_TYPE_F16;
-            const float *qv = c->q + (size_t)j * QS + (size_t)h * D;
-            const size_t off = kv_off(kv, c->il, hk);
-            int np = b->pos[j] + 1;
-            float mx = -INFINITY;
-            if (f16) {
-                const cm_f16 *kk = (const cm_f16 *)kv->k + off;
-                to_f16(qv, qh, D);
-                for (int p = 0; p < np; p++) {
-                    float d;
-                    dot_f16(D, &d, kk + (size_t)p * D, qh);
-                    sc[p] = d * scale;
-                    if (sc[p] > mx) mx = sc[p];
-                }
-            } else {
-                const float *kk = (const float *)kv->k + off;
-                for (int p = 0; p < np; p++) {
-                    float d;
-                    dot_f32(D, &d, kk + (size_t)p * D, qv);
-                    sc[p] = d * scale;
-                    if (sc[p] > mx) mx = sc[p];
-                }
-            }
-            double sum = 0.0;
-            for (int p = 0; p < np; p++) {
-                float e = expf(sc[p] - mx);
-                sc[p] = e;
-                sum += (double)e;
-            }
-            const float inv = (float)(1.0 / sum);
-            for (int p = 0; p < np; p++) sc[p] *= inv;
-            float *o = c->att + (size_t)j * QS + (size_t)h * D;
-            if (f16) {
-                const cm_f16 *vt = (const cm_f16 *)kv->v + off;
-                to_f16(sc, sch, np);
-                for (int i = 0; i < D; i++) dot_f16(np, &o[i], vt + (size_t)i * kv->n_ctx, sch);
-            } else {
-                const float *vt = (const float *)kv->v + off;
-                for (int i = 0; i < D; i++) dot_f32(np, &o[i], vt + (size_t)i * kv->n_ctx, sc);
-            }
-        }
+        for (int64_t t = t0; t < t1; t++) attn_task(c, (int)(t / nq), (int)(t % nq), ith);
     }
     cm_pool_barrier(c->pool);
 
@@ -513,6 +589,29 @@ static void phase_ffn(cm_ctx *c, int ith, int nth) {
     }
     size_t xs;
     const void *xq = add_norm_prep(c, CM_ACT_FFN_IN, &L->ffn_norm, &c->gt, &xs, ith, nth);
+    /* Decode: each thread computes gate and up for the same rows (whole
+     * blocks of ffn_down's activation type), applies silu and converts those
+     * blocks itself, into xq past the FFN input row that the other threads
+     * may still be reading: one barrier before ffn_down instead of two. Same
+     * per-row products, same elementwise ops: results are unchanged. */
+    const enum cm_type vdn = cm_type_traits_of(c->dn.type)->vec_dot_type;
+    const size_t dn_off = (xs + 63) & ~(size_t)63;
+    const size_t dn_rs = vdn == CM_TYPE_F32 ? (size_t)FS * sizeof(float) : cm_row_size(vdn, FS);
+    if (n == 1 && cm_type_traits_of(c->up_w.type)->vec_dot_type == cm_type_traits_of(c->gt.type)->vec_dot_type &&
+        dn_off + dn_rs <= xq_bytes(c)) {
+        const int bs = cm_type_traits_of(vdn)->block_size;
+        int64_t u0, u1;
+        cm_split_range(FS / bs, ith, nth, &u0, &u1);
+        if (u1 > u0) {
+            cm_matmul_rows(c->k, &c->gt, xq, xs, 1, c->gate, FS, u0 * bs, u1 * bs);
+            cm_matmul_rows(c->k, &c->up_w, xq, xs, 1, c->up, FS, u0 * bs, u1 * bs);
+        }
+        silu_blocks(c, vdn, FS, u0, u1, c->xq + dn_off);
+        cm_pool_barrier(c->pool);
+        xq = vdn == CM_TYPE_F32 ? (const void *)c->gate : (const void *)(c->xq + dn_off);
+        matmul(c, &c->dn, xq, dn_rs, n, c->part, E, ith, nth);
+        return;
+    }
     matmul(c, &c->gt, xq, xs, n, c->gate, FS, ith, nth);
     if (cm_type_traits_of(c->up_w.type)->vec_dot_type != cm_type_traits_of(c->gt.type)->vec_dot_type) {
         cm_pool_barrier(c->pool);

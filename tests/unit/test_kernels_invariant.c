@@ -113,7 +113,55 @@ static void test_gemm_equals_vec_dot(void) {
     CHECK(tables >= 1); /* scalar always exists */
 }
 
+/* Rows long enough that a gemm packing activations into a bounded buffer
+ * (kernels_avx512.c's avx512_gemm.h) needs several passes over the tokens:
+ * every pass boundary must still give vec_dot's bits. */
+enum { LROWS = 5, LTOK = 19, LK = 10336 }; /* 323 blocks of 32: 40 groups of 8 plus 3 */
+static uint8_t g_lw[LROWS * LK * 4], g_lx[LTOK * LK * 4];
+static float g_lf[LK], g_ly[LTOK * LROWS];
+
+static void check_long(const cm_kernels *k, enum cm_type t) {
+    const cm_type_traits *tr = cm_type_traits_of(t);
+    const enum cm_type vt = tr->vec_dot_type;
+    const int64_t n = (t == CM_TYPE_Q4_K || t == CM_TYPE_Q5_K || t == CM_TYPE_Q6_K) ? 40 * 256 : LK;
+    const size_t ws = cm_row_size(t, n), xs = cm_row_size(vt, n);
+    for (int r = 0; r < LROWS; r++) {
+        for (int64_t i = 0; i < n; i++) g_lf[i] = frand() * (float)(1 << (rnd() % 8));
+        CHECK(cm_quantize_rows(t, g_lf, g_lw + (size_t)r * ws, 1, n) == ws);
+    }
+    for (int j = 0; j < LTOK; j++) {
+        for (int64_t i = 0; i < n; i++) g_lf[i] = frand() * (float)(1 << (rnd() % 6));
+        k->from_float[vt](g_lf, g_lx + (size_t)j * xs, n);
+    }
+    cm_tensor W;
+    memset(&W, 0, sizeof W);
+    W.type = t;
+    W.ne[0] = n;
+    W.ne[1] = LROWS;
+    W.nb[1] = ws;
+    W.data = g_lw;
+    cm_matmul_rows(k, &W, g_lx, xs, LTOK, g_ly, LROWS, 0, LROWS);
+    long bad = 0;
+    for (int j = 0; j < LTOK; j++)
+        for (int r = 0; r < LROWS; r++) {
+            float ref;
+            k->vec_dot[t](n, &ref, g_lw + (size_t)r * ws, g_lx + (size_t)j * xs);
+            bad += memcmp(&ref, &g_ly[j * LROWS + r], sizeof ref) != 0;
+        }
+    CHECKF(bad == 0, "%s %s, rows of %lld: %ld of %d (row, token) results differ from vec_dot", k->name, tr->name,
+           (long long)n, bad, LTOK * LROWS);
+}
+
+static void test_long_rows(void) {
+    for (size_t i = 0; i < sizeof k_isas / sizeof k_isas[0]; i++) {
+        const cm_kernels *k = cm_kernels_for(k_isas[i]);
+        if (!k) continue;
+        for (int ti = 0; ti < N_TYPES; ti++) check_long(k, k_types[ti]);
+    }
+}
+
 int main(void) {
     RUN(test_gemm_equals_vec_dot);
+    RUN(test_long_rows);
     TEST_END();
 }

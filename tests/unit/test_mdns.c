@@ -320,19 +320,34 @@ static void test_browser(void) {
     cm_mdns_feed(m, buf, (size_t)len, k_peer, CM_MDNS_PORT);
     CHECK(g_ev[CM_MDNS_REMOVE] == 1 && !strcmp(g_last.name, "other") && cm_mdns_instance_count(m) == 1);
 
-    /* flood of complete instances: the table stays bounded */
+    /* one host announcing 1000 services holds 8 entries (it replaces its
+     * own oldest), and the other hosts' entries stay */
     char name[32];
+    size_t before = cm_mdns_instance_count(m);
+    const uint8_t k_flooder[4] = {10, 1, 1, 1};
     for (int i = 0; i < 1000; i++) {
         snprintf(name, sizeof name, "flood%d", i);
         len = make_announce(buf, sizeof buf, name, 9, 4500, 120, true);
-        cm_mdns_feed(m, buf, (size_t)len, k_peer, CM_MDNS_PORT);
+        cm_mdns_feed(m, buf, (size_t)len, k_flooder, CM_MDNS_PORT);
+    }
+    CHECKF(cm_mdns_instance_count(m) == before + 8, "%zu entries", cm_mdns_instance_count(m));
+    size_t others = 0;
+    for (size_t i = 0; i < cm_mdns_instance_count(m); i++) others += strncmp(cm_mdns_instance_at(m, i)->name, "flood", 5) != 0;
+    CHECK(before > 0 && others == before);
+    /* flood of complete instances from many hosts: the table stays bounded */
+    for (int i = 0; i < 1000; i++) {
+        const uint8_t src[4] = {10, 2, (uint8_t)(i / 200), (uint8_t)(i % 200 + 1)};
+        snprintf(name, sizeof name, "many%d", i);
+        len = make_announce(buf, sizeof buf, name, 9, 4500, 120, true);
+        cm_mdns_feed(m, buf, (size_t)len, src, CM_MDNS_PORT);
     }
     CHECK(cm_mdns_instance_count(m) == CM_MDNS_MAX_INSTANCES);
     /* bare PTRs cannot evict resolved instances */
     for (int i = 0; i < 300; i++) {
+        const uint8_t src[4] = {10, 3, (uint8_t)(i / 200), (uint8_t)(i % 200 + 1)};
         snprintf(name, sizeof name, "bare%d", i);
         len = make_announce(buf, sizeof buf, name, 9, 4500, 120, false);
-        cm_mdns_feed(m, buf, (size_t)len, k_peer, CM_MDNS_PORT);
+        cm_mdns_feed(m, buf, (size_t)len, src, CM_MDNS_PORT);
     }
     CHECK(cm_mdns_instance_count(m) == CM_MDNS_MAX_INSTANCES);
     cm_mdns_close(m);

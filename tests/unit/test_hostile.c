@@ -1,0 +1,448 @@
+/*
+ * test_hostile.c (issue 7): hostile peers against the node daemon. Every
+ * attack opens its own TCP connection to a `cumulo node` (cm_node_run on a
+ * thread here, on 127.0.0.1 with a cluster key) and must be refused, with a
+ * log line naming the peer, and with no effect: afterwards an honest peer
+ * still completes a handshake and a PING. tests/unit/test_net.c covers the
+ * same frames against a bare connection; this covers what the daemon does
+ * with them (its accept loop, per-connection threads, message dispatch).
+ *
+ * Attacks: the wrong key; --insecure against a keyed node; bytes that are not
+ * a cumulo frame; an oversized and a truncated handshake frame; a whole
+ * session's client bytes (captured through a recording proxy) replayed on a
+ * new connection; an authenticated frame replayed on its connection; a frame
+ * with a flipped MAC byte; an authenticated frame whose payload is garbage;
+ * an oversized authenticated header; ASSIGN from a peer that is not a
+ * coordinator; FORWARD without an assignment.
+ *
+ * Tool mode, for tests/sh/cluster_hostile.sh: with CM_HOSTILE_ADDR=host:port
+ * the same attacks run against that node (a separate process, key from
+ * CUMULO_KEY_FILE); the script checks the node's log and that a cluster
+ * serving through it is unaffected. Only loopback or test namespaces.
+ */
+#include "test.h"
+
+#include "base/base.h"
+#include "cluster/cluster.h"
+#include "net/net.h"
+#include "os/os.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <errno.h>
+#include <sys/stat.h>
+#include <pthread.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+static char g_host[64] = "127.0.0.1";
+static uint16_t g_port;
+static uint8_t g_key[CM_KEY_BYTES];
+static bool g_tool; /* attacking another process: its log is checked by the caller */
+static char g_log_path[256];
+static int g_saved_fd = -1;
+
+static void log_capture_start(void) {
+    snprintf(g_log_path, sizeof g_log_path, "/tmp/cumulo-test-hostile-%d.log", (int)getpid());
+    int fd = open(g_log_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    fflush(stderr);
+    g_saved_fd = dup(2);
+    dup2(fd, 2);
+    close(fd);
+}
+static char *log_capture_end(void) {
+    fflush(stderr);
+    dup2(g_saved_fd, 2);
+    close(g_saved_fd);
+    char *text = NULL;
+    size_t n;
+    if (cm_file_read_all(g_log_path, &text, &n, NULL, 0) != 0) text = NULL;
+    unlink(g_log_path);
+    return text;
+}
+
+static void hello(cm_msg_hello *h, uint32_t roles) {
+    memset(h, 0, sizeof *h);
+    h->proto_version = CM_PROTO_VERSION;
+    for (int i = 0; i < CM_NODE_ID_BYTES; i++) h->node_id[i] = (uint8_t)(0xa0 + i);
+    snprintf(h->name, sizeof h->name, "hostile");
+    h->roles = roles;
+    h->cores = 1;
+    h->mem_total = 1 << 30;
+    h->mem_free = 1 << 29;
+    snprintf(h->os, sizeof h->os, "linux");
+    snprintf(h->arch, sizeof h->arch, "x86_64");
+    snprintf(h->version, sizeof h->version, "0");
+}
+
+/* A connection with the handshake done in mode/key (NULL on failure; rc and e say why). */
+static cm_conn *dial(cm_sec_mode mode, const uint8_t *key, uint32_t roles, int *rc, char *e, size_t el) {
+    cm_conn *c = NULL;
+    *rc = cm_net_connect(g_host, g_port, 3000, &c, e, el);
+    if (*rc) return NULL;
+    cm_net_cfg cfg = {.mode = mode, .handshake_ms = 3000};
+    if (key) memcpy(cfg.key, key, CM_KEY_BYTES);
+    cm_msg_hello me;
+    hello(&me, roles);
+    *rc = cm_conn_handshake(c, true, &cfg, &me, NULL, e, el);
+    if (*rc) { cm_conn_close(c, NULL); return NULL; }
+    return c;
+}
+
+/* Whether the node closes the connection within 3 s (it must, after a refusal). */
+static bool closed_by_node(cm_conn *c) {
+    int fd = cm_conn_fd(c);
+    uint64_t end = cm_now_ns() + 3000000000ull;
+    while (cm_now_ns() < end) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, 100) <= 0) continue;
+        uint8_t b[4096];
+        ssize_t k = recv(fd, b, sizeof b, 0);
+        if (k == 0 || (k < 0 && errno != EAGAIN && errno != EINTR)) return true;
+    }
+    return false;
+}
+
+/* A raw TCP connection and some bytes; true when the node then closes it. */
+static bool raw_send_expect_close(const void *p, size_t n, bool half_close) {
+    cm_conn *c = NULL;
+    char e[300];
+    if (cm_net_connect(g_host, g_port, 3000, &c, e, sizeof e)) return false;
+    bool ok = cm_conn_write_raw(c, p, n, 2000, e, sizeof e) == 0;
+    if (half_close) shutdown(cm_conn_fd(c), SHUT_WR);
+    ok = ok && closed_by_node(c);
+    cm_conn_close(c, NULL);
+    return ok;
+}
+
+/* An honest peer still gets in and gets a PONG. */
+static bool honest_ping(void) {
+    int rc;
+    char e[400];
+    cm_conn *c = dial(CM_SEC_ENCRYPT, g_key, CM_ROLE_NODE, &rc, e, sizeof e);
+    if (!c) { fprintf(stderr, "honest peer refused: %s\n", e); return false; }
+    cm_msg m = {.type = CM_MSG_PING}, r;
+    m.u.ping.id = 42;
+    bool ok = cm_conn_send(c, &m, 2000, e, sizeof e) == 0 && cm_conn_recv(c, &r, 3000, e, sizeof e) == 0 &&
+              r.type == CM_MSG_PONG && r.u.ping.id == 42;
+    if (!ok) fprintf(stderr, "honest PING failed: %s\n", e);
+    cm_conn_close(c, "done");
+    return ok;
+}
+
+/* ---- attacks before the handshake ---- */
+
+static void test_wrong_key(void) {
+    uint8_t other[CM_KEY_BYTES];
+    memcpy(other, g_key, sizeof other);
+    other[7] ^= 0x40;
+    int rc;
+    char e[400];
+    cm_conn *c = dial(CM_SEC_ENCRYPT, other, CM_ROLE_COORDINATOR, &rc, e, sizeof e);
+    CHECKF(!c && rc == CM_EAUTH && strstr(e, "does not know this cluster's key"), "rc %d: %s", rc, e);
+    cm_conn_close(c, NULL);
+    c = dial(CM_SEC_INSECURE, NULL, CM_ROLE_COORDINATOR, &rc, e, sizeof e);
+    CHECKF(!c && rc == CM_EAUTH && strstr(e, "--insecure"), "rc %d: %s", rc, e);
+    cm_conn_close(c, NULL);
+    CHECK(honest_ping());
+}
+
+static void test_not_a_frame(void) {
+    const char http[] = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+    CHECK(raw_send_expect_close(http, sizeof http - 1, false));
+    /* An AUTH_INIT header announcing 4 GiB: refused from the header alone. */
+    uint8_t f[CM_FRAME_HDR];
+    cm_frame_hdr h = {CM_PROTO_VERSION, CM_MSG_AUTH_INIT, 0, 0, 0xfffffff0u};
+    cm_frame_hdr_encode(&h, f);
+    CHECK(raw_send_expect_close(f, sizeof f, false));
+    /* Another protocol version. */
+    h = (cm_frame_hdr){CM_PROTO_VERSION + 1, CM_MSG_AUTH_INIT, 0, 0, CM_HS_INIT_BYTES};
+    cm_frame_hdr_encode(&h, f);
+    CHECK(raw_send_expect_close(f, sizeof f, false));
+    /* A truncated AUTH_INIT (10 of 68 payload bytes), then the writer closes. */
+    uint8_t t[CM_FRAME_HDR + 10] = {0};
+    h = (cm_frame_hdr){CM_PROTO_VERSION, CM_MSG_AUTH_INIT, 0, 0, CM_HS_INIT_BYTES};
+    cm_frame_hdr_encode(&h, t);
+    CHECK(raw_send_expect_close(t, sizeof t, true));
+    /* A FORWARD before any handshake. */
+    h = (cm_frame_hdr){CM_PROTO_VERSION, CM_MSG_FORWARD, 0, 0, 8};
+    uint8_t fw[CM_FRAME_HDR + 8] = {0};
+    cm_frame_hdr_encode(&h, fw);
+    CHECK(raw_send_expect_close(fw, sizeof fw, false));
+    CHECK(honest_ping());
+}
+
+/* A recording proxy: one client connection relayed to the node; what the
+ * client sent is kept, to be replayed whole on a new connection. */
+typedef struct proxy {
+    int lfd;
+    uint16_t port;
+    uint8_t sent[8192];
+    size_t n_sent;
+    pthread_t th;
+} proxy;
+
+static void *proxy_main(void *arg) {
+    proxy *x = arg;
+    int a = accept(x->lfd, NULL, NULL);
+    if (a < 0) return NULL;
+    int b = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(g_port)};
+    inet_pton(AF_INET, g_host, &sa.sin_addr);
+    if (connect(b, (struct sockaddr *)&sa, sizeof sa) == 0) {
+        for (;;) {
+            struct pollfd p[2] = {{.fd = a, .events = POLLIN}, {.fd = b, .events = POLLIN}};
+            if (poll(p, 2, 5000) <= 0) break;
+            uint8_t buf[4096];
+            if (p[0].revents) {
+                ssize_t k = recv(a, buf, sizeof buf, 0);
+                if (k <= 0) break;
+                if (x->n_sent + (size_t)k <= sizeof x->sent) {
+                    memcpy(x->sent + x->n_sent, buf, (size_t)k);
+                    x->n_sent += (size_t)k;
+                }
+                if (send(b, buf, (size_t)k, MSG_NOSIGNAL) != k) break;
+            }
+            if (p[1].revents) {
+                ssize_t k = recv(b, buf, sizeof buf, 0);
+                if (k <= 0) break;
+                if (send(a, buf, (size_t)k, MSG_NOSIGNAL) != k) break;
+            }
+        }
+    }
+    close(a);
+    close(b);
+    return NULL;
+}
+
+static void test_session_replay(void) {
+    proxy x = {.lfd = socket(AF_INET, SOCK_STREAM, 0)};
+    struct sockaddr_in sa = {.sin_family = AF_INET};
+    inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+    socklen_t sl = sizeof sa;
+    CHECK(bind(x.lfd, (struct sockaddr *)&sa, sizeof sa) == 0 && listen(x.lfd, 1) == 0 &&
+          getsockname(x.lfd, (struct sockaddr *)&sa, &sl) == 0);
+    x.port = ntohs(sa.sin_port);
+    pthread_create(&x.th, NULL, proxy_main, &x);
+    /* An honest session through the proxy: handshake, PING, PONG, BYE. */
+    cm_conn *c = NULL;
+    char e[400];
+    int rc = cm_net_connect("127.0.0.1", x.port, 3000, &c, e, sizeof e);
+    cm_net_cfg cfg = {.mode = CM_SEC_ENCRYPT, .handshake_ms = 3000};
+    memcpy(cfg.key, g_key, sizeof cfg.key);
+    cm_msg_hello me;
+    hello(&me, CM_ROLE_NODE);
+    if (!rc) rc = cm_conn_handshake(c, true, &cfg, &me, NULL, e, sizeof e);
+    cm_msg m = {.type = CM_MSG_PING}, r;
+    m.u.ping.id = 7;
+    if (!rc) rc = cm_conn_send(c, &m, 2000, e, sizeof e);
+    if (!rc) rc = cm_conn_recv(c, &r, 3000, e, sizeof e);
+    CHECKF(rc == 0 && r.type == CM_MSG_PONG, "honest session through the proxy: %s", e);
+    cm_conn_close(c, "done");
+    pthread_join(x.th, NULL);
+    close(x.lfd);
+    CHECK(x.n_sent > CM_FRAME_HDR + CM_HS_INIT_BYTES);
+    /* The same bytes again: the node's fresh nonce and ephemeral key make the
+     * old proof wrong, so the replayer never gets past AUTH_FINISH. */
+    CHECK(raw_send_expect_close(x.sent, x.n_sent, false));
+    CHECK(honest_ping());
+}
+
+/* ---- attacks inside an authenticated session ---- */
+
+enum frame_attack { REPLAY, BAD_MAC, GARBAGE, OVERSIZED };
+
+static void frame_attack(enum frame_attack a) {
+    int rc;
+    char e[400];
+    cm_conn *c = dial(CM_SEC_ENCRYPT, g_key, CM_ROLE_NODE, &rc, e, sizeof e);
+    CHECKF(c != NULL, "%s", e);
+    if (!c) return;
+    /* PING id 1, no data: 8 + 8 + 4 + 4 bytes */
+    uint8_t ping[24] = {1}, f[256];
+    size_t n;
+    CHECK(cm_conn_seal_raw(c, CM_MSG_PING, ping, sizeof ping, f, sizeof f, &n, e, sizeof e) == 0);
+    CHECK(cm_conn_write_raw(c, f, n, 2000, e, sizeof e) == 0);
+    cm_msg r;
+    CHECKF(cm_conn_recv(c, &r, 3000, e, sizeof e) == 0 && r.type == CM_MSG_PONG, "%s", e);
+    if (a == REPLAY) {
+        CHECK(cm_conn_write_raw(c, f, n, 2000, e, sizeof e) == 0);
+    } else if (a == BAD_MAC) {
+        CHECK(cm_conn_seal_raw(c, CM_MSG_PING, ping, sizeof ping, f, sizeof f, &n, e, sizeof e) == 0);
+        f[n - 3] ^= 0x20;
+        CHECK(cm_conn_write_raw(c, f, n, 2000, e, sizeof e) == 0);
+    } else if (a == GARBAGE) {
+        /* Correctly sealed, but not a FORWARD: sizes that do not add up. */
+        uint8_t junk[40];
+        for (size_t i = 0; i < sizeof junk; i++) junk[i] = (uint8_t)(i * 37 + 11);
+        CHECK(cm_conn_seal_raw(c, CM_MSG_FORWARD, junk, sizeof junk, f, sizeof f, &n, e, sizeof e) == 0);
+        CHECK(cm_conn_write_raw(c, f, n, 2000, e, sizeof e) == 0);
+    } else {
+        /* A FORWARD header announcing more than its maximum (256 MiB). */
+        cm_frame_hdr h = {CM_PROTO_VERSION, CM_MSG_FORWARD, CM_FRAME_F_MAC | CM_FRAME_F_ENC, 2, (256u << 20) + 1};
+        cm_frame_hdr_encode(&h, f);
+        CHECK(cm_conn_write_raw(c, f, CM_FRAME_HDR, 2000, e, sizeof e) == 0);
+    }
+    CHECK(closed_by_node(c));
+    cm_conn_close(c, NULL);
+}
+
+static void test_frames(void) {
+    frame_attack(REPLAY);
+    frame_attack(BAD_MAC);
+    frame_attack(GARBAGE);
+    frame_attack(OVERSIZED);
+    CHECK(honest_ping());
+}
+
+/* Well-formed, authenticated, but not allowed: ignored, and the connection
+ * stays usable (a member of the cluster may be confused, not hostile). */
+static void test_not_allowed(void) {
+    int rc;
+    char e[400];
+    cm_conn *c = dial(CM_SEC_ENCRYPT, g_key, CM_ROLE_NODE, &rc, e, sizeof e);
+    CHECKF(c != NULL, "%s", e);
+    if (!c) return;
+    cm_msg m = {.type = CM_MSG_ASSIGN};
+    cm_msg_assign *as = &m.u.assign;
+    as->epoch = 1;
+    snprintf(as->model_name, sizeof as->model_name, "x.gguf");
+    as->flags = CM_ASSIGN_F_OUTPUT;
+    as->n_layers = 4;
+    as->layer_begin = 2;
+    as->layer_end = 4;
+    as->head_end = 1;
+    as->ffn_end = 1;
+    as->n_ctx = 16;
+    as->n_seq_max = 1;
+    as->stage = 1;
+    as->n_stages = 2;
+    as->hidden_dtype = CM_HIDDEN_F32;
+    as->tp_size = 1;
+    CHECKF(cm_conn_send(c, &m, 2000, e, sizeof e) == 0, "%s", e);
+    int32_t pos = 0, seq = 0;
+    uint8_t want = 1;
+    float hid[4] = {1, 2, 3, 4};
+    m = (cm_msg){.type = CM_MSG_FORWARD};
+    m.u.forward = (cm_msg_forward){.epoch = 1, .request_id = 1, .n_tokens = 1, .dim = 4, .dtype = CM_HIDDEN_F32,
+                                   .pos = &pos, .seq = &seq, .want = &want, .hidden = hid};
+    CHECKF(cm_conn_send(c, &m, 2000, e, sizeof e) == 0, "%s", e);
+    cm_msg r;
+    m = (cm_msg){.type = CM_MSG_PING};
+    m.u.ping.id = 9;
+    CHECK(cm_conn_send(c, &m, 2000, e, sizeof e) == 0);
+    /* The node may answer the FORWARD with nothing (no coordinator to tell). */
+    do rc = cm_conn_recv(c, &r, 3000, e, sizeof e);
+    while (!rc && r.type != CM_MSG_PONG);
+    CHECKF(rc == 0 && r.u.ping.id == 9, "rc %d: %s", rc, e);
+    cm_conn_close(c, "done");
+    CHECK(honest_ping());
+}
+
+/* ---- the node under attack ---- */
+
+static atomic_int g_stop;
+static char g_dir[256];
+static int g_node_rc;
+
+static void *node_main(void *arg) {
+    (void)arg;
+    char kf[300], pf[300], err[300];
+    snprintf(kf, sizeof kf, "%s/key", g_dir);
+    snprintf(pf, sizeof pf, "%s/port", g_dir);
+    cm_node_opts o = {.bind = "127.0.0.1", .port_file = pf, .cache_dir = g_dir, .n_threads = 1, .key_file = kf,
+                      .name = "target"};
+    g_node_rc = cm_node_run(&o, &g_stop, err, sizeof err);
+    if (g_node_rc) fprintf(stderr, "node: %s\n", err);
+    return NULL;
+}
+
+int main(void) {
+    const char *target = getenv("CM_HOSTILE_ADDR");
+    pthread_t th;
+    char *log = NULL;
+    if (target && *target) {
+        g_tool = true;
+        char e[300], kp[512];
+        if (cm_net_parse_addr(target, 7070, g_host, sizeof g_host, &g_port, e, sizeof e) ||
+            cm_net_key_default_path(kp, sizeof kp, e, sizeof e) || cm_net_key_load(kp, g_key, e, sizeof e)) {
+            fprintf(stderr, "test_hostile: %s\n", e);
+            return 2;
+        }
+    } else {
+        snprintf(g_dir, sizeof g_dir, "/tmp/cumulo-test-hostile-%d", (int)getpid());
+        mkdir(g_dir, 0700);
+        char kf[300], pf[300], e[300];
+        snprintf(kf, sizeof kf, "%s/key", g_dir);
+        snprintf(pf, sizeof pf, "%s/port", g_dir);
+        cm_net_key_generate(g_key);
+        if (cm_net_key_save(kf, g_key, e, sizeof e)) { fprintf(stderr, "%s\n", e); return 2; }
+        log_capture_start();
+        pthread_create(&th, NULL, node_main, NULL);
+        for (int i = 0; i < 200 && !g_port; i++) {
+            char *s = NULL;
+            size_t n;
+            if (!cm_file_read_all(pf, &s, &n, NULL, 0)) g_port = (uint16_t)atoi(s);
+            cm_free(s);
+            if (!g_port) cm_sleep_ms(20);
+        }
+        if (!g_port) { log = log_capture_end(); fprintf(stderr, "the node did not start: %s\n", log ? log : ""); return 2; }
+    }
+    RUN(test_wrong_key);
+    RUN(test_not_a_frame);
+    RUN(test_session_replay);
+    RUN(test_frames);
+    RUN(test_not_allowed);
+    if (!g_tool) {
+        atomic_store(&g_stop, 1);
+        pthread_join(th, NULL);
+        log = log_capture_end();
+        /* Every refusal is in the node's log, naming the peer (lines about
+         * the node's own address are this client's side of a refusal). */
+        static const char *const want[] = {
+            "does not know this cluster's key",
+            "the connecting node runs --insecure",
+            "not a cumulo frame",
+            "AUTH_INIT frame of 4294967280 bytes exceeds the maximum of 128",
+            "frame of protocol version 2 (this node speaks version 1)",
+            "closed the connection during the handshake",
+            "sent a FORWARD frame before the handshake finished",
+            "sent a replayed PING frame",
+            "sent a PING frame with a bad MAC",
+            "sent a malformed FORWARD payload",
+            "FORWARD frame of 268435457 bytes exceeds the maximum",
+            "ASSIGN from 127.0.0.1:",
+            "FORWARD without an assignment",
+        };
+        t_cur_name = "node_log";
+        t_cur_failed = 0;
+        char self[40];
+        snprintf(self, sizeof self, "127.0.0.1:%u", g_port);
+        for (size_t i = 0; i < CM_ARRAY_LEN(want); i++) {
+            bool found = false;
+            for (const char *l = log; l && *l && !found;) {
+                const char *e = strchr(l, '\n');
+                size_t n = e ? (size_t)(e - l) : strlen(l);
+                char line[1024];
+                snprintf(line, sizeof line, "%.*s", (int)(n < sizeof line ? n : sizeof line - 1), l);
+                found = strstr(line, want[i]) && strstr(line, "127.0.0.1:") && !strstr(line, self);
+                l = e ? e + 1 : l + n;
+            }
+            CHECKF(found, "the node's log lacks '%s' naming the peer", want[i]);
+        }
+        CHECK(g_node_rc == 0);
+        if (t_cur_failed) { t_failed++; fprintf(stderr, "node log:\n%s\n", log ? log : ""); }
+        else t_passed++;
+        if (getenv("CM_HOSTILE_SHOW_LOG")) fprintf(stderr, "%s", log ? log : "");
+        free(log);
+        char p[300];
+        snprintf(p, sizeof p, "%s/key", g_dir);
+        unlink(p);
+        snprintf(p, sizeof p, "%s/port", g_dir);
+        unlink(p);
+        rmdir(g_dir);
+    }
+    TEST_END();
+}
