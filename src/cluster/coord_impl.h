@@ -94,7 +94,8 @@ struct cm_pipe {
     int n_members;
     cm_pipe_member_info members[CM_PLAN_MAX_NODES * 2];
     uint64_t next_rejoin_ns; /* coord_recover.c: next redial of lost nodes (cm_pipe_maintain) */
-    bool gave_up;            /* coord_recover.c: recovery failed; only returning nodes retry it */
+    bool gave_up;            /* coord_recover.c: recovery failed; returning nodes retry it, or the rejoin interval */
+    uint64_t gave_up_ns;     /* when it gave up */
     char cause[300];         /* coord_recover.c: the failure that started it */
 };
 

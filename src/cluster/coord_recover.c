@@ -328,8 +328,24 @@ int cm_pipe_tp_recover(cm_pipe *p, char *err, size_t errlen) {
     return cm_pipe_recover(p, err, errlen);
 }
 
+static int rejoin_ms(void) {
+    const char *env = getenv("CUMULO_REJOIN_MS"); /* tests: sooner */
+    return env && atoi(env) >= 100 ? atoi(env) : CM_PIPE_REJOIN_MS;
+}
+
+/* Recovery gave up, but nodes are still alive: a cut link between them may
+ * have healed since (nobody was lost, so nobody is redialled). Worth another
+ * try once per rejoin interval. */
+static bool retry_due(const cm_pipe *p) {
+    if (!p->gave_up || cm_now_ns() < p->gave_up_ns + (uint64_t)rejoin_ms() * 1000000ull) return false;
+    for (int i = 0; i < p->n_remote; i++)
+        if (alive(&p->r[i])) return true;
+    return false;
+}
+
 int cm_pipe_recover(cm_pipe *p, char *err, size_t errlen) {
     if (!cm_pipe_failed(p)) return 0;
+    if (p->gave_up && retry_due(p)) p->gave_up = false;
     if (p->gave_up) { /* nothing changed since: the same answer, at once */
         pthread_mutex_lock(&p->mu);
         int rc = cm_errf(err, errlen, p->fatal, "%s", p->fatal_text);
@@ -368,6 +384,7 @@ int cm_pipe_recover(cm_pipe *p, char *err, size_t errlen) {
     pthread_mutex_lock(&p->mu);
     p->fatal = rc == CM_EAGAIN ? CM_EAGAIN : CM_EIO;
     p->gave_up = true;
+    p->gave_up_ns = cm_now_ns();
     memcpy(p->cause, why, sizeof p->cause);
     /* The reason first: HTTP error bodies keep only the first 255 bytes. */
     snprintf(p->fatal_text, sizeof p->fatal_text, "the cluster cannot continue: %.330s (after: %.230s)", e2, why);
@@ -445,7 +462,10 @@ int cm_pipe_maintain(cm_pipe *p, char *err, size_t errlen) {
     reap_lost(p);
     int back = redial_lost(p);
     if (cm_pipe_failed(p)) {
-        if (!back) return 0;
+        /* No node came back, but a cut link between live nodes may have
+         * healed (nobody was lost, so nobody is redialled): try again, less
+         * often (each try may wait for the nodes' READY). */
+        if (!back && !retry_due(p)) return 0;
         p->gave_up = false;
         int rc = cm_pipe_recover(p, err, errlen);
         return rc ? rc : 1;
