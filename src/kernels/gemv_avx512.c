@@ -10,7 +10,7 @@
  * activation vector and give 8 independent chains. Each row's arithmetic is
  * exactly ztile_f16's for T = 1 (same two accumulators, same FMA operands and
  * order, same reduction, same scalar tail), so results are bit-identical to
- * vec_dot; tests/unit/test_kernels_gemv.c holds that, and must be kept in
+ * vec_dot; tests/unit/test_kernels_invariant.c (one token through cm_matmul_rows) holds that, and must be kept in
  * step with ztile_f16 if its order ever changes. Nothing here allocates.
  */
 #include "isa.h"
