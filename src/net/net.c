@@ -34,7 +34,7 @@ struct cm_listener {
 
 struct cm_conn {
     int fd;
-    enum cm_conn_state state;
+    _Atomic enum cm_conn_state state; /* written by the receiving thread, read by senders (usable) */
     cm_session s;
     char peer[64];
     uint8_t *rx, *tx;
