@@ -320,6 +320,23 @@ VEC_DOT(zq8_0, cm_block_q8_0, cm_block_q8_0, CM_QK8_0)
 VEC_DOT(zq4_k, cm_block_q4_k, cm_block_q8_k, CM_QK_K)
 VEC_DOT(zq6_k, cm_block_q6_k, cm_block_q8_k, CM_QK_K)
 
+/* Decode (one token): the rows in order, each through vec_dot, and no
+ * software prefetch, so each thread reads its rows as one sequential stream
+ * that the hardware prefetcher follows. On Zen 4 this beats both the
+ * driver's prefetch of the row 4 ahead (dispatch.c) and 4-row passes (four
+ * streams, which the prefetcher follows worse); the decode kernels here run
+ * at 50-60 GB/s from L2 (f16), far above one core's share of DRAM. Each
+ * y[i] is vec_dot's own result, so batch invariance is immediate. */
+#define GEMV_ROWS(NAME)                                                                            \
+    static void gemv_##NAME(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, \
+                            float *y, int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {        \
+        (void)x_stride, (void)ldy, (void)n_tok;                                                    \
+        for (int64_t i = r0; i < r1; i++) vec_dot_##NAME(k, &y[i], (const char *)w + (size_t)i * w_stride, x); \
+    }
+GEMV_ROWS(zf16)
+GEMV_ROWS(zq4_k)
+GEMV_ROWS(zq6_k)
+
 #include "avx512_gemm.h"
 
 void cm_kernels_fill_avx512(cm_kernels *k) {
@@ -328,6 +345,7 @@ void cm_kernels_fill_avx512(cm_kernels *k) {
     k->gemm[CM_TYPE_F32] = gemm_zf32;
     k->vec_dot[CM_TYPE_F16] = vec_dot_zf16;
     k->gemm[CM_TYPE_F16] = gemm_pf16;
+    k->gemv[CM_TYPE_F16] = gemv_zf16;
     k->vec_dot[CM_TYPE_BF16] = vec_dot_zbf16;
     k->gemm[CM_TYPE_BF16] = gemm_zbf16;
     k->vec_dot[CM_TYPE_Q4_0] = vec_dot_zq4_0;
@@ -336,6 +354,8 @@ void cm_kernels_fill_avx512(cm_kernels *k) {
     k->gemm[CM_TYPE_Q8_0] = gemm_pq8_0;
     k->vec_dot[CM_TYPE_Q4_K] = vec_dot_zq4_k;
     k->gemm[CM_TYPE_Q4_K] = gemm_pq4_k;
+    k->gemv[CM_TYPE_Q4_K] = gemv_zq4_k;
     k->vec_dot[CM_TYPE_Q6_K] = vec_dot_zq6_k;
     k->gemm[CM_TYPE_Q6_K] = gemm_zq6_k;
+    k->gemv[CM_TYPE_Q6_K] = gemv_zq6_k;
 }
