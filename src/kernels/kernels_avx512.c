@@ -334,6 +334,7 @@ VEC_DOT(zq6_k, cm_block_q6_k, cm_block_q8_k, CM_QK_K)
         for (int64_t i = r0; i < r1; i++) vec_dot_##NAME(k, &y[i], (const char *)w + (size_t)i * w_stride, x); \
     }
 GEMV_ROWS(zf16)
+GEMV_ROWS(zbf16)
 GEMV_ROWS(zq4_k)
 GEMV_ROWS(zq6_k)
 
@@ -348,6 +349,7 @@ void cm_kernels_fill_avx512(cm_kernels *k) {
     k->gemv[CM_TYPE_F16] = gemv_zf16;
     k->vec_dot[CM_TYPE_BF16] = vec_dot_zbf16;
     k->gemm[CM_TYPE_BF16] = gemm_zbf16;
+    k->gemv[CM_TYPE_BF16] = gemv_zbf16;
     k->vec_dot[CM_TYPE_Q4_0] = vec_dot_zq4_0;
     k->gemm[CM_TYPE_Q4_0] = gemm_pq4_0;
     k->vec_dot[CM_TYPE_Q8_0] = vec_dot_zq8_0;
