@@ -657,7 +657,7 @@ void cm_pipe_seq_release(cm_pipe *p, int slot_i) {
 }
 
 int cm_pipe_seq_start(cm_pipe *p, int slot_i, const cm_sampler_params *sp, const int32_t *hist, int n_hist,
-                      char *err, size_t errlen) {
+                      uint64_t n_sampled, char *err, size_t errlen) {
     cm_msg m = {.type = CM_MSG_SEQ_START};
     cm_msg_seq_start *q = &m.u.seq_start;
     int keep = sp->repeat_last_n > 0 ? CM_MIN(sp->repeat_last_n, (int)CM_MSG_MAX_HIST) : 0;
@@ -665,7 +665,7 @@ int cm_pipe_seq_start(cm_pipe *p, int slot_i, const cm_sampler_params *sp, const
     *q = (cm_msg_seq_start){.epoch = p->epoch, .seq = slot_i, .temperature = sp->temperature, .top_k = sp->top_k,
                             .top_p = sp->top_p, .min_p = sp->min_p, .repeat_penalty = sp->repeat_penalty,
                             .repeat_last_n = sp->repeat_last_n, .presence_penalty = sp->presence_penalty,
-                            .frequency_penalty = sp->frequency_penalty, .seed = sp->seed,
+                            .frequency_penalty = sp->frequency_penalty, .seed = sp->seed, .n_sampled = n_sampled,
                             .n_probs = (uint8_t)CM_MIN(sp->n_probs > 0 ? sp->n_probs : 0, CM_MSG_MAX_TOP),
                             .n_hist = (uint32_t)n_hist, .hist = hist};
     pthread_mutex_lock(&p->send_mu);
