@@ -82,7 +82,7 @@ static void *rx_main(void *arg) {
         /* Silence: loading a stage (no READY yet) may take long; otherwise
          * the node echoes every heartbeat. */
         uint64_t bound_ms = atomic_load(&r->loading) ? 600000 : (uint64_t)p->lost_ms;
-        if (now - atomic_load(&r->last_rx_ns) > bound_ms * 1000000ull) {
+        if (now - atomic_load(&r->last_rx_ns) > bound_ms * 1000000ull && now >= atomic_load(&r->quiet_until_ns)) {
             atomic_store(&r->lost, true);
             if (!atomic_load(&p->closing))
                 cm_coord_fatal(p, CM_ETIMEDOUT, "node %s ('%s') lost: silent for %llu ms", r->addr, r->hello.name,
@@ -135,8 +135,16 @@ static void *rx_main(void *arg) {
             rc = cm_weights_serve(r->ctl, &p->send_mu, p->g, p->sha, &m.u.weights_req, err, sizeof err);
             if (rc) CM_LOGW("weights for %s: %s", r->addr, err);
             break;
+        case CM_MSG_LINKS: /* awaited by cm_coord_recheck_links, or one that came after its deadline */
+            pthread_mutex_lock(&p->mu);
+            if (r->links_want && m.u.links.id == r->links_want && !r->links_got) {
+                r->links_ans = m.u.links;
+                r->links_got = true;
+                pthread_cond_broadcast(&p->cv);
+            }
+            pthread_mutex_unlock(&p->mu);
+            break;
         case CM_MSG_HEARTBEAT:
-        case CM_MSG_LINKS: /* an answer that came after its deadline */
         case CM_MSG_PONG: break;
         default: CM_LOGW("unexpected %s from %s", cm_msg_type_name(m.type), r->addr); break;
         }
@@ -200,7 +208,9 @@ static bool node_link(const cm_pipe *p, int i, int j, double *rtt, double *bw) {
     return false;
 }
 
-/* Build the planner's view: node 0 is this machine, then the remotes. */
+/* Build the planner's view: node 0 is this machine, then the remotes. A
+ * pair that could not reach each other is down for the planner: never
+ * neighbours, whatever the order costs (coord_links.c re-measures it). */
 static void make_cluster(cm_pipe *p, cm_plan_cluster *c) {
     memset(c, 0, sizeof *c);
     cm_node_caps me;
@@ -219,7 +229,11 @@ static void make_cluster(cm_pipe *p, cm_plan_cluster *c) {
         nd->flops = (r->hello.gflops > 0 ? r->hello.gflops : 1) * 1e9;
     }
     for (int i = 0; i < c->n_nodes; i++)
-        for (int j = 0; j < c->n_nodes; j++) node_link(p, i, j, &c->rtt_s[i][j], &c->bw[i][j]);
+        for (int j = 0; j < c->n_nodes; j++)
+            if (!node_link(p, i, j, &c->rtt_s[i][j], &c->bw[i][j]) && i && j) {
+                double rtt, bw;
+                c->down[i][j] = cm_coord_link(p, i - 1, j - 1, &rtt, &bw) < 0 || cm_coord_link(p, j - 1, i - 1, &rtt, &bw) < 0;
+            }
 }
 
 static int make_plan(cm_pipe *p, const cm_pipe_opts *o, cm_plan *plan, cm_plan_model *pm, cm_plan_cluster *pc,
