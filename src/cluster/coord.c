@@ -64,6 +64,7 @@ static void *rx_main(void *arg) {
     while (!atomic_load(&p->closing)) {
         cm_msg m;
         uint64_t now = cm_now_ns();
+        if (atomic_load(&r->released)) break; /* the plan no longer uses it (coord_recover.c): not a failure */
         if (now - r->last_hb_ns >= (uint64_t)CM_PIPE_HB_MS * 1000000ull) {
             cm_msg hb = {.type = CM_MSG_HEARTBEAT};
             hb.u.heartbeat = (cm_msg_heartbeat){.epoch = atomic_load(&p->epoch), .wall_ms = cm_wall_ms(), .mono_ns = now};

@@ -44,6 +44,7 @@ typedef struct remote {
     bool links_got;
     cm_msg_links links_ans;
     _Atomic uint64_t quiet_until_ns;
+    atomic_bool released;    /* coord_recover.c: left out of the plan; its rx thread ends without failing the pipe */
 } remote;
 
 typedef struct slot {

@@ -32,15 +32,18 @@ static int rejoin_ms(void);
 
 /* Join the receiver threads of lost nodes (they end within the bound) and
  * close their connections: a node is then either alive or closed. */
-static void reap_lost(cm_pipe *p) {
+static int reap_lost(cm_pipe *p) {
+    int n = 0;
     for (int i = 0; i < p->n_remote; i++) {
         remote *r = &p->r[i];
         if (!atomic_load(&r->lost) || !r->ctl) continue;
+        n++;
         if (r->rx_started) pthread_join(r->rx, NULL);
         r->rx_started = false;
         cm_conn_close(r->ctl, NULL);
         r->ctl = NULL;
     }
+    return n;
 }
 
 /* Score of a plan as the planner ranks them (aggregate speed when several
@@ -226,6 +229,27 @@ static int apply_plan(cm_pipe *p, replan_ctx *x, const char *why, char *err, siz
     return 0;
 }
 
+/* Let go of the live nodes the plan now running does not use (used[i]
+ * false): a down link kept them out. A node drops its stage when its
+ * coordinator's connection closes, so none keeps a stage of an old epoch;
+ * cm_pipe_maintain redials them like lost nodes, and a re-plan takes them
+ * back once the link is up again. */
+static void release_unused(cm_pipe *p, const bool *used) {
+    for (int i = 0; i < p->n_remote; i++) {
+        remote *r = &p->r[i];
+        if (used[i] || !alive(r)) continue;
+        cm_coord_log(p, "node %s ('%s') is not in the plan: released until a re-plan takes it back", r->addr, r->hello.name);
+        atomic_store(&r->released, true);
+        pthread_join(r->rx, NULL);
+        r->rx_started = false;
+        cm_conn_close(r->ctl, "not in the current plan");
+        r->ctl = NULL;
+        r->ready = false;
+        atomic_store(&r->lost, true);
+        atomic_store(&r->released, false);
+    }
+}
+
 /* Whether every node of the running plan is still alive: then no lost node
  * explains the failure (a link between two of them was cut, or is stuck). */
 static bool plan_nodes_alive(const cm_pipe *p) {
@@ -254,6 +278,11 @@ static int recover_once(cm_pipe *p, char *err, size_t errlen) {
     int rc = plan_survivors(p, x, err, errlen);
     if (!rc) rc = apply_plan(p, x, "recovery", err, errlen);
     p->links_suspect = rc != 0;
+    if (!rc) {
+        bool used[CM_PLAN_MAX_NODES] = {false};
+        for (int s = 1; s < p->n_stages; s++) used[p->stage_remote[s]] = true;
+        release_unused(p, used);
+    }
     cm_free(x);
     return rc;
 }
@@ -268,7 +297,10 @@ static int tp_recover_once(cm_pipe *p, char *err, size_t errlen) {
     cm_coll_free(p->coll);
     p->coll = NULL;
     cm_coll_mesh_close(p->tp_conn, CM_COLL_MAX_MEMBERS);
-    reap_lost(p);
+    /* No member lost (a link between two of them cut?), or the last try
+     * failed: measure the links between the live nodes again, so the group
+     * leaves one of a cut pair out (the planner's down links). */
+    if (!reap_lost(p) || p->links_suspect) cm_coord_recheck_links(p, false);
     replan_ctx *x = cm_calloc(1, sizeof *x);
     if (!x) return cm_errf(err, errlen, CM_ENOMEM, "out of memory");
     char e[600];
@@ -333,9 +365,17 @@ static int tp_recover_once(cm_pipe *p, char *err, size_t errlen) {
         cm_coord_record_members(p, fp);
         cm_plan_format(fp, &x->pm, &x->full, p->plan_text, sizeof p->plan_text);
         p->generation++;
+        /* A live node out of the group (a down link) must not get the
+         * group's sequence messages (cm_coord_send_data sends to every
+         * connected node). */
+        bool used[CM_PLAN_MAX_NODES] = {false};
+        for (int k = 0; k < st->n_members; k++)
+            if (st->members[k].node) used[st->members[k].node - 1] = true;
+        release_unused(p, used);
     } else {
         cm_coord_fatal(p, rc, "re-plan: %s", err);
     }
+    p->links_suspect = rc != 0;
     cm_free(x);
     return rc;
 }
