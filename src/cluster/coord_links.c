@@ -8,6 +8,12 @@
  * or unreachable peer costs at most that per node, and planning goes on with
  * what was measured. It must never fail the pipe: a link not measured is
  * estimated (coord.c make_cluster) and shown as such.
+ *
+ * Later, with the receiver threads running, cm_coord_recheck_links asks
+ * again (round trip only): on a recovery that no lost node explains, so that
+ * a cut pair is marked unreachable and the planner keeps it apart
+ * (cm_plan_cluster.down), and while idle, so that a healed link is used
+ * again. A node that does not answer leaves its links as they were.
  */
 #include "cluster/coord_impl.h"
 
@@ -111,7 +117,10 @@ static int ask_live(cm_pipe *p, remote *r, const char *const *peers, int k, cm_m
     cm_msg_links_req *q = &m.u.links_req;
     q->id = atomic_fetch_add(&next_id, 1);
     q->deadline_ms = CM_LINKS_RECHECK_MS;
-    q->probe_bytes = CM_LINKS_PROBE_BYTES;
+    /* Round trip only: enough to tell a cut from a working link, and a
+     * slow link (tc tbf) answers small pings well within the deadline where
+     * a bandwidth probe would time out and look like a cut. */
+    q->probe_bytes = 0;
     q->n_peers = (uint8_t)k;
     for (int i = 0; i < k; i++) snprintf(q->peers[i], sizeof q->peers[i], "%.63s", peers[i]);
     uint64_t wait_ns = (uint64_t)(CM_LINKS_RECHECK_MS + 2000) * 1000000ull;
@@ -184,17 +193,16 @@ int cm_coord_recheck_links(cm_pipe *p, bool only_down) {
             /* Both directions: the planner keeps the pair apart (or not)
              * whichever of the two measured last. */
             r->links[sa].status = o->links[sb].status = st;
-            if (!st) {
+            if (!st) { /* the bandwidth measured before stays (none was probed now) */
                 r->links[sa].rtt = o->links[sb].rtt = l.link[t].rtt_s;
-                r->links[sa].bw = o->links[sb].bw = l.link[t].bw;
+                if (l.link[t].bw > 0) r->links[sa].bw = o->links[sb].bw = l.link[t].bw;
             }
             if (st && !was) {
                 changed++;
                 cm_coord_log(p, "link %s -> %s is down (%s): the plan keeps them apart", r->addr, o->addr, cm_strerror(st));
             } else if (!st && was) {
                 changed++;
-                cm_coord_log(p, "link %s -> %s is back: rtt %.3f ms, %.1f MB/s", r->addr, o->addr, l.link[t].rtt_s * 1e3,
-                             l.link[t].bw / 1e6);
+                cm_coord_log(p, "link %s -> %s is back: rtt %.3f ms", r->addr, o->addr, l.link[t].rtt_s * 1e3);
             }
         }
     }

@@ -10,6 +10,8 @@
 #   cli:  `cumulo run --nodes A,B --layers 2,2,1 --temp 0.8 --seed 11`, the
 #         middle stage killed -9 mid-stream; the text equals the same run on
 #         one machine.
+#   clitp: `cumulo run --parallel tp` (F32 model, see tp), a member killed -9
+#         mid-stream; the text equals the same run undisturbed.
 #   pp:   `serve --layers 2,2,1`: 4 streaming + 2 plain requests with their own
 #         `seed` run undisturbed, then again with the middle stage killed -9
 #         mid-stream: every text equals its undisturbed twin.
@@ -47,6 +49,27 @@ text_of <"$TMP/cli.json" >"$TMP/cli.got"
 grep -q 'recovered' "$TMP/cli.log" && ok || bad "cli: no recovery: $(tail -3 "$TMP/cli.log")"
 cmp -s "$TMP/cli.got" "$TMP/cli.want" && ok ||
     bad "cli: the seeded text differs after the kill: $(head -c 120 "$TMP/cli.got" | tr '\n' ' ') vs $(head -c 120 "$TMP/cli.want" | tr '\n' ' ')"
+
+# ---- cli tp
+F32=$MODELS/stories260K-f32.gguf
+CC_NOWAIT=1 cc_start_node clitp-a --models "$MODELS"; A=$NODE_PID
+cc_start_node clitp-b --models "$MODELS"
+cc_wait_grep "$TMP/clitp-a.port" . 100 || bad "clitp: node a did not start"
+TPN="127.0.0.1:$(cat "$TMP/clitp-a.port"),127.0.0.1:$(cat "$TMP/clitp-b.port")"
+"$BIN" run "$F32" -p "$(prompt 2)" -n $N_TOK --temp 0.8 --seed 12 --threads 1 --nodes "$TPN" --parallel tp --json \
+    2>"$TMP/clitp-u.log" | text_of >"$TMP/clitp.want"
+[ -s "$TMP/clitp.want" ] || bad "clitp: no undisturbed text: $(tail -2 "$TMP/clitp-u.log")"
+CUMULO_TEST_CLUSTER_DELAY_MS=8 "$BIN" run "$F32" -p "$(prompt 2)" -n $N_TOK --temp 0.8 --seed 12 --threads 1 \
+    --nodes "$TPN" --parallel tp --json >"$TMP/clitp.json" 2>"$TMP/clitp.log" &
+RUN=$!
+cc_wait_grep "$TMP/clitp.log" 'why:' 100
+sleep 0.3
+kill -9 $A
+wait $RUN
+text_of <"$TMP/clitp.json" >"$TMP/clitp.got"
+grep -q 'recovered: tensor-parallel group of 2' "$TMP/clitp.log" && ok || bad "clitp: no recovery: $(tail -3 "$TMP/clitp.log")"
+cmp -s "$TMP/clitp.got" "$TMP/clitp.want" && ok ||
+    bad "clitp: the seeded text differs after the kill: $(head -c 120 "$TMP/clitp.got" | tr '\n' ' ') vs $(head -c 120 "$TMP/clitp.want" | tr '\n' ' ')"
 
 # ---- serve: request TAG R STREAM (prompt r, seed 100 + r)
 request() {
