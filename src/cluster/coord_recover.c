@@ -548,6 +548,9 @@ int cm_pipe_maintain(cm_pipe *p, char *err, size_t errlen) {
         rc = apply_plan(p, x, back ? "nodes back" : "link back", err, errlen);
         if (!rc) {
             cm_coord_log(p, "now %d stages, epoch %llu", p->n_stages, (unsigned long long)atomic_load(&p->epoch));
+            bool used[CM_PLAN_MAX_NODES] = {false};
+            for (int s = 1; s < p->n_stages; s++) used[p->stage_remote[s]] = true;
+            release_unused(p, used);
             rc = 1;
         } else {
             char e2[600];
