@@ -197,15 +197,23 @@ AI int32_t ld_i32(const void *p) {
                                       _mm512_mul_ps(_mm512_set1_ps(u[r]->dx[B]), dy), c[r][J]);     \
     } while (0)
 
-/* R (1 or 2) unpacked rows against one packed group of 16 tokens: out[r][t]. */
-AI void lq4_rows(int64_t nb, const lq4_row *const *u, const uint8_t *pg, int R, float (*out)[LQ_TOK]) {
+/* R (1 or 2) unpacked rows against one packed group of 16 tokens: out[r][t].
+ * pf (or NULL): the weight rows to unpack next, fetched into L2 a few lines
+ * per 8 blocks (a burst of prefetches at the row start stalls on the miss queue). */
+AI void lq4_rows(int64_t nb, const lq4_row *const *u, const uint8_t *pg, const char *pf, size_t pf_bytes, int R,
+                 float (*out)[LQ_TOK]) {
     __m512 c[2][8];
     for (int r = 0; r < R; r++)
         for (int j = 0; j < 8; j++) c[r][j] = _mm512_setzero_ps();
     int64_t b = 0;
     for (; b + 8 <= nb; b += 8) {
+        if (pf)
+            for (size_t o = (size_t)b * pf_bytes / (size_t)nb; o < (size_t)(b + 8) * pf_bytes / (size_t)nb; o += 64)
+                _mm_prefetch(pf + o, _MM_HINT_T1);
         _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) LQ4_BLOCK(b + j, j);
     }
+    if (pf)
+        for (size_t o = (size_t)b * pf_bytes / (size_t)nb; o < pf_bytes; o += 64) _mm_prefetch(pf + o, _MM_HINT_T1);
     _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) if (b + j < nb) LQ4_BLOCK(b + j, j);
     for (int r = 0; r < R; r++) { /* hsum8's tree, for 16 tokens at once */
         const __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(c[r][0], c[r][4]), _mm512_add_ps(c[r][2], c[r][6])),
@@ -237,14 +245,16 @@ static void gemm_lq4_0(int64_t k, const void *w, size_t w_stride, const void *x,
         }
         for (int64_t i = r0; i < r1; i += 2) {
             const int R = r1 - i < 2 ? (int)(r1 - i) : 2;
-            for (int64_t ip = i + 2; ip < i + 2 + R && ip < r1; ip++) /* the next pair, from DRAM on the first pass */
-                for (size_t o = 0; o < w_stride; o += 64) __builtin_prefetch((const char *)w + (size_t)ip * w_stride + o, 0, 0);
             for (int r = 0; r < R; r++)
                 lq4_unpack(nb, (const cm_block_q4_0 *)(const void *)((const char *)w + (size_t)(i + r) * w_stride), &ur[r]);
+            /* the next pair's rows (adjacent when w_stride is the row size, as in a GGUF) */
+            const int64_t np = r1 - (i + 2) < 2 ? r1 - (i + 2) : 2;
+            const char *pf = np > 0 ? (const char *)w + (size_t)(i + 2) * w_stride : NULL;
+            const size_t pf_bytes = np > 0 ? (size_t)(np - 1) * w_stride + (size_t)nb * sizeof(cm_block_q4_0) : 0;
             for (int64_t g = 0; g < ng; g++) {
                 float out[2][LQ_TOK];
-                if (R == 2) lq4_rows(nb, u, pk + (size_t)g * gb, 2, out);
-                else lq4_rows(nb, u, pk + (size_t)g * gb, 1, out);
+                if (R == 2) lq4_rows(nb, u, pk + (size_t)g * gb, g == 0 ? pf : NULL, pf_bytes, 2, out);
+                else lq4_rows(nb, u, pk + (size_t)g * gb, g == 0 ? pf : NULL, pf_bytes, 1, out);
                 const int64_t jg = j0 + g * LQ_TOK;
                 const int T = n_tok - jg < LQ_TOK ? (int)(n_tok - jg) : LQ_TOK;
                 for (int r = 0; r < R; r++)
