@@ -10,21 +10,22 @@
  * accumulators in the same block order, the same final reduction. What it
  * changes is only where the operands come from. Before the rows are walked,
  * the activations of up to ZPACK bytes' worth of tokens are rewritten once
- * into the layout the tile consumes (q4_0: the 4x128-bit interleave, the
- * offset correction -8*sum(y) as the initial vpdpbusd accumulator and the
- * block scales as f32; q8_0: block pairs, -128*sum(y), scales spread over the
- * lanes; q4_k: contiguous 64-byte y vectors and the bsums pairs; f16:
+ * into the layout the tile consumes (q4_0: 16 tokens across the int32 lanes,
+ * y + 128 as unsigned bytes, against weight rows unpacked once per pass into
+ * signed bytes, see below; q8_0: block pairs, -128*sum(y), scales spread over
+ * the lanes; q4_k: contiguous 64-byte y vectors and the bsums pairs; f16:
  * converted to f32), so the inner loop is aligned loads,
  * vpdpbusd/FMA and almost no shuffles, and each unpacked weight vector serves
  * several tokens (and each packed activation vector several rows) from
  * registers. Integer identities used (all exact in int32):
- *   q4_0: sum(q * y) - 8 * sum(y) = sum((q - 8) * y), q the unsigned nibble;
+ *   q4_0: sum((y + 128) * (q - 8)) - 128 * sum(q - 8) = sum((q - 8) * y), q the unsigned nibble;
  *   q8_0: sum((x + 128) * y) - 128 * sum(y) = sum(x * y) = sum(|x| * sign(x) y).
  * tests/unit/test_kernels_invariant.c checks every (row, token) bit for bit.
  *
  * The packed buffer lives on the stack (ZPACK bytes): the gemm needs a thread
  * stack of a few hundred KiB, which every thread cumulo starts has (the
- * default 8 MiB). Rows too long for even two tokens fall back to the tiles.
+ * default 8 MiB). Rows too long for even two tokens (q4_0: one group of 16)
+ * fall back to the tiles, as do q4_0 batches of fewer than LQ_MINTOK tokens.
  * Never allocates.
  */
 
@@ -115,10 +116,11 @@ enum {
  * then per row one conversion, one scale product and one FMA into chain
  * b mod 8: exactly ztile_q4_0's s_b, d_b = dx * dy and FMA, lane by lane.
  * sum((y + 128) * (q - 8)) - 128 * sum(q - 8) = sum(y * (q - 8)), exact in int32. */
-enum { LQ_TOK = 16, LQ_BLOCK = 576, LQ_MAXNB = 512, LQ_MINTOK = 6 };
+enum { LQ_TOK = 16, LQ_BLOCK = 576, LQ_MINTOK = 6 };
+enum { LQ_MAXNB = (ZPACK / LQ_BLOCK) & ~3 }; /* a row longer than this has no room for a group of 16 tokens */
 
 typedef struct lq4_row {
-    _Alignas(64) int8_t q[LQ_MAXNB * 32]; /* q - 8 per block, elements in order */
+    _Alignas(64) int8_t q[LQ_MAXNB * 32]; /* q - 8, 4 blocks at a time: low halves, high halves (lq4_w) */
     int32_t nc[LQ_MAXNB];                 /* -128 * sum(q - 8) */
     float dx[LQ_MAXNB];
 } lq4_row;

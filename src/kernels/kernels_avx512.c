@@ -7,29 +7,29 @@
  * cm_kernels_fill_avx512() runs after cm_kernels_fill_avx2() on the same
  * table. It installs x86_tiles.h compiled with vpdpbusd (VNNI) for the byte
  * dot products, then replaces the hottest types with 512-bit tiles written
- * here: q4_0 (four blocks per vector) and q8_0 (two), whose fp16 scales are
- * converted eight at a time; q4_k and q6_k (64 weights per vector); f32 and
- * f16 (FMA), and bf16 with the vdpbf16ps pair dot product (it treats denormal
- * inputs as zero, which activations and weights of real models never are).
+ * here: q4_0 (16 blocks per step, in the "lane order" below) and q8_0 (two
+ * blocks per vector), whose fp16 scales are converted eight at a time; q4_k
+ * and q6_k (64 weights per vector); f32 and f16 (FMA), and bf16 with the
+ * vdpbf16ps pair dot product (it treats denormal inputs as zero, which
+ * activations and weights of real models never are).
  * gemm runs the same tiles as vec_dot (4 tokens per weight-row pass), so
  * every (row, token) gets vec_dot's bits whatever the batch (kernels.h);
  * q4_0, q8_0, q4_k and f16 instead use avx512_gemm.h, which repacks the
  * activations once per call and replays the tiles' exact arithmetic from the
- * packed operands (8 tokens per unpacked weight vector for q4_0, 2 rows x 4
- * tokens for q8_0 and f16, 4 tokens for q4_k), 2-3x the tiles' per-token speed.
+ * packed operands (q4_0: 16 tokens across the lanes x 2 rows; 2 rows x 4
+ * tokens for q8_0 and f16, 4 tokens for q4_k). q4_0 also has a decode gemv
+ * (4 rows per pass against the token packed once), same bits again.
  * Every tile keeps the contract of isa.h: integer sums exactly the
  * reference's, only the float accumulation order free. Tested against the
  * reference in tests/unit/test_kernels_simd.c and for batch invariance in
  * test_kernels_invariant.c. Never allocates.
  *
- * NEEDSWORK: the packed gemms are bound by the float work the tiles' order
- * fixes per 4 blocks (convert, scale product, FMA for every 16 int32 lanes).
- * A gemm with tokens across the 32-bit lanes (one vpdpbusd per weight dword
- * for 16 tokens, one FMA per block for 16 tokens) does a third less work per
- * token, but its order (one float chain per (row, token) over the blocks)
- * differs from the tiles', so it needs vec_dot to adopt a lane-friendly order
- * too (e.g. 16 chains over blocks b mod 16, then a fixed tree) and the golden
- * tests re-checked. q6_k, q5_k and bf16 still use the 4-token tiles.
+ * q4_0's float order was chosen for the gemm (one FMA per block for 16
+ * tokens; the former 4-blocks-per-vector order needed a conversion, a scale
+ * permute and an FMA per 4 blocks for every single token). NEEDSWORK: q8_0
+ * is still bound by that per-token float work (convert, scale product, FMA
+ * for every 16 int32 lanes); the same lane order would do a third less work
+ * per token there too. q6_k, q5_k and bf16 still use the 4-token tiles.
  */
 #define CM_X86_VNNI 1
 #include "x86_tiles.h"
