@@ -498,13 +498,15 @@ static void *conn_main(void *arg) {
                 if (!rc && (em.type != CM_MSG_PING || em.u.ping.data_len))
                     rc = cm_errf(err, sizeof err, CM_EPROTO, "%s after the tensor-parallel greeting", cm_msg_type_name(em.type));
                 if (rc) { CM_LOGW("tensor-parallel peer %s: %s", cm_conn_peer(c), err); break; }
+                /* Logged while c is still ours: once in tp_in, a stage may
+                 * take it and close it (free its peer name) at any time. */
+                CM_LOGI("tensor-parallel rank %d connected from %s", tr, cm_conn_peer(c));
                 pthread_mutex_lock(&n->mu);
                 cm_conn *old = n->tp_in[tr];
                 n->tp_in[tr] = c;
                 n->tp_in_epoch[tr] = em.u.ping.id;
                 pthread_mutex_unlock(&n->mu);
                 if (old) cm_conn_close(old, "replaced by a newer tensor-parallel connection");
-                CM_LOGI("tensor-parallel rank %d connected from %s", tr, cm_conn_peer(c));
                 cm_free(pong);
                 atomic_fetch_sub(&n->n_threads, 1);
                 return NULL;

@@ -255,6 +255,12 @@ run_scenario() {
     # no node was ever assigned another. Once a re-plan succeeded and the
     # fault healed, no live node still holds a stage of a superseded epoch
     # (after a failed re-plan nothing is served, so a stale stage is idle).
+    # The three logs are read while every process is stopped: a coordinator
+    # that gave up retries once per rejoin interval, and a re-plan landing
+    # between the reads of its log and the nodes' (seen under TSan, where the
+    # checks take seconds) would show the nodes an epoch this read of the
+    # coordinator's log lacks. Stopped, not dead: kill -0 below still tells.
+    kill -STOP "$PS" "$PA" "$PB" 2>/dev/null
     first=$( (assigned_epochs "$TMP/$name-a.log"; assigned_epochs "$TMP/$name-b.log") | sort -n | head -1)
     sed -n 's/.*re-plan (epoch \([0-9]*\)[,)].*/\1/p' "$TMP/$name-s.log" >"$D/epochs"
     echo "$first" >>"$D/epochs"
@@ -291,7 +297,7 @@ run_scenario() {
     fi
     echo "$out" | grep -v VIOLATION | grep -v '^requests' | head -4 >&2
     heal_a; fast_a
-    kill -CONT "$PA" "$PB" 2>/dev/null
+    kill -CONT "$PS" "$PA" "$PB" 2>/dev/null
     kill -9 "$PS" "$PA" "$PB" 2>/dev/null
     wait "$PS" "$PA" "$PB" 2>/dev/null
 }

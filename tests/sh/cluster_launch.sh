@@ -101,6 +101,12 @@ sleep 0.5
 "$BIN" nodes --no-mdns --nodes "127.0.0.1:$NPORT" --json >"$TMP/n.json" 2>/dev/null
 [ "$(jsonget "$TMP/n.json" '$j->[0]{reachable} ? 1 : 0')" = 0 ] && ok || bad "the node still answers after --stop"
 LAUNCHED=""
+# ssh passes no *SAN_OPTIONS (log_path) to the launched node, so in a sanitizer
+# build its reports land in its own log: look there.
+if [ ! -f "$TMP/remote/node.log" ]; then bad "the launched node left no log"
+elif grep -qE 'WARNING: ThreadSanitizer|ERROR: AddressSanitizer|ERROR: LeakSanitizer|runtime error:' "$TMP/remote/node.log"; then
+    bad "sanitizer report in the launched node's log: $(grep -E 'Sanitizer|runtime error' "$TMP/remote/node.log" | head -3)"
+else ok; fi
 
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]
