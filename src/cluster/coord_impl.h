@@ -79,6 +79,7 @@ struct cm_pipe {
     int tp_size;                       /* members of this machine's group (stage 0) */
     int s0_remote[CM_COLL_MAX_MEMBERS]; /* stage-0 rank r (>= 1) is r[s0_remote[r]] */
     cm_plan *tp_plan;                  /* grouped plans: the plan running now (owned; re-planning starts from it) */
+    cm_plan *orig_plan;                /* grouped plans: the plan opened with (owned; a rejoin goes back to it) */
     cm_slice tp_slice;
     cm_conn *tp_conn[CM_COLL_MAX_MEMBERS]; /* to each node's rank (owned) */
     cm_coll *coll;
@@ -109,6 +110,11 @@ void cm_coord_start_rx(cm_pipe *p);
  * this machine). */
 int cm_coord_assign_stage(cm_pipe *p, int s, int n_st, const int *rid, const int *lb, const int *le, char *err,
                           size_t errlen);
+/* Wait until each r[ids[i]] (i < n) answered READY for the current epoch:
+ * 0; the first that refused (what[i] names its part, "layers [2, 4)"),
+ * a failure of the pipe, or timeout_s passing: an error. */
+int cm_coord_wait_ready(cm_pipe *p, const int *ids, const char (*what)[48], int n, int timeout_s, char *err,
+                        size_t errlen);
 /* Send a sequence message down the data path (every TP member, or stage 1);
  * caller holds send_mu. A failure marks the pipe failed. */
 int cm_coord_send_data(cm_pipe *p, const cm_msg *m, char *err, size_t errlen);
