@@ -474,6 +474,7 @@ int cm_pipe_open(cm_pipe **out, const char *model_path, const cm_gguf *g, const 
      * must all work. Handshakes run all at once (addresses that never
      * answer cost one deadline in all), link measurements one at a time. */
     bool from_mdns = !strcmp(o->nodes, "auto");
+    p->from_mdns = from_mdns;
     int n_refused = 0;
     char first_refusal[300] = "";
     cm_conn *dialled[CM_PLAN_MAX_NODES - 1];
@@ -604,6 +605,7 @@ fail:
 
 void cm_pipe_close(cm_pipe *p) {
     if (!p) return;
+    cm_coord_join_stop(p);
     atomic_store(&p->closing, 1);
     for (int i = 0; i < p->n_remote; i++)
         if (p->r[i].rx_started) pthread_join(p->r[i].rx, NULL);
@@ -644,14 +646,9 @@ int cm_coord_send_data(cm_pipe *p, const cm_msg *m, char *err, size_t errlen) {
     if (fatal) cm_errf(err, errlen, fatal, "%s", p->fatal_text);
     pthread_mutex_unlock(&p->mu);
     if (fatal) return fatal;
-    if (p->tp) { /* every member gets every sequence message */
-        for (int i = 0; i < p->n_remote; i++) {
-            if (!p->r[i].ctl) continue; /* lost, not in the re-formed group */
-            int rc = cm_conn_send(p->r[i].ctl, m, p->timeout_ms, err, errlen);
-            if (rc) { cm_coord_fatal(p, rc, "node %s: %s", p->r[i].addr, err); return rc; }
-        }
-        return 0;
-    }
+    /* Every member of the group gets every sequence message; nodes that are
+     * connected but not in it (back or joined, a re-plan not taken) none. */
+    if (p->tp) return cm_coord_send_group0(p, m, err, errlen);
     if (p->grouped && m->type == CM_MSG_SEQ_FREE) { /* hybrid: stage 0's members hold the sequence too */
         int rc = cm_coord_send_group0(p, m, err, errlen);
         if (rc) return rc;

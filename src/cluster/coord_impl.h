@@ -98,6 +98,9 @@ struct cm_pipe {
     bool gave_up;            /* coord_recover.c: recovery failed; returning nodes retry it, or the rejoin interval */
     uint64_t gave_up_ns;     /* when it gave up */
     char cause[300];         /* coord_recover.c: the failure that started it */
+    bool from_mdns;          /* --nodes auto: coord_join.c keeps browsing for new nodes */
+    bool join_tried;         /* coord_join.c: browsing started (or failed) */
+    struct cm_join *join;    /* coord_join.c: the browser and the addresses it found (owned) */
 };
 
 /* A line into the caller's log callback (the plan, failures, re-plans). */
@@ -145,5 +148,19 @@ int cm_coord_tp_recover(cm_pipe *p, char *err, size_t errlen);
 /* Send a sequence message to the other members of this machine's group (on
  * their control connections); caller holds send_mu. */
 int cm_coord_send_group0(cm_pipe *p, const cm_msg *m, char *err, size_t errlen);
+
+/* Nodes found by mDNS after the start (coord_join.c). Called by
+ * cm_pipe_maintain (idle) with --nodes auto: starts browsing the first time,
+ * then dials up to CM_JOIN_DIALS new addresses (handshake with the cluster
+ * key, links measured) and adds those that answer as remotes (up to
+ * CM_PLAN_MAX_NODES - 1 in all); returns how many were added. Addresses
+ * that fail are logged once and tried again after CM_JOIN_RETRY_MS. */
+#define CM_JOIN_TABLE 32      /* addresses found by mDNS waiting to be dialled or refused */
+#define CM_JOIN_DIALS 4       /* dials per idle call */
+#define CM_JOIN_DIAL_MS 1000  /* connect + handshake bound (and the links measurement's) */
+#define CM_JOIN_RETRY_MS 30000
+int cm_coord_join_poll(cm_pipe *p);
+/* Stop browsing and free (cm_pipe_close). */
+void cm_coord_join_stop(cm_pipe *p);
 
 #endif

@@ -386,7 +386,7 @@ static int tp_rejoin(cm_pipe *p, char *err, size_t errlen) {
     if (grow && cand < 0.9 * cur) {
         cm_coord_log(p, "re-plan with the returning node(s) not taken: predicted %.1f tok/s vs %.1f now", cand, cur);
     } else if (grow || cand > 1.05 * cur) {
-        rc = tp_switch(p, x, "nodes back", err, errlen);
+        rc = tp_switch(p, x, "nodes back or new", err, errlen);
         if (!rc) {
             cm_coord_log(p, "now a tensor-parallel group of %d, epoch %llu", p->tp_size,
                          (unsigned long long)atomic_load(&p->epoch));
@@ -540,6 +540,7 @@ int cm_pipe_maintain(cm_pipe *p, char *err, size_t errlen) {
     p->next_rejoin_ns = now + (uint64_t)every_ms * 1000000ull;
     reap_lost(p);
     int back = redial_lost(p);
+    back += cm_coord_join_poll(p); /* --nodes auto: nodes found by mDNS since */
     if (cm_pipe_failed(p)) {
         /* No node came back, but a cut link between live nodes may have
          * healed (nobody was lost, so nobody is redialled): try again, less
@@ -567,7 +568,7 @@ int cm_pipe_maintain(cm_pipe *p, char *err, size_t errlen) {
     if (!rc && x->cand.n_stages > p->n_stages && cand < 0.9 * cur) {
         cm_coord_log(p, "re-plan with the returning node(s) not taken: predicted %.1f tok/s vs %.1f now", cand, cur);
     } else if (!rc && (x->cand.n_stages > p->n_stages || cand > 1.05 * cur)) {
-        rc = apply_plan(p, x, "nodes back", err, errlen);
+        rc = apply_plan(p, x, "nodes back or new", err, errlen);
         if (!rc) {
             cm_coord_log(p, "now %d stages, epoch %llu", p->n_stages, (unsigned long long)atomic_load(&p->epoch));
             rc = 1;

@@ -8,7 +8,7 @@
 #         the streams complete. The node restarts on its port: the idle
 #         scheduler redials it and re-forms the group of 3 (log, and
 #         /api/cluster shows three members with slices n/3); texts equal.
-#   mdns: network namespaces (names cms3join-*, 10.79.0.0/24): `serve
+#   mdns: network namespaces (names cms3join-*, 10.83.0.0/24): `serve
 #         --nodes auto` starts with one node found by mDNS (--layers 2,3, so
 #         the node holds 3 layers), then a second node starts, and a node
 #         with another cluster key: the coordinator keeps browsing, dials
@@ -96,6 +96,57 @@ n3=$(cc_jsonget "$TMP/tp.cluster" 'scalar grep { $_->{slice} =~ m{^\d/3:} } @{$j
 round 127.0.0.1 "$SERVE_PORT" tp2
 cc_stop "$SERVE_PID"
 unset CUMULO_DECLARE_SPEED
+
+# ---- mdns: four namespaces on a bridge (in a fifth, so the host's network
+# is untouched): 0 serves, 1 runs a node from the start, 2 a node that
+# starts later, 3 a node with another cluster key.
+T=cms3join-$$
+cc_cleanup_hook() { for n in $T-0 $T-1 $T-2 $T-3 $T-br; do ip netns del "$n" 2>/dev/null; done; }
+if [ "$(id -u)" != 0 ] || ! command -v ip >/dev/null || ! ip netns add "$T-br" 2>/dev/null; then
+    echo "mdns: skipped (needs root and ip netns)" >&2
+else
+    ip -n "$T-br" link add cmbr0 type bridge && ip -n "$T-br" link set cmbr0 up || bad "mdns: bridge"
+    for i in 0 1 2 3; do
+        ip netns add "$T-$i"
+        ip -n "$T-$i" link set lo up
+        ip link add name eth0 netns "$T-$i" type veth peer name cmp$i netns "$T-br"
+        ip -n "$T-br" link set cmp$i master cmbr0
+        ip -n "$T-br" link set cmp$i up
+        ip -n "$T-$i" addr add 10.83.0.$((i + 1))/24 dev eth0
+        ip -n "$T-$i" link set eth0 up
+    done
+    # Declared speeds: a layer costs ~50 ms in the planner's eyes, so spreading
+    # the node's 3 layers over two nodes is predicted faster (as in
+    # cluster_recover.sh's stopcont phase).
+    export CUMULO_DECLARE_SPEED=1,0.001
+    CC_NS=$T-1; cc_start_node ja --port 7070
+    [ "$NODE_PORT" = 7070 ] || bad "mdns: node ja did not start: $(tail -2 "$TMP/ja.log")"
+    CC_NS=$T-0; cc_start_serve sjoin "$M" --host 127.0.0.1 --nodes auto --layers 2,3 --threads 1 --slots 4 ||
+        bad "mdns: serve did not start: $(tail -3 "$TMP/sjoin.log")"
+    SP=$SERVE_PORT
+    grep -q 'node 10.83.0.2:7070' "$TMP/sjoin.log" && ok || bad "mdns: the first node was not found: $(tail -3 "$TMP/sjoin.log")"
+    CC_NS=$T-0; round 127.0.0.1 "$SP" mj1
+    cc_key "$TMP/rogue.key"
+    KEEP_KEY=$CUMULO_KEY_FILE
+    CUMULO_KEY_FILE="$TMP/rogue.key"; CC_NS=$T-3; cc_start_node jrogue --port 7070
+    CUMULO_KEY_FILE=$KEEP_KEY
+    CC_NS=$T-2; cc_start_node jb --port 7070
+    [ "$NODE_PORT" = 7070 ] || bad "mdns: node jb did not start: $(tail -2 "$TMP/jb.log")"
+    cc_wait_grep "$TMP/sjoin.log" "node 10.83.0.3:7070 .* joined \\(found by mDNS\\)" 150 && ok ||
+        bad "mdns: the new node did not join: $(grep -i 'mdns\|join\|plan' "$TMP/sjoin.log" | tail -3)"
+    cc_wait_grep "$TMP/sjoin.log" 'now 3 stages' 100 && ok ||
+        bad "mdns: no re-plan onto the new node: $(grep -i 'plan\|join\|taken' "$TMP/sjoin.log" | tail -3)"
+    cc_wait_grep "$TMP/sjoin.log" 'node 10.83.0.4:7070 \(found by mDNS\) not used' 100 && ok ||
+        bad "mdns: the rogue node was not refused in the log: $(grep -i 'mdns\|10.83.0.4' "$TMP/sjoin.log" | tail -3)"
+    grep -E 'joined|not used|re-plan \(|now [0-9]+ stages' "$TMP/sjoin.log" | sed 's/^/mdns: /' >&2
+    ip netns exec "$T-0" curl -s --max-time 10 "http://127.0.0.1:$SP/api/cluster" >"$TMP/mj.cluster"
+    [ "$(cc_jsonget "$TMP/mj.cluster" '$j->{n_stages}')" = 3 ] && grep -q '"id":"10.83.0.3:7070"' "$TMP/mj.cluster" &&
+        ! grep -q '10.83.0.4' "$TMP/mj.cluster" && ok ||
+        bad "mdns: /api/cluster does not show the new plan: $(head -c 600 "$TMP/mj.cluster")"
+    CC_NS=$T-0; round 127.0.0.1 "$SP" mj2
+    CC_NS=
+    unset CUMULO_DECLARE_SPEED
+fi
 
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]
