@@ -8,6 +8,10 @@
 #         the streams complete. The node restarts on its port: the idle
 #         scheduler redials it and re-forms the group of 3 (log, and
 #         /api/cluster shows three members with slices n/3); texts equal.
+#   hybrid: `serve --groups 2,2`, this machine + 3 nodes: a stage-1 member is
+#         killed mid-stream, restarts on its port, and the idle scheduler
+#         goes back to the opening plan (4 members in /api/cluster); texts
+#         equal.
 #   mdns: network namespaces (names cms3join-*, 10.83.0.0/24): `serve
 #         --nodes auto` starts with one node found by mDNS (--layers 2,3, so
 #         the node holds 3 layers), then a second node starts, and a node
@@ -21,6 +25,8 @@ cd "$(dirname "$0")/../.." || exit 1
 M=$MODELS/stories260K-q8_0.gguf
 if ! command -v curl >/dev/null; then echo "skip: needs curl" >&2; echo "0 passed, 0 failed"; exit 0; fi
 export CUMULO_REJOIN_MS=500
+PHASES=${CUMULO_JOIN_PHASES:-tp hybrid mdns} # a subset by hand: CUMULO_JOIN_PHASES="mdns"
+want() { case " $PHASES " in *" $1 "*) return 0 ;; esac; return 1; }
 N_TOK=60
 PROMPTS="Once upon a time|The little dog|Lily and Ben|One day"
 prompt() { echo "$PROMPTS" | cut -d'|' -f"$1"; }
@@ -67,6 +73,7 @@ round() {
 # compute cost more than the all-reduces in the planner's eyes: on real
 # speeds stories260K is all round trips and the planner rightly prefers the
 # smaller group (the log then says "not taken").
+if want tp; then
 export CUMULO_DECLARE_SPEED=1,0.001
 cc_start_node ta --bind 127.0.0.1 --no-mdns --models "$MODELS"; A=$NODE_PID; PA=$NODE_PORT
 cc_start_node tb --bind 127.0.0.1 --no-mdns --models "$MODELS"; PB=$NODE_PORT
@@ -96,13 +103,56 @@ n3=$(cc_jsonget "$TMP/tp.cluster" 'scalar grep { $_->{slice} =~ m{^\d/3:} } @{$j
 round 127.0.0.1 "$SERVE_PORT" tp2
 cc_stop "$SERVE_PID"
 unset CUMULO_DECLARE_SPEED
+fi
+
+# ---- hybrid: `serve --groups 2,2` (this machine + 1 node, then 2 nodes as
+# stage 1) on 127.0.0.1. A member of stage 1 is killed mid-stream: the plan
+# shrinks (cm_coord_tp_recover); the node restarts on its port and the idle
+# scheduler goes back to the opening plan once every member of it is back.
+if want hybrid; then
+export CUMULO_DECLARE_SPEED=1,0.001
+HP=""
+for t in ha hb hc; do
+    cc_start_node $t --bind 127.0.0.1 --no-mdns --models "$MODELS"
+    eval "PID_$t=\$NODE_PID; PORT_$t=\$NODE_PORT"
+    HP="$HP${HP:+,}127.0.0.1:$NODE_PORT"
+done
+CUMULO_TEST_STEP_DELAY_MS=15 cc_start_serve shy "$M" --host 127.0.0.1 --nodes "$HP" --groups 2,2 --threads 1 --slots 4 ||
+    bad "hybrid: serve did not start: $(tail -3 "$TMP/shy.log")"
+curl -s --max-time 10 "http://127.0.0.1:$SERVE_PORT/api/cluster" >"$TMP/hy0.cluster"
+VP=$(cc_jsonget "$TMP/hy0.cluster" '(map { $_->{id} =~ /:(\d+)$/ ? $1 : () } grep { $_->{stage} == 1 } @{$j->{nodes}})[0]')
+VT=""
+for t in ha hb hc; do eval "[ \"\$PORT_$t\" = \"$VP\" ]" && VT=$t; done
+[ -n "$VT" ] && ok || bad "hybrid: no stage-1 member in /api/cluster: $(head -c 400 "$TMP/hy0.cluster")"
+if [ -n "$VT" ]; then
+    CP=""
+    for r in 1 2 3; do request 127.0.0.1 "$SERVE_PORT" hy1 $r $(echo "1 3 4" | cut -d' ' -f$r) true; done
+    k=0
+    while [ "$(cat "$TMP"/hy1.r*.out 2>/dev/null | grep -c '^data:')" -lt 15 ] && [ $k -lt 200 ]; do sleep 0.05; k=$((k + 1)); done
+    eval "kill -9 \$PID_$VT"
+    for p in $CP; do wait "$p"; done
+    for r in 1 2 3; do check hy1 $r $(echo "1 3 4" | cut -d' ' -f$r) true; done
+    cc_wait_grep "$TMP/shy.log" 'recovered' 50 && ok || bad "hybrid: no recovery: $(grep -i 'plan\|fail\|lost' "$TMP/shy.log" | tail -3)"
+    cc_start_node ${VT}2 --bind 127.0.0.1 --port "$VP" --no-mdns --models "$MODELS"
+    cc_wait_grep "$TMP/shy.log" 'every member of the opening plan is back' 100 && ok ||
+        bad "hybrid: the plan did not take the member back: $(grep -i 'back\|plan\|fail' "$TMP/shy.log" | tail -3)"
+    grep 're-plan (' "$TMP/shy.log" | sed 's/^/hybrid: /' >&2
+    curl -s --max-time 10 "http://127.0.0.1:$SERVE_PORT/api/cluster" >"$TMP/hy.cluster"
+    [ "$(cc_jsonget "$TMP/hy.cluster" 'scalar @{$j->{nodes}}')" = 4 ] && grep -q "\"id\":\"127.0.0.1:$VP\"" "$TMP/hy.cluster" && ok ||
+        bad "hybrid: /api/cluster does not show the 4 members: $(head -c 600 "$TMP/hy.cluster")"
+    round 127.0.0.1 "$SERVE_PORT" hy2
+fi
+cc_stop "$SERVE_PID"
+unset CUMULO_DECLARE_SPEED
+fi
 
 # ---- mdns: four namespaces on a bridge (in a fifth, so the host's network
 # is untouched): 0 serves, 1 runs a node from the start, 2 a node that
 # starts later, 3 a node with another cluster key.
 T=cms3join-$$
 cc_cleanup_hook() { for n in $T-0 $T-1 $T-2 $T-3 $T-br; do ip netns del "$n" 2>/dev/null; done; }
-if [ "$(id -u)" != 0 ] || ! command -v ip >/dev/null || ! ip netns add "$T-br" 2>/dev/null; then
+if ! want mdns; then :
+elif [ "$(id -u)" != 0 ] || ! command -v ip >/dev/null || ! ip netns add "$T-br" 2>/dev/null; then
     echo "mdns: skipped (needs root and ip netns)" >&2
 else
     ip -n "$T-br" link add cmbr0 type bridge && ip -n "$T-br" link set cmbr0 up || bad "mdns: bridge"
