@@ -128,19 +128,43 @@ static void set_state(struct cm_join *j, const char *addr, int state, uint64_t n
     pthread_mutex_unlock(&j->mu);
 }
 
-/* Dial one address found by mDNS; 1 when it became a remote. */
-static int join_one(cm_pipe *p, struct cm_join *j, const char *addr, bool first_try) {
+/* The handshakes of one idle call run at once, each bounded by
+ * CM_JOIN_DIAL_MS: addresses that never answer (a flood of fake
+ * announcements) cost one bound in all. */
+typedef struct join_dial {
+    const char *addr;
+    const cm_pipe *p;
+    cm_conn *c;
+    cm_msg_hello h;
+    int rc;
+    char e[400];
+    pthread_t th;
+    bool started;
+} join_dial;
+
+static void *dial_main(void *arg) {
+    join_dial *d = arg;
+    d->rc = cm_cluster_dial_within(d->addr, &d->p->cfg, &d->p->hello, CM_JOIN_DIAL_MS, &d->c, &d->h, d->e, sizeof d->e);
+    return NULL;
+}
+
+/* Take one dialled address found by mDNS (d->rc: the handshake's outcome);
+ * 1 when it became a remote. */
+static int join_one(cm_pipe *p, struct cm_join *j, join_dial *d, bool first_try) {
+    const char *addr = d->addr;
     uint64_t retry = cm_now_ns() + (uint64_t)CM_JOIN_RETRY_MS * 1000000ull;
-    if (p->n_remote >= CM_PLAN_MAX_NODES - 1) {
+    cm_conn *c = d->c;
+    cm_msg_hello h = d->h;
+    int rc = d->rc;
+    char e[400];
+    snprintf(e, sizeof e, "%s", d->e);
+    if (!rc && p->n_remote >= CM_PLAN_MAX_NODES - 1) {
         if (first_try) cm_coord_log(p, "node %s (found by mDNS) not used: the cluster has %d nodes already", addr, p->n_remote);
+        cm_conn_close(c, NULL);
         set_state(j, addr, JOIN_REFUSED, retry);
         return 0;
     }
-    char e[400];
-    cm_msg_hello h;
-    cm_conn *c = NULL;
     double rtt = 0, bw = 0, rtt2 = 0, bw2 = 0;
-    int rc = cm_cluster_dial_within(addr, &p->cfg, &p->hello, CM_JOIN_DIAL_MS, &c, &h, e, sizeof e);
     for (int i = 0; !rc && i < p->n_remote; i++)
         if (!memcmp(p->r[i].hello.node_id, h.node_id, sizeof h.node_id) && p->r[i].ctl) {
             /* The same node under another address (a second interface). */
@@ -217,8 +241,18 @@ int cm_coord_join_poll(cm_pipe *p) {
                      (unsigned long long)(ignored - j->ignored_logged), CM_JOIN_TABLE);
         j->ignored_logged = ignored;
     }
+    join_dial d[CM_JOIN_DIALS];
+    memset(d, 0, sizeof d);
+    for (int i = 0; i < n; i++) {
+        d[i].addr = todo[i];
+        d[i].p = p;
+        d[i].started = !pthread_create(&d[i].th, NULL, dial_main, &d[i]);
+        if (!d[i].started) dial_main(&d[i]); /* no thread: here, one at a time */
+    }
+    for (int i = 0; i < n; i++)
+        if (d[i].started) pthread_join(d[i].th, NULL);
     int added = 0;
-    for (int i = 0; i < n; i++) added += join_one(p, j, todo[i], first[i]);
+    for (int i = 0; i < n; i++) added += join_one(p, j, &d[i], first[i]);
     if (added) cm_coord_start_rx(p);
     return added;
 }

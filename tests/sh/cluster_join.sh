@@ -179,6 +179,7 @@ else
     cc_key "$TMP/rogue.key"
     KEEP_KEY=$CUMULO_KEY_FILE
     CUMULO_KEY_FILE="$TMP/rogue.key"; CC_NS=$T-3; cc_start_node jrogue --port 7070
+    NODE_PID_ROGUE=$NODE_PID
     CUMULO_KEY_FILE=$KEEP_KEY
     CC_NS=$T-2; cc_start_node jb --port 7070
     [ "$NODE_PORT" = 7070 ] || bad "mdns: node jb did not start: $(tail -2 "$TMP/jb.log")"
@@ -195,6 +196,46 @@ else
         bad "mdns: /api/cluster does not show the new plan: $(head -c 600 "$TMP/mj.cluster")"
     CC_NS=$T-0; round 127.0.0.1 "$SP" mj2
     CC_NS=
+    # A flood of fake announcements (60 services from each of 6 source
+    # addresses, at addresses where nobody answers; the browser keeps 8 per
+    # source, so 48 wait at once): the table of waiting addresses stays
+    # bounded (the log says how many were ignored), nothing else joins, and
+    # the cluster serves on.
+    cc_stop "$NODE_PID_ROGUE"
+    for a in 50 51 52 53 54 55; do ip -n "$T-3" addr add 10.83.0.$a/24 dev eth0; done
+    ip netns exec "$T-3" python3 - <<'EOF_FLOOD'
+import socket, struct, time
+def name(*labels):
+    return b"".join(bytes([len(l)]) + l for l in labels) + b"\0"
+def rr(n, t, data, ttl=120):
+    return n + struct.pack(">HHIH", t, 0x8001, ttl, len(data)) + data
+svc = name(b"_cumulo", b"_tcp", b"local")
+socks = []
+for a in range(50, 56):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    src = "10.83.0.%d" % a
+    s.bind((src, 5353))  # responses from another source port are ignored (RFC 6762 6.)
+    s.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF, socket.inet_aton(src))
+    socks.append(s)
+for i in range(60):
+    for k, s in enumerate(socks):
+        n = i * 8 + k
+        inst = name(b"fake%d" % n, b"_cumulo", b"_tcp", b"local")
+        host = name(b"h%d" % n, b"local")
+        recs = [rr(svc, 12, inst), rr(inst, 33, struct.pack(">HHH", 0, 0, 7000 + n) + host),
+                rr(inst, 16, b"\x03v=1\x05id=%02x" % (n % 256)), rr(host, 1, socket.inet_aton("10.83.0.%d" % (100 + n % 150)))]
+        s.sendto(struct.pack(">HHHHHH", 0, 0x8400, 0, len(recs), 0, 0) + b"".join(recs), ("224.0.0.251", 5353))
+    time.sleep(0.01)
+EOF_FLOOD
+    cc_wait_grep "$TMP/sjoin.log" 'announcement\(s\) of new nodes ignored' 100 && ok ||
+        bad "mdns: the flood did not reach the bound: $(grep -c 'not used' "$TMP/sjoin.log") refusals logged"
+    echo "mdns flood: $(grep -c '(found by mDNS) not used' "$TMP/sjoin.log") addresses refused; $(grep 'ignored' "$TMP/sjoin.log" | head -1)" >&2
+    CC_NS=$T-0; round 127.0.0.1 "$SP" mj3
+    CC_NS=
+    ip netns exec "$T-0" curl -s --max-time 10 "http://127.0.0.1:$SP/api/cluster" >"$TMP/mj3.cluster"
+    [ "$(grep -c 'joined (found by mDNS)' "$TMP/sjoin.log")" = 1 ] && [ "$(cc_jsonget "$TMP/mj3.cluster" '$j->{n_stages}')" = 3 ] &&
+        ok || bad "mdns: the plan changed under the flood: $(grep -E 'joined|re-plan' "$TMP/sjoin.log" | tail -3)"
     unset CUMULO_DECLARE_SPEED
 fi
 
