@@ -1,8 +1,9 @@
 /*
  * coord_impl.h: the coordinator's private state, shared by coord.c (connect,
- * plan, assign, the data path), coord_tp.c (one tensor-parallel group) and
- * coord_recover.c (re-planning after a node is lost). Nothing outside these
- * three files may include it.
+ * plan, assign, the data path), coord_tp.c (tensor-parallel groups),
+ * coord_recover.c (re-planning after a node is lost or comes back),
+ * coord_join.c (nodes found by mDNS later) and coord_links.c (node to node
+ * links). Nothing outside these files may include it.
  */
 #ifndef CM_COORD_IMPL_H
 #define CM_COORD_IMPL_H

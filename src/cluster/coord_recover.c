@@ -2,7 +2,9 @@
  * coord_recover.c: what the coordinator does when the set of nodes changes
  * (issue 7). cm_pipe_recover re-plans on the survivors after a loss;
  * cm_pipe_maintain, called while idle, redials lost nodes of the --nodes
- * list and moves to a plan that uses them. Both plan with the real planner
+ * list (and takes the nodes coord_join.c found by mDNS) and moves to a plan
+ * that uses them: a pipeline or a tensor-parallel group by the planner, a
+ * hybrid plan back to its opening plan. Both plan with the real planner
  * (cm_plan_make: speed, links, memory with KV counted) under a new epoch
  * (nodes drop traffic of any other epoch, so a stale node cannot act on the
  * old plan), keeping this machine's layers [0, local_last) because the
