@@ -62,6 +62,10 @@ static void *rx_main(void *arg) {
     atomic_store(&r->last_rx_ns, cm_now_ns());
     r->last_hb_ns = 0;
     while (!atomic_load(&p->closing)) {
+        if (atomic_load(&r->drop)) { /* left out by the coordinator (coord_recover.c) */
+            atomic_store(&r->lost, true);
+            break;
+        }
         cm_msg m;
         uint64_t now = cm_now_ns();
         if (now - r->last_hb_ns >= (uint64_t)CM_PIPE_HB_MS * 1000000ull) {

@@ -30,6 +30,8 @@ typedef struct remote {
                               * the node's control thread expects only WEIGHTS_CHUNKs: no heartbeats */
     atomic_bool lost;        /* declared lost: its rx thread has ended */
     bool seen_back;          /* coord_recover.c: lost, answered one rejoin check */
+    atomic_bool drop;        /* coord_recover.c: refused its part of a re-plan: its rx thread ends */
+    uint64_t refused_until_ns; /* coord_recover.c: not redialled before (it refused its part) */
     _Atomic uint64_t last_rx_ns;
     uint64_t last_hb_ns;     /* rx thread only */
     int ready_status;

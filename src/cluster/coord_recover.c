@@ -44,6 +44,31 @@ static void reap_lost(cm_pipe *p) {
     }
 }
 
+/* Nodes that refused their part of a plan (READY with an error: a disk or
+ * cache that fails) are closed, so that the recovery that follows plans
+ * without them (it would otherwise fail the same way and give up), and
+ * are not redialled for CM_JOIN_RETRY_MS. Returns how many. */
+static int drop_refusers(cm_pipe *p) {
+    int n = 0;
+    for (int i = 0; i < p->n_remote; i++) {
+        remote *r = &p->r[i];
+        pthread_mutex_lock(&p->mu);
+        bool refused = r->ready && r->ready_status;
+        pthread_mutex_unlock(&p->mu);
+        if (!alive(r) || !refused) continue;
+        cm_coord_log(p, "node %s ('%s') left out: it could not take its part: %s", r->addr, r->hello.name, r->ready_text);
+        r->refused_until_ns = cm_now_ns() + (uint64_t)CM_JOIN_RETRY_MS * 1000000ull;
+        atomic_store(&r->drop, true);
+        pthread_join(r->rx, NULL); /* it ends within its 100 ms wait */
+        r->rx_started = false;
+        atomic_store(&r->lost, true);
+        cm_conn_close(r->ctl, NULL);
+        r->ctl = NULL;
+        n++;
+    }
+    return n;
+}
+
 /* Score of a plan as the planner ranks them (aggregate speed when several
  * sequences share the pipeline). */
 static double score_of(const cm_plan *pl, int n_seq) { return n_seq > 1 ? pl->tok_s_aggregate : pl->tok_s; }
@@ -455,6 +480,7 @@ int cm_pipe_recover(cm_pipe *p, char *err, size_t errlen) {
         }
         if (rc == CM_EAGAIN) break;
         cm_coord_log(p, "re-plan failed: %s", err);
+        drop_refusers(p);
         rc = 0;
     }
     /* Stay failed with the reason (CM_EAGAIN when the survivors cannot hold
@@ -480,7 +506,7 @@ static int redial_lost(cm_pipe *p) {
     int back = 0;
     for (int i = 0; i < p->n_remote; i++) {
         remote *r = &p->r[i];
-        if (r->ctl) continue;
+        if (r->ctl || cm_now_ns() < r->refused_until_ns) continue;
         char e[400], host[256];
         uint16_t port;
         cm_msg_hello h;
@@ -516,6 +542,7 @@ static int redial_lost(cm_pipe *p) {
         if (rtt2 < rtt) rtt = rtt2;
         if (bw2 > bw) bw = bw2;
         r->seen_back = false;
+        atomic_store(&r->drop, false);
         r->ctl = c;
         r->hello = h;
         r->rtt = rtt;
@@ -558,6 +585,7 @@ int cm_pipe_maintain(cm_pipe *p, char *err, size_t errlen) {
         if (rc < 0) {
             char e2[600];
             snprintf(e2, sizeof e2, "%s", err);
+            drop_refusers(p);
             rc = cm_pipe_recover(p, err, errlen); /* back on the nodes that work */
             if (!rc) rc = cm_errf(err, errlen, CM_EIO, "%s", e2);
         }
@@ -577,6 +605,7 @@ int cm_pipe_maintain(cm_pipe *p, char *err, size_t errlen) {
         } else {
             char e2[600];
             snprintf(e2, sizeof e2, "%s", err);
+            drop_refusers(p);
             rc = cm_pipe_recover(p, err, errlen); /* back on the nodes that work */
             if (!rc) rc = cm_errf(err, errlen, CM_EIO, "%s", e2);
         }

@@ -12,6 +12,9 @@
 #         killed mid-stream, restarts on its port, and the idle scheduler
 #         goes back to the opening plan (4 members in /api/cluster); texts
 #         equal.
+#   refuse: a pipeline node restarts unable to take a part (no cache
+#         directory): the idle re-plan onto it fails, it is left out and the
+#         cluster serves on (texts equal) instead of giving up.
 #   mdns: network namespaces (names cms3join-*, 10.83.0.0/24): `serve
 #         --nodes auto` starts with one node found by mDNS (--layers 2,3, so
 #         the node holds 3 layers), then a second node starts, and a node
@@ -25,7 +28,7 @@ cd "$(dirname "$0")/../.." || exit 1
 M=$MODELS/stories260K-q8_0.gguf
 if ! command -v curl >/dev/null; then echo "skip: needs curl" >&2; echo "0 passed, 0 failed"; exit 0; fi
 export CUMULO_REJOIN_MS=500
-PHASES=${CUMULO_JOIN_PHASES:-tp hybrid mdns} # a subset by hand: CUMULO_JOIN_PHASES="mdns"
+PHASES=${CUMULO_JOIN_PHASES:-tp hybrid refuse mdns} # a subset by hand: CUMULO_JOIN_PHASES="mdns"
 want() { case " $PHASES " in *" $1 "*) return 0 ;; esac; return 1; }
 N_TOK=60
 PROMPTS="Once upon a time|The little dog|Lily and Ben|One day"
@@ -142,6 +145,35 @@ if [ -n "$VT" ]; then
         bad "hybrid: /api/cluster does not show the 4 members: $(head -c 600 "$TMP/hy.cluster")"
     round 127.0.0.1 "$SERVE_PORT" hy2
 fi
+cc_stop "$SERVE_PID"
+unset CUMULO_DECLARE_SPEED
+fi
+
+# ---- refuse: a pipeline (--layers 2,2,1) loses its last stage and recovers
+# on the other node; the lost node restarts on its port but cannot take a
+# part (its cache directory cannot be made, so no weights can be streamed to
+# it): the idle re-plan onto it fails, the coordinator leaves it out
+# (instead of recovering with it again and giving up) and serves on.
+if want refuse; then
+export CUMULO_DECLARE_SPEED=1,0.001
+cc_start_node ra --bind 127.0.0.1 --no-mdns; RA=$NODE_PORT
+cc_start_node rb --bind 127.0.0.1 --no-mdns; RB=$NODE_PORT; PID_rb=$NODE_PID
+cc_start_serve sref "$M" --host 127.0.0.1 --nodes 127.0.0.1:$RA,127.0.0.1:$RB --layers 2,2,1 --threads 1 --slots 4 ||
+    bad "refuse: serve did not start: $(tail -3 "$TMP/sref.log")"
+kill -9 $PID_rb
+round 127.0.0.1 "$SERVE_PORT" rf0 # recovers at its start (an idle pipe waits for a request or a node)
+cc_wait_grep "$TMP/sref.log" 'recovered: 2 stages' 100 && ok ||
+    bad "refuse: no recovery after the kill: $(grep -i 'plan\|fail\|lost' "$TMP/sref.log" | tail -3)"
+cc_start_node rb2 --bind 127.0.0.1 --port "$RB" --no-mdns --cache /dev/null/cache
+cc_wait_grep "$TMP/sref.log" "node 127.0.0.1:$RB .* left out: it could not take its part" 100 && ok ||
+    bad "refuse: the node that cannot take its part was not left out: $(grep -i 'back\|plan\|fail' "$TMP/sref.log" | tail -4)"
+k=0 # a second recovery: without it
+while [ "$(grep -c 'recovered: 2 stages' "$TMP/sref.log")" -lt 2 ] && [ $k -lt 100 ]; do sleep 0.1; k=$((k + 1)); done
+[ "$(grep -c 'recovered: 2 stages' "$TMP/sref.log")" -ge 2 ] && ok || bad "refuse: no recovery without it"
+grep -E 'left out|re-plan \(|recovered|cannot continue' "$TMP/sref.log" | sed 's/^/refuse: /' >&2
+round 127.0.0.1 "$SERVE_PORT" rf
+curl -s --max-time 10 "http://127.0.0.1:$SERVE_PORT/api/cluster" >"$TMP/rf.cluster"
+[ "$(cc_jsonget "$TMP/rf.cluster" '$j->{n_stages}')" = 2 ] && ok || bad "refuse: /api/cluster: $(head -c 400 "$TMP/rf.cluster")"
 cc_stop "$SERVE_PID"
 unset CUMULO_DECLARE_SPEED
 fi
