@@ -397,6 +397,8 @@ static int tp_rejoin(cm_pipe *p, char *err, size_t errlen) {
             for (int s = 1; s < now->n_stages; s++) p->stage_remote[s] = now->stages[s].members[0].node - 1;
             cm_coord_record_members(p, now);
             p->generation++;
+            cm_coord_log(p, "now the opening plan again: %d members in %d stages, epoch %llu", members, now->n_stages,
+                         (unsigned long long)ep);
             rc = 1;
         } else {
             cm_coord_fatal(p, rc, "re-plan: %s", err);

@@ -137,7 +137,7 @@ if [ -n "$VT" ]; then
     for r in 1 2 3; do check hy1 $r $(echo "1 3 4" | cut -d' ' -f$r) true; done
     cc_wait_grep "$TMP/shy.log" 'recovered' 50 && ok || bad "hybrid: no recovery: $(grep -i 'plan\|fail\|lost' "$TMP/shy.log" | tail -3)"
     cc_start_node ${VT}2 --bind 127.0.0.1 --port "$VP" --no-mdns --models "$MODELS"
-    cc_wait_grep "$TMP/shy.log" 'every member of the opening plan is back' 100 && ok ||
+    cc_wait_grep "$TMP/shy.log" 'now the opening plan again: 4 members' 100 && ok ||
         bad "hybrid: the plan did not take the member back: $(grep -i 'back\|plan\|fail' "$TMP/shy.log" | tail -3)"
     grep 're-plan (' "$TMP/shy.log" | sed 's/^/hybrid: /' >&2
     curl -s --max-time 10 "http://127.0.0.1:$SERVE_PORT/api/cluster" >"$TMP/hy.cluster"
