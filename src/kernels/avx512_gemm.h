@@ -10,21 +10,22 @@
  * accumulators in the same block order, the same final reduction. What it
  * changes is only where the operands come from. Before the rows are walked,
  * the activations of up to ZPACK bytes' worth of tokens are rewritten once
- * into the layout the tile consumes (q4_0: the 4x128-bit interleave, the
- * offset correction -8*sum(y) as the initial vpdpbusd accumulator and the
- * block scales as f32; q8_0: block pairs, -128*sum(y), scales spread over the
- * lanes; q4_k: contiguous 64-byte y vectors and the bsums pairs; f16:
+ * into the layout the tile consumes (q4_0: 16 tokens across the int32 lanes,
+ * y + 128 as unsigned bytes, against weight rows unpacked once per pass into
+ * signed bytes, see below; q8_0: block pairs, -128*sum(y), scales spread over
+ * the lanes; q4_k: contiguous 64-byte y vectors and the bsums pairs; f16:
  * converted to f32), so the inner loop is aligned loads,
  * vpdpbusd/FMA and almost no shuffles, and each unpacked weight vector serves
  * several tokens (and each packed activation vector several rows) from
  * registers. Integer identities used (all exact in int32):
- *   q4_0: sum(q * y) - 8 * sum(y) = sum((q - 8) * y), q the unsigned nibble;
+ *   q4_0: sum((y + 128) * (q - 8)) - 128 * sum(q - 8) = sum((q - 8) * y), q the unsigned nibble;
  *   q8_0: sum((x + 128) * y) - 128 * sum(y) = sum(x * y) = sum(|x| * sign(x) y).
  * tests/unit/test_kernels_invariant.c checks every (row, token) bit for bit.
  *
  * The packed buffer lives on the stack (ZPACK bytes): the gemm needs a thread
  * stack of a few hundred KiB, which every thread cumulo starts has (the
- * default 8 MiB). Rows too long for even two tokens fall back to the tiles.
+ * default 8 MiB). Rows too long for even two tokens (q4_0: one group of 16)
+ * fall back to the tiles, as do q4_0 batches of fewer than LQ_MINTOK tokens.
  * Never allocates.
  */
 
@@ -103,84 +104,167 @@ enum {
         }                                                                                          \
     }
 
-/* ---- q4_0: per 8-block group, 448 bytes per token: for each half h (blocks
- * 4h..4h+3) [y low halves 4x16][y high halves 4x16][-8 * sum(y) lanes], then
- * the 8 blocks' dy as f32 and 32 bytes of padding ---- */
-enum { PQ4_HALF = 192, PQ4_GROUP = 448 }; /* two halves, then the 8 dy (32 bytes) and 32 of padding */
+/* ---- q4_0: tokens across the lanes (the lane order of ztile_q4_0) ----
+ * int32 lane t of a vector is token t of a group of 16. Activations are packed
+ * once per pass, per group and block: 8 vectors A[q] whose lane t holds token
+ * t's y[4q..4q+3] + 128 (so they are the unsigned vpdpbusd operand), then the
+ * 16 tokens' dy as f32 (576 bytes). Weight rows are unpacked once per pass
+ * into signed bytes q - 8 (four blocks' low halves, then their high halves;
+ * broadcast a dword at a time straight from L1 by
+ * vpdpbusd), -128 * sum(q - 8) (the initial accumulator, which removes the
+ * +128) and dx as f32. Per block and 2 rows x 16 tokens that is 16 vpdpbusd,
+ * then per row one conversion, one scale product and one FMA into chain
+ * b mod 8: exactly ztile_q4_0's s_b, d_b = dx * dy and FMA, lane by lane.
+ * sum((y + 128) * (q - 8)) - 128 * sum(q - 8) = sum(y * (q - 8)), exact in int32. */
+enum { LQ_TOK = 16, LQ_BLOCK = 576, LQ_MINTOK = 6 };
+enum { LQ_MAXNB = (ZPACK / LQ_BLOCK) & ~3 }; /* a row longer than this has no room for a group of 16 tokens */
 
-AI void pack_q4_0(int64_t k, const cm_block_q8_0 *y, uint8_t *d) {
-    const int64_t ng = k / CM_QK8_0 / 8;
-    const __m512i k8 = _mm512_set1_epi8(8), z = _mm512_setzero_si512();
-    for (int64_t g = 0; g < ng; g++, y += 8) {
-        for (int h = 0; h < 2; h++, d += PQ4_HALF) {
-            const cm_block_q8_0 *yb = y + 4 * h;
-            const __m512i lo = ld4x128(yb[0].qs, yb[1].qs, yb[2].qs, yb[3].qs);
-            const __m512i hi = ld4x128(yb[0].qs + 16, yb[1].qs + 16, yb[2].qs + 16, yb[3].qs + 16);
-            const __m512i sy = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, k8, lo), k8, hi);
-            _mm512_store_si512((void *)d, lo);
-            _mm512_store_si512((void *)(d + 64), hi);
-            _mm512_store_si512((void *)(d + 128), _mm512_sub_epi32(z, sy));
+typedef struct lq4_row {
+    _Alignas(64) int8_t q[LQ_MAXNB * 32]; /* q - 8, 4 blocks at a time: low halves, high halves (lq4_w) */
+    int32_t nc[LQ_MAXNB];                 /* -128 * sum(q - 8) */
+    float dx[LQ_MAXNB];
+} lq4_row;
+
+AI void lq4_pack(int64_t nb, const cm_block_q8_0 *const *yv, int T, uint8_t *d) {
+    for (int64_t b = 0; b < nb; b++, d += LQ_BLOCK) {
+        uint32_t *a = (uint32_t *)(void *)d;
+        float *dy = (float *)(void *)(d + 512);
+        for (int t = 0; t < LQ_TOK; t++) {
+            uint32_t v[8] = {0};
+            if (t < T) memcpy(v, yv[t][b].qs, 32);
+            for (int q = 0; q < 8; q++) a[q * LQ_TOK + t] = v[q] ^ 0x80808080u;
+            dy[t] = t < T ? f16f(yv[t][b].d) : 0.0f;
         }
-        _mm256_store_ps((void *)d, d8_q8_0(y));
-        _mm256_store_ps((void *)(d + 32), _mm256_setzero_ps()); /* padding: keeps groups 64-byte aligned */
-        d += PQ4_GROUP - 2 * PQ4_HALF;
     }
 }
 
-#define PQ4_HALF_ROW(H, ACC)                                                                       \
+/* Block b's q - 8 lives at q + 128 * (b / 4) + 16 * (b % 4) (elements 0..15)
+ * and 64 bytes further (16..31): four blocks unpack with one 512-bit and/shift. */
+AI const int8_t *lq4_w(const lq4_row *u, int64_t b) { return u->q + 128 * (b >> 2) + 16 * (b & 3); }
+
+AI void lq4_unpack(int64_t nb, const cm_block_q4_0 *x, lq4_row *u) {
+    const __m512i m4 = _mm512_set1_epi8(0x0f), k8 = _mm512_set1_epi8(8), z = _mm512_setzero_si512();
+    int64_t b = 0;
+    for (; b + 4 <= nb; b += 4) {
+        const __m512i q = ld4x128(x[b].qs, x[b + 1].qs, x[b + 2].qs, x[b + 3].qs);
+        const __m512i lo = _mm512_and_si512(q, m4), hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+        _mm512_store_si512((void *)(u->q + 32 * b), _mm512_sub_epi8(lo, k8));
+        _mm512_store_si512((void *)(u->q + 32 * b + 64), _mm512_sub_epi8(hi, k8));
+        _Alignas(64) int64_t sq[8]; /* sum of q per 8 bytes */
+        _mm512_store_si512((void *)sq, _mm512_add_epi64(_mm512_sad_epu8(lo, z), _mm512_sad_epu8(hi, z)));
+        for (int i = 0; i < 4; i++) u->nc[b + i] = -128 * ((int32_t)(sq[2 * i] + sq[2 * i + 1]) - 256);
+    }
+    const __m128i m4x = _mm_set1_epi8(0x0f), k8x = _mm_set1_epi8(8), zx = _mm_setzero_si128();
+    for (; b < nb; b++) {
+        const __m128i q = _mm_loadu_si128((const __m128i *)(const void *)x[b].qs);
+        const __m128i lo = _mm_and_si128(q, m4x), hi = _mm_and_si128(_mm_srli_epi16(q, 4), m4x);
+        int8_t *w = u->q + 128 * (b >> 2) + 16 * (b & 3);
+        _mm_store_si128((__m128i *)(void *)w, _mm_sub_epi8(lo, k8x));
+        _mm_store_si128((__m128i *)(void *)(w + 64), _mm_sub_epi8(hi, k8x));
+        const __m128i sad = _mm_add_epi64(_mm_sad_epu8(lo, zx), _mm_sad_epu8(hi, zx));
+        u->nc[b] = -128 * (_mm_cvtsi128_si32(sad) + _mm_extract_epi32(sad, 2) - 256);
+    }
+    b = 0;
+    for (; b + 8 <= nb; b += 8) _mm256_storeu_ps(u->dx + b, d8_q4_0(x + b));
+    for (; b < nb; b++) u->dx[b] = f16f(x[b].d);
+}
+
+AI int32_t ld_i32(const void *p) {
+    int32_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* Block b of R rows against one packed group, into chain J of c. */
+#define LQ4_BLOCK(B, J)                                                                            \
     do {                                                                                           \
-        __m512i lo[ZR], hi[ZR];                                                                    \
+        const uint8_t *pb = pg + (size_t)(B) * LQ_BLOCK;                                           \
+        __m512i s0[2], s1[2];                                                                      \
         for (int r = 0; r < R; r++) {                                                              \
-            const cm_block_q4_0 *xb = x[r] + 8 * g + 4 * (H);                                      \
-            const __m512i q = ld4x128(xb[0].qs, xb[1].qs, xb[2].qs, xb[3].qs);                     \
-            lo[r] = _mm512_and_si512(q, m4);                                                       \
-            hi[r] = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);                                 \
+            s0[r] = _mm512_set1_epi32(u[r]->nc[B]);                                                \
+            s1[r] = _mm512_setzero_si512();                                                        \
         }                                                                                          \
-        const __m512i pidx = _mm512_add_epi32(qidx, _mm512_set1_epi32(4 * (H)));                   \
-        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {                                      \
-            const uint8_t *py = pk + (size_t)t * tb + (size_t)g * PQ4_GROUP + (H) * PQ4_HALF;       \
-            const __m512i ylo = _mm512_load_si512((const void *)py), yhi = _mm512_load_si512((const void *)(py + 64)); \
-            const __m512i ini = _mm512_load_si512((const void *)(py + 128));                       \
-            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {                                  \
-                const __m512i s = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(ini, lo[r], ylo), hi[r], yhi); \
-                ACC[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_permutexvar_ps(pidx, sc[r][t]), ACC[r][t]); \
+        _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {                                      \
+            const __m512i a0 = _mm512_load_si512((const void *)(pb + 64 * q));                     \
+            const __m512i a1 = _mm512_load_si512((const void *)(pb + 64 * (q + 4)));               \
+            for (int r = 0; r < R; r++) {                                                          \
+                const int8_t *w = lq4_w(u[r], B);                                                  \
+                s0[r] = _mm512_dpbusd_epi32(s0[r], a0, _mm512_set1_epi32(ld_i32(w + 4 * q)));       \
+                s1[r] = _mm512_dpbusd_epi32(s1[r], a1, _mm512_set1_epi32(ld_i32(w + 64 + 4 * q)));  \
             }                                                                                      \
         }                                                                                          \
+        const __m512 dy = _mm512_load_ps((const void *)(pb + 512));                                \
+        for (int r = 0; r < R; r++)                                                                \
+            c[r][J] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0[r], s1[r])),            \
+                                      _mm512_mul_ps(_mm512_set1_ps(u[r]->dx[B]), dy), c[r][J]);     \
     } while (0)
 
-/* The rows' results for T tokens: out[r][t]. */
-AI void prow_q4_0(int64_t k, const cm_block_q4_0 *const *x, const uint8_t *pk, size_t tb,
-                  const cm_block_q8_0 *const *yv, int R, int T, float (*out)[ZT]) {
-    const int64_t nb = k / CM_QK4_0, ng = nb / 8;
-    __m512 acc0[ZR][ZT], acc1[ZR][ZT];
-    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
-        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) acc0[r][t] = acc1[r][t] = _mm512_setzero_ps();
-    const __m512i m4 = _mm512_set1_epi8(0x0f);
-    const __m512i qidx = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-    for (int64_t g = 0; g < ng; g++) {
-        __m512 sc[ZR][ZT]; /* dx * dy of the group's 8 blocks (low 256 bits), as the tile computes it */
-        for (int r = 0; r < R; r++) {
-            const __m256 dx = d8_q4_0(x[r] + 8 * g);
-            _Pragma("GCC unroll 8") for (int t = 0; t < T; t++)
-                sc[r][t] = _mm512_castps256_ps512(_mm256_mul_ps(
-                    dx, _mm256_load_ps((const void *)(pk + (size_t)t * tb + (size_t)g * PQ4_GROUP + 2 * PQ4_HALF))));
-        }
-        PQ4_HALF_ROW(0, acc0);
-        PQ4_HALF_ROW(1, acc1);
+/* R (1 or 2) unpacked rows against one packed group of 16 tokens: out[r][t].
+ * pf (or NULL): the weight rows to unpack next, fetched into L2 a few lines
+ * per 8 blocks (a burst of prefetches at the row start stalls on the miss queue). */
+AI void lq4_rows(int64_t nb, const lq4_row *const *u, const uint8_t *pg, const char *pf, size_t pf_bytes, int R,
+                 float (*out)[LQ_TOK]) {
+    __m512 c[2][8];
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < 8; j++) c[r][j] = _mm512_setzero_ps();
+    int64_t b = 0;
+    for (; b + 8 <= nb; b += 8) {
+        if (pf)
+            for (size_t o = (size_t)b * pf_bytes / (size_t)nb; o < (size_t)(b + 8) * pf_bytes / (size_t)nb; o += 64)
+                _mm_prefetch(pf + o, _MM_HINT_T1);
+        _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) LQ4_BLOCK(b + j, j);
     }
-    for (int r = 0; r < R; r++) {
-        float tail[ZT] = {0};
-        if (8 * ng < nb) {
-            const cm_block_q8_0 *yt[ZT];
-            for (int t = 0; t < T; t++) yt[t] = yv[t] + 8 * ng;
-            for (int t0 = 0; t0 < T; t0 += TMAX) /* the tile holds at most TMAX tokens */
-                tile_q4_0(nb - 8 * ng, x[r] + 8 * ng, yt + t0, T - t0 < TMAX ? T - t0 : TMAX, tail + t0);
-        }
-        for (int t = 0; t < T; t++) out[r][t] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[r][t], acc1[r][t])) + tail[t];
+    if (pf)
+        for (size_t o = (size_t)b * pf_bytes / (size_t)nb; o < pf_bytes; o += 64) _mm_prefetch(pf + o, _MM_HINT_T1);
+    _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) if (b + j < nb) LQ4_BLOCK(b + j, j);
+    for (int r = 0; r < R; r++) { /* hsum8's tree, for 16 tokens at once */
+        const __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(c[r][0], c[r][4]), _mm512_add_ps(c[r][2], c[r][6])),
+                                       _mm512_add_ps(_mm512_add_ps(c[r][1], c[r][5]), _mm512_add_ps(c[r][3], c[r][7])));
+        _mm512_storeu_ps(out[r], s);
     }
 }
-ZGEMM(q4_0, cm_block_q4_0, cm_block_q8_0, 1, 8, (size_t)(k / CM_QK4_0 / 8) * PQ4_GROUP, pack_q4_0, prow_q4_0,
-      gemm_zq4_0)
+
+static void gemm_lq4_0(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
+                       int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {
+    const int64_t nb = k / CM_QK4_0;
+    const size_t gb = (size_t)nb * LQ_BLOCK;
+    if (n_tok < LQ_MINTOK || nb > LQ_MAXNB || gb > ZPACK) { /* too few tokens to fill lanes, or rows too long */
+        gemm_zq4_0(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
+        return;
+    }
+    _Alignas(64) uint8_t pk[ZPACK];
+    lq4_row ur[2];
+    const lq4_row *u[2] = {&ur[0], &ur[1]};
+    const int64_t gcap = (int64_t)(ZPACK / gb); /* groups of 16 tokens per pass */
+    for (int64_t j0 = 0; j0 < n_tok; j0 += gcap * LQ_TOK) {
+        const int64_t left = n_tok - j0, ng = (left + LQ_TOK - 1) / LQ_TOK < gcap ? (left + LQ_TOK - 1) / LQ_TOK : gcap;
+        for (int64_t g = 0; g < ng; g++) {
+            const cm_block_q8_0 *yv[LQ_TOK];
+            const int T = left - g * LQ_TOK < LQ_TOK ? (int)(left - g * LQ_TOK) : LQ_TOK;
+            for (int t = 0; t < T; t++)
+                yv[t] = (const cm_block_q8_0 *)(const void *)((const char *)x + (size_t)(j0 + g * LQ_TOK + t) * x_stride);
+            lq4_pack(nb, yv, T, pk + (size_t)g * gb);
+        }
+        for (int64_t i = r0; i < r1; i += 2) {
+            const int R = r1 - i < 2 ? (int)(r1 - i) : 2;
+            for (int r = 0; r < R; r++)
+                lq4_unpack(nb, (const cm_block_q4_0 *)(const void *)((const char *)w + (size_t)(i + r) * w_stride), &ur[r]);
+            /* the next pair's rows (adjacent when w_stride is the row size, as in a GGUF) */
+            const int64_t np = r1 - (i + 2) < 2 ? r1 - (i + 2) : 2;
+            const char *pf = np > 0 ? (const char *)w + (size_t)(i + 2) * w_stride : NULL;
+            const size_t pf_bytes = np > 0 ? (size_t)(np - 1) * w_stride + (size_t)nb * sizeof(cm_block_q4_0) : 0;
+            for (int64_t g = 0; g < ng; g++) {
+                float out[2][LQ_TOK];
+                if (R == 2) lq4_rows(nb, u, pk + (size_t)g * gb, g == 0 ? pf : NULL, pf_bytes, 2, out);
+                else lq4_rows(nb, u, pk + (size_t)g * gb, g == 0 ? pf : NULL, pf_bytes, 1, out);
+                const int64_t jg = j0 + g * LQ_TOK;
+                const int T = n_tok - jg < LQ_TOK ? (int)(n_tok - jg) : LQ_TOK;
+                for (int r = 0; r < R; r++)
+                    for (int t = 0; t < T; t++) y[(jg + t) * ldy + i + r] = out[r][t];
+            }
+        }
+    }
+}
 
 /* ---- q8_0: per 8-block group and pair p, 192 bytes per token:
  * [y of blocks 2p, 2p+1][-128 * sum(y) lanes][dy per lane] ---- */

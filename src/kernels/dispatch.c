@@ -66,7 +66,6 @@ static void build_tables(void) {
     if (g_have[ISA_AVX512]) {
         cm_kernels_fill_avx2(&g_tables[ISA_AVX512]);
         cm_kernels_fill_avx512(&g_tables[ISA_AVX512]);
-        cm_kernels_fill_gemv_avx512(&g_tables[ISA_AVX512]);
     }
 #endif
 #if CM_KERNELS_HAVE_NEON

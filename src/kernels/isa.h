@@ -29,7 +29,6 @@ void cm_kernels_fill_ref(cm_kernels *k);
 #define CM_KERNELS_HAVE_X86 1
 void cm_kernels_fill_avx2(cm_kernels *k);
 void cm_kernels_fill_avx512(cm_kernels *k);
-void cm_kernels_fill_gemv_avx512(cm_kernels *k); /* gemv_avx512.c */
 #else
 #define CM_KERNELS_HAVE_X86 0
 #endif

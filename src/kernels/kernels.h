@@ -58,8 +58,10 @@ typedef struct cm_kernels {
     cm_from_float_fn from_float[CM_TYPE_COUNT]; /* activation types: F32 F16 BF16 Q8_0 Q8_1 Q8_K */
     cm_to_float_fn to_float[CM_TYPE_COUNT];     /* the weight types plus Q8_1 and Q8_K */
     cm_gemm_fn gemm[CM_TYPE_COUNT];             /* optional, per weight type */
-    /* Optional decode path (n_tok == 1, x_stride/ldy unused): several rows
-     * per pass, each row bit-identical to vec_dot. NULL = use vec_dot. */
+    /* Optional decode path (n_tok == 1, x_stride/ldy unused): the rows in
+     * whatever order and with whatever prefetching suits this ISA's memory
+     * system, each row bit-identical to vec_dot. NULL = vec_dot per row with
+     * the driver's software prefetch (cm_matmul_rows). */
     cm_gemm_fn gemv[CM_TYPE_COUNT];
 } cm_kernels;
 

@@ -117,13 +117,16 @@ static void test_gemm_equals_vec_dot(void) {
  * (kernels_avx512.c's avx512_gemm.h) needs several passes over the tokens:
  * every pass boundary must still give vec_dot's bits. */
 enum { LROWS = 5, LTOK = 19, LK = 10336 }; /* 323 blocks of 32: 40 groups of 8 plus 3 */
+/* 203 blocks: the q4_0 tokens-in-lanes gemm packs one group of 16 tokens per
+ * pass here (16 + 3 tokens: two passes), while LK is past its limit (tiles). */
+enum { LK2 = 6496 };
 static uint8_t g_lw[LROWS * LK * 4], g_lx[LTOK * LK * 4];
 static float g_lf[LK], g_ly[LTOK * LROWS];
 
-static void check_long(const cm_kernels *k, enum cm_type t) {
+static void check_long(const cm_kernels *k, enum cm_type t, int64_t n32) {
     const cm_type_traits *tr = cm_type_traits_of(t);
     const enum cm_type vt = tr->vec_dot_type;
-    const int64_t n = (t == CM_TYPE_Q4_K || t == CM_TYPE_Q5_K || t == CM_TYPE_Q6_K) ? 40 * 256 : LK;
+    const int64_t n = (t == CM_TYPE_Q4_K || t == CM_TYPE_Q5_K || t == CM_TYPE_Q6_K) ? 40 * 256 : n32;
     const size_t ws = cm_row_size(t, n), xs = cm_row_size(vt, n);
     for (int r = 0; r < LROWS; r++) {
         for (int64_t i = 0; i < n; i++) g_lf[i] = frand() * (float)(1 << (rnd() % 8));
@@ -156,7 +159,10 @@ static void test_long_rows(void) {
     for (size_t i = 0; i < sizeof k_isas / sizeof k_isas[0]; i++) {
         const cm_kernels *k = cm_kernels_for(k_isas[i]);
         if (!k) continue;
-        for (int ti = 0; ti < N_TYPES; ti++) check_long(k, k_types[ti]);
+        for (int ti = 0; ti < N_TYPES; ti++) {
+            check_long(k, k_types[ti], LK);
+            check_long(k, k_types[ti], LK2);
+        }
     }
 }
 
