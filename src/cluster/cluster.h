@@ -188,12 +188,17 @@ bool cm_pipe_failed(cm_pipe *p);
 int cm_pipe_recover(cm_pipe *p, char *err, size_t errlen);
 /* Idle upkeep: call only while nothing uses the pipe, as often as you like
  * (it acts at most every CM_PIPE_REJOIN_MS; env CUMULO_REJOIN_MS). Redials
- * the nodes of the plan that were lost; when some came back it re-plans with
+ * the nodes of the plan that were lost and, with --nodes auto, dials the
+ * nodes mDNS found since (browsing starts at the first call; bounded, see
+ * coord_impl.h CM_JOIN_*); when some came back or joined it re-plans with
  * the planner on every reachable node (this machine keeps its layers) and
  * switches to that plan unless it is predicted more than 10% slower (a
- * failed pipe switches whenever the plan fits again). Returns 1 when the
- * plan changed (sessions then resend, as after cm_pipe_recover), 0 when not,
- * or an error (the pipe is then failed, as after cm_pipe_recover). */
+ * failed pipe switches whenever the plan fits again). A tensor-parallel
+ * group is re-formed the same way (the caller takes cm_pipe_tp_slice
+ * again); a hybrid plan goes back to its opening plan once every member of
+ * it is back. Returns 1 when the plan changed (sessions then resend, as
+ * after cm_pipe_recover), 0 when not, or an error (the pipe is then failed,
+ * as after cm_pipe_recover). */
 #define CM_PIPE_REJOIN_MS 5000
 int cm_pipe_maintain(cm_pipe *p, char *err, size_t errlen);
 /* Tensor parallel: a forward pass (all-reduce) failed. Re-forms the group

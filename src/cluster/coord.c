@@ -409,6 +409,36 @@ static int send_assign(cm_pipe *p, const cm_plan *plan, int s, char *err, size_t
 }
 
 
+int cm_coord_wait_ready(cm_pipe *p, const int *ids, const char (*what)[48], int n, int timeout_s, char *err,
+                        size_t errlen) {
+    uint64_t deadline = cm_now_ns() + (uint64_t)timeout_s * 1000000000ull;
+    int rc = 0;
+    pthread_mutex_lock(&p->mu);
+    for (;;) {
+        int waiting = 0;
+        for (int i = 0; i < n && !rc; i++) {
+            const remote *r = &p->r[ids[i]];
+            if (!r->ready) waiting++;
+            else if (r->ready_status)
+                rc = cm_errf(err, errlen, r->ready_status, "node %s ('%s') cannot take %s: %s", r->addr, r->hello.name,
+                             what[i], r->ready_text);
+        }
+        if (p->fatal && !rc) rc = cm_errf(err, errlen, p->fatal, "%s", p->fatal_text);
+        if (rc || !waiting) break;
+        if (cm_now_ns() > deadline) {
+            rc = cm_errf(err, errlen, CM_ETIMEDOUT, "nodes were not ready within %d s", timeout_s);
+            break;
+        }
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 50000000;
+        if (ts.tv_nsec >= 1000000000) { ts.tv_sec++; ts.tv_nsec -= 1000000000; }
+        pthread_cond_timedwait(&p->cv, &p->mu, &ts);
+    }
+    pthread_mutex_unlock(&p->mu);
+    return rc;
+}
+
 void cm_coord_start_rx(cm_pipe *p) {
     for (int i = 0; i < p->n_remote; i++)
         if (!p->r[i].rx_started && p->r[i].ctl && !pthread_create(&p->r[i].rx, NULL, rx_main, &p->r[i]))
@@ -459,6 +489,7 @@ int cm_pipe_open(cm_pipe **out, const char *model_path, const cm_gguf *g, const 
      * must all work. Handshakes run all at once (addresses that never
      * answer cost one deadline in all), link measurements one at a time. */
     bool from_mdns = !strcmp(o->nodes, "auto");
+    p->from_mdns = from_mdns;
     int n_refused = 0;
     char first_refusal[300] = "";
     cm_conn *dialled[CM_PLAN_MAX_NODES - 1];
@@ -562,28 +593,15 @@ int cm_pipe_open(cm_pipe **out, const char *model_path, const cm_gguf *g, const 
     for (int s = 1; s < plan.n_stages; s++)
         if ((rc = send_assign(p, &plan, s, err, errlen))) goto fail;
     /* Wait for every assigned node (loading, maybe streaming weights). */
-    uint64_t deadline = cm_now_ns() + 600ull * 1000000000ull;
-    pthread_mutex_lock(&p->mu);
-    for (;;) {
-        int waiting = 0;
+    {
+        int ids[CM_PLAN_MAX_NODES];
+        char what[CM_PLAN_MAX_NODES][48];
         for (int s = 1; s < plan.n_stages; s++) {
-            remote *r = &p->r[plan.stages[s].members[0].node - 1];
-            if (!r->ready) waiting++;
-            else if (r->ready_status && !rc) {
-                rc = cm_errf(err, errlen, r->ready_status, "node %s ('%s') cannot take its stage: %s", r->addr,
-                             r->hello.name, r->ready_text);
-            }
+            ids[s - 1] = plan.stages[s].members[0].node - 1;
+            snprintf(what[s - 1], sizeof what[0], "layers [%d, %d)", plan.stages[s].first_layer, plan.stages[s].last_layer);
         }
-        if (p->fatal && !rc) rc = cm_errf(err, errlen, p->fatal, "%s", p->fatal_text);
-        if (rc || !waiting) break;
-        if (cm_now_ns() > deadline) { rc = cm_errf(err, errlen, CM_ETIMEDOUT, "nodes were not ready within 600 s"); break; }
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 200000000;
-        if (ts.tv_nsec >= 1000000000) { ts.tv_sec++; ts.tv_nsec -= 1000000000; }
-        pthread_cond_timedwait(&p->cv, &p->mu, &ts);
+        rc = cm_coord_wait_ready(p, ids, (const char (*)[48])what, plan.n_stages - 1, 600, err, errlen);
     }
-    pthread_mutex_unlock(&p->mu);
     if (rc) goto fail;
     {
         const char *a1 = p->r[plan.stages[1].members[0].node - 1].addr;
@@ -602,6 +620,7 @@ fail:
 
 void cm_pipe_close(cm_pipe *p) {
     if (!p) return;
+    cm_coord_join_stop(p);
     atomic_store(&p->closing, 1);
     for (int i = 0; i < p->n_remote; i++)
         if (p->r[i].rx_started) pthread_join(p->r[i].rx, NULL);
@@ -615,6 +634,7 @@ void cm_pipe_close(cm_pipe *p) {
     pthread_cond_destroy(&p->cv);
     cm_free(p->slots);
     cm_free(p->tp_plan);
+    cm_free(p->orig_plan);
     cm_free(p);
 }
 
@@ -641,14 +661,9 @@ int cm_coord_send_data(cm_pipe *p, const cm_msg *m, char *err, size_t errlen) {
     if (fatal) cm_errf(err, errlen, fatal, "%s", p->fatal_text);
     pthread_mutex_unlock(&p->mu);
     if (fatal) return fatal;
-    if (p->tp) { /* every member gets every sequence message */
-        for (int i = 0; i < p->n_remote; i++) {
-            if (!p->r[i].ctl) continue; /* lost, not in the re-formed group */
-            int rc = cm_conn_send(p->r[i].ctl, m, p->timeout_ms, err, errlen);
-            if (rc) { cm_coord_fatal(p, rc, "node %s: %s", p->r[i].addr, err); return rc; }
-        }
-        return 0;
-    }
+    /* Every member of the group gets every sequence message; nodes that are
+     * connected but not in it (back or joined, a re-plan not taken) none. */
+    if (p->tp) return cm_coord_send_group0(p, m, err, errlen);
     if (p->grouped && m->type == CM_MSG_SEQ_FREE) { /* hybrid: stage 0's members hold the sequence too */
         int rc = cm_coord_send_group0(p, m, err, errlen);
         if (rc) return rc;

@@ -1,8 +1,9 @@
 /*
  * coord_impl.h: the coordinator's private state, shared by coord.c (connect,
- * plan, assign, the data path), coord_tp.c (one tensor-parallel group) and
- * coord_recover.c (re-planning after a node is lost). Nothing outside these
- * three files may include it.
+ * plan, assign, the data path), coord_tp.c (tensor-parallel groups),
+ * coord_recover.c (re-planning after a node is lost or comes back),
+ * coord_join.c (nodes found by mDNS later) and coord_links.c (node to node
+ * links). Nothing outside these files may include it.
  */
 #ifndef CM_COORD_IMPL_H
 #define CM_COORD_IMPL_H
@@ -29,6 +30,7 @@ typedef struct remote {
                               * the node's control thread expects only WEIGHTS_CHUNKs: no heartbeats */
     atomic_bool lost;        /* declared lost: its rx thread has ended */
     bool seen_back;          /* coord_recover.c: lost, answered one rejoin check */
+    uint64_t refused_until_ns; /* coord_recover.c: not redialled before (it refused its part) */
     _Atomic uint64_t last_rx_ns;
     uint64_t last_hb_ns;     /* rx thread only */
     int ready_status;
@@ -88,6 +90,7 @@ struct cm_pipe {
     int tp_size;                       /* members of this machine's group (stage 0) */
     int s0_remote[CM_COLL_MAX_MEMBERS]; /* stage-0 rank r (>= 1) is r[s0_remote[r]] */
     cm_plan *tp_plan;                  /* grouped plans: the plan running now (owned; re-planning starts from it) */
+    cm_plan *orig_plan;                /* grouped plans: the plan opened with (owned; a rejoin goes back to it) */
     cm_slice tp_slice;
     cm_conn *tp_conn[CM_COLL_MAX_MEMBERS]; /* to each node's rank (owned) */
     cm_coll *coll;
@@ -108,6 +111,9 @@ struct cm_pipe {
     char cause[300];         /* coord_recover.c: the failure that started it */
     uint64_t next_link_check_ns; /* coord_recover.c: next idle re-measure of links marked down */
     bool links_suspect;          /* coord_recover.c: a re-plan failed: re-measure before the next one */
+    bool from_mdns;          /* --nodes auto: coord_join.c keeps browsing for new nodes */
+    bool join_tried;         /* coord_join.c: browsing started (or failed) */
+    struct cm_join *join;    /* coord_join.c: the browser and the addresses it found (owned) */
 };
 
 /* A line into the caller's log callback (the plan, failures, re-plans). */
@@ -120,6 +126,11 @@ void cm_coord_start_rx(cm_pipe *p);
  * this machine). */
 int cm_coord_assign_stage(cm_pipe *p, int s, int n_st, const int *rid, const int *lb, const int *le, char *err,
                           size_t errlen);
+/* Wait until each r[ids[i]] (i < n) answered READY for the current epoch:
+ * 0; the first that refused (what[i] names its part, "layers [2, 4)"),
+ * a failure of the pipe, or timeout_s passing: an error. */
+int cm_coord_wait_ready(cm_pipe *p, const int *ids, const char (*what)[48], int n, int timeout_s, char *err,
+                        size_t errlen);
 /* Send a sequence message down the data path (every TP member, or stage 1);
  * caller holds send_mu. A failure marks the pipe failed. */
 int cm_coord_send_data(cm_pipe *p, const cm_msg *m, char *err, size_t errlen);
@@ -160,5 +171,19 @@ int cm_coord_tp_recover(cm_pipe *p, char *err, size_t errlen);
 /* Send a sequence message to the other members of this machine's group (on
  * their control connections); caller holds send_mu. */
 int cm_coord_send_group0(cm_pipe *p, const cm_msg *m, char *err, size_t errlen);
+
+/* Nodes found by mDNS after the start (coord_join.c). Called by
+ * cm_pipe_maintain (idle) with --nodes auto: starts browsing the first time,
+ * then dials up to CM_JOIN_DIALS new addresses (handshake with the cluster
+ * key, links measured) and adds those that answer as remotes (up to
+ * CM_PLAN_MAX_NODES - 1 in all); returns how many were added. Addresses
+ * that fail are logged once and tried again after CM_JOIN_RETRY_MS. */
+#define CM_JOIN_TABLE 32      /* addresses found by mDNS waiting to be dialled or refused */
+#define CM_JOIN_DIALS 4       /* dials per idle call */
+#define CM_JOIN_DIAL_MS 1000  /* connect + handshake bound (and the links measurement's) */
+#define CM_JOIN_RETRY_MS 30000
+int cm_coord_join_poll(cm_pipe *p);
+/* Stop browsing and free (cm_pipe_close). */
+void cm_coord_join_stop(cm_pipe *p);
 
 #endif

@@ -2,7 +2,9 @@
  * coord_recover.c: what the coordinator does when the set of nodes changes
  * (issue 7). cm_pipe_recover re-plans on the survivors after a loss;
  * cm_pipe_maintain, called while idle, redials lost nodes of the --nodes
- * list and moves to a plan that uses them. Both plan with the real planner
+ * list (and takes the nodes coord_join.c found by mDNS) and moves to a plan
+ * that uses them: a pipeline or a tensor-parallel group by the planner, a
+ * hybrid plan back to its opening plan. Both plan with the real planner
  * (cm_plan_make: speed, links, memory with KV counted) under a new epoch
  * (nodes drop traffic of any other epoch, so a stale node cannot act on the
  * old plan), keeping this machine's layers [0, local_last) because the
@@ -42,6 +44,32 @@ static int reap_lost(cm_pipe *p) {
         r->rx_started = false;
         cm_conn_close(r->ctl, NULL);
         r->ctl = NULL;
+    }
+    return n;
+}
+
+/* Nodes that refused their part of a plan (READY with an error: a disk or
+ * cache that fails) are closed, so that the recovery that follows plans
+ * without them (it would otherwise fail the same way and give up), and
+ * are not redialled for CM_JOIN_RETRY_MS. Returns how many. */
+static int drop_refusers(cm_pipe *p) {
+    int n = 0;
+    for (int i = 0; i < p->n_remote; i++) {
+        remote *r = &p->r[i];
+        pthread_mutex_lock(&p->mu);
+        bool refused = r->ready && r->ready_status;
+        pthread_mutex_unlock(&p->mu);
+        if (!alive(r) || !refused) continue;
+        cm_coord_log(p, "node %s ('%s') left out: it could not take its part: %s", r->addr, r->hello.name, r->ready_text);
+        r->refused_until_ns = cm_now_ns() + (uint64_t)CM_JOIN_RETRY_MS * 1000000ull;
+        atomic_store(&r->released, true); /* its rx thread ends without failing the pipe */
+        pthread_join(r->rx, NULL);
+        r->rx_started = false;
+        cm_conn_close(r->ctl, "refused its part");
+        r->ctl = NULL;
+        atomic_store(&r->lost, true);
+        atomic_store(&r->released, false);
+        n++;
     }
     return n;
 }
@@ -178,28 +206,13 @@ static int apply_plan(cm_pipe *p, replan_ctx *x, const char *why, char *err, siz
             return rc;
         }
     }
-    uint64_t deadline = cm_now_ns() + 120ull * 1000000000ull;
-    int rc = 0;
-    pthread_mutex_lock(&p->mu);
-    for (;;) {
-        int waiting = 0;
-        for (int s = 1; s < n_st; s++) {
-            remote *r = &p->r[rid[s]];
-            if (!r->ready) waiting++;
-            else if (r->ready_status && !rc)
-                rc = cm_errf(err, errlen, r->ready_status, "node %s ('%s') cannot take layers [%d, %d): %s", r->addr,
-                             r->hello.name, lb[s], le[s], r->ready_text);
-        }
-        if (p->fatal && !rc) rc = cm_errf(err, errlen, p->fatal, "%s", p->fatal_text);
-        if (rc || !waiting) break;
-        if (cm_now_ns() > deadline) { rc = cm_errf(err, errlen, CM_ETIMEDOUT, "nodes were not ready within 120 s"); break; }
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 50000000;
-        if (ts.tv_nsec >= 1000000000) { ts.tv_sec++; ts.tv_nsec -= 1000000000; }
-        pthread_cond_timedwait(&p->cv, &p->mu, &ts);
+    int ids[CM_PLAN_MAX_NODES];
+    char what[CM_PLAN_MAX_NODES][48];
+    for (int s = 1; s < n_st; s++) {
+        ids[s - 1] = rid[s];
+        snprintf(what[s - 1], sizeof what[0], "layers [%d, %d)", lb[s], le[s]);
     }
-    pthread_mutex_unlock(&p->mu);
+    int rc = cm_coord_wait_ready(p, ids, (const char (*)[48])what, n_st - 1, 120, err, errlen);
     cm_msg_hello peer;
     cm_conn *d = NULL;
     if (!rc) {
@@ -287,25 +300,13 @@ static int recover_once(cm_pipe *p, char *err, size_t errlen) {
     return rc;
 }
 
-/* One re-formation of a tensor-parallel group on the survivors: leave the
- * old group (closing our rank links wakes members blocked in an all-reduce
- * with us), plan a TP group of this machine and every live node (KV heads
- * and FFN rows by speed; memory checked), and open it under a new epoch. With
- * no node left this machine computes every slice itself (it maps the whole
- * model anyway). */
-static int tp_recover_once(cm_pipe *p, char *err, size_t errlen) {
-    cm_coll_free(p->coll);
-    p->coll = NULL;
-    cm_coll_mesh_close(p->tp_conn, CM_COLL_MAX_MEMBERS);
-    /* No member lost (a link between two of them cut?), or the last try
-     * failed: measure the links between the live nodes again, so the group
-     * leaves one of a cut pair out (the planner's down links). */
-    if (!reap_lost(p) || p->links_suspect) cm_coord_recheck_links(p, false);
-    replan_ctx *x = cm_calloc(1, sizeof *x);
-    if (!x) return cm_errf(err, errlen, CM_ENOMEM, "out of memory");
+/* The planner's tensor-parallel group of this machine and every live node
+ * (KV heads and FFN rows by speed; memory checked): x->cand in the indices
+ * of the live sub-cluster, x->cur the same plan in the full node indices. */
+static int tp_plan_alive(cm_pipe *p, replan_ctx *x, cm_plan_opts *po, char *err, size_t errlen) {
     char e[600];
     int rc = cm_plan_model_from_gguf(p->g, &x->pm, e, sizeof e);
-    if (rc) { cm_free(x); return cm_errf(err, errlen, rc, "re-plan: %s", e); }
+    if (rc) return cm_errf(err, errlen, rc, "re-plan: %s", e);
     cm_coord_make_cluster(p, &x->full);
     int n = 1;
     x->map[0] = -1;
@@ -323,25 +324,35 @@ static int tp_recover_once(cm_pipe *p, char *err, size_t errlen) {
             x->sub.down[a][b] = x->full.down[fa][fb];
         }
     }
-    cm_plan_opts po;
-    cm_plan_opts_default(&po);
-    po.ctx = p->n_ctx;
-    po.n_seq = p->n_seq;
-    po.mode = CM_PARALLEL_TP;
-    rc = cm_plan_make(&x->pm, &x->sub, &po, &x->cand, e, sizeof e);
-    if (rc) {
-        cm_free(x);
+    cm_plan_opts_default(po);
+    po->ctx = p->n_ctx;
+    po->n_seq = p->n_seq;
+    po->mode = CM_PARALLEL_TP;
+    rc = cm_plan_make(&x->pm, &x->sub, po, &x->cand, e, sizeof e);
+    if (rc)
         return cm_errf(err, errlen, CM_EAGAIN, "the model no longer fits on this machine and the %d surviving node%s: %s",
                        n - 1, n == 2 ? "" : "s", e);
-    }
-    cm_plan *fp = &x->cur; /* the plan in the full node indices */
-    *fp = x->cand;
-    cm_plan_stage *st = &fp->stages[0];
+    x->cur = x->cand;
+    cm_plan_stage *st = &x->cur.stages[0];
     for (int k = 0; k < st->n_members; k++) {
         int j = st->members[k].node;
         st->members[k].node = j ? x->map[j] + 1 : 0;
-        if (j) p->r[x->map[j]].ready = false;
     }
+    return 0;
+}
+
+/* Switch the tensor-parallel group to x->cur (full indices) under a new
+ * epoch: leave the old group (closing our rank links wakes members blocked
+ * in an all-reduce with us) and open the new one. A group of this machine
+ * alone computes every slice itself (it maps the whole model anyway). */
+static int tp_switch(cm_pipe *p, replan_ctx *x, const char *why, char *err, size_t errlen) {
+    cm_coll_free(p->coll);
+    p->coll = NULL;
+    cm_coll_mesh_close(p->tp_conn, CM_COLL_MAX_MEMBERS);
+    cm_plan *fp = &x->cur;
+    cm_plan_stage *st = &fp->stages[0];
+    for (int k = 0; k < st->n_members; k++)
+        if (st->members[k].node) p->r[st->members[k].node - 1].ready = false;
     uint64_t ep = cm_wall_ms();
     if (ep <= atomic_load(&p->epoch)) ep = atomic_load(&p->epoch) + 1;
     atomic_store(&p->epoch, ep);
@@ -350,13 +361,15 @@ static int tp_recover_once(cm_pipe *p, char *err, size_t errlen) {
     p->fatal_text[0] = 0;
     for (int i = 0; i < p->n_seq; i++) p->slots[i].asked = p->slots[i].got = 0;
     pthread_mutex_unlock(&p->mu);
-    cm_coord_log(p, "re-plan (epoch %llu, recovery): tensor-parallel group of %d (this machine and %d node%s)",
-                 (unsigned long long)ep, st->n_members, st->n_members - 1, st->n_members == 2 ? "" : "s");
+    cm_coord_log(p, "re-plan (epoch %llu, %s): tensor-parallel group of %d (this machine and %d node%s)",
+                 (unsigned long long)ep, why, st->n_members, st->n_members - 1, st->n_members == 2 ? "" : "s");
+    int rc = 0;
     if (st->n_members > 1 && st->members[0].node == 0) {
         rc = cm_coord_tp_open(p, fp, err, errlen);
     } else if (st->n_members == 1 && st->members[0].node == 0) {
         p->tp_size = 1; /* every slice here: no all-reduce */
         p->tp_slice = (cm_slice){0, p->m->hp.n_head_kv, 0, p->m->hp.n_ff};
+        if (p->tp_plan) *p->tp_plan = *fp; /* the group running now (a later rejoin compares with it) */
         cm_coord_log(p, "tensor parallel: this machine alone now, every KV head and FFN row");
     } else {
         rc = cm_errf(err, errlen, CM_EINVAL, "re-plan: the group does not start on this machine");
@@ -375,7 +388,103 @@ static int tp_recover_once(cm_pipe *p, char *err, size_t errlen) {
     } else {
         cm_coord_fatal(p, rc, "re-plan: %s", err);
     }
+    return rc;
+}
+
+/* One re-formation of a tensor-parallel group on the survivors. */
+static int tp_recover_once(cm_pipe *p, char *err, size_t errlen) {
+    cm_coll_free(p->coll);
+    p->coll = NULL;
+    cm_coll_mesh_close(p->tp_conn, CM_COLL_MAX_MEMBERS);
+    /* No member lost (a link between two of them cut?), or the last try
+     * failed: measure the links between the live nodes again, so the group
+     * leaves one of a cut pair out (the planner's down links). */
+    if (!reap_lost(p) || p->links_suspect) cm_coord_recheck_links(p, false);
+    replan_ctx *x = cm_calloc(1, sizeof *x);
+    if (!x) return cm_errf(err, errlen, CM_ENOMEM, "out of memory");
+    cm_plan_opts po;
+    int rc = tp_plan_alive(p, x, &po, err, errlen);
+    if (!rc) rc = tp_switch(p, x, "recovery", err, errlen);
     p->links_suspect = rc != 0;
+    cm_free(x);
+    return rc;
+}
+
+/* Idle, nothing failed, nodes back or new: a tensor-parallel group of every
+ * machine takes the planner's group of every live node when it has more
+ * members and is not predicted more than 10% slower (or is predicted more
+ * than 5% faster). A hybrid plan goes back to the plan it opened with once
+ * every member of it is alive again (NEEDSWORK: re-plan hybrid groups with
+ * the planner, new nodes included). Returns 1 when the plan changed. */
+static int tp_rejoin(cm_pipe *p, char *err, size_t errlen) {
+    if (!p->tp_plan) return 0;
+    replan_ctx *x = cm_calloc(1, sizeof *x);
+    cm_plan *now = cm_calloc(1, sizeof *now);
+    int rc = x && now ? 0 : cm_errf(err, errlen, CM_ENOMEM, "out of memory");
+    if (rc) goto out;
+    if (!p->tp) { /* hybrid */
+        const cm_plan *o = p->orig_plan;
+        int members = 0, whole = o != NULL;
+        for (int s = 0; o && s < o->n_stages; s++)
+            for (int k = 0; k < o->stages[s].n_members; k++) {
+                int nd = o->stages[s].members[k].node;
+                if (nd && !alive(&p->r[nd - 1])) whole = 0;
+                members++;
+            }
+        int cur_members = 0;
+        for (int s = 0; s < p->tp_plan->n_stages; s++) cur_members += p->tp_plan->stages[s].n_members;
+        if (!whole || members <= cur_members || o->stages[0].last_layer != p->local_last) goto out;
+        *now = *o;
+        pthread_mutex_lock(&p->send_mu);
+        if (p->data) cm_conn_close(p->data, NULL);
+        p->data = NULL;
+        pthread_mutex_unlock(&p->send_mu);
+        cm_coll_free(p->coll);
+        p->coll = NULL;
+        cm_coll_mesh_close(p->tp_conn, CM_COLL_MAX_MEMBERS);
+        uint64_t ep = cm_wall_ms();
+        if (ep <= atomic_load(&p->epoch)) ep = atomic_load(&p->epoch) + 1;
+        atomic_store(&p->epoch, ep);
+        pthread_mutex_lock(&p->mu);
+        p->fatal = 0;
+        p->fatal_text[0] = 0;
+        for (int i = 0; i < p->n_seq; i++) p->slots[i].asked = p->slots[i].got = 0;
+        pthread_mutex_unlock(&p->mu);
+        cm_coord_log(p, "re-plan (epoch %llu, nodes back): every member of the opening plan is back; %d members again",
+                     (unsigned long long)ep, members);
+        rc = cm_coord_tp_open(p, now, err, errlen);
+        if (!rc) {
+            p->n_stages = now->n_stages;
+            for (int s = 1; s < now->n_stages; s++) p->stage_remote[s] = now->stages[s].members[0].node - 1;
+            cm_coord_record_members(p, now);
+            p->generation++;
+            cm_coord_log(p, "now the opening plan again: %d members in %d stages, epoch %llu", members, now->n_stages,
+                         (unsigned long long)ep);
+            rc = 1;
+        } else {
+            cm_coord_fatal(p, rc, "re-plan: %s", err);
+        }
+        goto out;
+    }
+    cm_plan_opts po;
+    rc = tp_plan_alive(p, x, &po, err, errlen);
+    if (rc) { rc = 0; goto out; } /* the running group stays */
+    *now = *p->tp_plan;
+    cm_plan_predict(&x->pm, &x->full, &po, now);
+    double cand = score_of(&x->cand, p->n_seq), cur = score_of(now, p->n_seq);
+    int grow = x->cand.stages[0].n_members > now->stages[0].n_members;
+    if (grow && cand < 0.9 * cur) {
+        cm_coord_log(p, "re-plan with the returning node(s) not taken: predicted %.1f tok/s vs %.1f now", cand, cur);
+    } else if (grow || cand > 1.05 * cur) {
+        rc = tp_switch(p, x, "nodes back or new", err, errlen);
+        if (!rc) {
+            cm_coord_log(p, "now a tensor-parallel group of %d, epoch %llu", p->tp_size,
+                         (unsigned long long)atomic_load(&p->epoch));
+            rc = 1;
+        }
+    }
+out:
+    cm_free(now);
     cm_free(x);
     return rc;
 }
@@ -434,6 +543,7 @@ int cm_pipe_recover(cm_pipe *p, char *err, size_t errlen) {
         }
         if (rc == CM_EAGAIN) break;
         cm_coord_log(p, "re-plan failed: %s", err);
+        drop_refusers(p);
         rc = 0;
     }
     /* Stay failed with the reason (CM_EAGAIN when the survivors cannot hold
@@ -459,7 +569,7 @@ static int redial_lost(cm_pipe *p) {
     int back = 0;
     for (int i = 0; i < p->n_remote; i++) {
         remote *r = &p->r[i];
-        if (r->ctl) continue;
+        if (r->ctl || cm_now_ns() < r->refused_until_ns) continue;
         char e[400], host[256];
         uint16_t port;
         cm_msg_hello h;
@@ -512,7 +622,7 @@ static int redial_lost(cm_pipe *p) {
 }
 
 int cm_pipe_maintain(cm_pipe *p, char *err, size_t errlen) {
-    if (!p || p->tp) return 0;
+    if (!p) return 0;
     uint64_t now = cm_now_ns();
     if (now < p->next_rejoin_ns) return 0;
     int every_ms = CM_PIPE_REJOIN_MS;
@@ -521,6 +631,7 @@ int cm_pipe_maintain(cm_pipe *p, char *err, size_t errlen) {
     p->next_rejoin_ns = now + (uint64_t)every_ms * 1000000ull;
     reap_lost(p);
     int back = redial_lost(p);
+    back += cm_coord_join_poll(p); /* --nodes auto: nodes found by mDNS since */
     /* Links marked down (a cut seen by a re-plan, or at the start) are
      * measured again now and then: a healed one counts like a node back. */
     int healed = 0;
@@ -538,6 +649,17 @@ int cm_pipe_maintain(cm_pipe *p, char *err, size_t errlen) {
         return rc ? rc : 1;
     }
     if (!back && !healed) return 0;
+    if (p->grouped) { /* tensor-parallel groups (coord_tp.c opens them) */
+        int rc = tp_rejoin(p, err, errlen);
+        if (rc < 0) {
+            char e2[600];
+            snprintf(e2, sizeof e2, "%s", err);
+            drop_refusers(p);
+            rc = cm_pipe_recover(p, err, errlen); /* back on the nodes that work */
+            if (!rc) rc = cm_errf(err, errlen, CM_EIO, "%s", e2);
+        }
+        return rc;
+    }
     replan_ctx *x = cm_calloc(1, sizeof *x);
     if (!x) return cm_errf(err, errlen, CM_ENOMEM, "out of memory");
     int rc = plan_survivors(p, x, err, errlen);
@@ -545,7 +667,7 @@ int cm_pipe_maintain(cm_pipe *p, char *err, size_t errlen) {
     if (!rc && x->cand.n_stages > p->n_stages && cand < 0.9 * cur) {
         cm_coord_log(p, "re-plan with the returning node(s) not taken: predicted %.1f tok/s vs %.1f now", cand, cur);
     } else if (!rc && (x->cand.n_stages > p->n_stages || cand > 1.05 * cur)) {
-        rc = apply_plan(p, x, back ? "nodes back" : "link back", err, errlen);
+        rc = apply_plan(p, x, back ? "nodes back or new" : "link back", err, errlen);
         if (!rc) {
             cm_coord_log(p, "now %d stages, epoch %llu", p->n_stages, (unsigned long long)atomic_load(&p->epoch));
             bool used[CM_PLAN_MAX_NODES] = {false};
@@ -555,6 +677,7 @@ int cm_pipe_maintain(cm_pipe *p, char *err, size_t errlen) {
         } else {
             char e2[600];
             snprintf(e2, sizeof e2, "%s", err);
+            drop_refusers(p);
             rc = cm_pipe_recover(p, err, errlen); /* back on the nodes that work */
             if (!rc) rc = cm_errf(err, errlen, CM_EIO, "%s", e2);
         }

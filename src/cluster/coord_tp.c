@@ -72,6 +72,7 @@ int cm_coord_tp_open(cm_pipe *p, const cm_plan *plan, char *err, size_t errlen) 
     if (!p->tp_plan && !(p->tp_plan = cm_calloc(1, sizeof *p->tp_plan)))
         return cm_errf(err, errlen, CM_ENOMEM, "out of memory");
     if (p->tp_plan != plan) *p->tp_plan = *plan;
+    if (!p->orig_plan && (p->orig_plan = cm_calloc(1, sizeof *p->orig_plan))) *p->orig_plan = *plan;
     p->tp = plan->n_stages == 1;
     p->grouped = true;
     p->tp_size = k;
@@ -104,31 +105,16 @@ int cm_coord_tp_open(cm_pipe *p, const cm_plan *plan, char *err, size_t errlen) 
         if (!rc) rc = cm_tp_greet_epoch(p->tp_conn[r], p->epoch, e, sizeof e);
         if (rc) return cm_errf(err, errlen, rc, "tensor-parallel rank %d at %s: %s", r, rm->addr, e);
     }
-    uint64_t deadline = cm_now_ns() + 600ull * 1000000000ull;
-    int rc = 0;
-    pthread_mutex_lock(&p->mu);
-    for (;;) {
-        int waiting = 0;
-        for (int s = 0; s < plan->n_stages; s++)
-            for (int r = 0; r < plan->stages[s].n_members; r++) {
-                int nd = plan->stages[s].members[r].node;
-                if (nd == 0) continue;
-                remote *rm = &p->r[nd - 1];
-                if (!rm->ready) waiting++;
-                else if (rm->ready_status && !rc)
-                    rc = cm_errf(err, errlen, rm->ready_status, "node %s ('%s') cannot take rank %d of stage %d: %s",
-                                 rm->addr, rm->hello.name, r, s, rm->ready_text);
-            }
-        if (p->fatal && !rc) rc = cm_errf(err, errlen, p->fatal, "%s", p->fatal_text);
-        if (rc || !waiting) break;
-        if (cm_now_ns() > deadline) { rc = cm_errf(err, errlen, CM_ETIMEDOUT, "nodes were not ready within 600 s"); break; }
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 200000000;
-        if (ts.tv_nsec >= 1000000000) { ts.tv_sec++; ts.tv_nsec -= 1000000000; }
-        pthread_cond_timedwait(&p->cv, &p->mu, &ts);
-    }
-    pthread_mutex_unlock(&p->mu);
+    int ids[CM_PLAN_MAX_NODES * 2], n_wait = 0;
+    char what[CM_PLAN_MAX_NODES * 2][48];
+    for (int s = 0; s < plan->n_stages; s++)
+        for (int r = 0; r < plan->stages[s].n_members && n_wait < (int)CM_ARRAY_LEN(ids); r++) {
+            int nd = plan->stages[s].members[r].node;
+            if (nd == 0) continue;
+            ids[n_wait] = nd - 1;
+            snprintf(what[n_wait++], sizeof what[0], "rank %d of stage %d", r, s);
+        }
+    int rc = cm_coord_wait_ready(p, ids, (const char (*)[48])what, n_wait, 600, err, errlen);
     if (rc) return rc;
     if (k > 1) {
         cm_coll_cfg cc = {.rank = 0, .size = k, .max_n = (int64_t)p->max_batch * hp->n_embd, .timeout_ms = 60000,

@@ -183,6 +183,12 @@ int cm_engine_forward(cm_engine *e, const cm_batch *b, cm_forward_args *a, cm_se
 }
 
 int cm_engine_maintain(cm_engine *e, char *err, size_t errlen) {
+    if (e->tp) { /* a re-formed group gives this machine another slice (sessions re-shape: cm_session_tp_sync) */
+        int gen = cm_pipe_generation(e->tp);
+        int rc = cm_pipe_maintain(e->tp, err, errlen);
+        if (cm_pipe_generation(e->tp) != gen) e->slice = cm_pipe_tp_slice(e->tp);
+        return rc;
+    }
     return e->pipe ? cm_pipe_maintain(e->pipe, err, errlen) : 0;
 }
 
@@ -193,9 +199,10 @@ bool cm_engine_hop_stats(const cm_engine *e, uint64_t *bytes, uint64_t *frames, 
 }
 
 int cm_engine_members(const cm_engine *e, cm_engine_member *out, int max) {
-    if (!e->pipe) return 0;
+    const cm_pipe *p = e->pipe ? e->pipe : e->tp; /* a TP group of every machine is e->tp */
+    if (!p) return 0;
     cm_pipe_member_info in[32]; /* more than a plan has (16 nodes) */
-    int n = cm_pipe_members(e->pipe, in, (int)CM_ARRAY_LEN(in));
+    int n = cm_pipe_members(p, in, (int)CM_ARRAY_LEN(in));
     for (int i = 0; i < n && i < max && i < (int)CM_ARRAY_LEN(in); i++) {
         const cm_pipe_member_info *a = &in[i];
         cm_engine_member *o = &out[i];

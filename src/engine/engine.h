@@ -86,8 +86,9 @@ void cm_engine_get_info(const cm_engine *e, cm_engine_info *info);
 const char *cm_engine_plan(const cm_engine *e);
 /* Cluster upkeep while idle: call only when no session of e is evaluating
  * or generating (serve's scheduler does, about every second with nothing in
- * flight). Nodes that were lost and answer again are taken back with a
- * re-plan when the planner predicts it is not worse (cm_pipe_maintain); a
+ * flight). Nodes that were lost and answer again (and, with --nodes auto,
+ * new ones found by mDNS) are taken with a re-plan when the planner
+ * predicts it is not worse (cm_pipe_maintain; pipelines and TP groups); a
  * cluster that could not continue becomes usable again. Returns 1 when the
  * plan changed, 0 when not (always on one machine), or an error. */
 int cm_engine_maintain(cm_engine *e, char *err, size_t errlen);
