@@ -459,6 +459,7 @@ GEMV_ROWS(zf16)
 GEMV_ROWS(zbf16)
 GEMV_ROWS(zq4_k)
 GEMV_ROWS(zq6_k)
+GEMV_ROWS(zq8_0)
 
 #include "avx512_gemm.h"
 
@@ -477,6 +478,7 @@ void cm_kernels_fill_avx512(cm_kernels *k) {
     k->gemv[CM_TYPE_Q4_0] = gemv_zq4_0;
     k->vec_dot[CM_TYPE_Q8_0] = vec_dot_zq8_0;
     k->gemm[CM_TYPE_Q8_0] = gemm_pq8_0;
+    k->gemv[CM_TYPE_Q8_0] = gemv_zq8_0;
     k->vec_dot[CM_TYPE_Q4_K] = vec_dot_zq4_k;
     k->gemm[CM_TYPE_Q4_K] = gemm_pq4_k;
     k->gemv[CM_TYPE_Q4_K] = gemv_zq4_k;
