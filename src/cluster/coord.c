@@ -68,10 +68,15 @@ static void *rx_main(void *arg) {
             cm_msg hb = {.type = CM_MSG_HEARTBEAT};
             hb.u.heartbeat = (cm_msg_heartbeat){.epoch = atomic_load(&p->epoch), .wall_ms = cm_wall_ms(), .mono_ns = now};
             int rc = 0;
-            pthread_mutex_lock(&p->send_mu); /* loading is set under it, before the ASSIGN leaves */
-            if (!atomic_load(&r->loading)) rc = cm_conn_send(r->ctl, &hb, p->lost_ms, err, sizeof err);
-            pthread_mutex_unlock(&p->send_mu);
-            r->last_hb_ns = now;
+            /* The data path holds send_mu through a send, which a frozen
+             * stage stalls for up to the loss bound: never wait for it here,
+             * or the silence check below would stop too. A heartbeat skipped
+             * costs nothing: nodes send their own every CM_PIPE_HB_MS. */
+            if (pthread_mutex_trylock(&p->send_mu) == 0) { /* loading is set under it, before the ASSIGN leaves */
+                if (!atomic_load(&r->loading)) rc = cm_conn_send(r->ctl, &hb, p->lost_ms, err, sizeof err);
+                pthread_mutex_unlock(&p->send_mu);
+                r->last_hb_ns = now;
+            }
             if (rc) {
                 atomic_store(&r->lost, true);
                 if (!atomic_load(&p->closing))
