@@ -33,15 +33,16 @@
  * on a frozen member, a send stalled on a frozen next stage), so that only a
  * node that is really stopped, dead or cut off falls silent. Sends on
  * connections to a coordinator take csend_mu, never mu, for that reason.
- * Limits: at most NODE_MAX_CONNS connection threads, NODE_MAX_UNAUTH of them
- * still in their handshake (NODE_MAX_UNAUTH_SOURCE per source address, and
- * NODE_HANDSHAKE_MS to finish it): a flood of idle or junk connections is
+ * Limits (node_guard.h): at most CM_NODE_MAX_CONNS connection threads,
+ * CM_NODE_MAX_UNAUTH of them still in their handshake (4 per source address,
+ * and CM_NODE_HANDSHAKE_MS to finish it): a flood of idle or junk connections is
  * refused (logged with the address) instead of costing a thread each, and
  * one flooding address cannot take the slots a coordinator needs.
  */
 #include "cluster/cluster_int.h"
 #include "cluster/collective.h"
 #include "cluster/mdns.h"
+#include "cluster/node_guard.h"
 #include "cluster/weights.h"
 
 #include "os/os.h"
@@ -55,11 +56,6 @@
 #define NODE_MAX_BATCH 256
 #define NODE_RECV_MS 500
 #define NODE_FRAME_MS 60000
-#define NODE_MAX_CONNS 64          /* connection threads at once */
-#define NODE_MAX_UNAUTH 32         /* of them still in their handshake */
-#define NODE_MAX_UNAUTH_SOURCE 4   /* ... from one source address */
-#define NODE_HANDSHAKE_MS 3000     /* to prove the key and say HELLO */
-#define NODE_MAX_HB 8              /* coordinator connections that get our heartbeats */
 
 /* One assigned stage: the model part this node runs for one epoch. */
 typedef struct stage {
@@ -96,15 +92,9 @@ typedef struct node {
     pthread_mutex_t csend_mu; /* sends on connections from a coordinator (never held while computing) */
     stage *st;
     _Atomic uint64_t epoch;   /* st's epoch (0: none), for heartbeats */
-    cm_conn *hb[NODE_MAX_HB]; /* coordinator connections that get heartbeats (under csend_mu) */
+    cm_node_hb hb;            /* the heartbeat thread (node_guard.c) */
+    cm_node_limits lim;       /* connection limits (node_guard.c) */
     _Atomic int n_threads;
-    /* Connection limits (under lim_mu): threads, unauthenticated ones, and
-     * both per source address; refusal log lines are rate-limited. */
-    pthread_mutex_t lim_mu;
-    int n_conns, n_unauth;
-    struct { char host[64]; int conns, unauth; } src[NODE_MAX_CONNS];
-    uint64_t refuse_window_ns;
-    int refuse_logged, refuse_quiet;
     char cache_dir[512];
     cm_conn *tp_in[CM_COLL_MAX_MEMBERS]; /* greeted TP connections not yet taken by a stage (under mu) */
     uint64_t tp_in_epoch[CM_COLL_MAX_MEMBERS]; /* the plan epoch each was made for */
@@ -115,118 +105,6 @@ typedef struct conn_job {
     cm_conn *c;
     int src; /* index into n->src */
 } conn_job;
-
-/* ---- connection limits ---- */
-
-/* Take a slot for a new connection from host: the index into n->src, or -1
- * with the reason in why (the caller refuses it). */
-static int lim_take(node *n, const char *host, char *why, size_t cap) {
-    pthread_mutex_lock(&n->lim_mu);
-    int at = -1, free_at = -1;
-    for (int i = 0; i < NODE_MAX_CONNS; i++) {
-        if (n->src[i].conns && !strcmp(n->src[i].host, host)) { at = i; break; }
-        if (!n->src[i].conns && free_at < 0) free_at = i;
-    }
-    if (n->n_conns >= NODE_MAX_CONNS)
-        snprintf(why, cap, "%d connections open (the limit)", n->n_conns);
-    else if (n->n_unauth >= NODE_MAX_UNAUTH)
-        snprintf(why, cap, "%d connections still in their handshake (the limit)", n->n_unauth);
-    else if (at >= 0 && n->src[at].unauth >= NODE_MAX_UNAUTH_SOURCE)
-        snprintf(why, cap, "%d connections from %s still in their handshake (the limit per address)",
-                 n->src[at].unauth, host);
-    else {
-        if (at < 0) {
-            at = free_at; /* n_conns < NODE_MAX_CONNS: there is one */
-            snprintf(n->src[at].host, sizeof n->src[at].host, "%s", host);
-        }
-        n->src[at].conns++;
-        n->src[at].unauth++;
-        n->n_conns++;
-        n->n_unauth++;
-        pthread_mutex_unlock(&n->lim_mu);
-        return at;
-    }
-    pthread_mutex_unlock(&n->lim_mu);
-    return -1;
-}
-
-static void lim_authenticated(node *n, int src) {
-    pthread_mutex_lock(&n->lim_mu);
-    n->src[src].unauth--;
-    n->n_unauth--;
-    pthread_mutex_unlock(&n->lim_mu);
-}
-
-static void lim_release(node *n, int src) {
-    pthread_mutex_lock(&n->lim_mu);
-    n->src[src].conns--;
-    n->n_conns--;
-    pthread_mutex_unlock(&n->lim_mu);
-}
-
-/* One log line per refusal, at most 5 a second: a flood must not flood the
- * log too; the lines left out are counted in the next one. */
-static void log_refusal(node *n, const char *peer, const char *why) {
-    pthread_mutex_lock(&n->lim_mu);
-    uint64_t now = cm_now_ns();
-    if (now - n->refuse_window_ns > 1000000000ull) {
-        n->refuse_window_ns = now;
-        n->refuse_logged = 0;
-    }
-    bool say = n->refuse_logged < 5;
-    int quiet = 0;
-    if (say) {
-        n->refuse_logged++;
-        quiet = n->refuse_quiet;
-        n->refuse_quiet = 0;
-    } else
-        n->refuse_quiet++;
-    pthread_mutex_unlock(&n->lim_mu);
-    if (!say) return;
-    if (quiet) CM_LOGW("refused connection from %s: %s (and %d more refused, not logged)", peer, why, quiet);
-    else CM_LOGW("refused connection from %s: %s", peer, why);
-}
-
-/* ---- heartbeats ---- */
-
-static void hb_register(node *n, cm_conn *c) {
-    pthread_mutex_lock(&n->csend_mu);
-    int at = -1;
-    for (int i = 0; i < NODE_MAX_HB; i++) {
-        if (n->hb[i] == c) { at = i; break; }
-        if (!n->hb[i] && at < 0) at = i;
-    }
-    if (at >= 0) n->hb[at] = c;
-    pthread_mutex_unlock(&n->csend_mu);
-}
-
-static void hb_unregister(node *n, cm_conn *c) {
-    pthread_mutex_lock(&n->csend_mu);
-    for (int i = 0; i < NODE_MAX_HB; i++)
-        if (n->hb[i] == c) n->hb[i] = NULL;
-    pthread_mutex_unlock(&n->csend_mu);
-}
-
-/* Every CM_PIPE_HB_MS, a HEARTBEAT to every registered coordinator
- * connection: the coordinator's proof that this process runs and its
- * network works, independent of what the compute threads wait for. */
-static void *hb_main(void *arg) {
-    node *n = arg;
-    while (!atomic_load(n->stop)) {
-        cm_msg m = {.type = CM_MSG_HEARTBEAT};
-        m.u.heartbeat = (cm_msg_heartbeat){.epoch = atomic_load(&n->epoch), .wall_ms = cm_wall_ms(), .mono_ns = cm_now_ns()};
-        char e[300];
-        pthread_mutex_lock(&n->csend_mu);
-        for (int i = 0; i < NODE_MAX_HB; i++) {
-            if (!n->hb[i] || cm_conn_state(n->hb[i]) != CM_CONN_READY) continue;
-            /* A failure marks the connection failed: its thread ends it. */
-            if (cm_conn_send(n->hb[i], &m, 1000, e, sizeof e)) n->hb[i] = NULL;
-        }
-        pthread_mutex_unlock(&n->csend_mu);
-        for (int t = 0; t < CM_PIPE_HB_MS && !atomic_load(n->stop); t += 50) cm_sleep_ms(50);
-    }
-    return NULL;
-}
 
 static void stage_free(stage *s) {
     if (!s) return;
@@ -604,7 +482,7 @@ static void conn_serve(node *n, cm_conn *c, int src) {
     char err[512];
     cm_msg_hello peer;
     int rc = cm_conn_handshake(c, false, &n->cfg, &n->hello, &peer, err, sizeof err);
-    lim_authenticated(n, src);
+    cm_node_limits_authenticated(&n->lim, src);
     if (rc) {
         CM_LOGW("refused %s: %s", cm_conn_peer(c), err);
         cm_conn_close(c, NULL);
@@ -664,7 +542,7 @@ static void conn_serve(node *n, cm_conn *c, int src) {
         case CM_MSG_HEARTBEAT: {
             /* Echo: the coordinator declares a silent node lost (coord.c).
              * A peer that sends heartbeats gets ours from now on too. */
-            if (is_coord) hb_register(n, c);
+            if (is_coord) cm_node_hb_add(&n->hb, c);
             cm_msg r = {.type = CM_MSG_HEARTBEAT};
             r.u.heartbeat = m.u.heartbeat;
             r.u.heartbeat.epoch = atomic_load(&n->epoch);
@@ -732,7 +610,7 @@ static void conn_serve(node *n, cm_conn *c, int src) {
         stage_free(s);
     }
     CM_LOGI("%s disconnected", cm_conn_peer(c));
-    hb_unregister(n, c);
+    cm_node_hb_remove(&n->hb, c);
     cm_conn_close(c, atomic_load(n->stop) ? "node shutting down" : NULL);
 }
 
@@ -743,7 +621,7 @@ static void *conn_main(void *arg) {
     int src = j->src;
     cm_free(j);
     conn_serve(n, c, src);
-    lim_release(n, src);
+    cm_node_limits_put(&n->lim, src);
     atomic_fetch_sub(&n->n_threads, 1);
     return NULL;
 }
@@ -770,9 +648,9 @@ int cm_node_run(const cm_node_opts *o, atomic_int *stop, char *err, size_t errle
     pthread_mutex_init(&n.mu, NULL);
     int rc = cm_cluster_net_cfg(&n.cfg, o->insecure, o->key_file, err, errlen);
     if (rc) { pthread_mutex_destroy(&n.mu); return rc; }
-    n.cfg.handshake_ms = NODE_HANDSHAKE_MS; /* an idle (slowloris) connection holds its slot this long at most */
+    n.cfg.handshake_ms = CM_NODE_HANDSHAKE_MS; /* an idle (slowloris) connection holds its slot this long at most */
     pthread_mutex_init(&n.csend_mu, NULL);
-    pthread_mutex_init(&n.lim_mu, NULL);
+    cm_node_limits_init(&n.lim);
     if (o->cache_dir && *o->cache_dir) snprintf(n.cache_dir, sizeof n.cache_dir, "%s", o->cache_dir);
     else {
         const char *home = getenv("HOME");
@@ -796,9 +674,10 @@ int cm_node_run(const cm_node_opts *o, atomic_int *stop, char *err, size_t errle
         if (cm_file_write_atomic(o->port_file, buf, (size_t)k, 0644, err, errlen)) CM_LOGW("%s", err);
     }
     join_peers(&n);
-    pthread_t hb_thread;
-    bool hb_started = pthread_create(&hb_thread, NULL, hb_main, &n) == 0;
-    if (!hb_started) CM_LOGW("cannot start the heartbeat thread: coordinators will see this node only while it is idle");
+    n.hb.send_mu = &n.csend_mu;
+    n.hb.epoch = &n.epoch;
+    n.hb.stop = stop;
+    if (cm_node_hb_start(&n.hb)) CM_LOGW("cannot start the heartbeat thread: coordinators will see this node only while it is idle");
     cm_mdns *md = NULL;
     if (o->mdns) {
         char id[2 * CM_NODE_ID_BYTES + 1], caps_txt[4][160];
@@ -825,9 +704,9 @@ int cm_node_run(const cm_node_opts *o, atomic_int *stop, char *err, size_t errle
         if (rc) { CM_LOGW("accept: %s", e); cm_sleep_ms(50); continue; }
         char host[64], why[160];
         cm_conn_peer_host(c, host, sizeof host);
-        int src = lim_take(&n, host, why, sizeof why);
+        int src = cm_node_limits_take(&n.lim, host, why, sizeof why);
         if (src < 0) {
-            log_refusal(&n, cm_conn_peer(c), why);
+            cm_node_limits_refused(&n.lim, cm_conn_peer(c), why);
             cm_conn_close(c, NULL);
             continue;
         }
@@ -841,9 +720,9 @@ int cm_node_run(const cm_node_opts *o, atomic_int *stop, char *err, size_t errle
         if (!j || pthread_create(&t, &at, conn_main, j)) {
             atomic_fetch_sub(&n.n_threads, 1);
             cm_free(j);
-            lim_authenticated(&n, src);
-            lim_release(&n, src);
-            log_refusal(&n, cm_conn_peer(c), "cannot start a thread");
+            cm_node_limits_authenticated(&n.lim, src);
+            cm_node_limits_put(&n.lim, src);
+            cm_node_limits_refused(&n.lim, cm_conn_peer(c), "cannot start a thread");
             cm_conn_close(c, NULL);
         }
         pthread_attr_destroy(&at);
@@ -851,7 +730,7 @@ int cm_node_run(const cm_node_opts *o, atomic_int *stop, char *err, size_t errle
     /* Let connection threads see the stop flag and leave (each waits at most
      * one receive deadline). */
     for (int i = 0; i < 100 && atomic_load(&n.n_threads) > 0; i++) cm_sleep_ms(20);
-    if (hb_started) pthread_join(hb_thread, NULL);
+    cm_node_hb_join(&n.hb);
     cm_mdns_close(md);
     cm_listener_close(l);
     pthread_mutex_lock(&n.mu);
@@ -862,6 +741,6 @@ int cm_node_run(const cm_node_opts *o, atomic_int *stop, char *err, size_t errle
     cm_coll_mesh_close(n.tp_in, CM_COLL_MAX_MEMBERS);
     pthread_mutex_destroy(&n.mu);
     pthread_mutex_destroy(&n.csend_mu);
-    pthread_mutex_destroy(&n.lim_mu);
+    cm_node_limits_release(&n.lim);
     return 0;
 }

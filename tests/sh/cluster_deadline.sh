@@ -89,15 +89,14 @@ pp_phase() { # TAG WHICH(1|2)
     [ -n "$lost" ] && [ "$lost" -lt 10000 ] && ok || bad "$ph: loss not declared within 10 s ($(grep -i 'lost\|fail' "$TMP/s$ph.log" | head -2))"
     [ -n "$rec" ] && [ "$rec" -lt 10000 ] && ok || bad "$ph: no recovery within 10 s ($(grep -i 'plan\|fail' "$TMP/s$ph.log" | tail -2))"
     # The freeze did catch a send with full buffers: the sender says so.
-    grep -q 'took none of our data' "$VLOG" && ok || bad "$ph: no send blocked on the frozen stage (the test tests nothing): $(grep -i 'peer' "$VLOG" | tail -2)"
-    echo "$ph: $(grep -m1 'took none of our data' "$VLOG" | sed 's/.*peer/peer/')" >&2
+    grep -q 'took none of our data\|did not take our data' "$VLOG" && ok || bad "$ph: no send blocked on the frozen stage (the test tests nothing): $(grep -i 'peer' "$VLOG" | tail -2)"
+    echo "$ph: $(grep -m1 'took none of our data\|did not take our data' "$VLOG" | sed 's/.*peer/peer/')" >&2
     for p in $CP; do wait "$p"; done
     for r in 1 2 3 4 5 6 7 8; do s=true; [ $r -gt 6 ] && s=false; check "$ph" $r long $s; done
     cc_stop "$SERVE_PID"; cc_stop "$A"; cc_stop "$B"
 }
 pp_phase stop1 1
 pp_phase stop2 2
-[ -n "$DL_PP_ONLY" ] && { echo "$pass passed, $fail failed"; exit 0; }
 
 # ---- tp: a frozen member of a tensor-parallel group. "The little dog" is
 # left out: TP sums in another order and flips a near-tie there (see
