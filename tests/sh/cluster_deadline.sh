@@ -72,15 +72,18 @@ pp_phase() { # TAG WHICH(1|2)
     export CUMULO_TEST_SOCKBUF=4096
     cc_start_node "${ph}a" --bind 127.0.0.1 --no-mdns; PA=$NODE_PORT; A=$NODE_PID
     cc_start_node "${ph}b" --bind 127.0.0.1 --no-mdns; PB=$NODE_PORT; B=$NODE_PID
-    export CUMULO_TEST_CLUSTER_DELAY_MS=40
+    export CUMULO_TEST_CLUSTER_DELAY_MS=60
     cc_start_serve "s$ph" "$M" --host 127.0.0.1 --nodes "127.0.0.1:$PA,127.0.0.1:$PB" --layers 2,2,1 --threads 1 --slots 8
     src=$?
     unset CUMULO_TEST_SOCKBUF CUMULO_TEST_CLUSTER_DELAY_MS
     if [ $src -ne 0 ]; then bad "$ph: serve did not start: $(tail -3 "$TMP/s$ph.log")"; return; fi
     CP=""
     for r in 1 2 3 4 5 6 7 8; do s=true; [ $r -gt 6 ] && s=false; request "$ph" $r long $s; done
-    sleep 0.6 # in the prefill (each 64-token chunk pauses 40 ms)
-    if [ "$2" = 1 ]; then V=$A; VLOG="$TMP/s$ph.log"; else V=$B; VLOG="$TMP/${ph}a.log"; fi
+    sleep 0.25 # early in the prefill (each 64-token chunk pauses 60 ms): chunks are on their way
+    # The planner orders the nodes by the measured links: find who runs stage 1 and 2.
+    S1=$(awk '$3 == "1" && $2 ~ /^127\.0\.0\.1:/ {print $2; exit}' "$TMP/s$ph.log")
+    if [ "$S1" = "127.0.0.1:$PA" ]; then P1=$A L1="$TMP/${ph}a.log" P2=$B; else P1=$B L1="$TMP/${ph}b.log" P2=$A; fi
+    if [ "$2" = 1 ]; then V=$P1; VLOG="$TMP/s$ph.log"; else V=$P2; VLOG=$L1; fi
     t0=$(date +%s%N)
     kill -STOP "$V"
     lost=$(since_ms "$t0" "$TMP/s$ph.log" 'lost: silent' 300)
