@@ -90,7 +90,7 @@ kbench: $(BUILD)/bench/kbench
 	$(BUILD)/bench/kbench
 
 # Tensor-parallel benchmark (1B-class Q8_0 model written to $$TMPDIR once); not a test.
-$(BUILD)/bench/tp_bench: bench/tp_bench.c tests/unit/tp_model.h $(BUILD)/libcumulo.a
+$(BUILD)/bench/tp_bench: bench/tp_bench.c tests/unit/tp_model.h tests/unit/fixtures.h $(BUILD)/libcumulo.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests/unit -o $@ $< $(BUILD)/libcumulo.a $(LDLIBS)
 tp-bench: $(BUILD)/bench/tp_bench

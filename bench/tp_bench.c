@@ -15,6 +15,7 @@
 #include "model/model.h"
 #include "sched/plan.h"
 #include "sched/simulate.h"
+#include "fixtures.h"
 #include "tp_model.h"
 
 #include <pthread.h>
@@ -65,22 +66,6 @@ typedef struct mesh2 {
     cm_conn *conns[2][2];
 } mesh2;
 
-static void hello_of(cm_msg_hello *h, int rank) {
-    memset(h, 0, sizeof *h);
-    h->proto_version = CM_PROTO_VERSION;
-    memset(h->node_id, 0x60 + rank, sizeof h->node_id);
-    snprintf(h->name, sizeof h->name, "bench%d", rank);
-    h->roles = CM_ROLE_NODE;
-    h->cores = 1;
-    snprintf(h->isa, sizeof h->isa, "x");
-    h->mem_total = 1ull << 30;
-    h->mem_free = 1ull << 29;
-    snprintf(h->os, sizeof h->os, "%s", cm_os_name());
-    snprintf(h->arch, sizeof h->arch, "%s", cm_arch_name());
-    snprintf(h->version, sizeof h->version, "%s", CM_VERSION);
-    h->gflops = 1;
-}
-
 typedef struct member {
     mesh2 *M;
     int rank, k, nth;
@@ -105,7 +90,9 @@ static void *member_main(void *arg) {
         cm_net_cfg cfg = {.mode = CM_SEC_ENCRYPT};
         memcpy(cfg.key, k_key, sizeof k_key);
         cm_msg_hello h;
-        hello_of(&h, me->rank);
+        char hname[16];
+        snprintf(hname, sizeof hname, "bench%d", me->rank);
+        fx_hello(&h, hname, (uint8_t)(0x60 + me->rank), CM_ROLE_NODE);
         if ((me->rc = cm_coll_mesh_open(me->rank, me->k, me->M->l[me->rank], me->M->addrs, &cfg, &h, 10000,
                                         me->M->conns[me->rank], me->err, sizeof me->err)))
             return NULL;

@@ -22,6 +22,12 @@ bool cli_wants_help(int argc, char **argv);
 /* Parse numbers from option values; on error print a one-line message and return false. */
 bool cli_int(const char *opt, const char *val, long lo, long hi, long *out);
 bool cli_float(const char *opt, const char *val, double lo, double hi, double *out);
+/* The sampling options run and chat share (--temp, --top-k, --top-p, --min-p,
+ * --repeat-penalty, --seed): if argv[*i] is one of them, parse its value into
+ * s, advance *i past the value and return 1; return 0 if argv[*i] is not one
+ * of them, -1 (message printed) if its value is bad. */
+struct cm_sampler_params;
+int cli_sampling_opt(int argc, char **argv, int *i, struct cm_sampler_params *s);
 
 /* A progress bar on stderr (only when stderr is a terminal, or CUMULO_PROGRESS=1). */
 typedef struct cli_progress { const char *label; double total, last_draw; bool on; } cli_progress;

@@ -219,9 +219,10 @@ int cmd_run(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        double d;
-        long l;
 #define NEXT() (i++, v)
+        int so = cli_sampling_opt(argc, argv, &i, &gp.sampling);
+        if (so < 0) return 1;
+        if (so > 0) continue;
         if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) {
             if (!v) return cli_fail("option '%s' needs a value", a);
             prompt = NEXT();
@@ -230,24 +231,6 @@ int cmd_run(int argc, char **argv) {
             file = NEXT();
         } else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) {
             if (!cli_int(a, NEXT(), -1, 1 << 24, &n_predict)) return 1;
-        } else if (!strcmp(a, "--temp")) {
-            if (!cli_float(a, NEXT(), 0, 100, &d)) return 1;
-            gp.sampling.temperature = (float)d;
-        } else if (!strcmp(a, "--top-k")) {
-            if (!cli_int(a, NEXT(), 0, 1 << 24, &l)) return 1;
-            gp.sampling.top_k = (int32_t)l;
-        } else if (!strcmp(a, "--top-p")) {
-            if (!cli_float(a, NEXT(), 0, 1, &d)) return 1;
-            gp.sampling.top_p = (float)d;
-        } else if (!strcmp(a, "--min-p")) {
-            if (!cli_float(a, NEXT(), 0, 1, &d)) return 1;
-            gp.sampling.min_p = (float)d;
-        } else if (!strcmp(a, "--repeat-penalty")) {
-            if (!cli_float(a, NEXT(), 0, 100, &d)) return 1;
-            gp.sampling.repeat_penalty = (float)d;
-        } else if (!strcmp(a, "--seed")) {
-            if (!cli_int(a, NEXT(), 0, 0x7fffffffL, &l)) return 1;
-            gp.sampling.seed = (uint64_t)l;
         } else if (!strcmp(a, "--stop")) {
             if (!v) return cli_fail("option '%s' needs a value", a);
             if (n_stops == (int)CM_ARRAY_LEN(stops)) return cli_fail("at most %d --stop strings", (int)CM_ARRAY_LEN(stops));

@@ -7,6 +7,7 @@
 
 #include "base/base.h"
 #include "os/os.h"
+#include "sampler/sampler.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -55,6 +56,31 @@ bool cli_float(const char *opt, const char *val, double lo, double hi, double *o
     }
     *out = v;
     return true;
+}
+
+int cli_sampling_opt(int argc, char **argv, int *i, cm_sampler_params *s) {
+    const char *a = argv[*i], *v = *i + 1 < argc ? argv[*i + 1] : NULL;
+    double d;
+    long l;
+    bool ok;
+    if (!strcmp(a, "--temp")) {
+        if ((ok = cli_float(a, v, 0, 100, &d))) s->temperature = (float)d;
+    } else if (!strcmp(a, "--top-k")) {
+        if ((ok = cli_int(a, v, 0, 1 << 24, &l))) s->top_k = (int32_t)l;
+    } else if (!strcmp(a, "--top-p")) {
+        if ((ok = cli_float(a, v, 0, 1, &d))) s->top_p = (float)d;
+    } else if (!strcmp(a, "--min-p")) {
+        if ((ok = cli_float(a, v, 0, 1, &d))) s->min_p = (float)d;
+    } else if (!strcmp(a, "--repeat-penalty")) {
+        if ((ok = cli_float(a, v, 0, 100, &d))) s->repeat_penalty = (float)d;
+    } else if (!strcmp(a, "--seed")) {
+        if ((ok = cli_int(a, v, 0, 0x7fffffffL, &l))) s->seed = (uint64_t)l;
+    } else {
+        return 0;
+    }
+    if (!ok) return -1;
+    (*i)++;
+    return 1;
 }
 
 void cli_progress_start(cli_progress *p, const char *label, double total) {

@@ -6,35 +6,23 @@
 # architecture, unsupported type, prompt longer than the context): one-line
 # error, non-zero exit, no crash. Needs perl (JSON::PP) for JSON and bytes.
 cd "$(dirname "$0")/../.." || exit 1
-BIN=${CUMULO_BIN:-build/cumulo}
-SHARED=${CUMULO_SHARED:-$(cd .. && pwd)/shared}
+. tests/sh/lib/cluster_common.sh
 M=$SHARED/models
 R=$SHARED/reference
-pass=0
-fail=0
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
-
-# jsonget FILE PERL-EXPR: evaluate EXPR with $j = the decoded JSON of FILE.
-jsonget() {
-    perl -MJSON::PP -e 'local $/; open my $f, "<", $ARGV[0] or exit 2; my $j = decode_json(<$f>); print eval $ARGV[1]' "$1" "$2"
-}
 
 # 1. Greedy ids of every reference prompt, every model, through the CLI.
 for q in f32 q8_0 q4_0; do
     for c in 0 1 2 3; do
-        prompt=$(jsonget "$R/stories260K-$q.greedy.json" '$j->{cases}['$c']{prompt}')
-        n=$(jsonget "$R/stories260K-$q.greedy.json" '$j->{cases}['$c']{n_predict}')
-        want=$(jsonget "$R/stories260K-$q.greedy.json" 'join(",", @{$j->{cases}['$c']{generated_tokens}})')
-        wantp=$(jsonget "$R/stories260K-$q.greedy.json" 'join(",", @{$j->{cases}['$c']{prompt_tokens}})')
+        prompt=$(cc_jsonget "$R/stories260K-$q.greedy.json" '$j->{cases}['$c']{prompt}')
+        n=$(cc_jsonget "$R/stories260K-$q.greedy.json" '$j->{cases}['$c']{n_predict}')
+        want=$(cc_jsonget "$R/stories260K-$q.greedy.json" 'join(",", @{$j->{cases}['$c']{generated_tokens}})')
+        wantp=$(cc_jsonget "$R/stories260K-$q.greedy.json" 'join(",", @{$j->{cases}['$c']{prompt_tokens}})')
         if ! "$BIN" run "$M/stories260K-$q.gguf" -p "$prompt" -n "$n" --temp 0 --threads 1 --json >"$TMP/o.json" 2>"$TMP/o.err"; then
             bad "run $q case $c failed: $(cat "$TMP/o.err")"
             continue
         fi
-        got=$(jsonget "$TMP/o.json" 'join(",", @{$j->{tokens}})')
-        gotp=$(jsonget "$TMP/o.json" 'join(",", @{$j->{prompt_tokens}})')
+        got=$(cc_jsonget "$TMP/o.json" 'join(",", @{$j->{tokens}})')
+        gotp=$(cc_jsonget "$TMP/o.json" 'join(",", @{$j->{prompt_tokens}})')
         [ "$gotp" = "$wantp" ] && ok || bad "$q case $c: prompt tokens $gotp, llama.cpp $wantp"
         if [ "$got" = "$want" ]; then
             ok
@@ -56,9 +44,9 @@ else
     bad "streamed run failed"
 fi
 "$BIN" run "$M/stories260K-f32.gguf" -n 200 --temp 0 --json >"$TMP/j.json" 2>/dev/null
-jsonget "$TMP/j.json" '$j->{text}' >"$TMP/j.txt"
+cc_jsonget "$TMP/j.json" '$j->{text}' >"$TMP/j.txt"
 cmp -s "$TMP/j.txt" "$R/stories260K.llama2c-expected-200.txt" && ok || bad "--json text differs from llama2.c's"
-[ "$(jsonget "$TMP/j.json" '$j->{timings}{gen_n}')" = 200 ] && ok || bad "timings.gen_n is not 200"
+[ "$(cc_jsonget "$TMP/j.json" '$j->{timings}{gen_n}')" = 200 ] && ok || bad "timings.gen_n is not 200"
 
 # 3. Threads do not change greedy ids; a seed fixes sampled output.
 a=$("$BIN" run "$M/stories260K-q8_0.gguf" -p "The dog" -n 48 --temp 0 --threads 1 --json 2>/dev/null | perl -MJSON::PP -e 'print join ",", @{decode_json(<STDIN>)->{tokens}}')
@@ -76,7 +64,7 @@ out=$("$BIN" run "$M/stories260K-f32.gguf" -n 200 --temp 0 --stop "Lily" 2>/dev/
 # 4. Peak RSS <= file size + KV cache + 64 MiB (weights stay mapped, not copied).
 f=$M/stories260K-q8_0.gguf
 "$BIN" run "$f" -n 200 --temp 0 --ctx 512 --json >"$TMP/r.json" 2>/dev/null
-rss=$(jsonget "$TMP/r.json" '$j->{timings}{peak_rss_bytes}')
+rss=$(cc_jsonget "$TMP/r.json" '$j->{timings}{peak_rss_bytes}')
 size=$(wc -c <"$f")
 kv=$("$BIN" info "$f" --ctx 512 --json 2>/dev/null | perl -MJSON::PP -e 'print decode_json(<STDIN>)->{kv_bytes}')
 limit=$((size + kv + 64 * 1024 * 1024))
@@ -92,10 +80,10 @@ fi
 grep -q '^architecture: llama' "$TMP/i.txt" && grep -q '^parameters:   292800 ' "$TMP/i.txt" &&
     grep -q 'f32 ' "$TMP/i.txt" && ok || bad "info output: $(cat "$TMP/i.txt")"
 "$BIN" info "$M/stories260K-q4_0.gguf" --ctx 256 --json >"$TMP/i.json" 2>/dev/null
-[ "$(jsonget "$TMP/i.json" '$j->{kv_bytes}')" = $((2 * 5 * 4 * 256 * 8 * 4)) ] && ok || bad "info kv bytes"
-[ "$(jsonget "$TMP/i.json" 'join ",", map { $_->{type} } @{$j->{types}}')" != "" ] && ok || bad "info types"
+[ "$(cc_jsonget "$TMP/i.json" '$j->{kv_bytes}')" = $((2 * 5 * 4 * 256 * 8 * 4)) ] && ok || bad "info kv bytes"
+[ "$(cc_jsonget "$TMP/i.json" 'join ",", map { $_->{type} } @{$j->{types}}')" != "" ] && ok || bad "info types"
 "$BIN" info "$M/stories260K-q4_0.gguf" --ctx 256 --kv-type f16 --json >"$TMP/i16.json" 2>/dev/null
-[ "$(jsonget "$TMP/i16.json" '$j->{kv_bytes}')" = $((5 * 4 * 256 * 8 * 4)) ] && ok || bad "info kv bytes (f16)"
+[ "$(cc_jsonget "$TMP/i16.json" '$j->{kv_bytes}')" = $((5 * 4 * 256 * 8 * 4)) ] && ok || bad "info kv bytes (f16)"
 out=$("$BIN" run "$M/stories260K-f32.gguf" -p "The dog" -n 16 --temp 0 --kv-type f16 --json 2>/dev/null | perl -MJSON::PP -e 'print scalar @{decode_json(<STDIN>)->{tokens}}')
 [ "$out" = 16 ] && ok || bad "run --kv-type f16"
 "$BIN" run --help | grep -q 'usage: cumulo run' && ok || bad "run --help"

@@ -25,29 +25,10 @@
 #     machine's group member (the coordinator's slice and caches change):
 #     each time the coordinator re-plans and every stream equals one machine's.
 cd "$(dirname "$0")/../.." || exit 1
-BIN=${CUMULO_BIN:-build/cumulo}
-SHARED=${CUMULO_SHARED:-$(cd .. && pwd)/shared}
+. tests/sh/lib/cluster_common.sh
 M=$SHARED/models
 R=$SHARED/reference
-pass=0
-fail=0
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
-TMP=$(mktemp -d)
-PIDS=""
-cleanup() {
-    for p in $PIDS; do kill "$p" 2>/dev/null; done
-    for p in $PIDS; do wait "$p" 2>/dev/null; done
-    [ -n "$CUMULO_KEEP_TMP" ] && echo "kept $TMP" >&2 || rm -rf "$TMP"
-}
-trap cleanup EXIT INT TERM
-export CUMULO_KEY_FILE="$TMP/cluster.key"
-"$BIN" key >/dev/null 2>&1 || { echo "cannot create a key"; exit 1; }
-
-jsonget() {
-    perl -MJSON::PP -e 'local $/; open my $f, "<", $ARGV[0] or exit 2; my $j = decode_json(<$f>); print eval $ARGV[1]' "$1" "$2"
-}
-ids() { jsonget "$1" 'join(",", @{$j->{tokens}})'; }
+ids() { cc_jsonget "$1" 'join(",", @{$j->{tokens}})'; }
 
 # Largest |p - q| over the chosen token and the top tokens of every step of two
 # `run --json --logprobs N` outputs (probabilities, not logs); "x" when the
@@ -94,16 +75,13 @@ probdiff_ref() {
 }
 le() { perl -e 'exit(($ARGV[0] ne "x" && $ARGV[0] <= $ARGV[1]) ? 0 : 1)' "$1" "$2"; }
 
+# start_node NAME [node options...]: a node on a free port (cluster_common.sh);
+# sets PORT_<NAME> and PID_<NAME>.
 start_node() {
     name=$1
     shift
-    "$BIN" node --port 0 --port-file "$TMP/$name.port" --no-mdns --threads 1 --name "$name" \
-        --cache "$TMP/cache-$name" "$@" >"$TMP/$name.log" 2>&1 &
-    PIDS="$PIDS $!"
-    eval "PID_$name=$!"
-    i=0
-    while [ ! -s "$TMP/$name.port" ] && [ $i -lt 100 ]; do sleep 0.05; i=$((i + 1)); done
-    eval "PORT_$name=$(cat "$TMP/$name.port" 2>/dev/null)"
+    cc_start_node "$name" --no-mdns "$@"
+    eval "PORT_$name=$NODE_PORT; PID_$name=$NODE_PID"
 }
 
 # The synth model (2 layers, dim 256, 2 KV heads) next to the shared ones, so
@@ -159,20 +137,20 @@ run_one() { # OUT MODEL PROMPT N ARGS... (ro_*: shell functions share variables)
 for model in stories260K-f32 synth; do
     MP=$TMP/models/$model.gguf
     "$BIN" info "$MP" --json >"$TMP/info.json" 2>/dev/null
-    L=$(jsonget "$TMP/info.json" '$j->{n_layer}')
-    D=$(jsonget "$TMP/info.json" '$j->{n_embd}')
+    L=$(cc_jsonget "$TMP/info.json" '$j->{n_layer}')
+    D=$(cc_jsonget "$TMP/info.json" '$j->{n_embd}')
     if [ $model = synth ]; then
         prompt="" n=32
     else
-        prompt=$(jsonget "$R/stories260K-f32.greedy.json" '$j->{cases}[1]{prompt}') n=40
+        prompt=$(cc_jsonget "$R/stories260K-f32.greedy.json" '$j->{cases}[1]{prompt}') n=40
     fi
     run_one "$TMP/one" "$MP" "$prompt" $n || bad "$model: single machine failed: $(tail -2 "$TMP/one.err")"
     one=$(ids "$TMP/one.json")
     if [ $model = synth ]; then
-        want=$(jsonget "$SREF" 'join(",", @{$j->{cases}[0]{greedy}})')
+        want=$(cc_jsonget "$SREF" 'join(",", @{$j->{cases}[0]{greedy}})')
         d=$(probdiff_ref "$TMP/one.json" "$SREF")
     else
-        want=$(jsonget "$R/stories260K-f32.greedy.json" 'join(",", @{$j->{cases}[1]{generated_tokens}}[0..'$((n - 1))'])')
+        want=$(cc_jsonget "$R/stories260K-f32.greedy.json" 'join(",", @{$j->{cases}[1]{generated_tokens}}[0..'$((n - 1))'])')
         d=0
     fi
     [ -n "$one" ] && [ "$one" = "$want" ] && ok || bad "$model: single machine differs from llama.cpp: $one vs $want"
@@ -198,10 +176,10 @@ for model in stories260K-f32 synth; do
         set -- $(echo "$line" | sed 's/[^[]*\[\([0-9]*\), \([0-9]*\))[^[]*\[\([0-9]*\), \([0-9]*\)).*/\1 \2 \3 \4/')
         L0=$(($2 - $1)) L1=$(($4 - $3))
         [ $((L0 + L1)) -eq "$L" ] && ok || bad "$model: group layers $L0 + $L1 != $L"
-        rows=$(jsonget "$TMP/hy.json" '$j->{tp}{rows}')
-        ops=$(jsonget "$TMP/hy.json" '$j->{tp}{ops}')
-        data=$(jsonget "$TMP/hy.json" '$j->{tp}{data_bytes}')
-        wire=$(jsonget "$TMP/hy.json" '$j->{tp}{wire_bytes}')
+        rows=$(cc_jsonget "$TMP/hy.json" '$j->{tp}{rows}')
+        ops=$(cc_jsonget "$TMP/hy.json" '$j->{tp}{ops}')
+        data=$(cc_jsonget "$TMP/hy.json" '$j->{tp}{data_bytes}')
+        wire=$(cc_jsonget "$TMP/hy.json" '$j->{tp}{wire_bytes}')
         evals=$((n + 1)) # the prompt but its last token, then one per sampled token but the last
         [ -z "$prompt" ] && evals=$n # BOS only: nothing before the first sample
         case $args in *compress*) per0=$((2 * L0 * ((D + 31) / 32) * 34)) per1=$((2 * L1 * ((D + 31) / 32) * 34)) ;;
@@ -220,9 +198,9 @@ for model in stories260K-f32 synth; do
         done
         [ "$(echo "$stages" | grep -o 0 | wc -l)" = 1 ] && [ "$(echo "$stages" | grep -o 1 | wc -l)" = 2 ] && ok ||
             bad "$model $args: node stages '$stages', expected one in stage 0 and two in stage 1"
-        hb=$(jsonget "$TMP/hy.json" '$j->{hop}{bytes}')
-        hf=$(jsonget "$TMP/hy.json" '$j->{hop}{frames}')
-        hr=$(jsonget "$TMP/hy.json" '$j->{hop}{rows}')
+        hb=$(cc_jsonget "$TMP/hy.json" '$j->{hop}{bytes}')
+        hf=$(cc_jsonget "$TMP/hy.json" '$j->{hop}{frames}')
+        hr=$(cc_jsonget "$TMP/hy.json" '$j->{hop}{rows}')
         [ "$hr" = "$rows" ] && [ "$hb" = $((hr * (4 * D + 9) + hf * 61)) ] && ok ||
             bad "$model $args: hop $hb bytes in $hf frames for $hr rows"
         echo "$model $args: groups of layers $L0 + $L1, dim $D: all-reduce per token per member $((data / rows)) element bytes (formula 2 x $L0 x $D x $( case $args in *compress*) echo '34/32' ;; *) echo 4 ;; esac) = $per0) + $((per1)) in group 1, $((wire / rows)) on the wire; $((ops / evals)) + $((2 * L1)) exchanges per token; hop $((hb / hr)) bytes per token"
@@ -268,8 +246,8 @@ done
 # 3. Three concurrent streams over 2 x 2 equal the lone run.
 if "$BIN" run "$MQ" --nodes "$ALL" --groups 2,2 -p "Once upon a time" -n 32 --temp 0 --threads 1 --streams 3 --json \
     >"$TMP/st.json" 2>"$TMP/st.err"; then
-    [ "$(jsonget "$TMP/st.json" '$j->{identical} ? 1 : 0')" = 1 ] && ok || bad "3 streams gave different outputs"
-    [ "$(jsonget "$TMP/st.json" 'join(",", @{$j->{ids}})')" = "$oneq" ] && ok || bad "3 streams differ from the lone run"
+    [ "$(cc_jsonget "$TMP/st.json" '$j->{identical} ? 1 : 0')" = 1 ] && ok || bad "3 streams gave different outputs"
+    [ "$(cc_jsonget "$TMP/st.json" 'join(",", @{$j->{ids}})')" = "$oneq" ] && ok || bad "3 streams differ from the lone run"
 else
     bad "3 streams failed: $(tail -3 "$TMP/st.err")"
 fi
@@ -280,13 +258,13 @@ resync
 "$BIN" serve "$MQ" --host 127.0.0.1 --port 0 --nodes "$ALL" --groups 2,2 --threads 1 --slots 4 \
     >"$TMP/serve.out" 2>"$TMP/serve.log" &
 SPID=$!
-PIDS="$PIDS $SPID"
+CC_PIDS="$CC_PIDS $SPID"
 k=0
 while ! grep -q 'ready' "$TMP/serve.log" && [ $k -lt 200 ]; do sleep 0.05; k=$((k + 1)); done
 PORT=$(sed -n 's/.*http:\/\/[^:]*:\([0-9]*\).*/\1/p' "$TMP/serve.log" "$TMP/serve.out" | head -1)
 if grep -q 'ready' "$TMP/serve.log" && grep -q '^hybrid: 2 stages of 2 members' "$TMP/serve.log" && [ -n "$PORT" ]; then
     ok
-    want=$(jsonget "$TMP/oneq.json" '$j->{text}')
+    want=$(cc_jsonget "$TMP/oneq.json" '$j->{text}')
     CP=""
     for k in 1 2 3 4; do
         curl -s --max-time 60 "http://127.0.0.1:$PORT/v1/completions" -H 'Content-Type: application/json' \
@@ -349,7 +327,7 @@ N_TOK=100
 CUMULO_TEST_STEP_DELAY_MS=15 "$BIN" serve "$MQ" --host 127.0.0.1 --port 0 --nodes "$ALL" --groups 2,2 --threads 1 \
     --slots 4 >"$TMP/fo.out" 2>"$TMP/fo.log" &
 SPID=$!
-PIDS="$PIDS $SPID"
+CC_PIDS="$CC_PIDS $SPID"
 k=0
 while ! grep -q 'ready' "$TMP/fo.log" && [ $k -lt 200 ]; do sleep 0.05; k=$((k + 1)); done
 PORT=$(sed -n 's/.*http:\/\/[^:]*:\([0-9]*\).*/\1/p' "$TMP/fo.log" "$TMP/fo.out" | head -1)

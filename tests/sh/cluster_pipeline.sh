@@ -8,39 +8,17 @@
 # a node with another cluster key is refused, one with the key works;
 # `cumulo nodes` reports the nodes. Every process is killed on exit.
 cd "$(dirname "$0")/../.." || exit 1
-BIN=${CUMULO_BIN:-build/cumulo}
-SHARED=${CUMULO_SHARED:-$(cd .. && pwd)/shared}
+. tests/sh/lib/cluster_common.sh
 M=$SHARED/models
 R=$SHARED/reference
-pass=0
-fail=0
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
-TMP=$(mktemp -d)
-PIDS=""
-cleanup() {
-    for p in $PIDS; do kill "$p" 2>/dev/null; done
-    for p in $PIDS; do wait "$p" 2>/dev/null; done
-    rm -rf "$TMP"
-}
-trap cleanup EXIT INT TERM
-export CUMULO_KEY_FILE="$TMP/cluster.key"
-"$BIN" key >/dev/null 2>&1 || { echo "cannot create a key"; exit 1; }
 
-jsonget() {
-    perl -MJSON::PP -e 'local $/; open my $f, "<", $ARGV[0] or exit 2; my $j = decode_json(<$f>); print eval $ARGV[1]' "$1" "$2"
-}
-
-# start_node NAME [extra args]: a node on a free port; sets PORT_<NAME>.
+# start_node NAME [node options...]: a node on a free port (cluster_common.sh);
+# sets PORT_<NAME>.
 start_node() {
     name=$1
     shift
-    "$BIN" node --port 0 --port-file "$TMP/$name.port" --no-mdns --threads 1 --name "$name" \
-        --cache "$TMP/cache-$name" "$@" >"$TMP/$name.log" 2>&1 &
-    PIDS="$PIDS $!"
-    i=0
-    while [ ! -s "$TMP/$name.port" ] && [ $i -lt 100 ]; do sleep 0.05; i=$((i + 1)); done
-    eval "PORT_$name=$(cat "$TMP/$name.port" 2>/dev/null)"
+    cc_start_node "$name" --no-mdns "$@"
+    eval "PORT_$name=$NODE_PORT"
 }
 
 for n in a b c; do start_node $n --models "$M"; done
@@ -53,12 +31,12 @@ ADDR_c=127.0.0.1:$PORT_c
 for q in q8_0 f32; do
     for c in 0 1 2 3; do
         ref=$R/stories260K-$q.greedy.json
-        prompt=$(jsonget "$ref" '$j->{cases}['$c']{prompt}')
-        n=$(jsonget "$ref" '$j->{cases}['$c']{n_predict}')
+        prompt=$(cc_jsonget "$ref" '$j->{cases}['$c']{prompt}')
+        n=$(cc_jsonget "$ref" '$j->{cases}['$c']{n_predict}')
         [ "$n" -gt 64 ] && n=64
-        want=$(jsonget "$ref" 'join(",", @{$j->{cases}['$c']{generated_tokens}}[0..'$((n - 1))'])')
+        want=$(cc_jsonget "$ref" 'join(",", @{$j->{cases}['$c']{generated_tokens}}[0..'$((n - 1))'])')
         "$BIN" run "$M/stories260K-$q.gguf" -p "$prompt" -n "$n" --temp 0 --threads 1 --json >"$TMP/local.json" 2>/dev/null
-        local_ids=$(jsonget "$TMP/local.json" 'join(",", @{$j->{tokens}})')
+        local_ids=$(cc_jsonget "$TMP/local.json" 'join(",", @{$j->{tokens}})')
         [ "$local_ids" = "$want" ] && ok || bad "$q case $c: single machine differs from llama.cpp"
         for nodes in "$ADDR_a" "$ADDR_a,$ADDR_b" "$ADDR_a,$ADDR_b,$ADDR_c"; do
             stages=$(($(echo "$nodes" | tr ',' '\n' | wc -l) + 1))
@@ -68,13 +46,13 @@ for q in q8_0 f32; do
                 continue
             fi
             grep -q "pp plan, $stages stages" "$TMP/cl.err" && ok || bad "$q case $c: the plan is not $stages stages: $(grep why "$TMP/cl.err")"
-            got=$(jsonget "$TMP/cl.json" 'join(",", @{$j->{tokens}})')
+            got=$(cc_jsonget "$TMP/cl.json" 'join(",", @{$j->{tokens}})')
             [ "$got" = "$local_ids" ] && ok || bad "$q case $c, $stages stages: ids differ from one machine"
             # Bytes on the first hop: per row dim*4 + 9 (pos, seq, want), per frame
             # at most 64 (20 header + 16 MAC + 25 FORWARD fields, rounded up).
-            b=$(jsonget "$TMP/cl.json" '$j->{hop}{bytes}')
-            f=$(jsonget "$TMP/cl.json" '$j->{hop}{frames}')
-            r=$(jsonget "$TMP/cl.json" '$j->{hop}{rows}')
+            b=$(cc_jsonget "$TMP/cl.json" '$j->{hop}{bytes}')
+            f=$(cc_jsonget "$TMP/cl.json" '$j->{hop}{frames}')
+            r=$(cc_jsonget "$TMP/cl.json" '$j->{hop}{rows}')
             if [ "$r" -ge "$n" ] && [ "$b" -le $((r * (64 * 4 + 9) + f * 64)) ] && [ "$b" -gt $((r * 64 * 4)) ]; then ok
             else bad "$q case $c: $b bytes in $f frames for $r tokens on the first hop"; fi
             [ "$q$c" = q8_01 ] && [ "$stages" = 4 ] && echo "bytes per token per hop (decode, dim 64): $(((b - (r - f + 1) * 265 - 61) / (f - 1))) = 64*4 + $(((b - (r - f + 1) * 265 - 61) / (f - 1) - 256))"
@@ -85,11 +63,11 @@ done
 # 2. Explicit split and four concurrent streams through 3 stages: every
 # stream equals the lone run.
 "$BIN" run "$M/stories260K-q8_0.gguf" -p "Once upon a time" -n 48 --temp 0 --threads 1 --json >"$TMP/one.json" 2>/dev/null
-one=$(jsonget "$TMP/one.json" 'join(",", @{$j->{tokens}})')
+one=$(cc_jsonget "$TMP/one.json" 'join(",", @{$j->{tokens}})')
 if "$BIN" run "$M/stories260K-q8_0.gguf" --nodes "$ADDR_b,$ADDR_c" --layers 1,3,1 -p "Once upon a time" -n 48 --temp 0 \
     --threads 1 --streams 4 --json >"$TMP/st.json" 2>"$TMP/st.err"; then
-    [ "$(jsonget "$TMP/st.json" '$j->{identical} ? 1 : 0')" = 1 ] && ok || bad "4 streams gave different outputs"
-    [ "$(jsonget "$TMP/st.json" 'join(",", @{$j->{ids}})')" = "$one" ] && ok || bad "4 streams differ from the lone run"
+    [ "$(cc_jsonget "$TMP/st.json" '$j->{identical} ? 1 : 0')" = 1 ] && ok || bad "4 streams gave different outputs"
+    [ "$(cc_jsonget "$TMP/st.json" 'join(",", @{$j->{ids}})')" = "$one" ] && ok || bad "4 streams differ from the lone run"
     grep -q 'layers split by --layers 1,3,1' "$TMP/st.err" && ok || bad "--layers not used"
 else
     bad "4 streams failed: $(tail -3 "$TMP/st.err")"
@@ -99,7 +77,7 @@ fi
 "$BIN" run "$M/stories260K-q8_0.gguf" -p "Lily" -n 40 --temp 0.9 --seed 7 --repeat-penalty 1.3 --threads 1 --json >"$TMP/s1.json" 2>/dev/null
 "$BIN" run "$M/stories260K-q8_0.gguf" --nodes "$ADDR_a,$ADDR_c" -p "Lily" -n 40 --temp 0.9 --seed 7 --repeat-penalty 1.3 \
     --threads 1 --json >"$TMP/s2.json" 2>"$TMP/s2.err"
-[ "$(jsonget "$TMP/s1.json" 'join(",", @{$j->{tokens}})')" = "$(jsonget "$TMP/s2.json" 'join(",", @{$j->{tokens}})' 2>/dev/null)" ] &&
+[ "$(cc_jsonget "$TMP/s1.json" 'join(",", @{$j->{tokens}})')" = "$(cc_jsonget "$TMP/s2.json" 'join(",", @{$j->{tokens}})' 2>/dev/null)" ] &&
     ok || bad "seeded sampling with penalties differs on the cluster: $(tail -2 "$TMP/s2.err")"
 
 # 4. Keys: a node with another key is refused, and says so; `cumulo nodes` sees ours.
@@ -111,9 +89,9 @@ else
     grep -q "key" "$TMP/x.err" && ok || bad "refusal does not mention the key: $(cat "$TMP/x.err")"
 fi
 "$BIN" nodes --no-mdns --nodes "$ADDR_a,127.0.0.1:$PORT_x" --json >"$TMP/nodes.json" 2>/dev/null
-[ "$(jsonget "$TMP/nodes.json" '($j->[0]{reachable} ? 1 : 0) . ($j->[1]{reachable} ? 1 : 0) . $j->[0]{name}')" = "10a" ] &&
+[ "$(cc_jsonget "$TMP/nodes.json" '($j->[0]{reachable} ? 1 : 0) . ($j->[1]{reachable} ? 1 : 0) . $j->[0]{name}')" = "10a" ] &&
     ok || bad "cumulo nodes: $(cat "$TMP/nodes.json")"
-[ "$(jsonget "$TMP/nodes.json" '$j->[0]{cores} > 0 && $j->[0]{rtt_ms} > 0 && $j->[0]{gflops} > 0 ? 1 : 0')" = 1 ] &&
+[ "$(cc_jsonget "$TMP/nodes.json" '$j->[0]{cores} > 0 && $j->[0]{rtt_ms} > 0 && $j->[0]{gflops} > 0 ? 1 : 0')" = 1 ] &&
     ok || bad "cumulo nodes lacks capabilities: $(cat "$TMP/nodes.json")"
 
 # 5. Weights: a node without the model gets only its stage's tensors streamed
@@ -122,7 +100,7 @@ fi
 w_run() { # w_run TAG: run through node w, check the ids
     if "$BIN" run "$M/stories260K-q8_0.gguf" --nodes "127.0.0.1:$PORT_w" --layers 2,3 -p "Once upon a time" -n 48 --temp 0 --threads 1 \
         --json >"$TMP/w.json" 2>"$TMP/w.err"; then
-        [ "$(jsonget "$TMP/w.json" 'join(",", @{$j->{tokens}})')" = "$one" ] && ok || bad "$1: ids differ"
+        [ "$(cc_jsonget "$TMP/w.json" 'join(",", @{$j->{tokens}})')" = "$one" ] && ok || bad "$1: ids differ"
     else
         bad "$1: run failed: $(tail -2 "$TMP/w.err")"
     fi
@@ -138,7 +116,7 @@ else
     bad "no cached slice"
 fi
 # restart the node: same cache
-pw=$(echo $PIDS | tr ' ' '\n' | tail -1)
+pw=$(echo $CC_PIDS | tr ' ' '\n' | tail -1)
 kill "$pw"; wait "$pw" 2>/dev/null
 rm -f "$TMP/w.port"
 CUMULO_LOG=info start_node w

@@ -4,35 +4,19 @@
 # completions (four slots batched through the pipeline, one queued) all equal
 # the single-machine text. Every process is killed on exit.
 cd "$(dirname "$0")/../.." || exit 1
-BIN=${CUMULO_BIN:-build/cumulo}
-SHARED=${CUMULO_SHARED:-$(cd .. && pwd)/shared}
-M=$SHARED/models/stories260K-q8_0.gguf
-pass=0
-fail=0
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
 if ! command -v curl >/dev/null; then echo "skip: needs curl" >&2; echo "0 passed, 0 failed"; exit 0; fi
-TMP=$(mktemp -d)
-PIDS=""
-cleanup() {
-    for p in $PIDS; do kill "$p" 2>/dev/null; done
-    for p in $PIDS; do wait "$p" 2>/dev/null; done
-    rm -rf "$TMP"
-}
-trap cleanup EXIT
-trap 'exit 1' INT TERM
-export CUMULO_KEY_FILE="$TMP/key"
-"$BIN" key >/dev/null 2>&1
+. tests/sh/lib/cluster_common.sh
+M=$SHARED/models/stories260K-q8_0.gguf
 NODES=""
 for i in 1 2; do
     "$BIN" node --bind 127.0.0.1 --port 0 --port-file "$TMP/p$i" --no-mdns --threads 1 --cache "$TMP/c$i" >"$TMP/n$i.log" 2>&1 &
-    PIDS="$PIDS $!"
+    CC_PIDS="$CC_PIDS $!"
     k=0
     while [ ! -s "$TMP/p$i" ] && [ $k -lt 100 ]; do sleep 0.05; k=$((k + 1)); done
     NODES="$NODES${NODES:+,}127.0.0.1:$(cat "$TMP/p$i")"
 done
 "$BIN" serve "$M" --host 127.0.0.1 --port 0 --nodes "$NODES" --threads 1 --slots 4 >"$TMP/serve.out" 2>"$TMP/serve.log" &
-PIDS="$PIDS $!"
+CC_PIDS="$CC_PIDS $!"
 k=0
 while ! grep -q 'ready' "$TMP/serve.log" && [ $k -lt 200 ]; do sleep 0.05; k=$((k + 1)); done
 grep -q 'ready' "$TMP/serve.log" && ok || { bad "serve did not start: $(tail -3 "$TMP/serve.log")"; echo "$pass passed, $fail failed"; exit 1; }

@@ -11,39 +11,17 @@
 # --tp-weights give the same ids; concurrent streams equal the lone run;
 # `serve --parallel tp` answers a completion equal to one machine's.
 cd "$(dirname "$0")/../.." || exit 1
-BIN=${CUMULO_BIN:-build/cumulo}
-SHARED=${CUMULO_SHARED:-$(cd .. && pwd)/shared}
+. tests/sh/lib/cluster_common.sh
 M=$SHARED/models
 R=$SHARED/reference
-pass=0
-fail=0
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
-TMP=$(mktemp -d)
-PIDS=""
-cleanup() {
-    for p in $PIDS; do kill "$p" 2>/dev/null; done
-    for p in $PIDS; do wait "$p" 2>/dev/null; done
-    rm -rf "$TMP"
-}
-trap cleanup EXIT INT TERM
-export CUMULO_KEY_FILE="$TMP/cluster.key"
-"$BIN" key >/dev/null 2>&1 || { echo "cannot create a key"; exit 1; }
 
-jsonget() {
-    perl -MJSON::PP -e 'local $/; open my $f, "<", $ARGV[0] or exit 2; my $j = decode_json(<$f>); print eval $ARGV[1]' "$1" "$2"
-}
-
+# start_node NAME [node options...]: a node on a free port (cluster_common.sh);
+# sets PORT_<NAME> and SPID_<NAME>.
 start_node() {
     name=$1
     shift
-    "$BIN" node --port 0 --port-file "$TMP/$name.port" --no-mdns --threads 1 --name "$name" \
-        --cache "$TMP/cache-$name" "$@" >>"$TMP/$name.log" 2>&1 &
-    PIDS="$PIDS $!"
-    eval "SPID_$name=$!"
-    i=0
-    while [ ! -s "$TMP/$name.port" ] && [ $i -lt 100 ]; do sleep 0.05; i=$((i + 1)); done
-    eval "PORT_$name=$(cat "$TMP/$name.port" 2>/dev/null)"
+    CC_LOG_APPEND=1 cc_start_node "$name" --no-mdns "$@"
+    eval "PORT_$name=$NODE_PORT; SPID_$name=$NODE_PID"
 }
 
 for n in a b c; do start_node $n --models "$M"; done
@@ -53,8 +31,8 @@ ADDR_c=127.0.0.1:$PORT_c
 [ -n "$PORT_a" ] && [ -n "$PORT_b" ] && [ -n "$PORT_c" ] && ok || { bad "nodes did not start"; cat "$TMP"/*.log; exit 1; }
 
 "$BIN" info "$M/stories260K-f32.gguf" --json >"$TMP/info.json" 2>/dev/null
-L=$(jsonget "$TMP/info.json" '$j->{n_layer}')
-D=$(jsonget "$TMP/info.json" '$j->{n_embd}')
+L=$(cc_jsonget "$TMP/info.json" '$j->{n_layer}')
+D=$(cc_jsonget "$TMP/info.json" '$j->{n_embd}')
 
 # node_bytes NAME: "rows data_bytes" of the node's last finished TP assignment
 # (printed when the coordinator leaves; wait for it).
@@ -75,12 +53,12 @@ seen_a=0 seen_b=0 seen_c=0
 for q in f32 q8_0; do
     for c in 0 1 2 3; do
         ref=$R/stories260K-$q.greedy.json
-        prompt=$(jsonget "$ref" '$j->{cases}['$c']{prompt}')
-        n=$(jsonget "$ref" '$j->{cases}['$c']{n_predict}')
+        prompt=$(cc_jsonget "$ref" '$j->{cases}['$c']{prompt}')
+        n=$(cc_jsonget "$ref" '$j->{cases}['$c']{n_predict}')
         [ "$n" -gt 64 ] && n=64
-        want=$(jsonget "$ref" 'join(",", @{$j->{cases}['$c']{generated_tokens}}[0..'$((n - 1))'])')
+        want=$(cc_jsonget "$ref" 'join(",", @{$j->{cases}['$c']{generated_tokens}}[0..'$((n - 1))'])')
         "$BIN" run "$M/stories260K-$q.gguf" -p "$prompt" -n "$n" --temp 0 --threads 1 --json >"$TMP/local.json" 2>/dev/null
-        local_ids=$(jsonget "$TMP/local.json" 'join(",", @{$j->{tokens}})')
+        local_ids=$(cc_jsonget "$TMP/local.json" 'join(",", @{$j->{tokens}})')
         [ "$local_ids" = "$want" ] && ok || bad "$q case $c: single machine differs from llama.cpp"
         for nodes in "$ADDR_a" "$ADDR_a,$ADDR_b" "$ADDR_a,$ADDR_b,$ADDR_c"; do
             k=$(($(echo "$nodes" | tr ',' '\n' | wc -l) + 1))
@@ -90,11 +68,11 @@ for q in f32 q8_0; do
                 continue
             fi
             grep -q "tensor parallel: $k members" "$TMP/tp.err" && ok || bad "$q case $c: not a group of $k: $(grep -E 'why|tensor' "$TMP/tp.err")"
-            got=$(jsonget "$TMP/tp.json" 'join(",", @{$j->{tokens}})')
+            got=$(cc_jsonget "$TMP/tp.json" 'join(",", @{$j->{tokens}})')
             [ "$got" = "$local_ids" ] && ok || bad "$q case $c, $k members: ids differ from one machine"
             per=$((2 * L * D * 4 * (k - 1)))
-            rows=$(jsonget "$TMP/tp.json" '$j->{tp}{rows}')
-            data=$(jsonget "$TMP/tp.json" '$j->{tp}{data_bytes}')
+            rows=$(cc_jsonget "$TMP/tp.json" '$j->{tp}{rows}')
+            data=$(cc_jsonget "$TMP/tp.json" '$j->{tp}{data_bytes}')
             [ "$rows" -ge "$n" ] && [ "$data" -eq $((rows * per)) ] && ok ||
                 bad "$q case $c, $k members: coordinator sent $data element bytes for $rows tokens, expected $rows x $per"
             for nd in a b c; do
@@ -105,20 +83,20 @@ for q in f32 q8_0; do
                 [ "$1" = "$rows" ] && [ "$2" = $((rows * per)) ] && ok ||
                     bad "$q case $c, $k members: node $nd sent ${2:-?} element bytes for ${1:-?} rows, expected $rows x $per"
             done
-            [ "$q$c" = q8_01 ] && echo "all-reduce bytes per token per member, $k members: $((data / rows)) = 2 x $L layers x $D x 4 x $((k - 1)); on the wire (frames, MACs) $(($(jsonget "$TMP/tp.json" '$j->{tp}{wire_bytes}') / rows))"
+            [ "$q$c" = q8_01 ] && echo "all-reduce bytes per token per member, $k members: $((data / rows)) = 2 x $L layers x $D x 4 x $((k - 1)); on the wire (frames, MACs) $(($(cc_jsonget "$TMP/tp.json" '$j->{tp}{wire_bytes}') / rows))"
         done
     done
 done
 
 # 2. Uneven slices (--tp-weights): same ids.
 "$BIN" run "$M/stories260K-q8_0.gguf" -p "Once upon a time" -n 48 --temp 0 --threads 1 --json >"$TMP/one.json" 2>/dev/null
-one=$(jsonget "$TMP/one.json" 'join(",", @{$j->{tokens}})')
+one=$(cc_jsonget "$TMP/one.json" 'join(",", @{$j->{tokens}})')
 for w in "3,1" "1,3" "1,2,1" "4,1,1,2"; do
     k=$(($(echo "$w" | tr ',' '\n' | wc -l)))
     nodes=$(echo "$ADDR_a,$ADDR_b,$ADDR_c" | cut -d, -f1-$((k - 1)))
     if "$BIN" run "$M/stories260K-q8_0.gguf" --nodes "$nodes" --parallel tp --tp-weights "$w" -p "Once upon a time" -n 48 \
         --temp 0 --threads 1 --json >"$TMP/w.json" 2>"$TMP/w.err"; then
-        [ "$(jsonget "$TMP/w.json" 'join(",", @{$j->{tokens}})')" = "$one" ] && ok || bad "--tp-weights $w: ids differ"
+        [ "$(cc_jsonget "$TMP/w.json" 'join(",", @{$j->{tokens}})')" = "$one" ] && ok || bad "--tp-weights $w: ids differ"
         echo "--tp-weights $w: $(grep 'tensor parallel:' "$TMP/w.err" | sed 's/.*rank 0 with //')"
     else
         bad "--tp-weights $w: run failed: $(tail -2 "$TMP/w.err")"
@@ -132,8 +110,8 @@ s1=$(grep 'tensor parallel:' "$TMP/w.err")
 # 3. Three concurrent streams over 3 members equal the lone run.
 if "$BIN" run "$M/stories260K-q8_0.gguf" --nodes "$ADDR_a,$ADDR_b" --parallel tp -p "Once upon a time" -n 48 --temp 0 \
     --threads 1 --streams 3 --json >"$TMP/st.json" 2>"$TMP/st.err"; then
-    [ "$(jsonget "$TMP/st.json" '$j->{identical} ? 1 : 0')" = 1 ] && ok || bad "3 streams gave different outputs"
-    [ "$(jsonget "$TMP/st.json" 'join(",", @{$j->{ids}})')" = "$one" ] && ok || bad "3 streams differ from the lone run"
+    [ "$(cc_jsonget "$TMP/st.json" '$j->{identical} ? 1 : 0')" = 1 ] && ok || bad "3 streams gave different outputs"
+    [ "$(cc_jsonget "$TMP/st.json" 'join(",", @{$j->{ids}})')" = "$one" ] && ok || bad "3 streams differ from the lone run"
 else
     bad "3 streams failed: $(tail -3 "$TMP/st.err")"
 fi
@@ -143,7 +121,7 @@ fi
 "$BIN" serve "$M/stories260K-q8_0.gguf" --host 127.0.0.1 --port 0 --nodes "$ADDR_b,$ADDR_c" --parallel tp --threads 1 \
     --slots 4 >"$TMP/serve.out" 2>"$TMP/serve.log" &
 SPID=$!
-PIDS="$PIDS $SPID"
+CC_PIDS="$CC_PIDS $SPID"
 k=0
 while ! grep -q 'ready' "$TMP/serve.log" && [ $k -lt 200 ]; do sleep 0.05; k=$((k + 1)); done
 PORT=$(sed -n 's/.*http:\/\/[^:]*:\([0-9]*\).*/\1/p' "$TMP/serve.log" "$TMP/serve.out" | head -1)

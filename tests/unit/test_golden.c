@@ -10,6 +10,7 @@
  * tensor-parallel slices whose partial sums meet in a test all-reduce.
  */
 #include "test.h"
+#include "fixtures.h"
 
 #include "gguf/gguf.h"
 #include "model/model.h"
@@ -371,18 +372,8 @@ static void test_pipeline_stages(void) {
 
 /* ---- two tensor-parallel slices in two threads, summed by a test all-reduce ---- */
 
-typedef struct tp_group {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int arrived, generation, n_members;
-    float *buf[4];
-    int64_t n;
-    int calls;
-} tp_group;
-
 typedef struct tp_member {
-    tp_group *g;
-    int rank;
+    fx_tp_rank tr; /* the all-reduce gets &tr */
     const golden *G;
     cm_slice slice;
     int out[64];
@@ -390,32 +381,6 @@ typedef struct tp_member {
     double logits_sum[512];
     int rc;
 } tp_member;
-
-/* Each member publishes its partial sums, waits for the others; the last to
- * arrive sums them in rank order for everyone, so all get identical results. */
-static int tp_allreduce(void *user, float *x, int64_t n) {
-    tp_member *me = user;
-    tp_group *g = me->g;
-    pthread_mutex_lock(&g->mu);
-    g->buf[me->rank] = x;
-    g->n = n;
-    int gen = g->generation;
-    if (++g->arrived == g->n_members) {
-        for (int64_t i = 0; i < n; i++) {
-            float s = g->buf[0][i];
-            for (int r = 1; r < g->n_members; r++) s += g->buf[r][i];
-            for (int r = 0; r < g->n_members; r++) g->buf[r][i] = s;
-        }
-        g->arrived = 0;
-        g->generation++;
-        g->calls++;
-        pthread_cond_broadcast(&g->cv);
-    } else {
-        while (g->generation == gen) pthread_cond_wait(&g->cv, &g->mu);
-    }
-    pthread_mutex_unlock(&g->mu);
-    return 0;
-}
 
 static void *tp_main(void *arg) {
     tp_member *me = arg;
@@ -434,7 +399,7 @@ static void *tp_main(void *arg) {
         for (int i = 0; i < n; i++) pos[i] = kv.n_past + i;
         cm_batch b = {.n = n, .tokens = ids, .pos = pos, .seq = seq};
         cm_forward_args a = {.layer_first = 0, .layer_last = m->hp.n_layer, .slice = me->slice, .kvs = kvs,
-                             .n_kvs = 1, .allreduce = tp_allreduce, .allreduce_user = me, .out_logits = logits};
+                             .n_kvs = 1, .allreduce = fx_tp_allreduce, .allreduce_user = &me->tr, .out_logits = logits};
         if ((me->rc = cm_forward(c, &b, &a, NULL, 0))) break;
         if (step == 0)
             for (int v = 0; v < 512; v++) me->logits_sum[v] = logits[v];
@@ -448,13 +413,12 @@ static void *tp_main(void *arg) {
 
 static void run_tp(const golden *G, int n, const cm_slice *slices) {
     const cm_model *m = &G->m;
-    tp_group g = {.n_members = n};
-    pthread_mutex_init(&g.mu, NULL);
-    pthread_cond_init(&g.cv, NULL);
+    fx_tp_group g;
+    fx_tp_group_init(&g, n);
     tp_member mem[4];
     pthread_t th[4];
     for (int i = 0; i < n; i++) {
-        mem[i] = (tp_member){.g = &g, .rank = i, .G = G, .slice = slices[i]};
+        mem[i] = (tp_member){.tr = {&g, i}, .G = G, .slice = slices[i]};
         CHECK(cm_slice_check(m, slices[i], errbuf, sizeof errbuf) == 0);
     }
     for (int i = 0; i < n; i++) pthread_create(&th[i], NULL, tp_main, &mem[i]);
@@ -464,8 +428,7 @@ static void run_tp(const golden *G, int n, const cm_slice *slices) {
     for (int i = 0; i < n; i++)
         CHECKF(mem[i].rc == 0 && mem[i].n_out == 64 && first_diff(mem[i].out, rc->gen, 64) == 64,
                "%s: %d slices: member %d differs at %d", G->name, n, i, first_diff(mem[i].out, rc->gen, 64));
-    pthread_mutex_destroy(&g.mu);
-    pthread_cond_destroy(&g.cv);
+    fx_tp_group_destroy(&g);
 }
 
 static void test_tensor_parallel_slices(void) {

@@ -21,6 +21,7 @@
  * serving through it is unaffected. Only loopback or test namespaces.
  */
 #include "test.h"
+#include "fixtures.h"
 
 #include "base/base.h"
 #include "cluster/cluster.h"
@@ -41,27 +42,6 @@ static char g_host[64] = "127.0.0.1";
 static uint16_t g_port;
 static uint8_t g_key[CM_KEY_BYTES];
 static bool g_tool; /* attacking another process: its log is checked by the caller */
-static char g_log_path[256];
-static int g_saved_fd = -1;
-
-static void log_capture_start(void) {
-    snprintf(g_log_path, sizeof g_log_path, "/tmp/cumulo-test-hostile-%d.log", (int)getpid());
-    int fd = open(g_log_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    fflush(stderr);
-    g_saved_fd = dup(2);
-    dup2(fd, 2);
-    close(fd);
-}
-static char *log_capture_end(void) {
-    fflush(stderr);
-    dup2(g_saved_fd, 2);
-    close(g_saved_fd);
-    char *text = NULL;
-    size_t n;
-    if (cm_file_read_all(g_log_path, &text, &n, NULL, 0) != 0) text = NULL;
-    unlink(g_log_path);
-    return text;
-}
 
 static void hello(cm_msg_hello *h, uint32_t roles) {
     memset(h, 0, sizeof *h);
@@ -379,7 +359,7 @@ int main(void) {
         snprintf(pf, sizeof pf, "%s/port", g_dir);
         cm_net_key_generate(g_key);
         if (cm_net_key_save(kf, g_key, e, sizeof e)) { fprintf(stderr, "%s\n", e); return 2; }
-        log_capture_start();
+        fx_log_capture_start("hostile");
         pthread_create(&th, NULL, node_main, NULL);
         for (int i = 0; i < 200 && !g_port; i++) {
             char *s = NULL;
@@ -388,7 +368,7 @@ int main(void) {
             cm_free(s);
             if (!g_port) cm_sleep_ms(20);
         }
-        if (!g_port) { log = log_capture_end(); fprintf(stderr, "the node did not start: %s\n", log ? log : ""); return 2; }
+        if (!g_port) { log = fx_log_capture_end(); fprintf(stderr, "the node did not start: %s\n", log ? log : ""); return 2; }
     }
     RUN(test_wrong_key);
     RUN(test_not_a_frame);
@@ -398,7 +378,7 @@ int main(void) {
     if (!g_tool) {
         atomic_store(&g_stop, 1);
         pthread_join(th, NULL);
-        log = log_capture_end();
+        log = fx_log_capture_end();
         /* Every refusal is in the node's log, naming the peer (lines about
          * the node's own address are this client's side of a refusal). */
         static const char *const want[] = {

@@ -14,6 +14,7 @@
  *   NEOX / bias / Q-K-norm paths that stories260K does not exercise.
  */
 #include "test.h"
+#include "fixtures.h"
 
 #include "gguf/gguf.h"
 #include "kernels/kernels.h"
@@ -284,41 +285,13 @@ static void test_vs_llama_cpp(void) {
 }
 
 /* Stages and slices equal the whole model (NEOX, biases, Q/K norm, GQA 4:1). */
-typedef struct tp_group {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int arrived, generation, n;
-    float *buf[4];
-} tp_group;
 typedef struct tp_member {
-    tp_group *g;
+    fx_tp_rank tr; /* the all-reduce gets &tr */
     const cm_model *m;
     cm_slice slice;
     float logits[8 * 512];
-    int rank, rc;
+    int rc;
 } tp_member;
-
-static int tp_allreduce(void *user, float *x, int64_t n) {
-    tp_member *me = user;
-    tp_group *g = me->g;
-    pthread_mutex_lock(&g->mu);
-    g->buf[me->rank] = x;
-    int gen = g->generation;
-    if (++g->arrived == g->n) {
-        for (int64_t i = 0; i < n; i++) {
-            float s = g->buf[0][i];
-            for (int r = 1; r < g->n; r++) s += g->buf[r][i];
-            for (int r = 0; r < g->n; r++) g->buf[r][i] = s;
-        }
-        g->arrived = 0;
-        g->generation++;
-        pthread_cond_broadcast(&g->cv);
-    } else {
-        while (g->generation == gen) pthread_cond_wait(&g->cv, &g->mu);
-    }
-    pthread_mutex_unlock(&g->mu);
-    return 0;
-}
 
 static void *tp_main(void *arg) {
     tp_member *me = arg;
@@ -331,7 +304,7 @@ static void *tp_main(void *arg) {
     cm_kv *kvs[1] = {&kv};
     cm_batch b = {.n = 8, .tokens = k_seq, .pos = pos, .seq = seq, .logits = want};
     cm_forward_args a = {.layer_first = 0, .layer_last = me->m->hp.n_layer, .slice = me->slice, .kvs = kvs,
-                         .n_kvs = 1, .allreduce = tp_allreduce, .allreduce_user = me, .out_logits = me->logits};
+                         .n_kvs = 1, .allreduce = fx_tp_allreduce, .allreduce_user = &me->tr, .out_logits = me->logits};
     me->rc = cm_forward(c, &b, &a, NULL, 0);
     cm_kv_release(&kv);
     cm_ctx_free(c);
@@ -383,13 +356,12 @@ static void test_stages_and_slices(void) {
         sl[n++] = (cm_slice){nk, nk, 0, 0};
         sl[0].f1 = bd; /* uneven FFN rows, on ffn_down block boundaries */
         for (int i = 1; i < n; i++) sl[i].f0 = sl[i - 1].f1, sl[i].f1 = i == n - 1 ? F : sl[i].f0 + bd;
-        tp_group g = {.n = n};
-        pthread_mutex_init(&g.mu, NULL);
-        pthread_cond_init(&g.cv, NULL);
+        fx_tp_group g;
+        fx_tp_group_init(&g, n);
         static tp_member mem[4];
         pthread_t th[4];
         for (int i = 0; i < n; i++) {
-            mem[i] = (tp_member){.g = &g, .m = m, .slice = sl[i], .rank = i};
+            mem[i] = (tp_member){.tr = {&g, i}, .m = m, .slice = sl[i]};
             CHECKF(cm_slice_check(m, sl[i], errbuf, sizeof errbuf) == 0, "%s", errbuf);
             pthread_create(&th[i], NULL, tp_main, &mem[i]);
         }
@@ -401,8 +373,7 @@ static void test_stages_and_slices(void) {
             CHECKF(d < 1e-3, "%s: slice member %d logits differ by %g", s->name, i, d);
             for (int r = 0; r < 8; r++) CHECK(argmax(whole + r * 512, 512) == argmax(mem[i].logits + r * 512, 512));
         }
-        pthread_mutex_destroy(&g.mu);
-        pthread_cond_destroy(&g.cv);
+        fx_tp_group_destroy(&g);
         unload(&L);
     }
 }

@@ -5,6 +5,7 @@
  * stall mid-frame, bytes that are not cumulo at all). Refusals must come back
  * as error codes with the peer's address on both sides, and be logged. */
 #include "test.h"
+#include "fixtures.h"
 
 #include "base/base.h"
 #include "net/net.h"
@@ -37,29 +38,13 @@ typedef struct srv {
     pthread_t th;
 } srv;
 
-static void hello_of(cm_msg_hello *h, const char *name, uint8_t id) {
-    memset(h, 0, sizeof *h);
-    h->proto_version = CM_PROTO_VERSION;
-    memset(h->node_id, id, sizeof h->node_id);
-    snprintf(h->name, sizeof h->name, "%s", name);
-    h->roles = CM_ROLE_NODE;
-    h->cores = 2;
-    snprintf(h->isa, sizeof h->isa, "avx2");
-    h->mem_total = 8ull << 30;
-    h->mem_free = 4ull << 30;
-    snprintf(h->os, sizeof h->os, "%s", cm_os_name());
-    snprintf(h->arch, sizeof h->arch, "%s", cm_arch_name());
-    snprintf(h->version, sizeof h->version, "%s", CM_VERSION);
-    h->gflops = 10;
-}
-
 static void *srv_main(void *arg) {
     srv *s = arg;
     cm_conn *c = NULL;
     s->hs_rc = cm_listener_accept(s->l, 5000, &c, s->hs_err, sizeof s->hs_err);
     if (s->hs_rc) return NULL;
     cm_msg_hello me;
-    hello_of(&me, "server", 0x55);
+    fx_hello(&me, "server", 0x55, CM_ROLE_NODE);
     s->hs_rc = cm_conn_handshake(c, false, &s->cfg, &me, &s->peer, s->hs_err, sizeof s->hs_err);
     while (!s->hs_rc) {
         unsigned type;
@@ -115,31 +100,10 @@ static int client(const char *host, uint16_t port, cm_sec_mode mode, const uint8
     int rc = cm_net_connect(host, port, 3000, c, e, el);
     if (rc) return rc;
     cm_msg_hello me;
-    hello_of(&me, "client", 0xaa);
+    fx_hello(&me, "client", 0xaa, CM_ROLE_NODE);
     return cm_conn_handshake(*c, true, &cfg, &me, peer, e, el);
 }
 
-/* Send stderr to a file while a test runs, to check what was logged. */
-static int g_saved_fd = -1;
-static char g_log_path[64];
-static void log_capture_start(void) {
-    snprintf(g_log_path, sizeof g_log_path, "/tmp/cumulo-test-net-%d.log", (int)getpid());
-    int fd = open(g_log_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    fflush(stderr);
-    g_saved_fd = dup(2);
-    dup2(fd, 2);
-    close(fd);
-}
-static char *log_capture_end(void) {
-    fflush(stderr);
-    dup2(g_saved_fd, 2);
-    close(g_saved_fd);
-    char *text = NULL;
-    size_t n;
-    if (cm_file_read_all(g_log_path, &text, &n, NULL, 0) != 0) text = NULL;
-    unlink(g_log_path);
-    return text;
-}
 
 static void test_parse_addr(void) {
     char h[64], e[128];
@@ -167,7 +131,7 @@ static void roundtrip(const char *listen_host, const char *host, cm_sec_mode mod
     CHECKF(rc == 0, "%s %s: %s", host, cm_sec_mode_name(mode), e);
     if (rc == 0) {
         CHECK(cm_conn_state(c) == CM_CONN_READY && cm_conn_mode(c) == mode);
-        CHECK(!strcmp(peer.name, "server") && peer.node_id[0] == 0x55 && peer.cores == 2);
+        CHECK(!strcmp(peer.name, "server") && peer.node_id[0] == 0x55 && peer.cores == 1);
         /* a FORWARD of 256 x 4096 floats (4 MiB: several rx growth steps) */
         uint32_t nt = 256, dim = 4096;
         int32_t *pos = malloc(nt * 4), *seq = malloc(nt * 4);
@@ -218,10 +182,10 @@ static void test_wrong_key(void) {
     if (!s.l) return;
     cm_conn *c = NULL;
     char e[600];
-    log_capture_start();
+    fx_log_capture_start("net");
     int rc = client("127.0.0.1", s.port, CM_SEC_ENCRYPT, k_other, &c, NULL, e, sizeof e);
     srv_join(&s);
-    char *log = log_capture_end();
+    char *log = fx_log_capture_end();
     CHECKF(rc == CM_EAUTH, "client rc %d: %s", rc, e);
     CHECKF(strstr(e, "peer 127.0.0.1:") && strstr(e, " does not know this cluster's key"), "%s", e);
     CHECKF(s.hs_rc == CM_EAUTH && strstr(s.hs_err, "does not know this cluster's key"), "server: %s", s.hs_err);
@@ -236,10 +200,10 @@ static void mismatch(cm_sec_mode sm, const uint8_t *sk, cm_sec_mode cmode, const
     if (!s.l) return;
     cm_conn *c = NULL;
     char e[600];
-    log_capture_start();
+    fx_log_capture_start("net");
     int rc = client("127.0.0.1", s.port, cmode, ck, &c, NULL, e, sizeof e);
     srv_join(&s);
-    free(log_capture_end());
+    free(fx_log_capture_end());
     CHECKF(rc == CM_EAUTH && strstr(e, "refused the handshake: security mismatch"), "client rc %d: %s", rc, e);
     CHECKF(strstr(e, want) != NULL, "client: %s", e);
     CHECKF(s.hs_rc == CM_EAUTH && strstr(s.hs_err, want), "server: %s", s.hs_err);
@@ -261,7 +225,7 @@ static void attack(enum attack a, const char *want) {
     if (!s.l) return;
     cm_conn *c = NULL;
     char e[600];
-    log_capture_start();
+    fx_log_capture_start("net");
     int rc = client("127.0.0.1", s.port, CM_SEC_ENCRYPT, k_key, &c, NULL, e, sizeof e);
     CHECKF(rc == 0, "%s", e);
     if (rc == 0) {
@@ -286,7 +250,7 @@ static void attack(enum attack a, const char *want) {
         }
     }
     srv_join(&s);
-    char *log = log_capture_end();
+    char *log = fx_log_capture_end();
     CHECKF(s.hs_rc == 0, "%s", s.hs_err);
     CHECKF(s.recv_rc == CM_EAUTH && strstr(s.recv_err, "peer 127.0.0.1:") && strstr(s.recv_err, want),
            "server rc %d: %s", s.recv_rc, s.recv_err);
@@ -312,7 +276,7 @@ static void test_stall(void) {
     s.recv_ms = 300;
     cm_conn *c = NULL;
     char e[600];
-    log_capture_start();
+    fx_log_capture_start("net");
     int rc = client("127.0.0.1", s.port, CM_SEC_ENCRYPT, k_key, &c, NULL, e, sizeof e);
     CHECKF(rc == 0, "%s", e);
     if (rc == 0) {
@@ -323,7 +287,7 @@ static void test_stall(void) {
         CHECK(cm_conn_write_raw(c, f, 30, 1000, e, sizeof e) == 0); /* header + 10 bytes, then silence */
     }
     srv_join(&s);
-    free(log_capture_end());
+    free(fx_log_capture_end());
     CHECK(s.quiet >= 1);
     CHECKF(s.recv_rc == CM_ETIMEDOUT && strstr(s.recv_err, "stalled mid-frame (30 bytes received"),
            "rc %d: %s", s.recv_rc, s.recv_err);
@@ -415,12 +379,12 @@ static void raw_peer(const void *bytes, size_t n, int hs_ms, int want_rc, const 
     s.cfg.handshake_ms = hs_ms;
     cm_conn *c = NULL;
     char e[600];
-    log_capture_start();
+    fx_log_capture_start("net");
     int rc = cm_net_connect("127.0.0.1", s.port, 2000, &c, e, sizeof e);
     CHECKF(rc == 0, "%s", e);
     if (rc == 0 && n) CHECK(cm_conn_write_raw(c, bytes, n, 1000, e, sizeof e) == 0);
     srv_join(&s);
-    free(log_capture_end());
+    free(fx_log_capture_end());
     CHECKF(s.hs_rc == want_rc && strstr(s.hs_err, want), "rc %d: %s", s.hs_rc, s.hs_err);
     cm_conn_close(c, NULL);
 }

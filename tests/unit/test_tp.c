@@ -22,6 +22,7 @@
 #include "net/net.h"
 #include "sched/plan.h"
 #include "sched/simulate.h"
+#include "fixtures.h"
 #include "tp_model.h"
 
 #include <pthread.h>
@@ -32,22 +33,6 @@
 #define STEPS 10
 static char errbuf[512];
 static const uint8_t k_key[CM_KEY_BYTES] = {7, 1, 2, 3};
-
-static void hello_of(cm_msg_hello *h, int rank) {
-    memset(h, 0, sizeof *h);
-    h->proto_version = CM_PROTO_VERSION;
-    memset(h->node_id, 0x40 + rank, sizeof h->node_id);
-    snprintf(h->name, sizeof h->name, "tp%d", rank);
-    h->roles = CM_ROLE_NODE;
-    h->cores = 1;
-    snprintf(h->isa, sizeof h->isa, "x");
-    h->mem_total = 1ull << 30;
-    h->mem_free = 1ull << 29;
-    snprintf(h->os, sizeof h->os, "%s", cm_os_name());
-    snprintf(h->arch, sizeof h->arch, "%s", cm_arch_name());
-    snprintf(h->version, sizeof h->version, "%s", CM_VERSION);
-    h->gflops = 1;
-}
 
 /* ---- a mesh of k members (listeners made before any thread starts) ---- */
 typedef struct mesh {
@@ -72,7 +57,9 @@ static int mesh_join(mesh *M, int rank, char *e, size_t el) {
     cm_net_cfg cfg = {.mode = CM_SEC_ENCRYPT};
     memcpy(cfg.key, k_key, sizeof k_key);
     cm_msg_hello h;
-    hello_of(&h, rank);
+    char hname[16];
+    snprintf(hname, sizeof hname, "tp%d", rank);
+    fx_hello(&h, hname, (uint8_t)(0x40 + rank), CM_ROLE_NODE);
     return cm_coll_mesh_open(rank, M->k, M->l[rank], M->addrs, &cfg, &h, 5000, M->conns[rank], e, el);
 }
 static void mesh_free(mesh *M) {

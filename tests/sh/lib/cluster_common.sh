@@ -54,6 +54,7 @@ cc_wait_grep() {
 # unless the options give one), log in $TMP/TAG.log. Sets NODE_PID and
 # NODE_PORT (empty when it did not start within 10 s). With CC_NOWAIT set it
 # returns at once (several nodes start together; wait for $TMP/TAG.port).
+# With CC_LOG_APPEND set, a restarted TAG appends to its log.
 cc_start_node() {
     tag=$1
     shift
@@ -61,8 +62,9 @@ cc_start_node() {
     case " $* " in *" --port "*) port_opt="" ;; *) port_opt="--port 0" ;; esac
     cc_nsx
     # shellcheck disable=SC2086
+    [ -n "$CC_LOG_APPEND" ] || : >"$TMP/$tag.log"
     $CC_NSX "$BIN" node $port_opt --port-file "$TMP/$tag.port" --threads 1 --name "$tag" --cache "$TMP/cache-$tag" \
-        "$@" >"$TMP/$tag.log" 2>&1 &
+        "$@" >>"$TMP/$tag.log" 2>&1 &
     NODE_PID=$!
     CC_PIDS="$CC_PIDS $NODE_PID"
     [ -n "$CC_NOWAIT" ] && return 0 # the caller waits for $TMP/TAG.port itself
