@@ -314,7 +314,7 @@ static void *sink_main(void *arg) {
     cm_net_cfg cfg = {.mode = CM_SEC_ENCRYPT, .handshake_ms = 3000};
     memcpy(cfg.key, k_key, 32);
     cm_msg_hello me;
-    hello_of(&me, "sink", 0x66);
+    fx_hello(&me, "sink", 0x66, CM_ROLE_NODE);
     if (cm_conn_handshake(c, false, &cfg, &me, NULL, e, sizeof e) == 0) {
         static uint8_t buf[16384];
         while (!atomic_load(&k->done)) {
@@ -347,9 +347,9 @@ static void test_send_stall(void) {
             size_t n = 1u << 20;
             uint8_t *big = calloc(1, n);
             double t0 = cm_now_s();
-            log_capture_start();
+            fx_log_capture_start("net");
             rc = cm_conn_send_payload(c, CM_MSG_PING, big, n, 20000, e, sizeof e);
-            free(log_capture_end());
+            free(fx_log_capture_end());
             double el = cm_now_s() - t0;
             if (!slow) {
                 /* frozen: gives up after ~0.3 s without progress, long before 20 s */
