@@ -18,7 +18,9 @@
  * after a loss; the state they share is in coord_impl.h.
  *
  * Failures (issue 7): every node's control connection carries a HEARTBEAT
- * each CM_PIPE_HB_MS and the node echoes it; a node we hear nothing from for
+ * each CM_PIPE_HB_MS and the node echoes it (nodes also send their own, so a
+ * heartbeat we skip while the data path holds send_mu costs nothing); a node
+ * we hear nothing from for
  * CM_PIPE_LOST_MS (kill -9 shows sooner, as a closed connection; SIGSTOP or a
  * cut link only by silence) is declared lost, and waiting sequences wake with
  * the error. cm_pipe_recover then re-plans on the survivors under a new
