@@ -4,9 +4,9 @@
 # node. stories260K on 127.0.0.1 (ports chosen by the nodes: --port 0); every
 # text is compared with the single-machine greedy text.
 #   stop1: 3-stage pipeline (this process + 2 nodes, --layers 2,2,1) with
-#          socket buffers shrunk to 4 kB (CUMULO_TEST_SOCKBUF), 8 long prompts
-#          in prefill; SIGSTOP of stage 1: the coordinator's send to it blocks
-#          on full buffers. The loss must be declared and the pipeline
+#          socket buffers shrunk to 4 kB (CUMULO_TEST_SOCKBUF); SIGSTOP of
+#          stage 1, then 8 long prompts: the coordinator's prefill sends to it
+#          block on full buffers. The loss must be declared and the pipeline
 #          recovered within 10 s (bound 2 s; before this test's fix the send
 #          waited the 60 s data deadline with every heartbeat stuck behind it);
 #          every request completes with the undisturbed text.
@@ -77,17 +77,24 @@ pp_phase() { # TAG WHICH(1|2)
     src=$?
     unset CUMULO_TEST_SOCKBUF CUMULO_TEST_CLUSTER_DELAY_MS
     if [ $src -ne 0 ]; then bad "$ph: serve did not start: $(tail -3 "$TMP/s$ph.log")"; return; fi
-    CP=""
-    for r in 1 2 3 4 5 6 7 8; do s=true; [ $r -gt 6 ] && s=false; request "$ph" $r long $s; done
-    sleep 0.25 # early in the prefill (each 64-token chunk pauses 60 ms): chunks are on their way
     # The planner orders the nodes by the measured links: find who runs stage 1 and 2.
     S1=$(awk '$3 == "1" && $2 ~ /^127\.0\.0\.1:/ {print $2; exit}' "$TMP/s$ph.log")
     if [ "$S1" = "127.0.0.1:$PA" ]; then P1=$A L1="$TMP/${ph}a.log" P2=$B; else P1=$B L1="$TMP/${ph}b.log" P2=$A; fi
     if [ "$2" = 1 ]; then V=$P1; VLOG="$TMP/s$ph.log"; else V=$P2; VLOG=$L1; fi
+    # Freeze first, then the 8 prompts (~270 kB of prefill to pass the frozen
+    # stage, 64 tokens a micro-batch with a 60 ms pause): the sender toward
+    # it fills the 4 kB buffers within the first chunks and blocks.
     t0=$(date +%s%N)
     kill -STOP "$V"
-    lost=$(since_ms "$t0" "$TMP/s$ph.log" 'lost: silent' 300)
-    rec=$(since_ms "$t0" "$TMP/s$ph.log" 'recovered' 300)
+    # Watch the log from now on (starting the requests takes a while here).
+    (since_ms "$t0" "$TMP/s$ph.log" 'lost: silent' 300 >"$TMP/$ph.lost") &
+    W1=$!
+    (since_ms "$t0" "$TMP/s$ph.log" 'recovered' 300 >"$TMP/$ph.rec") &
+    W2=$!
+    CP=""
+    for r in 1 2 3 4 5 6 7 8; do s=true; [ $r -gt 6 ] && s=false; request "$ph" $r long $s; done
+    wait $W1 $W2
+    lost=$(cat "$TMP/$ph.lost") rec=$(cat "$TMP/$ph.rec")
     echo "$ph: SIGSTOP of stage $2 declared lost after ${lost:-never} ms, recovered after ${rec:-never} ms" >&2
     [ -n "$lost" ] && [ "$lost" -lt 10000 ] && ok || bad "$ph: loss not declared within 10 s ($(grep -i 'lost\|fail' "$TMP/s$ph.log" | head -2))"
     [ -n "$rec" ] && [ "$rec" -lt 10000 ] && ok || bad "$ph: no recovery within 10 s ($(grep -i 'plan\|fail' "$TMP/s$ph.log" | tail -2))"
