@@ -87,7 +87,7 @@ pp_phase() { # TAG WHICH(1|2)
     t0=$(date +%s%N)
     kill -STOP "$V"
     # Watch the log from now on (starting the requests takes a while here).
-    (since_ms "$t0" "$TMP/s$ph.log" 'lost: silent' 300 >"$TMP/$ph.lost") &
+    (since_ms "$t0" "$TMP/s$ph.log" 'lost: silent|failure:.*took none of our data' 300 >"$TMP/$ph.lost") &
     W1=$!
     (since_ms "$t0" "$TMP/s$ph.log" 'recovered' 300 >"$TMP/$ph.rec") &
     W2=$!
