@@ -152,9 +152,11 @@ int cm_pipe_n_stages(const cm_pipe *p);
 int cm_pipe_seq_acquire(cm_pipe *p, char *err, size_t errlen);
 /* Tells every stage to drop the slot's KV cache, then frees the slot. */
 void cm_pipe_seq_release(cm_pipe *p, int slot);
-/* Sampler parameters and penalty history for the slot's next tokens. */
+/* Sampler parameters and penalty history for the slot's next tokens;
+ * n_sampled: tokens this generation already took (0 when it starts; after a
+ * re-plan, the count so far: the new last stage draws on from there). */
 int cm_pipe_seq_start(cm_pipe *p, int slot, const cm_sampler_params *sp, const int32_t *hist, int n_hist,
-                      char *err, size_t errlen);
+                      uint64_t n_sampled, char *err, size_t errlen);
 /* Send n rows of hidden states (first stage's output) at positions pos[] to
  * stage 1; want_last asks the last stage to sample after the last row. The
  * caller must send one slot's rows in order. Thread-safe. */

@@ -66,6 +66,7 @@ static void *rx_main(void *arg) {
     while (!atomic_load(&p->closing)) {
         cm_msg m;
         uint64_t now = cm_now_ns();
+        if (atomic_load(&r->released)) break; /* the plan no longer uses it (coord_recover.c): not a failure */
         if (now - r->last_hb_ns >= (uint64_t)CM_PIPE_HB_MS * 1000000ull) {
             cm_msg hb = {.type = CM_MSG_HEARTBEAT};
             hb.u.heartbeat = (cm_msg_heartbeat){.epoch = atomic_load(&p->epoch), .wall_ms = cm_wall_ms(), .mono_ns = now};
@@ -89,7 +90,7 @@ static void *rx_main(void *arg) {
         /* Silence: loading a stage (no READY yet) may take long; otherwise
          * the node echoes every heartbeat. */
         uint64_t bound_ms = atomic_load(&r->loading) ? 600000 : (uint64_t)p->lost_ms;
-        if (now - atomic_load(&r->last_rx_ns) > bound_ms * 1000000ull) {
+        if (now - atomic_load(&r->last_rx_ns) > bound_ms * 1000000ull && now >= atomic_load(&r->quiet_until_ns)) {
             atomic_store(&r->lost, true);
             if (!atomic_load(&p->closing))
                 cm_coord_fatal(p, CM_ETIMEDOUT, "node %s ('%s') lost: silent for %llu ms", r->addr, r->hello.name,
@@ -142,8 +143,16 @@ static void *rx_main(void *arg) {
             rc = cm_weights_serve(r->ctl, &p->send_mu, p->g, p->sha, &m.u.weights_req, err, sizeof err);
             if (rc) CM_LOGW("weights for %s: %s", r->addr, err);
             break;
+        case CM_MSG_LINKS: /* awaited by cm_coord_recheck_links, or one that came after its deadline */
+            pthread_mutex_lock(&p->mu);
+            if (r->links_want && m.u.links.id == r->links_want && !r->links_got) {
+                r->links_ans = m.u.links;
+                r->links_got = true;
+                pthread_cond_broadcast(&p->cv);
+            }
+            pthread_mutex_unlock(&p->mu);
+            break;
         case CM_MSG_HEARTBEAT:
-        case CM_MSG_LINKS: /* an answer that came after its deadline */
         case CM_MSG_PONG: break;
         default: CM_LOGW("unexpected %s from %s", cm_msg_type_name(m.type), r->addr); break;
         }
@@ -207,7 +216,9 @@ static bool node_link(const cm_pipe *p, int i, int j, double *rtt, double *bw) {
     return false;
 }
 
-/* Build the planner's view: node 0 is this machine, then the remotes. */
+/* Build the planner's view: node 0 is this machine, then the remotes. A
+ * pair that could not reach each other is down for the planner: never
+ * neighbours, whatever the order costs (coord_links.c re-measures it). */
 static void make_cluster(cm_pipe *p, cm_plan_cluster *c) {
     memset(c, 0, sizeof *c);
     cm_node_caps me;
@@ -226,7 +237,11 @@ static void make_cluster(cm_pipe *p, cm_plan_cluster *c) {
         nd->flops = (r->hello.gflops > 0 ? r->hello.gflops : 1) * 1e9;
     }
     for (int i = 0; i < c->n_nodes; i++)
-        for (int j = 0; j < c->n_nodes; j++) node_link(p, i, j, &c->rtt_s[i][j], &c->bw[i][j]);
+        for (int j = 0; j < c->n_nodes; j++)
+            if (!node_link(p, i, j, &c->rtt_s[i][j], &c->bw[i][j]) && i && j) {
+                double rtt, bw;
+                c->down[i][j] = cm_coord_link(p, i - 1, j - 1, &rtt, &bw) < 0 || cm_coord_link(p, j - 1, i - 1, &rtt, &bw) < 0;
+            }
 }
 
 static int make_plan(cm_pipe *p, const cm_pipe_opts *o, cm_plan *plan, cm_plan_model *pm, cm_plan_cluster *pc,
@@ -664,7 +679,7 @@ void cm_pipe_seq_release(cm_pipe *p, int slot_i) {
 }
 
 int cm_pipe_seq_start(cm_pipe *p, int slot_i, const cm_sampler_params *sp, const int32_t *hist, int n_hist,
-                      char *err, size_t errlen) {
+                      uint64_t n_sampled, char *err, size_t errlen) {
     cm_msg m = {.type = CM_MSG_SEQ_START};
     cm_msg_seq_start *q = &m.u.seq_start;
     int keep = sp->repeat_last_n > 0 ? CM_MIN(sp->repeat_last_n, (int)CM_MSG_MAX_HIST) : 0;
@@ -672,7 +687,7 @@ int cm_pipe_seq_start(cm_pipe *p, int slot_i, const cm_sampler_params *sp, const
     *q = (cm_msg_seq_start){.epoch = p->epoch, .seq = slot_i, .temperature = sp->temperature, .top_k = sp->top_k,
                             .top_p = sp->top_p, .min_p = sp->min_p, .repeat_penalty = sp->repeat_penalty,
                             .repeat_last_n = sp->repeat_last_n, .presence_penalty = sp->presence_penalty,
-                            .frequency_penalty = sp->frequency_penalty, .seed = sp->seed,
+                            .frequency_penalty = sp->frequency_penalty, .seed = sp->seed, .n_sampled = n_sampled,
                             .n_probs = (uint8_t)CM_MIN(sp->n_probs > 0 ? sp->n_probs : 0, CM_MSG_MAX_TOP),
                             .n_hist = (uint32_t)n_hist, .hist = hist};
     pthread_mutex_lock(&p->send_mu);

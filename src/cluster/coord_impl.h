@@ -36,6 +36,15 @@ typedef struct remote {
     cm_pipe *p;
     int n_links;             /* node to node links this node measured (LINKS), by peer address */
     struct { char addr[80]; int status; double rtt, bw; } links[CM_PLAN_MAX_NODES];
+    /* coord_links.c, re-measuring while the receiver thread runs: the LINKS
+     * answer awaited (id), handed over under p->mu; the node's control
+     * thread is busy measuring until quiet_until_ns, so its silence until
+     * then is not a loss. */
+    uint64_t links_want;
+    bool links_got;
+    cm_msg_links links_ans;
+    _Atomic uint64_t quiet_until_ns;
+    atomic_bool released;    /* coord_recover.c: left out of the plan; its rx thread ends without failing the pipe */
 } remote;
 
 typedef struct slot {
@@ -97,6 +106,8 @@ struct cm_pipe {
     bool gave_up;            /* coord_recover.c: recovery failed; returning nodes retry it, or the rejoin interval */
     uint64_t gave_up_ns;     /* when it gave up */
     char cause[300];         /* coord_recover.c: the failure that started it */
+    uint64_t next_link_check_ns; /* coord_recover.c: next idle re-measure of links marked down */
+    bool links_suspect;          /* coord_recover.c: a re-plan failed: re-measure before the next one */
 };
 
 /* A line into the caller's log callback (the plan, failures, re-plans). */
@@ -124,6 +135,16 @@ void cm_coord_measure_links(cm_pipe *p);
 /* The link from r[a] to r[b] as r[a] measured it: 1 measured (rtt, bw set),
  * 0 not measured, < 0 r[a] could not reach r[b] (the CM_E* code). */
 int cm_coord_link(const cm_pipe *p, int a, int b, double *rtt, double *bw);
+/* With the receiver threads running: re-measure the links between live
+ * nodes (every pair, or only_down: the pairs marked unreachable) and record
+ * them; a pair that cannot connect is marked unreachable both ways (the
+ * planner never makes it adjacent: cm_plan_cluster.down), one that connects
+ * again is cleared. Each node asked is busy for at most CM_LINKS_RECHECK_MS.
+ * Returns how many pairs changed state (down <-> up). Never fails the pipe. */
+int cm_coord_recheck_links(cm_pipe *p, bool only_down);
+/* Whether some pair of live nodes is marked unreachable. */
+bool cm_coord_any_link_down(const cm_pipe *p);
+#define CM_LINKS_RECHECK_MS 1200
 /* The links the planner used, as a matrix (appended to the plan text). */
 void cm_coord_links_text(const cm_pipe *p, char *buf, size_t n);
 /* Open a plan with tensor-parallel groups (one group of every machine, or

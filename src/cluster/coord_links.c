@@ -8,6 +8,12 @@
  * or unreachable peer costs at most that per node, and planning goes on with
  * what was measured. It must never fail the pipe: a link not measured is
  * estimated (coord.c make_cluster) and shown as such.
+ *
+ * Later, with the receiver threads running, cm_coord_recheck_links asks
+ * again (round trip only): on a recovery that no lost node explains, so that
+ * a cut pair is marked unreachable and the planner keeps it apart
+ * (cm_plan_cluster.down), and while idle, so that a healed link is used
+ * again. A node that does not answer leaves its links as they were.
  */
 #include "cluster/coord_impl.h"
 
@@ -88,4 +94,117 @@ void cm_coord_links_text(const cm_pipe *p, char *buf, size_t n) {
         OUT("\n");
     }
 #undef OUT
+}
+
+/* r's entry about the peer at addr (added when r has none and there is room). */
+static int link_slot(remote *r, const char *addr) {
+    for (int t = 0; t < r->n_links; t++)
+        if (!strcmp(r->links[t].addr, addr)) return t;
+    if (r->n_links >= CM_PLAN_MAX_NODES) return -1;
+    int t = r->n_links++;
+    snprintf(r->links[t].addr, sizeof r->links[t].addr, "%.79s", addr);
+    r->links[t].status = 0;
+    r->links[t].rtt = r->links[t].bw = 0;
+    return t;
+}
+
+static bool live(const remote *r) { return r->ctl && r->rx_started && !atomic_load(&r->lost); }
+
+/* LINKS_REQ to r while its receiver thread runs (it hands the answer over). */
+static int ask_live(cm_pipe *p, remote *r, const char *const *peers, int k, cm_msg_links *out, char *err, size_t errlen) {
+    static _Atomic uint64_t next_id = 1ull << 48; /* apart from cm_cluster_links_ask's ids */
+    cm_msg m = {.type = CM_MSG_LINKS_REQ};
+    cm_msg_links_req *q = &m.u.links_req;
+    q->id = atomic_fetch_add(&next_id, 1);
+    q->deadline_ms = CM_LINKS_RECHECK_MS;
+    /* Round trip only: enough to tell a cut from a working link, and a
+     * slow link (tc tbf) answers small pings well within the deadline where
+     * a bandwidth probe would time out and look like a cut. */
+    q->probe_bytes = 0;
+    q->n_peers = (uint8_t)k;
+    for (int i = 0; i < k; i++) snprintf(q->peers[i], sizeof q->peers[i], "%.63s", peers[i]);
+    uint64_t wait_ns = (uint64_t)(CM_LINKS_RECHECK_MS + 2000) * 1000000ull;
+    pthread_mutex_lock(&p->mu);
+    r->links_want = q->id;
+    r->links_got = false;
+    pthread_mutex_unlock(&p->mu);
+    atomic_store(&r->quiet_until_ns, cm_now_ns() + wait_ns);
+    pthread_mutex_lock(&p->send_mu);
+    int rc = cm_conn_send(r->ctl, &m, 2000, err, errlen);
+    pthread_mutex_unlock(&p->send_mu);
+    uint64_t end = cm_now_ns() + wait_ns;
+    pthread_mutex_lock(&p->mu);
+    while (!rc && !r->links_got) {
+        if (atomic_load(&r->lost)) { rc = cm_errf(err, errlen, CM_ECLOSED, "node lost"); break; }
+        if (cm_now_ns() > end) { rc = cm_errf(err, errlen, CM_ETIMEDOUT, "no LINKS answer"); break; }
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 50000000;
+        if (ts.tv_nsec >= 1000000000) { ts.tv_sec++; ts.tv_nsec -= 1000000000; }
+        pthread_cond_timedwait(&p->cv, &p->mu, &ts);
+    }
+    if (!rc && r->links_ans.n != k) rc = cm_errf(err, errlen, CM_EPROTO, "LINKS with %u entries for %d peers", r->links_ans.n, k);
+    if (!rc) *out = r->links_ans;
+    r->links_want = 0;
+    pthread_mutex_unlock(&p->mu);
+    atomic_store(&r->quiet_until_ns, 0);
+    return rc;
+}
+
+static bool pair_down(const cm_pipe *p, int i, int j) {
+    double rtt, bw;
+    int a = cm_coord_link(p, i, j, &rtt, &bw), b = cm_coord_link(p, j, i, &rtt, &bw);
+    return a <= 0 && b <= 0 && (a < 0 || b < 0);
+}
+
+bool cm_coord_any_link_down(const cm_pipe *p) {
+    for (int i = 0; i < p->n_remote; i++)
+        for (int j = i + 1; j < p->n_remote; j++)
+            if (live(&p->r[i]) && live(&p->r[j]) && pair_down(p, i, j)) return true;
+    return false;
+}
+
+int cm_coord_recheck_links(cm_pipe *p, bool only_down) {
+    int changed = 0;
+    for (int i = 0; i < p->n_remote; i++) {
+        remote *r = &p->r[i];
+        if (!live(r)) continue;
+        const char *peers[CM_PLAN_MAX_NODES];
+        int idx[CM_PLAN_MAX_NODES], k = 0;
+        for (int j = i + 1; j < p->n_remote; j++)
+            if (live(&p->r[j]) && (!only_down || pair_down(p, i, j)) && k < (int)CM_MSG_MAX_PEERS) {
+                idx[k] = j;
+                peers[k++] = p->r[j].addr;
+            }
+        if (!k) continue;
+        cm_msg_links l;
+        char e[300];
+        if (ask_live(p, r, peers, k, &l, e, sizeof e)) {
+            /* No answer says nothing about the links: leave them as they are. */
+            cm_coord_log(p, "node %s ('%s') did not re-measure its links: %s", r->addr, r->hello.name, e);
+            continue;
+        }
+        for (int t = 0; t < k; t++) {
+            remote *o = &p->r[idx[t]];
+            bool was = pair_down(p, i, idx[t]);
+            int sa = link_slot(r, o->addr), sb = link_slot(o, r->addr);
+            if (sa < 0 || sb < 0) continue;
+            int st = l.link[t].status;
+            /* Both directions: the planner keeps the pair apart (or not)
+             * whichever of the two measured last. */
+            r->links[sa].status = o->links[sb].status = st;
+            if (!st) { /* the bandwidth measured before stays (none was probed now) */
+                r->links[sa].rtt = o->links[sb].rtt = l.link[t].rtt_s;
+                if (l.link[t].bw > 0) r->links[sa].bw = o->links[sb].bw = l.link[t].bw;
+            }
+            if (st && !was) {
+                changed++;
+                cm_coord_log(p, "link %s -> %s is down (%s): the plan keeps them apart", r->addr, o->addr, cm_strerror(st));
+            } else if (!st && was) {
+                changed++;
+                cm_coord_log(p, "link %s -> %s is back: rtt %.3f ms", r->addr, o->addr, l.link[t].rtt_s * 1e3);
+            }
+        }
+    }
+    return changed;
 }

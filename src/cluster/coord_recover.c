@@ -28,18 +28,22 @@ bool cm_pipe_failed(cm_pipe *p) {
 int cm_pipe_generation(const cm_pipe *p) { return p->generation; }
 
 static bool alive(const remote *r) { return r->ctl && r->rx_started && !atomic_load(&r->lost); }
+static int rejoin_ms(void);
 
 /* Join the receiver threads of lost nodes (they end within the bound) and
  * close their connections: a node is then either alive or closed. */
-static void reap_lost(cm_pipe *p) {
+static int reap_lost(cm_pipe *p) {
+    int n = 0;
     for (int i = 0; i < p->n_remote; i++) {
         remote *r = &p->r[i];
         if (!atomic_load(&r->lost) || !r->ctl) continue;
+        n++;
         if (r->rx_started) pthread_join(r->rx, NULL);
         r->rx_started = false;
         cm_conn_close(r->ctl, NULL);
         r->ctl = NULL;
     }
+    return n;
 }
 
 /* Score of a plan as the planner ranks them (aggregate speed when several
@@ -96,6 +100,7 @@ static int plan_survivors(cm_pipe *p, replan_ctx *x, char *err, size_t errlen) {
             int fb = b ? x->map[b] + 1 : 0;
             x->sub.rtt_s[a][b] = x->full.rtt_s[fa][fb];
             x->sub.bw[a][b] = x->full.bw[fa][fb];
+            x->sub.down[a][b] = x->full.down[fa][fb];
         }
     }
     cm_plan_opts po;
@@ -224,10 +229,47 @@ static int apply_plan(cm_pipe *p, replan_ctx *x, const char *why, char *err, siz
     return 0;
 }
 
-/* One re-plan after a loss. */
+/* Let go of the live nodes the plan now running does not use (used[i]
+ * false): a down link kept them out. A node drops its stage when its
+ * coordinator's connection closes, so none keeps a stage of an old epoch;
+ * cm_pipe_maintain redials them like lost nodes, and a re-plan takes them
+ * back once the link is up again. */
+static void release_unused(cm_pipe *p, const bool *used) {
+    for (int i = 0; i < p->n_remote; i++) {
+        remote *r = &p->r[i];
+        if (used[i] || !alive(r)) continue;
+        cm_coord_log(p, "node %s ('%s') is not in the plan: released until a re-plan takes it back", r->addr, r->hello.name);
+        atomic_store(&r->released, true);
+        pthread_join(r->rx, NULL);
+        r->rx_started = false;
+        cm_conn_close(r->ctl, "not in the current plan");
+        r->ctl = NULL;
+        r->ready = false;
+        atomic_store(&r->lost, true);
+        atomic_store(&r->released, false);
+    }
+}
+
+/* Whether every node of the running plan is still alive: then no lost node
+ * explains the failure (a link between two of them was cut, or is stuck). */
+static bool plan_nodes_alive(const cm_pipe *p) {
+    for (int s = 1; s < p->n_stages; s++)
+        if (!alive(&p->r[p->stage_remote[s]])) return false;
+    return true;
+}
+
+/* One re-plan after a loss. When no node was lost, or the previous re-plan
+ * failed (a stage could not reach its next one), the links between the live
+ * nodes are measured again first: a cut pair is then marked down and the
+ * planner keeps the two apart (leaving one out if it must), instead of
+ * making them neighbours again from the matrix measured at the start. */
 static int recover_once(cm_pipe *p, char *err, size_t errlen) {
     if (p->grouped) return cm_coord_tp_recover(p, err, errlen); /* hybrid: tensor-parallel groups as stages (coord_tp.c) */
     reap_lost(p);
+    if (p->links_suspect || plan_nodes_alive(p)) {
+        int changed = cm_coord_recheck_links(p, false);
+        if (changed) p->next_link_check_ns = cm_now_ns() + 2ull * (uint64_t)rejoin_ms() * 1000000ull;
+    }
     replan_ctx *x = cm_calloc(1, sizeof *x);
     if (!x) return cm_errf(err, errlen, CM_ENOMEM, "out of memory");
     pthread_mutex_lock(&p->mu);
@@ -235,6 +277,12 @@ static int recover_once(cm_pipe *p, char *err, size_t errlen) {
     pthread_mutex_unlock(&p->mu);
     int rc = plan_survivors(p, x, err, errlen);
     if (!rc) rc = apply_plan(p, x, "recovery", err, errlen);
+    p->links_suspect = rc != 0;
+    if (!rc) {
+        bool used[CM_PLAN_MAX_NODES] = {false};
+        for (int s = 1; s < p->n_stages; s++) used[p->stage_remote[s]] = true;
+        release_unused(p, used);
+    }
     cm_free(x);
     return rc;
 }
@@ -249,7 +297,10 @@ static int tp_recover_once(cm_pipe *p, char *err, size_t errlen) {
     cm_coll_free(p->coll);
     p->coll = NULL;
     cm_coll_mesh_close(p->tp_conn, CM_COLL_MAX_MEMBERS);
-    reap_lost(p);
+    /* No member lost (a link between two of them cut?), or the last try
+     * failed: measure the links between the live nodes again, so the group
+     * leaves one of a cut pair out (the planner's down links). */
+    if (!reap_lost(p) || p->links_suspect) cm_coord_recheck_links(p, false);
     replan_ctx *x = cm_calloc(1, sizeof *x);
     if (!x) return cm_errf(err, errlen, CM_ENOMEM, "out of memory");
     char e[600];
@@ -269,6 +320,7 @@ static int tp_recover_once(cm_pipe *p, char *err, size_t errlen) {
             int fb = b ? x->map[b] + 1 : 0;
             x->sub.rtt_s[a][b] = x->full.rtt_s[fa][fb];
             x->sub.bw[a][b] = x->full.bw[fa][fb];
+            x->sub.down[a][b] = x->full.down[fa][fb];
         }
     }
     cm_plan_opts po;
@@ -313,9 +365,17 @@ static int tp_recover_once(cm_pipe *p, char *err, size_t errlen) {
         cm_coord_record_members(p, fp);
         cm_plan_format(fp, &x->pm, &x->full, p->plan_text, sizeof p->plan_text);
         p->generation++;
+        /* A live node out of the group (a down link) must not get the
+         * group's sequence messages (cm_coord_send_data sends to every
+         * connected node). */
+        bool used[CM_PLAN_MAX_NODES] = {false};
+        for (int k = 0; k < st->n_members; k++)
+            if (st->members[k].node) used[st->members[k].node - 1] = true;
+        release_unused(p, used);
     } else {
         cm_coord_fatal(p, rc, "re-plan: %s", err);
     }
+    p->links_suspect = rc != 0;
     cm_free(x);
     return rc;
 }
@@ -484,16 +544,23 @@ int cm_pipe_maintain(cm_pipe *p, char *err, size_t errlen) {
     p->next_rejoin_ns = now + (uint64_t)every_ms * 1000000ull;
     reap_lost(p);
     int back = redial_lost(p);
+    /* Links marked down (a cut seen by a re-plan, or at the start) are
+     * measured again now and then: a healed one counts like a node back. */
+    int healed = 0;
+    if (now >= p->next_link_check_ns && cm_coord_any_link_down(p)) {
+        p->next_link_check_ns = now + 2ull * (uint64_t)every_ms * 1000000ull;
+        healed = cm_coord_recheck_links(p, true);
+    }
     if (cm_pipe_failed(p)) {
         /* No node came back, but a cut link between live nodes may have
          * healed (nobody was lost, so nobody is redialled): try again, less
          * often (each try may wait for the nodes' READY). */
-        if (!back && !retry_due(p)) return 0;
+        if (!back && !healed && !retry_due(p)) return 0;
         p->gave_up = false;
         int rc = cm_pipe_recover(p, err, errlen);
         return rc ? rc : 1;
     }
-    if (!back) return 0;
+    if (!back && !healed) return 0;
     replan_ctx *x = cm_calloc(1, sizeof *x);
     if (!x) return cm_errf(err, errlen, CM_ENOMEM, "out of memory");
     int rc = plan_survivors(p, x, err, errlen);
@@ -501,9 +568,12 @@ int cm_pipe_maintain(cm_pipe *p, char *err, size_t errlen) {
     if (!rc && x->cand.n_stages > p->n_stages && cand < 0.9 * cur) {
         cm_coord_log(p, "re-plan with the returning node(s) not taken: predicted %.1f tok/s vs %.1f now", cand, cur);
     } else if (!rc && (x->cand.n_stages > p->n_stages || cand > 1.05 * cur)) {
-        rc = apply_plan(p, x, "nodes back", err, errlen);
+        rc = apply_plan(p, x, back ? "nodes back" : "link back", err, errlen);
         if (!rc) {
             cm_coord_log(p, "now %d stages, epoch %llu", p->n_stages, (unsigned long long)atomic_load(&p->epoch));
+            bool used[CM_PLAN_MAX_NODES] = {false};
+            for (int s = 1; s < p->n_stages; s++) used[p->stage_remote[s]] = true;
+            release_unused(p, used);
             rc = 1;
         } else {
             char e2[600];

@@ -455,6 +455,10 @@ static int on_seq_start(stage *s, const cm_msg *msg, char *err, size_t errlen) {
     cm_sampler *smp = cm_sampler_new(&p, s->m.hp.n_vocab, e, sizeof e);
     if (!smp) return cm_errf(err, errlen, CM_ENOMEM, "sampler: %s", e);
     for (uint32_t i = 0; i < q->n_hist; i++) cm_sampler_accept(smp, cm_msg_seq_start_hist(q, i));
+    /* A restart after a re-plan: draw on from where the lost last stage was
+     * (the draws are counter-based), so a seeded stream continues as if
+     * nothing had happened. */
+    cm_sampler_set_pos(smp, q->n_sampled);
     cm_sampler_free(s->smp[q->seq]);
     s->smp[q->seq] = smp;
     return 0;

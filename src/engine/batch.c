@@ -61,7 +61,7 @@ int cm_session_start(cm_session *s, const cm_gen_params *p, cm_token_cb cb, void
     for (int i = from < 0 ? 0 : from; i < n_done; i++) cm_sampler_accept(st->smp, s->hist[i]);
     /* The last stage samples: it gets the parameters and the history. */
     if (e->pipe) {
-        int rc = cm_pipe_seq_start(e->pipe, s->slot, &p->sampling, s->hist, s->n_hist, err, errlen);
+        int rc = cm_pipe_seq_start(e->pipe, s->slot, &p->sampling, s->hist, s->n_hist, 0, err, errlen);
         /* A stage lost since the prefill: the next step recovers and then
          * restarts this sequence like every other (pipe generation). */
         if (rc && cm_pipe_failed(e->pipe)) rc = 0;
@@ -180,7 +180,10 @@ static int step_recover(cm_engine *e, cm_session *const *ss, int n, char *err, s
 
 int cm_session_seq_restart(cm_session *s, char *err, size_t errlen) {
     if (!s->step || !s->step->running) return 0;
-    return cm_pipe_seq_start(s->e->pipe, s->slot, &s->step->p.sampling, s->hist, s->n_hist, err, errlen);
+    /* n_gen tokens were taken: the new last stage's sampler draws on from
+     * there (counter-based draws), so a seeded stream is unchanged. */
+    return cm_pipe_seq_start(s->e->pipe, s->slot, &s->step->p.sampling, s->hist, s->n_hist, (uint64_t)s->step->n_gen,
+                             err, errlen);
 }
 
 /* A cluster step: every running session sends its pending token through our

@@ -598,7 +598,7 @@ int cm_session_generate(cm_session *s, const cm_gen_params *p, cm_token_cb cb, v
     int from = n_done - (p->sampling.repeat_last_n > 0 ? p->sampling.repeat_last_n : 0);
     for (int i = from < 0 ? 0 : from; i < n_done; i++) cm_sampler_accept(smp, s->hist[i]);
     if (e->pipe) {
-        int r = cm_pipe_seq_start(e->pipe, s->slot, &p->sampling, s->hist, s->n_hist, err, errlen);
+        int r = cm_pipe_seq_start(e->pipe, s->slot, &p->sampling, s->hist, s->n_hist, 0, err, errlen);
         if (r) { cm_stop_free(stop); cm_sampler_free(smp); return r; }
     }
     /* The first generated piece loses its leading space only when nothing
@@ -625,11 +625,14 @@ int cm_session_generate(cm_session *s, const cm_gen_params *p, cm_token_cb cb, v
                 (rc = cm_pipe_recv_token(e->pipe, s->slot, &id, &info.logprob, err, errlen))) {
                 if (rc == CM_ECANCELED) { rc = 0; fin = CM_FINISH_CANCEL; break; }
                 /* A stage was lost: re-plan, tell the new last stage the
-                 * sampler and the history, recompute prompt + tokens emitted
+                 * sampler, the history and how many tokens it sampled (its
+                 * draws go on from there), recompute prompt + tokens emitted
                  * (the token in flight was never taken: nothing repeats). */
                 if (cm_pipe_failed(e->pipe) && recoveries++ < 4) {
                     rc = cm_pipe_recover(e->pipe, err, errlen);
-                    if (!rc) rc = cm_pipe_seq_start(e->pipe, s->slot, &p->sampling, s->hist, s->n_hist, err, errlen);
+                    if (!rc)
+                        rc = cm_pipe_seq_start(e->pipe, s->slot, &p->sampling, s->hist, s->n_hist, (uint64_t)n_gen, err,
+                                               errlen);
                     if (!rc) {
                         cm_kv_truncate(&s->kv, 0);
                         s->pipe_gen = cm_pipe_generation(e->pipe);

@@ -66,7 +66,8 @@ struct cm_session {
 int cm_engine_eval_cluster(cm_session *s, int upto, bool want_last, char *err, size_t errlen);
 
 /* Cluster, after a recovery (batch.c): a running session tells the new last
- * stage its sampler parameters and whole history again (SEQ_START); 0 and
+ * stage its sampler parameters, whole history and the count of tokens it
+ * sampled so far (SEQ_START n_sampled: the draws go on from there); 0 and
  * nothing sent when it has not been started. */
 int cm_session_seq_restart(cm_session *s, char *err, size_t errlen);
 /* A forward pass over every layer (e->mu held). With a TP group the token

@@ -398,6 +398,7 @@ static void encode(wcur *w, const cm_msg *m) {
         w_f32(w, c->presence_penalty);
         w_f32(w, c->frequency_penalty);
         w_u64(w, c->seed);
+        w_u64(w, c->n_sampled);
         w_u8(w, c->n_probs);
         w_u32(w, c->n_hist);
         /* A decoded message (hist_le) re-encodes as is: stages pass it down the chain. */
@@ -662,6 +663,7 @@ static int decode(rcur *r, unsigned type, cm_msg *m) {
         c->presence_penalty = r_f32(r, "presence_penalty");
         c->frequency_penalty = r_f32(r, "frequency_penalty");
         c->seed = r_u64(r, "seed");
+        c->n_sampled = r_u64(r, "n_sampled");
         c->n_probs = r_u8(r, "n_probs");
         c->n_hist = r_u32(r, "n_hist");
         if (r->bad) break;

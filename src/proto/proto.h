@@ -327,6 +327,8 @@ typedef struct cm_msg_seq_start {
     int32_t repeat_last_n;      /* [0, 1 << 20] */
     float presence_penalty, frequency_penalty; /* finite */
     uint64_t seed;
+    uint64_t n_sampled;         /* tokens this generation already sampled: the sampler resumes at that
+                                 * draw (0 for a new generation; > 0 when a re-plan restarts it) */
     uint8_t n_probs;            /* top logprobs wanted per TOKEN, <= CM_MSG_MAX_TOP */
     uint32_t n_hist;            /* <= CM_MSG_MAX_HIST */
     const int32_t *hist;        /* encode: n_hist token ids (>= 0), oldest first */

@@ -26,7 +26,8 @@ struct cm_sampler {
     cm_sampler_params p;
     uint64_t seed;
     int32_t n_vocab;
-    cm_rng rng;
+    uint64_t key;       /* the seed, mixed: the draws are a function of (key, pos) */
+    uint64_t pos;       /* samples taken since new/reset (cm_sampler_pos) */
 
     cand *cand; /* [n_vocab] working set, rebuilt each call */
 
@@ -42,6 +43,13 @@ struct cm_sampler {
     int32_t eog[CM_SAMPLER_MAX_EOG];
     int n_eog;
 };
+
+/* The splitmix64 finaliser: a bijection of 64 bits with good avalanche. */
+static inline uint64_t mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
 
 void cm_sampler_params_default(cm_sampler_params *p) {
     p->temperature = 0.8f;
@@ -104,6 +112,7 @@ cm_sampler *cm_sampler_new(const cm_sampler_params *p, int32_t n_vocab, char *er
         s->seed = p->seed;
     }
     s->p.seed = s->seed;
+    s->key = mix64(s->seed ^ 0x6a09e667f3bcc909ull);
     cm_sampler_reset(s);
     return s;
 oom:
@@ -125,8 +134,12 @@ void cm_sampler_reset(cm_sampler *s) {
     memset(s->count, 0, (size_t)s->n_vocab * sizeof *s->count);
     s->ring_len = 0;
     s->ring_pos = 0;
-    cm_rng_seed(&s->rng, s->seed);
+    s->pos = 0;
 }
+
+uint64_t cm_sampler_pos(const cm_sampler *s) { return s->pos; }
+
+void cm_sampler_set_pos(cm_sampler *s, uint64_t pos) { s->pos = pos; }
 
 uint64_t cm_sampler_seed(const cm_sampler *s) { return s->seed; }
 
@@ -292,7 +305,12 @@ static void fill_info(const cm_sampler *s, const float *logits, int32_t chosen, 
     info->n_top = m;
 }
 
-static inline double uniform01(cm_rng *r) { return (double)(cm_rng_next(r) >> 11) * 0x1.0p-53; }
+/* The uniform draw of sample number s->pos, in [0, 1): counter-based (the
+ * splitmix64 sequence started at the mixed seed, read at index pos), so a
+ * sampler made elsewhere and moved to the same pos draws the same number. */
+static inline double uniform01(const cm_sampler *s) {
+    return (double)(mix64(s->key + (s->pos + 1) * 0x9e3779b97f4a7c15ull) >> 11) * 0x1.0p-53;
+}
 
 static int32_t sample_chain(cm_sampler *s, const float *logits) {
     const cm_sampler_params *p = &s->p;
@@ -382,7 +400,7 @@ static int32_t sample_chain(cm_sampler *s, const float *logits) {
     }
     double sum = 0.0;
     for (int32_t i = 0; i < n; i++) sum += exp((double)c[i].logit - mx);
-    double r = uniform01(&s->rng) * sum, cum = 0.0;
+    double r = uniform01(s) * sum, cum = 0.0;
     int32_t last = 0;
     for (int32_t i = 0; i < n; i++) {
         double w = exp((double)c[i].logit - mx);
@@ -396,6 +414,7 @@ static int32_t sample_chain(cm_sampler *s, const float *logits) {
 
 int32_t cm_sampler_sample(cm_sampler *s, const float *logits, cm_sample_info *info) {
     int32_t id = sample_chain(s, logits);
+    s->pos++; /* every sample counts, greedy or not: pos is the caller's token count */
     if (info) fill_info(s, logits, id, info);
     return id;
 }

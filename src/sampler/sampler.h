@@ -26,6 +26,15 @@
  * logits (the lowest id among equal maxima); no random number is drawn.
  * Same seed + same logits + same accepted tokens => the same ids.
  *
+ * The random draw is counter-based: sample number k (counting every
+ * cm_sampler_sample call since new/reset, greedy or not) draws a number that
+ * is a pure function of (seed, k). A sampler made anywhere else with the same
+ * parameters, the same accepted history and cm_sampler_set_pos(k) continues
+ * exactly where the first one was after k samples: that is how a stream
+ * resumed after a node was lost (the last pipeline stage remade) at
+ * temperature > 0 gives the text an undisturbed run gives (DESIGN.md,
+ * recovery).
+ *
  * Memory: cm_sampler_new sizes everything for n_vocab once; sampling and
  * accepting never allocate. A sampler is not thread-safe: one per sequence.
  * This module never looks at model weights, tokens' text or the network.
@@ -105,9 +114,15 @@ void cm_sampler_penalize(const cm_sampler *s, float *logits);
 /* Record a token in the penalty history. Out-of-range ids are ignored. */
 void cm_sampler_accept(cm_sampler *s, int32_t id);
 
-/* Forget the history and re-seed the RNG with the original seed, so the
+/* Forget the history and go back to draw 0 of the original seed, so the
  * sampler behaves as if new. The end-of-generation set is kept. */
 void cm_sampler_reset(cm_sampler *s);
+
+/* Samples taken since new/reset: the index of the next draw. */
+uint64_t cm_sampler_pos(const cm_sampler *s);
+/* Continue as if pos samples had been taken (the penalty history is the
+ * caller's, through cm_sampler_accept). O(1); any value is valid. */
+void cm_sampler_set_pos(cm_sampler *s, uint64_t pos);
 
 /* The seed in use (the drawn one when the params asked for a random seed). */
 uint64_t cm_sampler_seed(const cm_sampler *s);

@@ -107,6 +107,40 @@ static double link_oneway(const cm_plan_cluster *c, const cm_plan_opts *o, int a
     return c->rtt_s[a][b] / 2 + bytes / bw + o->exchange_overhead_s;
 }
 
+static bool link_down(const cm_plan_cluster *c, int a, int b) { return a != b && (c->down[a][b] || c->down[b][a]); }
+
+/* The first link of plan p that is down (cm_plan_cluster.down): a hop
+ * between adjacent stages' first members, or two members of one group. */
+static bool plan_uses_down(const cm_plan_cluster *c, const cm_plan *p, int *a, int *b) {
+    for (int s = 0; s < p->n_stages; s++) {
+        const cm_plan_stage *st = &p->stages[s];
+        for (int i = 0; i < st->n_members; i++)
+            for (int j = i + 1; j < st->n_members; j++)
+                if (link_down(c, st->members[i].node, st->members[j].node)) {
+                    *a = st->members[i].node, *b = st->members[j].node;
+                    return true;
+                }
+        if (s + 1 < p->n_stages && link_down(c, st->members[0].node, p->stages[s + 1].members[0].node)) {
+            *a = st->members[0].node, *b = p->stages[s + 1].members[0].node;
+            return true;
+        }
+    }
+    return false;
+}
+
+/* Pipeline over order[0..n): keep the longest prefix whose hops are all up
+ * (group_of: position in it, -1 for the nodes after the first down hop).
+ * Returns the prefix length. */
+static int chain_prefix(const cm_plan_cluster *c, const int *order, int n, int max_stages, int *group_of) {
+    int k = 0;
+    for (int i = 0; i < c->n_nodes; i++) group_of[i] = -1;
+    while (k < n && k < max_stages && (k == 0 || !link_down(c, order[k - 1], order[k]))) {
+        group_of[order[k]] = k;
+        k++;
+    }
+    return k;
+}
+
 static double allreduce_s(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan_opts *o,
                           const cm_plan_stage *st, double n_tok) {
     int k = st->n_members;
@@ -296,9 +330,14 @@ int cm_plan_for_groups(const cm_plan_model *m, const cm_plan_cluster *c, const c
         st->members[st->n_members++].node = i;
     }
     bool any_tp = false;
+    int da, db;
+    for (int s = 0; s < G; s++)
+        if (out->stages[s].n_members == 0) return cm_errf(err, errlen, CM_EINVAL, "plan: stage %d has no node", s);
+    if (plan_uses_down(c, out, &da, &db))
+        return cm_errf(err, errlen, CM_EINVAL, "plan: the link between %s and %s is down", c->nodes[da].name,
+                       c->nodes[db].name);
     for (int s = 0; s < G; s++) {
         cm_plan_stage *st = &out->stages[s];
-        if (st->n_members == 0) return cm_errf(err, errlen, CM_EINVAL, "plan: stage %d has no node", s);
         if (st->n_members > 1) any_tp = true;
         assign_slices(m, c, st);
     }
@@ -391,8 +430,11 @@ static int plan_best_order(const cm_plan_model *m, const cm_plan_cluster *c, con
     int tried = 0, rc_first = 0;
     char e1[512] = "";
     double given_score = -1;
+    int used_best = 0;
     for (;;) {
-        for (int k = 0; k < n; k++) group_of[perm[k]] = k;
+        /* A down link ends the chain: the nodes after it sit this plan out
+         * (another order may use them). */
+        int used = chain_prefix(c, perm, n, n, group_of);
         char e2[512];
         int rc = cm_plan_for_groups(m, c, o, group_of, &cand, e2, sizeof e2);
         if (tried++ == 0 && rc) { rc_first = rc; snprintf(e1, sizeof e1, "%s", e2); }
@@ -400,9 +442,12 @@ static int plan_best_order(const cm_plan_model *m, const cm_plan_cluster *c, con
             double score = o->n_seq > 1 ? cand.tok_s_aggregate : cand.tok_s;
             if (tried == 1) given_score = score;
             double best_score = have ? (o->n_seq > 1 ? best.tok_s_aggregate : best.tok_s) : -1;
-            if (score > best_score * (1 + 1e-9)) {
+            /* Every node is used when some order allows it (as without down
+             * links); only then does the speed decide. */
+            if (used > used_best || (used == used_best && score > best_score * (1 + 1e-9))) {
                 best = cand;
                 have = true;
+                used_best = used;
             }
         }
         /* next permutation of perm[1..n-1] */
@@ -419,11 +464,12 @@ static int plan_best_order(const cm_plan_model *m, const cm_plan_cluster *c, con
     char extra[200];
     const char *by = o->n_seq > 1 ? "aggregate" : "one-stream";
     double got = o->n_seq > 1 ? best.tok_s_aggregate : best.tok_s;
-    if (given_score > 0)
-        snprintf(extra, sizeof extra, " (best of %d node orders by %s tok/s: %.1f; the given order: %.1f)", tried, by,
-                 got, given_score);
-    else
-        snprintf(extra, sizeof extra, " (best of %d node orders by %s tok/s: %.1f)", tried, by, got);
+    int o2 = given_score > 0 ? snprintf(extra, sizeof extra, " (best of %d node orders by %s tok/s: %.1f; the given order: %.1f)",
+                                        tried, by, got, given_score)
+                             : snprintf(extra, sizeof extra, " (best of %d node orders by %s tok/s: %.1f)", tried, by, got);
+    if (used_best < n && o2 > 0 && o2 < (int)sizeof extra)
+        snprintf(extra + o2, sizeof extra - (size_t)o2, "; %d node%s left out: a link between nodes is down", n - used_best,
+                 n - used_best == 1 ? "" : "s");
     describe(out, c, extra);
     return 0;
 }
@@ -439,9 +485,19 @@ int cm_plan_make(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan
     if (o->mode == CM_PARALLEL_PP && o->reorder && n >= 3 && n <= CM_PLAN_REORDER_MAX && n <= m->n_layers)
         return plan_best_order(m, c, o, out, err, errlen);
     if (o->mode == CM_PARALLEL_PP || o->mode == CM_PARALLEL_TP || n == 1) {
-        for (int i = 0; i < n; i++) group_of[i] = o->mode == CM_PARALLEL_TP ? 0 : i;
-        if (n > m->n_layers && o->mode != CM_PARALLEL_TP)
-            for (int i = m->n_layers; i < n; i++) group_of[i] = -1;
+        if (o->mode == CM_PARALLEL_TP) {
+            /* One group: node 0, then every node with no down link to one
+             * already in it. */
+            for (int i = 0; i < n; i++) {
+                group_of[i] = 0;
+                for (int j = 0; j < i; j++)
+                    if (group_of[j] == 0 && link_down(c, i, j)) group_of[i] = -1;
+            }
+        } else {
+            int order[CM_PLAN_MAX_NODES];
+            for (int i = 0; i < n; i++) order[i] = i;
+            chain_prefix(c, order, n, m->n_layers, group_of);
+        }
         rc = cm_plan_for_groups(m, c, o, group_of, out, err, errlen);
         if (rc == 0) describe(out, c, o->mode == CM_PARALLEL_AUTO ? "" : " (forced by --parallel)");
         return rc;

@@ -48,6 +48,12 @@ typedef struct cm_plan_cluster {
     cm_plan_node nodes[CM_PLAN_MAX_NODES];
     double rtt_s[CM_PLAN_MAX_NODES][CM_PLAN_MAX_NODES]; /* round trip, seconds */
     double bw[CM_PLAN_MAX_NODES][CM_PLAN_MAX_NODES];    /* bytes/s one way */
+    /* A link known to be broken (a failed measurement, a cut seen when a
+     * re-plan re-measured it), either direction: no plan puts the two nodes
+     * in adjacent pipeline stages (stage s's first member -> stage s+1's) or
+     * in one tensor-parallel group. Pipeline plans leave a node out rather
+     * than use it; zero (the default) is a usable link. */
+    bool down[CM_PLAN_MAX_NODES][CM_PLAN_MAX_NODES];
 } cm_plan_cluster;
 
 /* The model's shape: what each layer costs. */

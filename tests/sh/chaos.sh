@@ -15,9 +15,11 @@
 #   flap       A's link drops and heals every ~1 s, four times
 #   cut        the link between the two nodes drops both ways, then heals:
 #              every node still answers its heartbeats, only tokens stop
-#   cutperm    the same until every request in flight has ended (with an
-#              explicit error: no plan without that link is tried), then
-#              heals: the requests after it must succeed again
+#   cutperm    the same until every request in flight has ended, then heals:
+#              the re-plan re-measures the node links, marks that one down
+#              and keeps the two nodes apart (one left out and released), so
+#              the requests complete on 2 stages; the log must show that plan,
+#              and, after the heal, an idle re-measure that finds the link back
 #   killlast   kill -9 of the last stage B (long mode only)
 # Every request's start, end, HTTP status and body are recorded, and
 # tests/sh/lib/chaos_check.py checks the contract on that history: every
@@ -192,7 +194,8 @@ run_scenario() {
     CC_NOWAIT=1 CUMULO_LOG=info CC_NS=$NA cc_start_node "$name-a" --port $port --no-mdns --models "$TMP/models"; PA=$NODE_PID
     CUMULO_LOG=info CC_NS=$NB cc_start_node "$name-b" --port $port --no-mdns --models "$TMP/models"; PB=$NODE_PID
     cc_wait_grep "$TMP/$name-a.port" . 100
-    CUMULO_LOST_MS=$LOST_MS CUMULO_TOKEN_TIMEOUT_MS=$TOKEN_MS CUMULO_TEST_STEP_DELAY_MS=15 CC_NS=$NC cc_start_serve "$name-s" "$M" --host 127.0.0.1 \
+    rejoin=""; [ "$name" = cutperm ] && rejoin=500 # the healed link is found back within the test
+    CUMULO_REJOIN_MS=$rejoin CUMULO_LOST_MS=$LOST_MS CUMULO_TOKEN_TIMEOUT_MS=$TOKEN_MS CUMULO_TEST_STEP_DELAY_MS=15 CC_NS=$NC cc_start_serve "$name-s" "$M" --host 127.0.0.1 \
         --nodes "$IPA:$port,$IPB:$port" --layers 2,2,1 --threads 1 --slots 8
     PS=$SERVE_PID PORT=$SERVE_PORT
     if [ -z "$PORT" ]; then
@@ -230,6 +233,17 @@ run_scenario() {
     wave w3 $WAVE3
     wait_wave
     el=$(( ($(date +%s%N) - ts) / 1000000 ))
+    if [ "$name" = cutperm ]; then
+        # The plan after the cut avoids the cut link: it was re-measured and
+        # marked down, and the first re-plan after that names one node only.
+        slog=$TMP/$name-s.log
+        rp=$(sed -n '/ is down /,$p' "$slog" | grep -m1 're-plan (epoch')
+        if grep -q "link .* is down" "$slog" && [ -n "$rp" ] && ! { echo "$rp" | grep -q "$IPA:" && echo "$rp" | grep -q "$IPB:"; }; then ok
+        else bad "$name: the re-plan after the cut uses the cut link: ${rp:-no re-plan} $(grep -m1 'is down' "$slog")"; fi
+        # healed: an idle re-measure finds it again (and the planner may use it)
+        cc_wait_grep "$slog" 'link .* is back' 150 && ok || bad "$name: the healed link was not measured again: $(grep -i 'link\|back' "$slog" | tail -3)"
+        echo "chaos $name: $(grep -m1 'is down' "$slog" | cut -c1-120); $(echo "$rp" | cut -c1-120); $(grep -m1 'link .* is back' "$slog" | cut -c1-100)" >&2
+    fi
     sleep 1 # let a healed node see its coordinator's close
     touch "$D/stop-health"
     wait $HP

@@ -229,6 +229,68 @@ static void test_slow_node_to_node_link(void) {
     CHECK(abs(stage_of(&q, 1) - stage_of(&q, 2)) > 1);
 }
 
+/* True when no hop between adjacent stages and no pair inside a group of p
+ * crosses a down link of c. */
+static bool avoids_down(const cm_plan *p, const cm_plan_cluster *c) {
+    for (int s = 0; s < p->n_stages; s++) {
+        const cm_plan_stage *st = &p->stages[s];
+        for (int i = 0; i < st->n_members; i++)
+            for (int j = 0; j < st->n_members; j++)
+                if (c->down[st->members[i].node][st->members[j].node]) return false;
+        if (s + 1 < p->n_stages) {
+            int a = st->members[0].node, b = p->stages[s + 1].members[0].node;
+            if (c->down[a][b] || c->down[b][a]) return false;
+        }
+    }
+    return true;
+}
+
+/* A cut link between two live nodes (cm_plan_cluster.down, one direction
+ * given): no plan of any mode puts them next to each other, even when that
+ * means leaving a node out; the same cluster without the mark uses them as
+ * neighbours (so the check can fail). */
+static void test_down_link(void) {
+    cm_plan_model m; llama8b(&m);
+    cm_plan_opts o; cm_plan_opts_default(&o); o.mode = CM_PARALLEL_PP; o.reorder = true;
+    cm_plan p; char err[512] = "";
+    cm_plan_cluster c = {0}; links_all(&c, 0.2, 40);
+    add_node(&c, "here", 64, 100, 4); add_node(&c, "b", 64, 100, 4); add_node(&c, "c", 64, 100, 4);
+    CHECK(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == 0);
+    CHECK(p.n_stages == 3 && abs(stage_of(&p, 1) - stage_of(&p, 2)) == 1); /* without the mark: neighbours */
+    c.down[2][1] = true;
+    CHECK(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == 0);
+    check_plan_valid(&p, &m, &c, &o);
+    CHECKF(p.n_stages == 2 && avoids_down(&p, &c), "%d stages: %s", p.n_stages, p.why);
+    CHECKF(strstr(p.why, "left out") != NULL, "%s", p.why);
+    /* The coordinator's re-plan (first stage pinned) too. */
+    o.first_stage_layers = 10;
+    CHECK(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == 0);
+    CHECK(p.n_stages == 2 && p.stages[0].last_layer == 10 && avoids_down(&p, &c));
+    o.first_stage_layers = 0;
+    /* Four nodes: all used, b and c apart. */
+    add_node(&c, "d", 64, 100, 4);
+    CHECK(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == 0);
+    CHECKF(p.n_stages == 4 && avoids_down(&p, &c), "%d stages: %s", p.n_stages, p.why);
+    /* The given order (no reorder) stops before the down hop. */
+    o.reorder = false;
+    CHECK(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == 0);
+    CHECK(p.n_stages == 2 && stage_of(&p, 1) == 1 && avoids_down(&p, &c));
+    /* An explicit grouping over the down link is refused with the reason. */
+    int group_of[4] = {0, 1, 2, 3};
+    CHECK(cm_plan_for_groups(&m, &c, &o, group_of, &p, err, sizeof err) == CM_EINVAL);
+    CHECKF(strstr(err, "is down") != NULL, "%s", err);
+    /* Tensor parallel: one group without the pair; auto / hybrid: no group
+     * holds both and no hop joins them. */
+    o.mode = CM_PARALLEL_TP;
+    CHECK(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == 0);
+    CHECKF(p.n_stages == 1 && p.stages[0].n_members == 3 && avoids_down(&p, &c), "%d members", p.stages[0].n_members);
+    o.mode = CM_PARALLEL_AUTO;
+    CHECK(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == 0);
+    CHECK(avoids_down(&p, &c));
+    o.mode = CM_PARALLEL_HYBRID;
+    if (cm_plan_make(&m, &c, &o, &p, err, sizeof err) == 0) CHECK(avoids_down(&p, &c));
+}
+
 static void test_does_not_fit(void) {
     cm_plan_model m; llama70b(&m);
     cm_plan_opts o; cm_plan_opts_default(&o);
@@ -309,6 +371,7 @@ int main(void) {
     RUN(test_memory_bound_node);
     RUN(test_slow_link_gets_fewer);
     RUN(test_slow_node_to_node_link);
+    RUN(test_down_link);
     RUN(test_does_not_fit);
     RUN(test_pinned_first_stage);
     RUN(test_tensor_parallel_slices);

@@ -149,7 +149,7 @@ static void sample(unsigned type, cm_msg *m, int variant) {
         *c = (cm_msg_seq_start){.epoch = 9, .request_id = 77, .seq = 2, .temperature = 0.8f, .top_k = 40,
                                 .top_p = 0.95f, .min_p = 0.05f, .repeat_penalty = 1.1f, .repeat_last_n = 64,
                                 .presence_penalty = 0.5f, .frequency_penalty = -0.25f, .seed = 1234,
-                                .n_probs = 5};
+                                .n_sampled = variant ? 0 : 0x1234567890abull, .n_probs = 5};
         c->n_hist = variant ? 0 : 8;
         c->hist = variant ? NULL : g_tok;
         break;
@@ -315,6 +315,12 @@ static void test_roundtrip_all(void) {
     CHECK(cm_msg_decode(CM_MSG_HELLO, buf, n, &d, e, sizeof e) == 0);
     CHECK(!strcmp(d.u.hello.name, "mac-mini-2 \xc3\xa9") && d.u.hello.gflops == 123.5f && d.u.hello.mem_gbs == 42.25f &&
           d.u.hello.mem_total == (16ull << 30) && !memcmp(d.u.hello.node_id, m.u.hello.node_id, 16));
+    /* SEQ_START carries the count a resumed sampler draws on from. */
+    sample(CM_MSG_SEQ_START, &m, 0);
+    size_t ns = enc(&m, buf, sizeof buf);
+    CHECK(cm_msg_decode(CM_MSG_SEQ_START, buf, ns, &d, e, sizeof e) == 0 &&
+          d.u.seq_start.n_sampled == 0x1234567890abull && d.u.seq_start.seed == 1234 && d.u.seq_start.n_hist == 8);
+    sample(CM_MSG_HELLO, &m, 0);
     memset(m.u.hello.isa, 'a', CM_MSG_ISA_MAX); /* the longest ISA string fits... */
     m.u.hello.isa[CM_MSG_ISA_MAX] = 0;
     n = enc(&m, buf, sizeof buf);

@@ -93,6 +93,61 @@ static void test_greedy(void) {
     cm_sampler_free(s);
 }
 
+/* A stream resumed on another sampler (the new last stage after a re-plan):
+ * same parameters, the accepted history replayed, cm_sampler_set_pos(k):
+ * its next ids equal the undisturbed sampler's. Without set_pos (draw 0
+ * again, the old behaviour) the continuation differs. Greedy samples count
+ * too, so pos is always the caller's token count. */
+static void test_resume_pos(void) {
+    enum { N = 500, STEPS = 120, K = 47, HIST = 64 };
+    static float l[STEPS][N];
+    cm_rng r;
+    cm_rng_seed(&r, 99);
+    for (int t = 0; t < STEPS; t++)
+        for (int i = 0; i < N; i++) l[t][i] = 1.5f * cm_rng_normal(&r);
+    cm_sampler_params p;
+    cm_sampler_params_default(&p);
+    p.seed = 2024;
+    p.repeat_penalty = 1.2f;
+    p.repeat_last_n = HIST;
+    cm_sampler *a = mk(&p, N);
+    int32_t ids[STEPS];
+    for (int t = 0; t < STEPS; t++) {
+        ids[t] = cm_sampler_sample(a, l[t], NULL);
+        cm_sampler_accept(a, ids[t]);
+    }
+    CHECK(cm_sampler_pos(a) == STEPS);
+    cm_sampler *b = mk(&p, N), *c = mk(&p, N);
+    for (int t = K - HIST < 0 ? 0 : K - HIST; t < K; t++) {
+        cm_sampler_accept(b, ids[t]);
+        cm_sampler_accept(c, ids[t]);
+    }
+    cm_sampler_set_pos(b, K);
+    int same_b = 0, same_c = 0;
+    for (int t = K; t < STEPS; t++) {
+        int32_t x = cm_sampler_sample(b, l[t], NULL), y = cm_sampler_sample(c, l[t], NULL);
+        same_b += x == ids[t];
+        same_c += y == ids[t];
+        cm_sampler_accept(b, ids[t]);
+        cm_sampler_accept(c, ids[t]);
+    }
+    CHECKF(same_b == STEPS - K, "resumed at %d: %d of %d ids equal", K, same_b, STEPS - K);
+    CHECKF(same_c < (STEPS - K) * 3 / 4, "restarted from draw 0: %d of %d ids equal (should differ)", same_c, STEPS - K);
+    /* Greedy samples advance pos as well. */
+    cm_sampler_params g = p;
+    g.temperature = 0;
+    cm_sampler *d = mk(&g, N);
+    cm_sampler_sample(d, l[0], NULL);
+    cm_sampler_sample(d, l[1], NULL);
+    CHECK(cm_sampler_pos(d) == 2);
+    cm_sampler_reset(d);
+    CHECK(cm_sampler_pos(d) == 0);
+    cm_sampler_free(a);
+    cm_sampler_free(b);
+    cm_sampler_free(c);
+    cm_sampler_free(d);
+}
+
 static void test_seed_determinism(void) {
     enum { N = 1000, STEPS = 300 };
     static float l[N];
@@ -517,6 +572,7 @@ int main(void) {
     RUN(test_defaults);
     RUN(test_greedy);
     RUN(test_seed_determinism);
+    RUN(test_resume_pos);
     RUN(test_distribution);
     RUN(test_filters_exclude);
     RUN(test_penalties);
