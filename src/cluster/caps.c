@@ -203,8 +203,14 @@ void cm_cluster_hello(cm_msg_hello *h, const char *name, uint16_t listen_port, u
     h->mem_gbs = (float)(c.mem_bw / 1e9);
 }
 
+int cm_cluster_lost_ms(void) {
+    const char *env = getenv("CUMULO_LOST_MS"); /* tests: a tighter or looser bound */
+    return env && atoi(env) >= 200 ? atoi(env) : CM_PIPE_LOST_MS;
+}
+
 int cm_cluster_net_cfg(cm_net_cfg *cfg, bool insecure, const char *key_file, char *err, size_t errlen) {
     memset(cfg, 0, sizeof *cfg);
+    cfg->send_stall_ms = cm_cluster_lost_ms(); /* a peer that takes nothing for the loss bound is gone */
     if (insecure) {
         cfg->mode = CM_SEC_INSECURE;
         return 0;

@@ -166,12 +166,18 @@ int cm_pipe_send(cm_pipe *p, int slot, const float *hidden, const int32_t *pos, 
 int cm_pipe_recv_token(cm_pipe *p, int slot, int32_t *token, float *logprob, char *err, size_t errlen);
 
 /* Failures. The coordinator sends each node a HEARTBEAT every
- * CM_PIPE_HB_MS on its control connection and the node echoes it; a node
+ * CM_PIPE_HB_MS on its control connection and the node echoes it (and, from
+ * then on, sends its own every CM_PIPE_HB_MS from a thread of its own); a node
  * silent for CM_PIPE_LOST_MS (env CUMULO_LOST_MS overrides, >= 200) or whose
  * connection closes is declared lost: the pipe fails (every waiting call
  * returns the reason) until cm_pipe_recover. */
 #define CM_PIPE_HB_MS 500
 #define CM_PIPE_LOST_MS 2000
+/* The loss bound in force: CM_PIPE_LOST_MS, or env CUMULO_LOST_MS (>= 200).
+ * It also bounds every wait on a peer that should answer within it: a send
+ * that makes no progress (cm_net_cfg.send_stall_ms of every cluster
+ * connection) and a tensor-parallel all-reduce. */
+int cm_cluster_lost_ms(void);
 /* Whether the pipe has failed (a node lost or reporting an error). */
 bool cm_pipe_failed(cm_pipe *p);
 /* Re-plan on the surviving nodes under a new epoch (cm_plan_make): this

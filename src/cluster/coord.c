@@ -18,7 +18,9 @@
  * after a loss; the state they share is in coord_impl.h.
  *
  * Failures (issue 7): every node's control connection carries a HEARTBEAT
- * each CM_PIPE_HB_MS and the node echoes it; a node we hear nothing from for
+ * each CM_PIPE_HB_MS and the node echoes it (nodes also send their own, so a
+ * heartbeat we skip while the data path holds send_mu costs nothing); a node
+ * we hear nothing from for
  * CM_PIPE_LOST_MS (kill -9 shows sooner, as a closed connection; SIGSTOP or a
  * cut link only by silence) is declared lost, and waiting sequences wake with
  * the error. cm_pipe_recover then re-plans on the survivors under a new
@@ -69,10 +71,15 @@ static void *rx_main(void *arg) {
             cm_msg hb = {.type = CM_MSG_HEARTBEAT};
             hb.u.heartbeat = (cm_msg_heartbeat){.epoch = atomic_load(&p->epoch), .wall_ms = cm_wall_ms(), .mono_ns = now};
             int rc = 0;
-            pthread_mutex_lock(&p->send_mu); /* loading is set under it, before the ASSIGN leaves */
-            if (!atomic_load(&r->loading)) rc = cm_conn_send(r->ctl, &hb, p->lost_ms, err, sizeof err);
-            pthread_mutex_unlock(&p->send_mu);
-            r->last_hb_ns = now;
+            /* The data path holds send_mu through a send, which a frozen
+             * stage stalls for up to the loss bound: never wait for it here,
+             * or the silence check below would stop too. A heartbeat skipped
+             * costs nothing: nodes send their own every CM_PIPE_HB_MS. */
+            if (pthread_mutex_trylock(&p->send_mu) == 0) { /* loading is set under it, before the ASSIGN leaves */
+                if (!atomic_load(&r->loading)) rc = cm_conn_send(r->ctl, &hb, p->lost_ms, err, sizeof err);
+                pthread_mutex_unlock(&p->send_mu);
+                r->last_hb_ns = now;
+            }
             if (rc) {
                 atomic_store(&r->lost, true);
                 if (!atomic_load(&p->closing))

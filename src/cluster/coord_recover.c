@@ -512,6 +512,28 @@ static bool retry_due(const cm_pipe *p) {
     return false;
 }
 
+/* A node that stopped (SIGSTOP) or was cut off is declared lost by its
+ * receiver thread after the loss bound of silence; a failure seen first by a
+ * send that stalled or an all-reduce that ran out of time must not re-plan
+ * with that node still counted alive (it would get an ASSIGN and be waited
+ * for). Nodes send a heartbeat every CM_PIPE_HB_MS, so wait (at most the
+ * bound) until every live node was heard from lately or is declared lost. */
+static void settle(cm_pipe *p) {
+    uint64_t end = cm_now_ns() + (uint64_t)p->lost_ms * 1000000ull + 500000000ull;
+    while (cm_now_ns() < end) {
+        bool doubt = false;
+        uint64_t now = cm_now_ns();
+        for (int i = 0; i < p->n_remote; i++) {
+            remote *r = &p->r[i];
+            if (!alive(r) || atomic_load(&r->loading)) continue;
+            uint64_t heard = atomic_load(&r->last_rx_ns);
+            if (now > heard && now - heard > 2ull * CM_PIPE_HB_MS * 1000000ull) doubt = true;
+        }
+        if (!doubt) return;
+        cm_sleep_ms(20);
+    }
+}
+
 int cm_pipe_recover(cm_pipe *p, char *err, size_t errlen) {
     if (!cm_pipe_failed(p)) return 0;
     if (p->gave_up && retry_due(p)) p->gave_up = false;
@@ -524,6 +546,7 @@ int cm_pipe_recover(cm_pipe *p, char *err, size_t errlen) {
     /* A stage that reports its neighbour's failure may speak first: give
      * closed connections a moment to show as lost. */
     cm_sleep_ms(200);
+    settle(p);
     char why[300];
     pthread_mutex_lock(&p->mu);
     snprintf(why, sizeof why, "%.299s", p->cause[0] ? p->cause : p->fatal_text);

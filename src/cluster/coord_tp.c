@@ -117,7 +117,7 @@ int cm_coord_tp_open(cm_pipe *p, const cm_plan *plan, char *err, size_t errlen) 
     int rc = cm_coord_wait_ready(p, ids, (const char (*)[48])what, n_wait, 600, err, errlen);
     if (rc) return rc;
     if (k > 1) {
-        cm_coll_cfg cc = {.rank = 0, .size = k, .max_n = (int64_t)p->max_batch * hp->n_embd, .timeout_ms = 60000,
+        cm_coll_cfg cc = {.rank = 0, .size = k, .max_n = (int64_t)p->max_batch * hp->n_embd, .timeout_ms = p->lost_ms,
                           .epoch = p->epoch, .compress = p->tp_compress};
         for (int r = 1; r < k; r++) cc.peers[r] = p->tp_conn[r];
         char e[300];

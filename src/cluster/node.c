@@ -27,10 +27,22 @@
  * It never runs anything a peer sends but its own forward pass over the
  * assigned layers, with shapes checked against the model it loaded; it never
  * allocates in the token loop (buffers are sized at ASSIGN).
+ * Liveness (issue 7): a heartbeat thread sends a HEARTBEAT every
+ * CM_PIPE_HB_MS on every coordinator connection that speaks them, whatever
+ * the compute threads are doing (a long forward pass, an all-reduce waiting
+ * on a frozen member, a send stalled on a frozen next stage), so that only a
+ * node that is really stopped, dead or cut off falls silent. Sends on
+ * connections to a coordinator take csend_mu, never mu, for that reason.
+ * Limits (node_guard.h): at most CM_NODE_MAX_CONNS connection threads,
+ * CM_NODE_MAX_UNAUTH of them still in their handshake (4 per source address,
+ * and CM_NODE_HANDSHAKE_MS to finish it): a flood of idle or junk connections is
+ * refused (logged with the address) instead of costing a thread each, and
+ * one flooding address cannot take the slots a coordinator needs.
  */
 #include "cluster/cluster_int.h"
 #include "cluster/collective.h"
 #include "cluster/mdns.h"
+#include "cluster/node_guard.h"
 #include "cluster/weights.h"
 
 #include "os/os.h"
@@ -63,6 +75,7 @@ typedef struct stage {
     uint8_t want_u8[NODE_MAX_BATCH];
     cm_conn *next;    /* to the next stage (owned), NULL for the last */
     cm_conn *coord;   /* the coordinator's connection (not owned) */
+    pthread_mutex_t *csend_mu; /* node.csend_mu: sends on coord */
     cm_slice slice;   /* this member's part of every layer (full without TP) */
     cm_conn *tp[CM_COLL_MAX_MEMBERS]; /* TP group: connection to each other rank (owned) */
     cm_conn *relay[CM_COLL_MAX_MEMBERS]; /* hybrid, rank 0 of a later group: data connection to each member (owned) */
@@ -75,8 +88,12 @@ typedef struct node {
     cm_net_cfg cfg;
     cm_msg_hello hello;
     atomic_int *stop;
-    pthread_mutex_t mu;       /* stage pointer, compute, sends on next/coord */
+    pthread_mutex_t mu;       /* stage pointer, compute, sends on next */
+    pthread_mutex_t csend_mu; /* sends on connections from a coordinator (never held while computing) */
     stage *st;
+    _Atomic uint64_t epoch;   /* st's epoch (0: none), for heartbeats */
+    cm_node_hb hb;            /* the heartbeat thread (node_guard.c) */
+    cm_node_limits lim;       /* connection limits (node_guard.c) */
     _Atomic int n_threads;
     char cache_dir[512];
     cm_conn *tp_in[CM_COLL_MAX_MEMBERS]; /* greeted TP connections not yet taken by a stage (under mu) */
@@ -86,6 +103,7 @@ typedef struct node {
 typedef struct conn_job {
     node *n;
     cm_conn *c;
+    int src; /* index into n->src */
 } conn_job;
 
 static void stage_free(stage *s) {
@@ -181,7 +199,7 @@ static int tp_connect(node *n, stage *s, char *err, size_t errlen) {
         cm_sleep_ms(5);
     }
     cm_coll_cfg cc = {.rank = me, .size = k, .max_n = (int64_t)NODE_MAX_BATCH * s->m.hp.n_embd,
-                      .timeout_ms = 60000, .epoch = a->epoch, .compress = (a->flags & CM_ASSIGN_F_TP_Q8) != 0};
+                      .timeout_ms = cm_cluster_lost_ms(), .epoch = a->epoch, .compress = (a->flags & CM_ASSIGN_F_TP_Q8) != 0};
     for (int j = 0; j < k; j++) cc.peers[j] = j == me ? NULL : s->tp[j];
     int rc = cm_coll_new(&cc, &s->coll, e, sizeof e);
     return rc ? cm_errf(err, errlen, rc, "all-reduce: %s", e) : 0;
@@ -250,9 +268,9 @@ static int send_ready(node *n, cm_conn *c, uint64_t epoch, int status, uint64_t 
     m.u.ready.bytes_missing = missing;
     snprintf(m.u.ready.text, sizeof m.u.ready.text, "%s", text ? text : "");
     char e[200];
-    pthread_mutex_lock(&n->mu);
+    pthread_mutex_lock(&n->csend_mu);
     int rc = cm_conn_send(c, &m, 10000, e, sizeof e);
-    pthread_mutex_unlock(&n->mu);
+    pthread_mutex_unlock(&n->csend_mu);
     return rc;
 }
 
@@ -262,13 +280,14 @@ static void on_assign(node *n, cm_conn *c, const cm_msg_assign *a) {
     if (!s) { send_ready(n, c, a->epoch, CM_ENOMEM, 0, "out of memory"); return; }
     s->as = *a;
     s->coord = c;
+    s->csend_mu = &n->csend_mu;
     int rc = find_model(n, a, path, sizeof path, err, sizeof err);
     if (rc == CM_ENOENT) {
         /* Not on disk: fetch this stage's tensors from the coordinator into
          * the cache (nothing when a previous run left them there). */
         uint64_t got = 0;
         double t0 = cm_now_s();
-        rc = cm_weights_fetch(c, &n->mu, n->cache_dir, a->model_sha256, (int)a->layer_begin, (int)a->layer_end,
+        rc = cm_weights_fetch(c, &n->csend_mu, n->cache_dir, a->model_sha256, (int)a->layer_begin, (int)a->layer_end,
                               a->flags & CM_ASSIGN_F_EMBED, a->flags & CM_ASSIGN_F_OUTPUT, path, sizeof path, &got, err, sizeof err);
         if (!rc)
             CM_LOGI("weights: %llu bytes streamed in %.2f s into '%s'", (unsigned long long)got, cm_now_s() - t0, path);
@@ -283,6 +302,7 @@ static void on_assign(node *n, cm_conn *c, const cm_msg_assign *a) {
     pthread_mutex_lock(&n->mu);
     stage *old = n->st;
     n->st = s;
+    atomic_store(&n->epoch, a->epoch);
     pthread_mutex_unlock(&n->mu);
     stage_free(old);
     CM_LOGI("stage %u/%u: layers [%u, %u) of '%s' (epoch %llu), rank %u of %u%s%s", a->stage, a->n_stages,
@@ -297,7 +317,9 @@ static void report(stage *s, int code, const char *text) {
     m.u.error.code = code < 0 ? code : CM_EIO;
     snprintf(m.u.error.text, sizeof m.u.error.text, "%s", text);
     char e[200];
+    pthread_mutex_lock(s->csend_mu);
     cm_conn_send(s->coord, &m, 5000, e, sizeof e);
+    pthread_mutex_unlock(s->csend_mu);
 }
 
 /* FORWARD on a stage (n->mu held). */
@@ -396,7 +418,9 @@ static int on_forward(stage *s, const cm_msg_forward *f, char *err, size_t errle
             t->top_token[j] = info.top[j].id;
             t->top_logprob[j] = info.top[j].logprob <= 0 ? info.top[j].logprob : 0;
         }
+        pthread_mutex_lock(s->csend_mu);
         rc = cm_conn_send(s->coord, &m, 30000, e, sizeof e);
+        pthread_mutex_unlock(s->csend_mu);
         if (rc) return cm_errf(err, errlen, rc, "to the coordinator: %s", e);
     }
     return 0;
@@ -458,19 +482,15 @@ static int on_seq_free(stage *s, const cm_msg *msg, char *err, size_t errlen) {
     return 0;
 }
 
-static void *conn_main(void *arg) {
-    conn_job *j = arg;
-    node *n = j->n;
-    cm_conn *c = j->c;
-    cm_free(j);
+static void conn_serve(node *n, cm_conn *c, int src) {
     char err[512];
     cm_msg_hello peer;
     int rc = cm_conn_handshake(c, false, &n->cfg, &n->hello, &peer, err, sizeof err);
+    cm_node_limits_authenticated(&n->lim, src);
     if (rc) {
         CM_LOGW("refused %s: %s", cm_conn_peer(c), err);
         cm_conn_close(c, NULL);
-        atomic_fetch_sub(&n->n_threads, 1);
-        return NULL;
+        return;
     }
     bool is_coord = peer.roles & CM_ROLE_COORDINATOR;
     CM_LOGI("%s '%s' connected from %s", is_coord ? "coordinator" : "peer", peer.name, cm_conn_peer(c));
@@ -508,8 +528,7 @@ static void *conn_main(void *arg) {
                 pthread_mutex_unlock(&n->mu);
                 if (old) cm_conn_close(old, "replaced by a newer tensor-parallel connection");
                 cm_free(pong);
-                atomic_fetch_sub(&n->n_threads, 1);
-                return NULL;
+                return;
             }
             cm_msg r = {.type = CM_MSG_PONG};
             r.u.ping.id = m.u.ping.id;
@@ -521,19 +540,21 @@ static void *conn_main(void *arg) {
                 if (!pong) r.u.ping.data_len = 0;
             }
             r.u.ping.data = pong;
-            pthread_mutex_lock(&n->mu);
+            pthread_mutex_lock(&n->csend_mu);
             rc = cm_conn_send(c, &r, 30000, err, sizeof err);
-            pthread_mutex_unlock(&n->mu);
+            pthread_mutex_unlock(&n->csend_mu);
             break;
         }
         case CM_MSG_HEARTBEAT: {
-            /* Echo: the coordinator declares a silent node lost (coord.c). */
+            /* Echo: the coordinator declares a silent node lost (coord.c).
+             * A peer that sends heartbeats gets ours from now on too. */
+            if (is_coord) cm_node_hb_add(&n->hb, c);
             cm_msg r = {.type = CM_MSG_HEARTBEAT};
             r.u.heartbeat = m.u.heartbeat;
-            pthread_mutex_lock(&n->mu);
-            r.u.heartbeat.epoch = n->st ? n->st->as.epoch : 0;
+            r.u.heartbeat.epoch = atomic_load(&n->epoch);
+            pthread_mutex_lock(&n->csend_mu);
             rc = cm_conn_send(c, &r, 5000, err, sizeof err);
-            pthread_mutex_unlock(&n->mu);
+            pthread_mutex_unlock(&n->csend_mu);
             break;
         }
         case CM_MSG_LINKS_REQ: {
@@ -543,9 +564,9 @@ static void *conn_main(void *arg) {
              * authenticated peer may ask; it costs a few pings. */
             cm_msg r = {.type = CM_MSG_LINKS};
             cm_cluster_links_measure(&n->cfg, &n->hello, &m.u.links_req, &r.u.links);
-            pthread_mutex_lock(&n->mu);
+            pthread_mutex_lock(&n->csend_mu);
             rc = cm_conn_send(c, &r, 5000, err, sizeof err);
-            pthread_mutex_unlock(&n->mu);
+            pthread_mutex_unlock(&n->csend_mu);
             break;
         }
         case CM_MSG_ASSIGN:
@@ -585,14 +606,28 @@ static void *conn_main(void *arg) {
         /* The coordinator is gone: the plan it made is over. */
         pthread_mutex_lock(&n->mu);
         stage *s = n->st;
-        if (s && s->coord == c) n->st = NULL;
-        else s = NULL;
+        if (s && s->coord == c) {
+            n->st = NULL;
+            atomic_store(&n->epoch, 0);
+        } else
+            s = NULL;
         pthread_mutex_unlock(&n->mu);
         if (s) CM_LOGI("coordinator left: dropping stage of epoch %llu", (unsigned long long)s->as.epoch);
         stage_free(s);
     }
     CM_LOGI("%s disconnected", cm_conn_peer(c));
+    cm_node_hb_remove(&n->hb, c);
     cm_conn_close(c, atomic_load(n->stop) ? "node shutting down" : NULL);
+}
+
+static void *conn_main(void *arg) {
+    conn_job *j = arg;
+    node *n = j->n;
+    cm_conn *c = j->c;
+    int src = j->src;
+    cm_free(j);
+    conn_serve(n, c, src);
+    cm_node_limits_put(&n->lim, src);
     atomic_fetch_sub(&n->n_threads, 1);
     return NULL;
 }
@@ -618,7 +653,10 @@ int cm_node_run(const cm_node_opts *o, atomic_int *stop, char *err, size_t errle
     node n = {.o = o, .stop = stop};
     pthread_mutex_init(&n.mu, NULL);
     int rc = cm_cluster_net_cfg(&n.cfg, o->insecure, o->key_file, err, errlen);
-    if (rc) return rc;
+    if (rc) { pthread_mutex_destroy(&n.mu); return rc; }
+    n.cfg.handshake_ms = CM_NODE_HANDSHAKE_MS; /* an idle (slowloris) connection holds its slot this long at most */
+    pthread_mutex_init(&n.csend_mu, NULL);
+    cm_node_limits_init(&n.lim);
     if (o->cache_dir && *o->cache_dir) snprintf(n.cache_dir, sizeof n.cache_dir, "%s", o->cache_dir);
     else {
         const char *home = getenv("HOME");
@@ -642,6 +680,10 @@ int cm_node_run(const cm_node_opts *o, atomic_int *stop, char *err, size_t errle
         if (cm_file_write_atomic(o->port_file, buf, (size_t)k, 0644, err, errlen)) CM_LOGW("%s", err);
     }
     join_peers(&n);
+    n.hb.send_mu = &n.csend_mu;
+    n.hb.epoch = &n.epoch;
+    n.hb.stop = stop;
+    if (cm_node_hb_start(&n.hb)) CM_LOGW("cannot start the heartbeat thread: coordinators will see this node only while it is idle");
     cm_mdns *md = NULL;
     if (o->mdns) {
         char id[2 * CM_NODE_ID_BYTES + 1], caps_txt[4][160];
@@ -666,23 +708,35 @@ int cm_node_run(const cm_node_opts *o, atomic_int *stop, char *err, size_t errle
         rc = cm_listener_accept(l, md ? 100 : 250, &c, e, sizeof e);
         if (rc == CM_ETIMEDOUT) continue;
         if (rc) { CM_LOGW("accept: %s", e); cm_sleep_ms(50); continue; }
+        char host[64], why[160];
+        cm_conn_peer_host(c, host, sizeof host);
+        int src = cm_node_limits_take(&n.lim, host, why, sizeof why);
+        if (src < 0) {
+            cm_node_limits_refused(&n.lim, cm_conn_peer(c), why);
+            cm_conn_close(c, NULL);
+            continue;
+        }
         conn_job *j = cm_calloc(1, sizeof *j);
         pthread_t t;
         pthread_attr_t at;
         pthread_attr_init(&at);
         pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-        if (j) { j->n = &n; j->c = c; }
+        if (j) { j->n = &n; j->c = c; j->src = src; }
         atomic_fetch_add(&n.n_threads, 1);
         if (!j || pthread_create(&t, &at, conn_main, j)) {
             atomic_fetch_sub(&n.n_threads, 1);
             cm_free(j);
-            cm_conn_close(c, "node overloaded");
+            cm_node_limits_authenticated(&n.lim, src);
+            cm_node_limits_put(&n.lim, src);
+            cm_node_limits_refused(&n.lim, cm_conn_peer(c), "cannot start a thread");
+            cm_conn_close(c, NULL);
         }
         pthread_attr_destroy(&at);
     }
     /* Let connection threads see the stop flag and leave (each waits at most
      * one receive deadline). */
     for (int i = 0; i < 100 && atomic_load(&n.n_threads) > 0; i++) cm_sleep_ms(20);
+    cm_node_hb_join(&n.hb);
     cm_mdns_close(md);
     cm_listener_close(l);
     pthread_mutex_lock(&n.mu);
@@ -692,5 +746,7 @@ int cm_node_run(const cm_node_opts *o, atomic_int *stop, char *err, size_t errle
     stage_free(s);
     cm_coll_mesh_close(n.tp_in, CM_COLL_MAX_MEMBERS);
     pthread_mutex_destroy(&n.mu);
+    pthread_mutex_destroy(&n.csend_mu);
+    cm_node_limits_release(&n.lim);
     return 0;
 }

@@ -36,6 +36,7 @@ struct cm_conn {
     int fd;
     _Atomic enum cm_conn_state state; /* written by the receiving thread, read by senders (usable) */
     cm_session s;
+    int stall_ms; /* sends give up after this long without progress (0: never) */
     char peer[64];
     uint8_t *rx, *tx;
     size_t rx_cap, tx_cap;
@@ -100,7 +101,7 @@ static int conn_fail(cm_conn *c, int code, char *err, size_t errlen, const char 
     const char *w = !strncmp(what, "the peer ", 9) ? what + 9 : what;
     bool sentence = w != what || !strncmp(w, "sent ", 5) || !strncmp(w, "closed ", 7) ||
                     !strncmp(w, "did ", 4) || !strncmp(w, "refused ", 8) || !strncmp(w, "has ", 4) ||
-                    !strncmp(w, "stalled ", 8);
+                    !strncmp(w, "stalled ", 8) || !strncmp(w, "took ", 5);
     snprintf(msg, sizeof msg, "peer %s%s%s", c->peer, sentence ? " " : ": ", w);
     cm_log(code == CM_ETIMEDOUT || code == CM_ECLOSED ? CM_LOG_INFO : CM_LOG_WARN,
            "%s; connection dropped", msg);
@@ -289,13 +290,22 @@ int cm_net_connect(const char *host, uint16_t port, int timeout_ms, cm_conn **ou
 static int write_all(cm_conn *c, const uint8_t *p, size_t n, uint64_t deadline, char *err,
                      size_t errlen) {
     size_t done = 0;
+    /* Two clocks: the call's deadline, and (stall_ms) the time since the peer
+     * last took a byte: progress resets the second one only. */
+    uint64_t stall_ns = c->stall_ms > 0 ? (uint64_t)c->stall_ms * 1000000ull : 0;
+    uint64_t moved = cm_now_ns();
     while (done < n) {
         long w = cm_sock_send(c->fd, p + done, n - done);
-        if (w > 0) { done += (size_t)w; continue; }
+        if (w > 0) { done += (size_t)w; moved = cm_now_ns(); continue; }
         if (w < 0 && errno == EINTR) continue;
         if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            int r = wait_fd(c->fd, POLLOUT, deadline);
+            uint64_t d = stall_ns && moved + stall_ns < deadline ? moved + stall_ns : deadline;
+            int r = wait_fd(c->fd, POLLOUT, d);
             if (r == 1) continue;
+            if (r == 0 && d < deadline)
+                return conn_fail(c, CM_ETIMEDOUT, err, errlen,
+                                 "took none of our data for %d ms (%zu of %zu bytes sent; frozen or overloaded?)",
+                                 c->stall_ms, done, n);
             if (r == 0)
                 return conn_fail(c, CM_ETIMEDOUT, err, errlen,
                                  "did not take our data in time (%zu of %zu bytes sent)", done, n);
@@ -512,6 +522,7 @@ int cm_conn_handshake(cm_conn *c, bool initiator, const cm_net_cfg *cfg, const c
         return cm_errf(err, errlen, CM_ESTATE, "connection to %s: handshake already run", c->peer);
     int ms = cfg->handshake_ms > 0 ? cfg->handshake_ms : CM_NET_HANDSHAKE_MS;
     uint64_t deadline = deadline_after(ms);
+    c->stall_ms = cfg->send_stall_ms > 0 ? cfg->send_stall_ms : 0;
     int rc = hs_auth(c, initiator, cfg, deadline, ms, err, errlen);
     if (rc) return rc;
     /* Authenticated: exchange HELLOs (the initiator speaks first). */
@@ -620,6 +631,17 @@ void cm_conn_close(cm_conn *c, const char *reason) {
 }
 
 const char *cm_conn_peer(const cm_conn *c) { return c->peer; }
+void cm_conn_set_send_stall(cm_conn *c, int ms) { c->stall_ms = ms > 0 ? ms : 0; }
+
+void cm_conn_peer_host(const cm_conn *c, char *out, size_t cap) {
+    const char *p = c->peer, *e = strrchr(p, ':');
+    if (p[0] == '[') { p++; e = strchr(p, ']'); }
+    size_t n = e ? (size_t)(e - p) : strlen(p);
+    if (!cap) return;
+    if (n >= cap) n = cap - 1;
+    memcpy(out, p, n);
+    out[n] = 0;
+}
 enum cm_conn_state cm_conn_state(const cm_conn *c) { return c->state; }
 cm_sec_mode cm_conn_mode(const cm_conn *c) { return c->s.mode; }
 int cm_conn_fd(const cm_conn *c) { return c->fd; }

@@ -31,6 +31,12 @@ typedef struct cm_net_cfg {
     cm_sec_mode mode;
     uint8_t key[CM_KEY_BYTES];
     int handshake_ms; /* whole-handshake deadline; 0 = CM_NET_HANDSHAKE_MS */
+    /* A send gives up (CM_ETIMEDOUT, the connection FAILED) when the peer
+     * takes no byte for this long, whatever the call's own deadline: a frozen
+     * peer with full socket buffers is noticed within it, while a big
+     * transfer that keeps moving may take as long as its deadline allows.
+     * 0 = only the call's deadline. Connections take it at their handshake. */
+    int send_stall_ms;
 } cm_net_cfg;
 
 /* Split "host:port", "[v6addr]:port", "v6addr" or "host" (port = default_port).
@@ -73,7 +79,8 @@ int cm_net_connect(const char *host, uint16_t port, int timeout_ms, cm_conn **ou
 int cm_conn_handshake(cm_conn *c, bool initiator, const cm_net_cfg *cfg, const cm_msg_hello *mine,
                       cm_msg_hello *peer, char *err, size_t errlen);
 
-/* Encode, seal and send one message within timeout_ms. */
+/* Encode, seal and send one message within timeout_ms (and within the
+ * connection's send stall bound, see cm_net_cfg.send_stall_ms). */
 int cm_conn_send(cm_conn *c, const cm_msg *m, int timeout_ms, char *err, size_t errlen);
 /* Send an already-encoded payload of the given type. */
 int cm_conn_send_payload(cm_conn *c, unsigned type, const uint8_t *payload, size_t n,
@@ -92,7 +99,13 @@ int cm_conn_recv_payload(cm_conn *c, unsigned *type, const uint8_t **payload, si
 /* Send a BYE with reason (best effort, short deadline) and close. NULL is a no-op. */
 void cm_conn_close(cm_conn *c, const char *reason);
 
+/* The no-progress bound of sends on c (ms, 0 = none); set before other
+ * threads use c (the handshake sets it from cm_net_cfg.send_stall_ms). */
+void cm_conn_set_send_stall(cm_conn *c, int ms);
+
 const char *cm_conn_peer(const cm_conn *c); /* "127.0.0.1:7070" / "[::1]:7070" */
+/* The peer's address without the port ("127.0.0.1", "::1"), into out. */
+void cm_conn_peer_host(const cm_conn *c, char *out, size_t cap);
 enum cm_conn_state cm_conn_state(const cm_conn *c);
 cm_sec_mode cm_conn_mode(const cm_conn *c);
 int cm_conn_fd(const cm_conn *c);

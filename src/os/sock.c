@@ -6,6 +6,7 @@
 #include "os.h"
 
 #include <fcntl.h>
+#include <stdlib.h>
 #include <sys/socket.h>
 #include <sys/types.h>
 
@@ -13,6 +14,14 @@ int cm_sock_prepare(int fd) {
     int fl = fcntl(fd, F_GETFL, 0);
     if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0) return -1;
     if (fcntl(fd, F_SETFD, FD_CLOEXEC) < 0) return -1;
+    /* Test hook: small socket buffers, so that a frozen peer blocks its
+     * senders after a few kB (tests/sh/cluster_deadline.sh). */
+    const char *tb = getenv("CUMULO_TEST_SOCKBUF");
+    if (tb && atoi(tb) > 0) {
+        int b = atoi(tb);
+        setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &b, sizeof b);
+        setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &b, sizeof b);
+    }
 #if defined(SO_NOSIGPIPE)
     int one = 1;
     if (setsockopt(fd, SOL_SOCKET, SO_NOSIGPIPE, &one, sizeof one) < 0) return -1;

@@ -13,6 +13,8 @@
 
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdatomic.h>
+#include <sys/socket.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -93,7 +95,7 @@ static void srv_join(srv *s) {
 
 static int client(const char *host, uint16_t port, cm_sec_mode mode, const uint8_t *key, cm_conn **c,
                   cm_msg_hello *peer, char *e, size_t el) {
-    cm_net_cfg cfg = {mode, {0}, 3000};
+    cm_net_cfg cfg = {.mode = mode, .handshake_ms = 3000};
     if (key) memcpy(cfg.key, key, 32);
     int rc = cm_net_connect(host, port, 3000, c, e, el);
     if (rc) return rc;
@@ -293,6 +295,82 @@ static void test_stall(void) {
     cm_conn_close(c, NULL);
 }
 
+/* A peer that takes no byte: a send gives up after the connection's stall
+ * bound (not the call's 20 s deadline); a slow reader that keeps taking
+ * bytes lets a transfer run far longer than the stall bound. */
+typedef struct sink {
+    cm_listener *l;
+    int slow;              /* 0: read nothing (frozen), else read 16 kB every 20 ms */
+    atomic_int done;
+    size_t got;
+    pthread_t th;
+} sink;
+
+static void *sink_main(void *arg) {
+    sink *k = arg;
+    cm_conn *c = NULL;
+    char e[300];
+    if (cm_listener_accept(k->l, 5000, &c, e, sizeof e)) return NULL;
+    cm_net_cfg cfg = {.mode = CM_SEC_ENCRYPT, .handshake_ms = 3000};
+    memcpy(cfg.key, k_key, 32);
+    cm_msg_hello me;
+    fx_hello(&me, "sink", 0x66, CM_ROLE_NODE);
+    if (cm_conn_handshake(c, false, &cfg, &me, NULL, e, sizeof e) == 0) {
+        static uint8_t buf[16384];
+        while (!atomic_load(&k->done)) {
+            if (!k->slow) { cm_sleep_ms(10); continue; }
+            if (cm_fd_wait_readable(cm_conn_fd(c), 20) <= 0) continue;
+            ssize_t r = recv(cm_conn_fd(c), buf, sizeof buf, 0);
+            if (r > 0) k->got += (size_t)r;
+            cm_sleep_ms(20);
+        }
+    }
+    cm_conn_close(c, NULL);
+    return NULL;
+}
+
+static void test_send_stall(void) {
+    for (int slow = 0; slow < 2; slow++) {
+        setenv("CUMULO_TEST_SOCKBUF", "16384", 1); /* buffers fill after a few kB */
+        sink k = {.slow = slow};
+        char e[600];
+        int rc = cm_net_listen("127.0.0.1", 0, &k.l, e, sizeof e);
+        CHECKF(rc == 0, "%s", e);
+        if (rc) { unsetenv("CUMULO_TEST_SOCKBUF"); return; }
+        pthread_create(&k.th, NULL, sink_main, &k);
+        cm_conn *c = NULL;
+        rc = client("127.0.0.1", cm_listener_port(k.l), CM_SEC_ENCRYPT, k_key, &c, NULL, e, sizeof e);
+        unsetenv("CUMULO_TEST_SOCKBUF");
+        CHECKF(rc == 0, "%s", e);
+        if (rc == 0) {
+            cm_conn_set_send_stall(c, 300);
+            size_t n = 1u << 20;
+            uint8_t *big = calloc(1, n);
+            double t0 = cm_now_s();
+            fx_log_capture_start("net");
+            rc = cm_conn_send_payload(c, CM_MSG_PING, big, n, 20000, e, sizeof e);
+            free(fx_log_capture_end());
+            double el = cm_now_s() - t0;
+            if (!slow) {
+                /* frozen: gives up after ~0.3 s without progress, long before 20 s */
+                CHECKF(rc == CM_ETIMEDOUT && strstr(e, "took none of our data for 300 ms"), "rc %d: %s", rc, e);
+                CHECKF(el < 10, "gave up after %.2f s", el);
+                CHECK(cm_conn_state(c) == CM_CONN_FAILED);
+            } else {
+                /* slow but moving: ~64 reads 20 ms apart, well past the 0.3 s stall bound */
+                CHECKF(rc == 0, "rc %d: %s", rc, e);
+                CHECKF(el > 0.3, "the slow transfer took only %.2f s: it did not test the stall bound", el);
+            }
+            printf("  send stall (%s peer): rc %d after %.2f s\n", slow ? "slow" : "frozen", rc, el);
+            free(big);
+        }
+        atomic_store(&k.done, 1);
+        pthread_join(k.th, NULL);
+        cm_conn_close(c, NULL);
+        cm_listener_close(k.l);
+    }
+}
+
 /* Peers that never speak cumulo, or break the handshake's rules. */
 static void raw_peer(const void *bytes, size_t n, int hs_ms, int want_rc, const char *want) {
     srv s;
@@ -382,6 +460,7 @@ int main(void) {
     RUN(test_insecure_mismatch);
     RUN(test_hostile_frames);
     RUN(test_stall);
+    RUN(test_send_stall);
     RUN(test_foreign_peers);
     RUN(test_connect_refused);
     RUN(test_key_file);
