@@ -43,7 +43,6 @@ int cmd_info(int argc, char **argv);
 /* Load a model through engine.h with a progress bar (cmd_run.c); prints the
  * one-line error itself and returns non-zero on failure. */
 struct cm_engine;
-int cli_load_engine(struct cm_engine **e, const char *path, int threads, int n_ctx, bool kv_f16);
 struct cm_engine_opts;
 int cli_load_engine_opts(struct cm_engine **e, const char *path, const struct cm_engine_opts *o);
 int cmd_key(int argc, char **argv);

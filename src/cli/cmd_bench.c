@@ -56,6 +56,8 @@ static const char k_bench_usage[] =
     "  --gen N            generated tokens (default 64)\n"
     "  --reps N           repetitions; the best counts (default 3)\n"
     "  --kv-type T        cumulo's KV cache: f32 (default) or f16 (llama.cpp's default)\n"
+    "  --mmap             weights in a file mapping, as llama.cpp's default (default: read\n"
+    "                     into huge-page memory when they fit; also CUMULO_MMAP=1)\n"
     "  --isa ISA          cap cumulo's kernels: scalar, avx2, avx512 or neon (default: best)\n"
     "  --vs-llamacpp      run llama.cpp (node-llama-cpp) on the same file, interleaved A B A B,\n"
     "                     and print the ratios cumulo / llama.cpp\n"
@@ -77,7 +79,7 @@ typedef struct bench_opts {
     const char *nodes, *key_file, *parallel, *groups; /* --cluster: the engine runs over these nodes */
     bool tp_compress;
     int threads, n_prompt, n_gen, reps, bw_mib;
-    bool json, vs, kv_f16, insecure;
+    bool json, vs, kv_f16, insecure, mmap;
 } bench_opts;
 
 typedef struct speed {
@@ -301,6 +303,8 @@ static int parse(int argc, char **argv, bench_opts *o) {
             if (strcmp(v, "scalar") && strcmp(v, "avx2") && strcmp(v, "avx512") && strcmp(v, "neon"))
                 return cli_fail("option '--isa': '%s' is not one of scalar, avx2, avx512, neon", v);
             o->isa = v, i++;
+        } else if (!strcmp(a, "--mmap")) {
+            o->mmap = true;
         } else if (!strcmp(a, "--kv-type")) {
             if (!v || (strcmp(v, "f32") && strcmp(v, "f16")))
                 return cli_fail("option '--kv-type' needs f32 or f16");
@@ -368,7 +372,8 @@ int cmd_bench(int argc, char **argv) {
     cm_engine_opts eo = {.n_threads = o.threads, .n_ctx = o.n_prompt + o.n_gen + 8,
                          .n_batch = CM_MIN(o.n_prompt, 256), .kv_f16 = o.kv_f16,
                          .nodes = o.nodes, .key_file = o.key_file, .insecure = o.insecure,
-                         .parallel = o.parallel, .groups = o.groups, .tp_compress = o.tp_compress};
+                         .parallel = o.parallel, .groups = o.groups, .tp_compress = o.tp_compress,
+                         .mmap = o.mmap};
     if (cm_engine_load(&e, o.model, &eo, err, sizeof err)) return cli_fail("%s", err);
     cm_engine_info in;
     cm_engine_get_info(e, &in);
@@ -441,6 +446,7 @@ int cmd_bench(int argc, char **argv) {
         cJSON_AddItemToObject(j, "pp_runs", runs_array(runs, o.reps, false));
         cJSON_AddItemToObject(j, "tg_runs", runs_array(runs, o.reps, true));
         cJSON_AddNumberToObject(j, "weight_bytes", (double)wbytes);
+        cJSON_AddStringToObject(j, "weights", in.weights_in_memory ? "memory" : "mmap");
         cJSON_AddNumberToObject(j, "bytes_per_token", (double)bpt);
         cJSON_AddNumberToObject(j, "read_bw_before_gbs", round(bw_before / 1e7) / 100);
         cJSON_AddNumberToObject(j, "read_bw_after_gbs", round(bw_after / 1e7) / 100);
@@ -491,7 +497,8 @@ int cmd_bench(int argc, char **argv) {
         } else if (o.vs) {
             printf("llama.cpp  skipped: %s\n", skip);
         }
-        printf("weights    %.3f GB read per decoded token (of %.3f GB)\n", bpt / 1e9, wbytes / 1e9);
+        printf("weights    %.3f GB read per decoded token (of %.3f GB), %s\n", bpt / 1e9, wbytes / 1e9,
+               in.weights_in_memory ? "read into huge-page memory" : "mapped from the file");
         printf("bandwidth  %.1f GB/s read (before %.1f, after %.1f; %d MiB, %d thread%s) -> roofline %.2f tok/s\n",
                bw / 1e9, bw_before / 1e9, bw_after / 1e9, o.bw_mib, o.threads, o.threads == 1 ? "" : "s", roof);
         if (jpt > 0)

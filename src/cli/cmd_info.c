@@ -54,7 +54,9 @@ int cmd_info(int argc, char **argv) {
     }
     if (!model) return cli_fail("info needs a MODEL.gguf; see 'cumulo info --help'");
     cm_engine *e;
-    if (cli_load_engine(&e, model, 1, (int)(ctx > (1 << 20) ? (1 << 20) : ctx), kv_f16)) return 1;
+    cm_engine_opts eo = {.n_threads = 1, .n_ctx = (int)(ctx > (1 << 20) ? (1 << 20) : ctx), .kv_f16 = kv_f16,
+                         .mmap = true}; /* facts only: no need to read the weights */
+    if (cli_load_engine_opts(&e, model, &eo)) return 1;
     cm_engine_info in;
     cm_engine_get_info(e, &in);
     int n_ctx = ctx > 0 ? (int)ctx : in.n_ctx;

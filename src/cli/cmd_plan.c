@@ -107,7 +107,7 @@ int cmd_plan(int argc, char **argv) {
         if (!model_path) return cli_fail("plan --nodes needs MODEL.gguf");
         /* Live cluster: the same path 'serve' takes (handshake, measurement,
          * plan, assignment), then the plan it settled on. */
-        cm_engine_opts eo = {0};
+        cm_engine_opts eo = {.mmap = true};
         eo.nodes = nodes;
         eo.key_file = key_file;
         eo.insecure = insecure;

@@ -37,6 +37,8 @@ static const char k_serve_usage[] =
     "                     pass (default 32; any value gives every request the same bits alone\n"
     "                     or batched, with or without a cached prefix)\n"
     "  --kv-type f32|f16  KV cache element type (default f32; f16 halves its memory)\n"
+    "  --mmap             keep the weights in a file mapping (default when alone: read into\n"
+    "                     huge-page memory when they fit; with --nodes always mapped; CUMULO_MMAP=1)\n"
     "  --max-body BYTES   largest request body (default 1048576)\n"
     "  --timeout S        idle seconds before a connection is closed (default 10)\n"
     "  --max-conns N      open connections at most (default 64)\n"
@@ -70,7 +72,7 @@ int cmd_serve(int argc, char **argv) {
     int n_allow = 0;
     long threads = 0, l;
     long n_batch = 32; /* any value is batch-invariant (kernels.h); larger prefills in fewer passes */
-    bool kv_f16 = false, insecure = false;
+    bool kv_f16 = false, insecure = false, use_mmap = false;
     const char *nodes = NULL, *layers = NULL, *key_file = NULL, *parallel = NULL, *tp_weights = NULL, *groups = NULL;
     bool tp_compress = false;
     double d;
@@ -92,6 +94,7 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--slots")) { if (!cli_int(a, NEXT(), 1, 256, &l)) return 1; o.n_slots = (int)l; }
         else if (!strcmp(a, "--queue")) { if (!cli_int(a, NEXT(), 0, 1 << 16, &l)) return 1; o.queue_max = (int)l; }
         else if (!strcmp(a, "--ctx")) { if (!cli_int(a, NEXT(), 16, 1 << 20, &l)) return 1; o.n_ctx = (int)l; }
+        else if (!strcmp(a, "--mmap")) use_mmap = true;
         else if (!strcmp(a, "--kv-type")) {
             NEED();
             if (!strcmp(v, "f16")) kv_f16 = true;
@@ -157,7 +160,8 @@ int cmd_serve(int argc, char **argv) {
     cm_engine *e = NULL;
     cm_engine_opts eo = {.n_threads = (int)threads, .n_ctx = o.n_ctx, .n_batch = (int)n_batch, .kv_f16 = kv_f16,
                          .nodes = nodes, .insecure = insecure, .key_file = key_file, .layers = layers,
-                         .parallel = parallel, .tp_weights = tp_weights, .groups = groups, .tp_compress = tp_compress, .n_seq = o.n_slots > 0 ? o.n_slots : 4, .log = log_line};
+                         .parallel = parallel, .tp_weights = tp_weights, .groups = groups, .tp_compress = tp_compress, .n_seq = o.n_slots > 0 ? o.n_slots : 4, .log = log_line,
+                         .mmap = use_mmap};
     if (cm_engine_load(&e, model, &eo, err, sizeof err)) {
         cm_http_stop(srv);
         return cli_fail("%s", err);

@@ -65,6 +65,7 @@ typedef struct cm_node_opts {
     const char *const *join;/* peers to connect to at start (link check), n_join of them */
     int n_join;
     int n_threads;          /* 0: all CPUs */
+    bool mmap;              /* keep slices in a file mapping (else read into huge-page memory when they fit) */
     bool insecure;          /* plaintext, no key (both ends must say so) */
     const char *key_file;   /* NULL: cm_net_key_default_path */
     bool mdns;              /* announce _cumulo._tcp */

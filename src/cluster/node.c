@@ -52,6 +52,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #define NODE_MAX_BATCH 256
 #define NODE_RECV_MS 500
@@ -205,10 +206,15 @@ static int tp_connect(node *n, stage *s, char *err, size_t errlen) {
     return rc ? cm_errf(err, errlen, rc, "all-reduce: %s", e) : 0;
 }
 
-static int stage_load(node *n, stage *s, const char *path, char *err, size_t errlen) {
+/* path: the whole model (from --models or the cache; mapped, since only this
+ * stage's layers of it are read) or a slice of only this stage's tensors
+ * (read into huge-page memory when it fits: every byte is read per token). */
+static int stage_load(node *n, stage *s, const char *path, bool slice_file, char *err, size_t errlen) {
     const cm_msg_assign *a = &s->as;
     char e[400];
-    int rc = cm_gguf_open(&s->g, path, NULL, NULL, e, sizeof e);
+    struct stat st;
+    bool in_memory = slice_file && !n->o->mmap && stat(path, &st) == 0 && cm_gguf_worth_loading((uint64_t)st.st_size);
+    int rc = in_memory ? cm_gguf_load(&s->g, path, NULL, NULL, e, sizeof e) : cm_gguf_open(&s->g, path, NULL, NULL, e, sizeof e);
     if (!rc) rc = cm_model_load(&s->m, &s->g, e, sizeof e);
     if (rc) return cm_errf(err, errlen, rc, "'%s': %s", path, e);
     const cm_hparams *hp = &s->m.hp;
@@ -282,6 +288,7 @@ static void on_assign(node *n, cm_conn *c, const cm_msg_assign *a) {
     s->coord = c;
     s->csend_mu = &n->csend_mu;
     int rc = find_model(n, a, path, sizeof path, err, sizeof err);
+    bool slice_file = rc == CM_ENOENT;
     if (rc == CM_ENOENT) {
         /* Not on disk: fetch this stage's tensors from the coordinator into
          * the cache (nothing when a previous run left them there). */
@@ -292,7 +299,7 @@ static void on_assign(node *n, cm_conn *c, const cm_msg_assign *a) {
         if (!rc)
             CM_LOGI("weights: %llu bytes streamed in %.2f s into '%s'", (unsigned long long)got, cm_now_s() - t0, path);
     }
-    if (!rc) rc = stage_load(n, s, path, err, sizeof err);
+    if (!rc) rc = stage_load(n, s, path, slice_file, err, sizeof err);
     if (rc) {
         CM_LOGW("assignment of epoch %llu refused: %s", (unsigned long long)a->epoch, err);
         stage_free(s);

@@ -25,9 +25,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 static void fill_default_opts(cm_engine_opts *o) {
     memset(o, 0, sizeof *o);
+}
+
+bool cm_engine_weights_in_memory(const cm_engine_opts *opts, uint64_t file_bytes) {
+    if (opts && (opts->mmap || (opts->nodes && *opts->nodes))) return false;
+    return cm_gguf_worth_loading(file_bytes);
 }
 
 int cm_engine_load(cm_engine **out, const char *path, const cm_engine_opts *opts, char *err, size_t errlen) {
@@ -38,7 +44,10 @@ int cm_engine_load(cm_engine **out, const char *path, const cm_engine_opts *opts
     cm_engine *e = cm_calloc(1, sizeof *e);
     if (!e) return cm_errf(err, errlen, CM_ENOMEM, "out of memory");
     pthread_mutex_init(&e->mu, NULL);
-    int rc = cm_gguf_open(&e->g, path, o.progress, o.progress_ctx, err, errlen);
+    struct stat st;
+    bool in_memory = stat(path, &st) == 0 && cm_engine_weights_in_memory(&o, (uint64_t)st.st_size);
+    int rc = in_memory ? cm_gguf_load(&e->g, path, o.progress, o.progress_ctx, err, errlen)
+                       : cm_gguf_open(&e->g, path, o.progress, o.progress_ctx, err, errlen);
     if (rc) { cm_engine_free(e); return rc; }
     char msg[400];
     if ((rc = cm_model_load(&e->m, &e->g, msg, sizeof msg))) {
@@ -130,6 +139,7 @@ void cm_engine_get_info(const cm_engine *e, cm_engine_info *in) {
     in->n_params = e->m.n_params;
     in->weight_bytes = e->m.weight_bytes;
     in->file_bytes = e->g.size;
+    in->weights_in_memory = e->g.file.in_memory;
     in->kv_bytes_per_token = cm_kv_bytes(&e->m, 0, hp->n_layer, 0, hp->n_head_kv, 1) / (e->kv_f16 ? 2 : 1);
     in->bos = cm_tokenizer_bos(e->tok);
     in->eos = cm_tokenizer_eos(e->tok);

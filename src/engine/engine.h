@@ -1,5 +1,6 @@
 /*
- * engine: the inference facade. An engine is a loaded model (mmapped GGUF +
+ * engine: the inference facade. An engine is a loaded model (GGUF read into
+ * huge-page memory, or mapped +
  * cm_model), its tokenizer and a compute pool (later: a cluster behind the
  * same calls). A session is one sequence: its KV cache, its token history,
  * its sampler. The HTTP layer and the CLI see only this header.
@@ -12,7 +13,8 @@
  * watcher or an HTTP disconnect); everything else on a session is one thread
  * at a time.
  *
- * Memory: the model stays in the mmap; a session allocates its KV cache,
+ * Memory: the weights stay where the load put them (cm_engine_weights_in_memory);
+ * a session allocates its KV cache,
  * sampler and scratch when created; generating allocates nothing per token.
  */
 #ifndef CM_ENGINE_H
@@ -38,6 +40,9 @@ typedef struct cm_engine_opts {
     int n_batch;         /* most prompt tokens per forward pass; 0 = 64 */
     bool kv_f16;         /* sessions keep an F16 KV cache (half the memory; llama.cpp's default) */
     cm_engine_progress_fn progress; /* NULL: no progress (pages load lazily) */
+    bool mmap;           /* keep the weights in a file mapping (lazy 4 KiB pages) even when they fit in
+                          * memory; default (and CUMULO_MMAP unset): a model run on this machine alone is
+                          * read into huge-page memory when it fits (cm_engine_weights_in_memory) */
     void *progress_ctx;
     /* Cluster, pipeline parallel (NULL nodes: this machine only). This
      * machine computes the first stage; the nodes the rest, the last one
@@ -62,6 +67,10 @@ typedef struct cm_engine_opts {
  * CM_ENOMEM. opts may be NULL for defaults. */
 int cm_engine_load(cm_engine **out, const char *path, const cm_engine_opts *opts, char *err, size_t errlen);
 void cm_engine_free(cm_engine *e); /* NULL is a no-op */
+/* Whether cm_engine_load reads a file of file_bytes into memory rather than
+ * mapping it: not with opts->mmap, not in a cluster (this machine reads only
+ * its layers of the file), else cm_gguf_worth_loading. */
+bool cm_engine_weights_in_memory(const cm_engine_opts *opts, uint64_t file_bytes);
 
 typedef struct cm_engine_info {
     const char *arch;        /* "llama", "qwen2", "qwen3" */
@@ -71,7 +80,8 @@ typedef struct cm_engine_info {
     int n_ctx;               /* sessions' default context */
     int n_threads;
     uint64_t n_params;       /* weight elements */
-    uint64_t weight_bytes;   /* bytes of weights (mmapped) */
+    uint64_t weight_bytes;   /* bytes of weights */
+    bool weights_in_memory;  /* read into huge-page memory (else mapped from the file) */
     uint64_t file_bytes;
     uint64_t kv_bytes_per_token; /* KV cache bytes per position of one sequence (F32 or F16 per opts) */
     int32_t bos, eos, eot;   /* -1 when the vocabulary has none */

@@ -101,6 +101,16 @@ typedef void (*cm_gguf_progress_fn)(void *ctx, uint64_t done, uint64_t total);
  * visible wait instead of a stall later); without one, pages load lazily. */
 int cm_gguf_open(cm_gguf *g, const char *path, cm_gguf_progress_fn progress, void *progress_ctx,
                  char *err, size_t errlen);
+/* Whether a file of file_bytes, every byte of which is streamed per token,
+ * should be read in with cm_gguf_load: unless $CUMULO_MMAP is set (not "0"),
+ * when the file plus a margin (1/8 + 256 MiB) fits in the memory available
+ * now; a mapping is the better choice for a file that only just fits. */
+bool cm_gguf_worth_loading(uint64_t file_bytes);
+/* The same, reading the whole file into huge-page memory (cm_file_load)
+ * instead of mapping it: for a model whose every weight is read per token.
+ * progress then reports the whole file's bytes as they are read. */
+int cm_gguf_load(cm_gguf *g, const char *path, cm_gguf_progress_fn progress, void *progress_ctx,
+                 char *err, size_t errlen);
 void cm_gguf_close(cm_gguf *g); /* releases everything; no-op on a zeroed struct */
 
 /* Lookups (hashed, O(1)); return NULL / false when missing or of another type. */

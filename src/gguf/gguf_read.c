@@ -10,6 +10,7 @@
 #include "gguf.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* Smallest possible encodings, used to bound counts by the bytes left. */
@@ -491,6 +492,31 @@ int cm_gguf_open(cm_gguf *g, const char *path, cm_gguf_progress_fn progress, voi
         (void)sink;
         if (total == 0) progress(progress_ctx, 0, 0);
     }
+    return 0;
+}
+
+bool cm_gguf_worth_loading(uint64_t file_bytes) {
+    const char *env = getenv("CUMULO_MMAP");
+    if (env && *env && strcmp(env, "0") != 0) return false;
+    uint64_t avail = cm_mem_available_bytes();
+    uint64_t need = file_bytes + file_bytes / 8 + ((uint64_t)256 << 20);
+    return avail == 0 || need <= avail; /* unknown: the OS pages either kind */
+}
+
+int cm_gguf_load(cm_gguf *g, const char *path, cm_gguf_progress_fn progress, void *progress_ctx,
+                 char *err, size_t errlen) {
+    cm_mapped_file f;
+    memset(g, 0, sizeof *g);
+    g->file.fd = -1;
+    int rc = cm_file_load(&f, path, progress, progress_ctx, err, errlen);
+    if (rc) return rc;
+    char msg[512];
+    rc = cm_gguf_parse(g, f.data, f.size, msg, sizeof msg);
+    if (rc) {
+        cm_file_unmap(&f);
+        return cm_errf(err, errlen, rc, "'%s': %s", path, msg);
+    }
+    g->file = f;
     return 0;
 }
 

@@ -71,7 +71,7 @@ int cm_mem_read_bandwidth(cm_pool *pool, size_t bytes, int runs, double *best_by
     if (bytes < (1u << 20) || runs < 1) return CM_EINVAL;
     bytes &= ~(size_t)4095;
     membw_job j = {.bytes = bytes, .write = true};
-    j.buf = cm_aligned_alloc(bytes);
+    j.buf = cm_huge_alloc(bytes); /* the same kind of memory as the weights read in by cm_file_load */
     if (!j.buf) return CM_ENOMEM;
     cm_pool_run(pool, membw_run, &j); /* first touch: resident pages, no page faults when timed */
     j.write = false;
@@ -86,7 +86,7 @@ int cm_mem_read_bandwidth(cm_pool *pool, size_t bytes, int runs, double *best_by
     }
     uint64_t sink = 0;
     for (int i = 0; i < 64; i++) sink ^= j.sums[i];
-    cm_aligned_free(j.buf);
+    cm_huge_free(j.buf, bytes);
     g_membw_sink = sink; /* a visible use, so the reads cannot be optimised away */
     *best_bytes_per_s = best;
     return 0;

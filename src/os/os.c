@@ -49,9 +49,88 @@ int cm_file_map(cm_mapped_file *f, const char *path, char *err, size_t errlen) {
     return 0;
 }
 
+#define CM_HUGE_PAGE ((size_t)2 << 20)
+
+void *cm_huge_alloc(size_t n) {
+    if (n == 0) n = 1;
+    size_t len = (n + 4095) & ~(size_t)4095;
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    if (len >= CM_HUGE_PAGE) {
+        size_t big = len + CM_HUGE_PAGE;
+        if (big < len) return NULL;
+        uint8_t *p = mmap(NULL, big, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED) return NULL;
+        uint8_t *a = (uint8_t *)(((uintptr_t)p + CM_HUGE_PAGE - 1) & ~(uintptr_t)(CM_HUGE_PAGE - 1));
+        if (a > p) munmap(p, (size_t)(a - p)); /* trim the slack on both sides: only [a, a+len) stays */
+        size_t tail = (size_t)((p + big) - (a + len));
+        if (tail) munmap(a + len, tail);
+        (void)madvise(a, len, MADV_HUGEPAGE); /* a hint: plain pages when THP is off */
+        return a;
+    }
+#endif
+    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+void cm_huge_free(void *p, size_t n) {
+    if (!p) return;
+    if (n == 0) n = 1;
+    munmap(p, (n + 4095) & ~(size_t)4095);
+}
+
+int cm_file_load(cm_mapped_file *f, const char *path, void (*progress)(void *ctx, uint64_t done, uint64_t total),
+                 void *progress_ctx, char *err, size_t errlen) {
+    memset(f, 0, sizeof *f);
+    f->fd = -1;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        int e = errno;
+        return cm_errf(err, errlen, e == ENOENT ? CM_ENOENT : CM_EIO, "cannot open '%s': %s", path,
+                       e == ENOENT ? "no such file" : strerror(e));
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return cm_errf(err, errlen, CM_EIO, "cannot open '%s': not a regular file", path);
+    }
+    size_t size = (size_t)st.st_size;
+    uint8_t *mem = NULL;
+    if (size > 0) {
+        mem = cm_huge_alloc(size);
+        if (!mem) {
+            close(fd);
+            return cm_errf(err, errlen, CM_ENOMEM, "cannot load '%s': out of memory for %.1f MiB (try --mmap)",
+                           path, (double)size / 1048576.0);
+        }
+        const size_t chunk = (size_t)32 << 20;
+        for (size_t done = 0; done < size;) {
+            size_t want = CM_MIN(chunk, size - done);
+            ssize_t r = pread(fd, mem + done, want, (off_t)done);
+            if (r < 0 && errno == EINTR) continue;
+            if (r <= 0) {
+                int e = r < 0 ? errno : 0;
+                cm_huge_free(mem, size);
+                close(fd);
+                return cm_errf(err, errlen, CM_EIO, "cannot read '%s' at byte %zu: %s", path, done,
+                               e ? strerror(e) : "the file shrank while it was read");
+            }
+            done += (size_t)r;
+            if (progress) progress(progress_ctx, done, size);
+        }
+        (void)mprotect(mem, (size + 4095) & ~(size_t)4095, PROT_READ); /* weights are never written */
+    }
+    if (progress && size == 0) progress(progress_ctx, 0, 0);
+    f->data = mem;
+    f->size = size;
+    f->fd = fd;
+    f->in_memory = true;
+    return 0;
+}
+
 void cm_file_unmap(cm_mapped_file *f) {
     if (!f) return;
-    if (f->data && f->size) munmap((void *)f->data, f->size);
+    if (f->in_memory) cm_huge_free((void *)f->data, f->size);
+    else if (f->data && f->size) munmap((void *)f->data, f->size);
     if (f->fd > 0) close(f->fd);
     memset(f, 0, sizeof *f);
     f->fd = -1;

@@ -12,13 +12,29 @@
 
 /* ---- files ---- */
 typedef struct cm_mapped_file {
-    const uint8_t *data; /* read-only mapping; NULL for an empty file */
+    const uint8_t *data; /* read-only bytes of the file; NULL for an empty file */
     size_t size;
     int fd;
+    bool in_memory;      /* read into anonymous memory by cm_file_load (else a file mapping) */
 } cm_mapped_file;
 /* Map a whole file read-only. Errors: CM_ENOENT, CM_EIO (with message). */
 int cm_file_map(cm_mapped_file *f, const char *path, char *err, size_t errlen);
-void cm_file_unmap(cm_mapped_file *f); /* no-op on a zeroed struct */
+/* Read a whole file into anonymous memory from cm_huge_alloc, then make it
+ * read-only. For bytes streamed again and again (model weights, once per
+ * token): huge pages mean far fewer TLB misses than a file mapping's 4 KiB
+ * pages. Costs the file's size in RSS up front (a mapping loads lazily).
+ * progress (may be NULL) gets done/total bytes after every chunk read.
+ * Errors: CM_ENOENT, CM_EIO, CM_ENOMEM (with message). */
+int cm_file_load(cm_mapped_file *f, const char *path, void (*progress)(void *ctx, uint64_t done, uint64_t total),
+                 void *progress_ctx, char *err, size_t errlen);
+void cm_file_unmap(cm_mapped_file *f); /* either kind; no-op on a zeroed struct */
+
+/* Page-aligned zeroed memory that the OS backs with huge pages where it can
+ * (Linux transparent huge pages, 2 MiB aligned; elsewhere plain pages).
+ * For large buffers read in streams: weights, the bandwidth probe. NULL when
+ * out of memory. Free with cm_huge_free and the same size. */
+void *cm_huge_alloc(size_t n);
+void cm_huge_free(void *p, size_t n);
 /* Read a whole (small) file into a malloc'd NUL-terminated buffer. */
 int cm_file_read_all(const char *path, char **out, size_t *len, char *err, size_t errlen);
 /* Write atomically (tmp + rename) with the given mode (e.g. 0600). */

@@ -45,6 +45,13 @@ for f in pp_tokens_per_s tg_tokens_per_s read_bw_gbs roofline_tokens_per_s tg_ro
     awk -v v="$v" 'BEGIN { exit !(v > 0) }' && ok || bad "$f is '$v'"
 done
 grep -q '"power":"\(measured\|estimated\|unknown\)"' "$T/json" && ok || bad "power label"
+# Weights: read into memory by default, mapped with --mmap or CUMULO_MMAP=1 (same tokens either way)
+grep -q '"weights":"memory"' "$T/json" && ok || bad "default weights not in memory: $(grep -o '"weights":"[a-z]*"' "$T/json")"
+"$BIN" bench "$T/m.gguf" --threads 1 --prompt 8 --gen 4 --reps 1 --bw-mib 16 --json --mmap >"$T/mjson" 2>"$T/merr" &&
+    grep -q '"weights":"mmap"' "$T/mjson" && ok || bad "--mmap: $(cat "$T/merr" "$T/mjson")"
+CUMULO_MMAP=1 "$BIN" bench "$T/m.gguf" --threads 1 --prompt 8 --gen 4 --reps 1 --bw-mib 16 >"$T/mtext" 2>"$T/merr" &&
+    grep -q 'mapped from the file' "$T/mtext" && ok || bad "CUMULO_MMAP=1: $(cat "$T/merr" "$T/mtext")"
+grep -q -- '--mmap' "$T/help" && ok || bad "--mmap not in --help"
 
 # --nodes: the same measurement over a one-node cluster on loopback
 "$BIN" key --new --file "$T/k" >/dev/null 2>&1

@@ -61,7 +61,12 @@ c=$("$BIN" run "$M/stories260K-q8_0.gguf" -p "Once upon a time" -n 60 --temp 0.8
 out=$("$BIN" run "$M/stories260K-f32.gguf" -n 200 --temp 0 --stop "Lily" 2>/dev/null)
 [ "$out" = "Once upon a time, there was a little girl named " ] && ok || bad "stop string: got '$out'"
 
-# 4. Peak RSS <= file size + KV cache + 64 MiB (weights stay mapped, not copied).
+# Weights mapped (--mmap) or read into memory (the default): the same text.
+a=$("$BIN" run "$M/stories260K-q4_0.gguf" -p "The dog" -n 48 --temp 0 --threads 2 2>/dev/null)
+b=$("$BIN" run "$M/stories260K-q4_0.gguf" -p "The dog" -n 48 --temp 0 --threads 2 --mmap 2>/dev/null)
+[ -n "$a" ] && [ "$a" = "$b" ] && ok || bad "--mmap changes the text: '$a' vs '$b'"
+
+# 4. Peak RSS <= file size + KV cache + 64 MiB (weights read in once, or mapped: never twice).
 f=$M/stories260K-q8_0.gguf
 "$BIN" run "$f" -n 200 --temp 0 --ctx 512 --json >"$TMP/r.json" 2>/dev/null
 rss=$(cc_jsonget "$TMP/r.json" '$j->{timings}{peak_rss_bytes}')

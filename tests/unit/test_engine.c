@@ -253,6 +253,41 @@ static void test_info_and_errors(void) {
     cm_session_free(NULL);
 }
 
+/* Weights read into memory by default (this test's E), mapped on request:
+ * the same ids either way; a cluster engine and CUMULO_MMAP=1 map. */
+static void test_weights_in_memory(void) {
+    cm_engine_info in;
+    cm_engine_get_info(E, &in);
+    CHECK(in.weights_in_memory);
+    cm_engine_opts o = {.n_threads = 1, .mmap = true};
+    cm_engine *e2 = NULL;
+    CHECK(cm_engine_load(&e2, t_shared("models/stories260K-f32.gguf"), &o, errbuf, sizeof errbuf) == 0);
+    if (!e2) return;
+    cm_engine_get_info(e2, &in);
+    CHECK(!in.weights_in_memory);
+    int32_t prompt[64], gen[256];
+    int np, ng;
+    char *text;
+    CHECK(ref_case(0, prompt, &np, gen, &ng, &text) == 0);
+    cm_session *s = cm_session_new(e2, 512, errbuf, sizeof errbuf);
+    CHECK(s && cm_session_set_prompt(s, prompt, np, errbuf, sizeof errbuf) == 0);
+    cm_gen_params p = greedy_params(ng);
+    static collect col;
+    memset(&col, 0, sizeof col);
+    cm_gen_result res;
+    CHECK(s && cm_session_generate(s, &p, on_tok, &col, &res, errbuf, sizeof errbuf) == 0);
+    CHECKF(col.n == ng && !memcmp(col.ids, gen, (size_t)ng * 4), "mapped weights: ids differ");
+    cm_session_free(s);
+    cm_free(text);
+    cm_engine_free(e2);
+    cm_engine_opts c = {.nodes = "127.0.0.1:1"};
+    CHECK(!cm_engine_weights_in_memory(&c, 4096));
+    CHECK(cm_engine_weights_in_memory(NULL, 4096));
+    setenv("CUMULO_MMAP", "1", 1);
+    CHECK(!cm_engine_weights_in_memory(NULL, 4096));
+    unsetenv("CUMULO_MMAP");
+}
+
 int main(void) {
     cm_engine_opts o = {.n_threads = 2};
     if (cm_engine_load(&E, t_shared("models/stories260K-f32.gguf"), &o, errbuf, sizeof errbuf)) {
@@ -265,6 +300,7 @@ int main(void) {
     RUN(test_stops_and_limits);
     RUN(test_two_sessions_threads);
     RUN(test_info_and_errors);
+    RUN(test_weights_in_memory);
     cm_engine_free(E);
     TEST_END();
 }

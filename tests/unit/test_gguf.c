@@ -113,6 +113,55 @@ static void test_stories_files(void) {
     check_stories("models/stories260K-q4_0.gguf", 19, CM_TYPE_Q4_0, 14176, 370656);
 }
 
+/* cm_gguf_load reads the file into (huge-page) memory: the same parse, the
+ * same bytes, the whole file reported as read; a missing file is CM_ENOENT. */
+static void test_load_in_memory(void) {
+    const char *files[] = {"models/stories260K-f32.gguf", "models/stories260K-q4_0.gguf"};
+    for (int f = 0; f < 2; f++) {
+        cm_gguf m, l;
+        prog pr = {.monotonic = true};
+        CHECK(cm_gguf_open(&m, t_shared(files[f]), NULL, NULL, err, sizeof err) == 0);
+        int rc = cm_gguf_load(&l, t_shared(files[f]), on_progress, &pr, err, sizeof err);
+        CHECKF(rc == 0, "%s: %s", files[f], err);
+        if (rc) { cm_gguf_close(&m); continue; }
+        CHECK(l.file.in_memory && !m.file.in_memory);
+        CHECK(l.size == m.size && l.n_tensors == m.n_tensors && l.n_kv == m.n_kv && l.data_offset == m.data_offset);
+        CHECK(memcmp(l.base, m.base, m.size) == 0 && l.base != m.base);
+        CHECK(((uintptr_t)l.base & 4095) == 0);
+        CHECK(pr.calls >= 1 && pr.monotonic && pr.last_done == pr.last_total && pr.last_total == m.size);
+        for (uint64_t t = 0; t < m.n_tensors; t++) {
+            const cm_gguf_tensor_info *x = &m.tensors[t], *y = cm_gguf_find_tensor(&l, x->name);
+            CHECK(y && y->nbytes == x->nbytes && !memcmp(y->data, x->data, (size_t)x->nbytes));
+            CHECK(y && (const uint8_t *)y->data >= l.base && (const uint8_t *)y->data + y->nbytes <= l.base + l.size);
+        }
+        cm_gguf_close(&l);
+        cm_gguf_close(&l); /* twice is harmless */
+        cm_gguf_close(&m);
+    }
+    cm_gguf g;
+    int rc = cm_gguf_load(&g, "/nonexistent/y.gguf", NULL, NULL, err, sizeof err);
+    CHECKF(rc == CM_ENOENT && strstr(err, "y.gguf"), "%d %s", rc, err);
+    /* Big enough for huge pages: 2 MiB aligned (Linux), zeroed, freed whole. */
+    size_t n = (size_t)5 << 20;
+    uint8_t *h = cm_huge_alloc(n);
+    CHECK(h != NULL);
+    if (h) {
+#if defined(__linux__)
+        CHECK(((uintptr_t)h & ((2u << 20) - 1)) == 0);
+#endif
+        CHECK(h[0] == 0 && h[n - 1] == 0);
+        memset(h, 7, n);
+        cm_huge_free(h, n);
+    }
+    /* The policy: CUMULO_MMAP set means map; an impossible size never fits. */
+    CHECK(!cm_gguf_worth_loading((uint64_t)1 << 62) || cm_mem_available_bytes() == 0);
+    setenv("CUMULO_MMAP", "1", 1);
+    CHECK(!cm_gguf_worth_loading(4096));
+    setenv("CUMULO_MMAP", "0", 1);
+    CHECK(cm_gguf_worth_loading(4096));
+    unsetenv("CUMULO_MMAP");
+}
+
 /* Copying every kv and tensor through our writer reproduces the file byte for byte. */
 static void test_rewrite_identical(void) {
     const char *files[] = {"models/stories260K-f32.gguf", "models/stories260K-q8_0.gguf",
@@ -476,6 +525,7 @@ static void test_fill(void) {
 
 int main(void) {
     RUN(test_stories_files);
+    RUN(test_load_in_memory);
     RUN(test_rewrite_identical);
     RUN(test_roundtrip);
     RUN(test_file_and_python);
