@@ -82,6 +82,7 @@ static void *rx_main(void *arg) {
             }
             if (rc) {
                 atomic_store(&r->lost, true);
+                CM_LOGW("node %s ('%s') lost: heartbeat: %s", r->addr, r->hello.name, err);
                 if (!atomic_load(&p->closing))
                     cm_coord_fatal(p, CM_ECLOSED, "node %s ('%s') lost: %s", r->addr, r->hello.name, err);
                 break;
@@ -90,8 +91,13 @@ static void *rx_main(void *arg) {
         /* Silence: loading a stage (no READY yet) may take long; otherwise
          * the node echoes every heartbeat. */
         uint64_t bound_ms = atomic_load(&r->loading) ? 600000 : (uint64_t)p->lost_ms;
-        if (now - atomic_load(&r->last_rx_ns) > bound_ms * 1000000ull && now >= atomic_load(&r->quiet_until_ns)) {
+        /* Frames already waiting in the socket are not silence: this thread
+         * may itself have been held up (a loaded machine, a long lock) while
+         * the node kept talking; read them first. */
+        if (now - atomic_load(&r->last_rx_ns) > bound_ms * 1000000ull && now >= atomic_load(&r->quiet_until_ns) &&
+            cm_fd_wait_readable(cm_conn_fd(r->ctl), 0) <= 0) {
             atomic_store(&r->lost, true);
+            CM_LOGW("node %s ('%s') lost: silent for %llu ms", r->addr, r->hello.name, (unsigned long long)bound_ms);
             if (!atomic_load(&p->closing))
                 cm_coord_fatal(p, CM_ETIMEDOUT, "node %s ('%s') lost: silent for %llu ms", r->addr, r->hello.name,
                           (unsigned long long)bound_ms);
@@ -102,6 +108,8 @@ static void *rx_main(void *arg) {
         if (rc == CM_ETIMEDOUT) continue;
         if (rc || m.type == CM_MSG_BYE) {
             atomic_store(&r->lost, true);
+            if (!atomic_load(&p->closing))
+                CM_LOGW("node %s ('%s') left: %s", r->addr, r->hello.name, rc ? err : m.u.bye.text);
             if (!atomic_load(&p->closing))
                 cm_coord_fatal(p, rc ? rc : CM_ECLOSED, "node %s ('%s') left: %s", r->addr, r->hello.name,
                           rc ? err : m.u.bye.text);
