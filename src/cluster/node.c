@@ -578,6 +578,10 @@ static void conn_serve(node *n, cm_conn *c, int src) {
         }
         case CM_MSG_ASSIGN:
             if (!is_coord) { CM_LOGW("ASSIGN from %s, which is not a coordinator: ignored", cm_conn_peer(c)); break; }
+            /* Our own heartbeats start now, not at the coordinator's first
+             * one: that can wait behind a busy data path, and a member whose
+             * only traffic is tokens would fall silent with its group. */
+            cm_node_hb_add(&n->hb, c);
             on_assign(n, c, &m.u.assign);
             assigned_here = true;
             break;

@@ -111,7 +111,10 @@ static void *hb_main(void *arg) {
         pthread_mutex_lock(h->send_mu);
         for (int i = 0; i < CM_NODE_MAX_HB; i++) {
             if (!h->conns[i] || cm_conn_state(h->conns[i]) != CM_CONN_READY) continue;
-            if (cm_conn_send(h->conns[i], &m, 1000, e, sizeof e)) h->conns[i] = NULL;
+            if (cm_conn_send(h->conns[i], &m, 1000, e, sizeof e)) {
+                CM_LOGW("heartbeats to %s stop: %s", cm_conn_peer(h->conns[i]), e);
+                h->conns[i] = NULL;
+            }
         }
         pthread_mutex_unlock(h->send_mu);
         for (int t = 0; t < CM_PIPE_HB_MS && !atomic_load(h->stop); t += 50) cm_sleep_ms(50);

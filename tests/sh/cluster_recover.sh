@@ -1,7 +1,9 @@
 #!/bin/sh
 # cluster_recover.sh (issue 7): recovery beyond cluster_failover.sh, on
 # stories260K split over this process + two `cumulo node`s on 127.0.0.1
-# (--layers 2,2,1; ports 47311-47320), all greedy, every text compared with
+# (--layers 2,2,1; ports 61311-61320: fixed, since a node comes back on its
+# port, and above Linux's ephemeral range 32768-60999, so no client socket of
+# another test can hold one; 4731x once collided), all greedy, every text compared with
 # the single-machine text (SSE streams token by token: the concatenation of
 # their chunks, and no chunk after an error):
 #   nofit:    the nodes offer little memory (CUMULO_MEM_OFFER), so after a
@@ -111,11 +113,11 @@ wait_log() { # FILE REGEX TENTHS
 # ---- nofit: 256 MiB reserve + 1.5 MiB: a node holds 2 layers of KV (4 slots
 # x 512 positions) but not the 3 layers + head the survivor would need.
 export CUMULO_MEM_OFFER=270008320
-start_node 47311; A=$NODE_PID
-start_node 47312
+start_node 61311; A=$NODE_PID
+start_node 61312
 unset CUMULO_MEM_OFFER
 export CUMULO_TEST_STEP_DELAY_MS=15
-start_serve nofit 4 127.0.0.1:47311,127.0.0.1:47312
+start_serve nofit 4 127.0.0.1:61311,127.0.0.1:61312
 unset CUMULO_TEST_STEP_DELAY_MS
 CP=""
 for r in 1 2 3 4; do request nofit $r $r true $N_TOK; done
@@ -133,7 +135,7 @@ code=$(curl -s -o "$TMP/nofit.503" -w '%{http_code}' --max-time 30 "http://127.0
 echo "nofit: $(head -c 300 "$TMP/nofit.503")" >&2
 # The node comes back on its port: the idle scheduler takes it back.
 sleep 0.5
-CUMULO_MEM_OFFER=270008320 start_node 47311
+CUMULO_MEM_OFFER=270008320 start_node 61311
 wait_log "$TMP/snofit.log" 'is back' 100 && wait_log "$TMP/snofit.log" 'recovered' 100 && ok ||
     bad "nofit: the returning node was not taken back: $(grep -i 'back\|plan\|fail' "$TMP/snofit.log" | tail -3)"
 CP=""
@@ -141,7 +143,7 @@ for r in 1 2 3 4; do s=true; [ $r -gt 2 ] && s=false; request nofit2 $r $r $s $N
 for p in $CP; do wait "$p"; done
 for r in 1 2 3 4; do s=true; [ $r -gt 2 ] && s=false; check nofit2 $r $r $s; done
 curl -s --max-time 10 "http://127.0.0.1:$PORT/api/cluster" >"$TMP/nofit.cluster"
-grep -q '"id":"127.0.0.1:47311"' "$TMP/nofit.cluster" && ok || bad "nofit: /api/cluster lacks the node: $(head -c 400 "$TMP/nofit.cluster")"
+grep -q '"id":"127.0.0.1:61311"' "$TMP/nofit.cluster" && ok || bad "nofit: /api/cluster lacks the node: $(head -c 400 "$TMP/nofit.cluster")"
 kill -9 $SRV 2>/dev/null
 
 # ---- stopcont. Declared speeds (1 GFLOP/s, 1 MB/s) make a layer cost ~50 ms
@@ -149,10 +151,10 @@ kill -9 $SRV 2>/dev/null
 # returning node is predicted faster (on real speeds stories260K is all hops
 # and the planner rightly keeps 2 stages: that case is the nofit phase's).
 export CUMULO_DECLARE_SPEED=1,0.001
-start_node 47313; A=$NODE_PID
-start_node 47314
+start_node 61313; A=$NODE_PID
+start_node 61314
 export CUMULO_TEST_STEP_DELAY_MS=15
-start_serve stop 8 127.0.0.1:47313,127.0.0.1:47314
+start_serve stop 8 127.0.0.1:61313,127.0.0.1:61314
 unset CUMULO_DECLARE_SPEED CUMULO_TEST_STEP_DELAY_MS
 CP=""
 for r in 1 2 3 4 5 6 7 8; do s=true; [ $r -gt 6 ] && s=false; request stop $r $(( (r - 1) % 4 + 1 )) $s $N_TOK; done
@@ -168,26 +170,26 @@ echo "stopcont: SIGSTOP declared lost after ${el} ms" >&2
 for p in $CP; do wait "$p"; done
 for r in 1 2 3 4 5 6 7 8; do s=true; [ $r -gt 6 ] && s=false; check stop $r $(( (r - 1) % 4 + 1 )) $s; done
 kill -CONT $A
-wait_log "$TMP/n47313.log" 'coordinator left: dropping stage' 50 && ok ||
-    bad "stop: the stale node kept its stage: $(tail -3 "$TMP/n47313.log")"
+wait_log "$TMP/n61313.log" 'coordinator left: dropping stage' 50 && ok ||
+    bad "stop: the stale node kept its stage: $(tail -3 "$TMP/n61313.log")"
 wait_log "$TMP/sstop.log" 'now 3 stages' 100 && ok ||
     bad "stop: the node was not used again: $(grep -i 'back\|plan\|taken' "$TMP/sstop.log" | tail -3)"
 curl -s --max-time 10 "http://127.0.0.1:$PORT/api/cluster" >"$TMP/stop.cluster"
-grep -q '"id":"127.0.0.1:47313"' "$TMP/stop.cluster" && ok || bad "stop: /api/cluster lacks the node: $(head -c 400 "$TMP/stop.cluster")"
+grep -q '"id":"127.0.0.1:61313"' "$TMP/stop.cluster" && ok || bad "stop: /api/cluster lacks the node: $(head -c 400 "$TMP/stop.cluster")"
 grep 're-plan' "$TMP/sstop.log" | sed 's/^/stopcont: /' >&2
 CP=""
 for r in 1 2 3 4 5 6 7 8; do s=true; [ $r -gt 6 ] && s=false; request stop2 $r $(( (r - 1) % 4 + 1 )) $s $N_TOK; done
 for p in $CP; do wait "$p"; done
 for r in 1 2 3 4 5 6 7 8; do s=true; [ $r -gt 6 ] && s=false; check stop2 $r $(( (r - 1) % 4 + 1 )) $s; done
-echo "stopcont: old-epoch frames dropped by the last stage: $(grep -c 'dropped' "$TMP/n47314.log")" >&2
+echo "stopcont: old-epoch frames dropped by the last stage: $(grep -c 'dropped' "$TMP/n61314.log")" >&2
 kill -9 $SRV 2>/dev/null
 
 # ---- prefill: each 64-token prompt chunk pauses 40 ms (test hook), so the
 # 8 prompts of ~200 tokens take ~2 s to prefill; the middle stage dies in it.
-start_node 47315; A=$NODE_PID
-start_node 47316
+start_node 61315; A=$NODE_PID
+start_node 61316
 export CUMULO_TEST_CLUSTER_DELAY_MS=40
-start_serve pre 8 127.0.0.1:47315,127.0.0.1:47316
+start_serve pre 8 127.0.0.1:61315,127.0.0.1:61316
 unset CUMULO_TEST_CLUSTER_DELAY_MS
 CP=""
 for r in 1 2 3 4 5 6 7 8; do s=true; [ $r -gt 6 ] && s=false; request pre $r long $s 40; done
@@ -203,10 +205,10 @@ echo "prefill: $started of 6 streams had output at the kill" >&2
 kill -9 $SRV 2>/dev/null
 
 # ---- cli: `cumulo run --cluster`, 5 ms pause per token (test hook)
-start_node 47317; A=$NODE_PID
-start_node 47318
+start_node 61317; A=$NODE_PID
+start_node 61318
 CUMULO_TEST_CLUSTER_DELAY_MS=5 "$BIN" run "$M" -p "$(prompt 1)" -n $N_TOK --temp 0 --threads 1 \
-    --nodes 127.0.0.1:47317,127.0.0.1:47318 --layers 2,2,1 --json >"$TMP/cli.json" 2>"$TMP/cli.log" &
+    --nodes 127.0.0.1:61317,127.0.0.1:61318 --layers 2,2,1 --json >"$TMP/cli.json" 2>"$TMP/cli.log" &
 RUN=$!
 sleep 0.1
 wait_log "$TMP/cli.log" 'why:' 100
@@ -236,9 +238,9 @@ tp_node() {
     while ! grep -q 'listening' "$TMP/n$1.log" 2>/dev/null && [ $k -lt 600 ]; do sleep 0.05; k=$((k + 1)); done
     grep -q 'listening' "$TMP/n$1.log" || bad "node $1 did not start: $(tail -3 "$TMP/n$1.log")"
 }
-tp_node 47319; A=$NODE_PID
-tp_node 47320; B2=$NODE_PID
-CUMULO_TEST_STEP_DELAY_MS=15 "$BIN" serve "$M" --host 127.0.0.1 --port 0 --nodes 127.0.0.1:47319,127.0.0.1:47320 \
+tp_node 61319; A=$NODE_PID
+tp_node 61320; B2=$NODE_PID
+CUMULO_TEST_STEP_DELAY_MS=15 "$BIN" serve "$M" --host 127.0.0.1 --port 0 --nodes 127.0.0.1:61319,127.0.0.1:61320 \
     --parallel tp --threads 1 --slots 8 >"$TMP/stp.out" 2>"$TMP/stp.log" &
 SRV=$!
 PIDS="$PIDS $SRV"
