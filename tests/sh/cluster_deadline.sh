@@ -101,20 +101,18 @@ pp_phase() { # TAG WHICH(1|2)
     # The freeze did catch a send with full buffers: the sender says so.
     # (Asserted for stage 1, whose sender is the coordinator itself; a node's
     # send to a frozen last stage blocks in most runs, but not all: printed.)
-    # Stage 1 gets one more try when the freeze came too late (slow builds:
-    # sanitizers), since a run that caught no blocked send tests nothing.
-    again=""
-    if grep -q 'took none of our data\|did not take our data' "$VLOG"; then ok
-    elif [ "$2" = 1 ] && [ -z "$RETRIED" ]; then again=1; echo "$ph: no send blocked on the frozen stage; once more" >&2
-    elif [ "$2" = 1 ]; then bad "$ph: no send blocked on the frozen stage (the test tests nothing): $(grep -i 'peer' "$VLOG" | tail -2)"
-    else echo "$ph: no send was blocked on the frozen stage this time" >&2; fi
+    # Since nodes send heartbeats from their ASSIGN on, the silence check
+    # (2 s after the freeze) often ends the blocked send before its own
+    # stall bound (2 s after it blocked) fires: either way the loss is
+    # declared within the bound, which the checks above assert. The stall
+    # path itself is test_net's test_send_stall; here it is only reported.
+    if grep -q 'took none of our data\|did not take our data' "$VLOG"; then :
+    else echo "$ph: the send stall bound did not fire this time (silence came first)" >&2; fi
     echo "$ph: $(grep -m1 'took none of our data\|did not take our data' "$VLOG" | sed 's/.*peer/peer/')" >&2
     for p in $CP; do wait "$p"; done
     for r in 1 2 3 4 5 6 7 8; do s=true; [ $r -gt 6 ] && s=false; check "$ph" $r long $s; done
     cc_stop "$SERVE_PID"; cc_stop "$A"; cc_stop "$B"
-    if [ -n "$again" ]; then RETRIED=1; pp_phase "${ph}x" "$2"; fi
 }
-RETRIED=""
 pp_phase stop1 1
 pp_phase stop2 2
 
