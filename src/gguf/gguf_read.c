@@ -462,20 +462,26 @@ int cm_gguf_parse(cm_gguf *g, const uint8_t *p, size_t n, char *err, size_t errl
     return rc;
 }
 
+/* Parse the file's bytes; g owns f from then on (f is released on error). */
+static int parse_file(cm_gguf *g, cm_mapped_file *f, const char *path, char *err, size_t errlen) {
+    char msg[512];
+    int rc = cm_gguf_parse(g, f->data, f->size, msg, sizeof msg);
+    if (rc) {
+        cm_file_unmap(f);
+        return cm_errf(err, errlen, rc, "'%s': %s", path, msg);
+    }
+    g->file = *f;
+    return 0;
+}
+
 int cm_gguf_open(cm_gguf *g, const char *path, cm_gguf_progress_fn progress, void *progress_ctx,
                  char *err, size_t errlen) {
     cm_mapped_file f;
     memset(g, 0, sizeof *g);
     g->file.fd = -1;
     int rc = cm_file_map(&f, path, err, errlen);
+    if (!rc) rc = parse_file(g, &f, path, err, errlen);
     if (rc) return rc;
-    char msg[512];
-    rc = cm_gguf_parse(g, f.data, f.size, msg, sizeof msg);
-    if (rc) {
-        cm_file_unmap(&f);
-        return cm_errf(err, errlen, rc, "'%s': %s", path, msg);
-    }
-    g->file = f;
     if (progress) {
         /* Read one byte per 4 KiB page, in chunks, reporting after each. */
         const uint64_t chunk = 32u << 20;
@@ -509,15 +515,7 @@ int cm_gguf_load(cm_gguf *g, const char *path, cm_gguf_progress_fn progress, voi
     memset(g, 0, sizeof *g);
     g->file.fd = -1;
     int rc = cm_file_load(&f, path, progress, progress_ctx, err, errlen);
-    if (rc) return rc;
-    char msg[512];
-    rc = cm_gguf_parse(g, f.data, f.size, msg, sizeof msg);
-    if (rc) {
-        cm_file_unmap(&f);
-        return cm_errf(err, errlen, rc, "'%s': %s", path, msg);
-    }
-    g->file = f;
-    return 0;
+    return rc ? rc : parse_file(g, &f, path, err, errlen);
 }
 
 void cm_gguf_close(cm_gguf *g) {

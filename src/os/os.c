@@ -21,7 +21,8 @@
 #include <mach/mach.h>
 #endif
 
-int cm_file_map(cm_mapped_file *f, const char *path, char *err, size_t errlen) {
+/* Open a regular file read-only: its fd and size, or an error (f zeroed first). */
+static int open_regular(cm_mapped_file *f, const char *path, int *fd_out, size_t *size, char *err, size_t errlen) {
     memset(f, 0, sizeof *f);
     f->fd = -1;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -35,7 +36,15 @@ int cm_file_map(cm_mapped_file *f, const char *path, char *err, size_t errlen) {
         close(fd);
         return cm_errf(err, errlen, CM_EIO, "cannot open '%s': not a regular file", path);
     }
-    f->size = (size_t)st.st_size;
+    *fd_out = fd;
+    *size = (size_t)st.st_size;
+    return 0;
+}
+
+int cm_file_map(cm_mapped_file *f, const char *path, char *err, size_t errlen) {
+    int fd;
+    int rc = open_regular(f, path, &fd, &f->size, err, errlen);
+    if (rc) return rc;
     if (f->size > 0) {
         void *p = mmap(NULL, f->size, PROT_READ, MAP_PRIVATE, fd, 0);
         if (p == MAP_FAILED) {
@@ -80,20 +89,10 @@ void cm_huge_free(void *p, size_t n) {
 
 int cm_file_load(cm_mapped_file *f, const char *path, void (*progress)(void *ctx, uint64_t done, uint64_t total),
                  void *progress_ctx, char *err, size_t errlen) {
-    memset(f, 0, sizeof *f);
-    f->fd = -1;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        int e = errno;
-        return cm_errf(err, errlen, e == ENOENT ? CM_ENOENT : CM_EIO, "cannot open '%s': %s", path,
-                       e == ENOENT ? "no such file" : strerror(e));
-    }
-    struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        close(fd);
-        return cm_errf(err, errlen, CM_EIO, "cannot open '%s': not a regular file", path);
-    }
-    size_t size = (size_t)st.st_size;
+    int fd;
+    size_t size;
+    int rc = open_regular(f, path, &fd, &size, err, errlen);
+    if (rc) return rc;
     uint8_t *mem = NULL;
     if (size > 0) {
         mem = cm_huge_alloc(size);
