@@ -93,6 +93,7 @@ typedef struct ref_model {
     char name[64];
     char arch[16], type[16], scaling[16];
     int dim, layers, heads, kv_heads, ffn, ctx;
+    int experts, experts_used, expert_ffn, shared_ffn; /* mixture of experts (0: dense) */
     long seed;
     bool tied;
     int n_cases;
@@ -173,6 +174,14 @@ static int load_ref(const char *path, ref_model *R) {
 #undef S
 #undef N
     R->tied = cJSON_IsTrue(cJSON_GetObjectItem(s, "tied"));
+    {
+        const char *mk[4] = {"experts", "experts_used", "expert_ffn", "shared_ffn"};
+        int *mv[4] = {&R->experts, &R->experts_used, &R->expert_ffn, &R->shared_ffn};
+        for (int i = 0; i < 4; i++) {
+            const cJSON *x_ = cJSON_GetObjectItem(s, mk[i]);
+            *mv[i] = cJSON_IsNumber(x_) ? x_->valueint : 0;
+        }
+    }
     R->n_cases = 0;
     cJSON_ArrayForEach(c, cases) {
         if (R->n_cases == MAXCASES) break;
@@ -396,8 +405,9 @@ static int cmp_flip(const void *a, const void *b) {
 }
 
 static const char *site_name(int s) {
-    static const char *n[] = {"attn_in", "k_in", "v_in", "attn_out", "ffn_in", "up_in", "ffn_down_in", "output_in"};
-    return s >= 0 && s < 8 ? n[s] : "?";
+    static const char *n[] = {"attn_in", "k_in", "v_in", "attn_out", "ffn_in", "up_in", "ffn_down_in", "output_in",
+                              "exp_down_in", "shexp_down_in", "router_in", "shexp_in"};
+    return s >= 0 && s < (int)CM_ARRAY_LEN(n) ? n[s] : "?";
 }
 
 /* Types whose activations keep 11+ bits (no 8-bit rounding to flip). */
@@ -521,7 +531,8 @@ static void check_model(const ref_model *R, cm_pool *pool) {
     cm_synth_params sp = {.arch = R->arch, .n_embd = R->dim, .n_layer = R->layers, .n_head = R->heads,
                           .n_head_kv = R->kv_heads, .n_ff = R->ffn, .n_ctx = R->ctx, .type = R->type,
                           .rope_llama3 = !strcmp(R->scaling, "llama3"), .tied = R->tied,
-                          .seed = (uint64_t)R->seed, .n_threads = 2};
+                          .seed = (uint64_t)R->seed, .n_threads = 2, .n_expert = R->experts,
+                          .n_expert_used = R->experts_used, .n_ff_exp = R->expert_ffn, .n_ff_shexp = R->shared_ffn};
     cm_buf file;
     cm_buf_init(&file);
     cm_gguf g;
