@@ -344,6 +344,29 @@ static void route(cm_moe *s, const cm_moe_run *r) {
         }
 }
 
+/* Rows [0, n_act * R + R_extra) of the active experts' weights, R per
+ * expert, then R_extra of the shared expert's: a row of expert act[i] costs
+ * its token count, a shared row n. Thread ith of nth gets [*b0, *b1) so that
+ * the costs, not the rows, are split evenly (a prefill whose tokens crowd one
+ * expert would otherwise leave threads idle). Same rows, same arithmetic per
+ * row whatever the split: results do not depend on it. */
+static int64_t row_at_cost(const cm_moe *s, int64_t R, int64_t r_extra, int n, int64_t cost) {
+    int64_t row = 0;
+    for (int i = 0; i < s->n_act; i++) {
+        const int64_t c = s->off[s->act[i] + 1] - s->off[s->act[i]];
+        if (cost < c * R) return row + (cost + c - 1) / c;
+        cost -= c * R;
+        row += R;
+    }
+    return row + CM_MIN(r_extra, (cost + n - 1) / n);
+}
+
+static void split_rows(const cm_moe *s, int64_t R, int64_t r_extra, int n, int ith, int nth, int64_t *b0, int64_t *b1) {
+    const int64_t total = (int64_t)n * s->k * R + (int64_t)n * r_extra; /* n * k assignments, each R rows */
+    *b0 = row_at_cost(s, R, r_extra, n, total * ith / nth);
+    *b1 = ith == nth - 1 ? (int64_t)s->n_act * R + r_extra : row_at_cost(s, R, r_extra, n, total * (ith + 1) / nth);
+}
+
 /* silu(g) * u for blocks [b0, b1) of one row and its conversion (or none for F32). */
 static void swiglu_blocks(const cm_moe_run *r, enum cm_act_site site, int row, int64_t col_base, enum cm_type vdt,
                           float *g, const float *u, uint8_t *dst, int bs, int64_t b0, int64_t b1) {
@@ -421,7 +444,7 @@ void cm_moe_ffn(cm_moe *s, const cm_moe_run *r, int ith, int nth) {
      * over that expert's tokens. */
     const int n_act = s->n_act;
     const uint8_t *xup = sep_up ? s->xgu : s->xg;
-    cm_split_range((int64_t)n_act * F + (sh ? FS : 0), ith, nth, &t0, &t1);
+    split_rows(s, F, sh ? FS : 0, n, ith, nth, &t0, &t1);
     for (int64_t u = t0; u < t1;) {
         if (u < (int64_t)n_act * F) {
             const int e = s->act[u / F];
@@ -462,7 +485,7 @@ void cm_moe_ffn(cm_moe *s, const cm_moe_run *r, int ith, int nth) {
 
     /* 7. down: E rows per active expert (then the shared expert's) */
     const bool f32d = vd == CM_TYPE_F32, f32ds = vds == CM_TYPE_F32;
-    cm_split_range((int64_t)n_act * E + (sh ? E : 0), ith, nth, &t0, &t1);
+    split_rows(s, E, sh ? E : 0, n, ith, nth, &t0, &t1);
     for (int64_t u = t0; u < t1;) {
         if (u < (int64_t)n_act * E) {
             const int e = s->act[u / E];
