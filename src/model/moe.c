@@ -9,11 +9,11 @@
  * barriers: (1) inputs converted for weights whose vec_dot_type differs from
  * the experts' gate, (2) router logits, (3) softmax, top-k, weights and the
  * grouping of (token, slot) assignments by expert (thread 0), (4) each
- * expert's tokens gathered into contiguous rows, (5) gate and up of every
- * active expert as one GEMM over its tokens (rows of all experts split
- * across threads), (6) silu(gate) * up converted for down, (7) down GEMMs,
- * (8) the weighted sum per token in top-k order. Only the chosen experts'
- * rows are read. It must never allocate in cm_moe_ffn(): scratch is sized by
+ * expert's tokens gathered into contiguous rows (batches of 2+), (5) gate
+ * and up of every active expert as one GEMM over its tokens (rows of all
+ * experts split across threads by cost), then silu(gate) * up converted for
+ * down by the same thread, (6) down GEMMs, (7) the weighted sum per token in
+ * top-k order. Only the chosen experts' rows are read. It must never allocate in cm_moe_ffn(): scratch is sized by
  * cm_moe_new().
  */
 #include "moe.h"
@@ -367,6 +367,18 @@ static void split_rows(const cm_moe *s, int64_t R, int64_t r_extra, int n, int i
     *b1 = ith == nth - 1 ? (int64_t)s->n_act * R + r_extra : row_at_cost(s, R, r_extra, n, total * (ith + 1) / nth);
 }
 
+/* Round a row boundary of the gate/up range up to a block of its segment's
+ * down activation type (bs for the experts, bss for the shared expert),
+ * relative to the segment's start, so each thread converts whole blocks. */
+static int64_t align_row(const cm_moe *s, int64_t F, int bs, int bss, int64_t u) {
+    const int64_t ex = (int64_t)s->n_act * F;
+    if (u < ex) {
+        const int64_t seg = u / F * F;
+        return CM_MIN(seg + F, seg + (u - seg + bs - 1) / bs * bs);
+    }
+    return ex + (u - ex + bss - 1) / bss * bss; /* at most ex + FS: FS is a multiple of bss */
+}
+
 /* silu(g) * u for blocks [b0, b1) of one row and its conversion (or none for F32). */
 static void swiglu_blocks(const cm_moe_run *r, enum cm_act_site site, int row, int64_t col_base, enum cm_type vdt,
                           float *g, const float *u, uint8_t *dst, int bs, int64_t b0, int64_t b1) {
@@ -427,63 +439,61 @@ void cm_moe_ffn(cm_moe *s, const cm_moe_run *r, int ith, int nth) {
     if (ith == 0) route(s, r);
     cm_pool_barrier(r->pool);
 
-    /* 4. gather each expert's input rows, in assignment order */
+    /* 4. gather each expert's input rows, in assignment order (one token:
+     * every expert reads row 0 in place, no gather and no barrier) */
     const int A = n * K;
     const size_t rs_g = r->xq_stride;
     const size_t gb = act_row_size(vdt_of(&L->ffn_gate_exps), E), ub = act_row_size(vdt_of(&L->ffn_up_exps), E);
     const bool sep_up = xu != r->xq;
-    cm_split_range(A, ith, nth, &t0, &t1);
-    for (int64_t a = t0; a < t1; a++) {
-        memcpy(s->xg + a * s->rs_e, (const uint8_t *)r->xq + (size_t)s->tok[a] * rs_g, gb);
-        if (sep_up) memcpy(s->xgu + a * s->rs_e, xu + (size_t)s->tok[a] * rs_u, ub);
+    if (n > 1) {
+        cm_split_range(A, ith, nth, &t0, &t1);
+        for (int64_t a = t0; a < t1; a++) {
+            memcpy(s->xg + a * s->rs_e, (const uint8_t *)r->xq + (size_t)s->tok[a] * rs_g, gb);
+            if (sep_up) memcpy(s->xgu + a * s->rs_e, xu + (size_t)s->tok[a] * rs_u, ub);
+        }
+        cm_pool_barrier(r->pool);
     }
-    cm_pool_barrier(r->pool);
 
     /* 5. gate and up: the rows of every active expert (then the shared
-     * expert's) as one range split across threads; each piece is one GEMM
-     * over that expert's tokens. */
+     * expert's) as one range split across threads by cost and on blocks of
+     * down's activation type; each piece is one GEMM over that expert's
+     * tokens, then the same thread applies silu(gate) * up to its rows and
+     * converts them for down (whole blocks: the bytes of a whole-row
+     * conversion), so no barrier separates the two. */
     const int n_act = s->n_act;
     const uint8_t *xup = sep_up ? s->xgu : s->xg;
+    const enum cm_type vd = vdt_of(&L->ffn_down_exps), vds = sh ? vdt_of(&L->ffn_down_shexp) : CM_TYPE_F32;
+    const int bs = cm_type_traits_of(vd)->block_size, bss = cm_type_traits_of(vds)->block_size;
     split_rows(s, F, sh ? FS : 0, n, ith, nth, &t0, &t1);
+    t0 = align_row(s, F, bs, bss, t0);
+    t1 = ith == nth - 1 ? t1 : align_row(s, F, bs, bss, t1);
     for (int64_t u = t0; u < t1;) {
         if (u < (int64_t)n_act * F) {
             const int e = s->act[u / F];
             const int64_t r0 = u % F, r1 = CM_MIN(F, r0 + (t1 - u));
             const int o = s->off[e], c = s->off[e + 1] - o;
             cm_tensor wg = expert_view(&L->ffn_gate_exps, e), wu = expert_view(&L->ffn_up_exps, e);
-            cm_matmul_rows(kt, &wg, s->xg + (size_t)o * s->rs_e, s->rs_e, c, s->g + (size_t)o * F, F, r0, r1);
-            cm_matmul_rows(kt, &wu, xup + (size_t)o * s->rs_e, s->rs_e, c, s->u + (size_t)o * F, F, r0, r1);
+            const uint8_t *xg = n == 1 ? (const uint8_t *)r->xq : s->xg + (size_t)o * s->rs_e;
+            const uint8_t *xv = n == 1 ? xu : xup + (size_t)o * s->rs_e;
+            cm_matmul_rows(kt, &wg, xg, s->rs_e, c, s->g + (size_t)o * F, F, r0, r1);
+            cm_matmul_rows(kt, &wu, xv, s->rs_e, c, s->u + (size_t)o * F, F, r0, r1);
+            for (int a = o; a < o + c; a++)
+                swiglu_blocks(r, CM_ACT_EXP_DOWN, s->tok[a], (int64_t)s->slot[a] * F, vd, s->g + (size_t)a * F,
+                              s->u + (size_t)a * F, s->dq + (size_t)a * s->rs_f, bs, r0 / bs, r1 / bs);
             u += r1 - r0;
         } else {
             const int64_t r0 = u - (int64_t)n_act * F, r1 = CM_MIN(FS, r0 + (t1 - u));
             cm_matmul_rows(kt, &L->ffn_gate_shexp, xsg, rs_sg, n, s->gs, FS, r0, r1);
             cm_matmul_rows(kt, &L->ffn_up_shexp, xsu, rs_su, n, s->us, FS, r0, r1);
+            for (int j = 0; j < n; j++)
+                swiglu_blocks(r, CM_ACT_SHEXP_DOWN, j, 0, vds, s->gs + (size_t)j * FS, s->us + (size_t)j * FS,
+                              s->dqs + (size_t)j * s->rs_fs, bss, r0 / bss, r1 / bss);
             u += r1 - r0;
         }
     }
     cm_pool_barrier(r->pool);
 
-    /* 6. silu(gate) * up, converted for down, by (row, block) units */
-    const enum cm_type vd = vdt_of(&L->ffn_down_exps), vds = sh ? vdt_of(&L->ffn_down_shexp) : CM_TYPE_F32;
-    const int bs = cm_type_traits_of(vd)->block_size, bss = cm_type_traits_of(vds)->block_size;
-    const int64_t nb = F / bs, nbs = sh ? FS / bss : 0;
-    cm_split_range((int64_t)A * nb + (int64_t)n * nbs, ith, nth, &t0, &t1);
-    for (int64_t u = t0; u < t1;) {
-        if (u < (int64_t)A * nb) {
-            const int64_t a = u / nb, b0 = u % nb, b1 = CM_MIN(nb, b0 + (t1 - u));
-            swiglu_blocks(r, CM_ACT_EXP_DOWN, s->tok[a], (int64_t)s->slot[a] * F, vd, s->g + a * F, s->u + a * F,
-                          s->dq + a * s->rs_f, bs, b0, b1);
-            u += b1 - b0;
-        } else {
-            const int64_t v = u - (int64_t)A * nb, j = v / nbs, b0 = v % nbs, b1 = CM_MIN(nbs, b0 + (t1 - u));
-            swiglu_blocks(r, CM_ACT_SHEXP_DOWN, (int)j, 0, vds, s->gs + j * FS, s->us + j * FS, s->dqs + j * s->rs_fs,
-                          bss, b0, b1);
-            u += b1 - b0;
-        }
-    }
-    cm_pool_barrier(r->pool);
-
-    /* 7. down: E rows per active expert (then the shared expert's) */
+    /* 6. down: E rows per active expert (then the shared expert's) */
     const bool f32d = vd == CM_TYPE_F32, f32ds = vds == CM_TYPE_F32;
     split_rows(s, E, sh ? E : 0, n, ith, nth, &t0, &t1);
     for (int64_t u = t0; u < t1;) {
@@ -504,7 +514,7 @@ void cm_moe_ffn(cm_moe *s, const cm_moe_run *r, int ith, int nth) {
     }
     cm_pool_barrier(r->pool);
 
-    /* 8. per token: weighted expert outputs added in top-k order, then the
+    /* 7. per token: weighted expert outputs added in top-k order, then the
      * gated shared expert (llama.cpp: ggml_mul, then the ggml_add chain) */
     cm_split_range((int64_t)n * E, ith, nth, &t0, &t1);
     for (int64_t idx = t0; idx < t1; idx++) {
