@@ -128,7 +128,7 @@ cm_ctx *cm_ctx_new(const cm_model *m, int max_batch, int max_ctx, cm_pool *pool,
     if (!c) { cm_errf(err, errlen, CM_ENOMEM, "out of memory"); return NULL; }
     const cm_hparams *hp = &m->hp;
     size_t B = (size_t)max_batch, E = (size_t)hp->n_embd, QD = (size_t)hp->n_head * hp->head_dim;
-    size_t KD = (size_t)hp->n_head_kv * hp->head_dim, F = (size_t)hp->n_ff;
+    size_t KD = (size_t)hp->n_head_kv * hp->head_dim, F = hp->n_expert ? 0 : (size_t)hp->n_ff; /* MoE: moe.c's scratch */
     size_t kmax = CM_MAX(E, CM_MAX(QD, F));
     c->m = m;
     c->k = cm_kernels_get();
@@ -151,7 +151,7 @@ cm_ctx *cm_ctx_new(const cm_model *m, int max_batch, int max_ctx, cm_pool *pool,
     c->xq_size = B * kmax * 4 + 64;
     c->xq = zalloc(c->xq_size);
     c->out_rows = zalloc(B * 4);
-    if (hp->n_expert && !(c->moe = cm_moe_new(m, max_batch))) {
+    if (hp->n_expert && !(c->moe = cm_moe_new(m, max_batch, c->n_threads))) {
         cm_ctx_free(c);
         cm_errf(err, errlen, CM_ENOMEM, "out of memory for expert scratch (batch %d)", max_batch);
         return NULL;

@@ -8,7 +8,8 @@
  * shared expert. Compute: one pool run per layer, in steps separated by
  * barriers: (1) inputs converted for weights whose vec_dot_type differs from
  * the experts' gate, (2) router logits, (3) softmax, top-k, weights and the
- * grouping of (token, slot) assignments by expert (thread 0), (4) each
+ * grouping of (token, slot) assignments by expert (thread 0; one token:
+ * every thread into its own scratch, no barrier), (4) each
  * expert's tokens gathered into contiguous rows (batches of 2+), (5) gate
  * and up of every active expert as one GEMM over its tokens (rows of all
  * experts split across threads by cost), then silu(gate) * up converted for
@@ -158,16 +159,24 @@ int cm_moe_check_slice(const cm_model *m, cm_slice s, char *err, size_t errlen) 
 
 /* ---------------- scratch ---------------- */
 
-struct cm_moe {
-    int max_batch, n_expert, k;
-    float *probs;                /* [B][n_expert] router logits, then probabilities */
-    float *shg;                  /* [B] shared-expert gate logit, then its sigmoid */
-    int32_t *sel;                /* [B][k] chosen experts, top-k order */
-    float *w;                    /* [B][k] their weights */
-    int32_t *cnt, *off, *act;    /* per expert: tokens, first assignment; active experts ascending */
+/* One batch's routing: written by route(), read by the later steps. */
+typedef struct moe_route {
+    float *probs;              /* [B][n_expert] probabilities */
+    float *shg;                /* [B] the shared expert's gate, sigmoid(logit) */
+    int32_t *sel;              /* [B][k] chosen experts, top-k order */
+    float *w;                  /* [B][k] their weights */
+    int32_t *cnt, *off, *act;  /* per expert: tokens, first assignment; active experts ascending */
     int n_act;
-    int32_t *tok, *slot, *aof;   /* assignment a -> token, slot; (token, slot) -> a */
-    uint8_t *mark;               /* [n_expert] top-k selection marks (thread 0) */
+    int32_t *tok, *slot, *aof; /* assignment a -> token, slot; (token, slot) -> a */
+    uint8_t *mark;             /* [n_expert] top-k selection marks */
+} moe_route;
+
+struct cm_moe {
+    int max_batch, n_expert, k, n_threads;
+    float *logits;               /* [B][n_expert] router logits */
+    float *shl;                  /* [B] shared-expert gate logits */
+    moe_route rt;                /* a batch's routing (thread 0 routes, a barrier publishes it) */
+    moe_route *tl;               /* [n_threads] one token's routing, each thread its own (no barrier) */
     uint8_t *xr, *xu, *xsg, *xsu; /* [B] inputs converted for router / up_exps / shexp gate / shexp up */
     uint8_t *xg, *xgu;           /* [A] gathered gate (and up) inputs */
     float *g, *u;                /* [A][F] */
@@ -184,10 +193,34 @@ static void *zalloc(size_t n) {
     return p;
 }
 
+static void route_free(moe_route *t) {
+    void *ps[] = {t->probs, t->shg, t->sel, t->w, t->cnt, t->off, t->act, t->tok, t->slot, t->aof, t->mark};
+    for (size_t i = 0; i < CM_ARRAY_LEN(ps); i++) cm_aligned_free(ps[i]);
+}
+
+static bool route_alloc(moe_route *t, size_t B, size_t X, size_t K) {
+    const size_t A = B * K;
+    t->probs = zalloc(B * X * 4);
+    t->shg = zalloc(B * 4);
+    t->sel = zalloc(A * 4);
+    t->w = zalloc(A * 4);
+    t->cnt = zalloc(X * 4);
+    t->off = zalloc((X + 1) * 4);
+    t->act = zalloc(X * 4);
+    t->tok = zalloc(A * 4);
+    t->slot = zalloc(A * 4);
+    t->aof = zalloc(A * 4);
+    t->mark = zalloc(X);
+    return t->probs && t->shg && t->sel && t->w && t->cnt && t->off && t->act && t->tok && t->slot && t->aof && t->mark;
+}
+
 void cm_moe_free(cm_moe *s) {
     if (!s) return;
-    void *ps[] = {s->probs, s->shg, s->sel, s->w, s->cnt, s->off, s->act, s->tok, s->slot, s->aof, s->mark, s->xr,
-                  s->xu, s->xsg, s->xsu, s->xg, s->xgu, s->g, s->u, s->dq, s->y, s->gs, s->us, s->ys, s->dqs};
+    route_free(&s->rt);
+    for (int i = 0; s->tl && i < s->n_threads; i++) route_free(&s->tl[i]);
+    cm_free(s->tl);
+    void *ps[] = {s->logits, s->shl, s->xr, s->xu, s->xsg, s->xsu, s->xg, s->xgu, s->g, s->u, s->dq, s->y,
+                  s->gs, s->us, s->ys, s->dqs};
     for (size_t i = 0; i < CM_ARRAY_LEN(ps); i++) cm_aligned_free(ps[i]);
     cm_free(s);
 }
@@ -195,7 +228,7 @@ void cm_moe_free(cm_moe *s) {
 /* F32 is the widest activation type: 4 bytes per element bound any row. */
 static size_t row_bound(int64_t n) { return ((size_t)n * 4 + 63) & ~(size_t)63; }
 
-cm_moe *cm_moe_new(const cm_model *m, int max_batch) {
+cm_moe *cm_moe_new(const cm_model *m, int max_batch, int n_threads) {
     const cm_hparams *hp = &m->hp;
     cm_moe *s = cm_calloc(1, sizeof *s);
     if (!s) return NULL;
@@ -204,20 +237,12 @@ cm_moe *cm_moe_new(const cm_model *m, int max_batch) {
     s->max_batch = max_batch;
     s->n_expert = hp->n_expert;
     s->k = hp->n_expert_used;
+    s->n_threads = n_threads < 1 ? 1 : n_threads;
     s->rs_e = row_bound((int64_t)E);
     s->rs_f = row_bound((int64_t)F);
     s->rs_fs = row_bound((int64_t)FS);
-    s->probs = zalloc(B * X * 4);
-    s->shg = zalloc(B * 4);
-    s->sel = zalloc(A * 4);
-    s->w = zalloc(A * 4);
-    s->cnt = zalloc(X * 4);
-    s->off = zalloc((X + 1) * 4);
-    s->act = zalloc(X * 4);
-    s->tok = zalloc(A * 4);
-    s->slot = zalloc(A * 4);
-    s->aof = zalloc(A * 4);
-    s->mark = zalloc(X);
+    s->logits = zalloc(B * X * 4);
+    s->shl = zalloc(B * 4);
     s->xr = zalloc(B * s->rs_e);
     s->xu = zalloc(B * s->rs_e);
     s->xsg = zalloc(B * s->rs_e);
@@ -232,10 +257,13 @@ cm_moe *cm_moe_new(const cm_model *m, int max_batch) {
     s->us = zalloc(B * FS * 4);
     s->ys = zalloc(B * E * 4);
     s->dqs = zalloc(B * s->rs_fs);
-    void *ps[] = {s->probs, s->shg, s->sel, s->w, s->cnt, s->off, s->act, s->tok, s->slot, s->aof, s->mark, s->xr,
-                  s->xu, s->xsg, s->xsu, s->xg, s->xgu, s->g, s->u, s->dq, s->y, s->gs, s->us, s->ys, s->dqs};
-    for (size_t i = 0; i < CM_ARRAY_LEN(ps); i++)
-        if (!ps[i]) { cm_moe_free(s); return NULL; }
+    s->tl = cm_calloc((size_t)s->n_threads, sizeof *s->tl);
+    bool ok = s->tl && route_alloc(&s->rt, B, X, K);
+    for (int i = 0; ok && i < s->n_threads; i++) ok = route_alloc(&s->tl[i], 1, X, K);
+    void *ps[] = {s->logits, s->shl, s->xr, s->xu, s->xsg, s->xsu, s->xg, s->xgu, s->g, s->u, s->dq, s->y,
+                  s->gs, s->us, s->ys, s->dqs};
+    for (size_t i = 0; i < CM_ARRAY_LEN(ps); i++) ok = ok && ps[i];
+    if (!ok) { cm_moe_free(s); return NULL; }
     return s;
 }
 
@@ -282,33 +310,35 @@ static cm_tensor expert_view(const cm_tensor *w, int e) {
     return t;
 }
 
-/* Step 3 (thread 0): softmax over the experts, top k, weights, and the
- * grouping of the n * k (token, slot) assignments by expert. */
-static void route(cm_moe *s, const cm_moe_run *r) {
+/* Step 3: softmax over the experts, top k, weights, and the grouping of the
+ * n * k (token, slot) assignments by expert, into t (thread 0 for a batch;
+ * for one token every thread into its own t, the same numbers). */
+static void route(const cm_moe *s, moe_route *t, const cm_moe_run *r) {
     const cm_hparams *hp = &r->m->hp;
     const int X = hp->n_expert, K = hp->n_expert_used, n = r->n;
     const bool sh = r->m->layers[r->il].ffn_gate_inp_shexp.data != NULL;
     for (int j = 0; j < n; j++) {
-        float *p = s->probs + (size_t)j * X;
+        const float *lg = s->logits + (size_t)j * X;
+        float *p = t->probs + (size_t)j * X;
         /* ggml_soft_max_f32: max, expf, double sum, times the float 1/sum */
         float mx = -INFINITY;
-        for (int e = 0; e < X; e++) mx = p[e] > mx ? p[e] : mx;
+        for (int e = 0; e < X; e++) mx = lg[e] > mx ? lg[e] : mx;
         double sum = 0;
         for (int e = 0; e < X; e++) {
-            p[e] = expf(p[e] - mx);
+            p[e] = expf(lg[e] - mx);
             sum += (double)p[e];
         }
         const float inv = (float)(1.0 / sum);
         for (int e = 0; e < X; e++) p[e] *= inv;
         /* ggml_argsort_top_k: descending; ties by lower id */
-        int32_t *sel = s->sel + (size_t)j * K;
-        float *w = s->w + (size_t)j * K;
-        memset(s->mark, 0, (size_t)X);
+        int32_t *sel = t->sel + (size_t)j * K;
+        float *w = t->w + (size_t)j * K;
+        memset(t->mark, 0, (size_t)X);
         for (int k = 0; k < K; k++) {
             int best = -1;
             for (int e = 0; e < X; e++)
-                if (!s->mark[e] && (best < 0 || p[e] > p[best])) best = e;
-            s->mark[best] = 1;
+                if (!t->mark[e] && (best < 0 || p[e] > p[best])) best = e;
+            t->mark[best] = 1;
             sel[k] = best;
             w[k] = p[best];
         }
@@ -320,27 +350,27 @@ static void route(cm_moe *s, const cm_moe_run *r) {
             for (int k = 0; k < K; k++) w[k] = w[k] / wsf;
         }
         if (sh) { /* llama.cpp's sigmoid: silu(v) / v */
-            const float v = s->shg[j];
+            const float v = s->shl[j];
             const float si = v / (1.0f + expf(-v));
-            s->shg[j] = si / v;
+            t->shg[j] = si / v;
         }
     }
-    memset(s->cnt, 0, (size_t)X * sizeof(int32_t));
-    for (int i = 0; i < n * K; i++) s->cnt[s->sel[i]]++;
-    s->n_act = 0;
-    s->off[0] = 0;
+    memset(t->cnt, 0, (size_t)X * sizeof(int32_t));
+    for (int i = 0; i < n * K; i++) t->cnt[t->sel[i]]++;
+    t->n_act = 0;
+    t->off[0] = 0;
     for (int e = 0; e < X; e++) {
-        s->off[e + 1] = s->off[e] + s->cnt[e];
-        if (s->cnt[e]) s->act[s->n_act++] = e;
-        s->cnt[e] = 0; /* reused as the fill cursor, restored below */
+        t->off[e + 1] = t->off[e] + t->cnt[e];
+        if (t->cnt[e]) t->act[t->n_act++] = e;
+        t->cnt[e] = 0; /* reused as the fill cursor, restored below */
     }
     for (int j = 0; j < n; j++)
         for (int k = 0; k < K; k++) {
-            const int e = s->sel[(size_t)j * K + k];
-            const int a = s->off[e] + s->cnt[e]++;
-            s->tok[a] = j;
-            s->slot[a] = k;
-            s->aof[(size_t)j * K + k] = a;
+            const int e = t->sel[(size_t)j * K + k];
+            const int a = t->off[e] + t->cnt[e]++;
+            t->tok[a] = j;
+            t->slot[a] = k;
+            t->aof[(size_t)j * K + k] = a;
         }
 }
 
@@ -350,10 +380,10 @@ static void route(cm_moe *s, const cm_moe_run *r) {
  * the costs, not the rows, are split evenly (a prefill whose tokens crowd one
  * expert would otherwise leave threads idle). Same rows, same arithmetic per
  * row whatever the split: results do not depend on it. */
-static int64_t row_at_cost(const cm_moe *s, int64_t R, int64_t r_extra, int n, int64_t cost) {
+static int64_t row_at_cost(const moe_route *t, int64_t R, int64_t r_extra, int n, int64_t cost) {
     int64_t row = 0;
-    for (int i = 0; i < s->n_act; i++) {
-        const int64_t c = s->off[s->act[i] + 1] - s->off[s->act[i]];
+    for (int i = 0; i < t->n_act; i++) {
+        const int64_t c = t->off[t->act[i] + 1] - t->off[t->act[i]];
         if (cost < c * R) return row + (cost + c - 1) / c;
         cost -= c * R;
         row += R;
@@ -361,17 +391,18 @@ static int64_t row_at_cost(const cm_moe *s, int64_t R, int64_t r_extra, int n, i
     return row + CM_MIN(r_extra, (cost + n - 1) / n);
 }
 
-static void split_rows(const cm_moe *s, int64_t R, int64_t r_extra, int n, int ith, int nth, int64_t *b0, int64_t *b1) {
-    const int64_t total = (int64_t)n * s->k * R + (int64_t)n * r_extra; /* n * k assignments, each R rows */
-    *b0 = row_at_cost(s, R, r_extra, n, total * ith / nth);
-    *b1 = ith == nth - 1 ? (int64_t)s->n_act * R + r_extra : row_at_cost(s, R, r_extra, n, total * (ith + 1) / nth);
+static void split_rows(const moe_route *t, int K, int64_t R, int64_t r_extra, int n, int ith, int nth, int64_t *b0,
+                       int64_t *b1) {
+    const int64_t total = (int64_t)n * K * R + (int64_t)n * r_extra; /* n * k assignments, each R rows */
+    *b0 = row_at_cost(t, R, r_extra, n, total * ith / nth);
+    *b1 = ith == nth - 1 ? (int64_t)t->n_act * R + r_extra : row_at_cost(t, R, r_extra, n, total * (ith + 1) / nth);
 }
 
 /* Round a row boundary of the gate/up range up to a block of its segment's
  * down activation type (bs for the experts, bss for the shared expert),
  * relative to the segment's start, so each thread converts whole blocks. */
-static int64_t align_row(const cm_moe *s, int64_t F, int bs, int bss, int64_t u) {
-    const int64_t ex = (int64_t)s->n_act * F;
+static int64_t align_row(const moe_route *t, int64_t F, int bs, int bss, int64_t u) {
+    const int64_t ex = (int64_t)t->n_act * F;
     if (u < ex) {
         const int64_t seg = u / F * F;
         return CM_MIN(seg + F, seg + (u - seg + bs - 1) / bs * bs);
@@ -429,15 +460,20 @@ void cm_moe_ffn(cm_moe *s, const cm_moe_run *r, int ith, int nth) {
     cm_split_range(X + (sh ? 1 : 0), ith, nth, &t0, &t1);
     if (t1 > t0) {
         const int64_t r1 = CM_MIN(t1, X);
-        if (r1 > t0) cm_matmul_rows(kt, &L->ffn_gate_inp, xr, rs_r, n, s->probs, X, t0, r1);
+        if (r1 > t0) cm_matmul_rows(kt, &L->ffn_gate_inp, xr, rs_r, n, s->logits, X, t0, r1);
         if (t1 > X)
-            cm_matmul_rows(kt, &L->ffn_gate_inp_shexp, r->xn, (size_t)E * sizeof(float), n, s->shg, 1, 0, 1);
+            cm_matmul_rows(kt, &L->ffn_gate_inp_shexp, r->xn, (size_t)E * sizeof(float), n, s->shl, 1, 0, 1);
     }
     cm_pool_barrier(r->pool);
 
-    /* 3. top-k and grouping */
-    if (ith == 0) route(s, r);
-    cm_pool_barrier(r->pool);
+    /* 3. top-k and grouping: thread 0 for a batch; for one token each
+     * thread routes it itself (cheaper than a barrier) */
+    moe_route *t = n == 1 ? &s->tl[ith] : &s->rt;
+    if (n == 1) route(s, t, r);
+    else {
+        if (ith == 0) route(s, t, r);
+        cm_pool_barrier(r->pool);
+    }
 
     /* 4. gather each expert's input rows, in assignment order (one token:
      * every expert reads row 0 in place, no gather and no barrier) */
@@ -448,8 +484,8 @@ void cm_moe_ffn(cm_moe *s, const cm_moe_run *r, int ith, int nth) {
     if (n > 1) {
         cm_split_range(A, ith, nth, &t0, &t1);
         for (int64_t a = t0; a < t1; a++) {
-            memcpy(s->xg + a * s->rs_e, (const uint8_t *)r->xq + (size_t)s->tok[a] * rs_g, gb);
-            if (sep_up) memcpy(s->xgu + a * s->rs_e, xu + (size_t)s->tok[a] * rs_u, ub);
+            memcpy(s->xg + a * s->rs_e, (const uint8_t *)r->xq + (size_t)t->tok[a] * rs_g, gb);
+            if (sep_up) memcpy(s->xgu + a * s->rs_e, xu + (size_t)t->tok[a] * rs_u, ub);
         }
         cm_pool_barrier(r->pool);
     }
@@ -460,25 +496,25 @@ void cm_moe_ffn(cm_moe *s, const cm_moe_run *r, int ith, int nth) {
      * tokens, then the same thread applies silu(gate) * up to its rows and
      * converts them for down (whole blocks: the bytes of a whole-row
      * conversion), so no barrier separates the two. */
-    const int n_act = s->n_act;
+    const int n_act = t->n_act;
     const uint8_t *xup = sep_up ? s->xgu : s->xg;
     const enum cm_type vd = vdt_of(&L->ffn_down_exps), vds = sh ? vdt_of(&L->ffn_down_shexp) : CM_TYPE_F32;
     const int bs = cm_type_traits_of(vd)->block_size, bss = cm_type_traits_of(vds)->block_size;
-    split_rows(s, F, sh ? FS : 0, n, ith, nth, &t0, &t1);
-    t0 = align_row(s, F, bs, bss, t0);
-    t1 = ith == nth - 1 ? t1 : align_row(s, F, bs, bss, t1);
+    split_rows(t, K, F, sh ? FS : 0, n, ith, nth, &t0, &t1);
+    t0 = align_row(t, F, bs, bss, t0);
+    t1 = ith == nth - 1 ? t1 : align_row(t, F, bs, bss, t1);
     for (int64_t u = t0; u < t1;) {
         if (u < (int64_t)n_act * F) {
-            const int e = s->act[u / F];
+            const int e = t->act[u / F];
             const int64_t r0 = u % F, r1 = CM_MIN(F, r0 + (t1 - u));
-            const int o = s->off[e], c = s->off[e + 1] - o;
+            const int o = t->off[e], c = t->off[e + 1] - o;
             cm_tensor wg = expert_view(&L->ffn_gate_exps, e), wu = expert_view(&L->ffn_up_exps, e);
             const uint8_t *xg = n == 1 ? (const uint8_t *)r->xq : s->xg + (size_t)o * s->rs_e;
             const uint8_t *xv = n == 1 ? xu : xup + (size_t)o * s->rs_e;
             cm_matmul_rows(kt, &wg, xg, s->rs_e, c, s->g + (size_t)o * F, F, r0, r1);
             cm_matmul_rows(kt, &wu, xv, s->rs_e, c, s->u + (size_t)o * F, F, r0, r1);
             for (int a = o; a < o + c; a++)
-                swiglu_blocks(r, CM_ACT_EXP_DOWN, s->tok[a], (int64_t)s->slot[a] * F, vd, s->g + (size_t)a * F,
+                swiglu_blocks(r, CM_ACT_EXP_DOWN, t->tok[a], (int64_t)t->slot[a] * F, vd, s->g + (size_t)a * F,
                               s->u + (size_t)a * F, s->dq + (size_t)a * s->rs_f, bs, r0 / bs, r1 / bs);
             u += r1 - r0;
         } else {
@@ -495,12 +531,12 @@ void cm_moe_ffn(cm_moe *s, const cm_moe_run *r, int ith, int nth) {
 
     /* 6. down: E rows per active expert (then the shared expert's) */
     const bool f32d = vd == CM_TYPE_F32, f32ds = vds == CM_TYPE_F32;
-    split_rows(s, E, sh ? E : 0, n, ith, nth, &t0, &t1);
+    split_rows(t, K, E, sh ? E : 0, n, ith, nth, &t0, &t1);
     for (int64_t u = t0; u < t1;) {
         if (u < (int64_t)n_act * E) {
-            const int e = s->act[u / E];
+            const int e = t->act[u / E];
             const int64_t r0 = u % E, r1 = CM_MIN(E, r0 + (t1 - u));
-            const int o = s->off[e], c = s->off[e + 1] - o;
+            const int o = t->off[e], c = t->off[e + 1] - o;
             cm_tensor wd = expert_view(&L->ffn_down_exps, e);
             const void *x = f32d ? (const void *)(s->g + (size_t)o * F) : (const void *)(s->dq + (size_t)o * s->rs_f);
             cm_matmul_rows(kt, &wd, x, f32d ? (size_t)F * sizeof(float) : s->rs_f, c, s->y + (size_t)o * E, E, r0, r1);
@@ -519,16 +555,16 @@ void cm_moe_ffn(cm_moe *s, const cm_moe_run *r, int ith, int nth) {
     cm_split_range((int64_t)n * E, ith, nth, &t0, &t1);
     for (int64_t idx = t0; idx < t1; idx++) {
         const int64_t j = idx / E, i = idx % E;
-        const int32_t *aof = s->aof + j * K;
-        const float *w = s->w + j * K;
+        const int32_t *aof = t->aof + j * K;
+        const float *w = t->w + j * K;
         float acc = s->y[(size_t)aof[0] * E + i] * w[0];
         for (int k = 1; k < K; k++) {
-            const float t = s->y[(size_t)aof[k] * E + i] * w[k];
-            acc = acc + t;
+            const float yw = s->y[(size_t)aof[k] * E + i] * w[k];
+            acc = acc + yw;
         }
         if (sh) {
-            const float t = s->ys[j * E + i] * s->shg[j];
-            acc = acc + t;
+            const float yg = s->ys[j * E + i] * t->shg[j];
+            acc = acc + yg;
         }
         r->out[idx] = acc;
     }

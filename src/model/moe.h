@@ -37,9 +37,9 @@ void cm_moe_count_active(cm_model *m);
 /* CM_EUNSUPPORTED unless s is the whole model (no tensor-parallel experts yet). */
 int cm_moe_check_slice(const cm_model *m, cm_slice s, char *err, size_t errlen);
 
-/* Scratch of the MoE FFN for batches of up to max_batch tokens. */
+/* Scratch of the MoE FFN for batches of up to max_batch tokens on a pool of n_threads. */
 typedef struct cm_moe cm_moe;
-cm_moe *cm_moe_new(const cm_model *m, int max_batch);
+cm_moe *cm_moe_new(const cm_model *m, int max_batch, int n_threads); /* n_threads: the pool's size */
 void cm_moe_free(cm_moe *s);
 
 /* One layer's MoE FFN over n tokens, called by every thread of the pool
