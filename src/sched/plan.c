@@ -482,6 +482,10 @@ int cm_plan_make(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan
     int group_of[CM_PLAN_MAX_NODES];
     int rc;
     char e2[512] = "";
+    if (m->n_expert > 0 && n > 1 && (o->mode == CM_PARALLEL_TP || o->mode == CM_PARALLEL_HYBRID))
+        return cm_errf(err, errlen, CM_EUNSUPPORTED,
+                       "tensor-parallel and hybrid plans of a mixture-of-experts model (%d experts) are not supported; "
+                       "use --parallel pp", m->n_expert);
     if (o->mode == CM_PARALLEL_PP && o->reorder && n >= 3 && n <= CM_PLAN_REORDER_MAX && n <= m->n_layers)
         return plan_best_order(m, c, o, out, err, errlen);
     if (o->mode == CM_PARALLEL_PP || o->mode == CM_PARALLEL_TP || n == 1) {
@@ -523,6 +527,7 @@ int cm_plan_make(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan
         }
         if (cm_plan_for_groups(m, c, o, group_of, &cand, e2, sizeof e2) != 0) continue;
         if (o->mode == CM_PARALLEL_HYBRID && cand.mode != CM_PARALLEL_HYBRID) continue;
+        if (m->n_expert > 0 && cand.mode != CM_PARALLEL_PP) continue; /* experts: pipeline only (see plan.h) */
         if (cand.mode == CM_PARALLEL_PP && cand.tok_s > best_pp) best_pp = cand.tok_s;
         if (cand.mode == CM_PARALLEL_TP && cand.tok_s > best_tp) best_tp = cand.tok_s;
         double score = o->n_seq > 1 ? cand.tok_s_aggregate : cand.tok_s;

@@ -69,6 +69,9 @@ typedef struct cm_plan_model {
     int head_granule;    /* KV-head slice boundaries are multiples of this, so that the
                             attn_output columns of a slice start on a block boundary
                             (cm_slice_check); 0 or 1: any head */
+    int n_expert;        /* mixture of experts (<arch>.expert_count; 0: dense): pipeline plans
+                            only, the model refuses tensor-parallel slices of experts
+                            (NEEDSWORK: expert parallelism, issue 13) */
 } cm_plan_model;
 
 typedef struct cm_plan_opts {

@@ -189,6 +189,7 @@ int cm_plan_model_from_gguf(const cm_gguf *g, cm_plan_model *m, char *err, size_
     m->n_kv_heads = (int)hparam(g, arch, "attention.head_count_kv", m->n_heads);
     m->ffn = (int)hparam(g, arch, "feed_forward_length", 0);
     m->head_dim = m->n_heads > 0 ? (int)hparam(g, arch, "attention.key_length", m->dim / m->n_heads) : 0;
+    m->n_expert = (int)hparam(g, arch, "expert_count", 0);
     free(arch);
     if (m->n_layers < 1 || m->n_layers > CM_PLAN_MAX_LAYERS || m->dim < 1 || m->n_heads < 1 || m->n_kv_heads < 1 ||
         m->ffn < 1 || m->n_heads % m->n_kv_heads)

@@ -346,6 +346,29 @@ static void test_auto_hybrid(void) {
     CHECK(p2.tok_s == p.tok_s && p2.n_stages == p.n_stages);
 }
 
+/* A mixture-of-experts model gets pipeline plans only (the model refuses
+ * tensor-parallel slices of experts): where a dense model of the same shape
+ * goes tensor-parallel, auto picks a pipeline; tp and hybrid are refused. */
+static void test_experts_pipeline_only(void) {
+    cm_plan_model m; llama70b(&m);
+    cm_plan_opts o; cm_plan_opts_default(&o);
+    cm_plan p; char err[512];
+    cm_plan_cluster c = {0}; links_all(&c, 0.1, 80);
+    for (int i = 0; i < 4; i++) { char nm[16]; snprintf(nm, sizeof nm, "mini%d", i); add_node(&c, nm, 64, 273, 9); }
+    CHECK(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == 0 && p.mode == CM_PARALLEL_TP);
+    m.n_expert = 8;
+    CHECK(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == 0);
+    check_plan_valid(&p, &m, &c, &o);
+    CHECKF(p.mode == CM_PARALLEL_PP && p.n_stages == 4, "mode %s stages %d: %s", cm_parallel_name(p.mode), p.n_stages,
+           p.why);
+    o.mode = CM_PARALLEL_TP;
+    CHECK(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == CM_EUNSUPPORTED && strstr(err, "mixture-of-experts"));
+    o.mode = CM_PARALLEL_HYBRID;
+    CHECK(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == CM_EUNSUPPORTED);
+    o.mode = CM_PARALLEL_PP;
+    CHECK(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == 0 && p.mode == CM_PARALLEL_PP);
+}
+
 static void test_bad_input(void) {
     cm_plan_model m; llama8b(&m);
     cm_plan_opts o; cm_plan_opts_default(&o);
@@ -376,6 +399,7 @@ int main(void) {
     RUN(test_pinned_first_stage);
     RUN(test_tensor_parallel_slices);
     RUN(test_auto_hybrid);
+    RUN(test_experts_pipeline_only);
     RUN(test_bad_input);
     TEST_END();
 }
