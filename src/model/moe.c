@@ -117,6 +117,10 @@ int cm_moe_bind_layer(cm_model *m, int il, char *err, size_t errlen) {
     if (cm_gguf_find_tensor(m->gguf, name))
         return cm_errf(err, errlen, CM_EUNSUPPORTED,
                        "tensor '%s': one tensor per expert (old Mixtral layout) is not supported; supported: stacked ffn_{gate,up,down}_exps", name);
+    snprintf(name, sizeof name, "blk.%d.ffn_gate_up_exps.weight", il);
+    if (cm_gguf_find_tensor(m->gguf, name))
+        return cm_errf(err, errlen, CM_EUNSUPPORTED,
+                       "tensor '%s': merged gate/up experts are not supported; supported: stacked ffn_{gate,up,down}_exps", name);
     int rc;
     if ((rc = bind(m, &L->ffn_gate_inp, il, "ffn_gate_inp.weight", 2, E, X, 1, true, err, errlen)) ||
         (rc = bind(m, &L->ffn_gate_exps, il, "ffn_gate_exps.weight", 3, E, F, X, true, err, errlen)) ||

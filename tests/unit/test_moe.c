@@ -305,6 +305,11 @@ static void test_moe_refusals(void) {
     CHECK(rewrite(&f.g, NULL, 0, "blk.1.ffn_norm.weight", "blk.0.ffn_gate.0.weight", &b) == 0);
     CHECK(load_err(&b) == CM_EUNSUPPORTED && strstr(errbuf, "blk.0.ffn_gate.0.weight"));
     cm_buf_release(&b);
+    /* merged gate/up experts (newer llama.cpp conversions) */
+    cm_buf_init(&b);
+    CHECK(rewrite(&f.g, NULL, 0, "blk.1.ffn_norm.weight", "blk.0.ffn_gate_up_exps.weight", &b) == 0);
+    CHECK(load_err(&b) == CM_EUNSUPPORTED && strstr(errbuf, "merged gate/up"));
+    cm_buf_release(&b);
     /* a missing expert tensor */
     cm_buf_init(&b);
     CHECK(rewrite(&f.g, NULL, 0, "blk.1.ffn_up_exps.weight", "blk.1.ffn_up_exps.bias", &b) == 0);
