@@ -71,4 +71,29 @@ void cm_ref_vec_dot_q4_k(int64_t n, float *s, const void *x, const void *y);
 void cm_ref_vec_dot_q5_k(int64_t n, float *s, const void *x, const void *y);
 void cm_ref_vec_dot_q6_k(int64_t n, float *s, const void *x, const void *y);
 
+/* The low-bit types (quants_lowbit.c): dequantizers and dot products. */
+void cm_ref_to_float_q2_k(const void *x, float *y, int64_t n);
+void cm_ref_to_float_q3_k(const void *x, float *y, int64_t n);
+void cm_ref_to_float_iq4_nl(const void *x, float *y, int64_t n);
+void cm_ref_to_float_iq4_xs(const void *x, float *y, int64_t n);
+void cm_ref_to_float_mxfp4(const void *x, float *y, int64_t n);
+void cm_ref_vec_dot_q2_k(int64_t n, float *s, const void *x, const void *y);
+void cm_ref_vec_dot_q3_k(int64_t n, float *s, const void *x, const void *y);
+void cm_ref_vec_dot_iq4_nl(int64_t n, float *s, const void *x, const void *y);
+void cm_ref_vec_dot_iq4_xs(int64_t n, float *s, const void *x, const void *y);
+void cm_ref_vec_dot_mxfp4(int64_t n, float *s, const void *x, const void *y);
+/* The 16 signed scales (stored value - 32) of a Q3_K block's 12 scale bytes. */
+void cm_q3_k_scales(const uint8_t sc[12], int8_t out[16]);
+/* Registers the entries above in a table (called by cm_kernels_fill_ref). */
+void cm_kernels_fill_lowbit_ref(cm_kernels *k);
+
+/* Weight quantizers shared by quantize.c and quantize_lowbit.c. */
+/* ggml's make_qkx2_quants: x ~ scale * L + min, L in 0..nmax, min <= 0, weighted
+ * squared (or, use_mad, absolute) error; returns scale, stores -min. */
+float cm_fit_scale_min(int n, int nmax, const float *x, const float *w, uint8_t *L, float *neg_min, float rmin,
+                       float rdelta, int nstep, bool use_mad);
+/* Rows of the low-bit types (quantize_lowbit.c); NULL for other types. */
+typedef void (*cm_quantize_row_fn)(const float *x, void *y, int64_t n);
+cm_quantize_row_fn cm_quantize_row_lowbit(enum cm_type t);
+
 #endif
