@@ -24,30 +24,44 @@ OUT=tests/data/synth
 PROMPTS="1;1,450,4996,17354,1701,432,12500,975;1,15043,29892,920"
 TYPES="f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k q4_k_m"
 VARIANTS="llama llama3 llamatied qwen2 qwen3"
+# The low-bit types (added later: seeds from 3000, so the models above keep theirs).
+LOWBIT_TYPES="q2_k q3_k iq4_nl iq4_xs mxfp4"
+LOWBIT_VARIANTS="llama qwen3"
 [ -f "$NLC/node_modules/node-llama-cpp/package.json" ] || { echo "gen_synth_refs: no node-llama-cpp in $NLC" >&2; exit 1; }
 make -s cumulo
 cp tools/synth_oracle.mjs "$NLC/synth_oracle.mjs"
 mkdir -p "$OUT"
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
+gen() { # gen VARIANT TYPE SEED
+    v=$1; t=$2; seed=$3
+    name=$v-$t
+    echo "$name" | grep -Eq "$ONLY" || return 0
+    arch=$v; extra=""; tied=false; scaling=none
+    case $v in
+        llama3) arch=llama; extra="--rope-scaling llama3"; scaling=llama3 ;;
+        llamatied) arch=llama; extra="--tied"; tied=true ;;
+    esac
+    args="--arch $arch --dim 256 --layers 2 --heads 4 --kv-heads 2 --ffn 768 --ctx 512 --type $t --seed $seed $extra"
+    # shellcheck disable=SC2086
+    ./cumulo synth $args --vocab "$VOCAB" -o "$TMP/$name.gguf" --threads 2
+    meta=$(printf '{"name":"%s","command":"cumulo synth %s --vocab ggml-vocab-llama-spm.gguf","synth":{"arch":"%s","dim":256,"layers":2,"heads":4,"kv_heads":2,"ffn":768,"ctx":512,"type":"%s","seed":%d,"tied":%s,"rope_scaling":"%s","vocab":"vocab/ggml-vocab-llama-spm.gguf"}}' \
+        "$name" "$args" "$arch" "$t" "$seed" "$tied" "$scaling")
+    abs=$(pwd)
+    (cd "$NLC" && node synth_oracle.mjs "$TMP/$name.gguf" "$abs/$OUT/$name.json" "$PROMPTS" 32 16 "$meta")
+    rm -f "$TMP/$name.gguf"
+}
 seed=1000
 for v in $VARIANTS; do
     for t in $TYPES; do
         seed=$((seed + 1))
-        name=$v-$t
-        echo "$name" | grep -Eq "$ONLY" || continue
-        arch=$v; extra=""; tied=false; scaling=none
-        case $v in
-            llama3) arch=llama; extra="--rope-scaling llama3"; scaling=llama3 ;;
-            llamatied) arch=llama; extra="--tied"; tied=true ;;
-        esac
-        args="--arch $arch --dim 256 --layers 2 --heads 4 --kv-heads 2 --ffn 768 --ctx 512 --type $t --seed $seed $extra"
-        # shellcheck disable=SC2086
-        ./cumulo synth $args --vocab "$VOCAB" -o "$TMP/$name.gguf" --threads 2
-        meta=$(printf '{"name":"%s","command":"cumulo synth %s --vocab ggml-vocab-llama-spm.gguf","synth":{"arch":"%s","dim":256,"layers":2,"heads":4,"kv_heads":2,"ffn":768,"ctx":512,"type":"%s","seed":%d,"tied":%s,"rope_scaling":"%s","vocab":"vocab/ggml-vocab-llama-spm.gguf"}}' \
-            "$name" "$args" "$arch" "$t" "$seed" "$tied" "$scaling")
-        abs=$(pwd)
-        (cd "$NLC" && node synth_oracle.mjs "$TMP/$name.gguf" "$abs/$OUT/$name.json" "$PROMPTS" 32 16 "$meta")
-        rm -f "$TMP/$name.gguf"
+        gen "$v" "$t" "$seed"
+    done
+done
+seed=3000
+for v in $LOWBIT_VARIANTS; do
+    for t in $LOWBIT_TYPES; do
+        seed=$((seed + 1))
+        gen "$v" "$t" "$seed"
     done
 done

@@ -59,10 +59,15 @@ static const synth_type k_types[] = {
     {"q4_k", 14, CM_TYPE_Q4_K, false}, /* llama.cpp calls an all-Q4_K file "Q4_K_S" */
     {"q5_k", 16, CM_TYPE_Q5_K, false}, /* ... and an all-Q5_K one "Q5_K_S" */
     {"q6_k", 18, CM_TYPE_Q6_K, false}, {"q4_k_m", 15, CM_TYPE_Q4_K, true},
+    /* Low-bit types, every 2-D weight in the one type (llama_ftype names:
+     * MOSTLY_Q2_K, Q3_K_S, IQ4_NL, IQ4_XS, MXFP4_MOE). */
+    {"q2_k", 10, CM_TYPE_Q2_K, false}, {"q3_k", 11, CM_TYPE_Q3_K, false},
+    {"iq4_nl", 25, CM_TYPE_IQ4_NL, false}, {"iq4_xs", 30, CM_TYPE_IQ4_XS, false},
+    {"mxfp4", 38, CM_TYPE_MXFP4, false},
 };
 
 const char *cm_synth_type_names(void) {
-    return "f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k q4_k_m";
+    return "f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k q4_k_m q2_k q3_k iq4_nl iq4_xs mxfp4";
 }
 
 static const synth_type *find_type(const char *name) {

@@ -1,0 +1,185 @@
+/*
+ * lowbit_avx2.c: AVX2 dot products of the low-bit weight types (Q2_K, Q3_K,
+ * IQ4_XS against Q8_K; IQ4_NL, MXFP4 against Q8_0).
+ *
+ * Compiled with the AVX2 flags only and registered by dispatch.c into the
+ * avx2 and avx512 tables when the CPU has AVX2 (cm_kernels_fill_lowbit_avx2);
+ * every other entry stays what the other ISA files set. Their gemm runs the
+ * same vec_dot per (row, token), each weight row once for all tokens while it
+ * is in cache, so batch invariance holds by construction.
+ * NEEDSWORK: a tiled gemm (several rows x tokens per pass) for prefill speed.
+ *
+ * The super-block types compute the reference's integer sum exactly (int16
+ * pair products cannot saturate: |level| <= 127 against |q8| <= 127, and
+ * int32 sums stay below 2^28) and then the reference's float expression in
+ * its order, so they are bit-identical to quants_lowbit.c. The 32-element
+ * types keep eight float lanes across blocks (float order only differs).
+ * Never allocates.
+ */
+#include "isa.h"
+
+#include <immintrin.h>
+
+/* sum over the 32 bytes of x*y as int16 pairs, x and y signed, |x|, |y| <= 127. */
+static inline __m256i dot_pairs_s8(__m256i x, __m256i y) {
+    return _mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
+}
+
+static inline int hsum_i32x8(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+    return _mm_cvtsi128_si32(s);
+}
+
+static inline float hsum_f32x8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* 16 packed nibbles -> 32 table values: element j from the low nibble of
+ * byte j, element j + 16 from its high nibble. */
+static inline __m256i nibbles_to_values(const uint8_t *qs, __m128i table) {
+    const __m128i q = _mm_loadu_si128((const __m128i *)qs), m4 = _mm_set1_epi8(0x0F);
+    const __m128i lo = _mm_shuffle_epi8(table, _mm_and_si128(q, m4));
+    const __m128i hi = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(q, 4), m4));
+    return _mm256_set_m128i(hi, lo);
+}
+
+/* Two int16 scales, each for 16 consecutive elements (8 pair lanes). */
+static inline __m256i scale_pair(int a, int b) {
+    return _mm256_set_m128i(_mm_set1_epi16((short)b), _mm_set1_epi16((short)a));
+}
+
+/* ---- 32-element blocks against Q8_0 ---- */
+
+static void vec_dot_iq4_nl(int64_t n, float *s, const void *vx, const void *vy) {
+    const cm_block_iq4_nl *x = vx;
+    const cm_block_q8_0 *y = vy;
+    const __m128i table = _mm_loadu_si128((const __m128i *)cm_kvalues_iq4nl);
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t b = 0; b < n / CM_QK4_NL; b++) {
+        const __m256i v = nibbles_to_values(x[b].qs, table);
+        const __m256i p = _mm256_madd_epi16(dot_pairs_s8(v, _mm256_loadu_si256((const __m256i *)y[b].qs)), ones);
+        const float d = cm_f16_to_f32(y[b].d) * cm_f16_to_f32(x[b].d);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), acc);
+    }
+    *s = hsum_f32x8(acc);
+}
+
+static void vec_dot_mxfp4(int64_t n, float *s, const void *vx, const void *vy) {
+    const cm_block_mxfp4 *x = vx;
+    const cm_block_q8_0 *y = vy;
+    const __m128i table = _mm_loadu_si128((const __m128i *)cm_kvalues_mxfp4);
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t b = 0; b < n / CM_QK_MXFP4; b++) {
+        const __m256i v = nibbles_to_values(x[b].qs, table);
+        const __m256i p = _mm256_madd_epi16(dot_pairs_s8(v, _mm256_loadu_si256((const __m256i *)y[b].qs)), ones);
+        const float d = cm_f16_to_f32(y[b].d) * cm_e8m0_to_f32_half(x[b].e);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), acc);
+    }
+    *s = hsum_f32x8(acc);
+}
+
+/* ---- super-blocks against Q8_K ---- */
+
+static void vec_dot_iq4_xs(int64_t n, float *s, const void *vx, const void *vy) {
+    const cm_block_iq4_xs *x = vx;
+    const cm_block_q8_k *y = vy;
+    const __m128i table = _mm_loadu_si128((const __m128i *)cm_kvalues_iq4nl);
+    float sumf = 0;
+    for (int64_t b = 0; b < n / CM_QK_K; b++) {
+        __m256i acc = _mm256_setzero_si256();
+        for (int i = 0; i < 8; i++) {
+            const int ls = (((x[b].scales_l[i / 2] >> (4 * (i % 2))) & 0xF) | (((x[b].scales_h >> (2 * i)) & 3) << 4)) - 32;
+            const __m256i v = nibbles_to_values(x[b].qs + 16 * i, table);
+            const __m256i p = dot_pairs_s8(v, _mm256_loadu_si256((const __m256i *)(y[b].qs + 32 * i)));
+            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16((short)ls)));
+        }
+        sumf += (cm_f16_to_f32(x[b].d) * y[b].d) * hsum_i32x8(acc);
+    }
+    *s = sumf;
+}
+
+static void vec_dot_q2_k(int64_t n, float *s, const void *vx, const void *vy) {
+    const cm_block_q2_k *x = vx;
+    const cm_block_q8_k *y = vy;
+    const __m256i m3 = _mm256_set1_epi8(3);
+    float sumf = 0;
+    for (int64_t b = 0; b < n / CM_QK_K; b++) {
+        const uint8_t *sc = x[b].scales;
+        int summ = 0;
+        for (int j = 0; j < 16; j++) summ += y[b].bsums[j] * (sc[j] >> 4);
+        __m256i acc = _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++) {
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(x[b].qs + 32 * h));
+            for (int k = 0; k < 4; k++) {
+                const __m256i lv = _mm256_and_si256(_mm256_srli_epi16(q, 2 * k), m3); /* 0..3 */
+                const __m256i p8 = _mm256_loadu_si256((const __m256i *)(y[b].qs + 128 * h + 32 * k));
+                const int is = 8 * h + 2 * k;
+                const __m256i p = _mm256_maddubs_epi16(lv, p8);
+                acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, scale_pair(sc[is] & 0xF, sc[is + 1] & 0xF)));
+            }
+        }
+        const float dall = y[b].d * cm_f16_to_f32(x[b].d);
+        const float dmin = y[b].d * cm_f16_to_f32(x[b].dmin);
+        sumf += dall * hsum_i32x8(acc) - dmin * summ;
+    }
+    *s = sumf;
+}
+
+static void vec_dot_q3_k(int64_t n, float *s, const void *vx, const void *vy) {
+    const cm_block_q3_k *x = vx;
+    const cm_block_q8_k *y = vy;
+    const __m256i m3 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
+    float sumf = 0;
+    for (int64_t b = 0; b < n / CM_QK_K; b++) {
+        int8_t sc[16];
+        cm_q3_k_scales(x[b].scales, sc);
+        const __m256i hm = _mm256_loadu_si256((const __m256i *)x[b].hmask);
+        __m256i acc = _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++) {
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(x[b].qs + 32 * h));
+            for (int k = 0; k < 4; k++) {
+                const __m256i low = _mm256_and_si256(_mm256_srli_epi16(q, 2 * k), m3);
+                const __m256i hbit = _mm256_and_si256(_mm256_srli_epi16(hm, 4 * h + k), one);
+                /* value = low - 4 where the high bit is clear */
+                const __m256i v = _mm256_sub_epi8(low, _mm256_slli_epi16(_mm256_xor_si256(hbit, one), 2));
+                const __m256i p8 = _mm256_loadu_si256((const __m256i *)(y[b].qs + 128 * h + 32 * k));
+                const int is = 8 * h + 2 * k;
+                acc = _mm256_add_epi32(acc, _mm256_madd_epi16(dot_pairs_s8(v, p8), scale_pair(sc[is], sc[is + 1])));
+            }
+        }
+        sumf += (cm_f16_to_f32(x[b].d) * y[b].d) * hsum_i32x8(acc);
+    }
+    *s = sumf;
+}
+
+/* gemm = this file's vec_dot for every (row, token), row-major. */
+#define ROW_GEMM(t)                                                                                              \
+    static void gemm_##t(int64_t kk, const void *w, size_t ws, const void *x, size_t xs, float *y, int64_t ldy,   \
+                         int64_t r0, int64_t r1, int64_t n_tok) {                                                \
+        for (int64_t i = r0; i < r1; i++)                                                                        \
+            for (int64_t j = 0; j < n_tok; j++)                                                                  \
+                vec_dot_##t(kk, &y[j * ldy + i], (const char *)w + (size_t)i * ws, (const char *)x + (size_t)j * xs); \
+    }
+ROW_GEMM(q2_k)
+ROW_GEMM(q3_k)
+ROW_GEMM(iq4_nl)
+ROW_GEMM(iq4_xs)
+ROW_GEMM(mxfp4)
+#undef ROW_GEMM
+
+void cm_kernels_fill_lowbit_avx2(cm_kernels *k) {
+#define REG(T, t) k->vec_dot[CM_TYPE_##T] = vec_dot_##t, k->gemm[CM_TYPE_##T] = gemm_##t
+    REG(Q2_K, q2_k);
+    REG(Q3_K, q3_k);
+    REG(IQ4_NL, iq4_nl);
+    REG(IQ4_XS, iq4_xs);
+    REG(MXFP4, mxfp4);
+#undef REG
+}
