@@ -30,9 +30,12 @@ static uint64_t rnd(void) {
 }
 static float frand(void) { return (float)((rnd() >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f; }
 
-static const enum cm_type k_types[] = {CM_TYPE_Q4_0, CM_TYPE_Q4_1, CM_TYPE_Q5_0, CM_TYPE_Q5_1,
-                                       CM_TYPE_Q8_0, CM_TYPE_Q4_K, CM_TYPE_Q5_K, CM_TYPE_Q6_K,
-                                       CM_TYPE_F16,  CM_TYPE_BF16, CM_TYPE_F32};
+static const enum cm_type k_types[] = {CM_TYPE_Q4_0,  CM_TYPE_Q4_1,   CM_TYPE_Q5_0,   CM_TYPE_Q5_1,
+                                       CM_TYPE_Q8_0,  CM_TYPE_Q4_K,   CM_TYPE_Q5_K,   CM_TYPE_Q6_K,
+                                       CM_TYPE_F16,   CM_TYPE_BF16,   CM_TYPE_F32,    CM_TYPE_Q2_K,
+                                       CM_TYPE_Q3_K,  CM_TYPE_IQ4_NL, CM_TYPE_IQ4_XS, CM_TYPE_MXFP4};
+/* Super-block (256) types: rows are multiples of 256. */
+static bool is_k(enum cm_type t) { return cm_type_traits_of(t)->block_size == 256; }
 #define N_TYPES (int)(sizeof k_types / sizeof k_types[0])
 static const char *const k_isas[] = {"scalar", "avx2", "avx512", "neon"};
 
@@ -43,7 +46,7 @@ static float g_ref[POOL][ROWS], g_y[MAXTOK * ROWS];
 
 static int64_t row_len(enum cm_type t) {
     if (t == CM_TYPE_F32 || t == CM_TYPE_F16 || t == CM_TYPE_BF16) return 869;
-    if (t == CM_TYPE_Q4_K || t == CM_TYPE_Q5_K || t == CM_TYPE_Q6_K) return 3 * 256;
+    if (is_k(t)) return 3 * 256;
     return 27 * 32;
 }
 
@@ -126,7 +129,7 @@ static float g_lf[LK], g_ly[LTOK * LROWS];
 static void check_long(const cm_kernels *k, enum cm_type t, int64_t n32) {
     const cm_type_traits *tr = cm_type_traits_of(t);
     const enum cm_type vt = tr->vec_dot_type;
-    const int64_t n = (t == CM_TYPE_Q4_K || t == CM_TYPE_Q5_K || t == CM_TYPE_Q6_K) ? 40 * 256 : n32;
+    const int64_t n = is_k(t) ? 40 * 256 : n32;
     const size_t ws = cm_row_size(t, n), xs = cm_row_size(vt, n);
     for (int r = 0; r < LROWS; r++) {
         for (int64_t i = 0; i < n; i++) g_lf[i] = frand() * (float)(1 << (rnd() % 8));
