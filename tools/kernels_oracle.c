@@ -124,8 +124,8 @@ int main(int argc, char **argv) {
             }
         }
     }
-    for (size_t ti = 0; ti < sizeof kc_weight_types / sizeof kc_weight_types[0]; ti++) {
-        const int t = kc_weight_types[ti];
+    for (int ti = 0; ti < KC_N_WEIGHT_TYPES + KC_N_BLOCK_TYPES; ti++) {
+        const int t = ti < KC_N_WEIGHT_TYPES ? (int)kc_weight_types[ti] : (int)kc_block_types[ti - KC_N_WEIGHT_TYPES];
         const struct type_traits_cpu *tt = traits(t);
         if (!base_traits(t)->is_quantized) continue;
         kc_fill_blocks(q, t, cm_type_traits_of(t));

@@ -232,4 +232,5 @@ void cm_kernels_fill_lowbit_ref(cm_kernels *k) {
     REG(IQ4_XS, iq4_xs);
     REG(MXFP4, mxfp4);
 #undef REG
+    cm_kernels_fill_iq_ref(k);
 }

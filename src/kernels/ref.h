@@ -87,6 +87,26 @@ void cm_q3_k_scales(const uint8_t sc[12], int8_t out[16]);
 /* Registers the entries above in a table (called by cm_kernels_fill_ref). */
 void cm_kernels_fill_lowbit_ref(cm_kernels *k);
 
+/* The IQ formats (quants_iq.c, grids in iq_grids.c: entry i holds point i's
+ * byte values, element j in bits 8j..8j+7). */
+extern const uint64_t cm_iq2xxs_grid[256];
+extern const uint32_t cm_iq3xxs_grid[256];
+extern const uint64_t cm_iq1s_grid[2048];
+/* ggml's ksigns_iq2xs: 7 sign bits and their parity as the 8th. */
+static inline uint8_t cm_iq_signs(unsigned i7) {
+    unsigned p = i7 ^ (i7 >> 4);
+    p ^= p >> 2;
+    p ^= p >> 1;
+    return (uint8_t)(i7 | ((p & 1u) << 7));
+}
+void cm_ref_to_float_iq2_xxs(const void *x, float *y, int64_t n);
+void cm_ref_to_float_iq3_xxs(const void *x, float *y, int64_t n);
+void cm_ref_to_float_iq1_s(const void *x, float *y, int64_t n);
+void cm_ref_vec_dot_iq2_xxs(int64_t n, float *s, const void *x, const void *y);
+void cm_ref_vec_dot_iq3_xxs(int64_t n, float *s, const void *x, const void *y);
+void cm_ref_vec_dot_iq1_s(int64_t n, float *s, const void *x, const void *y);
+void cm_kernels_fill_iq_ref(cm_kernels *k); /* registers the three above */
+
 /* Weight quantizers shared by quantize.c and quantize_lowbit.c. */
 /* ggml's make_qkx2_quants: x ~ scale * L + min, L in 0..nmax, min <= 0, weighted
  * squared (or, use_mad, absolute) error; returns scale, stores -min. */

@@ -26,12 +26,14 @@ static const cm_type_traits k_traits[CM_TYPE_COUNT] = {
     [CM_TYPE_IQ4_NL] = {"iq4_nl", CM_QK4_NL, sizeof(cm_block_iq4_nl), true, CM_TYPE_Q8_0},
     [CM_TYPE_IQ4_XS] = {"iq4_xs", CM_QK_K, sizeof(cm_block_iq4_xs), true, CM_TYPE_Q8_K},
     [CM_TYPE_MXFP4] = {"mxfp4", CM_QK_MXFP4, sizeof(cm_block_mxfp4), true, CM_TYPE_Q8_0},
+    /* Layouts the kernels run but cannot quantize to (dequantizer and dot
+     * product only: ggml needs an importance matrix to make them). */
+    [CM_TYPE_IQ2_XXS] = {"iq2_xxs", CM_QK_K, sizeof(cm_block_iq2_xxs), true, CM_TYPE_Q8_K},
     /* Known layouts the kernels do not run (yet): named so that a file using
      * them is rejected by name. Sizes are ggml's (ggml-common.h). */
-    [CM_TYPE_IQ2_XXS] = {"iq2_xxs", CM_QK_K, 66, true, CM_TYPE_Q8_K},
     [CM_TYPE_IQ2_XS] = {"iq2_xs", CM_QK_K, 74, true, CM_TYPE_Q8_K},
-    [CM_TYPE_IQ3_XXS] = {"iq3_xxs", CM_QK_K, 98, true, CM_TYPE_Q8_K},
-    [CM_TYPE_IQ1_S] = {"iq1_s", CM_QK_K, 50, true, CM_TYPE_Q8_K},
+    [CM_TYPE_IQ3_XXS] = {"iq3_xxs", CM_QK_K, sizeof(cm_block_iq3_xxs), true, CM_TYPE_Q8_K},
+    [CM_TYPE_IQ1_S] = {"iq1_s", CM_QK_K, sizeof(cm_block_iq1_s), true, CM_TYPE_Q8_K},
     [CM_TYPE_IQ3_S] = {"iq3_s", CM_QK_K, 110, true, CM_TYPE_Q8_K},
     [CM_TYPE_IQ2_S] = {"iq2_s", CM_QK_K, 82, true, CM_TYPE_Q8_K},
     [CM_TYPE_IQ1_M] = {"iq1_m", CM_QK_K, 56, true, CM_TYPE_Q8_K},
@@ -60,6 +62,9 @@ _Static_assert(sizeof(cm_block_q3_k) == 110, "q3_k layout");
 _Static_assert(sizeof(cm_block_iq4_nl) == 18, "iq4_nl layout");
 _Static_assert(sizeof(cm_block_iq4_xs) == 136, "iq4_xs layout");
 _Static_assert(sizeof(cm_block_mxfp4) == 17, "mxfp4 layout");
+_Static_assert(sizeof(cm_block_iq2_xxs) == 66, "iq2_xxs layout");
+_Static_assert(sizeof(cm_block_iq3_xxs) == 98, "iq3_xxs layout");
+_Static_assert(sizeof(cm_block_iq1_s) == 50, "iq1_s layout");
 
 /* ggml's kvalues_iq4nl and kvalues_mxfp4 (E2M1 values times two). */
 const int8_t cm_kvalues_iq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};

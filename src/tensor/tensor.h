@@ -126,6 +126,17 @@ typedef struct {
  * values; ggml stores them as doubled integers (cm_kvalues_mxfp4) and
  * halves the scale instead. */
 typedef struct { uint8_t e; uint8_t qs[CM_QK_MXFP4 / 2]; } cm_block_mxfp4; /* 17 B */
+/* IQ2_XXS: per 32 elements 8 bytes: 4 grid indices (8 values each from
+ * cm_iq2xxs_grid), then a u32 holding 4 x 7 sign bits (8th by parity) and a
+ * 4-bit scale in its top bits; value d * (0.5 + s) / 4 * grid * sign. */
+typedef struct { cm_f16 d; uint16_t qs[CM_QK_K / 8]; } cm_block_iq2_xxs; /* 66 B */
+/* IQ3_XXS: 64 grid indices (4 values each, cm_iq3xxs_grid), then per 32
+ * elements a u32 of 4 x 7 sign bits and a 4-bit scale; d * (0.5 + s) / 2. */
+typedef struct { cm_f16 d; uint8_t qs[3 * CM_QK_K / 8]; } cm_block_iq3_xxs; /* 98 B */
+/* IQ1_S: per 32 elements 4 low index bytes (qs) and a u16 qh: 4 x 3 high
+ * index bits, a 3-bit scale and a delta sign; value
+ * d * (2s + 1) * (grid + delta), grid in {-1, 0, 1} (cm_iq1s_grid). */
+typedef struct { cm_f16 d; uint8_t qs[CM_QK_K / 8]; uint16_t qh[CM_QK_K / 32]; } cm_block_iq1_s; /* 50 B */
 typedef struct {
     float d;
     int8_t qs[CM_QK_K];

@@ -7,6 +7,7 @@
 #define CM_KERNELS_CASES_H
 
 #include "base/base.h"
+#include "kernels/ref.h"
 #include "tensor/tensor.h"
 
 #include <math.h>
@@ -52,6 +53,10 @@ static const enum cm_type kc_weight_types[] = {CM_TYPE_F32,  CM_TYPE_F16,    CM_
                                                CM_TYPE_Q4_K, CM_TYPE_Q5_K,   CM_TYPE_Q6_K,   CM_TYPE_Q2_K,
                                                CM_TYPE_Q3_K, CM_TYPE_IQ4_NL, CM_TYPE_IQ4_XS, CM_TYPE_MXFP4};
 #define KC_N_WEIGHT_TYPES ((int)(sizeof kc_weight_types / sizeof kc_weight_types[0]))
+/* Types recorded on random blocks only (R and E lines): ggml quantizes to
+ * them only with an importance matrix, and we have no quantizer. */
+static const enum cm_type kc_block_types[] = {CM_TYPE_IQ2_XXS, CM_TYPE_IQ3_XXS, CM_TYPE_IQ1_S};
+#define KC_N_BLOCK_TYPES ((int)(sizeof kc_block_types / sizeof kc_block_types[0]))
 #define KC_N_ACT_TYPES 5
 
 /* KC_ROWS rows of random blocks of quantized type t (case R of the record):
@@ -68,6 +73,7 @@ static inline void kc_fill_blocks(uint8_t *p, int type, const cm_type_traits *tr
         const cm_f16 s1 = cm_f32_to_f16(0.01f * cm_rng_normal(&r)), s2 = cm_f32_to_f16(0.02f * cm_rng_normal(&r));
         switch (type) {
         case CM_TYPE_Q4_0: case CM_TYPE_Q5_0: case CM_TYPE_Q8_0: case CM_TYPE_IQ4_NL: case CM_TYPE_IQ4_XS:
+        case CM_TYPE_IQ2_XXS: case CM_TYPE_IQ3_XXS: case CM_TYPE_IQ1_S:
             cm_wr_u16(q, s1); break;
         case CM_TYPE_Q4_1: case CM_TYPE_Q5_1: case CM_TYPE_Q4_K: case CM_TYPE_Q5_K:
             cm_wr_u16(q, s1); cm_wr_u16(q + 2, s2); break;
@@ -169,6 +175,31 @@ static inline float decode(enum cm_type t, const uint8_t *b, int i, double *mag)
         const double mag1 = e2 ? ldexp(1.0 + 0.5 * m1, e2 - 1) : 0.5 * m1; /* E2M1, bias 1 */
         v = (float)((c & 8 ? -mag1 : mag1) * ldexp(1.0, (int)b[0] - 127));
         *mag = fabs(v);
+        return v;
+    }
+    case CM_TYPE_IQ2_XXS:   /* f16 d | per 32 elems: 4 grid bytes, u32 (4 x 7 sign bits, 4-bit scale) */
+    case CM_TYPE_IQ3_XXS: { /* f16 d | 64 grid bytes (4 elems each) | 8 x u32 (signs, scale) */
+        const int s = i / 32, l = (i % 32) / 8, j = i % 8;
+        const bool x2 = t == CM_TYPE_IQ2_XXS;
+        const uint32_t aux = cm_rd_u32(x2 ? b + 2 + 8 * s + 4 : b + 2 + 64 + 4 * s);
+        const unsigned s7 = (aux >> (7 * l)) & 127;
+        int par = 0;
+        for (int k = 0; k < 7; k++) par ^= (s7 >> k) & 1;
+        const int neg = j < 7 ? (int)((s7 >> j) & 1) : par; /* 8th sign: the parity of the 7 */
+        int g;
+        if (x2) g = (int)((cm_iq2xxs_grid[b[2 + 8 * s + l]] >> (8 * j)) & 255);
+        else g = (int)((cm_iq3xxs_grid[b[2 + 8 * s + 2 * l + j / 4]] >> (8 * (j % 4))) & 255);
+        v = (float)(h2f(b) * (0.5 + (aux >> 28)) * (x2 ? 0.25 : 0.5) * g * (neg ? -1 : 1));
+        *mag = fabs(v);
+        return v;
+    }
+    case CM_TYPE_IQ1_S: { /* f16 d | 32 B low index bytes | 8 x u16 (3-bit index highs x4, scale, delta sign) */
+        const int s = i / 32, l = (i % 32) / 8, j = i % 8;
+        const int qh = cm_rd_u16(b + 34 + 2 * s);
+        const int g = (int8_t)((cm_iq1s_grid[b[2 + 4 * s + l] | (((qh >> (3 * l)) & 7) << 8)] >> (8 * j)) & 255);
+        const double dl = h2f(b) * (2 * ((qh >> 12) & 7) + 1), delta = qh & 0x8000 ? -0.125 : 0.125;
+        v = (float)(dl * (g + delta));
+        *mag = fabs(dl * g) + fabs(dl * delta);
         return v;
     }
     case CM_TYPE_Q8_K: { /* f32 d | 256 x int8 | 16 x i16 bsums */

@@ -60,6 +60,7 @@ static void random_blocks(cm_rng *r, enum cm_type t, uint8_t *p, int64_t n) {
         const float s1 = 0.01f * cm_rng_normal(r), s2 = 0.02f * cm_rng_normal(r);
         switch (t) {
         case CM_TYPE_Q4_0: case CM_TYPE_Q5_0: case CM_TYPE_Q8_0: case CM_TYPE_IQ4_NL: case CM_TYPE_IQ4_XS:
+        case CM_TYPE_IQ2_XXS: case CM_TYPE_IQ3_XXS: case CM_TYPE_IQ1_S:
             cm_wr_u16(q, cm_f32_to_f16(s1)); break;
         case CM_TYPE_Q2_K: cm_wr_u16(q + 80, cm_f32_to_f16(s1)); cm_wr_u16(q + 82, cm_f32_to_f16(s2)); break;
         case CM_TYPE_Q3_K: cm_wr_u16(q + 108, cm_f32_to_f16(s1)); break;
@@ -84,10 +85,10 @@ static uint8_t g_buf[4][ROW * 8];
 /* ---- dequantize vs the independent decoder ---- */
 static void test_dequantize(void) {
     const cm_kernels *k = cm_kernels_ref();
-    const enum cm_type extra[] = {CM_TYPE_Q8_1, CM_TYPE_Q8_K};
+    const enum cm_type extra[] = {CM_TYPE_Q8_1, CM_TYPE_Q8_K, CM_TYPE_IQ2_XXS, CM_TYPE_IQ3_XXS, CM_TYPE_IQ1_S};
     cm_rng r;
     cm_rng_seed(&r, 1);
-    for (int ti = 0; ti < N_WT + 2; ti++) {
+    for (int ti = 0; ti < N_WT + (int)CM_ARRAY_LEN(extra); ti++) {
         const enum cm_type t = ti < N_WT ? k_weight_types[ti] : extra[ti - N_WT];
         double worst = 0;
         for (int trial = 0; trial < 20; trial++) {
@@ -205,7 +206,8 @@ static void test_quantize_roundtrip(void) {
         }
     }
     /* Unsupported targets and bad row lengths are refused. */
-    CHECK(cm_quantize_rows(CM_TYPE_IQ2_XXS, x, q, 1, 256) == 0);
+    CHECK(cm_quantize_rows(CM_TYPE_IQ2_XXS, x, q, 1, 256) == 0); /* dequantize-only types */
+    CHECK(cm_quantize_rows(CM_TYPE_IQ1_S, x, q, 1, 256) == 0);
     CHECK(cm_quantize_rows(CM_TYPE_Q2_K, x, q, 1, 128) == 0);
     CHECK(cm_quantize_rows(CM_TYPE_Q8_K, x, q, 1, 256) == 0);
     CHECK(cm_quantize_rows(CM_TYPE_Q4_0, x, q, 1, 48) == 0);
@@ -456,7 +458,9 @@ static void test_matmul_rows(void) {
 static void test_supports(void) {
     for (int ti = 0; ti < N_WT; ti++)
         CHECKF(cm_kernels_supports(k_weight_types[ti]), "%s", cm_type_name(k_weight_types[ti]));
-    const int no[] = {CM_TYPE_IQ2_XXS, CM_TYPE_IQ1_S, CM_TYPE_Q8_1,  CM_TYPE_Q8_K, CM_TYPE_I8,
+    CHECK(cm_kernels_supports(CM_TYPE_IQ2_XXS) && cm_kernels_supports(CM_TYPE_IQ3_XXS) &&
+          cm_kernels_supports(CM_TYPE_IQ1_S));
+    const int no[] = {CM_TYPE_IQ2_XS,  CM_TYPE_IQ3_S, CM_TYPE_Q8_1,  CM_TYPE_Q8_K, CM_TYPE_I8,
                       CM_TYPE_I32,     CM_TYPE_F64,   CM_TYPE_TQ2_0, 4,            CM_TYPE_COUNT - 1};
     for (size_t i = 0; i < CM_ARRAY_LEN(no); i++)
         CHECKF(!cm_kernels_supports((enum cm_type)no[i]), "type %d", no[i]);

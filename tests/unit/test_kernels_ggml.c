@@ -130,8 +130,8 @@ static void check_table(const cm_kernels *k, const char *label) {
     }
     fclose(f);
     CHECKF(n_q == (KC_N_WEIGHT_TYPES - 1) * KC_DISTS && n_a == KC_N_ACT_TYPES * KC_DISTS &&
-               n_d == KC_N_WEIGHT_TYPES * KC_DISTS * KC_ROWS && n_t == n_quant * KC_DISTS && n_r == n_quant &&
-               n_e == n_quant * KC_ROWS,
+               n_d == KC_N_WEIGHT_TYPES * KC_DISTS * KC_ROWS && n_t == n_quant * KC_DISTS &&
+               n_r == n_quant + KC_N_BLOCK_TYPES && n_e == (n_quant + KC_N_BLOCK_TYPES) * KC_ROWS,
            "%s: %d Q, %d A, %d D, %d T, %d R, %d E lines", label, n_q, n_a, n_d, n_t, n_r, n_e);
     if (getenv("CUMULO_TEST_VERBOSE"))
         fprintf(stderr,
