@@ -25,7 +25,7 @@ PROMPTS="1;1,450,4996,17354,1701,432,12500,975;1,15043,29892,920"
 TYPES="f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k q4_k_m"
 VARIANTS="llama llama3 llamatied qwen2 qwen3"
 # The low-bit types (added later: seeds from 3000, so the models above keep theirs).
-LOWBIT_TYPES="q2_k q3_k iq4_nl iq4_xs mxfp4"
+LOWBIT_TYPES="q2_k q3_k iq4_nl iq4_xs mxfp4 iq2_xxs iq3_xxs iq1_s"
 LOWBIT_VARIANTS="llama qwen3"
 [ -f "$NLC/node_modules/node-llama-cpp/package.json" ] || { echo "gen_synth_refs: no node-llama-cpp in $NLC" >&2; exit 1; }
 make -s cumulo
