@@ -1,6 +1,6 @@
 /*
  * lowbit_avx2.c: AVX2 dot products of the low-bit weight types (Q2_K, Q3_K,
- * IQ4_XS against Q8_K; IQ4_NL, MXFP4 against Q8_0).
+ * IQ4_XS, IQ2_XXS, IQ3_XXS, IQ1_S against Q8_K; IQ4_NL, MXFP4 against Q8_0).
  *
  * Compiled with the AVX2 flags only and registered by dispatch.c into the
  * avx2 and avx512 tables when the CPU has AVX2 (cm_kernels_fill_lowbit_avx2);
@@ -19,6 +19,7 @@
 #include "isa.h"
 
 #include <immintrin.h>
+#include <string.h>
 
 /* sum over the 32 bytes of x*y as int16 pairs, x and y signed, |x|, |y| <= 127. */
 static inline __m256i dot_pairs_s8(__m256i x, __m256i y) {
@@ -159,6 +160,99 @@ static void vec_dot_q3_k(int64_t n, float *s, const void *vx, const void *vy) {
     *s = sumf;
 }
 
+/* ---- grid types against Q8_K ---- */
+
+/* 32 bytes, byte j all-ones where bit j % 8 of byte j / 8 of `w` is set. */
+static inline __m256i sign_mask(uint32_t w) {
+    const __m256i spread = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+    const __m256i bits = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    const __m256i b = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)w), spread), bits);
+    return _mm256_cmpeq_epi8(b, bits);
+}
+
+/* The 4 sign bytes (7 stored bits + parity each) of a 32-element group. */
+static inline uint32_t iq_sign_word(uint32_t aux) {
+    return (uint32_t)cm_iq_signs(aux & 127) | ((uint32_t)cm_iq_signs((aux >> 7) & 127) << 8) |
+           ((uint32_t)cm_iq_signs((aux >> 14) & 127) << 16) | ((uint32_t)cm_iq_signs((aux >> 21) & 127) << 24);
+}
+
+static inline uint32_t rd32(const uint8_t *p) {
+    uint32_t v;
+    memcpy(&v, p, 4); /* x86 is little-endian, as the format */
+    return v;
+}
+
+/* sum_j g_j * (+-p_j) per pair lane times ls, g unsigned grid bytes. */
+static inline __m256i iq_group(__m256i g, uint32_t aux, const int8_t *p, int ls) {
+    const __m256i m = sign_mask(iq_sign_word(aux));
+    const __m256i y = _mm256_loadu_si256((const __m256i *)p);
+    const __m256i ys = _mm256_sub_epi8(_mm256_xor_si256(y, m), m);
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(g, ys), _mm256_set1_epi16((short)ls));
+}
+
+static void vec_dot_iq2_xxs(int64_t n, float *s, const void *vx, const void *vy) {
+    const uint8_t *blk = vx;
+    const cm_block_q8_k *y = vy;
+    float sumf = 0.f;
+    for (int64_t b = 0; b < n / CM_QK_K; b++, blk += sizeof(cm_block_iq2_xxs)) {
+        const float d = cm_f16_to_f32((cm_f16)(blk[0] | (blk[1] << 8))) * y[b].d;
+        __m256i acc = _mm256_setzero_si256();
+        for (int ib = 0; ib < 8; ib++) {
+            const uint8_t *q = blk + 2 + 8 * ib;
+            const uint32_t aux = rd32(q + 4);
+            const __m256i g = _mm256_set_epi64x((long long)cm_iq2xxs_grid[q[3]], (long long)cm_iq2xxs_grid[q[2]],
+                                                (long long)cm_iq2xxs_grid[q[1]], (long long)cm_iq2xxs_grid[q[0]]);
+            acc = _mm256_add_epi32(acc, iq_group(g, aux, y[b].qs + 32 * ib, (int)(2 * (aux >> 28) + 1)));
+        }
+        sumf += d * hsum_i32x8(acc);
+    }
+    *s = 0.125f * sumf;
+}
+
+static void vec_dot_iq3_xxs(int64_t n, float *s, const void *vx, const void *vy) {
+    const cm_block_iq3_xxs *x = vx;
+    const cm_block_q8_k *y = vy;
+    float sumf = 0.f;
+    for (int64_t b = 0; b < n / CM_QK_K; b++) {
+        const float d = cm_f16_to_f32(x[b].d) * y[b].d;
+        __m256i acc = _mm256_setzero_si256();
+        for (int ib = 0; ib < 8; ib++) {
+            const uint8_t *q = x[b].qs + 8 * ib;
+            const uint32_t aux = rd32(x[b].qs + CM_QK_K / 4 + 4 * ib);
+            const __m256i g = _mm256_set_epi32((int)cm_iq3xxs_grid[q[7]], (int)cm_iq3xxs_grid[q[6]], (int)cm_iq3xxs_grid[q[5]],
+                                               (int)cm_iq3xxs_grid[q[4]], (int)cm_iq3xxs_grid[q[3]], (int)cm_iq3xxs_grid[q[2]],
+                                               (int)cm_iq3xxs_grid[q[1]], (int)cm_iq3xxs_grid[q[0]]);
+            acc = _mm256_add_epi32(acc, iq_group(g, aux, y[b].qs + 32 * ib, (int)(2 * (aux >> 28) + 1)));
+        }
+        sumf += d * hsum_i32x8(acc);
+    }
+    *s = 0.25f * sumf;
+}
+
+static void vec_dot_iq1_s(int64_t n, float *s, const void *vx, const void *vy) {
+    const cm_block_iq1_s *x = vx;
+    const cm_block_q8_k *y = vy;
+    float sumf = 0;
+    for (int64_t b = 0; b < n / CM_QK_K; b++) {
+        __m256i acc = _mm256_setzero_si256();
+        int sumi1 = 0;
+        for (int ib = 0; ib < 8; ib++) {
+            const uint16_t qh = x[b].qh[ib];
+            const uint8_t *q = x[b].qs + 4 * ib;
+            const int ls = 2 * ((qh >> 12) & 7) + 1;
+            const __m256i g = _mm256_set_epi64x((long long)cm_iq1s_grid[q[3] | (((qh >> 9) & 7) << 8)],
+                                                (long long)cm_iq1s_grid[q[2] | (((qh >> 6) & 7) << 8)],
+                                                (long long)cm_iq1s_grid[q[1] | (((qh >> 3) & 7) << 8)],
+                                                (long long)cm_iq1s_grid[q[0] | ((qh & 7) << 8)]);
+            const __m256i p = dot_pairs_s8(g, _mm256_loadu_si256((const __m256i *)(y[b].qs + 32 * ib)));
+            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16((short)ls)));
+            sumi1 += ls * (qh & 0x8000 ? -1 : 1) * (y[b].bsums[2 * ib] + y[b].bsums[2 * ib + 1]);
+        }
+        sumf += cm_f16_to_f32(x[b].d) * y[b].d * (hsum_i32x8(acc) + 0.125f * sumi1);
+    }
+    *s = sumf;
+}
+
 /* gemm = this file's vec_dot for every (row, token), row-major. */
 #define ROW_GEMM(t)                                                                                              \
     static void gemm_##t(int64_t kk, const void *w, size_t ws, const void *x, size_t xs, float *y, int64_t ldy,   \
@@ -172,6 +266,9 @@ ROW_GEMM(q3_k)
 ROW_GEMM(iq4_nl)
 ROW_GEMM(iq4_xs)
 ROW_GEMM(mxfp4)
+ROW_GEMM(iq2_xxs)
+ROW_GEMM(iq3_xxs)
+ROW_GEMM(iq1_s)
 #undef ROW_GEMM
 
 void cm_kernels_fill_lowbit_avx2(cm_kernels *k) {
@@ -181,5 +278,8 @@ void cm_kernels_fill_lowbit_avx2(cm_kernels *k) {
     REG(IQ4_NL, iq4_nl);
     REG(IQ4_XS, iq4_xs);
     REG(MXFP4, mxfp4);
+    REG(IQ2_XXS, iq2_xxs);
+    REG(IQ3_XXS, iq3_xxs);
+    REG(IQ1_S, iq1_s);
 #undef REG
 }

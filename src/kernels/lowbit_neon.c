@@ -1,6 +1,8 @@
 /*
  * lowbit_neon.c: NEON (ARMv8.2 dotprod) dot products of the low-bit weight
- * types (Q2_K, Q3_K, IQ4_XS against Q8_K; IQ4_NL, MXFP4 against Q8_0).
+ * types (Q2_K, Q3_K, IQ4_XS, IQ2_XXS, IQ3_XXS, IQ1_S against Q8_K; IQ4_NL,
+ * MXFP4 against Q8_0). Grid entries are read in the host's (little-endian)
+ * byte order, as on every arm64 we build for.
  *
  * Compiled with the NEON flags only and registered by dispatch.c into the
  * neon table (cm_kernels_fill_lowbit_neon). Same contract as lowbit_avx2.c:
@@ -134,6 +136,94 @@ static void vec_dot_q3_k(int64_t n, float *s, const void *vx, const void *vy) {
     *s = sumf;
 }
 
+/* ---- grid types against Q8_K ---- */
+
+static inline uint32_t rd32(const uint8_t *p) {
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+
+/* y (16 bytes) with the sign flipped where bit j % 8 of s_lo (j < 8) or s_hi is set. */
+static inline int8x16_t apply_signs(int8x16_t y, uint8_t s_lo, uint8_t s_hi) {
+    static const uint8_t kbits[16] = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
+    const uint8x16_t m = vtstq_u8(vcombine_u8(vdup_n_u8(s_lo), vdup_n_u8(s_hi)), vld1q_u8(kbits));
+    const int8x16_t ms = vreinterpretq_s8_u8(m);
+    return vsubq_s8(veorq_s8(y, ms), ms);
+}
+
+/* One 32-element group: grid bytes g0 (elements 0..15), g1 (16..31), the
+ * 28 sign bits of aux; returns the int32 lanes of sum g * (+-y). */
+static inline int32x4_t iq_group(int8x16_t g0, int8x16_t g1, uint32_t aux, const int8_t *p) {
+    const int8x16_t y0 = apply_signs(vld1q_s8(p), cm_iq_signs(aux & 127), cm_iq_signs((aux >> 7) & 127));
+    const int8x16_t y1 = apply_signs(vld1q_s8(p + 16), cm_iq_signs((aux >> 14) & 127), cm_iq_signs((aux >> 21) & 127));
+    return vdotq_s32(vdotq_s32(vdupq_n_s32(0), g0, y0), g1, y1);
+}
+
+static inline int8x16_t grid64x2(uint64_t a, uint64_t b) {
+    return vreinterpretq_s8_u64(vcombine_u64(vcreate_u64(a), vcreate_u64(b)));
+}
+
+static void vec_dot_iq2_xxs(int64_t n, float *s, const void *vx, const void *vy) {
+    const uint8_t *blk = vx;
+    const cm_block_q8_k *y = vy;
+    float sumf = 0.f;
+    for (int64_t b = 0; b < n / CM_QK_K; b++, blk += sizeof(cm_block_iq2_xxs)) {
+        const float d = cm_f16_to_f32((cm_f16)(blk[0] | (blk[1] << 8))) * y[b].d;
+        int32x4_t acc = vdupq_n_s32(0);
+        for (int ib = 0; ib < 8; ib++) {
+            const uint8_t *q = blk + 2 + 8 * ib;
+            const uint32_t aux = rd32(q + 4);
+            const int8x16_t g0 = grid64x2(cm_iq2xxs_grid[q[0]], cm_iq2xxs_grid[q[1]]);
+            const int8x16_t g1 = grid64x2(cm_iq2xxs_grid[q[2]], cm_iq2xxs_grid[q[3]]);
+            acc = vmlaq_n_s32(acc, iq_group(g0, g1, aux, y[b].qs + 32 * ib), (int32_t)(2 * (aux >> 28) + 1));
+        }
+        sumf += d * vaddvq_s32(acc);
+    }
+    *s = 0.125f * sumf;
+}
+
+static void vec_dot_iq3_xxs(int64_t n, float *s, const void *vx, const void *vy) {
+    const cm_block_iq3_xxs *x = vx;
+    const cm_block_q8_k *y = vy;
+    float sumf = 0.f;
+    for (int64_t b = 0; b < n / CM_QK_K; b++) {
+        const float d = cm_f16_to_f32(x[b].d) * y[b].d;
+        int32x4_t acc = vdupq_n_s32(0);
+        for (int ib = 0; ib < 8; ib++) {
+            const uint8_t *q = x[b].qs + 8 * ib;
+            const uint32_t aux = rd32(x[b].qs + CM_QK_K / 4 + 4 * ib);
+            const uint32_t g[8] = {cm_iq3xxs_grid[q[0]], cm_iq3xxs_grid[q[1]], cm_iq3xxs_grid[q[2]], cm_iq3xxs_grid[q[3]],
+                                   cm_iq3xxs_grid[q[4]], cm_iq3xxs_grid[q[5]], cm_iq3xxs_grid[q[6]], cm_iq3xxs_grid[q[7]]};
+            const int8x16_t g0 = vreinterpretq_s8_u32(vld1q_u32(g)), g1 = vreinterpretq_s8_u32(vld1q_u32(g + 4));
+            acc = vmlaq_n_s32(acc, iq_group(g0, g1, aux, y[b].qs + 32 * ib), (int32_t)(2 * (aux >> 28) + 1));
+        }
+        sumf += d * vaddvq_s32(acc);
+    }
+    *s = 0.25f * sumf;
+}
+
+static void vec_dot_iq1_s(int64_t n, float *s, const void *vx, const void *vy) {
+    const cm_block_iq1_s *x = vx;
+    const cm_block_q8_k *y = vy;
+    float sumf = 0;
+    for (int64_t b = 0; b < n / CM_QK_K; b++) {
+        int32x4_t acc = vdupq_n_s32(0);
+        int sumi1 = 0;
+        for (int ib = 0; ib < 8; ib++) {
+            const uint16_t qh = x[b].qh[ib];
+            const uint8_t *q = x[b].qs + 4 * ib;
+            const int ls = 2 * ((qh >> 12) & 7) + 1;
+            const int8x16_t g0 = grid64x2(cm_iq1s_grid[q[0] | ((qh & 7) << 8)], cm_iq1s_grid[q[1] | (((qh >> 3) & 7) << 8)]);
+            const int8x16_t g1 = grid64x2(cm_iq1s_grid[q[2] | (((qh >> 6) & 7) << 8)], cm_iq1s_grid[q[3] | (((qh >> 9) & 7) << 8)]);
+            const int8_t *p = y[b].qs + 32 * ib;
+            const int32x4_t d = vdotq_s32(vdotq_s32(vdupq_n_s32(0), g0, vld1q_s8(p)), g1, vld1q_s8(p + 16));
+            acc = vmlaq_n_s32(acc, d, ls);
+            sumi1 += ls * (qh & 0x8000 ? -1 : 1) * (y[b].bsums[2 * ib] + y[b].bsums[2 * ib + 1]);
+        }
+        sumf += cm_f16_to_f32(x[b].d) * y[b].d * (vaddvq_s32(acc) + 0.125f * sumi1);
+    }
+    *s = sumf;
+}
+
 /* gemm = this file's vec_dot for every (row, token), row-major. */
 #define ROW_GEMM(t)                                                                                              \
     static void gemm_##t(int64_t kk, const void *w, size_t ws, const void *x, size_t xs, float *y, int64_t ldy,   \
@@ -147,6 +237,9 @@ ROW_GEMM(q3_k)
 ROW_GEMM(iq4_nl)
 ROW_GEMM(iq4_xs)
 ROW_GEMM(mxfp4)
+ROW_GEMM(iq2_xxs)
+ROW_GEMM(iq3_xxs)
+ROW_GEMM(iq1_s)
 #undef ROW_GEMM
 
 void cm_kernels_fill_lowbit_neon(cm_kernels *k) {
@@ -156,5 +249,8 @@ void cm_kernels_fill_lowbit_neon(cm_kernels *k) {
     REG(IQ4_NL, iq4_nl);
     REG(IQ4_XS, iq4_xs);
     REG(MXFP4, mxfp4);
+    REG(IQ2_XXS, iq2_xxs);
+    REG(IQ3_XXS, iq3_xxs);
+    REG(IQ1_S, iq1_s);
 #undef REG
 }

@@ -45,7 +45,8 @@ static float frand(void) { return (float)((rnd() >> 40) * (1.0 / 16777216.0)) * 
 static const enum cm_type k_types[] = {CM_TYPE_Q4_0,  CM_TYPE_Q4_1,   CM_TYPE_Q5_0,   CM_TYPE_Q5_1,
                                        CM_TYPE_Q8_0,  CM_TYPE_Q4_K,   CM_TYPE_Q5_K,   CM_TYPE_Q6_K,
                                        CM_TYPE_F16,   CM_TYPE_BF16,   CM_TYPE_F32,    CM_TYPE_Q2_K,
-                                       CM_TYPE_Q3_K,  CM_TYPE_IQ4_NL, CM_TYPE_IQ4_XS, CM_TYPE_MXFP4};
+                                       CM_TYPE_Q3_K,  CM_TYPE_IQ4_NL, CM_TYPE_IQ4_XS, CM_TYPE_MXFP4,
+                                       CM_TYPE_IQ2_XXS, CM_TYPE_IQ3_XXS, CM_TYPE_IQ1_S};
 #define N_TYPES (int)(sizeof k_types / sizeof k_types[0])
 static const char *const k_isas[] = {"avx2", "avx512", "neon"};
 
@@ -146,7 +147,9 @@ static double dot_bound(enum cm_type t, int64_t n, double S) {
 static bool make_weights(const cm_kernels *ref, enum cm_type t, int64_t n, int mode, uint8_t *wq) {
     const cm_type_traits *tr = cm_type_traits_of(t);
     size_t rs = cm_row_size(t, n);
-    if (mode == 4 && tr->quantized) {
+    /* The grid types have no quantizer: always random blocks. */
+    const bool no_quantizer = t == CM_TYPE_IQ2_XXS || t == CM_TYPE_IQ3_XXS || t == CM_TYPE_IQ1_S;
+    if ((mode == 4 || no_quantizer) && tr->quantized) {
         for (size_t i = 0; i < rs; i++) wq[i] = (uint8_t)rnd();
         fix_scales(t, wq, n / tr->block_size, tr->type_size);
         return true;
