@@ -21,6 +21,9 @@
 #include <immintrin.h>
 #include <string.h>
 
+/* f16 -> f32 with F16C: exact, so equal to cm_f16_to_f32. */
+static inline float h2f(cm_f16 h) { return _cvtsh_ss(h); }
+
 /* sum over the 32 bytes of x*y as int16 pairs, x and y signed, |x|, |y| <= 127. */
 static inline __m256i dot_pairs_s8(__m256i x, __m256i y) {
     return _mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
@@ -56,35 +59,36 @@ static inline __m256i scale_pair(int a, int b) {
 
 /* ---- 32-element blocks against Q8_0 ---- */
 
-static void vec_dot_iq4_nl(int64_t n, float *s, const void *vx, const void *vy) {
-    const cm_block_iq4_nl *x = vx;
-    const cm_block_q8_0 *y = vy;
-    const __m128i table = _mm_loadu_si128((const __m128i *)cm_kvalues_iq4nl);
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t b = 0; b < n / CM_QK4_NL; b++) {
-        const __m256i v = nibbles_to_values(x[b].qs, table);
-        const __m256i p = _mm256_madd_epi16(dot_pairs_s8(v, _mm256_loadu_si256((const __m256i *)y[b].qs)), ones);
-        const float d = cm_f16_to_f32(y[b].d) * cm_f16_to_f32(x[b].d);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), acc);
+/* Two blocks per step into two float accumulators (independent fma chains). */
+#define DOT32(NAME, BLOCK, QK, TABLE, SCALE)                                                                   \
+    static void vec_dot_##NAME(int64_t n, float *s, const void *vx, const void *vy) {                        \
+        const BLOCK *x = vx;                                                                                   \
+        const cm_block_q8_0 *y = vy;                                                                           \
+        const __m128i table = _mm_loadu_si128((const __m128i *)TABLE);                                         \
+        const __m256i ones = _mm256_set1_epi16(1);                                                             \
+        __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();                                         \
+        const int64_t nb = n / QK;                                                                             \
+        int64_t b = 0;                                                                                         \
+        for (; b + 1 < nb; b += 2) {                                                                           \
+            const __m256i v0 = nibbles_to_values(x[b].qs, table), v1 = nibbles_to_values(x[b + 1].qs, table);  \
+            const __m256i p0 = _mm256_madd_epi16(dot_pairs_s8(v0, _mm256_loadu_si256((const __m256i *)y[b].qs)), ones); \
+            const __m256i p1 =                                                                                 \
+                _mm256_madd_epi16(dot_pairs_s8(v1, _mm256_loadu_si256((const __m256i *)y[b + 1].qs)), ones);   \
+            acc0 = _mm256_fmadd_ps(_mm256_set1_ps(SCALE(b)), _mm256_cvtepi32_ps(p0), acc0);                    \
+            acc1 = _mm256_fmadd_ps(_mm256_set1_ps(SCALE(b + 1)), _mm256_cvtepi32_ps(p1), acc1);                \
+        }                                                                                                      \
+        for (; b < nb; b++) {                                                                                  \
+            const __m256i v = nibbles_to_values(x[b].qs, table);                                               \
+            const __m256i p = _mm256_madd_epi16(dot_pairs_s8(v, _mm256_loadu_si256((const __m256i *)y[b].qs)), ones); \
+            acc0 = _mm256_fmadd_ps(_mm256_set1_ps(SCALE(b)), _mm256_cvtepi32_ps(p), acc0);                     \
+        }                                                                                                      \
+        *s = hsum_f32x8(_mm256_add_ps(acc0, acc1));                                                            \
     }
-    *s = hsum_f32x8(acc);
-}
-
-static void vec_dot_mxfp4(int64_t n, float *s, const void *vx, const void *vy) {
-    const cm_block_mxfp4 *x = vx;
-    const cm_block_q8_0 *y = vy;
-    const __m128i table = _mm_loadu_si128((const __m128i *)cm_kvalues_mxfp4);
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t b = 0; b < n / CM_QK_MXFP4; b++) {
-        const __m256i v = nibbles_to_values(x[b].qs, table);
-        const __m256i p = _mm256_madd_epi16(dot_pairs_s8(v, _mm256_loadu_si256((const __m256i *)y[b].qs)), ones);
-        const float d = cm_f16_to_f32(y[b].d) * cm_e8m0_to_f32_half(x[b].e);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(p), acc);
-    }
-    *s = hsum_f32x8(acc);
-}
+#define SCALE_IQ4_NL(b) (h2f(y[b].d) * h2f(x[b].d))
+#define SCALE_MXFP4(b) (h2f(y[b].d) * cm_e8m0_to_f32_half(x[b].e))
+DOT32(iq4_nl, cm_block_iq4_nl, CM_QK4_NL, cm_kvalues_iq4nl, SCALE_IQ4_NL)
+DOT32(mxfp4, cm_block_mxfp4, CM_QK_MXFP4, cm_kvalues_mxfp4, SCALE_MXFP4)
+#undef DOT32
 
 /* ---- super-blocks against Q8_K ---- */
 
@@ -101,7 +105,7 @@ static void vec_dot_iq4_xs(int64_t n, float *s, const void *vx, const void *vy) 
             const __m256i p = dot_pairs_s8(v, _mm256_loadu_si256((const __m256i *)(y[b].qs + 32 * i)));
             acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16((short)ls)));
         }
-        sumf += (cm_f16_to_f32(x[b].d) * y[b].d) * hsum_i32x8(acc);
+        sumf += (h2f(x[b].d) * y[b].d) * hsum_i32x8(acc);
     }
     *s = sumf;
 }
@@ -126,8 +130,8 @@ static void vec_dot_q2_k(int64_t n, float *s, const void *vx, const void *vy) {
                 acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, scale_pair(sc[is] & 0xF, sc[is + 1] & 0xF)));
             }
         }
-        const float dall = y[b].d * cm_f16_to_f32(x[b].d);
-        const float dmin = y[b].d * cm_f16_to_f32(x[b].dmin);
+        const float dall = y[b].d * h2f(x[b].d);
+        const float dmin = y[b].d * h2f(x[b].dmin);
         sumf += dall * hsum_i32x8(acc) - dmin * summ;
     }
     *s = sumf;
@@ -155,7 +159,7 @@ static void vec_dot_q3_k(int64_t n, float *s, const void *vx, const void *vy) {
                 acc = _mm256_add_epi32(acc, _mm256_madd_epi16(dot_pairs_s8(v, p8), scale_pair(sc[is], sc[is + 1])));
             }
         }
-        sumf += (cm_f16_to_f32(x[b].d) * y[b].d) * hsum_i32x8(acc);
+        sumf += (h2f(x[b].d) * y[b].d) * hsum_i32x8(acc);
     }
     *s = sumf;
 }
@@ -195,7 +199,7 @@ static void vec_dot_iq2_xxs(int64_t n, float *s, const void *vx, const void *vy)
     const cm_block_q8_k *y = vy;
     float sumf = 0.f;
     for (int64_t b = 0; b < n / CM_QK_K; b++, blk += sizeof(cm_block_iq2_xxs)) {
-        const float d = cm_f16_to_f32((cm_f16)(blk[0] | (blk[1] << 8))) * y[b].d;
+        const float d = h2f((cm_f16)(blk[0] | (blk[1] << 8))) * y[b].d;
         __m256i acc = _mm256_setzero_si256();
         for (int ib = 0; ib < 8; ib++) {
             const uint8_t *q = blk + 2 + 8 * ib;
@@ -214,7 +218,7 @@ static void vec_dot_iq3_xxs(int64_t n, float *s, const void *vx, const void *vy)
     const cm_block_q8_k *y = vy;
     float sumf = 0.f;
     for (int64_t b = 0; b < n / CM_QK_K; b++) {
-        const float d = cm_f16_to_f32(x[b].d) * y[b].d;
+        const float d = h2f(x[b].d) * y[b].d;
         __m256i acc = _mm256_setzero_si256();
         for (int ib = 0; ib < 8; ib++) {
             const uint8_t *q = x[b].qs + 8 * ib;
@@ -248,7 +252,7 @@ static void vec_dot_iq1_s(int64_t n, float *s, const void *vx, const void *vy) {
             acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16((short)ls)));
             sumi1 += ls * (qh & 0x8000 ? -1 : 1) * (y[b].bsums[2 * ib] + y[b].bsums[2 * ib + 1]);
         }
-        sumf += cm_f16_to_f32(x[b].d) * y[b].d * (hsum_i32x8(acc) + 0.125f * sumi1);
+        sumf += h2f(x[b].d) * y[b].d * (hsum_i32x8(acc) + 0.125f * sumi1);
     }
     *s = sumf;
 }

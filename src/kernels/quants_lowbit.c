@@ -67,15 +67,6 @@ void cm_ref_vec_dot_q2_k(int64_t n, float *s, const void *vx, const void *vy) {
 
 /* ---- Q3_K ---- */
 
-/* The 16 signed scales (stored value - 32) of a Q3_K block. */
-void cm_q3_k_scales(const uint8_t sc[12], int8_t out[16]) {
-    for (int j = 0; j < 16; j++) {
-        const int low = j < 8 ? sc[j] & 0xF : sc[j - 8] >> 4;
-        const int top = (sc[8 + j % 4] >> (2 * (j / 4))) & 3;
-        out[j] = (int8_t)((low | (top << 4)) - 32);
-    }
-}
-
 /* Element e = 128h + 32k + l: low bits (qs[32h + l] >> 2k) & 3, high bit
  * 4h + k of hmask[l]; signed value low - 4 when that bit is clear. */
 static inline int q3_k_value(const cm_block_q3_k *x, int h, int k, int l) {

@@ -82,8 +82,16 @@ void cm_ref_vec_dot_q3_k(int64_t n, float *s, const void *x, const void *y);
 void cm_ref_vec_dot_iq4_nl(int64_t n, float *s, const void *x, const void *y);
 void cm_ref_vec_dot_iq4_xs(int64_t n, float *s, const void *x, const void *y);
 void cm_ref_vec_dot_mxfp4(int64_t n, float *s, const void *x, const void *y);
-/* The 16 signed scales (stored value - 32) of a Q3_K block's 12 scale bytes. */
-void cm_q3_k_scales(const uint8_t sc[12], int8_t out[16]);
+/* The 16 signed scales (stored value - 32) of a Q3_K block's 12 scale bytes:
+ * low nibbles in bytes 0-7 (sub-blocks 0-7 low, 8-15 high nibble), top 2
+ * bits at bits 2(j/4).. of byte 8 + j%4. */
+static inline void cm_q3_k_scales(const uint8_t sc[12], int8_t out[16]) {
+    for (int j = 0; j < 16; j++) {
+        const int low = j < 8 ? sc[j] & 0xF : sc[j - 8] >> 4;
+        const int top = (sc[8 + j % 4] >> (2 * (j / 4))) & 3;
+        out[j] = (int8_t)((low | (top << 4)) - 32);
+    }
+}
 /* Registers the entries above in a table (called by cm_kernels_fill_ref). */
 void cm_kernels_fill_lowbit_ref(cm_kernels *k);
 
