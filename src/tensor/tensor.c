@@ -91,6 +91,15 @@ int cm_type_from_name(const char *name) {
     return -1;
 }
 
+size_t cm_type_align(enum cm_type t) {
+    switch (t) {
+    case CM_TYPE_F32: case CM_TYPE_I32: case CM_TYPE_Q8_K: return 4;
+    case CM_TYPE_I64: case CM_TYPE_F64: return 8;
+    case CM_TYPE_I8: case CM_TYPE_MXFP4: return 1;
+    default: return 2; /* every other layout starts with or holds a 16-bit field */
+    }
+}
+
 size_t cm_row_size(enum cm_type t, int64_t n) {
     const cm_type_traits *tr = cm_type_traits_of(t);
     if (!tr || n < 0 || n % tr->block_size) return 0;

@@ -170,6 +170,11 @@ const cm_type_traits *cm_type_traits_of(uint32_t type);
 const char *cm_type_name(uint32_t type); /* "q4_0" or "unknown" */
 /* Parse "q4_0", "Q4_0", "f16", ... Returns -1 if unknown. */
 int cm_type_from_name(const char *name);
+/* The alignment a tensor's data must have for the kernels to read it (its
+ * widest field: 4 for f32/i32/q8_k, 1 for byte-only blocks like mxfp4, else
+ * 2). GGUF lets a file choose general.alignment = 1, so a reader's tensor may
+ * lack it: callers check before handing data to a kernel. */
+size_t cm_type_align(enum cm_type t);
 /* Bytes of a row of n elements; 0 if n is not a multiple of the block size. */
 size_t cm_row_size(enum cm_type t, int64_t n);
 
