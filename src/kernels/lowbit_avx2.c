@@ -166,18 +166,18 @@ static void vec_dot_q3_k(int64_t n, float *s, const void *vx, const void *vy) {
 
 /* ---- grid types against Q8_K ---- */
 
-/* 32 bytes, byte j all-ones where bit j % 8 of byte j / 8 of `w` is set. */
-static inline __m256i sign_mask(uint32_t w) {
-    const __m256i spread = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
-    const __m256i bits = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
-    const __m256i b = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)w), spread), bits);
-    return _mm256_cmpeq_epi8(b, bits);
-}
+/* For each 7-bit sign code: 8 bytes, 0xFF where the element is negated (the
+ * 7 stored bits and their parity). Filled once by the fill function. */
+static uint64_t g_sign64[128];
 
-/* The 4 sign bytes (7 stored bits + parity each) of a 32-element group. */
-static inline uint32_t iq_sign_word(uint32_t aux) {
-    return (uint32_t)cm_iq_signs(aux & 127) | ((uint32_t)cm_iq_signs((aux >> 7) & 127) << 8) |
-           ((uint32_t)cm_iq_signs((aux >> 14) & 127) << 16) | ((uint32_t)cm_iq_signs((aux >> 21) & 127) << 24);
+static void init_sign64(void) {
+    for (unsigned i = 0; i < 128; i++) {
+        const uint8_t sb = cm_iq_signs(i);
+        uint64_t m = 0;
+        for (int j = 0; j < 8; j++)
+            if (sb >> j & 1) m |= (uint64_t)0xFF << (8 * j);
+        g_sign64[i] = m;
+    }
 }
 
 static inline uint32_t rd32(const uint8_t *p) {
@@ -188,7 +188,8 @@ static inline uint32_t rd32(const uint8_t *p) {
 
 /* sum_j g_j * (+-p_j) per pair lane times ls, g unsigned grid bytes. */
 static inline __m256i iq_group(__m256i g, uint32_t aux, const int8_t *p, int ls) {
-    const __m256i m = sign_mask(iq_sign_word(aux));
+    const __m256i m = _mm256_set_epi64x((long long)g_sign64[(aux >> 21) & 127], (long long)g_sign64[(aux >> 14) & 127],
+                                        (long long)g_sign64[(aux >> 7) & 127], (long long)g_sign64[aux & 127]);
     const __m256i y = _mm256_loadu_si256((const __m256i *)p);
     const __m256i ys = _mm256_sub_epi8(_mm256_xor_si256(y, m), m);
     return _mm256_madd_epi16(_mm256_maddubs_epi16(g, ys), _mm256_set1_epi16((short)ls));
@@ -276,6 +277,7 @@ ROW_GEMM(iq1_s)
 #undef ROW_GEMM
 
 void cm_kernels_fill_lowbit_avx2(cm_kernels *k) {
+    init_sign64(); /* idempotent; fill functions run once under pthread_once */
 #define REG(T, t) k->vec_dot[CM_TYPE_##T] = vec_dot_##t, k->gemm[CM_TYPE_##T] = gemm_##t
     REG(Q2_K, q2_k);
     REG(Q3_K, q3_k);
