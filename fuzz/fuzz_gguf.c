@@ -5,10 +5,15 @@
  * a crash, an overread or a leak. On success every accessor is walked, and
  * the file is rewritten with the writer and parsed again: the writer must
  * accept everything the reader accepted, and the copy must read back equal.
+ * Every tensor of a type the kernels run, aligned for it, has its first row
+ * (up to 4096 elements) dequantized by the reference: arbitrary block bytes
+ * (scales, levels, E8M0 exponents) must never fault or trip UBSan.
  * Never writes to disk.
  */
 #include "gguf/gguf.h"
+#include "kernels/kernels.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,6 +53,17 @@ static void walk(const cm_gguf *g, const uint8_t *p, size_t n) {
         REQUIRE(cm_type_traits_of(t->type) != NULL && t->n_dims >= 1 && t->n_dims <= CM_MAX_DIMS);
         REQUIRE((const uint8_t *)t->data >= p && (const uint8_t *)t->data + t->nbytes <= p + n);
         if (t->nbytes) sink += ((const uint8_t *)t->data)[0] + ((const uint8_t *)t->data)[t->nbytes - 1];
+        /* Kernels read fields in place: only tensors aligned for their type
+         * (a file may set general.alignment = 1). */
+        if (cm_kernels_supports((enum cm_type)t->type) &&
+            (uintptr_t)t->data % cm_type_align((enum cm_type)t->type) == 0) {
+            static float row[4096];
+            const int bs = cm_type_traits_of(t->type)->block_size;
+            int64_t n = t->ne[0] < 4096 ? t->ne[0] : 4096 / bs * bs;
+            REQUIRE(cm_row_size((enum cm_type)t->type, n) <= t->nbytes);
+            cm_kernels_ref()->to_float[t->type](t->data, row, n);
+            if (n) sink += (uint64_t)(row[0] == row[0]);
+        }
     }
 }
 

@@ -1,7 +1,8 @@
 /*
  * mkcorpus_gguf.c: writes the seed corpus of fuzz_gguf into a folder: tiny
  * valid files made with our writer (every value type, nested arrays, several
- * tensor types and alignments, a small vocabulary) and a few malformed ones.
+ * tensor types and alignments, the low-bit types, a small vocabulary) and a
+ * few malformed ones.
  * Not built by the Makefile; regenerate by hand:
  *   make build/libcumulo.a && cc -std=c11 -D_GNU_SOURCE -Isrc -o /tmp/mkc fuzz/mkcorpus_gguf.c \
  *     build/libcumulo.a -lm -lpthread && /tmp/mkc fuzz/corpus/gguf
@@ -97,6 +98,21 @@ int main(int argc, char **argv) {
         save_buf(k ? "types_align1.gguf" : "types_align64.gguf", &b);
         cm_buf_release(&b);
     }
+
+    /* The low-bit types the kernels run, and one they do not (iq2_xxs). */
+    w = cm_gguf_writer_new(32);
+    {
+        int64_t n256[2] = {256, 2}, n32[2] = {64, 2};
+        cm_gguf_w_tensor(w, "q2", CM_TYPE_Q2_K, 2, n256, bytes);
+        cm_gguf_w_tensor(w, "q3", CM_TYPE_Q3_K, 2, n256, bytes);
+        cm_gguf_w_tensor(w, "nl", CM_TYPE_IQ4_NL, 2, n32, bytes);
+        cm_gguf_w_tensor(w, "xs", CM_TYPE_IQ4_XS, 2, n256, bytes);
+        cm_gguf_w_tensor(w, "mx", CM_TYPE_MXFP4, 2, n32, bytes);
+        cm_gguf_w_tensor(w, "i2", CM_TYPE_IQ2_XXS, 2, n256, bytes);
+    }
+    b = finish(w);
+    save_buf("types_lowbit.gguf", &b);
+    cm_buf_release(&b);
 
     /* A small vocabulary, as a tokenizer reads it. */
     w = cm_gguf_writer_new(32);

@@ -62,14 +62,22 @@ static void build_tables(void) {
         g_have[i] = cpu_has(i, f);
     }
 #if CM_KERNELS_HAVE_X86
-    if (g_have[ISA_AVX2]) cm_kernels_fill_avx2(&g_tables[ISA_AVX2]);
+    if (g_have[ISA_AVX2]) {
+        cm_kernels_fill_avx2(&g_tables[ISA_AVX2]);
+        cm_kernels_fill_lowbit_avx2(&g_tables[ISA_AVX2]);
+    }
     if (g_have[ISA_AVX512]) {
         cm_kernels_fill_avx2(&g_tables[ISA_AVX512]);
         cm_kernels_fill_avx512(&g_tables[ISA_AVX512]);
+        cm_kernels_fill_lowbit_avx2(&g_tables[ISA_AVX512]);
+        cm_kernels_fill_lowbit_avx512(&g_tables[ISA_AVX512]);
     }
 #endif
 #if CM_KERNELS_HAVE_NEON
-    if (g_have[ISA_NEON]) cm_kernels_fill_neon(&g_tables[ISA_NEON]);
+    if (g_have[ISA_NEON]) {
+        cm_kernels_fill_neon(&g_tables[ISA_NEON]);
+        cm_kernels_fill_lowbit_neon(&g_tables[ISA_NEON]);
+    }
 #endif
 
     /* CUMULO_ISA caps the choice: the best ISA we have whose rank does not

@@ -29,6 +29,10 @@ void cm_kernels_fill_ref(cm_kernels *k);
 #define CM_KERNELS_HAVE_X86 1
 void cm_kernels_fill_avx2(cm_kernels *k);
 void cm_kernels_fill_avx512(cm_kernels *k);
+/* The low-bit types' kernels (lowbit_avx2.c, lowbit_avx512.c), filled after
+ * the files above. */
+void cm_kernels_fill_lowbit_avx2(cm_kernels *k);
+void cm_kernels_fill_lowbit_avx512(cm_kernels *k);
 #else
 #define CM_KERNELS_HAVE_X86 0
 #endif
@@ -36,6 +40,7 @@ void cm_kernels_fill_avx512(cm_kernels *k);
 #if defined(__aarch64__) || defined(_M_ARM64)
 #define CM_KERNELS_HAVE_NEON 1
 void cm_kernels_fill_neon(cm_kernels *k);
+void cm_kernels_fill_lowbit_neon(cm_kernels *k); /* lowbit_neon.c */
 #else
 #define CM_KERNELS_HAVE_NEON 0
 #endif

@@ -10,8 +10,9 @@
  *
  * Activation quantization follows ggml so that dot products agree with
  * llama.cpp: a weight type's dot product takes activations already converted
- * to its vec_dot_type (Q8_0 for Q4_0/Q5_0/Q8_0, Q8_1 for Q4_1/Q5_1, Q8_K for
- * K-quants, F16 for F16, BF16 for BF16, F32 for F32), converted the way
+ * to its vec_dot_type (Q8_0 for Q4_0/Q5_0/Q8_0/IQ4_NL/MXFP4, Q8_1 for
+ * Q4_1/Q5_1, Q8_K for K-quants, IQ4_XS, IQ2_XXS, IQ3_XXS and IQ1_S, F16 for
+ * F16, BF16 for BF16, F32 for F32), converted the way
  * llama.cpp's x86 build converts them (quants_ref.c says exactly how).
  *
  * Usage: k = cm_kernels_get() once; per weight W and activation rows x:
@@ -54,7 +55,9 @@ typedef void (*cm_gemm_fn)(int64_t k, const void *w, size_t w_stride, const void
 /* Indexed by type id; NULL where the type has no such op. */
 typedef struct cm_kernels {
     const char *name; /* "scalar", "avx2", "avx512", "neon" */
-    cm_vec_dot_fn vec_dot[CM_TYPE_COUNT];       /* weight types: F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q4_K Q5_K Q6_K */
+    /* weight types: F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K Q4_K Q5_K Q6_K
+     * IQ4_NL IQ4_XS MXFP4 IQ2_XXS IQ3_XXS IQ1_S */
+    cm_vec_dot_fn vec_dot[CM_TYPE_COUNT];
     cm_from_float_fn from_float[CM_TYPE_COUNT]; /* activation types: F32 F16 BF16 Q8_0 Q8_1 Q8_K */
     cm_to_float_fn to_float[CM_TYPE_COUNT];     /* the weight types plus Q8_1 and Q8_K */
     cm_gemm_fn gemm[CM_TYPE_COUNT];             /* optional, per weight type */
@@ -79,7 +82,9 @@ bool cm_kernels_supports(enum cm_type t);
 /* Quantize nrows rows of n_per_row floats into weight type t with ggml's
  * reference quantizers (no importance matrix), so the bytes equal what
  * llama.cpp writes: F32 (copy), F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
- * Q4_K, Q5_K, Q6_K. Used by synth and tests, not in the token loop. Returns
+ * Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4 (not IQ2_XXS, IQ3_XXS,
+ * IQ1_S: ggml makes those only with an importance matrix). Used by synth
+ * and tests, not in the token loop. Returns
  * bytes written (nrows * cm_row_size(t, n_per_row)), or 0 if t is not one of
  * those or n_per_row is not a multiple of its block size. */
 size_t cm_quantize_rows(enum cm_type t, const float *src, void *dst, int64_t nrows, int64_t n_per_row);

@@ -153,9 +153,10 @@ static void q8_0_row(const float *x, void *vy, int64_t n) {
  * weighted squared error: start from the plain min/max grid, then try nstep+1
  * candidate grids iscale = (nmax + rmin + rdelta*is)/(max - min), each
  * followed by the closed-form least-squares scale and min for its levels;
- * keep the best. Returns the scale and stores -min in *neg_min. */
-static float fit_scale_min(int n, int nmax, const float *x, const float *w, uint8_t *L, float *neg_min,
-                           float rmin, float rdelta, int nstep) {
+ * keep the best. Returns the scale and stores -min in *neg_min. use_mad
+ * measures absolute instead of squared error (Q2_K). */
+float cm_fit_scale_min(int n, int nmax, const float *x, const float *w, uint8_t *L, float *neg_min, float rmin,
+                       float rdelta, int nstep, bool use_mad) {
     uint8_t Laux[32];
     float min = x[0], max = x[0];
     float sum_w = w[0], sum_x = sum_w * x[0];
@@ -178,7 +179,7 @@ static float fit_scale_min(int n, int nmax, const float *x, const float *w, uint
         const int l = cm_nearest_int(iscale * (x[i] - min));
         L[i] = (uint8_t)imax(0, imin(nmax, l));
         const float diff = scale * L[i] + min - x[i];
-        best_err += w[i] * (diff * diff);
+        best_err += w[i] * (use_mad ? fabsf(diff) : diff * diff);
     }
     for (int is = 0; is <= nstep; is++) {
         iscale = (rmin + rdelta * is + nmax) / (max - min);
@@ -201,7 +202,7 @@ static float fit_scale_min(int n, int nmax, const float *x, const float *w, uint
         float err = 0;
         for (int i = 0; i < n; i++) {
             const float diff = this_scale * Laux[i] + this_min - x[i];
-            err += w[i] * (diff * diff);
+            err += w[i] * (use_mad ? fabsf(diff) : diff * diff);
         }
         if (err < best_err) {
             memcpy(L, Laux, (size_t)n);
@@ -268,7 +269,7 @@ static void k4_scales_and_levels(const float *x, int nmax, float rmin, int nstep
         for (int l = 0; l < 32; l++) sum_x2 += xs[l] * xs[l];
         const float av_x = sqrtf(sum_x2 / 32);
         for (int l = 0; l < 32; l++) w[l] = av_x + fabsf(xs[l]);
-        scales[s] = fit_scale_min(32, nmax, xs, w, L + 32 * s, &mins[s], rmin, 0.1f, nstep);
+        scales[s] = cm_fit_scale_min(32, nmax, xs, w, L + 32 * s, &mins[s], rmin, 0.1f, nstep, false);
         if (scales[s] > max_scale) max_scale = scales[s];
         if (mins[s] > max_min) max_min = mins[s];
     }
@@ -382,8 +383,9 @@ size_t cm_quantize_rows(enum cm_type t, const float *src, void *dst, int64_t nro
     case CM_TYPE_Q4_K: row = q4_k_row; break;
     case CM_TYPE_Q5_K: row = q5_k_row; break;
     case CM_TYPE_Q6_K: row = q6_k_row; break;
-    default: return 0;
+    default: row = cm_quantize_row_lowbit(t); break;
     }
+    if (!row) return 0;
     const size_t row_size = cm_row_size(t, n_per_row);
     if (row_size == 0 || nrows < 0) return 0;
     for (int64_t r = 0; r < nrows; r++)

@@ -291,4 +291,5 @@ void cm_kernels_fill_ref(cm_kernels *k) {
     DOT(Q4_0, q4_0); DOT(Q4_1, q4_1); DOT(Q5_0, q5_0); DOT(Q5_1, q5_1); DOT(Q8_0, q8_0);
     DOT(Q4_K, q4_k); DOT(Q5_K, q5_k); DOT(Q6_K, q6_k);
 #undef DOT
+    cm_kernels_fill_lowbit_ref(k);
 }

@@ -71,4 +71,57 @@ void cm_ref_vec_dot_q4_k(int64_t n, float *s, const void *x, const void *y);
 void cm_ref_vec_dot_q5_k(int64_t n, float *s, const void *x, const void *y);
 void cm_ref_vec_dot_q6_k(int64_t n, float *s, const void *x, const void *y);
 
+/* The low-bit types (quants_lowbit.c): dequantizers and dot products. */
+void cm_ref_to_float_q2_k(const void *x, float *y, int64_t n);
+void cm_ref_to_float_q3_k(const void *x, float *y, int64_t n);
+void cm_ref_to_float_iq4_nl(const void *x, float *y, int64_t n);
+void cm_ref_to_float_iq4_xs(const void *x, float *y, int64_t n);
+void cm_ref_to_float_mxfp4(const void *x, float *y, int64_t n);
+void cm_ref_vec_dot_q2_k(int64_t n, float *s, const void *x, const void *y);
+void cm_ref_vec_dot_q3_k(int64_t n, float *s, const void *x, const void *y);
+void cm_ref_vec_dot_iq4_nl(int64_t n, float *s, const void *x, const void *y);
+void cm_ref_vec_dot_iq4_xs(int64_t n, float *s, const void *x, const void *y);
+void cm_ref_vec_dot_mxfp4(int64_t n, float *s, const void *x, const void *y);
+/* The 16 signed scales (stored value - 32) of a Q3_K block's 12 scale bytes:
+ * low nibbles in bytes 0-7 (sub-blocks 0-7 low, 8-15 high nibble), top 2
+ * bits at bits 2(j/4).. of byte 8 + j%4. */
+static inline void cm_q3_k_scales(const uint8_t sc[12], int8_t out[16]) {
+    for (int j = 0; j < 16; j++) {
+        const int low = j < 8 ? sc[j] & 0xF : sc[j - 8] >> 4;
+        const int top = (sc[8 + j % 4] >> (2 * (j / 4))) & 3;
+        out[j] = (int8_t)((low | (top << 4)) - 32);
+    }
+}
+/* Registers the entries above in a table (called by cm_kernels_fill_ref). */
+void cm_kernels_fill_lowbit_ref(cm_kernels *k);
+
+/* The IQ formats (quants_iq.c, grids in iq_grids.c: entry i holds point i's
+ * byte values, element j in bits 8j..8j+7). */
+extern const uint64_t cm_iq2xxs_grid[256];
+extern const uint32_t cm_iq3xxs_grid[256];
+extern const uint64_t cm_iq1s_grid[2048];
+/* ggml's ksigns_iq2xs: 7 sign bits and their parity as the 8th. */
+static inline uint8_t cm_iq_signs(unsigned i7) {
+    unsigned p = i7 ^ (i7 >> 4);
+    p ^= p >> 2;
+    p ^= p >> 1;
+    return (uint8_t)(i7 | ((p & 1u) << 7));
+}
+void cm_ref_to_float_iq2_xxs(const void *x, float *y, int64_t n);
+void cm_ref_to_float_iq3_xxs(const void *x, float *y, int64_t n);
+void cm_ref_to_float_iq1_s(const void *x, float *y, int64_t n);
+void cm_ref_vec_dot_iq2_xxs(int64_t n, float *s, const void *x, const void *y);
+void cm_ref_vec_dot_iq3_xxs(int64_t n, float *s, const void *x, const void *y);
+void cm_ref_vec_dot_iq1_s(int64_t n, float *s, const void *x, const void *y);
+void cm_kernels_fill_iq_ref(cm_kernels *k); /* registers the three above */
+
+/* Weight quantizers shared by quantize.c and quantize_lowbit.c. */
+/* ggml's make_qkx2_quants: x ~ scale * L + min, L in 0..nmax, min <= 0, weighted
+ * squared (or, use_mad, absolute) error; returns scale, stores -min. */
+float cm_fit_scale_min(int n, int nmax, const float *x, const float *w, uint8_t *L, float *neg_min, float rmin,
+                       float rdelta, int nstep, bool use_mad);
+/* Rows of the low-bit types (quantize_lowbit.c); NULL for other types. */
+typedef void (*cm_quantize_row_fn)(const float *x, void *y, int64_t n);
+cm_quantize_row_fn cm_quantize_row_lowbit(enum cm_type t);
+
 #endif

@@ -59,10 +59,18 @@ static const synth_type k_types[] = {
     {"q4_k", 14, CM_TYPE_Q4_K, false}, /* llama.cpp calls an all-Q4_K file "Q4_K_S" */
     {"q5_k", 16, CM_TYPE_Q5_K, false}, /* ... and an all-Q5_K one "Q5_K_S" */
     {"q6_k", 18, CM_TYPE_Q6_K, false}, {"q4_k_m", 15, CM_TYPE_Q4_K, true},
+    /* Low-bit types, every 2-D weight in the one type (llama_ftype names:
+     * MOSTLY_Q2_K, Q3_K_S, IQ4_NL, IQ4_XS, MXFP4_MOE). */
+    {"q2_k", 10, CM_TYPE_Q2_K, false}, {"q3_k", 11, CM_TYPE_Q3_K, false},
+    {"iq4_nl", 25, CM_TYPE_IQ4_NL, false}, {"iq4_xs", 30, CM_TYPE_IQ4_XS, false},
+    {"mxfp4", 38, CM_TYPE_MXFP4, false},
+    /* Grid types (MOSTLY_IQ2_XXS, IQ3_XXS, IQ1_S): random blocks only, no quantizer. */
+    {"iq2_xxs", 19, CM_TYPE_IQ2_XXS, false}, {"iq3_xxs", 23, CM_TYPE_IQ3_XXS, false},
+    {"iq1_s", 24, CM_TYPE_IQ1_S, false},
 };
 
 const char *cm_synth_type_names(void) {
-    return "f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k q4_k_m";
+    return "f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k q4_k_m q2_k q3_k iq4_nl iq4_xs mxfp4 iq2_xxs iq3_xxs iq1_s";
 }
 
 static const synth_type *find_type(const char *name) {
@@ -247,6 +255,7 @@ static bool direct_type(enum cm_type t) {
     switch (t) {
     case CM_TYPE_Q8_0: case CM_TYPE_Q4_0: case CM_TYPE_Q4_1: case CM_TYPE_Q5_0: case CM_TYPE_Q5_1:
     case CM_TYPE_Q4_K: case CM_TYPE_Q5_K: case CM_TYPE_Q6_K: return true;
+    case CM_TYPE_IQ2_XXS: case CM_TYPE_IQ3_XXS: case CM_TYPE_IQ1_S: return true;
     default: return false;
     }
 }
@@ -349,6 +358,23 @@ static void direct_row(cm_rng *r, enum cm_type t, void *dst, int64_t ne0, float 
                 const int s = rand_int(r, K_SC_LO * 2, 127);
                 b[i].scales[j] = (int8_t)(cm_rng_next(r) & 1 ? -s : s);
             }
+        }
+        break;
+    }
+    case CM_TYPE_IQ2_XXS: case CM_TYPE_IQ3_XXS: case CM_TYPE_IQ1_S: {
+        /* Random grid indices, signs and scales (the type has no quantizer);
+         * d = 1 first, then the block's rms sets the d that gives it `std`. */
+        const size_t bs = cm_type_traits_of(t)->type_size;
+        float v[CM_QK_K];
+        for (int64_t i = 0; i < ne0 / CM_QK_K; i++) {
+            uint8_t *b = (uint8_t *)dst + (size_t)i * bs;
+            rand_bytes(r, b, bs);
+            b[0] = 0x00, b[1] = 0x3c; /* f16 1.0, little-endian */
+            cm_kernels_ref()->to_float[t](b, v, CM_QK_K);
+            double s2 = 0;
+            for (int j = 0; j < CM_QK_K; j++) s2 += (double)v[j] * v[j];
+            const cm_f16 d = cm_f32_to_f16(std / (float)sqrt(s2 / CM_QK_K));
+            b[0] = (uint8_t)d, b[1] = (uint8_t)(d >> 8);
         }
         break;
     }

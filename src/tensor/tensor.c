@@ -17,12 +17,29 @@ static const cm_type_traits k_traits[CM_TYPE_COUNT] = {
     [CM_TYPE_Q5_1] = {"q5_1", CM_QK5_1, sizeof(cm_block_q5_1), true, CM_TYPE_Q8_1},
     [CM_TYPE_Q8_0] = {"q8_0", CM_QK8_0, sizeof(cm_block_q8_0), true, CM_TYPE_Q8_0},
     [CM_TYPE_Q8_1] = {"q8_1", CM_QK8_1, sizeof(cm_block_q8_1), true, CM_TYPE_Q8_1},
-    [CM_TYPE_Q2_K] = {"q2_k", CM_QK_K, 84, true, CM_TYPE_Q8_K},
-    [CM_TYPE_Q3_K] = {"q3_k", CM_QK_K, 110, true, CM_TYPE_Q8_K},
+    [CM_TYPE_Q2_K] = {"q2_k", CM_QK_K, sizeof(cm_block_q2_k), true, CM_TYPE_Q8_K},
+    [CM_TYPE_Q3_K] = {"q3_k", CM_QK_K, sizeof(cm_block_q3_k), true, CM_TYPE_Q8_K},
     [CM_TYPE_Q4_K] = {"q4_k", CM_QK_K, sizeof(cm_block_q4_k), true, CM_TYPE_Q8_K},
     [CM_TYPE_Q5_K] = {"q5_k", CM_QK_K, sizeof(cm_block_q5_k), true, CM_TYPE_Q8_K},
     [CM_TYPE_Q6_K] = {"q6_k", CM_QK_K, sizeof(cm_block_q6_k), true, CM_TYPE_Q8_K},
     [CM_TYPE_Q8_K] = {"q8_k", CM_QK_K, sizeof(cm_block_q8_k), true, CM_TYPE_Q8_K},
+    [CM_TYPE_IQ4_NL] = {"iq4_nl", CM_QK4_NL, sizeof(cm_block_iq4_nl), true, CM_TYPE_Q8_0},
+    [CM_TYPE_IQ4_XS] = {"iq4_xs", CM_QK_K, sizeof(cm_block_iq4_xs), true, CM_TYPE_Q8_K},
+    [CM_TYPE_MXFP4] = {"mxfp4", CM_QK_MXFP4, sizeof(cm_block_mxfp4), true, CM_TYPE_Q8_0},
+    /* Layouts the kernels run but cannot quantize to (dequantizer and dot
+     * product only: ggml needs an importance matrix to make them). */
+    [CM_TYPE_IQ2_XXS] = {"iq2_xxs", CM_QK_K, sizeof(cm_block_iq2_xxs), true, CM_TYPE_Q8_K},
+    /* Known layouts the kernels do not run (yet): named so that a file using
+     * them is rejected by name. Sizes are ggml's (ggml-common.h). */
+    [CM_TYPE_IQ2_XS] = {"iq2_xs", CM_QK_K, 74, true, CM_TYPE_Q8_K},
+    [CM_TYPE_IQ3_XXS] = {"iq3_xxs", CM_QK_K, sizeof(cm_block_iq3_xxs), true, CM_TYPE_Q8_K},
+    [CM_TYPE_IQ1_S] = {"iq1_s", CM_QK_K, sizeof(cm_block_iq1_s), true, CM_TYPE_Q8_K},
+    [CM_TYPE_IQ3_S] = {"iq3_s", CM_QK_K, 110, true, CM_TYPE_Q8_K},
+    [CM_TYPE_IQ2_S] = {"iq2_s", CM_QK_K, 82, true, CM_TYPE_Q8_K},
+    [CM_TYPE_IQ1_M] = {"iq1_m", CM_QK_K, 56, true, CM_TYPE_Q8_K},
+    [CM_TYPE_TQ1_0] = {"tq1_0", CM_QK_K, 54, true, CM_TYPE_Q8_K},
+    [CM_TYPE_TQ2_0] = {"tq2_0", CM_QK_K, 66, true, CM_TYPE_Q8_K},
+    [CM_TYPE_NVFP4] = {"nvfp4", 64, 36, true, CM_TYPE_Q8_0},
     [CM_TYPE_I8] = {"i8", 1, 1, false, CM_TYPE_I8},
     [CM_TYPE_I16] = {"i16", 1, 2, false, CM_TYPE_I16},
     [CM_TYPE_I32] = {"i32", 1, 4, false, CM_TYPE_I32},
@@ -40,6 +57,18 @@ _Static_assert(sizeof(cm_block_q4_k) == 144, "q4_k layout");
 _Static_assert(sizeof(cm_block_q5_k) == 176, "q5_k layout");
 _Static_assert(sizeof(cm_block_q6_k) == 210, "q6_k layout");
 _Static_assert(sizeof(cm_block_q8_k) == 292, "q8_k layout");
+_Static_assert(sizeof(cm_block_q2_k) == 84, "q2_k layout");
+_Static_assert(sizeof(cm_block_q3_k) == 110, "q3_k layout");
+_Static_assert(sizeof(cm_block_iq4_nl) == 18, "iq4_nl layout");
+_Static_assert(sizeof(cm_block_iq4_xs) == 136, "iq4_xs layout");
+_Static_assert(sizeof(cm_block_mxfp4) == 17, "mxfp4 layout");
+_Static_assert(sizeof(cm_block_iq2_xxs) == 66, "iq2_xxs layout");
+_Static_assert(sizeof(cm_block_iq3_xxs) == 98, "iq3_xxs layout");
+_Static_assert(sizeof(cm_block_iq1_s) == 50, "iq1_s layout");
+
+/* ggml's kvalues_iq4nl and kvalues_mxfp4 (E2M1 values times two). */
+const int8_t cm_kvalues_iq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+const int8_t cm_kvalues_mxfp4[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 
 const cm_type_traits *cm_type_traits_of(uint32_t type) {
     if (type >= CM_TYPE_COUNT || !k_traits[type].name) return NULL;
@@ -60,6 +89,15 @@ int cm_type_from_name(const char *name) {
         if (!n[j] && !name[j]) return i;
     }
     return -1;
+}
+
+size_t cm_type_align(enum cm_type t) {
+    switch (t) {
+    case CM_TYPE_F32: case CM_TYPE_I32: case CM_TYPE_Q8_K: return 4;
+    case CM_TYPE_I64: case CM_TYPE_F64: return 8;
+    case CM_TYPE_I8: case CM_TYPE_MXFP4: return 1;
+    default: return 2; /* every other layout starts with or holds a 16-bit field */
+    }
 }
 
 size_t cm_row_size(enum cm_type t, int64_t n) {

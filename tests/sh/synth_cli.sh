@@ -27,7 +27,7 @@ expect_err() {
 # shellcheck disable=SC2086
 {
 expect_err "unknown architecture 'gpt2'" $BASE --type q8_0 -o "$T/x.gguf" --arch gpt2
-expect_err "unknown type 'q2_k'" $BASE --type q2_k -o "$T/x.gguf"
+expect_err "unknown type 'iq2_xs'" $BASE --type iq2_xs -o "$T/x.gguf"
 expect_err "multiples of 256" $BASE --type q4_k --dim 288 -o "$T/x.gguf"
 expect_err "not a multiple of kv-heads" $BASE --type q8_0 --kv-heads 3 -o "$T/x.gguf"
 expect_err "missing -o" $BASE --type q8_0

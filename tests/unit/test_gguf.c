@@ -523,6 +523,48 @@ static void test_fill(void) {
     cm_gguf_writer_free(w);
 }
 
+/* Every ggml layout the reader names, with ggml's block sizes (ggml-common.h,
+ * by hand): a tensor's byte size and the file's layout follow from them, and
+ * a file one byte short of its last tensor is refused. */
+static void test_lowbit_types(void) {
+    static const struct { enum cm_type t; int64_t ne0; uint64_t bytes; } k[] = {
+        {CM_TYPE_Q2_K, 512, 2 * 84},     {CM_TYPE_Q3_K, 512, 2 * 110},   {CM_TYPE_IQ4_NL, 64, 2 * 18},
+        {CM_TYPE_IQ4_XS, 512, 2 * 136},  {CM_TYPE_MXFP4, 64, 2 * 17},    {CM_TYPE_IQ2_XXS, 256, 66},
+        {CM_TYPE_IQ2_XS, 256, 74},       {CM_TYPE_IQ3_XXS, 256, 98},     {CM_TYPE_IQ1_S, 256, 50},
+        {CM_TYPE_IQ3_S, 256, 110},       {CM_TYPE_IQ2_S, 256, 82},       {CM_TYPE_IQ1_M, 256, 56},
+        {CM_TYPE_TQ1_0, 256, 54},        {CM_TYPE_TQ2_0, 256, 66},       {CM_TYPE_NVFP4, 128, 2 * 36},
+    };
+    static uint8_t data[4096];
+    cm_gguf_writer *w = cm_gguf_writer_new(32);
+    char name[32];
+    for (size_t i = 0; i < CM_ARRAY_LEN(k); i++) {
+        snprintf(name, sizeof name, "t%zu", i);
+        cm_gguf_w_tensor(w, name, k[i].t, 1, &k[i].ne0, data);
+    }
+    cm_buf b;
+    cm_buf_init(&b);
+    int rc = cm_gguf_writer_write_buf(w, &b, err, sizeof err);
+    CHECKF(rc == 0, "%s", err);
+    cm_gguf g;
+    rc = rc ? rc : cm_gguf_parse(&g, (const uint8_t *)b.data, b.len, err, sizeof err);
+    CHECKF(rc == 0, "%s", err);
+    for (size_t i = 0; rc == 0 && i < CM_ARRAY_LEN(k); i++) {
+        snprintf(name, sizeof name, "t%zu", i);
+        const cm_gguf_tensor_info *t = cm_gguf_find_tensor(&g, name);
+        CHECKF(t && t->type == (uint32_t)k[i].t && t->nbytes == k[i].bytes, "%s: %llu bytes",
+               cm_type_name(k[i].t), t ? (unsigned long long)t->nbytes : 0ull);
+    }
+    if (rc == 0) {
+        const cm_gguf_tensor_info *last = &g.tensors[g.n_tensors - 1];
+        const size_t need = (size_t)((const uint8_t *)last->data - (const uint8_t *)b.data) + last->nbytes;
+        cm_gguf_close(&g);
+        cm_gguf h;
+        CHECK(cm_gguf_parse(&h, (const uint8_t *)b.data, need - 1, err, sizeof err) != 0);
+    }
+    cm_buf_release(&b);
+    cm_gguf_writer_free(w);
+}
+
 int main(void) {
     RUN(test_stories_files);
     RUN(test_load_in_memory);
@@ -531,5 +573,6 @@ int main(void) {
     RUN(test_file_and_python);
     RUN(test_writer_errors);
     RUN(test_fill);
+    RUN(test_lowbit_types);
     TEST_END();
 }

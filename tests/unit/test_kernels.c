@@ -25,9 +25,10 @@
 static const char *g_argv0;
 
 /* Weight types under test and their element counts per test row. */
-static const enum cm_type k_weight_types[] = {CM_TYPE_F32,  CM_TYPE_F16,  CM_TYPE_BF16, CM_TYPE_Q4_0,
-                                              CM_TYPE_Q4_1, CM_TYPE_Q5_0, CM_TYPE_Q5_1, CM_TYPE_Q8_0,
-                                              CM_TYPE_Q4_K, CM_TYPE_Q5_K, CM_TYPE_Q6_K};
+static const enum cm_type k_weight_types[] = {CM_TYPE_F32,  CM_TYPE_F16,    CM_TYPE_BF16,   CM_TYPE_Q4_0,
+                                              CM_TYPE_Q4_1, CM_TYPE_Q5_0,   CM_TYPE_Q5_1,   CM_TYPE_Q8_0,
+                                              CM_TYPE_Q4_K, CM_TYPE_Q5_K,   CM_TYPE_Q6_K,   CM_TYPE_Q2_K,
+                                              CM_TYPE_Q3_K, CM_TYPE_IQ4_NL, CM_TYPE_IQ4_XS, CM_TYPE_MXFP4};
 #define N_WT ((int)CM_ARRAY_LEN(k_weight_types))
 #define ROW 512 /* a multiple of every block size */
 
@@ -58,7 +59,12 @@ static void random_blocks(cm_rng *r, enum cm_type t, uint8_t *p, int64_t n) {
         uint8_t *q = p + b * tr->type_size;
         const float s1 = 0.01f * cm_rng_normal(r), s2 = 0.02f * cm_rng_normal(r);
         switch (t) {
-        case CM_TYPE_Q4_0: case CM_TYPE_Q5_0: case CM_TYPE_Q8_0: cm_wr_u16(q, cm_f32_to_f16(s1)); break;
+        case CM_TYPE_Q4_0: case CM_TYPE_Q5_0: case CM_TYPE_Q8_0: case CM_TYPE_IQ4_NL: case CM_TYPE_IQ4_XS:
+        case CM_TYPE_IQ2_XXS: case CM_TYPE_IQ3_XXS: case CM_TYPE_IQ1_S:
+            cm_wr_u16(q, cm_f32_to_f16(s1)); break;
+        case CM_TYPE_Q2_K: cm_wr_u16(q + 80, cm_f32_to_f16(s1)); cm_wr_u16(q + 82, cm_f32_to_f16(s2)); break;
+        case CM_TYPE_Q3_K: cm_wr_u16(q + 108, cm_f32_to_f16(s1)); break;
+        case CM_TYPE_MXFP4: q[0] = (uint8_t)(b % 5 == 0 ? (uint64_t)b % 2 : 110 + cm_rng_next(r) % 40); break;
         case CM_TYPE_Q4_1: case CM_TYPE_Q5_1: case CM_TYPE_Q8_1: case CM_TYPE_Q4_K: case CM_TYPE_Q5_K:
             cm_wr_u16(q, cm_f32_to_f16(s1)); cm_wr_u16(q + 2, cm_f32_to_f16(s2)); break;
         case CM_TYPE_Q6_K: cm_wr_u16(q + 208, cm_f32_to_f16(s1)); break;
@@ -79,10 +85,10 @@ static uint8_t g_buf[4][ROW * 8];
 /* ---- dequantize vs the independent decoder ---- */
 static void test_dequantize(void) {
     const cm_kernels *k = cm_kernels_ref();
-    const enum cm_type extra[] = {CM_TYPE_Q8_1, CM_TYPE_Q8_K};
+    const enum cm_type extra[] = {CM_TYPE_Q8_1, CM_TYPE_Q8_K, CM_TYPE_IQ2_XXS, CM_TYPE_IQ3_XXS, CM_TYPE_IQ1_S};
     cm_rng r;
     cm_rng_seed(&r, 1);
-    for (int ti = 0; ti < N_WT + 2; ti++) {
+    for (int ti = 0; ti < N_WT + (int)CM_ARRAY_LEN(extra); ti++) {
         const enum cm_type t = ti < N_WT ? k_weight_types[ti] : extra[ti - N_WT];
         double worst = 0;
         for (int trial = 0; trial < 20; trial++) {
@@ -123,6 +129,17 @@ static void test_dequantize(void) {
  *   Q6_K: 64 levels per 16 values, D = amax/32 -> (3/32)^2/12 = 7.3e-4
  *   F16: relative rounding <= 2^-11, error variance <= (2^-11)^2/3 = 8e-8
  *   BF16: <= (2^-8)^2/3 = 5.1e-6;  F32: exact.
+ *   Q2_K: 4 levels over each 16 values' range with a fitted min: D = range/3,
+ *         range ~ 2 * 3 sigma at worst -> (6/3)^2/12 / (fit gains ~2x) ~ 0.17;
+ *         we assert 0.15 (typical ranges are 3.5 sigma: 0.12 before fitting)
+ *   Q3_K: 8 signed levels per 16, D = amax/4 -> (3/4)^2/12   = 4.7e-2
+ *   IQ4_NL, IQ4_XS: 16 non-linear levels spanning -amax..amax (mean step
+ *         amax/7.5, widest 24/127 amax) -> as Q4_0, 1.2e-2 (+ 6-bit scales)
+ *   MXFP4: amax in [4s, 8s) for the power-of-two s; step 2s above 4s,
+ *         s below: D <= 2s = amax/2 at worst, ~3/8 sigma typical
+ *         -> (3/8 * 2)^2/12 = 4.7e-2 (values above 6s clip to 6s)
+ *   Measured (CUMULO_TEST_VERBOSE): q2_k 0.088, q3_k 0.023, iq4_nl 5.7e-3,
+ *   iq4_xs 5.8e-3, mxfp4 1.4e-2.
  * These are the bounds asserted; measured values are printed with
  * CUMULO_TEST_VERBOSE=1 and sit well inside them. */
 static double nmse_bound(enum cm_type t) {
@@ -136,6 +153,10 @@ static double nmse_bound(enum cm_type t) {
     case CM_TYPE_Q5_1: case CM_TYPE_Q5_K: return 3.1e-3;
     case CM_TYPE_Q8_0: return 4.7e-5;
     case CM_TYPE_Q6_K: return 7.3e-4;
+    case CM_TYPE_Q2_K: return 0.15;
+    case CM_TYPE_Q3_K: return 4.7e-2;
+    case CM_TYPE_IQ4_NL: case CM_TYPE_IQ4_XS: return 1.2e-2;
+    case CM_TYPE_MXFP4: return 4.7e-2;
     default: return -1;
     }
 }
@@ -185,7 +206,9 @@ static void test_quantize_roundtrip(void) {
         }
     }
     /* Unsupported targets and bad row lengths are refused. */
-    CHECK(cm_quantize_rows(CM_TYPE_Q2_K, x, q, 1, 256) == 0);
+    CHECK(cm_quantize_rows(CM_TYPE_IQ2_XXS, x, q, 1, 256) == 0); /* dequantize-only types */
+    CHECK(cm_quantize_rows(CM_TYPE_IQ1_S, x, q, 1, 256) == 0);
+    CHECK(cm_quantize_rows(CM_TYPE_Q2_K, x, q, 1, 128) == 0);
     CHECK(cm_quantize_rows(CM_TYPE_Q8_K, x, q, 1, 256) == 0);
     CHECK(cm_quantize_rows(CM_TYPE_Q4_0, x, q, 1, 48) == 0);
     CHECK(cm_quantize_rows(CM_TYPE_Q4_K, x, q, 1, 128) == 0);
@@ -435,8 +458,10 @@ static void test_matmul_rows(void) {
 static void test_supports(void) {
     for (int ti = 0; ti < N_WT; ti++)
         CHECKF(cm_kernels_supports(k_weight_types[ti]), "%s", cm_type_name(k_weight_types[ti]));
-    const int no[] = {CM_TYPE_Q2_K, CM_TYPE_Q3_K, CM_TYPE_Q8_1, CM_TYPE_Q8_K, CM_TYPE_I8,
-                      CM_TYPE_I32,  CM_TYPE_F64,  4,            20,           CM_TYPE_COUNT - 1};
+    CHECK(cm_kernels_supports(CM_TYPE_IQ2_XXS) && cm_kernels_supports(CM_TYPE_IQ3_XXS) &&
+          cm_kernels_supports(CM_TYPE_IQ1_S));
+    const int no[] = {CM_TYPE_IQ2_XS,  CM_TYPE_IQ3_S, CM_TYPE_Q8_1,  CM_TYPE_Q8_K, CM_TYPE_I8,
+                      CM_TYPE_I32,     CM_TYPE_F64,   CM_TYPE_TQ2_0, 4,            CM_TYPE_COUNT - 1};
     for (size_t i = 0; i < CM_ARRAY_LEN(no); i++)
         CHECKF(!cm_kernels_supports((enum cm_type)no[i]), "type %d", no[i]);
     CHECK(!cm_kernels_supports((enum cm_type)CM_TYPE_COUNT));

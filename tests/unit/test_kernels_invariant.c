@@ -30,9 +30,27 @@ static uint64_t rnd(void) {
 }
 static float frand(void) { return (float)((rnd() >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f; }
 
-static const enum cm_type k_types[] = {CM_TYPE_Q4_0, CM_TYPE_Q4_1, CM_TYPE_Q5_0, CM_TYPE_Q5_1,
-                                       CM_TYPE_Q8_0, CM_TYPE_Q4_K, CM_TYPE_Q5_K, CM_TYPE_Q6_K,
-                                       CM_TYPE_F16,  CM_TYPE_BF16, CM_TYPE_F32};
+static const enum cm_type k_types[] = {CM_TYPE_Q4_0,  CM_TYPE_Q4_1,   CM_TYPE_Q5_0,   CM_TYPE_Q5_1,
+                                       CM_TYPE_Q8_0,  CM_TYPE_Q4_K,   CM_TYPE_Q5_K,   CM_TYPE_Q6_K,
+                                       CM_TYPE_F16,   CM_TYPE_BF16,   CM_TYPE_F32,    CM_TYPE_Q2_K,
+                                       CM_TYPE_Q3_K,  CM_TYPE_IQ4_NL, CM_TYPE_IQ4_XS, CM_TYPE_MXFP4,
+                                       CM_TYPE_IQ2_XXS, CM_TYPE_IQ3_XXS, CM_TYPE_IQ1_S};
+/* Rows of a type: through the reference quantizer, or, for the grid types
+ * that have none, random blocks with a sane f16 scale d (their first field). */
+static size_t make_rows(enum cm_type t, const float *f, uint8_t *w, int64_t rows, int64_t n) {
+    const size_t got = cm_quantize_rows(t, f, w, rows, n);
+    if (got || (t != CM_TYPE_IQ2_XXS && t != CM_TYPE_IQ3_XXS && t != CM_TYPE_IQ1_S)) return got;
+    const cm_type_traits *tr = cm_type_traits_of(t);
+    const size_t nb = (size_t)rows * (size_t)(n / tr->block_size);
+    for (size_t i = 0; i < nb * tr->type_size; i++) w[i] = (uint8_t)rnd();
+    for (size_t b = 0; b < nb; b++) {
+        const cm_f16 d = cm_f32_to_f16(0.01f * f[b % (size_t)n]);
+        memcpy(w + b * tr->type_size, &d, 2);
+    }
+    return nb * tr->type_size;
+}
+/* Super-block (256) types: rows are multiples of 256. */
+static bool is_k(enum cm_type t) { return cm_type_traits_of(t)->block_size == 256; }
 #define N_TYPES (int)(sizeof k_types / sizeof k_types[0])
 static const char *const k_isas[] = {"scalar", "avx2", "avx512", "neon"};
 
@@ -43,7 +61,7 @@ static float g_ref[POOL][ROWS], g_y[MAXTOK * ROWS];
 
 static int64_t row_len(enum cm_type t) {
     if (t == CM_TYPE_F32 || t == CM_TYPE_F16 || t == CM_TYPE_BF16) return 869;
-    if (t == CM_TYPE_Q4_K || t == CM_TYPE_Q5_K || t == CM_TYPE_Q6_K) return 3 * 256;
+    if (is_k(t)) return 3 * 256;
     return 27 * 32;
 }
 
@@ -54,7 +72,7 @@ static void check_table(const cm_kernels *k, enum cm_type t) {
     const size_t ws = cm_row_size(t, n), xs = cm_row_size(vt, n);
     /* Weights with a spread of magnitudes, so float rounding matters. */
     for (int64_t i = 0; i < ROWS * n; i++) g_f[i] = frand() * (float)(1 << (rnd() % 8));
-    CHECK(cm_quantize_rows(t, g_f, g_w, ROWS, n) == ROWS * ws);
+    CHECK(make_rows(t, g_f, g_w, ROWS, n) == ROWS * ws);
     for (int p = 0; p < POOL; p++) {
         for (int64_t i = 0; i < n; i++) g_f[i] = frand() * (float)(1 << (rnd() % 6));
         k->from_float[vt](g_f, g_x + (size_t)p * xs, n);
@@ -126,11 +144,11 @@ static float g_lf[LK], g_ly[LTOK * LROWS];
 static void check_long(const cm_kernels *k, enum cm_type t, int64_t n32) {
     const cm_type_traits *tr = cm_type_traits_of(t);
     const enum cm_type vt = tr->vec_dot_type;
-    const int64_t n = (t == CM_TYPE_Q4_K || t == CM_TYPE_Q5_K || t == CM_TYPE_Q6_K) ? 40 * 256 : n32;
+    const int64_t n = is_k(t) ? 40 * 256 : n32;
     const size_t ws = cm_row_size(t, n), xs = cm_row_size(vt, n);
     for (int r = 0; r < LROWS; r++) {
         for (int64_t i = 0; i < n; i++) g_lf[i] = frand() * (float)(1 << (rnd() % 8));
-        CHECK(cm_quantize_rows(t, g_lf, g_lw + (size_t)r * ws, 1, n) == ws);
+        CHECK(make_rows(t, g_lf, g_lw + (size_t)r * ws, 1, n) == ws);
     }
     for (int j = 0; j < LTOK; j++) {
         for (int64_t i = 0; i < n; i++) g_lf[i] = frand() * (float)(1 << (rnd() % 6));

@@ -42,9 +42,11 @@ static uint64_t rnd(void) {
 }
 static float frand(void) { return (float)((rnd() >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f; } /* [-1,1) */
 
-static const enum cm_type k_types[] = {CM_TYPE_Q4_0, CM_TYPE_Q4_1, CM_TYPE_Q5_0, CM_TYPE_Q5_1,
-                                       CM_TYPE_Q8_0, CM_TYPE_Q4_K, CM_TYPE_Q5_K, CM_TYPE_Q6_K,
-                                       CM_TYPE_F16,  CM_TYPE_BF16, CM_TYPE_F32};
+static const enum cm_type k_types[] = {CM_TYPE_Q4_0,  CM_TYPE_Q4_1,   CM_TYPE_Q5_0,   CM_TYPE_Q5_1,
+                                       CM_TYPE_Q8_0,  CM_TYPE_Q4_K,   CM_TYPE_Q5_K,   CM_TYPE_Q6_K,
+                                       CM_TYPE_F16,   CM_TYPE_BF16,   CM_TYPE_F32,    CM_TYPE_Q2_K,
+                                       CM_TYPE_Q3_K,  CM_TYPE_IQ4_NL, CM_TYPE_IQ4_XS, CM_TYPE_MXFP4,
+                                       CM_TYPE_IQ2_XXS, CM_TYPE_IQ3_XXS, CM_TYPE_IQ1_S};
 #define N_TYPES (int)(sizeof k_types / sizeof k_types[0])
 static const char *const k_isas[] = {"avx2", "avx512", "neon"};
 
@@ -65,7 +67,15 @@ static void fill_floats(float *x, int64_t n, int mode) {
 }
 
 static bool has_min(enum cm_type t) {
-    return t == CM_TYPE_Q4_1 || t == CM_TYPE_Q5_1 || t == CM_TYPE_Q4_K || t == CM_TYPE_Q5_K;
+    return t == CM_TYPE_Q4_1 || t == CM_TYPE_Q5_1 || t == CM_TYPE_Q4_K || t == CM_TYPE_Q5_K || t == CM_TYPE_Q2_K;
+}
+
+/* Byte offset of the fp16 scale d (and of the min, d + 2) in a block. */
+static size_t scale_offset(enum cm_type t) {
+    return t == CM_TYPE_Q6_K   ? offsetof(cm_block_q6_k, d)
+           : t == CM_TYPE_Q2_K ? offsetof(cm_block_q2_k, d)
+           : t == CM_TYPE_Q3_K ? offsetof(cm_block_q3_k, d)
+                               : 0;
 }
 
 /* Overwrite the fp16 scale fields of raw random blocks with finite values
@@ -74,12 +84,16 @@ static void fix_scales(enum cm_type t, uint8_t *p, int64_t nblocks, size_t bs) {
     static const float mags[] = {1e-4f, 1e-2f, 0.5f, 3.0f, 100.0f};
     for (int64_t b = 0; b < nblocks; b++) {
         uint8_t *blk = p + (size_t)b * bs;
-        size_t off_d = t == CM_TYPE_Q6_K ? offsetof(cm_block_q6_k, d) : 0;
+        const size_t off_d = scale_offset(t);
+        if (t == CM_TYPE_MXFP4) { /* an E8M0 exponent: 2^(e-127) from 2^-17 to 2^12 */
+            blk[0] = (uint8_t)(110 + rnd() % 30);
+            continue;
+        }
         cm_f16 d = cm_f32_to_f16(frand() * mags[rnd() % 5]);
         memcpy(blk + off_d, &d, 2);
         if (has_min(t)) {
             cm_f16 m = cm_f32_to_f16(frand() * mags[rnd() % 5]);
-            memcpy(blk + 2, &m, 2);
+            memcpy(blk + off_d + 2, &m, 2);
         }
     }
 }
@@ -89,9 +103,9 @@ static void abs_weights(enum cm_type t, const uint8_t *src, uint8_t *dst, int64_
     memcpy(dst, src, (size_t)nblocks * bs);
     if (!has_min(t)) return;
     for (int64_t b = 0; b < nblocks; b++) {
-        uint8_t *blk = dst + (size_t)b * bs;
+        uint8_t *blk = dst + (size_t)b * bs + scale_offset(t);
         blk[1] &= 0x7f;                        /* d >= 0 */
-        if (t == CM_TYPE_Q4_K || t == CM_TYPE_Q5_K) blk[3] |= 0x80; /* value = d*sc*q - dmin*m */
+        if (t == CM_TYPE_Q4_K || t == CM_TYPE_Q5_K || t == CM_TYPE_Q2_K) blk[3] |= 0x80; /* d*sc*q - dmin*m */
         else blk[3] &= 0x7f;                   /* value = d*q + m */
     }
 }
@@ -133,7 +147,9 @@ static double dot_bound(enum cm_type t, int64_t n, double S) {
 static bool make_weights(const cm_kernels *ref, enum cm_type t, int64_t n, int mode, uint8_t *wq) {
     const cm_type_traits *tr = cm_type_traits_of(t);
     size_t rs = cm_row_size(t, n);
-    if (mode == 4 && tr->quantized) {
+    /* The grid types have no quantizer: always random blocks. */
+    const bool no_quantizer = t == CM_TYPE_IQ2_XXS || t == CM_TYPE_IQ3_XXS || t == CM_TYPE_IQ1_S;
+    if ((mode == 4 || no_quantizer) && tr->quantized) {
         for (size_t i = 0; i < rs; i++) wq[i] = (uint8_t)rnd();
         fix_scales(t, wq, n / tr->block_size, tr->type_size);
         return true;
