@@ -401,13 +401,15 @@ static int parse(cm_gguf *g, const uint8_t *p, size_t n, char *err, size_t errle
     g->alignment = CM_GGUF_DEFAULT_ALIGNMENT;
     const cm_gguf_kv *al = cm_gguf_find_kv(g, "general.alignment");
     if (al) {
-        if (al->type != CM_GGUF_U32 || al->v.u64 == 0 || (al->v.u64 & (al->v.u64 - 1)) ||
+        /* GGUF requires a multiple of 8; below that, block fields (f16 scales,
+         * float d of the K types) would be read misaligned. */
+        if (al->type != CM_GGUF_U32 || al->v.u64 < 8 || (al->v.u64 & (al->v.u64 - 1)) ||
             al->v.u64 > CM_GGUF_MAX_ALIGNMENT) {
             if (al->type != CM_GGUF_U32)
                 return cm_errf(err, errlen, CM_EFORMAT, "general.alignment is a %s, not a u32",
                                cm_gguf_vtype_name(al->type));
             return cm_errf(err, errlen, CM_EFORMAT,
-                           "general.alignment %llu is not a power of two up to %u",
+                           "general.alignment %llu is not a power of two from 8 to %u",
                            (unsigned long long)al->v.u64, CM_GGUF_MAX_ALIGNMENT);
         }
         g->alignment = (uint32_t)al->v.u64;

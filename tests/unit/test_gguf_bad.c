@@ -201,7 +201,8 @@ static void test_malformed(void) {
          expect(&b, (bad_case){name, CM_EFORMAT, msg}); } while (0)
     ACASE("alignment 3", "general.alignment 3 is not a power of two", 3);
     ACASE("alignment 0", "general.alignment 0 is not a power of two", 0);
-    ACASE("alignment 2^20", "general.alignment 1048576 is not a power of two up to 65536", 1u << 20);
+    ACASE("alignment 2^20", "general.alignment 1048576 is not a power of two from 8 to 65536", 1u << 20);
+    ACASE("alignment 4", "general.alignment 4 is not a power of two from 8", 4);
     ACASE("alignment 2^31", "is not a power of two", 1u << 31);
 #undef ACASE
     b = base_file(64);
