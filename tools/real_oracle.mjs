@@ -39,8 +39,16 @@ function summarize(probs) { // Map token -> prob
           top: e[0][0], margin: e[0][1] - (e.length > 1 ? e[1][1] : 0)};
 }
 
+// Gemma 3 270M is the base model: its GGUF has no chat template. Then the
+// -it models' template (google/gemma-3-*-it, one user message) stands in,
+// and cumulo is run with --chat-template gemma.
+const GEMMA_TEMPLATE = "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'assistant' %}" +
+  "{% set role = 'model' %}{% else %}{% set role = message['role'] %}{% endif %}{{ '<start_of_turn>' + role + '\n' + " +
+  "message['content'] | trim + '<end_of_turn>\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}";
+const template = meta.tokenizer.chat_template ?? (meta.general.architecture === "gemma3" ? GEMMA_TEMPLATE : undefined);
+
 function render(user) {
-  const tpl = new Template(meta.tokenizer.chat_template);
+  const tpl = new Template(template);
   const tok = id => (id === undefined || id === null) ? "" : model.detokenize([id], true);
   return tpl.render({messages: [{role: "user", content: user}], add_generation_prompt: true,
     bos_token: tok(model.tokens.bos), eos_token: tok(model.tokens.eos)});
@@ -48,7 +56,7 @@ function render(user) {
 
 const prompts = JSON.parse(fs.readFileSync(promptsPath, "utf8"));
 const out = {...JSON.parse(metaArg), model: modelPath.split("/").pop(), nodeLlamaCpp: "3.21.1", kv: "F32", threads: 1,
-  topk, n_gen: nGen, cases: []};
+  topk, n_gen: nGen, chat_template: meta.tokenizer.chat_template ? "gguf" : "gemma (stand-in: the GGUF has none)", cases: []};
 for (const pr of prompts) {
   let prompt, rendered;
   if (pr.chat !== undefined) {

@@ -11,7 +11,7 @@
 #include <stdio.h>
 #include <string.h>
 
-static const char *const k_arch_names[CM_ARCH_COUNT] = {"llama", "qwen2", "qwen3"};
+static const char *const k_arch_names[CM_ARCH_COUNT] = {"llama", "qwen2", "qwen3", "gemma3"};
 
 const char *cm_arch_name_of(enum cm_arch a) {
     return (unsigned)a < CM_ARCH_COUNT ? k_arch_names[a] : "unknown";
@@ -106,6 +106,21 @@ static int bind_blk(cm_model *m, cm_tensor *t, int il, const char *suffix, int64
     return bind(m, t, name, ne0, ne1, weight, optional, err, errlen);
 }
 
+/* gemma3: sliding-window layers and their RoPE base, q scale (llama.cpp's
+ * llm_build_gemma3_iswa and its hparams: pattern 6, local base 10000, the
+ * 27B (62 layers) scales q by 1/sqrt(n_embd / n_head)). */
+static int load_hparams_gemma3(cm_model *m, char *err, size_t errlen) {
+    cm_hparams *hp = &m->hp;
+    int rc;
+    if ((rc = get_int(m->gguf, "gemma3", "attention.sliding_window", 0, 0, 1L << 30, &hp->n_swa, err, errlen)) ||
+        (rc = get_int(m->gguf, "gemma3", "attention.sliding_window_pattern", 6, 0, 4096, &hp->swa_pattern, err, errlen)) ||
+        (rc = get_float(m->gguf, "gemma3", "rope.freq_base_swa", 10000.0, 1e-3, 1e12, &hp->rope_base_swa, err, errlen)))
+        return rc;
+    hp->attn_q_scale = hp->n_layer == 62 ? 1.0f / sqrtf((float)(hp->n_embd / hp->n_head))
+                                         : 1.0f / sqrtf((float)hp->head_dim);
+    return 0;
+}
+
 static int load_hparams(cm_model *m, char *err, size_t errlen) {
     const cm_gguf *g = m->gguf;
     cm_hparams *hp = &m->hp;
@@ -115,7 +130,7 @@ static int load_hparams(cm_model *m, char *err, size_t errlen) {
     for (int i = 0; i < CM_ARCH_COUNT; i++)
         if (!strcmp(arch, k_arch_names[i])) a = i;
     if (a < 0) {
-        int rc = cm_errf(err, errlen, CM_EUNSUPPORTED, "unknown architecture '%.64s' (supported: llama, qwen2, qwen3)", arch);
+        int rc = cm_errf(err, errlen, CM_EUNSUPPORTED, "unknown architecture '%.64s' (supported: llama, qwen2, qwen3, gemma3)", arch);
         cm_free(arch);
         return rc;
     }
@@ -159,6 +174,7 @@ static int load_hparams(cm_model *m, char *err, size_t errlen) {
     if (st && !strcmp(st, "linear") && factor > 0) hp->rope_freq_scale = 1.0f / factor;
     cm_free(st);
     hp->rope_type = hp->arch == CM_ARCH_LLAMA ? CM_ROPE_NORM : CM_ROPE_NEOX;
+    if (hp->arch == CM_ARCH_GEMMA3) return load_hparams_gemma3(m, err, errlen);
     return 0;
 }
 
@@ -204,7 +220,8 @@ int cm_model_load(cm_model *m, const cm_gguf *g, char *err, size_t errlen) {
     }
     for (int il = 0; il < hp->n_layer; il++) {
         cm_layer *L = &m->layers[il];
-        bool qwen2 = hp->arch == CM_ARCH_QWEN2, qwen3 = hp->arch == CM_ARCH_QWEN3;
+        bool qwen2 = hp->arch == CM_ARCH_QWEN2, gemma3 = hp->arch == CM_ARCH_GEMMA3;
+        bool qwen3 = hp->arch == CM_ARCH_QWEN3 || gemma3; /* both have per-head Q/K norms */
         if ((rc = bind_blk(m, &L->attn_norm, il, "attn_norm.weight", E, 0, false, false, err, errlen)) ||
             (rc = bind_blk(m, &L->wq, il, "attn_q.weight", E, QD, true, false, err, errlen)) ||
             (rc = bind_blk(m, &L->wk, il, "attn_k.weight", E, KD, true, false, err, errlen)) ||
@@ -218,7 +235,9 @@ int cm_model_load(cm_model *m, const cm_gguf *g, char *err, size_t errlen) {
             (rc = bind_blk(m, &L->ffn_norm, il, "ffn_norm.weight", E, 0, false, false, err, errlen)) ||
             (rc = bind_blk(m, &L->ffn_gate, il, "ffn_gate.weight", E, F, true, false, err, errlen)) ||
             (rc = bind_blk(m, &L->ffn_up, il, "ffn_up.weight", E, F, true, false, err, errlen)) ||
-            (rc = bind_blk(m, &L->ffn_down, il, "ffn_down.weight", F, E, true, false, err, errlen)))
+            (rc = bind_blk(m, &L->ffn_down, il, "ffn_down.weight", F, E, true, false, err, errlen)) ||
+            (rc = bind_blk(m, &L->attn_post_norm, il, "post_attention_norm.weight", E, 0, false, !gemma3, err, errlen)) ||
+            (rc = bind_blk(m, &L->ffn_post_norm, il, "post_ffw_norm.weight", E, 0, false, !gemma3, err, errlen)))
             goto fail;
         char bname[96];
         snprintf(bname, sizeof bname, "blk.%d.attn_output.bias", il);

@@ -44,10 +44,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-enum cm_arch { CM_ARCH_LLAMA, CM_ARCH_QWEN2, CM_ARCH_QWEN3, CM_ARCH_COUNT };
+enum cm_arch { CM_ARCH_LLAMA, CM_ARCH_QWEN2, CM_ARCH_QWEN3, CM_ARCH_GEMMA3, CM_ARCH_COUNT };
 enum cm_rope_type { CM_ROPE_NORM, CM_ROPE_NEOX, CM_ROPE_TYPE_COUNT };
 
-const char *cm_arch_name_of(enum cm_arch a); /* "llama", "qwen2", "qwen3" */
+const char *cm_arch_name_of(enum cm_arch a); /* "llama", "qwen2", "qwen3", "gemma3" */
 
 /* Hyperparameters, read from "<arch>.*" metadata keys. */
 typedef struct cm_hparams {
@@ -65,7 +65,21 @@ typedef struct cm_hparams {
     float rope_base;  /* <arch>.rope.freq_base (default 10000) */
     float rope_freq_scale; /* 1 / <arch>.rope.scaling.factor for linear scaling, else 1 */
     enum cm_rope_type rope_type;
+    /* gemma3 (zero elsewhere): layers il with il % swa_pattern < swa_pattern
+     * - 1 attend to the last n_swa positions only and rotate with
+     * rope_base_swa; the others are global. The embeddings are scaled by
+     * sqrtf(n_embd), q by attn_q_scale (softmax scale 1), and the FFN is
+     * GELU(tanh)-gated. */
+    int n_swa;           /* <arch>.attention.sliding_window */
+    int swa_pattern;     /* <arch>.attention.sliding_window_pattern (llama.cpp's rule: 6) */
+    float rope_base_swa; /* <arch>.rope.freq_base_swa (default 10000) */
+    float attn_q_scale;  /* 1/sqrt(head_dim); 27B: 1/sqrt(n_embd / n_head) */
 } cm_hparams;
+
+/* Is layer il a sliding-window layer? */
+static inline int cm_layer_is_swa(const cm_hparams *hp, int il) {
+    return hp->n_swa > 0 && hp->swa_pattern > 0 && il % hp->swa_pattern < hp->swa_pattern - 1;
+}
 
 /* One transformer block. Optional tensors have data == NULL. Shapes (ne[0]
  * = input features): wq [E, H*D], wk/wv [E, Hkv*D], wo [H*D, E],
@@ -73,7 +87,8 @@ typedef struct cm_hparams {
 typedef struct cm_layer {
     cm_tensor attn_norm, wq, wk, wv, wo;
     cm_tensor bq, bk, bv;          /* qwen2 */
-    cm_tensor q_norm, k_norm;      /* qwen3: [D], applied per head before RoPE */
+    cm_tensor q_norm, k_norm;      /* qwen3, gemma3: [D], applied per head before RoPE */
+    cm_tensor attn_post_norm, ffn_post_norm; /* gemma3: [E], on each block's output before the residual add */
     cm_tensor ffn_norm, ffn_gate, ffn_up, ffn_down;
 } cm_layer;
 

@@ -41,7 +41,7 @@
 #define BIAS_STD 0.2f
 #define ROWS_PER_CHUNK 16
 
-enum synth_arch { A_LLAMA, A_QWEN2, A_QWEN3 };
+enum synth_arch { A_LLAMA, A_QWEN2, A_QWEN3, A_GEMMA3 };
 
 /* One --type: the file type id llama.cpp records and the weight type. */
 typedef struct synth_type {
@@ -77,6 +77,7 @@ static int find_arch(const char *name) {
     if (!strcmp(name, "llama")) return A_LLAMA;
     if (!strcmp(name, "qwen2")) return A_QWEN2;
     if (!strcmp(name, "qwen3")) return A_QWEN3;
+    if (!strcmp(name, "gemma3")) return A_GEMMA3;
     return -1;
 }
 
@@ -87,7 +88,7 @@ static bool use_more_bits(int i, int n) { return i < n / 8 || i >= 7 * n / 8 || 
 int cm_synth_check(const cm_synth_params *p, char *err, size_t errlen) {
     const synth_type *st = find_type(p->type);
     if (find_arch(p->arch) < 0)
-        return cm_errf(err, errlen, CM_EINVAL, "unknown architecture '%s' (supported: llama, qwen2, qwen3)",
+        return cm_errf(err, errlen, CM_EINVAL, "unknown architecture '%s' (supported: llama, qwen2, qwen3, gemma3)",
                        p->arch ? p->arch : "");
     if (!st)
         return cm_errf(err, errlen, CM_EINVAL, "unknown type '%s' (supported: %s)", p->type ? p->type : "",
@@ -422,7 +423,7 @@ int cm_synth_write(const cm_synth_params *p, const cm_gguf *vocab, const char *p
     const float eps = arch == A_LLAMA ? 1e-5f : 1e-6f;
 
     synth_run R = {.p = p};
-    synth_plan P = {.cap = 4 + L * 16};
+    synth_plan P = {.cap = 4 + L * 18};
     float *freqs = NULL;
     cm_gguf_writer *w = NULL;
     P.t = cm_calloc((size_t)P.cap, sizeof *P.t);
@@ -435,7 +436,9 @@ int cm_synth_write(const cm_synth_params *p, const cm_gguf *vocab, const char *p
     const enum cm_type head_t = st->mix_q4_k_m ? CM_TYPE_Q6_K : wt;
     const enum cm_type embd_t = p->tied ? head_t : wt;
     const float head_std = LOGIT_STD / sqrtf((float)E);
-    const float embd_std = p->tied ? head_std : 1.0f;
+    /* gemma3 scales the embeddings by sqrt(n_embd): drawn at 1/sqrt(n_embd),
+     * the stream starts at unit size like the other architectures'. */
+    const float embd_std = p->tied ? head_std : arch == A_GEMMA3 ? 1.0f / sqrtf((float)E) : 1.0f;
     /* Tied: the embedding must be small to serve as the head, and a token's
      * own embedding would then dominate its own logit (|e|^2 = 16 against
      * logits of std 4: one-hot repeats), so the layers write at std ~2 and
@@ -466,7 +469,7 @@ int cm_synth_write(const cm_synth_params *p, const cm_gguf *vocab, const char *p
         if (arch == A_QWEN2) T("attn_k.bias", CM_TYPE_F32, HKV * D, 1, 0, BIAS_STD);
         T("attn_v.weight", v_t, E, HKV * D, 0, 1 / sqrtf((float)E));
         if (arch == A_QWEN2) T("attn_v.bias", CM_TYPE_F32, HKV * D, 1, 0, BIAS_STD);
-        if (arch == A_QWEN3) {
+        if (arch == A_QWEN3 || arch == A_GEMMA3) {
             T("attn_q_norm.weight", CM_TYPE_F32, D, 1, 1, NORM_NOISE);
             T("attn_k_norm.weight", CM_TYPE_F32, D, 1, 1, NORM_NOISE);
         }
@@ -475,6 +478,15 @@ int cm_synth_write(const cm_synth_params *p, const cm_gguf *vocab, const char *p
         T("ffn_gate.weight", wt, E, F, 0, 1 / sqrtf((float)E));
         T("ffn_up.weight", wt, E, F, 0, 1 / sqrtf((float)E));
         T("ffn_down.weight", down_t, F, E, 0, res_scale / sqrtf((float)F));
+        if (arch == A_GEMMA3) {
+            /* The post-norms fix each block's output at the RMS of their
+             * weights. Tied, the scaled embedding has std LOGIT_STD (16x
+             * the head's 0.25): weights of 2 * LOGIT_STD let the 2L blocks
+             * outgrow it (else every logit is a one-hot repeat). */
+            const float pn = p->tied ? 2 * LOGIT_STD : 1;
+            T("post_attention_norm.weight", CM_TYPE_F32, E, 1, pn, pn * NORM_NOISE);
+            T("post_ffw_norm.weight", CM_TYPE_F32, E, 1, pn, pn * NORM_NOISE);
+        }
 #undef T
     }
     add(&P, &R, "output_norm.weight", CM_TYPE_F32, E, 1, 1, NORM_NOISE);
@@ -499,10 +511,13 @@ int cm_synth_write(const cm_synth_params *p, const cm_gguf *vocab, const char *p
     cm_gguf_w_u32(w, K("attention.head_count"), (uint32_t)H);
     cm_gguf_w_u32(w, K("attention.head_count_kv"), (uint32_t)HKV);
     cm_gguf_w_f32(w, K("attention.layer_norm_rms_epsilon"), eps);
-    if (arch == A_QWEN3) {
+    if (arch == A_QWEN3 || arch == A_GEMMA3) {
         cm_gguf_w_u32(w, K("attention.key_length"), (uint32_t)D);
         cm_gguf_w_u32(w, K("attention.value_length"), (uint32_t)D);
     }
+    /* gemma3: a short window so that short prompts cross it; llama.cpp's
+     * rule makes every 6th layer global (no pattern key is written). */
+    if (arch == A_GEMMA3) cm_gguf_w_u32(w, K("attention.sliding_window"), (uint32_t)(p->n_swa > 0 ? p->n_swa : 8));
     cm_gguf_w_f32(w, K("rope.freq_base"), rope_base);
     cm_gguf_w_u32(w, K("rope.dimension_count"), (uint32_t)D);
 #undef K

@@ -1,6 +1,8 @@
 /*
  * test_synth_golden.c: every architecture variant (llama; llama with Llama
- * 3.1 RoPE scaling; llama with a tied head; qwen2; qwen3) x every tensor type
+ * 3.1 RoPE scaling; llama with a tied head; qwen2; qwen3; gemma3 with 6
+ * layers, the last global, the others with a 4-position sliding window, and
+ * a tied head like Gemma 3 270M) x every tensor type
  * against llama.cpp. The models are random-weight files that cm_synth
  * regenerates from the seeds in tests/data/synth/ (what `cumulo synth`
  * writes); the JSON files hold llama.cpp's numbers for them, produced once by
@@ -94,6 +96,7 @@ typedef struct ref_model {
     char arch[16], type[16], scaling[16];
     int dim, layers, heads, kv_heads, ffn, ctx;
     long seed;
+    int swa; /* gemma3: sliding window (0: synth default) */
     bool tied;
     int n_cases;
     ref_case cases[MAXCASES];
@@ -173,6 +176,8 @@ static int load_ref(const char *path, ref_model *R) {
 #undef S
 #undef N
     R->tied = cJSON_IsTrue(cJSON_GetObjectItem(s, "tied"));
+    const cJSON *swa = cJSON_GetObjectItem(s, "swa");
+    R->swa = cJSON_IsNumber(swa) ? swa->valueint : 0;
     R->n_cases = 0;
     cJSON_ArrayForEach(c, cases) {
         if (R->n_cases == MAXCASES) break;
@@ -520,7 +525,7 @@ static bool explain(tf_env *env, const ref_case *rc, int i, double tol, double *
 static void check_model(const ref_model *R, cm_pool *pool) {
     cm_synth_params sp = {.arch = R->arch, .n_embd = R->dim, .n_layer = R->layers, .n_head = R->heads,
                           .n_head_kv = R->kv_heads, .n_ff = R->ffn, .n_ctx = R->ctx, .type = R->type,
-                          .rope_llama3 = !strcmp(R->scaling, "llama3"), .tied = R->tied,
+                          .rope_llama3 = !strcmp(R->scaling, "llama3"), .tied = R->tied, .n_swa = R->swa,
                           .seed = (uint64_t)R->seed, .n_threads = 2};
     cm_buf file;
     cm_buf_init(&file);
@@ -540,7 +545,12 @@ static void check_model(const ref_model *R, cm_pool *pool) {
         goto out;
     }
     const int V = m.hp.n_vocab;
-    const double prob_tol = !strcmp(R->type, "f32") ? TOL_F32 : !strcmp(R->type, "f16") ? TOL_F16 : TOL_8BIT;
+    /* gemma3: its GELU rounds every FFN activation to F16 before and after
+     * the table (ggml_vec_geglu_f32), so last-bit differences flip F16
+     * roundings as in an F16 model: F16's bound for every type. Measured:
+     * F32 9.3e-5 (other architectures' F32: ~1e-6). */
+    const bool f16_acts = !strcmp(R->type, "f16") || !strcmp(R->arch, "gemma3");
+    const double prob_tol = f16_acts ? TOL_F16 : !strcmp(R->type, "f32") ? TOL_F32 : TOL_8BIT;
     const double margin_thr = is_fine(R->type) ? 1e-3 : MARGIN_8BIT;
     /* 8-bit activations: every type but F32/F16 (BF16's mantissa has 8 bits) */
     const bool flip_ok = !is_fine(R->type);
@@ -627,7 +637,7 @@ static void check_model(const ref_model *R, cm_pool *pool) {
     }
     qsort(all_err, (size_t)n_err, sizeof *all_err, cmp_double);
     const double median = n_err ? all_err[n_err / 2] : 0;
-    if (!strcmp(R->type, "f16"))
+    if (f16_acts)
         CHECKF(median <= MEDIAN_F16, "%s: median probability error %.3g > %g", R->name, median, MEDIAN_F16);
     printf("# %-16s greedy %-26s probs: max %.1e median %.1e rest %.1e (bound %.0e)%s\n", R->name, greedy_txt, worst,
            median, worst_rest, prob_tol, env.n_eitherway ? ", batched ref closer somewhere" : "");
