@@ -23,7 +23,7 @@ VOCAB=$SHARED/vocab/ggml-vocab-llama-spm.gguf
 OUT=tests/data/synth
 PROMPTS="1;1,450,4996,17354,1701,432,12500,975;1,15043,29892,920"
 TYPES="f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k q4_k_m"
-VARIANTS="llama llama3 llamatied qwen2 qwen3 gemma3"
+VARIANTS="llama llama3 llamatied qwen2 qwen3 gemma3 phi3"
 [ -f "$NLC/node_modules/node-llama-cpp/package.json" ] || { echo "gen_synth_refs: no node-llama-cpp in $NLC" >&2; exit 1; }
 make -s cumulo
 cp tools/synth_oracle.mjs "$NLC/synth_oracle.mjs"
@@ -36,18 +36,20 @@ for v in $VARIANTS; do
         seed=$((seed + 1))
         name=$v-$t
         echo "$name" | grep -Eq "$ONLY" || continue
-        arch=$v; extra=""; tied=false; scaling=none; layers=2; swa=""
+        arch=$v; extra=""; tied=false; scaling=none; layers=2; swa=""; dim=256; heads=4; kv=2
         case $v in
             llama3) arch=llama; extra="--rope-scaling llama3"; scaling=llama3 ;;
             llamatied) arch=llama; extra="--tied"; tied=true ;;
             # 6 layers: llama.cpp's rule makes layer 5 global, 0-4 sliding (window 4)
             gemma3) extra="--tied --swa 4"; tied=true; layers=6; swa=',"swa":4' ;;
+            # head size 96 like Phi-3-mini's: its q scale 1/sqrt(96) is not a power of 2
+            phi3) dim=768; heads=8; kv=4 ;;
         esac
-        args="--arch $arch --dim 256 --layers $layers --heads 4 --kv-heads 2 --ffn 768 --ctx 512 --type $t --seed $seed $extra"
+        args="--arch $arch --dim $dim --layers $layers --heads $heads --kv-heads $kv --ffn 768 --ctx 512 --type $t --seed $seed $extra"
         # shellcheck disable=SC2086
         ./cumulo synth $args --vocab "$VOCAB" -o "$TMP/$name.gguf" --threads 2
-        meta=$(printf '{"name":"%s","command":"cumulo synth %s --vocab ggml-vocab-llama-spm.gguf","synth":{"arch":"%s","dim":256,"layers":%d,"heads":4,"kv_heads":2,"ffn":768,"ctx":512,"type":"%s","seed":%d,"tied":%s,"rope_scaling":"%s"%s,"vocab":"vocab/ggml-vocab-llama-spm.gguf"}}' \
-            "$name" "$args" "$arch" "$layers" "$t" "$seed" "$tied" "$scaling" "$swa")
+        meta=$(printf '{"name":"%s","command":"cumulo synth %s --vocab ggml-vocab-llama-spm.gguf","synth":{"arch":"%s","dim":%d,"layers":%d,"heads":%d,"kv_heads":%d,"ffn":768,"ctx":512,"type":"%s","seed":%d,"tied":%s,"rope_scaling":"%s"%s,"vocab":"vocab/ggml-vocab-llama-spm.gguf"}}' \
+            "$name" "$args" "$arch" "$dim" "$layers" "$heads" "$kv" "$t" "$seed" "$tied" "$scaling" "$swa")
         abs=$(pwd)
         (cd "$NLC" && node synth_oracle.mjs "$TMP/$name.gguf" "$abs/$OUT/$name.json" "$PROMPTS" 32 16 "$meta")
         rm -f "$TMP/$name.gguf"

@@ -24,7 +24,7 @@ static void usage(FILE *f) {
             "of that architecture has (llama.cpp loads it). Deterministic by seed: the same\n"
             "arguments give the same bytes on any machine and thread count.\n\n"
             "  --arch ARCH          llama, qwen2 (QKV bias), qwen3 (Q/K norm) or gemma3 (sliding window,\n"
-            "                       Q/K norm, post-norms, GELU)\n"
+            "                       Q/K norm, post-norms, GELU) or phi3 (fused qkv and gate/up)\n"
             "  --dim D              embedding size (a multiple of 256 for K-quants, 32 otherwise)\n"
             "  --layers L           transformer blocks\n"
             "  --heads H            attention heads (D/H is the head size)\n"
@@ -96,7 +96,7 @@ int cmd_synth(int argc, char **argv) {
 #undef STR
 #undef INT
     }
-    if (!p.arch) return cli_fail("missing --arch (llama, qwen2, qwen3 or gemma3)");
+    if (!p.arch) return cli_fail("missing --arch (llama, qwen2, qwen3, gemma3 or phi3)");
     if (!p.type) return cli_fail("missing --type (%s)", cm_synth_type_names());
     if (!dim || !layers || !heads || !ffn) return cli_fail("missing --dim, --layers, --heads or --ffn");
     if (!vocab_path) return cli_fail("missing --vocab (a GGUF with a tokenizer, e.g. ggml-vocab-llama-spm.gguf)");

@@ -41,7 +41,7 @@
 #define BIAS_STD 0.2f
 #define ROWS_PER_CHUNK 16
 
-enum synth_arch { A_LLAMA, A_QWEN2, A_QWEN3, A_GEMMA3 };
+enum synth_arch { A_LLAMA, A_QWEN2, A_QWEN3, A_GEMMA3, A_PHI3 };
 
 /* One --type: the file type id llama.cpp records and the weight type. */
 typedef struct synth_type {
@@ -78,6 +78,7 @@ static int find_arch(const char *name) {
     if (!strcmp(name, "qwen2")) return A_QWEN2;
     if (!strcmp(name, "qwen3")) return A_QWEN3;
     if (!strcmp(name, "gemma3")) return A_GEMMA3;
+    if (!strcmp(name, "phi3")) return A_PHI3;
     return -1;
 }
 
@@ -88,7 +89,7 @@ static bool use_more_bits(int i, int n) { return i < n / 8 || i >= 7 * n / 8 || 
 int cm_synth_check(const cm_synth_params *p, char *err, size_t errlen) {
     const synth_type *st = find_type(p->type);
     if (find_arch(p->arch) < 0)
-        return cm_errf(err, errlen, CM_EINVAL, "unknown architecture '%s' (supported: llama, qwen2, qwen3, gemma3)",
+        return cm_errf(err, errlen, CM_EINVAL, "unknown architecture '%s' (supported: llama, qwen2, qwen3, gemma3, phi3)",
                        p->arch ? p->arch : "");
     if (!st)
         return cm_errf(err, errlen, CM_EINVAL, "unknown type '%s' (supported: %s)", p->type ? p->type : "",
@@ -417,10 +418,10 @@ int cm_synth_write(const cm_synth_params *p, const cm_gguf *vocab, const char *p
     const int E = p->n_embd, L = p->n_layer, H = p->n_head, HKV = p->n_head_kv, F = p->n_ff;
     const int D = E / H;
     const float rope_base = p->rope_base > 0 ? p->rope_base
-                            : arch != A_LLAMA ? 1e6f
+                            : arch != A_LLAMA && arch != A_PHI3 ? 1e6f
                             : p->rope_llama3  ? 500000.0f
                                               : 10000.0f;
-    const float eps = arch == A_LLAMA ? 1e-5f : 1e-6f;
+    const float eps = arch == A_LLAMA || arch == A_PHI3 ? 1e-5f : 1e-6f;
 
     synth_run R = {.p = p};
     synth_plan P = {.cap = 4 + L * 18};
@@ -463,20 +464,29 @@ int cm_synth_write(const cm_synth_params *p, const cm_gguf *vocab, const char *p
         add(&P, &R, n, type, ne0, rows, mean, std);           \
     } while (0)
         T("attn_norm.weight", CM_TYPE_F32, E, 1, 1, NORM_NOISE);
-        T("attn_q.weight", wt, E, H * D, 0, 1 / sqrtf((float)E));
-        if (arch == A_QWEN2) T("attn_q.bias", CM_TYPE_F32, H * D, 1, 0, BIAS_STD);
-        T("attn_k.weight", wt, E, HKV * D, 0, 1 / sqrtf((float)E));
-        if (arch == A_QWEN2) T("attn_k.bias", CM_TYPE_F32, HKV * D, 1, 0, BIAS_STD);
-        T("attn_v.weight", v_t, E, HKV * D, 0, 1 / sqrtf((float)E));
-        if (arch == A_QWEN2) T("attn_v.bias", CM_TYPE_F32, HKV * D, 1, 0, BIAS_STD);
+        if (arch == A_PHI3) {
+            /* fused q, k, v rows; llama.cpp's Q4_K_M makes it Q5_K */
+            T("attn_qkv.weight", st->mix_q4_k_m ? CM_TYPE_Q5_K : wt, E, (H + 2 * HKV) * D, 0, 1 / sqrtf((float)E));
+        } else {
+            T("attn_q.weight", wt, E, H * D, 0, 1 / sqrtf((float)E));
+            if (arch == A_QWEN2) T("attn_q.bias", CM_TYPE_F32, H * D, 1, 0, BIAS_STD);
+            T("attn_k.weight", wt, E, HKV * D, 0, 1 / sqrtf((float)E));
+            if (arch == A_QWEN2) T("attn_k.bias", CM_TYPE_F32, HKV * D, 1, 0, BIAS_STD);
+            T("attn_v.weight", v_t, E, HKV * D, 0, 1 / sqrtf((float)E));
+            if (arch == A_QWEN2) T("attn_v.bias", CM_TYPE_F32, HKV * D, 1, 0, BIAS_STD);
+        }
         if (arch == A_QWEN3 || arch == A_GEMMA3) {
             T("attn_q_norm.weight", CM_TYPE_F32, D, 1, 1, NORM_NOISE);
             T("attn_k_norm.weight", CM_TYPE_F32, D, 1, 1, NORM_NOISE);
         }
         T("attn_output.weight", wt, H * D, E, 0, res_scale / sqrtf((float)(H * D)));
         T("ffn_norm.weight", CM_TYPE_F32, E, 1, 1, NORM_NOISE);
-        T("ffn_gate.weight", wt, E, F, 0, 1 / sqrtf((float)E));
-        T("ffn_up.weight", wt, E, F, 0, 1 / sqrtf((float)E));
+        if (arch == A_PHI3) { /* fused: gate rows, then up rows */
+            T("ffn_up.weight", wt, E, 2 * F, 0, 1 / sqrtf((float)E));
+        } else {
+            T("ffn_gate.weight", wt, E, F, 0, 1 / sqrtf((float)E));
+            T("ffn_up.weight", wt, E, F, 0, 1 / sqrtf((float)E));
+        }
         T("ffn_down.weight", down_t, F, E, 0, res_scale / sqrtf((float)F));
         if (arch == A_GEMMA3) {
             /* The post-norms fix each block's output at the RMS of their
@@ -498,7 +508,9 @@ int cm_synth_write(const cm_synth_params *p, const cm_gguf *vocab, const char *p
 #define K(fmt) (snprintf(key, sizeof key, "%s." fmt, p->arch), key)
     cm_gguf_w_str(w, "general.architecture", p->arch);
     char name[64];
-    snprintf(name, sizeof name, "synth-%s-%s", p->arch, st->name);
+    /* llama.cpp sets Phi-3 token attributes by general.name ("phi3" in it:
+     * it looks up <|endoftext|>, absent from most vocabularies) */
+    snprintf(name, sizeof name, "synth-%s-%s", arch == A_PHI3 ? "phi_3" : p->arch, st->name);
     cm_gguf_w_str(w, "general.name", name);
     cm_gguf_w_u32(w, "general.file_type", st->ftype);
     if (wt != CM_TYPE_F32 && wt != CM_TYPE_F16 && wt != CM_TYPE_BF16)

@@ -1,6 +1,6 @@
 /*
  * synth: random-weight models with exactly the metadata keys, tensor names,
- * shapes and types a real GGUF of the architecture has (llama, qwen2, qwen3, gemma3),
+ * shapes and types a real GGUF of the architecture has (llama, qwen2, qwen3, gemma3, phi3),
  * so that tests and demos can exercise every architecture x tensor type
  * without downloading anything, and llama.cpp loads the same file.
  *
@@ -27,7 +27,7 @@
 #include <stdint.h>
 
 typedef struct cm_synth_params {
-    const char *arch;   /* "llama", "qwen2", "qwen3", "gemma3" */
+    const char *arch;   /* "llama", "qwen2", "qwen3", "gemma3", "phi3" */
     int n_embd;         /* model dim; a multiple of the weight type's block size (256 for K-quants) */
     int n_layer;
     int n_head;         /* n_embd % n_head == 0; head_dim = n_embd / n_head, even */

@@ -39,11 +39,21 @@ skipped=0
 #  smollm2: probability error max 7.4e-2, median per prompt <= 2.5e-2;
 #           first differences at llama.cpp margins <= 0.075 (7 of 10
 #           prompts); equal to the end: email (64), math, chat (to EOG).
-# The bounds are 2x these (5x would pass anything: probabilities are <= 1).
+#  gemma3-270m: max 1.1e-1, median per prompt <= 2.1e-2; first differences
+#           at margins <= 0.108 (8 of 10); equal to the end: water, chat
+#           (64 each). Its GGUF is the base model, without a chat template:
+#           the chats use --chat-template gemma (the oracle renders the
+#           gemma-it template), and its answers are not sensible (it is not
+#           instruction-tuned; llama.cpp's are the same ids).
+#           Noise floor: cumulo's scalar path (CUMULO_ISA=scalar) differs
+#           from its AVX-512 path by 3e-2 here and matches llama.cpp's 64
+#           ids on "list", where the AVX-512 path parts at step 22.
+# The bounds are ~2x these (5x would pass anything: probabilities are <= 1).
 model_params() {
+    TEMPLATE=""
     case $1 in
         smollm2) MARGIN=0.15 TOL_MAX=0.15 TOL_MED=0.05 CASES_FULL="email math chat" CLUSTER_CASES="email chat" ;;
-        gemma3-270m) MARGIN=0.15 TOL_MAX=0.15 TOL_MED=0.05 CASES_FULL="" CLUSTER_CASES="story chat" ;;
+        gemma3-270m) MARGIN=0.2 TOL_MAX=0.2 TOL_MED=0.05 CASES_FULL="water chat" CLUSTER_CASES="water chat" TEMPLATE=gemma ;;
     esac
 }
 
@@ -56,7 +66,7 @@ done
 [ -n "$PORT_a" ] && [ -n "$PORT_b" ] && ok || { bad "nodes did not start"; cat "$TMP"/*.log; exit 1; }
 NODES=127.0.0.1:$PORT_a,127.0.0.1:$PORT_b
 
-for model in ${CUMULO_REAL_MODELS:-smollm2}; do
+for model in ${CUMULO_REAL_MODELS:-smollm2 gemma3-270m}; do
     ref=tests/data/real/$model.json
     if ! line=$(sh "$MODELS_SCRIPT" "$model" 2>"$TMP/dl.err"); then
         echo "real_models: $model skipped: cannot fetch it: $(tail -1 "$TMP/dl.err")" >&2
@@ -70,7 +80,7 @@ for model in ${CUMULO_REAL_MODELS:-smollm2}; do
         min=0
         case " $CASES_FULL " in *" $c "*) min=64 ;; esac
         if $CHECK "$ref" "$c" "$TMP/$model-$c.json" --margin "$MARGIN" --min-match "$min" --tol-max "$TOL_MAX" \
-            --tol-med "$TOL_MED" --run "$BIN" "$path" >"$TMP/check.out"; then ok; else bad "$model $c: $(grep FAIL "$TMP/check.out")"; fi
+            --tol-med "$TOL_MED" ${TEMPLATE:+--chat-template "$TEMPLATE"} --run "$BIN" "$path" >"$TMP/check.out"; then ok; else bad "$model $c: $(grep FAIL "$TMP/check.out")"; fi
         sed "s/^# /# $model /" "$TMP/check.out" | grep '^#'
         case $c in chat*)
             printf '# %s chat: %s\n#   -> %s\n' "$model" "$(cc_jsonget "$ref" '(grep { $_->{name} eq "'"$c"'" } @{$j->{cases}})[0]{chat}')" \
@@ -79,15 +89,20 @@ for model in ${CUMULO_REAL_MODELS:-smollm2}; do
     done
     # The same ids through a pipeline (this process + 2 nodes: 3 stages) and a
     # tensor-parallel group of 3; the nodes map their own copy of the file.
+    # The pipeline runs the same arithmetic: every id equal. The
+    # tensor-parallel group sums partial products in another order: a first
+    # difference only at a near tie (llama.cpp margin < 0.02; measured:
+    # gemma3-270m water parts at step 5, margin 0.008; the others equal).
     for c in $CLUSTER_CASES; do
-        want=$(cc_jsonget "$TMP/$model-$c.json" 'join(",", @{$j->{tokens}})')
         for par in pp tp; do
-            $CHECK "$ref" "$c" "$TMP/$model-$c-$par.json" --ids-only --margin 1 --min-match 0 --run "$BIN" "$path" \
-                --nodes "$NODES" --parallel "$par" >/dev/null
-            got=$(cc_jsonget "$TMP/$model-$c-$par.json" 'join(",", @{$j->{tokens}})' 2>/dev/null)
-            if [ -n "$want" ] && [ "$got" = "$want" ]; then ok; else
-                bad "$model $c: $par cluster ids differ from one machine: $(tail -2 "$TMP/$model-$c-$par.json.err")"
+            tie=0
+            [ $par = tp ] && tie=0.02
+            $CHECK "$ref" "$c" "$TMP/$model-$c-$par.json" --same-as "$TMP/$model-$c.json" --tie $tie \
+                ${TEMPLATE:+--chat-template "$TEMPLATE"} --run "$BIN" "$path" --nodes "$NODES" --parallel "$par" >"$TMP/check.out"
+            if [ $? -eq 0 ]; then ok; else
+                bad "$model $c $par: $(grep FAIL "$TMP/check.out") $(tail -2 "$TMP/$model-$c-$par.json.err")"
             fi
+            sed "s/^# /# $model $par /" "$TMP/check.out" | grep '^#'
         done
         grep -q "pp plan, 3 stages" "$TMP/$model-$c-pp.json.err" && ok || bad "$model: not a 3-stage pipeline: $(grep -i plan "$TMP/$model-$c-pp.json.err")"
     done
