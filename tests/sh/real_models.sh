@@ -7,6 +7,9 @@
 # model's own template) against the llama.cpp numbers in
 # tests/data/real/MODEL.json (tools/gen_real_refs.sh), via
 # tests/sh/lib/real_check.py:
+#  - the tokenizer: llama.cpp's test-tokenizer-0 corpus (the llama-spm .inp
+#    texts) with the model's vocabulary, ids as llama.cpp's
+#    (tests/data/real/MODEL.tok.json, tools/real_tok_refs.mjs);
 #  - prompt ids equal llama.cpp's (tokenizer, BOS rule; for chats, cumulo's
 #    chat template vs the GGUF's Jinja template rendered by @huggingface/jinja);
 #  - greedy ids equal llama.cpp's up to a first difference that is allowed
@@ -75,6 +78,11 @@ for model in ${CUMULO_REAL_MODELS:-smollm2 gemma3-270m}; do
     fi
     path=${line#* }
     model_params "$model"
+    # The tokenizer on llama.cpp's test-tokenizer-0 corpus (46 texts) with this vocabulary.
+    if python3 tests/sh/lib/real_tok.py "tests/data/real/$model.tok.json" "$BIN" "$path" >"$TMP/tok.out"; then ok; else
+        bad "$model tokenizer: $(grep FAIL "$TMP/tok.out" | head -3)"
+    fi
+    grep '^#' "$TMP/tok.out"
     cases=$(cc_jsonget "$ref" 'join(" ", map { $_->{name} } @{$j->{cases}})')
     for c in $cases; do
         min=0
