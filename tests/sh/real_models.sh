@@ -3,7 +3,7 @@
 # scripts/real_models.sh downloads them when they are missing (into
 # ../cache/models, never the repository); without a network and without the
 # files the test reports itself skipped. For each model, every prompt of
-# tests/data/real/prompts.json (8 text prompts, 2 chat turns through the
+# tests/data/real/prompts.json (9 text prompts, 4 chat turns through the
 # model's own template) against the llama.cpp numbers in
 # tests/data/real/MODEL.json (tools/gen_real_refs.sh), via
 # tests/sh/lib/real_check.py:
@@ -38,25 +38,32 @@ CHECK="python3 tests/sh/lib/real_check.py"
 MODELS_SCRIPT=scripts/real_models.sh
 skipped=0
 
-# Measured per model (max over the 10 prompts, this machine, AVX-512):
-#  smollm2: probability error max 7.4e-2, median per prompt <= 2.5e-2;
-#           first differences at llama.cpp margins <= 0.075 (7 of 10
-#           prompts); equal to the end: email (64), math, chat (to EOG).
-#  gemma3-270m: max 1.1e-1, median per prompt <= 2.1e-2; first differences
-#           at margins <= 0.108 (8 of 10); equal to the end: water, chat
-#           (64 each). Its GGUF is the base model, without a chat template:
-#           the chats use --chat-template gemma (the oracle renders the
-#           gemma-it template), and its answers are not sensible (it is not
-#           instruction-tuned; llama.cpp's are the same ids).
+# Measured per model (max over the 13 prompts, this machine, AVX-512):
+#  smollm2: probability error max 9.8e-2, median per prompt <= 2.5e-2;
+#           first differences at llama.cpp margins <= 0.075 (6 of 13
+#           prompts); equal to the end: email, count, planets, python (64
+#           each), math, chat, chat3 (to the end-of-generation token).
+#  gemma3-270m: max 1.4e-1, median per prompt <= 2.1e-2; first differences
+#           at margins <= 0.108 (7 of 13); equal to the end: water, chat,
+#           count, months, json, chat4 (64 each). Its GGUF is the base model,
+#           without a chat template: the chats use --chat-template gemma (the
+#           oracle renders the gemma-it template); its answers are not
+#           sensible (not instruction-tuned; llama.cpp's ids are the same).
 #           Noise floor: cumulo's scalar path (CUMULO_ISA=scalar) differs
 #           from its AVX-512 path by 3e-2 here and matches llama.cpp's 64
-#           ids on "list", where the AVX-512 path parts at step 22.
+#           ids on "list", where the AVX-512 path parts at step 22. A prompt
+#           left out ("<!DOCTYPE html>..."): ids part at step 17 where
+#           llama.cpp's margin is 0.30; two steps earlier cumulo's F16 KV
+#           cache alone moves the top probability from 0.89 to 0.99 (ref
+#           0.97), so that context is ill-conditioned, not a different model.
 # The bounds are ~2x these (5x would pass anything: probabilities are <= 1).
 model_params() {
     TEMPLATE=""
     case $1 in
-        smollm2) MARGIN=0.15 TOL_MAX=0.15 TOL_MED=0.05 CASES_FULL="email math chat" CLUSTER_CASES="email chat" ;;
-        gemma3-270m) MARGIN=0.2 TOL_MAX=0.2 TOL_MED=0.05 CASES_FULL="water chat" CLUSTER_CASES="water chat" TEMPLATE=gemma ;;
+        smollm2) MARGIN=0.15 TOL_MAX=0.2 TOL_MED=0.05 CASES_FULL="email count planets python math chat chat3"
+            CLUSTER_CASES="email chat" ;;
+        gemma3-270m) MARGIN=0.2 TOL_MAX=0.3 TOL_MED=0.05 CASES_FULL="water chat count months json chat4"
+            CLUSTER_CASES="water chat" TEMPLATE=gemma ;;
     esac
 }
 
