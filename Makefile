@@ -49,7 +49,7 @@ TEST_SRCS := $(wildcard tests/unit/test_*.c)
 TEST_BINS := $(TEST_SRCS:tests/unit/%.c=$(BUILD)/tests/%)
 DEPS := $(LIB_OBJS:.o=.d) $(CLI_OBJS:.o=.d) $(TEST_BINS:=.d)
 
-.PHONY: all deps demo test test-quick check clean fuzz fuzz-long asan tsan neon-test format bench kbench tp-bench
+.PHONY: all deps demo test test-quick check clean fuzz fuzz-long asan tsan neon-test format bench kbench tp-bench real-7b
 
 all: cumulo
 
@@ -134,6 +134,12 @@ demo: deps
 test: deps
 	@$(MAKE) --no-print-directory cumulo tests
 	@sh tests/run.sh
+
+# DeepSeek-R1-Distill-Qwen-7B (qwen2, ~4.7 GB) against llama.cpp: greedy ids,
+# probabilities and a chat turn (not part of `make test`; slow on 2 cores).
+# NLC=folder of node-llama-cpp (default $$TMPDIR/nlc); CUMULO_7B=PATH uses a local copy.
+real-7b: cumulo
+	@sh scripts/real_7b.sh
 
 # Tests without the dependency check (for quick iteration).
 test-quick: cumulo tests

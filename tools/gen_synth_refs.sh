@@ -23,9 +23,13 @@ VOCAB=$SHARED/vocab/ggml-vocab-llama-spm.gguf
 OUT=tests/data/synth
 PROMPTS="1;1,450,4996,17354,1701,432,12500,975;1,15043,29892,920"
 TYPES="f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k q4_k_m"
-# New variants go at the END: seeds are handed out in this order, and the
-# committed references of the earlier ones keep theirs.
-VARIANTS="llama llama3 llamatied qwen2 qwen3 qwen3moe qwen3moe64 qwen2moe mixtral"
+# Each list hands out seeds in its order from its own base, so the committed
+# references keep theirs (the test reads every model's seed from its JSON).
+VARIANTS="llama llama3 llamatied qwen2 qwen3"
+# mixture of experts (seeds from 1061, after the list above)
+MOE_VARIANTS="qwen3moe qwen3moe64 qwen2moe mixtral"
+# dense architectures added beside the MoE ones (also seeds from 1061)
+DENSE2_VARIANTS="gemma3 phi3"
 # The low-bit types (added later: seeds from 3000, so the models above keep theirs).
 LOWBIT_TYPES="q2_k q3_k iq4_nl iq4_xs mxfp4 iq2_xxs iq3_xxs iq1_s"
 LOWBIT_VARIANTS="llama qwen3"
@@ -40,6 +44,7 @@ gen() { # gen VARIANT TYPE SEED
     name=$v-$t
     echo "$name" | grep -Eq "$ONLY" || return 0
     arch=$v; extra=""; tied=false; scaling=none; ffn=768; nexp=0; nused=0; effn=0; sffn=0
+    layers=2; swa=""; dim=256; heads=4; kv=2
     case $v in
         llama3) arch=llama; extra="--rope-scaling llama3"; scaling=llama3 ;;
         llamatied) arch=llama; extra="--tied"; tied=true ;;
@@ -48,17 +53,21 @@ gen() { # gen VARIANT TYPE SEED
         qwen3moe64) arch=qwen3moe; nexp=64; nused=8; effn=256 ;;
         qwen2moe) nexp=8; nused=2; effn=256; sffn=512 ;;
         mixtral) arch=llama; nexp=8; nused=2; ffn=256 ;;
+        # 6 layers: llama.cpp's rule makes layer 5 global, 0-4 sliding (window 4)
+        gemma3) extra="--tied --swa 4"; tied=true; layers=6; swa=',"swa":4' ;;
+        # head size 96 like Phi-3-mini's: its q scale 1/sqrt(96) is not a power of 2
+        phi3) dim=768; heads=8; kv=4 ;;
     esac
     [ $nexp -gt 0 ] && extra="$extra --experts $nexp --experts-used $nused"
     [ $effn -gt 0 ] && extra="$extra --expert-ffn $effn"
     [ $sffn -gt 0 ] && extra="$extra --shared-ffn $sffn"
-    args="--arch $arch --dim 256 --layers 2 --heads 4 --kv-heads 2 --ffn $ffn --ctx 512 --type $t --seed $seed $extra"
+    args="--arch $arch --dim $dim --layers $layers --heads $heads --kv-heads $kv --ffn $ffn --ctx 512 --type $t --seed $seed $extra"
     # shellcheck disable=SC2086
     ./cumulo synth $args --vocab "$VOCAB" -o "$TMP/$name.gguf" --threads 2
     moe=""
     [ $nexp -gt 0 ] && moe=$(printf ',"experts":%d,"experts_used":%d,"expert_ffn":%d,"shared_ffn":%d' $nexp $nused $effn $sffn)
-    meta=$(printf '{"name":"%s","command":"cumulo synth %s --vocab ggml-vocab-llama-spm.gguf","synth":{"arch":"%s","dim":256,"layers":2,"heads":4,"kv_heads":2,"ffn":%d,"ctx":512,"type":"%s","seed":%d,"tied":%s,"rope_scaling":"%s"%s,"vocab":"vocab/ggml-vocab-llama-spm.gguf"}}' \
-        "$name" "$args" "$arch" "$ffn" "$t" "$seed" "$tied" "$scaling" "$moe")
+    meta=$(printf '{"name":"%s","command":"cumulo synth %s --vocab ggml-vocab-llama-spm.gguf","synth":{"arch":"%s","dim":%d,"layers":%d,"heads":%d,"kv_heads":%d,"ffn":%d,"ctx":512,"type":"%s","seed":%d,"tied":%s,"rope_scaling":"%s"%s%s,"vocab":"vocab/ggml-vocab-llama-spm.gguf"}}' \
+        "$name" "$args" "$arch" "$dim" "$layers" "$heads" "$kv" "$ffn" "$t" "$seed" "$tied" "$scaling" "$moe" "$swa")
     abs=$(pwd)
     (cd "$NLC" && node synth_oracle.mjs "$TMP/$name.gguf" "$abs/$OUT/$name.json" "$PROMPTS" 32 16 "$meta")
     rm -f "$TMP/$name.gguf"
@@ -68,6 +77,15 @@ for v in $VARIANTS; do
     for t in $TYPES; do
         seed=$((seed + 1))
         gen "$v" "$t" "$seed"
+    done
+done
+for list in "$MOE_VARIANTS" "$DENSE2_VARIANTS"; do
+    seed=1060
+    for v in $list; do
+        for t in $TYPES; do
+            seed=$((seed + 1))
+            gen "$v" "$t" "$seed"
+        done
     done
 done
 seed=3000

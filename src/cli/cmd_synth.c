@@ -23,7 +23,9 @@ static void usage(FILE *f) {
             "Write a random-weight model with the keys, tensor names, shapes and types a real GGUF\n"
             "of that architecture has (llama.cpp loads it). Deterministic by seed: the same\n"
             "arguments give the same bytes on any machine and thread count.\n\n"
-            "  --arch ARCH          llama, qwen2 (QKV bias), qwen3 (Q/K norm), qwen2moe, qwen3moe\n"
+            "  --arch ARCH          llama, qwen2 (QKV bias), qwen3 (Q/K norm), qwen2moe, qwen3moe,\n"
+            "                       gemma3 (sliding window, Q/K norm, post-norms, GELU) or phi3\n"
+            "                       (fused qkv and gate/up)\n"
             "  --experts N          mixture of experts (qwen*moe; llama with experts = Mixtral)\n"
             "  --experts-used K     experts per token (top-k)\n"
             "  --expert-ffn F       width of each expert (qwen*moe; default --ffn)\n"
@@ -39,6 +41,7 @@ static void usage(FILE *f) {
             "  --seed S             random seed (default 1)\n"
             "  -o, --output FILE    the model to write\n"
             "  --tied               no output.weight: the head reuses token_embd\n"
+            "  --swa N              gemma3: sliding window of N positions (default 8)\n"
             "  --rope-scaling llama3  Llama 3.1 RoPE scaling (writes rope_freqs.weight)\n"
             "  --rope-base B        RoPE base (default: llama 10000, llama3 scaling 500000, qwen 1e6)\n"
             "  --ctx N              context_length key (default 4096)\n"
@@ -56,7 +59,7 @@ int cmd_synth(int argc, char **argv) {
     if (cli_wants_help(argc, argv)) { usage(stdout); return 0; }
     cm_synth_params p = {.seed = 1};
     const char *vocab_path = NULL, *out_path = NULL;
-    long dim = 0, layers = 0, heads = 0, kv = 0, ffn = 0, ctx = 0, threads = 0, seed = 1;
+    long dim = 0, layers = 0, heads = 0, kv = 0, ffn = 0, ctx = 0, threads = 0, seed = 1, swa = 0;
     long n_exp = 0, n_used = 0, ffn_exp = 0, ffn_sh = 0;
     double base = 0;
     for (int i = 1; i < argc; i++) {
@@ -89,6 +92,7 @@ int cmd_synth(int argc, char **argv) {
         else if (!strcmp(a, "--threads")) INT(threads, 1, 1024);
         else if (!strcmp(a, "--seed")) INT(seed, 0, 0x7fffffffL);
         else if (!strcmp(a, "--tied")) p.tied = true;
+        else if (!strcmp(a, "--swa")) INT(swa, 1, 1 << 24);
         else if (!strcmp(a, "--rope-base")) {
             if (!cli_float(a, v, 1, 1e9, &base)) return 1;
             i++;
@@ -102,7 +106,7 @@ int cmd_synth(int argc, char **argv) {
 #undef STR
 #undef INT
     }
-    if (!p.arch) return cli_fail("missing --arch (llama, qwen2, qwen3, qwen2moe or qwen3moe)");
+    if (!p.arch) return cli_fail("missing --arch (llama, qwen2, qwen3, qwen2moe, qwen3moe, gemma3 or phi3)");
     if (!p.type) return cli_fail("missing --type (%s)", cm_synth_type_names());
     if (!dim || !layers || !heads || !ffn) return cli_fail("missing --dim, --layers, --heads or --ffn");
     if (!vocab_path) return cli_fail("missing --vocab (a GGUF with a tokenizer, e.g. ggml-vocab-llama-spm.gguf)");
@@ -117,6 +121,7 @@ int cmd_synth(int argc, char **argv) {
     p.n_ff_exp = (int)ffn_exp;
     p.n_ff_shexp = (int)ffn_sh;
     p.n_ctx = (int)ctx;
+    p.n_swa = (int)swa;
     p.n_threads = (int)threads;
     p.seed = (uint64_t)seed;
     p.rope_base = (float)base;

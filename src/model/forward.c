@@ -90,7 +90,7 @@ struct cm_ctx {
     const cm_kernels *k;
     cm_pool *pool;
     int max_batch, max_ctx, n_threads;
-    float *x, *xn, *q, *kc, *vc, *att, *part, *gate, *up, *rope, *scores;
+    float *x, *xn, *q, *kc, *vc, *att, *part, *gate, *up, *rope, *rope_swa, *scores;
     uint8_t *xq;
     size_t xq_size; /* bytes of xq */
     int32_t *out_rows;
@@ -100,6 +100,7 @@ struct cm_ctx {
     enum phase ph;
     int il, n_out;
     bool pending; /* part holds a reduced output to add into x */
+    const float *pending_norm; /* gemma3: RMS-norm weights applied to part before the add, or NULL */
     cm_tensor wq, wk, wv, wo, gt, up_w, dn; /* slice views of layer il */
     int bad_token;
     cm_act_hook_fn hook; /* tests only (model.h) */
@@ -146,6 +147,7 @@ cm_ctx *cm_ctx_new(const cm_model *m, int max_batch, int max_ctx, cm_pool *pool,
     c->gate = zalloc(B * F * 4);
     c->up = zalloc(B * F * 4);
     c->rope = zalloc(B * (size_t)hp->n_rot * 4);
+    c->rope_swa = zalloc(B * (size_t)hp->n_rot * 4);
     c->scores = zalloc((size_t)c->n_threads * scores_stride(max_ctx, hp->head_dim) * 4);
     /* F32 is the widest activation type (4 bytes per element; Q8_K is ~1.14). */
     c->xq_size = B * kmax * 4 + 64;
@@ -157,7 +159,7 @@ cm_ctx *cm_ctx_new(const cm_model *m, int max_batch, int max_ctx, cm_pool *pool,
         return NULL;
     }
     if (!c->x || !c->xn || !c->part || !c->q || !c->att || !c->kc || !c->vc || !c->gate || !c->up || !c->rope ||
-        !c->scores || !c->xq || !c->out_rows) {
+        !c->rope_swa || !c->scores || !c->xq || !c->out_rows) {
         cm_ctx_free(c);
         cm_errf(err, errlen, CM_ENOMEM, "out of memory for forward scratch (batch %d)", max_batch);
         return NULL;
@@ -167,7 +169,7 @@ cm_ctx *cm_ctx_new(const cm_model *m, int max_batch, int max_ctx, cm_pool *pool,
 
 void cm_ctx_free(cm_ctx *c) {
     if (!c) return;
-    float *fs[] = {c->x, c->xn, c->q, c->kc, c->vc, c->att, c->part, c->gate, c->up, c->rope, c->scores};
+    float *fs[] = {c->x, c->xn, c->q, c->kc, c->vc, c->att, c->part, c->gate, c->up, c->rope, c->rope_swa, c->scores};
     for (size_t i = 0; i < CM_ARRAY_LEN(fs); i++) cm_aligned_free(fs[i]);
     cm_aligned_free(c->xq);
     cm_aligned_free(c->out_rows);
@@ -246,14 +248,15 @@ static void matmul(cm_ctx *c, const cm_tensor *w, const void *xq, size_t xs, int
     if (r1 > r0) cm_matmul_rows(c->k, w, xq, xs, n_tok, y, ldy, r0, r1);
 }
 
-/* ggml_rope_cache_init with freq_scale, no YaRN (ext_factor 0, mscale 1). */
-static void rope_cache(const cm_model *m, float p, float *cache) {
+/* ggml_rope_cache_init with freq_scale, no YaRN (ext_factor 0, mscale 1).
+ * base/scale: the model's, or gemma3's sliding-window layers' (scale 1). */
+static void rope_cache(const cm_model *m, float p, float base, float freq_scale, float *cache) {
     const cm_hparams *hp = &m->hp;
-    const float theta_scale = powf(hp->rope_base, -2.0f / (float)hp->n_rot);
+    const float theta_scale = powf(base, -2.0f / (float)hp->n_rot);
     const float *ff = m->rope_freqs.data;
     float theta = p;
     for (int i0 = 0; i0 < hp->n_rot; i0 += 2) {
-        float th = (ff ? theta / ff[i0 / 2] : theta) * hp->rope_freq_scale;
+        float th = (ff ? theta / ff[i0 / 2] : theta) * freq_scale;
         cache[i0] = cosf(th);
         cache[i0 + 1] = sinf(th);
         theta *= theta_scale;
@@ -290,15 +293,32 @@ static void phase_embed(cm_ctx *c, int ith, int nth) {
         if (b->tokens) {
             int32_t id = b->tokens[j];
             c->k->to_float[m->tok_embd.type](cm_tensor_row(&m->tok_embd, id), c->x + j * E, E);
+            if (m->hp.arch == CM_ARCH_GEMMA3) { /* ggml_scale by sqrtf(n_embd) */
+                const float es = sqrtf((float)E);
+                for (int i = 0; i < E; i++) c->x[j * E + i] *= es;
+            }
         } else {
             memcpy(c->x + j * E, b->embd + j * E, (size_t)E * sizeof(float));
         }
-        rope_cache(m, (float)b->pos[j], c->rope + j * m->hp.n_rot);
+        rope_cache(m, (float)b->pos[j], m->hp.rope_base, m->hp.rope_freq_scale, c->rope + j * m->hp.n_rot);
+        if (m->hp.n_swa) rope_cache(m, (float)b->pos[j], m->hp.rope_base_swa, 1.0f, c->rope_swa + j * m->hp.n_rot);
     }
 }
 
 static void add_pending(cm_ctx *c, int ith, int nth) {
     if (!c->pending) return;
+    if (c->pending_norm) { /* gemma3: x += rms_norm(part) * w, by rows */
+        const int E = c->m->hp.n_embd;
+        int64_t t0, t1;
+        cm_split_range(c->b->n, ith, nth, &t0, &t1);
+        for (int64_t j = t0; j < t1; j++) {
+            float *x = c->x + j * E, *pt = c->part + j * E;
+            rms_norm_row(pt, c->pending_norm, pt, E, c->m->hp.rms_eps);
+            for (int i = 0; i < E; i++) x[i] = x[i] + pt[i];
+        }
+        cm_pool_barrier(c->pool);
+        return;
+    }
     int64_t n = (int64_t)c->b->n * c->m->hp.n_embd, i0, i1;
     cm_split_range(n, ith, nth, &i0, &i1);
     for (int64_t i = i0; i < i1; i++) c->x[i] = c->x[i] + c->part[i];
@@ -326,7 +346,8 @@ static const void *add_norm_prep(cm_ctx *c, enum cm_act_site site, const cm_tens
     for (int64_t j = t0; j < t1; j++) {
         float *x = c->x + j * E, *xn = c->xn + j * E;
         if (c->pending) {
-            const float *pt = c->part + j * E;
+            float *pt = c->part + j * E;
+            if (c->pending_norm) rms_norm_row(pt, c->pending_norm, pt, E, c->m->hp.rms_eps); /* gemma3 */
             for (int i = 0; i < E; i++) x[i] = x[i] + pt[i];
         }
         rms_norm_row(x, normw->data, xn, E, c->m->hp.rms_eps);
@@ -343,8 +364,19 @@ static const void *add_norm_prep(cm_ctx *c, enum cm_act_site site, const cm_tens
  * barrier; even a single token's row is shared by all threads. */
 static size_t xq_bytes(const cm_ctx *c) { return c->xq_size; }
 
-/* silu(gate) * up and its conversion for units [u0, u1) of (token, block
- * of ffn_down's vec_dot_type) pairs. */
+/* ggml_vec_geglu_f32's GELU with GGML_GELU_FP16 (its CPU build): the tanh
+ * form looked up in an F16 table, i.e. x rounded to F16, gelu in float, the
+ * result rounded to F16; x <= -10 gives 0 and x >= 10 gives x. */
+static float gelu_f16_table(float x) {
+    if (x <= -10.0f) return 0.0f;
+    if (x >= 10.0f) return x;
+    const float v = cm_f16_to_f32(cm_f32_to_f16(x));
+    const float g = 0.5f * v * (1.0f + tanhf(0.79788456080286535587989211986876f * v * (1.0f + 0.044715f * v * v)));
+    return cm_f16_to_f32(cm_f32_to_f16(g));
+}
+
+/* silu(gate) * up (gemma3: gelu(gate) * up) and its conversion for units
+ * [u0, u1) of (token, block of ffn_down's vec_dot_type) pairs. */
 static void silu_blocks(cm_ctx *c, enum cm_type vdt, int FS, int64_t u0, int64_t u1, uint8_t *out) {
     const int bs = cm_type_traits_of(vdt)->block_size;
     const size_t rs = vdt == CM_TYPE_F32 ? (size_t)FS * sizeof(float) : cm_row_size(vdt, FS);
@@ -353,10 +385,14 @@ static void silu_blocks(cm_ctx *c, enum cm_type vdt, int FS, int64_t u0, int64_t
         const int64_t j = u / nbr, b0 = u % nbr, b1 = CM_MIN(nbr, b0 + (u1 - u));
         float *g = c->gate + j * FS;
         const float *up = c->up + j * FS;
-        for (int64_t i = b0 * bs; i < b1 * bs; i++) {
-            float v = g[i];
-            v = v / (1.0f + expf(-v)); /* ggml_silu_f32 */
-            g[i] = v * up[i];
+        if (c->m->hp.arch == CM_ARCH_GEMMA3) {
+            for (int64_t i = b0 * bs; i < b1 * bs; i++) g[i] = gelu_f16_table(g[i]) * up[i];
+        } else {
+            for (int64_t i = b0 * bs; i < b1 * bs; i++) {
+                float v = g[i];
+                v = v / (1.0f + expf(-v)); /* ggml_silu_f32 */
+                g[i] = v * up[i];
+            }
         }
         if (vdt != CM_TYPE_F32)
             convert(c, CM_ACT_FFN_DOWN, (int)j, b0 * bs, vdt, g + b0 * bs,
@@ -382,13 +418,15 @@ static void rope_q_task(cm_ctx *c, int j, int h) {
     const cm_layer *L = &c->m->layers[c->il];
     const int D = hp->head_dim, rep = hp->n_head / hp->n_head_kv;
     const int nq = (c->a->slice.h1 - c->a->slice.h0) * rep, QS = nq * D;
-    const float *rc = c->rope + (size_t)j * hp->n_rot;
+    const float *rc = (cm_layer_is_swa(hp, c->il) ? c->rope_swa : c->rope) + (size_t)j * hp->n_rot;
     float *qv = c->q + (size_t)j * QS + (size_t)h * D;
     int hg = c->a->slice.h0 * rep + h; /* global q head */
     if (L->bq.data)
         for (int i = 0; i < D; i++) qv[i] += ((const float *)L->bq.data)[hg * D + i];
     if (L->q_norm.data) rms_norm_row(qv, L->q_norm.data, qv, D, hp->rms_eps);
     rope_apply(hp, rc, qv);
+    if (hp->attn_q_scale != 0.0f) /* gemma3: ggml_scale on q, softmax scale 1 */
+        for (int i = 0; i < D; i++) qv[i] *= hp->attn_q_scale;
 }
 
 /* Bias, K norm and RoPE of kv head hl (of this slice) of token j; K and V
@@ -398,7 +436,7 @@ static void rope_kv_task(cm_ctx *c, int j, int hl) {
     const cm_layer *L = &c->m->layers[c->il];
     const cm_batch *b = c->b;
     const int D = hp->head_dim, KS = (c->a->slice.h1 - c->a->slice.h0) * D, hk = c->a->slice.h0 + hl;
-    const float *rc = c->rope + (size_t)j * hp->n_rot;
+    const float *rc = (cm_layer_is_swa(hp, c->il) ? c->rope_swa : c->rope) + (size_t)j * hp->n_rot;
     float *kv_k = c->kc + (size_t)j * KS + (size_t)hl * D;
     float *kv_v = c->vc + (size_t)j * KS + (size_t)hl * D;
     if (L->bk.data)
@@ -433,7 +471,7 @@ static void attn_task(cm_ctx *c, int j, int h, int ith) {
     const cm_batch *b = c->b;
     const int D = hp->head_dim, rep = hp->n_head / hp->n_head_kv;
     const int nq = (c->a->slice.h1 - c->a->slice.h0) * rep, QS = nq * D;
-    const float scale = 1.0f / sqrtf((float)D);
+    const float scale = hp->attn_q_scale != 0.0f ? 1.0f : 1.0f / sqrtf((float)D);
     float *sc = c->scores + (size_t)ith * scores_stride(c->max_ctx, D);
     cm_f16 *qh = (cm_f16 *)(sc + c->max_ctx); /* the query rounded to F16 (F16 cache) */
     cm_f16 *sch = qh + D;                      /* the weights rounded to F16 (F16 cache) */
@@ -445,11 +483,15 @@ static void attn_task(cm_ctx *c, int j, int h, int ith) {
     const float *qv = c->q + (size_t)j * QS + (size_t)h * D;
     const size_t off = kv_off(kv, c->il, hk);
     int np = b->pos[j] + 1;
+    /* gemma3's sliding-window layers see positions > pos - n_swa (llama.cpp's
+     * LLAMA_SWA_TYPE_STANDARD mask); masked scores are -inf, weights 0. */
+    const int p_lo = cm_layer_is_swa(hp, c->il) ? CM_MAX(0, np - hp->n_swa) : 0;
+    for (int p = 0; p < p_lo; p++) sc[p] = -INFINITY;
     float mx = -INFINITY;
     if (f16) {
         const cm_f16 *kk = (const cm_f16 *)kv->k + off;
         to_f16(qv, qh, D);
-        for (int p = 0; p < np; p++) {
+        for (int p = p_lo; p < np; p++) {
             float d;
             dot_f16(D, &d, kk + (size_t)p * D, qh);
             sc[p] = d * scale;
@@ -457,7 +499,7 @@ static void attn_task(cm_ctx *c, int j, int h, int ith) {
         }
     } else {
         const float *kk = (const float *)kv->k + off;
-        for (int p = 0; p < np; p++) {
+        for (int p = p_lo; p < np; p++) {
             float d;
             dot_f32(D, &d, kk + (size_t)p * D, qv);
             sc[p] = d * scale;
@@ -722,6 +764,7 @@ int cm_forward(cm_ctx *c, const cm_batch *b, const cm_forward_args *a, char *err
     for (int j = 0; j < b->n; j++)
         if (b->logits ? b->logits[j] : j == b->n - 1) c->out_rows[c->n_out++] = j;
     c->pending = false;
+    c->pending_norm = NULL;
     c->ph = PH_EMBED;
     cm_pool_run(c->pool, run_phase, c);
     const int64_t red = (int64_t)b->n * hp->n_embd;
@@ -742,8 +785,10 @@ int cm_forward(cm_ctx *c, const cm_batch *b, const cm_forward_args *a, char *err
         if (a->allreduce && (rc = a->allreduce(a->allreduce_user, c->part, red)))
             return cm_errf(err, errlen, rc, "all-reduce after attention of layer %d failed: %s", il, cm_strerror(rc));
         c->pending = true;
+        c->pending_norm = L->attn_post_norm.data;
         c->ph = PH_FFN;
         cm_pool_run(c->pool, run_phase, c);
+        c->pending_norm = L->ffn_post_norm.data;
         if (a->allreduce && (rc = a->allreduce(a->allreduce_user, c->part, red)))
             return cm_errf(err, errlen, rc, "all-reduce after the ffn of layer %d failed: %s", il, cm_strerror(rc));
     }

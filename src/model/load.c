@@ -12,7 +12,7 @@
 #include <stdio.h>
 #include <string.h>
 
-static const char *const k_arch_names[CM_ARCH_COUNT] = {"llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe"};
+static const char *const k_arch_names[CM_ARCH_COUNT] = {"llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma3", "phi3"};
 
 const char *cm_arch_name_of(enum cm_arch a) {
     return (unsigned)a < CM_ARCH_COUNT ? k_arch_names[a] : "unknown";
@@ -107,6 +107,55 @@ static int bind_blk(cm_model *m, cm_tensor *t, int il, const char *suffix, int64
     return bind(m, t, name, ne0, ne1, weight, optional, err, errlen);
 }
 
+/* gemma3: sliding-window layers and their RoPE base, q scale (llama.cpp's
+ * llm_build_gemma3_iswa and its hparams: pattern 6, local base 10000, the
+ * 27B (62 layers) scales q by 1/sqrt(n_embd / n_head)). */
+static int load_hparams_gemma3(cm_model *m, char *err, size_t errlen) {
+    cm_hparams *hp = &m->hp;
+    int rc;
+    if ((rc = get_int(m->gguf, "gemma3", "attention.sliding_window", 0, 0, 1L << 30, &hp->n_swa, err, errlen)) ||
+        (rc = get_int(m->gguf, "gemma3", "attention.sliding_window_pattern", 6, 0, 4096, &hp->swa_pattern, err, errlen)) ||
+        (rc = get_float(m->gguf, "gemma3", "rope.freq_base_swa", 10000.0, 1e-3, 1e12, &hp->rope_base_swa, err, errlen)))
+        return rc;
+    hp->attn_q_scale = hp->n_layer == 62 ? 1.0f / sqrtf((float)(hp->n_embd / hp->n_head))
+                                         : 1.0f / sqrtf((float)hp->head_dim);
+    return 0;
+}
+
+/* Rows [r0, r1) of a bound 2-D tensor, as a tensor of its own (phi3's fused
+ * weights; counted once, by bind()). */
+static cm_tensor rows_of(const cm_tensor *w, int64_t r0, int64_t r1) {
+    cm_tensor t = *w;
+    t.data = (char *)w->data + (size_t)r0 * w->nb[1];
+    t.ne[1] = r1 - r0;
+    return t;
+}
+
+/* phi3: attn_qkv [E, QD + 2 KD] or separate q/k/v; ffn_up [E, 2F] holding
+ * the gate rows then the up rows (ggml_swiglu on the fused product). */
+static int bind_phi3(cm_model *m, cm_layer *L, int il, int64_t E, int64_t QD, int64_t KD, int64_t F, char *err,
+                     size_t errlen) {
+    int rc;
+    char name[96];
+    snprintf(name, sizeof name, "blk.%d.attn_qkv.weight", il);
+    if (cm_gguf_find_tensor(m->gguf, name)) {
+        cm_tensor qkv;
+        if ((rc = bind(m, &qkv, name, E, QD + 2 * KD, true, false, err, errlen))) return rc;
+        L->wq = rows_of(&qkv, 0, QD);
+        L->wk = rows_of(&qkv, QD, QD + KD);
+        L->wv = rows_of(&qkv, QD + KD, QD + 2 * KD);
+    } else if ((rc = bind_blk(m, &L->wq, il, "attn_q.weight", E, QD, true, false, err, errlen)) ||
+               (rc = bind_blk(m, &L->wk, il, "attn_k.weight", E, KD, true, false, err, errlen)) ||
+               (rc = bind_blk(m, &L->wv, il, "attn_v.weight", E, KD, true, false, err, errlen))) {
+        return rc;
+    }
+    cm_tensor up;
+    if ((rc = bind_blk(m, &up, il, "ffn_up.weight", E, 2 * F, true, false, err, errlen))) return rc;
+    L->ffn_gate = rows_of(&up, 0, F);
+    L->ffn_up = rows_of(&up, F, 2 * F);
+    return 0;
+}
+
 static int load_hparams(cm_model *m, char *err, size_t errlen) {
     const cm_gguf *g = m->gguf;
     cm_hparams *hp = &m->hp;
@@ -163,6 +212,13 @@ static int load_hparams(cm_model *m, char *err, size_t errlen) {
     if (st && !strcmp(st, "linear") && factor > 0) hp->rope_freq_scale = 1.0f / factor;
     cm_free(st);
     hp->rope_type = hp->arch == CM_ARCH_LLAMA ? CM_ROPE_NORM : CM_ROPE_NEOX;
+    if (hp->arch == CM_ARCH_GEMMA3) return load_hparams_gemma3(m, err, errlen);
+    if (hp->arch == CM_ARCH_PHI3) { /* llm_build_phi3: ggml_scale(q, 1/sqrtf(D)) after RoPE, kq scale 1 */
+        hp->attn_q_scale = 1.0f / sqrtf((float)hp->head_dim);
+        /* llama.cpp disables phi3's sliding window (its converters fill the key wrongly); so do we */
+        if (cm_gguf_find_tensor(g, "rope_factors_long.weight"))
+            return cm_errf(err, errlen, CM_EUNSUPPORTED, "phi3 with LongRoPE factors (rope_factors_long.weight) is not supported");
+    }
     return 0;
 }
 
@@ -214,22 +270,27 @@ int cm_model_load(cm_model *m, const cm_gguf *g, char *err, size_t errlen) {
     for (int il = 0; il < hp->n_layer; il++) {
         cm_layer *L = &m->layers[il];
         bool qwen2 = hp->arch == CM_ARCH_QWEN2 || hp->arch == CM_ARCH_QWEN2MOE;
-        bool qwen3 = hp->arch == CM_ARCH_QWEN3 || hp->arch == CM_ARCH_QWEN3MOE;
+        bool gemma3 = hp->arch == CM_ARCH_GEMMA3, phi3 = hp->arch == CM_ARCH_PHI3;
+        /* qwen3, qwen3moe and gemma3 have per-head Q/K norms */
+        bool qwen3 = hp->arch == CM_ARCH_QWEN3 || hp->arch == CM_ARCH_QWEN3MOE || gemma3;
+        if (phi3 && (rc = bind_phi3(m, L, il, E, QD, KD, F, err, errlen))) goto fail;
         if ((rc = bind_blk(m, &L->attn_norm, il, "attn_norm.weight", E, 0, false, false, err, errlen)) ||
-            (rc = bind_blk(m, &L->wq, il, "attn_q.weight", E, QD, true, false, err, errlen)) ||
-            (rc = bind_blk(m, &L->wk, il, "attn_k.weight", E, KD, true, false, err, errlen)) ||
-            (rc = bind_blk(m, &L->wv, il, "attn_v.weight", E, KD, true, false, err, errlen)) ||
+            (!phi3 && (rc = bind_blk(m, &L->wq, il, "attn_q.weight", E, QD, true, false, err, errlen))) ||
+            (!phi3 && (rc = bind_blk(m, &L->wk, il, "attn_k.weight", E, KD, true, false, err, errlen))) ||
+            (!phi3 && (rc = bind_blk(m, &L->wv, il, "attn_v.weight", E, KD, true, false, err, errlen))) ||
             (rc = bind_blk(m, &L->wo, il, "attn_output.weight", QD, E, true, false, err, errlen)) ||
             (rc = bind_blk(m, &L->bq, il, "attn_q.bias", QD, 0, false, !qwen2, err, errlen)) ||
             (rc = bind_blk(m, &L->bk, il, "attn_k.bias", KD, 0, false, !qwen2, err, errlen)) ||
             (rc = bind_blk(m, &L->bv, il, "attn_v.bias", KD, 0, false, !qwen2, err, errlen)) ||
             (rc = bind_blk(m, &L->q_norm, il, "attn_q_norm.weight", D, 0, false, !qwen3, err, errlen)) ||
             (rc = bind_blk(m, &L->k_norm, il, "attn_k_norm.weight", D, 0, false, !qwen3, err, errlen)) ||
-            (rc = bind_blk(m, &L->ffn_norm, il, "ffn_norm.weight", E, 0, false, false, err, errlen)))
+            (rc = bind_blk(m, &L->ffn_norm, il, "ffn_norm.weight", E, 0, false, false, err, errlen)) ||
+            (rc = bind_blk(m, &L->attn_post_norm, il, "post_attention_norm.weight", E, 0, false, !gemma3, err, errlen)) ||
+            (rc = bind_blk(m, &L->ffn_post_norm, il, "post_ffw_norm.weight", E, 0, false, !gemma3, err, errlen)))
             goto fail;
         if (hp->n_expert ? (rc = cm_moe_bind_layer(m, il, err, errlen)) != 0
-                         : ((rc = bind_blk(m, &L->ffn_gate, il, "ffn_gate.weight", E, F, true, false, err, errlen)) ||
-                            (rc = bind_blk(m, &L->ffn_up, il, "ffn_up.weight", E, F, true, false, err, errlen)) ||
+                         : ((!phi3 && (rc = bind_blk(m, &L->ffn_gate, il, "ffn_gate.weight", E, F, true, false, err, errlen))) ||
+                            (!phi3 && (rc = bind_blk(m, &L->ffn_up, il, "ffn_up.weight", E, F, true, false, err, errlen))) ||
                             (rc = bind_blk(m, &L->ffn_down, il, "ffn_down.weight", F, E, true, false, err, errlen))))
             goto fail;
         char bname[96];

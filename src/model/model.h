@@ -46,10 +46,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-enum cm_arch { CM_ARCH_LLAMA, CM_ARCH_QWEN2, CM_ARCH_QWEN3, CM_ARCH_QWEN2MOE, CM_ARCH_QWEN3MOE, CM_ARCH_COUNT };
+enum cm_arch { CM_ARCH_LLAMA, CM_ARCH_QWEN2, CM_ARCH_QWEN3, CM_ARCH_QWEN2MOE, CM_ARCH_QWEN3MOE, CM_ARCH_GEMMA3,
+                CM_ARCH_PHI3, CM_ARCH_COUNT };
 enum cm_rope_type { CM_ROPE_NORM, CM_ROPE_NEOX, CM_ROPE_TYPE_COUNT };
 
-const char *cm_arch_name_of(enum cm_arch a); /* "llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe" */
+const char *cm_arch_name_of(enum cm_arch a); /* "llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma3", "phi3" */
 
 /* Hyperparameters, read from "<arch>.*" metadata keys. */
 typedef struct cm_hparams {
@@ -72,15 +73,32 @@ typedef struct cm_hparams {
      * n_used), "expert_shared_feed_forward_length" (qwen2moe; default n_ff). */
     int n_expert, n_expert_used, n_ff_exp, n_ff_shexp;
     bool expert_norm; /* renormalise the top-k weights to sum 1 (qwen3moe, Mixtral; not qwen2moe) */
+    /* gemma3 (zero elsewhere): layers il with il % swa_pattern < swa_pattern
+     * - 1 attend to the last n_swa positions only and rotate with
+     * rope_base_swa; the others are global. The embeddings are scaled by
+     * sqrtf(n_embd), q by attn_q_scale (softmax scale 1), and the FFN is
+     * GELU(tanh)-gated. */
+    int n_swa;           /* <arch>.attention.sliding_window */
+    int swa_pattern;     /* <arch>.attention.sliding_window_pattern (llama.cpp's rule: 6) */
+    float rope_base_swa; /* <arch>.rope.freq_base_swa (default 10000) */
+    float attn_q_scale;  /* 1/sqrt(head_dim); 27B: 1/sqrt(n_embd / n_head); phi3 too; else 0 */
 } cm_hparams;
+
+/* Is layer il a sliding-window layer? */
+static inline int cm_layer_is_swa(const cm_hparams *hp, int il) {
+    return hp->n_swa > 0 && hp->swa_pattern > 0 && il % hp->swa_pattern < hp->swa_pattern - 1;
+}
 
 /* One transformer block. Optional tensors have data == NULL. Shapes (ne[0]
  * = input features): wq [E, H*D], wk/wv [E, Hkv*D], wo [H*D, E],
- * gate/up [E, F], down [F, E]; norms and biases are F32 vectors. */
+ * gate/up [E, F], down [F, E]; norms and biases are F32 vectors. phi3's
+ * fused attn_qkv [E, (H + 2 Hkv) D] and ffn_up [E, 2F] (gate rows first)
+ * are bound as row views: wq/wk/wv and gate/up point into them. */
 typedef struct cm_layer {
     cm_tensor attn_norm, wq, wk, wv, wo;
     cm_tensor bq, bk, bv;          /* qwen2 */
-    cm_tensor q_norm, k_norm;      /* qwen3: [D], applied per head before RoPE */
+    cm_tensor q_norm, k_norm;      /* qwen3, gemma3: [D], applied per head before RoPE */
+    cm_tensor attn_post_norm, ffn_post_norm; /* gemma3: [E], on each block's output before the residual add */
     cm_tensor ffn_norm, ffn_gate, ffn_up, ffn_down;
     /* MoE layers (hp.n_expert > 0; then ffn_gate/up/down are absent):
      * router gate_inp [E, n_expert]; experts stacked as 3-D tensors
@@ -110,7 +128,7 @@ typedef struct cm_model {
 /* Bind a model to a parsed GGUF (which must outlive it). Validates the
  * architecture, hyperparameters, every tensor's presence, type and shape.
  * Errors (CM_EUNSUPPORTED / CM_EFORMAT) name the culprit:
- *   "unknown architecture 'gpt2' (supported: llama, qwen2, qwen3, qwen2moe, qwen3moe)",
+ *   "unknown architecture 'gpt2' (supported: llama, qwen2, qwen3, qwen2moe, qwen3moe, gemma3, phi3)",
  *   "missing tensor 'blk.3.ffn_up.weight'",
  *   "tensor 'blk.0.attn_q.weight' has unsupported type q2_k",
  *   "tensor 'blk.0.attn_k.weight' has shape [64, 48], expected [64, 32]".

@@ -41,7 +41,7 @@
 #define BIAS_STD 0.2f
 #define ROWS_PER_CHUNK 16
 
-enum synth_arch { A_LLAMA, A_QWEN2, A_QWEN3, A_QWEN2MOE, A_QWEN3MOE };
+enum synth_arch { A_LLAMA, A_QWEN2, A_QWEN3, A_QWEN2MOE, A_QWEN3MOE, A_GEMMA3, A_PHI3 };
 
 /* One --type: the file type id llama.cpp records and the weight type. */
 typedef struct synth_type {
@@ -87,6 +87,8 @@ static int find_arch(const char *name) {
     if (!strcmp(name, "qwen3")) return A_QWEN3;
     if (!strcmp(name, "qwen2moe")) return A_QWEN2MOE;
     if (!strcmp(name, "qwen3moe")) return A_QWEN3MOE;
+    if (!strcmp(name, "gemma3")) return A_GEMMA3;
+    if (!strcmp(name, "phi3")) return A_PHI3;
     return -1;
 }
 
@@ -121,7 +123,7 @@ static bool use_more_bits(int i, int n) { return i < n / 8 || i >= 7 * n / 8 || 
 int cm_synth_check(const cm_synth_params *p, char *err, size_t errlen) {
     const synth_type *st = find_type(p->type);
     if (find_arch(p->arch) < 0)
-        return cm_errf(err, errlen, CM_EINVAL, "unknown architecture '%s' (supported: llama, qwen2, qwen3, qwen2moe, qwen3moe)",
+        return cm_errf(err, errlen, CM_EINVAL, "unknown architecture '%s' (supported: llama, qwen2, qwen3, qwen2moe, qwen3moe, gemma3, phi3)",
                        p->arch ? p->arch : "");
     if (!st)
         return cm_errf(err, errlen, CM_EINVAL, "unknown type '%s' (supported: %s)", p->type ? p->type : "",
@@ -469,15 +471,16 @@ int cm_synth_write(const cm_synth_params *p, const cm_gguf *vocab, const char *p
     const int E = p->n_embd, L = p->n_layer, H = p->n_head, HKV = p->n_head_kv, F = p->n_ff;
     const int D = E / H;
     const float rope_base = p->rope_base > 0 ? p->rope_base
-                            : arch != A_LLAMA ? 1e6f
+                            : arch != A_LLAMA && arch != A_PHI3 ? 1e6f
                             : p->rope_llama3  ? 500000.0f
                                               : 10000.0f;
-    const float eps = arch == A_LLAMA ? 1e-5f : 1e-6f;
-    const bool qwen2b = arch == A_QWEN2 || arch == A_QWEN2MOE, qwen3n = arch == A_QWEN3 || arch == A_QWEN3MOE;
+    const float eps = arch == A_LLAMA || arch == A_PHI3 ? 1e-5f : 1e-6f;
+    const bool qwen2b = arch == A_QWEN2 || arch == A_QWEN2MOE;
+    const bool qwen3n = arch == A_QWEN3 || arch == A_QWEN3MOE || arch == A_GEMMA3; /* per-head Q/K norms */
     const int X = p->n_expert, FX = exp_ff(p, arch), FSH = shexp_ff(p, arch);
 
     synth_run R = {.p = p};
-    synth_plan P = {.cap = 4 + L * 20};
+    synth_plan P = {.cap = 4 + L * 22};
     float *freqs = NULL;
     cm_gguf_writer *w = NULL;
     P.t = cm_calloc((size_t)P.cap, sizeof *P.t);
@@ -490,7 +493,9 @@ int cm_synth_write(const cm_synth_params *p, const cm_gguf *vocab, const char *p
     const enum cm_type head_t = st->mix_q4_k_m ? CM_TYPE_Q6_K : wt;
     const enum cm_type embd_t = p->tied ? head_t : wt;
     const float head_std = LOGIT_STD / sqrtf((float)E);
-    const float embd_std = p->tied ? head_std : 1.0f;
+    /* gemma3 scales the embeddings by sqrt(n_embd): drawn at 1/sqrt(n_embd),
+     * the stream starts at unit size like the other architectures'. */
+    const float embd_std = p->tied ? head_std : arch == A_GEMMA3 ? 1.0f / sqrtf((float)E) : 1.0f;
     /* Tied: the embedding must be small to serve as the head, and a token's
      * own embedding would then dominate its own logit (|e|^2 = 16 against
      * logits of std 4: one-hot repeats), so the layers write at std ~2 and
@@ -515,12 +520,17 @@ int cm_synth_write(const cm_synth_params *p, const cm_gguf *vocab, const char *p
 #define T(suffix, type, ne0, rows, mean, std) \
     (snprintf(n, sizeof n, "blk.%d." suffix, l), add(&P, &R, n, type, ne0, rows, mean, std))
         T("attn_norm.weight", CM_TYPE_F32, E, 1, 1, NORM_NOISE);
-        T("attn_q.weight", wt, E, H * D, 0, 1 / sqrtf((float)E));
-        if (qwen2b) T("attn_q.bias", CM_TYPE_F32, H * D, 1, 0, BIAS_STD);
-        T("attn_k.weight", k_t, E, HKV * D, 0, 1 / sqrtf((float)E));
-        if (qwen2b) T("attn_k.bias", CM_TYPE_F32, HKV * D, 1, 0, BIAS_STD);
-        T("attn_v.weight", v_t, E, HKV * D, 0, 1 / sqrtf((float)E));
-        if (qwen2b) T("attn_v.bias", CM_TYPE_F32, HKV * D, 1, 0, BIAS_STD);
+        if (arch == A_PHI3) {
+            /* fused q, k, v rows; llama.cpp's Q4_K_M makes it Q5_K */
+            T("attn_qkv.weight", st->mix_q4_k_m ? CM_TYPE_Q5_K : wt, E, (H + 2 * HKV) * D, 0, 1 / sqrtf((float)E));
+        } else {
+            T("attn_q.weight", wt, E, H * D, 0, 1 / sqrtf((float)E));
+            if (qwen2b) T("attn_q.bias", CM_TYPE_F32, H * D, 1, 0, BIAS_STD);
+            T("attn_k.weight", k_t, E, HKV * D, 0, 1 / sqrtf((float)E));
+            if (qwen2b) T("attn_k.bias", CM_TYPE_F32, HKV * D, 1, 0, BIAS_STD);
+            T("attn_v.weight", v_t, E, HKV * D, 0, 1 / sqrtf((float)E));
+            if (qwen2b) T("attn_v.bias", CM_TYPE_F32, HKV * D, 1, 0, BIAS_STD);
+        }
         if (qwen3n) {
             T("attn_q_norm.weight", CM_TYPE_F32, D, 1, 1, NORM_NOISE);
             T("attn_k_norm.weight", CM_TYPE_F32, D, 1, 1, NORM_NOISE);
@@ -539,10 +549,22 @@ int cm_synth_write(const cm_synth_params *p, const cm_gguf *vocab, const char *p
                 T("ffn_up_shexp.weight", wt, E, FSH, 0, 1 / sqrtf((float)E));
                 T("ffn_down_shexp.weight", down_t, FSH, E, 0, res_scale / sqrtf((float)FSH));
             }
+        } else if (arch == A_PHI3) { /* fused: gate rows, then up rows */
+            T("ffn_up.weight", wt, E, 2 * F, 0, 1 / sqrtf((float)E));
+            T("ffn_down.weight", down_t, F, E, 0, res_scale / sqrtf((float)F));
         } else {
             T("ffn_gate.weight", wt, E, F, 0, 1 / sqrtf((float)E));
             T("ffn_up.weight", wt, E, F, 0, 1 / sqrtf((float)E));
             T("ffn_down.weight", down_t, F, E, 0, res_scale / sqrtf((float)F));
+        }
+        if (arch == A_GEMMA3) {
+            /* The post-norms fix each block's output at the RMS of their
+             * weights. Tied, the scaled embedding has std LOGIT_STD (16x
+             * the head's 0.25): weights of 2 * LOGIT_STD let the 2L blocks
+             * outgrow it (else every logit is a one-hot repeat). */
+            const float pn = p->tied ? 2 * LOGIT_STD : 1;
+            T("post_attention_norm.weight", CM_TYPE_F32, E, 1, pn, pn * NORM_NOISE);
+            T("post_ffw_norm.weight", CM_TYPE_F32, E, 1, pn, pn * NORM_NOISE);
         }
 #undef T
     }
@@ -555,7 +577,9 @@ int cm_synth_write(const cm_synth_params *p, const cm_gguf *vocab, const char *p
 #define K(fmt) (snprintf(key, sizeof key, "%s." fmt, p->arch), key)
     cm_gguf_w_str(w, "general.architecture", p->arch);
     char name[64];
-    snprintf(name, sizeof name, "synth-%s-%s", p->arch, st->name);
+    /* llama.cpp sets Phi-3 token attributes by general.name ("phi3" in it:
+     * it looks up <|endoftext|>, absent from most vocabularies) */
+    snprintf(name, sizeof name, "synth-%s-%s", arch == A_PHI3 ? "phi_3" : p->arch, st->name);
     cm_gguf_w_str(w, "general.name", name);
     cm_gguf_w_u32(w, "general.file_type", st->ftype);
     if (wt != CM_TYPE_F32 && wt != CM_TYPE_F16 && wt != CM_TYPE_BF16)
@@ -578,6 +602,9 @@ int cm_synth_write(const cm_synth_params *p, const cm_gguf *vocab, const char *p
         cm_gguf_w_u32(w, K("attention.key_length"), (uint32_t)D);
         cm_gguf_w_u32(w, K("attention.value_length"), (uint32_t)D);
     }
+    /* gemma3: a short window so that short prompts cross it; llama.cpp's
+     * rule makes every 6th layer global (no pattern key is written). */
+    if (arch == A_GEMMA3) cm_gguf_w_u32(w, K("attention.sliding_window"), (uint32_t)(p->n_swa > 0 ? p->n_swa : 8));
     cm_gguf_w_f32(w, K("rope.freq_base"), rope_base);
     cm_gguf_w_u32(w, K("rope.dimension_count"), (uint32_t)D);
 #undef K

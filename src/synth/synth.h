@@ -1,7 +1,7 @@
 /*
  * synth: random-weight models with exactly the metadata keys, tensor names,
  * shapes and types a real GGUF of the architecture has (llama, qwen2, qwen3,
- * and the mixture-of-experts qwen2moe, qwen3moe and llama with experts),
+ * gemma3, phi3, and the mixture-of-experts qwen2moe, qwen3moe and llama with experts),
  * so that tests and demos can exercise every architecture x tensor type
  * without downloading anything, and llama.cpp loads the same file.
  *
@@ -28,7 +28,7 @@
 #include <stdint.h>
 
 typedef struct cm_synth_params {
-    const char *arch;   /* "llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe" */
+    const char *arch;   /* "llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma3", "phi3" */
     int n_embd;         /* model dim; a multiple of the weight type's block size (256 for K-quants) */
     int n_layer;
     int n_head;         /* n_embd % n_head == 0; head_dim = n_embd / n_head, even */
@@ -44,6 +44,7 @@ typedef struct cm_synth_params {
     float rope_base;    /* 0 = the architecture's usual (llama 10000, with llama3 scaling 500000, qwen 1e6) */
     bool rope_llama3;   /* Llama 3.1 rope scaling: rope_freqs.weight (factor 8, low 1, high 4, original ctx 8192) */
     bool tied;          /* no output.weight: the head reuses token_embd */
+    int n_swa;          /* gemma3: attention.sliding_window; 0 = 8 */
     uint64_t seed;
     int n_threads;      /* 0 = all CPUs; never changes the output */
     /* Called after each tensor with bytes done / total (total is the tensor data size). */
