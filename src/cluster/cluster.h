@@ -201,9 +201,8 @@ int cm_pipe_recover(cm_pipe *p, char *err, size_t errlen);
  * the planner on every reachable node (this machine keeps its layers) and
  * switches to that plan unless it is predicted more than 10% slower (a
  * failed pipe switches whenever the plan fits again). A tensor-parallel
- * group is re-formed the same way (the caller takes cm_pipe_tp_slice
- * again); a hybrid plan goes back to its opening plan once every member of
- * it is back. Returns 1 when the plan changed (sessions then resend, as
+ * group and a hybrid plan are re-planned the same way (the caller takes
+ * cm_pipe_tp_slice again). Returns 1 when the plan changed (sessions then resend, as
  * after cm_pipe_recover), 0 when not, or an error (the pipe is then failed,
  * as after cm_pipe_recover). */
 #define CM_PIPE_REJOIN_MS 5000
