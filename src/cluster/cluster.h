@@ -22,9 +22,11 @@
 #define CM_CLUSTER_H
 
 #include "base/base.h"
+#include "cluster/member.h"
 #include "gguf/gguf.h"
 #include "model/model.h"
 #include "sampler/sampler.h"
+#include "sched/plan.h"
 
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -121,12 +123,7 @@ typedef struct cm_pipe_opts {
     double auto_wait_s;      /* mDNS browse time for "auto" (0: 3 s) */
     bool insecure;
     const char *key_file;
-    const char *layers;      /* optional: layers per stage, coordinator first ("2,1,2") */
-    const char *parallel;    /* NULL / "pp": pipeline; "tp": one tensor-parallel group of every machine;
-                              * "hybrid": tensor-parallel groups as pipeline stages; "auto": the best predicted */
-    const char *tp_weights;  /* optional, TP/hybrid: relative speed per member, this machine first ("1,2,1") */
-    const char *groups;      /* optional: members per pipeline stage, this machine's group first ("2,2");
-                              * implies hybrid (or tp for one group, pp for all ones) */
+    cm_plan_request plan;    /* the shape asked for (mode, layer split, groups, speeds); zero: the planner's pipeline */
     bool tp_compress;        /* all-reduce transfers as 8-bit Q8_0 blocks (--tp-compress) */
     int n_ctx;               /* positions per sequence */
     int n_seq_max;           /* concurrent sequences (KV on every node) */
@@ -247,25 +244,9 @@ int cm_pipe_stage0_size(const cm_pipe *p); /* members of this machine's group (1
 /* Top logprobs the last stage sent with the slot's latest token (n <= max). */
 int cm_pipe_last_top(cm_pipe *p, int slot, int32_t *ids, float *logprobs, int max);
 
-/* One machine of the plan as the coordinator knows it (for the dashboard):
- * its stage and layers, its tensor-parallel slice, the facts of its HELLO
- * (taken when it connected) and the link this machine measured to it. */
-typedef struct cm_pipe_member_info {
-    int stage;                    /* 0: this machine's stage */
-    int first_layer, last_layer;  /* [first, last) */
-    int n_members, member;        /* tensor-parallel group size and index (1, 0: whole layers) */
-    int kv_head_begin, kv_head_end, ffn_begin, ffn_end;
-    bool local;                   /* this machine */
-    char addr[80], name[64];      /* addr "" for this machine */
-    uint32_t cores;
-    uint64_t mem_total, mem_free; /* bytes, at connect (HELLO) */
-    uint64_t weight_bytes, kv_bytes; /* planned for this member */
-    double gflops;
-    double rtt_s, bw;             /* this machine -> it, measured at connect; 0 for this machine */
-    bool link_measured;           /* first member of stage >= 1: the hop into it (previous stage's first */
-    double link_rtt_s, link_bw;   /* member -> it) was measured (else estimated); its rtt and bytes/s */
-} cm_pipe_member_info;
-/* Fills up to max entries, stage order; returns how many there are. */
-int cm_pipe_members(const cm_pipe *p, cm_pipe_member_info *out, int max);
+/* The machines of the plan (cluster/member.h), for the dashboard: fills up
+ * to max entries, stage order; returns how many there are. Thread-safe
+ * against a re-plan. */
+int cm_pipe_members(const cm_pipe *p, cm_cluster_member *out, int max);
 
 #endif

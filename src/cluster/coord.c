@@ -246,123 +246,103 @@ static void make_cluster(cm_pipe *p, cm_plan_cluster *c) {
             }
 }
 
-/* "a,b,c" of positive counts into v (at most max); the count, or an error. */
-static int parse_counts(const char *what, const char *str, int *v, int max, char *err, size_t errlen) {
-    int n = 0;
-    for (const char *s = str; *s;) {
-        char *e;
-        long x = strtol(s, &e, 10);
-        if (e == s || x < 1 || x > 65536 || n == max || (*e && *e != ','))
-            return cm_errf(err, errlen, CM_EINVAL, "%s '%s': expected at most %d positive counts like 2,2", what, str, max);
-        v[n++] = (int)x;
-        s = *e ? e + 1 : e;
-    }
-    return n ? n : cm_errf(err, errlen, CM_EINVAL, "%s is empty", what);
+/* "2,1,2" for a plan's why. */
+static void counts_text(const int *v, int n, char *buf, size_t cap) {
+    size_t o = 0;
+    buf[0] = 0;
+    for (int i = 0; i < n && o < cap; i++) o += (size_t)snprintf(buf + o, cap - o, "%s%d", i ? "," : "", v[i]);
 }
 
-/* The plan of --groups "2,2" (members per stage, this machine's group first;
- * --layers may split the layers between the groups). */
-static int plan_groups(const cm_pipe_opts *o, const cm_plan_opts *po, const cm_plan_model *pm,
-                       const cm_plan_cluster *pc, cm_plan *plan, char *err, size_t errlen) {
-    int g[CM_PLAN_MAX_NODES], group_of[CM_PLAN_MAX_NODES];
-    int n = parse_counts("--groups", o->groups, g, CM_PLAN_MAX_NODES, err, errlen);
-    if (n < 0) return n;
-    int at = 0;
-    for (int i = 0; i < n; i++)
-        for (int j = 0; j < g[i]; j++, at++) {
-            if (at == pc->n_nodes)
-                return cm_errf(err, errlen, CM_EINVAL, "--groups %s names more members than the %d machines", o->groups,
-                               pc->n_nodes);
-            group_of[at] = i;
-        }
-    for (; at < pc->n_nodes; at++) group_of[at] = -1; /* machines left out of the plan */
-    int rc = cm_plan_for_groups(pm, pc, po, group_of, plan, err, errlen);
-    if (rc) return rc;
-    if (o->layers && *o->layers) {
-        int c[CM_PLAN_MAX_NODES], sum = 0;
-        int nl = parse_counts("--layers", o->layers, c, CM_PLAN_MAX_NODES, err, errlen);
-        if (nl < 0) return nl;
-        if (nl != plan->n_stages)
-            return cm_errf(err, errlen, CM_EINVAL, "--layers names %d stages, --groups %d", nl, plan->n_stages);
-        for (int i = 0; i < nl; i++) sum += c[i];
-        if (sum != pm->n_layers)
-            return cm_errf(err, errlen, CM_EINVAL, "--layers adds up to %d, the model has %d layers", sum, pm->n_layers);
-        for (int s = 0, l = 0; s < plan->n_stages; s++) {
-            plan->stages[s].first_layer = l;
-            l += c[s];
-            plan->stages[s].last_layer = l;
-        }
-        cm_plan_predict(pm, pc, po, plan);
+/* A request from an API caller is checked like bytes from outside (the CLI
+ * checked its own already). */
+static int check_request(const cm_plan_request *q, const cm_plan_model *pm, char *err, size_t errlen) {
+    int sum = 0;
+    if (q->n_split < 0 || q->n_split > CM_PLAN_MAX_NODES || q->n_groups < 0 || q->n_groups > CM_PLAN_MAX_NODES ||
+        q->n_weights < 0 || q->n_weights > CM_PLAN_MAX_NODES || (q->mode_set && (q->mode < 0 || q->mode >= CM_PARALLEL_COUNT)))
+        return cm_errf(err, errlen, CM_EINVAL, "plan request out of range");
+    if (q->n_groups && q->n_split && q->n_split != q->n_groups)
+        return cm_errf(err, errlen, CM_EINVAL, "a layer split of %d stages for %d groups", q->n_split, q->n_groups);
+    if (q->mode_set && q->mode == CM_PARALLEL_TP && q->n_split)
+        return cm_errf(err, errlen, CM_EINVAL, "a layer split makes a pipeline, not one tensor-parallel group");
+    for (int i = 0; i < q->n_split; i++) {
+        if (q->split[i] < 1) return cm_errf(err, errlen, CM_EINVAL, "a layer split with a stage of %d layers", q->split[i]);
+        sum += q->split[i];
     }
-    snprintf(plan->why, sizeof plan->why, "groups of %s members set by --groups%s%s", o->groups,
-             o->layers && *o->layers ? ", layers by --layers " : "", o->layers && *o->layers ? o->layers : "");
+    for (int i = 0; i < q->n_groups; i++)
+        if (q->groups[i] < 1) return cm_errf(err, errlen, CM_EINVAL, "a group of %d members", q->groups[i]);
+    for (int i = 0; i < q->n_weights; i++)
+        if (!(q->weights[i] > 0) || q->weights[i] > 1e6)
+            return cm_errf(err, errlen, CM_EINVAL, "a relative speed of %g", q->weights[i]);
+    if (q->n_split && sum != pm->n_layers)
+        return cm_errf(err, errlen, CM_EINVAL, "the layer split adds up to %d, the model has %d layers", sum, pm->n_layers);
     return 0;
 }
 
+/* Stage s of plan takes the layer count split[s] (checked), in order. */
+static void apply_split(const cm_plan_request *q, cm_plan *plan) {
+    for (int s = 0, at = 0; s < plan->n_stages; s++) {
+        plan->stages[s].first_layer = at;
+        at += q->split[s];
+        plan->stages[s].last_layer = at;
+    }
+}
+
+/* The opening question: the planner's plan for the user's request (the
+ * mode, a layer split, groups, relative speeds) over every connected node. */
 static int make_plan(cm_pipe *p, const cm_pipe_opts *o, cm_plan *plan, cm_plan_model *pm, cm_plan_cluster *pc,
                      char *err, size_t errlen) {
+    const cm_plan_request *q = &o->plan;
     int rc = cm_plan_model_from_gguf(p->g, pm, err, errlen);
+    if (!rc) rc = check_request(q, pm, err, errlen);
     if (rc) return rc;
     make_cluster(p, pc);
     cm_plan_opts po;
     cm_plan_opts_default(&po);
     po.ctx = p->n_ctx;
     po.n_seq = p->n_seq;
-    po.mode = CM_PARALLEL_PP;
+    po.mode = q->mode_set ? q->mode : q->n_groups ? CM_PARALLEL_HYBRID : CM_PARALLEL_PP;
     po.reorder = true; /* the pipeline's order follows the measured links */
-    if (o->parallel && *o->parallel) {
-        int mode = cm_parallel_from_name(o->parallel);
-        if (mode < 0)
-            return cm_errf(err, errlen, CM_EINVAL, "--parallel '%s': expected pp, tp, hybrid or auto", o->parallel);
-        po.mode = (enum cm_parallel)mode;
-    }
-    if (o->groups && *o->groups && !(o->parallel && *o->parallel)) po.mode = CM_PARALLEL_HYBRID;
-    if (po.mode != CM_PARALLEL_PP && o->tp_weights && *o->tp_weights) {
-        /* Relative speeds (tests, or known-unequal machines): scale each
-         * member's measured compute and memory bandwidth. */
-        int i = 0;
-        for (const char *s = o->tp_weights; *s && i < pc->n_nodes; i++) {
-            char *e;
-            double w = strtod(s, &e);
-            if (e == s || !(w > 0) || w > 1e6 || (*e && *e != ','))
-                return cm_errf(err, errlen, CM_EINVAL, "--tp-weights '%s': expected positive numbers like 1,2,1", o->tp_weights);
-            pc->nodes[i].flops *= w;
-            pc->nodes[i].mem_bw *= w;
-            s = *e ? e + 1 : e;
+    if (po.mode != CM_PARALLEL_PP) /* relative speeds (tests, or known-unequal machines) */
+        for (int i = 0; i < q->n_weights && i < pc->n_nodes; i++) {
+            pc->nodes[i].flops *= q->weights[i];
+            pc->nodes[i].mem_bw *= q->weights[i];
         }
-    }
-    if (po.mode == CM_PARALLEL_TP && o->layers && *o->layers)
-        return cm_errf(err, errlen, CM_EINVAL, "--layers splits a pipeline; it does not go with --parallel tp");
-    if (o->groups && *o->groups) return plan_groups(o, &po, pm, pc, plan, err, errlen);
-    if (!o->layers || !*o->layers) return cm_plan_make(pm, pc, &po, plan, err, errlen);
-    /* Explicit split: layers per stage, this machine first. */
-    int counts[CM_PLAN_MAX_NODES], n = 0, sum = 0;
-    for (const char *s = o->layers; *s;) {
-        char *e;
-        long v = strtol(s, &e, 10);
-        if (e == s || v < 1 || n == CM_PLAN_MAX_NODES)
-            return cm_errf(err, errlen, CM_EINVAL, "--layers '%s': expected positive counts like 2,1,2", o->layers);
-        counts[n++] = (int)v;
-        sum += (int)v;
-        s = *e == ',' ? e + 1 : e;
-        if (*e && *e != ',') return cm_errf(err, errlen, CM_EINVAL, "--layers '%s': expected counts like 2,1,2", o->layers);
-    }
-    if (sum != pm->n_layers)
-        return cm_errf(err, errlen, CM_EINVAL, "--layers adds up to %d, the model has %d layers", sum, pm->n_layers);
-    if (n > pc->n_nodes)
-        return cm_errf(err, errlen, CM_EINVAL, "--layers names %d stages for %d machines", n, pc->n_nodes);
+    char split[200];
+    counts_text(q->split, q->n_split, split, sizeof split);
     int group_of[CM_PLAN_MAX_NODES];
-    for (int i = 0; i < pc->n_nodes; i++) group_of[i] = i < n ? i : -1;
+    if (q->n_groups) { /* members per stage, in the cluster's order */
+        int at = 0;
+        for (int i = 0; i < q->n_groups; i++)
+            for (int j = 0; j < q->groups[i]; j++, at++) {
+                if (at == pc->n_nodes) {
+                    int want = 0;
+                    for (int k = 0; k < q->n_groups; k++) want += q->groups[k];
+                    return cm_errf(err, errlen, CM_EINVAL, "the groups name %d members for %d machines", want, pc->n_nodes);
+                }
+                group_of[at] = i;
+            }
+        for (; at < pc->n_nodes; at++) group_of[at] = -1; /* machines left out of the plan */
+        rc = cm_plan_for_groups(pm, pc, &po, group_of, plan, err, errlen);
+        if (rc) return rc;
+        if (q->n_split) {
+            apply_split(q, plan);
+            cm_plan_predict(pm, pc, &po, plan);
+        }
+        char g[200];
+        counts_text(q->groups, q->n_groups, g, sizeof g);
+        snprintf(plan->why, sizeof plan->why, "groups of %s members set by --groups%s%s", g,
+                 q->n_split ? ", layers by --layers " : "", q->n_split ? split : "");
+        return 0;
+    }
+    if (!q->n_split) return cm_plan_make(pm, pc, &po, plan, err, errlen);
+    if (q->n_split > pc->n_nodes)
+        return cm_errf(err, errlen, CM_EINVAL, "a split of %d stages for %d machines", q->n_split, pc->n_nodes);
+    for (int i = 0; i < pc->n_nodes; i++) group_of[i] = i < q->n_split ? i : -1;
     rc = cm_plan_for_groups(pm, pc, &po, group_of, plan, err, errlen);
     if (rc) return rc;
-    int at = 0;
-    for (int s = 0; s < plan->n_stages; s++) {
-        plan->stages[s].first_layer = at;
-        at += counts[s];
-        plan->stages[s].last_layer = at;
-    }
+    apply_split(q, plan);
     cm_plan_predict(pm, pc, &po, plan);
-    snprintf(plan->why, sizeof plan->why, "layers split by --layers %s", o->layers);
+    snprintf(plan->why, sizeof plan->why, "layers split by --layers %s", split);
     return 0;
 }
 

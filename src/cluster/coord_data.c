@@ -136,7 +136,7 @@ int cm_pipe_recv_token(cm_pipe *p, int slot_i, int32_t *token, float *logprob, c
     return rc;
 }
 
-int cm_pipe_members(const cm_pipe *p, cm_pipe_member_info *out, int max) {
+int cm_pipe_members(const cm_pipe *p, cm_cluster_member *out, int max) {
     cm_pipe *q = (cm_pipe *)p; /* the lock, not the record, changes */
     pthread_mutex_lock(&q->info_mu);
     int n = p->n_members;

@@ -100,7 +100,7 @@ struct cm_pipe {
      * info_mu, a lock of its own that the data path never takes. */
     pthread_mutex_t info_mu;
     int n_members;
-    cm_pipe_member_info members[CM_PLAN_MAX_NODES * 2];
+    cm_cluster_member members[CM_PLAN_MAX_NODES * 2];
     uint64_t next_rejoin_ns; /* coord_recover.c: next redial of lost nodes (cm_pipe_maintain) */
     bool gave_up;            /* coord_recover.c: recovery failed; returning nodes retry it, or the rejoin interval */
     uint64_t gave_up_ns;     /* when it gave up */

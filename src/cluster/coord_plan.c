@@ -119,13 +119,13 @@ static int wait_ready(cm_pipe *p, const cm_plan *plan, int timeout_s, char *err,
 static void publish_members(cm_pipe *p, const cm_plan *plan) {
     cm_node_caps me;
     cm_node_caps_get(&me);
-    cm_pipe_member_info tmp[CM_ARRAY_LEN(p->members)];
+    cm_cluster_member tmp[CM_ARRAY_LEN(p->members)];
     int nm = 0;
     for (int s = 0; s < plan->n_stages; s++) {
         const cm_plan_stage *st = &plan->stages[s];
         for (int k = 0; k < st->n_members && nm < (int)CM_ARRAY_LEN(tmp); k++) {
             const cm_plan_member *mb = &st->members[k];
-            cm_pipe_member_info *o = &tmp[nm++];
+            cm_cluster_member *o = &tmp[nm++];
             memset(o, 0, sizeof *o);
             o->stage = s;
             o->first_layer = st->first_layer;

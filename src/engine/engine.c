@@ -75,8 +75,7 @@ int cm_engine_load(cm_engine **out, const char *path, const cm_engine_opts *opts
     e->test_cluster_delay_ms = pd ? (unsigned)atoi(pd) : 0;
     if (o.nodes && *o.nodes) {
         if (e->n_batch > 256) e->n_batch = 256;
-        cm_pipe_opts po = {.nodes = o.nodes, .insecure = o.insecure, .key_file = o.key_file, .layers = o.layers,
-                           .parallel = o.parallel, .tp_weights = o.tp_weights, .groups = o.groups,
+        cm_pipe_opts po = {.nodes = o.nodes, .insecure = o.insecure, .key_file = o.key_file, .plan = o.plan,
                            .tp_compress = o.tp_compress, .n_ctx = e->n_ctx, .n_seq_max = o.n_seq > 0 ? o.n_seq : 8, .max_batch = e->n_batch,
                            .log = o.log, .log_ctx = o.log_ctx};
         rc = cm_pipe_open(&e->pipe, path, &e->g, &e->m, &po, &e->local_last, msg, sizeof msg);
@@ -210,38 +209,7 @@ bool cm_engine_hop_stats(const cm_engine *e, uint64_t *bytes, uint64_t *frames, 
 
 int cm_engine_members(const cm_engine *e, cm_engine_member *out, int max) {
     const cm_pipe *p = e->pipe ? e->pipe : e->tp; /* a TP group of every machine is e->tp */
-    if (!p) return 0;
-    cm_pipe_member_info in[32]; /* more than a plan has (16 nodes) */
-    int n = cm_pipe_members(p, in, (int)CM_ARRAY_LEN(in));
-    for (int i = 0; i < n && i < max && i < (int)CM_ARRAY_LEN(in); i++) {
-        const cm_pipe_member_info *a = &in[i];
-        cm_engine_member *o = &out[i];
-        memset(o, 0, sizeof *o);
-        o->stage = a->stage;
-        o->first_layer = a->first_layer;
-        o->last_layer = a->last_layer;
-        o->n_members = a->n_members;
-        o->member = a->member;
-        o->kv_head_begin = a->kv_head_begin;
-        o->kv_head_end = a->kv_head_end;
-        o->ffn_begin = a->ffn_begin;
-        o->ffn_end = a->ffn_end;
-        o->local = a->local;
-        memcpy(o->addr, a->addr, sizeof o->addr);
-        memcpy(o->name, a->name, sizeof o->name);
-        o->cores = a->cores;
-        o->mem_total = a->mem_total;
-        o->mem_free = a->mem_free;
-        o->weight_bytes = a->weight_bytes;
-        o->kv_bytes = a->kv_bytes;
-        o->gflops = a->gflops;
-        o->rtt_s = a->rtt_s;
-        o->bw = a->bw;
-        o->link_measured = a->link_measured;
-        o->link_rtt_s = a->link_rtt_s;
-        o->link_bw = a->link_bw;
-    }
-    return n;
+    return p ? cm_pipe_members(p, out, max) : 0;
 }
 
 int cm_engine_type_usage(const cm_engine *e, cm_type_usage *out, int max) {
