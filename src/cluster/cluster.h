@@ -217,30 +217,28 @@ int cm_pipe_generation(const cm_pipe *p);
  * number of hidden-state rows carried. */
 void cm_pipe_hop_stats(const cm_pipe *p, uint64_t *bytes, uint64_t *frames, uint64_t *rows);
 
-/* ---- tensor parallel (opts.parallel "tp") ----
- * The coordinator is rank 0 of a group of every machine: it computes every
- * layer on its slice, all-reduces with the nodes and samples itself. Per
- * evaluation it first sends the token ids to every node (cm_pipe_tp_send),
- * then runs cm_forward with the slice and cm_pipe_tp_allreduce. */
+/* ---- this machine's stage, whatever the plan's shape ----
+ * Stage 0 runs here: layers [0, local_last) on the slice cm_pipe_tp_slice of
+ * a group of cm_pipe_tp_size members (1: whole layers, alone). When the plan
+ * is one stage (cm_pipe_is_tp: one tensor-parallel group of every machine)
+ * this machine computes every layer and samples itself; otherwise its
+ * output goes to stage 1 (cm_pipe_send) and the last stage samples
+ * (cm_pipe_recv_token). */
 bool cm_pipe_is_tp(const cm_pipe *p);
 int cm_pipe_tp_size(const cm_pipe *p);
 cm_slice cm_pipe_tp_slice(const cm_pipe *p);
-void *cm_pipe_tp_coll(const cm_pipe *p); /* allreduce_user for cm_forward_args (the pipe) */
-int cm_pipe_tp_allreduce(void *user, float *x, int64_t n); /* cm_allreduce_fn; a failure fails the pipe */
-/* Send n token ids at pos[], sequence slots seq[], to every member. */
-int cm_pipe_tp_send(cm_pipe *p, const int32_t *tokens, const int32_t *pos, const int32_t *seq, int n,
-                    char *err, size_t errlen);
 /* This member's all-reduce traffic: element bytes and whole frames sent,
  * operations, and token rows sent to the members. */
 void cm_pipe_tp_stats(const cm_pipe *p, uint64_t *data_sent, uint64_t *wire_sent, uint64_t *ops, uint64_t *rows);
-
-/* ---- hybrid (tensor-parallel groups as pipeline stages) ----
- * The pipe is a pipeline (cm_pipe_send, cm_pipe_recv_token) whose stage 0 may
- * be a group: this machine is its rank 0. Before each stage-0 forward pass the
- * engine sends the token ids to the other stage-0 members (cm_pipe_tp_send)
- * and passes cm_pipe_tp_allreduce / cm_pipe_tp_coll to cm_forward with
- * cm_pipe_tp_slice; cm_pipe_tp_size is then > 1. */
-int cm_pipe_stage0_size(const cm_pipe *p); /* members of this machine's group (1: whole layers) */
+/* Stage 0's one contract, whatever the plan's shape: call before this
+ * machine's forward pass over n rows (token ids, positions, sequence slots),
+ * under the caller's lock that orders the rows. The other members of its
+ * group get the token ids (they embed them and meet us in the
+ * all-reduces), and a->allreduce / allreduce_user become the group's
+ * all-reduce, or NULL when this machine is alone in its stage. The slice is
+ * cm_pipe_tp_slice's. A failure fails the pipe. */
+int cm_pipe_stage0(cm_pipe *p, const int32_t *tokens, const int32_t *pos, const int32_t *slots, int n,
+                   cm_forward_args *a, char *err, size_t errlen);
 /* Top logprobs the last stage sent with the slot's latest token (n <= max). */
 int cm_pipe_last_top(cm_pipe *p, int slot, int32_t *ids, float *logprobs, int max);
 

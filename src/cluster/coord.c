@@ -369,13 +369,15 @@ int cm_pipe_open(cm_pipe **out, const char *model_path, const cm_gguf *g, const 
     p->n_ctx = o->n_ctx > 0 ? o->n_ctx : 2048;
     p->max_batch = o->max_batch > 0 ? CM_MIN(o->max_batch, 256) : 64;
     p->timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : 60000;
+    /* The coordinator's environment, read here once (tests tighten the bounds). */
     p->lost_ms = CM_PIPE_LOST_MS;
-    {
-        const char *env = getenv("CUMULO_LOST_MS"); /* tests: a tighter or looser bound */
-        if (env && atoi(env) >= 200) p->lost_ms = atoi(env);
-        env = getenv("CUMULO_TOKEN_TIMEOUT_MS"); /* tests: the token deadline of cm_pipe_recv_token */
-        if (env && atoi(env) >= 200) p->timeout_ms = atoi(env);
-    }
+    const char *env = getenv("CUMULO_LOST_MS");
+    if (env && atoi(env) >= 200) p->lost_ms = atoi(env);
+    env = getenv("CUMULO_TOKEN_TIMEOUT_MS"); /* the token deadline of cm_pipe_recv_token */
+    if (env && atoi(env) >= 200) p->timeout_ms = atoi(env);
+    env = getenv("CUMULO_REJOIN_MS"); /* how often cm_pipe_maintain acts */
+    p->rejoin_ms = env && atoi(env) >= 100 ? atoi(env) : CM_PIPE_REJOIN_MS;
+    p->no_recover = getenv("CUMULO_TEST_NO_RECOVER") != NULL; /* cluster_failover.sh shows it fails without */
     p->log = o->log;
     p->log_ctx = o->log_ctx;
     p->epoch = cm_wall_ms();

@@ -168,7 +168,6 @@ int cm_coord_send_group0(cm_pipe *p, const cm_msg *m, char *err, size_t errlen) 
     return 0;
 }
 
-int cm_pipe_stage0_size(const cm_pipe *p) { return p ? p->plan.stages[0].n_members : 1; }
 
 int cm_pipe_last_top(cm_pipe *p, int slot_i, int32_t *ids, float *logprobs, int max) {
     if (slot_i < 0 || slot_i >= p->n_seq) return 0;
@@ -188,19 +187,20 @@ cm_slice cm_pipe_tp_slice(const cm_pipe *p) {
     const cm_plan_member *m0 = &p->plan.stages[0].members[0];
     return (cm_slice){m0->kv_head_begin, m0->kv_head_end, m0->ffn_begin, m0->ffn_end};
 }
-void *cm_pipe_tp_coll(const cm_pipe *p) { return (void *)p; }
 /* A failed all-reduce (a member lost mid-operation) fails the pipe at once,
  * so that the caller sees cm_pipe_failed and re-plans, rather than racing the
  * receiver thread that notices the closed connection. */
-int cm_pipe_tp_allreduce(void *user, float *x, int64_t n) {
+static int tp_allreduce(void *user, float *x, int64_t n) {
     cm_pipe *p = user;
     int rc = cm_coll_allreduce_cb(p->coll, x, n);
     if (rc) cm_coord_fatal(p, rc, "all-reduce of this machine's group: %s", cm_coll_error(p->coll));
     return rc;
 }
 
-int cm_pipe_tp_send(cm_pipe *p, const int32_t *tokens, const int32_t *pos, const int32_t *seq, int n, char *err,
-                    size_t errlen) {
+/* Send n token ids at pos[], sequence slots seq[], to the other members of
+ * this machine's group. */
+static int tp_send(cm_pipe *p, const int32_t *tokens, const int32_t *pos, const int32_t *seq, int n, char *err,
+                   size_t errlen) {
     if (n < 1 || n > (int)sizeof p->wantbuf) return cm_errf(err, errlen, CM_EINVAL, "micro-batch of %d rows", n);
     pthread_mutex_lock(&p->send_mu);
     memset(p->wantbuf, 0, (size_t)n);
@@ -212,6 +212,19 @@ int cm_pipe_tp_send(cm_pipe *p, const int32_t *tokens, const int32_t *pos, const
     if (!rc && p->plan.n_stages == 1) p->rows_sent += (uint64_t)n; /* hybrid: rows_sent counts the hidden rows to stage 1 */
     pthread_mutex_unlock(&p->send_mu);
     return rc;
+}
+
+int cm_pipe_stage0(cm_pipe *p, const int32_t *tokens, const int32_t *pos, const int32_t *slots, int n,
+                   cm_forward_args *a, char *err, size_t errlen) {
+    int k = p->plan.stages[0].n_members;
+    a->allreduce = NULL;
+    a->allreduce_user = NULL;
+    if (k == 1 && p->plan.n_stages > 1) return 0; /* a pipeline's stage 0: whole layers, alone */
+    int rc = tp_send(p, tokens, pos, slots, n, err, errlen);
+    if (rc || k == 1) return rc; /* (one group, every member lost: every slice here) */
+    a->allreduce = tp_allreduce;
+    a->allreduce_user = p;
+    return 0;
 }
 
 void cm_pipe_tp_stats(const cm_pipe *p, uint64_t *data_sent, uint64_t *wire_sent, uint64_t *ops, uint64_t *rows) {

@@ -76,7 +76,9 @@ struct cm_pipe {
     int n_seq, n_ctx, max_batch, timeout_ms;
     _Atomic uint64_t epoch;
     uint64_t next_req;
-    int lost_ms;
+    int lost_ms;    /* the loss bound (env CUMULO_LOST_MS) */
+    int rejoin_ms;  /* cm_pipe_maintain acts at most this often (env CUMULO_REJOIN_MS) */
+    bool no_recover; /* env CUMULO_TEST_NO_RECOVER: recovery refused (a test shows it matters) */
     int generation; /* bumped by every plan applied after the first */
     int fatal;
     char fatal_text[600];

@@ -28,7 +28,6 @@ bool cm_pipe_failed(cm_pipe *p) {
 int cm_pipe_generation(const cm_pipe *p) { return p->generation; }
 
 
-static int rejoin_ms(void);
 
 /* Join the receiver threads of lost nodes (they end within the bound) and
  * close their connections: a node is then either alive or closed. */
@@ -101,7 +100,7 @@ static int recover_once(cm_pipe *p, char *err, size_t errlen) {
     reap_lost(p);
     if (p->links_suspect || plan_nodes_alive(p)) {
         int changed = cm_coord_recheck_links(p, false);
-        if (changed) p->next_link_check_ns = cm_now_ns() + 2ull * (uint64_t)rejoin_ms() * 1000000ull;
+        if (changed) p->next_link_check_ns = cm_now_ns() + 2ull * (uint64_t)p->rejoin_ms * 1000000ull;
     }
     cm_plan *pl = cm_calloc(1, sizeof *pl);
     if (!pl) return cm_errf(err, errlen, CM_ENOMEM, "out of memory");
@@ -120,16 +119,11 @@ int cm_pipe_tp_recover(cm_pipe *p, char *err, size_t errlen) {
     return cm_pipe_recover(p, err, errlen);
 }
 
-static int rejoin_ms(void) {
-    const char *env = getenv("CUMULO_REJOIN_MS"); /* tests: sooner */
-    return env && atoi(env) >= 100 ? atoi(env) : CM_PIPE_REJOIN_MS;
-}
-
 /* Recovery gave up, but nodes are still alive: a cut link between them may
  * have healed since (nobody was lost, so nobody is redialled). Worth another
  * try once per rejoin interval. */
 static bool retry_due(const cm_pipe *p) {
-    if (!p->gave_up || cm_now_ns() < p->gave_up_ns + (uint64_t)rejoin_ms() * 1000000ull) return false;
+    if (!p->gave_up || cm_now_ns() < p->gave_up_ns + (uint64_t)p->rejoin_ms * 1000000ull) return false;
     for (int i = 0; i < p->n_remote; i++)
         if (cm_coord_alive(&p->r[i])) return true;
     return false;
@@ -177,7 +171,7 @@ int cm_pipe_recover(cm_pipe *p, char *err, size_t errlen) {
     cm_coord_log(p, "failure: %s; re-planning on the survivors", why);
     int rc = 0;
     /* Test hook (tests/sh/cluster_failover.sh shows it fails without recovery). */
-    if (getenv("CUMULO_TEST_NO_RECOVER")) rc = cm_errf(err, errlen, CM_EAGAIN, "recovery disabled");
+    if (p->no_recover) rc = cm_errf(err, errlen, CM_EAGAIN, "recovery disabled");
     for (int attempt = 0; attempt < 3 && !rc; attempt++) {
         rc = recover_once(p, err, errlen);
         if (!rc) {
@@ -271,9 +265,7 @@ int cm_pipe_maintain(cm_pipe *p, char *err, size_t errlen) {
     if (!p) return 0;
     uint64_t now = cm_now_ns();
     if (now < p->next_rejoin_ns) return 0;
-    int every_ms = CM_PIPE_REJOIN_MS;
-    const char *env = getenv("CUMULO_REJOIN_MS"); /* tests: sooner */
-    if (env && atoi(env) >= 100) every_ms = atoi(env);
+    int every_ms = p->rejoin_ms;
     p->next_rejoin_ns = now + (uint64_t)every_ms * 1000000ull;
     reap_lost(p);
     int back = redial_lost(p);

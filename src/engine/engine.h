@@ -211,7 +211,9 @@ int cm_session_append(cm_session *s, const int32_t *ids, int n, char *err, size_
 /* Generate after set_prompt/append (or again, to continue): sample, stream through cb, stop at EOG,
  * a stop string, n_predict tokens, a full context or cancel. The sampler is
  * (re)made from p->sampling for each call. Returns 0 (see res->finish) or an
- * error code. */
+ * error code. It is cm_session_start + cm_engine_step on this session alone
+ * + cm_session_finish (below), so its text is the batched one by
+ * construction. */
 int cm_session_generate(cm_session *s, const cm_gen_params *p, cm_token_cb cb, void *user, cm_gen_result *res,
                         char *err, size_t errlen);
 
@@ -241,9 +243,11 @@ cm_timings cm_session_timings(const cm_session *s);
  *
  * Use: cm_session_set_prompt (prefill), then cm_session_start; then call
  * cm_engine_step with every running session until cm_session_running is false
- * for each; then cm_session_finish for its result. All of these run on one
- * thread (the scheduler's); cm_session_cancel from any thread ends a session
- * at its next step with finish = cancel. */
+ * for each; then cm_session_finish for its result. cm_session_generate is
+ * exactly that for one session (the only generation loop). A session is
+ * stepped by one thread at a time; several threads may step sessions of one
+ * engine at once (cumulo run --streams); cm_session_cancel from any thread
+ * ends a session at its next step with finish = cancel. */
 
 
 /* Begin generating on a session whose prompt was just evaluated. Allocates
