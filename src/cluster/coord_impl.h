@@ -126,9 +126,9 @@ void cm_coord_start_rx(cm_pipe *p);
  * (one builder); this machine's group mesh dialled; READY awaited from every
  * member (one deadline: 600 s when opening, 120 s later); stage 0's
  * all-reduce made and stage 1 dialled; then the plan becomes p->plan, the
- * dashboard's copy and the plan text are published, the live nodes the plan
- * does not use are released, and the generation is bumped (not when
- * opening). plan is in the pipe's node indices (0 this machine, k r[k-1]);
+ * dashboard's copy and the plan text are published and, on a re-plan, the
+ * live nodes the plan does not use are released and the generation is
+ * bumped. plan is in the pipe's node indices (0 this machine, k r[k-1]);
  * stage 0 must start on this machine and, once a plan ran, keep its layers
  * [0, local_last). A failure after the epoch changed leaves the pipe failed
  * with the reason ("re-plan: ..."), never half-switched. why names the
@@ -156,9 +156,6 @@ static inline int cm_coord_plan_members(const cm_plan *pl) {
     return n;
 }
 static inline bool cm_coord_alive(const remote *r) { return r->ctl && r->rx_started && !atomic_load(&r->lost); }
-/* Close the connection of every live node the plan does not use (lost until
- * cm_pipe_maintain redials it). */
-void cm_coord_release_unused(cm_pipe *p);
 /* Send a sequence message down the data path (every TP member, or stage 1);
  * caller holds send_mu. A failure marks the pipe failed. */
 int cm_coord_send_data(cm_pipe *p, const cm_msg *m, char *err, size_t errlen);

@@ -168,7 +168,9 @@ static void publish_members(cm_pipe *p, const cm_plan *plan) {
     pthread_mutex_unlock(&p->info_mu);
 }
 
-void cm_coord_release_unused(cm_pipe *p) {
+/* Close the connection of every live node the running plan does not use
+ * (lost until cm_pipe_maintain redials it). */
+static void release_unused(cm_pipe *p) {
     bool used[CM_PLAN_MAX_NODES] = {false};
     for (int s = 0; s < p->plan.n_stages; s++)
         for (int k = 0; k < p->plan.stages[s].n_members; k++)
@@ -339,8 +341,10 @@ int cm_coord_apply_plan(cm_pipe *p, const cm_plan *pl, const char *why, char *er
     publish_members(p, pl);
     format_plan(p, pl);
     log_groups(p, pl);
-    cm_coord_release_unused(p);
-    if (!opening) p->generation++;
+    if (!opening) { /* at the start, machines the user's request leaves out stay connected, idle */
+        release_unused(p);
+        p->generation++;
+    }
     return 0;
 }
 
