@@ -1,6 +1,6 @@
 /*
  * fuzz_http.c: libFuzzer target for the OpenAI request parser
- * (api_parse_request in src/http/api.c): untrusted JSON bodies of
+ * (cm_api_parse_request in src/http/api.c): untrusted JSON bodies of
  * /v1/chat/completions and /v1/completions, parsed, checked, rendered through
  * the chat template and tokenized against stories260K-q8_0 (from
  * $CUMULO_SHARED, default ../shared). The first input byte picks the route.
@@ -41,15 +41,15 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 1) return 0;
     bool chat = data[0] & 1;
-    job *j = job_new(S, chat);
+    job *j = cm_job_new(S, chat);
     if (!j) return 0;
     api_error ae;
     memset(&ae, 0, sizeof ae);
-    if (api_parse_request(S, chat, (const char *)data + 1, size - 1, j, &ae)) {
+    if (cm_api_parse_request(S, chat, (const char *)data + 1, size - 1, j, &ae)) {
         if (ae.status < 400 || ae.status >= 500 || !ae.message[0]) abort(); /* an error must be a 4xx with a message */
     } else {
-        if (j->n_ids < 1 || j->n_ids >= srv_n_ctx(S)) abort();
+        if (j->n_ids < 1 || j->n_ids >= cm_http_n_ctx(S)) abort();
     }
-    job_unref(j);
+    cm_job_unref(j);
     return 0;
 }

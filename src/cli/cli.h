@@ -29,6 +29,15 @@ bool cli_float(const char *opt, const char *val, double lo, double hi, double *o
 struct cm_sampler_params;
 int cli_sampling_opt(int argc, char **argv, int *i, struct cm_sampler_params *s);
 
+/* The options that shape a cluster's plan (run, serve, bench share them):
+ * --parallel pp|tp|hybrid|auto, --layers 2,1,2, --groups 2,2, --tp-weights
+ * 1,2. Parsed like cli_sampling_opt: 1 consumed (and its value), 0 not one
+ * of them, -1 bad value (message printed). cli_plan_check: the checks
+ * between them, 0 or 1 (message printed). */
+struct cm_plan_request;
+int cli_plan_opt(int argc, char **argv, int *i, struct cm_plan_request *q);
+int cli_plan_check(const struct cm_plan_request *q);
+
 /* A progress bar on stderr (only when stderr is a terminal, or CUMULO_PROGRESS=1). */
 typedef struct cli_progress { const char *label; double total, last_draw; bool on; } cli_progress;
 void cli_progress_start(cli_progress *p, const char *label, double total);

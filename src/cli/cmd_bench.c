@@ -78,7 +78,8 @@ static const char k_bench_usage[] =
 
 typedef struct bench_opts {
     const char *model, *isa, *oracle_dir;
-    const char *nodes, *key_file, *parallel, *groups; /* --cluster: the engine runs over these nodes */
+    const char *nodes, *key_file;   /* --cluster: the engine runs over these nodes */
+    cm_plan_request plan;           /* --parallel, --groups */
     bool tp_compress;
     int threads, n_prompt, n_gen, reps, bw_mib;
     bool json, vs, kv_f16, insecure, mmap;
@@ -336,13 +337,8 @@ static int parse(int argc, char **argv, bench_opts *o) {
         } else if (!strcmp(a, "--key-file")) {
             if (!v) return cli_fail("option '%s' needs a value", a);
             o->key_file = v, i++;
-        } else if (!strcmp(a, "--parallel")) {
-            if (!v || (strcmp(v, "pp") && strcmp(v, "tp") && strcmp(v, "hybrid") && strcmp(v, "auto")))
-                return cli_fail("option '--parallel' needs pp, tp, hybrid or auto");
-            o->parallel = v, i++;
-        } else if (!strcmp(a, "--groups")) {
-            if (!v) return cli_fail("option '%s' needs a value", a);
-            o->groups = v, i++;
+        } else if (!strcmp(a, "--parallel") || !strcmp(a, "--groups")) {
+            if (cli_plan_opt(argc, argv, &i, &o->plan) < 0) return 1;
         } else if (!strcmp(a, "--tp-compress")) {
             o->tp_compress = true;
         } else if (!strcmp(a, "--insecure")) {
@@ -388,7 +384,7 @@ int cmd_bench(int argc, char **argv) {
     cm_engine_opts eo = {.n_threads = o.threads, .n_ctx = o.n_prompt + o.n_gen + 8,
                          .n_batch = CM_MIN(o.n_prompt, 256), .kv_f16 = o.kv_f16,
                          .nodes = o.nodes, .key_file = o.key_file, .insecure = o.insecure,
-                         .parallel = o.parallel, .groups = o.groups, .tp_compress = o.tp_compress,
+                         .plan = o.plan, .tp_compress = o.tp_compress,
                          .mmap = o.mmap};
     if (cm_engine_load(&e, o.model, &eo, err, sizeof err)) return cli_fail("%s", err);
     cm_engine_info in;

@@ -210,7 +210,8 @@ int cmd_run(int argc, char **argv) {
     long n_predict = 128, ctx = 0, threads = 0, streams = 0, logprobs = 0;
     bool json = false, no_bos = false, kv_f16 = false, use_mmap = false, chat = false, cluster = false, insecure = false;
     bool tp_compress = false;
-    const char *nodes = NULL, *layers = NULL, *key_file = NULL, *parallel = NULL, *tp_weights = NULL, *groups = NULL;
+    const char *nodes = NULL, *key_file = NULL;
+    cm_plan_request plan = {0};
     cm_gen_params gp;
     cm_gen_params_default(&gp);
     for (int i = 1; i < argc; i++) {
@@ -261,19 +262,12 @@ int cmd_run(int argc, char **argv) {
             cluster = true;
         } else if (!strcmp(a, "--insecure")) {
             insecure = true;
-        } else if (!strcmp(a, "--nodes") || !strcmp(a, "--layers") || !strcmp(a, "--key-file")) {
+        } else if (!strcmp(a, "--nodes") || !strcmp(a, "--key-file")) {
             if (!v) return cli_fail("option '%s' needs a value", a);
             if (a[2] == 'n') nodes = NEXT();
-            else if (a[2] == 'l') layers = NEXT();
             else key_file = NEXT();
-        } else if (!strcmp(a, "--parallel")) {
-            if (!v || (strcmp(v, "pp") && strcmp(v, "tp") && strcmp(v, "hybrid") && strcmp(v, "auto")))
-                return cli_fail("option '--parallel' needs pp, tp, hybrid or auto");
-            parallel = NEXT();
-        } else if (!strcmp(a, "--tp-weights") || !strcmp(a, "--groups")) {
-            if (!v) return cli_fail("option '%s' needs a value", a);
-            if (a[2] == 't') tp_weights = NEXT();
-            else groups = NEXT();
+        } else if ((so = cli_plan_opt(argc, argv, &i, &plan)) != 0) {
+            if (so < 0) return 1;
         } else if (!strcmp(a, "--tp-compress")) {
             tp_compress = true;
         } else if (!strcmp(a, "--logprobs")) {
@@ -309,12 +303,12 @@ int cmd_run(int argc, char **argv) {
     char msg[512];
     if (cm_sampler_params_check(&gp.sampling, msg, sizeof msg)) { cm_free(file_text); return cli_fail("%s", msg); }
 
-    if ((nodes || layers || parallel || groups) && !cluster) cluster = true;
+    if (cli_plan_check(&plan)) { cm_free(file_text); return 1; }
+    if ((nodes || plan.n_split || plan.mode_set || plan.n_groups) && !cluster) cluster = true;
     gp.sampling.n_probs = (int32_t)logprobs;
     cm_engine *e = NULL;
     cm_engine_opts eo = {.n_threads = (int)threads, .n_ctx = (int)ctx, .nodes = cluster ? (nodes ? nodes : "auto") : NULL,
-                         .insecure = insecure, .key_file = key_file, .layers = layers,
-                         .parallel = parallel, .tp_weights = tp_weights, .groups = groups,
+                         .insecure = insecure, .key_file = key_file, .plan = plan,
                          .tp_compress = tp_compress, .n_seq = streams > 8 ? (int)streams : 8, .kv_f16 = kv_f16,
                          .mmap = use_mmap};
     /* --streams (even 1) reports aggregate numbers instead of the text. */

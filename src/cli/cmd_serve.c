@@ -73,7 +73,9 @@ int cmd_serve(int argc, char **argv) {
     long threads = 0, l;
     long n_batch = 32; /* any value is batch-invariant (kernels.h); larger prefills in fewer passes */
     bool kv_f16 = false, insecure = false, use_mmap = false;
-    const char *nodes = NULL, *layers = NULL, *key_file = NULL, *parallel = NULL, *tp_weights = NULL, *groups = NULL;
+    const char *nodes = NULL, *key_file = NULL;
+    cm_plan_request plan = {0};
+    int po;
     bool tp_compress = false;
     double d;
     o.api_key = getenv("CUMULO_API_KEY");
@@ -82,7 +84,8 @@ int cmd_serve(int argc, char **argv) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
 #define NEXT() (i++, v)
 #define NEED() do { if (!v) return cli_fail("option '%s' needs a value", a); } while (0)
-        if (!strcmp(a, "--host")) { NEED(); o.host = NEXT(); }
+        if ((po = cli_plan_opt(argc, argv, &i, &plan)) != 0) { if (po < 0) return 1; }
+        else if (!strcmp(a, "--host")) { NEED(); o.host = NEXT(); }
         else if (!strcmp(a, "--port")) { if (!cli_int(a, NEXT(), 0, 65535, &l)) return 1; o.port = (int)l; }
         else if (!strcmp(a, "--api-key")) { NEED(); o.api_key = NEXT(); }
         else if (!strcmp(a, "--cors")) { NEED(); o.cors_origin = NEXT(); }
@@ -111,15 +114,6 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--alias")) { NEED(); alias = NEXT(); }
         else if (!strcmp(a, "--chat-template")) { NEED(); o.chat_template = NEXT(); }
         else if (!strcmp(a, "--nodes")) { NEED(); nodes = NEXT(); }
-        else if (!strcmp(a, "--layers")) { NEED(); layers = NEXT(); }
-        else if (!strcmp(a, "--parallel")) {
-            NEED();
-            if (strcmp(v, "pp") && strcmp(v, "tp") && strcmp(v, "hybrid") && strcmp(v, "auto"))
-                return cli_fail("option '--parallel' needs pp, tp, hybrid or auto");
-            parallel = NEXT();
-        }
-        else if (!strcmp(a, "--tp-weights")) { NEED(); tp_weights = NEXT(); }
-        else if (!strcmp(a, "--groups")) { NEED(); groups = NEXT(); }
         else if (!strcmp(a, "--tp-compress")) tp_compress = true;
         else if (!strcmp(a, "--key-file")) { NEED(); key_file = NEXT(); }
         else if (!strcmp(a, "--insecure")) insecure = true;
@@ -130,6 +124,7 @@ int cmd_serve(int argc, char **argv) {
 #undef NEED
     }
     if (!model) return cli_fail("serve needs a model: cumulo serve MODEL.gguf");
+    if (cli_plan_check(&plan)) return 1;
     o.allow_hosts = allow;
     o.n_allow_hosts = n_allow;
     char id[256];
@@ -159,8 +154,8 @@ int cmd_serve(int argc, char **argv) {
             cm_http_port(srv), model);
     cm_engine *e = NULL;
     cm_engine_opts eo = {.n_threads = (int)threads, .n_ctx = o.n_ctx, .n_batch = (int)n_batch, .kv_f16 = kv_f16,
-                         .nodes = nodes, .insecure = insecure, .key_file = key_file, .layers = layers,
-                         .parallel = parallel, .tp_weights = tp_weights, .groups = groups, .tp_compress = tp_compress, .n_seq = o.n_slots > 0 ? o.n_slots : 4, .log = log_line,
+                         .nodes = nodes, .insecure = insecure, .key_file = key_file, .plan = plan,
+                         .tp_compress = tp_compress, .n_seq = o.n_slots > 0 ? o.n_slots : 4, .log = log_line,
                          .mmap = use_mmap};
     if (cm_engine_load(&e, model, &eo, err, sizeof err)) {
         cm_http_stop(srv);

@@ -8,6 +8,7 @@
 #include "base/base.h"
 #include "os/os.h"
 #include "sampler/sampler.h"
+#include "sched/plan.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -81,6 +82,68 @@ int cli_sampling_opt(int argc, char **argv, int *i, cm_sampler_params *s) {
     if (!ok) return -1;
     (*i)++;
     return 1;
+}
+
+/* "2,1,2" of positive counts (each at most hi) into v; the count, or -1
+ * (message printed). */
+static int cli_counts(const char *opt, const char *val, long hi, int *v) {
+    int n = 0;
+    for (const char *s = val ? val : ""; *s;) {
+        char *e;
+        errno = 0;
+        long x = strtol(s, &e, 10);
+        if (e == s || errno || x < 1 || x > hi || n == CM_PLAN_MAX_NODES || (*e && *e != ',')) {
+            n = 0;
+            break;
+        }
+        v[n++] = (int)x;
+        s = *e ? e + 1 : e;
+    }
+    if (!n) cli_fail("option '%s' needs up to %d positive counts like 2,1,2, not '%s'", opt, CM_PLAN_MAX_NODES, val ? val : "");
+    return n ? n : -1;
+}
+
+int cli_plan_opt(int argc, char **argv, int *i, cm_plan_request *q) {
+    const char *a = argv[*i], *v = *i + 1 < argc ? argv[*i + 1] : NULL;
+    if (!strcmp(a, "--parallel")) {
+        int m = v ? cm_parallel_from_name(v) : -1;
+        if (m < 0) {
+            cli_fail("option '--parallel' needs pp, tp, hybrid or auto");
+            return -1;
+        }
+        q->mode_set = true;
+        q->mode = (enum cm_parallel)m;
+    } else if (!strcmp(a, "--layers")) {
+        if ((q->n_split = cli_counts(a, v, 1 << 20, q->split)) < 0) return -1;
+    } else if (!strcmp(a, "--groups")) {
+        if ((q->n_groups = cli_counts(a, v, 256, q->groups)) < 0) return -1;
+    } else if (!strcmp(a, "--tp-weights")) {
+        int n = 0;
+        for (const char *s = v ? v : ""; *s && n < CM_PLAN_MAX_NODES; n++) {
+            char *e;
+            double w = strtod(s, &e);
+            if (e == s || !(w > 0) || w > 1e6 || (*e && *e != ',')) { n = -1; break; }
+            q->weights[n] = w;
+            s = *e ? e + 1 : e;
+        }
+        if (n < 1) {
+            cli_fail("option '--tp-weights' needs positive numbers like 1,2,1, not '%s'", v ? v : "");
+            return -1;
+        }
+        q->n_weights = n;
+    } else {
+        return 0;
+    }
+    (*i)++;
+    return 1;
+}
+
+int cli_plan_check(const cm_plan_request *q) {
+    if (q->mode_set && q->mode == CM_PARALLEL_TP && q->n_split)
+        return cli_fail("--layers splits a pipeline; it does not go with --parallel tp");
+    if (q->n_split && q->n_groups && q->n_split != q->n_groups)
+        return cli_fail("--layers names %d stages, --groups %d", q->n_split, q->n_groups);
+    return 0;
 }
 
 void cli_progress_start(cli_progress *p, const char *label, double total) {

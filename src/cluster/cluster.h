@@ -22,9 +22,11 @@
 #define CM_CLUSTER_H
 
 #include "base/base.h"
+#include "cluster/member.h"
 #include "gguf/gguf.h"
 #include "model/model.h"
 #include "sampler/sampler.h"
+#include "sched/plan.h"
 
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -121,12 +123,7 @@ typedef struct cm_pipe_opts {
     double auto_wait_s;      /* mDNS browse time for "auto" (0: 3 s) */
     bool insecure;
     const char *key_file;
-    const char *layers;      /* optional: layers per stage, coordinator first ("2,1,2") */
-    const char *parallel;    /* NULL / "pp": pipeline; "tp": one tensor-parallel group of every machine;
-                              * "hybrid": tensor-parallel groups as pipeline stages; "auto": the best predicted */
-    const char *tp_weights;  /* optional, TP/hybrid: relative speed per member, this machine first ("1,2,1") */
-    const char *groups;      /* optional: members per pipeline stage, this machine's group first ("2,2");
-                              * implies hybrid (or tp for one group, pp for all ones) */
+    cm_plan_request plan;    /* the shape asked for (mode, layer split, groups, speeds); zero: the planner's pipeline */
     bool tp_compress;        /* all-reduce transfers as 8-bit Q8_0 blocks (--tp-compress) */
     int n_ctx;               /* positions per sequence */
     int n_seq_max;           /* concurrent sequences (KV on every node) */
@@ -201,9 +198,8 @@ int cm_pipe_recover(cm_pipe *p, char *err, size_t errlen);
  * the planner on every reachable node (this machine keeps its layers) and
  * switches to that plan unless it is predicted more than 10% slower (a
  * failed pipe switches whenever the plan fits again). A tensor-parallel
- * group is re-formed the same way (the caller takes cm_pipe_tp_slice
- * again); a hybrid plan goes back to its opening plan once every member of
- * it is back. Returns 1 when the plan changed (sessions then resend, as
+ * group and a hybrid plan are re-planned the same way (the caller takes
+ * cm_pipe_tp_slice again). Returns 1 when the plan changed (sessions then resend, as
  * after cm_pipe_recover), 0 when not, or an error (the pipe is then failed,
  * as after cm_pipe_recover). */
 #define CM_PIPE_REJOIN_MS 5000
@@ -221,52 +217,34 @@ int cm_pipe_generation(const cm_pipe *p);
  * number of hidden-state rows carried. */
 void cm_pipe_hop_stats(const cm_pipe *p, uint64_t *bytes, uint64_t *frames, uint64_t *rows);
 
-/* ---- tensor parallel (opts.parallel "tp") ----
- * The coordinator is rank 0 of a group of every machine: it computes every
- * layer on its slice, all-reduces with the nodes and samples itself. Per
- * evaluation it first sends the token ids to every node (cm_pipe_tp_send),
- * then runs cm_forward with the slice and cm_pipe_tp_allreduce. */
+/* ---- this machine's stage, whatever the plan's shape ----
+ * Stage 0 runs here: layers [0, local_last) on the slice cm_pipe_tp_slice of
+ * a group of cm_pipe_tp_size members (1: whole layers, alone). When the plan
+ * is one stage (cm_pipe_is_tp: one tensor-parallel group of every machine)
+ * this machine computes every layer and samples itself; otherwise its
+ * output goes to stage 1 (cm_pipe_send) and the last stage samples
+ * (cm_pipe_recv_token). */
 bool cm_pipe_is_tp(const cm_pipe *p);
 int cm_pipe_tp_size(const cm_pipe *p);
 cm_slice cm_pipe_tp_slice(const cm_pipe *p);
-void *cm_pipe_tp_coll(const cm_pipe *p); /* allreduce_user for cm_forward_args (the pipe) */
-int cm_pipe_tp_allreduce(void *user, float *x, int64_t n); /* cm_allreduce_fn; a failure fails the pipe */
-/* Send n token ids at pos[], sequence slots seq[], to every member. */
-int cm_pipe_tp_send(cm_pipe *p, const int32_t *tokens, const int32_t *pos, const int32_t *seq, int n,
-                    char *err, size_t errlen);
 /* This member's all-reduce traffic: element bytes and whole frames sent,
  * operations, and token rows sent to the members. */
 void cm_pipe_tp_stats(const cm_pipe *p, uint64_t *data_sent, uint64_t *wire_sent, uint64_t *ops, uint64_t *rows);
-
-/* ---- hybrid (tensor-parallel groups as pipeline stages) ----
- * The pipe is a pipeline (cm_pipe_send, cm_pipe_recv_token) whose stage 0 may
- * be a group: this machine is its rank 0. Before each stage-0 forward pass the
- * engine sends the token ids to the other stage-0 members (cm_pipe_tp_send)
- * and passes cm_pipe_tp_allreduce / cm_pipe_tp_coll to cm_forward with
- * cm_pipe_tp_slice; cm_pipe_tp_size is then > 1. */
-int cm_pipe_stage0_size(const cm_pipe *p); /* members of this machine's group (1: whole layers) */
+/* Stage 0's one contract, whatever the plan's shape: call before this
+ * machine's forward pass over n rows (token ids, positions, sequence slots),
+ * under the caller's lock that orders the rows. The other members of its
+ * group get the token ids (they embed them and meet us in the
+ * all-reduces), and a->allreduce / allreduce_user become the group's
+ * all-reduce, or NULL when this machine is alone in its stage. The slice is
+ * cm_pipe_tp_slice's. A failure fails the pipe. */
+int cm_pipe_stage0(cm_pipe *p, const int32_t *tokens, const int32_t *pos, const int32_t *slots, int n,
+                   cm_forward_args *a, char *err, size_t errlen);
 /* Top logprobs the last stage sent with the slot's latest token (n <= max). */
 int cm_pipe_last_top(cm_pipe *p, int slot, int32_t *ids, float *logprobs, int max);
 
-/* One machine of the plan as the coordinator knows it (for the dashboard):
- * its stage and layers, its tensor-parallel slice, the facts of its HELLO
- * (taken when it connected) and the link this machine measured to it. */
-typedef struct cm_pipe_member_info {
-    int stage;                    /* 0: this machine's stage */
-    int first_layer, last_layer;  /* [first, last) */
-    int n_members, member;        /* tensor-parallel group size and index (1, 0: whole layers) */
-    int kv_head_begin, kv_head_end, ffn_begin, ffn_end;
-    bool local;                   /* this machine */
-    char addr[80], name[64];      /* addr "" for this machine */
-    uint32_t cores;
-    uint64_t mem_total, mem_free; /* bytes, at connect (HELLO) */
-    uint64_t weight_bytes, kv_bytes; /* planned for this member */
-    double gflops;
-    double rtt_s, bw;             /* this machine -> it, measured at connect; 0 for this machine */
-    bool link_measured;           /* first member of stage >= 1: the hop into it (previous stage's first */
-    double link_rtt_s, link_bw;   /* member -> it) was measured (else estimated); its rtt and bytes/s */
-} cm_pipe_member_info;
-/* Fills up to max entries, stage order; returns how many there are. */
-int cm_pipe_members(const cm_pipe *p, cm_pipe_member_info *out, int max);
+/* The machines of the plan (cluster/member.h), for the dashboard: fills up
+ * to max entries, stage order; returns how many there are. Thread-safe
+ * against a re-plan. */
+int cm_pipe_members(const cm_pipe *p, cm_cluster_member *out, int max);
 
 #endif

@@ -1,21 +1,15 @@
 /*
- * coord.c: the coordinator's side of a pipeline-parallel cluster. cm_pipe_open
- * connects to the nodes (as a coordinator), measures each link, has the nodes
- * measure the links between them (coord_links.c), plans with
- * cm_plan_make (this machine is node 0 and keeps the first stage), sends every
- * node its ASSIGN and waits for READY, serving streamed weights meanwhile.
- * Afterwards the engine sends each micro-batch's hidden states to stage 1 on
- * one data connection (stages pass them on directly) and waits on a sequence
- * slot for the token the last stage sampled; a receiver thread per node
- * delivers TOKENs, ERRORs and weight requests.
+ * coord.c: the coordinator's side of a cluster. cm_pipe_open connects to the
+ * nodes (as a coordinator), measures each link, has the nodes measure the
+ * links between them (coord_links.c), asks the planner with the user's
+ * options (this machine is node 0 and keeps the first stage) and applies the
+ * answer like every later plan (coord_plan.c: ASSIGN, READY, links), serving
+ * streamed weights meanwhile. A receiver thread per node delivers TOKENs,
+ * READYs, ERRORs and weight requests and judges the node's silence.
  *
- * Ordering: everything about one sequence (SEQ_START, FORWARD, SEQ_FREE)
- * travels down the same chain of connections, so every stage sees it in the
- * order it was sent. No vocabulary-sized data crosses any link. Every wait has
- * a deadline.
- *
- * Split: coord_tp.c opens a tensor-parallel group, coord_recover.c re-plans
- * after a loss; the state they share is in coord_impl.h.
+ * Split: coord_plan.c changes the plan (one transaction), coord_data.c is the
+ * data path, coord_recover.c decides when to re-plan; the state they share is
+ * in coord_impl.h. Every wait has a deadline.
  *
  * Failures (issue 7): every node's control connection carries a HEARTBEAT
  * each CM_PIPE_HB_MS and the node echoes it (nodes also send their own, so a
@@ -252,206 +246,104 @@ static void make_cluster(cm_pipe *p, cm_plan_cluster *c) {
             }
 }
 
+/* "2,1,2" for a plan's why. */
+static void counts_text(const int *v, int n, char *buf, size_t cap) {
+    size_t o = 0;
+    buf[0] = 0;
+    for (int i = 0; i < n && o < cap; i++) o += (size_t)snprintf(buf + o, cap - o, "%s%d", i ? "," : "", v[i]);
+}
+
+/* A request from an API caller is checked like bytes from outside (the CLI
+ * checked its own already). */
+static int check_request(const cm_plan_request *q, const cm_plan_model *pm, char *err, size_t errlen) {
+    int sum = 0;
+    if (q->n_split < 0 || q->n_split > CM_PLAN_MAX_NODES || q->n_groups < 0 || q->n_groups > CM_PLAN_MAX_NODES ||
+        q->n_weights < 0 || q->n_weights > CM_PLAN_MAX_NODES || (q->mode_set && (q->mode < 0 || q->mode >= CM_PARALLEL_COUNT)))
+        return cm_errf(err, errlen, CM_EINVAL, "plan request out of range");
+    if (q->n_groups && q->n_split && q->n_split != q->n_groups)
+        return cm_errf(err, errlen, CM_EINVAL, "a layer split of %d stages for %d groups", q->n_split, q->n_groups);
+    if (q->mode_set && q->mode == CM_PARALLEL_TP && q->n_split)
+        return cm_errf(err, errlen, CM_EINVAL, "a layer split makes a pipeline, not one tensor-parallel group");
+    for (int i = 0; i < q->n_split; i++) {
+        if (q->split[i] < 1) return cm_errf(err, errlen, CM_EINVAL, "a layer split with a stage of %d layers", q->split[i]);
+        sum += q->split[i];
+    }
+    for (int i = 0; i < q->n_groups; i++)
+        if (q->groups[i] < 1) return cm_errf(err, errlen, CM_EINVAL, "a group of %d members", q->groups[i]);
+    for (int i = 0; i < q->n_weights; i++)
+        if (!(q->weights[i] > 0) || q->weights[i] > 1e6)
+            return cm_errf(err, errlen, CM_EINVAL, "a relative speed of %g", q->weights[i]);
+    if (q->n_split && sum != pm->n_layers)
+        return cm_errf(err, errlen, CM_EINVAL, "the layer split adds up to %d, the model has %d layers", sum, pm->n_layers);
+    return 0;
+}
+
+/* Stage s of plan takes the layer count split[s] (checked), in order. */
+static void apply_split(const cm_plan_request *q, cm_plan *plan) {
+    for (int s = 0, at = 0; s < plan->n_stages; s++) {
+        plan->stages[s].first_layer = at;
+        at += q->split[s];
+        plan->stages[s].last_layer = at;
+    }
+}
+
+/* The opening question: the planner's plan for the user's request (the
+ * mode, a layer split, groups, relative speeds) over every connected node. */
 static int make_plan(cm_pipe *p, const cm_pipe_opts *o, cm_plan *plan, cm_plan_model *pm, cm_plan_cluster *pc,
                      char *err, size_t errlen) {
+    const cm_plan_request *q = &o->plan;
     int rc = cm_plan_model_from_gguf(p->g, pm, err, errlen);
+    if (!rc) rc = check_request(q, pm, err, errlen);
     if (rc) return rc;
     make_cluster(p, pc);
     cm_plan_opts po;
     cm_plan_opts_default(&po);
     po.ctx = p->n_ctx;
     po.n_seq = p->n_seq;
-    po.mode = CM_PARALLEL_PP;
+    po.mode = q->mode_set ? q->mode : q->n_groups ? CM_PARALLEL_HYBRID : CM_PARALLEL_PP;
     po.reorder = true; /* the pipeline's order follows the measured links */
-    if (o->parallel && *o->parallel) {
-        int mode = cm_parallel_from_name(o->parallel);
-        if (mode < 0)
-            return cm_errf(err, errlen, CM_EINVAL, "--parallel '%s': expected pp, tp, hybrid or auto", o->parallel);
-        po.mode = (enum cm_parallel)mode;
-    }
-    if (o->groups && *o->groups && !(o->parallel && *o->parallel)) po.mode = CM_PARALLEL_HYBRID;
-    if (po.mode != CM_PARALLEL_PP && o->tp_weights && *o->tp_weights) {
-        /* Relative speeds (tests, or known-unequal machines): scale each
-         * member's measured compute and memory bandwidth. */
-        int i = 0;
-        for (const char *s = o->tp_weights; *s && i < pc->n_nodes; i++) {
-            char *e;
-            double w = strtod(s, &e);
-            if (e == s || !(w > 0) || w > 1e6 || (*e && *e != ','))
-                return cm_errf(err, errlen, CM_EINVAL, "--tp-weights '%s': expected positive numbers like 1,2,1", o->tp_weights);
-            pc->nodes[i].flops *= w;
-            pc->nodes[i].mem_bw *= w;
-            s = *e ? e + 1 : e;
+    if (po.mode != CM_PARALLEL_PP) /* relative speeds (tests, or known-unequal machines) */
+        for (int i = 0; i < q->n_weights && i < pc->n_nodes; i++) {
+            pc->nodes[i].flops *= q->weights[i];
+            pc->nodes[i].mem_bw *= q->weights[i];
         }
-    }
-    if (po.mode == CM_PARALLEL_TP && o->layers && *o->layers)
-        return cm_errf(err, errlen, CM_EINVAL, "--layers splits a pipeline; it does not go with --parallel tp");
-    if (o->groups && *o->groups) return cm_coord_plan_groups(p, o, &po, pm, pc, plan, err, errlen);
-    if (!o->layers || !*o->layers) return cm_plan_make(pm, pc, &po, plan, err, errlen);
-    /* Explicit split: layers per stage, this machine first. */
-    int counts[CM_PLAN_MAX_NODES], n = 0, sum = 0;
-    for (const char *s = o->layers; *s;) {
-        char *e;
-        long v = strtol(s, &e, 10);
-        if (e == s || v < 1 || n == CM_PLAN_MAX_NODES)
-            return cm_errf(err, errlen, CM_EINVAL, "--layers '%s': expected positive counts like 2,1,2", o->layers);
-        counts[n++] = (int)v;
-        sum += (int)v;
-        s = *e == ',' ? e + 1 : e;
-        if (*e && *e != ',') return cm_errf(err, errlen, CM_EINVAL, "--layers '%s': expected counts like 2,1,2", o->layers);
-    }
-    if (sum != pm->n_layers)
-        return cm_errf(err, errlen, CM_EINVAL, "--layers adds up to %d, the model has %d layers", sum, pm->n_layers);
-    if (n > pc->n_nodes)
-        return cm_errf(err, errlen, CM_EINVAL, "--layers names %d stages for %d machines", n, pc->n_nodes);
+    char split[200];
+    counts_text(q->split, q->n_split, split, sizeof split);
     int group_of[CM_PLAN_MAX_NODES];
-    for (int i = 0; i < pc->n_nodes; i++) group_of[i] = i < n ? i : -1;
+    if (q->n_groups) { /* members per stage, in the cluster's order */
+        int at = 0;
+        for (int i = 0; i < q->n_groups; i++)
+            for (int j = 0; j < q->groups[i]; j++, at++) {
+                if (at == pc->n_nodes) {
+                    int want = 0;
+                    for (int k = 0; k < q->n_groups; k++) want += q->groups[k];
+                    return cm_errf(err, errlen, CM_EINVAL, "the groups name %d members for %d machines", want, pc->n_nodes);
+                }
+                group_of[at] = i;
+            }
+        for (; at < pc->n_nodes; at++) group_of[at] = -1; /* machines left out of the plan */
+        rc = cm_plan_for_groups(pm, pc, &po, group_of, plan, err, errlen);
+        if (rc) return rc;
+        if (q->n_split) {
+            apply_split(q, plan);
+            cm_plan_predict(pm, pc, &po, plan);
+        }
+        char g[200];
+        counts_text(q->groups, q->n_groups, g, sizeof g);
+        snprintf(plan->why, sizeof plan->why, "groups of %s members set by --groups%s%s", g,
+                 q->n_split ? ", layers by --layers " : "", q->n_split ? split : "");
+        return 0;
+    }
+    if (!q->n_split) return cm_plan_make(pm, pc, &po, plan, err, errlen);
+    if (q->n_split > pc->n_nodes)
+        return cm_errf(err, errlen, CM_EINVAL, "a split of %d stages for %d machines", q->n_split, pc->n_nodes);
+    for (int i = 0; i < pc->n_nodes; i++) group_of[i] = i < q->n_split ? i : -1;
     rc = cm_plan_for_groups(pm, pc, &po, group_of, plan, err, errlen);
     if (rc) return rc;
-    int at = 0;
-    for (int s = 0; s < plan->n_stages; s++) {
-        plan->stages[s].first_layer = at;
-        at += counts[s];
-        plan->stages[s].last_layer = at;
-    }
+    apply_split(q, plan);
     cm_plan_predict(pm, pc, &po, plan);
-    snprintf(plan->why, sizeof plan->why, "layers split by --layers %s", o->layers);
+    snprintf(plan->why, sizeof plan->why, "layers split by --layers %s", split);
     return 0;
-}
-
-/* What the dashboard shows of each machine: the plan's assignment plus the
- * HELLO facts and measured links gathered while connecting. */
-void cm_coord_record_members(cm_pipe *p, const cm_plan *plan) {
-    cm_node_caps me;
-    cm_node_caps_get(&me);
-    /* Built aside, then copied under info_mu (an /api/cluster reader). */
-    cm_pipe_member_info tmp[CM_ARRAY_LEN(p->members)];
-    int nm = 0;
-    for (int s = 0; s < plan->n_stages; s++) {
-        const cm_plan_stage *st = &plan->stages[s];
-        for (int k = 0; k < st->n_members && nm < (int)CM_ARRAY_LEN(tmp); k++) {
-            const cm_plan_member *mb = &st->members[k];
-            cm_pipe_member_info *o = &tmp[nm++];
-            memset(o, 0, sizeof *o);
-            o->stage = s;
-            o->first_layer = st->first_layer;
-            o->last_layer = st->last_layer;
-            o->n_members = st->n_members;
-            o->member = k;
-            o->kv_head_begin = mb->kv_head_begin;
-            o->kv_head_end = mb->kv_head_end;
-            o->ffn_begin = mb->ffn_begin;
-            o->ffn_end = mb->ffn_end;
-            o->weight_bytes = mb->weight_bytes;
-            o->kv_bytes = mb->kv_bytes;
-            if (mb->node == 0) {
-                o->local = true;
-                memcpy(o->name, p->hello.name, strnlen(p->hello.name, sizeof o->name - 1));
-                o->cores = (uint32_t)me.cores;
-                o->mem_total = me.mem_total;
-                o->mem_free = me.mem_free;
-                o->gflops = me.gflops;
-            } else {
-                const remote *r = &p->r[mb->node - 1];
-                /* o is zeroed: copy up to one byte short (snprintf would see p and o alias) */
-                memcpy(o->addr, r->addr, strnlen(r->addr, sizeof o->addr - 1));
-                memcpy(o->name, r->hello.name, strnlen(r->hello.name, sizeof o->name - 1));
-                o->cores = r->hello.cores;
-                o->mem_total = r->hello.mem_total;
-                o->mem_free = r->hello.mem_free;
-                o->gflops = r->hello.gflops;
-                o->rtt_s = r->rtt;
-                o->bw = r->bw;
-            }
-            if (s > 0 && k == 0) /* the hop into this stage */
-                o->link_measured = node_link(p, plan->stages[s - 1].members[0].node, mb->node, &o->link_rtt_s, &o->link_bw);
-        }
-    }
-    pthread_mutex_lock(&p->info_mu);
-    memcpy(p->members, tmp, (size_t)nm * sizeof tmp[0]);
-    p->n_members = nm;
-    pthread_mutex_unlock(&p->info_mu);
-}
-
-/* ASSIGN stage s of n_st: layers [lb[s], le[s]) on r[rid[s]] (stage 0 is
- * this machine). */
-int cm_coord_assign_stage(cm_pipe *p, int s, int n_st, const int *rid, const int *lb, const int *le, char *err,
-                        size_t errlen) {
-    remote *r = &p->r[rid[s]];
-    cm_msg m = {.type = CM_MSG_ASSIGN};
-    cm_msg_assign *a = &m.u.assign;
-    const cm_hparams *hp = &p->m->hp;
-    a->epoch = atomic_load(&p->epoch);
-    memcpy(a->model_sha256, p->sha, 32);
-    const char *base = strrchr(p->model_path, '/');
-    snprintf(a->model_name, sizeof a->model_name, "%.63s", base ? base + 1 : p->model_path);
-    a->n_layers = (uint32_t)hp->n_layer;
-    a->layer_begin = (uint32_t)lb[s];
-    a->layer_end = (uint32_t)le[s];
-    a->flags = s == n_st - 1 ? CM_ASSIGN_F_OUTPUT : 0;
-    a->head_begin = 0;
-    a->head_end = (uint32_t)hp->n_head_kv;
-    a->ffn_begin = 0;
-    a->ffn_end = (uint32_t)hp->n_ff;
-    a->n_ctx = (uint32_t)p->n_ctx;
-    a->n_seq_max = (uint32_t)p->n_seq;
-    a->stage = (uint16_t)s;
-    a->n_stages = (uint16_t)n_st;
-    a->hidden_dtype = CM_HIDDEN_F32;
-    a->tp_rank = 0;
-    a->tp_size = 1;
-    snprintf(a->tp_peers[0], sizeof a->tp_peers[0], "%.63s", r->addr);
-    snprintf(a->prev, sizeof a->prev, "%.63s", s > 1 ? p->r[rid[s - 1]].addr : "");
-    if (s + 1 < n_st) snprintf(a->next, sizeof a->next, "%.63s", p->r[rid[s + 1]].addr);
-    pthread_mutex_lock(&p->mu);
-    r->ready = false;
-    pthread_mutex_unlock(&p->mu);
-    pthread_mutex_lock(&p->send_mu);
-    atomic_store(&r->loading, true);
-    int rc = cm_conn_send(r->ctl, &m, 10000, err, errlen);
-    pthread_mutex_unlock(&p->send_mu);
-    return rc;
-}
-
-static int send_assign(cm_pipe *p, const cm_plan *plan, int s, char *err, size_t errlen) {
-    int rid[CM_PLAN_MAX_NODES], lb[CM_PLAN_MAX_NODES], le[CM_PLAN_MAX_NODES];
-    for (int i = 0; i < plan->n_stages; i++) {
-        rid[i] = plan->stages[i].members[0].node - 1;
-        lb[i] = plan->stages[i].first_layer;
-        le[i] = plan->stages[i].last_layer;
-    }
-    return cm_coord_assign_stage(p, s, plan->n_stages, rid, lb, le, err, errlen);
-}
-
-
-int cm_coord_wait_ready(cm_pipe *p, const int *ids, const char (*what)[48], int n, int timeout_s, char *err,
-                        size_t errlen) {
-    uint64_t deadline = cm_now_ns() + (uint64_t)timeout_s * 1000000000ull;
-    int rc = 0;
-    pthread_mutex_lock(&p->mu);
-    for (;;) {
-        int waiting = 0;
-        for (int i = 0; i < n && !rc; i++) {
-            const remote *r = &p->r[ids[i]];
-            if (!r->ready) waiting++;
-            else if (r->ready_status)
-                rc = cm_errf(err, errlen, r->ready_status, "node %s ('%s') cannot take %s: %s", r->addr, r->hello.name,
-                             what[i], r->ready_text);
-        }
-        if (p->fatal && !rc) rc = cm_errf(err, errlen, p->fatal, "%s", p->fatal_text);
-        if (rc || !waiting) break;
-        if (cm_now_ns() > deadline) {
-            rc = cm_errf(err, errlen, CM_ETIMEDOUT, "nodes were not ready within %d s", timeout_s);
-            break;
-        }
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 50000000;
-        if (ts.tv_nsec >= 1000000000) { ts.tv_sec++; ts.tv_nsec -= 1000000000; }
-        pthread_cond_timedwait(&p->cv, &p->mu, &ts);
-    }
-    pthread_mutex_unlock(&p->mu);
-    return rc;
 }
 
 void cm_coord_start_rx(cm_pipe *p) {
@@ -477,13 +369,15 @@ int cm_pipe_open(cm_pipe **out, const char *model_path, const cm_gguf *g, const 
     p->n_ctx = o->n_ctx > 0 ? o->n_ctx : 2048;
     p->max_batch = o->max_batch > 0 ? CM_MIN(o->max_batch, 256) : 64;
     p->timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : 60000;
+    /* The coordinator's environment, read here once (tests tighten the bounds). */
     p->lost_ms = CM_PIPE_LOST_MS;
-    {
-        const char *env = getenv("CUMULO_LOST_MS"); /* tests: a tighter or looser bound */
-        if (env && atoi(env) >= 200) p->lost_ms = atoi(env);
-        env = getenv("CUMULO_TOKEN_TIMEOUT_MS"); /* tests: the token deadline of cm_pipe_recv_token */
-        if (env && atoi(env) >= 200) p->timeout_ms = atoi(env);
-    }
+    const char *env = getenv("CUMULO_LOST_MS");
+    if (env && atoi(env) >= 200) p->lost_ms = atoi(env);
+    env = getenv("CUMULO_TOKEN_TIMEOUT_MS"); /* the token deadline of cm_pipe_recv_token */
+    if (env && atoi(env) >= 200) p->timeout_ms = atoi(env);
+    env = getenv("CUMULO_REJOIN_MS"); /* how often cm_pipe_maintain acts */
+    p->rejoin_ms = env && atoi(env) >= 100 ? atoi(env) : CM_PIPE_REJOIN_MS;
+    p->no_recover = getenv("CUMULO_TEST_NO_RECOVER") != NULL; /* cluster_failover.sh shows it fails without */
     p->log = o->log;
     p->log_ctx = o->log_ctx;
     p->epoch = cm_wall_ms();
@@ -575,57 +469,16 @@ int cm_pipe_open(cm_pipe **out, const char *model_path, const cm_gguf *g, const 
     pthread_mutex_unlock(&pm_mu);
     cm_free(pc);
     if (rc) goto fail;
-    if (plan.stages[0].members[0].node != 0) {
-        rc = cm_errf(err, errlen, CM_EINVAL, "the plan does not start on this machine");
-        goto fail;
-    }
-    p->n_stages = plan.n_stages;
-    p->local_last = plan.stages[0].last_layer;
-    for (int s = 1; s < plan.n_stages; s++) p->stage_remote[s] = plan.stages[s].members[0].node - 1;
-    cm_coord_record_members(p, &plan);
-    cm_coord_log(p, "%s", p->plan_text);
+    p->ask = plan.mode;
     p->tp_compress = o->tp_compress;
-    for (int s = 0; s < plan.n_stages; s++)
-        if (plan.stages[s].n_members > 1) { /* TP, or hybrid: coord_tp.c */
-            rc = cm_coord_tp_open(p, &plan, err, errlen);
-            if (rc) goto fail;
-            *local_last = p->local_last;
-            *out = p;
-            return 0;
-        }
-    if (plan.n_stages == 1) { /* everything fits best here: no cluster needed */
-        *local_last = m->hp.n_layer;
+    cm_coord_log(p, "%s", p->plan_text);
+    if (plan.n_stages == 1 && plan.stages[0].n_members == 1) { /* everything fits best here: no cluster needed */
         cm_pipe_close(p);
         return 0;
     }
-    for (int i = 0; i < p->n_remote; i++) {
-        if (pthread_create(&p->r[i].rx, NULL, rx_main, &p->r[i])) {
-            rc = cm_errf(err, errlen, CM_ENOMEM, "cannot start a thread");
-            goto fail;
-        }
-        p->r[i].rx_started = true;
-    }
-    for (int s = 1; s < plan.n_stages; s++)
-        if ((rc = send_assign(p, &plan, s, err, errlen))) goto fail;
-    /* Wait for every assigned node (loading, maybe streaming weights). */
-    {
-        int ids[CM_PLAN_MAX_NODES];
-        char what[CM_PLAN_MAX_NODES][48];
-        for (int s = 1; s < plan.n_stages; s++) {
-            ids[s - 1] = plan.stages[s].members[0].node - 1;
-            snprintf(what[s - 1], sizeof what[0], "layers [%d, %d)", plan.stages[s].first_layer, plan.stages[s].last_layer);
-        }
-        rc = cm_coord_wait_ready(p, ids, (const char (*)[48])what, plan.n_stages - 1, 600, err, errlen);
-    }
+    rc = cm_coord_apply_plan(p, &plan, "open", err, errlen);
     if (rc) goto fail;
-    {
-        const char *a1 = p->r[plan.stages[1].members[0].node - 1].addr;
-        char e[400];
-        cm_msg_hello peer;
-        rc = cm_cluster_dial(a1, &p->cfg, &p->hello, &p->data, &peer, e, sizeof e);
-        if (rc) { cm_errf(err, errlen, rc, "stage 1 at %s: %s", a1, e); goto fail; }
-    }
-    *local_last = p->local_last;
+    *local_last = cm_coord_local_last(p);
     *out = p;
     return 0;
 fail:
@@ -648,153 +501,12 @@ void cm_pipe_close(cm_pipe *p) {
     pthread_mutex_destroy(&p->mu);
     pthread_cond_destroy(&p->cv);
     cm_free(p->slots);
-    cm_free(p->tp_plan);
-    cm_free(p->orig_plan);
+    pthread_mutex_destroy(&p->info_mu);
     cm_free(p);
 }
 
 const char *cm_pipe_plan_text(const cm_pipe *p) { return p->plan_text; }
-int cm_pipe_n_stages(const cm_pipe *p) { return p->n_stages; }
-
-int cm_pipe_seq_acquire(cm_pipe *p, char *err, size_t errlen) {
-    pthread_mutex_lock(&p->mu);
-    int got = CM_EBUSY;
-    for (int i = 0; i < p->n_seq; i++)
-        if (!p->slots[i].used) {
-            p->slots[i] = (slot){.used = true};
-            got = i;
-            break;
-        }
-    pthread_mutex_unlock(&p->mu);
-    if (got < 0) cm_errf(err, errlen, CM_EBUSY, "all %d cluster sequences are in use", p->n_seq);
-    return got;
-}
-
-int cm_coord_send_data(cm_pipe *p, const cm_msg *m, char *err, size_t errlen) {
-    pthread_mutex_lock(&p->mu);
-    int fatal = p->fatal;
-    if (fatal) cm_errf(err, errlen, fatal, "%s", p->fatal_text);
-    pthread_mutex_unlock(&p->mu);
-    if (fatal) return fatal;
-    /* Every member of the group gets every sequence message; nodes that are
-     * connected but not in it (back or joined, a re-plan not taken) none. */
-    if (p->tp) return cm_coord_send_group0(p, m, err, errlen);
-    if (p->grouped && m->type == CM_MSG_SEQ_FREE) { /* hybrid: stage 0's members hold the sequence too */
-        int rc = cm_coord_send_group0(p, m, err, errlen);
-        if (rc) return rc;
-    }
-    int rc = cm_conn_send(p->data, m, p->timeout_ms, err, errlen);
-    if (rc) cm_coord_fatal(p, rc, "stage 1: %s", err);
-    return rc;
-}
-
-void cm_pipe_seq_release(cm_pipe *p, int slot_i) {
-    if (slot_i < 0 || slot_i >= p->n_seq) return;
-    cm_msg m = {.type = CM_MSG_SEQ_FREE};
-    m.u.seq_free = (cm_msg_seq_free){.epoch = p->epoch, .request_id = 0, .seq = slot_i};
-    char e[300];
-    pthread_mutex_lock(&p->send_mu);
-    cm_coord_send_data(p, &m, e, sizeof e);
-    pthread_mutex_unlock(&p->send_mu);
-    pthread_mutex_lock(&p->mu);
-    p->slots[slot_i].used = false;
-    pthread_mutex_unlock(&p->mu);
-}
-
-int cm_pipe_seq_start(cm_pipe *p, int slot_i, const cm_sampler_params *sp, const int32_t *hist, int n_hist,
-                      uint64_t n_sampled, char *err, size_t errlen) {
-    cm_msg m = {.type = CM_MSG_SEQ_START};
-    cm_msg_seq_start *q = &m.u.seq_start;
-    int keep = sp->repeat_last_n > 0 ? CM_MIN(sp->repeat_last_n, (int)CM_MSG_MAX_HIST) : 0;
-    if (n_hist > keep) { hist += n_hist - keep; n_hist = keep; }
-    *q = (cm_msg_seq_start){.epoch = p->epoch, .seq = slot_i, .temperature = sp->temperature, .top_k = sp->top_k,
-                            .top_p = sp->top_p, .min_p = sp->min_p, .repeat_penalty = sp->repeat_penalty,
-                            .repeat_last_n = sp->repeat_last_n, .presence_penalty = sp->presence_penalty,
-                            .frequency_penalty = sp->frequency_penalty, .seed = sp->seed, .n_sampled = n_sampled,
-                            .n_probs = (uint8_t)CM_MIN(sp->n_probs > 0 ? sp->n_probs : 0, CM_MSG_MAX_TOP),
-                            .n_hist = (uint32_t)n_hist, .hist = hist};
-    pthread_mutex_lock(&p->send_mu);
-    int rc = cm_coord_send_data(p, &m, err, errlen);
-    pthread_mutex_unlock(&p->send_mu);
-    return rc;
-}
-
-int cm_pipe_send(cm_pipe *p, int slot_i, const float *hidden, const int32_t *pos, int n, bool want_last, char *err,
-                 size_t errlen) {
-    if (n < 1 || n > (int)sizeof p->wantbuf) return cm_errf(err, errlen, CM_EINVAL, "micro-batch of %d rows", n);
-    pthread_mutex_lock(&p->send_mu);
-    for (int i = 0; i < n; i++) {
-        p->seqbuf[i] = slot_i;
-        p->wantbuf[i] = (uint8_t)(want_last && i == n - 1);
-    }
-    if (want_last) {
-        pthread_mutex_lock(&p->mu);
-        p->slots[slot_i].asked++;
-        pthread_mutex_unlock(&p->mu);
-    }
-    cm_msg m = {.type = CM_MSG_FORWARD};
-    m.u.forward = (cm_msg_forward){.epoch = p->epoch, .request_id = ++p->next_req, .n_tokens = (uint32_t)n,
-                                   .dim = (uint32_t)p->m->hp.n_embd, .dtype = CM_HIDDEN_F32, .pos = pos,
-                                   .seq = p->seqbuf, .want = p->wantbuf, .hidden = hidden};
-    int rc = cm_coord_send_data(p, &m, err, errlen);
-    if (!rc) p->rows_sent += (uint64_t)n;
-    pthread_mutex_unlock(&p->send_mu);
-    return rc;
-}
-
-int cm_pipe_recv_token(cm_pipe *p, int slot_i, int32_t *token, float *logprob, char *err, size_t errlen) {
-    uint64_t deadline = cm_now_ns() + (uint64_t)p->timeout_ms * 1000000ull;
-    int rc = 0;
-    pthread_mutex_lock(&p->mu);
-    slot *s = &p->slots[slot_i];
-    while (s->got < s->asked) {
-        if (p->fatal) { rc = cm_errf(err, errlen, p->fatal, "%s", p->fatal_text); break; }
-        if (cm_now_ns() > deadline) {
-            /* Every node answers its heartbeats, yet no token comes: a link
-             * between two stages is cut (TCP retries it for many minutes and
-             * nobody notices) or a stage is stuck. Fail the pipe, so that
-             * the caller re-plans (fresh connections everywhere) or ends its
-             * requests with this reason, instead of each waiting in turn. */
-            pthread_mutex_unlock(&p->mu);
-            cm_coord_fatal(p, CM_ETIMEDOUT, "no token from the last stage within %d ms (a link between stages may be cut)",
-                           p->timeout_ms);
-            pthread_mutex_lock(&p->mu);
-            rc = cm_errf(err, errlen, p->fatal, "%s", p->fatal_text);
-            break;
-        }
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 50000000;
-        if (ts.tv_nsec >= 1000000000) { ts.tv_sec++; ts.tv_nsec -= 1000000000; }
-        pthread_cond_timedwait(&p->cv, &p->mu, &ts);
-    }
-    if (!rc) {
-        *token = s->token;
-        if (logprob) *logprob = s->logprob;
-    }
-    pthread_mutex_unlock(&p->mu);
-    return rc;
-}
-
-int cm_pipe_members(const cm_pipe *p, cm_pipe_member_info *out, int max) {
-    cm_pipe *q = (cm_pipe *)p; /* the lock, not the record, changes */
-    pthread_mutex_lock(&q->info_mu);
-    int n = p->n_members;
-    for (int i = 0; i < n && i < max; i++) out[i] = p->members[i];
-    pthread_mutex_unlock(&q->info_mu);
-    return n;
-}
-
-void cm_pipe_hop_stats(const cm_pipe *p, uint64_t *bytes, uint64_t *frames, uint64_t *rows) {
-    cm_conn_stats st = {0};
-    if (!p->data) { *bytes = *frames = 0; *rows = p->rows_sent; return; }
-    cm_conn_get_stats(p->data, CM_MSG_FORWARD, &st);
-    *bytes = st.tx_bytes;
-    *frames = st.tx_frames;
-    *rows = p->rows_sent;
-}
-
-
-/* For coord_recover.c: the planner's view of every known node (index i + 1
- * is r[i]). */
+int cm_pipe_n_stages(const cm_pipe *p) { return p->plan.n_stages; }
 void cm_coord_make_cluster(cm_pipe *p, cm_plan_cluster *c) { make_cluster(p, c); }
+bool cm_coord_node_link(const cm_pipe *p, int i, int j, double *rtt, double *bw) { return node_link(p, i, j, rtt, bw); }
+

@@ -1,7 +1,7 @@
 /*
  * coord_impl.h: the coordinator's private state, shared by coord.c (connect,
- * plan, assign, the data path), coord_tp.c (tensor-parallel groups),
- * coord_recover.c (re-planning after a node is lost or comes back),
+ * the opening plan, receiver threads), coord_plan.c (the one plan change),
+ * coord_data.c (the data path), coord_recover.c (when to re-plan),
  * coord_join.c (nodes found by mDNS later) and coord_links.c (node to node
  * links). Nothing outside these files may include it.
  */
@@ -76,22 +76,20 @@ struct cm_pipe {
     int n_seq, n_ctx, max_batch, timeout_ms;
     _Atomic uint64_t epoch;
     uint64_t next_req;
-    int stage_remote[CM_PLAN_MAX_NODES]; /* stage s (>= 1) runs on r[stage_remote[s]] */
-    int lost_ms;
-    int generation; /* bumped by every successful cm_pipe_recover */
+    int lost_ms;    /* the loss bound (env CUMULO_LOST_MS) */
+    int rejoin_ms;  /* cm_pipe_maintain acts at most this often (env CUMULO_REJOIN_MS) */
+    bool no_recover; /* env CUMULO_TEST_NO_RECOVER: recovery refused (a test shows it matters) */
+    int generation; /* bumped by every plan applied after the first */
     int fatal;
     char fatal_text[600];
     atomic_int closing;
-    int n_stages, local_last;
     uint64_t rows_sent;
-    bool tp;                           /* one TP group: this machine is rank 0 */
-    bool grouped;                      /* some stage is a TP group (tp, or hybrid) */
+    /* The plan running now: the only record of who runs what (stage 0's
+     * first member is this machine; node k >= 1 is r[k - 1]). Written only
+     * by cm_coord_apply_plan; n_stages 0 until the first plan is applied. */
+    cm_plan plan;
+    enum cm_parallel ask;              /* the shape asked for at the start: re-plans ask the planner for it again */
     bool tp_compress;                  /* Q8_0 all-reduce transfers in every group */
-    int tp_size;                       /* members of this machine's group (stage 0) */
-    int s0_remote[CM_COLL_MAX_MEMBERS]; /* stage-0 rank r (>= 1) is r[s0_remote[r]] */
-    cm_plan *tp_plan;                  /* grouped plans: the plan running now (owned; re-planning starts from it) */
-    cm_plan *orig_plan;                /* grouped plans: the plan opened with (owned; a rejoin goes back to it) */
-    cm_slice tp_slice;
     cm_conn *tp_conn[CM_COLL_MAX_MEMBERS]; /* to each node's rank (owned) */
     cm_coll *coll;
     int32_t seqbuf[CM_MSG_MAX_TOKENS > 4096 ? 4096 : CM_MSG_MAX_TOKENS];
@@ -99,12 +97,12 @@ struct cm_pipe {
     cm_pipe_log_fn log;
     void *log_ctx;
     char plan_text[8192];
-    /* The dashboard's copy of the plan: rewritten by a re-plan while an HTTP
-     * thread reads it (cm_pipe_members), so both hold info_mu, a lock of its
-     * own that the data path never takes. */
+    /* The dashboard's copy of the plan, published by cm_coord_apply_plan
+     * while an HTTP thread may read it (cm_pipe_members), so both hold
+     * info_mu, a lock of its own that the data path never takes. */
     pthread_mutex_t info_mu;
     int n_members;
-    cm_pipe_member_info members[CM_PLAN_MAX_NODES * 2];
+    cm_cluster_member members[CM_PLAN_MAX_NODES * 2];
     uint64_t next_rejoin_ns; /* coord_recover.c: next redial of lost nodes (cm_pipe_maintain) */
     bool gave_up;            /* coord_recover.c: recovery failed; returning nodes retry it, or the rejoin interval */
     uint64_t gave_up_ns;     /* when it gave up */
@@ -122,23 +120,51 @@ void cm_coord_log(cm_pipe *p, const char *fmt, ...) __attribute__((format(printf
 void cm_coord_fatal(cm_pipe *p, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* Start the receiver thread of every node that has none. */
 void cm_coord_start_rx(cm_pipe *p);
-/* ASSIGN stage s of n_st: layers [lb[s], le[s]) on r[rid[s]] (stage 0 is
- * this machine). */
-int cm_coord_assign_stage(cm_pipe *p, int s, int n_st, const int *rid, const int *lb, const int *le, char *err,
-                          size_t errlen);
-/* Wait until each r[ids[i]] (i < n) answered READY for the current epoch:
- * 0; the first that refused (what[i] names its part, "layers [2, 4)"),
- * a failure of the pipe, or timeout_s passing: an error. */
-int cm_coord_wait_ready(cm_pipe *p, const int *ids, const char (*what)[48], int n, int timeout_s, char *err,
-                        size_t errlen);
+/* THE plan change, one transaction for opening, recovering, maintaining
+ * and rejoining alike (coord_plan.c): a new epoch; the old data and
+ * all-reduce links dropped; every member but this machine sent its ASSIGN
+ * (one builder); this machine's group mesh dialled; READY awaited from every
+ * member (one deadline: 600 s when opening, 120 s later); stage 0's
+ * all-reduce made and stage 1 dialled; then the plan becomes p->plan, the
+ * dashboard's copy and the plan text are published and, on a re-plan, the
+ * live nodes the plan does not use are released and the generation is
+ * bumped. plan is in the pipe's node indices (0 this machine, k r[k-1]);
+ * stage 0 must start on this machine and, once a plan ran, keep its layers
+ * [0, local_last). A failure after the epoch changed leaves the pipe failed
+ * with the reason ("re-plan: ..."), never half-switched. why names the
+ * cause in the log ("recovery", "nodes back or new"). */
+int cm_coord_apply_plan(cm_pipe *p, const cm_plan *plan, const char *why, char *err, size_t errlen);
+/* What a re-plan asks the planner (coord_plan.c): the shape asked at the
+ * start (p->ask) on this machine and the live nodes (the running plan's
+ * nodes first, in its order), this machine keeping its layers [0,
+ * local_last) unless the plan is one group. A hybrid ask that has no hybrid
+ * answer (too few nodes left) takes the pipeline. out is in the pipe's node
+ * indices; *cur_score (may be NULL) is the running plan's predicted speed
+ * on the same view, *score the answer's. CM_EAGAIN when nothing fits. */
+int cm_coord_replan(cm_pipe *p, cm_plan *out, double *score, double *cur_score, char *err, size_t errlen);
+/* Layers [0, local_last) that this machine's stage holds (0 before a plan). */
+static inline int cm_coord_local_last(const cm_pipe *p) { return p->plan.n_stages ? p->plan.stages[0].last_layer : 0; }
+/* The node running member k of stage s; NULL for this machine. */
+static inline remote *cm_coord_member(cm_pipe *p, int s, int k) {
+    int nd = p->plan.stages[s].members[k].node;
+    return nd ? &p->r[nd - 1] : NULL;
+}
+/* Nodes used by a plan (members of every stage). */
+static inline int cm_coord_plan_members(const cm_plan *pl) {
+    int n = 0;
+    for (int s = 0; s < pl->n_stages; s++) n += pl->stages[s].n_members;
+    return n;
+}
+static inline bool cm_coord_alive(const remote *r) { return r->ctl && r->rx_started && !atomic_load(&r->lost); }
 /* Send a sequence message down the data path (every TP member, or stage 1);
  * caller holds send_mu. A failure marks the pipe failed. */
 int cm_coord_send_data(cm_pipe *p, const cm_msg *m, char *err, size_t errlen);
 /* The planner's view of this machine (node 0) and every known node (node
- * i + 1 is r[i], lost or not), and the dashboard's record of a plan in
- * those indices (coord.c, for coord_recover.c). */
+ * i + 1 is r[i], lost or not) (coord.c). */
 void cm_coord_make_cluster(cm_pipe *p, cm_plan_cluster *c);
-void cm_coord_record_members(cm_pipe *p, const cm_plan *plan);
+/* Whether the link from plan node i to plan node j was measured (rtt, bw
+ * set either way: an estimate when not). */
+bool cm_coord_node_link(const cm_pipe *p, int i, int j, double *rtt, double *bw);
 /* Ask every node to measure its links to the other nodes (coord_links.c;
  * before the receiver threads start). Never fails: a link not measured
  * falls back to an estimate, and the plan text says which. */
@@ -158,16 +184,6 @@ bool cm_coord_any_link_down(const cm_pipe *p);
 #define CM_LINKS_RECHECK_MS 1200
 /* The links the planner used, as a matrix (appended to the plan text). */
 void cm_coord_links_text(const cm_pipe *p, char *buf, size_t n);
-/* Open a plan with tensor-parallel groups (one group of every machine, or
- * hybrid: groups as pipeline stages), this machine rank 0 of stage 0. */
-int cm_coord_tp_open(cm_pipe *p, const cm_plan *plan, char *err, size_t errlen);
-/* The plan of --groups "2,2" (members per stage, this machine's group first;
- * --layers may split the layers between the groups). */
-int cm_coord_plan_groups(cm_pipe *p, const cm_pipe_opts *o, const cm_plan_opts *po, const cm_plan_model *pm,
-                         const cm_plan_cluster *pc, cm_plan *plan, char *err, size_t errlen);
-/* Re-plan a plan with tensor-parallel groups after a loss (called by
- * cm_pipe_recover); CM_EAGAIN when it cannot. */
-int cm_coord_tp_recover(cm_pipe *p, char *err, size_t errlen);
 /* Send a sequence message to the other members of this machine's group (on
  * their control connections); caller holds send_mu. */
 int cm_coord_send_group0(cm_pipe *p, const cm_msg *m, char *err, size_t errlen);

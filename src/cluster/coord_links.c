@@ -108,7 +108,6 @@ static int link_slot(remote *r, const char *addr) {
     return t;
 }
 
-static bool live(const remote *r) { return r->ctl && r->rx_started && !atomic_load(&r->lost); }
 
 /* LINKS_REQ to r while its receiver thread runs (it hands the answer over). */
 static int ask_live(cm_pipe *p, remote *r, const char *const *peers, int k, cm_msg_links *out, char *err, size_t errlen) {
@@ -160,7 +159,7 @@ static bool pair_down(const cm_pipe *p, int i, int j) {
 bool cm_coord_any_link_down(const cm_pipe *p) {
     for (int i = 0; i < p->n_remote; i++)
         for (int j = i + 1; j < p->n_remote; j++)
-            if (live(&p->r[i]) && live(&p->r[j]) && pair_down(p, i, j)) return true;
+            if (cm_coord_alive(&p->r[i]) && cm_coord_alive(&p->r[j]) && pair_down(p, i, j)) return true;
     return false;
 }
 
@@ -168,11 +167,11 @@ int cm_coord_recheck_links(cm_pipe *p, bool only_down) {
     int changed = 0;
     for (int i = 0; i < p->n_remote; i++) {
         remote *r = &p->r[i];
-        if (!live(r)) continue;
+        if (!cm_coord_alive(r)) continue;
         const char *peers[CM_PLAN_MAX_NODES];
         int idx[CM_PLAN_MAX_NODES], k = 0;
         for (int j = i + 1; j < p->n_remote; j++)
-            if (live(&p->r[j]) && (!only_down || pair_down(p, i, j)) && k < (int)CM_MSG_MAX_PEERS) {
+            if (cm_coord_alive(&p->r[j]) && (!only_down || pair_down(p, i, j)) && k < (int)CM_MSG_MAX_PEERS) {
                 idx[k] = j;
                 peers[k++] = p->r[j].addr;
             }

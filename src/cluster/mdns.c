@@ -153,7 +153,7 @@ static bool keep_detached(cm_mdns *m, int len) {
     return true;
 }
 
-void mdns_send_mcast(cm_mdns *m, const mif *f, int len) {
+void cm_mdns_send_mcast(cm_mdns *m, const mif *f, int len) {
     if (len <= 0 || keep_detached(m, len)) return;
     if (cm_udp4_send(m->fd, m->tx, (size_t)len, k_group, CM_MDNS_PORT, f->addr) == 0) m->st.tx++;
 }
@@ -260,7 +260,7 @@ static void send_probe(cm_mdns *m) {
             rr.cache_flush = false; /* authority records of a probe carry no flush bit */
             cm_mdns_write_rr(&w, CM_MDNS_SEC_AUTHORITY, &rr);
         }
-        mdns_send_mcast(m, &m->ifs[i], cm_mdns_writer_finish(&w));
+        cm_mdns_send_mcast(m, &m->ifs[i], cm_mdns_writer_finish(&w));
     }
 }
 
@@ -278,7 +278,7 @@ static void send_announce(cm_mdns *m, bool ttl0) {
             cm_mdns_write_rr(&w, CM_MDNS_SEC_ANSWER, &rr);
             m->ifs[i].last_mcast[k] = t;
         }
-        mdns_send_mcast(m, &m->ifs[i], cm_mdns_writer_finish(&w));
+        cm_mdns_send_mcast(m, &m->ifs[i], cm_mdns_writer_finish(&w));
     }
 }
 
@@ -526,7 +526,7 @@ static void answer_query(cm_mdns *m, const cm_mdns_msg *q, mif *f, const uint8_t
         m->tokens -= 1.0;
         send_unicast(m, src, sport, len);
     } else {
-        mdns_send_mcast(m, f, len);
+        cm_mdns_send_mcast(m, f, len);
     }
 }
 
@@ -555,7 +555,7 @@ static void handle_packet(cm_mdns *m, size_t n, const uint8_t src[4], uint16_t s
     if (msg->flags & CM_MDNS_FLAG_QR) {
         if (sport != CM_MDNS_PORT) return; /* RFC 6762 §6: responses come from 5353 */
         if (m->rstate != RS_IDLE) check_conflict(m, msg);
-        if (m->browsing) mdns_browse_response(m, msg, f, src);
+        if (m->browsing) cm_mdns_browse_response(m, msg, f, src);
     } else {
         if (m->rstate == RS_PROBING) probe_tiebreak(m, msg);
         else if (m->rstate == RS_ANNOUNCING || m->rstate == RS_RUNNING) answer_query(m, msg, f, src, sport);
@@ -594,7 +594,7 @@ int cm_mdns_step(cm_mdns *m, int timeout_ms) {
             }
         }
         responder_timer(m, t);
-        mdns_browser_timer(m, t);
+        cm_mdns_browser_timer(m, t);
         uint64_t d = CM_MIN(end, next_deadline(m));
         int wait = d > t ? (int)CM_MIN(d - t, (uint64_t)1000) : 0;
         int r = 0;

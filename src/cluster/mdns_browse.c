@@ -75,7 +75,7 @@ static void send_query(cm_mdns *m, inst *only) {
                 if (w.overflow || w.len > 1400) { w = save; break; } /* NEEDSWORK: TC + continuation */
             }
         }
-        mdns_send_mcast(m, &m->ifs[i], cm_mdns_writer_finish(&w));
+        cm_mdns_send_mcast(m, &m->ifs[i], cm_mdns_writer_finish(&w));
     }
 }
 
@@ -104,7 +104,7 @@ const cm_mdns_instance *cm_mdns_instance_at(const cm_mdns *m, size_t idx) {
 
 static uint64_t expiry(uint64_t t, uint32_t ttl) { return t + (uint64_t)ttl * 1000u; }
 
-void mdns_browse_response(cm_mdns *m, const cm_mdns_msg *msg, const mif *f, const uint8_t src[4]) {
+void cm_mdns_browse_response(cm_mdns *m, const cm_mdns_msg *msg, const mif *f, const uint8_t src[4]) {
     uint64_t t = now_ms();
     /* pass 0: PTRs create or remove instances; 1: SRV/TXT; 2: addresses */
     for (int pass = 0; pass < 3; pass++) {
@@ -177,7 +177,7 @@ void mdns_browse_response(cm_mdns *m, const cm_mdns_msg *msg, const mif *f, cons
     }
 }
 
-void mdns_browser_timer(cm_mdns *m, uint64_t t) {
+void cm_mdns_browser_timer(cm_mdns *m, uint64_t t) {
     if (!m->browsing) return;
     if (t >= m->next_query) {
         send_query(m, NULL);

@@ -75,13 +75,13 @@ static inline uint64_t rand_ms(cm_mdns *m, unsigned lo, unsigned hi) {
     return lo + cm_rng_next(&m->rng) % (uint64_t)(hi - lo + 1);
 }
 /* mdns.c */
-void mdns_send_mcast(cm_mdns *m, const mif *f, int len);
+void cm_mdns_send_mcast(cm_mdns *m, const mif *f, int len);
 /* mdns_browse.c */
 /* src: the packet's IPv4 source. One source holds at most
  * MDNS_MAX_PER_SOURCE instances: a flood of fake services from one host
  * evicts only its own entries, never another host's. */
 #define MDNS_MAX_PER_SOURCE 8
-void mdns_browse_response(cm_mdns *m, const cm_mdns_msg *msg, const mif *f, const uint8_t src[4]);
-void mdns_browser_timer(cm_mdns *m, uint64_t t);
+void cm_mdns_browse_response(cm_mdns *m, const cm_mdns_msg *msg, const mif *f, const uint8_t src[4]);
+void cm_mdns_browser_timer(cm_mdns *m, uint64_t t);
 
 #endif

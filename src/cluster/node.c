@@ -95,16 +95,21 @@ typedef struct node {
     _Atomic uint64_t epoch;   /* st's epoch (0: none), for heartbeats */
     cm_node_hb hb;            /* the heartbeat thread (node_guard.c) */
     cm_node_limits lim;       /* connection limits (node_guard.c) */
-    _Atomic int n_threads;
+    struct conn_job *jobs;    /* connection threads, running or ended and not yet joined (accept loop only) */
     char cache_dir[512];
     cm_conn *tp_in[CM_COLL_MAX_MEMBERS]; /* greeted TP connections not yet taken by a stage (under mu) */
     uint64_t tp_in_epoch[CM_COLL_MAX_MEMBERS]; /* the plan epoch each was made for */
 } node;
 
+/* One connection thread. Joinable: the node's state lives on cm_node_run's
+ * stack, so cm_node_run joins every one before it returns. */
 typedef struct conn_job {
     node *n;
     cm_conn *c;
     int src; /* index into n->src */
+    pthread_t th;
+    atomic_bool done;
+    struct conn_job *next;
 } conn_job;
 
 static void stage_free(stage *s) {
@@ -633,14 +638,25 @@ static void conn_serve(node *n, cm_conn *c, int src) {
 
 static void *conn_main(void *arg) {
     conn_job *j = arg;
-    node *n = j->n;
-    cm_conn *c = j->c;
-    int src = j->src;
-    cm_free(j);
-    conn_serve(n, c, src);
-    cm_node_limits_put(&n->lim, src);
-    atomic_fetch_sub(&n->n_threads, 1);
+    conn_serve(j->n, j->c, j->src);
+    cm_node_limits_put(&j->n->lim, j->src);
+    atomic_store(&j->done, true);
     return NULL;
+}
+
+/* Join the connection threads that ended (all: every one, waiting for those
+ * still running; they leave within a receive deadline of the stop flag). */
+static void reap_jobs(node *n, bool all) {
+    for (conn_job **pj = &n->jobs; *pj;) {
+        conn_job *j = *pj;
+        if (!all && !atomic_load(&j->done)) {
+            pj = &j->next;
+            continue;
+        }
+        pthread_join(j->th, NULL);
+        *pj = j->next;
+        cm_free(j);
+    }
 }
 
 static void join_peers(node *n) {
@@ -713,6 +729,7 @@ int cm_node_run(const cm_node_opts *o, atomic_int *stop, char *err, size_t errle
         }
     }
     while (!atomic_load(stop)) {
+        reap_jobs(&n, false);
         if (md) cm_mdns_step(md, 0);
         cm_conn *c;
         char e[300];
@@ -728,25 +745,21 @@ int cm_node_run(const cm_node_opts *o, atomic_int *stop, char *err, size_t errle
             continue;
         }
         conn_job *j = cm_calloc(1, sizeof *j);
-        pthread_t t;
-        pthread_attr_t at;
-        pthread_attr_init(&at);
-        pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
         if (j) { j->n = &n; j->c = c; j->src = src; }
-        atomic_fetch_add(&n.n_threads, 1);
-        if (!j || pthread_create(&t, &at, conn_main, j)) {
-            atomic_fetch_sub(&n.n_threads, 1);
+        if (!j || pthread_create(&j->th, NULL, conn_main, j)) {
             cm_free(j);
             cm_node_limits_authenticated(&n.lim, src);
             cm_node_limits_put(&n.lim, src);
             cm_node_limits_refused(&n.lim, cm_conn_peer(c), "cannot start a thread");
             cm_conn_close(c, NULL);
+            continue;
         }
-        pthread_attr_destroy(&at);
+        j->next = n.jobs;
+        n.jobs = j;
     }
-    /* Let connection threads see the stop flag and leave (each waits at most
-     * one receive deadline). */
-    for (int i = 0; i < 100 && atomic_load(&n.n_threads) > 0; i++) cm_sleep_ms(20);
+    /* Every connection thread sees the stop flag and leaves (each waits at
+     * most one receive deadline); none may outlive the state on this stack. */
+    reap_jobs(&n, true);
     cm_node_hb_join(&n.hb);
     cm_mdns_close(md);
     cm_listener_close(l);

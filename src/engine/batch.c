@@ -5,9 +5,9 @@
  * its own KV cache), so the weights stream through the caches once per step
  * instead of once per session. Sessions join and leave between steps.
  *
- * The per-token work mirrors cm_session_generate in engine.c (sample ->
- * accept -> EOG check -> detokenize -> stop strings -> callback) so that a
- * request gives the same text alone or in a crowd; keep the two in step.
+ * This is the only generation loop: cm_session_generate (run, chat, bench)
+ * is cm_session_start, then cm_engine_step on that one session, then
+ * cm_session_finish, so a request gives the same text alone or in a crowd.
  * Nothing here allocates per token: the sampler, stop matcher and detokenizer
  * are made in cm_session_start, the logits buffer on the first step.
  */
@@ -241,10 +241,12 @@ int cm_engine_step(cm_engine *e, cm_session *const *ss, int n, char *err, size_t
     if (e->pipe) return step_cluster(e, ss, n, err, errlen);
     int nb = e->n_batch;
     int nv = e->m.hp.n_vocab;
-    if (!e->step_logits) {
-        e->step_logits = cm_malloc((size_t)nb * (size_t)nv * sizeof(float));
-        if (!e->step_logits) return cm_errf(err, errlen, CM_ENOMEM, "out of memory for %d rows of logits", nb);
-    }
+    /* Under e->mu: cm_session_generate steps one session from each caller's
+     * thread (cumulo run --streams), so several steps may run at once. */
+    pthread_mutex_lock(&e->mu);
+    if (!e->step_logits) e->step_logits = cm_malloc((size_t)nb * (size_t)nv * sizeof(float));
+    pthread_mutex_unlock(&e->mu);
+    if (!e->step_logits) return cm_errf(err, errlen, CM_ENOMEM, "out of memory for %d rows of logits", nb);
     /* Rows are collected and evaluated in chunks of at most n_batch sequences. */
     cm_session *rows[256];
     cm_kv *kvs[256];
@@ -291,6 +293,8 @@ int cm_engine_step(cm_engine *e, cm_session *const *ss, int n, char *err, size_t
         pthread_mutex_lock(&e->mu);
         char msg[256] = "";
         int rc = cm_engine_forward(e, &b, &a, rows, msg, sizeof msg);
+        for (int r = 0; r < nr && !rc; r++) /* the shared rows, copied out before another step may write them */
+            memcpy(rows[r]->logits, e->step_logits + (size_t)r * (size_t)nv, (size_t)nv * sizeof(float));
         pthread_mutex_unlock(&e->mu);
         if (rc && e->tp && rc != CM_ECANCELED) {
             /* A member of the tensor-parallel group was lost: re-form the
@@ -319,7 +323,6 @@ int cm_engine_step(cm_engine *e, cm_session *const *ss, int n, char *err, size_t
                 step_end(s, CM_FINISH_CANCEL);
                 continue;
             }
-            memcpy(s->logits, e->step_logits + (size_t)r * (size_t)nv, (size_t)nv * sizeof(float));
             s->have_logits = true;
             running++;
         }

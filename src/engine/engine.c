@@ -75,8 +75,7 @@ int cm_engine_load(cm_engine **out, const char *path, const cm_engine_opts *opts
     e->test_cluster_delay_ms = pd ? (unsigned)atoi(pd) : 0;
     if (o.nodes && *o.nodes) {
         if (e->n_batch > 256) e->n_batch = 256;
-        cm_pipe_opts po = {.nodes = o.nodes, .insecure = o.insecure, .key_file = o.key_file, .layers = o.layers,
-                           .parallel = o.parallel, .tp_weights = o.tp_weights, .groups = o.groups,
+        cm_pipe_opts po = {.nodes = o.nodes, .insecure = o.insecure, .key_file = o.key_file, .plan = o.plan,
                            .tp_compress = o.tp_compress, .n_ctx = e->n_ctx, .n_seq_max = o.n_seq > 0 ? o.n_seq : 8, .max_batch = e->n_batch,
                            .log = o.log, .log_ctx = o.log_ctx};
         rc = cm_pipe_open(&e->pipe, path, &e->g, &e->m, &po, &e->local_last, msg, sizeof msg);
@@ -186,13 +185,9 @@ int cm_engine_forward(cm_engine *e, const cm_batch *b, cm_forward_args *a, cm_se
         int32_t slots[256];
         if (b->n > 256) return cm_errf(err, errlen, CM_EINVAL, "batch of %d rows", b->n);
         for (int i = 0; i < b->n; i++) slots[i] = sess[b->seq[i]]->slot;
-        int rc = cm_pipe_tp_send(e->tp, b->tokens, b->pos, slots, b->n, err, errlen);
+        int rc = cm_pipe_stage0(e->tp, b->tokens, b->pos, slots, b->n, a, err, errlen);
         if (rc) return rc;
         if (e->test_cluster_delay_ms) cm_sleep_ms(e->test_cluster_delay_ms);
-        if (cm_pipe_tp_size(e->tp) > 1) { /* 1: every node lost, all slices here */
-            a->allreduce = cm_pipe_tp_allreduce;
-            a->allreduce_user = cm_pipe_tp_coll(e->tp);
-        }
     }
     return cm_forward(e->ctx, b, a, err, errlen);
 }
@@ -215,38 +210,7 @@ bool cm_engine_hop_stats(const cm_engine *e, uint64_t *bytes, uint64_t *frames, 
 
 int cm_engine_members(const cm_engine *e, cm_engine_member *out, int max) {
     const cm_pipe *p = e->pipe ? e->pipe : e->tp; /* a TP group of every machine is e->tp */
-    if (!p) return 0;
-    cm_pipe_member_info in[32]; /* more than a plan has (16 nodes) */
-    int n = cm_pipe_members(p, in, (int)CM_ARRAY_LEN(in));
-    for (int i = 0; i < n && i < max && i < (int)CM_ARRAY_LEN(in); i++) {
-        const cm_pipe_member_info *a = &in[i];
-        cm_engine_member *o = &out[i];
-        memset(o, 0, sizeof *o);
-        o->stage = a->stage;
-        o->first_layer = a->first_layer;
-        o->last_layer = a->last_layer;
-        o->n_members = a->n_members;
-        o->member = a->member;
-        o->kv_head_begin = a->kv_head_begin;
-        o->kv_head_end = a->kv_head_end;
-        o->ffn_begin = a->ffn_begin;
-        o->ffn_end = a->ffn_end;
-        o->local = a->local;
-        memcpy(o->addr, a->addr, sizeof o->addr);
-        memcpy(o->name, a->name, sizeof o->name);
-        o->cores = a->cores;
-        o->mem_total = a->mem_total;
-        o->mem_free = a->mem_free;
-        o->weight_bytes = a->weight_bytes;
-        o->kv_bytes = a->kv_bytes;
-        o->gflops = a->gflops;
-        o->rtt_s = a->rtt_s;
-        o->bw = a->bw;
-        o->link_measured = a->link_measured;
-        o->link_rtt_s = a->link_rtt_s;
-        o->link_bw = a->link_bw;
-    }
-    return n;
+    return p ? cm_pipe_members(p, out, max) : 0;
 }
 
 int cm_engine_type_usage(const cm_engine *e, cm_type_usage *out, int max) {
@@ -439,14 +403,9 @@ int cm_engine_eval_cluster(cm_session *s, int upto, bool want_last, char *err, s
          * the stage-0 caches saw them. Hybrid: our group's other members get
          * the token ids first and meet us in the all-reduces. */
         pthread_mutex_lock(&e->mu);
-        int rc = 0;
-        if (cm_pipe_tp_size(e->pipe) > 1) {
-            int32_t slots[256];
-            for (int i = 0; i < nb; i++) slots[i] = s->slot;
-            rc = cm_pipe_tp_send(e->pipe, b.tokens, pos, slots, nb, err, errlen);
-            a.allreduce = cm_pipe_tp_allreduce;
-            a.allreduce_user = cm_pipe_tp_coll(e->pipe);
-        }
+        int32_t slots[256];
+        for (int i = 0; i < nb; i++) slots[i] = s->slot;
+        int rc = cm_pipe_stage0(e->pipe, b.tokens, pos, slots, nb, &a, err, errlen);
         if (!rc) rc = cm_forward(e->ctx, &b, &a, err, errlen);
         if (!rc) rc = cm_pipe_send(e->pipe, s->slot, s->hidden, pos, nb, want_last && last, err, errlen);
         pthread_mutex_unlock(&e->mu);
@@ -578,135 +537,35 @@ int cm_session_append(cm_session *s, const int32_t *ids, int n, char *err, size_
     return rc;
 }
 
-typedef struct gen_state {
-    cm_session *s;
-    cm_stop *stop;
-    cm_token_cb cb;
-    void *user;
-    int stop_hit;
-    bool cb_stopped;
-} gen_state;
-
-/* Pass detokenized bytes through the stop matcher to the callback. */
-static int emit(gen_state *g, int32_t id, const char *text, size_t n, const cm_sample_info *info) {
-    const char *out = "";
-    size_t out_n = 0;
-    int r = cm_stop_feed(g->stop, text, n, &out, &out_n);
-    if (r == CM_ENOMEM) return r;
-    if (r >= 0) g->stop_hit = r;
-    cm_token_event ev = {.id = id, .text = out, .len = out_n, .info = info};
-    if (g->cb && g->cb(g->user, &ev)) g->cb_stopped = true;
-    return 0;
-}
-
+/* One generation loop for every caller: start, then step this one session
+ * until it ends, then finish (batch.c). A session alone thus gets exactly
+ * what it gets in serve's crowd, by construction. */
 int cm_session_generate(cm_session *s, const cm_gen_params *p, cm_token_cb cb, void *user, cm_gen_result *res,
                         char *err, size_t errlen) {
     cm_engine *e = s->e;
     memset(res, 0, sizeof *res);
     res->stop_index = -1;
     atomic_store(&s->cancel, 0);
+    if (err && errlen) err[0] = 0;
     if (s->n_hist > s->kv.n_past + (e->pipe ? 1 : 0)) { /* continuing: evaluate the last sampled token */
         int r = eval_pending(s, err, errlen);
         if (r) return r;
     }
     if (!s->have_logits) return cm_errf(err, errlen, CM_ESTATE, "generate before a prompt was evaluated");
-    cm_sampler *smp = cm_sampler_new(&p->sampling, e->m.hp.n_vocab, err, errlen);
-    if (!smp) return CM_EINVAL;
-    cm_stop *stop = cm_stop_new(p->stops, p->n_stops, err, errlen);
-    if (!stop) { cm_sampler_free(smp); return CM_EINVAL; }
-    /* Penalties see the recent context, as llama.cpp's CLI accepts the prompt.
-     * On a cluster the last stage samples: the history goes to it. */
-    int n_done = e->pipe ? s->n_hist : s->kv.n_past;
-    int from = n_done - (p->sampling.repeat_last_n > 0 ? p->sampling.repeat_last_n : 0);
-    for (int i = from < 0 ? 0 : from; i < n_done; i++) cm_sampler_accept(smp, s->hist[i]);
-    if (e->pipe) {
-        int r = cm_pipe_seq_start(e->pipe, s->slot, &p->sampling, s->hist, s->n_hist, 0, err, errlen);
-        if (r) { cm_stop_free(stop); cm_sampler_free(smp); return r; }
+    int rc = cm_session_start(s, p, cb, user, err, errlen);
+    if (rc) return rc;
+    cm_session *one[1] = {s};
+    while (cm_session_running(s) && rc >= 0) rc = cm_engine_step(e, one, 1, err, errlen);
+    if (cm_session_running(s)) { /* an error that did not end it: end it now */
+        cm_session_cancel(s);
+        cm_engine_step(e, one, 1, NULL, 0);
     }
-    /* The first generated piece loses its leading space only when nothing
-     * but specials (BOS) precedes it, like llama.cpp's detokenizer. */
-    bool lstrip = true;
-    for (int i = 0; i < n_done; i++)
-        if (!cm_tokenizer_is_control(e->tok, s->hist[i])) lstrip = false;
-    cm_detok dt;
-    cm_detok_init(&dt, e->tok, false, lstrip);
-    gen_state g = {.s = s, .stop = stop, .cb = cb, .user = user, .stop_hit = -1};
-    int rc = 0;
-    int n_gen = 0, recoveries = 0;
-    enum cm_finish fin = CM_FINISH_LENGTH;
-    cm_sample_info info; /* a few hundred bytes on the stack, filled per token */
-    double t0 = cm_now_s();
-    for (;;) {
-        if (atomic_load(&s->cancel)) { fin = CM_FINISH_CANCEL; break; }
-        if (p->n_predict > 0 && n_gen >= p->n_predict) { fin = CM_FINISH_LENGTH; break; }
-        int32_t id;
-        memset(&info, 0, sizeof info);
-        if (e->pipe) {
-            /* Evaluate the pending token; the last stage samples. */
-            if ((rc = cm_engine_eval_cluster(s, s->n_hist, true, err, errlen)) ||
-                (rc = cm_pipe_recv_token(e->pipe, s->slot, &id, &info.logprob, err, errlen))) {
-                if (rc == CM_ECANCELED) { rc = 0; fin = CM_FINISH_CANCEL; break; }
-                /* A stage was lost: re-plan, tell the new last stage the
-                 * sampler, the history and how many tokens it sampled (its
-                 * draws go on from there), recompute prompt + tokens emitted
-                 * (the token in flight was never taken: nothing repeats). */
-                if (cm_pipe_failed(e->pipe) && recoveries++ < 4) {
-                    rc = cm_pipe_recover(e->pipe, err, errlen);
-                    if (!rc)
-                        rc = cm_pipe_seq_start(e->pipe, s->slot, &p->sampling, s->hist, s->n_hist, (uint64_t)n_gen, err,
-                                               errlen);
-                    if (!rc) {
-                        cm_kv_truncate(&s->kv, 0);
-                        s->pipe_gen = cm_pipe_generation(e->pipe);
-                        continue;
-                    }
-                }
-                break;
-            }
-            cm_engine_pipe_top(e, s->slot, &info);
-            if (id < 0 || id >= e->m.hp.n_vocab) {
-                rc = cm_errf(err, errlen, CM_EPROTO, "the last stage sent token id %d", id);
-                break;
-            }
-        } else {
-            id = cm_sampler_sample(smp, s->logits, &info);
-        }
-        cm_sampler_accept(smp, id);
-        if (!p->ignore_eos && cm_tokenizer_is_eog(e->tok, id)) { fin = CM_FINISH_EOG; n_gen++; break; }
-        n_gen++;
-        s->hist[s->n_hist++] = id;
-        size_t pn = 0;
-        if ((rc = cm_detok_push(&dt, id, s->piece, s->piece_cap, &pn))) break;
-        if ((rc = emit(&g, id, s->piece, pn, &info))) break;
-        if (g.stop_hit >= 0) { fin = CM_FINISH_STOP; break; }
-        if (g.cb_stopped) { fin = CM_FINISH_CANCEL; break; }
-        if (p->n_predict > 0 && n_gen >= p->n_predict) { fin = CM_FINISH_LENGTH; break; }
-        if (s->n_hist >= s->n_ctx) { fin = CM_FINISH_CTX; break; }
-        if (e->pipe) continue; /* the new token is evaluated with the next sample */
-        if ((rc = eval_pending(s, err, errlen))) {
-            if (rc == CM_ECANCELED) { rc = 0; fin = CM_FINISH_CANCEL; }
-            break;
-        }
+    cm_session_finish(s, res);
+    if (rc == CM_ECANCELED) { /* canceled while evaluating: a canceled generation, not a failure */
+        res->finish = CM_FINISH_CANCEL;
+        rc = 0;
     }
-    if (!rc && fin != CM_FINISH_STOP) {
-        /* Flush what the detokenizer and the stop matcher still hold. */
-        size_t pn = 0;
-        if (cm_detok_flush(&dt, s->piece, s->piece_cap, &pn) == 0 && pn) emit(&g, -1, s->piece, pn, NULL);
-        if (g.stop_hit >= 0) fin = CM_FINISH_STOP;
-        const char *out = "";
-        size_t on = 0;
-        cm_stop_flush(stop, &out, &on);
-        cm_token_event ev = {.id = -1, .text = out, .len = on};
-        if (on && cb) cb(user, &ev);
-    }
-    s->have_logits = e->pipe ? s->n_hist == s->kv.n_past + 1 : s->have_logits && s->n_hist == s->kv.n_past;
-    s->t.n_gen = n_gen;
-    s->t.gen_s = cm_now_s() - t0;
-    res->finish = fin;
-    res->t = s->t;
-    res->stop_index = g.stop_hit;
-    cm_stop_free(stop);
-    cm_sampler_free(smp);
-    if (rc && rc != CM_ECANCELED && err && !*err) cm_errf(err, errlen, rc, "generation failed: %s", cm_strerror(rc));
+    if (rc > 0) rc = 0;
+    if (rc && err && !*err) cm_errf(err, errlen, rc, "generation failed: %s", cm_strerror(rc));
     return rc;
 }

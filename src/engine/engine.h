@@ -22,6 +22,8 @@
 
 #include "../base/base.h"
 #include "../sampler/sampler.h"
+#include "../cluster/member.h"
+#include "../sched/plan.h"
 #include "../tokenizer/chat.h"
 
 #include <stdbool.h>
@@ -50,13 +52,11 @@ typedef struct cm_engine_opts {
     const char *nodes;
     bool insecure;          /* no cluster key (every node must run --insecure too) */
     const char *key_file;   /* NULL: $CUMULO_KEY_FILE or ~/.config/cumulo/cluster.key */
-    const char *layers;     /* layers per stage, this machine first ("2,1,2"); NULL: the planner's */
     int n_seq;              /* sequences the cluster serves at once; 0 = 8 */
-    const char *parallel;   /* NULL / "pp": pipeline; "tp": one tensor-parallel group of every machine;
-                             * "hybrid": tensor-parallel groups as pipeline stages; "auto": the planner's choice
-                             * (this machine rank 0: it computes every layer on its slice and samples) */
-    const char *tp_weights; /* tp: relative speed per machine, this one first ("1,2"): slice sizes */
-    const char *groups;     /* members per pipeline stage, this machine's group first ("2,2"): hybrid */
+    cm_plan_request plan;   /* the plan's shape: PP, TP (one group of every machine: this one is rank 0, computes
+                             * every layer on its slice and samples), HYBRID (groups as stages) or AUTO; a layer
+                             * split, members per stage, relative speeds. Zero: the planner's pipeline. Parsed
+                             * by the caller (cumulo: --parallel, --layers, --groups, --tp-weights) */
     bool tp_compress;       /* tensor-parallel all-reduces travel as 8-bit Q8_0 blocks */
     void (*log)(void *ctx, const char *line); /* cluster progress: links, plan, weights */
     void *log_ctx;
@@ -117,20 +117,7 @@ bool cm_engine_tp_stats(const cm_engine *e, uint64_t *data_sent, uint64_t *wire_
  * order (the dashboard's topology). Facts of remote machines are from their
  * HELLO when they connected; rtt_s/bw are this machine's measured link to
  * them (0 for this machine). */
-typedef struct cm_engine_member {
-    int stage, first_layer, last_layer; /* layers [first, last) */
-    int n_members, member;              /* tensor-parallel group (1, 0: whole layers) */
-    int kv_head_begin, kv_head_end, ffn_begin, ffn_end;
-    bool local;
-    char addr[80], name[64];
-    uint32_t cores;
-    uint64_t mem_total, mem_free, weight_bytes, kv_bytes;
-    double gflops, rtt_s, bw;
-    /* First member of stage >= 1: the hop into it, from the previous stage's
-     * first member (node to node links are measured by the nodes) */
-    bool link_measured;
-    double link_rtt_s, link_bw;
-} cm_engine_member;
+typedef cm_cluster_member cm_engine_member; /* cluster/member.h */
 /* Fills up to max entries; returns the count (0 on a single-machine engine). */
 int cm_engine_members(const cm_engine *e, cm_engine_member *out, int max);
 
@@ -226,7 +213,9 @@ int cm_session_append(cm_session *s, const int32_t *ids, int n, char *err, size_
 /* Generate after set_prompt/append (or again, to continue): sample, stream through cb, stop at EOG,
  * a stop string, n_predict tokens, a full context or cancel. The sampler is
  * (re)made from p->sampling for each call. Returns 0 (see res->finish) or an
- * error code. */
+ * error code. It is cm_session_start + cm_engine_step on this session alone
+ * + cm_session_finish (below), so its text is the batched one by
+ * construction. */
 int cm_session_generate(cm_session *s, const cm_gen_params *p, cm_token_cb cb, void *user, cm_gen_result *res,
                         char *err, size_t errlen);
 
@@ -256,9 +245,11 @@ cm_timings cm_session_timings(const cm_session *s);
  *
  * Use: cm_session_set_prompt (prefill), then cm_session_start; then call
  * cm_engine_step with every running session until cm_session_running is false
- * for each; then cm_session_finish for its result. All of these run on one
- * thread (the scheduler's); cm_session_cancel from any thread ends a session
- * at its next step with finish = cancel. */
+ * for each; then cm_session_finish for its result. cm_session_generate is
+ * exactly that for one session (the only generation loop). A session is
+ * stepped by one thread at a time; several threads may step sessions of one
+ * engine at once (cumulo run --streams); cm_session_cancel from any thread
+ * ends a session at its next step with finish = cancel. */
 
 
 /* Begin generating on a session whose prompt was just evaluated. Allocates

@@ -6,7 +6,7 @@
  * with choices[].delta or choices[].text, finish_reason, usage, logprobs) and
  * OpenAI error objects.
  *
- * Responses are written by hand into cm_bufs (json_str escapes, and turns
+ * Responses are written by hand into cm_bufs (cm_json_str escapes, and turns
  * invalid UTF-8 into U+FFFD so the output is always valid JSON). Never
  * touches sockets; never aborts on input.
  */
@@ -36,7 +36,7 @@ static int utf8_len(const unsigned char *p, size_t n) {
     return len;
 }
 
-void json_str(cm_buf *b, const char *s, size_t n) {
+void cm_json_str(cm_buf *b, const char *s, size_t n) {
     const unsigned char *p = (const unsigned char *)s;
     cm_buf_append(b, "\"", 1);
     size_t i = 0, run = 0; /* bytes [i - run, i) are plain and not yet copied */
@@ -62,7 +62,7 @@ void json_str(cm_buf *b, const char *s, size_t n) {
     cm_buf_append(b, "\"", 1);
 }
 
-static void json_cstr(cm_buf *b, const char *s) { json_str(b, s, strlen(s)); }
+static void json_cstr(cm_buf *b, const char *s) { cm_json_str(b, s, strlen(s)); }
 
 static void json_num(cm_buf *b, double v) {
     if (!isfinite(v)) v = v < 0 ? -9999.0 : 9999.0; /* JSON has no infinities */
@@ -71,7 +71,7 @@ static void json_num(cm_buf *b, double v) {
 
 /* ---- errors ---- */
 
-void api_error_set(api_error *e, int status, const char *type, const char *param, const char *code,
+void cm_api_error_set(api_error *e, int status, const char *type, const char *param, const char *code,
                    const char *fmt, ...) {
     e->status = status;
     e->type = type;
@@ -83,7 +83,7 @@ void api_error_set(api_error *e, int status, const char *type, const char *param
     va_end(ap);
 }
 
-void api_error_json(cm_buf *out, const api_error *e) {
+void cm_api_error_json(cm_buf *out, const api_error *e) {
     cm_buf_puts(out, "{\"error\":{\"message\":");
     json_cstr(out, e->message);
     cm_buf_puts(out, ",\"type\":");
@@ -100,7 +100,7 @@ void api_error_json(cm_buf *out, const api_error *e) {
 /* ---- request parsing ---- */
 
 #define BAD(param, ...) \
-    do { api_error_set(ae, 400, "invalid_request_error", param, NULL, __VA_ARGS__); goto fail; } while (0)
+    do { cm_api_error_set(ae, 400, "invalid_request_error", param, NULL, __VA_ARGS__); goto fail; } while (0)
 
 static bool is_null(const cJSON *x) { return !x || cJSON_IsNull(x); }
 
@@ -109,7 +109,7 @@ static bool get_num(const cJSON *o, const char *key, double lo, double hi, doubl
     const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, key);
     if (is_null(x)) return true;
     if (!cJSON_IsNumber(x) || !isfinite(x->valuedouble) || x->valuedouble < lo || x->valuedouble > hi) {
-        api_error_set(ae, 400, "invalid_request_error", key, NULL, "'%s' must be a number from %g to %g", key, lo,
+        cm_api_error_set(ae, 400, "invalid_request_error", key, NULL, "'%s' must be a number from %g to %g", key, lo,
                       hi);
         return false;
     }
@@ -121,7 +121,7 @@ static bool get_int(const cJSON *o, const char *key, double lo, double hi, long 
     const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, key);
     if (is_null(x)) return true;
     if (!cJSON_IsNumber(x) || x->valuedouble != floor(x->valuedouble) || x->valuedouble < lo || x->valuedouble > hi) {
-        api_error_set(ae, 400, "invalid_request_error", key, NULL, "'%s' must be an integer from %.0f to %.0f", key, lo,
+        cm_api_error_set(ae, 400, "invalid_request_error", key, NULL, "'%s' must be an integer from %.0f to %.0f", key, lo,
                       hi);
         return false;
     }
@@ -133,7 +133,7 @@ static bool get_bool(const cJSON *o, const char *key, bool *out, api_error *ae) 
     const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, key);
     if (is_null(x)) return true;
     if (!cJSON_IsBool(x)) {
-        api_error_set(ae, 400, "invalid_request_error", key, NULL, "'%s' must be true or false", key);
+        cm_api_error_set(ae, 400, "invalid_request_error", key, NULL, "'%s' must be true or false", key);
         return false;
     }
     *out = cJSON_IsTrue(x);
@@ -147,7 +147,7 @@ static bool content_text(const cJSON *c, cm_buf *out, int i, api_error *ae) {
     char param[64];
     snprintf(param, sizeof param, "messages[%d].content", i);
     if (!cJSON_IsArray(c)) {
-        api_error_set(ae, 400, "invalid_request_error", param, NULL, "'%s' must be a string or an array of text parts",
+        cm_api_error_set(ae, 400, "invalid_request_error", param, NULL, "'%s' must be a string or an array of text parts",
                       param);
         return false;
     }
@@ -156,7 +156,7 @@ static bool content_text(const cJSON *c, cm_buf *out, int i, api_error *ae) {
         const cJSON *t = cJSON_GetObjectItemCaseSensitive(part, "type");
         const cJSON *x = cJSON_GetObjectItemCaseSensitive(part, "text");
         if (!cJSON_IsString(t) || strcmp(t->valuestring, "text") || !cJSON_IsString(x)) {
-            api_error_set(ae, 400, "invalid_request_error", param, NULL,
+            cm_api_error_set(ae, 400, "invalid_request_error", param, NULL,
                           "'%s': only parts of type 'text' are supported (this model reads text only)", param);
             return false;
         }
@@ -168,19 +168,19 @@ static bool content_text(const cJSON *c, cm_buf *out, int i, api_error *ae) {
 static int chat_prompt(cm_http_server *srv, const cJSON *root, cm_buf *text, api_error *ae) {
     const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(root, "messages");
     if (!cJSON_IsArray(msgs) || cJSON_GetArraySize(msgs) < 1) {
-        api_error_set(ae, 400, "invalid_request_error", "messages", NULL,
+        cm_api_error_set(ae, 400, "invalid_request_error", "messages", NULL,
                       "'messages' is required: a non-empty array of {role, content}");
         return -1;
     }
     int n = cJSON_GetArraySize(msgs);
     if (n > 4096) {
-        api_error_set(ae, 400, "invalid_request_error", "messages", NULL, "too many messages (%d; at most 4096)", n);
+        cm_api_error_set(ae, 400, "invalid_request_error", "messages", NULL, "too many messages (%d; at most 4096)", n);
         return -1;
     }
     cm_chat_msg *m = cm_calloc((size_t)n, sizeof *m);
     cm_buf *parts = cm_calloc((size_t)n, sizeof *parts);
     int rc = -1;
-    if (!m || !parts) { api_error_set(ae, 503, "server_error", NULL, NULL, "out of memory"); goto out; }
+    if (!m || !parts) { cm_api_error_set(ae, 503, "server_error", NULL, NULL, "out of memory"); goto out; }
     int i = 0;
     const cJSON *msg;
     cJSON_ArrayForEach(msg, msgs) {
@@ -188,13 +188,13 @@ static int chat_prompt(cm_http_server *srv, const cJSON *root, cm_buf *text, api
         snprintf(param, sizeof param, "messages[%d].role", i);
         const cJSON *role = cJSON_GetObjectItemCaseSensitive(msg, "role");
         if (!cJSON_IsObject(msg) || !cJSON_IsString(role)) {
-            api_error_set(ae, 400, "invalid_request_error", param, NULL, "'%s' is required", param);
+            cm_api_error_set(ae, 400, "invalid_request_error", param, NULL, "'%s' is required", param);
             goto out;
         }
         const char *r = role->valuestring;
         if (!strcmp(r, "developer")) r = "system";
         if (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant")) {
-            api_error_set(ae, 400, "invalid_request_error", param, NULL,
+            cm_api_error_set(ae, 400, "invalid_request_error", param, NULL,
                           "'%s' must be system, developer, user or assistant (tools are not supported)", param);
             goto out;
         }
@@ -206,8 +206,8 @@ static int chat_prompt(cm_http_server *srv, const cJSON *root, cm_buf *text, api
         i++;
     }
     char err[256];
-    if (cm_engine_chat_render(srv_engine(srv), srv_chat_template(srv), m, (size_t)n, true, text, err, sizeof err)) {
-        api_error_set(ae, 400, "invalid_request_error", "messages", NULL, "%s", err);
+    if (cm_engine_chat_render(cm_http_engine(srv), cm_http_chat_template(srv), m, (size_t)n, true, text, err, sizeof err)) {
+        cm_api_error_set(ae, 400, "invalid_request_error", "messages", NULL, "%s", err);
         goto out;
     }
     rc = 0;
@@ -219,15 +219,15 @@ out:
 }
 
 static int tokenize(cm_http_server *srv, const char *text, size_t len, bool special, job *j, api_error *ae) {
-    cm_engine *e = srv_engine(srv);
+    cm_engine *e = cm_http_engine(srv);
     char err[256];
-    int cap = (int)CM_MIN(len + 8, (size_t)srv_n_ctx(srv) + 8);
+    int cap = (int)CM_MIN(len + 8, (size_t)cm_http_n_ctx(srv) + 8);
     for (;;) {
         j->ids = cm_malloc((size_t)cap * sizeof *j->ids);
-        if (!j->ids) { api_error_set(ae, 503, "server_error", NULL, NULL, "out of memory"); return -1; }
+        if (!j->ids) { cm_api_error_set(ae, 503, "server_error", NULL, NULL, "out of memory"); return -1; }
         int n = cm_engine_tokenize(e, text, len, true, special, j->ids, cap, err, sizeof err);
         if (n < 0) {
-            api_error_set(ae, 400, "invalid_request_error", j->chat ? "messages" : "prompt", NULL, "%s", err);
+            cm_api_error_set(ae, 400, "invalid_request_error", j->chat ? "messages" : "prompt", NULL, "%s", err);
             return -1;
         }
         if (n <= cap) { j->n_ids = n; return 0; }
@@ -244,15 +244,15 @@ static int completion_prompt(cm_http_server *srv, const cJSON *root, job *j, api
     if (cJSON_IsString(p)) return tokenize(srv, p->valuestring, strlen(p->valuestring), false, j, ae);
     if (cJSON_IsArray(p) && cJSON_GetArraySize(p) > 0 && cJSON_IsNumber(cJSON_GetArrayItem(p, 0))) {
         cm_engine_info info;
-        cm_engine_get_info(srv_engine(srv), &info);
+        cm_engine_get_info(cm_http_engine(srv), &info);
         int n = cJSON_GetArraySize(p);
         j->ids = cm_malloc((size_t)n * sizeof *j->ids);
-        if (!j->ids) { api_error_set(ae, 503, "server_error", NULL, NULL, "out of memory"); return -1; }
+        if (!j->ids) { cm_api_error_set(ae, 503, "server_error", NULL, NULL, "out of memory"); return -1; }
         const cJSON *x;
         cJSON_ArrayForEach(x, p) {
             if (!cJSON_IsNumber(x) || x->valuedouble != floor(x->valuedouble) || x->valuedouble < 0 ||
                 x->valuedouble >= info.n_vocab) {
-                api_error_set(ae, 400, "invalid_request_error", "prompt", NULL,
+                cm_api_error_set(ae, 400, "invalid_request_error", "prompt", NULL,
                               "'prompt' token ids must be integers from 0 to %d", info.n_vocab - 1);
                 return -1;
             }
@@ -260,12 +260,12 @@ static int completion_prompt(cm_http_server *srv, const cJSON *root, job *j, api
         }
         return 0;
     }
-    api_error_set(ae, 400, "invalid_request_error", "prompt", NULL,
+    cm_api_error_set(ae, 400, "invalid_request_error", "prompt", NULL,
                   "'prompt' is required: a string, an array of one string, or an array of token ids");
     return -1;
 }
 
-int api_parse_request(cm_http_server *srv, bool chat, const char *body, size_t n, job *j, api_error *ae) {
+int cm_api_parse_request(cm_http_server *srv, bool chat, const char *body, size_t n, job *j, api_error *ae) {
     cJSON *root = cJSON_ParseWithLength(body, n);
     cm_buf text;
     cm_buf_init(&text);
@@ -275,10 +275,10 @@ int api_parse_request(cm_http_server *srv, bool chat, const char *body, size_t n
     if (!cJSON_IsObject(root)) BAD(NULL, "the request body must be a JSON object");
     const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
     if (!is_null(model) && !cJSON_IsString(model)) BAD("model", "'model' must be a string");
-    if (cJSON_IsString(model) && strcmp(model->valuestring, srv_model_id(srv))) {
-        api_error_set(ae, 404, "invalid_request_error", "model", "model_not_found",
+    if (cJSON_IsString(model) && strcmp(model->valuestring, cm_http_model_id(srv))) {
+        cm_api_error_set(ae, 404, "invalid_request_error", "model", "model_not_found",
                       "The model '%.200s' does not exist; this server serves '%.200s'", model->valuestring,
-                      srv_model_id(srv));
+                      cm_http_model_id(srv));
         goto fail;
     }
     long long nn = 1;
@@ -370,15 +370,15 @@ int api_parse_request(cm_http_server *srv, bool chat, const char *body, size_t n
     }
     const char *what = chat ? "messages" : "prompt";
     if (j->n_ids < 1) BAD(what, "the prompt is empty");
-    int n_ctx = srv_n_ctx(srv);
+    int n_ctx = cm_http_n_ctx(srv);
     if (j->n_ids >= n_ctx) {
-        api_error_set(ae, 400, "invalid_request_error", what, "context_length_exceeded",
+        cm_api_error_set(ae, 400, "invalid_request_error", what, "context_length_exceeded",
                       "This model's maximum context length is %d tokens. However, your %s resulted in %d tokens.",
                       n_ctx, what, j->n_ids);
         goto fail;
     }
     if (mt > 0 && j->n_ids + mt > n_ctx) {
-        api_error_set(ae, 400, "invalid_request_error", "max_tokens", "context_length_exceeded",
+        cm_api_error_set(ae, 400, "invalid_request_error", "max_tokens", "context_length_exceeded",
                       "This model's maximum context length is %d tokens. However, you requested %lld tokens (%d in "
                       "the %s, %lld in the completion).",
                       n_ctx, j->n_ids + mt, j->n_ids, what, mt);
@@ -402,7 +402,7 @@ static const char *finish_reason(enum cm_finish f) {
 
 /* One token's text and bytes for logprobs. */
 static int piece(job *j, int32_t id, char *buf, size_t cap) {
-    int n = cm_engine_token_piece(srv_engine(j->srv), id, buf, cap);
+    int n = cm_engine_token_piece(cm_http_engine(j->srv), id, buf, cap);
     return n < 0 ? 0 : n;
 }
 
@@ -410,7 +410,7 @@ static void lp_token_fields(cm_buf *b, job *j, int32_t id, float lp) {
     char t[256];
     int n = piece(j, id, t, sizeof t);
     cm_buf_puts(b, "\"token\":");
-    json_str(b, t, (size_t)n);
+    cm_json_str(b, t, (size_t)n);
     cm_buf_puts(b, ",\"logprob\":");
     json_num(b, lp);
     cm_buf_puts(b, ",\"bytes\":[");
@@ -442,7 +442,7 @@ static void lp_json(cm_buf *b, job *j, int from, int to) {
     cm_buf_puts(b, "{\"tokens\":[");
     for (int i = from; i < to; i++) {
         if (i > from) cm_buf_puts(b, ",");
-        json_str(b, t, (size_t)piece(j, j->lp_ids[i], t, sizeof t));
+        cm_json_str(b, t, (size_t)piece(j, j->lp_ids[i], t, sizeof t));
     }
     cm_buf_puts(b, "],\"token_logprobs\":[");
     for (int i = from; i < to; i++) {
@@ -454,7 +454,7 @@ static void lp_json(cm_buf *b, job *j, int from, int to) {
         cm_buf_puts(b, i > from ? ",{" : "{");
         for (int k = 0; k < j->lps[i].n_top && k < j->logprobs; k++) {
             if (k) cm_buf_puts(b, ",");
-            json_str(b, t, (size_t)piece(j, j->lps[i].top[k].id, t, sizeof t));
+            cm_json_str(b, t, (size_t)piece(j, j->lps[i].top[k].id, t, sizeof t));
             cm_buf_puts(b, ":");
             json_num(b, j->lps[i].top[k].logprob);
         }
@@ -474,7 +474,7 @@ static void chunk_head(cm_buf *b, job *j) {
     json_cstr(b, j->id);
     cm_buf_printf(b, ",\"object\":\"%s\",\"created\":%lld,\"model\":", j->chat ? "chat.completion.chunk" : "text_completion",
                   j->created);
-    json_cstr(b, srv_model_id(j->srv));
+    json_cstr(b, cm_http_model_id(j->srv));
     cm_buf_puts(b, ",\"system_fingerprint\":\"cumulo\",\"choices\":[");
 }
 
@@ -485,11 +485,11 @@ static void chunk(job *j, const char *text, size_t len, bool role, const char *f
     if (j->chat) {
         cm_buf_puts(b, "\"delta\":{");
         if (role) cm_buf_puts(b, "\"role\":\"assistant\",\"content\":\"\"");
-        else if (!finish) { cm_buf_puts(b, "\"content\":"); json_str(b, text, len); }
+        else if (!finish) { cm_buf_puts(b, "\"content\":"); cm_json_str(b, text, len); }
         cm_buf_puts(b, "},");
     } else {
         cm_buf_puts(b, "\"text\":");
-        json_str(b, text, len);
+        cm_json_str(b, text, len);
         cm_buf_puts(b, ",");
     }
     cm_buf_puts(b, "\"logprobs\":");
@@ -507,9 +507,9 @@ static void chunk(job *j, const char *text, size_t len, bool role, const char *f
     cm_buf_puts(b, "}\n\n");
 }
 
-void api_stream_delta(job *j, const char *text, size_t len) { chunk(j, text, len, false, NULL); }
+void cm_api_stream_delta(job *j, const char *text, size_t len) { chunk(j, text, len, false, NULL); }
 
-void api_stream_role(job *j) {
+void cm_api_stream_role(job *j) {
     if (j->chat) chunk(j, "", 0, true, NULL);
 }
 
@@ -518,13 +518,13 @@ static void usage_json(cm_buf *b, job *j) {
                   j->n_ids + j->n_gen);
 }
 
-void api_stream_end(job *j) {
+void cm_api_stream_end(job *j) {
     cm_buf *b = &j->sse;
     if (j->http_status) {
         api_error e;
-        api_error_set(&e, j->http_status, "server_error", NULL, NULL, "%s", j->errmsg);
+        cm_api_error_set(&e, j->http_status, "server_error", NULL, NULL, "%s", j->errmsg);
         cm_buf_puts(b, "data: ");
-        api_error_json(b, &e);
+        cm_api_error_json(b, &e);
         cm_buf_puts(b, "\n\n");
     } else if (j->finish != CM_FINISH_CANCEL) {
         chunk(j, "", 0, false, finish_reason(j->finish));
@@ -538,23 +538,23 @@ void api_stream_end(job *j) {
     cm_buf_puts(b, "data: [DONE]\n\n");
 }
 
-char *api_final_json(job *j) {
+char *cm_api_final_json(job *j) {
     cm_buf b;
     cm_buf_init(&b);
     cm_buf_puts(&b, "{\"id\":");
     json_cstr(&b, j->id);
     cm_buf_printf(&b, ",\"object\":\"%s\",\"created\":%lld,\"model\":", j->chat ? "chat.completion" : "text_completion",
                   j->created);
-    json_cstr(&b, srv_model_id(j->srv));
+    json_cstr(&b, cm_http_model_id(j->srv));
     cm_buf_puts(&b, ",\"system_fingerprint\":\"cumulo\",\"choices\":[{\"index\":0,");
     const char *t = j->text.data ? j->text.data : "";
     if (j->chat) {
         cm_buf_puts(&b, "\"message\":{\"role\":\"assistant\",\"content\":");
-        json_str(&b, t, j->text.len);
+        cm_json_str(&b, t, j->text.len);
         cm_buf_puts(&b, "},");
     } else {
         cm_buf_puts(&b, "\"text\":");
-        json_str(&b, t, j->text.len);
+        cm_json_str(&b, t, j->text.len);
         cm_buf_puts(&b, ",");
     }
     cm_buf_puts(&b, "\"logprobs\":");
@@ -567,14 +567,14 @@ char *api_final_json(job *j) {
     return b.data;
 }
 
-void api_models_json(cm_http_server *srv, cm_buf *out) {
+void cm_api_models_json(cm_http_server *srv, cm_buf *out) {
     cm_engine_info in;
-    cm_engine_get_info(srv_engine(srv), &in);
+    cm_engine_get_info(cm_http_engine(srv), &in);
     cm_buf_puts(out, "{\"object\":\"list\",\"data\":[{\"id\":");
-    json_cstr(out, srv_model_id(srv));
+    json_cstr(out, cm_http_model_id(srv));
     cm_buf_printf(out, ",\"object\":\"model\",\"created\":%lld,\"owned_by\":\"cumulo\",\"meta\":{\"arch\":",
                   (long long)(cm_wall_ms() / 1000));
     json_cstr(out, in.arch);
     cm_buf_printf(out, ",\"n_params\":%llu,\"n_ctx\":%d,\"n_ctx_train\":%d,\"n_vocab\":%d}}]}",
-                  (unsigned long long)in.n_params, srv_n_ctx(srv), in.n_ctx_train, in.n_vocab);
+                  (unsigned long long)in.n_params, cm_http_n_ctx(srv), in.n_ctx_train, in.n_vocab);
 }

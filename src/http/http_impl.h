@@ -1,7 +1,7 @@
 /*
  * http_impl.h: what the files of the http module share: the server, a job
  * (one generation request, shared by its connection thread and the
- * scheduler), the scheduler (sched.c), metrics (metrics.c), the OpenAI
+ * scheduler), the scheduler (queue.c), metrics (metrics.c), the OpenAI
  * request/response shapes (api.c) and JSON text helpers. Private.
  */
 #ifndef CM_HTTP_IMPL_H
@@ -19,7 +19,7 @@ typedef struct cm_http_server cm_http_server;
 
 enum job_state { JOB_QUEUED, JOB_RUNNING, JOB_DONE };
 
-/* One request. Two owners (connection + scheduler) release it with job_unref. */
+/* One request. Two owners (connection + scheduler) release it with cm_job_unref. */
 typedef struct job {
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -55,8 +55,8 @@ typedef struct job {
     char errmsg[256];
 } job;
 
-job *job_new(cm_http_server *srv, bool chat); /* one reference */
-void job_unref(job *j);
+job *cm_job_new(cm_http_server *srv, bool chat); /* one reference */
+void cm_job_unref(job *j);
 
 /* An OpenAI error: {"error":{"message","type","param","code"}} with a status. */
 typedef struct api_error {
@@ -66,63 +66,63 @@ typedef struct api_error {
     char code[64];     /* "" = null */
     char message[512];
 } api_error;
-void api_error_set(api_error *e, int status, const char *type, const char *param, const char *code,
+void cm_api_error_set(api_error *e, int status, const char *type, const char *param, const char *code,
                    const char *fmt, ...) __attribute__((format(printf, 6, 7)));
-void api_error_json(cm_buf *out, const api_error *e);
+void cm_api_error_json(cm_buf *out, const api_error *e);
 /* Parse and check a /v1/chat/completions (chat) or /v1/completions body into
  * j (prompt ids, generation parameters, output options). 0, or -1 with *ae
  * filled (400 naming the parameter, 404 unknown model, 400
  * context_length_exceeded with token counts). */
-int api_parse_request(cm_http_server *srv, bool chat, const char *body, size_t n, job *j, api_error *ae);
+int cm_api_parse_request(cm_http_server *srv, bool chat, const char *body, size_t n, job *j, api_error *ae);
 /* GET /v1/models */
-void api_models_json(cm_http_server *srv, cm_buf *out);
+void cm_api_models_json(cm_http_server *srv, cm_buf *out);
 /* Append one SSE event "data: <json>\n\n" for the text/logprobs so far. */
-void api_stream_delta(job *j, const char *text, size_t len);
+void cm_api_stream_delta(job *j, const char *text, size_t len);
 /* The first chat event: delta {"role":"assistant","content":""}. */
-void api_stream_role(job *j);
+void cm_api_stream_role(job *j);
 /* The closing events: finish chunk, usage chunk, [DONE]. */
-void api_stream_end(job *j);
+void cm_api_stream_end(job *j);
 /* Non-streaming body (malloc'd JSON) of a finished job. */
-char *api_final_json(job *j);
+char *cm_api_final_json(job *j);
 
-/* ---- scheduler (sched.c) ---- */
-typedef struct sched sched;
-sched *sched_new(cm_http_server *srv, cm_engine *e, int n_slots, int queue_max, int n_ctx, char *err,
+/* ---- request queue (queue.c) ---- */
+typedef struct cm_queue cm_queue;
+cm_queue *cm_queue_new(cm_http_server *srv, cm_engine *e, int n_slots, int queue_max, int n_ctx, char *err,
                  size_t errlen);
 /* Queue a job (takes a reference). CM_EBUSY when the queue is full,
  * CM_ESTATE when stopping. */
-int sched_submit(sched *s, job *j);
-void sched_stats(sched *s, int *queued, int *active, int *slots);
-void sched_free(sched *s); /* ends queued and running jobs, joins the thread */
+int cm_queue_submit(cm_queue *s, job *j);
+void cm_queue_stats(cm_queue *s, int *queued, int *active, int *slots);
+void cm_queue_free(cm_queue *s); /* ends queued and running jobs, joins the thread */
 
 /* ---- metrics (metrics.c) ---- */
 enum route {
     R_ROOT, R_HEALTH, R_METRICS, R_CLUSTER, R_MODELS, R_CHAT, R_COMPLETIONS, R_OTHER, R_COUNT
 };
-extern const char *const k_route_names[R_COUNT];
+extern const char *const cm_http_route_names[R_COUNT];
 typedef struct metrics metrics;
-metrics *metrics_new(double tdp_w);
-void metrics_free(metrics *m);
-void metrics_request(metrics *m, enum route r, int status);
-void metrics_tokens(metrics *m, int n_prompt, int n_cached); /* a request completed */
-void metrics_gen_tokens(metrics *m, int n); /* as they are produced, for tokens/s */
-void metrics_prometheus(metrics *m, cm_http_server *srv, cm_buf *out);
-void metrics_cluster_json(metrics *m, cm_http_server *srv, cm_buf *out);
+metrics *cm_metrics_new(double tdp_w);
+void cm_metrics_free(metrics *m);
+void cm_metrics_request(metrics *m, enum route r, int status);
+void cm_metrics_tokens(metrics *m, int n_prompt, int n_cached); /* a request completed */
+void cm_metrics_gen_tokens(metrics *m, int n); /* as they are produced, for tokens/s */
+void cm_metrics_prometheus(metrics *m, cm_http_server *srv, cm_buf *out);
+void cm_metrics_cluster_json(metrics *m, cm_http_server *srv, cm_buf *out);
 
 /* ---- server facts other files need (server.c) ---- */
-const char *srv_model_id(const cm_http_server *s);
-cm_engine *srv_engine(const cm_http_server *s);
-metrics *srv_metrics(const cm_http_server *s);
+const char *cm_http_model_id(const cm_http_server *s);
+cm_engine *cm_http_engine(const cm_http_server *s);
+metrics *cm_http_metrics(const cm_http_server *s);
 /* The scheduler's counts; all 0 before the engine is set. */
-void srv_sched_stats(cm_http_server *s, int *queued, int *active, int *slots);
-bool srv_ready(cm_http_server *s);
-int srv_n_ctx(const cm_http_server *s);
+void cm_http_queue_stats(cm_http_server *s, int *queued, int *active, int *slots);
+bool cm_http_ready(cm_http_server *s);
+int cm_http_n_ctx(const cm_http_server *s);
 /* The chat template family to use: NULL = the model's own. */
-const char *srv_chat_template(const cm_http_server *s);
+const char *cm_http_chat_template(const cm_http_server *s);
 
 /* ---- JSON text (api.c) ---- */
 /* Append n bytes as a JSON string (with quotes); invalid UTF-8 becomes U+FFFD. */
-void json_str(cm_buf *b, const char *s, size_t n);
+void cm_json_str(cm_buf *b, const char *s, size_t n);
 
 /* ---- dashboard (dashboard.c) ---- */
 extern const unsigned char cm_http_dashboard_html[]; /* NUL-terminated */

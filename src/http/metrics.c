@@ -13,7 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
-const char *const k_route_names[R_COUNT] = {"/",          "/health",        "/metrics", "/api/cluster",
+const char *const cm_http_route_names[R_COUNT] = {"/",          "/health",        "/metrics", "/api/cluster",
                                             "/v1/models", "/v1/chat/completions", "/v1/completions", "other"};
 
 static const int k_statuses[] = {200, 400, 401, 403, 404, 405, 408, 413, 429, 431, 500, 503};
@@ -32,7 +32,7 @@ struct metrics {
     char node[128];
 };
 
-metrics *metrics_new(double tdp_w) {
+metrics *cm_metrics_new(double tdp_w) {
     metrics *m = cm_calloc(1, sizeof *m);
     if (!m) return NULL;
     pthread_mutex_init(&m->mu, NULL);
@@ -43,14 +43,14 @@ metrics *metrics_new(double tdp_w) {
     return m;
 }
 
-void metrics_free(metrics *m) {
+void cm_metrics_free(metrics *m) {
     if (!m) return;
     cm_power_close(m->pm);
     pthread_mutex_destroy(&m->mu);
     cm_free(m);
 }
 
-void metrics_request(metrics *m, enum route r, int status) {
+void cm_metrics_request(metrics *m, enum route r, int status) {
     int k = 0;
     while (k < N_STATUS - 1 && k_statuses[k] != status) k++;
     pthread_mutex_lock(&m->mu);
@@ -60,14 +60,14 @@ void metrics_request(metrics *m, enum route r, int status) {
     pthread_mutex_unlock(&m->mu);
 }
 
-void metrics_tokens(metrics *m, int n_prompt, int n_cached) {
+void cm_metrics_tokens(metrics *m, int n_prompt, int n_cached) {
     pthread_mutex_lock(&m->mu);
     m->prompt_tokens += (uint64_t)n_prompt;
     m->cached_tokens += (uint64_t)(n_cached > 0 ? n_cached : 0);
     pthread_mutex_unlock(&m->mu);
 }
 
-void metrics_gen_tokens(metrics *m, int n) {
+void cm_metrics_gen_tokens(metrics *m, int n) {
     int64_t sec = (int64_t)cm_now_s();
     int i = (int)(sec % (RATE_WINDOW + 1));
     pthread_mutex_lock(&m->mu);
@@ -107,8 +107,8 @@ typedef struct snap {
  * are read first, then m->mu is taken here. */
 static void take(metrics *m, cm_http_server *srv, snap *s) {
     memset(s, 0, sizeof *s);
-    s->ready = srv_ready(srv);
-    srv_sched_stats(srv, &s->queued, &s->active, &s->slots);
+    s->ready = cm_http_ready(srv);
+    cm_http_queue_stats(srv, &s->queued, &s->active, &s->slots);
     pthread_mutex_lock(&m->mu);
     s->tps = rate(m);
     refresh_power(m);
@@ -123,7 +123,7 @@ static void take(metrics *m, cm_http_server *srv, snap *s) {
     s->mem_used = s->mem_total > avail ? s->mem_total - avail : 0;
 }
 
-void metrics_prometheus(metrics *m, cm_http_server *srv, cm_buf *o) {
+void cm_metrics_prometheus(metrics *m, cm_http_server *srv, cm_buf *o) {
     snap s;
     take(m, srv, &s);
     pthread_mutex_lock(&m->mu);
@@ -133,10 +133,10 @@ void metrics_prometheus(metrics *m, cm_http_server *srv, cm_buf *o) {
         for (int k = 0; k < N_STATUS; k++)
             if (m->requests[r][k]) {
                 if (k < N_STATUS - 1)
-                    cm_buf_printf(o, "cumulo_requests_total{route=\"%s\",status=\"%d\"} %llu\n", k_route_names[r],
+                    cm_buf_printf(o, "cumulo_requests_total{route=\"%s\",status=\"%d\"} %llu\n", cm_http_route_names[r],
                                   k_statuses[k], (unsigned long long)m->requests[r][k]);
                 else
-                    cm_buf_printf(o, "cumulo_requests_total{route=\"%s\",status=\"other\"} %llu\n", k_route_names[r],
+                    cm_buf_printf(o, "cumulo_requests_total{route=\"%s\",status=\"other\"} %llu\n", cm_http_route_names[r],
                                   (unsigned long long)m->requests[r][k]);
             }
     cm_buf_printf(o,
@@ -207,13 +207,13 @@ static void cluster_node_json(cm_buf *o, metrics *m, const snap *s, const cm_eng
                  mb->kv_head_begin, mb->kv_head_end, mb->ffn_begin, mb->ffn_end);
     else snprintf(slice, sizeof slice, "all");
     cm_buf_puts(o, "{\"id\":");
-    json_str(o, id, strlen(id));
+    cm_json_str(o, id, strlen(id));
     cm_buf_puts(o, ",\"name\":");
-    json_str(o, mb->name, strlen(mb->name));
+    cm_json_str(o, mb->name, strlen(mb->name));
     cm_buf_printf(o, ",\"host\":\"%s\",\"role\":", mb->local ? "local" : "remote");
-    json_str(o, role, strlen(role));
+    cm_json_str(o, role, strlen(role));
     cm_buf_printf(o, ",\"stage\":%d,\"layers\":[%d,%d],\"slice\":", mb->stage, mb->first_layer, mb->last_layer);
-    json_str(o, slice, strlen(slice));
+    cm_json_str(o, slice, strlen(slice));
     uint64_t used = mb->local ? s->mem_used : mb->mem_total - (mb->mem_free < mb->mem_total ? mb->mem_free : mb->mem_total);
     uint64_t total = mb->local ? s->mem_total : mb->mem_total;
     cm_buf_printf(o,
@@ -231,10 +231,10 @@ static void cluster_node_json(cm_buf *o, metrics *m, const snap *s, const cm_eng
     cm_buf_puts(o, "}");
 }
 
-void metrics_cluster_json(metrics *m, cm_http_server *srv, cm_buf *o) {
+void cm_metrics_cluster_json(metrics *m, cm_http_server *srv, cm_buf *o) {
     snap s;
     take(m, srv, &s);
-    cm_engine *e = srv_engine(srv);
+    cm_engine *e = cm_http_engine(srv);
     cm_engine_info in;
     memset(&in, 0, sizeof in);
     if (e) cm_engine_get_info(e, &in);
@@ -242,9 +242,9 @@ void metrics_cluster_json(metrics *m, cm_http_server *srv, cm_buf *o) {
     int n_mb = e ? cm_engine_members(e, mbs, (int)CM_ARRAY_LEN(mbs)) : 0;
     if (n_mb > (int)CM_ARRAY_LEN(mbs)) n_mb = (int)CM_ARRAY_LEN(mbs);
     cm_buf_puts(o, "{\"model\":");
-    json_str(o, srv_model_id(srv), strlen(srv_model_id(srv)));
+    cm_json_str(o, cm_http_model_id(srv), strlen(cm_http_model_id(srv)));
     cm_buf_printf(o, ",\"ready\":%s,\"arch\":", s.ready ? "true" : "false");
-    json_str(o, in.arch ? in.arch : "", in.arch ? strlen(in.arch) : 0);
+    cm_json_str(o, in.arch ? in.arch : "", in.arch ? strlen(in.arch) : 0);
     cm_buf_printf(o,
                   ",\"n_layer\":%d,\"n_params\":%llu,\"n_stages\":%d,\"queue_depth\":%d,\"slots_active\":%d,"
                   "\"slots_total\":%d,\"tokens_per_second\":%.3f,\"power_watts\":%.3f,\"power_source\":\"%s\","
@@ -275,9 +275,9 @@ void metrics_cluster_json(metrics *m, cm_http_server *srv, cm_buf *o) {
             cm_buf_puts(o, first ? "{\"from\":" : ",{\"from\":");
             first = false;
             const char *fa = a->local ? m->node : a->addr, *tb = b->local ? m->node : b->addr;
-            json_str(o, fa, strlen(fa));
+            cm_json_str(o, fa, strlen(fa));
             cm_buf_puts(o, ",\"to\":");
-            json_str(o, tb, strlen(tb));
+            cm_json_str(o, tb, strlen(tb));
             cm_buf_printf(o, ",\"from_stage\":%d,\"to_stage\":%d,\"latency_ms\":", a->stage, b->stage);
             json_num_or_null(o, "%.3f", b->link_rtt_s * 1e3, measured);
             cm_buf_puts(o, ",\"bandwidth_mbps\":");
@@ -293,7 +293,7 @@ void metrics_cluster_json(metrics *m, cm_http_server *srv, cm_buf *o) {
         return;
     }
     cm_buf_puts(o, "{\"id\":");
-    json_str(o, m->node, strlen(m->node));
+    cm_json_str(o, m->node, strlen(m->node));
     cm_buf_printf(o,
                   ",\"host\":\"local\",\"role\":\"coordinator+worker\",\"stage\":0,\"layers\":[0,%d],\"slice\":\"all\","
                   "\"weights_bytes\":%llu,\"memory_used\":%llu,\"memory_total\":%llu,\"memory_source\":\"live\",\"cpu_load\":",

@@ -34,7 +34,7 @@ struct cm_http_server {
     int port;
     pthread_rwlock_t rw; /* guards e and sc against cm_http_set_engine / stop */
     cm_engine *e;
-    sched *sc;
+    cm_queue *sc;
     metrics *m;
     int n_ctx;
     atomic_uint_fast64_t seq;
@@ -61,21 +61,21 @@ typedef struct req {
     double t0;
 } req;
 
-const char *srv_model_id(const cm_http_server *s) { return s->model_id; }
-cm_engine *srv_engine(const cm_http_server *s) { return s->e; }
-metrics *srv_metrics(const cm_http_server *s) { return s->m; }
-int srv_n_ctx(const cm_http_server *s) { return s->n_ctx; }
-const char *srv_chat_template(const cm_http_server *s) { return s->chat_template; }
+const char *cm_http_model_id(const cm_http_server *s) { return s->model_id; }
+cm_engine *cm_http_engine(const cm_http_server *s) { return s->e; }
+metrics *cm_http_metrics(const cm_http_server *s) { return s->m; }
+int cm_http_n_ctx(const cm_http_server *s) { return s->n_ctx; }
+const char *cm_http_chat_template(const cm_http_server *s) { return s->chat_template; }
 
-void srv_sched_stats(cm_http_server *s, int *queued, int *active, int *slots) {
+void cm_http_queue_stats(cm_http_server *s, int *queued, int *active, int *slots) {
     *queued = *active = 0;
     *slots = s->o.n_slots;
     pthread_rwlock_rdlock(&s->rw);
-    if (s->sc) sched_stats(s->sc, queued, active, slots);
+    if (s->sc) cm_queue_stats(s->sc, queued, active, slots);
     pthread_rwlock_unlock(&s->rw);
 }
 
-bool srv_ready(cm_http_server *s) {
+bool cm_http_ready(cm_http_server *s) {
     pthread_rwlock_rdlock(&s->rw);
     bool r = s->sc != NULL;
     pthread_rwlock_unlock(&s->rw);
@@ -98,7 +98,7 @@ void cm_http_opts_default(cm_http_opts *o) {
 
 /* ---- jobs ---- */
 
-job *job_new(cm_http_server *srv, bool chat) {
+job *cm_job_new(cm_http_server *srv, bool chat) {
     job *j = cm_calloc(1, sizeof *j);
     if (!j) return NULL;
     pthread_mutex_init(&j->mu, NULL);
@@ -117,7 +117,7 @@ job *job_new(cm_http_server *srv, bool chat) {
     return j;
 }
 
-void job_unref(job *j) {
+void cm_job_unref(job *j) {
     if (!j) return;
     pthread_mutex_lock(&j->mu);
     int r = --j->refs;
@@ -187,7 +187,7 @@ static enum MHD_Result send_bytes(cm_http_server *srv, struct MHD_Connection *c,
     enum MHD_Result ok = MHD_queue_response(c, (unsigned)status, r);
     MHD_destroy_response(r);
     q->responded = true;
-    metrics_request(srv->m, q->route, status);
+    cm_metrics_request(srv->m, q->route, status);
     return ok;
 }
 
@@ -201,14 +201,14 @@ static enum MHD_Result send_buf(cm_http_server *srv, struct MHD_Connection *c, r
 static enum MHD_Result send_error(cm_http_server *srv, struct MHD_Connection *c, req *q, const api_error *e) {
     cm_buf b;
     cm_buf_init(&b);
-    api_error_json(&b, e);
+    cm_api_error_json(&b, e);
     return send_buf(srv, c, q, e->status, "application/json", &b);
 }
 
 static enum MHD_Result fail(cm_http_server *srv, struct MHD_Connection *c, req *q, int status, const char *type,
                             const char *code, const char *msg) {
     api_error e;
-    api_error_set(&e, status, type, NULL, code, "%s", msg);
+    cm_api_error_set(&e, status, type, NULL, code, "%s", msg);
     return send_error(srv, c, q, &e);
 }
 
@@ -306,39 +306,39 @@ static void sse_free(void *cls) {
     bool done = j->state == JOB_DONE;
     pthread_mutex_unlock(&j->mu);
     if (!done) job_cancel(j); /* the client left mid-stream */
-    job_unref(j);
+    cm_job_unref(j);
 }
 
 static enum MHD_Result generate(cm_http_server *srv, struct MHD_Connection *c, req *q, bool chat) {
-    job *j = job_new(srv, chat);
+    job *j = cm_job_new(srv, chat);
     if (!j) return fail(srv, c, q, 503, "server_error", NULL, "out of memory");
     api_error ae;
-    if (api_parse_request(srv, chat, q->body.data ? q->body.data : "", q->body.len, j, &ae)) {
-        job_unref(j);
+    if (cm_api_parse_request(srv, chat, q->body.data ? q->body.data : "", q->body.len, j, &ae)) {
+        cm_job_unref(j);
         return send_error(srv, c, q, &ae);
     }
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     j->fd = ci ? ci->connect_fd : -1;
     j->t_queued = cm_now_s();
-    if (j->stream) api_stream_role(j);
+    if (j->stream) cm_api_stream_role(j);
     pthread_rwlock_rdlock(&srv->rw);
-    int rc = srv->sc ? sched_submit(srv->sc, j) : CM_ESTATE;
+    int rc = srv->sc ? cm_queue_submit(srv->sc, j) : CM_ESTATE;
     pthread_rwlock_unlock(&srv->rw);
     if (rc) {
-        job_unref(j);
+        cm_job_unref(j);
         return fail(srv, c, q, 503, "server_error", rc == CM_EBUSY ? "queue_full" : "unavailable",
                     rc == CM_EBUSY ? "the server is busy: every slot is generating and the queue is full; retry later"
                                    : "the server is not ready");
     }
     if (j->stream) {
         struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, sse_reader, j, sse_free);
-        if (!r) { job_cancel(j); job_unref(j); return MHD_NO; }
+        if (!r) { job_cancel(j); cm_job_unref(j); return MHD_NO; }
         common_headers(srv, r, "text/event-stream");
         MHD_add_response_header(r, "X-Accel-Buffering", "no");
         enum MHD_Result ok = MHD_queue_response(c, 200, r);
         MHD_destroy_response(r);
         q->responded = true;
-        metrics_request(srv->m, q->route, 200);
+        cm_metrics_request(srv->m, q->route, 200);
         return ok;
     }
     pthread_mutex_lock(&j->mu);
@@ -347,8 +347,8 @@ static enum MHD_Result generate(cm_http_server *srv, struct MHD_Connection *c, r
         if (j->state != JOB_DONE && peer_gone(j->fd)) {
             pthread_mutex_unlock(&j->mu);
             job_cancel(j);
-            job_unref(j);
-            metrics_request(srv->m, q->route, 499); /* nginx's "client closed request" */
+            cm_job_unref(j);
+            cm_metrics_request(srv->m, q->route, 499); /* nginx's "client closed request" */
             return MHD_NO;
         }
     }
@@ -357,12 +357,12 @@ static enum MHD_Result generate(cm_http_server *srv, struct MHD_Connection *c, r
     if (j->http_status) {
         ok = fail(srv, c, q, j->http_status, "server_error", NULL, j->errmsg);
     } else {
-        char *body = api_final_json(j);
+        char *body = cm_api_final_json(j);
         ok = body ? send_bytes(srv, c, q, 200, "application/json", body, strlen(body))
                   : fail(srv, c, q, 503, "server_error", NULL, "out of memory");
         cm_free(body);
     }
-    job_unref(j);
+    cm_job_unref(j);
     return ok;
 }
 
@@ -467,7 +467,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             enum MHD_Result ok = MHD_queue_response(c, 204, r);
             MHD_destroy_response(r);
             q->responded = true;
-            metrics_request(srv->m, q->route, 204);
+            cm_metrics_request(srv->m, q->route, 204);
             return ok;
         }
         if (q->route == R_OTHER)
@@ -478,9 +478,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             cm_buf b;
             cm_buf_init(&b);
             api_error e;
-            api_error_set(&e, 405, "invalid_request_error", NULL, "method_not_allowed", "%s is not allowed here; use %s",
+            cm_api_error_set(&e, 405, "invalid_request_error", NULL, "method_not_allowed", "%s is not allowed here; use %s",
                           method, want_post ? "POST" : "GET");
-            api_error_json(&b, &e);
+            cm_api_error_json(&b, &e);
             r = MHD_create_response_from_buffer(b.len, b.data, MHD_RESPMEM_MUST_COPY);
             cm_buf_release(&b);
             common_headers(srv, r, "application/json");
@@ -488,7 +488,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             enum MHD_Result ok = MHD_queue_response(c, 405, r);
             MHD_destroy_response(r);
             q->responded = true;
-            metrics_request(srv->m, q->route, 405);
+            cm_metrics_request(srv->m, q->route, 405);
             return ok;
         }
         /* The dashboard page itself holds no data (it asks for the key and
@@ -531,7 +531,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         snprintf(msg, sizeof msg, "the request body is larger than %zu bytes", srv->o.max_body);
         return fail(srv, c, q, 413, "invalid_request_error", "request_too_large", msg);
     }
-    bool ready = srv_ready(srv);
+    bool ready = cm_http_ready(srv);
     cm_buf b;
     cm_buf_init(&b);
     switch (q->route) {
@@ -542,16 +542,16 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         cm_buf_puts(&b, ready ? "{\"status\":\"ok\"}" : "{\"status\":\"loading\"}");
         return send_buf(srv, c, q, ready ? 200 : 503, "application/json", &b);
     case R_METRICS:
-        metrics_prometheus(srv->m, srv, &b);
+        cm_metrics_prometheus(srv->m, srv, &b);
         return send_buf(srv, c, q, 200, "text/plain; version=0.0.4; charset=utf-8", &b);
     case R_CLUSTER:
-        metrics_cluster_json(srv->m, srv, &b);
+        cm_metrics_cluster_json(srv->m, srv, &b);
         return send_buf(srv, c, q, 200, "application/json", &b);
     default: break;
     }
     if (!ready) return fail(srv, c, q, 503, "server_error", "loading", "the model is still loading; retry shortly");
     if (q->route == R_MODELS) {
-        api_models_json(srv, &b);
+        cm_api_models_json(srv, &b);
         return send_buf(srv, c, q, 200, "application/json", &b);
     }
     return generate(srv, c, q, q->route == R_CHAT);
@@ -572,7 +572,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
 static char *dup_or_null(const char *s) { return s && *s ? cm_strdup(s) : NULL; }
 
 static void srv_free(cm_http_server *s) {
-    metrics_free(s->m);
+    cm_metrics_free(s->m);
     cm_free(s->host);
     cm_free(s->api_key);
     cm_free(s->cors);
@@ -602,7 +602,7 @@ int cm_http_start(cm_http_server **out, const cm_http_opts *o, char *err, size_t
     s->chat_template = dup_or_null(o->chat_template);
     s->allow = cm_calloc((size_t)o->n_allow_hosts + 1, sizeof *s->allow);
     for (int i = 0; s->allow && i < o->n_allow_hosts; i++) s->allow[s->n_allow++] = cm_strdup(o->allow_hosts[i]);
-    s->m = metrics_new(o->tdp_w);
+    s->m = cm_metrics_new(o->tdp_w);
     if (!s->host || !s->model_id || !s->allow || !s->m) { srv_free(s); return cm_errf(err, errlen, CM_ENOMEM, "out of memory"); }
     if (s->o.n_slots < 1) s->o.n_slots = 1;
     if (s->o.queue_max < 0) s->o.queue_max = 0;
@@ -652,7 +652,7 @@ int cm_http_set_engine(cm_http_server *s, cm_engine *e, char *err, size_t errlen
         fprintf(stderr, "cumulo: %s; using chatml for /v1/chat/completions\n", msg);
         s->chat_template = cm_strdup("chatml");
     }
-    sched *sc = sched_new(s, e, s->o.n_slots, s->o.queue_max, n_ctx, err, errlen);
+    cm_queue *sc = cm_queue_new(s, e, s->o.n_slots, s->o.queue_max, n_ctx, err, errlen);
     if (!sc) return CM_ENOMEM;
     pthread_rwlock_wrlock(&s->rw);
     s->e = e;
@@ -666,10 +666,10 @@ void cm_http_stop(cm_http_server *s) {
     if (!s) return;
     MHD_quiesce_daemon(s->d); /* no new connections */
     pthread_rwlock_wrlock(&s->rw);
-    sched *sc = s->sc;
+    cm_queue *sc = s->sc;
     s->sc = NULL;
     pthread_rwlock_unlock(&s->rw);
-    sched_free(sc); /* ends every job, so connection threads finish */
+    cm_queue_free(sc); /* ends every job, so connection threads finish */
     if (s->wd_started) {
         pthread_mutex_lock(&s->cmu);
         s->wd_stop = true;

@@ -92,6 +92,22 @@ typedef struct cm_plan_opts {
 } cm_plan_opts;
 #define CM_PLAN_REORDER_MAX 8
 
+/* What a user asks of the planner beyond the defaults (cumulo run, serve and
+ * bench: --parallel, --layers, --groups, --tp-weights), parsed once by the
+ * CLI and checked there against itself; what depends on the model or the
+ * machines found (a split's sum, more members than machines) is checked
+ * where the plan is made. All zero: the planner's pipeline. */
+typedef struct cm_plan_request {
+    bool mode_set;                   /* mode given; else PP, or HYBRID when groups are given */
+    enum cm_parallel mode;
+    int n_split;                     /* layers per stage, this machine's stage first */
+    int split[CM_PLAN_MAX_NODES];
+    int n_groups;                    /* members per stage, this machine's group first */
+    int groups[CM_PLAN_MAX_NODES];
+    int n_weights;                   /* TP / hybrid: relative speed per machine, this one first */
+    double weights[CM_PLAN_MAX_NODES];
+} cm_plan_request;
+
 /* Defaults: ctx 2048, 1 sequence, f32 KV, 128-token prompt, AUTO, 256 MiB
  * reserve, 30 us per exchange, the cluster's order. */
 void cm_plan_opts_default(cm_plan_opts *o);

@@ -318,9 +318,11 @@ else
 fi
 
 # 5. A member of the last group dies (kill -9 its rank 0, the sampler) while
-# 4 streams run: the coordinator re-plans (this machine's group keeps its
-# layers and slices; the survivor of the last group takes the rest) and every
-# streamed text equals one machine's: nothing lost, nothing repeated.
+# 4 streams run: the coordinator re-plans with the planner (this machine keeps
+# its layers; the survivors are grouped by the planner) and every streamed
+# text equals one machine's: nothing lost, nothing repeated. Then a second
+# node of the new plan dies the same way (a member of this machine's group
+# when it has one).
 N_TOK=100
 "$BIN" run "$MQ" -p "Once upon a time" -n $N_TOK --temp 0 --threads 1 --json 2>/dev/null |
     perl -MJSON::PP -e 'local $/; print decode_json(<STDIN>)->{text}' >"$TMP/want"
@@ -331,9 +333,11 @@ CC_PIDS="$CC_PIDS $SPID"
 k=0
 while ! grep -q 'ready' "$TMP/fo.log" && [ $k -lt 200 ]; do sleep 0.05; k=$((k + 1)); done
 PORT=$(sed -n 's/.*http:\/\/[^:]*:\([0-9]*\).*/\1/p' "$TMP/fo.log" "$TMP/fo.out" | head -1)
-# victim PATTERN: the node whose latest assignment matches (empty: none).
+# victim PATTERN: a node not killed yet whose latest assignment matches (empty: none).
+KILLED=""
 victim() {
     for nd in a b c; do
+        case " $KILLED " in *" $nd "*) continue ;; esac
         grep 'stage [0-9]/[0-9]' "$TMP/$nd.log" | tail -1 | grep -q "$1" && echo $nd
     done | head -1
 }
@@ -342,7 +346,14 @@ if grep -q 'ready' "$TMP/fo.log" && [ -n "$PORT" ]; then
     # Phase 1: the last group's rank 0 (the sampler); phase 2: this machine's
     # group member (the coordinator's own slice and caches change).
     for phase in 1 2; do
-        if [ $phase = 1 ]; then VICTIM=$(victim 'stage 1/2.*rank 0 of 2'); else VICTIM=$(victim 'stage 0/2.*rank 1 of 2'); fi
+        if [ $phase = 1 ]; then VICTIM=$(victim 'stage 1/2.*rank 0 of 2'); else
+            # A member of this machine's group. The re-plan of phase 1 is the
+            # planner's: when it left this machine alone in its stage (its
+            # slice and caches changed then), any node still in the plan.
+            VICTIM=$(victim 'stage 0/[0-9].*rank [1-9] of')
+            [ -n "$VICTIM" ] || VICTIM=$(victim 'stage [0-9]/[0-9]')
+        fi
+        KILLED="$KILLED $VICTIM"
         [ -n "$VICTIM" ] && ok || { bad "failover phase $phase: no victim in the node logs"; break; }
         CP=""
         for r in 1 2 3 4; do

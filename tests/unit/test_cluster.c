@@ -88,8 +88,19 @@ static void *node_main(void *arg) {
 /* Greedy ids of one prompt through an engine (nodes NULL: one machine). */
 static int g_stages; /* stages of the last engine (1: one machine) */
 
+/* A layer split "3,13,1" into a plan request (NULL: none). */
+static cm_plan_request split_of(const char *layers) {
+    cm_plan_request q = {0};
+    for (const char *s = layers; s && *s && q.n_split < CM_PLAN_MAX_NODES;) {
+        char *e;
+        q.split[q.n_split++] = (int)strtol(s, &e, 10);
+        s = *e ? e + 1 : e;
+    }
+    return q;
+}
+
 static int generate(const char *nodes, const char *layers, int n_streams, int32_t out[][N_GEN], int *n_out) {
-    cm_engine_opts o = {.n_threads = 1, .n_ctx = 256, .nodes = nodes, .key_file = g_key, .layers = layers};
+    cm_engine_opts o = {.n_threads = 1, .n_ctx = 256, .nodes = nodes, .key_file = g_key, .plan = split_of(layers)};
     cm_engine *e;
     char err[512];
     if (cm_engine_load(&e, g_model, &o, err, sizeof err)) {
@@ -163,12 +174,12 @@ static void test_deep_pipeline(void) {
 }
 
 static void test_refusals(void) {
-    cm_engine_opts o = {.n_threads = 1, .n_ctx = 64, .key_file = g_key, .layers = "20,20"};
+    cm_engine_opts o = {.n_threads = 1, .n_ctx = 64, .key_file = g_key, .plan = split_of("20,20")};
     o.nodes = g_addr[0];
     cm_engine *e = NULL;
     char err[512];
     CHECK(cm_engine_load(&e, g_model, &o, err, sizeof err) == CM_EINVAL && strstr(err, "adds up to 40"));
-    o.layers = NULL;
+    o.plan = split_of(NULL);
     o.nodes = "127.0.0.1:1";
     CHECK(cm_engine_load(&e, g_model, &o, err, sizeof err) != 0 && strstr(err, "127.0.0.1:1"));
     o.nodes = g_addr[0];

@@ -1,5 +1,5 @@
 /*
- * sched.c: the request queue and the slots. One scheduler thread owns the
+ * queue.c: the request queue and the slots. One scheduler thread owns the
  * engine's sessions: it moves queued jobs into free slots (prefill), then
  * advances every running slot by one token in a single batched engine step,
  * and hands tokens to the jobs as they come. New jobs join between steps.
@@ -25,7 +25,7 @@ typedef struct slot {
     bool started;
 } slot;
 
-struct sched {
+struct cm_queue {
     cm_http_server *srv;
     cm_engine *e;
     pthread_mutex_t mu;
@@ -65,13 +65,13 @@ static int on_token(void *user, const cm_token_event *ev) {
         }
     }
     if (j->stream) {
-        if (len || j->n_lps > j->lps_sent) api_stream_delta(j, text, len);
+        if (len || j->n_lps > j->lps_sent) cm_api_stream_delta(j, text, len);
     } else {
         cm_buf_append(&j->text, text, len);
     }
     pthread_cond_broadcast(&j->cv);
     pthread_mutex_unlock(&j->mu);
-    if (id >= 0) metrics_gen_tokens(srv_metrics(j->srv), 1);
+    if (id >= 0) cm_metrics_gen_tokens(cm_http_metrics(j->srv), 1);
     return 0;
 }
 
@@ -84,12 +84,12 @@ static void job_end(job *j, enum cm_finish fin, int status, const char *msg) {
         j->http_status = status;
         snprintf(j->errmsg, sizeof j->errmsg, "%s", msg ? msg : "generation failed");
     }
-    if (j->stream) api_stream_end(j);
+    if (j->stream) cm_api_stream_end(j);
     j->state = JOB_DONE;
     pthread_cond_broadcast(&j->cv);
     pthread_mutex_unlock(&j->mu);
-    if (!status && !atomic_load(&j->cancel)) metrics_tokens(srv_metrics(j->srv), j->n_ids, j->n_cached);
-    job_unref(j);
+    if (!status && !atomic_load(&j->cancel)) cm_metrics_tokens(cm_http_metrics(j->srv), j->n_ids, j->n_cached);
+    cm_job_unref(j);
 }
 
 static int common_prefix(cm_session *s, const int32_t *ids, int n) {
@@ -103,7 +103,7 @@ static int common_prefix(cm_session *s, const int32_t *ids, int n) {
 }
 
 /* Under s->mu: the free slot sharing the longest prefix with j, or -1. */
-static int pick_slot(sched *s, job *j) {
+static int pick_slot(cm_queue *s, job *j) {
     int best = -1, best_k = -1;
     for (int i = 0; i < s->n_slots; i++) {
         if (s->slots[i].j) continue;
@@ -113,8 +113,8 @@ static int pick_slot(sched *s, job *j) {
     return best;
 }
 
-static void *sched_main(void *arg) {
-    sched *s = arg;
+static void *queue_main(void *arg) {
+    cm_queue *s = arg;
     cm_session **ss = cm_calloc((size_t)s->n_slots, sizeof *ss);
     char err[256];
     pthread_mutex_lock(&s->mu);
@@ -221,9 +221,9 @@ static void *sched_main(void *arg) {
     return NULL;
 }
 
-sched *sched_new(cm_http_server *srv, cm_engine *e, int n_slots, int queue_max, int n_ctx, char *err,
+cm_queue *cm_queue_new(cm_http_server *srv, cm_engine *e, int n_slots, int queue_max, int n_ctx, char *err,
                  size_t errlen) {
-    sched *s = cm_calloc(1, sizeof *s);
+    cm_queue *s = cm_calloc(1, sizeof *s);
     if (!s) { cm_errf(err, errlen, CM_ENOMEM, "out of memory"); return NULL; }
     s->srv = srv;
     s->e = e;
@@ -234,21 +234,21 @@ sched *sched_new(cm_http_server *srv, cm_engine *e, int n_slots, int queue_max, 
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     s->slots = cm_calloc((size_t)n_slots, sizeof *s->slots);
-    if (!s->slots) { sched_free(s); cm_errf(err, errlen, CM_ENOMEM, "out of memory"); return NULL; }
+    if (!s->slots) { cm_queue_free(s); cm_errf(err, errlen, CM_ENOMEM, "out of memory"); return NULL; }
     for (int i = 0; i < n_slots; i++) {
         s->slots[i].s = cm_session_new(e, n_ctx, err, errlen);
-        if (!s->slots[i].s) { sched_free(s); return NULL; }
+        if (!s->slots[i].s) { cm_queue_free(s); return NULL; }
     }
-    if (pthread_create(&s->th, NULL, sched_main, s) == 0) s->th_started = true;
+    if (pthread_create(&s->th, NULL, queue_main, s) == 0) s->th_started = true;
     else {
-        sched_free(s);
+        cm_queue_free(s);
         cm_errf(err, errlen, CM_ENOMEM, "cannot start the scheduler thread");
         return NULL;
     }
     return s;
 }
 
-int sched_submit(sched *s, job *j) {
+int cm_queue_submit(cm_queue *s, job *j) {
     pthread_mutex_lock(&s->mu);
     int rc = 0;
     if (s->stop) rc = CM_ESTATE;
@@ -269,7 +269,7 @@ int sched_submit(sched *s, job *j) {
     return rc;
 }
 
-void sched_stats(sched *s, int *queued, int *active, int *slots) {
+void cm_queue_stats(cm_queue *s, int *queued, int *active, int *slots) {
     pthread_mutex_lock(&s->mu);
     *queued = s->n_queued;
     *active = s->n_active;
@@ -277,7 +277,7 @@ void sched_stats(sched *s, int *queued, int *active, int *slots) {
     pthread_mutex_unlock(&s->mu);
 }
 
-void sched_free(sched *s) {
+void cm_queue_free(cm_queue *s) {
     if (!s) return;
     if (s->th_started) {
         pthread_mutex_lock(&s->mu);

@@ -1,0 +1,238 @@
+/*
+ * coord_data.c: the coordinator's data path once a plan runs. Sequence
+ * messages (SEQ_START, FORWARD, SEQ_FREE) about one sequence travel down
+ * one chain of connections, so every stage sees them in the order they
+ * were sent: to stage 1 on the data connection (stages pass hidden states on
+ * directly) and, when this machine's stage is a group, to its other members
+ * on their control connections (token ids: each embeds them itself, then
+ * the members meet in the all-reduces). The token the last stage sampled
+ * comes back on its control connection (coord.c's receiver thread) into the
+ * sequence's slot. Nothing here allocates per token or waits without a
+ * deadline; it reads the running plan (p->plan) only under send_mu or while
+ * the caller is the pipe's only user.
+ */
+#include "cluster/coord_impl.h"
+
+#include <stdio.h>
+#include <string.h>
+
+int cm_pipe_seq_acquire(cm_pipe *p, char *err, size_t errlen) {
+    pthread_mutex_lock(&p->mu);
+    int got = CM_EBUSY;
+    for (int i = 0; i < p->n_seq; i++)
+        if (!p->slots[i].used) {
+            p->slots[i] = (slot){.used = true};
+            got = i;
+            break;
+        }
+    pthread_mutex_unlock(&p->mu);
+    if (got < 0) cm_errf(err, errlen, CM_EBUSY, "all %d cluster sequences are in use", p->n_seq);
+    return got;
+}
+
+int cm_coord_send_data(cm_pipe *p, const cm_msg *m, char *err, size_t errlen) {
+    pthread_mutex_lock(&p->mu);
+    int fatal = p->fatal;
+    if (fatal) cm_errf(err, errlen, fatal, "%s", p->fatal_text);
+    pthread_mutex_unlock(&p->mu);
+    if (fatal) return fatal;
+    /* Every member of the group gets every sequence message; nodes that are
+     * connected but not in it (back or joined, a re-plan not taken) none. */
+    if (p->plan.n_stages == 1) return cm_coord_send_group0(p, m, err, errlen); /* one group of every machine */
+    if (m->type == CM_MSG_SEQ_FREE) { /* hybrid: stage 0's members hold the sequence too */
+        int rc = cm_coord_send_group0(p, m, err, errlen);
+        if (rc) return rc;
+    }
+    int rc = cm_conn_send(p->data, m, p->timeout_ms, err, errlen);
+    if (rc) cm_coord_fatal(p, rc, "stage 1: %s", err);
+    return rc;
+}
+
+void cm_pipe_seq_release(cm_pipe *p, int slot_i) {
+    if (slot_i < 0 || slot_i >= p->n_seq) return;
+    cm_msg m = {.type = CM_MSG_SEQ_FREE};
+    m.u.seq_free = (cm_msg_seq_free){.epoch = p->epoch, .request_id = 0, .seq = slot_i};
+    char e[300];
+    pthread_mutex_lock(&p->send_mu);
+    cm_coord_send_data(p, &m, e, sizeof e);
+    pthread_mutex_unlock(&p->send_mu);
+    pthread_mutex_lock(&p->mu);
+    p->slots[slot_i].used = false;
+    pthread_mutex_unlock(&p->mu);
+}
+
+int cm_pipe_seq_start(cm_pipe *p, int slot_i, const cm_sampler_params *sp, const int32_t *hist, int n_hist,
+                      uint64_t n_sampled, char *err, size_t errlen) {
+    cm_msg m = {.type = CM_MSG_SEQ_START};
+    cm_msg_seq_start *q = &m.u.seq_start;
+    int keep = sp->repeat_last_n > 0 ? CM_MIN(sp->repeat_last_n, (int)CM_MSG_MAX_HIST) : 0;
+    if (n_hist > keep) { hist += n_hist - keep; n_hist = keep; }
+    *q = (cm_msg_seq_start){.epoch = p->epoch, .seq = slot_i, .temperature = sp->temperature, .top_k = sp->top_k,
+                            .top_p = sp->top_p, .min_p = sp->min_p, .repeat_penalty = sp->repeat_penalty,
+                            .repeat_last_n = sp->repeat_last_n, .presence_penalty = sp->presence_penalty,
+                            .frequency_penalty = sp->frequency_penalty, .seed = sp->seed, .n_sampled = n_sampled,
+                            .n_probs = (uint8_t)CM_MIN(sp->n_probs > 0 ? sp->n_probs : 0, CM_MSG_MAX_TOP),
+                            .n_hist = (uint32_t)n_hist, .hist = hist};
+    pthread_mutex_lock(&p->send_mu);
+    int rc = cm_coord_send_data(p, &m, err, errlen);
+    pthread_mutex_unlock(&p->send_mu);
+    return rc;
+}
+
+int cm_pipe_send(cm_pipe *p, int slot_i, const float *hidden, const int32_t *pos, int n, bool want_last, char *err,
+                 size_t errlen) {
+    if (n < 1 || n > (int)sizeof p->wantbuf) return cm_errf(err, errlen, CM_EINVAL, "micro-batch of %d rows", n);
+    pthread_mutex_lock(&p->send_mu);
+    for (int i = 0; i < n; i++) {
+        p->seqbuf[i] = slot_i;
+        p->wantbuf[i] = (uint8_t)(want_last && i == n - 1);
+    }
+    if (want_last) {
+        pthread_mutex_lock(&p->mu);
+        p->slots[slot_i].asked++;
+        pthread_mutex_unlock(&p->mu);
+    }
+    cm_msg m = {.type = CM_MSG_FORWARD};
+    m.u.forward = (cm_msg_forward){.epoch = p->epoch, .request_id = ++p->next_req, .n_tokens = (uint32_t)n,
+                                   .dim = (uint32_t)p->m->hp.n_embd, .dtype = CM_HIDDEN_F32, .pos = pos,
+                                   .seq = p->seqbuf, .want = p->wantbuf, .hidden = hidden};
+    int rc = cm_coord_send_data(p, &m, err, errlen);
+    if (!rc) p->rows_sent += (uint64_t)n;
+    pthread_mutex_unlock(&p->send_mu);
+    return rc;
+}
+
+int cm_pipe_recv_token(cm_pipe *p, int slot_i, int32_t *token, float *logprob, char *err, size_t errlen) {
+    uint64_t deadline = cm_now_ns() + (uint64_t)p->timeout_ms * 1000000ull;
+    int rc = 0;
+    pthread_mutex_lock(&p->mu);
+    slot *s = &p->slots[slot_i];
+    while (s->got < s->asked) {
+        if (p->fatal) { rc = cm_errf(err, errlen, p->fatal, "%s", p->fatal_text); break; }
+        if (cm_now_ns() > deadline) {
+            /* Every node answers its heartbeats, yet no token comes: a link
+             * between two stages is cut (TCP retries it for many minutes and
+             * nobody notices) or a stage is stuck. Fail the pipe, so that
+             * the caller re-plans (fresh connections everywhere) or ends its
+             * requests with this reason, instead of each waiting in turn. */
+            pthread_mutex_unlock(&p->mu);
+            cm_coord_fatal(p, CM_ETIMEDOUT, "no token from the last stage within %d ms (a link between stages may be cut)",
+                           p->timeout_ms);
+            pthread_mutex_lock(&p->mu);
+            rc = cm_errf(err, errlen, p->fatal, "%s", p->fatal_text);
+            break;
+        }
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 50000000;
+        if (ts.tv_nsec >= 1000000000) { ts.tv_sec++; ts.tv_nsec -= 1000000000; }
+        pthread_cond_timedwait(&p->cv, &p->mu, &ts);
+    }
+    if (!rc) {
+        *token = s->token;
+        if (logprob) *logprob = s->logprob;
+    }
+    pthread_mutex_unlock(&p->mu);
+    return rc;
+}
+
+int cm_pipe_members(const cm_pipe *p, cm_cluster_member *out, int max) {
+    cm_pipe *q = (cm_pipe *)p; /* the lock, not the record, changes */
+    pthread_mutex_lock(&q->info_mu);
+    int n = p->n_members;
+    for (int i = 0; i < n && i < max; i++) out[i] = p->members[i];
+    pthread_mutex_unlock(&q->info_mu);
+    return n;
+}
+
+void cm_pipe_hop_stats(const cm_pipe *p, uint64_t *bytes, uint64_t *frames, uint64_t *rows) {
+    cm_conn_stats st = {0};
+    if (!p->data) { *bytes = *frames = 0; *rows = p->rows_sent; return; }
+    cm_conn_get_stats(p->data, CM_MSG_FORWARD, &st);
+    *bytes = st.tx_bytes;
+    *frames = st.tx_frames;
+    *rows = p->rows_sent;
+}
+
+int cm_coord_send_group0(cm_pipe *p, const cm_msg *m, char *err, size_t errlen) {
+    pthread_mutex_lock(&p->mu);
+    int fatal = p->fatal;
+    if (fatal) cm_errf(err, errlen, fatal, "%s", p->fatal_text);
+    pthread_mutex_unlock(&p->mu);
+    if (fatal) return fatal;
+    for (int k = 1; k < p->plan.stages[0].n_members; k++) {
+        remote *rm = cm_coord_member(p, 0, k);
+        int rc = cm_conn_send(rm->ctl, m, p->timeout_ms, err, errlen);
+        if (rc) { cm_coord_fatal(p, rc, "node %s: %s", rm->addr, err); return rc; }
+    }
+    return 0;
+}
+
+
+int cm_pipe_last_top(cm_pipe *p, int slot_i, int32_t *ids, float *logprobs, int max) {
+    if (slot_i < 0 || slot_i >= p->n_seq) return 0;
+    pthread_mutex_lock(&p->mu);
+    int n = CM_MIN(p->slots[slot_i].n_top, max);
+    for (int i = 0; i < n; i++) {
+        ids[i] = p->slots[slot_i].top_id[i];
+        logprobs[i] = p->slots[slot_i].top_lp[i];
+    }
+    pthread_mutex_unlock(&p->mu);
+    return n;
+}
+
+bool cm_pipe_is_tp(const cm_pipe *p) { return p && p->plan.n_stages == 1; }
+int cm_pipe_tp_size(const cm_pipe *p) { return p->plan.stages[0].n_members; }
+cm_slice cm_pipe_tp_slice(const cm_pipe *p) {
+    const cm_plan_member *m0 = &p->plan.stages[0].members[0];
+    return (cm_slice){m0->kv_head_begin, m0->kv_head_end, m0->ffn_begin, m0->ffn_end};
+}
+/* A failed all-reduce (a member lost mid-operation) fails the pipe at once,
+ * so that the caller sees cm_pipe_failed and re-plans, rather than racing the
+ * receiver thread that notices the closed connection. */
+static int tp_allreduce(void *user, float *x, int64_t n) {
+    cm_pipe *p = user;
+    int rc = cm_coll_allreduce_cb(p->coll, x, n);
+    if (rc) cm_coord_fatal(p, rc, "all-reduce of this machine's group: %s", cm_coll_error(p->coll));
+    return rc;
+}
+
+/* Send n token ids at pos[], sequence slots seq[], to the other members of
+ * this machine's group. */
+static int tp_send(cm_pipe *p, const int32_t *tokens, const int32_t *pos, const int32_t *seq, int n, char *err,
+                   size_t errlen) {
+    if (n < 1 || n > (int)sizeof p->wantbuf) return cm_errf(err, errlen, CM_EINVAL, "micro-batch of %d rows", n);
+    pthread_mutex_lock(&p->send_mu);
+    memset(p->wantbuf, 0, (size_t)n);
+    cm_msg m = {.type = CM_MSG_FORWARD};
+    m.u.forward = (cm_msg_forward){.epoch = p->epoch, .request_id = ++p->next_req, .n_tokens = (uint32_t)n, .dim = 0,
+                                   .dtype = CM_HIDDEN_TOKENS, .pos = pos, .seq = seq, .want = p->wantbuf,
+                                   .tokens = tokens};
+    int rc = cm_coord_send_group0(p, &m, err, errlen);
+    if (!rc && p->plan.n_stages == 1) p->rows_sent += (uint64_t)n; /* hybrid: rows_sent counts the hidden rows to stage 1 */
+    pthread_mutex_unlock(&p->send_mu);
+    return rc;
+}
+
+int cm_pipe_stage0(cm_pipe *p, const int32_t *tokens, const int32_t *pos, const int32_t *slots, int n,
+                   cm_forward_args *a, char *err, size_t errlen) {
+    int k = p->plan.stages[0].n_members;
+    a->allreduce = NULL;
+    a->allreduce_user = NULL;
+    if (k == 1 && p->plan.n_stages > 1) return 0; /* a pipeline's stage 0: whole layers, alone */
+    int rc = tp_send(p, tokens, pos, slots, n, err, errlen);
+    if (rc || k == 1) return rc; /* (one group, every member lost: every slice here) */
+    a->allreduce = tp_allreduce;
+    a->allreduce_user = p;
+    return 0;
+}
+
+void cm_pipe_tp_stats(const cm_pipe *p, uint64_t *data_sent, uint64_t *wire_sent, uint64_t *ops, uint64_t *rows) {
+    cm_coll_stats st = {0};
+    if (p->coll) cm_coll_stats_get(p->coll, &st);
+    *data_sent = st.total.data_sent;
+    *wire_sent = st.total.wire_sent;
+    *ops = st.ops;
+    *rows = p->rows_sent;
+}
+

@@ -1,0 +1,31 @@
+/*
+ * member.h: one machine of a cluster's plan as the coordinator knows it, the
+ * record the dashboard shows (engine.h hands it to http as cm_engine_member).
+ * Plain data, no dependencies, so that the engine's public header can carry
+ * it without showing the cluster's API.
+ */
+#ifndef CM_MEMBER_H
+#define CM_MEMBER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* Its stage and layers, its tensor-parallel slice, the facts of its HELLO
+ * (taken when it connected) and the link this machine measured to it. */
+typedef struct cm_cluster_member {
+    int stage;                    /* 0: this machine's stage */
+    int first_layer, last_layer;  /* [first, last) */
+    int n_members, member;        /* tensor-parallel group size and index (1, 0: whole layers) */
+    int kv_head_begin, kv_head_end, ffn_begin, ffn_end;
+    bool local;                   /* this machine */
+    char addr[80], name[64];      /* addr "" for this machine */
+    uint32_t cores;
+    uint64_t mem_total, mem_free; /* bytes, at connect (HELLO) */
+    uint64_t weight_bytes, kv_bytes; /* planned for this member */
+    double gflops;
+    double rtt_s, bw;             /* this machine -> it, measured at connect; 0 for this machine */
+    bool link_measured;           /* first member of stage >= 1: the hop into it (previous stage's first */
+    double link_rtt_s, link_bw;   /* member -> it) was measured (else estimated); its rtt and bytes/s */
+} cm_cluster_member;
+
+#endif
