@@ -14,7 +14,9 @@
  *     both engines sample the same minutes of a noisy shared machine;
  *   - bytes per decoded token: every weight except the token-embedding rows
  *     not looked up (one row is), the output head included (all of
- *     token_embd when the head is tied);
+ *     token_embd when the head is tied); of a mixture-of-experts model only
+ *     the experts a token uses (expert_used_count of expert_count of each
+ *     stacked *_exps tensor);
  *   - read bandwidth: a STREAM-like read over 1 GiB with the same threads,
  *     best of 3 passes, right before and right after the model runs; the
  *     roofline is the larger bandwidth / bytes per token;
@@ -111,6 +113,20 @@ static int bytes_per_token(const char *path, uint64_t *out, uint64_t *all_weight
         per = total - emb->nbytes + row;
         if (!cm_gguf_find_tensor(&g, "output.weight")) per += emb->nbytes; /* tied head reads it all */
     }
+    char *arch = cm_gguf_get_str(&g, "general.architecture"), key[96];
+    uint64_t n_exp = 0, n_used = 0;
+    snprintf(key, sizeof key, "%s.expert_count", arch ? arch : "");
+    if (cm_gguf_get_u64(&g, key, &n_exp) && n_exp > 0) {
+        snprintf(key, sizeof key, "%s.expert_used_count", arch ? arch : "");
+        if (cm_gguf_get_u64(&g, key, &n_used) && n_used <= n_exp)
+            for (uint64_t i = 0; i < g.n_tensors; i++) {
+                const char *nm = g.tensors[i].name;
+                size_t l = strlen(nm);
+                if (g.tensors[i].n_dims == 3 && l > 12 && !strcmp(nm + l - 12, "_exps.weight"))
+                    per -= g.tensors[i].nbytes / n_exp * (n_exp - n_used);
+            }
+    }
+    cm_free(arch);
     *out = per;
     *all_weights = total;
     cm_gguf_close(&g);

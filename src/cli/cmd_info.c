@@ -70,6 +70,12 @@ int cmd_info(int argc, char **argv) {
         cJSON_AddStringToObject(j, "architecture", in.arch);
         cJSON_AddStringToObject(j, "name", in.name);
         cJSON_AddNumberToObject(j, "n_params", (double)in.n_params);
+        if (in.n_expert) {
+            cJSON_AddNumberToObject(j, "n_expert", in.n_expert);
+            cJSON_AddNumberToObject(j, "n_expert_used", in.n_expert_used);
+            cJSON_AddNumberToObject(j, "n_ff_exp", in.n_ff_exp);
+        }
+        cJSON_AddNumberToObject(j, "n_params_active", (double)in.n_params_active);
         cJSON_AddNumberToObject(j, "n_vocab", in.n_vocab);
         cJSON_AddNumberToObject(j, "n_embd", in.n_embd);
         cJSON_AddNumberToObject(j, "n_layer", in.n_layer);
@@ -90,6 +96,7 @@ int cmd_info(int argc, char **argv) {
         }
         cJSON_AddNumberToObject(j, "file_bytes", (double)in.file_bytes);
         cJSON_AddNumberToObject(j, "weight_bytes", (double)in.weight_bytes);
+        cJSON_AddNumberToObject(j, "weight_bytes_active", (double)in.weight_bytes_active);
         cJSON_AddNumberToObject(j, "kv_bytes", (double)kv);
         cJSON_AddNumberToObject(j, "memory_bytes", (double)total);
         char *s = cJSON_PrintUnformatted(j);
@@ -101,6 +108,12 @@ int cmd_info(int argc, char **argv) {
         printf("model:        %s\n", in.name);
         printf("architecture: %s\n", in.arch);
         printf("parameters:   %llu (%.2f M)\n", (unsigned long long)in.n_params, in.n_params / 1e6);
+        if (in.n_expert) {
+            human(b1, sizeof b1, (double)in.weight_bytes_active);
+            printf("experts:      %d, %d used per token (width %d); active per token %llu parameters (%.2f M), %s\n",
+                   in.n_expert, in.n_expert_used, in.n_ff_exp, (unsigned long long)in.n_params_active,
+                   in.n_params_active / 1e6, b1);
+        }
         printf("shape:        %d layers, embedding %d, %d heads (%d KV, dim %d), ffn %d, vocabulary %d\n", in.n_layer,
                in.n_embd, in.n_head, in.n_head_kv, in.head_dim, in.n_ff, in.n_vocab);
         printf("context:      %d trained, %d for this estimate\n", in.n_ctx_train, n_ctx);

@@ -23,7 +23,11 @@ static void usage(FILE *f) {
             "Write a random-weight model with the keys, tensor names, shapes and types a real GGUF\n"
             "of that architecture has (llama.cpp loads it). Deterministic by seed: the same\n"
             "arguments give the same bytes on any machine and thread count.\n\n"
-            "  --arch ARCH          llama, qwen2 (QKV bias) or qwen3 (Q/K norm)\n"
+            "  --arch ARCH          llama, qwen2 (QKV bias), qwen3 (Q/K norm), qwen2moe, qwen3moe\n"
+            "  --experts N          mixture of experts (qwen*moe; llama with experts = Mixtral)\n"
+            "  --experts-used K     experts per token (top-k)\n"
+            "  --expert-ffn F       width of each expert (qwen*moe; default --ffn)\n"
+            "  --shared-ffn F       width of qwen2moe's shared expert (default --ffn)\n"
             "  --dim D              embedding size (a multiple of 256 for K-quants, 32 otherwise)\n"
             "  --layers L           transformer blocks\n"
             "  --heads H            attention heads (D/H is the head size)\n"
@@ -53,6 +57,7 @@ int cmd_synth(int argc, char **argv) {
     cm_synth_params p = {.seed = 1};
     const char *vocab_path = NULL, *out_path = NULL;
     long dim = 0, layers = 0, heads = 0, kv = 0, ffn = 0, ctx = 0, threads = 0, seed = 1;
+    long n_exp = 0, n_used = 0, ffn_exp = 0, ffn_sh = 0;
     double base = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -77,6 +82,10 @@ int cmd_synth(int argc, char **argv) {
         else if (!strcmp(a, "--kv-heads")) INT(kv, 1, 1024);
         else if (!strcmp(a, "--ffn")) INT(ffn, 1, 1 << 18);
         else if (!strcmp(a, "--ctx")) INT(ctx, 1, 1 << 24);
+        else if (!strcmp(a, "--experts")) INT(n_exp, 1, 256);
+        else if (!strcmp(a, "--experts-used")) INT(n_used, 1, 256);
+        else if (!strcmp(a, "--expert-ffn")) INT(ffn_exp, 1, 1 << 18);
+        else if (!strcmp(a, "--shared-ffn")) INT(ffn_sh, 1, 1 << 18);
         else if (!strcmp(a, "--threads")) INT(threads, 1, 1024);
         else if (!strcmp(a, "--seed")) INT(seed, 0, 0x7fffffffL);
         else if (!strcmp(a, "--tied")) p.tied = true;
@@ -93,7 +102,7 @@ int cmd_synth(int argc, char **argv) {
 #undef STR
 #undef INT
     }
-    if (!p.arch) return cli_fail("missing --arch (llama, qwen2 or qwen3)");
+    if (!p.arch) return cli_fail("missing --arch (llama, qwen2, qwen3, qwen2moe or qwen3moe)");
     if (!p.type) return cli_fail("missing --type (%s)", cm_synth_type_names());
     if (!dim || !layers || !heads || !ffn) return cli_fail("missing --dim, --layers, --heads or --ffn");
     if (!vocab_path) return cli_fail("missing --vocab (a GGUF with a tokenizer, e.g. ggml-vocab-llama-spm.gguf)");
@@ -103,6 +112,10 @@ int cmd_synth(int argc, char **argv) {
     p.n_head = (int)heads;
     p.n_head_kv = kv ? (int)kv : (int)heads;
     p.n_ff = (int)ffn;
+    p.n_expert = (int)n_exp;
+    p.n_expert_used = (int)n_used;
+    p.n_ff_exp = (int)ffn_exp;
+    p.n_ff_shexp = (int)ffn_sh;
     p.n_ctx = (int)ctx;
     p.n_threads = (int)threads;
     p.seed = (uint64_t)seed;

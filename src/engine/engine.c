@@ -148,6 +148,11 @@ void cm_engine_get_info(const cm_engine *e, cm_engine_info *in) {
     in->n_stages = e->pipe ? cm_pipe_n_stages(e->pipe) : 1;
     in->tp_size = e->tp ? cm_pipe_tp_size(e->tp) : e->pipe ? cm_pipe_tp_size(e->pipe) : 1;
     in->local_layers = e->local_last;
+    in->n_expert = hp->n_expert;
+    in->n_expert_used = hp->n_expert_used;
+    in->n_ff_exp = hp->n_ff_exp;
+    in->n_params_active = e->m.n_params_active;
+    in->weight_bytes_active = e->m.weight_bytes_active;
 }
 
 const char *cm_engine_plan(const cm_engine *e) {

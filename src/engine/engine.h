@@ -73,7 +73,7 @@ void cm_engine_free(cm_engine *e); /* NULL is a no-op */
 bool cm_engine_weights_in_memory(const cm_engine_opts *opts, uint64_t file_bytes);
 
 typedef struct cm_engine_info {
-    const char *arch;        /* "llama", "qwen2", "qwen3" */
+    const char *arch;        /* "llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe" */
     const char *name;        /* general.name or the file name */
     int n_vocab, n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff;
     int n_ctx_train;         /* the model's context length */
@@ -89,6 +89,8 @@ typedef struct cm_engine_info {
     int n_stages;            /* pipeline stages (1: this machine alone) */
     int local_layers;        /* layers computed on this machine */
     int tp_size;             /* tensor-parallel group size (1: none) */
+    int n_expert, n_expert_used, n_ff_exp; /* mixture of experts (0: dense) */
+    uint64_t n_params_active, weight_bytes_active; /* what one token reads (= the totals when dense) */
 } cm_engine_info;
 void cm_engine_get_info(const cm_engine *e, cm_engine_info *info);
 

@@ -14,6 +14,7 @@
  * allocate in cm_forward(): all scratch lives in cm_ctx.
  */
 #include "model.h"
+#include "moe.h"
 
 #include <math.h>
 #include <string.h>
@@ -103,6 +104,7 @@ struct cm_ctx {
     int bad_token;
     cm_act_hook_fn hook; /* tests only (model.h) */
     void *hook_user;
+    cm_moe *moe; /* MoE models: the expert FFN's scratch (moe.c) */
 };
 
 static void *zalloc(size_t n) {
@@ -149,6 +151,11 @@ cm_ctx *cm_ctx_new(const cm_model *m, int max_batch, int max_ctx, cm_pool *pool,
     c->xq_size = B * kmax * 4 + 64;
     c->xq = zalloc(c->xq_size);
     c->out_rows = zalloc(B * 4);
+    if (hp->n_expert && !(c->moe = cm_moe_new(m, max_batch))) {
+        cm_ctx_free(c);
+        cm_errf(err, errlen, CM_ENOMEM, "out of memory for expert scratch (batch %d)", max_batch);
+        return NULL;
+    }
     if (!c->x || !c->xn || !c->part || !c->q || !c->att || !c->kc || !c->vc || !c->gate || !c->up || !c->rope ||
         !c->scores || !c->xq || !c->out_rows) {
         cm_ctx_free(c);
@@ -164,6 +171,7 @@ void cm_ctx_free(cm_ctx *c) {
     for (size_t i = 0; i < CM_ARRAY_LEN(fs); i++) cm_aligned_free(fs[i]);
     cm_aligned_free(c->xq);
     cm_aligned_free(c->out_rows);
+    cm_moe_free(c->moe);
     cm_free(c);
 }
 
@@ -582,6 +590,14 @@ static void phase_ffn(cm_ctx *c, int ith, int nth) {
     const cm_layer *L = &m->layers[c->il];
     const int E = m->hp.n_embd, n = c->b->n;
     const int FS = c->a->slice.f1 - c->a->slice.f0;
+    if (c->moe) { /* experts (moe.c): the normed input converted for ffn_gate_exps */
+        size_t xs;
+        const void *xq = add_norm_prep(c, CM_ACT_FFN_IN, &L->ffn_norm, &L->ffn_gate_exps, &xs, ith, nth);
+        const cm_moe_run r = {.m = m, .k = c->k, .pool = c->pool, .il = c->il, .n = n, .xn = c->xn, .xq = xq,
+                              .xq_stride = xs, .out = c->part, .hook = c->hook, .hook_user = c->hook_user};
+        cm_moe_ffn(c->moe, &r, ith, nth);
+        return;
+    }
     if (FS == 0) {
         add_pending(c, ith, nth);
         zero_part(c, ith, nth);
@@ -716,9 +732,11 @@ int cm_forward(cm_ctx *c, const cm_batch *b, const cm_forward_args *a, char *err
         c->wk = rows_view(&L->wk, (int64_t)s.h0 * D, (int64_t)s.h1 * D);
         c->wv = rows_view(&L->wv, (int64_t)s.h0 * D, (int64_t)s.h1 * D);
         c->wo = cols_view(&L->wo, (int64_t)s.h0 * rep * D, (int64_t)s.h1 * rep * D);
-        c->gt = rows_view(&L->ffn_gate, s.f0, s.f1);
-        c->up_w = rows_view(&L->ffn_up, s.f0, s.f1);
-        c->dn = cols_view(&L->ffn_down, s.f0, s.f1);
+        if (!c->moe) {
+            c->gt = rows_view(&L->ffn_gate, s.f0, s.f1);
+            c->up_w = rows_view(&L->ffn_up, s.f0, s.f1);
+            c->dn = cols_view(&L->ffn_down, s.f0, s.f1);
+        }
         c->ph = PH_ATTN;
         cm_pool_run(c->pool, run_phase, c);
         if (a->allreduce && (rc = a->allreduce(a->allreduce_user, c->part, red)))

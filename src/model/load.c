@@ -6,12 +6,13 @@
  * every rejection names the architecture, tensor or type at fault.
  */
 #include "model.h"
+#include "moe.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 
-static const char *const k_arch_names[CM_ARCH_COUNT] = {"llama", "qwen2", "qwen3"};
+static const char *const k_arch_names[CM_ARCH_COUNT] = {"llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe"};
 
 const char *cm_arch_name_of(enum cm_arch a) {
     return (unsigned)a < CM_ARCH_COUNT ? k_arch_names[a] : "unknown";
@@ -115,7 +116,10 @@ static int load_hparams(cm_model *m, char *err, size_t errlen) {
     for (int i = 0; i < CM_ARCH_COUNT; i++)
         if (!strcmp(arch, k_arch_names[i])) a = i;
     if (a < 0) {
-        int rc = cm_errf(err, errlen, CM_EUNSUPPORTED, "unknown architecture '%.64s' (supported: llama, qwen2, qwen3)", arch);
+        char list[256] = "";
+        for (int i = 0; i < CM_ARCH_COUNT; i++)
+            snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? ", " : "", k_arch_names[i]);
+        int rc = cm_errf(err, errlen, CM_EUNSUPPORTED, "unknown architecture '%.64s' (supported: %s; llama with experts = Mixtral)", arch, list);
         cm_free(arch);
         return rc;
     }
@@ -183,8 +187,13 @@ int cm_model_load(cm_model *m, const cm_gguf *g, char *err, size_t errlen) {
     hp->n_vocab = (int)te->ne[1];
     /* The FFN width comes from the tensor when the key is missing (old files). */
     const cm_gguf_tensor_info *tg = cm_gguf_find_tensor(g, "blk.0.ffn_gate.weight");
-    long def_ff = tg && tg->n_dims == 2 && tg->ne[1] > 0 && tg->ne[1] < (1 << 26) ? (long)tg->ne[1] : -1;
+    if (!tg) tg = cm_gguf_find_tensor(g, "blk.0.ffn_gate_exps.weight"); /* MoE: the experts' width */
+    long def_ff = tg && tg->n_dims >= 2 && tg->ne[1] > 0 && tg->ne[1] < (1 << 26) ? (long)tg->ne[1] : -1;
     if ((rc = get_int(g, cm_arch_name_of(hp->arch), "feed_forward_length", def_ff, 1, 1L << 26, &hp->n_ff, err, errlen))) {
+        cm_model_release(m);
+        return rc;
+    }
+    if ((rc = cm_moe_load_hparams(m, err, errlen))) {
         cm_model_release(m);
         return rc;
     }
@@ -204,7 +213,8 @@ int cm_model_load(cm_model *m, const cm_gguf *g, char *err, size_t errlen) {
     }
     for (int il = 0; il < hp->n_layer; il++) {
         cm_layer *L = &m->layers[il];
-        bool qwen2 = hp->arch == CM_ARCH_QWEN2, qwen3 = hp->arch == CM_ARCH_QWEN3;
+        bool qwen2 = hp->arch == CM_ARCH_QWEN2 || hp->arch == CM_ARCH_QWEN2MOE;
+        bool qwen3 = hp->arch == CM_ARCH_QWEN3 || hp->arch == CM_ARCH_QWEN3MOE;
         if ((rc = bind_blk(m, &L->attn_norm, il, "attn_norm.weight", E, 0, false, false, err, errlen)) ||
             (rc = bind_blk(m, &L->wq, il, "attn_q.weight", E, QD, true, false, err, errlen)) ||
             (rc = bind_blk(m, &L->wk, il, "attn_k.weight", E, KD, true, false, err, errlen)) ||
@@ -215,10 +225,12 @@ int cm_model_load(cm_model *m, const cm_gguf *g, char *err, size_t errlen) {
             (rc = bind_blk(m, &L->bv, il, "attn_v.bias", KD, 0, false, !qwen2, err, errlen)) ||
             (rc = bind_blk(m, &L->q_norm, il, "attn_q_norm.weight", D, 0, false, !qwen3, err, errlen)) ||
             (rc = bind_blk(m, &L->k_norm, il, "attn_k_norm.weight", D, 0, false, !qwen3, err, errlen)) ||
-            (rc = bind_blk(m, &L->ffn_norm, il, "ffn_norm.weight", E, 0, false, false, err, errlen)) ||
-            (rc = bind_blk(m, &L->ffn_gate, il, "ffn_gate.weight", E, F, true, false, err, errlen)) ||
-            (rc = bind_blk(m, &L->ffn_up, il, "ffn_up.weight", E, F, true, false, err, errlen)) ||
-            (rc = bind_blk(m, &L->ffn_down, il, "ffn_down.weight", F, E, true, false, err, errlen)))
+            (rc = bind_blk(m, &L->ffn_norm, il, "ffn_norm.weight", E, 0, false, false, err, errlen)))
+            goto fail;
+        if (hp->n_expert ? (rc = cm_moe_bind_layer(m, il, err, errlen)) != 0
+                         : ((rc = bind_blk(m, &L->ffn_gate, il, "ffn_gate.weight", E, F, true, false, err, errlen)) ||
+                            (rc = bind_blk(m, &L->ffn_up, il, "ffn_up.weight", E, F, true, false, err, errlen)) ||
+                            (rc = bind_blk(m, &L->ffn_down, il, "ffn_down.weight", F, E, true, false, err, errlen))))
             goto fail;
         char bname[96];
         snprintf(bname, sizeof bname, "blk.%d.attn_output.bias", il);
@@ -227,6 +239,7 @@ int cm_model_load(cm_model *m, const cm_gguf *g, char *err, size_t errlen) {
             goto fail;
         }
     }
+    cm_moe_count_active(m);
     return 0;
 fail:
     cm_model_release(m);
@@ -243,6 +256,7 @@ int cm_slice_check(const cm_model *m, cm_slice s, char *err, size_t errlen) {
     if (s.h0 < 0 || s.h1 > hp->n_head_kv || s.h0 > s.h1 || s.f0 < 0 || s.f1 > hp->n_ff || s.f0 > s.f1)
         return cm_errf(err, errlen, CM_EINVAL, "slice heads [%d, %d) ffn [%d, %d) is out of range (kv heads %d, ffn %d)",
                        s.h0, s.h1, s.f0, s.f1, hp->n_head_kv, hp->n_ff);
+    if (hp->n_expert) return cm_moe_check_slice(m, s, err, errlen);
     int64_t cols_per_kv = (int64_t)(hp->n_head / hp->n_head_kv) * hp->head_dim;
     for (int il = 0; il < hp->n_layer; il++) {
         const cm_layer *L = &m->layers[il];

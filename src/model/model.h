@@ -1,6 +1,8 @@
 /*
  * model: the forward pass of the supported architectures (llama, qwen2,
- * qwen3) over a layer range and a tensor slice, with per-sequence KV caches.
+ * qwen3, and the mixture-of-experts qwen2moe, qwen3moe and llama with experts
+ * (Mixtral); see moe.h) over a layer range and a tensor slice, with
+ * per-sequence KV caches.
  *
  * A cm_model is a set of cm_tensor views into a parsed GGUF (the mmap): no
  * weight is ever copied. The forward pass is written once for every way the
@@ -44,10 +46,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-enum cm_arch { CM_ARCH_LLAMA, CM_ARCH_QWEN2, CM_ARCH_QWEN3, CM_ARCH_COUNT };
+enum cm_arch { CM_ARCH_LLAMA, CM_ARCH_QWEN2, CM_ARCH_QWEN3, CM_ARCH_QWEN2MOE, CM_ARCH_QWEN3MOE, CM_ARCH_COUNT };
 enum cm_rope_type { CM_ROPE_NORM, CM_ROPE_NEOX, CM_ROPE_TYPE_COUNT };
 
-const char *cm_arch_name_of(enum cm_arch a); /* "llama", "qwen2", "qwen3" */
+const char *cm_arch_name_of(enum cm_arch a); /* "llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe" */
 
 /* Hyperparameters, read from "<arch>.*" metadata keys. */
 typedef struct cm_hparams {
@@ -65,6 +67,11 @@ typedef struct cm_hparams {
     float rope_base;  /* <arch>.rope.freq_base (default 10000) */
     float rope_freq_scale; /* 1 / <arch>.rope.scaling.factor for linear scaling, else 1 */
     enum cm_rope_type rope_type;
+    /* Mixture of experts (0 experts: a dense FFN). Keys "<arch>.expert_count",
+     * "expert_used_count", "expert_feed_forward_length" (default n_ff /
+     * n_used), "expert_shared_feed_forward_length" (qwen2moe; default n_ff). */
+    int n_expert, n_expert_used, n_ff_exp, n_ff_shexp;
+    bool expert_norm; /* renormalise the top-k weights to sum 1 (qwen3moe, Mixtral; not qwen2moe) */
 } cm_hparams;
 
 /* One transformer block. Optional tensors have data == NULL. Shapes (ne[0]
@@ -75,6 +82,13 @@ typedef struct cm_layer {
     cm_tensor bq, bk, bv;          /* qwen2 */
     cm_tensor q_norm, k_norm;      /* qwen3: [D], applied per head before RoPE */
     cm_tensor ffn_norm, ffn_gate, ffn_up, ffn_down;
+    /* MoE layers (hp.n_expert > 0; then ffn_gate/up/down are absent):
+     * router gate_inp [E, n_expert]; experts stacked as 3-D tensors
+     * gate_exps/up_exps [E, F_exp, n_expert], down_exps [F_exp, E, n_expert];
+     * qwen2moe's shared expert gate/up [E, F_sh], down [F_sh, E] and its
+     * sigmoid gate gate_inp_shexp [E]. */
+    cm_tensor ffn_gate_inp, ffn_gate_exps, ffn_up_exps, ffn_down_exps;
+    cm_tensor ffn_gate_inp_shexp, ffn_gate_shexp, ffn_up_shexp, ffn_down_shexp;
 } cm_layer;
 
 typedef struct cm_model {
@@ -88,12 +102,15 @@ typedef struct cm_model {
     const cm_gguf *gguf;   /* not owned */
     uint64_t n_params;     /* elements of all weights (tied output counted once) */
     uint64_t weight_bytes; /* bytes of all weights in the file */
+    /* What one token reads: all but the unused experts (= the totals for a
+     * dense model). */
+    uint64_t n_params_active, weight_bytes_active;
 } cm_model;
 
 /* Bind a model to a parsed GGUF (which must outlive it). Validates the
  * architecture, hyperparameters, every tensor's presence, type and shape.
  * Errors (CM_EUNSUPPORTED / CM_EFORMAT) name the culprit:
- *   "unknown architecture 'gpt2' (supported: llama, qwen2, qwen3)",
+ *   "unknown architecture 'gpt2' (supported: llama, qwen2, qwen3, qwen2moe, qwen3moe)",
  *   "missing tensor 'blk.3.ffn_up.weight'",
  *   "tensor 'blk.0.attn_q.weight' has unsupported type q2_k",
  *   "tensor 'blk.0.attn_k.weight' has shape [64, 48], expected [64, 32]".
@@ -111,7 +128,9 @@ typedef struct cm_slice {
 cm_slice cm_slice_full(const cm_model *m);
 /* Is the slice in range and aligned so that the columns it takes from
  * attn_output and ffn_down start and end on block boundaries of their types?
- * Returns 0 or CM_EINVAL with a message. */
+ * Returns 0 or CM_EINVAL with a message; CM_EUNSUPPORTED for any slice but
+ * the whole model of a mixture-of-experts model (NEEDSWORK: tensor-parallel
+ * experts). */
 int cm_slice_check(const cm_model *m, cm_slice s, char *err, size_t errlen);
 
 /* ---- KV cache of one sequence ----
@@ -199,7 +218,13 @@ void cm_ctx_set_kernels(cm_ctx *c, const cm_kernels *k);
  * round one element the other way. Called from the pool's threads, several
  * at once when the pool has more than one. NULL = none (the default). */
 enum cm_act_site { CM_ACT_ATTN_IN, CM_ACT_K_IN, CM_ACT_V_IN, CM_ACT_ATTN_OUT, CM_ACT_FFN_IN, CM_ACT_UP_IN,
-                   CM_ACT_FFN_DOWN, CM_ACT_OUTPUT };
+                   CM_ACT_FFN_DOWN, CM_ACT_OUTPUT,
+                   /* MoE: the input of an expert's down projection (row = token, columns
+                    * [slot * n_ff_exp, (slot + 1) * n_ff_exp) for its top-k slot), the
+                    * shared expert's; the router and shared-expert inputs when their
+                    * vec_dot_type differs from the experts' (then CM_ACT_FFN_IN is the
+                    * experts' gate input) */
+                   CM_ACT_EXP_DOWN, CM_ACT_SHEXP_DOWN, CM_ACT_ROUTER_IN, CM_ACT_SHEXP_IN };
 typedef void (*cm_act_hook_fn)(void *user, int layer, enum cm_act_site site, int row, int64_t col0,
                                enum cm_type vdt, const float *x, void *xq, int64_t n);
 void cm_ctx_set_act_hook(cm_ctx *c, cm_act_hook_fn fn, void *user);

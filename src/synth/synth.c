@@ -41,7 +41,7 @@
 #define BIAS_STD 0.2f
 #define ROWS_PER_CHUNK 16
 
-enum synth_arch { A_LLAMA, A_QWEN2, A_QWEN3 };
+enum synth_arch { A_LLAMA, A_QWEN2, A_QWEN3, A_QWEN2MOE, A_QWEN3MOE };
 
 /* One --type: the file type id llama.cpp records and the weight type. */
 typedef struct synth_type {
@@ -77,7 +77,33 @@ static int find_arch(const char *name) {
     if (!strcmp(name, "llama")) return A_LLAMA;
     if (!strcmp(name, "qwen2")) return A_QWEN2;
     if (!strcmp(name, "qwen3")) return A_QWEN3;
+    if (!strcmp(name, "qwen2moe")) return A_QWEN2MOE;
+    if (!strcmp(name, "qwen3moe")) return A_QWEN3MOE;
     return -1;
+}
+
+/* ---- mixture of experts ---- */
+
+static bool moe_arch(int arch) { return arch == A_QWEN2MOE || arch == A_QWEN3MOE; }
+static int exp_ff(const cm_synth_params *p, int arch) { return arch == A_LLAMA || !p->n_ff_exp ? p->n_ff : p->n_ff_exp; }
+static int shexp_ff(const cm_synth_params *p, int arch) {
+    return arch != A_QWEN2MOE ? 0 : p->n_ff_shexp ? p->n_ff_shexp : p->n_ff;
+}
+
+static int moe_check(const cm_synth_params *p, int arch, int bs, char *err, size_t errlen) {
+    if (p->n_expert < 0 || p->n_expert > 256 || p->n_expert_used < 0 || p->n_ff_exp < 0 || p->n_ff_shexp < 0)
+        return cm_errf(err, errlen, CM_EINVAL, "experts must be in [0, 256], widths non-negative");
+    if (moe_arch(arch) && p->n_expert == 0)
+        return cm_errf(err, errlen, CM_EINVAL, "architecture '%s' needs --experts", p->arch);
+    if (!moe_arch(arch) && arch != A_LLAMA && p->n_expert)
+        return cm_errf(err, errlen, CM_EINVAL, "architecture '%s' has no experts (qwen2moe, qwen3moe, llama do)", p->arch);
+    if (!p->n_expert) return 0;
+    if (p->n_expert_used < 1 || p->n_expert_used > p->n_expert)
+        return cm_errf(err, errlen, CM_EINVAL, "experts used %d must be in [1, %d]", p->n_expert_used, p->n_expert);
+    if (exp_ff(p, arch) % bs || shexp_ff(p, arch) % bs)
+        return cm_errf(err, errlen, CM_EINVAL, "expert widths must be multiples of %d (got %d, %d)", bs,
+                       exp_ff(p, arch), shexp_ff(p, arch));
+    return 0;
 }
 
 /* llama.cpp's use_more_bits(): the first and last eighth of the layers and
@@ -87,7 +113,7 @@ static bool use_more_bits(int i, int n) { return i < n / 8 || i >= 7 * n / 8 || 
 int cm_synth_check(const cm_synth_params *p, char *err, size_t errlen) {
     const synth_type *st = find_type(p->type);
     if (find_arch(p->arch) < 0)
-        return cm_errf(err, errlen, CM_EINVAL, "unknown architecture '%s' (supported: llama, qwen2, qwen3)",
+        return cm_errf(err, errlen, CM_EINVAL, "unknown architecture '%s' (supported: llama, qwen2, qwen3, qwen2moe, qwen3moe)",
                        p->arch ? p->arch : "");
     if (!st)
         return cm_errf(err, errlen, CM_EINVAL, "unknown type '%s' (supported: %s)", p->type ? p->type : "",
@@ -110,7 +136,7 @@ int cm_synth_check(const cm_synth_params *p, char *err, size_t errlen) {
         return cm_errf(err, errlen, CM_EINVAL, "type %s needs dim and ffn to be multiples of %d (got %d, %d)",
                        st->name, bs, p->n_embd, p->n_ff);
     if (p->n_ctx < 0) return cm_errf(err, errlen, CM_EINVAL, "context length must be positive");
-    return 0;
+    return moe_check(p, find_arch(p->arch), bs, err, errlen);
 }
 
 /* ---- deterministic values ---- */
@@ -168,6 +194,7 @@ typedef struct synth_tensor {
     char name[64];
     enum cm_type type;
     int64_t ne0, nrows;
+    int64_t ne2; /* 3-D (stacked experts): nrows = ne1 * ne2; 0 = 2-D */
     float mean, std;
     const float *fixed; /* rope_freqs: exact values instead of noise */
     uint64_t seed;
@@ -420,9 +447,11 @@ int cm_synth_write(const cm_synth_params *p, const cm_gguf *vocab, const char *p
                             : p->rope_llama3  ? 500000.0f
                                               : 10000.0f;
     const float eps = arch == A_LLAMA ? 1e-5f : 1e-6f;
+    const bool qwen2b = arch == A_QWEN2 || arch == A_QWEN2MOE, qwen3n = arch == A_QWEN3 || arch == A_QWEN3MOE;
+    const int X = p->n_expert, FX = exp_ff(p, arch), FSH = shexp_ff(p, arch);
 
     synth_run R = {.p = p};
-    synth_plan P = {.cap = 4 + L * 16};
+    synth_plan P = {.cap = 4 + L * 20};
     float *freqs = NULL;
     cm_gguf_writer *w = NULL;
     P.t = cm_calloc((size_t)P.cap, sizeof *P.t);
@@ -452,29 +481,43 @@ int cm_synth_write(const cm_synth_params *p, const cm_gguf *vocab, const char *p
     for (int l = 0; l < L; l++) {
         char n[64];
         const bool more = use_more_bits(l, L);
-        const enum cm_type v_t = st->mix_q4_k_m && more ? CM_TYPE_Q6_K : wt;
+        /* llama.cpp gives an 8-expert Q4_K_M model Q8_0 attn_k/attn_v and Q5_K attn_output */
+        const bool x8 = st->mix_q4_k_m && X == 8;
+        const enum cm_type v_t = x8 ? CM_TYPE_Q8_0 : st->mix_q4_k_m && more ? CM_TYPE_Q6_K : wt;
+        const enum cm_type k_t = x8 ? CM_TYPE_Q8_0 : wt, o_t = x8 ? CM_TYPE_Q5_K : wt;
         const enum cm_type down_t = st->mix_q4_k_m && more ? CM_TYPE_Q6_K : wt;
-#define T(suffix, type, ne0, rows, mean, std)                 \
-    do {                                                      \
-        snprintf(n, sizeof n, "blk.%d." suffix, l);           \
-        add(&P, &R, n, type, ne0, rows, mean, std);           \
-    } while (0)
+#define T(suffix, type, ne0, rows, mean, std) \
+    (snprintf(n, sizeof n, "blk.%d." suffix, l), add(&P, &R, n, type, ne0, rows, mean, std))
         T("attn_norm.weight", CM_TYPE_F32, E, 1, 1, NORM_NOISE);
         T("attn_q.weight", wt, E, H * D, 0, 1 / sqrtf((float)E));
-        if (arch == A_QWEN2) T("attn_q.bias", CM_TYPE_F32, H * D, 1, 0, BIAS_STD);
-        T("attn_k.weight", wt, E, HKV * D, 0, 1 / sqrtf((float)E));
-        if (arch == A_QWEN2) T("attn_k.bias", CM_TYPE_F32, HKV * D, 1, 0, BIAS_STD);
+        if (qwen2b) T("attn_q.bias", CM_TYPE_F32, H * D, 1, 0, BIAS_STD);
+        T("attn_k.weight", k_t, E, HKV * D, 0, 1 / sqrtf((float)E));
+        if (qwen2b) T("attn_k.bias", CM_TYPE_F32, HKV * D, 1, 0, BIAS_STD);
         T("attn_v.weight", v_t, E, HKV * D, 0, 1 / sqrtf((float)E));
-        if (arch == A_QWEN2) T("attn_v.bias", CM_TYPE_F32, HKV * D, 1, 0, BIAS_STD);
-        if (arch == A_QWEN3) {
+        if (qwen2b) T("attn_v.bias", CM_TYPE_F32, HKV * D, 1, 0, BIAS_STD);
+        if (qwen3n) {
             T("attn_q_norm.weight", CM_TYPE_F32, D, 1, 1, NORM_NOISE);
             T("attn_k_norm.weight", CM_TYPE_F32, D, 1, 1, NORM_NOISE);
         }
-        T("attn_output.weight", wt, H * D, E, 0, res_scale / sqrtf((float)(H * D)));
+        T("attn_output.weight", o_t, H * D, E, 0, res_scale / sqrtf((float)(H * D)));
         T("ffn_norm.weight", CM_TYPE_F32, E, 1, 1, NORM_NOISE);
-        T("ffn_gate.weight", wt, E, F, 0, 1 / sqrtf((float)E));
-        T("ffn_up.weight", wt, E, F, 0, 1 / sqrtf((float)E));
-        T("ffn_down.weight", down_t, F, E, 0, res_scale / sqrtf((float)F));
+        if (X) {
+            /* the router in F32 as llama.cpp keeps it; experts stacked [ne0, rows, X] */
+            T("ffn_gate_inp.weight", CM_TYPE_F32, E, X, 0, 1 / sqrtf((float)E));
+            T("ffn_gate_exps.weight", wt, E, (int64_t)FX * X, 0, 1 / sqrtf((float)E))->ne2 = X;
+            T("ffn_up_exps.weight", wt, E, (int64_t)FX * X, 0, 1 / sqrtf((float)E))->ne2 = X;
+            T("ffn_down_exps.weight", down_t, FX, (int64_t)E * X, 0, res_scale / sqrtf((float)FX))->ne2 = X;
+            if (FSH) {
+                T("ffn_gate_inp_shexp.weight", CM_TYPE_F32, E, 1, 0, 1 / sqrtf((float)E));
+                T("ffn_gate_shexp.weight", wt, E, FSH, 0, 1 / sqrtf((float)E));
+                T("ffn_up_shexp.weight", wt, E, FSH, 0, 1 / sqrtf((float)E));
+                T("ffn_down_shexp.weight", down_t, FSH, E, 0, res_scale / sqrtf((float)FSH));
+            }
+        } else {
+            T("ffn_gate.weight", wt, E, F, 0, 1 / sqrtf((float)E));
+            T("ffn_up.weight", wt, E, F, 0, 1 / sqrtf((float)E));
+            T("ffn_down.weight", down_t, F, E, 0, res_scale / sqrtf((float)F));
+        }
 #undef T
     }
     add(&P, &R, "output_norm.weight", CM_TYPE_F32, E, 1, 1, NORM_NOISE);
@@ -499,7 +542,13 @@ int cm_synth_write(const cm_synth_params *p, const cm_gguf *vocab, const char *p
     cm_gguf_w_u32(w, K("attention.head_count"), (uint32_t)H);
     cm_gguf_w_u32(w, K("attention.head_count_kv"), (uint32_t)HKV);
     cm_gguf_w_f32(w, K("attention.layer_norm_rms_epsilon"), eps);
-    if (arch == A_QWEN3) {
+    if (X) {
+        cm_gguf_w_u32(w, K("expert_count"), (uint32_t)X);
+        cm_gguf_w_u32(w, K("expert_used_count"), (uint32_t)p->n_expert_used);
+        if (moe_arch(arch)) cm_gguf_w_u32(w, K("expert_feed_forward_length"), (uint32_t)FX);
+        if (FSH) cm_gguf_w_u32(w, K("expert_shared_feed_forward_length"), (uint32_t)FSH);
+    }
+    if (qwen3n) {
         cm_gguf_w_u32(w, K("attention.key_length"), (uint32_t)D);
         cm_gguf_w_u32(w, K("attention.value_length"), (uint32_t)D);
     }
@@ -510,8 +559,9 @@ int cm_synth_write(const cm_synth_params *p, const cm_gguf *vocab, const char *p
     for (uint64_t i = 0; i < vocab->n_kv; i++)
         if (!strncmp(vocab->kv[i].key, "tokenizer.", 10)) cm_gguf_w_copy_kv(w, &vocab->kv[i]);
     for (int i = 0; i < P.n; i++) {
-        int64_t ne[2] = {P.t[i].ne0, P.t[i].nrows};
-        cm_gguf_w_tensor_fill(w, P.t[i].name, P.t[i].type, P.t[i].nrows > 1 ? 2 : 1, ne, fill_tensor, &P.t[i]);
+        const synth_tensor *t = &P.t[i];
+        int64_t ne[3] = {t->ne0, t->ne2 ? t->nrows / t->ne2 : t->nrows, t->ne2};
+        cm_gguf_w_tensor_fill(w, t->name, t->type, t->ne2 ? 3 : t->nrows > 1 ? 2 : 1, ne, fill_tensor, &P.t[i]);
     }
 
     int nth = p->n_threads > 0 ? p->n_threads : cm_cpu_count();

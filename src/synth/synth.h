@@ -1,6 +1,7 @@
 /*
  * synth: random-weight models with exactly the metadata keys, tensor names,
- * shapes and types a real GGUF of the architecture has (llama, qwen2, qwen3),
+ * shapes and types a real GGUF of the architecture has (llama, qwen2, qwen3,
+ * and the mixture-of-experts qwen2moe, qwen3moe and llama with experts),
  * so that tests and demos can exercise every architecture x tensor type
  * without downloading anything, and llama.cpp loads the same file.
  *
@@ -27,12 +28,17 @@
 #include <stdint.h>
 
 typedef struct cm_synth_params {
-    const char *arch;   /* "llama", "qwen2", "qwen3" */
+    const char *arch;   /* "llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe" */
     int n_embd;         /* model dim; a multiple of the weight type's block size (256 for K-quants) */
     int n_layer;
     int n_head;         /* n_embd % n_head == 0; head_dim = n_embd / n_head, even */
     int n_head_kv;      /* divides n_head */
-    int n_ff;           /* multiple of the block size like n_embd */
+    int n_ff;           /* multiple of the block size like n_embd (MoE: the feed_forward_length key;
+                         * qwen2moe's shared expert width unless n_ff_shexp) */
+    /* Mixture of experts: n_expert > 0 (qwen2moe/qwen3moe need it; llama with
+     * experts is Mixtral, its experts n_ff wide); the experts of qwen*moe are
+     * n_ff_exp wide (0 = n_ff); n_ff_shexp: qwen2moe's shared expert (0 = n_ff). */
+    int n_expert, n_expert_used, n_ff_exp, n_ff_shexp;
     int n_ctx;          /* <arch>.context_length; 0 = 4096 */
     const char *type;   /* f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k q4_k_m */
     float rope_base;    /* 0 = the architecture's usual (llama 10000, with llama3 scaling 500000, qwen 1e6) */

@@ -36,6 +36,10 @@ expect_err "cannot open|no such file" --arch llama --dim 256 --layers 1 --heads 
 expect_err "unknown rope scaling 'yarn'" $BASE --type q8_0 --rope-scaling yarn -o "$T/x.gguf"
 expect_err "unknown option '--bogus'" $BASE --type q8_0 --bogus -o "$T/x.gguf"
 expect_err "'--dim'" $BASE --type q8_0 --dim abc -o "$T/x.gguf"
+expect_err "needs --experts" $BASE --type q8_0 --arch qwen3moe -o "$T/x.gguf"
+expect_err "has no experts" $BASE --type q8_0 --arch qwen3 --experts 8 --experts-used 2 -o "$T/x.gguf"
+expect_err "experts used 9 must be in" $BASE --type q8_0 --arch qwen3moe --experts 8 --experts-used 9 -o "$T/x.gguf"
+expect_err "expert widths must be multiples of 256" $BASE --type q4_k --arch qwen3moe --experts 8 --experts-used 2 --expert-ffn 128 -o "$T/x.gguf"
 }
 [ ! -e "$T/x.gguf" ] && ok || bad "a failed synth left a file behind"
 

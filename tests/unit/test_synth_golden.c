@@ -1,6 +1,8 @@
 /*
  * test_synth_golden.c: every architecture variant (llama; llama with Llama
- * 3.1 RoPE scaling; llama with a tied head; qwen2; qwen3) x every tensor type
+ * 3.1 RoPE scaling; llama with a tied head; qwen2; qwen3; the mixture-of-
+ * experts qwen3moe with 8 experts top 2 and with 64 top 8, qwen2moe with its
+ * shared expert, Mixtral = llama with 8 experts top 2) x every tensor type
  * against llama.cpp. The models are random-weight files that cm_synth
  * regenerates from the seeds in tests/data/synth/ (what `cumulo synth`
  * writes); the JSON files hold llama.cpp's numbers for them, produced once by
@@ -93,6 +95,7 @@ typedef struct ref_model {
     char name[64];
     char arch[16], type[16], scaling[16];
     int dim, layers, heads, kv_heads, ffn, ctx;
+    int experts, experts_used, expert_ffn, shared_ffn; /* mixture of experts (0: dense) */
     long seed;
     bool tied;
     int n_cases;
@@ -173,6 +176,14 @@ static int load_ref(const char *path, ref_model *R) {
 #undef S
 #undef N
     R->tied = cJSON_IsTrue(cJSON_GetObjectItem(s, "tied"));
+    {
+        const char *mk[4] = {"experts", "experts_used", "expert_ffn", "shared_ffn"};
+        int *mv[4] = {&R->experts, &R->experts_used, &R->expert_ffn, &R->shared_ffn};
+        for (int i = 0; i < 4; i++) {
+            const cJSON *x_ = cJSON_GetObjectItem(s, mk[i]);
+            *mv[i] = cJSON_IsNumber(x_) ? x_->valueint : 0;
+        }
+    }
     R->n_cases = 0;
     cJSON_ArrayForEach(c, cases) {
         if (R->n_cases == MAXCASES) break;
@@ -396,8 +407,9 @@ static int cmp_flip(const void *a, const void *b) {
 }
 
 static const char *site_name(int s) {
-    static const char *n[] = {"attn_in", "k_in", "v_in", "attn_out", "ffn_in", "up_in", "ffn_down_in", "output_in"};
-    return s >= 0 && s < 8 ? n[s] : "?";
+    static const char *n[] = {"attn_in", "k_in", "v_in", "attn_out", "ffn_in", "up_in", "ffn_down_in", "output_in",
+                              "exp_down_in", "shexp_down_in", "router_in", "shexp_in"};
+    return s >= 0 && s < (int)CM_ARRAY_LEN(n) ? n[s] : "?";
 }
 
 /* Types whose activations keep 11+ bits (no 8-bit rounding to flip). */
@@ -521,7 +533,8 @@ static void check_model(const ref_model *R, cm_pool *pool) {
     cm_synth_params sp = {.arch = R->arch, .n_embd = R->dim, .n_layer = R->layers, .n_head = R->heads,
                           .n_head_kv = R->kv_heads, .n_ff = R->ffn, .n_ctx = R->ctx, .type = R->type,
                           .rope_llama3 = !strcmp(R->scaling, "llama3"), .tied = R->tied,
-                          .seed = (uint64_t)R->seed, .n_threads = 2};
+                          .seed = (uint64_t)R->seed, .n_threads = 2, .n_expert = R->experts,
+                          .n_expert_used = R->experts_used, .n_ff_exp = R->expert_ffn, .n_ff_shexp = R->shared_ffn};
     cm_buf file;
     cm_buf_init(&file);
     cm_gguf g;
@@ -798,6 +811,72 @@ static void test_synth_layout(void) {
     CHECK(cm_synth_check(&bad, errbuf, sizeof errbuf) == CM_EINVAL && strstr(errbuf, "q2_k"));
 }
 
+/* Mixture-of-experts files: llama.cpp's keys, stacked 3-D expert tensors,
+ * an F32 router, qwen2moe's shared expert, and Q4_K_M's 8-expert rules
+ * (llama_tensor_get_type: attn_k/attn_v Q8_0, attn_output Q5_K; ffn_down_exps
+ * like ffn_down). */
+static void test_synth_layout_moe(void) {
+    const char *archs[] = {"qwen3moe", "qwen2moe", "llama"};
+    for (int ai = 0; ai < 3; ai++) {
+        cm_synth_params sp = {.arch = archs[ai], .n_embd = 256, .n_layer = 8, .n_head = 4, .n_head_kv = 2,
+                              .n_ff = 512, .type = "q4_k_m", .seed = 3, .n_threads = 2, .n_expert = 8,
+                              .n_expert_used = 2, .n_ff_exp = ai < 2 ? 256 : 0, .n_ff_shexp = ai == 1 ? 768 : 0};
+        const int64_t F = ai < 2 ? 256 : 512;
+        cm_buf f;
+        cm_buf_init(&f);
+        cm_gguf g;
+        memset(&g, 0, sizeof g);
+        CHECK(cm_synth_write(&sp, &g_vocab, NULL, &f, errbuf, sizeof errbuf) == 0);
+        if (cm_gguf_parse(&g, (const uint8_t *)f.data, f.len, errbuf, sizeof errbuf)) {
+            CHECKF(0, "%s: %s", archs[ai], errbuf);
+            cm_buf_release(&f);
+            continue;
+        }
+        uint64_t v;
+        char key[96];
+        snprintf(key, sizeof key, "%s.expert_count", archs[ai]);
+        CHECK(cm_gguf_get_u64(&g, key, &v) && v == 8);
+        snprintf(key, sizeof key, "%s.expert_used_count", archs[ai]);
+        CHECK(cm_gguf_get_u64(&g, key, &v) && v == 2);
+        snprintf(key, sizeof key, "%s.expert_feed_forward_length", archs[ai]);
+        CHECK(ai < 2 ? cm_gguf_get_u64(&g, key, &v) && v == 256 : cm_gguf_find_kv(&g, key) == NULL);
+        snprintf(key, sizeof key, "%s.expert_shared_feed_forward_length", archs[ai]);
+        CHECK(ai == 1 ? cm_gguf_get_u64(&g, key, &v) && v == 768 : cm_gguf_find_kv(&g, key) == NULL);
+        const cm_gguf_tensor_info *t;
+        for (int l = 0; l < 8; l++) {
+            bool more = l == 0 || l == 3 || l == 6 || l == 7;
+            char n[64];
+#define TT(suffix, type_, nd, ne0, ne1, ne2)                                                                  \
+    do {                                                                                                   \
+        snprintf(n, sizeof n, "blk.%d.%s", l, suffix);                                                     \
+        t = cm_gguf_find_tensor(&g, n);                                                                    \
+        CHECKF(t && t->type == (type_) && t->n_dims == (nd) && t->ne[0] == (ne0) && t->ne[1] == (ne1) &&  \
+                   t->ne[2] == (ne2), "%s %s", archs[ai], n);                                              \
+    } while (0)
+            TT("attn_k.weight", CM_TYPE_Q8_0, 2, 256, 128, 1);
+            TT("attn_v.weight", CM_TYPE_Q8_0, 2, 256, 128, 1);
+            TT("attn_output.weight", CM_TYPE_Q5_K, 2, 256, 256, 1);
+            TT("ffn_gate_inp.weight", CM_TYPE_F32, 2, 256, 8, 1);
+            TT("ffn_gate_exps.weight", CM_TYPE_Q4_K, 3, 256, F, 8);
+            TT("ffn_up_exps.weight", CM_TYPE_Q4_K, 3, 256, F, 8);
+            TT("ffn_down_exps.weight", more ? CM_TYPE_Q6_K : CM_TYPE_Q4_K, 3, F, 256, 8);
+            if (ai == 1) {
+                TT("ffn_gate_inp_shexp.weight", CM_TYPE_F32, 1, 256, 1, 1);
+                TT("ffn_gate_shexp.weight", CM_TYPE_Q4_K, 2, 256, 768, 1);
+                TT("ffn_up_shexp.weight", CM_TYPE_Q4_K, 2, 256, 768, 1);
+                TT("ffn_down_shexp.weight", more ? CM_TYPE_Q6_K : CM_TYPE_Q4_K, 2, 768, 256, 1);
+                TT("attn_q.bias", CM_TYPE_F32, 1, 256, 1, 1);
+            }
+            if (ai == 0) TT("attn_q_norm.weight", CM_TYPE_F32, 1, 64, 1, 1);
+#undef TT
+            snprintf(n, sizeof n, "blk.%d.ffn_gate.weight", l);
+            CHECK(cm_gguf_find_tensor(&g, n) == NULL);
+        }
+        cm_gguf_close(&g);
+        cm_buf_release(&f);
+    }
+}
+
 int main(void) {
     const char *pe = getenv("CUMULO_TEST_PERTURB");
     g_perturb = pe ? atof(pe) : 0;
@@ -808,6 +887,7 @@ int main(void) {
     }
     RUN(test_synth_deterministic);
     RUN(test_synth_layout);
+    RUN(test_synth_layout_moe);
     RUN(test_synth_golden);
     cm_gguf_close(&g_vocab);
     TEST_END();

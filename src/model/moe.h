@@ -1,0 +1,65 @@
+/*
+ * moe.h (private to src/model): mixture-of-experts FFN layers (qwen2moe,
+ * qwen3moe, llama with experts = Mixtral): loading the router, the stacked
+ * expert tensors and qwen2moe's shared expert, and the FFN of one layer.
+ *
+ * The computation follows llama.cpp's build_moe_ffn() (softmax gating):
+ * router logits = ffn_gate_inp x (F32 dot products), probabilities = softmax
+ * over all experts (max subtraction, expf, double sum, scaled by the float
+ * 1/sum), the top k by probability (descending; ties: lower expert id), their
+ * weights = those probabilities, renormalised (qwen3moe, Mixtral: divided by
+ * their double-summed, F16-min-clamped sum) or not (qwen2moe); each chosen
+ * expert runs silu(gate) * up then down, its output is multiplied by its
+ * weight, and the weighted outputs are added per token IN TOP-K ORDER
+ * (slot 0 first), as llama.cpp adds its views. qwen2moe then adds the shared
+ * expert's output times sigmoid(gate_inp_shexp . x), the sigmoid computed as
+ * silu(v) / v like llama.cpp.
+ *
+ * Tokens are grouped by expert (ascending expert id, tokens in batch order)
+ * and each active expert runs as one GEMM over its tokens; decode is the same
+ * code with one token, so only the k chosen experts' rows are read. Because
+ * the kernels are batch-invariant (kernels.h), a token's result is the same
+ * bits whatever else is in the batch and however tokens group.
+ */
+#ifndef CM_MODEL_MOE_H
+#define CM_MODEL_MOE_H
+
+#include "model.h"
+
+/* Read "<arch>.expert_*" keys into m->hp (after n_ff is known). A *moe
+ * architecture without experts, or more used than there are, is an error. */
+int cm_moe_load_hparams(cm_model *m, char *err, size_t errlen);
+/* Bind layer il's router, experts and (qwen2moe) shared expert; refuses
+ * the per-expert tensor layout of old Mixtral files with a message. */
+int cm_moe_bind_layer(cm_model *m, int il, char *err, size_t errlen);
+/* Set m->n_params_active / weight_bytes_active (after every layer is bound). */
+void cm_moe_count_active(cm_model *m);
+/* CM_EUNSUPPORTED unless s is the whole model (no tensor-parallel experts yet). */
+int cm_moe_check_slice(const cm_model *m, cm_slice s, char *err, size_t errlen);
+
+/* Scratch of the MoE FFN for batches of up to max_batch tokens. */
+typedef struct cm_moe cm_moe;
+cm_moe *cm_moe_new(const cm_model *m, int max_batch);
+void cm_moe_free(cm_moe *s);
+
+/* One layer's MoE FFN over n tokens, called by every thread of the pool
+ * (ith of nth) after the FFN input is normed (xn, [n][n_embd] floats) and
+ * converted to ffn_gate_exps's vec_dot_type (xq, row stride xq_stride).
+ * Writes out [n][n_embd] (the FFN output, to be added to the residual).
+ * Synchronises with cm_pool_barrier(); returns after its last barrier with
+ * its share of out written (the caller's pool run joins). */
+typedef struct cm_moe_run {
+    const cm_model *m;
+    const cm_kernels *k;
+    cm_pool *pool;
+    int il, n;
+    const float *xn;
+    const void *xq;
+    size_t xq_stride;
+    float *out;
+    cm_act_hook_fn hook; /* tests only (model.h) */
+    void *hook_user;
+} cm_moe_run;
+void cm_moe_ffn(cm_moe *s, const cm_moe_run *r, int ith, int nth);
+
+#endif
