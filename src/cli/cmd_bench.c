@@ -337,8 +337,8 @@ static int parse(int argc, char **argv, bench_opts *o) {
             if (!v) return cli_fail("option '%s' needs a value", a);
             o->key_file = v, i++;
         } else if (!strcmp(a, "--parallel")) {
-            if (!v || (strcmp(v, "pp") && strcmp(v, "tp") && strcmp(v, "hybrid") && strcmp(v, "auto")))
-                return cli_fail("option '--parallel' needs pp, tp, hybrid or auto");
+            if (!v || (strcmp(v, "pp") && strcmp(v, "tp") && strcmp(v, "hybrid") && strcmp(v, "ep") && strcmp(v, "auto")))
+                return cli_fail("option '--parallel' needs pp, tp, hybrid, ep or auto");
             o->parallel = v, i++;
         } else if (!strcmp(a, "--groups")) {
             if (!v) return cli_fail("option '%s' needs a value", a);

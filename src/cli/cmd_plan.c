@@ -36,7 +36,7 @@ static void usage(FILE *f) {
             "  --type TYPE         its quantization (q4_0, q4_k_m, q8_0, f16, ...; default q4_k_m)\n"
             "  --ctx N             KV cache length per sequence (default: the cluster file's, else 2048)\n"
             "  --seq N             concurrent sequences (default 1)\n"
-            "  --parallel MODE     auto (default), pp, tp or hybrid\n"
+            "  --parallel MODE     auto (default), pp, tp, hybrid or ep (experts across a group)\n"
             "  --json              machine-readable output\n",
             cm_sim_preset_names());
 }
@@ -134,7 +134,7 @@ int cmd_plan(int argc, char **argv) {
     if (seq) o.n_seq = (int)seq;
     if (par) {
         int p = cm_parallel_from_name(par);
-        if (p < 0) return cli_fail("--parallel must be auto, pp, tp or hybrid, not '%s'", par);
+        if (p < 0) return cli_fail("--parallel must be auto, pp, tp, hybrid or ep, not '%s'", par);
         o.mode = (enum cm_parallel)p;
     }
     cm_plan_model m;

@@ -230,6 +230,11 @@ int cm_pipe_tp_size(const cm_pipe *p);
 cm_slice cm_pipe_tp_slice(const cm_pipe *p);
 void *cm_pipe_tp_coll(const cm_pipe *p); /* allreduce_user for cm_forward_args (the pipe) */
 int cm_pipe_tp_allreduce(void *user, float *x, int64_t n); /* cm_allreduce_fn; a failure fails the pipe */
+/* Expert parallelism (the plan's stage 0 is an expert group; the slice is
+ * then ep): model.h's cm_expert_gather_fn, user = cm_pipe_tp_coll; a failure
+ * fails the pipe. The engine passes it whenever it passes the all-reduce:
+ * cm_forward calls the one the slice asks for. */
+int cm_pipe_ep_gather(void *user, float *y, int64_t row_len, const int32_t *rows, int n_expert);
 /* Send n token ids at pos[], sequence slots seq[], to every member. */
 int cm_pipe_tp_send(cm_pipe *p, const int32_t *tokens, const int32_t *pos, const int32_t *seq, int n,
                     char *err, size_t errlen);

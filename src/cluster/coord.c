@@ -313,7 +313,7 @@ static int make_plan(cm_pipe *p, const cm_pipe_opts *o, cm_plan *plan, cm_plan_m
     if (o->parallel && *o->parallel) {
         int mode = cm_parallel_from_name(o->parallel);
         if (mode < 0)
-            return cm_errf(err, errlen, CM_EINVAL, "--parallel '%s': expected pp, tp, hybrid or auto", o->parallel);
+            return cm_errf(err, errlen, CM_EINVAL, "--parallel '%s': expected pp, tp, hybrid, ep or auto", o->parallel);
         po.mode = (enum cm_parallel)mode;
     }
     if (o->groups && *o->groups && !(o->parallel && *o->parallel)) po.mode = CM_PARALLEL_HYBRID;
@@ -331,7 +331,7 @@ static int make_plan(cm_pipe *p, const cm_pipe_opts *o, cm_plan *plan, cm_plan_m
             s = *e ? e + 1 : e;
         }
     }
-    if (po.mode == CM_PARALLEL_TP && o->layers && *o->layers)
+    if ((po.mode == CM_PARALLEL_TP || po.mode == CM_PARALLEL_EP) && o->layers && *o->layers)
         return cm_errf(err, errlen, CM_EINVAL, "--layers splits a pipeline; it does not go with --parallel tp");
     if (o->groups && *o->groups) return plan_groups(o, &po, pm, pc, plan, err, errlen);
     if (!o->layers || !*o->layers) return cm_plan_make(pm, pc, &po, plan, err, errlen);

@@ -185,8 +185,37 @@ int cm_pipe_last_top(cm_pipe *p, int slot_i, int32_t *ids, float *logprobs, int 
 bool cm_pipe_is_tp(const cm_pipe *p) { return p && p->plan.n_stages == 1; }
 int cm_pipe_tp_size(const cm_pipe *p) { return p->plan.stages[0].n_members; }
 cm_slice cm_pipe_tp_slice(const cm_pipe *p) {
-    const cm_plan_member *m0 = &p->plan.stages[0].members[0];
-    return (cm_slice){m0->kv_head_begin, m0->kv_head_end, m0->ffn_begin, m0->ffn_end};
+    const cm_plan_stage *st0 = &p->plan.stages[0];
+    const cm_plan_member *m0 = &st0->members[0];
+    cm_slice sl = {m0->kv_head_begin, m0->kv_head_end, m0->ffn_begin, m0->ffn_end, false, 0, 0};
+    if (st0->ep && st0->n_members > 1) { /* expert group: whole layers, our experts */
+        sl.ep = true;
+        sl.e0 = m0->expert_begin;
+        sl.e1 = m0->expert_end;
+    }
+    return sl;
+}
+
+/* Expert parallelism (model.h's cm_expert_gather_fn): the rows of member k's
+ * experts are one contiguous run (experts are ranges in member order and
+ * rows are grouped by expert), so the exchange is an all-gather of runs. */
+int cm_pipe_ep_gather(void *user, float *y, int64_t row_len, const int32_t *rows, int n_expert) {
+    cm_pipe *p = user;
+    const cm_plan_stage *st0 = &p->plan.stages[0];
+    int64_t part[CM_COLL_MAX_MEMBERS + 1];
+    part[0] = 0;
+    for (int k = 0; k < st0->n_members; k++) {
+        int e1 = st0->members[k].expert_end;
+        if (e1 > n_expert || (k && st0->members[k].expert_begin != st0->members[k - 1].expert_end)) {
+            cm_coord_fatal(p, CM_EINVAL, "expert ranges of the plan do not tile the model's %d experts", n_expert);
+            return CM_EINVAL;
+        }
+        part[k + 1] = (int64_t)rows[e1] * row_len;
+    }
+    char e[300];
+    int rc = cm_coll_allgather(p->coll, y, part, e, sizeof e);
+    if (rc) cm_coord_fatal(p, rc, "expert exchange of this machine's group: %s", e);
+    return rc;
 }
 void *cm_pipe_tp_coll(const cm_pipe *p) { return (void *)p; }
 /* A failed all-reduce (a member lost mid-operation) fails the pipe at once,

@@ -121,6 +121,13 @@ static void stage_free(stage *s) {
         /* The member's traffic, for the operator and the tests (one line). */
         cm_coll_stats st;
         cm_coll_stats_get(s->coll, &st);
+        if (s->slice.ep) /* expert group: its exchange traffic (tests/sh/cluster_ep.sh sums these) */
+            fprintf(stderr, "expert-parallel rank %u of %u (epoch %llu), stage %u layers [%u, %u) experts [%d, %d): %llu rows, %llu expert exchanges, %llu element bytes / %llu wire bytes sent\n",
+                    s->as.tp_rank, s->as.tp_size, (unsigned long long)s->as.epoch, s->as.stage, s->as.layer_begin,
+                    s->as.layer_end, s->slice.e0, s->slice.e1, (unsigned long long)s->rows,
+                    (unsigned long long)st.gather_ops, (unsigned long long)st.gather_data_sent,
+                    (unsigned long long)st.total.wire_sent);
+        else
         fprintf(stderr, "tensor-parallel rank %u of %u (epoch %llu), stage %u layers [%u, %u): %llu rows, %llu all-reduces, %llu element bytes / %llu wire bytes sent\n",
                 s->as.tp_rank, s->as.tp_size, (unsigned long long)s->as.epoch, s->as.stage, s->as.layer_begin,
                 s->as.layer_end, (unsigned long long)s->rows,
@@ -143,6 +150,20 @@ static void stage_free(stage *s) {
     cm_model_release(&s->m);
     cm_gguf_close(&s->g);
     cm_free(s);
+}
+
+/* Expert parallelism (model.h's cm_expert_gather_fn): rank r's rows are the
+ * run of its experts [bounds[r], bounds[r+1]) (rows are grouped by expert,
+ * ranges follow the ranks), so the exchange is an all-gather of runs. */
+static int ep_gather(void *user, float *y, int64_t row_len, const int32_t *rows, int n_expert) {
+    stage *s = user;
+    int64_t part[CM_COLL_MAX_MEMBERS + 1];
+    for (int r = 0; r <= (int)s->as.tp_size; r++) {
+        int e = s->as.expert_bounds[r];
+        if (e > n_expert) return CM_EINVAL; /* checked at ASSIGN */
+        part[r] = (int64_t)rows[e] * row_len;
+    }
+    return cm_coll_allgather(s->coll, y, part, NULL, 0);
 }
 
 /* Where is the model with this sha256? --models DIR/<name>, then the cache. */
@@ -227,7 +248,15 @@ static int stage_load(node *n, stage *s, const char *path, bool slice_file, char
         return cm_errf(err, errlen, CM_EINVAL, "assignment of layers [%u, %u) of %u does not match the model's %d",
                        a->layer_begin, a->layer_end, a->n_layers, hp->n_layer);
     bool tp = a->tp_size > 1;
-    s->slice = (cm_slice){(int)a->head_begin, (int)a->head_end, (int)a->ffn_begin, (int)a->ffn_end};
+    s->slice = (cm_slice){(int)a->head_begin, (int)a->head_end, (int)a->ffn_begin, (int)a->ffn_end, false, 0, 0};
+    if (a->flags & CM_ASSIGN_F_EP) { /* expert group: whole layers, our experts (checked by cm_slice_check) */
+        if (a->expert_bounds[a->tp_size] != hp->n_expert)
+            return cm_errf(err, errlen, CM_EINVAL, "expert bounds end at %u, the model has %d experts",
+                           a->expert_bounds[a->tp_size], hp->n_expert);
+        s->slice.ep = true;
+        s->slice.e0 = a->expert_bounds[a->tp_rank];
+        s->slice.e1 = a->expert_bounds[a->tp_rank + 1];
+    }
     if (!tp && (a->head_begin != 0 || (int)a->head_end != hp->n_head_kv || a->ffn_begin != 0 || (int)a->ffn_end != hp->n_ff))
         return cm_errf(err, errlen, CM_EINVAL, "a slice of the layers without a tensor-parallel group");
     if (tp && (a->tp_size > CM_COLL_MAX_MEMBERS || (a->tp_rank == 0 && a->stage == 0)))
@@ -391,6 +420,7 @@ static int on_forward(stage *s, const cm_msg_forward *f, char *err, size_t errle
     cm_forward_args fa = {.layer_first = (int)s->as.layer_begin, .layer_last = (int)s->as.layer_end,
                           .slice = s->slice, .kvs = s->kvp, .n_kvs = s->n_seq,
                           .allreduce = s->coll ? cm_coll_allreduce_cb : NULL, .allreduce_user = s->coll,
+                          .expert_gather = s->coll ? ep_gather : NULL, .expert_gather_user = s,
                           .out_hidden = last || s->as.tp_rank != 0 || !s->next ? NULL : s->out,
                           .out_logits = last && n_want ? s->logits : NULL};
     char e[300];

@@ -149,6 +149,16 @@ void cm_moe_count_active(cm_model *m) {
 
 int cm_moe_check_slice(const cm_model *m, cm_slice s, char *err, size_t errlen) {
     const cm_hparams *hp = &m->hp;
+    if (s.ep) { /* expert parallelism: attention and router whole, a range of experts */
+        if (!hp->n_expert)
+            return cm_errf(err, errlen, CM_EINVAL, "an expert slice of '%s', which has no experts", cm_arch_name_of(hp->arch));
+        if (s.e0 < 0 || s.e0 > s.e1 || s.e1 > hp->n_expert)
+            return cm_errf(err, errlen, CM_EINVAL, "expert slice [%d, %d) is out of range (%d experts)", s.e0, s.e1,
+                           hp->n_expert);
+        if (s.h0 != 0 || s.h1 != hp->n_head_kv || s.f0 != 0 || s.f1 != hp->n_ff)
+            return cm_errf(err, errlen, CM_EINVAL, "an expert slice must hold every KV head and FFN row");
+        return 0;
+    }
     if (hp->n_expert && (s.h0 != 0 || s.h1 != hp->n_head_kv || s.f0 != 0 || s.f1 != hp->n_ff))
         return cm_errf(err, errlen, CM_EUNSUPPORTED,
                        "tensor-parallel slices of a mixture-of-experts model ('%s', %d experts) are not supported; "
@@ -404,13 +414,21 @@ void cm_moe_ffn(cm_moe *s, const cm_moe_run *r, int ith, int nth) {
     if (ith == 0) route(s, r);
     cm_pool_barrier(r->pool);
 
+    /* Expert parallelism: only the active experts in [e0, e1) run here: the
+     * assignments [off[e0], off[e1]) and the active list's matching run. */
+    const int e_lo = r->ep ? r->e0 : 0, e_hi = r->ep ? r->e1 : X;
+    int act_lo = 0, act_hi = s->n_act;
+    while (act_lo < act_hi && s->act[act_lo] < e_lo) act_lo++;
+    while (act_hi > act_lo && s->act[act_hi - 1] >= e_hi) act_hi--;
+    const int a_lo = s->off[e_lo], a_hi = s->off[e_hi];
+
     /* 4. gather each expert's input rows, in assignment order */
     const int A = n * K;
     const size_t rs_g = r->xq_stride;
     const size_t gb = act_row_size(vdt_of(&L->ffn_gate_exps), E), ub = act_row_size(vdt_of(&L->ffn_up_exps), E);
     const bool sep_up = xu != r->xq;
-    cm_split_range(A, ith, nth, &t0, &t1);
-    for (int64_t a = t0; a < t1; a++) {
+    cm_split_range(a_hi - a_lo, ith, nth, &t0, &t1);
+    for (int64_t a = a_lo + t0; a < a_lo + t1; a++) {
         memcpy(s->xg + a * s->rs_e, (const uint8_t *)r->xq + (size_t)s->tok[a] * rs_g, gb);
         if (sep_up) memcpy(s->xgu + a * s->rs_e, xu + (size_t)s->tok[a] * rs_u, ub);
     }
@@ -419,12 +437,12 @@ void cm_moe_ffn(cm_moe *s, const cm_moe_run *r, int ith, int nth) {
     /* 5. gate and up: the rows of every active expert (then the shared
      * expert's) as one range split across threads; each piece is one GEMM
      * over that expert's tokens. */
-    const int n_act = s->n_act;
+    const int n_act = act_hi - act_lo;
     const uint8_t *xup = sep_up ? s->xgu : s->xg;
     cm_split_range((int64_t)n_act * F + (sh ? FS : 0), ith, nth, &t0, &t1);
     for (int64_t u = t0; u < t1;) {
         if (u < (int64_t)n_act * F) {
-            const int e = s->act[u / F];
+            const int e = s->act[act_lo + u / F];
             const int64_t r0 = u % F, r1 = CM_MIN(F, r0 + (t1 - u));
             const int o = s->off[e], c = s->off[e + 1] - o;
             cm_tensor wg = expert_view(&L->ffn_gate_exps, e), wu = expert_view(&L->ffn_up_exps, e);
@@ -444,15 +462,16 @@ void cm_moe_ffn(cm_moe *s, const cm_moe_run *r, int ith, int nth) {
     const enum cm_type vd = vdt_of(&L->ffn_down_exps), vds = sh ? vdt_of(&L->ffn_down_shexp) : CM_TYPE_F32;
     const int bs = cm_type_traits_of(vd)->block_size, bss = cm_type_traits_of(vds)->block_size;
     const int64_t nb = F / bs, nbs = sh ? FS / bss : 0;
-    cm_split_range((int64_t)A * nb + (int64_t)n * nbs, ith, nth, &t0, &t1);
+    const int64_t An = a_hi - a_lo; /* this member's assignments */
+    cm_split_range(An * nb + (int64_t)n * nbs, ith, nth, &t0, &t1);
     for (int64_t u = t0; u < t1;) {
-        if (u < (int64_t)A * nb) {
-            const int64_t a = u / nb, b0 = u % nb, b1 = CM_MIN(nb, b0 + (t1 - u));
+        if (u < An * nb) {
+            const int64_t a = a_lo + u / nb, b0 = u % nb, b1 = CM_MIN(nb, b0 + (t1 - u));
             swiglu_blocks(r, CM_ACT_EXP_DOWN, s->tok[a], (int64_t)s->slot[a] * F, vd, s->g + a * F, s->u + a * F,
                           s->dq + a * s->rs_f, bs, b0, b1);
             u += b1 - b0;
         } else {
-            const int64_t v = u - (int64_t)A * nb, j = v / nbs, b0 = v % nbs, b1 = CM_MIN(nbs, b0 + (t1 - u));
+            const int64_t v = u - An * nb, j = v / nbs, b0 = v % nbs, b1 = CM_MIN(nbs, b0 + (t1 - u));
             swiglu_blocks(r, CM_ACT_SHEXP_DOWN, (int)j, 0, vds, s->gs + j * FS, s->us + j * FS, s->dqs + j * s->rs_fs,
                           bss, b0, b1);
             u += b1 - b0;
@@ -465,7 +484,7 @@ void cm_moe_ffn(cm_moe *s, const cm_moe_run *r, int ith, int nth) {
     cm_split_range((int64_t)n_act * E + (sh ? E : 0), ith, nth, &t0, &t1);
     for (int64_t u = t0; u < t1;) {
         if (u < (int64_t)n_act * E) {
-            const int e = s->act[u / E];
+            const int e = s->act[act_lo + u / E];
             const int64_t r0 = u % E, r1 = CM_MIN(E, r0 + (t1 - u));
             const int o = s->off[e], c = s->off[e + 1] - o;
             cm_tensor wd = expert_view(&L->ffn_down_exps, e);
@@ -479,8 +498,23 @@ void cm_moe_ffn(cm_moe *s, const cm_moe_run *r, int ith, int nth) {
             u += r1 - r0;
         }
     }
+    (void)A;
+    if (r->defer_combine) return; /* the caller gathers the other members' rows, then cm_moe_combine */
     cm_pool_barrier(r->pool);
+    cm_moe_combine(s, r, ith, nth);
+}
 
+void cm_moe_rows(cm_moe *s, float **y, const int32_t **rows) {
+    *y = s->y;
+    *rows = s->off;
+}
+
+void cm_moe_combine(cm_moe *s, const cm_moe_run *r, int ith, int nth) {
+    const cm_hparams *hp = &r->m->hp;
+    const int n = r->n, K = hp->n_expert_used;
+    const int64_t E = hp->n_embd;
+    const bool sh = r->m->layers[r->il].ffn_gate_inp_shexp.data != NULL;
+    int64_t t0, t1;
     /* 8. per token: weighted expert outputs added in top-k order, then the
      * gated shared expert (llama.cpp: ggml_mul, then the ggml_add chain) */
     cm_split_range((int64_t)n * E, ith, nth, &t0, &t1);

@@ -188,6 +188,9 @@ int cm_plan_model_from_gguf(const cm_gguf *g, cm_plan_model *m, char *err, size_
     m->n_heads = (int)hparam(g, arch, "attention.head_count", 0);
     m->n_kv_heads = (int)hparam(g, arch, "attention.head_count_kv", m->n_heads);
     m->ffn = (int)hparam(g, arch, "feed_forward_length", 0);
+    m->n_experts = (int)hparam(g, arch, "expert_count", 0);
+    m->n_experts_used = m->n_experts ? (int)hparam(g, arch, "expert_used_count", 0) : 0;
+    if (m->ffn < 1 && m->n_experts) m->ffn = (int)hparam(g, arch, "expert_feed_forward_length", 0);
     m->head_dim = m->n_heads > 0 ? (int)hparam(g, arch, "attention.key_length", m->dim / m->n_heads) : 0;
     free(arch);
     if (m->n_layers < 1 || m->n_layers > CM_PLAN_MAX_LAYERS || m->dim < 1 || m->n_heads < 1 || m->n_kv_heads < 1 ||
@@ -209,6 +212,10 @@ int cm_plan_model_from_gguf(const cm_gguf *g, cm_plan_model *m, char *err, size_
                 return cm_errf(err, errlen, CM_EFORMAT, "tensor '%s' names a block beyond %d", t->name, m->n_layers);
             m->layer_bytes[layer] += t->nbytes;
             m->layer_params[layer] += params;
+            if (strstr(rest, "_exps.")) { /* stacked experts (mixture of experts) */
+                m->layer_expert_bytes[layer] += t->nbytes;
+                m->layer_expert_params[layer] += params;
+            }
             if (!strcmp(rest, "ffn_down.weight")) {
                 const cm_type_traits *tr = cm_type_traits_of(t->type);
                 if (tr && tr->block_size > m->ffn_granule) m->ffn_granule = tr->block_size;
