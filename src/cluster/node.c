@@ -239,7 +239,11 @@ static int stage_load(node *n, stage *s, const char *path, bool slice_file, char
     const cm_msg_assign *a = &s->as;
     char e[400];
     struct stat st;
-    bool in_memory = slice_file && !n->o->mmap && stat(path, &st) == 0 && cm_gguf_worth_loading((uint64_t)st.st_size);
+    /* An expert group's slice file holds only this member's experts (the
+     * rest are holes): mapped, so the holes are never read into memory.
+     * NEEDSWORK: read just the held ranges into huge pages. */
+    bool in_memory = slice_file && !n->o->mmap && !(a->flags & CM_ASSIGN_F_EP) && stat(path, &st) == 0 &&
+                     cm_gguf_worth_loading((uint64_t)st.st_size);
     int rc = in_memory ? cm_gguf_load(&s->g, path, NULL, NULL, e, sizeof e) : cm_gguf_open(&s->g, path, NULL, NULL, e, sizeof e);
     if (!rc) rc = cm_model_load(&s->m, &s->g, e, sizeof e);
     if (rc) return cm_errf(err, errlen, rc, "'%s': %s", path, e);
@@ -329,9 +333,17 @@ static void on_assign(node *n, cm_conn *c, const cm_msg_assign *a) {
         uint64_t got = 0;
         double t0 = cm_now_s();
         rc = cm_weights_fetch(c, &n->csend_mu, n->cache_dir, a->model_sha256, (int)a->layer_begin, (int)a->layer_end,
-                              a->flags & CM_ASSIGN_F_EMBED, a->flags & CM_ASSIGN_F_OUTPUT, path, sizeof path, &got, err, sizeof err);
+                              a->flags & CM_ASSIGN_F_EMBED, a->flags & CM_ASSIGN_F_OUTPUT,
+                              /* an expert group's member: only its experts' slabs */
+                              (a->flags & CM_ASSIGN_F_EP) ? a->expert_bounds[a->tp_rank] : 0,
+                              (a->flags & CM_ASSIGN_F_EP) ? a->expert_bounds[a->tp_rank + 1] : 0,
+                              path, sizeof path, &got, err, sizeof err);
         if (!rc)
             CM_LOGI("weights: %llu bytes streamed in %.2f s into '%s'", (unsigned long long)got, cm_now_s() - t0, path);
+        if (!rc && (a->flags & CM_ASSIGN_F_EP)) /* one line per assignment (tests/sh/cluster_ep.sh reads it) */
+            fprintf(stderr, "expert-parallel rank %u of %u (epoch %llu): experts [%u, %u), %llu weight bytes streamed\n",
+                    a->tp_rank, a->tp_size, (unsigned long long)a->epoch, a->expert_bounds[a->tp_rank],
+                    a->expert_bounds[a->tp_rank + 1], (unsigned long long)got);
     }
     if (!rc) rc = stage_load(n, s, path, slice_file, err, sizeof err);
     if (rc) {
