@@ -235,6 +235,8 @@ int cm_pipe_tp_allreduce(void *user, float *x, int64_t n); /* cm_allreduce_fn; a
  * fails the pipe. The engine passes it whenever it passes the all-reduce:
  * cm_forward calls the one the slice asks for. */
 int cm_pipe_ep_gather(void *user, float *y, int64_t row_len, const int32_t *rows, int n_expert);
+/* This machine's experts (ep false: every expert, not an expert group). */
+cm_expert_slice cm_pipe_ep_experts(const cm_pipe *p);
 /* Send n token ids at pos[], sequence slots seq[], to every member. */
 int cm_pipe_tp_send(cm_pipe *p, const int32_t *tokens, const int32_t *pos, const int32_t *seq, int n,
                     char *err, size_t errlen);

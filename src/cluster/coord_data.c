@@ -185,15 +185,19 @@ int cm_pipe_last_top(cm_pipe *p, int slot_i, int32_t *ids, float *logprobs, int 
 bool cm_pipe_is_tp(const cm_pipe *p) { return p && p->plan.n_stages == 1; }
 int cm_pipe_tp_size(const cm_pipe *p) { return p->plan.stages[0].n_members; }
 cm_slice cm_pipe_tp_slice(const cm_pipe *p) {
+    const cm_plan_member *m0 = &p->plan.stages[0].members[0];
+    return (cm_slice){m0->kv_head_begin, m0->kv_head_end, m0->ffn_begin, m0->ffn_end};
+}
+
+cm_expert_slice cm_pipe_ep_experts(const cm_pipe *p) {
     const cm_plan_stage *st0 = &p->plan.stages[0];
-    const cm_plan_member *m0 = &st0->members[0];
-    cm_slice sl = {m0->kv_head_begin, m0->kv_head_end, m0->ffn_begin, m0->ffn_end, false, 0, 0};
+    cm_expert_slice x = {false, 0, 0};
     if (st0->ep && st0->n_members > 1) { /* expert group: whole layers, our experts */
-        sl.ep = true;
-        sl.e0 = m0->expert_begin;
-        sl.e1 = m0->expert_end;
+        x.ep = true;
+        x.e0 = st0->members[0].expert_begin;
+        x.e1 = st0->members[0].expert_end;
     }
-    return sl;
+    return x;
 }
 
 /* Expert parallelism (model.h's cm_expert_gather_fn): the rows of member k's

@@ -78,6 +78,7 @@ typedef struct stage {
     cm_conn *coord;   /* the coordinator's connection (not owned) */
     pthread_mutex_t *csend_mu; /* node.csend_mu: sends on coord */
     cm_slice slice;   /* this member's part of every layer (full without TP) */
+    cm_expert_slice experts; /* an expert group's member: its experts (zeroed: every expert) */
     cm_conn *tp[CM_COLL_MAX_MEMBERS]; /* TP group: connection to each other rank (owned) */
     cm_conn *relay[CM_COLL_MAX_MEMBERS]; /* hybrid, rank 0 of a later group: data connection to each member (owned) */
     cm_coll *coll;    /* TP group's all-reduce, NULL without TP */
@@ -121,10 +122,10 @@ static void stage_free(stage *s) {
         /* The member's traffic, for the operator and the tests (one line). */
         cm_coll_stats st;
         cm_coll_stats_get(s->coll, &st);
-        if (s->slice.ep) /* expert group: its exchange traffic (tests/sh/cluster_ep.sh sums these) */
+        if (s->experts.ep) /* expert group: its exchange traffic (tests/sh/cluster_ep.sh sums these) */
             fprintf(stderr, "expert-parallel rank %u of %u (epoch %llu), stage %u layers [%u, %u) experts [%d, %d): %llu rows, %llu expert exchanges, %llu element bytes / %llu wire bytes sent\n",
                     s->as.tp_rank, s->as.tp_size, (unsigned long long)s->as.epoch, s->as.stage, s->as.layer_begin,
-                    s->as.layer_end, s->slice.e0, s->slice.e1, (unsigned long long)s->rows,
+                    s->as.layer_end, s->experts.e0, s->experts.e1, (unsigned long long)s->rows,
                     (unsigned long long)st.gather_ops, (unsigned long long)st.gather_data_sent,
                     (unsigned long long)st.total.wire_sent);
         else
@@ -252,21 +253,23 @@ static int stage_load(node *n, stage *s, const char *path, bool slice_file, char
         return cm_errf(err, errlen, CM_EINVAL, "assignment of layers [%u, %u) of %u does not match the model's %d",
                        a->layer_begin, a->layer_end, a->n_layers, hp->n_layer);
     bool tp = a->tp_size > 1;
-    s->slice = (cm_slice){(int)a->head_begin, (int)a->head_end, (int)a->ffn_begin, (int)a->ffn_end, false, 0, 0};
+    s->slice = (cm_slice){(int)a->head_begin, (int)a->head_end, (int)a->ffn_begin, (int)a->ffn_end};
     if (a->flags & CM_ASSIGN_F_EP) { /* expert group: whole layers, our experts (checked by cm_slice_check) */
         if (a->expert_bounds[a->tp_size] != hp->n_expert)
             return cm_errf(err, errlen, CM_EINVAL, "expert bounds end at %u, the model has %d experts",
                            a->expert_bounds[a->tp_size], hp->n_expert);
-        s->slice.ep = true;
-        s->slice.e0 = a->expert_bounds[a->tp_rank];
-        s->slice.e1 = a->expert_bounds[a->tp_rank + 1];
+        s->experts.ep = true;
+        s->experts.e0 = a->expert_bounds[a->tp_rank];
+        s->experts.e1 = a->expert_bounds[a->tp_rank + 1];
     }
     if (!tp && (a->head_begin != 0 || (int)a->head_end != hp->n_head_kv || a->ffn_begin != 0 || (int)a->ffn_end != hp->n_ff))
         return cm_errf(err, errlen, CM_EINVAL, "a slice of the layers without a tensor-parallel group");
     if (tp && (a->tp_size > CM_COLL_MAX_MEMBERS || (a->tp_rank == 0 && a->stage == 0)))
         return cm_errf(err, errlen, CM_EUNSUPPORTED, "tensor-parallel rank %u of %u of stage %u (rank 0 of stage 0 is the coordinator)",
                        a->tp_rank, a->tp_size, a->stage);
-    if ((rc = cm_slice_check(&s->m, s->slice, e, sizeof e))) return cm_errf(err, errlen, rc, "slice: %s", e);
+    if ((rc = cm_slice_check(&s->m, s->slice, e, sizeof e)) ||
+        (rc = cm_expert_slice_check(&s->m, s->slice, s->experts, e, sizeof e)))
+        return cm_errf(err, errlen, rc, "slice: %s", e);
     if (a->layer_begin == 0 && !tp)
         return cm_errf(err, errlen, CM_EUNSUPPORTED, "the first stage runs on the coordinator");
     int nt = n->o->n_threads > 0 ? n->o->n_threads : cm_cpu_count();
@@ -432,7 +435,7 @@ static int on_forward(stage *s, const cm_msg_forward *f, char *err, size_t errle
     cm_forward_args fa = {.layer_first = (int)s->as.layer_begin, .layer_last = (int)s->as.layer_end,
                           .slice = s->slice, .kvs = s->kvp, .n_kvs = s->n_seq,
                           .allreduce = s->coll ? cm_coll_allreduce_cb : NULL, .allreduce_user = s->coll,
-                          .expert_gather = s->coll ? ep_gather : NULL, .expert_gather_user = s,
+                          .experts = s->experts, .expert_gather = s->coll ? ep_gather : NULL, .expert_gather_user = s,
                           .out_hidden = last || s->as.tp_rank != 0 || !s->next ? NULL : s->out,
                           .out_logits = last && n_want ? s->logits : NULL};
     char e[300];

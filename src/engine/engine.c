@@ -192,7 +192,8 @@ int cm_engine_forward(cm_engine *e, const cm_batch *b, cm_forward_args *a, cm_se
         if (cm_pipe_tp_size(e->tp) > 1) { /* 1: every node lost, all slices here */
             a->allreduce = cm_pipe_tp_allreduce;
             a->allreduce_user = cm_pipe_tp_coll(e->tp);
-            a->expert_gather = cm_pipe_ep_gather; /* used instead when the slice is an expert slice */
+            a->experts = cm_pipe_ep_experts(e->tp); /* an expert group: our experts, the gather below */
+            a->expert_gather = cm_pipe_ep_gather;
             a->expert_gather_user = cm_pipe_tp_coll(e->tp);
         }
     }
@@ -448,7 +449,8 @@ int cm_engine_eval_cluster(cm_session *s, int upto, bool want_last, char *err, s
             rc = cm_pipe_tp_send(e->pipe, b.tokens, pos, slots, nb, err, errlen);
             a.allreduce = cm_pipe_tp_allreduce;
             a.allreduce_user = cm_pipe_tp_coll(e->pipe);
-            a.expert_gather = cm_pipe_ep_gather; /* expert group: used instead (ep slice) */
+            a.experts = cm_pipe_ep_experts(e->pipe); /* stage 0 an expert group: our experts, the gather */
+            a.expert_gather = cm_pipe_ep_gather;
             a.expert_gather_user = cm_pipe_tp_coll(e->pipe);
         }
         if (!rc) rc = cm_forward(e->ctx, &b, &a, err, errlen);

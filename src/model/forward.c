@@ -594,10 +594,10 @@ static void phase_ffn(cm_ctx *c, int ith, int nth) {
     if (c->moe) { /* experts (moe.c): the normed input converted for ffn_gate_exps */
         size_t xs;
         const void *xq = add_norm_prep(c, CM_ACT_FFN_IN, &L->ffn_norm, &L->ffn_gate_exps, &xs, ith, nth);
-        const cm_slice *sl = &c->a->slice;
+        const cm_expert_slice *ex = &c->a->experts;
         const cm_moe_run r = {.m = m, .k = c->k, .pool = c->pool, .il = c->il, .n = n, .xn = c->xn, .xq = xq,
                               .xq_stride = xs, .out = c->part, .hook = c->hook, .hook_user = c->hook_user,
-                              .ep = sl->ep, .defer_combine = c->ep_gather, .e0 = sl->e0, .e1 = sl->e1};
+                              .ep = ex->ep, .defer_combine = c->ep_gather, .e0 = ex->e0, .e1 = ex->e1};
         cm_moe_ffn(c->moe, &r, ith, nth);
         return;
     }
@@ -688,6 +688,7 @@ static int check_args(cm_ctx *c, const cm_batch *b, const cm_forward_args *a, ch
         return cm_errf(err, errlen, CM_EINVAL, "layer range [%d, %d) is out of [0, %d)", a->layer_first, a->layer_last,
                        hp->n_layer);
     int rc = cm_slice_check(m, a->slice, err, errlen);
+    if (!rc) rc = cm_moe_check_experts(m, a->slice, a->experts, err, errlen);
     if (rc) return rc;
     if (!b->pos || !b->seq || !a->kvs) return cm_errf(err, errlen, CM_EINVAL, "batch without positions or sequences");
     if (b->tokens ? a->layer_first != 0 : !b->embd)
@@ -735,13 +736,14 @@ int cm_forward(cm_ctx *c, const cm_batch *b, const cm_forward_args *a, char *err
     const int64_t red = (int64_t)b->n * hp->n_embd;
     /* An expert slice replaces both all-reduces (attention is whole on every
      * member) by one gather of expert outputs per MoE layer. */
-    const cm_allreduce_fn allreduce = s.ep ? NULL : a->allreduce;
+    const cm_expert_slice ex = a->experts;
+    const cm_allreduce_fn allreduce = ex.ep ? NULL : a->allreduce;
     /* Every member of a group gathers (one holding every expert too, so no
      * peer waits for it); alone, a slice of every expert needs none. */
-    c->ep_gather = s.ep && c->moe && a->expert_gather;
-    if (s.ep && c->moe && !a->expert_gather && !(s.e0 == 0 && s.e1 == hp->n_expert))
-        return cm_errf(err, errlen, CM_EINVAL, "an expert slice [%d, %d) of %d experts without an expert gather", s.e0,
-                       s.e1, hp->n_expert);
+    c->ep_gather = ex.ep && c->moe && a->expert_gather;
+    if (ex.ep && c->moe && !a->expert_gather && !(ex.e0 == 0 && ex.e1 == hp->n_expert))
+        return cm_errf(err, errlen, CM_EINVAL, "an expert slice [%d, %d) of %d experts without an expert gather", ex.e0,
+                       ex.e1, hp->n_expert);
     for (int il = a->layer_first; il < a->layer_last; il++) {
         const cm_layer *L = &m->layers[il];
         c->il = il;

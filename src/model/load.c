@@ -247,8 +247,12 @@ fail:
 }
 
 cm_slice cm_slice_full(const cm_model *m) {
-    cm_slice s = {0, m->hp.n_head_kv, 0, m->hp.n_ff, false, 0, m->hp.n_expert};
+    cm_slice s = {0, m->hp.n_head_kv, 0, m->hp.n_ff};
     return s;
+}
+
+int cm_expert_slice_check(const cm_model *m, cm_slice s, cm_expert_slice x, char *err, size_t errlen) {
+    return cm_moe_check_experts(m, s, x, err, errlen);
 }
 
 int cm_slice_check(const cm_model *m, cm_slice s, char *err, size_t errlen) {
@@ -256,7 +260,7 @@ int cm_slice_check(const cm_model *m, cm_slice s, char *err, size_t errlen) {
     if (s.h0 < 0 || s.h1 > hp->n_head_kv || s.h0 > s.h1 || s.f0 < 0 || s.f1 > hp->n_ff || s.f0 > s.f1)
         return cm_errf(err, errlen, CM_EINVAL, "slice heads [%d, %d) ffn [%d, %d) is out of range (kv heads %d, ffn %d)",
                        s.h0, s.h1, s.f0, s.f1, hp->n_head_kv, hp->n_ff);
-    if (hp->n_expert || s.ep) return cm_moe_check_slice(m, s, err, errlen);
+    if (hp->n_expert) return cm_moe_check_slice(m, s, err, errlen);
     int64_t cols_per_kv = (int64_t)(hp->n_head / hp->n_head_kv) * hp->head_dim;
     for (int il = 0; il < hp->n_layer; il++) {
         const cm_layer *L = &m->layers[il];

@@ -23,7 +23,7 @@
  *     (single machine: the whole slice, callback NULL = no-op);
  *   - or, for a mixture-of-experts model, an EXPERT SLICE (expert
  *     parallelism): every layer's attention and router whole, and only the
- *     experts [e0, e1) run here; the caller's gather callback fills in the
+ *     experts [e0, e1) run here (cm_expert_slice); the caller's gather callback fills in the
  *     other members' expert outputs before they are summed in the one fixed
  *     (top-k) order, so results are the bits of a single machine.
  *
@@ -128,23 +128,28 @@ void cm_model_release(cm_model *m); /* no-op on a zeroed struct */
 typedef struct cm_slice {
     int h0, h1; /* KV heads [h0, h1) of [0, n_head_kv); may be empty (FFN-only member) */
     int f0, f1; /* FFN rows [f0, f1) of [0, n_ff); may be empty */
-    /* Expert parallelism (issue 13): ep = this member runs only the experts
-     * [e0, e1) of [0, n_expert) of every MoE layer (may be empty), with the
-     * heads and FFN rows whole; cm_forward then calls the expert gather
-     * instead of the all-reduce. ep false (the default of every older
-     * initialiser): every expert, e0/e1 unused. */
+} cm_slice;
+/* Expert parallelism (issue 13; cm_forward_args.experts): ep = this member
+ * runs only the experts [e0, e1) of [0, n_expert) of every MoE layer (may be
+ * empty), with the slice whole (every KV head and FFN row); cm_forward then
+ * calls the expert gather instead of the all-reduce. Zeroed (ep false):
+ * every expert. Kept apart from cm_slice so that the KV cache, which the
+ * experts do not change, and every cm_slice initialiser stay as they are. */
+typedef struct cm_expert_slice {
     bool ep;
     int e0, e1;
-} cm_slice;
+} cm_expert_slice;
 /* The whole model (single machine). */
 cm_slice cm_slice_full(const cm_model *m);
 /* Is the slice in range and aligned so that the columns it takes from
  * attn_output and ffn_down start and end on block boundaries of their types?
  * Returns 0 or CM_EINVAL with a message; CM_EUNSUPPORTED for any slice but
- * the whole model or an expert slice (ep) of a mixture-of-experts model
- * (NEEDSWORK: tensor-parallel expert rows); CM_EINVAL for an expert slice of a
- * dense model or one that cuts heads or FFN rows. */
+ * the whole model of a mixture-of-experts model (NEEDSWORK: tensor-parallel
+ * expert rows; experts are split by cm_expert_slice instead). */
 int cm_slice_check(const cm_model *m, cm_slice s, char *err, size_t errlen);
+/* Is x a valid expert slice to go with s (zeroed: always)? CM_EINVAL for a
+ * dense model, a range outside [0, n_expert], or s not the whole model. */
+int cm_expert_slice_check(const cm_model *m, cm_slice s, cm_expert_slice x, char *err, size_t errlen);
 
 /* ---- KV cache of one sequence ----
  * For each layer in [layer_first, layer_last) and each KV head of the slice:
@@ -214,7 +219,9 @@ typedef struct cm_forward_args {
     int n_kvs;
     cm_allreduce_fn allreduce;   /* NULL: no-op (the slice is the whole model); not called for an ep slice */
     void *allreduce_user;
-    cm_expert_gather_fn expert_gather; /* ep slices: required unless [e0, e1) is every expert */
+    cm_expert_slice experts;     /* expert parallelism; zeroed: every expert (CM_EINVAL for a dense
+                                    model or with a slice that is not whole) */
+    cm_expert_gather_fn expert_gather; /* experts.ep: required unless [e0, e1) is every expert */
     void *expert_gather_user;
     /* Outputs (either, both or neither — neither just fills the KV caches):
      * out_hidden: [n][n_embd] hidden states after layer_last - 1 (for the next stage);

@@ -147,18 +147,21 @@ void cm_moe_count_active(cm_model *m) {
     }
 }
 
+int cm_moe_check_experts(const cm_model *m, cm_slice s, cm_expert_slice x, char *err, size_t errlen) {
+    const cm_hparams *hp = &m->hp;
+    if (!x.ep) return 0;
+    if (!hp->n_expert)
+        return cm_errf(err, errlen, CM_EINVAL, "an expert slice of '%s', which has no experts", cm_arch_name_of(hp->arch));
+    if (x.e0 < 0 || x.e0 > x.e1 || x.e1 > hp->n_expert)
+        return cm_errf(err, errlen, CM_EINVAL, "expert slice [%d, %d) is out of range (%d experts)", x.e0, x.e1,
+                       hp->n_expert);
+    if (s.h0 != 0 || s.h1 != hp->n_head_kv || s.f0 != 0 || s.f1 != hp->n_ff)
+        return cm_errf(err, errlen, CM_EINVAL, "an expert slice must hold every KV head and FFN row");
+    return 0;
+}
+
 int cm_moe_check_slice(const cm_model *m, cm_slice s, char *err, size_t errlen) {
     const cm_hparams *hp = &m->hp;
-    if (s.ep) { /* expert parallelism: attention and router whole, a range of experts */
-        if (!hp->n_expert)
-            return cm_errf(err, errlen, CM_EINVAL, "an expert slice of '%s', which has no experts", cm_arch_name_of(hp->arch));
-        if (s.e0 < 0 || s.e0 > s.e1 || s.e1 > hp->n_expert)
-            return cm_errf(err, errlen, CM_EINVAL, "expert slice [%d, %d) is out of range (%d experts)", s.e0, s.e1,
-                           hp->n_expert);
-        if (s.h0 != 0 || s.h1 != hp->n_head_kv || s.f0 != 0 || s.f1 != hp->n_ff)
-            return cm_errf(err, errlen, CM_EINVAL, "an expert slice must hold every KV head and FFN row");
-        return 0;
-    }
     if (hp->n_expert && (s.h0 != 0 || s.h1 != hp->n_head_kv || s.f0 != 0 || s.f1 != hp->n_ff))
         return cm_errf(err, errlen, CM_EUNSUPPORTED,
                        "tensor-parallel slices of a mixture-of-experts model ('%s', %d experts) are not supported; "

@@ -34,10 +34,11 @@ int cm_moe_load_hparams(cm_model *m, char *err, size_t errlen);
 int cm_moe_bind_layer(cm_model *m, int il, char *err, size_t errlen);
 /* Set m->n_params_active / weight_bytes_active (after every layer is bound). */
 void cm_moe_count_active(cm_model *m);
-/* CM_EUNSUPPORTED unless s is the whole model or an expert slice (s.ep:
- * heads and FFN rows whole, experts [e0, e1) in range); no tensor-parallel
- * expert rows yet. */
+/* CM_EUNSUPPORTED unless s is the whole model (no tensor-parallel experts yet). */
 int cm_moe_check_slice(const cm_model *m, cm_slice s, char *err, size_t errlen);
+/* Expert parallelism: CM_EINVAL unless x is zeroed, or ep with [e0, e1) in
+ * [0, n_expert] and s the whole model (attention and router whole). */
+int cm_moe_check_experts(const cm_model *m, cm_slice s, cm_expert_slice x, char *err, size_t errlen);
 
 /* Scratch of the MoE FFN for batches of up to max_batch tokens. */
 typedef struct cm_moe cm_moe;

@@ -675,6 +675,22 @@ void cm_plan_model_synthetic(cm_plan_model *m, int n_layers, int dim, int n_head
     m->head_bytes = (uint64_t)((double)n_vocab * dim * 6.5625 / 8.0); /* output head is usually Q6_K */
 }
 
+void cm_plan_model_synthetic_moe(cm_plan_model *m, int n_layers, int dim, int n_heads, int n_kv_heads, int n_expert,
+                                 int n_used, int ffn_exp, int ffn_shared, int n_vocab, double bits_per_weight) {
+    cm_plan_model_synthetic(m, n_layers, dim, n_heads, n_kv_heads, ffn_exp > 0 ? ffn_exp : 1, n_vocab, bits_per_weight);
+    m->n_experts = n_expert;
+    m->n_experts_used = n_used;
+    uint64_t attn = (uint64_t)dim * (uint64_t)m->head_dim * (2ull * (uint64_t)n_heads + 2ull * (uint64_t)n_kv_heads);
+    uint64_t experts = 3ull * (uint64_t)dim * (uint64_t)ffn_exp * (uint64_t)n_expert;
+    uint64_t dense = attn + 3ull * (uint64_t)dim * (uint64_t)ffn_shared + (uint64_t)dim * (uint64_t)n_expert + 2ull * (uint64_t)dim;
+    for (int l = 0; l < m->n_layers; l++) {
+        m->layer_params[l] = dense + experts;
+        m->layer_expert_params[l] = experts;
+        m->layer_bytes[l] = (uint64_t)((double)(dense + experts) * bits_per_weight / 8.0);
+        m->layer_expert_bytes[l] = (uint64_t)((double)experts * bits_per_weight / 8.0);
+    }
+}
+
 void cm_plan_format(const cm_plan *p, const cm_plan_model *m, const cm_plan_cluster *c, char *buf, size_t n) {
     size_t k = 0;
 #define OUT(...) do { if (k < n) { int w_ = snprintf(buf + k, n - k, __VA_ARGS__); if (w_ > 0) k += (size_t)w_; } } while (0)

@@ -163,6 +163,12 @@ void cm_plan_predict(const cm_plan_model *m, const cm_plan_cluster *c, const cm_
 void cm_plan_model_synthetic(cm_plan_model *m, int n_layers, int dim, int n_heads, int n_kv_heads,
                              int ffn, int n_vocab, double bits_per_weight);
 
+/* A mixture-of-experts shape (Qwen3-MoE-like): attention as above, n_expert
+ * experts of width ffn_exp per layer of which n_used run per token, a shared
+ * expert of width ffn_shared (0: none), the router. */
+void cm_plan_model_synthetic_moe(cm_plan_model *m, int n_layers, int dim, int n_heads, int n_kv_heads, int n_expert,
+                                 int n_used, int ffn_exp, int ffn_shared, int n_vocab, double bits_per_weight);
+
 /* Human-readable plan (multi-line) into buf. */
 void cm_plan_format(const cm_plan *p, const cm_plan_model *m, const cm_plan_cluster *c,
                     char *buf, size_t n);
