@@ -8,6 +8,9 @@
  *   - cm_coll_allgather over a real encrypted mesh: uneven parts (one empty,
  *     several pieces long) arrive byte for byte on every member, and the
  *     element bytes counted equal (members - 1) x part bytes per member;
+ *   - a hostile member's forged piece (one element off, an all-reduce point
+ *     where a gather is due, point 2 flagged Q8_0) fails the op with
+ *     CM_EPROTO on every honest member, and none of its bytes land;
  *   - the gather piece header: point 2 accepted, point 2 with the Q8_0 flag
  *     refused; an expert slice of a dense model or one cutting heads refused.
  */
@@ -211,6 +214,7 @@ typedef struct mesh {
 typedef struct gmember {
     mesh *M;
     int rank;
+    int forge; /* a hostile member: 1 its piece one element off, 2 an all-reduce point, 3 point 2 as Q8_0 */
     const int64_t *part;
     float *x;
     int rc;
@@ -233,6 +237,23 @@ static void *gather_main(void *arg) {
     for (int j = 0; j < v->M->k; j++) cc.peers[j] = v->M->conns[v->rank][j];
     cm_coll *c;
     if ((v->rc = cm_coll_new(&cc, &c, v->err, sizeof v->err))) return NULL;
+    if (v->forge) { /* send one forged piece of our part to every peer, then stay until they judged it */
+        int64_t m = CM_MIN(v->part[v->rank + 1] - v->part[v->rank], 64);
+        uint8_t pl[CM_COLL_HDR_BYTES + 64 * 4] = {0};
+        uint32_t off = (uint32_t)v->part[v->rank] + (v->forge == 1 ? 1 : 0);
+        pl[0] = 5; /* epoch 5, op 0 */
+        pl[18] = v->forge == 2 ? 0 : v->forge == 3 ? (CM_COLL_POINT_GATHER | CM_COLL_POINT_Q8) : CM_COLL_POINT_GATHER;
+        memcpy(pl + 20, &off, 4); /* little-endian host (x86, arm64) */
+        uint32_t nn = (uint32_t)m;
+        memcpy(pl + 24, &nn, 4);
+        for (int j = 0; j < v->M->k; j++)
+            if (j != v->rank)
+                cm_conn_send_payload(v->M->conns[v->rank][j], CM_MSG_ALLREDUCE, pl, CM_COLL_HDR_BYTES + (size_t)m * 4, 2000,
+                                     v->err, sizeof v->err);
+        cm_sleep_ms(700);
+        cm_coll_free(c);
+        return NULL;
+    }
     for (int op = 0; op < 2 && !v->rc; op++) /* twice: op numbering stays in step */
         v->rc = cm_coll_allgather(c, v->x, v->part, v->err, sizeof v->err);
     cm_coll_stats_get(c, &v->st);
@@ -276,6 +297,35 @@ static void test_allgather(void) {
         cm_listener_close(M.l[r]);
     }
     free(want);
+    /* a hostile member (the last, whose part every peer expects first): its
+     * forged piece fails the op with CM_EPROTO on every honest member, and no
+     * byte of it lands */
+    for (int forge = 1; forge <= 3; forge++) {
+        memset(&M, 0, sizeof M);
+        M.k = K;
+        for (int i = 0; i < K; i++) {
+            CHECK(cm_net_listen("127.0.0.1", 0, &M.l[i], errbuf, sizeof errbuf) == 0);
+            snprintf(M.addr[i], sizeof M.addr[i], "127.0.0.1:%u", cm_listener_port(M.l[i]));
+            M.addrs[i] = M.addr[i];
+        }
+        for (int r = 0; r < K; r++) {
+            v[r] = (gmember){.M = &M, .rank = r, .part = part, .forge = r == K - 1 ? forge : 0,
+                             .x = calloc((size_t)n, sizeof(float))};
+            pthread_create(&th[r], NULL, gather_main, &v[r]);
+        }
+        for (int r = 0; r < K; r++) pthread_join(th[r], NULL);
+        for (int r = 0; r < K - 1; r++) {
+            CHECKF(v[r].rc == CM_EPROTO, "forged piece %d: member %d got %d (%s)", forge, r, v[r].rc, v[r].err);
+            bool clean = true;
+            for (int64_t i = part[K - 1]; i < n; i++) clean = clean && v[r].x[i] == 0.0f;
+            CHECKF(clean, "forged piece %d: member %d took bytes of it", forge, r);
+        }
+        for (int r = 0; r < K; r++) {
+            free(v[r].x);
+            cm_coll_mesh_close(M.conns[r], K);
+            cm_listener_close(M.l[r]);
+        }
+    }
     /* parts out of order: refused before a byte is sent */
     cm_coll_cfg cc = {.rank = 0, .size = 1, .max_n = 16};
     cm_coll *c;
