@@ -13,6 +13,8 @@
 #      all weights - (n_expert - held) x bytes of one expert (from `cumulo
 #      info`: (weight_bytes - weight_bytes_active) / (n_expert - k));
 #   4. expert groups as pipeline stages (--groups 2,1 and 1,2): ids equal.
+#   5. serve --parallel ep: 4 concurrent completions of 2 prompts (batched
+#      decode of several sequences) equal one machine's texts.
 cd "$(dirname "$0")/../.." || exit 1
 . tests/sh/lib/cluster_common.sh
 VOCAB=$SHARED/vocab/ggml-vocab-llama-spm.gguf
@@ -116,5 +118,39 @@ done
 node_line ga 1 'expert-parallel rank.*expert exchanges' >/dev/null
 [ "$(grep -c 'expert-parallel rank.*expert exchanges' "$TMP/ga.log")" -eq 2 ] && ok || bad "--groups: node a was not in two expert groups"
 
+# 5. serve --parallel ep: 4 concurrent completions of 2 prompts (several
+# sequences in one forward pass: cm_engine_step) equal one machine's texts.
+"$BIN" serve "$M8" --host 127.0.0.1 --port 0 --nodes "127.0.0.1:$PORT_a,127.0.0.1:$PORT_b" --parallel ep --threads 1 \
+    --slots 4 >"$TMP/serve.out" 2>"$TMP/serve.log" &
+SPID=$!
+CC_PIDS="$CC_PIDS $SPID"
+k=0
+while ! grep -q 'ready' "$TMP/serve.log" && [ $k -lt 300 ]; do sleep 0.05; k=$((k + 1)); done
+PORT=$(sed -n 's/.*http:\/\/[^:]*:\([0-9]*\).*/\1/p' "$TMP/serve.log" "$TMP/serve.out" | head -1)
+if grep -q 'ready' "$TMP/serve.log" && grep -q 'expert parallel: 3 members' "$TMP/serve.log" && [ -n "$PORT" ]; then
+    ok
+    for q in 1 2; do
+        pr="Once upon a time"; [ $q = 2 ] && pr="The little dog"
+        "$BIN" run "$M8" -p "$pr" -n 32 --temp 0 --threads 1 --json 2>/dev/null |
+            perl -MJSON::PP -e 'binmode STDOUT, ":utf8"; local $/; print decode_json(<STDIN>)->{text}' >"$TMP/want$q"
+    done
+    CP=""
+    for k in 1 2 3 4; do
+        pr="Once upon a time"; [ $((k % 2)) = 0 ] && pr="The little dog"
+        curl -s --max-time 120 "http://127.0.0.1:$PORT/v1/completions" -H 'Content-Type: application/json' \
+            -d "{\"prompt\":\"$pr\",\"max_tokens\":32,\"temperature\":0}" >"$TMP/r$k.json" &
+        CP="$CP $!"
+    done
+    for p in $CP; do wait "$p"; done
+    for k in 1 2 3 4; do
+        q=1; [ $((k % 2)) = 0 ] && q=2
+        perl -MJSON::PP -e 'binmode STDOUT, ":utf8"; local $/; print decode_json(<STDIN>)->{choices}[0]{text}' <"$TMP/r$k.json" >"$TMP/got$k" 2>/dev/null
+        [ -s "$TMP/want$q" ] && cmp -s "$TMP/got$k" "$TMP/want$q" && ok || bad "serve request $k differs from one machine: $(head -c 200 "$TMP/r$k.json")"
+    done
+else
+    bad "serve --parallel ep did not start as a group of 3: $(tail -3 "$TMP/serve.log")"
+fi
+kill "$SPID" 2>/dev/null
+wait "$SPID" 2>/dev/null
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]
