@@ -13,7 +13,10 @@
  * active expert as one GEMM over its tokens (rows of all experts split
  * across threads), (6) silu(gate) * up converted for down, (7) down GEMMs,
  * (8) the weighted sum per token in top-k order. Only the chosen experts'
- * rows are read. It must never allocate in cm_moe_ffn(): scratch is sized by
+ * rows are read. Expert parallelism (cm_moe_run.ep): steps 4-7 run only the
+ * experts [e0, e1), whose assignments are one contiguous run of rows (they
+ * are grouped by expert), and step 8 waits for the caller's gather of the
+ * other members' rows (cm_moe_combine), so the sum is the same chain. It must never allocate in cm_moe_ffn(): scratch is sized by
  * cm_moe_new().
  */
 #include "moe.h"
@@ -374,7 +377,7 @@ void cm_moe_ffn(cm_moe *s, const cm_moe_run *r, int ith, int nth) {
     const cm_hparams *hp = &m->hp;
     const cm_layer *L = &m->layers[r->il];
     const cm_kernels *kt = r->k;
-    const int n = r->n, X = hp->n_expert, K = hp->n_expert_used;
+    const int n = r->n, X = hp->n_expert;
     const int64_t E = hp->n_embd, F = hp->n_ff_exp, FS = hp->n_ff_shexp;
     const bool sh = L->ffn_gate_inp_shexp.data != NULL;
     int64_t t0, t1;
@@ -426,7 +429,6 @@ void cm_moe_ffn(cm_moe *s, const cm_moe_run *r, int ith, int nth) {
     const int a_lo = s->off[e_lo], a_hi = s->off[e_hi];
 
     /* 4. gather each expert's input rows, in assignment order */
-    const int A = n * K;
     const size_t rs_g = r->xq_stride;
     const size_t gb = act_row_size(vdt_of(&L->ffn_gate_exps), E), ub = act_row_size(vdt_of(&L->ffn_up_exps), E);
     const bool sep_up = xu != r->xq;
@@ -501,7 +503,6 @@ void cm_moe_ffn(cm_moe *s, const cm_moe_run *r, int ith, int nth) {
             u += r1 - r0;
         }
     }
-    (void)A;
     if (r->defer_combine) return; /* the caller gathers the other members' rows, then cm_moe_combine */
     cm_pool_barrier(r->pool);
     cm_moe_combine(s, r, ith, nth);
