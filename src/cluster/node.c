@@ -321,10 +321,14 @@ static int send_ready(node *n, cm_conn *c, uint64_t epoch, int status, uint64_t 
     return rc;
 }
 
-static void on_assign(node *n, cm_conn *c, const cm_msg_assign *a) {
+/* One ASSIGN: load (fetching what is missing), then READY. Returns true,
+ * without a READY, when a newer ASSIGN arrived while the weights were
+ * fetched (a re-plan retried at once): it is in *newer, and the coordinator
+ * no longer waits for this epoch. */
+static bool assign_once(node *n, cm_conn *c, const cm_msg_assign *a, cm_msg_assign *newer) {
     char err[512] = "", path[600];
     stage *s = cm_calloc(1, sizeof *s);
-    if (!s) { send_ready(n, c, a->epoch, CM_ENOMEM, 0, "out of memory"); return; }
+    if (!s) { send_ready(n, c, a->epoch, CM_ENOMEM, 0, "out of memory"); return false; }
     s->as = *a;
     s->coord = c;
     s->csend_mu = &n->csend_mu;
@@ -334,13 +338,19 @@ static void on_assign(node *n, cm_conn *c, const cm_msg_assign *a) {
         /* Not on disk: fetch this stage's tensors from the coordinator into
          * the cache (nothing when a previous run left them there). */
         uint64_t got = 0;
+        bool superseded = false;
         double t0 = cm_now_s();
         rc = cm_weights_fetch(c, &n->csend_mu, n->cache_dir, a->model_sha256, (int)a->layer_begin, (int)a->layer_end,
                               a->flags & CM_ASSIGN_F_EMBED, a->flags & CM_ASSIGN_F_OUTPUT,
                               /* an expert group's member: only its experts' slabs */
                               (a->flags & CM_ASSIGN_F_EP) ? a->expert_bounds[a->tp_rank] : 0,
                               (a->flags & CM_ASSIGN_F_EP) ? a->expert_bounds[a->tp_rank + 1] : 0,
-                              path, sizeof path, &got, err, sizeof err);
+                              path, sizeof path, &got, newer, &superseded, err, sizeof err);
+        if (superseded) {
+            CM_LOGW("assignment of epoch %llu superseded while its weights were fetched: %s", (unsigned long long)a->epoch, err);
+            stage_free(s);
+            return true;
+        }
         if (!rc)
             CM_LOGI("weights: %llu bytes streamed in %.2f s into '%s'", (unsigned long long)got, cm_now_s() - t0, path);
         if (!rc && (a->flags & CM_ASSIGN_F_EP)) /* one line per assignment (tests/sh/cluster_ep.sh reads it) */
@@ -353,7 +363,7 @@ static void on_assign(node *n, cm_conn *c, const cm_msg_assign *a) {
         CM_LOGW("assignment of epoch %llu refused: %s", (unsigned long long)a->epoch, err);
         stage_free(s);
         send_ready(n, c, a->epoch, rc, 0, err);
-        return;
+        return false;
     }
     pthread_mutex_lock(&n->mu);
     stage *old = n->st;
@@ -365,6 +375,12 @@ static void on_assign(node *n, cm_conn *c, const cm_msg_assign *a) {
             a->layer_begin, a->layer_end, a->model_name, (unsigned long long)a->epoch, a->tp_rank, a->tp_size,
             *a->next ? ", next " : ", last stage", a->next);
     send_ready(n, c, a->epoch, 0, 0, "");
+    return false;
+}
+
+static void on_assign(node *n, cm_conn *c, const cm_msg_assign *a) {
+    cm_msg_assign cur = *a, newer;
+    while (assign_once(n, c, &cur, &newer)) cur = newer;
 }
 
 /* Tell the coordinator a stage failed (it fails the waiting sequences). */

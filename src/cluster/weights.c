@@ -169,6 +169,22 @@ int cm_weights_serve(cm_conn *c, pthread_mutex_t *send_mu, const cm_gguf *g, con
 
 /* ---- node ---- */
 
+/* The caller's sink for an ASSIGN that supersedes the fetch in progress
+ * (cm_weights_fetch's newer/superseded), for this thread's fetch. */
+static _Thread_local cm_msg_assign *g_newer;
+static _Thread_local bool *g_superseded;
+
+/* A message other than a chunk: a newer ASSIGN is kept for the caller. */
+static int not_a_chunk(const cm_msg *r, char *err, size_t errlen) {
+    if (r->type == CM_MSG_ASSIGN && g_newer && g_superseded) {
+        *g_newer = r->u.assign;
+        *g_superseded = true;
+        return cm_errf(err, errlen, CM_ECANCELED, "superseded by the assignment of epoch %llu",
+                       (unsigned long long)r->u.assign.epoch);
+    }
+    return cm_errf(err, errlen, CM_EPROTO, "expected a WEIGHTS_CHUNK, got %s", cm_msg_type_name(r->type));
+}
+
 /* Fetch [0, total) of an object into buf (cap bytes) or, when fd >= 0, to
  * fd at file offset base. total_out: the object's size (first chunk). */
 static int fetch(cm_conn *c, pthread_mutex_t *send_mu, const uint8_t hash[32], uint8_t *buf, size_t cap, int fd,
@@ -184,12 +200,18 @@ static int fetch(cm_conn *c, pthread_mutex_t *send_mu, const uint8_t hash[32], u
         pthread_mutex_unlock(send_mu);
         if (rc) return rc;
         cm_msg r;
-        /* Chunks are the only thing the coordinator sends while we load. */
+        /* Chunks are the only thing the coordinator sends while we load, but
+         * the answer to the request of a fetch that a newer ASSIGN superseded
+         * may still be on its way: a few chunks of another object are
+         * skipped. */
+        int stale = 0;
         do rc = cm_conn_recv(c, &r, 60000, err, errlen);
-        while (!rc && (r.type == CM_MSG_HEARTBEAT || r.type == CM_MSG_PING));
+        while (!rc && (r.type == CM_MSG_HEARTBEAT || r.type == CM_MSG_PING ||
+                       (r.type == CM_MSG_WEIGHTS_CHUNK && memcmp(r.u.weights_chunk.tensor_hash, hash, 32) && ++stale <= 4)));
         if (rc) return rc;
-        if (r.type != CM_MSG_WEIGHTS_CHUNK || memcmp(r.u.weights_chunk.tensor_hash, hash, 32))
-            return cm_errf(err, errlen, CM_EPROTO, "expected a WEIGHTS_CHUNK, got %s", cm_msg_type_name(r.type));
+        if (r.type != CM_MSG_WEIGHTS_CHUNK) return not_a_chunk(&r, err, errlen);
+        if (memcmp(r.u.weights_chunk.tensor_hash, hash, 32))
+            return cm_errf(err, errlen, CM_EPROTO, "a WEIGHTS_CHUNK of another object");
         const cm_msg_weights_chunk *ch = &r.u.weights_chunk;
         if (ch->total == 0) return cm_errf(err, errlen, CM_ENOENT, "the coordinator does not have that object");
         if (off == 0 && !expect) {
@@ -286,9 +308,27 @@ static int fetch_expert_manifest(cm_conn *c, pthread_mutex_t *send_mu, const cha
     return 0;
 }
 
+static int weights_fetch(cm_conn *c, pthread_mutex_t *send_mu, const char *cache_dir, const uint8_t model_sha[32],
+                         int layer_begin, int layer_end, bool embed, bool last, int expert_begin, int expert_end,
+                         char *path, size_t cap, uint64_t *fetched, char *err, size_t errlen);
+
 int cm_weights_fetch(cm_conn *c, pthread_mutex_t *send_mu, const char *cache_dir, const uint8_t model_sha[32],
                      int layer_begin, int layer_end, bool embed, bool last, int expert_begin, int expert_end,
-                     char *path, size_t cap, uint64_t *fetched, char *err, size_t errlen) {
+                     char *path, size_t cap, uint64_t *fetched, cm_msg_assign *newer, bool *superseded, char *err,
+                     size_t errlen) {
+    if (superseded) *superseded = false;
+    g_newer = newer;
+    g_superseded = superseded;
+    int rc = weights_fetch(c, send_mu, cache_dir, model_sha, layer_begin, layer_end, embed, last, expert_begin,
+                           expert_end, path, cap, fetched, err, errlen);
+    g_newer = NULL;
+    g_superseded = NULL;
+    return rc;
+}
+
+static int weights_fetch(cm_conn *c, pthread_mutex_t *send_mu, const char *cache_dir, const uint8_t model_sha[32],
+                         int layer_begin, int layer_end, bool embed, bool last, int expert_begin, int expert_end,
+                         char *path, size_t cap, uint64_t *fetched, char *err, size_t errlen) {
     char hex[65], dir[520], mpath[640], gpath[640];
     cm_sha256_hex(model_sha, hex);
     *fetched = 0;
@@ -314,8 +354,10 @@ int cm_weights_fetch(cm_conn *c, pthread_mutex_t *send_mu, const char *cache_dir
         rc = cm_conn_send(c, &m, 30000, err, errlen);
         pthread_mutex_unlock(send_mu);
         cm_msg r;
-        if (!rc) rc = cm_conn_recv(c, &r, 60000, err, errlen);
+        do if (!rc) rc = cm_conn_recv(c, &r, 60000, err, errlen);
+        while (!rc && (r.type == CM_MSG_HEARTBEAT || r.type == CM_MSG_PING));
         if (rc) return rc;
+        if (r.type == CM_MSG_ASSIGN) return not_a_chunk(&r, err, errlen);
         if (r.type != CM_MSG_WEIGHTS_CHUNK || r.u.weights_chunk.total < 24 || r.u.weights_chunk.data_len != 24)
             return cm_errf(err, errlen, CM_EPROTO, "no manifest for model %.12s from the coordinator", hex);
         memcpy(head, r.u.weights_chunk.data, 24);
@@ -363,6 +405,11 @@ int cm_weights_fetch(cm_conn *c, pthread_mutex_t *send_mu, const char *cache_dir
     bool ep = expert_end > 0;
     for (uint64_t i = 0; i < nt; i++)
         if (expert_slab(&g.tensors[i])) xslabs += (uint64_t)g.tensors[i].ne[2];
+    if (ep && xslabs > MANIFEST_MAX / 32) { /* the header's claim: never allocate from it unbounded */
+        cm_gguf_close(&g);
+        rc = cm_errf(err, errlen, CM_ERANGE, "%llu expert slabs in the streamed header", (unsigned long long)xslabs);
+        goto out;
+    }
     if (ep && xslabs) {
         char xpath[660];
         snprintf(xpath, sizeof xpath, "%s/%s.experts", dir, hex);
