@@ -160,12 +160,13 @@ static const struct { const char *name; int layers, dim, heads, kv, ffn, vocab; 
  * (DeepSeek V3's multi-head latent attention); kv_dim: K+V elements cached
  * per token and layer (MLA caches a 512 + 64 latent). The first `dense`
  * layers have a dense FFN of width dense_ffn instead of experts. */
-static const struct {
+typedef struct moe_preset_t {
     const char *name;
     int layers, dim, heads, kv, head_dim, experts, used, ffn_exp, ffn_shared, dense, dense_ffn, vocab;
     uint64_t attn;
     int kv_dim;
-} k_moe_presets[] = {
+} moe_preset_t;
+static const moe_preset_t k_moe_presets[] = {
     {"qwen3-30b-a3b", 48, 2048, 32, 4, 128, 128, 8, 768, 0, 0, 0, 151936, 0, 0},
     {"qwen3-235b-a22b", 94, 4096, 64, 4, 128, 128, 8, 1536, 0, 0, 0, 151936, 0, 0},
     /* MLA: q_a 7168x1536, q_b 1536x(128x192), kv_a 7168x576, kv_b 512x(128x256), o (128x128)x7168 */
@@ -185,7 +186,7 @@ const char *cm_sim_preset_names(void) {
  * router, the experts and a shared expert, or the dense FFN of the first
  * layers. head_dim * 2 * kv = kv_dim when the cache is a latent. */
 static void moe_preset(cm_plan_model *m, int i, double bpw) {
-    const __typeof__(k_moe_presets[0]) *p = &k_moe_presets[i];
+    const moe_preset_t *p = &k_moe_presets[i];
     cm_plan_model_synthetic_moe(m, p->layers, p->dim, p->heads, p->kv, p->experts, p->used, p->ffn_exp, p->ffn_shared,
                                 p->vocab, bpw);
     m->head_dim = p->kv_dim ? p->kv_dim / 2 : p->head_dim;
