@@ -125,7 +125,7 @@ node_line ga 1 'expert-parallel rank.*expert exchanges' >/dev/null
 SPID=$!
 CC_PIDS="$CC_PIDS $SPID"
 k=0
-while ! grep -q 'ready' "$TMP/serve.log" && [ $k -lt 300 ]; do sleep 0.05; k=$((k + 1)); done
+while ! grep -q 'ready' "$TMP/serve.log" 2>/dev/null && [ $k -lt 300 ]; do sleep 0.05; k=$((k + 1)); done
 PORT=$(sed -n 's/.*http:\/\/[^:]*:\([0-9]*\).*/\1/p' "$TMP/serve.log" "$TMP/serve.out" | head -1)
 if grep -q 'ready' "$TMP/serve.log" && grep -q 'expert parallel: 3 members' "$TMP/serve.log" && [ -n "$PORT" ]; then
     ok
