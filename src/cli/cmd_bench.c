@@ -71,7 +71,8 @@ static const char k_bench_usage[] =
     "                     joules/token and the roofline then count this machine only\n"
     "  --nodes LIST       the nodes (implies --cluster); --key-file F, --insecure as for serve\n"
     "  --parallel MODE    with --cluster: pp (pipeline stages, default), tp (one tensor-parallel\n"
-    "                     group), hybrid (tensor-parallel groups as stages) or auto\n"
+    "                     group), hybrid (tensor-parallel groups as stages), ep (a mixture-of-experts\n"
+    "                     model's experts over one group) or auto\n"
     "  --groups A,B,...   members per stage, this machine's group first (e.g. 2,2: hybrid)\n"
     "  --tp-compress      all-reduces travel as 8-bit Q8_0 blocks (off by default); the bytes on\n"
     "                     the wire per token are printed either way\n";

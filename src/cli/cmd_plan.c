@@ -36,7 +36,7 @@ static void usage(FILE *f) {
             "  --type TYPE         its quantization (q4_0, q4_k_m, q8_0, f16, ...; default q4_k_m)\n"
             "  --ctx N             KV cache length per sequence (default: the cluster file's, else 2048)\n"
             "  --seq N             concurrent sequences (default 1)\n"
-            "  --parallel MODE     auto (default), pp, tp or hybrid\n"
+            "  --parallel MODE     auto (default), pp, tp, hybrid or ep (experts across a group)\n"
             "  --json              machine-readable output\n",
             cm_sim_preset_names());
 }
@@ -134,7 +134,7 @@ int cmd_plan(int argc, char **argv) {
     if (seq) o.n_seq = (int)seq;
     if (par) {
         int p = cm_parallel_from_name(par);
-        if (p < 0) return cli_fail("--parallel must be auto, pp, tp or hybrid, not '%s'", par);
+        if (p < 0) return cli_fail("--parallel must be auto, pp, tp, hybrid or ep, not '%s'", par);
         o.mode = (enum cm_parallel)p;
     }
     cm_plan_model m;
@@ -156,7 +156,8 @@ int cmd_plan(int argc, char **argv) {
     cm_plan best;
     if (cm_plan_make(&m, &cl, &o, &best, err, sizeof err) != 0) return cli_fail("%s", err);
     /* the alternatives, for comparison */
-    static const enum cm_parallel alts[] = {CM_PARALLEL_PP, CM_PARALLEL_TP, CM_PARALLEL_HYBRID};
+    /* a model with experts: expert groups instead of tensor-parallel FFN rows */
+    const enum cm_parallel alts[] = {CM_PARALLEL_PP, m.n_experts > 0 ? CM_PARALLEL_EP : CM_PARALLEL_TP, CM_PARALLEL_HYBRID};
     cm_plan alt[3];
     int alt_rc[3];
     char alt_err[3][512];
@@ -183,8 +184,20 @@ int cmd_plan(int argc, char **argv) {
     }
     char buf[8192];
     cm_plan_format(&best, &m, &cl, buf, sizeof buf);
-    printf("model: %s (%d layers, dim %d, %d/%d heads)\ncluster: %s, %d nodes; ctx %d x %d sequences\n\n%s\n",
-           model_name, m.n_layers, m.dim, m.n_heads, m.n_kv_heads, sim, cl.n_nodes, o.ctx, o.n_seq, buf);
+    printf("model: %s (%d layers, dim %d, %d/%d heads)\ncluster: %s, %d nodes; ctx %d x %d sequences\n",
+           model_name, m.n_layers, m.dim, m.n_heads, m.n_kv_heads, sim, cl.n_nodes, o.ctx, o.n_seq);
+    if (m.n_experts > 0) { /* active vs total: what a token reads */
+        double tot = 0, act = 0;
+        for (int l = 0; l < m.n_layers; l++) {
+            tot += (double)m.layer_params[l];
+            act += (double)m.layer_params[l] - (double)m.layer_expert_params[l] * (1.0 - (double)m.n_experts_used / m.n_experts);
+        }
+        tot += (double)m.head_params * 2; /* embedding + head (same shape) */
+        act += (double)m.head_params * 2;
+        printf("mixture of experts: %d experts, %d used per token; %.1fB parameters, %.1fB active per token\n",
+               m.n_experts, m.n_experts_used, tot / 1e9, act / 1e9);
+    }
+    printf("\n%s\n", buf);
     printf("alternatives (predicted):\n");
     for (int k = 0; k < 3; k++) {
         if (alt_rc[k] == 0)

@@ -57,6 +57,7 @@ static const char k_run_usage[] =
     "  --parallel MODE        pp (default): a pipeline; tp: one tensor-parallel group of this\n"
     "                         machine and every node (each computes a slice of every layer);\n"
     "                         hybrid: tensor-parallel groups as pipeline stages; auto: the planner's best\n"
+    "                         ep: a mixture-of-experts model's experts spread over one group\n"
     "  --groups A,B,...       members per stage, this machine's group first (e.g. 2,2: hybrid)\n"
     "  --tp-weights W,W,...   tp/hybrid: relative speed per machine, this one first (slice sizes)\n"
     "  --tp-compress          all-reduces travel as 8-bit Q8_0 blocks (off by default; not exact)\n"

@@ -52,6 +52,7 @@ static const char k_serve_usage[] =
     "  --layers A,B,...   layers per stage, this machine first (default: the planner's)\n"
     "  --parallel MODE    pp (default): a pipeline; tp: one tensor-parallel group of every machine;\n"
     "                     hybrid: tensor-parallel groups as pipeline stages; auto: the planner's best\n"
+    "                     ep: experts of a mixture-of-experts model spread over one group\n"
     "  --groups A,B,...   members per stage, this machine's group first (e.g. 2,2: hybrid)\n"
     "  --tp-weights W,... tp/hybrid: relative speed per machine, this one first (slice sizes)\n"
     "  --tp-compress      all-reduces travel as 8-bit Q8_0 blocks (off by default; not exact)\n"

@@ -108,7 +108,7 @@ int cli_plan_opt(int argc, char **argv, int *i, cm_plan_request *q) {
     if (!strcmp(a, "--parallel")) {
         int m = v ? cm_parallel_from_name(v) : -1;
         if (m < 0) {
-            cli_fail("option '--parallel' needs pp, tp, hybrid or auto");
+            cli_fail("option '--parallel' needs pp, tp, hybrid, ep or auto");
             return -1;
         }
         q->mode_set = true;
@@ -139,8 +139,8 @@ int cli_plan_opt(int argc, char **argv, int *i, cm_plan_request *q) {
 }
 
 int cli_plan_check(const cm_plan_request *q) {
-    if (q->mode_set && q->mode == CM_PARALLEL_TP && q->n_split)
-        return cli_fail("--layers splits a pipeline; it does not go with --parallel tp");
+    if (q->mode_set && (q->mode == CM_PARALLEL_TP || q->mode == CM_PARALLEL_EP) && q->n_split)
+        return cli_fail("--layers splits a pipeline; it does not go with --parallel %s", cm_parallel_name(q->mode));
     if (q->n_split && q->n_groups && q->n_split != q->n_groups)
         return cli_fail("--layers names %d stages, --groups %d", q->n_split, q->n_groups);
     return 0;

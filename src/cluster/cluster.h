@@ -235,8 +235,9 @@ void cm_pipe_tp_stats(const cm_pipe *p, uint64_t *data_sent, uint64_t *wire_sent
  * under the caller's lock that orders the rows. The other members of its
  * group get the token ids (they embed them and meet us in the
  * all-reduces), and a->allreduce / allreduce_user become the group's
- * all-reduce, or NULL when this machine is alone in its stage. The slice is
- * cm_pipe_tp_slice's. A failure fails the pipe. */
+ * all-reduce, or NULL when this machine is alone in its stage; in an expert
+ * group, a->experts / expert_gather become this machine's experts and the
+ * group's exchange of expert rows. The slice is cm_pipe_tp_slice's. A failure fails the pipe. */
 int cm_pipe_stage0(cm_pipe *p, const int32_t *tokens, const int32_t *pos, const int32_t *slots, int n,
                    cm_forward_args *a, char *err, size_t errlen);
 /* Top logprobs the last stage sent with the slot's latest token (n <= max). */

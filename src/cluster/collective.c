@@ -20,6 +20,7 @@ struct cm_coll {
     int64_t ring_min;
     uint64_t op_id;
     bool failed;
+    bool gathering;  /* the op in progress is an expert gather (point CM_COLL_POINT_GATHER) */
     float *part;     /* [size][max_n]: received partials (direct) */
     float *tmp;      /* [max_n]: own dequantized partial (direct + compress) */
     uint8_t *qall;   /* Q8_0 blocks of the whole vector (compress) */
@@ -182,7 +183,7 @@ int cm_coll_piece_parse(const uint8_t *p, size_t n, cm_coll_piece *out, char *er
     out->step = p[19];
     out->elem_offset = get_u32(p + 20);
     out->n = get_u32(p + 24);
-    if ((out->point & ~CM_COLL_POINT_Q8) > 1)
+    if ((out->point & ~CM_COLL_POINT_Q8) > CM_COLL_POINT_GATHER || out->point == (CM_COLL_POINT_GATHER | CM_COLL_POINT_Q8))
         return cm_errf(err, errlen, CM_EFORMAT, "all-reduce piece has point %u", out->point);
     if (out->n < 1 || out->elem_offset > UINT32_MAX - out->n)
         return cm_errf(err, errlen, CM_EFORMAT, "all-reduce piece has %u elements at %u", out->n, out->elem_offset);
@@ -221,7 +222,7 @@ static int send_piece(cm_coll *c, int peer, int step, int64_t off, int64_t m, co
     put_u64(p, c->cfg.epoch);
     put_u64(p + 8, c->op_id);
     put_u16(p + 16, (uint16_t)(c->op_id / 2));
-    p[18] = (uint8_t)((c->op_id % 2) | (q ? CM_COLL_POINT_Q8 : 0));
+    p[18] = (uint8_t)(c->gathering ? CM_COLL_POINT_GATHER : (c->op_id % 2) | (q ? CM_COLL_POINT_Q8 : 0));
     p[19] = (uint8_t)step;
     put_u32(p + 20, (uint32_t)off);
     put_u32(p + 24, (uint32_t)m);
@@ -262,8 +263,11 @@ static int recv_piece(cm_coll *c, int peer, int step, int64_t off, int64_t m, fl
     cm_coll_piece pc;
     if ((rc = cm_coll_piece_parse(pl, len, &pc, e, sizeof e))) return peer_fail(c, peer, CM_EPROTO, "from", e);
     bool q8 = (pc.point & CM_COLL_POINT_Q8) != 0;
+    /* A gather piece where a partial sum is due, or the reverse, is out of
+     * sequence like any other (a gather never travels as Q8_0). */
     if (pc.epoch != c->cfg.epoch || pc.op_id != c->op_id || pc.step != step || pc.elem_offset != (uint64_t)off ||
-        pc.n != (uint64_t)m || q8 != c->cfg.compress) {
+        pc.n != (uint64_t)m || q8 != (c->cfg.compress && !c->gathering) ||
+        (pc.point == CM_COLL_POINT_GATHER) != c->gathering) {
         snprintf(e, sizeof e,
                  "piece out of sequence: epoch %llu op %llu step %u elements [%u, +%u)%s, expected epoch %llu op "
                  "%llu step %d elements [%lld, +%lld)%s",
@@ -385,6 +389,21 @@ static int allreduce_ring(cm_coll *c, float *x, int64_t n) {
     return 0;
 }
 
+/* ---- expert gather ---- */
+
+static void sum_links(cm_coll *c) {
+    memset(&c->st.total, 0, sizeof c->st.total);
+    for (int p = 0; p < c->cfg.size; p++) {
+        const cm_coll_link_stats *l = &c->st.link[p];
+        c->st.total.msgs_sent += l->msgs_sent;
+        c->st.total.msgs_recv += l->msgs_recv;
+        c->st.total.wire_sent += l->wire_sent;
+        c->st.total.wire_recv += l->wire_recv;
+        c->st.total.data_sent += l->data_sent;
+        c->st.total.data_recv += l->data_recv;
+    }
+}
+
 int cm_coll_allreduce(cm_coll *c, float *x, int64_t n, char *err, size_t errlen) {
     if (c->failed) return cm_errf(err, errlen, CM_ESTATE, "all-reduce failed before: %s", c->err);
     if (n < 1 || n > c->cfg.max_n) {
@@ -403,16 +422,63 @@ int cm_coll_allreduce(cm_coll *c, float *x, int64_t n, char *err, size_t errlen)
     c->st.elems += (uint64_t)n;
     if (ring) c->st.ring_ops++;
     else c->st.direct_ops++;
-    memset(&c->st.total, 0, sizeof c->st.total);
-    for (int p = 0; p < c->cfg.size; p++) {
-        const cm_coll_link_stats *l = &c->st.link[p];
-        c->st.total.msgs_sent += l->msgs_sent;
-        c->st.total.msgs_recv += l->msgs_recv;
-        c->st.total.wire_sent += l->wire_sent;
-        c->st.total.wire_recv += l->wire_recv;
-        c->st.total.data_sent += l->data_sent;
-        c->st.total.data_recv += l->data_recv;
+    sum_links(c);
+    return 0;
+}
+
+/* ---- expert gather (expert parallelism) ---- */
+
+static int64_t n_pieces(int64_t len) { return (len + CM_COLL_PIECE_FLOATS - 1) / CM_COLL_PIECE_FLOATS; }
+
+/* Round i: our piece i to every peer (rank+1 first), then piece i of every
+ * peer that has one: at most one piece waits on a connection each way. */
+static int allgather_rounds(cm_coll *c, float *x, const int64_t *part) {
+    int k = c->cfg.size, r = c->cfg.rank;
+    int64_t rounds = 0;
+    for (int j = 0; j < k; j++) rounds = CM_MAX(rounds, n_pieces(part[j + 1] - part[j]));
+    for (int64_t i = 0; i < rounds; i++) {
+        int64_t off = part[r] + i * CM_COLL_PIECE_FLOATS;
+        if (off < part[r + 1]) {
+            int64_t m = CM_MIN(part[r + 1] - off, (int64_t)CM_COLL_PIECE_FLOATS);
+            for (int d = 1; d < k; d++) {
+                int rc = send_piece(c, (r + d) % k, 0, off, m, x, NULL);
+                if (rc) return rc;
+            }
+        }
+        for (int d = 1; d < k; d++) {
+            int p = (r - d + k) % k;
+            int64_t po = part[p] + i * CM_COLL_PIECE_FLOATS;
+            if (po >= part[p + 1]) continue;
+            int64_t m = CM_MIN(part[p + 1] - po, (int64_t)CM_COLL_PIECE_FLOATS);
+            int rc = recv_piece(c, p, 0, po, m, x, PUT_STORE, NULL);
+            if (rc) return rc;
+        }
     }
+    return 0;
+}
+
+int cm_coll_allgather(cm_coll *c, float *x, const int64_t *part, char *err, size_t errlen) {
+    if (c->failed) return cm_errf(err, errlen, CM_ESTATE, "all-reduce failed before: %s", c->err);
+    int k = c->cfg.size;
+    bool ok = part[0] == 0 && part[k] <= (int64_t)UINT32_MAX;
+    for (int j = 0; j < k && ok; j++) ok = part[j] <= part[j + 1];
+    if (!ok) {
+        snprintf(c->err, sizeof c->err, "expert gather with parts out of order (end %lld)", (long long)part[k]);
+        return cm_errf(err, errlen, CM_ERANGE, "%s", c->err);
+    }
+    uint64_t t0 = cm_now_ns();
+    c->gathering = true;
+    int rc = k > 1 ? allgather_rounds(c, x, part) : 0;
+    c->gathering = false;
+    c->st.busy_s += (double)(cm_now_ns() - t0) * 1e-9;
+    if (rc) return cm_errf(err, errlen, rc, "%s", c->err);
+    c->op_id++;
+    c->st.ops++;
+    c->st.gather_ops++;
+    c->st.elems += (uint64_t)part[k];
+    uint64_t before = c->st.total.data_sent;
+    sum_links(c);
+    c->st.gather_data_sent += c->st.total.data_sent - before;
     return 0;
 }
 

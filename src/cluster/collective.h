@@ -32,7 +32,7 @@
  *
  * Wire: ALLREDUCE messages (docs/PROTOCOL.md): epoch u64, op_id u64,
  * layer u16 (op_id / 2), point u8 (op_id % 2; | 0x80 when the data are Q8_0
- * blocks), step u8 (0 direct; ring: 0..k-2 reduce-scatter, k-1..2k-3
+ * blocks; 2 for an expert gather piece, cm_coll_allgather), step u8 (0 direct; ring: 0..k-2 reduce-scatter, k-1..2k-3
  * all-gather), elem_offset u32, n u32, then n x f32 (or ceil(n/32) Q8_0
  * blocks). Vectors are sent in pieces of at most CM_COLL_PIECE_FLOATS
  * elements, and a member never has more than two pieces outstanding on a
@@ -59,6 +59,7 @@
 #define CM_COLL_QK 32               /* elements per Q8_0 block */
 #define CM_COLL_HDR_BYTES 28        /* ALLREDUCE header before the elements */
 #define CM_COLL_POINT_Q8 0x80u      /* point flag: elements are Q8_0 blocks */
+#define CM_COLL_POINT_GATHER 2u     /* point of an expert gather piece (never Q8_0) */
 #define CM_COLL_DEFAULT_TIMEOUT_MS 10000
 #define CM_COLL_DEFAULT_RING_MIN 65536 /* elements (256 KiB of f32) */
 
@@ -83,6 +84,8 @@ typedef struct cm_coll_link_stats {
 typedef struct cm_coll_stats {
     uint64_t ops, direct_ops, ring_ops;
     uint64_t elems;      /* sum of n over ops */
+    uint64_t gather_ops; /* of which expert gathers (cm_coll_allgather) */
+    uint64_t gather_data_sent; /* element bytes this member sent in them */
     double busy_s;       /* wall time inside cm_coll_allreduce */
     double wait_s;       /* of which waiting for a peer's piece */
     cm_coll_link_stats link[CM_COLL_MAX_MEMBERS]; /* by peer rank */
@@ -103,6 +106,18 @@ void cm_coll_free(cm_coll *c); /* NULL is a no-op; does not close the connection
  * stale partial), CM_ERANGE (n > max_n), CM_ESTATE (failed before), or the
  * connection's error. */
 int cm_coll_allreduce(cm_coll *c, float *x, int64_t n, char *err, size_t errlen);
+
+/* Expert parallelism: an all-gather of contiguous parts. Member j owns
+ * x[part[j], part[j+1]) (part[0] = 0, non-decreasing, part[size] = the
+ * vector's length; every member passes the same part[]); on return every
+ * member holds every part, byte for byte as its owner sent it. Direct: each
+ * member sends its part to every other member, in rounds of one piece
+ * (CM_COLL_PIECE_FLOATS elements) per connection, so element bytes sent by
+ * the group = (size - 1) * part[size] * 4. Pieces are ALLREDUCE messages with
+ * point CM_COLL_POINT_GATHER, step 0, checked like every piece (offset and
+ * length must be the sender's next piece). One op of the op sequence: members
+ * must call it at the same place. Errors as cm_coll_allreduce. */
+int cm_coll_allgather(cm_coll *c, float *x, const int64_t *part, char *err, size_t errlen);
 
 /* cm_allreduce_fn for cm_forward_args (user = the cm_coll). On error the
  * message is kept: cm_coll_error(). */

@@ -187,6 +187,39 @@ cm_slice cm_pipe_tp_slice(const cm_pipe *p) {
     const cm_plan_member *m0 = &p->plan.stages[0].members[0];
     return (cm_slice){m0->kv_head_begin, m0->kv_head_end, m0->ffn_begin, m0->ffn_end};
 }
+
+static cm_expert_slice pipe_ep_experts(const cm_pipe *p) {
+    const cm_plan_stage *st0 = &p->plan.stages[0];
+    cm_expert_slice x = {false, 0, 0};
+    if (st0->ep && st0->n_members > 1) { /* expert group: whole layers, our experts */
+        x.ep = true;
+        x.e0 = st0->members[0].expert_begin;
+        x.e1 = st0->members[0].expert_end;
+    }
+    return x;
+}
+
+/* Expert parallelism (model.h's cm_expert_gather_fn): the rows of member k's
+ * experts are one contiguous run (experts are ranges in member order and
+ * rows are grouped by expert), so the exchange is an all-gather of runs. */
+static int pipe_ep_gather(void *user, float *y, int64_t row_len, const int32_t *rows, int n_expert) {
+    cm_pipe *p = user;
+    const cm_plan_stage *st0 = &p->plan.stages[0];
+    int64_t part[CM_COLL_MAX_MEMBERS + 1];
+    part[0] = 0;
+    for (int k = 0; k < st0->n_members; k++) {
+        int e1 = st0->members[k].expert_end;
+        if (e1 > n_expert || (k && st0->members[k].expert_begin != st0->members[k - 1].expert_end)) {
+            cm_coord_fatal(p, CM_EINVAL, "expert ranges of the plan do not tile the model's %d experts", n_expert);
+            return CM_EINVAL;
+        }
+        part[k + 1] = (int64_t)rows[e1] * row_len;
+    }
+    char e[300];
+    int rc = cm_coll_allgather(p->coll, y, part, e, sizeof e);
+    if (rc) cm_coord_fatal(p, rc, "expert exchange of this machine's group: %s", e);
+    return rc;
+}
 /* A failed all-reduce (a member lost mid-operation) fails the pipe at once,
  * so that the caller sees cm_pipe_failed and re-plans, rather than racing the
  * receiver thread that notices the closed connection. */
@@ -219,11 +252,17 @@ int cm_pipe_stage0(cm_pipe *p, const int32_t *tokens, const int32_t *pos, const 
     int k = p->plan.stages[0].n_members;
     a->allreduce = NULL;
     a->allreduce_user = NULL;
+    a->experts = (cm_expert_slice){false, 0, 0};
+    a->expert_gather = NULL;
+    a->expert_gather_user = NULL;
     if (k == 1 && p->plan.n_stages > 1) return 0; /* a pipeline's stage 0: whole layers, alone */
     int rc = tp_send(p, tokens, pos, slots, n, err, errlen);
     if (rc || k == 1) return rc; /* (one group, every member lost: every slice here) */
     a->allreduce = tp_allreduce;
     a->allreduce_user = p;
+    a->experts = pipe_ep_experts(p); /* an expert group: our experts, and the gather */
+    a->expert_gather = pipe_ep_gather;
+    a->expert_gather_user = p;
     return 0;
 }
 

@@ -37,7 +37,12 @@ static void fill_assign(cm_pipe *p, const cm_plan *plan, int s, int k, cm_msg_as
     a->layer_begin = (uint32_t)st->first_layer;
     a->layer_end = (uint32_t)st->last_layer;
     a->flags = (s == 0 ? CM_ASSIGN_F_EMBED : 0) | (s == plan->n_stages - 1 ? CM_ASSIGN_F_OUTPUT : 0) |
-               (n > 1 && p->tp_compress ? CM_ASSIGN_F_TP_Q8 : 0);
+               (n > 1 && p->tp_compress && !st->ep ? CM_ASSIGN_F_TP_Q8 : 0);
+    if (st->ep && n > 1) { /* expert group: every member's experts, so each knows whose rows are whose */
+        a->flags |= CM_ASSIGN_F_EP;
+        for (int j = 0; j < n; j++) a->expert_bounds[j] = (uint16_t)st->members[j].expert_begin;
+        a->expert_bounds[n] = (uint16_t)st->members[n - 1].expert_end;
+    }
     a->head_begin = (uint32_t)mb->kv_head_begin;
     a->head_end = (uint32_t)mb->kv_head_end;
     a->ffn_begin = (uint32_t)mb->ffn_begin;
@@ -216,6 +221,18 @@ static void log_groups(cm_pipe *p, const cm_plan *pl) {
     char mine[200];
     snprintf(mine, sizeof mine, "KV heads [%d, %d) and FFN rows [%d, %d)%s", m0->kv_head_begin, m0->kv_head_end,
              m0->ffn_begin, m0->ffn_end, p->tp_compress ? ", Q8_0 transfers" : "");
+    if (st0->ep) /* expert group (tests read this line) */
+        snprintf(mine, sizeof mine, "experts [%d, %d) of %d", m0->expert_begin, m0->expert_end, p->m->hp.n_expert);
+    if (pl->n_stages == 1 && st0->ep) {
+        char ranges[400];
+        int o = 0;
+        for (int k = 0; k < st0->n_members && o < (int)sizeof ranges; k++)
+            o += snprintf(ranges + o, sizeof ranges - (size_t)o, "%s[%d, %d)", k ? " " : "", st0->members[k].expert_begin,
+                          st0->members[k].expert_end);
+        cm_coord_log(p, "expert parallel: %d members, this machine rank 0 with %s; experts by rank %s", st0->n_members,
+                     mine, ranges);
+        return;
+    }
     if (pl->n_stages == 1) {
         if (st0->n_members == 1) cm_coord_log(p, "tensor parallel: this machine alone now, every KV head and FFN row");
         else cm_coord_log(p, "tensor parallel: %d members, this machine rank 0 with %s", st0->n_members, mine);
@@ -316,7 +333,7 @@ int cm_coord_apply_plan(cm_pipe *p, const cm_plan *pl, const char *why, char *er
     if (!rc) rc = wait_ready(p, pl, opening ? 600 : 120, err, errlen);
     if (!rc && k0 > 1) {
         cm_coll_cfg cc = {.rank = 0, .size = k0, .max_n = (int64_t)p->max_batch * p->m->hp.n_embd,
-                          .timeout_ms = p->lost_ms, .epoch = ep, .compress = p->tp_compress};
+                          .timeout_ms = p->lost_ms, .epoch = ep, .compress = p->tp_compress && !st0->ep};
         for (int k = 1; k < k0; k++) cc.peers[k] = p->tp_conn[k];
         char e[300];
         rc = cm_coll_new(&cc, &p->coll, e, sizeof e);
@@ -411,6 +428,10 @@ int cm_coord_replan(cm_pipe *p, cm_plan *out, double *score, double *cur_score, 
     po.ctx = p->n_ctx;
     po.n_seq = p->n_seq;
     po.mode = one_group ? CM_PARALLEL_TP : p->ask == CM_PARALLEL_HYBRID ? CM_PARALLEL_HYBRID : CM_PARALLEL_PP;
+    /* Expert parallelism: the experts are re-placed on the survivors like
+     * any slice (one group: an expert group again; with stages: every split,
+     * as hybrid, whose groups are expert groups). */
+    if (p->ask == CM_PARALLEL_EP) po.mode = one_group ? CM_PARALLEL_EP : CM_PARALLEL_HYBRID;
     po.first_stage_layers = one_group ? 0 : ll; /* the engine's stage-0 caches rely on them */
     po.reorder = true;                          /* a pipeline's order follows the measured links */
     rc = cm_plan_make(&x->pm, &x->sub, &po, out, e, sizeof e);

@@ -176,7 +176,10 @@ int cm_pipe_recover(cm_pipe *p, char *err, size_t errlen) {
         rc = recover_once(p, err, errlen);
         if (!rc) {
             p->cause[0] = 0;
-            if (p->plan.n_stages == 1) cm_coord_log(p, "recovered: tensor-parallel group of %d, epoch %llu", p->plan.stages[0].n_members,
+            if (p->plan.n_stages == 1 && p->plan.stages[0].ep) /* experts re-placed on the survivors */
+                cm_coord_log(p, "recovered: expert group of %d, epoch %llu", p->plan.stages[0].n_members,
+                             (unsigned long long)atomic_load(&p->epoch));
+            else if (p->plan.n_stages == 1) cm_coord_log(p, "recovered: tensor-parallel group of %d, epoch %llu", p->plan.stages[0].n_members,
                                     (unsigned long long)atomic_load(&p->epoch));
             else cm_coord_log(p, "recovered: %d stages, epoch %llu", p->plan.n_stages, (unsigned long long)atomic_load(&p->epoch));
             return 0;

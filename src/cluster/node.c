@@ -78,6 +78,7 @@ typedef struct stage {
     cm_conn *coord;   /* the coordinator's connection (not owned) */
     pthread_mutex_t *csend_mu; /* node.csend_mu: sends on coord */
     cm_slice slice;   /* this member's part of every layer (full without TP) */
+    cm_expert_slice experts; /* an expert group's member: its experts (zeroed: every expert) */
     cm_conn *tp[CM_COLL_MAX_MEMBERS]; /* TP group: connection to each other rank (owned) */
     cm_conn *relay[CM_COLL_MAX_MEMBERS]; /* hybrid, rank 0 of a later group: data connection to each member (owned) */
     cm_coll *coll;    /* TP group's all-reduce, NULL without TP */
@@ -121,6 +122,13 @@ static void stage_free(stage *s) {
         /* The member's traffic, for the operator and the tests (one line). */
         cm_coll_stats st;
         cm_coll_stats_get(s->coll, &st);
+        if (s->experts.ep) /* expert group: its exchange traffic (tests/sh/cluster_ep.sh sums these) */
+            fprintf(stderr, "expert-parallel rank %u of %u (epoch %llu), stage %u layers [%u, %u) experts [%d, %d): %llu rows, %llu expert exchanges, %llu element bytes / %llu wire bytes sent\n",
+                    s->as.tp_rank, s->as.tp_size, (unsigned long long)s->as.epoch, s->as.stage, s->as.layer_begin,
+                    s->as.layer_end, s->experts.e0, s->experts.e1, (unsigned long long)s->rows,
+                    (unsigned long long)st.gather_ops, (unsigned long long)st.gather_data_sent,
+                    (unsigned long long)st.total.wire_sent);
+        else
         fprintf(stderr, "tensor-parallel rank %u of %u (epoch %llu), stage %u layers [%u, %u): %llu rows, %llu all-reduces, %llu element bytes / %llu wire bytes sent\n",
                 s->as.tp_rank, s->as.tp_size, (unsigned long long)s->as.epoch, s->as.stage, s->as.layer_begin,
                 s->as.layer_end, (unsigned long long)s->rows,
@@ -143,6 +151,20 @@ static void stage_free(stage *s) {
     cm_model_release(&s->m);
     cm_gguf_close(&s->g);
     cm_free(s);
+}
+
+/* Expert parallelism (model.h's cm_expert_gather_fn): rank r's rows are the
+ * run of its experts [bounds[r], bounds[r+1]) (rows are grouped by expert,
+ * ranges follow the ranks), so the exchange is an all-gather of runs. */
+static int ep_gather(void *user, float *y, int64_t row_len, const int32_t *rows, int n_expert) {
+    stage *s = user;
+    int64_t part[CM_COLL_MAX_MEMBERS + 1];
+    for (int r = 0; r <= (int)s->as.tp_size; r++) {
+        int e = s->as.expert_bounds[r];
+        if (e > n_expert) return CM_EINVAL; /* checked at ASSIGN */
+        part[r] = (int64_t)rows[e] * row_len;
+    }
+    return cm_coll_allgather(s->coll, y, part, NULL, 0);
 }
 
 /* Where is the model with this sha256? --models DIR/<name>, then the cache. */
@@ -218,7 +240,11 @@ static int stage_load(node *n, stage *s, const char *path, bool slice_file, char
     const cm_msg_assign *a = &s->as;
     char e[400];
     struct stat st;
-    bool in_memory = slice_file && !n->o->mmap && stat(path, &st) == 0 && cm_gguf_worth_loading((uint64_t)st.st_size);
+    /* An expert group's slice file holds only this member's experts (the
+     * rest are holes): mapped, so the holes are never read into memory.
+     * NEEDSWORK: read just the held ranges into huge pages. */
+    bool in_memory = slice_file && !n->o->mmap && !(a->flags & CM_ASSIGN_F_EP) && stat(path, &st) == 0 &&
+                     cm_gguf_worth_loading((uint64_t)st.st_size);
     int rc = in_memory ? cm_gguf_load(&s->g, path, NULL, NULL, e, sizeof e) : cm_gguf_open(&s->g, path, NULL, NULL, e, sizeof e);
     if (!rc) rc = cm_model_load(&s->m, &s->g, e, sizeof e);
     if (rc) return cm_errf(err, errlen, rc, "'%s': %s", path, e);
@@ -228,12 +254,22 @@ static int stage_load(node *n, stage *s, const char *path, bool slice_file, char
                        a->layer_begin, a->layer_end, a->n_layers, hp->n_layer);
     bool tp = a->tp_size > 1;
     s->slice = (cm_slice){(int)a->head_begin, (int)a->head_end, (int)a->ffn_begin, (int)a->ffn_end};
+    if (a->flags & CM_ASSIGN_F_EP) { /* expert group: whole layers, our experts (checked by cm_slice_check) */
+        if (a->expert_bounds[a->tp_size] != hp->n_expert)
+            return cm_errf(err, errlen, CM_EINVAL, "expert bounds end at %u, the model has %d experts",
+                           a->expert_bounds[a->tp_size], hp->n_expert);
+        s->experts.ep = true;
+        s->experts.e0 = a->expert_bounds[a->tp_rank];
+        s->experts.e1 = a->expert_bounds[a->tp_rank + 1];
+    }
     if (!tp && (a->head_begin != 0 || (int)a->head_end != hp->n_head_kv || a->ffn_begin != 0 || (int)a->ffn_end != hp->n_ff))
         return cm_errf(err, errlen, CM_EINVAL, "a slice of the layers without a tensor-parallel group");
     if (tp && (a->tp_size > CM_COLL_MAX_MEMBERS || (a->tp_rank == 0 && a->stage == 0)))
         return cm_errf(err, errlen, CM_EUNSUPPORTED, "tensor-parallel rank %u of %u of stage %u (rank 0 of stage 0 is the coordinator)",
                        a->tp_rank, a->tp_size, a->stage);
-    if ((rc = cm_slice_check(&s->m, s->slice, e, sizeof e))) return cm_errf(err, errlen, rc, "slice: %s", e);
+    if ((rc = cm_slice_check(&s->m, s->slice, e, sizeof e)) ||
+        (rc = cm_expert_slice_check(&s->m, s->slice, s->experts, e, sizeof e)))
+        return cm_errf(err, errlen, rc, "slice: %s", e);
     if (a->layer_begin == 0 && !tp)
         return cm_errf(err, errlen, CM_EUNSUPPORTED, "the first stage runs on the coordinator");
     int nt = n->o->n_threads > 0 ? n->o->n_threads : cm_cpu_count();
@@ -285,10 +321,14 @@ static int send_ready(node *n, cm_conn *c, uint64_t epoch, int status, uint64_t 
     return rc;
 }
 
-static void on_assign(node *n, cm_conn *c, const cm_msg_assign *a) {
+/* One ASSIGN: load (fetching what is missing), then READY. Returns true,
+ * without a READY, when a newer ASSIGN arrived while the weights were
+ * fetched (a re-plan retried at once): it is in *newer, and the coordinator
+ * no longer waits for this epoch. */
+static bool assign_once(node *n, cm_conn *c, const cm_msg_assign *a, cm_msg_assign *newer) {
     char err[512] = "", path[600];
     stage *s = cm_calloc(1, sizeof *s);
-    if (!s) { send_ready(n, c, a->epoch, CM_ENOMEM, 0, "out of memory"); return; }
+    if (!s) { send_ready(n, c, a->epoch, CM_ENOMEM, 0, "out of memory"); return false; }
     s->as = *a;
     s->coord = c;
     s->csend_mu = &n->csend_mu;
@@ -298,18 +338,32 @@ static void on_assign(node *n, cm_conn *c, const cm_msg_assign *a) {
         /* Not on disk: fetch this stage's tensors from the coordinator into
          * the cache (nothing when a previous run left them there). */
         uint64_t got = 0;
+        bool superseded = false;
         double t0 = cm_now_s();
         rc = cm_weights_fetch(c, &n->csend_mu, n->cache_dir, a->model_sha256, (int)a->layer_begin, (int)a->layer_end,
-                              a->flags & CM_ASSIGN_F_EMBED, a->flags & CM_ASSIGN_F_OUTPUT, path, sizeof path, &got, err, sizeof err);
+                              a->flags & CM_ASSIGN_F_EMBED, a->flags & CM_ASSIGN_F_OUTPUT,
+                              /* an expert group's member: only its experts' slabs */
+                              (a->flags & CM_ASSIGN_F_EP) ? a->expert_bounds[a->tp_rank] : 0,
+                              (a->flags & CM_ASSIGN_F_EP) ? a->expert_bounds[a->tp_rank + 1] : 0,
+                              path, sizeof path, &got, newer, &superseded, err, sizeof err);
+        if (superseded) {
+            CM_LOGW("assignment of epoch %llu superseded while its weights were fetched: %s", (unsigned long long)a->epoch, err);
+            stage_free(s);
+            return true;
+        }
         if (!rc)
             CM_LOGI("weights: %llu bytes streamed in %.2f s into '%s'", (unsigned long long)got, cm_now_s() - t0, path);
+        if (!rc && (a->flags & CM_ASSIGN_F_EP)) /* one line per assignment (tests/sh/cluster_ep.sh reads it) */
+            fprintf(stderr, "expert-parallel rank %u of %u (epoch %llu): experts [%u, %u), %llu weight bytes streamed\n",
+                    a->tp_rank, a->tp_size, (unsigned long long)a->epoch, a->expert_bounds[a->tp_rank],
+                    a->expert_bounds[a->tp_rank + 1], (unsigned long long)got);
     }
     if (!rc) rc = stage_load(n, s, path, slice_file, err, sizeof err);
     if (rc) {
         CM_LOGW("assignment of epoch %llu refused: %s", (unsigned long long)a->epoch, err);
         stage_free(s);
         send_ready(n, c, a->epoch, rc, 0, err);
-        return;
+        return false;
     }
     pthread_mutex_lock(&n->mu);
     stage *old = n->st;
@@ -321,6 +375,12 @@ static void on_assign(node *n, cm_conn *c, const cm_msg_assign *a) {
             a->layer_begin, a->layer_end, a->model_name, (unsigned long long)a->epoch, a->tp_rank, a->tp_size,
             *a->next ? ", next " : ", last stage", a->next);
     send_ready(n, c, a->epoch, 0, 0, "");
+    return false;
+}
+
+static void on_assign(node *n, cm_conn *c, const cm_msg_assign *a) {
+    cm_msg_assign cur = *a, newer;
+    while (assign_once(n, c, &cur, &newer)) cur = newer;
 }
 
 /* Tell the coordinator a stage failed (it fails the waiting sequences). */
@@ -391,6 +451,7 @@ static int on_forward(stage *s, const cm_msg_forward *f, char *err, size_t errle
     cm_forward_args fa = {.layer_first = (int)s->as.layer_begin, .layer_last = (int)s->as.layer_end,
                           .slice = s->slice, .kvs = s->kvp, .n_kvs = s->n_seq,
                           .allreduce = s->coll ? cm_coll_allreduce_cb : NULL, .allreduce_user = s->coll,
+                          .experts = s->experts, .expert_gather = s->coll ? ep_gather : NULL, .expert_gather_user = s,
                           .out_hidden = last || s->as.tp_rank != 0 || !s->next ? NULL : s->out,
                           .out_logits = last && n_want ? s->logits : NULL};
     char e[300];

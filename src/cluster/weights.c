@@ -29,6 +29,10 @@ typedef struct served {
     uint8_t (*hash)[32]; /* per tensor */
     uint8_t *manifest;
     size_t manifest_len;
+    uint8_t xm_id[32];   /* the expert manifest's address */
+    uint8_t *xm;         /* expert manifest: slab hashes of the stacked expert tensors, table order */
+    size_t xm_len;
+    uint64_t *xm_tensor; /* [xm_len / 32]: the tensor index of each slab hash */
 } served;
 static served g_served;
 static pthread_mutex_t g_served_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -42,10 +46,27 @@ static uint64_t get_u64(const uint8_t *p) {
     return v;
 }
 
+/* A stacked expert tensor ([.., .., n_expert], named *_exps.*): its slab
+ * size, else 0. */
+static uint64_t expert_slab(const cm_gguf_tensor_info *t) {
+    if (t->n_dims != 3 || t->ne[2] < 1 || !strstr(t->name, "_exps.") || t->nbytes % (uint64_t)t->ne[2]) return 0;
+    return t->nbytes / (uint64_t)t->ne[2];
+}
+
+static void expert_manifest_id(const uint8_t model_sha[32], uint8_t out[32]) {
+    static const char tag[] = "cumulo expert slabs 1";
+    uint8_t buf[32 + sizeof tag - 1];
+    memcpy(buf, model_sha, 32);
+    memcpy(buf + 32, tag, sizeof tag - 1);
+    crypto_hash_sha256(out, buf, sizeof buf);
+}
+
 static int prepare(const cm_gguf *g, char *err, size_t errlen) {
     if (g_served.g == g) return 0;
     cm_free(g_served.hash);
     cm_free(g_served.manifest);
+    cm_free(g_served.xm);
+    cm_free(g_served.xm_tensor);
     memset(&g_served, 0, sizeof g_served);
     uint64_t nt = g->n_tensors;
     size_t len = 24 + (size_t)g->data_offset + 32 * (size_t)nt;
@@ -65,6 +86,31 @@ static int prepare(const cm_gguf *g, char *err, size_t errlen) {
         memcpy(mf + 24 + g->data_offset + 32 * i, h[i], 32);
     }
     g_served = (served){.g = g, .hash = h, .manifest = mf, .manifest_len = len};
+    /* Expert slabs (NEEDSWORK: a second hashing pass over the experts' bytes;
+     * one pass could feed both hashes). */
+    uint64_t ns = 0;
+    for (uint64_t i = 0; i < nt; i++)
+        if (expert_slab(&g->tensors[i])) ns += (uint64_t)g->tensors[i].ne[2];
+    if (ns) {
+        g_served.xm = cm_malloc((size_t)ns * 32);
+        g_served.xm_tensor = cm_malloc((size_t)ns * sizeof(uint64_t));
+        if (!g_served.xm || !g_served.xm_tensor) {
+            cm_free(g_served.xm);
+            cm_free(g_served.xm_tensor);
+            g_served.xm = NULL;
+            g_served.xm_tensor = NULL;
+            return cm_errf(err, errlen, CM_ENOMEM, "out of memory for the expert manifest");
+        }
+        uint64_t k = 0;
+        for (uint64_t i = 0; i < nt; i++) {
+            uint64_t sl = expert_slab(&g->tensors[i]);
+            for (int64_t e = 0; sl && e < g->tensors[i].ne[2]; e++, k++) {
+                crypto_hash_sha256(g_served.xm + 32 * k, (const uint8_t *)g->tensors[i].data + (uint64_t)e * sl, sl);
+                g_served.xm_tensor[k] = i;
+            }
+        }
+        g_served.xm_len = (size_t)ns * 32;
+    }
     return 0;
 }
 
@@ -75,15 +121,28 @@ int cm_weights_serve(cm_conn *c, pthread_mutex_t *send_mu, const cm_gguf *g, con
     const uint8_t *obj = NULL;
     uint64_t total = 0;
     if (!rc) {
+        uint8_t xid[32];
+        expert_manifest_id(model_sha, xid);
         if (!memcmp(rq->tensor_hash, model_sha, 32)) {
             obj = g_served.manifest;
             total = g_served.manifest_len;
+        } else if (!memcmp(rq->tensor_hash, xid, 32)) {
+            obj = g_served.xm; /* NULL (no such object) for a model without experts */
+            total = g_served.xm_len;
         } else {
             for (uint64_t i = 0; i < g->n_tensors && !obj; i++)
                 if (!memcmp(g_served.hash[i], rq->tensor_hash, 32)) {
                     obj = g->tensors[i].data;
                     total = g->tensors[i].nbytes;
                 }
+            /* an expert slab: the k-th slab hash, counted within its tensor */
+            for (uint64_t k = 0, e = 0; k < g_served.xm_len / 32 && !obj; k++) {
+                e = k && g_served.xm_tensor[k] == g_served.xm_tensor[k - 1] ? e + 1 : 0;
+                if (memcmp(g_served.xm + 32 * k, rq->tensor_hash, 32)) continue;
+                const cm_gguf_tensor_info *t = &g->tensors[g_served.xm_tensor[k]];
+                total = expert_slab(t);
+                obj = (const uint8_t *)t->data + e * total;
+            }
         }
     }
     pthread_mutex_unlock(&g_served_mu);
@@ -110,6 +169,22 @@ int cm_weights_serve(cm_conn *c, pthread_mutex_t *send_mu, const cm_gguf *g, con
 
 /* ---- node ---- */
 
+/* The caller's sink for an ASSIGN that supersedes the fetch in progress
+ * (cm_weights_fetch's newer/superseded), for this thread's fetch. */
+static _Thread_local cm_msg_assign *g_newer;
+static _Thread_local bool *g_superseded;
+
+/* A message other than a chunk: a newer ASSIGN is kept for the caller. */
+static int not_a_chunk(const cm_msg *r, char *err, size_t errlen) {
+    if (r->type == CM_MSG_ASSIGN && g_newer && g_superseded) {
+        *g_newer = r->u.assign;
+        *g_superseded = true;
+        return cm_errf(err, errlen, CM_ECANCELED, "superseded by the assignment of epoch %llu",
+                       (unsigned long long)r->u.assign.epoch);
+    }
+    return cm_errf(err, errlen, CM_EPROTO, "expected a WEIGHTS_CHUNK, got %s", cm_msg_type_name(r->type));
+}
+
 /* Fetch [0, total) of an object into buf (cap bytes) or, when fd >= 0, to
  * fd at file offset base. total_out: the object's size (first chunk). */
 static int fetch(cm_conn *c, pthread_mutex_t *send_mu, const uint8_t hash[32], uint8_t *buf, size_t cap, int fd,
@@ -125,12 +200,18 @@ static int fetch(cm_conn *c, pthread_mutex_t *send_mu, const uint8_t hash[32], u
         pthread_mutex_unlock(send_mu);
         if (rc) return rc;
         cm_msg r;
-        /* Chunks are the only thing the coordinator sends while we load. */
+        /* Chunks are the only thing the coordinator sends while we load, but
+         * the answer to the request of a fetch that a newer ASSIGN superseded
+         * may still be on its way: a few chunks of another object are
+         * skipped. */
+        int stale = 0;
         do rc = cm_conn_recv(c, &r, 60000, err, errlen);
-        while (!rc && (r.type == CM_MSG_HEARTBEAT || r.type == CM_MSG_PING));
+        while (!rc && (r.type == CM_MSG_HEARTBEAT || r.type == CM_MSG_PING ||
+                       (r.type == CM_MSG_WEIGHTS_CHUNK && memcmp(r.u.weights_chunk.tensor_hash, hash, 32) && ++stale <= 4)));
         if (rc) return rc;
-        if (r.type != CM_MSG_WEIGHTS_CHUNK || memcmp(r.u.weights_chunk.tensor_hash, hash, 32))
-            return cm_errf(err, errlen, CM_EPROTO, "expected a WEIGHTS_CHUNK, got %s", cm_msg_type_name(r.type));
+        if (r.type != CM_MSG_WEIGHTS_CHUNK) return not_a_chunk(&r, err, errlen);
+        if (memcmp(r.u.weights_chunk.tensor_hash, hash, 32))
+            return cm_errf(err, errlen, CM_EPROTO, "a WEIGHTS_CHUNK of another object");
         const cm_msg_weights_chunk *ch = &r.u.weights_chunk;
         if (ch->total == 0) return cm_errf(err, errlen, CM_ENOENT, "the coordinator does not have that object");
         if (off == 0 && !expect) {
@@ -201,9 +282,53 @@ static bool verify(int fd, uint64_t off, uint64_t n, const uint8_t hash[32]) {
     return !memcmp(h, hash, 32);
 }
 
+/* Expert parallelism: the expert manifest (cached beside the manifest), and
+ * the slabs [e0, e1) of tensor ti (whose slab hashes start at xh). */
+static int fetch_expert_manifest(cm_conn *c, pthread_mutex_t *send_mu, const char *path, const uint8_t model_sha[32],
+                                 uint64_t want, uint8_t **out, char *err, size_t errlen) {
+    char *raw = NULL;
+    size_t len = 0;
+    char e[200];
+    if (cm_file_read_all(path, &raw, &len, e, sizeof e) == 0 && len == want) {
+        *out = (uint8_t *)raw;
+        return 0;
+    }
+    cm_free(raw);
+    uint8_t id[32];
+    expert_manifest_id(model_sha, id);
+    uint8_t *buf = cm_malloc(want ? (size_t)want : 1);
+    if (!buf) return cm_errf(err, errlen, CM_ENOMEM, "out of memory");
+    uint64_t total = 0;
+    int rc = fetch(c, send_mu, id, buf, (size_t)want, -1, 0, want, &total, err, errlen);
+    if (!rc && total != want) rc = cm_errf(err, errlen, CM_EPROTO, "expert manifest of %llu bytes, expected %llu",
+                                           (unsigned long long)total, (unsigned long long)want);
+    if (!rc) rc = cm_file_write_atomic(path, buf, (size_t)want, 0600, err, errlen);
+    if (rc) { cm_free(buf); return rc; }
+    *out = buf;
+    return 0;
+}
+
+static int weights_fetch(cm_conn *c, pthread_mutex_t *send_mu, const char *cache_dir, const uint8_t model_sha[32],
+                         int layer_begin, int layer_end, bool embed, bool last, int expert_begin, int expert_end,
+                         char *path, size_t cap, uint64_t *fetched, char *err, size_t errlen);
+
 int cm_weights_fetch(cm_conn *c, pthread_mutex_t *send_mu, const char *cache_dir, const uint8_t model_sha[32],
-                     int layer_begin, int layer_end, bool embed, bool last, char *path, size_t cap,
-                     uint64_t *fetched, char *err, size_t errlen) {
+                     int layer_begin, int layer_end, bool embed, bool last, int expert_begin, int expert_end,
+                     char *path, size_t cap, uint64_t *fetched, cm_msg_assign *newer, bool *superseded, char *err,
+                     size_t errlen) {
+    if (superseded) *superseded = false;
+    g_newer = newer;
+    g_superseded = superseded;
+    int rc = weights_fetch(c, send_mu, cache_dir, model_sha, layer_begin, layer_end, embed, last, expert_begin,
+                           expert_end, path, cap, fetched, err, errlen);
+    g_newer = NULL;
+    g_superseded = NULL;
+    return rc;
+}
+
+static int weights_fetch(cm_conn *c, pthread_mutex_t *send_mu, const char *cache_dir, const uint8_t model_sha[32],
+                         int layer_begin, int layer_end, bool embed, bool last, int expert_begin, int expert_end,
+                         char *path, size_t cap, uint64_t *fetched, char *err, size_t errlen) {
     char hex[65], dir[520], mpath[640], gpath[640];
     cm_sha256_hex(model_sha, hex);
     *fetched = 0;
@@ -229,8 +354,10 @@ int cm_weights_fetch(cm_conn *c, pthread_mutex_t *send_mu, const char *cache_dir
         rc = cm_conn_send(c, &m, 30000, err, errlen);
         pthread_mutex_unlock(send_mu);
         cm_msg r;
-        if (!rc) rc = cm_conn_recv(c, &r, 60000, err, errlen);
+        do if (!rc) rc = cm_conn_recv(c, &r, 60000, err, errlen);
+        while (!rc && (r.type == CM_MSG_HEARTBEAT || r.type == CM_MSG_PING));
         if (rc) return rc;
+        if (r.type == CM_MSG_ASSIGN) return not_a_chunk(&r, err, errlen);
         if (r.type != CM_MSG_WEIGHTS_CHUNK || r.u.weights_chunk.total < 24 || r.u.weights_chunk.data_len != 24)
             return cm_errf(err, errlen, CM_EPROTO, "no manifest for model %.12s from the coordinator", hex);
         memcpy(head, r.u.weights_chunk.data, 24);
@@ -272,14 +399,64 @@ int cm_weights_fetch(cm_conn *c, pthread_mutex_t *send_mu, const char *cache_dir
         goto out;
     }
     bool has_output = cm_gguf_find_tensor(&g, "output.weight") != NULL;
+    /* Expert parallelism: the slab hashes of every stacked expert tensor. */
+    uint8_t *xm = NULL;
+    uint64_t xslabs = 0;
+    bool ep = expert_end > 0;
+    for (uint64_t i = 0; i < nt; i++)
+        if (expert_slab(&g.tensors[i])) xslabs += (uint64_t)g.tensors[i].ne[2];
+    if (ep && xslabs > MANIFEST_MAX / 32) { /* the header's claim: never allocate from it unbounded */
+        cm_gguf_close(&g);
+        rc = cm_errf(err, errlen, CM_ERANGE, "%llu expert slabs in the streamed header", (unsigned long long)xslabs);
+        goto out;
+    }
+    if (ep && xslabs) {
+        char xpath[660];
+        snprintf(xpath, sizeof xpath, "%s/%s.experts", dir, hex);
+        rc = fetch_expert_manifest(c, send_mu, xpath, model_sha, xslabs * 32, &xm, e, sizeof e);
+        if (rc) {
+            cm_gguf_close(&g);
+            rc = cm_errf(err, errlen, rc, "expert manifest: %s", e);
+            goto out;
+        }
+    }
     uint64_t need = 0, have = 0;
     for (uint64_t i = 0; i < nt; i++)
-        if (wanted(g.tensors[i].name, layer_begin, layer_end, embed, last, has_output)) need += g.tensors[i].nbytes;
-    for (uint64_t i = 0; i < nt && !rc; i++) {
+        if (wanted(g.tensors[i].name, layer_begin, layer_end, embed, last, has_output)) {
+            uint64_t sl = xm ? expert_slab(&g.tensors[i]) : 0;
+            if (sl && (expert_begin < 0 || expert_end > g.tensors[i].ne[2] || expert_begin > expert_end)) {
+                cm_gguf_close(&g);
+                cm_free(xm);
+                rc = cm_errf(err, errlen, CM_EINVAL, "experts [%d, %d) of '%s' (%lld experts)", expert_begin, expert_end,
+                             g.tensors[i].name, (long long)g.tensors[i].ne[2]);
+                goto out;
+            }
+            need += sl ? sl * (uint64_t)(expert_end - expert_begin) : g.tensors[i].nbytes;
+        }
+    for (uint64_t i = 0, xk = 0; i < nt && !rc; i++) {
         const cm_gguf_tensor_info *ti = &g.tensors[i];
+        uint64_t sl = xm ? expert_slab(ti) : 0;
+        uint64_t xbase = xk; /* this tensor's first slab hash */
+        if (sl) xk += (uint64_t)ti->ne[2];
         if (!wanted(ti->name, layer_begin, layer_end, embed, last, has_output)) continue;
-        const uint8_t *h = mf + 24 + doff + 32 * i;
         uint64_t at = g.data_offset + ti->offset;
+        if (sl) { /* only our experts' slabs, each verified by its own hash */
+            for (int ex = expert_begin; ex < expert_end && !rc; ex++) {
+                const uint8_t *h = xm + 32 * (xbase + (uint64_t)ex);
+                uint64_t so = at + (uint64_t)ex * sl;
+                if (verify(fd, so, sl, h)) { have += sl; continue; }
+                rc = fetch(c, send_mu, h, NULL, 0, fd, so, sl, NULL, e, sizeof e);
+                if (!rc && !verify(fd, so, sl, h))
+                    rc = cm_errf(e, sizeof e, CM_EAUTH, "expert %d does not match its hash", ex);
+                if (rc) { rc = cm_errf(err, errlen, rc, "tensor '%s': %s", ti->name, e); break; }
+                *fetched += sl;
+            }
+            if (!rc)
+                CM_LOGI("weights: '%s' experts [%d, %d) verified (%.0f%% of this stage's %.1f MB)", ti->name,
+                        expert_begin, expert_end, need ? 100.0 * (double)(have + *fetched) / (double)need : 100.0, need / 1e6);
+            continue;
+        }
+        const uint8_t *h = mf + 24 + doff + 32 * i;
         if (verify(fd, at, ti->nbytes, h)) { have += ti->nbytes; continue; }
         rc = fetch(c, send_mu, h, NULL, 0, fd, at, ti->nbytes, NULL, e, sizeof e);
         if (!rc && !verify(fd, at, ti->nbytes, h))
@@ -290,6 +467,7 @@ int cm_weights_fetch(cm_conn *c, pthread_mutex_t *send_mu, const char *cache_dir
                 need ? 100.0 * (double)(have + *fetched) / (double)need : 100.0, need / 1e6);
     }
     cm_gguf_close(&g);
+    cm_free(xm);
     if (!rc) {
         fsync(fd);
         size_t l = strlen(gpath);

@@ -7,7 +7,13 @@
  *       file_size u64 | data_offset u64 | n_tensors u64 |
  *       the file's bytes [0, data_offset) (GGUF header, metadata, tensor table) |
  *       n_tensors x sha256 of each tensor's bytes (table order);
- *   - each TENSOR, addressed by the sha256 of its bytes.
+ *   - each TENSOR, addressed by the sha256 of its bytes;
+ *   - the EXPERT MANIFEST (expert parallelism), addressed by
+ *     sha256(model sha256 | "cumulo expert slabs 1"): for every stacked
+ *     expert tensor (3-D, named *_exps.*; table order) ne[2] x sha256 of
+ *     each expert's slab (its nbytes / ne[2] bytes at e * that);
+ *   - each expert SLAB, addressed by the sha256 of its bytes, so a member of
+ *     an expert group receives and caches only its experts' bytes.
  * The node writes what it receives into a SPARSE copy of the model file in
  * its cache (<cache>/slices/<model sha>.gguf): the header at offset 0, each
  * of its tensors at its own offset, holes elsewhere. So the unchanged GGUF
@@ -36,8 +42,16 @@ int cm_weights_serve(cm_conn *c, pthread_mutex_t *send_mu, const cm_gguf *g, con
  * fetching what is missing over c (the coordinator's connection; nobody else
  * may receive on it meanwhile; sends under send_mu). Writes the sparse
  * GGUF's path to path. *fetched gets the tensor bytes received. */
+/* expert_end > 0: of the stacked expert tensors only the slabs of experts
+ * [expert_begin, expert_end) (the rest of them stays a hole in the file, never
+ * read: the stage runs only those experts); expert_end <= 0: whole tensors. */
+/* An ASSIGN that arrives while fetching supersedes this one (the coordinator
+ * moved to a newer plan): it is copied to *newer, *superseded set, and the
+ * fetch returns CM_ECANCELED (newer/superseded may be NULL: then it is a
+ * protocol error as any other message). */
 int cm_weights_fetch(cm_conn *c, pthread_mutex_t *send_mu, const char *cache_dir, const uint8_t model_sha[32],
-                     int layer_begin, int layer_end, bool embed, bool last, char *path, size_t cap,
-                     uint64_t *fetched, char *err, size_t errlen);
+                     int layer_begin, int layer_end, bool embed, bool last, int expert_begin, int expert_end,
+                     char *path, size_t cap, uint64_t *fetched, cm_msg_assign *newer, bool *superseded, char *err,
+                     size_t errlen);
 
 #endif

@@ -83,7 +83,7 @@ static inline size_t kv_off(const cm_kv *kv, int il, int hk) {
 
 /* ---------------- context ---------------- */
 
-enum phase { PH_EMBED, PH_ATTN, PH_FFN, PH_FINAL };
+enum phase { PH_EMBED, PH_ATTN, PH_FFN, PH_MOE_COMBINE, PH_FINAL };
 
 struct cm_ctx {
     const cm_model *m;
@@ -106,6 +106,7 @@ struct cm_ctx {
     cm_act_hook_fn hook; /* tests only (model.h) */
     void *hook_user;
     cm_moe *moe; /* MoE models: the expert FFN's scratch (moe.c) */
+    bool ep_gather; /* this pass: an expert slice, combined after the caller's gather */
 };
 
 static void *zalloc(size_t n) {
@@ -635,8 +636,10 @@ static void phase_ffn(cm_ctx *c, int ith, int nth) {
     if (c->moe) { /* experts (moe.c): the normed input converted for ffn_gate_exps */
         size_t xs;
         const void *xq = add_norm_prep(c, CM_ACT_FFN_IN, &L->ffn_norm, &L->ffn_gate_exps, &xs, ith, nth);
+        const cm_expert_slice *ex = &c->a->experts;
         const cm_moe_run r = {.m = m, .k = c->k, .pool = c->pool, .il = c->il, .n = n, .xn = c->xn, .xq = xq,
-                              .xq_stride = xs, .out = c->part, .hook = c->hook, .hook_user = c->hook_user};
+                              .xq_stride = xs, .out = c->part, .hook = c->hook, .hook_user = c->hook_user,
+                              .ep = ex->ep, .defer_combine = c->ep_gather, .e0 = ex->e0, .e1 = ex->e1};
         cm_moe_ffn(c->moe, &r, ith, nth);
         return;
     }
@@ -707,6 +710,11 @@ static void run_phase(void *ctx, int ith, int nth) {
     case PH_EMBED: phase_embed(c, ith, nth); break;
     case PH_ATTN: phase_attn(c, ith, nth); break;
     case PH_FFN: phase_ffn(c, ith, nth); break;
+    case PH_MOE_COMBINE: { /* expert parallelism: step 8 after the gather */
+        const cm_moe_run r = {.m = c->m, .k = c->k, .pool = c->pool, .il = c->il, .n = c->b->n, .out = c->part};
+        cm_moe_combine(c->moe, &r, ith, nth);
+        break;
+    }
     case PH_FINAL: phase_final(c, ith, nth); break;
     }
 }
@@ -722,6 +730,7 @@ static int check_args(cm_ctx *c, const cm_batch *b, const cm_forward_args *a, ch
         return cm_errf(err, errlen, CM_EINVAL, "layer range [%d, %d) is out of [0, %d)", a->layer_first, a->layer_last,
                        hp->n_layer);
     int rc = cm_slice_check(m, a->slice, err, errlen);
+    if (!rc) rc = cm_moe_check_experts(m, a->slice, a->experts, err, errlen);
     if (rc) return rc;
     if (!b->pos || !b->seq || !a->kvs) return cm_errf(err, errlen, CM_EINVAL, "batch without positions or sequences");
     if (b->tokens ? a->layer_first != 0 : !b->embd)
@@ -768,6 +777,16 @@ int cm_forward(cm_ctx *c, const cm_batch *b, const cm_forward_args *a, char *err
     c->ph = PH_EMBED;
     cm_pool_run(c->pool, run_phase, c);
     const int64_t red = (int64_t)b->n * hp->n_embd;
+    /* An expert slice replaces both all-reduces (attention is whole on every
+     * member) by one gather of expert outputs per MoE layer. */
+    const cm_expert_slice ex = a->experts;
+    const cm_allreduce_fn allreduce = ex.ep ? NULL : a->allreduce;
+    /* Every member of a group gathers (one holding every expert too, so no
+     * peer waits for it); alone, a slice of every expert needs none. */
+    c->ep_gather = ex.ep && c->moe && a->expert_gather;
+    if (ex.ep && c->moe && !a->expert_gather && !(ex.e0 == 0 && ex.e1 == hp->n_expert))
+        return cm_errf(err, errlen, CM_EINVAL, "an expert slice [%d, %d) of %d experts without an expert gather", ex.e0,
+                       ex.e1, hp->n_expert);
     for (int il = a->layer_first; il < a->layer_last; il++) {
         const cm_layer *L = &m->layers[il];
         c->il = il;
@@ -782,14 +801,23 @@ int cm_forward(cm_ctx *c, const cm_batch *b, const cm_forward_args *a, char *err
         }
         c->ph = PH_ATTN;
         cm_pool_run(c->pool, run_phase, c);
-        if (a->allreduce && (rc = a->allreduce(a->allreduce_user, c->part, red)))
+        if (allreduce && (rc = allreduce(a->allreduce_user, c->part, red)))
             return cm_errf(err, errlen, rc, "all-reduce after attention of layer %d failed: %s", il, cm_strerror(rc));
         c->pending = true;
         c->pending_norm = L->attn_post_norm.data;
         c->ph = PH_FFN;
         cm_pool_run(c->pool, run_phase, c);
         c->pending_norm = L->ffn_post_norm.data;
-        if (a->allreduce && (rc = a->allreduce(a->allreduce_user, c->part, red)))
+        if (c->ep_gather) { /* expert parallelism: the other members' expert rows, then the fixed-order sum */
+            float *y;
+            const int32_t *rows;
+            cm_moe_rows(c->moe, b->n, &y, &rows);
+            if ((rc = a->expert_gather(a->expert_gather_user, y, hp->n_embd, rows, hp->n_expert)))
+                return cm_errf(err, errlen, rc, "expert exchange of layer %d failed: %s", il, cm_strerror(rc));
+            c->ph = PH_MOE_COMBINE;
+            cm_pool_run(c->pool, run_phase, c);
+        }
+        if (allreduce && (rc = allreduce(a->allreduce_user, c->part, red)))
             return cm_errf(err, errlen, rc, "all-reduce after the ffn of layer %d failed: %s", il, cm_strerror(rc));
     }
     c->ph = PH_FINAL;

@@ -312,6 +312,10 @@ cm_slice cm_slice_full(const cm_model *m) {
     return s;
 }
 
+int cm_expert_slice_check(const cm_model *m, cm_slice s, cm_expert_slice x, char *err, size_t errlen) {
+    return cm_moe_check_experts(m, s, x, err, errlen);
+}
+
 int cm_slice_check(const cm_model *m, cm_slice s, char *err, size_t errlen) {
     const cm_hparams *hp = &m->hp;
     if (s.h0 < 0 || s.h1 > hp->n_head_kv || s.h0 > s.h1 || s.f0 < 0 || s.f1 > hp->n_ff || s.f0 > s.f1)

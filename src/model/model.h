@@ -20,7 +20,12 @@
  *     ffn_gate/ffn_up with the matching columns of ffn_down. attn_output and
  *     ffn_down then produce PARTIAL sums over the slice; the caller's
  *     all-reduce callback must replace them by the sum over all slices
- *     (single machine: the whole slice, callback NULL = no-op).
+ *     (single machine: the whole slice, callback NULL = no-op);
+ *   - or, for a mixture-of-experts model, an EXPERT SLICE (expert
+ *     parallelism): every layer's attention and router whole, and only the
+ *     experts [e0, e1) run here (cm_expert_slice); the caller's gather callback fills in the
+ *     other members' expert outputs before they are summed in the one fixed
+ *     (top-k) order, so results are the bits of a single machine.
  *
  * Numerics follow ggml/llama.cpp (CPU) so that results match it: RMS norm
  * with a double sum of squares, RoPE angles by iterated multiplication with
@@ -142,14 +147,27 @@ typedef struct cm_slice {
     int h0, h1; /* KV heads [h0, h1) of [0, n_head_kv); may be empty (FFN-only member) */
     int f0, f1; /* FFN rows [f0, f1) of [0, n_ff); may be empty */
 } cm_slice;
+/* Expert parallelism (issue 13; cm_forward_args.experts): ep = this member
+ * runs only the experts [e0, e1) of [0, n_expert) of every MoE layer (may be
+ * empty), with the slice whole (every KV head and FFN row); cm_forward then
+ * calls the expert gather instead of the all-reduce. Zeroed (ep false):
+ * every expert. Kept apart from cm_slice so that the KV cache, which the
+ * experts do not change, and every cm_slice initialiser stay as they are. */
+typedef struct cm_expert_slice {
+    bool ep;
+    int e0, e1;
+} cm_expert_slice;
 /* The whole model (single machine). */
 cm_slice cm_slice_full(const cm_model *m);
 /* Is the slice in range and aligned so that the columns it takes from
  * attn_output and ffn_down start and end on block boundaries of their types?
  * Returns 0 or CM_EINVAL with a message; CM_EUNSUPPORTED for any slice but
  * the whole model of a mixture-of-experts model (NEEDSWORK: tensor-parallel
- * experts). */
+ * expert rows; experts are split by cm_expert_slice instead). */
 int cm_slice_check(const cm_model *m, cm_slice s, char *err, size_t errlen);
+/* Is x a valid expert slice to go with s (zeroed: always)? CM_EINVAL for a
+ * dense model, a range outside [0, n_expert], or s not the whole model. */
+int cm_expert_slice_check(const cm_model *m, cm_slice s, cm_expert_slice x, char *err, size_t errlen);
 
 /* ---- KV cache of one sequence ----
  * For each layer in [layer_first, layer_last) and each KV head of the slice:
@@ -202,13 +220,27 @@ typedef struct cm_batch {
  * error code, which aborts the forward pass. */
 typedef int (*cm_allreduce_fn)(void *user, float *x, int64_t n);
 
+/* Expert parallelism: complete the expert outputs of one MoE layer, in place.
+ * y holds rows[n_expert] rows of row_len floats: the outputs of expert e for
+ * its (token, slot) assignments are rows [rows[e], rows[e + 1]) (rows[0] = 0;
+ * every member of the group computes the same routing, so the same rows[]).
+ * On entry this member has filled the rows of its experts [e0, e1); on
+ * return every row must hold its owner's bits. Called by cm_forward() on the
+ * caller's thread, once per MoE layer, when the slice is an expert slice.
+ * Returns 0 or an error code, which aborts the forward pass. */
+typedef int (*cm_expert_gather_fn)(void *user, float *y, int64_t row_len, const int32_t *rows, int n_expert);
+
 typedef struct cm_forward_args {
     int layer_first, layer_last; /* [0, n_layer) for a single machine */
     cm_slice slice;              /* must equal the slice the kvs were made with */
     cm_kv **kvs;                 /* sequences; batch.seq[i] indexes this array */
     int n_kvs;
-    cm_allreduce_fn allreduce;   /* NULL: no-op (the slice is the whole model) */
+    cm_allreduce_fn allreduce;   /* NULL: no-op (the slice is the whole model); not called for an ep slice */
     void *allreduce_user;
+    cm_expert_slice experts;     /* expert parallelism; zeroed: every expert (CM_EINVAL for a dense
+                                    model or with a slice that is not whole) */
+    cm_expert_gather_fn expert_gather; /* experts.ep: required unless [e0, e1) is every expert */
+    void *expert_gather_user;
     /* Outputs (either, both or neither — neither just fills the KV caches):
      * out_hidden: [n][n_embd] hidden states after layer_last - 1 (for the next stage);
      * out_logits: [n_out][n_vocab] for the rows selected by batch.logits, in

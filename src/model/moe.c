@@ -14,7 +14,12 @@
  * and up of every active expert as one GEMM over its tokens (rows of all
  * experts split across threads by cost), then silu(gate) * up converted for
  * down by the same thread, (6) down GEMMs, (7) the weighted sum per token in
- * top-k order. Only the chosen experts' rows are read. It must never allocate in cm_moe_ffn(): scratch is sized by
+ * top-k order. Only the chosen experts' rows are read. Expert parallelism
+ * (cm_moe_run.ep): steps 4-6 run only the experts [e0, e1), whose
+ * assignments are one contiguous run of rows (they are grouped by expert),
+ * and step 7 waits for the caller's gather of the other members' rows
+ * (cm_moe_combine), so the sum is the same chain. It must never allocate in
+ * cm_moe_ffn(): scratch is sized by
  * cm_moe_new().
  */
 #include "moe.h"
@@ -150,6 +155,19 @@ void cm_moe_count_active(cm_model *m) {
             m->weight_bytes_active -= ts[i]->nb[2] * unused;
         }
     }
+}
+
+int cm_moe_check_experts(const cm_model *m, cm_slice s, cm_expert_slice x, char *err, size_t errlen) {
+    const cm_hparams *hp = &m->hp;
+    if (!x.ep) return 0;
+    if (!hp->n_expert)
+        return cm_errf(err, errlen, CM_EINVAL, "an expert slice of '%s', which has no experts", cm_arch_name_of(hp->arch));
+    if (x.e0 < 0 || x.e0 > x.e1 || x.e1 > hp->n_expert)
+        return cm_errf(err, errlen, CM_EINVAL, "expert slice [%d, %d) is out of range (%d experts)", x.e0, x.e1,
+                       hp->n_expert);
+    if (s.h0 != 0 || s.h1 != hp->n_head_kv || s.f0 != 0 || s.f1 != hp->n_ff)
+        return cm_errf(err, errlen, CM_EINVAL, "an expert slice must hold every KV head and FFN row");
+    return 0;
 }
 
 int cm_moe_check_slice(const cm_model *m, cm_slice s, char *err, size_t errlen) {
@@ -384,9 +402,9 @@ static void route(const cm_moe *s, moe_route *t, const cm_moe_run *r) {
  * the costs, not the rows, are split evenly (a prefill whose tokens crowd one
  * expert would otherwise leave threads idle). Same rows, same arithmetic per
  * row whatever the split: results do not depend on it. */
-static int64_t row_at_cost(const moe_route *t, int64_t R, int64_t r_extra, int n, int64_t cost) {
+static int64_t row_at_cost(const moe_route *t, int lo, int hi, int64_t R, int64_t r_extra, int n, int64_t cost) {
     int64_t row = 0;
-    for (int i = 0; i < t->n_act; i++) {
+    for (int i = lo; i < hi; i++) {
         const int64_t c = t->off[t->act[i] + 1] - t->off[t->act[i]];
         if (cost < c * R) return row + (cost + c - 1) / c;
         cost -= c * R;
@@ -395,18 +413,20 @@ static int64_t row_at_cost(const moe_route *t, int64_t R, int64_t r_extra, int n
     return row + CM_MIN(r_extra, (cost + n - 1) / n);
 }
 
-static void split_rows(const moe_route *t, int K, int64_t R, int64_t r_extra, int n, int ith, int nth, int64_t *b0,
-                       int64_t *b1) {
-    const int64_t total = (int64_t)n * K * R + (int64_t)n * r_extra; /* n * k assignments, each R rows */
-    *b0 = row_at_cost(t, R, r_extra, n, total * ith / nth);
-    *b1 = ith == nth - 1 ? (int64_t)t->n_act * R + r_extra : row_at_cost(t, R, r_extra, n, total * (ith + 1) / nth);
+/* The active experts act[lo, hi) (all of them, or an expert group member's
+ * run) carry n_assign of the n * k assignments. */
+static void split_rows(const moe_route *t, int lo, int hi, int64_t n_assign, int64_t R, int64_t r_extra, int n, int ith,
+                       int nth, int64_t *b0, int64_t *b1) {
+    const int64_t total = n_assign * R + (int64_t)n * r_extra; /* each assignment R rows */
+    *b0 = row_at_cost(t, lo, hi, R, r_extra, n, total * ith / nth);
+    *b1 = ith == nth - 1 ? (int64_t)(hi - lo) * R + r_extra : row_at_cost(t, lo, hi, R, r_extra, n, total * (ith + 1) / nth);
 }
 
 /* Round a row boundary of the gate/up range up to a block of its segment's
  * down activation type (bs for the experts, bss for the shared expert),
  * relative to the segment's start, so each thread converts whole blocks. */
-static int64_t align_row(const moe_route *t, int64_t F, int bs, int bss, int64_t u) {
-    const int64_t ex = (int64_t)t->n_act * F;
+static int64_t align_row(int n_act, int64_t F, int bs, int bss, int64_t u) {
+    const int64_t ex = (int64_t)n_act * F;
     if (u < ex) {
         const int64_t seg = u / F * F;
         return CM_MIN(seg + F, seg + (u - seg + bs - 1) / bs * bs);
@@ -431,7 +451,7 @@ void cm_moe_ffn(cm_moe *s, const cm_moe_run *r, int ith, int nth) {
     const cm_hparams *hp = &m->hp;
     const cm_layer *L = &m->layers[r->il];
     const cm_kernels *kt = r->k;
-    const int n = r->n, X = hp->n_expert, K = hp->n_expert_used;
+    const int n = r->n, X = hp->n_expert;
     const int64_t E = hp->n_embd, F = hp->n_ff_exp, FS = hp->n_ff_shexp;
     const bool sh = L->ffn_gate_inp_shexp.data != NULL;
     int64_t t0, t1;
@@ -479,15 +499,22 @@ void cm_moe_ffn(cm_moe *s, const cm_moe_run *r, int ith, int nth) {
         cm_pool_barrier(r->pool);
     }
 
+    /* Expert parallelism: only the active experts in [e0, e1) run here: the
+     * assignments [off[e0], off[e1]) and the active list's matching run. */
+    const int e_lo = r->ep ? r->e0 : 0, e_hi = r->ep ? r->e1 : X;
+    int act_lo = 0, act_hi = t->n_act;
+    while (act_lo < act_hi && t->act[act_lo] < e_lo) act_lo++;
+    while (act_hi > act_lo && t->act[act_hi - 1] >= e_hi) act_hi--;
+    const int a_lo = t->off[e_lo], a_hi = t->off[e_hi];
+
     /* 4. gather each expert's input rows, in assignment order (one token:
      * every expert reads row 0 in place, no gather and no barrier) */
-    const int A = n * K;
     const size_t rs_g = r->xq_stride;
     const size_t gb = act_row_size(vdt_of(&L->ffn_gate_exps), E), ub = act_row_size(vdt_of(&L->ffn_up_exps), E);
     const bool sep_up = xu != r->xq;
     if (n > 1) {
-        cm_split_range(A, ith, nth, &t0, &t1);
-        for (int64_t a = t0; a < t1; a++) {
+        cm_split_range(a_hi - a_lo, ith, nth, &t0, &t1);
+        for (int64_t a = a_lo + t0; a < a_lo + t1; a++) {
             memcpy(s->xg + a * s->rs_e, (const uint8_t *)r->xq + (size_t)t->tok[a] * rs_g, gb);
             if (sep_up) memcpy(s->xgu + a * s->rs_e, xu + (size_t)t->tok[a] * rs_u, ub);
         }
@@ -500,16 +527,16 @@ void cm_moe_ffn(cm_moe *s, const cm_moe_run *r, int ith, int nth) {
      * tokens, then the same thread applies silu(gate) * up to its rows and
      * converts them for down (whole blocks: the bytes of a whole-row
      * conversion), so no barrier separates the two. */
-    const int n_act = t->n_act;
+    const int n_act = act_hi - act_lo;
     const uint8_t *xup = sep_up ? s->xgu : s->xg;
     const enum cm_type vd = vdt_of(&L->ffn_down_exps), vds = sh ? vdt_of(&L->ffn_down_shexp) : CM_TYPE_F32;
     const int bs = cm_type_traits_of(vd)->block_size, bss = cm_type_traits_of(vds)->block_size;
-    split_rows(t, K, F, sh ? FS : 0, n, ith, nth, &t0, &t1);
-    t0 = align_row(t, F, bs, bss, t0);
-    t1 = ith == nth - 1 ? t1 : align_row(t, F, bs, bss, t1);
+    split_rows(t, act_lo, act_hi, a_hi - a_lo, F, sh ? FS : 0, n, ith, nth, &t0, &t1);
+    t0 = align_row(n_act, F, bs, bss, t0);
+    t1 = ith == nth - 1 ? t1 : align_row(n_act, F, bs, bss, t1);
     for (int64_t u = t0; u < t1;) {
         if (u < (int64_t)n_act * F) {
-            const int e = t->act[u / F];
+            const int e = t->act[act_lo + u / F];
             const int64_t r0 = u % F, r1 = CM_MIN(F, r0 + (t1 - u));
             const int o = t->off[e], c = t->off[e + 1] - o;
             cm_tensor wg = expert_view(&L->ffn_gate_exps, e), wu = expert_view(&L->ffn_up_exps, e);
@@ -535,10 +562,10 @@ void cm_moe_ffn(cm_moe *s, const cm_moe_run *r, int ith, int nth) {
 
     /* 6. down: E rows per active expert (then the shared expert's) */
     const bool f32d = vd == CM_TYPE_F32, f32ds = vds == CM_TYPE_F32;
-    split_rows(t, K, E, sh ? E : 0, n, ith, nth, &t0, &t1);
+    split_rows(t, act_lo, act_hi, a_hi - a_lo, E, sh ? E : 0, n, ith, nth, &t0, &t1);
     for (int64_t u = t0; u < t1;) {
         if (u < (int64_t)n_act * E) {
-            const int e = t->act[u / E];
+            const int e = t->act[act_lo + u / E];
             const int64_t r0 = u % E, r1 = CM_MIN(E, r0 + (t1 - u));
             const int o = t->off[e], c = t->off[e + 1] - o;
             cm_tensor wd = expert_view(&L->ffn_down_exps, e);
@@ -552,8 +579,23 @@ void cm_moe_ffn(cm_moe *s, const cm_moe_run *r, int ith, int nth) {
             u += r1 - r0;
         }
     }
+    if (r->defer_combine) return; /* the caller gathers the other members' rows, then cm_moe_combine */
     cm_pool_barrier(r->pool);
+    cm_moe_combine(s, r, ith, nth);
+}
 
+void cm_moe_rows(cm_moe *s, int n, float **y, const int32_t **rows) {
+    *y = s->y;
+    *rows = n == 1 ? s->tl[0].off : s->rt.off; /* one token: every thread's route is the same */
+}
+
+void cm_moe_combine(cm_moe *s, const cm_moe_run *r, int ith, int nth) {
+    const cm_hparams *hp = &r->m->hp;
+    const int n = r->n, K = hp->n_expert_used;
+    const int64_t E = hp->n_embd;
+    const bool sh = r->m->layers[r->il].ffn_gate_inp_shexp.data != NULL;
+    const moe_route *t = n == 1 ? &s->tl[ith] : &s->rt;
+    int64_t t0, t1;
     /* 7. per token: weighted expert outputs added in top-k order, then the
      * gated shared expert (llama.cpp: ggml_mul, then the ggml_add chain) */
     cm_split_range((int64_t)n * E, ith, nth, &t0, &t1);

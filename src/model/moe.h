@@ -36,6 +36,9 @@ int cm_moe_bind_layer(cm_model *m, int il, char *err, size_t errlen);
 void cm_moe_count_active(cm_model *m);
 /* CM_EUNSUPPORTED unless s is the whole model (no tensor-parallel experts yet). */
 int cm_moe_check_slice(const cm_model *m, cm_slice s, char *err, size_t errlen);
+/* Expert parallelism: CM_EINVAL unless x is zeroed, or ep with [e0, e1) in
+ * [0, n_expert] and s the whole model (attention and router whole). */
+int cm_moe_check_experts(const cm_model *m, cm_slice s, cm_expert_slice x, char *err, size_t errlen);
 
 /* Scratch of the MoE FFN for batches of up to max_batch tokens on a pool of n_threads. */
 typedef struct cm_moe cm_moe;
@@ -59,7 +62,18 @@ typedef struct cm_moe_run {
     float *out;
     cm_act_hook_fn hook; /* tests only (model.h) */
     void *hook_user;
+    /* Expert parallelism: run only experts [e0, e1) (every expert when !ep)
+     * and stop before the weighted sum (step 8) when defer_combine: the
+     * caller then completes the rows of the other experts (cm_moe_rows,
+     * model.h's cm_expert_gather_fn) and runs cm_moe_combine. */
+    bool ep, defer_combine;
+    int e0, e1;
 } cm_moe_run;
 void cm_moe_ffn(cm_moe *s, const cm_moe_run *r, int ith, int nth);
+/* Step 7 alone (after a deferred cm_moe_ffn of the same run): every thread. */
+void cm_moe_combine(cm_moe *s, const cm_moe_run *r, int ith, int nth);
+/* The expert output rows of the last cm_moe_ffn and their prefix offsets by
+ * expert (model.h's cm_expert_gather_fn arguments). */
+void cm_moe_rows(cm_moe *s, int n, float **y, const int32_t **rows);
 
 #endif

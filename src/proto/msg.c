@@ -114,8 +114,9 @@ static const char *hello_invalid(const cm_msg_hello *h) {
 }
 
 static const char *assign_invalid(const cm_msg_assign *a) {
-    if (a->flags & ~(CM_ASSIGN_F_EMBED | CM_ASSIGN_F_OUTPUT | CM_ASSIGN_F_TP_Q8)) return "flags";
+    if (a->flags & ~(CM_ASSIGN_F_EMBED | CM_ASSIGN_F_OUTPUT | CM_ASSIGN_F_TP_Q8 | CM_ASSIGN_F_EP)) return "flags";
     if ((a->flags & CM_ASSIGN_F_TP_Q8) && a->tp_size < 2) return "flags";
+    if ((a->flags & CM_ASSIGN_F_EP) && (a->tp_size < 2 || (a->flags & CM_ASSIGN_F_TP_Q8))) return "flags";
     if (a->n_layers == 0 || a->n_layers > 65536) return "n_layers";
     if (a->layer_begin >= a->layer_end || a->layer_end > a->n_layers) return "layer range";
     /* A member of a tensor-parallel group may hold no KV heads (FFN only) or
@@ -133,6 +134,15 @@ static const char *assign_invalid(const cm_msg_assign *a) {
     if (a->hidden_dtype != CM_HIDDEN_F32 && a->hidden_dtype != CM_HIDDEN_Q8) return "hidden_dtype";
     if (a->tp_size == 0 || a->tp_size > CM_MSG_MAX_TP || a->tp_rank >= a->tp_size) return "tp";
     return NULL;
+}
+
+/* Expert bounds (CM_ASSIGN_F_EP): start at 0, never decrease, end above 0
+ * (the model's expert count, checked by the node against its model). */
+static bool expert_bounds_ok(const cm_msg_assign *a) {
+    if (a->expert_bounds[0] != 0 || a->expert_bounds[a->tp_size] == 0) return false;
+    for (unsigned i = 0; i < a->tp_size; i++)
+        if (a->expert_bounds[i] > a->expert_bounds[i + 1]) return false;
+    return true;
 }
 
 static const char *forward_shape_invalid(const cm_msg_forward *f) {
@@ -293,6 +303,10 @@ static void encode(wcur *w, const cm_msg *m) {
         const char *bad = assign_invalid(a);
         if (bad) { w_check(w, false, bad); break; }
         for (unsigned i = 0; i < a->tp_size; i++) w_str(w, a->tp_peers[i], CM_MSG_ADDR_MAX, "tp_peers");
+        if (a->flags & CM_ASSIGN_F_EP) {
+            w_check(w, expert_bounds_ok(a), "expert_bounds");
+            for (unsigned i = 0; i <= a->tp_size; i++) w_u16(w, a->expert_bounds[i]);
+        }
         break;
     }
     case CM_MSG_READY:
@@ -562,6 +576,10 @@ static int decode(rcur *r, unsigned type, cm_msg *m) {
         const char *bad = assign_invalid(a);
         if (bad) { r_fail(r, bad, "out of range"); break; }
         for (unsigned i = 0; i < a->tp_size; i++) r_str(r, a->tp_peers[i], CM_MSG_ADDR_MAX, "tp_peers");
+        if (a->flags & CM_ASSIGN_F_EP) {
+            for (unsigned i = 0; i <= a->tp_size; i++) a->expert_bounds[i] = r_u16(r, "expert_bounds");
+            r_check(r, expert_bounds_ok(a), "expert_bounds");
+        }
         break;
     }
     case CM_MSG_READY:

@@ -231,6 +231,8 @@ typedef struct cm_msg_ping {
 #define CM_ASSIGN_F_EMBED 1u    /* first stage: embeds token ids */
 #define CM_ASSIGN_F_OUTPUT 2u   /* last stage: output head + sampling */
 #define CM_ASSIGN_F_TP_Q8 4u    /* tensor-parallel group: all-reduce transfers as Q8_0 (tp_size > 1 only) */
+#define CM_ASSIGN_F_EP 8u       /* expert group (expert parallelism; tp_size > 1, not with TP_Q8): every
+                                   member holds whole layers but only its experts; expert_bounds follow */
 typedef struct cm_msg_assign {
     uint64_t epoch;
     uint8_t model_sha256[32];
@@ -247,6 +249,10 @@ typedef struct cm_msg_assign {
     char next[CM_MSG_ADDR_MAX + 1];       /* "" for the last stage */
     uint8_t tp_rank, tp_size;             /* tensor-parallel group (1 = none) */
     char tp_peers[CM_MSG_MAX_TP][CM_MSG_ADDR_MAX + 1]; /* tp_size entries, rank order */
+    /* CM_ASSIGN_F_EP only (after tp_peers on the wire: tp_size + 1 u16):
+     * rank r holds experts [expert_bounds[r], expert_bounds[r + 1]) of every
+     * MoE layer; bounds[0] = 0, non-decreasing, the last = n_expert. */
+    uint16_t expert_bounds[CM_MSG_MAX_TP + 1];
 } cm_msg_assign;
 
 /* READY: a node answers ASSIGN (status 0: loaded; else a CM_E* code + text). */

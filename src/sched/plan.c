@@ -11,7 +11,7 @@
 #include <stdio.h>
 #include <string.h>
 
-static const char *k_parallel_names[CM_PARALLEL_COUNT] = {"auto", "pp", "tp", "hybrid"};
+static const char *k_parallel_names[CM_PARALLEL_COUNT] = {"auto", "pp", "tp", "hybrid", "ep"};
 
 const char *cm_parallel_name(enum cm_parallel p) {
     return (unsigned)p < CM_PARALLEL_COUNT ? k_parallel_names[p] : "unknown";
@@ -72,9 +72,45 @@ static void split_units(int units, int k, const double *w, int min_each, int *ou
     for (int i = 0; i < k; i++) out[i] += min_each;
 }
 
+/* Expert group (a group of several members over a model with experts):
+ * every member holds the attention, router and shared expert whole and a
+ * contiguous range of the experts, in member order, sized in proportion to
+ * its memory bandwidth (decode reads the chosen experts where they are), or,
+ * by_mem, to its memory beyond the reserve (when a split by speed does not
+ * fit); each member gets at least one expert when there are enough. */
+static void assign_experts(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan_opts *o,
+                           cm_plan_stage *st, bool by_mem) {
+    int k = st->n_members, share[CM_PLAN_MAX_NODES];
+    double w[CM_PLAN_MAX_NODES];
+    for (int i = 0; i < k; i++) {
+        const cm_plan_node *nd = &c->nodes[st->members[i].node];
+        w[i] = by_mem ? (nd->mem_bytes > o->reserve_bytes ? (double)(nd->mem_bytes - o->reserve_bytes) : 0) : nd->mem_bw;
+    }
+    split_units(m->n_experts, k, w, 1, share);
+    st->ep = k > 1;
+    for (int i = 0, e = 0; i < k; i++) {
+        cm_plan_member *mb = &st->members[i];
+        mb->kv_head_begin = 0;
+        mb->kv_head_end = m->n_kv_heads;
+        mb->ffn_begin = 0;
+        mb->ffn_end = m->ffn;
+        mb->expert_begin = e;
+        e += share[i];
+        mb->expert_end = i == k - 1 ? m->n_experts : e;
+    }
+}
+
 /* Fill kv-head and FFN ranges of a stage's members from their speeds. */
-static void assign_slices(const cm_plan_model *m, const cm_plan_cluster *c, cm_plan_stage *st) {
+static void assign_slices(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan_opts *o, cm_plan_stage *st,
+                          bool by_mem) {
     int k = st->n_members;
+    /* --parallel tp asks for tensor-parallel FFN rows, which the forward pass
+     * refuses for experts with its own message (tests/sh/cluster_moe.sh). */
+    if (m->n_experts > 0 && k > 1 && o->mode != CM_PARALLEL_TP) {
+        assign_experts(m, c, o, st, by_mem);
+        return;
+    }
+    st->ep = false;
     double w[CM_PLAN_MAX_NODES];
     int heads[CM_PLAN_MAX_NODES], units[CM_PLAN_MAX_NODES];
     for (int i = 0; i < k; i++) w[i] = c->nodes[st->members[i].node].mem_bw;
@@ -96,7 +132,21 @@ static void assign_slices(const cm_plan_model *m, const cm_plan_cluster *c, cm_p
         f += units[i] * gran;
         if (f > m->ffn) f = m->ffn;
         mb->ffn_end = i == k - 1 ? m->ffn : f;
+        mb->expert_begin = 0;
+        mb->expert_end = m->n_experts;
     }
+}
+
+/* Bytes of layer l member mb holds (active: what one decoded token reads):
+ * its share of the dense part, and of the experts its range, of which a
+ * token uses n_experts_used / n_experts on average. */
+static double member_layer_bytes(const cm_plan_model *m, const cm_plan_member *mb, int l, bool active, bool params) {
+    double s = member_share(m, mb->kv_head_end - mb->kv_head_begin, mb->ffn_end - mb->ffn_begin);
+    double total = params ? (double)m->layer_params[l] : (double)m->layer_bytes[l];
+    if (m->n_experts <= 0) return s * total;
+    double ex = params ? (double)m->layer_expert_params[l] : (double)m->layer_expert_bytes[l];
+    double held = (double)(mb->expert_end - mb->expert_begin) / m->n_experts;
+    return s * (total - ex) + ex * held * (active ? (double)m->n_experts_used / m->n_experts : 1.0);
 }
 
 /* ---- costs ---- */
@@ -160,12 +210,34 @@ static double allreduce_s(const cm_plan_model *m, const cm_plan_cluster *c, cons
     return worst;
 }
 
+/* The expert exchange of one layer of an expert group, n_tok tokens: member
+ * i sends its expected share of the k chosen experts' outputs (used *
+ * held_i / n_experts rows of dim floats per token) to every other member. */
+static double expert_exchange_s(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan_opts *o,
+                                const cm_plan_stage *st, double n_tok) {
+    int k = st->n_members;
+    if (!st->ep || k < 2 || m->n_experts <= 0) return 0;
+    double worst = 0;
+    for (int i = 0; i < k; i++) {
+        const cm_plan_member *mb = &st->members[i];
+        double rows = n_tok * m->n_experts_used * (double)(mb->expert_end - mb->expert_begin) / m->n_experts;
+        for (int j = 0; j < k; j++) {
+            if (i == j) continue;
+            int a = mb->node, b = st->members[j].node;
+            double bw = c->bw[a][b] > 0 ? c->bw[a][b] : 1e9;
+            double t = c->rtt_s[a][b] / 2 + (k - 1) * rows * m->dim * 4.0 / bw + o->exchange_overhead_s;
+            if (t > worst) worst = t;
+        }
+    }
+    return worst;
+}
+
 static double member_layer_s(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan_member *mb,
                              int layer, double n_tok) {
     const cm_plan_node *n = &c->nodes[mb->node];
-    double s = member_share(m, mb->kv_head_end - mb->kv_head_begin, mb->ffn_end - mb->ffn_begin);
-    double mem = s * (double)m->layer_bytes[layer] / (n->mem_bw > 0 ? n->mem_bw : 1e9);
-    double cmp = s * 2.0 * (double)m->layer_params[layer] * n_tok / (n->flops > 0 ? n->flops : 1e9);
+    /* decode reads the active bytes; a prefill of many tokens reaches most experts */
+    double mem = member_layer_bytes(m, mb, layer, n_tok <= 1, false) / (n->mem_bw > 0 ? n->mem_bw : 1e9);
+    double cmp = 2.0 * member_layer_bytes(m, mb, layer, true, true) * n_tok / (n->flops > 0 ? n->flops : 1e9);
     return mem > cmp ? mem : cmp;
 }
 
@@ -177,6 +249,8 @@ static double stage_layer_s(const cm_plan_model *m, const cm_plan_cluster *c, co
         double t = member_layer_s(m, c, &st->members[i], layer, n_tok);
         if (t > worst) worst = t;
     }
+    if (st->ep) /* one expert exchange instead of two all-reduces (dense layers of a MoE model: none) */
+        return worst + (m->layer_expert_bytes[layer] ? expert_exchange_s(m, c, o, st, n_tok) : 0);
     return worst + 2 * ar;
 }
 
@@ -198,9 +272,8 @@ static uint64_t kv_head_layer_bytes(const cm_plan_model *m, const cm_plan_opts *
 /* Bytes member i of stage st needs for layers [a, b). */
 static uint64_t member_bytes(const cm_plan_model *m, const cm_plan_opts *o, const cm_plan_member *mb,
                              int a, int b, uint64_t *weights_out, uint64_t *kv_out) {
-    double s = member_share(m, mb->kv_head_end - mb->kv_head_begin, mb->ffn_end - mb->ffn_begin);
     double w = 0;
-    for (int l = a; l < b; l++) w += s * (double)m->layer_bytes[l];
+    for (int l = a; l < b; l++) w += member_layer_bytes(m, mb, l, false, false);
     uint64_t weights = (uint64_t)ceil(w);
     if (mb->embed) weights += m->embd_bytes;
     if (mb->head) weights += m->head_bytes;
@@ -261,8 +334,16 @@ void cm_plan_predict(const cm_plan_model *m, const cm_plan_cluster *c, const cm_
     p->ttft_s = ttft;
     p->bytes_per_token_hop = (uint64_t)m->dim * 4;
     p->bytes_per_token_tp = 0;
+    p->bytes_per_token_ep = 0;
+    for (int s = 0; s < p->n_stages; s++) {
+        const cm_plan_stage *st = &p->stages[s];
+        if (!st->ep) continue;
+        for (int l = st->first_layer; l < st->last_layer; l++)
+            if (m->layer_expert_bytes[l])
+                p->bytes_per_token_ep += (uint64_t)(st->n_members - 1) * (uint64_t)m->n_experts_used * (uint64_t)m->dim * 4;
+    }
     for (int s = 0; s < p->n_stages; s++)
-        if (p->stages[s].n_members > 1)
+        if (p->stages[s].n_members > 1 && !p->stages[s].ep)
             p->bytes_per_token_tp += 2ull * (uint64_t)(p->stages[s].last_layer - p->stages[s].first_layer) *
                                      (uint64_t)m->dim * 4;
 }
@@ -309,13 +390,29 @@ static bool fill_under(const cm_plan_model *m, const cm_plan_cluster *c, const c
     return l == m->n_layers;
 }
 
+static int plan_for_groups(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan_opts *o,
+                           const int *group_of, bool by_mem, cm_plan *out, char *err, size_t errlen);
+
 int cm_plan_for_groups(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan_opts *o,
                        const int *group_of, cm_plan *out, char *err, size_t errlen) {
+    int rc = plan_for_groups(m, c, o, group_of, false, out, err, errlen);
+    /* Experts split by speed do not fit: split them by memory instead. */
+    if (rc == CM_ENOSPACE && m && m->n_experts > 0) {
+        char e2[512];
+        if (!plan_for_groups(m, c, o, group_of, true, out, e2, sizeof e2)) return 0;
+    }
+    return rc;
+}
+
+static int plan_for_groups(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan_opts *o,
+                           const int *group_of, bool by_mem, cm_plan *out, char *err, size_t errlen) {
     if (!m || !c || !o || !out) return cm_errf(err, errlen, CM_EINVAL, "plan: missing argument");
     if (c->n_nodes < 1 || c->n_nodes > CM_PLAN_MAX_NODES)
         return cm_errf(err, errlen, CM_EINVAL, "plan: %d nodes (1..%d supported)", c->n_nodes, CM_PLAN_MAX_NODES);
     if (m->n_layers < 1 || m->n_layers > CM_PLAN_MAX_LAYERS || m->n_kv_heads < 1 || m->dim < 1 || m->ffn < 1)
         return cm_errf(err, errlen, CM_EINVAL, "plan: bad model shape (%d layers)", m->n_layers);
+    if (m->n_experts < 0 || (m->n_experts > 0 && (m->n_experts_used < 1 || m->n_experts_used > m->n_experts)))
+        return cm_errf(err, errlen, CM_EINVAL, "plan: %d of %d experts used", m->n_experts_used, m->n_experts);
     memset(out, 0, sizeof *out);
     int G = 0;
     for (int i = 0; i < c->n_nodes; i++)
@@ -339,7 +436,7 @@ int cm_plan_for_groups(const cm_plan_model *m, const cm_plan_cluster *c, const c
     for (int s = 0; s < G; s++) {
         cm_plan_stage *st = &out->stages[s];
         if (st->n_members > 1) any_tp = true;
-        assign_slices(m, c, st);
+        assign_slices(m, c, o, st, by_mem);
     }
     /* embedding on the first stage, head on the last: the member with the most memory */
     for (int pass = 0; pass < 2; pass++) {
@@ -351,6 +448,7 @@ int cm_plan_for_groups(const cm_plan_model *m, const cm_plan_cluster *c, const c
         else st->members[best].head = true;
     }
     out->mode = G == 1 && any_tp ? CM_PARALLEL_TP : !any_tp ? CM_PARALLEL_PP : CM_PARALLEL_HYBRID;
+    if (any_tp && m->n_experts > 0 && o->mode != CM_PARALLEL_TP) out->mode = CM_PARALLEL_EP; /* expert groups */
 
     /* per-stage per-layer times and hops, then binary search the bottleneck */
     static const int LMAX = CM_PLAN_MAX_LAYERS;
@@ -374,6 +472,7 @@ int cm_plan_for_groups(const cm_plan_model *m, const cm_plan_cluster *c, const c
         cm_plan_member whole = {0};
         whole.kv_head_end = m->n_kv_heads;
         whole.ffn_end = m->ffn;
+        whole.expert_end = m->n_experts;
         whole.embed = whole.head = true;
         need = member_bytes(m, o, &whole, 0, m->n_layers, NULL, NULL) - o->reserve_bytes;
         for (int i = 0; i < c->n_nodes; i++)
@@ -482,14 +581,18 @@ int cm_plan_make(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan
     int group_of[CM_PLAN_MAX_NODES];
     int rc;
     char e2[512] = "";
-    if (m->n_expert > 0 && n > 1 && (o->mode == CM_PARALLEL_TP || o->mode == CM_PARALLEL_HYBRID))
+    /* Experts are split across a group by expert (ep), never by rows: a
+     * group over an MoE model in auto or hybrid mode is an expert group. */
+    if (m->n_experts > 0 && n > 1 && o->mode == CM_PARALLEL_TP)
         return cm_errf(err, errlen, CM_EUNSUPPORTED,
-                       "tensor-parallel and hybrid plans of a mixture-of-experts model (%d experts) are not supported; "
-                       "use --parallel pp", m->n_expert);
+                       "tensor-parallel plans of a mixture-of-experts model (%d experts) are not supported; "
+                       "use --parallel ep (experts across the group) or pp", m->n_experts);
     if (o->mode == CM_PARALLEL_PP && o->reorder && n >= 3 && n <= CM_PLAN_REORDER_MAX && n <= m->n_layers)
         return plan_best_order(m, c, o, out, err, errlen);
-    if (o->mode == CM_PARALLEL_PP || o->mode == CM_PARALLEL_TP || n == 1) {
-        if (o->mode == CM_PARALLEL_TP) {
+    if (o->mode == CM_PARALLEL_EP && m->n_experts < 1)
+        return cm_errf(err, errlen, CM_EINVAL, "expert parallelism needs a mixture-of-experts model (this one has no experts)");
+    if (o->mode == CM_PARALLEL_PP || o->mode == CM_PARALLEL_TP || o->mode == CM_PARALLEL_EP || n == 1) {
+        if (o->mode == CM_PARALLEL_TP || o->mode == CM_PARALLEL_EP) {
             /* One group: node 0, then every node with no down link to one
              * already in it. */
             for (int i = 0; i < n; i++) {
@@ -526,10 +629,11 @@ int cm_plan_make(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan
             for (int i = 0; i < n; i++) group_of[i] = i / size;
         }
         if (cm_plan_for_groups(m, c, o, group_of, &cand, e2, sizeof e2) != 0) continue;
-        if (o->mode == CM_PARALLEL_HYBRID && cand.mode != CM_PARALLEL_HYBRID) continue;
-        if (m->n_expert > 0 && cand.mode != CM_PARALLEL_PP) continue; /* experts: pipeline only (see plan.h) */
+        if (o->mode == CM_PARALLEL_HYBRID && cand.mode != CM_PARALLEL_HYBRID && cand.mode != CM_PARALLEL_EP) continue;
+        if (o->mode == CM_PARALLEL_HYBRID && cand.n_stages < 2) continue;
         if (cand.mode == CM_PARALLEL_PP && cand.tok_s > best_pp) best_pp = cand.tok_s;
-        if (cand.mode == CM_PARALLEL_TP && cand.tok_s > best_tp) best_tp = cand.tok_s;
+        if ((cand.mode == CM_PARALLEL_TP || (cand.mode == CM_PARALLEL_EP && cand.n_stages == 1)) && cand.tok_s > best_tp)
+            best_tp = cand.tok_s;
         double score = o->n_seq > 1 ? cand.tok_s_aggregate : cand.tok_s;
         double best_score = have ? (o->n_seq > 1 ? best.tok_s_aggregate : best.tok_s) : -1;
         if (score > best_score * (1 + 1e-9)) {
@@ -577,6 +681,22 @@ void cm_plan_model_synthetic(cm_plan_model *m, int n_layers, int dim, int n_head
     m->head_bytes = (uint64_t)((double)n_vocab * dim * 6.5625 / 8.0); /* output head is usually Q6_K */
 }
 
+void cm_plan_model_synthetic_moe(cm_plan_model *m, int n_layers, int dim, int n_heads, int n_kv_heads, int n_expert,
+                                 int n_used, int ffn_exp, int ffn_shared, int n_vocab, double bits_per_weight) {
+    cm_plan_model_synthetic(m, n_layers, dim, n_heads, n_kv_heads, ffn_exp > 0 ? ffn_exp : 1, n_vocab, bits_per_weight);
+    m->n_experts = n_expert;
+    m->n_experts_used = n_used;
+    uint64_t attn = (uint64_t)dim * (uint64_t)m->head_dim * (2ull * (uint64_t)n_heads + 2ull * (uint64_t)n_kv_heads);
+    uint64_t experts = 3ull * (uint64_t)dim * (uint64_t)ffn_exp * (uint64_t)n_expert;
+    uint64_t dense = attn + 3ull * (uint64_t)dim * (uint64_t)ffn_shared + (uint64_t)dim * (uint64_t)n_expert + 2ull * (uint64_t)dim;
+    for (int l = 0; l < m->n_layers; l++) {
+        m->layer_params[l] = dense + experts;
+        m->layer_expert_params[l] = experts;
+        m->layer_bytes[l] = (uint64_t)((double)(dense + experts) * bits_per_weight / 8.0);
+        m->layer_expert_bytes[l] = (uint64_t)((double)experts * bits_per_weight / 8.0);
+    }
+}
+
 void cm_plan_format(const cm_plan *p, const cm_plan_model *m, const cm_plan_cluster *c, char *buf, size_t n) {
     size_t k = 0;
 #define OUT(...) do { if (k < n) { int w_ = snprintf(buf + k, n - k, __VA_ARGS__); if (w_ > 0) k += (size_t)w_; } } while (0)
@@ -595,7 +715,8 @@ void cm_plan_format(const cm_plan *p, const cm_plan_model *m, const cm_plan_clus
             char lay[32], hr[32], fr[32];
             snprintf(lay, sizeof lay, "%d-%d", st->first_layer, st->last_layer - 1);
             snprintf(hr, sizeof hr, "%d-%d", mb->kv_head_begin, mb->kv_head_end - 1);
-            snprintf(fr, sizeof fr, "%d-%d", mb->ffn_begin, mb->ffn_end - 1);
+            if (st->ep) snprintf(fr, sizeof fr, "e%d-%d", mb->expert_begin, mb->expert_end - 1); /* experts */
+            else snprintf(fr, sizeof fr, "%d-%d", mb->ffn_begin, mb->ffn_end - 1);
             OUT("%-*s %-5d %-7s %-9s %-10s %9.1fM %9.1fM %10.3f%s%s\n", w, c->nodes[mb->node].name, s, lay, hr, fr,
                 mb->weight_bytes / 1048576.0, mb->kv_bytes / 1048576.0, mb->layer_s * 1e3,
                 mb->embed ? " embed" : "", mb->head ? " head" : "");
@@ -613,6 +734,9 @@ void cm_plan_format(const cm_plan *p, const cm_plan_model *m, const cm_plan_clus
         cm_parallel_name(p->mode), p->tok_s, p->tok_s_aggregate, p->ttft_s);
     OUT("per token: %llu bytes per pipeline hop, %llu bytes of tensor-parallel all-reduce per member\n",
         (unsigned long long)p->bytes_per_token_hop, (unsigned long long)p->bytes_per_token_tp);
+    if (m->n_experts > 0) /* ffn-rows shows e<first>-<last>: the experts each member of an expert group holds */
+        OUT("experts: %d, %d used per token; %llu bytes of expert exchange per token (all members)\n", m->n_experts,
+            m->n_experts_used, (unsigned long long)p->bytes_per_token_ep);
     OUT("why: %s\n", p->why);
 #undef OUT
 }

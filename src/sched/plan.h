@@ -12,6 +12,10 @@
  *
  * Cost model (decode is memory-bound, prefill compute-bound):
  *   layer time on node i with share s   = max(s*layer_bytes/mem_bw_i, s*2*layer_params/flops_i)
+ *     (a mixture of experts reads the dense part and used/n_experts of the
+ *     experts; an expert-group member the expected used*held/n_experts of them)
+ *   expert exchange (expert group, k>1) = max over pairs (rtt/2 + used*held_i/n_experts*dim*4/bw)
+ *                                         + overhead, once per layer (replacing both all-reduces)
  *   tensor-parallel layer time          = max over members + 2 all-reduces
  *   all-reduce (direct exchange, k>1)   = max over pairs (rtt/2 + (k-1)*dim*4/bw) + overhead
  *   pipeline hop                        = rtt/2 + n_tok*dim*4/bw + overhead
@@ -31,7 +35,12 @@
 #define CM_PLAN_MAX_NODES 16
 #define CM_PLAN_MAX_LAYERS 512
 
-enum cm_parallel { CM_PARALLEL_AUTO, CM_PARALLEL_PP, CM_PARALLEL_TP, CM_PARALLEL_HYBRID, CM_PARALLEL_COUNT };
+/* EP: expert parallelism, one group of every machine (as TP) whose members
+ * hold every layer's attention whole and a share of its experts. A model
+ * with experts never gets tensor-parallel FFN rows: in any mode, a group of
+ * more than one member over a mixture-of-experts model is an expert group. */
+enum cm_parallel { CM_PARALLEL_AUTO, CM_PARALLEL_PP, CM_PARALLEL_TP, CM_PARALLEL_HYBRID, CM_PARALLEL_EP,
+                   CM_PARALLEL_COUNT };
 const char *cm_parallel_name(enum cm_parallel p);
 int cm_parallel_from_name(const char *s); /* -1 if unknown */
 
@@ -69,9 +78,12 @@ typedef struct cm_plan_model {
     int head_granule;    /* KV-head slice boundaries are multiples of this, so that the
                             attn_output columns of a slice start on a block boundary
                             (cm_slice_check); 0 or 1: any head */
-    int n_expert;        /* mixture of experts (<arch>.expert_count; 0: dense): pipeline plans
-                            only, the model refuses tensor-parallel slices of experts
-                            (NEEDSWORK: expert parallelism, issue 13) */
+    /* Mixture of experts (0 experts: dense). layer_expert_bytes/params: the
+     * stacked experts' share of layer_bytes/params (all n_experts of them);
+     * one token reads n_experts_used / n_experts of it. */
+    int n_experts, n_experts_used;
+    uint64_t layer_expert_bytes[CM_PLAN_MAX_LAYERS];
+    uint64_t layer_expert_params[CM_PLAN_MAX_LAYERS];
 } cm_plan_model;
 
 typedef struct cm_plan_opts {
@@ -116,6 +128,9 @@ typedef struct cm_plan_member {
     int node;                 /* index into the cluster */
     int kv_head_begin, kv_head_end;
     int ffn_begin, ffn_end;
+    int expert_begin, expert_end; /* experts [begin, end) of every MoE layer of the stage (all of
+                                     them unless the stage is an expert group; ranges follow the
+                                     member order, so member k's rows come k-th in the exchange) */
     bool embed, head;         /* holds the embedding / the output head */
     uint64_t weight_bytes, kv_bytes;
     double layer_s;           /* its decode time for the stage's layers, seconds */
@@ -124,6 +139,7 @@ typedef struct cm_plan_member {
 typedef struct cm_plan_stage {
     int first_layer, last_layer; /* [first, last) */
     int n_members;
+    bool ep;           /* an expert group: members hold attention whole and their experts */
     cm_plan_member members[CM_PLAN_MAX_NODES];
     double compute_s;  /* decode: slowest member + all-reduces, per token */
     double hop_s;      /* sending one token's hidden state to the next stage (or the token back) */
@@ -138,6 +154,8 @@ typedef struct cm_plan {
     double ttft_s;          /* prefill of opts.prompt_tokens + first token */
     uint64_t bytes_per_token_hop; /* pipeline: dim*4 */
     uint64_t bytes_per_token_tp;  /* tensor parallel: 2*layers*dim*4 per member */
+    uint64_t bytes_per_token_ep;  /* expert groups: all-to-all element bytes of one token, summed over
+                                     every member: sum over groups of (k-1)*used*moe layers*dim*4 */
     char why[1024];
 } cm_plan;
 
@@ -160,6 +178,12 @@ void cm_plan_predict(const cm_plan_model *m, const cm_plan_cluster *c, const cm_
  * (for simulating models we do not have on disk, e.g. a 70B Q4_K_M). */
 void cm_plan_model_synthetic(cm_plan_model *m, int n_layers, int dim, int n_heads, int n_kv_heads,
                              int ffn, int n_vocab, double bits_per_weight);
+
+/* A mixture-of-experts shape (Qwen3-MoE-like): attention as above, n_expert
+ * experts of width ffn_exp per layer of which n_used run per token, a shared
+ * expert of width ffn_shared (0: none), the router. */
+void cm_plan_model_synthetic_moe(cm_plan_model *m, int n_layers, int dim, int n_heads, int n_kv_heads, int n_expert,
+                                 int n_used, int ffn_exp, int ffn_shared, int n_vocab, double bits_per_weight);
 
 /* Human-readable plan (multi-line) into buf. */
 void cm_plan_format(const cm_plan *p, const cm_plan_model *m, const cm_plan_cluster *c,

@@ -116,7 +116,7 @@ int cm_sim_parse_cluster(const char *json, size_t n, cm_plan_cluster *c, cm_plan
         if (par) {
             int p = cJSON_IsString(par) ? cm_parallel_from_name(par->valuestring) : -1;
             if (p < 0) {
-                rc = cm_errf(err, errlen, CM_EINVAL, "cluster file: 'parallel' must be auto, pp, tp or hybrid");
+                rc = cm_errf(err, errlen, CM_EINVAL, "cluster file: 'parallel' must be auto, pp, tp, hybrid or ep");
                 goto out;
             }
             o->mode = (enum cm_parallel)p;
@@ -155,9 +155,54 @@ static const struct { const char *name; int layers, dim, heads, kv, ffn, vocab; 
     {"llama-3.1-405b", 126, 16384, 128, 8, 53248, 128256},
 };
 
+/* Mixture-of-experts presets (from each model's config.json). attn: the
+ * attention parameters of a layer when heads x head_dim do not say it
+ * (DeepSeek V3's multi-head latent attention); kv_dim: K+V elements cached
+ * per token and layer (MLA caches a 512 + 64 latent). The first `dense`
+ * layers have a dense FFN of width dense_ffn instead of experts. */
+typedef struct moe_preset_t {
+    const char *name;
+    int layers, dim, heads, kv, head_dim, experts, used, ffn_exp, ffn_shared, dense, dense_ffn, vocab;
+    uint64_t attn;
+    int kv_dim;
+} moe_preset_t;
+static const moe_preset_t k_moe_presets[] = {
+    {"qwen3-30b-a3b", 48, 2048, 32, 4, 128, 128, 8, 768, 0, 0, 0, 151936, 0, 0},
+    {"qwen3-235b-a22b", 94, 4096, 64, 4, 128, 128, 8, 1536, 0, 0, 0, 151936, 0, 0},
+    /* MLA: q_a 7168x1536, q_b 1536x(128x192), kv_a 7168x576, kv_b 512x(128x256), o (128x128)x7168 */
+    {"deepseek-v3-671b", 61, 7168, 128, 1, 288, 256, 8, 2048, 2048, 3, 18432, 129280,
+     7168ull * 1536 + 1536ull * 128 * 192 + 7168ull * 576 + 512ull * 128 * 256 + 128ull * 128 * 7168, 576},
+    {"gpt-oss-120b", 36, 2880, 64, 8, 64, 128, 4, 2880, 0, 0, 0, 201088, 0, 0},
+    {"mixtral-8x7b", 32, 4096, 32, 8, 128, 8, 2, 14336, 0, 0, 0, 32000, 0, 0},
+};
+
 const char *cm_sim_preset_names(void) {
     return "llama-2-7b, llama-2-13b, llama-3-8b, llama-3-70b, llama-3.2-1b, llama-3.2-3b, mistral-7b, "
-           "tinyllama-1.1b, qwen2.5-7b, qwen2.5-14b, qwen2.5-32b, qwen2.5-72b, llama-3.1-405b";
+           "tinyllama-1.1b, qwen2.5-7b, qwen2.5-14b, qwen2.5-32b, qwen2.5-72b, llama-3.1-405b; "
+           "mixture of experts: qwen3-30b-a3b, qwen3-235b-a22b, deepseek-v3-671b, gpt-oss-120b, mixtral-8x7b";
+}
+
+/* A MoE preset's shape: per layer the attention (or its override), the
+ * router, the experts and a shared expert, or the dense FFN of the first
+ * layers. head_dim * 2 * kv = kv_dim when the cache is a latent. */
+static void moe_preset(cm_plan_model *m, int i, double bpw) {
+    const moe_preset_t *p = &k_moe_presets[i];
+    cm_plan_model_synthetic_moe(m, p->layers, p->dim, p->heads, p->kv, p->experts, p->used, p->ffn_exp, p->ffn_shared,
+                                p->vocab, bpw);
+    m->head_dim = p->kv_dim ? p->kv_dim / 2 : p->head_dim;
+    uint64_t attn = p->attn ? p->attn
+                            : (uint64_t)p->dim * (uint64_t)p->head_dim * (2ull * (uint64_t)p->heads + 2ull * (uint64_t)p->kv);
+    uint64_t experts = 3ull * (uint64_t)p->dim * (uint64_t)p->ffn_exp * (uint64_t)p->experts;
+    uint64_t moe_dense = attn + 3ull * (uint64_t)p->dim * (uint64_t)p->ffn_shared + (uint64_t)p->dim * (uint64_t)p->experts;
+    for (int l = 0; l < m->n_layers; l++) {
+        bool dense = l < p->dense;
+        uint64_t d = dense ? attn + 3ull * (uint64_t)p->dim * (uint64_t)p->dense_ffn : moe_dense;
+        uint64_t x = dense ? 0 : experts;
+        m->layer_params[l] = d + x + 2ull * (uint64_t)p->dim;
+        m->layer_expert_params[l] = x;
+        m->layer_bytes[l] = (uint64_t)((double)m->layer_params[l] * bpw / 8.0);
+        m->layer_expert_bytes[l] = (uint64_t)((double)x * bpw / 8.0);
+    }
 }
 
 int cm_sim_model_preset(const char *preset, const char *type, cm_plan_model *m, char *err, size_t errlen) {
@@ -167,6 +212,11 @@ int cm_sim_model_preset(const char *preset, const char *type, cm_plan_model *m, 
         if (!strcmp(preset, k_presets[i].name)) {
             cm_plan_model_synthetic(m, k_presets[i].layers, k_presets[i].dim, k_presets[i].heads, k_presets[i].kv,
                                     k_presets[i].ffn, k_presets[i].vocab, bpw);
+            return 0;
+        }
+    for (size_t i = 0; i < CM_ARRAY_LEN(k_moe_presets); i++)
+        if (!strcmp(preset, k_moe_presets[i].name)) {
+            moe_preset(m, (int)i, bpw);
             return 0;
         }
     return cm_errf(err, errlen, CM_EINVAL, "unknown model preset '%s' (known: %s)", preset, cm_sim_preset_names());
@@ -188,8 +238,10 @@ int cm_plan_model_from_gguf(const cm_gguf *g, cm_plan_model *m, char *err, size_
     m->n_heads = (int)hparam(g, arch, "attention.head_count", 0);
     m->n_kv_heads = (int)hparam(g, arch, "attention.head_count_kv", m->n_heads);
     m->ffn = (int)hparam(g, arch, "feed_forward_length", 0);
+    m->n_experts = (int)hparam(g, arch, "expert_count", 0);
+    m->n_experts_used = m->n_experts ? (int)hparam(g, arch, "expert_used_count", 0) : 0;
+    if (m->ffn < 1 && m->n_experts) m->ffn = (int)hparam(g, arch, "expert_feed_forward_length", 0);
     m->head_dim = m->n_heads > 0 ? (int)hparam(g, arch, "attention.key_length", m->dim / m->n_heads) : 0;
-    m->n_expert = (int)hparam(g, arch, "expert_count", 0);
     free(arch);
     if (m->n_layers < 1 || m->n_layers > CM_PLAN_MAX_LAYERS || m->dim < 1 || m->n_heads < 1 || m->n_kv_heads < 1 ||
         m->ffn < 1 || m->n_heads % m->n_kv_heads)
@@ -210,6 +262,10 @@ int cm_plan_model_from_gguf(const cm_gguf *g, cm_plan_model *m, char *err, size_
                 return cm_errf(err, errlen, CM_EFORMAT, "tensor '%s' names a block beyond %d", t->name, m->n_layers);
             m->layer_bytes[layer] += t->nbytes;
             m->layer_params[layer] += params;
+            if (strstr(rest, "_exps.")) { /* stacked experts (mixture of experts) */
+                m->layer_expert_bytes[layer] += t->nbytes;
+                m->layer_expert_params[layer] += params;
+            }
             if (!strcmp(rest, "ffn_down.weight")) {
                 const cm_type_traits *tr = cm_type_traits_of(t->type);
                 if (tr && tr->block_size > m->ffn_granule) m->ffn_granule = tr->block_size;

@@ -3,10 +3,10 @@
 # experts top 2, Q8_0) through a 3-stage pipeline of `cumulo node` processes
 # on 127.0.0.1 (the nodes receive their layers' stacked expert tensors as
 # streamed slices): greedy ids equal one machine, with --parallel pp and with
-# the planner's choice (auto: pipeline only for experts). Tensor-parallel and
-# hybrid plans of experts are refused by the planner with a one-line error
-# (NEEDSWORK: expert parallelism, issue 13; the model's own refusal of a
-# tensor-parallel slice is tests/unit/test_moe.c).
+# the planner's choice (auto: a pipeline, or expert groups: never FFN rows).
+# Tensor-parallel plans (experts cut by rows) are refused by the planner with
+# a one-line error naming ep (the model's own refusal of a tensor-parallel
+# slice is tests/unit/test_moe.c; expert parallelism is tests/sh/cluster_ep.sh).
 cd "$(dirname "$0")/../.." || exit 1
 . tests/sh/lib/cluster_common.sh
 VOCAB=$SHARED/vocab/ggml-vocab-llama-spm.gguf
@@ -28,19 +28,17 @@ else
 fi
 if "$BIN" run "$MOE" --cluster --nodes "$NODES" --parallel auto -p "Once upon a time" -n 24 --temp 0 --threads 1 --json \
     >"$TMP/auto.json" 2>"$TMP/auto.err"; then
-    grep -q "pp plan, 3 stages" "$TMP/auto.err" && ok || bad "auto did not pick a pipeline: $(grep why "$TMP/auto.err")"
+    ! grep -q "tp plan" "$TMP/auto.err" && ok || bad "auto picked a tensor-parallel plan: $(grep why "$TMP/auto.err")"
     [ "$(cc_jsonget "$TMP/auto.json" 'join(",", @{$j->{tokens}})')" = "$one" ] && ok || bad "auto plan ids differ from one machine"
 else
     bad "auto run failed: $(tail -3 "$TMP/auto.err")"
 fi
-for mode in tp hybrid; do
-    if "$BIN" run "$MOE" --cluster --nodes "$NODES" --parallel $mode -p "Once upon a time" -n 4 --temp 0 --threads 1 \
-        >/dev/null 2>"$TMP/tp.err"; then
-        bad "a $mode plan of an MoE model was accepted"
-    else
-        grep -q "tensor-parallel and hybrid plans of a mixture-of-experts model (8 experts) are not supported" "$TMP/tp.err" \
-            && ok || bad "$mode refusal: $(tail -2 "$TMP/tp.err")"
-    fi
-done
+if "$BIN" run "$MOE" --cluster --nodes "$NODES" --parallel tp -p "Once upon a time" -n 4 --temp 0 --threads 1 \
+    >/dev/null 2>"$TMP/tp.err"; then
+    bad "a tp plan of an MoE model was accepted"
+else
+    grep -q "tensor-parallel plans of a mixture-of-experts model (8 experts) are not supported; use --parallel ep" "$TMP/tp.err" \
+        && ok || bad "tp refusal: $(tail -2 "$TMP/tp.err")"
+fi
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -28,6 +28,20 @@ out=$("$BIN" plan "$SHARED/models/stories260K-f32.gguf" 2>&1)
 out=$("$BIN" plan --simulate /nonexistent.json 2>&1)
 [ $? -ne 0 ] && echo "$out" | grep -q 'no such file' && ok || bad "missing cluster file: $out"
 
+# mixture-of-experts presets (issue 13): active vs total parameters, expert groups among the
+# alternatives, the exchange bytes per token = (members - 1) x used x layers x dim x 4
+for pr in qwen3-30b-a3b qwen3-235b-a22b gpt-oss-120b mixtral-8x7b; do
+    out=$("$BIN" plan --preset $pr --simulate examples/clusters/mac-mini-m4pro-x4-tb5.json 2>&1)
+    echo "$out" | grep -q 'B active per token' && echo "$out" | grep -qE '^  ep +[0-9.]+ tok/s' && ok || bad "preset $pr: $out"
+done
+out=$("$BIN" plan --preset qwen3-235b-a22b --parallel ep --simulate examples/clusters/mac-mini-m4pro-x4-tb5.json 2>&1)
+echo "$out" | grep -q "experts: 128, 8 used per token; $((3 * 8 * 94 * 4096 * 4)) bytes of expert exchange" && ok ||
+    bad "qwen3-235b-a22b ep: $(echo "$out" | grep -E 'experts|mode')"
+out=$("$BIN" plan --preset deepseek-v3-671b --simulate examples/clusters/mac-mini-m4pro-x4-tb5.json 2>&1)
+[ $? -ne 0 ] && echo "$out" | grep -q 'GiB missing' && ok || bad "deepseek-v3-671b on 4 x 56 GB fits: $out"
+out=$("$BIN" plan --preset llama-3-70b --parallel ep --simulate examples/clusters/mac-mini-m4pro-x4-tb5.json 2>&1)
+[ $? -ne 0 ] && echo "$out" | grep -q 'mixture-of-experts' && ok || bad "ep on a dense model: $out"
+
 # live: two nodes on loopback with a temporary key
 "$BIN" key --new --file "$tmp/k" >/dev/null 2>&1 || bad "key"
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }

@@ -3,6 +3,7 @@
 #include "test.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 #include "base/base.h"
 #include "sched/plan.h"
@@ -349,22 +350,21 @@ static void test_auto_hybrid(void) {
 /* A mixture-of-experts model gets pipeline plans only (the model refuses
  * tensor-parallel slices of experts): where a dense model of the same shape
  * goes tensor-parallel, auto picks a pipeline; tp and hybrid are refused. */
-static void test_experts_pipeline_only(void) {
+static void test_experts_no_row_split(void) {
     cm_plan_model m; llama70b(&m);
     cm_plan_opts o; cm_plan_opts_default(&o);
     cm_plan p; char err[512];
     cm_plan_cluster c = {0}; links_all(&c, 0.1, 80);
     for (int i = 0; i < 4; i++) { char nm[16]; snprintf(nm, sizeof nm, "mini%d", i); add_node(&c, nm, 64, 273, 9); }
     CHECK(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == 0 && p.mode == CM_PARALLEL_TP);
-    m.n_expert = 8;
+    m.n_experts = 8;
+    m.n_experts_used = 2;
     CHECK(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == 0);
-    check_plan_valid(&p, &m, &c, &o);
-    CHECKF(p.mode == CM_PARALLEL_PP && p.n_stages == 4, "mode %s stages %d: %s", cm_parallel_name(p.mode), p.n_stages,
-           p.why);
+    CHECKF(p.mode != CM_PARALLEL_TP, "mode %s: %s", cm_parallel_name(p.mode), p.why);
+    for (int s = 0; s < p.n_stages; s++) CHECK(p.stages[s].ep == (p.stages[s].n_members > 1));
     o.mode = CM_PARALLEL_TP;
-    CHECK(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == CM_EUNSUPPORTED && strstr(err, "mixture-of-experts"));
-    o.mode = CM_PARALLEL_HYBRID;
-    CHECK(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == CM_EUNSUPPORTED);
+    CHECK(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == CM_EUNSUPPORTED && strstr(err, "mixture-of-experts") &&
+          strstr(err, "--parallel ep"));
     o.mode = CM_PARALLEL_PP;
     CHECK(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == 0 && p.mode == CM_PARALLEL_PP);
 }
@@ -388,6 +388,137 @@ static void test_bad_input(void) {
     CHECK(p.n_stages == 2);
 }
 
+/* ---- expert parallelism (issue 13) ---- */
+
+/* Qwen3-30B-A3B-like: 48 layers, 128 experts of width 768, 8 used, Q4_K_M. */
+static void qwen3_30b_a3b(cm_plan_model *m) { cm_plan_model_synthetic_moe(m, 48, 2048, 32, 4, 128, 8, 768, 0, 151936, 4.85); }
+
+/* An expert group: every member holds every KV head and FFN row, the expert
+ * ranges tile [0, n_experts) in member order, nobody is over memory. */
+static void check_ep_valid(const cm_plan *p, const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan_opts *o) {
+    int l = 0;
+    for (int s = 0; s < p->n_stages; s++) {
+        const cm_plan_stage *st = &p->stages[s];
+        CHECK(st->first_layer == l && st->last_layer > l);
+        l = st->last_layer;
+        CHECK(st->ep == (st->n_members > 1));
+        int e = 0;
+        for (int i = 0; i < st->n_members; i++) {
+            const cm_plan_member *mb = &st->members[i];
+            CHECK(mb->kv_head_begin == 0 && mb->kv_head_end == m->n_kv_heads);
+            CHECK(mb->ffn_begin == 0 && mb->ffn_end == m->ffn);
+            CHECKF(mb->expert_begin == e && mb->expert_end > e, "member %d experts [%d, %d), expected from %d", i,
+                   mb->expert_begin, mb->expert_end, e);
+            e = mb->expert_end;
+            CHECKF(mb->weight_bytes + mb->kv_bytes + o->reserve_bytes <= c->nodes[mb->node].mem_bytes, "%s over memory",
+                   c->nodes[mb->node].name);
+        }
+        CHECK(e == m->n_experts);
+    }
+    CHECK(l == m->n_layers);
+    CHECK(p->tok_s > 0);
+}
+
+static int held(const cm_plan_member *mb) { return mb->expert_end - mb->expert_begin; }
+
+static void test_ep_even(void) {
+    cm_plan_model m; qwen3_30b_a3b(&m);
+    cm_plan_cluster c = {0}; links_all(&c, 0.1, 40);
+    add_node(&c, "a", 24, 120, 4);
+    add_node(&c, "b", 24, 120, 4);
+    add_node(&c, "c", 24, 120, 4);
+    cm_plan_opts o; cm_plan_opts_default(&o); o.mode = CM_PARALLEL_EP;
+    cm_plan p; char err[512];
+    CHECKF(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == 0, "%s", err);
+    check_ep_valid(&p, &m, &c, &o);
+    CHECK(p.mode == CM_PARALLEL_EP && p.n_stages == 1 && p.stages[0].n_members == 3);
+    for (int i = 0; i < 3; i++) CHECKF(held(&p.stages[0].members[i]) >= 42 && held(&p.stages[0].members[i]) <= 43, "member %d holds %d", i, held(&p.stages[0].members[i]));
+    /* the exchange: (members - 1) x used x MoE layers x dim x 4 per token */
+    CHECK(p.bytes_per_token_ep == 2ull * 8 * 48 * 2048 * 4);
+    CHECK(p.bytes_per_token_tp == 0);
+    /* each member holds a third of the experts: well under the whole model */
+    CHECK(p.stages[0].members[1].weight_bytes < (m.layer_bytes[0] * 48) / 2);
+}
+
+static void test_ep_uneven_speed(void) {
+    cm_plan_model m; qwen3_30b_a3b(&m);
+    cm_plan_cluster c = {0}; links_all(&c, 0.1, 40);
+    add_node(&c, "m4", 24, 120, 4);
+    add_node(&c, "m4pro", 48, 273, 8);
+    add_node(&c, "m4b", 24, 120, 4);
+    cm_plan_opts o; cm_plan_opts_default(&o); o.mode = CM_PARALLEL_EP;
+    cm_plan p; char err[512];
+    CHECKF(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == 0, "%s", err);
+    check_ep_valid(&p, &m, &c, &o);
+    const cm_plan_member *mb = p.stages[0].members;
+    /* 273 / (120 + 273 + 120) of 128 = 68.1 */
+    CHECKF(held(&mb[1]) == 68 && held(&mb[0]) + held(&mb[2]) == 60, "held %d %d %d", held(&mb[0]), held(&mb[1]), held(&mb[2]));
+    /* the faster member's decode time is not the worst by much: shares follow speed */
+    CHECK(mb[1].layer_s < mb[0].layer_s * 1.1);
+}
+
+static void test_ep_uneven_memory(void) {
+    /* equal speed, one small node: a split by speed leaves it over memory,
+     * so the experts are split by memory instead */
+    cm_plan_model m; qwen3_30b_a3b(&m);
+    cm_plan_cluster c = {0}; links_all(&c, 0.1, 40);
+    add_node(&c, "big1", 64, 120, 4);
+    add_node(&c, "big2", 64, 120, 4);
+    add_node(&c, "small", 5, 120, 4);
+    cm_plan_opts o; cm_plan_opts_default(&o); o.mode = CM_PARALLEL_EP; o.ctx = 1024;
+    cm_plan p; char err[512];
+    CHECKF(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == 0, "%s", err);
+    check_ep_valid(&p, &m, &c, &o);
+    const cm_plan_member *mb = p.stages[0].members;
+    CHECKF(held(&mb[2]) >= 1 && held(&mb[2]) < held(&mb[0]) / 4, "small holds %d of %d", held(&mb[2]), m.n_experts);
+    /* any node count: 5 uneven nodes */
+    cm_plan_cluster c5 = {0}; links_all(&c5, 0.1, 40);
+    add_node(&c5, "a", 16, 100, 4);
+    add_node(&c5, "b", 32, 200, 4);
+    add_node(&c5, "c", 16, 60, 4);
+    add_node(&c5, "d", 64, 400, 4);
+    add_node(&c5, "e", 8, 50, 4);
+    CHECKF(cm_plan_make(&m, &c5, &o, &p, err, sizeof err) == 0, "%s", err);
+    check_ep_valid(&p, &m, &c5, &o);
+    CHECK(p.stages[0].n_members == 5 && held(&p.stages[0].members[3]) > held(&p.stages[0].members[1]) &&
+          held(&p.stages[0].members[1]) > held(&p.stages[0].members[0]));
+    /* too little memory in all: the planner says so */
+    cm_plan_cluster tiny = {0}; links_all(&tiny, 0.1, 40);
+    add_node(&tiny, "a", 4, 100, 4);
+    add_node(&tiny, "b", 4, 100, 4);
+    CHECK(cm_plan_make(&m, &tiny, &o, &p, err, sizeof err) == CM_ENOSPACE);
+}
+
+static void test_ep_modes(void) {
+    cm_plan_model dense; llama8b(&dense);
+    cm_plan_cluster c = {0}; links_all(&c, 0.1, 40);
+    add_node(&c, "a", 24, 120, 4);
+    add_node(&c, "b", 24, 120, 4);
+    add_node(&c, "c", 24, 120, 4);
+    cm_plan_opts o; cm_plan_opts_default(&o); o.mode = CM_PARALLEL_EP;
+    cm_plan p; char err[512];
+    CHECK(cm_plan_make(&dense, &c, &o, &p, err, sizeof err) == CM_EINVAL && strstr(err, "mixture-of-experts"));
+    CHECK(cm_parallel_from_name("ep") == CM_PARALLEL_EP && !strcmp(cm_parallel_name(CM_PARALLEL_EP), "ep"));
+    cm_plan_model m; qwen3_30b_a3b(&m);
+    /* auto and hybrid: a group over an MoE model is always an expert group */
+    for (int mode = CM_PARALLEL_AUTO; mode <= CM_PARALLEL_HYBRID; mode += CM_PARALLEL_HYBRID) {
+        o.mode = (enum cm_parallel)mode;
+        CHECKF(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == 0, "%s", err);
+        for (int s = 0; s < p.n_stages; s++) CHECK(p.stages[s].ep == (p.stages[s].n_members > 1));
+        if (mode == CM_PARALLEL_HYBRID) CHECK(p.n_stages == 2 && p.mode == CM_PARALLEL_EP);
+        check_ep_valid(&p, &m, &c, &o);
+    }
+    /* --parallel tp (FFN rows) is refused for experts, naming ep */
+    o.mode = CM_PARALLEL_TP;
+    CHECK(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == CM_EUNSUPPORTED && strstr(err, "--parallel ep"));
+    /* a pipeline reads only the active experts: much faster than its bytes would say */
+    o.mode = CM_PARALLEL_PP;
+    CHECKF(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == 0, "%s", err);
+    uint64_t total = 0;
+    for (int l = 0; l < m.n_layers; l++) total += m.layer_bytes[l];
+    CHECKF(p.tok_s > 2.0 * 120e9 / (double)total, "pipeline %.1f tok/s", p.tok_s);
+}
+
 int main(void) {
     RUN(test_single_node);
     RUN(test_even_and_uneven_pipeline);
@@ -399,7 +530,11 @@ int main(void) {
     RUN(test_pinned_first_stage);
     RUN(test_tensor_parallel_slices);
     RUN(test_auto_hybrid);
-    RUN(test_experts_pipeline_only);
+    RUN(test_experts_no_row_split);
     RUN(test_bad_input);
+    RUN(test_ep_even);
+    RUN(test_ep_uneven_speed);
+    RUN(test_ep_uneven_memory);
+    RUN(test_ep_modes);
     TEST_END();
 }

@@ -78,6 +78,12 @@ static void sample(unsigned type, cm_msg *m, int variant) {
         a->tp_size = 2;
         strcpy(a->tp_peers[0], "10.0.0.2:7070");
         strcpy(a->tp_peers[1], "10.0.0.3:7070");
+        if (variant == 2) { /* an expert group (expert parallelism): its members' expert bounds follow */
+            a->flags |= CM_ASSIGN_F_EP;
+            a->expert_bounds[0] = 0;
+            a->expert_bounds[1] = 3;
+            a->expert_bounds[2] = 8;
+        }
         break;
     }
     case CM_MSG_READY:
@@ -442,8 +448,38 @@ static void test_encode_bounds(void) {
     m.u.assign.tp_rank = 0;
     CHECK(cm_msg_encode(&m, NULL, 0, &n, e, sizeof e) == CM_EINVAL);
     sample(CM_MSG_ASSIGN, &m, 0);
-    m.u.assign.flags |= 8; /* unknown flag */
+    m.u.assign.flags |= 16; /* unknown flag */
     CHECK(cm_msg_encode(&m, NULL, 0, &n, e, sizeof e) == CM_EINVAL);
+    /* expert groups: bounds from 0, non-decreasing, past 0; a group; never Q8_0 */
+    sample(CM_MSG_ASSIGN, &m, 2);
+    CHECK(cm_msg_encode(&m, NULL, 0, &n, e, sizeof e) == 0);
+    m.u.assign.expert_bounds[1] = 9; /* decreasing */
+    CHECK(cm_msg_encode(&m, NULL, 0, &n, e, sizeof e) == CM_EINVAL);
+    sample(CM_MSG_ASSIGN, &m, 2);
+    m.u.assign.expert_bounds[0] = 1;
+    CHECK(cm_msg_encode(&m, NULL, 0, &n, e, sizeof e) == CM_EINVAL);
+    sample(CM_MSG_ASSIGN, &m, 2);
+    m.u.assign.expert_bounds[1] = m.u.assign.expert_bounds[2] = 0;
+    CHECK(cm_msg_encode(&m, NULL, 0, &n, e, sizeof e) == CM_EINVAL);
+    sample(CM_MSG_ASSIGN, &m, 2);
+    m.u.assign.flags |= CM_ASSIGN_F_TP_Q8;
+    CHECK(cm_msg_encode(&m, NULL, 0, &n, e, sizeof e) == CM_EINVAL);
+    sample(CM_MSG_ASSIGN, &m, 2);
+    m.u.assign.tp_size = 1;
+    m.u.assign.tp_rank = 0;
+    CHECK(cm_msg_encode(&m, NULL, 0, &n, e, sizeof e) == CM_EINVAL);
+    { /* a hostile peer's decreasing bounds on the wire are refused by the decoder */
+        uint8_t wire[2048];
+        size_t wl;
+        sample(CM_MSG_ASSIGN, &m, 2);
+        CHECK(cm_msg_encode(&m, wire, sizeof wire, &wl, e, sizeof e) == 0);
+        cm_msg d;
+        CHECK(cm_msg_decode(CM_MSG_ASSIGN, wire, wl, &d, e, sizeof e) == 0 && d.u.assign.expert_bounds[1] == 3 &&
+              d.u.assign.expert_bounds[2] == 8);
+        wire[wl - 4] = 9; /* bounds[1] (u16 LE) = 9 > bounds[2] = 8 */
+        CHECK(cm_msg_decode(CM_MSG_ASSIGN, wire, wl, &d, e, sizeof e) != 0 && strstr(e, "expert_bounds"));
+        CHECK(cm_msg_decode(CM_MSG_ASSIGN, wire, wl - 2, &d, e, sizeof e) != 0); /* truncated bounds */
+    }
     sample(CM_MSG_TOKEN, &m, 0);
     m.u.token.n_top = CM_MSG_MAX_TOP + 1;
     CHECK(cm_msg_encode(&m, NULL, 0, &n, e, sizeof e) == CM_EINVAL);

@@ -1,0 +1,156 @@
+#!/bin/sh
+# tests/sh/cluster_ep.sh (issue 13, expert parallelism): synthetic qwen3moe
+# models (8 experts top 2, Q8_0, 3 layers; 64 experts top 8, Q8_0, 2 layers)
+# on this process + two `cumulo node`s on 127.0.0.1 with `--parallel ep`: one
+# expert group of 3 members, each holding every layer's attention and router
+# and a range of the experts (by measured speed; --tp-weights skews it).
+#   1. greedy ids equal one machine (the expert outputs are exchanged and
+#      summed in the single machine's top-k order, so the bits are equal);
+#   2. the expert exchange, counted in the data path by every member (the
+#      coordinator's `tp.data_bytes` in --json, each node's line when its
+#      assignment ends), sums to rows x L x k x (members - 1) x n_embd x 4;
+#   3. each node streamed only its experts: weight bytes streamed =
+#      all weights - (n_expert - held) x bytes of one expert (from `cumulo
+#      info`: (weight_bytes - weight_bytes_active) / (n_expert - k));
+#   4. expert groups as pipeline stages (--groups 2,1 and 1,2): ids equal.
+#   5. serve --parallel ep: 4 concurrent completions of 2 prompts (batched
+#      decode of several sequences) equal one machine's texts.
+cd "$(dirname "$0")/../.." || exit 1
+. tests/sh/lib/cluster_common.sh
+VOCAB=$SHARED/vocab/ggml-vocab-llama-spm.gguf
+M8=$TMP/moe8.gguf
+M64=$TMP/moe64.gguf
+"$BIN" synth --arch qwen3moe --dim 256 --layers 3 --heads 4 --kv-heads 2 --ffn 768 --expert-ffn 256 --experts 8 \
+    --experts-used 2 --type q8_0 --seed 21 --vocab "$VOCAB" -o "$M8" 2>/dev/null && ok || bad "synth 8x2 failed"
+"$BIN" synth --arch qwen3moe --dim 256 --layers 2 --heads 4 --kv-heads 2 --ffn 768 --expert-ffn 256 --experts 64 \
+    --experts-used 8 --type q8_0 --seed 1074 --vocab "$VOCAB" -o "$M64" 2>/dev/null && ok || bad "synth 64x8 failed"
+PROMPT="Once upon a time"
+N=24
+
+# node_line TAG COUNT PATTERN: the last line of TAG's log matching PATTERN,
+# once there are more than COUNT of them (a node prints its exchange line
+# when the coordinator leaves; wait for it).
+node_line() {
+    i=0
+    while [ $i -lt 100 ]; do
+        [ "$(grep -c "$3" "$TMP/$1.log")" -gt "$2" ] && break
+        sleep 0.05
+        i=$((i + 1))
+    done
+    grep "$3" "$TMP/$1.log" | tail -1
+}
+
+# case NAME MODEL [run options]: fresh nodes (fresh caches), one EP run,
+# checks 1-3.
+case_ep() {
+    name=$1 model=$2
+    shift 2
+    for n in a b; do cc_start_node "$name$n" --no-mdns; eval "PORT_$n=$NODE_PORT PID_$n=$NODE_PID"; done
+    [ -n "$PORT_a" ] && [ -n "$PORT_b" ] && ok || { bad "$name: nodes did not start"; return; }
+    "$BIN" info "$model" --json >"$TMP/info.json" 2>/dev/null
+    L=$(cc_jsonget "$TMP/info.json" '$j->{n_layer}')
+    D=$(cc_jsonget "$TMP/info.json" '$j->{n_embd}')
+    X=$(cc_jsonget "$TMP/info.json" '$j->{n_expert}')
+    K=$(cc_jsonget "$TMP/info.json" '$j->{n_expert_used}')
+    WB=$(cc_jsonget "$TMP/info.json" '$j->{weight_bytes}')
+    WA=$(cc_jsonget "$TMP/info.json" '$j->{weight_bytes_active}')
+    PER_EXPERT=$(((WB - WA) / (X - K)))
+    "$BIN" run "$model" -p "$PROMPT" -n $N --temp 0 --threads 1 --json >"$TMP/one.json" 2>/dev/null
+    one=$(cc_jsonget "$TMP/one.json" 'join(",", @{$j->{tokens}})')
+    [ -n "$one" ] && ok || bad "$name: single machine run failed"
+    if ! "$BIN" run "$model" --nodes "127.0.0.1:$PORT_a,127.0.0.1:$PORT_b" --parallel ep -p "$PROMPT" -n $N --temp 0 \
+        --threads 1 --json "$@" >"$TMP/ep.json" 2>"$TMP/ep.err"; then
+        bad "$name: expert-parallel run failed: $(tail -3 "$TMP/ep.err")"
+        return
+    fi
+    grep -q "expert parallel: 3 members" "$TMP/ep.err" && ok || bad "$name: not an expert group of 3: $(grep -E 'why|expert' "$TMP/ep.err")"
+    got=$(cc_jsonget "$TMP/ep.json" 'join(",", @{$j->{tokens}})')
+    [ "$got" = "$one" ] && ok || bad "$name: ids differ from one machine: $got vs $one"
+    rows=$(cc_jsonget "$TMP/ep.json" '$j->{tp}{rows}')
+    total=$(cc_jsonget "$TMP/ep.json" '$j->{tp}{data_bytes}')
+    for n in a b; do
+        line=$(node_line "$name$n" 0 'expert-parallel rank.*expert exchanges')
+        nrows=$(echo "$line" | sed -n 's/.*: \([0-9]*\) rows, [0-9]* expert exchanges, \([0-9]*\) element bytes.*/\1/p')
+        nbytes=$(echo "$line" | sed -n 's/.*: \([0-9]*\) rows, [0-9]* expert exchanges, \([0-9]*\) element bytes.*/\2/p')
+        [ "$nrows" = "$rows" ] && ok || bad "$name: node $n computed ${nrows:-?} rows, the coordinator sent $rows"
+        total=$((total + ${nbytes:-0}))
+        # 3. weight bytes streamed = all - the experts it does not hold
+        sline=$(grep 'weight bytes streamed' "$TMP/$name$n.log" | tail -1)
+        e0=$(echo "$sline" | sed -n 's/.*experts \[\([0-9]*\), \([0-9]*\)), \([0-9]*\) weight bytes.*/\1/p')
+        e1=$(echo "$sline" | sed -n 's/.*experts \[\([0-9]*\), \([0-9]*\)), \([0-9]*\) weight bytes.*/\2/p')
+        got_b=$(echo "$sline" | sed -n 's/.*experts \[\([0-9]*\), \([0-9]*\)), \([0-9]*\) weight bytes.*/\3/p')
+        want_b=$((WB - (X - ${e1:-0} + ${e0:-0}) * PER_EXPERT))
+        [ -n "$got_b" ] && [ "$got_b" -eq "$want_b" ] && ok ||
+            bad "$name: node $n streamed ${got_b:-?} weight bytes for experts [$e0, $e1), expected $want_b"
+        echo "$name: node $n holds experts [$e0, $e1) of $X: streamed $got_b of $WB weight bytes"
+    done
+    per=$((L * K * 2 * D * 4)) # per token: L MoE layers x k slots x (members - 1) peers x n_embd x 4
+    [ "$rows" -ge $N ] && [ "$total" -eq $((rows * per)) ] && ok ||
+        bad "$name: the group sent $total exchange bytes for $rows rows, expected $rows x $per"
+    echo "$name: expert exchange per token (all members) $((total / rows)) bytes = $L layers x k $K x 2 peers x $D x 4; $(grep 'expert parallel:' "$TMP/ep.err" | sed 's/.*experts by rank/experts by rank/')"
+    kill "$PID_a" "$PID_b" 2>/dev/null
+}
+
+case_ep e8 "$M8"
+case_ep w8 "$M8" --tp-weights 1,1,8
+# the skewed split gives node b (weight 8) more experts than node a
+ea=$(grep 'weight bytes streamed' "$TMP/w8a.log" | tail -1 | sed -n 's/.*experts \[\([0-9]*\), \([0-9]*\)).*/\1 \2/p')
+eb=$(grep 'weight bytes streamed' "$TMP/w8b.log" | tail -1 | sed -n 's/.*experts \[\([0-9]*\), \([0-9]*\)).*/\1 \2/p')
+set -- $ea $eb
+[ $# -eq 4 ] && [ $(($4 - $3)) -gt $(($2 - $1)) ] && ok || bad "--tp-weights 1,1,8: node b holds no more experts than node a ($ea / $eb)"
+case_ep e64 "$M64"
+
+# 4. expert groups as pipeline stages: this machine + a as stage 0's group,
+# b alone (2,1); this machine alone, then a + b as a group (1,2).
+for n in a b; do cc_start_node "g$n" --no-mdns; eval "PORT_$n=$NODE_PORT"; done
+"$BIN" run "$M8" -p "$PROMPT" -n $N --temp 0 --threads 1 --json >"$TMP/one.json" 2>/dev/null
+one=$(cc_jsonget "$TMP/one.json" 'join(",", @{$j->{tokens}})')
+for g in 2,1 1,2; do
+    if "$BIN" run "$M8" --nodes "127.0.0.1:$PORT_a,127.0.0.1:$PORT_b" --parallel ep --groups $g -p "$PROMPT" -n $N \
+        --temp 0 --threads 1 --json >"$TMP/g.json" 2>"$TMP/g.err"; then
+        grep -q 'hybrid: 2 stages of' "$TMP/g.err" && ok || bad "--groups $g: not a 2-stage plan: $(grep -E 'why|hybrid' "$TMP/g.err")"
+        [ "$(cc_jsonget "$TMP/g.json" 'join(",", @{$j->{tokens}})')" = "$one" ] && ok || bad "--groups $g: ids differ from one machine"
+    else
+        bad "--groups $g: run failed: $(tail -3 "$TMP/g.err")"
+    fi
+done
+# each run's group was an expert group: node a computed in one in both
+node_line ga 1 'expert-parallel rank.*expert exchanges' >/dev/null
+[ "$(grep -c 'expert-parallel rank.*expert exchanges' "$TMP/ga.log")" -eq 2 ] && ok || bad "--groups: node a was not in two expert groups"
+
+# 5. serve --parallel ep: 4 concurrent completions of 2 prompts (several
+# sequences in one forward pass: cm_engine_step) equal one machine's texts.
+"$BIN" serve "$M8" --host 127.0.0.1 --port 0 --nodes "127.0.0.1:$PORT_a,127.0.0.1:$PORT_b" --parallel ep --threads 1 \
+    --slots 4 >"$TMP/serve.out" 2>"$TMP/serve.log" &
+SPID=$!
+CC_PIDS="$CC_PIDS $SPID"
+k=0
+while ! grep -q 'ready' "$TMP/serve.log" 2>/dev/null && [ $k -lt 300 ]; do sleep 0.05; k=$((k + 1)); done
+PORT=$(sed -n 's/.*http:\/\/[^:]*:\([0-9]*\).*/\1/p' "$TMP/serve.log" "$TMP/serve.out" | head -1)
+if grep -q 'ready' "$TMP/serve.log" && grep -q 'expert parallel: 3 members' "$TMP/serve.log" && [ -n "$PORT" ]; then
+    ok
+    for q in 1 2; do
+        pr="Once upon a time"; [ $q = 2 ] && pr="The little dog"
+        "$BIN" run "$M8" -p "$pr" -n 32 --temp 0 --threads 1 --json 2>/dev/null |
+            perl -MJSON::PP -e 'binmode STDOUT, ":utf8"; local $/; print decode_json(<STDIN>)->{text}' >"$TMP/want$q"
+    done
+    CP=""
+    for k in 1 2 3 4; do
+        pr="Once upon a time"; [ $((k % 2)) = 0 ] && pr="The little dog"
+        curl -s --max-time 120 "http://127.0.0.1:$PORT/v1/completions" -H 'Content-Type: application/json' \
+            -d "{\"prompt\":\"$pr\",\"max_tokens\":32,\"temperature\":0}" >"$TMP/r$k.json" &
+        CP="$CP $!"
+    done
+    for p in $CP; do wait "$p"; done
+    for k in 1 2 3 4; do
+        q=1; [ $((k % 2)) = 0 ] && q=2
+        perl -MJSON::PP -e 'binmode STDOUT, ":utf8"; local $/; print decode_json(<STDIN>)->{choices}[0]{text}' <"$TMP/r$k.json" >"$TMP/got$k" 2>/dev/null
+        [ -s "$TMP/want$q" ] && cmp -s "$TMP/got$k" "$TMP/want$q" && ok || bad "serve request $k differs from one machine: $(head -c 200 "$TMP/r$k.json")"
+    done
+else
+    bad "serve --parallel ep did not start as a group of 3: $(tail -3 "$TMP/serve.log")"
+fi
+kill "$SPID" 2>/dev/null
+wait "$SPID" 2>/dev/null
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]

@@ -1,0 +1,362 @@
+/*
+ * test_ep.c: expert parallelism below the cluster (issue 13).
+ *   - the forward-pass contract: members of an in-process expert group (one
+ *     thread each, an expert slice each, a gather callback that copies the
+ *     other members' expert rows) produce logits with the BITS of one
+ *     machine, prefill and decode, for qwen3moe 8x2, qwen3moe 64x8 and
+ *     qwen2moe (shared expert), with uneven and empty expert ranges;
+ *   - cm_coll_allgather over a real encrypted mesh: uneven parts (one empty,
+ *     several pieces long) arrive byte for byte on every member, and the
+ *     element bytes counted equal (members - 1) x part bytes per member;
+ *   - a hostile member's forged piece (one element off, an all-reduce point
+ *     where a gather is due, point 2 flagged Q8_0) fails the op with
+ *     CM_EPROTO on every honest member, and none of its bytes land;
+ *   - the gather piece header: point 2 accepted, point 2 with the Q8_0 flag
+ *     refused; an expert slice of a dense model or one cutting heads refused.
+ */
+#include "test.h"
+
+#include "cluster/collective.h"
+#include "fixtures.h"
+#include "gguf/gguf.h"
+#include "model/model.h"
+#include "net/net.h"
+#include "os/os.h"
+#include "synth/synth.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+
+static char errbuf[512];
+static cm_gguf g_vocab;
+
+typedef struct fx {
+    cm_buf file;
+    cm_gguf g;
+    cm_model m;
+} fx;
+
+static int fx_open(fx *f, const char *arch, int experts, int used, int shared, uint64_t seed) {
+    memset(f, 0, sizeof *f);
+    cm_buf_init(&f->file);
+    cm_synth_params sp = {.arch = arch, .n_embd = 256, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .n_ff = 512,
+                          .n_ctx = 256, .type = "q8_0", .seed = seed, .n_threads = 2, .n_expert = experts,
+                          .n_expert_used = used, .n_ff_exp = 256, .n_ff_shexp = shared};
+    if (cm_synth_write(&sp, &g_vocab, NULL, &f->file, errbuf, sizeof errbuf) ||
+        cm_gguf_parse(&f->g, (const uint8_t *)f->file.data, f->file.len, errbuf, sizeof errbuf) ||
+        cm_model_load(&f->m, &f->g, errbuf, sizeof errbuf)) {
+        fprintf(stderr, "  %s: %s\n", arch, errbuf);
+        return -1;
+    }
+    return 0;
+}
+
+static void fx_close(fx *f) {
+    cm_model_release(&f->m);
+    cm_gguf_close(&f->g);
+    cm_buf_release(&f->file);
+}
+
+#define NTOK 10
+#define NDEC 4
+#define MAXM 4
+static const int32_t k_prompt[NTOK + NDEC] = {1, 450, 4996, 17354, 1701, 432, 12500, 975, 15043, 29892, 920, 338, 263, 2217};
+
+/* ---- an in-process expert group ---- */
+typedef struct group {
+    int k;
+    pthread_barrier_t bar;
+    float *y[MAXM];
+    const int *bounds; /* [k + 1] expert bounds */
+} group;
+
+typedef struct member {
+    group *G;
+    const cm_model *m;
+    int rank;
+    float *logits; /* [NTOK + NDEC][V]: the prompt's last row, then each decoded row */
+    int rc;
+    char err[256];
+} member;
+
+/* cm_expert_gather_fn: publish our rows, copy every other member's run. */
+static int gather_cb(void *user, float *y, int64_t row_len, const int32_t *rows, int n_expert) {
+    member *me = user;
+    group *G = me->G;
+    G->y[me->rank] = y;
+    pthread_barrier_wait(&G->bar);
+    for (int r = 0; r < G->k; r++) {
+        if (r == me->rank) continue;
+        int64_t a = rows[G->bounds[r]], b = rows[G->bounds[r + 1]];
+        memcpy(y + a * row_len, G->y[r] + a * row_len, (size_t)((b - a) * row_len) * sizeof(float));
+    }
+    pthread_barrier_wait(&G->bar); /* nobody writes its rows again before everyone copied */
+    (void)n_expert;
+    return 0;
+}
+
+/* The prompt in one batch (logits of its last row), then NDEC decode steps
+ * of the fixed continuation; ep: this member's expert slice. */
+static int run_member(const cm_model *m, cm_expert_slice ex, cm_expert_gather_fn gather, void *user, float *logits) {
+    const cm_slice sl = cm_slice_full(m);
+    const int V = m->hp.n_vocab;
+    cm_ctx *c = cm_ctx_new(m, NTOK, 64, NULL, errbuf, sizeof errbuf);
+    cm_kv kv;
+    if (!c || cm_kv_init(&kv, m, 0, m->hp.n_layer, sl, 64, errbuf, sizeof errbuf)) {
+        cm_ctx_free(c);
+        return -1;
+    }
+    int rc = 0;
+    int32_t pos[NTOK], seq[NTOK] = {0};
+    for (int i = 0; i < NTOK; i++) pos[i] = i;
+    cm_kv *kvs[1] = {&kv};
+    cm_batch b = {.n = NTOK, .tokens = k_prompt, .pos = pos, .seq = seq};
+    cm_forward_args a = {.layer_first = 0, .layer_last = m->hp.n_layer, .slice = sl, .kvs = kvs, .n_kvs = 1,
+                         .experts = ex, .expert_gather = gather, .expert_gather_user = user, .out_logits = logits};
+    char e[256];
+    rc = cm_forward(c, &b, &a, e, sizeof e);
+    for (int t = 0; t < NDEC && !rc; t++) {
+        int32_t p1 = NTOK + t, s1 = 0;
+        cm_batch b1 = {.n = 1, .tokens = k_prompt + NTOK + t, .pos = &p1, .seq = &s1};
+        a.out_logits = logits + (size_t)(t + 1) * V;
+        rc = cm_forward(c, &b1, &a, e, sizeof e);
+    }
+    if (rc) snprintf(errbuf, sizeof errbuf, "%s", e);
+    cm_kv_release(&kv);
+    cm_ctx_free(c);
+    return rc;
+}
+
+static void *member_main(void *arg) {
+    member *me = arg;
+    cm_expert_slice ex = {true, me->G->bounds[me->rank], me->G->bounds[me->rank + 1]};
+    me->rc = run_member(me->m, ex, gather_cb, me, me->logits);
+    return NULL;
+}
+
+/* Group of k with expert bounds[k + 1] equals one machine bit for bit. */
+static void check_group(const cm_model *m, const float *want, int k, const int *bounds, const char *what) {
+    const size_t V = (size_t)m->hp.n_vocab, n = (NDEC + 1) * V;
+    group G = {.k = k, .bounds = bounds};
+    pthread_barrier_init(&G.bar, NULL, (unsigned)k);
+    member mb[MAXM];
+    pthread_t th[MAXM];
+    for (int r = 0; r < k; r++) {
+        mb[r] = (member){.G = &G, .m = m, .rank = r, .logits = malloc(n * sizeof(float))};
+        pthread_create(&th[r], NULL, member_main, &mb[r]);
+    }
+    for (int r = 0; r < k; r++) pthread_join(th[r], NULL);
+    for (int r = 0; r < k; r++) {
+        CHECKF(mb[r].rc == 0, "%s: member %d failed", what, r);
+        if (!mb[r].rc) CHECKF(!memcmp(mb[r].logits, want, n * sizeof(float)), "%s: member %d's logits differ from one machine", what, r);
+        free(mb[r].logits);
+    }
+    pthread_barrier_destroy(&G.bar);
+}
+
+static void test_ep_forward_bits(void) {
+    static const struct { const char *arch; int X, k, sh; int ng; int bounds[3][MAXM + 1]; int kk[3]; } cases[] = {
+        {"qwen3moe", 8, 2, 0, 3, {{0, 2, 5, 8}, {0, 7, 8}, {0, 0, 3, 8}}, {3, 2, 3}},
+        {"qwen3moe", 64, 8, 0, 2, {{0, 9, 30, 64}, {0, 16, 32, 48, 64}}, {3, 4}},
+        {"qwen2moe", 8, 2, 128, 2, {{0, 3, 8}, {0, 1, 2, 8}}, {2, 3}},
+    };
+    for (size_t ci = 0; ci < CM_ARRAY_LEN(cases); ci++) {
+        fx f;
+        if (fx_open(&f, cases[ci].arch, cases[ci].X, cases[ci].k, cases[ci].sh, 40 + ci)) { CHECK(0); continue; }
+        const size_t V = (size_t)f.m.hp.n_vocab;
+        float *want = malloc((NDEC + 1) * V * sizeof(float));
+        CHECKF(run_member(&f.m, (cm_expert_slice){false, 0, 0}, NULL, NULL, want) == 0, "%s", errbuf);
+        for (int gi = 0; gi < cases[ci].ng; gi++) {
+            char what[96];
+            snprintf(what, sizeof what, "%s %dx%d, %d members (group %d)", cases[ci].arch, cases[ci].X, cases[ci].k,
+                     cases[ci].kk[gi], gi);
+            check_group(&f.m, want, cases[ci].kk[gi], cases[ci].bounds[gi], what);
+        }
+        /* alone with every expert as an expert slice: no gather needed, same bits */
+        cm_expert_slice all = {true, 0, cases[ci].X};
+        float *alone = malloc((NDEC + 1) * V * sizeof(float));
+        CHECK(run_member(&f.m, all, NULL, NULL, alone) == 0 && !memcmp(alone, want, (NDEC + 1) * V * sizeof(float)));
+        /* a part of the experts without a gather: refused, not wrong */
+        cm_expert_slice part = all;
+        part.e1 = 1;
+        CHECK(run_member(&f.m, part, NULL, NULL, alone) == CM_EINVAL && strstr(errbuf, "without an expert gather"));
+        /* an expert slice that cuts heads, or runs past the experts */
+        cm_slice cut = cm_slice_full(&f.m);
+        cut.h1 = 1;
+        CHECK(cm_expert_slice_check(&f.m, cut, all, errbuf, sizeof errbuf) == CM_EINVAL);
+        cm_expert_slice past = all;
+        past.e1 = cases[ci].X + 1;
+        CHECK(cm_expert_slice_check(&f.m, cm_slice_full(&f.m), past, errbuf, sizeof errbuf) == CM_EINVAL);
+        CHECK(cm_expert_slice_check(&f.m, cm_slice_full(&f.m), all, errbuf, sizeof errbuf) == 0);
+        free(alone);
+        free(want);
+        fx_close(&f);
+    }
+    /* a dense model has no expert slices */
+    fx d;
+    if (fx_open(&d, "qwen3", 0, 0, 0, 7) == 0) {
+        cm_expert_slice x = {true, 0, 1};
+        CHECK(cm_expert_slice_check(&d.m, cm_slice_full(&d.m), x, errbuf, sizeof errbuf) == CM_EINVAL && strstr(errbuf, "no experts"));
+        fx_close(&d);
+    } else CHECK(0);
+}
+
+/* ---- cm_coll_allgather over a mesh ---- */
+static const uint8_t k_key[CM_KEY_BYTES] = {9, 1, 2, 3};
+typedef struct mesh {
+    int k;
+    cm_listener *l[MAXM];
+    char addr[MAXM][64];
+    const char *addrs[MAXM];
+    cm_conn *conns[MAXM][MAXM];
+} mesh;
+
+typedef struct gmember {
+    mesh *M;
+    int rank;
+    int forge; /* a hostile member: 1 its piece one element off, 2 an all-reduce point, 3 point 2 as Q8_0 */
+    const int64_t *part;
+    float *x;
+    int rc;
+    char err[512];
+    cm_coll_stats st;
+} gmember;
+
+static void *gather_main(void *arg) {
+    gmember *v = arg;
+    cm_net_cfg cfg = {.mode = CM_SEC_ENCRYPT};
+    memcpy(cfg.key, k_key, sizeof k_key);
+    cm_msg_hello h;
+    char hname[16];
+    snprintf(hname, sizeof hname, "ep%d", v->rank);
+    fx_hello(&h, hname, (uint8_t)(0x50 + v->rank), CM_ROLE_NODE);
+    v->rc = cm_coll_mesh_open(v->rank, v->M->k, v->M->l[v->rank], v->M->addrs, &cfg, &h, 5000, v->M->conns[v->rank],
+                              v->err, sizeof v->err);
+    if (v->rc) return NULL;
+    cm_coll_cfg cc = {.rank = v->rank, .size = v->M->k, .max_n = 256, .timeout_ms = 2000, .epoch = 5};
+    for (int j = 0; j < v->M->k; j++) cc.peers[j] = v->M->conns[v->rank][j];
+    cm_coll *c;
+    if ((v->rc = cm_coll_new(&cc, &c, v->err, sizeof v->err))) return NULL;
+    if (v->forge) { /* send one forged piece of our part to every peer, then stay until they judged it */
+        int64_t m = CM_MIN(v->part[v->rank + 1] - v->part[v->rank], 64);
+        uint8_t pl[CM_COLL_HDR_BYTES + 64 * 4] = {0};
+        uint32_t off = (uint32_t)v->part[v->rank] + (v->forge == 1 ? 1 : 0);
+        pl[0] = 5; /* epoch 5, op 0 */
+        pl[18] = v->forge == 2 ? 0 : v->forge == 3 ? (CM_COLL_POINT_GATHER | CM_COLL_POINT_Q8) : CM_COLL_POINT_GATHER;
+        memcpy(pl + 20, &off, 4); /* little-endian host (x86, arm64) */
+        uint32_t nn = (uint32_t)m;
+        memcpy(pl + 24, &nn, 4);
+        for (int j = 0; j < v->M->k; j++)
+            if (j != v->rank)
+                cm_conn_send_payload(v->M->conns[v->rank][j], CM_MSG_ALLREDUCE, pl, CM_COLL_HDR_BYTES + (size_t)m * 4, 2000,
+                                     v->err, sizeof v->err);
+        cm_sleep_ms(700);
+        cm_coll_free(c);
+        return NULL;
+    }
+    for (int op = 0; op < 2 && !v->rc; op++) /* twice: op numbering stays in step */
+        v->rc = cm_coll_allgather(c, v->x, v->part, v->err, sizeof v->err);
+    cm_coll_stats_get(c, &v->st);
+    cm_coll_free(c);
+    return NULL;
+}
+
+static void test_allgather(void) {
+    enum { K = 3 };
+    const int64_t part[K + 1] = {0, 0, 5000, 5000 + 9001}; /* empty, 2 pieces, 3 pieces */
+    const int64_t n = part[K];
+    mesh M;
+    memset(&M, 0, sizeof M);
+    M.k = K;
+    for (int i = 0; i < K; i++) {
+        CHECK(cm_net_listen("127.0.0.1", 0, &M.l[i], errbuf, sizeof errbuf) == 0);
+        snprintf(M.addr[i], sizeof M.addr[i], "127.0.0.1:%u", cm_listener_port(M.l[i]));
+        M.addrs[i] = M.addr[i];
+    }
+    float *want = malloc((size_t)n * sizeof(float));
+    cm_rng rng;
+    cm_rng_seed(&rng, 11);
+    for (int64_t i = 0; i < n; i++) want[i] = cm_rng_normal(&rng);
+    gmember v[K];
+    pthread_t th[K];
+    for (int r = 0; r < K; r++) {
+        v[r] = (gmember){.M = &M, .rank = r, .part = part, .x = malloc((size_t)n * sizeof(float))};
+        for (int64_t i = 0; i < n; i++) v[r].x[i] = i >= part[r] && i < part[r + 1] ? want[i] : -1e30f;
+        pthread_create(&th[r], NULL, gather_main, &v[r]);
+    }
+    for (int r = 0; r < K; r++) pthread_join(th[r], NULL);
+    for (int r = 0; r < K; r++) {
+        CHECKF(v[r].rc == 0, "member %d: %s", r, v[r].err);
+        CHECKF(!memcmp(v[r].x, want, (size_t)n * sizeof(float)), "member %d does not hold every part", r);
+        uint64_t own = (uint64_t)(part[r + 1] - part[r]) * 4;
+        CHECKF(v[r].st.gather_ops == 2 && v[r].st.gather_data_sent == 2 * (K - 1) * own,
+               "member %d: %llu gathers, %llu bytes sent", r, (unsigned long long)v[r].st.gather_ops,
+               (unsigned long long)v[r].st.gather_data_sent);
+        free(v[r].x);
+        cm_coll_mesh_close(M.conns[r], K);
+        cm_listener_close(M.l[r]);
+    }
+    free(want);
+    /* a hostile member (the last, whose part every peer expects first): its
+     * forged piece fails the op with CM_EPROTO on every honest member, and no
+     * byte of it lands */
+    for (int forge = 1; forge <= 3; forge++) {
+        memset(&M, 0, sizeof M);
+        M.k = K;
+        for (int i = 0; i < K; i++) {
+            CHECK(cm_net_listen("127.0.0.1", 0, &M.l[i], errbuf, sizeof errbuf) == 0);
+            snprintf(M.addr[i], sizeof M.addr[i], "127.0.0.1:%u", cm_listener_port(M.l[i]));
+            M.addrs[i] = M.addr[i];
+        }
+        for (int r = 0; r < K; r++) {
+            v[r] = (gmember){.M = &M, .rank = r, .part = part, .forge = r == K - 1 ? forge : 0,
+                             .x = calloc((size_t)n, sizeof(float))};
+            pthread_create(&th[r], NULL, gather_main, &v[r]);
+        }
+        for (int r = 0; r < K; r++) pthread_join(th[r], NULL);
+        for (int r = 0; r < K - 1; r++) {
+            CHECKF(v[r].rc == CM_EPROTO, "forged piece %d: member %d got %d (%s)", forge, r, v[r].rc, v[r].err);
+            bool clean = true;
+            for (int64_t i = part[K - 1]; i < n; i++) clean = clean && v[r].x[i] == 0.0f;
+            CHECKF(clean, "forged piece %d: member %d took bytes of it", forge, r);
+        }
+        for (int r = 0; r < K; r++) {
+            free(v[r].x);
+            cm_coll_mesh_close(M.conns[r], K);
+            cm_listener_close(M.l[r]);
+        }
+    }
+    /* parts out of order: refused before a byte is sent */
+    cm_coll_cfg cc = {.rank = 0, .size = 1, .max_n = 16};
+    cm_coll *c;
+    CHECK(cm_coll_new(&cc, &c, errbuf, sizeof errbuf) == 0);
+    const int64_t bad[2] = {3, 1};
+    float x[4];
+    CHECK(cm_coll_allgather(c, x, bad, errbuf, sizeof errbuf) == CM_ERANGE);
+    cm_coll_free(c);
+}
+
+static void test_gather_piece_header(void) {
+    uint8_t p[CM_COLL_HDR_BYTES + 8] = {0};
+    p[18] = CM_COLL_POINT_GATHER;
+    p[24] = 2; /* n = 2 */
+    cm_coll_piece pc;
+    CHECK(cm_coll_piece_parse(p, sizeof p, &pc, errbuf, sizeof errbuf) == 0 && pc.point == CM_COLL_POINT_GATHER);
+    p[18] = CM_COLL_POINT_GATHER | CM_COLL_POINT_Q8;
+    CHECK(cm_coll_piece_parse(p, sizeof p, &pc, errbuf, sizeof errbuf) == CM_EFORMAT);
+    p[18] = 3;
+    CHECK(cm_coll_piece_parse(p, sizeof p, &pc, errbuf, sizeof errbuf) == CM_EFORMAT);
+}
+
+int main(void) {
+    if (cm_gguf_open(&g_vocab, t_shared("vocab/ggml-vocab-llama-spm.gguf"), NULL, NULL, errbuf, sizeof errbuf)) {
+        fprintf(stderr, "%s\n", errbuf);
+        printf("0 passed, 1 failed\n");
+        return 1;
+    }
+    RUN(test_ep_forward_bits);
+    RUN(test_allgather);
+    RUN(test_gather_piece_header);
+    cm_gguf_close(&g_vocab);
+    TEST_END();
+}
