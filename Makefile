@@ -150,10 +150,10 @@ newcomer:
 asan:
 	@$(MAKE) --no-print-directory BUILD=build-asan CC=clang OPT=-O1 \
 	  SAN="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer" cumulo tests
-	@CUMULO_BIN=build-asan/cumulo CUMULO_TESTBIN=build-asan/tests sh tests/run.sh
+	@CUMULO_TIMEOUT_SCALE=4 CUMULO_BIN=build-asan/cumulo CUMULO_TESTBIN=build-asan/tests sh tests/run.sh
 tsan:
 	@$(MAKE) --no-print-directory BUILD=build-tsan CC=clang OPT=-O1 SAN="-fsanitize=thread" cumulo tests
-	@CUMULO_BIN=build-tsan/cumulo CUMULO_TESTBIN=build-tsan/tests sh tests/run.sh
+	@CUMULO_TIMEOUT_SCALE=4 CUMULO_BIN=build-tsan/cumulo CUMULO_TESTBIN=build-tsan/tests sh tests/run.sh
 
 # libFuzzer targets: fuzz/fuzz_*.c, built against an instrumented library.
 FUZZ_SRCS := $(wildcard fuzz/fuzz_*.c)
