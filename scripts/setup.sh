@@ -92,7 +92,7 @@ node_pkgs=""
 have node || node_pkgs="nodejs"
 have npm || node_pkgs="$node_pkgs npm"
 step "apt-get update" $SUDO apt-get update
-step "apt-get install (build, demo and test tools)" $SUDO apt-get install -y --no-install-recommends \
+step "apt-get install (build, demo and test tools: some minutes; its output is shown if it fails)" $SUDO apt-get install -y --no-install-recommends \
     make build-essential pkg-config ca-certificates \
     libmicrohttpd-dev libcjson-dev libsodium-dev libpcre2-dev \
     curl python3 perl tmux \
