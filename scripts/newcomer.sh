@@ -94,6 +94,21 @@ printf 'deb %s bookworm main\ndeb %s bookworm-updates main\ndeb http://deb.debia
 printf '#!/bin/sh\nexit 101\n' >"$R/usr/sbin/policy-rc.d"
 chmod +x "$R/usr/sbin/policy-rc.d"
 
+# This machine's network may intercept TLS with a CA of its own, which this
+# machine trusts (npm fails with "self-signed certificate in certificate
+# chain" without it): the root trusts what this machine trusts, as a
+# newcomer's machine on the same network would have to. The certificates go
+# where update-ca-certificates (run when setup installs ca-certificates)
+# finds local ones; nothing else of this machine's configuration is copied.
+if [ -f /etc/ssl/certs/ca-certificates.crt ]; then
+    mkdir -p "$R/usr/local/share/ca-certificates/newcomer-host"
+    awk -v dir="$R/usr/local/share/ca-certificates/newcomer-host" \
+        '/BEGIN CERT/ { n++; f = sprintf("%s/host-%03d.crt", dir, n) } n { print > f } /END CERT/ { close(f) }' \
+        /etc/ssl/certs/ca-certificates.crt
+fi
+EXTRA_CA=""
+[ -n "${NODE_EXTRA_CA_CERTS:-}" ] && EXTRA_CA="NODE_EXTRA_CA_CERTS=/etc/ssl/certs/ca-certificates.crt"
+
 # The clones: with ../shared beside (read-only) and without.
 mkdir -p "$R/root/with" "$R/root/alone"
 git clone -q --branch "$BRANCH" --single-branch "file://$REPO" "$R/root/with/cumulo" || die "git clone"
@@ -108,7 +123,7 @@ fi
 # in_root DIR LIMIT LOG COMMAND: run COMMAND (a README line) as root in DIR
 # inside the root, with a newcomer's environment; prints its exit code.
 in_root() {
-    timeout -k 30 "$2" chroot "$R" /usr/bin/env -i HOME=/root TERM=xterm LANG=C.UTF-8 \
+    timeout -k 30 "$2" chroot "$R" /usr/bin/env -i HOME=/root TERM=xterm LANG=C.UTF-8 $EXTRA_CA \
         PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
         /bin/sh -c "cd '$1' && $4" >"$3" 2>&1
     echo $?
