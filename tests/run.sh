@@ -37,7 +37,7 @@ limit_for() {
     case $1 in
         chaos) echo 2400 ;;
         fuzz_brief | neon | cluster_hostile | cluster_recover | cluster_recover_seeded | cluster_hybrid | \
-            cluster_deadline | cluster_join | cluster_tp | test_synth_golden | test_golden_real) echo 1200 ;;
+            cluster_deadline | cluster_join | cluster_tp | test_synth_golden) echo 1200 ;;
         *) echo 600 ;;
     esac
 }
