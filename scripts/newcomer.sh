@@ -76,6 +76,9 @@ echo "newcomer: root ready in $(($(date +%s) - t0)) s; in it: make $(chroot "$R"
 # What a newcomer's machine has: the kernel's file systems, a /run and /tmp,
 # name resolution. Bind mounts are made slaves so nothing unmounted inside
 # reaches this machine.
+# The root is a mount point, as / is on a real machine (`ip netns exec` runs
+# `mount --make-rslave /`, which fails on a plain directory).
+mnt --bind "$R" "$R"
 mnt -t proc proc "$R/proc"
 mnt --rbind /sys "$R/sys"
 mount --make-rslave "$R/sys"
