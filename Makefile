@@ -3,9 +3,10 @@
 # named *_avx2.c, *_avx512.c, *_neon.c and get their own flags; the default
 # build runs on any x86-64 or arm64 machine (runtime dispatch; never tuned to the build host).
 #
-#   make demo    install what is missing, build, run the demo
-#   make test    install what is missing, build, run every test
-#   make         build ./cumulo
+#   make demo      install what is missing, build, run the demo
+#   make test      install what is missing, build, run every test
+#   make           build ./cumulo
+#   make newcomer  the README's commands in a fresh Debian 12 minbase root (scripts/newcomer.sh; slow)
 
 SHARED ?= $(abspath $(CURDIR)/../shared)
 export CUMULO_SHARED ?= $(SHARED)
@@ -14,7 +15,7 @@ CC ?= cc
 UNAME_S := $(shell uname -s)
 UNAME_M := $(shell uname -m)
 BUILD ?= build
-PKGS := libmicrohttpd libcjson libsodium libpcre2-8 libuv
+PKGS := libmicrohttpd libcjson libsodium libpcre2-8
 
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
@@ -49,7 +50,7 @@ TEST_SRCS := $(wildcard tests/unit/test_*.c)
 TEST_BINS := $(TEST_SRCS:tests/unit/%.c=$(BUILD)/tests/%)
 DEPS := $(LIB_OBJS:.o=.d) $(CLI_OBJS:.o=.d) $(TEST_BINS:=.d)
 
-.PHONY: all deps demo test test-quick check clean fuzz fuzz-long asan tsan neon-test format bench kbench tp-bench real-7b
+.PHONY: all deps demo test test-quick newcomer check clean fuzz fuzz-long asan tsan neon-test format bench kbench tp-bench real-7b
 
 all: cumulo
 
@@ -145,14 +146,20 @@ real-7b: cumulo
 test-quick: cumulo tests
 	@sh tests/run.sh
 
+# The README's commands as a newcomer runs them: a debootstrapped Debian 12
+# minbase root, a clean clone of this branch, with and without ../shared
+# (root, network to the Debian mirror; about an hour). Not part of `make test`.
+newcomer:
+	@sh scripts/newcomer.sh
+
 # Sanitizer builds of the whole suite, in their own build folders.
 asan:
 	@$(MAKE) --no-print-directory BUILD=build-asan CC=clang OPT=-O1 \
 	  SAN="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer" cumulo tests
-	@CUMULO_BIN=build-asan/cumulo CUMULO_TESTBIN=build-asan/tests sh tests/run.sh
+	@CUMULO_TIMEOUT_SCALE=4 CUMULO_BIN=build-asan/cumulo CUMULO_TESTBIN=build-asan/tests sh tests/run.sh
 tsan:
 	@$(MAKE) --no-print-directory BUILD=build-tsan CC=clang OPT=-O1 SAN="-fsanitize=thread" cumulo tests
-	@CUMULO_BIN=build-tsan/cumulo CUMULO_TESTBIN=build-tsan/tests sh tests/run.sh
+	@CUMULO_TIMEOUT_SCALE=4 CUMULO_BIN=build-tsan/cumulo CUMULO_TESTBIN=build-tsan/tests sh tests/run.sh
 
 # libFuzzer targets: fuzz/fuzz_*.c, built against an instrumented library.
 FUZZ_SRCS := $(wildcard fuzz/fuzz_*.c)

@@ -1,30 +1,42 @@
 #!/bin/sh
 # scripts/demo.sh: the README's first command. Starts three `cumulo node`
 # processes on 127.0.0.1 (a temporary cluster key), spreads the default model
-# (CUMULO_MODEL, else ../shared/models/stories260K-q8_0.gguf, else a synthetic
-# model with a warning that its output is noise) across them and a
-# `cumulo serve` on 127.0.0.1, prints the plan, streams a completion over the
-# OpenAI API (SSE), and stops the server and the nodes cleanly.
-set -e
-cd "$(dirname "$0")/.."
+# (CUMULO_MODEL, else ../shared/models/stories260K-q8_0.gguf) over this
+# machine and the three nodes as a pipeline, prints the plan, streams a story
+# from it, and stops the nodes. cumulo is its own client: no curl, perl or
+# python. Without the default model it makes a random-weight model with
+# cumulo's builtin vocabulary and says loudly that its text is noise.
+# Any failure ends the demo with a non-zero exit and the reason on stderr.
+cd "$(dirname "$0")/.." || exit 1
+die() { echo "demo: FAILED: $*" >&2; exit 1; }
+[ -x ./cumulo ] || die "./cumulo is not built (run 'make demo', which builds it)"
 SHARED=${CUMULO_SHARED:-$(cd .. && pwd)/shared}
 MODEL=${CUMULO_MODEL:-$SHARED/models/stories260K-q8_0.gguf}
+RANDOM_MODEL=""
 if [ ! -f "$MODEL" ]; then
-    echo "demo: warning: $MODEL not found; using a random-weight synth model (its output is noise)" >&2
+    [ -n "$CUMULO_MODEL" ] && die "CUMULO_MODEL=$CUMULO_MODEL: no such file"
+    RANDOM_MODEL=1
+    echo "demo: $MODEL not found (no ../shared beside this checkout)." >&2
+    echo "demo: using a RANDOM-WEIGHT model with cumulo's builtin vocabulary instead: its text is noise, not a story." >&2
     MODEL=build/demo-synth.gguf
-    [ -f "$MODEL" ] || ./cumulo synth --arch llama --dim 256 --layers 4 --heads 8 --kv-heads 4 --ffn 768 --type q8_0 --seed 1 -o "$MODEL"
+    if [ ! -f "$MODEL" ]; then
+        mkdir -p build
+        ./cumulo synth --arch llama --dim 256 --layers 4 --heads 8 --kv-heads 4 --ffn 768 --type q8_0 \
+            --vocab builtin --seed 1 -o "$MODEL" >/dev/null 2>build/demo-synth.log ||
+            { cat build/demo-synth.log >&2; die "cumulo synth could not write $MODEL"; }
+    fi
 fi
-TMP=$(mktemp -d)
+TMP=$(mktemp -d) || die "mktemp failed"
 PIDS=""
 stop_nodes() {
-    for p in $PIDS; do kill -TERM "$p" 2>/dev/null || true; done
-    for p in $PIDS; do wait "$p" 2>/dev/null || true; done
+    for p in $PIDS; do kill -TERM "$p" 2>/dev/null; done
+    for p in $PIDS; do wait "$p" 2>/dev/null; done
     PIDS=""
 }
 trap 'stop_nodes; rm -rf "$TMP"' EXIT
 trap 'exit 1' INT TERM
 export CUMULO_KEY_FILE="$TMP/cluster.key"
-./cumulo key >/dev/null
+./cumulo key >/dev/null 2>"$TMP/key.log" || { cat "$TMP/key.log" >&2; die "cumulo key could not create a cluster key"; }
 NODES=""
 for name in alpha beta gamma; do
     ./cumulo node --bind 127.0.0.1 --port 0 --port-file "$TMP/$name.port" --name "$name" --no-mdns --threads 1 \
@@ -32,24 +44,36 @@ for name in alpha beta gamma; do
     PIDS="$PIDS $!"
     i=0
     while [ ! -s "$TMP/$name.port" ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
-    [ -s "$TMP/$name.port" ] || { echo "demo: node $name did not start:" >&2; cat "$TMP/$name.log" >&2; exit 1; }
+    [ -s "$TMP/$name.port" ] || { cat "$TMP/$name.log" >&2; die "node $name did not start within 10 s"; }
     NODES="$NODES${NODES:+,}127.0.0.1:$(cat "$TMP/$name.port")"
     echo "demo: node $name on 127.0.0.1:$(cat "$TMP/$name.port")" >&2
 done
 # The nodes have no copy of the model: each receives only its stage's tensors.
-./cumulo serve "$MODEL" --host 127.0.0.1 --port 0 --nodes "$NODES" --slots 4 >"$TMP/serve.out" 2>"$TMP/serve.log" &
-PIDS="$PIDS $!"
+# The plan goes to stderr (shown: the table and why), the story to stdout.
+echo "demo: $MODEL over this machine and 3 nodes:" >&2
+PROMPT="Once upon a time"
+./cumulo run "$MODEL" --nodes "$NODES" -p "$PROMPT" -n 200 --temp 0.8 --seed 7 --threads 1 \
+    >"$TMP/story" 2>"$TMP/run.log" &
+RUN=$!
+# The plan is printed before the first token: show it, then the story as it
+# streams (GNU tail follows the file until the run ends; elsewhere the story
+# is printed when it is complete).
 i=0
-while ! grep -q 'ready' "$TMP/serve.log" && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
-grep -q 'ready' "$TMP/serve.log" || { echo "demo: serve did not start:" >&2; cat "$TMP/serve.log" >&2; exit 1; }
-sed -n '/^node  *stage/,/^why:/p' "$TMP/serve.log"
-PORT=$(sed -n 's/.*http:\/\/[^:]*:\([0-9]*\).*/\1/p' "$TMP/serve.log" | head -1)
+while ! grep -q '^why:' "$TMP/run.log" && kill -0 $RUN 2>/dev/null && [ $i -lt 600 ]; do sleep 0.1; i=$((i + 1)); done
+sed -n '/^node  *stage/,/^why:/p' "$TMP/run.log" >&2
+echo >&2
+tail -c +1 -f --pid=$RUN "$TMP/story" 2>/dev/null || { wait $RUN; cat "$TMP/story"; }
+wait $RUN
+rc=$?
 echo
-printf 'Once upon a time'
-curl -sN "http://127.0.0.1:$PORT/v1/completions" -H 'Content-Type: application/json' \
-    -d '{"prompt":"Once upon a time","max_tokens":200,"temperature":0.8,"seed":7,"stream":true}' |
-    perl -MJSON::PP -ne '$| = 1; next unless s/^data: //; next if /^\[DONE\]/; my $j = eval { decode_json($_) } or next;
-        print $j->{choices}[0]{text} // ""'
-echo
+if [ $rc -ne 0 ]; then
+    tail -20 "$TMP/run.log" >&2
+    die "cumulo run over the cluster exited $rc"
+fi
+[ "$(wc -c <"$TMP/story")" -gt $((${#PROMPT} + 20)) ] || { tail -20 "$TMP/run.log" >&2; die "the cluster returned no story"; }
+grep '^prompt:' "$TMP/run.log" >&2
 stop_nodes
-echo "demo: server and nodes stopped" >&2
+echo "demo: nodes stopped" >&2
+[ -n "$RANDOM_MODEL" ] && echo "demo: (that text came from a random-weight model: noise by design; put ../shared beside this checkout for the real story)" >&2
+echo "demo: ok. To serve a model over the OpenAI API with a dashboard: ./cumulo serve MODEL.gguf [--nodes ...]" >&2
+exit 0

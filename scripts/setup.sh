@@ -1,56 +1,106 @@
 #!/bin/sh
-# scripts/setup.sh: install what cumulo needs to build and test, and nothing
-# when it is all there. apt on Debian/Ubuntu (as root or with sudo), brew on macOS.
-set -e
-# tests/js: the openai SDK and playwright-core from the lockfile (node_modules is git-ignored).
+# scripts/setup.sh: install what cumulo needs to build, to run `make demo` and
+# to run every test, and nothing when it is all there: apt on Debian/Ubuntu
+# (as root, or with sudo), brew on macOS. The README's first command runs it
+# before make exists (a Debian minbase root has no make), so it needs only a
+# POSIX sh. Each step that fails says which step, its exit code and the last
+# lines of its output; nothing is run with --silent or -qq into /dev/null.
+#
+#   sh scripts/setup.sh            install what is missing
+#   sh scripts/setup.sh --check    only list what is missing (exit 1 if anything is)
+cd "$(dirname "$0")/.." || exit 1
+ROOT=$(pwd)
+LOG=${TMPDIR:-/tmp}/cumulo-setup-$$.log
+trap 'rm -f "$LOG"' EXIT
+
+fail() { echo "setup: FAILED: $*" >&2; exit 1; }
+# step NAME COMMAND...: run COMMAND with its output in $LOG; on failure, say so with the log's tail.
+step() {
+    name=$1; shift
+    echo "setup: $name" >&2
+    "$@" >"$LOG" 2>&1
+    rc=$?
+    if [ $rc -ne 0 ]; then
+        tail -30 "$LOG" | sed 's/^/setup:   | /' >&2
+        fail "step '$name' exited $rc: $*"
+    fi
+    grep -iE '^(npm )?(warn|warning|w:)' "$LOG" | grep -v 'apt does not have a stable CLI' | head -5 | sed 's/^/setup:   /' >&2
+    return 0
+}
+
+# What the build needs (pkg-config names) and what the demo and the tests run.
+PC_LIBS="libmicrohttpd libcjson libsodium libpcre2-8"
+missing=""
+have() { command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ] || [ -x "/sbin/$1" ]; }
+for c in make cc pkg-config; do have $c || missing="$missing $c"; done
+if have pkg-config; then
+    for p in $PC_LIBS; do pkg-config --exists "$p" || missing="$missing $p"; done
+fi
+# Test tools (tests/sh): curl and python3 (HTTP and chaos clients), perl with
+# JSON::PP, node + npm (the openai SDK, playwright-core), tmux (drives `cumulo
+# chat` in a terminal); on Linux also clang + libFuzzer, qemu-user + an aarch64
+# cross compiler (the NEON kernels), ip/tc/nft (network namespaces), avahi +
+# dbus (mDNS), sshd (cumulo launch), Debian's chromium (the dashboard).
+for c in curl python3 perl node npm tmux; do have $c || missing="$missing $c"; done
+have perl && ! perl -MJSON::PP -e 1 2>/dev/null && missing="$missing perl-JSON::PP"
+if [ "$(uname -s)" = Linux ]; then
+    for c in clang qemu-aarch64 aarch64-linux-gnu-gcc ip tc nft avahi-browse avahi-daemon dbus-daemon sshd ssh-keygen chromium; do
+        have $c || missing="$missing $c"
+    done
+    ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-*.a >/dev/null 2>&1 || missing="$missing libfuzzer"
+fi
+
+# tests/js: the openai SDK and playwright-core, exactly the lockfile's versions
+# (node_modules is git-ignored). Node.js 18 (Debian 12's) or newer.
 js_deps() {
-    js="$(cd "$(dirname "$0")/.." && pwd)/tests/js"
-    if command -v npm >/dev/null 2>&1 && { [ ! -d "$js/node_modules/openai" ] || [ ! -d "$js/node_modules/playwright-core" ]; }; then
-        echo "setup: npm ci in tests/js"
-        (cd "$js" && npm ci --no-audit --no-fund --silent)
+    have node || fail "node is still missing after the install"
+    major=$(node -p 'process.versions.node.split(".")[0]' 2>/dev/null)
+    [ "${major:-0}" -ge 18 ] || fail "node $(node --version 2>/dev/null) is too old: the JS tests need Node.js 18 or newer"
+    if [ ! -d tests/js/node_modules/openai ] || [ ! -d tests/js/node_modules/playwright-core ] ||
+        ! cmp -s tests/js/package-lock.json tests/js/node_modules/.package-lock.json.cumulo; then
+        step "npm ci in tests/js (node $(node --version))" sh -c 'cd tests/js && npm ci --no-audit --no-fund' &&
+            cp tests/js/package-lock.json tests/js/node_modules/.package-lock.json.cumulo
     fi
 }
-need_pc="libmicrohttpd libcjson libsodium libpcre2-8 libuv"
-missing=""
-command -v cc >/dev/null 2>&1 || missing="$missing cc"
-command -v pkg-config >/dev/null 2>&1 || missing="$missing pkg-config"
-if command -v pkg-config >/dev/null 2>&1; then
-    for p in $need_pc; do pkg-config --exists "$p" || missing="$missing $p"; done
+
+if [ "$1" = --check ]; then
+    [ -z "$missing" ] && { echo "setup: nothing is missing"; exit 0; }
+    echo "setup: missing:$missing"
+    exit 1
 fi
-if [ "$(uname -s)" = Linux ]; then
-    # test tools: clang+libFuzzer, qemu-user + aarch64 cross compiler, namespaces, avahi, ssh, node,
-    # chromium (the dashboard test drives Debian's /usr/bin/chromium), tmux (drives `cumulo chat` in a terminal)
-    for c in clang qemu-aarch64 aarch64-linux-gnu-gcc ip tc nft avahi-browse avahi-daemon dbus-daemon sshd node npm chromium tmux; do
-        command -v $c >/dev/null 2>&1 || [ -x /usr/sbin/$c ] || missing="$missing $c"
-    done
-    [ -f /usr/lib/llvm-14/lib/clang/14.0.6/lib/linux/libclang_rt.fuzzer-x86_64.a ] || \
-      ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-*.a >/dev/null 2>&1 || missing="$missing libfuzzer"
-fi
-[ -z "$missing" ] && { js_deps; exit 0; }
-echo "setup: installing missing:$missing"
+if [ -z "$missing" ]; then js_deps; exit 0; fi
+echo "setup: installing what is missing:$missing" >&2
+
 if [ "$(uname -s)" = Darwin ]; then
-    command -v brew >/dev/null 2>&1 || { echo "setup: install Homebrew first (https://brew.sh), then run make again" >&2; exit 1; }
-    brew install pkg-config libmicrohttpd cjson libsodium pcre2 libuv node tmux
+    have brew || fail "Homebrew is needed (https://brew.sh); install it, then run this again"
+    have cc || fail "no C compiler: run 'xcode-select --install' (the Command Line Tools bring cc and make), then this again"
+    step "brew install" brew install make pkg-config libmicrohttpd cjson libsodium pcre2 node tmux curl python
     js_deps
     exit 0
 fi
-if command -v apt-get >/dev/null 2>&1; then
-    SUDO=""
-    [ "$(id -u)" -ne 0 ] && SUDO=sudo
-    export DEBIAN_FRONTEND=noninteractive
-    # Node.js only when there is none: a machine with NodeSource's nodejs (which bundles npm)
-    # must not be offered Debian's npm, which conflicts with it.
-    node_pkgs=""
-    command -v node >/dev/null 2>&1 || node_pkgs="nodejs"
-    command -v npm >/dev/null 2>&1 || node_pkgs="$node_pkgs npm"
-    $SUDO apt-get update -qq
-    $SUDO apt-get install -y -qq --no-install-recommends build-essential pkg-config \
-        libmicrohttpd-dev libcjson-dev libsodium-dev libpcre2-dev libuv1-dev \
-        clang libclang-rt-14-dev qemu-user gcc-aarch64-linux-gnu libc6-dev-arm64-cross \
-        iproute2 nftables avahi-utils avahi-daemon dbus openssh-server openssh-client tmux \
-        chromium ca-certificates $node_pkgs >/dev/null
-    js_deps
-    exit 0
+
+have apt-get || fail "no apt-get or brew here; install by hand:$missing"
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+    have sudo || fail "not root and no sudo: run this as root (or install sudo)"
+    SUDO=sudo
 fi
-echo "setup: no apt-get or brew here; install:$missing by hand" >&2
-exit 1
+export DEBIAN_FRONTEND=noninteractive
+# Node.js only when there is none: a machine with NodeSource's nodejs (which
+# bundles npm) must not be offered Debian's npm, which conflicts with it.
+node_pkgs=""
+have node || node_pkgs="nodejs"
+have npm || node_pkgs="$node_pkgs npm"
+step "apt-get update" $SUDO apt-get update
+step "apt-get install (build, demo and test tools: some minutes; its output is shown if it fails)" $SUDO apt-get install -y --no-install-recommends \
+    make build-essential pkg-config ca-certificates \
+    libmicrohttpd-dev libcjson-dev libsodium-dev libpcre2-dev \
+    curl python3 perl tmux \
+    clang libclang-rt-14-dev qemu-user gcc-aarch64-linux-gnu libc6-dev-arm64-cross \
+    iproute2 nftables avahi-utils avahi-daemon dbus openssh-server openssh-client \
+    chromium $node_pkgs
+still=""
+for c in make cc pkg-config curl python3 node npm; do have $c || still="$still $c"; done
+[ -z "$still" ] || fail "still missing after apt-get install:$still"
+js_deps
+exit 0

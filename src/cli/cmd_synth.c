@@ -37,7 +37,9 @@ static void usage(FILE *f) {
             "  --ffn F              feed-forward size (multiple of 256 / 32 like D)\n"
             "  --type T             %s\n"
             "                       (q4_k_m mixes Q4_K and Q6_K the way llama-quantize does)\n"
-            "  --vocab FILE         GGUF whose tokenizer.* keys are copied (e.g. a ggml-vocab-*.gguf)\n"
+            "  --vocab FILE         GGUF whose tokenizer.* keys are copied (e.g. a ggml-vocab-*.gguf);\n"
+            "                       builtin: a small vocabulary of cumulo's own (characters and\n"
+            "                       common words; for demos without files, never for references)\n"
             "  --seed S             random seed (default 1)\n"
             "  -o, --output FILE    the model to write\n"
             "  --tied               no output.weight: the head reuses token_embd\n"
@@ -109,7 +111,8 @@ int cmd_synth(int argc, char **argv) {
     if (!p.arch) return cli_fail("missing --arch (llama, qwen2, qwen3, qwen2moe, qwen3moe, gemma3 or phi3)");
     if (!p.type) return cli_fail("missing --type (%s)", cm_synth_type_names());
     if (!dim || !layers || !heads || !ffn) return cli_fail("missing --dim, --layers, --heads or --ffn");
-    if (!vocab_path) return cli_fail("missing --vocab (a GGUF with a tokenizer, e.g. ggml-vocab-llama-spm.gguf)");
+    if (!vocab_path)
+        return cli_fail("missing --vocab (a GGUF with a tokenizer, e.g. ggml-vocab-llama-spm.gguf, or builtin)");
     if (!out_path) return cli_fail("missing -o OUT.gguf");
     p.n_embd = (int)dim;
     p.n_layer = (int)layers;
@@ -130,7 +133,16 @@ int cmd_synth(int argc, char **argv) {
 
     cm_gguf vocab;
     memset(&vocab, 0, sizeof vocab);
-    if (cm_gguf_open(&vocab, vocab_path, NULL, NULL, err, sizeof err)) return cli_fail("%s", err);
+    cm_buf builtin; /* the bytes vocab points into, for --vocab builtin */
+    cm_buf_init(&builtin);
+    if (!strcmp(vocab_path, "builtin")) {
+        if (cm_synth_builtin_vocab(&builtin, err, sizeof err) ||
+            cm_gguf_parse(&vocab, (const uint8_t *)builtin.data, builtin.len, err, sizeof err)) {
+            cm_buf_release(&builtin);
+            return cli_fail("builtin vocabulary: %s", err);
+        }
+    } else if (cm_gguf_open(&vocab, vocab_path, NULL, NULL, err, sizeof err))
+        return cli_fail("%s", err);
     cli_progress bar;
     cli_progress_start(&bar, "synth", 1);
     p.progress = progress_cb;
@@ -139,6 +151,7 @@ int cmd_synth(int argc, char **argv) {
     int rc = cm_synth_write(&p, &vocab, out_path, NULL, err, sizeof err);
     cli_progress_end(&bar);
     cm_gguf_close(&vocab);
+    cm_buf_release(&builtin);
     if (rc) return cli_fail("%s", err);
     fprintf(stderr, "wrote '%s' (%s %s, %.1f s)\n", out_path, p.arch, p.type, cm_now_s() - t0);
     return 0;

@@ -67,6 +67,13 @@ int cm_synth_check(const cm_synth_params *p, char *err, size_t errlen);
 int cm_synth_write(const cm_synth_params *p, const cm_gguf *vocab, const char *path, cm_buf *out,
                    char *err, size_t errlen);
 
+/* A small vocabulary of cumulo's own (synth_vocab.c): a GGUF holding only
+ * tokenizer.* keys ("llama" model: <unk> <s> </s>, characters, common words,
+ * no byte tokens), appended to out, for `--vocab builtin` when no tokenizer
+ * file is at hand. Its text is noise under random weights, readable noise.
+ * Returns 0 or CM_ENOMEM. */
+int cm_synth_builtin_vocab(cm_buf *out, char *err, size_t errlen);
+
 /* Llama 3.1 rope frequency factors (n = head_dim / 2 values), as the HF
  * converter computes them: factor 8, low_freq_factor 1, high_freq_factor 4,
  * original context 8192. */

@@ -3,7 +3,9 @@
 // and streaming, completions non-streaming and streaming, usage, and errors
 // surfacing as the SDK's typed exceptions. At temperature 0 the streamed text
 // equals the non-streamed one and equals `cumulo run` (its text in argv[4]).
-// Prints "N passed, N failed".
+// Prints "N passed, N failed". Runs on Node.js 18 (Debian 12's) and newer:
+// openai 5 uses the runtime's own fetch, no polyfill (openai 4's node-fetch
+// died with "Premature close" on the first stream under Debian's Node 18).
 import OpenAI from "openai";
 
 const [url, model, apiKey, runText] = process.argv.slice(2);
@@ -49,11 +51,13 @@ try {
   check("chat stream role + finish", role === "assistant" && fin === "length", [role, fin]);
   check("chat stream usage", usage && usage.completion_tokens === 32 && usage.total_tokens === usage.prompt_tokens + 32, usage);
 
-  // The SDK's own stream helper (accumulates the message itself).
-  const helper = client.beta?.chat?.completions?.stream
-    ? client.beta.chat.completions.stream({ model, messages, max_tokens: 32, temperature: 0 }) : null;
-  if (helper) {
-    const final = await helper.finalChatCompletion();
+  // The SDK's own stream helper (accumulates the message itself): chat.completions.stream
+  // since openai 5, beta.chat.completions.stream before. Its absence is a failure, not a skip.
+  const streamFn = client.chat.completions.stream ? client.chat.completions
+    : client.beta?.chat?.completions?.stream ? client.beta.chat.completions : null;
+  check("SDK has a chat stream helper", streamFn !== null, Object.keys(client.chat.completions));
+  if (streamFn) {
+    const final = await streamFn.stream({ model, messages, max_tokens: 32, temperature: 0 }).finalChatCompletion();
     check("SDK stream helper final message", final.choices[0].message.content === text, final.choices[0].message.content);
   }
 

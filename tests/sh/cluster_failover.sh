@@ -19,7 +19,7 @@ pass=0
 fail=0
 ok() { pass=$((pass + 1)); }
 bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
-if ! command -v curl >/dev/null; then echo "skip: needs curl" >&2; echo "0 passed, 0failed"; exit 0; fi
+if ! command -v curl >/dev/null; then echo "skip: needs curl" >&2; echo "0 passed, 0 failed"; exit 0; fi
 TMP=$(mktemp -d)
 PIDS=""
 cleanup() {

@@ -185,7 +185,7 @@ T=cms3join-$$
 cc_cleanup_hook() { for n in $T-0 $T-1 $T-2 $T-3 $T-br; do ip netns del "$n" 2>/dev/null; done; }
 if ! want mdns; then :
 elif [ "$(id -u)" != 0 ] || ! command -v ip >/dev/null || ! ip netns add "$T-br" 2>/dev/null; then
-    echo "mdns: skipped (needs root and ip netns)" >&2
+    echo "skip: the mdns part needs root and ip netns" >&2
 else
     ip -n "$T-br" link add cmbr0 type bridge && ip -n "$T-br" link set cmbr0 up || bad "mdns: bridge"
     for i in 0 1 2 3; do

@@ -9,7 +9,7 @@
 . "$(dirname "$0")/lib/http_common.sh"
 
 if [ ! -d tests/js/node_modules/playwright-core ]; then
-    (cd tests/js && npm ci --no-audit --no-fund >/dev/null 2>&1) || { bad "npm ci in tests/js failed"; finish; exit 1; }
+    (cd tests/js && npm ci --no-audit --no-fund >"$TMP/npm.log" 2>&1) || { tail -20 "$TMP/npm.log" >&2; bad "npm ci in tests/js failed"; finish; exit 1; }
 fi
 [ -x /usr/bin/chromium ] || { bad "/usr/bin/chromium missing (run scripts/setup.sh)"; finish; exit 1; }
 
@@ -41,6 +41,7 @@ check "/api/cluster: 2 links, both measured (the second, node to node, by the no
     [ "$(js '[j.links.length, typeof j.links[0].latency_ms, typeof j.links[0].bandwidth_mbps, typeof j.links[1].latency_ms, typeof j.links[1].bandwidth_mbps, j.links[0].source, j.links[1].source].join()' "$TMP/cluster.json")" = '2,number,number,number,number,measured at connect,measured node to node' ]
 
 mkdir -p tests/artifacts
+echo "# node $(node --version)" >&2
 node tests/js/dashboard.mjs "$URL" dashkey tests/artifacts 3 dashboard-cluster >"$TMP/dash.out" 2>"$TMP/dash.err"
 rc=$?
 cat "$TMP/dash.err" >&2

@@ -7,10 +7,11 @@
 . "$(dirname "$0")/lib/http_common.sh"
 
 if [ ! -d tests/js/node_modules/openai ] || [ ! -d tests/js/node_modules/playwright-core ]; then
-    (cd tests/js && npm ci --no-audit --no-fund >/dev/null 2>&1) || { bad "npm ci in tests/js failed"; finish; exit 1; }
+    (cd tests/js && npm ci --no-audit --no-fund >"$TMP/npm.log" 2>&1) || { tail -20 "$TMP/npm.log" >&2; bad "npm ci in tests/js failed"; finish; exit 1; }
 fi
 [ -x /usr/bin/chromium ] || { bad "/usr/bin/chromium missing (run scripts/setup.sh)"; finish; exit 1; }
 
+echo "# node $(node --version) (Debian 12 ships 18; the JS tests must pass on it as on newer ones)" >&2
 start_server js --api-key jskey || { bad "server"; finish; exit 1; }
 "$BIN" run "$MODEL" -p "Once upon a time" -n 40 --temp 0 --threads 1 --json >"$TMP/run.json" 2>/dev/null
 want=$(js 'j.text' "$TMP/run.json")

@@ -200,29 +200,35 @@ static void test_f32_greedy(void) {
     check_greedy(&G32, 2, 1);
 }
 
+/* Probability bounds, about 5x the error measured on this x86 machine with
+ * CUMULO_ISA=scalar, avx2 and avx512 (the same on all three):
+ *   F32  1.96e-6 (1 and 2 threads)  -> 1e-5
+ *   Q8_0 2.3e-6                     -> 1.2e-5
+ *   Q4_0 1.61e-6                    -> 8e-6
+ * llama.cpp rounds activations to Q8_0 exactly as we do, so what remains is
+ * float summation order (SIMD lanes vs scalar); a wrong block layout or a
+ * missing activation quantization gives errors of 1e-2 or more. NEON is not
+ * measured here: a rounding flip there (see docs/DESIGN.md, "Why 8-bit types
+ * deviate") would show as a failure to look at, not to widen blindly. */
+#define F32_PROB_BOUND 1e-5
+#define Q8_0_PROB_BOUND 1.2e-5
+#define Q4_0_PROB_BOUND 8e-6
+
 static void test_f32_probs(void) {
     CHECK(G32.n_probs == 32);
     cm_pool *pool = cm_pool_new(2);
     double e1 = probs_err(&G32, NULL), e2 = probs_err(&G32, pool);
     cm_pool_free(pool);
     printf("# stories260K f32: max |p - p_llama.cpp| = %.3g (1 thread), %.3g (2 threads)\n", e1, e2);
-    CHECKF(e1 <= 1e-4, "f32 max prob error %g", e1);
-    CHECKF(e2 <= 1e-4, "f32 max prob error %g (2 threads)", e2);
+    CHECKF(e1 <= F32_PROB_BOUND, "f32 max prob error %g > %g", e1, F32_PROB_BOUND);
+    CHECKF(e2 <= F32_PROB_BOUND, "f32 max prob error %g > %g (2 threads)", e2, F32_PROB_BOUND);
 }
-
-/* Bounds for quantized models, measured here (see the report in the
- * commit): llama.cpp rounds activations to Q8_0 exactly as we do, so what
- * remains is float summation order (SIMD lanes vs scalar) and the rare Q8_0
- * rounding flip it causes; 1e-3 leaves an order of magnitude of margin over
- * the measured error while a wrong block layout or a missing activation
- * quantization gives errors of 1e-2 or more. */
-#define QUANT_PROB_BOUND 1e-3
 
 static void test_q8_0(void) {
     check_greedy(&G8, 1, 1);
     double e = probs_err(&G8, NULL);
     printf("# stories260K q8_0: max |p - p_llama.cpp| = %.3g\n", e);
-    CHECKF(e <= QUANT_PROB_BOUND, "q8_0 max prob error %g", e);
+    CHECKF(e <= Q8_0_PROB_BOUND, "q8_0 max prob error %g > %g", e, Q8_0_PROB_BOUND);
 }
 
 /* Q4_0: llama.cpp's own Q4_0 path (repacked kernels on x86) drifts from its
@@ -236,10 +242,15 @@ static void test_q4_0(void) {
     check_greedy(&G4, 1, 0);
     double e = probs_err(&G4, NULL);
     printf("# stories260K q4_0: max |p - p_llama.cpp| = %.3g\n", e);
-    CHECKF(e <= QUANT_PROB_BOUND, "q4_0 max prob error %g", e);
+    CHECKF(e <= Q4_0_PROB_BOUND, "q4_0 max prob error %g > %g", e, Q4_0_PROB_BOUND);
 }
 
-/* Prefill in one batch == feeding the same tokens one at a time. */
+/* Prefill in one batch == feeding the same tokens one at a time, and a
+ * truncated cache continued == the uninterrupted run. Measured: bit-identical
+ * logits (0) with CUMULO_ISA=scalar, avx2 and avx512, F32 and Q8_0; the bound
+ * 1e-5 (was 1e-4) leaves room only for an ISA whose batched kernel sums in
+ * another order than its one-token kernel. */
+#define STEPWISE_LOGIT_BOUND 1e-5
 static void test_prefill_vs_stepwise(void) {
     golden *Gs[] = {&G32, &G8};
     for (int gi = 0; gi < 2; gi++) {
@@ -255,7 +266,8 @@ static void test_prefill_vs_stepwise(void) {
         for (int i = 0; i < 20; i++) CHECK(cm_forward_simple(c, &kv2, ids + i, 1, l2, errbuf, sizeof errbuf) == 0);
         double md = 0;
         for (int v = 0; v < 512; v++) md = fmax(md, fabs((double)l1[v] - l2[v]));
-        CHECKF(md <= 1e-4, "%s: batch vs stepwise logits differ by %g", Gs[gi]->name, md);
+        printf("# %s: batch vs stepwise: max |logit difference| = %.3g\n", Gs[gi]->name, md);
+        CHECKF(md <= STEPWISE_LOGIT_BOUND, "%s: batch vs stepwise logits differ by %g", Gs[gi]->name, md);
         CHECK(argmax(l1, 512) == argmax(l2, 512));
         CHECK(kv1.n_past == 20 && kv2.n_past == 20);
         /* Truncate and continue: rerunning the last 5 tokens gives the same logits. */
@@ -263,7 +275,8 @@ static void test_prefill_vs_stepwise(void) {
         CHECK(cm_forward_simple(c, &kv1, ids + 15, 5, l2, errbuf, sizeof errbuf) == 0);
         md = 0;
         for (int v = 0; v < 512; v++) md = fmax(md, fabs((double)l1[v] - l2[v]));
-        CHECKF(md <= 1e-4, "%s: truncate + continue differs by %g", Gs[gi]->name, md);
+        printf("# %s: truncate + continue: max |logit difference| = %.3g\n", Gs[gi]->name, md);
+        CHECKF(md <= STEPWISE_LOGIT_BOUND, "%s: truncate + continue differs by %g", Gs[gi]->name, md);
         cm_kv_release(&kv1);
         cm_kv_release(&kv2);
         cm_ctx_free(c);
@@ -446,7 +459,9 @@ static void test_tensor_parallel_slices(void) {
 }
 
 /* An F16 KV cache against llama.cpp's (its default), stories260K F32, 64
- * positions one token at a time: measured 2e-4 (an F32 cache is 1.1e-3 from
+ * positions one token at a time: measured 2.0e-4 (CUMULO_ISA=scalar), 2.5e-4
+ * (avx2), 7.6e-4 (avx512, this Zen 4; the bound 1e-3 is not 5x that: the
+ * AVX-512 F16 path's extra error is unexplained, NEEDSWORK) (an F32 cache is 1.1e-3 from
  * llama.cpp's F16 one, so the F16 rounding of q, K, V and the attention
  * weights is reproduced, not just tolerated). */
 static void test_f16_kv(void) {

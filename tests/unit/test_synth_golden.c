@@ -52,6 +52,10 @@
  * CUMULO_TEST_PERTURB=x scales our logits by (1 + x) before comparing (proof
  * that the test can fail): measured, x = 2e-4 fails every F32, BF16 and
  * 8-bit model (x = 1e-4: 54 of 55), x = 1e-3 every model (F16 from ~5e-4).
+ * test_synth_golden_fails_wrong_models runs that proof in every run (CI
+ * included): the comparison above, on qwen3-q8_0 and llama-f32, must fail for
+ * the same model made with another seed (a wrong model) and for logits scaled
+ * by 1 + 1e-3 (a small numeric error), or the test itself fails.
  * CUMULO_TEST_VERBOSE=1 prints every position's error and the flip search.
  * CUMULO_SYNTH_ONLY=regex limits the models (by name).
  */
@@ -64,7 +68,9 @@
 
 #include <cjson/cJSON.h>
 #include <dirent.h>
+#include <fcntl.h>
 #include <regex.h>
+#include <unistd.h>
 
 #define DATA_DIR "tests/data/synth"
 #define NPOS 8
@@ -726,6 +732,67 @@ static void test_synth_golden(void) {
     CHECK(g_models > 0 || use_re);
 }
 
+/* How many checks check_model fails for R changed by seed_delta and
+ * perturb, without counting them here (its FAIL lines go to /dev/null). */
+static int failures_of(ref_model *R, long seed_delta, double perturb, cm_pool *pool) {
+    const int cur = t_cur_failed, models = g_models, models_ok = g_models_ok;
+    const double saved = g_perturb;
+    R->seed += seed_delta;
+    g_perturb = perturb;
+    fflush(stdout);
+    fflush(stderr);
+    int out = dup(1), err = dup(2), null = open("/dev/null", O_WRONLY);
+    if (out >= 0 && err >= 0 && null >= 0) {
+        dup2(null, 1);
+        dup2(null, 2);
+    }
+    t_cur_failed = 0;
+    check_model(R, pool);
+    const int n = t_cur_failed;
+    fflush(stdout);
+    fflush(stderr);
+    if (out >= 0 && err >= 0 && null >= 0) {
+        dup2(out, 1);
+        dup2(err, 2);
+    }
+    if (out >= 0) close(out);
+    if (err >= 0) close(err);
+    if (null >= 0) close(null);
+    t_cur_failed = cur;
+    g_models = models;
+    g_models_ok = models_ok;
+    g_perturb = saved;
+    R->seed -= seed_delta;
+    return n;
+}
+
+/* The golden comparison can fail: on a wrong model (the same shapes and
+ * types from another seed) and on a 1e-3 relative error in the logits, while
+ * the right model passes (run here again, counted). */
+static void test_synth_golden_fails_wrong_models(void) {
+    const char *names[] = {"qwen3-q8_0.json", "llama-f32.json"};
+    cm_pool *pool = cm_pool_new(2);
+    static ref_model R;
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+        char path[512];
+        snprintf(path, sizeof path, "%s/%s", DATA_DIR, names[i]);
+        memset(&R, 0, sizeof R);
+        if (load_ref(path, &R)) {
+            CHECKF(0, "%s: unreadable reference", path);
+            continue;
+        }
+        const int right = failures_of(&R, 0, 0, pool);
+        const int wrong_seed = failures_of(&R, 1, 0, pool);
+        const int perturbed = failures_of(&R, 0, 1e-3, pool);
+        printf("# %s: failed checks: right model %d, seed + 1 %d, logits x (1 + 1e-3) %d\n", R.name, right,
+               wrong_seed, perturbed);
+        CHECKF(right == 0, "%s: the right model fails %d checks", R.name, right);
+        CHECKF(wrong_seed > 0, "%s: a model from another seed passes the golden comparison", R.name);
+        CHECKF(perturbed > 0, "%s: logits scaled by 1 + 1e-3 pass the golden comparison", R.name);
+    }
+    cm_pool_free(pool);
+}
+
 /* Same seed, same bytes, whatever the thread count; another seed, other bytes. */
 static void test_synth_deterministic(void) {
     cm_synth_params sp = {.arch = "qwen2", .n_embd = 256, .n_layer = 1, .n_head = 4, .n_head_kv = 2,
@@ -921,6 +988,7 @@ int main(void) {
     RUN(test_synth_layout);
     RUN(test_synth_layout_moe);
     RUN(test_synth_golden);
+    RUN(test_synth_golden_fails_wrong_models);
     cm_gguf_close(&g_vocab);
     TEST_END();
 }

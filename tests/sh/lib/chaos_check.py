@@ -2,7 +2,13 @@
 """chaos_check.py: checks the contract of issue 7 on the recorded history of one
 chaos scenario (tests/sh/chaos.sh). Not a test by itself; chaos.sh runs it.
 
-    chaos_check.py SCENARIO_DIR REF_DIR
+    chaos_check.py SCENARIO_DIR REF_DIR [--require-ok WAVES]
+
+WAVES (comma-separated wave tags, e.g. "w3", or "all"): every request of
+those waves (request ids are TAG-N) must end in success with the undisturbed
+text; an explicit error there is a violation. chaos.sh requires it of every
+request of the `none` control and of the wave after each heal, so a server
+that answers every request with an error (a 503 to everything) fails.
 
 SCENARIO_DIR holds:
   launched       one request id per line (every request a client started)
@@ -20,6 +26,7 @@ The contract, per request:
   - the text streamed before an error event is a prefix of the undisturbed
     text (no corrupted, repeated or missing tokens before the error).
 And the server stayed up: every /health poll got an HTTP answer, the last 200.
+And, for the waves given with --require-ok, success only.
 Prints one line per violation, then a summary line
   "requests N ok N error N violations N", and exits 1 on any violation.
 """
@@ -76,7 +83,22 @@ def parse_sse(raw):
 
 
 def main():
-    d, refdir = sys.argv[1], sys.argv[2]
+    args = sys.argv[1:]
+    require = set()
+    if "--require-ok" in args:
+        k = args.index("--require-ok")
+        if k + 1 >= len(args):
+            print("usage: chaos_check.py SCENARIO_DIR REF_DIR [--require-ok WAVES]")
+            return 2
+        require = set(w for w in args[k + 1].split(",") if w)
+        del args[k:k + 2]
+    if len(args) != 2:
+        print("usage: chaos_check.py SCENARIO_DIR REF_DIR [--require-ok WAVES]")
+        return 2
+    d, refdir = args
+
+    def must_succeed(rid):
+        return "all" in require or rid.split("-")[0] in require
     refs = {}
     for f in os.listdir(refdir):
         if f.startswith("want"):
@@ -123,7 +145,10 @@ def main():
                 msg = j["error"]["message"] if isinstance(j.get("error"), dict) else None
             except (ValueError, KeyError, TypeError):
                 msg = None
-            if msg:
+            if msg and must_succeed(rid):
+                viol.append("%s: must succeed (%s), got an explicit error HTTP %s: %s" %
+                            (rid, "every request" if "all" in require else "the wave after the heal", code, msg[:160]))
+            elif msg:
                 n_err += 1
                 print("  %s: explicit error HTTP %s: %s" % (rid, code, msg[:160]))
             else:
@@ -136,7 +161,11 @@ def main():
             if probs:
                 continue
             if ending == "error":
-                if want.startswith(text):
+                if must_succeed(rid):
+                    viol.append("%s: must succeed (%s), got an error event after %d bytes: %s" %
+                                (rid, "every request" if "all" in require else "the wave after the heal", len(text),
+                                 (err or "")[:160]))
+                elif want.startswith(text):
                     n_err += 1
                     print("  %s: explicit error event after %d bytes: %s" % (rid, len(text), (err or "")[:160]))
                 else:
@@ -173,6 +202,8 @@ def main():
         viol.append("/health unanswered %d of %d times (first at %s)" % (len(down), len(polls), down[0][0]))
     elif polls[-1][1] != "200":
         viol.append("/health answered %s at the end" % polls[-1][1])
+    if require and not any(must_succeed(rid) for rid in launched):
+        viol.append("no request of the waves that must succeed (%s) was launched" % ",".join(sorted(require)))
     for v in viol:
         print("  VIOLATION " + v)
     print("requests %d ok %d error %d violations %d" % (len(launched), n_ok, n_err, len(viol)))
