@@ -7,6 +7,8 @@
  */
 #include "model.h"
 
+#include "kernels/kernels.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -164,6 +166,7 @@ static int load_hparams(cm_model *m, char *err, size_t errlen) {
 
 void cm_model_release(cm_model *m) {
     if (!m) return;
+    cm_repack_drop(m);
     cm_free(m->layers);
     memset(m, 0, sizeof *m);
 }
@@ -227,6 +230,15 @@ int cm_model_load(cm_model *m, const cm_gguf *g, char *err, size_t errlen) {
             goto fail;
         }
     }
+    /* Decode-layout copies of the matmul weights for this CPU's kernels
+     * (kernels.h; results are the same bits with or without them).
+     * NEEDSWORK: a pipeline stage mapping the whole file repacks every layer. */
+    for (int il = 0; il < hp->n_layer; il++) {
+        const cm_layer *L = &m->layers[il];
+        const cm_tensor *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->ffn_gate, &L->ffn_up, &L->ffn_down};
+        if ((rc = cm_repack_add(m, cm_kernels_get(), ws, 7, err, errlen))) goto fail;
+    }
+    if ((rc = cm_repack_add(m, cm_kernels_get(), (const cm_tensor *const[]){&m->output}, 1, err, errlen))) goto fail;
     return 0;
 fail:
     cm_model_release(m);
