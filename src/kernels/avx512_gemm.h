@@ -405,3 +405,26 @@ AI void prow_q4_k(int64_t k, const cm_block_q4_k *const *x, const uint8_t *pk, s
         for (int t = 0; t < T; t++) out[r][t] = _mm512_reduce_add_ps(acc[r][t]) - hsum4(accm[r][t]);
 }
 ZGEMM(q4_k, cm_block_q4_k, cm_block_q8_k, 1, 4, (size_t)(k / CM_QK_K) * PQ4K_BLOCK, pack_q4_k, prow_q4_k, gemm_zq4_k)
+
+/* q4_k decode: the token packed once per call as the gemm packs it, then
+ * each row (in order: one sequential stream) through prow_q4_k with one row
+ * and one token, which is ztile_q4_k's arithmetic (so vec_dot's bits) without
+ * re-gathering the token's vectors and bsums pairs for every row. */
+static void gemv_pq4_k(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
+                       int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {
+    (void)x_stride, (void)ldy, (void)n_tok;
+    enum { MAXB = 128 }; /* super-blocks of the packed token: rows up to 32768 */
+    _Alignas(64) uint8_t pk[MAXB * PQ4K_BLOCK];
+    const cm_block_q8_k *yq = x;
+    if (k / CM_QK_K > MAXB) {
+        for (int64_t i = r0; i < r1; i++) vec_dot_zq4_k(k, &y[i], (const char *)w + (size_t)i * w_stride, x);
+        return;
+    }
+    pack_q4_k(k, yq, pk);
+    for (int64_t i = r0; i < r1; i++) {
+        const cm_block_q4_k *wr = (const cm_block_q4_k *)(const void *)((const char *)w + (size_t)i * w_stride);
+        float out[ZR][ZT];
+        prow_q4_k(k, &wr, pk, 0, &yq, 1, 1, out);
+        y[i] = out[0][0];
+    }
+}

@@ -472,7 +472,7 @@ VEC_DOT(zq6_k, cm_block_q6_k, cm_block_q8_k, CM_QK_K)
     }
 GEMV_ROWS(zf16)
 GEMV_ROWS(zbf16)
-GEMV_ROWS(zq4_k)
+
 GEMV_ROWS(zq6_k)
 GEMV_ROWS(zq8_0)
 
@@ -499,7 +499,7 @@ void cm_kernels_fill_avx512(cm_kernels *k) {
     k->gemv_packed[CM_TYPE_Q8_0] = gemv_rq8_0;
     k->vec_dot[CM_TYPE_Q4_K] = vec_dot_zq4_k;
     k->gemm[CM_TYPE_Q4_K] = gemm_pq4_k;
-    k->gemv[CM_TYPE_Q4_K] = gemv_zq4_k;
+    k->gemv[CM_TYPE_Q4_K] = gemv_pq4_k;
     k->vec_dot[CM_TYPE_Q6_K] = vec_dot_zq6_k;
     k->gemm[CM_TYPE_Q6_K] = gemm_zq6_k;
     k->gemv[CM_TYPE_Q6_K] = gemv_zq6_k;
