@@ -7,8 +7,12 @@
 # JSON line per row into $OUT/results.jsonl, progress on stderr.
 #
 # Models are generated into $MODELS (default /tmp/cumulo-bench-1b; never
-# commit them) once and reused. Needs llama.cpp through node-llama-cpp in
-# $CUMULO_ORACLE_DIR (default /tmp/nlc; see shared/oracle/README.md).
+# commit them) once and reused. The anchor is llama-bench built natively for
+# this CPU by bench/llamacpp.sh ($CUMULO_LLAMACPP_BENCH, else that script's
+# native build, built on first use: 30+ minutes on 2 cores); ANCHOR=node uses
+# node-llama-cpp in $CUMULO_ORACLE_DIR instead (the old, weaker anchor).
+# EXTRA="--isa avx2" with CUMULO_LLAMACPP_BENCH=.../avx2/bin/llama-bench gives
+# the AVX2-only rows.
 #
 #   sh bench/run_table.sh                 # everything (about 20-40 min on 2 cores)
 #   TYPES="q4_0 f16" THREADS="2" REPS=3 sh bench/run_table.sh
@@ -27,6 +31,11 @@ KV=${KV:-f16}  # llama.cpp (node-llama-cpp) keeps an F16 KV cache by default: sa
 VOCAB=$SHARED/vocab/ggml-vocab-llama-spm.gguf
 
 [ -x "$CUMULO" ] || { echo "run_table.sh: build cumulo first (make cumulo)" >&2; exit 1; }
+if [ "${ANCHOR:-native}" = native ] && [ -z "${CUMULO_LLAMACPP_BENCH:-}" ]; then
+    CUMULO_LLAMACPP_BENCH=$(sh "$here/bench/llamacpp.sh" native)
+fi
+[ "${ANCHOR:-native}" = native ] && export CUMULO_LLAMACPP_BENCH
+[ "${ANCHOR:-native}" = native ] || unset CUMULO_LLAMACPP_BENCH
 mkdir -p "$MODELS" "$OUT"
 for t in $TYPES; do
     m=$MODELS/llama1b-$t.gguf
@@ -41,7 +50,7 @@ for t in $TYPES; do
     for th in $THREADS; do
         echo "run_table.sh: $t, $th thread(s)" >&2
         "$CUMULO" bench "$MODELS/llama1b-$t.gguf" --threads "$th" --prompt "$PROMPT" --gen "$GEN" \
-            --reps "$REPS" --kv-type "$KV" --vs-llamacpp --json >>"$OUT/results.jsonl"
+            --reps "$REPS" --kv-type "$KV" --vs-llamacpp ${EXTRA:-} --json >>"$OUT/results.jsonl"
     done
 done
 
@@ -49,6 +58,9 @@ node - "$OUT/results.jsonl" <<'EOF'
 const fs = require("fs");
 const rows = fs.readFileSync(process.argv[2], "utf8").trim().split("\n").map(JSON.parse);
 const f = (x, d = 1) => (x === undefined || x === null ? "-" : x.toFixed(d));
+const c = rows[0].cpu || {}, a = (rows[0].llamacpp || {}).anchor || "none";
+console.log(`CPU: ${c.name} (${c.vendor}, family ${c.family}, model ${c.model}, ${c.cpus} CPUs; ${(c.flags || []).join(" ")}); ` +
+  `cumulo kernels ${rows[0].kernels}; anchor: ${a}\n`);
 console.log("| model | threads | prompt tok/s cumulo | llama.cpp | ratio | decode tok/s cumulo | llama.cpp | ratio | % roofline cumulo | llama.cpp | read GB/s |");
 console.log("|---|---|---|---|---|---|---|---|---|---|---|");
 for (const r of rows) {

@@ -21,7 +21,13 @@
  *     best of 3 passes, right before and right after the model runs; the
  *     roofline is the larger bandwidth / bytes per token;
  *   - power (os/power.c) over cumulo's decode phases: joules per token and
- *     tokens/s per watt, labelled measured (RAPL) or estimated.
+ *     tokens/s per watt, labelled measured (RAPL) or estimated;
+ *   - the llama.cpp anchor: llama-bench built natively for this CPU
+ *     (bench/llamacpp.sh; --llamacpp-bench or $CUMULO_LLAMACPP_BENCH), one
+ *     `-r 1` run per rep, its prompt test (-p) and decode test (-n) with the
+ *     same threads and an F16 KV cache; without it node-llama-cpp's prebuilt
+ *     llama.cpp (shared/oracle/bench.mjs), labelled as the fallback. The JSON
+ *     names the anchor and this CPU (vendor, family, model, flags).
  * Timings never gate anything: this prints, it does not assert.
  * Progress goes to stderr; stdout carries the result (one JSON line with --json).
  */
@@ -61,8 +67,10 @@ static const char k_bench_usage[] =
     "  --mmap             weights in a file mapping, as llama.cpp's default (default: read\n"
     "                     into huge-page memory when they fit; also CUMULO_MMAP=1)\n"
     "  --isa ISA          cap cumulo's kernels: scalar, avx2, avx512 or neon (default: best)\n"
-    "  --vs-llamacpp      run llama.cpp (node-llama-cpp) on the same file, interleaved A B A B,\n"
-    "                     and print the ratios cumulo / llama.cpp\n"
+    "  --vs-llamacpp      run llama.cpp on the same file, interleaved A B A B, and print the\n"
+    "                     ratios cumulo / llama.cpp: llama-bench built for this CPU when given\n"
+    "                     (bench/llamacpp.sh builds it), else node-llama-cpp (the fallback)\n"
+    "  --llamacpp-bench P that llama-bench (default: $CUMULO_LLAMACPP_BENCH)\n"
     "  --oracle-dir DIR   folder with bench.mjs and node_modules/node-llama-cpp\n"
     "                     (default: $CUMULO_ORACLE_DIR, else /tmp/nlc)\n"
     "  --bw-mib N         size of the bandwidth buffer in MiB (default 1024)\n"
@@ -78,7 +86,7 @@ static const char k_bench_usage[] =
     "                     the wire per token are printed either way\n";
 
 typedef struct bench_opts {
-    const char *model, *isa, *oracle_dir;
+    const char *model, *isa, *oracle_dir, *llama_bench;
     const char *nodes, *key_file;   /* --cluster: the engine runs over these nodes */
     cm_plan_request plan;           /* --parallel, --groups */
     bool tp_compress;
@@ -284,6 +292,74 @@ static int llamacpp_rep(const bench_opts *o, speed *sp) {
     return 0;
 }
 
+/* llama-bench -o json: an array of tests; the one with n_gen 0 is the
+ * prompt, the one with n_prompt 0 the decode; avg_ts is tokens/s. */
+static int native_rep(const bench_opts *o, speed *sp) {
+    char th[16], np[16], ng[16];
+    snprintf(th, sizeof th, "%d", o->threads);
+    snprintf(np, sizeof np, "%d", o->n_prompt);
+    snprintf(ng, sizeof ng, "%d", o->n_gen);
+    char *argv[] = {(char *)o->llama_bench, "-m", (char *)o->model, "-t", th, "-p", np, "-n", ng, "-r", "1",
+                    "-ctk", "f16", "-ctv", "f16", "-o", "json", NULL};
+    static char out[1 << 16];
+    int rc = run_capture(argv, out, sizeof out);
+    if (rc) return cli_fail("llama-bench failed (exit %d): '%s'", rc, o->llama_bench);
+    cJSON *j = cJSON_Parse(strchr(out, '[') ? strchr(out, '[') : out);
+    sp->pp = sp->tg = 0;
+    const cJSON *t;
+    cJSON_ArrayForEach(t, j) {
+        const cJSON *p = cJSON_GetObjectItem(t, "n_prompt"), *g = cJSON_GetObjectItem(t, "n_gen"),
+                    *ts = cJSON_GetObjectItem(t, "avg_ts");
+        if (!cJSON_IsNumber(p) || !cJSON_IsNumber(g) || !cJSON_IsNumber(ts)) continue;
+        if (g->valuedouble == 0) sp->pp = ts->valuedouble;
+        else if (p->valuedouble == 0) sp->tg = ts->valuedouble;
+    }
+    cJSON_Delete(j);
+    return sp->pp > 0 && sp->tg > 0 ? 0 : cli_fail("llama-bench printed no result");
+}
+
+/* This CPU as /proc/cpuinfo names it (vendor, family, model, the flags that
+ * matter to the kernels), for the JSON; "unknown" where there is no such file. */
+static cJSON *cpu_json(void) {
+    static const char *const flags[] = {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
+                                        "avx512_bf16", "avx_vnni", "amx_int8", "asimd", "asimddp", "i8mm", "fphp", "sve"};
+    cJSON *c = cJSON_CreateObject();
+    char vendor[64] = "unknown", name[128] = "unknown", fam[16] = "", model[16] = "", line[8192];
+    cJSON *fl = cJSON_CreateArray();
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    bool got_flags = false;
+    while (f && fgets(line, sizeof line, f)) {
+        char *colon = strchr(line, ':');
+        if (!colon) continue;
+        char *v = colon + 1;
+        while (*v == ' ') v++;
+        v[strcspn(v, "\n")] = 0;
+        if (!strncmp(line, "vendor_id", 9) || !strncmp(line, "CPU implementer", 15)) snprintf(vendor, sizeof vendor, "%s", v);
+        else if (!strncmp(line, "model name", 10)) snprintf(name, sizeof name, "%s", v);
+        else if (!strncmp(line, "cpu family", 10)) snprintf(fam, sizeof fam, "%s", v);
+        else if (!strncmp(line, "model\t", 6) || !strncmp(line, "CPU part", 8)) snprintf(model, sizeof model, "%s", v);
+        else if (!got_flags && (!strncmp(line, "flags", 5) || !strncmp(line, "Features", 8))) {
+            got_flags = true;
+            for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++) {
+                size_t n = strlen(flags[i]);
+                for (const char *q = v; (q = strstr(q, flags[i])) != NULL; q += n)
+                    if ((q == v || q[-1] == ' ') && (q[n] == ' ' || q[n] == 0)) {
+                        cJSON_AddItemToArray(fl, cJSON_CreateString(flags[i]));
+                        break;
+                    }
+            }
+        }
+    }
+    if (f) fclose(f);
+    cJSON_AddStringToObject(c, "vendor", vendor);
+    cJSON_AddStringToObject(c, "name", name);
+    cJSON_AddStringToObject(c, "family", fam);
+    cJSON_AddStringToObject(c, "model", model);
+    cJSON_AddNumberToObject(c, "cpus", cm_cpu_count());
+    cJSON_AddItemToObject(c, "flags", fl);
+    return c;
+}
+
 /* ---- output ---- */
 
 static double ratio(double a, double b) { return a > 0 && b > 0 ? a / b : 0; }
@@ -296,8 +372,9 @@ static cJSON *runs_array(const speed *runs, int n, bool tg) {
 
 static int parse(int argc, char **argv, bench_opts *o) {
     const char *env = getenv("CUMULO_ORACLE_DIR");
+    const char *lb = getenv("CUMULO_LLAMACPP_BENCH");
     *o = (bench_opts){.threads = 0, .n_prompt = 128, .n_gen = 64, .reps = 3, .bw_mib = 1024,
-                      .oracle_dir = env && *env ? env : "/tmp/nlc"};
+                      .oracle_dir = env && *env ? env : "/tmp/nlc", .llama_bench = lb && *lb ? lb : NULL};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         long l;
@@ -330,6 +407,9 @@ static int parse(int argc, char **argv, bench_opts *o) {
         } else if (!strcmp(a, "--oracle-dir")) {
             if (!v) return cli_fail("option '%s' needs a value", a);
             o->oracle_dir = v, i++;
+        } else if (!strcmp(a, "--llamacpp-bench")) {
+            if (!v) return cli_fail("option '%s' needs a value", a);
+            o->llama_bench = v, i++;
         } else if (!strcmp(a, "--cluster")) {
             if (!o->nodes) o->nodes = "auto";
         } else if (!strcmp(a, "--nodes")) {
@@ -375,9 +455,23 @@ int cmd_bench(int argc, char **argv) {
     if (bytes_per_token(o.model, &bpt, &wbytes, err, sizeof err)) return cli_fail("%s", err);
 
     char why[1200];
-    const char *skip = o.vs ? oracle_missing(o.oracle_dir, why, sizeof why) : NULL;
+    const char *skip = NULL, *anchor = NULL;
+    if (o.vs && o.llama_bench) {
+        if (access(o.llama_bench, X_OK) == 0) anchor = "llama-bench (native build)";
+        else fprintf(stderr, "bench: llama-bench '%s' is not there (bench/llamacpp.sh builds it); trying node-llama-cpp\n",
+                     o.llama_bench);
+    }
+    if (o.vs && !anchor) {
+        skip = oracle_missing(o.oracle_dir, why, sizeof why);
+        if (!skip) {
+            anchor = "node-llama-cpp (fallback: prebuilt llama.cpp)";
+            o.llama_bench = NULL;
+        }
+    }
     if (skip) fprintf(stderr, "bench: skipping llama.cpp: %s\n", skip);
     bool vs = o.vs && !skip;
+    if (vs) fprintf(stderr, "bench: llama.cpp anchor: %s%s%s\n", anchor, o.llama_bench ? " " : "",
+                    o.llama_bench ? o.llama_bench : "");
 
     double bw_before = measure_bw(o.threads, o.bw_mib, "before");
 
@@ -412,7 +506,7 @@ int cmd_bench(int argc, char **argv) {
         fprintf(stderr, "bench: rep %d/%d  cumulo     prompt %8.2f tok/s  decode %7.2f tok/s\n", r + 1, o.reps,
                 runs[r].pp, runs[r].tg);
         if (vs) {
-            if (llamacpp_rep(&o, &lruns[r])) goto done;
+            if (o.llama_bench ? native_rep(&o, &lruns[r]) : llamacpp_rep(&o, &lruns[r])) goto done;
             lbest.pp = CM_MAX(lbest.pp, lruns[r].pp);
             lbest.tg = CM_MAX(lbest.tg, lruns[r].tg);
             fprintf(stderr, "bench: rep %d/%d  llama.cpp  prompt %8.2f tok/s  decode %7.2f tok/s\n", r + 1, o.reps,
@@ -449,6 +543,7 @@ int cmd_bench(int argc, char **argv) {
         cJSON_AddStringToObject(j, "arch", in.arch);
         cJSON_AddNumberToObject(j, "n_params", (double)in.n_params);
         cJSON_AddStringToObject(j, "kernels", kname);
+        cJSON_AddItemToObject(j, "cpu", cpu_json());
         cJSON_AddNumberToObject(j, "threads", o.threads);
         cJSON_AddStringToObject(j, "kv_type", o.kv_f16 ? "f16" : "f32");
         cJSON_AddNumberToObject(j, "n_prompt", o.n_prompt);
@@ -468,6 +563,8 @@ int cmd_bench(int argc, char **argv) {
         cJSON_AddNumberToObject(j, "tg_roofline_pct", round(pct * 10) / 10);
         if (vs) {
             cJSON *l = cJSON_AddObjectToObject(j, "llamacpp");
+            cJSON_AddStringToObject(l, "anchor", anchor);
+            if (o.llama_bench) cJSON_AddStringToObject(l, "path", o.llama_bench);
             cJSON_AddNumberToObject(l, "pp_tokens_per_s", lbest.pp);
             cJSON_AddNumberToObject(l, "tg_tokens_per_s", lbest.tg);
             cJSON_AddItemToObject(l, "pp_runs", runs_array(lruns, o.reps, false));
@@ -504,7 +601,8 @@ int cmd_bench(int argc, char **argv) {
         printf("%-26s %14s %14s %12s\n", "", "prompt tok/s", "decode tok/s", "% roofline");
         printf("%-26s %14.2f %14.2f %11.1f%%\n", "cumulo", best.pp, best.tg, pct);
         if (vs) {
-            printf("%-26s %14.2f %14.2f %11.1f%%\n", "llama.cpp", lbest.pp, lbest.tg, lpct);
+            printf("%-26s %14.2f %14.2f %11.1f%%\n", o.llama_bench ? "llama.cpp (native)" : "llama.cpp (node, fallback)",
+                   lbest.pp, lbest.tg, lpct);
             printf("%-26s %14.3f %14.3f\n", "ratio cumulo / llama.cpp", ratio(best.pp, lbest.pp),
                    ratio(best.tg, lbest.tg));
         } else if (o.vs) {

@@ -35,22 +35,24 @@ enum {
     ZRB = 16,            /* weight rows per cache block (stay in L2 across token tiles) */
     ZPF = 4,             /* prefetch the weight row this many rows ahead (as cm_matmul_rows) */
     ZPACK = 160 * 1024,  /* bytes of packed activations per pass */
+    ZPACK_F16 = 256 * 1024, /* f16: 11 tokens of a 5632-wide row per pass, not 7 */
 };
 
 /* The driver: pack as many tokens as fit, then for each ZRB-row block run
  * every TT-token tile over it, RR rows at a time. ROW(k, rows, pk, tb, yv, R,
  * T, out) computes out[r][t] for R rows and T tokens (constants after the
  * switch, so the compiler keeps the R x T accumulators in registers). */
-#define ZGEMM(NAME, XB, YB, RR, TT, TOKBYTES, PACK, ROW, FALLBACK)                                 \
+#define ZGEMM(NAME, XB, YB, RR, TT, TOKBYTES, PACK, ROW, FALLBACK) ZGEMM_N(NAME, XB, YB, RR, TT, TOKBYTES, PACK, ROW, FALLBACK, ZPACK)
+#define ZGEMM_N(NAME, XB, YB, RR, TT, TOKBYTES, PACK, ROW, FALLBACK, NPACK)                                 \
     static void gemm_p##NAME(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, \
                              float *y, int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {       \
         const size_t tb = (TOKBYTES);                                                              \
-        if (tb == 0 || tb * 2 > ZPACK) {                                                           \
+        if (tb == 0 || tb * 2 > NPACK) {                                                           \
             FALLBACK(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);                          \
             return;                                                                                \
         }                                                                                          \
-        _Alignas(64) uint8_t pk[ZPACK];                                                            \
-        const int64_t cap = (int64_t)(ZPACK / tb);                                                 \
+        _Alignas(64) uint8_t pk[NPACK];                                                            \
+        const int64_t cap = (int64_t)(NPACK / tb);                                                 \
         for (int64_t j0 = 0; j0 < n_tok; j0 += cap) {                                              \
             const int64_t nt = n_tok - j0 < cap ? n_tok - j0 : cap;                                \
             for (int64_t t = 0; t < nt; t++)                                                       \
@@ -169,6 +171,23 @@ AI void lq4_unpack(int64_t nb, const cm_block_q4_0 *x, lq4_row *u) {
     for (; b < nb; b++) u->dx[b] = f16f(x[b].d);
 }
 
+/* q8_0 rows into the same form: the bytes are already signed, so this only
+ * moves them into lq4_w's places and sums them (sum(q + 128) - 4096). */
+AI void lq8_unpack(int64_t nb, const cm_block_q8_0 *x, lq4_row *u) {
+    const __m256i k128 = _mm256_set1_epi8((char)0x80), z = _mm256_setzero_si256();
+    for (int64_t b = 0; b < nb; b++) {
+        const __m256i q = ld256(x[b].qs);
+        int8_t *w = u->q + 128 * (b >> 2) + 16 * (b & 3);
+        _mm_store_si128((__m128i *)(void *)w, _mm256_castsi256_si128(q));
+        _mm_store_si128((__m128i *)(void *)(w + 64), _mm256_extracti128_si256(q, 1));
+        const __m256i sad = _mm256_sad_epu8(_mm256_xor_si256(q, k128), z);
+        u->nc[b] = -128 * (hsum_i32(sad) - 4096);
+    }
+    int64_t b = 0;
+    for (; b + 8 <= nb; b += 8) _mm256_storeu_ps(u->dx + b, d8_q8_0(x + b));
+    for (; b < nb; b++) u->dx[b] = f16f(x[b].d);
+}
+
 AI int32_t ld_i32(const void *p) {
     int32_t v;
     memcpy(&v, p, sizeof v);
@@ -224,6 +243,53 @@ AI void lq4_rows(int64_t nb, const lq4_row *const *u, const uint8_t *pg, const c
     }
 }
 
+AI void lq_gemm(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
+                int64_t r0, int64_t r1, int64_t n_tok, bool q8) {
+    const int64_t nb = k / 32;
+    const size_t bsz = q8 ? sizeof(cm_block_q8_0) : sizeof(cm_block_q4_0);
+    const size_t gb = (size_t)nb * LQ_BLOCK;
+    if (n_tok < LQ_MINTOK || nb > LQ_MAXNB || gb > ZPACK) { /* too few tokens to fill lanes, or rows too long */
+        if (q8) gemm_zq8_0(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
+        else gemm_zq4_0(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
+        return;
+    }
+    _Alignas(64) uint8_t pk[ZPACK];
+    lq4_row ur[2];
+    const lq4_row *u[2] = {&ur[0], &ur[1]};
+    const int64_t gcap = (int64_t)(ZPACK / gb); /* groups of 16 tokens per pass */
+    for (int64_t j0 = 0; j0 < n_tok; j0 += gcap * LQ_TOK) {
+        const int64_t left = n_tok - j0, ng = (left + LQ_TOK - 1) / LQ_TOK < gcap ? (left + LQ_TOK - 1) / LQ_TOK : gcap;
+        for (int64_t g = 0; g < ng; g++) {
+            const cm_block_q8_0 *yv[LQ_TOK];
+            const int T = left - g * LQ_TOK < LQ_TOK ? (int)(left - g * LQ_TOK) : LQ_TOK;
+            for (int t = 0; t < T; t++)
+                yv[t] = (const cm_block_q8_0 *)(const void *)((const char *)x + (size_t)(j0 + g * LQ_TOK + t) * x_stride);
+            lq4_pack(nb, yv, T, pk + (size_t)g * gb);
+        }
+        for (int64_t i = r0; i < r1; i += 2) {
+            const int R = r1 - i < 2 ? (int)(r1 - i) : 2;
+            for (int r = 0; r < R; r++) {
+                const void *wr = (const char *)w + (size_t)(i + r) * w_stride;
+                if (q8) lq8_unpack(nb, wr, &ur[r]);
+                else lq4_unpack(nb, wr, &ur[r]);
+            }
+            /* the next pair's rows (adjacent when w_stride is the row size, as in a GGUF) */
+            const int64_t np = r1 - (i + 2) < 2 ? r1 - (i + 2) : 2;
+            const char *pf = np > 0 ? (const char *)w + (size_t)(i + 2) * w_stride : NULL;
+            const size_t pf_bytes = np > 0 ? (size_t)(np - 1) * w_stride + (size_t)nb * bsz : 0;
+            for (int64_t g = 0; g < ng; g++) {
+                float out[2][LQ_TOK];
+                if (R == 2) lq4_rows(nb, u, pk + (size_t)g * gb, g == 0 ? pf : NULL, pf_bytes, 2, out);
+                else lq4_rows(nb, u, pk + (size_t)g * gb, g == 0 ? pf : NULL, pf_bytes, 1, out);
+                const int64_t jg = j0 + g * LQ_TOK;
+                const int T = n_tok - jg < LQ_TOK ? (int)(n_tok - jg) : LQ_TOK;
+                for (int r = 0; r < R; r++)
+                    for (int t = 0; t < T; t++) y[(jg + t) * ldy + i + r] = out[r][t];
+            }
+        }
+    }
+}
+
 static void gemm_lq4_0(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
                        int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {
     const int64_t nb = k / CM_QK4_0;
@@ -265,70 +331,10 @@ static void gemm_lq4_0(int64_t k, const void *w, size_t w_stride, const void *x,
         }
     }
 }
-
-/* ---- q8_0: per 8-block group and pair p, 192 bytes per token:
- * [y of blocks 2p, 2p+1][-128 * sum(y) lanes][dy per lane] ---- */
-enum { PQ8_PAIR = 192, PQ8_GROUP = 768 };
-
-AI __m512i pair_idx(int p) { return _mm512_inserti64x4(_mm512_set1_epi32(2 * p), _mm256_set1_epi32(2 * p + 1), 1); }
-
-AI void pack_q8_0(int64_t k, const cm_block_q8_0 *y, uint8_t *d) {
-    const int64_t ng = k / CM_QK8_0 / 8;
-    const __m512i k128 = _mm512_set1_epi8((char)0x80), z = _mm512_setzero_si512();
-    for (int64_t g = 0; g < ng; g++, y += 8) {
-        const __m512 dy = _mm512_castps256_ps512(d8_q8_0(y));
-        for (int p = 0; p < 4; p++, d += PQ8_PAIR) {
-            const __m512i qy = ld2x256(y[2 * p].qs, y[2 * p + 1].qs);
-            _mm512_store_si512((void *)d, qy);
-            _mm512_store_si512((void *)(d + 64), _mm512_sub_epi32(z, _mm512_dpbusd_epi32(z, k128, qy)));
-            _mm512_store_ps((void *)(d + 128), _mm512_permutexvar_ps(pair_idx(p), dy));
-        }
-    }
+static void gemm_lq8_0(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
+                       int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {
+    lq_gemm(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok, true);
 }
-
-AI void prow_q8_0(int64_t k, const cm_block_q8_0 *const *x, const uint8_t *pk, size_t tb,
-                  const cm_block_q8_0 *const *yv, int R, int T, float (*out)[ZT]) {
-    const int64_t nb = k / CM_QK8_0, ng = nb / 8;
-    __m512 acc[2][ZR][ZT];
-    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
-        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) acc[0][r][t] = acc[1][r][t] = _mm512_setzero_ps();
-    const __m512i k128 = _mm512_set1_epi8((char)0x80);
-    for (int64_t g = 0; g < ng; g++) {
-        __m512 dx[ZR];
-        for (int r = 0; r < R; r++) dx[r] = _mm512_castps256_ps512(d8_q8_0(x[r] + 8 * g));
-        _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++) {
-            __m512i xu[ZR];
-            __m512 dxl[ZR];
-            for (int r = 0; r < R; r++) {
-                const cm_block_q8_0 *xb = x[r] + 8 * g + 2 * p;
-                xu[r] = _mm512_xor_si512(ld2x256(xb[0].qs, xb[1].qs), k128);
-                dxl[r] = _mm512_permutexvar_ps(pair_idx(p), dx[r]);
-            }
-            _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
-                const uint8_t *py = pk + (size_t)t * tb + (size_t)g * PQ8_GROUP + (size_t)p * PQ8_PAIR;
-                const __m512i qy = _mm512_load_si512((const void *)py), ini = _mm512_load_si512((const void *)(py + 64));
-                const __m512 dyl = _mm512_load_ps((const void *)(py + 128));
-                _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
-                    const __m512i s = _mm512_dpbusd_epi32(ini, xu[r], qy);
-                    acc[p & 1][r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dxl[r], dyl), acc[p & 1][r][t]);
-                }
-            }
-        }
-    }
-    for (int r = 0; r < R; r++) {
-        float tail[ZT] = {0};
-        if (8 * ng < nb) {
-            const cm_block_q8_0 *yt[ZT];
-            for (int t = 0; t < T; t++) yt[t] = yv[t] + 8 * ng;
-            for (int t0 = 0; t0 < T; t0 += TMAX) /* the tile holds at most TMAX tokens */
-                tile_q8_0(nb - 8 * ng, x[r] + 8 * ng, yt + t0, T - t0 < TMAX ? T - t0 : TMAX, tail + t0);
-        }
-        for (int t = 0; t < T; t++)
-            out[r][t] = _mm512_reduce_add_ps(_mm512_add_ps(acc[0][r][t], acc[1][r][t])) + tail[t];
-    }
-}
-ZGEMM(q8_0, cm_block_q8_0, cm_block_q8_0, 2, 4, (size_t)(k / CM_QK8_0 / 8) * PQ8_GROUP, pack_q8_0, prow_q8_0,
-      gemm_zq8_0)
 
 /* ---- f16: activations converted to f32 once (the 32-aligned prefix; the
  * tail is read from the f16 row like the tile does) ---- */
@@ -364,7 +370,9 @@ AI void prow_f16(int64_t k, const void *const *x, const uint8_t *pk, size_t tb, 
             out[r][t] = s;
         }
 }
-ZGEMM(f16, void, void, 2, 4, (size_t)(k & ~(int64_t)31) * 4, pack_f16, prow_f16, gemm_zf16)
+/* 2 rows x 6 tokens: 24 accumulators, 4 weight and 2 activation vectors in
+ * 30 of the 32 registers; on Zen 4 ~1.3x the 2 x 4 tile (kbench gemm16). */
+ZGEMM_N(f16, void, void, 2, 6, (size_t)(k & ~(int64_t)31) * 4, pack_f16, prow_f16, gemm_zf16, ZPACK_F16)
 
 /* ---- q4_k: per super-block, 320 bytes per token: for h = 0, 1 the two
  * vectors ztile_q4_k multiplies the low and high nibbles with
@@ -436,3 +444,26 @@ AI void prow_q4_k(int64_t k, const cm_block_q4_k *const *x, const uint8_t *pk, s
         for (int t = 0; t < T; t++) out[r][t] = _mm512_reduce_add_ps(acc[r][t]) - hsum4(accm[r][t]);
 }
 ZGEMM(q4_k, cm_block_q4_k, cm_block_q8_k, 1, 4, (size_t)(k / CM_QK_K) * PQ4K_BLOCK, pack_q4_k, prow_q4_k, gemm_zq4_k)
+
+/* q4_k decode: the token packed once per call as the gemm packs it, then
+ * each row (in order: one sequential stream) through prow_q4_k with one row
+ * and one token, which is ztile_q4_k's arithmetic (so vec_dot's bits) without
+ * re-gathering the token's vectors and bsums pairs for every row. */
+static void gemv_pq4_k(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
+                       int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {
+    (void)x_stride, (void)ldy, (void)n_tok;
+    enum { MAXB = 128 }; /* super-blocks of the packed token: rows up to 32768 */
+    _Alignas(64) uint8_t pk[MAXB * PQ4K_BLOCK];
+    const cm_block_q8_k *yq = x;
+    if (k / CM_QK_K > MAXB) {
+        for (int64_t i = r0; i < r1; i++) vec_dot_zq4_k(k, &y[i], (const char *)w + (size_t)i * w_stride, x);
+        return;
+    }
+    pack_q4_k(k, yq, pk);
+    for (int64_t i = r0; i < r1; i++) {
+        const cm_block_q4_k *wr = (const cm_block_q4_k *)(const void *)((const char *)w + (size_t)i * w_stride);
+        float out[ZR][ZT];
+        prow_q4_k(k, &wr, pk, 0, &yq, 1, 1, out);
+        y[i] = out[0][0];
+    }
+}

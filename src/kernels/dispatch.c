@@ -132,6 +132,11 @@ void cm_matmul_rows(const cm_kernels *k, const cm_tensor *W, const void *xq, siz
         k->gemm[t](n, W->data, W->nb[1], xq, xq_stride, y, ldy, r0, r1, n_tok);
         return;
     }
+    const void *wp;
+    if (n_tok == 1 && k->gemv_packed[t] && (wp = cm_repack_find(W)) != NULL) {
+        k->gemv_packed[t](n, wp, W->nb[1], xq, xq_stride, y, ldy, r0, r1, 1);
+        return;
+    }
     if (n_tok == 1 && k->gemv[t]) {
         k->gemv[t](n, W->data, W->nb[1], xq, xq_stride, y, ldy, r0, r1, 1);
         return;

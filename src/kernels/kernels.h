@@ -66,6 +66,10 @@ typedef struct cm_kernels {
      * system, each row bit-identical to vec_dot. NULL = vec_dot per row with
      * the driver's software prefetch (cm_matmul_rows). */
     cm_gemm_fn gemv[CM_TYPE_COUNT];
+    /* Optional decode path over weights repacked at load (repack.c; w is the
+     * repacked copy, same row stride): each row bit-identical to vec_dot on
+     * the file's bytes. Non-NULL makes cm_repack_add repack type t. */
+    cm_gemm_fn gemv_packed[CM_TYPE_COUNT];
 } cm_kernels;
 
 /* The best table for this CPU (respecting CUMULO_ISA). Thread-safe; never NULL. */
@@ -98,5 +102,23 @@ size_t cm_quantize_rows(enum cm_type t, const float *src, void *dst, int64_t nro
  * loader rejects such files first). */
 void cm_matmul_rows(const cm_kernels *k, const cm_tensor *W, const void *xq, size_t xq_stride,
                     int64_t n_tok, float *y, int64_t ldy, int64_t r0, int64_t r1);
+
+/* ---- weights repacked at load (repack.c) ----
+ * cm_repack_add: for each of the n tensors (views of whole weight matrices)
+ * whose type table k has a gemv_packed for, make a repacked copy, recorded
+ * under owner; CUMULO_REPACK=0 turns it off. The copies are found again by
+ * address by cm_matmul_rows (row views of the tensor included, column views
+ * not: those read the file's bytes). cm_repack_drop frees owner's copies
+ * (call it before the tensors' bytes go away). Thread-safe; the copies cost
+ * their tensors' size in memory. Returns 0 or CM_ENOMEM. */
+enum { CM_REPACK_MAX_K = 32768 }; /* longest row repacked */
+int cm_repack_add(const void *owner, const cm_kernels *k, const cm_tensor *const *ws, int n, char *err,
+                  size_t errlen);
+void cm_repack_drop(const void *owner);
+/* The repacked copy of W's first row, or NULL (not repacked, or a column view). */
+const void *cm_repack_find(const cm_tensor *W);
+/* The "q4_0 lanes" / "q8_0 lanes" layouts of nb blocks (repack.c says what they are). */
+void cm_repack_q4_0_lanes(const void *src, void *dst, int64_t nb);
+void cm_repack_q8_0_lanes(const void *src, void *dst, int64_t nb);
 
 #endif

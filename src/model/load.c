@@ -8,6 +8,8 @@
 #include "model.h"
 #include "moe.h"
 
+#include "kernels/kernels.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -224,6 +226,7 @@ static int load_hparams(cm_model *m, char *err, size_t errlen) {
 
 void cm_model_release(cm_model *m) {
     if (!m) return;
+    cm_repack_drop(m);
     cm_free(m->layers);
     memset(m, 0, sizeof *m);
 }
@@ -301,6 +304,25 @@ int cm_model_load(cm_model *m, const cm_gguf *g, char *err, size_t errlen) {
         }
     }
     cm_moe_count_active(m);
+    /* Decode-layout copies of the matmul weights for this CPU's kernels
+     * (kernels.h; results are the same bits with or without them). They cost
+     * up to the weights' size again, so only for a file read into memory
+     * (a model run whole, or a node's slice: every layer here runs) and only
+     * while that much memory is free with cm_gguf_worth_loading's margin. A
+     * mapped file (a coordinator's or a pipeline stage's whole-model file, or
+     * one that only just fits) keeps the file's layout alone.
+     * NEEDSWORK: repack in place instead of beside, then every file can. */
+    const bool repack = g->file.in_memory && cm_gguf_worth_loading(g->size);
+    rc = 0;
+    if (repack)
+        for (int il = 0; il < hp->n_layer && !rc; il++) {
+            const cm_layer *L = &m->layers[il];
+            const cm_tensor *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->ffn_gate, &L->ffn_up, &L->ffn_down};
+            rc = cm_repack_add(m, cm_kernels_get(), ws, 7, err, errlen);
+        }
+    if (!rc && repack)
+        rc = cm_repack_add(m, cm_kernels_get(), (const cm_tensor *const[]){&m->output}, 1, err, errlen);
+    if (rc) goto fail;
     return 0;
 fail:
     cm_model_release(m);

@@ -37,6 +37,26 @@ expect_err "unknown option '--bogus'" "$T/none.gguf" --bogus
 [ $rc -eq 0 ] && [ "$(wc -l <"$T/json")" -eq 1 ] && ok || bad "json run: rc $rc, $(cat "$T/err")"
 grep -q "skipping llama.cpp: node" "$T/err" && grep -q '"llamacpp_skipped"' "$T/json" && ok ||
     bad "missing oracle is skipped with a message: $(cat "$T/err")"
+# The native anchor: a stand-in llama-bench that prints llama-bench's JSON (a
+# prompt test and a decode test) and records its arguments.
+{
+    echo '#!/bin/sh'
+    echo "echo \"\$*\" >'$T/lb-args'"
+    echo 'echo "llama-bench noise on stdout"'
+    echo "echo '[{\"n_prompt\": 8, \"n_gen\": 0, \"avg_ts\": 123.5}, {\"n_prompt\": 0, \"n_gen\": 4, \"avg_ts\": 45.25}]'"
+} >"$T/llama-bench"
+chmod +x "$T/llama-bench"
+"$BIN" bench "$T/m.gguf" --threads 1 --prompt 8 --gen 4 --reps 2 --bw-mib 16 --json --vs-llamacpp \
+    --llamacpp-bench "$T/llama-bench" --oracle-dir "$T/no-oracle" >"$T/njson" 2>"$T/nerr"; rc=$?
+[ $rc -eq 0 ] && grep -q '"anchor":"llama-bench (native build)"' "$T/njson" &&
+    grep -q '"pp_tokens_per_s":123.5,"tg_tokens_per_s":45.25' "$T/njson" && ok ||
+    bad "native anchor: rc $rc, $(cat "$T/nerr" "$T/njson")"
+grep -q -- "-t 1 -p 8 -n 4 -r 1 -ctk f16 -ctv f16 -o json" "$T/lb-args" && ok || bad "llama-bench args: $(cat "$T/lb-args")"
+grep -q '"cpu":{"vendor":"[^"]*","name":"[^"]*","family"' "$T/njson" && ok || bad "no cpu in the JSON: $(cat "$T/njson")"
+CUMULO_LLAMACPP_BENCH="$T/missing-bench" "$BIN" bench "$T/m.gguf" --threads 1 --prompt 8 --gen 4 --reps 1 --bw-mib 16 \
+    --json --vs-llamacpp --oracle-dir "$T/no-oracle" >"$T/mjson" 2>"$T/merr"
+grep -q "llama-bench '$T/missing-bench' is not there" "$T/merr" && grep -q '"llamacpp_skipped"' "$T/mjson" && ok ||
+    bad "missing llama-bench falls back: $(cat "$T/merr")"
 wb=$(num weight_bytes); bpt=$(num bytes_per_token)
 row=$((8 * 34)); embd=$((32000 * row))
 [ -n "$wb" ] && [ "$bpt" = "$((wb - embd + row))" ] && ok || bad "bytes_per_token $bpt, weights $wb, expected $((wb - embd + row))"

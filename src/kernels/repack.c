@@ -1,0 +1,181 @@
+/*
+ * repack.c: weights rewritten once at load into layouts made for a table's
+ * decode gemv, kept beside the file's bytes, and found again by address.
+ *
+ * The file's bytes stay where they are and stay the spec: every other
+ * consumer (vec_dot, the prefill gemm, get_rows, column views of tensor
+ * parallelism, other tables, the cluster's weight transfer) keeps reading
+ * them. A repacked copy only replaces the operand of a gemv that reads the
+ * whole row width (cm_matmul_rows, n_tok == 1), and every such gemv returns
+ * vec_dot's bits for every row (kernels.h), so results never depend on
+ * whether a tensor was repacked, which table runs, or how rows are split.
+ *
+ * Layouts (each the same size as the row it replaces, row stride unchanged;
+ * the nb % 16 last blocks of a row stay as they are):
+ *   "q4_0 lanes": each group of 16 blocks, 288 bytes, is
+ *     [16 fp16 d][4 x 64 bytes: vector q, lane j (4 bytes) = block j's qs[4q..4q+3]]
+ *   "q8_0 lanes": each group of 16 blocks, 544 bytes, is
+ *     [16 fp16 d][8 x 64 bytes: vector q, lane j = block j's qs[4q..4q+3] + 128]
+ *     (the +128 makes the weights vpdpbusd's unsigned operand)
+ * so one 64-byte load feeds vpdpbusd 16 blocks at once with int32 lane j =
+ * block j: no shuffles, no gathered scales, one sequential stream per row.
+ *
+ * The registry is process-wide: a sorted array of {owner, base, stride,
+ * ne0, rows, type, copy}, under a rwlock (writers: loads and releases;
+ * readers: every matmul). Copies come from cm_huge_alloc, one per owner
+ * call. Never used from the token loop except cm_repack_find (no malloc).
+ */
+#include "kernels.h"
+
+#include "base/base.h"
+#include "os/os.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct rp_entry {
+    const void *owner;
+    const char *base; /* the file's bytes of the tensor (row 0) */
+    size_t stride;    /* bytes per row (nb[1]) */
+    int64_t ne0, rows;
+    enum cm_type type;
+    const char *copy; /* the repacked rows, same stride */
+    void *alloc;      /* the owner's allocation (set on its first entry only) */
+    size_t alloc_n;
+} rp_entry;
+
+static pthread_rwlock_t g_lock = PTHREAD_RWLOCK_INITIALIZER;
+static rp_entry *g_e;
+static int g_n, g_cap;
+
+/* Does the table consume a repacked layout for type t, and may we use it? */
+static bool rp_wanted(const cm_kernels *k, const cm_tensor *W) {
+    if (!k || (unsigned)W->type >= CM_TYPE_COUNT || !k->gemv_packed[W->type] || !W->data) return false;
+    if (W->n_dims < 2 || W->ne[1] < 1) return false;
+    if (W->type == CM_TYPE_Q4_0 || W->type == CM_TYPE_Q8_0) return W->ne[0] >= 16 * 32 && W->ne[0] <= CM_REPACK_MAX_K;
+    return false;
+}
+
+void cm_repack_q4_0_lanes(const void *src, void *dst, int64_t nb) {
+    const cm_block_q4_0 *x = src;
+    uint8_t *d = dst;
+    int64_t g = 0;
+    for (; g + 16 <= nb; g += 16, d += 16 * sizeof(cm_block_q4_0)) {
+        for (int j = 0; j < 16; j++) memcpy(d + 2 * j, &x[g + j].d, 2);
+        for (int q = 0; q < 4; q++)
+            for (int j = 0; j < 16; j++) memcpy(d + 32 + 64 * q + 4 * j, x[g + j].qs + 4 * q, 4);
+    }
+    memcpy(d, x + g, (size_t)(nb - g) * sizeof *x);
+}
+
+void cm_repack_q8_0_lanes(const void *src, void *dst, int64_t nb) {
+    const cm_block_q8_0 *x = src;
+    uint8_t *d = dst;
+    int64_t g = 0;
+    for (; g + 16 <= nb; g += 16, d += 16 * sizeof(cm_block_q8_0)) {
+        for (int j = 0; j < 16; j++) memcpy(d + 2 * j, &x[g + j].d, 2);
+        for (int q = 0; q < 8; q++)
+            for (int j = 0; j < 16; j++)
+                for (int e = 0; e < 4; e++) d[32 + 64 * q + 4 * j + e] = (uint8_t)(x[g + j].qs[4 * q + e] ^ 0x80);
+    }
+    memcpy(d, x + g, (size_t)(nb - g) * sizeof *x);
+}
+
+static bool repack_off(void) {
+    const char *e = getenv("CUMULO_REPACK");
+    return e && strcmp(e, "0") == 0;
+}
+
+int cm_repack_add(const void *owner, const cm_kernels *k, const cm_tensor *const *ws, int n, char *err,
+                  size_t errlen) {
+    if (repack_off()) return 0;
+    size_t total = 0;
+    int m = 0;
+    for (int i = 0; i < n; i++) {
+        if (!rp_wanted(k, ws[i])) continue;
+        total += ((size_t)ws[i]->ne[1] * ws[i]->nb[1] + 63) & ~(size_t)63;
+        m++;
+    }
+    if (m == 0) return 0;
+    char *mem = cm_huge_alloc(total);
+    if (!mem) return cm_errf(err, errlen, CM_ENOMEM, "out of memory repacking %zu bytes of weights", total);
+    pthread_rwlock_wrlock(&g_lock);
+    if (g_n + m > g_cap) {
+        int cap = g_cap ? g_cap : 64;
+        while (cap < g_n + m) cap *= 2;
+        rp_entry *e = cm_realloc(g_e, (size_t)cap * sizeof *e);
+        if (!e) {
+            pthread_rwlock_unlock(&g_lock);
+            cm_huge_free(mem, total);
+            return cm_errf(err, errlen, CM_ENOMEM, "out of memory");
+        }
+        g_e = e, g_cap = cap;
+    }
+    size_t off = 0;
+    bool first = true;
+    for (int i = 0; i < n; i++) {
+        const cm_tensor *W = ws[i];
+        if (!rp_wanted(k, W)) continue;
+        const int64_t nb = W->ne[0] / 32;
+        void (*fn)(const void *, void *, int64_t) = W->type == CM_TYPE_Q8_0 ? cm_repack_q8_0_lanes : cm_repack_q4_0_lanes;
+        for (int64_t r = 0; r < W->ne[1]; r++)
+            fn((const char *)W->data + (size_t)r * W->nb[1], mem + off + (size_t)r * W->nb[1], nb);
+        rp_entry e = {owner, W->data, W->nb[1], W->ne[0], W->ne[1], W->type, mem + off, first ? mem : NULL,
+                      first ? total : 0};
+        first = false;
+        off += ((size_t)W->ne[1] * W->nb[1] + 63) & ~(size_t)63;
+        int at = g_n; /* keep sorted by base */
+        while (at > 0 && g_e[at - 1].base > e.base) at--;
+        memmove(g_e + at + 1, g_e + at, (size_t)(g_n - at) * sizeof *g_e);
+        g_e[at] = e;
+        __atomic_store_n(&g_n, g_n + 1, __ATOMIC_RELEASE);
+    }
+    pthread_rwlock_unlock(&g_lock);
+    CM_LOGD("repack: %d tensors, %zu bytes, for %p", m, total, owner);
+    return 0;
+}
+
+void cm_repack_drop(const void *owner) {
+    if (!owner) return;
+    pthread_rwlock_wrlock(&g_lock);
+    int j = 0;
+    for (int i = 0; i < g_n; i++) {
+        if (g_e[i].owner == owner) {
+            if (g_e[i].alloc) cm_huge_free(g_e[i].alloc, g_e[i].alloc_n);
+            continue;
+        }
+        g_e[j++] = g_e[i];
+    }
+    __atomic_store_n(&g_n, j, __ATOMIC_RELEASE);
+    if (g_n == 0) {
+        cm_free(g_e);
+        g_e = NULL;
+        g_cap = 0;
+    }
+    pthread_rwlock_unlock(&g_lock);
+}
+
+const void *cm_repack_find(const cm_tensor *W) {
+    if (__atomic_load_n(&g_n, __ATOMIC_ACQUIRE) == 0) return NULL; /* nothing repacked: skip the lock */
+    const char *p = W->data;
+    const void *hit = NULL;
+    pthread_rwlock_rdlock(&g_lock);
+    int lo = 0, hi = g_n; /* last entry with base <= p */
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (g_e[mid].base <= p) lo = mid + 1;
+        else hi = mid;
+    }
+    for (int i = lo - 1; i >= 0 && i >= lo - 4; i--) { /* duplicates (one file, two owners) sit together */
+        const rp_entry *e = &g_e[i];
+        if (p >= e->base + (size_t)e->rows * e->stride) continue;
+        const size_t o = (size_t)(p - e->base);
+        if (o % e->stride || W->type != e->type || W->ne[0] != e->ne0 || W->nb[1] != e->stride) continue;
+        if ((int64_t)(o / e->stride) + W->ne[1] > e->rows) continue;
+        hit = e->copy + o;
+        break;
+    }
+    pthread_rwlock_unlock(&g_lock);
+    return hit;
+}

@@ -1,0 +1,112 @@
+/*
+ * test_kernels_repack.c: weights repacked at load (repack.c) change no bit.
+ * For every kernel table this CPU runs that has a gemv over repacked weights,
+ * and rows with whole 16-block groups plus a tail, with no tail, and one
+ * group only: after cm_repack_add, cm_matmul_rows with one token (the whole
+ * tensor and row views) must equal vec_dot on the file's bytes bit for bit
+ * (memcmp), the copy must really be used (found by address; a column view
+ * must not find it), the layout must hold the same bytes as the file, and
+ * cm_repack_drop must forget it. A table without such a gemv repacks nothing.
+ */
+#include "kernels/kernels.h"
+#include "test.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+
+static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
+static uint64_t rnd(void) {
+    g_rng ^= g_rng << 13;
+    g_rng ^= g_rng >> 7;
+    g_rng ^= g_rng << 17;
+    return g_rng;
+}
+static float frand(void) { return (float)((rnd() >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f; }
+
+enum { ROWS = 37, POOL = 5 };
+static const char *const k_isas[] = {"scalar", "avx2", "avx512", "neon"};
+
+static void check(const cm_kernels *k, enum cm_type t, int64_t n) {
+    const enum cm_type vt = cm_type_traits_of(t)->vec_dot_type;
+    const size_t ws = cm_row_size(t, n), xs = cm_row_size(vt, n);
+    float *f = malloc(sizeof(float) * (size_t)(ROWS * n));
+    uint8_t *w = malloc(ws * ROWS), *x = malloc(xs * POOL), *lay = malloc(ws);
+    float ref[ROWS], y[ROWS];
+    for (int64_t i = 0; i < ROWS * n; i++) f[i] = frand() * (float)(1 << (rnd() % 8));
+    CHECK(cm_quantize_rows(t, f, w, ROWS, n) == ROWS * ws);
+    cm_tensor W;
+    const int64_t ne[2] = {n, ROWS};
+    cm_tensor_init(&W, t, 2, ne, w, "w");
+    const cm_tensor *wp[] = {&W};
+    char err[200] = "";
+    int owner;
+    CHECKF(cm_repack_add(&owner, k, wp, 1, err, sizeof err) == 0, "%s", err);
+    const void *copy = cm_repack_find(&W);
+    if (!k->gemv_packed[t]) {
+        CHECK(copy == NULL);
+        goto done;
+    }
+    CHECK(copy != NULL);
+    if (!copy) goto done;
+    if (t == CM_TYPE_Q8_0) cm_repack_q8_0_lanes(w + ws, lay, n / 32); /* the copy is the layout of the file's rows */
+    else cm_repack_q4_0_lanes(w + ws, lay, n / 32);
+    CHECK(memcmp((const uint8_t *)copy + ws, lay, ws) == 0);
+    cm_tensor cv = W; /* a column view reads the file's bytes */
+    cv.data = w + cm_row_size(t, 32);
+    cv.ne[0] = n - 32;
+    CHECK(cm_repack_find(&cv) == NULL);
+    long bad = 0;
+    for (int p = 0; p < POOL; p++) {
+        for (int64_t i = 0; i < n; i++) f[i] = frand() * (float)(1 << (rnd() % 6));
+        uint8_t *xp = x + (size_t)p * xs;
+        k->from_float[vt](f, xp, n);
+        for (int r = 0; r < ROWS; r++) k->vec_dot[t](n, &ref[r], w + (size_t)r * ws, xp);
+        static const int slices[][2] = {{0, ROWS}, {5, 22}, {36, 37}};
+        for (int s = 0; s < 3; s++) {
+            const int r0 = slices[s][0], r1 = slices[s][1];
+            memset(y, 0xff, sizeof y);
+            cm_matmul_rows(k, &W, xp, xs, 1, y, ROWS, r0, r1);
+            bad += memcmp(y + r0, ref + r0, sizeof(float) * (size_t)(r1 - r0)) != 0;
+            /* a row view, as the forward pass makes for pipeline/TP row slices */
+            cm_tensor rv = W;
+            rv.data = w + (size_t)r0 * ws;
+            rv.ne[1] = r1 - r0;
+            CHECK(cm_repack_find(&rv) == (const uint8_t *)copy + (size_t)r0 * ws);
+            memset(y, 0xff, sizeof y);
+            cm_matmul_rows(k, &rv, xp, xs, 1, y, ROWS, 0, r1 - r0);
+            bad += memcmp(y, ref + r0, sizeof(float) * (size_t)(r1 - r0)) != 0;
+        }
+    }
+    if (bad) fprintf(stderr, "  %s %s n=%lld: %ld mismatching slices\n", k->name, cm_type_name(t), (long long)n, bad);
+    CHECK(bad == 0);
+done:
+    cm_repack_drop(&owner);
+    CHECK(cm_repack_find(&W) == NULL);
+    free(f), free(w), free(x), free(lay);
+}
+
+static void test_lanes(void) {
+    for (size_t i = 0; i < sizeof k_isas / sizeof k_isas[0]; i++) {
+        const cm_kernels *k = cm_kernels_for(k_isas[i]);
+        if (!k) continue;
+        check(k, CM_TYPE_Q4_0, 512);     /* one group */
+        check(k, CM_TYPE_Q4_0, 2048);    /* four groups, no tail */
+        check(k, CM_TYPE_Q4_0, 43 * 32); /* two groups and an 11-block tail */
+        check(k, CM_TYPE_Q4_0, 5632);    /* ffn_down of the 1B bench models */
+        check(k, CM_TYPE_Q8_0, 512);
+        check(k, CM_TYPE_Q8_0, 43 * 32);
+        check(k, CM_TYPE_Q8_0, 5632);
+    }
+}
+
+int main(void) {
+    int tables = 0;
+    for (size_t i = 0; i < sizeof k_isas / sizeof k_isas[0]; i++) {
+        const cm_kernels *k = cm_kernels_for(k_isas[i]);
+        tables += k && k->gemv_packed[CM_TYPE_Q4_0] != NULL;
+    }
+    if (!tables) /* still run it: the tables without must repack nothing */
+        printf("skip: no kernel table on this CPU has a gemv over repacked q4_0 (only that nothing is repacked is checked)\n");
+    RUN(test_lanes);
+    TEST_END();
+}
