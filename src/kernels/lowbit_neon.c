@@ -27,18 +27,23 @@ static inline uint8x16_t field2(uint8x16_t q, int shift) {
     return vandq_u8(vshlq_u8(q, vdupq_n_s8((int8_t)-shift)), vdupq_n_u8(3));
 }
 
+/* acc + d x (the table values of qs's 32 nibbles . the 32 int8s at yq): one
+ * IQ4_NL or MXFP4 block against its Q8_0 block. */
+static inline float32x4_t dot_nl32(float32x4_t acc, const uint8_t *qs, int8x16_t table, const int8_t *yq, float d) {
+    int8x16_t lo, hi;
+    nibbles_to_values(qs, table, &lo, &hi);
+    int32x4_t p = vdotq_s32(vdupq_n_s32(0), lo, vld1q_s8(yq));
+    p = vdotq_s32(p, hi, vld1q_s8(yq + 16));
+    return vfmaq_n_f32(acc, vcvtq_f32_s32(p), d);
+}
+
 static void vec_dot_iq4_nl(int64_t n, float *s, const void *vx, const void *vy) {
     const cm_block_iq4_nl *x = vx;
     const cm_block_q8_0 *y = vy;
     const int8x16_t table = vld1q_s8(cm_kvalues_iq4nl);
     float32x4_t acc = vdupq_n_f32(0);
     for (int64_t b = 0; b < n / CM_QK4_NL; b++) {
-        int8x16_t lo, hi;
-        nibbles_to_values(x[b].qs, table, &lo, &hi);
-        int32x4_t p = vdotq_s32(vdupq_n_s32(0), lo, vld1q_s8(y[b].qs));
-        p = vdotq_s32(p, hi, vld1q_s8(y[b].qs + 16));
-        const float d = cm_f16_to_f32(y[b].d) * cm_f16_to_f32(x[b].d);
-        acc = vfmaq_n_f32(acc, vcvtq_f32_s32(p), d);
+        acc = dot_nl32(acc, x[b].qs, table, y[b].qs, cm_f16_to_f32(y[b].d) * cm_f16_to_f32(x[b].d));
     }
     *s = vaddvq_f32(acc);
 }
@@ -49,12 +54,7 @@ static void vec_dot_mxfp4(int64_t n, float *s, const void *vx, const void *vy) {
     const int8x16_t table = vld1q_s8(cm_kvalues_mxfp4);
     float32x4_t acc = vdupq_n_f32(0);
     for (int64_t b = 0; b < n / CM_QK_MXFP4; b++) {
-        int8x16_t lo, hi;
-        nibbles_to_values(x[b].qs, table, &lo, &hi);
-        int32x4_t p = vdotq_s32(vdupq_n_s32(0), lo, vld1q_s8(y[b].qs));
-        p = vdotq_s32(p, hi, vld1q_s8(y[b].qs + 16));
-        const float d = cm_f16_to_f32(y[b].d) * cm_e8m0_to_f32_half(x[b].e);
-        acc = vfmaq_n_f32(acc, vcvtq_f32_s32(p), d);
+        acc = dot_nl32(acc, x[b].qs, table, y[b].qs, cm_f16_to_f32(y[b].d) * cm_e8m0_to_f32_half(x[b].e));
     }
     *s = vaddvq_f32(acc);
 }
