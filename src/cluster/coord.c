@@ -370,10 +370,8 @@ int cm_pipe_open(cm_pipe **out, const char *model_path, const cm_gguf *g, const 
     p->max_batch = o->max_batch > 0 ? CM_MIN(o->max_batch, CM_BATCH_MAX) : 64;
     p->timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : CM_PIPE_DATA_MS;
     /* The coordinator's environment, read here once (tests tighten the bounds). */
-    p->lost_ms = CM_PIPE_LOST_MS;
-    const char *env = getenv("CUMULO_LOST_MS");
-    if (env && atoi(env) >= 200) p->lost_ms = atoi(env);
-    env = getenv("CUMULO_TOKEN_TIMEOUT_MS"); /* the token deadline of cm_pipe_recv_token */
+    p->lost_ms = cm_cluster_lost_ms(); /* CUMULO_LOST_MS is read there, for every process */
+    const char *env = getenv("CUMULO_TOKEN_TIMEOUT_MS"); /* the token deadline of cm_pipe_recv_token */
     if (env && atoi(env) >= 200) p->timeout_ms = atoi(env);
     env = getenv("CUMULO_REJOIN_MS"); /* how often cm_pipe_maintain acts */
     p->rejoin_ms = env && atoi(env) >= 100 ? atoi(env) : CM_PIPE_REJOIN_MS;
