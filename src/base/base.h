@@ -17,6 +17,12 @@
 
 #define CM_VERSION "0.1.0"
 
+/* The most rows the engine puts in one pass (its n_batch is capped to this)
+ * and the most tokens one cluster micro-batch (a FORWARD frame) carries: the
+ * fixed row arrays of engine, cluster and cli are sized by it. cm_forward
+ * itself takes any n up to its context's max_batch. */
+#define CM_BATCH_MAX 256
+
 /* One table of error codes; cm_strerror() names them. */
 #define CM_ERRORS(X)                                              \
     X(CM_OK, 0, "ok")                                             \

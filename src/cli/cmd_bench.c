@@ -477,7 +477,7 @@ int cmd_bench(int argc, char **argv) {
 
     cm_engine *e = NULL;
     cm_engine_opts eo = {.n_threads = o.threads, .n_ctx = o.n_prompt + o.n_gen + 8,
-                         .n_batch = CM_MIN(o.n_prompt, 256), .kv_f16 = o.kv_f16,
+                         .n_batch = CM_MIN(o.n_prompt, CM_BATCH_MAX), .kv_f16 = o.kv_f16,
                          .nodes = o.nodes, .key_file = o.key_file, .insecure = o.insecure,
                          .plan = o.plan, .tp_compress = o.tp_compress,
                          .mmap = o.mmap};

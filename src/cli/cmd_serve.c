@@ -106,7 +106,7 @@ int cmd_serve(int argc, char **argv) {
             else return cli_fail("option '--kv-type' must be f32 or f16, not '%s'", v);
             i++;
         }
-        else if (!strcmp(a, "--batch")) { if (!cli_int(a, NEXT(), 1, 256, &n_batch)) return 1; }
+        else if (!strcmp(a, "--batch")) { if (!cli_int(a, NEXT(), 1, CM_BATCH_MAX, &n_batch)) return 1; }
         else if (!strcmp(a, "--threads")) { if (!cli_int(a, NEXT(), 1, 1024, &threads)) return 1; }
         else if (!strcmp(a, "--max-body")) { if (!cli_int(a, NEXT(), 1024, 1L << 30, &l)) return 1; o.max_body = (size_t)l; }
         else if (!strcmp(a, "--timeout")) { if (!cli_int(a, NEXT(), 1, 3600, &l)) return 1; o.timeout_s = (int)l; }

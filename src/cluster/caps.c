@@ -358,9 +358,9 @@ int cm_cluster_measure_within(cm_conn *c, int probe_bytes, int timeout_ms, doubl
         m.u.ping.data = data;
         m.u.ping.data_len = (uint32_t)probe_bytes;
         double t0 = cm_now_s();
-        int w = wait_ms(end, 60000, err, errlen);
+        int w = wait_ms(end, CM_PIPE_DATA_MS, err, errlen);
         rc = w < 0 ? w : cm_conn_send(c, &m, w, err, errlen);
-        if (!rc && (w = wait_ms(end, 60000, err, errlen)) < 0) rc = w;
+        if (!rc && (w = wait_ms(end, CM_PIPE_DATA_MS, err, errlen)) < 0) rc = w;
         if (!rc) rc = cm_conn_recv(c, &r, w, err, errlen);
         if (!rc && r.type != CM_MSG_PONG) rc = cm_errf(err, errlen, CM_EPROTO, "expected PONG, got %s", cm_msg_type_name(r.type));
         double t = cm_now_s() - t0;

@@ -171,6 +171,12 @@ int cm_pipe_recv_token(cm_pipe *p, int slot, int32_t *token, float *logprob, cha
  * returns the reason) until cm_pipe_recover. */
 #define CM_PIPE_HB_MS 500
 #define CM_PIPE_LOST_MS 2000
+/* The data deadline: the longest a cluster connection waits for a frame or
+ * to send one when no loss bound applies (a node's next FORWARD, a weight
+ * chunk, the coordinator's token wait unless cm_pipe_opts.timeout_ms says). */
+#define CM_PIPE_DATA_MS 60000
+/* The silence allowed to a node still loading its stage (no READY yet). */
+#define CM_PIPE_LOAD_MS 600000
 /* The loss bound in force: CM_PIPE_LOST_MS, or env CUMULO_LOST_MS (>= 200).
  * It also bounds every wait on a peer that should answer within it: a send
  * that makes no progress (cm_net_cfg.send_stall_ms of every cluster

@@ -49,7 +49,7 @@ void cm_cluster_links_measure(const cm_net_cfg *cfg, const cm_msg_hello *mine, c
 int cm_cluster_links_ask(cm_conn *c, const char *const *peers, int n, int deadline_ms, int probe_bytes,
                          cm_msg_links *out, char *err, size_t errlen);
 #define CM_LINKS_DEADLINE_MS 3000  /* per node asked: a dead peer costs at most this */
-#define CM_LINKS_PROBE_BYTES (1 << 16)
+#define CM_LINKS_PROBE_BYTES (1 << 16) /* the bandwidth probe of every link measurement */
 
 /* Tensor parallel: after cm_coll_mesh_greet, the dialer names the plan's
  * epoch in a PING (id = epoch), so that the node hands the connection to the

@@ -84,7 +84,7 @@ static void *rx_main(void *arg) {
         }
         /* Silence: loading a stage (no READY yet) may take long; otherwise
          * the node echoes every heartbeat. */
-        uint64_t bound_ms = atomic_load(&r->loading) ? 600000 : (uint64_t)p->lost_ms;
+        uint64_t bound_ms = atomic_load(&r->loading) ? CM_PIPE_LOAD_MS : (uint64_t)p->lost_ms;
         /* Frames already waiting in the socket are not silence: this thread
          * may itself have been held up (a loaded machine, a long lock) while
          * the node kept talking; read them first. */
@@ -367,13 +367,11 @@ int cm_pipe_open(cm_pipe **out, const char *model_path, const cm_gguf *g, const 
     pthread_cond_init(&p->cv, NULL);
     p->n_seq = o->n_seq_max > 0 ? o->n_seq_max : 8;
     p->n_ctx = o->n_ctx > 0 ? o->n_ctx : 2048;
-    p->max_batch = o->max_batch > 0 ? CM_MIN(o->max_batch, 256) : 64;
-    p->timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : 60000;
+    p->max_batch = o->max_batch > 0 ? CM_MIN(o->max_batch, CM_BATCH_MAX) : 64;
+    p->timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : CM_PIPE_DATA_MS;
     /* The coordinator's environment, read here once (tests tighten the bounds). */
-    p->lost_ms = CM_PIPE_LOST_MS;
-    const char *env = getenv("CUMULO_LOST_MS");
-    if (env && atoi(env) >= 200) p->lost_ms = atoi(env);
-    env = getenv("CUMULO_TOKEN_TIMEOUT_MS"); /* the token deadline of cm_pipe_recv_token */
+    p->lost_ms = cm_cluster_lost_ms(); /* CUMULO_LOST_MS is read there, for every process */
+    const char *env = getenv("CUMULO_TOKEN_TIMEOUT_MS"); /* the token deadline of cm_pipe_recv_token */
     if (env && atoi(env) >= 200) p->timeout_ms = atoi(env);
     env = getenv("CUMULO_REJOIN_MS"); /* how often cm_pipe_maintain acts */
     p->rejoin_ms = env && atoi(env) >= 100 ? atoi(env) : CM_PIPE_REJOIN_MS;
@@ -417,7 +415,7 @@ int cm_pipe_open(cm_pipe **out, const char *model_path, const cm_gguf *g, const 
         r->ctl = dialled[i];
         r->hello = peers[i];
         memcpy(e, dial_err[i], sizeof e);
-        if (!rc) rc = cm_cluster_measure(r->ctl, 1 << 16, &r->rtt, &r->bw, e, sizeof e);
+        if (!rc) rc = cm_cluster_measure(r->ctl, CM_LINKS_PROBE_BYTES, &r->rtt, &r->bw, e, sizeof e);
         if (rc && from_mdns) {
             CM_LOGW("node %s (found by mDNS) not used: %s", r->addr, e);
             cm_coord_log(p, "node %s (found by mDNS) not used: %s", r->addr, e);

@@ -173,8 +173,8 @@ static int join_one(cm_pipe *p, struct cm_join *j, join_dial *d, bool first_try)
             return 0;
         }
     /* Two measurements, best of each (as when a lost node comes back). */
-    if (!rc) rc = cm_cluster_measure(c, 1 << 16, &rtt, &bw, e, sizeof e);
-    if (!rc) rc = cm_cluster_measure(c, 1 << 16, &rtt2, &bw2, e, sizeof e);
+    if (!rc) rc = cm_cluster_measure(c, CM_LINKS_PROBE_BYTES, &rtt, &bw, e, sizeof e);
+    if (!rc) rc = cm_cluster_measure(c, CM_LINKS_PROBE_BYTES, &rtt2, &bw2, e, sizeof e);
     if (rc) {
         if (first_try) {
             CM_LOGW("node %s (found by mDNS) not used: %s", addr, e);

@@ -238,8 +238,8 @@ static int redial_lost(cm_pipe *p) {
         /* Two measurements, best of each: one busy moment of a loaded
          * machine would otherwise price its link far too high. */
         double rtt2 = 0, bw2 = 0;
-        if (!rc) rc = cm_cluster_measure(c, 1 << 16, &rtt, &bw, e, sizeof e);
-        if (!rc) rc = cm_cluster_measure(c, 1 << 16, &rtt2, &bw2, e, sizeof e);
+        if (!rc) rc = cm_cluster_measure(c, CM_LINKS_PROBE_BYTES, &rtt, &bw, e, sizeof e);
+        if (!rc) rc = cm_cluster_measure(c, CM_LINKS_PROBE_BYTES, &rtt2, &bw2, e, sizeof e);
         if (rc) {
             r->seen_back = false;
             if (c) cm_conn_close(c, NULL);

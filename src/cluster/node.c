@@ -54,9 +54,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#define NODE_MAX_BATCH 256
 #define NODE_RECV_MS 500
-#define NODE_FRAME_MS 60000
 
 /* One assigned stage: the model part this node runs for one epoch. */
 typedef struct stage {
@@ -69,11 +67,11 @@ typedef struct stage {
     cm_kv **kvp;      /* [n_seq] pointers for cm_forward */
     cm_sampler **smp; /* [n_seq], last stage only */
     int n_seq;
-    float *in, *out;  /* [NODE_MAX_BATCH][n_embd] */
-    float *logits;    /* [NODE_MAX_BATCH][n_vocab], last stage only */
-    int32_t pos[NODE_MAX_BATCH], seq[NODE_MAX_BATCH], tok[NODE_MAX_BATCH];
-    int8_t want[NODE_MAX_BATCH];
-    uint8_t want_u8[NODE_MAX_BATCH];
+    float *in, *out;  /* [CM_BATCH_MAX][n_embd] */
+    float *logits;    /* [CM_BATCH_MAX][n_vocab], last stage only */
+    int32_t pos[CM_BATCH_MAX], seq[CM_BATCH_MAX], tok[CM_BATCH_MAX];
+    int8_t want[CM_BATCH_MAX];
+    uint8_t want_u8[CM_BATCH_MAX];
     cm_conn *next;    /* to the next stage (owned), NULL for the last */
     cm_conn *coord;   /* the coordinator's connection (not owned) */
     pthread_mutex_t *csend_mu; /* node.csend_mu: sends on coord */
@@ -226,7 +224,7 @@ static int tp_connect(node *n, stage *s, char *err, size_t errlen) {
             return cm_errf(err, errlen, CM_ETIMEDOUT, "tensor-parallel rank %d did not connect within 30 s", missing);
         cm_sleep_ms(5);
     }
-    cm_coll_cfg cc = {.rank = me, .size = k, .max_n = (int64_t)NODE_MAX_BATCH * s->m.hp.n_embd,
+    cm_coll_cfg cc = {.rank = me, .size = k, .max_n = (int64_t)CM_BATCH_MAX * s->m.hp.n_embd,
                       .timeout_ms = cm_cluster_lost_ms(), .epoch = a->epoch, .compress = (a->flags & CM_ASSIGN_F_TP_Q8) != 0};
     for (int j = 0; j < k; j++) cc.peers[j] = j == me ? NULL : s->tp[j];
     int rc = cm_coll_new(&cc, &s->coll, e, sizeof e);
@@ -274,16 +272,16 @@ static int stage_load(node *n, stage *s, const char *path, bool slice_file, char
         return cm_errf(err, errlen, CM_EUNSUPPORTED, "the first stage runs on the coordinator");
     int nt = n->o->n_threads > 0 ? n->o->n_threads : cm_cpu_count();
     s->pool = cm_pool_new(nt < 1 ? 1 : nt);
-    s->ctx = s->pool ? cm_ctx_new(&s->m, NODE_MAX_BATCH, (int)a->n_ctx, s->pool, e, sizeof e) : NULL;
+    s->ctx = s->pool ? cm_ctx_new(&s->m, CM_BATCH_MAX, (int)a->n_ctx, s->pool, e, sizeof e) : NULL;
     if (!s->ctx) return cm_errf(err, errlen, CM_ENOMEM, "%s", s->pool ? e : "cannot start threads");
     s->n_seq = (int)a->n_seq_max;
     s->kv = cm_calloc((size_t)s->n_seq, sizeof *s->kv);
     s->kvp = cm_calloc((size_t)s->n_seq, sizeof *s->kvp);
     s->smp = cm_calloc((size_t)s->n_seq, sizeof *s->smp);
-    s->in = cm_malloc((size_t)NODE_MAX_BATCH * (size_t)hp->n_embd * sizeof(float));
-    s->out = cm_malloc((size_t)NODE_MAX_BATCH * (size_t)hp->n_embd * sizeof(float));
+    s->in = cm_malloc((size_t)CM_BATCH_MAX * (size_t)hp->n_embd * sizeof(float));
+    s->out = cm_malloc((size_t)CM_BATCH_MAX * (size_t)hp->n_embd * sizeof(float));
     bool last = (a->flags & CM_ASSIGN_F_OUTPUT) && a->tp_rank == 0; /* a group's rank 0 samples */
-    if (last) s->logits = cm_malloc((size_t)NODE_MAX_BATCH * (size_t)hp->n_vocab * sizeof(float));
+    if (last) s->logits = cm_malloc((size_t)CM_BATCH_MAX * (size_t)hp->n_vocab * sizeof(float));
     if (!s->kv || !s->kvp || !s->smp || !s->in || !s->out || (last && !s->logits))
         return cm_errf(err, errlen, CM_ENOMEM, "out of memory for the stage's buffers");
     for (int i = 0; i < s->n_seq; i++) {
@@ -401,9 +399,9 @@ static int on_forward(stage *s, const cm_msg_forward *f, char *err, size_t errle
     if (f->epoch != s->as.epoch) return cm_errf(err, errlen, CM_ESTATE, "FORWARD of epoch %llu (current %llu)",
                                                 (unsigned long long)f->epoch, (unsigned long long)s->as.epoch);
     bool embed = s->as.flags & CM_ASSIGN_F_EMBED;
-    if (embed != (f->dtype == CM_HIDDEN_TOKENS) || (!embed && (int)f->dim != hp->n_embd) || f->n_tokens > NODE_MAX_BATCH)
+    if (embed != (f->dtype == CM_HIDDEN_TOKENS) || (!embed && (int)f->dim != hp->n_embd) || f->n_tokens > CM_BATCH_MAX)
         return cm_errf(err, errlen, CM_EINVAL, "FORWARD of %u x %u (dtype %u) does not fit this stage (dim %d, batch %d)",
-                       f->n_tokens, f->dim, f->dtype, hp->n_embd, NODE_MAX_BATCH);
+                       f->n_tokens, f->dim, f->dtype, hp->n_embd, CM_BATCH_MAX);
     int n = (int)f->n_tokens, n_want = 0;
     for (int i = 0; i < n; i++) {
         s->pos[i] = cm_msg_forward_pos(f, (uint32_t)i);
@@ -574,7 +572,7 @@ static void conn_serve(node *n, cm_conn *c, int src) {
         /* Idle waits are short (to notice the stop flag); once a frame
          * starts, a slow link gets a generous deadline for the rest. */
         if (cm_fd_wait_readable(cm_conn_fd(c), NODE_RECV_MS) <= 0) continue;
-        rc = cm_conn_recv(c, &m, NODE_FRAME_MS, err, sizeof err);
+        rc = cm_conn_recv(c, &m, CM_PIPE_DATA_MS, err, sizeof err);
         if (rc == CM_ETIMEDOUT) continue;
         if (rc) break;
         if (m.type == CM_MSG_BYE) break;
@@ -728,7 +726,7 @@ static void join_peers(node *n) {
         double rtt = 0, bw = 0;
         int rc = cm_cluster_dial(n->o->join[i], &n->cfg, &n->hello, &c, &peer, err, sizeof err);
         if (!rc) {
-            rc = cm_cluster_measure(c, 1 << 16, &rtt, &bw, err, sizeof err);
+            rc = cm_cluster_measure(c, CM_LINKS_PROBE_BYTES, &rtt, &bw, err, sizeof err);
             cm_conn_close(c, "link check done");
         }
         if (rc) CM_LOGW("peer %s: %s", n->o->join[i], err);

@@ -162,7 +162,7 @@ int cm_weights_serve(cm_conn *c, pthread_mutex_t *send_mu, const cm_gguf *g, con
         m.u.weights_chunk.data_len = (uint32_t)n;
     }
     pthread_mutex_lock(send_mu);
-    rc = cm_conn_send(c, &m, 60000, err, errlen);
+    rc = cm_conn_send(c, &m, CM_PIPE_DATA_MS, err, errlen);
     pthread_mutex_unlock(send_mu);
     return rc;
 }
@@ -205,7 +205,7 @@ static int fetch(cm_conn *c, pthread_mutex_t *send_mu, const uint8_t hash[32], u
          * may still be on its way: a few chunks of another object are
          * skipped. */
         int stale = 0;
-        do rc = cm_conn_recv(c, &r, 60000, err, errlen);
+        do rc = cm_conn_recv(c, &r, CM_PIPE_DATA_MS, err, errlen);
         while (!rc && (r.type == CM_MSG_HEARTBEAT || r.type == CM_MSG_PING ||
                        (r.type == CM_MSG_WEIGHTS_CHUNK && memcmp(r.u.weights_chunk.tensor_hash, hash, 32) && ++stale <= 4)));
         if (rc) return rc;
@@ -354,7 +354,7 @@ static int weights_fetch(cm_conn *c, pthread_mutex_t *send_mu, const char *cache
         rc = cm_conn_send(c, &m, 30000, err, errlen);
         pthread_mutex_unlock(send_mu);
         cm_msg r;
-        do if (!rc) rc = cm_conn_recv(c, &r, 60000, err, errlen);
+        do if (!rc) rc = cm_conn_recv(c, &r, CM_PIPE_DATA_MS, err, errlen);
         while (!rc && (r.type == CM_MSG_HEARTBEAT || r.type == CM_MSG_PING));
         if (rc) return rc;
         if (r.type == CM_MSG_ASSIGN) return not_a_chunk(&r, err, errlen);

@@ -192,9 +192,9 @@ int cm_session_seq_restart(cm_session *s, char *err, size_t errlen) {
 static int step_cluster(cm_engine *e, cm_session *const *ss, int n, char *err, size_t errlen) {
     int running = 0, first_err = 0;
     bool lost = false;
-    for (int base = 0; base < n; base += 256) {
-        int m = CM_MIN(256, n - base);
-        bool sent[256] = {false};
+    for (int base = 0; base < n; base += CM_BATCH_MAX) {
+        int m = CM_MIN(CM_BATCH_MAX, n - base);
+        bool sent[CM_BATCH_MAX] = {false};
         for (int k = 0; k < m; k++) {
             cm_session *s = ss[base + k];
             if (!cm_session_running(s)) continue;
@@ -248,14 +248,14 @@ int cm_engine_step(cm_engine *e, cm_session *const *ss, int n, char *err, size_t
     pthread_mutex_unlock(&e->mu);
     if (!e->step_logits) return cm_errf(err, errlen, CM_ENOMEM, "out of memory for %d rows of logits", nb);
     /* Rows are collected and evaluated in chunks of at most n_batch sequences. */
-    cm_session *rows[256];
-    cm_kv *kvs[256];
-    int32_t tok[256], pos[256], seq[256];
-    int8_t want[256];
+    cm_session *rows[CM_BATCH_MAX];
+    cm_kv *kvs[CM_BATCH_MAX];
+    int32_t tok[CM_BATCH_MAX], pos[CM_BATCH_MAX], seq[CM_BATCH_MAX];
+    int8_t want[CM_BATCH_MAX];
     /* n_batch bounds the rows of one pass; further sessions go in more passes
      * of the same step. (With n_batch within the kernels' exact tile, every
      * row gets the bits it would get alone: see engine.h.) */
-    int cap = CM_MIN(nb, 256);
+    int cap = CM_MIN(nb, CM_BATCH_MAX);
     int running = 0, first_err = 0;
     int i = 0;
     while (i < n) {

@@ -74,7 +74,7 @@ int cm_engine_load(cm_engine **out, const char *path, const cm_engine_opts *opts
     const char *pd = getenv("CUMULO_TEST_CLUSTER_DELAY_MS");
     e->test_cluster_delay_ms = pd ? (unsigned)atoi(pd) : 0;
     if (o.nodes && *o.nodes) {
-        if (e->n_batch > 256) e->n_batch = 256;
+        if (e->n_batch > CM_BATCH_MAX) e->n_batch = CM_BATCH_MAX;
         cm_pipe_opts po = {.nodes = o.nodes, .insecure = o.insecure, .key_file = o.key_file, .plan = o.plan,
                            .tp_compress = o.tp_compress, .n_ctx = e->n_ctx, .n_seq_max = o.n_seq > 0 ? o.n_seq : 8, .max_batch = e->n_batch,
                            .log = o.log, .log_ctx = o.log_ctx};
@@ -182,8 +182,8 @@ int cm_engine_forward(cm_engine *e, const cm_batch *b, cm_forward_args *a, cm_se
                       size_t errlen) {
     a->slice = e->slice;
     if (e->tp) {
-        int32_t slots[256];
-        if (b->n > 256) return cm_errf(err, errlen, CM_EINVAL, "batch of %d rows", b->n);
+        int32_t slots[CM_BATCH_MAX];
+        if (b->n > CM_BATCH_MAX) return cm_errf(err, errlen, CM_EINVAL, "batch of %d rows", b->n);
         for (int i = 0; i < b->n; i++) slots[i] = sess[b->seq[i]]->slot;
         int rc = cm_pipe_stage0(e->tp, b->tokens, b->pos, slots, b->n, a, err, errlen);
         if (rc) return rc;
@@ -370,8 +370,8 @@ cm_timings cm_session_timings(const cm_session *s) { return s->t; }
  * hidden states on; want_last asks the last stage to sample after upto - 1. */
 int cm_engine_eval_cluster(cm_session *s, int upto, bool want_last, char *err, size_t errlen) {
     cm_engine *e = s->e;
-    int32_t pos[256], seq[256] = {0};
-    int bmax = CM_MIN(e->n_batch, 256);
+    int32_t pos[CM_BATCH_MAX], seq[CM_BATCH_MAX] = {0};
+    int bmax = CM_MIN(e->n_batch, CM_BATCH_MAX);
     cm_kv *kvs[1] = {&s->kv};
     /* After a recovery the new stages know nothing of this sequence:
      * recompute it from position 0 (same bits here, new caches there). */
@@ -456,8 +456,8 @@ static int eval_pending(cm_session *s, char *err, size_t errlen) {
         s->have_logits = !rc && s->n_hist == s->kv.n_past + 1;
         return rc;
     }
-    int32_t pos[256], seq[256] = {0};
-    int bmax = CM_MIN(e->n_batch, 256);
+    int32_t pos[CM_BATCH_MAX], seq[CM_BATCH_MAX] = {0};
+    int bmax = CM_MIN(e->n_batch, CM_BATCH_MAX);
     cm_kv *kvs[1] = {&s->kv};
     int recoveries = 0;
     int rc = cm_session_tp_sync(s, err, errlen);

@@ -45,4 +45,20 @@ void cm_kernels_fill_lowbit_neon(cm_kernels *k); /* lowbit_neon.c */
 #define CM_KERNELS_HAVE_NEON 0
 #endif
 
+/* The ISA files whose gemm is their vec_dot applied to every (row, token),
+ * row-major, so gemm is the same table's vec_dot bit for bit by construction.
+ * CM_ROW_GEMM(t) defines `static void gemm_t` from the including file's
+ * `vec_dot_t`; CM_LOWBIT_TYPES(X) calls X(TYPE, name) for each type that
+ * lowbit_avx2.c and lowbit_neon.c both implement. */
+#define CM_ROW_GEMM(t)                                                                                           \
+    static void gemm_##t(int64_t kk, const void *w, size_t ws, const void *x, size_t xs, float *y, int64_t ldy,   \
+                         int64_t r0, int64_t r1, int64_t n_tok) {                                                \
+        for (int64_t i = r0; i < r1; i++)                                                                        \
+            for (int64_t j = 0; j < n_tok; j++)                                                                  \
+                vec_dot_##t(kk, &y[j * ldy + i], (const char *)w + (size_t)i * ws, (const char *)x + (size_t)j * xs); \
+    }
+#define CM_LOWBIT_TYPES(X)                                                                                       \
+    X(Q2_K, q2_k) X(Q3_K, q3_k) X(IQ4_NL, iq4_nl) X(IQ4_XS, iq4_xs) X(MXFP4, mxfp4) X(IQ2_XXS, iq2_xxs)           \
+    X(IQ3_XXS, iq3_xxs) X(IQ1_S, iq1_s)
+
 #endif

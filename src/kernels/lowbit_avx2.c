@@ -258,34 +258,14 @@ static void vec_dot_iq1_s(int64_t n, float *s, const void *vx, const void *vy) {
     *s = sumf;
 }
 
-/* gemm = this file's vec_dot for every (row, token), row-major. */
-#define ROW_GEMM(t)                                                                                              \
-    static void gemm_##t(int64_t kk, const void *w, size_t ws, const void *x, size_t xs, float *y, int64_t ldy,   \
-                         int64_t r0, int64_t r1, int64_t n_tok) {                                                \
-        for (int64_t i = r0; i < r1; i++)                                                                        \
-            for (int64_t j = 0; j < n_tok; j++)                                                                  \
-                vec_dot_##t(kk, &y[j * ldy + i], (const char *)w + (size_t)i * ws, (const char *)x + (size_t)j * xs); \
-    }
-ROW_GEMM(q2_k)
-ROW_GEMM(q3_k)
-ROW_GEMM(iq4_nl)
-ROW_GEMM(iq4_xs)
-ROW_GEMM(mxfp4)
-ROW_GEMM(iq2_xxs)
-ROW_GEMM(iq3_xxs)
-ROW_GEMM(iq1_s)
+/* gemm = this file's vec_dot for every (row, token), row-major (isa.h). */
+#define ROW_GEMM(T, t) CM_ROW_GEMM(t)
+CM_LOWBIT_TYPES(ROW_GEMM)
 #undef ROW_GEMM
 
 void cm_kernels_fill_lowbit_avx2(cm_kernels *k) {
     init_sign64(); /* idempotent; fill functions run once under pthread_once */
-#define REG(T, t) k->vec_dot[CM_TYPE_##T] = vec_dot_##t, k->gemm[CM_TYPE_##T] = gemm_##t
-    REG(Q2_K, q2_k);
-    REG(Q3_K, q3_k);
-    REG(IQ4_NL, iq4_nl);
-    REG(IQ4_XS, iq4_xs);
-    REG(MXFP4, mxfp4);
-    REG(IQ2_XXS, iq2_xxs);
-    REG(IQ3_XXS, iq3_xxs);
-    REG(IQ1_S, iq1_s);
+#define REG(T, t) k->vec_dot[CM_TYPE_##T] = vec_dot_##t, k->gemm[CM_TYPE_##T] = gemm_##t;
+    CM_LOWBIT_TYPES(REG)
 #undef REG
 }

@@ -58,15 +58,8 @@ static void vec_dot_iq4_xs(int64_t n, float *s, const void *vx, const void *vy) 
     *s = sumf;
 }
 
-#define ROW_GEMM(t)                                                                                              \
-    static void gemm_##t(int64_t kk, const void *w, size_t ws, const void *x, size_t xs, float *y, int64_t ldy,   \
-                         int64_t r0, int64_t r1, int64_t n_tok) {                                                \
-        for (int64_t i = r0; i < r1; i++)                                                                        \
-            for (int64_t j = 0; j < n_tok; j++)                                                                  \
-                vec_dot_##t(kk, &y[j * ldy + i], (const char *)w + (size_t)i * ws, (const char *)x + (size_t)j * xs); \
-    }
-ROW_GEMM(iq4_xs)
-#undef ROW_GEMM
+/* gemm = this file's vec_dot for every (row, token), row-major (isa.h). */
+CM_ROW_GEMM(iq4_xs)
 
 void cm_kernels_fill_lowbit_avx512(cm_kernels *k) {
 #define REG(T, t) k->vec_dot[CM_TYPE_##T] = vec_dot_##t, k->gemm[CM_TYPE_##T] = gemm_##t

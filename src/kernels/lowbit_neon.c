@@ -27,18 +27,23 @@ static inline uint8x16_t field2(uint8x16_t q, int shift) {
     return vandq_u8(vshlq_u8(q, vdupq_n_s8((int8_t)-shift)), vdupq_n_u8(3));
 }
 
+/* acc + d x (the table values of qs's 32 nibbles . the 32 int8s at yq): one
+ * IQ4_NL or MXFP4 block against its Q8_0 block. */
+static inline float32x4_t dot_nl32(float32x4_t acc, const uint8_t *qs, int8x16_t table, const int8_t *yq, float d) {
+    int8x16_t lo, hi;
+    nibbles_to_values(qs, table, &lo, &hi);
+    int32x4_t p = vdotq_s32(vdupq_n_s32(0), lo, vld1q_s8(yq));
+    p = vdotq_s32(p, hi, vld1q_s8(yq + 16));
+    return vfmaq_n_f32(acc, vcvtq_f32_s32(p), d);
+}
+
 static void vec_dot_iq4_nl(int64_t n, float *s, const void *vx, const void *vy) {
     const cm_block_iq4_nl *x = vx;
     const cm_block_q8_0 *y = vy;
     const int8x16_t table = vld1q_s8(cm_kvalues_iq4nl);
     float32x4_t acc = vdupq_n_f32(0);
     for (int64_t b = 0; b < n / CM_QK4_NL; b++) {
-        int8x16_t lo, hi;
-        nibbles_to_values(x[b].qs, table, &lo, &hi);
-        int32x4_t p = vdotq_s32(vdupq_n_s32(0), lo, vld1q_s8(y[b].qs));
-        p = vdotq_s32(p, hi, vld1q_s8(y[b].qs + 16));
-        const float d = cm_f16_to_f32(y[b].d) * cm_f16_to_f32(x[b].d);
-        acc = vfmaq_n_f32(acc, vcvtq_f32_s32(p), d);
+        acc = dot_nl32(acc, x[b].qs, table, y[b].qs, cm_f16_to_f32(y[b].d) * cm_f16_to_f32(x[b].d));
     }
     *s = vaddvq_f32(acc);
 }
@@ -49,12 +54,7 @@ static void vec_dot_mxfp4(int64_t n, float *s, const void *vx, const void *vy) {
     const int8x16_t table = vld1q_s8(cm_kvalues_mxfp4);
     float32x4_t acc = vdupq_n_f32(0);
     for (int64_t b = 0; b < n / CM_QK_MXFP4; b++) {
-        int8x16_t lo, hi;
-        nibbles_to_values(x[b].qs, table, &lo, &hi);
-        int32x4_t p = vdotq_s32(vdupq_n_s32(0), lo, vld1q_s8(y[b].qs));
-        p = vdotq_s32(p, hi, vld1q_s8(y[b].qs + 16));
-        const float d = cm_f16_to_f32(y[b].d) * cm_e8m0_to_f32_half(x[b].e);
-        acc = vfmaq_n_f32(acc, vcvtq_f32_s32(p), d);
+        acc = dot_nl32(acc, x[b].qs, table, y[b].qs, cm_f16_to_f32(y[b].d) * cm_e8m0_to_f32_half(x[b].e));
     }
     *s = vaddvq_f32(acc);
 }
@@ -224,33 +224,13 @@ static void vec_dot_iq1_s(int64_t n, float *s, const void *vx, const void *vy) {
     *s = sumf;
 }
 
-/* gemm = this file's vec_dot for every (row, token), row-major. */
-#define ROW_GEMM(t)                                                                                              \
-    static void gemm_##t(int64_t kk, const void *w, size_t ws, const void *x, size_t xs, float *y, int64_t ldy,   \
-                         int64_t r0, int64_t r1, int64_t n_tok) {                                                \
-        for (int64_t i = r0; i < r1; i++)                                                                        \
-            for (int64_t j = 0; j < n_tok; j++)                                                                  \
-                vec_dot_##t(kk, &y[j * ldy + i], (const char *)w + (size_t)i * ws, (const char *)x + (size_t)j * xs); \
-    }
-ROW_GEMM(q2_k)
-ROW_GEMM(q3_k)
-ROW_GEMM(iq4_nl)
-ROW_GEMM(iq4_xs)
-ROW_GEMM(mxfp4)
-ROW_GEMM(iq2_xxs)
-ROW_GEMM(iq3_xxs)
-ROW_GEMM(iq1_s)
+/* gemm = this file's vec_dot for every (row, token), row-major (isa.h). */
+#define ROW_GEMM(T, t) CM_ROW_GEMM(t)
+CM_LOWBIT_TYPES(ROW_GEMM)
 #undef ROW_GEMM
 
 void cm_kernels_fill_lowbit_neon(cm_kernels *k) {
-#define REG(T, t) k->vec_dot[CM_TYPE_##T] = vec_dot_##t, k->gemm[CM_TYPE_##T] = gemm_##t
-    REG(Q2_K, q2_k);
-    REG(Q3_K, q3_k);
-    REG(IQ4_NL, iq4_nl);
-    REG(IQ4_XS, iq4_xs);
-    REG(MXFP4, mxfp4);
-    REG(IQ2_XXS, iq2_xxs);
-    REG(IQ3_XXS, iq3_xxs);
-    REG(IQ1_S, iq1_s);
+#define REG(T, t) k->vec_dot[CM_TYPE_##T] = vec_dot_##t, k->gemm[CM_TYPE_##T] = gemm_##t;
+    CM_LOWBIT_TYPES(REG)
 #undef REG
 }

@@ -60,18 +60,8 @@ if [ "$(id -u)" != 0 ] || ! command -v nft >/dev/null || ! command -v tc >/dev/n
 fi
 t_start=$(date +%s)
 ip -n "$BR" link set lo up
-ip -n "$BR" link add cxbr0 type bridge && ip -n "$BR" link set cxbr0 up || bad "bridge"
-i=1
-for n in $NC $NA $NB; do
-    ip netns add "$n"
-    ip -n "$n" link set lo up
-    ip link add name eth0 netns "$n" type veth peer name cxp$i netns "$BR"
-    ip -n "$BR" link set cxp$i master cxbr0
-    ip -n "$BR" link set cxp$i up
-    ip -n "$n" addr add 10.79.0.$i/24 dev eth0
-    ip -n "$n" link set eth0 up
-    i=$((i + 1))
-done
+. tests/sh/lib/netns_common.sh
+nn_bridge "$BR" cxbr0 cxp 10.79.0 "$NC" "$NA" "$NB"
 IPC=10.79.0.1; IPA=10.79.0.2; IPB=10.79.0.3
 mkdir -p "$TMP/models" "$TMP/ref" && ln -s "$M" "$TMP/models/"
 

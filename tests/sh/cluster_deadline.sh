@@ -28,38 +28,10 @@ if ! command -v curl >/dev/null || ! command -v python3 >/dev/null; then
 fi
 export CUMULO_LOG=info
 LONG="Once upon a time, there was a little girl named Lily. She loved to play outside in the park with her friends. One day, she saw a big red ball under a tree. She ran to the ball and kicked it very high. The ball flew over the fence and into the garden of an old man. Lily was scared, but she went to the door and knocked. The old man opened the door and smiled at her. He gave her the ball and a cookie. Lily said thank you and ran back to her friends. They played all day until the sun went down."
-PROMPTS="Once upon a time|The little dog|Lily and Ben|One day"
-prompt() { if [ "$1" = long ]; then echo "$LONG"; else echo "$PROMPTS" | cut -d'|' -f$(( ($1 - 1) % 4 + 1 )); fi; }
 N_TOK=60
-for i in 1 2 3 4 long; do
-    "$BIN" run "$M" -p "$(prompt $i)" -n $N_TOK --temp 0 --threads 1 --json 2>/dev/null |
-        perl -MJSON::PP -e 'local $/; print decode_json(<STDIN>)->{text}' >"$TMP/want$i"
-    [ -s "$TMP/want$i" ] || bad "no reference text for prompt $i"
-done
+CC_REQ_TIME=60
+cc_want "$M" $N_TOK 1 2 3 4 long
 
-# request TAG R PROMPT STREAM: in the background, CP collects the pids
-request() {
-    body=$(printf '{"prompt":"%s","max_tokens":%d,"temperature":0,"stream":%s}' "$(prompt "$3")" $N_TOK "$4")
-    curl -sN --max-time 60 "http://127.0.0.1:$SERVE_PORT/v1/completions" -H 'Content-Type: application/json' \
-        -d "$body" >"$TMP/$1.r$2.out" &
-    CP="$CP $!"
-}
-# check TAG R PROMPT STREAM: the text equals the reference, no error
-check() {
-    if [ "$4" = true ]; then
-        perl -MJSON::PP -ne 'next unless s/^data: //; chomp; next if $_ eq "[DONE]"; my $j = decode_json($_);
-            print STDERR "error event: $_\n" if $j->{error}; print $j->{choices}[0]{text} // ""' \
-            <"$TMP/$1.r$2.out" >"$TMP/$1.got$2" 2>"$TMP/$1.err$2"
-    else
-        perl -MJSON::PP -e 'local $/; my $j = eval { decode_json(<STDIN>) };
-            if (!$j || $j->{error}) { print STDERR "error: ", ($j ? encode_json($j) : "not JSON"), "\n"; exit }
-            print $j->{choices}[0]{text}' <"$TMP/$1.r$2.out" >"$TMP/$1.got$2" 2>"$TMP/$1.err$2"
-    fi
-    if cmp -s "$TMP/$1.got$2" "$TMP/want$3" && [ ! -s "$TMP/$1.err$2" ]; then ok; else
-        bad "$1 request $2 (prompt $3, stream $4): got $(wc -c <"$TMP/$1.got$2") bytes vs $(wc -c <"$TMP/want$3");" \
-            "$(head -c 200 "$TMP/$1.err$2") $(tail -c 300 "$TMP/$1.r$2.out")"
-    fi
-}
 # since_ms T0 FILE REGEX TENTHS: ms from T0 (date +%s%N) until FILE matches (empty if never)
 since_ms() {
     cc_wait_grep "$2" "$3" "$4" || return 0
@@ -85,7 +57,7 @@ pp_phase() { # TAG WHICH(1|2)
     # 60 ms pause), then the freeze while they are prefilled: the sender
     # toward the frozen stage fills the 4 kB buffers and blocks.
     CP=""
-    for r in 1 2 3 4 5 6 7 8; do s=true; [ $r -gt 6 ] && s=false; request "$ph" $r long $s; done
+    for r in 1 2 3 4 5 6 7 8; do s=true; [ $r -gt 6 ] && s=false; cc_request "$ph" $r long $s; done
     cc_wait_grep "$TMP/$ph.r1.out" 'data:' 100
     t0=$(date +%s%N)
     kill -STOP "$V"
@@ -110,7 +82,7 @@ pp_phase() { # TAG WHICH(1|2)
     else echo "$ph: the send stall bound did not fire this time (silence came first)" >&2; fi
     echo "$ph: $(grep -m1 'took none of our data\|did not take our data' "$VLOG" | sed 's/.*peer/peer/')" >&2
     for p in $CP; do wait "$p"; done
-    for r in 1 2 3 4 5 6 7 8; do s=true; [ $r -gt 6 ] && s=false; check "$ph" $r long $s; done
+    for r in 1 2 3 4 5 6 7 8; do s=true; [ $r -gt 6 ] && s=false; cc_check "$ph" $r long $s; done
     cc_stop "$SERVE_PID"; cc_stop "$A"; cc_stop "$B"
 }
 pp_phase stop1 1
@@ -129,7 +101,7 @@ if [ $src -eq 0 ]; then
     grep -q 'tensor parallel: 3 members' "$TMP/stp.log" && ok || bad "tp: not a group of 3: $(grep -i tensor "$TMP/stp.log")"
     tpp() { echo "1 3 4" | cut -d' ' -f$(( ($1 - 1) % 3 + 1 )); }
     CP=""
-    for r in 1 2 3 4 5 6; do s=true; [ $r -gt 4 ] && s=false; request tp $r "$(tpp $r)" $s; done
+    for r in 1 2 3 4 5 6; do s=true; [ $r -gt 4 ] && s=false; cc_request tp $r "$(tpp $r)" $s; done
     k=0
     while [ $k -lt 200 ]; do
         n=0
@@ -144,7 +116,7 @@ if [ $src -eq 0 ]; then
     echo "tp: SIGSTOP of a member: recovered after ${rec:-never} ms (loss logged after ${lost:-never} ms): $(grep -m1 'failure:' "$TMP/stp.log")" >&2
     [ -n "$rec" ] && [ "$rec" -lt 10000 ] && ok || bad "tp: no recovery within 10 s: $(grep -i 'plan\|fail' "$TMP/stp.log" | tail -3)"
     for p in $CP; do wait "$p"; done
-    for r in 1 2 3 4 5 6; do s=true; [ $r -gt 4 ] && s=false; check tp $r "$(tpp $r)" $s; done
+    for r in 1 2 3 4 5 6; do s=true; [ $r -gt 4 ] && s=false; cc_check tp $r "$(tpp $r)" $s; done
     # The healthy member kept answering while its all-reduce waited: it is in the new group.
     grep -q 'lost.*tpb\|tpb.*lost' "$TMP/stp.log" && bad "tp: the healthy member was declared lost: $(grep lost "$TMP/stp.log")" || ok
 else
@@ -203,10 +175,10 @@ unset CUMULO_TEST_STEP_DELAY_MS
 if [ $src -eq 0 ]; then
     ok
     CP=""
-    for r in 1 2 3 4; do s=true; [ $r -gt 2 ] && s=false; request fl $r $r $s; done
+    for r in 1 2 3 4; do s=true; [ $r -gt 2 ] && s=false; cc_request fl $r $r $s; done
     for k in 1 2 3 4 5 6 7 8 9 10; do sample; sleep 0.2; done
     for p in $CP; do wait "$p"; done
-    for r in 1 2 3 4; do s=true; [ $r -gt 2 ] && s=false; check fl $r $r $s; done
+    for r in 1 2 3 4; do s=true; [ $r -gt 2 ] && s=false; cc_check fl $r $r $s; done
     grep -q 'why: layers split by --layers 2,2,1' "$TMP/sfl.log" && ok || bad "flood: serve did not plan 3 stages on the flooded node"
 else
     bad "flood: serve could not start against the flooded node: $(tail -3 "$TMP/sfl.log")"

@@ -11,43 +11,15 @@
 # CUMULO_TEST_NO_RECOVER=1 in the environment disables recovery (to see this
 # test fail: the streams end with an explicit error event instead).
 cd "$(dirname "$0")/../.." || exit 1
-BIN=${CUMULO_BIN:-build/cumulo}
-SHARED=${CUMULO_SHARED:-$(cd .. && pwd)/shared}
-M=$SHARED/models/stories260K-q8_0.gguf
+. tests/sh/lib/cluster_common.sh
+M=$MODELS/stories260K-q8_0.gguf
 N_TOK=150
-pass=0
-fail=0
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
 if ! command -v curl >/dev/null; then echo "skip: needs curl" >&2; echo "0 passed, 0 failed"; exit 0; fi
-TMP=$(mktemp -d)
-PIDS=""
-cleanup() {
-    for p in $PIDS; do kill -CONT "$p" 2>/dev/null; kill -9 "$p" 2>/dev/null; done
-    for p in $PIDS; do wait "$p" 2>/dev/null; done
-    [ -n "$CUMULO_KEEP_TMP" ] && echo "kept $TMP" >&2 || rm -rf "$TMP"
-}
-trap cleanup EXIT
-trap 'exit 1' INT TERM
-export CUMULO_KEY_FILE="$TMP/key"
-"$BIN" key >/dev/null 2>&1
-
-PROMPTS="Once upon a time|The little dog|Lily and Ben|One day"
-prompt() { echo "$PROMPTS" | cut -d'|' -f$(( ($1 - 1) % 4 + 1 )); }
-for i in 1 2 3 4; do
-    "$BIN" run "$M" -p "$(prompt $i)" -n $N_TOK --temp 0 --threads 1 --json 2>/dev/null |
-        perl -MJSON::PP -e 'local $/; print decode_json(<STDIN>)->{text}' >"$TMP/want$i"
-    [ -s "$TMP/want$i" ] || bad "no reference text for prompt $i"
-done
+cc_want "$M" $N_TOK 1 2 3 4
 
 start_node() { # $1: tag; sets NODE_PID, NODE_ADDR
-    "$BIN" node --bind 127.0.0.1 --port 0 --port-file "$TMP/p$1" --no-mdns --threads 1 --cache "$TMP/c$1" \
-        >"$TMP/n$1.log" 2>&1 &
-    NODE_PID=$!
-    PIDS="$PIDS $NODE_PID"
-    k=0
-    while [ ! -s "$TMP/p$1" ] && [ $k -lt 100 ]; do sleep 0.05; k=$((k + 1)); done
-    NODE_ADDR="127.0.0.1:$(cat "$TMP/p$1")"
+    cc_start_node "$1" --bind 127.0.0.1 --no-mdns
+    NODE_ADDR="127.0.0.1:$NODE_PORT"
 }
 
 # phase TAG SIGNAL: a fresh cluster, 8 streams, SIGNAL to the middle stage.
@@ -58,7 +30,7 @@ phase() {
     CUMULO_TEST_STEP_DELAY_MS=15 "$BIN" serve "$M" --host 127.0.0.1 --port 0 --nodes "$A1,$A2" --layers 2,2,1 \
         --threads 1 --slots 8 >"$TMP/s$tag.out" 2>"$TMP/s$tag.log" &
     SRV=$!
-    PIDS="$PIDS $SRV"
+    CC_PIDS="$CC_PIDS $SRV"
     k=0
     while ! grep -q 'ready' "$TMP/s$tag.log" && [ $k -lt 300 ]; do sleep 0.05; k=$((k + 1)); done
     if ! grep -q 'ready' "$TMP/s$tag.log"; then bad "$tag: serve did not start: $(tail -3 "$TMP/s$tag.log")"; return; fi
@@ -66,7 +38,7 @@ phase() {
     PORT=$(sed -n 's/.*http:\/\/[^:]*:\([0-9]*\).*/\1/p' "$TMP/s$tag.log" "$TMP/s$tag.out" | head -1)
     CP=""
     for r in 1 2 3 4 5 6 7 8; do
-        body=$(printf '{"prompt":"%s","max_tokens":%d,"temperature":0,"stream":true}' "$(prompt $r)" $N_TOK)
+        body=$(printf '{"prompt":"%s","max_tokens":%d,"temperature":0,"stream":true}' "$(cc_prompt $r)" $N_TOK)
         curl -sN --max-time 120 "http://127.0.0.1:$PORT/v1/completions" -H 'Content-Type: application/json' \
             -d "$body" >"$TMP/$tag.r$r.sse" &
         CP="$CP $!"
@@ -111,7 +83,7 @@ phase() {
         # explicit error event, new requests get 503 with the reason.
         CP=""
         for r in 1 2; do
-            body=$(printf '{"prompt":"%s","max_tokens":%d,"temperature":0,"stream":true}' "$(prompt $r)" $N_TOK)
+            body=$(printf '{"prompt":"%s","max_tokens":%d,"temperature":0,"stream":true}' "$(cc_prompt $r)" $N_TOK)
             curl -sN --max-time 60 "http://127.0.0.1:$PORT/v1/completions" -H 'Content-Type: application/json' \
                 -d "$body" >"$TMP/gone.r$r.sse" &
             CP="$CP $!"

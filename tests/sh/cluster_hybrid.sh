@@ -255,32 +255,14 @@ resync
 
 # 4. serve --groups 2,2: 4 concurrent completions (cm_engine_step) equal one
 # machine's text.
-"$BIN" serve "$MQ" --host 127.0.0.1 --port 0 --nodes "$ALL" --groups 2,2 --threads 1 --slots 4 \
-    >"$TMP/serve.out" 2>"$TMP/serve.log" &
-SPID=$!
-CC_PIDS="$CC_PIDS $SPID"
-k=0
-while ! grep -q 'ready' "$TMP/serve.log" && [ $k -lt 200 ]; do sleep 0.05; k=$((k + 1)); done
-PORT=$(sed -n 's/.*http:\/\/[^:]*:\([0-9]*\).*/\1/p' "$TMP/serve.log" "$TMP/serve.out" | head -1)
-if grep -q 'ready' "$TMP/serve.log" && grep -q '^hybrid: 2 stages of 2 members' "$TMP/serve.log" && [ -n "$PORT" ]; then
+if cc_start_serve serve "$MQ" --host 127.0.0.1 --nodes "$ALL" --groups 2,2 --threads 1 --slots 4 &&
+    grep -q '^hybrid: 2 stages of 2 members' "$TMP/serve.log"; then
     ok
-    want=$(cc_jsonget "$TMP/oneq.json" '$j->{text}')
-    CP=""
-    for k in 1 2 3 4; do
-        curl -s --max-time 60 "http://127.0.0.1:$PORT/v1/completions" -H 'Content-Type: application/json' \
-            -d '{"prompt":"Once upon a time","max_tokens":32,"temperature":0}' >"$TMP/r$k.json" &
-        CP="$CP $!"
-    done
-    for p in $CP; do wait "$p"; done
-    for k in 1 2 3 4; do
-        got=$(perl -MJSON::PP -e 'local $/; print decode_json(<STDIN>)->{choices}[0]{text}' <"$TMP/r$k.json" 2>/dev/null)
-        [ -n "$want" ] && [ "$got" = "$want" ] && ok || bad "serve request $k: '$got' vs '$want' ($(head -c 200 "$TMP/r$k.json"))"
-    done
+    cc_same_texts 32 "$(cc_jsonget "$TMP/oneq.json" '$j->{text}')"
 else
     bad "serve --groups 2,2 did not start as 2 groups x 2 stages: $(tail -3 "$TMP/serve.log")"
 fi
-kill "$SPID" 2>/dev/null
-wait "$SPID" 2>/dev/null
+cc_stop "$SERVE_PID"
 resync
 
 # 4b. Streamed weights: three nodes WITHOUT --models (the coordinator streams

@@ -31,43 +31,14 @@ export CUMULO_REJOIN_MS=500
 PHASES=${CUMULO_JOIN_PHASES:-tp hybrid refuse mdns} # a subset by hand: CUMULO_JOIN_PHASES="mdns"
 want() { case " $PHASES " in *" $1 "*) return 0 ;; esac; return 1; }
 N_TOK=60
-PROMPTS="Once upon a time|The little dog|Lily and Ben|One day"
-prompt() { echo "$PROMPTS" | cut -d'|' -f"$1"; }
-for i in 1 3 4; do
-    "$BIN" run "$M" -p "$(prompt $i)" -n $N_TOK --temp 0 --threads 1 --json 2>/dev/null |
-        perl -MJSON::PP -e 'local $/; print decode_json(<STDIN>)->{text}' >"$TMP/want$i"
-    [ -s "$TMP/want$i" ] || bad "no reference text for prompt $i"
-done
-# request HOST PORT TAG R PROMPT STREAM: in the background; CP gets the pid
-request() {
-    body=$(printf '{"prompt":"%s","max_tokens":%d,"temperature":0,"stream":%s}' "$(prompt "$5")" $N_TOK "$6")
-    cc_nsx
-    $CC_NSX curl -sN --max-time 120 "http://$1:$2/v1/completions" -H 'Content-Type: application/json' \
-        -d "$body" >"$TMP/$3.r$4.out" &
-    CP="$CP $!"
-}
-# check TAG R PROMPT STREAM: the text equals one machine's, no error
-check() {
-    if [ "$4" = true ]; then
-        perl -MJSON::PP -ne 'next unless s/^data: //; chomp; next if $_ eq "[DONE]"; my $j = decode_json($_);
-            print STDERR "error event: $_\n" if $j->{error}; print $j->{choices}[0]{text} // ""' \
-            <"$TMP/$1.r$2.out" >"$TMP/$1.got$2" 2>"$TMP/$1.err$2"
-    else
-        perl -MJSON::PP -e 'local $/; my $j = eval { decode_json(<STDIN>) };
-            if (!$j || $j->{error}) { print STDERR "error: ", ($j ? encode_json($j) : "not JSON"), "\n"; exit }
-            print $j->{choices}[0]{text}' <"$TMP/$1.r$2.out" >"$TMP/$1.got$2" 2>"$TMP/$1.err$2"
-    fi
-    if cmp -s "$TMP/$1.got$2" "$TMP/want$3" && [ ! -s "$TMP/$1.err$2" ]; then ok; else
-        bad "$1 request $2 (stream $4): got $(wc -c <"$TMP/$1.got$2") bytes vs $(wc -c <"$TMP/want$3") wanted;" \
-            "$(head -c 200 "$TMP/$1.err$2") $(tail -c 300 "$TMP/$1.r$2.out")"
-    fi
-}
+cc_want "$M" $N_TOK 1 3 4
 # round HOST PORT TAG: 3 streaming + 1 non-streaming request, checked
 round() {
-    CP=""
-    for r in 1 2 3 4; do s=true; [ $r = 4 ] && s=false; request "$1" "$2" "$3" $r $(echo "1 3 4 1" | cut -d' ' -f$r) $s; done
+    CP="" CC_HOST=$1 CC_PORT=$2
+    for r in 1 2 3 4; do s=true; [ $r = 4 ] && s=false; cc_request "$3" $r $(echo "1 3 4 1" | cut -d' ' -f$r) $s; done
     for p in $CP; do wait "$p"; done
-    for r in 1 2 3 4; do s=true; [ $r = 4 ] && s=false; check "$3" $r $(echo "1 3 4 1" | cut -d' ' -f$r) $s; done
+    unset CC_HOST CC_PORT
+    for r in 1 2 3 4; do s=true; [ $r = 4 ] && s=false; cc_check "$3" $r $(echo "1 3 4 1" | cut -d' ' -f$r) $s; done
 }
 
 # ---- tp. The prompts are those of cluster_recover.sh's tp phase ("The
@@ -85,12 +56,12 @@ CUMULO_TEST_STEP_DELAY_MS=15 cc_start_serve stp "$M" --host 127.0.0.1 --nodes 12
     --parallel tp --threads 1 --slots 4 || bad "tp: serve did not start: $(tail -3 "$TMP/stp.log")"
 grep -q 'tensor parallel: 3 members' "$TMP/stp.log" && ok || bad "tp: not a group of 3: $(grep -i 'tensor' "$TMP/stp.log")"
 CP=""
-for r in 1 2 3; do request 127.0.0.1 "$SERVE_PORT" tp1 $r $(echo "1 3 4" | cut -d' ' -f$r) true; done
+for r in 1 2 3; do cc_request tp1 $r $(echo "1 3 4" | cut -d' ' -f$r) true; done
 k=0
 while [ "$(cat "$TMP"/tp1.r*.out 2>/dev/null | grep -c '^data:')" -lt 15 ] && [ $k -lt 200 ]; do sleep 0.05; k=$((k + 1)); done
 kill -9 $A
 for p in $CP; do wait "$p"; done
-for r in 1 2 3; do check tp1 $r $(echo "1 3 4" | cut -d' ' -f$r) true; done
+for r in 1 2 3; do cc_check tp1 $r $(echo "1 3 4" | cut -d' ' -f$r) true; done
 cc_wait_grep "$TMP/stp.log" 'recovered: tensor-parallel group of 2' 50 && ok ||
     bad "tp: no group of 2 after the kill: $(grep -i 'plan\|fail\|lost' "$TMP/stp.log" | tail -3)"
 # The member restarts on its port: taken back while idle.
@@ -129,12 +100,12 @@ for t in ha hb hc; do eval "[ \"\$PORT_$t\" = \"$VP\" ]" && VT=$t; done
 [ -n "$VT" ] && ok || bad "hybrid: no stage-1 member in /api/cluster: $(head -c 400 "$TMP/hy0.cluster")"
 if [ -n "$VT" ]; then
     CP=""
-    for r in 1 2 3; do request 127.0.0.1 "$SERVE_PORT" hy1 $r $(echo "1 3 4" | cut -d' ' -f$r) true; done
+    for r in 1 2 3; do cc_request hy1 $r $(echo "1 3 4" | cut -d' ' -f$r) true; done
     k=0
     while [ "$(cat "$TMP"/hy1.r*.out 2>/dev/null | grep -c '^data:')" -lt 15 ] && [ $k -lt 200 ]; do sleep 0.05; k=$((k + 1)); done
     eval "kill -9 \$PID_$VT"
     for p in $CP; do wait "$p"; done
-    for r in 1 2 3; do check hy1 $r $(echo "1 3 4" | cut -d' ' -f$r) true; done
+    for r in 1 2 3; do cc_check hy1 $r $(echo "1 3 4" | cut -d' ' -f$r) true; done
     cc_wait_grep "$TMP/shy.log" 'recovered' 50 && ok || bad "hybrid: no recovery: $(grep -i 'plan\|fail\|lost' "$TMP/shy.log" | tail -3)"
     cc_start_node ${VT}2 --bind 127.0.0.1 --port "$VP" --no-mdns --models "$MODELS"
     cc_wait_grep "$TMP/shy.log" 'now [0-9]+ stages \(4 members\)' 100 && ok ||

@@ -10,7 +10,6 @@
 cd "$(dirname "$0")/../.." || exit 1
 . tests/sh/lib/cluster_common.sh
 M=$SHARED/models
-R=$SHARED/reference
 
 # start_node NAME [node options...]: a node on a free port (cluster_common.sh);
 # sets PORT_<NAME>.
@@ -30,14 +29,7 @@ ADDR_c=127.0.0.1:$PORT_c
 # 1. Greedy ids: 2, 3 and 4 stages (the planner's split) vs one machine and llama.cpp.
 for q in q8_0 f32; do
     for c in 0 1 2 3; do
-        ref=$R/stories260K-$q.greedy.json
-        prompt=$(cc_jsonget "$ref" '$j->{cases}['$c']{prompt}')
-        n=$(cc_jsonget "$ref" '$j->{cases}['$c']{n_predict}')
-        [ "$n" -gt 64 ] && n=64
-        want=$(cc_jsonget "$ref" 'join(",", @{$j->{cases}['$c']{generated_tokens}}[0..'$((n - 1))'])')
-        "$BIN" run "$M/stories260K-$q.gguf" -p "$prompt" -n "$n" --temp 0 --threads 1 --json >"$TMP/local.json" 2>/dev/null
-        local_ids=$(cc_jsonget "$TMP/local.json" 'join(",", @{$j->{tokens}})')
-        [ "$local_ids" = "$want" ] && ok || bad "$q case $c: single machine differs from llama.cpp"
+        cc_ref_case "$q" "$c"
         for nodes in "$ADDR_a" "$ADDR_a,$ADDR_b" "$ADDR_a,$ADDR_b,$ADDR_c"; do
             stages=$(($(echo "$nodes" | tr ',' '\n' | wc -l) + 1))
             if ! "$BIN" run "$M/stories260K-$q.gguf" --cluster --nodes "$nodes" -p "$prompt" -n "$n" --temp 0 \

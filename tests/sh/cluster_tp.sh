@@ -13,7 +13,6 @@
 cd "$(dirname "$0")/../.." || exit 1
 . tests/sh/lib/cluster_common.sh
 M=$SHARED/models
-R=$SHARED/reference
 
 # start_node NAME [node options...]: a node on a free port (cluster_common.sh);
 # sets PORT_<NAME> and SPID_<NAME>.
@@ -52,14 +51,7 @@ seen_a=0 seen_b=0 seen_c=0
 # 1. Greedy ids with 2, 3 and 4 members vs one machine and llama.cpp; bytes.
 for q in f32 q8_0; do
     for c in 0 1 2 3; do
-        ref=$R/stories260K-$q.greedy.json
-        prompt=$(cc_jsonget "$ref" '$j->{cases}['$c']{prompt}')
-        n=$(cc_jsonget "$ref" '$j->{cases}['$c']{n_predict}')
-        [ "$n" -gt 64 ] && n=64
-        want=$(cc_jsonget "$ref" 'join(",", @{$j->{cases}['$c']{generated_tokens}}[0..'$((n - 1))'])')
-        "$BIN" run "$M/stories260K-$q.gguf" -p "$prompt" -n "$n" --temp 0 --threads 1 --json >"$TMP/local.json" 2>/dev/null
-        local_ids=$(cc_jsonget "$TMP/local.json" 'join(",", @{$j->{tokens}})')
-        [ "$local_ids" = "$want" ] && ok || bad "$q case $c: single machine differs from llama.cpp"
+        cc_ref_case "$q" "$c"
         for nodes in "$ADDR_a" "$ADDR_a,$ADDR_b" "$ADDR_a,$ADDR_b,$ADDR_c"; do
             k=$(($(echo "$nodes" | tr ',' '\n' | wc -l) + 1))
             if ! "$BIN" run "$M/stories260K-$q.gguf" --nodes "$nodes" --parallel tp -p "$prompt" -n "$n" --temp 0 \
@@ -118,33 +110,16 @@ fi
 
 # 4. serve --parallel tp: 4 concurrent completions (batched by cm_engine_step)
 # over a group of 3 equal one machine's text.
-"$BIN" serve "$M/stories260K-q8_0.gguf" --host 127.0.0.1 --port 0 --nodes "$ADDR_b,$ADDR_c" --parallel tp --threads 1 \
-    --slots 4 >"$TMP/serve.out" 2>"$TMP/serve.log" &
-SPID=$!
-CC_PIDS="$CC_PIDS $SPID"
-k=0
-while ! grep -q 'ready' "$TMP/serve.log" && [ $k -lt 200 ]; do sleep 0.05; k=$((k + 1)); done
-PORT=$(sed -n 's/.*http:\/\/[^:]*:\([0-9]*\).*/\1/p' "$TMP/serve.log" "$TMP/serve.out" | head -1)
-if grep -q 'ready' "$TMP/serve.log" && grep -q 'tensor parallel: 3 members' "$TMP/serve.log" && [ -n "$PORT" ]; then
+if cc_start_serve serve "$M/stories260K-q8_0.gguf" --host 127.0.0.1 --nodes "$ADDR_b,$ADDR_c" --parallel tp --threads 1 \
+    --slots 4 && grep -q 'tensor parallel: 3 members' "$TMP/serve.log"; then
     ok
     want=$("$BIN" run "$M/stories260K-q8_0.gguf" -p "Once upon a time" -n 40 --temp 0 --threads 1 --json 2>/dev/null |
         perl -MJSON::PP -e 'local $/; print decode_json(<STDIN>)->{text}')
-    CP=""
-    for k in 1 2 3 4; do
-        curl -s --max-time 60 "http://127.0.0.1:$PORT/v1/completions" -H 'Content-Type: application/json' \
-            -d '{"prompt":"Once upon a time","max_tokens":40,"temperature":0}' >"$TMP/r$k.json" &
-        CP="$CP $!"
-    done
-    for p in $CP; do wait "$p"; done
-    for k in 1 2 3 4; do
-        got=$(perl -MJSON::PP -e 'local $/; print decode_json(<STDIN>)->{choices}[0]{text}' <"$TMP/r$k.json" 2>/dev/null)
-        [ -n "$want" ] && [ "$got" = "$want" ] && ok || bad "serve request $k: '$got' vs '$want' ($(head -c 200 "$TMP/r$k.json"))"
-    done
+    cc_same_texts 40 "$want"
 else
     bad "serve --parallel tp did not start as a group of 3: $(tail -3 "$TMP/serve.log")"
 fi
-kill "$SPID" 2>/dev/null
-wait "$SPID" 2>/dev/null
+cc_stop "$SERVE_PID"
 
 # 5. Streamed weights: nodes WITHOUT --models get only their tensors (the
 # first stage's members also token_embd: they embed their tokens) into their

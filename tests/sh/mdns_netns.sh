@@ -29,18 +29,8 @@ if [ "$(id -u)" != 0 ] || ! command -v ip >/dev/null || ! ip netns add "$BR" 2>/
     echo "0 passed, 0 failed"
     exit 0
 fi
-ip -n "$BR" link add cmbr0 type bridge && ip -n "$BR" link set cmbr0 up || bad "bridge"
-i=1
-for n in $N1 $N2 $N3; do
-    ip netns add "$n"
-    ip -n "$n" link set lo up
-    ip link add name eth0 netns "$n" type veth peer name cmp$i netns "$BR"
-    ip -n "$BR" link set cmp$i master cmbr0
-    ip -n "$BR" link set cmp$i up
-    ip -n "$n" addr add 10.77.0.$i/24 dev eth0
-    ip -n "$n" link set eth0 up
-    i=$((i + 1))
-done
+. tests/sh/lib/netns_common.sh
+nn_bridge "$BR" cmbr0 cmp 10.77.0 "$N1" "$N2" "$N3"
 
 # wait_for FILE PATTERN SECONDS
 wait_for() {

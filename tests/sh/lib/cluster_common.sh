@@ -113,3 +113,84 @@ cc_free_port() {
 cc_jsonget() {
     perl -MJSON::PP -e 'local $/; open my $f, "<", $ARGV[0] or exit 2; my $j = decode_json(<$f>); print eval $ARGV[1]' "$1" "$2"
 }
+
+# ---- Requests whose text is compared with one machine's greedy text
+# (cluster_recover.sh, cluster_deadline.sh, cluster_join.sh). Prompts are
+# named by an index (1-4, cycling over CC_PROMPTS) or "long" ($LONG, set by
+# the script).
+CC_PROMPTS="Once upon a time|The little dog|Lily and Ben|One day"
+cc_prompt() { if [ "$1" = long ]; then echo "$LONG"; else echo "$CC_PROMPTS" | cut -d'|' -f$(( ($1 - 1) % 4 + 1 )); fi; }
+
+# cc_want MODEL N_TOK PROMPT...: one machine's greedy text of each PROMPT
+# (N_TOK tokens; "long" ${LONG_TOK:-N_TOK}) into $TMP/wantPROMPT.
+cc_want() {
+    m=$1 n0=$2
+    shift 2
+    for i in "$@"; do
+        n=$n0
+        [ "$i" = long ] && n=${LONG_TOK:-$n0}
+        "$BIN" run "$m" -p "$(cc_prompt "$i")" -n "$n" --temp 0 --threads 1 --json 2>/dev/null |
+            perl -MJSON::PP -e 'local $/; print decode_json(<STDIN>)->{text}' >"$TMP/want$i"
+        [ -s "$TMP/want$i" ] || bad "no reference text for prompt $i"
+    done
+}
+
+# cc_request TAG R PROMPT STREAM [MAX_TOKENS]: a greedy completion request to
+# ${CC_HOST:-127.0.0.1}:${CC_PORT:-$SERVE_PORT} (from inside $CC_NS when set),
+# in the background, answer in $TMP/TAG.rR.out; CP collects the pids. Tokens:
+# MAX_TOKENS or $N_TOK; curl's limit ${CC_REQ_TIME:-120} s.
+cc_request() {
+    body=$(printf '{"prompt":"%s","max_tokens":%d,"temperature":0,"stream":%s}' "$(cc_prompt "$3")" "${5:-$N_TOK}" "$4")
+    cc_nsx
+    $CC_NSX curl -sN --max-time "${CC_REQ_TIME:-120}" "http://${CC_HOST:-127.0.0.1}:${CC_PORT:-$SERVE_PORT}/v1/completions" \
+        -H 'Content-Type: application/json' -d "$body" >"$TMP/$1.r$2.out" &
+    CP="$CP $!"
+}
+
+# cc_check TAG R PROMPT STREAM: request R's text (the concatenation of its SSE
+# chunks when STREAM is true) equals $TMP/wantPROMPT, with no error (event).
+cc_check() {
+    if [ "$4" = true ]; then
+        perl -MJSON::PP -ne 'next unless s/^data: //; chomp; next if $_ eq "[DONE]"; my $j = decode_json($_);
+            print STDERR "error event: $_\n" if $j->{error}; print $j->{choices}[0]{text} // ""' \
+            <"$TMP/$1.r$2.out" >"$TMP/$1.got$2" 2>"$TMP/$1.err$2"
+    else
+        perl -MJSON::PP -e 'local $/; my $j = eval { decode_json(<STDIN>) };
+            if (!$j || $j->{error}) { print STDERR "error: ", ($j ? encode_json($j) : "not JSON"), "\n"; exit }
+            print $j->{choices}[0]{text}' <"$TMP/$1.r$2.out" >"$TMP/$1.got$2" 2>"$TMP/$1.err$2"
+    fi
+    if cmp -s "$TMP/$1.got$2" "$TMP/want$3" && [ ! -s "$TMP/$1.err$2" ]; then ok; else
+        bad "$1 request $2 (prompt $3, stream $4): got $(wc -c <"$TMP/$1.got$2") bytes vs $(wc -c <"$TMP/want$3") wanted;" \
+            "$(head -c 200 "$TMP/$1.err$2") $(tail -c 300 "$TMP/$1.r$2.out")"
+    fi
+}
+
+# cc_same_texts MAX WANT: 4 concurrent non-streaming greedy requests for "Once
+# upon a time" (MAX tokens) to 127.0.0.1:$SERVE_PORT; each text must be WANT.
+cc_same_texts() {
+    CP=""
+    for k in 1 2 3 4; do
+        curl -s --max-time 60 "http://127.0.0.1:$SERVE_PORT/v1/completions" -H 'Content-Type: application/json' \
+            -d '{"prompt":"Once upon a time","max_tokens":'"$1"',"temperature":0}' >"$TMP/r$k.json" &
+        CP="$CP $!"
+    done
+    for p in $CP; do wait "$p"; done
+    for k in 1 2 3 4; do
+        got=$(perl -MJSON::PP -e 'local $/; print decode_json(<STDIN>)->{choices}[0]{text}' <"$TMP/r$k.json" 2>/dev/null)
+        [ -n "$2" ] && [ "$got" = "$2" ] && ok || bad "serve request $k: '$got' vs '$2' ($(head -c 200 "$TMP/r$k.json"))"
+    done
+}
+
+# cc_ref_case QUANT CASE: llama.cpp's reference case CASE of stories260K-QUANT
+# ($SHARED/reference) at most 64 tokens: sets prompt, n, want (llama.cpp's
+# ids) and local_ids (one machine's, checked equal to want).
+cc_ref_case() {
+    ref=$SHARED/reference/stories260K-$1.greedy.json
+    prompt=$(cc_jsonget "$ref" '$j->{cases}['"$2"']{prompt}')
+    n=$(cc_jsonget "$ref" '$j->{cases}['"$2"']{n_predict}')
+    [ "$n" -gt 64 ] && n=64
+    want=$(cc_jsonget "$ref" 'join(",", @{$j->{cases}['"$2"']{generated_tokens}}[0..'$((n - 1))'])')
+    "$BIN" run "$SHARED/models/stories260K-$1.gguf" -p "$prompt" -n "$n" --temp 0 --threads 1 --json >"$TMP/local.json" 2>/dev/null
+    local_ids=$(cc_jsonget "$TMP/local.json" 'join(",", @{$j->{tokens}})')
+    [ "$local_ids" = "$want" ] && ok || bad "$1 case $2: single machine differs from llama.cpp"
+}
