@@ -34,25 +34,23 @@ enum {
     ZR = 2,              /* most weight rows per register tile */
     ZRB = 16,            /* weight rows per cache block (stay in L2 across token tiles) */
     ZPF = 4,             /* prefetch the weight row this many rows ahead (as cm_matmul_rows) */
-    ZPACK = 160 * 1024,  /* bytes of packed activations per pass */
-    ZPACK_F16 = 256 * 1024, /* f16: 11 tokens of a 5632-wide row per pass, not 7 */
+    ZPACK = 256 * 1024,  /* bytes of packed activations per pass */
 };
 
 /* The driver: pack as many tokens as fit, then for each ZRB-row block run
  * every TT-token tile over it, RR rows at a time. ROW(k, rows, pk, tb, yv, R,
  * T, out) computes out[r][t] for R rows and T tokens (constants after the
  * switch, so the compiler keeps the R x T accumulators in registers). */
-#define ZGEMM(NAME, XB, YB, RR, TT, TOKBYTES, PACK, ROW, FALLBACK) ZGEMM_N(NAME, XB, YB, RR, TT, TOKBYTES, PACK, ROW, FALLBACK, ZPACK)
-#define ZGEMM_N(NAME, XB, YB, RR, TT, TOKBYTES, PACK, ROW, FALLBACK, NPACK)                                 \
+#define ZGEMM(NAME, XB, YB, RR, TT, TOKBYTES, PACK, ROW, FALLBACK)                                 \
     static void gemm_p##NAME(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, \
                              float *y, int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {       \
         const size_t tb = (TOKBYTES);                                                              \
-        if (tb == 0 || tb * 2 > NPACK) {                                                           \
+        if (tb == 0 || tb * 2 > ZPACK) {                                                           \
             FALLBACK(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);                          \
             return;                                                                                \
         }                                                                                          \
-        _Alignas(64) uint8_t pk[NPACK];                                                            \
-        const int64_t cap = (int64_t)(NPACK / tb);                                                 \
+        _Alignas(64) uint8_t pk[ZPACK];                                                            \
+        const int64_t cap = (int64_t)(ZPACK / tb);                                                 \
         for (int64_t j0 = 0; j0 < n_tok; j0 += cap) {                                              \
             const int64_t nt = n_tok - j0 < cap ? n_tok - j0 : cap;                                \
             for (int64_t t = 0; t < nt; t++)                                                       \
@@ -292,44 +290,7 @@ AI void lq_gemm(int64_t k, const void *w, size_t w_stride, const void *x, size_t
 
 static void gemm_lq4_0(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
                        int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {
-    const int64_t nb = k / CM_QK4_0;
-    const size_t gb = (size_t)nb * LQ_BLOCK;
-    if (n_tok < LQ_MINTOK || nb > LQ_MAXNB || gb > ZPACK) { /* too few tokens to fill lanes, or rows too long */
-        gemm_zq4_0(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
-        return;
-    }
-    _Alignas(64) uint8_t pk[ZPACK];
-    lq4_row ur[2];
-    const lq4_row *u[2] = {&ur[0], &ur[1]};
-    const int64_t gcap = (int64_t)(ZPACK / gb); /* groups of 16 tokens per pass */
-    for (int64_t j0 = 0; j0 < n_tok; j0 += gcap * LQ_TOK) {
-        const int64_t left = n_tok - j0, ng = (left + LQ_TOK - 1) / LQ_TOK < gcap ? (left + LQ_TOK - 1) / LQ_TOK : gcap;
-        for (int64_t g = 0; g < ng; g++) {
-            const cm_block_q8_0 *yv[LQ_TOK];
-            const int T = left - g * LQ_TOK < LQ_TOK ? (int)(left - g * LQ_TOK) : LQ_TOK;
-            for (int t = 0; t < T; t++)
-                yv[t] = (const cm_block_q8_0 *)(const void *)((const char *)x + (size_t)(j0 + g * LQ_TOK + t) * x_stride);
-            lq4_pack(nb, yv, T, pk + (size_t)g * gb);
-        }
-        for (int64_t i = r0; i < r1; i += 2) {
-            const int R = r1 - i < 2 ? (int)(r1 - i) : 2;
-            for (int r = 0; r < R; r++)
-                lq4_unpack(nb, (const cm_block_q4_0 *)(const void *)((const char *)w + (size_t)(i + r) * w_stride), &ur[r]);
-            /* the next pair's rows (adjacent when w_stride is the row size, as in a GGUF) */
-            const int64_t np = r1 - (i + 2) < 2 ? r1 - (i + 2) : 2;
-            const char *pf = np > 0 ? (const char *)w + (size_t)(i + 2) * w_stride : NULL;
-            const size_t pf_bytes = np > 0 ? (size_t)(np - 1) * w_stride + (size_t)nb * sizeof(cm_block_q4_0) : 0;
-            for (int64_t g = 0; g < ng; g++) {
-                float out[2][LQ_TOK];
-                if (R == 2) lq4_rows(nb, u, pk + (size_t)g * gb, g == 0 ? pf : NULL, pf_bytes, 2, out);
-                else lq4_rows(nb, u, pk + (size_t)g * gb, g == 0 ? pf : NULL, pf_bytes, 1, out);
-                const int64_t jg = j0 + g * LQ_TOK;
-                const int T = n_tok - jg < LQ_TOK ? (int)(n_tok - jg) : LQ_TOK;
-                for (int r = 0; r < R; r++)
-                    for (int t = 0; t < T; t++) y[(jg + t) * ldy + i + r] = out[r][t];
-            }
-        }
-    }
+    lq_gemm(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok, false);
 }
 static void gemm_lq8_0(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
                        int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {
@@ -372,7 +333,7 @@ AI void prow_f16(int64_t k, const void *const *x, const uint8_t *pk, size_t tb, 
 }
 /* 2 rows x 6 tokens: 24 accumulators, 4 weight and 2 activation vectors in
  * 30 of the 32 registers; on Zen 4 ~1.3x the 2 x 4 tile (kbench gemm16). */
-ZGEMM_N(f16, void, void, 2, 6, (size_t)(k & ~(int64_t)31) * 4, pack_f16, prow_f16, gemm_zf16, ZPACK_F16)
+ZGEMM(f16, void, void, 2, 6, (size_t)(k & ~(int64_t)31) * 4, pack_f16, prow_f16, gemm_zf16)
 
 /* ---- q4_k: per super-block, 320 bytes per token: for h = 0, 1 the two
  * vectors ztile_q4_k multiplies the low and high nibbles with
