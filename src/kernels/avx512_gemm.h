@@ -34,7 +34,7 @@ enum {
     ZR = 2,              /* most weight rows per register tile */
     ZRB = 16,            /* weight rows per cache block (stay in L2 across token tiles) */
     ZPF = 4,             /* prefetch the weight row this many rows ahead (as cm_matmul_rows) */
-    ZPACK = 256 * 1024,  /* bytes of packed activations per pass */
+    ZPACK = 160 * 1024,  /* bytes of packed activations per pass */
 };
 
 /* The driver: pack as many tokens as fit, then for each ZRB-row block run
@@ -169,23 +169,6 @@ AI void lq4_unpack(int64_t nb, const cm_block_q4_0 *x, lq4_row *u) {
     for (; b < nb; b++) u->dx[b] = f16f(x[b].d);
 }
 
-/* q8_0 rows into the same form: the bytes are already signed, so this only
- * moves them into lq4_w's places and sums them (sum(q + 128) - 4096). */
-AI void lq8_unpack(int64_t nb, const cm_block_q8_0 *x, lq4_row *u) {
-    const __m256i k128 = _mm256_set1_epi8((char)0x80), z = _mm256_setzero_si256();
-    for (int64_t b = 0; b < nb; b++) {
-        const __m256i q = ld256(x[b].qs);
-        int8_t *w = u->q + 128 * (b >> 2) + 16 * (b & 3);
-        _mm_store_si128((__m128i *)(void *)w, _mm256_castsi256_si128(q));
-        _mm_store_si128((__m128i *)(void *)(w + 64), _mm256_extracti128_si256(q, 1));
-        const __m256i sad = _mm256_sad_epu8(_mm256_xor_si256(q, k128), z);
-        u->nc[b] = -128 * (hsum_i32(sad) - 4096);
-    }
-    int64_t b = 0;
-    for (; b + 8 <= nb; b += 8) _mm256_storeu_ps(u->dx + b, d8_q8_0(x + b));
-    for (; b < nb; b++) u->dx[b] = f16f(x[b].d);
-}
-
 AI int32_t ld_i32(const void *p) {
     int32_t v;
     memcpy(&v, p, sizeof v);
@@ -241,14 +224,12 @@ AI void lq4_rows(int64_t nb, const lq4_row *const *u, const uint8_t *pg, const c
     }
 }
 
-AI void lq_gemm(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
-                int64_t r0, int64_t r1, int64_t n_tok, bool q8) {
-    const int64_t nb = k / 32;
-    const size_t bsz = q8 ? sizeof(cm_block_q8_0) : sizeof(cm_block_q4_0);
+static void gemm_lq4_0(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
+                       int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {
+    const int64_t nb = k / CM_QK4_0;
     const size_t gb = (size_t)nb * LQ_BLOCK;
     if (n_tok < LQ_MINTOK || nb > LQ_MAXNB || gb > ZPACK) { /* too few tokens to fill lanes, or rows too long */
-        if (q8) gemm_zq8_0(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
-        else gemm_zq4_0(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
+        gemm_zq4_0(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
         return;
     }
     _Alignas(64) uint8_t pk[ZPACK];
@@ -266,15 +247,12 @@ AI void lq_gemm(int64_t k, const void *w, size_t w_stride, const void *x, size_t
         }
         for (int64_t i = r0; i < r1; i += 2) {
             const int R = r1 - i < 2 ? (int)(r1 - i) : 2;
-            for (int r = 0; r < R; r++) {
-                const void *wr = (const char *)w + (size_t)(i + r) * w_stride;
-                if (q8) lq8_unpack(nb, wr, &ur[r]);
-                else lq4_unpack(nb, wr, &ur[r]);
-            }
+            for (int r = 0; r < R; r++)
+                lq4_unpack(nb, (const cm_block_q4_0 *)(const void *)((const char *)w + (size_t)(i + r) * w_stride), &ur[r]);
             /* the next pair's rows (adjacent when w_stride is the row size, as in a GGUF) */
             const int64_t np = r1 - (i + 2) < 2 ? r1 - (i + 2) : 2;
             const char *pf = np > 0 ? (const char *)w + (size_t)(i + 2) * w_stride : NULL;
-            const size_t pf_bytes = np > 0 ? (size_t)(np - 1) * w_stride + (size_t)nb * bsz : 0;
+            const size_t pf_bytes = np > 0 ? (size_t)(np - 1) * w_stride + (size_t)nb * sizeof(cm_block_q4_0) : 0;
             for (int64_t g = 0; g < ng; g++) {
                 float out[2][LQ_TOK];
                 if (R == 2) lq4_rows(nb, u, pk + (size_t)g * gb, g == 0 ? pf : NULL, pf_bytes, 2, out);
@@ -288,14 +266,69 @@ AI void lq_gemm(int64_t k, const void *w, size_t w_stride, const void *x, size_t
     }
 }
 
-static void gemm_lq4_0(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
-                       int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {
-    lq_gemm(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok, false);
+/* ---- q8_0: per 8-block group and pair p, 192 bytes per token:
+ * [y of blocks 2p, 2p+1][-128 * sum(y) lanes][dy per lane] ---- */
+enum { PQ8_PAIR = 192, PQ8_GROUP = 768 };
+
+AI __m512i pair_idx(int p) { return _mm512_inserti64x4(_mm512_set1_epi32(2 * p), _mm256_set1_epi32(2 * p + 1), 1); }
+
+AI void pack_q8_0(int64_t k, const cm_block_q8_0 *y, uint8_t *d) {
+    const int64_t ng = k / CM_QK8_0 / 8;
+    const __m512i k128 = _mm512_set1_epi8((char)0x80), z = _mm512_setzero_si512();
+    for (int64_t g = 0; g < ng; g++, y += 8) {
+        const __m512 dy = _mm512_castps256_ps512(d8_q8_0(y));
+        for (int p = 0; p < 4; p++, d += PQ8_PAIR) {
+            const __m512i qy = ld2x256(y[2 * p].qs, y[2 * p + 1].qs);
+            _mm512_store_si512((void *)d, qy);
+            _mm512_store_si512((void *)(d + 64), _mm512_sub_epi32(z, _mm512_dpbusd_epi32(z, k128, qy)));
+            _mm512_store_ps((void *)(d + 128), _mm512_permutexvar_ps(pair_idx(p), dy));
+        }
+    }
 }
-static void gemm_lq8_0(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
-                       int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {
-    lq_gemm(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok, true);
+
+AI void prow_q8_0(int64_t k, const cm_block_q8_0 *const *x, const uint8_t *pk, size_t tb,
+                  const cm_block_q8_0 *const *yv, int R, int T, float (*out)[ZT]) {
+    const int64_t nb = k / CM_QK8_0, ng = nb / 8;
+    __m512 acc[2][ZR][ZT];
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) acc[0][r][t] = acc[1][r][t] = _mm512_setzero_ps();
+    const __m512i k128 = _mm512_set1_epi8((char)0x80);
+    for (int64_t g = 0; g < ng; g++) {
+        __m512 dx[ZR];
+        for (int r = 0; r < R; r++) dx[r] = _mm512_castps256_ps512(d8_q8_0(x[r] + 8 * g));
+        _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++) {
+            __m512i xu[ZR];
+            __m512 dxl[ZR];
+            for (int r = 0; r < R; r++) {
+                const cm_block_q8_0 *xb = x[r] + 8 * g + 2 * p;
+                xu[r] = _mm512_xor_si512(ld2x256(xb[0].qs, xb[1].qs), k128);
+                dxl[r] = _mm512_permutexvar_ps(pair_idx(p), dx[r]);
+            }
+            _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
+                const uint8_t *py = pk + (size_t)t * tb + (size_t)g * PQ8_GROUP + (size_t)p * PQ8_PAIR;
+                const __m512i qy = _mm512_load_si512((const void *)py), ini = _mm512_load_si512((const void *)(py + 64));
+                const __m512 dyl = _mm512_load_ps((const void *)(py + 128));
+                _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+                    const __m512i s = _mm512_dpbusd_epi32(ini, xu[r], qy);
+                    acc[p & 1][r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dxl[r], dyl), acc[p & 1][r][t]);
+                }
+            }
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        float tail[ZT] = {0};
+        if (8 * ng < nb) {
+            const cm_block_q8_0 *yt[ZT];
+            for (int t = 0; t < T; t++) yt[t] = yv[t] + 8 * ng;
+            for (int t0 = 0; t0 < T; t0 += TMAX) /* the tile holds at most TMAX tokens */
+                tile_q8_0(nb - 8 * ng, x[r] + 8 * ng, yt + t0, T - t0 < TMAX ? T - t0 : TMAX, tail + t0);
+        }
+        for (int t = 0; t < T; t++)
+            out[r][t] = _mm512_reduce_add_ps(_mm512_add_ps(acc[0][r][t], acc[1][r][t])) + tail[t];
+    }
 }
+ZGEMM(q8_0, cm_block_q8_0, cm_block_q8_0, 2, 4, (size_t)(k / CM_QK8_0 / 8) * PQ8_GROUP, pack_q8_0, prow_q8_0,
+      gemm_zq8_0)
 
 /* ---- f16: activations converted to f32 once (the 32-aligned prefix; the
  * tail is read from the f16 row like the tile does) ---- */
@@ -331,9 +364,7 @@ AI void prow_f16(int64_t k, const void *const *x, const uint8_t *pk, size_t tb, 
             out[r][t] = s;
         }
 }
-/* 2 rows x 6 tokens: 24 accumulators, 4 weight and 2 activation vectors in
- * 30 of the 32 registers; on Zen 4 ~1.3x the 2 x 4 tile (kbench gemm16). */
-ZGEMM(f16, void, void, 2, 6, (size_t)(k & ~(int64_t)31) * 4, pack_f16, prow_f16, gemm_zf16)
+ZGEMM(f16, void, void, 2, 4, (size_t)(k & ~(int64_t)31) * 4, pack_f16, prow_f16, gemm_zf16)
 
 /* ---- q4_k: per super-block, 320 bytes per token: for h = 0, 1 the two
  * vectors ztile_q4_k multiplies the low and high nibbles with

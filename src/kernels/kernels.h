@@ -117,8 +117,7 @@ int cm_repack_add(const void *owner, const cm_kernels *k, const cm_tensor *const
 void cm_repack_drop(const void *owner);
 /* The repacked copy of W's first row, or NULL (not repacked, or a column view). */
 const void *cm_repack_find(const cm_tensor *W);
-/* The "q4_0 lanes" / "q8_0 lanes" layouts of nb blocks (repack.c says what they are). */
+/* The "q4_0 lanes" layout of nb blocks (repack.c says what it is). */
 void cm_repack_q4_0_lanes(const void *src, void *dst, int64_t nb);
-void cm_repack_q8_0_lanes(const void *src, void *dst, int64_t nb);
 
 #endif

@@ -115,6 +115,41 @@ AI __m256 d8_q8_0(const void *p) {
 AI __m512i ld2x256(const void *a, const void *b) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(ld256(a)), ld256(b), 1);
 }
+AI __m512i pair_q8_0(const cm_block_q8_0 *x) { return ld2x256(x[0].qs, x[1].qs); }
+
+#define ZTILE_Q(NAME, XB, PAIR, D8X)                                                               \
+    AI void ztile_##NAME(int64_t nb, const XB *x, const cm_block_q8_0 *const *yv, int T, float *out) { \
+        __m512 acc[2][TMAX];                                                                       \
+        for (int t = 0; t < T; t++) acc[0][t] = acc[1][t] = _mm512_setzero_ps();                   \
+        const int64_t n8 = nb & ~(int64_t)7;                                                       \
+        for (int64_t b = 0; b < n8; b += 8) {                                                      \
+            const __m256 dx = D8X(x + b);                                                          \
+            __m512 sc[TMAX];                                                                       \
+            for (int t = 0; t < T; t++) sc[t] = _mm512_castps256_ps512(_mm256_mul_ps(dx, d8_q8_0(yv[t] + b))); \
+            _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++) {                                  \
+                const __m512i qx = PAIR(x + b + 2 * p);                                            \
+                const __m512i ax = _mm512_abs_epi8(qx);                                            \
+                const __mmask64 neg = _mm512_movepi8_mask(qx);                                     \
+                const __m512i pidx = _mm512_inserti64x4(_mm512_set1_epi32(2 * p), _mm256_set1_epi32(2 * p + 1), 1); \
+                for (int t = 0; t < T; t++) {                                                      \
+                    const cm_block_q8_0 *y = yv[t] + b + 2 * p;                                    \
+                    __m512i qy = ld2x256(y[0].qs, y[1].qs);                                        \
+                    qy = _mm512_mask_sub_epi8(qy, neg, _mm512_setzero_si512(), qy);                \
+                    const __m512i sumi = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ax, qy);      \
+                    acc[p & 1][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi), _mm512_permutexvar_ps(pidx, sc[t]), \
+                                                    acc[p & 1][t]);                                \
+                }                                                                                  \
+            }                                                                                      \
+        }                                                                                          \
+        float tail[TMAX] = {0};                                                                    \
+        if (n8 < nb) {                                                                             \
+            const cm_block_q8_0 *yt[TMAX];                                                         \
+            for (int t = 0; t < T; t++) yt[t] = yv[t] + n8;                                        \
+            tile_##NAME(nb - n8, x + n8, yt, T, tail);                                             \
+        }                                                                                          \
+        for (int t = 0; t < T; t++) out[t] = _mm512_reduce_add_ps(_mm512_add_ps(acc[0][t], acc[1][t])) + tail[t]; \
+    }
+
 /* q4_0 in "lane order", the one order vec_dot, the decode gemv and the
  * tokens-in-lanes gemm (avx512_gemm.h) all follow, so they agree bit for bit:
  * block b's exact integer sum s_b = sum (q - 8) * y times d_b = dx_b * dy_b
@@ -290,52 +325,73 @@ static void gemv_zq4_0(int64_t k, const void *w, size_t w_stride, const void *x,
 }
 
 
-/* q8_0 in q4_0's lane order (so that its gemm can put 16 tokens across the
- * lanes too, avx512_gemm.h): vector i of a 16-block group holds in 128-bit
- * lane L half h of block 4L + i; |x| is the unsigned vpdpbusd operand and
- * x's sign moves onto y; block b's exact sum s_b times dx_b * dy_b goes into
- * chain b mod 8, reduced by hsum8's tree. */
-AI void ztile_q8_0(int64_t nb, const cm_block_q8_0 *x, const cm_block_q8_0 *const *yv, int T, float *out) {
-    __m256 c[TMAX];
-    for (int t = 0; t < T; t++) c[t] = _mm256_setzero_ps();
-    const int64_t n16 = nb & ~(int64_t)15;
-    const __m512i z = _mm512_setzero_si512();
-    for (int64_t b = 0; b < n16; b += 16) {
-        __m512i ax[4][2];
-        __mmask64 ng[4][2];
-        for (int i = 0; i < 4; i++)
-            for (int h = 0; h < 2; h++) {
-                const cm_block_q8_0 *xb = x + b + i;
-                const __m512i q = ld4x128(xb[0].qs + 16 * h, xb[4].qs + 16 * h, xb[8].qs + 16 * h, xb[12].qs + 16 * h);
-                ax[i][h] = _mm512_abs_epi8(q);
-                ng[i][h] = _mm512_movepi8_mask(q);
-            }
-        const __m512 dx = d16(d8_q8_0(x + b), d8_q8_0(x + b + 8));
-        for (int t = 0; t < T; t++) {
-            const cm_block_q8_0 *y = yv[t] + b;
-            __m512i p[4];
-            for (int i = 0; i < 4; i++) {
-                p[i] = z;
-                for (int h = 0; h < 2; h++) {
-                    const __m512i qy = ld4x128(y[i].qs + 16 * h, y[i + 4].qs + 16 * h, y[i + 8].qs + 16 * h, y[i + 12].qs + 16 * h);
-                    p[i] = _mm512_dpbusd_epi32(p[i], ax[i][h], _mm512_mask_sub_epi8(qy, ng[i][h], z, qy));
-                }
-            }
-            const __m512 f = _mm512_cvtepi32_ps(hadd4x4(p));
-            const __m512 d = _mm512_mul_ps(dx, d16(d8_q8_0(y), d8_q8_0(y + 8)));
-            c[t] = _mm256_fmadd_ps(_mm512_castps512_ps256(f), _mm512_castps512_ps256(d), c[t]);
-            c[t] = _mm256_fmadd_ps(_mm512_extractf32x8_ps(f, 1), _mm512_extractf32x8_ps(d, 1), c[t]);
+/* ---- q4_0 decode gemv over the "q4_0 lanes" repacked rows (repack.c) ----
+ * A group of 16 blocks is 4 aligned-free 64-byte loads whose int32 lane j is
+ * block j's: low nibbles dotted with the token's y[4q..4q+3] of block j, high
+ * nibbles with y[16+4q..], both through vpdpbusd into lanes that start at
+ * -8 * sum(y_j) (the token is packed that way once per call: 8 vectors, the
+ * offsets, the 16 dy as f32; 640 bytes per group). Lane j then holds block
+ * j's exact s_j, and the rest is ztile_q4_0's arithmetic (dx_j * dy_j, the
+ * same two FMAs into chains j mod 8, the same remainder and hsum8), so each
+ * row equals vec_dot on the file's bytes bit for bit. One row per pass: a
+ * single sequential stream, which the hardware prefetcher follows best. */
+enum { RQ_GROUP = 640, RQ_MAXG = CM_REPACK_MAX_K / 512 };
+
+AI void rq4_pack(int64_t ng, const cm_block_q8_0 *y, uint8_t *d) {
+    const __m512i k8 = _mm512_set1_epi8(8), z = _mm512_setzero_si512();
+    /* lane j: the offset of block j's qs in the token */
+    const __m512i idx = _mm512_add_epi32(_mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                                            _mm512_set1_epi32((int)sizeof(cm_block_q8_0))),
+                                         _mm512_set1_epi32((int)offsetof(cm_block_q8_0, qs)));
+    for (int64_t g = 0; g < ng; g++, y += 16, d += RQ_GROUP) {
+        __m512i b = z;
+        for (int q = 0; q < 8; q++) { /* vector q: y[4q..4q+3] of each block (q >= 4: the high half) */
+            const __m512i v = _mm512_i32gather_epi32(idx, (const void *)((const uint8_t *)y + 4 * q), 1);
+            _mm512_store_si512((void *)(d + 64 * q), v);
+            b = _mm512_dpbusd_epi32(b, k8, v);
         }
+        _mm512_store_si512((void *)(d + 512), _mm512_sub_epi32(z, b));
+        _mm512_store_ps((void *)(d + 576), d16(d8_q8_0(y), d8_q8_0(y + 8)));
     }
-    for (int64_t b = n16; b < nb; b++) {
-        const __m256i qx = ld256(x[b].qs);
-        const float dx = f16f(x[b].d);
-        for (int t = 0; t < T; t++)
-            c[t] = fma_lane(c[t], (int)(b & 7), hsum_i32(dot_s8s8(qx, ld256(yv[t][b].qs))), dx * f16f(yv[t][b].d));
-    }
-    for (int t = 0; t < T; t++) out[t] = hsum8(c[t]);
 }
 
+AI float rq4_row(int64_t nb, const uint8_t *x, const uint8_t *pk, const cm_block_q8_0 *y) {
+    const int64_t ng = nb / 16;
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    __m256 c = _mm256_setzero_ps();
+    for (int64_t g = 0; g < ng; g++, x += 16 * sizeof(cm_block_q4_0), pk += RQ_GROUP) {
+        __m512i a = _mm512_load_si512((const void *)(pk + 512)), b = _mm512_setzero_si512();
+        _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {
+            const __m512i v = _mm512_loadu_si512(x + 32 + 64 * q);
+            a = _mm512_dpbusd_epi32(a, _mm512_and_si512(v, m4), _mm512_load_si512((const void *)(pk + 64 * q)));
+            b = _mm512_dpbusd_epi32(b, _mm512_and_si512(_mm512_srli_epi16(v, 4), m4),
+                                    _mm512_load_si512((const void *)(pk + 256 + 64 * q)));
+        }
+        const __m512 f = _mm512_cvtepi32_ps(_mm512_add_epi32(a, b));
+        const __m512 d = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)x)),
+                                       _mm512_load_ps((const void *)(pk + 576)));
+        c = _mm256_fmadd_ps(_mm512_castps512_ps256(f), _mm512_castps512_ps256(d), c);
+        c = _mm256_fmadd_ps(_mm512_extractf32x8_ps(f, 1), _mm512_extractf32x8_ps(d, 1), c);
+    }
+    const cm_block_q4_0 *xt = (const cm_block_q4_0 *)(const void *)x;
+    for (int64_t b = 16 * ng; b < nb; b++, xt++) {
+        const __m256i qx = _mm256_sub_epi8(nibbles32(xt->qs), _mm256_set1_epi8(8));
+        c = fma_lane(c, (int)(b & 7), hsum_i32(dot_s8s8(qx, ld256(y[b].qs))), f16f(xt->d) * f16f(y[b].d));
+    }
+    return hsum8(c);
+}
+
+static void gemv_rq4_0(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
+                       int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {
+    (void)x_stride, (void)ldy, (void)n_tok;
+    const int64_t nb = k / CM_QK4_0, ng = nb / 16;
+    CM_ASSERT(ng <= RQ_MAXG);
+    _Alignas(64) uint8_t pk[RQ_MAXG * RQ_GROUP];
+    rq4_pack(ng, x, pk);
+    for (int64_t i = r0; i < r1; i++) y[i] = rq4_row(nb, (const uint8_t *)w + (size_t)i * w_stride, pk, x);
+}
+
+ZTILE_Q(q8_0, cm_block_q8_0, pair_q8_0, d8_q8_0)
 
 /* ---- q4_k and q6_k with 512-bit vectors: 64 weights per vector ----
  * Each 32-element sub-block (q4_k) or 16-element group (q6_k) fills whole
@@ -477,7 +533,6 @@ GEMV_ROWS(zq6_k)
 GEMV_ROWS(zq8_0)
 
 #include "avx512_gemm.h"
-#include "avx512_repack.h"
 
 void cm_kernels_fill_avx512(cm_kernels *k) {
     x86_fill(k);
@@ -494,9 +549,8 @@ void cm_kernels_fill_avx512(cm_kernels *k) {
     k->gemv[CM_TYPE_Q4_0] = gemv_zq4_0;
     k->gemv_packed[CM_TYPE_Q4_0] = gemv_rq4_0;
     k->vec_dot[CM_TYPE_Q8_0] = vec_dot_zq8_0;
-    k->gemm[CM_TYPE_Q8_0] = gemm_lq8_0;
+    k->gemm[CM_TYPE_Q8_0] = gemm_pq8_0;
     k->gemv[CM_TYPE_Q8_0] = gemv_zq8_0;
-    k->gemv_packed[CM_TYPE_Q8_0] = gemv_rq8_0;
     k->vec_dot[CM_TYPE_Q4_K] = vec_dot_zq4_k;
     k->gemm[CM_TYPE_Q4_K] = gemm_pq4_k;
     k->gemv[CM_TYPE_Q4_K] = gemv_pq4_k;

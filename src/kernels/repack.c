@@ -10,15 +10,12 @@
  * vec_dot's bits for every row (kernels.h), so results never depend on
  * whether a tensor was repacked, which table runs, or how rows are split.
  *
- * Layouts (each the same size as the row it replaces, row stride unchanged;
- * the nb % 16 last blocks of a row stay as they are):
- *   "q4_0 lanes": each group of 16 blocks, 288 bytes, is
- *     [16 fp16 d][4 x 64 bytes: vector q, lane j (4 bytes) = block j's qs[4q..4q+3]]
- *   "q8_0 lanes": each group of 16 blocks, 544 bytes, is
- *     [16 fp16 d][8 x 64 bytes: vector q, lane j = block j's qs[4q..4q+3] + 128]
- *     (the +128 makes the weights vpdpbusd's unsigned operand)
+ * Layout "q4_0 lanes" (the only one so far; same size as the row it
+ * replaces, row stride unchanged): each group of 16 blocks, 288 bytes, is
+ *   [16 fp16 d][4 x 64 bytes: vector q, lane j (4 bytes) = block j's qs[4q..4q+3]]
  * so one 64-byte load feeds vpdpbusd 16 blocks at once with int32 lane j =
  * block j: no shuffles, no gathered scales, one sequential stream per row.
+ * The nb % 16 last blocks of a row stay as they are.
  *
  * The registry is process-wide: a sorted array of {owner, base, stride,
  * ne0, rows, type, copy}, under a rwlock (writers: loads and releases;
@@ -53,7 +50,7 @@ static int g_n, g_cap;
 static bool rp_wanted(const cm_kernels *k, const cm_tensor *W) {
     if (!k || (unsigned)W->type >= CM_TYPE_COUNT || !k->gemv_packed[W->type] || !W->data) return false;
     if (W->n_dims < 2 || W->ne[1] < 1) return false;
-    if (W->type == CM_TYPE_Q4_0 || W->type == CM_TYPE_Q8_0) return W->ne[0] >= 16 * 32 && W->ne[0] <= CM_REPACK_MAX_K;
+    if (W->type == CM_TYPE_Q4_0) return W->ne[0] >= 16 * CM_QK4_0 && W->ne[0] <= CM_REPACK_MAX_K;
     return false;
 }
 
@@ -65,19 +62,6 @@ void cm_repack_q4_0_lanes(const void *src, void *dst, int64_t nb) {
         for (int j = 0; j < 16; j++) memcpy(d + 2 * j, &x[g + j].d, 2);
         for (int q = 0; q < 4; q++)
             for (int j = 0; j < 16; j++) memcpy(d + 32 + 64 * q + 4 * j, x[g + j].qs + 4 * q, 4);
-    }
-    memcpy(d, x + g, (size_t)(nb - g) * sizeof *x);
-}
-
-void cm_repack_q8_0_lanes(const void *src, void *dst, int64_t nb) {
-    const cm_block_q8_0 *x = src;
-    uint8_t *d = dst;
-    int64_t g = 0;
-    for (; g + 16 <= nb; g += 16, d += 16 * sizeof(cm_block_q8_0)) {
-        for (int j = 0; j < 16; j++) memcpy(d + 2 * j, &x[g + j].d, 2);
-        for (int q = 0; q < 8; q++)
-            for (int j = 0; j < 16; j++)
-                for (int e = 0; e < 4; e++) d[32 + 64 * q + 4 * j + e] = (uint8_t)(x[g + j].qs[4 * q + e] ^ 0x80);
     }
     memcpy(d, x + g, (size_t)(nb - g) * sizeof *x);
 }
@@ -117,10 +101,9 @@ int cm_repack_add(const void *owner, const cm_kernels *k, const cm_tensor *const
     for (int i = 0; i < n; i++) {
         const cm_tensor *W = ws[i];
         if (!rp_wanted(k, W)) continue;
-        const int64_t nb = W->ne[0] / 32;
-        void (*fn)(const void *, void *, int64_t) = W->type == CM_TYPE_Q8_0 ? cm_repack_q8_0_lanes : cm_repack_q4_0_lanes;
+        const int64_t nb = W->ne[0] / CM_QK4_0;
         for (int64_t r = 0; r < W->ne[1]; r++)
-            fn((const char *)W->data + (size_t)r * W->nb[1], mem + off + (size_t)r * W->nb[1], nb);
+            cm_repack_q4_0_lanes((const char *)W->data + (size_t)r * W->nb[1], mem + off + (size_t)r * W->nb[1], nb);
         rp_entry e = {owner, W->data, W->nb[1], W->ne[0], W->ne[1], W->type, mem + off, first ? mem : NULL,
                       first ? total : 0};
         first = false;
