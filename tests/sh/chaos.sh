@@ -55,7 +55,7 @@ cc_cleanup_hook() { for n in $NC $NA $NB $BR; do ip netns del "$n" 2>/dev/null; 
 if [ "$(id -u)" != 0 ] || ! command -v nft >/dev/null || ! command -v tc >/dev/null || ! command -v curl >/dev/null ||
     ! command -v python3 >/dev/null || ! ip netns add "$BR" 2>/dev/null; then
     echo "skip: needs root, ip netns, nft, tc, curl and python3" >&2
-    echo "0 passed, 0 failed"
+    echo "0 passed, 0 failed, 1 skipped"
     exit 0
 fi
 t_start=$(date +%s)

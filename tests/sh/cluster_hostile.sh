@@ -24,7 +24,7 @@ HOSTILE=${CUMULO_TESTBIN:-build/tests}/test_hostile
 N_TOK=120
 if ! command -v curl >/dev/null || ! command -v python3 >/dev/null || [ ! -x "$HOSTILE" ]; then
     echo "skip: needs curl, python3 and $HOSTILE" >&2
-    echo "0 passed, 0 failed"
+    echo "0 passed, 0 failed, 1 skipped"
     exit 0
 fi
 PROMPTS="Once upon a time|The little dog|Lily and Ben|One day"

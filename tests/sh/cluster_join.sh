@@ -26,7 +26,7 @@
 cd "$(dirname "$0")/../.." || exit 1
 . tests/sh/lib/cluster_common.sh
 M=$MODELS/stories260K-q8_0.gguf
-if ! command -v curl >/dev/null; then echo "skip: needs curl" >&2; echo "0 passed, 0 failed"; exit 0; fi
+if ! command -v curl >/dev/null; then echo "skip: needs curl" >&2; echo "0 passed, 0 failed, 1 skipped"; exit 0; fi
 export CUMULO_REJOIN_MS=500
 PHASES=${CUMULO_JOIN_PHASES:-tp hybrid refuse mdns} # a subset by hand: CUMULO_JOIN_PHASES="mdns"
 want() { case " $PHASES " in *" $1 "*) return 0 ;; esac; return 1; }

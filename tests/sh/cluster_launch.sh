@@ -16,7 +16,7 @@ bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
 SSHD=/usr/sbin/sshd
 if [ ! -x "$SSHD" ] || ! command -v ssh >/dev/null || ! command -v ssh-keygen >/dev/null; then
     echo "skip: needs openssh-server and openssh-client" >&2
-    echo "0 passed, 0 failed"
+    echo "0 passed, 0 failed, 1 skipped"
     exit 0
 fi
 TMP=$(mktemp -d /tmp/cmtest-launch.XXXXXX)

@@ -38,7 +38,7 @@ trap 'exit 1' INT TERM HUP
 
 if [ "$(id -u)" != 0 ] || ! command -v ip >/dev/null || ! command -v tc >/dev/null || ! ip netns add "$BR" 2>/dev/null; then
     echo "skip: needs root, ip netns and tc" >&2
-    echo "0 passed, 0 failed"
+    echo "0 passed, 0 failed, 1 skipped"
     exit 0
 fi
 jsonget() {

@@ -4,7 +4,7 @@
 # completions (four slots batched through the pipeline, one queued) all equal
 # the single-machine text. Every process is killed on exit.
 cd "$(dirname "$0")/../.." || exit 1
-if ! command -v curl >/dev/null; then echo "skip: needs curl" >&2; echo "0 passed, 0 failed"; exit 0; fi
+if ! command -v curl >/dev/null; then echo "skip: needs curl" >&2; echo "0 passed, 0 failed, 1 skipped"; exit 0; fi
 . tests/sh/lib/cluster_common.sh
 M=$SHARED/models/stories260K-q8_0.gguf
 NODES=""
