@@ -32,7 +32,7 @@ N=24
 # when the coordinator leaves; wait for it).
 node_line() {
     i=0
-    while [ $i -lt 100 ]; do
+    while [ $i -lt 400 ]; do # up to 20 s: a node logs after its coordinator has gone
         [ "$(grep -c "$3" "$TMP/$1.log")" -gt "$2" ] && break
         sleep 0.05
         i=$((i + 1))
