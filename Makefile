@@ -15,8 +15,13 @@ CC ?= cc
 UNAME_S := $(shell uname -s)
 UNAME_M := $(shell uname -m)
 BUILD ?= build
-PKGS := libmicrohttpd libcjson libsodium libpcre2-8
+PKGS := libmicrohttpd libcjson libsodium libpcre2-8 libcurl
 
+# Homebrew's curl is keg-only: let pkg-config see its libcurl.pc on macOS.
+ifeq ($(shell uname -s),Darwin)
+  BREW_CURL_PC := $(shell brew --prefix curl 2>/dev/null)/lib/pkgconfig
+  export PKG_CONFIG_PATH := $(BREW_CURL_PC):$(PKG_CONFIG_PATH)
+endif
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 

@@ -29,11 +29,12 @@ step() {
 }
 
 # What the build needs (pkg-config names) and what the demo and the tests run.
-PC_LIBS="libmicrohttpd libcjson libsodium libpcre2-8"
+PC_LIBS="libmicrohttpd libcjson libsodium libpcre2-8 libcurl"
 missing=""
 have() { command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ] || [ -x "/sbin/$1" ]; }
 for c in make cc pkg-config; do have $c || missing="$missing $c"; done
 if have pkg-config; then
+    [ "$(uname -s)" = Darwin ] && have brew && PKG_CONFIG_PATH="$(brew --prefix curl)/lib/pkgconfig:${PKG_CONFIG_PATH:-}" && export PKG_CONFIG_PATH
     for p in $PC_LIBS; do pkg-config --exists "$p" || missing="$missing $p"; done
 fi
 # Test tools (tests/sh): curl and python3 (HTTP and chaos clients), perl with
@@ -96,7 +97,7 @@ have npm || node_pkgs="$node_pkgs npm"
 step "apt-get update" $SUDO apt-get update
 step "apt-get install (build, demo and test tools: some minutes; its output is shown if it fails)" $SUDO apt-get install -y --no-install-recommends \
     make build-essential pkg-config ca-certificates \
-    libmicrohttpd-dev libcjson-dev libsodium-dev libpcre2-dev \
+    libmicrohttpd-dev libcjson-dev libsodium-dev libpcre2-dev libcurl4-openssl-dev \
     curl python3 python3-pip perl tmux \
     clang libclang-rt-14-dev qemu-user gcc-aarch64-linux-gnu libc6-dev-arm64-cross \
     iproute2 nftables avahi-utils avahi-daemon dbus openssh-server openssh-client \

@@ -38,8 +38,9 @@ struct cm_plan_request;
 int cli_plan_opt(int argc, char **argv, int *i, struct cm_plan_request *q);
 int cli_plan_check(const struct cm_plan_request *q);
 
-/* A progress bar on stderr (only when stderr is a terminal, or CUMULO_PROGRESS=1). */
-typedef struct cli_progress { const char *label; double total, last_draw; bool on; } cli_progress;
+/* A progress bar on stderr (only when stderr is a terminal, or CUMULO_PROGRESS=1).
+ * With `bytes` set (after start) it also shows MiB done, speed and time left. */
+typedef struct cli_progress { const char *label; double total, last_draw, t0, base; bool on, bytes; } cli_progress;
 void cli_progress_start(cli_progress *p, const char *label, double total);
 void cli_progress_update(cli_progress *p, double done);
 void cli_progress_end(cli_progress *p);
@@ -66,5 +67,13 @@ int cmd_announce(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+int cmd_pull(int argc, char **argv);
+int cmd_models(int argc, char **argv);
+int cmd_rm(int argc, char **argv);
+/* A MODEL argument as every command takes it: a file, or a pulled model's
+ * name (org/repo:QUANT, hf://org/repo/FILE.gguf) turned into its file
+ * (src/hub/models.c). Prints the one-line error and returns NULL when it is
+ * neither; else a pointer to a static buffer (one model per command). */
+const char *cli_model_path(const char *arg);
 
 #endif

@@ -437,6 +437,7 @@ static int parse(int argc, char **argv, bench_opts *o) {
         }
     }
     if (!o->model) return cli_fail("no model given; usage: cumulo bench MODEL.gguf [options]");
+    if (!(o->model = cli_model_path(o->model))) return 1;
     if (o->n_prompt + o->n_gen + 8 > (1 << 20)) return cli_fail("prompt + gen is too long");
     if (o->threads == 0) o->threads = cm_cpu_count() > 0 ? cm_cpu_count() : 1;
     return 0;

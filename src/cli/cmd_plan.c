@@ -103,6 +103,7 @@ int cmd_plan(int argc, char **argv) {
         if (i >= argc) return cli_fail("option '%s' needs a value", a);
     }
     char err[512];
+    if (model_path && !(model_path = cli_model_path(model_path))) return 1;
     if (nodes) {
         if (!model_path) return cli_fail("plan --nodes needs MODEL.gguf");
         /* Live cluster: the same path 'serve' takes (handshake, measurement,

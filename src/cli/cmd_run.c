@@ -131,6 +131,7 @@ int cli_load_engine_opts(cm_engine **e, const char *path, const cm_engine_opts *
         o.progress_ctx = &prog;
     }
     char err[512];
+    if (!(path = cli_model_path(path))) return 1;
     int rc = cm_engine_load(e, path, &o, err, sizeof err);
     if (prog.on) cli_progress_end(&prog);
     if (rc) return cli_fail("%s", err);

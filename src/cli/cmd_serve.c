@@ -125,6 +125,7 @@ int cmd_serve(int argc, char **argv) {
 #undef NEED
     }
     if (!model) return cli_fail("serve needs a model: cumulo serve MODEL.gguf");
+    if (!(model = cli_model_path(model))) return 1;
     if (cli_plan_check(&plan)) return 1;
     o.allow_hosts = allow;
     o.n_allow_hosts = n_allow;

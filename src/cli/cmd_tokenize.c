@@ -76,6 +76,7 @@ int cmd_tokenize(int argc, char **argv) {
         cm_buf_puts(&in, text);
     }
     cm_tokenizer *t;
+    if (!(model = cli_model_path(model))) return 1;
     if (open_vocab(model, &t)) { cm_buf_release(&in); return 1; }
     cm_token *ids = NULL;
     size_t n = 0;
@@ -135,6 +136,7 @@ int cmd_detokenize(int argc, char **argv) {
     }
     if (!model) { cm_free(ids); return cli_fail("detokenize: need MODEL and token ids; see 'cumulo detokenize --help'"); }
     cm_tokenizer *t;
+    if (!(model = cli_model_path(model))) return 1;
     if (open_vocab(model, &t)) { cm_free(ids); return 1; }
     cm_buf out;
     cm_buf_init(&out);

@@ -25,6 +25,9 @@ static const cm_command k_commands[] = {
     {"launch", "start cumulo node on other machines over SSH", cmd_launch},
     {"discover", "list cumulo nodes found on the local network (mDNS)", cmd_discover},
     {"announce", "announce this machine over mDNS until Ctrl-C (test aid)", cmd_announce},
+    {"pull", "download a model from the Hugging Face Hub (org/repo:QUANT)", cmd_pull},
+    {"models", "list the models pulled into the models directory", cmd_models},
+    {"rm", "delete a pulled model", cmd_rm},
     {"tokenize", "text -> token ids with a model's vocabulary", cmd_tokenize},
     {"detokenize", "token ids -> text with a model's vocabulary", cmd_detokenize},
 };

@@ -151,6 +151,9 @@ void cli_progress_start(cli_progress *p, const char *label, double total) {
     p->label = label;
     p->total = total > 0 ? total : 1;
     p->last_draw = 0;
+    p->t0 = cm_now_s();
+    p->base = -1;
+    p->bytes = false;
     p->on = e ? atoi(e) != 0 : isatty(2);
 }
 
@@ -165,7 +168,19 @@ void cli_progress_update(cli_progress *p, double done) {
     char bar[64];
     for (int i = 0; i < w; i++) bar[i] = i < k ? '#' : '.';
     bar[w] = 0;
-    fprintf(stderr, "\r%s [%s] %3d%%", p->label, bar, (int)(f * 100));
+    if (!p->bytes) {
+        fprintf(stderr, "\r%s [%s] %3d%%", p->label, bar, (int)(f * 100));
+    } else { /* speed over this run's bytes (a resumed download starts at base) */
+        if (p->base < 0) { p->base = done; p->t0 = now; }
+        double dt = now - p->t0, rate = dt > 0.2 ? (done - p->base) / dt : 0;
+        char left[32] = "--:--";
+        if (rate > 0) {
+            long s = (long)((p->total - done) / rate);
+            snprintf(left, sizeof left, "%ld:%02ld", s / 60, s % 60);
+        }
+        fprintf(stderr, "\r%s [%s] %3d%% %.1f/%.1f MiB %.1f MiB/s %s left ", p->label, bar, (int)(f * 100),
+                done / 1048576.0, p->total / 1048576.0, rate / 1048576.0, left);
+    }
     fflush(stderr);
 }
 

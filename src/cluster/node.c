@@ -44,6 +44,7 @@
 #include "cluster/mdns.h"
 #include "cluster/node_guard.h"
 #include "cluster/weights.h"
+#include "hub/hub.h"
 
 #include "os/os.h"
 
@@ -165,14 +166,17 @@ static int ep_gather(void *user, float *y, int64_t row_len, const int32_t *rows,
     return cm_coll_allgather(s->coll, y, part, NULL, 0);
 }
 
-/* Where is the model with this sha256? --models DIR/<name>, then the cache. */
+/* Where is the model with this sha256? --models DIR/<name> (or, without
+ * --models, the models `cumulo pull` keeps: DIR/org/repo/<name>), then the
+ * cache. */
 static int find_model(node *n, const cm_msg_assign *a, char *path, size_t cap, char *err, size_t errlen) {
     char want[65];
     cm_sha256_hex(a->model_sha256, want);
-    char cand[3][600];
+    char cand[9][600], mdir[600];
     int nc = 0;
-    if (n->o->models_dir && *n->o->models_dir && *a->model_name && !strchr(a->model_name, '/'))
-        snprintf(cand[nc++], sizeof cand[0], "%s/%s", n->o->models_dir, a->model_name);
+    const char *dir = n->o->models_dir && *n->o->models_dir ? n->o->models_dir : NULL;
+    if (!dir && !cm_models_dir(mdir, sizeof mdir, NULL, 0)) dir = mdir;
+    if (dir && *a->model_name) nc = cm_models_find(dir, a->model_name, cand[0], sizeof cand[0], 8);
     snprintf(cand[nc++], sizeof cand[0], "%s/models/%s.gguf", n->cache_dir, want);
     for (int i = 0; i < nc; i++) {
         if (!cm_file_exists(cand[i])) continue;

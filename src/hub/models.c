@@ -1,0 +1,190 @@
+/*
+ * models.c: the models directory on disk: what `cumulo models` lists, and
+ * how a command's MODEL argument ("org/repo:Q4_K_M") becomes a file. The
+ * layout is DIR/org/repo/PATH (PATH as in the repository), so a reference
+ * resolves by the same rules (cm_hub_choose) on disk as on the Hub.
+ */
+#include "hub.h"
+
+#include "base/base.h"
+#include "gguf/gguf.h"
+
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static bool is_dir(const char *p) {
+    struct stat sb;
+    return !stat(p, &sb) && S_ISDIR(sb.st_mode);
+}
+
+static bool gguf_name(const char *n) {
+    size_t l = strlen(n);
+    return l > 5 && !strcasecmp(n + l - 5, ".gguf");
+}
+
+/* The GGUF files of one repository folder (paths relative to it), as a
+ * listing cm_hub_choose can read. Sizes from stat; no hashes. */
+static int repo_files(const char *rdir, cm_hub_file **out, size_t *n) {
+    *out = NULL;
+    *n = 0;
+    DIR *d = opendir(rdir);
+    if (!d) return 0;
+    size_t cap = 0;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        if (de->d_name[0] == '.' || !gguf_name(de->d_name) || strlen(de->d_name) >= CM_HUB_MAX_PATH) continue;
+        if (*n == cap) {
+            size_t nc = cap ? cap * 2 : 16;
+            if (nc > CM_HUB_MAX_FILES) break;
+            cm_hub_file *p = cm_realloc(*out, nc * sizeof *p);
+            if (!p) break;
+            *out = p;
+            cap = nc;
+        }
+        cm_hub_file *f = &(*out)[(*n)++];
+        memset(f, 0, sizeof *f);
+        snprintf(f->path, sizeof f->path, "%s", de->d_name);
+        char full[1400];
+        struct stat sb;
+        snprintf(full, sizeof full, "%s/%s", rdir, de->d_name);
+        if (!stat(full, &sb)) f->size = (uint64_t)sb.st_size;
+    }
+    closedir(d);
+    return 0;
+}
+
+static int cmp_entry(const void *a, const void *b) {
+    return strcmp(((const cm_model_entry *)a)->name, ((const cm_model_entry *)b)->name);
+}
+
+int cm_models_list(const char *dir, cm_model_entry **out, size_t *n, char *err, size_t errlen) {
+    *out = NULL;
+    *n = 0;
+    size_t cap = 0;
+    DIR *d1 = opendir(dir);
+    if (!d1) return 0; /* nothing pulled yet */
+    struct dirent *a;
+    while ((a = readdir(d1))) {
+        if (a->d_name[0] == '.') continue;
+        char odir[1200];
+        snprintf(odir, sizeof odir, "%s/%s", dir, a->d_name);
+        DIR *d2 = is_dir(odir) ? opendir(odir) : NULL;
+        if (!d2) continue;
+        struct dirent *b;
+        while ((b = readdir(d2))) {
+            if (b->d_name[0] == '.') continue;
+            char rdir[1500];
+            snprintf(rdir, sizeof rdir, "%s/%s", odir, b->d_name);
+            if (!is_dir(rdir)) continue;
+            cm_hub_file *files;
+            size_t nf;
+            repo_files(rdir, &files, &nf);
+            for (size_t i = 0; i < nf; i++) {
+                int k = 1, parts = 1;
+                bool split = cm_hub_split_name(files[i].path, &k, &parts);
+                if (split && k != 1) continue;
+                uint64_t total = files[i].size;
+                if (split) { /* listed once, when every part is there */
+                    cm_hub_ref r = {0};
+                    snprintf(r.file, sizeof r.file, "%s", files[i].path);
+                    size_t pick[CM_HUB_MAX_PARTS], np;
+                    if (cm_hub_choose(&r, files, nf, pick, &np, NULL, 0)) continue;
+                    total = 0;
+                    for (size_t p = 0; p < np; p++) total += files[pick[p]].size;
+                }
+                if (*n == cap) {
+                    size_t nc = cap ? cap * 2 : 16;
+                    cm_model_entry *p = cm_realloc(*out, nc * sizeof *p);
+                    if (!p) { cm_free(files); closedir(d2); closedir(d1); return cm_errf(err, errlen, CM_ENOMEM, "out of memory"); }
+                    *out = p;
+                    cap = nc;
+                }
+                cm_model_entry *e = &(*out)[*n];
+                memset(e, 0, sizeof *e);
+                int w1 = snprintf(e->path, sizeof e->path, "%s/%s", rdir, files[i].path);
+                int w2 = snprintf(e->name, sizeof e->name, "%s/%s/%s", a->d_name, b->d_name, files[i].path);
+                if (w1 < 0 || w2 < 0 || (size_t)w1 >= sizeof e->path || (size_t)w2 >= sizeof e->name) continue;
+                (*n)++;
+                e->size = total;
+                e->parts = parts;
+                snprintf(e->arch, sizeof e->arch, "?");
+                cm_gguf g = {0};
+                char ge[256];
+                if (!cm_gguf_open(&g, e->path, NULL, NULL, ge, sizeof ge)) {
+                    char *s = cm_gguf_get_str(&g, "general.architecture");
+                    if (s) snprintf(e->arch, sizeof e->arch, "%s", s);
+                    cm_free(s);
+                }
+                cm_gguf_close(&g);
+            }
+            cm_free(files);
+        }
+        closedir(d2);
+    }
+    closedir(d1);
+    if (*n) qsort(*out, *n, sizeof **out, cmp_entry);
+    return 0;
+}
+
+int cm_models_find(const char *dir, const char *base, char *out, size_t cap, int max) {
+    int k = 0;
+    if (!*base || strchr(base, '/') || !strcmp(base, "..")) return 0;
+    char p[1600];
+    snprintf(p, sizeof p, "%s/%s", dir, base);
+    if (k < max && !access(p, R_OK) && strlen(p) < cap) snprintf(out + cap * (size_t)k++, cap, "%s", p);
+    DIR *d1 = opendir(dir);
+    if (!d1) return k;
+    struct dirent *a;
+    while (k < max && (a = readdir(d1))) {
+        if (a->d_name[0] == '.') continue;
+        char odir[1200];
+        snprintf(odir, sizeof odir, "%s/%s", dir, a->d_name);
+        DIR *d2 = is_dir(odir) ? opendir(odir) : NULL;
+        if (!d2) continue;
+        struct dirent *b;
+        while (k < max && (b = readdir(d2))) {
+            if (b->d_name[0] == '.') continue;
+            int w = snprintf(p, sizeof p, "%s/%s/%s", odir, b->d_name, base);
+            if (w > 0 && (size_t)w < cap && !access(p, R_OK)) snprintf(out + cap * (size_t)k++, cap, "%s", p);
+        }
+        closedir(d2);
+    }
+    closedir(d1);
+    return k;
+}
+
+int cm_models_resolve(const char *arg, char *out, size_t cap, char *err, size_t errlen) {
+    struct stat sb;
+    if (!stat(arg, &sb) || !cm_hub_is_ref(arg)) {
+        if (strlen(arg) >= cap) return cm_errf(err, errlen, CM_ERANGE, "model path too long");
+        snprintf(out, cap, "%s", arg);
+        return 0;
+    }
+    cm_hub_ref r;
+    int rc = cm_hub_parse_ref(arg, &r, err, errlen);
+    if (rc) return rc;
+    char dir[900], rdir[1200];
+    rc = cm_models_dir(dir, sizeof dir, err, errlen);
+    if (rc) return rc;
+    snprintf(rdir, sizeof rdir, "%s/%s", dir, r.repo);
+    cm_hub_file *files;
+    size_t nf, pick[CM_HUB_MAX_PARTS], np;
+    repo_files(rdir, &files, &nf);
+    char why[700];
+    rc = nf ? cm_hub_choose(&r, files, nf, pick, &np, why, sizeof why) : CM_ENOENT;
+    if (!rc) {
+        int w = snprintf(out, cap, "%s/%s", rdir, files[pick[0]].path);
+        if (w < 0 || (size_t)w >= cap) rc = cm_errf(err, errlen, CM_ERANGE, "model path too long");
+    } else if (nf) {
+        rc = cm_errf(err, errlen, CM_ENOENT, "'%s' is not pulled (%s); `cumulo pull %s` downloads it", arg, why, arg);
+    } else {
+        rc = cm_errf(err, errlen, CM_ENOENT, "'%s' is neither a file nor a pulled model (in %s); `cumulo pull %s` downloads it",
+                     arg, dir, arg);
+    }
+    cm_free(files);
+    return rc;
+}
