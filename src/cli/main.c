@@ -28,6 +28,7 @@ static const cm_command k_commands[] = {
     {"pull", "download a model from the Hugging Face Hub (org/repo:QUANT)", cmd_pull},
     {"models", "list the models pulled into the models directory", cmd_models},
     {"rm", "delete a pulled model", cmd_rm},
+    {"merge", "join a multi-part GGUF (-00001-of-0000N) into one file", cmd_merge},
     {"tokenize", "text -> token ids with a model's vocabulary", cmd_tokenize},
     {"detokenize", "token ids -> text with a model's vocabulary", cmd_detokenize},
 };

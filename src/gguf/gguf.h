@@ -171,6 +171,18 @@ void cm_gguf_w_tensor(cm_gguf_writer *w, const char *name, enum cm_type type, in
 typedef int (*cm_gguf_fill_fn)(void *ctx, void *dst, uint64_t nbytes, char *err, size_t errlen);
 void cm_gguf_w_tensor_fill(cm_gguf_writer *w, const char *name, enum cm_type type, int n_dims,
                            const int64_t *ne, cm_gguf_fill_fn fill, void *ctx);
+/* ---- multi-part files (gguf_split.c) ----
+ * A part of a file split by llama.cpp's gguf-split carries split.count > 1:
+ * returns 1 and sets *no (0-based) and *count; 0 for an ordinary file. */
+int cm_gguf_split_info(const cm_gguf *g, int *no, int *count);
+/* Join parts[0..n) (in order: part 1 first) into one GGUF at out (written
+ * atomically): part 1's keys without split.*, every part's tensors in
+ * order, bytes copied verbatim. Checks that each is the part it should be
+ * and that the tensor count matches split.tensors.count. Needs the space
+ * of the whole model at out. progress (may be NULL) gets bytes. */
+int cm_gguf_merge(const char *const *parts, int n, const char *out, cm_gguf_progress_fn progress, void *progress_ctx,
+                  char *err, size_t errlen);
+
 /* Write to path atomically (PATH.tmp, fsync, rename). 0 or a CM_E* code. */
 int cm_gguf_writer_write(cm_gguf_writer *w, const char *path, char *err, size_t errlen);
 /* Append the whole file to out (tests, fuzzing, small files). */

@@ -36,16 +36,10 @@ echo "# tiny" > "$R/test-org/tiny-GGUF/README.md"
 cp "$M/stories260K-f32.gguf" "$R/test-org/one-GGUF/model.gguf"
 cp "$M/stories260K-q8_0.gguf" "$R/test-org/gated-GGUF/g-Q8_0.gguf"
 echo "weights elsewhere" > "$R/test-org/no-gguf/README.md"
-# multi-part: three byte ranges of a file (what is checked here is the transfer)
-python3 - "$M/stories260K-f32.gguf" "$R/test-org/split-GGUF" "$R/test-org/broken-split" <<'EOF'
-import sys
-d = open(sys.argv[1], "rb").read()
-k = len(d) // 3
-for i, (a, b) in enumerate([(0, k), (k, 2 * k), (2 * k, len(d))]):
-    open("%s/big-Q8_0-%05d-of-00003.gguf" % (sys.argv[2], i + 1), "wb").write(d[a:b])
-    if i != 1:
-        open("%s/big-Q8_0-%05d-of-00003.gguf" % (sys.argv[3], i + 1), "wb").write(d[a:b])
-EOF
+# multi-part: the Q8_0 model split in three as llama.cpp's gguf-split does (an
+# independent Python writer); broken-split lacks part 2
+python3 tests/sh/lib/gguf_split.py "$M/stories260K-q8_0.gguf" "$R/test-org/split-GGUF/big-Q8_0" 3
+cp "$R/test-org/split-GGUF/big-Q8_0-00001-of-00003.gguf" "$R/test-org/split-GGUF/big-Q8_0-00003-of-00003.gguf" "$R/test-org/broken-split/"
 
 LOG=$TMP/hub.log
 start_hub() { # extra mock_hub.py options
@@ -143,15 +137,37 @@ check "gated with HF_TOKEN ($out)" [ "$rc" = 0 ]
 check "the token was sent to the hub" grep -q '"path": "/api/models/test-org/gated-GGUF/tree/main".*"auth": true' "$LOG"
 check "the token was never sent to the CDN" sh -c "! grep '/cdn/' '$LOG' | grep -q '\"auth\": true'"
 
-# 9. multi-part files: all parts, listed once; a missing part is an error
+# 9. multi-part files: every part, joined into one file that runs like the original
 start_hub
-out=$($BIN pull test-org/split-GGUF:Q8_0 2>&1); rc=$?
-check "multi-part pull ($out)" [ "$rc" = 0 ]
+out=$($BIN pull test-org/split-GGUF:Q8_0 2>"$TMP/err"); rc=$?
 S=$CUMULO_MODELS/test-org/split-GGUF
-check "all three parts" [ -f "$S/big-Q8_0-00001-of-00003.gguf" ] && [ -f "$S/big-Q8_0-00002-of-00003.gguf" ] && [ -f "$S/big-Q8_0-00003-of-00003.gguf" ]
-check "parts joined are the file" sh -c "cat '$S'/big-Q8_0-0000?-of-00003.gguf | cmp -s - '$M/stories260K-f32.gguf'"
+check "multi-part pull ($(tail -1 "$TMP/err"))" [ "$rc" = 0 ] && [ "$out" = "$S/big-Q8_0.gguf" ]
+check "three parts were downloaded" [ "$(grep -c '/cdn/.*big-Q8_0-0000[123]-of-00003' "$LOG")" = 3 ]
+check "the parts are gone, joined into one" sh -c "[ -f '$S/big-Q8_0.gguf' ] && ! ls '$S'/*-of-* 2>/dev/null | grep -q ."
+a=$($BIN run test-org/split-GGUF:Q8_0 -p "Once upon a time" -n 12 --json 2>/dev/null | python3 -c 'import json,sys; print(json.load(sys.stdin)["tokens"])')
+b=$($BIN run "$M/stories260K-q8_0.gguf" -p "Once upon a time" -n 12 --json 2>/dev/null | python3 -c 'import json,sys; print(json.load(sys.stdin)["tokens"])')
+check "the joined file gives the original's ids ($a vs $b)" [ -n "$a" ] && [ "$a" = "$b" ]
+out=$($BIN pull test-org/split-GGUF:Q8_0 2>&1); rc=$?
+check "pulling it again downloads nothing ($out)" sh -c "[ $rc = 0 ] && echo '$out' | grep -q 'already here'"
 out=$($BIN pull test-org/broken-split 2>&1); rc=$?
 check "a missing part is named ($out)" sh -c "[ $rc = 1 ] && echo '$out' | grep -q 'part 2 of 3'"
+# parts from elsewhere: a clear error, and `cumulo merge`
+P=$TMP/parts
+mkdir -p "$P"
+python3 tests/sh/lib/gguf_split.py "$M/stories260K-f32.gguf" "$P/s-F32" 2
+out=$($BIN run "$P/s-F32-00001-of-00002.gguf" -p hi -n 2 2>&1); rc=$?
+check "running a part says how to join ($out)" sh -c "[ $rc != 0 ] && echo '$out' | grep -q 'cumulo merge'"
+out=$($BIN merge "$P/s-F32-00002-of-00002.gguf" 2>&1); rc=$?
+check "merge joins the parts ($out)" [ "$rc" = 0 ] && [ "$out" = "$P/s-F32.gguf" ]
+a=$($BIN run "$P/s-F32.gguf" -p "Once upon a time" -n 12 --json 2>/dev/null | python3 -c 'import json,sys; print(json.load(sys.stdin)["tokens"])')
+b=$($BIN run "$M/stories260K-f32.gguf" -p "Once upon a time" -n 12 --json 2>/dev/null | python3 -c 'import json,sys; print(json.load(sys.stdin)["tokens"])')
+check "merged by hand gives the original's ids" [ -n "$a" ] && [ "$a" = "$b" ]
+rm "$P/s-F32-00002-of-00002.gguf"
+out=$($BIN merge "$P/s-F32-00001-of-00002.gguf" "$P/x.gguf" 2>&1); rc=$?
+check "merge names a missing part ($out)" sh -c "[ $rc = 1 ] && echo '$out' | grep -q 'part 2 of 2 is missing'"
+cp "$P/s-F32-00001-of-00002.gguf" "$P/s-F32-00002-of-00002.gguf"
+out=$($BIN merge "$P/s-F32-00001-of-00002.gguf" "$P/x.gguf" 2>&1); rc=$?
+check "merge refuses a part in the wrong place ($out)" sh -c "[ $rc = 1 ] && echo '$out' | grep -q 'is not part 2 of 2'"
 
 # 10. a node without --models maps a pulled file instead of receiving it
 export CUMULO_KEY_FILE=$TMP/cluster.key
@@ -171,13 +187,13 @@ check "the node mapped the pulled file: nothing streamed into its cache ($nstrea
 out=$($BIN models)
 check "models lists the pulled files" sh -c "echo '$out' | grep -q 'test-org/tiny-GGUF/tiny-F32.gguf' && echo '$out' | grep -q 'test-org/gated-GGUF/g-Q8_0.gguf'"
 check "models shows the architecture" sh -c "echo '$out' | grep 'tiny-F32' | grep -q llama"
-check "models lists a multi-part file once" sh -c "[ \$(echo '$out' | grep -c big-Q8_0) = 1 ] && echo '$out' | grep -q '3 parts'"
+check "models lists a joined file once" [ "$(echo "$out" | grep -c big-Q8_0)" = 1 ]
 n=$($BIN models --json | python3 -c 'import json,sys; print(len(json.load(sys.stdin)))')
 check "models --json ($n entries)" [ "$n" = 4 ]
 check "rm by listed name" sh -c "$BIN rm test-org/tiny-GGUF/tiny-F32.gguf >/dev/null"
 check "the file is gone" [ ! -e "$D/tiny-F32.gguf" ]
-check "rm of a multi-part name removes every part" sh -c "$BIN rm test-org/split-GGUF:Q8_0 >/dev/null"
-check "no part left" sh -c "! ls '$S'/*.gguf 2>/dev/null | grep -q ."
+check "rm by pulled name" sh -c "$BIN rm test-org/split-GGUF:Q8_0 >/dev/null"
+check "nothing left of it" sh -c "! ls '$S'/*.gguf 2>/dev/null | grep -q ."
 out=$($BIN rm test-org/tiny-GGUF/nope.gguf 2>&1); rc=$?
 check "rm of something not there ($out)" [ "$rc" = 1 ]
 check "help" sh -c "$BIN pull --help >/dev/null"
