@@ -71,6 +71,9 @@ int cmd_pull(int argc, char **argv);
 int cmd_models(int argc, char **argv);
 int cmd_rm(int argc, char **argv);
 int cmd_merge(int argc, char **argv);
+int cmd_service(int argc, char **argv);
+/* The program's argv[0] (set by main). */
+extern const char *cli_argv0;
 /* A MODEL argument as every command takes it: a file, or a pulled model's
  * name (org/repo:QUANT, hf://org/repo/FILE.gguf) turned into its file
  * (src/hub/models.c). Prints the one-line error and returns NULL when it is

@@ -23,6 +23,7 @@ static const cm_command k_commands[] = {
     {"node", "offer this machine to a cluster (a daemon)", cmd_node},
     {"nodes", "list cluster nodes (mDNS and given) with capabilities and link speed", cmd_nodes},
     {"launch", "start cumulo node on other machines over SSH", cmd_launch},
+    {"service", "run the node or a server as a systemd/launchd service", cmd_service},
     {"discover", "list cumulo nodes found on the local network (mDNS)", cmd_discover},
     {"announce", "announce this machine over mDNS until Ctrl-C (test aid)", cmd_announce},
     {"pull", "download a model from the Hugging Face Hub (org/repo:QUANT)", cmd_pull},
@@ -40,7 +41,10 @@ static void usage(FILE *f) {
         fprintf(f, "  %-10s %s\n", k_commands[i].name, k_commands[i].summary);
 }
 
+const char *cli_argv0;
+
 int main(int argc, char **argv) {
+    cli_argv0 = argv[0];
     if (argc < 2) { usage(stderr); return 2; }
     if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
         usage(stdout);
