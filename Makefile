@@ -55,7 +55,7 @@ TEST_SRCS := $(wildcard tests/unit/test_*.c)
 TEST_BINS := $(TEST_SRCS:tests/unit/%.c=$(BUILD)/tests/%)
 DEPS := $(LIB_OBJS:.o=.d) $(CLI_OBJS:.o=.d) $(TEST_BINS:=.d)
 
-.PHONY: all deps demo test test-quick newcomer check clean fuzz fuzz-long asan tsan neon-test format bench kbench tp-bench real-7b
+.PHONY: all deps demo test test-quick newcomer check clean fuzz fuzz-long asan tsan neon-test format bench kbench tp-bench real-7b install deb-test
 
 all: cumulo
 
@@ -186,6 +186,21 @@ fuzz-long:
 
 format:
 	clang-format -i $$(find src tests fuzz bench tools -name '*.[ch]')
+
+# `make install` (PREFIX=/usr/local, DESTDIR for packaging): the binary, the
+# demo (runs the installed cumulo) and the docs.
+PREFIX ?= /usr/local
+install: cumulo
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/cumulo $(DESTDIR)$(PREFIX)/share/doc/cumulo
+	install -m 755 $(BUILD)/cumulo $(DESTDIR)$(PREFIX)/bin/cumulo
+	install -m 755 scripts/demo.sh $(DESTDIR)$(PREFIX)/share/cumulo/demo.sh
+	install -m 644 README.md docs/DESIGN.md docs/PROTOCOL.md $(DESTDIR)$(PREFIX)/share/doc/cumulo/
+
+# A Debian package built from the committed tree (dpkg-buildpackage in a
+# temporary copy), installed, run (--version, the demo, a service unit) and
+# removed: scripts/deb_test.sh (root; not part of `make test`: it rebuilds).
+deb-test:
+	@sh scripts/deb_test.sh
 
 clean:
 	rm -rf build build-asan build-tsan build-fuzz build-neon cumulo

@@ -7,10 +7,21 @@
 # python. Without the default model it makes a random-weight model with
 # cumulo's builtin vocabulary and says loudly that its text is noise.
 # Any failure ends the demo with a non-zero exit and the reason on stderr.
-cd "$(dirname "$0")/.." || exit 1
+# Run from a checkout it uses ./cumulo; installed (a package puts it in
+# /usr/share/cumulo/demo.sh) it uses the cumulo on PATH; CUMULO_BIN overrides.
 die() { echo "demo: FAILED: $*" >&2; exit 1; }
-[ -x ./cumulo ] || die "./cumulo is not built (run 'make demo', which builds it)"
-SHARED=${CUMULO_SHARED:-$(cd .. && pwd)/shared}
+if [ -f "$(dirname "$0")/../Makefile" ] && [ -z "$CUMULO_BIN" ]; then
+    cd "$(dirname "$0")/.." || exit 1
+    BIN=./cumulo
+    [ -x ./cumulo ] || die "./cumulo is not built (run 'make demo', which builds it)"
+    SYNTH_DIR=build
+    SHARED=${CUMULO_SHARED:-$(cd .. && pwd)/shared}
+else
+    BIN=${CUMULO_BIN:-$(command -v cumulo)}
+    [ -n "$BIN" ] && [ -x "$BIN" ] || die "cumulo is not installed (not on PATH)"
+    SYNTH_DIR=${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/cumulo
+    SHARED=${CUMULO_SHARED:-/nonexistent}
+fi
 MODEL=${CUMULO_MODEL:-$SHARED/models/stories260K-q8_0.gguf}
 RANDOM_MODEL=""
 if [ ! -f "$MODEL" ]; then
@@ -18,12 +29,12 @@ if [ ! -f "$MODEL" ]; then
     RANDOM_MODEL=1
     echo "demo: $MODEL not found (no ../shared beside this checkout)." >&2
     echo "demo: using a RANDOM-WEIGHT model with cumulo's builtin vocabulary instead: its text is noise, not a story." >&2
-    MODEL=build/demo-synth.gguf
+    MODEL=$SYNTH_DIR/demo-synth.gguf
     if [ ! -f "$MODEL" ]; then
-        mkdir -p build
-        ./cumulo synth --arch llama --dim 256 --layers 4 --heads 8 --kv-heads 4 --ffn 768 --type q8_0 \
-            --vocab builtin --seed 1 -o "$MODEL" >/dev/null 2>build/demo-synth.log ||
-            { cat build/demo-synth.log >&2; die "cumulo synth could not write $MODEL"; }
+        mkdir -p "$SYNTH_DIR"
+        "$BIN" synth --arch llama --dim 256 --layers 4 --heads 8 --kv-heads 4 --ffn 768 --type q8_0 \
+            --vocab builtin --seed 1 -o "$MODEL" >/dev/null 2>"$SYNTH_DIR/demo-synth.log" ||
+            { cat "$SYNTH_DIR/demo-synth.log" >&2; die "cumulo synth could not write $MODEL"; }
     fi
 fi
 TMP=$(mktemp -d) || die "mktemp failed"
@@ -36,10 +47,10 @@ stop_nodes() {
 trap 'stop_nodes; rm -rf "$TMP"' EXIT
 trap 'exit 1' INT TERM
 export CUMULO_KEY_FILE="$TMP/cluster.key"
-./cumulo key >/dev/null 2>"$TMP/key.log" || { cat "$TMP/key.log" >&2; die "cumulo key could not create a cluster key"; }
+"$BIN" key >/dev/null 2>"$TMP/key.log" || { cat "$TMP/key.log" >&2; die "cumulo key could not create a cluster key"; }
 NODES=""
 for name in alpha beta gamma; do
-    ./cumulo node --bind 127.0.0.1 --port 0 --port-file "$TMP/$name.port" --name "$name" --no-mdns --threads 1 \
+    "$BIN" node --bind 127.0.0.1 --port 0 --port-file "$TMP/$name.port" --name "$name" --no-mdns --threads 1 \
         --cache "$TMP/cache-$name" >"$TMP/$name.log" 2>&1 &
     PIDS="$PIDS $!"
     i=0
@@ -52,7 +63,7 @@ done
 # The plan goes to stderr (shown: the table and why), the story to stdout.
 echo "demo: $MODEL over this machine and 3 nodes:" >&2
 PROMPT="Once upon a time"
-./cumulo run "$MODEL" --nodes "$NODES" -p "$PROMPT" -n 200 --temp 0.8 --seed 7 --threads 1 \
+"$BIN" run "$MODEL" --nodes "$NODES" -p "$PROMPT" -n 200 --temp 0.8 --seed 7 --threads 1 \
     >"$TMP/story" 2>"$TMP/run.log" &
 RUN=$!
 # The plan is printed before the first token: show it, then the story as it
@@ -75,5 +86,5 @@ grep '^prompt:' "$TMP/run.log" >&2
 stop_nodes
 echo "demo: nodes stopped" >&2
 [ -n "$RANDOM_MODEL" ] && echo "demo: (that text came from a random-weight model: noise by design; put ../shared beside this checkout for the real story)" >&2
-echo "demo: ok. To serve a model over the OpenAI API with a dashboard: ./cumulo serve MODEL.gguf [--nodes ...]" >&2
+echo "demo: ok. To serve a model over the OpenAI API with a dashboard: $BIN serve MODEL.gguf [--nodes ...]" >&2
 exit 0
