@@ -196,18 +196,6 @@ static int run_cmd(const char *const *argv) {
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
-static int mkdirs(const char *path) {
-    char tmp[1200];
-    snprintf(tmp, sizeof tmp, "%s", path);
-    for (char *p = tmp + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = 0;
-        if (mkdir(tmp, 0755) && errno != EEXIST) return -1;
-        *p = '/';
-    }
-    return 0;
-}
-
 /* systemctl [--user] VERB cumulo-ROLE.service, or launchctl; a failure says what to run by hand. */
 static int manage(const svc *s, const char *verb) {
     char unit[64];
@@ -306,7 +294,7 @@ int cmd_service(int argc, char **argv) {
     if (!strcmp(s.action, "print")) {
         fwrite(b.data, 1, b.len, stdout);
     } else if (!strcmp(s.action, "install")) {
-        if (mkdirs(s.path) || cm_file_write_atomic(s.path, b.data, b.len, 0644, err, sizeof err)) {
+        if (cm_mkdir_p(s.path, 0755, true) || cm_file_write_atomic(s.path, b.data, b.len, 0644, err, sizeof err)) {
             rc = cli_fail("service: cannot write %s (%s)%s", s.path, errno ? strerror(errno) : err,
                           !s.user && geteuid() ? "; a system service needs root: sudo cumulo service ..., or --user" : "");
         } else {

@@ -252,18 +252,6 @@ static bool wanted(const char *name, int b, int e, bool embed, bool last, bool h
     return !has_output && !strcmp(name, "token_embd.weight");
 }
 
-static int mkdirs(const char *path) {
-    char tmp[600];
-    snprintf(tmp, sizeof tmp, "%s", path);
-    for (char *p = tmp + 1; *p; p++)
-        if (*p == '/') {
-            *p = 0;
-            if (mkdir(tmp, 0700) && errno != EEXIST) return -1;
-            *p = '/';
-        }
-    return mkdir(tmp, 0700) && errno != EEXIST ? -1 : 0;
-}
-
 /* Is the tensor at [off, off + n) of fd equal to hash? */
 static bool verify(int fd, uint64_t off, uint64_t n, const uint8_t hash[32]) {
     static _Thread_local uint8_t buf[1 << 16];
@@ -333,7 +321,7 @@ static int weights_fetch(cm_conn *c, pthread_mutex_t *send_mu, const char *cache
     cm_sha256_hex(model_sha, hex);
     *fetched = 0;
     snprintf(dir, sizeof dir, "%.500s/slices", cache_dir);
-    if (mkdirs(dir)) return cm_errf(err, errlen, CM_EIO, "cannot create '%s': %s", dir, strerror(errno));
+    if (cm_mkdir_p(dir, 0700, false)) return cm_errf(err, errlen, CM_EIO, "cannot create '%s': %s", dir, strerror(errno));
     snprintf(mpath, sizeof mpath, "%s/%s.manifest", dir, hex);
     snprintf(gpath, sizeof gpath, "%s/%s.gguf", dir, hex);
     /* 1. The manifest: from the cache, else from the coordinator. */

@@ -232,18 +232,6 @@ static int hash_existing(dl *x, char *err, size_t errlen, const char *part) {
     return 0;
 }
 
-static int mkdirs(const char *path) { /* the directories above path */
-    char tmp[1024];
-    snprintf(tmp, sizeof tmp, "%s", path);
-    for (char *p = tmp + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = 0;
-        if (mkdir(tmp, 0755) && errno != EEXIST) return -1;
-        *p = '/';
-    }
-    return 0;
-}
-
 int cm_hub_download(const cm_hub_client *c, const cm_hub_ref *r, const cm_hub_file *f, const char *dest,
                     bool verify, char *err, size_t errlen) {
     struct stat sb;
@@ -256,7 +244,7 @@ int cm_hub_download(const cm_hub_client *c, const cm_hub_ref *r, const cm_hub_fi
         return cm_errf(err, errlen, CM_EFORMAT, "'%s' is there but its sha256 is %s, not %s; delete it (cumulo rm) and pull again",
                        dest, got, f->sha256);
     }
-    if (mkdirs(dest)) return cm_errf(err, errlen, CM_EIO, "cannot create the directories of '%s': %s", dest, strerror(errno));
+    if (cm_mkdir_p(dest, 0755, true)) return cm_errf(err, errlen, CM_EIO, "cannot create the directories of '%s': %s", dest, strerror(errno));
     char part[1100];
     snprintf(part, sizeof part, "%s.part", dest);
     dl x = {.size = f->size, .c = c};

@@ -198,6 +198,25 @@ int cm_file_write_atomic(const char *path, const void *data, size_t n, int mode,
     return 0;
 }
 
+int cm_mkdir_p(const char *dir, int mode, bool parent_of) {
+    char tmp[4096];
+    size_t n = strlen(dir);
+    if (n == 0 || n >= sizeof tmp) { errno = ENAMETOOLONG; return -1; }
+    memcpy(tmp, dir, n + 1);
+    if (parent_of) {
+        char *slash = strrchr(tmp, '/');
+        if (!slash || slash == tmp) return 0;
+        *slash = 0;
+    }
+    for (char *p = tmp + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        if (mkdir(tmp, (mode_t)mode) && errno != EEXIST) return -1;
+        *p = '/';
+    }
+    return mkdir(tmp, (mode_t)mode) && errno != EEXIST ? -1 : 0;
+}
+
 bool cm_file_exists(const char *path) {
     struct stat st;
     return stat(path, &st) == 0;

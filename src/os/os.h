@@ -41,6 +41,11 @@ int cm_file_read_all(const char *path, char **out, size_t *len, char *err, size_
 int cm_file_write_atomic(const char *path, const void *data, size_t n, int mode, char *err,
                          size_t errlen);
 bool cm_file_exists(const char *path);
+/* mkdir -p: dir and every missing directory above it, created with mode
+ * (existing ones are left as they are). 0, or -1 with errno. With
+ * parent_of set, dir is a file's path and only the directories above it
+ * are made. */
+int cm_mkdir_p(const char *dir, int mode, bool parent_of);
 
 /* ---- clocks ---- */
 uint64_t cm_now_ns(void);  /* monotonic */
