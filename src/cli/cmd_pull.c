@@ -11,11 +11,12 @@
 #include "gguf/gguf.h"
 #include "hub/hub.h"
 
+#include <cJSON.h>
 #include <stdio.h>
-#include <sys/stat.h>
-#include <sys/statvfs.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 static const char k_pull_usage[] =
@@ -164,11 +165,20 @@ int cmd_models(int argc, char **argv) {
     size_t n;
     if (cm_models_list(dir, &m, &n, err, sizeof err)) return cli_fail("%s", err);
     if (json) {
-        printf("[");
-        for (size_t i = 0; i < n; i++)
-            printf("%s{\"name\":\"%s\",\"path\":\"%s\",\"bytes\":%llu,\"parts\":%d,\"architecture\":\"%s\"}", i ? "," : "",
-                   m[i].name, m[i].path, (unsigned long long)m[i].size, m[i].parts, m[i].arch);
-        printf("]\n");
+        cJSON *arr = cJSON_CreateArray();
+        for (size_t i = 0; i < n; i++) {
+            cJSON *o = cJSON_CreateObject();
+            cJSON_AddStringToObject(o, "name", m[i].name);
+            cJSON_AddStringToObject(o, "path", m[i].path);
+            cJSON_AddNumberToObject(o, "bytes", (double)m[i].size);
+            cJSON_AddNumberToObject(o, "parts", m[i].parts);
+            cJSON_AddStringToObject(o, "architecture", m[i].arch);
+            cJSON_AddItemToArray(arr, o);
+        }
+        char *txt = cJSON_PrintUnformatted(arr);
+        if (txt) printf("%s\n", txt);
+        cJSON_free(txt);
+        cJSON_Delete(arr);
     } else if (!n) {
         printf("no models in %s; get one with: cumulo pull org/repo:QUANT\n", dir);
     } else {
