@@ -53,6 +53,7 @@ enum cm_chat_family {
     CM_CHAT_VICUNA_ORCA,       /* vicuna with "SYSTEM: " */
     CM_CHAT_OPENCHAT,          /* GPT4 Correct User: ...<|end_of_turn|> */
     CM_CHAT_COMMAND_R,         /* <|START_OF_TURN_TOKEN|><|USER_TOKEN|>...<|END_OF_TURN_TOKEN|> */
+    CM_CHAT_GPT_OSS,           /* harmony: <|start|>role<|message|>...<|end|> (llama.cpp's built-in rendering) */
     CM_CHAT_FAMILY_COUNT
 };
 
@@ -67,7 +68,7 @@ typedef struct cm_chat_template {
 } cm_chat_template;
 
 typedef struct cm_chat_msg {
-    const char *role; /* "system", "user" or "assistant" */
+    const char *role; /* "system", "user" or "assistant" ("developer" too for gpt-oss) */
     const char *content;
 } cm_chat_msg;
 
