@@ -311,6 +311,46 @@ static void test_gpt_oss(void) {
     cm_buf_release(&b);
 }
 
+/* The final-channel filter, fed in pieces of every size from 1 byte up. */
+static void harmony_case(const char *reply, const char *want) {
+    const size_t n = strlen(reply);
+    for (size_t step = 1; step <= n; step += step < 8 ? 1 : 7) {
+        cm_harmony h;
+        cm_harmony_init(&h);
+        cm_buf b;
+        cm_buf_init(&b);
+        for (size_t i = 0; i < n; i += step) cm_harmony_feed(&h, reply + i, step < n - i ? step : n - i, &b);
+        cm_harmony_flush(&h, &b);
+        cm_buf_append(&b, "", 1);
+        CHECKF(!strcmp(b.data, want), "reply '%s' in pieces of %zu gave '%s', want '%s'", reply, step, b.data, want);
+        cm_buf_release(&b);
+        if (n == 0) break;
+    }
+}
+
+static void test_harmony_filter(void) {
+    harmony_case("<|channel|>analysis<|message|>User says hi. Reply.<|end|>"
+                 "<|start|>assistant<|channel|>final<|message|>Hello! How can I help?",
+                 "Hello! How can I help?");
+    /* only the final channel, however many come before; marker look-alikes stay */
+    harmony_case("<|channel|>analysis<|message|>a<|end|><|start|>assistant<|channel|>commentary to=fn<|message|>{}<|end|>"
+                 "<|start|>assistant<|channel|>final<|message|>x <|en y <|end z<|end|>",
+                 "x <|en y <|end z");
+    harmony_case("<|channel|>final <|constrain|>json<|message|>{\"a\":1}", "{\"a\":1}");
+    harmony_case("<|channel|>analysis<|message|>thinking, cut off by max_tokens", "");
+    harmony_case("<|channel|>analy", "");
+    /* not a harmony reply (a model that ignores the format): unchanged */
+    harmony_case("Plain text <|end|> and more", "Plain text <|end|> and more");
+    harmony_case("<|chat", "<|chat");
+    harmony_case("", "");
+    /* a header longer than the buffer: passed through whole */
+    char longh[400];
+    memset(longh, 'x', sizeof longh);
+    memcpy(longh, "<|channel|>", 11);
+    longh[sizeof longh - 1] = 0;
+    harmony_case(longh, longh);
+}
+
 int main(void) {
     RUN(test_cases);
     RUN(test_unrecognised);
@@ -318,5 +358,6 @@ int main(void) {
     RUN(test_bos_contract);
     RUN(test_roles_and_edges);
     RUN(test_gpt_oss);
+    RUN(test_harmony_filter);
     TEST_END();
 }
