@@ -1,7 +1,8 @@
 /*
  * model: the forward pass of the supported architectures (llama, qwen2,
- * qwen3, and the mixture-of-experts qwen2moe, qwen3moe and llama with experts
- * (Mixtral); see moe.h) over a layer range and a tensor slice, with
+ * qwen3, gemma3, phi3, and the mixture-of-experts qwen2moe, qwen3moe, gpt-oss
+ * and llama with experts (Mixtral); see moe.h, gptoss.h) over a layer range
+ * and a tensor slice, with
  * per-sequence KV caches.
  *
  * A cm_model is a set of cm_tensor views into a parsed GGUF (the mmap): no
