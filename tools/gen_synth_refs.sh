@@ -61,6 +61,8 @@ gen() { # gen VARIANT TYPE SEED
         phi3) dim=768; heads=8; kv=4 ;;
         # gpt-oss: 8 experts top 2 with biases, sinks, YaRN; 4 layers alternate sliding (window 4) and full
         gptoss) arch=gpt-oss; nexp=8; nused=2; effn=256; layers=4; extra="--swa 4"; swa=',"swa":4' ;;
+        # gpt-oss-20b's routing (32 experts top 4) and head shape (head size 64, 8 query heads per KV head)
+        gptoss32) arch=gpt-oss; nexp=32; nused=4; effn=256; layers=4; dim=512; heads=8; kv=1; extra="--swa 4"; swa=',"swa":4' ;;
     esac
     [ $nexp -gt 0 ] && extra="$extra --experts $nexp --experts-used $nused"
     [ $effn -gt 0 ] && extra="$extra --expert-ffn $effn"
@@ -104,3 +106,4 @@ for t in $GPTOSS_TYPES; do
     seed=$((seed + 1))
     gen gptoss "$t" "$seed"
 done
+gen gptoss32 mxfp4 4011
