@@ -475,13 +475,14 @@ static int64_t align_row(int n_act, int64_t F, int bs, int bss, int64_t u) {
 static void swiglu_blocks(const cm_moe_run *r, enum cm_act_site site, int row, int64_t col_base, enum cm_type vdt,
                           float *g, const float *u, uint8_t *dst, int bs, int64_t b0, int64_t b1, const float *bg,
                           const float *bu) {
-    if (bg) /* gpt-oss: gate + its bias, up + its bias (ggml_add_id), clamped SwiGLU */
+    if (bg) { /* gpt-oss: gate + its bias, up + its bias (ggml_add_id), clamped SwiGLU */
         for (int64_t i = b0 * bs; i < b1 * bs; i++) g[i] = cm_swiglu_oai(g[i] + bg[i], u[i] + bu[i]);
-    else
-    for (int64_t i = b0 * bs; i < b1 * bs; i++) {
-        float v = g[i];
-        v = v / (1.0f + expf(-v)); /* ggml_silu_f32 */
-        g[i] = v * u[i];
+    } else {
+        for (int64_t i = b0 * bs; i < b1 * bs; i++) {
+            float v = g[i];
+            v = v / (1.0f + expf(-v)); /* ggml_silu_f32 */
+            g[i] = v * u[i];
+        }
     }
     if (vdt != CM_TYPE_F32)
         convert(r, site, row, col_base + b0 * bs, vdt, g + b0 * bs, dst + cm_row_size(vdt, b0 * bs), (b1 - b0) * bs);
