@@ -33,6 +33,8 @@ DENSE2_VARIANTS="gemma3 phi3"
 # The low-bit types (added later: seeds from 3000, so the models above keep theirs).
 LOWBIT_TYPES="q2_k q3_k iq4_nl iq4_xs mxfp4 iq2_xxs iq3_xxs iq1_s"
 LOWBIT_VARIANTS="llama qwen3"
+# gpt-oss (seeds from 4000): F32, Q8_0, and mxfp4 = MXFP4 experts + Q8_0 elsewhere like the released files
+GPTOSS_TYPES="f32 q8_0 mxfp4"
 [ -f "$NLC/node_modules/node-llama-cpp/package.json" ] || { echo "gen_synth_refs: no node-llama-cpp in $NLC" >&2; exit 1; }
 make -s cumulo
 cp tools/synth_oracle.mjs "$NLC/synth_oracle.mjs"
@@ -57,6 +59,10 @@ gen() { # gen VARIANT TYPE SEED
         gemma3) extra="--tied --swa 4"; tied=true; layers=6; swa=',"swa":4' ;;
         # head size 96 like Phi-3-mini's: its q scale 1/sqrt(96) is not a power of 2
         phi3) dim=768; heads=8; kv=4 ;;
+        # gpt-oss: 8 experts top 2 with biases, sinks, YaRN; 4 layers alternate sliding (window 4) and full
+        gptoss) arch=gpt-oss; nexp=8; nused=2; effn=256; layers=4; extra="--swa 4"; swa=',"swa":4' ;;
+        # gpt-oss-20b's routing (32 experts top 4) and head shape (head size 64, 8 query heads per KV head)
+        gptoss32) arch=gpt-oss; nexp=32; nused=4; effn=256; layers=4; dim=512; heads=8; kv=1; extra="--swa 4"; swa=',"swa":4' ;;
     esac
     [ $nexp -gt 0 ] && extra="$extra --experts $nexp --experts-used $nused"
     [ $effn -gt 0 ] && extra="$extra --expert-ffn $effn"
@@ -95,3 +101,9 @@ for v in $LOWBIT_VARIANTS; do
         gen "$v" "$t" "$seed"
     done
 done
+seed=4000
+for t in $GPTOSS_TYPES; do
+    seed=$((seed + 1))
+    gen gptoss "$t" "$seed"
+done
+gen gptoss32 mxfp4 4011

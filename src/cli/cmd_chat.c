@@ -102,6 +102,11 @@ typedef struct chat {
     bool at_start; /* no visible reply text shown yet (leading whitespace is not shown) */
     char *line;    /* getline's buffer (malloc'd by libc) */
     size_t line_cap;
+    /* gpt-oss (the prompt ends "<|start|>assistant"): the reply shown and
+     * kept is its final channel (cm_harmony); hbuf is the filter's output */
+    bool harmony;
+    cm_harmony hf;
+    cm_buf hbuf;
 } chat;
 
 static int chat_push(chat *c, const char *role, const char *content, size_t len) {
@@ -146,10 +151,8 @@ static int chat_tokens(chat *c, char *err, size_t errlen) {
     }
 }
 
-static int on_piece(void *user, const cm_token_event *ev) {
-    chat *c = user;
-    const char *text = ev->text;
-    size_t len = ev->len;
+/* Show (and keep) reply text. */
+static void show_piece(chat *c, const char *text, size_t len) {
     cm_buf_append(&c->reply, text, len);
     /* Show the reply without the whitespace models put first (" Hello");
      * the history keeps the exact text, so the next turn's prompt repeats
@@ -160,6 +163,17 @@ static int on_piece(void *user, const cm_token_event *ev) {
         c->at_start = false;
         fwrite(text, 1, len, stdout);
         fflush(stdout);
+    }
+}
+
+static int on_piece(void *user, const cm_token_event *ev) {
+    chat *c = user;
+    if (c->harmony) {
+        cm_buf_clear(&c->hbuf);
+        cm_harmony_feed(&c->hf, ev->text, ev->len, &c->hbuf);
+        show_piece(c, c->hbuf.data ? c->hbuf.data : "", c->hbuf.len);
+    } else {
+        show_piece(c, ev->text, ev->len);
     }
     /* A Ctrl-C between set_prompt and generate is forgotten by the session
      * (generate clears its cancel flag); the flag here still stops the reply. */
@@ -221,9 +235,18 @@ static int chat_turn(chat *c, const char *msg, size_t len, const cm_gen_params *
     }
     cm_buf_clear(&c->reply);
     c->at_start = true;
+    static const char harmony_open[] = "<|start|>assistant";
+    const size_t hl = sizeof harmony_open - 1;
+    c->harmony = c->text.len >= hl && !memcmp(c->text.data + c->text.len - hl, harmony_open, hl);
+    if (c->harmony) cm_harmony_init(&c->hf);
     cm_gen_result res;
     rc = cm_session_generate(c->s, &gp, on_piece, c, &res, err, sizeof err);
     g_session = NULL;
+    if (c->harmony) {
+        cm_buf_clear(&c->hbuf);
+        cm_harmony_flush(&c->hf, &c->hbuf);
+        show_piece(c, c->hbuf.data ? c->hbuf.data : "", c->hbuf.len);
+    }
     if (rc) {
         fputc('\n', stdout);
         fflush(stdout);
@@ -335,6 +358,7 @@ int cmd_chat(int argc, char **argv) {
     chat c = {.template_name = tmpl, .interactive = isatty(0), .verbose = verbose};
     cm_buf_init(&c.text);
     cm_buf_init(&c.reply);
+    cm_buf_init(&c.hbuf);
     cm_buf line;
     cm_buf_init(&line);
     int status = 1;
@@ -394,6 +418,7 @@ done:
     free(c.line);
     cm_buf_release(&c.text);
     cm_buf_release(&c.reply);
+    cm_buf_release(&c.hbuf);
     cm_buf_release(&line);
     cm_session_free(c.s);
     cm_engine_free(c.e);

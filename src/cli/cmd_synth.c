@@ -24,11 +24,12 @@ static void usage(FILE *f) {
             "of that architecture has (llama.cpp loads it). Deterministic by seed: the same\n"
             "arguments give the same bytes on any machine and thread count.\n\n"
             "  --arch ARCH          llama, qwen2 (QKV bias), qwen3 (Q/K norm), qwen2moe, qwen3moe,\n"
-            "                       gemma3 (sliding window, Q/K norm, post-norms, GELU) or phi3\n"
-            "                       (fused qkv and gate/up)\n"
-            "  --experts N          mixture of experts (qwen*moe; llama with experts = Mixtral)\n"
+            "                       gemma3 (sliding window, Q/K norm, post-norms, GELU), phi3\n"
+            "                       (fused qkv and gate/up) or gpt-oss (experts with biases, sinks,\n"
+            "                       YaRN; --type mxfp4: MXFP4 experts, Q8_0 elsewhere)\n"
+            "  --experts N          mixture of experts (qwen*moe, gpt-oss; llama with experts = Mixtral)\n"
             "  --experts-used K     experts per token (top-k)\n"
-            "  --expert-ffn F       width of each expert (qwen*moe; default --ffn)\n"
+            "  --expert-ffn F       width of each expert (qwen*moe, gpt-oss; default --ffn)\n"
             "  --shared-ffn F       width of qwen2moe's shared expert (default --ffn)\n"
             "  --dim D              embedding size (a multiple of 256 for K-quants, 32 otherwise)\n"
             "  --layers L           transformer blocks\n"
@@ -43,7 +44,7 @@ static void usage(FILE *f) {
             "  --seed S             random seed (default 1)\n"
             "  -o, --output FILE    the model to write\n"
             "  --tied               no output.weight: the head reuses token_embd\n"
-            "  --swa N              gemma3: sliding window of N positions (default 8)\n"
+            "  --swa N              gemma3, gpt-oss: sliding window of N positions (default 8)\n"
             "  --rope-scaling llama3  Llama 3.1 RoPE scaling (writes rope_freqs.weight)\n"
             "  --rope-base B        RoPE base (default: llama 10000, llama3 scaling 500000, qwen 1e6)\n"
             "  --ctx N              context_length key (default 4096)\n"
@@ -108,7 +109,7 @@ int cmd_synth(int argc, char **argv) {
 #undef STR
 #undef INT
     }
-    if (!p.arch) return cli_fail("missing --arch (llama, qwen2, qwen3, qwen2moe, qwen3moe, gemma3 or phi3)");
+    if (!p.arch) return cli_fail("missing --arch (llama, qwen2, qwen3, qwen2moe, qwen3moe, gemma3, phi3 or gpt-oss)");
     if (!p.type) return cli_fail("missing --type (%s)", cm_synth_type_names());
     if (!dim || !layers || !heads || !ffn) return cli_fail("missing --dim, --layers, --heads or --ffn");
     if (!vocab_path)

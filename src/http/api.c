@@ -364,6 +364,11 @@ int cm_api_parse_request(cm_http_server *srv, bool chat, const char *body, size_
     /* the prompt */
     if (chat) {
         if (chat_prompt(srv, root, &text, ae)) goto fail;
+        /* gpt-oss's harmony prompt (the only one ending so): return the final channel */
+        static const char harmony_open[] = "<|start|>assistant";
+        const size_t hl = sizeof harmony_open - 1;
+        j->harmony = text.len >= hl && !memcmp(text.data + text.len - hl, harmony_open, hl);
+        if (j->harmony) cm_harmony_init(&j->hf);
         if (tokenize(srv, text.data ? text.data : "", text.len, true, j, ae)) goto fail;
     } else if (completion_prompt(srv, root, j, ae)) {
         goto fail;

@@ -10,6 +10,7 @@
 #include "http.h"
 
 #include "../os/os.h"
+#include "../tokenizer/chat.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -53,6 +54,11 @@ typedef struct job {
     enum cm_finish finish;
     int http_status;      /* 0 or the status of a failure */
     char errmsg[256];
+    /* gpt-oss chat (the prompt ends "<|start|>assistant"): only the reply's
+     * final channel is returned (cm_harmony, chat.h); hout is its scratch */
+    bool harmony;
+    cm_harmony hf;
+    cm_buf hout;
 } job;
 
 job *cm_job_new(cm_http_server *srv, bool chat); /* one reference */

@@ -48,6 +48,12 @@ static int on_token(void *user, const cm_token_event *ev) {
     size_t len = ev->len;
     const cm_sample_info *info = ev->info;
     pthread_mutex_lock(&j->mu);
+    if (j->harmony) { /* gpt-oss: the final channel only */
+        cm_buf_clear(&j->hout);
+        cm_harmony_feed(&j->hf, text, len, &j->hout);
+        len = j->hout.len;
+        text = len ? j->hout.data : "";
+    }
     if (id >= 0) {
         j->n_gen++;
         if (j->logprobs >= 0 && info) {
@@ -78,6 +84,12 @@ static int on_token(void *user, const cm_token_event *ev) {
 /* The job is over (finished, failed or canceled): tell its connection. */
 static void job_end(job *j, enum cm_finish fin, int status, const char *msg) {
     pthread_mutex_lock(&j->mu);
+    if (j->harmony) { /* what the final-channel filter held back */
+        cm_buf_clear(&j->hout);
+        cm_harmony_flush(&j->hf, &j->hout);
+        if (j->hout.len && j->stream) cm_api_stream_delta(j, j->hout.data, j->hout.len);
+        else if (j->hout.len) cm_buf_append(&j->text, j->hout.data, j->hout.len);
+    }
     j->finish = fin;
     j->sess = NULL;
     if (status) {

@@ -108,6 +108,7 @@ job *cm_job_new(cm_http_server *srv, bool chat) {
     j->fd = -1;
     cm_buf_init(&j->sse);
     cm_buf_init(&j->text);
+    cm_buf_init(&j->hout);
     j->created = (long long)(cm_wall_ms() / 1000);
     /* Unique, not secret: a counter mixed with the clock. */
     cm_rng r;
@@ -130,6 +131,7 @@ void cm_job_unref(job *j) {
     cm_free(j->lp_ids);
     cm_buf_release(&j->sse);
     cm_buf_release(&j->text);
+    cm_buf_release(&j->hout);
     pthread_mutex_destroy(&j->mu);
     pthread_cond_destroy(&j->cv);
     cm_free(j);

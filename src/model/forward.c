@@ -15,6 +15,7 @@
  */
 #include "model.h"
 #include "moe.h"
+#include "gptoss.h"
 
 #include <math.h>
 #include <string.h>
@@ -101,6 +102,7 @@ struct cm_ctx {
     int il, n_out;
     bool pending; /* part holds a reduced output to add into x */
     const float *pending_norm; /* gemma3: RMS-norm weights applied to part before the add, or NULL */
+    const float *pending_bias; /* gpt-oss: attn_output's bias added to part before the add, or NULL */
     cm_tensor wq, wk, wv, wo, gt, up_w, dn; /* slice views of layer il */
     int bad_token;
     cm_act_hook_fn hook; /* tests only (model.h) */
@@ -253,6 +255,10 @@ static void matmul(cm_ctx *c, const cm_tensor *w, const void *xq, size_t xs, int
  * base/scale: the model's, or gemma3's sliding-window layers' (scale 1). */
 static void rope_cache(const cm_model *m, float p, float base, float freq_scale, float *cache) {
     const cm_hparams *hp = &m->hp;
+    if (hp->yarn_ext_factor != 0.0f || (hp->yarn_attn_factor != 0.0f && hp->yarn_attn_factor != 1.0f)) {
+        cm_yarn_rope_cache(hp, p, base, freq_scale, m->rope_freqs.data, cache); /* gpt-oss (gptoss.c) */
+        return;
+    }
     const float theta_scale = powf(base, -2.0f / (float)hp->n_rot);
     const float *ff = m->rope_freqs.data;
     float theta = p;
@@ -302,19 +308,23 @@ static void phase_embed(cm_ctx *c, int ith, int nth) {
             memcpy(c->x + j * E, b->embd + j * E, (size_t)E * sizeof(float));
         }
         rope_cache(m, (float)b->pos[j], m->hp.rope_base, m->hp.rope_freq_scale, c->rope + j * m->hp.n_rot);
-        if (m->hp.n_swa) rope_cache(m, (float)b->pos[j], m->hp.rope_base_swa, 1.0f, c->rope_swa + j * m->hp.n_rot);
+        /* gemma3's sliding-window layers are unscaled; gpt-oss's scale like its full layers */
+        if (m->hp.n_swa)
+            rope_cache(m, (float)b->pos[j], m->hp.rope_base_swa, m->hp.arch == CM_ARCH_GPTOSS ? m->hp.rope_freq_scale : 1.0f,
+                       c->rope_swa + j * m->hp.n_rot);
     }
 }
 
 static void add_pending(cm_ctx *c, int ith, int nth) {
     if (!c->pending) return;
-    if (c->pending_norm) { /* gemma3: x += rms_norm(part) * w, by rows */
+    if (c->pending_norm || c->pending_bias) { /* gemma3: x += rms_norm(part) * w; gpt-oss: x += part + b; by rows */
         const int E = c->m->hp.n_embd;
         int64_t t0, t1;
         cm_split_range(c->b->n, ith, nth, &t0, &t1);
         for (int64_t j = t0; j < t1; j++) {
             float *x = c->x + j * E, *pt = c->part + j * E;
-            rms_norm_row(pt, c->pending_norm, pt, E, c->m->hp.rms_eps);
+            if (c->pending_norm) rms_norm_row(pt, c->pending_norm, pt, E, c->m->hp.rms_eps);
+            if (c->pending_bias) for (int i = 0; i < E; i++) pt[i] = pt[i] + c->pending_bias[i];
             for (int i = 0; i < E; i++) x[i] = x[i] + pt[i];
         }
         cm_pool_barrier(c->pool);
@@ -349,6 +359,7 @@ static const void *add_norm_prep(cm_ctx *c, enum cm_act_site site, const cm_tens
         if (c->pending) {
             float *pt = c->part + j * E;
             if (c->pending_norm) rms_norm_row(pt, c->pending_norm, pt, E, c->m->hp.rms_eps); /* gemma3 */
+            if (c->pending_bias) for (int i = 0; i < E; i++) pt[i] = pt[i] + c->pending_bias[i]; /* gpt-oss */
             for (int i = 0; i < E; i++) x[i] = x[i] + pt[i];
         }
         rms_norm_row(x, normw->data, xn, E, c->m->hp.rms_eps);
@@ -507,12 +518,17 @@ static void attn_task(cm_ctx *c, int j, int h, int ith) {
             if (sc[p] > mx) mx = sc[p];
         }
     }
+    /* gpt-oss: the head's sink logit joins the max and the sum (ggml_soft_max_ext's sinks) */
+    const float *sinks = c->m->layers[c->il].attn_sinks.data;
+    const float sink = sinks ? sinks[c->a->slice.h0 * rep + h] : 0.0f;
+    if (sinks && sink > mx) mx = sink;
     double sum = 0.0;
     for (int p = 0; p < np; p++) {
         float e = expf(sc[p] - mx);
         sc[p] = e;
         sum += (double)e;
     }
+    if (sinks) sum += (double)expf(sink - mx);
     const float inv = (float)(1.0 / sum);
     for (int p = 0; p < np; p++) sc[p] *= inv;
     float *o = c->att + (size_t)j * QS + (size_t)h * D;
@@ -774,6 +790,7 @@ int cm_forward(cm_ctx *c, const cm_batch *b, const cm_forward_args *a, char *err
         if (b->logits ? b->logits[j] : j == b->n - 1) c->out_rows[c->n_out++] = j;
     c->pending = false;
     c->pending_norm = NULL;
+    c->pending_bias = NULL;
     c->ph = PH_EMBED;
     cm_pool_run(c->pool, run_phase, c);
     const int64_t red = (int64_t)b->n * hp->n_embd;
@@ -805,9 +822,11 @@ int cm_forward(cm_ctx *c, const cm_batch *b, const cm_forward_args *a, char *err
             return cm_errf(err, errlen, rc, "all-reduce after attention of layer %d failed: %s", il, cm_strerror(rc));
         c->pending = true;
         c->pending_norm = L->attn_post_norm.data;
+        c->pending_bias = L->bo.data;
         c->ph = PH_FFN;
         cm_pool_run(c->pool, run_phase, c);
         c->pending_norm = L->ffn_post_norm.data;
+        c->pending_bias = NULL;
         if (c->ep_gather) { /* expert parallelism: the other members' expert rows, then the fixed-order sum */
             float *y;
             const int32_t *rows;

@@ -7,6 +7,7 @@
  */
 #include "model.h"
 #include "moe.h"
+#include "gptoss.h"
 
 #include "kernels/kernels.h"
 
@@ -14,7 +15,7 @@
 #include <stdio.h>
 #include <string.h>
 
-static const char *const k_arch_names[CM_ARCH_COUNT] = {"llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma3", "phi3"};
+static const char *const k_arch_names[CM_ARCH_COUNT] = {"llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma3", "phi3", "gpt-oss"};
 
 const char *cm_arch_name_of(enum cm_arch a) {
     return (unsigned)a < CM_ARCH_COUNT ? k_arch_names[a] : "unknown";
@@ -206,6 +207,11 @@ static int load_hparams(cm_model *m, char *err, size_t errlen) {
     char *st = cm_gguf_get_str(g, key);
     float factor = 0;
     if ((rc = get_float(g, an, "rope.scaling.factor", 0.0, 0.0, 1e6, &factor, err, errlen))) { cm_free(st); return rc; }
+    if (hp->arch == CM_ARCH_GPTOSS) { /* its own YaRN and sliding-window keys (gptoss.c) */
+        cm_free(st);
+        hp->rope_type = CM_ROPE_NEOX;
+        return cm_gptoss_load_hparams(m, err, errlen);
+    }
     if (st && strcmp(st, "none") && strcmp(st, "linear")) {
         rc = cm_errf(err, errlen, CM_EUNSUPPORTED, "rope scaling type '%.32s' is not supported", st);
         cm_free(st);
@@ -273,7 +279,7 @@ int cm_model_load(cm_model *m, const cm_gguf *g, char *err, size_t errlen) {
     for (int il = 0; il < hp->n_layer; il++) {
         cm_layer *L = &m->layers[il];
         bool qwen2 = hp->arch == CM_ARCH_QWEN2 || hp->arch == CM_ARCH_QWEN2MOE;
-        bool gemma3 = hp->arch == CM_ARCH_GEMMA3, phi3 = hp->arch == CM_ARCH_PHI3;
+        bool gemma3 = hp->arch == CM_ARCH_GEMMA3, phi3 = hp->arch == CM_ARCH_PHI3, gptoss = hp->arch == CM_ARCH_GPTOSS;
         /* qwen3, qwen3moe and gemma3 have per-head Q/K norms */
         bool qwen3 = hp->arch == CM_ARCH_QWEN3 || hp->arch == CM_ARCH_QWEN3MOE || gemma3;
         if (phi3 && (rc = bind_phi3(m, L, il, E, QD, KD, F, err, errlen))) goto fail;
@@ -287,8 +293,9 @@ int cm_model_load(cm_model *m, const cm_gguf *g, char *err, size_t errlen) {
             (rc = bind_blk(m, &L->bv, il, "attn_v.bias", KD, 0, false, !qwen2, err, errlen)) ||
             (rc = bind_blk(m, &L->q_norm, il, "attn_q_norm.weight", D, 0, false, !qwen3, err, errlen)) ||
             (rc = bind_blk(m, &L->k_norm, il, "attn_k_norm.weight", D, 0, false, !qwen3, err, errlen)) ||
-            (rc = bind_blk(m, &L->ffn_norm, il, "ffn_norm.weight", E, 0, false, false, err, errlen)) ||
-            (rc = bind_blk(m, &L->attn_post_norm, il, "post_attention_norm.weight", E, 0, false, !gemma3, err, errlen)) ||
+            /* gpt-oss calls its pre-FFN norm post_attention_norm */
+            (rc = bind_blk(m, &L->ffn_norm, il, gptoss ? "post_attention_norm.weight" : "ffn_norm.weight", E, 0, false, false, err, errlen)) ||
+            (!gptoss && (rc = bind_blk(m, &L->attn_post_norm, il, "post_attention_norm.weight", E, 0, false, !gemma3, err, errlen))) ||
             (rc = bind_blk(m, &L->ffn_post_norm, il, "post_ffw_norm.weight", E, 0, false, !gemma3, err, errlen)))
             goto fail;
         if (hp->n_expert ? (rc = cm_moe_bind_layer(m, il, err, errlen)) != 0
@@ -296,9 +303,10 @@ int cm_model_load(cm_model *m, const cm_gguf *g, char *err, size_t errlen) {
                             (!phi3 && (rc = bind_blk(m, &L->ffn_up, il, "ffn_up.weight", E, F, true, false, err, errlen))) ||
                             (rc = bind_blk(m, &L->ffn_down, il, "ffn_down.weight", F, E, true, false, err, errlen))))
             goto fail;
+        if (gptoss && (rc = cm_gptoss_bind_layer(m, il, err, errlen))) goto fail;
         char bname[96];
         snprintf(bname, sizeof bname, "blk.%d.attn_output.bias", il);
-        if (cm_gguf_find_tensor(g, bname)) {
+        if (!gptoss && cm_gguf_find_tensor(g, bname)) {
             rc = cm_errf(err, errlen, CM_EUNSUPPORTED, "tensor '%s' is not supported", bname);
             goto fail;
         }

@@ -1,7 +1,8 @@
 /*
  * model: the forward pass of the supported architectures (llama, qwen2,
- * qwen3, and the mixture-of-experts qwen2moe, qwen3moe and llama with experts
- * (Mixtral); see moe.h) over a layer range and a tensor slice, with
+ * qwen3, gemma3, phi3, and the mixture-of-experts qwen2moe, qwen3moe, gpt-oss
+ * and llama with experts (Mixtral); see moe.h, gptoss.h) over a layer range
+ * and a tensor slice, with
  * per-sequence KV caches.
  *
  * A cm_model is a set of cm_tensor views into a parsed GGUF (the mmap): no
@@ -52,10 +53,10 @@
 #include <stdint.h>
 
 enum cm_arch { CM_ARCH_LLAMA, CM_ARCH_QWEN2, CM_ARCH_QWEN3, CM_ARCH_QWEN2MOE, CM_ARCH_QWEN3MOE, CM_ARCH_GEMMA3,
-                CM_ARCH_PHI3, CM_ARCH_COUNT };
+                CM_ARCH_PHI3, CM_ARCH_GPTOSS, CM_ARCH_COUNT };
 enum cm_rope_type { CM_ROPE_NORM, CM_ROPE_NEOX, CM_ROPE_TYPE_COUNT };
 
-const char *cm_arch_name_of(enum cm_arch a); /* "llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma3", "phi3" */
+const char *cm_arch_name_of(enum cm_arch a); /* "llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma3", "phi3", "gpt-oss" */
 
 /* Hyperparameters, read from "<arch>.*" metadata keys. */
 typedef struct cm_hparams {
@@ -87,6 +88,13 @@ typedef struct cm_hparams {
     int swa_pattern;     /* <arch>.attention.sliding_window_pattern (llama.cpp's rule: 6) */
     float rope_base_swa; /* <arch>.rope.freq_base_swa (default 10000) */
     float attn_q_scale;  /* 1/sqrt(head_dim); 27B: 1/sqrt(n_embd / n_head); phi3 too; else 0 */
+    /* YaRN RoPE (gpt-oss only for now, gptoss.c; ext_factor 0 = none):
+     * "<arch>.rope.scaling.type" = "yarn", factor -> rope_freq_scale (also
+     * on the sliding-window layers), original_context_length -> n_ctx_orig;
+     * beta fast/slow 32/1 and the attention factor as llama.cpp's context
+     * sets them. */
+    float yarn_ext_factor, yarn_attn_factor, yarn_beta_fast, yarn_beta_slow;
+    int n_ctx_orig;
 } cm_hparams;
 
 /* Is layer il a sliding-window layer? */
@@ -112,6 +120,11 @@ typedef struct cm_layer {
      * sigmoid gate gate_inp_shexp [E]. */
     cm_tensor ffn_gate_inp, ffn_gate_exps, ffn_up_exps, ffn_down_exps;
     cm_tensor ffn_gate_inp_shexp, ffn_gate_shexp, ffn_up_shexp, ffn_down_shexp;
+    /* gpt-oss (gptoss.c): attn_output bias [E], per-head sink logits
+     * attn_sinks [H], router bias [n_expert], expert biases gate/up
+     * [F_exp, n_expert] and down [E, n_expert]. Its pre-FFN norm
+     * (post_attention_norm in the file) is bound as ffn_norm. */
+    cm_tensor bo, attn_sinks, ffn_gate_inp_b, ffn_gate_exps_b, ffn_up_exps_b, ffn_down_exps_b;
 } cm_layer;
 
 typedef struct cm_model {

@@ -23,6 +23,7 @@
  * cm_moe_new().
  */
 #include "moe.h"
+#include "gptoss.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -30,7 +31,7 @@
 
 /* ---------------- loading ---------------- */
 
-static bool is_moe_arch(enum cm_arch a) { return a == CM_ARCH_QWEN2MOE || a == CM_ARCH_QWEN3MOE; }
+static bool is_moe_arch(enum cm_arch a) { return a == CM_ARCH_QWEN2MOE || a == CM_ARCH_QWEN3MOE || a == CM_ARCH_GPTOSS; }
 
 static int get_u(const cm_gguf *g, const char *arch, const char *suffix, uint64_t def, uint64_t hi, uint64_t *out,
                  char *err, size_t errlen) {
@@ -58,7 +59,7 @@ int cm_moe_load_hparams(cm_model *m, char *err, size_t errlen) {
     }
     if (hp->arch != CM_ARCH_LLAMA && !is_moe_arch(hp->arch))
         return cm_errf(err, errlen, CM_EUNSUPPORTED,
-                       "architecture '%s' with experts is not supported (experts: qwen2moe, qwen3moe, llama)", an);
+                       "architecture '%s' with experts is not supported (experts: qwen2moe, qwen3moe, gpt-oss, llama)", an);
     if ((rc = get_u(m->gguf, an, "expert_used_count", 0, ne, &nu, err, errlen))) return rc;
     if (nu == 0) return cm_errf(err, errlen, CM_EFORMAT, "metadata '%s.expert_used_count' must be in [1, %llu]", an,
                                 (unsigned long long)ne);
@@ -71,7 +72,7 @@ int cm_moe_load_hparams(cm_model *m, char *err, size_t errlen) {
      * width, else n_ff / n_used; qwen2moe's shared expert defaults to n_ff. */
     hp->n_ff_exp = hp->arch == CM_ARCH_LLAMA ? hp->n_ff : fe ? (int)fe : hp->n_ff / hp->n_expert_used;
     hp->n_ff_shexp = hp->arch == CM_ARCH_QWEN2MOE ? (fs ? (int)fs : hp->n_ff) : 0;
-    hp->expert_norm = hp->arch != CM_ARCH_QWEN2MOE;
+    hp->expert_norm = hp->arch != CM_ARCH_QWEN2MOE && hp->arch != CM_ARCH_GPTOSS; /* gpt-oss: softmax of the top k */
     if (hp->n_ff_exp < 1) return cm_errf(err, errlen, CM_EFORMAT, "expert feed-forward length of '%s' is 0", an);
     return 0;
 }
@@ -332,6 +333,37 @@ static cm_tensor expert_view(const cm_tensor *w, int e) {
     return t;
 }
 
+/* gpt-oss's gating (llama.cpp's SOFTMAX_WEIGHT): p = logits + router bias
+ * (ggml_add), the top k of p (descending, ties: lower id), their weights
+ * the softmax of the k chosen values (max, expf, double sum, times the
+ * float 1/sum). */
+static void route_oai(moe_route *t, const cm_moe_run *r, const float *lg, float *p, int j) {
+    const cm_hparams *hp = &r->m->hp;
+    const int X = hp->n_expert, K = hp->n_expert_used;
+    const float *bias = r->m->layers[r->il].ffn_gate_inp_b.data;
+    for (int e = 0; e < X; e++) p[e] = lg[e] + bias[e];
+    int32_t *sel = t->sel + (size_t)j * K;
+    float *w = t->w + (size_t)j * K;
+    memset(t->mark, 0, (size_t)X);
+    for (int k = 0; k < K; k++) {
+        int best = -1;
+        for (int e = 0; e < X; e++)
+            if (!t->mark[e] && (best < 0 || p[e] > p[best])) best = e;
+        t->mark[best] = 1;
+        sel[k] = best;
+        w[k] = p[best];
+    }
+    float mx = -INFINITY;
+    for (int k = 0; k < K; k++) mx = w[k] > mx ? w[k] : mx;
+    double sum = 0;
+    for (int k = 0; k < K; k++) {
+        w[k] = expf(w[k] - mx);
+        sum += (double)w[k];
+    }
+    const float inv = (float)(1.0 / sum);
+    for (int k = 0; k < K; k++) w[k] *= inv;
+}
+
 /* Step 3: softmax over the experts, top k, weights, and the grouping of the
  * n * k (token, slot) assignments by expert, into t (thread 0 for a batch;
  * for one token every thread into its own t, the same numbers). */
@@ -339,9 +371,14 @@ static void route(const cm_moe *s, moe_route *t, const cm_moe_run *r) {
     const cm_hparams *hp = &r->m->hp;
     const int X = hp->n_expert, K = hp->n_expert_used, n = r->n;
     const bool sh = r->m->layers[r->il].ffn_gate_inp_shexp.data != NULL;
+    const bool oai = hp->arch == CM_ARCH_GPTOSS;
     for (int j = 0; j < n; j++) {
         const float *lg = s->logits + (size_t)j * X;
         float *p = t->probs + (size_t)j * X;
+        if (oai) { /* gpt-oss: top k of the biased logits, softmax over them */
+            route_oai(t, r, lg, p, j);
+            continue;
+        }
         /* ggml_soft_max_f32: max, expf, double sum, times the float 1/sum */
         float mx = -INFINITY;
         for (int e = 0; e < X; e++) mx = lg[e] > mx ? lg[e] : mx;
@@ -436,11 +473,16 @@ static int64_t align_row(int n_act, int64_t F, int bs, int bss, int64_t u) {
 
 /* silu(g) * u for blocks [b0, b1) of one row and its conversion (or none for F32). */
 static void swiglu_blocks(const cm_moe_run *r, enum cm_act_site site, int row, int64_t col_base, enum cm_type vdt,
-                          float *g, const float *u, uint8_t *dst, int bs, int64_t b0, int64_t b1) {
-    for (int64_t i = b0 * bs; i < b1 * bs; i++) {
-        float v = g[i];
-        v = v / (1.0f + expf(-v)); /* ggml_silu_f32 */
-        g[i] = v * u[i];
+                          float *g, const float *u, uint8_t *dst, int bs, int64_t b0, int64_t b1, const float *bg,
+                          const float *bu) {
+    if (bg) { /* gpt-oss: gate + its bias, up + its bias (ggml_add_id), clamped SwiGLU */
+        for (int64_t i = b0 * bs; i < b1 * bs; i++) g[i] = cm_swiglu_oai(g[i] + bg[i], u[i] + bu[i]);
+    } else {
+        for (int64_t i = b0 * bs; i < b1 * bs; i++) {
+            float v = g[i];
+            v = v / (1.0f + expf(-v)); /* ggml_silu_f32 */
+            g[i] = v * u[i];
+        }
     }
     if (vdt != CM_TYPE_F32)
         convert(r, site, row, col_base + b0 * bs, vdt, g + b0 * bs, dst + cm_row_size(vdt, b0 * bs), (b1 - b0) * bs);
@@ -544,9 +586,11 @@ void cm_moe_ffn(cm_moe *s, const cm_moe_run *r, int ith, int nth) {
             const uint8_t *xv = n == 1 ? xu : xup + (size_t)o * s->rs_e;
             cm_matmul_rows(kt, &wg, xg, s->rs_e, c, s->g + (size_t)o * F, F, r0, r1);
             cm_matmul_rows(kt, &wu, xv, s->rs_e, c, s->u + (size_t)o * F, F, r0, r1);
+            const float *bg = L->ffn_gate_exps_b.data ? (const float *)L->ffn_gate_exps_b.data + (size_t)e * F : NULL;
+            const float *bu = L->ffn_up_exps_b.data ? (const float *)L->ffn_up_exps_b.data + (size_t)e * F : NULL;
             for (int a = o; a < o + c; a++)
                 swiglu_blocks(r, CM_ACT_EXP_DOWN, t->tok[a], (int64_t)t->slot[a] * F, vd, s->g + (size_t)a * F,
-                              s->u + (size_t)a * F, s->dq + (size_t)a * s->rs_f, bs, r0 / bs, r1 / bs);
+                              s->u + (size_t)a * F, s->dq + (size_t)a * s->rs_f, bs, r0 / bs, r1 / bs, bg, bu);
             u += r1 - r0;
         } else {
             const int64_t r0 = u - (int64_t)n_act * F, r1 = CM_MIN(FS, r0 + (t1 - u));
@@ -554,7 +598,7 @@ void cm_moe_ffn(cm_moe *s, const cm_moe_run *r, int ith, int nth) {
             cm_matmul_rows(kt, &L->ffn_up_shexp, xsu, rs_su, n, s->us, FS, r0, r1);
             for (int j = 0; j < n; j++)
                 swiglu_blocks(r, CM_ACT_SHEXP_DOWN, j, 0, vds, s->gs + (size_t)j * FS, s->us + (size_t)j * FS,
-                              s->dqs + (size_t)j * s->rs_fs, bss, r0 / bss, r1 / bss);
+                              s->dqs + (size_t)j * s->rs_fs, bss, r0 / bss, r1 / bss, NULL, NULL);
             u += r1 - r0;
         }
     }
@@ -571,6 +615,11 @@ void cm_moe_ffn(cm_moe *s, const cm_moe_run *r, int ith, int nth) {
             cm_tensor wd = expert_view(&L->ffn_down_exps, e);
             const void *x = f32d ? (const void *)(s->g + (size_t)o * F) : (const void *)(s->dq + (size_t)o * s->rs_f);
             cm_matmul_rows(kt, &wd, x, f32d ? (size_t)F * sizeof(float) : s->rs_f, c, s->y + (size_t)o * E, E, r0, r1);
+            if (L->ffn_down_exps_b.data) { /* gpt-oss: + the expert's down bias (ggml_add_id) */
+                const float *bd = (const float *)L->ffn_down_exps_b.data + (size_t)e * E;
+                for (int a = o; a < o + c; a++)
+                    for (int64_t i = r0; i < r1; i++) s->y[(size_t)a * E + i] += bd[i];
+            }
             u += r1 - r0;
         } else {
             const int64_t r0 = u - (int64_t)n_act * E, r1 = CM_MIN(E, r0 + (t1 - u));

@@ -1,6 +1,7 @@
 /*
  * moe.h (private to src/model): mixture-of-experts FFN layers (qwen2moe,
- * qwen3moe, llama with experts = Mixtral): loading the router, the stacked
+ * qwen3moe, llama with experts = Mixtral; gpt-oss's gating, expert biases
+ * and activation are described in gptoss.h): loading the router, the stacked
  * expert tensors and qwen2moe's shared expert, and the FFN of one layer.
  *
  * The computation follows llama.cpp's build_moe_ffn() (softmax gating):

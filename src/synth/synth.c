@@ -41,7 +41,7 @@
 #define BIAS_STD 0.2f
 #define ROWS_PER_CHUNK 16
 
-enum synth_arch { A_LLAMA, A_QWEN2, A_QWEN3, A_QWEN2MOE, A_QWEN3MOE, A_GEMMA3, A_PHI3 };
+enum synth_arch { A_LLAMA, A_QWEN2, A_QWEN3, A_QWEN2MOE, A_QWEN3MOE, A_GEMMA3, A_PHI3, A_GPTOSS };
 
 /* One --type: the file type id llama.cpp records and the weight type. */
 typedef struct synth_type {
@@ -89,12 +89,13 @@ static int find_arch(const char *name) {
     if (!strcmp(name, "qwen3moe")) return A_QWEN3MOE;
     if (!strcmp(name, "gemma3")) return A_GEMMA3;
     if (!strcmp(name, "phi3")) return A_PHI3;
+    if (!strcmp(name, "gpt-oss")) return A_GPTOSS;
     return -1;
 }
 
 /* ---- mixture of experts ---- */
 
-static bool moe_arch(int arch) { return arch == A_QWEN2MOE || arch == A_QWEN3MOE; }
+static bool moe_arch(int arch) { return arch == A_QWEN2MOE || arch == A_QWEN3MOE || arch == A_GPTOSS; }
 static int exp_ff(const cm_synth_params *p, int arch) { return arch == A_LLAMA || !p->n_ff_exp ? p->n_ff : p->n_ff_exp; }
 static int shexp_ff(const cm_synth_params *p, int arch) {
     return arch != A_QWEN2MOE ? 0 : p->n_ff_shexp ? p->n_ff_shexp : p->n_ff;
@@ -106,7 +107,7 @@ static int moe_check(const cm_synth_params *p, int arch, int bs, char *err, size
     if (moe_arch(arch) && p->n_expert == 0)
         return cm_errf(err, errlen, CM_EINVAL, "architecture '%s' needs --experts", p->arch);
     if (!moe_arch(arch) && arch != A_LLAMA && p->n_expert)
-        return cm_errf(err, errlen, CM_EINVAL, "architecture '%s' has no experts (qwen2moe, qwen3moe, llama do)", p->arch);
+        return cm_errf(err, errlen, CM_EINVAL, "architecture '%s' has no experts (qwen2moe, qwen3moe, gpt-oss, llama do)", p->arch);
     if (!p->n_expert) return 0;
     if (p->n_expert_used < 1 || p->n_expert_used > p->n_expert)
         return cm_errf(err, errlen, CM_EINVAL, "experts used %d must be in [1, %d]", p->n_expert_used, p->n_expert);
@@ -123,7 +124,7 @@ static bool use_more_bits(int i, int n) { return i < n / 8 || i >= 7 * n / 8 || 
 int cm_synth_check(const cm_synth_params *p, char *err, size_t errlen) {
     const synth_type *st = find_type(p->type);
     if (find_arch(p->arch) < 0)
-        return cm_errf(err, errlen, CM_EINVAL, "unknown architecture '%s' (supported: llama, qwen2, qwen3, qwen2moe, qwen3moe, gemma3, phi3)",
+        return cm_errf(err, errlen, CM_EINVAL, "unknown architecture '%s' (supported: llama, qwen2, qwen3, qwen2moe, qwen3moe, gemma3, phi3, gpt-oss)",
                        p->arch ? p->arch : "");
     if (!st)
         return cm_errf(err, errlen, CM_EINVAL, "unknown type '%s' (supported: %s)", p->type ? p->type : "",
@@ -471,11 +472,13 @@ int cm_synth_write(const cm_synth_params *p, const cm_gguf *vocab, const char *p
     const int E = p->n_embd, L = p->n_layer, H = p->n_head, HKV = p->n_head_kv, F = p->n_ff;
     const int D = E / H;
     const float rope_base = p->rope_base > 0 ? p->rope_base
+                            : arch == A_GPTOSS ? 150000.0f
                             : arch != A_LLAMA && arch != A_PHI3 ? 1e6f
                             : p->rope_llama3  ? 500000.0f
                                               : 10000.0f;
-    const float eps = arch == A_LLAMA || arch == A_PHI3 ? 1e-5f : 1e-6f;
-    const bool qwen2b = arch == A_QWEN2 || arch == A_QWEN2MOE;
+    const float eps = arch == A_LLAMA || arch == A_PHI3 || arch == A_GPTOSS ? 1e-5f : 1e-6f;
+    const bool gptoss = arch == A_GPTOSS;
+    const bool qwen2b = arch == A_QWEN2 || arch == A_QWEN2MOE || gptoss; /* q/k/v biases */
     const bool qwen3n = arch == A_QWEN3 || arch == A_QWEN3MOE || arch == A_GEMMA3; /* per-head Q/K norms */
     const int X = p->n_expert, FX = exp_ff(p, arch), FSH = shexp_ff(p, arch);
 
@@ -489,7 +492,10 @@ int cm_synth_write(const cm_synth_params *p, const cm_gguf *vocab, const char *p
     /* Types per tensor. q4_k_m follows llama.cpp's llama_tensor_get_type():
      * output (or a tied token_embd, which is the head) Q6_K; attn_v and
      * ffn_down Q6_K in the layers use_more_bits() picks; the rest Q4_K. */
-    const enum cm_type wt = st->wtype;
+    /* gpt-oss mxfp4: MXFP4 experts, Q8_0 elsewhere, as the released files
+     * (llama.cpp's MOSTLY_MXFP4_MOE) */
+    const enum cm_type xt = st->wtype;
+    const enum cm_type wt = gptoss && xt == CM_TYPE_MXFP4 ? CM_TYPE_Q8_0 : st->wtype;
     const enum cm_type head_t = st->mix_q4_k_m ? CM_TYPE_Q6_K : wt;
     const enum cm_type embd_t = p->tied ? head_t : wt;
     const float head_std = LOGIT_STD / sqrtf((float)E);
@@ -536,8 +542,25 @@ int cm_synth_write(const cm_synth_params *p, const cm_gguf *vocab, const char *p
             T("attn_k_norm.weight", CM_TYPE_F32, D, 1, 1, NORM_NOISE);
         }
         T("attn_output.weight", o_t, H * D, E, 0, res_scale / sqrtf((float)(H * D)));
-        T("ffn_norm.weight", CM_TYPE_F32, E, 1, 1, NORM_NOISE);
-        if (X) {
+        if (gptoss) {
+            T("attn_output.bias", CM_TYPE_F32, E, 1, 0, BIAS_STD);
+            T("attn_sinks.weight", CM_TYPE_F32, H, 1, 0, 1);
+            T("post_attention_norm.weight", CM_TYPE_F32, E, 1, 1, NORM_NOISE); /* its pre-FFN norm */
+        } else {
+            T("ffn_norm.weight", CM_TYPE_F32, E, 1, 1, NORM_NOISE);
+        }
+        if (gptoss) {
+            /* gate/up at std 3 so that the clamps at +-7 of its SwiGLU bite
+             * now and then; down scaled to keep the stream's size */
+            T("ffn_gate_inp.weight", CM_TYPE_F32, E, X, 0, 1 / sqrtf((float)E));
+            T("ffn_gate_inp.bias", CM_TYPE_F32, X, 1, 0, BIAS_STD);
+            T("ffn_gate_exps.weight", xt, E, (int64_t)FX * X, 0, 3 / sqrtf((float)E))->ne2 = X;
+            T("ffn_gate_exps.bias", CM_TYPE_F32, FX, X, 0, BIAS_STD);
+            T("ffn_up_exps.weight", xt, E, (int64_t)FX * X, 0, 3 / sqrtf((float)E))->ne2 = X;
+            T("ffn_up_exps.bias", CM_TYPE_F32, FX, X, 0, BIAS_STD);
+            T("ffn_down_exps.weight", xt, FX, (int64_t)E * X, 0, res_scale / (6 * sqrtf((float)FX)))->ne2 = X;
+            T("ffn_down_exps.bias", CM_TYPE_F32, E, X, 0, BIAS_STD);
+        } else if (X) {
             /* the router in F32 as llama.cpp keeps it; experts stacked [ne0, rows, X] */
             T("ffn_gate_inp.weight", CM_TYPE_F32, E, X, 0, 1 / sqrtf((float)E));
             T("ffn_gate_exps.weight", wt, E, (int64_t)FX * X, 0, 1 / sqrtf((float)E))->ne2 = X;
@@ -598,13 +621,18 @@ int cm_synth_write(const cm_synth_params *p, const cm_gguf *vocab, const char *p
         if (moe_arch(arch)) cm_gguf_w_u32(w, K("expert_feed_forward_length"), (uint32_t)FX);
         if (FSH) cm_gguf_w_u32(w, K("expert_shared_feed_forward_length"), (uint32_t)FSH);
     }
-    if (qwen3n) {
+    if (qwen3n || gptoss) {
         cm_gguf_w_u32(w, K("attention.key_length"), (uint32_t)D);
         cm_gguf_w_u32(w, K("attention.value_length"), (uint32_t)D);
     }
     /* gemma3: a short window so that short prompts cross it; llama.cpp's
      * rule makes every 6th layer global (no pattern key is written). */
-    if (arch == A_GEMMA3) cm_gguf_w_u32(w, K("attention.sliding_window"), (uint32_t)(p->n_swa > 0 ? p->n_swa : 8));
+    if (arch == A_GEMMA3 || gptoss) cm_gguf_w_u32(w, K("attention.sliding_window"), (uint32_t)(p->n_swa > 0 ? p->n_swa : 8));
+    if (gptoss) { /* the released files' YaRN (factor 32 over 4096 positions); no pattern key: llama.cpp's 2 */
+        cm_gguf_w_str(w, K("rope.scaling.type"), "yarn");
+        cm_gguf_w_f32(w, K("rope.scaling.factor"), 32.0f);
+        cm_gguf_w_u32(w, K("rope.scaling.original_context_length"), 4096);
+    }
     cm_gguf_w_f32(w, K("rope.freq_base"), rope_base);
     cm_gguf_w_u32(w, K("rope.dimension_count"), (uint32_t)D);
 #undef K

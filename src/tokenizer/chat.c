@@ -33,12 +33,13 @@ static const char *const family_names[CM_CHAT_FAMILY_COUNT] = {
     [CM_CHAT_VICUNA_ORCA] = "vicuna-orca",
     [CM_CHAT_OPENCHAT] = "openchat",
     [CM_CHAT_COMMAND_R] = "command-r",
+    [CM_CHAT_GPT_OSS] = "gpt-oss",
 };
 
 #define NAMES_LIST                                                                                   \
     "chatml, llama2, llama3, llama3.1, mistral, mistral-v1, mistral-v3, mistral-v3-tekken, "         \
     "mistral-v7, zephyr, phi3, phi4, gemma, deepseek, deepseek2, deepseek3, vicuna, vicuna-orca, "   \
-    "openchat, command-r"
+    "openchat, command-r, gpt-oss"
 
 const char *cm_chat_template_names(void) { return NAMES_LIST; }
 
@@ -137,6 +138,8 @@ int cm_chat_template_detect(cm_chat_template *t, const char *s, size_t n, char *
     }
     if (HAS("[gMASK]")) {
         f = CM_CHAT_FAMILY_COUNT; /* ChatGLM shares <|user|> with zephyr/phi3 but is neither */
+    } else if (HAS("<|start|>") && HAS("<|channel|>")) {
+        f = CM_CHAT_GPT_OSS; /* before phi3: harmony has <|end|> too */
     } else if (HAS("<|im_start|>") && HAS("<|im_sep|>")) {
         f = CM_CHAT_PHI4;
     } else if (HAS("<|im_start|>")) {
@@ -187,6 +190,9 @@ int cm_chat_template_detect(cm_chat_template *t, const char *s, size_t n, char *
         break;
     case CM_CHAT_DEEPSEEK3:
         t->think = HAS("<think>");
+        break;
+    case CM_CHAT_GPT_OSS:
+        t->lead_bos = false; /* llama.cpp's rendering writes no BOS text */
         break;
     default:
         break;
@@ -255,10 +261,11 @@ static void put_merged(rctx *c, const char *sys, const char *content, bool trim)
     c->out->data[c->out->len] = 0;
 }
 
-enum role { R_SYSTEM, R_USER, R_ASSISTANT };
+enum role { R_SYSTEM, R_USER, R_ASSISTANT, R_DEVELOPER };
 
 static int role_of(const char *r) {
     if (!r) return -1;
+    if (!strcmp(r, "developer")) return R_DEVELOPER; /* gpt-oss only (cm_chat_render checks) */
     if (!strcmp(r, "system")) return R_SYSTEM;
     if (!strcmp(r, "user")) return R_USER;
     if (!strcmp(r, "assistant")) return R_ASSISTANT;
@@ -281,6 +288,7 @@ int cm_chat_render(const cm_chat_template *t, const cm_chat_msg *msgs, size_t n,
     const char *name = cm_chat_family_name(t->family);
     for (size_t i = 0; i < n; i++) {
         int r = role_of(msgs[i].role);
+        if (r == R_DEVELOPER && t->family != CM_CHAT_GPT_OSS) r = -1;
         if (r < 0 || !msgs[i].content)
             return cm_errf(err, errlen, CM_EINVAL, "message %zu: role '%s' is not system, user or assistant",
                            i, msgs[i].role ? msgs[i].role : "(null)");
@@ -603,6 +611,21 @@ int cm_chat_render(const cm_chat_template *t, const cm_chat_msg *msgs, size_t n,
             put(c, "<|END_OF_TURN_TOKEN|>");
         }
         if (gen) put(c, "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>");
+        break;
+
+    case CM_CHAT_GPT_OSS:
+        /* gpt-oss (harmony), as llama.cpp's llm_chat_apply_template writes
+         * it: every role verbatim, a past assistant turn ends <|return|>,
+         * the generation prompt is "<|start|>assistant" (the model then
+         * writes its channel: analysis, then final) */
+        for (size_t i = first; i < n; i++) {
+            put(c, "<|start|>");
+            put(c, msgs[i].role);
+            put(c, "<|message|>");
+            put(c, msgs[i].content);
+            put(c, role_of(msgs[i].role) == R_ASSISTANT ? "<|return|>" : "<|end|>");
+        }
+        if (gen) put(c, "<|start|>assistant");
         break;
 
     case CM_CHAT_FAMILY_COUNT:

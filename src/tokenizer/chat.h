@@ -53,6 +53,7 @@ enum cm_chat_family {
     CM_CHAT_VICUNA_ORCA,       /* vicuna with "SYSTEM: " */
     CM_CHAT_OPENCHAT,          /* GPT4 Correct User: ...<|end_of_turn|> */
     CM_CHAT_COMMAND_R,         /* <|START_OF_TURN_TOKEN|><|USER_TOKEN|>...<|END_OF_TURN_TOKEN|> */
+    CM_CHAT_GPT_OSS,           /* harmony: <|start|>role<|message|>...<|end|> (llama.cpp's built-in rendering) */
     CM_CHAT_FAMILY_COUNT
 };
 
@@ -67,7 +68,7 @@ typedef struct cm_chat_template {
 } cm_chat_template;
 
 typedef struct cm_chat_msg {
-    const char *role; /* "system", "user" or "assistant" */
+    const char *role; /* "system", "user" or "assistant" ("developer" too for gpt-oss) */
     const char *content;
 } cm_chat_msg;
 
@@ -99,5 +100,26 @@ const char *cm_chat_template_names(void);
  * or CM_ENOMEM when out ran out of memory. */
 int cm_chat_render(const cm_chat_template *t, const cm_chat_msg *msgs, size_t n, const cm_chat_opts *opts,
                    cm_buf *out, char *err, size_t errlen);
+
+/* gpt-oss (harmony) replies: the model writes channels,
+ *   <|channel|>analysis<|message|>...<|end|><|start|>assistant<|channel|>final<|message|>...
+ * (a reply ends with <|return|> or <|call|>, end-of-generation tokens that
+ * never reach the text). A cm_harmony takes the reply's text as it streams,
+ * in pieces split anywhere, and appends to out only the final channel's
+ * content: what the API returns as the message. A reply that does not open
+ * with a channel header (<|channel|>, <|constrain|> or a header longer than
+ * the buffer) passes through unchanged. Plain data, no allocation but out's;
+ * one per reply. */
+typedef struct cm_harmony {
+    int state;      /* header, body, pass */
+    bool final;     /* the body being read is the final channel's */
+    bool first;     /* no header read yet */
+    size_t n;       /* bytes held in buf */
+    char buf[256];  /* a header being read, or a possible end marker's start */
+} cm_harmony;
+void cm_harmony_init(cm_harmony *h);
+void cm_harmony_feed(cm_harmony *h, const char *s, size_t n, cm_buf *out);
+/* The reply ended: release what was held back (a final body's tail). */
+void cm_harmony_flush(cm_harmony *h, cm_buf *out);
 
 #endif

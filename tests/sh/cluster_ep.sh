@@ -15,6 +15,8 @@
 #   4. expert groups as pipeline stages (--groups 2,1 and 1,2): ids equal.
 #   5. serve --parallel ep: 4 concurrent completions of 2 prompts (batched
 #      decode of several sequences) equal one machine's texts.
+# Checks 1-3 also run on a synthetic gpt-oss model (MXFP4 experts with
+# biases, attention sinks, sliding-window layers; 8 experts top 2).
 cd "$(dirname "$0")/../.." || exit 1
 . tests/sh/lib/cluster_common.sh
 VOCAB=$SHARED/vocab/ggml-vocab-llama-spm.gguf
@@ -24,6 +26,9 @@ M64=$TMP/moe64.gguf
     --experts-used 2 --type q8_0 --seed 21 --vocab "$VOCAB" -o "$M8" 2>/dev/null && ok || bad "synth 8x2 failed"
 "$BIN" synth --arch qwen3moe --dim 256 --layers 2 --heads 4 --kv-heads 2 --ffn 768 --expert-ffn 256 --experts 64 \
     --experts-used 8 --type q8_0 --seed 1074 --vocab "$VOCAB" -o "$M64" 2>/dev/null && ok || bad "synth 64x8 failed"
+MGO=$TMP/gptoss.gguf
+"$BIN" synth --arch gpt-oss --dim 256 --layers 4 --heads 4 --kv-heads 2 --ffn 768 --expert-ffn 256 --experts 8 \
+    --experts-used 2 --swa 4 --type mxfp4 --seed 4003 --vocab "$VOCAB" -o "$MGO" 2>/dev/null && ok || bad "synth gpt-oss failed"
 PROMPT="Once upon a time"
 N=24
 
@@ -99,6 +104,7 @@ eb=$(grep 'weight bytes streamed' "$TMP/w8b.log" | tail -1 | sed -n 's/.*experts
 set -- $ea $eb
 [ $# -eq 4 ] && [ $(($4 - $3)) -gt $(($2 - $1)) ] && ok || bad "--tp-weights 1,1,8: node b holds no more experts than node a ($ea / $eb)"
 case_ep e64 "$M64"
+case_ep go8 "$MGO"
 
 # 4. expert groups as pipeline stages: this machine + a as stage 0's group,
 # b alone (2,1); this machine alone, then a + b as a group (1,2).

@@ -274,11 +274,90 @@ static void test_roles_and_edges(void) {
     cm_buf_release(&b);
 }
 
+/* gpt-oss (harmony): llama.cpp's llm_chat_apply_template writes each role
+ * verbatim between <|start|> and <|message|>, ends a past assistant turn with
+ * <|return|> and every other with <|end|>, and prompts "<|start|>assistant".
+ * The template text is detected by <|start|> + <|channel|> (an excerpt of
+ * the released gpt-oss template, which also holds phi3's <|end|>). */
+static void test_gpt_oss(void) {
+    static const char tmpl[] = "{{- \"<|start|>system<|message|>\" }}{%- if message.role == 'assistant' %}"
+                               "{{- \"<|start|>assistant<|channel|>final<|message|>\" + message.content + \"<|end|>\" }}"
+                               "{{- \"<|start|>user<|message|>\" }}{{ bos_token }}";
+    cm_chat_template t;
+    char err[256] = "";
+    CHECK(cm_chat_template_detect(&t, tmpl, sizeof tmpl - 1, err, sizeof err) == 0 && t.family == CM_CHAT_GPT_OSS);
+    CHECK(!t.lead_bos);
+    CHECK(!strcmp(cm_chat_family_name(t.family), "gpt-oss"));
+    cm_buf b;
+    cm_buf_init(&b);
+    cm_chat_msg m[] = {{"system", "Be brief."}, {"developer", "Answer in French."}, {"user", "Hi"},
+                       {"assistant", "Salut"}, {"user", "Again"}};
+    cm_chat_opts o = {.add_generation_prompt = true, .bos = "<|startoftext|>"};
+    render_to(&t, m, 5, &o, &b);
+    CHECKF(!strcmp(b.data, "<|start|>system<|message|>Be brief.<|end|>"
+                           "<|start|>developer<|message|>Answer in French.<|end|>"
+                           "<|start|>user<|message|>Hi<|end|>"
+                           "<|start|>assistant<|message|>Salut<|return|>"
+                           "<|start|>user<|message|>Again<|end|>"
+                           "<|start|>assistant"), "got %s", b.data);
+    o.add_generation_prompt = false;
+    render_to(&t, m + 2, 1, &o, &b);
+    CHECK(!strcmp(b.data, "<|start|>user<|message|>Hi<|end|>"));
+    /* "developer" is a role of this family only */
+    cm_chat_template c;
+    CHECK(cm_chat_template_by_name(&c, "chatml", NULL, 0) == 0);
+    cm_buf_clear(&b);
+    CHECK(cm_chat_render(&c, m + 1, 1, &o, &b, err, sizeof err) == CM_EINVAL && strstr(err, "developer"));
+    cm_buf_release(&b);
+}
+
+/* The final-channel filter, fed in pieces of every size from 1 byte up. */
+static void harmony_case(const char *reply, const char *want) {
+    const size_t n = strlen(reply);
+    for (size_t step = 1; step <= n; step += step < 8 ? 1 : 7) {
+        cm_harmony h;
+        cm_harmony_init(&h);
+        cm_buf b;
+        cm_buf_init(&b);
+        for (size_t i = 0; i < n; i += step) cm_harmony_feed(&h, reply + i, step < n - i ? step : n - i, &b);
+        cm_harmony_flush(&h, &b);
+        cm_buf_append(&b, "", 1);
+        CHECKF(!strcmp(b.data, want), "reply '%s' in pieces of %zu gave '%s', want '%s'", reply, step, b.data, want);
+        cm_buf_release(&b);
+        if (n == 0) break;
+    }
+}
+
+static void test_harmony_filter(void) {
+    harmony_case("<|channel|>analysis<|message|>User says hi. Reply.<|end|>"
+                 "<|start|>assistant<|channel|>final<|message|>Hello! How can I help?",
+                 "Hello! How can I help?");
+    /* only the final channel, however many come before; marker look-alikes stay */
+    harmony_case("<|channel|>analysis<|message|>a<|end|><|start|>assistant<|channel|>commentary to=fn<|message|>{}<|end|>"
+                 "<|start|>assistant<|channel|>final<|message|>x <|en y <|end z<|end|>",
+                 "x <|en y <|end z");
+    harmony_case("<|channel|>final <|constrain|>json<|message|>{\"a\":1}", "{\"a\":1}");
+    harmony_case("<|channel|>analysis<|message|>thinking, cut off by max_tokens", "");
+    harmony_case("<|channel|>analy", "");
+    /* not a harmony reply (a model that ignores the format): unchanged */
+    harmony_case("Plain text <|end|> and more", "Plain text <|end|> and more");
+    harmony_case("<|chat", "<|chat");
+    harmony_case("", "");
+    /* a header longer than the buffer: passed through whole */
+    char longh[400];
+    memset(longh, 'x', sizeof longh);
+    memcpy(longh, "<|channel|>", 11);
+    longh[sizeof longh - 1] = 0;
+    harmony_case(longh, longh);
+}
+
 int main(void) {
     RUN(test_cases);
     RUN(test_unrecognised);
     RUN(test_detect_bounds);
     RUN(test_bos_contract);
     RUN(test_roles_and_edges);
+    RUN(test_gpt_oss);
+    RUN(test_harmony_filter);
     TEST_END();
 }
