@@ -37,6 +37,10 @@ typedef struct job {
     char id[48];
     long long created;
     int fd;               /* the connection's socket, to notice a hang-up */
+    void *conn;           /* its MHD_Connection, to resume it (server.c) */
+    bool suspended;       /* under mu: the connection waits for this job's progress */
+    bool keepalive_due;   /* under mu: the watchdog asks the stream for a keep-alive comment */
+    double t_suspended;
     double t_queued;
     struct job *next;     /* queue link (scheduler lock) */
     /* progress (under mu) */
@@ -56,7 +60,11 @@ typedef struct job {
 } job;
 
 job *cm_job_new(cm_http_server *srv, bool chat); /* one reference */
+void cm_job_ref(job *j);
 void cm_job_unref(job *j);
+/* The job made progress (tokens, or its end): resume its connection if it
+ * waits. Call without holding j->mu, while holding a reference. */
+void cm_job_wake(job *j);
 
 /* An OpenAI error: {"error":{"message","type","param","code"}} with a status. */
 typedef struct api_error {
