@@ -34,6 +34,12 @@ int cli_sampling_opt(int argc, char **argv, int *i, struct cm_sampler_params *s)
  * 1,2. Parsed like cli_sampling_opt: 1 consumed (and its value), 0 not one
  * of them, -1 bad value (message printed). cli_plan_check: the checks
  * between them, 0 or 1 (message printed). */
+/* The chat template family to render with: tmpl when given; else NULL (the
+ * model's own) when the model's template renders, else "chatml" with a
+ * one-line warning, the same fallback `serve` makes (and llama.cpp). */
+struct cm_engine;
+const char *cli_chat_template(struct cm_engine *e, const char *tmpl, const char *model);
+
 struct cm_plan_request;
 int cli_plan_opt(int argc, char **argv, int *i, struct cm_plan_request *q);
 int cli_plan_check(const struct cm_plan_request *q);

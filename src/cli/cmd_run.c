@@ -326,6 +326,7 @@ int cmd_run(int argc, char **argv) {
         size_t nm = 0;
         if (system) msgs[nm++] = (cm_chat_msg){.role = "system", .content = system};
         msgs[nm++] = (cm_chat_msg){.role = "user", .content = prompt};
+        tmpl = cli_chat_template(e, tmpl, model);
         if (cm_engine_chat_render(e, tmpl, msgs, nm, true, &chat_text, err, sizeof err)) { cli_fail("%s", err); goto done; }
         if (chat_text.oom) { cli_fail("out of memory"); goto done; }
         prompt = chat_text.data ? chat_text.data : "";

@@ -6,6 +6,7 @@
 #include "cli.h"
 
 #include "base/base.h"
+#include "engine/engine.h"
 #include "os/os.h"
 #include "sampler/sampler.h"
 #include "sched/plan.h"
@@ -179,4 +180,18 @@ int cmd_version(int argc, char **argv) {
     (void)argc; (void)argv;
     printf("cumulo %s (%s %s)\n", CM_VERSION, cm_os_name(), cm_arch_name());
     return 0;
+}
+
+const char *cli_chat_template(cm_engine *e, const char *tmpl, const char *model) {
+    if (tmpl) return tmpl;
+    cm_buf b;
+    cm_buf_init(&b);
+    cm_chat_msg probe = {.role = "user", .content = "hi"};
+    char msg[512];
+    int rc = cm_engine_chat_render(e, NULL, &probe, 1, true, &b, msg, sizeof msg);
+    cm_buf_release(&b);
+    if (!rc) return NULL;
+    const char *base = strrchr(model, '/');
+    CM_LOGW("'%s': %s; using chatml", base ? base + 1 : model, msg);
+    return "chatml";
 }

@@ -795,7 +795,7 @@ int cm_http_set_engine(cm_http_server *s, cm_engine *e, char *err, size_t errlen
     cm_buf_release(&b);
     if (rc && s->chat_template) return cm_errf(err, errlen, rc, "%s", msg);
     if (rc) {
-        fprintf(stderr, "cumulo: %s; using chatml for /v1/chat/completions\n", msg);
+        CM_LOGW("'%s': %s; using chatml", s->model_id, msg); /* as chat and run --chat say it */
         s->chat_template = cm_strdup("chatml");
     }
     cm_queue *sc = cm_queue_new(s, e, s->o.n_slots, s->o.queue_max, n_ctx, err, errlen);
