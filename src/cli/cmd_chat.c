@@ -192,8 +192,10 @@ static int chat_turn(chat *c, const char *msg, size_t len, const cm_gen_params *
         if (n <= n_ctx - room) break;
         /* Oldest exchange after the fixed messages: user + assistant. */
         if (c->n_msgs - c->n_fixed < 3) {
-            snprintf(err, sizeof err, "this message makes a prompt of %d tokens, more than the context of %d allows "
-                                      "(use --ctx or a shorter message)", n, n_ctx);
+            char adv[160];
+            cli_ctx_advice(c->e, n_ctx, adv, sizeof adv);
+            snprintf(err, sizeof err, "this message makes a prompt of %d tokens, more than the context of %d allows (%s)",
+                     n, n_ctx, adv);
             return turn_fail(c, err);
         }
         chat_drop(c, c->n_fixed, 2);

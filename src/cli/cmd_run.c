@@ -124,6 +124,7 @@ int cli_load_engine_opts(cm_engine **e, const char *path, const cm_engine_opts *
     cli_progress prog;
     cli_progress_start(&prog, "loading", 0);
     cm_engine_opts o = *in;
+    cli_check_threads(&o);
     if (o.nodes && !o.log) o.log = log_line;
     /* Pages load lazily unless there is a bar to show (reading them all costs time). */
     if (prog.on) {
@@ -134,6 +135,7 @@ int cli_load_engine_opts(cm_engine **e, const char *path, const cm_engine_opts *
     int rc = cm_engine_load(e, path, &o, err, sizeof err);
     if (prog.on) cli_progress_end(&prog);
     if (rc) return cli_fail("%s", err);
+    cli_check_ctx(*e, o.n_ctx);
     return 0;
 }
 
@@ -352,7 +354,9 @@ int cmd_run(int argc, char **argv) {
     s = cm_session_new(e, (int)ctx, err, sizeof err);
     if (!s) { cli_fail("%s", err); goto done; }
     if (np > cm_session_n_ctx(s)) {
-        cli_fail("prompt of %d tokens does not fit the context of %d (use --ctx)", np, cm_session_n_ctx(s));
+        char adv[160];
+        cli_ctx_advice(e, cm_session_n_ctx(s), adv, sizeof adv);
+        cli_fail("prompt of %d tokens does not fit the context of %d (%s)", np, cm_session_n_ctx(s), adv);
         goto done;
     }
     out.cap_ids = n_predict > 0 ? (int)n_predict : cm_session_n_ctx(s);

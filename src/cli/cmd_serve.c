@@ -160,10 +160,12 @@ int cmd_serve(int argc, char **argv) {
                          .nodes = nodes, .insecure = insecure, .key_file = key_file, .plan = plan,
                          .tp_compress = tp_compress, .n_seq = o.n_slots > 0 ? o.n_slots : 4, .log = log_line,
                          .mmap = use_mmap};
+    cli_check_threads(&eo);
     if (cm_engine_load(&e, model, &eo, err, sizeof err)) {
         cm_http_stop(srv);
         return cli_fail("%s", err);
     }
+    cli_check_ctx(e, o.n_ctx);
     if (cm_http_set_engine(srv, e, err, sizeof err)) {
         cm_http_stop(srv);
         cm_engine_free(e);
