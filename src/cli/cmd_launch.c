@@ -275,19 +275,25 @@ static int launch_one(const launch_opts *o, const char *target, const char *self
      * exited (port taken, bad key, no memory) shows its log's last line now. */
     snprintf(cmd, sizeof cmd, "cd && if kill -0 $(cat %s/node.pid) 2>/dev/null; then echo alive; else tail -n 20 %s/node.log; fi",
              rd, rd);
-    for (int tries = 0; tries < 150; tries++) {
+    /* The first look after 1 s, before any probe: a probe of a port that
+     * someone else holds can wait for its handshake timeout. */
+    double t_start = cm_now_s(), t_check = t_start - 1.0;
+    info->status = -1;
+    snprintf(info->error, sizeof info->error, "no answer within 30 s");
+    while (cm_now_s() - t_start < 30) {
         cm_sleep_ms(200);
-        if (cm_probe_nodes(addrs, 1, o->insecure, o->key_file, info, err, sizeof err)) return cli_fail("%s", err);
-        if (info->status == 0) break;
-        if (tries % 10 == 4) {
+        if (cm_now_s() - t_check >= 2.0) {
             char log[2048], line[400];
-            if (ssh_cmd(o, dest, port, cmd, NULL, 0, log, sizeof log) == 0 && strncmp(log, "alive", 5) &&
-                cm_probe_nodes(addrs, 1, o->insecure, o->key_file, info, err, sizeof err) == 0 && info->status) {
+            t_check = cm_now_s();
+            if (ssh_cmd(o, dest, port, cmd, NULL, 0, log, sizeof log) == 0 && strncmp(log, "alive", 5)) {
                 last_line(log, line, sizeof line);
                 return cli_fail("%s: the node exited on start: %s (see %s/node.log there)", target,
                                 *line ? line : "no log output", o->remote_dir);
             }
         }
+        if (cm_now_s() - t_start < 1.0) continue;
+        if (cm_probe_nodes(addrs, 1, o->insecure, o->key_file, info, err, sizeof err)) return cli_fail("%s", err);
+        if (info->status == 0) break;
     }
     if (info->status) return cli_fail("%s: the node does not answer at %s: %s", target, addr, info->error);
     printf("%s: node '%s' at %s (%d cores, %s, %.1f GiB free; rtt %.3f ms)\n", target, info->name, addr, info->caps.cores,

@@ -128,10 +128,12 @@ while ! perl -MIO::Socket::INET -e 'exit !IO::Socket::INET->new("127.0.0.1:'$SPO
     i=$((i + 1))
 done
 L2="--identity $TMP/id --ssh-opt UserKnownHostsFile=$TMP/known --ssh-opt StrictHostKeyChecking=accept-new --remote-dir $TMP/remote2"
+t3=$(date +%s.%N)
 # shellcheck disable=SC2086
 if "$BIN" launch "$T" $L2 --port "$NPORT" --no-mdns >"$TMP/l3.out" 2>"$TMP/l3.err"; then
     bad "launch onto a host with a broken libmicrohttpd succeeded"
 else ok; fi
+t3=$(awk "BEGIN { printf \"%.1f\", $(date +%s.%N) - $t3 }")
 grep -q "does not run there.*libmicrohttpd.so.12" "$TMP/l3.err" && ok || bad "no loader error line: $(cat "$TMP/l3.err")"
 grep -q "install the libraries" "$TMP/l3.err" && ok || bad "no advice on the libraries: $(cat "$TMP/l3.err")"
 [ -f "$TMP/remote2/node.pid" ] && bad "a node was started although the binary cannot run" || ok
@@ -141,13 +143,15 @@ printf '%s\n' "$(cat "$TMP/id.pub")" >"$TMP/authorized_keys"
 perl -MIO::Socket::INET -e '$s = IO::Socket::INET->new(LocalAddr => "127.0.0.1:'$NPORT'", Listen => 1, ReuseAddr => 1) or die; sleep 120' &
 HOLD=$!
 sleep 0.3
+t4=$(date +%s.%N)
 # shellcheck disable=SC2086
 if "$BIN" launch "$T" $L2 --port "$NPORT" --no-mdns >"$TMP/l4.out" 2>"$TMP/l4.err"; then
     bad "launch succeeded although the node's port is taken"
 else ok; fi
+t4=$(awk "BEGIN { printf \"%.1f\", $(date +%s.%N) - $t4 }")
 grep -q "the node exited on start: .*$NPORT" "$TMP/l4.err" && ok || bad "no node error line: $(cat "$TMP/l4.err")"
 kill "$HOLD" 2>/dev/null
-[ -n "$CUMULO_SHOW" ] && cat "$TMP/l3.err" "$TMP/l4.err" >&2
+[ -n "$CUMULO_SHOW" ] && cat "$TMP/l3.err" "$TMP/l4.err" >&2 && echo "broken library: ${t3} s; port taken: ${t4} s" >&2
 
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]
