@@ -666,10 +666,20 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
 
 /* ---- lifecycle ---- */
 
-/* libmicrohttpd's own messages, in our log format, at most a few a second
- * (a flood of refused connections must not flood the log). */
+/* libmicrohttpd's own messages, in our log format, at most 5 a second (a
+ * flood of refused connections must not flood the log). */
 static void mhd_log(void *cls, const char *fmt, va_list ap) {
-    (void)cls;
+    char line[512];
+    vsnprintf(line, sizeof line, fmt, ap);
+    /* A client that left (or that the header deadline cut off) is routine:
+     * debug level (CUMULO_LOG=debug), outside the rate limit. */
+    if (strstr(line, "closure") || strstr(line, "no longer available") || strstr(line, "reset by peer") ||
+        strstr(line, "application reported internal error")) {
+        size_t k = strlen(line);
+        while (k && (line[k - 1] == '\n' || line[k - 1] == '.')) line[--k] = 0;
+        CM_LOGD("http: %s", line);
+        return;
+    }
     static atomic_llong sec;
     static atomic_int n_in_sec, n_dropped;
     long long now = (long long)cm_now_s();
@@ -679,11 +689,13 @@ static void mhd_log(void *cls, const char *fmt, va_list ap) {
         if (d) CM_LOGW("http: %d more libmicrohttpd messages suppressed", d);
     }
     if (atomic_fetch_add(&n_in_sec, 1) >= 5) { atomic_fetch_add(&n_dropped, 1); return; }
-    char line[512];
-    vsnprintf(line, sizeof line, fmt, ap);
     size_t n = strlen(line);
     while (n && (line[n - 1] == '\n' || line[n - 1] == ' ' || line[n - 1] == '.')) line[--n] = 0;
     if (n && line[0] >= 'A' && line[0] <= 'Z' && !(line[1] >= 'A' && line[1] <= 'Z')) line[0] = (char)(line[0] - 'A' + 'a');
+    cm_http_server *srv = cls;
+    if (srv && !strncmp(line, "server reached connection limit", 31)) /* MHD says this for both limits */
+        snprintf(line, sizeof line, "a connection refused: %d open in all (--max-conns) or %d from its address (--max-per-ip)",
+                 srv->o.max_conns, srv->o.max_conns_per_ip);
     CM_LOGW("http: %s", line);
 }
 
@@ -761,8 +773,8 @@ int cm_http_start(cm_http_server **out, const cm_http_opts *o, char *err, size_t
     unsigned n_threads = o->n_threads > 0 ? (unsigned)o->n_threads : (unsigned)CM_MAX(2, CM_MIN(4, ncpu));
     s->o.max_conns = fit_fd_limit(CM_MAX(o->max_conns, 4));
     unsigned per_ip = o->max_conns_per_ip > 0 ? (unsigned)o->max_conns_per_ip : 0; /* 0: no limit */
-    s->d = MHD_start_daemon(flags, (uint16_t)o->port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR, ai->ai_addr,
-                            MHD_OPTION_THREAD_POOL_SIZE, n_threads, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
+    s->d = MHD_start_daemon(flags, (uint16_t)o->port, NULL, NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
+                            MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_THREAD_POOL_SIZE, n_threads,
                             MHD_OPTION_PER_IP_CONNECTION_LIMIT, per_ip,
                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->o.max_conns, MHD_OPTION_CONNECTION_TIMEOUT,
                             (unsigned)CM_MAX(o->timeout_s, 1), MHD_OPTION_CONNECTION_MEMORY_LIMIT,

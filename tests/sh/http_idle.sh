@@ -58,4 +58,5 @@ cat "$TMP/perip" >&2
 check "connections past 256 from one address refused ($closed of 300)" [ "$closed" = 44 ]
 check "another address served meanwhile" [ "$served" = True ]
 check "libmicrohttpd's lines in our log format" sh -c "! grep -v '^cumulo' '$TMP/idle.log' | grep -q ."
+check "the refused connections are logged, in our words" grep -q "^cumulo: warning: http: a connection refused: .* (--max-per-ip)" "$TMP/idle.log"
 finish
