@@ -128,6 +128,16 @@ int cm_http_n_ctx(const cm_http_server *s);
 /* The chat template family to use: NULL = the model's own. */
 const char *cm_http_chat_template(const cm_http_server *s);
 
+/* The limits in force (after cm_http_fit_fd_limit): all connections, per address (0: none). */
+void cm_http_conn_limits(const cm_http_server *s, int *all, int *per_ip);
+
+/* ---- process limits and libmicrohttpd's log (server_limits.c) ---- */
+#include <stdarg.h>
+/* MHD_OPTION_EXTERNAL_LOGGER: cls is the server (or NULL). */
+void cm_http_mhd_log(void *cls, const char *fmt, va_list ap);
+/* Raise RLIMIT_NOFILE toward want_conns + 256; the connections that fit. */
+int cm_http_fit_fd_limit(int want_conns);
+
 /* ---- JSON text (api.c) ---- */
 /* Append n bytes as a JSON string (with quotes); invalid UTF-8 becomes U+FFFD. */
 void cm_json_str(cm_buf *b, const char *s, size_t n);

@@ -28,7 +28,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -75,6 +74,10 @@ const char *cm_http_model_id(const cm_http_server *s) { return s->model_id; }
 cm_engine *cm_http_engine(const cm_http_server *s) { return s->e; }
 metrics *cm_http_metrics(const cm_http_server *s) { return s->m; }
 int cm_http_n_ctx(const cm_http_server *s) { return s->n_ctx; }
+void cm_http_conn_limits(const cm_http_server *s, int *all, int *per_ip) {
+    *all = s->o.max_conns;
+    *per_ip = s->o.max_conns_per_ip;
+}
 const char *cm_http_chat_template(const cm_http_server *s) { return s->chat_template; }
 
 void cm_http_queue_stats(cm_http_server *s, int *queued, int *active, int *slots) {
@@ -666,59 +669,6 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
 
 /* ---- lifecycle ---- */
 
-/* libmicrohttpd's own messages, in our log format, at most 5 a second (a
- * flood of refused connections must not flood the log). */
-static void mhd_log(void *cls, const char *fmt, va_list ap) {
-    char line[512];
-    vsnprintf(line, sizeof line, fmt, ap);
-    /* A client that left (or that the header deadline cut off) is routine:
-     * debug level (CUMULO_LOG=debug), outside the rate limit. */
-    if (strstr(line, "closure") || strstr(line, "no longer available") || strstr(line, "reset by peer") ||
-        strstr(line, "application reported internal error")) {
-        size_t k = strlen(line);
-        while (k && (line[k - 1] == '\n' || line[k - 1] == '.')) line[--k] = 0;
-        CM_LOGD("http: %s", line);
-        return;
-    }
-    static atomic_llong sec;
-    static atomic_int n_in_sec, n_dropped;
-    long long now = (long long)cm_now_s();
-    if (atomic_exchange(&sec, now) != now) {
-        int d = atomic_exchange(&n_dropped, 0);
-        atomic_store(&n_in_sec, 0);
-        if (d) CM_LOGW("http: %d more libmicrohttpd messages suppressed", d);
-    }
-    if (atomic_fetch_add(&n_in_sec, 1) >= 5) { atomic_fetch_add(&n_dropped, 1); return; }
-    size_t n = strlen(line);
-    while (n && (line[n - 1] == '\n' || line[n - 1] == ' ' || line[n - 1] == '.')) line[--n] = 0;
-    if (n && line[0] >= 'A' && line[0] <= 'Z' && !(line[1] >= 'A' && line[1] <= 'Z')) line[0] = (char)(line[0] - 'A' + 'a');
-    cm_http_server *srv = cls;
-    if (srv && !strncmp(line, "server reached connection limit", 31)) /* MHD says this for both limits */
-        snprintf(line, sizeof line, "a connection refused: %d open in all (--max-conns) or %d from its address (--max-per-ip)",
-                 srv->o.max_conns, srv->o.max_conns_per_ip);
-    CM_LOGW("http: %s", line);
-}
-
-/* Every connection is a descriptor: raise the soft limit toward the hard
- * one, and fit max_conns to what we got. */
-static int fit_fd_limit(int want_conns) {
-    struct rlimit rl;
-    if (getrlimit(RLIMIT_NOFILE, &rl)) return want_conns;
-    rlim_t want = (rlim_t)want_conns + 256; /* model files, nodes, logs */
-    if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < want) {
-        rlim_t old = rl.rlim_cur;
-        rl.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max > want ? want : rl.rlim_max;
-        if (setrlimit(RLIMIT_NOFILE, &rl)) rl.rlim_cur = old;
-    }
-    if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < want) {
-        int fit = rl.rlim_cur > 320 ? (int)(rl.rlim_cur - 256) : 64;
-        CM_LOGW("http: %d connections need %llu file descriptors, the limit is %llu (ulimit -n); serving %d", want_conns,
-                (unsigned long long)want, (unsigned long long)rl.rlim_cur, fit);
-        return fit;
-    }
-    return want_conns;
-}
-
 static char *dup_or_null(const char *s) { return s && *s ? cm_strdup(s) : NULL; }
 
 static void srv_free(cm_http_server *s) {
@@ -771,9 +721,9 @@ int cm_http_start(cm_http_server **out, const cm_http_opts *o, char *err, size_t
     if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     unsigned n_threads = o->n_threads > 0 ? (unsigned)o->n_threads : (unsigned)CM_MAX(2, CM_MIN(4, ncpu));
-    s->o.max_conns = fit_fd_limit(CM_MAX(o->max_conns, 4));
+    s->o.max_conns = cm_http_fit_fd_limit(CM_MAX(o->max_conns, 4));
     unsigned per_ip = o->max_conns_per_ip > 0 ? (unsigned)o->max_conns_per_ip : 0; /* 0: no limit */
-    s->d = MHD_start_daemon(flags, (uint16_t)o->port, NULL, NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
+    s->d = MHD_start_daemon(flags, (uint16_t)o->port, NULL, NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, cm_http_mhd_log, s,
                             MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_THREAD_POOL_SIZE, n_threads,
                             MHD_OPTION_PER_IP_CONNECTION_LIMIT, per_ip,
                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->o.max_conns, MHD_OPTION_CONNECTION_TIMEOUT,
