@@ -34,6 +34,22 @@ int cli_sampling_opt(int argc, char **argv, int *i, struct cm_sampler_params *s)
  * 1,2. Parsed like cli_sampling_opt: 1 consumed (and its value), 0 not one
  * of them, -1 bad value (message printed). cli_plan_check: the checks
  * between them, 0 or 1 (message printed). */
+/* The chat template family to render with: tmpl when given; else NULL (the
+ * model's own) when the model's template renders, else "chatml" with a
+ * one-line warning, the same fallback `serve` makes (and llama.cpp). */
+struct cm_engine;
+struct cm_engine_opts;
+/* Before a load: --threads above this machine's cores becomes the core count,
+ * with a warning (more threads than cores only wait on each other). */
+void cli_check_threads(struct cm_engine_opts *o);
+/* After a load: a warning when n_ctx (0: the default) is past the context
+ * the model was trained for. */
+void cli_check_ctx(struct cm_engine *e, int n_ctx);
+/* What to tell a user whose prompt does not fit n_ctx: "--ctx up to N" only
+ * while N (the trained context) is larger, else to shorten the prompt. */
+void cli_ctx_advice(struct cm_engine *e, int n_ctx, char *out, size_t cap);
+const char *cli_chat_template(struct cm_engine *e, const char *tmpl, const char *model);
+
 struct cm_plan_request;
 int cli_plan_opt(int argc, char **argv, int *i, struct cm_plan_request *q);
 int cli_plan_check(const struct cm_plan_request *q);

@@ -11,8 +11,9 @@
  * Ctrl-C stops the current reply (the SIGINT handler only calls
  * cm_session_cancel, which is async-signal-safe, and sets a flag); at the
  * prompt it discards the line. Ctrl-D (EOF) quits with status 0.
- * Talks to the inference side only through engine.h. It must never fall back
- * silently to some template when the model's is missing or unrecognised.
+ * Talks to the inference side only through engine.h. When the model's
+ * template is missing or unrecognised it renders ChatML, as `serve` does, and
+ * says so on stderr: never silently.
  *
  * NEEDSWORK: a reply ends at an end-of-generation token of the vocabulary;
  * a forced template whose end marker is not one (chatml on a Llama 2 model)
@@ -205,8 +206,10 @@ static int chat_turn(chat *c, const char *msg, size_t len, const cm_gen_params *
         if (n <= n_ctx - room) break;
         /* Oldest exchange after the fixed messages: user + assistant. */
         if (c->n_msgs - c->n_fixed < 3) {
-            snprintf(err, sizeof err, "this message makes a prompt of %d tokens, more than the context of %d allows "
-                                      "(use --ctx or a shorter message)", n, n_ctx);
+            char adv[160];
+            cli_ctx_advice(c->e, n_ctx, adv, sizeof adv);
+            snprintf(err, sizeof err, "this message makes a prompt of %d tokens, more than the context of %d allows (%s)",
+                     n, n_ctx, adv);
             return turn_fail(c, err);
         }
         chat_drop(c, c->n_fixed, 2);
@@ -366,6 +369,7 @@ int cmd_chat(int argc, char **argv) {
     if (cli_load_engine_opts(&c.e, model, &eo)) goto done;
     if (system && chat_push(&c, "system", system, strlen(system))) { cli_fail("out of memory"); goto done; }
     c.n_fixed = c.n_msgs;
+    c.template_name = cli_chat_template(c.e, tmpl, model);
     /* Render the empty conversation once: a model without a usable template
      * fails here, with the names --chat-template takes, before any prompt. */
     if (chat_tokens(&c, err, sizeof err) < 0) {
@@ -379,7 +383,7 @@ int cmd_chat(int argc, char **argv) {
         cm_engine_info info;
         cm_engine_get_info(c.e, &info);
         fprintf(stderr, "chatting with %s (context %d, template %s); /help for commands, Ctrl-D to quit\n",
-                info.name, cm_session_n_ctx(c.s), tmpl ? tmpl : "from the model");
+                info.name, cm_session_n_ctx(c.s), c.template_name ? c.template_name : "from the model");
     }
     set_sigint(on_sigint);
     int turn = 0;

@@ -52,14 +52,16 @@ typedef struct launch_opts {
     bool insecure, stop, no_mdns;
 } launch_opts;
 
-/* Run argv; stdin from in (n bytes; NULL: /dev/null); stdout into out (cap). */
-static int run(char *const argv[], const char *in, size_t n, char *out, size_t cap) {
+/* Run argv; stdin from in (n bytes; NULL: /dev/null); stdout (and stderr
+ * too when merge_err) into out (cap). */
+static int run2(char *const argv[], const char *in, size_t n, char *out, size_t cap, bool merge_err) {
     int pin[2] = {-1, -1}, pout[2] = {-1, -1};
     if (pipe(pin) || pipe(pout)) return -1;
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_adddup2(&fa, pin[0], 0);
     posix_spawn_file_actions_adddup2(&fa, pout[1], 1);
+    if (merge_err) posix_spawn_file_actions_adddup2(&fa, pout[1], 2);
     posix_spawn_file_actions_addclose(&fa, pin[1]);
     posix_spawn_file_actions_addclose(&fa, pout[0]);
     pid_t pid;
@@ -97,6 +99,10 @@ static int run(char *const argv[], const char *in, size_t n, char *out, size_t c
     int st;
     while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+static int run(char *const argv[], const char *in, size_t n, char *out, size_t cap) {
+    return run2(argv, in, n, out, cap, false);
 }
 
 /* Split "user@host:port" into the ssh destination and port. */
@@ -146,14 +152,34 @@ static void shq(char *out, size_t cap, const char *s) {
     out[k] = 0;
 }
 
-static int ssh_cmd(const launch_opts *o, const char *dest, const char *port, const char *cmd, const char *in,
-                   size_t n, char *out, size_t cap) {
+static int ssh_cmd2(const launch_opts *o, const char *dest, const char *port, const char *cmd, const char *in,
+                    size_t n, char *out, size_t cap, bool merge_err) {
     const char *av[48];
     int k = base_args(av, false, o, port);
     av[k++] = dest;
     av[k++] = cmd;
     av[k] = NULL;
-    return run((char *const *)av, in, n, out, cap);
+    return run2((char *const *)av, in, n, out, cap, merge_err);
+}
+
+static int ssh_cmd(const launch_opts *o, const char *dest, const char *port, const char *cmd, const char *in,
+                   size_t n, char *out, size_t cap) {
+    return ssh_cmd2(o, dest, port, cmd, in, n, out, cap, false);
+}
+
+/* The last non-empty line of s, trimmed, into out: the remote's error line. */
+static void last_line(const char *s, char *out, size_t cap) {
+    const char *best = NULL;
+    size_t bl = 0;
+    for (const char *p = s; *p;) {
+        const char *e = strchr(p, '\n');
+        size_t l = e ? (size_t)(e - p) : strlen(p);
+        while (l && (p[l - 1] == '\r' || p[l - 1] == ' ')) l--;
+        if (l) { best = p; bl = l; }
+        if (!e) break;
+        p = e + 1;
+    }
+    snprintf(out, cap, "%.*s", best ? (int)CM_MIN(bl, cap - 1) : 0, best ? best : "");
 }
 
 static int self_path(char *out, size_t cap, const char *argv0) {
@@ -202,6 +228,21 @@ static int launch_one(const launch_opts *o, const char *target, const char *self
     } else {
         fprintf(stderr, "%s: %s already there\n", target, ver);
     }
+    /* Pre-flight: does the binary run there at all (shared libraries, CPU,
+     * loader)? Its own stderr says why not, in a second rather than after
+     * the 30 s wait for a node that never started. */
+    char pre[1024], line[400];
+    snprintf(cmd, sizeof cmd, "cd && %s/cumulo --version", rd);
+    rc = ssh_cmd2(o, dest, port, cmd, NULL, 0, pre, sizeof pre, true);
+    if (rc || !strstr(pre, ver)) {
+        last_line(pre, line, sizeof line);
+        return cli_fail("%s: the copied binary does not run there (exit %d): %s%s", target, rc,
+                        *line ? line : "no output",
+                        strstr(pre, "shared librar") ? "\n  install the libraries it names there (Debian: libmicrohttpd12 "
+                                                        "libcjson1 libsodium23 libpcre2-8-0), or copy a build made on a "
+                                                        "machine like it"
+                                                      : "");
+    }
     /* 2. The key, through stdin into a 0600 file. */
     if (!o->insecure) {
         snprintf(cmd, sizeof cmd, "cd && umask 077 && cat > %s/cluster.key.tmp && mv %s/cluster.key.tmp %s/cluster.key", rd,
@@ -230,8 +271,27 @@ static int launch_one(const launch_opts *o, const char *target, const char *self
     const char *addrs[1] = {addr};
     char err[300];
     /* a node measures its speed before it listens; give a loaded machine 30 s */
-    for (int tries = 0; tries < 150; tries++) {
+    /* Every 2 s, also ask whether the process still lives: a node that
+     * exited (port taken, bad key, no memory) shows its log's last line now. */
+    snprintf(cmd, sizeof cmd, "cd && if kill -0 $(cat %s/node.pid) 2>/dev/null; then echo alive; else tail -n 20 %s/node.log; fi",
+             rd, rd);
+    /* The first look after 1 s, before any probe: a probe of a port that
+     * someone else holds can wait for its handshake timeout. */
+    double t_start = cm_now_s(), t_check = t_start - 1.0;
+    info->status = -1;
+    snprintf(info->error, sizeof info->error, "no answer within 30 s");
+    while (cm_now_s() - t_start < 30) {
         cm_sleep_ms(200);
+        if (cm_now_s() - t_check >= 2.0) {
+            char log[2048], line[400];
+            t_check = cm_now_s();
+            if (ssh_cmd(o, dest, port, cmd, NULL, 0, log, sizeof log) == 0 && strncmp(log, "alive", 5)) {
+                last_line(log, line, sizeof line);
+                return cli_fail("%s: the node exited on start: %s (see %s/node.log there)", target,
+                                *line ? line : "no log output", o->remote_dir);
+            }
+        }
+        if (cm_now_s() - t_start < 1.0) continue;
         if (cm_probe_nodes(addrs, 1, o->insecure, o->key_file, info, err, sizeof err)) return cli_fail("%s", err);
         if (info->status == 0) break;
     }

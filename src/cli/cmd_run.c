@@ -47,6 +47,8 @@ static const char k_run_usage[] =
     "  --system TEXT          with --chat: a system message before the prompt\n"
 
     "  --json                 print one JSON object: prompt_tokens, tokens, text, timings\n"
+    "  -q, --quiet            only the text on stdout: no cluster tables, no timing line (warnings\n"
+    "                         and errors still go to stderr)\n"
     "  --logprobs N           with --json: each generated token's logprob and the N most likely\n"
     "                         tokens' (natural log of the model's softmax; N <= 20)\n"
     "\n"
@@ -119,11 +121,14 @@ static void log_line(void *ctx, const char *line) {
     fprintf(stderr, "%s\n", line);
 }
 
+static void log_none(void *ctx, const char *line) { (void)ctx, (void)line; }
+
 /* Shared by run and info: map + load with a progress bar for large files. */
 int cli_load_engine_opts(cm_engine **e, const char *path, const cm_engine_opts *in) {
     cli_progress prog;
     cli_progress_start(&prog, "loading", 0);
     cm_engine_opts o = *in;
+    cli_check_threads(&o);
     if (o.nodes && !o.log) o.log = log_line;
     /* Pages load lazily unless there is a bar to show (reading them all costs time). */
     if (prog.on) {
@@ -132,9 +137,18 @@ int cli_load_engine_opts(cm_engine **e, const char *path, const cm_engine_opts *
     }
     char err[512];
     if (!(path = cli_model_path(path))) return 1;
+    double t0 = cm_now_s();
     int rc = cm_engine_load(e, path, &o, err, sizeof err);
     if (prog.on) cli_progress_end(&prog);
     if (rc) return cli_fail("%s", err);
+    if (o.nodes) { /* where a cluster's start-up time goes */
+        char line[256];
+        bool mdns = !strcmp(o.nodes, "auto");
+        snprintf(line, sizeof line, "cluster ready in %.1f s%s", cm_now_s() - t0,
+                 mdns ? " (3 s of it finding nodes over mDNS: --nodes HOST:PORT,... skips that)" : "");
+        o.log(o.log_ctx, line);
+    }
+    cli_check_ctx(*e, o.n_ctx);
     return 0;
 }
 
@@ -210,6 +224,7 @@ int cmd_run(int argc, char **argv) {
     const char *stops[16];
     int n_stops = 0;
     long n_predict = 128, ctx = 0, threads = 0, streams = 0, logprobs = 0;
+    bool quiet = false;
     bool json = false, no_bos = false, kv_f16 = false, use_mmap = false, chat = false, cluster = false, insecure = false;
     bool tp_compress = false;
     const char *nodes = NULL, *key_file = NULL;
@@ -260,6 +275,8 @@ int cmd_run(int argc, char **argv) {
             system = NEXT();
         } else if (!strcmp(a, "--json")) {
             json = true;
+        } else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) {
+            quiet = true;
         } else if (!strcmp(a, "--cluster")) {
             cluster = true;
         } else if (!strcmp(a, "--insecure")) {
@@ -312,7 +329,7 @@ int cmd_run(int argc, char **argv) {
     cm_engine_opts eo = {.n_threads = (int)threads, .n_ctx = (int)ctx, .nodes = cluster ? (nodes ? nodes : "auto") : NULL,
                          .insecure = insecure, .key_file = key_file, .plan = plan,
                          .tp_compress = tp_compress, .n_seq = streams > 8 ? (int)streams : 8, .kv_f16 = kv_f16,
-                         .mmap = use_mmap};
+                         .mmap = use_mmap, .log = quiet ? log_none : NULL};
     /* --streams (even 1) reports aggregate numbers instead of the text. */
     if (cli_load_engine_opts(&e, model, &eo)) { cm_free(file_text); return 1; }
     int status = 1;
@@ -327,6 +344,7 @@ int cmd_run(int argc, char **argv) {
         size_t nm = 0;
         if (system) msgs[nm++] = (cm_chat_msg){.role = "system", .content = system};
         msgs[nm++] = (cm_chat_msg){.role = "user", .content = prompt};
+        tmpl = cli_chat_template(e, tmpl, model);
         if (cm_engine_chat_render(e, tmpl, msgs, nm, true, &chat_text, err, sizeof err)) { cli_fail("%s", err); goto done; }
         if (chat_text.oom) { cli_fail("out of memory"); goto done; }
         prompt = chat_text.data ? chat_text.data : "";
@@ -352,7 +370,9 @@ int cmd_run(int argc, char **argv) {
     s = cm_session_new(e, (int)ctx, err, sizeof err);
     if (!s) { cli_fail("%s", err); goto done; }
     if (np > cm_session_n_ctx(s)) {
-        cli_fail("prompt of %d tokens does not fit the context of %d (use --ctx)", np, cm_session_n_ctx(s));
+        char adv[160];
+        cli_ctx_advice(e, cm_session_n_ctx(s), adv, sizeof adv);
+        cli_fail("prompt of %d tokens does not fit the context of %d (%s)", np, cm_session_n_ctx(s), adv);
         goto done;
     }
     out.cap_ids = n_predict > 0 ? (int)n_predict : cm_session_n_ctx(s);
@@ -417,7 +437,8 @@ int cmd_run(int argc, char **argv) {
     } else {
         fputc('\n', stdout);
         fflush(stdout);
-        fprintf(stderr, "\nprompt: %d tokens in %.3f s (%.1f tok/s); generation: %d tokens in %.3f s (%.1f tok/s)%s\n",
+        if (!quiet)
+            fprintf(stderr, "\nprompt: %d tokens in %.3f s (%.1f tok/s); generation: %d tokens in %.3f s (%.1f tok/s)%s\n",
                 t.n_prompt, t.prompt_s, ptps, t.n_gen, t.gen_s, gtps,
                 res.finish == CM_FINISH_CANCEL ? " (interrupted)" : res.finish == CM_FINISH_CTX ? " (context full)" : "");
     }

@@ -41,7 +41,8 @@ static const char k_serve_usage[] =
     "                     huge-page memory when they fit; with --nodes always mapped; CUMULO_MMAP=1)\n"
     "  --max-body BYTES   largest request body (default 1048576)\n"
     "  --timeout S        idle seconds before a connection is closed (default 10)\n"
-    "  --max-conns N      open connections at most (default 64)\n"
+    "  --max-conns N      open connections at most (default 4096; idle ones cost no thread)\n"
+    "  --max-per-ip N     open connections from one client address at most (default 256; 0: no limit)\n"
     "  --tdp W            watts at full load, for the power estimate without counters (default 65)\n"
     "  --alias NAME       model id in the API (default: the file name without .gguf)\n"
     "  --chat-template F  chat template family (chatml, llama3, ...; default: the model's own,\n"
@@ -111,6 +112,7 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--max-body")) { if (!cli_int(a, NEXT(), 1024, 1L << 30, &l)) return 1; o.max_body = (size_t)l; }
         else if (!strcmp(a, "--timeout")) { if (!cli_int(a, NEXT(), 1, 3600, &l)) return 1; o.timeout_s = (int)l; }
         else if (!strcmp(a, "--max-conns")) { if (!cli_int(a, NEXT(), 4, 100000, &l)) return 1; o.max_conns = (int)l; }
+        else if (!strcmp(a, "--max-per-ip")) { if (!cli_int(a, NEXT(), 0, 100000, &l)) return 1; o.max_conns_per_ip = (int)l; }
         else if (!strcmp(a, "--tdp")) { if (!cli_float(a, NEXT(), 1, 100000, &d)) return 1; o.tdp_w = d; }
         else if (!strcmp(a, "--alias")) { NEED(); alias = NEXT(); }
         else if (!strcmp(a, "--chat-template")) { NEED(); o.chat_template = NEXT(); }
@@ -159,10 +161,12 @@ int cmd_serve(int argc, char **argv) {
                          .nodes = nodes, .insecure = insecure, .key_file = key_file, .plan = plan,
                          .tp_compress = tp_compress, .n_seq = o.n_slots > 0 ? o.n_slots : 4, .log = log_line,
                          .mmap = use_mmap};
+    cli_check_threads(&eo);
     if (cm_engine_load(&e, model, &eo, err, sizeof err)) {
         cm_http_stop(srv);
         return cli_fail("%s", err);
     }
+    cli_check_ctx(e, o.n_ctx);
     if (cm_http_set_engine(srv, e, err, sizeof err)) {
         cm_http_stop(srv);
         cm_engine_free(e);

@@ -6,6 +6,7 @@
 #include "cli.h"
 
 #include "base/base.h"
+#include "engine/engine.h"
 #include "os/os.h"
 #include "sampler/sampler.h"
 #include "sched/plan.h"
@@ -194,4 +195,43 @@ int cmd_version(int argc, char **argv) {
     (void)argc; (void)argv;
     printf("cumulo %s (%s %s)\n", CM_VERSION, cm_os_name(), cm_arch_name());
     return 0;
+}
+
+const char *cli_chat_template(cm_engine *e, const char *tmpl, const char *model) {
+    if (tmpl) return tmpl;
+    cm_buf b;
+    cm_buf_init(&b);
+    cm_chat_msg probe = {.role = "user", .content = "hi"};
+    char msg[512];
+    int rc = cm_engine_chat_render(e, NULL, &probe, 1, true, &b, msg, sizeof msg);
+    cm_buf_release(&b);
+    if (!rc) return NULL;
+    const char *base = strrchr(model, '/');
+    CM_LOGW("'%s': %s; using chatml", base ? base + 1 : model, msg);
+    return "chatml";
+}
+
+void cli_check_threads(cm_engine_opts *o) {
+    int cores = cm_cpu_count();
+    if (cores > 0 && o->n_threads > cores) {
+        CM_LOGW("--threads %d is more than the %d cores of this machine; using %d", o->n_threads, cores, cores);
+        o->n_threads = cores;
+    }
+}
+
+void cli_check_ctx(cm_engine *e, int n_ctx) {
+    cm_engine_info in;
+    cm_engine_get_info(e, &in);
+    if (n_ctx > 0 && in.n_ctx_train > 0 && n_ctx > in.n_ctx_train)
+        CM_LOGW("--ctx %d is past the %d tokens '%s' was trained for; positions beyond %d give degraded output", n_ctx,
+                in.n_ctx_train, in.name, in.n_ctx_train);
+}
+
+void cli_ctx_advice(cm_engine *e, int n_ctx, char *out, size_t cap) {
+    cm_engine_info in;
+    cm_engine_get_info(e, &in);
+    if (in.n_ctx_train > n_ctx)
+        snprintf(out, cap, "use --ctx up to %d, the model's trained context, or a shorter prompt", in.n_ctx_train);
+    else
+        snprintf(out, cap, "the model was trained for %d tokens: shorten the prompt", in.n_ctx_train);
 }

@@ -36,7 +36,9 @@ typedef struct cm_http_opts {
     int n_ctx;               /* context of each slot; 0: the engine's */
     size_t max_body;         /* bytes; larger bodies get 413; default 1 MiB */
     size_t max_header;       /* bytes for the request line + headers; default 16 KiB */
-    int max_conns;           /* open connections; default 64 */
+    int max_conns;           /* open connections; default 4096 (an idle one costs a socket, no thread) */
+    int max_conns_per_ip;    /* open connections from one client address; default 256 */
+    int n_threads;           /* event-loop threads; 0: 2..4 by the core count */
     int timeout_s;           /* idle seconds before a connection is closed; default 10 */
     double tdp_w;            /* for the power estimate; default 65 */
     const char *model_id;    /* id in /v1/models and responses; default "model" */

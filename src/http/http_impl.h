@@ -38,6 +38,10 @@ typedef struct job {
     char id[48];
     long long created;
     int fd;               /* the connection's socket, to notice a hang-up */
+    void *conn;           /* its MHD_Connection, to resume it (server.c) */
+    bool suspended;       /* under mu: the connection waits for this job's progress */
+    bool keepalive_due;   /* under mu: the watchdog asks the stream for a keep-alive comment */
+    double t_suspended;
     double t_queued;
     struct job *next;     /* queue link (scheduler lock) */
     /* progress (under mu) */
@@ -62,7 +66,11 @@ typedef struct job {
 } job;
 
 job *cm_job_new(cm_http_server *srv, bool chat); /* one reference */
+void cm_job_ref(job *j);
 void cm_job_unref(job *j);
+/* The job made progress (tokens, or its end): resume its connection if it
+ * waits. Call without holding j->mu, while holding a reference. */
+void cm_job_wake(job *j);
 
 /* An OpenAI error: {"error":{"message","type","param","code"}} with a status. */
 typedef struct api_error {
@@ -125,6 +133,16 @@ bool cm_http_ready(cm_http_server *s);
 int cm_http_n_ctx(const cm_http_server *s);
 /* The chat template family to use: NULL = the model's own. */
 const char *cm_http_chat_template(const cm_http_server *s);
+
+/* The limits in force (after cm_http_fit_fd_limit): all connections, per address (0: none). */
+void cm_http_conn_limits(const cm_http_server *s, int *all, int *per_ip);
+
+/* ---- process limits and libmicrohttpd's log (server_limits.c) ---- */
+#include <stdarg.h>
+/* MHD_OPTION_EXTERNAL_LOGGER: cls is the server (or NULL). */
+void cm_http_mhd_log(void *cls, const char *fmt, va_list ap);
+/* Raise RLIMIT_NOFILE toward want_conns + 256; the connections that fit. */
+int cm_http_fit_fd_limit(int want_conns);
 
 /* ---- JSON text (api.c) ---- */
 /* Append n bytes as a JSON string (with quotes); invalid UTF-8 becomes U+FFFD. */

@@ -9,7 +9,8 @@
  * cache; the engine evaluates only the new tail).
  *
  * Never blocks on a client: jobs are written into under their own lock and
- * the connection threads drain them. A canceled job (client gone) is dropped
+ * their connections (suspended in the server's event loop) are woken to
+ * drain them. A canceled job (client gone) is dropped
  * from the queue or stopped at the next step, freeing its slot.
  */
 #include "http_impl.h"
@@ -77,6 +78,7 @@ static int on_token(void *user, const cm_token_event *ev) {
     }
     pthread_cond_broadcast(&j->cv);
     pthread_mutex_unlock(&j->mu);
+    cm_job_wake(j);
     if (id >= 0) cm_metrics_gen_tokens(cm_http_metrics(j->srv), 1);
     return 0;
 }
@@ -100,6 +102,7 @@ static void job_end(job *j, enum cm_finish fin, int status, const char *msg) {
     j->state = JOB_DONE;
     pthread_cond_broadcast(&j->cv);
     pthread_mutex_unlock(&j->mu);
+    cm_job_wake(j);
     if (!status && !atomic_load(&j->cancel)) cm_metrics_tokens(cm_http_metrics(j->srv), j->n_ids, j->n_cached);
     cm_job_unref(j);
 }

@@ -1,9 +1,13 @@
 /*
- * server.c: libmicrohttpd glue. One thread per connection (so a slow or
- * stalled client only ever holds its own thread, and a streaming response
- * can wait for tokens), a bounded number of connections, an idle timeout,
- * a deadline for request headers (slowloris), a header-size cap, a
- * body-size cap checked before reading the body. Every
+ * server.c: libmicrohttpd glue. An event loop (epoll where there is one, a
+ * small pool of threads), so an idle or slow connection costs a socket and a
+ * few hundred bytes, never a thread: thousands of them cannot lock out
+ * /health or a completion. A connection waiting for tokens is suspended (out
+ * of the event loop) and resumed by the scheduler when its job makes
+ * progress; no callback ever blocks. Limits: connections in all and per
+ * client address, an idle timeout, a deadline for request headers
+ * (slowloris), a header-size cap, a body-size cap checked before reading
+ * the body. Every
  * request passes, in order: Host allow-list (DNS rebinding), route and method,
  * API key, body size; then the route runs. Generation requests become jobs for
  * the scheduler; the connection thread streams the job's SSE bytes or waits
@@ -19,11 +23,13 @@
 #include <microhttpd.h>
 #include <netdb.h>
 #include <poll.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 struct cm_http_server {
     struct MHD_Daemon *d;
@@ -46,11 +52,13 @@ struct cm_http_server {
     bool wd_started, wd_stop;
 };
 
-/* One open connection, for the header deadline (see watchdog). */
+/* One open connection, for the header deadline and for noticing that the
+ * client of a suspended request left (see watchdog). */
 typedef struct conn {
     int fd;
     double t0;       /* when the connection opened or its last request ended */
     bool in_request; /* headers complete: the request is the handler's now */
+    job *j;          /* a generation job it waits for (a reference), or NULL */
     struct conn *prev, *next;
 } conn;
 
@@ -59,12 +67,17 @@ typedef struct req {
     cm_buf body;
     bool too_big, responded;
     double t0;
+    job *j; /* non-streaming: the job it waits for (a reference) */
 } req;
 
 const char *cm_http_model_id(const cm_http_server *s) { return s->model_id; }
 cm_engine *cm_http_engine(const cm_http_server *s) { return s->e; }
 metrics *cm_http_metrics(const cm_http_server *s) { return s->m; }
 int cm_http_n_ctx(const cm_http_server *s) { return s->n_ctx; }
+void cm_http_conn_limits(const cm_http_server *s, int *all, int *per_ip) {
+    *all = s->o.max_conns;
+    *per_ip = s->o.max_conns_per_ip;
+}
 const char *cm_http_chat_template(const cm_http_server *s) { return s->chat_template; }
 
 void cm_http_queue_stats(cm_http_server *s, int *queued, int *active, int *slots) {
@@ -90,7 +103,8 @@ void cm_http_opts_default(cm_http_opts *o) {
     o->queue_max = 16;
     o->max_body = 1 << 20;
     o->max_header = 16 << 10;
-    o->max_conns = 64;
+    o->max_conns = 4096;
+    o->max_conns_per_ip = 256;
     o->timeout_s = 10;
     o->tdp_w = 65;
     o->model_id = "model";
@@ -116,6 +130,29 @@ job *cm_job_new(cm_http_server *srv, bool chat) {
     snprintf(j->id, sizeof j->id, "%s-%016llx%08llx", chat ? "chatcmpl" : "cmpl", (unsigned long long)cm_rng_next(&r),
              (unsigned long long)(cm_rng_next(&r) & 0xffffffffu));
     return j;
+}
+
+void cm_job_ref(job *j) {
+    pthread_mutex_lock(&j->mu);
+    j->refs++;
+    pthread_mutex_unlock(&j->mu);
+}
+
+void cm_job_wake(job *j) {
+    pthread_mutex_lock(&j->mu);
+    struct MHD_Connection *c = j->suspended ? j->conn : NULL;
+    j->suspended = false;
+    pthread_mutex_unlock(&j->mu);
+    /* Only the thread that cleared `suspended` resumes, and a suspended
+     * connection is never closed, so c is alive here. */
+    if (c) MHD_resume_connection(c);
+}
+
+/* Under j->mu, from an MHD callback: park the connection until cm_job_wake. */
+static void job_suspend(job *j) {
+    j->suspended = true;
+    j->t_suspended = cm_now_s();
+    MHD_suspend_connection(j->conn);
 }
 
 void cm_job_unref(job *j) {
@@ -153,15 +190,6 @@ static bool peer_gone(int fd) {
     char c;
     ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
     return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
-}
-
-static void timed_wait(job *j, int ms) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_nsec += (long)ms * 1000000L;
-    ts.tv_sec += ts.tv_nsec / 1000000000L;
-    ts.tv_nsec %= 1000000000L;
-    pthread_cond_timedwait(&j->cv, &j->mu, &ts);
 }
 
 /* ---- responses ---- */
@@ -272,34 +300,33 @@ static bool key_ok(cm_http_server *srv, struct MHD_Connection *c) {
  * stream that has not produced its first token yet). */
 static const char k_keepalive[] = ": keep-alive\n\n";
 
+/* Never waits: with nothing to send it suspends the connection and returns
+ * 0; the scheduler (new bytes, the end) or the watchdog (a keep-alive is due)
+ * resumes it, and MHD calls again. */
 static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max) {
     (void)pos;
     job *j = cls;
-    double t_enter = cm_now_s();
-    double keepalive_s = CM_MAX(0.5, j->srv->o.timeout_s / 3.0);
     pthread_mutex_lock(&j->mu);
-    for (;;) {
-        if (j->sse_off < j->sse.len) {
-            size_t n = CM_MIN(max, j->sse.len - j->sse_off);
-            memcpy(buf, j->sse.data + j->sse_off, n);
-            j->sse_off += n;
-            if (j->sse_off == j->sse.len) { cm_buf_clear(&j->sse); j->sse_off = 0; }
-            pthread_mutex_unlock(&j->mu);
-            return (ssize_t)n;
-        }
-        if (j->state == JOB_DONE) { pthread_mutex_unlock(&j->mu); return MHD_CONTENT_READER_END_OF_STREAM; }
-        if (cm_now_s() - t_enter > keepalive_s && max >= sizeof k_keepalive - 1) {
-            pthread_mutex_unlock(&j->mu);
-            memcpy(buf, k_keepalive, sizeof k_keepalive - 1);
-            return (ssize_t)(sizeof k_keepalive - 1);
-        }
-        timed_wait(j, 100);
-        if (peer_gone(j->fd)) {
-            pthread_mutex_unlock(&j->mu);
-            job_cancel(j);
-            return MHD_CONTENT_READER_END_WITH_ERROR;
-        }
+    if (j->sse_off < j->sse.len) {
+        size_t n = CM_MIN(max, j->sse.len - j->sse_off);
+        memcpy(buf, j->sse.data + j->sse_off, n);
+        j->sse_off += n;
+        if (j->sse_off == j->sse.len) { cm_buf_clear(&j->sse); j->sse_off = 0; }
+        j->keepalive_due = false;
+        pthread_mutex_unlock(&j->mu);
+        return (ssize_t)n;
     }
+    if (j->state == JOB_DONE) { pthread_mutex_unlock(&j->mu); return MHD_CONTENT_READER_END_OF_STREAM; }
+    if (j->keepalive_due && max >= sizeof k_keepalive - 1) {
+        j->keepalive_due = false;
+        pthread_mutex_unlock(&j->mu);
+        memcpy(buf, k_keepalive, sizeof k_keepalive - 1);
+        return (ssize_t)(sizeof k_keepalive - 1);
+    }
+    if (atomic_load(&j->cancel)) { pthread_mutex_unlock(&j->mu); return MHD_CONTENT_READER_END_WITH_ERROR; }
+    job_suspend(j);
+    pthread_mutex_unlock(&j->mu);
+    return 0;
 }
 
 static void sse_free(void *cls) {
@@ -311,6 +338,9 @@ static void sse_free(void *cls) {
     cm_job_unref(j);
 }
 
+static enum MHD_Result wait_job(cm_http_server *srv, struct MHD_Connection *c, req *q);
+static void conn_attach(cm_http_server *srv, struct MHD_Connection *c, job *j);
+
 static enum MHD_Result generate(cm_http_server *srv, struct MHD_Connection *c, req *q, bool chat) {
     job *j = cm_job_new(srv, chat);
     if (!j) return fail(srv, c, q, 503, "server_error", NULL, "out of memory");
@@ -321,6 +351,7 @@ static enum MHD_Result generate(cm_http_server *srv, struct MHD_Connection *c, r
     }
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     j->fd = ci ? ci->connect_fd : -1;
+    j->conn = c;
     j->t_queued = cm_now_s();
     if (j->stream) cm_api_stream_role(j);
     pthread_rwlock_rdlock(&srv->rw);
@@ -332,6 +363,7 @@ static enum MHD_Result generate(cm_http_server *srv, struct MHD_Connection *c, r
                     rc == CM_EBUSY ? "the server is busy: every slot is generating and the queue is full; retry later"
                                    : "the server is not ready");
     }
+    conn_attach(srv, c, j);
     if (j->stream) {
         struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, sse_reader, j, sse_free);
         if (!r) { job_cancel(j); cm_job_unref(j); return MHD_NO; }
@@ -343,18 +375,32 @@ static enum MHD_Result generate(cm_http_server *srv, struct MHD_Connection *c, r
         cm_metrics_request(srv->m, q->route, 200);
         return ok;
     }
+    q->j = j; /* the request's reference now */
+    return wait_job(srv, c, q);
+}
+
+/* A non-streaming request: suspended until its job is done (the handler
+ * runs again on each resume), then the whole answer. */
+static enum MHD_Result wait_job(cm_http_server *srv, struct MHD_Connection *c, req *q) {
+    job *j = q->j;
     pthread_mutex_lock(&j->mu);
-    while (j->state != JOB_DONE) {
-        timed_wait(j, 100);
-        if (j->state != JOB_DONE && peer_gone(j->fd)) {
+    if (j->state != JOB_DONE) {
+        if (atomic_load(&j->cancel)) { /* the client left (see watchdog) */
             pthread_mutex_unlock(&j->mu);
-            job_cancel(j);
-            cm_job_unref(j);
             cm_metrics_request(srv->m, q->route, 499); /* nginx's "client closed request" */
             return MHD_NO;
         }
+        job_suspend(j);
+        pthread_mutex_unlock(&j->mu);
+        return MHD_YES;
     }
     pthread_mutex_unlock(&j->mu);
+    q->j = NULL;
+    if (atomic_load(&j->cancel)) { /* the client left; nobody reads an answer */
+        cm_job_unref(j);
+        cm_metrics_request(srv->m, q->route, 499);
+        return MHD_NO;
+    }
     enum MHD_Result ok;
     if (j->http_status) {
         ok = fail(srv, c, q, j->http_status, "server_error", NULL, j->errmsg);
@@ -375,7 +421,21 @@ static enum MHD_Result generate(cm_http_server *srv, struct MHD_Connection *c, r
  * within timeout_s of the connection opening (or of its previous request
  * ending, for keep-alive). shutdown(), not close(): MHD still owns the fd,
  * sees EOF and cleans up; entries leave the list (under cmu) when MHD
- * reports the connection closed, before it closes the fd. */
+ * reports the connection closed, before it closes the fd.
+ *
+ * The same watchdog looks after connections suspended on a job: a client
+ * that hung up cancels its job (a suspended socket is out of the event
+ * loop, so MHD would not notice), and a stream quiet for a third of the
+ * idle timeout is resumed to send a keep-alive comment. Lock order: cmu,
+ * then a job's mu; MHD_resume_connection with neither held. */
+
+static void conn_detach(cm_http_server *srv, conn *k) {
+    pthread_mutex_lock(&srv->cmu);
+    job *j = k->j;
+    k->j = NULL;
+    pthread_mutex_unlock(&srv->cmu);
+    cm_job_unref(j);
+}
 
 static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
                           enum MHD_ConnectionNotificationCode code) {
@@ -394,6 +454,7 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
         *socket_context = k;
     } else if (code == MHD_CONNECTION_NOTIFY_CLOSED && *socket_context) {
         conn *k = *socket_context;
+        conn_detach(srv, k);
         pthread_mutex_lock(&srv->cmu);
         if (k->prev) k->prev->next = k->next;
         else srv->conns = k->next;
@@ -409,6 +470,17 @@ static conn *conn_of(struct MHD_Connection *c) {
     return ci ? ci->socket_context : NULL;
 }
 
+static void conn_attach(cm_http_server *srv, struct MHD_Connection *c, job *j) {
+    conn *k = conn_of(c);
+    if (!k) return;
+    cm_job_ref(j);
+    pthread_mutex_lock(&srv->cmu);
+    job *old = k->j;
+    k->j = j;
+    pthread_mutex_unlock(&srv->cmu);
+    cm_job_unref(old);
+}
+
 static void conn_mark(cm_http_server *srv, struct MHD_Connection *c, bool in_request) {
     conn *k = conn_of(c);
     if (!k) return;
@@ -420,6 +492,9 @@ static void conn_mark(cm_http_server *srv, struct MHD_Connection *c, bool in_req
 
 static void *watchdog(void *arg) {
     cm_http_server *srv = arg;
+    double keepalive_s = CM_MAX(0.5, srv->o.timeout_s / 3.0);
+    enum { RESUME_MAX = 256 };
+    job *wake[RESUME_MAX];
     pthread_mutex_lock(&srv->cmu);
     while (!srv->wd_stop) {
         struct timespec ts;
@@ -429,11 +504,32 @@ static void *watchdog(void *arg) {
         ts.tv_nsec %= 1000000000L;
         pthread_cond_timedwait(&srv->ccv, &srv->cmu, &ts);
         double now = cm_now_s();
-        for (conn *k = srv->conns; k; k = k->next)
+        int n_wake = 0;
+        for (conn *k = srv->conns; k; k = k->next) {
             if (!k->in_request && now - k->t0 > srv->o.timeout_s) {
                 shutdown(k->fd, SHUT_RDWR);
                 k->t0 = now + 1e9; /* once */
             }
+            job *j = k->j;
+            if (!j) continue;
+            pthread_mutex_lock(&j->mu);
+            bool waiting = j->suspended && j->state != JOB_DONE;
+            bool gone = waiting && peer_gone(k->fd);
+            bool ka = waiting && !gone && j->stream && now - j->t_suspended > keepalive_s && n_wake < RESUME_MAX;
+            if (ka) j->keepalive_due = true;
+            pthread_mutex_unlock(&j->mu);
+            if (gone) job_cancel(j); /* its end wakes the connection */
+            if (ka) {
+                cm_job_ref(j);
+                wake[n_wake++] = j;
+            }
+        }
+        pthread_mutex_unlock(&srv->cmu);
+        for (int i = 0; i < n_wake; i++) {
+            cm_job_wake(wake[i]);
+            cm_job_unref(wake[i]);
+        }
+        pthread_mutex_lock(&srv->cmu);
     }
     pthread_mutex_unlock(&srv->cmu);
     return NULL;
@@ -513,6 +609,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return MHD_YES;
     }
     if (q->responded) { *upload_size = 0; return MHD_YES; }
+    if (q->j) return wait_job(srv, c, q);
     if (*upload_size) {
         if (!q->too_big) {
             if (q->body.len + *upload_size > srv->o.max_body) {
@@ -562,8 +659,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
     (void)toe;
     conn_mark(cls, c, false); /* the next request's headers start the clock again */
+    conn *k = conn_of(c);
+    if (k) conn_detach(cls, k);
     req *q = *con_cls;
     if (!q) return;
+    if (q->j) { job_cancel(q->j); cm_job_unref(q->j); } /* ended before its answer */
     cm_buf_release(&q->body);
     cm_free(q);
     *con_cls = NULL;
@@ -617,10 +717,18 @@ int cm_http_start(cm_http_server **out, const cm_http_opts *o, char *err, size_t
         srv_free(s);
         return cm_errf(err, errlen, CM_EINVAL, "cannot resolve host '%s': %s", o->host, gai_strerror(gr));
     }
-    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG | MHD_USE_ITC;
+    /* epoll (or poll where there is none) in a few threads; suspend/resume
+     * for connections that wait on a job; ITC so a resume is seen at once. */
+    unsigned flags = MHD_USE_AUTO_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG | MHD_USE_ITC;
     if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
-    s->d = MHD_start_daemon(flags, (uint16_t)o->port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR, ai->ai_addr,
-                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)CM_MAX(o->max_conns, 4), MHD_OPTION_CONNECTION_TIMEOUT,
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    unsigned n_threads = o->n_threads > 0 ? (unsigned)o->n_threads : (unsigned)CM_MAX(2, CM_MIN(4, ncpu));
+    s->o.max_conns = cm_http_fit_fd_limit(CM_MAX(o->max_conns, 4));
+    unsigned per_ip = o->max_conns_per_ip > 0 ? (unsigned)o->max_conns_per_ip : 0; /* 0: no limit */
+    s->d = MHD_start_daemon(flags, (uint16_t)o->port, NULL, NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, cm_http_mhd_log, s,
+                            MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_THREAD_POOL_SIZE, n_threads,
+                            MHD_OPTION_PER_IP_CONNECTION_LIMIT, per_ip,
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->o.max_conns, MHD_OPTION_CONNECTION_TIMEOUT,
                             (unsigned)CM_MAX(o->timeout_s, 1), MHD_OPTION_CONNECTION_MEMORY_LIMIT,
                             (size_t)CM_MAX(o->max_header, (size_t)4096), MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
                             MHD_OPTION_NOTIFY_CONNECTION, on_connection, s, MHD_OPTION_END);
@@ -651,7 +759,7 @@ int cm_http_set_engine(cm_http_server *s, cm_engine *e, char *err, size_t errlen
     cm_buf_release(&b);
     if (rc && s->chat_template) return cm_errf(err, errlen, rc, "%s", msg);
     if (rc) {
-        fprintf(stderr, "cumulo: %s; using chatml for /v1/chat/completions\n", msg);
+        CM_LOGW("'%s': %s; using chatml", s->model_id, msg); /* as chat and run --chat say it */
         s->chat_template = cm_strdup("chatml");
     }
     cm_queue *sc = cm_queue_new(s, e, s->o.n_slots, s->o.queue_max, n_ctx, err, errlen);

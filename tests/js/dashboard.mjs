@@ -38,8 +38,8 @@ try {
   if (apiKey) await page.addInitScript(k => localStorage.setItem("cumulo_key", k), apiKey);
   const resp = await page.goto(url + "/", { waitUntil: "load" });
   check("dashboard 200", resp.status() === 200, resp.status());
-  await page.waitForSelector("g.node", { timeout: 15000 });
-  const nodes = await page.$$eval("g.node", gs => gs.map(g => g.textContent));
+  await page.waitForSelector("div.node", { timeout: 15000 });
+  const nodes = await page.$$eval("div.node", gs => gs.map(g => g.innerText));
   check("nodes shown", nodes.length === Number(nodesWanted), nodes);
   check("node shows role and layers", nodes.every(t => /role: /.test(t) && /layers \d+–\d+/.test(t)), nodes);
   // Remote nodes report no power: they must say "unknown", never a number.
@@ -59,9 +59,12 @@ try {
           { shown, n_layer: c.n_layer });
     check("one coordinator, the rest stages 1..", /role: coordinator/.test(nodes[0]) &&
           nodes.slice(1).every((t, i) => new RegExp("role: stage " + (i + 1) + "(?![0-9])").test(t)), nodes);
-    const ids = await page.$$eval("g.node", gs => gs.map(g => g.dataset.node));
+    const ids = await page.$$eval("div.node", gs => gs.map(g => g.dataset.node));
     check("node ids are /api/cluster's", JSON.stringify(ids) === JSON.stringify(c.nodes.map(n => n.id)), ids);
-    const links = await page.$$eval("g.lnk", gs => gs.map(g => g.textContent));
+    const names = await page.$$eval("div.node .t", gs => gs.map(g => g.textContent));
+    check("nodes shown by --name where they have one", JSON.stringify(names) === JSON.stringify(c.nodes.map(n => n.name || n.id)),
+          { names, api: c.nodes.map(n => [n.id, n.name]) });
+    const links = await page.$$eval(".lnk", gs => gs.map(g => g.textContent));
     check("consecutive stages linked", links.length === Number(nodesWanted) - 1, links);
     check("first link shows its measured latency and bandwidth", /[0-9.]+ ms/.test(links[0] || "") && /Mb\/s/.test(links[0] || "") &&
           typeof c.links[0].latency_ms === "number", { links, api: c.links });

@@ -8,8 +8,10 @@
 # (b) In a terminal (tmux): the reply streams into the pane, Ctrl-C stops a
 #     long reply and the prompt comes back with the program alive, Ctrl-D
 #     exits with status 0.
-# (c) Errors: a model without a chat template, an unknown template name: one
-#     line on stderr, exit status 1.
+# (c) Errors: an unknown template name: one line on stderr, exit status 1.
+#     A model without a chat template (or with one we do not recognise) is
+#     chatted with in ChatML, with a warning on stderr: the same fallback, in
+#     the same words, as `serve` and `run --chat` (issue 19).
 # Needs perl (JSON::PP) and tmux (scripts/setup.sh installs both).
 cd "$(dirname "$0")/../.." || exit 1
 BIN=${CUMULO_BIN:-build/cumulo}
@@ -125,9 +127,7 @@ expect_error() { # NAME PATTERN -- command...
         ok
     fi
 }
-expect_error "no template" "no chat template.*--chat-template.*chatml" "$BIN" chat "$M"
 expect_error "unknown template" "unknown chat template 'nope'.*chatml" "$BIN" chat "$M" --chat-template nope
-expect_error "unrecognised template" "odd.gguf.*unrecognised chat template.*--chat-template.*chatml" "$BIN" chat "$TMP/odd.gguf"
 # --chat-template overrides a template the model has but we do not recognise.
 echo hello | "$BIN" chat "$TMP/odd.gguf" --chat-template chatml --temp 0 -n 24 --threads 1 >"$TMP/o.out" 2>/dev/null
 perl -e 'local $/; my $t = <STDIN>; $t =~ s/^\s+//; binmode STDOUT; print "$t\n"' <"$TMP/t1" >"$TMP/want1"
@@ -135,7 +135,28 @@ cmp -s "$TMP/o.out" "$TMP/want1" && ok || bad "--chat-template over an unrecogni
 expect_error "missing model" "no such file" "$BIN" chat "$TMP/none.gguf" --chat-template chatml
 expect_error "no model" "needs a MODEL" "$BIN" chat
 expect_error "bad option" "unknown option" "$BIN" chat "$M" --bogus
-expect_error "run --chat, no template" "no chat template.*chatml" "$BIN" run "$M" --chat -p hi
+# no template / an unrecognised one: ChatML (the replies of --chat-template chatml), and a warning
+fallback() { # NAME PATTERN MODEL
+    echo hello | "$BIN" chat "$3" --temp 0 -n 24 --threads 1 >"$TMP/fb.out" 2>"$TMP/fb.err"
+    st=$?
+    if [ "$st" -eq 0 ] && cmp -s "$TMP/fb.out" "$TMP/want1" && grep -q -e "$2" "$TMP/fb.err"; then ok
+    else bad "$1: status $st, stdout $(cat "$TMP/fb.out"), stderr $(cat "$TMP/fb.err")"; fi
+}
+fallback "no template" "warning: 'stories260K-f32.gguf': the model has no chat template.*; using chatml" "$M"
+fallback "unrecognised template" "warning: 'odd.gguf': .*unrecognised chat template.*; using chatml" "$TMP/odd.gguf"
+"$BIN" run "$M" --chat -p hello -n 24 --temp 0 --threads 1 --json 2>"$TMP/rn.err" |
+    perl -MJSON::PP -e 'local $/; binmode STDOUT; print decode_json(<STDIN>)->{text}' >"$TMP/rn"
+cmp -s "$TMP/rn" "$TMP/t1" && grep -q "no chat template.*; using chatml" "$TMP/rn.err" && ok ||
+    bad "run --chat without a template: not chatml with a warning: $(cat "$TMP/rn.err")"
+# serve says it in the same words
+"$BIN" serve "$M" --port 0 --threads 1 2>"$TMP/sv.err" &
+SV=$!
+i=0
+while ! grep -q 'ready:' "$TMP/sv.err" 2>/dev/null && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+kill "$SV" 2>/dev/null
+wait "$SV" 2>/dev/null
+grep -q "warning: 'stories260K-f32': the model has no chat template.*; using chatml" "$TMP/sv.err" && ok ||
+    bad "serve's fallback warning differs: $(cat "$TMP/sv.err")"
 
 # ---- (b) tmux
 if ! command -v tmux >/dev/null 2>&1; then

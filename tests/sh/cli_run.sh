@@ -128,5 +128,22 @@ expect_error "no model" "needs a MODEL" "$BIN" run
 expect_error "bad kv type" "f32 or f16" "$BIN" run "$M/stories260K-f32.gguf" --kv-type q8_0
 expect_error "missing prompt file" "no such file" "$BIN" run "$M/stories260K-f32.gguf" -f "$TMP/none.txt"
 
+# issue 19: limits said out loud (stories260K was trained for 512 tokens)
+expect_error "prompt longer than ctx: --ctx only up to the trained 512" "context of 32 (use --ctx up to 512, the model's trained" \
+    "$BIN" run "$M/stories260K-f32.gguf" -p "$long" --ctx 32
+long2=$(perl -e 'print "the dog ran and " x 200')
+expect_error "prompt longer than the trained context: no --ctx advice" "context of 512 (the model was trained for 512 tokens: shorten" \
+    "$BIN" run "$M/stories260K-f32.gguf" -p "$long2"
+grep -q -- "--ctx" "$TMP/e.err" && bad "advises --ctx past the trained context: $(cat "$TMP/e.err")" || ok
+cores=$(getconf _NPROCESSORS_ONLN)
+"$BIN" run "$M/stories260K-f32.gguf" -p hi -n 4 --temp 0 --threads 1000 >"$TMP/t.out" 2>"$TMP/t.err" &&
+    grep -q "warning: --threads 1000 is more than the $cores cores of this machine; using $cores" "$TMP/t.err" && ok ||
+    bad "--threads 1000: no warning: $(cat "$TMP/t.err")"
+"$BIN" run "$M/stories260K-f32.gguf" -p hi -n 4 --temp 0 --threads 1 --ctx 999999 >"$TMP/c.out" 2>"$TMP/c.err" &&
+    grep -q "warning: --ctx 999999 is past the 512 tokens .* was trained for" "$TMP/c.err" && ok ||
+    bad "--ctx 999999: no warning: $(cat "$TMP/c.err")"
+"$BIN" run "$M/stories260K-f32.gguf" -p hi -n 4 --temp 0 --threads 1 --ctx 512 >"$TMP/c.out" 2>"$TMP/c.err" &&
+    ! grep -q "warning" "$TMP/c.err" && ok || bad "--ctx 512 warned: $(cat "$TMP/c.err")"
+
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -4,7 +4,12 @@
 # throwaway key. Launch copies the binary (none there yet) and the cluster key
 # (mode 0600), starts the node, and the node then serves a pipeline stage
 # whose output equals a single machine's; a second launch finds the binary
-# and does not copy it; --stop ends the node. Everything is killed on exit.
+# and does not copy it; --stop ends the node. Failures explain themselves
+# within seconds: a remote whose libmicrohttpd is broken (LD_LIBRARY_PATH set
+# by authorized_keys to a folder with an empty libmicrohttpd.so.12) makes the
+# pre-flight print the loader's error line; a node that exits on start (its
+# port is taken) makes launch print the node log's last line, not wait 30 s.
+# Everything is killed on exit.
 cd "$(dirname "$0")/../.." || exit 1
 BIN=$(realpath "${CUMULO_BIN:-build/cumulo}")
 SHARED=${CUMULO_SHARED:-$(cd .. && pwd)/shared}
@@ -107,6 +112,46 @@ if [ ! -f "$TMP/remote/node.log" ]; then bad "the launched node left no log"
 elif grep -qE 'WARNING: ThreadSanitizer|ERROR: AddressSanitizer|ERROR: LeakSanitizer|runtime error:' "$TMP/remote/node.log"; then
     bad "sanitizer report in the launched node's log: $(grep -E 'Sanitizer|runtime error' "$TMP/remote/node.log" | head -3)"
 else ok; fi
+
+# a remote where the binary cannot load its libraries: the loader's line, at once
+mkdir -p "$TMP/badlib" "$TMP/remote2"
+: >"$TMP/badlib/libmicrohttpd.so.12"
+printf 'environment="LD_LIBRARY_PATH=%s" %s\n' "$TMP/badlib" "$(cat "$TMP/id.pub")" >"$TMP/authorized_keys"
+echo "PermitUserEnvironment yes" >>"$TMP/sshd_config"
+kill "$SSHD_PID" 2>/dev/null
+wait "$SSHD_PID" 2>/dev/null
+"$SSHD" -D -f "$TMP/sshd_config" -E "$TMP/sshd.log" &
+SSHD_PID=$!
+i=0
+while ! perl -MIO::Socket::INET -e 'exit !IO::Socket::INET->new("127.0.0.1:'$SPORT'")' 2>/dev/null && [ $i -lt 50 ]; do
+    sleep 0.1
+    i=$((i + 1))
+done
+L2="--identity $TMP/id --ssh-opt UserKnownHostsFile=$TMP/known --ssh-opt StrictHostKeyChecking=accept-new --remote-dir $TMP/remote2"
+t3=$(date +%s.%N)
+# shellcheck disable=SC2086
+if "$BIN" launch "$T" $L2 --port "$NPORT" --no-mdns >"$TMP/l3.out" 2>"$TMP/l3.err"; then
+    bad "launch onto a host with a broken libmicrohttpd succeeded"
+else ok; fi
+t3=$(awk "BEGIN { printf \"%.1f\", $(date +%s.%N) - $t3 }")
+grep -q "does not run there.*libmicrohttpd.so.12" "$TMP/l3.err" && ok || bad "no loader error line: $(cat "$TMP/l3.err")"
+grep -q "install the libraries" "$TMP/l3.err" && ok || bad "no advice on the libraries: $(cat "$TMP/l3.err")"
+[ -f "$TMP/remote2/node.pid" ] && bad "a node was started although the binary cannot run" || ok
+printf '%s\n' "$(cat "$TMP/id.pub")" >"$TMP/authorized_keys"
+
+# a node that exits on start (its port is taken): the node's own error line
+perl -MIO::Socket::INET -e '$s = IO::Socket::INET->new(LocalAddr => "127.0.0.1:'$NPORT'", Listen => 1, ReuseAddr => 1) or die; sleep 120' &
+HOLD=$!
+sleep 0.3
+t4=$(date +%s.%N)
+# shellcheck disable=SC2086
+if "$BIN" launch "$T" $L2 --port "$NPORT" --no-mdns >"$TMP/l4.out" 2>"$TMP/l4.err"; then
+    bad "launch succeeded although the node's port is taken"
+else ok; fi
+t4=$(awk "BEGIN { printf \"%.1f\", $(date +%s.%N) - $t4 }")
+grep -q "the node exited on start: .*$NPORT" "$TMP/l4.err" && ok || bad "no node error line: $(cat "$TMP/l4.err")"
+kill "$HOLD" 2>/dev/null
+[ -n "$CUMULO_SHOW" ] && cat "$TMP/l3.err" "$TMP/l4.err" >&2 && echo "broken library: ${t3} s; port taken: ${t4} s" >&2
 
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -65,6 +65,20 @@ else
     bad "4 streams failed: $(tail -3 "$TMP/st.err")"
 fi
 
+# 2b. --quiet (issue 19): the same text, nothing on stderr (no tables, no
+# timing); without it the start-up time is shown.
+"$BIN" run "$M/stories260K-q8_0.gguf" -p "Once upon a time" -n 24 --temp 0 --threads 1 >"$TMP/q1.out" 2>/dev/null
+if "$BIN" run "$M/stories260K-q8_0.gguf" --nodes "$ADDR_b,$ADDR_c" -p "Once upon a time" -n 24 --temp 0 --threads 1 \
+    -q >"$TMP/q.out" 2>"$TMP/q.err"; then
+    cmp -s "$TMP/q1.out" "$TMP/q.out" && ok || bad "--quiet: text differs: $(cat "$TMP/q.out")"
+    [ ! -s "$TMP/q.err" ] && ok || bad "--quiet printed on stderr: $(head -3 "$TMP/q.err")"
+else
+    bad "--quiet run failed: $(tail -3 "$TMP/q.err")"
+fi
+"$BIN" run "$M/stories260K-q8_0.gguf" --nodes "$ADDR_b,$ADDR_c" -p "Once upon a time" -n 4 --temp 0 --threads 1 \
+    >/dev/null 2>"$TMP/nq.err"
+grep -q '^cluster ready in [0-9.]* s$' "$TMP/nq.err" && ok || bad "no start-up time: $(cat "$TMP/nq.err")"
+
 # 3. Sampling with a seed happens on the last stage and equals one machine's.
 "$BIN" run "$M/stories260K-q8_0.gguf" -p "Lily" -n 40 --temp 0.9 --seed 7 --repeat-penalty 1.3 --threads 1 --json >"$TMP/s1.json" 2>/dev/null
 "$BIN" run "$M/stories260K-q8_0.gguf" --nodes "$ADDR_a,$ADDR_c" -p "Lily" -n 40 --temp 0.9 --seed 7 --repeat-penalty 1.3 \

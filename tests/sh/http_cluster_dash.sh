@@ -4,8 +4,11 @@
 # make a 3-stage pipeline; /api/cluster lists the 3 machines with layer ranges
 # that cover every layer, and headless Chromium (tests/js/dashboard.mjs) sees
 # the 3 nodes with those layers and the link between stages, sends a chat
-# message and sees the streamed answer. Screenshots: tests/artifacts/
-# dashboard-cluster*.png. Every process is killed on exit (http_common's trap).
+# message and sees the streamed answer; the nodes are shown by their --name.
+# Then tests/js/dashboard_layout.mjs checks the layout for 2, 4, 8 and 16
+# nodes at 800, 1400 and 1920 px (a made-up /api/cluster of that size on the
+# real page). Screenshots: tests/artifacts/dashboard-cluster*.png and
+# tests/artifacts/dash-N*-w*.png (ignored by git). Every process is killed on exit (http_common's trap).
 . "$(dirname "$0")/lib/http_common.sh"
 
 if [ ! -d tests/js/node_modules/playwright-core ]; then
@@ -17,7 +20,7 @@ export CUMULO_KEY_FILE="$TMP/key"
 "$BIN" key >/dev/null 2>&1 || { bad "cumulo key"; finish; exit 1; }
 NODES=""
 for i in 1 2; do
-    "$BIN" node --bind 127.0.0.1 --port 0 --port-file "$TMP/p$i" --no-mdns --threads 1 --cache "$TMP/c$i" \
+    "$BIN" node --bind 127.0.0.1 --port 0 --port-file "$TMP/p$i" --no-mdns --threads 1 --cache "$TMP/c$i" --name "stage-box-$i" \
         >"$TMP/n$i.log" 2>&1 &
     SERVER_PIDS="$SERVER_PIDS $!"
     k=0
@@ -50,4 +53,14 @@ p=$(echo "$line" | sed -n 's/^\([0-9]*\) passed.*/\1/p'); f=$(echo "$line" | sed
 pass=$((pass + ${p:-0})); fail=$((fail + ${f:-0}))
 [ $rc -ne 0 ] && [ "${f:-0}" -eq 0 ] && bad "dashboard.mjs exited $rc"
 check "screenshots saved" sh -c '[ -s tests/artifacts/dashboard-cluster.png ] && [ -s tests/artifacts/dashboard-cluster-chat.png ]'
+check "/api/cluster: the nodes' --name" [ "$(js 'j.nodes.slice(1).map(n=>n.name).sort().join()' "$TMP/cluster.json")" = "stage-box-1,stage-box-2" ]
+
+node tests/js/dashboard_layout.mjs "$URL" dashkey tests/artifacts >"$TMP/lay.out" 2>"$TMP/lay.err"
+rc=$?
+cat "$TMP/lay.err" >&2
+line=$(tail -1 "$TMP/lay.out")
+p=$(echo "$line" | sed -n 's/^\([0-9]*\) passed.*/\1/p'); f=$(echo "$line" | sed -n 's/.* \([0-9]*\) failed$/\1/p')
+pass=$((pass + ${p:-0})); fail=$((fail + ${f:-0}))
+[ $rc -ne 0 ] && [ "${f:-0}" -eq 0 ] && bad "dashboard_layout.mjs exited $rc"
+[ "${p:-0}" -ge 100 ] || bad "dashboard_layout.mjs ran only ${p:-0} checks"
 finish
