@@ -125,6 +125,8 @@ typedef struct cm_pipe_opts {
     const char *key_file;
     cm_plan_request plan;    /* the shape asked for (mode, layer split, groups, speeds); zero: the planner's pipeline */
     bool tp_compress;        /* all-reduce transfers as 8-bit Q8_0 blocks (--tp-compress) */
+    bool take;               /* --take: use nodes that serve another coordinator (it is told and re-plans);
+                                without it such nodes are left out (their HELLO shows the lease) */
     int n_ctx;               /* positions per sequence */
     int n_seq_max;           /* concurrent sequences (KV on every node) */
     int max_batch;           /* most tokens per FORWARD */

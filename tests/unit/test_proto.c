@@ -45,7 +45,7 @@ static void sample(unsigned type, cm_msg *m, int variant) {
         break;
     }
     case CM_MSG_HEARTBEAT:
-        m->u.heartbeat = (cm_msg_heartbeat){7, 1764670000123ull, 987654321ull, 250};
+        m->u.heartbeat = (cm_msg_heartbeat){.epoch = 7, .wall_ms = 1764670000123ull, .mono_ns = 987654321ull, .load = 250};
         break;
     case CM_MSG_PING:
     case CM_MSG_PONG:
@@ -219,7 +219,7 @@ static void test_header_layout(void) {
     /* HEARTBEAT payload: epoch u64, wall_ms u64, mono_ns u64, load u32, little-endian. */
     cm_msg m;
     sample(CM_MSG_HEARTBEAT, &m, 0);
-    m.u.heartbeat = (cm_msg_heartbeat){0x11, 0x2233, 0x44, 0x55667788};
+    m.u.heartbeat = (cm_msg_heartbeat){.epoch = 0x11, .wall_ms = 0x2233, .mono_ns = 0x44, .load = 0x55667788};
     uint8_t p[64];
     size_t n = enc(&m, p, sizeof p);
     const uint8_t wp[28] = {0x11, 0, 0, 0, 0, 0, 0, 0, 0x33, 0x22, 0, 0, 0, 0,
