@@ -237,6 +237,7 @@ static void make_cluster(cm_pipe *p, cm_plan_cluster *c) {
     c->nodes[0].mem_bytes = me.mem_free;
     c->nodes[0].mem_bw = me.mem_bw > 0 ? me.mem_bw : 1e9;
     c->nodes[0].flops = (me.gflops > 0 ? me.gflops : 1) * 1e9;
+    snprintf(c->nodes[0].host, sizeof c->nodes[0].host, "%s", p->hello.host); /* shared hosts split their cores */
     for (int i = 0; i < p->n_remote; i++) {
         const remote *r = &p->r[i];
         cm_plan_node *nd = &c->nodes[i + 1];
@@ -244,6 +245,7 @@ static void make_cluster(cm_pipe *p, cm_plan_cluster *c) {
         nd->mem_bytes = r->hello.mem_free;
         nd->mem_bw = r->hello.mem_gbs > 0 ? (double)r->hello.mem_gbs * 1e9 : 1e9;
         nd->flops = (r->hello.gflops > 0 ? r->hello.gflops : 1) * 1e9;
+        snprintf(nd->host, sizeof nd->host, "%s", r->hello.host);
     }
     for (int i = 0; i < c->n_nodes; i++)
         for (int j = 0; j < c->n_nodes; j++)
