@@ -12,7 +12,11 @@
 #            once (its link is closed with the reason: logged before `run`
 #            even ends), the nodes log the takeover and the stage they took,
 #            and, once `run` has released them, the server takes them back
-#            and answers with the same text again.
+#            and answers with the same text again;
+#   expiry:  the server frozen (SIGSTOP) past the lease bound (the nodes run
+#            with CUMULO_LOST_MS=700: 2.1 s), a second coordinator takes
+#            the nodes without --take; thawed, the server hears why and
+#            answers with the same text once `run` has let them go.
 cd "$(dirname "$0")/../.." || exit 1
 . tests/sh/lib/cluster_common.sh
 M=$MODELS/stories260K-q8_0.gguf
@@ -22,7 +26,7 @@ N_TOK=24
 cc_want "$M" $N_TOK 1 2
 
 start_node() {
-    cc_start_node "$1" --bind 127.0.0.1 --no-mdns
+    CUMULO_LOST_MS=700 cc_start_node "$1" --bind 127.0.0.1 --no-mdns
     [ -n "$NODE_PORT" ] || bad "node $1 did not start: $(tail -3 "$TMP/$1.log")"
 }
 start_node na; PA=$NODE_PORT
@@ -81,5 +85,26 @@ while [ $k -lt 20 ] && [ $good -eq 0 ]; do
     [ "$got" = "$(cat "$TMP/want1")" ] && good=1 || { sleep 1; k=$((k + 1)); }
 done
 [ $good -eq 1 ] && ok || bad "take: the server did not recover: $(head -c 300 "$TMP/back.json"); $(tail -5 "$TMP/srv.log")"
+
+# ---- expiry: a frozen coordinator's lease runs out
+kill -STOP $SERVE_PID
+sleep 3
+timeout 60 "$BIN" run "$M" --cluster --nodes "127.0.0.1:$PA,127.0.0.1:$PB" --layers 2,2,1 -p "$(cc_prompt 2)" -n $N_TOK \
+    --temp 0 --threads 1 --json >"$TMP/run4.json" 2>"$TMP/run4.log"
+rc=$?
+kill -CONT $SERVE_PID
+got=$(perl -MJSON::PP -e 'local $/; print decode_json(<STDIN>)->{text}' <"$TMP/run4.json" 2>/dev/null)
+[ $rc -eq 0 ] && [ "$got" = "$(cat "$TMP/want2")" ] && ok || bad "expiry: rc $rc, '$got', $(tail -3 "$TMP/run4.log")"
+grep -q "took this node over from coordinator .* (its lease had expired)" "$TMP/na.log" && ok ||
+    bad "expiry: na does not say the lease expired: $(tail -3 "$TMP/na.log")"
+cc_wait_grep "$TMP/srv.log" "its lease expired and coordinator" 100 && ok || bad "expiry: the server was not told: $(tail -5 "$TMP/srv.log")"
+k=0; good=0
+while [ $k -lt 25 ] && [ $good -eq 0 ]; do
+    curl -s --max-time 60 "http://127.0.0.1:$SERVE_PORT/v1/completions" -H 'Content-Type: application/json' \
+        -d '{"prompt":"'"$(cc_prompt 1)"'","max_tokens":'$N_TOK',"temperature":0}' >"$TMP/back2.json"
+    got=$(perl -MJSON::PP -e 'local $/; print decode_json(<STDIN>)->{choices}[0]{text}' <"$TMP/back2.json" 2>/dev/null)
+    [ "$got" = "$(cat "$TMP/want1")" ] && good=1 || { sleep 1; k=$((k + 1)); }
+done
+[ $good -eq 1 ] && ok || bad "expiry: the server did not recover: $(head -c 300 "$TMP/back2.json"); $(tail -5 "$TMP/srv.log")"
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]
