@@ -424,6 +424,16 @@ int cm_pipe_open(cm_pipe **out, const char *model_path, const cm_gguf *g, const 
         r->ctl = dialled[i];
         r->hello = peers[i];
         memcpy(e, dial_err[i], sizeof e);
+        if (!rc && cm_lease_foreign(&r->hello, &p->hello) && !o->take) {
+            /* A coordinator that just closed (a `run` right after another)
+             * is released within moments: ask again for up to a second. */
+            for (int k = 0; k < 4 && !rc && cm_lease_foreign(&r->hello, &p->hello); k++) {
+                cm_conn_close(r->ctl, NULL);
+                r->ctl = NULL;
+                cm_sleep_ms(250);
+                rc = cm_cluster_dial(r->addr, &p->cfg, &p->hello, &r->ctl, &r->hello, e, sizeof e);
+            }
+        }
         if (!rc && cm_lease_foreign(&r->hello, &p->hello)) { /* it serves another coordinator (issue 19) */
             char why[400];
             cm_lease_text(&r->hello, why, sizeof why);

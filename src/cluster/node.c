@@ -717,6 +717,7 @@ static void conn_serve(node *n, cm_conn *c, int src) {
         if (rc) break;
     }
     cm_free(pong);
+    cm_node_lease_conn_end(&n->lease, c); /* at once: a coordinator that starts right after may dial now */
     if (assigned_here) {
         /* The coordinator is gone: the plan it made is over. */
         pthread_mutex_lock(&n->mu);
@@ -731,7 +732,6 @@ static void conn_serve(node *n, cm_conn *c, int src) {
         stage_free(s);
     }
     CM_LOGI("%s disconnected", cm_conn_peer(c));
-    cm_node_lease_conn_end(&n->lease, c);
     cm_node_hb_remove(&n->hb, c);
     cm_conn_close(c, atomic_load(n->stop) ? "node shutting down" : NULL);
 }
