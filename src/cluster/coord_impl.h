@@ -31,6 +31,7 @@ typedef struct remote {
     atomic_bool lost;        /* declared lost: its rx thread has ended */
     bool seen_back;          /* coord_recover.c: lost, answered one rejoin check */
     uint64_t refused_until_ns; /* coord_recover.c: not redialled before (it refused its part) */
+    bool held_logged;        /* coord_recover.c: said once that another coordinator holds it (issue 19) */
     _Atomic uint64_t last_rx_ns;
     uint64_t last_hb_ns;     /* rx thread only */
     int ready_status;

@@ -78,12 +78,13 @@ grep -q "taking it over (--take): na serves" "$TMP/run3.log" && ok || bad "take:
 grep -q "took this node over from coordinator" "$TMP/na.log" && ok || bad "take: na does not log it: $(tail -3 "$TMP/na.log")"
 # the server gets its nodes back (redialled once `run` let them go) and answers the same text
 k=0; good=0
-while [ $k -lt 20 ] && [ $good -eq 0 ]; do
+while [ $k -lt 60 ] && [ $good -eq 0 ]; do
     curl -s --max-time 60 "http://127.0.0.1:$SERVE_PORT/v1/completions" -H 'Content-Type: application/json' \
         -d '{"prompt":"'"$(cc_prompt 1)"'","max_tokens":'$N_TOK',"temperature":0}' >"$TMP/back.json"
     got=$(perl -MJSON::PP -e 'local $/; print decode_json(<STDIN>)->{choices}[0]{text}' <"$TMP/back.json" 2>/dev/null)
     [ "$got" = "$(cat "$TMP/want1")" ] && good=1 || { sleep 1; k=$((k + 1)); }
 done
+echo "take: the server answered again after $k retries (1 s apart)" >&2
 [ $good -eq 1 ] && ok || bad "take: the server did not recover: $(head -c 300 "$TMP/back.json"); $(tail -5 "$TMP/srv.log")"
 
 # ---- expiry: a frozen coordinator's lease runs out
@@ -99,12 +100,13 @@ grep -q "took this node over from coordinator .* (its lease had expired)" "$TMP/
     bad "expiry: na does not say the lease expired: $(tail -3 "$TMP/na.log")"
 cc_wait_grep "$TMP/srv.log" "its lease expired and coordinator" 100 && ok || bad "expiry: the server was not told: $(tail -5 "$TMP/srv.log")"
 k=0; good=0
-while [ $k -lt 25 ] && [ $good -eq 0 ]; do
+while [ $k -lt 60 ] && [ $good -eq 0 ]; do
     curl -s --max-time 60 "http://127.0.0.1:$SERVE_PORT/v1/completions" -H 'Content-Type: application/json' \
         -d '{"prompt":"'"$(cc_prompt 1)"'","max_tokens":'$N_TOK',"temperature":0}' >"$TMP/back2.json"
     got=$(perl -MJSON::PP -e 'local $/; print decode_json(<STDIN>)->{choices}[0]{text}' <"$TMP/back2.json" 2>/dev/null)
     [ "$got" = "$(cat "$TMP/want1")" ] && good=1 || { sleep 1; k=$((k + 1)); }
 done
+echo "expiry: the server answered again after $k retries (1 s apart)" >&2
 [ $good -eq 1 ] && ok || bad "expiry: the server did not recover: $(head -c 300 "$TMP/back2.json"); $(tail -5 "$TMP/srv.log")"
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]
