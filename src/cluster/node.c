@@ -370,6 +370,9 @@ static bool assign_once(node *n, cm_conn *c, const cm_msg_assign *a, cm_msg_assi
     atomic_store(&n->epoch, a->epoch);
     pthread_mutex_unlock(&n->mu);
     stage_free(old);
+    CM_LOGI("stage %u/%u: layers [%u, %u) of '%s' (epoch %llu), rank %u of %u%s%s", a->stage, a->n_stages,
+            a->layer_begin, a->layer_end, a->model_name, (unsigned long long)a->epoch, a->tp_rank, a->tp_size,
+            *a->next ? ", next " : ", last stage", a->next); /* (tests parse this info line) */
     /* Always said (issue 19): which stage this node now runs, for whom. */
     char owner[CM_MSG_NAME_MAX + 1];
     cm_node_lease_owner(&n->lease, owner, sizeof owner);
