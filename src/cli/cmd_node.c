@@ -178,6 +178,9 @@ int cmd_nodes(int argc, char **argv) {
             if (f->status) cJSON_AddStringToObject(o, "error", f->error);
             else {
                 cJSON_AddStringToObject(o, "name", f->name);
+                cJSON_AddStringToObject(o, "host", f->host);
+                if (f->serves[0]) cJSON_AddStringToObject(o, "serves", f->serves);
+                else cJSON_AddNullToObject(o, "serves");
                 cJSON_AddNumberToObject(o, "cores", f->caps.cores);
                 cJSON_AddStringToObject(o, "isa", f->caps.isa);
                 cJSON_AddNumberToObject(o, "mem_total", (double)f->caps.mem_total);
@@ -229,6 +232,7 @@ int cmd_nodes(int argc, char **argv) {
         printf("%-22s %-16.16s %5d %8.1fG %9.1f %8.1f %-14s %9.3f %10.1f  %s%s\n", f->addr, f->name, f->caps.cores,
                (double)f->caps.mem_free / (1 << 30), f->caps.gflops, f->caps.mem_bw / 1e9, osa, f->rtt_s * 1e3,
                f->bw / 1e6, f->caps.isa, from_mdns[i] ? " (mdns)" : "");
+        if (f->serves[0]) printf("%-22s busy: %s\n", "", f->serves);
     }
     int rc_reach = nodes_reachable(info, n, mdns, given != NULL);
     /* Node to node: row = the measuring node, column = the peer; rtt ms / MB/s. */

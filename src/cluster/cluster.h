@@ -99,6 +99,8 @@ typedef struct cm_node_info {
     double rtt_s;           /* round trip of a small PING */
     double bw;              /* bytes/s of a 64 KiB PING, one way */
     cm_node_link links[CM_NODE_LINKS_MAX]; /* this node -> node j of the same probe (j indexes out[]) */
+    char host[64];          /* its host id (HELLO; "" from an older node) */
+    char serves[400];       /* "" free; else whom it serves (issue 19: its lease, as a coordinator would say it) */
 } cm_node_info;
 
 /* Browse mDNS for timeout_s seconds and append what it finds ("addr:port")

@@ -45,6 +45,10 @@ timeout 60 "$BIN" run "$M" --cluster --nodes "127.0.0.1:$PA,127.0.0.1:$PB" -p "$
 rc=$?
 [ $rc -ne 0 ] && grep -q "no node is free: na serves stories260K-q8_0.gguf for coordinator .* since [0-9][0-9]:[0-9][0-9].*--take to take it over" \
     "$TMP/run1.log" && ok || bad "refused: rc $rc, $(tail -3 "$TMP/run1.log")"
+# `cumulo nodes` says whom a node serves
+"$BIN" nodes --no-mdns --nodes "127.0.0.1:$PA,127.0.0.1:$PC" >"$TMP/nodes.out" 2>&1
+grep -q "busy: na serves stories260K-q8_0.gguf for coordinator" "$TMP/nodes.out" && [ "$(grep -c 'busy:' "$TMP/nodes.out")" = 1 ] && ok ||
+    bad "nodes: no word of whom na serves: $(cat "$TMP/nodes.out")"
 grep -q "refused coordinator" "$TMP/na.log" && bad "refused: the coordinator asked na anyway: $(grep refused "$TMP/na.log")" || ok
 CP=""; cc_request srv 2 2 false; for p in $CP; do wait "$p"; done
 cc_check srv 2 2 false
