@@ -38,6 +38,9 @@
  * and CM_NODE_HANDSHAKE_MS to finish it): a flood of idle or junk connections is
  * refused (logged with the address) instead of costing a thread each, and
  * one flooding address cannot take the slots a coordinator needs.
+ * Ownership (issue 19, node_lease.c): one coordinator at a time, under a lease.
+ * NEEDSWORK: past 800 lines; stage loading (stage_load, assign_once) belongs
+ * in a file of its own.
  */
 #include "cluster/cluster_int.h"
 #include "cluster/collective.h"
