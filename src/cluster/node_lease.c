@@ -62,6 +62,7 @@ int cm_node_lease_assign(cm_node_lease *l, const cm_msg_hello *me, const cm_msg_
                          const cm_msg_assign *a, bool *took_over, char *why, size_t cap) {
     *took_over = false;
     uint64_t now = cm_now_ns();
+    const char *addr = c ? cm_conn_peer(c) : "?";
     pthread_mutex_lock(&l->mu);
     bool mine = l->held && !memcmp(l->owner_id, peer->node_id, CM_NODE_ID_BYTES);
     if (l->held && !mine) {
@@ -93,13 +94,13 @@ int cm_node_lease_assign(cm_node_lease *l, const cm_msg_hello *me, const cm_msg_
             cm_sock_shutdown(cm_conn_fd(l->ctl));
         }
         fprintf(stderr, "cumulo node '%s': coordinator %s at %s took this node over from coordinator %s%s\n", me->name,
-                peer->name, cm_conn_peer(c), l->owner, live ? " (--take)" : " (its lease had expired)");
+                peer->name, addr, l->owner, live ? " (--take)" : " (its lease had expired)");
         *took_over = true;
     }
     if (!mine) l->since_ms = cm_wall_ms();
     l->held = true;
     memcpy(l->owner_id, peer->node_id, CM_NODE_ID_BYTES);
-    snprintf(l->owner, sizeof l->owner, "%.28s at %.31s", peer->name, cm_conn_peer(c)); /* names may repeat (host names) */
+    snprintf(l->owner, sizeof l->owner, "%.28s at %.31s", peer->name, addr); /* names may repeat (host names) */
     snprintf(l->model, sizeof l->model, "%s", a->model_name);
     l->epoch = a->epoch;
     l->renew_ns = now;
