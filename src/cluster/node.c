@@ -361,6 +361,10 @@ static bool assign_once(node *n, cm_conn *c, const cm_msg_assign *a, cm_msg_assi
                     a->expert_bounds[a->tp_rank + 1], (unsigned long long)got);
     }
     if (!rc) rc = stage_load(n, s, path, slice_file, err, sizeof err);
+    /* Taken over by another coordinator while this one loaded (--take): its
+     * stage must not replace the new owner's. */
+    if (!rc && !cm_node_lease_holds(&n->lease, c))
+        rc = cm_errf(err, sizeof err, CM_EBUSY, "taken over by another coordinator while loading");
     if (rc) {
         CM_LOGW("assignment of epoch %llu refused: %s", (unsigned long long)a->epoch, err);
         stage_free(s);

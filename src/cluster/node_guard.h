@@ -96,6 +96,8 @@ void cm_node_lease_renew(cm_node_lease *l, const cm_msg_hello *peer);
  * me: this node's HELLO (its name in the text). */
 int cm_node_lease_assign(cm_node_lease *l, const cm_msg_hello *me, const cm_msg_hello *peer, cm_conn *c,
                          const cm_msg_assign *a, bool *took_over, char *why, size_t cap);
+/* Whether the lease is held through connection c. */
+bool cm_node_lease_holds(cm_node_lease *l, const cm_conn *c);
 /* "NAME at ADDR" of the owner, for log lines ("?" when none). */
 void cm_node_lease_owner(cm_node_lease *l, char *out, size_t cap);
 /* The ASSIGN taken by cm_node_lease_assign is loaded (or failed): the

@@ -110,6 +110,13 @@ int cm_node_lease_assign(cm_node_lease *l, const cm_msg_hello *me, const cm_msg_
     return 0;
 }
 
+bool cm_node_lease_holds(cm_node_lease *l, const cm_conn *c) {
+    pthread_mutex_lock(&l->mu);
+    bool h = l->held && l->ctl == c;
+    pthread_mutex_unlock(&l->mu);
+    return h;
+}
+
 void cm_node_lease_owner(cm_node_lease *l, char *out, size_t cap) {
     pthread_mutex_lock(&l->mu);
     snprintf(out, cap, "%s", l->held ? l->owner : "?");
