@@ -100,6 +100,9 @@ int cmd_discover(int argc, char **argv) {
         int rc = cm_mdns_step(m, 100);
         if (rc) { cm_mdns_close(m); return cli_fail("mdns: %s", cm_strerror(rc)); }
     }
+    size_t n_seen = cm_mdns_instance_count(m);
+    if (n_seen == 0 && (o.json || o.watch)) /* the table says so itself; JSON and events only to stderr */
+        fprintf(stderr, "cumulo: no nodes found in %.1f s (is `cumulo node` running, and on this network?)\n", timeout);
     if (!o.watch) {
         size_t n = cm_mdns_instance_count(m);
         if (o.json) {
@@ -110,10 +113,10 @@ int cmd_discover(int argc, char **argv) {
             cJSON_free(s);
             cJSON_Delete(a);
         } else {
-            if (n == 0) fprintf(stderr, "cumulo: no nodes found in %.1f s\n", timeout);
+            if (n == 0) fprintf(stderr, "cumulo: no nodes found in %.1f s (is `cumulo node` running, and on this network?)\n", timeout);
             for (size_t i = 0; i < n; i++) {
                 const cm_mdns_instance *in = cm_mdns_instance_at(m, i);
-                char id[64] = "", ver[32] = "", cores[16] = "", mem[24] = "", isa[24] = "";
+                char id[64] = "", ver[32] = "", cores[16] = "", mem[24] = "", isa[160] = "";
                 cm_mdns_txt_get(in->txt, in->txt_len, "id", id, sizeof id);
                 cm_mdns_txt_get(in->txt, in->txt_len, "ver", ver, sizeof ver);
                 cm_mdns_txt_get(in->txt, in->txt_len, "cores", cores, sizeof cores);

@@ -103,6 +103,20 @@ static const char k_nodes_usage[] =
     "  --no-mdns      do not browse\n"
     "  --json         print a JSON array\n";
 
+/* The exit status of `cumulo nodes`: 1, with a line saying why, when no node
+ * answered (none found, or every one unreachable): scripts and health checks
+ * must not read "0" as "the cluster is there". */
+static int nodes_reachable(const cm_node_info *info, int n, bool mdns, bool given) {
+    int up = 0;
+    for (int i = 0; i < n; i++) up += info[i].status == 0;
+    if (up) return 0;
+    if (!n)
+        fprintf(stderr, "cumulo: no nodes found (%s%s%s)\n", mdns ? "none announced on mDNS" : "mDNS off",
+                given ? "" : ", no --nodes given", mdns ? "; is `cumulo node` running, and on this network?" : "");
+    else fprintf(stderr, "cumulo: none of the %d node%s answered\n", n, n == 1 ? "" : "s");
+    return 1;
+}
+
 int cmd_nodes(int argc, char **argv) {
     if (cli_wants_help(argc, argv)) { fputs(k_nodes_usage, stdout); return 0; }
     double timeout = 2;
@@ -165,6 +179,9 @@ int cmd_nodes(int argc, char **argv) {
             if (f->status) cJSON_AddStringToObject(o, "error", f->error);
             else {
                 cJSON_AddStringToObject(o, "name", f->name);
+                cJSON_AddStringToObject(o, "host", f->host);
+                if (f->serves[0]) cJSON_AddStringToObject(o, "serves", f->serves);
+                else cJSON_AddNullToObject(o, "serves");
                 cJSON_AddNumberToObject(o, "cores", f->caps.cores);
                 cJSON_AddStringToObject(o, "isa", f->caps.isa);
                 cJSON_AddNumberToObject(o, "mem_total", (double)f->caps.mem_total);
@@ -198,14 +215,13 @@ int cmd_nodes(int argc, char **argv) {
         if (s) puts(s);
         cJSON_free(s);
         cJSON_Delete(arr);
-        return 0;
+        return nodes_reachable(info, n, mdns, given != NULL);
     }
-    if (!n) {
-        printf("no nodes found (mDNS %s)\n", mdns ? "browsed" : "off");
-        return 0;
-    }
-    printf("%-22s %-16s %5s %-8s %9s %9s %8s %8s %9s %10s\n", "address", "name", "cores", "isa", "mem free",
-           "GFLOP/s", "GB/s", "os/arch", "rtt ms", "MB/s");
+    if (!n) return nodes_reachable(info, n, mdns, given != NULL);
+    /* The ISA string ("avx512 (avx2,fma,f16c,avx512f,...)") goes last, whole:
+     * cutting it hid the very features a mixed cluster differs in. */
+    printf("%-22s %-16s %5s %9s %9s %8s %-14s %9s %10s  %s\n", "address", "name", "cores", "mem free", "GFLOP/s", "GB/s",
+           "os/arch", "rtt ms", "MB/s", "isa");
     for (int i = 0; i < n; i++) {
         const cm_node_info *f = &info[i];
         if (f->status) {
@@ -214,15 +230,17 @@ int cmd_nodes(int argc, char **argv) {
         }
         char osa[40];
         snprintf(osa, sizeof osa, "%s/%s", f->caps.os, f->caps.arch);
-        printf("%-22s %-16.16s %5d %-8.8s %8.1fG %9.1f %8.1f %8s %9.3f %10.1f%s\n", f->addr, f->name, f->caps.cores,
-               f->caps.isa, (double)f->caps.mem_free / (1 << 30), f->caps.gflops, f->caps.mem_bw / 1e9, osa,
-               f->rtt_s * 1e3, f->bw / 1e6, from_mdns[i] ? " (mdns)" : "");
+        printf("%-22s %-16.16s %5d %8.1fG %9.1f %8.1f %-14s %9.3f %10.1f  %s%s\n", f->addr, f->name, f->caps.cores,
+               (double)f->caps.mem_free / (1 << 30), f->caps.gflops, f->caps.mem_bw / 1e9, osa, f->rtt_s * 1e3,
+               f->bw / 1e6, f->caps.isa, from_mdns[i] ? " (mdns)" : "");
+        if (f->serves[0]) printf("%-22s busy: %s\n", "", f->serves);
     }
+    int rc_reach = nodes_reachable(info, n, mdns, given != NULL);
     /* Node to node: row = the measuring node, column = the peer; rtt ms / MB/s. */
     bool any = false;
     for (int i = 0; i < n && i < CM_NODE_LINKS_MAX; i++)
         for (int j = 0; j < n && j < CM_NODE_LINKS_MAX; j++) any |= info[i].links[j].asked;
-    if (!any) return 0;
+    if (!any) return rc_reach;
     printf("\nlinks node to node (row measured toward column: rtt ms / MB/s):\n%-22s", "from \\ to");
     for (int j = 0; j < n && j < CM_NODE_LINKS_MAX; j++) printf(" %-22s", info[j].addr);
     printf("\n");
@@ -239,5 +257,5 @@ int cmd_nodes(int argc, char **argv) {
         }
         printf("\n");
     }
-    return 0;
+    return rc_reach;
 }

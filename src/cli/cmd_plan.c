@@ -112,6 +112,8 @@ int cmd_plan(int argc, char **argv) {
         eo.nodes = nodes;
         eo.key_file = key_file;
         eo.insecure = insecure;
+        eo.n_seq = seq ? (int)seq : 1; /* the KV the plan shows is for --seq sequences (issue 19: not 8 by default) */
+        eo.n_ctx = (int)ctx;
         cm_engine *e = NULL;
         if (cm_engine_load(&e, model_path, &eo, err, sizeof err) != 0) return cli_fail("%s", err);
         const char *text = cm_engine_plan(e);

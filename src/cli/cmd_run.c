@@ -63,6 +63,7 @@ static const char k_run_usage[] =
     "  --groups A,B,...       members per stage, this machine's group first (e.g. 2,2: hybrid)\n"
     "  --tp-weights W,W,...   tp/hybrid: relative speed per machine, this one first (slice sizes)\n"
     "  --tp-compress          all-reduces travel as 8-bit Q8_0 blocks (off by default; not exact)\n"
+    "  --take                 use nodes that serve another coordinator (it is told and re-plans)\n"
     "  --insecure             no cluster key (the nodes must run --insecure too)\n"
     "  --key-file FILE        cluster key (default $CUMULO_KEY_FILE or ~/.config/cumulo/cluster.key)\n"
     "  --streams N            run N copies of the request at once (aggregate tokens/s; a benchmark)\n";
@@ -226,7 +227,7 @@ int cmd_run(int argc, char **argv) {
     long n_predict = 128, ctx = 0, threads = 0, streams = 0, logprobs = 0;
     bool quiet = false;
     bool json = false, no_bos = false, kv_f16 = false, use_mmap = false, chat = false, cluster = false, insecure = false;
-    bool tp_compress = false;
+    bool tp_compress = false, take = false;
     const char *nodes = NULL, *key_file = NULL;
     cm_plan_request plan = {0};
     cm_gen_params gp;
@@ -289,6 +290,8 @@ int cmd_run(int argc, char **argv) {
             if (so < 0) return 1;
         } else if (!strcmp(a, "--tp-compress")) {
             tp_compress = true;
+        } else if (!strcmp(a, "--take")) {
+            take = true;
         } else if (!strcmp(a, "--logprobs")) {
             if (!cli_int(a, NEXT(), 0, CM_SAMPLER_MAX_PROBS, &logprobs)) return 1;
         } else if (!strcmp(a, "--streams")) {
@@ -328,7 +331,7 @@ int cmd_run(int argc, char **argv) {
     cm_engine *e = NULL;
     cm_engine_opts eo = {.n_threads = (int)threads, .n_ctx = (int)ctx, .nodes = cluster ? (nodes ? nodes : "auto") : NULL,
                          .insecure = insecure, .key_file = key_file, .plan = plan,
-                         .tp_compress = tp_compress, .n_seq = streams > 8 ? (int)streams : 8, .kv_f16 = kv_f16,
+                         .tp_compress = tp_compress, .take = take, .n_seq = streams > 8 ? (int)streams : 8, .kv_f16 = kv_f16,
                          .mmap = use_mmap, .log = quiet ? log_none : NULL};
     /* --streams (even 1) reports aggregate numbers instead of the text. */
     if (cli_load_engine_opts(&e, model, &eo)) { cm_free(file_text); return 1; }

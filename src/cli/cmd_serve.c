@@ -57,6 +57,7 @@ static const char k_serve_usage[] =
     "  --groups A,B,...   members per stage, this machine's group first (e.g. 2,2: hybrid)\n"
     "  --tp-weights W,... tp/hybrid: relative speed per machine, this one first (slice sizes)\n"
     "  --tp-compress      all-reduces travel as 8-bit Q8_0 blocks (off by default; not exact)\n"
+    "  --take             use nodes that serve another coordinator (it is told and re-plans)\n"
     "  --insecure         no cluster key (the nodes must run --insecure too)\n"
     "  --key-file FILE    cluster key (default $CUMULO_KEY_FILE or ~/.config/cumulo/cluster.key)\n";
 
@@ -78,7 +79,7 @@ int cmd_serve(int argc, char **argv) {
     const char *nodes = NULL, *key_file = NULL;
     cm_plan_request plan = {0};
     int po;
-    bool tp_compress = false;
+    bool tp_compress = false, take = false;
     double d;
     o.api_key = getenv("CUMULO_API_KEY");
     for (int i = 1; i < argc; i++) {
@@ -118,6 +119,7 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--chat-template")) { NEED(); o.chat_template = NEXT(); }
         else if (!strcmp(a, "--nodes")) { NEED(); nodes = NEXT(); }
         else if (!strcmp(a, "--tp-compress")) tp_compress = true;
+        else if (!strcmp(a, "--take")) take = true;
         else if (!strcmp(a, "--key-file")) { NEED(); key_file = NEXT(); }
         else if (!strcmp(a, "--insecure")) insecure = true;
         else if (a[0] == '-') return cli_fail("unknown option '%s'; see 'cumulo serve --help'", a);
@@ -159,7 +161,7 @@ int cmd_serve(int argc, char **argv) {
     cm_engine *e = NULL;
     cm_engine_opts eo = {.n_threads = (int)threads, .n_ctx = o.n_ctx, .n_batch = (int)n_batch, .kv_f16 = kv_f16,
                          .nodes = nodes, .insecure = insecure, .key_file = key_file, .plan = plan,
-                         .tp_compress = tp_compress, .n_seq = o.n_slots > 0 ? o.n_slots : 4, .log = log_line,
+                         .tp_compress = tp_compress, .take = take, .n_seq = o.n_slots > 0 ? o.n_slots : 4, .log = log_line,
                          .mmap = use_mmap};
     cli_check_threads(&eo);
     if (cm_engine_load(&e, model, &eo, err, sizeof err)) {

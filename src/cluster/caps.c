@@ -201,6 +201,8 @@ void cm_cluster_hello(cm_msg_hello *h, const char *name, uint16_t listen_port, u
     snprintf(h->version, sizeof h->version, "%s", c.version);
     h->gflops = (float)c.gflops;
     h->mem_gbs = (float)(c.mem_bw / 1e9);
+    h->has_tail = true;
+    cm_host_id(h->host, sizeof h->host);
 }
 
 int cm_cluster_lost_ms(void) {

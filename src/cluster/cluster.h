@@ -99,6 +99,8 @@ typedef struct cm_node_info {
     double rtt_s;           /* round trip of a small PING */
     double bw;              /* bytes/s of a 64 KiB PING, one way */
     cm_node_link links[CM_NODE_LINKS_MAX]; /* this node -> node j of the same probe (j indexes out[]) */
+    char host[64];          /* its host id (HELLO; "" from an older node) */
+    char serves[400];       /* "" free; else whom it serves (issue 19: its lease, as a coordinator would say it) */
 } cm_node_info;
 
 /* Browse mDNS for timeout_s seconds and append what it finds ("addr:port")
@@ -125,6 +127,8 @@ typedef struct cm_pipe_opts {
     const char *key_file;
     cm_plan_request plan;    /* the shape asked for (mode, layer split, groups, speeds); zero: the planner's pipeline */
     bool tp_compress;        /* all-reduce transfers as 8-bit Q8_0 blocks (--tp-compress) */
+    bool take;               /* --take: use nodes that serve another coordinator (it is told and re-plans);
+                                without it such nodes are left out (their HELLO shows the lease) */
     int n_ctx;               /* positions per sequence */
     int n_seq_max;           /* concurrent sequences (KV on every node) */
     int max_batch;           /* most tokens per FORWARD */

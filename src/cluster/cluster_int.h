@@ -56,4 +56,12 @@ int cm_cluster_links_ask(cm_conn *c, const char *const *peers, int n, int deadli
  * assignment of that epoch only. */
 int cm_tp_greet_epoch(cm_conn *c, uint64_t epoch, char *err, size_t errlen);
 
+/* Ownership (issue 19; node_lease.c): a node serves one coordinator at a
+ * time, under a lease that its HELLO shows (lease_epoch != 0). The reason a
+ * coordinator leaves such a node out, into buf: "NAME serves MODEL for
+ * coordinator OWNER since HH:MM (epoch E); --take to take it over". */
+void cm_lease_text(const cm_msg_hello *node, char *buf, size_t cap);
+/* Whether node's HELLO says it serves another coordinator than mine. */
+bool cm_lease_foreign(const cm_msg_hello *node, const cm_msg_hello *mine);
+
 #endif

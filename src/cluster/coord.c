@@ -155,6 +155,13 @@ static void *rx_main(void *arg) {
             pthread_mutex_unlock(&p->mu);
             break;
         case CM_MSG_HEARTBEAT:
+            if (m.u.heartbeat.has_stats) { /* live telemetry for /metrics and the dashboard */
+                pthread_mutex_lock(&p->info_mu);
+                r->stats = m.u.heartbeat;
+                r->stats_ns = cm_now_ns();
+                pthread_mutex_unlock(&p->info_mu);
+            }
+            break;
         case CM_MSG_PONG: break;
         default: CM_LOGW("unexpected %s from %s", cm_msg_type_name(m.type), r->addr); break;
         }
@@ -230,6 +237,7 @@ static void make_cluster(cm_pipe *p, cm_plan_cluster *c) {
     c->nodes[0].mem_bytes = me.mem_free;
     c->nodes[0].mem_bw = me.mem_bw > 0 ? me.mem_bw : 1e9;
     c->nodes[0].flops = (me.gflops > 0 ? me.gflops : 1) * 1e9;
+    snprintf(c->nodes[0].host, sizeof c->nodes[0].host, "%s", p->hello.host); /* shared hosts split their cores */
     for (int i = 0; i < p->n_remote; i++) {
         const remote *r = &p->r[i];
         cm_plan_node *nd = &c->nodes[i + 1];
@@ -237,6 +245,7 @@ static void make_cluster(cm_pipe *p, cm_plan_cluster *c) {
         nd->mem_bytes = r->hello.mem_free;
         nd->mem_bw = r->hello.mem_gbs > 0 ? (double)r->hello.mem_gbs * 1e9 : 1e9;
         nd->flops = (r->hello.gflops > 0 ? r->hello.gflops : 1) * 1e9;
+        snprintf(nd->host, sizeof nd->host, "%s", r->hello.host);
     }
     for (int i = 0; i < c->n_nodes; i++)
         for (int j = 0; j < c->n_nodes; j++)
@@ -397,8 +406,8 @@ int cm_pipe_open(cm_pipe **out, const char *model_path, const cm_gguf *g, const 
      * answer cost one deadline in all), link measurements one at a time. */
     bool from_mdns = !strcmp(o->nodes, "auto");
     p->from_mdns = from_mdns;
-    int n_refused = 0;
-    char first_refusal[300] = "";
+    int n_refused = 0, n_busy = 0;
+    char first_refusal[300] = "", first_busy[400] = "";
     cm_conn *dialled[CM_PLAN_MAX_NODES - 1];
     cm_msg_hello peers[CM_PLAN_MAX_NODES - 1];
     int dial_rc[CM_PLAN_MAX_NODES - 1];
@@ -415,6 +424,31 @@ int cm_pipe_open(cm_pipe **out, const char *model_path, const cm_gguf *g, const 
         r->ctl = dialled[i];
         r->hello = peers[i];
         memcpy(e, dial_err[i], sizeof e);
+        if (!rc && cm_lease_foreign(&r->hello, &p->hello) && !o->take) {
+            /* A coordinator that just closed (a `run` right after another)
+             * is released within moments: ask again for up to a second. */
+            for (int k = 0; k < 4 && !rc && cm_lease_foreign(&r->hello, &p->hello); k++) {
+                cm_conn_close(r->ctl, NULL);
+                r->ctl = NULL;
+                cm_sleep_ms(250);
+                rc = cm_cluster_dial(r->addr, &p->cfg, &p->hello, &r->ctl, &r->hello, e, sizeof e);
+            }
+        }
+        if (!rc && cm_lease_foreign(&r->hello, &p->hello)) { /* it serves another coordinator (issue 19) */
+            char why[400];
+            cm_lease_text(&r->hello, why, sizeof why);
+            if (o->take) {
+                cm_coord_log(p, "node %s: taking it over (--take): %s", r->addr, why);
+            } else {
+                CM_LOGW("node %s not used: %s", r->addr, why);
+                cm_coord_log(p, "node %s not used: %s", r->addr, why);
+                if (!n_busy++) snprintf(first_busy, sizeof first_busy, "%.380s", why);
+                cm_conn_close(r->ctl, "serves another coordinator");
+                memset(r, 0, sizeof *r);
+                p->n_remote--;
+                continue;
+            }
+        }
         if (!rc) rc = cm_cluster_measure(r->ctl, CM_LINKS_PROBE_BYTES, &r->rtt, &r->bw, e, sizeof e);
         if (rc && from_mdns) {
             CM_LOGW("node %s (found by mDNS) not used: %s", r->addr, e);
@@ -434,6 +468,10 @@ int cm_pipe_open(cm_pipe **out, const char *model_path, const cm_gguf *g, const 
         cm_coord_log(p, "node %s ('%s'): %u cores %s, %.1f GFLOP/s, %.1f GB/s, %.2f GiB free; rtt %.3f ms, %.1f MB/s", r->addr,
              r->hello.name, r->hello.cores, r->hello.isa, r->hello.gflops, r->hello.mem_gbs,
              (double)r->hello.mem_free / (1 << 30), r->rtt * 1e3, r->bw / 1e6);
+    }
+    if (!p->n_remote && n_busy) {
+        rc = cm_errf(err, errlen, CM_EBUSY, "no node is free: %s", first_busy);
+        goto fail;
     }
     if (!p->n_remote) {
         rc = cm_errf(err, errlen, CM_EAUTH, "none of the %d node(s) found by mDNS could be used; %s", n, first_refusal);
@@ -469,12 +507,14 @@ int cm_pipe_open(cm_pipe **out, const char *model_path, const cm_gguf *g, const 
     if (rc) goto fail;
     p->ask = plan.mode;
     p->tp_compress = o->tp_compress;
+    p->take = o->take;
     cm_coord_log(p, "%s", p->plan_text);
     if (plan.n_stages == 1 && plan.stages[0].n_members == 1) { /* everything fits best here: no cluster needed */
         cm_pipe_close(p);
         return 0;
     }
     rc = cm_coord_apply_plan(p, &plan, "open", err, errlen);
+    p->take = false; /* later plans never take a node from another coordinator */
     if (rc) goto fail;
     *local_last = cm_coord_local_last(p);
     *out = p;

@@ -140,7 +140,27 @@ int cm_pipe_members(const cm_pipe *p, cm_cluster_member *out, int max) {
     cm_pipe *q = (cm_pipe *)p; /* the lock, not the record, changes */
     pthread_mutex_lock(&q->info_mu);
     int n = p->n_members;
-    for (int i = 0; i < n && i < max; i++) out[i] = p->members[i];
+    uint64_t now = cm_now_ns();
+    for (int i = 0; i < n && i < max; i++) {
+        out[i] = p->members[i];
+        cm_cluster_member *mb = &out[i];
+        if (mb->local) continue;
+        for (int k = 0; k < p->n_remote; k++) { /* the node's live telemetry (its latest heartbeat) */
+            const remote *r = &p->r[k];
+            if (strcmp(r->addr, mb->addr)) continue;
+            snprintf(mb->host, sizeof mb->host, "%s", r->hello.host);
+            if (!r->stats_ns || now - r->stats_ns > 5000000000ull) break;
+            mb->live = true;
+            mb->live_age_s = (double)(now - r->stats_ns) / 1e9;
+            mb->live_mem_used = r->stats.mem_used;
+            mb->live_cpu_load = r->stats.cpu_load;
+            mb->live_power_w = r->stats.power_w;
+            snprintf(mb->live_power_source, sizeof mb->live_power_source, "%s", cm_power_src_name(r->stats.power_src));
+            mb->live_tok_s = r->stats.tok_s;
+            mb->live_ms_per_tok = r->stats.ms_per_tok;
+            break;
+        }
+    }
     pthread_mutex_unlock(&q->info_mu);
     return n;
 }

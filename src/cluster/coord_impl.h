@@ -31,6 +31,7 @@ typedef struct remote {
     atomic_bool lost;        /* declared lost: its rx thread has ended */
     bool seen_back;          /* coord_recover.c: lost, answered one rejoin check */
     uint64_t refused_until_ns; /* coord_recover.c: not redialled before (it refused its part) */
+    bool held_logged;        /* coord_recover.c: said once that another coordinator holds it (issue 19) */
     _Atomic uint64_t last_rx_ns;
     uint64_t last_hb_ns;     /* rx thread only */
     int ready_status;
@@ -47,6 +48,8 @@ typedef struct remote {
     cm_msg_links links_ans;
     _Atomic uint64_t quiet_until_ns;
     atomic_bool released;    /* coord_recover.c: left out of the plan; its rx thread ends without failing the pipe */
+    cm_msg_heartbeat stats;  /* the node's latest heartbeat with telemetry (issue 19), under p->info_mu */
+    uint64_t stats_ns;       /* when it came (0: none yet), under p->info_mu */
 } remote;
 
 typedef struct slot {
@@ -90,6 +93,7 @@ struct cm_pipe {
     cm_plan plan;
     enum cm_parallel ask;              /* the shape asked for at the start: re-plans ask the planner for it again */
     bool tp_compress;                  /* Q8_0 all-reduce transfers in every group */
+    bool take;                         /* the opening plan's ASSIGNs carry CM_ASSIGN_F_TAKE (--take) */
     cm_conn *tp_conn[CM_COLL_MAX_MEMBERS]; /* to each node's rank (owned) */
     cm_coll *coll;
     int32_t seqbuf[CM_MSG_MAX_TOKENS > 4096 ? 4096 : CM_MSG_MAX_TOKENS];

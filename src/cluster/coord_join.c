@@ -164,6 +164,14 @@ static int join_one(cm_pipe *p, struct cm_join *j, join_dial *d, bool first_try)
         set_state(j, addr, JOIN_REFUSED, retry);
         return 0;
     }
+    if (!rc && cm_lease_foreign(&h, &p->hello)) { /* it serves another coordinator (issue 19): not ours */
+        char why[400];
+        cm_lease_text(&h, why, sizeof why);
+        if (first_try) cm_coord_log(p, "node %s (found by mDNS) not used: %s", addr, why);
+        cm_conn_close(c, NULL);
+        set_state(j, addr, JOIN_REFUSED, retry);
+        return 0;
+    }
     double rtt = 0, bw = 0, rtt2 = 0, bw2 = 0;
     for (int i = 0; !rc && i < p->n_remote; i++)
         if (!memcmp(p->r[i].hello.node_id, h.node_id, sizeof h.node_id) && p->r[i].ctl) {

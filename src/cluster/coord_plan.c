@@ -37,7 +37,7 @@ static void fill_assign(cm_pipe *p, const cm_plan *plan, int s, int k, cm_msg_as
     a->layer_begin = (uint32_t)st->first_layer;
     a->layer_end = (uint32_t)st->last_layer;
     a->flags = (s == 0 ? CM_ASSIGN_F_EMBED : 0) | (s == plan->n_stages - 1 ? CM_ASSIGN_F_OUTPUT : 0) |
-               (n > 1 && p->tp_compress && !st->ep ? CM_ASSIGN_F_TP_Q8 : 0);
+               (n > 1 && p->tp_compress && !st->ep ? CM_ASSIGN_F_TP_Q8 : 0) | (p->take ? CM_ASSIGN_F_TAKE : 0);
     if (st->ep && n > 1) { /* expert group: every member's experts, so each knows whose rows are whose */
         a->flags |= CM_ASSIGN_F_EP;
         for (int j = 0; j < n; j++) a->expert_bounds[j] = (uint16_t)st->members[j].expert_begin;
@@ -146,6 +146,7 @@ static void publish_members(cm_pipe *p, const cm_plan *plan) {
             if (mb->node == 0) {
                 o->local = true;
                 memcpy(o->name, p->hello.name, strnlen(p->hello.name, sizeof o->name - 1));
+                memcpy(o->host, p->hello.host, strnlen(p->hello.host, sizeof o->host - 1));
                 o->cores = (uint32_t)me.cores;
                 o->mem_total = me.mem_total;
                 o->mem_free = me.mem_free;
@@ -155,6 +156,7 @@ static void publish_members(cm_pipe *p, const cm_plan *plan) {
                 /* o is zeroed: copy up to one byte short (snprintf would see p and o alias) */
                 memcpy(o->addr, r->addr, strnlen(r->addr, sizeof o->addr - 1));
                 memcpy(o->name, r->hello.name, strnlen(r->hello.name, sizeof o->name - 1));
+                memcpy(o->host, r->hello.host, strnlen(r->hello.host, sizeof o->host - 1));
                 o->cores = r->hello.cores;
                 o->mem_total = r->hello.mem_total;
                 o->mem_free = r->hello.mem_free;

@@ -227,6 +227,21 @@ static int redial_lost(cm_pipe *p) {
         cm_net_cfg cfg = p->cfg;
         cfg.handshake_ms = 1000;
         int rc = cm_conn_handshake(c, true, &cfg, &p->hello, &h, e, sizeof e);
+        if (!rc && cm_lease_foreign(&h, &p->hello)) {
+            /* Taken by another coordinator: not ours to take back. Asked
+             * again at every check (it is ours again the moment the other
+             * lets go); said once. */
+            if (!r->held_logged) {
+                char why[400];
+                cm_lease_text(&h, why, sizeof why);
+                cm_coord_log(p, "node %s not taken back while another coordinator holds it: %s", r->addr, why);
+                r->held_logged = true;
+            }
+            r->seen_back = false;
+            cm_conn_close(c, NULL);
+            continue;
+        }
+        if (!rc) r->held_logged = false;
         if (!rc && !r->seen_back) {
             /* Back once: taken at the next check if it still answers (a
              * flapping node is not re-planned for at every blink, and one

@@ -26,6 +26,17 @@ typedef struct cm_cluster_member {
     double rtt_s, bw;             /* this machine -> it, measured at connect; 0 for this machine */
     bool link_measured;           /* first member of stage >= 1: the hop into it (previous stage's first */
     double link_rtt_s, link_bw;   /* member -> it) was measured (else estimated); its rtt and bytes/s */
+    char host[64];                /* its host id (HELLO): members with the same one share a machine */
+    /* Live telemetry from its heartbeats (issue 19); live is false when none
+     * came in the last 5 s (an older node, or a silent one). */
+    bool live;
+    double live_age_s;            /* seconds since that heartbeat */
+    uint64_t live_mem_used;       /* bytes in use on its machine */
+    double live_cpu_load;         /* busy fraction of its CPUs, [0, 1]; < 0 unknown */
+    double live_power_w;          /* watts of its machine */
+    char live_power_source[16];   /* "rapl", "estimate", "counters" or "none" */
+    double live_tok_s;            /* token rows it computed per second, recently */
+    double live_ms_per_tok;       /* its stage's time per token row, ms */
 } cm_cluster_member;
 
 #endif

@@ -38,6 +38,9 @@
  * and CM_NODE_HANDSHAKE_MS to finish it): a flood of idle or junk connections is
  * refused (logged with the address) instead of costing a thread each, and
  * one flooding address cannot take the slots a coordinator needs.
+ * Ownership (issue 19, node_lease.c): one coordinator at a time, under a lease.
+ * NEEDSWORK: past 800 lines; stage loading (stage_load, assign_once) belongs
+ * in a file of its own.
  */
 #include "cluster/cluster_int.h"
 #include "cluster/collective.h"
@@ -95,6 +98,7 @@ typedef struct node {
     _Atomic uint64_t epoch;   /* st's epoch (0: none), for heartbeats */
     cm_node_hb hb;            /* the heartbeat thread (node_guard.c) */
     cm_node_limits lim;       /* connection limits (node_guard.c) */
+    cm_node_lease lease;      /* the coordinator this node serves (node_lease.c) */
     struct conn_job *jobs;    /* connection threads, running or ended and not yet joined (accept loop only) */
     char cache_dir[512];
     cm_conn *tp_in[CM_COLL_MAX_MEMBERS]; /* greeted TP connections not yet taken by a stage (under mu) */
@@ -361,6 +365,10 @@ static bool assign_once(node *n, cm_conn *c, const cm_msg_assign *a, cm_msg_assi
                     a->expert_bounds[a->tp_rank + 1], (unsigned long long)got);
     }
     if (!rc) rc = stage_load(n, s, path, slice_file, err, sizeof err);
+    /* Taken over by another coordinator while this one loaded (--take): its
+     * stage must not replace the new owner's. */
+    if (!rc && !cm_node_lease_holds(&n->lease, c))
+        rc = cm_errf(err, sizeof err, CM_EBUSY, "taken over by another coordinator while loading");
     if (rc) {
         CM_LOGW("assignment of epoch %llu refused: %s", (unsigned long long)a->epoch, err);
         stage_free(s);
@@ -375,6 +383,13 @@ static bool assign_once(node *n, cm_conn *c, const cm_msg_assign *a, cm_msg_assi
     stage_free(old);
     CM_LOGI("stage %u/%u: layers [%u, %u) of '%s' (epoch %llu), rank %u of %u%s%s", a->stage, a->n_stages,
             a->layer_begin, a->layer_end, a->model_name, (unsigned long long)a->epoch, a->tp_rank, a->tp_size,
+            *a->next ? ", next " : ", last stage", a->next); /* (tests parse this info line) */
+    /* Always said (issue 19): which stage this node now runs, for whom. */
+    char owner[CM_MSG_NAME_MAX + 1];
+    cm_node_lease_owner(&n->lease, owner, sizeof owner);
+    fprintf(stderr, "cumulo node '%s': took stage %u of %u, layers [%u, %u) of '%s' for coordinator %s (epoch %llu)%s%s%s\n",
+            n->hello.name, a->stage, a->n_stages, a->layer_begin, a->layer_end, a->model_name, owner,
+            (unsigned long long)a->epoch, a->tp_size > 1 ? ", tensor-parallel member" : "",
             *a->next ? ", next " : ", last stage", a->next);
     send_ready(n, c, a->epoch, 0, 0, "");
     return false;
@@ -557,10 +572,35 @@ static int on_seq_free(stage *s, const cm_msg *msg, char *err, size_t errlen) {
     return 0;
 }
 
+/* The lease (node_lease.c) decides whether coordinator peer may assign:
+ * false after a refusal (READY with CM_EBUSY and the reason). When it takes
+ * the node over from another coordinator, that one's stage goes at once (its
+ * coordinator was told and re-plans). */
+static bool lease_assign(node *n, cm_conn *c, const cm_msg_hello *peer, const cm_msg_assign *a) {
+    char why[CM_MSG_TEXT_MAX + 1];
+    bool took = false;
+    if (cm_node_lease_assign(&n->lease, &n->hello, peer, c, a, &took, why, sizeof why)) {
+        fprintf(stderr, "cumulo node '%s': refused coordinator '%s' (%s): %s\n", n->hello.name, peer->name,
+                cm_conn_peer(c), why);
+        send_ready(n, c, a->epoch, CM_EBUSY, 0, why);
+        return false;
+    }
+    if (took) {
+        pthread_mutex_lock(&n->mu);
+        stage *old = n->st;
+        n->st = NULL;
+        atomic_store(&n->epoch, 0);
+        pthread_mutex_unlock(&n->mu);
+        stage_free(old);
+    }
+    return true;
+}
+
 static void conn_serve(node *n, cm_conn *c, int src) {
     char err[512];
-    cm_msg_hello peer;
-    int rc = cm_conn_handshake(c, false, &n->cfg, &n->hello, &peer, err, sizeof err);
+    cm_msg_hello peer, mine = n->hello;
+    cm_node_lease_hello(&n->lease, &mine); /* a coordinator sees whom this node serves before it plans */
+    int rc = cm_conn_handshake(c, false, &n->cfg, &mine, &peer, err, sizeof err);
     cm_node_limits_authenticated(&n->lim, src);
     if (rc) {
         CM_LOGW("refused %s: %s", cm_conn_peer(c), err);
@@ -580,6 +620,7 @@ static void conn_serve(node *n, cm_conn *c, int src) {
         if (rc == CM_ETIMEDOUT) continue;
         if (rc) break;
         if (m.type == CM_MSG_BYE) break;
+        if (is_coord) cm_node_lease_renew(&n->lease, &peer);
         switch (m.type) {
         case CM_MSG_PING: {
             int tr = cm_coll_mesh_rank_of(&m);
@@ -646,11 +687,13 @@ static void conn_serve(node *n, cm_conn *c, int src) {
         }
         case CM_MSG_ASSIGN:
             if (!is_coord) { CM_LOGW("ASSIGN from %s, which is not a coordinator: ignored", cm_conn_peer(c)); break; }
+            if (!lease_assign(n, c, &peer, &m.u.assign)) break; /* another coordinator's node: refused */
             /* Our own heartbeats start now, not at the coordinator's first
              * one: that can wait behind a busy data path, and a member whose
              * only traffic is tokens would fall silent with its group. */
             cm_node_hb_add(&n->hb, c);
             on_assign(n, c, &m.u.assign);
+            cm_node_lease_loaded(&n->lease);
             assigned_here = true;
             break;
         case CM_MSG_FORWARD:
@@ -666,7 +709,14 @@ static void conn_serve(node *n, cm_conn *c, int src) {
                  * current coordinator (it is not about its sequences). */
                 CM_LOGW("FORWARD of epoch %llu from %s dropped (current epoch %llu)",
                         (unsigned long long)m.u.forward.epoch, cm_conn_peer(c), (unsigned long long)s->as.epoch);
-            } else if (m.type == CM_MSG_FORWARD) r2 = on_forward(s, &m.u.forward, err, sizeof err);
+            } else if (m.type == CM_MSG_FORWARD) {
+                uint64_t t0 = cm_now_ns();
+                r2 = on_forward(s, &m.u.forward, err, sizeof err);
+                if (!r2) { /* telemetry: the heartbeats report rows/s and time per row */
+                    atomic_fetch_add(&n->hb.rows, m.u.forward.n_tokens);
+                    atomic_fetch_add(&n->hb.busy_ns, cm_now_ns() - t0);
+                }
+            }
             else if (m.type == CM_MSG_SEQ_START) r2 = on_seq_start(s, &m, err, sizeof err);
             else r2 = on_seq_free(s, &m, err, sizeof err);
             if (r2) {
@@ -681,6 +731,7 @@ static void conn_serve(node *n, cm_conn *c, int src) {
         if (rc) break;
     }
     cm_free(pong);
+    cm_node_lease_conn_end(&n->lease, c); /* at once: a coordinator that starts right after may dial now */
     if (assigned_here) {
         /* The coordinator is gone: the plan it made is over. */
         pthread_mutex_lock(&n->mu);
@@ -747,6 +798,7 @@ int cm_node_run(const cm_node_opts *o, atomic_int *stop, char *err, size_t errle
     n.cfg.handshake_ms = CM_NODE_HANDSHAKE_MS; /* an idle (slowloris) connection holds its slot this long at most */
     pthread_mutex_init(&n.csend_mu, NULL);
     cm_node_limits_init(&n.lim);
+    cm_node_lease_init(&n.lease, &n.csend_mu);
     if (o->cache_dir && *o->cache_dir) snprintf(n.cache_dir, sizeof n.cache_dir, "%s", o->cache_dir);
     else {
         const char *home = getenv("HOME");
@@ -835,5 +887,6 @@ int cm_node_run(const cm_node_opts *o, atomic_int *stop, char *err, size_t errle
     pthread_mutex_destroy(&n.mu);
     pthread_mutex_destroy(&n.csend_mu);
     cm_node_limits_release(&n.lim);
+    cm_node_lease_release(&n.lease);
     return 0;
 }

@@ -102,11 +102,47 @@ void cm_node_hb_remove(cm_node_hb *h, cm_conn *c) {
     pthread_mutex_unlock(h->send_mu);
 }
 
+/* The telemetry tail of the next heartbeat: power and load averaged since
+ * the previous one, tokens/s and time per token over the last few seconds
+ * (a window of 8 heartbeats, so that a stage between requests shows what it
+ * did rather than zero at once). */
+typedef struct hb_stats {
+    cm_power_meter *pm;
+    uint64_t t_ns[8], rows[8], busy[8];
+    int at, n;
+} hb_stats;
+
+static void fill_stats(cm_node_hb *h, hb_stats *st, cm_msg_heartbeat *hb) {
+    cm_power_sample ps = {.cpu_load = -1};
+    if (st->pm) cm_power_read(st->pm, &ps);
+    uint64_t total = cm_mem_total_bytes(), avail = cm_mem_available_bytes();
+    uint64_t now = cm_now_ns(), rows = atomic_load(&h->rows), busy = atomic_load(&h->busy_ns);
+    int old = st->n < 8 ? 0 : st->at; /* the oldest sample of the window */
+    hb->has_stats = true;
+    hb->mem_used = total > avail ? total - avail : 0;
+    hb->cpu_load = ps.cpu_load >= 0 && ps.cpu_load <= 1 ? (float)ps.cpu_load : -1.0f;
+    hb->power_w = st->pm && ps.watts >= 0 && ps.watts < 1e6 ? (float)ps.watts : 0.0f;
+    hb->power_src = !st->pm ? CM_POWER_NONE : ps.measured ? CM_POWER_RAPL : CM_POWER_ESTIMATE;
+    if (st->n) {
+        double dt = (double)(now - st->t_ns[old]) / 1e9;
+        uint64_t dr = rows - st->rows[old], db = busy - st->busy[old];
+        hb->tok_s = dt > 0 ? (float)((double)dr / dt) : 0.0f;
+        hb->ms_per_tok = dr ? (float)((double)db / 1e6 / (double)dr) : 0.0f;
+    }
+    st->t_ns[st->at] = now;
+    st->rows[st->at] = rows;
+    st->busy[st->at] = busy;
+    st->at = (st->at + 1) % 8;
+    if (st->n < 8) st->n++;
+}
+
 static void *hb_main(void *arg) {
     cm_node_hb *h = arg;
+    hb_stats st = {.pm = cm_power_open(0)};
     while (!atomic_load(h->stop)) {
         cm_msg m = {.type = CM_MSG_HEARTBEAT};
         m.u.heartbeat = (cm_msg_heartbeat){.epoch = atomic_load(h->epoch), .wall_ms = cm_wall_ms(), .mono_ns = cm_now_ns()};
+        fill_stats(h, &st, &m.u.heartbeat);
         char e[300];
         pthread_mutex_lock(h->send_mu);
         for (int i = 0; i < CM_NODE_MAX_HB; i++) {
@@ -119,6 +155,7 @@ static void *hb_main(void *arg) {
         pthread_mutex_unlock(h->send_mu);
         for (int t = 0; t < CM_PIPE_HB_MS && !atomic_load(h->stop); t += 50) cm_sleep_ms(50);
     }
+    cm_power_close(st.pm);
     return NULL;
 }
 

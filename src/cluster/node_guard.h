@@ -48,6 +48,11 @@ typedef struct cm_node_hb {
     _Atomic uint64_t *epoch;
     atomic_int *stop;
     cm_conn *conns[CM_NODE_MAX_HB]; /* under *send_mu */
+    /* Telemetry (issue 19): token rows the node's stages computed and the
+     * time they took (added by node.c after each FORWARD); the thread turns
+     * them, the memory in use, the CPU load and the power (RAPL, else an
+     * estimate) into the heartbeat's telemetry tail. */
+    _Atomic uint64_t rows, busy_ns;
     pthread_t th;
     bool started;
 } cm_node_hb;
@@ -59,5 +64,46 @@ void cm_node_hb_join(cm_node_hb *h);
 /* Add c (idempotent; ignored when full) / remove it: before closing c. */
 void cm_node_hb_add(cm_node_hb *h, cm_conn *c);
 void cm_node_hb_remove(cm_node_hb *h, cm_conn *c);
+
+/* The node's lease (issue 19, node_lease.c): which coordinator it serves.
+ * Taken by a coordinator's ASSIGN, renewed by every frame from it (its
+ * heartbeats at least every CM_PIPE_HB_MS), released when its control
+ * connection ends, and expired after cm_node_lease_ms() without a frame
+ * (a frozen or cut-off coordinator). Thread-safe (its own lock). */
+typedef struct cm_node_lease {
+    pthread_mutex_t mu;
+    pthread_mutex_t *send_mu;     /* the node's lock for sends on coordinator connections */
+    bool held;
+    uint8_t owner_id[CM_NODE_ID_BYTES];
+    char owner[CM_MSG_NAME_MAX + 1], model[CM_MSG_NAME_MAX + 1];
+    uint64_t epoch, since_ms, renew_ns;
+    bool loading;                 /* the owner's ASSIGN is being loaded: its connection is not read meanwhile */
+    cm_conn *ctl;                 /* the owner's control connection (its thread closes it) */
+} cm_node_lease;
+/* 3 x the loss bound: longer than any silence of a live coordinator. */
+int cm_node_lease_ms(void);
+void cm_node_lease_init(cm_node_lease *l, pthread_mutex_t *send_mu);
+void cm_node_lease_release(cm_node_lease *l);
+/* Copy the lease, if held and not expired, into the HELLO h this node sends. */
+void cm_node_lease_hello(cm_node_lease *l, cm_msg_hello *h);
+/* A frame from peer: renews the lease when peer is its owner. */
+void cm_node_lease_renew(cm_node_lease *l, const cm_msg_hello *peer);
+/* An ASSIGN from coordinator peer on connection c. Returns 0 when it may
+ * take the node (the lease is then its, epoch a->epoch; *took_over true
+ * when another coordinator held it: that one's control connection got BYE
+ * with the reason and was shut down, so its coordinator knows at once and
+ * its thread ends), or CM_EBUSY with the refusal (for READY) in why.
+ * me: this node's HELLO (its name in the text). */
+int cm_node_lease_assign(cm_node_lease *l, const cm_msg_hello *me, const cm_msg_hello *peer, cm_conn *c,
+                         const cm_msg_assign *a, bool *took_over, char *why, size_t cap);
+/* Whether the lease is held through connection c. */
+bool cm_node_lease_holds(cm_node_lease *l, const cm_conn *c);
+/* "NAME at ADDR" of the owner, for log lines ("?" when none). */
+void cm_node_lease_owner(cm_node_lease *l, char *out, size_t cap);
+/* The ASSIGN taken by cm_node_lease_assign is loaded (or failed): the
+ * silence bound runs again from now. */
+void cm_node_lease_loaded(cm_node_lease *l);
+/* Connection c ends: the lease is released if c was its owner's. */
+void cm_node_lease_conn_end(cm_node_lease *l, cm_conn *c);
 
 #endif

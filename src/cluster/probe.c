@@ -61,6 +61,8 @@ static void probe_one(cm_node_info *o, const char *addr, cm_conn *c, const cm_ms
     o->status = rc;
     if (rc) return;
     snprintf(o->name, sizeof o->name, "%s", peer->name);
+    snprintf(o->host, sizeof o->host, "%s", peer->host);
+    if (peer->lease_epoch) cm_lease_text(peer, o->serves, sizeof o->serves);
     o->caps.cores = (int)peer->cores;
     snprintf(o->caps.isa, sizeof o->caps.isa, "%s", peer->isa);
     o->caps.mem_total = peer->mem_total;

@@ -76,7 +76,7 @@ int cm_engine_load(cm_engine **out, const char *path, const cm_engine_opts *opts
     if (o.nodes && *o.nodes) {
         if (e->n_batch > CM_BATCH_MAX) e->n_batch = CM_BATCH_MAX;
         cm_pipe_opts po = {.nodes = o.nodes, .insecure = o.insecure, .key_file = o.key_file, .plan = o.plan,
-                           .tp_compress = o.tp_compress, .n_ctx = e->n_ctx, .n_seq_max = o.n_seq > 0 ? o.n_seq : 8, .max_batch = e->n_batch,
+                           .tp_compress = o.tp_compress, .take = o.take, .n_ctx = e->n_ctx, .n_seq_max = o.n_seq > 0 ? o.n_seq : 8, .max_batch = e->n_batch,
                            .log = o.log, .log_ctx = o.log_ctx};
         rc = cm_pipe_open(&e->pipe, path, &e->g, &e->m, &po, &e->local_last, msg, sizeof msg);
         if (rc) {

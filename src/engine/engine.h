@@ -58,6 +58,7 @@ typedef struct cm_engine_opts {
                              * split, members per stage, relative speeds. Zero: the planner's pipeline. Parsed
                              * by the caller (cumulo: --parallel, --layers, --groups, --tp-weights) */
     bool tp_compress;       /* tensor-parallel all-reduces travel as 8-bit Q8_0 blocks */
+    bool take;              /* --take: use nodes that serve another coordinator (cm_pipe_opts.take) */
     void (*log)(void *ctx, const char *line); /* cluster progress: links, plan, weights */
     void *log_ctx;
 } cm_engine_opts;

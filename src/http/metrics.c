@@ -3,9 +3,12 @@
  * dashboard's /api/cluster JSON: requests by route and status, prompt and
  * generated tokens, errors, queue depth, active slots, tokens/s over the last
  * seconds, and per node memory, CPU load, power (measured or estimated,
- * labelled) and tokens per watt. One machine = one node; the cluster engine
- * will add its nodes and links here. Every number shown is a real reading;
- * nothing is made up for show.
+ * labelled) and tokens per watt. One machine = one node; a cluster engine
+ * adds its nodes (live readings from their heartbeats, issue 19) and links.
+ * Every number shown is a real reading; nothing is made up for show.
+ * Cluster tokens/W = the cluster's tokens/s / the watts of every machine,
+ * each host counted once (nodes sharing a machine report its watts alike),
+ * labelled by how each machine's watts were obtained.
  */
 #include "http_impl.h"
 
@@ -86,6 +89,54 @@ static double rate(metrics *m) {
     return (double)sum / RATE_WINDOW;
 }
 
+/* The cluster's power: every distinct host once (this machine's meter, then
+ * each remote member's heartbeat), with a label saying how each was obtained
+ * ("rapl x1, estimate x2") and whether every machine reported. */
+typedef struct cluster_power {
+    double watts, tpw;
+    int n_hosts, n_missing;
+    char label[160];
+} cluster_power;
+
+static void add_src(int *cnt, const char *const *names, int n_names, const char *src) {
+    for (int i = 0; i < n_names; i++)
+        if (!strcmp(names[i], src)) { cnt[i]++; return; }
+    cnt[n_names - 1]++;
+}
+
+static void sum_cluster_power(double local_w, bool local_measured, double tps, const cm_engine_member *mbs, int n,
+                              cluster_power *cp) {
+    static const char *const names[] = {"rapl", "estimate", "counters", "none"};
+    int cnt[4] = {0};
+    const char *seen[64];
+    int n_seen = 0;
+    memset(cp, 0, sizeof *cp);
+    cp->watts = local_w;
+    cp->n_hosts = 1;
+    add_src(cnt, names, 4, local_measured ? "rapl" : "estimate");
+    for (int i = 0; i < n; i++)
+        if (mbs[i].local && n_seen < 64) seen[n_seen++] = mbs[i].host;
+    for (int i = 0; i < n; i++) {
+        const cm_engine_member *mb = &mbs[i];
+        if (mb->local) continue;
+        bool dup = false;
+        for (int k = 0; k < n_seen && !dup; k++) dup = mb->host[0] && !strcmp(seen[k], mb->host);
+        if (dup) continue; /* its machine is counted already */
+        if (!mb->live) { cp->n_missing++; continue; }
+        if (n_seen < 64) seen[n_seen++] = mb->host;
+        cp->watts += mb->live_power_w;
+        cp->n_hosts++;
+        add_src(cnt, names, 4, mb->live_power_source);
+    }
+    size_t o = 0;
+    for (int i = 0; i < 4; i++)
+        if (cnt[i] && o < sizeof cp->label)
+            o += (size_t)snprintf(cp->label + o, sizeof cp->label - o, "%s%s x%d", o ? ", " : "", names[i], cnt[i]);
+    if (cp->n_missing && o < sizeof cp->label)
+        snprintf(cp->label + o, sizeof cp->label - o, ", %d not reporting", cp->n_missing);
+    cp->tpw = cm_power_tokens_per_watt(tps, cp->watts);
+}
+
 /* Under mu: a power reading at most a second old (reads average over the gap). */
 static void refresh_power(metrics *m) {
     double now = cm_now_s();
@@ -121,6 +172,68 @@ static void take(metrics *m, cm_http_server *srv, snap *s) {
     s->mem_total = cm_mem_total_bytes();
     uint64_t avail = cm_mem_available_bytes();
     s->mem_used = s->mem_total > avail ? s->mem_total - avail : 0;
+}
+
+/* A Prometheus label value: backslash, quote and newline escaped. */
+static void label(cm_buf *o, const char *v) {
+    for (; *v; v++) {
+        if (*v == '\\' || *v == '"') cm_buf_printf(o, "\\%c", *v);
+        else if (*v == '\n') cm_buf_puts(o, "\\n");
+        else cm_buf_printf(o, "%c", *v);
+    }
+}
+
+/* The nodes of a cluster engine, from their heartbeats (labels node = the
+ * name it gave, host = its host id), and the cluster's power and tokens/W. */
+static void remote_prometheus(metrics *m, cm_http_server *srv, const snap *s, cm_buf *o) {
+    cm_engine *e = cm_http_engine(srv);
+    cm_engine_member mbs[32];
+    int n = e ? cm_engine_members(e, mbs, (int)CM_ARRAY_LEN(mbs)) : 0;
+    if (n > (int)CM_ARRAY_LEN(mbs)) n = (int)CM_ARRAY_LEN(mbs);
+    if (n <= 0) return;
+    static const char *const what[][3] = {
+        {"cumulo_cluster_node_memory_used_bytes", "Memory in use on a cluster node's machine (heartbeat).", "%.0f"},
+        {"cumulo_cluster_node_cpu_load", "Busy fraction of a cluster node's CPUs (heartbeat).", "%.4f"},
+        {"cumulo_cluster_node_power_watts", "Power of a cluster node's machine; source: rapl or estimate.", "%.3f"},
+        {"cumulo_cluster_node_tokens_per_second", "Token rows a cluster node computed per second, recently.", "%.3f"},
+        {"cumulo_cluster_node_ms_per_token", "A cluster node's stage time per token row, ms.", "%.3f"}};
+    for (int w = 0; w < 5; w++) {
+        cm_buf_printf(o, "# HELP %s %s\n# TYPE %s gauge\n", what[w][0], what[w][1], what[w][0]);
+        for (int i = 0; i < n; i++) {
+            const cm_engine_member *mb = &mbs[i];
+            double v;
+            const char *src = "";
+            if (mb->local) { /* this machine: its own meter */
+                double vals[5] = {(double)s->mem_used, s->load, s->watts, s->tps, -1};
+                v = vals[w];
+                src = s->measured ? "rapl" : "estimate";
+            } else {
+                if (!mb->live) continue; /* no reading: no sample (never an invented one) */
+                double vals[5] = {(double)mb->live_mem_used, mb->live_cpu_load, mb->live_power_w, mb->live_tok_s,
+                                  mb->live_ms_per_tok};
+                v = vals[w];
+                src = mb->live_power_source;
+            }
+            if (v < 0) continue;
+            cm_buf_printf(o, "%s{node=\"", what[w][0]);
+            label(o, mb->local ? m->node : mb->name);
+            cm_buf_puts(o, "\",host=\"");
+            label(o, mb->host);
+            cm_buf_printf(o, "\",stage=\"%d\"", mb->stage);
+            if (w == 2) cm_buf_printf(o, ",source=\"%s\"", src);
+            cm_buf_puts(o, "} ");
+            cm_buf_printf(o, what[w][2], v);
+            cm_buf_puts(o, "\n");
+        }
+    }
+    cluster_power cp;
+    sum_cluster_power(s->watts, s->measured, s->tps, mbs, n, &cp);
+    cm_buf_printf(o,
+                  "# HELP cumulo_cluster_power_watts Watts of every machine of the cluster, each host once; source says how each was obtained.\n"
+                  "# TYPE cumulo_cluster_power_watts gauge\ncumulo_cluster_power_watts{hosts=\"%d\",source=\"%s\"} %.3f\n"
+                  "# HELP cumulo_cluster_tokens_per_watt Cluster tokens/s divided by cumulo_cluster_power_watts.\n"
+                  "# TYPE cumulo_cluster_tokens_per_watt gauge\ncumulo_cluster_tokens_per_watt{hosts=\"%d\",source=\"%s\"} %.5f\n",
+                  cp.n_hosts, cp.label, cp.watts, cp.n_hosts, cp.label, cp.tpw);
 }
 
 void cm_metrics_prometheus(metrics *m, cm_http_server *srv, cm_buf *o) {
@@ -184,6 +297,7 @@ void cm_metrics_prometheus(metrics *m, cm_http_server *srv, cm_buf *o) {
                       "# TYPE cumulo_node_cpu_load gauge\ncumulo_node_cpu_load{node=\"%s\"} %.4f\n",
                       m->node, s.load);
     pthread_mutex_unlock(&m->mu);
+    remote_prometheus(m, srv, &s, o);
 }
 
 static void json_num_or_null(cm_buf *o, const char *fmt, double v, bool known) {
@@ -191,11 +305,12 @@ static void json_num_or_null(cm_buf *o, const char *fmt, double v, bool known) {
     else cm_buf_puts(o, "null");
 }
 
-/* One node of a cluster engine. Remote machines report no power or load to
- * the coordinator (their HELLO carries cores, memory and speed; heartbeats
- * carry no readings yet), so those are null with source "unknown"; their
- * memory is what their HELLO said when they connected. Every stage of a
- * pipeline carries every token, so each node's tokens/s is the cluster's. */
+/* One node of a cluster engine. Remote machines report memory, load, power
+ * (labelled rapl or estimate), their rows/s and time per token in their
+ * heartbeats (issue 19); a node that sent none lately (an older build) shows
+ * null with source "unknown" and its memory as its HELLO said at connect.
+ * Every stage of a pipeline carries every token, so tokens_per_second is the
+ * cluster's; stage_tokens_per_second is what the node itself computed. */
 static void cluster_node_json(cm_buf *o, metrics *m, const snap *s, const cm_engine_member *mb, int n_threads) {
     char id[160], role[48], slice[96];
     if (mb->local) snprintf(id, sizeof id, "%s", m->node);
@@ -210,24 +325,39 @@ static void cluster_node_json(cm_buf *o, metrics *m, const snap *s, const cm_eng
     cm_json_str(o, id, strlen(id));
     cm_buf_puts(o, ",\"name\":");
     cm_json_str(o, mb->name, strlen(mb->name));
-    cm_buf_printf(o, ",\"host\":\"%s\",\"role\":", mb->local ? "local" : "remote");
+    cm_buf_printf(o, ",\"host\":\"%s\",\"host_id\":", mb->local ? "local" : "remote");
+    cm_json_str(o, mb->host, strlen(mb->host));
+    cm_buf_puts(o, ",\"role\":");
     cm_json_str(o, role, strlen(role));
     cm_buf_printf(o, ",\"stage\":%d,\"layers\":[%d,%d],\"slice\":", mb->stage, mb->first_layer, mb->last_layer);
     cm_json_str(o, slice, strlen(slice));
-    uint64_t used = mb->local ? s->mem_used : mb->mem_total - (mb->mem_free < mb->mem_total ? mb->mem_free : mb->mem_total);
+    bool live = !mb->local && mb->live;
+    uint64_t used = mb->local ? s->mem_used : live ? mb->live_mem_used
+                                                   : mb->mem_total - (mb->mem_free < mb->mem_total ? mb->mem_free : mb->mem_total);
     uint64_t total = mb->local ? s->mem_total : mb->mem_total;
     cm_buf_printf(o,
                   ",\"weights_bytes\":%llu,\"kv_bytes\":%llu,\"memory_used\":%llu,\"memory_total\":%llu,"
                   "\"memory_source\":\"%s\",\"cpu_load\":",
                   (unsigned long long)mb->weight_bytes, (unsigned long long)mb->kv_bytes, (unsigned long long)used,
-                  (unsigned long long)total, mb->local ? "live" : "at connect (HELLO)");
-    json_num_or_null(o, "%.4f", s->load, mb->local && s->load >= 0);
+                  (unsigned long long)total, mb->local ? "live" : live ? "live (heartbeat)" : "at connect (HELLO)");
+    if (mb->local) json_num_or_null(o, "%.4f", s->load, s->load >= 0);
+    else json_num_or_null(o, "%.4f", mb->live_cpu_load, live && mb->live_cpu_load >= 0);
     cm_buf_printf(o, ",\"threads\":%d,\"cores\":%u,\"gflops\":%.2f,\"tokens_per_second\":%.3f,\"power_watts\":",
                   mb->local ? n_threads : 0, mb->cores, mb->gflops, s->tps);
-    json_num_or_null(o, "%.3f", s->watts, mb->local);
+    double w = mb->local ? s->watts : mb->live_power_w;
+    json_num_or_null(o, "%.3f", w, mb->local || live);
     cm_buf_printf(o, ",\"power_source\":\"%s\",\"tokens_per_watt\":",
-                  mb->local ? (s->measured ? "measured" : "estimated") : "unknown");
-    json_num_or_null(o, "%.5f", s->tpw, mb->local);
+                  mb->local ? (s->measured ? "measured" : "estimated")
+                  : !live   ? "unknown"
+                  : !strcmp(mb->live_power_source, "rapl") ? "measured"
+                  : !strcmp(mb->live_power_source, "estimate") ? "estimated" : mb->live_power_source);
+    json_num_or_null(o, "%.5f", cm_power_tokens_per_watt(s->tps, w), mb->local || live);
+    cm_buf_puts(o, ",\"stage_tokens_per_second\":");
+    json_num_or_null(o, "%.3f", mb->live_tok_s, live);
+    cm_buf_puts(o, ",\"ms_per_token\":");
+    json_num_or_null(o, "%.3f", mb->live_ms_per_tok, live);
+    cm_buf_printf(o, ",\"telemetry_age_s\":");
+    json_num_or_null(o, "%.2f", mb->live_age_s, live);
     cm_buf_puts(o, "}");
 }
 
@@ -241,6 +371,13 @@ void cm_metrics_cluster_json(metrics *m, cm_http_server *srv, cm_buf *o) {
     cm_engine_member mbs[32];
     int n_mb = e ? cm_engine_members(e, mbs, (int)CM_ARRAY_LEN(mbs)) : 0;
     if (n_mb > (int)CM_ARRAY_LEN(mbs)) n_mb = (int)CM_ARRAY_LEN(mbs);
+    cluster_power cp;
+    sum_cluster_power(s.watts, s.measured, s.tps, mbs, n_mb, &cp);
+    char scope[320];
+    if (n_mb)
+        snprintf(scope, sizeof scope, "every machine of the cluster, each host once (%d host%s: %s)", cp.n_hosts,
+                 cp.n_hosts == 1 ? "" : "s", cp.label);
+    else snprintf(scope, sizeof scope, "this machine");
     cm_buf_puts(o, "{\"model\":");
     cm_json_str(o, cm_http_model_id(srv), strlen(cm_http_model_id(srv)));
     cm_buf_printf(o, ",\"ready\":%s,\"arch\":", s.ready ? "true" : "false");
@@ -248,10 +385,11 @@ void cm_metrics_cluster_json(metrics *m, cm_http_server *srv, cm_buf *o) {
     cm_buf_printf(o,
                   ",\"n_layer\":%d,\"n_params\":%llu,\"n_stages\":%d,\"queue_depth\":%d,\"slots_active\":%d,"
                   "\"slots_total\":%d,\"tokens_per_second\":%.3f,\"power_watts\":%.3f,\"power_source\":\"%s\","
-                  "\"tokens_per_watt\":%.5f,\"power_scope\":\"%s\",\"nodes\":[",
+                  "\"tokens_per_watt\":%.5f,\"power_scope\":\"%s\",\"power_hosts\":%d,\"power_missing\":%d,\"nodes\":[",
                   in.n_layer, (unsigned long long)in.n_params, n_mb ? in.n_stages : 1, s.queued, s.active, s.slots,
-                  s.tps, s.watts, s.measured ? "measured" : "estimated", s.tpw,
-                  n_mb ? "this machine only (remote nodes report no power)" : "this machine");
+                  s.tps, n_mb ? cp.watts : s.watts,
+                  !n_mb ? (s.measured ? "measured" : "estimated") : cp.label, n_mb ? cp.tpw : s.tpw, scope,
+                  n_mb ? cp.n_hosts : 1, n_mb ? cp.n_missing : 0);
     if (n_mb) {
         for (int i = 0; i < n_mb; i++) {
             if (i) cm_buf_puts(o, ",");

@@ -302,3 +302,29 @@ uint64_t cm_peak_rss_bytes(void) {
     return (uint64_t)ru.ru_maxrss * 1024ull; /* kilobytes on Linux */
 #endif
 }
+
+void cm_host_id(char *out, size_t cap) {
+    if (!cap) return;
+    out[0] = 0;
+    const char *env = getenv("CUMULO_HOST_ID");
+    char raw[128] = "";
+    if (env && *env) snprintf(raw, sizeof raw, "%s", env);
+    else {
+        char host[64] = "";
+        if (gethostname(host, sizeof host - 1) != 0) host[0] = 0;
+        host[sizeof host - 1] = 0;
+        char mid[64] = "";
+        const char *files[] = {"/etc/machine-id", "/var/lib/dbus/machine-id"};
+        for (size_t i = 0; i < 2 && !mid[0]; i++) {
+            FILE *f = fopen(files[i], "r");
+            if (!f) continue;
+            if (!fgets(mid, sizeof mid, f)) mid[0] = 0;
+            fclose(f);
+        }
+        mid[8 < strlen(mid) ? 8 : strcspn(mid, "\r\n")] = 0;
+        snprintf(raw, sizeof raw, "%s%s%s", host[0] ? host : "host", mid[0] ? "-" : "", mid);
+    }
+    size_t k = 0;
+    for (const char *p = raw; *p && k + 1 < cap; p++) out[k++] = (*p > 0x20 && *p < 0x7f) ? *p : '_';
+    out[k] = 0;
+}

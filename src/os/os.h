@@ -76,6 +76,11 @@ const char *cm_os_name(void);            /* "linux" / "darwin" */
 const char *cm_arch_name(void);          /* "x86_64" / "arm64" */
 /* Peak resident set size of this process in bytes (0 if unknown). */
 uint64_t cm_peak_rss_bytes(void);
+/* The host this process runs on, the same for every process of one machine
+ * (network namespaces included): $CUMULO_HOST_ID when set (tests that play
+ * several machines on one), else "<hostname>-<first 8 of /etc/machine-id>",
+ * else the host name. Printable ASCII, at most cap - 1 bytes. */
+void cm_host_id(char *out, size_t cap);
 
 /* Measured memory READ bandwidth in bytes/s (membw.c): a STREAM-like sum
  * over `bytes` of memory (make it much larger than the last-level cache,
@@ -135,6 +140,10 @@ int cm_power_read(cm_power_meter *m, cm_power_sample *out);
 double cm_power_joules_per_token(double joules, double tokens);
 double cm_power_tokens_per_watt(double tokens_per_s, double watts);
 /* ==== end power ==== */
+
+/* Shut a socket down both ways (sock.c): a thread blocked reading it wakes
+ * with end-of-file, while its owner still closes it. */
+void cm_sock_shutdown(int fd);
 
 /* ---- network interfaces and IPv4 multicast UDP (netif.c) ----
  * For mDNS: list interfaces, open a UDP socket bound to a port shared with

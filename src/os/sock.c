@@ -36,3 +36,7 @@ long cm_sock_send(int fd, const void *p, size_t n) {
     return (long)send(fd, p, n, 0);
 #endif
 }
+
+void cm_sock_shutdown(int fd) {
+    if (fd >= 0) shutdown(fd, SHUT_RDWR);
+}

@@ -113,8 +113,22 @@ static const char *hello_invalid(const cm_msg_hello *h) {
     return NULL;
 }
 
+/* The telemetry tail of a HEARTBEAT (has_stats). */
+static const char *stats_invalid(const cm_msg_heartbeat *h) {
+    if (!(isfinite(h->cpu_load) && h->cpu_load >= -1 && h->cpu_load <= 1)) return "cpu_load";
+    if (!finite_nonneg(h->power_w) || h->power_src >= CM_POWER_SRC_COUNT) return "power";
+    if (!finite_nonneg(h->tok_s) || !finite_nonneg(h->ms_per_tok)) return "tok_s/ms_per_tok";
+    return NULL;
+}
+
+const char *cm_power_src_name(unsigned src) {
+    static const char *names[CM_POWER_SRC_COUNT] = {"none", "rapl", "estimate", "counters"};
+    return src < CM_POWER_SRC_COUNT ? names[src] : "unknown";
+}
+
 static const char *assign_invalid(const cm_msg_assign *a) {
-    if (a->flags & ~(CM_ASSIGN_F_EMBED | CM_ASSIGN_F_OUTPUT | CM_ASSIGN_F_TP_Q8 | CM_ASSIGN_F_EP)) return "flags";
+    if (a->flags & ~(CM_ASSIGN_F_EMBED | CM_ASSIGN_F_OUTPUT | CM_ASSIGN_F_TP_Q8 | CM_ASSIGN_F_EP | CM_ASSIGN_F_TAKE))
+        return "flags";
     if ((a->flags & CM_ASSIGN_F_TP_Q8) && a->tp_size < 2) return "flags";
     if ((a->flags & CM_ASSIGN_F_EP) && (a->tp_size < 2 || (a->flags & CM_ASSIGN_F_TP_Q8))) return "flags";
     if (a->n_layers == 0 || a->n_layers > 65536) return "n_layers";
@@ -254,16 +268,35 @@ static void encode(wcur *w, const cm_msg *m) {
         w_str(w, h->version, CM_MSG_SHORT_MAX, "version");
         w_f32(w, h->gflops);
         w_f32(w, h->mem_gbs);
+        if (h->has_tail) { /* issue 19 */
+            w_str(w, h->host, CM_MSG_NAME_MAX, "host");
+            w_u64(w, h->lease_epoch);
+            w_u64(w, h->lease_since_ms);
+            w_bytes(w, h->lease_owner_id, CM_NODE_ID_BYTES);
+            w_str(w, h->lease_owner, CM_MSG_NAME_MAX, "lease_owner");
+            w_str(w, h->lease_model, CM_MSG_NAME_MAX, "lease_model");
+        }
         const char *bad = hello_invalid(h);
         if (bad) w_check(w, false, bad);
         break;
     }
-    case CM_MSG_HEARTBEAT:
-        w_u64(w, m->u.heartbeat.epoch);
-        w_u64(w, m->u.heartbeat.wall_ms);
-        w_u64(w, m->u.heartbeat.mono_ns);
-        w_u32(w, m->u.heartbeat.load);
+    case CM_MSG_HEARTBEAT: {
+        const cm_msg_heartbeat *h = &m->u.heartbeat;
+        w_u64(w, h->epoch);
+        w_u64(w, h->wall_ms);
+        w_u64(w, h->mono_ns);
+        w_u32(w, h->load);
+        if (!h->has_stats) break;
+        const char *bad = stats_invalid(h);
+        if (bad) w_check(w, false, bad);
+        w_u64(w, h->mem_used);
+        w_f32(w, h->cpu_load);
+        w_f32(w, h->power_w);
+        w_u8(w, h->power_src);
+        w_f32(w, h->tok_s);
+        w_f32(w, h->ms_per_tok);
         break;
+    }
     case CM_MSG_PING:
     case CM_MSG_PONG: {
         const cm_msg_ping *p = &m->u.ping;
@@ -527,15 +560,35 @@ static int decode(rcur *r, unsigned type, cm_msg *m) {
         r_str(r, h->version, CM_MSG_SHORT_MAX, "version");
         h->gflops = r_f32(r, "gflops");
         h->mem_gbs = r_f32(r, "mem_gbs");
+        if (!r->bad && r->off < r->n) { /* the tail (issue 19); an older peer ends here */
+            h->has_tail = true;
+            r_str(r, h->host, CM_MSG_NAME_MAX, "host");
+            h->lease_epoch = r_u64(r, "lease_epoch");
+            h->lease_since_ms = r_u64(r, "lease_since_ms");
+            r_copy(r, h->lease_owner_id, CM_NODE_ID_BYTES, "lease_owner_id");
+            r_str(r, h->lease_owner, CM_MSG_NAME_MAX, "lease_owner");
+            r_str(r, h->lease_model, CM_MSG_NAME_MAX, "lease_model");
+        }
         if (!r->bad) { const char *bad = hello_invalid(h); if (bad) r_fail(r, bad, "out of range"); }
         break;
     }
-    case CM_MSG_HEARTBEAT:
-        m->u.heartbeat.epoch = r_u64(r, "epoch");
-        m->u.heartbeat.wall_ms = r_u64(r, "wall_ms");
-        m->u.heartbeat.mono_ns = r_u64(r, "mono_ns");
-        m->u.heartbeat.load = r_u32(r, "load");
+    case CM_MSG_HEARTBEAT: {
+        cm_msg_heartbeat *h = &m->u.heartbeat;
+        h->epoch = r_u64(r, "epoch");
+        h->wall_ms = r_u64(r, "wall_ms");
+        h->mono_ns = r_u64(r, "mono_ns");
+        h->load = r_u32(r, "load");
+        if (r->bad || r->off == r->n) break; /* no telemetry tail */
+        h->has_stats = true;
+        h->mem_used = r_u64(r, "mem_used");
+        h->cpu_load = r_f32(r, "cpu_load");
+        h->power_w = r_f32(r, "power_w");
+        h->power_src = r_u8(r, "power_src");
+        h->tok_s = r_f32(r, "tok_s");
+        h->ms_per_tok = r_f32(r, "ms_per_tok");
+        if (!r->bad) { const char *bad = stats_invalid(h); if (bad) r_fail(r, bad, "out of range"); }
         break;
+    }
     case CM_MSG_PING:
     case CM_MSG_PONG: {
         cm_msg_ping *p = &m->u.ping;

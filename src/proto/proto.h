@@ -207,6 +207,17 @@ typedef struct cm_msg_hello {
     char version[CM_MSG_SHORT_MAX + 1]; /* cumulo version */
     float gflops;                       /* measured compute speed, >= 0, finite */
     float mem_gbs;                      /* measured memory bandwidth, GB/s, >= 0, finite */
+    /* Optional tail (issue 19; absent in an older peer's HELLO, decoded as
+     * zeros): the host this process runs on (nodes with the same host id
+     * share its cores and memory bandwidth: the planner divides them), and
+     * the node's lease: the coordinator it serves now (lease_epoch 0: none).
+     * On the wire only when has_tail (every HELLO of this version sets it). */
+    bool has_tail;
+    char host[CM_MSG_NAME_MAX + 1];
+    uint64_t lease_epoch, lease_since_ms;         /* the owner's plan epoch; unix ms the lease began */
+    uint8_t lease_owner_id[CM_NODE_ID_BYTES];     /* the owning coordinator's node id */
+    char lease_owner[CM_MSG_NAME_MAX + 1];        /* its name */
+    char lease_model[CM_MSG_NAME_MAX + 1];        /* the model it runs here */
 } cm_msg_hello;
 #define CM_ROLE_NODE 1u
 #define CM_ROLE_COORDINATOR 2u
@@ -216,7 +227,19 @@ typedef struct cm_msg_heartbeat {
     uint64_t wall_ms; /* sender's wall clock, unix ms */
     uint64_t mono_ns; /* sender's monotonic clock (echo it to measure RTT) */
     uint32_t load;    /* busy threads x 100 / cores, for the dashboard */
+    /* Optional telemetry tail (issue 19): on the wire only when has_stats;
+     * nodes send it in their own heartbeats. */
+    bool has_stats;
+    uint64_t mem_used;   /* bytes in use on the machine */
+    float cpu_load;      /* busy fraction of all CPUs [0, 1]; < 0: unknown (sent as -1) */
+    float power_w;       /* finite, >= 0 */
+    uint8_t power_src;   /* enum cm_power_src */
+    float tok_s;         /* token rows this node computed per second, recently; finite, >= 0 */
+    float ms_per_tok;    /* its stage's compute time per token row, ms; finite, >= 0 */
 } cm_msg_heartbeat;
+/* How a node's watts were obtained. */
+enum cm_power_src { CM_POWER_NONE = 0, CM_POWER_RAPL = 1, CM_POWER_ESTIMATE = 2, CM_POWER_COUNTERS = 3, CM_POWER_SRC_COUNT };
+const char *cm_power_src_name(unsigned src); /* "none" / "rapl" / "estimate" / "counters" */
 
 /* PING carries data (upload bandwidth) and asks for reply_len bytes back in the
  * PONG (download bandwidth); id and sent_ns are echoed for RTT. */
@@ -231,6 +254,7 @@ typedef struct cm_msg_ping {
 #define CM_ASSIGN_F_EMBED 1u    /* first stage: embeds token ids */
 #define CM_ASSIGN_F_OUTPUT 2u   /* last stage: output head + sampling */
 #define CM_ASSIGN_F_TP_Q8 4u    /* tensor-parallel group: all-reduce transfers as Q8_0 (tp_size > 1 only) */
+#define CM_ASSIGN_F_TAKE 16u   /* take the node over from the coordinator that holds its lease (--take) */
 #define CM_ASSIGN_F_EP 8u       /* expert group (expert parallelism; tp_size > 1, not with TP_Q8): every
                                    member holds whole layers but only its experts; expert_bounds follow */
 typedef struct cm_msg_assign {

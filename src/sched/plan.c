@@ -291,7 +291,42 @@ static bool stage_fits(const cm_plan_model *m, const cm_plan_cluster *c, const c
     return true;
 }
 
+/* Shared hosts: out = c with each node that group_of uses (>= 0) given
+ * 1/k of its flops and memory bandwidth, k = the used nodes on its host. */
+static void share_hosts(const cm_plan_cluster *c, const int *group_of, cm_plan_cluster *out) {
+    *out = *c;
+    for (int i = 0; i < c->n_nodes; i++) {
+        if (group_of[i] < 0 || !c->nodes[i].host[0]) continue;
+        int k = 0;
+        for (int j = 0; j < c->n_nodes; j++)
+            if (group_of[j] >= 0 && !strcmp(c->nodes[j].host, c->nodes[i].host)) k++;
+        if (k > 1) {
+            out->nodes[i].flops /= k;
+            out->nodes[i].mem_bw /= k;
+        }
+    }
+}
+
+/* The nodes plan p uses, as group_of (stage index, -1 unused). */
+static void plan_groups(const cm_plan *p, int n_nodes, int *group_of) {
+    for (int i = 0; i < n_nodes; i++) group_of[i] = -1;
+    for (int s = 0; s < p->n_stages; s++)
+        for (int i = 0; i < p->stages[s].n_members; i++)
+            if (p->stages[s].members[i].node >= 0 && p->stages[s].members[i].node < n_nodes)
+                group_of[p->stages[s].members[i].node] = s;
+}
+
+static void predict(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan_opts *o, cm_plan *p);
+
 void cm_plan_predict(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan_opts *o, cm_plan *p) {
+    static _Thread_local cm_plan_cluster eff;
+    int group_of[CM_PLAN_MAX_NODES];
+    plan_groups(p, c->n_nodes, group_of);
+    share_hosts(c, group_of, &eff);
+    predict(m, &eff, o, p);
+}
+
+static void predict(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan_opts *o, cm_plan *p) {
     double cycle = 0, bottleneck = 0, ttft = 0;
     double P = o->prompt_tokens > 0 ? o->prompt_tokens : 1;
     for (int s = 0; s < p->n_stages; s++) {
@@ -328,6 +363,11 @@ void cm_plan_predict(const cm_plan_model *m, const cm_plan_cluster *c, const cm_
         if (busy > bottleneck) bottleneck = busy;
     }
     p->tok_s = cycle > 0 ? 1.0 / cycle : 0;
+    p->kv_ctx = o->ctx;
+    p->kv_n_seq = o->n_seq;
+    p->kv_bytes_total = 0;
+    for (int s = 0; s < p->n_stages; s++)
+        for (int i = 0; i < p->stages[s].n_members; i++) p->kv_bytes_total += p->stages[s].members[i].kv_bytes;
     double agg = cycle > 0 ? o->n_seq / cycle : 0;
     if (bottleneck > 0 && agg > 1.0 / bottleneck) agg = 1.0 / bottleneck;
     p->tok_s_aggregate = agg;
@@ -404,9 +444,15 @@ int cm_plan_for_groups(const cm_plan_model *m, const cm_plan_cluster *c, const c
     return rc;
 }
 
-static int plan_for_groups(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan_opts *o,
+static int plan_for_groups(const cm_plan_model *m, const cm_plan_cluster *c_in, const cm_plan_opts *o,
                            const int *group_of, bool by_mem, cm_plan *out, char *err, size_t errlen) {
-    if (!m || !c || !o || !out) return cm_errf(err, errlen, CM_EINVAL, "plan: missing argument");
+    if (!m || !c_in || !o || !out || !group_of) return cm_errf(err, errlen, CM_EINVAL, "plan: missing argument");
+    if (c_in->n_nodes < 1 || c_in->n_nodes > CM_PLAN_MAX_NODES)
+        return cm_errf(err, errlen, CM_EINVAL, "plan: %d nodes (1..%d supported)", c_in->n_nodes, CM_PLAN_MAX_NODES);
+    /* Everything below plans on the nodes' shares of their hosts. */
+    static _Thread_local cm_plan_cluster eff;
+    share_hosts(c_in, group_of, &eff);
+    const cm_plan_cluster *c = &eff;
     if (c->n_nodes < 1 || c->n_nodes > CM_PLAN_MAX_NODES)
         return cm_errf(err, errlen, CM_EINVAL, "plan: %d nodes (1..%d supported)", c->n_nodes, CM_PLAN_MAX_NODES);
     if (m->n_layers < 1 || m->n_layers > CM_PLAN_MAX_LAYERS || m->n_kv_heads < 1 || m->dim < 1 || m->ffn < 1)
@@ -498,7 +544,7 @@ static int plan_for_groups(const cm_plan_model *m, const cm_plan_cluster *c, con
         else lo = mid;
     }
     if (!fill_under(m, c, o, out, lay_s, hop, hi)) fill_under(m, c, o, out, lay_s, hop, 1e300);
-    cm_plan_predict(m, c, o, out);
+    predict(m, c, o, out);
     return 0;
 }
 
@@ -697,8 +743,13 @@ void cm_plan_model_synthetic_moe(cm_plan_model *m, int n_layers, int dim, int n_
     }
 }
 
-void cm_plan_format(const cm_plan *p, const cm_plan_model *m, const cm_plan_cluster *c, char *buf, size_t n) {
+void cm_plan_format(const cm_plan *p, const cm_plan_model *m, const cm_plan_cluster *c_in, char *buf, size_t n) {
     size_t k = 0;
+    static _Thread_local cm_plan_cluster eff;
+    int group_of[CM_PLAN_MAX_NODES];
+    plan_groups(p, c_in->n_nodes, group_of);
+    share_hosts(c_in, group_of, &eff);
+    const cm_plan_cluster *c = &eff;
 #define OUT(...) do { if (k < n) { int w_ = snprintf(buf + k, n - k, __VA_ARGS__); if (w_ > 0) k += (size_t)w_; } } while (0)
     int w = 16;
     for (int s = 0; s < p->n_stages; s++)
@@ -729,6 +780,24 @@ void cm_plan_format(const cm_plan *p, const cm_plan_model *m, const cm_plan_clus
         for (int s = 0; s < p->n_stages; s++)
             OUT(" %d->%d %.3f%s", s, s + 1 < p->n_stages ? s + 1 : 0, p->stages[s].hop_s * 1e3, s + 1 < p->n_stages ? "," : ";");
         OUT(" output head %.3f\n", head_s(m, c, &p->stages[p->n_stages - 1], 1) * 1e3);
+    }
+    if (p->kv_n_seq > 0) /* the kv-cache column holds every sequence's; say it per sequence too */
+        OUT("kv cache: %.2f MiB per sequence (%d positions), %.2f MiB in all for %d sequence%s\n",
+            p->kv_bytes_total / 1048576.0 / p->kv_n_seq, p->kv_ctx, p->kv_bytes_total / 1048576.0, p->kv_n_seq,
+            p->kv_n_seq == 1 ? "" : "s");
+    for (int i = 0; i < c->n_nodes; i++) { /* hosts shared by members of the plan */
+        if (group_of[i] < 0 || !c->nodes[i].host[0]) continue;
+        int first = -1, cnt = 0;
+        for (int j = 0; j < c->n_nodes; j++)
+            if (group_of[j] >= 0 && !strcmp(c->nodes[j].host, c->nodes[i].host)) {
+                if (first < 0) first = j;
+                cnt++;
+            }
+        if (first != i || cnt < 2) continue;
+        OUT("shared host %s: %d members (", c->nodes[i].host, cnt);
+        for (int j = 0, w2 = 0; j < c->n_nodes; j++)
+            if (group_of[j] >= 0 && !strcmp(c->nodes[j].host, c->nodes[i].host)) OUT("%s%s", w2++ ? ", " : "", c->nodes[j].name);
+        OUT(") share its cores and memory bandwidth: each planned at 1/%d\n", cnt);
     }
     OUT("mode %s; one stream %.2f tok/s; aggregate %.2f tok/s; time to first token %.3f s\n",
         cm_parallel_name(p->mode), p->tok_s, p->tok_s_aggregate, p->ttft_s);

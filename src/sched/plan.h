@@ -24,6 +24,11 @@
  * Layers are split to minimise the slowest stage's time (the pipeline's
  * throughput bound) subject to memory, so a slower node or one behind a slower
  * link gets fewer layers; within a group, slices follow each member's speed.
+ * Shared hosts (issue 19): the k members of a plan on one host (the same
+ * cm_plan_node.host) each get 1/k of its flops and memory bandwidth, so
+ * three nodes on one machine are not predicted three machines' speed.
+ * NEEDSWORK: memory is still counted per node (each offers what it found
+ * free); the planner does not yet cap a host's members by the host's memory.
  */
 #ifndef CM_PLAN_H
 #define CM_PLAN_H
@@ -50,6 +55,8 @@ typedef struct cm_plan_node {
     uint64_t mem_bytes; /* memory offered for weights + KV + scratch */
     double mem_bw;      /* bytes/s at which it streams weights */
     double flops;       /* FLOP/s for matrix work (prefill) */
+    char host[64];      /* host id ("" unknown: a host of its own); members with the same one share
+                           its cores and memory bandwidth */
 } cm_plan_node;
 
 typedef struct cm_plan_cluster {
@@ -156,6 +163,8 @@ typedef struct cm_plan {
     uint64_t bytes_per_token_tp;  /* tensor parallel: 2*layers*dim*4 per member */
     uint64_t bytes_per_token_ep;  /* expert groups: all-to-all element bytes of one token, summed over
                                      every member: sum over groups of (k-1)*used*moe layers*dim*4 */
+    int kv_ctx, kv_n_seq;         /* the KV cache planned: positions per sequence, sequences */
+    uint64_t kv_bytes_total;      /* KV bytes of every member, all sequences */
     char why[1024];
 } cm_plan;
 

@@ -74,6 +74,10 @@ int cm_sim_parse_cluster(const char *json, size_t n, cm_plan_cluster *c, cm_plan
             pn->mem_bytes = (uint64_t)(mem * GIB);
             pn->mem_bw = bw * GB;
             pn->flops = tf * 1e12;
+            /* "host": nodes that name the same one share a machine (its
+             * cores and memory bandwidth: plan.h) */
+            const cJSON *host = cJSON_GetObjectItemCaseSensitive(nd, "host");
+            if (cJSON_IsString(host)) snprintf(pn->host, sizeof pn->host, "%.63s", host->valuestring);
         }
     }
     double rtt = 0.5, gbit = 1;

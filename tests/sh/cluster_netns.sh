@@ -71,7 +71,8 @@ export CUMULO_DECLARE_SPEED=20,4
 mkdir -p "$TMP/models" && ln -s "$M/stories260K-q8_0.gguf" "$TMP/models/" && ln -s "$TMP/deep24.gguf" "$TMP/models/"
 for k in 1 2 3; do
     eval ns=\$N$k
-    ip netns exec "$ns" "$BIN" node --name fast$k --port 7070 --models "$TMP/models" --cache "$TMP/cache$k" --threads 1 \
+    # each namespace plays a machine of its own (issue 19: nodes of one host share its cores in the plan)
+    CUMULO_HOST_ID=$ns ip netns exec "$ns" "$BIN" node --name fast$k --port 7070 --models "$TMP/models" --cache "$TMP/cache$k" --threads 1 \
         >"$TMP/node$k.log" 2>&1 &
     PIDS="$PIDS $!"
     # one at a time: each measures its speed at start, which two cores shared

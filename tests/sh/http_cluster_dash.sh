@@ -36,9 +36,19 @@ check "/api/cluster 200" [ "$(cat "$TMP/st")" = 200 ]
 cp "$TMP/body" "$TMP/cluster.json"
 check "/api/cluster: 3 nodes, 3 stages" [ "$(js '[j.nodes.length, j.n_stages, j.nodes.map(n=>n.stage).join()]' "$TMP/cluster.json")" = '[3,3,"0,1,2"]' ]
 check "/api/cluster: layers contiguous over all layers" [ "$(js 'j.nodes.every((n,i)=>n.layers[0]===(i?j.nodes[i-1].layers[1]:0)&&n.layers[1]>n.layers[0])&&j.nodes[2].layers[1]===j.n_layer&&j.n_layer===5' "$TMP/cluster.json")" = true ]
-check "/api/cluster: remote nodes by address, power unknown (not invented)" \
-    [ "$(js 'j.nodes.slice(1).map(n=>[n.id,n.power_watts,n.power_source,n.tokens_per_watt].join()).sort().join(";")' "$TMP/cluster.json")" = \
-      "$(echo "$NODES" | tr ',' '\n' | sort | sed 's/$/,,unknown,/' | paste -sd';')" ]
+# Issue 19: remote nodes report live telemetry in their heartbeats (memory,
+# load, power labelled); these nodes share this machine, so the cluster's
+# watts count it once (power_hosts 1: the coordinator's own reading).
+k=0
+while [ $k -lt 50 ] && [ "$(js 'j.nodes.slice(1).every(n=>n.memory_source==="live (heartbeat)")' "$TMP/cluster.json")" != true ]; do
+    sleep 0.1; k=$((k + 1))
+    status "$URL/api/cluster" -H 'Authorization: Bearer dashkey' >/dev/null && cp "$TMP/body" "$TMP/cluster.json"
+done
+check "/api/cluster: remote nodes by address, live power labelled, memory and load from heartbeats" \
+    [ "$(js 'j.nodes.slice(1).map(n=>[n.id,typeof n.power_watts,/^(measured|estimated)$/.test(n.power_source),n.memory_source,typeof n.cpu_load,n.host_id===j.nodes[0].host_id].join()).sort().join(";")' "$TMP/cluster.json")" = \
+      "$(echo "$NODES" | tr ',' '\n' | sort | sed 's/$/,number,true,live (heartbeat),number,true/' | paste -sd';')" ]
+check "/api/cluster: one shared host counted once in the cluster's watts" \
+    [ "$(js '[j.power_hosts, j.power_missing, j.power_watts===j.nodes[0].power_watts].join()' "$TMP/cluster.json")" = "1,0,true" ]
 check "/api/cluster: coordinator power labelled" [ "$(js '/^(measured|estimated)$/.test(j.nodes[0].power_source)&&typeof j.nodes[0].power_watts' "$TMP/cluster.json")" = number ]
 check "/api/cluster: 2 links, both measured (the second, node to node, by the nodes themselves)" \
     [ "$(js '[j.links.length, typeof j.links[0].latency_ms, typeof j.links[0].bandwidth_mbps, typeof j.links[1].latency_ms, typeof j.links[1].bandwidth_mbps, j.links[0].source, j.links[1].source].join()' "$TMP/cluster.json")" = '2,number,number,number,number,measured at connect,measured node to node' ]

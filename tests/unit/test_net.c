@@ -157,7 +157,7 @@ static void roundtrip(const char *listen_host, const char *host, cm_sec_mode mod
         }
         free(pos); free(seq); free(want); free(hid); free(row);
         m = (cm_msg){.type = CM_MSG_HEARTBEAT};
-        m.u.heartbeat = (cm_msg_heartbeat){4, cm_wall_ms(), cm_now_ns(), 10};
+        m.u.heartbeat = (cm_msg_heartbeat){.epoch = 4, .wall_ms = cm_wall_ms(), .mono_ns = cm_now_ns(), .load = 10};
         CHECK(cm_conn_send(c, &m, 2000, e, sizeof e) == 0);
         CHECK(cm_conn_recv(c, &r, 2000, e, sizeof e) == 0 && r.type == CM_MSG_HEARTBEAT &&
               r.u.heartbeat.mono_ns == m.u.heartbeat.mono_ns);

@@ -519,7 +519,53 @@ static void test_ep_modes(void) {
     CHECKF(p.tok_s > 2.0 * 120e9 / (double)total, "pipeline %.1f tok/s", p.tok_s);
 }
 
+/* Issue 19: nodes on one host share its cores and memory bandwidth. Three
+ * nodes (and the coordinator) on one 2-core machine, each measuring the
+ * whole machine, were predicted 38 tok/s and ran 10-16: sharing, the
+ * prediction is a quarter of the naive one (4 members, memory-bound layers,
+ * links negligible), and a node on a host of its own gets more layers than
+ * one sharing. The KV line says per sequence and in all. */
+static void test_shared_host(void) {
+    cm_plan_model m; cm_plan_model_synthetic(&m, 16, 2048, 32, 8, 8192, 32000, 4.5); /* ~1B */
+    cm_plan_opts o; cm_plan_opts_default(&o); o.mode = CM_PARALLEL_PP;
+    cm_plan p, q; char err[512];
+    cm_plan_cluster c = {0}; links_all(&c, 0.02, 100);
+    for (int i = 0; i < 4; i++) {
+        char nm[8];
+        snprintf(nm, sizeof nm, "n%d", i);
+        add_node(&c, nm, 20, 15, 0.06); /* the 2-core box: 15 GB/s, 60 GFLOP/s */
+    }
+    CHECKF(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == 0, "%s", err);
+    for (int i = 0; i < 4; i++) snprintf(c.nodes[i].host, sizeof c.nodes[i].host, "vm-1");
+    CHECKF(cm_plan_make(&m, &c, &o, &q, err, sizeof err) == 0, "%s", err);
+    check_plan_valid(&q, &m, &c, &o);
+    double r = q.tok_s / p.tok_s;
+    CHECKF(r > 0.23 && r < 0.27, "shared %.1f vs separate %.1f tok/s (ratio %.3f, want ~1/4)", q.tok_s, p.tok_s, r);
+    CHECK(layers_of(&q, 1) == layers_of(&p, 1)); /* all shared alike: the same split */
+    /* the plan text says who shares */
+    static char buf[8192];
+    cm_plan_format(&q, &m, &c, buf, sizeof buf);
+    CHECKF(strstr(buf, "shared host vm-1: 4 members (n0, n1, n2, n3) share its cores and memory bandwidth: each planned at 1/4"),
+           "%s", buf);
+    /* the coordinator on a machine of its own, three nodes sharing another:
+     * the coordinator's stage holds more layers than any shared one */
+    snprintf(c.nodes[0].host, sizeof c.nodes[0].host, "mac");
+    CHECKF(cm_plan_make(&m, &c, &o, &q, err, sizeof err) == 0, "%s", err);
+    CHECKF(layers_of(&q, 0) > 2 * layers_of(&q, 1) && layers_of(&q, 0) > 2 * layers_of(&q, 2), "%d %d %d %d",
+           layers_of(&q, 0), layers_of(&q, 1), layers_of(&q, 2), layers_of(&q, 3));
+    /* cm_plan_predict (a given split) applies the same sharing */
+    cm_plan pr = q;
+    cm_plan_predict(&m, &c, &o, &pr);
+    CHECKF(fabs(pr.tok_s - q.tok_s) < 1e-9 * q.tok_s, "%.3f vs %.3f", pr.tok_s, q.tok_s);
+    /* KV: per sequence and in all (ctx 2048, 3 sequences, f32): 2 (K, V) x 16 layers x 8 heads x 64 x 2048 x 4 bytes = 128 MiB each */
+    o.n_seq = 3;
+    CHECKF(cm_plan_make(&m, &c, &o, &q, err, sizeof err) == 0, "%s", err);
+    cm_plan_format(&q, &m, &c, buf, sizeof buf);
+    CHECKF(strstr(buf, "kv cache: 128.00 MiB per sequence (2048 positions), 384.00 MiB in all for 3 sequences"), "%s", buf);
+}
+
 int main(void) {
+    RUN(test_shared_host);
     RUN(test_single_node);
     RUN(test_even_and_uneven_pipeline);
     RUN(test_memory_bound_node);

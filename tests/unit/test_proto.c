@@ -42,10 +42,29 @@ static void sample(unsigned type, cm_msg *m, int variant) {
         strcpy(h->version, CM_VERSION);
         h->gflops = 123.5f;
         h->mem_gbs = 42.25f;
+        /* issue 19's tail: 0 the host id, 1 also a lease, 2 none (an older peer) */
+        h->has_tail = variant != 2;
+        if (variant != 2) strcpy(h->host, "mac-mini-2-1a2b3c4d");
+        if (variant == 1) {
+            h->lease_epoch = 1764670000123ull;
+            h->lease_since_ms = 1764669990000ull;
+            for (int i = 0; i < 16; i++) h->lease_owner_id[i] = (uint8_t)(200 - i);
+            strcpy(h->lease_owner, "vm at 10.0.0.1:51234");
+            strcpy(h->lease_model, "llama-3.2-1b-q4_0.gguf");
+        }
         break;
     }
     case CM_MSG_HEARTBEAT:
-        m->u.heartbeat = (cm_msg_heartbeat){7, 1764670000123ull, 987654321ull, 250};
+        m->u.heartbeat = (cm_msg_heartbeat){.epoch = 7, .wall_ms = 1764670000123ull, .mono_ns = 987654321ull, .load = 250};
+        if (variant) { /* issue 19: the telemetry tail (1: RAPL; 2: an estimate, load unknown) */
+            m->u.heartbeat.has_stats = true;
+            m->u.heartbeat.mem_used = 5ull << 30;
+            m->u.heartbeat.cpu_load = variant == 1 ? 0.75f : -1.0f;
+            m->u.heartbeat.power_w = variant == 1 ? 18.5f : 65.0f;
+            m->u.heartbeat.power_src = variant == 1 ? CM_POWER_RAPL : CM_POWER_ESTIMATE;
+            m->u.heartbeat.tok_s = 42.5f;
+            m->u.heartbeat.ms_per_tok = 3.25f;
+        }
         break;
     case CM_MSG_PING:
     case CM_MSG_PONG:
@@ -219,7 +238,7 @@ static void test_header_layout(void) {
     /* HEARTBEAT payload: epoch u64, wall_ms u64, mono_ns u64, load u32, little-endian. */
     cm_msg m;
     sample(CM_MSG_HEARTBEAT, &m, 0);
-    m.u.heartbeat = (cm_msg_heartbeat){0x11, 0x2233, 0x44, 0x55667788};
+    m.u.heartbeat = (cm_msg_heartbeat){.epoch = 0x11, .wall_ms = 0x2233, .mono_ns = 0x44, .load = 0x55667788};
     uint8_t p[64];
     size_t n = enc(&m, p, sizeof p);
     const uint8_t wp[28] = {0x11, 0, 0, 0, 0, 0, 0, 0, 0x33, 0x22, 0, 0, 0, 0,
@@ -372,15 +391,30 @@ static void test_truncation(void) {
             cm_msg m, d;
             sample(t, &m, v);
             size_t n = enc(&m, buf, sizeof buf);
+            /* An optional tail (issue 19: HELLO's host and lease, HEARTBEAT's
+             * telemetry) may be absent as a whole: that one prefix is the
+             * message of an older peer, and decodes without the tail. */
+            size_t base = 0;
+            if ((t == CM_MSG_HELLO && m.u.hello.has_tail) || (t == CM_MSG_HEARTBEAT && m.u.heartbeat.has_stats)) {
+                cm_msg old = m;
+                old.u.hello.has_tail = false;
+                if (t == CM_MSG_HEARTBEAT) old.u.heartbeat.has_stats = false;
+                CHECK(cm_msg_encode(&old, NULL, 0, &base, e, sizeof e) == 0 && base < n);
+            }
             for (size_t k = 0; k < n; k++) {
                 /* copy the prefix into its own allocation so ASan sees any over-read */
                 uint8_t *p = malloc(k ? k : 1);
                 memcpy(p, buf, k);
                 int rc = cm_msg_decode(t, p, k, &d, e, sizeof e);
+                free(p);
+                if (base && k == base) {
+                    CHECKF(rc == 0 && !(t == CM_MSG_HELLO ? d.u.hello.has_tail : d.u.heartbeat.has_stats),
+                           "%s without its tail: rc %d %s", cm_msg_type_name(t), rc, e);
+                    continue;
+                }
                 total++;
                 refused += rc == CM_EFORMAT;
                 CHECKF(rc == CM_EFORMAT, "%s truncated to %zu of %zu: rc %d", cm_msg_type_name(t), k, n, rc);
-                free(p);
             }
             buf[n] = 0;
             CHECK(cm_msg_decode(t, buf, n + 1, &d, e, sizeof e) == CM_EFORMAT);
@@ -430,6 +464,69 @@ static void test_corruption(void) {
     CHECKF(strstr(e, "control") != NULL, "%s", e);
 }
 
+/* Issue 19: the HEARTBEAT telemetry tail and the HELLO tail (host, lease),
+ * byte layout and bounds both ways; ASSIGN's TAKE flag. */
+static void test_issue19_fields(void) {
+    static uint8_t buf[4096];
+    char e[256];
+    cm_msg m, d;
+    size_t n;
+    sample(CM_MSG_HEARTBEAT, &m, 1);
+    n = enc(&m, buf, sizeof buf);
+    CHECKF(n == 53, "heartbeat with telemetry: %zu bytes", n); /* 28 + mem_used 8, cpu_load 4, power_w 4, src 1, tok_s 4, ms 4 */
+    CHECK(cm_rd_u64(buf + 28) == (5ull << 30) && buf[44] == CM_POWER_RAPL);
+    float f;
+    uint32_t u = cm_rd_u32(buf + 40);
+    memcpy(&f, &u, 4);
+    CHECK(f == 18.5f);
+    CHECK(cm_msg_decode(CM_MSG_HEARTBEAT, buf, n, &d, e, sizeof e) == 0 && d.u.heartbeat.has_stats &&
+          d.u.heartbeat.power_src == CM_POWER_RAPL && d.u.heartbeat.tok_s == 42.5f && d.u.heartbeat.ms_per_tok == 3.25f &&
+          d.u.heartbeat.cpu_load == 0.75f);
+    CHECK(!strcmp(cm_power_src_name(CM_POWER_ESTIMATE), "estimate") && !strcmp(cm_power_src_name(9), "unknown"));
+    struct { int field; float v; uint8_t src; } bad[] = {{0, 1.5f, 1}, {0, -2.0f, 1}, {1, -1.0f, 1}, {1, NAN, 1},
+                                                         {2, INFINITY, 1}, {3, -0.5f, 1}, {-1, 0, CM_POWER_SRC_COUNT}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        sample(CM_MSG_HEARTBEAT, &m, 1);
+        cm_msg_heartbeat *h = &m.u.heartbeat;
+        if (bad[i].field == 0) h->cpu_load = bad[i].v;
+        if (bad[i].field == 1) h->power_w = bad[i].v;
+        if (bad[i].field == 2) h->tok_s = bad[i].v;
+        if (bad[i].field == 3) h->ms_per_tok = bad[i].v;
+        h->power_src = bad[i].src;
+        CHECKF(cm_msg_encode(&m, NULL, 0, &n, e, sizeof e) == CM_EINVAL, "bad telemetry %zu encoded", i);
+        /* the same bytes made by hand are refused by the decoder */
+        sample(CM_MSG_HEARTBEAT, &m, 1);
+        n = enc(&m, buf, sizeof buf);
+        if (bad[i].field >= 0) {
+            static const size_t off[] = {36, 40, 45, 49}; /* cpu_load, power_w, tok_s, ms_per_tok */
+            memcpy(&u, &bad[i].v, 4);
+            cm_wr_u32(buf + off[bad[i].field], u);
+        } else
+            buf[44] = bad[i].src;
+        CHECKF(cm_msg_decode(CM_MSG_HEARTBEAT, buf, n, &d, e, sizeof e) == CM_EFORMAT, "bad telemetry %zu decoded", i);
+    }
+    /* HELLO: the lease round trip; a host id with a control character is refused */
+    sample(CM_MSG_HELLO, &m, 1);
+    n = enc(&m, buf, sizeof buf);
+    CHECK(cm_msg_decode(CM_MSG_HELLO, buf, n, &d, e, sizeof e) == 0 && d.u.hello.has_tail &&
+          !strcmp(d.u.hello.host, "mac-mini-2-1a2b3c4d") && d.u.hello.lease_epoch == 1764670000123ull &&
+          !strcmp(d.u.hello.lease_owner, "vm at 10.0.0.1:51234") && !memcmp(d.u.hello.lease_owner_id, m.u.hello.lease_owner_id, 16));
+    strcpy(m.u.hello.host, "evil\x1b[2J");
+    n = enc(&m, buf, sizeof buf);
+    CHECK(cm_msg_decode(CM_MSG_HELLO, buf, n, &d, e, sizeof e) == CM_EFORMAT && strstr(e, "'host'"));
+    sample(CM_MSG_HELLO, &m, 2); /* an older peer's HELLO: no tail, decodes with an empty host and no lease */
+    n = enc(&m, buf, sizeof buf);
+    CHECK(cm_msg_decode(CM_MSG_HELLO, buf, n, &d, e, sizeof e) == 0 && !d.u.hello.has_tail && !d.u.hello.host[0] &&
+          !d.u.hello.lease_epoch);
+    /* ASSIGN: TAKE travels; an unknown flag bit is still refused */
+    sample(CM_MSG_ASSIGN, &m, 0);
+    m.u.assign.flags |= CM_ASSIGN_F_TAKE;
+    n = enc(&m, buf, sizeof buf);
+    CHECK(cm_msg_decode(CM_MSG_ASSIGN, buf, n, &d, e, sizeof e) == 0 && (d.u.assign.flags & CM_ASSIGN_F_TAKE));
+    m.u.assign.flags |= 32u;
+    CHECK(cm_msg_encode(&m, NULL, 0, &n, e, sizeof e) == CM_EINVAL);
+}
+
 static void test_encode_bounds(void) {
     cm_msg m;
     size_t n;
@@ -448,7 +545,7 @@ static void test_encode_bounds(void) {
     m.u.assign.tp_rank = 0;
     CHECK(cm_msg_encode(&m, NULL, 0, &n, e, sizeof e) == CM_EINVAL);
     sample(CM_MSG_ASSIGN, &m, 0);
-    m.u.assign.flags |= 16; /* unknown flag */
+    m.u.assign.flags |= 32; /* unknown flag (16 is TAKE since issue 19) */
     CHECK(cm_msg_encode(&m, NULL, 0, &n, e, sizeof e) == CM_EINVAL);
     /* expert groups: bounds from 0, non-decreasing, past 0; a group; never Q8_0 */
     sample(CM_MSG_ASSIGN, &m, 2);
@@ -769,6 +866,7 @@ int main(void) {
     RUN(test_truncation);
     RUN(test_corruption);
     RUN(test_encode_bounds);
+    RUN(test_issue19_fields);
     RUN(test_handshake);
     RUN(test_sealed_frames);
     TEST_END();

@@ -55,6 +55,9 @@ cc_wait_grep() {
 # NODE_PORT (empty when it did not start within 10 s). With CC_NOWAIT set it
 # returns at once (several nodes start together; wait for $TMP/TAG.port).
 # With CC_LOG_APPEND set, a restarted TAG appends to its log.
+# Each node plays a machine of its own: CUMULO_HOST_ID=cc-TAG (the planner
+# divides a shared host's cores among its members, issue 19), unless
+# CC_HOST_ID names one host for all (a test of sharing itself).
 cc_start_node() {
     tag=$1
     shift
@@ -63,7 +66,7 @@ cc_start_node() {
     cc_nsx
     # shellcheck disable=SC2086
     [ -n "$CC_LOG_APPEND" ] || : >"$TMP/$tag.log"
-    $CC_NSX "$BIN" node $port_opt --port-file "$TMP/$tag.port" --threads 1 --name "$tag" --cache "$TMP/cache-$tag" \
+    CUMULO_HOST_ID=${CC_HOST_ID:-cc-$tag} $CC_NSX "$BIN" node $port_opt --port-file "$TMP/$tag.port" --threads 1 --name "$tag" --cache "$TMP/cache-$tag" \
         "$@" >>"$TMP/$tag.log" 2>&1 &
     NODE_PID=$!
     CC_PIDS="$CC_PIDS $NODE_PID"
