@@ -507,9 +507,13 @@ static void chunk(job *j, const char *text, size_t len, bool role, const char *f
     cm_buf_puts(b, "}\n\n");
 }
 
-void cm_api_stream_delta(job *j, const char *text, size_t len) { chunk(j, text, len, false, NULL); }
+void cm_api_stream_delta(job *j, const char *text, size_t len) {
+    if (j->api == CM_API_ANTHROPIC) { cm_anth_stream_delta(j, text, len); return; }
+    chunk(j, text, len, false, NULL);
+}
 
 void cm_api_stream_role(job *j) {
+    if (j->api == CM_API_ANTHROPIC) { cm_anth_stream_start(j); return; }
     if (j->chat) chunk(j, "", 0, true, NULL);
 }
 
@@ -519,6 +523,7 @@ static void usage_json(cm_buf *b, job *j) {
 }
 
 void cm_api_stream_end(job *j) {
+    if (j->api == CM_API_ANTHROPIC) { cm_anth_stream_end(j); return; }
     cm_buf *b = &j->sse;
     if (j->http_status) {
         api_error e;
@@ -539,6 +544,7 @@ void cm_api_stream_end(job *j) {
 }
 
 char *cm_api_final_json(job *j) {
+    if (j->api == CM_API_ANTHROPIC) return cm_anth_final_json(j);
     cm_buf b;
     cm_buf_init(&b);
     cm_buf_puts(&b, "{\"id\":");

@@ -18,6 +18,7 @@
 typedef struct cm_http_server cm_http_server;
 
 enum job_state { JOB_QUEUED, JOB_RUNNING, JOB_DONE };
+enum cm_api_kind { CM_API_OPENAI, CM_API_ANTHROPIC, CM_API_COUNT }; /* the shapes a job answers in */
 
 /* One request. Two owners (connection + scheduler) release it with cm_job_unref. */
 typedef struct job {
@@ -28,6 +29,7 @@ typedef struct job {
     cm_http_server *srv;
     /* the request (immutable once queued) */
     bool chat, stream, include_usage;
+    enum cm_api_kind api; /* OpenAI (api.c) or Anthropic Messages (api_anthropic.c) */
     int logprobs;         /* -1: none; else top logprobs per token (0..20) */
     int32_t *ids;
     int n_ids;
@@ -51,6 +53,7 @@ typedef struct job {
     int n_gen;
     int n_cached;         /* prompt tokens found in the slot's KV cache */
     enum cm_finish finish;
+    int stop_index;       /* which of stops[] ended it (finish stop), or -1 */
     int http_status;      /* 0 or the status of a failure */
     char errmsg[256];
 } job;
@@ -85,6 +88,16 @@ void cm_api_stream_end(job *j);
 /* Non-streaming body (malloc'd JSON) of a finished job. */
 char *cm_api_final_json(job *j);
 
+/* ---- Anthropic Messages API (api_anthropic.c) ---- */
+/* {"type":"error","error":{"type","message"}}, the type from e->status. */
+void cm_anth_error_json(cm_buf *out, const api_error *e);
+/* Parse and check a POST /v1/messages body into j (as cm_api_parse_request). */
+int cm_anth_parse_request(cm_http_server *srv, const char *body, size_t n, job *j, api_error *ae);
+void cm_anth_stream_start(job *j); /* message_start, content_block_start, ping */
+void cm_anth_stream_delta(job *j, const char *text, size_t len);
+void cm_anth_stream_end(job *j);   /* content_block_stop, message_delta, message_stop (or error) */
+char *cm_anth_final_json(job *j);
+
 /* ---- request queue (queue.c) ---- */
 typedef struct cm_queue cm_queue;
 cm_queue *cm_queue_new(cm_http_server *srv, cm_engine *e, int n_slots, int queue_max, int n_ctx, char *err,
@@ -97,7 +110,7 @@ void cm_queue_free(cm_queue *s); /* ends queued and running jobs, joins the thre
 
 /* ---- metrics (metrics.c) ---- */
 enum route {
-    R_ROOT, R_HEALTH, R_METRICS, R_CLUSTER, R_MODELS, R_CHAT, R_COMPLETIONS, R_OTHER, R_COUNT
+    R_ROOT, R_HEALTH, R_METRICS, R_CLUSTER, R_MODELS, R_CHAT, R_COMPLETIONS, R_MESSAGES, R_OTHER, R_COUNT
 };
 extern const char *const cm_http_route_names[R_COUNT];
 typedef struct metrics metrics;

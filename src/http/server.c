@@ -106,6 +106,7 @@ job *cm_job_new(cm_http_server *srv, bool chat) {
     j->refs = 1;
     j->srv = srv;
     j->fd = -1;
+    j->stop_index = -1;
     cm_buf_init(&j->sse);
     cm_buf_init(&j->text);
     j->created = (long long)(cm_wall_ms() / 1000);
@@ -201,7 +202,8 @@ static enum MHD_Result send_buf(cm_http_server *srv, struct MHD_Connection *c, r
 static enum MHD_Result send_error(cm_http_server *srv, struct MHD_Connection *c, req *q, const api_error *e) {
     cm_buf b;
     cm_buf_init(&b);
-    cm_api_error_json(&b, e);
+    if (q->route == R_MESSAGES) cm_anth_error_json(&b, e);
+    else cm_api_error_json(&b, e);
     return send_buf(srv, c, q, e->status, "application/json", &b);
 }
 
@@ -218,7 +220,7 @@ static enum route route_of(const char *url) {
     static const struct { const char *path; enum route r; } k[] = {
         {"/", R_ROOT},           {"/index.html", R_ROOT},  {"/health", R_HEALTH},
         {"/metrics", R_METRICS}, {"/api/cluster", R_CLUSTER}, {"/v1/models", R_MODELS},
-        {"/v1/chat/completions", R_CHAT}, {"/v1/completions", R_COMPLETIONS},
+        {"/v1/chat/completions", R_CHAT}, {"/v1/completions", R_COMPLETIONS}, {"/v1/messages", R_MESSAGES},
     };
     for (size_t i = 0; i < CM_ARRAY_LEN(k); i++)
         if (!strcmp(url, k[i].path)) return k[i].r;
@@ -254,8 +256,10 @@ static bool host_ok(cm_http_server *srv, const char *h) {
 static bool key_ok(cm_http_server *srv, struct MHD_Connection *c) {
     if (!srv->api_key) return true;
     const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
-    if (!h || strncasecmp(h, "Bearer ", 7)) return false;
-    h += 7;
+    const char *x = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-api-key"); /* Anthropic's clients */
+    if (h && !strncasecmp(h, "Bearer ", 7)) h += 7;
+    else if (x) h = x;
+    else return false;
     size_t a = strlen(h), b = strlen(srv->api_key);
     unsigned char d = (unsigned char)(a != b);
     for (size_t i = 0; i < b; i++) d |= (unsigned char)(h[i < a ? i : 0] ^ srv->api_key[i]); /* constant time */
@@ -313,7 +317,9 @@ static enum MHD_Result generate(cm_http_server *srv, struct MHD_Connection *c, r
     job *j = cm_job_new(srv, chat);
     if (!j) return fail(srv, c, q, 503, "server_error", NULL, "out of memory");
     api_error ae;
-    if (cm_api_parse_request(srv, chat, q->body.data ? q->body.data : "", q->body.len, j, &ae)) {
+    const char *body = q->body.data ? q->body.data : "";
+    if (q->route == R_MESSAGES ? cm_anth_parse_request(srv, body, q->body.len, j, &ae)
+                               : cm_api_parse_request(srv, chat, body, q->body.len, j, &ae)) {
         cm_job_unref(j);
         return send_error(srv, c, q, &ae);
     }
@@ -462,7 +468,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             struct MHD_Response *r = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
             common_headers(srv, r, "text/plain");
             MHD_add_response_header(r, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
-            MHD_add_response_header(r, "Access-Control-Allow-Headers", "Authorization, Content-Type");
+            MHD_add_response_header(r, "Access-Control-Allow-Headers", "Authorization, Content-Type, x-api-key, anthropic-version");
             MHD_add_response_header(r, "Access-Control-Max-Age", "600");
             enum MHD_Result ok = MHD_queue_response(c, 204, r);
             MHD_destroy_response(r);
@@ -472,7 +478,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         }
         if (q->route == R_OTHER)
             return fail(srv, c, q, 404, "invalid_request_error", "not_found", "no such route");
-        bool want_post = q->route == R_CHAT || q->route == R_COMPLETIONS;
+        bool want_post = q->route == R_CHAT || q->route == R_COMPLETIONS || q->route == R_MESSAGES;
         if (want_post ? !post : !get) {
             struct MHD_Response *r = NULL;
             cm_buf b;
@@ -480,7 +486,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             api_error e;
             cm_api_error_set(&e, 405, "invalid_request_error", NULL, "method_not_allowed", "%s is not allowed here; use %s",
                           method, want_post ? "POST" : "GET");
-            cm_api_error_json(&b, &e);
+            if (q->route == R_MESSAGES) cm_anth_error_json(&b, &e);
+            else cm_api_error_json(&b, &e);
             r = MHD_create_response_from_buffer(b.len, b.data, MHD_RESPMEM_MUST_COPY);
             cm_buf_release(&b);
             common_headers(srv, r, "application/json");
@@ -554,7 +561,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         cm_api_models_json(srv, &b);
         return send_buf(srv, c, q, 200, "application/json", &b);
     }
-    return generate(srv, c, q, q->route == R_CHAT);
+    return generate(srv, c, q, q->route == R_CHAT || q->route == R_MESSAGES);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
