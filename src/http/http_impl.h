@@ -98,6 +98,11 @@ void cm_anth_stream_delta(job *j, const char *text, size_t len);
 void cm_anth_stream_end(job *j);   /* content_block_stop, message_delta, message_stop (or error) */
 char *cm_anth_final_json(job *j);
 
+/* ---- embeddings (api_embed.c) ---- */
+/* POST /v1/embeddings: computes on the calling thread and appends the
+ * response JSON to out; 0, or -1 with *ae filled (out then holds junk). */
+int cm_api_embeddings(cm_http_server *srv, const char *body, size_t n, cm_buf *out, api_error *ae);
+
 /* ---- request queue (queue.c) ---- */
 typedef struct cm_queue cm_queue;
 cm_queue *cm_queue_new(cm_http_server *srv, cm_engine *e, int n_slots, int queue_max, int n_ctx, char *err,
@@ -110,7 +115,7 @@ void cm_queue_free(cm_queue *s); /* ends queued and running jobs, joins the thre
 
 /* ---- metrics (metrics.c) ---- */
 enum route {
-    R_ROOT, R_HEALTH, R_METRICS, R_CLUSTER, R_MODELS, R_CHAT, R_COMPLETIONS, R_MESSAGES, R_OTHER, R_COUNT
+    R_ROOT, R_HEALTH, R_METRICS, R_CLUSTER, R_MODELS, R_CHAT, R_COMPLETIONS, R_MESSAGES, R_EMBEDDINGS, R_OTHER, R_COUNT
 };
 extern const char *const cm_http_route_names[R_COUNT];
 typedef struct metrics metrics;
