@@ -170,6 +170,10 @@ enum cm_pooling cm_engine_pooling(const cm_engine *e, bool *declared);
 int cm_engine_embed(cm_engine *e, const int32_t *ids, int n, enum cm_pooling pooling, bool normalize, float *out,
                     char *err, size_t errlen);
 
+/* The chat family (enum cm_chat_family, >= 0) cm_engine_chat_render uses
+ * with this template_name, or a negative code (constrain.c). */
+int cm_engine_chat_family(const cm_engine *e, const char *template_name, char *err, size_t errlen);
+
 /* ---- sessions ---- */
 
 typedef struct cm_gen_params {
@@ -178,6 +182,9 @@ typedef struct cm_gen_params {
     const char *const *stops;      /* stop strings (not included in the output) */
     int n_stops;
     bool ignore_eos;               /* keep going past EOS/EOT */
+    const struct cm_grammar *grammar; /* NULL, or only text this grammar allows (sampler/grammar.h; the
+                                    * caller keeps it alive until the session finishes); CM_EUNSUPPORTED
+                                    * from cm_session_start on a pipeline cluster */
 } cm_gen_params;
 void cm_gen_params_default(cm_gen_params *p); /* n_predict 128, sampler defaults, no stops */
 

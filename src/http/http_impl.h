@@ -30,6 +30,8 @@ typedef struct job {
     /* the request (immutable once queued) */
     bool chat, stream, include_usage;
     enum cm_api_kind api; /* OpenAI (api.c) or Anthropic Messages (api_anthropic.c) */
+    int tools;            /* CM_TOOLS_*: parse the reply for tool calls in that family's format (api_tools.c) */
+    struct cm_grammar *grammar; /* response_format / forced tool call; owned, freed with the job */
     int logprobs;         /* -1: none; else top logprobs per token (0..20) */
     int32_t *ids;
     int n_ids;
@@ -97,6 +99,23 @@ void cm_anth_stream_start(job *j); /* message_start, content_block_start, ping *
 void cm_anth_stream_delta(job *j, const char *text, size_t len);
 void cm_anth_stream_end(job *j);   /* content_block_stop, message_delta, message_stop (or error) */
 char *cm_anth_final_json(job *j);
+
+/* ---- tools and structured output (api_tools.c) ---- */
+enum { CM_TOOLS_OFF, CM_TOOLS_HERMES, CM_TOOLS_LLAMA3, CM_TOOLS_MISTRAL };
+/* root: the request's cJSON. response_format -> j->grammar (0, or -1 + *ae). */
+int cm_api_response_format(const void *root, job *j, api_error *ae);
+/* Does the request use tools (tools, or tool messages / tool_calls in history)? */
+bool cm_tools_wanted(const void *root);
+/* The prompt of a tools request, rendered for the model's family; sets
+ * j->tools and, for a forced tool_choice, j->grammar. 0 or -1 + *ae. */
+int cm_tools_prompt(cm_http_server *srv, const void *root, job *j, cm_buf *text, api_error *ae);
+/* Split a reply into content and calls (a cJSON array of {"name","arguments"
+ * (a JSON string)}, empty when the reply is not calls; free with cJSON_Delete). */
+int cm_tools_parse_text(int family, const char *s, size_t n, cm_buf *content, void **calls);
+char *cm_tools_final_json(job *j);
+/* A grammar needs the sampling on this machine: 501 on a pipeline. */
+int cm_tools_grammar_check(cm_http_server *srv, api_error *ae);
+void cm_tools_stream_end(job *j);
 
 /* ---- embeddings (api_embed.c) ---- */
 /* POST /v1/embeddings: computes on the calling thread and appends the

@@ -14,6 +14,8 @@
  */
 #include "http_impl.h"
 
+#include "../sampler/grammar.h"
+
 #include <arpa/inet.h>
 #include <errno.h>
 #include <microhttpd.h>
@@ -129,6 +131,7 @@ void cm_job_unref(job *j) {
     cm_free(j->ids);
     cm_free(j->lps);
     cm_free(j->lp_ids);
+    cm_grammar_free(j->grammar);
     cm_buf_release(&j->sse);
     cm_buf_release(&j->text);
     pthread_mutex_destroy(&j->mu);

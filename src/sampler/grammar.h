@@ -94,7 +94,7 @@ int cm_grammar_mask(cm_grammar_state *s, const cm_grammar_vocab *v, float *logit
  * with a message naming the unsupported keyword and its path
  * ("unsupported JSON Schema keyword 'pattern' at /properties/zip"). */
 int cm_json_schema_rule(cm_grammar *g, const void *schema, const void *doc, char *err, size_t errlen);
-/* Whitespace between JSON tokens: [ \t\n]{0,20}. */
+/* Whitespace between JSON tokens: "" | " " | "\n" " "{0,16}. */
 int cm_json_ws_rule(cm_grammar *g);
 /* A finished grammar for a whole reply: ws value ws. 0 or a code (see above). */
 int cm_json_grammar(const void *schema, cm_grammar **out, char *err, size_t errlen);

@@ -6,7 +6,7 @@
  * the converse is not promised: objects get their listed properties in the
  * listed order (required ones always, optional ones may be left out), no
  * others (additionalProperties true is read as "allowed", not "produced");
- * whitespace is at most 20 bytes between tokens, numbers at most 16 integer
+ * whitespace between tokens is one space or a newline and up to 16 spaces, numbers at most 16 integer
  * digits, 16 fraction digits and 3 exponent digits (a model cannot ramble
  * forever inside them). A keyword that would need more than that to be
  * enforced (pattern, format, minimum, allOf, ...) is refused with a message
@@ -82,14 +82,21 @@ static int rep(jsc *c, int x, int min, int max) {
     return r;
 }
 
+/* ws ::= "" | " " | "\n" " "{0,16}: room for compact and indented JSON,
+ * none for a model to wander (no runs of blank lines). */
 static int ws(jsc *c) {
     if (c->r_ws >= 0) return c->r_ws;
-    int sp = rule(c);
-    if (sp < 0) return -1;
-    uint64_t bits[4] = {0};
-    bits[0] = 1ull << ' ' | 1ull << '\t' | 1ull << '\n';
-    cm_grammar_set(c->g, sp, bits);
-    return c->r_ws = rep(c, sp, 0, 20);
+    int sp = rule(c), r = rule(c);
+    if (sp < 0 || r < 0) return -1;
+    cm_grammar_lit(c->g, sp, " ");
+    int ind = rep(c, sp, 0, 16);
+    if (ind < 0) return -1;
+    cm_grammar_alt(c->g, r);
+    cm_grammar_lit(c->g, r, " ");
+    cm_grammar_alt(c->g, r);
+    cm_grammar_lit(c->g, r, "\n");
+    cm_grammar_ref(c->g, r, ind);
+    return c->r_ws = r;
 }
 
 static int str_char(jsc *c) {
