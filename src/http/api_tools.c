@@ -261,7 +261,15 @@ int cm_tools_prompt(cm_http_server *srv, const void *root_, job *j, cm_buf *text
             if (!content_of(c, &res)) { cm_buf_release(&res); goto badc; }
             cm_buf_append(&res, "", 1);
             if (fam == CM_TOOLS_HERMES) cm_buf_printf(b, "<tool_response>\n%s\n</tool_response>", res.data);
-            else if (fam == CM_TOOLS_MISTRAL) cm_buf_printf(b, "[TOOL_RESULTS] {\"content\": %s}[/TOOL_RESULTS]", res.data);
+            else if (fam == CM_TOOLS_MISTRAL) {
+                const cJSON *id = cJSON_GetObjectItemCaseSensitive(msg, "tool_call_id");
+                cm_buf_printf(b, "[TOOL_RESULTS] {\"content\": %s", res.data);
+                if (cJSON_IsString(id)) {
+                    cm_buf_puts(b, ", \"call_id\": ");
+                    cm_json_str(b, id->valuestring, strlen(id->valuestring));
+                }
+                cm_buf_puts(b, "}[/TOOL_RESULTS]");
+            }
             else cm_buf_puts(b, res.data);
             cm_buf_release(&res);
             r = "user";
