@@ -252,6 +252,15 @@ int cm_tools_prompt(cm_http_server *srv, const void *root_, job *j, cm_buf *text
             goto out;
         }
         if (is_tool) {
+            const cJSON *prev = i ? cJSON_GetArrayItem(msgs, i - 1) : NULL;
+            const cJSON *pr = cJSON_GetObjectItemCaseSensitive(prev, "role");
+            if (!prev || !cJSON_IsString(pr) ||
+                (strcmp(pr->valuestring, "tool") && !cJSON_GetObjectItemCaseSensitive(prev, "tool_calls"))) {
+                snprintf(param, sizeof param, "messages[%d].role", i);
+                cm_api_error_set(ae, 400, "invalid_request_error", param, NULL,
+                                 "messages with role 'tool' must answer a preceding message with 'tool_calls'");
+                goto out;
+            }
             /* consecutive results share one user turn */
             bool join = nm_ > 0 && !strcmp(m[nm_ - 1].role, "user") && parts[nm_ - 1].len && i > 0 &&
                         !strcmp(cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(msgs, i - 1), "role")->valuestring, "tool");
