@@ -13,9 +13,9 @@
  * server serves one model and answers with its id, so tools that send a
  * Claude model name still work); max_tokens beyond the context is cut to
  * what fits (stop_reason max_tokens) instead of refused; `metadata`,
- * `thinking` and `service_tier` are accepted and ignored. Content other than
- * text (images, documents, tool_use/tool_result) and `tools` are a 400 naming
- * them (NEEDSWORK: tool use, with the OpenAI tool calls).
+ * `thinking` and `service_tier` are accepted and ignored. Images and
+ * documents are a 400 naming them. Tool use (tools, tool_choice, tool_use
+ * and tool_result blocks) is api_anthropic_tools.c.
  *
  * Never touches sockets; never aborts on input.
  */
@@ -228,10 +228,6 @@ int cm_anth_parse_request(cm_http_server *srv, const char *body, size_t n, job *
     const cJSON *st = cJSON_GetObjectItemCaseSensitive(root, "stream");
     if (!is_null(st) && !cJSON_IsBool(st)) BAD("stream", "stream: must be true or false");
     j->stream = cJSON_IsTrue(st);
-    const cJSON *tools = cJSON_GetObjectItemCaseSensitive(root, "tools");
-    if (cJSON_IsArray(tools) && cJSON_GetArraySize(tools) > 0) BAD("tools", "tools: tool use is not supported yet");
-    const cJSON *tc = cJSON_GetObjectItemCaseSensitive(root, "tool_choice");
-    if (!is_null(tc)) BAD("tool_choice", "tool_choice: tool use is not supported yet");
     const cJSON *md = cJSON_GetObjectItemCaseSensitive(root, "metadata");
     if (!is_null(md) && !cJSON_IsObject(md)) BAD("metadata", "metadata: must be an object");
 
@@ -263,7 +259,8 @@ int cm_anth_parse_request(cm_http_server *srv, const char *body, size_t n, job *
     }
     char err[256];
     if (cm_sampler_params_check(sp, err, sizeof err)) BAD(NULL, "%s", err);
-    if (anth_prompt(srv, root, &text, ae)) goto fail;
+    if (cm_anth_tools_wanted(root) ? cm_anth_tools_prompt(srv, root, j, &text, ae) : anth_prompt(srv, root, &text, ae))
+        goto fail;
     if (anth_tokenize(srv, text.data ? text.data : "", text.len, j, ae)) goto fail;
     if (j->n_ids < 1) BAD("messages", "messages: the prompt is empty");
     int n_ctx = cm_http_n_ctx(srv);
@@ -271,6 +268,8 @@ int cm_anth_parse_request(cm_http_server *srv, const char *body, size_t n, job *
         BAD("messages", "prompt is too long: %d tokens > %d maximum (the context of this server)", j->n_ids,
             n_ctx - 1);
     gp->n_predict = (int)CM_MIN(mt, (long long)(n_ctx - j->n_ids));
+    gp->grammar = j->grammar; /* a forced tool_choice */
+    if (j->grammar && cm_tools_grammar_check(srv, ae)) goto fail;
     cJSON_Delete(root);
     cm_buf_release(&text);
     return 0;
@@ -310,14 +309,17 @@ void cm_anth_stream_start(job *j) {
     cm_json_str(b, cm_http_model_id(j->srv), strlen(cm_http_model_id(j->srv)));
     cm_buf_printf(b, ",\"stop_reason\":null,\"stop_sequence\":null,\"usage\":{\"input_tokens\":%d,\"output_tokens\":0}}}\n\n",
                   j->n_ids);
-    event(b, "content_block_start");
-    cm_buf_puts(b, "{\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n");
+    if (!j->tools) { /* with tools the blocks are known at the end (api_anthropic_tools.c) */
+        event(b, "content_block_start");
+        cm_buf_puts(b, "{\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n");
+    }
     event(b, "ping");
     cm_buf_puts(b, "{\"type\":\"ping\"}\n\n");
 }
 
 void cm_anth_stream_delta(job *j, const char *text, size_t len) {
     if (!len) return; /* logprobs-only steps have nothing to say here */
+    if (j->tools) { cm_buf_append(&j->text, text, len); return; }
     cm_buf *b = &j->sse;
     event(b, "content_block_delta");
     cm_buf_puts(b, "{\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":");
@@ -336,6 +338,7 @@ void cm_anth_stream_end(job *j) {
         return;
     }
     if (j->finish == CM_FINISH_CANCEL) return; /* the client is gone */
+    if (j->tools) { cm_anth_tools_stream_end(j); return; }
     event(b, "content_block_stop");
     cm_buf_puts(b, "{\"type\":\"content_block_stop\",\"index\":0}\n\n");
     event(b, "message_delta");
@@ -347,6 +350,7 @@ void cm_anth_stream_end(job *j) {
 }
 
 char *cm_anth_final_json(job *j) {
+    if (j->tools) return cm_anth_tools_final_json(j);
     cm_buf b;
     cm_buf_init(&b);
     cm_buf_puts(&b, "{\"id\":");

@@ -99,6 +99,13 @@ void cm_anth_stream_start(job *j); /* message_start, content_block_start, ping *
 void cm_anth_stream_delta(job *j, const char *text, size_t len);
 void cm_anth_stream_end(job *j);   /* content_block_stop, message_delta, message_stop (or error) */
 char *cm_anth_final_json(job *j);
+/* Tool use (api_anthropic_tools.c): wanted = tools or tool blocks in the
+ * request; prompt = translate to the OpenAI shape and cm_tools_prompt; the
+ * reply as content blocks (text, tool_use), whole or as stream events. */
+bool cm_anth_tools_wanted(const void *root);
+int cm_anth_tools_prompt(cm_http_server *srv, const void *root, job *j, cm_buf *text, api_error *ae);
+char *cm_anth_tools_final_json(job *j);
+void cm_anth_tools_stream_end(job *j);
 
 /* ---- tools and structured output (api_tools.c) ---- */
 enum { CM_TOOLS_OFF, CM_TOOLS_HERMES, CM_TOOLS_LLAMA3, CM_TOOLS_MISTRAL };

@@ -86,6 +86,33 @@ try {
   const rk = await client.messages.create({ ...base, temperature: 0.7, top_p: 0.9, top_k: 20, max_tokens: 8 });
   check("top_p/top_k accepted", rk.usage.output_tokens >= 1 && rk.usage.output_tokens <= 8, rk.usage);
 
+  // Tool use: tool_choice any / tool forces a call whose input is valid under input_schema
+  // (stories260K knows nothing of tools: the grammar does it), as a tool_use block.
+  const weather = { name: "get_weather", description: "Weather in a city",
+    input_schema: { type: "object", properties: { city: { type: "string", maxLength: 10 }, unit: { enum: ["c", "f"] } }, required: ["city"] } };
+  const inputOk = (x) => x && typeof x.city === "string" && [...x.city].length <= 10 && (!("unit" in x) || ["c", "f"].includes(x.unit)) &&
+    Object.keys(x).every((k) => k === "city" || k === "unit");
+  const tq = { model, max_tokens: 300, temperature: 0, tools: [weather], messages: [{ role: "user", content: "Weather in Paris?" }] };
+  const tu = await client.messages.create({ ...tq, tool_choice: { type: "any" } });
+  const ub = tu.content.find((b) => b.type === "tool_use");
+  check("tool_choice any: stop_reason tool_use", tu.stop_reason === "tool_use", tu);
+  check("tool_use block: id, name, input valid", ub && ub.id.startsWith("toolu_") && ub.name === "get_weather" && inputOk(ub.input), tu.content);
+  for (const seed of [1, 2]) { // Anthropic has no seed: vary the temperature path instead
+    const r = await client.messages.create({ ...tq, temperature: 1, tool_choice: { type: "tool", name: "get_weather" } });
+    const b = r.content.find((x) => x.type === "tool_use");
+    check(`tool_choice tool (${seed}): valid input`, b && b.name === "get_weather" && inputOk(b.input), r.content);
+  }
+  const ts = await client.messages.stream({ ...tq, tool_choice: { type: "any" } }).finalMessage();
+  const sb = ts.content.find((b) => b.type === "tool_use");
+  check("streamed tool_use == non-streamed", sb && JSON.stringify(sb.input) === JSON.stringify(ub?.input) && ts.stop_reason === "tool_use", ts.content);
+  // the result goes back as a tool_result block; the model may answer in text or call again
+  const back = await client.messages.create({ ...tq, max_tokens: 16, messages: [...tq.messages,
+    { role: "assistant", content: [{ type: "tool_use", id: ub?.id ?? "toolu_1", name: "get_weather", input: ub?.input ?? { city: "Paris" } }] },
+    { role: "user", content: [{ type: "tool_result", tool_use_id: ub?.id ?? "toolu_1", content: "21 C, sunny" }] }] });
+  check("tool_result turn accepted", back.type === "message" && back.content.length >= 1, back);
+  const tn = await client.messages.create({ ...tq, max_tokens: 8, tool_choice: { type: "none" } });
+  check("tool_choice none: text only", tn.content.every((b) => b.type === "text") && tn.stop_reason !== "tool_use", tn);
+
   async function expectError(name, req, cls, status, re, opts) {
     try {
       await client.messages.create(req, opts);

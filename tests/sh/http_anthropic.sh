@@ -15,7 +15,7 @@ if [ ! -d tests/js/node_modules/@anthropic-ai/sdk ]; then
     (cd tests/js && npm ci --no-audit --no-fund >"$TMP/npm.log" 2>&1) || { tail -20 "$TMP/npm.log" >&2; bad "npm ci in tests/js failed"; finish; exit 1; }
 fi
 
-start_server an --api-key ankey --max-body 65536 || { bad "server"; finish; exit 1; }
+start_server an --api-key ankey --max-body 65536 --ctx 2048 || { bad "server"; finish; exit 1; }
 H='-H x-api-key:ankey'
 SYS='"system":"You tell stories."'
 MSGS='"messages":[{"role":"user","content":"Tell me about a cat."}]'
@@ -80,10 +80,13 @@ aerr 400 invalid_request_error 'max_tokens: must be an integer' "max_tokens 0" $
 aerr 400 invalid_request_error 'temperature: must be a number from 0 to 1' "temperature 2" $H -d "{\"model\":\"x\",\"max_tokens\":4,\"temperature\":2,$MSGS}"
 aerr 400 invalid_request_error 'top_k' "top_k -1" $H -d "{\"model\":\"x\",\"max_tokens\":4,\"top_k\":-1,$MSGS}"
 aerr 400 invalid_request_error 'messages.0.role' "role system in messages" $H -d '{"model":"x","max_tokens":4,"messages":[{"role":"system","content":"x"}]}'
-aerr 400 invalid_request_error 'messages.0.content.1.type.*tool_result' "tool_result block" $H -d '{"model":"x","max_tokens":4,"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"tool_result","tool_use_id":"t","content":"x"}]}]}'
+aerr 400 invalid_request_error 'must answer a preceding' "tool_result without its tool_use" $H -d '{"model":"x","max_tokens":4,"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"tool_result","tool_use_id":"t","content":"x"}]}]}'
+aerr 400 invalid_request_error 'messages.0.content.0.type.*image' "image block" $H -d '{"model":"x","max_tokens":4,"messages":[{"role":"user","content":[{"type":"image","source":{"type":"base64","media_type":"image/png","data":"AA=="}}]}]}'
 aerr 400 invalid_request_error 'system' "system number" $H -d "{\"model\":\"x\",\"max_tokens\":4,\"system\":5,$MSGS}"
 aerr 400 invalid_request_error 'stop_sequences' "stop_sequences string" $H -d "{\"model\":\"x\",\"max_tokens\":4,\"stop_sequences\":\"x\",$MSGS}"
-aerr 400 invalid_request_error 'tools' "tools" $H -d "{\"model\":\"x\",\"max_tokens\":4,\"tools\":[{\"name\":\"f\",\"input_schema\":{}}],$MSGS}"
+aerr 400 invalid_request_error 'server tools' "server tool" $H -d "{\"model\":\"x\",\"max_tokens\":4,\"tools\":[{\"type\":\"web_search_20250305\",\"name\":\"web_search\"}],$MSGS}"
+aerr 400 invalid_request_error "'format'" "unsupported input_schema keyword" $H -d "{\"model\":\"x\",\"max_tokens\":4,\"tool_choice\":{\"type\":\"any\"},\"tools\":[{\"name\":\"f\",\"input_schema\":{\"type\":\"object\",\"properties\":{\"d\":{\"type\":\"string\",\"format\":\"date\"}}}}],$MSGS}"
+aerr 400 invalid_request_error 'prefilled' "prefill with tools" $H -d '{"model":"x","max_tokens":4,"tools":[{"name":"f","input_schema":{"type":"object"}}],"messages":[{"role":"user","content":"a"},{"role":"assistant","content":"b"}]}'
 aerr 401 authentication_error 'API key' "no key"  -d "{\"model\":\"x\",\"max_tokens\":4,$MSGS}"
 aerr 401 authentication_error 'API key' "wrong key" -H 'x-api-key: nope' -d "{\"model\":\"x\",\"max_tokens\":4,$MSGS}"
 aerr 405 invalid_request_error 'use POST' "GET" $H
@@ -102,7 +105,7 @@ cat "$TMP/sdk.err" >&2
 line=$(tail -1 "$TMP/sdk.out")
 p=$(echo "$line" | sed -n 's/^\([0-9]*\) passed.*/\1/p'); f=$(echo "$line" | sed -n 's/.* \([0-9]*\) failed$/\1/p')
 pass=$((pass + ${p:-0})); fail=$((fail + ${f:-0}))
-[ "${p:-0}" -ge 20 ] || bad "anthropic_sdk.mjs ran ${p:-0} checks (expected at least 20)"
+[ "${p:-0}" -ge 27 ] || bad "anthropic_sdk.mjs ran ${p:-0} checks (expected at least 27)"
 [ $rc -ne 0 ] && [ "${f:-0}" -eq 0 ] && bad "anthropic_sdk.mjs exited $rc"
 stop_server "$PID"
 finish
