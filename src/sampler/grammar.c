@@ -10,8 +10,9 @@
  * push, alternative ends pop) until every stack again stops at a byte set,
  * or the root ends (complete).
  *
- * Never allocates after cm_grammar_state_new; never aborts on a grammar or
- * input (overflows are reported as "not allowed" / CM_EINVAL).
+ * Allocates after cm_grammar_state_new only for the mask cache (one bit per
+ * token, MASK_CACHE entries per state, on a new shape); never aborts on a
+ * grammar or input (overflows are reported as "not allowed" / CM_EINVAL).
  */
 #include "grammar.h"
 
@@ -211,8 +212,27 @@ typedef struct node {
     int32_t pos, up;
 } node;
 
+/* Masks are cached by the state's shape: the positions along every stack's
+ * chain plus the complete flag. Inside a long string (or any loop) the shape
+ * repeats token after token, and the mask with it; computing one walks the
+ * whole vocabulary, so this is what makes constrained decoding affordable. */
+#define MASK_CACHE 8
+#define SIG_MAX 4096
+typedef struct mask_entry {
+    int32_t *sig; /* [SIG_MAX], n_sig used */
+    int n_sig;
+    int32_t vocab_cap; /* bits has room for this many ids */
+    const void *vocab;
+    uint8_t *bits; /* allowed ids, one bit each */
+    int n_ok;
+    unsigned used;
+} mask_entry;
+
 struct cm_grammar_state {
     const cm_grammar *g;
+    mask_entry cache[MASK_CACHE];
+    unsigned tick;
+    int32_t sig[SIG_MAX];
     node *nodes, *spare;
     int32_t *remap;
     int n_nodes;
@@ -246,8 +266,11 @@ static void expand(walk *w, int32_t pos, int32_t up, int depth) {
         return;
     }
     if (e->t == E_REF) {
-        int cont = new_node(s, pos + 1, up);
-        if (cont < 0) { w->overflow = true; return; }
+        /* a reference that ends its alternative continues straight at up (a
+         * tail call): right recursion (x ::= a x) then runs in constant depth */
+        uint8_t next = s->g->el[pos + 1].t;
+        int cont = next == E_END || next == E_ALT ? up : new_node(s, pos + 1, up);
+        if (cont < 0 && !(next == E_END || next == E_ALT)) { w->overflow = true; return; }
         const cm_grammar *g = s->g;
         for (int k = g->alt_off[e->a]; k < g->alt_off[e->a + 1]; k++) expand(w, g->alts[k], cont, depth + 1);
         return;
@@ -305,6 +328,10 @@ cm_grammar_state *cm_grammar_state_new(const cm_grammar *g) {
 
 void cm_grammar_state_free(cm_grammar_state *s) {
     if (!s) return;
+    for (int i = 0; i < MASK_CACHE; i++) {
+        cm_free(s->cache[i].sig);
+        cm_free(s->cache[i].bits);
+    }
     cm_free(s->nodes);
     cm_free(s->spare);
     cm_free(s->remap);
@@ -351,11 +378,55 @@ int cm_grammar_accept(cm_grammar_state *s, const char *p, size_t n) {
 bool cm_grammar_complete(const cm_grammar_state *s) { return s->complete; }
 bool cm_grammar_done(const cm_grammar_state *s) { return s->complete && s->n_stacks == 0; }
 
+/* The state's shape into s->sig; its length, or -1 when too long to cache. */
+static int shape(cm_grammar_state *s) {
+    int n = 0;
+    for (int i = 0; i < s->n_stacks; i++) {
+        for (int32_t k = s->stacks[i]; k >= 0; k = s->nodes[k].up) {
+            if (n >= SIG_MAX - 2) return -1;
+            s->sig[n++] = s->nodes[k].pos;
+        }
+        s->sig[n++] = -1;
+    }
+    s->sig[n++] = s->complete ? -2 : -3;
+    return n;
+}
+
+static int apply(const mask_entry *e, int32_t n_vocab, float *logits) {
+    for (int32_t id = 0; id < n_vocab; id++)
+        if (!(e->bits[id >> 3] >> (id & 7) & 1)) logits[id] = -INFINITY;
+    return e->n_ok;
+}
+
 int cm_grammar_mask(cm_grammar_state *s, const cm_grammar_vocab *v, float *logits) {
+    int n_sig = shape(s);
+    for (int i = 0; n_sig > 0 && i < MASK_CACHE; i++) {
+        mask_entry *e = &s->cache[i];
+        if (e->vocab == v && e->n_sig == n_sig && !memcmp(e->sig, s->sig, (size_t)n_sig * sizeof *s->sig)) {
+            e->used = ++s->tick;
+            return apply(e, v->n_vocab, logits);
+        }
+    }
     uint64_t first[4] = {0};
     for (int i = 0; i < s->n_stacks; i++) {
         const uint64_t *set = s->g->sets[s->g->el[s->nodes[s->stacks[i]].pos].a];
         for (int k = 0; k < 4; k++) first[k] |= set[k];
+    }
+    /* the least recently used entry takes the new mask (no cache when out of memory) */
+    mask_entry *e = NULL;
+    if (n_sig > 0) {
+        e = &s->cache[0];
+        for (int i = 1; i < MASK_CACHE; i++)
+            if (s->cache[i].used < e->used) e = &s->cache[i];
+        /* sized once per entry (at most MASK_CACHE allocations per request), then reused */
+        if (e->bits && e->vocab_cap != v->n_vocab) { cm_free(e->bits); e->bits = NULL; }
+        if (!e->sig) e->sig = cm_malloc(SIG_MAX * sizeof *e->sig);
+        if (!e->bits) e->bits = cm_malloc(((size_t)v->n_vocab + 7) / 8), e->vocab_cap = v->n_vocab;
+        if (!e->sig || !e->bits) e = NULL;
+        else {
+            memset(e->bits, 0, ((size_t)v->n_vocab + 7) / 8);
+            e->vocab = NULL; /* invalid until filled */
+        }
     }
     int n_ok = 0;
     for (int32_t id = 0; id < v->n_vocab; id++) {
@@ -366,8 +437,19 @@ int cm_grammar_mask(cm_grammar_state *s, const cm_grammar_vocab *v, float *logit
             uint32_t a = v->off[id], b = v->off[id + 1];
             ok = b > a && has(first, (unsigned char)v->bytes[a]) && cm_grammar_allows(s, v->bytes + a, b - a);
         }
-        if (ok) n_ok++;
-        else logits[id] = -INFINITY;
+        if (ok) {
+            n_ok++;
+            if (e) e->bits[id >> 3] |= (uint8_t)(1u << (id & 7));
+        } else {
+            logits[id] = -INFINITY;
+        }
+    }
+    if (e) {
+        memcpy(e->sig, s->sig, (size_t)n_sig * sizeof *e->sig);
+        e->n_sig = n_sig;
+        e->vocab = v;
+        e->n_ok = n_ok;
+        e->used = ++s->tick;
     }
     return n_ok;
 }

@@ -11,8 +11,9 @@
  * The matcher is a set of parse stacks (llama.cpp's approach): each stack
  * is a chain of continuation positions, the top always a byte set. Stacks
  * live in an arena that is compacted after each accepted token; checking a
- * token uses scratch space above it and gives it back, so masking never
- * allocates. Limits: at most CM_GRAMMAR_MAX_STACKS live stacks (a grammar
+ * token uses scratch space above it and gives it back; a computed mask is
+ * cached by the state's shape (inside a string every token repeats it), the
+ * only allocation after the state is made. Limits: at most CM_GRAMMAR_MAX_STACKS live stacks (a grammar
  * ambiguous enough to exceed them is reported, not followed wrongly), rule
  * nesting at most CM_GRAMMAR_MAX_DEPTH per byte (left recursion is refused
  * by it).
