@@ -457,6 +457,14 @@ static bool add_call(cJSON *calls, const cJSON *o) {
     return true;
 }
 
+/* First occurrence of needle in [p, end), or NULL (the reply is not NUL-terminated). */
+static const char *find(const char *p, const char *end, const char *needle) {
+    size_t k = strlen(needle);
+    for (; p + k <= end; p++)
+        if (*p == *needle && !memcmp(p, needle, k)) return p;
+    return NULL;
+}
+
 int cm_tools_parse_text(int fam, const char *s, size_t n, cm_buf *content, void **calls_out) {
     cJSON *calls = cJSON_CreateArray();
     *calls_out = calls;
@@ -469,12 +477,12 @@ int cm_tools_parse_text(int fam, const char *s, size_t n, cm_buf *content, void 
         const char *p = t, *end = t + tn, *first = NULL;
         bool ok = true;
         while (ok && p < end) {
-            const char *a = strstr(p, open);
-            if (!a || a >= end) break;
+            const char *a = find(p, end, open);
+            if (!a) break;
             if (!first) first = a;
             a += strlen(open);
-            const char *b = strstr(a, close);
-            if (!b || b > end) b = end;
+            const char *b = find(a, end, close);
+            if (!b) b = end;
             cJSON *o = cJSON_ParseWithLength(a, (size_t)(b - a));
             ok = o && add_call(calls, o);
             cJSON_Delete(o);
