@@ -1,9 +1,12 @@
 /*
  * fuzz_http.c: libFuzzer target for the OpenAI request parser
  * (cm_api_parse_request in src/http/api.c): untrusted JSON bodies of
- * /v1/chat/completions and /v1/completions, parsed, checked, rendered through
+ * /v1/chat/completions (with tools and response_format: api_tools.c),
+ * /v1/completions and Anthropic's /v1/messages (api_anthropic.c), parsed,
+ * checked, schemas compiled to grammars, rendered through
  * the chat template and tokenized against stories260K-q8_0 (from
- * $CUMULO_SHARED, default ../shared). The first input byte picks the route.
+ * $CUMULO_SHARED, default ../shared). The first input byte picks the route
+ * (bit 0: chat, bit 1: messages).
  * Any crash, leak or sanitizer report is a bug; a 4xx is the expected answer
  * to nonsense. The server listens on 127.0.0.1 with a free port only because
  * the parser needs a configured server; nothing connects to it.
@@ -40,12 +43,13 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 1) return 0;
-    bool chat = data[0] & 1;
-    job *j = cm_job_new(S, chat);
+    bool chat = data[0] & 1, messages = data[0] & 2; /* bit 1: Anthropic's /v1/messages */
+    job *j = cm_job_new(S, chat || messages);
     if (!j) return 0;
     api_error ae;
     memset(&ae, 0, sizeof ae);
-    if (cm_api_parse_request(S, chat, (const char *)data + 1, size - 1, j, &ae)) {
+    if (messages ? cm_anth_parse_request(S, (const char *)data + 1, size - 1, j, &ae)
+                 : cm_api_parse_request(S, chat, (const char *)data + 1, size - 1, j, &ae)) {
         if (ae.status < 400 || ae.status >= 500 || !ae.message[0]) abort(); /* an error must be a 4xx with a message */
     } else {
         if (j->n_ids < 1 || j->n_ids >= cm_http_n_ctx(S)) abort();

@@ -13,6 +13,8 @@
  */
 #include "engine_impl.h"
 
+#include "../sampler/grammar.h"
+
 #include <string.h>
 
 
@@ -20,6 +22,7 @@ struct cm_step {
     cm_gen_params p;
     cm_sampler *smp;
     cm_stop *stop;
+    cm_grammar_state *gs; /* constrain.c; NULL without a grammar */
     cm_detok dt;
     cm_token_cb cb;
     bool cb_stopped;
@@ -35,6 +38,7 @@ void cm_session_step_release(cm_session *s) {
     if (!s->step) return;
     cm_sampler_free(s->step->smp);
     cm_stop_free(s->step->stop);
+    cm_grammar_state_free(s->step->gs);
     cm_free(s->step);
     s->step = NULL;
 }
@@ -51,10 +55,12 @@ int cm_session_start(cm_session *s, const cm_gen_params *p, cm_token_cb cb, void
     st->p.stops = NULL; /* the matcher keeps its own copies */
     st->smp = cm_sampler_new(&p->sampling, e->m.hp.n_vocab, err, errlen);
     st->stop = st->smp ? cm_stop_new(p->stops, p->n_stops, err, errlen) : NULL;
-    if (!st->smp || !st->stop) {
+    int grc = st->stop ? cm_constrain_begin(s, p, &st->gs, err, errlen) : 0;
+    if (!st->smp || !st->stop || grc) {
+        cm_stop_free(st->stop);
         cm_sampler_free(st->smp);
         cm_free(st);
-        return CM_EINVAL;
+        return grc ? grc : CM_EINVAL;
     }
     int n_done = e->pipe ? s->n_hist : s->kv.n_past;
     int from = n_done - (p->sampling.repeat_last_n > 0 ? p->sampling.repeat_last_n : 0);
@@ -132,7 +138,10 @@ static int step_sample(cm_session *s) {
     /* The chosen token's logprob costs one softmax over the vocabulary: small
      * next to the forward pass, and the API may ask for it. */
     cm_sample_info info;
+    /* a grammar that allows nothing more (not even an end) ends the reply */
+    if (st->gs && cm_constrain_mask(s, st->gs) == 0) { step_end(s, CM_FINISH_EOG); return 0; }
     int32_t id = cm_sampler_sample(st->smp, s->logits, &info);
+    if (st->gs && cm_constrain_take(s, st->gs, id)) { step_end(s, CM_FINISH_EOG); return 0; }
     return step_take(s, id, &info);
 }
 

@@ -111,6 +111,7 @@ void cm_engine_free(cm_engine *e) {
     cm_pipe_close(e->tp);
     cm_ctx_free(e->ctx);
     cm_free(e->step_logits);
+    cm_engine_gvocab_free(e);
     cm_pool_free(e->pool);
     cm_tokenizer_free(e->tok);
     cm_model_release(&e->m);

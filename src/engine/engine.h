@@ -152,6 +152,29 @@ int cm_engine_token_piece(const cm_engine *e, int32_t id, char *buf, size_t cap)
 int cm_engine_chat_render(const cm_engine *e, const char *template_name, const cm_chat_msg *msgs, size_t n,
                           bool add_generation_prompt, cm_buf *out, char *err, size_t errlen);
 
+/* ---- embeddings (embed.c) ---- */
+
+/* How the rows of a sequence become one vector: the mean of every row, the
+ * first row (CLS), or the last row. */
+enum cm_pooling { CM_POOLING_MEAN, CM_POOLING_CLS, CM_POOLING_LAST, CM_POOLING_COUNT };
+const char *cm_pooling_name(enum cm_pooling p); /* "mean", "cls", "last" */
+/* The pooling the GGUF declares ("<arch>.pooling_type" 1 mean, 2 cls, 3 last;
+ * *declared true), else mean (*declared false; declared may be NULL). */
+enum cm_pooling cm_engine_pooling(const cm_engine *e, bool *declared);
+/* The embedding of ids[0..n) (exactly these ids: the caller adds BOS): the
+ * final hidden state after the model's output norm, pooled, L2-normalised
+ * when normalize; out has n_embd floats. Allocates its own KV cache for the
+ * call; forward passes share the engine lock with sessions, so any thread
+ * may call it while others generate. CM_EUNSUPPORTED on a cluster engine
+ * (the last stage holds the final hidden state), CM_ENOSPACE when n exceeds
+ * the engine's largest context, CM_EINVAL for an id out of the vocabulary. */
+int cm_engine_embed(cm_engine *e, const int32_t *ids, int n, enum cm_pooling pooling, bool normalize, float *out,
+                    char *err, size_t errlen);
+
+/* The chat family (enum cm_chat_family, >= 0) cm_engine_chat_render uses
+ * with this template_name, or a negative code (constrain.c). */
+int cm_engine_chat_family(const cm_engine *e, const char *template_name, char *err, size_t errlen);
+
 /* ---- sessions ---- */
 
 typedef struct cm_gen_params {
@@ -160,6 +183,9 @@ typedef struct cm_gen_params {
     const char *const *stops;      /* stop strings (not included in the output) */
     int n_stops;
     bool ignore_eos;               /* keep going past EOS/EOT */
+    const struct cm_grammar *grammar; /* NULL, or only text this grammar allows (sampler/grammar.h; the
+                                    * caller keeps it alive until the session finishes); CM_EUNSUPPORTED
+                                    * from cm_session_start on a pipeline cluster */
 } cm_gen_params;
 void cm_gen_params_default(cm_gen_params *p); /* n_predict 128, sampler defaults, no stops */
 

@@ -33,6 +33,7 @@ struct cm_engine {
     int local_last;       /* we compute layers [0, local_last) */
     cm_pipe *tp;          /* cluster, tensor parallel: the group (we are rank 0 and sample); NULL otherwise */
     cm_slice slice;       /* our part of every layer: full, or our TP slice */
+    void *gvocab;         /* constrain.c: token texts for grammar masks, built on first use (under mu) */
     unsigned test_cluster_delay_ms; /* test hook (CUMULO_TEST_CLUSTER_DELAY_MS): a pause after each
                                        micro-batch sent to the cluster, so a test can kill a stage
                                        mid-prefill or mid-generation of `cumulo run` */
@@ -90,6 +91,16 @@ int cm_engine_tp_recover(cm_engine *e, char *err, size_t errlen);
 /* Evaluate what the session has not evaluated (after cm_session_tp_sync:
  * prompt + tokens emitted), logits of the last token (engine.c). */
 int cm_session_recompute(cm_session *s, char *err, size_t errlen);
+
+/* Grammar-constrained sampling (constrain.c). begin: the state for p->grammar
+ * (NULL when none; CM_EUNSUPPORTED on a pipeline); mask: s->logits of the
+ * tokens the grammar refuses become -inf, returns how many remain; take:
+ * feed the chosen token's text. gvocab_free: by cm_engine_free. */
+struct cm_grammar_state;
+int cm_constrain_begin(cm_session *s, const cm_gen_params *p, struct cm_grammar_state **out, char *err, size_t errlen);
+int cm_constrain_mask(cm_session *s, struct cm_grammar_state *gs);
+int cm_constrain_take(cm_session *s, struct cm_grammar_state *gs, int32_t id);
+void cm_engine_gvocab_free(cm_engine *e);
 
 /* Free a session's step state (batch.c); called by cm_session_free. */
 void cm_session_step_release(cm_session *s);

@@ -294,18 +294,9 @@ int cm_api_parse_request(cm_http_server *srv, bool chat, const char *body, size_
     }
     j->stream = stream;
     j->include_usage = usage;
-    const cJSON *rf = cJSON_GetObjectItemCaseSensitive(root, "response_format");
-    if (!is_null(rf)) {
-        const cJSON *t = cJSON_GetObjectItemCaseSensitive(rf, "type");
-        if (!cJSON_IsObject(rf) || !cJSON_IsString(t)) BAD("response_format", "'response_format' must be {\"type\": ...}");
-        if (!strcmp(t->valuestring, "json_object") || !strcmp(t->valuestring, "json_schema"))
-            BAD("response_format",
-                "response_format '%s' is not supported: cumulo has no grammar-constrained output yet; use 'text'",
-                t->valuestring);
-        if (strcmp(t->valuestring, "text")) BAD("response_format", "unknown response_format type '%.100s'", t->valuestring);
-    }
+    if (cm_api_response_format(root, j, ae)) goto fail; /* api_tools.c: a grammar for JSON output */
     const cJSON *tools = cJSON_GetObjectItemCaseSensitive(root, "tools");
-    if (cJSON_IsArray(tools) && cJSON_GetArraySize(tools) > 0) BAD("tools", "tool calls are not supported");
+    if (!chat && cJSON_IsArray(tools) && cJSON_GetArraySize(tools) > 0) BAD("tools", "'tools' is for /v1/chat/completions");
 
     cm_gen_params *gp = &j->gp;
     cm_gen_params_default(gp);
@@ -363,7 +354,7 @@ int cm_api_parse_request(cm_http_server *srv, bool chat, const char *body, size_
     if (cm_sampler_params_check(sp, err, sizeof err)) BAD(NULL, "%s", err);
     /* the prompt */
     if (chat) {
-        if (chat_prompt(srv, root, &text, ae)) goto fail;
+        if (cm_tools_wanted(root) ? cm_tools_prompt(srv, root, j, &text, ae) : chat_prompt(srv, root, &text, ae)) goto fail;
         /* gpt-oss's harmony prompt (the only one ending so): return the final channel */
         static const char harmony_open[] = "<|start|>assistant";
         const size_t hl = sizeof harmony_open - 1;
@@ -390,6 +381,8 @@ int cm_api_parse_request(cm_http_server *srv, bool chat, const char *body, size_
         goto fail;
     }
     gp->n_predict = mt > 0 ? (int)mt : -1;
+    gp->grammar = j->grammar;
+    if (j->grammar && cm_tools_grammar_check(srv, ae)) goto fail;
     cJSON_Delete(root);
     cm_buf_release(&text);
     return 0;
@@ -512,9 +505,14 @@ static void chunk(job *j, const char *text, size_t len, bool role, const char *f
     cm_buf_puts(b, "}\n\n");
 }
 
-void cm_api_stream_delta(job *j, const char *text, size_t len) { chunk(j, text, len, false, NULL); }
+void cm_api_stream_delta(job *j, const char *text, size_t len) {
+    if (j->api == CM_API_ANTHROPIC) { cm_anth_stream_delta(j, text, len); return; }
+    if (j->tools) { cm_buf_append(&j->text, text, len); return; } /* calls are known at the end */
+    chunk(j, text, len, false, NULL);
+}
 
 void cm_api_stream_role(job *j) {
+    if (j->api == CM_API_ANTHROPIC) { cm_anth_stream_start(j); return; }
     if (j->chat) chunk(j, "", 0, true, NULL);
 }
 
@@ -524,6 +522,8 @@ static void usage_json(cm_buf *b, job *j) {
 }
 
 void cm_api_stream_end(job *j) {
+    if (j->api == CM_API_ANTHROPIC) { cm_anth_stream_end(j); return; }
+    if (j->tools) { cm_tools_stream_end(j); return; }
     cm_buf *b = &j->sse;
     if (j->http_status) {
         api_error e;
@@ -544,6 +544,8 @@ void cm_api_stream_end(job *j) {
 }
 
 char *cm_api_final_json(job *j) {
+    if (j->api == CM_API_ANTHROPIC) return cm_anth_final_json(j);
+    if (j->tools) return cm_tools_final_json(j);
     cm_buf b;
     cm_buf_init(&b);
     cm_buf_puts(&b, "{\"id\":");

@@ -4,7 +4,8 @@
  * same server fronts one machine now and a cluster engine later.
  *
  * Routes: GET /health, /metrics, /api/cluster, /v1/models, / (dashboard);
- * POST /v1/chat/completions, /v1/completions (streaming as server-sent
+ * POST /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/messages (Anthropic's
+ * Messages API, api_anthropic.c) (streaming as server-sent
  * events or not). Requests wait in a bounded queue for one of n_slots slots;
  * every slot holds an engine session, and all running slots advance together
  * in one batched forward step (continuous batching); a new request joins

@@ -19,6 +19,7 @@
 typedef struct cm_http_server cm_http_server;
 
 enum job_state { JOB_QUEUED, JOB_RUNNING, JOB_DONE };
+enum cm_api_kind { CM_API_OPENAI, CM_API_ANTHROPIC, CM_API_COUNT }; /* the shapes a job answers in */
 
 /* One request. Two owners (connection + scheduler) release it with cm_job_unref. */
 typedef struct job {
@@ -29,6 +30,9 @@ typedef struct job {
     cm_http_server *srv;
     /* the request (immutable once queued) */
     bool chat, stream, include_usage;
+    enum cm_api_kind api; /* OpenAI (api.c) or Anthropic Messages (api_anthropic.c) */
+    int tools;            /* CM_TOOLS_*: parse the reply for tool calls in that family's format (api_tools.c) */
+    struct cm_grammar *grammar; /* response_format / forced tool call; owned, freed with the job */
     int logprobs;         /* -1: none; else top logprobs per token (0..20) */
     int32_t *ids;
     int n_ids;
@@ -56,6 +60,7 @@ typedef struct job {
     int n_gen;
     int n_cached;         /* prompt tokens found in the slot's KV cache */
     enum cm_finish finish;
+    int stop_index;       /* which of stops[] ended it (finish stop), or -1 */
     int http_status;      /* 0 or the status of a failure */
     char errmsg[256];
     /* gpt-oss chat (the prompt ends "<|start|>assistant"): only the reply's
@@ -99,6 +104,45 @@ void cm_api_stream_end(job *j);
 /* Non-streaming body (malloc'd JSON) of a finished job. */
 char *cm_api_final_json(job *j);
 
+/* ---- Anthropic Messages API (api_anthropic.c) ---- */
+/* {"type":"error","error":{"type","message"}}, the type from e->status. */
+void cm_anth_error_json(cm_buf *out, const api_error *e);
+/* Parse and check a POST /v1/messages body into j (as cm_api_parse_request). */
+int cm_anth_parse_request(cm_http_server *srv, const char *body, size_t n, job *j, api_error *ae);
+void cm_anth_stream_start(job *j); /* message_start, content_block_start, ping */
+void cm_anth_stream_delta(job *j, const char *text, size_t len);
+void cm_anth_stream_end(job *j);   /* content_block_stop, message_delta, message_stop (or error) */
+char *cm_anth_final_json(job *j);
+/* Tool use (api_anthropic_tools.c): wanted = tools or tool blocks in the
+ * request; prompt = translate to the OpenAI shape and cm_tools_prompt; the
+ * reply as content blocks (text, tool_use), whole or as stream events. */
+bool cm_anth_tools_wanted(const void *root);
+int cm_anth_tools_prompt(cm_http_server *srv, const void *root, job *j, cm_buf *text, api_error *ae);
+char *cm_anth_tools_final_json(job *j);
+void cm_anth_tools_stream_end(job *j);
+
+/* ---- tools and structured output (api_tools.c) ---- */
+enum { CM_TOOLS_OFF, CM_TOOLS_HERMES, CM_TOOLS_LLAMA3, CM_TOOLS_MISTRAL };
+/* root: the request's cJSON. response_format -> j->grammar (0, or -1 + *ae). */
+int cm_api_response_format(const void *root, job *j, api_error *ae);
+/* Does the request use tools (tools, or tool messages / tool_calls in history)? */
+bool cm_tools_wanted(const void *root);
+/* The prompt of a tools request, rendered for the model's family; sets
+ * j->tools and, for a forced tool_choice, j->grammar. 0 or -1 + *ae. */
+int cm_tools_prompt(cm_http_server *srv, const void *root, job *j, cm_buf *text, api_error *ae);
+/* Split a reply into content and calls (a cJSON array of {"name","arguments"
+ * (a JSON string)}, empty when the reply is not calls; free with cJSON_Delete). */
+int cm_tools_parse_text(int family, const char *s, size_t n, cm_buf *content, void **calls);
+char *cm_tools_final_json(job *j);
+/* A grammar needs the sampling on this machine: 501 on a pipeline. */
+int cm_tools_grammar_check(cm_http_server *srv, api_error *ae);
+void cm_tools_stream_end(job *j);
+
+/* ---- embeddings (api_embed.c) ---- */
+/* POST /v1/embeddings: computes on the calling thread and appends the
+ * response JSON to out; 0, or -1 with *ae filled (out then holds junk). */
+int cm_api_embeddings(cm_http_server *srv, const char *body, size_t n, cm_buf *out, api_error *ae);
+
 /* ---- request queue (queue.c) ---- */
 typedef struct cm_queue cm_queue;
 cm_queue *cm_queue_new(cm_http_server *srv, cm_engine *e, int n_slots, int queue_max, int n_ctx, char *err,
@@ -111,7 +155,7 @@ void cm_queue_free(cm_queue *s); /* ends queued and running jobs, joins the thre
 
 /* ---- metrics (metrics.c) ---- */
 enum route {
-    R_ROOT, R_HEALTH, R_METRICS, R_CLUSTER, R_MODELS, R_CHAT, R_COMPLETIONS, R_OTHER, R_COUNT
+    R_ROOT, R_HEALTH, R_METRICS, R_CLUSTER, R_MODELS, R_CHAT, R_COMPLETIONS, R_MESSAGES, R_EMBEDDINGS, R_OTHER, R_COUNT
 };
 extern const char *const cm_http_route_names[R_COUNT];
 typedef struct metrics metrics;

@@ -205,6 +205,7 @@ static void *queue_main(void *arg) {
             cm_gen_result res;
             cm_session_finish(sl->s, &res);
             job *j = sl->j;
+            j->stop_index = res.stop_index;
             sl->j = NULL;
             s->n_active--;
             pthread_mutex_unlock(&s->mu);

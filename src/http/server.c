@@ -18,6 +18,8 @@
  */
 #include "http_impl.h"
 
+#include "../sampler/grammar.h"
+
 #include <arpa/inet.h>
 #include <errno.h>
 #include <microhttpd.h>
@@ -120,6 +122,7 @@ job *cm_job_new(cm_http_server *srv, bool chat) {
     j->refs = 1;
     j->srv = srv;
     j->fd = -1;
+    j->stop_index = -1;
     cm_buf_init(&j->sse);
     cm_buf_init(&j->text);
     cm_buf_init(&j->hout);
@@ -166,6 +169,7 @@ void cm_job_unref(job *j) {
     cm_free(j->ids);
     cm_free(j->lps);
     cm_free(j->lp_ids);
+    cm_grammar_free(j->grammar);
     cm_buf_release(&j->sse);
     cm_buf_release(&j->text);
     cm_buf_release(&j->hout);
@@ -231,7 +235,8 @@ static enum MHD_Result send_buf(cm_http_server *srv, struct MHD_Connection *c, r
 static enum MHD_Result send_error(cm_http_server *srv, struct MHD_Connection *c, req *q, const api_error *e) {
     cm_buf b;
     cm_buf_init(&b);
-    cm_api_error_json(&b, e);
+    if (q->route == R_MESSAGES) cm_anth_error_json(&b, e);
+    else cm_api_error_json(&b, e);
     return send_buf(srv, c, q, e->status, "application/json", &b);
 }
 
@@ -248,7 +253,8 @@ static enum route route_of(const char *url) {
     static const struct { const char *path; enum route r; } k[] = {
         {"/", R_ROOT},           {"/index.html", R_ROOT},  {"/health", R_HEALTH},
         {"/metrics", R_METRICS}, {"/api/cluster", R_CLUSTER}, {"/v1/models", R_MODELS},
-        {"/v1/chat/completions", R_CHAT}, {"/v1/completions", R_COMPLETIONS},
+        {"/v1/chat/completions", R_CHAT}, {"/v1/completions", R_COMPLETIONS}, {"/v1/messages", R_MESSAGES},
+        {"/v1/embeddings", R_EMBEDDINGS},
     };
     for (size_t i = 0; i < CM_ARRAY_LEN(k); i++)
         if (!strcmp(url, k[i].path)) return k[i].r;
@@ -284,8 +290,10 @@ static bool host_ok(cm_http_server *srv, const char *h) {
 static bool key_ok(cm_http_server *srv, struct MHD_Connection *c) {
     if (!srv->api_key) return true;
     const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
-    if (!h || strncasecmp(h, "Bearer ", 7)) return false;
-    h += 7;
+    const char *x = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-api-key"); /* Anthropic's clients */
+    if (h && !strncasecmp(h, "Bearer ", 7)) h += 7;
+    else if (x) h = x;
+    else return false;
     size_t a = strlen(h), b = strlen(srv->api_key);
     unsigned char d = (unsigned char)(a != b);
     for (size_t i = 0; i < b; i++) d |= (unsigned char)(h[i < a ? i : 0] ^ srv->api_key[i]); /* constant time */
@@ -345,7 +353,9 @@ static enum MHD_Result generate(cm_http_server *srv, struct MHD_Connection *c, r
     job *j = cm_job_new(srv, chat);
     if (!j) return fail(srv, c, q, 503, "server_error", NULL, "out of memory");
     api_error ae;
-    if (cm_api_parse_request(srv, chat, q->body.data ? q->body.data : "", q->body.len, j, &ae)) {
+    const char *body = q->body.data ? q->body.data : "";
+    if (q->route == R_MESSAGES ? cm_anth_parse_request(srv, body, q->body.len, j, &ae)
+                               : cm_api_parse_request(srv, chat, body, q->body.len, j, &ae)) {
         cm_job_unref(j);
         return send_error(srv, c, q, &ae);
     }
@@ -560,7 +570,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             struct MHD_Response *r = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
             common_headers(srv, r, "text/plain");
             MHD_add_response_header(r, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
-            MHD_add_response_header(r, "Access-Control-Allow-Headers", "Authorization, Content-Type");
+            MHD_add_response_header(r, "Access-Control-Allow-Headers", "Authorization, Content-Type, x-api-key, anthropic-version");
             MHD_add_response_header(r, "Access-Control-Max-Age", "600");
             enum MHD_Result ok = MHD_queue_response(c, 204, r);
             MHD_destroy_response(r);
@@ -570,7 +580,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         }
         if (q->route == R_OTHER)
             return fail(srv, c, q, 404, "invalid_request_error", "not_found", "no such route");
-        bool want_post = q->route == R_CHAT || q->route == R_COMPLETIONS;
+        bool want_post = q->route == R_CHAT || q->route == R_COMPLETIONS || q->route == R_MESSAGES ||
+                         q->route == R_EMBEDDINGS;
         if (want_post ? !post : !get) {
             struct MHD_Response *r = NULL;
             cm_buf b;
@@ -578,7 +589,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             api_error e;
             cm_api_error_set(&e, 405, "invalid_request_error", NULL, "method_not_allowed", "%s is not allowed here; use %s",
                           method, want_post ? "POST" : "GET");
-            cm_api_error_json(&b, &e);
+            if (q->route == R_MESSAGES) cm_anth_error_json(&b, &e);
+            else cm_api_error_json(&b, &e);
             r = MHD_create_response_from_buffer(b.len, b.data, MHD_RESPMEM_MUST_COPY);
             cm_buf_release(&b);
             common_headers(srv, r, "application/json");
@@ -653,7 +665,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         cm_api_models_json(srv, &b);
         return send_buf(srv, c, q, 200, "application/json", &b);
     }
-    return generate(srv, c, q, q->route == R_CHAT);
+    if (q->route == R_EMBEDDINGS) {
+        api_error ae;
+        if (!cm_api_embeddings(srv, q->body.data ? q->body.data : "", q->body.len, &b, &ae))
+            return send_buf(srv, c, q, 200, "application/json", &b);
+        cm_buf_release(&b);
+        return send_error(srv, c, q, &ae);
+    }
+    return generate(srv, c, q, q->route == R_CHAT || q->route == R_MESSAGES);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {

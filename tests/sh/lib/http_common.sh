@@ -51,12 +51,12 @@ js() { node -e 'const fs=require("fs");const j=JSON.parse(fs.readFileSync(proces
 finish() { echo "$pass passed, $fail failed"; [ "$fail" -eq 0 ]; }
 
 # sse_text FILE: the text of an SSE stream (chat deltas or completion text);
-# fails unless the stream ends with "data: [DONE]". Comment events (": keep-alive",
-# sent while a request waits longer than --timeout/3) are skipped, as clients do.
+# fails unless the stream ends with "data: [DONE]". SSE comments (the server's
+# ": keep-alive" while a request waits) are skipped, as clients skip them.
 sse_text() {
     node -e '
 const t=require("fs").readFileSync(process.argv[1],"utf8");let s="";
-const evs=t.split("\n\n").filter(e=>e.length&&e[0]!==":");if(evs[evs.length-1]!=="data: [DONE]")process.exit(3);
+const evs=t.split("\n\n").filter(e=>e.length&&!e.startsWith(":"));if(evs[evs.length-1]!=="data: [DONE]")process.exit(3);
 for(const ev of evs){if(ev==="data: [DONE]")continue;const j=JSON.parse(ev.slice(6));if(j.error)process.exit(4);
  const c=j.choices[0];if(!c)continue;s+=c.delta?(c.delta.content||""):c.text}
 process.stdout.write(s)' "$1"
