@@ -33,6 +33,9 @@ DENSE2_VARIANTS="gemma3 phi3"
 # The low-bit types (added later: seeds from 3000, so the models above keep theirs).
 LOWBIT_TYPES="q2_k q3_k iq4_nl iq4_xs mxfp4 iq2_xxs iq3_xxs iq1_s"
 LOWBIT_VARIANTS="llama qwen3"
+# deepseek2 (MLA + DeepSeek MoE; seeds from 4000): V3-style and V2-Lite-style
+DS_VARIANTS="deepseek2v3 deepseek2lite"
+DS_TYPES="f32 f16 q8_0 q4_0 q4_k"
 [ -f "$NLC/node_modules/node-llama-cpp/package.json" ] || { echo "gen_synth_refs: no node-llama-cpp in $NLC" >&2; exit 1; }
 make -s cumulo
 cp tools/synth_oracle.mjs "$NLC/synth_oracle.mjs"
@@ -44,7 +47,7 @@ gen() { # gen VARIANT TYPE SEED
     name=$v-$t
     echo "$name" | grep -Eq "$ONLY" || return 0
     arch=$v; extra=""; tied=false; scaling=none; ffn=768; nexp=0; nused=0; effn=0; sffn=0
-    layers=2; swa=""; dim=256; heads=4; kv=2
+    layers=2; swa=""; dim=256; heads=4; kv=2; variant=""
     case $v in
         llama3) arch=llama; extra="--rope-scaling llama3"; scaling=llama3 ;;
         llamatied) arch=llama; extra="--tied"; tied=true ;;
@@ -57,10 +60,14 @@ gen() { # gen VARIANT TYPE SEED
         gemma3) extra="--tied --swa 4"; tied=true; layers=6; swa=',"swa":4' ;;
         # head size 96 like Phi-3-mini's: its q scale 1/sqrt(96) is not a power of 2
         phi3) dim=768; heads=8; kv=4 ;;
+        # 3 layers: one dense, two MoE; 16 experts top 4 in 4 groups (2 used), or 8 top 2
+        deepseek2v3) arch=deepseek2; variant=v3; layers=3; kv=4; nexp=16; nused=4; effn=256 ;;
+        deepseek2lite) arch=deepseek2; variant=lite; layers=3; kv=4; nexp=8; nused=2; effn=256 ;;
     esac
     [ $nexp -gt 0 ] && extra="$extra --experts $nexp --experts-used $nused"
     [ $effn -gt 0 ] && extra="$extra --expert-ffn $effn"
     [ $sffn -gt 0 ] && extra="$extra --shared-ffn $sffn"
+    [ -n "$variant" ] && { extra="$extra --variant $variant"; swa=",\"variant\":\"$variant\""; }
     args="--arch $arch --dim $dim --layers $layers --heads $heads --kv-heads $kv --ffn $ffn --ctx 512 --type $t --seed $seed $extra"
     # shellcheck disable=SC2086
     ./cumulo synth $args --vocab "$VOCAB" -o "$TMP/$name.gguf" --threads 2
@@ -91,6 +98,13 @@ done
 seed=3000
 for v in $LOWBIT_VARIANTS; do
     for t in $LOWBIT_TYPES; do
+        seed=$((seed + 1))
+        gen "$v" "$t" "$seed"
+    done
+done
+seed=4000
+for v in $DS_VARIANTS; do
+    for t in $DS_TYPES; do
         seed=$((seed + 1))
         gen "$v" "$t" "$seed"
     done

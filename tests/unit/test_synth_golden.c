@@ -106,6 +106,7 @@ typedef struct ref_model {
     int experts, experts_used, expert_ffn, shared_ffn; /* mixture of experts (0: dense) */
     long seed;
     int swa; /* gemma3: sliding window (0: synth default) */
+    char variant[8]; /* deepseek2: "v3" or "lite" ("" elsewhere) */
     bool tied;
     int n_cases;
     ref_case cases[MAXCASES];
@@ -195,6 +196,8 @@ static int load_ref(const char *path, ref_model *R) {
     }
     const cJSON *swa = cJSON_GetObjectItem(s, "swa");
     R->swa = cJSON_IsNumber(swa) ? swa->valueint : 0;
+    const cJSON *var = cJSON_GetObjectItem(s, "variant");
+    snprintf(R->variant, sizeof R->variant, "%s", cJSON_IsString(var) ? var->valuestring : "");
     R->n_cases = 0;
     cJSON_ArrayForEach(c, cases) {
         if (R->n_cases == MAXCASES) break;
@@ -419,7 +422,7 @@ static int cmp_flip(const void *a, const void *b) {
 
 static const char *site_name(int s) {
     static const char *n[] = {"attn_in", "k_in", "v_in", "attn_out", "ffn_in", "up_in", "ffn_down_in", "output_in",
-                              "exp_down_in", "shexp_down_in", "router_in", "shexp_in"};
+                              "exp_down_in", "shexp_down_in", "router_in", "shexp_in", "kv_a_in", "q_b_in"};
     return s >= 0 && s < (int)CM_ARRAY_LEN(n) ? n[s] : "?";
 }
 
@@ -562,7 +565,8 @@ static void check_model(const ref_model *R, cm_pool *pool) {
                           .n_head_kv = R->kv_heads, .n_ff = R->ffn, .n_ctx = R->ctx, .type = R->type,
                           .rope_llama3 = !strcmp(R->scaling, "llama3"), .tied = R->tied, .n_swa = R->swa,
                           .seed = (uint64_t)R->seed, .n_threads = 2, .n_expert = R->experts,
-                          .n_expert_used = R->experts_used, .n_ff_exp = R->expert_ffn, .n_ff_shexp = R->shared_ffn};
+                          .n_expert_used = R->experts_used, .n_ff_exp = R->expert_ffn, .n_ff_shexp = R->shared_ffn,
+                          .variant = R->variant[0] ? R->variant : NULL};
     cm_buf file;
     cm_buf_init(&file);
     cm_gguf g;
