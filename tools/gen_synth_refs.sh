@@ -36,6 +36,8 @@ LOWBIT_VARIANTS="llama qwen3"
 # deepseek2 (MLA + DeepSeek MoE; seeds from 4000): V3-style and V2-Lite-style
 DS_VARIANTS="deepseek2v3 deepseek2lite"
 DS_TYPES="f32 f16 q8_0 q4_0 q4_k"
+# DeepSeek V3's YaRN (seeds from 4100)
+DS_YARN_TYPES="f32 q8_0"
 [ -f "$NLC/node_modules/node-llama-cpp/package.json" ] || { echo "gen_synth_refs: no node-llama-cpp in $NLC" >&2; exit 1; }
 make -s cumulo
 cp tools/synth_oracle.mjs "$NLC/synth_oracle.mjs"
@@ -62,6 +64,7 @@ gen() { # gen VARIANT TYPE SEED
         phi3) dim=768; heads=8; kv=4 ;;
         # 3 layers: one dense, two MoE; 16 experts top 4 in 4 groups (2 used), or 8 top 2
         deepseek2v3) arch=deepseek2; variant=v3; layers=3; kv=4; nexp=16; nused=4; effn=256 ;;
+        deepseek2v3yarn) arch=deepseek2; variant=v3yarn; layers=3; kv=4; nexp=16; nused=4; effn=256 ;;
         deepseek2lite) arch=deepseek2; variant=lite; layers=3; kv=4; nexp=8; nused=2; effn=256 ;;
     esac
     [ $nexp -gt 0 ] && extra="$extra --experts $nexp --experts-used $nused"
@@ -108,4 +111,9 @@ for v in $DS_VARIANTS; do
         seed=$((seed + 1))
         gen "$v" "$t" "$seed"
     done
+done
+seed=4100
+for t in $DS_YARN_TYPES; do
+    seed=$((seed + 1))
+    gen deepseek2v3yarn "$t" "$seed"
 done

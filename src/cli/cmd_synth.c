@@ -30,7 +30,7 @@ static void usage(FILE *f) {
             "  --experts-used K     experts per token (top-k)\n"
             "  --expert-ffn F       width of each expert (qwen*moe; default --ffn)\n"
             "  --shared-ffn F       width of qwen2moe's shared expert (default --ffn)\n"
-            "  --variant v3|lite    deepseek2: V3-style (q LoRA, sigmoid routing, bias, groups) or V2-Lite-style\n"
+            "  --variant V          deepseek2: v3 (q LoRA, sigmoid routing, bias, groups), v3yarn (v3 + YaRN) or lite (V2-Lite)\n"
             "  --dim D              embedding size (a multiple of 256 for K-quants, 32 otherwise)\n"
             "  --layers L           transformer blocks\n"
             "  --heads H            attention heads (D/H is the head size)\n"

@@ -52,7 +52,7 @@ static int key_f(const cm_gguf *g, const char *suffix, double def, double lo, do
 
 /* llama.cpp's YaRN settings for deepseek2 (llama_context's yarn_attn_factor
  * with its deepseek2 mscale rule, then the graph's kq_scale). */
-static void yarn_params(cm_hparams *hp, float factor, float log_mul) {
+static void yarn_params(cm_hparams *hp, float factor, float log_mul, float rope_attn_factor) {
     cm_mla_hparams *a = &hp->mla;
     a->ext_factor = 1.0f;
     hp->rope_freq_scale = 1.0f / factor;
@@ -66,6 +66,7 @@ static void yarn_params(cm_hparams *hp, float factor, float log_mul) {
         }
     }
     attn *= 1.0f / (1.0f + 0.1f * logf(factor));
+    attn *= rope_attn_factor;
     a->attn_factor = attn;
     const float org = attn * (1.0f + 0.1f * logf(1.0f / hp->rope_freq_scale));
     const float mscale = org * (1.0f + 0.1f * log_mul * logf(1.0f / hp->rope_freq_scale));
@@ -133,16 +134,16 @@ int cm_mla_load_hparams(cm_model *m, char *err, size_t errlen) {
     }
     cm_free(st);
     if (yarn) {
-        float factor, log_mul, bf, bs;
+        /* llama.cpp reads no beta keys for deepseek2: 32 and 1 */
+        float factor, log_mul, attn;
         int orig;
         if ((rc = key_f(g, "rope.scaling.factor", 1.0, 1e-6, 1e6, &factor, err, errlen)) ||
             (rc = key_f(g, "rope.scaling.yarn_log_multiplier", 0.0, 0.0, 1e3, &log_mul, err, errlen)) ||
-            (rc = key_f(g, "rope.scaling.yarn_beta_fast", 32.0, 0.0, 1e6, &bf, err, errlen)) ||
-            (rc = key_f(g, "rope.scaling.yarn_beta_slow", 1.0, 0.0, 1e6, &bs, err, errlen)) ||
+            (rc = key_f(g, "rope.scaling.attn_factor", 1.0, 1e-6, 1e6, &attn, err, errlen)) ||
             (rc = key_u(g, "rope.scaling.original_context_length", hp->n_ctx_train, 1, 1L << 30, &orig, err, errlen)))
             return rc;
-        a->beta_fast = bf, a->beta_slow = bs, a->n_ctx_orig = orig;
-        yarn_params(hp, factor, log_mul / 0.1f); /* llama.cpp cancels the converter's 0.1 */
+        a->beta_fast = 32.0f, a->beta_slow = 1.0f, a->n_ctx_orig = orig;
+        yarn_params(hp, factor, log_mul / 0.1f, attn); /* llama.cpp cancels the converter's 0.1 */
     }
     return 0;
 }

@@ -100,6 +100,7 @@ static bool moe_arch(int arch) { return arch == A_QWEN2MOE || arch == A_QWEN3MOE
 /* deepseek2's MLA shapes (synth.h) */
 enum { DS_KV_LORA = 256, DS_Q_LORA = 256, DS_NOPE = 64, DS_ROPE = 32, DS_V = 64 };
 static bool ds_lite(const cm_synth_params *p) { return p->variant && !strcmp(p->variant, "lite"); }
+static bool ds_yarn(const cm_synth_params *p) { return p->variant && !strcmp(p->variant, "v3yarn"); }
 static int exp_ff(const cm_synth_params *p, int arch) { return arch == A_LLAMA || !p->n_ff_exp ? p->n_ff : p->n_ff_exp; }
 static int shexp_ff(const cm_synth_params *p, int arch) {
     if (arch == A_DEEPSEEK2) return exp_ff(p, arch) * (ds_lite(p) ? 2 : 1); /* expert_shared_count experts */
@@ -113,8 +114,8 @@ static int moe_check(const cm_synth_params *p, int arch, int bs, char *err, size
         return cm_errf(err, errlen, CM_EINVAL, "architecture '%s' needs --experts", p->arch);
     if (!moe_arch(arch) && arch != A_LLAMA && p->n_expert)
         return cm_errf(err, errlen, CM_EINVAL, "architecture '%s' has no experts (qwen2moe, qwen3moe, deepseek2, llama do)", p->arch);
-    if (arch == A_DEEPSEEK2 && p->variant && strcmp(p->variant, "v3") && strcmp(p->variant, "lite"))
-        return cm_errf(err, errlen, CM_EINVAL, "unknown deepseek2 variant '%s' (v3, lite)", p->variant);
+    if (arch == A_DEEPSEEK2 && p->variant && strcmp(p->variant, "v3") && strcmp(p->variant, "lite") && !ds_yarn(p))
+        return cm_errf(err, errlen, CM_EINVAL, "unknown deepseek2 variant '%s' (v3, v3yarn, lite)", p->variant);
     if (arch == A_DEEPSEEK2 && !ds_lite(p) && p->n_expert % 4)
         return cm_errf(err, errlen, CM_EINVAL, "deepseek2 v3 puts the experts in 4 groups: --experts %d is not a multiple of 4", p->n_expert);
     if (arch == A_DEEPSEEK2 && !ds_lite(p) && p->n_expert_used > p->n_expert / 2)
@@ -645,6 +646,12 @@ int cm_synth_write(const cm_synth_params *p, const cm_gguf *vocab, const char *p
         if (!lite) {
             cm_gguf_w_u32(w, K("expert_group_count"), 4);
             cm_gguf_w_u32(w, K("expert_group_used_count"), 2);
+        }
+        if (ds_yarn(p)) { /* DeepSeek V3's: factor 40 from 4096 positions, mscale_all_dim 1 (written x 0.1) */
+            cm_gguf_w_str(w, K("rope.scaling.type"), "yarn");
+            cm_gguf_w_f32(w, K("rope.scaling.factor"), 40.0f);
+            cm_gguf_w_u32(w, K("rope.scaling.original_context_length"), 4096);
+            cm_gguf_w_f32(w, K("rope.scaling.yarn_log_multiplier"), 0.1f);
         }
     }
     if (qwen3n) {

@@ -50,7 +50,9 @@ typedef struct cm_synth_params {
      * normalised weights, 1 shared expert) or "lite" (V2-Lite: one attn_q,
      * softmax routing, unnormalised, 2 shared experts); both MLA with the
      * split attn_k_b/attn_v_b, kv_lora_rank 256, 64 nope + 32 rope dims,
-     * 64 value dims per head, and 1 leading dense layer. NULL = "v3". */
+     * 64 value dims per head, and 1 leading dense layer; "v3yarn": v3 with
+     * DeepSeek V3's YaRN keys (factor 40, original context 4096,
+     * yarn_log_multiplier 0.1). NULL = "v3". */
     const char *variant;
     uint64_t seed;
     int n_threads;      /* 0 = all CPUs; never changes the output */

@@ -106,7 +106,7 @@ typedef struct ref_model {
     int experts, experts_used, expert_ffn, shared_ffn; /* mixture of experts (0: dense) */
     long seed;
     int swa; /* gemma3: sliding window (0: synth default) */
-    char variant[8]; /* deepseek2: "v3" or "lite" ("" elsewhere) */
+    char variant[16]; /* deepseek2: "v3", "v3yarn" or "lite" ("" elsewhere) */
     bool tied;
     int n_cases;
     ref_case cases[MAXCASES];
