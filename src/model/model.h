@@ -1,8 +1,9 @@
 /*
  * model: the forward pass of the supported architectures (llama, qwen2,
- * qwen3, and the mixture-of-experts qwen2moe, qwen3moe and llama with experts
- * (Mixtral); see moe.h) over a layer range and a tensor slice, with
- * per-sequence KV caches.
+ * qwen3, gemma3, phi3, and the mixture-of-experts qwen2moe, qwen3moe, llama
+ * with experts (Mixtral; see moe.h) and deepseek2 (multi-head latent
+ * attention, mla.h)) over a layer range and a tensor slice, with
+ * per-sequence KV caches (deepseek2's holds the latent only).
  *
  * A cm_model is a set of cm_tensor views into a parsed GGUF (the mmap): no
  * weight is ever copied. The forward pass is written once for every way the
