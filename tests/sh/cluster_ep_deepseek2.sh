@@ -10,7 +10,9 @@
 #      layers only (the leading dense layer exchanges nothing);
 #   3. each node streamed only its experts (as cluster_ep.sh);
 #   4. `cumulo info` says the KV cache holds the latent: per token
-#      n_layer x (kv_lora_rank + rope dims) x 4 bytes (3 x 288 x 4 = 3456).
+#      n_layer x (kv_lora_rank + rope dims) x 4 bytes (3 x 288 x 4 = 3456);
+#   5. a 3-stage pipeline and the planner's choice give the same ids; a
+#      tensor-parallel plan is refused pointing at ep.
 cd "$(dirname "$0")/../.." || exit 1
 . tests/sh/lib/cluster_common.sh
 VOCAB=$SHARED/vocab/ggml-vocab-llama-spm.gguf
@@ -82,6 +84,27 @@ LITE=$TMP/ds-lite.gguf
 grep -q 'KV cache per token: 3456 bytes' "$TMP/info.txt" && ok || bad "info does not give the latent's 3456 bytes per token: $(grep -i 'kv' "$TMP/info.txt")"
 case_ep v3 "$V3" 2
 case_ep lite "$LITE" 2
+
+# 5. a 3-stage pipeline (each stage its layers' latent cache; stage 0 holds the
+# dense layer) and the planner's choice: ids equal one machine; tp refused
+for n in a b; do cc_start_node "pp$n" --no-mdns; eval "PORT_$n=$NODE_PORT"; done
+NODES=127.0.0.1:$PORT_a,127.0.0.1:$PORT_b
+"$BIN" run "$V3" -p "$PROMPT" -n $N --temp 0 --threads 1 --json >"$TMP/one.json" 2>/dev/null
+one=$(cc_jsonget "$TMP/one.json" 'join(",", @{$j->{tokens}})')
+for mode in pp auto; do
+    if "$BIN" run "$V3" --cluster --nodes "$NODES" --parallel $mode -p "$PROMPT" -n $N --temp 0 --threads 1 --json \
+        >"$TMP/$mode.json" 2>"$TMP/$mode.err"; then
+        [ $mode = auto ] || grep -q "pp plan, 3 stages" "$TMP/$mode.err" && ok || bad "$mode: not a 3-stage plan: $(grep why "$TMP/$mode.err")"
+        [ "$(cc_jsonget "$TMP/$mode.json" 'join(",", @{$j->{tokens}})')" = "$one" ] && ok || bad "$mode: ids differ from one machine"
+    else
+        bad "$mode run failed: $(tail -3 "$TMP/$mode.err")"
+    fi
+done
+if "$BIN" run "$V3" --cluster --nodes "$NODES" --parallel tp -p "$PROMPT" -n 4 --temp 0 --threads 1 >/dev/null 2>"$TMP/tp.err"; then
+    bad "a tp plan of deepseek2 was accepted"
+else
+    [ "$(grep -c . "$TMP/tp.err")" -ge 1 ] && grep -q "use --parallel ep" "$TMP/tp.err" && ok || bad "tp refusal: $(tail -2 "$TMP/tp.err")"
+fi
 
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]
