@@ -35,6 +35,11 @@ LOWBIT_TYPES="q2_k q3_k iq4_nl iq4_xs mxfp4 iq2_xxs iq3_xxs iq1_s"
 LOWBIT_VARIANTS="llama qwen3"
 # gpt-oss (seeds from 4000): F32, Q8_0, and mxfp4 = MXFP4 experts + Q8_0 elsewhere like the released files
 GPTOSS_TYPES="f32 q8_0 mxfp4"
+# deepseek2 (MLA + DeepSeek MoE; seeds from 4000): V3-style and V2-Lite-style
+DS_VARIANTS="deepseek2v3 deepseek2lite"
+DS_TYPES="f32 f16 q8_0 q4_0 q4_k"
+# DeepSeek V3's YaRN (seeds from 4100)
+DS_YARN_TYPES="f32 q8_0"
 [ -f "$NLC/node_modules/node-llama-cpp/package.json" ] || { echo "gen_synth_refs: no node-llama-cpp in $NLC" >&2; exit 1; }
 make -s cumulo
 cp tools/synth_oracle.mjs "$NLC/synth_oracle.mjs"
@@ -46,7 +51,7 @@ gen() { # gen VARIANT TYPE SEED
     name=$v-$t
     echo "$name" | grep -Eq "$ONLY" || return 0
     arch=$v; extra=""; tied=false; scaling=none; ffn=768; nexp=0; nused=0; effn=0; sffn=0
-    layers=2; swa=""; dim=256; heads=4; kv=2
+    layers=2; swa=""; dim=256; heads=4; kv=2; variant=""
     case $v in
         llama3) arch=llama; extra="--rope-scaling llama3"; scaling=llama3 ;;
         llamatied) arch=llama; extra="--tied"; tied=true ;;
@@ -63,10 +68,15 @@ gen() { # gen VARIANT TYPE SEED
         gptoss) arch=gpt-oss; nexp=8; nused=2; effn=256; layers=4; extra="--swa 4"; swa=',"swa":4' ;;
         # gpt-oss-20b's routing (32 experts top 4) and head shape (head size 64, 8 query heads per KV head)
         gptoss32) arch=gpt-oss; nexp=32; nused=4; effn=256; layers=4; dim=512; heads=8; kv=1; extra="--swa 4"; swa=',"swa":4' ;;
+        # 3 layers: one dense, two MoE; 16 experts top 4 in 4 groups (2 used), or 8 top 2
+        deepseek2v3) arch=deepseek2; variant=v3; layers=3; kv=4; nexp=16; nused=4; effn=256 ;;
+        deepseek2v3yarn) arch=deepseek2; variant=v3yarn; layers=3; kv=4; nexp=16; nused=4; effn=256 ;;
+        deepseek2lite) arch=deepseek2; variant=lite; layers=3; kv=4; nexp=8; nused=2; effn=256 ;;
     esac
     [ $nexp -gt 0 ] && extra="$extra --experts $nexp --experts-used $nused"
     [ $effn -gt 0 ] && extra="$extra --expert-ffn $effn"
     [ $sffn -gt 0 ] && extra="$extra --shared-ffn $sffn"
+    [ -n "$variant" ] && { extra="$extra --variant $variant"; swa=",\"variant\":\"$variant\""; }
     args="--arch $arch --dim $dim --layers $layers --heads $heads --kv-heads $kv --ffn $ffn --ctx 512 --type $t --seed $seed $extra"
     # shellcheck disable=SC2086
     ./cumulo synth $args --vocab "$VOCAB" -o "$TMP/$name.gguf" --threads 2
@@ -107,3 +117,15 @@ for t in $GPTOSS_TYPES; do
     gen gptoss "$t" "$seed"
 done
 gen gptoss32 mxfp4 4011
+seed=4000 # deepseek2's seeds also start at 4001 (another architecture: no clash)
+for v in $DS_VARIANTS; do
+    for t in $DS_TYPES; do
+        seed=$((seed + 1))
+        gen "$v" "$t" "$seed"
+    done
+done
+seed=4100
+for t in $DS_YARN_TYPES; do
+    seed=$((seed + 1))
+    gen deepseek2v3yarn "$t" "$seed"
+done

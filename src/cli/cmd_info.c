@@ -98,6 +98,7 @@ int cmd_info(int argc, char **argv) {
         cJSON_AddNumberToObject(j, "weight_bytes", (double)in.weight_bytes);
         cJSON_AddNumberToObject(j, "weight_bytes_active", (double)in.weight_bytes_active);
         cJSON_AddNumberToObject(j, "kv_bytes", (double)kv);
+        cJSON_AddNumberToObject(j, "kv_bytes_per_token", (double)in.kv_bytes_per_token);
         cJSON_AddNumberToObject(j, "memory_bytes", (double)total);
         char *s = cJSON_PrintUnformatted(j);
         if (s) puts(s);
@@ -128,6 +129,9 @@ int cmd_info(int argc, char **argv) {
         human(b3, sizeof b3, (double)total);
         printf("memory:       %s weights (mapped) + %s KV cache (%s, ctx %d) = %s\n", b1, b2, kv_f16 ? "F16" : "F32",
                n_ctx, b3);
+        /* deepseek2 caches one latent row per token and layer, not K and V per head (mla.h) */
+        printf("KV cache per token: %llu bytes%s\n", (unsigned long long)in.kv_bytes_per_token,
+               !strcmp(in.arch, "deepseek2") ? " (multi-head latent attention: kv_lora_rank + rope dims per layer, shared by every head)" : "");
     }
     cm_engine_free(e);
     return 0;

@@ -31,6 +31,7 @@ static void usage(FILE *f) {
             "  --experts-used K     experts per token (top-k)\n"
             "  --expert-ffn F       width of each expert (qwen*moe, gpt-oss; default --ffn)\n"
             "  --shared-ffn F       width of qwen2moe's shared expert (default --ffn)\n"
+            "  --variant V          deepseek2: v3 (q LoRA, sigmoid routing, bias, groups), v3yarn (v3 + YaRN) or lite (V2-Lite)\n"
             "  --dim D              embedding size (a multiple of 256 for K-quants, 32 otherwise)\n"
             "  --layers L           transformer blocks\n"
             "  --heads H            attention heads (D/H is the head size)\n"
@@ -80,6 +81,7 @@ int cmd_synth(int argc, char **argv) {
     } while (0)
         if (!strcmp(a, "--arch")) STR(p.arch);
         else if (!strcmp(a, "--type")) STR(p.type);
+        else if (!strcmp(a, "--variant")) STR(p.variant);
         else if (!strcmp(a, "--vocab")) STR(vocab_path);
         else if (!strcmp(a, "-o") || !strcmp(a, "--output")) STR(out_path);
         else if (!strcmp(a, "--dim")) INT(dim, 1, 1 << 16);

@@ -13,6 +13,7 @@
  * tests compare probabilities with llama.cpp at 1e-4. This file must never
  * allocate in cm_forward(): all scratch lives in cm_ctx.
  */
+#include "mla.h"
 #include "model.h"
 #include "moe.h"
 #include "gptoss.h"
@@ -23,6 +24,7 @@
 /* ---------------- KV cache ---------------- */
 
 uint64_t cm_kv_bytes(const cm_model *m, int layer_first, int layer_last, int h0, int h1, int n_ctx) {
+    if (m->hp.arch == CM_ARCH_DEEPSEEK2) return cm_mla_kv_bytes(m, layer_first, layer_last, n_ctx); /* the latent only */
     uint64_t n = (uint64_t)(layer_last - layer_first) * (uint64_t)(h1 - h0) * (uint64_t)n_ctx *
                  (uint64_t)m->hp.head_dim;
     return 2 * n * sizeof(float);
@@ -44,12 +46,13 @@ int cm_kv_init_type(cm_kv *kv, const cm_model *m, int layer_first, int layer_las
     if (s.h0 < 0 || s.h1 > m->hp.n_head_kv || s.h0 > s.h1)
         return cm_errf(err, errlen, CM_EINVAL, "kv head range [%d, %d) is out of [0, %d)", s.h0, s.h1, m->hp.n_head_kv);
     if (n_ctx < 1 || n_ctx > (1 << 24)) return cm_errf(err, errlen, CM_EINVAL, "context size %d is out of range", n_ctx);
-    uint64_t half = cm_kv_bytes(m, layer_first, layer_last, s.h0, s.h1, n_ctx) / 2;
+    const bool mla = m->hp.arch == CM_ARCH_DEEPSEEK2; /* K only: the latent rows (mla.h) */
+    uint64_t half = cm_kv_bytes(m, layer_first, layer_last, s.h0, s.h1, n_ctx) / (mla ? 1 : 2);
     if (type == CM_TYPE_F16) half /= 2;
     if (half > SIZE_MAX / 2) return cm_errf(err, errlen, CM_ENOMEM, "kv cache of %llu bytes is too large", (unsigned long long)half * 2);
     /* calloc: untouched context costs no resident memory. */
     kv->k = cm_calloc(1, (size_t)half + sizeof(float));
-    kv->v = cm_calloc(1, (size_t)half + sizeof(float));
+    kv->v = cm_calloc(1, (mla ? 0 : (size_t)half) + sizeof(float));
     if (!kv->k || !kv->v) {
         cm_kv_release(kv);
         return cm_errf(err, errlen, CM_ENOMEM, "out of memory for a kv cache of %llu bytes", (unsigned long long)half * 2);
@@ -108,6 +111,7 @@ struct cm_ctx {
     cm_act_hook_fn hook; /* tests only (model.h) */
     void *hook_user;
     cm_moe *moe; /* MoE models: the expert FFN's scratch (moe.c) */
+    cm_mla *mla; /* deepseek2: the latent attention's scratch (mla.c) */
     bool ep_gather; /* this pass: an expert slice, combined after the caller's gather */
 };
 
@@ -132,7 +136,7 @@ cm_ctx *cm_ctx_new(const cm_model *m, int max_batch, int max_ctx, cm_pool *pool,
     if (!c) { cm_errf(err, errlen, CM_ENOMEM, "out of memory"); return NULL; }
     const cm_hparams *hp = &m->hp;
     size_t B = (size_t)max_batch, E = (size_t)hp->n_embd, QD = (size_t)hp->n_head * hp->head_dim;
-    size_t KD = (size_t)hp->n_head_kv * hp->head_dim, F = hp->n_expert ? 0 : (size_t)hp->n_ff; /* MoE: moe.c's scratch */
+    size_t KD = (size_t)hp->n_head_kv * hp->head_dim, F = hp->n_expert && !hp->n_dense_lead ? 0 : (size_t)hp->n_ff; /* MoE: moe.c's scratch */
     size_t kmax = CM_MAX(E, CM_MAX(QD, F));
     c->m = m;
     c->k = cm_kernels_get();
@@ -156,6 +160,11 @@ cm_ctx *cm_ctx_new(const cm_model *m, int max_batch, int max_ctx, cm_pool *pool,
     c->xq_size = B * kmax * 4 + 64;
     c->xq = zalloc(c->xq_size);
     c->out_rows = zalloc(B * 4);
+    if (hp->arch == CM_ARCH_DEEPSEEK2 && !(c->mla = cm_mla_new(m, max_batch, max_ctx, c->n_threads))) {
+        cm_ctx_free(c);
+        cm_errf(err, errlen, CM_ENOMEM, "out of memory for latent attention scratch (batch %d)", max_batch);
+        return NULL;
+    }
     if (hp->n_expert && !(c->moe = cm_moe_new(m, max_batch, c->n_threads))) {
         cm_ctx_free(c);
         cm_errf(err, errlen, CM_ENOMEM, "out of memory for expert scratch (batch %d)", max_batch);
@@ -177,6 +186,7 @@ void cm_ctx_free(cm_ctx *c) {
     cm_aligned_free(c->xq);
     cm_aligned_free(c->out_rows);
     cm_moe_free(c->moe);
+    cm_mla_free(c->mla);
     cm_free(c);
 }
 
@@ -591,6 +601,14 @@ static void phase_attn(cm_ctx *c, int ith, int nth) {
     const int nkv = s.h1 - s.h0, nq = nkv * rep; /* heads in this slice */
     const int QS = nq * D, KS = nkv * D;         /* row widths of q and k/v in this slice */
 
+    if (c->mla) { /* deepseek2: multi-head latent attention (mla.c) */
+        size_t xs;
+        const void *xq = add_norm_prep(c, CM_ACT_ATTN_IN, &L->attn_norm, hp->mla.q_lora ? &L->wq_a : &L->wq, &xs, ith, nth);
+        const cm_mla_run r = {.m = m, .k = c->k, .pool = c->pool, .il = c->il, .b = b, .kvs = c->a->kvs, .xn = c->xn,
+                              .xq = xq, .xq_stride = xs, .out = c->part, .hook = c->hook, .hook_user = c->hook_user};
+        cm_mla_attn(c->mla, &r, ith, nth);
+        return;
+    }
     if (nkv == 0) { /* a member with FFN rows only: contributes nothing here */
         add_pending(c, ith, nth);
         zero_part(c, ith, nth);
@@ -649,7 +667,7 @@ static void phase_ffn(cm_ctx *c, int ith, int nth) {
     const cm_layer *L = &m->layers[c->il];
     const int E = m->hp.n_embd, n = c->b->n;
     const int FS = c->a->slice.f1 - c->a->slice.f0;
-    if (c->moe) { /* experts (moe.c): the normed input converted for ffn_gate_exps */
+    if (c->moe && L->ffn_gate_inp.data) { /* experts (moe.c): the normed input converted for ffn_gate_exps */
         size_t xs;
         const void *xq = add_norm_prep(c, CM_ACT_FFN_IN, &L->ffn_norm, &L->ffn_gate_exps, &xs, ith, nth);
         const cm_expert_slice *ex = &c->a->experts;
@@ -807,11 +825,13 @@ int cm_forward(cm_ctx *c, const cm_batch *b, const cm_forward_args *a, char *err
     for (int il = a->layer_first; il < a->layer_last; il++) {
         const cm_layer *L = &m->layers[il];
         c->il = il;
-        c->wq = rows_view(&L->wq, (int64_t)s.h0 * rep * D, (int64_t)s.h1 * rep * D);
-        c->wk = rows_view(&L->wk, (int64_t)s.h0 * D, (int64_t)s.h1 * D);
-        c->wv = rows_view(&L->wv, (int64_t)s.h0 * D, (int64_t)s.h1 * D);
-        c->wo = cols_view(&L->wo, (int64_t)s.h0 * rep * D, (int64_t)s.h1 * rep * D);
-        if (!c->moe) {
+        if (!c->mla) { /* deepseek2's attention has its own tensors (mla.c) */
+            c->wq = rows_view(&L->wq, (int64_t)s.h0 * rep * D, (int64_t)s.h1 * rep * D);
+            c->wk = rows_view(&L->wk, (int64_t)s.h0 * D, (int64_t)s.h1 * D);
+            c->wv = rows_view(&L->wv, (int64_t)s.h0 * D, (int64_t)s.h1 * D);
+            c->wo = cols_view(&L->wo, (int64_t)s.h0 * rep * D, (int64_t)s.h1 * rep * D);
+        }
+        if (!L->ffn_gate_inp.data) { /* a dense FFN (deepseek2: its leading dense layers) */
             c->gt = rows_view(&L->ffn_gate, s.f0, s.f1);
             c->up_w = rows_view(&L->ffn_up, s.f0, s.f1);
             c->dn = cols_view(&L->ffn_down, s.f0, s.f1);
@@ -827,7 +847,7 @@ int cm_forward(cm_ctx *c, const cm_batch *b, const cm_forward_args *a, char *err
         cm_pool_run(c->pool, run_phase, c);
         c->pending_norm = L->ffn_post_norm.data;
         c->pending_bias = NULL;
-        if (c->ep_gather) { /* expert parallelism: the other members' expert rows, then the fixed-order sum */
+        if (c->ep_gather && L->ffn_gate_inp.data) { /* expert parallelism: the other members' expert rows, then the fixed-order sum */
             float *y;
             const int32_t *rows;
             cm_moe_rows(c->moe, b->n, &y, &rows);

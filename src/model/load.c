@@ -6,6 +6,7 @@
  * every rejection names the architecture, tensor or type at fault.
  */
 #include "model.h"
+#include "mla.h"
 #include "moe.h"
 #include "gptoss.h"
 
@@ -15,7 +16,7 @@
 #include <stdio.h>
 #include <string.h>
 
-static const char *const k_arch_names[CM_ARCH_COUNT] = {"llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma3", "phi3", "gpt-oss"};
+static const char *const k_arch_names[CM_ARCH_COUNT] = {"llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma3", "phi3", "gpt-oss", "deepseek2"};
 
 const char *cm_arch_name_of(enum cm_arch a) {
     return (unsigned)a < CM_ARCH_COUNT ? k_arch_names[a] : "unknown";
@@ -189,6 +190,7 @@ static int load_hparams(cm_model *m, char *err, size_t errlen) {
     if (hp->n_head % hp->n_head_kv)
         return cm_errf(err, errlen, CM_EFORMAT, "head count %d is not a multiple of the KV head count %d",
                        hp->n_head, hp->n_head_kv);
+    if (hp->arch == CM_ARCH_DEEPSEEK2) return cm_mla_load_hparams(m, err, errlen); /* MLA's own head sizes */
     long def_hd = hp->n_embd % hp->n_head ? -1 : hp->n_embd / hp->n_head;
     if ((rc = get_int(g, an, "attention.key_length", def_hd, 2, 65536, &hp->head_dim, err, errlen))) return rc;
     int vlen;
@@ -283,6 +285,18 @@ int cm_model_load(cm_model *m, const cm_gguf *g, char *err, size_t errlen) {
         /* qwen3, qwen3moe and gemma3 have per-head Q/K norms */
         bool qwen3 = hp->arch == CM_ARCH_QWEN3 || hp->arch == CM_ARCH_QWEN3MOE || gemma3;
         if (phi3 && (rc = bind_phi3(m, L, il, E, QD, KD, F, err, errlen))) goto fail;
+        if (hp->arch == CM_ARCH_DEEPSEEK2) { /* MLA (mla.c); leading dense layers, then experts */
+            if ((rc = bind_blk(m, &L->attn_norm, il, "attn_norm.weight", E, 0, false, false, err, errlen)) ||
+                (rc = bind_blk(m, &L->ffn_norm, il, "ffn_norm.weight", E, 0, false, false, err, errlen)) ||
+                (rc = cm_mla_bind_layer(m, il, err, errlen)))
+                goto fail;
+            if (il >= hp->n_dense_lead ? (rc = cm_moe_bind_layer(m, il, err, errlen)) != 0
+                                       : ((rc = bind_blk(m, &L->ffn_gate, il, "ffn_gate.weight", E, F, true, false, err, errlen)) ||
+                                          (rc = bind_blk(m, &L->ffn_up, il, "ffn_up.weight", E, F, true, false, err, errlen)) ||
+                                          (rc = bind_blk(m, &L->ffn_down, il, "ffn_down.weight", F, E, true, false, err, errlen))))
+                goto fail;
+            continue;
+        }
         if ((rc = bind_blk(m, &L->attn_norm, il, "attn_norm.weight", E, 0, false, false, err, errlen)) ||
             (!phi3 && (rc = bind_blk(m, &L->wq, il, "attn_q.weight", E, QD, true, false, err, errlen))) ||
             (!phi3 && (rc = bind_blk(m, &L->wk, il, "attn_k.weight", E, KD, true, false, err, errlen))) ||

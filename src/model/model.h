@@ -1,9 +1,9 @@
 /*
  * model: the forward pass of the supported architectures (llama, qwen2,
- * qwen3, gemma3, phi3, and the mixture-of-experts qwen2moe, qwen3moe, gpt-oss
- * and llama with experts (Mixtral); see moe.h, gptoss.h) over a layer range
- * and a tensor slice, with
- * per-sequence KV caches.
+ * qwen3, gemma3, phi3, and the mixture-of-experts qwen2moe, qwen3moe, gpt-oss,
+ * llama with experts (Mixtral; see moe.h, gptoss.h) and deepseek2 (multi-head
+ * latent attention, mla.h)) over a layer range and a tensor slice, with
+ * per-sequence KV caches (deepseek2's holds the latent only).
  *
  * A cm_model is a set of cm_tensor views into a parsed GGUF (the mmap): no
  * weight is ever copied. The forward pass is written once for every way the
@@ -53,10 +53,23 @@
 #include <stdint.h>
 
 enum cm_arch { CM_ARCH_LLAMA, CM_ARCH_QWEN2, CM_ARCH_QWEN3, CM_ARCH_QWEN2MOE, CM_ARCH_QWEN3MOE, CM_ARCH_GEMMA3,
-                CM_ARCH_PHI3, CM_ARCH_GPTOSS, CM_ARCH_COUNT };
+                CM_ARCH_PHI3, CM_ARCH_GPTOSS, CM_ARCH_DEEPSEEK2, CM_ARCH_COUNT };
 enum cm_rope_type { CM_ROPE_NORM, CM_ROPE_NEOX, CM_ROPE_TYPE_COUNT };
 
-const char *cm_arch_name_of(enum cm_arch a); /* "llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma3", "phi3", "gpt-oss" */
+const char *cm_arch_name_of(enum cm_arch a); /* "llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma3", "phi3", "gpt-oss", "deepseek2" */
+
+/* deepseek2 (DeepSeek V2/V3/R1, Kimi K2): multi-head latent attention
+ * (mla.h). Zeroed for every other architecture. */
+typedef struct cm_mla_hparams {
+    int q_lora;      /* <arch>.attention.q_lora_rank; 0: one attn_q (V2-Lite) */
+    int kv_lora;     /* <arch>.attention.kv_lora_rank: the cached latent's width */
+    int head_k;      /* nope + rope dims of a query head (key_length_mla, or key_length of a kv_b file) */
+    int head_v;      /* value dims of a head (value_length_mla / value_length) */
+    float kq_scale;  /* softmax scale: mscale^2 / sqrt(head_k) */
+    /* YaRN (rope.scaling.type "yarn"; ext_factor 0 = none) as ggml_rope_ext takes it */
+    float ext_factor, attn_factor, beta_fast, beta_slow;
+    int n_ctx_orig;
+} cm_mla_hparams;
 
 /* Hyperparameters, read from "<arch>.*" metadata keys. */
 typedef struct cm_hparams {
@@ -95,6 +108,17 @@ typedef struct cm_hparams {
      * sets them. */
     float yarn_ext_factor, yarn_attn_factor, yarn_beta_fast, yarn_beta_slow;
     int n_ctx_orig;
+    /* deepseek2's MoE (mla.c reads the keys): the first n_dense_lead layers
+     * have a dense FFN; the router's gating is softmax or sigmoid
+     * (expert_gating_func 2), the selection adds exp_probs_b, top-k runs
+     * within the best expert_group_used_count of expert_group_count groups
+     * (each scored by its top two), and the weights are scaled by
+     * expert_weights_scale (0: none). n_ff_shexp = expert_shared_count *
+     * n_ff_exp, an ungated shared expert. */
+    int n_dense_lead, n_expert_groups, n_group_used;
+    bool expert_sigmoid;
+    float expert_scale;
+    cm_mla_hparams mla;
 } cm_hparams;
 
 /* Is layer il a sliding-window layer? */
@@ -125,6 +149,12 @@ typedef struct cm_layer {
      * [F_exp, n_expert] and down [E, n_expert]. Its pre-FFN norm
      * (post_attention_norm in the file) is bound as ffn_norm. */
     cm_tensor bo, attn_sinks, ffn_gate_inp_b, ffn_gate_exps_b, ffn_up_exps_b, ffn_down_exps_b;
+    cm_tensor ffn_exp_probs_b; /* deepseek2 V3: [n_expert] selection bias, F32 */
+    /* deepseek2 MLA (wq: V2-Lite's [E, H*head_k]; wo [H*head_v, E]):
+     * wq_a [E, q_lora], q_a_norm [q_lora], wq_b [q_lora, H*head_k];
+     * wkv_a [E, kv_lora + rope], kv_a_norm [kv_lora];
+     * wk_b [nope, kv_lora, H], wv_b [kv_lora, head_v, H] (3-D). */
+    cm_tensor wq_a, q_a_norm, wq_b, wkv_a, kv_a_norm, wk_b, wv_b;
 } cm_layer;
 
 typedef struct cm_model {
@@ -287,7 +317,12 @@ enum cm_act_site { CM_ACT_ATTN_IN, CM_ACT_K_IN, CM_ACT_V_IN, CM_ACT_ATTN_OUT, CM
                     * shared expert's; the router and shared-expert inputs when their
                     * vec_dot_type differs from the experts' (then CM_ACT_FFN_IN is the
                     * experts' gate input) */
-                   CM_ACT_EXP_DOWN, CM_ACT_SHEXP_DOWN, CM_ACT_ROUTER_IN, CM_ACT_SHEXP_IN };
+                   CM_ACT_EXP_DOWN, CM_ACT_SHEXP_DOWN, CM_ACT_ROUTER_IN, CM_ACT_SHEXP_IN,
+                   /* deepseek2 (mla.c): the input of attn_kv_a_mqa when its vec_dot_type
+                    * differs from the q weight's, and the normed q_a for attn_q_b
+                    * (CM_ACT_K_IN / CM_ACT_V_IN: q_nope for attn_k_b and the latent
+                    * output for attn_v_b, columns head * width) */
+                   CM_ACT_KV_A_IN, CM_ACT_Q_B_IN };
 typedef void (*cm_act_hook_fn)(void *user, int layer, enum cm_act_site site, int row, int64_t col0,
                                enum cm_type vdt, const float *x, void *xq, int64_t n);
 void cm_ctx_set_act_hook(cm_ctx *c, cm_act_hook_fn fn, void *user);

@@ -31,7 +31,9 @@
 
 /* ---------------- loading ---------------- */
 
-static bool is_moe_arch(enum cm_arch a) { return a == CM_ARCH_QWEN2MOE || a == CM_ARCH_QWEN3MOE || a == CM_ARCH_GPTOSS; }
+static bool is_moe_arch(enum cm_arch a) {
+    return a == CM_ARCH_QWEN2MOE || a == CM_ARCH_QWEN3MOE || a == CM_ARCH_GPTOSS || a == CM_ARCH_DEEPSEEK2;
+}
 
 static int get_u(const cm_gguf *g, const char *arch, const char *suffix, uint64_t def, uint64_t hi, uint64_t *out,
                  char *err, size_t errlen) {
@@ -59,7 +61,7 @@ int cm_moe_load_hparams(cm_model *m, char *err, size_t errlen) {
     }
     if (hp->arch != CM_ARCH_LLAMA && !is_moe_arch(hp->arch))
         return cm_errf(err, errlen, CM_EUNSUPPORTED,
-                       "architecture '%s' with experts is not supported (experts: qwen2moe, qwen3moe, gpt-oss, llama)", an);
+                       "architecture '%s' with experts is not supported (experts: qwen2moe, qwen3moe, gpt-oss, deepseek2, llama)", an);
     if ((rc = get_u(m->gguf, an, "expert_used_count", 0, ne, &nu, err, errlen))) return rc;
     if (nu == 0) return cm_errf(err, errlen, CM_EFORMAT, "metadata '%s.expert_used_count' must be in [1, %llu]", an,
                                 (unsigned long long)ne);
@@ -71,8 +73,19 @@ int cm_moe_load_hparams(cm_model *m, char *err, size_t errlen) {
     /* llama.cpp: Mixtral's experts are n_ff wide; qwen*moe read the expert
      * width, else n_ff / n_used; qwen2moe's shared expert defaults to n_ff. */
     hp->n_ff_exp = hp->arch == CM_ARCH_LLAMA ? hp->n_ff : fe ? (int)fe : hp->n_ff / hp->n_expert_used;
-    hp->n_ff_shexp = hp->arch == CM_ARCH_QWEN2MOE ? (fs ? (int)fs : hp->n_ff) : 0;
-    hp->expert_norm = hp->arch != CM_ARCH_QWEN2MOE && hp->arch != CM_ARCH_GPTOSS; /* gpt-oss: softmax of the top k */
+    if (hp->arch == CM_ARCH_DEEPSEEK2) { /* mla.c read the rest; n_ff_shexp holds expert_shared_count */
+        hp->n_ff_shexp *= hp->n_ff_exp;
+        if (hp->n_expert_groups > 1 &&
+            (hp->n_expert % hp->n_expert_groups || hp->n_group_used < 1 || hp->n_group_used > hp->n_expert_groups ||
+             (int64_t)hp->n_group_used * (hp->n_expert / hp->n_expert_groups) < hp->n_expert_used ||
+             hp->n_expert / hp->n_expert_groups < 2))
+            return cm_errf(err, errlen, CM_EFORMAT,
+                           "deepseek2: %d experts in %d groups with %d used groups cannot give top %d", hp->n_expert,
+                           hp->n_expert_groups, hp->n_group_used, hp->n_expert_used);
+    } else {
+        hp->n_ff_shexp = hp->arch == CM_ARCH_QWEN2MOE ? (fs ? (int)fs : hp->n_ff) : 0;
+        hp->expert_norm = hp->arch != CM_ARCH_QWEN2MOE && hp->arch != CM_ARCH_GPTOSS; /* gpt-oss: softmax of the top k */
+    }
     if (hp->n_ff_exp < 1) return cm_errf(err, errlen, CM_EFORMAT, "expert feed-forward length of '%s' is 0", an);
     return 0;
 }
@@ -114,6 +127,11 @@ static int bind(cm_model *m, cm_tensor *t, int il, const char *suffix, int nd, i
     return 0;
 }
 
+int cm_moe_bind_tensor(cm_model *m, cm_tensor *t, int il, const char *suffix, int nd, int64_t ne0, int64_t ne1,
+                       int64_t ne2, bool weight, char *err, size_t errlen) {
+    return bind(m, t, il, suffix, nd, ne0, ne1, ne2, weight, err, errlen);
+}
+
 int cm_moe_bind_layer(cm_model *m, int il, char *err, size_t errlen) {
     const cm_hparams *hp = &m->hp;
     cm_layer *L = &m->layers[il];
@@ -133,8 +151,11 @@ int cm_moe_bind_layer(cm_model *m, int il, char *err, size_t errlen) {
         (rc = bind(m, &L->ffn_up_exps, il, "ffn_up_exps.weight", 3, E, F, X, true, err, errlen)) ||
         (rc = bind(m, &L->ffn_down_exps, il, "ffn_down_exps.weight", 3, F, E, X, true, err, errlen)))
         return rc;
-    if (FS > 0 &&
-        ((rc = bind(m, &L->ffn_gate_inp_shexp, il, "ffn_gate_inp_shexp.weight", 1, E, 1, 1, false, err, errlen)) ||
+    if (FS > 0 && hp->arch != CM_ARCH_DEEPSEEK2 &&
+        (rc = bind(m, &L->ffn_gate_inp_shexp, il, "ffn_gate_inp_shexp.weight", 1, E, 1, 1, false, err, errlen)))
+        return rc;
+    if (FS > 0 && /* deepseek2: ungated shared experts, n_ff_exp * expert_shared_count wide */
+        (
          (rc = bind(m, &L->ffn_gate_shexp, il, "ffn_gate_shexp.weight", 2, E, FS, 1, true, err, errlen)) ||
          (rc = bind(m, &L->ffn_up_shexp, il, "ffn_up_shexp.weight", 2, E, FS, 1, true, err, errlen)) ||
          (rc = bind(m, &L->ffn_down_shexp, il, "ffn_down_shexp.weight", 2, FS, E, 1, true, err, errlen))))
@@ -223,7 +244,7 @@ static void route_free(moe_route *t) {
 
 static bool route_alloc(moe_route *t, size_t B, size_t X, size_t K) {
     const size_t A = B * K;
-    t->probs = zalloc(B * X * 4);
+    t->probs = zalloc((B + 1) * X * 4); /* + one row of selection scores */
     t->shg = zalloc(B * 4);
     t->sel = zalloc(A * 4);
     t->w = zalloc(A * 4);
@@ -370,8 +391,11 @@ static void route_oai(moe_route *t, const cm_moe_run *r, const float *lg, float 
 static void route(const cm_moe *s, moe_route *t, const cm_moe_run *r) {
     const cm_hparams *hp = &r->m->hp;
     const int X = hp->n_expert, K = hp->n_expert_used, n = r->n;
-    const bool sh = r->m->layers[r->il].ffn_gate_inp_shexp.data != NULL;
+    const cm_layer *L = &r->m->layers[r->il];
+    const bool sh = L->ffn_gate_inp_shexp.data != NULL;
     const bool oai = hp->arch == CM_ARCH_GPTOSS;
+    const float *bias = L->ffn_exp_probs_b.data;
+    float *selp = t->probs + (size_t)n * X; /* selection scores (deepseek2: biased, group-masked) */
     for (int j = 0; j < n; j++) {
         const float *lg = s->logits + (size_t)j * X;
         float *p = t->probs + (size_t)j * X;
@@ -379,16 +403,50 @@ static void route(const cm_moe *s, moe_route *t, const cm_moe_run *r) {
             route_oai(t, r, lg, p, j);
             continue;
         }
-        /* ggml_soft_max_f32: max, expf, double sum, times the float 1/sum */
-        float mx = -INFINITY;
-        for (int e = 0; e < X; e++) mx = lg[e] > mx ? lg[e] : mx;
-        double sum = 0;
-        for (int e = 0; e < X; e++) {
-            p[e] = expf(lg[e] - mx);
-            sum += (double)p[e];
+        if (hp->expert_sigmoid) { /* ggml_sigmoid */
+            for (int e = 0; e < X; e++) p[e] = 1.0f / (1.0f + expf(-lg[e]));
+        } else {
+            /* ggml_soft_max_f32: max, expf, double sum, times the float 1/sum */
+            float mx = -INFINITY;
+            for (int e = 0; e < X; e++) mx = lg[e] > mx ? lg[e] : mx;
+            double sum = 0;
+            for (int e = 0; e < X; e++) {
+                p[e] = expf(lg[e] - mx);
+                sum += (double)p[e];
+            }
+            const float inv = (float)(1.0 / sum);
+            for (int e = 0; e < X; e++) p[e] *= inv;
         }
-        const float inv = (float)(1.0 / sum);
-        for (int e = 0; e < X; e++) p[e] *= inv;
+        /* deepseek2: selection by probs + exp_probs_b (the weights stay unbiased) */
+        const float *q = p;
+        if (bias || hp->n_expert_groups > 1) {
+            for (int e = 0; e < X; e++) selp[e] = bias ? p[e] + bias[e] : p[e];
+            q = selp;
+        }
+        if (hp->n_expert_groups > 1) {
+            /* each group scored by the (double) sum of its top two; the best
+             * n_group_used groups stay, the others' experts are masked */
+            const int G = hp->n_expert_groups, per = X / G;
+            float gs[1024];
+            for (int g = 0; g < G; g++) {
+                const float *v = selp + (size_t)g * per;
+                int b0 = 0;
+                for (int e = 1; e < per; e++) if (v[e] > v[b0]) b0 = e;
+                int b1 = b0 == 0 ? 1 : 0;
+                for (int e = 0; e < per; e++) if (e != b0 && v[e] > v[b1]) b1 = e;
+                gs[g] = (float)((double)v[b0] + (double)v[b1]);
+            }
+            memset(t->mark, 0, (size_t)X);
+            for (int k = 0; k < hp->n_group_used; k++) {
+                int best = -1;
+                for (int g = 0; g < G; g++)
+                    if (!t->mark[g] && (best < 0 || gs[g] > gs[best])) best = g;
+                t->mark[best] = 1;
+            }
+            for (int g = 0; g < G; g++)
+                if (!t->mark[g])
+                    for (int e = 0; e < per; e++) selp[(size_t)g * per + e] = -INFINITY;
+        }
         /* ggml_argsort_top_k: descending; ties by lower id */
         int32_t *sel = t->sel + (size_t)j * K;
         float *w = t->w + (size_t)j * K;
@@ -396,7 +454,7 @@ static void route(const cm_moe *s, moe_route *t, const cm_moe_run *r) {
         for (int k = 0; k < K; k++) {
             int best = -1;
             for (int e = 0; e < X; e++)
-                if (!t->mark[e] && (best < 0 || p[e] > p[best])) best = e;
+                if (!t->mark[e] && (best < 0 || q[e] > q[best])) best = e;
             t->mark[best] = 1;
             sel[k] = best;
             w[k] = p[best];
@@ -408,6 +466,8 @@ static void route(const cm_moe *s, moe_route *t, const cm_moe_run *r) {
             if (wsf < 6.103515625e-5f) wsf = 6.103515625e-5f;
             for (int k = 0; k < K; k++) w[k] = w[k] / wsf;
         }
+        if (hp->expert_scale != 0.0f && hp->expert_scale != 1.0f) /* ggml_scale */
+            for (int k = 0; k < K; k++) w[k] = w[k] * hp->expert_scale;
         if (sh) { /* llama.cpp's sigmoid: silu(v) / v */
             const float v = s->shl[j];
             const float si = v / (1.0f + expf(-v));
@@ -495,7 +555,7 @@ void cm_moe_ffn(cm_moe *s, const cm_moe_run *r, int ith, int nth) {
     const cm_kernels *kt = r->k;
     const int n = r->n, X = hp->n_expert;
     const int64_t E = hp->n_embd, F = hp->n_ff_exp, FS = hp->n_ff_shexp;
-    const bool sh = L->ffn_gate_inp_shexp.data != NULL;
+    const bool sh = L->ffn_gate_shexp.data != NULL, shg = L->ffn_gate_inp_shexp.data != NULL;
     int64_t t0, t1;
 
     /* 1. inputs for weights of another vec_dot_type than the experts' gate */
@@ -523,7 +583,7 @@ void cm_moe_ffn(cm_moe *s, const cm_moe_run *r, int ith, int nth) {
     }
 
     /* 2. router logits (and the shared expert's gate logit as one more row) */
-    cm_split_range(X + (sh ? 1 : 0), ith, nth, &t0, &t1);
+    cm_split_range(X + (shg ? 1 : 0), ith, nth, &t0, &t1);
     if (t1 > t0) {
         const int64_t r1 = CM_MIN(t1, X);
         if (r1 > t0) cm_matmul_rows(kt, &L->ffn_gate_inp, xr, rs_r, n, s->logits, X, t0, r1);
@@ -642,7 +702,8 @@ void cm_moe_combine(cm_moe *s, const cm_moe_run *r, int ith, int nth) {
     const cm_hparams *hp = &r->m->hp;
     const int n = r->n, K = hp->n_expert_used;
     const int64_t E = hp->n_embd;
-    const bool sh = r->m->layers[r->il].ffn_gate_inp_shexp.data != NULL;
+    const bool sh = r->m->layers[r->il].ffn_gate_shexp.data != NULL;
+    const bool shg = r->m->layers[r->il].ffn_gate_inp_shexp.data != NULL;
     const moe_route *t = n == 1 ? &s->tl[ith] : &s->rt;
     int64_t t0, t1;
     /* 7. per token: weighted expert outputs added in top-k order, then the
@@ -657,8 +718,8 @@ void cm_moe_combine(cm_moe *s, const cm_moe_run *r, int ith, int nth) {
             const float yw = s->y[(size_t)aof[k] * E + i] * w[k];
             acc = acc + yw;
         }
-        if (sh) {
-            const float yg = s->ys[j * E + i] * t->shg[j];
+        if (sh) { /* deepseek2's shared experts are ungated (ggml_add of the two FFNs) */
+            const float yg = shg ? s->ys[j * E + i] * t->shg[j] : s->ys[j * E + i];
             acc = acc + yg;
         }
         r->out[idx] = acc;

@@ -33,6 +33,11 @@ int cm_moe_load_hparams(cm_model *m, char *err, size_t errlen);
 /* Bind layer il's router, experts and (qwen2moe) shared expert; refuses
  * the per-expert tensor layout of old Mixtral files with a message. */
 int cm_moe_bind_layer(cm_model *m, int il, char *err, size_t errlen);
+/* Bind blk.<il>.<suffix> with shape ne[0..nd) (nd <= 3), counted in the
+ * model's totals; weight: any type the kernels support, else F32 only.
+ * Missing: an error naming it (mla.c's tensors too). */
+int cm_moe_bind_tensor(cm_model *m, cm_tensor *t, int il, const char *suffix, int nd, int64_t ne0, int64_t ne1,
+                       int64_t ne2, bool weight, char *err, size_t errlen);
 /* Set m->n_params_active / weight_bytes_active (after every layer is bound). */
 void cm_moe_count_active(cm_model *m);
 /* CM_EUNSUPPORTED unless s is the whole model (no tensor-parallel experts yet). */

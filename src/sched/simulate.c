@@ -176,6 +176,9 @@ static const moe_preset_t k_moe_presets[] = {
     /* MLA: q_a 7168x1536, q_b 1536x(128x192), kv_a 7168x576, kv_b 512x(128x256), o (128x128)x7168 */
     {"deepseek-v3-671b", 61, 7168, 128, 1, 288, 256, 8, 2048, 2048, 3, 18432, 129280,
      7168ull * 1536 + 1536ull * 128 * 192 + 7168ull * 576 + 512ull * 128 * 256 + 128ull * 128 * 7168, 576},
+    /* Kimi K2 (deepseek2 architecture, 1T): V3's MLA with 64 heads, 384 experts + 1 shared, 1 dense layer */
+    {"kimi-k2", 61, 7168, 64, 1, 288, 384, 8, 2048, 2048, 1, 18432, 163840,
+     7168ull * 1536 + 1536ull * 64 * 192 + 7168ull * 576 + 512ull * 64 * 256 + 64ull * 128 * 7168, 576},
     {"gpt-oss-120b", 36, 2880, 64, 8, 64, 128, 4, 2880, 0, 0, 0, 201088, 0, 0},
     {"mixtral-8x7b", 32, 4096, 32, 8, 128, 8, 2, 14336, 0, 0, 0, 32000, 0, 0},
 };
@@ -183,7 +186,7 @@ static const moe_preset_t k_moe_presets[] = {
 const char *cm_sim_preset_names(void) {
     return "llama-2-7b, llama-2-13b, llama-3-8b, llama-3-70b, llama-3.2-1b, llama-3.2-3b, mistral-7b, "
            "tinyllama-1.1b, qwen2.5-7b, qwen2.5-14b, qwen2.5-32b, qwen2.5-72b, llama-3.1-405b; "
-           "mixture of experts: qwen3-30b-a3b, qwen3-235b-a22b, deepseek-v3-671b, gpt-oss-120b, mixtral-8x7b";
+           "mixture of experts: qwen3-30b-a3b, qwen3-235b-a22b, deepseek-v3-671b, kimi-k2, gpt-oss-120b, mixtral-8x7b";
 }
 
 /* A MoE preset's shape: per layer the attention (or its override), the
@@ -246,6 +249,9 @@ int cm_plan_model_from_gguf(const cm_gguf *g, cm_plan_model *m, char *err, size_
     m->n_experts_used = m->n_experts ? (int)hparam(g, arch, "expert_used_count", 0) : 0;
     if (m->ffn < 1 && m->n_experts) m->ffn = (int)hparam(g, arch, "expert_feed_forward_length", 0);
     m->head_dim = m->n_heads > 0 ? (int)hparam(g, arch, "attention.key_length", m->dim / m->n_heads) : 0;
+    /* deepseek2 (MLA): one latent row of key_length values per token and
+     * layer is the whole cache, counted as K + V of half that width */
+    if (!strcmp(arch, "deepseek2") && hparam(g, arch, "attention.key_length_mla", 0) > 0) m->head_dim /= 2;
     free(arch);
     if (m->n_layers < 1 || m->n_layers > CM_PLAN_MAX_LAYERS || m->dim < 1 || m->n_heads < 1 || m->n_kv_heads < 1 ||
         m->ffn < 1 || m->n_heads % m->n_kv_heads)

@@ -41,7 +41,7 @@
 #define BIAS_STD 0.2f
 #define ROWS_PER_CHUNK 16
 
-enum synth_arch { A_LLAMA, A_QWEN2, A_QWEN3, A_QWEN2MOE, A_QWEN3MOE, A_GEMMA3, A_PHI3, A_GPTOSS };
+enum synth_arch { A_LLAMA, A_QWEN2, A_QWEN3, A_QWEN2MOE, A_QWEN3MOE, A_GEMMA3, A_PHI3, A_GPTOSS, A_DEEPSEEK2 };
 
 /* One --type: the file type id llama.cpp records and the weight type. */
 typedef struct synth_type {
@@ -90,14 +90,21 @@ static int find_arch(const char *name) {
     if (!strcmp(name, "gemma3")) return A_GEMMA3;
     if (!strcmp(name, "phi3")) return A_PHI3;
     if (!strcmp(name, "gpt-oss")) return A_GPTOSS;
+    if (!strcmp(name, "deepseek2")) return A_DEEPSEEK2;
     return -1;
 }
 
 /* ---- mixture of experts ---- */
 
-static bool moe_arch(int arch) { return arch == A_QWEN2MOE || arch == A_QWEN3MOE || arch == A_GPTOSS; }
+static bool moe_arch(int arch) { return arch == A_QWEN2MOE || arch == A_QWEN3MOE || arch == A_GPTOSS || arch == A_DEEPSEEK2; }
+
+/* deepseek2's MLA shapes (synth.h) */
+enum { DS_KV_LORA = 256, DS_Q_LORA = 256, DS_NOPE = 64, DS_ROPE = 32, DS_V = 64 };
+static bool ds_lite(const cm_synth_params *p) { return p->variant && !strcmp(p->variant, "lite"); }
+static bool ds_yarn(const cm_synth_params *p) { return p->variant && !strcmp(p->variant, "v3yarn"); }
 static int exp_ff(const cm_synth_params *p, int arch) { return arch == A_LLAMA || !p->n_ff_exp ? p->n_ff : p->n_ff_exp; }
 static int shexp_ff(const cm_synth_params *p, int arch) {
+    if (arch == A_DEEPSEEK2) return exp_ff(p, arch) * (ds_lite(p) ? 2 : 1); /* expert_shared_count experts */
     return arch != A_QWEN2MOE ? 0 : p->n_ff_shexp ? p->n_ff_shexp : p->n_ff;
 }
 
@@ -107,7 +114,15 @@ static int moe_check(const cm_synth_params *p, int arch, int bs, char *err, size
     if (moe_arch(arch) && p->n_expert == 0)
         return cm_errf(err, errlen, CM_EINVAL, "architecture '%s' needs --experts", p->arch);
     if (!moe_arch(arch) && arch != A_LLAMA && p->n_expert)
-        return cm_errf(err, errlen, CM_EINVAL, "architecture '%s' has no experts (qwen2moe, qwen3moe, gpt-oss, llama do)", p->arch);
+        return cm_errf(err, errlen, CM_EINVAL, "architecture '%s' has no experts (qwen2moe, qwen3moe, gpt-oss, deepseek2, llama do)", p->arch);
+    if (arch == A_DEEPSEEK2 && p->variant && strcmp(p->variant, "v3") && strcmp(p->variant, "lite") && !ds_yarn(p))
+        return cm_errf(err, errlen, CM_EINVAL, "unknown deepseek2 variant '%s' (v3, v3yarn, lite)", p->variant);
+    if (arch == A_DEEPSEEK2 && !ds_lite(p) && p->n_expert % 4)
+        return cm_errf(err, errlen, CM_EINVAL, "deepseek2 v3 puts the experts in 4 groups: --experts %d is not a multiple of 4", p->n_expert);
+    if (arch == A_DEEPSEEK2 && !ds_lite(p) && p->n_expert_used > p->n_expert / 2)
+        return cm_errf(err, errlen, CM_EINVAL, "deepseek2 v3 uses 2 of 4 expert groups: --experts-used must be <= %d", p->n_expert / 2);
+    if (arch == A_DEEPSEEK2 && (p->n_layer < 2 || p->n_embd % 256))
+        return cm_errf(err, errlen, CM_EINVAL, "deepseek2 needs 2+ layers (one dense) and dim a multiple of 256");
     if (!p->n_expert) return 0;
     if (p->n_expert_used < 1 || p->n_expert_used > p->n_expert)
         return cm_errf(err, errlen, CM_EINVAL, "experts used %d must be in [1, %d]", p->n_expert_used, p->n_expert);
@@ -124,7 +139,7 @@ static bool use_more_bits(int i, int n) { return i < n / 8 || i >= 7 * n / 8 || 
 int cm_synth_check(const cm_synth_params *p, char *err, size_t errlen) {
     const synth_type *st = find_type(p->type);
     if (find_arch(p->arch) < 0)
-        return cm_errf(err, errlen, CM_EINVAL, "unknown architecture '%s' (supported: llama, qwen2, qwen3, qwen2moe, qwen3moe, gemma3, phi3, gpt-oss)",
+        return cm_errf(err, errlen, CM_EINVAL, "unknown architecture '%s' (supported: llama, qwen2, qwen3, qwen2moe, qwen3moe, gemma3, phi3, gpt-oss, deepseek2)",
                        p->arch ? p->arch : "");
     if (!st)
         return cm_errf(err, errlen, CM_EINVAL, "unknown type '%s' (supported: %s)", p->type ? p->type : "",
@@ -473,6 +488,7 @@ int cm_synth_write(const cm_synth_params *p, const cm_gguf *vocab, const char *p
     const int D = E / H;
     const float rope_base = p->rope_base > 0 ? p->rope_base
                             : arch == A_GPTOSS ? 150000.0f
+                            : arch == A_DEEPSEEK2 ? 10000.0f
                             : arch != A_LLAMA && arch != A_PHI3 ? 1e6f
                             : p->rope_llama3  ? 500000.0f
                                               : 10000.0f;
@@ -526,7 +542,21 @@ int cm_synth_write(const cm_synth_params *p, const cm_gguf *vocab, const char *p
 #define T(suffix, type, ne0, rows, mean, std) \
     (snprintf(n, sizeof n, "blk.%d." suffix, l), add(&P, &R, n, type, ne0, rows, mean, std))
         T("attn_norm.weight", CM_TYPE_F32, E, 1, 1, NORM_NOISE);
-        if (arch == A_PHI3) {
+        if (arch == A_DEEPSEEK2) { /* MLA; k_b rows are DS_NOPE long: Q8_0 where the type's block is longer */
+            const enum cm_type kb_t = DS_NOPE % cm_type_traits_of(wt)->block_size ? CM_TYPE_Q8_0 : wt;
+            if (ds_lite(p)) {
+                T("attn_q.weight", wt, E, H * (DS_NOPE + DS_ROPE), 0, 1 / sqrtf((float)E));
+            } else {
+                T("attn_q_a.weight", wt, E, DS_Q_LORA, 0, 1 / sqrtf((float)E));
+                T("attn_q_a_norm.weight", CM_TYPE_F32, DS_Q_LORA, 1, 1, NORM_NOISE);
+                T("attn_q_b.weight", wt, DS_Q_LORA, H * (DS_NOPE + DS_ROPE), 0, 1 / sqrtf((float)DS_Q_LORA));
+            }
+            T("attn_kv_a_mqa.weight", wt, E, DS_KV_LORA + DS_ROPE, 0, 1 / sqrtf((float)E));
+            T("attn_kv_a_norm.weight", CM_TYPE_F32, DS_KV_LORA, 1, 1, NORM_NOISE);
+            T("attn_k_b.weight", kb_t, DS_NOPE, (int64_t)DS_KV_LORA * H, 0, 1 / sqrtf((float)DS_NOPE))->ne2 = H;
+            T("attn_v_b.weight", wt, DS_KV_LORA, (int64_t)DS_V * H, 0, 1 / sqrtf((float)DS_KV_LORA))->ne2 = H;
+            T("attn_output.weight", o_t, H * DS_V, E, 0, res_scale / sqrtf((float)(H * DS_V)));
+        } else if (arch == A_PHI3) {
             /* fused q, k, v rows; llama.cpp's Q4_K_M makes it Q5_K */
             T("attn_qkv.weight", st->mix_q4_k_m ? CM_TYPE_Q5_K : wt, E, (H + 2 * HKV) * D, 0, 1 / sqrtf((float)E));
         } else {
@@ -541,7 +571,7 @@ int cm_synth_write(const cm_synth_params *p, const cm_gguf *vocab, const char *p
             T("attn_q_norm.weight", CM_TYPE_F32, D, 1, 1, NORM_NOISE);
             T("attn_k_norm.weight", CM_TYPE_F32, D, 1, 1, NORM_NOISE);
         }
-        T("attn_output.weight", o_t, H * D, E, 0, res_scale / sqrtf((float)(H * D)));
+        if (arch != A_DEEPSEEK2) T("attn_output.weight", o_t, H * D, E, 0, res_scale / sqrtf((float)(H * D)));
         if (gptoss) {
             T("attn_output.bias", CM_TYPE_F32, E, 1, 0, BIAS_STD);
             T("attn_sinks.weight", CM_TYPE_F32, H, 1, 0, 1);
@@ -560,14 +590,16 @@ int cm_synth_write(const cm_synth_params *p, const cm_gguf *vocab, const char *p
             T("ffn_up_exps.bias", CM_TYPE_F32, FX, X, 0, BIAS_STD);
             T("ffn_down_exps.weight", xt, FX, (int64_t)E * X, 0, res_scale / (6 * sqrtf((float)FX)))->ne2 = X;
             T("ffn_down_exps.bias", CM_TYPE_F32, E, X, 0, BIAS_STD);
-        } else if (X) {
+        } else if (X && !(arch == A_DEEPSEEK2 && l == 0)) { /* deepseek2: layer 0 is dense */
             /* the router in F32 as llama.cpp keeps it; experts stacked [ne0, rows, X] */
             T("ffn_gate_inp.weight", CM_TYPE_F32, E, X, 0, 1 / sqrtf((float)E));
             T("ffn_gate_exps.weight", wt, E, (int64_t)FX * X, 0, 1 / sqrtf((float)E))->ne2 = X;
             T("ffn_up_exps.weight", wt, E, (int64_t)FX * X, 0, 1 / sqrtf((float)E))->ne2 = X;
             T("ffn_down_exps.weight", down_t, FX, (int64_t)E * X, 0, res_scale / sqrtf((float)FX))->ne2 = X;
+            if (arch == A_DEEPSEEK2 && !ds_lite(p)) /* V3's selection bias: visible next to sigmoids of ~0.5 +- 0.2 */
+                T("exp_probs_b.bias", CM_TYPE_F32, X, 1, 0, 0.1f);
             if (FSH) {
-                T("ffn_gate_inp_shexp.weight", CM_TYPE_F32, E, 1, 0, 1 / sqrtf((float)E));
+                if (arch != A_DEEPSEEK2) T("ffn_gate_inp_shexp.weight", CM_TYPE_F32, E, 1, 0, 1 / sqrtf((float)E));
                 T("ffn_gate_shexp.weight", wt, E, FSH, 0, 1 / sqrtf((float)E));
                 T("ffn_up_shexp.weight", wt, E, FSH, 0, 1 / sqrtf((float)E));
                 T("ffn_down_shexp.weight", down_t, FSH, E, 0, res_scale / sqrtf((float)FSH));
@@ -613,13 +645,37 @@ int cm_synth_write(const cm_synth_params *p, const cm_gguf *vocab, const char *p
     cm_gguf_w_u32(w, K("block_count"), (uint32_t)L);
     cm_gguf_w_u32(w, K("feed_forward_length"), (uint32_t)F);
     cm_gguf_w_u32(w, K("attention.head_count"), (uint32_t)H);
-    cm_gguf_w_u32(w, K("attention.head_count_kv"), (uint32_t)HKV);
+    cm_gguf_w_u32(w, K("attention.head_count_kv"), (uint32_t)(arch == A_DEEPSEEK2 ? 1 : HKV));
     cm_gguf_w_f32(w, K("attention.layer_norm_rms_epsilon"), eps);
     if (X) {
         cm_gguf_w_u32(w, K("expert_count"), (uint32_t)X);
         cm_gguf_w_u32(w, K("expert_used_count"), (uint32_t)p->n_expert_used);
         if (moe_arch(arch)) cm_gguf_w_u32(w, K("expert_feed_forward_length"), (uint32_t)FX);
-        if (FSH) cm_gguf_w_u32(w, K("expert_shared_feed_forward_length"), (uint32_t)FSH);
+        if (FSH && arch != A_DEEPSEEK2) cm_gguf_w_u32(w, K("expert_shared_feed_forward_length"), (uint32_t)FSH);
+    }
+    if (arch == A_DEEPSEEK2) { /* MLA in the split k_b/v_b form; DeepSeek's MoE keys */
+        const bool lite = ds_lite(p);
+        cm_gguf_w_u32(w, K("attention.q_lora_rank"), lite ? 0 : DS_Q_LORA);
+        cm_gguf_w_u32(w, K("attention.kv_lora_rank"), DS_KV_LORA);
+        cm_gguf_w_u32(w, K("attention.key_length"), DS_KV_LORA + DS_ROPE);
+        cm_gguf_w_u32(w, K("attention.value_length"), DS_KV_LORA);
+        cm_gguf_w_u32(w, K("attention.key_length_mla"), DS_NOPE + DS_ROPE);
+        cm_gguf_w_u32(w, K("attention.value_length_mla"), DS_V);
+        cm_gguf_w_u32(w, K("leading_dense_block_count"), 1);
+        cm_gguf_w_u32(w, K("expert_shared_count"), lite ? 2 : 1);
+        cm_gguf_w_f32(w, K("expert_weights_scale"), lite ? 1.0f : 2.5f);
+        cm_gguf_w_bool(w, K("expert_weights_norm"), !lite);
+        cm_gguf_w_u32(w, K("expert_gating_func"), lite ? 1 : 2);
+        if (!lite) {
+            cm_gguf_w_u32(w, K("expert_group_count"), 4);
+            cm_gguf_w_u32(w, K("expert_group_used_count"), 2);
+        }
+        if (ds_yarn(p)) { /* DeepSeek V3's: factor 40 from 4096 positions, mscale_all_dim 1 (written x 0.1) */
+            cm_gguf_w_str(w, K("rope.scaling.type"), "yarn");
+            cm_gguf_w_f32(w, K("rope.scaling.factor"), 40.0f);
+            cm_gguf_w_u32(w, K("rope.scaling.original_context_length"), 4096);
+            cm_gguf_w_f32(w, K("rope.scaling.yarn_log_multiplier"), 0.1f);
+        }
     }
     if (qwen3n || gptoss) {
         cm_gguf_w_u32(w, K("attention.key_length"), (uint32_t)D);
@@ -634,7 +690,7 @@ int cm_synth_write(const cm_synth_params *p, const cm_gguf *vocab, const char *p
         cm_gguf_w_u32(w, K("rope.scaling.original_context_length"), 4096);
     }
     cm_gguf_w_f32(w, K("rope.freq_base"), rope_base);
-    cm_gguf_w_u32(w, K("rope.dimension_count"), (uint32_t)D);
+    cm_gguf_w_u32(w, K("rope.dimension_count"), (uint32_t)(arch == A_DEEPSEEK2 ? DS_ROPE : D));
 #undef K
     /* The vocabulary, verbatim. */
     for (uint64_t i = 0; i < vocab->n_kv; i++)

@@ -28,7 +28,7 @@
 #include <stdint.h>
 
 typedef struct cm_synth_params {
-    const char *arch;   /* "llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma3", "phi3" */
+    const char *arch;   /* "llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma3", "phi3", "deepseek2" */
     int n_embd;         /* model dim; a multiple of the weight type's block size (256 for K-quants) */
     int n_layer;
     int n_head;         /* n_embd % n_head == 0; head_dim = n_embd / n_head, even */
@@ -45,6 +45,15 @@ typedef struct cm_synth_params {
     bool rope_llama3;   /* Llama 3.1 rope scaling: rope_freqs.weight (factor 8, low 1, high 4, original ctx 8192) */
     bool tied;          /* no output.weight: the head reuses token_embd */
     int n_swa;          /* gemma3: attention.sliding_window; 0 = 8 */
+    /* deepseek2 (needs --experts): "v3" (q LoRA, sigmoid routing with
+     * exp_probs_b, 4 expert groups of which 2 are used, scale 2.5,
+     * normalised weights, 1 shared expert) or "lite" (V2-Lite: one attn_q,
+     * softmax routing, unnormalised, 2 shared experts); both MLA with the
+     * split attn_k_b/attn_v_b, kv_lora_rank 256, 64 nope + 32 rope dims,
+     * 64 value dims per head, and 1 leading dense layer; "v3yarn": v3 with
+     * DeepSeek V3's YaRN keys (factor 40, original context 4096,
+     * yarn_log_multiplier 0.1). NULL = "v3". */
+    const char *variant;
     uint64_t seed;
     int n_threads;      /* 0 = all CPUs; never changes the output */
     /* Called after each tensor with bytes done / total (total is the tensor data size). */

@@ -63,6 +63,16 @@ echo "$out" | grep -q "experts: 128, 8 used per token; $((3 * 8 * 94 * 4096 * 4)
     bad "qwen3-235b-a22b ep: $(echo "$out" | grep -E 'experts|mode')"
 out=$("$BIN" plan --preset deepseek-v3-671b --simulate examples/clusters/mac-mini-m4pro-x4-tb5.json 2>&1)
 [ $? -ne 0 ] && echo "$out" | grep -q 'GiB missing' && ok || bad "deepseek-v3-671b on 4 x 56 GB fits: $out"
+# deepseek2 presets (MLA: the cache is one 576-value latent row per token and layer, F32 here:
+# 61 x 32768 x 576 x 4 bytes = 4392.0 MiB on every member of an expert group; the first 3 (V3)
+# or 1 (Kimi K2) layers are dense and exchange nothing)
+for pr in deepseek-v3-671b:58:256 kimi-k2:60:384; do
+    name=${pr%%:*} rest=${pr#*:} moe=${pr#*:}; moe=${rest%%:*}; nx=${rest#*:}
+    out=$("$BIN" plan --preset "$name" --simulate examples/clusters/mac-studio-m3ultra-x4-tb5.json 2>&1)
+    echo "$out" | grep -qE '^  ep +[0-9.]+ tok/s' && echo "$out" | grep -q ' 4392.0M ' &&
+        echo "$out" | grep -q "experts: $nx, 8 used per token; $((3 * 8 * moe * 7168 * 4)) bytes of expert exchange" && ok ||
+        bad "preset $name on 4 x 480 GB: $out"
+done
 out=$("$BIN" plan --preset llama-3-70b --parallel ep --simulate examples/clusters/mac-mini-m4pro-x4-tb5.json 2>&1)
 [ $? -ne 0 ] && echo "$out" | grep -q 'mixture-of-experts' && ok || bad "ep on a dense model: $out"
 

@@ -106,6 +106,7 @@ typedef struct ref_model {
     int experts, experts_used, expert_ffn, shared_ffn; /* mixture of experts (0: dense) */
     long seed;
     int swa; /* gemma3: sliding window (0: synth default) */
+    char variant[16]; /* deepseek2: "v3", "v3yarn" or "lite" ("" elsewhere) */
     bool tied;
     int n_cases;
     ref_case cases[MAXCASES];
@@ -195,6 +196,8 @@ static int load_ref(const char *path, ref_model *R) {
     }
     const cJSON *swa = cJSON_GetObjectItem(s, "swa");
     R->swa = cJSON_IsNumber(swa) ? swa->valueint : 0;
+    const cJSON *var = cJSON_GetObjectItem(s, "variant");
+    snprintf(R->variant, sizeof R->variant, "%s", cJSON_IsString(var) ? var->valuestring : "");
     R->n_cases = 0;
     cJSON_ArrayForEach(c, cases) {
         if (R->n_cases == MAXCASES) break;
@@ -419,7 +422,7 @@ static int cmp_flip(const void *a, const void *b) {
 
 static const char *site_name(int s) {
     static const char *n[] = {"attn_in", "k_in", "v_in", "attn_out", "ffn_in", "up_in", "ffn_down_in", "output_in",
-                              "exp_down_in", "shexp_down_in", "router_in", "shexp_in"};
+                              "exp_down_in", "shexp_down_in", "router_in", "shexp_in", "kv_a_in", "q_b_in"};
     return s >= 0 && s < (int)CM_ARRAY_LEN(n) ? n[s] : "?";
 }
 
@@ -562,7 +565,8 @@ static void check_model(const ref_model *R, cm_pool *pool) {
                           .n_head_kv = R->kv_heads, .n_ff = R->ffn, .n_ctx = R->ctx, .type = R->type,
                           .rope_llama3 = !strcmp(R->scaling, "llama3"), .tied = R->tied, .n_swa = R->swa,
                           .seed = (uint64_t)R->seed, .n_threads = 2, .n_expert = R->experts,
-                          .n_expert_used = R->experts_used, .n_ff_exp = R->expert_ffn, .n_ff_shexp = R->shared_ffn};
+                          .n_expert_used = R->experts_used, .n_ff_exp = R->expert_ffn, .n_ff_shexp = R->shared_ffn,
+                          .variant = R->variant[0] ? R->variant : NULL};
     cm_buf file;
     cm_buf_init(&file);
     cm_gguf g;
@@ -616,14 +620,16 @@ static void check_model(const ref_model *R, cm_pool *pool) {
         int32_t t;
         int same = 0;
         bool diverged = false;
+        int wide_div = -1; /* a greedy step where we differ at a margin over the threshold (decided below) */
         int rc_ = cm_forward_simple(c, &kv, rc->prompt, rc->n_prompt, logits, errbuf, sizeof errbuf);
         for (int k = 0; rc_ == 0 && k < rc->n_gen; k++) {
             softmax_d(logits, V, scale, p);
             t = argmax_d(p, V);
             if (t != rc->gen[k]) {
-                CHECKF(rc->margin[k] < margin_thr,
-                       "%s case %d: greedy step %d: ours %d, llama.cpp %d whose margin %.4g is not below %g",
-                       R->name, ci, k, t, rc->gen[k], rc->margin[k], margin_thr);
+                if (getenv("CUMULO_TEST_VERBOSE"))
+                    fprintf(stderr, "  %s case %d: greedy step %d: our p(%d) %.5f, p(%d) %.5f\n", R->name, ci, k, t, p[t],
+                            rc->gen[k], p[rc->gen[k]]);
+                if (rc->margin[k] >= margin_thr) wide_div = k;
                 diverged = true;
                 break;
             }
@@ -668,6 +674,22 @@ static void check_model(const ref_model *R, cm_pool *pool) {
                          site_name(f->site), f->row, (long long)f->col, f->kind == 1 ? ".d" : f->kind == 2 ? ".s" : "", f->ulps);
             }
             n_flips += h.n_flips;
+        }
+        /* A greedy difference at a wide margin is accepted only after a
+         * rounding flip that the teacher-forced run proved on this case's
+         * path (at a position before the differing step's): our greedy run
+         * took the other rounding there, and these MoE models amplify one
+         * such rounding into 1e-2 of a probability at later positions (an
+         * expert chosen differently). Measured: deepseek2v3-q4_k case 1, a
+         * 0.0-ulp Q8_K tie at layer 0 position 3 moves positions 3-7 by up
+         * to 4e-2 and step 8 (margin 0.024) differs. */
+        if (wide_div >= 0) {
+            bool flipped_before = false;
+            for (int k = 0; k < h.n_flips; k++) flipped_before |= h.flips[k].row < rc->n_prompt + wide_div;
+            CHECKF(flipped_before,
+                   "%s case %d: greedy step %d: ours %d, llama.cpp %d whose margin %.4g is not below %g", R->name, ci,
+                   wide_div, t, rc->gen[wide_div], rc->margin[wide_div], margin_thr);
+            if (flipped_before) strncat(greedy_txt, "(after flip)", sizeof greedy_txt - strlen(greedy_txt) - 1);
         }
         cm_kv_release(&kv);
     }
@@ -770,7 +792,7 @@ static int failures_of(ref_model *R, long seed_delta, double perturb, cm_pool *p
  * types from another seed) and on a 1e-3 relative error in the logits, while
  * the right model passes (run here again, counted). */
 static void test_synth_golden_fails_wrong_models(void) {
-    const char *names[] = {"qwen3-q8_0.json", "llama-f32.json"};
+    const char *names[] = {"qwen3-q8_0.json", "llama-f32.json", "deepseek2v3-q8_0.json"};
     cm_pool *pool = cm_pool_new(2);
     static ref_model R;
     for (size_t i = 0; i < sizeof names / sizeof *names; i++) {

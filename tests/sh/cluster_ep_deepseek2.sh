@@ -1,0 +1,110 @@
+#!/bin/sh
+# tests/sh/cluster_ep_deepseek2.sh (issue 13, deepseek2 with expert
+# parallelism): synthetic DeepSeek-V3-style models (MLA, 1 leading dense
+# layer + 2 MoE layers, sigmoid routing with exp_probs_b, 4 expert groups of
+# which 2 are used, 1 shared expert; Q8_0) and a V2-Lite-style one, on this
+# process + two `cumulo node`s on 127.0.0.1 with `--parallel ep`:
+#   1. greedy ids equal one machine;
+#   2. the expert exchange (coordinator's tp.data_bytes + each node's line)
+#      sums to rows x L_moe x k x 2 peers x n_embd x 4, with L_moe the MoE
+#      layers only (the leading dense layer exchanges nothing);
+#   3. each node streamed only its experts (as cluster_ep.sh);
+#   4. `cumulo info` says the KV cache holds the latent: per token
+#      n_layer x (kv_lora_rank + rope dims) x 4 bytes (3 x 288 x 4 = 3456);
+#   5. a 3-stage pipeline and the planner's choice give the same ids; a
+#      tensor-parallel plan is refused pointing at ep.
+cd "$(dirname "$0")/../.." || exit 1
+. tests/sh/lib/cluster_common.sh
+VOCAB=$SHARED/vocab/ggml-vocab-llama-spm.gguf
+PROMPT="Once upon a time"
+N=24
+
+node_line() {
+    i=0
+    while [ $i -lt 400 ]; do
+        [ "$(grep -c "$3" "$TMP/$1.log")" -gt "$2" ] && break
+        sleep 0.05
+        i=$((i + 1))
+    done
+    grep "$3" "$TMP/$1.log" | tail -1
+}
+
+# case_ep NAME MODEL L_MOE
+case_ep() {
+    name=$1 model=$2 L=$3
+    for n in a b; do cc_start_node "$name$n" --no-mdns; eval "PORT_$n=$NODE_PORT PID_$n=$NODE_PID"; done
+    [ -n "$PORT_a" ] && [ -n "$PORT_b" ] && ok || { bad "$name: nodes did not start"; return; }
+    "$BIN" info "$model" --json >"$TMP/info.json" 2>/dev/null
+    D=$(cc_jsonget "$TMP/info.json" '$j->{n_embd}')
+    X=$(cc_jsonget "$TMP/info.json" '$j->{n_expert}')
+    K=$(cc_jsonget "$TMP/info.json" '$j->{n_expert_used}')
+    WB=$(cc_jsonget "$TMP/info.json" '$j->{weight_bytes}')
+    WA=$(cc_jsonget "$TMP/info.json" '$j->{weight_bytes_active}')
+    PER_EXPERT=$(((WB - WA) / (X - K) / L)) # per layer's expert; WB - WA counts L MoE layers
+    "$BIN" run "$model" -p "$PROMPT" -n $N --temp 0 --threads 1 --json >"$TMP/one.json" 2>/dev/null
+    one=$(cc_jsonget "$TMP/one.json" 'join(",", @{$j->{tokens}})')
+    [ -n "$one" ] && ok || bad "$name: single machine run failed"
+    if ! "$BIN" run "$model" --nodes "127.0.0.1:$PORT_a,127.0.0.1:$PORT_b" --parallel ep -p "$PROMPT" -n $N --temp 0 \
+        --threads 1 --json >"$TMP/ep.json" 2>"$TMP/ep.err"; then
+        bad "$name: expert-parallel run failed: $(tail -3 "$TMP/ep.err")"
+        return
+    fi
+    grep -q "expert parallel: 3 members" "$TMP/ep.err" && ok || bad "$name: not an expert group of 3: $(grep -E 'why|expert' "$TMP/ep.err")"
+    got=$(cc_jsonget "$TMP/ep.json" 'join(",", @{$j->{tokens}})')
+    [ "$got" = "$one" ] && ok || bad "$name: ids differ from one machine: $got vs $one"
+    rows=$(cc_jsonget "$TMP/ep.json" '$j->{tp}{rows}')
+    total=$(cc_jsonget "$TMP/ep.json" '$j->{tp}{data_bytes}')
+    for n in a b; do
+        line=$(node_line "$name$n" 0 'expert-parallel rank.*expert exchanges')
+        nbytes=$(echo "$line" | sed -n 's/.*: \([0-9]*\) rows, [0-9]* expert exchanges, \([0-9]*\) element bytes.*/\2/p')
+        total=$((total + ${nbytes:-0}))
+        sline=$(grep 'weight bytes streamed' "$TMP/$name$n.log" | tail -1)
+        e0=$(echo "$sline" | sed -n 's/.*experts \[\([0-9]*\), \([0-9]*\)), \([0-9]*\) weight bytes.*/\1/p')
+        e1=$(echo "$sline" | sed -n 's/.*experts \[\([0-9]*\), \([0-9]*\)), \([0-9]*\) weight bytes.*/\2/p')
+        got_b=$(echo "$sline" | sed -n 's/.*experts \[\([0-9]*\), \([0-9]*\)), \([0-9]*\) weight bytes.*/\3/p')
+        want_b=$((WB - (X - ${e1:-0} + ${e0:-0}) * PER_EXPERT * L))
+        [ -n "$got_b" ] && [ "$got_b" -eq "$want_b" ] && ok ||
+            bad "$name: node $n streamed ${got_b:-?} weight bytes for experts [$e0, $e1), expected $want_b"
+        echo "$name: node $n holds experts [$e0, $e1) of $X: streamed $got_b of $WB weight bytes"
+    done
+    per=$((L * K * 2 * D * 4))
+    [ -n "$rows" ] && [ "$rows" -ge $N ] && [ "$total" -eq $((rows * per)) ] && ok ||
+        bad "$name: the group sent $total exchange bytes for $rows rows, expected $rows x $per"
+    echo "$name: expert exchange per token (all members) $((total / ${rows:-1})) bytes = $L MoE layers x k $K x 2 peers x $D x 4"
+    kill "$PID_a" "$PID_b" 2>/dev/null
+}
+
+V3=$TMP/ds-v3.gguf
+LITE=$TMP/ds-lite.gguf
+"$BIN" synth --arch deepseek2 --variant v3 --dim 256 --layers 3 --heads 4 --ffn 768 --expert-ffn 256 --experts 16 \
+    --experts-used 4 --type q8_0 --seed 4003 --vocab "$VOCAB" -o "$V3" 2>/dev/null && ok || bad "synth v3 failed"
+"$BIN" synth --arch deepseek2 --variant lite --dim 256 --layers 3 --heads 4 --ffn 768 --expert-ffn 256 --experts 8 \
+    --experts-used 2 --type q8_0 --seed 4008 --vocab "$VOCAB" -o "$LITE" 2>/dev/null && ok || bad "synth lite failed"
+"$BIN" info "$V3" >"$TMP/info.txt" 2>&1
+grep -q 'KV cache per token: 3456 bytes' "$TMP/info.txt" && ok || bad "info does not give the latent's 3456 bytes per token: $(grep -i 'kv' "$TMP/info.txt")"
+case_ep v3 "$V3" 2
+case_ep lite "$LITE" 2
+
+# 5. a 3-stage pipeline (each stage its layers' latent cache; stage 0 holds the
+# dense layer) and the planner's choice: ids equal one machine; tp refused
+for n in a b; do cc_start_node "pp$n" --no-mdns; eval "PORT_$n=$NODE_PORT"; done
+NODES=127.0.0.1:$PORT_a,127.0.0.1:$PORT_b
+"$BIN" run "$V3" -p "$PROMPT" -n $N --temp 0 --threads 1 --json >"$TMP/one.json" 2>/dev/null
+one=$(cc_jsonget "$TMP/one.json" 'join(",", @{$j->{tokens}})')
+for mode in pp auto; do
+    if "$BIN" run "$V3" --cluster --nodes "$NODES" --parallel $mode -p "$PROMPT" -n $N --temp 0 --threads 1 --json \
+        >"$TMP/$mode.json" 2>"$TMP/$mode.err"; then
+        [ $mode = auto ] || grep -q "pp plan, 3 stages" "$TMP/$mode.err" && ok || bad "$mode: not a 3-stage plan: $(grep why "$TMP/$mode.err")"
+        [ "$(cc_jsonget "$TMP/$mode.json" 'join(",", @{$j->{tokens}})')" = "$one" ] && ok || bad "$mode: ids differ from one machine"
+    else
+        bad "$mode run failed: $(tail -3 "$TMP/$mode.err")"
+    fi
+done
+if "$BIN" run "$V3" --cluster --nodes "$NODES" --parallel tp -p "$PROMPT" -n 4 --temp 0 --threads 1 >/dev/null 2>"$TMP/tp.err"; then
+    bad "a tp plan of deepseek2 was accepted"
+else
+    [ "$(grep -c . "$TMP/tp.err")" -ge 1 ] && grep -q "use --parallel ep" "$TMP/tp.err" && ok || bad "tp refusal: $(tail -2 "$TMP/tp.err")"
+fi
+
+echo "$pass passed, $fail failed"
+[ $fail -eq 0 ]

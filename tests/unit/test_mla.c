@@ -1,0 +1,308 @@
+/*
+ * test_mla.c: deepseek2's multi-head latent attention (src/model/mla.c)
+ * beyond the llama.cpp comparison of test_synth_golden.c: the cache holds
+ * one latent row (kv_lora_rank + rope dims) per token and layer; results do
+ * not depend on how tokens are batched, on the thread count, on sequences
+ * sharing a batch, on a pipeline split or on a truncated and refilled cache;
+ * an F16 cache gives llama.cpp's F16-cache numbers; and the layouts we do not run are one-line
+ * errors that name what is wrong (tensor-parallel slices, the unsplit
+ * attn_kv_b files without key_length_mla, an unknown rope scaling).
+ */
+#include "test.h"
+
+#include "gguf/gguf.h"
+#include "model/model.h"
+#include "os/os.h"
+#include "synth/synth.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+
+static char errbuf[512];
+static cm_gguf g_vocab;
+
+typedef struct fx {
+    cm_buf file;
+    cm_gguf g;
+    cm_model m;
+} fx;
+
+static int fx_write(fx *f, const char *variant, const char *type) {
+    memset(f, 0, sizeof *f);
+    cm_buf_init(&f->file);
+    const bool lite = !strcmp(variant, "lite");
+    cm_synth_params sp = {.arch = "deepseek2", .variant = variant, .n_embd = 256, .n_layer = 3, .n_head = 4,
+                          .n_head_kv = 4, .n_ff = 768, .n_ctx = 256, .type = type, .seed = 77, .n_threads = 2,
+                          .n_expert = lite ? 8 : 16, .n_expert_used = lite ? 2 : 4, .n_ff_exp = 256};
+    return cm_synth_write(&sp, &g_vocab, NULL, &f->file, errbuf, sizeof errbuf);
+}
+
+static int fx_load(fx *f) {
+    if (cm_gguf_parse(&f->g, (const uint8_t *)f->file.data, f->file.len, errbuf, sizeof errbuf)) return -1;
+    return cm_model_load(&f->m, &f->g, errbuf, sizeof errbuf);
+}
+
+static int fx_open(fx *f, const char *variant, const char *type) {
+    if (fx_write(f, variant, type) || fx_load(f)) {
+        fprintf(stderr, "  deepseek2 %s %s: %s\n", variant, type, errbuf);
+        return -1;
+    }
+    return 0;
+}
+
+static void fx_close(fx *f) {
+    cm_model_release(&f->m);
+    cm_gguf_close(&f->g);
+    cm_buf_release(&f->file);
+}
+
+/* Replace every occurrence of the n bytes `from` in the file by `to`. */
+#define PATCH(b, from, to) patch_n(b, from, to, sizeof(from) - 1)
+static int patch_n(cm_buf *b, const char *from, const char *to, size_t n) {
+    int hits = 0;
+    for (size_t i = 0; i + n <= b->len; i++)
+        if (!memcmp(b->data + i, from, n)) memcpy(b->data + i, to, n), hits++;
+    return hits;
+}
+
+#define NTOK 12
+static const int32_t k_prompt[NTOK] = {1, 450, 4996, 17354, 1701, 432, 12500, 975, 15043, 29892, 920, 338};
+
+/* Logits of every position, the prompt fed in batches of `step` tokens (kv
+ * type kt); with `cut` > 0 the cache is truncated to `cut` positions after
+ * the whole prompt and refilled from there. */
+static int run(const cm_model *m, cm_pool *pool, int step, enum cm_type kt, int cut, float *out) {
+    const int V = m->hp.n_vocab;
+    cm_ctx *c = cm_ctx_new(m, NTOK, 64, pool, errbuf, sizeof errbuf);
+    cm_kv kv;
+    if (!c || cm_kv_init_type(&kv, m, 0, m->hp.n_layer, cm_slice_full(m), 64, kt, errbuf, sizeof errbuf)) {
+        cm_ctx_free(c);
+        return -1;
+    }
+    int rc = 0;
+    for (int pass = 0; pass < (cut ? 2 : 1) && !rc; pass++) {
+        if (pass) cm_kv_truncate(&kv, cut);
+        for (int done = pass ? cut : 0; done < NTOK && !rc; done += step) {
+            const int nb = CM_MIN(step, NTOK - done);
+            int32_t pos[NTOK], seq[NTOK];
+            int8_t want[NTOK];
+            for (int i = 0; i < nb; i++) pos[i] = done + i, seq[i] = 0, want[i] = 1;
+            cm_kv *kvs[1] = {&kv};
+            cm_batch b = {.n = nb, .tokens = k_prompt + done, .pos = pos, .seq = seq, .logits = want};
+            cm_forward_args a = {.layer_first = 0, .layer_last = m->hp.n_layer, .slice = cm_slice_full(m), .kvs = kvs,
+                                 .n_kvs = 1, .out_logits = out + (size_t)done * V};
+            rc = cm_forward(c, &b, &a, errbuf, sizeof errbuf);
+        }
+    }
+    cm_kv_release(&kv);
+    cm_ctx_free(c);
+    return rc;
+}
+
+static double max_diff(const float *a, const float *b, size_t n) {
+    double d = 0;
+    for (size_t i = 0; i < n; i++) d = fmax(d, fabs((double)a[i] - b[i]));
+    return d;
+}
+
+/* The cache is the latent: n_layer x n_ctx x (kv_lora_rank + rope) floats. */
+static void test_mla_kv_is_latent(void) {
+    fx f;
+    if (fx_open(&f, "v3", "q8_0")) { CHECK(0); return; }
+    const cm_hparams *hp = &f.m.hp;
+    CHECK(hp->n_head_kv == 1 && hp->head_dim == 256 + 32 && hp->mla.kv_lora == 256 && hp->mla.head_k == 96 &&
+          hp->mla.head_v == 64 && hp->n_rot == 32 && hp->n_dense_lead == 1 && hp->expert_sigmoid &&
+          hp->n_expert_groups == 4 && hp->n_group_used == 2 && hp->expert_norm && hp->n_ff_shexp == 256);
+    CHECK(fabsf(hp->expert_scale - 2.5f) < 1e-6f && fabsf(hp->mla.kq_scale - 1.0f / sqrtf(96.0f)) < 1e-7f);
+    CHECK(cm_kv_bytes(&f.m, 0, 3, 0, 1, 100) == 3ull * 100 * 288 * 4);
+    CHECK(cm_kv_bytes(&f.m, 1, 3, 0, 1, 100) == 2ull * 100 * 288 * 4);
+    /* a dense layer first, then experts with V3's selection bias */
+    CHECK(f.m.layers[0].ffn_gate.data && !f.m.layers[0].ffn_gate_inp.data);
+    CHECK(f.m.layers[1].ffn_gate_inp.data && f.m.layers[1].ffn_exp_probs_b.data && f.m.layers[1].wq_a.data &&
+          !f.m.layers[1].wq.data && !f.m.layers[1].ffn_gate_inp_shexp.data);
+    fx_close(&f);
+    if (fx_open(&f, "lite", "q4_k")) { CHECK(0); return; }
+    CHECK(f.m.hp.mla.q_lora == 0 && f.m.layers[0].wq.data && !f.m.layers[0].wq_a.data && !f.m.hp.expert_sigmoid &&
+          !f.m.hp.expert_norm && f.m.hp.n_expert_groups == 0 && f.m.hp.n_ff_shexp == 512 &&
+          !f.m.layers[1].ffn_exp_probs_b.data);
+    fx_close(&f);
+}
+
+/* One batch, token by token, steps of 5, 1 or 2 threads, a truncated and
+ * refilled cache: the same bits. An F16 cache: close. */
+static void test_mla_batch_invariant(void) {
+    const char *vs[] = {"v3", "lite", "v3yarn"};
+    const char *ts[] = {"q8_0", "q4_k", "f32"};
+    cm_pool *pool = cm_pool_new(2);
+    for (int i = 0; i < 3; i++) {
+        fx f;
+        if (fx_open(&f, vs[i], ts[i])) { CHECK(0); continue; }
+        const size_t n = (size_t)NTOK * f.m.hp.n_vocab;
+        float *a = cm_malloc(n * 4), *b = cm_malloc(n * 4);
+        CHECK(run(&f.m, NULL, NTOK, CM_TYPE_F32, 0, a) == 0);
+        CHECK(run(&f.m, pool, 1, CM_TYPE_F32, 0, b) == 0);
+        CHECKF(max_diff(a, b, n) == 0, "%s: batch vs token by token on 2 threads: %g", vs[i], max_diff(a, b, n));
+        CHECK(run(&f.m, pool, 5, CM_TYPE_F32, 6, b) == 0);
+        CHECKF(max_diff(a, b, n) == 0, "%s: steps of 5 after a truncation to 6: %g", vs[i], max_diff(a, b, n));
+        /* F16 cache: batch invariant too, and not the F32 numbers (these
+         * random MoE models move by up to 0.7 of a logit: llama.cpp's F16
+         * cache does the same, see test_mla_f16_vs_llama_cpp) */
+        CHECK(run(&f.m, pool, NTOK, CM_TYPE_F16, 0, a) == 0);
+        CHECK(run(&f.m, NULL, 1, CM_TYPE_F16, 0, b) == 0);
+        CHECKF(max_diff(a, b, n) == 0, "%s: F16 cache: batch vs token by token: %g", vs[i], max_diff(a, b, n));
+        cm_free(a);
+        cm_free(b);
+        fx_close(&f);
+    }
+    cm_pool_free(pool);
+}
+
+/* The F16 latent cache against llama.cpp's F16 cache on the same file
+ * (tests/data/mla/lite-q4_k-f16kv.json): within the golden test's F16 bound
+ * 1e-3 at each listed probability. Measured: 4.5e-7 (the F32 cache differs
+ * from these numbers by 0.04: the test can tell the two apart). */
+static void test_mla_f16_vs_llama_cpp(void) {
+    char *txt = NULL;
+    size_t len;
+    CHECK(cm_file_read_all("tests/data/mla/lite-q4_k-f16kv.json", &txt, &len, errbuf, sizeof errbuf) == 0);
+    cJSON *j = txt ? cJSON_Parse(txt) : NULL;
+    cm_free(txt);
+    const cJSON *pos = cJSON_GetObjectItem(j, "positions");
+    CHECK(cJSON_IsArray(pos) && cJSON_GetArraySize(pos) == NTOK);
+    fx f;
+    if (!j || fx_open(&f, "lite", "q4_k")) { CHECK(0); cJSON_Delete(j); return; }
+    const int V = f.m.hp.n_vocab;
+    float *l16 = cm_malloc((size_t)NTOK * V * 4), *l32 = cm_malloc((size_t)NTOK * V * 4);
+    CHECK(run(&f.m, NULL, NTOK, CM_TYPE_F16, 0, l16) == 0 && run(&f.m, NULL, NTOK, CM_TYPE_F32, 0, l32) == 0);
+    double e16 = 0, e32 = 0;
+    for (int i = 0; i < NTOK && cJSON_IsArray(pos); i++) {
+        const cJSON *ids = cJSON_GetObjectItem(cJSON_GetArrayItem(pos, i), "ids");
+        const cJSON *ps = cJSON_GetObjectItem(cJSON_GetArrayItem(pos, i), "p");
+        for (int which = 0; which < 2; which++) {
+            const float *l = (which ? l32 : l16) + (size_t)i * V;
+            double mx = -1e30, sum = 0;
+            for (int v = 0; v < V; v++) mx = fmax(mx, l[v]);
+            for (int v = 0; v < V; v++) sum += exp(l[v] - mx);
+            for (int k = 0; k < cJSON_GetArraySize(ids); k++) {
+                const int id = cJSON_GetArrayItem(ids, k)->valueint;
+                const double e = fabs(exp(l[id] - mx) / sum - cJSON_GetArrayItem(ps, k)->valuedouble);
+                if (which) e32 = fmax(e32, e);
+                else e16 = fmax(e16, e);
+            }
+        }
+    }
+    printf("# F16 latent cache vs llama.cpp's F16 cache: max %.2g (F32 cache: %.2g)\n", e16, e32);
+    CHECKF(e16 <= 1e-3, "F16 cache: max |p - p_llama.cpp| = %g > 1e-3", e16);
+    CHECKF(e32 > 1e-3, "the F32 cache matches llama.cpp's F16 numbers (%g): the F16 path is not exercised", e32);
+    cm_free(l16);
+    cm_free(l32);
+    fx_close(&f);
+    cJSON_Delete(j);
+}
+
+/* Two sequences in one batch, interleaved, and a pipeline split [0, 2) +
+ * [2, 3): each row equals its sequence run alone. */
+static void test_mla_sequences_and_stages(void) {
+    fx f;
+    if (fx_open(&f, "v3", "q8_0")) { CHECK(0); return; }
+    const cm_model *m = &f.m;
+    const int V = m->hp.n_vocab, E = m->hp.n_embd;
+    float *ref = cm_malloc((size_t)NTOK * V * 4), *got = cm_malloc((size_t)NTOK * V * 4);
+    float *hid = cm_malloc((size_t)NTOK * E * 4);
+    CHECK(run(m, NULL, NTOK, CM_TYPE_F32, 0, ref) == 0);
+    cm_ctx *c = cm_ctx_new(m, NTOK, 64, NULL, errbuf, sizeof errbuf);
+    cm_kv k0, k1;
+    CHECK(c && !cm_kv_init(&k0, m, 0, 3, cm_slice_full(m), 64, errbuf, sizeof errbuf) &&
+          !cm_kv_init(&k1, m, 0, 3, cm_slice_full(m), 64, errbuf, sizeof errbuf));
+    /* rows: seq 0 gets prompt[0..6), seq 1 prompt[0..6), alternating */
+    int32_t tok[NTOK], pos[NTOK], seq[NTOK];
+    int8_t want[NTOK];
+    for (int i = 0; i < NTOK; i++) tok[i] = k_prompt[i / 2], pos[i] = i / 2, seq[i] = i % 2, want[i] = 1;
+    cm_kv *kvs[2] = {&k0, &k1};
+    cm_batch b = {.n = NTOK, .tokens = tok, .pos = pos, .seq = seq, .logits = want};
+    cm_forward_args a = {.layer_first = 0, .layer_last = 3, .slice = cm_slice_full(m), .kvs = kvs, .n_kvs = 2,
+                         .out_logits = got};
+    CHECKF(cm_forward(c, &b, &a, errbuf, sizeof errbuf) == 0, "%s", errbuf);
+    double d = 0;
+    for (int i = 0; i < NTOK; i++) d = fmax(d, max_diff(got + (size_t)i * V, ref + (size_t)(i / 2) * V, (size_t)V));
+    CHECKF(d == 0, "two interleaved sequences differ from one alone by %g", d);
+    /* pipeline: layers [0, 2) give hidden states, [2, 3) the logits */
+    cm_kv_truncate(&k0, 0);
+    for (int i = 0; i < NTOK; i++) pos[i] = i, seq[i] = 0;
+    cm_kv *kv0[1] = {&k0};
+    cm_batch b1 = {.n = NTOK, .tokens = k_prompt, .pos = pos, .seq = seq, .logits = want};
+    cm_forward_args a1 = {.layer_first = 0, .layer_last = 2, .slice = cm_slice_full(m), .kvs = kv0, .n_kvs = 1,
+                          .out_hidden = hid};
+    CHECKF(cm_forward(c, &b1, &a1, errbuf, sizeof errbuf) == 0, "%s", errbuf);
+    cm_kv st2;
+    CHECK(!cm_kv_init(&st2, m, 2, 3, cm_slice_full(m), 64, errbuf, sizeof errbuf));
+    cm_kv *kv2[1] = {&st2};
+    cm_batch b2 = {.n = NTOK, .embd = hid, .pos = pos, .seq = seq, .logits = want};
+    cm_forward_args a2 = {.layer_first = 2, .layer_last = 3, .slice = cm_slice_full(m), .kvs = kv2, .n_kvs = 1,
+                          .out_logits = got};
+    CHECKF(cm_forward(c, &b2, &a2, errbuf, sizeof errbuf) == 0, "%s", errbuf);
+    CHECKF(max_diff(got, ref, (size_t)NTOK * V) == 0, "pipeline split differs by %g", max_diff(got, ref, (size_t)NTOK * V));
+    cm_kv_release(&k0);
+    cm_kv_release(&k1);
+    cm_kv_release(&st2);
+    cm_ctx_free(c);
+    cm_free(ref);
+    cm_free(got);
+    cm_free(hid);
+    fx_close(&f);
+}
+
+/* What we do not run is a one-line error naming it. */
+static void test_mla_refusals(void) {
+    fx f;
+    if (fx_open(&f, "v3", "q8_0")) { CHECK(0); return; }
+    cm_slice s = cm_slice_full(&f.m);
+    s.h1 = 0;
+    CHECK(cm_slice_check(&f.m, s, errbuf, sizeof errbuf) != 0);
+    s = cm_slice_full(&f.m);
+    s.f1 = 256;
+    CHECK(cm_slice_check(&f.m, s, errbuf, sizeof errbuf) == CM_EUNSUPPORTED && strstr(errbuf, "deepseek2") &&
+          !strchr(errbuf, '\n'));
+    fx_close(&f);
+    /* a file without key_length_mla: the unsplit attn_kv_b layout */
+    CHECK(fx_write(&f, "v3", "q8_0") == 0);
+    CHECK(PATCH(&f.file, "key_length_mla", "key_length_mlx") == 1 && PATCH(&f.file, "value_length_mla", "value_length_mlx") == 1);
+    CHECK(fx_load(&f) == CM_EUNSUPPORTED);
+    CHECKF(strstr(errbuf, "key_length_mla") && strstr(errbuf, "attn_kv_b") && strstr(errbuf, "attn_k_b") &&
+           !strchr(errbuf, '\n'), "%s", errbuf);
+    fx_close(&f);
+    /* an attn_kv_b tensor beside the split ones (renaming layer 1's exp_probs_b: the same length) */
+    CHECK(fx_write(&f, "v3", "q8_0") == 0);
+    CHECK(PATCH(&f.file, "blk.1.exp_probs_b.bias", "blk.1.attn_kv_b.weight") == 1);
+    CHECK(fx_load(&f) == CM_EUNSUPPORTED);
+    CHECKF(strstr(errbuf, "'blk.1.attn_kv_b.weight'") && strstr(errbuf, "attn_k_b + attn_v_b") && !strchr(errbuf, '\n'),
+           "%s", errbuf);
+    fx_close(&f);
+    /* an unknown rope scaling (the GGUF string "yarn": its u64 length, then the bytes) */
+    CHECK(fx_write(&f, "v3yarn", "f32") == 0);
+    CHECK(PATCH(&f.file, "\x04\x00\x00\x00\x00\x00\x00\x00yarn", "\x04\x00\x00\x00\x00\x00\x00\x00xarn") == 1);
+    CHECK(fx_load(&f) == CM_EUNSUPPORTED);
+    CHECKF(strstr(errbuf, "rope scaling type 'xarn'") && strstr(errbuf, "yarn") && !strchr(errbuf, '\n'), "%s", errbuf);
+    fx_close(&f);
+    /* synth refuses what llama.cpp's deepseek2 would not load */
+    cm_synth_params sp = {.arch = "deepseek2", .variant = "v3", .n_embd = 256, .n_layer = 3, .n_head = 4,
+                          .n_head_kv = 4, .n_ff = 768, .type = "q8_0", .n_expert = 18, .n_expert_used = 4, .n_ff_exp = 256};
+    CHECK(cm_synth_check(&sp, errbuf, sizeof errbuf) == CM_EINVAL && strstr(errbuf, "4 groups"));
+    sp.n_expert = 16, sp.variant = "v4";
+    CHECK(cm_synth_check(&sp, errbuf, sizeof errbuf) == CM_EINVAL && strstr(errbuf, "variant 'v4'"));
+}
+
+int main(void) {
+    if (cm_gguf_open(&g_vocab, t_shared("vocab/ggml-vocab-llama-spm.gguf"), NULL, NULL, errbuf, sizeof errbuf)) {
+        fprintf(stderr, "%s\n", errbuf);
+        printf("0 passed, 1 failed\n");
+        return 1;
+    }
+    RUN(test_mla_kv_is_latent);
+    RUN(test_mla_batch_invariant);
+    RUN(test_mla_f16_vs_llama_cpp);
+    RUN(test_mla_sequences_and_stages);
+    RUN(test_mla_refusals);
+    cm_gguf_close(&g_vocab);
+    TEST_END();
+}
