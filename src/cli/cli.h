@@ -90,6 +90,9 @@ int cmd_merge(int argc, char **argv);
 int cmd_service(int argc, char **argv);
 /* The program's argv[0] (set by main). */
 extern const char *cli_argv0;
+/* This program's absolute path (/proc/self/exe, else argv[0] resolved
+ * against PATH) into out (cap >= PATH_MAX); 0 or -1. */
+int cli_self_path(char *out, size_t cap);
 /* A MODEL argument as every command takes it: a file, or a pulled model's
  * name (org/repo:QUANT, hf://org/repo/FILE.gguf) turned into its file
  * (src/hub/models.c). Prints the one-line error and returns NULL when it is

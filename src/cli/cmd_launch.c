@@ -182,22 +182,6 @@ static void last_line(const char *s, char *out, size_t cap) {
     snprintf(out, cap, "%.*s", best ? (int)CM_MIN(bl, cap - 1) : 0, best ? best : "");
 }
 
-static int self_path(char *out, size_t cap, const char *argv0) {
-    /* Linux: /proc/self/exe; elsewhere argv[0] (absolute or relative) or PATH. */
-    ssize_t n = readlink("/proc/self/exe", out, cap - 1);
-    if (n > 0) { out[n] = 0; return 0; }
-    if (strchr(argv0, '/')) return realpath(argv0, out) ? 0 : -1;
-    const char *path = getenv("PATH");
-    while (path && *path) {
-        const char *e = strchr(path, ':');
-        size_t l = e ? (size_t)(e - path) : strlen(path);
-        snprintf(out, cap, "%.*s/%s", (int)l, path, argv0);
-        if (access(out, X_OK) == 0) return 0;
-        path += l + (e ? 1 : 0);
-    }
-    return -1;
-}
-
 static int launch_one(const launch_opts *o, const char *target, const char *self, const char *key_hex,
                       cm_node_info *info) {
     char dest[256], port[8], host[260], rd[600], q[700], cmd[8192], out[512];
@@ -333,7 +317,7 @@ int cmd_launch(int argc, char **argv) {
     }
     if (!nt) return cli_fail("launch needs at least one USER@HOST; see 'cumulo launch --help'");
     char self[PATH_MAX], key_hex[80] = "", err[400];
-    if (self_path(self, sizeof self, argv[0] ? argv[0] : "cumulo")) return cli_fail("cannot find this program's binary");
+    if (cli_self_path(self, sizeof self)) return cli_fail("cannot find this program's binary");
     if (!o.insecure && !o.stop) {
         char path[512];
         const char *kf = o.key_file;

@@ -56,26 +56,10 @@ typedef struct svc {
     const char *action, *role, *run_as;
     bool user, no_start, mac;
     const char *root; /* "" or CUMULO_SERVICE_ROOT */
-    char exe[1024], path[1200], home[512];
+    char exe[PATH_MAX], path[1200], home[512];
     const char *args[64];
     int n_args;
 } svc;
-
-static int self_path(char *out, size_t cap, const char *argv0) {
-    ssize_t n = readlink("/proc/self/exe", out, cap - 1); /* Linux */
-    if (n > 0) { out[n] = 0; return 0; }
-    if (strchr(argv0, '/')) return realpath(argv0, out) ? 0 : -1;
-    const char *path = getenv("PATH");
-    while (path && *path) { /* macOS: found on PATH */
-        const char *e = strchr(path, ':');
-        size_t l = e ? (size_t)(e - path) : strlen(path);
-        char cand[1024];
-        snprintf(cand, sizeof cand, "%.*s/%s", (int)l, path, argv0);
-        if (access(cand, X_OK) == 0 && cap >= PATH_MAX) return realpath(cand, out) ? 0 : -1;
-        path += l + (e ? 1 : 0);
-    }
-    return -1;
-}
 
 /* One argument for systemd's ExecStart: quoted when it must be, with %
  * and $ (systemd's specifiers and variables) escaped. */
@@ -272,7 +256,7 @@ int cmd_service(int argc, char **argv) {
     if (!s.user && s.run_as && !pw) return cli_fail("service: no user '%s' on this machine (--run-as)", s.run_as);
     const char *home = s.user && getenv("HOME") && *getenv("HOME") ? getenv("HOME") : pw ? pw->pw_dir : getenv("HOME");
     snprintf(s.home, sizeof s.home, "%s", home ? home : "");
-    if (self_path(s.exe, sizeof s.exe, cli_argv0 ? cli_argv0 : "cumulo"))
+    if (cli_self_path(s.exe, sizeof s.exe))
         return cli_fail("service: cannot find this program's own path");
     /* a model file given relative to here must still be found by the service */
     static char absmodel[1400];

@@ -12,6 +12,7 @@
 #include "sched/plan.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -234,4 +235,21 @@ void cli_ctx_advice(cm_engine *e, int n_ctx, char *out, size_t cap) {
         snprintf(out, cap, "use --ctx up to %d, the model's trained context, or a shorter prompt", in.n_ctx_train);
     else
         snprintf(out, cap, "the model was trained for %d tokens: shorten the prompt", in.n_ctx_train);
+}
+
+int cli_self_path(char *out, size_t cap) {
+    ssize_t n = readlink("/proc/self/exe", out, cap - 1); /* Linux */
+    if (n > 0) { out[n] = 0; return 0; }
+    const char *argv0 = cli_argv0 ? cli_argv0 : "cumulo";
+    if (strchr(argv0, '/')) return cap >= PATH_MAX && realpath(argv0, out) ? 0 : -1;
+    const char *path = getenv("PATH");
+    while (path && *path) { /* elsewhere: found on PATH */
+        const char *e = strchr(path, ':');
+        size_t l = e ? (size_t)(e - path) : strlen(path);
+        char cand[PATH_MAX];
+        snprintf(cand, sizeof cand, "%.*s/%s", (int)l, path, argv0);
+        if (access(cand, X_OK) == 0) return cap >= PATH_MAX && realpath(cand, out) ? 0 : -1;
+        path += l + (e ? 1 : 0);
+    }
+    return -1;
 }
