@@ -96,6 +96,10 @@ int cm_engine_load(cm_engine **out, const char *path, const cm_engine_opts *opts
         cm_engine_free(e);
         return cm_errf(err, errlen, CM_ENOMEM, "'%s': %s", path, e->pool ? msg : "cannot start threads");
     }
+    if (o.n_loras > 0 && (rc = cm_engine_load_loras(e, &o, err, errlen))) {
+        cm_engine_free(e);
+        return rc;
+    }
     e->name = cm_gguf_get_str(&e->g, "general.name");
     if (!e->name) {
         const char *b = strrchr(path, '/');
@@ -110,6 +114,7 @@ void cm_engine_free(cm_engine *e) {
     cm_pipe_close(e->pipe);
     cm_pipe_close(e->tp);
     cm_ctx_free(e->ctx);
+    cm_lora_free(e->lora);
     cm_free(e->step_logits);
     cm_pool_free(e->pool);
     cm_tokenizer_free(e->tok);

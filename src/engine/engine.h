@@ -60,6 +60,11 @@ typedef struct cm_engine_opts {
     bool tp_compress;       /* tensor-parallel all-reduces travel as 8-bit Q8_0 blocks */
     void (*log)(void *ctx, const char *line); /* cluster progress: links, plan, weights */
     void *log_ctx;
+    /* LoRA adapters applied to every forward pass, each "FILE.gguf[:SCALE]"
+     * (llama.cpp's adapter GGUF; several are summed; model/lora.h). Refused
+     * with nodes (NEEDSWORK: each node applying its layers' parts). */
+    const char *const *loras;
+    int n_loras;
 } cm_engine_opts;
 
 /* Load a GGUF model. Errors (one line, naming the file/tensor/arch/type):

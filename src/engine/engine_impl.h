@@ -11,6 +11,7 @@
 
 #include "../cluster/cluster.h"
 #include "../gguf/gguf.h"
+#include "../model/lora.h"
 #include "../model/model.h"
 #include "../os/os.h"
 #include "../tokenizer/tokenizer.h"
@@ -24,6 +25,7 @@ struct cm_engine {
     cm_tokenizer *tok;
     cm_pool *pool;
     cm_ctx *ctx;
+    cm_lora *lora;        /* adapters (cm_engine_opts.loras), or NULL */
     pthread_mutex_t mu;
     int n_ctx, n_batch, max_ctx;
     bool kv_f16;
@@ -90,6 +92,9 @@ int cm_engine_tp_recover(cm_engine *e, char *err, size_t errlen);
 /* Evaluate what the session has not evaluated (after cm_session_tp_sync:
  * prompt + tokens emitted), logits of the last token (engine.c). */
 int cm_session_recompute(cm_session *s, char *err, size_t errlen);
+
+/* Load o->loras into e->lora and hand them to e->ctx (engine_lora.c). */
+int cm_engine_load_loras(cm_engine *e, const cm_engine_opts *o, char *err, size_t errlen);
 
 /* Free a session's step state (batch.c); called by cm_session_free. */
 void cm_session_step_release(cm_session *s);
