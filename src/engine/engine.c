@@ -41,6 +41,8 @@ int cm_engine_load(cm_engine **out, const char *path, const cm_engine_opts *opts
     cm_engine_opts o;
     if (opts) o = *opts;
     else fill_default_opts(&o);
+    if (o.n_loras > 0 && o.nodes && *o.nodes) /* NEEDSWORK: each node applying its layers' part of the adapters */
+        return cm_errf(err, errlen, CM_EUNSUPPORTED, "--lora is not supported on a cluster yet (run without nodes)");
     cm_engine *e = cm_calloc(1, sizeof *e);
     if (!e) return cm_errf(err, errlen, CM_ENOMEM, "out of memory");
     pthread_mutex_init(&e->mu, NULL);
