@@ -155,12 +155,20 @@ static void run_case(base *b, const cm_lora *l, const ref *r, int nth, int *gen,
     cm_pool_free(pool);
 }
 
-/* Probability bounds: the stories260K golden ones (test_golden.c: F32 1e-5,
- * Q8_0 1.2e-5, ~5x the error measured without adapters); the adapters' F32
- * products add only summation-order differences. Measured with adapters on
- * this Zen 4 (avx512), 1 and 2 threads: see the printed lines. */
+/* Probability bounds. Without adapters, the stories260K golden ones
+ * (test_golden.c: F32 1e-5, Q8_0 1.2e-5; measured here 1.96e-6 and 2.3e-6).
+ * With adapters, measured on this Zen 4 (avx512), 1 and 2 threads alike:
+ * f32_a 8.87e-6, f32_a2 1.94e-6, f32_ab 3.3e-6, q8_a 1.51e-6; bound 2e-5
+ * (2.3x the worst). The worst is the top token at a position where p =
+ * 0.99988: there our tail (the ~500 tokens of p < 1e-6 each) sums to 2.2e-5
+ * and llama.cpp's to 1.3e-5. The no-adapter references show the same
+ * tail excess (8.6e-6 vs 6.6e-6 at that position), so it is how the two
+ * sides differ on very unlikely tokens, not the adapter math: a wrong
+ * scale, a missing target or an adapter applied to the quantized input
+ * gives errors of 1e-3 or more (NEEDSWORK: find where the tails part). */
 #define F32_BOUND 1e-5
 #define Q8_BOUND 1.2e-5
+#define LORA_BOUND 2e-5
 
 static void check_case(base *b, const cm_lora *l, const char *refname, double bound, const int *differ_from) {
     static ref r;
@@ -211,14 +219,14 @@ static void test_one_adapter(void) {
     CHECK(add_synth(l, &B32, 4, 8, 7, NULL, 1.0f) == 0);
     CHECK(cm_lora_count(l) == 1 && cm_lora_n_pairs(l) == 5 * 7 + 1);
     CHECK(cm_lora_targets(l, 0, CM_LORA_Q) && cm_lora_targets(l, 4, CM_LORA_DOWN) && cm_lora_targets(l, 0, CM_LORA_OUTPUT));
-    check_case(&B32, l, "f32_a", F32_BOUND, none32);
+    check_case(&B32, l, "f32_a", LORA_BOUND, none32);
     cm_lora_free(l);
 }
 
 static void test_scale(void) {
     cm_lora *l = cm_lora_new(&B32.m);
     CHECK(add_synth(l, &B32, 4, 8, 7, NULL, 1.5f) == 0);
-    check_case(&B32, l, "f32_a2", F32_BOUND, none32);
+    check_case(&B32, l, "f32_a2", LORA_BOUND, none32);
     cm_lora_free(l);
 }
 
@@ -230,14 +238,14 @@ static void test_two_adapters(void) {
     CHECK(!cm_lora_targets(NULL, 0, CM_LORA_Q));
     static int one[NPOS];
     greedy_of("f32_a", one);
-    check_case(&B32, l, "f32_ab", F32_BOUND, one); /* the second adapter changes the first's output */
+    check_case(&B32, l, "f32_ab", LORA_BOUND, one); /* the second adapter changes the first's output */
     cm_lora_free(l);
 }
 
 static void test_q8_0(void) {
     cm_lora *l = cm_lora_new(&B8.m);
     CHECK(add_synth(l, &B8, 4, 8, 9, NULL, 1.0f) == 0);
-    check_case(&B8, l, "q8_a", Q8_BOUND, none8);
+    check_case(&B8, l, "q8_a", LORA_BOUND, none8);
     cm_lora_free(l);
 }
 
