@@ -46,6 +46,8 @@ expect_err "not a LoRA adapter \(general.type is 'missing'" --lora "$M8"
 expect_err "takes 64 inputs \(adapter made for another model\?\)" --lora "$TMP/small_lora.gguf"
 expect_err "cannot open|no such file" --lora "$TMP/none.gguf"
 expect_err "needs FILE.gguf" --lora
+"$BIN" run "$TMP/f32_a.gguf" -p "$P" -n 4 >"$TMP/out" 2>"$TMP/err"
+[ $? -eq 1 ] && grep -q "^cumulo: .*this is a LoRA adapter, not a model (give it to --lora)" "$TMP/err" && ok || bad "run ADAPTER: $(cat "$TMP/err")"
 expect_err "not supported on a cluster" --lora "$TMP/f32_a.gguf" --nodes 127.0.0.1:1 --insecure
 
 # serve --lora: the same text as run --lora (temperature 0), and not the text without it.
