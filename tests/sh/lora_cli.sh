@@ -50,6 +50,11 @@ expect_err "needs FILE.gguf" --lora
 [ $? -eq 1 ] && grep -q "^cumulo: .*this is a LoRA adapter, not a model (give it to --lora)" "$TMP/err" && ok || bad "run ADAPTER: $(cat "$TMP/err")"
 expect_err "not supported on a cluster" --lora "$TMP/f32_a.gguf" --nodes 127.0.0.1:1 --insecure
 
+# chat --lora: the adapter changes the reply.
+chat() { printf 'Hello\n' | "$BIN" chat "$M32" --chat-template chatml --temp 0 -n 16 --threads 1 "$@" 2>/dev/null; }
+c1=$(chat --lora "$TMP/f32_a.gguf"); c0=$(chat)
+[ -n "$c1" ] && [ -n "$c0" ] && [ "$c1" != "$c0" ] && ok || bad "chat --lora: '$c1' vs without: '$c0'"
+
 # serve --lora: the same text as run --lora (temperature 0), and not the text without it.
 "$BIN" run "$M8" -p "$P" -n 32 --temp 0 --threads 1 --lora "$TMP/q8_a.gguf" 2>/dev/null >"$TMP/run_text"
 "$BIN" run "$M8" -p "$P" -n 32 --temp 0 --threads 1 2>/dev/null >"$TMP/run_plain"
