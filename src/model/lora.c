@@ -168,6 +168,14 @@ static int check_header(const cm_lora *l, const cm_gguf *g, float *alpha, char *
     return 0;
 }
 
+/* The model's view of target t of layer il (what the forward pass multiplies by). */
+static const cm_tensor *bound_of(const cm_model *m, int il, enum cm_lora_target t) {
+    if (t == CM_LORA_OUTPUT) return &m->output;
+    const cm_layer *L = &m->layers[il];
+    const cm_tensor *v[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->ffn_gate, &L->ffn_up, &L->ffn_down};
+    return v[t];
+}
+
 /* Validate one pair against the model; fills the pair's shape. */
 static int check_pair(const cm_lora *l, const char *base, const cm_gguf_tensor_info *ta,
                       const cm_gguf_tensor_info *tb, lora_pair *p, char *err, size_t errlen) {
@@ -175,6 +183,13 @@ static int check_pair(const cm_lora *l, const char *base, const cm_gguf_tensor_i
     if (!w)
         return cm_errf(err, errlen, CM_EFORMAT, "adapter tensor '%s' has no '%s' in the model (adapter made for another model?)",
                        ta->name, base);
+    int il;
+    enum cm_lora_target t;
+    parse_base(base, l->m, &il, &t);
+    const cm_tensor *bw = bound_of(l->m, il, t);
+    if (!bw->data || bw->ne[0] != w->ne[0] || bw->ne[1] != w->ne[1]) /* phi3's fused ffn_up: gate rows first */
+        return cm_errf(err, errlen, CM_EUNSUPPORTED, "'%s' is fused or split in this %s model: LoRA on it is not supported",
+                       base, cm_arch_name_of(l->m->hp.arch));
     if (ta->n_dims != 2 || tb->n_dims != 2 || w->n_dims != 2)
         return cm_errf(err, errlen, CM_EFORMAT, "adapter tensors of '%s' are not 2-D matrices", base);
     if (ta->ne[0] != w->ne[0])

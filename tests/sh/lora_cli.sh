@@ -50,6 +50,12 @@ expect_err "needs FILE.gguf" --lora
 [ $? -eq 1 ] && grep -q "^cumulo: .*this is a LoRA adapter, not a model (give it to --lora)" "$TMP/err" && ok || bad "run ADAPTER: $(cat "$TMP/err")"
 expect_err "not supported on a cluster" --lora "$TMP/f32_a.gguf" --nodes 127.0.0.1:1 --insecure
 
+# phi3 binds attn_q/k/v and ffn_gate/up as row views of fused tensors: an ffn_up adapter is refused.
+"$BIN" synth --arch phi3 --dim 32 --layers 1 --heads 4 --ffn 64 --type f32 --vocab builtin --seed 3 -o "$TMP/phi3.gguf" 2>/dev/null || bad "synth phi3"
+"$BIN" synth --lora-for "$TMP/phi3.gguf" --rank 2 --only ffn_up -o "$TMP/phi3_up.gguf" 2>/dev/null || bad "synth phi3 lora"
+"$BIN" run "$TMP/phi3.gguf" -p "$P" -n 2 --threads 1 --lora "$TMP/phi3_up.gguf" >"$TMP/out" 2>"$TMP/err"
+[ $? -eq 1 ] && grep -q "^cumulo: .*'blk.0.ffn_up.weight' is fused or split in this phi3 model" "$TMP/err" && ok || bad "phi3 ffn_up: $(cat "$TMP/err")"
+
 # chat --lora: the adapter changes the reply.
 chat() { printf 'Hello\n' | "$BIN" chat "$M32" --chat-template chatml --temp 0 -n 16 --threads 1 "$@" 2>/dev/null; }
 c1=$(chat --lora "$TMP/f32_a.gguf"); c0=$(chat)
