@@ -54,6 +54,15 @@ struct cm_plan_request;
 int cli_plan_opt(int argc, char **argv, int *i, struct cm_plan_request *q);
 int cli_plan_check(const struct cm_plan_request *q);
 
+/* --lora FILE.gguf[:SCALE] (run, chat, serve; repeatable, summed): parsed
+ * like cli_sampling_opt into l (lora_opt.c). */
+#define CLI_LORA_MAX 8
+typedef struct cli_loras { const char *spec[CLI_LORA_MAX]; int n; } cli_loras;
+int cli_lora_opt(int argc, char **argv, int *i, cli_loras *l);
+#define CLI_LORA_HELP                                                                                   \
+    "  --lora FILE[:SCALE]    apply a LoRA adapter (llama.cpp's adapter GGUF) with this scale\n"         \
+    "                         (default 1); repeat for several (their corrections add up)\n"
+
 /* A progress bar on stderr (only when stderr is a terminal, or CUMULO_PROGRESS=1).
  * With `bytes` set (after start) it also shows MiB done, speed and time left. */
 typedef struct cli_progress { const char *label; double total, last_draw, t0, base; bool on, bytes; } cli_progress;

@@ -57,6 +57,7 @@ static const char k_chat_usage[] =
     "  --kv-type f32|f16      KV cache element type (default f32; f16 halves its memory)\n"
     "  --mmap                 keep the weights in a file mapping (default: read into huge-page\n"
     "                         memory when they fit, fewer TLB misses per token; also CUMULO_MMAP=1)\n"
+    CLI_LORA_HELP
     "  --ignore-eos           keep generating past end-of-turn tokens\n"
     "  -v, --verbose          after each reply, print token counts, prefix reuse and speed to stderr\n";
 
@@ -310,6 +311,7 @@ int cmd_chat(int argc, char **argv) {
     const char *model = NULL, *system = NULL, *tmpl = NULL;
     long n_predict = -1, ctx = 0, threads = 0;
     bool verbose = false, kv_f16 = false, use_mmap = false;
+    cli_loras loras = {0};
     cm_gen_params gp;
     cm_gen_params_default(&gp);
     for (int i = 1; i < argc; i++) {
@@ -319,6 +321,10 @@ int cmd_chat(int argc, char **argv) {
         int so = cli_sampling_opt(argc, argv, &i, &gp.sampling);
         if (so < 0) return 1;
         if (so > 0) continue;
+        if ((so = cli_lora_opt(argc, argv, &i, &loras)) != 0) {
+            if (so < 0) return 1;
+            continue;
+        }
         if (!strcmp(a, "--system")) {
             if (!v) return cli_fail("option '%s' needs a value", a);
             system = NEXT();
@@ -365,7 +371,8 @@ int cmd_chat(int argc, char **argv) {
     cm_buf line;
     cm_buf_init(&line);
     int status = 1;
-    cm_engine_opts eo = {.n_threads = (int)threads, .n_ctx = (int)ctx, .kv_f16 = kv_f16, .mmap = use_mmap};
+    cm_engine_opts eo = {.n_threads = (int)threads, .n_ctx = (int)ctx, .kv_f16 = kv_f16, .mmap = use_mmap,
+                         .loras = loras.spec, .n_loras = loras.n};
     if (cli_load_engine_opts(&c.e, model, &eo)) goto done;
     if (system && chat_push(&c, "system", system, strlen(system))) { cli_fail("out of memory"); goto done; }
     c.n_fixed = c.n_msgs;

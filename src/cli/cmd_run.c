@@ -39,6 +39,7 @@ static const char k_run_usage[] =
     "  --kv-type f32|f16      KV cache element type (default f32; f16 halves its memory)\n"
     "  --mmap                 keep the weights in a file mapping (default: read into huge-page\n"
     "                         memory when they fit, fewer TLB misses per token; also CUMULO_MMAP=1)\n"
+    CLI_LORA_HELP
     "  --no-bos               do not add the BOS token\n"
     "  --ignore-eos           keep generating past end-of-generation tokens\n"
     "  --chat                 send the prompt as a user message through the model's chat template\n"
@@ -230,6 +231,7 @@ int cmd_run(int argc, char **argv) {
     bool tp_compress = false, take = false;
     const char *nodes = NULL, *key_file = NULL;
     cm_plan_request plan = {0};
+    cli_loras loras = {0};
     cm_gen_params gp;
     cm_gen_params_default(&gp);
     for (int i = 1; i < argc; i++) {
@@ -239,6 +241,10 @@ int cmd_run(int argc, char **argv) {
         int so = cli_sampling_opt(argc, argv, &i, &gp.sampling);
         if (so < 0) return 1;
         if (so > 0) continue;
+        if ((so = cli_lora_opt(argc, argv, &i, &loras)) != 0) {
+            if (so < 0) return 1;
+            continue;
+        }
         if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) {
             if (!v) return cli_fail("option '%s' needs a value", a);
             prompt = NEXT();
@@ -332,7 +338,8 @@ int cmd_run(int argc, char **argv) {
     cm_engine_opts eo = {.n_threads = (int)threads, .n_ctx = (int)ctx, .nodes = cluster ? (nodes ? nodes : "auto") : NULL,
                          .insecure = insecure, .key_file = key_file, .plan = plan,
                          .tp_compress = tp_compress, .take = take, .n_seq = streams > 8 ? (int)streams : 8, .kv_f16 = kv_f16,
-                         .mmap = use_mmap, .log = quiet ? log_none : NULL};
+                         .mmap = use_mmap, .log = quiet ? log_none : NULL,
+                         .loras = loras.spec, .n_loras = loras.n};
     /* --streams (even 1) reports aggregate numbers instead of the text. */
     if (cli_load_engine_opts(&e, model, &eo)) { cm_free(file_text); return 1; }
     int status = 1;

@@ -37,6 +37,8 @@ static const char k_serve_usage[] =
     "                     pass (default 32; any value gives every request the same bits alone\n"
     "                     or batched, with or without a cached prefix)\n"
     "  --kv-type f32|f16  KV cache element type (default f32; f16 halves its memory)\n"
+    "  --lora FILE[:SCALE] apply a LoRA adapter (llama.cpp's adapter GGUF; repeatable, summed;\n"
+    "                     not with --nodes yet)\n"
     "  --mmap             keep the weights in a file mapping (default when alone: read into\n"
     "                     huge-page memory when they fit; with --nodes always mapped; CUMULO_MMAP=1)\n"
     "  --max-body BYTES   largest request body (default 1048576)\n"
@@ -78,6 +80,7 @@ int cmd_serve(int argc, char **argv) {
     bool kv_f16 = false, insecure = false, use_mmap = false;
     const char *nodes = NULL, *key_file = NULL;
     cm_plan_request plan = {0};
+    cli_loras loras = {0};
     int po;
     bool tp_compress = false, take = false;
     double d;
@@ -88,6 +91,7 @@ int cmd_serve(int argc, char **argv) {
 #define NEXT() (i++, v)
 #define NEED() do { if (!v) return cli_fail("option '%s' needs a value", a); } while (0)
         if ((po = cli_plan_opt(argc, argv, &i, &plan)) != 0) { if (po < 0) return 1; }
+        else if ((po = cli_lora_opt(argc, argv, &i, &loras)) != 0) { if (po < 0) return 1; }
         else if (!strcmp(a, "--host")) { NEED(); o.host = NEXT(); }
         else if (!strcmp(a, "--port")) { if (!cli_int(a, NEXT(), 0, 65535, &l)) return 1; o.port = (int)l; }
         else if (!strcmp(a, "--api-key")) { NEED(); o.api_key = NEXT(); }
@@ -162,7 +166,7 @@ int cmd_serve(int argc, char **argv) {
     cm_engine_opts eo = {.n_threads = (int)threads, .n_ctx = o.n_ctx, .n_batch = (int)n_batch, .kv_f16 = kv_f16,
                          .nodes = nodes, .insecure = insecure, .key_file = key_file, .plan = plan,
                          .tp_compress = tp_compress, .take = take, .n_seq = o.n_slots > 0 ? o.n_slots : 4, .log = log_line,
-                         .mmap = use_mmap};
+                         .mmap = use_mmap, .loras = loras.spec, .n_loras = loras.n};
     cli_check_threads(&eo);
     if (cm_engine_load(&e, model, &eo, err, sizeof err)) {
         cm_http_stop(srv);

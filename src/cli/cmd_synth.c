@@ -49,7 +49,12 @@ static void usage(FILE *f) {
             "  --rope-scaling llama3  Llama 3.1 RoPE scaling (writes rope_freqs.weight)\n"
             "  --rope-base B        RoPE base (default: llama 10000, llama3 scaling 500000, qwen 1e6)\n"
             "  --ctx N              context_length key (default 4096)\n"
-            "  --threads N          threads (default: all CPUs; never changes the output)\n",
+            "  --threads N          threads (default: all CPUs; never changes the output)\n\n"
+            "usage: cumulo synth --lora-for MODEL.gguf --rank R [--alpha A] [--strength S] [--only NAME]\n"
+            "                    [--seed S] -o ADAPTER.gguf\n"
+            "A random LoRA adapter (llama.cpp's adapter GGUF, F32) for every attn_q/k/v/output,\n"
+            "ffn_gate/up/down and output weight of MODEL (or those whose name contains NAME);\n"
+            "(alpha/rank) B A has S times each weight's RMS (default alpha = rank, S = 0.3).\n",
             cm_synth_type_names());
 }
 
@@ -65,7 +70,9 @@ int cmd_synth(int argc, char **argv) {
     const char *vocab_path = NULL, *out_path = NULL;
     long dim = 0, layers = 0, heads = 0, kv = 0, ffn = 0, ctx = 0, threads = 0, seed = 1, swa = 0;
     long n_exp = 0, n_used = 0, ffn_exp = 0, ffn_sh = 0;
-    double base = 0;
+    double base = 0, alpha = -1, strength = 0.3;
+    const char *lora_for = NULL, *only = NULL;
+    long rank = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
 #define STR(dst)                                                              \
@@ -97,6 +104,16 @@ int cmd_synth(int argc, char **argv) {
         else if (!strcmp(a, "--threads")) INT(threads, 1, 1024);
         else if (!strcmp(a, "--seed")) INT(seed, 0, 0x7fffffffL);
         else if (!strcmp(a, "--tied")) p.tied = true;
+        else if (!strcmp(a, "--lora-for")) STR(lora_for);
+        else if (!strcmp(a, "--only")) STR(only);
+        else if (!strcmp(a, "--rank")) INT(rank, 1, 1024);
+        else if (!strcmp(a, "--alpha")) {
+            if (!cli_float(a, v, 0, 1e6, &alpha)) return 1;
+            i++;
+        } else if (!strcmp(a, "--strength")) {
+            if (!cli_float(a, v, 0, 1e3, &strength)) return 1;
+            i++;
+        }
         else if (!strcmp(a, "--swa")) INT(swa, 1, 1 << 24);
         else if (!strcmp(a, "--rope-base")) {
             if (!cli_float(a, v, 1, 1e9, &base)) return 1;
@@ -111,7 +128,21 @@ int cmd_synth(int argc, char **argv) {
 #undef STR
 #undef INT
     }
-    if (!p.arch) return cli_fail("missing --arch (llama, qwen2, qwen3, qwen2moe, qwen3moe, gemma3, phi3 or gpt-oss)");
+    if (lora_for) {
+        if (!rank) return cli_fail("--lora-for needs --rank R");
+        if (!out_path) return cli_fail("missing -o ADAPTER.gguf");
+        cm_synth_lora_params lp = {.rank = (int)rank, .alpha = alpha < 0 ? (float)rank : (float)alpha,
+                                   .strength = (float)strength, .seed = (uint64_t)seed, .only = only};
+        char e2[512];
+        cm_gguf mg;
+        if (cm_gguf_open(&mg, lora_for, NULL, NULL, e2, sizeof e2)) return cli_fail("%s", e2);
+        int rc = cm_synth_lora_write(&lp, &mg, out_path, NULL, e2, sizeof e2);
+        cm_gguf_close(&mg);
+        if (rc) return cli_fail("%s", e2);
+        fprintf(stderr, "wrote '%s' (LoRA rank %d, alpha %g)\n", out_path, lp.rank, lp.alpha);
+        return 0;
+    }
+    if (!p.arch) return cli_fail("missing --arch (llama, qwen2, qwen3, qwen2moe, qwen3moe, gemma3, phi3, gpt-oss or deepseek2)");
     if (!p.type) return cli_fail("missing --type (%s)", cm_synth_type_names());
     if (!dim || !layers || !heads || !ffn) return cli_fail("missing --dim, --layers, --heads or --ffn");
     if (!vocab_path)

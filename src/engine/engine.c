@@ -41,6 +41,8 @@ int cm_engine_load(cm_engine **out, const char *path, const cm_engine_opts *opts
     cm_engine_opts o;
     if (opts) o = *opts;
     else fill_default_opts(&o);
+    if (o.n_loras > 0 && o.nodes && *o.nodes) /* NEEDSWORK: each node applying its layers' part of the adapters */
+        return cm_errf(err, errlen, CM_EUNSUPPORTED, "--lora is not supported on a cluster yet (run without nodes)");
     cm_engine *e = cm_calloc(1, sizeof *e);
     if (!e) return cm_errf(err, errlen, CM_ENOMEM, "out of memory");
     pthread_mutex_init(&e->mu, NULL);
@@ -96,6 +98,10 @@ int cm_engine_load(cm_engine **out, const char *path, const cm_engine_opts *opts
         cm_engine_free(e);
         return cm_errf(err, errlen, CM_ENOMEM, "'%s': %s", path, e->pool ? msg : "cannot start threads");
     }
+    if (o.n_loras > 0 && (rc = cm_engine_load_loras(e, &o, err, errlen))) {
+        cm_engine_free(e);
+        return rc;
+    }
     e->name = cm_gguf_get_str(&e->g, "general.name");
     if (!e->name) {
         const char *b = strrchr(path, '/');
@@ -110,6 +116,7 @@ void cm_engine_free(cm_engine *e) {
     cm_pipe_close(e->pipe);
     cm_pipe_close(e->tp);
     cm_ctx_free(e->ctx);
+    cm_lora_free(e->lora);
     cm_free(e->step_logits);
     cm_engine_gvocab_free(e);
     cm_pool_free(e->pool);

@@ -61,6 +61,11 @@ typedef struct cm_engine_opts {
     bool take;              /* --take: use nodes that serve another coordinator (cm_pipe_opts.take) */
     void (*log)(void *ctx, const char *line); /* cluster progress: links, plan, weights */
     void *log_ctx;
+    /* LoRA adapters applied to every forward pass, each "FILE.gguf[:SCALE]"
+     * (llama.cpp's adapter GGUF; several are summed; model/lora.h). Refused
+     * with nodes (NEEDSWORK: each node applying its layers' parts). */
+    const char *const *loras;
+    int n_loras;
 } cm_engine_opts;
 
 /* Load a GGUF model. Errors (one line, naming the file/tensor/arch/type):

@@ -11,6 +11,7 @@
 
 #include "../cluster/cluster.h"
 #include "../gguf/gguf.h"
+#include "../model/lora.h"
 #include "../model/model.h"
 #include "../os/os.h"
 #include "../tokenizer/tokenizer.h"
@@ -24,6 +25,7 @@ struct cm_engine {
     cm_tokenizer *tok;
     cm_pool *pool;
     cm_ctx *ctx;
+    cm_lora *lora;        /* adapters (cm_engine_opts.loras), or NULL */
     pthread_mutex_t mu;
     int n_ctx, n_batch, max_ctx;
     bool kv_f16;
@@ -101,6 +103,8 @@ int cm_constrain_begin(cm_session *s, const cm_gen_params *p, struct cm_grammar_
 int cm_constrain_mask(cm_session *s, struct cm_grammar_state *gs);
 int cm_constrain_take(cm_session *s, struct cm_grammar_state *gs, int32_t id);
 void cm_engine_gvocab_free(cm_engine *e);
+/* Load o->loras into e->lora and hand them to e->ctx (engine_lora.c). */
+int cm_engine_load_loras(cm_engine *e, const cm_engine_opts *o, char *err, size_t errlen);
 
 /* Free a session's step state (batch.c); called by cm_session_free. */
 void cm_session_step_release(cm_session *s);

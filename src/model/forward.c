@@ -13,6 +13,7 @@
  * tests compare probabilities with llama.cpp at 1e-4. This file must never
  * allocate in cm_forward(): all scratch lives in cm_ctx.
  */
+#include "lora.h"
 #include "mla.h"
 #include "model.h"
 #include "moe.h"
@@ -113,6 +114,7 @@ struct cm_ctx {
     cm_moe *moe; /* MoE models: the expert FFN's scratch (moe.c) */
     cm_mla *mla; /* deepseek2: the latent attention's scratch (mla.c) */
     bool ep_gather; /* this pass: an expert slice, combined after the caller's gather */
+    const cm_lora *lora; /* LoRA adapters (lora.h), or NULL */
 };
 
 static void *zalloc(size_t n) {
@@ -192,6 +194,7 @@ void cm_ctx_free(cm_ctx *c) {
 
 int cm_ctx_max_batch(const cm_ctx *c) { return c->max_batch; }
 void cm_ctx_set_kernels(cm_ctx *c, const cm_kernels *k) { c->k = k ? k : cm_kernels_get(); }
+void cm_ctx_set_lora(cm_ctx *c, const cm_lora *l) { c->lora = l; }
 void cm_ctx_set_act_hook(cm_ctx *c, cm_act_hook_fn fn, void *user) {
     c->hook = fn;
     c->hook_user = user;
@@ -254,11 +257,30 @@ static const void *prep_act(cm_ctx *c, enum cm_act_site site, const cm_tensor *w
     return c->xq;
 }
 
+/* LoRA (lora.h): add the adapters' B (A x) to rows [r0, r1) of w's output y,
+ * from w's float input (still whole in scratch when its matmul runs). */
+static void lora_mm(cm_ctx *c, const cm_tensor *w, float *y, int64_t ldy, int n_tok, int64_t r0, int64_t r1) {
+    const cm_hparams *hp = &c->m->hp;
+    const cm_slice s = c->a->slice;
+    const int64_t E = hp->n_embd, D = hp->head_dim, rep = hp->n_head / hp->n_head_kv, QS = (s.h1 - s.h0) * rep * D;
+    const int64_t q0 = s.h0 * rep * D, FS = s.f1 - s.f0;
+    const cm_lora *l = c->lora;
+    if (w == &c->wq) cm_lora_apply(l, c->il, CM_LORA_Q, c->xn, E, 0, E, n_tok, y, ldy, q0, r0, r1);
+    else if (w == &c->wk) cm_lora_apply(l, c->il, CM_LORA_K, c->xn, E, 0, E, n_tok, y, ldy, s.h0 * D, r0, r1);
+    else if (w == &c->wv) cm_lora_apply(l, c->il, CM_LORA_V, c->xn, E, 0, E, n_tok, y, ldy, s.h0 * D, r0, r1);
+    else if (w == &c->wo) cm_lora_apply(l, c->il, CM_LORA_O, c->att, QS, q0, QS, n_tok, y, ldy, 0, r0, r1);
+    else if (w == &c->gt) cm_lora_apply(l, c->il, CM_LORA_GATE, c->xn, E, 0, E, n_tok, y, ldy, s.f0, r0, r1);
+    else if (w == &c->up_w) cm_lora_apply(l, c->il, CM_LORA_UP, c->xn, E, 0, E, n_tok, y, ldy, s.f0, r0, r1);
+    else if (w == &c->dn) cm_lora_apply(l, c->il, CM_LORA_DOWN, c->gate, FS, s.f0, FS, n_tok, y, ldy, 0, r0, r1);
+    else if (w == &c->m->output) cm_lora_apply(l, 0, CM_LORA_OUTPUT, c->xn, E, 0, E, n_tok, y, ldy, 0, r0, r1);
+}
+
 static void matmul(cm_ctx *c, const cm_tensor *w, const void *xq, size_t xs, int n_tok, float *y, int64_t ldy,
                    int ith, int nth) {
     int64_t r0, r1;
     cm_split_range(w->ne[1], ith, nth, &r0, &r1);
     if (r1 > r0) cm_matmul_rows(c->k, w, xq, xs, n_tok, y, ldy, r0, r1);
+    if (c->lora && r1 > r0) lora_mm(c, w, y, ldy, n_tok, r0, r1);
 }
 
 /* ggml_rope_cache_init with freq_scale, no YaRN (ext_factor 0, mscale 1).
@@ -700,6 +722,8 @@ static void phase_ffn(cm_ctx *c, int ith, int nth) {
         if (u1 > u0) {
             cm_matmul_rows(c->k, &c->gt, xq, xs, 1, c->gate, FS, u0 * bs, u1 * bs);
             cm_matmul_rows(c->k, &c->up_w, xq, xs, 1, c->up, FS, u0 * bs, u1 * bs);
+            if (c->lora) lora_mm(c, &c->gt, c->gate, FS, 1, u0 * bs, u1 * bs);
+            if (c->lora) lora_mm(c, &c->up_w, c->up, FS, 1, u0 * bs, u1 * bs);
         }
         silu_blocks(c, vdn, FS, u0, u1, c->xq + dn_off);
         cm_pool_barrier(c->pool);

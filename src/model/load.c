@@ -163,6 +163,9 @@ static int bind_phi3(cm_model *m, cm_layer *L, int il, int64_t E, int64_t QD, in
 static int load_hparams(cm_model *m, char *err, size_t errlen) {
     const cm_gguf *g = m->gguf;
     cm_hparams *hp = &m->hp;
+    const cm_gguf_kv *gt = cm_gguf_find_kv(g, "general.type"); /* llama.cpp's LoRA files: model/lora.h */
+    if (gt && gt->type == CM_GGUF_STRING && gt->v.str.len == 7 && !memcmp(gt->v.str.ptr, "adapter", 7))
+        return cm_errf(err, errlen, CM_EFORMAT, "this is a LoRA adapter, not a model (give it to --lora)");
     char *arch = cm_gguf_get_str(g, "general.architecture");
     if (!arch) return cm_errf(err, errlen, CM_EFORMAT, "missing metadata 'general.architecture'");
     int a = -1;

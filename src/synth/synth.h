@@ -88,4 +88,20 @@ int cm_synth_builtin_vocab(cm_buf *out, char *err, size_t errlen);
  * original context 8192. */
 void cm_synth_llama3_freqs(float *out, int head_dim, float rope_base);
 
+/* A random LoRA adapter for a model (synth_lora.c): llama.cpp's adapter
+ * GGUF with F32 lora_a/lora_b pairs for every blk.N.attn_q/k/v/output,
+ * ffn_gate/up/down and output weight the model has (those whose name
+ * contains `only`, when set), sized so that (alpha/rank) B A has `strength`
+ * times W's RMS. Deterministic by seed, like cm_synth_write. Written to path
+ * atomically, or appended to out when path is NULL. */
+typedef struct cm_synth_lora_params {
+    int rank;
+    float alpha;
+    float strength;   /* e.g. 0.3 */
+    uint64_t seed;
+    const char *only; /* NULL: every target */
+} cm_synth_lora_params;
+int cm_synth_lora_write(const cm_synth_lora_params *p, const cm_gguf *model, const char *path, cm_buf *out,
+                        char *err, size_t errlen);
+
 #endif

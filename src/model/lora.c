@@ -1,0 +1,338 @@
+/*
+ * lora.c: loading llama.cpp LoRA adapter GGUFs and adding B (A x) to the
+ * targeted matmuls (see lora.h for the format and the math).
+ *
+ * Every pair lives in one list per (layer, target) slot, in the order the
+ * adapters were added, so the corrections are summed in a fixed order. An
+ * adapter is validated whole before any of it is kept: a bad file never
+ * leaves half an adapter applied. Never allocates in cm_lora_apply (the
+ * forward pass calls it).
+ */
+#include "lora.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct lora_pair {
+    float *a;         /* [rank][n_in] */
+    float *b;         /* [n_out][rank] */
+    int rank;
+    int64_t n_in, n_out;
+    float scale;
+    int next;         /* next pair of the same slot, -1 = last */
+    int slot;         /* (layer, target) list it belongs to */
+} lora_pair;
+
+struct cm_lora {
+    const cm_model *m;
+    int n_adapters;
+    lora_pair *pairs;
+    int n_pairs, cap;
+    int *head, *tail; /* [(n_layer + 1) * CM_LORA_TARGET_COUNT]; -1 = none */
+};
+
+static const char *const target_names[CM_LORA_TARGET_COUNT] = {"attn_q", "attn_k", "attn_v", "attn_output",
+                                                                "ffn_gate", "ffn_up", "ffn_down", "output"};
+
+static int slot_of(const cm_lora *l, int il, enum cm_lora_target t) {
+    if (t == CM_LORA_OUTPUT) il = l->m->hp.n_layer;
+    return il * CM_LORA_TARGET_COUNT + (int)t;
+}
+
+cm_lora *cm_lora_new(const cm_model *m) {
+    cm_lora *l = cm_calloc(1, sizeof *l);
+    if (!l) return NULL;
+    l->m = m;
+    size_t n = (size_t)(m->hp.n_layer + 1) * CM_LORA_TARGET_COUNT;
+    l->head = cm_malloc(n * sizeof(int));
+    l->tail = cm_malloc(n * sizeof(int));
+    if (!l->head || !l->tail) {
+        cm_lora_free(l);
+        return NULL;
+    }
+    for (size_t i = 0; i < n; i++) l->head[i] = l->tail[i] = -1;
+    return l;
+}
+
+void cm_lora_free(cm_lora *l) {
+    if (!l) return;
+    for (int i = 0; i < l->n_pairs; i++) {
+        cm_free(l->pairs[i].a);
+        cm_free(l->pairs[i].b);
+    }
+    cm_free(l->pairs);
+    cm_free(l->head);
+    cm_free(l->tail);
+    cm_free(l);
+}
+
+int cm_lora_count(const cm_lora *l) { return l ? l->n_adapters : 0; }
+int cm_lora_n_pairs(const cm_lora *l) { return l ? l->n_pairs : 0; }
+
+bool cm_lora_targets(const cm_lora *l, int il, enum cm_lora_target t) {
+    if (!l || t >= CM_LORA_TARGET_COUNT || (t != CM_LORA_OUTPUT && (il < 0 || il >= l->m->hp.n_layer))) return false;
+    return l->head[slot_of(l, il, t)] >= 0;
+}
+
+/* "blk.N.<target>.weight" or "output.weight" -> (layer, target); false otherwise. */
+static bool parse_base(const char *base, const cm_model *m, int *il, enum cm_lora_target *t) {
+    if (!strcmp(base, "output.weight")) {
+        *il = m->hp.n_layer;
+        *t = CM_LORA_OUTPUT;
+        return true;
+    }
+    int n = 0, pos = 0;
+    char name[64];
+    if (sscanf(base, "blk.%d.%63[a-z_].weight%n", &n, name, &pos) != 2 || base[pos] || pos == 0) return false;
+    if (n < 0 || n >= m->hp.n_layer) return false;
+    for (int k = 0; k < CM_LORA_OUTPUT; k++)
+        if (!strcmp(name, target_names[k])) {
+            *il = n;
+            *t = (enum cm_lora_target)k;
+            return true;
+        }
+    return false;
+}
+
+static bool ends_with(const char *s, const char *suf) {
+    size_t n = strlen(s), k = strlen(suf);
+    return n >= k && !strcmp(s + n - k, suf);
+}
+
+/* A copy of a 2-D tensor as F32 rows. */
+static float *to_f32(const cm_gguf_tensor_info *ti, char *err, size_t errlen, int *rc) {
+    const cm_kernels *k = cm_kernels_get();
+    const cm_type_traits *tr = cm_type_traits_of(ti->type);
+    *rc = 0;
+    if (!tr || !k->to_float[ti->type] || ti->ne[0] % tr->block_size) {
+        *rc = cm_errf(err, errlen, CM_EUNSUPPORTED, "tensor '%s' has unsupported type %s", ti->name,
+                      cm_type_name(ti->type));
+        return NULL;
+    }
+    size_t rs = cm_row_size(ti->type, ti->ne[0]);
+    if (rs * (size_t)ti->ne[1] > ti->nbytes) {
+        *rc = cm_errf(err, errlen, CM_EFORMAT, "tensor '%s' is truncated", ti->name);
+        return NULL;
+    }
+    if ((uintptr_t)ti->data % cm_type_align(ti->type)) {
+        *rc = cm_errf(err, errlen, CM_EFORMAT, "tensor '%s' is misaligned", ti->name);
+        return NULL;
+    }
+    float *out = cm_malloc((size_t)ti->ne[0] * (size_t)ti->ne[1] * sizeof(float));
+    if (!out) {
+        *rc = cm_errf(err, errlen, CM_ENOMEM, "out of memory for tensor '%s'", ti->name);
+        return NULL;
+    }
+    for (int64_t r = 0; r < ti->ne[1]; r++)
+        k->to_float[ti->type]((const char *)ti->data + (size_t)r * rs, out + r * ti->ne[0], ti->ne[0]);
+    return out;
+}
+
+static int check_header(const cm_lora *l, const cm_gguf *g, float *alpha, char *err, size_t errlen) {
+    char *gt = cm_gguf_get_str(g, "general.type");
+    bool ok = gt && !strcmp(gt, "adapter");
+    if (!ok) {
+        int rc = cm_errf(err, errlen, CM_EFORMAT, "not a LoRA adapter (general.type is '%s', expected 'adapter')",
+                         gt ? gt : "missing");
+        cm_free(gt);
+        return rc;
+    }
+    cm_free(gt);
+    char *at = cm_gguf_get_str(g, "adapter.type");
+    ok = at && !strcmp(at, "lora");
+    if (!ok) {
+        int rc = cm_errf(err, errlen, CM_EUNSUPPORTED, "adapter.type is '%s' (only 'lora' is supported)",
+                         at ? at : "missing");
+        cm_free(at);
+        return rc;
+    }
+    cm_free(at);
+    const char *want = cm_arch_name_of(l->m->hp.arch);
+    char *arch = cm_gguf_get_str(g, "general.architecture");
+    ok = arch && !strcmp(arch, want);
+    if (!ok) {
+        int rc = cm_errf(err, errlen, CM_EUNSUPPORTED, "adapter is for architecture '%s', the model is '%s'",
+                         arch ? arch : "missing", want);
+        cm_free(arch);
+        return rc;
+    }
+    cm_free(arch);
+    if (cm_gguf_find_kv(g, "adapter.alora.invocation_tokens"))
+        return cm_errf(err, errlen, CM_EUNSUPPORTED, "activated LoRA (adapter.alora.*) is not supported");
+    double a = 0;
+    if (cm_gguf_find_kv(g, "adapter.lora.alpha") && !cm_gguf_get_f64(g, "adapter.lora.alpha", &a))
+        return cm_errf(err, errlen, CM_EFORMAT, "adapter.lora.alpha is not a number");
+    if (!(a >= 0 && a < 1e9)) return cm_errf(err, errlen, CM_EFORMAT, "adapter.lora.alpha %g is out of range", a);
+    *alpha = (float)a;
+    return 0;
+}
+
+/* The model's view of target t of layer il (what the forward pass multiplies by). */
+static const cm_tensor *bound_of(const cm_model *m, int il, enum cm_lora_target t) {
+    if (t == CM_LORA_OUTPUT) return &m->output;
+    const cm_layer *L = &m->layers[il];
+    const cm_tensor *v[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->ffn_gate, &L->ffn_up, &L->ffn_down};
+    return v[t];
+}
+
+/* Validate one pair against the model; fills the pair's shape. */
+static int check_pair(const cm_lora *l, const char *base, const cm_gguf_tensor_info *ta,
+                      const cm_gguf_tensor_info *tb, lora_pair *p, char *err, size_t errlen) {
+    const cm_gguf_tensor_info *w = cm_gguf_find_tensor(l->m->gguf, base);
+    if (!w)
+        return cm_errf(err, errlen, CM_EFORMAT, "adapter tensor '%s' has no '%s' in the model (adapter made for another model?)",
+                       ta->name, base);
+    int il;
+    enum cm_lora_target t;
+    parse_base(base, l->m, &il, &t);
+    const cm_tensor *bw = bound_of(l->m, il, t);
+    if (!bw->data || bw->ne[0] != w->ne[0] || bw->ne[1] != w->ne[1]) /* phi3's fused ffn_up: gate rows first */
+        return cm_errf(err, errlen, CM_EUNSUPPORTED, "'%s' is fused or split in this %s model: LoRA on it is not supported",
+                       base, cm_arch_name_of(l->m->hp.arch));
+    if (ta->n_dims != 2 || tb->n_dims != 2 || w->n_dims != 2)
+        return cm_errf(err, errlen, CM_EFORMAT, "adapter tensors of '%s' are not 2-D matrices", base);
+    if (ta->ne[0] != w->ne[0])
+        return cm_errf(err, errlen, CM_EFORMAT,
+                       "tensor '%s' has shape [%lld, %lld], the model's '%s' takes %lld inputs (adapter made for another model?)",
+                       ta->name, (long long)ta->ne[0], (long long)ta->ne[1], base, (long long)w->ne[0]);
+    if (tb->ne[1] != w->ne[1])
+        return cm_errf(err, errlen, CM_EFORMAT,
+                       "tensor '%s' has shape [%lld, %lld], the model's '%s' has %lld outputs (adapter made for another model?)",
+                       tb->name, (long long)tb->ne[0], (long long)tb->ne[1], base, (long long)w->ne[1]);
+    if (ta->ne[1] != tb->ne[0])
+        return cm_errf(err, errlen, CM_EFORMAT, "'%s': lora_a has rank %lld but lora_b %lld (lora_a must be [n_in, rank])",
+                       base, (long long)ta->ne[1], (long long)tb->ne[0]);
+    if (ta->ne[1] < 1 || ta->ne[1] > CM_LORA_MAX_RANK)
+        return cm_errf(err, errlen, CM_EUNSUPPORTED, "'%s': rank %lld is out of [1, %d]", base, (long long)ta->ne[1],
+                       CM_LORA_MAX_RANK);
+    p->rank = (int)ta->ne[1];
+    p->n_in = ta->ne[0];
+    p->n_out = tb->ne[1];
+    return 0;
+}
+
+int cm_lora_add(cm_lora *l, const cm_gguf *g, float scale, char *err, size_t errlen) {
+    float alpha = 0;
+    int rc = check_header(l, g, &alpha, err, errlen);
+    if (rc) return rc;
+    if (!(scale > -1e6f && scale < 1e6f)) return cm_errf(err, errlen, CM_EINVAL, "LoRA scale %g is out of range", scale);
+    /* Pass 1: every tensor is half of a known pair, every pair whole and the right shape. */
+    int n_new = 0;
+    for (uint64_t i = 0; i < g->n_tensors; i++) {
+        const cm_gguf_tensor_info *t = &g->tensors[i];
+        bool is_a = ends_with(t->name, ".lora_a"), is_b = ends_with(t->name, ".lora_b");
+        if (!is_a && !is_b) {
+            if (ends_with(t->name, "_norm.weight")) continue; /* llama.cpp ignores these too */
+            return cm_errf(err, errlen, CM_EFORMAT, "adapter tensor '%s' is not a .lora_a/.lora_b half", t->name);
+        }
+        char base[CM_GGUF_MAX_NAME];
+        snprintf(base, sizeof base, "%.*s", (int)(strlen(t->name) - 7), t->name);
+        int il;
+        enum cm_lora_target tg;
+        if (!parse_base(base, l->m, &il, &tg))
+            return cm_errf(err, errlen, CM_EUNSUPPORTED,
+                           "adapter tensor '%s': cumulo applies LoRA to blk.N.attn_q/k/v/output, ffn_gate/up/down "
+                           "and output weights only",
+                           t->name);
+        char other[CM_GGUF_MAX_NAME + 8];
+        snprintf(other, sizeof other, "%s%s", base, is_a ? ".lora_b" : ".lora_a");
+        const cm_gguf_tensor_info *o = cm_gguf_find_tensor(g, other);
+        if (!o) return cm_errf(err, errlen, CM_EFORMAT, "adapter tensor '%s' has no '%s'", t->name, other);
+        if (!is_a) continue;
+        lora_pair p;
+        if ((rc = check_pair(l, base, t, o, &p, err, errlen))) return rc;
+        n_new++;
+    }
+    if (n_new == 0) return cm_errf(err, errlen, CM_EFORMAT, "adapter has no lora_a/lora_b tensor pairs");
+    if (l->n_pairs + n_new > l->cap) {
+        int cap = l->n_pairs + n_new;
+        lora_pair *np = cm_realloc(l->pairs, (size_t)cap * sizeof *np);
+        if (!np) return cm_errf(err, errlen, CM_ENOMEM, "out of memory");
+        l->pairs = np;
+        l->cap = cap;
+    }
+    /* Pass 2: copy as F32, then link every pair (only once all copies succeeded). */
+    int first = l->n_pairs, n = first;
+    for (uint64_t i = 0; i < g->n_tensors; i++) {
+        const cm_gguf_tensor_info *t = &g->tensors[i];
+        if (!ends_with(t->name, ".lora_a")) continue;
+        char base[CM_GGUF_MAX_NAME], other[CM_GGUF_MAX_NAME + 8];
+        snprintf(base, sizeof base, "%.*s", (int)(strlen(t->name) - 7), t->name);
+        snprintf(other, sizeof other, "%s.lora_b", base);
+        const cm_gguf_tensor_info *o = cm_gguf_find_tensor(g, other);
+        int il;
+        enum cm_lora_target tg;
+        parse_base(base, l->m, &il, &tg);
+        lora_pair *p = &l->pairs[n];
+        memset(p, 0, sizeof *p);
+        check_pair(l, base, t, o, p, err, errlen);
+        p->scale = alpha != 0 ? scale * alpha / (float)p->rank : scale;
+        p->next = -1;
+        p->a = to_f32(t, err, errlen, &rc);
+        if (!rc) p->b = to_f32(o, err, errlen, &rc);
+        if (rc) {
+            for (int k = first; k <= n; k++) {
+                cm_free(l->pairs[k].a);
+                cm_free(l->pairs[k].b);
+            }
+            return rc;
+        }
+        p->slot = slot_of(l, il, tg);
+        n++;
+    }
+    for (int k = first; k < n; k++) {
+        int s = l->pairs[k].slot;
+        if (l->tail[s] >= 0) l->pairs[l->tail[s]].next = k;
+        else l->head[s] = k;
+        l->tail[s] = k;
+    }
+    l->n_pairs = n;
+    l->n_adapters++;
+    return 0;
+}
+
+int cm_lora_spec_parse(const char *spec, char *path, size_t pathlen, float *scale, char *err, size_t errlen) {
+    *scale = 1.0f;
+    size_t n = strlen(spec);
+    const char *colon = strrchr(spec, ':');
+    if (colon && colon[1]) {
+        char *end;
+        double v = strtod(colon + 1, &end);
+        if (!*end && v == v) {
+            *scale = (float)v;
+            n = (size_t)(colon - spec);
+        }
+    }
+    if (n == 0) return cm_errf(err, errlen, CM_EINVAL, "LoRA '%s' has no file name (expected FILE.gguf[:SCALE])", spec);
+    if (n >= pathlen) return cm_errf(err, errlen, CM_EINVAL, "LoRA path '%s' is too long", spec);
+    memcpy(path, spec, n);
+    path[n] = 0;
+    return 0;
+}
+
+void cm_lora_apply(const cm_lora *l, int il, enum cm_lora_target t, const float *x, int64_t ldx, int64_t col0,
+                   int64_t ncols, int n_tok, float *y, int64_t ldy, int64_t row0, int64_t r0, int64_t r1) {
+    if (!l || r1 <= r0) return;
+    float ax[CM_LORA_MAX_RANK];
+    for (int p = l->head[slot_of(l, il, t)]; p >= 0; p = l->pairs[p].next) {
+        const lora_pair *lp = &l->pairs[p];
+        const int R = lp->rank;
+        for (int j = 0; j < n_tok; j++) {
+            const float *xj = x + (int64_t)j * ldx;
+            for (int k = 0; k < R; k++) { /* A x: one row of A per rank */
+                const float *a = lp->a + (int64_t)k * lp->n_in + col0;
+                float s = 0.0f;
+                for (int64_t i = 0; i < ncols; i++) s += a[i] * xj[i];
+                ax[k] = s;
+            }
+            float *yj = y + (int64_t)j * ldy;
+            for (int64_t r = r0; r < r1; r++) { /* B (A x), scaled, added to W x */
+                const float *b = lp->b + (row0 + r) * R;
+                float s = 0.0f;
+                for (int k = 0; k < R; k++) s += b[k] * ax[k];
+                yj[r] += lp->scale * s;
+            }
+        }
+    }
+}

@@ -1,0 +1,76 @@
+/*
+ * lora: llama.cpp LoRA adapters (GGUF, general.type = "adapter",
+ * adapter.type = "lora") applied at inference.
+ *
+ * An adapter file holds, for some weights W of the base model, a pair
+ * "<W>.lora_a" with ne = [n_in, rank] and "<W>.lora_b" with ne = [rank,
+ * n_out], and the key adapter.lora.alpha. A set of adapters turns each
+ * targeted matmul y = W x into
+ *
+ *     y = W x + sum_i scale_i * B_i (A_i x),  scale_i = user_i * alpha_i / rank_i
+ *
+ * (scale_i = user_i when alpha is 0 or absent, as llama.cpp does), computed
+ * in F32 from the float input of W (before its conversion to W's activation
+ * type), the correction added to W x before any bias, adapters in the order
+ * they were added. Targets: blk.N.attn_q/attn_k/attn_v/attn_output,
+ * blk.N.ffn_gate/ffn_up/ffn_down and output (a model that has output.weight).
+ * Other pairs (token_embd, fused attn_qkv, experts) are refused by name; the
+ * "*_norm.weight" vectors some converters add are ignored, as llama.cpp
+ * ignores them.
+ *
+ * A cm_lora copies the pairs out of the adapter file as F32 (any weight type
+ * is dequantized; adapters are small), so the file may be closed after
+ * cm_lora_add. This module never opens files: the caller parses the GGUF.
+ * After the last cm_lora_add the set is read-only and may be shared by any
+ * number of threads and cm_ctx (cm_ctx_set_lora).
+ */
+#ifndef CM_LORA_H
+#define CM_LORA_H
+
+#include "model.h"
+
+enum cm_lora_target { CM_LORA_Q, CM_LORA_K, CM_LORA_V, CM_LORA_O, CM_LORA_GATE, CM_LORA_UP, CM_LORA_DOWN,
+                      CM_LORA_OUTPUT, CM_LORA_TARGET_COUNT };
+
+#define CM_LORA_MAX_RANK 1024 /* larger ranks are refused (the A x product lives on the stack) */
+
+typedef struct cm_lora cm_lora;
+
+/* An empty set for model m (which must outlive it). NULL on out of memory. */
+cm_lora *cm_lora_new(const cm_model *m);
+void cm_lora_free(cm_lora *l); /* NULL is a no-op */
+
+/* Add the adapter in g with user scale `scale`. Validates everything before
+ * keeping anything: on error the set is unchanged. Errors (one line):
+ *   CM_EFORMAT "not a LoRA adapter (general.type is 'model', expected 'adapter')",
+ *   CM_EUNSUPPORTED "adapter is for architecture 'qwen2', the model is 'llama'",
+ *   CM_EFORMAT "tensor 'blk.0.attn_q.weight.lora_a' has shape [32, 4], the model's
+ *               'blk.0.attn_q.weight' takes [64, ...] (adapter made for another model?)",
+ *   CM_EUNSUPPORTED "adapter tensor 'token_embd.weight.lora_a': cumulo applies LoRA to ...". */
+int cm_lora_add(cm_lora *l, const cm_gguf *g, float scale, char *err, size_t errlen);
+
+/* Parse "FILE[:SCALE]" (the CLI's --lora value): the path into path (NUL
+ * terminated), the scale (default 1) into *scale. A suffix after the last
+ * ':' that is not a number is part of the path. CM_EINVAL when the path
+ * does not fit or is empty. */
+int cm_lora_spec_parse(const char *spec, char *path, size_t pathlen, float *scale, char *err, size_t errlen);
+
+int cm_lora_count(const cm_lora *l);      /* adapters added */
+int cm_lora_n_pairs(const cm_lora *l);    /* (A, B) pairs over all adapters */
+/* Does any adapter target t of layer il (ignored for CM_LORA_OUTPUT)? */
+bool cm_lora_targets(const cm_lora *l, int il, enum cm_lora_target t);
+
+/* y[j * ldy + r] += sum_i scale_i * (B_i (A_i x_j))[row0 + r] for tokens j
+ * in [0, n_tok) and rows r in [r0, r1), where x_j = x + j * ldx holds the
+ * input columns [col0, col0 + ncols) of W (a tensor-parallel slice of a
+ * column-split weight passes its columns: the products are then partial
+ * sums like W's own). row0 is the first of W's rows that y's row 0 holds.
+ * Thread-safe on a shared set; no allocation. */
+void cm_lora_apply(const cm_lora *l, int il, enum cm_lora_target t, const float *x, int64_t ldx, int64_t col0,
+                   int64_t ncols, int n_tok, float *y, int64_t ldy, int64_t row0, int64_t r0, int64_t r1);
+
+/* Apply l (NULL: none) in every cm_forward() of c from now on (forward.c).
+ * l must outlive its use by c. */
+void cm_ctx_set_lora(cm_ctx *c, const cm_lora *l);
+
+#endif
