@@ -158,6 +158,8 @@ static int check_header(const cm_lora *l, const cm_gguf *g, float *alpha, char *
         return rc;
     }
     cm_free(arch);
+    if (l->m->hp.arch == CM_ARCH_DEEPSEEK2) /* its attention runs in mla.c, whose inputs lora_mm does not know */
+        return cm_errf(err, errlen, CM_EUNSUPPORTED, "LoRA adapters on deepseek2 (multi-head latent attention) are not supported yet");
     if (cm_gguf_find_kv(g, "adapter.alora.invocation_tokens"))
         return cm_errf(err, errlen, CM_EUNSUPPORTED, "activated LoRA (adapter.alora.*) is not supported");
     double a = 0;
