@@ -249,39 +249,16 @@ static void matmul(cm_ctx *c, const cm_tensor *w, const void *xq, size_t xs, int
     if (r1 > r0) cm_matmul_rows(c->k, w, xq, xs, n_tok, y, ldy, r0, r1);
 }
 
-/* ggml_rope_cache_init with freq_scale, no YaRN (ext_factor 0, mscale 1).
- * base/scale: the model's, or gemma3's sliding-window layers' (scale 1). */
-static void rope_cache(const cm_model *m, float p, float base, float freq_scale, float *cache) {
+/* The rotation of position p (rope.c): the model's scaling, or gemma3's
+ * sliding-window layers' base with no scaling (swa). */
+static void rope_cache(const cm_model *m, float p, bool swa, float *cache) {
     const cm_hparams *hp = &m->hp;
-    const float theta_scale = powf(base, -2.0f / (float)hp->n_rot);
-    const float *ff = m->rope_freqs.data;
-    float theta = p;
-    for (int i0 = 0; i0 < hp->n_rot; i0 += 2) {
-        float th = (ff ? theta / ff[i0 / 2] : theta) * freq_scale;
-        cache[i0] = cosf(th);
-        cache[i0 + 1] = sinf(th);
-        theta *= theta_scale;
-    }
+    cm_rope_cache(swa ? NULL : &hp->rope_scaling, hp->n_rot, swa ? hp->rope_base_swa : hp->rope_base,
+                  m->rope_freqs.data, p, cache);
 }
 
 static void rope_apply(const cm_hparams *hp, const float *cache, float *v) {
-    const int n = hp->n_rot;
-    if (hp->rope_type == CM_ROPE_NORM) {
-        for (int i0 = 0; i0 < n; i0 += 2) {
-            const float c = cache[i0], s = cache[i0 + 1];
-            const float x0 = v[i0], x1 = v[i0 + 1];
-            v[i0] = x0 * c - x1 * s;
-            v[i0 + 1] = x0 * s + x1 * c;
-        }
-    } else {
-        for (int i0 = 0; i0 < n; i0 += 2) {
-            const float c = cache[i0], s = cache[i0 + 1];
-            const int ic = i0 / 2;
-            const float x0 = v[ic], x1 = v[ic + n / 2];
-            v[ic] = x0 * c - x1 * s;
-            v[ic + n / 2] = x0 * s + x1 * c;
-        }
-    }
+    cm_rope_apply(hp->rope_type, hp->n_rot, cache, v);
 }
 
 static void phase_embed(cm_ctx *c, int ith, int nth) {
@@ -301,8 +278,8 @@ static void phase_embed(cm_ctx *c, int ith, int nth) {
         } else {
             memcpy(c->x + j * E, b->embd + j * E, (size_t)E * sizeof(float));
         }
-        rope_cache(m, (float)b->pos[j], m->hp.rope_base, m->hp.rope_freq_scale, c->rope + j * m->hp.n_rot);
-        if (m->hp.n_swa) rope_cache(m, (float)b->pos[j], m->hp.rope_base_swa, 1.0f, c->rope_swa + j * m->hp.n_rot);
+        rope_cache(m, (float)b->pos[j], false, c->rope + j * m->hp.n_rot);
+        if (m->hp.n_swa) rope_cache(m, (float)b->pos[j], true, c->rope_swa + j * m->hp.n_rot);
     }
 }
 

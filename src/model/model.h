@@ -57,6 +57,48 @@ enum cm_rope_type { CM_ROPE_NORM, CM_ROPE_NEOX, CM_ROPE_TYPE_COUNT };
 
 const char *cm_arch_name_of(enum cm_arch a); /* "llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma3", "phi3" */
 
+/* ---- RoPE scaling (rope.c) ----
+ * What "<arch>.rope.scaling.*" asks for, read as llama.cpp reads it: the
+ * type (missing: linear, as llama.cpp), factor (or the old
+ * "rope.scale_linear"; 0 = none), attn_factor and original_context_length
+ * for every architecture; the YaRN keys below only with the flags. */
+enum cm_rope_scaling_type { CM_ROPE_SCALING_NONE, CM_ROPE_SCALING_LINEAR, CM_ROPE_SCALING_YARN, CM_ROPE_SCALING_COUNT };
+enum {
+    CM_ROPE_READ_YARN_PARAMS = 1u << 0,  /* yarn_ext_factor, yarn_attn_factor, yarn_beta_fast/slow (grok) */
+    CM_ROPE_READ_YARN_LOG_MUL = 1u << 1, /* yarn_log_multiplier (deepseek2, mistral3) */
+};
+typedef struct cm_rope_scaling {
+    enum cm_rope_scaling_type type;
+    float factor;           /* rope.scaling.factor as stored (0: absent) */
+    float freq_scale;       /* 1 / factor (linear, yarn), else 1: the interpolated angle's scale */
+    int n_ctx_orig;         /* rope.scaling.original_context_length (default: context_length) */
+    float ext_factor;       /* YaRN's extrapolation mix: 1 for yarn, else 0 (or the file's, with the flag) */
+    float attn_factor;      /* rope.scaling.attn_factor (default 1) */
+    float yarn_attn_factor; /* rope.scaling.yarn_attn_factor (flag; default 1; used only without YaRN) */
+    float beta_fast, beta_slow; /* YaRN correction range in turns (default 32, 1) */
+    float log_mul;          /* rope.scaling.yarn_log_multiplier (flag; 0 = none) as the caller wants it */
+    bool log_mul_is_mscale; /* deepseek2: llama.cpp's mscale = log_mul too (callers set, then _finish) */
+    /* derived by cm_rope_scaling_finish: */
+    float corr_dims[2];     /* YaRN ramp from pair index corr_dims[0] (extrapolated) to [1] (interpolated) */
+    float mscale;           /* cos/sin magnitude before YaRN's own 1 + 0.1 ln(1 / freq_scale) */
+} cm_rope_scaling;
+const char *cm_rope_scaling_name(enum cm_rope_scaling_type t); /* "none", "linear", "yarn" */
+/* Read the scaling of architecture `arch` (its key prefix) for n_rot rotated
+ * dimensions and base `base`; flags: CM_ROPE_READ_*. Returns 0, or
+ * CM_EFORMAT / CM_EUNSUPPORTED (an unknown type such as longrope) with a message. */
+int cm_rope_scaling_read(const cm_gguf *g, const char *arch, int n_ctx_train, int n_rot, float base, unsigned flags,
+                         cm_rope_scaling *rs, char *err, size_t errlen);
+/* Recompute the derived fields after changing the others. */
+void cm_rope_scaling_finish(cm_rope_scaling *rs, int n_rot, float base);
+/* cos/sin of position pos for the n_rot / 2 pairs: cache[2i] = cos, [2i+1]
+ * = sin (both times the magnitude), as ggml's rope cache; rs NULL = no
+ * scaling; freq_factors: Llama 3's rope_freqs (n_rot / 2) or NULL. */
+void cm_rope_cache(const cm_rope_scaling *rs, int n_rot, float base, const float *freq_factors, float pos,
+                   float *cache);
+/* Rotate the first n_rot values of one head v by a cache row (NORM: pairs
+ * (2i, 2i+1); NEOX: pairs (i, i + n_rot/2)). */
+void cm_rope_apply(enum cm_rope_type type, int n_rot, const float *cache, float *v);
+
 /* Hyperparameters, read from "<arch>.*" metadata keys. */
 typedef struct cm_hparams {
     enum cm_arch arch;
@@ -71,7 +113,8 @@ typedef struct cm_hparams {
     int n_ctx_train;  /* <arch>.context_length */
     float rms_eps;    /* <arch>.attention.layer_norm_rms_epsilon (default 1e-5) */
     float rope_base;  /* <arch>.rope.freq_base (default 10000) */
-    float rope_freq_scale; /* 1 / <arch>.rope.scaling.factor for linear scaling, else 1 */
+    float rope_freq_scale; /* = rope_scaling.freq_scale (kept for callers that read it) */
+    cm_rope_scaling rope_scaling; /* <arch>.rope.scaling.* (rope.c) */
     enum cm_rope_type rope_type;
     /* Mixture of experts (0 experts: a dense FFN). Keys "<arch>.expert_count",
      * "expert_used_count", "expert_feed_forward_length" (default n_ff /

@@ -4,7 +4,9 @@
  * experts qwen3moe with 8 experts top 2 and with 64 top 8, qwen2moe with its
  * shared expert, Mixtral = llama with 8 experts top 2; gemma3 with 6 layers,
  * the last global, the others with a 4-position sliding window, and a tied
- * head like Gemma 3 270M; phi3) x every tensor type
+ * head like Gemma 3 270M; phi3) x every tensor type, and the RoPE
+ * scalings read from the GGUF (YaRN from a 16- and 32-position original
+ * context, so the greedy steps run past it; linear), F32 and Q8_0,
  * against llama.cpp. The models are random-weight files that cm_synth
  * regenerates from the seeds in tests/data/synth/ (what `cumulo synth`
  * writes); the JSON files hold llama.cpp's numbers for them, produced once by
@@ -106,6 +108,9 @@ typedef struct ref_model {
     int experts, experts_used, expert_ffn, shared_ffn; /* mixture of experts (0: dense) */
     long seed;
     int swa; /* gemma3: sliding window (0: synth default) */
+    /* RoPE scaling keys (rope_scaling "linear"/"yarn"; 0 = not written) */
+    float rope_factor, rope_attn_factor, yarn_beta_fast, yarn_beta_slow, yarn_log_mul;
+    int rope_orig_ctx;
     bool tied;
     int n_cases;
     ref_case cases[MAXCASES];
@@ -192,6 +197,16 @@ static int load_ref(const char *path, ref_model *R) {
             const cJSON *x_ = cJSON_GetObjectItem(s, mk[i]);
             *mv[i] = cJSON_IsNumber(x_) ? x_->valueint : 0;
         }
+    }
+    {
+        const char *fk[5] = {"rope_factor", "rope_attn_factor", "yarn_beta_fast", "yarn_beta_slow", "yarn_log_mul"};
+        float *fv[5] = {&R->rope_factor, &R->rope_attn_factor, &R->yarn_beta_fast, &R->yarn_beta_slow, &R->yarn_log_mul};
+        for (int i = 0; i < 5; i++) {
+            const cJSON *x_ = cJSON_GetObjectItem(s, fk[i]);
+            *fv[i] = cJSON_IsNumber(x_) ? (float)x_->valuedouble : 0.0f;
+        }
+        const cJSON *oc = cJSON_GetObjectItem(s, "rope_orig_ctx");
+        R->rope_orig_ctx = cJSON_IsNumber(oc) ? oc->valueint : 0;
     }
     const cJSON *swa = cJSON_GetObjectItem(s, "swa");
     R->swa = cJSON_IsNumber(swa) ? swa->valueint : 0;
@@ -562,7 +577,11 @@ static void check_model(const ref_model *R, cm_pool *pool) {
                           .n_head_kv = R->kv_heads, .n_ff = R->ffn, .n_ctx = R->ctx, .type = R->type,
                           .rope_llama3 = !strcmp(R->scaling, "llama3"), .tied = R->tied, .n_swa = R->swa,
                           .seed = (uint64_t)R->seed, .n_threads = 2, .n_expert = R->experts,
-                          .n_expert_used = R->experts_used, .n_ff_exp = R->expert_ffn, .n_ff_shexp = R->shared_ffn};
+                          .n_expert_used = R->experts_used, .n_ff_exp = R->expert_ffn, .n_ff_shexp = R->shared_ffn,
+                          .rope_scaling = !strcmp(R->scaling, "llama3") || !strcmp(R->scaling, "none") ? NULL : R->scaling,
+                          .rope_factor = R->rope_factor, .rope_orig_ctx = R->rope_orig_ctx,
+                          .rope_attn_factor = R->rope_attn_factor, .yarn_beta_fast = R->yarn_beta_fast,
+                          .yarn_beta_slow = R->yarn_beta_slow, .yarn_log_mul = R->yarn_log_mul};
     cm_buf file;
     cm_buf_init(&file);
     cm_gguf g;
