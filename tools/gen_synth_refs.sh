@@ -43,9 +43,10 @@ cp tools/synth_oracle.mjs "$NLC/synth_oracle.mjs"
 mkdir -p "$OUT"
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
-gen() { # gen VARIANT TYPE SEED
-    v=$1; t=$2; seed=$3
+gen() { # gen VARIANT TYPE SEED [KV_TYPE]  (KV_TYPE, e.g. Q8_0: K and V cache type, flash attention)
+    v=$1; t=$2; seed=$3; kvt=${4:-}
     name=$v-$t
+    [ -n "$kvt" ] && name=$name-kv$(echo "$kvt" | tr 'A-Z' 'a-z')
     echo "$name" | grep -Eq "$ONLY" || return 0
     arch=$v; extra=""; tied=false; scaling=none; ffn=768; nexp=0; nused=0; effn=0; sffn=0
     layers=2; swa=""; dim=256; heads=4; kv=2; rope=""
@@ -80,7 +81,11 @@ gen() { # gen VARIANT TYPE SEED
     meta=$(printf '{"name":"%s","command":"cumulo synth %s --vocab ggml-vocab-llama-spm.gguf","synth":{"arch":"%s","dim":%d,"layers":%d,"heads":%d,"kv_heads":%d,"ffn":%d,"ctx":512,"type":"%s","seed":%d,"tied":%s,"rope_scaling":"%s"%s%s%s,"vocab":"vocab/ggml-vocab-llama-spm.gguf"}}' \
         "$name" "$args" "$arch" "$dim" "$layers" "$heads" "$kv" "$ffn" "$t" "$seed" "$tied" "$scaling" "$moe" "$swa" "${rope:+,$rope}")
     abs=$(pwd)
-    (cd "$NLC" && node synth_oracle.mjs "$TMP/$name.gguf" "$abs/$OUT/$name.json" "$PROMPTS" 32 16 "$meta")
+    if [ -n "$kvt" ]; then
+        (cd "$NLC" && KV_K=$kvt KV_V=$kvt FA=1 node synth_oracle.mjs "$TMP/$name.gguf" "$abs/$OUT/$name.json" "$PROMPTS" 32 16 "$meta")
+    else
+        (cd "$NLC" && node synth_oracle.mjs "$TMP/$name.gguf" "$abs/$OUT/$name.json" "$PROMPTS" 32 16 "$meta")
+    fi
     rm -f "$TMP/$name.gguf"
 }
 seed=1000
@@ -111,5 +116,16 @@ for v in $ROPE_VARIANTS; do
     for t in $ROPE_TYPES; do
         seed=$((seed + 1))
         gen "$v" "$t" "$seed"
+    done
+done
+# KV cache types (seeds from 4100): llama.cpp with flash attention and a
+# Q8_0 / Q4_0 K and V cache (node-llama-cpp's experimentalKvCache*Type).
+seed=4100
+for kvt in Q8_0 Q4_0 F16; do
+    for v in llama qwen3; do
+        for t in f32 q8_0; do
+            seed=$((seed + 1))
+            gen "$v" "$t" "$seed" "$kvt"
+        done
     done
 done

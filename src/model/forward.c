@@ -61,6 +61,7 @@ int cm_kv_init_type(cm_kv *kv, const cm_model *m, int layer_first, int layer_las
     kv->head_dim = m->hp.head_dim;
     kv->n_past = 0;
     kv->type = type;
+    kv->type_v = type;
     return 0;
 }
 
@@ -118,7 +119,8 @@ static void *zalloc(size_t n) {
 /* Floats of attention scratch per thread: scores [max_ctx], the query as
  * F16 [head_dim halves], the scores as F16 [max_ctx halves] (F16 cache). */
 static size_t scores_stride(int max_ctx, int head_dim) {
-    return (size_t)max_ctx + (size_t)head_dim + ((size_t)max_ctx + 1) / 2 + 16;
+    const size_t flash = (cm_attn_scratch_bytes(head_dim) + 3) / 4; /* a rows-layout cache (attn.c) */
+    return CM_MAX((size_t)max_ctx + (size_t)head_dim + ((size_t)max_ctx + 1) / 2 + 16, flash + 16);
 }
 
 cm_ctx *cm_ctx_new(const cm_model *m, int max_batch, int max_ctx, cm_pool *pool, char *err, size_t errlen) {
@@ -424,6 +426,10 @@ static void rope_kv_task(cm_ctx *c, int j, int hl) {
     if (L->k_norm.data) rms_norm_row(kv_k, L->k_norm.data, kv_k, D, hp->rms_eps);
     rope_apply(hp, rc, kv_k);
     cm_kv *kv = c->a->kvs[b->seq[j]];
+    if (kv->v_rows) { /* attn.c's layout and types */
+        cm_kv_store_rows(c->k, kv, c->il, hk, b->pos[j], kv_k, kv_v);
+        return;
+    }
     size_t off = kv_off(kv, c->il, hk);
     int p = b->pos[j];
     if (kv->type == CM_TYPE_F16) {
@@ -459,11 +465,17 @@ static void attn_task(cm_ctx *c, int j, int h, int ith) {
     const cm_kv *kv = c->a->kvs[b->seq[j]];
     const bool f16 = kv->type == CM_TYPE_F16;
     const float *qv = c->q + (size_t)j * QS + (size_t)h * D;
-    const size_t off = kv_off(kv, c->il, hk);
     int np = b->pos[j] + 1;
     /* gemma3's sliding-window layers see positions > pos - n_swa (llama.cpp's
      * LLAMA_SWA_TYPE_STANDARD mask); masked scores are -inf, weights 0. */
     const int p_lo = cm_layer_is_swa(hp, c->il) ? CM_MAX(0, np - hp->n_swa) : 0;
+    if (kv->v_rows) { /* tiled, online softmax (attn.c) */
+        const cm_attn_kv av = cm_attn_kv_of(kv, c->il, hk);
+        const cm_attn_query aq = {.q = qv, .p_lo = p_lo, .p_hi = np, .scale = scale, .sink = NAN};
+        cm_attn_flash(c->k, &av, D, &aq, sc, c->att + (size_t)j * QS + (size_t)h * D);
+        return;
+    }
+    const size_t off = kv_off(kv, c->il, hk);
     for (int p = 0; p < p_lo; p++) sc[p] = -INFINITY;
     float mx = -INFINITY;
     if (f16) {

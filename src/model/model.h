@@ -228,10 +228,56 @@ typedef struct cm_kv {
     int n_ctx;
     int head_dim;
     int n_past;
-    enum cm_type type; /* CM_TYPE_F32 or CM_TYPE_F16 */
+    enum cm_type type; /* K's type: CM_TYPE_F32 or CM_TYPE_F16 (transposed layout); also Q8_0, Q4_0 (rows) */
     void *k;           /* [layer][head][n_ctx][head_dim] */
-    void *v;           /* [layer][head][head_dim][n_ctx] */
+    void *v;           /* [layer][head][head_dim][n_ctx], or rows [layer][head][n_ctx][head_dim] (v_rows) */
+    /* attn.c: V's type and the rows layout (K and V rows of head_dim
+     * elements in their types' blocks, attended by cm_attn_flash); zero in a
+     * cache made by cm_kv_init / cm_kv_init_type (then type_v = type). */
+    enum cm_type type_v;
+    bool v_rows;
+    size_t k_row, v_row; /* bytes of one K / V row (v_rows) */
 } cm_kv;
+/* ---- KV cache types and flash attention (attn.c) ---- */
+bool cm_kv_type_ok(enum cm_type t);                  /* F32, F16, Q8_0, Q4_0 */
+int cm_kv_type_parse(const char *s, enum cm_type *t); /* "f32", "f16", "q8_0", "q4_0"; 0 or CM_EINVAL */
+/* Bytes of a cache with these K and V types (a Q8_0 row of 32 elements: 34 bytes). */
+uint64_t cm_kv_bytes_types(const cm_model *m, int layer_first, int layer_last, int h0, int h1, int n_ctx,
+                           enum cm_type type_k, enum cm_type type_v);
+/* A cache with K and V types of their own. rows: the rows layout and flash
+ * attention (forced for quantized types or different K and V types, as
+ * llama.cpp forces flash attention for a quantized V); otherwise the
+ * transposed layout of cm_kv_init_type. The head size must be a multiple of
+ * a quantized type's block (32). */
+int cm_kv_init_types(cm_kv *kv, const cm_model *m, int layer_first, int layer_last, cm_slice s, int n_ctx,
+                     enum cm_type type_k, enum cm_type type_v, bool rows, char *err, size_t errlen);
+/* Store K and V (head_dim floats each) of kv head hk of layer il at
+ * position pos of a rows-layout cache, converted to its types. */
+void cm_kv_store_rows(const cm_kernels *k, cm_kv *kv, int il, int hk, int pos, const float *kr, const float *vr);
+/* The rows of one (layer, kv head) of a rows-layout cache, position 0 first. */
+enum { CM_ATTN_TILE = 64 }; /* positions per tile of cm_attn_flash */
+typedef struct cm_attn_kv {
+    const uint8_t *k, *v;
+    size_t k_row, v_row;
+    enum cm_type k_type, v_type;
+} cm_attn_kv;
+cm_attn_kv cm_attn_kv_of(const cm_kv *kv, int il, int hk);
+/* One query against positions [p_lo, p_hi) (a sliding window: p_lo > 0):
+ * softmax(scale * q.K) over them (plus, unless sink is NAN, one more logit
+ * `sink` that has no value row: gpt-oss's attention sinks) times V. */
+typedef struct cm_attn_query {
+    const float *q; /* [head_dim], roped (and scaled where the model scales q) */
+    int p_lo, p_hi;
+    float scale;
+    float sink;     /* NAN: none */
+} cm_attn_query;
+size_t cm_attn_scratch_bytes(int head_dim); /* scratch per concurrent call, 64-byte aligned */
+/* out[0:head_dim] = the attention of q; tiles of CM_ATTN_TILE positions,
+ * the query converted to K's vec_dot_type (as ggml's flash attention does),
+ * an online softmax (running max and sum, rescaled per tile), V rows
+ * dequantized to floats. Thread-safe with its own scratch. */
+void cm_attn_flash(const cm_kernels *k, const cm_attn_kv *kv, int head_dim, const cm_attn_query *q, void *scratch,
+                   float *out);
 /* Bytes of an F32 KV cache for n_ctx positions over a layer range and head
  * range (an F16 cache takes half). */
 uint64_t cm_kv_bytes(const cm_model *m, int layer_first, int layer_last, int h0, int h1, int n_ctx);
