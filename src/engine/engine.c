@@ -88,6 +88,7 @@ int cm_engine_load(cm_engine **out, const char *path, const cm_engine_opts *opts
         if (e->n_batch > CM_BATCH_MAX) e->n_batch = CM_BATCH_MAX;
         cm_pipe_opts po = {.nodes = o.nodes, .insecure = o.insecure, .key_file = o.key_file, .plan = o.plan,
                            .tp_compress = o.tp_compress, .n_ctx = e->n_ctx, .n_seq_max = o.n_seq > 0 ? o.n_seq : 8, .max_batch = e->n_batch,
+                           .kv_type_k = (int)e->kv_k, .kv_type_v = (int)e->kv_v, .kv_rows = e->kv_rows,
                            .log = o.log, .log_ctx = o.log_ctx};
         rc = cm_pipe_open(&e->pipe, path, &e->g, &e->m, &po, &e->local_last, msg, sizeof msg);
         if (rc) {
