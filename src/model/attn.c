@@ -134,6 +134,7 @@ void cm_attn_flash(const cm_kernels *k, const cm_attn_kv *kv, int D, const cm_at
     }
     const cm_vec_dot_fn dot = k->vec_dot[kv->k_type];
     const cm_to_float_fn v_to_float = k->to_float[kv->v_type];
+    const cm_attn_v_fn v_acc = k->attn_v[kv->v_type];
     float M = -INFINITY, S = 0.0f;
     for (int i = 0; i < D; i++) acc[i] = 0.0f;
     for (int p0 = aq->p_lo; p0 < aq->p_hi; p0 += CM_ATTN_TILE) {
@@ -152,8 +153,15 @@ void cm_attn_flash(const cm_kernels *k, const cm_attn_kv *kv, int D, const cm_at
             M = mt;
         }
         for (int j = 0; j < nt; j++) {
-            const float w = expf(sc[j] - M);
-            S += w;
+            sc[j] = expf(sc[j] - M);
+            S += sc[j];
+        }
+        if (v_acc) { /* the table's kernel (kernels.h; SIMD per ISA) */
+            v_acc(D, kv->v + (size_t)p0 * kv->v_row, kv->v_row, sc, nt, acc);
+            continue;
+        }
+        for (int j = 0; j < nt; j++) {
+            const float w = sc[j];
             const float *vr;
             if (kv->v_type == CM_TYPE_F32) {
                 vr = (const float *)(kv->v + (size_t)(p0 + j) * kv->v_row);

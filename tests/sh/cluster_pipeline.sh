@@ -144,5 +144,25 @@ for opts in "-ctk q8_0 -ctv q4_0" "--kv-type f16 -fa"; do
     [ "$opts" = "--kv-type f16 -fa" ] || { [ "$one_kv" != "$f32" ] && ok || bad "kv $opts: same ids as F32 (types not used?)"; }
 done
 
+# 7. A full context is the same on a cluster as on one machine (docs/DESIGN.md,
+# "A full context"): a prompt longer than --ctx is refused naming the limit;
+# generation that reaches it stops with finish_reason "ctx" after the same ids.
+long=$(perl -e 'print "the dog ran and " x 40')
+for where in "" "--nodes $ADDR_a"; do
+    # shellcheck disable=SC2086
+    if "$BIN" run "$M/stories260K-q8_0.gguf" $where -p "$long" --ctx 32 --threads 1 >/dev/null 2>"$TMP/full.err"; then
+        bad "a prompt over the context was accepted ($where)"
+    else
+        grep -q "does not fit the context of 32" "$TMP/full.err" && ok || bad "full prompt ($where): $(tail -1 "$TMP/full.err")"
+    fi
+    # shellcheck disable=SC2086
+    "$BIN" run "$M/stories260K-q8_0.gguf" $where -p "Once upon a time" --ctx 40 -n 100 --temp 0 --threads 1 --json \
+        >"$TMP/full.json" 2>"$TMP/full2.err"
+    got=$(cc_jsonget "$TMP/full.json" '$j->{finish_reason} . ":" . scalar(@{$j->{tokens}})' 2>/dev/null)
+    [ -z "$where" ] && full_one=$got
+    case $got in ctx:*) ok ;; *) bad "generation to a full context ($where): $got $(tail -1 "$TMP/full2.err")" ;; esac
+done
+[ "$got" = "$full_one" ] && ok || bad "a full context differs on the cluster: $got vs $full_one"
+
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]
