@@ -40,21 +40,33 @@ DS_VARIANTS="deepseek2v3 deepseek2lite"
 DS_TYPES="f32 f16 q8_0 q4_0 q4_k"
 # DeepSeek V3's YaRN (seeds from 4100)
 DS_YARN_TYPES="f32 q8_0"
+# RoPE scalings read from the GGUF (seeds from 4000; their own numbering, other models): YaRN with a short
+# original context so that the greedy steps run past it, linear.
+ROPE_TYPES="f32 q8_0"
+ROPE_VARIANTS="llamayarn qwen3yarn llamalinear"
 [ -f "$NLC/node_modules/node-llama-cpp/package.json" ] || { echo "gen_synth_refs: no node-llama-cpp in $NLC" >&2; exit 1; }
 make -s cumulo
 cp tools/synth_oracle.mjs "$NLC/synth_oracle.mjs"
 mkdir -p "$OUT"
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
-gen() { # gen VARIANT TYPE SEED
-    v=$1; t=$2; seed=$3
+gen() { # gen VARIANT TYPE SEED [KV_TYPE]  (KV_TYPE, e.g. Q8_0: K and V cache type, flash attention)
+    v=$1; t=$2; seed=$3; kvt=${4:-}
     name=$v-$t
+    [ -n "$kvt" ] && name=$name-kv$(echo "$kvt" | tr 'A-Z' 'a-z')
     echo "$name" | grep -Eq "$ONLY" || return 0
     arch=$v; extra=""; tied=false; scaling=none; ffn=768; nexp=0; nused=0; effn=0; sffn=0
-    layers=2; swa=""; dim=256; heads=4; kv=2; variant=""
+    layers=2; swa=""; dim=256; heads=4; kv=2; variant=""; rope=""
     case $v in
         llama3) arch=llama; extra="--rope-scaling llama3"; scaling=llama3 ;;
         llamatied) arch=llama; extra="--tied"; tied=true ;;
+        # YaRN x4 from 16 positions (ramp over rotary pairs 0..4); qwen3: from 32, with an
+        # attn_factor and a beta_fast key that llama.cpp does not read for qwen3
+        llamayarn) arch=llama; scaling=yarn; rope='"rope_factor":4,"rope_orig_ctx":16'
+            extra="--rope-scaling yarn --rope-factor 4 --rope-orig-ctx 16" ;;
+        qwen3yarn) arch=qwen3; scaling=yarn; rope='"rope_factor":4,"rope_orig_ctx":32,"rope_attn_factor":0.875,"yarn_beta_fast":8'
+            extra="--rope-scaling yarn --rope-factor 4 --rope-orig-ctx 32 --rope-attn-factor 0.875 --yarn-beta-fast 8" ;;
+        llamalinear) arch=llama; scaling=linear; rope='"rope_factor":2'; extra="--rope-scaling linear --rope-factor 2" ;;
         # mixture of experts: 8 experts top-2, 64 top-8 (tiny experts), qwen2moe's shared expert, Mixtral
         qwen3moe) nexp=8; nused=2; effn=256 ;;
         qwen3moe64) arch=qwen3moe; nexp=64; nused=8; effn=256 ;;
@@ -82,10 +94,14 @@ gen() { # gen VARIANT TYPE SEED
     ./cumulo synth $args --vocab "$VOCAB" -o "$TMP/$name.gguf" --threads 2
     moe=""
     [ $nexp -gt 0 ] && moe=$(printf ',"experts":%d,"experts_used":%d,"expert_ffn":%d,"shared_ffn":%d' $nexp $nused $effn $sffn)
-    meta=$(printf '{"name":"%s","command":"cumulo synth %s --vocab ggml-vocab-llama-spm.gguf","synth":{"arch":"%s","dim":%d,"layers":%d,"heads":%d,"kv_heads":%d,"ffn":%d,"ctx":512,"type":"%s","seed":%d,"tied":%s,"rope_scaling":"%s"%s%s,"vocab":"vocab/ggml-vocab-llama-spm.gguf"}}' \
-        "$name" "$args" "$arch" "$dim" "$layers" "$heads" "$kv" "$ffn" "$t" "$seed" "$tied" "$scaling" "$moe" "$swa")
+    meta=$(printf '{"name":"%s","command":"cumulo synth %s --vocab ggml-vocab-llama-spm.gguf","synth":{"arch":"%s","dim":%d,"layers":%d,"heads":%d,"kv_heads":%d,"ffn":%d,"ctx":512,"type":"%s","seed":%d,"tied":%s,"rope_scaling":"%s"%s%s%s,"vocab":"vocab/ggml-vocab-llama-spm.gguf"}}' \
+        "$name" "$args" "$arch" "$dim" "$layers" "$heads" "$kv" "$ffn" "$t" "$seed" "$tied" "$scaling" "$moe" "$swa" "${rope:+,$rope}")
     abs=$(pwd)
-    (cd "$NLC" && node synth_oracle.mjs "$TMP/$name.gguf" "$abs/$OUT/$name.json" "$PROMPTS" 32 16 "$meta")
+    if [ -n "$kvt" ]; then
+        (cd "$NLC" && KV_K=$kvt KV_V=$kvt FA=1 node synth_oracle.mjs "$TMP/$name.gguf" "$abs/$OUT/$name.json" "$PROMPTS" 32 16 "$meta")
+    else
+        (cd "$NLC" && node synth_oracle.mjs "$TMP/$name.gguf" "$abs/$OUT/$name.json" "$PROMPTS" 32 16 "$meta")
+    fi
     rm -f "$TMP/$name.gguf"
 }
 seed=1000
@@ -124,8 +140,26 @@ for v in $DS_VARIANTS; do
         gen "$v" "$t" "$seed"
     done
 done
+seed=4000 # the RoPE scaling models' seeds also start at 4001
+for v in $ROPE_VARIANTS; do
+    for t in $ROPE_TYPES; do
+        seed=$((seed + 1))
+        gen "$v" "$t" "$seed"
+    done
+done
 seed=4100
 for t in $DS_YARN_TYPES; do
     seed=$((seed + 1))
     gen deepseek2v3yarn "$t" "$seed"
+done
+# KV cache types (seeds from 4100): llama.cpp with flash attention and a
+# Q8_0 / Q4_0 K and V cache (node-llama-cpp's experimentalKvCache*Type).
+seed=4100
+for kvt in Q8_0 Q4_0 F16; do
+    for v in llama qwen3; do
+        for t in f32 q8_0; do
+            seed=$((seed + 1))
+            gen "$v" "$t" "$seed" "$kvt"
+        done
+    done
 done

@@ -13,15 +13,19 @@
 // Then the first prompt + its greedy tokens again, teacher-forced in ONE
 // batch: llama.cpp's batched path (for K-quants it may differ from the
 // one-token path; the test accepts either).
-// F32 KV cache, 1 thread, no flash attention, temperature 1, no truncation.
+// F32 KV cache (or KV_K/KV_V), 1 thread, no flash attention (or FA=1),
+// temperature 1, no truncation.
 import {getLlama} from "node-llama-cpp";
 import fs from "node:fs";
 const [,, modelPath, outPath, promptsArg, nGenArg = "32", topkArg = "16", metaArg = "{}"] = process.argv;
 const nGen = Number(nGenArg), topk = Number(topkArg), NPOS = 8;
 const llama = await getLlama({gpu: false, build: "never", logLevel: "warn"});
 const model = await llama.loadModel({modelPath});
-const context = await model.createContext({contextSize: 512, threads: 1, sequences: 1, flashAttention: false,
-  experimentalKvCacheKeyType: "F32", experimentalKvCacheValueType: "F32"});
+// KV_K / KV_V (e.g. Q8_0) and FA=1 choose the KV cache types and flash attention
+// (llama.cpp needs flash attention for a quantized V cache).
+const kvK = process.env.KV_K || "F32", kvV = process.env.KV_V || "F32", flash = process.env.FA === "1";
+const context = await model.createContext({contextSize: 512, threads: 1, sequences: 1, flashAttention: flash,
+  experimentalKvCacheKeyType: kvK, experimentalKvCacheValueType: kvV});
 const seq = context.getSequence();
 const opts = {temperature: 1, topK: 0, topP: 1, minP: 0};
 const r6 = x => Number(x.toPrecision(6));
@@ -41,7 +45,7 @@ async function evalAll(ids) { // teacher-forced, one batch, probabilities at eve
 }
 
 const prompts = promptsArg.split(";").map(s => s.split(",").map(Number));
-const out = {...JSON.parse(metaArg), model: modelPath.split("/").pop(), nodeLlamaCpp: "3.21.1", kv: "F32", threads: 1, topk, cases: []};
+const out = {...JSON.parse(metaArg), model: modelPath.split("/").pop(), nodeLlamaCpp: "3.21.1", kv: kvK === kvV ? kvK : `${kvK}/${kvV}`, flash, threads: 1, topk, cases: []};
 for (const prompt of prompts) {
   const pre = await evalAll(prompt); // the prompt's positions, one batch
   // greedy: the prompt as one batch, then one token per decode step; step k's

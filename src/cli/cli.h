@@ -29,6 +29,19 @@ bool cli_float(const char *opt, const char *val, double lo, double hi, double *o
 struct cm_sampler_params;
 int cli_sampling_opt(int argc, char **argv, int *i, struct cm_sampler_params *s);
 
+/* KV cache options (kvopt.c): --cache-type-k/-ctk, --cache-type-v/-ctv,
+ * --kv-type (both), --flash-attn/-fa; parsed like cli_sampling_opt.
+ * cli_kv_apply copies them into engine options (when given: they replace
+ * kv_f16). k, v: enum cm_type values, F32 (0) by default. */
+typedef struct cli_kv {
+    int k, v;
+    bool flash, set;
+} cli_kv;
+struct cm_engine_opts;
+int cli_kv_opt(int argc, char **argv, int *i, cli_kv *kv);
+void cli_kv_apply(const cli_kv *kv, struct cm_engine_opts *eo);
+const char *cli_kv_name(const cli_kv *kv); /* "q8_0" or "K q8_0, V f16" (static buffer) */
+
 /* The options that shape a cluster's plan (run, serve, bench share them):
  * --parallel pp|tp|hybrid|auto, --layers 2,1,2, --groups 2,2, --tp-weights
  * 1,2. Parsed like cli_sampling_opt: 1 consumed (and its value), 0 not one

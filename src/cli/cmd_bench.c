@@ -63,7 +63,8 @@ static const char k_bench_usage[] =
     "  --prompt N         prompt tokens (default 128)\n"
     "  --gen N            generated tokens (default 64)\n"
     "  --reps N           repetitions; the best counts (default 3)\n"
-    "  --kv-type T        cumulo's KV cache: f32 (default) or f16 (llama.cpp's default)\n"
+    "  --kv-type T        cumulo's KV cache: f32 (default), f16 (llama.cpp's default), q8_0, q4_0;\n"
+    "                     -ctk T / -ctv T apart; -fa: tiled attention for f32/f16 too\n"
     "  --mmap             weights in a file mapping, as llama.cpp's default (default: read\n"
     "                     into huge-page memory when they fit; also CUMULO_MMAP=1)\n"
     "  --isa ISA          cap cumulo's kernels: scalar, avx2, avx512 or neon (default: best)\n"
@@ -91,6 +92,7 @@ typedef struct bench_opts {
     cm_plan_request plan;           /* --parallel, --groups */
     bool tp_compress;
     int threads, n_prompt, n_gen, reps, bw_mib;
+    cli_kv kvo; /* -ctk/-ctv/--kv-type/-fa (kvopt.c) */
     bool json, vs, kv_f16, insecure, mmap;
 } bench_opts;
 
@@ -378,13 +380,15 @@ static int parse(int argc, char **argv, bench_opts *o) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         long l;
+        int kr;
         if (!strcmp(a, "--threads") || !strcmp(a, "-t")) {
             if (!cli_int(a, v, 1, 1024, &l)) return 1;
             o->threads = (int)l, i++;
         } else if (!strcmp(a, "--prompt")) {
-            if (!cli_int(a, v, 1, 4096, &l)) return 1;
+            if (!cli_int(a, v, 1, 65536, &l)) return 1;
             o->n_prompt = (int)l, i++;
         } else if (!strcmp(a, "--gen")) {
+            /* (--prompt: up to 65536 for decode after a long context) */
             if (!cli_int(a, v, 1, 4096, &l)) return 1;
             o->n_gen = (int)l, i++;
         } else if (!strcmp(a, "--reps")) {
@@ -400,10 +404,8 @@ static int parse(int argc, char **argv, bench_opts *o) {
             o->isa = v, i++;
         } else if (!strcmp(a, "--mmap")) {
             o->mmap = true;
-        } else if (!strcmp(a, "--kv-type")) {
-            if (!v || (strcmp(v, "f32") && strcmp(v, "f16")))
-                return cli_fail("option '--kv-type' needs f32 or f16");
-            o->kv_f16 = !strcmp(v, "f16"), i++;
+        } else if ((kr = cli_kv_opt(argc, argv, &i, &o->kvo)) != 0) {
+            if (kr < 0) return 1;
         } else if (!strcmp(a, "--oracle-dir")) {
             if (!v) return cli_fail("option '%s' needs a value", a);
             o->oracle_dir = v, i++;
@@ -482,6 +484,7 @@ int cmd_bench(int argc, char **argv) {
                          .nodes = o.nodes, .key_file = o.key_file, .insecure = o.insecure,
                          .plan = o.plan, .tp_compress = o.tp_compress,
                          .mmap = o.mmap};
+    cli_kv_apply(&o.kvo, &eo);
     if (cm_engine_load(&e, o.model, &eo, err, sizeof err)) return cli_fail("%s", err);
     cm_engine_info in;
     cm_engine_get_info(e, &in);
@@ -546,7 +549,8 @@ int cmd_bench(int argc, char **argv) {
         cJSON_AddStringToObject(j, "kernels", kname);
         cJSON_AddItemToObject(j, "cpu", cpu_json());
         cJSON_AddNumberToObject(j, "threads", o.threads);
-        cJSON_AddStringToObject(j, "kv_type", o.kv_f16 ? "f16" : "f32");
+        cJSON_AddStringToObject(j, "kv_type", o.kvo.set ? cli_kv_name(&o.kvo) : o.kv_f16 ? "f16" : "f32");
+        cJSON_AddBoolToObject(j, "flash_attn", o.kvo.flash);
         cJSON_AddNumberToObject(j, "n_prompt", o.n_prompt);
         cJSON_AddNumberToObject(j, "n_gen", o.n_gen);
         cJSON_AddNumberToObject(j, "reps", o.reps);
@@ -596,7 +600,7 @@ int cmd_bench(int argc, char **argv) {
         cJSON_Delete(j);
     } else {
         printf("model      %s (%s, %.1f M params), %d thread%s, kernels %s, kv %s\n", base, in.arch,
-               in.n_params / 1e6, o.threads, o.threads == 1 ? "" : "s", kname, o.kv_f16 ? "f16" : "f32");
+               in.n_params / 1e6, o.threads, o.threads == 1 ? "" : "s", kname, o.kvo.set ? cli_kv_name(&o.kvo) : o.kv_f16 ? "f16" : "f32");
         printf("run        prompt %d tokens, gen %d tokens, best of %d rep%s%s\n", o.n_prompt, o.n_gen, o.reps,
                o.reps == 1 ? "" : "s", vs ? ", cumulo and llama.cpp interleaved" : "");
         printf("%-26s %14s %14s %12s\n", "", "prompt tok/s", "decode tok/s", "% roofline");

@@ -54,7 +54,10 @@ static const char k_chat_usage[] =
     "  --seed S               RNG seed (default: random); reply k (from 0) samples with S+k\n"
     "  --ctx N                context size (default: the model's, at most 4096)\n"
     "  --threads N            compute threads (default: all CPUs)\n"
-    "  --kv-type f32|f16      KV cache element type (default f32; f16 halves its memory)\n"
+    "  --cache-type-k, -ctk T, --cache-type-v, -ctv T\n"
+    "                         KV cache types: f32 (default), f16, q8_0, q4_0 (llama.cpp's -ctk/-ctv);\n"
+    "                         --kv-type T sets both; per token: see 'cumulo info'\n"
+    "  --flash-attn, -fa      tiled attention over K/V rows for f32/f16 too (always for q8_0/q4_0)\n"
     "  --mmap                 keep the weights in a file mapping (default: read into huge-page\n"
     "                         memory when they fit, fewer TLB misses per token; also CUMULO_MMAP=1)\n"
     CLI_LORA_HELP
@@ -310,6 +313,7 @@ int cmd_chat(int argc, char **argv) {
     if (cli_wants_help(argc, argv)) { fputs(k_chat_usage, stdout); return 0; }
     const char *model = NULL, *system = NULL, *tmpl = NULL;
     long n_predict = -1, ctx = 0, threads = 0;
+    cli_kv kvo = {0};
     bool verbose = false, kv_f16 = false, use_mmap = false;
     cli_loras loras = {0};
     cm_gen_params gp;
@@ -321,7 +325,7 @@ int cmd_chat(int argc, char **argv) {
         int so = cli_sampling_opt(argc, argv, &i, &gp.sampling);
         if (so < 0) return 1;
         if (so > 0) continue;
-        if ((so = cli_lora_opt(argc, argv, &i, &loras)) != 0) {
+        if ((so = cli_lora_opt(argc, argv, &i, &loras)) != 0 || (so = cli_kv_opt(argc, argv, &i, &kvo)) != 0) {
             if (so < 0) return 1;
             continue;
         }
@@ -337,9 +341,6 @@ int cmd_chat(int argc, char **argv) {
             if (!cli_int(a, NEXT(), 1, 1 << 20, &ctx)) return 1;
         } else if (!strcmp(a, "--threads")) {
             if (!cli_int(a, NEXT(), 1, 1024, &threads)) return 1;
-        } else if (!strcmp(a, "--kv-type")) {
-            if (!v || (strcmp(v, "f32") && strcmp(v, "f16"))) return cli_fail("option '--kv-type' takes f32 or f16");
-            kv_f16 = !strcmp(NEXT(), "f16");
         } else if (!strcmp(a, "--mmap")) {
             use_mmap = true;
         } else if (!strcmp(a, "--ignore-eos")) {
@@ -373,6 +374,7 @@ int cmd_chat(int argc, char **argv) {
     int status = 1;
     cm_engine_opts eo = {.n_threads = (int)threads, .n_ctx = (int)ctx, .kv_f16 = kv_f16, .mmap = use_mmap,
                          .loras = loras.spec, .n_loras = loras.n};
+    cli_kv_apply(&kvo, &eo);
     if (cli_load_engine_opts(&c.e, model, &eo)) goto done;
     if (system && chat_push(&c, "system", system, strlen(system))) { cli_fail("out of memory"); goto done; }
     c.n_fixed = c.n_msgs;

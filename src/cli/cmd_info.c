@@ -8,19 +8,21 @@
 
 #include "base/base.h"
 #include "engine/engine.h"
+#include "tensor/tensor.h"
 
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <string.h>
 
 static const char k_info_usage[] =
-    "usage: cumulo info MODEL.gguf [--ctx N] [--kv-type f32|f16] [--json]\n"
+    "usage: cumulo info MODEL.gguf [--ctx N] [--kv-type T] [-ctk T] [-ctv T] [--json]\n"
     "\n"
     "Print the model's architecture, parameter count, quant mix, context and the\n"
     "memory it needs (weights, mapped from the file, plus the KV cache at --ctx).\n"
     "\n"
     "  --ctx N     context for the KV estimate (default: the model's, at most 4096)\n"
-    "  --kv-type T f32 (default) or f16 KV cache for the estimate\n"
+    "  --kv-type T f32 (default), f16, q8_0 or q4_0 KV cache for the estimate\n"
+    "  -ctk T, -ctv T  K and V types apart (--cache-type-k, --cache-type-v)\n"
     "  --json      one JSON object instead of text\n";
 
 static void human(char *b, size_t n, double bytes) {
@@ -30,18 +32,26 @@ static void human(char *b, size_t n, double bytes) {
     snprintf(b, n, i ? "%.2f %s" : "%.0f %s", bytes, u[i]);
 }
 
+/* KV bytes per position with K and V both of type t (llama.cpp's layout: a
+ * row of head_dim elements per layer and KV head, in t's blocks). */
+static const enum cm_type kv_types[4] = {CM_TYPE_F32, CM_TYPE_F16, CM_TYPE_Q8_0, CM_TYPE_Q4_0};
+static const char *const kv_names[4] = {"f32", "f16", "q8_0", "q4_0"};
+static uint64_t kv_per_token(const cm_engine_info *in, enum cm_type t) {
+    return 2ull * (uint64_t)in->n_layer * (uint64_t)in->n_head_kv * (uint64_t)cm_row_size(t, in->head_dim);
+}
+
 int cmd_info(int argc, char **argv) {
     if (cli_wants_help(argc, argv)) { fputs(k_info_usage, stdout); return 0; }
     const char *model = NULL;
     long ctx = 0;
     bool json = false, kv_f16 = false;
+    cli_kv kvo = {0};
+    int kr;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--ctx")) {
             if (!cli_int("--ctx", i + 1 < argc ? argv[++i] : NULL, 1, 1 << 24, &ctx)) return 1;
-        } else if (!strcmp(argv[i], "--kv-type")) {
-            const char *v = i + 1 < argc ? argv[++i] : NULL;
-            if (!v || (strcmp(v, "f32") && strcmp(v, "f16"))) return cli_fail("option '--kv-type' takes f32 or f16");
-            kv_f16 = !strcmp(v, "f16");
+        } else if ((kr = cli_kv_opt(argc, argv, &i, &kvo)) != 0) {
+            if (kr < 0) return 1;
         } else if (!strcmp(argv[i], "--json")) {
             json = true;
         } else if (argv[i][0] == '-' && argv[i][1]) {
@@ -56,6 +66,7 @@ int cmd_info(int argc, char **argv) {
     cm_engine *e;
     cm_engine_opts eo = {.n_threads = 1, .n_ctx = (int)(ctx > (1 << 20) ? (1 << 20) : ctx), .kv_f16 = kv_f16,
                          .mmap = true}; /* facts only: no need to read the weights */
+    cli_kv_apply(&kvo, &eo);
     if (cli_load_engine_opts(&e, model, &eo)) return 1;
     cm_engine_info in;
     cm_engine_get_info(e, &in);
@@ -99,6 +110,12 @@ int cmd_info(int argc, char **argv) {
         cJSON_AddNumberToObject(j, "weight_bytes_active", (double)in.weight_bytes_active);
         cJSON_AddNumberToObject(j, "kv_bytes", (double)kv);
         cJSON_AddNumberToObject(j, "kv_bytes_per_token", (double)in.kv_bytes_per_token);
+        cJSON_AddStringToObject(j, "kv_type_k", in.kv_type_k);
+        cJSON_AddStringToObject(j, "kv_type_v", in.kv_type_v);
+        if (strcmp(in.arch, "deepseek2")) { /* (its latent cache is not K and V per head) */
+            cJSON *kt = cJSON_AddObjectToObject(j, "kv_bytes_per_token_by_type");
+            for (int t = 0; t < 4; t++) cJSON_AddNumberToObject(kt, kv_names[t], (double)kv_per_token(&in, kv_types[t]));
+        }
         cJSON_AddNumberToObject(j, "memory_bytes", (double)total);
         char *s = cJSON_PrintUnformatted(j);
         if (s) puts(s);
@@ -127,11 +144,20 @@ int cmd_info(int argc, char **argv) {
         human(b1, sizeof b1, (double)in.file_bytes);
         human(b2, sizeof b2, (double)kv);
         human(b3, sizeof b3, (double)total);
-        printf("memory:       %s weights (mapped) + %s KV cache (%s, ctx %d) = %s\n", b1, b2, kv_f16 ? "F16" : "F32",
-               n_ctx, b3);
-        /* deepseek2 caches one latent row per token and layer, not K and V per head (mla.h) */
-        printf("KV cache per token: %llu bytes%s\n", (unsigned long long)in.kv_bytes_per_token,
-               !strcmp(in.arch, "deepseek2") ? " (multi-head latent attention: kv_lora_rank + rope dims per layer, shared by every head)" : "");
+        printf("memory:       %s weights (mapped) + %s KV cache (K %s, V %s, ctx %d) = %s\n", b1, b2, in.kv_type_k,
+               in.kv_type_v, n_ctx, b3);
+        if (!strcmp(in.arch, "deepseek2")) { /* one latent row per token and layer, not K and V per head (mla.h) */
+            printf("KV cache per token: %llu bytes (multi-head latent attention: kv_lora_rank + rope dims per layer, "
+                   "shared by every head)\n", (unsigned long long)in.kv_bytes_per_token);
+        } else {
+            printf("kv per token:");
+            for (int t = 0; t < 4; t++) {
+                human(b1, sizeof b1, (double)kv_per_token(&in, kv_types[t]));
+                printf("%s %s %s", t ? "," : "", kv_names[t], b1);
+            }
+            human(b1, sizeof b1, (double)in.kv_bytes_per_token);
+            printf(" (this run: %s)\n", b1);
+        }
     }
     cm_engine_free(e);
     return 0;

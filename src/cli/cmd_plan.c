@@ -5,6 +5,7 @@
  * plans for an imaginary cluster described in a JSON file.
  */
 #include "cli.h"
+#include "tensor/tensor.h"
 
 #include "base/base.h"
 #include "engine/engine.h"
@@ -37,6 +38,8 @@ static void usage(FILE *f) {
             "  --ctx N             KV cache length per sequence (default: the cluster file's, else 2048)\n"
             "  --seq N             concurrent sequences (default 1)\n"
             "  --parallel MODE     auto (default), pp, tp, hybrid or ep (experts across a group)\n"
+            "  -ctk T, -ctv T      KV cache types counted by the planner (f32 default, f16, q8_0, q4_0;\n"
+            "                      --kv-type T: both)\n"
             "  --json              machine-readable output\n",
             cm_sim_preset_names());
 }
@@ -84,6 +87,8 @@ int cmd_plan(int argc, char **argv) {
     const char *nodes = NULL, *key_file = NULL;
     bool insecure = false;
     long ctx = 0, seq = 0;
+    cli_kv kvo = {0};
+    int kr;
     bool json = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -97,6 +102,7 @@ int cmd_plan(int argc, char **argv) {
         else if (!strcmp(a, "--ctx")) { if (!cli_int(a, v, 16, 1 << 22, &ctx)) return 1; i++; }
         else if (!strcmp(a, "--seq")) { if (!cli_int(a, v, 1, 4096, &seq)) return 1; i++; }
         else if (!strcmp(a, "--json")) json = true;
+        else if ((kr = cli_kv_opt(argc, argv, &i, &kvo)) != 0) { if (kr < 0) return 1; }
         else if (a[0] == '-') return cli_fail("unknown option '%s'; see 'cumulo plan --help'", a);
         else if (!model_path) model_path = a;
         else return cli_fail("unexpected argument '%s'; see 'cumulo plan --help'", a);
@@ -135,6 +141,10 @@ int cmd_plan(int argc, char **argv) {
     if (rc) return cli_fail("'%s': %s", sim, err);
     if (ctx) o.ctx = (int)ctx;
     if (seq) o.n_seq = (int)seq;
+    if (kvo.set) { /* bytes of 32 elements of each type (a block) */
+        o.kv_k32_bytes = (int)cm_row_size((enum cm_type)kvo.k, 32);
+        o.kv_v32_bytes = (int)cm_row_size((enum cm_type)kvo.v, 32);
+    }
     if (par) {
         int p = cm_parallel_from_name(par);
         if (p < 0) return cli_fail("--parallel must be auto, pp, tp, hybrid or ep, not '%s'", par);
@@ -189,6 +199,13 @@ int cmd_plan(int argc, char **argv) {
     cm_plan_format(&best, &m, &cl, buf, sizeof buf);
     printf("model: %s (%d layers, dim %d, %d/%d heads)\ncluster: %s, %d nodes; ctx %d x %d sequences\n",
            model_name, m.n_layers, m.dim, m.n_heads, m.n_kv_heads, sim, cl.n_nodes, o.ctx, o.n_seq);
+    {
+        const int k32 = o.kv_k32_bytes > 0 ? o.kv_k32_bytes : 32 * o.kv_elem_bytes;
+        const int v32 = o.kv_v32_bytes > 0 ? o.kv_v32_bytes : 32 * o.kv_elem_bytes;
+        const double per_tok = (double)m.n_layers * m.n_kv_heads * ((double)m.head_dim * (k32 + v32) / 32.0);
+        printf("kv cache: %s, %.1f KiB per token of context (all layers)\n", kvo.set ? cli_kv_name(&kvo) : "f32",
+               per_tok / 1024.0);
+    }
     if (m.n_experts > 0) { /* active vs total: what a token reads */
         double tot = 0, act = 0;
         for (int l = 0; l < m.n_layers; l++) {

@@ -36,7 +36,10 @@ static const char k_run_usage[] =
     "  --stop TEXT            stop when TEXT appears (repeatable)\n"
     "  --ctx N                context size (default: the model's, at most 4096)\n"
     "  --threads N            compute threads (default: all CPUs)\n"
-    "  --kv-type f32|f16      KV cache element type (default f32; f16 halves its memory)\n"
+    "  --cache-type-k, -ctk T, --cache-type-v, -ctv T\n"
+    "                         KV cache types: f32 (default), f16, q8_0, q4_0 (llama.cpp's -ctk/-ctv);\n"
+    "                         --kv-type T sets both; per token: see 'cumulo info'\n"
+    "  --flash-attn, -fa      tiled attention over K/V rows for f32/f16 too (always for q8_0/q4_0)\n"
     "  --mmap                 keep the weights in a file mapping (default: read into huge-page\n"
     "                         memory when they fit, fewer TLB misses per token; also CUMULO_MMAP=1)\n"
     CLI_LORA_HELP
@@ -227,6 +230,7 @@ int cmd_run(int argc, char **argv) {
     int n_stops = 0;
     long n_predict = 128, ctx = 0, threads = 0, streams = 0, logprobs = 0;
     bool quiet = false;
+    cli_kv kvo = {0};
     bool json = false, no_bos = false, kv_f16 = false, use_mmap = false, chat = false, cluster = false, insecure = false;
     bool tp_compress = false, take = false;
     const char *nodes = NULL, *key_file = NULL;
@@ -241,7 +245,7 @@ int cmd_run(int argc, char **argv) {
         int so = cli_sampling_opt(argc, argv, &i, &gp.sampling);
         if (so < 0) return 1;
         if (so > 0) continue;
-        if ((so = cli_lora_opt(argc, argv, &i, &loras)) != 0) {
+        if ((so = cli_lora_opt(argc, argv, &i, &loras)) != 0 || (so = cli_kv_opt(argc, argv, &i, &kvo)) != 0) {
             if (so < 0) return 1;
             continue;
         }
@@ -262,9 +266,6 @@ int cmd_run(int argc, char **argv) {
             if (!cli_int(a, NEXT(), 1, 1 << 20, &ctx)) return 1;
         } else if (!strcmp(a, "--threads")) {
             if (!cli_int(a, NEXT(), 1, 1024, &threads)) return 1;
-        } else if (!strcmp(a, "--kv-type")) {
-            if (!v || (strcmp(v, "f32") && strcmp(v, "f16"))) return cli_fail("option '--kv-type' takes f32 or f16");
-            kv_f16 = !strcmp(NEXT(), "f16");
         } else if (!strcmp(a, "--mmap")) {
             use_mmap = true;
         } else if (!strcmp(a, "--no-bos")) {
@@ -340,6 +341,7 @@ int cmd_run(int argc, char **argv) {
                          .tp_compress = tp_compress, .take = take, .n_seq = streams > 8 ? (int)streams : 8, .kv_f16 = kv_f16,
                          .mmap = use_mmap, .log = quiet ? log_none : NULL,
                          .loras = loras.spec, .n_loras = loras.n};
+    cli_kv_apply(&kvo, &eo);
     /* --streams (even 1) reports aggregate numbers instead of the text. */
     if (cli_load_engine_opts(&e, model, &eo)) { cm_free(file_text); return 1; }
     int status = 1;

@@ -36,7 +36,10 @@ static const char k_serve_usage[] =
     "  --batch N          most tokens (prompt chunk, or sequences of a decode step) per forward\n"
     "                     pass (default 32; any value gives every request the same bits alone\n"
     "                     or batched, with or without a cached prefix)\n"
-    "  --kv-type f32|f16  KV cache element type (default f32; f16 halves its memory)\n"
+    "  --cache-type-k, -ctk T, --cache-type-v, -ctv T\n"
+    "                     KV cache types: f32 (default), f16, q8_0, q4_0 (llama.cpp's -ctk/-ctv);\n"
+    "                     --kv-type T sets both; per token: see 'cumulo info'\n"
+    "  --flash-attn, -fa      tiled attention over K/V rows for f32/f16 too (always for q8_0/q4_0)\n"
     "  --lora FILE[:SCALE] apply a LoRA adapter (llama.cpp's adapter GGUF; repeatable, summed;\n"
     "                     not with --nodes yet)\n"
     "  --mmap             keep the weights in a file mapping (default when alone: read into\n"
@@ -77,6 +80,7 @@ int cmd_serve(int argc, char **argv) {
     int n_allow = 0;
     long threads = 0, l;
     long n_batch = 32; /* any value is batch-invariant (kernels.h); larger prefills in fewer passes */
+    cli_kv kvo = {0};
     bool kv_f16 = false, insecure = false, use_mmap = false;
     const char *nodes = NULL, *key_file = NULL;
     cm_plan_request plan = {0};
@@ -92,6 +96,7 @@ int cmd_serve(int argc, char **argv) {
 #define NEED() do { if (!v) return cli_fail("option '%s' needs a value", a); } while (0)
         if ((po = cli_plan_opt(argc, argv, &i, &plan)) != 0) { if (po < 0) return 1; }
         else if ((po = cli_lora_opt(argc, argv, &i, &loras)) != 0) { if (po < 0) return 1; }
+        else if ((po = cli_kv_opt(argc, argv, &i, &kvo)) != 0) { if (po < 0) return 1; }
         else if (!strcmp(a, "--host")) { NEED(); o.host = NEXT(); }
         else if (!strcmp(a, "--port")) { if (!cli_int(a, NEXT(), 0, 65535, &l)) return 1; o.port = (int)l; }
         else if (!strcmp(a, "--api-key")) { NEED(); o.api_key = NEXT(); }
@@ -105,13 +110,6 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--queue")) { if (!cli_int(a, NEXT(), 0, 1 << 16, &l)) return 1; o.queue_max = (int)l; }
         else if (!strcmp(a, "--ctx")) { if (!cli_int(a, NEXT(), 16, 1 << 20, &l)) return 1; o.n_ctx = (int)l; }
         else if (!strcmp(a, "--mmap")) use_mmap = true;
-        else if (!strcmp(a, "--kv-type")) {
-            NEED();
-            if (!strcmp(v, "f16")) kv_f16 = true;
-            else if (!strcmp(v, "f32")) kv_f16 = false;
-            else return cli_fail("option '--kv-type' must be f32 or f16, not '%s'", v);
-            i++;
-        }
         else if (!strcmp(a, "--batch")) { if (!cli_int(a, NEXT(), 1, CM_BATCH_MAX, &n_batch)) return 1; }
         else if (!strcmp(a, "--threads")) { if (!cli_int(a, NEXT(), 1, 1024, &threads)) return 1; }
         else if (!strcmp(a, "--max-body")) { if (!cli_int(a, NEXT(), 1024, 1L << 30, &l)) return 1; o.max_body = (size_t)l; }
@@ -167,6 +165,7 @@ int cmd_serve(int argc, char **argv) {
                          .nodes = nodes, .insecure = insecure, .key_file = key_file, .plan = plan,
                          .tp_compress = tp_compress, .take = take, .n_seq = o.n_slots > 0 ? o.n_slots : 4, .log = log_line,
                          .mmap = use_mmap, .loras = loras.spec, .n_loras = loras.n};
+    cli_kv_apply(&kvo, &eo);
     cli_check_threads(&eo);
     if (cm_engine_load(&e, model, &eo, err, sizeof err)) {
         cm_http_stop(srv);

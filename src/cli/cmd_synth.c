@@ -46,7 +46,14 @@ static void usage(FILE *f) {
             "  -o, --output FILE    the model to write\n"
             "  --tied               no output.weight: the head reuses token_embd\n"
             "  --swa N              gemma3, gpt-oss: sliding window of N positions (default 8)\n"
-            "  --rope-scaling llama3  Llama 3.1 RoPE scaling (writes rope_freqs.weight)\n"
+            "  --rope-scaling S     llama3: Llama 3.1 RoPE scaling (writes rope_freqs.weight);\n"
+            "                       linear, yarn, none: writes rope.scaling.type and the keys below\n"
+            "  --rope-factor F      rope.scaling.factor (with linear or yarn)\n"
+            "  --rope-orig-ctx N    rope.scaling.original_context_length\n"
+            "  --rope-attn-factor F rope.scaling.attn_factor\n"
+            "  --yarn-beta-fast F, --yarn-beta-slow F, --yarn-log-mul F\n"
+            "                       rope.scaling.yarn_beta_fast / _slow / yarn_log_multiplier\n"
+            "                       (llama.cpp reads these for some architectures only)\n"
             "  --rope-base B        RoPE base (default: llama 10000, llama3 scaling 500000, qwen 1e6)\n"
             "  --ctx N              context_length key (default 4096)\n"
             "  --threads N          threads (default: all CPUs; never changes the output)\n\n"
@@ -121,9 +128,26 @@ int cmd_synth(int argc, char **argv) {
         } else if (!strcmp(a, "--rope-scaling")) {
             const char *s;
             STR(s);
-            if (strcmp(s, "llama3") && strcmp(s, "none"))
-                return cli_fail("unknown rope scaling '%s' (supported: llama3, none)", s);
+            if (strcmp(s, "llama3") && strcmp(s, "none") && strcmp(s, "linear") && strcmp(s, "yarn"))
+                return cli_fail("unknown rope scaling '%s' (supported: llama3, linear, yarn, none)", s);
             p.rope_llama3 = !strcmp(s, "llama3");
+            if (!p.rope_llama3) p.rope_scaling = s;
+        } else if (!strcmp(a, "--rope-factor") || !strcmp(a, "--rope-attn-factor") || !strcmp(a, "--yarn-beta-fast") ||
+                   !strcmp(a, "--yarn-beta-slow") || !strcmp(a, "--yarn-log-mul")) {
+            double f;
+            if (!cli_float(a, v, 1e-6, 1e6, &f)) return 1;
+            i++;
+            float *dst = !strcmp(a, "--rope-factor")      ? &p.rope_factor
+                         : !strcmp(a, "--rope-attn-factor") ? &p.rope_attn_factor
+                         : !strcmp(a, "--yarn-beta-fast")   ? &p.yarn_beta_fast
+                         : !strcmp(a, "--yarn-beta-slow")   ? &p.yarn_beta_slow
+                                                            : &p.yarn_log_mul;
+            *dst = (float)f;
+        } else if (!strcmp(a, "--rope-orig-ctx")) {
+            long oc;
+            if (!cli_int(a, v, 1, 1 << 30, &oc)) return 1;
+            i++;
+            p.rope_orig_ctx = (int)oc;
         } else return cli_fail("unknown option '%s'; run 'cumulo synth --help'", a);
 #undef STR
 #undef INT

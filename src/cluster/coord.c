@@ -309,6 +309,8 @@ static int make_plan(cm_pipe *p, const cm_pipe_opts *o, cm_plan *plan, cm_plan_m
     cm_plan_opts_default(&po);
     po.ctx = p->n_ctx;
     po.n_seq = p->n_seq;
+    po.kv_k32_bytes = (int)cm_row_size((enum cm_type)o->kv_type_k, 32); /* the planner counts the KV types */
+    po.kv_v32_bytes = (int)cm_row_size((enum cm_type)o->kv_type_v, 32);
     po.mode = q->mode_set ? q->mode : q->n_groups ? CM_PARALLEL_HYBRID : CM_PARALLEL_PP;
     po.reorder = true; /* the pipeline's order follows the measured links */
     if (po.mode != CM_PARALLEL_PP) /* relative speeds (tests, or known-unequal machines) */
@@ -508,6 +510,9 @@ int cm_pipe_open(cm_pipe **out, const char *model_path, const cm_gguf *g, const 
     p->ask = plan.mode;
     p->tp_compress = o->tp_compress;
     p->take = o->take;
+    p->kv_type_k = o->kv_type_k;
+    p->kv_type_v = o->kv_type_v;
+    p->kv_rows = o->kv_rows;
     cm_coord_log(p, "%s", p->plan_text);
     if (plan.n_stages == 1 && plan.stages[0].n_members == 1) { /* everything fits best here: no cluster needed */
         cm_pipe_close(p);

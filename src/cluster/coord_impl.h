@@ -94,6 +94,8 @@ struct cm_pipe {
     enum cm_parallel ask;              /* the shape asked for at the start: re-plans ask the planner for it again */
     bool tp_compress;                  /* Q8_0 all-reduce transfers in every group */
     bool take;                         /* the opening plan's ASSIGNs carry CM_ASSIGN_F_TAKE (--take) */
+    int kv_type_k, kv_type_v;          /* the nodes' KV cache types (cm_pipe_opts) */
+    bool kv_rows;
     cm_conn *tp_conn[CM_COLL_MAX_MEMBERS]; /* to each node's rank (owned) */
     cm_coll *coll;
     int32_t seqbuf[CM_MSG_MAX_TOKENS > 4096 ? 4096 : CM_MSG_MAX_TOKENS];

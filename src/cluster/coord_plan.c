@@ -38,6 +38,12 @@ static void fill_assign(cm_pipe *p, const cm_plan *plan, int s, int k, cm_msg_as
     a->layer_end = (uint32_t)st->last_layer;
     a->flags = (s == 0 ? CM_ASSIGN_F_EMBED : 0) | (s == plan->n_stages - 1 ? CM_ASSIGN_F_OUTPUT : 0) |
                (n > 1 && p->tp_compress && !st->ep ? CM_ASSIGN_F_TP_Q8 : 0) | (p->take ? CM_ASSIGN_F_TAKE : 0);
+    if (p->kv_type_k || p->kv_type_v || p->kv_rows) { /* the engine's KV cache types (default F32: no field) */
+        a->flags |= CM_ASSIGN_F_KV;
+        a->kv_type_k = (uint8_t)p->kv_type_k;
+        a->kv_type_v = (uint8_t)p->kv_type_v;
+        a->kv_rows = p->kv_rows;
+    }
     if (st->ep && n > 1) { /* expert group: every member's experts, so each knows whose rows are whose */
         a->flags |= CM_ASSIGN_F_EP;
         for (int j = 0; j < n; j++) a->expert_bounds[j] = (uint16_t)st->members[j].expert_begin;

@@ -293,8 +293,8 @@ static int stage_load(node *n, stage *s, const char *path, bool slice_file, char
     if (!s->kv || !s->kvp || !s->smp || !s->in || !s->out || (last && !s->logits))
         return cm_errf(err, errlen, CM_ENOMEM, "out of memory for the stage's buffers");
     for (int i = 0; i < s->n_seq; i++) {
-        rc = cm_kv_init(&s->kv[i], &s->m, (int)a->layer_begin, (int)a->layer_end, s->slice,
-                        (int)a->n_ctx, e, sizeof e);
+        rc = cm_kv_init_types(&s->kv[i], &s->m, (int)a->layer_begin, (int)a->layer_end, s->slice, (int)a->n_ctx,
+                              (enum cm_type)a->kv_type_k, (enum cm_type)a->kv_type_v, a->kv_rows, e, sizeof e);
         if (rc) return cm_errf(err, errlen, rc, "KV cache: %s", e);
         s->kvp[i] = &s->kv[i];
     }

@@ -70,6 +70,17 @@ int cm_engine_load(cm_engine **out, const char *path, const cm_engine_opts *opts
     e->n_ctx = o.n_ctx > 0 ? o.n_ctx : CM_MIN(e->m.hp.n_ctx_train, 4096);
     e->n_batch = o.n_batch > 0 ? o.n_batch : 64;
     e->kv_f16 = o.kv_f16;
+    e->kv_k = (enum cm_type)o.kv_type_k;
+    e->kv_v = (enum cm_type)o.kv_type_v;
+    if (o.kv_f16 && e->kv_k == CM_TYPE_F32 && e->kv_v == CM_TYPE_F32) e->kv_k = e->kv_v = CM_TYPE_F16;
+    e->kv_rows = o.kv_flash || e->kv_k != e->kv_v || (e->kv_k != CM_TYPE_F32 && e->kv_k != CM_TYPE_F16);
+    if (!cm_kv_type_ok(e->kv_k) || !cm_kv_type_ok(e->kv_v) ||
+        (e->kv_rows && (!cm_row_size(e->kv_k, e->m.hp.head_dim) || !cm_row_size(e->kv_v, e->m.hp.head_dim)))) {
+        int rc = cm_errf(err, errlen, CM_EINVAL, "kv cache types %s/%s are not usable with head size %d (f32, f16, q8_0, q4_0; "
+                         "quantized types need a multiple of 32)", cm_type_name(e->kv_k), cm_type_name(e->kv_v), e->m.hp.head_dim);
+        cm_engine_free(e);
+        return rc;
+    }
     e->max_ctx = CM_MAX(e->n_ctx, CM_MIN(e->m.hp.n_ctx_train, 1 << 20));
     e->local_last = e->m.hp.n_layer;
     e->slice = cm_slice_full(&e->m);
@@ -79,6 +90,7 @@ int cm_engine_load(cm_engine **out, const char *path, const cm_engine_opts *opts
         if (e->n_batch > CM_BATCH_MAX) e->n_batch = CM_BATCH_MAX;
         cm_pipe_opts po = {.nodes = o.nodes, .insecure = o.insecure, .key_file = o.key_file, .plan = o.plan,
                            .tp_compress = o.tp_compress, .take = o.take, .n_ctx = e->n_ctx, .n_seq_max = o.n_seq > 0 ? o.n_seq : 8, .max_batch = e->n_batch,
+                           .kv_type_k = (int)e->kv_k, .kv_type_v = (int)e->kv_v, .kv_rows = e->kv_rows,
                            .log = o.log, .log_ctx = o.log_ctx};
         rc = cm_pipe_open(&e->pipe, path, &e->g, &e->m, &po, &e->local_last, msg, sizeof msg);
         if (rc) {
@@ -147,7 +159,9 @@ void cm_engine_get_info(const cm_engine *e, cm_engine_info *in) {
     in->weight_bytes = e->m.weight_bytes;
     in->file_bytes = e->g.size;
     in->weights_in_memory = e->g.file.in_memory;
-    in->kv_bytes_per_token = cm_kv_bytes(&e->m, 0, hp->n_layer, 0, hp->n_head_kv, 1) / (e->kv_f16 ? 2 : 1);
+    in->kv_bytes_per_token = cm_kv_bytes_types(&e->m, 0, hp->n_layer, 0, hp->n_head_kv, 1, e->kv_k, e->kv_v);
+    in->kv_type_k = cm_type_name(e->kv_k);
+    in->kv_type_v = cm_type_name(e->kv_v);
     in->bos = cm_tokenizer_bos(e->tok);
     in->eos = cm_tokenizer_eos(e->tok);
     in->eot = cm_tokenizer_eot(e->tok);
@@ -334,8 +348,8 @@ cm_session *cm_session_new(cm_engine *e, int n_ctx, char *err, size_t errlen) {
             return NULL;
         }
     }
-    if (cm_kv_init_type(&s->kv, &e->m, 0, e->local_last, cm_engine_slice(e), n_ctx,
-                        e->kv_f16 ? CM_TYPE_F16 : CM_TYPE_F32, err, errlen)) {
+    if (cm_kv_init_types(&s->kv, &e->m, 0, e->local_last, cm_engine_slice(e), n_ctx, e->kv_k, e->kv_v, e->kv_rows,
+                         err, errlen)) {
         if (s->slot >= 0) cm_pipe_seq_release(e->pipe ? e->pipe : e->tp, s->slot);
         cm_free(s->hidden);
         cm_free(s);
@@ -387,8 +401,8 @@ int cm_engine_eval_cluster(cm_session *s, int upto, bool want_last, char *err, s
         cm_slice sl = cm_engine_slice(e);
         if (sl.h0 != s->kv.h0 || sl.h1 != s->kv.h1) { /* our group changed: our KV heads too */
             cm_kv nk;
-            int rc = cm_kv_init_type(&nk, &e->m, 0, e->local_last, sl, s->n_ctx, e->kv_f16 ? CM_TYPE_F16 : CM_TYPE_F32,
-                                     err, errlen);
+            int rc = cm_kv_init_types(&nk, &e->m, 0, e->local_last, sl, s->n_ctx, e->kv_k, e->kv_v, e->kv_rows,
+                                      err, errlen);
             if (rc) return rc;
             cm_kv_release(&s->kv);
             s->kv = nk;
@@ -434,8 +448,8 @@ int cm_session_tp_sync(cm_session *s, char *err, size_t errlen) {
     if (!e->tp || s->pipe_gen == cm_pipe_generation(e->tp)) return 0;
     cm_kv_release(&s->kv);
     s->have_logits = false;
-    int rc = cm_kv_init_type(&s->kv, &e->m, 0, e->local_last, e->slice, s->n_ctx, e->kv_f16 ? CM_TYPE_F16 : CM_TYPE_F32,
-                             err, errlen);
+    int rc = cm_kv_init_types(&s->kv, &e->m, 0, e->local_last, e->slice, s->n_ctx, e->kv_k, e->kv_v, e->kv_rows,
+                              err, errlen);
     if (!rc) s->pipe_gen = cm_pipe_generation(e->tp);
     return rc;
 }

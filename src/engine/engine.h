@@ -41,6 +41,13 @@ typedef struct cm_engine_opts {
     int n_ctx;           /* default context of sessions; 0 = the model's, capped at 4096 */
     int n_batch;         /* most prompt tokens per forward pass; 0 = 64 */
     bool kv_f16;         /* sessions keep an F16 KV cache (half the memory; llama.cpp's default) */
+    /* KV cache element types (llama.cpp's -ctk/-ctv): F32 (zero), F16, Q8_0,
+     * Q4_0; F32 for both with kv_f16 means F16 for both. A quantized type or
+     * different K and V types (or kv_flash) keep K and V as rows attended by
+     * tiled attention with an online softmax (model/attn.c), as llama.cpp
+     * needs flash attention for them. */
+    int kv_type_k, kv_type_v; /* enum cm_type values (tensor.h) */
+    bool kv_flash;
     cm_engine_progress_fn progress; /* NULL: no progress (pages load lazily) */
     bool mmap;           /* keep the weights in a file mapping (lazy 4 KiB pages) even when they fit in
                           * memory; default (and CUMULO_MMAP unset): a model run on this machine alone is
@@ -89,7 +96,8 @@ typedef struct cm_engine_info {
     uint64_t weight_bytes;   /* bytes of weights */
     bool weights_in_memory;  /* read into huge-page memory (else mapped from the file) */
     uint64_t file_bytes;
-    uint64_t kv_bytes_per_token; /* KV cache bytes per position of one sequence (F32 or F16 per opts) */
+    uint64_t kv_bytes_per_token; /* KV cache bytes per position of one sequence (K and V in their types) */
+    const char *kv_type_k, *kv_type_v; /* "f32", "f16", "q8_0", "q4_0" (static strings) */
     int32_t bos, eos, eot;   /* -1 when the vocabulary has none */
     bool add_bos;            /* tokenizer.ggml.add_bos_token */
     int n_stages;            /* pipeline stages (1: this machine alone) */

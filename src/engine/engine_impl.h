@@ -29,6 +29,8 @@ struct cm_engine {
     pthread_mutex_t mu;
     int n_ctx, n_batch, max_ctx;
     bool kv_f16;
+    enum cm_type kv_k, kv_v; /* the sessions' KV cache types (cm_engine_opts) */
+    bool kv_rows;
     char *name;
     float *step_logits; /* [n_batch][n_vocab] for cm_engine_step; made on its first call (batch.c) */
     cm_pipe *pipe;        /* cluster: the stages after ours; NULL on one machine */

@@ -58,6 +58,7 @@ static void build_tables(void) {
     const cm_cpu_features *f = cm_cpu_features_get();
     for (int i = 0; i < ISA_COUNT; i++) {
         cm_kernels_fill_ref(&g_tables[i]);
+        cm_kernels_fill_attn_ref(&g_tables[i]);
         g_tables[i].name = k_isa_names[i];
         g_have[i] = cpu_has(i, f);
     }
@@ -65,18 +66,22 @@ static void build_tables(void) {
     if (g_have[ISA_AVX2]) {
         cm_kernels_fill_avx2(&g_tables[ISA_AVX2]);
         cm_kernels_fill_lowbit_avx2(&g_tables[ISA_AVX2]);
+        cm_kernels_fill_attn_avx2(&g_tables[ISA_AVX2]);
     }
     if (g_have[ISA_AVX512]) {
         cm_kernels_fill_avx2(&g_tables[ISA_AVX512]);
         cm_kernels_fill_avx512(&g_tables[ISA_AVX512]);
         cm_kernels_fill_lowbit_avx2(&g_tables[ISA_AVX512]);
         cm_kernels_fill_lowbit_avx512(&g_tables[ISA_AVX512]);
+        cm_kernels_fill_attn_avx2(&g_tables[ISA_AVX512]);
+        cm_kernels_fill_attn_avx512(&g_tables[ISA_AVX512]);
     }
 #endif
 #if CM_KERNELS_HAVE_NEON
     if (g_have[ISA_NEON]) {
         cm_kernels_fill_neon(&g_tables[ISA_NEON]);
         cm_kernels_fill_lowbit_neon(&g_tables[ISA_NEON]);
+        cm_kernels_fill_attn_neon(&g_tables[ISA_NEON]);
     }
 #endif
 

@@ -20,6 +20,7 @@
 #include "ref.h"
 
 void cm_kernels_fill_ref(cm_kernels *k);
+void cm_kernels_fill_attn_ref(cm_kernels *k); /* attn_ref.c: attn_v */
 
 /* Which ISA files this build compiled. This mirrors the Makefile's
  * ISA_SRCS_EXCLUDE (by target architecture, not by OS), so it is the one
@@ -33,6 +34,8 @@ void cm_kernels_fill_avx512(cm_kernels *k);
  * the files above. */
 void cm_kernels_fill_lowbit_avx2(cm_kernels *k);
 void cm_kernels_fill_lowbit_avx512(cm_kernels *k);
+void cm_kernels_fill_attn_avx2(cm_kernels *k);   /* attn_avx2.c */
+void cm_kernels_fill_attn_avx512(cm_kernels *k); /* attn_avx512.c */
 #else
 #define CM_KERNELS_HAVE_X86 0
 #endif
@@ -41,6 +44,7 @@ void cm_kernels_fill_lowbit_avx512(cm_kernels *k);
 #define CM_KERNELS_HAVE_NEON 1
 void cm_kernels_fill_neon(cm_kernels *k);
 void cm_kernels_fill_lowbit_neon(cm_kernels *k); /* lowbit_neon.c */
+void cm_kernels_fill_attn_neon(cm_kernels *k);   /* attn_neon.c */
 #else
 #define CM_KERNELS_HAVE_NEON 0
 #endif

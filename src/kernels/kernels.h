@@ -52,6 +52,11 @@ typedef void (*cm_to_float_fn)(const void *x, float *y, int64_t n);
 typedef void (*cm_gemm_fn)(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride,
                            float *y, int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok);
 
+/* Attention's value side (model/attn.c): acc[0:D] += w[j] * row j of V for
+ * j in [0, n), rows of D elements of the table's type at v + j * v_row, in
+ * j order per element (a SIMD version may fuse the multiply-add). */
+typedef void (*cm_attn_v_fn)(int64_t D, const void *v, size_t v_row, const float *w, int n, float *acc);
+
 /* Indexed by type id; NULL where the type has no such op. */
 typedef struct cm_kernels {
     const char *name; /* "scalar", "avx2", "avx512", "neon" */
@@ -70,6 +75,7 @@ typedef struct cm_kernels {
      * repacked copy, same row stride): each row bit-identical to vec_dot on
      * the file's bytes. Non-NULL makes cm_repack_add repack type t. */
     cm_gemm_fn gemv_packed[CM_TYPE_COUNT];
+    cm_attn_v_fn attn_v[CM_TYPE_COUNT]; /* KV cache types F32 F16 Q8_0 Q4_0 (attn_*.c) */
 } cm_kernels;
 
 /* The best table for this CPU (respecting CUMULO_ISA). Thread-safe; never NULL. */

@@ -66,6 +66,7 @@ int cm_kv_init_type(cm_kv *kv, const cm_model *m, int layer_first, int layer_las
     kv->head_dim = m->hp.head_dim;
     kv->n_past = 0;
     kv->type = type;
+    kv->type_v = type;
     return 0;
 }
 
@@ -126,7 +127,8 @@ static void *zalloc(size_t n) {
 /* Floats of attention scratch per thread: scores [max_ctx], the query as
  * F16 [head_dim halves], the scores as F16 [max_ctx halves] (F16 cache). */
 static size_t scores_stride(int max_ctx, int head_dim) {
-    return (size_t)max_ctx + (size_t)head_dim + ((size_t)max_ctx + 1) / 2 + 16;
+    const size_t flash = (cm_attn_scratch_bytes(head_dim) + 3) / 4; /* a rows-layout cache (attn.c) */
+    return CM_MAX((size_t)max_ctx + (size_t)head_dim + ((size_t)max_ctx + 1) / 2 + 16, flash + 16);
 }
 
 cm_ctx *cm_ctx_new(const cm_model *m, int max_batch, int max_ctx, cm_pool *pool, char *err, size_t errlen) {
@@ -283,43 +285,22 @@ static void matmul(cm_ctx *c, const cm_tensor *w, const void *xq, size_t xs, int
     if (c->lora && r1 > r0) lora_mm(c, w, y, ldy, n_tok, r0, r1);
 }
 
-/* ggml_rope_cache_init with freq_scale, no YaRN (ext_factor 0, mscale 1).
- * base/scale: the model's, or gemma3's sliding-window layers' (scale 1). */
-static void rope_cache(const cm_model *m, float p, float base, float freq_scale, float *cache) {
+/* The rotation of position p (rope.c): the model's scaling, or gemma3's
+ * sliding-window layers' base with no scaling (swa). */
+static void rope_cache(const cm_model *m, float p, bool swa, float *cache) {
     const cm_hparams *hp = &m->hp;
     if (hp->yarn_ext_factor != 0.0f || (hp->yarn_attn_factor != 0.0f && hp->yarn_attn_factor != 1.0f)) {
-        cm_yarn_rope_cache(hp, p, base, freq_scale, m->rope_freqs.data, cache); /* gpt-oss (gptoss.c) */
+        /* gpt-oss (gptoss.c): YaRN on every layer, the sliding ones with their own base */
+        cm_yarn_rope_cache(hp, p, swa ? hp->rope_base_swa : hp->rope_base, hp->rope_freq_scale, m->rope_freqs.data,
+                           cache);
         return;
     }
-    const float theta_scale = powf(base, -2.0f / (float)hp->n_rot);
-    const float *ff = m->rope_freqs.data;
-    float theta = p;
-    for (int i0 = 0; i0 < hp->n_rot; i0 += 2) {
-        float th = (ff ? theta / ff[i0 / 2] : theta) * freq_scale;
-        cache[i0] = cosf(th);
-        cache[i0 + 1] = sinf(th);
-        theta *= theta_scale;
-    }
+    cm_rope_cache(swa ? NULL : &hp->rope_scaling, hp->n_rot, swa ? hp->rope_base_swa : hp->rope_base,
+                  m->rope_freqs.data, p, cache);
 }
 
 static void rope_apply(const cm_hparams *hp, const float *cache, float *v) {
-    const int n = hp->n_rot;
-    if (hp->rope_type == CM_ROPE_NORM) {
-        for (int i0 = 0; i0 < n; i0 += 2) {
-            const float c = cache[i0], s = cache[i0 + 1];
-            const float x0 = v[i0], x1 = v[i0 + 1];
-            v[i0] = x0 * c - x1 * s;
-            v[i0 + 1] = x0 * s + x1 * c;
-        }
-    } else {
-        for (int i0 = 0; i0 < n; i0 += 2) {
-            const float c = cache[i0], s = cache[i0 + 1];
-            const int ic = i0 / 2;
-            const float x0 = v[ic], x1 = v[ic + n / 2];
-            v[ic] = x0 * c - x1 * s;
-            v[ic + n / 2] = x0 * s + x1 * c;
-        }
-    }
+    cm_rope_apply(hp->rope_type, hp->n_rot, cache, v);
 }
 
 static void phase_embed(cm_ctx *c, int ith, int nth) {
@@ -339,11 +320,8 @@ static void phase_embed(cm_ctx *c, int ith, int nth) {
         } else {
             memcpy(c->x + j * E, b->embd + j * E, (size_t)E * sizeof(float));
         }
-        rope_cache(m, (float)b->pos[j], m->hp.rope_base, m->hp.rope_freq_scale, c->rope + j * m->hp.n_rot);
-        /* gemma3's sliding-window layers are unscaled; gpt-oss's scale like its full layers */
-        if (m->hp.n_swa)
-            rope_cache(m, (float)b->pos[j], m->hp.rope_base_swa, m->hp.arch == CM_ARCH_GPTOSS ? m->hp.rope_freq_scale : 1.0f,
-                       c->rope_swa + j * m->hp.n_rot);
+        rope_cache(m, (float)b->pos[j], false, c->rope + j * m->hp.n_rot);
+        if (m->hp.n_swa) rope_cache(m, (float)b->pos[j], true, c->rope_swa + j * m->hp.n_rot);
     }
 }
 
@@ -490,6 +468,10 @@ static void rope_kv_task(cm_ctx *c, int j, int hl) {
     if (L->k_norm.data) rms_norm_row(kv_k, L->k_norm.data, kv_k, D, hp->rms_eps);
     rope_apply(hp, rc, kv_k);
     cm_kv *kv = c->a->kvs[b->seq[j]];
+    if (kv->v_rows) { /* attn.c's layout and types */
+        cm_kv_store_rows(c->k, kv, c->il, hk, b->pos[j], kv_k, kv_v);
+        return;
+    }
     size_t off = kv_off(kv, c->il, hk);
     int p = b->pos[j];
     if (kv->type == CM_TYPE_F16) {
@@ -525,11 +507,17 @@ static void attn_task(cm_ctx *c, int j, int h, int ith) {
     const cm_kv *kv = c->a->kvs[b->seq[j]];
     const bool f16 = kv->type == CM_TYPE_F16;
     const float *qv = c->q + (size_t)j * QS + (size_t)h * D;
-    const size_t off = kv_off(kv, c->il, hk);
     int np = b->pos[j] + 1;
     /* gemma3's sliding-window layers see positions > pos - n_swa (llama.cpp's
      * LLAMA_SWA_TYPE_STANDARD mask); masked scores are -inf, weights 0. */
     const int p_lo = cm_layer_is_swa(hp, c->il) ? CM_MAX(0, np - hp->n_swa) : 0;
+    if (kv->v_rows) { /* tiled, online softmax (attn.c) */
+        const cm_attn_kv av = cm_attn_kv_of(kv, c->il, hk);
+        const cm_attn_query aq = {.q = qv, .p_lo = p_lo, .p_hi = np, .scale = scale, .sink = NAN};
+        cm_attn_flash(c->k, &av, D, &aq, sc, c->att + (size_t)j * QS + (size_t)h * D);
+        return;
+    }
+    const size_t off = kv_off(kv, c->il, hk);
     for (int p = 0; p < p_lo; p++) sc[p] = -INFINITY;
     float mx = -INFINITY;
     if (f16) {

@@ -206,24 +206,14 @@ static int load_hparams(cm_model *m, char *err, size_t errlen) {
     if ((rc = get_float(g, an, "attention.layer_norm_rms_epsilon", 1e-5, 0, 1, &hp->rms_eps, err, errlen)) ||
         (rc = get_float(g, an, "rope.freq_base", 10000.0, 1e-3, 1e12, &hp->rope_base, err, errlen)))
         return rc;
-    hp->rope_freq_scale = 1.0f;
-    char key[128];
-    snprintf(key, sizeof key, "%s.rope.scaling.type", an);
-    char *st = cm_gguf_get_str(g, key);
-    float factor = 0;
-    if ((rc = get_float(g, an, "rope.scaling.factor", 0.0, 0.0, 1e6, &factor, err, errlen))) { cm_free(st); return rc; }
     if (hp->arch == CM_ARCH_GPTOSS) { /* its own YaRN and sliding-window keys (gptoss.c) */
-        cm_free(st);
+        hp->rope_freq_scale = 1.0f;
         hp->rope_type = CM_ROPE_NEOX;
         return cm_gptoss_load_hparams(m, err, errlen);
     }
-    if (st && strcmp(st, "none") && strcmp(st, "linear")) {
-        rc = cm_errf(err, errlen, CM_EUNSUPPORTED, "rope scaling type '%.32s' is not supported", st);
-        cm_free(st);
+    if ((rc = cm_rope_scaling_read(g, an, hp->n_ctx_train, hp->n_rot, hp->rope_base, 0, &hp->rope_scaling, err, errlen)))
         return rc;
-    }
-    if (st && !strcmp(st, "linear") && factor > 0) hp->rope_freq_scale = 1.0f / factor;
-    cm_free(st);
+    hp->rope_freq_scale = hp->rope_scaling.freq_scale;
     hp->rope_type = hp->arch == CM_ARCH_LLAMA ? CM_ROPE_NORM : CM_ROPE_NEOX;
     if (hp->arch == CM_ARCH_GEMMA3) return load_hparams_gemma3(m, err, errlen);
     if (hp->arch == CM_ARCH_PHI3) { /* llm_build_phi3: ggml_scale(q, 1/sqrtf(D)) after RoPE, kq scale 1 */

@@ -71,6 +71,48 @@ typedef struct cm_mla_hparams {
     int n_ctx_orig;
 } cm_mla_hparams;
 
+/* ---- RoPE scaling (rope.c) ----
+ * What "<arch>.rope.scaling.*" asks for, read as llama.cpp reads it: the
+ * type (missing: linear, as llama.cpp), factor (or the old
+ * "rope.scale_linear"; 0 = none), attn_factor and original_context_length
+ * for every architecture; the YaRN keys below only with the flags. */
+enum cm_rope_scaling_type { CM_ROPE_SCALING_NONE, CM_ROPE_SCALING_LINEAR, CM_ROPE_SCALING_YARN, CM_ROPE_SCALING_COUNT };
+enum {
+    CM_ROPE_READ_YARN_PARAMS = 1u << 0,  /* yarn_ext_factor, yarn_attn_factor, yarn_beta_fast/slow (grok) */
+    CM_ROPE_READ_YARN_LOG_MUL = 1u << 1, /* yarn_log_multiplier (deepseek2, mistral3) */
+};
+typedef struct cm_rope_scaling {
+    enum cm_rope_scaling_type type;
+    float factor;           /* rope.scaling.factor as stored (0: absent) */
+    float freq_scale;       /* 1 / factor (linear, yarn), else 1: the interpolated angle's scale */
+    int n_ctx_orig;         /* rope.scaling.original_context_length (default: context_length) */
+    float ext_factor;       /* YaRN's extrapolation mix: 1 for yarn, else 0 (or the file's, with the flag) */
+    float attn_factor;      /* rope.scaling.attn_factor (default 1) */
+    float yarn_attn_factor; /* rope.scaling.yarn_attn_factor (flag; default 1; used only without YaRN) */
+    float beta_fast, beta_slow; /* YaRN correction range in turns (default 32, 1) */
+    float log_mul;          /* rope.scaling.yarn_log_multiplier (flag; 0 = none) as the caller wants it */
+    bool log_mul_is_mscale; /* deepseek2: llama.cpp's mscale = log_mul too (callers set, then _finish) */
+    /* derived by cm_rope_scaling_finish: */
+    float corr_dims[2];     /* YaRN ramp from pair index corr_dims[0] (extrapolated) to [1] (interpolated) */
+    float mscale;           /* cos/sin magnitude before YaRN's own 1 + 0.1 ln(1 / freq_scale) */
+} cm_rope_scaling;
+const char *cm_rope_scaling_name(enum cm_rope_scaling_type t); /* "none", "linear", "yarn" */
+/* Read the scaling of architecture `arch` (its key prefix) for n_rot rotated
+ * dimensions and base `base`; flags: CM_ROPE_READ_*. Returns 0, or
+ * CM_EFORMAT / CM_EUNSUPPORTED (an unknown type such as longrope) with a message. */
+int cm_rope_scaling_read(const cm_gguf *g, const char *arch, int n_ctx_train, int n_rot, float base, unsigned flags,
+                         cm_rope_scaling *rs, char *err, size_t errlen);
+/* Recompute the derived fields after changing the others. */
+void cm_rope_scaling_finish(cm_rope_scaling *rs, int n_rot, float base);
+/* cos/sin of position pos for the n_rot / 2 pairs: cache[2i] = cos, [2i+1]
+ * = sin (both times the magnitude), as ggml's rope cache; rs NULL = no
+ * scaling; freq_factors: Llama 3's rope_freqs (n_rot / 2) or NULL. */
+void cm_rope_cache(const cm_rope_scaling *rs, int n_rot, float base, const float *freq_factors, float pos,
+                   float *cache);
+/* Rotate the first n_rot values of one head v by a cache row (NORM: pairs
+ * (2i, 2i+1); NEOX: pairs (i, i + n_rot/2)). */
+void cm_rope_apply(enum cm_rope_type type, int n_rot, const float *cache, float *v);
+
 /* Hyperparameters, read from "<arch>.*" metadata keys. */
 typedef struct cm_hparams {
     enum cm_arch arch;
@@ -85,7 +127,8 @@ typedef struct cm_hparams {
     int n_ctx_train;  /* <arch>.context_length */
     float rms_eps;    /* <arch>.attention.layer_norm_rms_epsilon (default 1e-5) */
     float rope_base;  /* <arch>.rope.freq_base (default 10000) */
-    float rope_freq_scale; /* 1 / <arch>.rope.scaling.factor for linear scaling, else 1 */
+    float rope_freq_scale; /* = rope_scaling.freq_scale (kept for callers that read it) */
+    cm_rope_scaling rope_scaling; /* <arch>.rope.scaling.* (rope.c) */
     enum cm_rope_type rope_type;
     /* Mixture of experts (0 experts: a dense FFN). Keys "<arch>.expert_count",
      * "expert_used_count", "expert_feed_forward_length" (default n_ff /
@@ -228,10 +271,56 @@ typedef struct cm_kv {
     int n_ctx;
     int head_dim;
     int n_past;
-    enum cm_type type; /* CM_TYPE_F32 or CM_TYPE_F16 */
+    enum cm_type type; /* K's type: CM_TYPE_F32 or CM_TYPE_F16 (transposed layout); also Q8_0, Q4_0 (rows) */
     void *k;           /* [layer][head][n_ctx][head_dim] */
-    void *v;           /* [layer][head][head_dim][n_ctx] */
+    void *v;           /* [layer][head][head_dim][n_ctx], or rows [layer][head][n_ctx][head_dim] (v_rows) */
+    /* attn.c: V's type and the rows layout (K and V rows of head_dim
+     * elements in their types' blocks, attended by cm_attn_flash); zero in a
+     * cache made by cm_kv_init / cm_kv_init_type (then type_v = type). */
+    enum cm_type type_v;
+    bool v_rows;
+    size_t k_row, v_row; /* bytes of one K / V row (v_rows) */
 } cm_kv;
+/* ---- KV cache types and flash attention (attn.c) ---- */
+bool cm_kv_type_ok(enum cm_type t);                  /* F32, F16, Q8_0, Q4_0 */
+int cm_kv_type_parse(const char *s, enum cm_type *t); /* "f32", "f16", "q8_0", "q4_0"; 0 or CM_EINVAL */
+/* Bytes of a cache with these K and V types (a Q8_0 row of 32 elements: 34 bytes). */
+uint64_t cm_kv_bytes_types(const cm_model *m, int layer_first, int layer_last, int h0, int h1, int n_ctx,
+                           enum cm_type type_k, enum cm_type type_v);
+/* A cache with K and V types of their own. rows: the rows layout and flash
+ * attention (forced for quantized types or different K and V types, as
+ * llama.cpp forces flash attention for a quantized V); otherwise the
+ * transposed layout of cm_kv_init_type. The head size must be a multiple of
+ * a quantized type's block (32). */
+int cm_kv_init_types(cm_kv *kv, const cm_model *m, int layer_first, int layer_last, cm_slice s, int n_ctx,
+                     enum cm_type type_k, enum cm_type type_v, bool rows, char *err, size_t errlen);
+/* Store K and V (head_dim floats each) of kv head hk of layer il at
+ * position pos of a rows-layout cache, converted to its types. */
+void cm_kv_store_rows(const cm_kernels *k, cm_kv *kv, int il, int hk, int pos, const float *kr, const float *vr);
+/* The rows of one (layer, kv head) of a rows-layout cache, position 0 first. */
+enum { CM_ATTN_TILE = 64 }; /* positions per tile of cm_attn_flash */
+typedef struct cm_attn_kv {
+    const uint8_t *k, *v;
+    size_t k_row, v_row;
+    enum cm_type k_type, v_type;
+} cm_attn_kv;
+cm_attn_kv cm_attn_kv_of(const cm_kv *kv, int il, int hk);
+/* One query against positions [p_lo, p_hi) (a sliding window: p_lo > 0):
+ * softmax(scale * q.K) over them (plus, unless sink is NAN, one more logit
+ * `sink` that has no value row: gpt-oss's attention sinks) times V. */
+typedef struct cm_attn_query {
+    const float *q; /* [head_dim], roped (and scaled where the model scales q) */
+    int p_lo, p_hi;
+    float scale;
+    float sink;     /* NAN: none */
+} cm_attn_query;
+size_t cm_attn_scratch_bytes(int head_dim); /* scratch per concurrent call, 64-byte aligned */
+/* out[0:head_dim] = the attention of q; tiles of CM_ATTN_TILE positions,
+ * the query converted to K's vec_dot_type (as ggml's flash attention does),
+ * an online softmax (running max and sum, rescaled per tile), V rows
+ * dequantized to floats. Thread-safe with its own scratch. */
+void cm_attn_flash(const cm_kernels *k, const cm_attn_kv *kv, int head_dim, const cm_attn_query *q, void *scratch,
+                   float *out);
 /* Bytes of an F32 KV cache for n_ctx positions over a layer range and head
  * range (an F16 cache takes half). */
 uint64_t cm_kv_bytes(const cm_model *m, int layer_first, int layer_last, int h0, int h1, int n_ctx);

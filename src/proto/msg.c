@@ -126,8 +126,16 @@ const char *cm_power_src_name(unsigned src) {
     return src < CM_POWER_SRC_COUNT ? names[src] : "unknown";
 }
 
+/* KV cache types a node can hold (ggml ids: F32 0, F16 1, Q4_0 2, Q8_0 8). */
+static bool kv_types_ok(const cm_msg_assign *a) {
+    const uint8_t ok[4] = {0, 1, 2, 8};
+    bool k = false, v = false;
+    for (int i = 0; i < 4; i++) k |= a->kv_type_k == ok[i], v |= a->kv_type_v == ok[i];
+    return k && v && a->kv_rows <= 1;
+}
+
 static const char *assign_invalid(const cm_msg_assign *a) {
-    if (a->flags & ~(CM_ASSIGN_F_EMBED | CM_ASSIGN_F_OUTPUT | CM_ASSIGN_F_TP_Q8 | CM_ASSIGN_F_EP | CM_ASSIGN_F_TAKE))
+    if (a->flags & ~(CM_ASSIGN_F_EMBED | CM_ASSIGN_F_OUTPUT | CM_ASSIGN_F_TP_Q8 | CM_ASSIGN_F_EP | CM_ASSIGN_F_TAKE | CM_ASSIGN_F_KV))
         return "flags";
     if ((a->flags & CM_ASSIGN_F_TP_Q8) && a->tp_size < 2) return "flags";
     if ((a->flags & CM_ASSIGN_F_EP) && (a->tp_size < 2 || (a->flags & CM_ASSIGN_F_TP_Q8))) return "flags";
@@ -339,6 +347,12 @@ static void encode(wcur *w, const cm_msg *m) {
         if (a->flags & CM_ASSIGN_F_EP) {
             w_check(w, expert_bounds_ok(a), "expert_bounds");
             for (unsigned i = 0; i <= a->tp_size; i++) w_u16(w, a->expert_bounds[i]);
+        }
+        if (a->flags & CM_ASSIGN_F_KV) {
+            w_check(w, kv_types_ok(a), "kv_type");
+            w_u8(w, a->kv_type_k);
+            w_u8(w, a->kv_type_v);
+            w_u8(w, a->kv_rows);
         }
         break;
     }
@@ -632,6 +646,12 @@ static int decode(rcur *r, unsigned type, cm_msg *m) {
         if (a->flags & CM_ASSIGN_F_EP) {
             for (unsigned i = 0; i <= a->tp_size; i++) a->expert_bounds[i] = r_u16(r, "expert_bounds");
             r_check(r, expert_bounds_ok(a), "expert_bounds");
+        }
+        if (a->flags & CM_ASSIGN_F_KV) {
+            a->kv_type_k = r_u8(r, "kv_type_k");
+            a->kv_type_v = r_u8(r, "kv_type_v");
+            a->kv_rows = r_u8(r, "kv_rows");
+            r_check(r, kv_types_ok(a), "kv_type");
         }
         break;
     }

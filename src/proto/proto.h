@@ -257,6 +257,8 @@ typedef struct cm_msg_ping {
 #define CM_ASSIGN_F_TAKE 16u   /* take the node over from the coordinator that holds its lease (--take) */
 #define CM_ASSIGN_F_EP 8u       /* expert group (expert parallelism; tp_size > 1, not with TP_Q8): every
                                    member holds whole layers but only its experts; expert_bounds follow */
+#define CM_ASSIGN_F_KV 32u      /* KV cache types follow (after expert_bounds): kv_type_k, kv_type_v, kv_rows
+                                   (u8 each); without it: F32 K and V, transposed V */
 typedef struct cm_msg_assign {
     uint64_t epoch;
     uint8_t model_sha256[32];
@@ -277,6 +279,9 @@ typedef struct cm_msg_assign {
      * rank r holds experts [expert_bounds[r], expert_bounds[r + 1]) of every
      * MoE layer; bounds[0] = 0, non-decreasing, the last = n_expert. */
     uint16_t expert_bounds[CM_MSG_MAX_TP + 1];
+    /* CM_ASSIGN_F_KV only: ggml type ids F32 0, F16 1, Q4_0 2, Q8_0 8; kv_rows
+     * 0/1 (K and V rows and tiled attention, model/attn.c) */
+    uint8_t kv_type_k, kv_type_v, kv_rows;
 } cm_msg_assign;
 
 /* READY: a node answers ASSIGN (status 0: loaded; else a CM_E* code + text). */

@@ -266,6 +266,9 @@ static double head_s(const cm_plan_model *m, const cm_plan_cluster *c, const cm_
 }
 
 static uint64_t kv_head_layer_bytes(const cm_plan_model *m, const cm_plan_opts *o) {
+    if (o->kv_k32_bytes > 0 && o->kv_v32_bytes > 0) /* block types: whole blocks per row */
+        return ((uint64_t)m->head_dim * (uint64_t)(o->kv_k32_bytes + o->kv_v32_bytes) + 31) / 32 * (uint64_t)o->ctx *
+               (uint64_t)o->n_seq;
     return 2ull * (uint64_t)m->head_dim * (uint64_t)o->ctx * (uint64_t)o->n_seq * (uint64_t)o->kv_elem_bytes;
 }
 

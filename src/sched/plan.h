@@ -97,6 +97,8 @@ typedef struct cm_plan_opts {
     int ctx;               /* KV length per sequence */
     int n_seq;             /* concurrent sequences (KV is sized for all of them) */
     int kv_elem_bytes;     /* 4 (f32) or 2 (f16) */
+    int kv_k32_bytes, kv_v32_bytes; /* bytes of 32 K / V elements (f32 128, f16 64, q8_0 34, q4_0 18);
+                                       0: kv_elem_bytes for both */
     int prompt_tokens;     /* for the time-to-first-token prediction */
     enum cm_parallel mode; /* AUTO picks the best predicted plan */
     uint64_t reserve_bytes;/* per node: scratch, buffers, the OS */

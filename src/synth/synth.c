@@ -162,6 +162,12 @@ int cm_synth_check(const cm_synth_params *p, char *err, size_t errlen) {
         return cm_errf(err, errlen, CM_EINVAL, "type %s needs dim and ffn to be multiples of %d (got %d, %d)",
                        st->name, bs, p->n_embd, p->n_ff);
     if (p->n_ctx < 0) return cm_errf(err, errlen, CM_EINVAL, "context length must be positive");
+    if (p->rope_scaling && strcmp(p->rope_scaling, "none") && strcmp(p->rope_scaling, "linear") &&
+        strcmp(p->rope_scaling, "yarn"))
+        return cm_errf(err, errlen, CM_EINVAL, "unknown rope scaling '%s' (supported: none, linear, yarn, llama3)",
+                       p->rope_scaling);
+    if (p->rope_scaling && p->rope_llama3)
+        return cm_errf(err, errlen, CM_EINVAL, "llama3 rope scaling is written without a scaling type");
     return moe_check(p, find_arch(p->arch), bs, err, errlen);
 }
 
@@ -691,6 +697,15 @@ int cm_synth_write(const cm_synth_params *p, const cm_gguf *vocab, const char *p
     }
     cm_gguf_w_f32(w, K("rope.freq_base"), rope_base);
     cm_gguf_w_u32(w, K("rope.dimension_count"), (uint32_t)(arch == A_DEEPSEEK2 ? DS_ROPE : D));
+    if (p->rope_scaling) {
+        cm_gguf_w_str(w, K("rope.scaling.type"), p->rope_scaling);
+        if (p->rope_factor > 0) cm_gguf_w_f32(w, K("rope.scaling.factor"), p->rope_factor);
+        if (p->rope_orig_ctx > 0) cm_gguf_w_u32(w, K("rope.scaling.original_context_length"), (uint32_t)p->rope_orig_ctx);
+        if (p->rope_attn_factor > 0) cm_gguf_w_f32(w, K("rope.scaling.attn_factor"), p->rope_attn_factor);
+        if (p->yarn_beta_fast > 0) cm_gguf_w_f32(w, K("rope.scaling.yarn_beta_fast"), p->yarn_beta_fast);
+        if (p->yarn_beta_slow > 0) cm_gguf_w_f32(w, K("rope.scaling.yarn_beta_slow"), p->yarn_beta_slow);
+        if (p->yarn_log_mul > 0) cm_gguf_w_f32(w, K("rope.scaling.yarn_log_multiplier"), p->yarn_log_mul);
+    }
 #undef K
     /* The vocabulary, verbatim. */
     for (uint64_t i = 0; i < vocab->n_kv; i++)

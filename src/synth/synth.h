@@ -43,6 +43,16 @@ typedef struct cm_synth_params {
     const char *type;   /* f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k q4_k_m */
     float rope_base;    /* 0 = the architecture's usual (llama 10000, with llama3 scaling 500000, qwen 1e6) */
     bool rope_llama3;   /* Llama 3.1 rope scaling: rope_freqs.weight (factor 8, low 1, high 4, original ctx 8192) */
+    /* RoPE scaling keys (rope.scaling.*), written when rope_scaling is set:
+     * "none", "linear" or "yarn" (type), rope_factor (factor, > 0),
+     * rope_orig_ctx (original_context_length; 0 = not written),
+     * rope_attn_factor (attn_factor; 0 = not written); and the YaRN keys
+     * llama.cpp reads only for some architectures (0 = not written):
+     * yarn_beta_fast, yarn_beta_slow, yarn_log_mul. */
+    const char *rope_scaling;
+    float rope_factor;
+    int rope_orig_ctx;
+    float rope_attn_factor, yarn_beta_fast, yarn_beta_slow, yarn_log_mul;
     bool tied;          /* no output.weight: the head reuses token_embd */
     int n_swa;          /* gemma3: attention.sliding_window; 0 = 8 */
     /* deepseek2 (needs --experts): "v3" (q LoRA, sigmoid routing with

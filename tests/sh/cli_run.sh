@@ -125,7 +125,8 @@ expect_error "prompt longer than ctx" "does not fit the context of 32" "$BIN" ru
 expect_error "bad option" "unknown option" "$BIN" run "$M/stories260K-f32.gguf" --bogus
 expect_error "bad number" "--temp" "$BIN" run "$M/stories260K-f32.gguf" --temp abc
 expect_error "no model" "needs a MODEL" "$BIN" run
-expect_error "bad kv type" "f32 or f16" "$BIN" run "$M/stories260K-f32.gguf" --kv-type q8_0
+expect_error "bad kv type" "f32, f16, q8_0, q4_0" "$BIN" run "$M/stories260K-f32.gguf" --kv-type q5_k
+expect_error "kv type vs head size" "multiple of 32" "$BIN" run "$M/stories260K-f32.gguf" -ctk q8_0 -p hi
 expect_error "missing prompt file" "no such file" "$BIN" run "$M/stories260K-f32.gguf" -f "$TMP/none.txt"
 
 # issue 19: limits said out loud (stories260K was trained for 512 tokens)

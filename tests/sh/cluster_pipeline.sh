@@ -6,7 +6,8 @@
 # are counted on the wire (net's counters) and bounded by dim x 4 + a fixed
 # header; concurrent streams fill the pipeline and each equals the lone run;
 # a node with another cluster key is refused, one with the key works;
-# `cumulo nodes` reports the nodes. Every process is killed on exit.
+# `cumulo nodes` reports the nodes; KV cache types reach the nodes. Every
+# process is killed on exit.
 cd "$(dirname "$0")/../.." || exit 1
 . tests/sh/lib/cluster_common.sh
 M=$SHARED/models
@@ -135,6 +136,47 @@ off=$(perl -e 'open M, "<", $ARGV[1]; binmode M; read M, $h, 16; my $d = unpack(
 printf '\377' | dd of="$slice" bs=1 seek="$off" conv=notrunc 2>/dev/null
 w_run "repaired weights"
 [ "$(streamed)" -gt 0 ] && ok || bad "a corrupted cached tensor was not fetched again"
+
+# 6. KV cache types reach the nodes through their assignment: a 2-stage
+# run with -ctk q8_0 -ctv q4_0 (and f16 with -fa) equals one machine with
+# the same types, and differs from F32 (so the types were used).
+"$BIN" synth --arch llama --dim 128 --layers 4 --heads 2 --kv-heads 2 --ffn 256 --type q8_0 --seed 5 \
+    --vocab "$SHARED/vocab/ggml-vocab-llama-spm.gguf" -o "$TMP/kv.gguf" --threads 1 >/dev/null 2>&1
+kv_ids() { # kv_ids OUT [run options]
+    out=$1
+    shift
+    "$BIN" run "$TMP/kv.gguf" -p "one two three four" -n 40 --temp 0 --threads 1 --json "$@" >"$TMP/$out.json" 2>"$TMP/$out.err" &&
+        cc_jsonget "$TMP/$out.json" 'join(",", @{$j->{tokens}})'
+}
+f32=$(kv_ids kvf32)
+for opts in "-ctk q8_0 -ctv q4_0" "--kv-type f16 -fa"; do
+    # shellcheck disable=SC2086
+    one_kv=$(kv_ids kv1 $opts)
+    # shellcheck disable=SC2086
+    cl_kv=$(kv_ids kv2 $opts --nodes "$ADDR_a" --layers 2,2)
+    [ -n "$one_kv" ] && [ "$one_kv" = "$cl_kv" ] && ok || bad "kv $opts: 2 stages differ from one machine: $(tail -2 "$TMP/kv2.err")"
+    [ "$opts" = "--kv-type f16 -fa" ] || { [ "$one_kv" != "$f32" ] && ok || bad "kv $opts: same ids as F32 (types not used?)"; }
+done
+
+# 7. A full context is the same on a cluster as on one machine (docs/DESIGN.md,
+# "A full context"): a prompt longer than --ctx is refused naming the limit;
+# generation that reaches it stops with finish_reason "ctx" after the same ids.
+long=$(perl -e 'print "the dog ran and " x 40')
+for where in "" "--nodes $ADDR_a"; do
+    # shellcheck disable=SC2086
+    if "$BIN" run "$M/stories260K-q8_0.gguf" $where -p "$long" --ctx 32 --threads 1 >/dev/null 2>"$TMP/full.err"; then
+        bad "a prompt over the context was accepted ($where)"
+    else
+        grep -q "does not fit the context of 32" "$TMP/full.err" && ok || bad "full prompt ($where): $(tail -1 "$TMP/full.err")"
+    fi
+    # shellcheck disable=SC2086
+    "$BIN" run "$M/stories260K-q8_0.gguf" $where -p "Once upon a time" --ctx 40 -n 100 --temp 0 --threads 1 --json \
+        >"$TMP/full.json" 2>"$TMP/full2.err"
+    got=$(cc_jsonget "$TMP/full.json" '$j->{finish_reason} . ":" . scalar(@{$j->{tokens}})' 2>/dev/null)
+    [ -z "$where" ] && full_one=$got
+    case $got in ctx:*) ok ;; *) bad "generation to a full context ($where): $got $(tail -1 "$TMP/full2.err")" ;; esac
+done
+[ "$got" = "$full_one" ] && ok || bad "a full context differs on the cluster: $got vs $full_one"
 
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

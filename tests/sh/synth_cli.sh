@@ -33,7 +33,7 @@ expect_err "not a multiple of kv-heads" $BASE --type q8_0 --kv-heads 3 -o "$T/x.
 expect_err "missing -o" $BASE --type q8_0
 expect_err "missing --vocab" --arch llama --dim 256 --layers 1 --heads 4 --ffn 512 --type q8_0 -o "$T/x.gguf"
 expect_err "cannot open|no such file" --arch llama --dim 256 --layers 1 --heads 4 --ffn 512 --type q8_0 --vocab "$T/none.gguf" -o "$T/x.gguf"
-expect_err "unknown rope scaling 'yarn'" $BASE --type q8_0 --rope-scaling yarn -o "$T/x.gguf"
+expect_err "unknown rope scaling 'longrope'" $BASE --type q8_0 --rope-scaling longrope -o "$T/x.gguf"
 expect_err "unknown option '--bogus'" $BASE --type q8_0 --bogus -o "$T/x.gguf"
 expect_err "'--dim'" $BASE --type q8_0 --dim abc -o "$T/x.gguf"
 expect_err "needs --experts" $BASE --type q8_0 --arch qwen3moe -o "$T/x.gguf"

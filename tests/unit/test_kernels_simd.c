@@ -307,6 +307,34 @@ static void check_gemm(const cm_kernels *k) {
     printf("# %s gemm: %d (row, token) results checked, %d bit-equal to vec_dot\n", k->name, checked, exact);
 }
 
+/* Attention's value kernel (attn_v, attn_*.c) against the reference: 64
+ * rows of 96 elements (tails for 16-lane F32/F16) or 128 (block types).
+ * Fused multiply-adds of weights <= 1 into sums < 64: measured 1.4e-6. */
+static void check_attn_v(const cm_kernels *k) {
+    static const enum cm_type kt[] = {CM_TYPE_F32, CM_TYPE_F16, CM_TYPE_Q8_0};
+    float x[64 * 128], w[64], a0[128], a1[128];
+    static uint8_t rows[64 * 128 * 4];
+    for (int i = 0; i < 64 * 128; i++) x[i] = (float)((g_rng = g_rng * 6364136223846793005ull + 1) >> 40) / 16777216.0f * 2 - 1;
+    for (int j = 0; j < 64; j++) w[j] = (float)(j % 7) / 7.0f;
+    for (size_t ti = 0; ti < sizeof kt / sizeof kt[0]; ti++) {
+        const int D = kt[ti] == CM_TYPE_Q8_0 ? 128 : 96;
+        const size_t row = cm_row_size(kt[ti], D);
+        for (int j = 0; j < 64; j++) {
+            if (kt[ti] == CM_TYPE_F32) memcpy(rows + row * j, x + j * D, (size_t)D * 4);
+            else cm_quantize_rows(kt[ti], x + j * D, rows + row * j, 1, D);
+        }
+        CHECKF(k->attn_v[kt[ti]] && k->attn_v[kt[ti]] != cm_kernels_ref()->attn_v[kt[ti]], "%s has no SIMD attn_v for %s",
+               k->name, cm_type_name(kt[ti]));
+        if (!k->attn_v[kt[ti]]) continue;
+        for (int i = 0; i < D; i++) a0[i] = a1[i] = (float)i / D;
+        cm_kernels_ref()->attn_v[kt[ti]](D, rows, row, w, 64, a0);
+        k->attn_v[kt[ti]](D, rows, row, w, 64, a1);
+        double e = 0;
+        for (int i = 0; i < D; i++) e = fmax(e, fabs(a0[i] - a1[i]));
+        CHECKF(e < 5e-6, "%s attn_v %s: max error %.3g vs the reference", k->name, cm_type_name(kt[ti]), e);
+    }
+}
+
 static void test_tables(void) {
     int n_isa = 0;
     for (size_t i = 0; i < sizeof k_isas / sizeof k_isas[0]; i++) {
@@ -320,6 +348,7 @@ static void test_tables(void) {
         check_vec_dot(k);
         check_from_float(k);
         check_gemm(k);
+        check_attn_v(k);
     }
     printf("# %d SIMD table(s) tested\n", n_isa);
 }

@@ -85,6 +85,21 @@ static void test_single_node(void) {
     CHECKF(fabs(p.tok_s - 100e9 / bytes) / (100e9 / bytes) < 0.01, "tok/s %.2f", p.tok_s);
 }
 
+/* KV cache types: the planner counts whole blocks (Q8_0: 34 bytes per 32
+ * elements) and a long context that does not fit in F32 fits in Q8_0. */
+static void test_kv_types(void) {
+    cm_plan_model m; llama8b(&m);
+    cm_plan_cluster c = {0}; links_all(&c, 0.2, 40);
+    add_node(&c, "mini", 16, 100, 4);
+    cm_plan_opts o; cm_plan_opts_default(&o);
+    o.ctx = 65536;
+    cm_plan p; char err[512];
+    CHECK(cm_plan_make(&m, &c, &o, &p, err, sizeof err) != 0); /* F32: 32 x 8 x 128 x 2 x 4 B x 65536 = 16 GiB */
+    o.kv_k32_bytes = o.kv_v32_bytes = 34;
+    CHECKF(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == 0, "%s", err);
+    CHECK(p.n_stages == 1 && p.stages[0].members[0].kv_bytes == 32ull * 8 * (128 / 32) * (34 + 34) * 65536);
+}
+
 static void test_even_and_uneven_pipeline(void) {
     cm_plan_model m; llama8b(&m);
     cm_plan_opts o; cm_plan_opts_default(&o); o.mode = CM_PARALLEL_PP;
@@ -567,6 +582,7 @@ static void test_shared_host(void) {
 int main(void) {
     RUN(test_shared_host);
     RUN(test_single_node);
+    RUN(test_kv_types);
     RUN(test_even_and_uneven_pipeline);
     RUN(test_memory_bound_node);
     RUN(test_slow_link_gets_fewer);

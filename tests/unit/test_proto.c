@@ -545,8 +545,26 @@ static void test_encode_bounds(void) {
     m.u.assign.tp_rank = 0;
     CHECK(cm_msg_encode(&m, NULL, 0, &n, e, sizeof e) == CM_EINVAL);
     sample(CM_MSG_ASSIGN, &m, 0);
-    m.u.assign.flags |= 32; /* unknown flag (16 is TAKE since issue 19) */
+    m.u.assign.flags |= 64; /* unknown flag (16 is TAKE, 32 is KV) */
     CHECK(cm_msg_encode(&m, NULL, 0, &n, e, sizeof e) == CM_EINVAL);
+    { /* KV cache types (CM_ASSIGN_F_KV): round trip; a type a node cannot hold is refused */
+        uint8_t wire[2048];
+        size_t wl;
+        cm_msg d;
+        sample(CM_MSG_ASSIGN, &m, 2);
+        m.u.assign.flags |= CM_ASSIGN_F_KV;
+        m.u.assign.kv_type_k = 8; /* Q8_0 */
+        m.u.assign.kv_type_v = 2; /* Q4_0 */
+        m.u.assign.kv_rows = 1;
+        CHECK(cm_msg_encode(&m, wire, sizeof wire, &wl, e, sizeof e) == 0);
+        CHECK(cm_msg_decode(CM_MSG_ASSIGN, wire, wl, &d, e, sizeof e) == 0 && d.u.assign.kv_type_k == 8 &&
+              d.u.assign.kv_type_v == 2 && d.u.assign.kv_rows == 1 && d.u.assign.expert_bounds[2] == 8);
+        wire[wl - 3] = 12; /* K as Q4_K: not a KV type */
+        CHECK(cm_msg_decode(CM_MSG_ASSIGN, wire, wl, &d, e, sizeof e) != 0 && strstr(e, "kv_type"));
+        CHECK(cm_msg_decode(CM_MSG_ASSIGN, wire, wl - 1, &d, e, sizeof e) != 0); /* truncated */
+        m.u.assign.kv_type_v = 3;
+        CHECK(cm_msg_encode(&m, NULL, 0, &n, e, sizeof e) == CM_EINVAL);
+    }
     /* expert groups: bounds from 0, non-decreasing, past 0; a group; never Q8_0 */
     sample(CM_MSG_ASSIGN, &m, 2);
     CHECK(cm_msg_encode(&m, NULL, 0, &n, e, sizeof e) == 0);

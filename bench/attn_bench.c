@@ -1,0 +1,103 @@
+/*
+ * attn_bench.c: decode cost of attention alone at long contexts, in one
+ * process, interleaved A B A B: a small synthetic llama (dim 2048, 32 heads,
+ * 8 KV heads of 64, 1 layer, tiny FFN: attention is most of the step) with a
+ * KV cache filled with random F16 rows to depth N, one decode step timed
+ * with the two-pass attention over the transposed cache (the default) and
+ * with the tiled online-softmax attention over rows (-fa, model/attn.c).
+ * A benchmark, not a test: it asserts nothing.
+ *
+ *   make cumulo && cc -std=c11 -O2 -D_GNU_SOURCE -Isrc bench/attn_bench.c build/libcumulo.a \
+ *       $(pkg-config --libs libmicrohttpd libcjson libsodium libpcre2-8) -lm -lpthread -o /tmp/attn_bench
+ *   /tmp/attn_bench VOCAB.gguf [THREADS] [DEPTHS...]
+ */
+#include "base/base.h"
+#include "gguf/gguf.h"
+#include "model/model.h"
+#include "os/os.h"
+#include "synth/synth.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) { fprintf(stderr, "usage: attn_bench VOCAB.gguf [THREADS] [DEPTHS...]\n"); return 2; }
+    char err[512];
+    cm_gguf vocab, g;
+    if (cm_gguf_open(&vocab, argv[1], NULL, NULL, err, sizeof err)) { fprintf(stderr, "%s\n", err); return 1; }
+    const int threads = argc > 2 ? atoi(argv[2]) : 1;
+    cm_synth_params sp = {.arch = "llama", .n_embd = 2048, .n_layer = 1, .n_head = 32, .n_head_kv = 8, .n_ff = 256,
+                          .n_ctx = 65536, .type = "q8_0", .seed = 1, .n_threads = 1};
+    cm_buf file;
+    cm_buf_init(&file);
+    cm_model m;
+    if (cm_synth_write(&sp, &vocab, NULL, &file, err, sizeof err) ||
+        cm_gguf_parse(&g, (const uint8_t *)file.data, file.len, err, sizeof err) || cm_model_load(&m, &g, err, sizeof err)) {
+        fprintf(stderr, "%s\n", err);
+        return 1;
+    }
+    cm_pool *pool = cm_pool_new(threads);
+    int depths[8] = {1024, 4096, 16384}, nd = 3;
+    if (argc > 3) for (nd = 0; nd < 8 && 3 + nd < argc; nd++) depths[nd] = atoi(argv[3 + nd]);
+    printf("threads %d; decode step ms (median of 9, interleaved): depth, two-pass F16, tiled F16 (-fa), tiled Q8_0\n", threads);
+    for (int di = 0; di < nd; di++) {
+        const int N = depths[di];
+        cm_ctx *c = cm_ctx_new(&m, 1, N + 1, pool, err, sizeof err);
+        cm_kv kv[3];
+        const enum cm_type tk[3] = {CM_TYPE_F16, CM_TYPE_F16, CM_TYPE_Q8_0};
+        for (int v = 0; v < 3; v++) {
+            if (cm_kv_init_types(&kv[v], &m, 0, 1, cm_slice_full(&m), N + 1, tk[v], tk[v], v > 0, err, sizeof err)) {
+                fprintf(stderr, "%s\n", err);
+                return 1;
+            }
+            /* random-ish rows: every byte written so the pages are resident */
+            const size_t kb = (size_t)N * 8 * (v == 2 ? kv[v].k_row : 128), vb = kb;
+            uint8_t *k = kv[v].k, *vv = kv[v].v;
+            uint32_t st = 1;
+            for (size_t i = 0; i < kb; i++) k[i] = (uint8_t)((st = st * 1103515245u + 12345u) >> 24 & 0x3b);
+            for (size_t i = 0; i < vb; i++) vv[i] = (uint8_t)((st = st * 1103515245u + 12345u) >> 24 & 0x3b);
+            kv[v].n_past = N;
+        }
+        double t[3][9];
+        const char *only = getenv("ATTN_BENCH_ONLY"); /* profiling: 0, 1 or 2 alone, 200 steps */
+        for (int r = 0; only && r < 200; r++) {
+            int32_t tok = 1, pos = N, seq = 0;
+            cm_kv *kvs[1] = {&kv[atoi(only)]};
+            cm_batch b = {.n = 1, .tokens = &tok, .pos = &pos, .seq = &seq};
+            cm_forward_args a = {.layer_first = 0, .layer_last = 1, .slice = cm_slice_full(&m), .kvs = kvs, .n_kvs = 1};
+            if (cm_forward(c, &b, &a, err, sizeof err)) return 1;
+            kvs[0]->n_past = N;
+        }
+        for (int r = 0; r < 9; r++)
+            for (int vi = 0; vi < 3; vi++) {
+                const int v = (vi + r) % 3; /* rotate the order: no variant always follows another */
+                int32_t tok = 1, pos = N, seq = 0;
+                cm_kv *kvs[1] = {&kv[v]};
+                cm_batch b = {.n = 1, .tokens = &tok, .pos = &pos, .seq = &seq};
+                cm_forward_args a = {.layer_first = 0, .layer_last = 1, .slice = cm_slice_full(&m), .kvs = kvs, .n_kvs = 1};
+                const double t0 = now();
+                if (cm_forward(c, &b, &a, err, sizeof err)) { fprintf(stderr, "%s\n", err); return 1; }
+                t[v][r] = now() - t0;
+                kv[v].n_past = N;
+            }
+        double med[3];
+        for (int v = 0; v < 3; v++) {
+            for (int i = 0; i < 9; i++)
+                for (int j = i + 1; j < 9; j++)
+                    if (t[v][j] < t[v][i]) { double x = t[v][i]; t[v][i] = t[v][j]; t[v][j] = x; }
+            med[v] = t[v][4] * 1e3;
+        }
+        printf("%6d  %8.3f  %8.3f  %8.3f   (tiled/two-pass %.2fx faster)\n", N, med[0], med[1], med[2], med[0] / med[1]);
+        for (int v = 0; v < 3; v++) cm_kv_release(&kv[v]);
+        cm_ctx_free(c);
+    }
+    return 0;
+}

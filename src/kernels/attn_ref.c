@@ -1,0 +1,51 @@
+/*
+ * attn_ref.c: the scalar reference of attention's value side (kernels.h,
+ * cm_attn_v_fn): acc += w[j] * V_j over a tile of KV-cache rows, for the KV
+ * cache types F32, F16, Q8_0 and Q4_0. Each row is dequantized with the
+ * type's to_float (ggml's rounding) and added in row order with a separate
+ * multiply and add. Never allocates (rows are dequantized in 32-element
+ * blocks on the stack).
+ */
+#include "isa.h"
+
+static void attn_v_f32(int64_t D, const void *v, size_t v_row, const float *w, int n, float *acc) {
+    for (int j = 0; j < n; j++) {
+        const float *r = (const float *)((const char *)v + (size_t)j * v_row);
+        for (int64_t i = 0; i < D; i++) acc[i] += w[j] * r[i];
+    }
+}
+
+/* Dequantize 32 elements at a time through the reference to_float. */
+static void attn_v_blocks(cm_to_float_fn to_float, size_t block_bytes, int64_t D, const void *v, size_t v_row,
+                          const float *w, int n, float *acc) {
+    float tmp[32];
+    for (int j = 0; j < n; j++) {
+        const char *r = (const char *)v + (size_t)j * v_row;
+        for (int64_t b = 0; b < D / 32; b++) {
+            to_float(r + (size_t)b * block_bytes, tmp, 32);
+            for (int i = 0; i < 32; i++) acc[b * 32 + i] += w[j] * tmp[i];
+        }
+    }
+}
+
+static void attn_v_f16(int64_t D, const void *v, size_t v_row, const float *w, int n, float *acc) {
+    for (int j = 0; j < n; j++) {
+        const cm_f16 *r = (const cm_f16 *)((const char *)v + (size_t)j * v_row);
+        for (int64_t i = 0; i < D; i++) acc[i] += w[j] * cm_f16_to_f32(r[i]);
+    }
+}
+
+static void attn_v_q8_0(int64_t D, const void *v, size_t v_row, const float *w, int n, float *acc) {
+    attn_v_blocks(cm_ref_to_float_q8_0, sizeof(cm_block_q8_0), D, v, v_row, w, n, acc);
+}
+
+static void attn_v_q4_0(int64_t D, const void *v, size_t v_row, const float *w, int n, float *acc) {
+    attn_v_blocks(cm_ref_to_float_q4_0, sizeof(cm_block_q4_0), D, v, v_row, w, n, acc);
+}
+
+void cm_kernels_fill_attn_ref(cm_kernels *k) {
+    k->attn_v[CM_TYPE_F32] = attn_v_f32;
+    k->attn_v[CM_TYPE_F16] = attn_v_f16;
+    k->attn_v[CM_TYPE_Q8_0] = attn_v_q8_0;
+    k->attn_v[CM_TYPE_Q4_0] = attn_v_q4_0;
+}

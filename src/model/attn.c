@@ -1,0 +1,186 @@
+/*
+ * attn.c: the KV cache's element types and the tiled attention with online
+ * softmax ("flash" attention) over it.
+ *
+ * A cache holds K and V of one sequence for a layer range and a KV-head
+ * range. Two layouts:
+ *   - the transposed one (ggml's non-flash layout, model.h): K rows
+ *     [n_ctx][D], V as [D][n_ctx], F32 or F16 only; attention then runs
+ *     forward.c's two-pass softmax, the numbers of llama.cpp without flash
+ *     attention;
+ *   - rows (v_rows): K and V both [n_ctx] rows of D elements, each row in
+ *     its type's blocks (F32, F16, Q8_0, Q4_0: llama.cpp's -ctk/-ctv; a
+ *     quantized V needs this layout, as it needs flash attention in
+ *     llama.cpp). Attention then runs cm_attn_flash below.
+ *
+ * cm_attn_flash is written against a narrow view (rows of K and V, a range
+ * of positions, a scale, an optional sink logit) so that sliding windows
+ * (p_lo > 0) and attention sinks pass through it unchanged. It never
+ * allocates: the caller gives scratch of cm_attn_scratch_bytes().
+ */
+#include "model.h"
+
+#include <math.h>
+#include <string.h>
+
+bool cm_kv_type_ok(enum cm_type t) {
+    return t == CM_TYPE_F32 || t == CM_TYPE_F16 || t == CM_TYPE_Q8_0 || t == CM_TYPE_Q4_0;
+}
+
+int cm_kv_type_parse(const char *s, enum cm_type *t) {
+    if (!s) return CM_EINVAL;
+    int v = cm_type_from_name(s);
+    if (v < 0 || !cm_kv_type_ok((enum cm_type)v)) return CM_EINVAL;
+    *t = (enum cm_type)v;
+    return 0;
+}
+
+uint64_t cm_kv_bytes_types(const cm_model *m, int layer_first, int layer_last, int h0, int h1, int n_ctx,
+                           enum cm_type type_k, enum cm_type type_v) {
+    const uint64_t rows = (uint64_t)(layer_last - layer_first) * (uint64_t)(h1 - h0) * (uint64_t)n_ctx;
+    return rows * (uint64_t)(cm_row_size(type_k, m->hp.head_dim) + cm_row_size(type_v, m->hp.head_dim));
+}
+
+int cm_kv_init_types(cm_kv *kv, const cm_model *m, int layer_first, int layer_last, cm_slice s, int n_ctx,
+                     enum cm_type type_k, enum cm_type type_v, bool rows, char *err, size_t errlen) {
+    memset(kv, 0, sizeof *kv);
+    if (!cm_kv_type_ok(type_k) || !cm_kv_type_ok(type_v))
+        return cm_errf(err, errlen, CM_EINVAL, "kv cache types %s/%s are not supported (f32, f16, q8_0, q4_0)",
+                       cm_type_name(type_k), cm_type_name(type_v));
+    const int D = m->hp.head_dim;
+    if (!cm_row_size(type_k, D) || !cm_row_size(type_v, D))
+        return cm_errf(err, errlen, CM_EINVAL, "head size %d is not a multiple of the %s kv cache's block of 32", D,
+                       cm_row_size(type_k, D) ? cm_type_name(type_v) : cm_type_name(type_k));
+    /* the transposed layout only for the two float types, the same one for K and V */
+    if (!rows && (type_k != type_v || (type_k != CM_TYPE_F32 && type_k != CM_TYPE_F16))) rows = true;
+    if (layer_first < 0 || layer_last > m->hp.n_layer || layer_first >= layer_last)
+        return cm_errf(err, errlen, CM_EINVAL, "layer range [%d, %d) is out of [0, %d)", layer_first, layer_last,
+                       m->hp.n_layer);
+    if (s.h0 < 0 || s.h1 > m->hp.n_head_kv || s.h0 > s.h1)
+        return cm_errf(err, errlen, CM_EINVAL, "kv head range [%d, %d) is out of [0, %d)", s.h0, s.h1, m->hp.n_head_kv);
+    if (n_ctx < 1 || n_ctx > (1 << 24)) return cm_errf(err, errlen, CM_EINVAL, "context size %d is out of range", n_ctx);
+    const uint64_t n = (uint64_t)(layer_last - layer_first) * (uint64_t)(s.h1 - s.h0) * (uint64_t)n_ctx;
+    const uint64_t kb = n * cm_row_size(type_k, D), vb = n * cm_row_size(type_v, D);
+    if (kb > SIZE_MAX / 4 || vb > SIZE_MAX / 4)
+        return cm_errf(err, errlen, CM_ENOMEM, "kv cache of %llu bytes is too large", (unsigned long long)(kb + vb));
+    /* calloc: untouched context costs no resident memory. */
+    kv->k = cm_calloc(1, (size_t)kb + sizeof(float));
+    kv->v = cm_calloc(1, (size_t)vb + sizeof(float));
+    if (!kv->k || !kv->v) {
+        cm_kv_release(kv);
+        return cm_errf(err, errlen, CM_ENOMEM, "out of memory for a kv cache of %llu bytes", (unsigned long long)(kb + vb));
+    }
+    kv->layer_first = layer_first;
+    kv->layer_last = layer_last;
+    kv->h0 = s.h0;
+    kv->h1 = s.h1;
+    kv->n_ctx = n_ctx;
+    kv->head_dim = D;
+    kv->type = type_k;
+    kv->type_v = type_v;
+    kv->v_rows = rows;
+    kv->k_row = cm_row_size(type_k, D);
+    kv->v_row = cm_row_size(type_v, D);
+    return 0;
+}
+
+/* Byte offset of position 0 of (layer il, kv head hk) in a rows-layout cache. */
+static size_t rows_off(const cm_kv *kv, int il, int hk, size_t row) {
+    return ((size_t)(il - kv->layer_first) * (size_t)(kv->h1 - kv->h0) + (size_t)(hk - kv->h0)) * (size_t)kv->n_ctx * row;
+}
+
+/* F16 as the activation converter; Q8_0 and Q4_0 with ggml's reference
+ * quantizers (cm_quantize_rows), which llama.cpp's cache stores use: with
+ * the x86 activation rounding of Q8_0 instead (the query's, in
+ * cm_attn_flash) the golden models moved by 3e-3 (measured). */
+static void store_row(const cm_kernels *k, enum cm_type t, const float *x, uint8_t *dst, int D) {
+    if (t == CM_TYPE_F32) memcpy(dst, x, (size_t)D * sizeof(float));
+    else if (t == CM_TYPE_F16) k->from_float[t](x, dst, D);
+    else cm_quantize_rows(t, x, dst, 1, D);
+}
+
+void cm_kv_store_rows(const cm_kernels *k, cm_kv *kv, int il, int hk, int pos, const float *kr, const float *vr) {
+    const int D = kv->head_dim;
+    uint8_t *kd = (uint8_t *)kv->k + rows_off(kv, il, hk, kv->k_row) + (size_t)pos * kv->k_row;
+    uint8_t *vd = (uint8_t *)kv->v + rows_off(kv, il, hk, kv->v_row) + (size_t)pos * kv->v_row;
+    store_row(k, kv->type, kr, kd, D);
+    store_row(k, kv->type_v, vr, vd, D);
+}
+
+cm_attn_kv cm_attn_kv_of(const cm_kv *kv, int il, int hk) {
+    cm_attn_kv v = {.k = (const uint8_t *)kv->k + rows_off(kv, il, hk, kv->k_row),
+                    .v = (const uint8_t *)kv->v + rows_off(kv, il, hk, kv->v_row),
+                    .k_row = kv->k_row, .v_row = kv->v_row, .k_type = kv->type, .v_type = kv->type_v};
+    return v;
+}
+
+size_t cm_attn_scratch_bytes(int head_dim) {
+    /* the query in K's vec_dot type (<= F32), a tile of scores, one V row in
+     * floats, the accumulator */
+    return (size_t)head_dim * 4 + 64 + CM_ATTN_TILE * 4 + (size_t)head_dim * 8 + 64;
+}
+
+void cm_attn_flash(const cm_kernels *k, const cm_attn_kv *kv, int D, const cm_attn_query *aq, void *scratch,
+                   float *out) {
+    const enum cm_type qt = cm_type_traits_of(kv->k_type)->vec_dot_type;
+    uint8_t *qc = scratch;
+    float *sc = (float *)(qc + (((size_t)D * 4 + 63) & ~(size_t)63));
+    float *vrow = sc + CM_ATTN_TILE;
+    float *acc = vrow + D;
+    const void *qx = aq->q;
+    if (qt != CM_TYPE_F32) {
+        k->from_float[qt](aq->q, qc, D);
+        qx = qc;
+    }
+    const cm_vec_dot_fn dot = k->vec_dot[kv->k_type];
+    const cm_to_float_fn v_to_float = k->to_float[kv->v_type];
+    const cm_attn_v_fn v_acc = k->attn_v[kv->v_type];
+    float M = -INFINITY, S = 0.0f;
+    for (int i = 0; i < D; i++) acc[i] = 0.0f;
+    for (int p0 = aq->p_lo; p0 < aq->p_hi; p0 += CM_ATTN_TILE) {
+        const int nt = CM_MIN(CM_ATTN_TILE, aq->p_hi - p0);
+        float mt = -INFINITY;
+        for (int j = 0; j < nt; j++) {
+            float s;
+            dot(D, &s, kv->k + (size_t)(p0 + j) * kv->k_row, qx);
+            sc[j] = s * aq->scale;
+            if (sc[j] > mt) mt = sc[j];
+        }
+        if (mt > M) { /* a new maximum: rescale what came before */
+            const float ms = expf(M - mt);
+            for (int i = 0; i < D; i++) acc[i] *= ms;
+            S *= ms;
+            M = mt;
+        }
+        for (int j = 0; j < nt; j++) {
+            sc[j] = expf(sc[j] - M);
+            S += sc[j];
+        }
+        if (v_acc) { /* the table's kernel (kernels.h; SIMD per ISA) */
+            v_acc(D, kv->v + (size_t)p0 * kv->v_row, kv->v_row, sc, nt, acc);
+            continue;
+        }
+        for (int j = 0; j < nt; j++) {
+            const float w = sc[j];
+            const float *vr;
+            if (kv->v_type == CM_TYPE_F32) {
+                vr = (const float *)(kv->v + (size_t)(p0 + j) * kv->v_row);
+            } else {
+                v_to_float(kv->v + (size_t)(p0 + j) * kv->v_row, vrow, D);
+                vr = vrow;
+            }
+            for (int i = 0; i < D; i++) acc[i] += w * vr[i];
+        }
+    }
+    if (!isnan(aq->sink)) { /* a logit with no value: only the denominator grows */
+        if (aq->sink > M) {
+            const float ms = expf(M - aq->sink);
+            for (int i = 0; i < D; i++) acc[i] *= ms;
+            S *= ms;
+            M = aq->sink;
+        }
+        S += expf(aq->sink - M);
+    }
+    const float inv = S > 0.0f ? 1.0f / S : 0.0f;
+    for (int i = 0; i < D; i++) out[i] = acc[i] * inv;
+}
