@@ -438,11 +438,15 @@ int cm_engine_tp_recover(cm_engine *e, char *err, size_t errlen) {
     return rc;
 }
 
-/* Evaluate hist[kv.n_past .. n_hist) in chunks; logits of the last one. On
- * a cluster the last token stays pending: it is evaluated with the sampling
- * step (the last stage samples; its logits never travel). */
-static int eval_pending(cm_session *s, char *err, size_t errlen) {
+/* Evaluate hist[kv.n_past .. upto) in chunks; logits of the last one when
+ * upto == n_hist. On a cluster the last token stays pending: it is evaluated
+ * with the sampling step (the last stage samples; its logits never travel). */
+static int eval_upto(cm_session *s, int upto, char *err, size_t errlen);
+static int eval_pending(cm_session *s, char *err, size_t errlen) { return eval_upto(s, s->n_hist, err, errlen); }
+
+static int eval_upto(cm_session *s, int upto, char *err, size_t errlen) {
     cm_engine *e = s->e;
+    const bool whole = upto >= s->n_hist;
     if (e->pipe) {
         /* A failure seen since the last step, or during this prefill: recover
          * and evaluate again (the caller's thread is the pipe's only user
@@ -450,7 +454,7 @@ static int eval_pending(cm_session *s, char *err, size_t errlen) {
         int rc = 0;
         for (int attempt = 0; attempt < 4; attempt++) {
             rc = cm_pipe_failed(e->pipe) ? cm_pipe_recover(e->pipe, err, errlen) : 0;
-            if (!rc) rc = cm_engine_eval_cluster(s, s->n_hist - 1, false, err, errlen);
+            if (!rc) rc = cm_engine_eval_cluster(s, whole ? s->n_hist - 1 : upto, false, err, errlen);
             if (!rc || rc == CM_ECANCELED || !cm_pipe_failed(e->pipe)) break;
         }
         s->have_logits = !rc && s->n_hist == s->kv.n_past + 1;
@@ -462,9 +466,10 @@ static int eval_pending(cm_session *s, char *err, size_t errlen) {
     int recoveries = 0;
     int rc = cm_session_tp_sync(s, err, errlen);
     if (rc) return rc;
-    while (s->kv.n_past < s->n_hist) {
+    if (!whole) s->have_logits = false;
+    while (s->kv.n_past < upto) {
         if (atomic_load(&s->cancel)) return cm_errf(err, errlen, CM_ECANCELED, "canceled");
-        int nb = CM_MIN(bmax, s->n_hist - s->kv.n_past);
+        int nb = CM_MIN(bmax, upto - s->kv.n_past);
         for (int i = 0; i < nb; i++) pos[i] = s->kv.n_past + i;
         bool last = s->kv.n_past + nb == s->n_hist;
         cm_batch b = {.n = nb, .tokens = s->hist + s->kv.n_past, .pos = pos, .seq = seq};
@@ -494,7 +499,7 @@ static int check_ids(cm_session *s, const int32_t *ids, int n, char *err, size_t
     return 0;
 }
 
-int cm_session_set_prompt(cm_session *s, const int32_t *ids, int n, char *err, size_t errlen) {
+int cm_session_prompt_begin(cm_session *s, const int32_t *ids, int n, char *err, size_t errlen) {
     atomic_store(&s->cancel, 0);
     memset(&s->t, 0, sizeof s->t);
     if (n < 1) return cm_errf(err, errlen, CM_EINVAL, "empty prompt");
@@ -510,11 +515,24 @@ int cm_session_set_prompt(cm_session *s, const int32_t *ids, int n, char *err, s
     cm_kv_truncate(&s->kv, keep);
     memcpy(s->hist + keep, ids + keep, (size_t)(n - keep) * sizeof *ids);
     s->n_hist = n;
-    double t0 = cm_now_s();
-    rc = eval_pending(s, err, errlen);
+    s->have_logits = false;
     s->t.n_prompt = n - keep;
-    s->t.prompt_s = cm_now_s() - t0;
-    return rc;
+    return 0;
+}
+
+int cm_session_prompt_step(cm_session *s, int max_tokens, char *err, size_t errlen) {
+    const int end = s->e->pipe ? s->n_hist - 1 : s->n_hist; /* a cluster keeps the last token pending */
+    int upto = max_tokens > 0 && s->kv.n_past + max_tokens < end ? s->kv.n_past + max_tokens : s->n_hist;
+    double t0 = cm_now_s();
+    int rc = eval_upto(s, upto, err, errlen);
+    s->t.prompt_s += cm_now_s() - t0;
+    if (rc) return rc;
+    return end - s->kv.n_past > 0 ? end - s->kv.n_past : 0;
+}
+
+int cm_session_set_prompt(cm_session *s, const int32_t *ids, int n, char *err, size_t errlen) {
+    int rc = cm_session_prompt_begin(s, ids, n, err, errlen);
+    return rc ? rc : cm_session_prompt_step(s, 0, err, errlen);
 }
 
 int cm_session_append(cm_session *s, const int32_t *ids, int n, char *err, size_t errlen) {

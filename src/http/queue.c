@@ -21,8 +21,10 @@
 
 typedef struct slot {
     cm_session *s;
-    job *j; /* NULL when free */
-    bool started;
+    job *j;         /* NULL when free */
+    bool started;   /* generating (its prompt fully evaluated) */
+    bool begun;     /* prompt set (cm_session_prompt_begin), chunks pending */
+    uint64_t order; /* admission order: prefill goes first come, first served */
 } slot;
 
 struct cm_queue {
@@ -39,6 +41,8 @@ struct cm_queue {
     int n_slots;
     int n_active;
     unsigned step_delay_ms; /* test hook: CUMULO_TEST_STEP_DELAY_MS slows every step */
+    int chunk;              /* prompt tokens evaluated between two decode steps (CUMULO_PREFILL_CHUNK) */
+    uint64_t n_admitted;
 };
 
 static int on_token(void *user, const cm_token_event *ev) {
@@ -113,6 +117,19 @@ static int pick_slot(cm_queue *s, job *j) {
     return best;
 }
 
+/* A slot's prompt failed or its job was canceled before generating: end
+ * the job and free the slot (s->mu not held). */
+static void slot_fail(cm_queue *s, slot *sl, int rc, const char *err) {
+    /* The prompt was checked against the context already, so this is cancel
+     * or a server fault; CM_EAGAIN: the cluster lost nodes it cannot do without. */
+    job_end(sl->j, CM_FINISH_CANCEL, rc == CM_ECANCELED ? 0 : rc == CM_EAGAIN ? 503 : 500, err);
+    pthread_mutex_lock(&s->mu);
+    sl->j = NULL;
+    sl->begun = false;
+    s->n_active--;
+    pthread_mutex_unlock(&s->mu);
+}
+
 static void *queue_main(void *arg) {
     cm_queue *s = arg;
     cm_session **ss = cm_calloc((size_t)s->n_slots, sizeof *ss);
@@ -129,6 +146,8 @@ static void *queue_main(void *arg) {
             int k = pick_slot(s, j);
             s->slots[k].j = j;
             s->slots[k].started = false;
+            s->slots[k].begun = false;
+            s->slots[k].order = s->n_admitted++;
             s->n_active++;
             pthread_mutex_lock(&j->mu);
             j->state = JOB_RUNNING;
@@ -150,38 +169,48 @@ static void *queue_main(void *arg) {
             continue;
         }
         pthread_mutex_unlock(&s->mu);
-        /* Prefill newcomers (NEEDSWORK: chunked prefill inside the steps, so a
-         * long prompt does not pause the running streams). */
-        int n = 0;
+        /* Newcomers' prompts are set at once (prefix reuse) and evaluated in
+         * chunks of s->chunk tokens, one chunk per iteration, between the
+         * decode steps of the running slots: a long prompt delays each
+         * running stream's next token by one chunk at most, never by its
+         * whole prefill. Oldest admission first. A canceled job frees its
+         * slot before its next chunk. */
+        int n = 0, next = -1;
         for (int i = 0; i < s->n_slots; i++) {
             slot *sl = &s->slots[i];
             if (!sl->j) continue;
             if (!sl->started) {
-                job *j = sl->j;
-                sl->started = true;
-                int rc = atomic_load(&j->cancel) ? CM_ECANCELED
-                                                 : cm_session_set_prompt(sl->s, j->ids, j->n_ids, err, sizeof err);
-                if (!rc) {
-                    cm_timings t = cm_session_timings(sl->s);
-                    j->n_cached = j->n_ids - t.n_prompt; /* prefix reused from the slot's KV cache */
-                    rc = cm_session_start(sl->s, &j->gp, on_token, j, err, sizeof err);
+                int rc = atomic_load(&sl->j->cancel) ? CM_ECANCELED : 0;
+                if (!rc && !sl->begun) {
+                    rc = cm_session_prompt_begin(sl->s, sl->j->ids, sl->j->n_ids, err, sizeof err);
+                    sl->begun = !rc;
                 }
                 if (rc) {
-                    /* The prompt was checked against the context already, so
-                     * this is cancel or a server fault. */
-                    /* CM_EAGAIN: the cluster lost nodes it cannot do without. */
-                    job_end(j, CM_FINISH_CANCEL, rc == CM_ECANCELED ? 0 : rc == CM_EAGAIN ? 503 : 500, err);
-                    pthread_mutex_lock(&s->mu);
-                    sl->j = NULL;
-                    s->n_active--;
-                    pthread_mutex_unlock(&s->mu);
+                    slot_fail(s, sl, rc, err);
                     continue;
                 }
+                if (next < 0 || sl->order < s->slots[next].order) next = i;
+                continue;
             }
             if (atomic_load(&sl->j->cancel)) cm_session_cancel(sl->s);
             ss[n++] = sl->s;
         }
         int rc = n ? cm_engine_step(s->e, ss, n, err, sizeof err) : 0;
+        if (next >= 0) {
+            /* Alone (nothing decoding) the prompt goes in larger pieces; a new
+             * request still waits at most those for its admission. */
+            slot *sl = &s->slots[next];
+            char perr[256];
+            int left = cm_session_prompt_step(sl->s, n ? s->chunk : 8 * s->chunk, perr, sizeof perr);
+            if (left == 0) {
+                job *j = sl->j;
+                cm_timings t = cm_session_timings(sl->s);
+                j->n_cached = j->n_ids - t.n_prompt; /* prefix reused from the slot's KV cache */
+                left = cm_session_start(sl->s, &j->gp, on_token, j, perr, sizeof perr);
+                sl->started = left == 0;
+            }
+            if (left < 0) slot_fail(s, sl, left, perr);
+        }
         if (s->step_delay_ms) cm_sleep_ms(s->step_delay_ms);
         pthread_mutex_lock(&s->mu);
         for (int i = 0; i < s->n_slots; i++) {
@@ -231,6 +260,8 @@ cm_queue *cm_queue_new(cm_http_server *srv, cm_engine *e, int n_slots, int queue
     s->queue_max = queue_max;
     const char *d = getenv("CUMULO_TEST_STEP_DELAY_MS");
     s->step_delay_ms = d ? (unsigned)atoi(d) : 0;
+    const char *pc = getenv("CUMULO_PREFILL_CHUNK");
+    s->chunk = pc && atoi(pc) > 0 ? atoi(pc) : 32;
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     s->slots = cm_calloc((size_t)n_slots, sizeof *s->slots);
