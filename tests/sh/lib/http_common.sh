@@ -55,7 +55,7 @@ finish() { echo "$pass passed, $fail failed"; [ "$fail" -eq 0 ]; }
 sse_text() {
     node -e '
 const t=require("fs").readFileSync(process.argv[1],"utf8");let s="";
-const evs=t.split("\n\n").filter(e=>e.length);if(evs[evs.length-1]!=="data: [DONE]")process.exit(3);
+const evs=t.split("\n\n").filter(e=>e.length&&!e.startsWith(":"));if(evs[evs.length-1]!=="data: [DONE]")process.exit(3);
 for(const ev of evs){if(ev==="data: [DONE]")continue;const j=JSON.parse(ev.slice(6));if(j.error)process.exit(4);
  const c=j.choices[0];if(!c)continue;s+=c.delta?(c.delta.content||""):c.text}
 process.stdout.write(s)' "$1"
