@@ -530,6 +530,19 @@ int cm_session_prompt_step(cm_session *s, int max_tokens, char *err, size_t errl
     return end - s->kv.n_past > 0 ? end - s->kv.n_past : 0;
 }
 
+int cm_session_copy_prefix(cm_session *dst, const cm_session *src, int n, char *err, size_t errlen) {
+    if (dst->e != src->e) return cm_errf(err, errlen, CM_EINVAL, "sessions of different engines");
+    if (dst->e->pipe || dst->e->tp) return cm_errf(err, errlen, CM_EUNSUPPORTED, "prefix copy on a cluster");
+    if (n > src->kv.n_past || n > src->n_hist || n > dst->n_ctx)
+        return cm_errf(err, errlen, CM_EINVAL, "prefix of %d tokens is longer than the source's", n);
+    int rc = cm_kv_copy_prefix(&dst->kv, &src->kv, n, err, errlen);
+    if (rc) return rc;
+    memcpy(dst->hist, src->hist, (size_t)n * sizeof *dst->hist);
+    dst->n_hist = n;
+    dst->have_logits = false;
+    return 0;
+}
+
 int cm_session_set_prompt(cm_session *s, const int32_t *ids, int n, char *err, size_t errlen) {
     int rc = cm_session_prompt_begin(s, ids, n, err, errlen);
     return rc ? rc : cm_session_prompt_step(s, 0, err, errlen);

@@ -216,6 +216,14 @@ int cm_session_set_prompt(cm_session *s, const int32_t *ids, int n, char *err, s
  * the chunking (batch invariance); timings add up over the steps. */
 int cm_session_prompt_begin(cm_session *s, const int32_t *ids, int n, char *err, size_t errlen);
 int cm_session_prompt_step(cm_session *s, int max_tokens, char *err, size_t errlen);
+/* Shared prompt prefixes: make dst's sequence start with the first n tokens
+ * of src's (n at most what src has evaluated), copying their KV cache rows,
+ * so that a following prompt_begin/set_prompt whose ids start with them
+ * evaluates only the rest. Both sessions of one engine on this machine alone
+ * (CM_EUNSUPPORTED on a cluster: the other stages hold their own caches);
+ * neither may be in a forward pass meanwhile. The bits of what follows are
+ * the same as if dst had evaluated the prefix itself (batch invariance). */
+int cm_session_copy_prefix(cm_session *dst, const cm_session *src, int n, char *err, size_t errlen);
 /* Append tokens (e.g. the next user turn in a chat) and evaluate them,
  * together with the last generated token if it was not evaluated yet. */
 int cm_session_append(cm_session *s, const int32_t *ids, int n, char *err, size_t errlen);

@@ -117,6 +117,31 @@ static int pick_slot(cm_queue *s, job *j) {
     return best;
 }
 
+/* Shared prompt prefixes across requests: when another slot's session
+ * (generating, prefilling or free) has evaluated a longer prefix of sl's new
+ * prompt than sl's own cache holds, its KV rows are copied into sl
+ * (cm_session_copy_prefix: bytes of whole positions), so a system prompt or
+ * a document that many requests share is evaluated once. Scheduler thread
+ * only, between forward passes. Returns the tokens gained (0: none, or the
+ * engine cannot copy, as on a cluster). NEEDSWORK: copy-on-write KV blocks
+ * shared instead of copied come with paged KV memory. */
+enum { PREFIX_MIN = 16 }; /* shorter shared prefixes are not worth a copy */
+static int share_prefix(cm_queue *s, slot *sl) {
+    const job *j = sl->j;
+    const int own = common_prefix(sl->s, j->ids, j->n_ids);
+    int best = -1, best_k = own;
+    for (int i = 0; i < s->n_slots; i++) {
+        if (&s->slots[i] == sl) continue;
+        int k = common_prefix(s->slots[i].s, j->ids, j->n_ids);
+        if (k > best_k) { best = i; best_k = k; }
+    }
+    if (best_k > j->n_ids - 1) best_k = j->n_ids - 1; /* the last prompt token is always evaluated */
+    if (best < 0 || best_k < PREFIX_MIN || best_k <= own) return 0;
+    char e2[160];
+    if (cm_session_copy_prefix(sl->s, s->slots[best].s, best_k, e2, sizeof e2)) return 0;
+    return best_k - own;
+}
+
 /* A slot's prompt failed or its job was canceled before generating: end
  * the job and free the slot (s->mu not held). */
 static void slot_fail(cm_queue *s, slot *sl, int rc, const char *err) {
@@ -182,6 +207,8 @@ static void *queue_main(void *arg) {
             if (!sl->started) {
                 int rc = atomic_load(&sl->j->cancel) ? CM_ECANCELED : 0;
                 if (!rc && !sl->begun) {
+                    int got = share_prefix(s, sl);
+                    if (got > 0) cm_metrics_prefix(cm_http_metrics(s->srv), got);
                     rc = cm_session_prompt_begin(sl->s, sl->j->ids, sl->j->n_ids, err, sizeof err);
                     sl->begun = !rc;
                 }

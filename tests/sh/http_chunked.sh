@@ -9,6 +9,8 @@
 #     would receive none). The check is an ordering of events, not a time.
 #     Both requests then complete, and the long one's text equals the same
 #     request sent alone to an idle server (chunking changes no bit).
+#  3. (run second) A shared prompt prefix is copied between slots, counted in
+#     /metrics, and changes no bit of the text.
 #  2. Cancellation frees the slot at once: with one slot, a client that
 #     disconnects while its 2,000-token prompt is being evaluated is followed
 #     by a request that is served (the slot was not lost), and /metrics shows
@@ -62,10 +64,22 @@ def stream(prompt, gen, log, hold=None):
                 log["text"] += ch[0]["text"]
     c.close()
 LONG = ids(2000, 7)
+SYS = ids(300, 11)
+PB = SYS + ids(5, 13)
 if mode == "alone":
-    L = {}
+    L, P = {}, {}
     stream(LONG, 3, L)
-    print(json.dumps({"text": L["text"], "done": L["done"]}))
+    stream(PB, 8, P)
+    print(json.dumps({"text": L["text"], "done": L["done"], "ptext": P["text"]}))
+elif mode == "prefix":
+    A, B = {}, {}
+    ta = threading.Thread(target=stream, args=(SYS + ids(5, 12), 120, A))
+    ta.start()
+    while len(A.get("times", [])) < 3:
+        time.sleep(0.01)
+    stream(PB, 8, B)
+    ta.join()
+    print(json.dumps({"ptext": B["text"], "ok": A["done"] and B["done"]}))
 elif mode == "interleave":
     A, B = {}, {}
     ta = threading.Thread(target=stream, args=(ids(8, 3), 300, A))
@@ -101,6 +115,21 @@ during=$(js 'j.during' "$TMP/mix.json")
 a=$(js 'j.text' "$TMP/alone.json")
 b=$(js 'j.text' "$TMP/mix.json")
 [ -n "$a" ] && [ "$a" = "$b" ] && ok || bad "long prompt's text chunked '$b' vs alone '$a'"
+stop_server "$PID"
+
+# 3. shared prefixes: B's prompt starts with the 300 tokens A's slot holds
+# (A is still generating, so B gets another slot): they are copied, not
+# evaluated (/metrics), and B's text equals B alone on an idle server.
+start_server prefix --slots 4 --ctx 4096 --threads 2 || { bad "server"; finish; exit 1; }
+python3 "$TMP/client.py" "$PORT" prefix >"$TMP/p.json" 2>"$TMP/p.err" || bad "prefix client: $(cat "$TMP/p.err")"
+curl -s --max-time 10 "$URL/metrics" >"$TMP/pm.txt"
+hits=$(sed -n 's/^cumulo_prefix_cache_hits_total //p' "$TMP/pm.txt")
+toks=$(sed -n 's/^cumulo_prefix_cache_tokens_total //p' "$TMP/pm.txt")
+[ "${hits:-0}" -ge 1 ] && [ "${toks:-0}" -ge 300 ] && ok || bad "prefix cache: hits '$hits' tokens '$toks'"
+a=$(js 'j.ptext' "$TMP/alone.json")
+b=$(js 'j.ptext' "$TMP/p.json")
+[ "$(js 'j.ok' "$TMP/p.json")" = true ] && [ -n "$a" ] && [ "$a" = "$b" ] && ok ||
+    bad "text after a copied prefix '$b' vs evaluated alone '$a'"
 stop_server "$PID"
 
 # 2. cancel during prefill frees the only slot
