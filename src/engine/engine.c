@@ -7,8 +7,9 @@
  * Forward passes of all sessions go through one cm_ctx under e->mu, so
  * sessions on several threads take turns. Nothing here allocates per token:
  * logits, pieces and the sampler are sized when a session/generation starts.
- * NEEDSWORK: sessions decoding at the same time could share one batch
- * (cm_forward takes several sequences); the queue in sched/ will do that.
+ * Sessions decoding at the same time share one forward pass through
+ * cm_engine_step (batch.c); a prompt may be evaluated in chunks
+ * (cm_session_prompt_begin/step) between such steps.
  */
 #include "engine.h"
 

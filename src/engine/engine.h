@@ -266,7 +266,7 @@ cm_timings cm_session_timings(const cm_session *s);
  * for each; then cm_session_finish for its result. cm_session_generate is
  * exactly that for one session (the only generation loop). A session is
  * stepped by one thread at a time; several threads may step sessions of one
- * engine at once (cumulo run --streams); cm_session_cancel from any thread
+ * engine at once; cm_session_cancel from any thread
  * ends a session at its next step with finish = cancel. */
 
 

@@ -1,8 +1,10 @@
 /*
  * queue.c: the request queue and the slots. One scheduler thread owns the
- * engine's sessions: it moves queued jobs into free slots (prefill), then
- * advances every running slot by one token in a single batched engine step,
- * and hands tokens to the jobs as they come. New jobs join between steps.
+ * engine's sessions: it moves queued jobs into free slots, then alternates
+ * one batched engine step of every running slot (one token each) with one
+ * chunk of the oldest newcomer's prompt (chunked prefill), and hands tokens
+ * to the jobs as they come. New jobs join between steps; a newcomer may take
+ * a shared prompt prefix from another slot's KV cache (share_prefix).
  *
  * Slot choice: among free slots, the one whose session already holds the
  * longest prefix of the new prompt (a continuing conversation reuses its KV
