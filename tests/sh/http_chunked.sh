@@ -7,10 +7,12 @@
 #     running stream receives tokens (its decode steps alternate with the
 #     long prompt's chunks; with the whole prompt evaluated in one go it
 #     would receive none). The check is an ordering of events, not a time.
-#     Both requests then complete, and the long one's text equals the same
-#     request sent alone to an idle server (chunking changes no bit).
+#     Both requests then complete, and the long one's text and logprobs
+#     equal the same request's sent alone to an idle server (chunking changes
+#     no bit).
 #  3. (run second) A shared prompt prefix is copied between slots, counted in
-#     /metrics, and changes no bit of the text.
+#     /metrics, and changes no bit: text and every token's logprob equal the
+#     prompt evaluated alone (a V row copied one position short fails this).
 #  2. Cancellation frees the slot at once: with one slot, a client that
 #     disconnects while its 2,000-token prompt is being evaluated is followed
 #     by a request that is served (the slot was not lost), and /metrics shows
@@ -34,7 +36,8 @@ def ids(n, seed):
     return out
 def stream(prompt, gen, log, hold=None):
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
-    body = json.dumps({"prompt": prompt, "max_tokens": gen, "temperature": 0, "stream": True, "ignore_eos": True})
+    body = json.dumps({"prompt": prompt, "max_tokens": gen, "temperature": 0, "stream": True, "ignore_eos": True,
+                       "logprobs": 0})
     log["sent"] = time.monotonic()
     c.request("POST", "/v1/completions", body, {"content-type": "application/json"})
     r = c.getresponse()
@@ -59,6 +62,9 @@ def stream(prompt, gen, log, hold=None):
                 continue
             j = json.loads(s)
             ch = j.get("choices") or [{}]
+            lp = ch[0].get("logprobs") if ch else None
+            if lp:  # every token's logprob: the exact bits of the model's output, not just its argmax
+                log["lp"] = log.get("lp", []) + lp.get("token_logprobs", [])
             if ch and ch[0].get("text"):
                 log["times"].append(time.monotonic())
                 log["text"] += ch[0]["text"]
@@ -70,7 +76,7 @@ if mode == "alone":
     L, P = {}, {}
     stream(LONG, 3, L)
     stream(PB, 8, P)
-    print(json.dumps({"text": L["text"], "done": L["done"], "ptext": P["text"]}))
+    print(json.dumps({"text": L["text"] + repr(L.get("lp")), "done": L["done"], "ptext": P["text"] + repr(P.get("lp"))}))
 elif mode == "prefix":
     A, B = {}, {}
     ta = threading.Thread(target=stream, args=(SYS + ids(5, 12), 120, A))
@@ -79,7 +85,7 @@ elif mode == "prefix":
         time.sleep(0.01)
     stream(PB, 8, B)
     ta.join()
-    print(json.dumps({"ptext": B["text"], "ok": A["done"] and B["done"]}))
+    print(json.dumps({"ptext": B["text"] + repr(B.get("lp")), "ok": A["done"] and B["done"]}))
 elif mode == "interleave":
     A, B = {}, {}
     ta = threading.Thread(target=stream, args=(ids(8, 3), 300, A))
@@ -91,7 +97,7 @@ elif mode == "interleave":
     t0, t1 = B["sent"], B["times"][0] if B.get("times") else float("inf")
     during = sum(1 for t in A["times"] if t0 < t < t1)
     print(json.dumps({"during": during, "a_tokens": len(A["times"]), "a_done": A["done"], "b_done": B["done"],
-                      "b_status": B["status"], "text": B["text"]}))
+                      "b_status": B["status"], "text": B["text"] + repr(B.get("lp"))}))
 elif mode == "cancel":
     C, D = {}, {}
     # C is admitted and its prompt evaluation begins; the client leaves after 0.3 s
