@@ -2,7 +2,7 @@
  * queue.c: the request queue and the slots. One scheduler thread owns the
  * engine's sessions: it moves queued jobs into free slots, then alternates
  * one batched engine step of every running slot (one token each) with one
- * chunk of the oldest newcomer's prompt (chunked prefill), and hands tokens
+ * chunk of a newcomer's prompt (chunked prefill, shortest first), and hands tokens
  * to the jobs as they come. New jobs join between steps; a newcomer may take
  * a shared prompt prefix from another slot's KV cache (share_prefix).
  *
@@ -200,9 +200,12 @@ static void *queue_main(void *arg) {
          * chunks of s->chunk tokens, one chunk per iteration, between the
          * decode steps of the running slots: a long prompt delays each
          * running stream's next token by one chunk at most, never by its
-         * whole prefill. Oldest admission first. A canceled job frees its
-         * slot before its next chunk. */
-        int n = 0, next = -1;
+         * whole prefill. The prompt with the fewest tokens left goes first
+         * (then the oldest), so a short request's first token does not wait
+         * for a long prompt. NEEDSWORK: an endless run of short prompts
+         * could postpone a long one indefinitely (no aging yet). A canceled
+         * job frees its slot before its next chunk. */
+        int n = 0, next = -1, next_left = 0;
         for (int i = 0; i < s->n_slots; i++) {
             slot *sl = &s->slots[i];
             if (!sl->j) continue;
@@ -218,7 +221,13 @@ static void *queue_main(void *arg) {
                     slot_fail(s, sl, rc, err);
                     continue;
                 }
-                if (next < 0 || sl->order < s->slots[next].order) next = i;
+                /* the fewest prompt tokens left first (a short request is not
+                 * stuck behind a long prompt's whole prefill), then arrival */
+                int left = sl->j->n_ids - cm_session_n_past(sl->s);
+                if (next < 0 || left < next_left || (left == next_left && sl->order < s->slots[next].order)) {
+                    next = i;
+                    next_left = left;
+                }
                 continue;
             }
             if (atomic_load(&sl->j->cancel)) cm_session_cancel(sl->s);
