@@ -234,12 +234,18 @@ static void *queue_main(void *arg) {
             ss[n++] = sl->s;
         }
         int rc = n ? cm_engine_step(s->e, ss, n, err, sizeof err) : 0;
-        if (next >= 0) {
-            /* Alone (nothing decoding) the prompt goes in larger pieces; a new
-             * request still waits at most those for its admission. */
+        /* Prompt chunks: a budget of s->chunk tokens per iteration (8 chunks
+         * when nothing decodes), spent on the prompts with the fewest tokens
+         * left first, so a burst of short prompts is admitted in a few
+         * iterations rather than one per iteration. NEEDSWORK: the chunks of
+         * several prompts (and the decode rows) in ONE forward pass would
+         * read the weights once for all of them. */
+        for (int budget = n ? s->chunk : 8 * s->chunk; next >= 0 && budget > 0;) {
             slot *sl = &s->slots[next];
             char perr[256];
-            int left = cm_session_prompt_step(sl->s, n ? s->chunk : 8 * s->chunk, perr, sizeof perr);
+            const int before = cm_session_n_past(sl->s);
+            int left = cm_session_prompt_step(sl->s, budget, perr, sizeof perr);
+            budget -= cm_session_n_past(sl->s) - before > 0 ? cm_session_n_past(sl->s) - before : budget;
             if (left == 0) {
                 job *j = sl->j;
                 cm_timings t = cm_session_timings(sl->s);
@@ -248,6 +254,17 @@ static void *queue_main(void *arg) {
                 sl->started = left == 0;
             }
             if (left < 0) slot_fail(s, sl, left, perr);
+            if (left != 0) break; /* a prompt still pending keeps the rest of the budget's turn */
+            next = -1;            /* the next prompt with the fewest tokens left */
+            for (int i = 0; i < s->n_slots; i++) {
+                slot *o = &s->slots[i];
+                if (!o->j || o->started || !o->begun) continue;
+                int l2 = o->j->n_ids - cm_session_n_past(o->s);
+                if (next < 0 || l2 < next_left || (l2 == next_left && o->order < s->slots[next].order)) {
+                    next = i;
+                    next_left = l2;
+                }
+            }
         }
         if (s->step_delay_ms) cm_sleep_ms(s->step_delay_ms);
         pthread_mutex_lock(&s->mu);

@@ -18,7 +18,9 @@
 #     by a request that is served (the slot was not lost), and /metrics shows
 #     no request active afterwards.
 # CUMULO_PREFILL_CHUNK=32 (the default) and CUMULO_TEST_STEP_DELAY_MS keep
-# each iteration short but observable.
+# each iteration short but observable; in 2. the 2,000 tokens take at least
+# 8 iterations of 100 ms (256 tokens each while nothing decodes), so the
+# client's leaving after 0.3 s always falls inside the prefill.
 . "$(dirname "$0")/lib/http_common.sh"
 command -v python3 >/dev/null || { echo "skip: python3 is missing (0 passed, 0 failed, 1 skipped)"; exit 0; }
 MODEL=$TMP/q4.gguf
@@ -26,7 +28,7 @@ MODEL=$TMP/q4.gguf
     --vocab "$SHARED/vocab/ggml-vocab-llama-spm.gguf" --seed 9 -o "$MODEL" >/dev/null 2>&1 || { bad "synth"; finish; exit 1; }
 
 cat >"$TMP/client.py" <<'EOF'
-import http.client, json, sys, threading, time
+import http.client, json, select, sys, threading, time
 port, mode = int(sys.argv[1]), sys.argv[2]
 def ids(n, seed):
     x, out = seed, []
@@ -44,9 +46,12 @@ def stream(prompt, gen, log, hold=None):
     log["status"], log["times"], log["text"], log["done"] = r.status, [], "", False
     buf = b""
     while True:
-        if hold and hold(log):
-            c.sock.close()  # the client goes away mid-prefill
-            return
+        if hold:  # poll, so the client can leave while no byte arrives
+            if hold(log):
+                c.sock.close()  # the client goes away mid-prefill
+                return
+            if not select.select([c.sock], [], [], 0.05)[0]:
+                continue
         d = r.read1(65536) if hasattr(r, "read1") else r.read(1)
         if not d:
             break
@@ -139,7 +144,7 @@ b=$(js 'j.ptext' "$TMP/p.json")
 stop_server "$PID"
 
 # 2. cancel during prefill frees the only slot
-CUMULO_TEST_STEP_DELAY_MS=20 start_server one --slots 1 --queue 4 --ctx 4096 --threads 2 || { bad "server"; finish; exit 1; }
+CUMULO_TEST_STEP_DELAY_MS=100 start_server one --slots 1 --queue 4 --ctx 4096 --threads 2 || { bad "server"; finish; exit 1; }
 python3 "$TMP/client.py" "$PORT" cancel >"$TMP/c.json" 2>"$TMP/c.err" || bad "cancel client: $(cat "$TMP/c.err")"
 [ "$(js 'j.c_tokens === 0 && j.d_done && j.d_tokens === 4' "$TMP/c.json")" = true ] && ok ||
     bad "after a cancel during prefill: $(cat "$TMP/c.json")"
