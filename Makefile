@@ -55,7 +55,7 @@ TEST_SRCS := $(wildcard tests/unit/test_*.c)
 TEST_BINS := $(TEST_SRCS:tests/unit/%.c=$(BUILD)/tests/%)
 DEPS := $(LIB_OBJS:.o=.d) $(CLI_OBJS:.o=.d) $(TEST_BINS:=.d)
 
-.PHONY: all deps demo test test-quick newcomer check clean fuzz fuzz-long asan tsan neon-test format bench kbench tp-bench real-7b install deb-test
+.PHONY: all deps demo test test-quick newcomer check clean fuzz fuzz-long asan tsan neon-test format bench kbench bbench tp-bench real-7b install deb-test
 
 all: cumulo
 
@@ -94,6 +94,13 @@ $(BUILD)/bench/kbench: bench/kbench.c $(BUILD)/libcumulo.a
 	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libcumulo.a $(LDLIBS)
 kbench: $(BUILD)/bench/kbench
 	$(BUILD)/bench/kbench
+
+# Batched-decode kernel benchmark (Q4_0 1B-llama shapes, B = 1..32 rows); not a test.
+$(BUILD)/bench/bbench: bench/bbench.c $(BUILD)/libcumulo.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libcumulo.a $(LDLIBS)
+bbench: $(BUILD)/bench/bbench
+	$(BUILD)/bench/bbench
 
 # Tensor-parallel benchmark (1B-class Q8_0 model written to $$TMPDIR once); not a test.
 $(BUILD)/bench/tp_bench: bench/tp_bench.c tests/unit/tp_model.h tests/unit/fixtures.h $(BUILD)/libcumulo.a

@@ -157,49 +157,53 @@ int cli_load_engine_opts(cm_engine **e, const char *path, const cm_engine_opts *
     return 0;
 }
 
-/* --streams: one request per thread, all at once. */
+/* --streams: N copies of the request decoded together, the way serve's
+ * scheduler decodes its slots: one thread evaluates each prompt, then steps
+ * every running session in ONE batched forward pass per token
+ * (cm_engine_step; on a cluster, micro-batches through the pipeline). */
 typedef struct stream_job {
-    cm_engine *e;
-    const int32_t *ptoks;
-    int np;
-    const cm_gen_params *gp;
+    cm_session *s;
     run_out out;
     int rc;
     char err[512];
-    pthread_t th;
 } stream_job;
-
-static void *stream_main(void *arg) {
-    stream_job *j = arg;
-    cm_session *s = cm_session_new(j->e, 0, j->err, sizeof j->err);
-    cm_gen_result res;
-    j->rc = s ? 0 : CM_ENOMEM;
-    if (!j->rc) j->rc = cm_session_set_prompt(s, j->ptoks, j->np, j->err, sizeof j->err);
-    if (!j->rc) j->rc = cm_session_generate(s, j->gp, on_token, &j->out, &res, j->err, sizeof j->err);
-    cm_session_free(s);
-    return NULL;
-}
 
 static int run_streams(cm_engine *e, int n, const int32_t *ptoks, int np, const cm_gen_params *gp, bool json) {
     stream_job *jobs = cm_calloc((size_t)n, sizeof *jobs);
     if (!jobs) return cli_fail("out of memory");
     int cap = gp->n_predict > 0 ? gp->n_predict : 4096, status = 0;
     double t0 = cm_now_s();
+    cm_session **ss = cm_calloc((size_t)n, sizeof *ss);
+    if (!ss) { cm_free(jobs); return cli_fail("out of memory"); }
     for (int i = 0; i < n; i++) {
-        jobs[i] = (stream_job){.e = e, .ptoks = ptoks, .np = np, .gp = gp, .out = {.json = true, .cap_ids = cap}};
-        jobs[i].out.ids = cm_malloc((size_t)cap * sizeof(int32_t));
-        cm_buf_init(&jobs[i].out.text);
-        if (pthread_create(&jobs[i].th, NULL, stream_main, &jobs[i])) jobs[i].th = 0;
+        stream_job *j = &jobs[i];
+        j->out = (run_out){.json = true, .cap_ids = cap};
+        j->out.ids = cm_malloc((size_t)cap * sizeof(int32_t));
+        cm_buf_init(&j->out.text);
+        j->s = ss[i] = cm_session_new(e, 0, j->err, sizeof j->err);
+        j->rc = j->s ? 0 : CM_ENOMEM;
+        if (!j->rc) j->rc = cm_session_set_prompt(j->s, ptoks, np, j->err, sizeof j->err);
+        if (!j->rc) j->rc = cm_session_start(j->s, gp, on_token, &j->out, j->err, sizeof j->err);
     }
+    int n_live = 0; /* sessions that started, at the front of ss */
+    for (int i = 0; i < n; i++)
+        if (!jobs[i].rc) ss[n_live++] = jobs[i].s;
+    char serr[512] = "";
+    int r = n_live;
+    while (r > 0) r = cm_engine_step(e, ss, n_live, serr, sizeof serr);
+    if (r < 0 && !status) status = cli_fail("streams: %s", serr);
     long total = 0;
     bool same = true;
     for (int i = 0; i < n; i++) {
-        if (jobs[i].th) pthread_join(jobs[i].th, NULL);
+        cm_gen_result res;
+        if (!jobs[i].rc) cm_session_finish(jobs[i].s, &res);
+        cm_session_free(jobs[i].s);
         if (jobs[i].rc && !status) status = cli_fail("stream %d: %s", i, jobs[i].err);
         total += jobs[i].out.n_ids;
         same = same && jobs[i].out.n_ids == jobs[0].out.n_ids &&
                !memcmp(jobs[i].out.ids, jobs[0].out.ids, (size_t)jobs[0].out.n_ids * sizeof(int32_t));
     }
+    cm_free(ss);
     double dt = cm_now_s() - t0;
     uint64_t hb = 0, hf = 0, hr = 0;
     bool hop = cm_engine_hop_stats(e, &hb, &hf, &hr);

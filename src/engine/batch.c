@@ -251,7 +251,7 @@ int cm_engine_step(cm_engine *e, cm_session *const *ss, int n, char *err, size_t
     int nb = e->n_batch;
     int nv = e->m.hp.n_vocab;
     /* Under e->mu: cm_session_generate steps one session from each caller's
-     * thread (cumulo run --streams), so several steps may run at once. */
+     * thread (e.g. two chats of one engine), so several steps may run at once. */
     pthread_mutex_lock(&e->mu);
     if (!e->step_logits) e->step_logits = cm_malloc((size_t)nb * (size_t)nv * sizeof(float));
     pthread_mutex_unlock(&e->mu);

@@ -7,8 +7,9 @@
  * Forward passes of all sessions go through one cm_ctx under e->mu, so
  * sessions on several threads take turns. Nothing here allocates per token:
  * logits, pieces and the sampler are sized when a session/generation starts.
- * NEEDSWORK: sessions decoding at the same time could share one batch
- * (cm_forward takes several sequences); the queue in sched/ will do that.
+ * Sessions decoding at the same time share one forward pass through
+ * cm_engine_step (batch.c); a prompt may be evaluated in chunks
+ * (cm_session_prompt_begin/step) between such steps.
  */
 #include "engine.h"
 
@@ -460,11 +461,15 @@ int cm_engine_tp_recover(cm_engine *e, char *err, size_t errlen) {
     return rc;
 }
 
-/* Evaluate hist[kv.n_past .. n_hist) in chunks; logits of the last one. On
- * a cluster the last token stays pending: it is evaluated with the sampling
- * step (the last stage samples; its logits never travel). */
-static int eval_pending(cm_session *s, char *err, size_t errlen) {
+/* Evaluate hist[kv.n_past .. upto) in chunks; logits of the last one when
+ * upto == n_hist. On a cluster the last token stays pending: it is evaluated
+ * with the sampling step (the last stage samples; its logits never travel). */
+static int eval_upto(cm_session *s, int upto, char *err, size_t errlen);
+static int eval_pending(cm_session *s, char *err, size_t errlen) { return eval_upto(s, s->n_hist, err, errlen); }
+
+static int eval_upto(cm_session *s, int upto, char *err, size_t errlen) {
     cm_engine *e = s->e;
+    const bool whole = upto >= s->n_hist;
     if (e->pipe) {
         /* A failure seen since the last step, or during this prefill: recover
          * and evaluate again (the caller's thread is the pipe's only user
@@ -472,7 +477,7 @@ static int eval_pending(cm_session *s, char *err, size_t errlen) {
         int rc = 0;
         for (int attempt = 0; attempt < 4; attempt++) {
             rc = cm_pipe_failed(e->pipe) ? cm_pipe_recover(e->pipe, err, errlen) : 0;
-            if (!rc) rc = cm_engine_eval_cluster(s, s->n_hist - 1, false, err, errlen);
+            if (!rc) rc = cm_engine_eval_cluster(s, whole ? s->n_hist - 1 : upto, false, err, errlen);
             if (!rc || rc == CM_ECANCELED || !cm_pipe_failed(e->pipe)) break;
         }
         s->have_logits = !rc && s->n_hist == s->kv.n_past + 1;
@@ -484,9 +489,10 @@ static int eval_pending(cm_session *s, char *err, size_t errlen) {
     int recoveries = 0;
     int rc = cm_session_tp_sync(s, err, errlen);
     if (rc) return rc;
-    while (s->kv.n_past < s->n_hist) {
+    if (!whole) s->have_logits = false;
+    while (s->kv.n_past < upto) {
         if (atomic_load(&s->cancel)) return cm_errf(err, errlen, CM_ECANCELED, "canceled");
-        int nb = CM_MIN(bmax, s->n_hist - s->kv.n_past);
+        int nb = CM_MIN(bmax, upto - s->kv.n_past);
         for (int i = 0; i < nb; i++) pos[i] = s->kv.n_past + i;
         bool last = s->kv.n_past + nb == s->n_hist;
         cm_batch b = {.n = nb, .tokens = s->hist + s->kv.n_past, .pos = pos, .seq = seq};
@@ -516,7 +522,7 @@ static int check_ids(cm_session *s, const int32_t *ids, int n, char *err, size_t
     return 0;
 }
 
-int cm_session_set_prompt(cm_session *s, const int32_t *ids, int n, char *err, size_t errlen) {
+int cm_session_prompt_begin(cm_session *s, const int32_t *ids, int n, char *err, size_t errlen) {
     atomic_store(&s->cancel, 0);
     memset(&s->t, 0, sizeof s->t);
     if (n < 1) return cm_errf(err, errlen, CM_EINVAL, "empty prompt");
@@ -532,11 +538,37 @@ int cm_session_set_prompt(cm_session *s, const int32_t *ids, int n, char *err, s
     cm_kv_truncate(&s->kv, keep);
     memcpy(s->hist + keep, ids + keep, (size_t)(n - keep) * sizeof *ids);
     s->n_hist = n;
-    double t0 = cm_now_s();
-    rc = eval_pending(s, err, errlen);
+    s->have_logits = false;
     s->t.n_prompt = n - keep;
-    s->t.prompt_s = cm_now_s() - t0;
-    return rc;
+    return 0;
+}
+
+int cm_session_prompt_step(cm_session *s, int max_tokens, char *err, size_t errlen) {
+    const int end = s->e->pipe ? s->n_hist - 1 : s->n_hist; /* a cluster keeps the last token pending */
+    int upto = max_tokens > 0 && s->kv.n_past + max_tokens < end ? s->kv.n_past + max_tokens : s->n_hist;
+    double t0 = cm_now_s();
+    int rc = eval_upto(s, upto, err, errlen);
+    s->t.prompt_s += cm_now_s() - t0;
+    if (rc) return rc;
+    return end - s->kv.n_past > 0 ? end - s->kv.n_past : 0;
+}
+
+int cm_session_copy_prefix(cm_session *dst, const cm_session *src, int n, char *err, size_t errlen) {
+    if (dst->e != src->e) return cm_errf(err, errlen, CM_EINVAL, "sessions of different engines");
+    if (dst->e->pipe || dst->e->tp) return cm_errf(err, errlen, CM_EUNSUPPORTED, "prefix copy on a cluster");
+    if (n > src->kv.n_past || n > src->n_hist || n > dst->n_ctx)
+        return cm_errf(err, errlen, CM_EINVAL, "prefix of %d tokens is longer than the source's", n);
+    int rc = cm_kv_copy_prefix(&dst->kv, &src->kv, n, err, errlen);
+    if (rc) return rc;
+    memcpy(dst->hist, src->hist, (size_t)n * sizeof *dst->hist);
+    dst->n_hist = n;
+    dst->have_logits = false;
+    return 0;
+}
+
+int cm_session_set_prompt(cm_session *s, const int32_t *ids, int n, char *err, size_t errlen) {
+    int rc = cm_session_prompt_begin(s, ids, n, err, errlen);
+    return rc ? rc : cm_session_prompt_step(s, 0, err, errlen);
 }
 
 int cm_session_append(cm_session *s, const int32_t *ids, int n, char *err, size_t errlen) {

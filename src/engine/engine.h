@@ -246,6 +246,24 @@ const int32_t *cm_session_tokens(const cm_session *s, int *n);
  * CM_ENOSPACE "prompt of 600 tokens does not fit the context of 512" when
  * n > n_ctx; CM_ECANCELED when canceled. */
 int cm_session_set_prompt(cm_session *s, const int32_t *ids, int n, char *err, size_t errlen);
+/* Chunked prefill (serve's scheduler interleaves the chunks with decode
+ * steps of other sessions): cm_session_prompt_begin makes the sequence
+ * ids[0..n) as set_prompt does (same checks, prefix reuse) but evaluates
+ * nothing; each cm_session_prompt_step then evaluates at most max_tokens
+ * more (<= 0: all) and returns how many are left (0: done, the logits of the
+ * last token ready as after set_prompt) or an error (CM_ECANCELED when
+ * canceled). set_prompt is begin + one step of all: the same bits whatever
+ * the chunking (batch invariance); timings add up over the steps. */
+int cm_session_prompt_begin(cm_session *s, const int32_t *ids, int n, char *err, size_t errlen);
+int cm_session_prompt_step(cm_session *s, int max_tokens, char *err, size_t errlen);
+/* Shared prompt prefixes: make dst's sequence start with the first n tokens
+ * of src's (n at most what src has evaluated), copying their KV cache rows,
+ * so that a following prompt_begin/set_prompt whose ids start with them
+ * evaluates only the rest. Both sessions of one engine on this machine alone
+ * (CM_EUNSUPPORTED on a cluster: the other stages hold their own caches);
+ * neither may be in a forward pass meanwhile. The bits of what follows are
+ * the same as if dst had evaluated the prefix itself (batch invariance). */
+int cm_session_copy_prefix(cm_session *dst, const cm_session *src, int n, char *err, size_t errlen);
 /* Append tokens (e.g. the next user turn in a chat) and evaluate them,
  * together with the last generated token if it was not evaluated yet. */
 int cm_session_append(cm_session *s, const int32_t *ids, int n, char *err, size_t errlen);
@@ -288,7 +306,7 @@ cm_timings cm_session_timings(const cm_session *s);
  * for each; then cm_session_finish for its result. cm_session_generate is
  * exactly that for one session (the only generation loop). A session is
  * stepped by one thread at a time; several threads may step sessions of one
- * engine at once (cumulo run --streams); cm_session_cancel from any thread
+ * engine at once; cm_session_cancel from any thread
  * ends a session at its next step with finish = cancel. */
 
 

@@ -318,6 +318,8 @@ int cm_api_parse_request(cm_http_server *srv, bool chat, const char *body, size_
     long long seed = -1;
     if (!get_int(root, "seed", -1, 9007199254740991.0, &seed, ae)) goto fail;
     sp->seed = seed < 0 ? CM_SAMPLER_SEED_RANDOM : (uint64_t)seed;
+    /* llama-server's extension: keep generating past EOS (load generators want fixed lengths) */
+    if (!get_bool(root, "ignore_eos", &gp->ignore_eos, ae)) goto fail;
     if (chat) {
         bool lp = false;
         long long top = 0;

@@ -163,6 +163,7 @@ metrics *cm_metrics_new(double tdp_w);
 void cm_metrics_free(metrics *m);
 void cm_metrics_request(metrics *m, enum route r, int status);
 void cm_metrics_tokens(metrics *m, int n_prompt, int n_cached); /* a request completed */
+void cm_metrics_prefix(metrics *m, int n_tokens); /* a prompt prefix copied from another slot (queue.c) */
 void cm_metrics_gen_tokens(metrics *m, int n); /* as they are produced, for tokens/s */
 void cm_metrics_prometheus(metrics *m, cm_http_server *srv, cm_buf *out);
 void cm_metrics_cluster_json(metrics *m, cm_http_server *srv, cm_buf *out);

@@ -27,6 +27,7 @@ struct metrics {
     pthread_mutex_t mu;
     uint64_t requests[R_COUNT][N_STATUS];
     uint64_t prompt_tokens, cached_tokens, gen_tokens, client_errors, server_errors;
+    uint64_t prefix_hits, prefix_tokens; /* prompt prefixes copied between slots */
     uint64_t bucket[RATE_WINDOW + 1]; /* generated tokens per second, ring by second */
     int64_t bucket_sec[RATE_WINDOW + 1];
     cm_power_meter *pm;
@@ -60,6 +61,13 @@ void cm_metrics_request(metrics *m, enum route r, int status) {
     m->requests[r][k]++;
     if (status >= 400 && status < 500) m->client_errors++;
     if (status >= 500) m->server_errors++;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void cm_metrics_prefix(metrics *m, int n_tokens) {
+    pthread_mutex_lock(&m->mu);
+    m->prefix_hits++;
+    m->prefix_tokens += (uint64_t)(n_tokens > 0 ? n_tokens : 0);
     pthread_mutex_unlock(&m->mu);
 }
 
@@ -273,6 +281,13 @@ void cm_metrics_prometheus(metrics *m, cm_http_server *srv, cm_buf *o) {
                   (unsigned long long)m->client_errors, (unsigned long long)m->server_errors,
                   (unsigned long long)m->prompt_tokens, (unsigned long long)m->cached_tokens, (unsigned long long)m->gen_tokens, s.ready, s.queued, s.active,
                   s.slots, RATE_WINDOW, s.tps);
+    cm_buf_printf(o,
+                  "# HELP cumulo_prefix_cache_hits_total Requests that took a shared prompt prefix from another "
+                  "slot's KV cache (copied, not evaluated).\n"
+                  "# TYPE cumulo_prefix_cache_hits_total counter\ncumulo_prefix_cache_hits_total %llu\n"
+                  "# HELP cumulo_prefix_cache_tokens_total Prompt tokens so copied.\n"
+                  "# TYPE cumulo_prefix_cache_tokens_total counter\ncumulo_prefix_cache_tokens_total %llu\n",
+                  (unsigned long long)m->prefix_hits, (unsigned long long)m->prefix_tokens);
     const char *src = s.measured ? "measured" : "estimated";
     cm_buf_printf(o,
                   "# HELP cumulo_node_tokens_per_second Generated tokens per second of a node.\n"

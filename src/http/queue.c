@@ -1,8 +1,10 @@
 /*
  * queue.c: the request queue and the slots. One scheduler thread owns the
- * engine's sessions: it moves queued jobs into free slots (prefill), then
- * advances every running slot by one token in a single batched engine step,
- * and hands tokens to the jobs as they come. New jobs join between steps.
+ * engine's sessions: it moves queued jobs into free slots, then alternates
+ * one batched engine step of every running slot (one token each) with one
+ * chunk of a newcomer's prompt (chunked prefill, shortest first), and hands tokens
+ * to the jobs as they come. New jobs join between steps; a newcomer may take
+ * a shared prompt prefix from another slot's KV cache (share_prefix).
  *
  * Slot choice: among free slots, the one whose session already holds the
  * longest prefix of the new prompt (a continuing conversation reuses its KV
@@ -22,8 +24,10 @@
 
 typedef struct slot {
     cm_session *s;
-    job *j; /* NULL when free */
-    bool started;
+    job *j;         /* NULL when free */
+    bool started;   /* generating (its prompt fully evaluated) */
+    bool begun;     /* prompt set (cm_session_prompt_begin), chunks pending */
+    uint64_t order; /* admission order: prefill goes first come, first served */
 } slot;
 
 struct cm_queue {
@@ -40,6 +44,8 @@ struct cm_queue {
     int n_slots;
     int n_active;
     unsigned step_delay_ms; /* test hook: CUMULO_TEST_STEP_DELAY_MS slows every step */
+    int chunk;              /* prompt tokens evaluated between two decode steps (CUMULO_PREFILL_CHUNK) */
+    uint64_t n_admitted;
 };
 
 static int on_token(void *user, const cm_token_event *ev) {
@@ -128,6 +134,44 @@ static int pick_slot(cm_queue *s, job *j) {
     return best;
 }
 
+/* Shared prompt prefixes across requests: when another slot's session
+ * (generating, prefilling or free) has evaluated a longer prefix of sl's new
+ * prompt than sl's own cache holds, its KV rows are copied into sl
+ * (cm_session_copy_prefix: bytes of whole positions), so a system prompt or
+ * a document that many requests share is evaluated once. Scheduler thread
+ * only, between forward passes. Returns the tokens gained (0: none, or the
+ * engine cannot copy, as on a cluster). NEEDSWORK: copy-on-write KV blocks
+ * shared instead of copied come with paged KV memory. */
+enum { PREFIX_MIN = 16 }; /* shorter shared prefixes are not worth a copy */
+static int share_prefix(cm_queue *s, slot *sl) {
+    const job *j = sl->j;
+    const int own = common_prefix(sl->s, j->ids, j->n_ids);
+    int best = -1, best_k = own;
+    for (int i = 0; i < s->n_slots; i++) {
+        if (&s->slots[i] == sl) continue;
+        int k = common_prefix(s->slots[i].s, j->ids, j->n_ids);
+        if (k > best_k) { best = i; best_k = k; }
+    }
+    if (best_k > j->n_ids - 1) best_k = j->n_ids - 1; /* the last prompt token is always evaluated */
+    if (best < 0 || best_k < PREFIX_MIN || best_k <= own) return 0;
+    char e2[160];
+    if (cm_session_copy_prefix(sl->s, s->slots[best].s, best_k, e2, sizeof e2)) return 0;
+    return best_k - own;
+}
+
+/* A slot's prompt failed or its job was canceled before generating: end
+ * the job and free the slot (s->mu not held). */
+static void slot_fail(cm_queue *s, slot *sl, int rc, const char *err) {
+    /* The prompt was checked against the context already, so this is cancel
+     * or a server fault; CM_EAGAIN: the cluster lost nodes it cannot do without. */
+    job_end(sl->j, CM_FINISH_CANCEL, rc == CM_ECANCELED ? 0 : rc == CM_EAGAIN ? 503 : 500, err);
+    pthread_mutex_lock(&s->mu);
+    sl->j = NULL;
+    sl->begun = false;
+    s->n_active--;
+    pthread_mutex_unlock(&s->mu);
+}
+
 static void *queue_main(void *arg) {
     cm_queue *s = arg;
     cm_session **ss = cm_calloc((size_t)s->n_slots, sizeof *ss);
@@ -144,6 +188,8 @@ static void *queue_main(void *arg) {
             int k = pick_slot(s, j);
             s->slots[k].j = j;
             s->slots[k].started = false;
+            s->slots[k].begun = false;
+            s->slots[k].order = s->n_admitted++;
             s->n_active++;
             pthread_mutex_lock(&j->mu);
             j->state = JOB_RUNNING;
@@ -165,38 +211,76 @@ static void *queue_main(void *arg) {
             continue;
         }
         pthread_mutex_unlock(&s->mu);
-        /* Prefill newcomers (NEEDSWORK: chunked prefill inside the steps, so a
-         * long prompt does not pause the running streams). */
-        int n = 0;
+        /* Newcomers' prompts are set at once (prefix reuse) and evaluated in
+         * chunks of s->chunk tokens, one chunk per iteration, between the
+         * decode steps of the running slots: a long prompt delays each
+         * running stream's next token by one chunk at most, never by its
+         * whole prefill. The prompt with the fewest tokens left goes first
+         * (then the oldest), so a short request's first token does not wait
+         * for a long prompt. NEEDSWORK: an endless run of short prompts
+         * could postpone a long one indefinitely (no aging yet). A canceled
+         * job frees its slot before its next chunk. */
+        int n = 0, next = -1, next_left = 0;
         for (int i = 0; i < s->n_slots; i++) {
             slot *sl = &s->slots[i];
             if (!sl->j) continue;
             if (!sl->started) {
-                job *j = sl->j;
-                sl->started = true;
-                int rc = atomic_load(&j->cancel) ? CM_ECANCELED
-                                                 : cm_session_set_prompt(sl->s, j->ids, j->n_ids, err, sizeof err);
-                if (!rc) {
-                    cm_timings t = cm_session_timings(sl->s);
-                    j->n_cached = j->n_ids - t.n_prompt; /* prefix reused from the slot's KV cache */
-                    rc = cm_session_start(sl->s, &j->gp, on_token, j, err, sizeof err);
+                int rc = atomic_load(&sl->j->cancel) ? CM_ECANCELED : 0;
+                if (!rc && !sl->begun) {
+                    int got = share_prefix(s, sl);
+                    if (got > 0) cm_metrics_prefix(cm_http_metrics(s->srv), got);
+                    rc = cm_session_prompt_begin(sl->s, sl->j->ids, sl->j->n_ids, err, sizeof err);
+                    sl->begun = !rc;
                 }
                 if (rc) {
-                    /* The prompt was checked against the context already, so
-                     * this is cancel or a server fault. */
-                    /* CM_EAGAIN: the cluster lost nodes it cannot do without. */
-                    job_end(j, CM_FINISH_CANCEL, rc == CM_ECANCELED ? 0 : rc == CM_EAGAIN ? 503 : 500, err);
-                    pthread_mutex_lock(&s->mu);
-                    sl->j = NULL;
-                    s->n_active--;
-                    pthread_mutex_unlock(&s->mu);
+                    slot_fail(s, sl, rc, err);
                     continue;
                 }
+                /* the fewest prompt tokens left first (a short request is not
+                 * stuck behind a long prompt's whole prefill), then arrival */
+                int left = sl->j->n_ids - cm_session_n_past(sl->s);
+                if (next < 0 || left < next_left || (left == next_left && sl->order < s->slots[next].order)) {
+                    next = i;
+                    next_left = left;
+                }
+                continue;
             }
             if (atomic_load(&sl->j->cancel)) cm_session_cancel(sl->s);
             ss[n++] = sl->s;
         }
         int rc = n ? cm_engine_step(s->e, ss, n, err, sizeof err) : 0;
+        /* Prompt chunks: a budget of s->chunk tokens per iteration (8 chunks
+         * when nothing decodes), spent on the prompts with the fewest tokens
+         * left first, so a burst of short prompts is admitted in a few
+         * iterations rather than one per iteration. NEEDSWORK: the chunks of
+         * several prompts (and the decode rows) in ONE forward pass would
+         * read the weights once for all of them. */
+        for (int budget = n ? s->chunk : 8 * s->chunk; next >= 0 && budget > 0;) {
+            slot *sl = &s->slots[next];
+            char perr[256];
+            const int before = cm_session_n_past(sl->s);
+            int left = cm_session_prompt_step(sl->s, budget, perr, sizeof perr);
+            budget -= cm_session_n_past(sl->s) - before > 0 ? cm_session_n_past(sl->s) - before : budget;
+            if (left == 0) {
+                job *j = sl->j;
+                cm_timings t = cm_session_timings(sl->s);
+                j->n_cached = j->n_ids - t.n_prompt; /* prefix reused from the slot's KV cache */
+                left = cm_session_start(sl->s, &j->gp, on_token, j, perr, sizeof perr);
+                sl->started = left == 0;
+            }
+            if (left < 0) slot_fail(s, sl, left, perr);
+            if (left != 0) break; /* a prompt still pending keeps the rest of the budget's turn */
+            next = -1;            /* the next prompt with the fewest tokens left */
+            for (int i = 0; i < s->n_slots; i++) {
+                slot *o = &s->slots[i];
+                if (!o->j || o->started || !o->begun) continue;
+                int l2 = o->j->n_ids - cm_session_n_past(o->s);
+                if (next < 0 || l2 < next_left || (l2 == next_left && o->order < s->slots[next].order)) {
+                    next = i;
+                    next_left = l2;
+                }
+            }
+        }
         if (s->step_delay_ms) cm_sleep_ms(s->step_delay_ms);
         pthread_mutex_lock(&s->mu);
         for (int i = 0; i < s->n_slots; i++) {
@@ -247,6 +331,8 @@ cm_queue *cm_queue_new(cm_http_server *srv, cm_engine *e, int n_slots, int queue
     s->queue_max = queue_max;
     const char *d = getenv("CUMULO_TEST_STEP_DELAY_MS");
     s->step_delay_ms = d ? (unsigned)atoi(d) : 0;
+    const char *pc = getenv("CUMULO_PREFILL_CHUNK");
+    s->chunk = pc && atoi(pc) > 0 ? atoi(pc) : 32;
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     s->slots = cm_calloc((size_t)n_slots, sizeof *s->slots);

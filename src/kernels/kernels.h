@@ -76,6 +76,12 @@ typedef struct cm_kernels {
      * the file's bytes. Non-NULL makes cm_repack_add repack type t. */
     cm_gemm_fn gemv_packed[CM_TYPE_COUNT];
     cm_attn_v_fn attn_v[CM_TYPE_COUNT]; /* KV cache types F32 F16 Q8_0 Q4_0 (attn_*.c) */
+    /* Optional batched decode / small-batch gemm (1 < n_tok <= gemm_packed_max)
+     * over the same repacked weights: each (row, token) bit-identical to vec_dot
+     * on the file's bytes. Decoding B sequences reads the weights once per step
+     * for all B; this makes the work per weight byte not grow with B. */
+    cm_gemm_fn gemm_packed[CM_TYPE_COUNT];
+    int gemm_packed_max; /* most tokens gemm_packed is used for (beyond: gemm) */
 } cm_kernels;
 
 /* The best table for this CPU (respecting CUMULO_ISA). Thread-safe; never NULL. */
@@ -103,7 +109,9 @@ size_t cm_quantize_rows(enum cm_type t, const float *src, void *dst, int64_t nro
  * model calls for every weight: y[j * ldy + i] = dot(W row i, x_j) for i in
  * [r0, r1), j in [0, n_tok). xq holds the activations already converted to
  * W's vec_dot_type (row stride xq_stride). Uses gemm when present and
- * n_tok > 1, gemv when present and n_tok == 1. Callers split [0, rows) across threads. W->type must be one
+ * n_tok > 1, gemv when present and n_tok == 1; when W was repacked (below),
+ * gemv_packed for one token and gemm_packed for up to gemm_packed_max tokens.
+ * Callers split [0, rows) across threads. W->type must be one
  * cm_kernels_supports() accepts (anything else is a programmer error: the
  * loader rejects such files first). */
 void cm_matmul_rows(const cm_kernels *k, const cm_tensor *W, const void *xq, size_t xq_stride,

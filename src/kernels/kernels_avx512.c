@@ -533,6 +533,7 @@ GEMV_ROWS(zq6_k)
 GEMV_ROWS(zq8_0)
 
 #include "avx512_gemm.h"
+#include "avx512_bgemm.h"
 
 void cm_kernels_fill_avx512(cm_kernels *k) {
     x86_fill(k);
@@ -548,6 +549,8 @@ void cm_kernels_fill_avx512(cm_kernels *k) {
     k->gemm[CM_TYPE_Q4_0] = gemm_lq4_0;
     k->gemv[CM_TYPE_Q4_0] = gemv_zq4_0;
     k->gemv_packed[CM_TYPE_Q4_0] = gemv_rq4_0;
+    k->gemm_packed[CM_TYPE_Q4_0] = gemm_bq4_0;
+    k->gemm_packed_max = 16;
     k->vec_dot[CM_TYPE_Q8_0] = vec_dot_zq8_0;
     k->gemm[CM_TYPE_Q8_0] = gemm_pq8_0;
     k->gemv[CM_TYPE_Q8_0] = gemv_zq8_0;

@@ -332,6 +332,10 @@ int cm_kv_init_type(cm_kv *kv, const cm_model *m, int layer_first, int layer_las
                     enum cm_type type, char *err, size_t errlen);
 void cm_kv_release(cm_kv *kv);
 void cm_kv_truncate(cm_kv *kv, int n_past); /* keeps positions [0, n_past); n_past clamped */
+/* Make dst hold src's first n positions (n <= src->n_past, n <= dst->n_ctx;
+ * same layer range, slice and type): their bytes are copied (kv_copy.c) and
+ * dst->n_past = n. CM_EINVAL otherwise. */
+int cm_kv_copy_prefix(cm_kv *dst, const cm_kv *src, int n, char *err, size_t errlen);
 
 /* ---- forward pass ---- */
 

@@ -94,6 +94,26 @@ out=$("$BIN" run "$M/stories260K-f32.gguf" -p "The dog" -n 16 --temp 0 --kv-type
 "$BIN" run --help | grep -q 'usage: cumulo run' && ok || bad "run --help"
 "$BIN" info --help | grep -q 'usage: cumulo info' && ok || bad "info --help"
 
+# 5b. --streams N decodes the N copies together, one batched forward pass per
+# token: every stream's greedy ids equal the single run's. On stories260K
+# (llama.cpp's reference ids above) and on a synthetic q4_0 llama 512 wide,
+# whose repacked rows take the batched-decode gemm for 2..16 sequences.
+"$BIN" synth --arch llama --dim 512 --layers 2 --heads 8 --kv-heads 4 --ffn 1024 --type q4_0 \
+    --vocab "$SHARED/vocab/ggml-vocab-llama-spm.gguf" --seed 3 -o "$TMP/q4.gguf" >/dev/null 2>&1 || bad "synth q4_0"
+for m in "$M/stories260K-q4_0.gguf" "$TMP/q4.gguf"; do
+    "$BIN" run "$m" -p "Once upon a time" -n 24 --temp 0 --threads 2 --json >"$TMP/one.json" 2>/dev/null
+    one=$(cc_jsonget "$TMP/one.json" 'join(",", @{$j->{tokens}})' 2>/dev/null)
+    [ -n "$one" ] || { one=x; bad "single run of $(basename "$m") failed"; }
+    for n in 3 16; do
+        "$BIN" run "$m" -p "Once upon a time" -n 24 --temp 0 --threads 2 --streams $n --json >"$TMP/st.json" 2>"$TMP/st.err"
+        got=$(cc_jsonget "$TMP/st.json" 'join(",", @{$j->{ids}})' 2>/dev/null)
+        same=$(cc_jsonget "$TMP/st.json" '$j->{identical} ? 1 : 0' 2>/dev/null)
+        toks=$(cc_jsonget "$TMP/st.json" '$j->{tokens}' 2>/dev/null)
+        [ "$got" = "$one" ] && [ "$same" = 1 ] && [ "$toks" = $((24 * n)) ] && ok ||
+            bad "--streams $n on $(basename "$m"): ids '$got' identical '$same' tokens '$toks', alone '$one' ($(cat "$TMP/st.err"))"
+    done
+done
+
 # 6. Bad input: one line on stderr, exit status 1, no crash (status > 128).
 expect_error() { # NAME PATTERN -- command...
     name=$1 pat=$2

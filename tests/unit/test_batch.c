@@ -5,7 +5,9 @@
  * (different n_predict, a stop string) or are canceled. The first check runs
  * again on a synthetic mixture-of-experts model (qwen3moe, 64 experts top 8,
  * 2 threads): tokens of different sessions route to different experts and
- * group differently at every step, yet each session's text is its own.
+ * group differently at every step, yet each session's text is its own; and
+ * on a synthetic llama in q4_0 whose rows are repacked, so that the decode
+ * steps of up to 16 sequences run the batched gemm (kernels.h gemm_packed).
  */
 #include "engine/engine.h"
 #include "gguf/gguf.h"
@@ -155,6 +157,23 @@ int main(void) {
         t_failed++;
     } else {
         t_cur_name = "test_batched_equals_alone (qwen3moe)";
+        RUN(test_batched_equals_alone);
+        cm_engine_free(E);
+    }
+    unlink(path);
+    /* the same on a dense llama in q4_0 wide enough (512) for the repacked
+     * rows, 2 threads and n_batch 16: a step of up to 16 sequences goes
+     * through the batched-decode gemm over the repacked weights
+     * (gemm_packed), one token alone through the repacked gemv */
+    snprintf(path, sizeof path, "/tmp/cumulo-test-batch-q4-%d.gguf", (int)getpid());
+    cm_synth_params sq = {.arch = "llama", .n_embd = 512, .n_layer = 2, .n_head = 8, .n_head_kv = 4,
+                          .n_ff = 1024, .type = "q4_0", .seed = 5, .n_threads = 2};
+    cm_engine_opts oq = {.n_threads = 2, .n_batch = 16};
+    if (cm_synth_write(&sq, &voc, path, NULL, errbuf, sizeof errbuf) || cm_engine_load(&E, path, &oq, errbuf, sizeof errbuf)) {
+        fprintf(stderr, "q4_0 model: %s\n", errbuf);
+        t_failed++;
+    } else {
+        t_cur_name = "test_batched_equals_alone (llama q4_0, batched gemm)";
         RUN(test_batched_equals_alone);
         cm_engine_free(E);
     }

@@ -7,6 +7,9 @@
  * (memcmp), the copy must really be used (found by address; a column view
  * must not find it), the layout must hold the same bytes as the file, and
  * cm_repack_drop must forget it. A table without such a gemv repacks nothing.
+ * The batched-decode gemm over the same copy (gemm_packed, 2..gemm_packed_max
+ * tokens, and a few more where the file's gemm takes over) must give every
+ * (row, token) vec_dot's bits too, for every row slice.
  */
 #include "kernels/kernels.h"
 #include "test.h"
@@ -84,6 +87,68 @@ done:
     free(f), free(w), free(x), free(lay);
 }
 
+/* gemm_packed: n_tok tokens at once, every (row, token) = vec_dot's bits. */
+enum { BPOOL = 21 };
+static void check_batch(const cm_kernels *k, enum cm_type t, int64_t n) {
+    const enum cm_type vt = cm_type_traits_of(t)->vec_dot_type;
+    const size_t ws = cm_row_size(t, n), xs = cm_row_size(vt, n);
+    float *f = malloc(sizeof(float) * (size_t)(ROWS * n));
+    uint8_t *w = malloc(ws * ROWS), *x = malloc(xs * BPOOL);
+    float *ref = malloc(sizeof(float) * ROWS * BPOOL), *y = malloc(sizeof(float) * ROWS * BPOOL);
+    for (int64_t i = 0; i < ROWS * n; i++) f[i] = frand() * (float)(1 << (rnd() % 8));
+    CHECK(cm_quantize_rows(t, f, w, ROWS, n) == ROWS * ws);
+    cm_tensor W;
+    const int64_t ne[2] = {n, ROWS};
+    cm_tensor_init(&W, t, 2, ne, w, "w");
+    const cm_tensor *wp[] = {&W};
+    char err[200] = "";
+    int owner;
+    CHECKF(cm_repack_add(&owner, k, wp, 1, err, sizeof err) == 0, "%s", err);
+    CHECK(cm_repack_find(&W) != NULL);
+    for (int p = 0; p < BPOOL; p++) {
+        for (int64_t i = 0; i < n; i++) f[i] = frand() * (float)(1 << (rnd() % 6));
+        k->from_float[vt](f, x + (size_t)p * xs, n);
+        for (int r = 0; r < ROWS; r++) k->vec_dot[t](n, &ref[p * ROWS + r], w + (size_t)r * ws, x + (size_t)p * xs);
+    }
+    long bad = 0;
+    char first[200] = "";
+    const int top = k->gemm_packed_max + 3 < BPOOL ? k->gemm_packed_max + 3 : BPOOL;
+    for (int nt = 2; nt <= top; nt++) {
+        static const int slices[][2] = {{0, ROWS}, {5, 22}, {36, 37}};
+        for (int s = 0; s < 3; s++) {
+            const int r0 = slices[s][0], r1 = slices[s][1], p0 = (nt * 7 + s) % (BPOOL - nt + 1);
+            memset(y, 0xff, sizeof(float) * ROWS * BPOOL);
+            cm_matmul_rows(k, &W, x + (size_t)p0 * xs, xs, nt, y, ROWS, r0, r1);
+            for (int j = 0; j < nt; j++)
+                for (int r = r0; r < r1; r++)
+                    if (memcmp(&y[j * ROWS + r], &ref[(p0 + j) * ROWS + r], sizeof(float))) {
+                        if (!bad++)
+                            snprintf(first, sizeof first, "n_tok %d, token %d, row %d: %.9g, vec_dot %.9g", nt, j, r,
+                                     (double)y[j * ROWS + r], (double)ref[(p0 + j) * ROWS + r]);
+                    }
+        }
+    }
+    if (bad) fprintf(stderr, "  %s %s n=%lld batched: %ld mismatches; first %s\n", k->name, cm_type_name(t), (long long)n,
+                     bad, first);
+    CHECK(bad == 0);
+    cm_repack_drop(&owner);
+    free(f), free(w), free(x), free(ref), free(y);
+}
+
+static void test_q4_0_batched(void) {
+    int tables = 0;
+    for (size_t i = 0; i < sizeof k_isas / sizeof k_isas[0]; i++) {
+        const cm_kernels *k = cm_kernels_for(k_isas[i]);
+        if (!k || !k->gemm_packed[CM_TYPE_Q4_0]) continue;
+        tables++;
+        CHECK(k->gemv_packed[CM_TYPE_Q4_0] != NULL && k->gemm_packed_max >= 2);
+        check_batch(k, CM_TYPE_Q4_0, 512);
+        check_batch(k, CM_TYPE_Q4_0, 43 * 32);
+        check_batch(k, CM_TYPE_Q4_0, 5632);
+    }
+    if (!tables) printf("skip: no kernel table on this CPU has a batched gemm over repacked q4_0\n");
+}
+
 static void test_q4_0_lanes(void) {
     for (size_t i = 0; i < sizeof k_isas / sizeof k_isas[0]; i++) {
         const cm_kernels *k = cm_kernels_for(k_isas[i]);
@@ -104,5 +169,6 @@ int main(void) {
     if (!tables) /* still run it: the tables without must repack nothing */
         printf("skip: no kernel table on this CPU has a gemv over repacked q4_0 (only that nothing is repacked is checked)\n");
     RUN(test_q4_0_lanes);
+    RUN(test_q4_0_batched);
     TEST_END();
 }
