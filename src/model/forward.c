@@ -67,6 +67,7 @@ int cm_kv_init_type(cm_kv *kv, const cm_model *m, int layer_first, int layer_las
     kv->n_past = 0;
     kv->type = type;
     kv->type_v = type;
+    kv->latent = mla;
     return 0;
 }
 

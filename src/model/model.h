@@ -279,6 +279,7 @@ typedef struct cm_kv {
      * cache made by cm_kv_init / cm_kv_init_type (then type_v = type). */
     enum cm_type type_v;
     bool v_rows;
+    bool latent;         /* deepseek2 (mla.h): k holds the latent rows, v only a placeholder */
     size_t k_row, v_row; /* bytes of one K / V row (v_rows) */
 } cm_kv;
 /* ---- KV cache types and flash attention (attn.c) ---- */
