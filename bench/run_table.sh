@@ -1,7 +1,7 @@
 #!/bin/sh
 # run_table.sh: the table of issue 3 — cumulo vs llama.cpp on 1B-class
 # `cumulo synth` models (llama arch, dim 2048, 16 layers, 32 heads, 8 KV heads,
-# FFN 5632, separate output) in Q4_0, Q8_0, Q4_K_M and F16, at 1 and 2
+# FFN 5632, separate output) in Q4_0, Q8_0, Q4_K_M, F16, Q6_K and Q5_K_M, at 1 and 2
 # threads, interleaved A B A B with the read bandwidth measured in the same
 # run (cumulo bench --vs-llamacpp). Prints a markdown table on stdout, one
 # JSON line per row into $OUT/results.jsonl, progress on stderr.
@@ -22,7 +22,7 @@ CUMULO=${CUMULO:-$here/cumulo}
 SHARED=${CUMULO_SHARED:-$here/../shared}
 MODELS=${MODELS:-/tmp/cumulo-bench-1b}
 OUT=${OUT:-$MODELS}
-TYPES=${TYPES:-q4_0 q8_0 q4_k_m f16}
+TYPES=${TYPES:-q4_0 q8_0 q4_k_m f16 q6_k q5_k_m}
 THREADS=${THREADS:-1 2}
 REPS=${REPS:-3}
 PROMPT=${PROMPT:-128}

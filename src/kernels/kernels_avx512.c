@@ -17,7 +17,9 @@
  * q4_0, q8_0, q4_k and f16 instead use avx512_gemm.h, which repacks the
  * activations once per call and replays the tiles' exact arithmetic from the
  * packed operands (q4_0: 16 tokens across the lanes x 2 rows; 2 rows x 4
- * tokens for q8_0 and f16, 4 tokens for q4_k). q4_0 also has a decode gemv
+ * tokens for q8_0 and f16, 4 tokens for q4_k); q8_0 and f16 prefill now run
+ * avx512_prefill.h (the same chains one at a time, 4 x 4 and 4 x 5 register
+ * tiles), which falls back to those for rows longer than 16384. q4_0 also has a decode gemv
  * (4 rows per pass against the token packed once), same bits again.
  * Every tile keeps the contract of isa.h: integer sums exactly the
  * reference's, only the float accumulation order free. Tested against the
@@ -534,13 +536,14 @@ GEMV_ROWS(zq8_0)
 
 #include "avx512_gemm.h"
 #include "avx512_bgemm.h"
+#include "avx512_prefill.h"
 
 void cm_kernels_fill_avx512(cm_kernels *k) {
     x86_fill(k);
     k->vec_dot[CM_TYPE_F32] = vec_dot_zf32;
     k->gemm[CM_TYPE_F32] = gemm_zf32;
     k->vec_dot[CM_TYPE_F16] = vec_dot_zf16;
-    k->gemm[CM_TYPE_F16] = gemm_pf16;
+    k->gemm[CM_TYPE_F16] = gemm_fg16;
     k->gemv[CM_TYPE_F16] = gemv_zf16;
     k->vec_dot[CM_TYPE_BF16] = vec_dot_zbf16;
     k->gemm[CM_TYPE_BF16] = gemm_zbf16;
@@ -552,7 +555,7 @@ void cm_kernels_fill_avx512(cm_kernels *k) {
     k->gemm_packed[CM_TYPE_Q4_0] = gemm_bq4_0;
     k->gemm_packed_max = 16;
     k->vec_dot[CM_TYPE_Q8_0] = vec_dot_zq8_0;
-    k->gemm[CM_TYPE_Q8_0] = gemm_pq8_0;
+    k->gemm[CM_TYPE_Q8_0] = gemm_qg8_0;
     k->gemv[CM_TYPE_Q8_0] = gemv_zq8_0;
     k->vec_dot[CM_TYPE_Q4_K] = vec_dot_zq4_k;
     k->gemm[CM_TYPE_Q4_K] = gemm_pq4_k;

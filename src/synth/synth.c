@@ -59,6 +59,7 @@ static const synth_type k_types[] = {
     {"q4_k", 14, CM_TYPE_Q4_K, false}, /* llama.cpp calls an all-Q4_K file "Q4_K_S" */
     {"q5_k", 16, CM_TYPE_Q5_K, false}, /* ... and an all-Q5_K one "Q5_K_S" */
     {"q6_k", 18, CM_TYPE_Q6_K, false}, {"q4_k_m", 15, CM_TYPE_Q4_K, true},
+    {"q5_k_m", 17, CM_TYPE_Q5_K, true}, /* the same mix with Q5_K as the base type */
     /* Low-bit types, every 2-D weight in the one type (llama_ftype names:
      * MOSTLY_Q2_K, Q3_K_S, IQ4_NL, IQ4_XS, MXFP4_MOE). */
     {"q2_k", 10, CM_TYPE_Q2_K, false}, {"q3_k", 11, CM_TYPE_Q3_K, false},
@@ -70,7 +71,7 @@ static const synth_type k_types[] = {
 };
 
 const char *cm_synth_type_names(void) {
-    return "f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k q4_k_m q2_k q3_k iq4_nl iq4_xs mxfp4 iq2_xxs iq3_xxs iq1_s";
+    return "f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k q4_k_m q5_k_m q2_k q3_k iq4_nl iq4_xs mxfp4 iq2_xxs iq3_xxs iq1_s";
 }
 
 static const synth_type *find_type(const char *name) {
@@ -511,7 +512,7 @@ int cm_synth_write(const cm_synth_params *p, const cm_gguf *vocab, const char *p
     P.t = cm_calloc((size_t)P.cap, sizeof *P.t);
     if (!P.t) return cm_errf(err, errlen, CM_ENOMEM, "out of memory");
 
-    /* Types per tensor. q4_k_m follows llama.cpp's llama_tensor_get_type():
+    /* Types per tensor. q4_k_m (and q5_k_m, with Q5_K for Q4_K) follows llama.cpp's llama_tensor_get_type():
      * output (or a tied token_embd, which is the head) Q6_K; attn_v and
      * ffn_down Q6_K in the layers use_more_bits() picks; the rest Q4_K. */
     /* gpt-oss mxfp4: MXFP4 experts, Q8_0 elsewhere, as the released files
@@ -563,8 +564,8 @@ int cm_synth_write(const cm_synth_params *p, const cm_gguf *vocab, const char *p
             T("attn_v_b.weight", wt, DS_KV_LORA, (int64_t)DS_V * H, 0, 1 / sqrtf((float)DS_KV_LORA))->ne2 = H;
             T("attn_output.weight", o_t, H * DS_V, E, 0, res_scale / sqrtf((float)(H * DS_V)));
         } else if (arch == A_PHI3) {
-            /* fused q, k, v rows; llama.cpp's Q4_K_M makes it Q5_K */
-            T("attn_qkv.weight", st->mix_q4_k_m ? CM_TYPE_Q5_K : wt, E, (H + 2 * HKV) * D, 0, 1 / sqrtf((float)E));
+            /* fused q, k, v rows; llama.cpp's Q4_K_M makes it Q5_K, its Q5_K_M Q6_K */
+            T("attn_qkv.weight", st->mix_q4_k_m ? (wt == CM_TYPE_Q5_K ? CM_TYPE_Q6_K : CM_TYPE_Q5_K) : wt, E, (H + 2 * HKV) * D, 0, 1 / sqrtf((float)E));
         } else {
             T("attn_q.weight", wt, E, H * D, 0, 1 / sqrtf((float)E));
             if (qwen2b) T("attn_q.bias", CM_TYPE_F32, H * D, 1, 0, BIAS_STD);

@@ -40,7 +40,7 @@ typedef struct cm_synth_params {
      * n_ff_exp wide (0 = n_ff); n_ff_shexp: qwen2moe's shared expert (0 = n_ff). */
     int n_expert, n_expert_used, n_ff_exp, n_ff_shexp;
     int n_ctx;          /* <arch>.context_length; 0 = 4096 */
-    const char *type;   /* f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k q4_k_m */
+    const char *type;   /* f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k q4_k_m q5_k_m ... */
     float rope_base;    /* 0 = the architecture's usual (llama 10000, with llama3 scaling 500000, qwen 1e6) */
     bool rope_llama3;   /* Llama 3.1 rope scaling: rope_freqs.weight (factor 8, low 1, high 4, original ctx 8192) */
     /* RoPE scaling keys (rope.scaling.*), written when rope_scaling is set:

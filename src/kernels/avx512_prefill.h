@@ -1,0 +1,209 @@
+/*
+ * avx512_prefill.h: the AVX-512 prefill gemms for q8_0 and f16 that keep the
+ * one-token tiles' float order and still reuse each operand across a large
+ * register tile. Not a header in the usual sense: kernels_avx512.c includes it
+ * once, after its tiles and avx512_gemm.h, under its own ISA flags. Nothing
+ * else may include it.
+ *
+ * The idea: a tile's float order is a set of independent accumulation chains
+ * per (row, token) (q8_0: 4 chains of 8 lanes, block b into chain b mod 4;
+ * f16: 2 chains of 16 lanes, the low and high halves of each 32 elements),
+ * each fed in ascending element order, then one fixed reduction. A chain's
+ * result does not depend on when the other chains run, so the gemm runs the
+ * chains one after another ("chain-outer"): only one accumulator per (row,
+ * token) is live, and the register tile grows from 2 x 4 to 4 x 4 (q8_0) or
+ * 4 x 5 (f16), with every weight and activation vector loaded once per tile.
+ * The chains' lanes are stored, and the tile's own reduction runs on them at
+ * the end, so every (row, token) is bit-identical to vec_dot (kernels.h;
+ * tests/unit/test_kernels_invariant.c).
+ *
+ * q8_0 (ztile_q8_0's order): per block and (row, token) one vpdpbusd on 8
+ * lanes (weights as stored are the signed operand, y + 128 the unsigned one,
+ * started from -128 * sum(x) per 4 bytes, which the row tile computes once),
+ * one conversion and one FMA with the product dx * dy broadcast from a small
+ * table the token tile fills 8 products per multiply: three vector operations
+ * per 32 multiply-adds, where the 2 x 4 gemm spent a scale product per block
+ * pair as well, and no token packing budget (the weights were streamed from
+ * memory once per 9-26 tokens). Blocks past the last whole group of 8 go
+ * through tile_q8_0, as in ztile_q8_0.
+ * f16 (ztile_f16's order): weights converted to f32 once per row tile (reused
+ * by every token), activations converted per token tile (reused by every row).
+ *
+ * q8_0 runs the 4 chains over one segment of QG_SEG blocks before the next
+ * (each chain's lanes carried in memory across segments), so the tile's
+ * weights, corrections, activations and scale products stay near L1 for long
+ * rows too (ffn_down).
+ *
+ * Stack: ~180 KiB (q8_0) / ~260 KiB (f16) of tables at most; every thread
+ * cumulo starts has the default 8 MiB. Rows longer than the tables (k >
+ * 16384) use the earlier gemms. Never allocates.
+ */
+
+enum {
+    QG_R = 4,                   /* weight rows per register tile */
+    QG_T = 4,                   /* tokens per register tile */
+    QG_MAXNB = 512,             /* blocks per row (k <= 16384) */
+    QG_LD = QG_MAXNB + 16,      /* float stride of the tables (a cache line of padding: no set aliasing) */
+    QG_DYF = 64 * 1024 / 4,     /* floats of token scales per pass */
+    QG_SEG = 64,                /* blocks per segment: all 4 chains run over one segment, then the next */
+};
+
+/* R rows x T tokens, all 4 chains in turn: lanes[r][t][c] = chain c's 8 lanes. */
+AI void qg8_tile(int64_t b0, int64_t b1, const cm_block_q8_0 *const *x, const cm_block_q8_0 *const *yv,
+                 const __m256i *corr, const float *dd, int R, int T, float (*lanes)[QG_T][4][8]) {
+    const __m256i k128 = _mm256_set1_epi8((char)0x80);
+    for (int c = 0; c < 4; c++) {
+        __m256 acc[QG_R][QG_T];
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+            _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)
+                acc[r][t] = b0 == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(lanes[r][t][c]);
+        for (int64_t b = b0 + c; b < b1; b += 4) {
+            __m256i xr[QG_R], cr[QG_R];
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+                xr[r] = ld256(x[r][b].qs);
+                cr[r] = _mm256_load_si256(corr + (size_t)r * QG_LD + b);
+            }
+            _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
+                const __m256i yu = _mm256_xor_si256(ld256(yv[t][b].qs), k128);
+                _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+                    const __m256i s = _mm256_dpbusd_epi32(cr[r], yu, xr[r]);
+                    acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s),
+                                                _mm256_broadcast_ss(dd + (size_t)(r * QG_T + t) * QG_LD + b), acc[r][t]);
+                }
+            }
+        }
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+            _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) _mm256_storeu_ps(lanes[r][t][c], acc[r][t]);
+    }
+}
+
+static void gemm_qg8_0(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
+                       int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {
+    const int64_t nb = k / CM_QK8_0, n8 = nb & ~(int64_t)7;
+    if (n8 == 0 || nb > QG_MAXNB) {
+        gemm_pq8_0(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
+        return;
+    }
+    _Alignas(64) __m256i corr[QG_R * QG_LD]; /* -128 * sum(x) per 4 bytes, per row of the tile */
+    _Alignas(64) float dxf[QG_R * QG_LD];
+    _Alignas(64) float dd[QG_R * QG_T * QG_LD]; /* dx * dy per (row, token, block) */
+    _Alignas(64) float dyf[QG_DYF];              /* dy per (token of the pass, block) */
+    const int64_t cap = QG_DYF / n8;             /* tokens per pass */
+    const __m256i k128 = _mm256_set1_epi8((char)0x80);
+    for (int64_t j0 = 0; j0 < n_tok; j0 += cap) {
+        const int64_t nt = n_tok - j0 < cap ? n_tok - j0 : cap;
+        for (int64_t t = 0; t < nt; t++) {
+            const cm_block_q8_0 *yb = (const cm_block_q8_0 *)(const void *)((const char *)x + (size_t)(j0 + t) * x_stride);
+            for (int64_t b = 0; b < n8; b += 8) _mm256_store_ps(dyf + t * n8 + b, d8_q8_0(yb + b));
+        }
+        for (int64_t i = r0; i < r1; i += QG_R) {
+            const int R = r1 - i < QG_R ? (int)(r1 - i) : QG_R;
+            const cm_block_q8_0 *xr[QG_R];
+            for (int r = 0; r < R; r++) {
+                xr[r] = (const cm_block_q8_0 *)(const void *)((const char *)w + (size_t)(i + r) * w_stride);
+                for (int64_t b = 0; b < n8; b++)
+                    corr[(size_t)r * QG_LD + b] = _mm256_sub_epi32(
+                        _mm256_setzero_si256(), _mm256_dpbusd_epi32(_mm256_setzero_si256(), k128, ld256(xr[r][b].qs)));
+                for (int64_t b = 0; b < n8; b += 8) _mm256_store_ps(dxf + (size_t)r * QG_LD + b, d8_q8_0(xr[r] + b));
+            }
+            for (int64_t jj = 0; jj < nt; jj += QG_T) {
+                const int T = nt - jj < QG_T ? (int)(nt - jj) : QG_T;
+                const cm_block_q8_0 *yv[QG_T];
+                for (int t = 0; t < T; t++) {
+                    yv[t] = (const cm_block_q8_0 *)(const void *)((const char *)x + (size_t)(j0 + jj + t) * x_stride);
+                    for (int r = 0; r < R; r++)
+                        for (int64_t b = 0; b < n8; b += 8)
+                            _mm256_store_ps(dd + (size_t)(r * QG_T + t) * QG_LD + b,
+                                            _mm256_mul_ps(_mm256_load_ps(dxf + (size_t)r * QG_LD + b),
+                                                          _mm256_load_ps(dyf + (jj + t) * n8 + b)));
+                }
+                float lanes[QG_R][QG_T][4][8];
+                for (int64_t b0 = 0; b0 < n8; b0 += QG_SEG) {
+                const int64_t b1 = n8 - b0 < QG_SEG ? n8 : b0 + QG_SEG;
+                if (R == QG_R && T == QG_T) qg8_tile(b0, b1, xr, yv, corr, dd, QG_R, QG_T, lanes);
+                else
+                    for (int r = 0; r < R; r++) switch (T) {
+                        case 4: qg8_tile(b0, b1, xr + r, yv, corr + (size_t)r * QG_LD, dd + (size_t)r * QG_T * QG_LD, 1, 4, lanes + r); break;
+                        case 3: qg8_tile(b0, b1, xr + r, yv, corr + (size_t)r * QG_LD, dd + (size_t)r * QG_T * QG_LD, 1, 3, lanes + r); break;
+                        case 2: qg8_tile(b0, b1, xr + r, yv, corr + (size_t)r * QG_LD, dd + (size_t)r * QG_T * QG_LD, 1, 2, lanes + r); break;
+                        default: qg8_tile(b0, b1, xr + r, yv, corr + (size_t)r * QG_LD, dd + (size_t)r * QG_T * QG_LD, 1, 1, lanes + r); break;
+                        }
+                }
+                for (int r = 0; r < R; r++) {
+                    float tail[QG_T] = {0};
+                    if (n8 < nb) {
+                        const cm_block_q8_0 *yt[QG_T];
+                        for (int t = 0; t < T; t++) yt[t] = yv[t] + n8;
+                        tile_q8_0(nb - n8, xr[r] + n8, yt, T, tail);
+                    }
+                    for (int t = 0; t < T; t++) { /* ztile_q8_0's reduction: acc[0] = chains 0|1, acc[1] = 2|3 */
+                        const float *l = lanes[r][t][0];
+                        const __m512 a0 = _mm512_loadu_ps(l), a1 = _mm512_loadu_ps(l + 16);
+                        y[(j0 + jj + t) * ldy + i + r] = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1)) + tail[t];
+                    }
+                }
+            }
+        }
+    }
+}
+
+/* ---- f16: ztile_f16's two chains, each over the whole row in turn ---- */
+enum { FG_R = 4, FG_T = 5, FG_MAXK = 16384 };
+
+/* R rows (already f32) x T tokens (f16), n32 elements: res[r][t][h] = chain h's lanes. */
+AI void fg_tile(int64_t n32, const float *xf, const cm_f16 *const *yv, int R, int T, __m512 (*res)[FG_T][2]) {
+    for (int h = 0; h < 2; h++) {
+        __m512 acc[FG_R][FG_T];
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+            _Pragma("GCC unroll 5") for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
+        for (int64_t i = 16 * h; i < n32; i += 32) {
+            __m512 xv[FG_R];
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) xv[r] = _mm512_load_ps(xf + (size_t)r * FG_MAXK + i);
+            _Pragma("GCC unroll 5") for (int t = 0; t < T; t++) {
+                const __m512 yy = z_f16(yv[t], i);
+                _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) acc[r][t] = _mm512_fmadd_ps(xv[r], yy, acc[r][t]);
+            }
+        }
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+            _Pragma("GCC unroll 5") for (int t = 0; t < T; t++) res[r][t][h] = acc[r][t];
+    }
+}
+
+static void gemm_fg16(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
+                      int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {
+    const int64_t n32 = k & ~(int64_t)31;
+    if (n32 == 0 || k > FG_MAXK) {
+        gemm_pf16(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
+        return;
+    }
+    _Alignas(64) float xf[FG_R * FG_MAXK]; /* the row tile's weights in f32 */
+    for (int64_t i = r0; i < r1; i += FG_R) {
+        const int R = r1 - i < FG_R ? (int)(r1 - i) : FG_R;
+        const cm_f16 *xr[FG_R];
+        for (int r = 0; r < R; r++) {
+            xr[r] = (const cm_f16 *)(const void *)((const char *)w + (size_t)(i + r) * w_stride);
+            for (int64_t e = 0; e < n32; e += 16) _mm512_store_ps(xf + (size_t)r * FG_MAXK + e, z_f16(xr[r], e));
+        }
+        for (int64_t j = 0; j < n_tok; j += FG_T) {
+            const int T = n_tok - j < FG_T ? (int)(n_tok - j) : FG_T;
+            const cm_f16 *yv[FG_T];
+            for (int t = 0; t < T; t++) yv[t] = (const cm_f16 *)(const void *)((const char *)x + (size_t)(j + t) * x_stride);
+            __m512 res[FG_R][FG_T][2];
+            if (R == FG_R && T == FG_T) fg_tile(n32, xf, yv, FG_R, FG_T, res);
+            else
+                for (int r = 0; r < R; r++) switch (T) {
+                    case 5: fg_tile(n32, xf + (size_t)r * FG_MAXK, yv, 1, 5, res + r); break;
+                    case 4: fg_tile(n32, xf + (size_t)r * FG_MAXK, yv, 1, 4, res + r); break;
+                    case 3: fg_tile(n32, xf + (size_t)r * FG_MAXK, yv, 1, 3, res + r); break;
+                    case 2: fg_tile(n32, xf + (size_t)r * FG_MAXK, yv, 1, 2, res + r); break;
+                    default: fg_tile(n32, xf + (size_t)r * FG_MAXK, yv, 1, 1, res + r); break;
+                    }
+            for (int r = 0; r < R; r++)
+                for (int t = 0; t < T; t++) { /* ztile_f16's reduction and scalar tail */
+                    float s = _mm512_reduce_add_ps(_mm512_add_ps(res[r][t][0], res[r][t][1]));
+                    for (int64_t e = n32; e < k; e++) s += sc_f16(xr[r], e) * sc_f16(yv[t], e);
+                    y[(j + t) * ldy + i + r] = s;
+                }
+        }
+    }
+}
