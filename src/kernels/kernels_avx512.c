@@ -31,7 +31,8 @@
  * permute and an FMA per 4 blocks for every single token). NEEDSWORK: q8_0
  * is still bound by that per-token float work (convert, scale product, FMA
  * for every 16 int32 lanes); the same lane order would do a third less work
- * per token there too. q6_k, q5_k and bf16 still use the 4-token tiles.
+ * per token there too. q6_k and q5_k prefill run avx512_kgemm.h (rows
+ * unpacked once per pass, same bits); bf16 still uses the 4-token tiles.
  */
 #define CM_X86_VNNI 1
 #include "x86_tiles.h"
@@ -537,6 +538,7 @@ GEMV_ROWS(zq8_0)
 #include "avx512_gemm.h"
 #include "avx512_bgemm.h"
 #include "avx512_prefill.h"
+#include "avx512_kgemm.h"
 
 void cm_kernels_fill_avx512(cm_kernels *k) {
     x86_fill(k);
@@ -561,6 +563,7 @@ void cm_kernels_fill_avx512(cm_kernels *k) {
     k->gemm[CM_TYPE_Q4_K] = gemm_pq4_k;
     k->gemv[CM_TYPE_Q4_K] = gemv_pq4_k;
     k->vec_dot[CM_TYPE_Q6_K] = vec_dot_zq6_k;
-    k->gemm[CM_TYPE_Q6_K] = gemm_zq6_k;
+    k->gemm[CM_TYPE_Q6_K] = gemm_kg6;
     k->gemv[CM_TYPE_Q6_K] = gemv_zq6_k;
+    k->gemm[CM_TYPE_Q5_K] = gemm_kg5;
 }

@@ -1,0 +1,265 @@
+/*
+ * avx512_kgemm.h: the AVX-512 prefill gemms for q6_k and q5_k that unpack
+ * each weight row once per pass and reuse it for every token. Not a header in
+ * the usual sense: kernels_avx512.c includes it once, after its tiles, under
+ * its own ISA flags. Nothing else may include it.
+ *
+ * The 4-token tiles (ztile_q6_k, the 256-bit tile_q5_k) unpack every
+ * super-block again for each group of 4 tokens, and spend per token a sign
+ * fix-up (q6_k) or two byte multiplies per 32 weights before the scale. Here a
+ * row tile is unpacked once into a buffer (per 128 or 64 weights: the bytes,
+ * the per-lane correction, the scales laid out in word pairs), then a
+ * R x T register tile walks it: per 64 weights and (row, token) one
+ * vpdpbusd, and per two of those one shift, one blend and one vpdpwssd that
+ * multiplies both by their scales. Integer identities (all exact in int32):
+ *   q6_k: sum((y + 128) * (q - 32)) - 128 * sum(q - 32) = sum((q - 32) * y),
+ *         q - 32 in [-32, 31] signed, y + 128 unsigned; each 4-byte sum fits int16;
+ *   q5_k: q in [0, 31] unsigned against y signed, each 4-byte sum fits int16.
+ * Two 4-byte sums D0, D1 go into one int32 as words (blend of D0 and D1 << 16),
+ * and vpdpwssd against the word pair (s0, s1) adds s0 * D0 + s1 * D1: every
+ * int32 lane ends up holding exactly the lane sum of the one-token tile (the
+ * same 4-byte groups times the same scales), so the conversion, the FMA with
+ * d * dy, the min term (q5_k) and the final reduction are the tile's own, and
+ * every (row, token) is bit-identical to vec_dot (kernels.h;
+ * tests/unit/test_kernels_invariant.c).
+ *
+ * Tokens go in passes of about KG_PASS bytes of activations (stay in L2 while
+ * each row tile walks them). Stack: the row buffers, ~160 KiB (q6_k) and
+ * ~60 KiB (q5_k) at most; rows longer than KG_MAXNB super-blocks (k > 16384)
+ * use the tiles. Never allocates.
+ */
+
+enum {
+    KG_MAXNB = 64,         /* super-blocks per row (k <= 16384) */
+    KG_PASS = 256 * 1024,  /* bytes of activations per pass */
+    K6_R = 4, K6_T = 4,    /* q6_k register tile */
+    K5_R = 2, K5_T = 4,    /* q5_k register tile (its min term needs a second set of accumulators) */
+};
+
+/* ---- q6_k ---- */
+
+/* Per chunk c (128 weights) of a super-block: q[c][v] = q - 32 of elements
+ * 128c + 64v .. +63 (ztile_q6_k's q01 / q23), corr[c][v] = -128 * the 4-byte
+ * sums of q[c][v], s[c] = lane l's word pair (scale of 128c + 4l.., scale of
+ * 128c + 64 + 4l..). */
+typedef struct {
+    __m512i q[2][2], corr[2][2], s[2];
+} kg6_blk;
+
+/* word 2l = scale 8c + l/4, word 2l + 1 = scale 8c + 4 + l/4 */
+static const uint16_t k_kg6_idx[2][32] = {
+    {0, 4, 0, 4, 0, 4, 0, 4, 1, 5, 1, 5, 1, 5, 1, 5, 2, 6, 2, 6, 2, 6, 2, 6, 3, 7, 3, 7, 3, 7, 3, 7},
+    {8, 12, 8, 12, 8, 12, 8, 12, 9, 13, 9, 13, 9, 13, 9, 13, 10, 14, 10, 14, 10, 14, 10, 14, 11, 15, 11, 15, 11, 15, 11, 15}};
+
+static void kg6_unpack(int64_t nb, const cm_block_q6_k *x, kg6_blk *o, float *d) {
+    const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30), k32 = _mm512_set1_epi8(32);
+    const __m512i k128 = _mm512_set1_epi8((char)0x80), z = _mm512_setzero_si512();
+    const __m512i shl = _mm512_loadu_si512(k_q6k_shift[0]), shr = _mm512_loadu_si512(k_q6k_shift[1]);
+    for (int64_t b = 0; b < nb; b++) {
+        const __m512i sc16 = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[b].scales)));
+        for (int c = 0; c < 2; c++) { /* ztile_q6_k's unpacking */
+            const __m512i l = _mm512_loadu_si512(x[b].ql + 64 * c);
+            const __m512i h = _mm512_broadcast_i64x4(ld256(x[b].qh + 32 * c));
+            const __m512i q01 = _mm512_sub_epi8(
+                _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_and_si512(_mm512_sllv_epi16(h, shl), m30)), k32);
+            const __m512i q23 = _mm512_sub_epi8(_mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
+                                                                _mm512_and_si512(_mm512_srlv_epi16(h, shr), m30)),
+                                                k32);
+            o[b].q[c][0] = q01;
+            o[b].q[c][1] = q23;
+            o[b].corr[c][0] = _mm512_sub_epi32(z, _mm512_dpbusd_epi32(z, k128, q01));
+            o[b].corr[c][1] = _mm512_sub_epi32(z, _mm512_dpbusd_epi32(z, k128, q23));
+            o[b].s[c] = _mm512_permutexvar_epi16(_mm512_loadu_si512(k_kg6_idx[c]), sc16);
+        }
+        d[b] = f16f(x[b].d);
+    }
+}
+
+/* out[r * K6_T + t] for R unpacked rows (xb[r], scales xd[r]) and T tokens. */
+AI void kg6_tile(int64_t nb, const kg6_blk *const *xb, const float *const *xd, const cm_block_q8_k *const *yv,
+                 int R, int T, float *out) {
+    __m512 acc[K6_R][K6_T];
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
+    const __m512i k128 = _mm512_set1_epi8((char)0x80);
+    for (int64_t b = 0; b < nb; b++) {
+        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
+            __m512i sumi[K6_R];
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) sumi[r] = _mm512_setzero_si512();
+            _Pragma("GCC unroll 2") for (int c = 0; c < 2; c++) {
+                const int8_t *y = yv[t][b].qs + 128 * c;
+                const __m512i y0 = _mm512_xor_si512(_mm512_loadu_si512(y), k128);
+                const __m512i y1 = _mm512_xor_si512(_mm512_loadu_si512(y + 64), k128);
+                _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+                    const kg6_blk *p = xb[r] + b;
+                    const __m512i d0 = _mm512_dpbusd_epi32(p->corr[c][0], y0, p->q[c][0]);
+                    const __m512i d1 = _mm512_dpbusd_epi32(p->corr[c][1], y1, p->q[c][1]);
+                    const __m512i w = _mm512_mask_blend_epi16(0xaaaaaaaau, d0, _mm512_slli_epi32(d1, 16));
+                    sumi[r] = _mm512_dpwssd_epi32(sumi[r], w, p->s[c]);
+                }
+            }
+            const float yd = yv[t][b].d;
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+                acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi[r]), _mm512_set1_ps(xd[r][b] * yd), acc[r][t]);
+        }
+    }
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) out[r * K6_T + t] = _mm512_reduce_add_ps(acc[r][t]);
+}
+
+static void gemm_kg6(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
+                     int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {
+    const int64_t nb = k / CM_QK_K;
+    if (nb > KG_MAXNB || n_tok < 2) {
+        gemm_zq6_k(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
+        return;
+    }
+    _Alignas(64) kg6_blk buf[K6_R * KG_MAXNB];
+    float dx[K6_R * KG_MAXNB];
+    int64_t cap = KG_PASS / (nb * (int64_t)sizeof(cm_block_q8_k));
+    if (cap < 4 * K6_T) cap = 4 * K6_T;
+    for (int64_t j0 = 0; j0 < n_tok; j0 += cap) {
+        const int64_t nt = n_tok - j0 < cap ? n_tok - j0 : cap;
+        for (int64_t i = r0; i < r1; i += K6_R) {
+            const int R = r1 - i < K6_R ? (int)(r1 - i) : K6_R;
+            const kg6_blk *xb[K6_R];
+            const float *xd[K6_R];
+            for (int r = 0; r < R; r++) {
+                kg6_unpack(nb, (const cm_block_q6_k *)(const void *)((const char *)w + (size_t)(i + r) * w_stride),
+                           buf + r * nb, dx + r * nb);
+                xb[r] = buf + r * nb;
+                xd[r] = dx + r * nb;
+            }
+            for (int64_t jj = 0; jj < nt; jj += K6_T) {
+                const int T = nt - jj < K6_T ? (int)(nt - jj) : K6_T;
+                const cm_block_q8_k *yv[K6_T];
+                for (int t = 0; t < T; t++)
+                    yv[t] = (const cm_block_q8_k *)(const void *)((const char *)x + (size_t)(j0 + jj + t) * x_stride);
+                float out[K6_R * K6_T];
+                if (R == K6_R && T == K6_T) kg6_tile(nb, xb, xd, yv, K6_R, K6_T, out);
+                else
+                    for (int r = 0; r < R; r++) switch (T) {
+                        case 4: kg6_tile(nb, xb + r, xd + r, yv, 1, 4, out + r * K6_T); break;
+                        case 3: kg6_tile(nb, xb + r, xd + r, yv, 1, 3, out + r * K6_T); break;
+                        case 2: kg6_tile(nb, xb + r, xd + r, yv, 1, 2, out + r * K6_T); break;
+                        default: kg6_tile(nb, xb + r, xd + r, yv, 1, 1, out + r * K6_T); break;
+                        }
+                for (int r = 0; r < R; r++)
+                    for (int t = 0; t < T; t++) y[(j0 + jj + t) * ldy + i + r] = out[r * K6_T + t];
+            }
+        }
+    }
+}
+
+/* ---- q5_k (tile_q5_k's order: 8 int32 lanes per super-block, 4 min lanes) ----
+ * q[j] = the 5-bit values of elements 64j .. 64j+63 (sub-blocks 2j | 2j+1),
+ * s[h] = word pairs: lanes 0-7 (scale 4h, scale 4h+2), lanes 8-15 (4h+1,
+ * 4h+3), so vpdpbusd of q[2h] and q[2h+1] blended pairs sub-blocks 4h with
+ * 4h+2 (low half) and 4h+1 with 4h+3 (high half); the halves are added
+ * (integers) into tile_q5_k's 8 lanes. */
+typedef struct {
+    __m512i q[4], s[2];
+    __m128i mn;     /* the 8 mins as words */
+    float d, dmin;
+} kg5_blk;
+
+static void kg5_unpack(int64_t nb, const cm_block_q5_k *x, kg5_blk *o) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1);
+    for (int64_t b = 0; b < nb; b++) {
+        uint8_t sc[8], mn[8];
+        kscales(x[b].scales, sc, mn);
+        __m256i qh = ld256(x[b].qh);
+        for (int j = 0; j < 4; j++) { /* tile_q5_k's unpacking */
+            const __m256i q = ld256(x[b].qs + 32 * j);
+            __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+            lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(qh, one), 4));
+            hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 1), one), 4));
+            qh = _mm256_srli_epi16(qh, 2);
+            o[b].q[j] = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+        }
+        for (int h = 0; h < 2; h++)
+            o[b].s[h] = _mm512_inserti64x4(_mm512_set1_epi32((int)(sc[4 * h] | (uint32_t)sc[4 * h + 2] << 16)),
+                                           _mm256_set1_epi32((int)(sc[4 * h + 1] | (uint32_t)sc[4 * h + 3] << 16)), 1);
+        o[b].mn = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mn));
+        o[b].d = f16f(x[b].d);
+        o[b].dmin = f16f(x[b].dmin);
+    }
+}
+
+AI void kg5_tile(int64_t nb, const kg5_blk *const *xb, const cm_block_q8_k *const *yv, int R, int T, float *out) {
+    __m256 acc[K5_R][K5_T];
+    __m128 accm[K5_R][K5_T];
+    _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)
+        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
+            acc[r][t] = _mm256_setzero_ps();
+            accm[r][t] = _mm_setzero_ps();
+        }
+    const __m512i z = _mm512_setzero_si512();
+    for (int64_t b = 0; b < nb; b++) {
+        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
+            const cm_block_q8_k *yb = &yv[t][b];
+            __m512i yq[4];
+            _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) yq[j] = _mm512_loadu_si512(yb->qs + 64 * j);
+            const __m256i bs = ld256(yb->bsums);
+            const __m128i pairs = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+            const float yd = yb->d;
+            _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) {
+                const kg5_blk *p = xb[r] + b;
+                __m512i s16 = z;
+                _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
+                    const __m512i d0 = _mm512_dpbusd_epi32(z, p->q[2 * h], yq[2 * h]);
+                    const __m512i d1 = _mm512_dpbusd_epi32(z, p->q[2 * h + 1], yq[2 * h + 1]);
+                    const __m512i w = _mm512_mask_blend_epi16(0xaaaaaaaau, d0, _mm512_slli_epi32(d1, 16));
+                    s16 = _mm512_dpwssd_epi32(s16, w, p->s[h]);
+                }
+                const __m256i s8 = _mm256_add_epi32(_mm512_castsi512_si256(s16), _mm512_extracti64x4_epi64(s16, 1));
+                FMA_BLOCK(acc[r][t], s8, p->d * yd);
+                accm[r][t] = _mm_fmadd_ps(_mm_cvtepi32_ps(_mm_madd_epi16(p->mn, pairs)), _mm_set1_ps(p->dmin * yd),
+                                          accm[r][t]);
+            }
+        }
+    }
+    _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)
+        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) out[r * K5_T + t] = hsum8(acc[r][t]) - hsum4(accm[r][t]);
+}
+
+static void gemm_kg5(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
+                     int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {
+    const int64_t nb = k / CM_QK_K;
+    if (nb > KG_MAXNB || n_tok < 2) {
+        gemm_q5_k(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
+        return;
+    }
+    _Alignas(64) kg5_blk buf[K5_R * KG_MAXNB];
+    int64_t cap = KG_PASS / (nb * (int64_t)sizeof(cm_block_q8_k));
+    if (cap < 4 * K5_T) cap = 4 * K5_T;
+    for (int64_t j0 = 0; j0 < n_tok; j0 += cap) {
+        const int64_t nt = n_tok - j0 < cap ? n_tok - j0 : cap;
+        for (int64_t i = r0; i < r1; i += K5_R) {
+            const int R = r1 - i < K5_R ? (int)(r1 - i) : K5_R;
+            const kg5_blk *xb[K5_R];
+            for (int r = 0; r < R; r++) {
+                kg5_unpack(nb, (const cm_block_q5_k *)(const void *)((const char *)w + (size_t)(i + r) * w_stride),
+                           buf + r * nb);
+                xb[r] = buf + r * nb;
+            }
+            for (int64_t jj = 0; jj < nt; jj += K5_T) {
+                const int T = nt - jj < K5_T ? (int)(nt - jj) : K5_T;
+                const cm_block_q8_k *yv[K5_T];
+                for (int t = 0; t < T; t++)
+                    yv[t] = (const cm_block_q8_k *)(const void *)((const char *)x + (size_t)(j0 + jj + t) * x_stride);
+                float out[K5_R * K5_T];
+                if (R == K5_R && T == K5_T) kg5_tile(nb, xb, yv, K5_R, K5_T, out);
+                else
+                    for (int r = 0; r < R; r++) switch (T) {
+                        case 4: kg5_tile(nb, xb + r, yv, 1, 4, out + r * K5_T); break;
+                        case 3: kg5_tile(nb, xb + r, yv, 1, 3, out + r * K5_T); break;
+                        case 2: kg5_tile(nb, xb + r, yv, 1, 2, out + r * K5_T); break;
+                        default: kg5_tile(nb, xb + r, yv, 1, 1, out + r * K5_T); break;
+                        }
+                for (int r = 0; r < R; r++)
+                    for (int t = 0; t < T; t++) y[(j0 + jj + t) * ldy + i + r] = out[r * K5_T + t];
+            }
+        }
+    }
+}
