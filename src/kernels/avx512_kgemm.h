@@ -1,11 +1,11 @@
 /*
- * avx512_kgemm.h: the AVX-512 prefill gemms for q6_k and q5_k that unpack
- * each weight row once per pass and reuse it for every token. Not a header in
+ * avx512_kgemm.h: the AVX-512 prefill gemms for q6_k, q5_k and q4_k that
+ * unpack each weight row once per pass and reuse it for every token. Not a header in
  * the usual sense: kernels_avx512.c includes it once, after its tiles, under
  * its own ISA flags. Nothing else may include it.
  *
- * The 4-token tiles (ztile_q6_k, the 256-bit tile_q5_k) unpack every
- * super-block again for each group of 4 tokens, and spend per token a sign
+ * The 4-token tiles (ztile_q6_k, the 256-bit tile_q5_k; q4_k's 1 x 4 packed
+ * gemm) unpack every super-block again for each group of 4 tokens, and spend per token a sign
  * fix-up (q6_k) or two byte multiplies per 32 weights before the scale. Here a
  * row tile is unpacked once into a buffer (per 128 or 64 weights: the bytes,
  * the per-lane correction, the scales laid out in word pairs), then a
@@ -14,7 +14,7 @@
  * multiplies both by their scales. Integer identities (all exact in int32):
  *   q6_k: sum((y + 128) * (q - 32)) - 128 * sum(q - 32) = sum((q - 32) * y),
  *         q - 32 in [-32, 31] signed, y + 128 unsigned; each 4-byte sum fits int16;
- *   q5_k: q in [0, 31] unsigned against y signed, each 4-byte sum fits int16.
+ *   q5_k, q4_k: q in [0, 31] unsigned against y signed, each 4-byte sum fits int16.
  * Two 4-byte sums D0, D1 go into one int32 as words (blend of D0 and D1 << 16),
  * and vpdpwssd against the word pair (s0, s1) adds s0 * D0 + s1 * D1: every
  * int32 lane ends up holding exactly the lane sum of the one-token tile (the
@@ -25,7 +25,7 @@
  *
  * Tokens go in passes of about KG_PASS bytes of activations (stay in L2 while
  * each row tile walks them). Stack: the row buffers, ~160 KiB (q6_k) and
- * ~60 KiB (q5_k) at most; rows longer than KG_MAXNB super-blocks (k > 16384)
+ * ~60 KiB (q5_k, q4_k) at most; rows longer than KG_MAXNB super-blocks (k > 16384)
  * use the tiles. Never allocates.
  */
 
@@ -256,6 +256,118 @@ static void gemm_kg5(int64_t k, const void *w, size_t w_stride, const void *x, s
                         case 3: kg5_tile(nb, xb + r, yv, 1, 3, out + r * K5_T); break;
                         case 2: kg5_tile(nb, xb + r, yv, 1, 2, out + r * K5_T); break;
                         default: kg5_tile(nb, xb + r, yv, 1, 1, out + r * K5_T); break;
+                        }
+                for (int r = 0; r < R; r++)
+                    for (int t = 0; t < T; t++) y[(j0 + jj + t) * ldy + i + r] = out[r * K5_T + t];
+            }
+        }
+    }
+}
+
+/* ---- q4_k (ztile_q4_k's order: 16 int32 lanes per super-block, 4 min lanes) ----
+ * Per half h (128 weights): lo[h] = the low nibbles of qs[64h..64h+63]
+ * (sub-blocks 4h | 4h+2, against y[128h..+31] | y[128h+64..+95]), hi[h] the
+ * high nibbles (4h+1 | 4h+3, against y[128h+32..] | y[128h+96..]); s[h]: lanes
+ * 0-7 (scale 4h, 4h+1), lanes 8-15 (4h+2, 4h+3), so lane m holds exactly
+ * ztile_q4_k's plo + phi. */
+typedef struct {
+    __m512i q[2][2], s[2];
+    __m128i mn;
+    float d, dmin;
+} kg4_blk;
+
+static void kg4_unpack(int64_t nb, const cm_block_q4_k *x, kg4_blk *o) {
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    for (int64_t b = 0; b < nb; b++) {
+        uint8_t sc[8], mn[8];
+        kscales(x[b].scales, sc, mn);
+        for (int h = 0; h < 2; h++) {
+            const __m512i q = _mm512_loadu_si512(x[b].qs + 64 * h);
+            o[b].q[h][0] = _mm512_and_si512(q, m4);
+            o[b].q[h][1] = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+            o[b].s[h] = _mm512_inserti64x4(_mm512_set1_epi32((int)(sc[4 * h] | (uint32_t)sc[4 * h + 1] << 16)),
+                                           _mm256_set1_epi32((int)(sc[4 * h + 2] | (uint32_t)sc[4 * h + 3] << 16)), 1);
+        }
+        o[b].mn = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mn));
+        o[b].d = f16f(x[b].d);
+        o[b].dmin = f16f(x[b].dmin);
+    }
+}
+
+AI void kg4_tile(int64_t nb, const kg4_blk *const *xb, const cm_block_q8_k *const *yv, int R, int T, float *out) {
+    __m512 acc[K5_R][K5_T];
+    __m128 accm[K5_R][K5_T];
+    _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)
+        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
+            acc[r][t] = _mm512_setzero_ps();
+            accm[r][t] = _mm_setzero_ps();
+        }
+    const __m512i z = _mm512_setzero_si512();
+    for (int64_t b = 0; b < nb; b++) {
+        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
+            const cm_block_q8_k *yb = &yv[t][b];
+            __m512i yq[2][2];
+            _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
+                const int8_t *y = yb->qs + 128 * h;
+                yq[h][0] = ld2x256(y, y + 64);
+                yq[h][1] = ld2x256(y + 32, y + 96);
+            }
+            const __m256i bs = ld256(yb->bsums);
+            const __m128i pairs = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+            const float yd = yb->d;
+            _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) {
+                const kg4_blk *p = xb[r] + b;
+                __m512i s16 = z;
+                _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
+                    const __m512i d0 = _mm512_dpbusd_epi32(z, p->q[h][0], yq[h][0]);
+                    const __m512i d1 = _mm512_dpbusd_epi32(z, p->q[h][1], yq[h][1]);
+                    const __m512i w = _mm512_mask_blend_epi16(0xaaaaaaaau, d0, _mm512_slli_epi32(d1, 16));
+                    s16 = _mm512_dpwssd_epi32(s16, w, p->s[h]);
+                }
+                acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s16), _mm512_set1_ps(p->d * yd), acc[r][t]);
+                accm[r][t] = _mm_fmadd_ps(_mm_cvtepi32_ps(_mm_madd_epi16(p->mn, pairs)), _mm_set1_ps(p->dmin * yd),
+                                          accm[r][t]);
+            }
+        }
+    }
+    _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)
+        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)
+            out[r * K5_T + t] = _mm512_reduce_add_ps(acc[r][t]) - hsum4(accm[r][t]);
+}
+
+static void gemm_kg4(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
+                     int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {
+    const int64_t nb = k / CM_QK_K;
+    if (nb > KG_MAXNB || n_tok < 2) {
+        gemm_pq4_k(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
+        return;
+    }
+    _Alignas(64) kg4_blk buf[K5_R * KG_MAXNB];
+    int64_t cap = KG_PASS / (nb * (int64_t)sizeof(cm_block_q8_k));
+    if (cap < 4 * K5_T) cap = 4 * K5_T;
+    for (int64_t j0 = 0; j0 < n_tok; j0 += cap) {
+        const int64_t nt = n_tok - j0 < cap ? n_tok - j0 : cap;
+        for (int64_t i = r0; i < r1; i += K5_R) {
+            const int R = r1 - i < K5_R ? (int)(r1 - i) : K5_R;
+            const kg4_blk *xb[K5_R];
+            for (int r = 0; r < R; r++) {
+                kg4_unpack(nb, (const cm_block_q4_k *)(const void *)((const char *)w + (size_t)(i + r) * w_stride),
+                           buf + r * nb);
+                xb[r] = buf + r * nb;
+            }
+            for (int64_t jj = 0; jj < nt; jj += K5_T) {
+                const int T = nt - jj < K5_T ? (int)(nt - jj) : K5_T;
+                const cm_block_q8_k *yv[K5_T];
+                for (int t = 0; t < T; t++)
+                    yv[t] = (const cm_block_q8_k *)(const void *)((const char *)x + (size_t)(j0 + jj + t) * x_stride);
+                float out[K5_R * K5_T];
+                if (R == K5_R && T == K5_T) kg4_tile(nb, xb, yv, K5_R, K5_T, out);
+                else
+                    for (int r = 0; r < R; r++) switch (T) {
+                        case 4: kg4_tile(nb, xb + r, yv, 1, 4, out + r * K5_T); break;
+                        case 3: kg4_tile(nb, xb + r, yv, 1, 3, out + r * K5_T); break;
+                        case 2: kg4_tile(nb, xb + r, yv, 1, 2, out + r * K5_T); break;
+                        default: kg4_tile(nb, xb + r, yv, 1, 1, out + r * K5_T); break;
                         }
                 for (int r = 0; r < R; r++)
                     for (int t = 0; t < T; t++) y[(j0 + jj + t) * ldy + i + r] = out[r * K5_T + t];

@@ -31,7 +31,7 @@
  * permute and an FMA per 4 blocks for every single token). NEEDSWORK: q8_0
  * is still bound by that per-token float work (convert, scale product, FMA
  * for every 16 int32 lanes); the same lane order would do a third less work
- * per token there too. q6_k and q5_k prefill run avx512_kgemm.h (rows
+ * per token there too. q6_k, q5_k and q4_k prefill run avx512_kgemm.h (rows
  * unpacked once per pass, same bits); bf16 still uses the 4-token tiles.
  */
 #define CM_X86_VNNI 1
@@ -560,7 +560,7 @@ void cm_kernels_fill_avx512(cm_kernels *k) {
     k->gemm[CM_TYPE_Q8_0] = gemm_qg8_0;
     k->gemv[CM_TYPE_Q8_0] = gemv_zq8_0;
     k->vec_dot[CM_TYPE_Q4_K] = vec_dot_zq4_k;
-    k->gemm[CM_TYPE_Q4_K] = gemm_pq4_k;
+    k->gemm[CM_TYPE_Q4_K] = gemm_kg4;
     k->gemv[CM_TYPE_Q4_K] = gemv_pq4_k;
     k->vec_dot[CM_TYPE_Q6_K] = vec_dot_zq6_k;
     k->gemm[CM_TYPE_Q6_K] = gemm_kg6;
