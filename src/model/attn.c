@@ -38,6 +38,8 @@ int cm_kv_type_parse(const char *s, enum cm_type *t) {
 uint64_t cm_kv_bytes_types(const cm_model *m, int layer_first, int layer_last, int h0, int h1, int n_ctx,
                            enum cm_type type_k, enum cm_type type_v) {
     const uint64_t rows = (uint64_t)(layer_last - layer_first) * (uint64_t)(h1 - h0) * (uint64_t)n_ctx;
+    if (m->hp.arch == CM_ARCH_DEEPSEEK2) /* the latent rows only (mla.h) */
+        return rows * (uint64_t)cm_row_size(type_k, m->hp.head_dim);
     return rows * (uint64_t)(cm_row_size(type_k, m->hp.head_dim) + cm_row_size(type_v, m->hp.head_dim));
 }
 
@@ -53,6 +55,11 @@ int cm_kv_init_types(cm_kv *kv, const cm_model *m, int layer_first, int layer_la
                        cm_row_size(type_k, D) ? cm_type_name(type_v) : cm_type_name(type_k));
     /* the transposed layout only for the two float types, the same one for K and V */
     if (!rows && (type_k != type_v || (type_k != CM_TYPE_F32 && type_k != CM_TYPE_F16))) rows = true;
+    if (m->hp.arch == CM_ARCH_DEEPSEEK2 && rows) /* mla.c attends its latent rows itself */
+        return cm_errf(err, errlen, CM_EUNSUPPORTED,
+                       "deepseek2 keeps its latent cache in f32 or f16 (-ctk f16), not %s/%s or with --flash-attn",
+                       cm_type_name(type_k), cm_type_name(type_v));
+    if (!rows) return cm_kv_init_type(kv, m, layer_first, layer_last, s, n_ctx, type_k, err, errlen);
     if (layer_first < 0 || layer_last > m->hp.n_layer || layer_first >= layer_last)
         return cm_errf(err, errlen, CM_EINVAL, "layer range [%d, %d) is out of [0, %d)", layer_first, layer_last,
                        m->hp.n_layer);
