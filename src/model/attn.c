@@ -99,25 +99,71 @@ static void store_row(const cm_kernels *k, enum cm_type t, const float *x, uint8
     else cm_quantize_rows(t, x, dst, 1, D);
 }
 
+static bool is_quant(enum cm_type t) {
+    return t == CM_TYPE_Q8_0 || t == CM_TYPE_Q4_0;
+}
+
+int cm_kv_rot_k(enum cm_type t, int head_dim) {
+    if (!is_quant(t) || head_dim <= 0 || head_dim % 64) return 0;
+    int n = 64;
+    while (head_dim % (2 * n) == 0) n *= 2;
+    return n;
+}
+
+int cm_kv_rot_v(enum cm_type t, int head_dim) {
+    return is_quant(t) && head_dim > 0 && head_dim % 64 == 0 ? 64 : 0;
+}
+
+void cm_fwht_rows(float *x, int D, int n) {
+    const float scale = 1.0f / sqrtf((float)n);
+    for (int c = 0; c < D; c += n) {
+        float *r = x + c;
+        for (int i = 0; i < n; i++) r[i] *= scale;
+        for (int len = 1; len < n; len <<= 1)
+            for (int i = 0; i < n; i += 2 * len)
+                for (int j = i; j < i + len; j++) {
+                    const float u = r[j], v = r[j + len];
+                    r[j] = u + v;
+                    r[j + len] = u - v;
+                }
+    }
+}
+
+enum { ROT_MAX_D = 1024 }; /* heads wider than this are stored unrotated (none known) */
+
 void cm_kv_store_rows(const cm_kernels *k, cm_kv *kv, int il, int hk, int pos, const float *kr, const float *vr) {
     const int D = kv->head_dim;
     uint8_t *kd = (uint8_t *)kv->k + rows_off(kv, il, hk, kv->k_row) + (size_t)pos * kv->k_row;
     uint8_t *vd = (uint8_t *)kv->v + rows_off(kv, il, hk, kv->v_row) + (size_t)pos * kv->v_row;
+    const int rk = D <= ROT_MAX_D ? cm_kv_rot_k(kv->type, D) : 0, rv = D <= ROT_MAX_D ? cm_kv_rot_v(kv->type_v, D) : 0;
+    float tmp[ROT_MAX_D];
+    if (rk) {
+        memcpy(tmp, kr, (size_t)D * sizeof(float));
+        cm_fwht_rows(tmp, D, rk);
+        kr = tmp;
+    }
     store_row(k, kv->type, kr, kd, D);
+    if (rv) {
+        memcpy(tmp, vr, (size_t)D * sizeof(float));
+        cm_fwht_rows(tmp, D, rv);
+        vr = tmp;
+    }
     store_row(k, kv->type_v, vr, vd, D);
 }
 
 cm_attn_kv cm_attn_kv_of(const cm_kv *kv, int il, int hk) {
     cm_attn_kv v = {.k = (const uint8_t *)kv->k + rows_off(kv, il, hk, kv->k_row),
                     .v = (const uint8_t *)kv->v + rows_off(kv, il, hk, kv->v_row),
-                    .k_row = kv->k_row, .v_row = kv->v_row, .k_type = kv->type, .v_type = kv->type_v};
+                    .k_row = kv->k_row, .v_row = kv->v_row, .k_type = kv->type, .v_type = kv->type_v,
+                    .rot_k = kv->head_dim <= ROT_MAX_D ? cm_kv_rot_k(kv->type, kv->head_dim) : 0,
+                    .rot_v = kv->head_dim <= ROT_MAX_D ? cm_kv_rot_v(kv->type_v, kv->head_dim) : 0};
     return v;
 }
 
 size_t cm_attn_scratch_bytes(int head_dim) {
     /* the query in K's vec_dot type (<= F32), a tile of scores, one V row in
-     * floats, the accumulator */
-    return (size_t)head_dim * 4 + 64 + CM_ATTN_TILE * 4 + (size_t)head_dim * 8 + 64;
+     * floats, the accumulator, the rotated query */
+    return (size_t)head_dim * 4 + 64 + CM_ATTN_TILE * 4 + (size_t)head_dim * 8 + 64 + (size_t)head_dim * 4 + 64;
 }
 
 void cm_attn_flash(const cm_kernels *k, const cm_attn_kv *kv, int D, const cm_attn_query *aq, void *scratch,
@@ -127,9 +173,16 @@ void cm_attn_flash(const cm_kernels *k, const cm_attn_kv *kv, int D, const cm_at
     float *sc = (float *)(qc + (((size_t)D * 4 + 63) & ~(size_t)63));
     float *vrow = sc + CM_ATTN_TILE;
     float *acc = vrow + D;
-    const void *qx = aq->q;
+    const float *qf = aq->q;
+    if (kv->rot_k) { /* the keys were stored rotated: rotate the query alike */
+        float *qr = acc + D;
+        memcpy(qr, aq->q, (size_t)D * sizeof(float));
+        cm_fwht_rows(qr, D, kv->rot_k);
+        qf = qr;
+    }
+    const void *qx = qf;
     if (qt != CM_TYPE_F32) {
-        k->from_float[qt](aq->q, qc, D);
+        k->from_float[qt](qf, qc, D);
         qx = qc;
     }
     const cm_vec_dot_fn dot = k->vec_dot[kv->k_type];
@@ -183,4 +236,5 @@ void cm_attn_flash(const cm_kernels *k, const cm_attn_kv *kv, int D, const cm_at
     }
     const float inv = S > 0.0f ? 1.0f / S : 0.0f;
     for (int i = 0; i < D; i++) out[i] = acc[i] * inv;
+    if (kv->rot_v) cm_fwht_rows(out, D, kv->rot_v); /* back from the values' rotation */
 }
