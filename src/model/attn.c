@@ -11,7 +11,8 @@
  *   - rows (v_rows): K and V both [n_ctx] rows of D elements, each row in
  *     its type's blocks (F32, F16, Q8_0, Q4_0: llama.cpp's -ctk/-ctv; a
  *     quantized V needs this layout, as it needs flash attention in
- *     llama.cpp). Attention then runs cm_attn_flash below.
+ *     llama.cpp). Attention then runs cm_attn_flash below. A quantized
+ *     type's rows are rotated as llama.cpp's are (cm_kv_rot_k/v).
  *
  * cm_attn_flash is written against a narrow view (rows of K and V, a range
  * of positions, a scale, an optional sink logit) so that sliding windows
@@ -90,9 +91,7 @@ static size_t rows_off(const cm_kv *kv, int il, int hk, size_t row) {
 }
 
 /* F16 as the activation converter; Q8_0 and Q4_0 with ggml's reference
- * quantizers (cm_quantize_rows), which llama.cpp's cache stores use: with
- * the x86 activation rounding of Q8_0 instead (the query's, in
- * cm_attn_flash) the golden models moved by 3e-3 (measured). */
+ * quantizers (cm_quantize_rows). The rows arrive rotated (cm_kv_store_rows). */
 static void store_row(const cm_kernels *k, enum cm_type t, const float *x, uint8_t *dst, int D) {
     if (t == CM_TYPE_F32) memcpy(dst, x, (size_t)D * sizeof(float));
     else if (t == CM_TYPE_F16) k->from_float[t](x, dst, D);
