@@ -171,49 +171,25 @@ size_t cm_attn_scratch_bytes(int head_dim) {
  * y = f16(fma(v, w, y)), each rescale y = f16(y * ms)); then floats. With
  * the F32 accumulator of the other types, the F16-cache models were up to
  * 1.5e-2 off llama.cpp (measured). qx: the query in F16. */
-/* q.k of two F16 rows in the order of ggml's F16 dot on x86 with AVX-512
- * (what llama.cpp's flash attention runs on this machine class): 64 lanes
- * of fused multiply-adds per 64 elements, the lanes summed l + l+32, then
- * l + l+16, then a halving tree over 16; any tail of fewer than 64
- * elements added in double. The kernel table's F16 dot sums in another
- * order (the matmuls'). */
-static float dot_f16_fa(int D, const cm_f16 *x, const cm_f16 *y) {
-    float a[64];
-    for (int l = 0; l < 64; l++) a[l] = 0.0f;
-    const int np = D & ~63;
-    for (int i = 0; i < np; i += 64)
-        for (int l = 0; l < 64; l++) a[l] = fmaf(cm_f16_to_f32(x[i + l]), cm_f16_to_f32(y[i + l]), a[l]);
-    for (int l = 0; l < 32; l++) a[l] += a[l + 32];
-    for (int w = 16; w >= 1; w >>= 1)
-        for (int l = 0; l < w; l++) a[l] += a[l + w];
-    double sum = a[0];
-    for (int i = np; i < D; i++) sum += (double)(cm_f16_to_f32(x[i]) * cm_f16_to_f32(y[i]));
-    return (float)sum;
-}
-
 static void flash_f16v(const cm_kernels *k, const cm_attn_kv *kv, int D, const cm_attn_query *aq, const void *qx,
                        cm_f16 *acc16, float *out) {
-    const cm_vec_dot_fn dot = k->vec_dot[kv->k_type];
+    const cm_vec_dot_fn dot = kv->k_type == CM_TYPE_F16 ? k->attn_f16_dot : k->vec_dot[kv->k_type];
+    const cm_attn_f16_step_fn step = k->attn_f16_step;
     float M = -INFINITY, S = 0.0f;
-    const bool k16 = kv->k_type == CM_TYPE_F16;
-    const cm_f16 zero = cm_f32_to_f16(0.0f);
-    for (int i = 0; i < D; i++) acc16[i] = zero;
+    memset(acc16, 0, (size_t)D * sizeof(cm_f16)); /* F16 zero is all zero bits */
     for (int p = aq->p_lo; p < aq->p_hi; p++) {
         float s;
-        if (k16) s = dot_f16_fa(D, (const cm_f16 *)(kv->k + (size_t)p * kv->k_row), qx);
-        else dot(D, &s, kv->k + (size_t)p * kv->k_row, qx);
+        dot(D, &s, kv->k + (size_t)p * kv->k_row, qx);
         s = s * aq->scale;
         float ms = 1.0f, vs = 1.0f;
         if (s > M) {
             const float Mold = M;
             M = s;
             ms = expf(Mold - M);
-            for (int i = 0; i < D; i++) acc16[i] = cm_f32_to_f16(cm_f16_to_f32(acc16[i]) * ms);
         } else {
             vs = expf(s - M);
         }
-        const cm_f16 *vr = (const cm_f16 *)(kv->v + (size_t)p * kv->v_row);
-        for (int i = 0; i < D; i++) acc16[i] = cm_f32_to_f16(fmaf(cm_f16_to_f32(vr[i]), vs, cm_f16_to_f32(acc16[i])));
+        step(D, acc16, kv->v + (size_t)p * kv->v_row, ms, vs);
         S = S * ms + vs;
     }
     for (int i = 0; i < D; i++) out[i] = cm_f16_to_f32(acc16[i]);

@@ -122,6 +122,38 @@ static void test_flash_vs_naive(void) {
     cm_free(k), cm_free(v), cm_free(kd), cm_free(vd);
 }
 
+/* The F16 accumulator step and ggml-order F16 dot of each ISA equal the
+ * scalar reference bit for bit (a tail past the SIMD width included). */
+static void test_f16_path_isa(void) {
+    const char *isas[] = {"avx2", "avx512", "neon"};
+    uint64_t s = 9;
+    for (int Di = 0; Di < 2; Di++) {
+        const int D = Di ? 200 : 128;
+        float x[200], y[200];
+        cm_f16 xh[200], yh[200], acc0[200], acc1[200];
+        for (int i = 0; i < D; i++) x[i] = frand(&s), y[i] = 4 * frand(&s);
+        cm_kernels_ref()->from_float[CM_TYPE_F16](x, xh, D);
+        cm_kernels_ref()->from_float[CM_TYPE_F16](y, yh, D);
+        float d0;
+        cm_kernels_ref()->attn_f16_dot(D, &d0, xh, yh);
+        for (size_t k = 0; k < sizeof isas / sizeof *isas; k++) {
+            const cm_kernels *kk = cm_kernels_for(isas[k]);
+            if (!kk || !kk->attn_f16_dot) continue;
+            float d1;
+            kk->attn_f16_dot(D, &d1, xh, yh);
+            CHECKF(memcmp(&d0, &d1, sizeof d0) == 0, "%s dot D=%d: %.9g vs %.9g", isas[k], D, (double)d1, (double)d0);
+            memcpy(acc0, yh, sizeof acc0);
+            memcpy(acc1, yh, sizeof acc1);
+            for (int r = 0; r < 20; r++) { /* steps with and without a rescale */
+                const float ms = r % 3 ? 1.0f : 0.7f + 0.01f * (float)r, w = 0.5f + frand(&s) * 0.4f;
+                cm_kernels_ref()->attn_f16_step(D, acc0, xh, ms, w);
+                kk->attn_f16_step(D, acc1, xh, ms, w);
+            }
+            CHECKF(memcmp(acc0, acc1, (size_t)D * sizeof(cm_f16)) == 0, "%s f16 step D=%d differs", isas[k], D);
+        }
+    }
+}
+
 /* The Walsh-Hadamard rotation of quantized caches: the Sylvester matrix
  * (-1)^popcount(i & j) / sqrt(n) per chunk, its own inverse; the chunk
  * sizes llama.cpp picks; and a rotated Q8_0 cache (stored through
@@ -188,5 +220,6 @@ int main(void) {
     RUN(test_attn_v_isa);
     RUN(test_flash_vs_naive);
     RUN(test_rotation);
+    RUN(test_f16_path_isa);
     TEST_END();
 }

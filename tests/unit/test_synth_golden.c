@@ -590,7 +590,10 @@ static bool explain(tf_env *env, const ref_case *rc, int i, double tol, double *
  * (attn.c's flash_f16v does too), so a 1-ulp difference in a score or an
  * F16 rounding of K, V or q flips accumulator roundings (5e-4 relative),
  * which Q8_0's activation quantization amplifies; the F32-weight models
- * stay within 1.7e-5. The flip search does not scan those roundings. */
+ * stay within 1.7e-5 (avx512; CUMULO_ISA=avx2 9.2e-6, qwen3 5.9e-7: the
+ * residue follows our matmul sum order, not the attention, whose F16 step
+ * and dot are bit-identical across ISAs). The flip search does not scan
+ * those roundings. */
 static bool known_flip(const char *name) {
     static const char *const k[] = {"gemma3-f16", "gemma3-q4_k", "gemma3-q4_k_m", "gemma3-q6_k", "phi3-q5_0", "phi3-q5_1",
                                     "llama-q8_0-kvf16", "qwen3-q8_0-kvf16"};
