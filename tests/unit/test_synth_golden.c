@@ -584,15 +584,19 @@ static bool explain(tf_env *env, const ref_case *rc, int i, double tol, double *
  * 1.2e-3 against F16's 1e-3. Extending the search to the GELU roundings and
  * to two flips in the wider (768) phi3 models would bring them back.
  * CUMULO_SYNTH_ALL=1 runs them. */
-/* NEEDSWORK: a Q8_0 KV cache (flash attention) agrees with llama.cpp to
- * 7.8e-7 on qwen3-q8_0-kvq8_0 but is 3e-3 off at every position on the
- * other three Q8_0-KV models, position 0 included, where attention is V's
- * first row alone: llama.cpp's Q8_0 V row is not the one ours stores
- * (tried: the reference and the x86 quantizer, V rounded to F16, other K/V
- * types; F16 and Q4_0 caches agree to <= 9.1e-7 on all four models). */
+/* NEEDSWORK: an F16 KV cache with flash attention on Q8_0 weights
+ * (llama-q8_0-kvf16 up to 9.8e-3 at 4 of 24 positions, qwen3-q8_0-kvf16
+ * 1.8e-3 at 1; medians 3.7e-7 / 2.6e-7). ggml accumulates V in F16 there
+ * (attn.c's flash_f16v does too), so a 1-ulp difference in a score or an
+ * F16 rounding of K, V or q flips accumulator roundings (5e-4 relative),
+ * which Q8_0's activation quantization amplifies; the F32-weight models
+ * stay within 1.7e-5 (avx512; CUMULO_ISA=avx2 9.2e-6, qwen3 5.9e-7: the
+ * residue follows our matmul sum order, not the attention, whose F16 step
+ * and dot are bit-identical across ISAs). The flip search does not scan
+ * those roundings. */
 static bool known_flip(const char *name) {
     static const char *const k[] = {"gemma3-f16", "gemma3-q4_k", "gemma3-q4_k_m", "gemma3-q6_k", "phi3-q5_0", "phi3-q5_1",
-                                    "llama-f32-kvq8_0", "llama-q8_0-kvq8_0", "qwen3-f32-kvq8_0"};
+                                    "llama-q8_0-kvf16", "qwen3-q8_0-kvf16"};
     for (size_t i = 0; i < CM_ARRAY_LEN(k); i++)
         if (!strcmp(name, k[i])) return true;
     return false;
