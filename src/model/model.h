@@ -429,7 +429,10 @@ enum cm_act_site { CM_ACT_ATTN_IN, CM_ACT_K_IN, CM_ACT_V_IN, CM_ACT_ATTN_OUT, CM
                     * differs from the q weight's, and the normed q_a for attn_q_b
                     * (CM_ACT_K_IN / CM_ACT_V_IN: q_nope for attn_k_b and the latent
                     * output for attn_v_b, columns head * width) */
-                   CM_ACT_KV_A_IN, CM_ACT_Q_B_IN };
+                   CM_ACT_KV_A_IN, CM_ACT_Q_B_IN,
+                   /* gemma3: the gate's rounding to F16 before the GELU table (vdt
+                    * F16; columns of the FFN), shown only when a hook is set */
+                   CM_ACT_GELU_IN };
 typedef void (*cm_act_hook_fn)(void *user, int layer, enum cm_act_site site, int row, int64_t col0,
                                enum cm_type vdt, const float *x, void *xq, int64_t n);
 void cm_ctx_set_act_hook(cm_ctx *c, cm_act_hook_fn fn, void *user);
