@@ -55,8 +55,7 @@ int cm_engine_embed(cm_engine *e, const int32_t *ids, int n, enum cm_pooling poo
             return cm_errf(err, errlen, CM_EINVAL, "token id %d is out of the vocabulary", ids[i]);
     int bmax = CM_MIN(e->n_batch, CM_BATCH_MAX);
     cm_kv kv;
-    int rc = cm_kv_init_type(&kv, &e->m, 0, hp->n_layer, e->slice, n, e->kv_f16 ? CM_TYPE_F16 : CM_TYPE_F32, err,
-                             errlen);
+    int rc = cm_kv_init_types(&kv, &e->m, 0, hp->n_layer, e->slice, n, e->kv_k, e->kv_v, e->kv_rows, err, errlen);
     if (rc) return rc;
     float *hid = cm_malloc((size_t)bmax * E * sizeof *hid);
     double *acc = cm_calloc((size_t)E, sizeof *acc);

@@ -56,7 +56,50 @@ static void attn_v_q8_0(int64_t D, const void *v, size_t v_row, const float *w, 
     }
 }
 
+/* F16 accumulator step: 16 lanes, fused, rounded to F16 nearest-even. */
+static void attn_f16_step(int64_t D, void *accv, const void *vv, float ms, float w) {
+    cm_f16 *acc = accv;
+    const cm_f16 *v = vv;
+    int64_t i = 0;
+    const __m512 vm = _mm512_set1_ps(ms), vw = _mm512_set1_ps(w);
+    for (; i + 16 <= D; i += 16) {
+        __m512 a = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(acc + i)));
+        if (ms != 1.0f) a = _mm512_cvtph_ps(_mm512_cvtps_ph(_mm512_mul_ps(a, vm), _MM_FROUND_TO_NEAREST_INT));
+        a = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(v + i))), vw, a);
+        _mm256_storeu_si256((__m256i *)(acc + i), _mm512_cvtps_ph(a, _MM_FROUND_TO_NEAREST_INT));
+    }
+    for (; i < D; i++) {
+        if (ms != 1.0f) acc[i] = cm_f32_to_f16(cm_f16_to_f32(acc[i]) * ms);
+        acc[i] = cm_f32_to_f16(fmaf(cm_f16_to_f32(v[i]), w, cm_f16_to_f32(acc[i])));
+    }
+}
+
+/* ggml's AVX-512 F16 dot: 4 x 16 lanes, (0+2, 1+3), then 0+1, then the
+ * 16-lane halving tree (256-bit halves, 128-bit halves, pairs, lanes). */
+static void attn_f16_dot(int64_t D, float *s, const void *xv, const void *yv) {
+    const cm_f16 *x = xv, *y = yv;
+    __m512 a[4];
+    for (int j = 0; j < 4; j++) a[j] = _mm512_setzero_ps();
+    const int64_t np = D & ~(int64_t)63;
+    for (int64_t i = 0; i < np; i += 64)
+        for (int j = 0; j < 4; j++)
+            a[j] = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(x + i + 16 * j))),
+                                   _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(y + i + 16 * j))), a[j]);
+    a[0] = _mm512_add_ps(a[0], a[2]);
+    a[1] = _mm512_add_ps(a[1], a[3]);
+    a[0] = _mm512_add_ps(a[0], a[1]);
+    float t[16];
+    _mm512_storeu_ps(t, a[0]);
+    for (int w = 8; w >= 1; w >>= 1)
+        for (int l = 0; l < w; l++) t[l] += t[l + w];
+    double sum = t[0];
+    for (int64_t i = np; i < D; i++) sum += (double)(cm_f16_to_f32(x[i]) * cm_f16_to_f32(y[i]));
+    *s = (float)sum;
+}
+
 void cm_kernels_fill_attn_avx512(cm_kernels *k) {
+    k->attn_f16_step = attn_f16_step;
+    k->attn_f16_dot = attn_f16_dot;
     k->attn_v[CM_TYPE_F32] = attn_v_f32;
     k->attn_v[CM_TYPE_F16] = attn_v_f16;
     k->attn_v[CM_TYPE_Q8_0] = attn_v_q8_0;

@@ -8,6 +8,8 @@
  */
 #include "isa.h"
 
+#include <math.h>
+
 static void attn_v_f32(int64_t D, const void *v, size_t v_row, const float *w, int n, float *acc) {
     for (int j = 0; j < n; j++) {
         const float *r = (const float *)((const char *)v + (size_t)j * v_row);
@@ -43,7 +45,32 @@ static void attn_v_q4_0(int64_t D, const void *v, size_t v_row, const float *w, 
     attn_v_blocks(cm_ref_to_float_q4_0, sizeof(cm_block_q4_0), D, v, v_row, w, n, acc);
 }
 
+static void attn_f16_step(int64_t D, void *accv, const void *vv, float ms, float w) {
+    cm_f16 *acc = accv;
+    const cm_f16 *v = vv;
+    if (ms != 1.0f)
+        for (int64_t i = 0; i < D; i++) acc[i] = cm_f32_to_f16(cm_f16_to_f32(acc[i]) * ms);
+    for (int64_t i = 0; i < D; i++) acc[i] = cm_f32_to_f16(fmaf(cm_f16_to_f32(v[i]), w, cm_f16_to_f32(acc[i])));
+}
+
+static void attn_f16_dot(int64_t D, float *s, const void *xv, const void *yv) {
+    const cm_f16 *x = xv, *y = yv;
+    float a[64];
+    for (int l = 0; l < 64; l++) a[l] = 0.0f;
+    const int64_t np = D & ~(int64_t)63;
+    for (int64_t i = 0; i < np; i += 64)
+        for (int l = 0; l < 64; l++) a[l] = fmaf(cm_f16_to_f32(x[i + l]), cm_f16_to_f32(y[i + l]), a[l]);
+    for (int l = 0; l < 32; l++) a[l] += a[l + 32];
+    for (int w = 16; w >= 1; w >>= 1)
+        for (int l = 0; l < w; l++) a[l] += a[l + w];
+    double sum = a[0];
+    for (int64_t i = np; i < D; i++) sum += (double)(cm_f16_to_f32(x[i]) * cm_f16_to_f32(y[i]));
+    *s = (float)sum;
+}
+
 void cm_kernels_fill_attn_ref(cm_kernels *k) {
+    k->attn_f16_step = attn_f16_step;
+    k->attn_f16_dot = attn_f16_dot;
     k->attn_v[CM_TYPE_F32] = attn_v_f32;
     k->attn_v[CM_TYPE_F16] = attn_v_f16;
     k->attn_v[CM_TYPE_Q8_0] = attn_v_q8_0;

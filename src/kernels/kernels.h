@@ -56,6 +56,10 @@ typedef void (*cm_gemm_fn)(int64_t k, const void *w, size_t w_stride, const void
  * j in [0, n), rows of D elements of the table's type at v + j * v_row, in
  * j order per element (a SIMD version may fuse the multiply-add). */
 typedef void (*cm_attn_v_fn)(int64_t D, const void *v, size_t v_row, const float *w, int n, float *acc);
+/* An F16 V cache's one-query step, as ggml's flash attention: if ms != 1,
+ * acc[i] = f16(f32(acc[i]) * ms); then acc[i] = f16(fma(f32(v[i]), w,
+ * f32(acc[i]))) (acc and v: D F16 values). Bit-identical on every ISA. */
+typedef void (*cm_attn_f16_step_fn)(int64_t D, void *acc, const void *v, float ms, float w);
 
 /* Indexed by type id; NULL where the type has no such op. */
 typedef struct cm_kernels {
@@ -76,6 +80,12 @@ typedef struct cm_kernels {
      * the file's bytes. Non-NULL makes cm_repack_add repack type t. */
     cm_gemm_fn gemv_packed[CM_TYPE_COUNT];
     cm_attn_v_fn attn_v[CM_TYPE_COUNT]; /* KV cache types F32 F16 Q8_0 Q4_0 (attn_*.c) */
+    cm_attn_f16_step_fn attn_f16_step;  /* (attn_*.c) */
+    /* q.k of two F16 rows in the lane order of ggml's AVX-512 F16 dot (64
+     * lanes of fused multiply-adds, lanes l + l+32, l + l+16, then a halving
+     * tree over 16; a tail of < 64 elements added in double). Bit-identical
+     * on every ISA. */
+    cm_vec_dot_fn attn_f16_dot;
     /* Optional batched decode / small-batch gemm (1 < n_tok <= gemm_packed_max)
      * over the same repacked weights: each (row, token) bit-identical to vec_dot
      * on the file's bytes. Decoding B sequences reads the weights once per step

@@ -389,13 +389,36 @@ static size_t xq_bytes(const cm_ctx *c) { return c->xq_size; }
 
 /* ggml_vec_geglu_f32's GELU with GGML_GELU_FP16 (its CPU build): the tanh
  * form looked up in an F16 table, i.e. x rounded to F16, gelu in float, the
- * result rounded to F16; x <= -10 gives 0 and x >= 10 gives x. */
+ * result rounded to F16; x <= -10 gives 0 and x >= 10 gives x. The table's
+ * 1 + 0.044715 x^2 is one fused multiply-add in llama.cpp's FMA builds (the
+ * compiler contracts it; every x86 build with FMA and ARM): fmaf does the
+ * same here, where C11 does not contract. Measured against node-llama-cpp's
+ * table: without it one entry of 65536 differs, x = -1.99902 (0xbfff), whose
+ * gelu -0.0454864 sits at the F16 tie between 0xa9d2 and 0xa9d3. */
+static float gelu_of_f16(uint16_t h) {
+    const float v = cm_f16_to_f32(h);
+    const float g = 0.5f * v * (1.0f + tanhf(0.79788456080286535587989211986876f * v * fmaf(0.044715f * v, v, 1.0f)));
+    return cm_f16_to_f32(cm_f32_to_f16(g));
+}
 static float gelu_f16_table(float x) {
     if (x <= -10.0f) return 0.0f;
     if (x >= 10.0f) return x;
-    const float v = cm_f16_to_f32(cm_f32_to_f16(x));
-    const float g = 0.5f * v * (1.0f + tanhf(0.79788456080286535587989211986876f * v * (1.0f + 0.044715f * v * v)));
-    return cm_f16_to_f32(cm_f32_to_f16(g));
+    return gelu_of_f16(cm_f32_to_f16(x));
+}
+
+/* The same for g[i0, i1) of row j, with the F16 roundings shown to the test
+ * hook (which may round one the other way) before the lookup. */
+static void geglu_hooked(cm_ctx *c, int j, float *g, const float *up, int64_t i0, int64_t i1) {
+    uint16_t h[256];
+    for (int64_t a = i0; a < i1; a += 256) {
+        const int64_t n = CM_MIN(256, i1 - a);
+        c->k->from_float[CM_TYPE_F16](g + a, h, n);
+        c->hook(c->hook_user, c->il, CM_ACT_GELU_IN, j, a, CM_TYPE_F16, g + a, h, n);
+        for (int64_t i = 0; i < n; i++) {
+            const float x = g[a + i];
+            g[a + i] = (x <= -10.0f ? 0.0f : x >= 10.0f ? x : gelu_of_f16(h[i])) * up[a + i];
+        }
+    }
 }
 
 /* silu(gate) * up (gemma3: gelu(gate) * up) and its conversion for units
@@ -408,7 +431,9 @@ static void silu_blocks(cm_ctx *c, enum cm_type vdt, int FS, int64_t u0, int64_t
         const int64_t j = u / nbr, b0 = u % nbr, b1 = CM_MIN(nbr, b0 + (u1 - u));
         float *g = c->gate + j * FS;
         const float *up = c->up + j * FS;
-        if (c->m->hp.arch == CM_ARCH_GEMMA3) {
+        if (c->m->hp.arch == CM_ARCH_GEMMA3 && c->hook) {
+            geglu_hooked(c, (int)j, g, up, b0 * bs, b1 * bs);
+        } else if (c->m->hp.arch == CM_ARCH_GEMMA3) {
             for (int64_t i = b0 * bs; i < b1 * bs; i++) g[i] = gelu_f16_table(g[i]) * up[i];
         } else {
             for (int64_t i = b0 * bs; i < b1 * bs; i++) {

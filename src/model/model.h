@@ -304,8 +304,21 @@ typedef struct cm_attn_kv {
     const uint8_t *k, *v;
     size_t k_row, v_row;
     enum cm_type k_type, v_type;
+    /* Walsh-Hadamard rotation sizes (0: none; cm_kv_rot_k/v): K's rows hold
+     * rotated keys (the query is rotated alike), V's rotated values (the
+     * output is rotated back) */
+    int rot_k, rot_v;
 } cm_attn_kv;
 cm_attn_kv cm_attn_kv_of(const cm_kv *kv, int il, int hk);
+/* llama.cpp rotates K and V (orthonormal Walsh-Hadamard, in chunks along
+ * the head) before a quantized cache stores them: K in chunks of the
+ * largest power of two >= 64 that divides head_dim, V in chunks of 64; none
+ * for F32/F16 or a head_dim that is not a multiple of 64. 0: none. */
+int cm_kv_rot_k(enum cm_type t, int head_dim);
+int cm_kv_rot_v(enum cm_type t, int head_dim);
+/* x[0:D] = H x in place, chunk by chunk of n (a power of 2 dividing D):
+ * x * (1 / sqrt(n)), then the butterflies of stride 1, 2, ..., n/2. */
+void cm_fwht_rows(float *x, int D, int n);
 /* One query against positions [p_lo, p_hi) (a sliding window: p_lo > 0):
  * softmax(scale * q.K) over them (plus, unless sink is NAN, one more logit
  * `sink` that has no value row: gpt-oss's attention sinks) times V. */
@@ -416,7 +429,10 @@ enum cm_act_site { CM_ACT_ATTN_IN, CM_ACT_K_IN, CM_ACT_V_IN, CM_ACT_ATTN_OUT, CM
                     * differs from the q weight's, and the normed q_a for attn_q_b
                     * (CM_ACT_K_IN / CM_ACT_V_IN: q_nope for attn_k_b and the latent
                     * output for attn_v_b, columns head * width) */
-                   CM_ACT_KV_A_IN, CM_ACT_Q_B_IN };
+                   CM_ACT_KV_A_IN, CM_ACT_Q_B_IN,
+                   /* gemma3: the gate's rounding to F16 before the GELU table (vdt
+                    * F16; columns of the FFN), shown only when a hook is set */
+                   CM_ACT_GELU_IN };
 typedef void (*cm_act_hook_fn)(void *user, int layer, enum cm_act_site site, int row, int64_t col0,
                                enum cm_type vdt, const float *x, void *xq, int64_t n);
 void cm_ctx_set_act_hook(cm_ctx *c, cm_act_hook_fn fn, void *user);
