@@ -44,7 +44,7 @@ kill $NODEPID 2>/dev/null; wait $NODEPID 2>/dev/null; NODEPID=""
 $BIN service print serve --user -- ../shared/models/stories260K-q8_0.gguf --port 8080 --alias 'a b$c%d' >"$TMP/cumulo-serve.service"
 out=$(systemd-analyze verify "$TMP/cumulo-serve.service" 2>&1); rc=$?
 check "systemd-analyze verify accepts the serve unit ($out)" [ "$rc" = 0 ]
-check "a relative model path becomes absolute" grep -q "serve $(cd .. && pwd)/shared/models/stories260K-q8_0.gguf" "$TMP/cumulo-serve.service"
+check "a relative model path becomes absolute" grep -q "serve $(realpath ../shared/models/stories260K-q8_0.gguf) " "$TMP/cumulo-serve.service"
 check "\$ and % are escaped for systemd" grep -q '"a b$$c%%d"' "$TMP/cumulo-serve.service"
 check "a user service is wanted by default.target" grep -q '^WantedBy=default.target' "$TMP/cumulo-serve.service"
 check "a user service names no User=" sh -c "! grep -q '^User=' '$TMP/cumulo-serve.service'"
