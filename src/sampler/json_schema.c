@@ -138,8 +138,8 @@ static int str_char(jsc *c) {
     for (const char *p = "\"\\/bfnrt"; *p; p++) esc[(unsigned char)*p >> 6] |= 1ull << (*p & 63);
     cm_grammar_set(c->g, r, esc);
     cm_grammar_alt(c->g, r);
-    /* \uXXXX outside the surrogates (a lone surrogate is not a character;
-     * strict parsers refuse it): [0-9a-cA-Ce-fE-F]XXX | [dD][0-7]XX */
+    /* \uHHHH outside the surrogates (a lone surrogate is not a character;
+     * strict parsers refuse it): [0-9a-cA-Ce-fE-F]HHH | [dD][0-7]HH (H: a hex digit) */
     uint64_t h1[4] = {0};
     for (const char *p = "0123456789abcefABCEF"; *p; p++) h1[(unsigned char)*p >> 6] |= 1ull << (*p & 63);
     cm_grammar_lit(c->g, r, "\\u");
