@@ -14,6 +14,15 @@ export CUMULO_SHARED ?= $(SHARED)
 CC ?= cc
 UNAME_S := $(shell uname -s)
 UNAME_M := $(shell uname -m)
+# MPI (issue 18): `make MPI=1` builds build-mpi/cumulo with `cumulo mpi`
+# (src/mpi/, compiled with $(MPICC): OpenMPI's or MPICH's mpicc, e.g.
+# MPICC=mpicc.mpich BUILD=build-mpich). The default build has no MPI at all;
+# `make test` also builds the MPI variant when $(MPICC) is there.
+MPICC ?= mpicc
+ifeq ($(MPI),1)
+  BUILD ?= build-mpi
+  CC := $(MPICC)
+endif
 BUILD ?= build
 PKGS := libmicrohttpd libcjson libsodium libpcre2-8 libcurl
 
@@ -47,20 +56,23 @@ else ifneq ($(filter arm64 aarch64,$(UNAME_M)),)
 endif
 
 LIB_SRCS := $(filter-out $(ISA_SRCS_EXCLUDE),$(wildcard src/*/*.c))
-LIB_SRCS := $(filter-out src/cli/%,$(LIB_SRCS))
+LIB_SRCS := $(filter-out src/cli/% src/mpi/%,$(LIB_SRCS))
 CLI_SRCS := $(wildcard src/cli/*.c)
+ifeq ($(MPI),1)
+  CLI_SRCS := $(filter-out src/cli/cmd_mpi_none.c,$(CLI_SRCS)) $(wildcard src/mpi/*.c)
+endif
 LIB_OBJS := $(LIB_SRCS:%.c=$(BUILD)/%.o)
 CLI_OBJS := $(CLI_SRCS:%.c=$(BUILD)/%.o)
 TEST_SRCS := $(wildcard tests/unit/test_*.c)
 TEST_BINS := $(TEST_SRCS:tests/unit/%.c=$(BUILD)/tests/%)
 DEPS := $(LIB_OBJS:.o=.d) $(CLI_OBJS:.o=.d) $(TEST_BINS:=.d)
 
-.PHONY: all deps demo test test-quick newcomer check clean fuzz fuzz-long asan tsan neon-test format bench kbench bbench tp-bench real-7b install deb-test
+.PHONY: all deps demo test test-quick mpi-if-there newcomer check clean fuzz fuzz-long asan tsan neon-test format bench kbench bbench tp-bench real-7b install deb-test
 
 all: cumulo
 
 cumulo: $(BUILD)/cumulo
-	@ln -sf $(BUILD)/cumulo cumulo
+	@[ "$(MPI)" = 1 ] || ln -sf $(BUILD)/cumulo cumulo
 
 $(BUILD)/cumulo: $(CLI_OBJS) $(BUILD)/libcumulo.a
 	$(CC) $(CFLAGS) -o $@ $(CLI_OBJS) $(BUILD)/libcumulo.a $(LDLIBS)
@@ -146,7 +158,13 @@ demo: deps
 # The README's test command: everything a newcomer and CI run.
 test: deps
 	@$(MAKE) --no-print-directory cumulo tests
+	@$(MAKE) --no-print-directory mpi-if-there
 	@sh tests/run.sh
+
+# The MPI variant (build-mpi/cumulo, tests/sh/mpi.sh) when an mpicc is installed.
+mpi-if-there:
+	@if command -v $(MPICC) >/dev/null 2>&1; then $(MAKE) --no-print-directory MPI=1 cumulo; \
+	else echo "no $(MPICC): build-mpi/cumulo not built (tests/sh/mpi.sh reports n/a)"; fi
 
 # DeepSeek-R1-Distill-Qwen-7B (qwen2, ~4.7 GB) against llama.cpp: greedy ids,
 # probabilities and a chat turn (not part of `make test`; slow on 2 cores).
@@ -155,7 +173,7 @@ real-7b: cumulo
 	@sh scripts/real_7b.sh
 
 # Tests without the dependency check (for quick iteration).
-test-quick: cumulo tests
+test-quick: cumulo tests mpi-if-there
 	@sh tests/run.sh
 
 # The README's commands as a newcomer runs them: a debootstrapped Debian 12
@@ -210,7 +228,7 @@ deb-test:
 	@sh scripts/deb_test.sh
 
 clean:
-	rm -rf build build-asan build-tsan build-fuzz build-neon cumulo
+	rm -rf build build-asan build-tsan build-fuzz build-neon build-mpi cumulo
 
 -include $(DEPS)
 -include $(NEON_OBJS:.o=.d)

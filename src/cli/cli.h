@@ -99,6 +99,8 @@ int cmd_nodes(int argc, char **argv);
 int cmd_launch(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
+/* `cumulo mpi`: src/mpi/cmd_mpi.c with `make MPI=1`, else cmd_mpi_none.c (says how to get it). */
+int cmd_mpi(int argc, char **argv);
 int cmd_synth(int argc, char **argv);
 int cmd_discover(int argc, char **argv);
 int cmd_announce(int argc, char **argv);

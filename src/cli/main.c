@@ -22,6 +22,7 @@ static const cm_command k_commands[] = {
     {"key", "create or show the cluster key", cmd_key},
     {"node", "offer this machine to a cluster (a daemon)", cmd_node},
     {"nodes", "list cluster nodes (mDNS and given) with capabilities and link speed", cmd_nodes},
+    {"mpi", "run a cluster as one MPI job (mpirun/srun; a `make MPI=1` build)", cmd_mpi},
     {"launch", "start cumulo node on other machines over SSH", cmd_launch},
     {"service", "run the node or a server as a systemd/launchd service", cmd_service},
     {"discover", "list cumulo nodes found on the local network (mDNS)", cmd_discover},

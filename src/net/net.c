@@ -84,7 +84,7 @@ static void format_addr(const struct sockaddr *sa, char *out, size_t cap) {
         else
             snprintf(out, cap, "[%s]:%u", host, port);
     } else {
-        snprintf(out, cap, "?");
+        snprintf(out, cap, "%s", sa->sa_family == AF_UNIX ? "local" : "?");
     }
 }
 
@@ -157,8 +157,31 @@ int cm_net_parse_addr(const char *s, uint16_t default_port, char *host, size_t h
 
 /* ---- listen / accept / connect ---- */
 
+static const cm_net_transport *g_transport; /* set once at start (cm_net_set_transport) */
+void cm_net_set_transport(const cm_net_transport *t) { g_transport = t; }
+static bool transport_claims(const char *host) { return g_transport && host && !strcmp(host, g_transport->host); }
+
+/* A provider's stream socket as a connection named "HOST:PORT". */
+static int transport_conn(int fd, uint16_t port, cm_conn **out, char *err, size_t errlen) {
+    struct sockaddr sa = {.sa_family = AF_UNIX};
+    if (cm_sock_prepare(fd) != 0 || !(*out = conn_new(fd, &sa))) {
+        close(fd);
+        return cm_errf(err, errlen, CM_EIO, "cannot set up a %s link", g_transport->host);
+    }
+    snprintf((*out)->peer, sizeof (*out)->peer, "%s:%u", g_transport->host, (unsigned)port);
+    return 0;
+}
+
 int cm_net_listen(const char *host, uint16_t port, cm_listener **out, char *err, size_t errlen) {
     *out = NULL;
+    if (transport_claims(host)) {
+        cm_listener *l = cm_calloc(1, sizeof *l);
+        if (!l) return cm_errf(err, errlen, CM_ENOMEM, "out of memory");
+        int rc = g_transport->listen(g_transport->ctx, port, &l->fd, &l->port, err, errlen);
+        if (rc) { cm_free(l); return rc; }
+        *out = l;
+        return 0;
+    }
     bool any = !host || !*host || !strcmp(host, "*");
     char pstr[8];
     snprintf(pstr, sizeof pstr, "%u", (unsigned)port);
@@ -222,7 +245,7 @@ int cm_listener_accept(cm_listener *l, int timeout_ms, cm_conn **out, char *err,
         socklen_t sl = sizeof ss;
         int fd = accept(l->fd, (struct sockaddr *)&ss, &sl);
         if (fd >= 0) {
-            if (cm_sock_prepare(fd) != 0 || set_nodelay(fd) != 0) {
+            if (cm_sock_prepare(fd) != 0 || (ss.ss_family != AF_UNIX && set_nodelay(fd) != 0)) {
                 int e = errno;
                 close(fd);
                 return cm_errf(err, errlen, CM_EIO, "cannot set up an accepted socket: %s", strerror(e));
@@ -242,6 +265,10 @@ int cm_listener_accept(cm_listener *l, int timeout_ms, cm_conn **out, char *err,
 int cm_net_connect(const char *host, uint16_t port, int timeout_ms, cm_conn **out, char *err,
                    size_t errlen) {
     *out = NULL;
+    if (transport_claims(host)) {
+        int fd = -1, rc = g_transport->connect(g_transport->ctx, port, timeout_ms, &fd, err, errlen);
+        return rc ? rc : transport_conn(fd, port, out, err, errlen);
+    }
     char pstr[8];
     snprintf(pstr, sizeof pstr, "%u", (unsigned)port);
     struct addrinfo hints = {0}, *res = NULL;

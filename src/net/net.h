@@ -47,6 +47,21 @@ int cm_net_parse_addr(const char *s, uint16_t default_port, char *host, size_t h
 typedef struct cm_conn cm_conn;
 typedef struct cm_listener cm_listener;
 
+/* ---- a second transport (the link seam, docs/DESIGN.md "Transports") ----
+ * A provider claims one host name (MPI claims "mpi": "mpi:3" is rank 3).
+ * cm_net_connect and cm_net_listen with that host ask it for a connected,
+ * or listening, local stream socket instead of TCP; everything above (frames,
+ * handshake, deadlines, the cluster code) is the same over either. port is
+ * the provider's own number (a rank). NULL: TCP only (the default). Set once,
+ * before any thread dials or listens. */
+typedef struct cm_net_transport {
+    const char *host;
+    int (*connect)(void *ctx, uint16_t port, int timeout_ms, int *fd, char *err, size_t errlen);
+    int (*listen)(void *ctx, uint16_t port, int *fd, uint16_t *bound, char *err, size_t errlen);
+    void *ctx;
+} cm_net_transport;
+void cm_net_set_transport(const cm_net_transport *t);
+
 /* ---- listening ---- */
 /* Listen on host:port (host NULL, "" or "*": every IPv6 and IPv4 address;
  * port 0: a free port, see cm_listener_port). */

@@ -1,0 +1,464 @@
+/*
+ * mpi_link.c: the bridge between cumulo's local stream sockets and MPI. Each
+ * link is a pair of stream sockets on two ranks (a socketpair end on the
+ * dialing rank, a connection to the node's local listener on the other),
+ * glued by MPI messages on one tag of a private communicator: OPEN, DATA,
+ * CLOSE, STOP, each a 16-byte header (kind, sender, link id) and for DATA the
+ * bytes. One tag keeps a sender's messages in order (MPI's non-overtaking
+ * rule), so a link's OPEN, DATA and CLOSE arrive as they were sent.
+ *
+ * The bridge thread is the only caller of MPI after init: it polls the local
+ * sockets (1 ms when idle), probes MPI, and sends with MPI_Isend so that two
+ * ranks sending to each other never wait on each other. Bytes for a local
+ * socket that cannot take them wait in the link's queue (no flow control
+ * toward the sender: NEEDSWORK, bounded in practice by cumulo's frames).
+ * An MPI error naming a rank (MPI_ERRORS_RETURN) closes every link to it: to
+ * the cluster code a lost node, as a dropped TCP connection would be.
+ */
+#include "mpi/mpi_link.h"
+
+#include "base/base.h"
+#include "net/net.h"
+#include "os/os.h"
+
+#include <mpi.h>
+
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#define LINK_TAG 4242
+#define CHUNK (1u << 20) /* local bytes per DATA message at most */
+#define MAX_LINKS 1024
+#define OPEN_WAIT_NS 60000000000ull /* an OPEN waits this long for the node's listener */
+
+enum { K_OPEN = 1, K_DATA = 2, K_CLOSE = 3, K_STOP = 4 };
+
+typedef struct hdr {
+    uint32_t kind;
+    int32_t from;
+    uint64_t id;
+} hdr;
+
+typedef struct mlink {
+    uint64_t id;
+    int peer, fd;           /* fd -1: an OPEN waiting for this rank's listener */
+    uint64_t since_ns;
+    uint8_t *q;             /* bytes from the peer not yet written to fd */
+    size_t qlen, qoff, qcap;
+    bool remote_closed;     /* CLOSE came: drop the link once q is written */
+} mlink;
+
+typedef struct pending {
+    MPI_Request rq;
+    uint8_t *buf;
+    int peer;
+} pending;
+
+struct cm_mpi {
+    MPI_Comm comm;
+    int rank, size;
+    char host[MPI_MAX_PROCESSOR_NAME + 1];
+    pthread_t th;
+    bool th_started;
+    atomic_int quit, stop_others, listening, n_dead;
+    atomic_int *stop;
+    pthread_mutex_t mu; /* guards fresh[] and next_id (dials come from any thread) */
+    struct { int fd, peer; uint64_t id; } fresh[64];
+    int n_fresh;
+    uint64_t next_id;
+    int wake[2];
+    char dir[72], path[100]; /* a sun_path holds 108 bytes */
+    int lfd;
+    mlink links[MAX_LINKS]; /* bridge thread only */
+    int n_links;
+    pending *tx;
+    int n_tx, cap_tx;
+    uint8_t *scratch;
+    bool *dead;
+    cm_net_transport tr;
+};
+
+/* ---- sending (bridge thread) ---- */
+
+static void mark_dead(cm_mpi *m, int peer);
+
+static void send_msg(cm_mpi *m, int peer, uint32_t kind, uint64_t id, const uint8_t *data, size_t n) {
+    if (peer < 0 || peer >= m->size || m->dead[peer]) return;
+    if (m->n_tx == m->cap_tx) {
+        int cap = m->cap_tx ? 2 * m->cap_tx : 64;
+        pending *t = realloc(m->tx, (size_t)cap * sizeof *t);
+        if (!t) { CM_LOGE("mpi: out of memory"); return; }
+        m->tx = t;
+        m->cap_tx = cap;
+    }
+    uint8_t *buf = malloc(sizeof(hdr) + n);
+    if (!buf) { CM_LOGE("mpi: out of memory"); return; }
+    hdr h = {kind, m->rank, id};
+    memcpy(buf, &h, sizeof h);
+    if (n) memcpy(buf + sizeof h, data, n);
+    pending *p = &m->tx[m->n_tx];
+    if (MPI_Isend(buf, (int)(sizeof h + n), MPI_BYTE, peer, LINK_TAG, m->comm, &p->rq) != MPI_SUCCESS) {
+        free(buf);
+        mark_dead(m, peer);
+        return;
+    }
+    p->buf = buf;
+    p->peer = peer;
+    m->n_tx++;
+}
+
+static void test_sends(cm_mpi *m) {
+    for (int i = 0; i < m->n_tx;) {
+        int done = 0;
+        MPI_Status st;
+        int rc = MPI_Test(&m->tx[i].rq, &done, &st);
+        if (rc != MPI_SUCCESS) { done = 1; mark_dead(m, m->tx[i].peer); }
+        if (!done) { i++; continue; }
+        free(m->tx[i].buf);
+        m->tx[i] = m->tx[--m->n_tx];
+    }
+}
+
+/* ---- links (bridge thread) ---- */
+
+static mlink *find(cm_mpi *m, uint64_t id) {
+    for (int i = 0; i < m->n_links; i++)
+        if (m->links[i].id == id) return &m->links[i];
+    return NULL;
+}
+
+static void drop(cm_mpi *m, mlink *l, bool tell) {
+    if (tell) send_msg(m, l->peer, K_CLOSE, l->id, NULL, 0);
+    if (l->fd >= 0) close(l->fd);
+    free(l->q);
+    *l = m->links[--m->n_links];
+}
+
+static mlink *add(cm_mpi *m, uint64_t id, int peer, int fd) {
+    if (m->n_links == MAX_LINKS) return NULL;
+    mlink *l = &m->links[m->n_links++];
+    memset(l, 0, sizeof *l);
+    l->id = id;
+    l->peer = peer;
+    l->fd = fd;
+    l->since_ns = cm_now_ns();
+    return l;
+}
+
+static void mark_dead(cm_mpi *m, int peer) {
+    if (peer < 0 || peer >= m->size || m->dead[peer]) return;
+    m->dead[peer] = true;
+    atomic_fetch_add(&m->n_dead, 1);
+    CM_LOGW("mpi: rank %d is gone (MPI returned an error); its links are closed", peer);
+    for (int i = 0; i < m->n_links;)
+        if (m->links[i].peer == peer) drop(m, &m->links[i], false);
+        else i++;
+}
+
+static int set_nonblock(int fd) {
+    int one = 4 << 20;
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &one, sizeof one);
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &one, sizeof one);
+    return cm_sock_prepare(fd);
+}
+
+/* Write what the link holds; false when the local socket failed. */
+static bool flush(mlink *l) {
+    while (l->qoff < l->qlen) {
+        long w = cm_sock_send(l->fd, l->q + l->qoff, l->qlen - l->qoff);
+        if (w > 0) { l->qoff += (size_t)w; continue; }
+        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return true;
+        return false;
+    }
+    l->qoff = l->qlen = 0;
+    return true;
+}
+
+static bool queue(mlink *l, const uint8_t *p, size_t n) {
+    if (l->qoff && l->qoff == l->qlen) l->qoff = l->qlen = 0;
+    if (l->qlen + n > l->qcap) {
+        size_t cap = l->qcap ? l->qcap : 65536;
+        while (cap < l->qlen + n) cap *= 2;
+        uint8_t *q = realloc(l->q, cap);
+        if (!q) return false;
+        l->q = q;
+        l->qcap = cap;
+    }
+    memcpy(l->q + l->qlen, p, n);
+    l->qlen += n;
+    return true;
+}
+
+/* An OPEN for this rank: connect to the node's listener (once it listens). */
+static void try_accept(cm_mpi *m, mlink *l) {
+    if (!atomic_load(&m->listening)) {
+        if (cm_now_ns() - l->since_ns > OPEN_WAIT_NS) {
+            CM_LOGW("mpi: rank %d dialed this rank, which has no listener; link closed", l->peer);
+            drop(m, l, true);
+        }
+        return;
+    }
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    snprintf(sa.sun_path, sizeof sa.sun_path, "%s", m->path);
+    if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0 || set_nonblock(fd) != 0) {
+        CM_LOGW("mpi: cannot reach this rank's listener: %s", strerror(errno));
+        if (fd >= 0) close(fd);
+        drop(m, l, true);
+        return;
+    }
+    l->fd = fd;
+    if (!flush(l)) drop(m, l, true);
+}
+
+static void on_message(cm_mpi *m, int src, const uint8_t *p, size_t n) {
+    if (n < sizeof(hdr)) return;
+    hdr h;
+    memcpy(&h, p, sizeof h);
+    p += sizeof h;
+    n -= sizeof h;
+    mlink *l = find(m, h.id);
+    switch (h.kind) {
+    case K_OPEN:
+        if (!l && !(l = add(m, h.id, src, -1))) { send_msg(m, src, K_CLOSE, h.id, NULL, 0); break; }
+        try_accept(m, l);
+        break;
+    case K_DATA:
+        if (!l) break; /* closed here; our CLOSE is on its way */
+        if (!queue(l, p, n) || (l->fd >= 0 && !flush(l))) drop(m, l, true);
+        break;
+    case K_CLOSE:
+        if (!l) break;
+        l->remote_closed = true;
+        if (l->qlen == l->qoff || l->fd < 0) drop(m, l, false);
+        break;
+    case K_STOP:
+        if (m->stop) atomic_store(m->stop, 1);
+        break;
+    default: CM_LOGW("mpi: unknown message kind %u from rank %d", h.kind, src); break;
+    }
+}
+
+/* Receive what MPI has for us; true when anything came. */
+static bool progress_in(cm_mpi *m) {
+    bool any = false;
+    for (int k = 0; k < 64; k++) {
+        int flag = 0;
+        MPI_Status st;
+        if (MPI_Iprobe(MPI_ANY_SOURCE, LINK_TAG, m->comm, &flag, &st) != MPI_SUCCESS || !flag) break;
+        int cnt = 0;
+        MPI_Get_count(&st, MPI_BYTE, &cnt);
+        uint8_t *buf = malloc(cnt > 0 ? (size_t)cnt : 1);
+        if (!buf) { CM_LOGE("mpi: out of memory"); break; }
+        int src = st.MPI_SOURCE;
+        if (MPI_Recv(buf, cnt, MPI_BYTE, src, LINK_TAG, m->comm, &st) != MPI_SUCCESS) {
+            free(buf);
+            mark_dead(m, src);
+            continue;
+        }
+        on_message(m, src, buf, (size_t)cnt);
+        free(buf);
+        any = true;
+    }
+    return any;
+}
+
+static void take_fresh(cm_mpi *m) {
+    pthread_mutex_lock(&m->mu);
+    for (int i = 0; i < m->n_fresh; i++) {
+        mlink *l = add(m, m->fresh[i].id, m->fresh[i].peer, m->fresh[i].fd);
+        if (!l) { close(m->fresh[i].fd); continue; }
+        send_msg(m, l->peer, K_OPEN, l->id, NULL, 0);
+    }
+    m->n_fresh = 0;
+    pthread_mutex_unlock(&m->mu);
+}
+
+static void *bridge_main(void *arg) {
+    cm_mpi *m = arg;
+    struct pollfd *pf = malloc((MAX_LINKS + 1) * sizeof *pf);
+    int *at = malloc((MAX_LINKS + 1) * sizeof *at);
+    bool busy = false, stopped_others = false;
+    while (pf && at) {
+        if (atomic_load(&m->quit)) {
+            if (atomic_load(&m->stop_others) && !stopped_others) {
+                for (int r = 1; r < m->size; r++) send_msg(m, r, K_STOP, 0, NULL, 0);
+                stopped_others = true;
+            }
+            test_sends(m);
+            if (!m->n_tx) break;
+        }
+        take_fresh(m);
+        int np = 0;
+        pf[np++] = (struct pollfd){m->wake[0], POLLIN, 0};
+        for (int i = 0; i < m->n_links; i++) {
+            mlink *l = &m->links[i];
+            if (l->fd < 0) continue;
+            short ev = l->remote_closed ? 0 : POLLIN;
+            if (l->qoff < l->qlen) ev |= POLLOUT;
+            at[np] = i;
+            pf[np++] = (struct pollfd){l->fd, ev, 0};
+        }
+        int r = poll(pf, (nfds_t)np, busy || m->n_tx ? 0 : 1);
+        busy = false;
+        if (r > 0 && (pf[0].revents & POLLIN)) {
+            char b[64];
+            while (read(m->wake[0], b, sizeof b) > 0) {}
+        }
+        /* Walk the links from the back: drop() moves the last link into the
+         * dropped one's slot, which this order has already visited. */
+        for (int k = np - 1; r > 0 && k >= 1; k--) {
+            if (!pf[k].revents) continue;
+            mlink *l = &m->links[at[k]];
+            if ((pf[k].revents & POLLOUT) && !flush(l)) { drop(m, l, !l->remote_closed); continue; }
+            if (l->remote_closed && l->qoff == l->qlen) { drop(m, l, false); continue; }
+            if (!(pf[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+            if (l->remote_closed) continue;
+            ssize_t n = read(l->fd, m->scratch, CHUNK);
+            if (n > 0) { send_msg(m, l->peer, K_DATA, l->id, m->scratch, (size_t)n); busy = true; }
+            else if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) drop(m, l, true);
+        }
+        for (int i = m->n_links - 1; i >= 0; i--)
+            if (m->links[i].fd < 0) try_accept(m, &m->links[i]);
+        if (progress_in(m)) busy = true;
+        test_sends(m);
+    }
+    free(pf);
+    free(at);
+    return NULL;
+}
+
+/* ---- the transport seam (any thread) ---- */
+
+static int tr_connect(void *ctx, uint16_t port, int timeout_ms, int *fd, char *err, size_t errlen) {
+    cm_mpi *m = ctx;
+    (void)timeout_ms;
+    int peer = port;
+    if (peer >= m->size || peer == m->rank)
+        return cm_errf(err, errlen, CM_EINVAL, "mpi:%d: the job has ranks 0-%d, this is rank %d", peer, m->size - 1,
+                       m->rank);
+    if (m->dead[peer]) return cm_errf(err, errlen, CM_ECLOSED, "mpi:%d: that rank is gone", peer);
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0)
+        return cm_errf(err, errlen, CM_EIO, "mpi:%d: socketpair: %s", peer, strerror(errno));
+    if (set_nonblock(sv[1]) != 0) { close(sv[0]); close(sv[1]); return cm_errf(err, errlen, CM_EIO, "mpi: fcntl"); }
+    pthread_mutex_lock(&m->mu);
+    bool full = m->n_fresh == (int)CM_ARRAY_LEN(m->fresh);
+    if (!full) {
+        m->fresh[m->n_fresh].fd = sv[1];
+        m->fresh[m->n_fresh].peer = peer;
+        m->fresh[m->n_fresh].id = (uint64_t)m->rank << 40 | ++m->next_id;
+        m->n_fresh++;
+    }
+    pthread_mutex_unlock(&m->mu);
+    if (full) { close(sv[0]); close(sv[1]); return cm_errf(err, errlen, CM_EBUSY, "mpi: too many dials at once"); }
+    if (write(m->wake[1], "w", 1) < 0) { /* the bridge polls every ms anyway */ }
+    *fd = sv[0];
+    return 0;
+}
+
+static int tr_listen(void *ctx, uint16_t port, int *fd, uint16_t *bound, char *err, size_t errlen) {
+    cm_mpi *m = ctx;
+    (void)port;
+    if (atomic_load(&m->listening)) return cm_errf(err, errlen, CM_EBUSY, "mpi: this rank already listens");
+    int s = socket(AF_UNIX, SOCK_STREAM, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    snprintf(sa.sun_path, sizeof sa.sun_path, "%s", m->path);
+    unlink(m->path);
+    if (s < 0 || bind(s, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(s, 64) != 0 || cm_sock_prepare(s) != 0) {
+        int e = errno;
+        if (s >= 0) close(s);
+        return cm_errf(err, errlen, CM_EIO, "mpi: cannot listen on %s: %s", m->path, strerror(e));
+    }
+    *fd = s;
+    *bound = (uint16_t)m->rank;
+    atomic_store(&m->listening, 1);
+    return 0;
+}
+
+/* ---- start and finish ---- */
+
+int cm_mpi_start(int *argc, char ***argv, atomic_int *stop, cm_mpi **out, char *err, size_t errlen) {
+    *out = NULL;
+    int provided = 0;
+    if (MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS)
+        return cm_errf(err, errlen, CM_EIO, "MPI_Init_thread failed");
+    if (provided < MPI_THREAD_SERIALIZED) {
+        MPI_Finalize();
+        return cm_errf(err, errlen, CM_EUNSUPPORTED, "this MPI offers no MPI_THREAD_SERIALIZED (level %d)", provided);
+    }
+    cm_mpi *m = cm_calloc(1, sizeof *m);
+    if (!m) { MPI_Finalize(); return cm_errf(err, errlen, CM_ENOMEM, "out of memory"); }
+    MPI_Comm_dup(MPI_COMM_WORLD, &m->comm);
+    MPI_Comm_set_errhandler(m->comm, MPI_ERRORS_RETURN); /* a dead rank: an error here, not an abort */
+    MPI_Comm_rank(m->comm, &m->rank);
+    MPI_Comm_size(m->comm, &m->size);
+    int hl = 0;
+    MPI_Get_processor_name(m->host, &hl);
+    m->stop = stop;
+    m->lfd = -1;
+    pthread_mutex_init(&m->mu, NULL);
+    m->dead = cm_calloc((size_t)m->size, sizeof *m->dead);
+    m->scratch = malloc(CHUNK);
+    const char *tmp = getenv("TMPDIR");
+    snprintf(m->dir, sizeof m->dir, "%s/cumulo-mpi-XXXXXX", tmp && *tmp && strlen(tmp) < 48 ? tmp : "/tmp");
+    if (!m->dead || !m->scratch || !mkdtemp(m->dir) || pipe(m->wake) != 0 || cm_sock_prepare(m->wake[0]) != 0 ||
+        cm_sock_prepare(m->wake[1]) != 0) {
+        int e = errno;
+        cm_free(m->dead);
+        free(m->scratch);
+        cm_free(m);
+        MPI_Finalize();
+        return cm_errf(err, errlen, CM_EIO, "mpi: cannot set up this rank: %s", strerror(e));
+    }
+    snprintf(m->path, sizeof m->path, "%s/node.sock", m->dir); /* mkdtemp made it 0700: only this user */
+    m->tr = (cm_net_transport){.host = "mpi", .connect = tr_connect, .listen = tr_listen, .ctx = m};
+    cm_net_set_transport(&m->tr);
+    if (pthread_create(&m->th, NULL, bridge_main, m) != 0) {
+        cm_net_set_transport(NULL);
+        cm_mpi_finish(m, 0);
+        return cm_errf(err, errlen, CM_EIO, "mpi: cannot start the bridge thread");
+    }
+    m->th_started = true;
+    *out = m;
+    return 0;
+}
+
+int cm_mpi_rank(const cm_mpi *m) { return m->rank; }
+int cm_mpi_size(const cm_mpi *m) { return m->size; }
+const char *cm_mpi_host(const cm_mpi *m) { return m->host; }
+int cm_mpi_dead(const cm_mpi *m) { return atomic_load(&((cm_mpi *)m)->n_dead); }
+
+void cm_mpi_finish(cm_mpi *m, int stop_others) {
+    if (!m) return;
+    atomic_store(&m->stop_others, stop_others);
+    atomic_store(&m->quit, 1);
+    if (m->th_started) pthread_join(m->th, NULL);
+    cm_net_set_transport(NULL);
+    while (m->n_links) drop(m, &m->links[m->n_links - 1], false);
+    for (int i = 0; i < m->n_tx; i++) free(m->tx[i].buf); /* unsent (a dead peer) */
+    free(m->tx);
+    unlink(m->path);
+    rmdir(m->dir);
+    close(m->wake[0]);
+    close(m->wake[1]);
+    /* Every rank reaches here; ranks still sending would be cut off by the
+     * barrier's absence, not by it: keep the job's ranks in step. */
+    if (!atomic_load(&m->n_dead)) MPI_Barrier(m->comm);
+    MPI_Comm_free(&m->comm);
+    MPI_Finalize();
+    pthread_mutex_destroy(&m->mu);
+    cm_free(m->dead);
+    free(m->scratch);
+    cm_free(m);
+}

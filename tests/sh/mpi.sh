@@ -1,0 +1,94 @@
+#!/bin/sh
+# tests/sh/mpi.sh (issue 18): `cumulo mpi` under `mpirun --oversubscribe` on
+# this machine: rank 0 coordinates, ranks 1.. are nodes, their links MPI
+# messages (build-mpi/cumulo, `make MPI=1`). Greedy texts and ids must equal
+# one machine's `cumulo run --temp 0` (the default, MPI-free binary) for a
+# pipeline (3 and 4 ranks), tensor parallel (--parallel tp), hybrid
+# (--groups 2,2) and, on a synthetic qwen3moe, expert parallel (--parallel ep);
+# the plan line must say which plan ran and the links must have been
+# measured over MPI. The default binary must link no MPI symbol. Without an
+# MPI build the script reports "n/a:" (no mpicc) or a plain skip (mpicc there
+# but build-mpi/cumulo not built).
+# Each rank plays a machine of its own (CUMULO_HOST_ID per rank), as the
+# cluster tests' nodes do. MPI=mpich-style launchers: CUMULO_MPIRUN names one.
+cd "$(dirname "$0")/../.." || exit 1
+. tests/sh/lib/cluster_common.sh
+M=$SHARED/models
+MBIN=$(realpath "${CUMULO_MPI_BIN:-build-mpi/cumulo}" 2>/dev/null)
+MPIRUN=${CUMULO_MPIRUN:-mpirun}
+
+if [ ! -x "$MBIN" ]; then
+    if command -v "${MPICC:-mpicc}" >/dev/null 2>&1; then
+        echo "skip: build-mpi/cumulo missing: run make MPI=1 (mpicc is installed)"
+    else
+        echo "skip: n/a: built without MPI (no mpicc; make MPI=1 needs openmpi or mpich)"
+    fi
+    echo "0 passed, 0 failed, 1 skipped"
+    exit 0
+fi
+command -v "$MPIRUN" >/dev/null 2>&1 || { bad "$MPIRUN missing while $MBIN exists"; echo "$pass passed, $fail failed"; exit 1; }
+
+# The default binary stays MPI-free; the MPI one has it.
+nm "$BIN" 2>/dev/null | grep -q -E ' (MPI|PMPI|ompi)_' && bad "the default binary has MPI symbols" || ok
+nm "$MBIN" 2>/dev/null | grep -q ' U MPI_Init_thread' && ok || bad "build-mpi/cumulo does not call MPI_Init_thread"
+"$BIN" mpi "$M/stories260K-f32.gguf" -p hi 2>"$TMP/nompi.err" && bad "cumulo mpi ran in the default build" ||
+    { grep -q 'built without MPI' "$TMP/nompi.err" && ok || bad "default build: $(cat "$TMP/nompi.err")"; }
+
+# Root needs OpenMPI's consent; oversubscription: more ranks than cores here.
+MPIOPT="--oversubscribe"
+[ "$(id -u)" = 0 ] && MPIOPT="$MPIOPT --allow-run-as-root"
+"$MPIRUN" --version 2>&1 | grep -q 'Open MPI' || MPIOPT="" # MPICH's mpiexec oversubscribes by itself
+export OMPI_MCA_btl_vader_single_copy_mechanism=none # containers forbid CMA (ptrace)
+export OMPI_MCA_rmaps_base_oversubscribe=1
+
+# A wrapper so each rank is a machine of its own (its rank from OpenMPI or MPICH/PMI).
+cat >"$TMP/rank.sh" <<EOF
+#!/bin/sh
+r=\${OMPI_COMM_WORLD_RANK:-\${PMI_RANK:-\${PMIX_RANK:-0}}}
+CUMULO_HOST_ID=mpi-rank\$r exec "$MBIN" "\$@"
+EOF
+chmod +x "$TMP/rank.sh"
+
+# mpi_case NAME NP MODEL PROMPT N PLAN_REGEX [run options...]: the MPI job's
+# ids and text vs one machine's.
+mpi_case() {
+    name=$1 np=$2 model=$3 prompt=$4 n=$5 want_plan=$6
+    shift 6
+    "$BIN" run "$model" -p "$prompt" -n "$n" --temp 0 --threads 1 --json >"$TMP/one.json" 2>/dev/null
+    one_ids=$(cc_jsonget "$TMP/one.json" 'join(",", @{$j->{tokens}})')
+    one_text=$(cc_jsonget "$TMP/one.json" '$j->{text}')
+    [ -n "$one_ids" ] || { bad "$name: no one-machine reference"; return; }
+    # shellcheck disable=SC2086
+    if ! timeout 300 "$MPIRUN" $MPIOPT -np "$np" "$TMP/rank.sh" mpi "$model" -p "$prompt" -n "$n" --temp 0 \
+        --threads 1 --json "$@" >"$TMP/$name.json" 2>"$TMP/$name.err"; then
+        bad "$name: mpirun failed: $(grep -v '^ *$' "$TMP/$name.err" | tail -5)"
+        return
+    fi
+    got_ids=$(cc_jsonget "$TMP/$name.json" 'join(",", @{$j->{tokens}})')
+    got_text=$(cc_jsonget "$TMP/$name.json" '$j->{text}')
+    [ "$got_ids" = "$one_ids" ] && ok || bad "$name: ids differ from one machine: $got_ids vs $one_ids"
+    [ "$got_text" = "$one_text" ] && ok || bad "$name: text differs from one machine"
+    grep -qE "$want_plan" "$TMP/$name.err" && ok || bad "$name: plan is not /$want_plan/: $(grep -iE 'plan|why' "$TMP/$name.err" | head -3)"
+    grep -q "mpi:1" "$TMP/$name.err" && ok || bad "$name: no node mpi:1 in the log"
+    rate=$(cc_jsonget "$TMP/$name.json" '$j->{decode_tok_s} // $j->{tok_s} // ""' 2>/dev/null)
+    echo "$name: $np ranks, ids equal one machine ($(echo "$got_ids" | tr ',' '\n' | wc -l) ids)${rate:+, $rate tok/s}"
+}
+
+F32=$M/stories260K-f32.gguf
+Q8=$M/stories260K-q8_0.gguf
+mpi_case pp3 3 "$F32" "Once upon a time" 40 "pp plan, 3 stages"
+mpi_case pp4 4 "$Q8" "The little dog" 40 "pp plan, 4 stages"
+mpi_case tp3 3 "$F32" "Lily and Ben" 40 "tp" --parallel tp
+mpi_case hybrid4 4 "$Q8" "One day" 40 "2 stages|groups|hybrid" --groups 2,2
+
+# Expert parallel on a small synthetic qwen3moe (cluster_ep.sh's first model).
+VOCAB=$SHARED/vocab/ggml-vocab-llama-spm.gguf
+if "$BIN" synth --arch qwen3moe --dim 256 --layers 3 --heads 4 --kv-heads 2 --ffn 768 --expert-ffn 256 --experts 8 \
+    --experts-used 2 --type q8_0 --seed 21 --vocab "$VOCAB" -o "$TMP/moe8.gguf" 2>/dev/null; then
+    mpi_case ep3 3 "$TMP/moe8.gguf" "Once upon a time" 24 "ep" --parallel ep
+else
+    bad "synth qwen3moe failed"
+fi
+
+echo "$pass passed, $fail failed"
+[ "$fail" = 0 ]
