@@ -56,8 +56,11 @@ mpi_case() {
     shift 6
     "$BIN" run "$model" -p "$prompt" -n "$n" --temp 0 --threads 1 --json >"$TMP/one.json" 2>/dev/null
     one_ids=$(cc_jsonget "$TMP/one.json" 'join(",", @{$j->{tokens}})')
-    one_text=$(cc_jsonget "$TMP/one.json" '$j->{text}')
+    one_text=$(cc_jsonget "$TMP/one.json" '$j->{text}' 2>/dev/null)
     [ -n "$one_ids" ] || { bad "$name: no one-machine reference"; return; }
+    if [ -n "$REF_IDS" ]; then # llama.cpp's ids for this prompt (cc_ref_case)
+        [ "$one_ids" = "$REF_IDS" ] && ok || bad "$name: one machine differs from llama.cpp"
+    fi
     # shellcheck disable=SC2086
     if ! timeout 300 "$MPIRUN" $MPIOPT -np "$np" "$TMP/rank.sh" mpi "$model" -p "$prompt" -n "$n" --temp 0 \
         --threads 1 --json "$@" >"$TMP/$name.json" 2>"$TMP/$name.err"; then
@@ -65,27 +68,32 @@ mpi_case() {
         return
     fi
     got_ids=$(cc_jsonget "$TMP/$name.json" 'join(",", @{$j->{tokens}})')
-    got_text=$(cc_jsonget "$TMP/$name.json" '$j->{text}')
+    got_text=$(cc_jsonget "$TMP/$name.json" '$j->{text}' 2>/dev/null)
     [ "$got_ids" = "$one_ids" ] && ok || bad "$name: ids differ from one machine: $got_ids vs $one_ids"
+    if [ -n "$REF_IDS" ]; then [ "$got_ids" = "$REF_IDS" ] && ok || bad "$name: ids differ from llama.cpp's"; fi
     [ "$got_text" = "$one_text" ] && ok || bad "$name: text differs from one machine"
-    grep -qE "$want_plan" "$TMP/$name.err" && ok || bad "$name: plan is not /$want_plan/: $(grep -iE 'plan|why' "$TMP/$name.err" | head -3)"
+    grep -qE "$want_plan" "$TMP/$name.err" && ok || bad "$name: plan is not /$want_plan/: $(grep -E '^(why|mode)' "$TMP/$name.err" | head -3)"
     grep -q "mpi:1" "$TMP/$name.err" && ok || bad "$name: no node mpi:1 in the log"
-    rate=$(cc_jsonget "$TMP/$name.json" '$j->{decode_tok_s} // $j->{tok_s} // ""' 2>/dev/null)
-    echo "$name: $np ranks, ids equal one machine ($(echo "$got_ids" | tr ',' '\n' | wc -l) ids)${rate:+, $rate tok/s}"
+    rate=$(cc_jsonget "$TMP/$name.json" 'sprintf "%.1f", $j->{timings}{gen_tps}' 2>/dev/null)
+    echo "$name: $np ranks, ids equal one machine${REF_IDS:+ and llama.cpp} ($(echo "$got_ids" | tr ',' '\n' | wc -l) ids, decode $rate tok/s)"
 }
 
 F32=$M/stories260K-f32.gguf
 Q8=$M/stories260K-q8_0.gguf
-mpi_case pp3 3 "$F32" "Once upon a time" 40 "pp plan, 3 stages"
-mpi_case pp4 4 "$Q8" "The little dog" 40 "pp plan, 4 stages"
-mpi_case tp3 3 "$F32" "Lily and Ben" 40 "tp" --parallel tp
-mpi_case hybrid4 4 "$Q8" "One day" 40 "2 stages|groups|hybrid" --groups 2,2
+# Against llama.cpp's reference ids too (stories260K reference cases 0 and 1).
+cc_ref_case f32 0
+REF_IDS=$want mpi_case pp3 3 "$F32" "$prompt" "$n" "why: pp plan, 3 stages"
+REF_IDS=$want mpi_case tp3 3 "$F32" "$prompt" "$n" "why: tp plan, 1 stage: .*mpi:1.*mpi:2|why: tp plan, 1 stage: .*mpi:2.*mpi:1" --parallel tp
+cc_ref_case q8_0 1
+REF_IDS=$want mpi_case pp4 4 "$Q8" "$prompt" "$n" "why: pp plan, 4 stages"
+REF_IDS=$want mpi_case tp4 4 "$Q8" "$prompt" "$n" "why: tp plan, 1 stage" --parallel tp
+mpi_case hybrid4 4 "$Q8" "One day" 40 "^mode hybrid" --groups 2,2
 
 # Expert parallel on a small synthetic qwen3moe (cluster_ep.sh's first model).
 VOCAB=$SHARED/vocab/ggml-vocab-llama-spm.gguf
 if "$BIN" synth --arch qwen3moe --dim 256 --layers 3 --heads 4 --kv-heads 2 --ffn 768 --expert-ffn 256 --experts 8 \
     --experts-used 2 --type q8_0 --seed 21 --vocab "$VOCAB" -o "$TMP/moe8.gguf" 2>/dev/null; then
-    mpi_case ep3 3 "$TMP/moe8.gguf" "Once upon a time" 24 "ep" --parallel ep
+    mpi_case ep3 3 "$TMP/moe8.gguf" "Once upon a time" 24 "^mode ep|why: ep plan" --parallel ep
 else
     bad "synth qwen3moe failed"
 fi
