@@ -39,6 +39,7 @@
 #define LINK_TAG 4242
 #define CHUNK (1u << 20) /* local bytes per DATA message at most */
 #define MAX_LINKS 1024
+#define FINISH_WAIT_MS 5000ull /* the last meeting of the ranks waits this long */
 #define OPEN_WAIT_NS 60000000000ull /* an OPEN waits this long for the node's listener */
 
 enum { K_OPEN = 1, K_DATA = 2, K_CLOSE = 3, K_STOP = 4 };
@@ -117,7 +118,8 @@ static void send_msg(cm_mpi *m, int peer, uint32_t kind, uint64_t id, const uint
     m->n_tx++;
 }
 
-static void test_sends(cm_mpi *m) {
+static bool test_sends(cm_mpi *m) {
+    bool any = false;
     for (int i = 0; i < m->n_tx;) {
         int done = 0;
         MPI_Status st;
@@ -126,7 +128,9 @@ static void test_sends(cm_mpi *m) {
         if (!done) { i++; continue; }
         free(m->tx[i].buf);
         m->tx[i] = m->tx[--m->n_tx];
+        any = true;
     }
+    return any;
 }
 
 /* ---- links (bridge thread) ---- */
@@ -289,14 +293,21 @@ static void *bridge_main(void *arg) {
     struct pollfd *pf = malloc((MAX_LINKS + 1) * sizeof *pf);
     int *at = malloc((MAX_LINKS + 1) * sizeof *at);
     bool busy = false, stopped_others = false;
+    uint64_t moved_ns = 0, quit_ns = 0;
     while (pf && at) {
         if (atomic_load(&m->quit)) {
             if (atomic_load(&m->stop_others) && !stopped_others) {
                 for (int r = 1; r < m->size; r++) send_msg(m, r, K_STOP, 0, NULL, 0);
                 stopped_others = true;
             }
+            if (!quit_ns) quit_ns = cm_now_ns();
             test_sends(m);
             if (!m->n_tx) break;
+            if (cm_now_ns() - quit_ns > FINISH_WAIT_MS * 1000000ull) { /* sends to a rank that died unnoticed */
+                CM_LOGW("mpi: rank %d: %d sends never completed (a dead rank?); left behind", m->rank, m->n_tx);
+                m->n_tx = 0; /* their buffers stay allocated: MPI may still read them */
+                break;
+            }
         }
         take_fresh(m);
         int np = 0;
@@ -309,7 +320,11 @@ static void *bridge_main(void *arg) {
             at[np] = i;
             pf[np++] = (struct pollfd){l->fd, ev, 0};
         }
-        int r = poll(pf, (nfds_t)np, busy || m->n_tx ? 0 : 1);
+        /* Spin while bytes move (and a little after, for sends in flight:
+         * MPI progresses them only inside our calls); else sleep 1 ms. */
+        uint64_t now = cm_now_ns();
+        if (busy) moved_ns = now;
+        int r = poll(pf, (nfds_t)np, busy || (m->n_tx && now - moved_ns < 20000000ull) ? 0 : 1);
         busy = false;
         if (r > 0 && (pf[0].revents & POLLIN)) {
             char b[64];
@@ -331,7 +346,7 @@ static void *bridge_main(void *arg) {
         for (int i = m->n_links - 1; i >= 0; i--)
             if (m->links[i].fd < 0) try_accept(m, &m->links[i]);
         if (progress_in(m)) busy = true;
-        test_sends(m);
+        if (test_sends(m)) busy = true;
     }
     free(pf);
     free(at);
@@ -446,17 +461,26 @@ void cm_mpi_finish(cm_mpi *m, int stop_others) {
     if (m->th_started) pthread_join(m->th, NULL);
     cm_net_set_transport(NULL);
     while (m->n_links) drop(m, &m->links[m->n_links - 1], false);
-    for (int i = 0; i < m->n_tx; i++) free(m->tx[i].buf); /* unsent (a dead peer) */
-    free(m->tx);
+    free(m->tx); /* (the bridge leaves with n_tx 0: done, or abandoned to MPI) */
     unlink(m->path);
     rmdir(m->dir);
     close(m->wake[0]);
     close(m->wake[1]);
-    /* Every rank reaches here; ranks still sending would be cut off by the
-     * barrier's absence, not by it: keep the job's ranks in step. */
-    if (!atomic_load(&m->n_dead)) MPI_Barrier(m->comm);
-    MPI_Comm_free(&m->comm);
-    MPI_Finalize();
+    /* Meet every rank before finalizing (rank 0's STOP must have arrived),
+     * but never wait on a rank that died unnoticed (mpirun --enable-recovery):
+     * after FINISH_WAIT_MS leave without MPI_Finalize, which would wait too. */
+    MPI_Request rq;
+    int done = 0;
+    uint64_t until = cm_now_ns() + FINISH_WAIT_MS * 1000000ull;
+    if (!atomic_load(&m->n_dead) && MPI_Ibarrier(m->comm, &rq) == MPI_SUCCESS)
+        while (!done && cm_now_ns() < until && MPI_Test(&rq, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS)
+            if (!done) cm_sleep_ms(1);
+    if (done) {
+        MPI_Comm_free(&m->comm);
+        MPI_Finalize();
+    } else {
+        CM_LOGW("mpi: rank %d: not every rank reached the end (one died?); leaving without MPI_Finalize", m->rank);
+    }
     pthread_mutex_destroy(&m->mu);
     cm_free(m->dead);
     free(m->scratch);

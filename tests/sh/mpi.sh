@@ -98,5 +98,47 @@ else
     bad "synth qwen3moe failed"
 fi
 
+# Failures (OpenMPI). A rank killed mid-generation:
+#  (a) under `mpirun --enable-recovery` the job lives on: rank 0 sees the node
+#      fall silent, re-plans on the survivors, and the text equals one machine's;
+#  (b) under the default, mpirun aborts the whole job: it must end (not hang),
+#      with a non-zero status.
+# kill_rank R: SIGKILL the process of rank R (found by its environment).
+kill_rank() {
+    for p in $(pgrep -f "$MBIN mpi" 2>/dev/null); do
+        if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$1"; then kill -9 "$p"; return 0; fi
+    done
+    return 1
+}
+# fail_case NAME MPIRUN_OPTS: 3 ranks, 500 tokens, rank 2 killed once the cluster is ready.
+fail_case() {
+    fname=$1 fopts=$2
+    : >"$TMP/$fname.err"
+    # shellcheck disable=SC2086
+    timeout 120 "$MPIRUN" $MPIOPT $fopts -np 3 "$TMP/rank.sh" mpi "$F32" -p "Once upon a time" -n 500 --temp 0 \
+        --threads 1 --json >"$TMP/$fname.json" 2>"$TMP/$fname.err" &
+    fpid=$!
+    cc_wait_grep "$TMP/$fname.err" "cluster ready" 300 || bad "$fname: the cluster did not start: $(tail -3 "$TMP/$fname.err")"
+    sleep 0.3
+    kill_rank 2 || bad "$fname: rank 2 not found"
+    wait "$fpid"
+    frc=$?
+}
+if [ -d /proc/self ] && "$MPIRUN" --version 2>&1 | grep -q 'Open MPI'; then
+    "$BIN" run "$F32" -p "Once upon a time" -n 500 --temp 0 --threads 1 --json >"$TMP/one500.json" 2>/dev/null
+    want500=$(cc_jsonget "$TMP/one500.json" 'join(",", @{$j->{tokens}})')
+    fail_case recover --enable-recovery
+    got500=$(cc_jsonget "$TMP/recover.json" 'join(",", @{$j->{tokens}})' 2>/dev/null)
+    [ "$frc" = 0 ] && ok || bad "--enable-recovery: mpirun exited $frc: $(tail -3 "$TMP/recover.err")"
+    grep -q "re-planning on the survivors" "$TMP/recover.err" && ok || bad "--enable-recovery: no re-plan after rank 2 died"
+    [ -n "$got500" ] && [ "$got500" = "$want500" ] && ok || bad "--enable-recovery: ids after the re-plan differ from one machine"
+    echo "rank 2 killed under --enable-recovery: mpirun exit $frc, $(grep -c '' "$TMP/recover.err") log lines, ids equal one machine: $([ "$got500" = "$want500" ] && echo yes || echo no)"
+    fail_case abort ""
+    [ "$frc" != 0 ] && [ "$frc" != 124 ] && ok || bad "default: mpirun exited $frc after a rank died (want an abort, not 0 or a hang)"
+    echo "rank 2 killed under the default: mpirun exit $frc (the job aborted)"
+else
+    echo "skip: n/a: the failure cases need OpenMPI's mpirun (--enable-recovery) and /proc"
+fi
+
 echo "$pass passed, $fail failed"
 [ "$fail" = 0 ]
