@@ -449,6 +449,22 @@ int cm_mpi_start(int *argc, char ***argv, atomic_int *stop, cm_mpi **out, char *
     return 0;
 }
 
+/* Receive and drop what is left for this rank (links are gone); true when anything came. */
+static bool drain(cm_mpi *m) {
+    bool any = false;
+    for (;;) {
+        int flag = 0, cnt = 0;
+        MPI_Status st;
+        if (MPI_Iprobe(MPI_ANY_SOURCE, LINK_TAG, m->comm, &flag, &st) != MPI_SUCCESS || !flag) return any;
+        MPI_Get_count(&st, MPI_BYTE, &cnt);
+        uint8_t *buf = malloc(cnt > 0 ? (size_t)cnt : 1);
+        if (!buf) return any;
+        MPI_Recv(buf, cnt, MPI_BYTE, st.MPI_SOURCE, LINK_TAG, m->comm, MPI_STATUS_IGNORE);
+        free(buf);
+        any = true;
+    }
+}
+
 int cm_mpi_rank(const cm_mpi *m) { return m->rank; }
 int cm_mpi_size(const cm_mpi *m) { return m->size; }
 const char *cm_mpi_host(const cm_mpi *m) { return m->host; }
@@ -474,8 +490,9 @@ void cm_mpi_finish(cm_mpi *m, int stop_others) {
     uint64_t until = cm_now_ns() + FINISH_WAIT_MS * 1000000ull;
     if (!atomic_load(&m->n_dead) && MPI_Ibarrier(m->comm, &rq) == MPI_SUCCESS)
         while (!done && cm_now_ns() < until && MPI_Test(&rq, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS)
-            if (!done) cm_sleep_ms(1);
+            if (!done && !drain(m)) cm_sleep_ms(1);
     if (done) {
+        drain(m); /* what was sent before its sender met us (MPICH/UCX warns of unmatched messages) */
         MPI_Comm_free(&m->comm);
         MPI_Finalize();
     } else {

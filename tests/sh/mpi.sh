@@ -101,12 +101,12 @@ fi
 # Failures (OpenMPI). A rank killed mid-generation:
 #  (a) under `mpirun --enable-recovery` the job lives on: rank 0 sees the node
 #      fall silent, re-plans on the survivors, and the text equals one machine's;
-#  (b) under the default, mpirun aborts the whole job: it must end (not hang),
-#      with a non-zero status.
+#  (b) under the default (OpenMPI and MPICH), the launcher aborts the whole
+#      job: it must end (not hang), with a non-zero status.
 # kill_rank R: SIGKILL the process of rank R (found by its environment).
 kill_rank() {
     for p in $(pgrep -f "$MBIN mpi" 2>/dev/null); do
-        if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$1"; then kill -9 "$p"; return 0; fi
+        if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qxE "(OMPI_COMM_WORLD_RANK|PMI_RANK)=$1"; then kill -9 "$p"; return 0; fi
     done
     return 1
 }
@@ -124,7 +124,9 @@ fail_case() {
     wait "$fpid"
     frc=$?
 }
-if [ -d /proc/self ] && "$MPIRUN" --version 2>&1 | grep -q 'Open MPI'; then
+if [ ! -d /proc/self ]; then
+    echo "skip: n/a: the failure cases find ranks through /proc"
+elif "$MPIRUN" --version 2>&1 | grep -q 'Open MPI'; then
     "$BIN" run "$F32" -p "Once upon a time" -n 500 --temp 0 --threads 1 --json >"$TMP/one500.json" 2>/dev/null
     want500=$(cc_jsonget "$TMP/one500.json" 'join(",", @{$j->{tokens}})')
     fail_case recover --enable-recovery
@@ -136,8 +138,11 @@ if [ -d /proc/self ] && "$MPIRUN" --version 2>&1 | grep -q 'Open MPI'; then
     fail_case abort ""
     [ "$frc" != 0 ] && [ "$frc" != 124 ] && ok || bad "default: mpirun exited $frc after a rank died (want an abort, not 0 or a hang)"
     echo "rank 2 killed under the default: mpirun exit $frc (the job aborted)"
-else
-    echo "skip: n/a: the failure cases need OpenMPI's mpirun (--enable-recovery) and /proc"
+else # MPICH's hydra: no --enable-recovery here; the default must abort, not hang
+    echo "skip: n/a: recovery from a dead rank is tested under OpenMPI's --enable-recovery only"
+    fail_case abort ""
+    [ "$frc" != 0 ] && [ "$frc" != 124 ] && ok || bad "default: $MPIRUN exited $frc after a rank died (want an abort, not 0 or a hang)"
+    echo "rank 2 killed under the default: $MPIRUN exit $frc (the job aborted)"
 fi
 
 echo "$pass passed, $fail failed"
