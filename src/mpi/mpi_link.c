@@ -26,6 +26,7 @@
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -85,6 +86,7 @@ struct cm_mpi {
     pending *tx;
     int n_tx, cap_tx;
     uint8_t *scratch;
+    uint64_t spin_ns; /* CUMULO_MPI_SPIN_MS: spin this long after traffic (default 5 ms) */
     bool *dead;
     cm_net_transport tr;
 };
@@ -320,11 +322,16 @@ static void *bridge_main(void *arg) {
             at[np] = i;
             pf[np++] = (struct pollfd){l->fd, ev, 0};
         }
-        /* Spin while bytes move (and a little after, for sends in flight:
-         * MPI progresses them only inside our calls); else sleep 1 ms. */
+        /* MPI has no descriptor to wait on: spin (yielding the CPU) for
+         * spin_ns after bytes last moved, the next message of a decode loop
+         * or an all-reduce is usually that close; then sleep 1 ms at a time.
+         * Sends in flight keep it spinning a while: MPI progresses them only
+         * inside our calls. */
         uint64_t now = cm_now_ns();
         if (busy) moved_ns = now;
-        int r = poll(pf, (nfds_t)np, busy || (m->n_tx && now - moved_ns < 20000000ull) ? 0 : 1);
+        bool spin = busy || now - moved_ns < m->spin_ns || (m->n_tx && now - moved_ns < 20000000ull);
+        if (spin && !busy) sched_yield();
+        int r = poll(pf, (nfds_t)np, spin ? 0 : 1);
         busy = false;
         if (r > 0 && (pf[0].revents & POLLIN)) {
             char b[64];
@@ -422,6 +429,8 @@ int cm_mpi_start(int *argc, char ***argv, atomic_int *stop, cm_mpi **out, char *
     MPI_Get_processor_name(m->host, &hl);
     m->stop = stop;
     m->lfd = -1;
+    const char *spin = getenv("CUMULO_MPI_SPIN_MS");
+    m->spin_ns = (uint64_t)((spin && *spin ? atof(spin) : 5.0) * 1e6);
     pthread_mutex_init(&m->mu, NULL);
     m->dead = cm_calloc((size_t)m->size, sizeof *m->dead);
     m->scratch = malloc(CHUNK);
