@@ -86,7 +86,7 @@ struct cm_mpi {
     pending *tx;
     int n_tx, cap_tx;
     uint8_t *scratch;
-    uint64_t spin_ns; /* CUMULO_MPI_SPIN_MS: spin this long after traffic (default 5 ms) */
+    uint64_t spin_ns; /* CUMULO_MPI_SPIN_MS: spin this long after traffic (default 5 ms; MPICH 0) */
     bool *dead;
     cm_net_transport tr;
 };
@@ -429,8 +429,13 @@ int cm_mpi_start(int *argc, char ***argv, atomic_int *stop, cm_mpi **out, char *
     MPI_Get_processor_name(m->host, &hl);
     m->stop = stop;
     m->lfd = -1;
+    /* The spin helps OpenMPI's shared-memory path and hurt MPICH's (UCX) on
+     * the loaded test machine (bench/README.md, "MPI links"): measured defaults. */
+    char lib[MPI_MAX_LIBRARY_VERSION_STRING];
+    int ll = 0;
+    MPI_Get_library_version(lib, &ll);
     const char *spin = getenv("CUMULO_MPI_SPIN_MS");
-    m->spin_ns = (uint64_t)((spin && *spin ? atof(spin) : 5.0) * 1e6);
+    m->spin_ns = (uint64_t)((spin && *spin ? atof(spin) : strstr(lib, "MPICH") ? 0.0 : 5.0) * 1e6);
     pthread_mutex_init(&m->mu, NULL);
     m->dead = cm_calloc((size_t)m->size, sizeof *m->dead);
     m->scratch = malloc(CHUNK);
