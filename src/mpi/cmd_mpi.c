@@ -25,14 +25,16 @@ static const char k_mpi_usage[] =
     "the coordinator (with -p/--prompt/-f a one-shot `cumulo run`, else `cumulo serve`:\n"
     "the API and the dashboard), every other rank a node. Ranks find each other\n"
     "through MPI (no mDNS), their links are MPI messages, the planner measures them\n"
-    "and plans as for TCP nodes (pipeline, --tp, hybrid, expert groups).\n"
+    "and plans as for TCP nodes (pipeline; --parallel tp|hybrid|ep, --groups, --layers).\n"
     "No cluster key inside the job: the MPI launcher is the trust boundary.\n"
     "\n"
     "  run | serve     force the one-shot or the server form\n"
     "  --threads N     compute threads of every rank (default: all CPUs of each)\n"
     "  --models DIR    where the nodes find MODEL (default: MODEL's directory; else\n"
     "                  rank 0 streams the weights to them)\n"
-    "A rank that dies: see docs/DESIGN.md \"Transports\" (OpenMPI's default aborts the job).\n";
+    "CUMULO_MPI_SPIN_MS: how long each rank's MPI bridge spins after traffic (default 5; MPICH 0).\n"
+    "A rank that dies: see docs/DESIGN.md \"Transports\" (OpenMPI's default aborts the job;\n"
+    "under mpirun --enable-recovery the coordinator re-plans on the survivors).\n";
 
 static atomic_int g_stop;
 static void on_stop(int sig) {
@@ -60,7 +62,10 @@ static int run_coordinator(cm_mpi *m, bool serve, int argc, char **argv) {
     if (!nodes || !av) { cm_free(nodes); cm_free(av); return cli_fail("out of memory"); }
     int k = 0;
     av[k++] = serve ? "serve" : "run";
-    for (int i = 0; i < argc; i++) av[k++] = argv[i];
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "--models") && i + 1 < argc) { i++; continue; } /* the nodes' option */
+        av[k++] = argv[i];
+    }
     if (n > 1) {
         for (int r = 1; r < n; r++) {
             size_t l = strlen(nodes);

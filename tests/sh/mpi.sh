@@ -98,6 +98,41 @@ else
     bad "synth qwen3moe failed"
 fi
 
+# Serve form: rank 0 serves the API; a completion equals one machine's text,
+# and SIGTERM to the launcher ends every rank (no rank left behind).
+"$BIN" run "$F32" -p "Once upon a time" -n 24 --temp 0 --threads 1 --json >"$TMP/s1.json" 2>/dev/null
+want_s=$(cc_jsonget "$TMP/s1.json" '$j->{text}' 2>/dev/null)
+# shellcheck disable=SC2086
+"$MPIRUN" $MPIOPT -np 3 "$TMP/rank.sh" mpi "$F32" --port 0 --threads 1 >"$TMP/serve.out" 2>"$TMP/serve.log" &
+spid=$!
+if cc_wait_grep "$TMP/serve.log" "ready:" 600; then
+    sport=$(sed -n 's/.*listening on http:\/\/[^ ]*:\([0-9][0-9]*\)\/.*/\1/p' "$TMP/serve.log" | head -1)
+    curl -s -m 60 "http://127.0.0.1:$sport/v1/completions" -H 'Content-Type: application/json' \
+        -d '{"prompt":"Once upon a time","max_tokens":24,"temperature":0}' >"$TMP/serve.json"
+    got_s=$(cc_jsonget "$TMP/serve.json" '$j->{choices}[0]{text}' 2>/dev/null)
+    [ -n "$got_s" ] && [ "$got_s" = "$want_s" ] && ok || bad "serve: completion differs from one machine: '$got_s'"
+    grep -q "mpi:2" "$TMP/serve.log" && ok || bad "serve: no node mpi:2 in the plan"
+else
+    bad "serve: not ready: $(tail -3 "$TMP/serve.log")"
+fi
+ranks=$(pgrep -P "$spid" 2>/dev/null) # the launcher's children: the ranks (hydra: its proxy, whose children they are)
+for r in $ranks; do ranks="$ranks $(pgrep -P "$r" 2>/dev/null)"; done
+kill -TERM "$spid" 2>/dev/null
+k=0
+while kill -0 "$spid" 2>/dev/null && [ $k -lt 300 ]; do sleep 0.1; k=$((k + 1)); done
+kill -0 "$spid" 2>/dev/null && { bad "serve: mpirun still running 30 s after SIGTERM"; kill -9 "$spid"; } || ok
+wait "$spid" 2>/dev/null
+k=0
+while :; do # the ranks may still be leaving (their last barrier waits up to 5 s)
+    left=""
+    for r in $ranks; do kill -0 "$r" 2>/dev/null && left="$left $r"; done
+    [ -z "$left" ] || [ $k -ge 150 ] && break
+    sleep 0.1
+    k=$((k + 1))
+done
+[ $k -gt 0 ] && echo "serve: ranks left $((k / 10)).$((k % 10)) s after the launcher"
+[ -n "$ranks" ] && [ -z "$left" ] && ok || { bad "serve: ranks [$(echo $ranks)] left behind 15 s after SIGTERM: [$left]"; for r in $left; do kill -9 "$r"; done; }
+
 # Failures (OpenMPI). A rank killed mid-generation:
 #  (a) under `mpirun --enable-recovery` the job lives on: rank 0 sees the node
 #      fall silent, re-plans on the survivors, and the text equals one machine's;
@@ -111,11 +146,13 @@ kill_rank() {
     return 1
 }
 # fail_case NAME MPIRUN_OPTS: 3 ranks, 500 tokens, rank 2 killed once the cluster is ready.
+# Sets frc (the launcher's exit status).
 fail_case() {
     fname=$1 fopts=$2
     : >"$TMP/$fname.err"
     # shellcheck disable=SC2086
-    timeout 120 "$MPIRUN" $MPIOPT $fopts -np 3 "$TMP/rank.sh" mpi "$F32" -p "Once upon a time" -n 500 --temp 0 \
+    # (CUMULO_MPI_SPIN_MS=0: the 1 ms poll, a decode slow enough that the kill lands mid-generation)
+    CUMULO_MPI_SPIN_MS=0 timeout 120 "$MPIRUN" $MPIOPT $fopts -np 3 "$TMP/rank.sh" mpi "$F32" -p "Once upon a time" -n 500 --temp 0 \
         --threads 1 --json >"$TMP/$fname.json" 2>"$TMP/$fname.err" &
     fpid=$!
     cc_wait_grep "$TMP/$fname.err" "cluster ready" 300 || bad "$fname: the cluster did not start: $(tail -3 "$TMP/$fname.err")"
