@@ -21,7 +21,7 @@ UNAME_M := $(shell uname -m)
 MPICC ?= mpicc
 ifeq ($(MPI),1)
   BUILD ?= build-mpi
-  CC := $(MPICC)
+  override CC := $(MPICC)
 endif
 BUILD ?= build
 PKGS := libmicrohttpd libcjson libsodium libpcre2-8 libcurl
@@ -163,7 +163,7 @@ test: deps
 
 # The MPI variant (build-mpi/cumulo, tests/sh/mpi.sh) when an mpicc is installed.
 mpi-if-there:
-	@if command -v $(MPICC) >/dev/null 2>&1; then $(MAKE) --no-print-directory MPI=1 cumulo; \
+	@if command -v $(MPICC) >/dev/null 2>&1; then $(MAKE) --no-print-directory MPI=1 BUILD=build-mpi cumulo; \
 	else echo "no $(MPICC): build-mpi/cumulo not built (tests/sh/mpi.sh reports n/a)"; fi
 
 # DeepSeek-R1-Distill-Qwen-7B (qwen2, ~4.7 GB) against llama.cpp: greedy ids,
