@@ -214,10 +214,18 @@ static void try_accept(cm_mpi *m, mlink *l) {
         }
         return;
     }
+    /* Bound to "DIR/mpi-rR:N" first, so that the node sees the peer as
+     * "mpi-rR:N" (its per-source limits then count per rank, not per job). */
     int fd = socket(AF_UNIX, SOCK_STREAM, 0);
-    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    struct sockaddr_un me = {.sun_family = AF_UNIX}, sa = {.sun_family = AF_UNIX};
+    snprintf(me.sun_path, sizeof me.sun_path, "%.72s/mpi-r%d:%llu", m->dir, l->peer,
+             (unsigned long long)(l->id & 0xffffffffffull));
     snprintf(sa.sun_path, sizeof sa.sun_path, "%s", m->path);
-    if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0 || set_nonblock(fd) != 0) {
+    unlink(me.sun_path);
+    bool named = fd >= 0 && bind(fd, (struct sockaddr *)&me, sizeof me) == 0;
+    int rc = fd < 0 ? -1 : connect(fd, (struct sockaddr *)&sa, sizeof sa);
+    if (named) unlink(me.sun_path); /* the kernel keeps the name on the connection */
+    if (rc != 0 || set_nonblock(fd) != 0) {
         CM_LOGW("mpi: cannot reach this rank's listener: %s", strerror(errno));
         if (fd >= 0) close(fd);
         drop(m, l, true);

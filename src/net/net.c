@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #define RX_STEP (1u << 20) /* the rx buffer grows at most this far ahead of the bytes received */
@@ -83,8 +84,12 @@ static void format_addr(const struct sockaddr *sa, char *out, size_t cap) {
             snprintf(out, cap, "%s:%u", host + 7, port); /* "::ffff:1.2.3.4" */
         else
             snprintf(out, cap, "[%s]:%u", host, port);
+    } else if (sa->sa_family == AF_UNIX) { /* a transport provider's peer: the name it bound, else "local" */
+        const struct sockaddr_un *u = (const struct sockaddr_un *)sa;
+        const char *base = u->sun_path[0] ? strrchr(u->sun_path, '/') : NULL;
+        snprintf(out, cap, "%.60s", base && base[1] ? base + 1 : "local");
     } else {
-        snprintf(out, cap, "%s", sa->sa_family == AF_UNIX ? "local" : "?");
+        snprintf(out, cap, "?");
     }
 }
 
@@ -242,6 +247,7 @@ int cm_listener_accept(cm_listener *l, int timeout_ms, cm_conn **out, char *err,
     uint64_t deadline = deadline_after(timeout_ms);
     for (;;) {
         struct sockaddr_storage ss;
+        memset(&ss, 0, sizeof ss); /* an unnamed Unix peer fills in no path */
         socklen_t sl = sizeof ss;
         int fd = accept(l->fd, (struct sockaddr *)&ss, &sl);
         if (fd >= 0) {

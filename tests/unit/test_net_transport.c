@@ -3,7 +3,8 @@
  * directory and its dial connects there, as the MPI bridge hands the cluster
  * code local stream sockets. Over it the usual handshake (encrypted, with a
  * key) and frames must work unchanged, the connection must be named
- * "loop:PORT", the provider must see the port asked for, and with the
+ * "loop:PORT" and the accepted one by the dialer's bound socket name (as the
+ * MPI bridge names a rank), the provider must see the port asked for, and with the
  * provider removed "loop" must be an ordinary (unresolvable) host again. */
 #include "test.h"
 #include "fixtures.h"
@@ -42,8 +43,11 @@ static int loop_connect(void *ctx, uint16_t port, int timeout_ms, int *fd, char 
     (void)timeout_ms;
     g_dialed_port = port;
     int s = socket(AF_UNIX, SOCK_STREAM, 0);
-    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    struct sockaddr_un sa = {.sun_family = AF_UNIX}, me = {.sun_family = AF_UNIX};
     snprintf(sa.sun_path, sizeof sa.sun_path, "%s", g_path);
+    snprintf(me.sun_path, sizeof me.sun_path, "%s/loop-r%u:1", g_dir, (unsigned)port); /* the name the server sees */
+    if (s >= 0 && bind(s, (struct sockaddr *)&me, sizeof me)) { close(s); s = -1; }
+    unlink(me.sun_path);
     if (s < 0 || connect(s, (struct sockaddr *)&sa, sizeof sa)) {
         if (s >= 0) close(s);
         return cm_errf(err, errlen, CM_EIO, "loop: cannot connect");
@@ -55,7 +59,7 @@ static int loop_connect(void *ctx, uint16_t port, int timeout_ms, int *fd, char 
 typedef struct srv {
     cm_listener *l;
     int rc, n_echoed;
-    char err[300], peer[64];
+    char err[300], peer[64], peer_host[64];
 } srv;
 
 static void *srv_main(void *arg) {
@@ -68,6 +72,7 @@ static void *srv_main(void *arg) {
     s->rc = cm_listener_accept(s->l, 5000, &c, s->err, sizeof s->err);
     if (!s->rc) s->rc = cm_conn_handshake(c, false, &cfg, &me, NULL, s->err, sizeof s->err);
     if (!s->rc) snprintf(s->peer, sizeof s->peer, "%s", cm_conn_peer(c));
+    if (!s->rc) cm_conn_peer_host(c, s->peer_host, sizeof s->peer_host);
     while (!s->rc) {
         cm_msg m;
         if (cm_conn_recv(c, &m, 3000, s->err, sizeof s->err) || m.type != CM_MSG_PING) break;
@@ -123,7 +128,8 @@ static void test_seam(void) {
     pthread_join(th, NULL);
     CHECKF(s.rc == 0, "server: %s", s.err);
     CHECK(s.n_echoed == 3);
-    CHECKF(!strcmp(s.peer, "local"), "server's peer '%s'", s.peer);
+    CHECKF(!strcmp(s.peer_host, "loop-r7"), "server's peer host '%s'", s.peer_host); /* per-source limits count this */
+    CHECKF(!strcmp(s.peer, "loop-r7:1"), "server's peer '%s'", s.peer); /* the dialer's bound name */
     cm_listener_close(s.l);
     /* Without the provider "loop" is a host name like any other. */
     cm_net_set_transport(NULL);
