@@ -98,6 +98,14 @@ else
     bad "synth qwen3moe failed"
 fi
 
+# Rank 0 failing at start (no such model): its reason is shown, the job ends
+# non-zero and every node rank stops (STOP), never a hang.
+# shellcheck disable=SC2086
+timeout 120 "$MPIRUN" $MPIOPT -np 3 "$TMP/rank.sh" mpi "$TMP/no-such-model.gguf" -p hi -n 3 >/dev/null 2>"$TMP/nomodel.err"
+nrc=$?
+[ "$nrc" != 0 ] && [ "$nrc" != 124 ] && ok || bad "no such model: the job exited $nrc"
+grep -q "no-such-model" "$TMP/nomodel.err" && ok || bad "no such model: rank 0's reason not shown: $(tail -3 "$TMP/nomodel.err")"
+
 # Serve form: rank 0 serves the API; a completion equals one machine's text,
 # and SIGTERM to the launcher ends every rank (no rank left behind).
 "$BIN" run "$F32" -p "Once upon a time" -n 24 --temp 0 --threads 1 --json >"$TMP/s1.json" 2>/dev/null
