@@ -141,6 +141,39 @@ done
 [ $k -gt 0 ] && echo "serve: ranks left $((k / 10)).$((k % 10)) s after the launcher"
 [ -n "$ranks" ] && [ -z "$left" ] && ok || { bad "serve: ranks [$(echo $ranks)] left behind 15 s after SIGTERM: [$left]"; for r in $left; do kill -9 "$r"; done; }
 
+# examples/slurm/cumulo.sbatch with a stand-in `srun` (no Slurm here: it
+# drops srun's options and runs the command under mpirun with SLURM_NTASKS
+# ranks): the script's command line serves, and a completion equals one
+# machine's text. A real srun/slurmctld is not tested.
+mkdir -p "$TMP/fakebin"
+{
+    echo '#!/bin/sh'
+    echo 'while [ $# -gt 0 ]; do case $1 in --*) shift ;; *) break ;; esac; done'
+    echo "exec \"$MPIRUN\" $MPIOPT -np \"\$SLURM_NTASKS\" \"\$@\""
+} >"$TMP/fakebin/srun"
+chmod +x "$TMP/fakebin/srun"
+SB_PORT=$(cc_free_port)
+PATH="$TMP/fakebin:$PATH" SLURM_NTASKS=3 SLURM_CPUS_PER_TASK=1 CUMULO="$TMP/rank.sh" CUMULO_HOST=127.0.0.1 \
+    CUMULO_PORT=$SB_PORT bash examples/slurm/cumulo.sbatch "$F32" >"$TMP/sb.out" 2>"$TMP/sb.log" &
+sbpid=$!
+if cc_wait_grep "$TMP/sb.log" "ready:" 600; then
+    curl -s -m 60 "http://127.0.0.1:$SB_PORT/v1/completions" -H 'Content-Type: application/json' \
+        -d '{"prompt":"Once upon a time","max_tokens":24,"temperature":0}' >"$TMP/sb.json"
+    got_sb=$(cc_jsonget "$TMP/sb.json" '$j->{choices}[0]{text}' 2>/dev/null)
+    [ -n "$got_sb" ] && [ "$got_sb" = "$want_s" ] && ok || bad "sbatch script: completion differs from one machine: '$got_sb'"
+    grep -q "mpi:2" "$TMP/sb.log" && ok || bad "sbatch script: no node mpi:2 in the plan"
+else
+    bad "sbatch script: not ready: $(tail -3 "$TMP/sb.log")"
+fi
+sbl=$(pgrep -P "$sbpid" 2>/dev/null) # bash -> mpirun (exec'd by the stand-in srun)
+# shellcheck disable=SC2086
+kill -TERM $sbl 2>/dev/null
+k=0
+while kill -0 "$sbpid" 2>/dev/null && [ $k -lt 300 ]; do sleep 0.1; k=$((k + 1)); done
+# shellcheck disable=SC2086
+kill -0 "$sbpid" 2>/dev/null && { bad "sbatch script: still running 30 s after SIGTERM"; kill -9 $sbl "$sbpid"; } || ok
+wait "$sbpid" 2>/dev/null
+
 # Failures (OpenMPI). A rank killed mid-generation:
 #  (a) under `mpirun --enable-recovery` the job lives on: rank 0 sees the node
 #      fall silent, re-plans on the survivors, and the text equals one machine's;
