@@ -6,11 +6,17 @@
 # pipeline (3 and 4 ranks), tensor parallel (--parallel tp), hybrid
 # (--groups 2,2) and, on a synthetic qwen3moe, expert parallel (--parallel ep);
 # the plan line must say which plan ran and the links must have been
-# measured over MPI. The default binary must link no MPI symbol. Without an
+# measured over MPI. Also: `cumulo mpi` serving (a completion equals one
+# machine's; SIGTERM to the launcher ends every rank), the Slurm example
+# script under a stand-in srun, rank 0 failing at start (non-zero, its reason
+# shown), and a rank killed mid-generation (OpenMPI --enable-recovery: re-plan
+# on the survivors, same ids; the default: the job aborts, no hang). The
+# default binary must link no MPI symbol. Without an
 # MPI build the script reports "n/a:" (no mpicc) or a plain skip (mpicc there
 # but build-mpi/cumulo not built).
 # Each rank plays a machine of its own (CUMULO_HOST_ID per rank), as the
-# cluster tests' nodes do. MPI=mpich-style launchers: CUMULO_MPIRUN names one.
+# cluster tests' nodes do. MPICH: CUMULO_MPI_BIN=build-mpich/cumulo
+# CUMULO_MPIRUN=mpirun.mpich (after make MPI=1 MPICC=mpicc.mpich BUILD=build-mpich).
 cd "$(dirname "$0")/../.." || exit 1
 . tests/sh/lib/cluster_common.sh
 M=$SHARED/models
