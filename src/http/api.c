@@ -384,7 +384,6 @@ int cm_api_parse_request(cm_http_server *srv, bool chat, const char *body, size_
     }
     gp->n_predict = mt > 0 ? (int)mt : -1;
     gp->grammar = j->grammar;
-    if (j->grammar && cm_tools_grammar_check(srv, ae)) goto fail;
     cJSON_Delete(root);
     cm_buf_release(&text);
     return 0;

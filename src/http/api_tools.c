@@ -618,13 +618,3 @@ void cm_tools_stream_end(job *j) {
     }
     cm_buf_puts(b, "data: [DONE]\n\n");
 }
-
-int cm_tools_grammar_check(cm_http_server *srv, api_error *ae) {
-    cm_engine_info in;
-    cm_engine_get_info(cm_http_engine(srv), &in);
-    if (in.n_stages <= 1) return 0; /* one machine, or a tensor-parallel group whose rank 0 (here) samples */
-    cm_api_error_set(ae, 501, "server_error", "response_format", "unsupported",
-                     "structured output and forced tool calls are not supported on a pipeline cluster (its last stage "
-                     "samples, without the grammar); serve on one machine or with --parallel tp");
-    return -1;
-}

@@ -134,8 +134,6 @@ int cm_tools_prompt(cm_http_server *srv, const void *root, job *j, cm_buf *text,
  * (a JSON string)}, empty when the reply is not calls; free with cJSON_Delete). */
 int cm_tools_parse_text(int family, const char *s, size_t n, cm_buf *content, void **calls);
 char *cm_tools_final_json(job *j);
-/* A grammar needs the sampling on this machine: 501 on a pipeline. */
-int cm_tools_grammar_check(cm_http_server *srv, api_error *ae);
 void cm_tools_stream_end(job *j);
 
 /* ---- embeddings (api_embed.c) ---- */
