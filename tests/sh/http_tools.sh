@@ -31,6 +31,23 @@ for t in chatml llama3 mistral-v3; do
     stop_server "$PID"
 done
 
+# Tool turns as the official templates write them: cumulo's prompt
+# (POST /apply-template) for conversations with tools, a call and its result
+# equals the model's own Jinja template rendered by @huggingface/jinja:
+# Llama 3.2 (meta-llama; the 3.1 family), Mistral v0.3 and Nemo (tekken).
+for c in "llama3.1 meta-llama-Llama-3.2-3B-Instruct.jinja" "mistral-v3 llamacpp-mistral-v3.jinja" \
+    "mistral-v3-tekken mistralai-Mistral-Nemo-Instruct-2407.jinja"; do
+    set -- $c
+    start_server "tt-$1" --ctx 2048 --chat-template "$1" || { bad "server $1"; continue; }
+    (cd tests/js && node tools_template.mjs "$URL" "../data/chat/$2" "</s>") >"$TMP/tt.out" 2>"$TMP/tt.err"
+    cat "$TMP/tt.err" >&2
+    line=$(tail -1 "$TMP/tt.out")
+    p=$(echo "$line" | sed -n 's/^\([0-9]*\) passed.*/\1/p'); f=$(echo "$line" | sed -n 's/.* \([0-9]*\) failed$/\1/p')
+    pass=$((pass + ${p:-0})); fail=$((fail + ${f:-0}))
+    [ "${p:-0}" -ge 3 ] || bad "tools_template.mjs [$1] ran ${p:-0} checks (expected 3)"
+    stop_server "$PID"
+done
+
 # a family without a tool format: a clear 400
 start_server gemma --ctx 2048 --chat-template gemma || bad "server gemma"
 check "gemma template: 400 naming the families" [ "$(status "$URL/v1/chat/completions" -d '{"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f"}}]}')" = 400 ]
@@ -108,6 +125,7 @@ for cfg in "pp --nodes $N1,$N2" "hy12 --nodes $N1,$N2 --groups 1,2" "hy21 --node
             done
             check "$name: stream = one machine's" cmp -s "$TMP/$name.stream" "$TMP/one.stream"
         fi
+        [ "$name" = pp ] && sdk "chatml, pipeline" # the official SDK's whole run on a pipeline
         check "$name: auto tools still answer" [ "$(status "$URL/v1/chat/completions" -d '{"messages":[{"role":"user","content":"x"}],"max_tokens":4,"tools":[{"type":"function","function":{"name":"f"}}]}')" = 200 ]
         stop_server "$PID"
     else
