@@ -12,7 +12,11 @@
  * end. A pipe that has failed is not recovered from here (recovery needs the
  * pipe to itself: the generation loop does it at its next step); the request
  * fails with the reason instead. NEEDSWORK: a tensor-parallel group (no
- * stages after ours) would need the rows of cm_engine_forward; refused.
+ * stages after ours) refuses. Passing cm_engine_forward's rows to the
+ * pooling was tried: two members gave one machine's vectors to 1e-6, but
+ * three members (KV heads 2/1/1) differed by up to 1.4e-3 relative on a
+ * 21-token input (the last row; greedy generation still equal), so it stays
+ * refused until that is understood.
  */
 #include "engine_impl.h"
 
