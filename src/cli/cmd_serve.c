@@ -163,7 +163,7 @@ int cmd_serve(int argc, char **argv) {
     cm_engine *e = NULL;
     cm_engine_opts eo = {.n_threads = (int)threads, .n_ctx = o.n_ctx, .n_batch = (int)n_batch, .kv_f16 = kv_f16,
                          .nodes = nodes, .insecure = insecure, .key_file = key_file, .plan = plan,
-                         .tp_compress = tp_compress, .take = take, .n_seq = o.n_slots > 0 ? o.n_slots : 4, .log = log_line,
+                         .tp_compress = tp_compress, .take = take, .n_seq = (o.n_slots > 0 ? o.n_slots : 4) + 1 /* + 1: embeddings (embed_cluster.c) */, .log = log_line,
                          .mmap = use_mmap, .loras = loras.spec, .n_loras = loras.n};
     cli_kv_apply(&kvo, &eo);
     cli_check_threads(&eo);

@@ -161,11 +161,28 @@ void cm_pipe_seq_release(cm_pipe *p, int slot);
  * re-plan, the count so far: the new last stage draws on from there). */
 int cm_pipe_seq_start(cm_pipe *p, int slot, const cm_sampler_params *sp, const int32_t *hist, int n_hist,
                       uint64_t n_sampled, char *err, size_t errlen);
+/* What the last stage does after a row: FORWARD's want byte (proto.h's enum
+ * cm_want, the same values; this header does not include proto.h), and the
+ * kinds of rows it sends back (enum cm_output_kind). */
+enum { CM_PIPE_WANT_NONE = 0, CM_PIPE_WANT_TOKEN = 1, CM_PIPE_WANT_LOGITS = 2, CM_PIPE_WANT_HIDDEN = 3 };
+enum { CM_PIPE_OUT_HIDDEN = 0, CM_PIPE_OUT_LOGITS = 1 };
+
 /* Send n rows of hidden states (first stage's output) at positions pos[] to
- * stage 1; want_last asks the last stage to sample after the last row. The
- * caller must send one slot's rows in order. Thread-safe. */
-int cm_pipe_send(cm_pipe *p, int slot, const float *hidden, const int32_t *pos, int n, bool want_last,
+ * stage 1; want (CM_PIPE_WANT_*) says what the last stage does:
+ * TOKEN samples after the last row (cm_pipe_recv_token), LOGITS sends the
+ * last row's logits back, HIDDEN every row's final hidden state
+ * (cm_pipe_output_expect first). The caller must
+ * send one slot's rows in order. Thread-safe. */
+int cm_pipe_send(cm_pipe *p, int slot, const float *hidden, const int32_t *pos, int n, int want,
                  char *err, size_t errlen);
+/* Rows back from the last stage (pipe_output.c): before sending rows with
+ * CM_PIPE_WANT_LOGITS / _HIDDEN, name where they go: n_rows rows of kind
+ * (CM_PIPE_OUT_LOGITS: n_vocab floats each; CM_PIPE_OUT_HIDDEN: n_embd) at
+ * positions pos0.. into buf; then wait until all came (the token deadline;
+ * a pipe failure answers as cm_pipe_recv_token does). One expectation per
+ * slot at a time; the wait ends it. */
+void cm_pipe_output_expect(cm_pipe *p, int slot, int kind, float *buf, int pos0, int n_rows);
+int cm_pipe_output_wait(cm_pipe *p, int slot, char *err, size_t errlen);
 /* Wait for the token sampled after the slot's last want_last row. */
 int cm_pipe_recv_token(cm_pipe *p, int slot, int32_t *token, float *logprob, char *err, size_t errlen);
 

@@ -10,6 +10,8 @@
 #include "cluster/cluster.h"
 #include "net/net.h"
 
+#include <pthread.h>
+
 /* Fill a HELLO from the measured capabilities, with a new random node id.
  * roles: CM_ROLE_* bits. */
 void cm_cluster_hello(cm_msg_hello *h, const char *name, uint16_t listen_port, uint32_t roles);
@@ -63,5 +65,12 @@ int cm_tp_greet_epoch(cm_conn *c, uint64_t epoch, char *err, size_t errlen);
 void cm_lease_text(const cm_msg_hello *node, char *buf, size_t cap);
 /* Whether node's HELLO says it serves another coordinator than mine. */
 bool cm_lease_foreign(const cm_msg_hello *node, const cm_msg_hello *mine);
+/* pipe_output.c, the last stage: send the rows of f whose want[] is
+ * CM_WANT_HIDDEN (their final hidden state, rows[n][dim] in batch order)
+ * back to the coordinator on c (under mu), one OUTPUT per run of one
+ * sequence's rows. Compacts rows in place. */
+int cm_node_send_hidden(cm_conn *c, pthread_mutex_t *mu, const cm_msg_forward *f, const int8_t *want,
+                        const int32_t *pos, const int32_t *seq, float *rows, int n, int dim, char *err,
+                        size_t errlen);
 
 #endif

@@ -128,6 +128,7 @@ static void *rx_main(void *arg) {
             pthread_mutex_unlock(&p->mu);
             break;
         }
+        case CM_MSG_OUTPUT: cm_coord_on_output(p, &m.u.output); break; /* pipe_output.c */
         case CM_MSG_READY:
             if (m.u.ready.epoch != atomic_load(&p->epoch)) break;
             pthread_mutex_lock(&p->mu);

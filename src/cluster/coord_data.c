@@ -79,15 +79,15 @@ int cm_pipe_seq_start(cm_pipe *p, int slot_i, const cm_sampler_params *sp, const
     return rc;
 }
 
-int cm_pipe_send(cm_pipe *p, int slot_i, const float *hidden, const int32_t *pos, int n, bool want_last, char *err,
+int cm_pipe_send(cm_pipe *p, int slot_i, const float *hidden, const int32_t *pos, int n, int want, char *err,
                  size_t errlen) {
     if (n < 1 || n > (int)sizeof p->wantbuf) return cm_errf(err, errlen, CM_EINVAL, "micro-batch of %d rows", n);
     pthread_mutex_lock(&p->send_mu);
     for (int i = 0; i < n; i++) {
         p->seqbuf[i] = slot_i;
-        p->wantbuf[i] = (uint8_t)(want_last && i == n - 1);
+        p->wantbuf[i] = (uint8_t)(want == CM_WANT_HIDDEN || i == n - 1 ? want : CM_WANT_NONE);
     }
-    if (want_last) {
+    if (want == CM_WANT_TOKEN) {
         pthread_mutex_lock(&p->mu);
         p->slots[slot_i].asked++;
         pthread_mutex_unlock(&p->mu);

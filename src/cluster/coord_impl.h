@@ -60,6 +60,10 @@ typedef struct slot {
     int n_top;                       /* top logprobs of the latest TOKEN */
     int32_t top_id[CM_MSG_MAX_TOP];
     float top_lp[CM_MSG_MAX_TOP];
+    /* pipe_output.c: OUTPUT rows awaited (cm_pipe_output_expect), copied
+     * in by the receiver thread: positions [out_pos0, out_pos0 + out_rows) */
+    float *out_buf;
+    int out_kind, out_pos0, out_rows, out_got;
 } slot;
 
 struct cm_pipe {
@@ -193,6 +197,8 @@ void cm_coord_links_text(const cm_pipe *p, char *buf, size_t n);
 /* Send a sequence message to the other members of this machine's group (on
  * their control connections); caller holds send_mu. */
 int cm_coord_send_group0(cm_pipe *p, const cm_msg *m, char *err, size_t errlen);
+/* pipe_output.c: an OUTPUT from the last stage (receiver thread, p->mu not held). */
+void cm_coord_on_output(cm_pipe *p, const cm_msg_output *o);
 
 /* Nodes found by mDNS after the start (coord_join.c). Called by
  * cm_pipe_maintain (idle) with --nodes auto: starts browsing the first time,

@@ -448,10 +448,15 @@ static int on_forward(stage *s, const cm_msg_forward *f, char *err, size_t errle
             if (rc) return cm_errf(err, errlen, rc, "to rank %d of this group: %s", j, e2);
         }
     }
-    if (last && n_want)
-        for (int i = 0; i < n; i++)
-            if (s->want[i] && !s->smp[s->seq[i]])
-                return cm_errf(err, errlen, CM_ESTATE, "sequence %d samples before its SEQ_START", s->seq[i]);
+    /* Rows of the head: sampled (TOKEN) or sent back as logits (OUTPUT); hidden rows go back as they are. */
+    int8_t head[CM_BATCH_MAX];
+    bool any_hidden = false;
+    for (int i = 0; i < n; i++) {
+        head[i] = (int8_t)(s->want[i] == CM_WANT_TOKEN || s->want[i] == CM_WANT_LOGITS);
+        any_hidden |= s->want[i] == CM_WANT_HIDDEN;
+        if (last && s->want[i] == CM_WANT_TOKEN && !s->smp[s->seq[i]])
+            return cm_errf(err, errlen, CM_ESTATE, "sequence %d samples before its SEQ_START", s->seq[i]);
+    }
     /* A sequence's first position in the batch may go back (prefix reuse on
      * the coordinator): drop the tail of its cache. */
     for (int i = 0; i < n; i++) {
@@ -464,12 +469,12 @@ static int on_forward(stage *s, const cm_msg_forward *f, char *err, size_t errle
             return cm_errf(err, errlen, CM_EINVAL, "sequence %d jumps from position %d to %d", s->seq[i], kv->n_past, s->pos[i]);
     }
     cm_batch b = {.n = n, .embd = embed ? NULL : s->in, .tokens = embed ? s->tok : NULL, .pos = s->pos, .seq = s->seq,
-                  .logits = s->want};
+                  .logits = head};
     cm_forward_args fa = {.layer_first = (int)s->as.layer_begin, .layer_last = (int)s->as.layer_end,
                           .slice = s->slice, .kvs = s->kvp, .n_kvs = s->n_seq,
                           .allreduce = s->coll ? cm_coll_allreduce_cb : NULL, .allreduce_user = s->coll,
                           .experts = s->experts, .expert_gather = s->coll ? ep_gather : NULL, .expert_gather_user = s,
-                          .out_hidden = last || s->as.tp_rank != 0 || !s->next ? NULL : s->out,
+                          .out_hidden = (last && any_hidden) || (!last && s->as.tp_rank == 0 && s->next) ? s->out : NULL,
                           .out_logits = last && n_want ? s->logits : NULL};
     char e[300];
     int rc = cm_forward(s->ctx, &b, &fa, e, sizeof e);
@@ -487,9 +492,23 @@ static int on_forward(stage *s, const cm_msg_forward *f, char *err, size_t errle
         if (rc) return cm_errf(err, errlen, rc, "to the next stage: %s", e);
         return 0;
     }
+    if (any_hidden && (rc = cm_node_send_hidden(s->coord, s->csend_mu, f, s->want, s->pos, s->seq, s->out, n, hp->n_embd,
+                                                e, sizeof e)))
+        return cm_errf(err, errlen, rc, "to the coordinator: %s", e);
     int k = 0;
     for (int i = 0; i < n; i++) {
-        if (!s->want[i]) continue;
+        if (!head[i]) continue;
+        if (s->want[i] == CM_WANT_LOGITS) { /* the coordinator samples (under a grammar) */
+            cm_msg m = {.type = CM_MSG_OUTPUT};
+            m.u.output = (cm_msg_output){.epoch = f->epoch, .request_id = f->request_id, .seq = s->seq[i],
+                                         .kind = CM_OUTPUT_LOGITS, .n_rows = 1, .dim = (uint32_t)hp->n_vocab,
+                                         .pos = &s->pos[i], .data = s->logits + (size_t)k++ * (size_t)hp->n_vocab};
+            pthread_mutex_lock(s->csend_mu);
+            rc = cm_conn_send(s->coord, &m, 30000, e, sizeof e);
+            pthread_mutex_unlock(s->csend_mu);
+            if (rc) return cm_errf(err, errlen, rc, "to the coordinator: %s", e);
+            continue;
+        }
         cm_sampler *smp = s->smp[s->seq[i]];
         cm_sample_info info;
         int32_t id = cm_sampler_sample(smp, s->logits + (size_t)k++ * (size_t)hp->n_vocab, &info);

@@ -211,7 +211,9 @@ static int step_cluster(cm_engine *e, cm_session *const *ss, int n, char *err, s
             if (atomic_load(&s->cancel)) { step_end(s, CM_FINISH_CANCEL); continue; }
             if (st->p.n_predict > 0 && st->n_gen >= st->p.n_predict) { step_end(s, CM_FINISH_LENGTH); continue; }
             char msg[256] = "";
-            int rc = cm_engine_eval_cluster(s, s->n_hist, true, msg, sizeof msg);
+            /* Under a grammar the logits come back and we sample here, as one machine does (constrain.c). */
+            if (st->gs) cm_pipe_output_expect(e->pipe, s->slot, CM_PIPE_OUT_LOGITS, s->logits, s->n_hist - 1, 1);
+            int rc = cm_engine_eval_cluster(s, s->n_hist, st->gs ? CM_PIPE_WANT_LOGITS : CM_PIPE_WANT_TOKEN, msg, sizeof msg);
             if (rc && rc != CM_ECANCELED && cm_pipe_failed(e->pipe)) { lost = true; continue; }
             if (rc) {
                 step_end(s, CM_FINISH_CANCEL);
@@ -227,17 +229,19 @@ static int step_cluster(cm_engine *e, cm_session *const *ss, int n, char *err, s
             memset(&info, 0, sizeof info);
             int32_t id = -1;
             char msg[256] = "";
-            int rc = cm_pipe_recv_token(e->pipe, s->slot, &id, &info.logprob, msg, sizeof msg);
-            if (!rc && (id < 0 || id >= e->m.hp.n_vocab))
+            bool here = s->step->gs != NULL; /* the logits came back: sample here */
+            int rc = here ? cm_pipe_output_wait(e->pipe, s->slot, msg, sizeof msg)
+                          : cm_pipe_recv_token(e->pipe, s->slot, &id, &info.logprob, msg, sizeof msg);
+            if (!rc && !here && (id < 0 || id >= e->m.hp.n_vocab))
                 rc = cm_errf(msg, sizeof msg, CM_EPROTO, "the last stage sent token id %d", id);
-            if (!rc) cm_engine_pipe_top(e, s->slot, &info);
+            if (!rc && !here) cm_engine_pipe_top(e, s->slot, &info);
             if (rc && cm_pipe_failed(e->pipe)) { lost = true; continue; } /* its token comes after recovery */
             if (rc) {
                 step_end(s, CM_FINISH_CANCEL);
                 if (!first_err) { first_err = rc; cm_errf(err, errlen, rc, "%s", msg); }
                 continue;
             }
-            int r = step_take(s, id, &info);
+            int r = here ? step_sample(s) : step_take(s, id, &info);
             if (r < 0 && !first_err) { first_err = r; cm_errf(err, errlen, r, "generation failed: %s", cm_strerror(r)); }
             if (r == 1) running++;
         }

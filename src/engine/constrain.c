@@ -8,10 +8,11 @@
  * match, end-of-generation ids only when the text is complete), built on
  * first use under the engine lock and kept until the engine is freed.
  *
- * Where the sampling happens decides where this can run: on this machine
- * and in a tensor-parallel group (rank 0 samples here) it does; on a
- * pipeline the last stage samples from logits this machine never sees, so
- * a grammar there is refused (CM_EUNSUPPORTED) instead of ignored.
+ * The sampling always happens here, where the token texts are: on this
+ * machine, in a tensor-parallel group (rank 0 samples here), and on a
+ * pipeline too: a constrained sequence asks the last stage for its logits
+ * (CM_PIPE_WANT_LOGITS, batch.c) instead of a sampled token, so it gets the
+ * token one machine would.
  */
 #include "engine_impl.h"
 
@@ -83,10 +84,6 @@ oom:
 int cm_constrain_begin(cm_session *s, const cm_gen_params *p, cm_grammar_state **out, char *err, size_t errlen) {
     *out = NULL;
     if (!p->grammar) return 0;
-    if (s->e->pipe)
-        return cm_errf(err, errlen, CM_EUNSUPPORTED,
-                       "structured output and forced tool calls (a grammar) are not supported on a pipeline cluster: "
-                       "its last stage samples; serve on one machine or a tensor-parallel group");
     if (!vocab(s->e, err, errlen)) return CM_ENOMEM;
     *out = cm_grammar_state_new(p->grammar);
     return *out ? 0 : cm_errf(err, errlen, CM_ENOMEM, "out of memory");

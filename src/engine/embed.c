@@ -9,10 +9,9 @@
  * vectors; llama.cpp's own llama_get_embeddings* do not normalise).
  *
  * Forward passes take the engine lock chunk by chunk, like a session's
- * prefill, so embeddings interleave with generation steps. Only an engine
- * that holds every layer on this machine can do it: on a cluster the final
- * hidden state lives on the last stage (NEEDSWORK: a pipeline message that
- * brings pooled rows back), and this says so instead of guessing.
+ * prefill, so embeddings interleave with generation steps. On a pipeline the
+ * final hidden state lives on the last stage: it sends the rows back
+ * (embed_cluster.c) and they are normed and pooled here the same way.
  */
 #include "engine_impl.h"
 
@@ -42,10 +41,10 @@ int cm_engine_embed(cm_engine *e, const int32_t *ids, int n, enum cm_pooling poo
                     char *err, size_t errlen) {
     const cm_hparams *hp = &e->m.hp;
     const int E = hp->n_embd;
-    if (e->pipe || e->tp || e->local_last != hp->n_layer)
+    if (e->tp || (!e->pipe && e->local_last != hp->n_layer))
         return cm_errf(err, errlen, CM_EUNSUPPORTED,
-                       "embeddings are not supported in cluster mode: the final hidden state is on the last "
-                       "stage, not on this machine; serve the model on one machine for /v1/embeddings");
+                       "embeddings are not supported on a tensor-parallel group yet: serve the model on one machine "
+                       "or a pipeline for /v1/embeddings");
     if ((unsigned)pooling >= CM_POOLING_COUNT) return cm_errf(err, errlen, CM_EINVAL, "unknown pooling %d", pooling);
     if (n < 1) return cm_errf(err, errlen, CM_EINVAL, "empty input");
     if (n > e->max_ctx)
@@ -55,22 +54,26 @@ int cm_engine_embed(cm_engine *e, const int32_t *ids, int n, enum cm_pooling poo
             return cm_errf(err, errlen, CM_EINVAL, "token id %d is out of the vocabulary", ids[i]);
     int bmax = CM_MIN(e->n_batch, CM_BATCH_MAX);
     cm_kv kv;
-    int rc = cm_kv_init_types(&kv, &e->m, 0, hp->n_layer, e->slice, n, e->kv_k, e->kv_v, e->kv_rows, err, errlen);
+    memset(&kv, 0, sizeof kv);
+    int rc = e->pipe ? 0 : cm_kv_init_types(&kv, &e->m, 0, hp->n_layer, e->slice, n, e->kv_k, e->kv_v, e->kv_rows,
+                                            err, errlen);
     if (rc) return rc;
-    float *hid = cm_malloc((size_t)bmax * E * sizeof *hid);
+    /* a pipeline: every row at once (the last stage sends them back); here: one chunk at a time */
+    float *hid = cm_malloc((size_t)(e->pipe ? n : bmax) * E * sizeof *hid);
     double *acc = cm_calloc((size_t)E, sizeof *acc);
     if (!hid || !acc) { rc = cm_errf(err, errlen, CM_ENOMEM, "out of memory"); goto out; }
+    if (e->pipe && (rc = cm_engine_embed_rows_cluster(e, ids, n, hid, err, errlen))) goto out;
     const float *w = e->m.output_norm.data;
     int32_t pos[CM_BATCH_MAX], seq[CM_BATCH_MAX] = {0};
     cm_kv *kvs[1] = {&kv};
     for (int done = 0; done < n;) {
-        int nb = CM_MIN(bmax, n - done);
-        for (int i = 0; i < nb; i++) pos[i] = done + i;
+        int nb = e->pipe ? n : CM_MIN(bmax, n - done);
+        for (int i = 0; i < nb && !e->pipe; i++) pos[i] = done + i;
         cm_batch b = {.n = nb, .tokens = ids + done, .pos = pos, .seq = seq};
         cm_forward_args a = {.layer_first = 0, .layer_last = hp->n_layer, .slice = e->slice, .kvs = kvs, .n_kvs = 1,
                              .out_hidden = hid};
         pthread_mutex_lock(&e->mu);
-        rc = cm_forward(e->ctx, &b, &a, err, errlen);
+        rc = e->pipe ? 0 : cm_forward(e->ctx, &b, &a, err, errlen);
         pthread_mutex_unlock(&e->mu);
         if (rc) goto out;
         for (int i = 0; i < nb; i++) {
@@ -92,6 +95,6 @@ int cm_engine_embed(cm_engine *e, const int32_t *ids, int n, enum cm_pooling poo
 out:
     cm_free(acc);
     cm_free(hid);
-    cm_kv_release(&kv);
+    if (!e->pipe) cm_kv_release(&kv);
     return rc;
 }

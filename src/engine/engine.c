@@ -390,8 +390,9 @@ void cm_session_cancel(cm_session *s) { atomic_store(&s->cancel, 1); }
 cm_timings cm_session_timings(const cm_session *s) { return s->t; }
 
 /* Cluster: evaluate hist[kv.n_past .. upto) through our layers and send the
- * hidden states on; want_last asks the last stage to sample after upto - 1. */
-int cm_engine_eval_cluster(cm_session *s, int upto, bool want_last, char *err, size_t errlen) {
+ * hidden states on; want (enum cm_want) is what the last stage does after
+ * upto - 1 (CM_PIPE_WANT_HIDDEN: after every row). */
+int cm_engine_eval_cluster(cm_session *s, int upto, int want, char *err, size_t errlen) {
     cm_engine *e = s->e;
     int32_t pos[CM_BATCH_MAX], seq[CM_BATCH_MAX] = {0};
     int bmax = CM_MIN(e->n_batch, CM_BATCH_MAX);
@@ -430,7 +431,7 @@ int cm_engine_eval_cluster(cm_session *s, int upto, bool want_last, char *err, s
         for (int i = 0; i < nb; i++) slots[i] = s->slot;
         int rc = cm_pipe_stage0(e->pipe, b.tokens, pos, slots, nb, &a, err, errlen);
         if (!rc) rc = cm_forward(e->ctx, &b, &a, err, errlen);
-        if (!rc) rc = cm_pipe_send(e->pipe, s->slot, s->hidden, pos, nb, want_last && last, err, errlen);
+        if (!rc) rc = cm_pipe_send(e->pipe, s->slot, s->hidden, pos, nb, last || want == CM_PIPE_WANT_HIDDEN ? want : 0, err, errlen);
         pthread_mutex_unlock(&e->mu);
         if (rc) {
             cm_kv_truncate(&s->kv, p0); /* the next stages may not have it */

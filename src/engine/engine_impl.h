@@ -64,11 +64,16 @@ struct cm_session {
 };
 
 /* Cluster (engine.c): evaluate hist[kv.n_past .. upto) through our layers
- * and send the hidden states on; want_last asks the last stage to sample
- * after upto - 1. On a cluster the last evaluated-or-pending token of a
+ * and send the hidden states on; want (proto.h's enum cm_want; true is
+ * CM_PIPE_WANT_TOKEN) is what the last stage does after upto - 1: sample, send
+ * the logits back, or (CM_PIPE_WANT_HIDDEN) send every row's final hidden state
+ * back. On a cluster the last evaluated-or-pending token of a
  * session is pending until the next sample: have_logits means "ready to
  * sample" (n_hist == kv.n_past + 1). */
-int cm_engine_eval_cluster(cm_session *s, int upto, bool want_last, char *err, size_t errlen);
+int cm_engine_eval_cluster(cm_session *s, int upto, int want, char *err, size_t errlen);
+/* Embeddings on a pipeline (embed_cluster.c): the final hidden state of
+ * every row of ids (before the output norm) into rows[n][n_embd]. */
+int cm_engine_embed_rows_cluster(cm_engine *e, const int32_t *ids, int n, float *rows, char *err, size_t errlen);
 
 /* Cluster, after a recovery (batch.c): a running session tells the new last
  * stage its sampler parameters, whole history and the count of tokens it

@@ -12,6 +12,8 @@
  */
 #include "http_impl.h"
 
+#include "../sampler/grammar.h"
+
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdarg.h>
@@ -265,6 +267,27 @@ static int completion_prompt(cm_http_server *srv, const cJSON *root, job *j, api
     return -1;
 }
 
+int cm_api_apply_template(cm_http_server *srv, const char *body, size_t n, cm_buf *out, api_error *ae) {
+    cJSON *root = cJSON_ParseWithLength(body, n);
+    job *j = cm_calloc(1, sizeof *j); /* what cm_tools_prompt notes for a generation: unused here */
+    cm_buf text;
+    cm_buf_init(&text);
+    int rc = -1;
+    if (!j) cm_api_error_set(ae, 503, "server_error", NULL, NULL, "out of memory");
+    else if (!cJSON_IsObject(root)) cm_api_error_set(ae, 400, "invalid_request_error", NULL, NULL, "the body must be a JSON object");
+    else rc = cm_tools_wanted(root) ? cm_tools_prompt(srv, root, j, &text, ae) : chat_prompt(srv, root, &text, ae);
+    if (!rc) {
+        cm_buf_puts(out, "{\"prompt\":");
+        cm_json_str(out, text.data ? text.data : "", text.len);
+        cm_buf_puts(out, "}");
+    }
+    if (j) cm_grammar_free(j->grammar);
+    cm_free(j);
+    cm_buf_release(&text);
+    cJSON_Delete(root);
+    return rc;
+}
+
 int cm_api_parse_request(cm_http_server *srv, bool chat, const char *body, size_t n, job *j, api_error *ae) {
     cJSON *root = cJSON_ParseWithLength(body, n);
     cm_buf text;
@@ -384,7 +407,6 @@ int cm_api_parse_request(cm_http_server *srv, bool chat, const char *body, size_
     }
     gp->n_predict = mt > 0 ? (int)mt : -1;
     gp->grammar = j->grammar;
-    if (j->grammar && cm_tools_grammar_check(srv, ae)) goto fail;
     cJSON_Delete(root);
     cm_buf_release(&text);
     return 0;

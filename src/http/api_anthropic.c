@@ -269,7 +269,6 @@ int cm_anth_parse_request(cm_http_server *srv, const char *body, size_t n, job *
             n_ctx - 1);
     gp->n_predict = (int)CM_MIN(mt, (long long)(n_ctx - j->n_ids));
     gp->grammar = j->grammar; /* a forced tool_choice */
-    if (j->grammar && cm_tools_grammar_check(srv, ae)) goto fail;
     cJSON_Delete(root);
     cm_buf_release(&text);
     return 0;

@@ -91,9 +91,10 @@ bool cm_tools_wanted(const void *root_) {
     return false;
 }
 
-static int family_of(cm_http_server *srv, api_error *ae) {
+static int family_of(cm_http_server *srv, int *chat, api_error *ae) {
     char err[256];
     int f = cm_engine_chat_family(cm_http_engine(srv), cm_http_chat_template(srv), err, sizeof err);
+    *chat = f;
     if (f == CM_CHAT_CHATML) return CM_TOOLS_HERMES;
     if (f == CM_CHAT_LLAMA3 || f == CM_CHAT_LLAMA31) return CM_TOOLS_LLAMA3;
     if (f == CM_CHAT_MISTRAL || f == CM_CHAT_MISTRAL_V1 || f == CM_CHAT_MISTRAL_V3 || f == CM_CHAT_MISTRAL_V3_TEKKEN ||
@@ -149,8 +150,12 @@ static const char k_marker[] = "\x01cumulo-tools\x01";
 
 int cm_tools_prompt(cm_http_server *srv, const void *root_, job *j, cm_buf *text, api_error *ae) {
     const cJSON *root = root_;
-    int fam = family_of(srv, ae);
+    int chat_fam = -1;
+    int fam = family_of(srv, &chat_fam, ae);
     if (fam < 0) return -1;
+    /* the families whose official templates define tool turns: written exactly so (tools_render.c) */
+    const bool tekken = chat_fam == CM_CHAT_MISTRAL_V3_TEKKEN;
+    const bool exact = fam == CM_TOOLS_LLAMA3 || (fam == CM_TOOLS_MISTRAL && (chat_fam == CM_CHAT_MISTRAL_V3 || tekken));
     const cJSON *tools = cJSON_GetObjectItemCaseSensitive(root, "tools");
     const cJSON *choice = cJSON_GetObjectItemCaseSensitive(root, "tool_choice");
     const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(root, "messages");
@@ -210,14 +215,17 @@ int cm_tools_prompt(cm_http_server *srv, const void *root_, job *j, cm_buf *text
             goto out;
         }
         if (forced && !strcmp(forced, nm->valuestring)) found = 1;
-        char *js = cJSON_PrintUnformatted(fam == CM_TOOLS_LLAMA3 ? fn : t);
+        if (exact) { k++; continue; } /* the list is written after the loop */
+        char *js = cJSON_PrintUnformatted(t);
         if (!js) { cm_api_error_set(ae, 503, "server_error", NULL, NULL, "out of memory"); goto out; }
         if (fam == CM_TOOLS_MISTRAL) cm_buf_printf(&list, "%s%s", k ? ", " : "[", js);
         else cm_buf_printf(&list, "%s%s", k ? (fam == CM_TOOLS_LLAMA3 ? "\n\n" : "\n") : "", js);
         cJSON_free(js);
         k++;
     }
-    if (fam == CM_TOOLS_MISTRAL && k) cm_buf_puts(&list, "]");
+    if (fam == CM_TOOLS_MISTRAL && k && !exact) cm_buf_puts(&list, "]");
+    if (exact && fam == CM_TOOLS_LLAMA3) cm_tools_llama_list(&list, tools);
+    if (exact && fam == CM_TOOLS_MISTRAL && k) cm_tools_mistral_list(&list, tools, tekken);
     cm_buf_append(&list, "", 1);
     if (forced && !found) {
         cm_api_error_set(ae, 400, "invalid_request_error", "tool_choice", NULL, "'tool_choice' names '%.64s', which is not in 'tools'",
@@ -261,15 +269,16 @@ int cm_tools_prompt(cm_http_server *srv, const void *root_, job *j, cm_buf *text
                                  "messages with role 'tool' must answer a preceding message with 'tool_calls'");
                 goto out;
             }
-            /* consecutive results share one user turn */
-            bool join = nm_ > 0 && !strcmp(m[nm_ - 1].role, "user") && parts[nm_ - 1].len && i > 0 &&
+            /* consecutive results share one user turn (the exact families: one turn each) */
+            bool join = !exact && nm_ > 0 && !strcmp(m[nm_ - 1].role, "user") && parts[nm_ - 1].len && i > 0 &&
                         !strcmp(cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(msgs, i - 1), "role")->valuestring, "tool");
             if (join) { b = &parts[--nm_]; b->len--; /* drop the NUL */ cm_buf_puts(b, "\n"); }
             cm_buf res;
             cm_buf_init(&res);
             if (!content_of(c, &res)) { cm_buf_release(&res); goto badc; }
             cm_buf_append(&res, "", 1);
-            if (fam == CM_TOOLS_HERMES) cm_buf_printf(b, "<tool_response>\n%s\n</tool_response>", res.data);
+            if (exact) cm_tools_exact_result(fam, tekken, msg, res.data, b);
+            else if (fam == CM_TOOLS_HERMES) cm_buf_printf(b, "<tool_response>\n%s\n</tool_response>", res.data);
             else if (fam == CM_TOOLS_MISTRAL) {
                 const cJSON *id = cJSON_GetObjectItemCaseSensitive(msg, "tool_call_id");
                 cm_buf_printf(b, "[TOOL_RESULTS] {\"content\": %s", res.data);
@@ -281,19 +290,22 @@ int cm_tools_prompt(cm_http_server *srv, const void *root_, job *j, cm_buf *text
             }
             else cm_buf_puts(b, res.data);
             cm_buf_release(&res);
-            r = "user";
+            r = !exact ? "user" : fam == CM_TOOLS_LLAMA3 ? "ipython" : "tool_results";
         } else {
             if (!content_of(c, b)) goto badc;
             const cJSON *tcs = cJSON_GetObjectItemCaseSensitive(msg, "tool_calls"), *tc;
             if (tcs && !strcmp(r, "assistant")) {
                 int q = 0;
-                if (b->len) cm_buf_puts(b, "\n");
-                cJSON_ArrayForEach(tc, tcs) if (!call_text(fam, tc, b, q++ == 0)) {
+                if (exact) b->len = 0; /* the official templates write only the calls */
+                else if (b->len) cm_buf_puts(b, "\n");
+                cJSON_ArrayForEach(tc, tcs) if (exact ? !cm_tools_exact_call(fam, tekken, tc, b, q++ == 0)
+                                                      : !call_text(fam, tc, b, q++ == 0)) {
                     cm_api_error_set(ae, 400, "invalid_request_error", param, NULL,
                                      "'%s.tool_calls' entries need function.name and function.arguments (a string)", param);
                     goto out;
                 }
                 if (fam == CM_TOOLS_MISTRAL && q) cm_buf_puts(b, "]");
+                if (exact && fam == CM_TOOLS_MISTRAL && q) r = "tool_calls";
             }
         }
         if (!strcmp(r, "system")) have_system = true;
@@ -305,7 +317,7 @@ int cm_tools_prompt(cm_http_server *srv, const void *root_, job *j, cm_buf *text
                 cm_buf_printf(&u, "Given the following functions, please respond with a JSON for a function call with its "
                                   "proper arguments that best answers the given prompt.\n\nRespond in the format "
                                   "{\"name\": function name, \"parameters\": dictionary of argument name and its value}."
-                                  "Do not use variables.\n\n%s\n\n",
+                                  "Do not use variables.\n\n%s",
                               list.data);
                 cm_buf_append(&u, b->data ? b->data : "", b->len);
                 cm_buf_release(b);
@@ -372,7 +384,8 @@ int cm_tools_prompt(cm_http_server *srv, const void *root_, job *j, cm_buf *text
             cm_buf fixed;
             cm_buf_init(&fixed);
             cm_buf_append(&fixed, base, (size_t)(inst - base));
-            cm_buf_printf(&fixed, "[AVAILABLE_TOOLS] %s[/AVAILABLE_TOOLS]", list.data);
+            if (exact) cm_buf_puts(&fixed, list.data);
+            else cm_buf_printf(&fixed, "[AVAILABLE_TOOLS] %s[/AVAILABLE_TOOLS]", list.data);
             cm_buf_append(&fixed, inst, (size_t)(mk - inst));
             cm_buf_puts(&fixed, mk + strlen(k_marker));
             text->len = start;
@@ -380,6 +393,19 @@ int cm_tools_prompt(cm_http_server *srv, const void *root_, job *j, cm_buf *text
             cm_buf_release(&fixed);
         } else {
             text->len--; /* the NUL */
+        }
+    }
+    static const char sys_head[] = "<|start_header_id|>system<|end_header_id|>\n\n";
+    if (chat_fam == CM_CHAT_LLAMA31 && !none && k) { /* Llama 3.1+: the system block says so when tools are given */
+        cm_buf_append(text, "", 1);
+        char *h = strstr(text->data + start, sys_head);
+        text->len--;
+        if (h) {
+            size_t at = (size_t)(h - text->data) + sizeof sys_head - 1, tail = text->len - at;
+            static const char env[] = "Environment: ipython\n";
+            cm_buf_append(text, env, sizeof env - 1); /* grow, then shift the tail */
+            memmove(text->data + at + sizeof env - 1, text->data + at, tail);
+            memcpy(text->data + at, env, sizeof env - 1);
         }
     }
     cm_buf_release(&sys);
@@ -617,14 +643,4 @@ void cm_tools_stream_end(job *j) {
         cm_buf_release(&content);
     }
     cm_buf_puts(b, "data: [DONE]\n\n");
-}
-
-int cm_tools_grammar_check(cm_http_server *srv, api_error *ae) {
-    cm_engine_info in;
-    cm_engine_get_info(cm_http_engine(srv), &in);
-    if (in.n_stages <= 1) return 0; /* one machine, or a tensor-parallel group whose rank 0 (here) samples */
-    cm_api_error_set(ae, 501, "server_error", "response_format", "unsupported",
-                     "structured output and forced tool calls are not supported on a pipeline cluster (its last stage "
-                     "samples, without the grammar); serve on one machine or with --parallel tp");
-    return -1;
 }

@@ -134,14 +134,26 @@ int cm_tools_prompt(cm_http_server *srv, const void *root, job *j, cm_buf *text,
  * (a JSON string)}, empty when the reply is not calls; free with cJSON_Delete). */
 int cm_tools_parse_text(int family, const char *s, size_t n, cm_buf *content, void **calls);
 char *cm_tools_final_json(job *j);
-/* A grammar needs the sampling on this machine: 501 on a pipeline. */
-int cm_tools_grammar_check(cm_http_server *srv, api_error *ae);
 void cm_tools_stream_end(job *j);
+/* tools_render.c: tool turns as the official templates write them (Llama
+ * 3.1+, Mistral v3 and Nemo). pyjson: Jinja's tojson (Python's json.dumps);
+ * llama_list: each tool tojson(indent=4) + blank line; mistral_list: the
+ * whole [AVAILABLE_TOOLS]...[/AVAILABLE_TOOLS]; exact_call: one assistant
+ * call (false: no function.name / arguments string); exact_result: a tool
+ * message's text (llama3: a JSON string; mistral: the [TOOL_RESULTS] block). */
+void cm_tools_pyjson(cm_buf *b, const void *json, int indent);
+void cm_tools_llama_list(cm_buf *b, const void *tools);
+void cm_tools_mistral_list(cm_buf *b, const void *tools, bool tekken);
+bool cm_tools_exact_call(int fam, bool tekken, const void *tool_call, cm_buf *out, bool first);
+void cm_tools_exact_result(int fam, bool tekken, const void *msg, const char *content, cm_buf *out);
 
 /* ---- embeddings (api_embed.c) ---- */
 /* POST /v1/embeddings: computes on the calling thread and appends the
  * response JSON to out; 0, or -1 with *ae filled (out then holds junk). */
 int cm_api_embeddings(cm_http_server *srv, const char *body, size_t n, cm_buf *out, api_error *ae);
+/* POST /apply-template (llama-server's route): a chat request's prompt as
+ * this server renders it, tools included: {"prompt": TEXT}; nothing runs. */
+int cm_api_apply_template(cm_http_server *srv, const char *body, size_t n, cm_buf *out, api_error *ae);
 
 /* ---- request queue (queue.c) ---- */
 typedef struct cm_queue cm_queue;
@@ -155,7 +167,7 @@ void cm_queue_free(cm_queue *s); /* ends queued and running jobs, joins the thre
 
 /* ---- metrics (metrics.c) ---- */
 enum route {
-    R_ROOT, R_HEALTH, R_METRICS, R_CLUSTER, R_MODELS, R_CHAT, R_COMPLETIONS, R_MESSAGES, R_EMBEDDINGS, R_OTHER, R_COUNT
+    R_ROOT, R_HEALTH, R_METRICS, R_CLUSTER, R_MODELS, R_CHAT, R_COMPLETIONS, R_MESSAGES, R_EMBEDDINGS, R_APPLY_TEMPLATE, R_OTHER, R_COUNT
 };
 extern const char *const cm_http_route_names[R_COUNT];
 typedef struct metrics metrics;

@@ -17,7 +17,7 @@
 #include <unistd.h>
 
 const char *const cm_http_route_names[R_COUNT] = {"/",          "/health",        "/metrics", "/api/cluster",
-                                            "/v1/models", "/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/embeddings", "other"};
+                                            "/v1/models", "/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/embeddings", "/apply-template", "other"};
 
 static const int k_statuses[] = {200, 400, 401, 403, 404, 405, 408, 413, 429, 431, 500, 503};
 #define N_STATUS ((int)CM_ARRAY_LEN(k_statuses) + 1) /* + "other" */

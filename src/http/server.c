@@ -254,7 +254,7 @@ static enum route route_of(const char *url) {
         {"/", R_ROOT},           {"/index.html", R_ROOT},  {"/health", R_HEALTH},
         {"/metrics", R_METRICS}, {"/api/cluster", R_CLUSTER}, {"/v1/models", R_MODELS},
         {"/v1/chat/completions", R_CHAT}, {"/v1/completions", R_COMPLETIONS}, {"/v1/messages", R_MESSAGES},
-        {"/v1/embeddings", R_EMBEDDINGS},
+        {"/v1/embeddings", R_EMBEDDINGS}, {"/apply-template", R_APPLY_TEMPLATE},
     };
     for (size_t i = 0; i < CM_ARRAY_LEN(k); i++)
         if (!strcmp(url, k[i].path)) return k[i].r;
@@ -581,7 +581,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (q->route == R_OTHER)
             return fail(srv, c, q, 404, "invalid_request_error", "not_found", "no such route");
         bool want_post = q->route == R_CHAT || q->route == R_COMPLETIONS || q->route == R_MESSAGES ||
-                         q->route == R_EMBEDDINGS;
+                         q->route == R_EMBEDDINGS || q->route == R_APPLY_TEMPLATE;
         if (want_post ? !post : !get) {
             struct MHD_Response *r = NULL;
             cm_buf b;
@@ -665,9 +665,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         cm_api_models_json(srv, &b);
         return send_buf(srv, c, q, 200, "application/json", &b);
     }
-    if (q->route == R_EMBEDDINGS) {
+    if (q->route == R_EMBEDDINGS || q->route == R_APPLY_TEMPLATE) {
         api_error ae;
-        if (!cm_api_embeddings(srv, q->body.data ? q->body.data : "", q->body.len, &b, &ae))
+        const char *body = q->body.data ? q->body.data : "";
+        if (!(q->route == R_EMBEDDINGS ? cm_api_embeddings(srv, body, q->body.len, &b, &ae)
+                                       : cm_api_apply_template(srv, body, q->body.len, &b, &ae)))
             return send_buf(srv, c, q, 200, "application/json", &b);
         cm_buf_release(&b);
         return send_error(srv, c, q, &ae);

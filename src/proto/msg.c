@@ -175,6 +175,15 @@ static const char *forward_shape_invalid(const cm_msg_forward *f) {
     return NULL;
 }
 
+static const char *output_shape_invalid(const cm_msg_output *o) {
+    if (o->seq < 0) return "seq";
+    if (o->kind >= CM_OUTPUT_COUNT) return "kind";
+    if (o->n_rows == 0 || o->n_rows > CM_MSG_MAX_TOKENS) return "n_rows";
+    if (o->dim == 0 || o->dim > CM_MSG_MAX_OUT_DIM) return "dim";
+    if ((uint64_t)o->n_rows * (4 + 4ull * o->dim) > cm_msg_max_payload(CM_MSG_OUTPUT) - 32) return "n_rows x dim";
+    return NULL;
+}
+
 static const char *token_invalid(const cm_msg_token *t) {
     if (t->seq < 0 || t->pos < 0 || t->token < 0) return "seq/pos/token";
     if (isnan(t->logprob) || t->logprob > 0) return "logprob";
@@ -246,7 +255,7 @@ static void enc_forward(wcur *w, const cm_msg_forward *f) {
     if (!data_ok) return;
     for (uint32_t i = 0; i < f->n_tokens; i++) { w_check(w, f->pos[i] >= 0, "pos"); w_i32(w, f->pos[i]); }
     for (uint32_t i = 0; i < f->n_tokens; i++) { w_check(w, f->seq[i] >= 0, "seq"); w_i32(w, f->seq[i]); }
-    for (uint32_t i = 0; i < f->n_tokens; i++) { w_check(w, f->want[i] <= 1, "want"); w_u8(w, f->want[i]); }
+    for (uint32_t i = 0; i < f->n_tokens; i++) { w_check(w, f->want[i] < CM_WANT_COUNT, "want"); w_u8(w, f->want[i]); }
     if (f->dtype == CM_HIDDEN_TOKENS) {
         for (uint32_t i = 0; i < f->n_tokens; i++) { w_check(w, f->tokens[i] >= 0, "tokens"); w_i32(w, f->tokens[i]); }
     } else if (f->dtype == CM_HIDDEN_F32) {
@@ -443,6 +452,29 @@ static void encode(wcur *w, const cm_msg *m) {
         w_str(w, m->u.error.text, CM_MSG_TEXT_MAX, "text");
         break;
     case CM_MSG_BYE: w_str(w, m->u.bye.text, CM_MSG_TEXT_MAX, "text"); break;
+    case CM_MSG_OUTPUT: {
+        const cm_msg_output *o = &m->u.output;
+        w_u64(w, o->epoch);
+        w_u64(w, o->request_id);
+        w_i32(w, o->seq);
+        w_u8(w, o->kind);
+        w_u32(w, o->n_rows);
+        w_u32(w, o->dim);
+        const char *bad = output_shape_invalid(o);
+        if (bad) { w_check(w, false, bad); break; }
+        w_check(w, (o->pos || o->pos_le) && (o->data || o->data_le), "arrays");
+        if (!(o->pos || o->pos_le) || !(o->data || o->data_le)) break;
+        for (uint32_t i = 0; i < o->n_rows; i++) {
+            int32_t v = o->pos ? o->pos[i] : (int32_t)cm_rd_u32(o->pos_le + 4 * (size_t)i);
+            w_check(w, v >= 0, "pos");
+            w_i32(w, v);
+        }
+        size_t nf = (size_t)o->n_rows * o->dim;
+        if (!w->p) { w->len += nf * 4; break; }
+        if (!o->data) { w_bytes(w, o->data_le, nf * 4); break; } /* a decoded message re-encodes as is */
+        for (size_t k = 0; k < nf; k++) w_f32(w, o->data[k]);
+        break;
+    }
     case CM_MSG_SEQ_START: {
         const cm_msg_seq_start *c = &m->u.seq_start;
         const char *bad = seq_start_invalid(c);
@@ -544,7 +576,7 @@ static void dec_forward(rcur *r, cm_msg_forward *f) {
     for (uint32_t i = 0; i < n; i++) {
         if ((int32_t)cm_rd_u32(f->pos_le + 4 * i) < 0) { r_fail(r, "pos", "negative"); return; }
         if ((int32_t)cm_rd_u32(f->seq_le + 4 * i) < 0) { r_fail(r, "seq", "negative"); return; }
-        if (f->want_le[i] > 1) { r_fail(r, "want", "not 0 or 1"); return; }
+        if (f->want_le[i] >= CM_WANT_COUNT) { r_fail(r, "want", "not 0..3"); return; }
         if (f->dtype == CM_HIDDEN_TOKENS && (int32_t)cm_rd_u32(f->data_le + 4 * i) < 0) {
             r_fail(r, "tokens", "negative");
             return;
@@ -740,6 +772,22 @@ static int decode(rcur *r, unsigned type, cm_msg *m) {
         r_str(r, m->u.error.text, CM_MSG_TEXT_MAX, "text");
         break;
     case CM_MSG_BYE: r_str(r, m->u.bye.text, CM_MSG_TEXT_MAX, "text"); break;
+    case CM_MSG_OUTPUT: {
+        cm_msg_output *o = &m->u.output;
+        o->epoch = r_u64(r, "epoch");
+        o->request_id = r_u64(r, "request_id");
+        o->seq = r_i32(r, "seq");
+        o->kind = r_u8(r, "kind");
+        o->n_rows = r_u32(r, "n_rows");
+        o->dim = r_u32(r, "dim");
+        if (r->bad) break;
+        { const char *bad = output_shape_invalid(o); if (bad) { r_fail(r, bad, "out of range"); break; } }
+        o->pos_le = r_view(r, o->n_rows, 4, "pos");
+        o->data_le = r_view(r, o->n_rows, 4ull * o->dim, "data");
+        for (uint32_t i = 0; i < o->n_rows && !r->bad; i++)
+            if ((int32_t)cm_rd_u32(o->pos_le + 4 * (size_t)i) < 0) r_fail(r, "pos", "negative");
+        break;
+    }
     case CM_MSG_SEQ_START: {
         cm_msg_seq_start *c = &m->u.seq_start;
         c->epoch = r_u64(r, "epoch");
@@ -827,9 +875,9 @@ int32_t cm_msg_forward_seq(const cm_msg_forward *m, uint32_t i) {
     CM_ASSERT(m->seq_le && i < m->n_tokens);
     return (int32_t)cm_rd_u32(m->seq_le + 4 * (size_t)i);
 }
-bool cm_msg_forward_want(const cm_msg_forward *m, uint32_t i) {
+unsigned cm_msg_forward_want(const cm_msg_forward *m, uint32_t i) {
     CM_ASSERT(m->want_le && i < m->n_tokens);
-    return m->want_le[i] != 0;
+    return m->want_le[i];
 }
 int32_t cm_msg_forward_token(const cm_msg_forward *m, uint32_t i) {
     CM_ASSERT(m->data_le && m->dtype == CM_HIDDEN_TOKENS && i < m->n_tokens);
@@ -849,6 +897,15 @@ void cm_msg_forward_row(const cm_msg_forward *m, uint32_t i, float *out) {
 int32_t cm_msg_seq_start_hist(const cm_msg_seq_start *m, uint32_t i) {
     CM_ASSERT(m->hist_le && i < m->n_hist);
     return (int32_t)cm_rd_u32(m->hist_le + 4 * (size_t)i);
+}
+int32_t cm_msg_output_pos(const cm_msg_output *m, uint32_t i) {
+    CM_ASSERT(m->pos_le && i < m->n_rows);
+    return (int32_t)cm_rd_u32(m->pos_le + 4 * (size_t)i);
+}
+void cm_msg_output_row(const cm_msg_output *m, uint32_t i, float *out) {
+    CM_ASSERT(m->data_le && i < m->n_rows);
+    const uint8_t *q = m->data_le + (size_t)i * m->dim * 4;
+    for (uint32_t j = 0; j < m->dim; j++) out[j] = bits_f32(cm_rd_u32(q + 4 * (size_t)j));
 }
 void cm_msg_allreduce_get(const cm_msg_allreduce *m, float *out) {
     CM_ASSERT(m->data_le);

@@ -51,7 +51,8 @@
     X(BYE, 18, 512)                                           \
     X(SEQ_START, 19, 128 + 4u * CM_MSG_MAX_HIST)              \
     X(LINKS_REQ, 20, 2048)                                    \
-    X(LINKS, 21, 2048)
+    X(LINKS, 21, 2048)                                        \
+    X(OUTPUT, 22, 256u << 20)
 
 enum cm_msg_type {
     CM_MSG_NONE = 0,
@@ -193,6 +194,7 @@ void cm_hs_wipe(cm_hs *hs);
 #define CM_MSG_MAX_PEERS 15       /* peers named in one LINKS_REQ / LINKS */
 #define CM_MSG_LINKS_MAX_MS 30000u   /* a LINKS_REQ's deadline */
 #define CM_MSG_LINKS_MAX_PROBE (1u << 20) /* bandwidth probe bytes per peer */
+#define CM_MSG_MAX_OUT_DIM (1u << 20) /* floats per OUTPUT row (a vocabulary's logits) */
 
 typedef struct cm_msg_hello {
     uint16_t proto_version;
@@ -323,8 +325,16 @@ typedef struct cm_msg_forward {
 } cm_msg_forward;
 int32_t cm_msg_forward_pos(const cm_msg_forward *m, uint32_t i);
 int32_t cm_msg_forward_seq(const cm_msg_forward *m, uint32_t i);
-bool cm_msg_forward_want(const cm_msg_forward *m, uint32_t i);
+unsigned cm_msg_forward_want(const cm_msg_forward *m, uint32_t i); /* an enum cm_want */
 int32_t cm_msg_forward_token(const cm_msg_forward *m, uint32_t i); /* TOKENS only */
+/* FORWARD's want byte per row: what the last stage does after it. */
+enum cm_want {
+    CM_WANT_NONE = 0,   /* nothing (a prompt row) */
+    CM_WANT_TOKEN = 1,  /* sample with the sequence's sampler, send a TOKEN */
+    CM_WANT_LOGITS = 2, /* send this row's logits back (OUTPUT, CM_OUTPUT_LOGITS): the coordinator samples */
+    CM_WANT_HIDDEN = 3, /* send this row's final hidden state back (OUTPUT, CM_OUTPUT_HIDDEN) */
+    CM_WANT_COUNT
+};
 /* Row i (dim floats) of a decoded F32/Q8 FORWARD into out. */
 void cm_msg_forward_row(const cm_msg_forward *m, uint32_t i, float *out);
 
@@ -370,6 +380,25 @@ typedef struct cm_msg_seq_start {
     const uint8_t *hist_le;     /* decode view (also encoded from when hist is NULL) */
 } cm_msg_seq_start;
 int32_t cm_msg_seq_start_hist(const cm_msg_seq_start *m, uint32_t i);
+
+/* OUTPUT: rows the last stage sends back to the coordinator instead of a
+ * TOKEN, for FORWARD rows whose want asked for them: the logits (the
+ * coordinator samples them under a grammar) or the final hidden state
+ * before the output norm (the coordinator pools it into an embedding). One
+ * sequence per message; rows in the order of their FORWARD. */
+enum cm_output_kind { CM_OUTPUT_HIDDEN = 0, CM_OUTPUT_LOGITS = 1, CM_OUTPUT_COUNT };
+typedef struct cm_msg_output {
+    uint64_t epoch, request_id; /* request_id: the FORWARD's */
+    int32_t seq;                /* >= 0 */
+    uint8_t kind;               /* enum cm_output_kind */
+    uint32_t n_rows;            /* 1..CM_MSG_MAX_TOKENS */
+    uint32_t dim;               /* 1..CM_MSG_MAX_OUT_DIM; n_rows * dim * 4 within the payload maximum */
+    const int32_t *pos;         /* encode: n_rows positions (>= 0) */
+    const float *data;          /* encode: n_rows x dim floats */
+    const uint8_t *pos_le, *data_le; /* decode views (also encoded from when pos / data are NULL) */
+} cm_msg_output;
+int32_t cm_msg_output_pos(const cm_msg_output *m, uint32_t i);
+void cm_msg_output_row(const cm_msg_output *m, uint32_t i, float *out); /* dim floats */
 
 typedef struct cm_msg_seq_free {
     uint64_t epoch, request_id;
@@ -441,6 +470,7 @@ typedef struct cm_msg {
         cm_msg_allreduce allreduce;
         cm_msg_links_req links_req;
         cm_msg_links links;
+        cm_msg_output output;
         cm_msg_error error;
         cm_msg_bye bye;
     } u;

@@ -261,7 +261,7 @@ static void put_merged(rctx *c, const char *sys, const char *content, bool trim)
     c->out->data[c->out->len] = 0;
 }
 
-enum role { R_SYSTEM, R_USER, R_ASSISTANT, R_DEVELOPER };
+enum role { R_SYSTEM, R_USER, R_ASSISTANT, R_DEVELOPER, R_IPYTHON, R_TOOL_CALLS, R_TOOL_RESULTS };
 
 static int role_of(const char *r) {
     if (!r) return -1;
@@ -269,6 +269,9 @@ static int role_of(const char *r) {
     if (!strcmp(r, "system")) return R_SYSTEM;
     if (!strcmp(r, "user")) return R_USER;
     if (!strcmp(r, "assistant")) return R_ASSISTANT;
+    if (!strcmp(r, "ipython")) return R_IPYTHON;          /* llama3 families only */
+    if (!strcmp(r, "tool_calls")) return R_TOOL_CALLS;     /* mistral v3 families only */
+    if (!strcmp(r, "tool_results")) return R_TOOL_RESULTS; /* mistral v3 families only */
     return -1;
 }
 
@@ -289,6 +292,11 @@ int cm_chat_render(const cm_chat_template *t, const cm_chat_msg *msgs, size_t n,
     for (size_t i = 0; i < n; i++) {
         int r = role_of(msgs[i].role);
         if (r == R_DEVELOPER && t->family != CM_CHAT_GPT_OSS) r = -1;
+        /* the tool turns of the official templates (see chat.h) */
+        if (r == R_IPYTHON && t->family != CM_CHAT_LLAMA3 && t->family != CM_CHAT_LLAMA31) r = -1;
+        if ((r == R_TOOL_CALLS || r == R_TOOL_RESULTS) && t->family != CM_CHAT_MISTRAL_V3 &&
+            t->family != CM_CHAT_MISTRAL_V3_TEKKEN)
+            r = -1;
         if (r < 0 || !msgs[i].content)
             return cm_errf(err, errlen, CM_EINVAL, "message %zu: role '%s' is not system, user or assistant",
                            i, msgs[i].role ? msgs[i].role : "(null)");
@@ -408,7 +416,13 @@ int cm_chat_render(const cm_chat_template *t, const cm_chat_msg *msgs, size_t n,
     case CM_CHAT_MISTRAL_V3_TEKKEN: {
         bool v1 = t->family == CM_CHAT_MISTRAL_V1, tekken = t->family == CM_CHAT_MISTRAL_V3_TEKKEN;
         for (size_t i = first; i < n; i++) {
-            if (role_of(msgs[i].role) == R_USER) {
+            int r = role_of(msgs[i].role);
+            if (r == R_TOOL_CALLS || r == R_TOOL_RESULTS) { /* written by the caller as the template does */
+                put(c, msgs[i].content);
+                if (r == R_TOOL_CALLS) put(c, c->eos);
+                continue;
+            }
+            if (r == R_USER) {
                 put(c, v1 ? " [INST] " : tekken ? "[INST]" : "[INST] ");
                 bool with_sys = sys && (v1 ? i == first : i == n - 1);
                 if (with_sys) {

@@ -68,7 +68,13 @@ typedef struct cm_chat_template {
 } cm_chat_template;
 
 typedef struct cm_chat_msg {
-    const char *role; /* "system", "user" or "assistant" ("developer" too for gpt-oss) */
+    /* "system", "user" or "assistant" ("developer" too for gpt-oss). Tool
+     * turns, as the official templates write them (the caller formats the
+     * content, src/http/tools_render.c): "ipython" (llama3 families: a tool
+     * result, its own header turn, content trimmed like every turn) and
+     * "tool_calls" / "tool_results" (mistral-v3 and -tekken: the content
+     * verbatim, no [INST]; tool_calls followed by EOS). */
+    const char *role;
     const char *content;
 } cm_chat_msg;
 

@@ -12,7 +12,10 @@
 #     tools/gguf_add_kv.py) against llama.cpp's own pooled vector;
 #   - the default (mean, L2-normalised), strings vs token ids, batches,
 #     base64, the openai SDK (which asks for base64 by default), the 4xx
-#     errors naming the parameter, and a clear 501 in cluster mode.
+#     errors naming the parameter;
+#   - a pipeline and a hybrid plan (the last stage sends the hidden rows back):
+#     the same bound against llama.cpp and the same vectors as one machine,
+#     also during a generation; a tensor-parallel group: a clear 501.
 . "$(dirname "$0")/lib/http_common.sh"
 REF=tests/data/embed
 BOUND=1.5e-6
@@ -56,7 +59,9 @@ check "default == llama.cpp mean, normalised" [ "$(node -e '
 const fs=require("fs");const g=JSON.parse(fs.readFileSync(process.argv[1])).data[0].embedding;const m=JSON.parse(fs.readFileSync(process.argv[2])).cases[0].mean;
 const n=Math.hypot(...m);let e=0;for(let i=0;i<m.length;i++)e=Math.max(e,Math.abs(g[i]-m[i]/n));process.stdout.write(e<1e-6?"y":"n "+e)' "$TMP/str.json" $REF/stories260K-q8_0.json)" = y ]
 # a batch: strings and id arrays, in order
-check "batch 200" [ "$(status "$URL/v1/embeddings" -d '{"input":["Once upon a time","Lily","The cat sat on the mat and looked at the bird."],"encoding_format":"float"}')" = 200 ]
+BATCH='{"input":["Once upon a time","Lily","The cat sat on the mat and looked at the bird."],"encoding_format":"float"}'
+check "batch 200" [ "$(status "$URL/v1/embeddings" -d "$BATCH")" = 200 ]
+cp "$TMP/body" "$TMP/batch1.json"
 check "batch shape" [ "$(js 'j.data.map(d=>d.index+":"+d.embedding.length).join(",")+"/"+j.usage.prompt_tokens' "$TMP/body")" = "0:64,1:64,2:64/28" ]
 check "batch item 0 == single" [ "$(js 'JSON.stringify(j.data[0].embedding)' "$TMP/body")" = "$(js 'JSON.stringify(j.data[0].embedding)' "$TMP/str.json")" ]
 check "id arrays batch 200" [ "$(status "$URL/v1/embeddings" -d "{\"input\":[$ids,[1,317]]}")" = 200 ]
@@ -119,20 +124,75 @@ for k in 1 2 3; do
     stop_server "$PID"
 done
 
-# ---- cluster mode says it does not ----
+# ---- a cluster: the last stage sends the final hidden rows back ----
+# A pipeline gives one machine's vectors bit for bit (the same rows, normed
+# and pooled here); a hybrid plan whose last stage is a group within 1e-5
+# (its sums' rounding order; measured 2e-7 or less). A tensor-parallel group still answers 501 saying so.
 export CUMULO_KEY_FILE="$TMP/cluster.key"
 "$BIN" key --new --force >/dev/null 2>&1
-"$BIN" node --bind 127.0.0.1 --port 0 --port-file "$TMP/np" --no-mdns --threads 1 --cache "$TMP/nc" >"$TMP/node.log" 2>&1 &
-NPID=$!
-SERVER_PIDS="$SERVER_PIDS $NPID"
-k=0
-while [ ! -s "$TMP/np" ] && [ $k -lt 100 ]; do sleep 0.05; k=$((k + 1)); done
+N=""
+for i in 1 2; do
+    "$BIN" node --bind 127.0.0.1 --port 0 --port-file "$TMP/np$i" --no-mdns --threads 1 --cache "$TMP/nc$i" >"$TMP/node$i.log" 2>&1 &
+    SERVER_PIDS="$SERVER_PIDS $!"
+    k=0
+    while [ ! -s "$TMP/np$i" ] && [ $k -lt 100 ]; do sleep 0.05; k=$((k + 1)); done
+    N="$N${N:+,}127.0.0.1:$(cat "$TMP/np$i")"
+done
 MODEL=$SHARED/models/stories260K-q8_0.gguf
-if start_server cl --nodes "127.0.0.1:$(cat "$TMP/np")"; then
-    check "cluster: 501" [ "$(status "$URL/v1/embeddings" -d '{"input":"Once upon a time"}')" = 501 ]
-    check "cluster: says so" grep -q 'not supported in cluster mode' "$TMP/body"
-    check "cluster: generation still works" [ "$(status "$URL/v1/completions" -d '{"prompt":"Once","max_tokens":4}')" = 200 ]
+# same_vecs A B: the embeddings of two answers: identical for a pipeline; for
+# a plan with a tensor-parallel group (its all-reduced sums round in another
+# order) within a relative max-abs 1e-5. Prints the difference.
+same_vecs() {
+    node -e '
+const fs=require("fs");const [a,b,tp]=process.argv.slice(1);const A=JSON.parse(fs.readFileSync(a)).data,B=JSON.parse(fs.readFileSync(b)).data;
+let w=0;for(let k=0;k<A.length;k++){const x=A[k].embedding,y=B[k].embedding;let m=0,n=0;for(let i=0;i<x.length;i++){m=Math.max(m,Math.abs(x[i]-y[i]));n=Math.max(n,Math.abs(y[i]))}w=Math.max(w,m/n)}
+console.log(w.toExponential(2));process.exit(A.length===B.length&&(tp==="1"?w<=1e-5:w===0)?0:1)' "$1" "$2" "$3"
+}
+LONGIN=$(node -e 'process.stdout.write(JSON.stringify({input:[Array.from({length:300},(_,i)=>1+(i*37)%500)],pooling:"mean",normalize:false}))')
+for cfg in "pp --nodes $N" "hy12 --nodes $N --groups 1,2"; do
+    # shellcheck disable=SC2086
+    set -- $cfg
+    name=$1; shift
+    if ! start_server "$name" --kv-type f16 "$@"; then bad "$name serve did not start"; continue; fi
+    for k in mean cls last; do
+        e=$(cmp_ref $REF/stories260K-q8_0.json "$PORT" $k)
+        check "$name: stories260K $k vs llama.cpp: worst relative error $e <= $BOUND" [ $? -eq 0 ]
+        echo "# $name stories260K $k: worst relative max-abs error $e" >&2
+    done
+    check "$name: batch 200" [ "$(status "$URL/v1/embeddings" -d "$BATCH")" = 200 ]
+    tpg=0; [ "$name" = hy12 ] && tpg=1
+    dv=$(same_vecs "$TMP/body" "$TMP/batch1.json" $tpg)
+    check "$name: batch == one machine's (relative difference $dv)" [ $? -eq 0 ]
+    # 300 rows: past one micro-batch; the reference is this script's one-machine server below
+    check "$name: 300-token input 200" [ "$(status "$URL/v1/embeddings" -d "$LONGIN")" = 200 ]
+    cp "$TMP/body" "$TMP/$name.long.json"
+    # an embedding while a generation runs (its own sequence slot)
+    curl -s --max-time 60 "$URL/v1/completions" -d '{"prompt":"Once upon a time","max_tokens":40,"temperature":0}' >"$TMP/$name.gen.json" &
+    GP=$!
+    check "$name: embedding during a generation 200" [ "$(status "$URL/v1/embeddings" -d "$BATCH")" = 200 ]
+    dv=$(same_vecs "$TMP/body" "$TMP/batch1.json" $tpg)
+    check "$name: ... same vectors (relative difference $dv)" [ $? -eq 0 ]
+    wait $GP
+    check "$name: the generation finished ($(head -c 100 "$TMP/$name.gen.json"))" [ "$(js 'j.choices[0].finish_reason' "$TMP/$name.gen.json")" = length ]
+    stop_server "$PID"
+done
+if start_server one --kv-type f16; then
+    status "$URL/v1/embeddings" -d "$LONGIN" >/dev/null
+    for name in pp hy12; do
+        tpg=0; [ "$name" = hy12 ] && tpg=1
+        dv=$(same_vecs "$TMP/$name.long.json" "$TMP/body" $tpg)
+        check "$name: 300-token input == one machine's (relative difference $dv)" [ $? -eq 0 ]
+        echo "# $name: 300-token mean vs one machine: relative max-abs difference $dv" >&2
+    done
+    stop_server "$PID"
 else
-    bad "cluster serve did not start"
+    bad "one-machine server did not start"
+fi
+if start_server tp --nodes "$N" --parallel tp; then
+    check "tensor parallel: 501" [ "$(status "$URL/v1/embeddings" -d '{"input":"Once upon a time"}')" = 501 ]
+    check "tensor parallel: says so" grep -q 'tensor-parallel' "$TMP/body"
+    check "tensor parallel: generation still works" [ "$(status "$URL/v1/completions" -d '{"prompt":"Once","max_tokens":4}')" = 200 ]
+else
+    bad "tp serve did not start"
 fi
 finish

@@ -16,7 +16,7 @@ static const uint8_t k_key[32] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14,
 /* Fixed inputs for the array-carrying messages. */
 static int32_t g_pos[8] = {0, 1, 2, 3, 7, 8, 9, 100}, g_seq[8] = {0, 0, 0, 0, 1, 1, 1, 2};
 static int32_t g_tok[8] = {1, 15043, 3186, 0, 5, 6, 31999, 2};
-static uint8_t g_want[8] = {0, 0, 0, 1, 0, 0, 1, 1};
+static uint8_t g_want[8] = {0, 0, 0, 1, 0, 2, 3, 1}; /* enum cm_want */
 static float g_hidden[8 * 5];
 static float g_partial[33];
 static uint8_t g_blob[300];
@@ -179,6 +179,12 @@ static void sample(unsigned type, cm_msg *m, int variant) {
         c->hist = variant ? NULL : g_tok;
         break;
     }
+    case CM_MSG_OUTPUT: { /* hidden rows (1 or 8 of 5 floats), or one row of "logits" (40 floats) */
+        cm_msg_output *o = &m->u.output;
+        *o = (cm_msg_output){.epoch = 9, .request_id = 77, .seq = 2, .kind = variant == 2 ? CM_OUTPUT_LOGITS : CM_OUTPUT_HIDDEN,
+                             .n_rows = variant == 0 ? 8 : 1, .dim = variant == 2 ? 40 : 5, .pos = g_pos, .data = g_hidden};
+        break;
+    }
     case CM_MSG_LINKS_REQ: {
         cm_msg_links_req *q = &m->u.links_req;
         q->id = 0x1234567890ull + (uint64_t)variant;
@@ -295,7 +301,7 @@ static void check_forward(const cm_msg_forward *a, const cm_msg_forward *d) {
     for (uint32_t i = 0; i < d->n_tokens; i++) {
         CHECK(cm_msg_forward_pos(d, i) == a->pos[i]);
         CHECK(cm_msg_forward_seq(d, i) == a->seq[i]);
-        CHECK(cm_msg_forward_want(d, i) == (a->want[i] != 0));
+        CHECK(cm_msg_forward_want(d, i) == a->want[i]);
         if (a->dtype == CM_HIDDEN_TOKENS) { CHECK(cm_msg_forward_token(d, i) == a->tokens[i]); continue; }
         float row[5], amax = 0;
         cm_msg_forward_row(d, i, row);
@@ -654,6 +660,51 @@ static void test_encode_bounds(void) {
     uint8_t buf[512];
     CHECK(cm_msg_encode(&m, buf, sizeof buf, &n, e, sizeof e) == CM_EINVAL); /* Q8 of inf */
     CHECK(cm_msg_decode(CM_MSG_AUTH_INIT, buf, 0, &m, e, sizeof e) == CM_EUNSUPPORTED);
+    /* OUTPUT (rows back to the coordinator): rows come back bit for bit; the
+     * kind, the counts and their product are bounded both ways, before the
+     * arrays are read (a header claiming a vocabulary-wide row of the maximum
+     * rows in a tiny payload is refused). */
+    {
+        cm_msg d;
+        static uint8_t ob[1024];
+        sample(CM_MSG_OUTPUT, &m, 2);
+        n = enc(&m, ob, sizeof ob);
+        CHECK(n == 8 + 8 + 4 + 1 + 4 + 4 + 4 + 40 * 4);
+        CHECK(cm_msg_decode(CM_MSG_OUTPUT, ob, n, &d, e, sizeof e) == 0);
+        float row[40];
+        cm_msg_output_row(&d.u.output, 0, row);
+        CHECK(!memcmp(row, g_hidden, sizeof row) && cm_msg_output_pos(&d.u.output, 0) == g_pos[0] &&
+              d.u.output.kind == CM_OUTPUT_LOGITS && d.u.output.seq == 2);
+        ob[20] = CM_OUTPUT_COUNT; /* kind */
+        CHECK(cm_msg_decode(CM_MSG_OUTPUT, ob, n, &d, e, sizeof e) == CM_EFORMAT);
+        CHECKF(strstr(e, "'kind'") != NULL, "%s", e);
+        ob[20] = CM_OUTPUT_LOGITS;
+        cm_wr_u32(ob + 25, CM_MSG_MAX_OUT_DIM + 1); /* dim */
+        CHECK(cm_msg_decode(CM_MSG_OUTPUT, ob, n, &d, e, sizeof e) == CM_EFORMAT);
+        cm_wr_u32(ob + 25, CM_MSG_MAX_OUT_DIM);
+        cm_wr_u32(ob + 21, CM_MSG_MAX_TOKENS); /* n_rows: 16384 x 2^20 floats is past the frame */
+        CHECK(cm_msg_decode(CM_MSG_OUTPUT, ob, n, &d, e, sizeof e) == CM_EFORMAT);
+        CHECKF(strstr(e, "n_rows x dim") != NULL, "%s", e);
+        cm_wr_u32(ob + 21, 1);
+        CHECK(cm_msg_decode(CM_MSG_OUTPUT, ob, n, &d, e, sizeof e) == CM_EFORMAT); /* 2^20 floats claimed, 40 sent */
+        cm_wr_u32(ob + 25, 0);
+        CHECK(cm_msg_decode(CM_MSG_OUTPUT, ob, n, &d, e, sizeof e) == CM_EFORMAT);
+        sample(CM_MSG_OUTPUT, &m, 0);
+        m.u.output.n_rows = CM_MSG_MAX_TOKENS;
+        m.u.output.dim = CM_MSG_MAX_DIM;
+        CHECK(cm_msg_encode(&m, NULL, 0, &n, e, sizeof e) == CM_EINVAL);
+        sample(CM_MSG_OUTPUT, &m, 1);
+        int32_t neg = -1;
+        m.u.output.pos = &neg;
+        CHECK(cm_msg_encode(&m, NULL, 0, &n, e, sizeof e) == CM_EINVAL);
+        /* FORWARD's want byte: 0..3 (enum cm_want), 4 refused */
+        sample(CM_MSG_FORWARD, &m, 0);
+        n = enc(&m, ob, sizeof ob);
+        size_t woff = 8 + 8 + 4 + 4 + 1 + 8 * 4 * 2; /* the first want byte */
+        CHECK(ob[woff + 5] == CM_WANT_LOGITS && ob[woff + 6] == CM_WANT_HIDDEN);
+        ob[woff] = CM_WANT_COUNT;
+        CHECK(cm_msg_decode(CM_MSG_FORWARD, ob, n, &d, e, sizeof e) == CM_EFORMAT);
+    }
 }
 
 /* ---- handshake and sessions, both ends in one process ---- */
