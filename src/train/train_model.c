@@ -18,7 +18,7 @@
 #include <math.h>
 #include <string.h>
 
-enum { ROWS = 16 }; /* weight rows dequantized per block */
+enum { ROWS = 64 }; /* weight rows dequantized per block */
 
 struct cm_trainer {
     const cm_model *m;
@@ -33,7 +33,8 @@ struct cm_trainer {
     /* gradients */
     float *dx, *dxn, *dq, *dk, *dv, *dao, *da, *dg, *du, *dhn, *dtmp;
     float *xd, *ax, *dax; /* LoRA: dropped input [T][max_in], A x and its gradient [T][rank] */
-    float *wrow;          /* ROWS dequantized rows */
+    float *wrow, *wt;     /* ROWS dequantized rows, and transposed */
+    float *mtmp;          /* [T][max n_in]: one block's share of W^T dy */
     float *logits;        /* [T][V] */
     /* the current window's dropout */
     float drop;
@@ -74,25 +75,42 @@ static const float *rows_of(const cm_trainer *tr, const cm_tensor *w, int64_t r0
     return out;
 }
 
-/* y[T][n_out] = W x (x [T][n_in]). */
+/* y[T][n_out] = W x (x [T][n_in]): blocks of ROWS rows as floats through
+ * the kernels' F32 gemm (or vec_dot), so the products run at SIMD speed. */
 static void mm(cm_trainer *tr, const cm_tensor *w, const float *x, int T, float *y) {
     const int64_t n_in = w->ne[0], n_out = w->ne[1];
+    const cm_gemm_fn gemm = tr->k->gemm[CM_TYPE_F32];
+    const size_t xs = (size_t)n_in * sizeof(float);
     for (int64_t r0 = 0; r0 < n_out; r0 += ROWS) {
         const int64_t nr = n_out - r0 < ROWS ? n_out - r0 : ROWS;
         const float *wr = rows_of(tr, w, r0, nr, tr->wrow);
+        if (gemm && T > 1) {
+            gemm(n_in, wr, xs, x, xs, y + r0, n_out, 0, nr, T);
+            continue;
+        }
         for (int t = 0; t < T; t++)
-            for (int64_t r = 0; r < nr; r++) y[(int64_t)t * n_out + r0 + r] = dotf(wr + r * n_in, x + (int64_t)t * n_in, n_in);
+            for (int64_t r = 0; r < nr; r++)
+                tr->k->vec_dot[CM_TYPE_F32](n_in, &y[(int64_t)t * n_out + r0 + r], wr + r * n_in, x + (int64_t)t * n_in);
     }
 }
 
-/* dx[T][n_in] += W^T dy. */
+/* dx[T][n_in] += W^T dy: blocks of ROWS rows transposed, then the same
+ * gemm with the rows' share of dy as the activations. */
 static void mm_back(cm_trainer *tr, const cm_tensor *w, const float *dy, int T, float *dx) {
     const int64_t n_in = w->ne[0], n_out = w->ne[1];
+    const cm_gemm_fn gemm = tr->k->gemm[CM_TYPE_F32];
     for (int64_t r0 = 0; r0 < n_out; r0 += ROWS) {
         const int64_t nr = n_out - r0 < ROWS ? n_out - r0 : ROWS;
         const float *wr = rows_of(tr, w, r0, nr, tr->wrow);
-        for (int t = 0; t < T; t++)
-            for (int64_t r = 0; r < nr; r++) axpy(dy[(int64_t)t * n_out + r0 + r], wr + r * n_in, dx + (int64_t)t * n_in, n_in);
+        for (int64_t r = 0; r < nr; r++) /* wt[i][r] = W[r0 + r][i] */
+            for (int64_t i = 0; i < n_in; i++) tr->wt[i * nr + r] = wr[r * n_in + i];
+        if (gemm && T > 1)
+            gemm(nr, tr->wt, (size_t)nr * sizeof(float), dy + r0, (size_t)n_out * sizeof(float), tr->mtmp, n_in, 0, n_in, T);
+        else
+            for (int t = 0; t < T; t++)
+                for (int64_t i = 0; i < n_in; i++)
+                    tr->k->vec_dot[CM_TYPE_F32](nr, &tr->mtmp[(int64_t)t * n_in + i], tr->wt + i * nr, dy + (int64_t)t * n_out + r0);
+        for (int64_t i = 0; i < (int64_t)T * n_in; i++) dx[i] += tr->mtmp[i];
     }
 }
 
@@ -443,7 +461,8 @@ int cm_trainer_new(cm_trainer **out, const cm_model *m, cm_tadapter *ad, int n_c
         {&tr->dx, T * E}, {&tr->dxn, T * E}, {&tr->dq, T * Q}, {&tr->dk, T * KV}, {&tr->dv, T * KV},
         {&tr->dao, T * (Q > KV ? Q : KV)}, {&tr->da, T * F}, {&tr->dg, T * F}, {&tr->du, T * F}, {&tr->dhn, T * E},
         {&tr->dtmp, T + T * E}, {&tr->xd, T * mx}, {&tr->ax, T * ad->rank}, {&tr->dax, ad->rank},
-        {&tr->wrow, ROWS * (mx > E ? mx : E)}, {&tr->logits, T * tr->V},
+        {&tr->wrow, ROWS * (mx > E ? mx : E)}, {&tr->wt, ROWS * (mx > E ? mx : E)}, {&tr->mtmp, T * mx},
+        {&tr->logits, T * tr->V},
     };
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
         *bufs[i].p = cm_malloc((size_t)bufs[i].n * sizeof(float));
@@ -464,7 +483,7 @@ void cm_trainer_free(cm_trainer *tr) {
     float *bufs[] = {tr->rope, tr->xs, tr->xn, tr->rinv1, tr->qraw, tr->kraw, tr->q, tr->k_, tr->v, tr->qri,
                      tr->kri, tr->P, tr->ao, tr->h, tr->hn, tr->rinv2, tr->g, tr->u, tr->a, tr->dx, tr->dxn,
                      tr->dq, tr->dk, tr->dv, tr->dao, tr->da, tr->dg, tr->du, tr->dhn, tr->dtmp, tr->xd,
-                     tr->ax, tr->dax, tr->wrow, tr->logits};
+                     tr->ax, tr->dax, tr->wrow, tr->wt, tr->mtmp, tr->logits};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) cm_free(bufs[i]);
     cm_free(tr);
 }
