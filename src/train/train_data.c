@@ -53,6 +53,33 @@ static int push_text(sink *s, const char *text, size_t n, bool special, uint8_t 
     return rc;
 }
 
+/* Tokenize text whole (as inference will see it: SPM's prefix space once,
+ * merges across segment borders) and flag each token that overlaps one of
+ * the loss ranges [rng[2i], rng[2i + 1]) of text bytes. */
+static int push_ranges(sink *s, const char *text, size_t n, bool special, const size_t *rng, int n_rng, char *err,
+                       size_t errlen) {
+    const int64_t first = s->d->n_tok;
+    int rc = push_text(s, text, n, special, 0, err, errlen);
+    if (rc) return rc;
+    size_t total = 0, len;
+    for (int64_t i = first; i < s->d->n_tok; i++) {
+        const char *p = cm_tokenizer_piece(s->tok, s->d->tok[i], true, &len);
+        total += p ? len : 0;
+    }
+    const size_t shift = total > n ? total - n : 0; /* SPM's dummy prefix: bytes not in the text */
+    size_t at = 0;
+    for (int64_t i = first; i < s->d->n_tok; i++) {
+        const char *p = cm_tokenizer_piece(s->tok, s->d->tok[i], true, &len);
+        size_t b0 = at > shift ? at - shift : 0;
+        at += p ? len : 0;
+        size_t b1 = at > shift ? at - shift : 0;
+        if (b1 == b0) b1 = b0 + 1; /* a token of no bytes belongs where it stands */
+        for (int k = 0; k < n_rng; k++)
+            if (b0 < rng[2 * k + 1] && b1 > rng[2 * k]) s->d->loss[i] = 1;
+    }
+    return 0;
+}
+
 static const char *str_field(const cJSON *o, const char *key) {
     const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, key);
     return cJSON_IsString(x) ? x->valuestring : NULL;
@@ -68,7 +95,7 @@ static int render(const cm_chat_template *tpl, const cm_chat_opts *co, const cm_
 }
 
 /* {"messages": [...]}: the text before each assistant turn without loss,
- * the turn itself (up to the next rendering's end) with loss. */
+ * the turn itself (up to the next rendering's end) with loss, in one text. */
 static int do_messages(sink *s, const cJSON *arr, const cm_chat_template *tpl, const cm_chat_opts *co, char *err,
                        size_t errlen) {
     if (!tpl) return cm_errf(err, errlen, CM_EFORMAT, "\"messages\" needs a chat template, and the model has none");
@@ -87,25 +114,30 @@ static int do_messages(sink *s, const cJSON *arr, const cm_chat_template *tpl, c
         else n_asst += !strcmp(m[i].role, "assistant");
     }
     if (!rc && !n_asst) rc = cm_errf(err, errlen, CM_EFORMAT, "\"messages\" has no assistant message to learn");
-    cm_buf a, b;
+    cm_buf a, b, f;
     cm_buf_init(&a);
     cm_buf_init(&b);
-    size_t done = 0; /* bytes of the full rendering already pushed */
+    cm_buf_init(&f);
+    size_t *rng = cm_malloc((size_t)(2 * n) * sizeof(size_t));
+    int nr = 0;
+    if (!rc && !rng) rc = cm_errf(err, errlen, CM_ENOMEM, "out of memory");
+    if (!rc) rc = render(tpl, co, m, (size_t)n, false, &f, err, errlen);
     for (int k = 0; k < n && !rc; k++) {
         if (strcmp(m[k].role, "assistant")) continue;
-        /* prefix: everything up to the assistant's turn opening; then the turn */
+        /* the turn: from the end of the turns before it with the assistant's opening to its own end */
         if ((rc = render(tpl, co, m, (size_t)k, true, &a, err, errlen)) ||
             (rc = render(tpl, co, m, (size_t)k + 1, false, &b, err, errlen)))
             break;
-        if (a.len < done || b.len < a.len || memcmp(a.data, b.data, a.len)) {
+        if (b.len < a.len || f.len < b.len || memcmp(a.data, f.data, a.len) || memcmp(b.data, f.data, b.len)) {
             rc = cm_errf(err, errlen, CM_EUNSUPPORTED, "the chat template does not render message %d as an extension of the turns before it", k + 1);
             break;
         }
-        if ((rc = push_text(s, a.data + done, a.len - done, true, 0, err, errlen)) ||
-            (rc = push_text(s, b.data + a.len, b.len - a.len, true, 1, err, errlen)))
-            break;
-        done = b.len;
+        rng[2 * nr] = a.len;
+        rng[2 * nr++ + 1] = b.len;
     }
+    if (!rc) rc = push_ranges(s, f.data, f.len, true, rng, nr, err, errlen);
+    cm_free(rng);
+    cm_buf_release(&f);
     cm_buf_release(&a);
     cm_buf_release(&b);
     cm_free(m);
@@ -132,9 +164,16 @@ static int do_line(sink *s, const char *line, size_t n, const cm_chat_template *
         rc = cm_errf(err, errlen, CM_EFORMAT, "\"messages\" must be an array");
     if (!rc && bos) rc = push_tok(s, cm_tokenizer_bos(s->tok), 0); /* the chat rendering leaves BOS to us then */
     if (!rc && text) rc = push_text(s, text->valuestring, strlen(text->valuestring), false, 1, err, errlen);
-    if (!rc && pr) {
-        rc = push_text(s, pr->valuestring, strlen(pr->valuestring), false, 0, err, errlen);
-        if (!rc) rc = push_text(s, co_->valuestring, strlen(co_->valuestring), false, 1, err, errlen);
+    if (!rc && pr) { /* one text, so that the tokens at the border are the ones inference will see */
+        const size_t np = strlen(pr->valuestring), nc = strlen(co_->valuestring), rng[2] = {np, np + nc};
+        char *t = np + nc < (size_t)MAX_LINE ? cm_malloc(np + nc + 1) : NULL;
+        if (!t) rc = CM_ENOMEM;
+        else {
+            memcpy(t, pr->valuestring, np);
+            memcpy(t + np, co_->valuestring, nc + 1);
+            rc = push_ranges(s, t, np + nc, false, rng, 1, err, errlen);
+            cm_free(t);
+        }
     }
     if (!rc && msgs) rc = do_messages(s, msgs, tpl, co, err, errlen);
     if (!rc && !msgs && cm_tokenizer_eos(s->tok) != CM_TOKEN_NULL) rc = push_tok(s, cm_tokenizer_eos(s->tok), 1);

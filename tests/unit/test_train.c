@@ -24,7 +24,9 @@
 #include "model/model.h"
 #include "synth/synth.h"
 #include "train/train.h"
+#include "train/train_data.h"
 #include "train/train_io.h"
+#include "tokenizer/tokenizer.h"
 
 static char errbuf[512];
 
@@ -249,7 +251,69 @@ static void test_adamw(void) {
     tiny_close(&t);
 }
 
+/* The loss flags: prompt tokens off, completion and EOS on; in a chat, only
+ * the assistant turns (their text and the template's end of turn). */
+static void test_data_masks(void) {
+    cm_tokenizer *tok = NULL;
+    cm_chat_template tpl;
+    if (cm_tokenizer_open(&tok, t_shared("models/stories260K-f32.gguf"), errbuf, sizeof errbuf)) {
+        CHECKF(0, "%s", errbuf);
+        return;
+    }
+    CHECK(cm_chat_template_by_name(&tpl, "chatml", errbuf, sizeof errbuf) == 0);
+    cm_chat_opts co = {.tokenizer_adds_bos = cm_tokenizer_add_bos(tok), .bos = "<s>", .eos = "</s>"};
+    const char *jl = "{\"prompt\": \"the cat\", \"completion\": \" sat down\"}\n"
+                     "\n"
+                     "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"assistant\", \"content\": \"hello\"},"
+                     " {\"role\": \"user\", \"content\": \"and\"}, {\"role\": \"assistant\", \"content\": \"bye\"}]}\n";
+    cm_tdata d;
+    int rc = cm_tdata_parse(&d, (const uint8_t *)jl, strlen(jl), "t.jsonl", tok, &tpl, &co, errbuf, sizeof errbuf);
+    CHECKF(rc == 0, "%s", errbuf);
+    if (!rc) {
+        CHECK(d.n_ex == 2);
+        /* each example's loss-flagged tokens, decoded */
+        const char *want[2] = {" sat down", "hello<|im_end|>\nbye<|im_end|>\n"};
+        for (int e = 0; e < 2 && e < d.n_ex; e++) {
+            cm_token ids[256];
+            size_t n = 0;
+            for (int64_t i = d.ex_off[e]; i < d.ex_off[e + 1] && n < 256; i++)
+                if (d.loss[i] && d.tok[i] != cm_tokenizer_eos(tok)) ids[n++] = d.tok[i];
+            cm_buf b;
+            cm_buf_init(&b);
+            cm_tokenizer_decode(tok, ids, n, 0, &b, errbuf, sizeof errbuf);
+            cm_buf_append(&b, "", 1);
+            CHECKF(b.data && strstr(b.data, want[e] + (e == 0)) && strlen(b.data) <= strlen(want[e]) + 1,
+                   "example %d: loss on '%s', want '%s'", e, b.data ? b.data : "", want[e]);
+            cm_buf_release(&b);
+        }
+        CHECK(d.loss[d.ex_off[1] - 1] == 1 && d.tok[d.ex_off[1] - 1] == cm_tokenizer_eos(tok)); /* EOS learned */
+        CHECK(d.loss[0] == 0);                                                                    /* BOS not */
+        cm_twin *w = NULL;
+        int nw = 0, ex[2] = {0, 1};
+        CHECK(cm_tdata_pack(&d, ex, 2, 8, &w, &nw, errbuf, sizeof errbuf) == 0);
+        /* every loss token is the target of exactly one window */
+        int64_t targets = 0, loss_tok = 0;
+        int32_t in[8], tg[8];
+        for (int i = 0; i < nw; i++) {
+            CHECK(w[i].len >= 2 && w[i].len <= 9);
+            int T = cm_twin_fill(&d, w[i], in, tg);
+            for (int j = 0; j < T; j++) targets += tg[j] >= 0;
+        }
+        for (int64_t i = 0; i < d.n_tok; i++) loss_tok += d.loss[i];
+        CHECKF(targets == loss_tok, "%d windows have %lld targets, the data %lld loss tokens", nw, (long long)targets,
+               (long long)loss_tok);
+        cm_free(w);
+        cm_tdata_release(&d);
+    }
+    /* a bad line names itself */
+    const char *bad = "{\"text\": \"ok\"}\n{\"text\": \"ok\"}\n{\"completion\": \"x\"}\n";
+    CHECK(cm_tdata_parse(&d, (const uint8_t *)bad, strlen(bad), "b.jsonl", tok, NULL, &co, errbuf, sizeof errbuf) == CM_EFORMAT);
+    CHECKF(strstr(errbuf, "'b.jsonl' line 3: ") != NULL, "%s", errbuf);
+    cm_tokenizer_free(tok);
+}
+
 int main(void) {
+    RUN(test_data_masks);
     RUN(test_grad_check);
     RUN(test_refuses);
     RUN(test_adamw);
