@@ -42,6 +42,7 @@ static const char *k_help =
     "  --eval-every N       steps between eval losses (default a tenth of the run)\n"
     "  --save-every N       checkpoint every N steps: ADAPTER.gguf.ckpt-STEP.gguf and ADAPTER.gguf\n"
     "  --resume CKPT        continue from a checkpoint (same options and data: bit-identical)\n"
+    "  --threads N          threads (default: the CPUs); the adapter is the same for any N\n"
     "  --chat-template NAME render \"messages\" with this family instead of the model's template\n";
 
 typedef struct bar {
@@ -67,7 +68,7 @@ static void on_progress(void *user, const cm_finetune_status *st) {
     bars[width] = 0;
     char val[32] = "";
     if (isfinite(st->val_loss)) snprintf(val, sizeof val, " val %.4f", st->val_loss);
-    fprintf(stderr, "%s[%s] step %lld/%lld ep %d loss %.4f%s lr %.2e %.0f tok/s eta %.0fs%s", b->tty ? "\r" : "", bars,
+    fprintf(stderr, "%s[%s] step %lld/%lld ep %d loss %.4f%s lr %.2e %.3g tok/s eta %.0fs%s", b->tty ? "\r" : "", bars,
             (long long)st->step, (long long)st->steps, st->epoch + 1, st->loss, val, st->lr, st->tok_per_s, st->eta_s,
             b->tty && !line ? "   " : "\n");
     if (st->saved) fprintf(stderr, "saved %s\n", st->saved);
@@ -117,6 +118,7 @@ static int parse(int argc, char **argv, cm_finetune_opts *o, const char **model,
         INT_OPT("--steps", 1, 100000000, steps)
         INT_OPT("--eval-every", 1, 100000000, eval_every)
         INT_OPT("--save-every", 1, 100000000, save_every)
+        INT_OPT("--threads", 1, 1024, n_threads)
         FLT_OPT("--dropout", 0, 0.95, dropout)
         FLT_OPT("--lr", 1e-9, 10, lr)
         FLT_OPT("--weight-decay", 0, 10, weight_decay)
@@ -154,6 +156,7 @@ int cmd_finetune(int argc, char **argv) {
     }
     cm_finetune_opts o;
     cm_finetune_opts_default(&o);
+    o.n_threads = cm_cpu_count() > 0 ? cm_cpu_count() : 1;
     const char *model = NULL, *data = NULL, *tmpl = NULL;
     if (parse(argc, argv, &o, &model, &data, &tmpl)) return 1;
     if (!(model = cli_model_path(model))) return 1;
@@ -181,8 +184,9 @@ int cmd_finetune(int argc, char **argv) {
     cm_free(text);
     if (!rc && o.n_ctx > m.hp.n_ctx_train && m.hp.n_ctx_train > 0) o.n_ctx = m.hp.n_ctx_train;
     if (!rc) {
-        fprintf(stderr, "finetune: %d examples, %lld tokens; rank %d, alpha %g, lr %g, ctx %d, batch %d x %d\n", d.n_ex,
-                (long long)d.n_tok, o.rank, o.alpha, o.lr, o.n_ctx, o.batch, o.grad_accum);
+        fprintf(stderr, "finetune: %d examples, %lld tokens; rank %d, alpha %g, lr %g, ctx %d, batch %d x %d, %d thread%s\n",
+                d.n_ex, (long long)d.n_tok, o.rank, o.alpha, o.lr, o.n_ctx, o.batch, o.grad_accum, o.n_threads,
+                o.n_threads > 1 ? "s" : "");
         const char *force = getenv("CUMULO_PROGRESS");
         bar b = {.tty = (force && !strcmp(force, "1")) || isatty(2), .loss0 = NAN, .val0 = NAN, .loss = NAN, .val = NAN};
         o.progress = on_progress;

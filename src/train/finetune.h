@@ -50,6 +50,7 @@ typedef struct cm_finetune_opts {
     int save_every;     /* steps; 0: none */
     const char *out;    /* the adapter's path; checkpoints go to OUT.ckpt-STEP.gguf, the curve to OUT.svg */
     const char *resume; /* a checkpoint to continue from, or NULL */
+    int n_threads;      /* threads for the matmuls (default 1); never changes the result */
     /* Called after every optimizer step (and eval); may draw a progress bar. */
     void (*progress)(void *user, const cm_finetune_status *st);
     void *progress_user;

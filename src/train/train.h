@@ -19,7 +19,7 @@
  * memory is O(n_layer T E + one layer's T x (n_ff + H T)).
  *
  * Deterministic: the same adapter, tokens and dropout key give the same bits
- * on every run (no threads share a sum; dropout masks are a hash of the key
+ * on every run and for any thread count (no threads share a sum; dropout masks are a hash of the key
  * and the element's index, so recomputation sees the same mask). Never opens
  * files here: train_data.c, train_io.c do that for the CLI.
  */
@@ -78,9 +78,12 @@ static inline float *cm_tadapter_b(const cm_tadapter *a, int p) { return a->w + 
  * a->g; clears a->g. step++ first, bias correction with the new step. */
 void cm_tadapter_adamw(cm_tadapter *a, float lr, float beta1, float beta2, float eps, float wd);
 
-/* The workspace for windows of up to n_ctx tokens. */
+/* The workspace for windows of up to n_ctx tokens. pool (not owned; NULL:
+ * the caller's thread only) runs the base-weight matmuls; every output has
+ * one owner, so the results are the same bits for any number of threads. */
 typedef struct cm_trainer cm_trainer;
-int cm_trainer_new(cm_trainer **out, const cm_model *m, cm_tadapter *ad, int n_ctx, char *err, size_t errlen);
+int cm_trainer_new(cm_trainer **out, const cm_model *m, cm_tadapter *ad, int n_ctx, cm_pool *pool, char *err,
+                   size_t errlen);
 void cm_trainer_free(cm_trainer *tr);
 
 /* One window: tokens[0..n) at positions 0..n-1, target[i] the token that

@@ -27,6 +27,7 @@ void cm_finetune_opts_default(cm_finetune_opts *o) {
     o->epochs = 0; /* auto: 3 epochs, at least 50 steps */
     o->seed = 42;
     o->val_split = 0.1f;
+    o->n_threads = 1;
 }
 
 static uint64_t mix(uint64_t z) {
@@ -158,7 +159,9 @@ int cm_finetune_run(const cm_model *m, const cm_tdata *d, const cm_finetune_opts
     if (!o->steps && !o->epochs && r.steps < 50) r.steps = 50; /* a small dataset still gets enough steps to learn */
     r.warmup = o->warmup >= 0 ? o->warmup : (int)(r.steps / 20);
     if (!rc) rc = cm_tadapter_new(&r.ad, m, o->rank, o->alpha, o->targets, o->seed, err, errlen);
-    if (!rc) rc = cm_trainer_new(&r.tr, m, r.ad, o->n_ctx, err, errlen);
+    cm_pool *pool = o->n_threads > 1 ? cm_pool_new(o->n_threads) : NULL;
+    if (!rc && o->n_threads > 1 && !pool) rc = cm_errf(err, errlen, CM_ENOMEM, "cannot start %d threads", o->n_threads);
+    if (!rc) rc = cm_trainer_new(&r.tr, m, r.ad, o->n_ctx, pool, err, errlen);
     r.perm = cm_malloc((size_t)(r.n_win + 1) * sizeof(int));
     r.tok = cm_malloc((size_t)o->n_ctx * sizeof(int32_t));
     r.tgt = cm_malloc((size_t)o->n_ctx * sizeof(int32_t));
@@ -226,6 +229,7 @@ int cm_finetune_run(const cm_model *m, const cm_tdata *d, const cm_finetune_opts
     cm_free(r.tgt);
     cm_free(r.hist);
     cm_trainer_free(r.tr);
+    cm_pool_free(pool);
     cm_tadapter_free(r.ad);
     return rc;
 }

@@ -14,6 +14,7 @@
 #include "train.h"
 
 #include "../kernels/kernels.h"
+#include "../os/os.h"
 
 #include <math.h>
 #include <string.h>
@@ -33,7 +34,9 @@ struct cm_trainer {
     /* gradients */
     float *dx, *dxn, *dq, *dk, *dv, *dao, *da, *dg, *du, *dhn, *dtmp;
     float *xd, *ax, *dax; /* LoRA: dropped input [T][max_in], A x and its gradient [T][rank] */
-    float *wrow, *wt;     /* ROWS dequantized rows, and transposed */
+    float *wrow, *wt;     /* per thread: ROWS dequantized rows, and transposed (wrow_n floats each) */
+    size_t wrow_n;
+    cm_pool *pool;        /* NULL: the caller's thread only */
     float *mtmp;          /* [T][max n_in]: one block's share of W^T dy */
     float *logits;        /* [T][V] */
     /* the current window's dropout */
@@ -75,43 +78,81 @@ static const float *rows_of(const cm_trainer *tr, const cm_tensor *w, int64_t r0
     return out;
 }
 
+/* One matmul handed to the pool: y = W x (forward) or dx += W^T dy. */
+typedef struct mm_job {
+    cm_trainer *tr;
+    const cm_tensor *w;
+    const float *x; /* x, or dy */
+    float *y;       /* y, or dx */
+    int T;
+} mm_job;
+
 /* y[T][n_out] = W x (x [T][n_in]): blocks of ROWS rows as floats through
- * the kernels' F32 gemm (or vec_dot), so the products run at SIMD speed. */
-static void mm(cm_trainer *tr, const cm_tensor *w, const float *x, int T, float *y) {
+ * the kernels' F32 gemm (or vec_dot). Thread ith takes every nth block, so
+ * each output has one owner and the same sums for any thread count. */
+static void mm_task(void *ctx, int ith, int nth) {
+    const mm_job *j = ctx;
+    cm_trainer *tr = j->tr;
+    const cm_tensor *w = j->w;
     const int64_t n_in = w->ne[0], n_out = w->ne[1];
     const cm_gemm_fn gemm = tr->k->gemm[CM_TYPE_F32];
     const size_t xs = (size_t)n_in * sizeof(float);
-    for (int64_t r0 = 0; r0 < n_out; r0 += ROWS) {
+    float *buf = tr->wrow + (size_t)ith * tr->wrow_n;
+    for (int64_t r0 = (int64_t)ith * ROWS; r0 < n_out; r0 += (int64_t)nth * ROWS) {
         const int64_t nr = n_out - r0 < ROWS ? n_out - r0 : ROWS;
-        const float *wr = rows_of(tr, w, r0, nr, tr->wrow);
-        if (gemm && T > 1) {
-            gemm(n_in, wr, xs, x, xs, y + r0, n_out, 0, nr, T);
+        const float *wr = rows_of(tr, w, r0, nr, buf);
+        if (gemm && j->T > 1) {
+            gemm(n_in, wr, xs, j->x, xs, j->y + r0, n_out, 0, nr, j->T);
             continue;
         }
-        for (int t = 0; t < T; t++)
+        for (int t = 0; t < j->T; t++)
             for (int64_t r = 0; r < nr; r++)
-                tr->k->vec_dot[CM_TYPE_F32](n_in, &y[(int64_t)t * n_out + r0 + r], wr + r * n_in, x + (int64_t)t * n_in);
+                tr->k->vec_dot[CM_TYPE_F32](n_in, &j->y[(int64_t)t * n_out + r0 + r], wr + r * n_in, j->x + (int64_t)t * n_in);
     }
 }
 
-/* dx[T][n_in] += W^T dy: blocks of ROWS rows transposed, then the same
- * gemm with the rows' share of dy as the activations. */
-static void mm_back(cm_trainer *tr, const cm_tensor *w, const float *dy, int T, float *dx) {
+/* dx[T][n_in] += W^T dy: per block of ROWS rows, thread ith takes the
+ * columns [i0, i1) of W: transposed, they are the rows of a gemm with the
+ * block's share of dy as the activations; dx's columns have one owner and
+ * sum the blocks in order. */
+static void mm_back_task(void *ctx, int ith, int nth) {
+    const mm_job *j = ctx;
+    cm_trainer *tr = j->tr;
+    const cm_tensor *w = j->w;
     const int64_t n_in = w->ne[0], n_out = w->ne[1];
     const cm_gemm_fn gemm = tr->k->gemm[CM_TYPE_F32];
+    int64_t i0, i1;
+    cm_split_range(n_in, ith, nth, &i0, &i1);
+    if (i1 <= i0) return;
+    float *buf = tr->wrow + (size_t)ith * tr->wrow_n, *wt = tr->wt + (size_t)ith * tr->wrow_n;
+    const int T = j->T;
     for (int64_t r0 = 0; r0 < n_out; r0 += ROWS) {
         const int64_t nr = n_out - r0 < ROWS ? n_out - r0 : ROWS;
-        const float *wr = rows_of(tr, w, r0, nr, tr->wrow);
-        for (int64_t r = 0; r < nr; r++) /* wt[i][r] = W[r0 + r][i] */
-            for (int64_t i = 0; i < n_in; i++) tr->wt[i * nr + r] = wr[r * n_in + i];
+        const float *wr = rows_of(tr, w, r0, nr, buf);
+        for (int64_t r = 0; r < nr; r++) /* wt[i - i0][r] = W[r0 + r][i] */
+            for (int64_t i = i0; i < i1; i++) wt[(i - i0) * nr + r] = wr[r * n_in + i];
+        const float *dy = j->x + r0;
         if (gemm && T > 1)
-            gemm(nr, tr->wt, (size_t)nr * sizeof(float), dy + r0, (size_t)n_out * sizeof(float), tr->mtmp, n_in, 0, n_in, T);
+            gemm(nr, wt, (size_t)nr * sizeof(float), dy, (size_t)n_out * sizeof(float), tr->mtmp + i0, n_in, 0, i1 - i0, T);
         else
             for (int t = 0; t < T; t++)
-                for (int64_t i = 0; i < n_in; i++)
-                    tr->k->vec_dot[CM_TYPE_F32](nr, &tr->mtmp[(int64_t)t * n_in + i], tr->wt + i * nr, dy + (int64_t)t * n_out + r0);
-        for (int64_t i = 0; i < (int64_t)T * n_in; i++) dx[i] += tr->mtmp[i];
+                for (int64_t i = i0; i < i1; i++)
+                    tr->k->vec_dot[CM_TYPE_F32](nr, &tr->mtmp[(int64_t)t * n_in + i], wt + (i - i0) * nr, dy + (int64_t)t * n_out);
+        for (int t = 0; t < T; t++)
+            for (int64_t i = i0; i < i1; i++) j->y[(int64_t)t * n_in + i] += tr->mtmp[(int64_t)t * n_in + i];
     }
+}
+
+static void mm(cm_trainer *tr, const cm_tensor *w, const float *x, int T, float *y) {
+    mm_job j = {tr, w, x, y, T};
+    if (tr->pool) cm_pool_run(tr->pool, mm_task, &j);
+    else mm_task(&j, 0, 1);
+}
+
+static void mm_back(cm_trainer *tr, const cm_tensor *w, const float *dy, int T, float *dx) {
+    mm_job j = {tr, w, dy, dx, T};
+    if (tr->pool) cm_pool_run(tr->pool, mm_back_task, &j);
+    else mm_back_task(&j, 0, 1);
 }
 
 /* ---------------- LoRA ---------------- */
@@ -425,7 +466,8 @@ double cm_train_window(cm_trainer *tr, const int32_t *tokens, const int32_t *tar
 
 /* ---------------- workspace ---------------- */
 
-int cm_trainer_new(cm_trainer **out, const cm_model *m, cm_tadapter *ad, int n_ctx, char *err, size_t errlen) {
+int cm_trainer_new(cm_trainer **out, const cm_model *m, cm_tadapter *ad, int n_ctx, cm_pool *pool, char *err,
+                   size_t errlen) {
     *out = NULL;
     int rc = cm_train_check_model(m, err, errlen);
     if (rc) return rc;
@@ -449,6 +491,9 @@ int cm_trainer_new(cm_trainer **out, const cm_model *m, cm_tadapter *ad, int n_c
     const int64_t T = n_ctx, E = tr->E, Q = tr->Q, KV = tr->KV, F = tr->F;
     int64_t mx = E > Q ? E : Q;
     mx = mx > F ? mx : F;
+    const int64_t nth = pool ? cm_pool_size(pool) : 1;
+    tr->pool = pool;
+    tr->wrow_n = (size_t)(ROWS * mx);
     struct {
         float **p;
         int64_t n;
@@ -461,7 +506,7 @@ int cm_trainer_new(cm_trainer **out, const cm_model *m, cm_tadapter *ad, int n_c
         {&tr->dx, T * E}, {&tr->dxn, T * E}, {&tr->dq, T * Q}, {&tr->dk, T * KV}, {&tr->dv, T * KV},
         {&tr->dao, T * (Q > KV ? Q : KV)}, {&tr->da, T * F}, {&tr->dg, T * F}, {&tr->du, T * F}, {&tr->dhn, T * E},
         {&tr->dtmp, T + T * E}, {&tr->xd, T * mx}, {&tr->ax, T * ad->rank}, {&tr->dax, ad->rank},
-        {&tr->wrow, ROWS * (mx > E ? mx : E)}, {&tr->wt, ROWS * (mx > E ? mx : E)}, {&tr->mtmp, T * mx},
+        {&tr->wrow, nth * ROWS * mx}, {&tr->wt, nth * ROWS * mx}, {&tr->mtmp, T * mx},
         {&tr->logits, T * tr->V},
     };
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {

@@ -10,7 +10,8 @@
 #     here gives it back); `cumulo run --lora` gives the same ids, and each
 #     generated step's top-5 probabilities within 2e-5 (test_lora's bound).
 # (d) --resume from a checkpoint of step 3 of 6 writes the same adapter
-#     bytes as the uninterrupted run (dropout on, grad-accum 2); another
+#     bytes as the uninterrupted run (dropout on, grad-accum 2; 1 thread
+#     before, 2 after: the thread count never changes the bits); another
 #     seed does not.
 # (e) Bad data lines and unsupported models fail with one line naming the
 #     line / the architecture, exit 1.
@@ -52,8 +53,8 @@ case "$res" in ok*) ok ;; *) bad "llama.cpp: $res (regenerate with tools/gen_fin
 
 # (d) resume: bit-identical to the uninterrupted run
 R="--ctx 32 --batch 2 --grad-accum 2 --steps 6 --dropout 0.1 --val-split 0.2 --save-every 3"
-"$BIN" finetune "$M" --data "$TMP/data.jsonl" --out "$TMP/r1.gguf" $R 2>"$TMP/r1.err" || bad "r1: $(tail -1 "$TMP/r1.err")"
-"$BIN" finetune "$M" --data "$TMP/data.jsonl" --out "$TMP/r2.gguf" $R --resume "$TMP/r1.gguf.ckpt-3.gguf" 2>"$TMP/r2.err" || bad "r2: $(tail -1 "$TMP/r2.err")"
+"$BIN" finetune "$M" --data "$TMP/data.jsonl" --out "$TMP/r1.gguf" $R --threads 1 2>"$TMP/r1.err" || bad "r1: $(tail -1 "$TMP/r1.err")"
+"$BIN" finetune "$M" --data "$TMP/data.jsonl" --out "$TMP/r2.gguf" $R --threads 2 --resume "$TMP/r1.gguf.ckpt-3.gguf" 2>"$TMP/r2.err" || bad "r2: $(tail -1 "$TMP/r2.err")"
 "$BIN" finetune "$M" --data "$TMP/data.jsonl" --out "$TMP/r3.gguf" $R --seed 7 2>/dev/null || bad "r3"
 cmp -s "$TMP/r1.gguf" "$TMP/r2.gguf" && ok || bad "resumed adapter differs from the uninterrupted one"
 cmp -s "$TMP/r1.gguf.ckpt-6.gguf" "$TMP/r2.gguf.ckpt-6.gguf" && ok || bad "resumed checkpoint differs"

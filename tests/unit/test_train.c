@@ -22,6 +22,7 @@
 #include "gguf/gguf.h"
 #include "model/lora.h"
 #include "model/model.h"
+#include "os/os.h"
 #include "synth/synth.h"
 #include "train/train.h"
 #include "train/train_data.h"
@@ -77,7 +78,7 @@ static double grad_check(const char *arch, const char *type, float drop) {
     cm_trainer *tr = NULL;
     double worst = 0;
     if (cm_tadapter_new(&ad, &t.m, 3, 6.0f, CM_TRAIN_TARGETS_ALL, 5, errbuf, sizeof errbuf) ||
-        cm_trainer_new(&tr, &t.m, ad, T, errbuf, sizeof errbuf)) {
+        cm_trainer_new(&tr, &t.m, ad, T, NULL, errbuf, sizeof errbuf)) {
         fprintf(stderr, "  %s\n", errbuf);
         worst = 1e9;
         goto out;
@@ -169,7 +170,7 @@ static void test_matches_inference(void) {
     cm_tadapter *ad = NULL;
     cm_trainer *tr = NULL;
     CHECK(cm_tadapter_new(&ad, &t.m, 4, 8.0f, CM_TRAIN_TARGETS_ALL, 3, errbuf, sizeof errbuf) == 0);
-    CHECK(cm_trainer_new(&tr, &t.m, ad, T, errbuf, sizeof errbuf) == 0);
+    CHECK(cm_trainer_new(&tr, &t.m, ad, T, NULL, errbuf, sizeof errbuf) == 0);
     if (!ad || !tr) goto out;
     cm_rng rng;
     cm_rng_seed(&rng, 4);
@@ -227,6 +228,40 @@ static void test_matches_inference(void) {
     CHECKF(fabs(ref - ref0) > 1e-3, "the adapter changes nothing (%.7f vs %.7f)", ref, ref0);
 out:
     cm_trainer_free(tr);
+    cm_tadapter_free(ad);
+    tiny_close(&t);
+}
+
+/* Threads split the matmuls so that every output has one owner: the loss
+ * and every gradient are the same bits with 1, 2 and 3 threads. */
+static void test_threads(void) {
+    tiny t;
+    if (tiny_open(&t, "qwen3", "q8_0")) {
+        CHECK(0);
+        return;
+    }
+    cm_tadapter *ad = NULL;
+    CHECK(cm_tadapter_new(&ad, &t.m, 4, 8.0f, CM_TRAIN_TARGETS_ALL, 2, errbuf, sizeof errbuf) == 0);
+    float *g1 = ad ? cm_malloc(ad->n_params * sizeof(float)) : NULL;
+    double l1 = 0;
+    for (int nth = 1; ad && g1 && nth <= 3; nth++) {
+        for (size_t i = 0; i < ad->n_params; i++) ad->g[i] = 0, ad->w[i] += nth == 1 ? 0.01f * (float)(i % 7) : 0;
+        cm_pool *pool = nth > 1 ? cm_pool_new(nth) : NULL;
+        cm_trainer *tr = NULL;
+        CHECK(cm_trainer_new(&tr, &t.m, ad, T, pool, errbuf, sizeof errbuf) == 0);
+        int n;
+        double l = tr ? cm_train_window(tr, TOK, TGT, T, true, 0.5f, 0.2f, 3, &n) : -1;
+        if (nth == 1) {
+            l1 = l;
+            memcpy(g1, ad->g, ad->n_params * sizeof(float));
+        } else {
+            CHECKF(l == l1, "%d threads: loss %.17g vs %.17g", nth, l, l1);
+            CHECKF(!memcmp(g1, ad->g, ad->n_params * sizeof(float)), "%d threads: other gradient bits", nth);
+        }
+        cm_trainer_free(tr);
+        cm_pool_free(pool);
+    }
+    cm_free(g1);
     cm_tadapter_free(ad);
     tiny_close(&t);
 }
@@ -316,6 +351,7 @@ int main(void) {
     RUN(test_data_masks);
     RUN(test_grad_check);
     RUN(test_refuses);
+    RUN(test_threads);
     RUN(test_adamw);
     RUN(test_matches_inference);
     TEST_END();
