@@ -134,6 +134,11 @@ static int prepare(run *r, uint64_t *data_id, char *err, size_t errlen) {
         if (r->o->val_split > 0 && mix(r->o->seed * 0x51ull + (uint64_t)i) < thr) va_ex[nv++] = i;
         else tr_ex[nt++] = i;
     }
+    if (nt == 0) { /* a split that takes everything leaves nothing to train: no validation then */
+        memcpy(tr_ex, va_ex, (size_t)nv * sizeof(int));
+        nt = nv;
+        nv = 0;
+    }
     int rc = cm_tdata_pack(d, tr_ex, nt, r->o->n_ctx, &r->win, &r->n_win, err, errlen);
     if (!rc) rc = cm_tdata_pack(d, va_ex, nv, r->o->n_ctx, &r->val, &r->n_val, err, errlen);
     uint64_t h = fnv(0xcbf29ce484222325ull, d->tok, (size_t)d->n_tok * sizeof(int32_t));
