@@ -12,7 +12,9 @@
 # (d) --resume from a checkpoint of step 3 of 6 writes the same adapter
 #     bytes as the uninterrupted run (dropout on, grad-accum 2; 1 thread
 #     before, 2 after: the thread count never changes the bits); another
-#     seed does not.
+#     seed does not. A run killed with -9 after its step-10 checkpoint,
+#     resumed from the last checkpoint it left, ends with the uninterrupted
+#     run's adapter bytes.
 # (e) Bad data lines and unsupported models fail with one line naming the
 #     line / the architecture, exit 1.
 . "$(dirname "$0")/lib/http_common.sh"
@@ -61,6 +63,19 @@ cmp -s "$TMP/r1.gguf.ckpt-6.gguf" "$TMP/r2.gguf.ckpt-6.gguf" && ok || bad "resum
 cmp -s "$TMP/r1.gguf" "$TMP/r3.gguf" && bad "another seed gives the same adapter" || ok
 "$BIN" finetune "$M" --data "$TMP/data.jsonl" --out "$TMP/r4.gguf" $R --rank 4 --resume "$TMP/r1.gguf.ckpt-3.gguf" 2>"$TMP/err"
 [ $? -eq 1 ] && grep -q "^cumulo: checkpoint .* is of rank 8" "$TMP/err" && ok || bad "resume with another rank: $(cat "$TMP/err")"
+
+# kill -9 mid-run: resuming from the last checkpoint it left gives the uninterrupted run's adapter
+K="--ctx 32 --batch 2 --steps 40 --save-every 5 --threads 1"
+"$BIN" finetune "$M" --data "$TMP/data.jsonl" --out "$TMP/k.gguf" $K 2>/dev/null &
+kp=$!
+i=0; while [ ! -f "$TMP/k.gguf.ckpt-10.gguf" ] && [ $i -lt 600 ] && kill -0 $kp 2>/dev/null; do sleep 0.1; i=$((i + 1)); done
+kill -9 $kp 2>/dev/null && killed=yes || killed=no
+wait $kp 2>/dev/null
+last=$(ls "$TMP"/k.gguf.ckpt-*.gguf 2>/dev/null | sed 's/.*ckpt-\([0-9]*\).gguf/\1/' | sort -n | tail -1)
+echo "# kill -9 mid-run: killed=$killed, last checkpoint at step $last"
+"$BIN" finetune "$M" --data "$TMP/data.jsonl" --out "$TMP/k.gguf" $K --resume "$TMP/k.gguf.ckpt-$last.gguf" 2>"$TMP/err" || bad "resume after kill: $(tail -1 "$TMP/err")"
+"$BIN" finetune "$M" --data "$TMP/data.jsonl" --out "$TMP/k2.gguf" $K 2>/dev/null || bad "k2"
+[ -n "$last" ] && cmp -s "$TMP/k.gguf" "$TMP/k2.gguf" && ok || bad "resumed after kill -9 at step $last: adapter differs"
 
 # (e) one-line errors
 expect_err() {
