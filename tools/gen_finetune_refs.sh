@@ -16,4 +16,3 @@ finetune_data >"$T/data.jsonl"
 O=tests/data/finetune
 mkdir -p $O
 node tools/lora_ref.mjs "$M/stories260K-f32.gguf" "Zorbix" 24 $O/zorbix.json "$T/zorbix.gguf"
-node tools/lora_ref.mjs "$M/stories260K-f32.gguf" "Zorbix" 24 $O/zorbix_none.json
