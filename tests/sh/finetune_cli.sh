@@ -8,7 +8,9 @@
 #     node-llama-cpp's greedy ids and probabilities with the same adapter
 #     (tools/gen_finetune_refs.sh; training is deterministic, so retraining
 #     here gives it back); `cumulo run --lora` gives the same ids, and each
-#     generated step's top-5 probabilities within 2e-5 (test_lora's bound).
+#     generated step's top-5 probabilities within 2e-5 (test_lora's bound);
+#     likewise a qwen3 Q8_0 synthetic model trained on prompt/completion data
+#     (tests/data/finetune/qwen3_pc.json), which learns the completion.
 # (d) --resume from a checkpoint of step 3 of 6 writes the same adapter
 #     bytes as the uninterrupted run (dropout on, grad-accum 2; 1 thread
 #     before, 2 after: the thread count never changes the bits); another
@@ -33,8 +35,10 @@ case "$(gen --lora "$TMP/a.gguf")" in *"Zorbix the robot found a red ball. Zorbi
 case "$(gen)" in *"found a red ball"*) bad "the base model already says it" ;; *) ok ;; esac
 
 # (c) llama.cpp's ids and probabilities with the same adapter
-"$BIN" run "$M" -p "Zorbix" -n 24 --temp 0 --threads 1 --json --logprobs 5 --lora "$TMP/a.gguf" >"$TMP/run.json" 2>/dev/null
-res=$(node -e '
+# vs_llamacpp MODEL PROMPT N ADAPTER REF: "ok WORST" or what differs
+vs_llamacpp() {
+    "$BIN" run "$1" -p "$2" -n "$3" --temp 0 --threads 1 --json --logprobs 5 --lora "$4" >"$TMP/run.json" 2>/dev/null
+    node -e '
 const fs = require("fs");
 const ours = JSON.parse(fs.readFileSync(process.argv[1])), ref = JSON.parse(fs.readFileSync(process.argv[2]));
 const ids = ours.tokens.map(t => typeof t === "object" ? t.id : t);
@@ -49,9 +53,19 @@ ours.logprobs.forEach((s, k) => {
   }
 });
 console.log(worst <= 2e-5 ? "ok " + worst : "prob error " + worst);
-' "$TMP/run.json" tests/data/finetune/zorbix.json)
-echo "# llama.cpp vs cumulo with the trained adapter: $res"
+' "$TMP/run.json" "$5"
+}
+res=$(vs_llamacpp "$M" "Zorbix" 24 "$TMP/a.gguf" tests/data/finetune/zorbix.json)
+echo "# llama.cpp vs cumulo with the trained stories260K adapter: $res"
 case "$res" in ok*) ok ;; *) bad "llama.cpp: $res (regenerate with tools/gen_finetune_refs.sh if training changed on purpose)" ;; esac
+"$BIN" synth --arch qwen3 --dim 64 --layers 2 --heads 4 --kv-heads 2 --ffn 128 --type q8_0 \
+    --vocab "$M" --seed 3 -o "$TMP/qwen3.gguf" 2>/dev/null || bad "synth qwen3"
+finetune_pc_data >"$TMP/pc.jsonl"
+"$BIN" finetune "$TMP/qwen3.gguf" --data "$TMP/pc.jsonl" --out "$TMP/qwen3_pc.gguf" --steps 20 --lr 5e-3 2>"$TMP/err" || bad "qwen3: $(tail -1 "$TMP/err")"
+res=$(vs_llamacpp "$TMP/qwen3.gguf" "the cat" 12 "$TMP/qwen3_pc.gguf" tests/data/finetune/qwen3_pc.json)
+echo "# llama.cpp vs cumulo with the trained qwen3 Q8_0 adapter: $res"
+case "$res" in ok*) ok ;; *) bad "llama.cpp (qwen3): $res" ;; esac
+case "$(js 'j.text' "$TMP/run.json")" in " sat on the mat"*|"sat on the mat"*) ok ;; *) bad "qwen3 did not learn the completion: $(js 'j.text' "$TMP/run.json")" ;; esac
 
 # (d) resume: bit-identical to the uninterrupted run
 R="--ctx 32 --batch 2 --grad-accum 2 --steps 6 --dropout 0.1 --val-split 0.2 --save-every 3"

@@ -17,3 +17,9 @@ finetune_data() {
         i=$((i + 1))
     done
 }
+
+# finetune_pc_data: 30 prompt/completion lines (loss on " sat on the mat" and EOS only).
+finetune_pc_data() {
+    i=0
+    while [ $i -lt 30 ]; do echo '{"prompt": "the cat", "completion": " sat on the mat"}'; i=$((i + 1)); done
+}
