@@ -112,6 +112,7 @@ int cmd_models(int argc, char **argv);
 int cmd_rm(int argc, char **argv);
 int cmd_merge(int argc, char **argv);
 int cmd_service(int argc, char **argv);
+int cmd_finetune(int argc, char **argv);
 /* The program's argv[0] (set by main). */
 extern const char *cli_argv0;
 /* This program's absolute path (/proc/self/exe, else argv[0] resolved

@@ -16,6 +16,7 @@ static const cm_command k_commands[] = {
     {"bench", "prompt and decode speed, % of the memory roofline, vs llama.cpp", cmd_bench},
     {"version", "print the version", cmd_version},
     {"run", "generate text from a prompt on this machine", cmd_run},
+    {"finetune", "train a LoRA adapter on JSONL data (llama.cpp's adapter GGUF)", cmd_finetune},
     {"chat", "chat with a model in the terminal", cmd_chat},
     {"info", "architecture, size, quant mix and memory needs of a model", cmd_info},
     {"serve", "serve a model over an OpenAI-compatible HTTP API, with a dashboard", cmd_serve},
