@@ -229,6 +229,7 @@ void cm_model_release(cm_model *m) {
     if (!m) return;
     cm_repack_drop(m);
     cm_free(m->layers);
+    cm_aligned_free(m->derived);
     memset(m, 0, sizeof *m);
 }
 

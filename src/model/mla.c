@@ -98,16 +98,23 @@ int cm_mla_load_hparams(cm_model *m, char *err, size_t errlen) {
     if (hp->n_rot % 2) return cm_errf(err, errlen, CM_EFORMAT, "rope dimension count %d is odd", hp->n_rot);
     if (!klm != !vlm)
         return cm_errf(err, errlen, CM_EFORMAT, "deepseek2: key_length_mla and value_length_mla must come together");
-    if (!klm) /* an unsplit attn_kv_b file: its key/value lengths are the heads' */
-        return cm_errf(err, errlen, CM_EUNSUPPORTED,
-                       "deepseek2 without attention.key_length_mla (the unsplit attn_kv_b layout of older GGUFs) is "
-                       "not supported; supported: attn_k_b + attn_v_b (llama.cpp's convert since 2025)");
-    a->head_k = klm;
-    a->head_v = vlm;
-    if (kl != a->kv_lora + hp->n_rot || vl != a->kv_lora || hp->n_head_kv != 1)
-        return cm_errf(err, errlen, CM_EFORMAT,
-                       "deepseek2 MLA: key_length %d, value_length %d, head_count_kv %d (expected %d, %d, 1)", kl, vl,
-                       hp->n_head_kv, a->kv_lora + hp->n_rot, a->kv_lora);
+    if (!klm) { /* the unsplit attn_kv_b layout: the keys describe the heads (llama.cpp runs it as MHA) */
+        if (hp->n_head_kv != hp->n_head)
+            return cm_errf(err, errlen, CM_EFORMAT,
+                           "deepseek2 without key_length_mla (unsplit attn_kv_b): head_count_kv %d, expected %d",
+                           hp->n_head_kv, hp->n_head);
+        a->kv_b = true;
+        a->head_k = kl;
+        a->head_v = vl;
+        hp->n_head_kv = 1; /* the cache holds the latent, as for the split layout */
+    } else {
+        a->head_k = klm;
+        a->head_v = vlm;
+        if (kl != a->kv_lora + hp->n_rot || vl != a->kv_lora || hp->n_head_kv != 1)
+            return cm_errf(err, errlen, CM_EFORMAT,
+                           "deepseek2 MLA: key_length %d, value_length %d, head_count_kv %d (expected %d, %d, 1)", kl,
+                           vl, hp->n_head_kv, a->kv_lora + hp->n_rot, a->kv_lora);
+    }
     if (a->head_k <= hp->n_rot)
         return cm_errf(err, errlen, CM_EFORMAT, "deepseek2: key_length_mla %d leaves no non-rotated dims (rope %d)",
                        a->head_k, hp->n_rot);
@@ -148,6 +155,54 @@ int cm_mla_load_hparams(cm_model *m, char *err, size_t errlen) {
     return 0;
 }
 
+/* ---------------- the unsplit attn_kv_b ----------------
+ * Older GGUFs carry, per layer, one attn_kv_b [kv_lora, H * (nope + head_v)]:
+ * for head h, nope key rows then head_v value rows, each over the latent.
+ * llama.cpp's converter now splits it into attn_k_b (the key rows
+ * transposed: [nope, kv_lora, H]) and attn_v_b (the value rows: [kv_lora,
+ * head_v, H]); so does the load here, into m->derived, dequantized to F32.
+ * llama.cpp runs such a file as MHA: per position it decompresses the latent
+ * (converted to attn_kv_b's vec_dot_type) into each head's key and value.
+ * With F32 wk_b and wv_b and the cached latent rounded the same way
+ * (cm_mla_attn, step 3), the absorbed products here are that math in another
+ * order: the same numbers up to float rounding (an F16 or quantized wk_b
+ * would round where llama.cpp does not).
+ * NEEDSWORK: 4 H kv_lora (nope + head_v) bytes per layer (DeepSeek V3: 64 MiB),
+ * and every layer is derived, also on a pipeline stage that runs a few. */
+
+static size_t kvb_layer_bytes(const cm_hparams *hp) {
+    const size_t n = (size_t)hp->n_head * (size_t)hp->mla.kv_lora * (size_t)(hp->mla.head_k - hp->n_rot + hp->mla.head_v);
+    return (n * sizeof(float) + 63) & ~(size_t)63;
+}
+
+static int split_kv_b(cm_model *m, int il, char *err, size_t errlen) {
+    const cm_hparams *hp = &m->hp;
+    const cm_mla_hparams *a = &hp->mla;
+    cm_layer *L = &m->layers[il];
+    const cm_tensor *kvb = &L->wkv_b;
+    const int64_t H = hp->n_head, C = a->kv_lora, nope = a->head_k - hp->n_rot, per = nope + a->head_v;
+    if (!m->derived && !(m->derived = cm_aligned_alloc((size_t)hp->n_layer * kvb_layer_bytes(hp))))
+        return cm_errf(err, errlen, CM_ENOMEM, "out of memory splitting attn_kv_b (%zu bytes)",
+                       (size_t)hp->n_layer * kvb_layer_bytes(hp));
+    float *kb = (float *)((char *)m->derived + (size_t)il * kvb_layer_bytes(hp)), *vb = kb + H * C * nope;
+    float *row = cm_aligned_alloc((size_t)C * sizeof(float));
+    if (!row) return cm_errf(err, errlen, CM_ENOMEM, "out of memory");
+    const cm_kernels *k = cm_kernels_ref();
+    for (int64_t h = 0; h < H; h++) {
+        for (int64_t i = 0; i < nope; i++) { /* wk_b[h][c][i] = key row i of head h, element c */
+            k->to_float[kvb->type]((const char *)kvb->data + (size_t)(h * per + i) * kvb->nb[1], row, C);
+            for (int64_t c = 0; c < C; c++) kb[(h * C + c) * nope + i] = row[c];
+        }
+        for (int64_t i = 0; i < a->head_v; i++) /* wv_b[h][i] = value row i of head h */
+            k->to_float[kvb->type]((const char *)kvb->data + (size_t)(h * per + nope + i) * kvb->nb[1],
+                                   vb + (h * a->head_v + i) * C, C);
+    }
+    cm_aligned_free(row);
+    cm_tensor_init(&L->wk_b, CM_TYPE_F32, 3, (const int64_t[]){nope, C, H}, kb, kvb->name);
+    cm_tensor_init(&L->wv_b, CM_TYPE_F32, 3, (const int64_t[]){C, a->head_v, H}, vb, kvb->name);
+    return 0;
+}
+
 int cm_mla_bind_layer(cm_model *m, int il, char *err, size_t errlen) {
     const cm_hparams *hp = &m->hp;
     const cm_mla_hparams *a = &hp->mla;
@@ -155,9 +210,9 @@ int cm_mla_bind_layer(cm_model *m, int il, char *err, size_t errlen) {
     const int64_t E = hp->n_embd, H = hp->n_head, nope = a->head_k - hp->n_rot;
     char name[96];
     snprintf(name, sizeof name, "blk.%d.attn_kv_b.weight", il);
-    if (cm_gguf_find_tensor(m->gguf, name))
-        return cm_errf(err, errlen, CM_EUNSUPPORTED,
-                       "tensor '%s': the unsplit attn_kv_b layout is not supported; supported: attn_k_b + attn_v_b", name);
+    if (!a->kv_b && cm_gguf_find_tensor(m->gguf, name))
+        return cm_errf(err, errlen, CM_EFORMAT,
+                       "tensor '%s' in a file with key_length_mla (the split layout: attn_k_b + attn_v_b)", name);
     int rc;
     if (a->q_lora) {
         if ((rc = cm_moe_bind_tensor(m, &L->wq_a, il, "attn_q_a.weight", 2, E, a->q_lora, 1, true, err, errlen)) ||
@@ -169,10 +224,17 @@ int cm_mla_bind_layer(cm_model *m, int il, char *err, size_t errlen) {
     }
     if ((rc = cm_moe_bind_tensor(m, &L->wkv_a, il, "attn_kv_a_mqa.weight", 2, E, a->kv_lora + hp->n_rot, 1, true, err, errlen)) ||
         (rc = cm_moe_bind_tensor(m, &L->kv_a_norm, il, "attn_kv_a_norm.weight", 1, a->kv_lora, 1, 1, false, err, errlen)) ||
-        (rc = cm_moe_bind_tensor(m, &L->wk_b, il, "attn_k_b.weight", 3, nope, a->kv_lora, H, true, err, errlen)) ||
-        (rc = cm_moe_bind_tensor(m, &L->wv_b, il, "attn_v_b.weight", 3, a->kv_lora, a->head_v, H, true, err, errlen)) ||
         (rc = cm_moe_bind_tensor(m, &L->wo, il, "attn_output.weight", 2, H * a->head_v, E, 1, true, err, errlen)))
         return rc;
+    if (a->kv_b) {
+        if ((rc = cm_moe_bind_tensor(m, &L->wkv_b, il, "attn_kv_b.weight", 2, a->kv_lora, H * (nope + a->head_v), 1,
+                                     true, err, errlen)) ||
+            (rc = split_kv_b(m, il, err, errlen)))
+            return rc;
+    } else if ((rc = cm_moe_bind_tensor(m, &L->wk_b, il, "attn_k_b.weight", 3, nope, a->kv_lora, H, true, err, errlen)) ||
+               (rc = cm_moe_bind_tensor(m, &L->wv_b, il, "attn_v_b.weight", 3, a->kv_lora, a->head_v, H, true, err, errlen))) {
+        return rc;
+    }
     snprintf(name, sizeof name, "blk.%d.exp_probs_b.bias", il);
     if (hp->n_expert && il >= hp->n_dense_lead && cm_gguf_find_tensor(m->gguf, name) &&
         (rc = cm_moe_bind_tensor(m, &L->ffn_exp_probs_b, il, "exp_probs_b.bias", 1, hp->n_expert, 1, 1, false, err, errlen)))
@@ -447,6 +509,12 @@ void cm_mla_attn(cm_mla *s, const cm_mla_run *r, int ith, int nth) {
         }
         float *kr = s->kvpe + j * R, *rc = s->rope + j * hp->n_rot;
         rms_norm(kr, L->kv_a_norm.data, kr, C, hp->rms_eps);
+        const enum cm_type vkb = L->wkv_b.data ? vdt_of(&L->wkv_b) : CM_TYPE_F32;
+        if (vkb != CM_TYPE_F32) { /* llama.cpp's MHA view decompresses the latent so rounded */
+            uint8_t *tq = s->tq + (size_t)ith * s->tq_stride;
+            convert(r, CM_ACT_KV_B_IN, (int)j, 0, vkb, kr, tq, C);
+            cm_kernels_ref()->to_float[vkb](tq, kr, C);
+        }
         rope_cache(hp, (float)r->b->pos[j], rc);
         rope_norm(rc, kr + C, hp->n_rot);
         cm_kv *kv = r->kvs[r->b->seq[j]];

@@ -251,7 +251,12 @@ int cm_plan_model_from_gguf(const cm_gguf *g, cm_plan_model *m, char *err, size_
     m->head_dim = m->n_heads > 0 ? (int)hparam(g, arch, "attention.key_length", m->dim / m->n_heads) : 0;
     /* deepseek2 (MLA): one latent row of key_length values per token and
      * layer is the whole cache, counted as K + V of half that width */
-    if (!strcmp(arch, "deepseek2") && hparam(g, arch, "attention.key_length_mla", 0) > 0) m->head_dim /= 2;
+    if (!strcmp(arch, "deepseek2") && hparam(g, arch, "attention.key_length_mla", 0) > 0) {
+        m->head_dim /= 2;
+    } else if (!strcmp(arch, "deepseek2")) { /* the unsplit attn_kv_b: its keys are the heads', the cache the latent */
+        m->n_kv_heads = 1;
+        m->head_dim = (int)((hparam(g, arch, "attention.kv_lora_rank", 0) + hparam(g, arch, "rope.dimension_count", 0)) / 2);
+    }
     free(arch);
     if (m->n_layers < 1 || m->n_layers > CM_PLAN_MAX_LAYERS || m->dim < 1 || m->n_heads < 1 || m->n_kv_heads < 1 ||
         m->ffn < 1 || m->n_heads % m->n_kv_heads)

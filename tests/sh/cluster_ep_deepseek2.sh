@@ -11,7 +11,8 @@
 #   3. each node streamed only its experts (as cluster_ep.sh);
 #   4. `cumulo info` says the KV cache holds the latent: per token
 #      n_layer x (kv_lora_rank + rope dims) x 4 bytes (3 x 288 x 4 = 3456);
-#   5. a 3-stage pipeline and the planner's choice give the same ids; a
+#   5. a 3-stage pipeline and the planner's choice give the same ids (and a
+#      pipeline of a file with the older unsplit attn_kv_b); a
 #      tensor-parallel plan is refused pointing at ep.
 cd "$(dirname "$0")/../.." || exit 1
 . tests/sh/lib/cluster_common.sh
@@ -100,6 +101,19 @@ for mode in pp auto; do
         bad "$mode run failed: $(tail -3 "$TMP/$mode.err")"
     fi
 done
+# the unsplit attn_kv_b layout (split at load; each stage's sparse file) through the pipeline too
+KVB=$TMP/ds-v3kvb.gguf
+"$BIN" synth --arch deepseek2 --variant v3kvb --dim 256 --layers 3 --heads 4 --ffn 768 --expert-ffn 256 --experts 16 \
+    --experts-used 4 --type q8_0 --seed 4203 --vocab "$VOCAB" -o "$KVB" 2>/dev/null && ok || bad "synth v3kvb failed"
+"$BIN" run "$KVB" -p "$PROMPT" -n $N --temp 0 --threads 1 --json >"$TMP/one.json" 2>/dev/null
+one_kvb=$(cc_jsonget "$TMP/one.json" 'join(",", @{$j->{tokens}})')
+if "$BIN" run "$KVB" --cluster --nodes "$NODES" --parallel pp -p "$PROMPT" -n $N --temp 0 --threads 1 --json \
+    >"$TMP/kvb.json" 2>"$TMP/kvb.err"; then
+    [ -n "$one_kvb" ] && [ "$(cc_jsonget "$TMP/kvb.json" 'join(",", @{$j->{tokens}})')" = "$one_kvb" ] && ok ||
+        bad "v3kvb pp: ids differ from one machine"
+else
+    bad "v3kvb pp run failed: $(tail -3 "$TMP/kvb.err")"
+fi
 if "$BIN" run "$V3" --cluster --nodes "$NODES" --parallel tp -p "$PROMPT" -n 4 --temp 0 --threads 1 >/dev/null 2>"$TMP/tp.err"; then
     bad "a tp plan of deepseek2 was accepted"
 else

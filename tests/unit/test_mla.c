@@ -5,8 +5,9 @@
  * not depend on how tokens are batched, on the thread count, on sequences
  * sharing a batch, on a pipeline split or on a truncated and refilled cache;
  * an F16 cache gives llama.cpp's F16-cache numbers; and the layouts we do not run are one-line
- * errors that name what is wrong (tensor-parallel slices, the unsplit
- * attn_kv_b files without key_length_mla, an unknown rope scaling).
+ * errors that name what is wrong (tensor-parallel slices, an attn_kv_b
+ * in a split file, an unknown rope scaling); the unsplit attn_kv_b of older
+ * files is split at load (llama.cpp's numbers: test_synth_golden).
  */
 #include "test.h"
 
@@ -30,7 +31,7 @@ typedef struct fx {
 static int fx_write(fx *f, const char *variant, const char *type) {
     memset(f, 0, sizeof *f);
     cm_buf_init(&f->file);
-    const bool lite = !strcmp(variant, "lite");
+    const bool lite = !strncmp(variant, "lite", 4);
     cm_synth_params sp = {.arch = "deepseek2", .variant = variant, .n_embd = 256, .n_layer = 3, .n_head = 4,
                           .n_head_kv = 4, .n_ff = 768, .n_ctx = 256, .type = type, .seed = 77, .n_threads = 2,
                           .n_expert = lite ? 8 : 16, .n_expert_used = lite ? 2 : 4, .n_ff_exp = 256};
@@ -131,10 +132,10 @@ static void test_mla_kv_is_latent(void) {
 /* One batch, token by token, steps of 5, 1 or 2 threads, a truncated and
  * refilled cache: the same bits. An F16 cache: close. */
 static void test_mla_batch_invariant(void) {
-    const char *vs[] = {"v3", "lite", "v3yarn"};
-    const char *ts[] = {"q8_0", "q4_k", "f32"};
+    const char *vs[] = {"v3", "lite", "v3yarn", "litekvb"};
+    const char *ts[] = {"q8_0", "q4_k", "f32", "q8_0"};
     cm_pool *pool = cm_pool_new(2);
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 4; i++) {
         fx f;
         if (fx_open(&f, vs[i], ts[i])) { CHECK(0); continue; }
         const size_t n = (size_t)NTOK * f.m.hp.n_vocab;
@@ -252,6 +253,42 @@ static void test_mla_sequences_and_stages(void) {
     fx_close(&f);
 }
 
+/* The unsplit attn_kv_b of older files: split at load into F32 wk_b (its
+ * key rows transposed) and wv_b (its value rows), the cache still the
+ * latent; a layer without it is a missing tensor. */
+static void test_mla_kv_b_split(void) {
+    fx f;
+    if (fx_open(&f, "v3kvb", "q4_k")) { CHECK(0); return; }
+    const cm_hparams *hp = &f.m.hp;
+    CHECK(hp->mla.kv_b && hp->n_head_kv == 1 && hp->head_dim == 256 + 32 && hp->mla.head_k == 96 && hp->mla.head_v == 64);
+    CHECK(cm_kv_bytes(&f.m, 0, 3, 0, 1, 100) == 3ull * 100 * 288 * 4);
+    float row[256];
+    for (int il = 0; il < 3; il++) {
+        const cm_layer *L = &f.m.layers[il];
+        CHECK(L->wkv_b.type == CM_TYPE_Q4_K && L->wkv_b.ne[0] == 256 && L->wkv_b.ne[1] == 4 * 128);
+        CHECK(L->wk_b.type == CM_TYPE_F32 && L->wk_b.ne[0] == 64 && L->wk_b.ne[1] == 256 && L->wk_b.ne[2] == 4);
+        CHECK(L->wv_b.type == CM_TYPE_F32 && L->wv_b.ne[0] == 256 && L->wv_b.ne[1] == 64 && L->wv_b.ne[2] == 4);
+        int bad = 0;
+        for (int h = 0; h < 4; h++)
+            for (int r = 0; r < 128; r++) {
+                cm_kernels_ref()->to_float[CM_TYPE_Q4_K]((const char *)L->wkv_b.data + (size_t)(h * 128 + r) * L->wkv_b.nb[1],
+                                                         row, 256);
+                for (int c = 0; c < 256; c++) {
+                    const float *w = r < 64 ? (const float *)L->wk_b.data + ((size_t)h * 256 + c) * 64 + r
+                                            : (const float *)L->wv_b.data + ((size_t)h * 64 + r - 64) * 256 + c;
+                    bad += *w != row[c];
+                }
+            }
+        CHECKF(bad == 0, "layer %d: %d elements of wk_b / wv_b differ from attn_kv_b's", il, bad);
+    }
+    fx_close(&f);
+    CHECK(fx_write(&f, "v3kvb", "f32") == 0);
+    CHECK(PATCH(&f.file, "blk.2.attn_kv_b.weight", "blk.2.attn_kv_x.weight") == 1);
+    CHECK(fx_load(&f) == CM_EFORMAT);
+    CHECKF(strstr(errbuf, "missing tensor 'blk.2.attn_kv_b.weight'") != NULL, "%s", errbuf);
+    fx_close(&f);
+}
+
 /* What we do not run is a one-line error naming it. */
 static void test_mla_refusals(void) {
     fx f;
@@ -264,17 +301,17 @@ static void test_mla_refusals(void) {
     CHECK(cm_slice_check(&f.m, s, errbuf, sizeof errbuf) == CM_EUNSUPPORTED && strstr(errbuf, "deepseek2") &&
           !strchr(errbuf, '\n'));
     fx_close(&f);
-    /* a file without key_length_mla: the unsplit attn_kv_b layout */
+    /* a split file without key_length_mla reads as the unsplit layout, whose head_count_kv is the heads' */
     CHECK(fx_write(&f, "v3", "q8_0") == 0);
     CHECK(PATCH(&f.file, "key_length_mla", "key_length_mlx") == 1 && PATCH(&f.file, "value_length_mla", "value_length_mlx") == 1);
-    CHECK(fx_load(&f) == CM_EUNSUPPORTED);
-    CHECKF(strstr(errbuf, "key_length_mla") && strstr(errbuf, "attn_kv_b") && strstr(errbuf, "attn_k_b") &&
+    CHECK(fx_load(&f) == CM_EFORMAT);
+    CHECKF(strstr(errbuf, "key_length_mla") && strstr(errbuf, "attn_kv_b") && strstr(errbuf, "head_count_kv 1") &&
            !strchr(errbuf, '\n'), "%s", errbuf);
     fx_close(&f);
     /* an attn_kv_b tensor beside the split ones (renaming layer 1's exp_probs_b: the same length) */
     CHECK(fx_write(&f, "v3", "q8_0") == 0);
     CHECK(PATCH(&f.file, "blk.1.exp_probs_b.bias", "blk.1.attn_kv_b.weight") == 1);
-    CHECK(fx_load(&f) == CM_EUNSUPPORTED);
+    CHECK(fx_load(&f) == CM_EFORMAT);
     CHECKF(strstr(errbuf, "'blk.1.attn_kv_b.weight'") && strstr(errbuf, "attn_k_b + attn_v_b") && !strchr(errbuf, '\n'),
            "%s", errbuf);
     fx_close(&f);
@@ -302,6 +339,7 @@ int main(void) {
     RUN(test_mla_batch_invariant);
     RUN(test_mla_f16_vs_llama_cpp);
     RUN(test_mla_sequences_and_stages);
+    RUN(test_mla_kv_b_split);
     RUN(test_mla_refusals);
     cm_gguf_close(&g_vocab);
     TEST_END();
