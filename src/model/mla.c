@@ -331,6 +331,22 @@ static void matmul(const cm_mla_run *r, const cm_tensor *w, const void *x, size_
     if (r1 > r0) cm_matmul_rows(r->k, w, x, xs, n, y, ldy, r0, r1);
 }
 
+/* Rows [r0, r1) of a 2-D tensor; columns [c0, c1) (c0 on a block boundary:
+ * cm_slice_check). No data: an absent tensor stays absent. */
+static cm_tensor rows_view(const cm_tensor *w, int64_t r0, int64_t r1) {
+    cm_tensor t = *w;
+    if (!w->data) return t;
+    t.data = (char *)w->data + (size_t)r0 * w->nb[1];
+    t.ne[1] = r1 - r0;
+    return t;
+}
+static cm_tensor cols_view(const cm_tensor *w, int64_t c0, int64_t c1) {
+    cm_tensor t = *w;
+    t.data = (char *)w->data + cm_row_size(w->type, c0);
+    t.ne[0] = c1 - c0;
+    return t;
+}
+
 /* Head h of a stacked [ne0, ne1, H] tensor as a 2-D view. */
 static cm_tensor head_view(const cm_tensor *w, int h) {
     cm_tensor t = *w;
@@ -389,16 +405,16 @@ static size_t cache_off(const cm_kv *kv, int il, int p) {
     return ((size_t)(il - kv->layer_first) * (size_t)kv->n_ctx + (size_t)p) * (size_t)kv->head_dim;
 }
 
-/* Attention of head h of token j over its sequence's latent cache, then
- * wv_b[h] into att. */
-static void attend(cm_mla *s, const cm_mla_run *r, int j, int h, int ith) {
+/* Attention of head h (the slice's hl-th) of token j over its sequence's
+ * latent cache, then wv_b[h] into att. */
+static void attend(cm_mla *s, const cm_mla_run *r, int j, int h, int hl, int ith) {
     const cm_hparams *hp = &r->m->hp;
     const cm_mla_hparams *a = &hp->mla;
     const cm_layer *L = &r->m->layers[r->il];
-    const int R = hp->head_dim, C = a->kv_lora, nope = a->head_k - hp->n_rot, H = hp->n_head;
+    const int R = hp->head_dim, C = a->kv_lora, nope = a->head_k - hp->n_rot, H = r->h1 - r->h0;
     float *sc = s->tsc + (size_t)ith * s->tsc_stride, *Q = sc + s->max_ctx, *o = Q + R; /* then a row */
     uint8_t *tq = s->tq + (size_t)ith * s->tq_stride;
-    const float *qh = s->q + ((size_t)j * H + (size_t)h) * (size_t)a->head_k;
+    const float *qh = s->q + ((size_t)j * H + (size_t)hl) * (size_t)a->head_k;
     /* Q = [wk_b[h] · q_nope | roped q_pe] */
     memcpy(Q + C, qh + nope, (size_t)hp->n_rot * sizeof(float));
     rope_norm(s->rope + (size_t)j * hp->n_rot, Q + C, hp->n_rot);
@@ -462,7 +478,7 @@ static void attend(cm_mla *s, const cm_mla_run *r, int j, int h, int ith) {
     const cm_tensor vb = head_view(&L->wv_b, h);
     const enum cm_type vv = vdt_of(&vb);
     convert(r, CM_ACT_V_IN, j, (int64_t)h * C, vv, o, tq, C);
-    cm_matmul_rows(r->k, &vb, tq, act_rs(vv, C), 1, s->att + ((size_t)j * H + (size_t)h) * (size_t)a->head_v,
+    cm_matmul_rows(r->k, &vb, tq, act_rs(vv, C), 1, s->att + ((size_t)j * H + (size_t)hl) * (size_t)a->head_v,
                    a->head_v, 0, a->head_v);
 }
 
@@ -471,8 +487,12 @@ void cm_mla_attn(cm_mla *s, const cm_mla_run *r, int ith, int nth) {
     const cm_hparams *hp = &m->hp;
     const cm_mla_hparams *a = &hp->mla;
     const cm_layer *L = &m->layers[r->il];
-    const int n = r->b->n, E = hp->n_embd, H = hp->n_head, R = hp->head_dim, C = a->kv_lora;
-    const cm_tensor *w0 = a->q_lora ? &L->wq_a : &L->wq;
+    const int n = r->b->n, E = hp->n_embd, H = r->h1 - r->h0, R = hp->head_dim, C = a->kv_lora;
+    /* the slice's query heads [h0, h1): their rows of wq_b (or wq), columns of wo */
+    const cm_tensor wq = rows_view(&L->wq, (int64_t)r->h0 * a->head_k, (int64_t)r->h1 * a->head_k);
+    const cm_tensor wq_b = rows_view(&L->wq_b, (int64_t)r->h0 * a->head_k, (int64_t)r->h1 * a->head_k);
+    const cm_tensor wo = cols_view(&L->wo, (int64_t)r->h0 * a->head_v, (int64_t)r->h1 * a->head_v);
+    const cm_tensor *w0 = a->q_lora ? &L->wq_a : &wq;
     int64_t t0, t1;
 
     /* 1. xn for wkv_a when its vec_dot_type differs from w0's */
@@ -526,16 +546,21 @@ void cm_mla_attn(cm_mla *s, const cm_mla_run *r, int ith, int nth) {
 
     /* 4. q = wq_b · q_a */
     if (a->q_lora) {
-        matmul(r, &L->wq_b, s->qaq, rs_qb, n, s->q, (int64_t)H * a->head_k, ith, nth);
+        matmul(r, &wq_b, s->qaq, rs_qb, n, s->q, (int64_t)H * a->head_k, ith, nth);
         cm_pool_barrier(r->pool);
     }
 
     /* 5. per (token, head): absorbed query, attention, wv_b */
     cm_split_range((int64_t)n * H, ith, nth, &t0, &t1);
-    for (int64_t t = t0; t < t1; t++) attend(s, r, (int)(t / H), (int)(t % H), ith);
+    for (int64_t t = t0; t < t1; t++) attend(s, r, (int)(t / H), r->h0 + (int)(t % H), (int)(t % H), ith);
     cm_pool_barrier(r->pool);
 
-    /* 6. wo */
+    /* 6. wo (over the slice's columns: a partial sum for the group's all-reduce) */
+    if (H == 0) { /* a member without heads: nothing to add (it still cached the latent) */
+        cm_split_range(n, ith, nth, &t0, &t1);
+        if (t1 > t0) memset(r->out + t0 * E, 0, (size_t)(t1 - t0) * (size_t)E * sizeof(float));
+        return;
+    }
     const enum cm_type vo = vdt_of(&L->wo);
     const int64_t HV = (int64_t)H * a->head_v;
     const void *xo = s->att;
@@ -543,9 +568,10 @@ void cm_mla_attn(cm_mla *s, const cm_mla_run *r, int ith, int nth) {
     if (vo != CM_TYPE_F32) {
         rs_o = act_rs(vo, HV);
         cm_split_range(n, ith, nth, &t0, &t1);
-        for (int64_t j = t0; j < t1; j++) convert(r, CM_ACT_ATTN_OUT, (int)j, 0, vo, s->att + j * HV, s->attq + j * rs_o, HV);
+        for (int64_t j = t0; j < t1; j++)
+            convert(r, CM_ACT_ATTN_OUT, (int)j, (int64_t)r->h0 * a->head_v, vo, s->att + j * HV, s->attq + j * rs_o, HV);
         cm_pool_barrier(r->pool);
         xo = s->attq;
     }
-    matmul(r, &L->wo, xo, rs_o, n, r->out, E, ith, nth);
+    matmul(r, &wo, xo, rs_o, n, r->out, E, ith, nth);
 }

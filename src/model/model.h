@@ -236,7 +236,8 @@ void cm_model_release(cm_model *m); /* no-op on a zeroed struct */
 
 /* ---- slices ---- */
 typedef struct cm_slice {
-    int h0, h1; /* KV heads [h0, h1) of [0, n_head_kv); may be empty (FFN-only member) */
+    int h0, h1; /* KV heads [h0, h1) of [0, n_head_kv); may be empty (FFN-only member);
+                 * deepseek2: query heads of [0, n_head) (the latent is cached whole) */
     int f0, f1; /* FFN rows [f0, f1) of [0, n_ff); may be empty */
 } cm_slice;
 /* Expert parallelism (issue 13; cm_forward_args.experts): ep = this member
@@ -255,10 +256,14 @@ cm_slice cm_slice_full(const cm_model *m);
  * attn_output and ffn_down start and end on block boundaries of their types?
  * Returns 0 or CM_EINVAL with a message; CM_EUNSUPPORTED for any slice but
  * the whole model of a mixture-of-experts model (NEEDSWORK: tensor-parallel
- * expert rows; experts are split by cm_expert_slice instead). */
+ * expert rows; experts are split by cm_expert_slice instead), except
+ * deepseek2's heads and dense-layer FFN rows, which go with an expert slice
+ * (cm_expert_slice_check). */
 int cm_slice_check(const cm_model *m, cm_slice s, char *err, size_t errlen);
-/* Is x a valid expert slice to go with s (zeroed: always)? CM_EINVAL for a
- * dense model, a range outside [0, n_expert], or s not the whole model. */
+/* Is x a valid expert slice to go with s (zeroed: always, unless s is a
+ * partial deepseek2 slice, which needs one)? CM_EINVAL for a dense model, a
+ * range outside [0, n_expert], or s not the whole model (deepseek2: any
+ * slice cm_slice_check accepts). */
 int cm_expert_slice_check(const cm_model *m, cm_slice s, cm_expert_slice x, char *err, size_t errlen);
 
 /* ---- KV cache of one sequence ----

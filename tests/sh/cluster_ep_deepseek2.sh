@@ -12,8 +12,9 @@
 #   4. `cumulo info` says the KV cache holds the latent: per token
 #      n_layer x (kv_lora_rank + rope dims) x 4 bytes (3 x 288 x 4 = 3456);
 #   5. a 3-stage pipeline and the planner's choice give the same ids (and a
-#      pipeline of a file with the older unsplit attn_kv_b); a
-#      tensor-parallel plan is refused pointing at ep.
+#      pipeline of a file with the older unsplit attn_kv_b);
+#   6. --parallel tp: query heads split over the group, the experts an
+#      expert group: the same ids, and the all-reduces counted.
 cd "$(dirname "$0")/../.." || exit 1
 . tests/sh/lib/cluster_common.sh
 VOCAB=$SHARED/vocab/ggml-vocab-llama-spm.gguf
@@ -114,10 +115,26 @@ if "$BIN" run "$KVB" --cluster --nodes "$NODES" --parallel pp -p "$PROMPT" -n $N
 else
     bad "v3kvb pp run failed: $(tail -3 "$TMP/kvb.err")"
 fi
-if "$BIN" run "$V3" --cluster --nodes "$NODES" --parallel tp -p "$PROMPT" -n 4 --temp 0 --threads 1 >/dev/null 2>"$TMP/tp.err"; then
-    bad "a tp plan of deepseek2 was accepted"
+# 6. tensor parallelism (--parallel tp): each member its query heads (and the
+# dense layer's FFN rows; the latent computed and cached whole on each), the
+# MoE layers as an expert group: ids equal one machine; per step the group
+# runs one all-reduce per layer's attention and per dense FFN plus one expert
+# exchange per MoE layer (3 + 1 + 2 = 6), where ep alone runs the 2 exchanges
+"$BIN" run "$V3" --cluster --nodes "$NODES" --parallel ep -p "$PROMPT" -n $N --temp 0 --threads 1 --json \
+    >"$TMP/ep3.json" 2>/dev/null
+if "$BIN" run "$V3" --cluster --nodes "$NODES" --parallel tp -p "$PROMPT" -n $N --temp 0 --threads 1 --json \
+    >"$TMP/tp.json" 2>"$TMP/tp.err"; then
+    [ "$(cc_jsonget "$TMP/tp.json" 'join(",", @{$j->{tokens}})')" = "$one" ] && ok || bad "tp: ids differ from one machine"
+    heads=$(sed -n 's/^.* 0     0-2     \([0-9]*-[0-9]*\) .*/\1/p' "$TMP/tp.err" | tr '\n' ' ')
+    [ "$(echo "$heads" | wc -w)" -eq 3 ] && [ "$heads" != "0-3 0-3 0-3 " ] && ok || bad "tp: heads not split: '$heads'"
+    grep -q "expert parallel: 3 members" "$TMP/tp.err" && ok || bad "tp: the MoE layers are not an expert group"
+    ops_tp=$(cc_jsonget "$TMP/tp.json" '$j->{tp}{ops}')
+    ops_ep=$(cc_jsonget "$TMP/ep3.json" '$j->{tp}{ops}')
+    [ -n "$ops_ep" ] && [ "$ops_ep" -gt 0 ] && [ "$ops_tp" -eq $((ops_ep * 3)) ] && ok ||
+        bad "tp: $ops_tp collective ops, expected 3 x the ep run's $ops_ep"
+    echo "tp: heads per member $heads; $ops_tp collective ops (ep: $ops_ep), $(cc_jsonget "$TMP/tp.json" '$j->{tp}{data_bytes}') data bytes"
 else
-    [ "$(grep -c . "$TMP/tp.err")" -ge 1 ] && grep -q "use --parallel ep" "$TMP/tp.err" && ok || bad "tp refusal: $(tail -2 "$TMP/tp.err")"
+    bad "tp run failed: $(tail -3 "$TMP/tp.err")"
 fi
 
 echo "$pass passed, $fail failed"
