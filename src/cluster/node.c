@@ -268,7 +268,7 @@ static int stage_load(node *n, stage *s, const char *path, bool slice_file, char
         s->experts.e0 = a->expert_bounds[a->tp_rank];
         s->experts.e1 = a->expert_bounds[a->tp_rank + 1];
     }
-    if (!tp && (a->head_begin != 0 || (int)a->head_end != hp->n_head_kv || a->ffn_begin != 0 || (int)a->ffn_end != hp->n_ff))
+    if (!tp && (a->head_begin != 0 || (int)a->head_end != cm_slice_full(&s->m).h1 || a->ffn_begin != 0 || (int)a->ffn_end != hp->n_ff))
         return cm_errf(err, errlen, CM_EINVAL, "a slice of the layers without a tensor-parallel group");
     if (tp && (a->tp_size > CM_COLL_MAX_MEMBERS || (a->tp_rank == 0 && a->stage == 0)))
         return cm_errf(err, errlen, CM_EUNSUPPORTED, "tensor-parallel rank %u of %u of stage %u (rank 0 of stage 0 is the coordinator)",

@@ -39,8 +39,8 @@ int cm_kv_type_parse(const char *s, enum cm_type *t) {
 uint64_t cm_kv_bytes_types(const cm_model *m, int layer_first, int layer_last, int h0, int h1, int n_ctx,
                            enum cm_type type_k, enum cm_type type_v) {
     const uint64_t rows = (uint64_t)(layer_last - layer_first) * (uint64_t)(h1 - h0) * (uint64_t)n_ctx;
-    if (m->hp.arch == CM_ARCH_DEEPSEEK2) /* the latent rows only (mla.h) */
-        return rows * (uint64_t)cm_row_size(type_k, m->hp.head_dim);
+    if (m->hp.arch == CM_ARCH_DEEPSEEK2) /* the latent rows only (mla.h), whatever the heads */
+        return (uint64_t)(layer_last - layer_first) * (uint64_t)n_ctx * (uint64_t)cm_row_size(type_k, m->hp.head_dim);
     return rows * (uint64_t)(cm_row_size(type_k, m->hp.head_dim) + cm_row_size(type_v, m->hp.head_dim));
 }
 
@@ -64,8 +64,8 @@ int cm_kv_init_types(cm_kv *kv, const cm_model *m, int layer_first, int layer_la
     if (layer_first < 0 || layer_last > m->hp.n_layer || layer_first >= layer_last)
         return cm_errf(err, errlen, CM_EINVAL, "layer range [%d, %d) is out of [0, %d)", layer_first, layer_last,
                        m->hp.n_layer);
-    if (s.h0 < 0 || s.h1 > m->hp.n_head_kv || s.h0 > s.h1)
-        return cm_errf(err, errlen, CM_EINVAL, "kv head range [%d, %d) is out of [0, %d)", s.h0, s.h1, m->hp.n_head_kv);
+    if (s.h0 < 0 || s.h1 > cm_slice_full(m).h1 || s.h0 > s.h1)
+        return cm_errf(err, errlen, CM_EINVAL, "kv head range [%d, %d) is out of [0, %d)", s.h0, s.h1, cm_slice_full(m).h1);
     if (n_ctx < 1 || n_ctx > (1 << 24)) return cm_errf(err, errlen, CM_EINVAL, "context size %d is out of range", n_ctx);
     const uint64_t n = (uint64_t)(layer_last - layer_first) * (uint64_t)(s.h1 - s.h0) * (uint64_t)n_ctx;
     const uint64_t kb = n * cm_row_size(type_k, D), vb = n * cm_row_size(type_v, D);

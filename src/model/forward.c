@@ -44,8 +44,8 @@ int cm_kv_init_type(cm_kv *kv, const cm_model *m, int layer_first, int layer_las
     if (layer_first < 0 || layer_last > m->hp.n_layer || layer_first >= layer_last)
         return cm_errf(err, errlen, CM_EINVAL, "layer range [%d, %d) is out of [0, %d)", layer_first, layer_last,
                        m->hp.n_layer);
-    if (s.h0 < 0 || s.h1 > m->hp.n_head_kv || s.h0 > s.h1)
-        return cm_errf(err, errlen, CM_EINVAL, "kv head range [%d, %d) is out of [0, %d)", s.h0, s.h1, m->hp.n_head_kv);
+    if (s.h0 < 0 || s.h1 > cm_slice_full(m).h1 || s.h0 > s.h1)
+        return cm_errf(err, errlen, CM_EINVAL, "kv head range [%d, %d) is out of [0, %d)", s.h0, s.h1, cm_slice_full(m).h1);
     if (n_ctx < 1 || n_ctx > (1 << 24)) return cm_errf(err, errlen, CM_EINVAL, "context size %d is out of range", n_ctx);
     const bool mla = m->hp.arch == CM_ARCH_DEEPSEEK2; /* K only: the latent rows (mla.h) */
     uint64_t half = cm_kv_bytes(m, layer_first, layer_last, s.h0, s.h1, n_ctx) / (mla ? 1 : 2);
@@ -641,7 +641,8 @@ static void phase_attn(cm_ctx *c, int ith, int nth) {
         size_t xs;
         const void *xq = add_norm_prep(c, CM_ACT_ATTN_IN, &L->attn_norm, hp->mla.q_lora ? &L->wq_a : &L->wq, &xs, ith, nth);
         const cm_mla_run r = {.m = m, .k = c->k, .pool = c->pool, .il = c->il, .b = b, .kvs = c->a->kvs, .xn = c->xn,
-                              .xq = xq, .xq_stride = xs, .out = c->part, .hook = c->hook, .hook_user = c->hook_user};
+                              .xq = xq, .xq_stride = xs, .out = c->part, .h0 = s.h0, .h1 = s.h1, /* query heads */
+                              .hook = c->hook, .hook_user = c->hook_user};
         cm_mla_attn(c->mla, &r, ith, nth);
         return;
     }
@@ -851,9 +852,15 @@ int cm_forward(cm_ctx *c, const cm_batch *b, const cm_forward_args *a, char *err
     cm_pool_run(c->pool, run_phase, c);
     const int64_t red = (int64_t)b->n * hp->n_embd;
     /* An expert slice replaces both all-reduces (attention is whole on every
-     * member) by one gather of expert outputs per MoE layer. */
+     * member) by one gather of expert outputs per MoE layer; deepseek2's may
+     * come with a slice of heads and dense FFN rows, whose partial sums are
+     * all-reduced as usual (the MoE layers' FFN output is whole after the
+     * gather: no all-reduce there). In such a group every member's slice is
+     * partial (the planner's), so all of them all-reduce. */
     const cm_expert_slice ex = a->experts;
-    const cm_allreduce_fn allreduce = ex.ep ? NULL : a->allreduce;
+    const cm_slice whole = cm_slice_full(m);
+    const bool sliced = s.h0 != whole.h0 || s.h1 != whole.h1 || s.f0 != whole.f0 || s.f1 != whole.f1;
+    const cm_allreduce_fn allreduce = ex.ep && !sliced ? NULL : a->allreduce;
     /* Every member of a group gathers (one holding every expert too, so no
      * peer waits for it); alone, a slice of every expert needs none. */
     c->ep_gather = ex.ep && c->moe && a->expert_gather;
@@ -894,7 +901,7 @@ int cm_forward(cm_ctx *c, const cm_batch *b, const cm_forward_args *a, char *err
             c->ph = PH_MOE_COMBINE;
             cm_pool_run(c->pool, run_phase, c);
         }
-        if (allreduce && (rc = allreduce(a->allreduce_user, c->part, red)))
+        if (allreduce && !(ex.ep && L->ffn_gate_inp.data) && (rc = allreduce(a->allreduce_user, c->part, red)))
             return cm_errf(err, errlen, rc, "all-reduce after the ffn of layer %d failed: %s", il, cm_strerror(rc));
     }
     c->ph = PH_FINAL;

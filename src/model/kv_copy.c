@@ -30,7 +30,7 @@ int cm_kv_copy_prefix(cm_kv *dst, const cm_kv *src, int n, char *err, size_t err
     /* one position of one K head (a row in either layout; deepseek2's latent row too) */
     const size_t pos_bytes = src->v_rows ? src->k_row : cm_row_size(src->type, D);
     const size_t one = cm_row_size(src->type, 1); /* one element of a transposed V row */
-    const int nh = (src->layer_last - src->layer_first) * (src->h1 - src->h0);
+    const int nh = (src->layer_last - src->layer_first) * (src->latent ? 1 : src->h1 - src->h0); /* latent: per layer */
     for (int lh = 0; lh < nh; lh++) {
         const size_t ks = (size_t)lh * (size_t)src->n_ctx * pos_bytes, kd = (size_t)lh * (size_t)dst->n_ctx * pos_bytes;
         memcpy((char *)dst->k + kd, (const char *)src->k + ks, (size_t)n * pos_bytes);

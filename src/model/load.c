@@ -229,6 +229,7 @@ void cm_model_release(cm_model *m) {
     if (!m) return;
     cm_repack_drop(m);
     cm_free(m->layers);
+    cm_aligned_free(m->derived);
     memset(m, 0, sizeof *m);
 }
 
@@ -345,7 +346,8 @@ fail:
 }
 
 cm_slice cm_slice_full(const cm_model *m) {
-    cm_slice s = {0, m->hp.n_head_kv, 0, m->hp.n_ff};
+    /* deepseek2: query heads (its one KV "head" is the latent every head shares) */
+    cm_slice s = {0, m->hp.arch == CM_ARCH_DEEPSEEK2 ? m->hp.n_head : m->hp.n_head_kv, 0, m->hp.n_ff};
     return s;
 }
 
@@ -355,9 +357,9 @@ int cm_expert_slice_check(const cm_model *m, cm_slice s, cm_expert_slice x, char
 
 int cm_slice_check(const cm_model *m, cm_slice s, char *err, size_t errlen) {
     const cm_hparams *hp = &m->hp;
-    if (s.h0 < 0 || s.h1 > hp->n_head_kv || s.h0 > s.h1 || s.f0 < 0 || s.f1 > hp->n_ff || s.f0 > s.f1)
+    if (s.h0 < 0 || s.h1 > cm_slice_full(m).h1 || s.h0 > s.h1 || s.f0 < 0 || s.f1 > hp->n_ff || s.f0 > s.f1)
         return cm_errf(err, errlen, CM_EINVAL, "slice heads [%d, %d) ffn [%d, %d) is out of range (kv heads %d, ffn %d)",
-                       s.h0, s.h1, s.f0, s.f1, hp->n_head_kv, hp->n_ff);
+                       s.h0, s.h1, s.f0, s.f1, cm_slice_full(m).h1, hp->n_ff);
     if (hp->n_expert) return cm_moe_check_slice(m, s, err, errlen);
     int64_t cols_per_kv = (int64_t)(hp->n_head / hp->n_head_kv) * hp->head_dim;
     for (int il = 0; il < hp->n_layer; il++) {

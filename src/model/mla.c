@@ -98,16 +98,23 @@ int cm_mla_load_hparams(cm_model *m, char *err, size_t errlen) {
     if (hp->n_rot % 2) return cm_errf(err, errlen, CM_EFORMAT, "rope dimension count %d is odd", hp->n_rot);
     if (!klm != !vlm)
         return cm_errf(err, errlen, CM_EFORMAT, "deepseek2: key_length_mla and value_length_mla must come together");
-    if (!klm) /* an unsplit attn_kv_b file: its key/value lengths are the heads' */
-        return cm_errf(err, errlen, CM_EUNSUPPORTED,
-                       "deepseek2 without attention.key_length_mla (the unsplit attn_kv_b layout of older GGUFs) is "
-                       "not supported; supported: attn_k_b + attn_v_b (llama.cpp's convert since 2025)");
-    a->head_k = klm;
-    a->head_v = vlm;
-    if (kl != a->kv_lora + hp->n_rot || vl != a->kv_lora || hp->n_head_kv != 1)
-        return cm_errf(err, errlen, CM_EFORMAT,
-                       "deepseek2 MLA: key_length %d, value_length %d, head_count_kv %d (expected %d, %d, 1)", kl, vl,
-                       hp->n_head_kv, a->kv_lora + hp->n_rot, a->kv_lora);
+    if (!klm) { /* the unsplit attn_kv_b layout: the keys describe the heads (llama.cpp runs it as MHA) */
+        if (hp->n_head_kv != hp->n_head)
+            return cm_errf(err, errlen, CM_EFORMAT,
+                           "deepseek2 without key_length_mla (unsplit attn_kv_b): head_count_kv %d, expected %d",
+                           hp->n_head_kv, hp->n_head);
+        a->kv_b = true;
+        a->head_k = kl;
+        a->head_v = vl;
+        hp->n_head_kv = 1; /* the cache holds the latent, as for the split layout */
+    } else {
+        a->head_k = klm;
+        a->head_v = vlm;
+        if (kl != a->kv_lora + hp->n_rot || vl != a->kv_lora || hp->n_head_kv != 1)
+            return cm_errf(err, errlen, CM_EFORMAT,
+                           "deepseek2 MLA: key_length %d, value_length %d, head_count_kv %d (expected %d, %d, 1)", kl,
+                           vl, hp->n_head_kv, a->kv_lora + hp->n_rot, a->kv_lora);
+    }
     if (a->head_k <= hp->n_rot)
         return cm_errf(err, errlen, CM_EFORMAT, "deepseek2: key_length_mla %d leaves no non-rotated dims (rope %d)",
                        a->head_k, hp->n_rot);
@@ -148,6 +155,54 @@ int cm_mla_load_hparams(cm_model *m, char *err, size_t errlen) {
     return 0;
 }
 
+/* ---------------- the unsplit attn_kv_b ----------------
+ * Older GGUFs carry, per layer, one attn_kv_b [kv_lora, H * (nope + head_v)]:
+ * for head h, nope key rows then head_v value rows, each over the latent.
+ * llama.cpp's converter now splits it into attn_k_b (the key rows
+ * transposed: [nope, kv_lora, H]) and attn_v_b (the value rows: [kv_lora,
+ * head_v, H]); so does the load here, into m->derived, dequantized to F32.
+ * llama.cpp runs such a file as MHA: per position it decompresses the latent
+ * (converted to attn_kv_b's vec_dot_type) into each head's key and value.
+ * With F32 wk_b and wv_b and the cached latent rounded the same way
+ * (cm_mla_attn, step 3), the absorbed products here are that math in another
+ * order: the same numbers up to float rounding (an F16 or quantized wk_b
+ * would round where llama.cpp does not).
+ * NEEDSWORK: 4 H kv_lora (nope + head_v) bytes per layer (DeepSeek V3: 64 MiB),
+ * and every layer is derived, also on a pipeline stage that runs a few. */
+
+static size_t kvb_layer_bytes(const cm_hparams *hp) {
+    const size_t n = (size_t)hp->n_head * (size_t)hp->mla.kv_lora * (size_t)(hp->mla.head_k - hp->n_rot + hp->mla.head_v);
+    return (n * sizeof(float) + 63) & ~(size_t)63;
+}
+
+static int split_kv_b(cm_model *m, int il, char *err, size_t errlen) {
+    const cm_hparams *hp = &m->hp;
+    const cm_mla_hparams *a = &hp->mla;
+    cm_layer *L = &m->layers[il];
+    const cm_tensor *kvb = &L->wkv_b;
+    const int64_t H = hp->n_head, C = a->kv_lora, nope = a->head_k - hp->n_rot, per = nope + a->head_v;
+    if (!m->derived && !(m->derived = cm_aligned_alloc((size_t)hp->n_layer * kvb_layer_bytes(hp))))
+        return cm_errf(err, errlen, CM_ENOMEM, "out of memory splitting attn_kv_b (%zu bytes)",
+                       (size_t)hp->n_layer * kvb_layer_bytes(hp));
+    float *kb = (float *)((char *)m->derived + (size_t)il * kvb_layer_bytes(hp)), *vb = kb + H * C * nope;
+    float *row = cm_aligned_alloc((size_t)C * sizeof(float));
+    if (!row) return cm_errf(err, errlen, CM_ENOMEM, "out of memory");
+    const cm_kernels *k = cm_kernels_ref();
+    for (int64_t h = 0; h < H; h++) {
+        for (int64_t i = 0; i < nope; i++) { /* wk_b[h][c][i] = key row i of head h, element c */
+            k->to_float[kvb->type]((const char *)kvb->data + (size_t)(h * per + i) * kvb->nb[1], row, C);
+            for (int64_t c = 0; c < C; c++) kb[(h * C + c) * nope + i] = row[c];
+        }
+        for (int64_t i = 0; i < a->head_v; i++) /* wv_b[h][i] = value row i of head h */
+            k->to_float[kvb->type]((const char *)kvb->data + (size_t)(h * per + nope + i) * kvb->nb[1],
+                                   vb + (h * a->head_v + i) * C, C);
+    }
+    cm_aligned_free(row);
+    cm_tensor_init(&L->wk_b, CM_TYPE_F32, 3, (const int64_t[]){nope, C, H}, kb, kvb->name);
+    cm_tensor_init(&L->wv_b, CM_TYPE_F32, 3, (const int64_t[]){C, a->head_v, H}, vb, kvb->name);
+    return 0;
+}
+
 int cm_mla_bind_layer(cm_model *m, int il, char *err, size_t errlen) {
     const cm_hparams *hp = &m->hp;
     const cm_mla_hparams *a = &hp->mla;
@@ -155,9 +210,9 @@ int cm_mla_bind_layer(cm_model *m, int il, char *err, size_t errlen) {
     const int64_t E = hp->n_embd, H = hp->n_head, nope = a->head_k - hp->n_rot;
     char name[96];
     snprintf(name, sizeof name, "blk.%d.attn_kv_b.weight", il);
-    if (cm_gguf_find_tensor(m->gguf, name))
-        return cm_errf(err, errlen, CM_EUNSUPPORTED,
-                       "tensor '%s': the unsplit attn_kv_b layout is not supported; supported: attn_k_b + attn_v_b", name);
+    if (!a->kv_b && cm_gguf_find_tensor(m->gguf, name))
+        return cm_errf(err, errlen, CM_EFORMAT,
+                       "tensor '%s' in a file with key_length_mla (the split layout: attn_k_b + attn_v_b)", name);
     int rc;
     if (a->q_lora) {
         if ((rc = cm_moe_bind_tensor(m, &L->wq_a, il, "attn_q_a.weight", 2, E, a->q_lora, 1, true, err, errlen)) ||
@@ -169,10 +224,17 @@ int cm_mla_bind_layer(cm_model *m, int il, char *err, size_t errlen) {
     }
     if ((rc = cm_moe_bind_tensor(m, &L->wkv_a, il, "attn_kv_a_mqa.weight", 2, E, a->kv_lora + hp->n_rot, 1, true, err, errlen)) ||
         (rc = cm_moe_bind_tensor(m, &L->kv_a_norm, il, "attn_kv_a_norm.weight", 1, a->kv_lora, 1, 1, false, err, errlen)) ||
-        (rc = cm_moe_bind_tensor(m, &L->wk_b, il, "attn_k_b.weight", 3, nope, a->kv_lora, H, true, err, errlen)) ||
-        (rc = cm_moe_bind_tensor(m, &L->wv_b, il, "attn_v_b.weight", 3, a->kv_lora, a->head_v, H, true, err, errlen)) ||
         (rc = cm_moe_bind_tensor(m, &L->wo, il, "attn_output.weight", 2, H * a->head_v, E, 1, true, err, errlen)))
         return rc;
+    if (a->kv_b) {
+        if ((rc = cm_moe_bind_tensor(m, &L->wkv_b, il, "attn_kv_b.weight", 2, a->kv_lora, H * (nope + a->head_v), 1,
+                                     true, err, errlen)) ||
+            (rc = split_kv_b(m, il, err, errlen)))
+            return rc;
+    } else if ((rc = cm_moe_bind_tensor(m, &L->wk_b, il, "attn_k_b.weight", 3, nope, a->kv_lora, H, true, err, errlen)) ||
+               (rc = cm_moe_bind_tensor(m, &L->wv_b, il, "attn_v_b.weight", 3, a->kv_lora, a->head_v, H, true, err, errlen))) {
+        return rc;
+    }
     snprintf(name, sizeof name, "blk.%d.exp_probs_b.bias", il);
     if (hp->n_expert && il >= hp->n_dense_lead && cm_gguf_find_tensor(m->gguf, name) &&
         (rc = cm_moe_bind_tensor(m, &L->ffn_exp_probs_b, il, "exp_probs_b.bias", 1, hp->n_expert, 1, 1, false, err, errlen)))
@@ -269,6 +331,22 @@ static void matmul(const cm_mla_run *r, const cm_tensor *w, const void *x, size_
     if (r1 > r0) cm_matmul_rows(r->k, w, x, xs, n, y, ldy, r0, r1);
 }
 
+/* Rows [r0, r1) of a 2-D tensor; columns [c0, c1) (c0 on a block boundary:
+ * cm_slice_check). No data: an absent tensor stays absent. */
+static cm_tensor rows_view(const cm_tensor *w, int64_t r0, int64_t r1) {
+    cm_tensor t = *w;
+    if (!w->data) return t;
+    t.data = (char *)w->data + (size_t)r0 * w->nb[1];
+    t.ne[1] = r1 - r0;
+    return t;
+}
+static cm_tensor cols_view(const cm_tensor *w, int64_t c0, int64_t c1) {
+    cm_tensor t = *w;
+    t.data = (char *)w->data + cm_row_size(w->type, c0);
+    t.ne[0] = c1 - c0;
+    return t;
+}
+
 /* Head h of a stacked [ne0, ne1, H] tensor as a 2-D view. */
 static cm_tensor head_view(const cm_tensor *w, int h) {
     cm_tensor t = *w;
@@ -327,16 +405,16 @@ static size_t cache_off(const cm_kv *kv, int il, int p) {
     return ((size_t)(il - kv->layer_first) * (size_t)kv->n_ctx + (size_t)p) * (size_t)kv->head_dim;
 }
 
-/* Attention of head h of token j over its sequence's latent cache, then
- * wv_b[h] into att. */
-static void attend(cm_mla *s, const cm_mla_run *r, int j, int h, int ith) {
+/* Attention of head h (the slice's hl-th) of token j over its sequence's
+ * latent cache, then wv_b[h] into att. */
+static void attend(cm_mla *s, const cm_mla_run *r, int j, int h, int hl, int ith) {
     const cm_hparams *hp = &r->m->hp;
     const cm_mla_hparams *a = &hp->mla;
     const cm_layer *L = &r->m->layers[r->il];
-    const int R = hp->head_dim, C = a->kv_lora, nope = a->head_k - hp->n_rot, H = hp->n_head;
+    const int R = hp->head_dim, C = a->kv_lora, nope = a->head_k - hp->n_rot, H = r->h1 - r->h0;
     float *sc = s->tsc + (size_t)ith * s->tsc_stride, *Q = sc + s->max_ctx, *o = Q + R; /* then a row */
     uint8_t *tq = s->tq + (size_t)ith * s->tq_stride;
-    const float *qh = s->q + ((size_t)j * H + (size_t)h) * (size_t)a->head_k;
+    const float *qh = s->q + ((size_t)j * H + (size_t)hl) * (size_t)a->head_k;
     /* Q = [wk_b[h] · q_nope | roped q_pe] */
     memcpy(Q + C, qh + nope, (size_t)hp->n_rot * sizeof(float));
     rope_norm(s->rope + (size_t)j * hp->n_rot, Q + C, hp->n_rot);
@@ -400,7 +478,7 @@ static void attend(cm_mla *s, const cm_mla_run *r, int j, int h, int ith) {
     const cm_tensor vb = head_view(&L->wv_b, h);
     const enum cm_type vv = vdt_of(&vb);
     convert(r, CM_ACT_V_IN, j, (int64_t)h * C, vv, o, tq, C);
-    cm_matmul_rows(r->k, &vb, tq, act_rs(vv, C), 1, s->att + ((size_t)j * H + (size_t)h) * (size_t)a->head_v,
+    cm_matmul_rows(r->k, &vb, tq, act_rs(vv, C), 1, s->att + ((size_t)j * H + (size_t)hl) * (size_t)a->head_v,
                    a->head_v, 0, a->head_v);
 }
 
@@ -409,8 +487,12 @@ void cm_mla_attn(cm_mla *s, const cm_mla_run *r, int ith, int nth) {
     const cm_hparams *hp = &m->hp;
     const cm_mla_hparams *a = &hp->mla;
     const cm_layer *L = &m->layers[r->il];
-    const int n = r->b->n, E = hp->n_embd, H = hp->n_head, R = hp->head_dim, C = a->kv_lora;
-    const cm_tensor *w0 = a->q_lora ? &L->wq_a : &L->wq;
+    const int n = r->b->n, E = hp->n_embd, H = r->h1 - r->h0, R = hp->head_dim, C = a->kv_lora;
+    /* the slice's query heads [h0, h1): their rows of wq_b (or wq), columns of wo */
+    const cm_tensor wq = rows_view(&L->wq, (int64_t)r->h0 * a->head_k, (int64_t)r->h1 * a->head_k);
+    const cm_tensor wq_b = rows_view(&L->wq_b, (int64_t)r->h0 * a->head_k, (int64_t)r->h1 * a->head_k);
+    const cm_tensor wo = cols_view(&L->wo, (int64_t)r->h0 * a->head_v, (int64_t)r->h1 * a->head_v);
+    const cm_tensor *w0 = a->q_lora ? &L->wq_a : &wq;
     int64_t t0, t1;
 
     /* 1. xn for wkv_a when its vec_dot_type differs from w0's */
@@ -447,6 +529,12 @@ void cm_mla_attn(cm_mla *s, const cm_mla_run *r, int ith, int nth) {
         }
         float *kr = s->kvpe + j * R, *rc = s->rope + j * hp->n_rot;
         rms_norm(kr, L->kv_a_norm.data, kr, C, hp->rms_eps);
+        const enum cm_type vkb = L->wkv_b.data ? vdt_of(&L->wkv_b) : CM_TYPE_F32;
+        if (vkb != CM_TYPE_F32) { /* llama.cpp's MHA view decompresses the latent so rounded */
+            uint8_t *tq = s->tq + (size_t)ith * s->tq_stride;
+            convert(r, CM_ACT_KV_B_IN, (int)j, 0, vkb, kr, tq, C);
+            cm_kernels_ref()->to_float[vkb](tq, kr, C);
+        }
         rope_cache(hp, (float)r->b->pos[j], rc);
         rope_norm(rc, kr + C, hp->n_rot);
         cm_kv *kv = r->kvs[r->b->seq[j]];
@@ -458,16 +546,21 @@ void cm_mla_attn(cm_mla *s, const cm_mla_run *r, int ith, int nth) {
 
     /* 4. q = wq_b · q_a */
     if (a->q_lora) {
-        matmul(r, &L->wq_b, s->qaq, rs_qb, n, s->q, (int64_t)H * a->head_k, ith, nth);
+        matmul(r, &wq_b, s->qaq, rs_qb, n, s->q, (int64_t)H * a->head_k, ith, nth);
         cm_pool_barrier(r->pool);
     }
 
     /* 5. per (token, head): absorbed query, attention, wv_b */
     cm_split_range((int64_t)n * H, ith, nth, &t0, &t1);
-    for (int64_t t = t0; t < t1; t++) attend(s, r, (int)(t / H), (int)(t % H), ith);
+    for (int64_t t = t0; t < t1; t++) attend(s, r, (int)(t / H), r->h0 + (int)(t % H), (int)(t % H), ith);
     cm_pool_barrier(r->pool);
 
-    /* 6. wo */
+    /* 6. wo (over the slice's columns: a partial sum for the group's all-reduce) */
+    if (H == 0) { /* a member without heads: nothing to add (it still cached the latent) */
+        cm_split_range(n, ith, nth, &t0, &t1);
+        if (t1 > t0) memset(r->out + t0 * E, 0, (size_t)(t1 - t0) * (size_t)E * sizeof(float));
+        return;
+    }
     const enum cm_type vo = vdt_of(&L->wo);
     const int64_t HV = (int64_t)H * a->head_v;
     const void *xo = s->att;
@@ -475,9 +568,10 @@ void cm_mla_attn(cm_mla *s, const cm_mla_run *r, int ith, int nth) {
     if (vo != CM_TYPE_F32) {
         rs_o = act_rs(vo, HV);
         cm_split_range(n, ith, nth, &t0, &t1);
-        for (int64_t j = t0; j < t1; j++) convert(r, CM_ACT_ATTN_OUT, (int)j, 0, vo, s->att + j * HV, s->attq + j * rs_o, HV);
+        for (int64_t j = t0; j < t1; j++)
+            convert(r, CM_ACT_ATTN_OUT, (int)j, (int64_t)r->h0 * a->head_v, vo, s->att + j * HV, s->attq + j * rs_o, HV);
         cm_pool_barrier(r->pool);
         xo = s->attq;
     }
-    matmul(r, &L->wo, xo, rs_o, n, r->out, E, ith, nth);
+    matmul(r, &wo, xo, rs_o, n, r->out, E, ith, nth);
 }

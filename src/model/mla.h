@@ -4,7 +4,9 @@
  * cache size and the attention of one layer.
  *
  * The computation follows llama.cpp's deepseek2 graph in its MLA form (the
- * attn_k_b / attn_v_b tensors of current GGUFs), "absorbed" so that the
+ * attn_k_b / attn_v_b tensors of current GGUFs; older files' attn_kv_b is
+ * split into them at load, where llama.cpp runs it as MHA with the same
+ * math in another order), "absorbed" so that the
  * cache holds, per token and layer, only the normed latent kv_cmpr
  * (kv_lora_rank floats) and the roped key part k_pe (n_rot floats), shared
  * by every head (MQA over the latent):
@@ -33,7 +35,8 @@
  * and head_dim = kv_lora + n_rot (the cache row). Errors name the key. */
 int cm_mla_load_hparams(cm_model *m, char *err, size_t errlen);
 /* Bind layer il's attention tensors (and its exp_probs_b when present).
- * The unsplit attn_kv_b layout of old GGUFs is refused with a message. */
+ * The unsplit attn_kv_b layout of older GGUFs is split into F32 wk_b and
+ * wv_b in m->derived, as llama.cpp's converter splits it. */
 int cm_mla_bind_layer(cm_model *m, int il, char *err, size_t errlen);
 /* Bytes of an F32 latent cache for n_ctx positions over a layer range. */
 uint64_t cm_mla_kv_bytes(const cm_model *m, int layer_first, int layer_last, int n_ctx);
@@ -52,7 +55,10 @@ typedef struct cm_mla_run {
     const float *xn;   /* [n][n_embd] the normed input */
     const void *xq;    /* xn converted for the first weight (wq_a or wq) */
     size_t xq_stride;
-    float *out;        /* [n][n_embd] attention output (before the residual add) */
+    float *out;        /* [n][n_embd] attention output (before the residual add); over a
+                          slice of heads the partial sum of wo's columns of those heads */
+    int h0, h1;        /* query heads [h0, h1) of [0, n_head) (a tensor-parallel slice;
+                          the latent is computed and cached whole on every member) */
     cm_act_hook_fn hook; /* tests only (model.h) */
     void *hook_user;
 } cm_mla_run;

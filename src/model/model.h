@@ -66,6 +66,7 @@ typedef struct cm_mla_hparams {
     int head_k;      /* nope + rope dims of a query head (key_length_mla, or key_length of a kv_b file) */
     int head_v;      /* value dims of a head (value_length_mla / value_length) */
     float kq_scale;  /* softmax scale: mscale^2 / sqrt(head_k) */
+    bool kv_b;       /* the file has the unsplit attn_kv_b (no *_mla keys): wk_b, wv_b derived at load */
     /* YaRN (rope.scaling.type "yarn"; ext_factor 0 = none) as ggml_rope_ext takes it */
     float ext_factor, attn_factor, beta_fast, beta_slow;
     int n_ctx_orig;
@@ -196,8 +197,10 @@ typedef struct cm_layer {
     /* deepseek2 MLA (wq: V2-Lite's [E, H*head_k]; wo [H*head_v, E]):
      * wq_a [E, q_lora], q_a_norm [q_lora], wq_b [q_lora, H*head_k];
      * wkv_a [E, kv_lora + rope], kv_a_norm [kv_lora];
-     * wk_b [nope, kv_lora, H], wv_b [kv_lora, head_v, H] (3-D). */
-    cm_tensor wq_a, q_a_norm, wq_b, wkv_a, kv_a_norm, wk_b, wv_b;
+     * wk_b [nope, kv_lora, H], wv_b [kv_lora, head_v, H] (3-D); or, in
+     * older files, wkv_b [kv_lora, H * (nope + head_v)], from which wk_b and
+     * wv_b are derived at load as F32 in m->derived (mla.c). */
+    cm_tensor wq_a, q_a_norm, wq_b, wkv_a, kv_a_norm, wk_b, wv_b, wkv_b;
 } cm_layer;
 
 typedef struct cm_model {
@@ -214,6 +217,9 @@ typedef struct cm_model {
     /* What one token reads: all but the unused experts (= the totals for a
      * dense model). */
     uint64_t n_params_active, weight_bytes_active;
+    /* Weights computed at load, owned (cm_aligned_alloc; NULL: none):
+     * deepseek2's wk_b of every layer from an unsplit attn_kv_b (mla.c). */
+    void *derived;
 } cm_model;
 
 /* Bind a model to a parsed GGUF (which must outlive it). Validates the
@@ -230,7 +236,8 @@ void cm_model_release(cm_model *m); /* no-op on a zeroed struct */
 
 /* ---- slices ---- */
 typedef struct cm_slice {
-    int h0, h1; /* KV heads [h0, h1) of [0, n_head_kv); may be empty (FFN-only member) */
+    int h0, h1; /* KV heads [h0, h1) of [0, n_head_kv); may be empty (FFN-only member);
+                 * deepseek2: query heads of [0, n_head) (the latent is cached whole) */
     int f0, f1; /* FFN rows [f0, f1) of [0, n_ff); may be empty */
 } cm_slice;
 /* Expert parallelism (issue 13; cm_forward_args.experts): ep = this member
@@ -249,10 +256,14 @@ cm_slice cm_slice_full(const cm_model *m);
  * attn_output and ffn_down start and end on block boundaries of their types?
  * Returns 0 or CM_EINVAL with a message; CM_EUNSUPPORTED for any slice but
  * the whole model of a mixture-of-experts model (NEEDSWORK: tensor-parallel
- * expert rows; experts are split by cm_expert_slice instead). */
+ * expert rows; experts are split by cm_expert_slice instead), except
+ * deepseek2's heads and dense-layer FFN rows, which go with an expert slice
+ * (cm_expert_slice_check). */
 int cm_slice_check(const cm_model *m, cm_slice s, char *err, size_t errlen);
-/* Is x a valid expert slice to go with s (zeroed: always)? CM_EINVAL for a
- * dense model, a range outside [0, n_expert], or s not the whole model. */
+/* Is x a valid expert slice to go with s (zeroed: always, unless s is a
+ * partial deepseek2 slice, which needs one)? CM_EINVAL for a dense model, a
+ * range outside [0, n_expert], or s not the whole model (deepseek2: any
+ * slice cm_slice_check accepts). */
 int cm_expert_slice_check(const cm_model *m, cm_slice s, cm_expert_slice x, char *err, size_t errlen);
 
 /* ---- KV cache of one sequence ----
@@ -432,7 +443,10 @@ enum cm_act_site { CM_ACT_ATTN_IN, CM_ACT_K_IN, CM_ACT_V_IN, CM_ACT_ATTN_OUT, CM
                    CM_ACT_KV_A_IN, CM_ACT_Q_B_IN,
                    /* gemma3: the gate's rounding to F16 before the GELU table (vdt
                     * F16; columns of the FFN), shown only when a hook is set */
-                   CM_ACT_GELU_IN };
+                   CM_ACT_GELU_IN,
+                   /* deepseek2 with an unsplit attn_kv_b (mla.c): the normed latent
+                    * converted to its vec_dot_type (then cached dequantized) */
+                   CM_ACT_KV_B_IN };
 typedef void (*cm_act_hook_fn)(void *user, int layer, enum cm_act_site site, int row, int64_t col0,
                                enum cm_type vdt, const float *x, void *xq, int64_t n);
 void cm_ctx_set_act_hook(cm_ctx *c, cm_act_hook_fn fn, void *user);

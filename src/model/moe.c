@@ -179,22 +179,44 @@ void cm_moe_count_active(cm_model *m) {
     }
 }
 
+/* deepseek2's slice of query heads / dense FFN rows (tensor-parallel MLA) */
+static bool ds_sliced(const cm_model *m, cm_slice s) {
+    const cm_slice w = cm_slice_full(m);
+    return m->hp.arch == CM_ARCH_DEEPSEEK2 && (s.h0 != w.h0 || s.h1 != w.h1 || s.f0 != w.f0 || s.f1 != w.f1);
+}
+
 int cm_moe_check_experts(const cm_model *m, cm_slice s, cm_expert_slice x, char *err, size_t errlen) {
     const cm_hparams *hp = &m->hp;
+    if (!x.ep && ds_sliced(m, s)) /* every member would add every expert's output to the all-reduce */
+        return cm_errf(err, errlen, CM_EINVAL, "a deepseek2 slice of heads or FFN rows needs an expert slice (ep)");
     if (!x.ep) return 0;
     if (!hp->n_expert)
         return cm_errf(err, errlen, CM_EINVAL, "an expert slice of '%s', which has no experts", cm_arch_name_of(hp->arch));
     if (x.e0 < 0 || x.e0 > x.e1 || x.e1 > hp->n_expert)
         return cm_errf(err, errlen, CM_EINVAL, "expert slice [%d, %d) is out of range (%d experts)", x.e0, x.e1,
                        hp->n_expert);
-    if (s.h0 != 0 || s.h1 != hp->n_head_kv || s.f0 != 0 || s.f1 != hp->n_ff)
+    if (!ds_sliced(m, s) && (s.h0 != 0 || s.h1 != cm_slice_full(m).h1 || s.f0 != 0 || s.f1 != hp->n_ff))
         return cm_errf(err, errlen, CM_EINVAL, "an expert slice must hold every KV head and FFN row");
     return 0;
 }
 
 int cm_moe_check_slice(const cm_model *m, cm_slice s, char *err, size_t errlen) {
     const cm_hparams *hp = &m->hp;
-    if (hp->n_expert && (s.h0 != 0 || s.h1 != hp->n_head_kv || s.f0 != 0 || s.f1 != hp->n_ff))
+    if (ds_sliced(m, s)) { /* attn_output's columns of the heads, the dense layers' ffn_down columns on blocks */
+        for (int il = 0; il < hp->n_layer; il++) {
+            const cm_layer *L = &m->layers[il];
+            const int bo = cm_type_traits_of(L->wo.type)->block_size, v = hp->mla.head_v;
+            if (((int64_t)s.h0 * v) % bo || ((int64_t)s.h1 * v) % bo)
+                return cm_errf(err, errlen, CM_EINVAL, "slice heads [%d, %d) do not fall on %s block boundaries of '%s'",
+                               s.h0, s.h1, cm_type_name(L->wo.type), L->wo.name);
+            const int bd = L->ffn_down.data ? cm_type_traits_of(L->ffn_down.type)->block_size : 1;
+            if (s.f0 % bd || s.f1 % bd)
+                return cm_errf(err, errlen, CM_EINVAL, "slice ffn rows [%d, %d) do not fall on %s block boundaries of '%s'",
+                               s.f0, s.f1, cm_type_name(L->ffn_down.type), L->ffn_down.name);
+        }
+        return 0;
+    }
+    if (hp->n_expert && (s.h0 != 0 || s.h1 != cm_slice_full(m).h1 || s.f0 != 0 || s.f1 != hp->n_ff))
         return cm_errf(err, errlen, CM_EUNSUPPORTED,
                        "tensor-parallel slices of a mixture-of-experts model ('%s', %d experts) are not supported; "
                        "use pipeline parallelism", cm_arch_name_of(hp->arch), hp->n_expert);

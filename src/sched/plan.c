@@ -78,10 +78,10 @@ static void split_units(int units, int k, const double *w, int min_each, int *ou
  * its memory bandwidth (decode reads the chosen experts where they are), or,
  * by_mem, to its memory beyond the reserve (when a split by speed does not
  * fit); each member gets at least one expert when there are enough. */
-static void assign_experts(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan_opts *o,
-                           cm_plan_stage *st, bool by_mem) {
+static void expert_ranges(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan_opts *o, cm_plan_stage *st,
+                          bool by_mem) {
     int k = st->n_members, share[CM_PLAN_MAX_NODES];
-    double w[CM_PLAN_MAX_NODES];
+    double w[CM_PLAN_MAX_NODES] = {0};
     for (int i = 0; i < k; i++) {
         const cm_plan_node *nd = &c->nodes[st->members[i].node];
         w[i] = by_mem ? (nd->mem_bytes > o->reserve_bytes ? (double)(nd->mem_bytes - o->reserve_bytes) : 0) : nd->mem_bw;
@@ -90,13 +90,21 @@ static void assign_experts(const cm_plan_model *m, const cm_plan_cluster *c, con
     st->ep = k > 1;
     for (int i = 0, e = 0; i < k; i++) {
         cm_plan_member *mb = &st->members[i];
+        mb->expert_begin = e;
+        e += share[i];
+        mb->expert_end = i == k - 1 ? m->n_experts : e;
+    }
+}
+
+static void assign_experts(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan_opts *o,
+                           cm_plan_stage *st, bool by_mem) {
+    expert_ranges(m, c, o, st, by_mem);
+    for (int i = 0; i < st->n_members; i++) {
+        cm_plan_member *mb = &st->members[i];
         mb->kv_head_begin = 0;
         mb->kv_head_end = m->n_kv_heads;
         mb->ffn_begin = 0;
         mb->ffn_end = m->ffn;
-        mb->expert_begin = e;
-        e += share[i];
-        mb->expert_end = i == k - 1 ? m->n_experts : e;
     }
 }
 
@@ -135,6 +143,9 @@ static void assign_slices(const cm_plan_model *m, const cm_plan_cluster *c, cons
         mb->expert_begin = 0;
         mb->expert_end = m->n_experts;
     }
+    /* deepseek2 (kv_shared): tensor-parallel heads and dense rows as above,
+     * the MoE layers' experts as an expert group (ep_tp below). */
+    if (m->n_experts > 0 && k > 1 && m->kv_shared) expert_ranges(m, c, o, st, by_mem);
 }
 
 /* Bytes of layer l member mb holds (active: what one decoded token reads):
@@ -241,6 +252,15 @@ static double member_layer_s(const cm_plan_model *m, const cm_plan_cluster *c, c
     return mem > cmp ? mem : cmp;
 }
 
+/* deepseek2's tensor-parallel group: an expert group whose members also
+ * split the heads (kv_shared), so attention and the dense layers' FFN are
+ * all-reduced as well. */
+static bool ep_tp(const cm_plan_model *m, const cm_plan_stage *st) {
+    for (int i = 0; st->ep && m->kv_shared && i < st->n_members; i++)
+        if (st->members[i].kv_head_end - st->members[i].kv_head_begin != m->n_kv_heads) return true;
+    return false;
+}
+
 /* Time of one layer for the whole group, n_tok tokens at once. */
 static double stage_layer_s(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan_opts *o,
                             const cm_plan_stage *st, int layer, double n_tok, double ar) {
@@ -250,7 +270,8 @@ static double stage_layer_s(const cm_plan_model *m, const cm_plan_cluster *c, co
         if (t > worst) worst = t;
     }
     if (st->ep) /* one expert exchange instead of two all-reduces (dense layers of a MoE model: none) */
-        return worst + (m->layer_expert_bytes[layer] ? expert_exchange_s(m, c, o, st, n_tok) : 0);
+        return worst + (m->layer_expert_bytes[layer] ? expert_exchange_s(m, c, o, st, n_tok) : 0) +
+               (ep_tp(m, st) ? (m->layer_expert_bytes[layer] ? 1 : 2) * ar : 0);
     return worst + 2 * ar;
 }
 
@@ -280,7 +301,8 @@ static uint64_t member_bytes(const cm_plan_model *m, const cm_plan_opts *o, cons
     uint64_t weights = (uint64_t)ceil(w);
     if (mb->embed) weights += m->embd_bytes;
     if (mb->head) weights += m->head_bytes;
-    uint64_t kv = kv_head_layer_bytes(m, o) * (uint64_t)(mb->kv_head_end - mb->kv_head_begin) * (uint64_t)(b - a);
+    uint64_t kv = kv_head_layer_bytes(m, o) * (uint64_t)(m->kv_shared ? 1 : mb->kv_head_end - mb->kv_head_begin) *
+                  (uint64_t)(b - a);
     if (weights_out) *weights_out = weights;
     if (kv_out) *kv_out = kv;
     return weights + kv + o->reserve_bytes;
@@ -389,6 +411,9 @@ static void predict(const cm_plan_model *m, const cm_plan_cluster *c, const cm_p
         if (p->stages[s].n_members > 1 && !p->stages[s].ep)
             p->bytes_per_token_tp += 2ull * (uint64_t)(p->stages[s].last_layer - p->stages[s].first_layer) *
                                      (uint64_t)m->dim * 4;
+        else if (ep_tp(m, &p->stages[s])) /* attention, and the FFN of the dense layers */
+            for (int l = p->stages[s].first_layer; l < p->stages[s].last_layer; l++)
+                p->bytes_per_token_tp += (m->layer_expert_bytes[l] ? 1ull : 2ull) * (uint64_t)m->dim * 4;
 }
 
 /* ---- layer split across stages ---- */
@@ -632,7 +657,7 @@ int cm_plan_make(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan
     char e2[512] = "";
     /* Experts are split across a group by expert (ep), never by rows: a
      * group over an MoE model in auto or hybrid mode is an expert group. */
-    if (m->n_experts > 0 && n > 1 && o->mode == CM_PARALLEL_TP)
+    if (m->n_experts > 0 && n > 1 && o->mode == CM_PARALLEL_TP && !m->kv_shared)
         return cm_errf(err, errlen, CM_EUNSUPPORTED,
                        "tensor-parallel plans of a mixture-of-experts model (%d experts) are not supported; "
                        "use --parallel ep (experts across the group) or pp", m->n_experts);

@@ -91,6 +91,11 @@ typedef struct cm_plan_model {
     int n_experts, n_experts_used;
     uint64_t layer_expert_bytes[CM_PLAN_MAX_LAYERS];
     uint64_t layer_expert_params[CM_PLAN_MAX_LAYERS];
+    /* deepseek2 (MLA): the "KV heads" a slice splits are the query heads,
+     * and every member caches the whole latent (2 x head_dim per token and
+     * layer), whatever its heads; --parallel tp splits the heads and dense
+     * FFN rows and places the experts as an expert group (ep). */
+    bool kv_shared;
 } cm_plan_model;
 
 typedef struct cm_plan_opts {

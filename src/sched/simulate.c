@@ -251,7 +251,14 @@ int cm_plan_model_from_gguf(const cm_gguf *g, cm_plan_model *m, char *err, size_
     m->head_dim = m->n_heads > 0 ? (int)hparam(g, arch, "attention.key_length", m->dim / m->n_heads) : 0;
     /* deepseek2 (MLA): one latent row of key_length values per token and
      * layer is the whole cache, counted as K + V of half that width */
-    if (!strcmp(arch, "deepseek2") && hparam(g, arch, "attention.key_length_mla", 0) > 0) m->head_dim /= 2;
+    int head_cols = m->n_kv_heads > 0 && m->n_heads % m->n_kv_heads == 0 ? m->n_heads / m->n_kv_heads * m->head_dim : 0;
+    if (!strcmp(arch, "deepseek2")) { /* slices of query heads; the latent row is the cache, on every member */
+        const bool mla = hparam(g, arch, "attention.key_length_mla", 0) > 0; /* else the unsplit attn_kv_b */
+        m->kv_shared = true;
+        m->n_kv_heads = m->n_heads;
+        m->head_dim = (int)((hparam(g, arch, "attention.kv_lora_rank", 0) + hparam(g, arch, "rope.dimension_count", 0)) / 2);
+        head_cols = (int)hparam(g, arch, mla ? "attention.value_length_mla" : "attention.value_length", 0);
+    }
     free(arch);
     if (m->n_layers < 1 || m->n_layers > CM_PLAN_MAX_LAYERS || m->dim < 1 || m->n_heads < 1 || m->n_kv_heads < 1 ||
         m->ffn < 1 || m->n_heads % m->n_kv_heads)
@@ -284,7 +291,7 @@ int cm_plan_model_from_gguf(const cm_gguf *g, cm_plan_model *m, char *err, size_
                 /* a KV head owns (n_heads / n_kv_heads) * head_dim columns; a slice
                  * boundary must fall on a block of this tensor's type */
                 const cm_type_traits *tr = cm_type_traits_of(t->type);
-                int cols = m->n_heads / m->n_kv_heads * m->head_dim, g = 1;
+                int cols = head_cols, g = 1;
                 while (tr && cols > 0 && g < m->n_kv_heads && (g * cols) % tr->block_size) g++;
                 if (g > m->head_granule) m->head_granule = g;
             }

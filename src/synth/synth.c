@@ -101,8 +101,10 @@ static bool moe_arch(int arch) { return arch == A_QWEN2MOE || arch == A_QWEN3MOE
 
 /* deepseek2's MLA shapes (synth.h) */
 enum { DS_KV_LORA = 256, DS_Q_LORA = 256, DS_NOPE = 64, DS_ROPE = 32, DS_V = 64 };
-static bool ds_lite(const cm_synth_params *p) { return p->variant && !strcmp(p->variant, "lite"); }
+static bool ds_lite(const cm_synth_params *p) { return p->variant && !strncmp(p->variant, "lite", 4); }
 static bool ds_yarn(const cm_synth_params *p) { return p->variant && !strcmp(p->variant, "v3yarn"); }
+/* "v3kvb", "litekvb": the unsplit attn_kv_b layout of GGUFs converted before llama.cpp's MLA support */
+static bool ds_kvb(const cm_synth_params *p) { return p->variant && (!strcmp(p->variant, "v3kvb") || !strcmp(p->variant, "litekvb")); }
 static int exp_ff(const cm_synth_params *p, int arch) { return arch == A_LLAMA || !p->n_ff_exp ? p->n_ff : p->n_ff_exp; }
 static int shexp_ff(const cm_synth_params *p, int arch) {
     if (arch == A_DEEPSEEK2) return exp_ff(p, arch) * (ds_lite(p) ? 2 : 1); /* expert_shared_count experts */
@@ -116,8 +118,9 @@ static int moe_check(const cm_synth_params *p, int arch, int bs, char *err, size
         return cm_errf(err, errlen, CM_EINVAL, "architecture '%s' needs --experts", p->arch);
     if (!moe_arch(arch) && arch != A_LLAMA && p->n_expert)
         return cm_errf(err, errlen, CM_EINVAL, "architecture '%s' has no experts (qwen2moe, qwen3moe, gpt-oss, deepseek2, llama do)", p->arch);
-    if (arch == A_DEEPSEEK2 && p->variant && strcmp(p->variant, "v3") && strcmp(p->variant, "lite") && !ds_yarn(p))
-        return cm_errf(err, errlen, CM_EINVAL, "unknown deepseek2 variant '%s' (v3, v3yarn, lite)", p->variant);
+    if (arch == A_DEEPSEEK2 && p->variant && strcmp(p->variant, "v3") && strcmp(p->variant, "lite") && !ds_yarn(p) &&
+        !ds_kvb(p))
+        return cm_errf(err, errlen, CM_EINVAL, "unknown deepseek2 variant '%s' (v3, v3yarn, lite, v3kvb, litekvb)", p->variant);
     if (arch == A_DEEPSEEK2 && !ds_lite(p) && p->n_expert % 4)
         return cm_errf(err, errlen, CM_EINVAL, "deepseek2 v3 puts the experts in 4 groups: --experts %d is not a multiple of 4", p->n_expert);
     if (arch == A_DEEPSEEK2 && !ds_lite(p) && p->n_expert_used > p->n_expert / 2)
@@ -560,8 +563,12 @@ int cm_synth_write(const cm_synth_params *p, const cm_gguf *vocab, const char *p
             }
             T("attn_kv_a_mqa.weight", wt, E, DS_KV_LORA + DS_ROPE, 0, 1 / sqrtf((float)E));
             T("attn_kv_a_norm.weight", CM_TYPE_F32, DS_KV_LORA, 1, 1, NORM_NOISE);
-            T("attn_k_b.weight", kb_t, DS_NOPE, (int64_t)DS_KV_LORA * H, 0, 1 / sqrtf((float)DS_NOPE))->ne2 = H;
-            T("attn_v_b.weight", wt, DS_KV_LORA, (int64_t)DS_V * H, 0, 1 / sqrtf((float)DS_KV_LORA))->ne2 = H;
+            if (ds_kvb(p)) { /* per head DS_NOPE key rows then DS_V value rows, each over the latent */
+                T("attn_kv_b.weight", wt, DS_KV_LORA, (int64_t)H * (DS_NOPE + DS_V), 0, 1 / sqrtf((float)DS_KV_LORA));
+            } else {
+                T("attn_k_b.weight", kb_t, DS_NOPE, (int64_t)DS_KV_LORA * H, 0, 1 / sqrtf((float)DS_NOPE))->ne2 = H;
+                T("attn_v_b.weight", wt, DS_KV_LORA, (int64_t)DS_V * H, 0, 1 / sqrtf((float)DS_KV_LORA))->ne2 = H;
+            }
             T("attn_output.weight", o_t, H * DS_V, E, 0, res_scale / sqrtf((float)(H * DS_V)));
         } else if (arch == A_PHI3) {
             /* fused q, k, v rows; llama.cpp's Q4_K_M makes it Q5_K, its Q5_K_M Q6_K */
@@ -652,7 +659,8 @@ int cm_synth_write(const cm_synth_params *p, const cm_gguf *vocab, const char *p
     cm_gguf_w_u32(w, K("block_count"), (uint32_t)L);
     cm_gguf_w_u32(w, K("feed_forward_length"), (uint32_t)F);
     cm_gguf_w_u32(w, K("attention.head_count"), (uint32_t)H);
-    cm_gguf_w_u32(w, K("attention.head_count_kv"), (uint32_t)(arch == A_DEEPSEEK2 ? 1 : HKV));
+    /* deepseek2: 1 (the latent), or every head (the unsplit layout's MHA view) */
+    cm_gguf_w_u32(w, K("attention.head_count_kv"), (uint32_t)(arch == A_DEEPSEEK2 ? (ds_kvb(p) ? H : 1) : HKV));
     cm_gguf_w_f32(w, K("attention.layer_norm_rms_epsilon"), eps);
     if (X) {
         cm_gguf_w_u32(w, K("expert_count"), (uint32_t)X);
@@ -660,14 +668,19 @@ int cm_synth_write(const cm_synth_params *p, const cm_gguf *vocab, const char *p
         if (moe_arch(arch)) cm_gguf_w_u32(w, K("expert_feed_forward_length"), (uint32_t)FX);
         if (FSH && arch != A_DEEPSEEK2) cm_gguf_w_u32(w, K("expert_shared_feed_forward_length"), (uint32_t)FSH);
     }
-    if (arch == A_DEEPSEEK2) { /* MLA in the split k_b/v_b form; DeepSeek's MoE keys */
+    if (arch == A_DEEPSEEK2) { /* MLA (split k_b/v_b, or kvb's unsplit kv_b); DeepSeek's MoE keys */
         const bool lite = ds_lite(p);
         cm_gguf_w_u32(w, K("attention.q_lora_rank"), lite ? 0 : DS_Q_LORA);
         cm_gguf_w_u32(w, K("attention.kv_lora_rank"), DS_KV_LORA);
-        cm_gguf_w_u32(w, K("attention.key_length"), DS_KV_LORA + DS_ROPE);
-        cm_gguf_w_u32(w, K("attention.value_length"), DS_KV_LORA);
-        cm_gguf_w_u32(w, K("attention.key_length_mla"), DS_NOPE + DS_ROPE);
-        cm_gguf_w_u32(w, K("attention.value_length_mla"), DS_V);
+        if (ds_kvb(p)) { /* the old converter's: the heads' sizes, no *_mla keys */
+            cm_gguf_w_u32(w, K("attention.key_length"), DS_NOPE + DS_ROPE);
+            cm_gguf_w_u32(w, K("attention.value_length"), DS_V);
+        } else {
+            cm_gguf_w_u32(w, K("attention.key_length"), DS_KV_LORA + DS_ROPE);
+            cm_gguf_w_u32(w, K("attention.value_length"), DS_KV_LORA);
+            cm_gguf_w_u32(w, K("attention.key_length_mla"), DS_NOPE + DS_ROPE);
+            cm_gguf_w_u32(w, K("attention.value_length_mla"), DS_V);
+        }
         cm_gguf_w_u32(w, K("leading_dense_block_count"), 1);
         cm_gguf_w_u32(w, K("expert_shared_count"), lite ? 2 : 1);
         cm_gguf_w_f32(w, K("expert_weights_scale"), lite ? 1.0f : 2.5f);

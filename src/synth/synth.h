@@ -62,7 +62,11 @@ typedef struct cm_synth_params {
      * split attn_k_b/attn_v_b, kv_lora_rank 256, 64 nope + 32 rope dims,
      * 64 value dims per head, and 1 leading dense layer; "v3yarn": v3 with
      * DeepSeek V3's YaRN keys (factor 40, original context 4096,
-     * yarn_log_multiplier 0.1). NULL = "v3". */
+     * yarn_log_multiplier 0.1); "v3kvb", "litekvb": v3 or lite in the
+     * layout of GGUFs converted before llama.cpp's MLA support: one
+     * attn_kv_b [kv_lora, H * (64 + 64)] (per head its key rows, then its
+     * value rows), head_count_kv = heads, key_length 96, value_length 64
+     * and no *_mla keys. NULL = "v3". */
     const char *variant;
     uint64_t seed;
     int n_threads;      /* 0 = all CPUs; never changes the output */

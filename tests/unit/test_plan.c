@@ -455,6 +455,39 @@ static void test_ep_even(void) {
     CHECK(p.stages[0].members[1].weight_bytes < (m.layer_bytes[0] * 48) / 2);
 }
 
+/* deepseek2 (kv_shared: slices of query heads, the latent on every member)
+ * with --parallel tp: the heads split, the experts an expert group, every
+ * member's KV the whole latent; all-reduces for attention (every layer) and
+ * the dense layers' FFN counted beside the expert exchange. */
+static void test_mla_tensor_parallel(void) {
+    cm_plan_model m; qwen3_30b_a3b(&m);
+    m.kv_shared = true;
+    m.n_kv_heads = m.n_heads; /* 32 */
+    m.layer_expert_bytes[0] = m.layer_expert_params[0] = 0; /* a leading dense layer */
+    cm_plan_cluster c = {0}; links_all(&c, 0.1, 40);
+    add_node(&c, "a", 24, 120, 4);
+    add_node(&c, "b", 24, 120, 4);
+    add_node(&c, "c", 24, 120, 4);
+    cm_plan_opts o; cm_plan_opts_default(&o); o.mode = CM_PARALLEL_TP;
+    cm_plan p; char err[512];
+    CHECKF(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == 0, "%s", err);
+    CHECK(p.n_stages == 1 && p.stages[0].n_members == 3 && p.stages[0].ep);
+    int h = 0, e = 0;
+    for (int i = 0; i < 3; i++) {
+        const cm_plan_member *mb = &p.stages[0].members[i];
+        CHECKF(mb->kv_head_begin == h && mb->kv_head_end > h && mb->kv_head_end - h < 32, "member %d heads [%d, %d)", i,
+               mb->kv_head_begin, mb->kv_head_end);
+        CHECK(mb->expert_begin == e && mb->expert_end > e);
+        h = mb->kv_head_end, e = mb->expert_end;
+        CHECK(mb->kv_bytes == p.stages[0].members[0].kv_bytes); /* the latent, whatever the heads */
+    }
+    CHECK(h == 32 && e == 128);
+    CHECK(p.bytes_per_token_tp == (48ull + 1) * 2048 * 4);
+    CHECK(p.bytes_per_token_ep == 2ull * 8 * 47 * 2048 * 4);
+    m.kv_shared = false; /* any other mixture of experts: refused */
+    CHECK(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == CM_EUNSUPPORTED);
+}
+
 static void test_ep_uneven_speed(void) {
     cm_plan_model m; qwen3_30b_a3b(&m);
     cm_plan_cluster c = {0}; links_all(&c, 0.1, 40);
@@ -595,6 +628,7 @@ int main(void) {
     RUN(test_experts_no_row_split);
     RUN(test_bad_input);
     RUN(test_ep_even);
+    RUN(test_mla_tensor_parallel);
     RUN(test_ep_uneven_speed);
     RUN(test_ep_uneven_memory);
     RUN(test_ep_modes);

@@ -511,7 +511,8 @@ static int cmp_flip(const void *a, const void *b) {
 
 static const char *site_name(int s) {
     static const char *n[] = {"attn_in", "k_in", "v_in", "attn_out", "ffn_in", "up_in", "ffn_down_in", "output_in",
-                              "exp_down_in", "shexp_down_in", "router_in", "shexp_in", "kv_a_in", "q_b_in", "gelu_in"};
+                              "exp_down_in", "shexp_down_in", "router_in", "shexp_in", "kv_a_in", "q_b_in", "gelu_in",
+                              "kv_b_in"};
     return s >= 0 && s < (int)CM_ARRAY_LEN(n) ? n[s] : "?";
 }
 
