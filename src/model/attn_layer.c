@@ -102,9 +102,11 @@ static void attn_task(cm_ctx *c, int j, int h, int ith) {
     /* gemma3's sliding-window layers see positions > pos - n_swa (llama.cpp's
      * LLAMA_SWA_TYPE_STANDARD mask); masked scores are -inf, weights 0. */
     const int p_lo = cm_layer_is_swa(hp, c->il) ? CM_MAX(0, np - hp->n_swa) : 0;
-    if (kv->v_rows) { /* tiled, online softmax (attn.c) */
+    if (kv->v_rows) { /* tiled, online softmax (attn.c); gpt-oss's sink as below */
         const cm_attn_kv av = cm_attn_kv_of(kv, c->il, hk);
-        const cm_attn_query aq = {.q = qv, .p_lo = p_lo, .p_hi = np, .scale = scale, .sink = NAN};
+        const float *snk = c->m->layers[c->il].attn_sinks.data;
+        const cm_attn_query aq = {.q = qv, .p_lo = p_lo, .p_hi = np, .scale = scale,
+                                  .sink = snk ? snk[c->a->slice.h0 * rep + h] : NAN};
         cm_attn_flash(c->k, &av, D, &aq, sc, c->att + (size_t)j * QS + (size_t)h * D);
         return;
     }
@@ -190,6 +192,75 @@ static const void *attn_decode(cm_ctx *c, size_t *stride, int ith, int nth) {
     return cm_fwd_prep_act(c, CM_ACT_ATTN_OUT, &c->wo, c->att, QS, QS, 1, stride, ith, nth);
 }
 
+/* Decode (one token) over a rows-layout cache past SPLIT_MIN positions:
+ * threads take whole kv heads for RoPE and the K/V store, then (kv head,
+ * block of CM_ATTN_BLOCK positions) tasks (attn_split.c), then query heads
+ * for the merge in block order and their part of attn_output's input. The
+ * blocks are fixed by position, so the bits do not depend on nth. */
+enum { SPLIT_MIN = 2 * CM_ATTN_BLOCK };
+
+size_t cm_fwd_split_floats(const cm_model *m, int max_ctx, int n_threads) {
+    const int D = m->hp.head_dim, rep = m->hp.n_head / CM_MAX(1, m->hp.n_head_kv);
+    const size_t nbmax = (size_t)max_ctx / CM_ATTN_BLOCK + 2;
+    return (size_t)n_threads * cm_attn_split_scratch_floats(rep, D) + (size_t)m->hp.n_head * nbmax * ((size_t)D + 2);
+}
+
+static bool use_split(const cm_ctx *c) {
+    const cm_kv *kv = c->a->kvs[c->b->seq[0]];
+    if (c->b->n != 1 || !kv->v_rows || !c->split || c->b->pos[0] + 1 <= SPLIT_MIN) return false;
+    const cm_attn_kv av = cm_attn_kv_of(kv, c->il, c->a->slice.h0);
+    return cm_attn_split_ok(c->k, &av, c->m->hp.head_dim);
+}
+
+static const void *attn_decode_split(cm_ctx *c, size_t *stride, int ith, int nth) {
+    const cm_hparams *hp = &c->m->hp;
+    const int D = hp->head_dim, rep = hp->n_head / hp->n_head_kv;
+    const int nkv = c->a->slice.h1 - c->a->slice.h0, nq = nkv * rep, QS = nq * D;
+    const float scale = hp->attn_q_scale != 0.0f ? 1.0f : 1.0f / sqrtf((float)D);
+    const cm_kv *kv = c->a->kvs[c->b->seq[0]];
+    const int np = c->b->pos[0] + 1, p_lo = cm_layer_is_swa(hp, c->il) ? CM_MAX(0, np - hp->n_swa) : 0;
+    const int bl0 = p_lo / CM_ATTN_BLOCK, nb = (np - 1) / CM_ATTN_BLOCK + 1 - bl0;
+    const size_t scr_n = cm_attn_split_scratch_floats(rep, D), nbmax = (size_t)c->max_ctx / CM_ATTN_BLOCK + 2;
+    const size_t pstride = nbmax * ((size_t)D + 2); /* between query heads' partials */
+    float *parts = c->split + (size_t)c->n_threads * scr_n;
+    int64_t k0, k1;
+    cm_split_range(nkv, ith, nth, &k0, &k1);
+    for (int64_t hl = k0; hl < k1; hl++) rope_kv_task(c, 0, (int)hl);
+    for (int64_t h = k0 * rep; h < k1 * rep; h++) rope_q_task(c, 0, (int)h);
+    cm_pool_barrier(c->pool);
+    int64_t t0, t1;
+    cm_split_range((int64_t)nkv * nb, ith, nth, &t0, &t1);
+    for (int64_t t = t0; t < t1; t++) {
+        const int hl = (int)(t / nb), bi = (int)(t % nb), b = bl0 + bi;
+        const cm_attn_kv av = cm_attn_kv_of(kv, c->il, c->a->slice.h0 + hl);
+        const int p0 = CM_MAX(p_lo, b * CM_ATTN_BLOCK), p1 = CM_MIN(np, (b + 1) * CM_ATTN_BLOCK);
+        cm_attn_split_block(c->k, &av, D, rep, c->q + (size_t)hl * rep * D, p0, p1, scale, c->split + (size_t)ith * scr_n,
+                            parts + (size_t)hl * rep * pstride + (size_t)bi * (D + 2), pstride);
+    }
+    cm_pool_barrier(c->pool);
+    const float *sinks = c->m->layers[c->il].attn_sinks.data;
+    const cm_attn_kv av = cm_attn_kv_of(kv, c->il, c->a->slice.h0);
+    int64_t h0, h1;
+    cm_split_range(nq, ith, nth, &h0, &h1);
+    for (int64_t h = h0; h < h1; h++)
+        cm_attn_split_merge(parts + (size_t)h * pstride, nb, D, sinks ? sinks[c->a->slice.h0 * rep + h] : NAN, av.rot_v,
+                            c->att + (size_t)h * D);
+    const enum cm_type vdt = cm_type_traits_of(c->wo.type)->vec_dot_type;
+    if (vdt == CM_TYPE_F32) {
+        cm_pool_barrier(c->pool);
+        *stride = (size_t)QS * sizeof(float);
+        return c->att;
+    }
+    if (D % cm_type_traits_of(vdt)->block_size == 0) {
+        const int64_t c0 = h0 * D, c1 = h1 * D;
+        if (c1 > c0) cm_fwd_convert(c, CM_ACT_ATTN_OUT, 0, c0, vdt, c->att + c0, c->xq + cm_row_size(vdt, c0), c1 - c0);
+        cm_pool_barrier(c->pool);
+        *stride = cm_row_size(vdt, QS);
+        return c->xq;
+    }
+    cm_pool_barrier(c->pool);
+    return cm_fwd_prep_act(c, CM_ACT_ATTN_OUT, &c->wo, c->att, QS, QS, 1, stride, ith, nth);
+}
 
 void cm_fwd_attn(cm_ctx *c, int ith, int nth) {
     const cm_model *m = c->m;
@@ -233,6 +304,11 @@ void cm_fwd_attn(cm_ctx *c, int ith, int nth) {
     cm_fwd_matmul(c, &c->wv, xq, xs, n, c->vc, KS, ith, nth);
     cm_pool_barrier(c->pool);
 
+    if (use_split(c)) {
+        xq = attn_decode_split(c, &xs, ith, nth);
+        cm_fwd_matmul(c, &c->wo, xq, xs, n, c->part, E, ith, nth);
+        return;
+    }
     if (n == 1 && nkv >= nth) {
         xq = attn_decode(c, &xs, ith, nth);
         cm_fwd_matmul(c, &c->wo, xq, xs, n, c->part, E, ith, nth);

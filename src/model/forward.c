@@ -118,6 +118,7 @@ cm_ctx *cm_ctx_new(const cm_model *m, int max_batch, int max_ctx, cm_pool *pool,
     c->rope = zalloc(B * (size_t)hp->n_rot * 4);
     c->rope_swa = zalloc(B * (size_t)hp->n_rot * 4);
     c->scores = zalloc((size_t)c->n_threads * cm_fwd_scores_stride(max_ctx, hp->head_dim) * 4);
+    c->split = hp->n_head_kv > 0 ? cm_calloc(cm_fwd_split_floats(m, max_ctx, c->n_threads), sizeof(float)) : NULL;
     /* F32 is the widest activation type (4 bytes per element; Q8_K is ~1.14). */
     c->xq_size = B * kmax * 4 + 64;
     c->xq = zalloc(c->xq_size);
@@ -145,6 +146,7 @@ void cm_ctx_free(cm_ctx *c) {
     if (!c) return;
     float *fs[] = {c->x, c->xn, c->q, c->kc, c->vc, c->att, c->part, c->gate, c->up, c->rope, c->rope_swa, c->scores};
     for (size_t i = 0; i < CM_ARRAY_LEN(fs); i++) cm_aligned_free(fs[i]);
+    cm_free(c->split);
     cm_aligned_free(c->xq);
     cm_aligned_free(c->out_rows);
     cm_moe_free(c->moe);

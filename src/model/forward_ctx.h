@@ -22,6 +22,7 @@ struct cm_ctx {
     cm_pool *pool;
     int max_batch, max_ctx, n_threads;
     float *x, *xn, *q, *kc, *vc, *att, *part, *gate, *up, *rope, *rope_swa, *scores;
+    float *split; /* attn_layer.c's decode over KV blocks: per-thread scratch, then the partials */
     uint8_t *xq;
     size_t xq_size; /* bytes of xq */
     int32_t *out_rows;
@@ -66,5 +67,7 @@ const void *cm_fwd_add_norm_prep(cm_ctx *c, enum cm_act_site site, const cm_tens
 /* attn_layer.c: layer c->il's attention up to attn_output's partial sum in
  * c->part (the PH_ATTN pool run). */
 void cm_fwd_attn(cm_ctx *c, int ith, int nth);
+/* Floats of cm_ctx.split (allocated lazily: calloc'd pages cost nothing until touched). */
+size_t cm_fwd_split_floats(const cm_model *m, int max_ctx, int n_threads);
 
 #endif
