@@ -24,9 +24,12 @@
 
 enum { ROT_MAX_D = 1024 }; /* as attn.c: wider heads are stored unrotated */
 
+/* A SIMD table without its own attn_qk (AVX2, NEON for now: NEEDSWORK)
+ * keeps attn.c's per-head path, whose dots are that table's SIMD ones. */
 bool cm_attn_split_ok(const cm_kernels *k, const cm_attn_kv *kv, int head_dim) {
+    const cm_kernels *ref = cm_kernels_ref();
     return head_dim % 16 == 0 && head_dim <= ROT_MAX_D && k->attn_qk[kv->k_type] && k->attn_vm[kv->v_type] &&
-           k->attn_exp;
+           k->attn_exp && (k == ref || k->attn_qk[kv->k_type] != ref->attn_qk[kv->k_type]);
 }
 
 size_t cm_attn_split_scratch_floats(int nq, int head_dim) {
