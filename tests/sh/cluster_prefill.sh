@@ -60,5 +60,5 @@ for q in f32 q8_0; do
     done
 done
 
-echo "cluster_prefill: $pass passed, $fail failed"
+echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]
