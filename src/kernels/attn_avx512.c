@@ -5,6 +5,15 @@
  * with fused multiply-adds: the last bits may differ from attn_ref.c, whose
  * multiply and add round apart). F32, F16 (F16C) and Q8_0; Q4_0 stays the
  * reference. Compiled with the AVX-512 flags only.
+ *
+ * The multi-query decode ops (attn_qk, attn_vm, attn_exp; kernels.h) for
+ * F32, F16, Q8_0 and Q4_0 rows: a K row is loaded and widened to floats 16
+ * elements at a time; each (query, position) dot stays a 16-lane partial and
+ * 16 positions' partials are summed together by one transposing tree
+ * (hsum16) instead of one horizontal sum each; the V side keeps up to four
+ * queries' accumulators in registers while the rows stream past; exp is a
+ * degree-7 polynomial on a range-reduced argument scaled by 2^n (scalef),
+ * within about 1 ulp of expf.
  */
 #include "isa.h"
 
@@ -97,10 +106,183 @@ static void attn_f16_dot(int64_t D, float *s, const void *xv, const void *yv) {
     *s = (float)sum;
 }
 
+/* Elements [i, i + 16) of a KV row of type T as floats (i a multiple of 16;
+ * for the block types, of the 32-element block i / 32). Q8_0/Q4_0 give the
+ * unscaled quants; *d receives the block's scale (1 for F32/F16). */
+#define AI static inline __attribute__((always_inline))
+
+AI __m512 row16(enum cm_type T, const char *r, int64_t i, float *d) {
+    if (T == CM_TYPE_F32) { *d = 1.0f; return _mm512_loadu_ps((const float *)r + i); }
+    if (T == CM_TYPE_F16) { *d = 1.0f; return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const cm_f16 *)r + i))); }
+    if (T == CM_TYPE_Q8_0) {
+        const cm_block_q8_0 *b = (const cm_block_q8_0 *)r + i / 32;
+        *d = cm_f16_to_f32(b->d);
+        return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b->qs + (i & 16)))));
+    }
+    const cm_block_q4_0 *b = (const cm_block_q4_0 *)r + i / 32;
+    *d = cm_f16_to_f32(b->d);
+    __m512i x = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)b->qs));
+    x = (i & 16) ? _mm512_srli_epi32(x, 4) : _mm512_and_si512(x, _mm512_set1_epi32(15));
+    return _mm512_cvtepi32_ps(_mm512_sub_epi32(x, _mm512_set1_epi32(8)));
+}
+
+/* out lane L = the sum of the 16 lanes of v[4 (L % 4) + L / 4]: 256-bit
+ * halves, 128-bit quarters, then pairs and lanes within quarters. */
+AI __m512 hsum16(const __m512 *v) {
+    __m512 a[8], b[4], c[2];
+    for (int i = 0; i < 8; i++)
+        a[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44), _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xEE));
+    for (int i = 0; i < 4; i++)
+        b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x88), _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xDD));
+    for (int i = 0; i < 2; i++)
+        c[i] = _mm512_add_ps(_mm512_shuffle_ps(b[2 * i], b[2 * i + 1], 0x44), _mm512_shuffle_ps(b[2 * i], b[2 * i + 1], 0xEE));
+    return _mm512_add_ps(_mm512_shuffle_ps(c[0], c[1], 0x88), _mm512_shuffle_ps(c[0], c[1], 0xDD));
+}
+
+/* One (query, K row) dot as 16 lane partials. */
+AI __m512 dot16(enum cm_type T, int64_t D, const char *r, const float *q) {
+    __m512 a = _mm512_setzero_ps();
+    if (T == CM_TYPE_F32 || T == CM_TYPE_F16) {
+        float d;
+        for (int64_t i = 0; i < D; i += 16) a = _mm512_fmadd_ps(row16(T, r, i, &d), _mm512_loadu_ps(q + i), a);
+        return a;
+    }
+    for (int64_t i = 0; i < D; i += 32) {
+        float d;
+        __m512 t = _mm512_mul_ps(row16(T, r, i, &d), _mm512_loadu_ps(q + i));
+        t = _mm512_fmadd_ps(row16(T, r, i + 16, &d), _mm512_loadu_ps(q + i + 16), t);
+        a = _mm512_fmadd_ps(t, _mm512_set1_ps(d), a);
+    }
+    return a;
+}
+
+/* Up to four queries against 16 positions per step: each K row is widened
+ * once for all of them (four independent FMA chains), the next tile's rows
+ * are prefetched while this one is summed. */
+AI void qk_multi(enum cm_type T, int64_t D, int nq, const float *q, const void *k, size_t k_row, int n, float scale,
+                 float *s, int ld) {
+    const __m512 vs = _mm512_set1_ps(scale);
+    for (int h0 = 0; h0 < nq; h0 += 4) {
+        const int nh = nq - h0 < 4 ? nq - h0 : 4;
+        const float *qh = q + (size_t)h0 * D;
+        int j = 0;
+        for (; j + 16 <= n; j += 16) {
+            __m512 v[4][16];
+            for (int t = 0; t < 16; t++) {
+                const char *r = (const char *)k + (size_t)(j + t) * k_row;
+                if (h0 == 0) _mm_prefetch(r + 64 * k_row, _MM_HINT_T0);
+                __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+                if (T == CM_TYPE_F32 || T == CM_TYPE_F16) {
+                    float d;
+                    for (int64_t i = 0; i < D; i += 16) {
+                        const __m512 x = row16(T, r, i, &d);
+                        for (int h = 0; h < nh; h++) a[h] = _mm512_fmadd_ps(x, _mm512_loadu_ps(qh + h * D + i), a[h]);
+                    }
+                } else {
+                    for (int64_t i = 0; i < D; i += 32) {
+                        float d;
+                        const __m512 x0 = row16(T, r, i, &d), x1 = row16(T, r, i + 16, &d), vd = _mm512_set1_ps(d);
+                        for (int h = 0; h < nh; h++) {
+                            __m512 u = _mm512_mul_ps(x0, _mm512_loadu_ps(qh + h * D + i));
+                            u = _mm512_fmadd_ps(x1, _mm512_loadu_ps(qh + h * D + i + 16), u);
+                            a[h] = _mm512_fmadd_ps(u, vd, a[h]);
+                        }
+                    }
+                }
+                for (int h = 0; h < nh; h++) v[h][(t & 3) * 4 + (t >> 2)] = a[h];
+            }
+            for (int h = 0; h < nh; h++) _mm512_storeu_ps(s + (h0 + h) * ld + j, _mm512_mul_ps(hsum16(v[h]), vs));
+        }
+        for (; j < n; j++)
+            for (int h = 0; h < nh; h++)
+                s[(h0 + h) * ld + j] =
+                    _mm512_reduce_add_ps(dot16(T, D, (const char *)k + (size_t)j * k_row, qh + h * D)) * scale;
+    }
+}
+
+AI void vm_multi(enum cm_type T, int64_t D, int nq, const void *v, size_t v_row, const float *w, int ld,
+                            int n, float *acc) {
+    for (int64_t i = 0; i < D; i += 16)
+        for (int h0 = 0; h0 < nq; h0 += 4) {
+            const int nh = nq - h0 < 4 ? nq - h0 : 4;
+            __m512 a[4];
+            for (int h = 0; h < nh; h++) a[h] = _mm512_loadu_ps(acc + (h0 + h) * D + i);
+            const char *r = (const char *)v;
+            for (int j = 0; j < n; j++, r += v_row) {
+                float d;
+                if (i == 0 && h0 == 0) _mm_prefetch(r + 64 * v_row, _MM_HINT_T0);
+                __m512 x = row16(T, r, i, &d);
+                if (T == CM_TYPE_Q8_0 || T == CM_TYPE_Q4_0) x = _mm512_mul_ps(x, _mm512_set1_ps(d));
+                for (int h = 0; h < nh; h++) a[h] = _mm512_fmadd_ps(_mm512_set1_ps(w[(h0 + h) * ld + j]), x, a[h]);
+            }
+            for (int h = 0; h < nh; h++) _mm512_storeu_ps(acc + (h0 + h) * D + i, a[h]);
+        }
+}
+
+#define ATTN_MULTI_512(T, NAME)                                                                                       \
+    static void attn_qk_##NAME(int64_t D, int nq, const float *q, const void *k, size_t k_row, int n, float scale,  \
+                               float *s, int ld) {                                                                   \
+        qk_multi(T, D, nq, q, k, k_row, n, scale, s, ld);                                                             \
+    }                                                                                                                 \
+    static void attn_vm_##NAME(int64_t D, int nq, const void *v, size_t v_row, const float *w, int ld, int n,       \
+                               float *acc) {                                                                         \
+        vm_multi(T, D, nq, v, v_row, w, ld, n, acc);                                                                  \
+    }
+ATTN_MULTI_512(CM_TYPE_F32, f32)
+ATTN_MULTI_512(CM_TYPE_F16, f16)
+ATTN_MULTI_512(CM_TYPE_Q8_0, q8_0)
+ATTN_MULTI_512(CM_TYPE_Q4_0, q4_0)
+
+/* e^x = 2^n e^r, n = round(x log2 e), r = x - n ln 2 (two-part ln 2), e^r by
+ * its Taylor series to degree 7 (|r| <= 0.347: remainder < 6e-9). */
+AI __m512 exp512(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187045e-06f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 5040);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+static float attn_exp(int n, float *s, float m) {
+    const __m512 vm = _mm512_set1_ps(m);
+    __m512 sum = _mm512_setzero_ps();
+    int j = 0;
+    for (; j + 16 <= n; j += 16) {
+        const __m512 e = exp512(_mm512_sub_ps(_mm512_loadu_ps(s + j), vm));
+        _mm512_storeu_ps(s + j, e);
+        sum = _mm512_add_ps(sum, e);
+    }
+    if (j < n) {
+        const __mmask16 k = (__mmask16)((1u << (n - j)) - 1);
+        const __m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + j), vm));
+        _mm512_mask_storeu_ps(s + j, k, e);
+        sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(k, e));
+    }
+    return _mm512_reduce_add_ps(sum);
+}
+
 void cm_kernels_fill_attn_avx512(cm_kernels *k) {
     k->attn_f16_step = attn_f16_step;
     k->attn_f16_dot = attn_f16_dot;
     k->attn_v[CM_TYPE_F32] = attn_v_f32;
     k->attn_v[CM_TYPE_F16] = attn_v_f16;
     k->attn_v[CM_TYPE_Q8_0] = attn_v_q8_0;
+    k->attn_qk[CM_TYPE_F32] = attn_qk_f32;
+    k->attn_qk[CM_TYPE_F16] = attn_qk_f16;
+    k->attn_qk[CM_TYPE_Q8_0] = attn_qk_q8_0;
+    k->attn_qk[CM_TYPE_Q4_0] = attn_qk_q4_0;
+    k->attn_vm[CM_TYPE_F32] = attn_vm_f32;
+    k->attn_vm[CM_TYPE_F16] = attn_vm_f16;
+    k->attn_vm[CM_TYPE_Q8_0] = attn_vm_q8_0;
+    k->attn_vm[CM_TYPE_Q4_0] = attn_vm_q4_0;
+    k->attn_exp = attn_exp;
 }

@@ -61,6 +61,20 @@ typedef void (*cm_attn_v_fn)(int64_t D, const void *v, size_t v_row, const float
  * f32(acc[i]))) (acc and v: D F16 values). Bit-identical on every ISA. */
 typedef void (*cm_attn_f16_step_fn)(int64_t D, void *acc, const void *v, float ms, float w);
 
+/* Decode attention over KV blocks (model/attn_split.c), nq queries of one KV
+ * head at once. attn_qk: s[r * ld + j] = scale * dot(q_r, K_j) for r in
+ * [0, nq), j in [0, n); q: nq rows of D floats (already rounded as K's
+ * vec_dot_type would round them), K rows of the table's type at k + j * k_row.
+ * attn_vm: acc[r * D + i] += w[r * ld + j] * V_j[i] in j order per element.
+ * attn_exp: s[j] = expf(s[j] - m) for j in [0, n), returning their sum. SIMD
+ * versions reorder the sums and approximate expf to about 1 ulp: within a
+ * table the results depend only on the inputs, never on a thread count. */
+typedef void (*cm_attn_qk_fn)(int64_t D, int nq, const float *q, const void *k, size_t k_row, int n, float scale,
+                              float *s, int ld);
+typedef void (*cm_attn_vm_fn)(int64_t D, int nq, const void *v, size_t v_row, const float *w, int ld, int n,
+                              float *acc);
+typedef float (*cm_attn_exp_fn)(int n, float *s, float m);
+
 /* Indexed by type id; NULL where the type has no such op. */
 typedef struct cm_kernels {
     const char *name; /* "scalar", "avx2", "avx512", "neon" */
@@ -86,6 +100,9 @@ typedef struct cm_kernels {
      * tree over 16; a tail of < 64 elements added in double). Bit-identical
      * on every ISA. */
     cm_vec_dot_fn attn_f16_dot;
+    cm_attn_qk_fn attn_qk[CM_TYPE_COUNT]; /* KV cache types F32 F16 Q8_0 Q4_0 (attn_*.c) */
+    cm_attn_vm_fn attn_vm[CM_TYPE_COUNT];
+    cm_attn_exp_fn attn_exp;
     /* Optional batched decode / small-batch gemm (1 < n_tok <= gemm_packed_max)
      * over the same repacked weights: each (row, token) bit-identical to vec_dot
      * on the file's bytes. Decoding B sequences reads the weights once per step

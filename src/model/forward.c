@@ -8,15 +8,13 @@
  * with barriers: matmul rows, token rows and (token, head) pairs are split
  * across threads. The all-reduce runs on the caller's thread between pool
  * runs, so compute threads never wait on a socket.
+ * The attention run is attn_layer.c's (forward_ctx.h holds the shared state).
  *
  * The arithmetic mirrors ggml's CPU ops (see model.h) because the golden
  * tests compare probabilities with llama.cpp at 1e-4. This file must never
  * allocate in cm_forward(): all scratch lives in cm_ctx.
  */
-#include "lora.h"
-#include "mla.h"
-#include "model.h"
-#include "moe.h"
+#include "forward_ctx.h"
 #include "gptoss.h"
 
 #include <math.h>
@@ -83,53 +81,12 @@ void cm_kv_truncate(cm_kv *kv, int n_past) {
     if (n_past < kv->n_past) kv->n_past = n_past;
 }
 
-static inline size_t kv_off(const cm_kv *kv, int il, int hk) {
-    return ((size_t)(il - kv->layer_first) * (size_t)(kv->h1 - kv->h0) + (size_t)(hk - kv->h0)) *
-           (size_t)kv->n_ctx * (size_t)kv->head_dim;
-}
-
 /* ---------------- context ---------------- */
-
-enum phase { PH_EMBED, PH_ATTN, PH_FFN, PH_MOE_COMBINE, PH_FINAL };
-
-struct cm_ctx {
-    const cm_model *m;
-    const cm_kernels *k;
-    cm_pool *pool;
-    int max_batch, max_ctx, n_threads;
-    float *x, *xn, *q, *kc, *vc, *att, *part, *gate, *up, *rope, *rope_swa, *scores;
-    uint8_t *xq;
-    size_t xq_size; /* bytes of xq */
-    int32_t *out_rows;
-    /* per call */
-    const cm_batch *b;
-    const cm_forward_args *a;
-    enum phase ph;
-    int il, n_out;
-    bool pending; /* part holds a reduced output to add into x */
-    const float *pending_norm; /* gemma3: RMS-norm weights applied to part before the add, or NULL */
-    const float *pending_bias; /* gpt-oss: attn_output's bias added to part before the add, or NULL */
-    cm_tensor wq, wk, wv, wo, gt, up_w, dn; /* slice views of layer il */
-    int bad_token;
-    cm_act_hook_fn hook; /* tests only (model.h) */
-    void *hook_user;
-    cm_moe *moe; /* MoE models: the expert FFN's scratch (moe.c) */
-    cm_mla *mla; /* deepseek2: the latent attention's scratch (mla.c) */
-    bool ep_gather; /* this pass: an expert slice, combined after the caller's gather */
-    const cm_lora *lora; /* LoRA adapters (lora.h), or NULL */
-};
 
 static void *zalloc(size_t n) {
     void *p = cm_aligned_alloc(n ? n : 64);
     if (p) memset(p, 0, n ? n : 64);
     return p;
-}
-
-/* Floats of attention scratch per thread: scores [max_ctx], the query as
- * F16 [head_dim halves], the scores as F16 [max_ctx halves] (F16 cache). */
-static size_t scores_stride(int max_ctx, int head_dim) {
-    const size_t flash = (cm_attn_scratch_bytes(head_dim) + 3) / 4; /* a rows-layout cache (attn.c) */
-    return CM_MAX((size_t)max_ctx + (size_t)head_dim + ((size_t)max_ctx + 1) / 2 + 16, flash + 16);
 }
 
 cm_ctx *cm_ctx_new(const cm_model *m, int max_batch, int max_ctx, cm_pool *pool, char *err, size_t errlen) {
@@ -160,7 +117,8 @@ cm_ctx *cm_ctx_new(const cm_model *m, int max_batch, int max_ctx, cm_pool *pool,
     c->up = zalloc(B * F * 4);
     c->rope = zalloc(B * (size_t)hp->n_rot * 4);
     c->rope_swa = zalloc(B * (size_t)hp->n_rot * 4);
-    c->scores = zalloc((size_t)c->n_threads * scores_stride(max_ctx, hp->head_dim) * 4);
+    c->scores = zalloc((size_t)c->n_threads * cm_fwd_scores_stride(max_ctx, hp->head_dim) * 4);
+    c->split = hp->n_head_kv > 0 ? cm_calloc(cm_fwd_split_floats(m, max_ctx, c->n_threads), sizeof(float)) : NULL;
     /* F32 is the widest activation type (4 bytes per element; Q8_K is ~1.14). */
     c->xq_size = B * kmax * 4 + 64;
     c->xq = zalloc(c->xq_size);
@@ -188,6 +146,7 @@ void cm_ctx_free(cm_ctx *c) {
     if (!c) return;
     float *fs[] = {c->x, c->xn, c->q, c->kc, c->vc, c->att, c->part, c->gate, c->up, c->rope, c->rope_swa, c->scores};
     for (size_t i = 0; i < CM_ARRAY_LEN(fs); i++) cm_aligned_free(fs[i]);
+    cm_free(c->split);
     cm_aligned_free(c->xq);
     cm_aligned_free(c->out_rows);
     cm_moe_free(c->moe);
@@ -298,10 +257,6 @@ static void rope_cache(const cm_model *m, float p, bool swa, float *cache) {
     }
     cm_rope_cache(swa ? NULL : &hp->rope_scaling, hp->n_rot, swa ? hp->rope_base_swa : hp->rope_base,
                   m->rope_freqs.data, p, cache);
-}
-
-static void rope_apply(const cm_hparams *hp, const float *cache, float *v) {
-    cm_rope_apply(hp->rope_type, hp->n_rot, cache, v);
 }
 
 static void phase_embed(cm_ctx *c, int ith, int nth) {
@@ -460,243 +415,26 @@ static const void *silu_prep(cm_ctx *c, const cm_tensor *w, int n, int FS, size_
     return vdt == CM_TYPE_F32 ? (const void *)c->gate : (const void *)c->xq;
 }
 
-/* Bias, Q norm and RoPE of q head h (of this slice) of token j. */
-static void rope_q_task(cm_ctx *c, int j, int h) {
-    const cm_hparams *hp = &c->m->hp;
-    const cm_layer *L = &c->m->layers[c->il];
-    const int D = hp->head_dim, rep = hp->n_head / hp->n_head_kv;
-    const int nq = (c->a->slice.h1 - c->a->slice.h0) * rep, QS = nq * D;
-    const float *rc = (cm_layer_is_swa(hp, c->il) ? c->rope_swa : c->rope) + (size_t)j * hp->n_rot;
-    float *qv = c->q + (size_t)j * QS + (size_t)h * D;
-    int hg = c->a->slice.h0 * rep + h; /* global q head */
-    if (L->bq.data)
-        for (int i = 0; i < D; i++) qv[i] += ((const float *)L->bq.data)[hg * D + i];
-    if (L->q_norm.data) rms_norm_row(qv, L->q_norm.data, qv, D, hp->rms_eps);
-    rope_apply(hp, rc, qv);
-    if (hp->attn_q_scale != 0.0f) /* gemma3: ggml_scale on q, softmax scale 1 */
-        for (int i = 0; i < D; i++) qv[i] *= hp->attn_q_scale;
+/* ---------------- the ops attn_layer.c shares (forward_ctx.h) ---------------- */
+
+void cm_fwd_convert(cm_ctx *c, enum cm_act_site site, int row, int64_t col0, enum cm_type vdt, const float *x,
+                    void *xq, int64_t n) {
+    convert(c, site, row, col0, vdt, x, xq, n);
 }
-
-/* Bias, K norm and RoPE of kv head hl (of this slice) of token j; K and V
- * into the token's sequence cache. */
-static void rope_kv_task(cm_ctx *c, int j, int hl) {
-    const cm_hparams *hp = &c->m->hp;
-    const cm_layer *L = &c->m->layers[c->il];
-    const cm_batch *b = c->b;
-    const int D = hp->head_dim, KS = (c->a->slice.h1 - c->a->slice.h0) * D, hk = c->a->slice.h0 + hl;
-    const float *rc = (cm_layer_is_swa(hp, c->il) ? c->rope_swa : c->rope) + (size_t)j * hp->n_rot;
-    float *kv_k = c->kc + (size_t)j * KS + (size_t)hl * D;
-    float *kv_v = c->vc + (size_t)j * KS + (size_t)hl * D;
-    if (L->bk.data)
-        for (int i = 0; i < D; i++) kv_k[i] += ((const float *)L->bk.data)[hk * D + i];
-    if (L->bv.data)
-        for (int i = 0; i < D; i++) kv_v[i] += ((const float *)L->bv.data)[hk * D + i];
-    if (L->k_norm.data) rms_norm_row(kv_k, L->k_norm.data, kv_k, D, hp->rms_eps);
-    rope_apply(hp, rc, kv_k);
-    cm_kv *kv = c->a->kvs[b->seq[j]];
-    if (kv->v_rows) { /* attn.c's layout and types */
-        cm_kv_store_rows(c->k, kv, c->il, hk, b->pos[j], kv_k, kv_v);
-        return;
-    }
-    size_t off = kv_off(kv, c->il, hk);
-    int p = b->pos[j];
-    if (kv->type == CM_TYPE_F16) {
-        cm_f16 *kd = (cm_f16 *)kv->k + off + (size_t)p * D, *vt = (cm_f16 *)kv->v + off;
-        for (int i = 0; i < D; i++) kd[i] = cm_f32_to_f16(kv_k[i]);
-        for (int i = 0; i < D; i++) vt[(size_t)i * kv->n_ctx + p] = cm_f32_to_f16(kv_v[i]);
-    } else {
-        memcpy((float *)kv->k + off + (size_t)p * D, kv_k, (size_t)D * sizeof(float));
-        float *vt = (float *)kv->v + off;
-        for (int i = 0; i < D; i++) vt[(size_t)i * kv->n_ctx + p] = kv_v[i];
-    }
+void cm_fwd_rms_norm_row(const float *x, const float *w, float *y, int n, float eps) { rms_norm_row(x, w, y, n, eps); }
+const void *cm_fwd_prep_act(cm_ctx *c, enum cm_act_site site, const cm_tensor *w, const float *x, int64_t ld,
+                            int64_t ncols, int n_tok, size_t *stride, int ith, int nth) {
+    return prep_act(c, site, w, x, ld, ncols, n_tok, stride, ith, nth);
 }
-
-/* Attention of q head h (of this slice) of token j: scores over [0, pos],
- * softmax as ggml_soft_max_ext (scale, max, expf, double sum), then V^T
- * rows. The dot products go through the kernel table (SIMD where the CPU
- * has it): a plain loop here is one serial add chain per dot, the costliest
- * part of a long prompt outside the matmuls. The F16 dot takes both sides as
- * F16 like ggml's, i.e. the same roundings as converting q and the weights
- * to F16 first. */
-static void attn_task(cm_ctx *c, int j, int h, int ith) {
-    const cm_hparams *hp = &c->m->hp;
-    const cm_batch *b = c->b;
-    const int D = hp->head_dim, rep = hp->n_head / hp->n_head_kv;
-    const int nq = (c->a->slice.h1 - c->a->slice.h0) * rep, QS = nq * D;
-    const float scale = hp->attn_q_scale != 0.0f ? 1.0f : 1.0f / sqrtf((float)D);
-    float *sc = c->scores + (size_t)ith * scores_stride(c->max_ctx, D);
-    cm_f16 *qh = (cm_f16 *)(sc + c->max_ctx); /* the query rounded to F16 (F16 cache) */
-    cm_f16 *sch = qh + D;                      /* the weights rounded to F16 (F16 cache) */
-    const cm_vec_dot_fn dot_f32 = c->k->vec_dot[CM_TYPE_F32], dot_f16 = c->k->vec_dot[CM_TYPE_F16];
-    const cm_from_float_fn to_f16 = c->k->from_float[CM_TYPE_F16];
-    int hk = c->a->slice.h0 + h / rep;
-    const cm_kv *kv = c->a->kvs[b->seq[j]];
-    const bool f16 = kv->type == CM_TYPE_F16;
-    const float *qv = c->q + (size_t)j * QS + (size_t)h * D;
-    int np = b->pos[j] + 1;
-    /* gemma3's sliding-window layers see positions > pos - n_swa (llama.cpp's
-     * LLAMA_SWA_TYPE_STANDARD mask); masked scores are -inf, weights 0. */
-    const int p_lo = cm_layer_is_swa(hp, c->il) ? CM_MAX(0, np - hp->n_swa) : 0;
-    if (kv->v_rows) { /* tiled, online softmax (attn.c) */
-        const cm_attn_kv av = cm_attn_kv_of(kv, c->il, hk);
-        const cm_attn_query aq = {.q = qv, .p_lo = p_lo, .p_hi = np, .scale = scale, .sink = NAN};
-        cm_attn_flash(c->k, &av, D, &aq, sc, c->att + (size_t)j * QS + (size_t)h * D);
-        return;
-    }
-    const size_t off = kv_off(kv, c->il, hk);
-    for (int p = 0; p < p_lo; p++) sc[p] = -INFINITY;
-    float mx = -INFINITY;
-    if (f16) {
-        const cm_f16 *kk = (const cm_f16 *)kv->k + off;
-        to_f16(qv, qh, D);
-        for (int p = p_lo; p < np; p++) {
-            float d;
-            dot_f16(D, &d, kk + (size_t)p * D, qh);
-            sc[p] = d * scale;
-            if (sc[p] > mx) mx = sc[p];
-        }
-    } else {
-        const float *kk = (const float *)kv->k + off;
-        for (int p = p_lo; p < np; p++) {
-            float d;
-            dot_f32(D, &d, kk + (size_t)p * D, qv);
-            sc[p] = d * scale;
-            if (sc[p] > mx) mx = sc[p];
-        }
-    }
-    /* gpt-oss: the head's sink logit joins the max and the sum (ggml_soft_max_ext's sinks) */
-    const float *sinks = c->m->layers[c->il].attn_sinks.data;
-    const float sink = sinks ? sinks[c->a->slice.h0 * rep + h] : 0.0f;
-    if (sinks && sink > mx) mx = sink;
-    double sum = 0.0;
-    for (int p = 0; p < np; p++) {
-        float e = expf(sc[p] - mx);
-        sc[p] = e;
-        sum += (double)e;
-    }
-    if (sinks) sum += (double)expf(sink - mx);
-    const float inv = (float)(1.0 / sum);
-    for (int p = 0; p < np; p++) sc[p] *= inv;
-    float *o = c->att + (size_t)j * QS + (size_t)h * D;
-    if (f16) {
-        const cm_f16 *vt = (const cm_f16 *)kv->v + off;
-        to_f16(sc, sch, np);
-        for (int i = 0; i < D; i++) dot_f16(np, &o[i], vt + (size_t)i * kv->n_ctx, sch);
-    } else {
-        const float *vt = (const float *)kv->v + off;
-        for (int i = 0; i < D; i++) dot_f32(np, &o[i], vt + (size_t)i * kv->n_ctx, sc);
-    }
+void cm_fwd_matmul(cm_ctx *c, const cm_tensor *w, const void *xq, size_t xs, int n_tok, float *y, int64_t ldy,
+                   int ith, int nth) {
+    matmul(c, w, xq, xs, n_tok, y, ldy, ith, nth);
 }
-
-/* Decode (one token) with at least as many kv heads as threads: each thread
- * takes whole kv heads, ropes their K/V and their q heads, attends with
- * them and converts its part of the output row for attn_output, so only one
- * barrier separates the QKV products from attn_output (instead of three).
- * Same ops on the same data as the general path: results are unchanged.
- * Conversion is per activation block, so piecewise conversion gives the
- * same bytes when each thread's columns start and end on block boundaries;
- * otherwise thread 0 converts the whole row after a barrier. */
-static const void *attn_decode(cm_ctx *c, size_t *stride, int ith, int nth) {
-    const cm_hparams *hp = &c->m->hp;
-    const int D = hp->head_dim, rep = hp->n_head / hp->n_head_kv;
-    const int nkv = c->a->slice.h1 - c->a->slice.h0, QS = nkv * rep * D;
-    const enum cm_type vdt = cm_type_traits_of(c->wo.type)->vec_dot_type;
-    const int bs = cm_type_traits_of(vdt)->block_size;
-    int64_t k0, k1;
-    cm_split_range(nkv, ith, nth, &k0, &k1);
-    for (int64_t hl = k0; hl < k1; hl++) rope_kv_task(c, 0, (int)hl);
-    for (int64_t h = k0 * rep; h < k1 * rep; h++) {
-        rope_q_task(c, 0, (int)h);
-        attn_task(c, 0, (int)h, ith);
-    }
-    if (vdt == CM_TYPE_F32) {
-        cm_pool_barrier(c->pool);
-        *stride = (size_t)QS * sizeof(float);
-        return c->att;
-    }
-    if (((int64_t)rep * D) % bs == 0) {
-        const int64_t c0 = k0 * rep * D, c1 = k1 * rep * D;
-        if (c1 > c0) convert(c, CM_ACT_ATTN_OUT, 0, c0, vdt, c->att + c0, c->xq + cm_row_size(vdt, c0), c1 - c0);
-        cm_pool_barrier(c->pool);
-        *stride = cm_row_size(vdt, QS);
-        return c->xq;
-    }
-    cm_pool_barrier(c->pool);
-    return prep_act(c, CM_ACT_ATTN_OUT, &c->wo, c->att, QS, QS, 1, stride, ith, nth);
-}
-
-
-static void phase_attn(cm_ctx *c, int ith, int nth) {
-    const cm_model *m = c->m;
-    const cm_hparams *hp = &m->hp;
-    const cm_layer *L = &m->layers[c->il];
-    const cm_batch *b = c->b;
-    const cm_slice s = c->a->slice;
-    const int E = hp->n_embd, D = hp->head_dim, n = b->n;
-    const int rep = hp->n_head / hp->n_head_kv;
-    const int nkv = s.h1 - s.h0, nq = nkv * rep; /* heads in this slice */
-    const int QS = nq * D, KS = nkv * D;         /* row widths of q and k/v in this slice */
-
-    if (c->mla) { /* deepseek2: multi-head latent attention (mla.c) */
-        size_t xs;
-        const void *xq = add_norm_prep(c, CM_ACT_ATTN_IN, &L->attn_norm, hp->mla.q_lora ? &L->wq_a : &L->wq, &xs, ith, nth);
-        const cm_mla_run r = {.m = m, .k = c->k, .pool = c->pool, .il = c->il, .b = b, .kvs = c->a->kvs, .xn = c->xn,
-                              .xq = xq, .xq_stride = xs, .out = c->part, .h0 = s.h0, .h1 = s.h1, /* query heads */
-                              .hook = c->hook, .hook_user = c->hook_user};
-        cm_mla_attn(c->mla, &r, ith, nth);
-        return;
-    }
-    if (nkv == 0) { /* a member with FFN rows only: contributes nothing here */
-        add_pending(c, ith, nth);
-        zero_part(c, ith, nth);
-        return;
-    }
-
-    /* Q, K, V: the activations are converted once per distinct vec_dot_type. */
-    size_t xs;
-    const void *xq = add_norm_prep(c, CM_ACT_ATTN_IN, &L->attn_norm, &c->wq, &xs, ith, nth);
-    matmul(c, &c->wq, xq, xs, n, c->q, QS, ith, nth);
-    enum cm_type vq = cm_type_traits_of(c->wq.type)->vec_dot_type;
-    if (cm_type_traits_of(c->wk.type)->vec_dot_type != vq) {
-        cm_pool_barrier(c->pool);
-        xq = prep_act(c, CM_ACT_K_IN, &c->wk, c->xn, E, E, n, &xs, ith, nth);
-    }
-    matmul(c, &c->wk, xq, xs, n, c->kc, KS, ith, nth);
-    if (cm_type_traits_of(c->wv.type)->vec_dot_type != cm_type_traits_of(c->wk.type)->vec_dot_type) {
-        cm_pool_barrier(c->pool);
-        xq = prep_act(c, CM_ACT_V_IN, &c->wv, c->xn, E, E, n, &xs, ith, nth);
-    }
-    matmul(c, &c->wv, xq, xs, n, c->vc, KS, ith, nth);
-    cm_pool_barrier(c->pool);
-
-    if (n == 1 && nkv >= nth) {
-        xq = attn_decode(c, &xs, ith, nth);
-        matmul(c, &c->wo, xq, xs, n, c->part, E, ith, nth);
-        return;
-    }
-
-    /* One task per (token, head), q heads first. */
-    {
-        int64_t tasks = (int64_t)n * (nq + nkv), t0, t1;
-        cm_split_range(tasks, ith, nth, &t0, &t1);
-        for (int64_t t = t0; t < t1; t++) {
-            int j = (int)(t / (nq + nkv)), h = (int)(t % (nq + nkv));
-            if (h < nq) rope_q_task(c, j, h);
-            else rope_kv_task(c, j, h - nq);
-        }
-    }
-    cm_pool_barrier(c->pool);
-
-    /* Attention, one task per (token, q head). */
-    {
-        int64_t tasks = (int64_t)n * nq, t0, t1;
-        cm_split_range(tasks, ith, nth, &t0, &t1);
-        for (int64_t t = t0; t < t1; t++) attn_task(c, (int)(t / nq), (int)(t % nq), ith);
-    }
-    cm_pool_barrier(c->pool);
-
-    xq = prep_act(c, CM_ACT_ATTN_OUT, &c->wo, c->att, QS, QS, n, &xs, ith, nth);
-    matmul(c, &c->wo, xq, xs, n, c->part, E, ith, nth);
+void cm_fwd_add_pending(cm_ctx *c, int ith, int nth) { add_pending(c, ith, nth); }
+void cm_fwd_zero_part(cm_ctx *c, int ith, int nth) { zero_part(c, ith, nth); }
+const void *cm_fwd_add_norm_prep(cm_ctx *c, enum cm_act_site site, const cm_tensor *normw, const cm_tensor *w,
+                                 size_t *stride, int ith, int nth) {
+    return add_norm_prep(c, site, normw, w, stride, ith, nth);
 }
 
 static void phase_ffn(cm_ctx *c, int ith, int nth) {
@@ -781,7 +519,7 @@ static void run_phase(void *ctx, int ith, int nth) {
     cm_ctx *c = ctx;
     switch (c->ph) {
     case PH_EMBED: phase_embed(c, ith, nth); break;
-    case PH_ATTN: phase_attn(c, ith, nth); break;
+    case PH_ATTN: cm_fwd_attn(c, ith, nth); break;
     case PH_FFN: phase_ffn(c, ith, nth); break;
     case PH_MOE_COMBINE: { /* expert parallelism: step 8 after the gather */
         const cm_moe_run r = {.m = c->m, .k = c->k, .pool = c->pool, .il = c->il, .n = c->b->n, .out = c->part};

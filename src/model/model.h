@@ -346,6 +346,23 @@ size_t cm_attn_scratch_bytes(int head_dim); /* scratch per concurrent call, 64-b
  * dequantized to floats. Thread-safe with its own scratch. */
 void cm_attn_flash(const cm_kernels *k, const cm_attn_kv *kv, int head_dim, const cm_attn_query *q, void *scratch,
                    float *out);
+/* ---- decode attention over KV blocks (attn_split.c) ----
+ * Positions are cut at multiples of CM_ATTN_BLOCK; a block's partial for
+ * each of nq queries of one KV head is [M, S, acc[head_dim]] (its max, its
+ * sum of e^(s - M), its sum of e^(s - M) V), and the merge of a query's
+ * partials in block order is the attention. Same bits for any split of the
+ * blocks among threads. */
+enum { CM_ATTN_BLOCK = 256 };
+bool cm_attn_split_ok(const cm_kernels *k, const cm_attn_kv *kv, int head_dim); /* the table and head size allow it */
+size_t cm_attn_split_scratch_floats(int nq, int head_dim); /* scratch of one cm_attn_split_block call */
+/* Positions [p0, p1) for queries q (nq rows of head_dim floats, roped and
+ * scaled as for cm_attn_flash): query r's partial at part + r * part_stride
+ * (head_dim + 2 floats). Thread-safe with its own scratch. */
+void cm_attn_split_block(const cm_kernels *k, const cm_attn_kv *kv, int head_dim, int nq, const float *q, int p0,
+                         int p1, float scale, float *scratch, float *part, size_t part_stride);
+/* out[0:head_dim]: one query's nb partials (adjacent, block order) merged,
+ * plus a sink logit unless NAN, divided by the sum, rotated back by rot_v. */
+void cm_attn_split_merge(const float *parts, int nb, int head_dim, float sink, int rot_v, float *out);
 /* Bytes of an F32 KV cache for n_ctx positions over a layer range and head
  * range (an F16 cache takes half). */
 uint64_t cm_kv_bytes(const cm_model *m, int layer_first, int layer_last, int h0, int h1, int n_ctx);

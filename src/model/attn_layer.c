@@ -1,0 +1,341 @@
+/*
+ * attn_layer.c: one layer's attention inside the forward pass (forward.c's
+ * PH_ATTN pool run): the Q/K/V products, biases, Q/K norms and RoPE, the
+ * store of K and V into each token's sequence cache, attention itself (the
+ * two-pass softmax over the transposed cache here, or attn.c's tiled online
+ * softmax over a rows-layout cache, with sliding windows and gpt-oss's sinks)
+ * and attn_output's partial sum; deepseek2 hands the whole layer to mla.c.
+ *
+ * Every function is called by every thread of the pool run and splits its
+ * work by (token, head); the arithmetic mirrors ggml's CPU ops because the
+ * golden tests compare with llama.cpp at 1e-4. Nothing here allocates: all
+ * scratch lives in cm_ctx (forward_ctx.h).
+ */
+#include "forward_ctx.h"
+
+#include <math.h>
+#include <string.h>
+
+static inline size_t kv_off(const cm_kv *kv, int il, int hk) {
+    return ((size_t)(il - kv->layer_first) * (size_t)(kv->h1 - kv->h0) + (size_t)(hk - kv->h0)) *
+           (size_t)kv->n_ctx * (size_t)kv->head_dim;
+}
+
+static void rope_apply(const cm_hparams *hp, const float *cache, float *v) {
+    cm_rope_apply(hp->rope_type, hp->n_rot, cache, v);
+}
+
+/* Bias, Q norm and RoPE of q head h (of this slice) of token j. */
+static void rope_q_task(cm_ctx *c, int j, int h) {
+    const cm_hparams *hp = &c->m->hp;
+    const cm_layer *L = &c->m->layers[c->il];
+    const int D = hp->head_dim, rep = hp->n_head / hp->n_head_kv;
+    const int nq = (c->a->slice.h1 - c->a->slice.h0) * rep, QS = nq * D;
+    const float *rc = (cm_layer_is_swa(hp, c->il) ? c->rope_swa : c->rope) + (size_t)j * hp->n_rot;
+    float *qv = c->q + (size_t)j * QS + (size_t)h * D;
+    int hg = c->a->slice.h0 * rep + h; /* global q head */
+    if (L->bq.data)
+        for (int i = 0; i < D; i++) qv[i] += ((const float *)L->bq.data)[hg * D + i];
+    if (L->q_norm.data) cm_fwd_rms_norm_row(qv, L->q_norm.data, qv, D, hp->rms_eps);
+    rope_apply(hp, rc, qv);
+    if (hp->attn_q_scale != 0.0f) /* gemma3: ggml_scale on q, softmax scale 1 */
+        for (int i = 0; i < D; i++) qv[i] *= hp->attn_q_scale;
+}
+
+/* Bias, K norm and RoPE of kv head hl (of this slice) of token j; K and V
+ * into the token's sequence cache. */
+static void rope_kv_task(cm_ctx *c, int j, int hl) {
+    const cm_hparams *hp = &c->m->hp;
+    const cm_layer *L = &c->m->layers[c->il];
+    const cm_batch *b = c->b;
+    const int D = hp->head_dim, KS = (c->a->slice.h1 - c->a->slice.h0) * D, hk = c->a->slice.h0 + hl;
+    const float *rc = (cm_layer_is_swa(hp, c->il) ? c->rope_swa : c->rope) + (size_t)j * hp->n_rot;
+    float *kv_k = c->kc + (size_t)j * KS + (size_t)hl * D;
+    float *kv_v = c->vc + (size_t)j * KS + (size_t)hl * D;
+    if (L->bk.data)
+        for (int i = 0; i < D; i++) kv_k[i] += ((const float *)L->bk.data)[hk * D + i];
+    if (L->bv.data)
+        for (int i = 0; i < D; i++) kv_v[i] += ((const float *)L->bv.data)[hk * D + i];
+    if (L->k_norm.data) cm_fwd_rms_norm_row(kv_k, L->k_norm.data, kv_k, D, hp->rms_eps);
+    rope_apply(hp, rc, kv_k);
+    cm_kv *kv = c->a->kvs[b->seq[j]];
+    if (kv->v_rows) { /* attn.c's layout and types */
+        cm_kv_store_rows(c->k, kv, c->il, hk, b->pos[j], kv_k, kv_v);
+        return;
+    }
+    size_t off = kv_off(kv, c->il, hk);
+    int p = b->pos[j];
+    if (kv->type == CM_TYPE_F16) {
+        cm_f16 *kd = (cm_f16 *)kv->k + off + (size_t)p * D, *vt = (cm_f16 *)kv->v + off;
+        for (int i = 0; i < D; i++) kd[i] = cm_f32_to_f16(kv_k[i]);
+        for (int i = 0; i < D; i++) vt[(size_t)i * kv->n_ctx + p] = cm_f32_to_f16(kv_v[i]);
+    } else {
+        memcpy((float *)kv->k + off + (size_t)p * D, kv_k, (size_t)D * sizeof(float));
+        float *vt = (float *)kv->v + off;
+        for (int i = 0; i < D; i++) vt[(size_t)i * kv->n_ctx + p] = kv_v[i];
+    }
+}
+
+/* Attention of q head h (of this slice) of token j: scores over [0, pos],
+ * softmax as ggml_soft_max_ext (scale, max, expf, double sum), then V^T
+ * rows. The dot products go through the kernel table (SIMD where the CPU
+ * has it): a plain loop here is one serial add chain per dot, the costliest
+ * part of a long prompt outside the matmuls. The F16 dot takes both sides as
+ * F16 like ggml's, i.e. the same roundings as converting q and the weights
+ * to F16 first. */
+static void attn_task(cm_ctx *c, int j, int h, int ith) {
+    const cm_hparams *hp = &c->m->hp;
+    const cm_batch *b = c->b;
+    const int D = hp->head_dim, rep = hp->n_head / hp->n_head_kv;
+    const int nq = (c->a->slice.h1 - c->a->slice.h0) * rep, QS = nq * D;
+    const float scale = hp->attn_q_scale != 0.0f ? 1.0f : 1.0f / sqrtf((float)D);
+    float *sc = c->scores + (size_t)ith * cm_fwd_scores_stride(c->max_ctx, D);
+    cm_f16 *qh = (cm_f16 *)(sc + c->max_ctx); /* the query rounded to F16 (F16 cache) */
+    cm_f16 *sch = qh + D;                      /* the weights rounded to F16 (F16 cache) */
+    const cm_vec_dot_fn dot_f32 = c->k->vec_dot[CM_TYPE_F32], dot_f16 = c->k->vec_dot[CM_TYPE_F16];
+    const cm_from_float_fn to_f16 = c->k->from_float[CM_TYPE_F16];
+    int hk = c->a->slice.h0 + h / rep;
+    const cm_kv *kv = c->a->kvs[b->seq[j]];
+    const bool f16 = kv->type == CM_TYPE_F16;
+    const float *qv = c->q + (size_t)j * QS + (size_t)h * D;
+    int np = b->pos[j] + 1;
+    /* gemma3's sliding-window layers see positions > pos - n_swa (llama.cpp's
+     * LLAMA_SWA_TYPE_STANDARD mask); masked scores are -inf, weights 0. */
+    const int p_lo = cm_layer_is_swa(hp, c->il) ? CM_MAX(0, np - hp->n_swa) : 0;
+    if (kv->v_rows) { /* tiled, online softmax (attn.c); gpt-oss's sink as below */
+        const cm_attn_kv av = cm_attn_kv_of(kv, c->il, hk);
+        const float *snk = c->m->layers[c->il].attn_sinks.data;
+        const cm_attn_query aq = {.q = qv, .p_lo = p_lo, .p_hi = np, .scale = scale,
+                                  .sink = snk ? snk[c->a->slice.h0 * rep + h] : NAN};
+        cm_attn_flash(c->k, &av, D, &aq, sc, c->att + (size_t)j * QS + (size_t)h * D);
+        return;
+    }
+    const size_t off = kv_off(kv, c->il, hk);
+    for (int p = 0; p < p_lo; p++) sc[p] = -INFINITY;
+    float mx = -INFINITY;
+    if (f16) {
+        const cm_f16 *kk = (const cm_f16 *)kv->k + off;
+        to_f16(qv, qh, D);
+        for (int p = p_lo; p < np; p++) {
+            float d;
+            dot_f16(D, &d, kk + (size_t)p * D, qh);
+            sc[p] = d * scale;
+            if (sc[p] > mx) mx = sc[p];
+        }
+    } else {
+        const float *kk = (const float *)kv->k + off;
+        for (int p = p_lo; p < np; p++) {
+            float d;
+            dot_f32(D, &d, kk + (size_t)p * D, qv);
+            sc[p] = d * scale;
+            if (sc[p] > mx) mx = sc[p];
+        }
+    }
+    /* gpt-oss: the head's sink logit joins the max and the sum (ggml_soft_max_ext's sinks) */
+    const float *sinks = c->m->layers[c->il].attn_sinks.data;
+    const float sink = sinks ? sinks[c->a->slice.h0 * rep + h] : 0.0f;
+    if (sinks && sink > mx) mx = sink;
+    double sum = 0.0;
+    for (int p = 0; p < np; p++) {
+        float e = expf(sc[p] - mx);
+        sc[p] = e;
+        sum += (double)e;
+    }
+    if (sinks) sum += (double)expf(sink - mx);
+    const float inv = (float)(1.0 / sum);
+    for (int p = 0; p < np; p++) sc[p] *= inv;
+    float *o = c->att + (size_t)j * QS + (size_t)h * D;
+    if (f16) {
+        const cm_f16 *vt = (const cm_f16 *)kv->v + off;
+        to_f16(sc, sch, np);
+        for (int i = 0; i < D; i++) dot_f16(np, &o[i], vt + (size_t)i * kv->n_ctx, sch);
+    } else {
+        const float *vt = (const float *)kv->v + off;
+        for (int i = 0; i < D; i++) dot_f32(np, &o[i], vt + (size_t)i * kv->n_ctx, sc);
+    }
+}
+
+/* Decode (one token) with at least as many kv heads as threads: each thread
+ * takes whole kv heads, ropes their K/V and their q heads, attends with
+ * them and converts its part of the output row for attn_output, so only one
+ * barrier separates the QKV products from attn_output (instead of three).
+ * Same ops on the same data as the general path: results are unchanged.
+ * Conversion is per activation block, so piecewise conversion gives the
+ * same bytes when each thread's columns start and end on block boundaries;
+ * otherwise thread 0 converts the whole row after a barrier. */
+static const void *attn_decode(cm_ctx *c, size_t *stride, int ith, int nth) {
+    const cm_hparams *hp = &c->m->hp;
+    const int D = hp->head_dim, rep = hp->n_head / hp->n_head_kv;
+    const int nkv = c->a->slice.h1 - c->a->slice.h0, QS = nkv * rep * D;
+    const enum cm_type vdt = cm_type_traits_of(c->wo.type)->vec_dot_type;
+    const int bs = cm_type_traits_of(vdt)->block_size;
+    int64_t k0, k1;
+    cm_split_range(nkv, ith, nth, &k0, &k1);
+    for (int64_t hl = k0; hl < k1; hl++) rope_kv_task(c, 0, (int)hl);
+    for (int64_t h = k0 * rep; h < k1 * rep; h++) {
+        rope_q_task(c, 0, (int)h);
+        attn_task(c, 0, (int)h, ith);
+    }
+    if (vdt == CM_TYPE_F32) {
+        cm_pool_barrier(c->pool);
+        *stride = (size_t)QS * sizeof(float);
+        return c->att;
+    }
+    if (((int64_t)rep * D) % bs == 0) {
+        const int64_t c0 = k0 * rep * D, c1 = k1 * rep * D;
+        if (c1 > c0) cm_fwd_convert(c, CM_ACT_ATTN_OUT, 0, c0, vdt, c->att + c0, c->xq + cm_row_size(vdt, c0), c1 - c0);
+        cm_pool_barrier(c->pool);
+        *stride = cm_row_size(vdt, QS);
+        return c->xq;
+    }
+    cm_pool_barrier(c->pool);
+    return cm_fwd_prep_act(c, CM_ACT_ATTN_OUT, &c->wo, c->att, QS, QS, 1, stride, ith, nth);
+}
+
+/* Decode (one token) over a rows-layout cache past SPLIT_MIN positions:
+ * threads take whole kv heads for RoPE and the K/V store, then (kv head,
+ * block of CM_ATTN_BLOCK positions) tasks (attn_split.c), then query heads
+ * for the merge in block order and their part of attn_output's input. The
+ * blocks are fixed by position, so the bits do not depend on nth. */
+enum { SPLIT_MIN = 2 * CM_ATTN_BLOCK };
+
+size_t cm_fwd_split_floats(const cm_model *m, int max_ctx, int n_threads) {
+    const int D = m->hp.head_dim, rep = m->hp.n_head / CM_MAX(1, m->hp.n_head_kv);
+    const size_t nbmax = (size_t)max_ctx / CM_ATTN_BLOCK + 2;
+    return (size_t)n_threads * cm_attn_split_scratch_floats(rep, D) + (size_t)m->hp.n_head * nbmax * ((size_t)D + 2);
+}
+
+static bool use_split(const cm_ctx *c) {
+    const cm_kv *kv = c->a->kvs[c->b->seq[0]];
+    if (c->b->n != 1 || !kv->v_rows || !c->split || c->b->pos[0] + 1 <= SPLIT_MIN) return false;
+    const cm_attn_kv av = cm_attn_kv_of(kv, c->il, c->a->slice.h0);
+    return cm_attn_split_ok(c->k, &av, c->m->hp.head_dim);
+}
+
+static const void *attn_decode_split(cm_ctx *c, size_t *stride, int ith, int nth) {
+    const cm_hparams *hp = &c->m->hp;
+    const int D = hp->head_dim, rep = hp->n_head / hp->n_head_kv;
+    const int nkv = c->a->slice.h1 - c->a->slice.h0, nq = nkv * rep, QS = nq * D;
+    const float scale = hp->attn_q_scale != 0.0f ? 1.0f : 1.0f / sqrtf((float)D);
+    const cm_kv *kv = c->a->kvs[c->b->seq[0]];
+    const int np = c->b->pos[0] + 1, p_lo = cm_layer_is_swa(hp, c->il) ? CM_MAX(0, np - hp->n_swa) : 0;
+    const int bl0 = p_lo / CM_ATTN_BLOCK, nb = (np - 1) / CM_ATTN_BLOCK + 1 - bl0;
+    const size_t scr_n = cm_attn_split_scratch_floats(rep, D), nbmax = (size_t)c->max_ctx / CM_ATTN_BLOCK + 2;
+    const size_t pstride = nbmax * ((size_t)D + 2); /* between query heads' partials */
+    float *parts = c->split + (size_t)c->n_threads * scr_n;
+    int64_t k0, k1;
+    cm_split_range(nkv, ith, nth, &k0, &k1);
+    for (int64_t hl = k0; hl < k1; hl++) rope_kv_task(c, 0, (int)hl);
+    for (int64_t h = k0 * rep; h < k1 * rep; h++) rope_q_task(c, 0, (int)h);
+    cm_pool_barrier(c->pool);
+    int64_t t0, t1;
+    cm_split_range((int64_t)nkv * nb, ith, nth, &t0, &t1);
+    for (int64_t t = t0; t < t1; t++) {
+        const int hl = (int)(t / nb), bi = (int)(t % nb), b = bl0 + bi;
+        const cm_attn_kv av = cm_attn_kv_of(kv, c->il, c->a->slice.h0 + hl);
+        const int p0 = CM_MAX(p_lo, b * CM_ATTN_BLOCK), p1 = CM_MIN(np, (b + 1) * CM_ATTN_BLOCK);
+        cm_attn_split_block(c->k, &av, D, rep, c->q + (size_t)hl * rep * D, p0, p1, scale, c->split + (size_t)ith * scr_n,
+                            parts + (size_t)hl * rep * pstride + (size_t)bi * (D + 2), pstride);
+    }
+    cm_pool_barrier(c->pool);
+    const float *sinks = c->m->layers[c->il].attn_sinks.data;
+    const cm_attn_kv av = cm_attn_kv_of(kv, c->il, c->a->slice.h0);
+    int64_t h0, h1;
+    cm_split_range(nq, ith, nth, &h0, &h1);
+    for (int64_t h = h0; h < h1; h++)
+        cm_attn_split_merge(parts + (size_t)h * pstride, nb, D, sinks ? sinks[c->a->slice.h0 * rep + h] : NAN, av.rot_v,
+                            c->att + (size_t)h * D);
+    const enum cm_type vdt = cm_type_traits_of(c->wo.type)->vec_dot_type;
+    if (vdt == CM_TYPE_F32) {
+        cm_pool_barrier(c->pool);
+        *stride = (size_t)QS * sizeof(float);
+        return c->att;
+    }
+    if (D % cm_type_traits_of(vdt)->block_size == 0) {
+        const int64_t c0 = h0 * D, c1 = h1 * D;
+        if (c1 > c0) cm_fwd_convert(c, CM_ACT_ATTN_OUT, 0, c0, vdt, c->att + c0, c->xq + cm_row_size(vdt, c0), c1 - c0);
+        cm_pool_barrier(c->pool);
+        *stride = cm_row_size(vdt, QS);
+        return c->xq;
+    }
+    cm_pool_barrier(c->pool);
+    return cm_fwd_prep_act(c, CM_ACT_ATTN_OUT, &c->wo, c->att, QS, QS, 1, stride, ith, nth);
+}
+
+void cm_fwd_attn(cm_ctx *c, int ith, int nth) {
+    const cm_model *m = c->m;
+    const cm_hparams *hp = &m->hp;
+    const cm_layer *L = &m->layers[c->il];
+    const cm_batch *b = c->b;
+    const cm_slice s = c->a->slice;
+    const int E = hp->n_embd, D = hp->head_dim, n = b->n;
+    const int rep = hp->n_head / hp->n_head_kv;
+    const int nkv = s.h1 - s.h0, nq = nkv * rep; /* heads in this slice */
+    const int QS = nq * D, KS = nkv * D;         /* row widths of q and k/v in this slice */
+
+    if (c->mla) { /* deepseek2: multi-head latent attention (mla.c) */
+        size_t xs;
+        const void *xq = cm_fwd_add_norm_prep(c, CM_ACT_ATTN_IN, &L->attn_norm, hp->mla.q_lora ? &L->wq_a : &L->wq, &xs, ith, nth);
+        const cm_mla_run r = {.m = m, .k = c->k, .pool = c->pool, .il = c->il, .b = b, .kvs = c->a->kvs, .xn = c->xn,
+                              .xq = xq, .xq_stride = xs, .out = c->part, .h0 = s.h0, .h1 = s.h1, /* query heads */
+                              .hook = c->hook, .hook_user = c->hook_user};
+        cm_mla_attn(c->mla, &r, ith, nth);
+        return;
+    }
+    if (nkv == 0) { /* a member with FFN rows only: contributes nothing here */
+        cm_fwd_add_pending(c, ith, nth);
+        cm_fwd_zero_part(c, ith, nth);
+        return;
+    }
+
+    /* Q, K, V: the activations are converted once per distinct vec_dot_type. */
+    size_t xs;
+    const void *xq = cm_fwd_add_norm_prep(c, CM_ACT_ATTN_IN, &L->attn_norm, &c->wq, &xs, ith, nth);
+    cm_fwd_matmul(c, &c->wq, xq, xs, n, c->q, QS, ith, nth);
+    enum cm_type vq = cm_type_traits_of(c->wq.type)->vec_dot_type;
+    if (cm_type_traits_of(c->wk.type)->vec_dot_type != vq) {
+        cm_pool_barrier(c->pool);
+        xq = cm_fwd_prep_act(c, CM_ACT_K_IN, &c->wk, c->xn, E, E, n, &xs, ith, nth);
+    }
+    cm_fwd_matmul(c, &c->wk, xq, xs, n, c->kc, KS, ith, nth);
+    if (cm_type_traits_of(c->wv.type)->vec_dot_type != cm_type_traits_of(c->wk.type)->vec_dot_type) {
+        cm_pool_barrier(c->pool);
+        xq = cm_fwd_prep_act(c, CM_ACT_V_IN, &c->wv, c->xn, E, E, n, &xs, ith, nth);
+    }
+    cm_fwd_matmul(c, &c->wv, xq, xs, n, c->vc, KS, ith, nth);
+    cm_pool_barrier(c->pool);
+
+    if (use_split(c)) {
+        xq = attn_decode_split(c, &xs, ith, nth);
+        cm_fwd_matmul(c, &c->wo, xq, xs, n, c->part, E, ith, nth);
+        return;
+    }
+    if (n == 1 && nkv >= nth) {
+        xq = attn_decode(c, &xs, ith, nth);
+        cm_fwd_matmul(c, &c->wo, xq, xs, n, c->part, E, ith, nth);
+        return;
+    }
+
+    /* One task per (token, head), q heads first. */
+    {
+        int64_t tasks = (int64_t)n * (nq + nkv), t0, t1;
+        cm_split_range(tasks, ith, nth, &t0, &t1);
+        for (int64_t t = t0; t < t1; t++) {
+            int j = (int)(t / (nq + nkv)), h = (int)(t % (nq + nkv));
+            if (h < nq) rope_q_task(c, j, h);
+            else rope_kv_task(c, j, h - nq);
+        }
+    }
+    cm_pool_barrier(c->pool);
+
+    /* Attention, one task per (token, q head). */
+    {
+        int64_t tasks = (int64_t)n * nq, t0, t1;
+        cm_split_range(tasks, ith, nth, &t0, &t1);
+        for (int64_t t = t0; t < t1; t++) attn_task(c, (int)(t / nq), (int)(t % nq), ith);
+    }
+    cm_pool_barrier(c->pool);
+
+    xq = cm_fwd_prep_act(c, CM_ACT_ATTN_OUT, &c->wo, c->att, QS, QS, n, &xs, ith, nth);
+    cm_fwd_matmul(c, &c->wo, xq, xs, n, c->part, E, ith, nth);
+}
