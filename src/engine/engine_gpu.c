@@ -23,6 +23,11 @@ int cm_engine_gpu_attach(cm_engine *e, const cm_engine_opts *o, char *err, size_
         CM_LOGW("gpu: %s; running on the CPU", why);
         return 0;
     }
+    if ((e->kv_k != CM_TYPE_F32 && e->kv_k != CM_TYPE_F16) || e->kv_v != e->kv_k) {
+        CM_LOGW("gpu: a %s/%s KV cache is not on the GPU yet (f32, f16); running on the CPU", cm_type_name(e->kv_k),
+                cm_type_name(e->kv_v));
+        return 0;
+    }
     if (e->tp) {
         CM_LOGW("gpu: a tensor-parallel slice is not on the GPU yet (NEEDSWORK); running on the CPU");
         return 0;
