@@ -33,7 +33,7 @@ int cm_gpu_parse(const char *s, int *index) {
     return 0;
 }
 
-#if defined(__has_include)
+#if defined(__has_include) && !defined(CM_NO_VULKAN) /* CM_NO_VULKAN: build the stubs (a test of them) */
 #if __has_include(<vulkan/vulkan_core.h>)
 #define CM_VK_HEADERS 1
 #endif
