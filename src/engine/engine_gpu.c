@@ -46,13 +46,13 @@ int cm_engine_gpu_attach(cm_engine *e, const cm_engine_opts *o, char *err, size_
         e->gpu = NULL;
         return 0;
     }
-    cm_ctx_set_gpu(e->ctx, e->gpu_m);
+    cm_ctx_set_offload(e->ctx, cm_gpu_offload, e->gpu_m);
     CM_LOGI("gpu: %d of %d layers on %s", n, e->m.hp.n_layer, cm_gpu_info_of(e->gpu)->name);
     return 0;
 }
 
 void cm_engine_gpu_release(cm_engine *e) {
-    if (e->ctx) cm_ctx_set_gpu(e->ctx, NULL);
+    if (e->ctx) cm_ctx_set_offload(e->ctx, NULL, NULL);
     cm_gpu_model_free(e->gpu_m);
     cm_gpu_close(e->gpu);
     e->gpu_m = NULL;

@@ -3,9 +3,9 @@
  * vk_model.c: a llama model's layers on the device). The Vulkan loader is
  * found at run time (dlopen), so one binary runs on machines without a GPU
  * or driver; the shaders are SPIR-V embedded at build time. The model and
- * cluster code never see a Vulkan type: forward.c hands a batch to
- * cm_gpu_forward_layers() and continues on the CPU with the layers it did
- * not take.
+ * cluster code never see it: the engine gives the forward context
+ * cm_gpu_offload (model.h's offload hook), which takes a batch's first
+ * layers; the CPU continues with the rest.
  *
  * A cm_gpu is one logical device with one queue; calls on it are
  * serialized by its own mutex. Nothing here runs on a machine without a
@@ -74,6 +74,10 @@ const char *cm_gpu_model_device(const cm_gpu_model *gm);
  * or a negative CM_E* code (device lost, out of device memory) with err. */
 int cm_gpu_forward_layers(cm_gpu_model *gm, const cm_batch *b, const cm_forward_args *a, float *x, const float *rope,
                           char *err, size_t errlen);
+/* The same as a cm_offload_fn (model.h) with user = the cm_gpu_model:
+ * cm_ctx_set_offload(ctx, cm_gpu_offload, gm). */
+int cm_gpu_offload(void *gm, const cm_batch *b, const cm_forward_args *a, float *x, const float *rope, char *err,
+                   size_t errlen);
 
 /* For tests: y[j * rows + i] = dot(W row i, x_j) for W (a whole matrix,
  * F32/F16/Q8_0/Q4_0), n_tok rows of F32 activations; and RMS norm, RoPE

@@ -393,6 +393,11 @@ static int assign_slots(cm_gpu_model *gm, const cm_batch *b, const cm_forward_ar
     return 1;
 }
 
+int cm_gpu_offload(void *gm, const cm_batch *b, const cm_forward_args *a, float *x, const float *rope, char *err,
+                   size_t errlen) {
+    return cm_gpu_forward_layers(gm, b, a, x, rope, err, errlen);
+}
+
 int cm_gpu_forward_layers(cm_gpu_model *gm, const cm_batch *b, const cm_forward_args *a, float *x, const float *rope_c,
                           char *err, size_t errlen) {
     if (!gm || gm->nl == 0 || a->layer_first != 0 || a->allreduce || b->n > gm->B || a->experts.ep ||

@@ -18,7 +18,6 @@
 #include "model.h"
 #include "moe.h"
 #include "gptoss.h"
-#include "../gpu/gpu.h"
 
 #include <math.h>
 #include <string.h>
@@ -118,7 +117,8 @@ struct cm_ctx {
     cm_mla *mla; /* deepseek2: the latent attention's scratch (mla.c) */
     bool ep_gather; /* this pass: an expert slice, combined after the caller's gather */
     const cm_lora *lora; /* LoRA adapters (lora.h), or NULL */
-    cm_gpu_model *gpu;   /* the first layers on a GPU (gpu.h), or NULL */
+    cm_offload_fn offload; /* the first layers elsewhere (a GPU), or NULL */
+    void *offload_user;
 };
 
 static void *zalloc(size_t n) {
@@ -200,7 +200,10 @@ void cm_ctx_free(cm_ctx *c) {
 int cm_ctx_max_batch(const cm_ctx *c) { return c->max_batch; }
 void cm_ctx_set_kernels(cm_ctx *c, const cm_kernels *k) { c->k = k ? k : cm_kernels_get(); }
 void cm_ctx_set_lora(cm_ctx *c, const cm_lora *l) { c->lora = l; }
-void cm_ctx_set_gpu(cm_ctx *c, cm_gpu_model *gpu) { c->gpu = gpu; }
+void cm_ctx_set_offload(cm_ctx *c, cm_offload_fn fn, void *user) {
+    c->offload = fn;
+    c->offload_user = user;
+}
 void cm_ctx_set_act_hook(cm_ctx *c, cm_act_hook_fn fn, void *user) {
     c->hook = fn;
     c->hook_user = user;
@@ -863,8 +866,8 @@ int cm_forward(cm_ctx *c, const cm_batch *b, const cm_forward_args *a, char *err
     if (ex.ep && c->moe && !a->expert_gather && !(ex.e0 == 0 && ex.e1 == hp->n_expert))
         return cm_errf(err, errlen, CM_EINVAL, "an expert slice [%d, %d) of %d experts without an expert gather", ex.e0,
                        ex.e1, hp->n_expert);
-    int il0 = a->layer_first; /* the GPU's layers first, when it takes this batch (gpu.h) */
-    if (c->gpu && !c->lora && !c->hook && (rc = cm_gpu_forward_layers(c->gpu, b, a, c->x, c->rope, err, errlen))) {
+    int il0 = a->layer_first; /* the offloaded layers first, when they take this batch */
+    if (c->offload && !c->lora && !c->hook && (rc = c->offload(c->offload_user, b, a, c->x, c->rope, err, errlen))) {
         if (rc < 0) return rc;
         il0 += rc;
     }

@@ -186,7 +186,7 @@ static double probs_err(story *S, cm_pool *pool, int gpu_layers) {
         cm_ctx_free(c);
         return 1;
     }
-    cm_ctx_set_gpu(c, gm);
+    cm_ctx_set_offload(c, gm ? cm_gpu_offload : NULL, gm);
     cm_kv kv;
     cm_kv_init(&kv, m, 0, m->hp.n_layer, cm_slice_full(m), 512, errbuf, sizeof errbuf);
     static float logits[32 * 512];
@@ -228,10 +228,10 @@ static int greedy(story *S, cm_pool *pool, int gpu_layers, bool cpu_prefill, int
     float logits[512];
     int32_t ids[64];
     for (int i = 0; i < 5; i++) ids[i] = S->probs_in[i]; /* the reference's first tokens */
-    cm_ctx_set_gpu(c, cpu_prefill ? NULL : gm);
+    cm_ctx_set_offload(c, cpu_prefill || !gm ? NULL : cm_gpu_offload, gm);
     int n = 0;
     if (cm_forward_simple(c, &kv, ids, 5, logits, errbuf, sizeof errbuf)) goto out;
-    cm_ctx_set_gpu(c, gm);
+    cm_ctx_set_offload(c, gm ? cm_gpu_offload : NULL, gm);
     while (n < n_gen) {
         int32_t t = argmax(logits, m->hp.n_vocab);
         out[n++] = t;
