@@ -63,5 +63,18 @@ CUMULO_VULKAN_LIB=$T/no/libvulkan.so.1 "$BIN" run "$M" -p "Once upon a time" -n 
 "$BIN" bench "$M" --gpu vulkan --threads 1 --prompt 8 --gen 4 --reps 1 --json >"$T/b" 2>"$T/be"; rc=$?
 [ $rc -eq 0 ] && grep -q '"tg_tokens_per_s"' "$T/b" && ok || bad "bench --gpu vulkan: rc $rc, $(cat "$T/be")"
 
-echo "$pass passed, $fail failed"
+# The synthetic golden suite (test_synth_golden: llama.cpp's references with
+# its tolerance rule) with its greedy context on the device: F16, Q8_0, Q4_0
+# weights, llama3 rope scaling, a tied output.
+SG=${CUMULO_TESTBIN:-build/tests}/test_synth_golden
+if [ -x "$SG" ]; then
+    CUMULO_GPU=vulkan CUMULO_SYNTH_ONLY='^(llama-(f16|q8_0|q4_0)|llama3-q4_0|llamatied-f32)\.json$' "$SG" >"$T/sg" 2>&1; rc=$?
+    [ $rc -eq 0 ] && grep -q '^1 passed, 0 failed' "$T/sg" && [ "$(grep -c 'gpu: greedy with' "$T/sg")" -eq 5 ] && ok ||
+        bad "test_synth_golden under CUMULO_GPU=vulkan: rc $rc, $(grep -E 'FAIL|gpu:|passed' "$T/sg" | head -12)"
+else
+    echo "skip: $SG is not built (make tests): the synthetic golden models on the device not run"
+    skipped=1
+fi
+
+echo "$pass passed, $fail failed${skipped:+, 1 skipped}"
 [ $fail -eq 0 ]

@@ -245,6 +245,54 @@ out:
     return n;
 }
 
+/* Two sequences prefilled apart, then decoded together in batches of 2
+ * for 8 steps: all rows' logits into out (8 * 2 * 512). gpu_layers < 0: the
+ * CPU alone; n_seq: the device's slots (1: the batches of two go to the CPU
+ * and the slots are refilled in turn). */
+static int two_seqs(story *S, cm_pool *pool, int gpu_layers, int n_seq, float *out) {
+    const cm_model *m = &S->m;
+    cm_ctx *c = cm_ctx_new(m, 64, 512, pool, errbuf, sizeof errbuf);
+    cm_gpu_model *gm = NULL;
+    if (gpu_layers >= 0 && cm_gpu_model_new(&gm, G, m, gpu_layers, 64, 512, n_seq, errbuf, sizeof errbuf)) {
+        cm_ctx_free(c);
+        return -1;
+    }
+    cm_ctx_set_offload(c, gm ? cm_gpu_offload : NULL, gm);
+    cm_kv kv[2];
+    cm_kv_init(&kv[0], m, 0, m->hp.n_layer, cm_slice_full(m), 512, errbuf, sizeof errbuf);
+    cm_kv_init(&kv[1], m, 0, m->hp.n_layer, cm_slice_full(m), 512, errbuf, sizeof errbuf);
+    float last[2][512];
+    int rc = cm_forward_simple(c, &kv[0], S->probs_in, 5, last[0], errbuf, sizeof errbuf);
+    if (!rc) rc = cm_forward_simple(c, &kv[1], S->probs_in + 5, 9, last[1], errbuf, sizeof errbuf);
+    for (int step = 0; !rc && step < 8; step++) {
+        int32_t ids[2] = {argmax(last[0], 512), argmax(last[1], 512)}, pos[2] = {kv[0].n_past, kv[1].n_past},
+                seq[2] = {0, 1};
+        int8_t want[2] = {1, 1};
+        cm_kv *kvs[2] = {&kv[0], &kv[1]};
+        cm_batch b = {.n = 2, .tokens = ids, .pos = pos, .seq = seq, .logits = want};
+        cm_forward_args a = {.layer_first = 0, .layer_last = m->hp.n_layer, .slice = cm_slice_full(m), .kvs = kvs,
+                             .n_kvs = 2, .out_logits = out + step * 2 * 512};
+        rc = cm_forward(c, &b, &a, errbuf, sizeof errbuf);
+        if (!rc) memcpy(last, out + step * 2 * 512, sizeof last);
+    }
+    cm_kv_release(&kv[0]);
+    cm_kv_release(&kv[1]);
+    cm_ctx_free(c);
+    cm_gpu_model_free(gm);
+    return rc;
+}
+
+static double probs_diff(const float *x, const float *y, int rows) {
+    double worst = 0;
+    for (int r = 0; r < rows; r++) {
+        double px[512], py[512], mx = x[r * 512], my = y[r * 512], sx = 0, sy = 0;
+        for (int v = 1; v < 512; v++) mx = fmax(mx, x[r * 512 + v]), my = fmax(my, y[r * 512 + v]);
+        for (int v = 0; v < 512; v++) sx += (px[v] = exp(x[r * 512 + v] - mx)), sy += (py[v] = exp(y[r * 512 + v] - my));
+        for (int v = 0; v < 512; v++) worst = fmax(worst, fabs(px[v] / sx - py[v] / sy));
+    }
+    return worst;
+}
+
 /* Probability bounds against llama.cpp: test_golden.c's for the CPU path
  * (the same tolerance rule). Measured on lavapipe, all or 2 of 5 layers on
  * the device: F32 1.96e-6, Q8_0 2.3e-6, Q4_0 1.61e-6, equal to the CPU
@@ -280,6 +328,16 @@ static void check_story(const char *name, double bound) {
         while (d < nc && d < ng && got[d] == want[d]) d++;
         CHECKF(d == nc && ng == nc, "%s, %d layers on the GPU%s: greedy ids differ from the CPU's at %d of %d (%s)", name,
                k, v == 2 ? " after a CPU prefill" : "", d, nc, errbuf);
+    }
+    static float cpu2[8 * 2 * 512], gpu2[8 * 2 * 512];
+    CHECKF(two_seqs(S, pool, -1, 0, cpu2) == 0, "%s", errbuf);
+    for (int ns = 2; ns >= 1; ns--) { /* two slots; one slot (batches of two on the CPU, slots refilled) */
+        CHECKF(two_seqs(S, pool, nl, ns, gpu2) == 0, "%s", errbuf);
+        const double d = probs_diff(cpu2, gpu2, 16);
+        CHECKF(d < bound, "%s: two sequences batched, %d slot(s): probabilities differ from the CPU's by %.3g", name,
+               ns, d);
+        if (getenv("CUMULO_TEST_VERBOSE"))
+            fprintf(stderr, "  %s two sequences batched, %d slot(s): max |p_gpu - p_cpu| %.3g\n", name, ns, d);
     }
     cm_pool_free(pool);
     cm_model_release(&S->m);
