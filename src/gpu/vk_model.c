@@ -27,7 +27,7 @@ typedef struct wt {
 } wt;
 
 typedef struct glayer {
-    cm_vk_buf *buf;
+    cm_vk_buf *buf, *kv; /* weights; the K/V cache of every slot (slot_stride floats each) */
     cm_vk_set *set;
     wt attn_norm, wq, wk, wv, wo, ffn_norm, gate, up, down;
 } glayer;
@@ -38,11 +38,11 @@ struct cm_gpu_model {
     int nl, B, ctx, n_seq;
     int E, D, nq, nkv, QD, KD, F, n_rot;
     glayer *L;
-    cm_vk_buf *act, *io, *kv;
+    cm_vk_buf *act, *io;
     /* A's regions (floats); io holds the first five at the same offsets */
     uint32_t o_x, o_k, o_v, o_rope, o_meta, o_io_end, o_xn, o_q, o_att, o_gate, o_up, o_sc, o_q8;
     uint32_t q8_src; /* while recording: the region o_q8 holds as Q8_0, or UINT32_MAX */
-    uint32_t slot_stride, layer_stride;
+    uint32_t slot_stride; /* floats of one slot's K and V of one layer */
     const cm_kv **slot_kv; /* which CPU cache each slot mirrors (by address) */
     int *slot_valid;       /* positions [0, valid) of the slot equal the CPU cache's */
     uint64_t *slot_used, tick;
@@ -138,7 +138,9 @@ static int upload_layer(cm_gpu_model *gm, int il, char *err, size_t errlen) {
     if ((gl->buf = cm_vk_buf_new(gm->g, words * 4, CM_VK_DEVICE, err, errlen)))
         rc = cm_vk_upload(gm->g, gl->buf, 0, host, words * 4, err, errlen);
     cm_free(host);
-    if (!rc && !(gl->set = cm_vk_set_new(gm->g, gl->buf, gm->act, gm->kv, err, errlen))) rc = CM_ENOMEM;
+    if (!rc && !(gl->kv = cm_vk_buf_new(gm->g, (uint64_t)gm->slot_stride * gm->n_seq * 4, CM_VK_DEVICE, err, errlen)))
+        rc = CM_ENOMEM;
+    if (!rc && !(gl->set = cm_vk_set_new(gm->g, gl->buf, gm->act, gl->kv, err, errlen))) rc = CM_ENOMEM;
     return rc;
 }
 
@@ -181,8 +183,8 @@ int cm_gpu_model_new(cm_gpu_model **out, cm_gpu *g, const cm_model *m, int n_lay
     REGION(o_sc, B * gm->nq * (uint64_t)n_ctx);
     REGION(o_q8, B * ((uint64_t)CM_MAX(gm->E, CM_MAX(gm->QD, gm->F)) / 32 + 1) * 9);
 #undef REGION
-    gm->layer_stride = (uint32_t)(2 * (uint64_t)gm->nkv * n_ctx * gm->D);
-    uint64_t slot = (uint64_t)gm->layer_stride * nl;
+    /* A buffer per layer: [slot][K|V][head][ctx][D] */
+    const uint64_t slot = 2 * (uint64_t)gm->nkv * n_ctx * gm->D;
     while (gm->n_seq > 1 && (slot * gm->n_seq >= (1ull << 32) || slot * gm->n_seq * 4 > cm_vk_max_range(g))) gm->n_seq--;
     gm->slot_stride = (uint32_t)slot;
     int rc = 0;
@@ -197,8 +199,7 @@ int cm_gpu_model_new(cm_gpu_model **out, cm_gpu *g, const cm_model *m, int n_lay
     if (!rc && (!gm->L || !gm->slot_kv || !gm->slot_valid || !gm->slot_used || !gm->tmp))
         rc = cm_errf(err, errlen, CM_ENOMEM, "out of memory");
     if (!rc && (!(gm->act = cm_vk_buf_new(g, o * 4, CM_VK_DEVICE, err, errlen)) ||
-                !(gm->io = cm_vk_buf_new(g, (uint64_t)gm->o_io_end * 4, CM_VK_HOST, err, errlen)) ||
-                !(gm->kv = cm_vk_buf_new(g, slot * gm->n_seq * 4, CM_VK_DEVICE, err, errlen))))
+                !(gm->io = cm_vk_buf_new(g, (uint64_t)gm->o_io_end * 4, CM_VK_HOST, err, errlen))))
         rc = CM_ENOMEM;
     for (int il = 0; !rc && il < gm->nl; il++) rc = upload_layer(gm, il, err, errlen);
     if (rc) {
@@ -214,10 +215,10 @@ void cm_gpu_model_free(cm_gpu_model *gm) {
     for (int il = 0; gm->L && il < gm->nl; il++) {
         cm_vk_set_free(gm->g, gm->L[il].set);
         cm_vk_buf_free(gm->g, gm->L[il].buf);
+        cm_vk_buf_free(gm->g, gm->L[il].kv);
     }
     cm_vk_buf_free(gm->g, gm->act);
     cm_vk_buf_free(gm->g, gm->io);
-    cm_vk_buf_free(gm->g, gm->kv);
     cm_free(gm->L);
     cm_free(gm->slot_kv);
     cm_free(gm->slot_valid);
@@ -277,7 +278,7 @@ static void record_layer(cm_gpu_model *gm, int il, int n, bool f16) {
     mm(gm, s, &L->wv, gm->o_xn, E, vo, KD, n, false);
     rope(g, s, (uint32_t)gm->n_rot, (uint32_t)gm->D, (uint32_t)gm->nq, n, gm->o_q, QD, gm->o_rope, neox);
     rope(g, s, (uint32_t)gm->n_rot, (uint32_t)gm->D, (uint32_t)gm->nkv, n, ko, KD, gm->o_rope, neox);
-    const uint32_t layer_base = (uint32_t)il * gm->layer_stride;
+    const uint32_t layer_base = 0; /* the layer's own buffer */
     const uint32_t pk[11] = {(uint32_t)gm->D, (uint32_t)gm->nkv, (uint32_t)n, (uint32_t)gm->ctx, ko, vo, gm->o_meta,
                              (uint32_t)gm->B, layer_base, gm->slot_stride, f16};
     cm_vk_dispatch(g, VKP_KVSTORE, s, pk, sizeof pk, ((uint32_t)n * KD + 63) / 64, 1);
@@ -355,9 +356,9 @@ static int refill(cm_gpu_model *gm, int s, const cm_kv *kv, int n, char *err, si
             for (int hk = 0; hk < gm->nkv; hk++) {
                 if (n == 0) continue;
                 for (int p = 0; p < n; p++) kv_read(kv, il, hk, kind, p, gm->tmp + (size_t)p * D);
-                const uint64_t off = (uint64_t)s * gm->slot_stride + (uint64_t)il * gm->layer_stride +
+                const uint64_t off = (uint64_t)s * gm->slot_stride +
                                      ((uint64_t)kind * gm->nkv + hk) * gm->ctx * D;
-                int rc = cm_vk_upload(gm->g, gm->kv, off * 4, gm->tmp, (uint64_t)n * D * 4, err, errlen);
+                int rc = cm_vk_upload(gm->g, gm->L[il].kv, off * 4, gm->tmp, (uint64_t)n * D * 4, err, errlen);
                 if (rc) return rc;
             }
     return 0;
