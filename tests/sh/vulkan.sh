@@ -63,6 +63,33 @@ CUMULO_VULKAN_LIB=$T/no/libvulkan.so.1 "$BIN" run "$M" -p "Once upon a time" -n 
 "$BIN" bench "$M" --gpu vulkan --threads 1 --prompt 8 --gen 4 --reps 1 --json >"$T/b" 2>"$T/be"; rc=$?
 [ $rc -eq 0 ] && grep -q '"tg_tokens_per_s"' "$T/b" && ok || bad "bench --gpu vulkan: rc $rc, $(cat "$T/be")"
 
+# serve with the device: three concurrent requests (batched sequences, the
+# device's slots) give the CPU server's texts.
+serve_texts() { # GPU OUT
+    port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    "$BIN" serve "$M" --port "$port" --gpu "$1" >"$T/serve.log" 2>&1 &
+    spid=$!
+    i=0
+    while [ $i -lt 300 ] && ! grep -q "ready:" "$T/serve.log"; do sleep 0.2; i=$((i + 1)); done
+    cpids=""
+    for p in "Once upon a time" "The dog" "Lily and Tom"; do
+        curl -s -m 120 "localhost:$port/v1/completions" -H 'content-type: application/json' \
+            -d "{\"prompt\":\"$p\",\"max_tokens\":24,\"temperature\":0}" >"$T/c_$p" &
+        cpids="$cpids $!"
+    done
+    for c in $cpids; do wait "$c"; done
+    kill "$spid"
+    wait "$spid" 2>/dev/null
+    for p in "Once upon a time" "The dog" "Lily and Tom"; do
+        sed -n 's/.*"text":"\([^"]*\)".*/\1/p' "$T/c_$p"
+        echo # (the body has no final newline)
+    done | grep -v '^$' >"$2"
+}
+serve_texts none "$T/serve_cpu"
+serve_texts vulkan "$T/serve_gpu"
+[ "$(wc -l <"$T/serve_cpu")" -eq 3 ] && cmp -s "$T/serve_cpu" "$T/serve_gpu" && ok ||
+    bad "serve --gpu vulkan: texts differ from the CPU's: $(cat "$T/serve_cpu") // $(cat "$T/serve_gpu")"
+
 # The synthetic golden suite (test_synth_golden: llama.cpp's references with
 # its tolerance rule) with its greedy context on the device: F16, Q8_0, Q4_0
 # weights, llama3 rope scaling, a tied output.
