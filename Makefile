@@ -62,6 +62,11 @@ ifeq ($(MPI),1)
   CLI_SRCS := $(filter-out src/cli/cmd_mpi_none.c,$(CLI_SRCS)) $(wildcard src/mpi/*.c)
 endif
 LIB_OBJS := $(LIB_SRCS:%.c=$(BUILD)/%.o)
+# The Vulkan shaders as SPIR-V in a generated C file (no glslc: no shaders,
+# and the binary says it has no GPU backend).
+GLSLC ?= $(shell command -v glslc 2>/dev/null)
+VK_SHADERS := $(wildcard src/gpu/shaders/*)
+LIB_OBJS += $(BUILD)/gen/vk_spv.o
 CLI_OBJS := $(CLI_SRCS:%.c=$(BUILD)/%.o)
 TEST_SRCS := $(wildcard tests/unit/test_*.c)
 TEST_BINS := $(TEST_SRCS:tests/unit/%.c=$(BUILD)/tests/%)
@@ -80,6 +85,11 @@ $(BUILD)/cumulo: $(CLI_OBJS) $(BUILD)/libcumulo.a
 $(BUILD)/libcumulo.a: $(LIB_OBJS)
 	@rm -f $@
 	ar rcs $@ $^
+
+$(BUILD)/gen/vk_spv.c: $(VK_SHADERS) scripts/spv2c.sh
+	sh scripts/spv2c.sh "$(GLSLC)" $@ src/gpu/shaders
+$(BUILD)/gen/vk_spv.o: $(BUILD)/gen/vk_spv.c
+	$(CC) $(CFLAGS) -c -o $@ $<
 
 $(BUILD)/%_avx2.o: %_avx2.c
 	@mkdir -p $(dir $@)

@@ -52,6 +52,11 @@ if [ "$(uname -s)" = Linux ]; then
         have $c || missing="$missing $c"
     done
     ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-*.a >/dev/null 2>&1 || missing="$missing libfuzzer"
+    # the Vulkan backend (src/gpu): glslc and the headers to build it, the
+    # loader and Mesa's lavapipe (a CPU driver) to test it (tests/sh/vulkan.sh)
+    have glslc || missing="$missing glslc"
+    [ -f /usr/include/vulkan/vulkan_core.h ] || missing="$missing libvulkan-dev"
+    ls /usr/share/vulkan/icd.d/lvp_icd.*.json >/dev/null 2>&1 || missing="$missing mesa-vulkan-drivers"
 fi
 
 # tests/js: the openai SDK and playwright-core, exactly the lockfile's versions
@@ -78,7 +83,10 @@ echo "setup: installing what is missing:$missing" >&2
 if [ "$(uname -s)" = Darwin ]; then
     have brew || fail "Homebrew is needed (https://brew.sh); install it, then run this again"
     have cc || fail "no C compiler: run 'xcode-select --install' (the Command Line Tools bring cc and make), then this again"
-    step "brew install" brew install make pkg-config libmicrohttpd cjson libsodium pcre2 node tmux curl python
+    # NEEDSWORK: the Vulkan backend on macOS (MoltenVK, the loader, the
+    # headers and glslc from shaderc) is untested.
+    step "brew install" brew install make pkg-config libmicrohttpd cjson libsodium pcre2 node tmux curl python \
+        molten-vk vulkan-loader vulkan-headers shaderc
     js_deps
     exit 0
 fi
@@ -102,7 +110,7 @@ step "apt-get install (build, demo and test tools: some minutes; its output is s
     curl python3 python3-pip perl tmux \
     clang libclang-rt-14-dev qemu-user gcc-aarch64-linux-gnu libc6-dev-arm64-cross \
     iproute2 nftables avahi-utils avahi-daemon dbus openssh-server openssh-client \
-    chromium openmpi-bin libopenmpi-dev $node_pkgs
+    chromium openmpi-bin libopenmpi-dev glslc libvulkan-dev mesa-vulkan-drivers vulkan-tools $node_pkgs
 still=""
 for c in make cc pkg-config curl python3 node npm; do have $c || still="$still $c"; done
 [ -z "$still" ] || fail "still missing after apt-get install:$still"

@@ -7,6 +7,7 @@
 #define CM_CLI_H
 
 #include <stdbool.h>
+#include <stdint.h>
 #include <stddef.h>
 
 typedef struct cm_command {
@@ -41,6 +42,27 @@ struct cm_engine_opts;
 int cli_kv_opt(int argc, char **argv, int *i, cli_kv *kv);
 void cli_kv_apply(const cli_kv *kv, struct cm_engine_opts *eo);
 const char *cli_kv_name(const cli_kv *kv); /* "q8_0" or "K q8_0, V f16" (static buffer) */
+
+/* GPU options (gpuopt.c): --gpu auto|vulkan|none|N, --gpu-layers/-ngl K;
+ * parsed like cli_sampling_opt. cli_gpu_apply: into engine options (no
+ * --gpu-layers: all layers; -ngl 0: none; no --gpu: $CUMULO_GPU, else none
+ * unless K > 0, then auto). */
+typedef struct cli_gpu {
+    const char *dev;
+    int layers;
+    bool layers_set;
+} cli_gpu;
+int cli_gpu_opt(int argc, char **argv, int *i, cli_gpu *g);
+void cli_gpu_apply(const cli_gpu *g, struct cm_engine_opts *eo);
+/* The Vulkan devices (cumulo info): into j as "gpus" (j != NULL) or as lines
+ * on stdout, with how many of n_layer layers of layer_bytes fit (n_layer 0:
+ * no model). */
+struct cJSON;
+void cli_gpu_list(struct cJSON *j, int n_layer, uint64_t layer_bytes);
+#define CLI_GPU_HELP \
+    "  --gpu auto|vulkan|none|N  compute on a Vulkan GPU (auto: the first GPU; vulkan: any device, a CPU\n" \
+    "                         driver such as lavapipe too; N: device N of 'cumulo info'); default none\n" \
+    "  --gpu-layers, -ngl K   the first K layers on the GPU, the rest on the CPU (default: all)\n"
 
 /* The options that shape a cluster's plan (run, serve, bench share them):
  * --parallel pp|tp|hybrid|auto, --layers 2,1,2, --groups 2,2, --tp-weights

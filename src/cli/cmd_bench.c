@@ -93,6 +93,7 @@ typedef struct bench_opts {
     bool tp_compress;
     int threads, n_prompt, n_gen, reps, bw_mib;
     cli_kv kvo; /* -ctk/-ctv/--kv-type/-fa (kvopt.c) */
+    cli_gpu gpuo; /* --gpu, --gpu-layers (gpuopt.c) */
     bool json, vs, kv_f16, insecure, mmap;
 } bench_opts;
 
@@ -404,7 +405,7 @@ static int parse(int argc, char **argv, bench_opts *o) {
             o->isa = v, i++;
         } else if (!strcmp(a, "--mmap")) {
             o->mmap = true;
-        } else if ((kr = cli_kv_opt(argc, argv, &i, &o->kvo)) != 0) {
+        } else if ((kr = cli_kv_opt(argc, argv, &i, &o->kvo)) != 0 || (kr = cli_gpu_opt(argc, argv, &i, &o->gpuo)) != 0) {
             if (kr < 0) return 1;
         } else if (!strcmp(a, "--oracle-dir")) {
             if (!v) return cli_fail("option '%s' needs a value", a);
@@ -485,6 +486,7 @@ int cmd_bench(int argc, char **argv) {
                          .plan = o.plan, .tp_compress = o.tp_compress,
                          .mmap = o.mmap};
     cli_kv_apply(&o.kvo, &eo);
+    cli_gpu_apply(&o.gpuo, &eo);
     if (cm_engine_load(&e, o.model, &eo, err, sizeof err)) return cli_fail("%s", err);
     cm_engine_info in;
     cm_engine_get_info(e, &in);

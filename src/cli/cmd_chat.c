@@ -58,6 +58,7 @@ static const char k_chat_usage[] =
     "                         KV cache types: f32 (default), f16, q8_0, q4_0 (llama.cpp's -ctk/-ctv);\n"
     "                         --kv-type T sets both; per token: see 'cumulo info'\n"
     "  --flash-attn, -fa      tiled attention over K/V rows for f32/f16 too (always for q8_0/q4_0)\n"
+    CLI_GPU_HELP
     "  --mmap                 keep the weights in a file mapping (default: read into huge-page\n"
     "                         memory when they fit, fewer TLB misses per token; also CUMULO_MMAP=1)\n"
     CLI_LORA_HELP
@@ -314,6 +315,7 @@ int cmd_chat(int argc, char **argv) {
     const char *model = NULL, *system = NULL, *tmpl = NULL;
     long n_predict = -1, ctx = 0, threads = 0;
     cli_kv kvo = {0};
+    cli_gpu gpuo = {0};
     bool verbose = false, kv_f16 = false, use_mmap = false;
     cli_loras loras = {0};
     cm_gen_params gp;
@@ -325,7 +327,8 @@ int cmd_chat(int argc, char **argv) {
         int so = cli_sampling_opt(argc, argv, &i, &gp.sampling);
         if (so < 0) return 1;
         if (so > 0) continue;
-        if ((so = cli_lora_opt(argc, argv, &i, &loras)) != 0 || (so = cli_kv_opt(argc, argv, &i, &kvo)) != 0) {
+        if ((so = cli_lora_opt(argc, argv, &i, &loras)) != 0 || (so = cli_kv_opt(argc, argv, &i, &kvo)) != 0 ||
+            (so = cli_gpu_opt(argc, argv, &i, &gpuo)) != 0) {
             if (so < 0) return 1;
             continue;
         }
@@ -375,6 +378,7 @@ int cmd_chat(int argc, char **argv) {
     cm_engine_opts eo = {.n_threads = (int)threads, .n_ctx = (int)ctx, .kv_f16 = kv_f16, .mmap = use_mmap,
                          .loras = loras.spec, .n_loras = loras.n};
     cli_kv_apply(&kvo, &eo);
+    cli_gpu_apply(&gpuo, &eo);
     if (cli_load_engine_opts(&c.e, model, &eo)) goto done;
     if (system && chat_push(&c, "system", system, strlen(system))) { cli_fail("out of memory"); goto done; }
     c.n_fixed = c.n_msgs;

@@ -16,6 +16,7 @@
 
 static const char k_info_usage[] =
     "usage: cumulo info MODEL.gguf [--ctx N] [--kv-type T] [-ctk T] [-ctv T] [--json]\n"
+    "       cumulo info --gpu [--json]   (the Vulkan devices only)\n"
     "\n"
     "Print the model's architecture, parameter count, quant mix, context and the\n"
     "memory it needs (weights, mapped from the file, plus the KV cache at --ctx).\n"
@@ -23,7 +24,8 @@ static const char k_info_usage[] =
     "  --ctx N     context for the KV estimate (default: the model's, at most 4096)\n"
     "  --kv-type T f32 (default), f16, q8_0 or q4_0 KV cache for the estimate\n"
     "  -ctk T, -ctv T  K and V types apart (--cache-type-k, --cache-type-v)\n"
-    "  --json      one JSON object instead of text\n";
+    "  --json      one JSON object instead of text\n"
+    "  --gpu       without a model: list the Vulkan devices (a model's info lists them too)\n";
 
 static void human(char *b, size_t n, double bytes) {
     const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
@@ -44,7 +46,7 @@ int cmd_info(int argc, char **argv) {
     if (cli_wants_help(argc, argv)) { fputs(k_info_usage, stdout); return 0; }
     const char *model = NULL;
     long ctx = 0;
-    bool json = false, kv_f16 = false;
+    bool json = false, kv_f16 = false, gpus = false;
     cli_kv kvo = {0};
     int kr;
     for (int i = 1; i < argc; i++) {
@@ -54,6 +56,8 @@ int cmd_info(int argc, char **argv) {
             if (kr < 0) return 1;
         } else if (!strcmp(argv[i], "--json")) {
             json = true;
+        } else if (!strcmp(argv[i], "--gpu")) {
+            gpus = true;
         } else if (argv[i][0] == '-' && argv[i][1]) {
             return cli_fail("unknown option '%s'; see 'cumulo info --help'", argv[i]);
         } else if (!model) {
@@ -61,6 +65,15 @@ int cmd_info(int argc, char **argv) {
         } else {
             return cli_fail("unexpected argument '%s'; see 'cumulo info --help'", argv[i]);
         }
+    }
+    if (!model && gpus) { /* the devices only */
+        cJSON *j = json ? cJSON_CreateObject() : NULL;
+        cli_gpu_list(j, 0, 0);
+        char *s = j ? cJSON_PrintUnformatted(j) : NULL;
+        if (s) puts(s);
+        cJSON_free(s);
+        cJSON_Delete(j);
+        return 0;
     }
     if (!model) return cli_fail("info needs a MODEL.gguf; see 'cumulo info --help'");
     cm_engine *e;
@@ -117,6 +130,7 @@ int cmd_info(int argc, char **argv) {
             for (int t = 0; t < 4; t++) cJSON_AddNumberToObject(kt, kv_names[t], (double)kv_per_token(&in, kv_types[t]));
         }
         cJSON_AddNumberToObject(j, "memory_bytes", (double)total);
+        cli_gpu_list(j, in.n_layer, (in.weight_bytes + kv) / (uint64_t)(in.n_layer > 0 ? in.n_layer : 1));
         char *s = cJSON_PrintUnformatted(j);
         if (s) puts(s);
         cJSON_free(s);
@@ -158,6 +172,7 @@ int cmd_info(int argc, char **argv) {
             human(b1, sizeof b1, (double)in.kv_bytes_per_token);
             printf(" (this run: %s)\n", b1);
         }
+        cli_gpu_list(NULL, in.n_layer, (in.weight_bytes + kv) / (uint64_t)(in.n_layer > 0 ? in.n_layer : 1));
     }
     cm_engine_free(e);
     return 0;

@@ -40,6 +40,7 @@ static const char k_run_usage[] =
     "                         KV cache types: f32 (default), f16, q8_0, q4_0 (llama.cpp's -ctk/-ctv);\n"
     "                         --kv-type T sets both; per token: see 'cumulo info'\n"
     "  --flash-attn, -fa      tiled attention over K/V rows for f32/f16 too (always for q8_0/q4_0)\n"
+    CLI_GPU_HELP
     "  --mmap                 keep the weights in a file mapping (default: read into huge-page\n"
     "                         memory when they fit, fewer TLB misses per token; also CUMULO_MMAP=1)\n"
     CLI_LORA_HELP
@@ -235,6 +236,7 @@ int cmd_run(int argc, char **argv) {
     long n_predict = 128, ctx = 0, threads = 0, streams = 0, logprobs = 0;
     bool quiet = false;
     cli_kv kvo = {0};
+    cli_gpu gpuo = {0};
     bool json = false, no_bos = false, kv_f16 = false, use_mmap = false, chat = false, cluster = false, insecure = false;
     bool tp_compress = false, take = false;
     const char *nodes = NULL, *key_file = NULL;
@@ -249,7 +251,8 @@ int cmd_run(int argc, char **argv) {
         int so = cli_sampling_opt(argc, argv, &i, &gp.sampling);
         if (so < 0) return 1;
         if (so > 0) continue;
-        if ((so = cli_lora_opt(argc, argv, &i, &loras)) != 0 || (so = cli_kv_opt(argc, argv, &i, &kvo)) != 0) {
+        if ((so = cli_lora_opt(argc, argv, &i, &loras)) != 0 || (so = cli_kv_opt(argc, argv, &i, &kvo)) != 0 ||
+            (so = cli_gpu_opt(argc, argv, &i, &gpuo)) != 0) {
             if (so < 0) return 1;
             continue;
         }
@@ -346,6 +349,7 @@ int cmd_run(int argc, char **argv) {
                          .mmap = use_mmap, .log = quiet ? log_none : NULL,
                          .loras = loras.spec, .n_loras = loras.n};
     cli_kv_apply(&kvo, &eo);
+    cli_gpu_apply(&gpuo, &eo);
     /* --streams (even 1) reports aggregate numbers instead of the text. */
     if (cli_load_engine_opts(&e, model, &eo)) { cm_free(file_text); return 1; }
     int status = 1;
@@ -416,6 +420,10 @@ int cmd_run(int argc, char **argv) {
         cm_buf_append(&out.text, "", 1);
         cJSON_AddStringToObject(j, "text", out.text.data ? out.text.data : "");
         cJSON_AddStringToObject(j, "finish_reason", cm_finish_name(res.finish));
+        int gpu_layers;
+        const char *dev = cm_engine_gpu_device(e, &gpu_layers);
+        cJSON_AddStringToObject(j, "device", dev ? dev : "cpu"); /* which computed the first layers */
+        if (dev) cJSON_AddNumberToObject(j, "gpu_layers", gpu_layers);
         if (out.lp) {
             cJSON_AddItemToObject(j, "logprobs", out.lp);
             out.lp = NULL;

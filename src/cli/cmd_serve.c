@@ -40,6 +40,7 @@ static const char k_serve_usage[] =
     "                     KV cache types: f32 (default), f16, q8_0, q4_0 (llama.cpp's -ctk/-ctv);\n"
     "                     --kv-type T sets both; per token: see 'cumulo info'\n"
     "  --flash-attn, -fa      tiled attention over K/V rows for f32/f16 too (always for q8_0/q4_0)\n"
+    CLI_GPU_HELP
     "  --lora FILE[:SCALE] apply a LoRA adapter (llama.cpp's adapter GGUF; repeatable, summed;\n"
     "                     not with --nodes yet)\n"
     "  --mmap             keep the weights in a file mapping (default when alone: read into\n"
@@ -81,6 +82,7 @@ int cmd_serve(int argc, char **argv) {
     long threads = 0, l;
     long n_batch = 32; /* any value is batch-invariant (kernels.h); larger prefills in fewer passes */
     cli_kv kvo = {0};
+    cli_gpu gpuo = {0};
     bool kv_f16 = false, insecure = false, use_mmap = false;
     const char *nodes = NULL, *key_file = NULL;
     cm_plan_request plan = {0};
@@ -97,6 +99,7 @@ int cmd_serve(int argc, char **argv) {
         if ((po = cli_plan_opt(argc, argv, &i, &plan)) != 0) { if (po < 0) return 1; }
         else if ((po = cli_lora_opt(argc, argv, &i, &loras)) != 0) { if (po < 0) return 1; }
         else if ((po = cli_kv_opt(argc, argv, &i, &kvo)) != 0) { if (po < 0) return 1; }
+        else if ((po = cli_gpu_opt(argc, argv, &i, &gpuo)) != 0) { if (po < 0) return 1; }
         else if (!strcmp(a, "--host")) { NEED(); o.host = NEXT(); }
         else if (!strcmp(a, "--port")) { if (!cli_int(a, NEXT(), 0, 65535, &l)) return 1; o.port = (int)l; }
         else if (!strcmp(a, "--api-key")) { NEED(); o.api_key = NEXT(); }
@@ -166,6 +169,7 @@ int cmd_serve(int argc, char **argv) {
                          .tp_compress = tp_compress, .take = take, .n_seq = (o.n_slots > 0 ? o.n_slots : 4) + 1 /* + 1: embeddings (embed_cluster.c) */, .log = log_line,
                          .mmap = use_mmap, .loras = loras.spec, .n_loras = loras.n};
     cli_kv_apply(&kvo, &eo);
+    cli_gpu_apply(&gpuo, &eo);
     cli_check_threads(&eo);
     if (cm_engine_load(&e, model, &eo, err, sizeof err)) {
         cm_http_stop(srv);

@@ -111,6 +111,10 @@ int cm_engine_load(cm_engine **out, const char *path, const cm_engine_opts *opts
         cm_engine_free(e);
         return cm_errf(err, errlen, CM_ENOMEM, "'%s': %s", path, e->pool ? msg : "cannot start threads");
     }
+    if ((rc = cm_engine_gpu_attach(e, &o, err, errlen))) {
+        cm_engine_free(e);
+        return rc;
+    }
     if (o.n_loras > 0 && (rc = cm_engine_load_loras(e, &o, err, errlen))) {
         cm_engine_free(e);
         return rc;
@@ -128,6 +132,7 @@ void cm_engine_free(cm_engine *e) {
     if (!e) return;
     cm_pipe_close(e->pipe);
     cm_pipe_close(e->tp);
+    cm_engine_gpu_release(e);
     cm_ctx_free(e->ctx);
     cm_lora_free(e->lora);
     cm_free(e->step_logits);

@@ -73,6 +73,14 @@ typedef struct cm_engine_opts {
      * with nodes (NEEDSWORK: each node applying its layers' parts). */
     const char *const *loras;
     int n_loras;
+    /* A Vulkan GPU for the first layers (engine_gpu.c, src/gpu): "auto",
+     * "vulkan" (any device, a CPU driver too), "N" or "none"; NULL: $CUMULO_GPU,
+     * else "auto" when gpu_layers > 0, else none. gpu_layers: how many of the
+     * first layers (0: all). A device
+     * or driver that is missing, or a model it cannot run, is one warning
+     * and the CPU does everything. */
+    const char *gpu;
+    int gpu_layers;
 } cm_engine_opts;
 
 /* Load a GGUF model. Errors (one line, naming the file/tensor/arch/type):
@@ -80,6 +88,9 @@ typedef struct cm_engine_opts {
  * CM_ENOMEM. opts may be NULL for defaults. */
 int cm_engine_load(cm_engine **out, const char *path, const cm_engine_opts *opts, char *err, size_t errlen);
 void cm_engine_free(cm_engine *e); /* NULL is a no-op */
+/* The GPU that computes the first layers ("llvmpipe (LLVM 15.0.6, 256
+ * bits)") and how many, or NULL and 0 when the CPU does all. */
+const char *cm_engine_gpu_device(const cm_engine *e, int *layers);
 /* Whether cm_engine_load reads a file of file_bytes into memory rather than
  * mapping it: not with opts->mmap, not in a cluster (this machine reads only
  * its layers of the file), else cm_gguf_worth_loading. */

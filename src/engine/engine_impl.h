@@ -26,6 +26,8 @@ struct cm_engine {
     cm_pool *pool;
     cm_ctx *ctx;
     cm_lora *lora;        /* adapters (cm_engine_opts.loras), or NULL */
+    struct cm_gpu *gpu;   /* engine_gpu.c: the device and the layers on it, or NULL */
+    struct cm_gpu_model *gpu_m;
     pthread_mutex_t mu;
     int n_ctx, n_batch, max_ctx;
     bool kv_f16;
@@ -112,6 +114,10 @@ int cm_constrain_take(cm_session *s, struct cm_grammar_state *gs, int32_t id);
 void cm_engine_gvocab_free(cm_engine *e);
 /* Load o->loras into e->lora and hand them to e->ctx (engine_lora.c). */
 int cm_engine_load_loras(cm_engine *e, const cm_engine_opts *o, char *err, size_t errlen);
+/* engine_gpu.c: put the first layers on the GPU o asks for (a warning and
+ * none when it cannot); release it before the context goes. */
+int cm_engine_gpu_attach(cm_engine *e, const cm_engine_opts *o, char *err, size_t errlen);
+void cm_engine_gpu_release(cm_engine *e);
 
 /* Free a session's step state (batch.c); called by cm_session_free. */
 void cm_session_step_release(cm_session *s);

@@ -157,6 +157,10 @@ void cm_ctx_free(cm_ctx *c) {
 int cm_ctx_max_batch(const cm_ctx *c) { return c->max_batch; }
 void cm_ctx_set_kernels(cm_ctx *c, const cm_kernels *k) { c->k = k ? k : cm_kernels_get(); }
 void cm_ctx_set_lora(cm_ctx *c, const cm_lora *l) { c->lora = l; }
+void cm_ctx_set_offload(cm_ctx *c, cm_offload_fn fn, void *user) {
+    c->offload = fn;
+    c->offload_user = user;
+}
 void cm_ctx_set_act_hook(cm_ctx *c, cm_act_hook_fn fn, void *user) {
     c->hook = fn;
     c->hook_user = user;
@@ -605,7 +609,12 @@ int cm_forward(cm_ctx *c, const cm_batch *b, const cm_forward_args *a, char *err
     if (ex.ep && c->moe && !a->expert_gather && !(ex.e0 == 0 && ex.e1 == hp->n_expert))
         return cm_errf(err, errlen, CM_EINVAL, "an expert slice [%d, %d) of %d experts without an expert gather", ex.e0,
                        ex.e1, hp->n_expert);
-    for (int il = a->layer_first; il < a->layer_last; il++) {
+    int il0 = a->layer_first; /* the offloaded layers first, when they take this batch */
+    if (c->offload && !c->lora && !c->hook && (rc = c->offload(c->offload_user, b, a, c->x, c->rope, err, errlen))) {
+        if (rc < 0) return rc;
+        il0 += rc;
+    }
+    for (int il = il0; il < a->layer_last; il++) {
         const cm_layer *L = &m->layers[il];
         c->il = il;
         if (!c->mla) { /* deepseek2's attention has its own tensors (mla.c) */

@@ -42,6 +42,8 @@ struct cm_ctx {
     cm_mla *mla; /* deepseek2: the latent attention's scratch (mla.c) */
     bool ep_gather; /* this pass: an expert slice, combined after the caller's gather */
     const cm_lora *lora; /* LoRA adapters (lora.h), or NULL */
+    cm_offload_fn offload; /* the first layers elsewhere (a GPU), or NULL */
+    void *offload_user;
 };
 
 /* Floats of attention scratch per thread: scores [max_ctx], the query as

@@ -467,6 +467,14 @@ enum cm_act_site { CM_ACT_ATTN_IN, CM_ACT_K_IN, CM_ACT_V_IN, CM_ACT_ATTN_OUT, CM
 typedef void (*cm_act_hook_fn)(void *user, int layer, enum cm_act_site site, int row, int64_t col0,
                                enum cm_type vdt, const float *x, void *xq, int64_t n);
 void cm_ctx_set_act_hook(cm_ctx *c, cm_act_hook_fn fn, void *user);
+/* Offload of the first layers (a GPU: src/gpu/gpu.h's cm_gpu_offload): called
+ * by cm_forward after the embeddings with x (b->n rows of n_embd) and the
+ * rotation caches (b->n rows of n_rot); returns how many layers from
+ * a->layer_first it computed into x (0: none, the CPU does all), or a
+ * negative CM_E* code with err. fn NULL: none. user is not owned. */
+typedef int (*cm_offload_fn)(void *user, const cm_batch *b, const struct cm_forward_args *a, float *x,
+                             const float *rope, char *err, size_t errlen);
+void cm_ctx_set_offload(cm_ctx *c, cm_offload_fn fn, void *user);
 
 /* Run the batch through layers [layer_first, layer_last) over the slice.
  * For each sequence, its tokens in the batch must be at consecutive

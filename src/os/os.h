@@ -173,4 +173,11 @@ long cm_udp4_recv(int fd, void *buf, size_t cap, uint8_t src[4], uint16_t *sport
 int cm_fd_wait_readable(int fd, int timeout_ms);
 void cm_fd_close(int fd); /* no-op for fd < 0 */
 
+/* ---- optional libraries loaded at run time (dl.c) ---- */
+/* The Vulkan loader (libvulkan.so.1; macOS: libvulkan.1.dylib or MoltenVK;
+ * CUMULO_VULKAN_LIB overrides), or NULL with the reason in err. */
+void *cm_dl_open_vulkan(char *err, size_t errlen);
+void *cm_dl_sym(void *lib, const char *name); /* NULL if absent */
+void cm_dl_close(void *lib);                   /* NULL: no-op */
+
 #endif

@@ -67,6 +67,7 @@
 #include "test.h"
 
 #include "gguf/gguf.h"
+#include "gpu/gpu.h"
 #include "model/model.h"
 #include "os/os.h"
 #include "synth/synth.h"
@@ -680,6 +681,33 @@ static bool known_flip(const char *name) {
 }
 static int g_skipped;
 
+/* CUMULO_GPU=vulkan|auto|N (tests/sh/vulkan.sh): the greedy context's layers
+ * on that GPU (src/gpu) where it runs the model; the teacher-forced context
+ * (its activation hook) stays on the CPU. */
+static cm_gpu *g_gpu;
+static cm_gpu_model *gpu_attach(cm_ctx *c, const cm_model *m, const char *name) {
+    const char *want = getenv("CUMULO_GPU");
+    int index;
+    char why[256];
+    if (!want || cm_gpu_parse(want, &index) || index == CM_GPU_NONE) return NULL;
+    if (!g_gpu && cm_gpu_open(&g_gpu, index, why, sizeof why)) {
+        CHECKF(0, "CUMULO_GPU=%s: %s", want, why);
+        return NULL;
+    }
+    cm_gpu_model *gm = NULL;
+    if (!cm_gpu_model_supported(m, why, sizeof why)) {
+        printf("# %-16s gpu: not on the GPU: %s\n", name, why);
+        return NULL;
+    }
+    if (cm_gpu_model_new(&gm, g_gpu, m, m->hp.n_layer, MAXPROMPT, 128, 1, why, sizeof why)) {
+        CHECKF(0, "%s: gpu: %s", name, why);
+        return NULL;
+    }
+    printf("# %-16s gpu: greedy with %d layers on %s\n", name, m->hp.n_layer, cm_gpu_info_of(g_gpu)->name);
+    cm_ctx_set_offload(c, cm_gpu_offload, gm);
+    return gm;
+}
+
 static void check_model(const ref_model *R, cm_pool *pool) {
     cm_synth_params sp = {.arch = R->arch, .n_embd = R->dim, .n_layer = R->layers, .n_head = R->heads,
                           .n_head_kv = R->kv_heads, .n_ff = R->ffn, .n_ctx = R->ctx, .type = R->type,
@@ -698,6 +726,7 @@ static void check_model(const ref_model *R, cm_pool *pool) {
     cm_model m;
     memset(&m, 0, sizeof m);
     cm_ctx *c = NULL, *c1 = NULL;
+    cm_gpu_model *gm = NULL;
     float *logits = NULL;
     double *p = NULL;
     g_models++;
@@ -723,6 +752,7 @@ static void check_model(const ref_model *R, cm_pool *pool) {
     logits = cm_malloc(sizeof(float) * (size_t)V * NPOS);
     p = cm_malloc(sizeof(double) * (size_t)V);
     if (!c || !c1 || !logits || !p) { CHECKF(0, "%s: %s", R->name, errbuf); goto out; }
+    gm = gpu_attach(c, &m, R->name);
     const double scale = 1 + g_perturb;
     char greedy_txt[128] = "", flips_txt[1024] = "";
     double worst = 0, worst_rest = 0, all_err[MAXCASES * NPOS];
@@ -830,6 +860,7 @@ out:
     cm_free(p);
     cm_free(logits);
     cm_ctx_free(c);
+    cm_gpu_model_free(gm);
     cm_ctx_free(c1);
     cm_model_release(&m);
     cm_gguf_close(&g);
@@ -1131,11 +1162,16 @@ int main(void) {
         printf("0 passed, 1 failed\n");
         return 1;
     }
-    RUN(test_synth_deterministic);
-    RUN(test_synth_layout);
-    RUN(test_synth_layout_moe);
-    RUN(test_synth_golden);
-    RUN(test_synth_golden_fails_wrong_models);
+    if (getenv("CUMULO_GPU")) { /* the GPU changes only the golden comparison (tests/sh/vulkan.sh) */
+        RUN(test_synth_golden);
+    } else {
+        RUN(test_synth_deterministic);
+        RUN(test_synth_layout);
+        RUN(test_synth_layout_moe);
+        RUN(test_synth_golden);
+        RUN(test_synth_golden_fails_wrong_models);
+    }
     cm_gguf_close(&g_vocab);
+    cm_gpu_close(g_gpu);
     TEST_END();
 }

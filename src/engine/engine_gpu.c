@@ -1,0 +1,65 @@
+/*
+ * engine_gpu.c: the engine's GPU (src/gpu): open the device cm_engine_opts
+ * names, upload the first gpu_layers layers and hand them to the forward
+ * context. Whatever stops it (no loader, no driver, no device, a model the
+ * shaders do not cover) is one warning line and the CPU path; only a bad
+ * option value is an error.
+ */
+#include "engine_impl.h"
+
+#include "gpu/gpu.h"
+
+#include <stdlib.h>
+
+int cm_engine_gpu_attach(cm_engine *e, const cm_engine_opts *o, char *err, size_t errlen) {
+    const char *env = getenv("CUMULO_GPU"); /* the test suites' switch (tests/sh/vulkan.sh) */
+    const char *want = o->gpu && *o->gpu ? o->gpu : env && *env ? env : o->gpu_layers > 0 ? "auto" : NULL;
+    int index;
+    if (cm_gpu_parse(want, &index))
+        return cm_errf(err, errlen, CM_EINVAL, "--gpu '%s': expected auto, vulkan, none or a device number", want);
+    if (index == CM_GPU_NONE) return 0;
+    char why[256];
+    if (!cm_gpu_model_supported(&e->m, why, sizeof why)) {
+        CM_LOGW("gpu: %s; running on the CPU", why);
+        return 0;
+    }
+    if ((e->kv_k != CM_TYPE_F32 && e->kv_k != CM_TYPE_F16) || e->kv_v != e->kv_k) {
+        CM_LOGW("gpu: a %s/%s KV cache is not on the GPU yet (f32, f16); running on the CPU", cm_type_name(e->kv_k),
+                cm_type_name(e->kv_v));
+        return 0;
+    }
+    if (e->tp) {
+        CM_LOGW("gpu: a tensor-parallel slice is not on the GPU yet (NEEDSWORK); running on the CPU");
+        return 0;
+    }
+    int rc = cm_gpu_open(&e->gpu, index, why, sizeof why);
+    if (rc) {
+        CM_LOGW("gpu: %s; running on the CPU", why);
+        return 0;
+    }
+    const int n = o->gpu_layers > 0 ? CM_MIN(o->gpu_layers, e->local_last) : e->local_last;
+    const int n_seq = o->n_seq > 0 ? o->n_seq : 4;
+    rc = cm_gpu_model_new(&e->gpu_m, e->gpu, &e->m, n, e->n_batch, e->n_ctx, n_seq, why, sizeof why);
+    if (rc) {
+        CM_LOGW("gpu: %s; running on the CPU", why);
+        cm_gpu_close(e->gpu);
+        e->gpu = NULL;
+        return 0;
+    }
+    cm_ctx_set_offload(e->ctx, cm_gpu_offload, e->gpu_m);
+    CM_LOGI("gpu: %d of %d layers on %s", n, e->m.hp.n_layer, cm_gpu_info_of(e->gpu)->name);
+    return 0;
+}
+
+void cm_engine_gpu_release(cm_engine *e) {
+    if (e->ctx) cm_ctx_set_offload(e->ctx, NULL, NULL);
+    cm_gpu_model_free(e->gpu_m);
+    cm_gpu_close(e->gpu);
+    e->gpu_m = NULL;
+    e->gpu = NULL;
+}
+
+const char *cm_engine_gpu_device(const cm_engine *e, int *layers) {
+    if (layers) *layers = e && e->gpu_m ? cm_gpu_model_layers(e->gpu_m) : 0;
+    return e && e->gpu_m ? cm_gpu_model_device(e->gpu_m) : NULL;
+}

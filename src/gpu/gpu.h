@@ -1,0 +1,92 @@
+/*
+ * gpu: a Vulkan compute backend (vk.c: loader, device, buffers, pipelines;
+ * vk_model.c: a llama model's layers on the device). The Vulkan loader is
+ * found at run time (dlopen), so one binary runs on machines without a GPU
+ * or driver; the shaders are SPIR-V embedded at build time. The model and
+ * cluster code never see it: the engine gives the forward context
+ * cm_gpu_offload (model.h's offload hook), which takes a batch's first
+ * layers; the CPU continues with the rest.
+ *
+ * A cm_gpu is one logical device with one queue; calls on it are
+ * serialized by its own mutex. Nothing here runs on a machine without a
+ * Vulkan driver except the functions that say why not.
+ */
+#ifndef CM_GPU_H
+#define CM_GPU_H
+
+#include "../model/model.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct cm_gpu cm_gpu;
+
+typedef struct cm_gpu_info {
+    char name[256];     /* "llvmpipe (LLVM 15.0.6, 256 bits)" */
+    char kind[16];      /* "discrete", "integrated", "virtual", "cpu", "other" */
+    uint64_t mem_bytes; /* the largest device-local heap */
+    uint32_t api;       /* VK_MAKE_API_VERSION packed */
+} cm_gpu_info;
+
+/* Were the shaders compiled into this binary (glslc at build time)? */
+bool cm_gpu_compiled(void);
+/* The Vulkan devices: fills up to max entries, returns how many there are
+ * (>= 0), or a negative CM_E* code with the reason (no loader, no driver,
+ * no shaders compiled in) in err. */
+int cm_gpu_list(cm_gpu_info *out, int max, char *err, size_t errlen);
+
+/* Which device a --gpu option names: "none" (or NULL/empty) -> CM_GPU_NONE,
+ * "auto" -> CM_GPU_AUTO (the first discrete/integrated/virtual GPU, never a
+ * CPU driver), "vulkan" -> CM_GPU_ANY (the first device of any kind, lavapipe
+ * included), "N" -> N. CM_EINVAL on anything else. */
+enum { CM_GPU_NONE = -1, CM_GPU_AUTO = -2, CM_GPU_ANY = -3 };
+int cm_gpu_parse(const char *s, int *index);
+
+/* Open device index (>= 0, CM_GPU_AUTO or CM_GPU_ANY). */
+int cm_gpu_open(cm_gpu **out, int index, char *err, size_t errlen);
+void cm_gpu_close(cm_gpu *g); /* NULL: no-op */
+const cm_gpu_info *cm_gpu_info_of(const cm_gpu *g);
+
+/* ---- a model's layers on the device (vk_model.c) ---- */
+typedef struct cm_gpu_model cm_gpu_model;
+
+/* Can this model's layers run on the device? False with the reason
+ * (architecture, weight type, biases, ...) in why. */
+bool cm_gpu_model_supported(const cm_model *m, char *why, size_t whylen);
+/* Upload layers [0, n_layers) of m (clamped to the model's) and reserve
+ * activations for max_batch tokens and a cache of n_seq sequences of n_ctx
+ * positions. m must outlive the result. */
+int cm_gpu_model_new(cm_gpu_model **out, cm_gpu *g, const cm_model *m, int n_layers, int max_batch, int n_ctx,
+                     int n_seq, char *err, size_t errlen);
+void cm_gpu_model_free(cm_gpu_model *gm); /* NULL: no-op */
+int cm_gpu_model_layers(const cm_gpu_model *gm);
+const char *cm_gpu_model_device(const cm_gpu_model *gm);
+
+/* Run this batch's first layers on the device: x (b->n rows of n_embd, the
+ * embeddings) becomes the residual after them, rope holds the CPU's rotation
+ * caches (b->n rows of n_rot, forward.c's), and the layers' K and V are
+ * written to the sequences' CPU caches too (so prefix reuse, copies and
+ * truncation keep working; a cache whose contents the device has not seen
+ * is re-uploaded). Returns the number of layers done (0: this batch is not
+ * for the device: a slice, an all-reduce, a stage not starting at layer 0,
+ * too many sequences, a cache type it does not hold; the CPU does them all),
+ * or a negative CM_E* code (device lost, out of device memory) with err. */
+int cm_gpu_forward_layers(cm_gpu_model *gm, const cm_batch *b, const cm_forward_args *a, float *x, const float *rope,
+                          char *err, size_t errlen);
+/* The same as a cm_offload_fn (model.h) with user = the cm_gpu_model:
+ * cm_ctx_set_offload(ctx, cm_gpu_offload, gm). */
+int cm_gpu_offload(void *gm, const cm_batch *b, const cm_forward_args *a, float *x, const float *rope, char *err,
+                   size_t errlen);
+
+/* For tests: y[j * rows + i] = dot(W row i, x_j) for W (a whole matrix,
+ * F32/F16/Q8_0/Q4_0), n_tok rows of F32 activations; and RMS norm, RoPE
+ * (neox or not, cache as forward.c's) and silu(g) * u, each on the device. */
+int cm_gpu_test_matmul(cm_gpu *g, const cm_tensor *W, const float *x, int n_tok, float *y, char *err, size_t errlen);
+int cm_gpu_test_rmsnorm(cm_gpu *g, const float *x, const float *w, int n, int rows, float eps, float *y, char *err,
+                        size_t errlen);
+int cm_gpu_test_rope(cm_gpu *g, float *x, const float *cache, int n_rot, int D, int nh, int n_tok, bool neox, char *err,
+                     size_t errlen);
+int cm_gpu_test_silu(cm_gpu *g, float *gt, const float *u, int n, char *err, size_t errlen);
+
+#endif

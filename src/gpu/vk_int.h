@@ -1,0 +1,44 @@
+/*
+ * vk_int.h: vk.c's primitives for vk_model.c (private to src/gpu; still no
+ * Vulkan types, so vk_model.c compiles where the Vulkan headers are absent).
+ * Recording: cm_vk_begin, then dispatches and copies (each followed by a
+ * full barrier), then cm_vk_submit (waits). All under the caller's hold of
+ * cm_vk_lock.
+ */
+#ifndef CM_VK_INT_H
+#define CM_VK_INT_H
+
+#include "gpu.h"
+
+typedef struct cm_vk_buf cm_vk_buf;
+typedef struct cm_vk_set cm_vk_set;
+
+enum cm_vk_pipe { VKP_MM_F32, VKP_MM_F16, VKP_MM_Q8_0, VKP_MM_Q4_0, VKP_RMSNORM, VKP_ROPE, VKP_KVSTORE, VKP_ATTN, VKP_SILU, VKP_Q8ACT, VKP_COUNT };
+enum cm_vk_mem { CM_VK_DEVICE, CM_VK_HOST }; /* device-local; host-visible (io) */
+
+cm_vk_buf *cm_vk_buf_new(cm_gpu *g, uint64_t bytes, enum cm_vk_mem kind, char *err, size_t errlen);
+void cm_vk_buf_free(cm_gpu *g, cm_vk_buf *b);
+void *cm_vk_buf_map(cm_vk_buf *b); /* the persistent mapping, or NULL (not host-visible) */
+/* Copy n bytes into dst at off (through a staging buffer when dst is not
+ * host-visible). Not inside a recording. */
+int cm_vk_upload(cm_gpu *g, cm_vk_buf *dst, uint64_t off, const void *src, uint64_t n, char *err, size_t errlen);
+/* A descriptor set binding w, a and kv (any may repeat). */
+cm_vk_set *cm_vk_set_new(cm_gpu *g, cm_vk_buf *w, cm_vk_buf *a, cm_vk_buf *kv, char *err, size_t errlen);
+void cm_vk_set_free(cm_gpu *g, cm_vk_set *s);
+
+void cm_vk_lock(cm_gpu *g);
+void cm_vk_unlock(cm_gpu *g);
+int cm_vk_begin(cm_gpu *g, char *err, size_t errlen);
+void cm_vk_dispatch(cm_gpu *g, enum cm_vk_pipe p, cm_vk_set *s, const void *push, uint32_t push_bytes, uint32_t gx,
+                    uint32_t gy);
+void cm_vk_copy(cm_gpu *g, cm_vk_buf *src, uint64_t src_off, cm_vk_buf *dst, uint64_t dst_off, uint64_t n);
+int cm_vk_submit(cm_gpu *g, char *err, size_t errlen);
+uint64_t cm_vk_max_range(const cm_gpu *g); /* the largest storage buffer binding */
+
+/* A whole weight matrix (F32, F16, Q8_0, Q4_0) in the shaders' layout
+ * (vk_model.c): F32/F16 rows as in the file; Q8_0/Q4_0 all block scales as
+ * F32, then the blocks' quants (8 / 4 words each). */
+uint64_t cm_vk_packed_words(const cm_tensor *W);
+void cm_vk_pack(const cm_tensor *W, uint32_t *dst);
+
+#endif

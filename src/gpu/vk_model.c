@@ -1,0 +1,447 @@
+/*
+ * vk_model.c: a llama-family model's first layers on a Vulkan device (the
+ * shaders in src/gpu/shaders): weights uploaded once, repacked for the
+ * shaders (quant scales as F32 apart from the quants, so every read is a
+ * whole word); activations for max_batch tokens; a K/V cache of n_seq
+ * sequence slots. One forward = one command buffer for all the device's
+ * layers and one wait.
+ *
+ * The CPU's caches stay the truth: the device's K and V rows come back and
+ * are stored there too, and a slot whose sequence the device has not kept
+ * up with (the CPU ran a batch, a truncation, a copy) is re-filled from
+ * the CPU cache. The arithmetic is F32 with F32 activations (the CPU
+ * converts activations to the weight's vec_dot_type first), so logits agree
+ * with the CPU path to about 1e-3, not bit for bit; an F16 cache is
+ * emulated by rounding what the CPU rounds.
+ */
+#include "vk_int.h"
+
+#include "../kernels/kernels.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+typedef struct wt {
+    uint32_t off, type, K, rows; /* words into the layer buffer */
+} wt;
+
+typedef struct glayer {
+    cm_vk_buf *buf, *kv; /* weights; the K/V cache of every slot (slot_stride floats each) */
+    cm_vk_set *set;
+    wt attn_norm, wq, wk, wv, wo, ffn_norm, gate, up, down;
+} glayer;
+
+struct cm_gpu_model {
+    cm_gpu *g;
+    const cm_model *m;
+    int nl, B, ctx, n_seq;
+    int E, D, nq, nkv, QD, KD, F, n_rot;
+    glayer *L;
+    cm_vk_buf *act, *io;
+    /* A's regions (floats); io holds the first five at the same offsets */
+    uint32_t o_x, o_k, o_v, o_rope, o_meta, o_io_end, o_xn, o_q, o_att, o_gate, o_up, o_sc, o_q8;
+    uint32_t q8_src; /* while recording: the region o_q8 holds as Q8_0, or UINT32_MAX */
+    uint32_t slot_stride; /* floats of one slot's K and V of one layer */
+    const cm_kv **slot_kv; /* which CPU cache each slot mirrors (by address) */
+    int *slot_valid;       /* positions [0, valid) of the slot equal the CPU cache's */
+    uint64_t *slot_used, tick;
+    float *tmp;            /* ctx * D floats, for re-filling a slot */
+};
+
+static bool type_ok(const cm_tensor *t, char *why, size_t whylen, const char *name) {
+    const int64_t K = t->ne[0];
+    bool ok = (t->type == CM_TYPE_F32) || (t->type == CM_TYPE_F16 && K % 2 == 0) ||
+              ((t->type == CM_TYPE_Q8_0 || t->type == CM_TYPE_Q4_0) && K % 32 == 0);
+    if (!ok) snprintf(why, whylen, "%s is %s (the GPU has f32, f16, q8_0, q4_0)", name, cm_type_name(t->type));
+    else if (t->ne[1] > 65535) { snprintf(why, whylen, "%s has %lld rows (at most 65535)", name, (long long)t->ne[1]); ok = false; }
+    return ok;
+}
+
+bool cm_gpu_model_supported(const cm_model *m, char *why, size_t whylen) {
+    const cm_hparams *hp = &m->hp;
+    if (hp->arch == CM_ARCH_GEMMA3 || hp->arch == CM_ARCH_DEEPSEEK2 || hp->arch == CM_ARCH_GPTOSS || hp->n_expert) {
+        snprintf(why, whylen, "the GPU runs dense llama-style layers only");
+        return false;
+    }
+    if (hp->n_swa || hp->attn_q_scale != 0.0f || hp->n_rot % 2 || hp->n_rot > hp->head_dim ||
+        (hp->rope_type != CM_ROPE_NORM && hp->rope_type != CM_ROPE_NEOX)) {
+        snprintf(why, whylen, "the GPU has no sliding window, q scale or partial rope of this kind");
+        return false;
+    }
+    for (int il = 0; il < hp->n_layer; il++) {
+        const cm_layer *L = &m->layers[il];
+        if (L->bq.data || L->bk.data || L->bv.data || L->bo.data || L->q_norm.data || L->k_norm.data ||
+            L->attn_post_norm.data || L->ffn_post_norm.data || L->attn_sinks.data || !L->ffn_gate.data) {
+            snprintf(why, whylen, "layer %d has biases, q/k norms or post norms (not on the GPU yet)", il);
+            return false;
+        }
+        const cm_tensor *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->ffn_gate, &L->ffn_up, &L->ffn_down};
+        const char *names[] = {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"};
+        for (int i = 0; i < 7; i++)
+            if (!type_ok(ws[i], why, whylen, names[i])) return false;
+    }
+    return true;
+}
+
+uint64_t cm_vk_packed_words(const cm_tensor *W) {
+    const uint64_t K = (uint64_t)W->ne[0], R = (uint64_t)W->ne[1];
+    switch (W->type) {
+    case CM_TYPE_F32: return R * K;
+    case CM_TYPE_F16: return R * K / 2;
+    case CM_TYPE_Q8_0: return R * (K / 32) * 9;
+    default: return R * (K / 32) * 5; /* Q4_0 */
+    }
+}
+
+void cm_vk_pack(const cm_tensor *W, uint32_t *dst) {
+    const int64_t K = W->ne[0], R = W->ne[1], nb = K / 32;
+    if (W->type == CM_TYPE_F32 || W->type == CM_TYPE_F16) {
+        const size_t rs = cm_row_size(W->type, K);
+        for (int64_t r = 0; r < R; r++) memcpy((char *)dst + r * rs, (const char *)W->data + r * W->nb[1], rs);
+        return;
+    }
+    const int qw = W->type == CM_TYPE_Q8_0 ? 8 : 4, bsz = W->type == CM_TYPE_Q8_0 ? 34 : 18;
+    float *sc = (float *)dst;
+    uint32_t *qs = dst + R * nb;
+    for (int64_t r = 0; r < R; r++) {
+        const uint8_t *row = (const uint8_t *)W->data + r * W->nb[1];
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *blk = row + b * bsz;
+            uint16_t d;
+            memcpy(&d, blk, 2);
+            sc[r * nb + b] = cm_f16_to_f32(d);
+            memcpy(qs + (r * nb + b) * qw, blk + 2, (size_t)qw * 4);
+        }
+    }
+}
+
+static int upload_layer(cm_gpu_model *gm, int il, char *err, size_t errlen) {
+    const cm_layer *L = &gm->m->layers[il];
+    glayer *gl = &gm->L[il];
+    const cm_tensor *ws[] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo, &L->ffn_norm, &L->ffn_gate, &L->ffn_up,
+                             &L->ffn_down};
+    wt *ts[] = {&gl->attn_norm, &gl->wq, &gl->wk, &gl->wv, &gl->wo, &gl->ffn_norm, &gl->gate, &gl->up, &gl->down};
+    uint64_t words = 0;
+    for (int i = 0; i < 9; i++) {
+        *ts[i] = (wt){.off = (uint32_t)words, .type = ws[i]->type, .K = (uint32_t)ws[i]->ne[0],
+                      .rows = (uint32_t)ws[i]->ne[1]};
+        words += (cm_vk_packed_words(ws[i]) + 3) & ~(uint64_t)3;
+    }
+    if (words * 4 > cm_vk_max_range(gm->g))
+        return cm_errf(err, errlen, CM_EUNSUPPORTED, "layer %d's %llu weight bytes exceed the device's buffer range", il,
+                       (unsigned long long)words * 4);
+    uint32_t *host = cm_calloc(words ? words : 1, 4);
+    if (!host) return cm_errf(err, errlen, CM_ENOMEM, "out of memory packing layer %d", il);
+    for (int i = 0; i < 9; i++) cm_vk_pack(ws[i], host + ts[i]->off);
+    int rc = CM_ENOMEM;
+    if ((gl->buf = cm_vk_buf_new(gm->g, words * 4, CM_VK_DEVICE, err, errlen)))
+        rc = cm_vk_upload(gm->g, gl->buf, 0, host, words * 4, err, errlen);
+    cm_free(host);
+    if (!rc && !(gl->kv = cm_vk_buf_new(gm->g, (uint64_t)gm->slot_stride * gm->n_seq * 4, CM_VK_DEVICE, err, errlen)))
+        rc = CM_ENOMEM;
+    if (!rc && !(gl->set = cm_vk_set_new(gm->g, gl->buf, gm->act, gl->kv, err, errlen))) rc = CM_ENOMEM;
+    return rc;
+}
+
+int cm_gpu_model_new(cm_gpu_model **out, cm_gpu *g, const cm_model *m, int n_layers, int max_batch, int n_ctx,
+                     int n_seq, char *err, size_t errlen) {
+    *out = NULL;
+    char why[256];
+    if (!cm_gpu_model_supported(m, why, sizeof why)) return cm_errf(err, errlen, CM_EUNSUPPORTED, "gpu: %s", why);
+    const cm_hparams *hp = &m->hp;
+    cm_gpu_model *gm = cm_calloc(1, sizeof *gm);
+    if (!gm) return cm_errf(err, errlen, CM_ENOMEM, "out of memory");
+    gm->g = g;
+    gm->m = m;
+    gm->nl = CM_MAX(0, CM_MIN(n_layers, hp->n_layer));
+    gm->B = max_batch;
+    gm->ctx = n_ctx;
+    gm->n_seq = CM_MAX(1, n_seq);
+    gm->E = hp->n_embd;
+    gm->D = hp->head_dim;
+    gm->nkv = hp->n_head_kv;
+    gm->nq = hp->n_head;
+    gm->QD = gm->nq * gm->D;
+    gm->KD = gm->nkv * gm->D;
+    gm->F = hp->n_ff;
+    gm->n_rot = hp->n_rot;
+    const uint64_t B = (uint64_t)gm->B, nl = (uint64_t)CM_MAX(gm->nl, 1);
+    uint64_t o = 0;
+#define REGION(f, n) gm->f = (uint32_t)o, o += ((uint64_t)(n) + 15) & ~(uint64_t)15
+    REGION(o_x, B * gm->E);
+    REGION(o_k, nl * B * gm->KD);
+    REGION(o_v, nl * B * gm->KD);
+    REGION(o_rope, B * gm->n_rot);
+    REGION(o_meta, 2 * B);
+    gm->o_io_end = (uint32_t)o;
+    REGION(o_xn, B * gm->E);
+    REGION(o_q, B * gm->QD);
+    REGION(o_att, B * gm->QD);
+    REGION(o_gate, B * gm->F);
+    REGION(o_up, B * gm->F);
+    REGION(o_sc, B * gm->nq * (uint64_t)n_ctx);
+    REGION(o_q8, B * ((uint64_t)CM_MAX(gm->E, CM_MAX(gm->QD, gm->F)) / 32 + 1) * 9);
+#undef REGION
+    /* A buffer per layer: [slot][K|V][head][ctx][D] */
+    const uint64_t slot = 2 * (uint64_t)gm->nkv * n_ctx * gm->D;
+    while (gm->n_seq > 1 && (slot * gm->n_seq >= (1ull << 32) || slot * gm->n_seq * 4 > cm_vk_max_range(g))) gm->n_seq--;
+    gm->slot_stride = (uint32_t)slot;
+    int rc = 0;
+    if (o >= (1ull << 32) || o * 4 > cm_vk_max_range(g) || slot * 4 > cm_vk_max_range(g) || slot >= (1ull << 32))
+        rc = cm_errf(err, errlen, CM_EUNSUPPORTED, "gpu: batch %d / context %d need buffers past the device's range",
+                     max_batch, n_ctx);
+    gm->L = cm_calloc((size_t)nl, sizeof *gm->L);
+    gm->slot_kv = cm_calloc((size_t)gm->n_seq, sizeof *gm->slot_kv);
+    gm->slot_valid = cm_calloc((size_t)gm->n_seq, sizeof *gm->slot_valid);
+    gm->slot_used = cm_calloc((size_t)gm->n_seq, sizeof *gm->slot_used);
+    gm->tmp = cm_calloc((size_t)n_ctx * gm->D, sizeof(float));
+    if (!rc && (!gm->L || !gm->slot_kv || !gm->slot_valid || !gm->slot_used || !gm->tmp))
+        rc = cm_errf(err, errlen, CM_ENOMEM, "out of memory");
+    if (!rc && (!(gm->act = cm_vk_buf_new(g, o * 4, CM_VK_DEVICE, err, errlen)) ||
+                !(gm->io = cm_vk_buf_new(g, (uint64_t)gm->o_io_end * 4, CM_VK_HOST, err, errlen))))
+        rc = CM_ENOMEM;
+    for (int il = 0; !rc && il < gm->nl; il++) rc = upload_layer(gm, il, err, errlen);
+    if (rc) {
+        cm_gpu_model_free(gm);
+        return rc;
+    }
+    *out = gm;
+    return 0;
+}
+
+void cm_gpu_model_free(cm_gpu_model *gm) {
+    if (!gm) return;
+    for (int il = 0; gm->L && il < gm->nl; il++) {
+        cm_vk_set_free(gm->g, gm->L[il].set);
+        cm_vk_buf_free(gm->g, gm->L[il].buf);
+        cm_vk_buf_free(gm->g, gm->L[il].kv);
+    }
+    cm_vk_buf_free(gm->g, gm->act);
+    cm_vk_buf_free(gm->g, gm->io);
+    cm_free(gm->L);
+    cm_free(gm->slot_kv);
+    cm_free(gm->slot_valid);
+    cm_free(gm->slot_used);
+    cm_free(gm->tmp);
+    cm_free(gm);
+}
+
+int cm_gpu_model_layers(const cm_gpu_model *gm) { return gm ? gm->nl : 0; }
+const char *cm_gpu_model_device(const cm_gpu_model *gm) { return gm ? cm_gpu_info_of(gm->g)->name : ""; }
+
+/* ---- recording the ops ---- */
+
+/* y (+)= W x for n rows of x at x_off (stride ldx); Q8_0/Q4_0 weights take
+ * x converted to Q8_0 first (once per source region). */
+static void mm(cm_gpu_model *gm, cm_vk_set *s, const wt *w, uint32_t x_off, uint32_t ldx, uint32_t y_off, uint32_t ldy,
+               int n, bool add) {
+    if (w->type == CM_TYPE_Q8_0 || w->type == CM_TYPE_Q4_0) {
+        if (gm->q8_src != x_off) {
+            const uint32_t pq[5] = {w->K, (uint32_t)n, x_off, ldx, gm->o_q8};
+            cm_vk_dispatch(gm->g, VKP_Q8ACT, s, pq, sizeof pq, ((uint32_t)n * (w->K / 32) + 63) / 64, 1);
+            gm->q8_src = x_off;
+        }
+        x_off = gm->o_q8;
+        ldx = w->K / 32 * 9;
+    }
+    const uint32_t p[9] = {w->K, w->rows, (uint32_t)n, w->off, x_off, ldx, y_off, ldy, add};
+    const enum cm_vk_pipe pp = w->type == CM_TYPE_F32 ? VKP_MM_F32 : w->type == CM_TYPE_F16 ? VKP_MM_F16
+                               : w->type == CM_TYPE_Q8_0 ? VKP_MM_Q8_0 : VKP_MM_Q4_0;
+    cm_vk_dispatch(gm->g, pp, s, p, sizeof p, w->rows, (uint32_t)(n + 7) / 8);
+}
+
+static void rmsnorm(cm_gpu *g, cm_vk_set *s, uint32_t n, uint32_t x_off, uint32_t y_off, uint32_t w_off, float eps,
+                    int rows) {
+    struct { uint32_t n, x_off, ldx, y_off, ldy, w_off; float eps; } p = {n, x_off, n, y_off, n, w_off, eps};
+    cm_vk_dispatch(g, VKP_RMSNORM, s, &p, sizeof p, (uint32_t)rows, 1);
+}
+
+static void rope(cm_gpu *g, cm_vk_set *s, uint32_t n_rot, uint32_t D, uint32_t nh, int n, uint32_t x_off, uint32_t ldx,
+                 uint32_t c_off, bool neox) {
+    const uint32_t p[8] = {n_rot, D, nh, (uint32_t)n, x_off, ldx, c_off, neox};
+    cm_vk_dispatch(g, VKP_ROPE, s, p, sizeof p, ((uint32_t)n * nh * (n_rot / 2) + 63) / 64, 1);
+}
+
+static void record_layer(cm_gpu_model *gm, int il, int n, bool f16) {
+    const cm_hparams *hp = &gm->m->hp;
+    cm_gpu *g = gm->g;
+    glayer *L = &gm->L[il];
+    cm_vk_set *s = L->set;
+    const uint32_t E = (uint32_t)gm->E, QD = (uint32_t)gm->QD, KD = (uint32_t)gm->KD, F = (uint32_t)gm->F;
+    const uint32_t ko = gm->o_k + (uint32_t)(il * gm->B) * KD, vo = gm->o_v + (uint32_t)(il * gm->B) * KD;
+    const bool neox = hp->rope_type == CM_ROPE_NEOX;
+    rmsnorm(g, s, E, gm->o_x, gm->o_xn, L->attn_norm.off, hp->rms_eps, n);
+    gm->q8_src = UINT32_MAX;
+    mm(gm, s, &L->wq, gm->o_xn, E, gm->o_q, QD, n, false);
+    mm(gm, s, &L->wk, gm->o_xn, E, ko, KD, n, false);
+    mm(gm, s, &L->wv, gm->o_xn, E, vo, KD, n, false);
+    rope(g, s, (uint32_t)gm->n_rot, (uint32_t)gm->D, (uint32_t)gm->nq, n, gm->o_q, QD, gm->o_rope, neox);
+    rope(g, s, (uint32_t)gm->n_rot, (uint32_t)gm->D, (uint32_t)gm->nkv, n, ko, KD, gm->o_rope, neox);
+    const uint32_t layer_base = 0; /* the layer's own buffer */
+    const uint32_t pk[11] = {(uint32_t)gm->D, (uint32_t)gm->nkv, (uint32_t)n, (uint32_t)gm->ctx, ko, vo, gm->o_meta,
+                             (uint32_t)gm->B, layer_base, gm->slot_stride, f16};
+    cm_vk_dispatch(g, VKP_KVSTORE, s, pk, sizeof pk, ((uint32_t)n * KD + 63) / 64, 1);
+    struct {
+        uint32_t D, nq, rep, nkv, ctx, ldq, q_off, o_off, sc_off, meta_off, B, layer_base, slot_stride, f16;
+        float scale;
+    } pa = {(uint32_t)gm->D, (uint32_t)gm->nq, (uint32_t)(gm->nq / gm->nkv), (uint32_t)gm->nkv, (uint32_t)gm->ctx, QD,
+            gm->o_q, gm->o_att, gm->o_sc, gm->o_meta, (uint32_t)gm->B, layer_base, gm->slot_stride, f16,
+            1.0f / sqrtf((float)gm->D)};
+    cm_vk_dispatch(g, VKP_ATTN, s, &pa, sizeof pa, (uint32_t)gm->nq, (uint32_t)n);
+    gm->q8_src = UINT32_MAX;
+    mm(gm, s, &L->wo, gm->o_att, QD, gm->o_x, E, n, true);
+    rmsnorm(g, s, E, gm->o_x, gm->o_xn, L->ffn_norm.off, hp->rms_eps, n);
+    gm->q8_src = UINT32_MAX;
+    mm(gm, s, &L->gate, gm->o_xn, E, gm->o_gate, F, n, false);
+    mm(gm, s, &L->up, gm->o_xn, E, gm->o_up, F, n, false);
+    const uint32_t ps[3] = {(uint32_t)n * F, gm->o_gate, gm->o_up};
+    cm_vk_dispatch(g, VKP_SILU, s, ps, sizeof ps, ((uint32_t)n * F + 63) / 64, 1);
+    gm->q8_src = UINT32_MAX;
+    mm(gm, s, &L->down, gm->o_gate, F, gm->o_x, E, n, true);
+}
+
+/* ---- the CPU caches ---- */
+
+static bool kv_ok(const cm_gpu_model *gm, const cm_kv *kv) {
+    const bool f = (kv->type == CM_TYPE_F32 || kv->type == CM_TYPE_F16) && kv->type_v == kv->type;
+    return f && !kv->latent && kv->layer_first == 0 && kv->layer_last >= gm->nl && kv->h0 == 0 &&
+           kv->h1 == gm->nkv && kv->n_ctx <= gm->ctx && kv->head_dim == gm->D;
+}
+
+/* Row p of K (kind 0) or V (kind 1) of (layer il, head hk) of a CPU cache as floats. */
+static void kv_read(const cm_kv *kv, int il, int hk, int kind, int p, float *out) {
+    const int D = kv->head_dim;
+    const bool f16 = (kind ? kv->type_v : kv->type) == CM_TYPE_F16;
+    if (kv->v_rows) {
+        const cm_attn_kv av = cm_attn_kv_of(kv, il, hk);
+        const uint8_t *r = (kind ? av.v + p * av.v_row : av.k + p * av.k_row);
+        for (int d = 0; d < D; d++) out[d] = f16 ? cm_f16_to_f32(((const cm_f16 *)r)[d]) : ((const float *)r)[d];
+        return;
+    }
+    const size_t off = ((size_t)(il - kv->layer_first) * (size_t)(kv->h1 - kv->h0) + (size_t)(hk - kv->h0)) *
+                       (size_t)kv->n_ctx * (size_t)D;
+    const void *base = kind ? kv->v : kv->k;
+    for (int d = 0; d < D; d++) {
+        const size_t i = off + (kind ? (size_t)d * kv->n_ctx + p : (size_t)p * D + d);
+        out[d] = f16 ? cm_f16_to_f32(((const cm_f16 *)base)[i]) : ((const float *)base)[i];
+    }
+}
+
+static void kv_write(const cm_kv *kv_c, int il, int hk, int p, const float *k, const float *v) {
+    cm_kv *kv = (cm_kv *)kv_c;
+    if (kv->v_rows) {
+        cm_kv_store_rows(cm_kernels_get(), kv, il, hk, p, k, v);
+        return;
+    }
+    const int D = kv->head_dim;
+    const size_t off = ((size_t)(il - kv->layer_first) * (size_t)(kv->h1 - kv->h0) + (size_t)(hk - kv->h0)) *
+                       (size_t)kv->n_ctx * (size_t)D;
+    if (kv->type == CM_TYPE_F16) {
+        cm_f16 *kd = (cm_f16 *)kv->k + off + (size_t)p * D, *vt = (cm_f16 *)kv->v + off;
+        for (int i = 0; i < D; i++) kd[i] = cm_f32_to_f16(k[i]);
+        for (int i = 0; i < D; i++) vt[(size_t)i * kv->n_ctx + p] = cm_f32_to_f16(v[i]);
+    } else {
+        memcpy((float *)kv->k + off + (size_t)p * D, k, (size_t)D * sizeof(float));
+        float *vt = (float *)kv->v + off;
+        for (int i = 0; i < D; i++) vt[(size_t)i * kv->n_ctx + p] = v[i];
+    }
+}
+
+/* Fill slot s's positions [0, n) from the CPU cache. */
+static int refill(cm_gpu_model *gm, int s, const cm_kv *kv, int n, char *err, size_t errlen) {
+    const int D = gm->D;
+    for (int il = 0; il < gm->nl; il++)
+        for (int kind = 0; kind < 2; kind++)
+            for (int hk = 0; hk < gm->nkv; hk++) {
+                if (n == 0) continue;
+                for (int p = 0; p < n; p++) kv_read(kv, il, hk, kind, p, gm->tmp + (size_t)p * D);
+                const uint64_t off = (uint64_t)s * gm->slot_stride +
+                                     ((uint64_t)kind * gm->nkv + hk) * gm->ctx * D;
+                int rc = cm_vk_upload(gm->g, gm->L[il].kv, off * 4, gm->tmp, (uint64_t)n * D * 4, err, errlen);
+                if (rc) return rc;
+            }
+    return 0;
+}
+
+/* The slot of each token (into slots[]), re-filling stale ones. 0: none
+ * fits (more sequences than slots, or a cache the device cannot mirror). */
+static int assign_slots(cm_gpu_model *gm, const cm_batch *b, const cm_forward_args *a, uint32_t *slots, char *err,
+                        size_t errlen) {
+    gm->tick++;
+    for (int j = 0; j < b->n; j++) {
+        const cm_kv *kv = a->kvs[b->seq[j]];
+        if (!kv_ok(gm, kv)) return 0;
+        int s = -1;
+        for (int i = 0; i < gm->n_seq && s < 0; i++)
+            if (gm->slot_kv[i] == kv) s = i;
+        if (s < 0) { /* the least recently used slot not in this batch */
+            for (int i = 0; i < gm->n_seq; i++)
+                if (gm->slot_used[i] != gm->tick && (s < 0 || gm->slot_used[i] < gm->slot_used[s])) s = i;
+            if (s < 0) return 0;
+            gm->slot_kv[s] = kv;
+            gm->slot_valid[s] = -1;
+        }
+        if (gm->slot_used[s] != gm->tick && gm->slot_valid[s] != kv->n_past) {
+            /* NEEDSWORK: a copy into a cache at the very length the slot holds is not seen. */
+            int rc = refill(gm, s, kv, kv->n_past, err, errlen);
+            if (rc) return rc;
+            gm->slot_valid[s] = kv->n_past;
+        }
+        gm->slot_used[s] = gm->tick;
+        slots[j] = (uint32_t)s;
+    }
+    return 1;
+}
+
+int cm_gpu_offload(void *gm, const cm_batch *b, const cm_forward_args *a, float *x, const float *rope, char *err,
+                   size_t errlen) {
+    return cm_gpu_forward_layers(gm, b, a, x, rope, err, errlen);
+}
+
+int cm_gpu_forward_layers(cm_gpu_model *gm, const cm_batch *b, const cm_forward_args *a, float *x, const float *rope_c,
+                          char *err, size_t errlen) {
+    if (!gm || gm->nl == 0 || a->layer_first != 0 || a->allreduce || b->n > gm->B || a->experts.ep ||
+        a->slice.h0 != 0 || a->slice.h1 != gm->nkv || a->slice.f0 != 0 || a->slice.f1 != gm->F)
+        return 0;
+    cm_vk_lock(gm->g);
+    float *io = cm_vk_buf_map(gm->io);
+    uint32_t *meta = (uint32_t *)(io + gm->o_meta);
+    int rc = assign_slots(gm, b, a, meta + gm->B, err, errlen);
+    if (rc <= 0) {
+        cm_vk_unlock(gm->g);
+        return rc;
+    }
+    const int n = b->n, E = gm->E, KD = gm->KD;
+    bool f16 = false;
+    for (int j = 0; j < n; j++) {
+        meta[j] = (uint32_t)b->pos[j];
+        f16 = a->kvs[b->seq[j]]->type == CM_TYPE_F16; /* NEEDSWORK: one batch mixing F32 and F16 caches */
+    }
+    memcpy(io + gm->o_x, x, (size_t)n * E * sizeof(float));
+    memcpy(io + gm->o_rope, rope_c, (size_t)n * gm->n_rot * sizeof(float));
+    rc = cm_vk_begin(gm->g, err, errlen);
+    if (!rc) {
+        cm_vk_copy(gm->g, gm->io, 0, gm->act, 0, (uint64_t)gm->o_x * 4 + (uint64_t)n * E * 4);
+        cm_vk_copy(gm->g, gm->io, (uint64_t)gm->o_rope * 4, gm->act, (uint64_t)gm->o_rope * 4,
+                   (uint64_t)(gm->o_io_end - gm->o_rope) * 4);
+        for (int il = 0; il < gm->nl; il++) record_layer(gm, il, n, f16);
+        cm_vk_copy(gm->g, gm->act, 0, gm->io, 0, (uint64_t)gm->o_rope * 4);
+        rc = cm_vk_submit(gm->g, err, errlen);
+    }
+    if (!rc) {
+        memcpy(x, io + gm->o_x, (size_t)n * E * sizeof(float));
+        for (int il = 0; il < gm->nl; il++)
+            for (int j = 0; j < n; j++) {
+                const float *k = io + gm->o_k + ((size_t)il * gm->B + j) * KD;
+                const float *v = io + gm->o_v + ((size_t)il * gm->B + j) * KD;
+                for (int hk = 0; hk < gm->nkv; hk++)
+                    kv_write(a->kvs[b->seq[j]], il, hk, b->pos[j], k + hk * gm->D, v + hk * gm->D);
+            }
+        for (int j = 0; j < n; j++) gm->slot_valid[meta[gm->B + j]]++;
+    } else {
+        for (int i = 0; i < gm->n_seq; i++) gm->slot_kv[i] = NULL; /* what the device holds is unknown now */
+    }
+    cm_vk_unlock(gm->g);
+    return rc ? rc : gm->nl;
+}

@@ -1,0 +1,107 @@
+#!/bin/sh
+# vulkan.sh: the Vulkan backend (src/gpu) through the CLI on whatever Vulkan
+# device is here (CI: Mesa's lavapipe, which scripts/setup.sh installs):
+# `cumulo run --temp 0` on stories260K (F32, Q8_0, Q4_0) gives the CPU's
+# greedy ids with all layers and with --gpu-layers 2 on the device, and its
+# --json names the device; a missing loader is one warning and the CPU;
+# bad option values are one-line errors; `cumulo info --gpu` lists the
+# device; bench and serve take --gpu. No device: a skip with the reason (not
+# n/a: setup installs lavapipe, so under CI=true it fails).
+cd "$(dirname "$0")/../.." || exit 1
+BIN=${CUMULO_BIN:-build/cumulo}
+SHARED=${CUMULO_SHARED:-../shared}
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+pass=0; fail=0
+ok() { pass=$((pass + 1)); }
+bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
+ids() { sed -n 's/.*"tokens":\[\([^]]*\)\].*/\1/p' "$1"; }
+
+"$BIN" info --gpu >"$T/info" 2>&1 || bad "info --gpu: $(cat "$T/info")"
+if ! grep -q '^gpu 0:' "$T/info"; then
+    echo "skip: no Vulkan device: $(cat "$T/info")"
+    echo "$pass passed, $fail failed, 1 skipped"
+    [ $fail -eq 0 ]
+    exit
+fi
+ok
+"$BIN" info --gpu --json | grep -q '"gpus":\[{"index":0,"name":"' && ok || bad "info --gpu --json"
+"$BIN" info "$SHARED/models/stories260K-q8_0.gguf" | grep -q '^gpu 0: .* of 5 layers fit' && ok || bad "info MODEL: layers that fit"
+
+for ty in f32 q8_0 q4_0; do
+    M=$SHARED/models/stories260K-$ty.gguf
+    "$BIN" run "$M" -p "Once upon a time" -n 48 --temp 0 --json >"$T/cpu" 2>"$T/cpu.err" || bad "$ty cpu run: $(cat "$T/cpu.err")"
+    cp "$T/cpu" "$T/cpu_$ty"
+    grep -q '"device":"cpu"' "$T/cpu" && ok || bad "$ty: cpu run names device cpu"
+    for k in all 2; do
+        if [ $k = all ]; then set -- --gpu vulkan; else set -- --gpu vulkan --gpu-layers $k; fi
+        "$BIN" run "$M" -p "Once upon a time" -n 48 --temp 0 --json "$@" >"$T/gpu" 2>"$T/gpu.err" ||
+            bad "$ty gpu ($k layers) run: $(cat "$T/gpu.err")"
+        grep -q '"device":"[^"]*"' "$T/gpu" && ! grep -q '"device":"cpu"' "$T/gpu" && ok ||
+            bad "$ty ($k layers): --json names the device: $(grep -o '"device":"[^"]*"' "$T/gpu") $(cat "$T/gpu.err")"
+        [ -n "$(ids "$T/cpu")" ] && [ "$(ids "$T/cpu")" = "$(ids "$T/gpu")" ] && ok ||
+            bad "$ty ($k layers on the GPU): ids differ from the CPU's: cpu [$(ids "$T/cpu")] gpu [$(ids "$T/gpu")]"
+    done
+done
+
+# No loader: one warning line, the CPU computes, same ids.
+M=$SHARED/models/stories260K-q8_0.gguf
+CUMULO_VULKAN_LIB=$T/no/libvulkan.so.1 "$BIN" run "$M" -p "Once upon a time" -n 48 --temp 0 --json --gpu vulkan \
+    >"$T/nolib" 2>"$T/nolib.err"; rc=$?
+[ $rc -eq 0 ] && [ "$(grep -c 'gpu:' "$T/nolib.err")" -eq 1 ] && grep -q "cannot load the Vulkan loader" "$T/nolib.err" &&
+    grep -q '"device":"cpu"' "$T/nolib" && [ "$(ids "$T/nolib")" = "$(ids "$T/cpu_q8_0")" ] && ok ||
+    bad "missing loader: rc $rc, $(cat "$T/nolib.err")"
+"$BIN" run "$M" -p x -n 1 --gpu bogus >"$T/o" 2>"$T/e"; rc=$?
+[ $rc -ne 0 ] && [ "$(wc -l <"$T/e")" -eq 1 ] && grep -q "'bogus' is not auto, vulkan, none" "$T/e" && ok || bad "--gpu bogus: $(cat "$T/e")"
+"$BIN" run "$M" -p x -n 1 --gpu-layers -1 >"$T/o" 2>"$T/e"; rc=$?
+[ $rc -ne 0 ] && [ "$(wc -l <"$T/e")" -eq 1 ] && ok || bad "--gpu-layers -1: $(cat "$T/e")"
+# --gpu-layers 0 is none (no warning, the CPU)
+"$BIN" run "$M" -p "Once upon a time" -n 8 --temp 0 --json --gpu vulkan --gpu-layers 0 >"$T/o" 2>"$T/e" &&
+    grep -q '"device":"cpu"' "$T/o" && ok || bad "--gpu-layers 0: $(cat "$T/e")"
+
+# bench takes --gpu (timings printed, not asserted)
+"$BIN" bench "$M" --gpu vulkan --threads 1 --prompt 8 --gen 4 --reps 1 --json >"$T/b" 2>"$T/be"; rc=$?
+[ $rc -eq 0 ] && grep -q '"tg_tokens_per_s"' "$T/b" && ok || bad "bench --gpu vulkan: rc $rc, $(cat "$T/be")"
+
+# serve with the device: three concurrent requests (batched sequences, the
+# device's slots) give the CPU server's texts.
+serve_texts() { # GPU OUT
+    port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    "$BIN" serve "$M" --port "$port" --gpu "$1" >"$T/serve.log" 2>&1 &
+    spid=$!
+    i=0
+    while [ $i -lt 300 ] && ! grep -q "ready:" "$T/serve.log"; do sleep 0.2; i=$((i + 1)); done
+    cpids=""
+    for p in "Once upon a time" "The dog" "Lily and Tom"; do
+        curl -s -m 120 "localhost:$port/v1/completions" -H 'content-type: application/json' \
+            -d "{\"prompt\":\"$p\",\"max_tokens\":24,\"temperature\":0}" >"$T/c_$p" &
+        cpids="$cpids $!"
+    done
+    for c in $cpids; do wait "$c"; done
+    kill "$spid"
+    wait "$spid" 2>/dev/null
+    for p in "Once upon a time" "The dog" "Lily and Tom"; do
+        sed -n 's/.*"text":"\([^"]*\)".*/\1/p' "$T/c_$p"
+        echo # (the body has no final newline)
+    done | grep -v '^$' >"$2"
+}
+serve_texts none "$T/serve_cpu"
+serve_texts vulkan "$T/serve_gpu"
+[ "$(wc -l <"$T/serve_cpu")" -eq 3 ] && cmp -s "$T/serve_cpu" "$T/serve_gpu" && ok ||
+    bad "serve --gpu vulkan: texts differ from the CPU's: $(cat "$T/serve_cpu") // $(cat "$T/serve_gpu")"
+
+# The synthetic golden suite (test_synth_golden: llama.cpp's references with
+# its tolerance rule) with its greedy context on the device: F16, Q8_0, Q4_0
+# weights, llama3 rope scaling, a tied output.
+SG=${CUMULO_TESTBIN:-build/tests}/test_synth_golden
+if [ -x "$SG" ]; then
+    CUMULO_GPU=vulkan CUMULO_SYNTH_ONLY='^(llama-(f16|q8_0|q4_0)|llama3-q4_0|llamatied-f32)\.json$' "$SG" >"$T/sg" 2>&1; rc=$?
+    [ $rc -eq 0 ] && grep -q '^1 passed, 0 failed' "$T/sg" && [ "$(grep -c 'gpu: greedy with' "$T/sg")" -eq 5 ] && ok ||
+        bad "test_synth_golden under CUMULO_GPU=vulkan: rc $rc, $(grep -E 'FAIL|gpu:|passed' "$T/sg" | head -12)"
+else
+    echo "skip: $SG is not built (make tests): the synthetic golden models on the device not run"
+    skipped=1
+fi
+
+echo "$pass passed, $fail failed${skipped:+, 1 skipped}"
+[ $fail -eq 0 ]

@@ -1,0 +1,382 @@
+/*
+ * test_vulkan.c: the Vulkan backend (src/gpu) on whatever Vulkan device the
+ * machine has (CI: Mesa's lavapipe, which scripts/setup.sh installs).
+ *
+ * Each shader against a double-precision reference over the same dequantized
+ * weights, with the CPU kernel's own error beside it (the CPU converts
+ * activations to Q8_0 for Q8_0/Q4_0 weights, the GPU keeps them F32); then
+ * stories260K (F32, Q8_0, Q4_0) with all or some layers on the device:
+ * teacher-forced probabilities against llama.cpp's (../shared/reference),
+ * greedy ids against llama.cpp's and the CPU's, and a cache the CPU filled
+ * that the device must take over. No device: a skip with the reason (not
+ * n/a: setup.sh installs lavapipe, so CI must run this).
+ */
+#include "test.h"
+
+#include "gguf/gguf.h"
+#include "gpu/gpu.h"
+#include "kernels/kernels.h"
+#include "model/model.h"
+#include "os/os.h"
+
+static char errbuf[512];
+static cm_gpu *G;
+
+/* ---- shaders ---- */
+
+static void one_matmul(enum cm_type t, int K, int R, int n_tok) {
+    cm_rng r;
+    cm_rng_seed(&r, 1234 + (uint64_t)t * 7 + (uint64_t)n_tok);
+    float *wf = cm_calloc((size_t)K * R, 4), *x = cm_calloc((size_t)K * n_tok, 4), *wd = cm_calloc((size_t)K * R, 4);
+    float *yg = cm_calloc((size_t)R * n_tok, 4), *yc = cm_calloc((size_t)R * n_tok, 4);
+    const size_t rs = cm_row_size(t, K);
+    uint8_t *wq = cm_calloc(rs * R, 1);
+    enum cm_type vt = cm_type_traits_of(t)->vec_dot_type;
+    uint8_t *xq = cm_calloc(cm_row_size(vt, K) * n_tok + 4 * K * n_tok, 1);
+    for (int i = 0; i < K * R; i++) wf[i] = cm_rng_normal(&r);
+    for (int i = 0; i < K * n_tok; i++) x[i] = cm_rng_normal(&r);
+    CHECK(cm_quantize_rows(t, wf, wq, R, K) == rs * R);
+    const cm_kernels *k = cm_kernels_get();
+    for (int i = 0; i < R; i++) k->to_float[t](wq + i * rs, wd + (size_t)i * K, K);
+    cm_tensor W = {.type = t, .data = wq, .ne = {K, R, 1, 1}, .nb = {cm_type_traits_of(t)->type_size, rs, rs * R, rs * R}};
+    int rc = cm_gpu_test_matmul(G, &W, x, n_tok, yg, errbuf, sizeof errbuf);
+    CHECKF(rc == 0, "%s", errbuf);
+    const size_t xs = vt == CM_TYPE_F32 ? (size_t)K * 4 : cm_row_size(vt, K);
+    for (int j = 0; j < n_tok; j++) {
+        if (vt == CM_TYPE_F32) memcpy(xq + j * xs, x + (size_t)j * K, (size_t)K * 4);
+        else k->from_float[vt](x + (size_t)j * K, xq + j * xs, K);
+    }
+    cm_matmul_rows(k, &W, xq, xs, n_tok, yc, R, 0, R);
+    double eg = 0, ec = 0; /* worst |gpu - cpu kernel| and |cpu kernel - exact|, relative to sum |w x| */
+    for (int j = 0; j < n_tok; j++)
+        for (int i = 0; i < R; i++) {
+            double s = 0, a = 0;
+            for (int e = 0; e < K; e++) {
+                s += (double)wd[(size_t)i * K + e] * x[(size_t)j * K + e];
+                a += fabs((double)wd[(size_t)i * K + e] * x[(size_t)j * K + e]);
+            }
+            eg = fmax(eg, fabs(yg[j * R + i] - yc[j * R + i]) / a);
+            ec = fmax(ec, fabs(yc[j * R + i] - s) / a);
+        }
+    /* The device converts activations as the CPU does (F16, Q8_0), so what
+     * remains is float summation order: measured <= 6e-8 relative on
+     * lavapipe; a wrong layout, block decode or activation rounding is the
+     * size of the CPU kernel's own error against exact math (1e-3 for the
+     * 8-bit types, 5e-5 for F16), far above the bound. */
+    CHECKF(eg < 5e-7, "%s K %d n_tok %d: gpu vs cpu kernel %.3g (cpu kernel vs exact %.3g)", cm_type_name(t), K, n_tok,
+           eg, ec);
+    if (getenv("CUMULO_TEST_VERBOSE"))
+        fprintf(stderr, "  matmul %-5s K %4d rows %2d tokens %2d: |gpu - cpu kernel| %.3g, |cpu kernel - exact| %.3g (relative to sum |w x|)\n",
+                cm_type_name(t), K, R, n_tok, eg, ec);
+    cm_free(wf), cm_free(x), cm_free(wd), cm_free(yg), cm_free(yc), cm_free(wq), cm_free(xq);
+}
+
+static void test_matmul(void) {
+    const enum cm_type ts[] = {CM_TYPE_F32, CM_TYPE_F16, CM_TYPE_Q8_0, CM_TYPE_Q4_0};
+    for (int i = 0; i < 4; i++) {
+        one_matmul(ts[i], 256, 67, 1);  /* decode (gemv) */
+        one_matmul(ts[i], 256, 67, 11); /* prefill (gemm): a partial group of 8 tokens */
+        one_matmul(ts[i], 2048, 5, 3);  /* more blocks than threads */
+    }
+}
+
+static void test_rmsnorm(void) {
+    enum { N = 300, ROWS = 3 };
+    float x[N * ROWS], w[N], y[N * ROWS];
+    cm_rng r;
+    cm_rng_seed(&r, 7);
+    for (int i = 0; i < N * ROWS; i++) x[i] = 3 * cm_rng_normal(&r);
+    for (int i = 0; i < N; i++) w[i] = cm_rng_normal(&r);
+    CHECKF(cm_gpu_test_rmsnorm(G, x, w, N, ROWS, 1e-5f, y, errbuf, sizeof errbuf) == 0, "%s", errbuf);
+    double worst = 0;
+    for (int j = 0; j < ROWS; j++) {
+        double s = 0;
+        for (int i = 0; i < N; i++) s += (double)x[j * N + i] * x[j * N + i];
+        const double sc = 1 / sqrt(s / N + 1e-5);
+        for (int i = 0; i < N; i++) worst = fmax(worst, fabs(y[j * N + i] - x[j * N + i] * sc * w[i]) / (fabs(x[j * N + i] * sc * w[i]) + 1e-3));
+    }
+    CHECKF(worst < 1e-5, "rms norm error %.3g", worst); /* measured ~1e-7 */
+}
+
+static void test_rope(void) {
+    enum { D = 64, NH = 3, NT = 4, NROT = 64 };
+    for (int neox = 0; neox < 2; neox++) {
+        float x[NT * NH * D], want[NT * NH * D], cache[NT * NROT];
+        cm_rng r;
+        cm_rng_seed(&r, 9);
+        for (int i = 0; i < NT * NH * D; i++) want[i] = x[i] = cm_rng_normal(&r);
+        for (int j = 0; j < NT; j++) {
+            cm_rope_cache(NULL, NROT, 10000.0f, NULL, (float)(j * 37), cache + j * NROT);
+            for (int h = 0; h < NH; h++) cm_rope_apply(neox ? CM_ROPE_NEOX : CM_ROPE_NORM, NROT, cache + j * NROT, want + (j * NH + h) * D);
+        }
+        CHECKF(cm_gpu_test_rope(G, x, cache, NROT, D, NH, NT, neox, errbuf, sizeof errbuf) == 0, "%s", errbuf);
+        double worst = 0;
+        for (int i = 0; i < NT * NH * D; i++) worst = fmax(worst, fabs(x[i] - want[i]));
+        CHECKF(worst < 1e-5, "rope (neox %d) error %.3g", neox, worst); /* the same float ops: ~1e-7 */
+    }
+}
+
+static void test_silu(void) {
+    enum { N = 1000 };
+    float g[N], u[N], want[N];
+    cm_rng r;
+    cm_rng_seed(&r, 11);
+    for (int i = 0; i < N; i++) {
+        g[i] = 4 * cm_rng_normal(&r), u[i] = cm_rng_normal(&r);
+        want[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    }
+    CHECKF(cm_gpu_test_silu(G, g, u, N, errbuf, sizeof errbuf) == 0, "%s", errbuf);
+    double worst = 0;
+    for (int i = 0; i < N; i++) worst = fmax(worst, fabs(g[i] - want[i]) / (fabs(want[i]) + 1e-3));
+    CHECKF(worst < 1e-5, "silu error %.3g", worst);
+}
+
+/* ---- stories260K ---- */
+
+typedef struct story {
+    const char *name;
+    cm_gguf g;
+    cm_model m;
+    int n_prompt, n_gen, prompt[64], gen[512];
+    int probs_in[32];
+    float probs[32][512];
+} story;
+
+static int load_story(story *S, const char *name) {
+    char path[256];
+    S->name = name;
+    snprintf(path, sizeof path, "models/stories260K-%s.gguf", name);
+    if (cm_gguf_open(&S->g, t_shared(path), NULL, NULL, errbuf, sizeof errbuf) ||
+        cm_model_load(&S->m, &S->g, errbuf, sizeof errbuf))
+        return -1;
+    snprintf(path, sizeof path, "reference/stories260K-%s.probs.txt", name);
+    char *txt;
+    size_t len;
+    if (cm_file_read_all(t_shared(path), &txt, &len, errbuf, sizeof errbuf)) return -1;
+    for (char *line = txt; line && *line;) {
+        char *nl = strchr(line, '\n'), *e;
+        if (nl) *nl = 0;
+        if (*line != '#') {
+            int pos = (int)strtol(line, &e, 10);
+            if (pos >= 0 && pos < 32) {
+                S->probs_in[pos] = (int)strtol(e, &e, 10);
+                for (int v = 0; v < 512; v++) S->probs[pos][v] = strtof(e, &e);
+            }
+        }
+        line = nl ? nl + 1 : NULL;
+    }
+    cm_free(txt);
+    return 0;
+}
+
+static int argmax(const float *x, int n) {
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return b;
+}
+
+/* Teacher-forced probabilities at 32 positions in one batch, max-abs error
+ * against llama.cpp's; gpu_layers < 0: the CPU alone. */
+static double probs_err(story *S, cm_pool *pool, int gpu_layers) {
+    const cm_model *m = &S->m;
+    cm_ctx *c = cm_ctx_new(m, 32, 512, pool, errbuf, sizeof errbuf);
+    cm_gpu_model *gm = NULL;
+    if (gpu_layers >= 0 && cm_gpu_model_new(&gm, G, m, gpu_layers, 32, 512, 2, errbuf, sizeof errbuf)) {
+        cm_ctx_free(c);
+        return 1;
+    }
+    cm_ctx_set_offload(c, gm ? cm_gpu_offload : NULL, gm);
+    cm_kv kv;
+    cm_kv_init(&kv, m, 0, m->hp.n_layer, cm_slice_full(m), 512, errbuf, sizeof errbuf);
+    static float logits[32 * 512];
+    int32_t ids[32], pos[32], seq[32];
+    int8_t want[32];
+    for (int i = 0; i < 32; i++) ids[i] = S->probs_in[i], pos[i] = i, seq[i] = 0, want[i] = 1;
+    cm_kv *kvs[1] = {&kv};
+    cm_batch b = {.n = 32, .tokens = ids, .pos = pos, .seq = seq, .logits = want};
+    cm_forward_args a = {.layer_first = 0, .layer_last = m->hp.n_layer, .slice = cm_slice_full(m), .kvs = kvs,
+                         .n_kvs = 1, .out_logits = logits};
+    double worst = 1;
+    if (cm_forward(c, &b, &a, errbuf, sizeof errbuf) == 0) {
+        worst = 0;
+        for (int r = 0; r < 32; r++) {
+            double mx = logits[r * 512], s = 0, p[512];
+            for (int v = 1; v < 512; v++) mx = fmax(mx, logits[r * 512 + v]);
+            for (int v = 0; v < 512; v++) s += (p[v] = exp(logits[r * 512 + v] - mx));
+            for (int v = 0; v < 512; v++) worst = fmax(worst, fabs(p[v] / s - S->probs[r][v]));
+        }
+    }
+    cm_kv_release(&kv);
+    cm_ctx_free(c);
+    cm_gpu_model_free(gm);
+    return worst;
+}
+
+/* Greedy ids: prompt as one batch (or by the CPU alone when cpu_prefill),
+ * then token by token; gpu_layers < 0: the CPU alone. Returns the count. */
+static int greedy(story *S, cm_pool *pool, int gpu_layers, bool cpu_prefill, int n_gen, int *out) {
+    const cm_model *m = &S->m;
+    cm_ctx *c = cm_ctx_new(m, 64, 512, pool, errbuf, sizeof errbuf);
+    cm_gpu_model *gm = NULL;
+    if (gpu_layers >= 0 && cm_gpu_model_new(&gm, G, m, gpu_layers, 64, 512, 2, errbuf, sizeof errbuf)) {
+        cm_ctx_free(c);
+        return -1;
+    }
+    cm_kv kv;
+    cm_kv_init(&kv, m, 0, m->hp.n_layer, cm_slice_full(m), 512, errbuf, sizeof errbuf);
+    float logits[512];
+    int32_t ids[64];
+    for (int i = 0; i < 5; i++) ids[i] = S->probs_in[i]; /* the reference's first tokens */
+    cm_ctx_set_offload(c, cpu_prefill || !gm ? NULL : cm_gpu_offload, gm);
+    int n = 0;
+    if (cm_forward_simple(c, &kv, ids, 5, logits, errbuf, sizeof errbuf)) goto out;
+    cm_ctx_set_offload(c, gm ? cm_gpu_offload : NULL, gm);
+    while (n < n_gen) {
+        int32_t t = argmax(logits, m->hp.n_vocab);
+        out[n++] = t;
+        if (t == 2 || n == n_gen) break;
+        if (cm_forward_simple(c, &kv, &t, 1, logits, errbuf, sizeof errbuf)) break;
+    }
+out:
+    cm_kv_release(&kv);
+    cm_ctx_free(c);
+    cm_gpu_model_free(gm);
+    return n;
+}
+
+/* Two sequences prefilled apart, then decoded together in batches of 2
+ * for 8 steps: all rows' logits into out (8 * 2 * 512). gpu_layers < 0: the
+ * CPU alone; n_seq: the device's slots (1: the batches of two go to the CPU
+ * and the slots are refilled in turn). */
+static int two_seqs(story *S, cm_pool *pool, int gpu_layers, int n_seq, float *out) {
+    const cm_model *m = &S->m;
+    cm_ctx *c = cm_ctx_new(m, 64, 512, pool, errbuf, sizeof errbuf);
+    cm_gpu_model *gm = NULL;
+    if (gpu_layers >= 0 && cm_gpu_model_new(&gm, G, m, gpu_layers, 64, 512, n_seq, errbuf, sizeof errbuf)) {
+        cm_ctx_free(c);
+        return -1;
+    }
+    cm_ctx_set_offload(c, gm ? cm_gpu_offload : NULL, gm);
+    cm_kv kv[2];
+    cm_kv_init(&kv[0], m, 0, m->hp.n_layer, cm_slice_full(m), 512, errbuf, sizeof errbuf);
+    cm_kv_init(&kv[1], m, 0, m->hp.n_layer, cm_slice_full(m), 512, errbuf, sizeof errbuf);
+    float last[2][512];
+    int rc = cm_forward_simple(c, &kv[0], S->probs_in, 5, last[0], errbuf, sizeof errbuf);
+    if (!rc) rc = cm_forward_simple(c, &kv[1], S->probs_in + 5, 9, last[1], errbuf, sizeof errbuf);
+    for (int step = 0; !rc && step < 8; step++) {
+        int32_t ids[2] = {argmax(last[0], 512), argmax(last[1], 512)}, pos[2] = {kv[0].n_past, kv[1].n_past},
+                seq[2] = {0, 1};
+        int8_t want[2] = {1, 1};
+        cm_kv *kvs[2] = {&kv[0], &kv[1]};
+        cm_batch b = {.n = 2, .tokens = ids, .pos = pos, .seq = seq, .logits = want};
+        cm_forward_args a = {.layer_first = 0, .layer_last = m->hp.n_layer, .slice = cm_slice_full(m), .kvs = kvs,
+                             .n_kvs = 2, .out_logits = out + step * 2 * 512};
+        rc = cm_forward(c, &b, &a, errbuf, sizeof errbuf);
+        if (!rc) memcpy(last, out + step * 2 * 512, sizeof last);
+    }
+    cm_kv_release(&kv[0]);
+    cm_kv_release(&kv[1]);
+    cm_ctx_free(c);
+    cm_gpu_model_free(gm);
+    return rc;
+}
+
+static double probs_diff(const float *x, const float *y, int rows) {
+    double worst = 0;
+    for (int r = 0; r < rows; r++) {
+        double px[512], py[512], mx = x[r * 512], my = y[r * 512], sx = 0, sy = 0;
+        for (int v = 1; v < 512; v++) mx = fmax(mx, x[r * 512 + v]), my = fmax(my, y[r * 512 + v]);
+        for (int v = 0; v < 512; v++) sx += (px[v] = exp(x[r * 512 + v] - mx)), sy += (py[v] = exp(y[r * 512 + v] - my));
+        for (int v = 0; v < 512; v++) worst = fmax(worst, fabs(px[v] / sx - py[v] / sy));
+    }
+    return worst;
+}
+
+/* Probability bounds against llama.cpp: test_golden.c's for the CPU path
+ * (the same tolerance rule). Measured on lavapipe, all or 2 of 5 layers on
+ * the device: F32 1.96e-6, Q8_0 2.3e-6, Q4_0 1.61e-6, equal to the CPU
+ * path's, because the device converts activations to Q8_0/F16 exactly as
+ * the CPU does; with F32 activations instead they were 1.7e-2 to 2.4e-2. */
+static void check_story(const char *name, double bound) {
+    story *S = cm_calloc(1, sizeof *S);
+    if (load_story(S, name)) {
+        CHECKF(0, "cannot load stories260K-%s: %s", name, errbuf);
+        cm_free(S);
+        return;
+    }
+    cm_pool *pool = cm_pool_new(2);
+    const int nl = S->m.hp.n_layer;
+    const double cpu = probs_err(S, pool, -1);
+    const int ks[] = {nl, 2};
+    for (int i = 0; i < 2; i++) {
+        const double e = probs_err(S, pool, ks[i]);
+        CHECKF(e < bound, "%s, %d of %d layers on the GPU: probabilities differ from llama.cpp's by %.3g (cpu %.3g): %s",
+               name, ks[i], nl, e, cpu, errbuf);
+        if (getenv("CUMULO_TEST_VERBOSE"))
+            fprintf(stderr, "  %s %d/%d layers on the GPU: max |p - p_llama.cpp| %.3g (cpu alone %.3g)\n", name, ks[i],
+                    nl, e, cpu);
+    }
+    enum { NG = 48 };
+    int want[NG], got[NG];
+    const int nc = greedy(S, pool, -1, false, NG, want);
+    CHECK(nc > 0);
+    for (int v = 0; v < 3; v++) { /* all layers; 2 layers; all layers after a CPU prefill (a slot re-filled) */
+        const int k = v == 1 ? 2 : nl;
+        const int ng = greedy(S, pool, k, v == 2, NG, got);
+        int d = 0;
+        while (d < nc && d < ng && got[d] == want[d]) d++;
+        CHECKF(d == nc && ng == nc, "%s, %d layers on the GPU%s: greedy ids differ from the CPU's at %d of %d (%s)", name,
+               k, v == 2 ? " after a CPU prefill" : "", d, nc, errbuf);
+    }
+    static float cpu2[8 * 2 * 512], gpu2[8 * 2 * 512];
+    CHECKF(two_seqs(S, pool, -1, 0, cpu2) == 0, "%s", errbuf);
+    for (int ns = 2; ns >= 1; ns--) { /* two slots; one slot (batches of two on the CPU, slots refilled) */
+        CHECKF(two_seqs(S, pool, nl, ns, gpu2) == 0, "%s", errbuf);
+        const double d = probs_diff(cpu2, gpu2, 16);
+        CHECKF(d < bound, "%s: two sequences batched, %d slot(s): probabilities differ from the CPU's by %.3g", name,
+               ns, d);
+        if (getenv("CUMULO_TEST_VERBOSE"))
+            fprintf(stderr, "  %s two sequences batched, %d slot(s): max |p_gpu - p_cpu| %.3g\n", name, ns, d);
+    }
+    cm_pool_free(pool);
+    cm_model_release(&S->m);
+    cm_gguf_close(&S->g);
+    cm_free(S);
+}
+
+static void test_story_f32(void) { check_story("f32", 1e-5); }
+static void test_story_q8_0(void) { check_story("q8_0", 1.2e-5); }
+static void test_story_q4_0(void) { check_story("q4_0", 8e-6); }
+
+static void test_no_loader(void) { /* a missing loader is an error value, not a crash */
+    setenv("CUMULO_VULKAN_LIB", "/nonexistent/libvulkan.so.1", 1);
+    cm_gpu *g = NULL;
+    CHECK(cm_gpu_open(&g, CM_GPU_ANY, errbuf, sizeof errbuf) != 0 && g == NULL);
+    CHECK(strstr(errbuf, "Vulkan") != NULL);
+    unsetenv("CUMULO_VULKAN_LIB");
+    int idx;
+    CHECK(cm_gpu_parse("auto", &idx) == 0 && idx == CM_GPU_AUTO);
+    CHECK(cm_gpu_parse("none", &idx) == 0 && idx == CM_GPU_NONE);
+    CHECK(cm_gpu_parse("1", &idx) == 0 && idx == 1);
+    CHECK(cm_gpu_parse("bogus", &idx) != 0);
+}
+
+int main(void) {
+    RUN(test_no_loader);
+    if (cm_gpu_open(&G, CM_GPU_ANY, errbuf, sizeof errbuf)) {
+        printf("skip: no Vulkan device: %s\n", errbuf);
+        printf("%d passed, %d failed, 1 skipped\n", t_passed, t_failed);
+        return t_failed ? 1 : 0;
+    }
+    if (getenv("CUMULO_TEST_VERBOSE")) fprintf(stderr, "  device: %s (%s)\n", cm_gpu_info_of(G)->name, cm_gpu_info_of(G)->kind);
+    RUN(test_matmul);
+    RUN(test_rmsnorm);
+    RUN(test_rope);
+    RUN(test_silu);
+    RUN(test_story_f32);
+    RUN(test_story_q8_0);
+    RUN(test_story_q4_0);
+    cm_gpu_close(G);
+    TEST_END();
+}
