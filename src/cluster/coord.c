@@ -508,6 +508,7 @@ int cm_pipe_open(cm_pipe **out, const char *model_path, const cm_gguf *g, const 
     cm_free(pc);
     if (rc) goto fail;
     p->ask = plan.mode;
+    p->samples_here = plan.n_stages == 1;
     p->tp_compress = o->tp_compress;
     p->take = o->take;
     p->kv_type_k = o->kv_type_k;

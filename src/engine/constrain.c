@@ -83,7 +83,7 @@ oom:
 int cm_constrain_begin(cm_session *s, const cm_gen_params *p, cm_grammar_state **out, char *err, size_t errlen) {
     *out = NULL;
     if (!p->grammar) return 0;
-    if (s->e->pipe)
+    if (cm_engine_downstream(s->e))
         return cm_errf(err, errlen, CM_EUNSUPPORTED,
                        "structured output and forced tool calls (a grammar) are not supported on a pipeline cluster: "
                        "its last stage samples; serve on one machine or a tensor-parallel group");

@@ -42,7 +42,7 @@ int cm_engine_embed(cm_engine *e, const int32_t *ids, int n, enum cm_pooling poo
                     char *err, size_t errlen) {
     const cm_hparams *hp = &e->m.hp;
     const int E = hp->n_embd;
-    if (e->pipe || e->tp || e->local_last != hp->n_layer)
+    if (e->cl || e->local_last != hp->n_layer)
         return cm_errf(err, errlen, CM_EUNSUPPORTED,
                        "embeddings are not supported in cluster mode: the final hidden state is on the last "
                        "stage, not on this machine; serve the model on one machine for /v1/embeddings");
