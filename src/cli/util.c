@@ -149,14 +149,14 @@ int cli_plan_check(const cm_plan_request *q) {
 }
 
 void cli_progress_start(cli_progress *p, const char *label, double total) {
-    const char *e = getenv("CUMULO_PROGRESS");
+    int on = cm_config_get()->progress;
     p->label = label;
     p->total = total > 0 ? total : 1;
     p->last_draw = 0;
     p->t0 = cm_now_s();
     p->base = -1;
     p->bytes = false;
-    p->on = e ? atoi(e) != 0 : isatty(2);
+    p->on = on >= 0 ? on != 0 : isatty(2);
 }
 
 void cli_progress_update(cli_progress *p, double done) {
@@ -242,7 +242,7 @@ int cli_self_path(char *out, size_t cap) {
     if (n > 0) { out[n] = 0; return 0; }
     const char *argv0 = cli_argv0 ? cli_argv0 : "cumulo";
     if (strchr(argv0, '/')) return cap >= PATH_MAX && realpath(argv0, out) ? 0 : -1;
-    const char *path = getenv("PATH");
+    const char *path = cm_config_get()->path;
     while (path && *path) { /* elsewhere: found on PATH */
         const char *e = strchr(path, ':');
         size_t l = e ? (size_t)(e - path) : strlen(path);

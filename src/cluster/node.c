@@ -801,8 +801,8 @@ int cm_node_run(const cm_node_opts *o, atomic_int *stop, char *err, size_t errle
     cm_node_lease_init(&n.lease, &n.csend_mu);
     if (o->cache_dir && *o->cache_dir) snprintf(n.cache_dir, sizeof n.cache_dir, "%s", o->cache_dir);
     else {
-        const char *home = getenv("HOME");
-        snprintf(n.cache_dir, sizeof n.cache_dir, "%s/.cache/cumulo", home && *home ? home : ".");
+        const char *home = cm_config_get()->home;
+        snprintf(n.cache_dir, sizeof n.cache_dir, "%s/.cache/cumulo", home ? home : ".");
     }
     cm_listener *l;
     rc = cm_net_listen(o->bind, o->port, &l, err, errlen);

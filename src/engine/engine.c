@@ -85,8 +85,7 @@ int cm_engine_load(cm_engine **out, const char *path, const cm_engine_opts *opts
     e->max_ctx = CM_MAX(e->n_ctx, CM_MIN(e->m.hp.n_ctx_train, 1 << 20));
     e->local_last = e->m.hp.n_layer;
     e->slice = cm_slice_full(&e->m);
-    const char *pd = getenv("CUMULO_TEST_CLUSTER_DELAY_MS");
-    e->test_cluster_delay_ms = pd ? (unsigned)atoi(pd) : 0;
+    e->test_cluster_delay_ms = cm_config_get()->test_cluster_delay_ms;
     if (o.nodes && *o.nodes) {
         if (e->n_batch > CM_BATCH_MAX) e->n_batch = CM_BATCH_MAX;
         cm_pipe_opts po = {.nodes = o.nodes, .insecure = o.insecure, .key_file = o.key_file, .plan = o.plan,
