@@ -283,9 +283,11 @@ static void test_weights_in_memory(void) {
     cm_engine_opts c = {.nodes = "127.0.0.1:1"};
     CHECK(!cm_engine_weights_in_memory(&c, 4096));
     CHECK(cm_engine_weights_in_memory(NULL, 4096));
-    setenv("CUMULO_MMAP", "1", 1); cm_config_reload();
+    setenv("CUMULO_MMAP", "1", 1);
+    cm_config_reload();
     CHECK(!cm_engine_weights_in_memory(NULL, 4096));
-    unsetenv("CUMULO_MMAP"); cm_config_reload();
+    unsetenv("CUMULO_MMAP");
+    cm_config_reload();
 }
 
 int main(void) {
