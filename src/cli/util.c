@@ -86,6 +86,13 @@ int cli_sampling_opt(int argc, char **argv, int *i, cm_sampler_params *s) {
     return 1;
 }
 
+int cli_gen_opt(int argc, char **argv, int *i, cm_sampler_params *s, cli_loras *l, cli_kv *kv) {
+    int r = cli_sampling_opt(argc, argv, i, s);
+    if (!r) r = cli_lora_opt(argc, argv, i, l);
+    if (!r) r = cli_kv_opt(argc, argv, i, kv);
+    return r;
+}
+
 /* "2,1,2" of positive counts (each at most hi) into v; the count, or -1
  * (message printed). */
 static int cli_counts(const char *opt, const char *val, long hi, int *v) {
