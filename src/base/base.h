@@ -73,8 +73,7 @@ enum cm_log_level cm_log_get_level(void);
 /* The process environment, read once in one place (config.c, whose table
  * names every variable with its default and meaning; docs/DESIGN.md
  * "Configuration" has the same). No other file calls getenv(). Strings are
- * NULL when unset (an empty value counts as unset unless said) and stay
- * valid until the next cm_config_reload. */
+ * NULL when unset (an empty value counts as unset unless said). */
 typedef struct cm_config {
     int log_level;              /* CUMULO_LOG as enum cm_log_level (default CM_LOG_WARN) */
     const char *isa;            /* CUMULO_ISA; "best" when unset */
@@ -113,7 +112,8 @@ typedef struct cm_config {
  * Thread-safe. */
 const cm_config *cm_config_get(void);
 /* Read the environment again (tests that setenv() mid-run; `cumulo bench
- * --isa`). Only while no other thread reads the configuration. */
+ * --isa`) and publish it to later cm_config_get() calls. A copy obtained
+ * before stays valid until a few more reloads (4) have followed. */
 void cm_config_reload(void);
 /* The table of every variable: name, default, meaning (n: how many). */
 typedef struct cm_config_var {

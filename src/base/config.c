@@ -8,13 +8,15 @@
  *
  * The environment is read at the first cm_config_get() (thread-safe) and
  * again only by cm_config_reload(), which tests that setenv() mid-run call
- * (and `cumulo bench --isa`, before any thread starts). Never parse anything
+ * (and `cumulo bench --isa`, before any thread starts); a reload publishes a
+ * new copy, so threads reading the old one meanwhile are not disturbed. Never parse anything
  * here that needs another module: values that need more than a number or a
  * string are kept as strings for the module that owns their meaning.
  */
 #include "base.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -77,8 +79,15 @@ static const cm_config_var k_vars[CV_COUNT] = {
 #undef X
 };
 
-static cm_config g_cfg;
-static char *g_raw[CV_COUNT]; /* owned copies of the values (NULL: unset) */
+/* A reload fills the next of a few slots and then publishes it (g_cur), so
+ * a thread reading the configuration meanwhile (any thread may log) keeps
+ * a consistent copy: a slot is rewritten only SLOTS reloads later. */
+#define SLOTS 4
+static cm_config g_slot[SLOTS];
+static char *g_raw[SLOTS][CV_COUNT]; /* owned copies of the values (NULL: unset) */
+static int g_next;                   /* the slot the next load fills (under g_mu) */
+static _Atomic(cm_config *) g_cur;
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
 const cm_config_var *cm_config_vars(int *n) {
@@ -93,14 +102,18 @@ static const char *set(const char *s) { return s && *s ? s : NULL; }
 static int int_at_least(const char *s, int min) { return s && atoi(s) >= min ? atoi(s) : 0; }
 
 static void load(void) {
+    pthread_mutex_lock(&g_mu);
+    const int k = g_next;
+    g_next = (g_next + 1) % SLOTS;
+    char **raw = g_raw[k];
     for (int i = 0; i < CV_COUNT; i++) {
-        free(g_raw[i]);
+        free(raw[i]);
         const char *v = getenv(k_vars[i].name);
-        g_raw[i] = v ? strdup(v) : NULL;
+        raw[i] = v ? strdup(v) : NULL;
     }
-    cm_config *c = &g_cfg;
+    cm_config *c = &g_slot[k];
     memset(c, 0, sizeof *c);
-#define RAW(f) ((const char *)g_raw[CV_##f])
+#define RAW(f) ((const char *)raw[CV_##f])
 #define STR(f) set(RAW(f))
     const char *lv = RAW(log);
     c->log_level = !lv                    ? CM_LOG_WARN
@@ -152,11 +165,13 @@ static void load(void) {
     c->hf_token = STR(hf_token);
 #undef STR
 #undef RAW
+    atomic_store(&g_cur, c);
+    pthread_mutex_unlock(&g_mu);
 }
 
 const cm_config *cm_config_get(void) {
     pthread_once(&g_once, load);
-    return &g_cfg;
+    return atomic_load(&g_cur);
 }
 
 void cm_config_reload(void) {

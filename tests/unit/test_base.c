@@ -141,6 +141,7 @@ static void test_config(void) {
     unsetenv("CUMULO_PREFILL_CHUNK");
     unsetenv("CUMULO_MEM_OFFER");
     cm_config_reload();
+    c = cm_config_get();
     CHECK(c->prefill_chunk == 32 && c->lost_ms == 250 && c->mem_offer == -1);
     unsetenv("CUMULO_LOST_MS");
     cm_config_reload();
