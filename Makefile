@@ -72,7 +72,7 @@ TEST_SRCS := $(wildcard tests/unit/test_*.c)
 TEST_BINS := $(TEST_SRCS:tests/unit/%.c=$(BUILD)/tests/%)
 DEPS := $(LIB_OBJS:.o=.d) $(CLI_OBJS:.o=.d) $(TEST_BINS:=.d)
 
-.PHONY: all deps demo test test-quick mpi-if-there newcomer check clean fuzz fuzz-long asan tsan neon-test format bench kbench bbench tp-bench real-7b install deb-test
+.PHONY: all deps demo test test-quick mpi-if-there newcomer check clean fuzz fuzz-long asan tsan neon-test format format-check bench kbench bbench tp-bench real-7b install deb-test
 
 all: cumulo
 
@@ -221,6 +221,8 @@ fuzz-long:
 
 format:
 	clang-format -i $$(find src tests fuzz bench tools -name '*.[ch]')
+format-check:
+	@sh tools/format_check.sh
 
 # `make install` (PREFIX=/usr/local, DESTDIR for packaging): the binary, the
 # demo (runs the installed cumulo) and the docs.

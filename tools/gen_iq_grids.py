@@ -22,6 +22,9 @@ out = ["/*",
        " * values, element j in bits 8j..8j+7. IQ1_S's bytes are int8 (-1, 0, 1).",
        " */",
        '#include "ref.h"',
+       "",
+       "/* generated tables, four (eight) entries a line */",
+       "// clang-format off",
        ""]
 for ctype, name, n in WANT:
     m = re.search(r"GGML_TABLE_BEGIN\(%s, %s, [A-Z0-9_]+\)(.*?)GGML_TABLE_END" % (ctype, name), src, re.S)
@@ -37,4 +40,6 @@ for ctype, name, n in WANT:
         out.append("    " + ", ".join("0x%0*x" % (width, int(v, 16)) for v in vals[i:i + per_line]) + ",")
     out.append("};")
     out.append("")
+out.append("// clang-format on")
+out.append("")
 sys.stdout.write("\n".join(out))

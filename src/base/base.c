@@ -29,22 +29,13 @@ int cm_errf(char *err, size_t errlen, int code, const char *fmt, ...) {
     return code;
 }
 
-/* Read lazily from CUMULO_LOG; atomic because any thread may log first. */
+/* Set by cm_log_set_level (-1: CUMULO_LOG's, cm_config); atomic because any
+ * thread may log first. */
 static _Atomic int g_log_level = -1;
 
 enum cm_log_level cm_log_get_level(void) {
     int lvl = atomic_load(&g_log_level);
-    if (lvl < 0) {
-        const char *e = getenv("CUMULO_LOG");
-        lvl = CM_LOG_WARN;
-        if (e) {
-            if (!strcmp(e, "error")) lvl = CM_LOG_ERROR;
-            else if (!strcmp(e, "info")) lvl = CM_LOG_INFO;
-            else if (!strcmp(e, "debug")) lvl = CM_LOG_DEBUG;
-        }
-        atomic_store(&g_log_level, lvl);
-    }
-    return (enum cm_log_level)lvl;
+    return (enum cm_log_level)(lvl >= 0 ? lvl : cm_config_get()->log_level);
 }
 
 void cm_log_set_level(enum cm_log_level lvl) { atomic_store(&g_log_level, (int)lvl); }

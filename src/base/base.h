@@ -59,7 +59,8 @@ const char *cm_strerror(int code);
 int cm_errf(char *err, size_t errlen, int code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
-/* Logging to stderr. Level from CUMULO_LOG (error|warn|info|debug), default warn. */
+/* Logging to stderr. Level from CUMULO_LOG (error|warning|info|debug; cm_config),
+ * default warning; cm_log_set_level overrides it. */
 enum cm_log_level { CM_LOG_ERROR, CM_LOG_WARN, CM_LOG_INFO, CM_LOG_DEBUG, CM_LOG_COUNT };
 void cm_log(enum cm_log_level lvl, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void cm_log_set_level(enum cm_log_level lvl);
@@ -68,6 +69,61 @@ enum cm_log_level cm_log_get_level(void);
 #define CM_LOGW(...) cm_log(CM_LOG_WARN, __VA_ARGS__)
 #define CM_LOGI(...) cm_log(CM_LOG_INFO, __VA_ARGS__)
 #define CM_LOGD(...) cm_log(CM_LOG_DEBUG, __VA_ARGS__)
+
+/* The process environment, read once in one place (config.c, whose table
+ * names every variable with its default and meaning; docs/DESIGN.md
+ * "Configuration" has the same). No other file calls getenv(). Strings are
+ * NULL when unset (an empty value counts as unset unless said). */
+typedef struct cm_config {
+    int log_level;              /* CUMULO_LOG as enum cm_log_level (default CM_LOG_WARN) */
+    const char *isa;            /* CUMULO_ISA; "best" when unset */
+    bool mmap;                  /* CUMULO_MMAP set and not "0" */
+    bool repack_off;            /* CUMULO_REPACK is "0" */
+    const char *key_file;       /* CUMULO_KEY_FILE */
+    const char *models;         /* CUMULO_MODELS */
+    const char *api_key;        /* CUMULO_API_KEY, as set (may be "") */
+    int progress;               /* CUMULO_PROGRESS: -1 unset, else 0 or 1 */
+    const char *host_id;        /* CUMULO_HOST_ID */
+    const char *declare_speed;  /* CUMULO_DECLARE_SPEED, "GFLOPS,GBS" (parsed by cluster/caps.c) */
+    int64_t mem_offer;          /* CUMULO_MEM_OFFER in bytes; -1 unset or not a number */
+    int lost_ms;                /* CUMULO_LOST_MS when >= 200; else 0 (CM_PIPE_LOST_MS) */
+    int token_timeout_ms;       /* CUMULO_TOKEN_TIMEOUT_MS when >= 200; else 0 */
+    int rejoin_ms;              /* CUMULO_REJOIN_MS when >= 100; else 0 (CM_PIPE_REJOIN_MS) */
+    int prefill_chunk;          /* CUMULO_PREFILL_CHUNK when > 0; else 32 */
+    const char *powercap_root;  /* CUMULO_POWERCAP_ROOT; "/sys/class/powercap" */
+    const char *proc_stat;      /* CUMULO_PROC_STAT; "/proc/stat" */
+    const char *oracle_dir;     /* CUMULO_ORACLE_DIR; "/tmp/nlc" */
+    const char *llamacpp_bench; /* CUMULO_LLAMACPP_BENCH */
+    const char *service_root;   /* CUMULO_SERVICE_ROOT as set; "" when unset */
+    const char *service_kind;   /* CUMULO_SERVICE_KIND */
+    bool test_no_recover;       /* CUMULO_TEST_NO_RECOVER set (even empty) */
+    unsigned test_cluster_delay_ms; /* CUMULO_TEST_CLUSTER_DELAY_MS */
+    unsigned test_step_delay_ms;    /* CUMULO_TEST_STEP_DELAY_MS */
+    int test_sockbuf;           /* CUMULO_TEST_SOCKBUF when > 0; else 0 */
+    const char *gpu;            /* CUMULO_GPU */
+    const char *vulkan_lib;     /* CUMULO_VULKAN_LIB */
+    const char *mpi_spin_ms;    /* CUMULO_MPI_SPIN_MS, as a string (the MPI bridge parses it) */
+    const char *tmpdir;         /* TMPDIR */
+    const char *home;           /* HOME */
+    const char *xdg_cache_home; /* XDG_CACHE_HOME */
+    const char *xdg_config_home; /* XDG_CONFIG_HOME */
+    const char *sudo_user;      /* SUDO_USER */
+    const char *path;           /* PATH, as set */
+    const char *hf_endpoint;    /* HF_ENDPOINT; "https://huggingface.co" */
+    const char *hf_token;       /* HF_TOKEN */
+} cm_config;
+/* The configuration, read from the environment at the first call.
+ * Thread-safe. */
+const cm_config *cm_config_get(void);
+/* Read the environment again (tests that setenv() mid-run; `cumulo bench
+ * --isa`) and publish it to later cm_config_get() calls. A copy obtained
+ * before stays valid until a few more reloads (4) have followed. */
+void cm_config_reload(void);
+/* The table of every variable: name, default, meaning (n: how many). */
+typedef struct cm_config_var {
+    const char *name, *def, *meaning;
+} cm_config_var;
+const cm_config_var *cm_config_vars(int *n);
 
 /* Always-on assertion for programmer bugs only. Never use it on bytes that
  * came from a file, a socket or a request: those get validation + an error. */

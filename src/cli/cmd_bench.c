@@ -374,10 +374,9 @@ static cJSON *runs_array(const speed *runs, int n, bool tg) {
 }
 
 static int parse(int argc, char **argv, bench_opts *o) {
-    const char *env = getenv("CUMULO_ORACLE_DIR");
-    const char *lb = getenv("CUMULO_LLAMACPP_BENCH");
+    const cm_config *c = cm_config_get();
     *o = (bench_opts){.threads = 0, .n_prompt = 128, .n_gen = 64, .reps = 3, .bw_mib = 1024,
-                      .oracle_dir = env && *env ? env : "/tmp/nlc", .llama_bench = lb && *lb ? lb : NULL};
+                      .oracle_dir = c->oracle_dir, .llama_bench = c->llamacpp_bench};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         long l;
@@ -452,6 +451,7 @@ int cmd_bench(int argc, char **argv) {
     if (parse(argc, argv, &o)) return 1;
     /* The kernel table is chosen once, at the first kernels call: cap it before. */
     if (o.isa && setenv("CUMULO_ISA", o.isa, 1)) return cli_fail("cannot set CUMULO_ISA");
+    if (o.isa) cm_config_reload(); /* no thread runs yet */
     if (o.isa && !cm_kernels_for(o.isa)) return cli_fail("this CPU or build has no '%s' kernels", o.isa);
 
     char err[512] = "";

@@ -324,11 +324,10 @@ int cmd_chat(int argc, char **argv) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
 #define NEXT() (i++, v)
-        int so = cli_sampling_opt(argc, argv, &i, &gp.sampling);
+        int so = cli_gen_opt(argc, argv, &i, &gp.sampling, &loras, &kvo);
         if (so < 0) return 1;
         if (so > 0) continue;
-        if ((so = cli_lora_opt(argc, argv, &i, &loras)) != 0 || (so = cli_kv_opt(argc, argv, &i, &kvo)) != 0 ||
-            (so = cli_gpu_opt(argc, argv, &i, &gpuo)) != 0) {
+        if ((so = cli_gpu_opt(argc, argv, &i, &gpuo)) != 0) {
             if (so < 0) return 1;
             continue;
         }

@@ -187,8 +187,8 @@ int cmd_finetune(int argc, char **argv) {
         fprintf(stderr, "finetune: %d examples, %lld tokens; rank %d, alpha %g, lr %g, ctx %d, batch %d x %d, %d thread%s\n",
                 d.n_ex, (long long)d.n_tok, o.rank, o.alpha, o.lr, o.n_ctx, o.batch, o.grad_accum, o.n_threads,
                 o.n_threads > 1 ? "s" : "");
-        const char *force = getenv("CUMULO_PROGRESS");
-        bar b = {.tty = (force && !strcmp(force, "1")) || isatty(2), .loss0 = NAN, .val0 = NAN, .loss = NAN, .val = NAN};
+        const int force = cm_config_get()->progress; /* -1 unset, 0 off, 1 on */
+        bar b = {.tty = force == 1 || (force != 0 && isatty(2)), .loss0 = NAN, .val0 = NAN, .loss = NAN, .val = NAN};
         o.progress = on_progress;
         o.progress_user = &b;
         double t0 = cm_now_s();

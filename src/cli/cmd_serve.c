@@ -90,7 +90,7 @@ int cmd_serve(int argc, char **argv) {
     int po;
     bool tp_compress = false, take = false;
     double d;
-    o.api_key = getenv("CUMULO_API_KEY");
+    o.api_key = cm_config_get()->api_key;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;

@@ -161,8 +161,8 @@ static int unit_path(svc *s) {
         if (s->user) w = snprintf(s->path, sizeof s->path, "%s%s/Library/LaunchAgents/org.cumulo.%s.plist", s->root, s->home, s->role);
         else w = snprintf(s->path, sizeof s->path, "%s/Library/LaunchDaemons/org.cumulo.%s.plist", s->root, s->role);
     } else if (s->user) {
-        const char *xdg = getenv("XDG_CONFIG_HOME");
-        if (xdg && *xdg && !*s->root) w = snprintf(s->path, sizeof s->path, "%s/systemd/user/cumulo-%s.service", xdg, s->role);
+        const char *xdg = cm_config_get()->xdg_config_home;
+        if (xdg && !*s->root) w = snprintf(s->path, sizeof s->path, "%s/systemd/user/cumulo-%s.service", xdg, s->role);
         else w = snprintf(s->path, sizeof s->path, "%s%s/.config/systemd/user/cumulo-%s.service", s->root, s->home, s->role);
     } else {
         w = snprintf(s->path, sizeof s->path, "%s/etc/systemd/system/cumulo-%s.service", s->root, s->role);
@@ -213,10 +213,11 @@ static int manage(const svc *s, const char *verb) {
 int cmd_service(int argc, char **argv) {
     for (int k = 1; k < argc && strcmp(argv[k], "--"); k++) /* a --help after -- is the command's */
         if (!strcmp(argv[k], "--help") || !strcmp(argv[k], "-h")) { fputs(k_usage, stdout); return 0; }
-    svc s = {.root = getenv("CUMULO_SERVICE_ROOT") ? getenv("CUMULO_SERVICE_ROOT") : ""};
+    const cm_config *cfg = cm_config_get();
+    svc s = {.root = cfg->service_root};
     s.mac = !strcmp(cm_os_name(), "darwin");
-    const char *kind = getenv("CUMULO_SERVICE_KIND"); /* tests: the other system's file */
-    if (kind && *kind) s.mac = !strcmp(kind, "launchd");
+    const char *kind = cfg->service_kind; /* tests: the other system's file */
+    if (kind) s.mac = !strcmp(kind, "launchd");
     int i = 1;
     for (; i < argc; i++) {
         const char *a = argv[i];
@@ -248,13 +249,13 @@ int cmd_service(int argc, char **argv) {
     }
     /* who runs it, and their home */
     if (!s.user && !s.run_as) {
-        const char *su = getenv("SUDO_USER");
-        struct passwd *pw = su && *su ? getpwnam(su) : getpwuid(getuid());
+        const char *su = cfg->sudo_user;
+        struct passwd *pw = su ? getpwnam(su) : getpwuid(getuid());
         if (pw) s.run_as = strdup(pw->pw_name);
     }
     struct passwd *pw = s.user ? getpwuid(getuid()) : s.run_as ? getpwnam(s.run_as) : NULL;
     if (!s.user && s.run_as && !pw) return cli_fail("service: no user '%s' on this machine (--run-as)", s.run_as);
-    const char *home = s.user && getenv("HOME") && *getenv("HOME") ? getenv("HOME") : pw ? pw->pw_dir : getenv("HOME");
+    const char *home = s.user && cfg->home ? cfg->home : pw ? pw->pw_dir : cfg->home;
     snprintf(s.home, sizeof s.home, "%s", home ? home : "");
     if (cli_self_path(s.exe, sizeof s.exe))
         return cli_fail("service: cannot find this program's own path");

@@ -86,6 +86,13 @@ int cli_sampling_opt(int argc, char **argv, int *i, cm_sampler_params *s) {
     return 1;
 }
 
+int cli_gen_opt(int argc, char **argv, int *i, cm_sampler_params *s, cli_loras *l, cli_kv *kv) {
+    int r = cli_sampling_opt(argc, argv, i, s);
+    if (!r) r = cli_lora_opt(argc, argv, i, l);
+    if (!r) r = cli_kv_opt(argc, argv, i, kv);
+    return r;
+}
+
 /* "2,1,2" of positive counts (each at most hi) into v; the count, or -1
  * (message printed). */
 static int cli_counts(const char *opt, const char *val, long hi, int *v) {
@@ -149,14 +156,14 @@ int cli_plan_check(const cm_plan_request *q) {
 }
 
 void cli_progress_start(cli_progress *p, const char *label, double total) {
-    const char *e = getenv("CUMULO_PROGRESS");
+    int on = cm_config_get()->progress;
     p->label = label;
     p->total = total > 0 ? total : 1;
     p->last_draw = 0;
     p->t0 = cm_now_s();
     p->base = -1;
     p->bytes = false;
-    p->on = e ? atoi(e) != 0 : isatty(2);
+    p->on = on >= 0 ? on != 0 : isatty(2);
 }
 
 void cli_progress_update(cli_progress *p, double done) {
@@ -242,7 +249,7 @@ int cli_self_path(char *out, size_t cap) {
     if (n > 0) { out[n] = 0; return 0; }
     const char *argv0 = cli_argv0 ? cli_argv0 : "cumulo";
     if (strchr(argv0, '/')) return cap >= PATH_MAX && realpath(argv0, out) ? 0 : -1;
-    const char *path = getenv("PATH");
+    const char *path = cm_config_get()->path;
     while (path && *path) { /* elsewhere: found on PATH */
         const char *e = strchr(path, ':');
         size_t l = e ? (size_t)(e - path) : strlen(path);

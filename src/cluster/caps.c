@@ -95,8 +95,8 @@ static void measure(void) {
     cm_free(y);
     /* Declared speeds replace the measured ones (tests that need equally
      * strong machines on one shared host; a machine busy at start). */
-    const char *d = getenv("CUMULO_DECLARE_SPEED");
-    if (d && *d) {
+    const char *d = cm_config_get()->declare_speed;
+    if (d) {
         char *e1, *e2 = NULL;
         double g = strtod(d, &e1), b = *e1 == ',' ? strtod(e1 + 1, &e2) : 0;
         if (e1 != d && *e1 == ',' && e2 && !*e2 && g > 0 && g < 1e6 && b > 0 && b < 1e6) {
@@ -116,13 +116,8 @@ void cm_node_caps_get(cm_node_caps *c) {
     /* CUMULO_MEM_OFFER (bytes, or with a K/M/G suffix) caps the memory this
      * machine offers the planner: it keeps the rest for other work, and
      * tests make a model stop fitting when a node goes. */
-    const char *env = getenv("CUMULO_MEM_OFFER");
-    if (env && *env) {
-        char *end;
-        unsigned long long v = strtoull(env, &end, 10);
-        int shift = *end == 'K' || *end == 'k' ? 10 : *end == 'M' || *end == 'm' ? 20 : *end == 'G' || *end == 'g' ? 30 : 0;
-        if (end != env && v < (1ull << 44) && (v << shift) < c->mem_free) c->mem_free = v << shift;
-    }
+    int64_t offer = cm_config_get()->mem_offer;
+    if (offer >= 0 && (uint64_t)offer < c->mem_free) c->mem_free = (uint64_t)offer;
 }
 
 void cm_sha256_hex(const uint8_t h[32], char out[65]) {
@@ -206,8 +201,8 @@ void cm_cluster_hello(cm_msg_hello *h, const char *name, uint16_t listen_port, u
 }
 
 int cm_cluster_lost_ms(void) {
-    const char *env = getenv("CUMULO_LOST_MS"); /* tests: a tighter or looser bound */
-    return env && atoi(env) >= 200 ? atoi(env) : CM_PIPE_LOST_MS;
+    int ms = cm_config_get()->lost_ms; /* tests: a tighter or looser bound */
+    return ms ? ms : CM_PIPE_LOST_MS;
 }
 
 int cm_cluster_net_cfg(cm_net_cfg *cfg, bool insecure, const char *key_file, char *err, size_t errlen) {

@@ -248,12 +248,14 @@ void cm_pipe_hop_stats(const cm_pipe *p, uint64_t *bytes, uint64_t *frames, uint
 
 /* ---- this machine's stage, whatever the plan's shape ----
  * Stage 0 runs here: layers [0, local_last) on the slice cm_pipe_tp_slice of
- * a group of cm_pipe_tp_size members (1: whole layers, alone). When the plan
- * is one stage (cm_pipe_is_tp: one tensor-parallel group of every machine)
- * this machine computes every layer and samples itself; otherwise its
- * output goes to stage 1 (cm_pipe_send) and the last stage samples
- * (cm_pipe_recv_token). */
-bool cm_pipe_is_tp(const cm_pipe *p);
+ * a group of cm_pipe_tp_size members (1: whole layers, alone). Who samples
+ * is the one question the engine asks about the plan's shape:
+ * cm_pipe_samples_here is true when the plan is one stage (one group of
+ * every machine): this machine computes every layer and samples itself;
+ * false when its output goes to stage 1 (cm_pipe_send) and the last stage
+ * samples (cm_pipe_recv_token). The answer is fixed for the pipe's life (a
+ * re-plan keeps the shape's kind: cm_coord_replan), so any thread may ask. */
+bool cm_pipe_samples_here(const cm_pipe *p);
 int cm_pipe_tp_size(const cm_pipe *p);
 cm_slice cm_pipe_tp_slice(const cm_pipe *p);
 /* This member's all-reduce traffic: element bytes and whole frames sent,

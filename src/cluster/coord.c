@@ -383,11 +383,10 @@ int cm_pipe_open(cm_pipe **out, const char *model_path, const cm_gguf *g, const 
     p->timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : CM_PIPE_DATA_MS;
     /* The coordinator's environment, read here once (tests tighten the bounds). */
     p->lost_ms = cm_cluster_lost_ms(); /* CUMULO_LOST_MS is read there, for every process */
-    const char *env = getenv("CUMULO_TOKEN_TIMEOUT_MS"); /* the token deadline of cm_pipe_recv_token */
-    if (env && atoi(env) >= 200) p->timeout_ms = atoi(env);
-    env = getenv("CUMULO_REJOIN_MS"); /* how often cm_pipe_maintain acts */
-    p->rejoin_ms = env && atoi(env) >= 100 ? atoi(env) : CM_PIPE_REJOIN_MS;
-    p->no_recover = getenv("CUMULO_TEST_NO_RECOVER") != NULL; /* cluster_failover.sh shows it fails without */
+    const cm_config *cfg = cm_config_get();
+    if (cfg->token_timeout_ms) p->timeout_ms = cfg->token_timeout_ms; /* the token deadline of cm_pipe_recv_token */
+    p->rejoin_ms = cfg->rejoin_ms ? cfg->rejoin_ms : CM_PIPE_REJOIN_MS; /* how often cm_pipe_maintain acts */
+    p->no_recover = cfg->test_no_recover; /* cluster_failover.sh shows it fails without */
     p->log = o->log;
     p->log_ctx = o->log_ctx;
     p->epoch = cm_wall_ms();
@@ -509,6 +508,7 @@ int cm_pipe_open(cm_pipe **out, const char *model_path, const cm_gguf *g, const 
     cm_free(pc);
     if (rc) goto fail;
     p->ask = plan.mode;
+    p->samples_here = plan.n_stages == 1;
     p->tp_compress = o->tp_compress;
     p->take = o->take;
     p->kv_type_k = o->kv_type_k;

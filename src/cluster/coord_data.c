@@ -201,7 +201,7 @@ int cm_pipe_last_top(cm_pipe *p, int slot_i, int32_t *ids, float *logprobs, int 
     return n;
 }
 
-bool cm_pipe_is_tp(const cm_pipe *p) { return p && p->plan.n_stages == 1; }
+bool cm_pipe_samples_here(const cm_pipe *p) { return p && p->samples_here; }
 int cm_pipe_tp_size(const cm_pipe *p) { return p->plan.stages[0].n_members; }
 cm_slice cm_pipe_tp_slice(const cm_pipe *p) {
     const cm_plan_member *m0 = &p->plan.stages[0].members[0];

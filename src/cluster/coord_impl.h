@@ -96,6 +96,7 @@ struct cm_pipe {
      * by cm_coord_apply_plan; n_stages 0 until the first plan is applied. */
     cm_plan plan;
     enum cm_parallel ask;              /* the shape asked for at the start: re-plans ask the planner for it again */
+    bool samples_here;                 /* the plan is one stage: this machine samples (set at open; re-plans keep it) */
     bool tp_compress;                  /* Q8_0 all-reduce transfers in every group */
     bool take;                         /* the opening plan's ASSIGNs carry CM_ASSIGN_F_TAKE (--take) */
     int kv_type_k, kv_type_v;          /* the nodes' KV cache types (cm_pipe_opts) */

@@ -47,7 +47,7 @@ int cm_session_start(cm_session *s, const cm_gen_params *p, cm_token_cb cb, void
     cm_engine *e = s->e;
     cm_session_step_release(s);
     /* On a cluster the last token stays pending until its sample (engine_impl.h). */
-    if (!s->have_logits || s->n_hist != s->kv.n_past + (e->pipe ? 1 : 0))
+    if (!s->have_logits || s->n_hist != s->kv.n_past + (cm_engine_downstream(e) ? 1 : 0))
         return cm_errf(err, errlen, CM_ESTATE, "start before a prompt was evaluated");
     struct cm_step *st = cm_calloc(1, sizeof *st);
     if (!st) return cm_errf(err, errlen, CM_ENOMEM, "out of memory");
@@ -62,15 +62,15 @@ int cm_session_start(cm_session *s, const cm_gen_params *p, cm_token_cb cb, void
         cm_free(st);
         return grc ? grc : CM_EINVAL;
     }
-    int n_done = e->pipe ? s->n_hist : s->kv.n_past;
+    int n_done = cm_engine_downstream(e) ? s->n_hist : s->kv.n_past;
     int from = n_done - (p->sampling.repeat_last_n > 0 ? p->sampling.repeat_last_n : 0);
     for (int i = from < 0 ? 0 : from; i < n_done; i++) cm_sampler_accept(st->smp, s->hist[i]);
     /* The last stage samples: it gets the parameters and the history. */
-    if (e->pipe) {
-        int rc = cm_pipe_seq_start(e->pipe, s->slot, &p->sampling, s->hist, s->n_hist, 0, err, errlen);
+    if (cm_engine_downstream(e)) {
+        int rc = cm_pipe_seq_start(e->cl, s->slot, &p->sampling, s->hist, s->n_hist, 0, err, errlen);
         /* A stage lost since the prefill: the next step recovers and then
          * restarts this sequence like every other (pipe generation). */
-        if (rc && cm_pipe_failed(e->pipe)) rc = 0;
+        if (rc && cm_pipe_failed(e->cl)) rc = 0;
         if (rc) {
             cm_stop_free(st->stop);
             cm_sampler_free(st->smp);
@@ -122,7 +122,7 @@ static void step_end(cm_session *s, enum cm_finish fin) {
         cm_token_event ev = {.id = -1, .text = out, .len = on};
         if (on && st->cb) st->cb(st->user, &ev);
     }
-    s->have_logits = s->e->pipe ? s->n_hist == s->kv.n_past + 1 : s->have_logits && s->n_hist == s->kv.n_past;
+    s->have_logits = cm_engine_downstream(s->e) ? s->n_hist == s->kv.n_past + 1 : s->have_logits && s->n_hist == s->kv.n_past;
     s->t.n_gen = st->n_gen;
     s->t.gen_s = cm_now_s() - st->t0;
 }
@@ -164,7 +164,7 @@ static int step_take(cm_session *s, int32_t id, const cm_sample_info *info_in) {
     if (st->cb_stopped) { step_end(s, CM_FINISH_CANCEL); return 0; }
     if (st->p.n_predict > 0 && st->n_gen >= st->p.n_predict) { step_end(s, CM_FINISH_LENGTH); return 0; }
     if (s->n_hist >= s->n_ctx) { step_end(s, CM_FINISH_CTX); return 0; }
-    if (e->pipe) s->have_logits = true; /* the new token is pending: ready for the next sample */
+    if (cm_engine_downstream(e)) s->have_logits = true; /* the new token is pending: ready for the next sample */
     return 1;
 }
 
@@ -177,7 +177,7 @@ static int step_take(cm_session *s, int32_t id, const cm_sample_info *info_in) {
  * reason. */
 static int step_recover(cm_engine *e, cm_session *const *ss, int n, char *err, size_t errlen) {
     char msg[600] = "";
-    int rc = cm_pipe_recover(e->pipe, msg, sizeof msg);
+    int rc = cm_pipe_recover(e->cl, msg, sizeof msg);
     int running = 0;
     for (int i = 0; i < n; i++) {
         if (!cm_session_running(ss[i])) continue;
@@ -191,7 +191,7 @@ int cm_session_seq_restart(cm_session *s, char *err, size_t errlen) {
     if (!s->step || !s->step->running) return 0;
     /* n_gen tokens were taken: the new last stage's sampler draws on from
      * there (counter-based draws), so a seeded stream is unchanged. */
-    return cm_pipe_seq_start(s->e->pipe, s->slot, &s->step->p.sampling, s->hist, s->n_hist, (uint64_t)s->step->n_gen,
+    return cm_pipe_seq_start(s->e->cl, s->slot, &s->step->p.sampling, s->hist, s->n_hist, (uint64_t)s->step->n_gen,
                              err, errlen);
 }
 
@@ -212,9 +212,9 @@ static int step_cluster(cm_engine *e, cm_session *const *ss, int n, char *err, s
             if (st->p.n_predict > 0 && st->n_gen >= st->p.n_predict) { step_end(s, CM_FINISH_LENGTH); continue; }
             char msg[256] = "";
             /* Under a grammar the logits come back and we sample here, as one machine does (constrain.c). */
-            if (st->gs) cm_pipe_output_expect(e->pipe, s->slot, CM_PIPE_OUT_LOGITS, s->logits, s->n_hist - 1, 1);
+            if (st->gs) cm_pipe_output_expect(e->cl, s->slot, CM_PIPE_OUT_LOGITS, s->logits, s->n_hist - 1, 1);
             int rc = cm_engine_eval_cluster(s, s->n_hist, st->gs ? CM_PIPE_WANT_LOGITS : CM_PIPE_WANT_TOKEN, msg, sizeof msg);
-            if (rc && rc != CM_ECANCELED && cm_pipe_failed(e->pipe)) { lost = true; continue; }
+            if (rc && rc != CM_ECANCELED && cm_pipe_failed(e->cl)) { lost = true; continue; }
             if (rc) {
                 step_end(s, CM_FINISH_CANCEL);
                 if (!first_err) { first_err = rc; cm_errf(err, errlen, rc, "%s", msg); }
@@ -230,12 +230,12 @@ static int step_cluster(cm_engine *e, cm_session *const *ss, int n, char *err, s
             int32_t id = -1;
             char msg[256] = "";
             bool here = s->step->gs != NULL; /* the logits came back: sample here */
-            int rc = here ? cm_pipe_output_wait(e->pipe, s->slot, msg, sizeof msg)
-                          : cm_pipe_recv_token(e->pipe, s->slot, &id, &info.logprob, msg, sizeof msg);
+            int rc = here ? cm_pipe_output_wait(e->cl, s->slot, msg, sizeof msg)
+                          : cm_pipe_recv_token(e->cl, s->slot, &id, &info.logprob, msg, sizeof msg);
             if (!rc && !here && (id < 0 || id >= e->m.hp.n_vocab))
                 rc = cm_errf(msg, sizeof msg, CM_EPROTO, "the last stage sent token id %d", id);
             if (!rc && !here) cm_engine_pipe_top(e, s->slot, &info);
-            if (rc && cm_pipe_failed(e->pipe)) { lost = true; continue; } /* its token comes after recovery */
+            if (rc && cm_pipe_failed(e->cl)) { lost = true; continue; } /* its token comes after recovery */
             if (rc) {
                 step_end(s, CM_FINISH_CANCEL);
                 if (!first_err) { first_err = rc; cm_errf(err, errlen, rc, "%s", msg); }
@@ -251,7 +251,7 @@ static int step_cluster(cm_engine *e, cm_session *const *ss, int n, char *err, s
 }
 
 int cm_engine_step(cm_engine *e, cm_session *const *ss, int n, char *err, size_t errlen) {
-    if (e->pipe) return step_cluster(e, ss, n, err, errlen);
+    if (cm_engine_downstream(e)) return step_cluster(e, ss, n, err, errlen);
     int nb = e->n_batch;
     int nv = e->m.hp.n_vocab;
     /* Under e->mu: cm_session_generate steps one session from each caller's
@@ -276,7 +276,7 @@ int cm_engine_step(cm_engine *e, cm_session *const *ss, int n, char *err, size_t
         for (; i < n && nr < cap; i++) {
             cm_session *s = ss[i];
             if (!cm_session_running(s)) continue;
-            if (e->tp && s->pipe_gen != cm_pipe_generation(e->tp)) {
+            if (e->cl && s->pipe_gen != cm_pipe_generation(e->cl)) {
                 /* The group was re-formed while this session waited in
                  * another pass of the step: recompute before sampling. */
                 char m2[256];
@@ -309,9 +309,9 @@ int cm_engine_step(cm_engine *e, cm_session *const *ss, int n, char *err, size_t
         for (int r = 0; r < nr && !rc; r++) /* the shared rows, copied out before another step may write them */
             memcpy(rows[r]->logits, e->step_logits + (size_t)r * (size_t)nv, (size_t)nv * sizeof(float));
         pthread_mutex_unlock(&e->mu);
-        if (rc && e->tp && rc != CM_ECANCELED) {
-            /* A member of the tensor-parallel group was lost: re-form the
-             * group, then each row recomputes prompt + tokens emitted (its
+        if (rc && e->cl && rc != CM_ECANCELED) {
+            /* A member of the group was lost: re-form the group,
+             * then each row recomputes prompt + tokens emitted (its
              * new token was streamed already and is the last one evaluated:
              * nothing repeats). Sessions not in this pass resync at their
              * next evaluation (cm_session_tp_sync). */

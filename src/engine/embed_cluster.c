@@ -23,19 +23,19 @@
 #include <string.h>
 
 int cm_engine_embed_rows_cluster(cm_engine *e, const int32_t *ids, int n, float *rows, char *err, size_t errlen) {
-    if (!e->pipe || e->tp)
+    if (!cm_engine_downstream(e))
         return cm_errf(err, errlen, CM_EUNSUPPORTED,
                        "embeddings are not supported on a tensor-parallel group yet; serve on one machine or a pipeline");
-    if (cm_pipe_failed(e->pipe))
+    if (cm_pipe_failed(e->cl))
         return cm_errf(err, errlen, CM_EIO, "the cluster has lost a node; it re-plans at the next generation step");
     cm_session *s = cm_session_new(e, n, err, errlen);
     if (!s) return CM_EBUSY;
     memcpy(s->hist, ids, (size_t)n * sizeof *ids);
     s->n_hist = n;
-    cm_pipe_output_expect(e->pipe, s->slot, CM_PIPE_OUT_HIDDEN, rows, 0, n);
+    cm_pipe_output_expect(e->cl, s->slot, CM_PIPE_OUT_HIDDEN, rows, 0, n);
     int rc = cm_engine_eval_cluster(s, n, CM_PIPE_WANT_HIDDEN, err, errlen);
-    if (rc) cm_pipe_output_expect(e->pipe, s->slot, CM_PIPE_OUT_HIDDEN, NULL, 0, 0); /* nothing comes: end it */
-    else rc = cm_pipe_output_wait(e->pipe, s->slot, err, errlen);
+    if (rc) cm_pipe_output_expect(e->cl, s->slot, CM_PIPE_OUT_HIDDEN, NULL, 0, 0); /* nothing comes: end it */
+    else rc = cm_pipe_output_wait(e->cl, s->slot, err, errlen);
     cm_session_free(s);
     return rc;
 }

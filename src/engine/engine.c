@@ -85,26 +85,20 @@ int cm_engine_load(cm_engine **out, const char *path, const cm_engine_opts *opts
     e->max_ctx = CM_MAX(e->n_ctx, CM_MIN(e->m.hp.n_ctx_train, 1 << 20));
     e->local_last = e->m.hp.n_layer;
     e->slice = cm_slice_full(&e->m);
-    const char *pd = getenv("CUMULO_TEST_CLUSTER_DELAY_MS");
-    e->test_cluster_delay_ms = pd ? (unsigned)atoi(pd) : 0;
+    e->test_cluster_delay_ms = cm_config_get()->test_cluster_delay_ms;
     if (o.nodes && *o.nodes) {
         if (e->n_batch > CM_BATCH_MAX) e->n_batch = CM_BATCH_MAX;
         cm_pipe_opts po = {.nodes = o.nodes, .insecure = o.insecure, .key_file = o.key_file, .plan = o.plan,
                            .tp_compress = o.tp_compress, .take = o.take, .n_ctx = e->n_ctx, .n_seq_max = o.n_seq > 0 ? o.n_seq : 8, .max_batch = e->n_batch,
                            .kv_type_k = (int)e->kv_k, .kv_type_v = (int)e->kv_v, .kv_rows = e->kv_rows,
                            .log = o.log, .log_ctx = o.log_ctx};
-        rc = cm_pipe_open(&e->pipe, path, &e->g, &e->m, &po, &e->local_last, msg, sizeof msg);
+        rc = cm_pipe_open(&e->cl, path, &e->g, &e->m, &po, &e->local_last, msg, sizeof msg);
         if (rc) {
             cm_engine_free(e);
             return cm_errf(err, errlen, rc, "cluster: %s", msg);
         }
-        if (cm_pipe_is_tp(e->pipe)) { /* every layer here, on our slice; we sample */
-            e->tp = e->pipe;
-            e->pipe = NULL;
-            e->slice = cm_pipe_tp_slice(e->tp);
-        } else if (e->pipe && cm_pipe_tp_size(e->pipe) > 1) /* hybrid: our group's slice of our layers */
-            e->slice = cm_pipe_tp_slice(e->pipe);
-        if (e->pipe || e->tp) e->max_ctx = e->n_ctx; /* the nodes reserved that much */
+        if (e->cl) e->max_ctx = e->n_ctx; /* the nodes reserved that much */
+        if (e->cl && !cm_engine_downstream(e)) e->slice = cm_pipe_tp_slice(e->cl); /* every layer here, on our slice */
     }
     e->ctx = e->pool ? cm_ctx_new(&e->m, e->n_batch, e->max_ctx, e->pool, msg, sizeof msg) : NULL;
     if (!e->ctx) {
@@ -130,8 +124,7 @@ int cm_engine_load(cm_engine **out, const char *path, const cm_engine_opts *opts
 
 void cm_engine_free(cm_engine *e) {
     if (!e) return;
-    cm_pipe_close(e->pipe);
-    cm_pipe_close(e->tp);
+    cm_pipe_close(e->cl);
     cm_engine_gpu_release(e);
     cm_ctx_free(e->ctx);
     cm_lora_free(e->lora);
@@ -172,8 +165,8 @@ void cm_engine_get_info(const cm_engine *e, cm_engine_info *in) {
     in->eos = cm_tokenizer_eos(e->tok);
     in->eot = cm_tokenizer_eot(e->tok);
     in->add_bos = cm_tokenizer_add_bos(e->tok);
-    in->n_stages = e->pipe ? cm_pipe_n_stages(e->pipe) : 1;
-    in->tp_size = e->tp ? cm_pipe_tp_size(e->tp) : e->pipe ? cm_pipe_tp_size(e->pipe) : 1;
+    in->n_stages = e->cl ? cm_pipe_n_stages(e->cl) : 1;
+    in->tp_size = e->cl ? cm_pipe_tp_size(e->cl) : 1;
     in->local_layers = e->local_last;
     in->n_expert = hp->n_expert;
     in->n_expert_used = hp->n_expert_used;
@@ -183,25 +176,25 @@ void cm_engine_get_info(const cm_engine *e, cm_engine_info *in) {
 }
 
 const char *cm_engine_plan(const cm_engine *e) {
-    return e->pipe ? cm_pipe_plan_text(e->pipe) : e->tp ? cm_pipe_plan_text(e->tp) : NULL;
+    return e->cl ? cm_pipe_plan_text(e->cl) : NULL;
 }
 
 bool cm_engine_tp_stats(const cm_engine *e, uint64_t *data_sent, uint64_t *wire_sent, uint64_t *ops, uint64_t *rows) {
-    const cm_pipe *p = e->tp ? e->tp : e->pipe && cm_pipe_tp_size(e->pipe) > 1 ? e->pipe : NULL;
-    if (!p) return false;
-    cm_pipe_tp_stats(p, data_sent, wire_sent, ops, rows);
+    /* a group of every machine, or stage 0's group of a hybrid plan */
+    if (!e->cl || (cm_engine_downstream(e) && cm_pipe_tp_size(e->cl) <= 1)) return false;
+    cm_pipe_tp_stats(e->cl, data_sent, wire_sent, ops, rows);
     return true;
 }
 
 cm_slice cm_engine_slice(const cm_engine *e) {
-    if (e->pipe) return cm_pipe_tp_size(e->pipe) > 1 ? cm_pipe_tp_slice(e->pipe) : cm_slice_full(&e->m);
+    if (cm_engine_downstream(e)) return cm_pipe_tp_size(e->cl) > 1 ? cm_pipe_tp_slice(e->cl) : cm_slice_full(&e->m);
     return e->slice;
 }
 
 void cm_engine_pipe_top(cm_engine *e, int slot, cm_sample_info *info) {
     int32_t ids[CM_SAMPLER_MAX_PROBS];
     float lp[CM_SAMPLER_MAX_PROBS];
-    int n = cm_pipe_last_top(e->pipe, slot, ids, lp, CM_SAMPLER_MAX_PROBS);
+    int n = cm_pipe_last_top(e->cl, slot, ids, lp, CM_SAMPLER_MAX_PROBS);
     info->n_top = n;
     for (int i = 0; i < n; i++) info->top[i] = (cm_token_logprob){ids[i], lp[i]};
 }
@@ -209,11 +202,11 @@ void cm_engine_pipe_top(cm_engine *e, int slot, cm_sample_info *info) {
 int cm_engine_forward(cm_engine *e, const cm_batch *b, cm_forward_args *a, cm_session *const *sess, char *err,
                       size_t errlen) {
     a->slice = e->slice;
-    if (e->tp) {
+    if (e->cl) {
         int32_t slots[CM_BATCH_MAX];
         if (b->n > CM_BATCH_MAX) return cm_errf(err, errlen, CM_EINVAL, "batch of %d rows", b->n);
         for (int i = 0; i < b->n; i++) slots[i] = sess[b->seq[i]]->slot;
-        int rc = cm_pipe_stage0(e->tp, b->tokens, b->pos, slots, b->n, a, err, errlen);
+        int rc = cm_pipe_stage0(e->cl, b->tokens, b->pos, slots, b->n, a, err, errlen);
         if (rc) return rc;
         if (e->test_cluster_delay_ms) cm_sleep_ms(e->test_cluster_delay_ms);
     }
@@ -221,24 +214,23 @@ int cm_engine_forward(cm_engine *e, const cm_batch *b, cm_forward_args *a, cm_se
 }
 
 int cm_engine_maintain(cm_engine *e, char *err, size_t errlen) {
-    if (e->tp) { /* a re-formed group gives this machine another slice (sessions re-shape: cm_session_tp_sync) */
-        int gen = cm_pipe_generation(e->tp);
-        int rc = cm_pipe_maintain(e->tp, err, errlen);
-        if (cm_pipe_generation(e->tp) != gen) e->slice = cm_pipe_tp_slice(e->tp);
-        return rc;
-    }
-    return e->pipe ? cm_pipe_maintain(e->pipe, err, errlen) : 0;
+    if (!e->cl) return 0;
+    int gen = cm_pipe_generation(e->cl);
+    int rc = cm_pipe_maintain(e->cl, err, errlen);
+    /* a re-formed group gives this machine another slice (sessions re-shape:
+     * cm_session_tp_sync; downstream, cm_engine_slice reads it from the plan) */
+    if (cm_pipe_generation(e->cl) != gen && !cm_engine_downstream(e)) e->slice = cm_pipe_tp_slice(e->cl);
+    return rc;
 }
 
 bool cm_engine_hop_stats(const cm_engine *e, uint64_t *bytes, uint64_t *frames, uint64_t *rows) {
-    if (!e->pipe) return false;
-    cm_pipe_hop_stats(e->pipe, bytes, frames, rows);
+    if (!cm_engine_downstream(e)) return false;
+    cm_pipe_hop_stats(e->cl, bytes, frames, rows);
     return true;
 }
 
 int cm_engine_members(const cm_engine *e, cm_engine_member *out, int max) {
-    const cm_pipe *p = e->pipe ? e->pipe : e->tp; /* a TP group of every machine is e->tp */
-    return p ? cm_pipe_members(p, out, max) : 0;
+    return e->cl ? cm_pipe_members(e->cl, out, max) : 0;
 }
 
 int cm_engine_type_usage(const cm_engine *e, cm_type_usage *out, int max) {
@@ -337,18 +329,15 @@ cm_session *cm_session_new(cm_engine *e, int n_ctx, char *err, size_t errlen) {
     s->e = e;
     s->n_ctx = n_ctx;
     s->slot = -1;
-    if (e->tp) {
-        s->slot = cm_pipe_seq_acquire(e->tp, err, errlen);
-        s->pipe_gen = cm_pipe_generation(e->tp);
+    if (e->cl) {
+        s->slot = cm_pipe_seq_acquire(e->cl, err, errlen);
+        s->pipe_gen = cm_pipe_generation(e->cl);
         if (s->slot < 0) { cm_free(s); return NULL; }
     }
-    if (e->pipe) {
-        s->slot = cm_pipe_seq_acquire(e->pipe, err, errlen);
-        s->pipe_gen = cm_pipe_generation(e->pipe);
-        if (s->slot < 0) { cm_free(s); return NULL; }
+    if (cm_engine_downstream(e)) {
         s->hidden = cm_malloc((size_t)e->n_batch * (size_t)e->m.hp.n_embd * sizeof(float));
         if (!s->hidden) {
-            cm_pipe_seq_release(e->pipe, s->slot);
+            cm_pipe_seq_release(e->cl, s->slot);
             cm_free(s);
             cm_errf(err, errlen, CM_ENOMEM, "out of memory");
             return NULL;
@@ -356,7 +345,7 @@ cm_session *cm_session_new(cm_engine *e, int n_ctx, char *err, size_t errlen) {
     }
     if (cm_kv_init_types(&s->kv, &e->m, 0, e->local_last, cm_engine_slice(e), n_ctx, e->kv_k, e->kv_v, e->kv_rows,
                          err, errlen)) {
-        if (s->slot >= 0) cm_pipe_seq_release(e->pipe ? e->pipe : e->tp, s->slot);
+        if (s->slot >= 0) cm_pipe_seq_release(e->cl, s->slot);
         cm_free(s->hidden);
         cm_free(s);
         return NULL;
@@ -375,7 +364,7 @@ cm_session *cm_session_new(cm_engine *e, int n_ctx, char *err, size_t errlen) {
 
 void cm_session_free(cm_session *s) {
     if (!s) return;
-    if (s->slot >= 0) cm_pipe_seq_release(s->e->pipe ? s->e->pipe : s->e->tp, s->slot);
+    if (s->slot >= 0) cm_pipe_seq_release(s->e->cl, s->slot);
     cm_free(s->hidden);
     cm_session_step_release(s);
     cm_kv_release(&s->kv);
@@ -404,7 +393,7 @@ int cm_engine_eval_cluster(cm_session *s, int upto, int want, char *err, size_t 
     cm_kv *kvs[1] = {&s->kv};
     /* After a recovery the new stages know nothing of this sequence:
      * recompute it from position 0 (same bits here, new caches there). */
-    if (s->pipe_gen != cm_pipe_generation(e->pipe)) {
+    if (s->pipe_gen != cm_pipe_generation(e->cl)) {
         cm_slice sl = cm_engine_slice(e);
         if (sl.h0 != s->kv.h0 || sl.h1 != s->kv.h1) { /* our group changed: our KV heads too */
             cm_kv nk;
@@ -415,7 +404,7 @@ int cm_engine_eval_cluster(cm_session *s, int upto, int want, char *err, size_t 
             s->kv = nk;
         }
         cm_kv_truncate(&s->kv, 0);
-        s->pipe_gen = cm_pipe_generation(e->pipe);
+        s->pipe_gen = cm_pipe_generation(e->cl);
         int rc = cm_session_seq_restart(s, err, errlen);
         if (rc) return rc;
     }
@@ -434,9 +423,9 @@ int cm_engine_eval_cluster(cm_session *s, int upto, int want, char *err, size_t 
         pthread_mutex_lock(&e->mu);
         int32_t slots[256];
         for (int i = 0; i < nb; i++) slots[i] = s->slot;
-        int rc = cm_pipe_stage0(e->pipe, b.tokens, pos, slots, nb, &a, err, errlen);
+        int rc = cm_pipe_stage0(e->cl, b.tokens, pos, slots, nb, &a, err, errlen);
         if (!rc) rc = cm_forward(e->ctx, &b, &a, err, errlen);
-        if (!rc) rc = cm_pipe_send(e->pipe, s->slot, s->hidden, pos, nb, last || want == CM_PIPE_WANT_HIDDEN ? want : 0, err, errlen);
+        if (!rc) rc = cm_pipe_send(e->cl, s->slot, s->hidden, pos, nb, last || want == CM_PIPE_WANT_HIDDEN ? want : 0, err, errlen);
         pthread_mutex_unlock(&e->mu);
         if (rc) {
             cm_kv_truncate(&s->kv, p0); /* the next stages may not have it */
@@ -447,23 +436,23 @@ int cm_engine_eval_cluster(cm_session *s, int upto, int want, char *err, size_t 
     return 0;
 }
 
-/* Tensor parallel: after the group was re-formed (cm_pipe_tp_recover) our
+/* We sample: after the group was re-formed (cm_pipe_tp_recover) our
  * slice changed and the members know nothing of this sequence: a KV cache of
  * the new slice, empty, so the next evaluation recomputes from position 0. */
 int cm_session_tp_sync(cm_session *s, char *err, size_t errlen) {
     cm_engine *e = s->e;
-    if (!e->tp || s->pipe_gen == cm_pipe_generation(e->tp)) return 0;
+    if (!e->cl || cm_engine_downstream(e) || s->pipe_gen == cm_pipe_generation(e->cl)) return 0;
     cm_kv_release(&s->kv);
     s->have_logits = false;
     int rc = cm_kv_init_types(&s->kv, &e->m, 0, e->local_last, e->slice, s->n_ctx, e->kv_k, e->kv_v, e->kv_rows,
                               err, errlen);
-    if (!rc) s->pipe_gen = cm_pipe_generation(e->tp);
+    if (!rc) s->pipe_gen = cm_pipe_generation(e->cl);
     return rc;
 }
 
 int cm_engine_tp_recover(cm_engine *e, char *err, size_t errlen) {
-    int rc = cm_pipe_tp_recover(e->tp, err, errlen);
-    if (!rc) e->slice = cm_pipe_tp_slice(e->tp);
+    int rc = cm_pipe_tp_recover(e->cl, err, errlen);
+    if (!rc) e->slice = cm_pipe_tp_slice(e->cl);
     return rc;
 }
 
@@ -476,15 +465,15 @@ static int eval_pending(cm_session *s, char *err, size_t errlen) { return eval_u
 static int eval_upto(cm_session *s, int upto, char *err, size_t errlen) {
     cm_engine *e = s->e;
     const bool whole = upto >= s->n_hist;
-    if (e->pipe) {
+    if (cm_engine_downstream(e)) {
         /* A failure seen since the last step, or during this prefill: recover
          * and evaluate again (the caller's thread is the pipe's only user
          * here; after a re-plan the whole sequence is recomputed). */
         int rc = 0;
         for (int attempt = 0; attempt < 4; attempt++) {
-            rc = cm_pipe_failed(e->pipe) ? cm_pipe_recover(e->pipe, err, errlen) : 0;
+            rc = cm_pipe_failed(e->cl) ? cm_pipe_recover(e->cl, err, errlen) : 0;
             if (!rc) rc = cm_engine_eval_cluster(s, whole ? s->n_hist - 1 : upto, false, err, errlen);
-            if (!rc || rc == CM_ECANCELED || !cm_pipe_failed(e->pipe)) break;
+            if (!rc || rc == CM_ECANCELED || !cm_pipe_failed(e->cl)) break;
         }
         s->have_logits = !rc && s->n_hist == s->kv.n_past + 1;
         return rc;
@@ -507,7 +496,7 @@ static int eval_upto(cm_session *s, int upto, char *err, size_t errlen) {
         pthread_mutex_lock(&e->mu);
         rc = cm_engine_forward(e, &b, &a, &s, err, errlen);
         pthread_mutex_unlock(&e->mu);
-        if (rc && e->tp && rc != CM_ECANCELED && recoveries++ < 3) {
+        if (rc && e->cl && rc != CM_ECANCELED && recoveries++ < 3) {
             /* A member of the group was lost: re-form it, start over. */
             rc = cm_engine_tp_recover(e, err, errlen);
             if (!rc) rc = cm_session_tp_sync(s, err, errlen);
@@ -550,7 +539,7 @@ int cm_session_prompt_begin(cm_session *s, const int32_t *ids, int n, char *err,
 }
 
 int cm_session_prompt_step(cm_session *s, int max_tokens, char *err, size_t errlen) {
-    const int end = s->e->pipe ? s->n_hist - 1 : s->n_hist; /* a cluster keeps the last token pending */
+    const int end = cm_engine_downstream(s->e) ? s->n_hist - 1 : s->n_hist; /* a cluster keeps the last token pending */
     int upto = max_tokens > 0 && s->kv.n_past + max_tokens < end ? s->kv.n_past + max_tokens : s->n_hist;
     double t0 = cm_now_s();
     int rc = eval_upto(s, upto, err, errlen);
@@ -561,7 +550,7 @@ int cm_session_prompt_step(cm_session *s, int max_tokens, char *err, size_t errl
 
 int cm_session_copy_prefix(cm_session *dst, const cm_session *src, int n, char *err, size_t errlen) {
     if (dst->e != src->e) return cm_errf(err, errlen, CM_EINVAL, "sessions of different engines");
-    if (dst->e->pipe || dst->e->tp) return cm_errf(err, errlen, CM_EUNSUPPORTED, "prefix copy on a cluster");
+    if (dst->e->cl) return cm_errf(err, errlen, CM_EUNSUPPORTED, "prefix copy on a cluster");
     if (n > src->kv.n_past || n > src->n_hist || n > dst->n_ctx)
         return cm_errf(err, errlen, CM_EINVAL, "prefix of %d tokens is longer than the source's", n);
     int rc = cm_kv_copy_prefix(&dst->kv, &src->kv, n, err, errlen);
@@ -607,7 +596,7 @@ int cm_session_generate(cm_session *s, const cm_gen_params *p, cm_token_cb cb, v
     res->stop_index = -1;
     atomic_store(&s->cancel, 0);
     if (err && errlen) err[0] = 0;
-    if (s->n_hist > s->kv.n_past + (e->pipe ? 1 : 0)) { /* continuing: evaluate the last sampled token */
+    if (s->n_hist > s->kv.n_past + (cm_engine_downstream(e) ? 1 : 0)) { /* continuing: evaluate the last sampled token */
         int r = eval_pending(s, err, errlen);
         if (r) return r;
     }

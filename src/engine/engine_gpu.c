@@ -12,7 +12,7 @@
 #include <stdlib.h>
 
 int cm_engine_gpu_attach(cm_engine *e, const cm_engine_opts *o, char *err, size_t errlen) {
-    const char *env = getenv("CUMULO_GPU"); /* the test suites' switch (tests/sh/vulkan.sh) */
+    const char *env = cm_config_get()->gpu; /* the test suites' switch (tests/sh/vulkan.sh) */
     const char *want = o->gpu && *o->gpu ? o->gpu : env && *env ? env : o->gpu_layers > 0 ? "auto" : NULL;
     int index;
     if (cm_gpu_parse(want, &index))
@@ -28,7 +28,7 @@ int cm_engine_gpu_attach(cm_engine *e, const cm_engine_opts *o, char *err, size_
                 cm_type_name(e->kv_v));
         return 0;
     }
-    if (e->tp) {
+    if (e->cl && !cm_engine_downstream(e)) {
         CM_LOGW("gpu: a tensor-parallel slice is not on the GPU yet (NEEDSWORK); running on the CPU");
         return 0;
     }

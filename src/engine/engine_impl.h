@@ -35,15 +35,23 @@ struct cm_engine {
     bool kv_rows;
     char *name;
     float *step_logits; /* [n_batch][n_vocab] for cm_engine_step; made on its first call (batch.c) */
-    cm_pipe *pipe;        /* cluster: the stages after ours; NULL on one machine */
+    cm_pipe *cl;          /* the cluster, whatever the plan's shape (stage 0 is ours); NULL on one machine */
     int local_last;       /* we compute layers [0, local_last) */
-    cm_pipe *tp;          /* cluster, tensor parallel: the group (we are rank 0 and sample); NULL otherwise */
-    cm_slice slice;       /* our part of every layer: full, or our TP slice */
+    cm_slice slice;       /* our part of every layer when we sample: full, or our group's slice */
     void *gvocab;         /* constrain.c: token texts for grammar masks, built on first use (under mu) */
     unsigned test_cluster_delay_ms; /* test hook (CUMULO_TEST_CLUSTER_DELAY_MS): a pause after each
                                        micro-batch sent to the cluster, so a test can kill a stage
                                        mid-prefill or mid-generation of `cumulo run` */
 };
+
+/* The one question the engine asks about the cluster's shape (stage 0's
+ * contract, cluster.h cm_pipe_samples_here; fixed for the pipe's life): does
+ * a last stage elsewhere sample? Then our layers' output goes on
+ * (cm_pipe_send), tokens come back (cm_pipe_recv_token), a session's last
+ * token stays pending until its sample, and our slice is read from the plan
+ * (cm_engine_slice). False on one machine and when this machine samples
+ * (every layer here; a group met through cm_pipe_stage0 in cm_engine_forward). */
+static inline bool cm_engine_downstream(const cm_engine *e) { return e->cl && !cm_pipe_samples_here(e->cl); }
 
 struct cm_step; /* batch.c: generation state of a session in step mode */
 
@@ -82,19 +90,21 @@ int cm_engine_embed_rows_cluster(cm_engine *e, const int32_t *ids, int n, float 
  * sampled so far (SEQ_START n_sampled: the draws go on from there); 0 and
  * nothing sent when it has not been started. */
 int cm_session_seq_restart(cm_session *s, char *err, size_t errlen);
-/* A forward pass over every layer (e->mu held). With a TP group the token
- * rows go to every member first (sess[b->seq[i]]->slot names the sequence
+/* A forward pass over every layer (e->mu held; not downstream). With a
+ * cluster (a group of every machine) the token rows go to every member first (sess[b->seq[i]]->slot names the sequence
  * there) and the pass all-reduces with them; a->slice is set to ours. */
 int cm_engine_forward(cm_engine *e, const cm_batch *b, cm_forward_args *a, cm_session *const *sess, char *err,
                       size_t errlen);
 
-/* This machine's part of every layer: full, its TP slice, or (hybrid) its
- * group's slice now (a re-plan may change it: sessions re-shape their caches). */
+/* This machine's part of every layer: full, its group's slice, or
+ * (downstream) its stage's group's slice now (a re-plan may change it:
+ * sessions re-shape their caches). */
 cm_slice cm_engine_slice(const cm_engine *e);
 /* Cluster: the top logprobs that came with the slot's latest token. */
 void cm_engine_pipe_top(cm_engine *e, int slot, cm_sample_info *info);
-/* Tensor parallel, after the group was re-formed (engine.c): the session
- * gets an empty KV cache of the engine's new slice (0 when nothing changed). */
+/* A cluster where we sample, after the group was re-formed (engine.c): the
+ * session gets an empty KV cache of the engine's new slice (0 when nothing
+ * changed, and always 0 downstream: cm_engine_eval_cluster re-shapes). */
 int cm_session_tp_sync(cm_session *s, char *err, size_t errlen);
 /* Re-form a lost tensor-parallel group (cm_pipe_tp_recover) and take the new
  * slice; e->mu not held. */

@@ -11,7 +11,7 @@
 #include <string.h>
 
 int cm_engine_load_loras(cm_engine *e, const cm_engine_opts *o, char *err, size_t errlen) {
-    if (e->pipe || e->tp)
+    if (e->cl)
         return cm_errf(err, errlen, CM_EUNSUPPORTED,
                        "--lora is not supported on a cluster yet (nodes would need their layers' parts of the adapter)");
     e->lora = cm_lora_new(&e->m);

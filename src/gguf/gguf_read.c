@@ -504,8 +504,7 @@ int cm_gguf_open(cm_gguf *g, const char *path, cm_gguf_progress_fn progress, voi
 }
 
 bool cm_gguf_worth_loading(uint64_t file_bytes) {
-    const char *env = getenv("CUMULO_MMAP");
-    if (env && *env && strcmp(env, "0") != 0) return false;
+    if (cm_config_get()->mmap) return false;
     uint64_t avail = cm_mem_available_bytes();
     uint64_t need = file_bytes + file_bytes / 8 + ((uint64_t)256 << 20);
     return avail == 0 || need <= avail; /* unknown: the OS pages either kind */

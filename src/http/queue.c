@@ -329,10 +329,8 @@ cm_queue *cm_queue_new(cm_http_server *srv, cm_engine *e, int n_slots, int queue
     s->e = e;
     s->n_slots = n_slots;
     s->queue_max = queue_max;
-    const char *d = getenv("CUMULO_TEST_STEP_DELAY_MS");
-    s->step_delay_ms = d ? (unsigned)atoi(d) : 0;
-    const char *pc = getenv("CUMULO_PREFILL_CHUNK");
-    s->chunk = pc && atoi(pc) > 0 ? atoi(pc) : 32;
+    s->step_delay_ms = cm_config_get()->test_step_delay_ms;
+    s->chunk = cm_config_get()->prefill_chunk;
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     s->slots = cm_calloc((size_t)n_slots, sizeof *s->slots);

@@ -31,12 +31,10 @@ static void curl_once(void) { curl_global_init(CURL_GLOBAL_DEFAULT); }
 
 void cm_hub_client_init(cm_hub_client *c) {
     memset(c, 0, sizeof *c);
-    const char *ep = getenv("HF_ENDPOINT");
-    snprintf(c->endpoint, sizeof c->endpoint, "%s", ep && *ep ? ep : "https://huggingface.co");
+    snprintf(c->endpoint, sizeof c->endpoint, "%s", cm_config_get()->hf_endpoint);
     size_t l = strlen(c->endpoint);
     while (l && c->endpoint[l - 1] == '/') c->endpoint[--l] = 0;
-    const char *tok = getenv("HF_TOKEN");
-    c->token = tok && *tok ? tok : NULL;
+    c->token = cm_config_get()->hf_token;
     c->retries = 5;
 }
 

@@ -46,28 +46,12 @@ AI __m512 z_f16(const void *p, int64_t i) {
     return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const cm_f16 *)p + i)));
 }
 
-/* 32 elements per step, two accumulators per token; the tail goes through
- * the 8-wide AVX2 tile's scalar end. */
-#define ZTILE(NAME)                                                                                \
-    AI void ztile_##NAME(int64_t n, const void *x, const void *const *yv, int T, float *out) {     \
-        __m512 a0[TMAX], a1[TMAX];                                                                 \
-        for (int t = 0; t < T; t++) a0[t] = a1[t] = _mm512_setzero_ps();                           \
-        int64_t i = 0;                                                                             \
-        for (; i + 32 <= n; i += 32) {                                                             \
-            const __m512 x0 = z_##NAME(x, i), x1 = z_##NAME(x, i + 16);                            \
-            for (int t = 0; t < T; t++) {                                                          \
-                a0[t] = _mm512_fmadd_ps(x0, z_##NAME(yv[t], i), a0[t]);                            \
-                a1[t] = _mm512_fmadd_ps(x1, z_##NAME(yv[t], i + 16), a1[t]);                       \
-            }                                                                                      \
-        }                                                                                          \
-        for (int t = 0; t < T; t++) {                                                              \
-            float s = _mm512_reduce_add_ps(_mm512_add_ps(a0[t], a1[t]));                           \
-            for (int64_t k = i; k < n; k++) s += sc_##NAME(x, k) * sc_##NAME(yv[t], k);            \
-            out[t] = s;                                                                            \
-        }                                                                                          \
-    }
-ZTILE(f32)
-ZTILE(f16)
+/* 32 elements per step, two accumulators per token; the tail goes element
+ * by element (tiles.h's CM_TILE_FLOAT). */
+#define FMA16(acc, a, b) _mm512_fmadd_ps(a, b, acc)
+#define HSUM16X2(a, b) _mm512_reduce_add_ps(_mm512_add_ps(a, b))
+CM_TILE_FLOAT(ztile_f32, z_f32, sc_f32, __m512, 16, _mm512_setzero_ps(), FMA16, HSUM16X2)
+CM_TILE_FLOAT(ztile_f16, z_f16, sc_f16, __m512, 16, _mm512_setzero_ps(), FMA16, HSUM16X2)
 
 /* bf16: vdpbf16ps multiplies pairs of bf16 (exactly: 8-bit mantissas) and adds
  * both products into one float lane; 64 elements per step. */

@@ -8,7 +8,8 @@
  * (dispatch.c); a CPU without them runs the scalar reference. It mirrors
  * x86_tiles.h: every quantized kernel is a tile that walks one weight row once
  * and dots each block against T activation rows (T = 1 for vec_dot, up to 4
- * for gemm), with vdotq_s32 for the byte products. Integer sums equal the
+ * for gemm), with vdotq_s32 for the byte products; the blocking around the
+ * tiles is the same code (tiles.h). Integer sums equal the
  * reference's (every int32 lane stays below 2^24, so its conversion to float
  * is exact); only the float accumulation order differs. Activation converters
  * produce the reference's bytes (vcvtnq rounds ties to even like the x86 path
@@ -19,15 +20,11 @@
  * the scalar table; a vmull_s8/vpadalq fallback table would serve them.
  * Speed on real Apple/Graviton cores is unmeasured (qemu only checks results).
  */
-#include "isa.h"
+#include "tiles.h"
 
 #include <arm_neon.h>
 #include <math.h>
 #include <string.h>
-
-#define AI static inline __attribute__((always_inline))
-#define TMAX 4
-#define RB 32 /* weight rows per gemm cache block */
 
 AI float f16f(cm_f16 h) {
     __fp16 f;
@@ -250,74 +247,15 @@ AI float32x4_t ld_f16(const void *p, int64_t i) {
 AI float32x4_t ld_bf16(const void *p, int64_t i) {
     return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16((const uint16_t *)p + i), 16));
 }
-AI float sc_f32(const void *p, int64_t i) { return ((const float *)p)[i]; }
-AI float sc_f16(const void *p, int64_t i) { return f16f(((const cm_f16 *)p)[i]); }
-AI float sc_bf16(const void *p, int64_t i) { return cm_bf16_to_f32(((const cm_bf16 *)p)[i]); }
+/* acc + a * b, and the sum of the lanes of a + b (tiles.h's CM_TILE_FLOAT) */
+#define FMA4(acc, a, b) vfmaq_f32(acc, a, b)
+#define HSUM4X2(a, b) vaddvq_f32(vaddq_f32(a, b))
+CM_TILE_FLOAT(tile_f32, ld_f32, sc_f32, float32x4_t, 4, vdupq_n_f32(0.0f), FMA4, HSUM4X2)
+CM_TILE_FLOAT(tile_f16, ld_f16, sc_f16, float32x4_t, 4, vdupq_n_f32(0.0f), FMA4, HSUM4X2)
+CM_TILE_FLOAT(tile_bf16, ld_bf16, sc_bf16, float32x4_t, 4, vdupq_n_f32(0.0f), FMA4, HSUM4X2)
 
-#define TILE_FLOAT(NAME)                                                                           \
-    AI void tile_##NAME(int64_t n, const void *x, const void *const *yv, int T, float *out) {       \
-        float32x4_t a0[TMAX], a1[TMAX];                                                            \
-        for (int t = 0; t < T; t++) a0[t] = a1[t] = vdupq_n_f32(0.0f);                             \
-        int64_t i = 0;                                                                             \
-        for (; i + 8 <= n; i += 8) {                                                               \
-            const float32x4_t x0 = ld_##NAME(x, i), x1 = ld_##NAME(x, i + 4);                      \
-            for (int t = 0; t < T; t++) {                                                          \
-                a0[t] = vfmaq_f32(a0[t], x0, ld_##NAME(yv[t], i));                                 \
-                a1[t] = vfmaq_f32(a1[t], x1, ld_##NAME(yv[t], i + 4));                             \
-            }                                                                                      \
-        }                                                                                          \
-        for (int t = 0; t < T; t++) {                                                              \
-            float s = vaddvq_f32(vaddq_f32(a0[t], a1[t]));                                         \
-            for (int64_t k = i; k < n; k++) s += sc_##NAME(x, k) * sc_##NAME(yv[t], k);            \
-            out[t] = s;                                                                            \
-        }                                                                                          \
-    }
-TILE_FLOAT(f32)
-TILE_FLOAT(f16)
-TILE_FLOAT(bf16)
-
-#define VEC_DOT(NAME, XB, YB, BLK)                                                                 \
-    static void vec_dot_##NAME(int64_t n, float *s, const void *x, const void *y) {               \
-        const YB *yv[1] = {(const YB *)y};                                                         \
-        tile_##NAME(n / (BLK), (const XB *)x, yv, 1, s);                                           \
-    }                                                                                              \
-    static void gemm_##NAME(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, \
-                            float *y, int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {        \
-        /* RB rows at a time (a few hundred KB: stays in L2) against each group */                 \
-        /* of TMAX tokens (stays in L1), so neither side streams from memory twice */             \
-        for (int64_t i0 = r0; i0 < r1; i0 += RB) {                                                 \
-            const int64_t i1 = r1 - i0 < RB ? r1 : i0 + RB;                                        \
-            for (int64_t j = 0; j < n_tok; j += TMAX) {                                            \
-                const YB *yv[TMAX];                                                                \
-                const int T = n_tok - j < TMAX ? (int)(n_tok - j) : TMAX;                          \
-                for (int t = 0; t < T; t++)                                                        \
-                    yv[t] = (const YB *)(const void *)((const char *)x + (size_t)(j + t) * x_stride); \
-                for (int64_t i = i0; i < i1; i++) {                                                \
-                    const XB *wr = (const XB *)(const void *)((const char *)w + (size_t)i * w_stride); \
-                    float out[TMAX];                                                               \
-                    switch (T) { /* constant T lets the compiler keep the tile in registers */     \
-                    case 4: tile_##NAME(k / (BLK), wr, yv, 4, out); break;                         \
-                    case 3: tile_##NAME(k / (BLK), wr, yv, 3, out); break;                         \
-                    case 2: tile_##NAME(k / (BLK), wr, yv, 2, out); break;                         \
-                    default: tile_##NAME(k / (BLK), wr, yv, 1, out); break;                        \
-                    }                                                                              \
-                    for (int t = 0; t < T; t++) y[(j + t) * ldy + i] = out[t];                     \
-                }                                                                                  \
-            }                                                                                      \
-        }                                                                                          \
-    }
-
-VEC_DOT(q4_0, cm_block_q4_0, cm_block_q8_0, CM_QK4_0)
-VEC_DOT(q4_1, cm_block_q4_1, cm_block_q8_1, CM_QK4_1)
-VEC_DOT(q5_0, cm_block_q5_0, cm_block_q8_0, CM_QK5_0)
-VEC_DOT(q5_1, cm_block_q5_1, cm_block_q8_1, CM_QK5_1)
-VEC_DOT(q8_0, cm_block_q8_0, cm_block_q8_0, CM_QK8_0)
-VEC_DOT(q4_k, cm_block_q4_k, cm_block_q8_k, CM_QK_K)
-VEC_DOT(q5_k, cm_block_q5_k, cm_block_q8_k, CM_QK_K)
-VEC_DOT(q6_k, cm_block_q6_k, cm_block_q8_k, CM_QK_K)
-VEC_DOT(f32, void, void, 1)
-VEC_DOT(f16, void, void, 1)
-VEC_DOT(bf16, void, void, 1)
+/* vec_dot and gemm (tiles.h) */
+CM_VEC_DOT_TYPES()
 
 /* ---- activation converters (byte-identical to quants_ref.c) ---- */
 
@@ -390,23 +328,5 @@ static void from_float_f16(const float *x, void *vy, int64_t n) {
 }
 
 void cm_kernels_fill_neon(cm_kernels *k) {
-#define SET(T, NAME)                                                                               \
-    k->vec_dot[T] = vec_dot_##NAME;                                                                \
-    k->gemm[T] = gemm_##NAME
-    SET(CM_TYPE_Q4_0, q4_0);
-    SET(CM_TYPE_Q4_1, q4_1);
-    SET(CM_TYPE_Q5_0, q5_0);
-    SET(CM_TYPE_Q5_1, q5_1);
-    SET(CM_TYPE_Q8_0, q8_0);
-    SET(CM_TYPE_Q4_K, q4_k);
-    SET(CM_TYPE_Q5_K, q5_k);
-    SET(CM_TYPE_Q6_K, q6_k);
-    SET(CM_TYPE_F32, f32);
-    SET(CM_TYPE_F16, f16);
-    SET(CM_TYPE_BF16, bf16);
-#undef SET
-    k->from_float[CM_TYPE_Q8_0] = from_float_q8_0;
-    k->from_float[CM_TYPE_Q8_1] = from_float_q8_1;
-    k->from_float[CM_TYPE_Q8_K] = from_float_q8_k;
-    k->from_float[CM_TYPE_F16] = from_float_f16;
+    CM_TILES_FILL(k);
 }

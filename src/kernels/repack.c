@@ -66,10 +66,7 @@ void cm_repack_q4_0_lanes(const void *src, void *dst, int64_t nb) {
     memcpy(d, x + g, (size_t)(nb - g) * sizeof *x);
 }
 
-static bool repack_off(void) {
-    const char *e = getenv("CUMULO_REPACK");
-    return e && strcmp(e, "0") == 0;
-}
+static bool repack_off(void) { return cm_config_get()->repack_off; }
 
 int cm_repack_add(const void *owner, const cm_kernels *k, const cm_tensor *const *ws, int n, char *err,
                   size_t errlen) {

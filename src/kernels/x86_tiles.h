@@ -10,7 +10,9 @@
  * so prefill loads and unpacks each weight block once per 4 tokens. vec_dot
  * and gemm share the tile, hence give the same bits. Integer sums are exactly
  * the reference's; only the order of the float accumulation differs.
- * Activation converters produce the reference's bytes exactly.
+ * Activation converters produce the reference's bytes exactly. The blocking
+ * around the tiles (vec_dot, gemm, the float tiles' loop) is tiles.h's,
+ * shared with kernels_neon.c.
  *
  * NEEDSWORK: the 256-bit q4_0 tile spends about half its instructions on the
  * per-block fp16 scales (two conversions and a broadcast per block) and runs
@@ -22,15 +24,11 @@
 #error "define CM_X86_VNNI (0 or 1) before including x86_tiles.h"
 #endif
 
-#include "isa.h"
+#include "tiles.h"
 
 #include <immintrin.h>
 #include <math.h>
 #include <string.h>
-
-#define AI static inline __attribute__((always_inline))
-#define TMAX 4 /* tokens per gemm tile */
-#define RB 32 /* weight rows per gemm cache block */
 
 AI float f16f(cm_f16 h) { return _cvtsh_ss(h); }
 
@@ -273,76 +271,15 @@ AI __m256 ld_bf16(const void *p, int64_t i) {
     const __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const cm_bf16 *)p + i)));
     return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
 }
-AI float sc_f32(const void *p, int64_t i) { return ((const float *)p)[i]; }
-AI float sc_f16(const void *p, int64_t i) { return f16f(((const cm_f16 *)p)[i]); }
-AI float sc_bf16(const void *p, int64_t i) { return cm_bf16_to_f32(((const cm_bf16 *)p)[i]); }
+/* acc + a * b, and the sum of the lanes of a + b (tiles.h's CM_TILE_FLOAT) */
+#define FMA8(acc, a, b) _mm256_fmadd_ps(a, b, acc)
+#define HSUM8X2(a, b) hsum8(_mm256_add_ps(a, b))
+CM_TILE_FLOAT(tile_f32, ld_f32, sc_f32, __m256, 8, _mm256_setzero_ps(), FMA8, HSUM8X2)
+CM_TILE_FLOAT(tile_f16, ld_f16, sc_f16, __m256, 8, _mm256_setzero_ps(), FMA8, HSUM8X2)
+CM_TILE_FLOAT(tile_bf16, ld_bf16, sc_bf16, __m256, 8, _mm256_setzero_ps(), FMA8, HSUM8X2)
 
-#define TILE_FLOAT(NAME)                                                                           \
-    AI void tile_##NAME(int64_t n, const void *x, const void *const *yv, int T, float *out) {       \
-        __m256 a0[TMAX], a1[TMAX];                                                                 \
-        for (int t = 0; t < T; t++) a0[t] = a1[t] = _mm256_setzero_ps();                           \
-        int64_t i = 0;                                                                             \
-        for (; i + 16 <= n; i += 16) {                                                             \
-            const __m256 x0 = ld_##NAME(x, i), x1 = ld_##NAME(x, i + 8);                           \
-            for (int t = 0; t < T; t++) {                                                          \
-                a0[t] = _mm256_fmadd_ps(x0, ld_##NAME(yv[t], i), a0[t]);                           \
-                a1[t] = _mm256_fmadd_ps(x1, ld_##NAME(yv[t], i + 8), a1[t]);                       \
-            }                                                                                      \
-        }                                                                                          \
-        for (int t = 0; t < T; t++) {                                                              \
-            float s = hsum8(_mm256_add_ps(a0[t], a1[t]));                                          \
-            for (int64_t k = i; k < n; k++) s += sc_##NAME(x, k) * sc_##NAME(yv[t], k);            \
-            out[t] = s;                                                                            \
-        }                                                                                          \
-    }
-TILE_FLOAT(f32)
-TILE_FLOAT(f16)
-TILE_FLOAT(bf16)
-
-/* ---- vec_dot and gemm wrappers ---- */
-
-#define VEC_DOT(NAME, XB, YB, BLK)                                                                 \
-    static void vec_dot_##NAME(int64_t n, float *s, const void *x, const void *y) {               \
-        const YB *yv[1] = {(const YB *)y};                                                         \
-        tile_##NAME(n / (BLK), (const XB *)x, yv, 1, s);                                           \
-    }                                                                                              \
-    static void gemm_##NAME(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, \
-                            float *y, int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {        \
-        /* RB rows at a time (a few hundred KB: stays in L2) against each group */                 \
-        /* of TMAX tokens (stays in L1), so neither side streams from memory twice */             \
-        for (int64_t i0 = r0; i0 < r1; i0 += RB) {                                                 \
-            const int64_t i1 = r1 - i0 < RB ? r1 : i0 + RB;                                        \
-            for (int64_t j = 0; j < n_tok; j += TMAX) {                                            \
-                const YB *yv[TMAX];                                                                \
-                const int T = n_tok - j < TMAX ? (int)(n_tok - j) : TMAX;                          \
-                for (int t = 0; t < T; t++)                                                        \
-                    yv[t] = (const YB *)(const void *)((const char *)x + (size_t)(j + t) * x_stride); \
-                for (int64_t i = i0; i < i1; i++) {                                                \
-                    const XB *wr = (const XB *)(const void *)((const char *)w + (size_t)i * w_stride); \
-                    float out[TMAX];                                                               \
-                    switch (T) { /* constant T lets the compiler keep the tile in registers */     \
-                    case 4: tile_##NAME(k / (BLK), wr, yv, 4, out); break;                         \
-                    case 3: tile_##NAME(k / (BLK), wr, yv, 3, out); break;                         \
-                    case 2: tile_##NAME(k / (BLK), wr, yv, 2, out); break;                         \
-                    default: tile_##NAME(k / (BLK), wr, yv, 1, out); break;                        \
-                    }                                                                              \
-                    for (int t = 0; t < T; t++) y[(j + t) * ldy + i] = out[t];                     \
-                }                                                                                  \
-            }                                                                                      \
-        }                                                                                          \
-    }
-
-VEC_DOT(q4_0, cm_block_q4_0, cm_block_q8_0, CM_QK4_0)
-VEC_DOT(q4_1, cm_block_q4_1, cm_block_q8_1, CM_QK4_1)
-VEC_DOT(q5_0, cm_block_q5_0, cm_block_q8_0, CM_QK5_0)
-VEC_DOT(q5_1, cm_block_q5_1, cm_block_q8_1, CM_QK5_1)
-VEC_DOT(q8_0, cm_block_q8_0, cm_block_q8_0, CM_QK8_0)
-VEC_DOT(q4_k, cm_block_q4_k, cm_block_q8_k, CM_QK_K)
-VEC_DOT(q5_k, cm_block_q5_k, cm_block_q8_k, CM_QK_K)
-VEC_DOT(q6_k, cm_block_q6_k, cm_block_q8_k, CM_QK_K)
-VEC_DOT(f32, void, void, 1)
-VEC_DOT(f16, void, void, 1)
-VEC_DOT(bf16, void, void, 1)
+/* ---- vec_dot and gemm wrappers (tiles.h) ---- */
+CM_VEC_DOT_TYPES()
 
 /* ---- activation converters (must match quants_ref.c byte for byte) ---- */
 
@@ -452,23 +389,5 @@ static void from_float_f16(const float *x, void *vy, int64_t n) {
 
 /* Every entry this body implements (both ISA files start from it). */
 static void x86_fill(cm_kernels *k) {
-#define SET(T, NAME)                                                                               \
-    k->vec_dot[T] = vec_dot_##NAME;                                                                \
-    k->gemm[T] = gemm_##NAME
-    SET(CM_TYPE_Q4_0, q4_0);
-    SET(CM_TYPE_Q4_1, q4_1);
-    SET(CM_TYPE_Q5_0, q5_0);
-    SET(CM_TYPE_Q5_1, q5_1);
-    SET(CM_TYPE_Q8_0, q8_0);
-    SET(CM_TYPE_Q4_K, q4_k);
-    SET(CM_TYPE_Q5_K, q5_k);
-    SET(CM_TYPE_Q6_K, q6_k);
-    SET(CM_TYPE_F32, f32);
-    SET(CM_TYPE_F16, f16);
-    SET(CM_TYPE_BF16, bf16);
-#undef SET
-    k->from_float[CM_TYPE_Q8_0] = from_float_q8_0;
-    k->from_float[CM_TYPE_Q8_1] = from_float_q8_1;
-    k->from_float[CM_TYPE_Q8_K] = from_float_q8_k;
-    k->from_float[CM_TYPE_F16] = from_float_f16;
+    CM_TILES_FILL(k);
 }

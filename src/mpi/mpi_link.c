@@ -442,12 +442,12 @@ int cm_mpi_start(int *argc, char ***argv, atomic_int *stop, cm_mpi **out, char *
     char lib[MPI_MAX_LIBRARY_VERSION_STRING];
     int ll = 0;
     MPI_Get_library_version(lib, &ll);
-    const char *spin = getenv("CUMULO_MPI_SPIN_MS");
+    const char *spin = cm_config_get()->mpi_spin_ms;
     m->spin_ns = (uint64_t)((spin && *spin ? atof(spin) : strstr(lib, "MPICH") ? 0.0 : 5.0) * 1e6);
     pthread_mutex_init(&m->mu, NULL);
     m->dead = cm_calloc((size_t)m->size, sizeof *m->dead);
     m->scratch = malloc(CHUNK);
-    const char *tmp = getenv("TMPDIR");
+    const char *tmp = cm_config_get()->tmpdir;
     snprintf(m->dir, sizeof m->dir, "%s/cumulo-mpi-XXXXXX", tmp && *tmp && strlen(tmp) < 48 ? tmp : "/tmp");
     if (!m->dead || !m->scratch || !mkdtemp(m->dir) || pipe(m->wake) != 0 || cm_sock_prepare(m->wake[0]) != 0 ||
         cm_sock_prepare(m->wake[1]) != 0) {

@@ -16,12 +16,12 @@
 #include <sys/stat.h>
 
 int cm_net_key_default_path(char *out, size_t cap, char *err, size_t errlen) {
-    const char *env = getenv("CUMULO_KEY_FILE");
+    const char *env = cm_config_get()->key_file;
     int n;
-    if (env && *env) n = snprintf(out, cap, "%s", env);
+    if (env) n = snprintf(out, cap, "%s", env);
     else {
-        const char *home = getenv("HOME");
-        if (!home || !*home)
+        const char *home = cm_config_get()->home;
+        if (!home)
             return cm_errf(err, errlen, CM_ENOENT,
                            "no key file path: set CUMULO_KEY_FILE or HOME, or pass --key-file");
         n = snprintf(out, cap, "%s/.config/cumulo/cluster.key", home);

@@ -4,6 +4,8 @@
  */
 #include "os.h"
 
+#include "../base/base.h"
+
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -85,7 +87,4 @@ const cm_cpu_features *cm_cpu_features_get(void) {
     return &g_feat;
 }
 
-const char *cm_cpu_isa_cap(void) {
-    const char *e = getenv("CUMULO_ISA");
-    return e && *e ? e : "best";
-}
+const char *cm_cpu_isa_cap(void) { return cm_config_get()->isa; }

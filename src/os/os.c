@@ -306,9 +306,9 @@ uint64_t cm_peak_rss_bytes(void) {
 void cm_host_id(char *out, size_t cap) {
     if (!cap) return;
     out[0] = 0;
-    const char *env = getenv("CUMULO_HOST_ID");
+    const char *env = cm_config_get()->host_id;
     char raw[128] = "";
-    if (env && *env) snprintf(raw, sizeof raw, "%s", env);
+    if (env) snprintf(raw, sizeof raw, "%s", env);
     else {
         char host[64] = "";
         if (gethostname(host, sizeof host - 1) != 0) host[0] = 0;

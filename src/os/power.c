@@ -59,8 +59,7 @@ static bool is_package(const char *name) {
 }
 
 static void rapl_open(cm_power_meter *m) {
-    const char *root = getenv("CUMULO_POWERCAP_ROOT");
-    if (!root || !*root) root = "/sys/class/powercap";
+    const char *root = cm_config_get()->powercap_root;
     DIR *d = opendir(root);
     if (!d) return;
     struct dirent *de;
@@ -81,8 +80,7 @@ static void rapl_open(cm_power_meter *m) {
 /* Busy and total jiffies of all CPUs; false when unknown. */
 static bool cpu_times(uint64_t *busy, uint64_t *total) {
 #if defined(__linux__)
-    const char *path = getenv("CUMULO_PROC_STAT");
-    FILE *f = fopen(path && *path ? path : "/proc/stat", "r");
+    FILE *f = fopen(cm_config_get()->proc_stat, "r");
     if (!f) return false;
     unsigned long long v[8] = {0};
     int n = fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5],

@@ -5,6 +5,8 @@
  */
 #include "os.h"
 
+#include "../base/base.h"
+
 #include <fcntl.h>
 #include <stdlib.h>
 #include <sys/socket.h>
@@ -16,9 +18,8 @@ int cm_sock_prepare(int fd) {
     if (fcntl(fd, F_SETFD, FD_CLOEXEC) < 0) return -1;
     /* Test hook: small socket buffers, so that a frozen peer blocks its
      * senders after a few kB (tests/sh/cluster_deadline.sh). */
-    const char *tb = getenv("CUMULO_TEST_SOCKBUF");
-    if (tb && atoi(tb) > 0) {
-        int b = atoi(tb);
+    if (cm_config_get()->test_sockbuf > 0) {
+        int b = cm_config_get()->test_sockbuf;
         setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &b, sizeof b);
         setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &b, sizeof b);
     }

@@ -126,7 +126,44 @@ static void test_file(void) {
     CHECK(cm_cpu_count() >= 1 && cm_mem_total_bytes() > 0);
 }
 
+/* The environment is read once (cm_config_get) and again on reload; every
+ * variable of the table is documented in docs/DESIGN.md (run from the
+ * repository root, as tests/run.sh does). */
+static void test_config(void) {
+    setenv("CUMULO_PREFILL_CHUNK", "7", 1);
+    setenv("CUMULO_LOST_MS", "150", 1); /* below the floor of 200: ignored */
+    setenv("CUMULO_MEM_OFFER", "3K", 1);
+    unsetenv("CUMULO_ISA");
+    cm_config_reload();
+    const cm_config *c = cm_config_get();
+    CHECK(c->prefill_chunk == 7 && c->lost_ms == 0 && c->mem_offer == 3072 && !strcmp(c->isa, "best"));
+    setenv("CUMULO_LOST_MS", "250", 1);
+    unsetenv("CUMULO_PREFILL_CHUNK");
+    unsetenv("CUMULO_MEM_OFFER");
+    cm_config_reload();
+    c = cm_config_get();
+    CHECK(c->prefill_chunk == 32 && c->lost_ms == 250 && c->mem_offer == -1);
+    unsetenv("CUMULO_LOST_MS");
+    cm_config_reload();
+    FILE *f = fopen("docs/DESIGN.md", "rb");
+    CHECKF(f != NULL, "docs/DESIGN.md: run from the repository root");
+    if (!f) return;
+    static char doc[1 << 20];
+    size_t n = fread(doc, 1, sizeof doc - 1, f);
+    fclose(f);
+    doc[n] = 0;
+    int nv;
+    const cm_config_var *v = cm_config_vars(&nv);
+    CHECK(nv > 20);
+    for (int i = 0; i < nv; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "`%s`", v[i].name);
+        CHECKF(strstr(doc, name) != NULL, "%s is not in docs/DESIGN.md's configuration table", v[i].name);
+    }
+}
+
 int main(void) {
+    RUN(test_config);
     RUN(test_errors);
     RUN(test_arena_buf);
     RUN(test_rng);

@@ -284,8 +284,10 @@ static void test_weights_in_memory(void) {
     CHECK(!cm_engine_weights_in_memory(&c, 4096));
     CHECK(cm_engine_weights_in_memory(NULL, 4096));
     setenv("CUMULO_MMAP", "1", 1);
+    cm_config_reload();
     CHECK(!cm_engine_weights_in_memory(NULL, 4096));
     unsetenv("CUMULO_MMAP");
+    cm_config_reload();
 }
 
 int main(void) {

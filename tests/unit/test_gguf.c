@@ -156,10 +156,13 @@ static void test_load_in_memory(void) {
     /* The policy: CUMULO_MMAP set means map; an impossible size never fits. */
     CHECK(!cm_gguf_worth_loading((uint64_t)1 << 62) || cm_mem_available_bytes() == 0);
     setenv("CUMULO_MMAP", "1", 1);
+    cm_config_reload();
     CHECK(!cm_gguf_worth_loading(4096));
     setenv("CUMULO_MMAP", "0", 1);
+    cm_config_reload();
     CHECK(cm_gguf_worth_loading(4096));
     unsetenv("CUMULO_MMAP");
+    cm_config_reload();
 }
 
 /* Copying every kv and tensor through our writer reproduces the file byte for byte. */

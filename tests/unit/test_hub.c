@@ -138,12 +138,17 @@ static void test_choose(void) {
 static void test_models_dir(void) {
     char d[512], err[128];
     setenv("CUMULO_MODELS", "/x/models", 1);
+    cm_config_reload();
     CHECK(cm_models_dir(d, sizeof d, err, sizeof err) == 0 && !strcmp(d, "/x/models"));
     unsetenv("CUMULO_MODELS");
+    cm_config_reload();
     setenv("XDG_CACHE_HOME", "/c", 1);
+    cm_config_reload();
     CHECK(cm_models_dir(d, sizeof d, err, sizeof err) == 0 && !strcmp(d, "/c/cumulo/models"));
     unsetenv("XDG_CACHE_HOME");
+    cm_config_reload();
     setenv("HOME", "/h", 1);
+    cm_config_reload();
     CHECK(cm_models_dir(d, sizeof d, err, sizeof err) == 0 && !strcmp(d, "/h/.cache/cumulo/models"));
     CHECK(cm_models_file_path("/m", "o/r", "a/b.gguf", d, sizeof d) == 0 && !strcmp(d, "/m/o/r/a/b.gguf"));
     CHECK(cm_models_file_path("/m", "o/r", "a/b.gguf", d, 5) != 0);

@@ -92,6 +92,7 @@ static void test_lease(void) {
 
 int main(void) {
     setenv("CUMULO_LOST_MS", "200", 1);
+    cm_config_reload();
     RUN(test_lease);
     TEST_END();
 }

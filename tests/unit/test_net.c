@@ -332,15 +332,17 @@ static void *sink_main(void *arg) {
 static void test_send_stall(void) {
     for (int slow = 0; slow < 2; slow++) {
         setenv("CUMULO_TEST_SOCKBUF", "16384", 1); /* buffers fill after a few kB */
+        cm_config_reload();
         sink k = {.slow = slow};
         char e[600];
         int rc = cm_net_listen("127.0.0.1", 0, &k.l, e, sizeof e);
         CHECKF(rc == 0, "%s", e);
-        if (rc) { unsetenv("CUMULO_TEST_SOCKBUF"); return; }
+        if (rc) { unsetenv("CUMULO_TEST_SOCKBUF"); cm_config_reload(); return; }
         pthread_create(&k.th, NULL, sink_main, &k);
         cm_conn *c = NULL;
         rc = client("127.0.0.1", cm_listener_port(k.l), CM_SEC_ENCRYPT, k_key, &c, NULL, e, sizeof e);
         unsetenv("CUMULO_TEST_SOCKBUF");
+        cm_config_reload();
         CHECKF(rc == 0, "%s", e);
         if (rc == 0) {
             cm_conn_set_send_stall(c, 300);
@@ -439,9 +441,12 @@ static void test_key_file(void) {
     CHECK(cm_net_key_parse("00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n", b, e, sizeof e) == 0 && b[1] == 0x11);
     CHECK(cm_net_key_parse("00112233445566778899aabbccddeeff00112233445566778899aabbccddeefg", b, e, sizeof e) == CM_EFORMAT);
     setenv("CUMULO_KEY_FILE", "/x/y.key", 1);
+    cm_config_reload();
     CHECK(cm_net_key_default_path(path, sizeof path, e, sizeof e) == 0 && !strcmp(path, "/x/y.key"));
     unsetenv("CUMULO_KEY_FILE");
+    cm_config_reload();
     setenv("HOME", "/home/u", 1);
+    cm_config_reload();
     CHECK(cm_net_key_default_path(path, sizeof path, e, sizeof e) == 0 && !strcmp(path, "/home/u/.config/cumulo/cluster.key"));
     char cmd[200];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);

@@ -36,6 +36,7 @@ static void test_rapl_sum_and_wrap(void) {
     put("intel-rapl:1/energy_uj", "100\n");
     put("intel-rapl:1/max_energy_range_uj", "1000000000\n");
     setenv("CUMULO_POWERCAP_ROOT", root, 1);
+    cm_config_reload();
     cm_power_meter *m = cm_power_open(50);
     CHECK(m != NULL);
     /* package 0 wraps: 999 J -> 1000 J (max) -> 2 J, i.e. +3 J; package 1: +4 J. */
@@ -64,9 +65,11 @@ static void test_estimate_from_load(void) {
     char empty[300];
     snprintf(empty, sizeof empty, "%s/none", root);
     setenv("CUMULO_POWERCAP_ROOT", empty, 1);
+    cm_config_reload();
     char stat[300];
     snprintf(stat, sizeof stat, "%s/stat", root);
     setenv("CUMULO_PROC_STAT", stat, 1);
+    cm_config_reload();
     put("stat", "cpu 100 0 100 800 0 0 0 0\ncpu0 1 2 3 4\n");
     cm_power_meter *m = cm_power_open(100);
     /* +300 busy, +100 idle: load 0.75 -> 100 * (0.2 + 0.8 * 0.75) = 80 W */
@@ -78,6 +81,7 @@ static void test_estimate_from_load(void) {
     CHECKF(fabs(s.watts - 80.0) < 1e-9, "watts %f", s.watts);
     cm_power_close(m);
     unsetenv("CUMULO_PROC_STAT");
+    cm_config_reload();
     CHECK(fabs(cm_power_joules_per_token(10, 4) - 2.5) < 1e-12);
     CHECK(cm_power_joules_per_token(10, 0) == 0);
     CHECK(fabs(cm_power_tokens_per_watt(50, 25) - 2.0) < 1e-12);

@@ -351,10 +351,12 @@ static void test_story_q4_0(void) { check_story("q4_0", 8e-6); }
 
 static void test_no_loader(void) { /* a missing loader is an error value, not a crash */
     setenv("CUMULO_VULKAN_LIB", "/nonexistent/libvulkan.so.1", 1);
+    cm_config_reload();
     cm_gpu *g = NULL;
     CHECK(cm_gpu_open(&g, CM_GPU_ANY, errbuf, sizeof errbuf) != 0 && g == NULL);
     CHECK(strstr(errbuf, "Vulkan") != NULL);
     unsetenv("CUMULO_VULKAN_LIB");
+    cm_config_reload();
     int idx;
     CHECK(cm_gpu_parse("auto", &idx) == 0 && idx == CM_GPU_AUTO);
     CHECK(cm_gpu_parse("none", &idx) == 0 && idx == CM_GPU_NONE);

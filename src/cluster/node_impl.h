@@ -1,0 +1,72 @@
+/*
+ * node_impl.h: the state of `cumulo node` shared by node.c (serving the
+ * connections, running the stage) and node_stage.c (loading a stage for an
+ * ASSIGN). Private to those two files.
+ */
+#ifndef CM_NODE_IMPL_H
+#define CM_NODE_IMPL_H
+
+#include "cluster/cluster_int.h"
+#include "cluster/collective.h"
+#include "cluster/node_guard.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+/* One assigned stage: the model part this node runs for one epoch. */
+typedef struct stage {
+    cm_msg_assign as;
+    cm_gguf g;
+    cm_model m;
+    cm_pool *pool;
+    cm_ctx *ctx;
+    cm_kv *kv;        /* [n_seq] */
+    cm_kv **kvp;      /* [n_seq] pointers for cm_forward */
+    cm_sampler **smp; /* [n_seq], last stage only */
+    int n_seq;
+    float *in, *out;  /* [CM_BATCH_MAX][n_embd] */
+    float *logits;    /* [CM_BATCH_MAX][n_vocab], last stage only */
+    int32_t pos[CM_BATCH_MAX], seq[CM_BATCH_MAX], tok[CM_BATCH_MAX];
+    int8_t want[CM_BATCH_MAX];
+    uint8_t want_u8[CM_BATCH_MAX];
+    cm_conn *next;    /* to the next stage (owned), NULL for the last */
+    cm_conn *coord;   /* the coordinator's connection (not owned) */
+    pthread_mutex_t *csend_mu; /* node.csend_mu: sends on coord */
+    cm_slice slice;   /* this member's part of every layer (full without TP) */
+    cm_expert_slice experts; /* an expert group's member: its experts (zeroed: every expert) */
+    cm_conn *tp[CM_COLL_MAX_MEMBERS]; /* TP group: connection to each other rank (owned) */
+    cm_conn *relay[CM_COLL_MAX_MEMBERS]; /* hybrid, rank 0 of a later group: data connection to each member (owned) */
+    cm_coll *coll;    /* TP group's all-reduce, NULL without TP */
+    uint64_t rows;    /* token rows computed */
+} stage;
+
+typedef struct node {
+    const cm_node_opts *o;
+    cm_net_cfg cfg;
+    cm_msg_hello hello;
+    atomic_int *stop;
+    pthread_mutex_t mu;       /* stage pointer, compute, sends on next */
+    pthread_mutex_t csend_mu; /* sends on connections from a coordinator (never held while computing) */
+    stage *st;
+    _Atomic uint64_t epoch;   /* st's epoch (0: none), for heartbeats */
+    cm_node_hb hb;            /* the heartbeat thread (node_guard.c) */
+    cm_node_limits lim;       /* connection limits (node_guard.c) */
+    cm_node_lease lease;      /* the coordinator this node serves (node_lease.c) */
+    struct conn_job *jobs;    /* connection threads, running or ended and not yet joined (accept loop only) */
+    char cache_dir[512];
+    cm_conn *tp_in[CM_COLL_MAX_MEMBERS]; /* greeted TP connections not yet taken by a stage (under mu) */
+    uint64_t tp_in_epoch[CM_COLL_MAX_MEMBERS]; /* the plan epoch each was made for */
+} node;
+
+/* Free a stage (closing its links; its group traffic goes to stderr in one
+ * line). NULL: no-op. (node_stage.c) */
+void cm_node_stage_free(stage *s);
+/* READY for epoch on c (under n->csend_mu): status 0, or the CM_E* and text
+ * of a refusal. (node_stage.c) */
+int cm_node_send_ready(node *n, cm_conn *c, uint64_t epoch, int status, uint64_t missing, const char *text);
+/* Serve an ASSIGN from the coordinator on c: load the stage (retrying at
+ * once with a newer ASSIGN that arrived meanwhile), make it n->st, answer
+ * READY. (node_stage.c) */
+void cm_node_on_assign(node *n, cm_conn *c, const cm_msg_assign *a);
+
+#endif
