@@ -52,8 +52,8 @@ static void check_codec(unsigned type, const uint8_t *p, size_t n) {
 }
 
 static void fuzz_open(int kind, const uint8_t *p, size_t n) {
-    cm_session s;
-    cm_session_init(&s);
+    cm_chan s;
+    cm_chan_init(&s);
     if (kind > 0) {
         s.established = true;
         s.mode = (cm_sec_mode)(kind - 1);

@@ -15,7 +15,7 @@
  *    itself and uses this pipe behind cm_session_*.
  *
  * This header deliberately does not include proto/net: engine.c includes it
- * next to engine.h (both define a `cm_session`; proto's is the frame state).
+ * next to engine.h.
  * Every network wait has a deadline. Nothing here allocates per token.
  */
 #ifndef CM_CLUSTER_H

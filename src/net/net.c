@@ -36,7 +36,7 @@ struct cm_listener {
 struct cm_conn {
     int fd;
     _Atomic enum cm_conn_state state; /* written by the receiving thread, read by senders (usable) */
-    cm_session s;
+    cm_chan s;
     int stall_ms; /* sends give up after this long without progress (0: never) */
     char peer[64];
     uint8_t *rx, *tx;
@@ -124,7 +124,7 @@ static cm_conn *conn_new(int fd, const struct sockaddr *sa) {
     if (!c) return NULL;
     c->fd = fd;
     c->state = CM_CONN_NEW;
-    cm_session_init(&c->s);
+    cm_chan_init(&c->s);
     format_addr(sa, c->peer, sizeof c->peer);
     return c;
 }
@@ -407,7 +407,7 @@ static int send_sealed(cm_conn *c, unsigned type, size_t n, uint64_t deadline, c
 
 static int send_payload(cm_conn *c, unsigned type, const uint8_t *p, size_t n, uint64_t deadline,
                         char *err, size_t errlen) {
-    if (!ensure(&c->tx, &c->tx_cap, cm_session_overhead(&c->s) + n))
+    if (!ensure(&c->tx, &c->tx_cap, cm_chan_overhead(&c->s) + n))
         return cm_errf(err, errlen, CM_ENOMEM, "out of memory for a %zu-byte frame", n);
     if (n) memcpy(c->tx + CM_FRAME_HDR, p, n);
     return send_sealed(c, type, n, deadline, err, errlen);
@@ -417,7 +417,7 @@ static int send_msg(cm_conn *c, const cm_msg *m, uint64_t deadline, char *err, s
     size_t n;
     int rc = cm_msg_encode(m, NULL, 0, &n, err, errlen);
     if (rc) return rc;
-    if (!ensure(&c->tx, &c->tx_cap, cm_session_overhead(&c->s) + n))
+    if (!ensure(&c->tx, &c->tx_cap, cm_chan_overhead(&c->s) + n))
         return cm_errf(err, errlen, CM_ENOMEM, "out of memory for a %zu-byte frame", n);
     rc = cm_msg_encode(m, c->tx + CM_FRAME_HDR, c->tx_cap - CM_FRAME_HDR, &n, err, errlen);
     if (rc) return rc;
@@ -439,7 +439,7 @@ static int recv_frame(cm_conn *c, cm_frame_hdr *h, uint8_t **payload, uint64_t d
     }
     if (rc) goto io_error;
     rc = cm_frame_hdr_decode(c->rx, CM_FRAME_HDR, h, e, sizeof e);
-    if (!rc) rc = cm_session_check_hdr(&c->s, h, e, sizeof e);
+    if (!rc) rc = cm_chan_check_hdr(&c->s, h, e, sizeof e);
     if (rc) return conn_fail(c, rc, err, errlen, "%s", e);
     size_t need = CM_FRAME_HDR + (size_t)h->len + ((h->flags & CM_FRAME_F_MAC) ? CM_FRAME_MAC : 0);
     while (got < need) { /* grow with the bytes that actually arrive, not with the claim */
@@ -657,7 +657,7 @@ void cm_conn_close(cm_conn *c, const char *reason) {
         send_msg(c, &m, deadline_after(200), e, sizeof e);
     }
     close(c->fd);
-    cm_session_wipe(&c->s);
+    cm_chan_wipe(&c->s);
     cm_free(c->rx);
     cm_free(c->tx);
     cm_free(c);

@@ -80,20 +80,20 @@ int cm_frame_hdr_decode(const uint8_t *p, size_t n, cm_frame_hdr *h, char *err, 
     return 0;
 }
 
-void cm_session_init(cm_session *s) {
+void cm_chan_init(cm_chan *s) {
     if (sodium_init() < 0) CM_ASSERT(!"libsodium failed to initialise");
     memset(s, 0, sizeof *s);
     s->mode = CM_SEC_INSECURE;
 }
 
-void cm_session_wipe(cm_session *s) { sodium_memzero(s, sizeof *s); }
+void cm_chan_wipe(cm_chan *s) { sodium_memzero(s, sizeof *s); }
 
-static uint16_t session_flags(const cm_session *s) {
+static uint16_t session_flags(const cm_chan *s) {
     if (!s->established || s->mode == CM_SEC_INSECURE) return 0;
     return s->mode == CM_SEC_ENCRYPT ? (CM_FRAME_F_MAC | CM_FRAME_F_ENC) : CM_FRAME_F_MAC;
 }
 
-size_t cm_session_overhead(const cm_session *s) {
+size_t cm_chan_overhead(const cm_chan *s) {
     return CM_FRAME_HDR + ((session_flags(s) & CM_FRAME_F_MAC) ? CM_FRAME_MAC : 0);
 }
 
@@ -101,7 +101,7 @@ static bool is_hs_type(unsigned t) {
     return t == CM_MSG_AUTH_INIT || t == CM_MSG_AUTH_REPLY || t == CM_MSG_AUTH_FINISH;
 }
 
-int cm_session_check_hdr(const cm_session *s, const cm_frame_hdr *h, char *err, size_t errlen) {
+int cm_chan_check_hdr(const cm_chan *s, const cm_frame_hdr *h, char *err, size_t errlen) {
     const char *tn = cm_msg_type_name(h->type);
     if (!s->established && !is_hs_type(h->type) && h->type != CM_MSG_ERROR)
         return cm_errf(err, errlen, CM_EPROTO, "sent a %s frame before the handshake finished", tn);
@@ -134,7 +134,7 @@ static void make_nonce(uint64_t seq, uint8_t nonce[crypto_aead_xchacha20poly1305
     cm_wr_u64(nonce, seq);
 }
 
-int cm_frame_seal(cm_session *s, unsigned type, uint8_t *frame, size_t payload_len, size_t cap,
+int cm_frame_seal(cm_chan *s, unsigned type, uint8_t *frame, size_t payload_len, size_t cap,
                   size_t *frame_len, char *err, size_t errlen) {
     if (type == 0 || type >= CM_MSG_COUNT)
         return cm_errf(err, errlen, CM_EINVAL, "cannot send a frame of unknown type %u", type);
@@ -149,7 +149,7 @@ int cm_frame_seal(cm_session *s, unsigned type, uint8_t *frame, size_t payload_l
                        k_types[type].name);
     if (s->tx_seq == UINT64_MAX)
         return cm_errf(err, errlen, CM_ESTATE, "sequence numbers exhausted; reconnect");
-    size_t total = cm_session_overhead(s) + payload_len;
+    size_t total = cm_chan_overhead(s) + payload_len;
     if (total > cap)
         return cm_errf(err, errlen, CM_ERANGE, "frame buffer of %zu bytes too small for %zu", cap,
                        total);
@@ -176,11 +176,11 @@ int cm_frame_seal(cm_session *s, unsigned type, uint8_t *frame, size_t payload_l
     return 0;
 }
 
-int cm_frame_open(cm_session *s, uint8_t *frame, size_t n, cm_frame_hdr *h, uint8_t **payload,
+int cm_frame_open(cm_chan *s, uint8_t *frame, size_t n, cm_frame_hdr *h, uint8_t **payload,
                   char *err, size_t errlen) {
     int rc = cm_frame_hdr_decode(frame, n, h, err, errlen);
     if (rc) return rc;
-    rc = cm_session_check_hdr(s, h, err, errlen);
+    rc = cm_chan_check_hdr(s, h, err, errlen);
     if (rc) return rc;
     size_t want = CM_FRAME_HDR + (size_t)h->len + ((h->flags & CM_FRAME_F_MAC) ? CM_FRAME_MAC : 0);
     if (n != want)

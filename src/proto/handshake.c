@@ -196,7 +196,7 @@ int cm_hs_read_finish(cm_hs *hs, const uint8_t *p, size_t n, char *err, size_t e
     return 0;
 }
 
-int cm_hs_finish(cm_hs *hs, cm_session *s, char *err, size_t errlen) {
+int cm_hs_finish(cm_hs *hs, cm_chan *s, char *err, size_t errlen) {
     bool done = hs->mode == CM_SEC_INSECURE ? hs->step >= 2 : (hs->step == 3 && hs->keys_ready && hs->peer_ok);
     if (!done) {
         cm_hs_wipe(hs);

@@ -96,36 +96,36 @@ const char *cm_sec_mode_name(cm_sec_mode m); /* "insecure" / "auth-only" / "encr
  * cm_hs_finish() moves it to the established phase in the negotiated mode.
  * Sending and receiving touch disjoint fields, so one thread may seal while
  * another opens; two concurrent sealers (or openers) need a lock. */
-typedef struct cm_session {
+typedef struct cm_chan {
     cm_sec_mode mode;
     bool established;
     uint64_t tx_seq, rx_seq; /* next sequence number to send / to accept */
     uint8_t tx_key[32], rx_key[32];
-} cm_session;
+} cm_chan;
 
-void cm_session_init(cm_session *s); /* handshake phase, seq 0 both ways; initialises libsodium */
-void cm_session_wipe(cm_session *s); /* zero the keys */
+void cm_chan_init(cm_chan *s); /* handshake phase, seq 0 both ways; initialises libsodium */
+void cm_chan_wipe(cm_chan *s); /* zero the keys */
 /* Bytes a frame adds around its payload in this session (header + MAC). */
-size_t cm_session_overhead(const cm_session *s);
+size_t cm_chan_overhead(const cm_chan *s);
 
 /* Check a decoded header against the session before reading (or allocating
  * for) its payload: the type is allowed in this phase, the flags match the
  * mode, and seq is exactly the next one expected (replays and reordering fail
  * here). Errors: CM_EPROTO, CM_EAUTH. */
-int cm_session_check_hdr(const cm_session *s, const cm_frame_hdr *h, char *err, size_t errlen);
+int cm_chan_check_hdr(const cm_chan *s, const cm_frame_hdr *h, char *err, size_t errlen);
 
 /* Seal the payload already placed at frame + CM_FRAME_HDR (payload_len bytes):
  * writes the header, encrypts in place when the mode says so, appends the MAC,
  * advances tx_seq. cap is the size of frame; *frame_len gets the bytes to send.
  * Errors: CM_ERANGE (too large for the type or cap), CM_EINVAL, CM_ESTATE. */
-int cm_frame_seal(cm_session *s, unsigned type, uint8_t *frame, size_t payload_len, size_t cap,
+int cm_frame_seal(cm_chan *s, unsigned type, uint8_t *frame, size_t payload_len, size_t cap,
                   size_t *frame_len, char *err, size_t errlen);
 
 /* Open one whole frame (n must be exactly its wire size): checks the header
- * (cm_session_check_hdr), verifies the MAC and decrypts in place, advances rx_seq.
+ * (cm_chan_check_hdr), verifies the MAC and decrypts in place, advances rx_seq.
  * *payload points into frame. On any error the session is unchanged.
  * Errors: CM_EFORMAT, CM_EUNSUPPORTED, CM_ERANGE, CM_EPROTO, CM_EAUTH (bad MAC). */
-int cm_frame_open(cm_session *s, uint8_t *frame, size_t n, cm_frame_hdr *h, uint8_t **payload,
+int cm_frame_open(cm_chan *s, uint8_t *frame, size_t n, cm_frame_hdr *h, uint8_t **payload,
                   char *err, size_t errlen);
 
 /* ------------------------------------------------------------- handshake
@@ -175,7 +175,7 @@ int cm_hs_write_finish(cm_hs *hs, uint8_t *out, size_t cap, size_t *len, char *e
 int cm_hs_read_finish(cm_hs *hs, const uint8_t *p, size_t n, char *err, size_t errlen);
 /* Both: install the traffic keys in s (which keeps its sequence numbers) and
  * wipe the handshake secrets. */
-int cm_hs_finish(cm_hs *hs, cm_session *s, char *err, size_t errlen);
+int cm_hs_finish(cm_hs *hs, cm_chan *s, char *err, size_t errlen);
 void cm_hs_wipe(cm_hs *hs);
 
 /* -------------------------------------------------------------- messages */

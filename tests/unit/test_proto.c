@@ -709,15 +709,15 @@ static void test_encode_bounds(void) {
 
 /* ---- handshake and sessions, both ends in one process ---- */
 
-typedef struct pair { cm_session c, s; int rc_c, rc_s; char ec[256], es[256]; } pair;
+typedef struct pair { cm_chan c, s; int rc_c, rc_s; char ec[256], es[256]; } pair;
 
 static void handshake(pair *p, cm_sec_mode mc, const uint8_t *kc, cm_sec_mode ms, const uint8_t *ks) {
     cm_hs hc, hsv;
     uint8_t b1[128], b2[128], b3[128];
     size_t n1, n2, n3;
     memset(p, 0, sizeof *p);
-    cm_session_init(&p->c);
-    cm_session_init(&p->s);
+    cm_chan_init(&p->c);
+    cm_chan_init(&p->s);
     CHECK(cm_hs_init(&hc, true, mc, kc, NULL, 0) == 0);
     CHECK(cm_hs_init(&hsv, false, ms, ks, NULL, 0) == 0);
     CHECK(cm_hs_write_init(&hc, b1, sizeof b1, &n1, NULL, 0) == 0 && n1 == CM_HS_INIT_BYTES);
@@ -738,7 +738,7 @@ out:
     cm_hs_wipe(&hsv);
 }
 
-static int seal(cm_session *s, unsigned type, const void *payload, size_t n, uint8_t *out, size_t *len) {
+static int seal(cm_chan *s, unsigned type, const void *payload, size_t n, uint8_t *out, size_t *len) {
     memcpy(out + CM_FRAME_HDR, payload, n);
     return cm_frame_seal(s, type, out, n, n + CM_FRAME_HDR + CM_FRAME_MAC, len, NULL, 0);
 }
@@ -833,8 +833,8 @@ static void test_sealed_frames(void) {
             cm_wr_u64(save + 8, p.s.rx_seq);
             CHECK(cm_frame_open(&p.s, save, n3, &h, &pl, e, sizeof e) == CM_EAUTH);
             /* a downgrade: the same payload without MAC is refused */
-            cm_session plain;
-            cm_session_init(&plain);
+            cm_chan plain;
+            cm_chan_init(&plain);
             plain.established = true;
             plain.tx_seq = p.s.rx_seq;
             CHECK(seal(&plain, CM_MSG_BYE, secret, sizeof secret, save, &n1) == 0);
@@ -852,13 +852,13 @@ static void test_sealed_frames(void) {
         CHECK(p.s.rx_seq == p.c.tx_seq);
         /* handshake messages are refused once established */
         CHECK(seal(&p.s, CM_MSG_AUTH_INIT, secret, 4, save, &n1) == CM_ESTATE);
-        cm_session_wipe(&p.c);
-        cm_session_wipe(&p.s);
+        cm_chan_wipe(&p.c);
+        cm_chan_wipe(&p.s);
     }
     /* before the handshake only AUTH_* and ERROR may be sent or accepted */
-    cm_session s, r;
-    cm_session_init(&s);
-    cm_session_init(&r);
+    cm_chan s, r;
+    cm_chan_init(&s);
+    cm_chan_init(&r);
     uint8_t f[64], *pl;
     size_t n;
     cm_frame_hdr h;
@@ -896,8 +896,8 @@ static int write_corpus(const char *dir) {
             snprintf(name, sizeof name, "all-%s", cm_msg_type_name(t));
             seed(dir, name, 3, buf + 1, n);
             for (int mode = 0; mode < CM_SEC_COUNT; mode++) { /* kinds 1..3 of the fuzz target */
-                cm_session s;
-                cm_session_init(&s);
+                cm_chan s;
+                cm_chan_init(&s);
                 s.established = true;
                 s.mode = (cm_sec_mode)mode;
                 memset(s.tx_key, 0x42, 32); /* FUZZ_KEY_BYTE */
@@ -915,8 +915,8 @@ static int write_corpus(const char *dir) {
     cm_hs_init(&b, false, CM_SEC_ENCRYPT, k_key, NULL, 0);
     cm_hs_write_init(&a, buf, sizeof buf, &n, NULL, 0);
     seed(dir, "hs-init", 2, buf, n);
-    cm_session s;
-    cm_session_init(&s);
+    cm_chan s;
+    cm_chan_init(&s);
     memcpy(frame + CM_FRAME_HDR, buf, n);
     cm_frame_seal(&s, CM_MSG_AUTH_INIT, frame, n, sizeof frame, &fl, NULL, 0);
     seed(dir, "frame-handshake-AUTH_INIT", 0, frame, fl);
