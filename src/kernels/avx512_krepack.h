@@ -16,6 +16,10 @@
  * ztile_q4_k's, so each row is vec_dot on the file's bytes bit for bit
  * (kernels.h; tests/unit/test_kernels_repack.c). One row per pass: a single
  * sequential stream. Never allocates.
+ *
+ * q5_k the same way over "q5_k lanes" with kg5_tile's arithmetic (the fifth
+ * bit added to each 64 weights on the fly); the same row function over the
+ * file's bytes is q5_k's plain decode gemv (a file that is mapped, not read).
  */
 
 enum { RK4_GROUP = 4 * (int)sizeof(cm_block_q4_k), RK4_MAXB = CM_REPACK_MAX_K / CM_QK_K };
@@ -41,29 +45,44 @@ AI void rk4_block(const uint8_t *qs, const __m512i s[2], __m128i mn16, float d, 
     *accm = _mm_fmadd_ps(_mm_cvtepi32_ps(mins), _mm_set1_ps(dmin * yd), *accm);
 }
 
+/* A group's header (repack.c: 8 fp16, then the scale dwords a, b, c of 4
+ * blocks): dd = d[0..3], dmin[0..3]; sc03/sc47: dword j = block j's scales
+ * 0-3 / 4-7 (kscales' bit arithmetic on 4 blocks at once); mn16[j]: block
+ * j's mins as words. */
+AI void rk_header(const uint8_t *x, float dd[8], __m128i *sc03, __m128i *sc47, __m128i mn16[4]) {
+    const __m128i m3f = _mm_set1_epi32(0x3f3f3f3f), m0f = _mm_set1_epi32(0x0f0f0f0f), m03 = _mm_set1_epi32(0x03030303);
+    _mm256_storeu_ps(dd, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)x)));
+    const __m128i a = _mm_loadu_si128((const __m128i *)(const void *)(x + 16));
+    const __m128i b = _mm_loadu_si128((const __m128i *)(const void *)(x + 32));
+    const __m128i c = _mm_loadu_si128((const __m128i *)(const void *)(x + 48));
+    *sc03 = _mm_and_si128(a, m3f);
+    *sc47 = _mm_or_si128(_mm_and_si128(c, m0f), _mm_slli_epi32(_mm_and_si128(_mm_srli_epi32(a, 6), m03), 4));
+    const __m128i mn03 = _mm_and_si128(b, m3f);
+    const __m128i mn47 =
+        _mm_or_si128(_mm_and_si128(_mm_srli_epi32(c, 4), m0f), _mm_slli_epi32(_mm_and_si128(_mm_srli_epi32(b, 6), m03), 4));
+    const __m128i mlo = _mm_unpacklo_epi32(mn03, mn47), mhi = _mm_unpackhi_epi32(mn03, mn47);
+    mn16[0] = _mm_cvtepu8_epi16(mlo);
+    mn16[1] = _mm_cvtepu8_epi16(_mm_srli_si128(mlo, 8));
+    mn16[2] = _mm_cvtepu8_epi16(mhi);
+    mn16[3] = _mm_cvtepu8_epi16(_mm_srli_si128(mhi, 8));
+}
+
+/* 32 words: block j's scale i (i < 4) at 4j + i, scale 4 + i at 16 + 4j + i. */
+AI __m512i rk_scale_words(__m128i sc03, __m128i sc47) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_cvtepu8_epi16(sc03)), _mm256_cvtepu8_epi16(sc47), 1);
+}
+
 AI float rk4_row(int64_t nb, const uint8_t *x, const uint8_t *pk) {
     __m512 acc = _mm512_setzero_ps();
     __m128 accm = _mm_setzero_ps();
-    const __m128i m3f = _mm_set1_epi32(0x3f3f3f3f), m0f = _mm_set1_epi32(0x0f0f0f0f), m03 = _mm_set1_epi32(0x03030303);
     /* lanes 0-7: dword 8h + 2j (scales 4h, 4h+1 of block j), lanes 8-15: 8h + 2j + 1 */
     const __m512i base = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
     int64_t b = 0;
     for (; b + 4 <= nb; b += 4, x += RK4_GROUP) {
-        _Alignas(32) float dd[8];
-        _mm256_store_ps(dd, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)x)));
-        const __m128i a = _mm_loadu_si128((const __m128i *)(const void *)(x + 16));
-        const __m128i bb = _mm_loadu_si128((const __m128i *)(const void *)(x + 32));
-        const __m128i c = _mm_loadu_si128((const __m128i *)(const void *)(x + 48));
-        const __m128i sc03 = _mm_and_si128(a, m3f); /* kscales, 4 blocks at once */
-        const __m128i sc47 = _mm_or_si128(_mm_and_si128(c, m0f), _mm_slli_epi32(_mm_and_si128(_mm_srli_epi32(a, 6), m03), 4));
-        const __m128i mn03 = _mm_and_si128(bb, m3f);
-        const __m128i mn47 =
-            _mm_or_si128(_mm_and_si128(_mm_srli_epi32(c, 4), m0f), _mm_slli_epi32(_mm_and_si128(_mm_srli_epi32(bb, 6), m03), 4));
-        const __m512i sw = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_cvtepu8_epi16(sc03)),
-                                              _mm256_cvtepu8_epi16(sc47), 1);
-        const __m128i mlo = _mm_unpacklo_epi32(mn03, mn47), mhi = _mm_unpackhi_epi32(mn03, mn47);
-        const __m128i mn16[4] = {_mm_cvtepu8_epi16(mlo), _mm_cvtepu8_epi16(_mm_srli_si128(mlo, 8)),
-                                 _mm_cvtepu8_epi16(mhi), _mm_cvtepu8_epi16(_mm_srli_si128(mhi, 8))};
+        float dd[8];
+        __m128i sc03, sc47, mn16[4];
+        rk_header(x, dd, &sc03, &sc47, mn16);
+        const __m512i sw = rk_scale_words(sc03, sc47);
         _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {
             const __m512i s[2] = {_mm512_permutexvar_epi32(_mm512_add_epi32(base, _mm512_set1_epi32(2 * j)), sw),
                                   _mm512_permutexvar_epi32(_mm512_add_epi32(base, _mm512_set1_epi32(8 + 2 * j)), sw)};
@@ -92,3 +111,94 @@ static void gemv_rq4_k(int64_t k, const void *w, size_t w_stride, const void *x,
     pack_q4_k(k, x, pk);
     for (int64_t i = r0; i < r1; i++) y[i] = rk4_row(nb, (const uint8_t *)w + (size_t)i * w_stride, pk);
 }
+
+/* ---- q5_k: kg5_tile's arithmetic (tile_q5_k's 8 lanes) with the fifth bit
+ * added on the fly; the token is read as it is (64 weights per vpdpbusd in
+ * their own order), only its bsums pairs are gathered once per call ---- */
+enum { RK5_GROUP = 4 * (int)sizeof(cm_block_q5_k) };
+
+/* One super-block: qs and qh (the file's order), the word pairs s[h]
+ * (kg5_blk's), mins as words, d, dmin; y the token's block, pairs its bsums
+ * pair sums. */
+AI void rk5_block(const uint8_t *qs, const uint8_t *qh, const __m512i s[2], __m128i mn16, float d, float dmin,
+                  const cm_block_q8_k *y, __m128i pairs, __m256 *acc, __m128 *accm) {
+    const __m512i m4 = _mm512_set1_epi8(0x0f), one = _mm512_set1_epi8(1), z = _mm512_setzero_si512();
+    const __m512i nsh = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1); /* lo | hi nibbles */
+    const __m512i h5 = _mm512_broadcast_i64x4(ld256(qh));
+    __m512i s16 = z;
+    _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
+        __m512i dp[2];
+        _Pragma("GCC unroll 2") for (int e = 0; e < 2; e++) {
+            const int j = 2 * h + e; /* elements 64j.., bits 2j (low nibbles) and 2j+1 (high) of qh */
+            const __m512i q = _mm512_broadcast_i64x4(ld256(qs + 32 * j));
+            const __m512i hb = _mm512_srlv_epi16(h5, _mm512_add_epi16(_mm512_srli_epi16(nsh, 2), _mm512_set1_epi16((short)(2 * j))));
+            const __m512i v = _mm512_or_si512(_mm512_and_si512(_mm512_srlv_epi16(q, nsh), m4),
+                                              _mm512_slli_epi16(_mm512_and_si512(hb, one), 4));
+            dp[e] = _mm512_dpbusd_epi32(z, v, _mm512_loadu_si512(y->qs + 64 * j));
+        }
+        s16 = _mm512_dpwssd_epi32(s16, _mm512_mask_blend_epi16(0xaaaaaaaau, dp[0], _mm512_slli_epi32(dp[1], 16)), s[h]);
+    }
+    const __m256i s8 = _mm256_add_epi32(_mm512_castsi512_si256(s16), _mm512_extracti64x4_epi64(s16, 1));
+    FMA_BLOCK(*acc, s8, d * y->d);
+    *accm = _mm_fmadd_ps(_mm_cvtepi32_ps(_mm_madd_epi16(mn16, pairs)), _mm_set1_ps(dmin * y->d), *accm);
+}
+
+/* A row of nb super-blocks; grouped: repacked ("q5_k lanes"), else the
+ * file's bytes (every block as a tail block). */
+AI float rk5_row(int64_t nb, const uint8_t *x, const cm_block_q8_k *y, const __m128i *pairs, bool grouped) {
+    __m256 acc = _mm256_setzero_ps();
+    __m128 accm = _mm_setzero_ps();
+    /* word 2l (l < 8): scale 4h of block j; 2l+1: 4h+2; l >= 8: 4h+1, 4h+3 */
+    static const uint16_t k_base[32] = {0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2,
+                                        1, 3, 1, 3, 1, 3, 1, 3, 1, 3, 1, 3, 1, 3, 1, 3};
+    const __m512i base = _mm512_loadu_si512(k_base);
+    int64_t b = 0;
+    for (; grouped && b + 4 <= nb; b += 4, x += RK5_GROUP) {
+        float dd[8];
+        __m128i sc03, sc47, mn16[4];
+        rk_header(x, dd, &sc03, &sc47, mn16);
+        const __m512i sw = rk_scale_words(sc03, sc47);
+        _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {
+            const __m512i s[2] = {_mm512_permutexvar_epi16(_mm512_add_epi16(base, _mm512_set1_epi16((short)(4 * j))), sw),
+                                  _mm512_permutexvar_epi16(_mm512_add_epi16(base, _mm512_set1_epi16((short)(16 + 4 * j))), sw)};
+            rk5_block(x + 192 + 128 * j, x + 64 + 32 * j, s, mn16[j], dd[j], dd[4 + j], y + b + j, pairs[b + j], &acc,
+                      &accm);
+        }
+    }
+    for (const cm_block_q5_k *xt = (const cm_block_q5_k *)(const void *)x; b < nb; b++, xt++) {
+        uint8_t sc[8], mn[8];
+        kscales(xt->scales, sc, mn);
+        __m512i s[2];
+        for (int h = 0; h < 2; h++)
+            s[h] = _mm512_inserti64x4(_mm512_set1_epi32((int)(sc[4 * h] | (uint32_t)sc[4 * h + 2] << 16)),
+                                      _mm256_set1_epi32((int)(sc[4 * h + 1] | (uint32_t)sc[4 * h + 3] << 16)), 1);
+        rk5_block(xt->qs, xt->qh, s, _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mn)), f16f(xt->d),
+                  f16f(xt->dmin), y + b, pairs[b], &acc, &accm);
+    }
+    return hsum8(acc) - hsum4(accm);
+}
+
+/* The token's bsums pair sums, as kmins forms them. */
+AI void rk5_pairs(int64_t nb, const cm_block_q8_k *y, __m128i *pairs) {
+    for (int64_t b = 0; b < nb; b++) {
+        const __m256i bs = ld256(y[b].bsums);
+        pairs[b] = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+    }
+}
+
+#define GEMV_RK5(NAME, GROUPED)                                                                    \
+    static void NAME(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, \
+                     int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {                         \
+        (void)x_stride, (void)ldy, (void)n_tok;                                                    \
+        const int64_t nb = k / CM_QK_K;                                                            \
+        if (nb > RK4_MAXB) {                                                                       \
+            for (int64_t i = r0; i < r1; i++) vec_dot_q5_k(k, &y[i], (const char *)w + (size_t)i * w_stride, x); \
+            return;                                                                                \
+        }                                                                                          \
+        __m128i pairs[RK4_MAXB];                                                                   \
+        rk5_pairs(nb, x, pairs);                                                                   \
+        for (int64_t i = r0; i < r1; i++)                                                          \
+            y[i] = rk5_row(nb, (const uint8_t *)w + (size_t)i * w_stride, x, pairs, GROUPED);      \
+    }
+GEMV_RK5(gemv_rq5_k, true)  /* over "q5_k lanes" (repack.c) */
+GEMV_RK5(gemv_fq5_k, false) /* over the file's bytes */

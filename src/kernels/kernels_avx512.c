@@ -21,8 +21,8 @@
  * avx512_prefill.h (the same chains one at a time, 4 x 4 and 4 x 5 register
  * tiles), which falls back to those for rows longer than 16384. q4_0 also has a decode gemv
  * (4 rows per pass against the token packed once), same bits again, and
- * q4_0 and q4_k decode gemvs over rows repacked at load (repack.c;
- * avx512_krepack.h for q4_k).
+ * q4_0, q4_k and q5_k decode gemvs over rows repacked at load (repack.c;
+ * avx512_krepack.h for the k-quants, which also has q5_k's plain gemv).
  * Every tile keeps the contract of isa.h: integer sums exactly the
  * reference's, only the float accumulation order free. Tested against the
  * reference in tests/unit/test_kernels_simd.c and for batch invariance in
@@ -570,4 +570,6 @@ void cm_kernels_fill_avx512(cm_kernels *k) {
     k->gemm[CM_TYPE_Q6_K] = gemm_kg6;
     k->gemv[CM_TYPE_Q6_K] = gemv_zq6_k;
     k->gemm[CM_TYPE_Q5_K] = gemm_kg5;
+    k->gemv[CM_TYPE_Q5_K] = gemv_fq5_k;
+    k->gemv_packed[CM_TYPE_Q5_K] = gemv_rq5_k;
 }

@@ -23,7 +23,9 @@
  *   [bytes 8-11 ..][4 x 128 bytes: block j's qs]
  * so the 6-bit scales and mins of 4 blocks unpack with one set of 128-bit
  * operations (block j in dword j) and the 8 fp16 with one conversion; the
- * nb % 4 last super-blocks stay as they are.
+ * nb % 4 last super-blocks stay as they are. Layout "q5_k lanes" is the
+ * same with the 4 blocks' qh (4 x 32 bytes) between the scales and the qs
+ * (704 bytes per group).
  *
  * The registry is process-wide: a sorted array of {owner, base, stride,
  * ne0, rows, type, copy}, under a rwlock (writers: loads and releases;
@@ -59,7 +61,7 @@ static bool rp_wanted(const cm_kernels *k, const cm_tensor *W) {
     if (!k || (unsigned)W->type >= CM_TYPE_COUNT || !k->gemv_packed[W->type] || !W->data) return false;
     if (W->n_dims < 2 || W->ne[1] < 1) return false;
     if (W->type == CM_TYPE_Q4_0) return W->ne[0] >= 16 * CM_QK4_0 && W->ne[0] <= CM_REPACK_MAX_K;
-    if (W->type == CM_TYPE_Q4_K) return W->ne[0] >= 4 * CM_QK_K && W->ne[0] <= CM_REPACK_MAX_K;
+    if (W->type == CM_TYPE_Q4_K || W->type == CM_TYPE_Q5_K) return W->ne[0] >= 4 * CM_QK_K && W->ne[0] <= CM_REPACK_MAX_K;
     return false;
 }
 
@@ -90,9 +92,26 @@ void cm_repack_q4_k_lanes(const void *src, void *dst, int64_t nb) {
     memcpy(d, x + g, (size_t)(nb - g) * sizeof *x);
 }
 
+void cm_repack_q5_k_lanes(const void *src, void *dst, int64_t nb) {
+    const cm_block_q5_k *x = src;
+    uint8_t *d = dst;
+    int64_t g = 0;
+    for (; g + 4 <= nb; g += 4, d += 4 * sizeof(cm_block_q5_k)) {
+        for (int j = 0; j < 4; j++) {
+            memcpy(d + 2 * j, &x[g + j].d, 2);
+            memcpy(d + 8 + 2 * j, &x[g + j].dmin, 2);
+            for (int q = 0; q < 3; q++) memcpy(d + 16 + 16 * q + 4 * j, x[g + j].scales + 4 * q, 4);
+            memcpy(d + 64 + 32 * j, x[g + j].qh, 32);
+            memcpy(d + 192 + 128 * j, x[g + j].qs, 128);
+        }
+    }
+    memcpy(d, x + g, (size_t)(nb - g) * sizeof *x);
+}
+
 void cm_repack_row(enum cm_type t, const void *src, void *dst, int64_t ne0) {
     if (t == CM_TYPE_Q4_0) cm_repack_q4_0_lanes(src, dst, ne0 / CM_QK4_0);
     else if (t == CM_TYPE_Q4_K) cm_repack_q4_k_lanes(src, dst, ne0 / CM_QK_K);
+    else if (t == CM_TYPE_Q5_K) cm_repack_q5_k_lanes(src, dst, ne0 / CM_QK_K);
     else CM_ASSERT(!"no repacked layout for this type");
 }
 

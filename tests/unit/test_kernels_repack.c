@@ -10,7 +10,7 @@
  * The batched-decode gemm over the same copy (gemm_packed, 2..gemm_packed_max
  * tokens, and a few more where the file's gemm takes over) must give every
  * (row, token) vec_dot's bits too, for every row slice. The same for q4_k's
- * layout (one token).
+ * and q5_k's layouts (one token).
  */
 #include "kernels/kernels.h"
 #include "test.h"
@@ -162,20 +162,22 @@ static void test_q4_0_lanes(void) {
     }
 }
 
-/* "q4_k lanes": groups of 4 super-blocks and a tail of 0..3 */
-static void test_q4_k_lanes(void) {
+/* "q4_k lanes", "q5_k lanes": groups of 4 super-blocks and a tail of 0..3 */
+static void check_k(enum cm_type t) {
     int tables = 0;
     for (size_t i = 0; i < sizeof k_isas / sizeof k_isas[0]; i++) {
         const cm_kernels *k = cm_kernels_for(k_isas[i]);
         if (!k) continue;
-        tables += k->gemv_packed[CM_TYPE_Q4_K] != NULL;
-        check(k, CM_TYPE_Q4_K, 1024);    /* one group */
-        check(k, CM_TYPE_Q4_K, 2048);    /* two groups, no tail (the 1B models' width) */
-        check(k, CM_TYPE_Q4_K, 7 * 256); /* one group and a 3-block tail */
-        check(k, CM_TYPE_Q4_K, 5632);    /* five groups and a 2-block tail (ffn_down of the 1B models) */
+        tables += k->gemv_packed[t] != NULL;
+        check(k, t, 1024);    /* one group */
+        check(k, t, 2048);    /* two groups, no tail (the 1B models' width) */
+        check(k, t, 7 * 256); /* one group and a 3-block tail */
+        check(k, t, 5632);    /* five groups and a 2-block tail (ffn_down of the 1B models) */
     }
-    if (!tables) printf("skip: no kernel table on this CPU has a gemv over repacked q4_k\n");
+    if (!tables) printf("skip: no kernel table on this CPU has a gemv over repacked %s\n", cm_type_name(t));
 }
+static void test_q4_k_lanes(void) { check_k(CM_TYPE_Q4_K); }
+static void test_q5_k_lanes(void) { check_k(CM_TYPE_Q5_K); }
 
 int main(void) {
     int tables = 0;
@@ -188,5 +190,6 @@ int main(void) {
     RUN(test_q4_0_lanes);
     RUN(test_q4_0_batched);
     RUN(test_q4_k_lanes);
+    RUN(test_q5_k_lanes);
     TEST_END();
 }
