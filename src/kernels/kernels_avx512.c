@@ -534,7 +534,6 @@ VEC_DOT(zq6_k, cm_block_q6_k, cm_block_q8_k, CM_QK_K)
 GEMV_ROWS(zf16)
 GEMV_ROWS(zbf16)
 
-GEMV_ROWS(zq6_k)
 GEMV_ROWS(zq8_0)
 
 #include "avx512_gemm.h"
@@ -568,7 +567,7 @@ void cm_kernels_fill_avx512(cm_kernels *k) {
     k->gemv_packed[CM_TYPE_Q4_K] = gemv_rq4_k;
     k->vec_dot[CM_TYPE_Q6_K] = vec_dot_zq6_k;
     k->gemm[CM_TYPE_Q6_K] = gemm_kg6;
-    k->gemv[CM_TYPE_Q6_K] = gemv_zq6_k;
+    k->gemv[CM_TYPE_Q6_K] = gemv_fq6_k;
     k->gemm[CM_TYPE_Q5_K] = gemm_kg5;
     k->gemv[CM_TYPE_Q5_K] = gemv_fq5_k;
     k->gemv_packed[CM_TYPE_Q5_K] = gemv_rq5_k;
