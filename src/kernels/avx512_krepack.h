@@ -22,7 +22,7 @@
  * file's bytes is q5_k's plain decode gemv (a file that is mapped, not read).
  */
 
-enum { RK4_GROUP = 4 * (int)sizeof(cm_block_q4_k), RK4_MAXB = CM_REPACK_MAX_K / CM_QK_K };
+#include "x86_krepack.h"
 
 /* One super-block: qs (128 bytes, the file's order), the scale word pairs
  * s[h] (kg4_blk's), the mins as words, d and dmin; py the packed token's
@@ -43,28 +43,6 @@ AI void rk4_block(const uint8_t *qs, const __m512i s[2], __m128i mn16, float d, 
     *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s16), _mm512_set1_ps(d * yd), *acc);
     const __m128i mins = _mm_madd_epi16(mn16, _mm_load_si128((const __m128i *)(const void *)(py + 256)));
     *accm = _mm_fmadd_ps(_mm_cvtepi32_ps(mins), _mm_set1_ps(dmin * yd), *accm);
-}
-
-/* A group's header (repack.c: 8 fp16, then the scale dwords a, b, c of 4
- * blocks): dd = d[0..3], dmin[0..3]; sc03/sc47: dword j = block j's scales
- * 0-3 / 4-7 (kscales' bit arithmetic on 4 blocks at once); mn16[j]: block
- * j's mins as words. */
-AI void rk_header(const uint8_t *x, float dd[8], __m128i *sc03, __m128i *sc47, __m128i mn16[4]) {
-    const __m128i m3f = _mm_set1_epi32(0x3f3f3f3f), m0f = _mm_set1_epi32(0x0f0f0f0f), m03 = _mm_set1_epi32(0x03030303);
-    _mm256_storeu_ps(dd, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)x)));
-    const __m128i a = _mm_loadu_si128((const __m128i *)(const void *)(x + 16));
-    const __m128i b = _mm_loadu_si128((const __m128i *)(const void *)(x + 32));
-    const __m128i c = _mm_loadu_si128((const __m128i *)(const void *)(x + 48));
-    *sc03 = _mm_and_si128(a, m3f);
-    *sc47 = _mm_or_si128(_mm_and_si128(c, m0f), _mm_slli_epi32(_mm_and_si128(_mm_srli_epi32(a, 6), m03), 4));
-    const __m128i mn03 = _mm_and_si128(b, m3f);
-    const __m128i mn47 =
-        _mm_or_si128(_mm_and_si128(_mm_srli_epi32(c, 4), m0f), _mm_slli_epi32(_mm_and_si128(_mm_srli_epi32(b, 6), m03), 4));
-    const __m128i mlo = _mm_unpacklo_epi32(mn03, mn47), mhi = _mm_unpackhi_epi32(mn03, mn47);
-    mn16[0] = _mm_cvtepu8_epi16(mlo);
-    mn16[1] = _mm_cvtepu8_epi16(_mm_srli_si128(mlo, 8));
-    mn16[2] = _mm_cvtepu8_epi16(mhi);
-    mn16[3] = _mm_cvtepu8_epi16(_mm_srli_si128(mhi, 8));
 }
 
 /* 32 words: block j's scale i (i < 4) at 4j + i, scale 4 + i at 16 + 4j + i. */
