@@ -64,11 +64,7 @@ static void gemv_ak4_k(int64_t k, const void *w, size_t w_stride, const void *x,
     (void)x_stride, (void)ldy, (void)n_tok;
     const int64_t nb = k / CM_QK_K;
     CM_ASSERT(nb <= RK4_MAXB);
-    const cm_block_q8_k *yq = x;
     __m128i pairs[RK4_MAXB];
-    for (int64_t b = 0; b < nb; b++) {
-        const __m256i bs = ld256(yq[b].bsums);
-        pairs[b] = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
-    }
-    for (int64_t i = r0; i < r1; i++) y[i] = ak4_row(nb, (const uint8_t *)w + (size_t)i * w_stride, yq, pairs);
+    rk_pairs(nb, x, pairs);
+    for (int64_t i = r0; i < r1; i++) y[i] = ak4_row(nb, (const uint8_t *)w + (size_t)i * w_stride, x, pairs);
 }

@@ -156,14 +156,6 @@ AI float rk5_row(int64_t nb, const uint8_t *x, const cm_block_q8_k *y, const __m
     return hsum8(acc) - hsum4(accm);
 }
 
-/* The token's bsums pair sums, as kmins forms them. */
-AI void rk5_pairs(int64_t nb, const cm_block_q8_k *y, __m128i *pairs) {
-    for (int64_t b = 0; b < nb; b++) {
-        const __m256i bs = ld256(y[b].bsums);
-        pairs[b] = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
-    }
-}
-
 #define GEMV_RK5(NAME, GROUPED)                                                                    \
     static void NAME(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, \
                      int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {                         \
@@ -174,7 +166,7 @@ AI void rk5_pairs(int64_t nb, const cm_block_q8_k *y, __m128i *pairs) {
             return;                                                                                \
         }                                                                                          \
         __m128i pairs[RK4_MAXB];                                                                   \
-        rk5_pairs(nb, x, pairs);                                                                   \
+        rk_pairs(nb, x, pairs);                                                                   \
         for (int64_t i = r0; i < r1; i++)                                                          \
             y[i] = rk5_row(nb, (const uint8_t *)w + (size_t)i * w_stride, x, pairs, GROUPED);      \
     }

@@ -1,7 +1,7 @@
 /*
  * x86_krepack.h: what the AVX2 and AVX-512 gemvs over "q4_k lanes" and
  * "q5_k lanes" rows (repack.c) share: a group's header unpacked with 128-bit
- * operations. Included only by avx2_krepack.h and avx512_krepack.h (each in
+ * operations, the token's bsums pair sums. Included only by avx2_krepack.h and avx512_krepack.h (each in
  * its own ISA file, after x86_tiles.h). Never allocates.
  */
 #ifndef CM_X86_KREPACK_H
@@ -29,6 +29,14 @@ AI void rk_header(const uint8_t *x, float dd[8], __m128i *sc03, __m128i *sc47, _
     mn16[1] = _mm_cvtepu8_epi16(_mm_srli_si128(mlo, 8));
     mn16[2] = _mm_cvtepu8_epi16(mhi);
     mn16[3] = _mm_cvtepu8_epi16(_mm_srli_si128(mhi, 8));
+}
+
+/* The token's bsums pair sums, as kmins forms them. */
+AI void rk_pairs(int64_t nb, const cm_block_q8_k *y, __m128i *pairs) {
+    for (int64_t b = 0; b < nb; b++) {
+        const __m256i bs = ld256(y[b].bsums);
+        pairs[b] = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+    }
 }
 
 #endif
