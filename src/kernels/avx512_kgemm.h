@@ -151,6 +151,51 @@ static void gemm_kg6(int64_t k, const void *w, size_t w_stride, const void *x, s
     }
 }
 
+/* The q5_k and q4_k gemms: passes of tokens, K5_R rows unpacked at a time
+ * (NAME_unpack into BLK), K5_T tokens per NAME_tile; rows longer than
+ * KG_MAXNB super-blocks, and one token, go to FALLBACK (the one-token tiles). */
+#define KG_GEMM(NAME, BLK, XB, FALLBACK)                                                           \
+    static void gemm_##NAME(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, \
+                            float *y, int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {        \
+        const int64_t nb = k / CM_QK_K;                                                            \
+        if (nb > KG_MAXNB || n_tok < 2) {                                                          \
+            FALLBACK(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);                          \
+            return;                                                                                \
+        }                                                                                          \
+        _Alignas(64) BLK buf[K5_R * KG_MAXNB];                                                     \
+        int64_t cap = KG_PASS / (nb * (int64_t)sizeof(cm_block_q8_k));                             \
+        if (cap < 4 * K5_T) cap = 4 * K5_T;                                                        \
+        for (int64_t j0 = 0; j0 < n_tok; j0 += cap) {                                              \
+            const int64_t nt = n_tok - j0 < cap ? n_tok - j0 : cap;                                \
+            for (int64_t i = r0; i < r1; i += K5_R) {                                              \
+                const int R = r1 - i < K5_R ? (int)(r1 - i) : K5_R;                                \
+                const BLK *xb[K5_R];                                                               \
+                for (int r = 0; r < R; r++) {                                                      \
+                    NAME##_unpack(nb, (const XB *)(const void *)((const char *)w + (size_t)(i + r) * w_stride), \
+                                  buf + r * nb);                                                   \
+                    xb[r] = buf + r * nb;                                                          \
+                }                                                                                  \
+                for (int64_t jj = 0; jj < nt; jj += K5_T) {                                        \
+                    const int T = nt - jj < K5_T ? (int)(nt - jj) : K5_T;                          \
+                    const cm_block_q8_k *yv[K5_T];                                                 \
+                    for (int t = 0; t < T; t++)                                                    \
+                        yv[t] = (const cm_block_q8_k *)(const void *)((const char *)x + (size_t)(j0 + jj + t) * x_stride); \
+                    float out[K5_R * K5_T];                                                        \
+                    if (R == K5_R && T == K5_T) NAME##_tile(nb, xb, yv, K5_R, K5_T, out);          \
+                    else                                                                           \
+                        for (int r = 0; r < R; r++) switch (T) {                                   \
+                            case 4: NAME##_tile(nb, xb + r, yv, 1, 4, out + r * K5_T); break;      \
+                            case 3: NAME##_tile(nb, xb + r, yv, 1, 3, out + r * K5_T); break;      \
+                            case 2: NAME##_tile(nb, xb + r, yv, 1, 2, out + r * K5_T); break;      \
+                            default: NAME##_tile(nb, xb + r, yv, 1, 1, out + r * K5_T); break;     \
+                            }                                                                      \
+                    for (int r = 0; r < R; r++)                                                    \
+                        for (int t = 0; t < T; t++) y[(j0 + jj + t) * ldy + i + r] = out[r * K5_T + t]; \
+                }                                                                                  \
+            }                                                                                      \
+        }                                                                                          \
+    }
+
 /* ---- q5_k (tile_q5_k's order: 8 int32 lanes per super-block, 4 min lanes) ----
  * q[j] = the 5-bit values of elements 64j .. 64j+63 (sub-blocks 2j | 2j+1),
  * s[h] = word pairs: lanes 0-7 (scale 4h, scale 4h+2), lanes 8-15 (4h+1,
@@ -223,46 +268,7 @@ AI void kg5_tile(int64_t nb, const kg5_blk *const *xb, const cm_block_q8_k *cons
         _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) out[r * K5_T + t] = hsum8(acc[r][t]) - hsum4(accm[r][t]);
 }
 
-static void gemm_kg5(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
-                     int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {
-    const int64_t nb = k / CM_QK_K;
-    if (nb > KG_MAXNB || n_tok < 2) {
-        gemm_q5_k(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
-        return;
-    }
-    _Alignas(64) kg5_blk buf[K5_R * KG_MAXNB];
-    int64_t cap = KG_PASS / (nb * (int64_t)sizeof(cm_block_q8_k));
-    if (cap < 4 * K5_T) cap = 4 * K5_T;
-    for (int64_t j0 = 0; j0 < n_tok; j0 += cap) {
-        const int64_t nt = n_tok - j0 < cap ? n_tok - j0 : cap;
-        for (int64_t i = r0; i < r1; i += K5_R) {
-            const int R = r1 - i < K5_R ? (int)(r1 - i) : K5_R;
-            const kg5_blk *xb[K5_R];
-            for (int r = 0; r < R; r++) {
-                kg5_unpack(nb, (const cm_block_q5_k *)(const void *)((const char *)w + (size_t)(i + r) * w_stride),
-                           buf + r * nb);
-                xb[r] = buf + r * nb;
-            }
-            for (int64_t jj = 0; jj < nt; jj += K5_T) {
-                const int T = nt - jj < K5_T ? (int)(nt - jj) : K5_T;
-                const cm_block_q8_k *yv[K5_T];
-                for (int t = 0; t < T; t++)
-                    yv[t] = (const cm_block_q8_k *)(const void *)((const char *)x + (size_t)(j0 + jj + t) * x_stride);
-                float out[K5_R * K5_T];
-                if (R == K5_R && T == K5_T) kg5_tile(nb, xb, yv, K5_R, K5_T, out);
-                else
-                    for (int r = 0; r < R; r++) switch (T) {
-                        case 4: kg5_tile(nb, xb + r, yv, 1, 4, out + r * K5_T); break;
-                        case 3: kg5_tile(nb, xb + r, yv, 1, 3, out + r * K5_T); break;
-                        case 2: kg5_tile(nb, xb + r, yv, 1, 2, out + r * K5_T); break;
-                        default: kg5_tile(nb, xb + r, yv, 1, 1, out + r * K5_T); break;
-                        }
-                for (int r = 0; r < R; r++)
-                    for (int t = 0; t < T; t++) y[(j0 + jj + t) * ldy + i + r] = out[r * K5_T + t];
-            }
-        }
-    }
-}
+KG_GEMM(kg5, kg5_blk, cm_block_q5_k, gemm_q5_k)
 
 /* ---- q4_k (ztile_q4_k's order: 16 int32 lanes per super-block, 4 min lanes) ----
  * Per half h (128 weights): lo[h] = the low nibbles of qs[64h..64h+63]
@@ -335,43 +341,4 @@ AI void kg4_tile(int64_t nb, const kg4_blk *const *xb, const cm_block_q8_k *cons
             out[r * K5_T + t] = _mm512_reduce_add_ps(acc[r][t]) - hsum4(accm[r][t]);
 }
 
-static void gemm_kg4(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
-                     int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {
-    const int64_t nb = k / CM_QK_K;
-    if (nb > KG_MAXNB || n_tok < 2) {
-        gemm_pq4_k(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
-        return;
-    }
-    _Alignas(64) kg4_blk buf[K5_R * KG_MAXNB];
-    int64_t cap = KG_PASS / (nb * (int64_t)sizeof(cm_block_q8_k));
-    if (cap < 4 * K5_T) cap = 4 * K5_T;
-    for (int64_t j0 = 0; j0 < n_tok; j0 += cap) {
-        const int64_t nt = n_tok - j0 < cap ? n_tok - j0 : cap;
-        for (int64_t i = r0; i < r1; i += K5_R) {
-            const int R = r1 - i < K5_R ? (int)(r1 - i) : K5_R;
-            const kg4_blk *xb[K5_R];
-            for (int r = 0; r < R; r++) {
-                kg4_unpack(nb, (const cm_block_q4_k *)(const void *)((const char *)w + (size_t)(i + r) * w_stride),
-                           buf + r * nb);
-                xb[r] = buf + r * nb;
-            }
-            for (int64_t jj = 0; jj < nt; jj += K5_T) {
-                const int T = nt - jj < K5_T ? (int)(nt - jj) : K5_T;
-                const cm_block_q8_k *yv[K5_T];
-                for (int t = 0; t < T; t++)
-                    yv[t] = (const cm_block_q8_k *)(const void *)((const char *)x + (size_t)(j0 + jj + t) * x_stride);
-                float out[K5_R * K5_T];
-                if (R == K5_R && T == K5_T) kg4_tile(nb, xb, yv, K5_R, K5_T, out);
-                else
-                    for (int r = 0; r < R; r++) switch (T) {
-                        case 4: kg4_tile(nb, xb + r, yv, 1, 4, out + r * K5_T); break;
-                        case 3: kg4_tile(nb, xb + r, yv, 1, 3, out + r * K5_T); break;
-                        case 2: kg4_tile(nb, xb + r, yv, 1, 2, out + r * K5_T); break;
-                        default: kg4_tile(nb, xb + r, yv, 1, 1, out + r * K5_T); break;
-                        }
-                for (int r = 0; r < R; r++)
-                    for (int t = 0; t < T; t++) y[(j0 + jj + t) * ldy + i + r] = out[r * K5_T + t];
-            }
-        }
-    }
-}
+KG_GEMM(kg4, kg4_blk, cm_block_q4_k, gemm_pq4_k)

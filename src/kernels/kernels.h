@@ -158,7 +158,13 @@ int cm_repack_add(const void *owner, const cm_kernels *k, const cm_tensor *const
 void cm_repack_drop(const void *owner);
 /* The repacked copy of W's first row, or NULL (not repacked, or a column view). */
 const void *cm_repack_find(const cm_tensor *W);
-/* The "q4_0 lanes" layout of nb blocks (repack.c says what it is). */
+/* The "q4_0 lanes" layout of nb blocks and the "q4_k lanes" and "q5_k
+ * lanes" layouts of nb super-blocks (repack.c says what they are);
+ * cm_repack_row: the layout of one row of ne0 elements of type t (q4_0,
+ * q4_k or q5_k). */
 void cm_repack_q4_0_lanes(const void *src, void *dst, int64_t nb);
+void cm_repack_q4_k_lanes(const void *src, void *dst, int64_t nb);
+void cm_repack_q5_k_lanes(const void *src, void *dst, int64_t nb);
+void cm_repack_row(enum cm_type t, const void *src, void *dst, int64_t ne0);
 
 #endif

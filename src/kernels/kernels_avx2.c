@@ -6,12 +6,18 @@
  * cm_cpu_features_get() says the CPU has it. cm_kernels_fill_avx2() overrides
  * the entries this file implements; every other entry stays the scalar
  * reference. The kernels themselves are in x86_tiles.h (shared with the
- * AVX-512 file); tested against the reference in
+ * AVX-512 file), plus a q4_k decode gemv over rows repacked at load
+ * (avx2_krepack.h); tested against the reference in
  * tests/unit/test_kernels_simd.c. Never allocates.
  */
 #define CM_X86_VNNI 0
 #include "x86_tiles.h"
 
+#include "base/base.h"
+
+#include "avx2_krepack.h"
+
 void cm_kernels_fill_avx2(cm_kernels *k) {
     x86_fill(k);
+    k->gemv_packed[CM_TYPE_Q4_K] = gemv_ak4_k;
 }

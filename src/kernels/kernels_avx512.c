@@ -20,7 +20,9 @@
  * tokens for q8_0 and f16, 4 tokens for q4_k); q8_0 and f16 prefill now run
  * avx512_prefill.h (the same chains one at a time, 4 x 4 and 4 x 5 register
  * tiles), which falls back to those for rows longer than 16384. q4_0 also has a decode gemv
- * (4 rows per pass against the token packed once), same bits again.
+ * (4 rows per pass against the token packed once), same bits again, and
+ * q4_0, q4_k and q5_k decode gemvs over rows repacked at load (repack.c;
+ * avx512_krepack.h for the k-quants, which also has q5_k's plain gemv).
  * Every tile keeps the contract of isa.h: integer sums exactly the
  * reference's, only the float accumulation order free. Tested against the
  * reference in tests/unit/test_kernels_simd.c and for batch invariance in
@@ -516,13 +518,13 @@ VEC_DOT(zq6_k, cm_block_q6_k, cm_block_q8_k, CM_QK_K)
 GEMV_ROWS(zf16)
 GEMV_ROWS(zbf16)
 
-GEMV_ROWS(zq6_k)
 GEMV_ROWS(zq8_0)
 
 #include "avx512_gemm.h"
 #include "avx512_bgemm.h"
 #include "avx512_prefill.h"
 #include "avx512_kgemm.h"
+#include "avx512_krepack.h"
 
 void cm_kernels_fill_avx512(cm_kernels *k) {
     x86_fill(k);
@@ -546,8 +548,11 @@ void cm_kernels_fill_avx512(cm_kernels *k) {
     k->vec_dot[CM_TYPE_Q4_K] = vec_dot_zq4_k;
     k->gemm[CM_TYPE_Q4_K] = gemm_kg4;
     k->gemv[CM_TYPE_Q4_K] = gemv_pq4_k;
+    k->gemv_packed[CM_TYPE_Q4_K] = gemv_rq4_k;
     k->vec_dot[CM_TYPE_Q6_K] = vec_dot_zq6_k;
     k->gemm[CM_TYPE_Q6_K] = gemm_kg6;
-    k->gemv[CM_TYPE_Q6_K] = gemv_zq6_k;
+    k->gemv[CM_TYPE_Q6_K] = gemv_fq6_k;
     k->gemm[CM_TYPE_Q5_K] = gemm_kg5;
+    k->gemv[CM_TYPE_Q5_K] = gemv_fq5_k;
+    k->gemv_packed[CM_TYPE_Q5_K] = gemv_rq5_k;
 }

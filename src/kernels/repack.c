@@ -10,12 +10,22 @@
  * vec_dot's bits for every row (kernels.h), so results never depend on
  * whether a tensor was repacked, which table runs, or how rows are split.
  *
- * Layout "q4_0 lanes" (the only one so far; same size as the row it
+ * Layout "q4_0 lanes" (same size as the row it
  * replaces, row stride unchanged): each group of 16 blocks, 288 bytes, is
  *   [16 fp16 d][4 x 64 bytes: vector q, lane j (4 bytes) = block j's qs[4q..4q+3]]
  * so one 64-byte load feeds vpdpbusd 16 blocks at once with int32 lane j =
  * block j: no shuffles, no gathered scales, one sequential stream per row.
  * The nb % 16 last blocks of a row stay as they are.
+ *
+ * Layout "q4_k lanes" (same size and stride): each group of 4 super-blocks,
+ * 576 bytes, is
+ *   [4 fp16 d][4 fp16 dmin][scales bytes 0-3 of blocks 0..3][bytes 4-7 ..]
+ *   [bytes 8-11 ..][4 x 128 bytes: block j's qs]
+ * so the 6-bit scales and mins of 4 blocks unpack with one set of 128-bit
+ * operations (block j in dword j) and the 8 fp16 with one conversion; the
+ * nb % 4 last super-blocks stay as they are. Layout "q5_k lanes" is the
+ * same with the 4 blocks' qh (4 x 32 bytes) between the scales and the qs
+ * (704 bytes per group).
  *
  * The registry is process-wide: a sorted array of {owner, base, stride,
  * ne0, rows, type, copy}, under a rwlock (writers: loads and releases;
@@ -51,6 +61,7 @@ static bool rp_wanted(const cm_kernels *k, const cm_tensor *W) {
     if (!k || (unsigned)W->type >= CM_TYPE_COUNT || !k->gemv_packed[W->type] || !W->data) return false;
     if (W->n_dims < 2 || W->ne[1] < 1) return false;
     if (W->type == CM_TYPE_Q4_0) return W->ne[0] >= 16 * CM_QK4_0 && W->ne[0] <= CM_REPACK_MAX_K;
+    if (W->type == CM_TYPE_Q4_K || W->type == CM_TYPE_Q5_K) return W->ne[0] >= 4 * CM_QK_K && W->ne[0] <= CM_REPACK_MAX_K;
     return false;
 }
 
@@ -64,6 +75,44 @@ void cm_repack_q4_0_lanes(const void *src, void *dst, int64_t nb) {
             for (int j = 0; j < 16; j++) memcpy(d + 32 + 64 * q + 4 * j, x[g + j].qs + 4 * q, 4);
     }
     memcpy(d, x + g, (size_t)(nb - g) * sizeof *x);
+}
+
+void cm_repack_q4_k_lanes(const void *src, void *dst, int64_t nb) {
+    const cm_block_q4_k *x = src;
+    uint8_t *d = dst;
+    int64_t g = 0;
+    for (; g + 4 <= nb; g += 4, d += 4 * sizeof(cm_block_q4_k)) {
+        for (int j = 0; j < 4; j++) {
+            memcpy(d + 2 * j, &x[g + j].d, 2);
+            memcpy(d + 8 + 2 * j, &x[g + j].dmin, 2);
+            for (int q = 0; q < 3; q++) memcpy(d + 16 + 16 * q + 4 * j, x[g + j].scales + 4 * q, 4);
+            memcpy(d + 64 + 128 * j, x[g + j].qs, 128);
+        }
+    }
+    memcpy(d, x + g, (size_t)(nb - g) * sizeof *x);
+}
+
+void cm_repack_q5_k_lanes(const void *src, void *dst, int64_t nb) {
+    const cm_block_q5_k *x = src;
+    uint8_t *d = dst;
+    int64_t g = 0;
+    for (; g + 4 <= nb; g += 4, d += 4 * sizeof(cm_block_q5_k)) {
+        for (int j = 0; j < 4; j++) {
+            memcpy(d + 2 * j, &x[g + j].d, 2);
+            memcpy(d + 8 + 2 * j, &x[g + j].dmin, 2);
+            for (int q = 0; q < 3; q++) memcpy(d + 16 + 16 * q + 4 * j, x[g + j].scales + 4 * q, 4);
+            memcpy(d + 64 + 32 * j, x[g + j].qh, 32);
+            memcpy(d + 192 + 128 * j, x[g + j].qs, 128);
+        }
+    }
+    memcpy(d, x + g, (size_t)(nb - g) * sizeof *x);
+}
+
+void cm_repack_row(enum cm_type t, const void *src, void *dst, int64_t ne0) {
+    if (t == CM_TYPE_Q4_0) cm_repack_q4_0_lanes(src, dst, ne0 / CM_QK4_0);
+    else if (t == CM_TYPE_Q4_K) cm_repack_q4_k_lanes(src, dst, ne0 / CM_QK_K);
+    else if (t == CM_TYPE_Q5_K) cm_repack_q5_k_lanes(src, dst, ne0 / CM_QK_K);
+    else CM_ASSERT(!"no repacked layout for this type");
 }
 
 static bool repack_off(void) { return cm_config_get()->repack_off; }
@@ -98,9 +147,9 @@ int cm_repack_add(const void *owner, const cm_kernels *k, const cm_tensor *const
     for (int i = 0; i < n; i++) {
         const cm_tensor *W = ws[i];
         if (!rp_wanted(k, W)) continue;
-        const int64_t nb = W->ne[0] / CM_QK4_0;
         for (int64_t r = 0; r < W->ne[1]; r++)
-            cm_repack_q4_0_lanes((const char *)W->data + (size_t)r * W->nb[1], mem + off + (size_t)r * W->nb[1], nb);
+            cm_repack_row(W->type, (const char *)W->data + (size_t)r * W->nb[1], mem + off + (size_t)r * W->nb[1],
+                          W->ne[0]);
         rp_entry e = {owner, W->data, W->nb[1], W->ne[0], W->ne[1], W->type, mem + off, first ? mem : NULL,
                       first ? total : 0};
         first = false;

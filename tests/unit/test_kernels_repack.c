@@ -9,7 +9,8 @@
  * cm_repack_drop must forget it. A table without such a gemv repacks nothing.
  * The batched-decode gemm over the same copy (gemm_packed, 2..gemm_packed_max
  * tokens, and a few more where the file's gemm takes over) must give every
- * (row, token) vec_dot's bits too, for every row slice.
+ * (row, token) vec_dot's bits too, for every row slice. The same for q4_k's
+ * and q5_k's layouts (one token).
  */
 #include "kernels/kernels.h"
 #include "test.h"
@@ -51,11 +52,12 @@ static void check(const cm_kernels *k, enum cm_type t, int64_t n) {
     }
     CHECK(copy != NULL);
     if (!copy) goto done;
-    cm_repack_q4_0_lanes(w + ws, lay, n / CM_QK4_0); /* the copy is the layout of the file's rows */
+    cm_repack_row(t, w + ws, lay, n); /* the copy is the layout of the file's rows */
     CHECK(memcmp((const uint8_t *)copy + ws, lay, ws) == 0);
+    const int64_t blk = cm_type_traits_of(t)->block_size;
     cm_tensor cv = W; /* a column view reads the file's bytes */
-    cv.data = w + cm_row_size(t, 32);
-    cv.ne[0] = n - 32;
+    cv.data = w + cm_row_size(t, blk);
+    cv.ne[0] = n - blk;
     CHECK(cm_repack_find(&cv) == NULL);
     long bad = 0;
     for (int p = 0; p < POOL; p++) {
@@ -160,6 +162,23 @@ static void test_q4_0_lanes(void) {
     }
 }
 
+/* "q4_k lanes", "q5_k lanes": groups of 4 super-blocks and a tail of 0..3 */
+static void check_k(enum cm_type t) {
+    int tables = 0;
+    for (size_t i = 0; i < sizeof k_isas / sizeof k_isas[0]; i++) {
+        const cm_kernels *k = cm_kernels_for(k_isas[i]);
+        if (!k) continue;
+        tables += k->gemv_packed[t] != NULL;
+        check(k, t, 1024);    /* one group */
+        check(k, t, 2048);    /* two groups, no tail (the 1B models' width) */
+        check(k, t, 7 * 256); /* one group and a 3-block tail */
+        check(k, t, 5632);    /* five groups and a 2-block tail (ffn_down of the 1B models) */
+    }
+    if (!tables) printf("skip: no kernel table on this CPU has a gemv over repacked %s\n", cm_type_name(t));
+}
+static void test_q4_k_lanes(void) { check_k(CM_TYPE_Q4_K); }
+static void test_q5_k_lanes(void) { check_k(CM_TYPE_Q5_K); }
+
 int main(void) {
     int tables = 0;
     for (size_t i = 0; i < sizeof k_isas / sizeof k_isas[0]; i++) {
@@ -170,5 +189,7 @@ int main(void) {
         printf("skip: no kernel table on this CPU has a gemv over repacked q4_0 (only that nothing is repacked is checked)\n");
     RUN(test_q4_0_lanes);
     RUN(test_q4_0_batched);
+    RUN(test_q4_k_lanes);
+    RUN(test_q5_k_lanes);
     TEST_END();
 }

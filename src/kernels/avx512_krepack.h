@@ -1,0 +1,231 @@
+/*
+ * avx512_krepack.h: the AVX-512 decode gemv over q4_k rows repacked at load
+ * ("q4_k lanes", repack.c). Not a header in the usual sense:
+ * kernels_avx512.c includes it once, after avx512_gemm.h (pack_q4_k) and
+ * avx512_kgemm.h, under its own ISA flags. Nothing else may include it.
+ *
+ * Per group of 4 super-blocks the scales and mins of all 4 are unpacked with
+ * 128-bit operations on the dwords the layout gathered (kscales' bit
+ * arithmetic, block j in dword j) and their 8 fp16 converted at once; the
+ * weights then go as in avx512_kgemm.h's kg4_tile: per half h one vpdpbusd
+ * each for the low and the high nibbles against the token packed once per
+ * call (pack_q4_k), the two 4-byte sums blended into word pairs and
+ * multiplied by their scales with one vpdpwssd (the pair of scales one
+ * vpermd away). Every int32 lane holds ztile_q4_k's lane sum exactly, and
+ * the conversion, the FMA with d * dy, the min term and the reduction are
+ * ztile_q4_k's, so each row is vec_dot on the file's bytes bit for bit
+ * (kernels.h; tests/unit/test_kernels_repack.c). One row per pass: a single
+ * sequential stream. Never allocates.
+ *
+ * q5_k the same way over "q5_k lanes" with kg5_tile's arithmetic (the fifth
+ * bit added to each 64 weights on the fly); the same row function over the
+ * file's bytes is q5_k's plain decode gemv (a file that is mapped, not read).
+ */
+
+#include "x86_krepack.h"
+
+/* One super-block: qs (128 bytes, the file's order), the scale word pairs
+ * s[h] (kg4_blk's), the mins as words, d and dmin; py the packed token's
+ * block (pack_q4_k). */
+AI void rk4_block(const uint8_t *qs, const __m512i s[2], __m128i mn16, float d, float dmin, const uint8_t *py,
+                  __m512 *acc, __m128 *accm) {
+    const __m512i m4 = _mm512_set1_epi8(0x0f), z = _mm512_setzero_si512();
+    __m512i s16 = z;
+    _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
+        const __m512i q = _mm512_loadu_si512(qs + 64 * h);
+        const __m512i d0 = _mm512_dpbusd_epi32(z, _mm512_and_si512(q, m4), _mm512_load_si512((const void *)(py + 128 * h)));
+        const __m512i d1 = _mm512_dpbusd_epi32(z, _mm512_and_si512(_mm512_srli_epi16(q, 4), m4),
+                                               _mm512_load_si512((const void *)(py + 128 * h + 64)));
+        s16 = _mm512_dpwssd_epi32(s16, _mm512_mask_blend_epi16(0xaaaaaaaau, d0, _mm512_slli_epi32(d1, 16)), s[h]);
+    }
+    float yd;
+    memcpy(&yd, py + 272, sizeof yd);
+    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s16), _mm512_set1_ps(d * yd), *acc);
+    const __m128i mins = _mm_madd_epi16(mn16, _mm_load_si128((const __m128i *)(const void *)(py + 256)));
+    *accm = _mm_fmadd_ps(_mm_cvtepi32_ps(mins), _mm_set1_ps(dmin * yd), *accm);
+}
+
+/* 32 words: block j's scale i (i < 4) at 4j + i, scale 4 + i at 16 + 4j + i. */
+AI __m512i rk_scale_words(__m128i sc03, __m128i sc47) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_cvtepu8_epi16(sc03)), _mm256_cvtepu8_epi16(sc47), 1);
+}
+
+AI float rk4_row(int64_t nb, const uint8_t *x, const uint8_t *pk) {
+    __m512 acc = _mm512_setzero_ps();
+    __m128 accm = _mm_setzero_ps();
+    /* lanes 0-7: dword 8h + 2j (scales 4h, 4h+1 of block j), lanes 8-15: 8h + 2j + 1 */
+    const __m512i base = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    int64_t b = 0;
+    for (; b + 4 <= nb; b += 4, x += RK4_GROUP) {
+        float dd[8];
+        __m128i sc03, sc47, mn16[4];
+        rk_header(x, dd, &sc03, &sc47, mn16);
+        const __m512i sw = rk_scale_words(sc03, sc47);
+        _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {
+            const __m512i s[2] = {_mm512_permutexvar_epi32(_mm512_add_epi32(base, _mm512_set1_epi32(2 * j)), sw),
+                                  _mm512_permutexvar_epi32(_mm512_add_epi32(base, _mm512_set1_epi32(8 + 2 * j)), sw)};
+            rk4_block(x + 64 + 128 * j, s, mn16[j], dd[j], dd[4 + j], pk + (size_t)(b + j) * PQ4K_BLOCK, &acc, &accm);
+        }
+    }
+    for (const cm_block_q4_k *xt = (const cm_block_q4_k *)(const void *)x; b < nb; b++, xt++) {
+        uint8_t sc[8], mn[8];
+        kscales(xt->scales, sc, mn);
+        __m512i s[2];
+        for (int h = 0; h < 2; h++)
+            s[h] = _mm512_inserti64x4(_mm512_set1_epi32((int)(sc[4 * h] | (uint32_t)sc[4 * h + 1] << 16)),
+                                      _mm256_set1_epi32((int)(sc[4 * h + 2] | (uint32_t)sc[4 * h + 3] << 16)), 1);
+        rk4_block(xt->qs, s, _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mn)), f16f(xt->d), f16f(xt->dmin),
+                  pk + (size_t)b * PQ4K_BLOCK, &acc, &accm);
+    }
+    return _mm512_reduce_add_ps(acc) - hsum4(accm);
+}
+
+static void gemv_rq4_k(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
+                       int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {
+    (void)x_stride, (void)ldy, (void)n_tok;
+    const int64_t nb = k / CM_QK_K;
+    CM_ASSERT(nb <= RK4_MAXB);
+    _Alignas(64) uint8_t pk[RK4_MAXB * PQ4K_BLOCK];
+    pack_q4_k(k, x, pk);
+    for (int64_t i = r0; i < r1; i++) y[i] = rk4_row(nb, (const uint8_t *)w + (size_t)i * w_stride, pk);
+}
+
+/* ---- q5_k: kg5_tile's arithmetic (tile_q5_k's 8 lanes) with the fifth bit
+ * added on the fly; the token is read as it is (64 weights per vpdpbusd in
+ * their own order), only its bsums pairs are gathered once per call ---- */
+enum { RK5_GROUP = 4 * (int)sizeof(cm_block_q5_k) };
+
+/* One super-block: qs and qh (the file's order), the word pairs s[h]
+ * (kg5_blk's), mins as words, d, dmin; y the token's block, pairs its bsums
+ * pair sums. */
+AI void rk5_block(const uint8_t *qs, const uint8_t *qh, const __m512i s[2], __m128i mn16, float d, float dmin,
+                  const cm_block_q8_k *y, __m128i pairs, __m256 *acc, __m128 *accm) {
+    const __m512i m4 = _mm512_set1_epi8(0x0f), one = _mm512_set1_epi8(1), z = _mm512_setzero_si512();
+    const __m512i nsh = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1); /* lo | hi nibbles */
+    const __m512i h5 = _mm512_broadcast_i64x4(ld256(qh));
+    __m512i s16 = z;
+    _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
+        __m512i dp[2];
+        _Pragma("GCC unroll 2") for (int e = 0; e < 2; e++) {
+            const int j = 2 * h + e; /* elements 64j.., bits 2j (low nibbles) and 2j+1 (high) of qh */
+            const __m512i q = _mm512_broadcast_i64x4(ld256(qs + 32 * j));
+            const __m512i hb = _mm512_srlv_epi16(h5, _mm512_add_epi16(_mm512_srli_epi16(nsh, 2), _mm512_set1_epi16((short)(2 * j))));
+            const __m512i v = _mm512_or_si512(_mm512_and_si512(_mm512_srlv_epi16(q, nsh), m4),
+                                              _mm512_slli_epi16(_mm512_and_si512(hb, one), 4));
+            dp[e] = _mm512_dpbusd_epi32(z, v, _mm512_loadu_si512(y->qs + 64 * j));
+        }
+        s16 = _mm512_dpwssd_epi32(s16, _mm512_mask_blend_epi16(0xaaaaaaaau, dp[0], _mm512_slli_epi32(dp[1], 16)), s[h]);
+    }
+    const __m256i s8 = _mm256_add_epi32(_mm512_castsi512_si256(s16), _mm512_extracti64x4_epi64(s16, 1));
+    FMA_BLOCK(*acc, s8, d * y->d);
+    *accm = _mm_fmadd_ps(_mm_cvtepi32_ps(_mm_madd_epi16(mn16, pairs)), _mm_set1_ps(dmin * y->d), *accm);
+}
+
+/* A row of nb super-blocks; grouped: repacked ("q5_k lanes"), else the
+ * file's bytes (every block as a tail block). */
+AI float rk5_row(int64_t nb, const uint8_t *x, const cm_block_q8_k *y, const __m128i *pairs, bool grouped) {
+    __m256 acc = _mm256_setzero_ps();
+    __m128 accm = _mm_setzero_ps();
+    /* word 2l (l < 8): scale 4h of block j; 2l+1: 4h+2; l >= 8: 4h+1, 4h+3 */
+    static const uint16_t k_base[32] = {0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2,
+                                        1, 3, 1, 3, 1, 3, 1, 3, 1, 3, 1, 3, 1, 3, 1, 3};
+    const __m512i base = _mm512_loadu_si512(k_base);
+    int64_t b = 0;
+    for (; grouped && b + 4 <= nb; b += 4, x += RK5_GROUP) {
+        float dd[8];
+        __m128i sc03, sc47, mn16[4];
+        rk_header(x, dd, &sc03, &sc47, mn16);
+        const __m512i sw = rk_scale_words(sc03, sc47);
+        _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {
+            const __m512i s[2] = {_mm512_permutexvar_epi16(_mm512_add_epi16(base, _mm512_set1_epi16((short)(4 * j))), sw),
+                                  _mm512_permutexvar_epi16(_mm512_add_epi16(base, _mm512_set1_epi16((short)(16 + 4 * j))), sw)};
+            rk5_block(x + 192 + 128 * j, x + 64 + 32 * j, s, mn16[j], dd[j], dd[4 + j], y + b + j, pairs[b + j], &acc,
+                      &accm);
+        }
+    }
+    for (const cm_block_q5_k *xt = (const cm_block_q5_k *)(const void *)x; b < nb; b++, xt++) {
+        uint8_t sc[8], mn[8];
+        kscales(xt->scales, sc, mn);
+        __m512i s[2];
+        for (int h = 0; h < 2; h++)
+            s[h] = _mm512_inserti64x4(_mm512_set1_epi32((int)(sc[4 * h] | (uint32_t)sc[4 * h + 2] << 16)),
+                                      _mm256_set1_epi32((int)(sc[4 * h + 1] | (uint32_t)sc[4 * h + 3] << 16)), 1);
+        rk5_block(xt->qs, xt->qh, s, _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mn)), f16f(xt->d),
+                  f16f(xt->dmin), y + b, pairs[b], &acc, &accm);
+    }
+    return hsum8(acc) - hsum4(accm);
+}
+
+#define GEMV_RK5(NAME, GROUPED)                                                                    \
+    static void NAME(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, \
+                     int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {                         \
+        (void)x_stride, (void)ldy, (void)n_tok;                                                    \
+        const int64_t nb = k / CM_QK_K;                                                            \
+        if (nb > RK4_MAXB) {                                                                       \
+            for (int64_t i = r0; i < r1; i++) vec_dot_q5_k(k, &y[i], (const char *)w + (size_t)i * w_stride, x); \
+            return;                                                                                \
+        }                                                                                          \
+        __m128i pairs[RK4_MAXB];                                                                   \
+        rk_pairs(nb, x, pairs);                                                                   \
+        for (int64_t i = r0; i < r1; i++)                                                          \
+            y[i] = rk5_row(nb, (const uint8_t *)w + (size_t)i * w_stride, x, pairs, GROUPED);      \
+    }
+GEMV_RK5(gemv_rq5_k, true)  /* over "q5_k lanes" (repack.c) */
+GEMV_RK5(gemv_fq5_k, false) /* over the file's bytes */
+
+/* ---- q6_k decode gemv over the file's bytes: kg6_tile's lane sums with the
+ * weights' 6-bit values unsigned and the -32 offset in the token: the token
+ * is packed once per call with, per 64 weights, -32 * the 4-byte sums of y
+ * as vpdpbusd's initial lanes, so one vpdpbusd of q against y gives
+ * sum((q - 32) * y) per 4 bytes (in int16 range), blended into word pairs
+ * and multiplied by kg6's scale pairs with one vpdpwssd: every lane is
+ * ztile_q6_k's, and so is the float side (vec_dot's bits). ---- */
+enum { RK6_BLOCK = 4 * 64 };
+
+AI void rk6_pack(int64_t nb, const cm_block_q8_k *y, uint8_t *d) {
+    const __m512i k32 = _mm512_set1_epi8(32), z = _mm512_setzero_si512();
+    for (int64_t b = 0; b < nb; b++, d += RK6_BLOCK)
+        for (int v = 0; v < 4; v++)
+            _mm512_store_si512((void *)(d + 64 * v),
+                               _mm512_sub_epi32(z, _mm512_dpbusd_epi32(z, k32, _mm512_loadu_si512(y[b].qs + 64 * v))));
+}
+
+AI float rk6_row(int64_t nb, const cm_block_q6_k *x, const cm_block_q8_k *y, const uint8_t *pk) {
+    const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
+    const __m512i shl = _mm512_loadu_si512(k_q6k_shift[0]), shr = _mm512_loadu_si512(k_q6k_shift[1]);
+    const __m512i i0 = _mm512_loadu_si512(k_kg6_idx[0]), i1 = _mm512_loadu_si512(k_kg6_idx[1]);
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++, pk += RK6_BLOCK) {
+        const __m512i sc16 = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[b].scales)));
+        __m512i s16 = _mm512_setzero_si512();
+        _Pragma("GCC unroll 2") for (int c = 0; c < 2; c++) {
+            const __m512i l = _mm512_loadu_si512(x[b].ql + 64 * c);
+            const __m512i h = _mm512_broadcast_i64x4(ld256(x[b].qh + 32 * c));
+            const __m512i q01 = _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_and_si512(_mm512_sllv_epi16(h, shl), m30));
+            const __m512i q23 =
+                _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4), _mm512_and_si512(_mm512_srlv_epi16(h, shr), m30));
+            const __m512i d0 = _mm512_dpbusd_epi32(_mm512_load_si512((const void *)(pk + 128 * c)), q01,
+                                                   _mm512_loadu_si512(y[b].qs + 128 * c));
+            const __m512i d1 = _mm512_dpbusd_epi32(_mm512_load_si512((const void *)(pk + 128 * c + 64)), q23,
+                                                   _mm512_loadu_si512(y[b].qs + 128 * c + 64));
+            const __m512i w = _mm512_mask_blend_epi16(0xaaaaaaaau, d0, _mm512_slli_epi32(d1, 16));
+            s16 = _mm512_dpwssd_epi32(s16, w, _mm512_permutexvar_epi16(c ? i1 : i0, sc16));
+        }
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s16), _mm512_set1_ps(f16f(x[b].d) * y[b].d), acc);
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+
+static void gemv_fq6_k(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
+                       int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {
+    (void)x_stride, (void)ldy, (void)n_tok;
+    const int64_t nb = k / CM_QK_K;
+    if (nb > RK4_MAXB) {
+        for (int64_t i = r0; i < r1; i++) vec_dot_zq6_k(k, &y[i], (const char *)w + (size_t)i * w_stride, x);
+        return;
+    }
+    _Alignas(64) uint8_t pk[RK4_MAXB * RK6_BLOCK];
+    rk6_pack(nb, x, pk);
+    for (int64_t i = r0; i < r1; i++)
+        y[i] = rk6_row(nb, (const cm_block_q6_k *)(const void *)((const char *)w + (size_t)i * w_stride), x, pk);
+}
