@@ -95,8 +95,9 @@ int cli_plan_check(const struct cm_plan_request *q);
 typedef struct cli_loras { const char *spec[CLI_LORA_MAX]; int n; } cli_loras;
 int cli_lora_opt(int argc, char **argv, int *i, cli_loras *l);
 /* The generation options run and chat share: sampling (into s), --lora
- * (into l) and the KV cache options (into kv); parsed like cli_sampling_opt. */
-int cli_gen_opt(int argc, char **argv, int *i, struct cm_sampler_params *s, cli_loras *l, cli_kv *kv);
+ * (into l), the KV cache options (into kv) and --gpu/--gpu-layers (into g);
+ * parsed like cli_sampling_opt. */
+int cli_gen_opt(int argc, char **argv, int *i, struct cm_sampler_params *s, cli_loras *l, cli_kv *kv, cli_gpu *g);
 #define CLI_LORA_HELP                                                                                   \
     "  --lora FILE[:SCALE]    apply a LoRA adapter (llama.cpp's adapter GGUF) with this scale\n"         \
     "                         (default 1); repeat for several (their corrections add up)\n"

@@ -324,13 +324,9 @@ int cmd_chat(int argc, char **argv) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
 #define NEXT() (i++, v)
-        int so = cli_gen_opt(argc, argv, &i, &gp.sampling, &loras, &kvo);
+        int so = cli_gen_opt(argc, argv, &i, &gp.sampling, &loras, &kvo, &gpuo);
         if (so < 0) return 1;
         if (so > 0) continue;
-        if ((so = cli_gpu_opt(argc, argv, &i, &gpuo)) != 0) {
-            if (so < 0) return 1;
-            continue;
-        }
         if (!strcmp(a, "--system")) {
             if (!v) return cli_fail("option '%s' needs a value", a);
             system = NEXT();

@@ -86,10 +86,11 @@ int cli_sampling_opt(int argc, char **argv, int *i, cm_sampler_params *s) {
     return 1;
 }
 
-int cli_gen_opt(int argc, char **argv, int *i, cm_sampler_params *s, cli_loras *l, cli_kv *kv) {
+int cli_gen_opt(int argc, char **argv, int *i, cm_sampler_params *s, cli_loras *l, cli_kv *kv, cli_gpu *g) {
     int r = cli_sampling_opt(argc, argv, i, s);
     if (!r) r = cli_lora_opt(argc, argv, i, l);
     if (!r) r = cli_kv_opt(argc, argv, i, kv);
+    if (!r) r = cli_gpu_opt(argc, argv, i, g);
     return r;
 }
 

@@ -102,32 +102,37 @@ int cm_pipe_send(cm_pipe *p, int slot_i, const float *hidden, const int32_t *pos
     return rc;
 }
 
+/* One turn of a wait for the last stage's data, p->mu held: the pipe's
+ * failure, or past the deadline a failure of the pipe itself (what: "token",
+ * "rows"), or up to 50 ms of waiting for a broadcast. 0: look again. */
+int cm_coord_wait_data(cm_pipe *p, uint64_t deadline, const char *what, char *err, size_t errlen) {
+    if (p->fatal) return cm_errf(err, errlen, p->fatal, "%s", p->fatal_text);
+    if (cm_now_ns() > deadline) {
+        /* Every node answers its heartbeats, yet nothing comes: a link
+         * between two stages is cut (TCP retries it for many minutes and
+         * nobody notices) or a stage is stuck. Fail the pipe, so that
+         * the caller re-plans (fresh connections everywhere) or ends its
+         * requests with this reason, instead of each waiting in turn. */
+        pthread_mutex_unlock(&p->mu);
+        cm_coord_fatal(p, CM_ETIMEDOUT, "no %s from the last stage within %d ms (a link between stages may be cut)",
+                       what, p->timeout_ms);
+        pthread_mutex_lock(&p->mu);
+        return cm_errf(err, errlen, p->fatal, "%s", p->fatal_text);
+    }
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += 50000000;
+    if (ts.tv_nsec >= 1000000000) { ts.tv_sec++; ts.tv_nsec -= 1000000000; }
+    pthread_cond_timedwait(&p->cv, &p->mu, &ts);
+    return 0;
+}
+
 int cm_pipe_recv_token(cm_pipe *p, int slot_i, int32_t *token, float *logprob, char *err, size_t errlen) {
     uint64_t deadline = cm_now_ns() + (uint64_t)p->timeout_ms * 1000000ull;
     int rc = 0;
     pthread_mutex_lock(&p->mu);
     slot *s = &p->slots[slot_i];
-    while (s->got < s->asked) {
-        if (p->fatal) { rc = cm_errf(err, errlen, p->fatal, "%s", p->fatal_text); break; }
-        if (cm_now_ns() > deadline) {
-            /* Every node answers its heartbeats, yet no token comes: a link
-             * between two stages is cut (TCP retries it for many minutes and
-             * nobody notices) or a stage is stuck. Fail the pipe, so that
-             * the caller re-plans (fresh connections everywhere) or ends its
-             * requests with this reason, instead of each waiting in turn. */
-            pthread_mutex_unlock(&p->mu);
-            cm_coord_fatal(p, CM_ETIMEDOUT, "no token from the last stage within %d ms (a link between stages may be cut)",
-                           p->timeout_ms);
-            pthread_mutex_lock(&p->mu);
-            rc = cm_errf(err, errlen, p->fatal, "%s", p->fatal_text);
-            break;
-        }
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 50000000;
-        if (ts.tv_nsec >= 1000000000) { ts.tv_sec++; ts.tv_nsec -= 1000000000; }
-        pthread_cond_timedwait(&p->cv, &p->mu, &ts);
-    }
+    while (!rc && s->got < s->asked) rc = cm_coord_wait_data(p, deadline, "token", err, errlen);
     if (!rc) {
         *token = s->token;
         if (logprob) *logprob = s->logprob;

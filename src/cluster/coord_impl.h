@@ -129,6 +129,10 @@ struct cm_pipe {
 void cm_coord_log(cm_pipe *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Record the first failure and wake every waiter. */
 void cm_coord_fatal(cm_pipe *p, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* One turn of a wait for the last stage's token or rows (p->mu held):
+ * the pipe's failure, or past deadline the pipe failed with "no WHAT from
+ * the last stage...", or 0 after up to 50 ms (look again). coord_data.c. */
+int cm_coord_wait_data(cm_pipe *p, uint64_t deadline, const char *what, char *err, size_t errlen);
 /* Start the receiver thread of every node that has none. */
 void cm_coord_start_rx(cm_pipe *p);
 /* THE plan change, one transaction for opening, recovering, maintaining

@@ -83,22 +83,7 @@ int cm_pipe_output_wait(cm_pipe *p, int slot_i, char *err, size_t errlen) {
     int rc = 0;
     pthread_mutex_lock(&p->mu);
     slot *s = &p->slots[slot_i];
-    while (s->out_got < s->out_rows) {
-        if (p->fatal) { rc = cm_errf(err, errlen, p->fatal, "%s", p->fatal_text); break; }
-        if (cm_now_ns() > deadline) { /* as for a token (cm_pipe_recv_token): fail the pipe, the caller re-plans */
-            pthread_mutex_unlock(&p->mu);
-            cm_coord_fatal(p, CM_ETIMEDOUT, "no rows from the last stage within %d ms (a link between stages may be cut)",
-                           p->timeout_ms);
-            pthread_mutex_lock(&p->mu);
-            rc = cm_errf(err, errlen, p->fatal, "%s", p->fatal_text);
-            break;
-        }
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 50000000;
-        if (ts.tv_nsec >= 1000000000) { ts.tv_sec++; ts.tv_nsec -= 1000000000; }
-        pthread_cond_timedwait(&p->cv, &p->mu, &ts);
-    }
+    while (!rc && s->out_got < s->out_rows) rc = cm_coord_wait_data(p, deadline, "rows", err, errlen);
     s->out_buf = NULL; /* nothing more is written there */
     s->out_rows = s->out_got = 0;
     pthread_mutex_unlock(&p->mu);
