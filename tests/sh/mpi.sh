@@ -150,7 +150,7 @@ done
 # examples/slurm/cumulo.sbatch with a stand-in `srun` (no Slurm here: it
 # drops srun's options and runs the command under mpirun with SLURM_NTASKS
 # ranks): the script's command line serves, and a completion equals one
-# machine's text. A real srun/slurmctld is not tested.
+# machine's text. Under a real srun/slurmctld: tests/sh/slurm.sh.
 mkdir -p "$TMP/fakebin"
 {
     echo '#!/bin/sh'
