@@ -102,10 +102,11 @@ slurm_sweep() {
         grep -qzxF "$MARK" "$d/environ" 2>/dev/null && kill "-$1" "$p" 2>/dev/null
     done
 }
-slurm_left() { # the pids still carrying $MARK
+slurm_left() { # [EXE]: the pids still carrying $MARK (running EXE)
     for d in /proc/[0-9]*; do
         p=${d#/proc/}
         [ "$p" = $$ ] && continue
+        [ -z "$1" ] || [ "$(readlink "$d/exe" 2>/dev/null)" = "$1" ] || continue
         grep -qzxF "$MARK" "$d/environ" 2>/dev/null && printf ' %s' "$p"
     done
 }
@@ -202,6 +203,8 @@ elif sb_wait_ready; then
     got_sb=$(cc_jsonget "$TMP/sb.json" '$j->{choices}[0]{text}' 2>/dev/null)
     [ -n "$got_sb" ] && [ "$got_sb" = "$want_s" ] && ok || bad "sbatch: completion differs from one machine: '$got_sb' vs '$want_s'"
     grep -q "mpi:2" "$TMP/sb.log" && ok || bad "sbatch: no node mpi:2 in the plan"
+    ranks=$(slurm_left "$MBIN") # what scancel must end below
+    [ "$(echo $ranks | wc -w)" = 3 ] && ok || bad "sbatch: not 3 ranks running the job: [$ranks]"
     [ "$got_sb" = "$want_s" ] && echo "sbatch examples/slurm/cumulo.sbatch: job $jobid serves on :$SB_PORT, a completion equals one machine's text"
 else
     bad "sbatch: job $jobid not ready: $(squeue -h -j "$jobid" -o '%T %R' 2>/dev/null) $(tail -5 "$TMP/sb.log" 2>/dev/null)"
@@ -211,7 +214,7 @@ if [ -n "$jobid" ]; then
     k=0
     while [ $k -lt 60 ]; do # the job leaves the queue (MinJobAge=5) and its tasks end
         [ -z "$(timeout 5 squeue -h -j "$jobid" -t all -o %T 2>/dev/null | grep -v -E 'CANCELLED|COMPLETED|FAILED')" ] &&
-            ! pgrep -f "$MBIN mpi" >/dev/null 2>&1 && break
+            [ -z "$(slurm_left "$MBIN")" ] && break
         sleep 0.5
         k=$((k + 1))
     done
