@@ -46,6 +46,8 @@
     X(rejoin_ms, "CUMULO_REJOIN_MS", "5000 (CM_PIPE_REJOIN_MS)", "coordinator: how often idle upkeep redials lost "   \
                                                                  "and new nodes (>= 100)")                            \
     X(prefill_chunk, "CUMULO_PREFILL_CHUNK", "32", "serve: prompt tokens evaluated per step while others decode")     \
+    X(mixed_pass, "CUMULO_MIXED_PASS", "1", "serve: 0 evaluates prompt chunks in passes of their own, not with the "  \
+                                             "decode rows")                                                           \
     X(powercap_root, "CUMULO_POWERCAP_ROOT", "/sys/class/powercap", "where the RAPL energy counters are (tests)")     \
     X(proc_stat, "CUMULO_PROC_STAT", "/proc/stat", "where the CPU time counters are (tests)")                         \
     X(oracle_dir, "CUMULO_ORACLE_DIR", "/tmp/nlc", "bench: the node-llama-cpp folder of the reference runs")          \
@@ -153,6 +155,7 @@ static void load(void) {
     c->rejoin_ms = int_at_least(RAW(rejoin_ms), 100);
     c->prefill_chunk = int_at_least(RAW(prefill_chunk), 1);
     if (!c->prefill_chunk) c->prefill_chunk = 32;
+    c->mixed_pass = !RAW(mixed_pass) || strcmp(RAW(mixed_pass), "0") != 0;
     c->powercap_root = STR(powercap_root) ? STR(powercap_root) : "/sys/class/powercap";
     c->proc_stat = STR(proc_stat) ? STR(proc_stat) : "/proc/stat";
     c->oracle_dir = STR(oracle_dir) ? STR(oracle_dir) : "/tmp/nlc";

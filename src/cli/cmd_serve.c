@@ -32,6 +32,8 @@ static const char k_serve_usage[] =
     "  --slots N          requests generating at once, batched together (default 4)\n"
     "  --queue N          requests waiting for a slot; more get 503 (default 16)\n"
     "  --ctx N            context of each slot (default: the model's, at most 4096)\n"
+    "  --kv-mem MIB       KV memory of all slots; a request waits until prompt + max_tokens\n"
+    "                     fit (default: every slot's context, at most 3/4 of free memory)\n"
     "  --threads N        compute threads (default: all CPUs)\n"
     "  --batch N          most tokens (prompt chunk, or sequences of a decode step) per forward\n"
     "                     pass (default 32; any value gives every request the same bits alone\n"
@@ -115,6 +117,7 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--mmap")) use_mmap = true;
         else if (!strcmp(a, "--batch")) { if (!cli_int(a, NEXT(), 1, CM_BATCH_MAX, &n_batch)) return 1; }
         else if (!strcmp(a, "--threads")) { if (!cli_int(a, NEXT(), 1, 1024, &threads)) return 1; }
+        else if (!strcmp(a, "--kv-mem")) { if (!cli_int(a, NEXT(), 1, 1L << 24, &l)) return 1; o.kv_mem = (uint64_t)l << 20; }
         else if (!strcmp(a, "--max-body")) { if (!cli_int(a, NEXT(), 1024, 1L << 30, &l)) return 1; o.max_body = (size_t)l; }
         else if (!strcmp(a, "--timeout")) { if (!cli_int(a, NEXT(), 1, 3600, &l)) return 1; o.timeout_s = (int)l; }
         else if (!strcmp(a, "--max-conns")) { if (!cli_int(a, NEXT(), 4, 100000, &l)) return 1; o.max_conns = (int)l; }
@@ -181,6 +184,11 @@ int cmd_serve(int argc, char **argv) {
         cm_engine_free(e);
         return cli_fail("%s", err);
     }
+    cm_http_kv_stats kvs;
+    cm_http_kv_stats_get(srv, &kvs);
+    fprintf(stderr, "cumulo: kv cache: budget %.1f MiB for %d slots (one slot's whole context: %.1f MiB; a block of "
+            "%d positions: %.1f KiB), committed as written\n", (double)kvs.capacity / 1048576.0, o.n_slots,
+            (double)kvs.slot_full / 1048576.0, CM_HTTP_KV_BLOCK, (double)kvs.block_bytes / 1024.0);
     fprintf(stderr, "cumulo: ready: model '%s', %d slots, queue %d%s\n", id, o.n_slots, o.queue_max,
             o.api_key && *o.api_key ? ", API key required" : "");
     int sig = 0;

@@ -250,8 +250,35 @@ static int step_cluster(cm_engine *e, cm_session *const *ss, int n, char *err, s
     return first_err ? first_err : running;
 }
 
+/* Mixed passes: the last pass of a step also carries up to pre_max tokens
+ * of pre's pending prompt (rows after the decode rows, its own KV cache), so
+ * the weights are read once for both. *pre_done: the prompt tokens
+ * evaluated; *pre_rc: pre's error (its slot fails, the step goes on). */
+typedef struct step_pre {
+    cm_session *s;
+    int max, done, rc;
+    char err[256];
+} step_pre;
+
+static int step_local(cm_engine *e, cm_session *const *ss, int n, step_pre *pre, char *err, size_t errlen);
+
 int cm_engine_step(cm_engine *e, cm_session *const *ss, int n, char *err, size_t errlen) {
     if (cm_engine_downstream(e)) return step_cluster(e, ss, n, err, errlen);
+    return step_local(e, ss, n, NULL, err, errlen);
+}
+
+int cm_engine_step_prefill(cm_engine *e, cm_session *const *ss, int n, cm_session *pre, int max_tokens, int *pre_done,
+                           char *err, size_t errlen) {
+    *pre_done = 0;
+    if (cm_engine_downstream(e) || e->cl || !pre || max_tokens < 1) return cm_engine_step(e, ss, n, err, errlen);
+    step_pre p = {.s = pre, .max = max_tokens};
+    int rc = step_local(e, ss, n, &p, err, errlen);
+    *pre_done = p.rc ? p.rc : p.done;
+    if (p.rc && rc >= 0) cm_errf(err, errlen, p.rc, "%s", p.err); /* the step went well: err tells pre's */
+    return rc;
+}
+
+static int step_local(cm_engine *e, cm_session *const *ss, int n, step_pre *pre, char *err, size_t errlen) {
     int nb = e->n_batch;
     int nv = e->m.hp.n_vocab;
     /* Under e->mu: cm_session_generate steps one session from each caller's
@@ -265,13 +292,17 @@ int cm_engine_step(cm_engine *e, cm_session *const *ss, int n, char *err, size_t
     cm_kv *kvs[CM_BATCH_MAX];
     int32_t tok[CM_BATCH_MAX], pos[CM_BATCH_MAX], seq[CM_BATCH_MAX];
     int8_t want[CM_BATCH_MAX];
+    if (pre && atomic_load(&pre->s->cancel)) {
+        pre->rc = cm_errf(pre->err, sizeof pre->err, CM_ECANCELED, "canceled");
+        pre = NULL;
+    }
     /* n_batch bounds the rows of one pass; further sessions go in more passes
      * of the same step. (With n_batch within the kernels' exact tile, every
      * row gets the bits it would get alone: see engine.h.) */
     int cap = CM_MIN(nb, CM_BATCH_MAX);
     int running = 0, first_err = 0;
     int i = 0;
-    while (i < n) {
+    while (i < n || pre) {
         int nr = 0;
         for (; i < n && nr < cap; i++) {
             cm_session *s = ss[i];
@@ -299,16 +330,48 @@ int cm_engine_step(cm_engine *e, cm_session *const *ss, int n, char *err, size_t
             want[nr] = 1;
             nr++;
         }
-        if (!nr) continue;
-        cm_batch b = {.n = nr, .tokens = tok, .pos = pos, .seq = seq, .logits = want};
+        /* The last pass takes the prompt chunk in the room the decode rows
+         * leave (tokens of one sequence, in order from its n_past; logits of
+         * its last row only when that ends the prompt). */
+        int np = 0, nk = nr;
+        bool pre_last = false;
+        step_pre *pp = i >= n ? pre : NULL;
+        if (pp) {
+            cm_session *ps = pp->s;
+            np = CM_MIN(CM_MIN(cap - nr, pp->max), ps->n_hist - ps->kv.n_past);
+            pre_last = np > 0 && ps->kv.n_past + np == ps->n_hist;
+            for (int t = 0; t < np; t++) {
+                tok[nr + t] = ps->hist[ps->kv.n_past + t];
+                pos[nr + t] = ps->kv.n_past + t;
+                seq[nr + t] = nr;
+                want[nr + t] = pre_last && t == np - 1;
+            }
+            if (np > 0) {
+                rows[nk] = ps;
+                kvs[nk++] = &ps->kv;
+                ps->have_logits = false;
+            }
+            pre = NULL; /* one pass at most */
+        }
+        if (!nr && !np) continue;
+        cm_batch b = {.n = nr + np, .tokens = tok, .pos = pos, .seq = seq, .logits = want};
         cm_forward_args a = {.layer_first = 0, .layer_last = e->m.hp.n_layer, .slice = e->slice,
-                             .kvs = kvs, .n_kvs = nr, .out_logits = e->step_logits};
+                             .kvs = kvs, .n_kvs = nk, .out_logits = e->step_logits};
+        const double t0 = cm_now_s();
         pthread_mutex_lock(&e->mu);
         char msg[256] = "";
         int rc = cm_engine_forward(e, &b, &a, rows, msg, sizeof msg);
-        for (int r = 0; r < nr && !rc; r++) /* the shared rows, copied out before another step may write them */
+        for (int r = 0; r < nr + (pre_last ? 1 : 0) && !rc; r++) /* the shared rows, copied out before another step may write them */
             memcpy(rows[r]->logits, e->step_logits + (size_t)r * (size_t)nv, (size_t)nv * sizeof(float));
         pthread_mutex_unlock(&e->mu);
+        if (np > 0) {
+            pp->s->t.prompt_s += cm_now_s() - t0;
+            if (rc) pp->rc = cm_errf(pp->err, sizeof pp->err, rc, "%s", msg);
+            else {
+                pp->done = np;
+                pp->s->have_logits = pre_last;
+            }
+        }
         if (rc && e->cl && rc != CM_ECANCELED) {
             /* A member of the group was lost: re-form the group,
              * then each row recomputes prompt + tokens emitted (its

@@ -250,6 +250,12 @@ int cm_session_n_ctx(const cm_session *s);
 int cm_session_n_past(const cm_session *s);
 /* The session's tokens so far (prompt + generated); valid until the next call. */
 const int32_t *cm_session_tokens(const cm_session *s, int *n);
+/* KV memory (paged: committed as positions are written, model.h kv_mem):
+ * the bytes the session's cache occupies when it holds n positions (n < 0:
+ * the ones it holds now), page rounding included; cm_session_kv_drop forgets
+ * the cached tokens and gives their memory back (session_kv.c). */
+uint64_t cm_session_kv_bytes(const cm_session *s, int n);
+void cm_session_kv_drop(cm_session *s);
 
 /* Make the session's sequence equal to ids[0..n): keeps the longest common
  * prefix with what is already in the KV cache (prefix reuse), evaluates the
@@ -334,6 +340,17 @@ bool cm_session_running(const cm_session *s);
  * sessions still running, or an error code (then every session of the step
  * has stopped). */
 int cm_engine_step(cm_engine *e, cm_session *const *ss, int n, char *err, size_t errlen);
+/* cm_engine_step with a prompt chunk riding along (serve's mixed passes): up
+ * to max_tokens of pre's pending prompt (cm_session_prompt_begin) go into
+ * the step's last forward pass after the decode rows, so the weights are
+ * read once for both; the bits of every row are what they are apart (the
+ * kernels are batch-invariant). *pre_done: the prompt tokens evaluated (0
+ * when the pass had no room, or on a cluster: then none), or pre's error
+ * code (< 0, its message in err when the step returns >= 0). The prompt is
+ * done when cm_session_n_past reaches its length (cm_session_start may
+ * follow). */
+int cm_engine_step_prefill(cm_engine *e, cm_session *const *ss, int n, cm_session *pre, int max_tokens, int *pre_done,
+                           char *err, size_t errlen);
 /* The result of a session that is no longer running; frees its step state.
  * CM_ESTATE if it never started or is still running. */
 int cm_session_finish(cm_session *s, cm_gen_result *res);

@@ -35,6 +35,9 @@ typedef struct cm_http_opts {
     int n_slots;             /* sequences generating at once; default 4 */
     int queue_max;           /* requests waiting for a slot; beyond: 503; default 16 */
     int n_ctx;               /* context of each slot; 0: the engine's */
+    uint64_t kv_mem;         /* bytes the slots' KV caches may occupy together (admission waits for
+                              * room); 0: every slot's whole context, capped at 3/4 of the memory
+                              * available at start */
     size_t max_body;         /* bytes; larger bodies get 413; default 1 MiB */
     size_t max_header;       /* bytes for the request line + headers; default 16 KiB */
     int max_conns;           /* open connections; default 4096 (an idle one costs a socket, no thread) */
@@ -58,6 +61,19 @@ int cm_http_port(const cm_http_server *s);
 /* Hand over a loaded engine (not owned; must outlive cm_http_stop). Makes
  * the slots' sessions and starts the scheduler. */
 int cm_http_set_engine(cm_http_server *s, cm_engine *e, char *err, size_t errlen);
+/* KV memory of the slots (paged: committed as written, admitted by bytes;
+ * reported in blocks of CM_HTTP_KV_BLOCK positions of one sequence). */
+enum { CM_HTTP_KV_BLOCK = 256 };
+typedef struct cm_http_kv_stats {
+    uint64_t capacity;    /* the budget */
+    uint64_t in_use;      /* bytes the slots' caches occupy now (pages written) */
+    uint64_t reserved;    /* in use by idle slots + promised to running jobs (their prompt + max tokens) */
+    uint64_t block_bytes; /* one block: CM_HTTP_KV_BLOCK positions */
+    uint64_t slot_full;   /* one slot at its whole context */
+    uint64_t evictions;   /* idle slots' caches given back to admit a job */
+    int waiting;          /* 1 while the queue's first job waits for KV memory */
+} cm_http_kv_stats;
+void cm_http_kv_stats_get(cm_http_server *s, cm_http_kv_stats *out); /* zeros before the engine is set */
 /* Stop listening, end every request (streams get an error event), join all
  * threads, free the server. NULL is a no-op. */
 void cm_http_stop(cm_http_server *s);

@@ -157,12 +157,13 @@ int cm_api_apply_template(cm_http_server *srv, const char *body, size_t n, cm_bu
 
 /* ---- request queue (queue.c) ---- */
 typedef struct cm_queue cm_queue;
-cm_queue *cm_queue_new(cm_http_server *srv, cm_engine *e, int n_slots, int queue_max, int n_ctx, char *err,
+cm_queue *cm_queue_new(cm_http_server *srv, cm_engine *e, int n_slots, int queue_max, int n_ctx, uint64_t kv_mem, char *err,
                  size_t errlen);
 /* Queue a job (takes a reference). CM_EBUSY when the queue is full,
  * CM_ESTATE when stopping. */
 int cm_queue_submit(cm_queue *s, job *j);
 void cm_queue_stats(cm_queue *s, int *queued, int *active, int *slots);
+void cm_queue_kv_stats(cm_queue *s, cm_http_kv_stats *out);
 void cm_queue_free(cm_queue *s); /* ends queued and running jobs, joins the thread */
 
 /* ---- metrics (metrics.c) ---- */

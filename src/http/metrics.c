@@ -159,6 +159,7 @@ typedef struct snap {
     double tps, watts, joules, load, tpw;
     bool measured, ready;
     uint64_t mem_total, mem_used;
+    cm_http_kv_stats kv;
 } snap;
 
 /* Lock order: the scheduler's lock is never taken under m->mu (the scheduler
@@ -168,6 +169,7 @@ static void take(metrics *m, cm_http_server *srv, snap *s) {
     memset(s, 0, sizeof *s);
     s->ready = cm_http_ready(srv);
     cm_http_queue_stats(srv, &s->queued, &s->active, &s->slots);
+    cm_http_kv_stats_get(srv, &s->kv);
     pthread_mutex_lock(&m->mu);
     s->tps = rate(m);
     refresh_power(m);
@@ -288,6 +290,25 @@ void cm_metrics_prometheus(metrics *m, cm_http_server *srv, cm_buf *o) {
                   "# HELP cumulo_prefix_cache_tokens_total Prompt tokens so copied.\n"
                   "# TYPE cumulo_prefix_cache_tokens_total counter\ncumulo_prefix_cache_tokens_total %llu\n",
                   (unsigned long long)m->prefix_hits, (unsigned long long)m->prefix_tokens);
+    const cm_http_kv_stats kv = s.kv;
+    const uint64_t kv_free = kv.capacity > kv.reserved ? kv.capacity - kv.reserved : 0;
+    cm_buf_printf(o,
+                  "# HELP cumulo_kv_bytes_in_use KV cache bytes the slots occupy (pages written).\n"
+                  "# TYPE cumulo_kv_bytes_in_use gauge\ncumulo_kv_bytes_in_use %llu\n"
+                  "# HELP cumulo_kv_bytes_reserved KV bytes held by idle slots or promised to running requests.\n"
+                  "# TYPE cumulo_kv_bytes_reserved gauge\ncumulo_kv_bytes_reserved %llu\n"
+                  "# HELP cumulo_kv_bytes_capacity The KV memory budget (--kv-mem).\n"
+                  "# TYPE cumulo_kv_bytes_capacity gauge\ncumulo_kv_bytes_capacity %llu\n"
+                  "# HELP cumulo_kv_blocks_free Unpromised budget in blocks of %d positions (%llu bytes each).\n"
+                  "# TYPE cumulo_kv_blocks_free gauge\ncumulo_kv_blocks_free %llu\n"
+                  "# HELP cumulo_kv_waiting 1 while the first queued request waits for KV memory.\n"
+                  "# TYPE cumulo_kv_waiting gauge\ncumulo_kv_waiting %d\n"
+                  "# HELP cumulo_kv_evictions_total Idle slots' caches given back to admit a request.\n"
+                  "# TYPE cumulo_kv_evictions_total counter\ncumulo_kv_evictions_total %llu\n",
+                  (unsigned long long)kv.in_use, (unsigned long long)kv.reserved, (unsigned long long)kv.capacity,
+                  CM_HTTP_KV_BLOCK, (unsigned long long)kv.block_bytes,
+                  (unsigned long long)(kv.block_bytes ? kv_free / kv.block_bytes : 0), kv.waiting,
+                  (unsigned long long)kv.evictions);
     const char *src = s.measured ? "measured" : "estimated";
     cm_buf_printf(o,
                   "# HELP cumulo_node_tokens_per_second Generated tokens per second of a node.\n"

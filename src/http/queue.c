@@ -10,6 +10,17 @@
  * longest prefix of the new prompt (a continuing conversation reuses its KV
  * cache; the engine evaluates only the new tail).
  *
+ * KV memory (paged: a cache's pages are committed as positions are written,
+ * src/model/kv_mem.c) is admitted by bytes: a job takes a slot only when the
+ * bytes its cache will hold at most (prompt + max tokens, page rounding
+ * included) fit the budget beside what the other slots hold or were
+ * promised; idle slots' caches (kept for prefix reuse) are given back, least
+ * recently used first, to make room; otherwise the job waits at the queue's
+ * head (arrival order kept). Running jobs never grow past their promise, so
+ * nothing is over-committed and nothing waits forever. NEEDSWORK: promising
+ * the worst case keeps requests without max_tokens from sharing a small
+ * budget; preempting (and later recomputing) a stream would let them.
+ *
  * Never blocks on a client: jobs are written into under their own lock and
  * their connections (suspended in the server's event loop) are woken to
  * drain them. A canceled job (client gone) is dropped
@@ -28,6 +39,8 @@ typedef struct slot {
     bool started;   /* generating (its prompt fully evaluated) */
     bool begun;     /* prompt set (cm_session_prompt_begin), chunks pending */
     uint64_t order; /* admission order: prefill goes first come, first served */
+    uint64_t resv;  /* KV bytes promised to its job (0 when free) */
+    uint64_t used;  /* when its job last ended or started: idle caches go back oldest first */
 } slot;
 
 struct cm_queue {
@@ -45,8 +58,45 @@ struct cm_queue {
     int n_active;
     unsigned step_delay_ms; /* test hook: CUMULO_TEST_STEP_DELAY_MS slows every step */
     int chunk;              /* prompt tokens evaluated between two decode steps (CUMULO_PREFILL_CHUNK) */
+    bool mixed;             /* a prompt chunk rides in the decode pass (CUMULO_MIXED_PASS) */
     uint64_t n_admitted;
+    cm_http_kv_stats kv; /* the budget and its gauges, refreshed under mu by the scheduler */
 };
+
+/* Under s->mu, scheduler thread: the bytes slot i holds or was promised. */
+static uint64_t slot_kv(const cm_queue *s, int i) {
+    const uint64_t have = cm_session_kv_bytes(s->slots[i].s, -1);
+    return s->slots[i].j && s->slots[i].resv > have ? s->slots[i].resv : have;
+}
+
+static void kv_refresh(cm_queue *s) {
+    s->kv.in_use = s->kv.reserved = 0;
+    for (int i = 0; i < s->n_slots; i++) {
+        s->kv.in_use += cm_session_kv_bytes(s->slots[i].s, -1);
+        s->kv.reserved += slot_kv(s, i);
+    }
+}
+
+/* Under s->mu: room for need bytes in slot k? Idle slots' caches go back
+ * (oldest first) until it fits. 1: fits; 0: wait; -1: never (over the budget). */
+static int kv_admit(cm_queue *s, int k, uint64_t need) {
+    if (need > s->kv.capacity) return -1;
+    for (;;) {
+        uint64_t used = 0;
+        int victim = -1;
+        for (int i = 0; i < s->n_slots; i++) {
+            if (i == k) continue;
+            used += slot_kv(s, i);
+            if (!s->slots[i].j && cm_session_kv_bytes(s->slots[i].s, -1) &&
+                (victim < 0 || s->slots[i].used < s->slots[victim].used))
+                victim = i;
+        }
+        if (used + need <= s->kv.capacity) return 1;
+        if (victim < 0) return 0;
+        cm_session_kv_drop(s->slots[victim].s);
+        s->kv.evictions++;
+    }
+}
 
 static int on_token(void *user, const cm_token_event *ev) {
     job *j = user;
@@ -166,10 +216,21 @@ static void slot_fail(cm_queue *s, slot *sl, int rc, const char *err) {
      * or a server fault; CM_EAGAIN: the cluster lost nodes it cannot do without. */
     job_end(sl->j, CM_FINISH_CANCEL, rc == CM_ECANCELED ? 0 : rc == CM_EAGAIN ? 503 : 500, err);
     pthread_mutex_lock(&s->mu);
+    cm_session_kv_drop(sl->s); /* a canceled prompt's memory goes back at once */
     sl->j = NULL;
     sl->begun = false;
     s->n_active--;
     pthread_mutex_unlock(&s->mu);
+}
+
+/* A slot's prompt is evaluated: its job starts generating (0, or an error). */
+static int prompt_done(slot *sl, char *perr, size_t n) {
+    job *j = sl->j;
+    cm_timings t = cm_session_timings(sl->s);
+    j->n_cached = j->n_ids - t.n_prompt; /* prefix reused from the slot's KV cache */
+    int rc = cm_session_start(sl->s, &j->gp, on_token, j, perr, n);
+    sl->started = rc == 0;
+    return rc;
 }
 
 static void *queue_main(void *arg) {
@@ -179,13 +240,28 @@ static void *queue_main(void *arg) {
     pthread_mutex_lock(&s->mu);
     while (!s->stop) {
         /* Admit queued jobs into free slots. */
+        s->kv.waiting = 0;
         while (s->head && s->n_active < s->n_slots) {
             job *j = s->head;
+            int k = atomic_load(&j->cancel) ? -1 : pick_slot(s, j);
+            const int n_ctx = cm_session_n_ctx(s->slots[k < 0 ? 0 : k].s);
+            const int most = j->gp.n_predict > 0 && j->n_ids + j->gp.n_predict < n_ctx ? j->n_ids + j->gp.n_predict : n_ctx;
+            const uint64_t need = k < 0 ? 0 : cm_session_kv_bytes(s->slots[k].s, most);
+            const int fit = k < 0 ? 1 : kv_admit(s, k, need);
+            if (fit == 0) { s->kv.waiting = 1; break; } /* until running jobs end */
             s->head = j->next;
             if (!s->head) s->tail = NULL;
             s->n_queued--;
-            if (atomic_load(&j->cancel)) { job_end(j, CM_FINISH_CANCEL, 0, NULL); continue; }
-            int k = pick_slot(s, j);
+            if (k < 0) { job_end(j, CM_FINISH_CANCEL, 0, NULL); continue; }
+            if (fit < 0) {
+                char msg[200];
+                snprintf(msg, sizeof msg, "the request needs %.1f MiB of KV cache (%d positions); the server's budget "
+                         "(--kv-mem) is %.1f MiB", (double)need / 1048576.0, most, (double)s->kv.capacity / 1048576.0);
+                job_end(j, CM_FINISH_CANCEL, 400, msg);
+                continue;
+            }
+            s->slots[k].resv = need;
+            s->slots[k].used = s->n_admitted;
             s->slots[k].j = j;
             s->slots[k].started = false;
             s->slots[k].begun = false;
@@ -196,6 +272,7 @@ static void *queue_main(void *arg) {
             j->sess = s->slots[k].s;
             pthread_mutex_unlock(&j->mu);
         }
+        kv_refresh(s);
         if (!s->n_active) {
             /* Idle: about once a second the engine may take back nodes
              * that returned (cm_engine_maintain; it acts every few seconds
@@ -248,26 +325,35 @@ static void *queue_main(void *arg) {
             if (atomic_load(&sl->j->cancel)) cm_session_cancel(sl->s);
             ss[n++] = sl->s;
         }
-        int rc = n ? cm_engine_step(s->e, ss, n, err, sizeof err) : 0;
+        /* Mixed passes: the first prompt's chunk rides in the decode step's
+         * forward pass (the room n_batch leaves beside the decode rows), so
+         * one read of the weights serves both (cm_engine_step_prefill; 0 on
+         * a cluster, which keeps the passes apart). */
+        int rc = 0, mixed = 0;
+        if (n && next >= 0 && s->mixed) {
+            slot *sl = &s->slots[next];
+            rc = cm_engine_step_prefill(s->e, ss, n, sl->s, s->chunk, &mixed, err, sizeof err);
+            if (mixed < 0) slot_fail(s, sl, mixed, err);
+            else if (mixed > 0 && cm_session_n_past(sl->s) == sl->j->n_ids) {
+                char perr[256];
+                int r2 = prompt_done(sl, perr, sizeof perr);
+                if (r2) slot_fail(s, sl, r2, perr);
+            }
+        } else if (n) {
+            rc = cm_engine_step(s->e, ss, n, err, sizeof err);
+        }
         /* Prompt chunks: a budget of s->chunk tokens per iteration (8 chunks
-         * when nothing decodes), spent on the prompts with the fewest tokens
-         * left first, so a burst of short prompts is admitted in a few
-         * iterations rather than one per iteration. NEEDSWORK: the chunks of
-         * several prompts (and the decode rows) in ONE forward pass would
-         * read the weights once for all of them. */
-        for (int budget = n ? s->chunk : 8 * s->chunk; next >= 0 && budget > 0;) {
+         * when nothing decodes; none after a mixed pass), spent on the
+         * prompts with the fewest tokens left first, so a burst of short
+         * prompts is admitted in a few iterations rather than one per
+         * iteration. NEEDSWORK: several prompts' chunks in the mixed pass. */
+        for (int budget = mixed ? 0 : n ? s->chunk : 8 * s->chunk; next >= 0 && budget > 0;) {
             slot *sl = &s->slots[next];
             char perr[256];
             const int before = cm_session_n_past(sl->s);
             int left = cm_session_prompt_step(sl->s, budget, perr, sizeof perr);
             budget -= cm_session_n_past(sl->s) - before > 0 ? cm_session_n_past(sl->s) - before : budget;
-            if (left == 0) {
-                job *j = sl->j;
-                cm_timings t = cm_session_timings(sl->s);
-                j->n_cached = j->n_ids - t.n_prompt; /* prefix reused from the slot's KV cache */
-                left = cm_session_start(sl->s, &j->gp, on_token, j, perr, sizeof perr);
-                sl->started = left == 0;
-            }
+            if (left == 0) left = prompt_done(sl, perr, sizeof perr);
             if (left < 0) slot_fail(s, sl, left, perr);
             if (left != 0) break; /* a prompt still pending keeps the rest of the budget's turn */
             next = -1;            /* the next prompt with the fewest tokens left */
@@ -290,7 +376,10 @@ static void *queue_main(void *arg) {
             cm_session_finish(sl->s, &res);
             job *j = sl->j;
             j->stop_index = res.stop_index;
+            if (res.finish == CM_FINISH_CANCEL) cm_session_kv_drop(sl->s); /* kept only to be reused */
             sl->j = NULL;
+            sl->resv = 0;
+            sl->used = s->n_admitted;
             s->n_active--;
             pthread_mutex_unlock(&s->mu);
             job_end(j, res.finish, rc < 0 ? 500 : 0, rc < 0 ? err : NULL);
@@ -321,8 +410,8 @@ static void *queue_main(void *arg) {
     return NULL;
 }
 
-cm_queue *cm_queue_new(cm_http_server *srv, cm_engine *e, int n_slots, int queue_max, int n_ctx, char *err,
-                 size_t errlen) {
+cm_queue *cm_queue_new(cm_http_server *srv, cm_engine *e, int n_slots, int queue_max, int n_ctx, uint64_t kv_mem,
+                       char *err, size_t errlen) {
     cm_queue *s = cm_calloc(1, sizeof *s);
     if (!s) { cm_errf(err, errlen, CM_ENOMEM, "out of memory"); return NULL; }
     s->srv = srv;
@@ -331,6 +420,7 @@ cm_queue *cm_queue_new(cm_http_server *srv, cm_engine *e, int n_slots, int queue
     s->queue_max = queue_max;
     s->step_delay_ms = cm_config_get()->test_step_delay_ms;
     s->chunk = cm_config_get()->prefill_chunk;
+    s->mixed = cm_config_get()->mixed_pass;
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     s->slots = cm_calloc((size_t)n_slots, sizeof *s->slots);
@@ -338,6 +428,20 @@ cm_queue *cm_queue_new(cm_http_server *srv, cm_engine *e, int n_slots, int queue
     for (int i = 0; i < n_slots; i++) {
         s->slots[i].s = cm_session_new(e, n_ctx, err, errlen);
         if (!s->slots[i].s) { cm_queue_free(s); return NULL; }
+    }
+    /* The KV budget: every slot's whole context unless told, at most 3/4 of
+     * the memory available now (the weights are loaded), at least one slot's. */
+    s->kv.slot_full = cm_session_kv_bytes(s->slots[0].s, cm_session_n_ctx(s->slots[0].s));
+    s->kv.block_bytes = cm_session_kv_bytes(s->slots[0].s, CM_HTTP_KV_BLOCK);
+    {
+        cm_engine_info in;
+        cm_engine_get_info(e, &in);
+        if (in.kv_bytes_per_token) s->kv.block_bytes = in.kv_bytes_per_token * CM_HTTP_KV_BLOCK;
+    }
+    s->kv.capacity = kv_mem;
+    if (!kv_mem) {
+        const uint64_t all = s->kv.slot_full * (uint64_t)n_slots, avail = cm_mem_available_bytes() / 4 * 3;
+        s->kv.capacity = all < avail ? all : avail > s->kv.slot_full ? avail : s->kv.slot_full;
     }
     if (pthread_create(&s->th, NULL, queue_main, s) == 0) s->th_started = true;
     else {
@@ -374,6 +478,12 @@ void cm_queue_stats(cm_queue *s, int *queued, int *active, int *slots) {
     *queued = s->n_queued;
     *active = s->n_active;
     *slots = s->n_slots;
+    pthread_mutex_unlock(&s->mu);
+}
+
+void cm_queue_kv_stats(cm_queue *s, cm_http_kv_stats *out) {
+    pthread_mutex_lock(&s->mu);
+    *out = s->kv;
     pthread_mutex_unlock(&s->mu);
 }
 

@@ -90,6 +90,13 @@ void cm_http_queue_stats(cm_http_server *s, int *queued, int *active, int *slots
     pthread_rwlock_unlock(&s->rw);
 }
 
+void cm_http_kv_stats_get(cm_http_server *s, cm_http_kv_stats *out) {
+    memset(out, 0, sizeof *out);
+    pthread_rwlock_rdlock(&s->rw);
+    if (s->sc) cm_queue_kv_stats(s->sc, out);
+    pthread_rwlock_unlock(&s->rw);
+}
+
 bool cm_http_ready(cm_http_server *s) {
     pthread_rwlock_rdlock(&s->rw);
     bool r = s->sc != NULL;
@@ -783,7 +790,7 @@ int cm_http_set_engine(cm_http_server *s, cm_engine *e, char *err, size_t errlen
         CM_LOGW("'%s': %s; using chatml", s->model_id, msg); /* as chat and run --chat say it */
         s->chat_template = cm_strdup("chatml");
     }
-    cm_queue *sc = cm_queue_new(s, e, s->o.n_slots, s->o.queue_max, n_ctx, err, errlen);
+    cm_queue *sc = cm_queue_new(s, e, s->o.n_slots, s->o.queue_max, n_ctx, s->o.kv_mem, err, errlen);
     if (!sc) return CM_ENOMEM;
     pthread_rwlock_wrlock(&s->rw);
     s->e = e;

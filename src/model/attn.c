@@ -71,9 +71,9 @@ int cm_kv_init_types(cm_kv *kv, const cm_model *m, int layer_first, int layer_la
     const uint64_t kb = n * cm_row_size(type_k, D), vb = n * cm_row_size(type_v, D);
     if (kb > SIZE_MAX / 4 || vb > SIZE_MAX / 4)
         return cm_errf(err, errlen, CM_ENOMEM, "kv cache of %llu bytes is too large", (unsigned long long)(kb + vb));
-    /* calloc: untouched context costs no resident memory. */
-    kv->k = cm_calloc(1, (size_t)kb + sizeof(float));
-    kv->v = cm_calloc(1, (size_t)vb + sizeof(float));
+    /* reserved address space: untouched context costs no memory (kv_mem.c) */
+    kv->k = cm_kv_mem_map((size_t)kb + sizeof(float), &kv->k_map);
+    kv->v = cm_kv_mem_map((size_t)vb + sizeof(float), &kv->v_map);
     if (!kv->k || !kv->v) {
         cm_kv_release(kv);
         return cm_errf(err, errlen, CM_ENOMEM, "out of memory for a kv cache of %llu bytes", (unsigned long long)(kb + vb));

@@ -49,9 +49,9 @@ int cm_kv_init_type(cm_kv *kv, const cm_model *m, int layer_first, int layer_las
     uint64_t half = cm_kv_bytes(m, layer_first, layer_last, s.h0, s.h1, n_ctx) / (mla ? 1 : 2);
     if (type == CM_TYPE_F16) half /= 2;
     if (half > SIZE_MAX / 2) return cm_errf(err, errlen, CM_ENOMEM, "kv cache of %llu bytes is too large", (unsigned long long)half * 2);
-    /* calloc: untouched context costs no resident memory. */
-    kv->k = cm_calloc(1, (size_t)half + sizeof(float));
-    kv->v = cm_calloc(1, (mla ? 0 : (size_t)half) + sizeof(float));
+    /* reserved address space: untouched context costs no memory (kv_mem.c) */
+    kv->k = cm_kv_mem_map((size_t)half + sizeof(float), &kv->k_map);
+    kv->v = cm_kv_mem_map((mla ? 0 : (size_t)half) + sizeof(float), &kv->v_map);
     if (!kv->k || !kv->v) {
         cm_kv_release(kv);
         return cm_errf(err, errlen, CM_ENOMEM, "out of memory for a kv cache of %llu bytes", (unsigned long long)half * 2);
@@ -71,14 +71,19 @@ int cm_kv_init_type(cm_kv *kv, const cm_model *m, int layer_first, int layer_las
 
 void cm_kv_release(cm_kv *kv) {
     if (!kv) return;
-    cm_free(kv->k);
-    cm_free(kv->v);
+    if (kv->k_map) cm_kv_mem_unmap(kv->k, kv->k_map);
+    else cm_free(kv->k);
+    if (kv->v_map) cm_kv_mem_unmap(kv->v, kv->v_map);
+    else cm_free(kv->v);
     memset(kv, 0, sizeof *kv);
 }
 
 void cm_kv_truncate(cm_kv *kv, int n_past) {
     if (n_past < 0) n_past = 0;
-    if (n_past < kv->n_past) kv->n_past = n_past;
+    if (n_past < kv->n_past) {
+        kv->n_past = n_past;
+        cm_kv_trim(kv); /* the pages past it go back (kv_mem.c) */
+    }
 }
 
 /* ---------------- context ---------------- */

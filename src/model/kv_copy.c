@@ -8,8 +8,8 @@
  * [layer][head][head_dim][n_ctx] in F32/F16, or as rows like K's in the rows
  * layout of the quantized types; no V in deepseek2's latent cache), sized by
  * the cache's own row sizes, so it needs no arithmetic on the values.
- * NEEDSWORK: paged KV memory (blocks shared copy-on-write instead of copied)
- * is a change of cm_kv itself.
+ * NEEDSWORK: sharing the prefix's pages copy-on-write instead of copying
+ * them needs a block table in cm_kv (kv_mem.c says why there is none yet).
  * Never allocates; the caller serialises it with forward passes of both
  * caches.
  */

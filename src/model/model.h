@@ -292,6 +292,7 @@ typedef struct cm_kv {
     bool v_rows;
     bool latent;         /* deepseek2 (mla.h): k holds the latent rows, v only a placeholder */
     size_t k_row, v_row; /* bytes of one K / V row (v_rows) */
+    size_t k_map, v_map; /* kv_mem.c: bytes mapped for k / v (0: heap memory of cm_calloc) */
 } cm_kv;
 /* ---- KV cache types and flash attention (attn.c) ---- */
 bool cm_kv_type_ok(enum cm_type t);                  /* F32, F16, Q8_0, Q4_0 */
@@ -378,6 +379,17 @@ void cm_kv_truncate(cm_kv *kv, int n_past); /* keeps positions [0, n_past); n_pa
  * same layer range, slice and type): their bytes are copied (kv_copy.c) and
  * dst->n_past = n. CM_EINVAL otherwise. */
 int cm_kv_copy_prefix(cm_kv *dst, const cm_kv *src, int n, char *err, size_t errlen);
+/* ---- KV memory committed on demand (kv_mem.c) ----
+ * cm_kv_init* reserve K and V as address space (cm_kv_mem_map): pages cost
+ * memory once written; cm_kv_truncate gives back the pages wholly past the
+ * positions it keeps (cm_kv_trim), all of them at 0. The layout is unchanged. */
+void *cm_kv_mem_map(size_t bytes, size_t *mapped); /* NULL when it cannot */
+void cm_kv_mem_unmap(void *p, size_t mapped);
+/* Bytes of the pages positions [0, n) of kv occupy (exact for its layout:
+ * page rounding included); what a cache holding n positions costs. */
+uint64_t cm_kv_resident_bytes(const cm_kv *kv, int n);
+uint64_t cm_kv_mapped_bytes(const cm_kv *kv); /* address space reserved */
+void cm_kv_trim(cm_kv *kv); /* give back the pages past kv->n_past */
 
 /* ---- forward pass ---- */
 

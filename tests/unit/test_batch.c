@@ -8,6 +8,10 @@
  * group differently at every step, yet each session's text is its own; and
  * on a synthetic llama in q4_0 whose rows are repacked, so that the decode
  * steps of up to 16 sequences run the batched gemm (kernels.h gemm_packed).
+ * Mixed passes (cm_engine_step_prefill, serve's): every newcomer's prompt
+ * is evaluated 3 tokens at a time inside the running sessions' decode
+ * passes (or apart when the pass has no room), and still every text and
+ * logprob is the one alone.
  */
 #include "engine/engine.h"
 #include "gguf/gguf.h"
@@ -46,6 +50,8 @@ static int prompt_ids(int i, int32_t *ids) {
     return cm_engine_tokenize(E, k_prompts[i], strlen(k_prompts[i]), true, false, ids, 256, errbuf, sizeof errbuf);
 }
 
+static bool g_mixed; /* newcomers' prompts ride in the decode passes */
+
 static void test_batched_equals_alone(void) {
     out alone[NP], together[NP];
     cm_gen_result ra[NP], rt[NP];
@@ -66,17 +72,38 @@ static void test_batched_equals_alone(void) {
         ss[i] = cm_session_new(E, 256, errbuf, sizeof errbuf);
     }
     /* Sessions join one per step, so the batch changes shape while others run. */
-    int joined = 0, steps = 0;
+    int joined = 0, steps = 0, n_pre = 0;
     for (;;) {
-        if (joined < NP) {
+        if (joined < NP && !n_pre) {
             int n = prompt_ids(joined, ids);
-            CHECK(cm_session_set_prompt(ss[joined], ids, n, errbuf, sizeof errbuf) == 0);
-            cm_gen_params p;
-            params(&p, joined);
-            CHECK(cm_session_start(ss[joined], &p, step_cb, &together[joined], errbuf, sizeof errbuf) == 0);
-            joined++;
+            if (g_mixed) {
+                CHECK(cm_session_prompt_begin(ss[joined], ids, n, errbuf, sizeof errbuf) == 0);
+                n_pre = n;
+            } else {
+                CHECK(cm_session_set_prompt(ss[joined], ids, n, errbuf, sizeof errbuf) == 0);
+                cm_gen_params p;
+                params(&p, joined);
+                CHECK(cm_session_start(ss[joined], &p, step_cb, &together[joined], errbuf, sizeof errbuf) == 0);
+                joined++;
+            }
         }
-        int r = cm_engine_step(E, ss, joined, errbuf, sizeof errbuf);
+        int r;
+        if (n_pre) {
+            int done = 0;
+            r = cm_engine_step_prefill(E, ss, joined, ss[joined], 3, &done, errbuf, sizeof errbuf);
+            CHECKF(done >= 0, "%s", errbuf);
+            if (!done) CHECK(cm_session_prompt_step(ss[joined], 3, errbuf, sizeof errbuf) >= 0); /* no room */
+            if (cm_session_n_past(ss[joined]) == n_pre) {
+                cm_gen_params p;
+                params(&p, joined);
+                CHECK(cm_session_start(ss[joined], &p, step_cb, &together[joined], errbuf, sizeof errbuf) == 0);
+                joined++;
+                n_pre = 0;
+                if (r == 0) r = 1; /* it runs from the next step */
+            }
+        } else {
+            r = cm_engine_step(E, ss, joined, errbuf, sizeof errbuf);
+        }
         CHECKF(r >= 0, "%s", errbuf);
         steps++;
         if (r <= 0 && joined == NP) break;
@@ -140,6 +167,10 @@ int main(void) {
     }
     RUN(test_batched_equals_alone);
     RUN(test_cancel_and_stop);
+    g_mixed = true;
+    t_cur_name = "test_batched_equals_alone (mixed passes)";
+    RUN(test_batched_equals_alone);
+    g_mixed = false;
     cm_engine_free(E);
     E = NULL;
     /* the same on a mixture-of-experts model */
@@ -175,6 +206,9 @@ int main(void) {
     } else {
         t_cur_name = "test_batched_equals_alone (llama q4_0, batched gemm)";
         RUN(test_batched_equals_alone);
+        g_mixed = true;
+        RUN(test_batched_equals_alone); /* with mixed passes */
+        g_mixed = false;
         cm_engine_free(E);
     }
     cm_gguf_close(&voc);
