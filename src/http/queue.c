@@ -173,13 +173,15 @@ static int common_prefix(cm_session *s, const int32_t *ids, int n) {
     return k;
 }
 
-/* Under s->mu: the free slot sharing the longest prefix with j, or -1. */
+/* Under s->mu: the free slot sharing the longest prefix with j, or -1; among
+ * equals the one caching the least, so other cached conversations survive
+ * (the KV budget gives back the least recently used when it must). */
 static int pick_slot(cm_queue *s, job *j) {
-    int best = -1, best_k = -1;
+    int best = -1, best_k = -1, best_np = 0;
     for (int i = 0; i < s->n_slots; i++) {
         if (s->slots[i].j) continue;
-        int k = common_prefix(s->slots[i].s, j->ids, j->n_ids);
-        if (k > best_k) { best = i; best_k = k; }
+        int k = common_prefix(s->slots[i].s, j->ids, j->n_ids), np = cm_session_n_past(s->slots[i].s);
+        if (k > best_k || (k == best_k && np < best_np)) { best = i; best_k = k; best_np = np; }
     }
     return best;
 }

@@ -72,7 +72,7 @@ static void test_batched_equals_alone(void) {
         ss[i] = cm_session_new(E, 256, errbuf, sizeof errbuf);
     }
     /* Sessions join one per step, so the batch changes shape while others run. */
-    int joined = 0, steps = 0, n_pre = 0;
+    int joined = 0, steps = 0, n_pre = 0, n_mixed = 0;
     for (;;) {
         if (joined < NP && !n_pre) {
             int n = prompt_ids(joined, ids);
@@ -92,6 +92,7 @@ static void test_batched_equals_alone(void) {
             int done = 0;
             r = cm_engine_step_prefill(E, ss, joined, ss[joined], 3, &done, errbuf, sizeof errbuf);
             CHECKF(done >= 0, "%s", errbuf);
+            n_mixed += done > 0 && joined > 0; /* beside decode rows */
             if (!done) CHECK(cm_session_prompt_step(ss[joined], 3, errbuf, sizeof errbuf) >= 0); /* no room */
             if (cm_session_n_past(ss[joined]) == n_pre) {
                 cm_gen_params p;
@@ -109,6 +110,7 @@ static void test_batched_equals_alone(void) {
         if (r <= 0 && joined == NP) break;
         if (steps > 1000) break;
     }
+    CHECKF(!g_mixed || n_mixed > 0, "no prompt chunk rode in a decode pass");
     for (int i = 0; i < NP; i++) {
         CHECK(!cm_session_running(ss[i]));
         CHECK(cm_session_finish(ss[i], &rt[i]) == 0);
