@@ -30,6 +30,7 @@ typedef struct glayer {
     cm_vk_buf *buf, *kv; /* weights; the K/V cache of every slot (slot_stride floats each) */
     cm_vk_set *set;
     wt attn_norm, wq, wk, wv, wo, ffn_norm, gate, up, down;
+    wt bq, bk, bv, q_norm, k_norm; /* qwen2's biases, qwen3's per-head norms: K 0 when absent */
 } glayer;
 
 struct cm_gpu_model {
@@ -75,11 +76,16 @@ bool cm_gpu_model_supported_range(const cm_model *m, int l0, int l1, char *why, 
     }
     for (int il = CM_MAX(l0, 0); il < CM_MIN(l1, hp->n_layer); il++) {
         const cm_layer *L = &m->layers[il];
-        if (L->bq.data || L->bk.data || L->bv.data || L->bo.data || L->q_norm.data || L->k_norm.data ||
-            L->attn_post_norm.data || L->ffn_post_norm.data || L->attn_sinks.data || !L->ffn_gate.data) {
-            snprintf(why, whylen, "layer %d has biases, q/k norms or post norms (not on the GPU yet)", il);
+        if (L->bo.data || L->attn_post_norm.data || L->ffn_post_norm.data || L->attn_sinks.data || !L->ffn_gate.data) {
+            snprintf(why, whylen, "layer %d has an output bias, post norms or sinks (not on the GPU yet)", il);
             return false;
         }
+        const cm_tensor *ex[] = {&L->bq, &L->bk, &L->bv, &L->q_norm, &L->k_norm}; /* qwen2, qwen3 */
+        for (int i = 0; i < 5; i++)
+            if (ex[i]->data && ex[i]->type != CM_TYPE_F32) {
+                snprintf(why, whylen, "layer %d has a %s bias or q/k norm (the GPU has f32)", il, cm_type_name(ex[i]->type));
+                return false;
+            }
         const cm_tensor *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->ffn_gate, &L->ffn_up, &L->ffn_down};
         const char *names[] = {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"};
         for (int i = 0; i < 7; i++)
@@ -124,10 +130,13 @@ static int upload_layer(cm_gpu_model *gm, int il, char *err, size_t errlen) {
     const cm_layer *L = &gm->m->layers[gm->l0 + il];
     glayer *gl = &gm->L[il];
     const cm_tensor *ws[] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo, &L->ffn_norm, &L->ffn_gate, &L->ffn_up,
-                             &L->ffn_down};
-    wt *ts[] = {&gl->attn_norm, &gl->wq, &gl->wk, &gl->wv, &gl->wo, &gl->ffn_norm, &gl->gate, &gl->up, &gl->down};
+                             &L->ffn_down, &L->bq, &L->bk, &L->bv, &L->q_norm, &L->k_norm};
+    wt *ts[] = {&gl->attn_norm, &gl->wq, &gl->wk, &gl->wv, &gl->wo, &gl->ffn_norm, &gl->gate, &gl->up, &gl->down,
+                &gl->bq, &gl->bk, &gl->bv, &gl->q_norm, &gl->k_norm};
+    enum { NW = 14 };
     uint64_t words = 0;
-    for (int i = 0; i < 9; i++) {
+    for (int i = 0; i < NW; i++) {
+        if (!ws[i]->data) continue; /* an absent bias or norm: K stays 0 */
         *ts[i] = (wt){.off = (uint32_t)words, .type = ws[i]->type, .K = (uint32_t)ws[i]->ne[0],
                       .rows = (uint32_t)ws[i]->ne[1]};
         words += (cm_vk_packed_words(ws[i]) + 3) & ~(uint64_t)3;
@@ -137,7 +146,8 @@ static int upload_layer(cm_gpu_model *gm, int il, char *err, size_t errlen) {
                        (unsigned long long)words * 4);
     uint32_t *host = cm_calloc(words ? words : 1, 4);
     if (!host) return cm_errf(err, errlen, CM_ENOMEM, "out of memory packing layer %d", il);
-    for (int i = 0; i < 9; i++) cm_vk_pack(ws[i], host + ts[i]->off);
+    for (int i = 0; i < NW; i++)
+        if (ws[i]->data) cm_vk_pack(ws[i], host + ts[i]->off);
     int rc = CM_ENOMEM;
     if ((gl->buf = cm_vk_buf_new(gm->g, words * 4, CM_VK_DEVICE, err, errlen)))
         rc = cm_vk_upload(gm->g, gl->buf, 0, host, words * 4, err, errlen);
@@ -156,9 +166,10 @@ int cm_gpu_model_new(cm_gpu_model **out, cm_gpu *g, const cm_model *m, int n_lay
 uint64_t cm_gpu_layer_bytes(const cm_model *m, int il, int max_batch, int n_ctx, int n_seq) {
     const cm_layer *L = &m->layers[il];
     const cm_tensor *ws[] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo, &L->ffn_norm, &L->ffn_gate, &L->ffn_up,
-                             &L->ffn_down};
+                             &L->ffn_down, &L->bq, &L->bk, &L->bv, &L->q_norm, &L->k_norm};
     uint64_t words = 0;
-    for (int i = 0; i < 9; i++) words += (cm_vk_packed_words(ws[i]) + 3) & ~(uint64_t)3;
+    for (int i = 0; i < 14; i++)
+        if (ws[i]->data) words += (cm_vk_packed_words(ws[i]) + 3) & ~(uint64_t)3;
     const cm_hparams *hp = &m->hp;
     const uint64_t KD = (uint64_t)hp->n_head_kv * hp->head_dim; /* + the layer's K and V rows of a batch */
     return words * 4 + 2 * KD * 4 * ((uint64_t)n_ctx * (uint64_t)CM_MAX(n_seq, 1) + (uint64_t)max_batch);
@@ -294,6 +305,12 @@ static void rope(cm_gpu *g, cm_vk_set *s, uint32_t n_rot, uint32_t D, uint32_t n
     cm_vk_dispatch(g, VKP_ROPE, s, p, sizeof p, ((uint32_t)n * nh * (n_rot / 2) + 63) / 64, 1);
 }
 
+/* y_j += b (w) for n rows of w->K at y_off, stride ld. */
+static void bias(cm_gpu *g, cm_vk_set *s, const wt *w, uint32_t y_off, uint32_t ld, int n) {
+    const uint32_t p[5] = {w->K, (uint32_t)n, y_off, ld, w->off};
+    cm_vk_dispatch(g, VKP_BIAS, s, p, sizeof p, (w->K * (uint32_t)n + 63) / 64, 1);
+}
+
 static void record_layer(cm_gpu_model *gm, int il, int n, bool f16) {
     const cm_hparams *hp = &gm->m->hp;
     cm_gpu *g = gm->g;
@@ -307,6 +324,12 @@ static void record_layer(cm_gpu_model *gm, int il, int n, bool f16) {
     mm(gm, s, &L->wq, gm->o_xn, E, gm->o_q, QD, n, false);
     mm(gm, s, &L->wk, gm->o_xn, E, ko, KD, n, false);
     mm(gm, s, &L->wv, gm->o_xn, E, vo, KD, n, false);
+    /* qwen2's biases, then qwen3's per-head norms (rows of D), before RoPE as on the CPU */
+    if (L->bq.K) bias(g, s, &L->bq, gm->o_q, QD, n);
+    if (L->bk.K) bias(g, s, &L->bk, ko, KD, n);
+    if (L->bv.K) bias(g, s, &L->bv, vo, KD, n);
+    if (L->q_norm.K) rmsnorm(g, s, (uint32_t)gm->D, gm->o_q, gm->o_q, L->q_norm.off, hp->rms_eps, n * gm->nq);
+    if (L->k_norm.K) rmsnorm(g, s, (uint32_t)gm->D, ko, ko, L->k_norm.off, hp->rms_eps, n * gm->nkv);
     rope(g, s, (uint32_t)gm->n_rot, (uint32_t)gm->D, (uint32_t)gm->nq, n, gm->o_q, QD, gm->o_rope, neox);
     rope(g, s, (uint32_t)gm->n_rot, (uint32_t)gm->D, (uint32_t)gm->nkv, n, ko, KD, gm->o_rope, neox);
     const uint32_t layer_base = 0; /* the layer's own buffer */
