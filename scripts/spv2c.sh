@@ -26,7 +26,7 @@ if [ -n "$glslc" ]; then
     emit mm_f16 mm.comp -DT_F16
     emit mm_q8_0 mm.comp -DT_Q8_0
     emit mm_q4_0 mm.comp -DT_Q4_0
-    for s in rmsnorm rope kvstore attn silu q8act; do emit "$s" "$s.comp"; done
+    for s in rmsnorm rope kvstore attn silu q8act bias; do emit "$s" "$s.comp"; done
 fi
 {
     echo "const cm_vk_spv cm_vk_spvs[] = {"

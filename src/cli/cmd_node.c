@@ -24,6 +24,7 @@ static void on_stop(int sig) {
 static const char k_node_usage[] =
     "usage: cumulo node [--port P] [--name N] [--cache DIR] [--models DIR] [--join HOST:PORT ...]\n"
     "                   [--threads N] [--mmap] [--insecure] [--key-file FILE] [--bind ADDR] [--no-mdns]\n"
+    "                   [--gpu auto|vulkan|none|N] [--gpu-layers K]\n"
     "\n"
     "Offer this machine's cores and memory to a cumulo cluster: listen for the\n"
     "coordinator (`cumulo run --cluster`, `cumulo serve --nodes`), take a pipeline\n"
@@ -43,6 +44,10 @@ static const char k_node_usage[] =
     "  --key-file FILE   cluster key (default $CUMULO_KEY_FILE or ~/.config/cumulo/cluster.key)\n"
     "  --bind ADDR       listen on this address only\n"
     "  --no-mdns         do not announce this node on the local network\n"
+    "  --gpu auto|vulkan|none|N  run each stage's first layers on a Vulkan GPU (auto: the first GPU;\n"
+    "                    vulkan: any device, lavapipe too; N: device N of 'cumulo info --gpu'): measured at\n"
+    "                    start and reported to coordinators, which plan with it; default $CUMULO_GPU, else none\n"
+    "  --gpu-layers K    at most K of a stage's layers on it (default: as many as its memory holds)\n"
     "\n"
     "CUMULO_DECLARE_SPEED=GFLOPS,GBS in the environment replaces the measured compute\n"
     "speed and memory bandwidth (equally strong machines in tests).\n";
@@ -52,8 +57,12 @@ int cmd_node(int argc, char **argv) {
     cm_node_opts o = {.port = 7070, .mdns = true};
     const char *join[16];
     long l;
+    cli_gpu gpuo = {0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int go = cli_gpu_opt(argc, argv, &i, &gpuo); /* --gpu, --gpu-layers (gpuopt.c) */
+        if (go < 0) return 1;
+        if (go) continue;
         if (!strcmp(a, "--insecure")) { o.insecure = true; continue; }
         if (!strcmp(a, "--no-mdns")) { o.mdns = false; continue; }
         if (!strcmp(a, "--mmap")) { o.mmap = true; continue; }
@@ -78,6 +87,8 @@ int cmd_node(int argc, char **argv) {
         } else return cli_fail("unknown option '%s'; see 'cumulo node --help'", a);
     }
     o.join = join;
+    o.gpu = gpuo.layers_set && gpuo.layers == 0 ? "none" : gpuo.dev;
+    o.gpu_layers = gpuo.layers_set ? gpuo.layers : 0;
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_stop;
@@ -191,6 +202,15 @@ int cmd_nodes(int argc, char **argv) {
                 cJSON_AddStringToObject(o, "version", f->caps.version);
                 cJSON_AddNumberToObject(o, "gflops", f->caps.gflops);
                 cJSON_AddNumberToObject(o, "mem_gbs", f->caps.mem_bw / 1e9);
+                if (f->caps.gpu_name[0]) { /* issue 16 */
+                    cJSON *g = cJSON_AddObjectToObject(o, "gpu");
+                    cJSON_AddStringToObject(g, "name", f->caps.gpu_name);
+                    cJSON_AddNumberToObject(g, "mem", (double)f->caps.gpu_mem);
+                    cJSON_AddNumberToObject(g, "gbs", f->caps.gpu_bw / 1e9);
+                    cJSON_AddNumberToObject(g, "gflops", f->caps.gpu_flops / 1e9);
+                    cJSON_AddNumberToObject(g, "layers", f->caps.gpu_layers);
+                } else
+                    cJSON_AddNullToObject(o, "gpu");
                 cJSON_AddNumberToObject(o, "rtt_ms", f->rtt_s * 1e3);
                 cJSON_AddNumberToObject(o, "mbytes_per_s", f->bw / 1e6);
                 /* node to node, as this node measured them toward each other node */
@@ -233,6 +253,12 @@ int cmd_nodes(int argc, char **argv) {
         printf("%-22s %-16.16s %5d %8.1fG %9.1f %8.1f %-14s %9.3f %10.1f  %s%s\n", f->addr, f->name, f->caps.cores,
                (double)f->caps.mem_free / (1 << 30), f->caps.gflops, f->caps.mem_bw / 1e9, osa, f->rtt_s * 1e3,
                f->bw / 1e6, f->caps.isa, from_mdns[i] ? " (mdns)" : "");
+        if (f->caps.gpu_name[0]) { /* issue 16: a stage's first layers run there */
+            char most[48] = "";
+            if (f->caps.gpu_layers > 0) snprintf(most, sizeof most, ", at most %d layers", f->caps.gpu_layers);
+            printf("%-22s gpu: %s, %.2f GiB, %.2f GB/s, %.1f GFLOP/s%s\n", "", f->caps.gpu_name,
+                   (double)f->caps.gpu_mem / (1 << 30), f->caps.gpu_bw / 1e9, f->caps.gpu_flops / 1e9, most);
+        }
         if (f->serves[0]) printf("%-22s busy: %s\n", "", f->serves);
     }
     int rc_reach = nodes_reachable(info, n, mdns, given != NULL);

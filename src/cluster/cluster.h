@@ -48,6 +48,11 @@ typedef struct cm_node_caps {
     double gflops;         /* one thread */
     double mem_bw;         /* bytes/s, one thread */
     bool declared;         /* gflops and mem_bw come from CUMULO_DECLARE_SPEED="GFLOPS,GBS", not measured */
+    /* A node's GPU (issue 16; from its HELLO's GPU tail; gpu_name "": none) */
+    char gpu_name[128];
+    uint64_t gpu_mem;      /* device-local bytes */
+    double gpu_bw, gpu_flops; /* its probe's bytes/s and FLOP/s */
+    int gpu_layers;        /* the most layers it puts there (0: as many as fit) */
 } cm_node_caps;
 void cm_node_caps_get(cm_node_caps *c);
 
@@ -72,6 +77,9 @@ typedef struct cm_node_opts {
     const char *key_file;   /* NULL: cm_net_key_default_path */
     bool mdns;              /* announce _cumulo._tcp */
     const char *port_file;  /* write the listening port here once listening */
+    const char *gpu;        /* --gpu: a Vulkan device for each stage's first layers (gpu.h's names;
+                               NULL: $CUMULO_GPU, else none) */
+    int gpu_layers;         /* at most this many of a stage's layers on it (0: as many as fit) */
 } cm_node_opts;
 
 /* Run until *stop becomes non-zero (a signal handler or another thread sets

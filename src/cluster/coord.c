@@ -247,6 +247,12 @@ static void make_cluster(cm_pipe *p, cm_plan_cluster *c) {
         nd->mem_bw = r->hello.mem_gbs > 0 ? (double)r->hello.mem_gbs * 1e9 : 1e9;
         nd->flops = (r->hello.gflops > 0 ? r->hello.gflops : 1) * 1e9;
         snprintf(nd->host, sizeof nd->host, "%s", r->hello.host);
+        if (r->hello.has_gpu) { /* issue 16: its stage's first layers run on its GPU (plan.h) */
+            nd->gpu_mem_bytes = r->hello.gpu_mem;
+            nd->gpu_mem_bw = (double)r->hello.gpu_gbs * 1e9;
+            nd->gpu_flops = (double)r->hello.gpu_gflops * 1e9;
+            nd->gpu_layers = (int)r->hello.gpu_layers;
+        }
     }
     for (int i = 0; i < c->n_nodes; i++)
         for (int j = 0; j < c->n_nodes; j++)
@@ -467,9 +473,10 @@ int cm_pipe_open(cm_pipe **out, const char *model_path, const cm_gguf *g, const 
             for (int k = i + 1; k < n; k++) cm_conn_close(dialled[k], NULL);
             goto fail;
         }
-        cm_coord_log(p, "node %s ('%s'): %u cores %s, %.1f GFLOP/s, %.1f GB/s, %.2f GiB free; rtt %.3f ms, %.1f MB/s", r->addr,
+        cm_coord_log(p, "node %s ('%s'): %u cores %s, %.1f GFLOP/s, %.1f GB/s, %.2f GiB free; rtt %.3f ms, %.1f MB/s%s%s%s", r->addr,
              r->hello.name, r->hello.cores, r->hello.isa, r->hello.gflops, r->hello.mem_gbs,
-             (double)r->hello.mem_free / (1 << 30), r->rtt * 1e3, r->bw / 1e6);
+             (double)r->hello.mem_free / (1 << 30), r->rtt * 1e3, r->bw / 1e6,
+             r->hello.has_gpu ? "; GPU '" : "", r->hello.gpu_name, r->hello.has_gpu ? "'" : "");
     }
     if (!p->n_remote && n_busy) {
         rc = cm_errf(err, errlen, CM_EBUSY, "no node is free: %s", first_busy);

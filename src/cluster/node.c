@@ -508,6 +508,7 @@ int cm_node_run(const cm_node_opts *o, atomic_int *stop, char *err, size_t errle
     if (rc) return rc;
     uint16_t port = cm_listener_port(l);
     cm_cluster_hello(&n.hello, o->name, port, CM_ROLE_NODE);
+    cm_node_gpu_open(&n); /* --gpu: the device, measured, in the HELLO */
     cm_node_caps caps;
     cm_node_caps_get(&caps);
 
@@ -582,6 +583,7 @@ int cm_node_run(const cm_node_opts *o, atomic_int *stop, char *err, size_t errle
     n.st = NULL;
     pthread_mutex_unlock(&n.mu);
     cm_node_stage_free(s);
+    cm_node_gpu_close(&n);
     cm_coll_mesh_close(n.tp_in, CM_COLL_MAX_MEMBERS);
     pthread_mutex_destroy(&n.mu);
     pthread_mutex_destroy(&n.csend_mu);

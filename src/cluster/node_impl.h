@@ -38,6 +38,7 @@ typedef struct stage {
     cm_conn *relay[CM_COLL_MAX_MEMBERS]; /* hybrid, rank 0 of a later group: data connection to each member (owned) */
     cm_coll *coll;    /* TP group's all-reduce, NULL without TP */
     uint64_t rows;    /* token rows computed */
+    struct cm_gpu_model *gm; /* its first layers on the node's GPU (node_gpu.c), or NULL */
 } stage;
 
 typedef struct node {
@@ -56,6 +57,7 @@ typedef struct node {
     char cache_dir[512];
     cm_conn *tp_in[CM_COLL_MAX_MEMBERS]; /* greeted TP connections not yet taken by a stage (under mu) */
     uint64_t tp_in_epoch[CM_COLL_MAX_MEMBERS]; /* the plan epoch each was made for */
+    struct cm_gpu *gpu;       /* --gpu: the device every stage's first layers run on (node_gpu.c), or NULL */
 } node;
 
 /* Free a stage (closing its links; its group traffic goes to stderr in one
@@ -68,5 +70,14 @@ int cm_node_send_ready(node *n, cm_conn *c, uint64_t epoch, int status, uint64_t
  * once with a newer ASSIGN that arrived meanwhile), make it n->st, answer
  * READY. (node_stage.c) */
 void cm_node_on_assign(node *n, cm_conn *c, const cm_msg_assign *a);
+
+/* node_gpu.c (issue 16): open the device --gpu names, measure it and add it
+ * to n->hello (anything that stops it: one warning line, the CPU); a
+ * stage's first layers on it (after its context and caches exist: a
+ * warning and the CPU when they cannot be); and the releases. */
+void cm_node_gpu_open(node *n);
+void cm_node_gpu_close(node *n);
+void cm_node_gpu_stage(node *n, stage *s);
+void cm_node_gpu_stage_free(stage *s);
 
 #endif

@@ -24,6 +24,7 @@
 
 void cm_node_stage_free(stage *s) {
     if (!s) return;
+    cm_node_gpu_stage_free(s); /* before the model it mirrors */
     if (s->next) cm_conn_close(s->next, "plan ended");
     for (int i = 0; i < CM_COLL_MAX_MEMBERS; i++)
         if (s->relay[i]) cm_conn_close(s->relay[i], "plan ended");
@@ -190,6 +191,7 @@ static int stage_load(node *n, stage *s, const char *path, bool slice_file, char
         if (rc) return cm_errf(err, errlen, rc, "KV cache: %s", e);
         s->kvp[i] = &s->kv[i];
     }
+    cm_node_gpu_stage(n, s); /* its first layers on the GPU, if the node has one */
     if (tp && (rc = tp_connect(n, s, err, errlen))) return rc;
     if (tp && a->tp_rank == 0)
         for (int j = 1; j < (int)a->tp_size; j++) { /* hybrid: this group's FORWARDs go on to every member */

@@ -72,6 +72,13 @@ static void probe_one(cm_node_info *o, const char *addr, cm_conn *c, const cm_ms
     snprintf(o->caps.version, sizeof o->caps.version, "%s", peer->version);
     o->caps.gflops = peer->gflops;
     o->caps.mem_bw = peer->mem_gbs * 1e9;
+    if (peer->has_gpu) { /* issue 16 */
+        snprintf(o->caps.gpu_name, sizeof o->caps.gpu_name, "%s", peer->gpu_name);
+        o->caps.gpu_mem = peer->gpu_mem;
+        o->caps.gpu_bw = peer->gpu_gbs * 1e9;
+        o->caps.gpu_flops = peer->gpu_gflops * 1e9;
+        o->caps.gpu_layers = (int)peer->gpu_layers;
+    }
 }
 
 int cm_probe_nodes(const char *const *addrs, int n, bool insecure, const char *key_file, cm_node_info *out,

@@ -54,11 +54,24 @@ typedef struct cm_gpu_model cm_gpu_model;
 /* Can this model's layers run on the device? False with the reason
  * (architecture, weight type, biases, ...) in why. */
 bool cm_gpu_model_supported(const cm_model *m, char *why, size_t whylen);
+/* The same for layers [l0, l1) only (a cluster stage's slice of a model). */
+bool cm_gpu_model_supported_range(const cm_model *m, int l0, int l1, char *why, size_t whylen);
 /* Upload layers [0, n_layers) of m (clamped to the model's) and reserve
  * activations for max_batch tokens and a cache of n_seq sequences of n_ctx
  * positions. m must outlive the result. */
 int cm_gpu_model_new(cm_gpu_model **out, cm_gpu *g, const cm_model *m, int n_layers, int max_batch, int n_ctx,
                      int n_seq, char *err, size_t errlen);
+/* The same for layers [layer_first, layer_first + n_layers) (clamped): a
+ * cluster stage's first layers; it takes a batch whose layer_first is
+ * layer_first. */
+int cm_gpu_model_new_at(cm_gpu_model **out, cm_gpu *g, const cm_model *m, int layer_first, int n_layers, int max_batch,
+                        int n_ctx, int n_seq, char *err, size_t errlen);
+/* Device bytes layer il takes with batches of max_batch tokens, n_ctx
+ * positions and n_seq sequences (its repacked weights, its F32 K/V slots
+ * and rows), and the fixed part (the other activations): how many layers
+ * fit is the caller's sum. */
+uint64_t cm_gpu_layer_bytes(const cm_model *m, int il, int max_batch, int n_ctx, int n_seq);
+uint64_t cm_gpu_fixed_bytes(const cm_model *m, int max_batch, int n_ctx);
 void cm_gpu_model_free(cm_gpu_model *gm); /* NULL: no-op */
 int cm_gpu_model_layers(const cm_gpu_model *gm);
 const char *cm_gpu_model_device(const cm_gpu_model *gm);
@@ -78,6 +91,12 @@ int cm_gpu_forward_layers(cm_gpu_model *gm, const cm_batch *b, const cm_forward_
  * cm_ctx_set_offload(ctx, cm_gpu_offload, gm). */
 int cm_gpu_offload(void *gm, const cm_batch *b, const cm_forward_args *a, float *x, const float *rope, char *err,
                    size_t errlen);
+
+/* A short measurement of the device (vk_probe.c, up to 18 MiB of Q8_0 weights): the
+ * memory bandwidth a Q8_0 matrix-vector product streams (bytes/s) and the
+ * throughput of a 32-token Q8_0 matrix product (FLOP/s). A cluster node
+ * reports both; the planner runs its layers at these speeds. */
+int cm_gpu_probe(cm_gpu *g, double *bw, double *flops, char *err, size_t errlen);
 
 /* For tests: y[j * rows + i] = dot(W row i, x_j) for W (a whole matrix,
  * F32/F16/Q8_0/Q4_0), n_tok rows of F32 activations; and RMS norm, RoPE

@@ -130,7 +130,7 @@ struct cm_gpu {
 };
 
 static const char *const pipe_names[VKP_COUNT] = {"mm_f32", "mm_f16", "mm_q8_0", "mm_q4_0", "rmsnorm",
-                                                  "rope",   "kvstore", "attn",  "silu", "q8act"};
+                                                  "rope",   "kvstore", "attn",  "silu", "q8act", "bias"};
 
 static int vk_fail(char *err, size_t errlen, VkResult r, const char *what) {
     const int code = r == VK_ERROR_OUT_OF_DEVICE_MEMORY || r == VK_ERROR_OUT_OF_HOST_MEMORY ? CM_ENOMEM : CM_EIO;

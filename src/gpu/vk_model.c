@@ -30,12 +30,13 @@ typedef struct glayer {
     cm_vk_buf *buf, *kv; /* weights; the K/V cache of every slot (slot_stride floats each) */
     cm_vk_set *set;
     wt attn_norm, wq, wk, wv, wo, ffn_norm, gate, up, down;
+    wt bq, bk, bv, q_norm, k_norm; /* qwen2's biases, qwen3's per-head norms: K 0 when absent */
 } glayer;
 
 struct cm_gpu_model {
     cm_gpu *g;
     const cm_model *m;
-    int nl, B, ctx, n_seq;
+    int l0, nl, B, ctx, n_seq; /* layers [l0, l0 + nl) of m */
     int E, D, nq, nkv, QD, KD, F, n_rot;
     glayer *L;
     cm_vk_buf *act, *io;
@@ -59,6 +60,10 @@ static bool type_ok(const cm_tensor *t, char *why, size_t whylen, const char *na
 }
 
 bool cm_gpu_model_supported(const cm_model *m, char *why, size_t whylen) {
+    return cm_gpu_model_supported_range(m, 0, m->hp.n_layer, why, whylen);
+}
+
+bool cm_gpu_model_supported_range(const cm_model *m, int l0, int l1, char *why, size_t whylen) {
     const cm_hparams *hp = &m->hp;
     if (hp->arch == CM_ARCH_GEMMA3 || hp->arch == CM_ARCH_DEEPSEEK2 || hp->arch == CM_ARCH_GPTOSS || hp->n_expert) {
         snprintf(why, whylen, "the GPU runs dense llama-style layers only");
@@ -69,13 +74,18 @@ bool cm_gpu_model_supported(const cm_model *m, char *why, size_t whylen) {
         snprintf(why, whylen, "the GPU has no sliding window, q scale or partial rope of this kind");
         return false;
     }
-    for (int il = 0; il < hp->n_layer; il++) {
+    for (int il = CM_MAX(l0, 0); il < CM_MIN(l1, hp->n_layer); il++) {
         const cm_layer *L = &m->layers[il];
-        if (L->bq.data || L->bk.data || L->bv.data || L->bo.data || L->q_norm.data || L->k_norm.data ||
-            L->attn_post_norm.data || L->ffn_post_norm.data || L->attn_sinks.data || !L->ffn_gate.data) {
-            snprintf(why, whylen, "layer %d has biases, q/k norms or post norms (not on the GPU yet)", il);
+        if (L->bo.data || L->attn_post_norm.data || L->ffn_post_norm.data || L->attn_sinks.data || !L->ffn_gate.data) {
+            snprintf(why, whylen, "layer %d has an output bias, post norms or sinks (not on the GPU yet)", il);
             return false;
         }
+        const cm_tensor *ex[] = {&L->bq, &L->bk, &L->bv, &L->q_norm, &L->k_norm}; /* qwen2, qwen3 */
+        for (int i = 0; i < 5; i++)
+            if (ex[i]->data && ex[i]->type != CM_TYPE_F32) {
+                snprintf(why, whylen, "layer %d has a %s bias or q/k norm (the GPU has f32)", il, cm_type_name(ex[i]->type));
+                return false;
+            }
         const cm_tensor *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->ffn_gate, &L->ffn_up, &L->ffn_down};
         const char *names[] = {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"};
         for (int i = 0; i < 7; i++)
@@ -117,13 +127,16 @@ void cm_vk_pack(const cm_tensor *W, uint32_t *dst) {
 }
 
 static int upload_layer(cm_gpu_model *gm, int il, char *err, size_t errlen) {
-    const cm_layer *L = &gm->m->layers[il];
+    const cm_layer *L = &gm->m->layers[gm->l0 + il];
     glayer *gl = &gm->L[il];
     const cm_tensor *ws[] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo, &L->ffn_norm, &L->ffn_gate, &L->ffn_up,
-                             &L->ffn_down};
-    wt *ts[] = {&gl->attn_norm, &gl->wq, &gl->wk, &gl->wv, &gl->wo, &gl->ffn_norm, &gl->gate, &gl->up, &gl->down};
+                             &L->ffn_down, &L->bq, &L->bk, &L->bv, &L->q_norm, &L->k_norm};
+    wt *ts[] = {&gl->attn_norm, &gl->wq, &gl->wk, &gl->wv, &gl->wo, &gl->ffn_norm, &gl->gate, &gl->up, &gl->down,
+                &gl->bq, &gl->bk, &gl->bv, &gl->q_norm, &gl->k_norm};
+    enum { NW = 14 };
     uint64_t words = 0;
-    for (int i = 0; i < 9; i++) {
+    for (int i = 0; i < NW; i++) {
+        if (!ws[i]->data) continue; /* an absent bias or norm: K stays 0 */
         *ts[i] = (wt){.off = (uint32_t)words, .type = ws[i]->type, .K = (uint32_t)ws[i]->ne[0],
                       .rows = (uint32_t)ws[i]->ne[1]};
         words += (cm_vk_packed_words(ws[i]) + 3) & ~(uint64_t)3;
@@ -133,7 +146,8 @@ static int upload_layer(cm_gpu_model *gm, int il, char *err, size_t errlen) {
                        (unsigned long long)words * 4);
     uint32_t *host = cm_calloc(words ? words : 1, 4);
     if (!host) return cm_errf(err, errlen, CM_ENOMEM, "out of memory packing layer %d", il);
-    for (int i = 0; i < 9; i++) cm_vk_pack(ws[i], host + ts[i]->off);
+    for (int i = 0; i < NW; i++)
+        if (ws[i]->data) cm_vk_pack(ws[i], host + ts[i]->off);
     int rc = CM_ENOMEM;
     if ((gl->buf = cm_vk_buf_new(gm->g, words * 4, CM_VK_DEVICE, err, errlen)))
         rc = cm_vk_upload(gm->g, gl->buf, 0, host, words * 4, err, errlen);
@@ -146,15 +160,43 @@ static int upload_layer(cm_gpu_model *gm, int il, char *err, size_t errlen) {
 
 int cm_gpu_model_new(cm_gpu_model **out, cm_gpu *g, const cm_model *m, int n_layers, int max_batch, int n_ctx,
                      int n_seq, char *err, size_t errlen) {
+    return cm_gpu_model_new_at(out, g, m, 0, n_layers, max_batch, n_ctx, n_seq, err, errlen);
+}
+
+uint64_t cm_gpu_layer_bytes(const cm_model *m, int il, int max_batch, int n_ctx, int n_seq) {
+    const cm_layer *L = &m->layers[il];
+    const cm_tensor *ws[] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo, &L->ffn_norm, &L->ffn_gate, &L->ffn_up,
+                             &L->ffn_down, &L->bq, &L->bk, &L->bv, &L->q_norm, &L->k_norm};
+    uint64_t words = 0;
+    for (int i = 0; i < 14; i++)
+        if (ws[i]->data) words += (cm_vk_packed_words(ws[i]) + 3) & ~(uint64_t)3;
+    const cm_hparams *hp = &m->hp;
+    const uint64_t KD = (uint64_t)hp->n_head_kv * hp->head_dim; /* + the layer's K and V rows of a batch */
+    return words * 4 + 2 * KD * 4 * ((uint64_t)n_ctx * (uint64_t)CM_MAX(n_seq, 1) + (uint64_t)max_batch);
+}
+
+uint64_t cm_gpu_fixed_bytes(const cm_model *m, int max_batch, int n_ctx) {
+    const cm_hparams *hp = &m->hp;
+    const uint64_t B = (uint64_t)max_batch, QD = (uint64_t)hp->n_head * hp->head_dim;
+    const uint64_t big = (uint64_t)CM_MAX(hp->n_embd, CM_MAX((int)QD, hp->n_ff));
+    return 4 * B * (3 * (uint64_t)hp->n_embd + 2 * QD + 2 * (uint64_t)hp->n_ff + (uint64_t)hp->n_head * n_ctx + (big / 32 + 1) * 9);
+}
+
+int cm_gpu_model_new_at(cm_gpu_model **out, cm_gpu *g, const cm_model *m, int layer_first, int n_layers, int max_batch,
+                        int n_ctx, int n_seq, char *err, size_t errlen) {
     *out = NULL;
     char why[256];
-    if (!cm_gpu_model_supported(m, why, sizeof why)) return cm_errf(err, errlen, CM_EUNSUPPORTED, "gpu: %s", why);
     const cm_hparams *hp = &m->hp;
+    layer_first = CM_MAX(0, CM_MIN(layer_first, hp->n_layer));
+    n_layers = CM_MAX(0, CM_MIN(n_layers, hp->n_layer - layer_first));
+    if (!cm_gpu_model_supported_range(m, layer_first, layer_first + n_layers, why, sizeof why))
+        return cm_errf(err, errlen, CM_EUNSUPPORTED, "gpu: %s", why);
     cm_gpu_model *gm = cm_calloc(1, sizeof *gm);
     if (!gm) return cm_errf(err, errlen, CM_ENOMEM, "out of memory");
     gm->g = g;
     gm->m = m;
-    gm->nl = CM_MAX(0, CM_MIN(n_layers, hp->n_layer));
+    gm->l0 = layer_first;
+    gm->nl = n_layers;
     gm->B = max_batch;
     gm->ctx = n_ctx;
     gm->n_seq = CM_MAX(1, n_seq);
@@ -263,6 +305,12 @@ static void rope(cm_gpu *g, cm_vk_set *s, uint32_t n_rot, uint32_t D, uint32_t n
     cm_vk_dispatch(g, VKP_ROPE, s, p, sizeof p, ((uint32_t)n * nh * (n_rot / 2) + 63) / 64, 1);
 }
 
+/* y_j += b (w) for n rows of w->K at y_off, stride ld. */
+static void bias(cm_gpu *g, cm_vk_set *s, const wt *w, uint32_t y_off, uint32_t ld, int n) {
+    const uint32_t p[5] = {w->K, (uint32_t)n, y_off, ld, w->off};
+    cm_vk_dispatch(g, VKP_BIAS, s, p, sizeof p, (w->K * (uint32_t)n + 63) / 64, 1);
+}
+
 static void record_layer(cm_gpu_model *gm, int il, int n, bool f16) {
     const cm_hparams *hp = &gm->m->hp;
     cm_gpu *g = gm->g;
@@ -276,6 +324,12 @@ static void record_layer(cm_gpu_model *gm, int il, int n, bool f16) {
     mm(gm, s, &L->wq, gm->o_xn, E, gm->o_q, QD, n, false);
     mm(gm, s, &L->wk, gm->o_xn, E, ko, KD, n, false);
     mm(gm, s, &L->wv, gm->o_xn, E, vo, KD, n, false);
+    /* qwen2's biases, then qwen3's per-head norms (rows of D), before RoPE as on the CPU */
+    if (L->bq.K) bias(g, s, &L->bq, gm->o_q, QD, n);
+    if (L->bk.K) bias(g, s, &L->bk, ko, KD, n);
+    if (L->bv.K) bias(g, s, &L->bv, vo, KD, n);
+    if (L->q_norm.K) rmsnorm(g, s, (uint32_t)gm->D, gm->o_q, gm->o_q, L->q_norm.off, hp->rms_eps, n * gm->nq);
+    if (L->k_norm.K) rmsnorm(g, s, (uint32_t)gm->D, ko, ko, L->k_norm.off, hp->rms_eps, n * gm->nkv);
     rope(g, s, (uint32_t)gm->n_rot, (uint32_t)gm->D, (uint32_t)gm->nq, n, gm->o_q, QD, gm->o_rope, neox);
     rope(g, s, (uint32_t)gm->n_rot, (uint32_t)gm->D, (uint32_t)gm->nkv, n, ko, KD, gm->o_rope, neox);
     const uint32_t layer_base = 0; /* the layer's own buffer */
@@ -305,7 +359,7 @@ static void record_layer(cm_gpu_model *gm, int il, int n, bool f16) {
 
 static bool kv_ok(const cm_gpu_model *gm, const cm_kv *kv) {
     const bool f = (kv->type == CM_TYPE_F32 || kv->type == CM_TYPE_F16) && kv->type_v == kv->type;
-    return f && !kv->latent && kv->layer_first == 0 && kv->layer_last >= gm->nl && kv->h0 == 0 &&
+    return f && !kv->latent && kv->layer_first <= gm->l0 && kv->layer_last >= gm->l0 + gm->nl && kv->h0 == 0 &&
            kv->h1 == gm->nkv && kv->n_ctx <= gm->ctx && kv->head_dim == gm->D;
 }
 
@@ -355,7 +409,7 @@ static int refill(cm_gpu_model *gm, int s, const cm_kv *kv, int n, char *err, si
         for (int kind = 0; kind < 2; kind++)
             for (int hk = 0; hk < gm->nkv; hk++) {
                 if (n == 0) continue;
-                for (int p = 0; p < n; p++) kv_read(kv, il, hk, kind, p, gm->tmp + (size_t)p * D);
+                for (int p = 0; p < n; p++) kv_read(kv, gm->l0 + il, hk, kind, p, gm->tmp + (size_t)p * D);
                 const uint64_t off = (uint64_t)s * gm->slot_stride +
                                      ((uint64_t)kind * gm->nkv + hk) * gm->ctx * D;
                 int rc = cm_vk_upload(gm->g, gm->L[il].kv, off * 4, gm->tmp, (uint64_t)n * D * 4, err, errlen);
@@ -401,7 +455,7 @@ int cm_gpu_offload(void *gm, const cm_batch *b, const cm_forward_args *a, float 
 
 int cm_gpu_forward_layers(cm_gpu_model *gm, const cm_batch *b, const cm_forward_args *a, float *x, const float *rope_c,
                           char *err, size_t errlen) {
-    if (!gm || gm->nl == 0 || a->layer_first != 0 || a->allreduce || b->n > gm->B || a->experts.ep ||
+    if (!gm || gm->nl == 0 || a->layer_first != gm->l0 || a->layer_last < gm->l0 + gm->nl || a->allreduce || b->n > gm->B || a->experts.ep ||
         a->slice.h0 != 0 || a->slice.h1 != gm->nkv || a->slice.f0 != 0 || a->slice.f1 != gm->F)
         return 0;
     cm_vk_lock(gm->g);
@@ -436,7 +490,7 @@ int cm_gpu_forward_layers(cm_gpu_model *gm, const cm_batch *b, const cm_forward_
                 const float *k = io + gm->o_k + ((size_t)il * gm->B + j) * KD;
                 const float *v = io + gm->o_v + ((size_t)il * gm->B + j) * KD;
                 for (int hk = 0; hk < gm->nkv; hk++)
-                    kv_write(a->kvs[b->seq[j]], il, hk, b->pos[j], k + hk * gm->D, v + hk * gm->D);
+                    kv_write(a->kvs[b->seq[j]], gm->l0 + il, hk, b->pos[j], k + hk * gm->D, v + hk * gm->D);
             }
         for (int j = 0; j < n; j++) gm->slot_valid[meta[gm->B + j]]++;
     } else {

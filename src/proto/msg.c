@@ -110,6 +110,9 @@ static const char *hello_invalid(const cm_msg_hello *h) {
     if (h->mem_free > h->mem_total) return "mem_free";
     if (!finite_nonneg(h->gflops)) return "gflops";
     if (!finite_nonneg(h->mem_gbs)) return "mem_gbs";
+    if (h->has_gpu && !h->has_tail) return "has_gpu"; /* the GPU tail follows the host tail */
+    if (!finite_nonneg(h->gpu_gbs) || !finite_nonneg(h->gpu_gflops)) return "gpu_gbs/gpu_gflops";
+    if (h->gpu_layers > CM_MSG_MAX_GPU_LAYERS) return "gpu_layers";
     return NULL;
 }
 
@@ -292,6 +295,13 @@ static void encode(wcur *w, const cm_msg *m) {
             w_bytes(w, h->lease_owner_id, CM_NODE_ID_BYTES);
             w_str(w, h->lease_owner, CM_MSG_NAME_MAX, "lease_owner");
             w_str(w, h->lease_model, CM_MSG_NAME_MAX, "lease_model");
+        }
+        if (h->has_tail && h->has_gpu) { /* issue 16 */
+            w_str(w, h->gpu_name, CM_MSG_GPU_NAME_MAX, "gpu_name");
+            w_u64(w, h->gpu_mem);
+            w_f32(w, h->gpu_gbs);
+            w_f32(w, h->gpu_gflops);
+            w_u32(w, h->gpu_layers);
         }
         const char *bad = hello_invalid(h);
         if (bad) w_check(w, false, bad);
@@ -614,6 +624,14 @@ static int decode(rcur *r, unsigned type, cm_msg *m) {
             r_copy(r, h->lease_owner_id, CM_NODE_ID_BYTES, "lease_owner_id");
             r_str(r, h->lease_owner, CM_MSG_NAME_MAX, "lease_owner");
             r_str(r, h->lease_model, CM_MSG_NAME_MAX, "lease_model");
+        }
+        if (!r->bad && r->off < r->n) { /* the GPU tail (issue 16); a node without a GPU ends here */
+            h->has_gpu = true;
+            r_str(r, h->gpu_name, CM_MSG_GPU_NAME_MAX, "gpu_name");
+            h->gpu_mem = r_u64(r, "gpu_mem");
+            h->gpu_gbs = r_f32(r, "gpu_gbs");
+            h->gpu_gflops = r_f32(r, "gpu_gflops");
+            h->gpu_layers = r_u32(r, "gpu_layers");
         }
         if (!r->bad) { const char *bad = hello_invalid(h); if (bad) r_fail(r, bad, "out of range"); }
         break;

@@ -195,6 +195,8 @@ void cm_hs_wipe(cm_hs *hs);
 #define CM_MSG_LINKS_MAX_MS 30000u   /* a LINKS_REQ's deadline */
 #define CM_MSG_LINKS_MAX_PROBE (1u << 20) /* bandwidth probe bytes per peer */
 #define CM_MSG_MAX_OUT_DIM (1u << 20) /* floats per OUTPUT row (a vocabulary's logits) */
+#define CM_MSG_GPU_NAME_MAX 127   /* a GPU's name in HELLO */
+#define CM_MSG_MAX_GPU_LAYERS 65535u /* HELLO's gpu_layers */
 
 typedef struct cm_msg_hello {
     uint16_t proto_version;
@@ -220,6 +222,14 @@ typedef struct cm_msg_hello {
     uint8_t lease_owner_id[CM_NODE_ID_BYTES];     /* the owning coordinator's node id */
     char lease_owner[CM_MSG_NAME_MAX + 1];        /* its name */
     char lease_model[CM_MSG_NAME_MAX + 1];        /* the model it runs here */
+    /* Optional GPU tail (issue 16; on the wire only when has_gpu, after the
+     * tail above, which it needs): the Vulkan device the node runs its
+     * stage's first layers on, as its start-up probe measured it. */
+    bool has_gpu;
+    char gpu_name[CM_MSG_GPU_NAME_MAX + 1];
+    uint64_t gpu_mem;            /* device-local bytes */
+    float gpu_gbs, gpu_gflops;   /* measured: finite, >= 0 */
+    uint32_t gpu_layers;         /* the most layers it puts there (--gpu-layers; 0: as many as fit) */
 } cm_msg_hello;
 #define CM_ROLE_NODE 1u
 #define CM_ROLE_COORDINATOR 2u

@@ -4,6 +4,7 @@
  * plan. Every number it uses comes from its arguments.
  */
 #include "plan.h"
+#include "plan_gpu.h"
 
 #include "base/base.h"
 
@@ -358,17 +359,21 @@ static void predict(const cm_plan_model *m, const cm_plan_cluster *c, const cm_p
         cm_plan_stage *st = &p->stages[s];
         double ar1 = allreduce_s(m, c, o, st, 1), arP = allreduce_s(m, c, o, st, P);
         double t = 0, tp = 0;
+        cm_plan_gpu_fill gf = {0}, gfp = {0}; /* a GPU node's first layers (plan_gpu.c) */
         for (int l = st->first_layer; l < st->last_layer; l++) {
-            t += stage_layer_s(m, c, o, st, l, 1, ar1);
-            tp += stage_layer_s(m, c, o, st, l, P, arP);
+            t += cm_plan_gpu_take(m, c, o, st, &gf, l) ? cm_plan_gpu_layer_s(m, c, st, l, 1) : stage_layer_s(m, c, o, st, l, 1, ar1);
+            tp += cm_plan_gpu_take(m, c, o, st, &gfp, l) ? cm_plan_gpu_layer_s(m, c, st, l, P) : stage_layer_s(m, c, o, st, l, P, arP);
         }
         t += head_s(m, c, st, 1);
         tp += head_s(m, c, st, 1); /* logits only for the last prompt token */
         for (int i = 0; i < st->n_members; i++) {
             cm_plan_member *mb = &st->members[i];
             double mt = 0;
-            for (int l = st->first_layer; l < st->last_layer; l++) mt += member_layer_s(m, c, mb, l, 1);
+            cm_plan_gpu_fill gm = {0};
+            for (int l = st->first_layer; l < st->last_layer; l++)
+                mt += cm_plan_gpu_take(m, c, o, st, &gm, l) ? cm_plan_gpu_layer_s(m, c, st, l, 1) : member_layer_s(m, c, mb, l, 1);
             mb->layer_s = mt;
+            mb->gpu_layers = gm.n;
             member_bytes(m, o, mb, st->first_layer, st->last_layer, &mb->weight_bytes, &mb->kv_bytes);
         }
         int from = st->members[0].node;
@@ -418,6 +423,12 @@ static void predict(const cm_plan_model *m, const cm_plan_cluster *c, const cm_p
 
 /* ---- layer split across stages ---- */
 
+/* Layer k's time in stage s: on the stage's GPU while it holds them (f), else lay_s's. */
+static double layer_t(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan_opts *o, const cm_plan_stage *st,
+                      cm_plan_gpu_fill *f, const double *lay_s, int s, int k) {
+    return cm_plan_gpu_take(m, c, o, st, f, k) ? cm_plan_gpu_layer_s(m, c, st, k, 1) : lay_s[s * CM_PLAN_MAX_LAYERS + k];
+}
+
 /* Greedy fill under a bottleneck time T: stage s takes layers while its time
  * (with its outgoing hop) stays <= T and its members' memory holds them,
  * leaving at least one layer for each later stage. */
@@ -431,22 +442,25 @@ static bool fill_under(const cm_plan_model *m, const cm_plan_cluster *c, const c
         t += hop[s] + hop[s == 0 ? G - 1 : s - 1]; /* a stage sends and receives */
         st->first_layer = l;
         int b = l;
+        cm_plan_gpu_fill gf = {0};
         if (s == G - 1) {
             b = m->n_layers;
-            for (int k = l; k < b; k++) t += lay_s[s * CM_PLAN_MAX_LAYERS + k];
+            for (int k = l; k < b; k++) t += layer_t(m, c, o, st, &gf, lay_s, s, k);
             if (t > T || !stage_fits(m, c, o, st, l, b)) return false;
         } else if (s == 0 && o->first_stage_layers > 0) {
             /* Pinned: the coordinator already holds these layers (its memory
              * is not checked again: what it uses for them is no longer free). */
             b = o->first_stage_layers;
             if (b > m->n_layers - left_for_later) return false;
-            for (int k = l; k < b; k++) t += lay_s[k];
+            for (int k = l; k < b; k++) t += layer_t(m, c, o, st, &gf, lay_s, 0, k);
             if (t > T && T < 1e30) return false;
         } else {
             while (b < m->n_layers - left_for_later) {
-                double nt = t + lay_s[s * CM_PLAN_MAX_LAYERS + b];
+                cm_plan_gpu_fill g2 = gf;
+                double nt = t + layer_t(m, c, o, st, &g2, lay_s, s, b);
                 if (b > l && (nt > T || !stage_fits(m, c, o, st, l, b + 1))) break;
                 if (b == l && !stage_fits(m, c, o, st, l, b + 1)) return false;
+                gf = g2;
                 t = nt;
                 b++;
             }
@@ -796,9 +810,11 @@ void cm_plan_format(const cm_plan *p, const cm_plan_model *m, const cm_plan_clus
             snprintf(hr, sizeof hr, "%d-%d", mb->kv_head_begin, mb->kv_head_end - 1);
             if (st->ep) snprintf(fr, sizeof fr, "e%d-%d", mb->expert_begin, mb->expert_end - 1); /* experts */
             else snprintf(fr, sizeof fr, "%d-%d", mb->ffn_begin, mb->ffn_end - 1);
-            OUT("%-*s %-5d %-7s %-9s %-10s %9.1fM %9.1fM %10.3f%s%s\n", w, c->nodes[mb->node].name, s, lay, hr, fr,
+            char gl[32] = ""; /* the first layers on its GPU */
+            if (mb->gpu_layers) snprintf(gl, sizeof gl, " gpu:%d", mb->gpu_layers);
+            OUT("%-*s %-5d %-7s %-9s %-10s %9.1fM %9.1fM %10.3f%s%s%s\n", w, c->nodes[mb->node].name, s, lay, hr, fr,
                 mb->weight_bytes / 1048576.0, mb->kv_bytes / 1048576.0, mb->layer_s * 1e3,
-                mb->embed ? " embed" : "", mb->head ? " head" : "");
+                mb->embed ? " embed" : "", mb->head ? " head" : "", gl);
         }
     }
     if (p->n_stages > 1) {

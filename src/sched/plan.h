@@ -57,6 +57,15 @@ typedef struct cm_plan_node {
     double flops;       /* FLOP/s for matrix work (prefill) */
     char host[64];      /* host id ("" unknown: a host of its own); members with the same one share
                            its cores and memory bandwidth */
+    /* A GPU (issue 16; gpu_mem_bytes 0: none). A pipeline stage's first
+     * layers run on it at these speeds, as many as its memory holds (their
+     * weights and an F32 KV cache, less reserve_bytes) and at most
+     * gpu_layers (0: no limit); a dense model only, and not in a
+     * tensor-parallel group (the device takes whole layers). mem_bytes
+     * above still holds every layer: the CPU keeps the weights and caches. */
+    uint64_t gpu_mem_bytes;
+    double gpu_mem_bw, gpu_flops;
+    int gpu_layers;
 } cm_plan_node;
 
 typedef struct cm_plan_cluster {
@@ -148,6 +157,7 @@ typedef struct cm_plan_member {
     bool embed, head;         /* holds the embedding / the output head */
     uint64_t weight_bytes, kv_bytes;
     double layer_s;           /* its decode time for the stage's layers, seconds */
+    int gpu_layers;           /* the stage's first gpu_layers layers run on its GPU */
 } cm_plan_member;
 
 typedef struct cm_plan_stage {

@@ -57,12 +57,21 @@ int cm_sim_parse_cluster(const char *json, size_t n, cm_plan_cluster *c, cm_plan
             rc = cm_errf(err, errlen, CM_EFORMAT, "cluster file: every node needs a 'name' (1-50 characters)");
             goto out;
         }
-        double count, mem, bw, tf;
+        double count, mem, bw, tf, gmem = 0, gbw = 0, gtf = 0, glay = 0;
         if (!num(nd, "count", 1, CM_PLAN_MAX_NODES, 1, &count, err, errlen, &rc) ||
             !num(nd, "mem_gb", 0.01, 1e6, 16, &mem, err, errlen, &rc) ||
             !num(nd, "mem_bw_gbs", 0.01, 1e5, 100, &bw, err, errlen, &rc) ||
             !num(nd, "tflops", 1e-4, 1e5, 2, &tf, err, errlen, &rc))
             goto out;
+        /* "gpu": {"mem_gb", "mem_bw_gbs", "tflops", "layers"} (issue 16: plan.h's GPU node) */
+        const cJSON *gpu = cJSON_GetObjectItemCaseSensitive(nd, "gpu");
+        if (gpu && (!cJSON_IsObject(gpu) || !num(gpu, "mem_gb", 0.01, 1e6, 8, &gmem, err, errlen, &rc) ||
+                    !num(gpu, "mem_bw_gbs", 0.01, 1e5, 200, &gbw, err, errlen, &rc) ||
+                    !num(gpu, "tflops", 1e-4, 1e5, 10, &gtf, err, errlen, &rc) ||
+                    !num(gpu, "layers", 0, CM_PLAN_MAX_LAYERS, 0, &glay, err, errlen, &rc))) {
+            if (!rc) rc = cm_errf(err, errlen, CM_EFORMAT, "cluster file: a node's 'gpu' must be an object");
+            goto out;
+        }
         for (int k = 0; k < (int)count; k++) {
             if (c->n_nodes >= CM_PLAN_MAX_NODES) {
                 rc = cm_errf(err, errlen, CM_ERANGE, "cluster file: more than %d nodes", CM_PLAN_MAX_NODES);
@@ -74,6 +83,10 @@ int cm_sim_parse_cluster(const char *json, size_t n, cm_plan_cluster *c, cm_plan
             pn->mem_bytes = (uint64_t)(mem * GIB);
             pn->mem_bw = bw * GB;
             pn->flops = tf * 1e12;
+            pn->gpu_mem_bytes = (uint64_t)(gmem * GIB);
+            pn->gpu_mem_bw = gbw * GB;
+            pn->gpu_flops = gtf * 1e12;
+            pn->gpu_layers = (int)glay;
             /* "host": nodes that name the same one share a machine (its
              * cores and memory bandwidth: plan.h) */
             const cJSON *host = cJSON_GetObjectItemCaseSensitive(nd, "host");

@@ -7,6 +7,7 @@
 
 #include "base/base.h"
 #include "sched/plan.h"
+#include "sched/simulate.h"
 
 #define GiB (1024.0 * 1024 * 1024)
 
@@ -612,7 +613,76 @@ static void test_shared_host(void) {
     CHECKF(strstr(buf, "kv cache: 128.00 MiB per sequence (2048 positions), 384.00 MiB in all for 3 sequences"), "%s", buf);
 }
 
+/* Issue 16: a node with a GPU runs its stage's first layers there, as many
+ * as the device memory holds (weights + an F32 KV cache, less the reserve)
+ * and at most its gpu_layers; a faster node, so it gets more layers; never
+ * in a tensor-parallel group or for a mixture of experts. */
+static int gpu_layers_of(const cm_plan *p, int node) {
+    for (int s = 0; s < p->n_stages; s++)
+        for (int i = 0; i < p->stages[s].n_members; i++)
+            if (p->stages[s].members[i].node == node) return p->stages[s].members[i].gpu_layers;
+    return -1;
+}
+
+static void test_gpu_node(void) {
+    cm_plan_model m; llama8b(&m);
+    cm_plan_opts o; cm_plan_opts_default(&o); o.mode = CM_PARALLEL_PP;
+    cm_plan p, p0; char err[512], buf[4096];
+    cm_plan_cluster c = {0}; links_all(&c, 0.3, 40);
+    add_node(&c, "a", 16, 100, 4); add_node(&c, "b", 16, 100, 4); add_node(&c, "c", 16, 100, 4);
+    CHECK(cm_plan_make(&m, &c, &o, &p0, err, sizeof err) == 0);
+    CHECK(gpu_layers_of(&p0, 0) == 0 && gpu_layers_of(&p0, 1) == 0 && gpu_layers_of(&p0, 2) == 0);
+    /* b gets a big fast GPU: every one of its layers is on it, it takes the most, the pipeline is faster */
+    c.nodes[1].gpu_mem_bytes = (uint64_t)(24 * GiB);
+    c.nodes[1].gpu_mem_bw = 800e9;
+    c.nodes[1].gpu_flops = 40e12;
+    CHECK(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == 0);
+    check_plan_valid(&p, &m, &c, &o);
+    CHECKF(layers_of(&p, 1) > layers_of(&p0, 1) && layers_of(&p, 1) > layers_of(&p, 0) && layers_of(&p, 1) > layers_of(&p, 2),
+           "%d %d %d layers (without the GPU %d)", layers_of(&p, 0), layers_of(&p, 1), layers_of(&p, 2), layers_of(&p0, 1));
+    CHECK(gpu_layers_of(&p, 1) == layers_of(&p, 1) && gpu_layers_of(&p, 0) == 0 && gpu_layers_of(&p, 2) == 0);
+    CHECKF(p.tok_s > p0.tok_s * 1.2, "%.2f vs %.2f tok/s", p.tok_s, p0.tok_s);
+    cm_plan_format(&p, &m, &c, buf, sizeof buf);
+    char want[32];
+    snprintf(want, sizeof want, " gpu:%d\n", layers_of(&p, 1));
+    CHECKF(strstr(buf, want) != NULL, "%s", buf);
+    /* a small GPU holds a prefix: (1.25 GiB after the reserve) / (a layer + its F32 KV) */
+    c.nodes[1].gpu_mem_bytes = (uint64_t)(1.5 * GiB);
+    CHECK(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == 0);
+    check_plan_valid(&p, &m, &c, &o);
+    const double per = (double)m.layer_bytes[0] + 2.0 * m.n_kv_heads * m.head_dim * o.ctx * 4;
+    const int fit = (int)((1.5 * GiB - o.reserve_bytes) / per);
+    CHECKF(gpu_layers_of(&p, 1) == fit && layers_of(&p, 1) >= fit, "%d on the GPU of %d, %d fit", gpu_layers_of(&p, 1),
+           layers_of(&p, 1), fit);
+    /* its own limit (--gpu-layers 3) */
+    c.nodes[1].gpu_mem_bytes = (uint64_t)(24 * GiB);
+    c.nodes[1].gpu_layers = 3;
+    CHECK(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == 0);
+    CHECK(gpu_layers_of(&p, 1) == 3);
+    /* a tensor-parallel group and a mixture of experts: the CPU */
+    c.nodes[1].gpu_layers = 0;
+    o.mode = CM_PARALLEL_TP;
+    CHECK(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == 0);
+    CHECK(p.n_stages == 1 && gpu_layers_of(&p, 1) == 0);
+    cm_plan_model moe;
+    cm_plan_model_synthetic_moe(&moe, 24, 2048, 32, 4, 64, 8, 768, 0, 151936, 4.85);
+    o.mode = CM_PARALLEL_PP;
+    CHECK(cm_plan_make(&moe, &c, &o, &p, err, sizeof err) == 0);
+    CHECK(gpu_layers_of(&p, 1) == 0);
+    /* a cluster file's "gpu" (cumulo plan --simulate) */
+    const char *js = "{\"nodes\": [{\"name\": \"cpu\"}, {\"name\": \"g\", \"gpu\": {\"mem_gb\": 24, \"mem_bw_gbs\": 800,"
+                     " \"tflops\": 40, \"layers\": 5}}]}";
+    cm_plan_cluster cf;
+    cm_plan_opts of; cm_plan_opts_default(&of);
+    CHECKF(cm_sim_parse_cluster(js, strlen(js), &cf, &of, NULL, 0, NULL, 0, err, sizeof err) == 0, "%s", err);
+    CHECK(cf.n_nodes == 2 && cf.nodes[0].gpu_mem_bytes == 0 && cf.nodes[1].gpu_mem_bytes == (uint64_t)(24 * GiB) &&
+          cf.nodes[1].gpu_mem_bw == 800e9 && cf.nodes[1].gpu_flops == 40e12 && cf.nodes[1].gpu_layers == 5);
+    const char *bad = "{\"nodes\": [{\"name\": \"g\", \"gpu\": 3}]}";
+    CHECK(cm_sim_parse_cluster(bad, strlen(bad), &cf, &of, NULL, 0, NULL, 0, err, sizeof err) == CM_EFORMAT);
+}
+
 int main(void) {
+    RUN(test_gpu_node);
     RUN(test_shared_host);
     RUN(test_single_node);
     RUN(test_kv_types);

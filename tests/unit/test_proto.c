@@ -51,6 +51,13 @@ static void sample(unsigned type, cm_msg *m, int variant) {
             for (int i = 0; i < 16; i++) h->lease_owner_id[i] = (uint8_t)(200 - i);
             strcpy(h->lease_owner, "vm at 10.0.0.1:51234");
             strcpy(h->lease_model, "llama-3.2-1b-q4_0.gguf");
+            /* issue 16: a node with a GPU adds its tail after the lease */
+            h->has_gpu = true;
+            strcpy(h->gpu_name, "llvmpipe (LLVM 15.0.6, 256 bits)");
+            h->gpu_mem = 24ull << 30;
+            h->gpu_gbs = 812.5f;
+            h->gpu_gflops = 24000.0f;
+            h->gpu_layers = 20;
         }
         break;
     }
@@ -400,12 +407,17 @@ static void test_truncation(void) {
             /* An optional tail (issue 19: HELLO's host and lease, HEARTBEAT's
              * telemetry) may be absent as a whole: that one prefix is the
              * message of an older peer, and decodes without the tail. */
-            size_t base = 0;
+            size_t base = 0, base_gpu = 0;
             if ((t == CM_MSG_HELLO && m.u.hello.has_tail) || (t == CM_MSG_HEARTBEAT && m.u.heartbeat.has_stats)) {
                 cm_msg old = m;
-                old.u.hello.has_tail = false;
+                if (t == CM_MSG_HELLO) old.u.hello.has_tail = old.u.hello.has_gpu = false;
                 if (t == CM_MSG_HEARTBEAT) old.u.heartbeat.has_stats = false;
                 CHECK(cm_msg_encode(&old, NULL, 0, &base, e, sizeof e) == 0 && base < n);
+            }
+            if (t == CM_MSG_HELLO && m.u.hello.has_gpu) { /* issue 16: a node without a GPU ends before its tail */
+                cm_msg old = m;
+                old.u.hello.has_gpu = false;
+                CHECK(cm_msg_encode(&old, NULL, 0, &base_gpu, e, sizeof e) == 0 && base < base_gpu && base_gpu < n);
             }
             for (size_t k = 0; k < n; k++) {
                 /* copy the prefix into its own allocation so ASan sees any over-read */
@@ -413,6 +425,10 @@ static void test_truncation(void) {
                 memcpy(p, buf, k);
                 int rc = cm_msg_decode(t, p, k, &d, e, sizeof e);
                 free(p);
+                if (base_gpu && k == base_gpu) {
+                    CHECKF(rc == 0 && d.u.hello.has_tail && !d.u.hello.has_gpu, "HELLO without its GPU tail: rc %d %s", rc, e);
+                    continue;
+                }
                 if (base && k == base) {
                     CHECKF(rc == 0 && !(t == CM_MSG_HELLO ? d.u.hello.has_tail : d.u.heartbeat.has_stats),
                            "%s without its tail: rc %d %s", cm_msg_type_name(t), rc, e);
@@ -517,6 +533,30 @@ static void test_issue19_fields(void) {
     CHECK(cm_msg_decode(CM_MSG_HELLO, buf, n, &d, e, sizeof e) == 0 && d.u.hello.has_tail &&
           !strcmp(d.u.hello.host, "mac-mini-2-1a2b3c4d") && d.u.hello.lease_epoch == 1764670000123ull &&
           !strcmp(d.u.hello.lease_owner, "vm at 10.0.0.1:51234") && !memcmp(d.u.hello.lease_owner_id, m.u.hello.lease_owner_id, 16));
+    CHECK(d.u.hello.has_gpu && !strcmp(d.u.hello.gpu_name, "llvmpipe (LLVM 15.0.6, 256 bits)") &&
+          d.u.hello.gpu_mem == (24ull << 30) && d.u.hello.gpu_gbs == 812.5f && d.u.hello.gpu_gflops == 24000.0f &&
+          d.u.hello.gpu_layers == 20);
+    /* the GPU tail's bounds (issue 16) */
+    for (int k = 0; k < 3; k++) {
+        cm_msg g = m; /* the encoder refuses a NaN speed, too many layers, a GPU without the host tail */
+        if (k == 0) g.u.hello.gpu_gbs = NAN;
+        if (k == 1) g.u.hello.gpu_layers = CM_MSG_MAX_GPU_LAYERS + 1;
+        if (k == 2) g.u.hello.has_tail = false;
+        size_t gl = 0;
+        CHECKF(cm_msg_encode(&g, buf, sizeof buf, &gl, e, sizeof e) == CM_EINVAL, "bad GPU tail %d encoded", k);
+        /* the decoder: a valid tail with the bad field written into its bytes (from the end: gpu_layers 4,
+         * gpu_gflops 4, gpu_gbs 4, gpu_mem 8, then gpu_name's last byte) */
+        g = m;
+        strcpy(g.u.hello.gpu_name, "gpu?");
+        CHECK(cm_msg_encode(&g, buf, sizeof buf, &gl, e, sizeof e) == 0);
+        const float nan_f = NAN;
+        uint32_t u;
+        memcpy(&u, &nan_f, 4);
+        if (k == 0) cm_wr_u32(buf + gl - 12, u);
+        if (k == 1) cm_wr_u32(buf + gl - 4, CM_MSG_MAX_GPU_LAYERS + 1);
+        if (k == 2) buf[gl - 21] = 0x07; /* a control character in the name */
+        CHECKF(cm_msg_decode(CM_MSG_HELLO, buf, gl, &d, e, sizeof e) == CM_EFORMAT, "bad GPU tail %d decoded", k);
+    }
     strcpy(m.u.hello.host, "evil\x1b[2J");
     n = enc(&m, buf, sizeof buf);
     CHECK(cm_msg_decode(CM_MSG_HELLO, buf, n, &d, e, sizeof e) == CM_EFORMAT && strstr(e, "'host'"));

@@ -349,6 +349,94 @@ static void test_story_f32(void) { check_story("f32", 1e-5); }
 static void test_story_q8_0(void) { check_story("q8_0", 1.2e-5); }
 static void test_story_q4_0(void) { check_story("q4_0", 8e-6); }
 
+/* A cluster stage on the device (issue 16): layers [2, n) fed the hidden
+ * states after layer 2, as a node's stage is, with [2, 4) on the device
+ * (cm_gpu_model_new_at) and the rest on the CPU; a 16-token prefill, then
+ * 6 greedy steps. logits: 7 rows of n_vocab. */
+static int g_offloaded; /* layers the device computed, summed over batches */
+static int counting_offload(void *gm, const cm_batch *b, const cm_forward_args *a, float *x, const float *rope, char *err,
+                            size_t errlen) {
+    const int rc = cm_gpu_offload(gm, b, a, x, rope, err, errlen);
+    if (rc > 0) g_offloaded += rc;
+    return rc;
+}
+
+static int stage_run(story *S, cm_pool *pool, bool gpu, float *logits) {
+    const cm_model *m = &S->m;
+    const int nl = m->hp.n_layer, E = m->hp.n_embd, V = m->hp.n_vocab, N = 16;
+    cm_ctx *c0 = cm_ctx_new(m, N, 512, pool, errbuf, sizeof errbuf), *c1 = cm_ctx_new(m, N, 512, pool, errbuf, sizeof errbuf);
+    cm_kv kv0, kv1;
+    cm_kv_init(&kv0, m, 0, 2, cm_slice_full(m), 512, errbuf, sizeof errbuf);
+    cm_kv_init(&kv1, m, 2, nl, cm_slice_full(m), 512, errbuf, sizeof errbuf);
+    cm_gpu_model *gm = NULL;
+    int rc = gpu ? cm_gpu_model_new_at(&gm, G, m, 2, 2, N, 512, 1, errbuf, sizeof errbuf) : 0;
+    if (!rc && gm && cm_gpu_model_layers(gm) != 2) rc = -1;
+    cm_ctx_set_offload(c1, gm ? counting_offload : NULL, gm);
+    g_offloaded = 0;
+    float *hidden = cm_calloc((size_t)N * E, sizeof(float)), *row = cm_calloc((size_t)N * V, sizeof(float));
+    int32_t ids[16], pos[16], seq[16] = {0};
+    int8_t want[16] = {0};
+    cm_kv *k0[1] = {&kv0}, *k1[1] = {&kv1};
+    int n = N;
+    for (int i = 0; i < N; i++) ids[i] = S->probs_in[i], pos[i] = i;
+    for (int step = 0; !rc && step < 7; step++) {
+        want[n - 1] = 1;
+        cm_batch b0 = {.n = n, .tokens = ids, .pos = pos, .seq = seq}, b1 = {.n = n, .embd = hidden, .pos = pos, .seq = seq, .logits = want};
+        cm_forward_args a0 = {.layer_first = 0, .layer_last = 2, .slice = cm_slice_full(m), .kvs = k0, .n_kvs = 1, .out_hidden = hidden};
+        cm_forward_args a1 = {.layer_first = 2, .layer_last = nl, .slice = cm_slice_full(m), .kvs = k1, .n_kvs = 1, .out_logits = row};
+        rc = cm_forward(c0, &b0, &a0, errbuf, sizeof errbuf);
+        if (!rc) rc = cm_forward(c1, &b1, &a1, errbuf, sizeof errbuf);
+        if (rc) break;
+        memcpy(logits + (size_t)step * V, row, (size_t)V * sizeof(float)); /* the one row asked for */
+        want[n - 1] = 0;
+        ids[0] = argmax(row, V);
+        pos[0] = pos[n - 1] + 1;
+        n = 1;
+    }
+    cm_free(hidden);
+    cm_free(row);
+    cm_kv_release(&kv0);
+    cm_kv_release(&kv1);
+    cm_ctx_free(c0);
+    cm_ctx_free(c1);
+    cm_gpu_model_free(gm);
+    return rc;
+}
+
+static void test_stage(void) {
+    story *S = cm_calloc(1, sizeof *S);
+    if (load_story(S, "q8_0")) {
+        CHECKF(0, "cannot load stories260K-q8_0: %s", errbuf);
+        cm_free(S);
+        return;
+    }
+    cm_pool *pool = cm_pool_new(2);
+    const int V = S->m.hp.n_vocab;
+    float *cpu = cm_calloc(7 * (size_t)V, sizeof(float)), *gpu = cm_calloc(7 * (size_t)V, sizeof(float));
+    CHECKF(stage_run(S, pool, false, cpu) == 0, "the CPU stage: %s", errbuf);
+    CHECKF(stage_run(S, pool, true, gpu) == 0, "the stage with layers [2, 4) on the GPU: %s", errbuf);
+    CHECKF(g_offloaded == 2 * 7, "the device computed %d layers of 7 batches, not 2 each", g_offloaded);
+    double worst = 0;
+    int same = 0;
+    for (int r = 0; r < 7; r++) {
+        const float *x = cpu + (size_t)r * V, *y = gpu + (size_t)r * V;
+        double mx = x[0], my = y[0], sx = 0, sy = 0;
+        for (int v = 1; v < V; v++) mx = fmax(mx, x[v]), my = fmax(my, y[v]);
+        for (int v = 0; v < V; v++) sx += exp(x[v] - mx), sy += exp(y[v] - my);
+        for (int v = 0; v < V; v++) worst = fmax(worst, fabs(exp(x[v] - mx) / sx - exp(y[v] - my) / sy));
+        same += argmax(x, V) == argmax(y, V);
+    }
+    /* the device's Q8_0 products equal the CPU's (measured: 0 here, as for two sequences above); F32 sums in another order would be ~1e-7 */
+    CHECKF(same == 7 && worst < 1e-4, "stage on the GPU: %d of 7 greedy ids equal, probabilities differ by %.3g", same, worst);
+    if (getenv("CUMULO_TEST_VERBOSE")) fprintf(stderr, "  stage [2, 5), [2, 4) on the GPU: max |p - p_cpu| %.3g\n", worst);
+    cm_free(cpu);
+    cm_free(gpu);
+    cm_pool_free(pool);
+    cm_model_release(&S->m);
+    cm_gguf_close(&S->g);
+    cm_free(S);
+}
+
 static void test_no_loader(void) { /* a missing loader is an error value, not a crash */
     setenv("CUMULO_VULKAN_LIB", "/nonexistent/libvulkan.so.1", 1);
     cm_config_reload();
@@ -379,6 +467,7 @@ int main(void) {
     RUN(test_story_f32);
     RUN(test_story_q8_0);
     RUN(test_story_q4_0);
+    RUN(test_stage);
     cm_gpu_close(G);
     TEST_END();
 }

@@ -1,0 +1,135 @@
+#!/bin/sh
+# tests/sh/cluster_gpu.sh: mixed CPU/GPU clusters on 127.0.0.1 (issue 16),
+# the GPU being whatever Vulkan device is here (CI: Mesa's lavapipe). A node
+# started with --gpu measures its device and reports it in its HELLO:
+# `cumulo nodes` shows it (text and --json), the coordinator logs it and
+# plans with it. Pipelines with the GPU node given first and last (an
+# explicit --layers split, so the device certainly holds layers; the planner
+# may order the two nodes either way), with --gpu-layers 1 (one layer on the device, the next on its
+# CPU), with the coordinator's own stage on the device too, and the
+# planner's own split: the greedy ids equal one CPU machine's and
+# llama.cpp's on the stories260K reference prompts (the tolerance rule of a
+# cluster: token for token). A tensor-parallel group with the GPU node in it
+# gives the same ids on its CPU (the device takes whole layers: a slice is
+# not offloaded yet, and the node says so). A node whose Vulkan loader is
+# missing says so in one line and offers no GPU. No Vulkan device: a skip
+# with the reason (setup installs lavapipe, so under CI=true it fails).
+cd "$(dirname "$0")/../.." || exit 1
+. tests/sh/lib/cluster_common.sh
+M=$SHARED/models
+
+"$BIN" info --gpu >"$TMP/info" 2>&1
+if ! grep -q '^gpu 0:' "$TMP/info"; then
+    echo "skip: no Vulkan device: $(head -1 "$TMP/info")"
+    echo "$pass passed, $fail failed, 1 skipped"
+    exit 0
+fi
+
+# start_node NAME [node options...]: sets PORT_<NAME> and ADDR_<NAME>.
+start_node() {
+    name=$1
+    shift
+    cc_start_node "$name" --no-mdns --models "$M" "$@"
+    [ -n "$NODE_PORT" ] || { bad "node $name did not start: $(cat "$TMP/$name.log")"; exit 1; }
+    eval "PORT_$name=$NODE_PORT; ADDR_$name=127.0.0.1:$NODE_PORT"
+}
+start_node g --gpu vulkan
+start_node h --gpu vulkan --gpu-layers 1
+start_node a
+export CUMULO_VULKAN_LIB="$TMP/no/libvulkan.so.1"
+start_node n --gpu vulkan
+unset CUMULO_VULKAN_LIB
+ok
+
+# 1. The GPU nodes measured their device; the one without a loader said why, once.
+grep -q "cumulo node 'g': GPU '.*' (.*): [0-9.]* GB/s, [0-9.]* GFLOP/s measured" "$TMP/g.log" && ok ||
+    bad "node g did not report its GPU: $(cat "$TMP/g.log")"
+[ "$(grep -c 'gpu:' "$TMP/n.log")" -eq 1 ] && grep -q "cannot load the Vulkan loader.*the stages run on the CPU" "$TMP/n.log" &&
+    ok || bad "node n without a loader: $(cat "$TMP/n.log")"
+
+# 2. cumulo nodes: the GPU in the table and in --json (null for the others)
+"$BIN" nodes --no-mdns --nodes "$ADDR_g,$ADDR_a,$ADDR_n" --json >"$TMP/nodes.json" 2>"$TMP/nodes.err" || bad "nodes --json: $(cat "$TMP/nodes.err")"
+gname=$(sed -n "s/.*GPU '\(.*\)' (.*/\1/p" "$TMP/g.log" | head -1)
+[ "$(cc_jsonget "$TMP/nodes.json" '$j->[0]{gpu}{name}')" = "$gname" ] &&
+    [ "$(cc_jsonget "$TMP/nodes.json" '($j->[0]{gpu}{mem} > 0 && $j->[0]{gpu}{gbs} > 0 && $j->[0]{gpu}{gflops} > 0) ? 1 : 0')" = 1 ] &&
+    [ "$(cc_jsonget "$TMP/nodes.json" 'defined $j->[1]{gpu} ? 1 : 0')" = 0 ] &&
+    [ "$(cc_jsonget "$TMP/nodes.json" 'defined $j->[2]{gpu} ? 1 : 0')" = 0 ] && ok ||
+    bad "nodes --json: the GPU of g ('$gname'), none for a and n: $(cat "$TMP/nodes.json")"
+"$BIN" nodes --no-mdns --nodes "$ADDR_h,$ADDR_a" >"$TMP/nodes.txt" 2>&1
+grep -q "gpu: $gname, [0-9.]* GiB, [0-9.]* GB/s, [0-9.]* GFLOP/s, at most 1 layers" "$TMP/nodes.txt" &&
+    [ "$(grep -c 'gpu:' "$TMP/nodes.txt")" -eq 1 ] && ok || bad "nodes: the GPU line of h: $(cat "$TMP/nodes.txt")"
+
+# run_case NAME NODES [run options...]: the reference case's prompt through a
+# cluster; its ids must equal one machine's (cc_ref_case: and llama.cpp's).
+run_case() {
+    tag=$1 nodes=$2
+    shift 2
+    k=0
+    while :; do
+        if ! "$BIN" run "$M/stories260K-$q.gguf" --nodes "$nodes" -p "$prompt" -n "$n" --temp 0 --threads 1 --json "$@" \
+            >"$TMP/cl.json" 2>"$TMP/cl.err"; then
+            bad "$q case $c, $tag: run failed: $(tail -3 "$TMP/cl.err")"
+            return 1
+        fi
+        # a node still leased to the previous run's coordinator (a loaded
+        # machine notices the end late) is left out: run again
+        grep -q "not used:" "$TMP/cl.err" || break
+        k=$((k + 1))
+        [ $k -lt 10 ] || { bad "$q case $c, $tag: a node stayed busy: $(grep 'not used' "$TMP/cl.err")"; return 1; }
+        sleep 1
+    done
+    got=$(cc_jsonget "$TMP/cl.json" 'join(",", @{$j->{tokens}})')
+    [ -n "$got" ] && [ "$got" = "$local_ids" ] && ok || bad "$q case $c, $tag: ids differ from one machine: [$got] vs [$local_ids]"
+}
+# gpu_took NODE NGPU NSTAGE: NODE's log since the mark says it took a stage
+# of NSTAGE layers and ran its first NGPU on the device (the planner may
+# order the nodes either way: which stage is its choice).
+mark() { for t in g h a; do wc -l <"$TMP/$t.log" >"$TMP/$t.mark"; done; }
+gpu_took() {
+    r=$(tail -n +$(($(cat "$TMP/$1.mark") + 1)) "$TMP/$1.log" |
+        sed -n "s/.*stage [0-9]* layers \[\([0-9]*\), \([0-9]*\)) on GPU '.*', layers \[[0-9]*, \([0-9]*\)) on the CPU.*/\1 \2 \3/p" | tail -1)
+    set -- "$1" "$2" "$3" $r
+    [ $# -eq 6 ] && [ $(($5 - $4)) -eq "$2" ] && [ $(($6 - $4)) -eq "$3" ] && ok ||
+        bad "$q case $c: node $1 did not run $2 of its $3 layers on its GPU: $(tail -n +$(($(cat "$TMP/$1.mark") + 1)) "$TMP/$1.log" | tr '\n' '|')"
+}
+
+for q in q8_0 f32 q4_0; do
+    for c in 0 1 2 3; do
+        [ $q = q4_0 ] && [ $c -gt 0 ] && continue # one case: the type's shader
+        cc_ref_case "$q" "$c"
+        # 3. the GPU node given first, then last (the planner orders the stages: usually a middle
+        # stage, then the last, whose output head stays on its CPU)
+        mark
+        run_case "gpu middle" "$ADDR_g,$ADDR_a" --layers 1,2,2 && gpu_took g 2 2
+        mark
+        run_case "gpu last" "$ADDR_a,$ADDR_g" --layers 1,2,2 && gpu_took g 2 2
+        # 4. --gpu-layers 1: its first layer on the device, the second on the CPU
+        mark
+        run_case "gpu-layers 1" "$ADDR_h,$ADDR_a" --layers 1,2,2 && gpu_took h 1 2
+    done
+done
+
+# 5. The coordinator's stage on the device too, and the planner's own split
+# (the GPU node is planned with its device: its row in the plan says gpu:K).
+q=q8_0
+for c in 0 1; do
+    cc_ref_case $q $c
+    run_case "coordinator on the GPU" "$ADDR_g,$ADDR_a" --layers 2,2,1 --gpu vulkan
+    [ "$(cc_jsonget "$TMP/cl.json" '$j->{device} . "," . $j->{gpu_layers}')" = "$gname,2" ] && ok ||
+        bad "the coordinator's stage not on the GPU: $(grep -o '"device".*' "$TMP/cl.json")"
+    mark
+    run_case "planned" "$ADDR_a,$ADDR_g"
+    grep -q "node $ADDR_g ('g'): .*; GPU '$gname'" "$TMP/cl.err" && ok || bad "the coordinator did not see g's GPU: $(grep "node $ADDR_g" "$TMP/cl.err")"
+    grep -q "g 127.0.0.1:$PORT_g .* gpu:[1-5]\$" "$TMP/cl.err" && [ "$(grep -c ' gpu:[0-9]*$' "$TMP/cl.err")" -eq 1 ] && ok ||
+        bad "the plan has no GPU layers on g (or some elsewhere): $(grep -A6 'node *stage' "$TMP/cl.err")"
+done
+
+# 6. A tensor-parallel group with the GPU node in it: the same ids, on its CPU (it says why)
+cc_ref_case q8_0 0
+mark
+run_case "tp group" "$ADDR_g" --parallel tp
+tail -n +$(($(cat "$TMP/g.mark") + 1)) "$TMP/g.log" | grep -q "tensor-parallel or expert group's slice is not on the GPU yet" && ok ||
+    bad "tp: node g did not say its slice runs on the CPU: $(tail -5 "$TMP/g.log")"
+
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
