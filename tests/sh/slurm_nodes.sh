@@ -46,8 +46,9 @@ cc_cleanup_hook() {
     [ -n "$CUMULO_KEEP_TMP" ] && cp "$S"/log/*.log "$S"/cmn*/slurmd.log "$TMP/" 2>/dev/null
     return 0
 }
-if ! command -v ip >/dev/null 2>&1 || ! command -v unshare >/dev/null 2>&1 || ! ip netns add "$BR" 2>/dev/null; then
-    echo "skip: needs ip netns and unshare (network namespaces) to give each slurmd a machine of its own"
+if ! command -v ip >/dev/null 2>&1 || ! command -v unshare >/dev/null 2>&1 || ! command -v nsenter >/dev/null 2>&1 ||
+    ! ip netns add "$BR" 2>/dev/null; then
+    echo "skip: needs ip netns, nsenter and unshare (network namespaces) to give each slurmd a machine of its own"
     sl_finish 1
 fi
 NS_ALL="$C $T-1 $T-2 $T-3 $BR"
@@ -70,12 +71,13 @@ echo "PartitionName=cm Nodes=cmn[1-3] Default=YES MaxTime=INFINITE OverSubscribe
 
 SL_STARTED=1
 SL_X="ip netns exec $C"
-# (ip netns exec and unshare exec their command: $! is the daemon itself)
-env "$SL_MARK" ip netns exec "$C" unshare --uts sh -c 'hostname cmctl && exec slurmctld -D -i -f "$1"' sh "$SLURM_CONF" \
+# (nsenter and unshare exec their command: $! is the daemon itself; nsenter,
+# not ip netns exec, which would mount a /sys without the cgroup tree slurmd reads)
+env "$SL_MARK" nsenter --net="/run/netns/$C" unshare --uts sh -c 'hostname cmctl && exec slurmctld -D -i -f "$1"' sh "$SLURM_CONF" \
     >"$S/log/slurmctld.out" 2>&1 &
 PIDS=$!
 for k in 1 2 3; do
-    env "$SL_MARK" ip netns exec "$T-$k" unshare --uts --mount sh -c \
+    env "$SL_MARK" nsenter --net="/run/netns/$T-$k" unshare --uts --mount sh -c \
         'hostname "$1" && mount --bind "$2" "$3" && exec slurmd -D -N "$1" -f "$4"' sh "cmn$k" "$S/cmn$k" "$S/node" "$SLURM_CONF" \
         >"$S/log/cmn$k.out" 2>&1 &
     PIDS="$PIDS $!"
@@ -139,6 +141,33 @@ else
     bad "srun --mpi=pmix -N 3 failed: $(grep -v '^ *$' "$TMP/srun.err" | tail -5)"
 fi
 echo "bridge ports of cmn1-3, bytes (rx+tx) before/after the srun job: $before/ $(port_bytes)"
+
+# ---- MPICH through Slurm's PMI-2 (srun --mpi=pmi2; Slurm's pmi2 plugin also
+# speaks the PMI-1 wire protocol of MPICH's built-in client), when an MPICH
+# build is there (make MPI=1 MPICC=mpicc.mpich BUILD=build-mpich). MPICH's UCX
+# is held to TCP on eth0, so its ranks too meet only across the bridge.
+MPICH_BIN=$(realpath "${CUMULO_MPICH_BIN:-build-mpich/cumulo}" 2>/dev/null)
+if [ ! -x "$MPICH_BIN" ] && ! command -v mpicc.mpich >/dev/null 2>&1; then
+    echo "skip: n/a: no MPICH here (mpicc.mpich): srun --mpi=pmi2 not tested"
+elif [ ! -x "$MPICH_BIN" ]; then
+    echo "skip: build-mpich/cumulo missing: make MPI=1 MPICC=mpicc.mpich BUILD=build-mpich (srun --mpi=pmi2 not tested)"
+else
+    sed "s|$MBIN|$MPICH_BIN|" "$TMP/rank.sh" >"$TMP/rank_mpich.sh"
+    chmod +x "$TMP/rank_mpich.sh"
+    seen=$(ls "$TMP"/where.* 2>/dev/null)
+    if env "$SL_MARK" UCX_TLS=tcp,self UCX_NET_DEVICES=eth0 timeout 300 ip netns exec "$C" srun --mpi=pmi2 -N 3 -n 3 \
+        --ntasks-per-node=1 --cpus-per-task=1 --job-name=cm-mpich "$TMP/rank_mpich.sh" mpi "$F32" -p "$prompt" -n "$n" \
+        --temp 0 --threads 1 --json >"$TMP/pmi2.json" 2>"$TMP/pmi2.err"; then
+        got_ids=$(cc_jsonget "$TMP/pmi2.json" 'join(",", @{$j->{tokens}})')
+        [ -n "$got_ids" ] && [ "$got_ids" = "$one_ids" ] && ok || bad "srun --mpi=pmi2 (MPICH): ids differ from one machine: $got_ids"
+        grep -q "why: pp plan, 3 stages" "$TMP/pmi2.err" && ok || bad "srun --mpi=pmi2 (MPICH): not a 3-stage pipeline"
+        mjob=$(ls "$TMP"/where.* | grep -v -x -F "$seen")
+        where_check "${mjob##*.}" "srun --mpi=pmi2 -N 3 (MPICH)"
+        [ "$got_ids" = "$one_ids" ] && echo "srun --mpi=pmi2 -N 3 -n 3 (MPICH $(mpichversion 2>/dev/null | sed -n 's/MPICH Version:[[:space:]]*//p')): ids equal one machine"
+    else
+        bad "srun --mpi=pmi2 (MPICH) failed: $(grep -v '^ *$' "$TMP/pmi2.err" | tail -5)"
+    fi
+fi
 
 # ---- The example batch script over the three node entries, served.
 "$BIN" run "$F32" -p "Once upon a time" -n 24 --temp 0 --threads 1 --json >"$TMP/s1.json" 2>/dev/null

@@ -77,21 +77,20 @@ MinJobAge=5
 EOF
 }
 
-# sl_sweep SIGNAL: send SIGNAL to every process carrying $SL_MARK, never this shell.
+# sl_pids: the processes carrying $SL_MARK (one grep over every environ), never this shell.
+sl_pids() {
+    grep -l -s -z -x -F "$SL_MARK" /proc/[0-9]*/environ 2>/dev/null | sed -n 's|^/proc/\([0-9]*\)/environ$|\1|p' |
+        grep -v -x "$$"
+}
+# sl_sweep SIGNAL: send SIGNAL to every process carrying $SL_MARK.
 sl_sweep() {
-    for d in /proc/[0-9]*; do
-        p=${d#/proc/}
-        [ "$p" = $$ ] && continue
-        grep -qzxF "$SL_MARK" "$d/environ" 2>/dev/null && kill "-$1" "$p" 2>/dev/null
-    done
+    for p in $(sl_pids); do kill "-$1" "$p" 2>/dev/null; done
 }
 # sl_left [EXE]: the pids still carrying $SL_MARK (running EXE).
 sl_left() {
-    for d in /proc/[0-9]*; do
-        p=${d#/proc/}
-        [ "$p" = $$ ] && continue
-        [ -z "$1" ] || [ "$(readlink "$d/exe" 2>/dev/null)" = "$1" ] || continue
-        grep -qzxF "$SL_MARK" "$d/environ" 2>/dev/null && printf ' %s' "$p"
+    for p in $(sl_pids); do
+        [ -z "$1" ] || [ "$(readlink "/proc/$p/exe" 2>/dev/null)" = "$1" ] || continue
+        printf ' %s' "$p"
     done
 }
 # sl_stop: cancel every job, shut the daemons down, then TERM and KILL
