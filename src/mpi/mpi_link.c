@@ -346,9 +346,11 @@ static void *bridge_main(void *arg) {
         }
         /* MPI has no descriptor to wait on: spin (yielding the CPU) for
          * spin_ns after bytes last moved, the next message of a decode loop
-         * or an all-reduce is usually that close; then sleep 1 ms at a time.
-         * Sends in flight keep it spinning a while: MPI progresses them only
-         * inside our calls. */
+         * or an all-reduce is usually that close; then, up to WARM_NS after
+         * traffic, poll every nap_ns (a nanosleep between polls: little CPU,
+         * and a token's next hop seldom waits more than a nap); then sleep
+         * 1 ms at a time. Sends in flight keep it spinning a while: MPI
+         * progresses them only inside our calls. */
         uint64_t now = cm_now_ns();
         if (busy) moved_ns = now;
         bool spin = busy || now - moved_ns < m->spin_ns || (m->n_tx && now - moved_ns < 20000000ull);
@@ -461,8 +463,9 @@ int cm_mpi_start(int *argc, char ***argv, unsigned flags, atomic_int *stop, cm_m
     MPI_Get_library_version(lib, &ll);
     const char *spin = cm_config_get()->mpi_spin_ms;
     m->spin_ns = (uint64_t)((spin && *spin ? atof(spin) : strstr(lib, "MPICH") ? 0.0 : 5.0) * 1e6);
-    const char *nap = getenv("CUMULO_MPI_NAP_US"); /* NEEDSWORK: experiment */
-    m->nap_ns = (uint64_t)((nap && *nap ? atof(nap) : 0.0) * 1e3);
+    const char *nap = cm_config_get()->mpi_nap_us;
+    double nap_us = nap && *nap ? atof(nap) : 50.0;
+    m->nap_ns = (uint64_t)((nap_us < 0 ? 0 : nap_us > 999 ? 999 : nap_us) * 1e3);
     pthread_mutex_init(&m->mu, NULL);
     m->dead = cm_calloc((size_t)m->size, sizeof *m->dead);
     m->scratch = malloc(CHUNK);
