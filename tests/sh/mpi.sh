@@ -248,8 +248,8 @@ fail_case() {
     fname=$1 fopts=$2
     : >"$TMP/$fname.err"
     # shellcheck disable=SC2086
-    # (CUMULO_MPI_SPIN_MS=0: the 1 ms poll, a decode slow enough that the kill lands mid-generation)
-    CUMULO_MPI_SPIN_MS=0 timeout 120 "$MPIRUN" $MPIOPT $fopts -np 3 "$TMP/rank.sh" mpi "$F32" -p "Once upon a time" -n 500 --temp 0 \
+    # (CUMULO_MPI_SPIN_MS=0 CUMULO_MPI_NAP_US=0: the 1 ms poll, a decode slow enough that the kill lands mid-generation)
+    CUMULO_MPI_SPIN_MS=0 CUMULO_MPI_NAP_US=0 timeout 120 "$MPIRUN" $MPIOPT $fopts -np 3 "$TMP/rank.sh" mpi "$F32" -p "Once upon a time" -n 500 --temp 0 \
         --threads 1 --json >"$TMP/$fname.json" 2>"$TMP/$fname.err" &
     fpid=$!
     cc_wait_grep "$TMP/$fname.err" "cluster ready" 300 || bad "$fname: the cluster did not start: $(tail -3 "$TMP/$fname.err")"
