@@ -5,6 +5,10 @@
 # one sitting, alternating. Not a test (prints a table; times are load-bound).
 #   sh bench/mpi_vs_tcp.sh [MODEL] [TOKENS] [REPEATS]
 # CUMULO_MPI_BIN / CUMULO_MPIRUN choose the MPI build and launcher.
+# MPI_VARIANTS: space-separated VAR=VALUE settings, one MPI row each (","
+# joins several settings of one row), e.g.
+#   MPI_VARIANTS="CUMULO_MPI_NAP_US=0 CUMULO_MPI_NAP_US=50,CUMULO_MPI_SPIN_MS=0"
+# (a setting that starts with -- is a `cumulo mpi` option, e.g. --mpi-allreduce)
 cd "$(dirname "$0")/.." || exit 1
 BIN=$(realpath "${CUMULO_BIN:-build/cumulo}")
 MBIN=$(realpath "${CUMULO_MPI_BIN:-build-mpi/cumulo}")
@@ -36,17 +40,31 @@ k=0
 while { [ ! -s "$TMP/a.port" ] || [ ! -s "$TMP/b.port" ]; } && [ $k -lt 100 ]; do sleep 0.1; k=$((k + 1)); done
 NODES="127.0.0.1:$(cat "$TMP/a.port"),127.0.0.1:$(cat "$TMP/b.port")"
 tps() { perl -MJSON::PP -e 'local $/; my $j = decode_json(<STDIN>); printf "%.1f", $j->{timings}{gen_tps}'; }
-printf '%-10s %-5s %s\n' plan link "decode tok/s (each run)"
+VARIANTS=${MPI_VARIANTS:-default}
+printf '%-10s %-40s %s\n' plan link "decode tok/s (each run)"
 for plan in "pp:--layers 2,2,1" "tp:--parallel tp"; do
     name=${plan%%:*} opts=${plan#*:}
-    tcp="" mpi=""
+    tcp=""
+    for v in $VARIANTS; do eval "mpi_$(echo "$v" | tr -c 'A-Za-z0-9\n' _)=''"; done
     for i in $(seq "$REP"); do
         # shellcheck disable=SC2086
         tcp="$tcp $("$BIN" run "$MODEL" --nodes "$NODES" --insecure $opts -p "Once upon a time" -n "$N" --temp 0 \
             --threads 1 --json 2>/dev/null | tps)"
-        # shellcheck disable=SC2086
-        mpi="$mpi $("$MPIRUN" $MPIOPT -np 3 "$TMP/rank.sh" mpi "$MODEL" $opts -p "Once upon a time" -n "$N" --temp 0 \
-            --threads 1 --json 2>/dev/null | tps)"
+        for v in $VARIANTS; do
+            key=mpi_$(echo "$v" | tr -c 'A-Za-z0-9\n' _)
+            envs="" xo=""
+            for piece in $(echo "$v" | tr ',' ' '); do
+                case $piece in default) ;; --*) xo="$xo $piece" ;; *) envs="$envs $piece" ;; esac
+            done
+            # shellcheck disable=SC2086
+            r=$(env $envs "$MPIRUN" $MPIOPT -np 3 "$TMP/rank.sh" mpi "$MODEL" $opts $xo -p "Once upon a time" -n "$N" \
+                --temp 0 --threads 1 --json 2>/dev/null | tps)
+            eval "$key=\"\$$key $r\""
+        done
     done
-    printf '%-10s %-5s %s\n' "$name" tcp "$tcp" "$name" mpi "$mpi"
+    printf '%-10s %-40s %s\n' "$name" tcp "$tcp"
+    for v in $VARIANTS; do
+        key=mpi_$(echo "$v" | tr -c 'A-Za-z0-9\n' _)
+        eval "printf '%-10s %-40s %s\\n' \"\$name\" \"mpi \$v\" \"\$$key\""
+    done
 done

@@ -104,6 +104,7 @@ typedef struct cm_config {
     const char *gpu;            /* CUMULO_GPU */
     const char *vulkan_lib;     /* CUMULO_VULKAN_LIB */
     const char *mpi_spin_ms;    /* CUMULO_MPI_SPIN_MS, as a string (the MPI bridge parses it) */
+    const char *mpi_nap_us;     /* CUMULO_MPI_NAP_US, as a string (the MPI bridge parses it) */
     const char *tmpdir;         /* TMPDIR */
     const char *home;           /* HOME */
     const char *xdg_cache_home; /* XDG_CACHE_HOME */

@@ -66,6 +66,8 @@
                                                                                              "to open")               \
     X(mpi_spin_ms, "CUMULO_MPI_SPIN_MS", "5 (OpenMPI), 0 (MPICH)", "cumulo mpi: how long the link bridge polls "      \
                                                                    "without sleeping after traffic")                  \
+    X(mpi_nap_us, "CUMULO_MPI_NAP_US", "50", "cumulo mpi: then, for 100 ms, the bridge naps this long between polls "  \
+                                             "(0: sleeps 1 ms at once)")                                             \
     X(tmpdir, "TMPDIR", "/tmp", "cumulo mpi: where the link bridge's sockets go (paths under 48 bytes)")              \
     X(home, "HOME", "(the system's)", "the user's home: default key file, node cache, models directory, services")    \
     X(xdg_cache_home, "XDG_CACHE_HOME", "unset", "the models directory's parent when set")                            \
@@ -169,6 +171,7 @@ static void load(void) {
     c->gpu = STR(gpu);
     c->vulkan_lib = STR(vulkan_lib);
     c->mpi_spin_ms = STR(mpi_spin_ms);
+    c->mpi_nap_us = STR(mpi_nap_us);
     c->tmpdir = STR(tmpdir);
     c->home = STR(home);
     c->xdg_cache_home = STR(xdg_cache_home);

@@ -11,6 +11,7 @@
 #include "tensor/tensor.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -26,8 +27,14 @@ struct cm_coll {
     uint8_t *qall;   /* Q8_0 blocks of the whole vector (compress) */
     uint8_t *sbuf;   /* one encoded piece */
     cm_coll_stats st;
+    const cm_coll_native *nat; /* the transport's all-reduce, or NULL */
+    void *ngrp;
     char err[512];
 };
+
+static _Atomic(const cm_coll_native *) g_native;
+void cm_coll_set_native(const cm_coll_native *nat) { atomic_store(&g_native, nat); }
+bool cm_coll_is_native(const cm_coll *c) { return c && c->nat; }
 
 #define Q8_BYTES 34 /* f16 scale + 32 int8 */
 
@@ -114,12 +121,22 @@ int cm_coll_new(const cm_coll_cfg *cfg, cm_coll **out, char *err, size_t errlen)
         cm_coll_free(c);
         return cm_errf(err, errlen, CM_ENOMEM, "out of memory for the all-reduce buffers");
     }
+    const cm_coll_native *nat = atomic_load(&g_native);
+    if (nat && cfg->size > 1 && !nat->open(nat->ctx, cfg->rank, cfg->size, cfg->max_n, cfg->epoch, &c->ngrp) && c->ngrp)
+        c->nat = nat;
     *out = c;
     return 0;
 }
 
+static void native_drop(cm_coll *c) {
+    if (c->nat) c->nat->close(c->ngrp);
+    c->nat = NULL;
+    c->ngrp = NULL;
+}
+
 void cm_coll_free(cm_coll *c) {
     if (!c) return;
+    native_drop(c);
     cm_free(c->part);
     cm_free(c->tmp);
     cm_free(c->qall);
@@ -128,6 +145,7 @@ void cm_coll_free(cm_coll *c) {
 }
 
 void cm_coll_reset(cm_coll *c, uint64_t epoch) {
+    native_drop(c); /* the library's op sequence may be off by one: the exchange from here on */
     c->cfg.epoch = epoch;
     c->op_id = 0;
     c->failed = false;
@@ -414,13 +432,20 @@ int cm_coll_allreduce(cm_coll *c, float *x, int64_t n, char *err, size_t errlen)
     uint64_t t0 = cm_now_ns();
     int rc = 0;
     bool ring = cm_coll_uses_ring(c, n);
-    if (c->cfg.size > 1) rc = ring ? allreduce_ring(c, x, n) : allreduce_direct(c, x, n);
+    bool nat = c->nat != NULL;
+    if (nat) {
+        rc = c->nat->allreduce(c->ngrp, x, n, c->timeout_ms, c->err, sizeof c->err);
+        if (rc) c->failed = true;
+    } else if (c->cfg.size > 1) {
+        rc = ring ? allreduce_ring(c, x, n) : allreduce_direct(c, x, n);
+    }
     c->st.busy_s += (double)(cm_now_ns() - t0) * 1e-9;
     if (rc) return cm_errf(err, errlen, rc, "%s", c->err);
     c->op_id++;
     c->st.ops++;
     c->st.elems += (uint64_t)n;
-    if (ring) c->st.ring_ops++;
+    if (nat) c->st.native_ops++;
+    else if (ring) c->st.ring_ops++;
     else c->st.direct_ops++;
     sum_links(c);
     return 0;

@@ -83,6 +83,7 @@ typedef struct cm_coll_link_stats {
 
 typedef struct cm_coll_stats {
     uint64_t ops, direct_ops, ring_ops;
+    uint64_t native_ops; /* of which by the transport's own all-reduce (cm_coll_native) */
     uint64_t elems;      /* sum of n over ops */
     uint64_t gather_ops; /* of which expert gathers (cm_coll_allgather) */
     uint64_t gather_data_sent; /* element bytes this member sent in them */
@@ -148,6 +149,25 @@ typedef struct cm_coll_piece {
     size_t data_len;
 } cm_coll_piece;
 int cm_coll_piece_parse(const uint8_t *p, size_t n, cm_coll_piece *out, char *err, size_t errlen);
+
+/* ---- a transport's own all-reduce (issue 18) ----
+ * A transport may offer its library's all-reduce (MPI_Iallreduce under
+ * `cumulo mpi --mpi-allreduce`). cm_coll_new offers it every new group
+ * (this member's rank, the size, the largest vector, the plan epoch); when
+ * open() returns 0 with a group, every cm_coll_allreduce of that collective
+ * goes to allreduce() instead of the ordered exchange. Its summation order
+ * is the library's: NOT bit-identical to one machine or to the exchange, and
+ * every member must still get the same bits (the provider's promise). Expert
+ * gathers stay on the exchange. After a failed op or a cm_coll_reset the
+ * collective falls back to the exchange for good. Set before any cm_coll_new. */
+typedef struct cm_coll_native {
+    int (*open)(void *ctx, int rank, int size, int64_t max_n, uint64_t epoch, void **grp);
+    int (*allreduce)(void *grp, float *x, int64_t n, int timeout_ms, char *err, size_t errlen);
+    void (*close)(void *grp);
+    void *ctx;
+} cm_coll_native;
+void cm_coll_set_native(const cm_coll_native *nat); /* NULL: none (the default) */
+bool cm_coll_is_native(const cm_coll *c);
 
 /* ---- a full mesh on loopback or a LAN ----
  * Member `rank` of `size` connects to every lower rank (at addrs[j],

@@ -32,6 +32,9 @@ static const char k_mpi_usage[] =
     "  --threads N     compute threads of every rank (default: all CPUs of each)\n"
     "  --models DIR    where the nodes find MODEL (default: MODEL's directory; else\n"
     "                  rank 0 streams the weights to them)\n"
+    "  --mpi-allreduce tensor-parallel sums by MPI_Iallreduce (a group of every rank,\n"
+    "                  the first plan) instead of cumulo's ordered exchange: close to,\n"
+    "                  but NOT bit-identical with, one machine's results\n"
     "CUMULO_MPI_SPIN_MS: how long each rank's MPI bridge spins after traffic (default 5; MPICH 0).\n"
     "A rank that dies: see docs/DESIGN.md \"Transports\" (OpenMPI's default aborts the job;\n"
     "under mpirun --enable-recovery the coordinator re-plans on the survivors).\n";
@@ -64,6 +67,7 @@ static int run_coordinator(cm_mpi *m, bool serve, int argc, char **argv) {
     av[k++] = serve ? "serve" : "run";
     for (int i = 0; i < argc; i++) {
         if (!strcmp(argv[i], "--models") && i + 1 < argc) { i++; continue; } /* the nodes' option */
+        if (!strcmp(argv[i], "--mpi-allreduce")) continue;                 /* every rank's, taken by cm_mpi_start */
         av[k++] = argv[i];
     }
     if (n > 1) {
@@ -91,9 +95,11 @@ int cmd_mpi(int argc, char **argv) {
     const char *model = NULL, *models = NULL;
     long threads = 0;
     bool prompt = false;
+    unsigned flags = 0;
     for (int i = first; i < argc; i++) {
         const char *a = argv[i];
-        if (!strcmp(a, "-p") || !strcmp(a, "--prompt") || !strcmp(a, "-f") || !strcmp(a, "--file")) prompt = true;
+        if (!strcmp(a, "--mpi-allreduce")) flags |= CM_MPI_ALLREDUCE;
+        else if (!strcmp(a, "-p") || !strcmp(a, "--prompt") || !strcmp(a, "-f") || !strcmp(a, "--file")) prompt = true;
         else if ((!strcmp(a, "--threads") || !strcmp(a, "-t")) && i + 1 < argc) threads = strtol(argv[++i], NULL, 10);
         else if (!strcmp(a, "--models") && i + 1 < argc) models = argv[++i];
         else if (a[0] != '-' && !model) model = a;
@@ -110,7 +116,7 @@ int cmd_mpi(int argc, char **argv) {
 
     cm_mpi *m;
     char err[400];
-    if (cm_mpi_start(NULL, NULL, &g_stop, &m, err, sizeof err)) return cli_fail("%s", err);
+    if (cm_mpi_start(NULL, NULL, flags, &g_stop, &m, err, sizeof err)) return cli_fail("%s", err);
     int rc;
     if (cm_mpi_rank(m) == 0) {
         rc = run_coordinator(m, serve, argc - first, argv + first);

@@ -16,6 +16,7 @@
  * the cluster code a lost node, as a dropped TCP connection would be.
  */
 #include "mpi/mpi_link.h"
+#include "mpi/mpi_coll.h"
 
 #include "base/base.h"
 #include "net/net.h"
@@ -35,12 +36,14 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #define LINK_TAG 4242
 #define CHUNK (1u << 20) /* local bytes per DATA message at most */
 #define MAX_LINKS 1024
 #define FINISH_WAIT_MS 5000ull /* the last meeting of the ranks waits this long */
+#define WARM_NS 100000000ull /* after traffic, the bridge naps (nap_ns) rather than sleeps 1 ms this long */
 #define OPEN_WAIT_NS 60000000000ull /* an OPEN waits this long for the node's listener */
 
 enum { K_OPEN = 1, K_DATA = 2, K_CLOSE = 3, K_STOP = 4 };
@@ -86,9 +89,13 @@ struct cm_mpi {
     pending *tx;
     int n_tx, cap_tx;
     uint8_t *scratch;
+    uint8_t *rbuf; /* received messages (bridge thread) */
+    size_t rcap;
     uint64_t spin_ns; /* CUMULO_MPI_SPIN_MS: spin this long after traffic (default 5 ms; MPICH 0) */
+    uint64_t nap_ns;  /* then, up to WARM_NS after traffic, poll every nap_ns (0: not at all) */
     bool *dead;
     cm_net_transport tr;
+    cm_mpi_coll *coll; /* --mpi-allreduce: MPI_Iallreduce for tensor-parallel sums, else NULL */
 };
 
 /* ---- sending (bridge thread) ---- */
@@ -249,7 +256,12 @@ static void on_message(cm_mpi *m, int src, const uint8_t *p, size_t n) {
         break;
     case K_DATA:
         if (!l) break; /* closed here; our CLOSE is on its way */
-        if (!queue(l, p, n) || (l->fd >= 0 && !flush(l))) drop(m, l, true);
+        if (l->fd >= 0 && l->qoff == l->qlen) { /* nothing waiting: straight to the socket, queue what it leaves */
+            long w = cm_sock_send(l->fd, p, n);
+            if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) { drop(m, l, true); break; }
+            if (w > 0) { p += w; n -= (size_t)w; }
+        }
+        if (n && (!queue(l, p, n) || (l->fd >= 0 && !flush(l)))) drop(m, l, true);
         break;
     case K_CLOSE:
         if (!l) break;
@@ -272,16 +284,18 @@ static bool progress_in(cm_mpi *m) {
         if (MPI_Iprobe(MPI_ANY_SOURCE, LINK_TAG, m->comm, &flag, &st) != MPI_SUCCESS || !flag) break;
         int cnt = 0;
         MPI_Get_count(&st, MPI_BYTE, &cnt);
-        uint8_t *buf = malloc(cnt > 0 ? (size_t)cnt : 1);
-        if (!buf) { CM_LOGE("mpi: out of memory"); break; }
+        if ((size_t)cnt > m->rcap) { /* one receive buffer, grown to the largest message (a header + CHUNK) */
+            uint8_t *b = realloc(m->rbuf, (size_t)cnt);
+            if (!b) { CM_LOGE("mpi: out of memory"); break; }
+            m->rbuf = b;
+            m->rcap = (size_t)cnt;
+        }
         int src = st.MPI_SOURCE;
-        if (MPI_Recv(buf, cnt, MPI_BYTE, src, LINK_TAG, m->comm, &st) != MPI_SUCCESS) {
-            free(buf);
+        if (MPI_Recv(m->rbuf, cnt, MPI_BYTE, src, LINK_TAG, m->comm, &st) != MPI_SUCCESS) {
             mark_dead(m, src);
             continue;
         }
-        on_message(m, src, buf, (size_t)cnt);
-        free(buf);
+        on_message(m, src, m->rbuf, (size_t)cnt);
         any = true;
     }
     return any;
@@ -332,14 +346,18 @@ static void *bridge_main(void *arg) {
         }
         /* MPI has no descriptor to wait on: spin (yielding the CPU) for
          * spin_ns after bytes last moved, the next message of a decode loop
-         * or an all-reduce is usually that close; then sleep 1 ms at a time.
-         * Sends in flight keep it spinning a while: MPI progresses them only
-         * inside our calls. */
+         * or an all-reduce is usually that close; then, up to WARM_NS after
+         * traffic, poll every nap_ns (a nanosleep between polls: little CPU,
+         * and a token's next hop seldom waits more than a nap); then sleep
+         * 1 ms at a time. Sends in flight keep it spinning a while: MPI
+         * progresses them only inside our calls. */
         uint64_t now = cm_now_ns();
         if (busy) moved_ns = now;
         bool spin = busy || now - moved_ns < m->spin_ns || (m->n_tx && now - moved_ns < 20000000ull);
+        bool warm = !spin && m->nap_ns && now - moved_ns < WARM_NS;
         if (spin && !busy) sched_yield();
-        int r = poll(pf, (nfds_t)np, spin ? 0 : 1);
+        int r = poll(pf, (nfds_t)np, spin || warm ? 0 : 1);
+        if (warm && r == 0) nanosleep(&(struct timespec){0, (long)m->nap_ns}, NULL);
         busy = false;
         if (r > 0 && (pf[0].revents & POLLIN)) {
             char b[64];
@@ -362,6 +380,7 @@ static void *bridge_main(void *arg) {
             if (m->links[i].fd < 0) try_accept(m, &m->links[i]);
         if (progress_in(m)) busy = true;
         if (test_sends(m)) busy = true;
+        if (m->coll && cm_mpi_coll_progress(m->coll)) busy = true;
     }
     free(pf);
     free(at);
@@ -418,7 +437,7 @@ static int tr_listen(void *ctx, uint16_t port, int *fd, uint16_t *bound, char *e
 
 /* ---- start and finish ---- */
 
-int cm_mpi_start(int *argc, char ***argv, atomic_int *stop, cm_mpi **out, char *err, size_t errlen) {
+int cm_mpi_start(int *argc, char ***argv, unsigned flags, atomic_int *stop, cm_mpi **out, char *err, size_t errlen) {
     *out = NULL;
     int provided = 0;
     if (MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS)
@@ -444,6 +463,9 @@ int cm_mpi_start(int *argc, char ***argv, atomic_int *stop, cm_mpi **out, char *
     MPI_Get_library_version(lib, &ll);
     const char *spin = cm_config_get()->mpi_spin_ms;
     m->spin_ns = (uint64_t)((spin && *spin ? atof(spin) : strstr(lib, "MPICH") ? 0.0 : 5.0) * 1e6);
+    const char *nap = cm_config_get()->mpi_nap_us;
+    double nap_us = nap && *nap ? atof(nap) : 50.0;
+    m->nap_ns = (uint64_t)((nap_us < 0 ? 0 : nap_us > 999 ? 999 : nap_us) * 1e3);
     pthread_mutex_init(&m->mu, NULL);
     m->dead = cm_calloc((size_t)m->size, sizeof *m->dead);
     m->scratch = malloc(CHUNK);
@@ -459,10 +481,14 @@ int cm_mpi_start(int *argc, char ***argv, atomic_int *stop, cm_mpi **out, char *
         return cm_errf(err, errlen, CM_EIO, "mpi: cannot set up this rank: %s", strerror(e));
     }
     snprintf(m->path, sizeof m->path, "%s/node.sock", m->dir); /* mkdtemp made it 0700: only this user */
+    if ((flags & CM_MPI_ALLREDUCE) && cm_mpi_coll_new(m->comm, m->wake[1], &m->coll, err, errlen)) {
+        cm_mpi_finish(m, 0);
+        return CM_EIO;
+    }
+    if (m->coll) cm_coll_set_native(cm_mpi_coll_native(m->coll));
     m->tr = (cm_net_transport){.host = "mpi", .connect = tr_connect, .listen = tr_listen, .ctx = m};
     cm_net_set_transport(&m->tr);
     if (pthread_create(&m->th, NULL, bridge_main, m) != 0) {
-        cm_net_set_transport(NULL);
         cm_mpi_finish(m, 0);
         return cm_errf(err, errlen, CM_EIO, "mpi: cannot start the bridge thread");
     }
@@ -498,6 +524,8 @@ void cm_mpi_finish(cm_mpi *m, int stop_others) {
     atomic_store(&m->quit, 1);
     if (m->th_started) pthread_join(m->th, NULL);
     cm_net_set_transport(NULL);
+    if (m->coll) cm_coll_set_native(NULL);
+    bool coll_ok = !m->coll || !cm_mpi_coll_broken(m->coll);
     while (m->n_links) drop(m, &m->links[m->n_links - 1], false);
     free(m->tx); /* (the bridge leaves with n_tx 0: done, or abandoned to MPI) */
     unlink(m->path);
@@ -510,18 +538,22 @@ void cm_mpi_finish(cm_mpi *m, int stop_others) {
     MPI_Request rq;
     int done = 0;
     uint64_t until = cm_now_ns() + FINISH_WAIT_MS * 1000000ull;
-    if (!atomic_load(&m->n_dead) && MPI_Ibarrier(m->comm, &rq) == MPI_SUCCESS)
+    if (!atomic_load(&m->n_dead) && coll_ok && MPI_Ibarrier(m->comm, &rq) == MPI_SUCCESS)
         while (!done && cm_now_ns() < until && MPI_Test(&rq, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS)
             if (!done && !drain(m)) cm_sleep_ms(1);
     if (done) {
         drain(m); /* what was sent before its sender met us (MPICH/UCX warns of unmatched messages) */
+        cm_mpi_coll_free(m->coll, true);
+        m->coll = NULL;
         MPI_Comm_free(&m->comm);
         MPI_Finalize();
     } else {
         CM_LOGW("mpi: rank %d: not every rank reached the end (one died?); leaving without MPI_Finalize", m->rank);
     }
+    cm_mpi_coll_free(m->coll, false);
     pthread_mutex_destroy(&m->mu);
     cm_free(m->dead);
     free(m->scratch);
+    free(m->rbuf);
     cm_free(m);
 }

@@ -22,8 +22,11 @@ typedef struct cm_mpi cm_mpi;
 /* MPI_Init_thread, a private communicator that returns errors instead of
  * aborting, a private 0700 directory for this rank's listener, the bridge
  * thread, and the transport seam for host "mpi". A STOP from rank 0 sets
- * *stop (may be NULL on rank 0). */
-int cm_mpi_start(int *argc, char ***argv, atomic_int *stop, cm_mpi **out, char *err, size_t errlen);
+ * *stop (may be NULL on rank 0). flags: CM_MPI_ALLREDUCE offers
+ * MPI_Iallreduce as the tensor-parallel sum (mpi_coll.h; every rank must
+ * pass the same flags). */
+#define CM_MPI_ALLREDUCE 1u
+int cm_mpi_start(int *argc, char ***argv, unsigned flags, atomic_int *stop, cm_mpi **out, char *err, size_t errlen);
 int cm_mpi_rank(const cm_mpi *m);
 int cm_mpi_size(const cm_mpi *m);
 /* The host name of this rank's machine, as MPI names it. */

@@ -90,6 +90,56 @@ Q8=$M/stories260K-q8_0.gguf
 cc_ref_case f32 0
 REF_IDS=$want mpi_case pp3 3 "$F32" "$prompt" "$n" "why: pp plan, 3 stages"
 REF_IDS=$want mpi_case tp3 3 "$F32" "$prompt" "$n" "why: tp plan, 1 stage: .*mpi:1.*mpi:2|why: tp plan, 1 stage: .*mpi:2.*mpi:1" --parallel tp
+# --mpi-allreduce (opt-in): tensor-parallel sums by MPI_Iallreduce, in the
+# library's order, so the bits may differ from one machine's: the check is
+# closeness. Every generated token's top-5 logprobs within LP_TOL of one
+# machine's (the ordered exchange's own distance is printed beside it), and
+# the same ids wherever one machine's top-2 margin exceeds 2 * LP_TOL (a
+# smaller margin may flip a greedy pick; then the rest is not compared).
+# Every rank must say it summed by MPI_Iallreduce; the default run (tp3) none.
+# Measured (stories260K-f32, case 0, 64 tokens, OpenMPI 4.1.4): the exchange
+# 7.2e-6 from one machine, MPI_Iallreduce 5.2e-6; LP_TOL about 7x that.
+LP_TOL=5e-5
+lp_compare() { # ONE.json OTHER.json: "maxdiff compared flip_at margin_there"
+    perl -MJSON::PP -e '
+        sub rd { local $/; open my $f, "<", $_[0] or exit 2; decode_json(<$f>)->{logprobs} || [] }
+        my ($a, $b) = (rd($ARGV[0]), rd($ARGV[1]));
+        my ($d, $n, $flip, $margin) = (0, 0, -1, 0);
+        for my $i (0 .. $#$a) {
+            if ($i > $#$b) { $flip = $i; last }
+            my %t = map { $_->[0] => $_->[1] } @{$b->[$i]{top}};
+            for my $e (@{$a->[$i]{top}}) {
+                next unless exists $t{$e->[0]};
+                my $x = abs($e->[1] - $t{$e->[0]});
+                $d = $x if $x > $d;
+                $n++;
+            }
+            if ($a->[$i]{id} != $b->[$i]{id}) { my $tp = $a->[$i]{top}; $flip = $i; $margin = $tp->[0][1] - $tp->[1][1]; last }
+        }
+        printf "%.3g %d %d %.3g\n", $d, $n, $flip, $margin;' "$1" "$2"
+}
+cc_ref_case f32 0
+"$BIN" run "$F32" -p "$prompt" -n "$n" --temp 0 --threads 1 --json --logprobs 5 >"$TMP/lp_one.json" 2>/dev/null
+for v in exch native; do
+    extra=""
+    [ $v = native ] && extra=--mpi-allreduce
+    # shellcheck disable=SC2086
+    CUMULO_LOG=info timeout 300 "$MPIRUN" $MPIOPT -np 3 "$TMP/rank.sh" mpi "$F32" -p "$prompt" -n "$n" --temp 0 --threads 1 --json \
+        --logprobs 5 --parallel tp $extra >"$TMP/lp_$v.json" 2>"$TMP/lp_$v.err" || bad "tp3 $v: mpirun failed: $(tail -3 "$TMP/lp_$v.err")"
+done
+said=$(grep -c "tensor-parallel sums by MPI_Iallreduce" "$TMP/lp_native.err")
+[ "$said" = 3 ] && ok || bad "--mpi-allreduce: $said of 3 ranks summed by MPI_Iallreduce"
+grep -q "MPI_Iallreduce" "$TMP/lp_exch.err" && bad "the default tp run used MPI_Iallreduce" || ok
+set -- $(lp_compare "$TMP/lp_one.json" "$TMP/lp_exch.json")
+ex_d=$1
+set -- $(lp_compare "$TMP/lp_one.json" "$TMP/lp_native.json")
+na_d=$1 na_n=$2 na_flip=$3 na_margin=$4
+[ "$na_n" -ge "$n" ] 2>/dev/null && ok || bad "--mpi-allreduce: only ${na_n:-no} logprobs compared"
+perl -e 'exit !($ARGV[0] <= $ARGV[1])' "$na_d" "$LP_TOL" && ok || bad "--mpi-allreduce: logprobs differ from one machine's by $na_d (> $LP_TOL)"
+[ "$na_flip" = -1 ] || perl -e 'exit !($ARGV[0] < 2 * $ARGV[1])' "$na_margin" "$LP_TOL" && ok ||
+    bad "--mpi-allreduce: ids differ at token $na_flip where one machine's top-2 margin is $na_margin"
+echo "tp3 --mpi-allreduce: max |logprob - one machine's| $na_d (ordered exchange: $ex_d; tolerance $LP_TOL), $na_n compared, ids $([ "$na_flip" = -1 ] && echo equal || echo "differ from token $na_flip (margin $na_margin)")"
+
 cc_ref_case q8_0 1
 REF_IDS=$want mpi_case pp4 4 "$Q8" "$prompt" "$n" "why: pp plan, 4 stages"
 REF_IDS=$want mpi_case tp4 4 "$Q8" "$prompt" "$n" "why: tp plan, 1 stage" --parallel tp
@@ -198,8 +248,8 @@ fail_case() {
     fname=$1 fopts=$2
     : >"$TMP/$fname.err"
     # shellcheck disable=SC2086
-    # (CUMULO_MPI_SPIN_MS=0: the 1 ms poll, a decode slow enough that the kill lands mid-generation)
-    CUMULO_MPI_SPIN_MS=0 timeout 120 "$MPIRUN" $MPIOPT $fopts -np 3 "$TMP/rank.sh" mpi "$F32" -p "Once upon a time" -n 500 --temp 0 \
+    # (CUMULO_MPI_SPIN_MS=0 CUMULO_MPI_NAP_US=0: the 1 ms poll, a decode slow enough that the kill lands mid-generation)
+    CUMULO_MPI_SPIN_MS=0 CUMULO_MPI_NAP_US=0 timeout 120 "$MPIRUN" $MPIOPT $fopts -np 3 "$TMP/rank.sh" mpi "$F32" -p "Once upon a time" -n 500 --temp 0 \
         --threads 1 --json >"$TMP/$fname.json" 2>"$TMP/$fname.err" &
     fpid=$!
     cc_wait_grep "$TMP/$fname.err" "cluster ready" 300 || bad "$fname: the cluster did not start: $(tail -3 "$TMP/$fname.err")"

@@ -25,126 +25,42 @@ M=$SHARED/models
 MBIN=$(realpath "${CUMULO_MPI_BIN:-build-mpi/cumulo}" 2>/dev/null)
 F32=$M/stories260K-f32.gguf
 
-finish() { echo "$pass passed, $fail failed${1:+, $1 skipped}"; [ "$fail" = 0 ]; exit $?; }
-if [ ! -x "$MBIN" ]; then
-    if command -v "${MPICC:-mpicc}" >/dev/null 2>&1; then
-        echo "skip: build-mpi/cumulo missing: run make MPI=1 (mpicc is installed)"
-    else
-        echo "skip: n/a: built without MPI (no mpicc; make MPI=1 needs openmpi or mpich)"
-    fi
-    finish 1
-fi
-for c in slurmctld slurmd srun sbatch sinfo squeue scancel scontrol; do
-    command -v $c >/dev/null 2>&1 || PATH="$PATH:/usr/sbin:/sbin"
-    command -v $c >/dev/null 2>&1 || { echo "skip: $c missing: install slurm-wlm (slurmctld slurmd slurm-client; scripts/setup.sh)"; finish 1; }
-done
-if [ "$(id -u)" != 0 ]; then
-    echo "skip: not root: the test's slurmd must run as root (SlurmdUser=root)"
-    finish 1
-fi
-mpirun --version 2>&1 | grep -q 'Open MPI' ||
-    { echo "skip: n/a: srun --mpi=pmix is tested with OpenMPI (mpirun here is not OpenMPI's)"; finish 1; }
+. tests/sh/lib/slurm_common.sh
+sl_need_tools
 
 # ---- The cluster: one node, this host, ports picked free.
 S=$TMP/slurm
-mkdir -p "$S/state" "$S/spool" "$S/log" "$S/tmp"
+mkdir -p "$S/state" "$S/log" "$S/node/spool" "$S/node/tmp"
 NODE=$(hostname -s 2>/dev/null || hostname)
 CPORT=$(cc_free_port)
 DPORT=$(cc_free_port)
 while [ "$DPORT" = "$CPORT" ]; do DPORT=$(cc_free_port); done
 export SLURM_CONF="$S/slurm.conf"
-MARK="CM_SLURM_TEST=$TMP" # in the environment of the daemons and the jobs: what cleanup kills
-cat >"$SLURM_CONF" <<EOF
-ClusterName=cmtest
-SlurmctldHost=$NODE(127.0.0.1)
-SlurmctldPort=$CPORT
-SlurmdPort=$DPORT
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/none
-CredType=cred/none
-MpiDefault=none
-ProctrackType=proctrack/pgid
-TaskPlugin=task/none
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-JobCompType=jobcomp/none
-SchedulerType=sched/builtin
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-SlurmdParameters=config_overrides
-ReturnToService=2
-StateSaveLocation=$S/state
-SlurmdSpoolDir=$S/spool
-TmpFS=$S/tmp
-MailProg=/bin/true
-SlurmctldPidFile=$S/slurmctld.pid
-SlurmdPidFile=$S/slurmd.pid
-SlurmctldLogFile=$S/log/slurmctld.log
-SlurmdLogFile=$S/log/slurmd.log
-SlurmctldDebug=info
-SlurmdDebug=info
-SlurmctldTimeout=30
-SlurmdTimeout=30
-InactiveLimit=0
-KillWait=5
-MinJobAge=5
+sl_conf "$SLURM_CONF" "$NODE" 127.0.0.1 "$CPORT" "$DPORT" "$S/node"
+cat >>"$SLURM_CONF" <<EOF
 NodeName=$NODE NodeAddr=127.0.0.1 CPUs=4 Boards=1 SocketsPerBoard=1 CoresPerSocket=4 ThreadsPerCore=1 RealMemory=1000 State=UNKNOWN
 PartitionName=cm Nodes=$NODE Default=YES MaxTime=INFINITE OverSubscribe=FORCE:4 State=UP
 EOF
 
-# slurm_sweep SIGNAL: send SIGNAL to every process carrying $MARK (the
-# daemons, their slurmstepd, the job's tasks), never this shell.
-slurm_sweep() {
-    for d in /proc/[0-9]*; do
-        p=${d#/proc/}
-        [ "$p" = $$ ] && continue
-        grep -qzxF "$MARK" "$d/environ" 2>/dev/null && kill "-$1" "$p" 2>/dev/null
-    done
-}
-slurm_left() { # [EXE]: the pids still carrying $MARK (running EXE)
-    for d in /proc/[0-9]*; do
-        p=${d#/proc/}
-        [ "$p" = $$ ] && continue
-        [ -z "$1" ] || [ "$(readlink "$d/exe" 2>/dev/null)" = "$1" ] || continue
-        grep -qzxF "$MARK" "$d/environ" 2>/dev/null && printf ' %s' "$p"
-    done
-}
 cc_cleanup_hook() {
-    [ -n "$CTLD_PID" ] || return 0
-    timeout 10 scancel --quiet --full --user=root 2>/dev/null
-    timeout 10 scontrol shutdown >/dev/null 2>&1
-    k=0
-    while [ -n "$(slurm_left)" ] && [ $k -lt 100 ]; do sleep 0.1; k=$((k + 1)); done
-    slurm_sweep TERM
-    sleep 0.5
-    slurm_sweep 9
-    [ -n "$CUMULO_KEEP_TMP" ] && cp "$S"/log/*.log "$TMP/" 2>/dev/null
+    sl_stop
+    [ -n "$CUMULO_KEEP_TMP" ] && cp "$S"/log/*.log "$S"/node/*.log "$TMP/" 2>/dev/null
     return 0
 }
 
-env "$MARK" slurmctld -D -i -f "$SLURM_CONF" >"$S/log/slurmctld.out" 2>&1 &
+SL_STARTED=1
+env "$SL_MARK" slurmctld -D -i -f "$SLURM_CONF" >"$S/log/slurmctld.out" 2>&1 &
 CTLD_PID=$!
-env "$MARK" slurmd -D -N "$NODE" -f "$SLURM_CONF" >"$S/log/slurmd.out" 2>&1 &
+env "$SL_MARK" slurmd -D -N "$NODE" -f "$SLURM_CONF" >"$S/log/slurmd.out" 2>&1 &
 SD_PID=$!
 # (not in CC_PIDS: cc_cleanup would kill them before the hook cancels the jobs)
 
-# Wait (60 s at most) for the node to be idle.
-k=0
-state=""
-while [ $k -lt 120 ]; do
-    state=$(timeout 5 sinfo -h -n "$NODE" -o %T 2>/dev/null | head -1)
-    [ "$state" = idle ] && break
-    kill -0 "$CTLD_PID" 2>/dev/null && kill -0 "$SD_PID" 2>/dev/null || break
-    sleep 0.5
-    k=$((k + 1))
-done
-if [ "$state" = idle ]; then
+if sl_wait_idle 1 "$CTLD_PID" "$SD_PID"; then
     ok
     echo "slurm: slurmctld :$CPORT and slurmd :$DPORT up, node $NODE idle"
 else
-    bad "slurm: node $NODE not idle (state '$state'): $(tail -3 "$S/log/slurmctld.log" "$S/log/slurmd.log" "$S/log/"*.out 2>/dev/null)"
-    finish
+    bad "slurm: node $NODE not idle ($sl_state): $(tail -3 "$S/log/slurmctld.log" "$S/node/slurmd.log" "$S/log/"*.out 2>/dev/null)"
+    sl_finish
 fi
 
 export OMPI_MCA_btl_vader_single_copy_mechanism=none # containers forbid CMA (ptrace)
@@ -159,7 +75,7 @@ chmod +x "$TMP/rank.sh"
 cc_ref_case f32 0 # one machine's run ($TMP/local.json) against llama.cpp's ids
 one_ids=$local_ids
 one_text=$(cc_jsonget "$TMP/local.json" '$j->{text}' 2>/dev/null)
-if env "$MARK" timeout 300 srun --mpi=pmix -N 1 -n 3 --cpus-per-task=1 --overcommit "$TMP/rank.sh" mpi "$F32" \
+if env "$SL_MARK" timeout 300 srun --mpi=pmix -N 1 -n 3 --cpus-per-task=1 --overcommit "$TMP/rank.sh" mpi "$F32" \
     -p "$prompt" -n "$n" --temp 0 --threads 1 --json >"$TMP/srun.json" 2>"$TMP/srun.err"; then
     got_ids=$(cc_jsonget "$TMP/srun.json" 'join(",", @{$j->{tokens}})')
     got_text=$(cc_jsonget "$TMP/srun.json" '$j->{text}' 2>/dev/null)
@@ -172,53 +88,28 @@ else
     bad "srun --mpi=pmix failed: $(grep -v '^ *$' "$TMP/srun.err" | tail -5)"
 fi
 
-# sb_wait_ready: the job's log says "ready:" (120 s at most); false at once
-# when the job has left the queue's pending and running states.
-sb_wait_ready() {
-    k=0
-    while ! grep -q "ready:" "$TMP/sb.log" 2>/dev/null; do
-        k=$((k + 1))
-        [ $k -gt 240 ] && return 1
-        if [ $((k % 4)) = 0 ]; then
-            st=$(timeout 5 squeue -h -j "$jobid" -t all -o %T 2>/dev/null)
-            case $st in PENDING | CONFIGURING | RUNNING | "") ;; *) return 1 ;; esac
-        fi
-        sleep 0.5
-    done
-}
-
 # ---- The example batch script, served: one node, 3 tasks of 1 CPU.
 "$BIN" run "$F32" -p "Once upon a time" -n 24 --temp 0 --threads 1 --json >"$TMP/s1.json" 2>/dev/null
 want_s=$(cc_jsonget "$TMP/s1.json" '$j->{text}' 2>/dev/null)
 SB_PORT=$(cc_free_port)
-jobid=$(env "$MARK" CUMULO="$TMP/rank.sh" CUMULO_HOST=127.0.0.1 CUMULO_PORT=$SB_PORT \
+jobid=$(env "$SL_MARK" CUMULO="$TMP/rank.sh" CUMULO_HOST=127.0.0.1 CUMULO_PORT=$SB_PORT \
     timeout 30 sbatch --parsable --nodes=1 --ntasks=3 --ntasks-per-node=3 --cpus-per-task=1 --overcommit \
     --time=10 --output="$TMP/sb.log" examples/slurm/cumulo.sbatch "$F32" 2>"$TMP/sbatch.err")
 jobid=${jobid%%;*}
 if [ -z "$jobid" ]; then
     bad "sbatch failed: $(cat "$TMP/sbatch.err")"
-elif sb_wait_ready; then
+elif sl_wait_ready "$TMP/sb.log" "$jobid"; then
     curl -s -m 60 "http://127.0.0.1:$SB_PORT/v1/completions" -H 'Content-Type: application/json' \
         -d '{"prompt":"Once upon a time","max_tokens":24,"temperature":0}' >"$TMP/sb.json"
     got_sb=$(cc_jsonget "$TMP/sb.json" '$j->{choices}[0]{text}' 2>/dev/null)
     [ -n "$got_sb" ] && [ "$got_sb" = "$want_s" ] && ok || bad "sbatch: completion differs from one machine: '$got_sb' vs '$want_s'"
     grep -q "mpi:2" "$TMP/sb.log" && ok || bad "sbatch: no node mpi:2 in the plan"
-    ranks=$(slurm_left "$MBIN") # what scancel must end below
+    ranks=$(sl_left "$MBIN") # what scancel must end below
     [ "$(echo $ranks | wc -w)" = 3 ] && ok || bad "sbatch: not 3 ranks running the job: [$ranks]"
     [ "$got_sb" = "$want_s" ] && echo "sbatch examples/slurm/cumulo.sbatch: job $jobid serves on :$SB_PORT, a completion equals one machine's text"
 else
     bad "sbatch: job $jobid not ready: $(squeue -h -j "$jobid" -o '%T %R' 2>/dev/null) $(tail -5 "$TMP/sb.log" 2>/dev/null)"
 fi
-if [ -n "$jobid" ]; then
-    timeout 10 scancel "$jobid"
-    k=0
-    while [ $k -lt 60 ]; do # the job leaves the queue (MinJobAge=5) and its tasks end
-        [ -z "$(timeout 5 squeue -h -j "$jobid" -t all -o %T 2>/dev/null | grep -v -E 'CANCELLED|COMPLETED|FAILED')" ] &&
-            [ -z "$(slurm_left "$MBIN")" ] && break
-        sleep 0.5
-        k=$((k + 1))
-    done
-    [ $k -lt 60 ] && ok || bad "scancel: job $jobid or its ranks still there 30 s later"
-fi
+[ -n "$jobid" ] && sl_cancel "$jobid"
 
-finish
+sl_finish

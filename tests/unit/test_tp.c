@@ -14,6 +14,10 @@
  *   one machine; bytes per decode token equal (k-1) x 2 x layers x dim x 4.
  * - A dropped partial makes the comparison fail (the check is not vacuous);
  *   a member out of step or silent gives CM_EPROTO / CM_ETIMEDOUT naming it.
+ * - A transport's own all-reduce (cm_coll_native; MPI_Iallreduce in MPI
+ *   builds), faked here by one that sums in reverse rank order: used when it
+ *   takes the group (its bits, not the exchange's), not when it declines,
+ *   not after cm_coll_reset; a failed op fails the collective.
  */
 #include "test.h"
 
@@ -75,7 +79,7 @@ typedef struct vec_member {
     int rank, n, ops;
     bool compress;
     int64_t ring_min;
-    int mode; /* 0 normal, 1 out of step (other epoch), 2 silent */
+    int mode; /* 0 normal, 1 out of step (other epoch), 2 silent, 3 reset to the same epoch first */
     float *x;  /* [ops][n] in: partials, out: sums */
     int rc;
     char err[512];
@@ -92,6 +96,7 @@ static void *vec_main(void *arg) {
     cm_coll *c;
     if ((v->rc = cm_coll_new(&cfg, &c, v->err, sizeof v->err))) return NULL;
     if (v->mode == 1) cm_coll_reset(c, 4);
+    if (v->mode == 3) cm_coll_reset(c, 3);
     if (v->mode != 2)
         for (int o = 0; o < v->ops && !v->rc; o++)
             v->rc = cm_coll_allreduce(c, v->x + (size_t)o * v->n, v->n, v->err, sizeof v->err);
@@ -239,6 +244,120 @@ static void test_collective_failures(void) {
     p[24] = 2;
     CHECK(cm_coll_piece_parse(p, sizeof p, &pc, errbuf, sizeof errbuf) == 0);
     CHECK(cm_coll_piece_parse(p, 10, &pc, errbuf, sizeof errbuf) == CM_EFORMAT);
+}
+
+/* ---- a transport's own all-reduce, faked in-process ---- */
+typedef struct fake_lib {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int size, arrived, gen, fail_op, opens;
+    float *slot[MAXM];
+} fake_lib;
+typedef struct fake_grp {
+    fake_lib *lib;
+    int rank, op;
+} fake_grp;
+static fake_lib g_fake;
+static fake_grp g_fgrp[MAXM];
+
+static void fake_meet(fake_lib *L) { /* a barrier of L->size threads */
+    pthread_mutex_lock(&L->mu);
+    int gen = L->gen;
+    if (++L->arrived == L->size) {
+        L->arrived = 0;
+        L->gen++;
+        pthread_cond_broadcast(&L->cv);
+    }
+    while (gen == L->gen) pthread_cond_wait(&L->cv, &L->mu);
+    pthread_mutex_unlock(&L->mu);
+}
+static int fake_open(void *ctx, int rank, int size, int64_t max_n, uint64_t epoch, void **grp) {
+    fake_lib *L = ctx;
+    (void)max_n;
+    (void)epoch;
+    if (size != L->size) return -1;
+    pthread_mutex_lock(&L->mu);
+    L->opens++;
+    pthread_mutex_unlock(&L->mu);
+    g_fgrp[rank] = (fake_grp){L, rank, 0};
+    *grp = &g_fgrp[rank];
+    return 0;
+}
+static int fake_allreduce(void *grp, float *x, int64_t n, int timeout_ms, char *err, size_t errlen) {
+    fake_grp *G = grp;
+    fake_lib *L = G->lib;
+    (void)timeout_ms;
+    if (G->op++ == L->fail_op) return cm_errf(err, errlen, CM_EIO, "fake library failed op %d", L->fail_op);
+    L->slot[G->rank] = x;
+    fake_meet(L);
+    float *sum = malloc((size_t)n * sizeof *sum);
+    for (int64_t i = 0; i < n; i++) {
+        float s = L->slot[L->size - 1][i];
+        for (int j = L->size - 2; j >= 0; j--) s += L->slot[j][i];
+        sum[i] = s;
+    }
+    fake_meet(L); /* every member has read every partial */
+    memcpy(x, sum, (size_t)n * sizeof *x);
+    free(sum);
+    return 0;
+}
+static void fake_close(void *grp) { (void)grp; }
+
+static void test_collective_native(void) {
+    const int k = 3, n = 3000, ops = 2;
+    g_fake = (fake_lib){.size = k, .fail_op = -1};
+    pthread_mutex_init(&g_fake.mu, NULL);
+    pthread_cond_init(&g_fake.cv, NULL);
+    cm_coll_native nat = {.open = fake_open, .allreduce = fake_allreduce, .close = fake_close, .ctx = &g_fake};
+    cm_coll_set_native(&nat);
+    /* taken: every member gets the fake's reverse-order bits */
+    for (int reset = 0; reset < 2; reset++) {
+        float **parts = random_parts(k, n, ops, 55), **orig = random_parts(k, n, ops, 55);
+        vec_member v[MAXM];
+        int modes[MAXM] = {3 * reset, 3 * reset, 3 * reset};
+        run_vec(k, n, ops, -1, false, modes, v, parts);
+        int not_rev = 0, not_fwd = 0;
+        for (int r = 0; r < k; r++) CHECKF(v[r].rc == 0, "native reset=%d member %d: %s", reset, r, v[r].err);
+        for (int64_t i = 0; i < (int64_t)n * ops; i++) {
+            float rev = orig[k - 1][i], fwd = orig[0][i];
+            for (int j = k - 2; j >= 0; j--) rev += orig[j][i];
+            for (int j = 1; j < k; j++) fwd += orig[j][i];
+            for (int r = 0; r < k; r++) {
+                not_rev += memcmp(&parts[r][i], &rev, 4) != 0;
+                not_fwd += memcmp(&parts[r][i], &fwd, 4) != 0;
+            }
+        }
+        if (!reset) {
+            CHECKF(not_rev == 0 && not_fwd > 0, "native: %d elements not the fake's order, %d not the rank order", not_rev, not_fwd);
+            CHECKF(v[0].st.native_ops == (uint64_t)ops && v[0].st.total.msgs_sent == 0, "native ops %llu, %llu msgs",
+                   (unsigned long long)v[0].st.native_ops, (unsigned long long)v[0].st.total.msgs_sent);
+        } else { /* after cm_coll_reset: the ordered exchange again */
+            CHECKF(not_fwd == 0 && not_rev > 0, "after reset: %d elements not the rank order", not_fwd);
+            CHECKF(v[0].st.native_ops == 0, "after reset: %llu native ops", (unsigned long long)v[0].st.native_ops);
+        }
+        printf("  native %s: %d/%d member-elements differ from the rank order\n", reset ? "after reset (exchange)" : "taken",
+               not_fwd, k * n * ops);
+        free_parts(parts, k);
+        free_parts(orig, k);
+    }
+    /* declined (a group of 2 of a 3-rank library): the exchange */
+    float **parts = random_parts(2, n, 1, 56);
+    vec_member v[MAXM];
+    int opens = g_fake.opens;
+    run_vec(2, n, 1, -1, false, NULL, v, parts);
+    CHECKF(v[0].rc == 0 && v[1].rc == 0 && v[0].st.native_ops == 0 && v[0].st.direct_ops == 1, "declined: rc %d %s", v[0].rc, v[0].err);
+    CHECK(g_fake.opens == opens);
+    free_parts(parts, 2);
+    /* a failed op fails the collective (and every later op) */
+    g_fake.fail_op = 1;
+    parts = random_parts(k, n, 3, 57);
+    run_vec(k, n, 3, -1, false, NULL, v, parts);
+    CHECKF(v[0].rc == CM_EIO && strstr(v[0].err, "fake library failed op 1") && v[0].st.native_ops == 1, "failed op: rc %d %s",
+           v[0].rc, v[0].err);
+    free_parts(parts, k);
+    cm_coll_set_native(NULL);
+    pthread_mutex_destroy(&g_fake.mu);
+    pthread_cond_destroy(&g_fake.cv);
 }
 
 /* ---- models over tensor-parallel groups and pipeline stages ---- */
@@ -638,6 +757,7 @@ int main(void) {
     RUN(test_collective_orders);
     RUN(test_collective_compress);
     RUN(test_collective_failures);
+    RUN(test_collective_native);
     RUN(test_stories);
     RUN(test_synth_q8);
     TEST_END();
