@@ -666,6 +666,8 @@ static bool explain(tf_env *env, const ref_case *rc, int i, double tol, double *
  * One chain (x86_tiles.h's TILE32_CHAIN) gives llama.cpp's bits: phi3-q5_0
  * now agrees to 4.1e-7 with no flip, phi3-q5_1 to 4.2e-7 with the one flip
  * L0.attn_out[4,374].d (1.0 ulp) that CUMULO_ISA=scalar needed before.
+ * The scalar q5_0/q5_1 reference (dot_ref.c) sums in the same lanes and
+ * order, so CUMULO_ISA=scalar and avx2 agree on all 22 q5 models too.
  * The gemma3 GELU table's 1 + 0.044715 x^2 is one FMA in
  * llama.cpp's FMA builds (forward.c), and the search names the GELU
  * input's F16 rounding (site gelu_in): gemma3-q6_k needs
