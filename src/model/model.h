@@ -431,6 +431,12 @@ typedef struct cm_forward_args {
                                     model or with a slice that is not whole) */
     cm_expert_gather_fn expert_gather; /* experts.ep: required unless [e0, e1) is every expert */
     void *expert_gather_user;
+    /* Hot-expert replication (experts.ep; sched/replicas.c): expert_holders[e] = the group's
+     * members holding expert e (bit k: member k), expert_rank = this member's bit; each expert's
+     * rows are split among its holders by cm_expert_share, so every row is computed once, with
+     * the bits of one machine (the kernels are batch-invariant). NULL: [e0, e1) alone. */
+    const uint32_t *expert_holders;
+    int expert_rank;
     /* Outputs (either, both or neither — neither just fills the KV caches):
      * out_hidden: [n][n_embd] hidden states after layer_last - 1 (for the next stage);
      * out_logits: [n_out][n_vocab] for the rows selected by batch.logits, in
@@ -479,6 +485,16 @@ enum cm_act_site { CM_ACT_ATTN_IN, CM_ACT_K_IN, CM_ACT_V_IN, CM_ACT_ATTN_OUT, CM
 typedef void (*cm_act_hook_fn)(void *user, int layer, enum cm_act_site site, int row, int64_t col0,
                                enum cm_type vdt, const float *x, void *xq, int64_t n);
 void cm_ctx_set_act_hook(cm_ctx *c, cm_act_hook_fn fn, void *user);
+/* Routing counts of c since cm_ctx_new: hits[e] += the (token, slot) assignments routed to
+ * expert e, summed over every MoE layer and forward pass (the measure a warm-up hands the
+ * planner for replicas: cm_plan_opts.expert_load). Copies min(n, n_expert) counts and
+ * returns n_expert (0: a dense model). Not while a forward pass of c runs. */
+int cm_ctx_expert_hits(const cm_ctx *c, uint64_t *hits, int n);
+/* Rows [*lo, *hi) of an expert's c assignments (grouped by expert, model.h's gather rows)
+ * that member rank computes when the members in holders hold it: the j-th of its r holders
+ * in member order takes [c*j/r, c*(j+1)/r) (so one token goes to the last holder); empty
+ * when rank is not a holder. Every member derives the same split from the same routing. */
+void cm_expert_share(uint32_t holders, int rank, int c, int *lo, int *hi);
 /* Offload of the first layers (a GPU: src/gpu/gpu.h's cm_gpu_offload): called
  * by cm_forward after the embeddings with x (b->n rows of n_embd) and the
  * rotation caches (b->n rows of n_rot); returns how many layers from

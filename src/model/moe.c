@@ -243,6 +243,7 @@ struct cm_moe {
     float *shl;                  /* [B] shared-expert gate logits */
     moe_route rt;                /* a batch's routing (thread 0 routes, a barrier publishes it) */
     moe_route *tl;               /* [n_threads] one token's routing, each thread its own (no barrier) */
+    uint64_t *hits;              /* [n_expert] assignments routed to each expert since cm_moe_new */
     uint8_t *xr, *xu, *xsg, *xsu; /* [B] inputs converted for router / up_exps / shexp gate / shexp up */
     uint8_t *xg, *xgu;           /* [A] gathered gate (and up) inputs */
     float *g, *u;                /* [A][F] */
@@ -285,6 +286,7 @@ void cm_moe_free(cm_moe *s) {
     route_free(&s->rt);
     for (int i = 0; s->tl && i < s->n_threads; i++) route_free(&s->tl[i]);
     cm_free(s->tl);
+    cm_free(s->hits);
     void *ps[] = {s->logits, s->shl, s->xr, s->xu, s->xsg, s->xsu, s->xg, s->xgu, s->g, s->u, s->dq, s->y,
                   s->gs, s->us, s->ys, s->dqs};
     for (size_t i = 0; i < CM_ARRAY_LEN(ps); i++) cm_aligned_free(ps[i]);
@@ -324,7 +326,8 @@ cm_moe *cm_moe_new(const cm_model *m, int max_batch, int n_threads) {
     s->ys = zalloc(B * E * 4);
     s->dqs = zalloc(B * s->rs_fs);
     s->tl = cm_calloc((size_t)s->n_threads, sizeof *s->tl);
-    bool ok = s->tl && route_alloc(&s->rt, B, X, K);
+    s->hits = cm_calloc(X, sizeof *s->hits);
+    bool ok = s->tl && s->hits && route_alloc(&s->rt, B, X, K);
     for (int i = 0; ok && i < s->n_threads; i++) ok = route_alloc(&s->tl[i], 1, X, K);
     void *ps[] = {s->logits, s->shl, s->xr, s->xu, s->xsg, s->xsu, s->xg, s->xgu, s->g, s->u, s->dq, s->y,
                   s->gs, s->us, s->ys, s->dqs};
@@ -570,6 +573,33 @@ static void swiglu_blocks(const cm_moe_run *r, enum cm_act_site site, int row, i
         convert(r, site, row, col_base + b0 * bs, vdt, g + b0 * bs, dst + cm_row_size(vdt, b0 * bs), (b1 - b0) * bs);
 }
 
+void cm_expert_share(uint32_t holders, int rank, int c, int *lo, int *hi) {
+    *lo = *hi = 0;
+    if (rank < 0 || rank > 31 || !(holders >> rank & 1u)) return;
+    int n_h = 0, j = 0;
+    for (int b = 0; b < 32; b++)
+        if (holders >> b & 1u) {
+            if (b < rank) j++;
+            n_h++;
+        }
+    *lo = (int)((int64_t)c * j / n_h);
+    *hi = (int)((int64_t)c * (j + 1) / n_h);
+}
+
+/* Narrow expert e's assignment run [o, o + c) to this member's share;
+ * false when it is empty. */
+static bool my_rows(const cm_moe_run *r, int e, int *o, int *c) {
+    int lo, hi;
+    cm_expert_share(r->holders[e], r->rank, *c, &lo, &hi);
+    *o += lo;
+    *c = hi - lo;
+    return *c > 0;
+}
+
+void cm_moe_hits(const cm_moe *s, uint64_t *hits, int n) {
+    for (int e = 0; e < n && e < s->n_expert; e++) hits[e] = s->hits[e];
+}
+
 void cm_moe_ffn(cm_moe *s, const cm_moe_run *r, int ith, int nth) {
     const cm_model *m = r->m;
     const cm_hparams *hp = &m->hp;
@@ -623,9 +653,15 @@ void cm_moe_ffn(cm_moe *s, const cm_moe_run *r, int ith, int nth) {
         cm_pool_barrier(r->pool);
     }
 
+    if (ith == 0) /* thread 0's route is the batch's (or the same one token's) */
+        for (int i = 0; i < t->n_act; i++) s->hits[t->act[i]] += (uint64_t)(t->off[t->act[i] + 1] - t->off[t->act[i]]);
+
     /* Expert parallelism: only the active experts in [e0, e1) run here: the
-     * assignments [off[e0], off[e1]) and the active list's matching run. */
-    const int e_lo = r->ep ? r->e0 : 0, e_hi = r->ep ? r->e1 : X;
+     * assignments [off[e0], off[e1]) and the active list's matching run.
+     * Replicated experts (holders): every active expert's run, of which
+     * steps 5-6 compute this member's share (cm_expert_share). */
+    const bool rep = r->ep && r->holders;
+    const int e_lo = r->ep && !rep ? r->e0 : 0, e_hi = r->ep && !rep ? r->e1 : X;
     int act_lo = 0, act_hi = t->n_act;
     while (act_lo < act_hi && t->act[act_lo] < e_lo) act_lo++;
     while (act_hi > act_lo && t->act[act_hi - 1] >= e_hi) act_hi--;
@@ -662,7 +698,8 @@ void cm_moe_ffn(cm_moe *s, const cm_moe_run *r, int ith, int nth) {
         if (u < (int64_t)n_act * F) {
             const int e = t->act[act_lo + u / F];
             const int64_t r0 = u % F, r1 = CM_MIN(F, r0 + (t1 - u));
-            const int o = t->off[e], c = t->off[e + 1] - o;
+            int o = t->off[e], c = t->off[e + 1] - o;
+            if (rep && !my_rows(r, e, &o, &c)) { u += r1 - r0; continue; }
             cm_tensor wg = expert_view(&L->ffn_gate_exps, e), wu = expert_view(&L->ffn_up_exps, e);
             const uint8_t *xg = n == 1 ? (const uint8_t *)r->xq : s->xg + (size_t)o * s->rs_e;
             const uint8_t *xv = n == 1 ? xu : xup + (size_t)o * s->rs_e;
@@ -693,7 +730,8 @@ void cm_moe_ffn(cm_moe *s, const cm_moe_run *r, int ith, int nth) {
         if (u < (int64_t)n_act * E) {
             const int e = t->act[act_lo + u / E];
             const int64_t r0 = u % E, r1 = CM_MIN(E, r0 + (t1 - u));
-            const int o = t->off[e], c = t->off[e + 1] - o;
+            int o = t->off[e], c = t->off[e + 1] - o;
+            if (rep && !my_rows(r, e, &o, &c)) { u += r1 - r0; continue; }
             cm_tensor wd = expert_view(&L->ffn_down_exps, e);
             const void *x = f32d ? (const void *)(s->g + (size_t)o * F) : (const void *)(s->dq + (size_t)o * s->rs_f);
             cm_matmul_rows(kt, &wd, x, f32d ? (size_t)F * sizeof(float) : s->rs_f, c, s->y + (size_t)o * E, E, r0, r1);

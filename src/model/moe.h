@@ -74,6 +74,8 @@ typedef struct cm_moe_run {
      * model.h's cm_expert_gather_fn) and runs cm_moe_combine. */
     bool ep, defer_combine;
     int e0, e1;
+    const uint32_t *holders; /* ep: replicated experts (cm_forward_args.expert_holders); NULL: [e0, e1) */
+    int rank;
 } cm_moe_run;
 void cm_moe_ffn(cm_moe *s, const cm_moe_run *r, int ith, int nth);
 /* Step 7 alone (after a deferred cm_moe_ffn of the same run): every thread. */
@@ -81,5 +83,7 @@ void cm_moe_combine(cm_moe *s, const cm_moe_run *r, int ith, int nth);
 /* The expert output rows of the last cm_moe_ffn and their prefix offsets by
  * expert (model.h's cm_expert_gather_fn arguments). */
 void cm_moe_rows(cm_moe *s, int n, float **y, const int32_t **rows);
+/* Routing counts since cm_moe_new (model.h's cm_ctx_expert_hits). */
+void cm_moe_hits(const cm_moe *s, uint64_t *hits, int n);
 
 #endif

@@ -5,6 +5,7 @@
  */
 #include "plan.h"
 #include "plan_gpu.h"
+#include "plan_impl.h"
 
 #include "base/base.h"
 
@@ -157,7 +158,9 @@ static double member_layer_bytes(const cm_plan_model *m, const cm_plan_member *m
     double total = params ? (double)m->layer_params[l] : (double)m->layer_bytes[l];
     if (m->n_experts <= 0) return s * total;
     double ex = params ? (double)m->layer_expert_params[l] : (double)m->layer_expert_bytes[l];
-    double held = (double)(mb->expert_end - mb->expert_begin) / m->n_experts;
+    double held = (double)(mb->expert_end - mb->expert_begin + mb->n_replicas) / m->n_experts;
+    if (active && mb->expert_share > 0) /* measured routing (replicas.c): its share of the assignments */
+        return s * (total - ex) + ex * mb->expert_share * (double)m->n_experts_used / m->n_experts;
     return s * (total - ex) + ex * held * (active ? (double)m->n_experts_used / m->n_experts : 1.0);
 }
 
@@ -232,7 +235,8 @@ static double expert_exchange_s(const cm_plan_model *m, const cm_plan_cluster *c
     double worst = 0;
     for (int i = 0; i < k; i++) {
         const cm_plan_member *mb = &st->members[i];
-        double rows = n_tok * m->n_experts_used * (double)(mb->expert_end - mb->expert_begin) / m->n_experts;
+        double rows = n_tok * m->n_experts_used *
+                      (mb->expert_share > 0 ? mb->expert_share : (double)(mb->expert_end - mb->expert_begin) / m->n_experts);
         for (int j = 0; j < k; j++) {
             if (i == j) continue;
             int a = mb->node, b = st->members[j].node;
@@ -307,6 +311,10 @@ static uint64_t member_bytes(const cm_plan_model *m, const cm_plan_opts *o, cons
     if (weights_out) *weights_out = weights;
     if (kv_out) *kv_out = kv;
     return weights + kv + o->reserve_bytes;
+}
+
+uint64_t cm_plan_member_bytes(const cm_plan_model *m, const cm_plan_opts *o, const cm_plan_member *mb, int a, int b) {
+    return member_bytes(m, o, mb, a, b, NULL, NULL);
 }
 
 static bool stage_fits(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan_opts *o,
@@ -586,6 +594,7 @@ static int plan_for_groups(const cm_plan_model *m, const cm_plan_cluster *c_in, 
         else lo = mid;
     }
     if (!fill_under(m, c, o, out, lay_s, hop, hi)) fill_under(m, c, o, out, lay_s, hop, 1e300);
+    if (o->expert_load && m->n_experts > 0) cm_plan_place_replicas(m, c, o, out); /* replicas.c */
     predict(m, c, o, out);
     return 0;
 }

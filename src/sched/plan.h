@@ -124,8 +124,16 @@ typedef struct cm_plan_opts {
                               CM_PLAN_REORDER_MAX nodes) and keep the fastest predicted, so a
                               slow link, also between two nodes, is kept off the busy hops;
                               false: the cluster's order */
+    /* Hot experts (replicas.c): expert_load[e] = (token, slot) assignments routed to expert e,
+     * all MoE layers summed, measured in a warm-up (model.h's cm_ctx_expert_hits) or reported
+     * by nodes. Given, an expert group's members are loaded by it (not uniformly) and the
+     * busiest member's hottest experts get replicas on the least busy members that have
+     * memory for them, while that lowers the slowest member's time. NULL: uniform, no replicas. */
+    const uint64_t *expert_load;
+    int max_replicas;      /* replicas per member (0: CM_PLAN_MAX_REPLICAS; < 0: none, shares only) */
 } cm_plan_opts;
 #define CM_PLAN_REORDER_MAX 8
+#define CM_PLAN_MAX_REPLICAS 8
 
 /* What a user asks of the planner beyond the defaults (cumulo run, serve and
  * bench: --parallel, --layers, --groups, --tp-weights), parsed once by the
@@ -154,6 +162,12 @@ typedef struct cm_plan_member {
     int expert_begin, expert_end; /* experts [begin, end) of every MoE layer of the stage (all of
                                      them unless the stage is an expert group; ranges follow the
                                      member order, so member k's rows come k-th in the exchange) */
+    int n_replicas;           /* hot experts held beyond [expert_begin, expert_end), ascending;
+                                 an expert's rows are split among all its holders (model.h's
+                                 cm_expert_share) */
+    int replicas[CM_PLAN_MAX_REPLICAS];
+    double expert_share;      /* with cm_plan_opts.expert_load: the fraction of the routed
+                                 assignments it computes (0: held / n_experts, uniform) */
     bool embed, head;         /* holds the embedding / the output head */
     uint64_t weight_bytes, kv_bytes;
     double layer_s;           /* its decode time for the stage's layers, seconds */
@@ -210,6 +224,11 @@ void cm_plan_model_synthetic(cm_plan_model *m, int n_layers, int dim, int n_head
  * expert of width ffn_shared (0: none), the router. */
 void cm_plan_model_synthetic_moe(cm_plan_model *m, int n_layers, int dim, int n_heads, int n_kv_heads, int n_expert,
                                  int n_used, int ffn_exp, int ffn_shared, int n_vocab, double bits_per_weight);
+
+/* Replication (replicas.c): the members of expert group st holding expert e
+ * (bit k: member k, by its range or a replica); what cm_forward_args.expert_holders
+ * takes, per expert. */
+uint32_t cm_plan_expert_holders(const cm_plan_stage *st, int e);
 
 /* Human-readable plan (multi-line) into buf. */
 void cm_plan_format(const cm_plan *p, const cm_plan_model *m, const cm_plan_cluster *c,

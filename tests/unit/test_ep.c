@@ -11,6 +11,9 @@
  *   - a hostile member's forged piece (one element off, an all-reduce point
  *     where a gather is due, point 2 flagged Q8_0) fails the op with
  *     CM_EPROTO on every honest member, and none of its bytes land;
+ *   - hot-expert replication: a skewed qwen3moe's warm-up counts, the
+ *     planner's replicas from them, the group run with the rows of a
+ *     replicated expert split among its holders: one machine's bits;
  *   - the gather piece header: point 2 accepted, point 2 with the Q8_0 flag
  *     refused; an expert slice of a dense model or one cutting heads refused.
  */
@@ -22,6 +25,7 @@
 #include "model/model.h"
 #include "net/net.h"
 #include "os/os.h"
+#include "sched/plan.h"
 #include "synth/synth.h"
 
 #include <pthread.h>
@@ -68,6 +72,7 @@ typedef struct group {
     pthread_barrier_t bar;
     float *y[MAXM];
     const int *bounds; /* [k + 1] expert bounds */
+    const uint32_t *holders; /* replicated experts (NULL: the bounds alone) */
 } group;
 
 typedef struct member {
@@ -87,6 +92,15 @@ static int gather_cb(void *user, float *y, int64_t row_len, const int32_t *rows,
     pthread_barrier_wait(&G->bar);
     for (int r = 0; r < G->k; r++) {
         if (r == me->rank) continue;
+        if (G->holders) { /* each expert's share of member r (cm_expert_share) */
+            for (int e = 0; e < n_expert; e++) {
+                int lo, hi;
+                cm_expert_share(G->holders[e], r, rows[e + 1] - rows[e], &lo, &hi);
+                const int64_t a = rows[e] + lo;
+                memcpy(y + a * row_len, G->y[r] + a * row_len, (size_t)((hi - lo) * row_len) * sizeof(float));
+            }
+            continue;
+        }
         int64_t a = rows[G->bounds[r]], b = rows[G->bounds[r + 1]];
         memcpy(y + a * row_len, G->y[r] + a * row_len, (size_t)((b - a) * row_len) * sizeof(float));
     }
@@ -97,6 +111,8 @@ static int gather_cb(void *user, float *y, int64_t row_len, const int32_t *rows,
 
 /* The prompt in one batch (logits of its last row), then NDEC decode steps
  * of the fixed continuation; ep: this member's expert slice. */
+static const uint32_t *g_holders; /* run_member: replicated experts (test_ep_replicas) */
+static _Thread_local int g_rank;
 static int run_member(const cm_model *m, cm_expert_slice ex, cm_expert_gather_fn gather, void *user, float *logits) {
     const cm_slice sl = cm_slice_full(m);
     const int V = m->hp.n_vocab;
@@ -112,7 +128,8 @@ static int run_member(const cm_model *m, cm_expert_slice ex, cm_expert_gather_fn
     cm_kv *kvs[1] = {&kv};
     cm_batch b = {.n = NTOK, .tokens = k_prompt, .pos = pos, .seq = seq};
     cm_forward_args a = {.layer_first = 0, .layer_last = m->hp.n_layer, .slice = sl, .kvs = kvs, .n_kvs = 1,
-                         .experts = ex, .expert_gather = gather, .expert_gather_user = user, .out_logits = logits};
+                         .experts = ex, .expert_gather = gather, .expert_gather_user = user, .out_logits = logits,
+                         .expert_holders = ex.ep ? g_holders : NULL, .expert_rank = g_rank};
     char e[256];
     rc = cm_forward(c, &b, &a, e, sizeof e);
     for (int t = 0; t < NDEC && !rc; t++) {
@@ -130,6 +147,7 @@ static int run_member(const cm_model *m, cm_expert_slice ex, cm_expert_gather_fn
 static void *member_main(void *arg) {
     member *me = arg;
     cm_expert_slice ex = {true, me->G->bounds[me->rank], me->G->bounds[me->rank + 1]};
+    g_rank = me->rank;
     me->rc = run_member(me->m, ex, gather_cb, me, me->logits);
     return NULL;
 }
@@ -137,7 +155,7 @@ static void *member_main(void *arg) {
 /* Group of k with expert bounds[k + 1] equals one machine bit for bit. */
 static void check_group(const cm_model *m, const float *want, int k, const int *bounds, const char *what) {
     const size_t V = (size_t)m->hp.n_vocab, n = (NDEC + 1) * V;
-    group G = {.k = k, .bounds = bounds};
+    group G = {.k = k, .bounds = bounds, .holders = g_holders};
     pthread_barrier_init(&G.bar, NULL, (unsigned)k);
     member mb[MAXM];
     pthread_t th[MAXM];
@@ -199,6 +217,112 @@ static void test_ep_forward_bits(void) {
         CHECK(cm_expert_slice_check(&d.m, cm_slice_full(&d.m), x, errbuf, sizeof errbuf) == CM_EINVAL && strstr(errbuf, "no experts"));
         fx_close(&d);
     } else CHECK(0);
+}
+
+/* ---- hot-expert replication (issue 13) ----
+ * A qwen3moe 8x2 whose router is skewed (expert HOT's router row scaled by
+ * 40, so it wins wherever its logit is positive); a warm-up
+ * on one machine counts the routing (cm_ctx_expert_hits); the planner, given
+ * those counts and three equal machines, replicates the hot expert; the group
+ * run with the plan's holders splits its rows between its holders and gives
+ * the logits of one machine, bit for bit. Without the split applied, the
+ * replica's rows would be gathered from a member that never computed them. */
+#define HOT 0
+static void test_ep_replicas(void) {
+    /* the share rule itself: contiguous, covering, one token to the last holder */
+    int lo, hi, lo2, hi2;
+    cm_expert_share(0x5u, 0, 10, &lo, &hi);
+    cm_expert_share(0x5u, 2, 10, &lo2, &hi2);
+    CHECK(lo == 0 && hi == 5 && lo2 == 5 && hi2 == 10);
+    cm_expert_share(0x5u, 1, 10, &lo, &hi);
+    CHECK(lo == hi);
+    cm_expert_share(0x7u, 0, 1, &lo, &hi);
+    cm_expert_share(0x7u, 2, 1, &lo2, &hi2);
+    CHECK(lo == hi && lo2 == 0 && hi2 == 1);
+
+    fx f;
+    memset(&f, 0, sizeof f);
+    cm_buf_init(&f.file);
+    cm_synth_params sp = {.arch = "qwen3moe", .n_embd = 256, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .n_ff = 512,
+                          .n_ctx = 256, .type = "q8_0", .seed = 77, .n_threads = 2, .n_expert = 8,
+                          .n_expert_used = 2, .n_ff_exp = 256};
+    if (cm_synth_write(&sp, &g_vocab, NULL, &f.file, errbuf, sizeof errbuf) ||
+        cm_gguf_parse(&f.g, (const uint8_t *)f.file.data, f.file.len, errbuf, sizeof errbuf)) {
+        CHECKF(0, "%s", errbuf);
+        return;
+    }
+    for (uint64_t i = 0; i < f.g.n_tensors; i++) { /* skew every router (F32 [256, 8], in the file's bytes) */
+        const cm_gguf_tensor_info *t = &f.g.tensors[i];
+        if (!strstr(t->name, "ffn_gate_inp.weight") || t->type != CM_TYPE_F32) continue;
+        float *w = (float *)(uintptr_t)t->data;
+        for (int64_t c = 0; c < t->ne[0]; c++) w[HOT * t->ne[0] + c] *= 40.0f;
+    }
+    if (cm_model_load(&f.m, &f.g, errbuf, sizeof errbuf)) { CHECKF(0, "%s", errbuf); fx_close(&f); return; }
+    const size_t V = (size_t)f.m.hp.n_vocab;
+    float *want = malloc((NDEC + 1) * V * sizeof(float));
+    /* warm-up: the prompt on one machine, counting the routing */
+    uint64_t hits[8] = {0}, sum = 0;
+    {
+        cm_ctx *c = cm_ctx_new(&f.m, NTOK, 64, NULL, errbuf, sizeof errbuf);
+        cm_kv kv;
+        CHECK(c && cm_kv_init(&kv, &f.m, 0, f.m.hp.n_layer, cm_slice_full(&f.m), 64, errbuf, sizeof errbuf) == 0);
+        int32_t pos[NTOK], seq[NTOK] = {0};
+        for (int i = 0; i < NTOK; i++) pos[i] = i;
+        cm_kv *kvs[1] = {&kv};
+        cm_batch b = {.n = NTOK, .tokens = k_prompt, .pos = pos, .seq = seq};
+        cm_forward_args a = {.layer_first = 0, .layer_last = f.m.hp.n_layer, .slice = cm_slice_full(&f.m), .kvs = kvs,
+                             .n_kvs = 1};
+        CHECKF(cm_forward(c, &b, &a, errbuf, sizeof errbuf) == 0, "%s", errbuf);
+        CHECK(cm_ctx_expert_hits(c, hits, 8) == 8);
+        cm_kv_release(&kv);
+        cm_ctx_free(c);
+    }
+    int hot = 0;
+    for (int e = 0; e < 8; e++) {
+        sum += hits[e];
+        if (hits[e] > hits[hot]) hot = e;
+    }
+    printf("# routing of the warm-up: ");
+    for (int e = 0; e < 8; e++) printf("%llu ", (unsigned long long)hits[e]);
+    printf("(2 layers x %d tokens x top 2)\n", NTOK);
+    CHECKF(sum == 2ull * NTOK * 2, "hits sum to %llu", (unsigned long long)sum);
+    CHECKF(hot == HOT && hits[HOT] * 8 >= 3 * sum / 2, "expert %d is not the hot one (%llu of %llu)", HOT,
+           (unsigned long long)hits[HOT], (unsigned long long)sum);
+    /* the planner: three equal machines, the counts */
+    cm_plan_model pm;
+    cm_plan_model_synthetic_moe(&pm, 2, 256, 4, 2, 8, 2, 256, 0, (int)V, 8.5);
+    cm_plan_cluster cl;
+    memset(&cl, 0, sizeof cl);
+    cl.n_nodes = 3;
+    for (int i = 0; i < 3; i++) {
+        snprintf(cl.nodes[i].name, sizeof cl.nodes[i].name, "n%d", i);
+        cl.nodes[i].mem_bytes = 8ull << 30, cl.nodes[i].mem_bw = 50e9, cl.nodes[i].flops = 1e12;
+        for (int j = 0; j < 3; j++) cl.rtt_s[i][j] = 50e-6, cl.bw[i][j] = 1e9;
+    }
+    cm_plan_opts o;
+    cm_plan_opts_default(&o);
+    o.mode = CM_PARALLEL_EP;
+    o.expert_load = hits;
+    cm_plan p;
+    char e[512];
+    CHECKF(cm_plan_make(&pm, &cl, &o, &p, e, sizeof e) == 0, "%s", e);
+    const cm_plan_stage *st = &p.stages[0];
+    uint32_t holders[8];
+    int bounds[4] = {0}, reps = 0;
+    for (int x = 0; x < 8; x++) holders[x] = cm_plan_expert_holders(st, x);
+    for (int k = 0; k < st->n_members && k < 3; k++) bounds[k + 1] = st->members[k].expert_end, reps += st->members[k].n_replicas;
+    CHECKF(p.n_stages == 1 && st->ep && st->n_members == 3, "plan: %s", p.why);
+    CHECKF(reps > 0 && (holders[HOT] & (holders[HOT] - 1)), "the hot expert %d has holders 0x%x (%d replicas)", HOT,
+           holders[HOT], reps);
+    printf("# plan: experts [%d,%d) [%d,%d) [%d,%d), hot expert %d held by 0x%x, %d replica(s)\n", bounds[0], bounds[1],
+           bounds[1], bounds[2], bounds[2], bounds[3], HOT, holders[HOT], reps);
+    /* the group with those holders: one machine's bits */
+    CHECKF(run_member(&f.m, (cm_expert_slice){false, 0, 0}, NULL, NULL, want) == 0, "%s", errbuf);
+    g_holders = holders;
+    check_group(&f.m, want, 3, bounds, "qwen3moe 8x2, skewed, hot expert replicated");
+    g_holders = NULL;
+    free(want);
+    fx_close(&f);
 }
 
 /* ---- cm_coll_allgather over a mesh ---- */
@@ -355,6 +479,7 @@ int main(void) {
         return 1;
     }
     RUN(test_ep_forward_bits);
+    RUN(test_ep_replicas);
     RUN(test_allgather);
     RUN(test_gather_piece_header);
     cm_gguf_close(&g_vocab);

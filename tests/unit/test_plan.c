@@ -456,6 +456,68 @@ static void test_ep_even(void) {
     CHECK(p.stages[0].members[1].weight_bytes < (m.layer_bytes[0] * 48) / 2);
 }
 
+/* Hot experts (replicas.c): qwen3-30b-a3b on three equal machines with a
+ * router that sends 30% of the assignments to expert 5 (the rest even).
+ * Given the counts, the hot expert gets replicas, the busiest member's share
+ * falls and the predicted speed beats the same counts without replicas;
+ * the result is a pure function; uniform counts give no replica; memory for
+ * less than one more expert gives none either. */
+static void test_ep_replicas_plan(void) {
+    cm_plan_model m; qwen3_30b_a3b(&m);
+    cm_plan_cluster c = {0}; links_all(&c, 0.1, 40);
+    add_node(&c, "a", 24, 120, 4);
+    add_node(&c, "b", 24, 120, 4);
+    add_node(&c, "c", 24, 120, 4);
+    uint64_t load[128], flat[128];
+    for (int e = 0; e < 128; e++) load[e] = 700, flat[e] = 1000;
+    load[5] = 700ull * 127 * 3 / 7; /* 30% of all */
+    cm_plan_opts o; cm_plan_opts_default(&o); o.mode = CM_PARALLEL_EP;
+    o.expert_load = load;
+    cm_plan p, q, none; char err[512];
+    CHECKF(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == 0, "%s", err);
+    check_ep_valid(&p, &m, &c, &o);
+    const cm_plan_stage *st = &p.stages[0];
+    const uint32_t h5 = cm_plan_expert_holders(st, 5);
+    int reps = 0;
+    double max_share = 0;
+    for (int i = 0; i < 3; i++) {
+        reps += st->members[i].n_replicas;
+        max_share = st->members[i].expert_share > max_share ? st->members[i].expert_share : max_share;
+        for (int r = 1; r < st->members[i].n_replicas; r++) CHECK(st->members[i].replicas[r - 1] < st->members[i].replicas[r]);
+    }
+    CHECKF(reps >= 1 && (h5 & (h5 - 1)), "expert 5 held by 0x%x (%d replicas)", h5, reps);
+    CHECKF(h5 & 1u, "expert 5's home is member 0 (0x%x)", h5);
+    o.max_replicas = -1; /* the same counts, shares only */
+    CHECKF(cm_plan_make(&m, &c, &o, &none, err, sizeof err) == 0, "%s", err);
+    double none_share = 0;
+    for (int i = 0; i < 3; i++) {
+        CHECK(none.stages[0].members[i].n_replicas == 0);
+        none_share = none.stages[0].members[i].expert_share > none_share ? none.stages[0].members[i].expert_share : none_share;
+    }
+    CHECKF(max_share < none_share && p.tok_s > none.tok_s, "busiest share %.3f vs %.3f, %.2f vs %.2f tok/s", max_share,
+           none_share, p.tok_s, none.tok_s);
+    printf("# hot expert 5 (30%%): holders 0x%x, %d replica(s), busiest share %.3f (no replicas %.3f), %.2f vs %.2f tok/s\n",
+           h5, reps, max_share, none_share, p.tok_s, none.tok_s);
+    o.max_replicas = 0;
+    CHECK(cm_plan_make(&m, &c, &o, &q, err, sizeof err) == 0 && q.tok_s == p.tok_s); /* pure */
+    for (int i = 0; i < 3; i++) {
+        const cm_plan_member *a = &p.stages[0].members[i], *b = &q.stages[0].members[i];
+        CHECK(a->n_replicas == b->n_replicas && !memcmp(a->replicas, b->replicas, sizeof a->replicas) &&
+              a->expert_share == b->expert_share);
+    }
+    o.expert_load = flat;
+    CHECK(cm_plan_make(&m, &c, &o, &q, err, sizeof err) == 0);
+    for (int i = 0; i < 3; i++) CHECK(q.stages[0].members[i].n_replicas == 0);
+    /* memory for half an expert more than the plan without replicas: none */
+    uint64_t one = 0;
+    for (int l = 0; l < m.n_layers; l++) one += m.layer_expert_bytes[l] / (uint64_t)m.n_experts;
+    for (int i = 0; i < 3; i++)
+        c.nodes[i].mem_bytes = none.stages[0].members[i].weight_bytes + none.stages[0].members[i].kv_bytes + o.reserve_bytes + one / 2;
+    o.expert_load = load;
+    CHECKF(cm_plan_make(&m, &c, &o, &q, err, sizeof err) == 0, "%s", err);
+    for (int i = 0; i < 3; i++) CHECKF(q.stages[0].members[i].n_replicas == 0, "member %d got a replica without memory", i);
+}
+
 /* deepseek2 (kv_shared: slices of query heads, the latent on every member)
  * with --parallel tp: the heads split, the experts an expert group, every
  * member's KV the whole latent; all-reduces for attention (every layer) and
@@ -702,5 +764,6 @@ int main(void) {
     RUN(test_ep_uneven_speed);
     RUN(test_ep_uneven_memory);
     RUN(test_ep_modes);
+    RUN(test_ep_replicas_plan);
     TEST_END();
 }
