@@ -38,6 +38,7 @@ typedef struct stage {
     cm_conn *relay[CM_COLL_MAX_MEMBERS]; /* hybrid, rank 0 of a later group: data connection to each member (owned) */
     cm_coll *coll;    /* TP group's all-reduce, NULL without TP */
     uint64_t rows;    /* token rows computed */
+    struct cm_node_train *train; /* LoRA training of this stage's layers (node_train.c), NULL: none */
 } stage;
 
 typedef struct node {
@@ -68,5 +69,10 @@ int cm_node_send_ready(node *n, cm_conn *c, uint64_t epoch, int status, uint64_t
  * once with a newer ASSIGN that arrived meanwhile), make it n->st, answer
  * READY. (node_stage.c) */
 void cm_node_on_assign(node *n, cm_conn *c, const cm_msg_assign *a);
+
+/* TRAIN from the coordinator on this stage (n->mu held): pipeline-parallel
+ * LoRA training, answered on s->coord (node_train.c). */
+int cm_node_on_train(stage *s, const cm_msg_train *q, char *err, size_t errlen);
+void cm_node_train_free(struct cm_node_train *t); /* NULL: no-op */
 
 #endif
