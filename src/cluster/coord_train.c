@@ -204,12 +204,12 @@ int cm_train_pipe_new(cm_train_pipe **out, cm_pipe *p, const cm_model *m, int n_
     *out = NULL;
     const cm_plan *pl = &p->plan;
     if (p->train) return cm_errf(err, errlen, CM_ESTATE, "the pipe already trains");
-    if (pl->n_stages < 2) return cm_errf(err, errlen, CM_EINVAL, "a pipeline of %d stage", pl->n_stages);
     for (int s = 0; s < pl->n_stages; s++)
         if (pl->stages[s].n_members != 1)
             return cm_errf(err, errlen, CM_EUNSUPPORTED,
                            "training runs on a pipeline plan: stage %d is a group of %d machines (use --parallel pp)", s,
                            pl->stages[s].n_members);
+    if (pl->n_stages < 2) return cm_errf(err, errlen, CM_EINVAL, "a pipeline of %d stage", pl->n_stages);
     if (n_ctx < 2 || n_ctx > 65536) return cm_errf(err, errlen, CM_EINVAL, "window of %d tokens", n_ctx);
     cm_train_pipe *t = cm_calloc(1, sizeof *t);
     if (!t) return cm_errf(err, errlen, CM_ENOMEM, "out of memory");
