@@ -45,6 +45,15 @@ static void check_codec(unsigned type, const uint8_t *p, size_t n) {
         free(out);
         return;
     }
+    if (type == CM_MSG_TRAIN) { /* the accessors stay inside the input; then re-encode below */
+        const cm_msg_train *t = &m.u.train;
+        volatile int32_t sink = 0;
+        for (uint32_t i = 0; (t->flags & CM_TRAIN_F_TARGETS) && i < t->n_rows; i++) sink += cm_msg_train_target(t, i) & 1;
+        (void)sink;
+        float *out = malloc((size_t)t->n_rows * t->dim * sizeof(float) + 1);
+        if (out) cm_msg_train_get(t, out);
+        free(out);
+    }
     if (n > sizeof g_out) return;
     if (cm_msg_encode(&m, g_out, sizeof g_out, &len, e, sizeof e) != 0 || len != n ||
         memcmp(g_out, p, n) != 0)

@@ -4,13 +4,17 @@
  * with a progress line (loss, validation loss, tokens/s, time left), the
  * adapter (llama.cpp's LoRA GGUF, for `run --lora` and llama.cpp) and its
  * loss curve ADAPTER.gguf.svg. Errors are one line on stderr, exit 1.
+ * With --cluster (the cluster options of `run`), the same run over a
+ * pipeline of `cumulo node`s (cluster/train_pipe.h): the same adapter.
  */
 #include "cli.h"
 
 #include "base/base.h"
+#include "cluster/train_pipe.h"
 #include "gguf/gguf.h"
 #include "model/model.h"
 #include "os/os.h"
+#include "sched/plan.h"
 #include "train/finetune.h"
 
 #include <math.h>
@@ -43,7 +47,15 @@ static const char *k_help =
     "  --save-every N       checkpoint every N steps: ADAPTER.gguf.ckpt-STEP.gguf and ADAPTER.gguf\n"
     "  --resume CKPT        continue from a checkpoint (same options and data: bit-identical)\n"
     "  --threads N          threads (default: the CPUs); the adapter is the same for any N\n"
-    "  --chat-template NAME render \"messages\" with this family instead of the model's template\n";
+    "  --chat-template NAME render \"messages\" with this family instead of the model's template\n"
+    "\nAcross a cluster (pipeline parallel: each node trains its layers' slice of the adapter):\n"
+    "  --cluster            use `cumulo node`s (with --nodes, default auto); the adapter is the one\n"
+    "                       this machine alone would train, bit for bit\n"
+    "  --nodes LIST         auto (mDNS) or host:port,host:port,...\n"
+    "  --layers 2,1,2       layers per stage (this machine first); --parallel pp only\n"
+    "  --take               use nodes that serve another coordinator\n"
+    "  --insecure           no cluster key (the nodes must run --insecure too)\n"
+    "  --key-file FILE      cluster key (default $CUMULO_KEY_FILE or ~/.config/cumulo/cluster.key)\n";
 
 typedef struct bar {
     bool tty;
@@ -83,15 +95,33 @@ static const char *val_of(int argc, char **argv, int *i) {
     return argv[++*i];
 }
 
-static int parse(int argc, char **argv, cm_finetune_opts *o, const char **model, const char **data, const char **tmpl) {
+/* The cluster options (run's): --cluster, --nodes, --key-file, --insecure, --take, the plan's. */
+typedef struct clu {
+    bool on, insecure, take;
+    const char *nodes, *key_file;
+    cm_plan_request plan;
+} clu;
+
+static int parse(int argc, char **argv, cm_finetune_opts *o, const char **model, const char **data, const char **tmpl,
+                 clu *c) {
     bool alpha_set = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         long n;
         double x;
+        int so;
         if (a[0] != '-') {
             if (*model) return cli_fail("finetune: unexpected argument '%s'", a);
             *model = a;
+            continue;
+        }
+        if (!strcmp(a, "--cluster") || !strcmp(a, "--insecure") || !strcmp(a, "--take")) {
+            *(a[2] == 'c' ? &c->on : a[2] == 'i' ? &c->insecure : &c->take) = true;
+            continue;
+        }
+        if ((so = cli_plan_opt(argc, argv, &i, &c->plan)) != 0) {
+            if (so < 0) return 1;
+            c->on = true;
             continue;
         }
         if (!(v = val_of(argc, argv, &i))) return 1;
@@ -100,6 +130,8 @@ static int parse(int argc, char **argv, cm_finetune_opts *o, const char **model,
 #define FLT_OPT(name, lo, hi, field) \
     else if (!strcmp(a, name)) { if (!cli_float(a, v, lo, hi, &x)) return 1; o->field = (float)x; }
         if (!strcmp(a, "--data")) *data = v;
+        else if (!strcmp(a, "--nodes")) c->nodes = v, c->on = true;
+        else if (!strcmp(a, "--key-file")) c->key_file = v;
         else if (!strcmp(a, "--out") || !strcmp(a, "-o")) o->out = v;
         else if (!strcmp(a, "--resume")) o->resume = v;
         else if (!strcmp(a, "--chat-template")) *tmpl = v;
@@ -129,7 +161,46 @@ static int parse(int argc, char **argv, cm_finetune_opts *o, const char **model,
     }
     if (!alpha_set) o->alpha = 2.0f * (float)o->rank;
     if (!*model || !*data || !o->out) return cli_fail("finetune: need MODEL, --data FILE.jsonl and --out ADAPTER.gguf; see --help");
+    if (cli_plan_check(&c->plan)) return 1;
     return 0;
+}
+
+static void log_line(void *ctx, const char *line) {
+    (void)ctx;
+    fprintf(stderr, "%s\n", line);
+}
+
+/* The run, on this machine or (c->on) over the cluster's pipeline. */
+static int train(const char *path, const cm_gguf *g, const cm_model *m, const cm_tdata *d, cm_finetune_opts *o,
+                 const clu *c, char *err, size_t errlen) {
+    if (!c->on) return cm_finetune_run(m, d, o, err, errlen);
+    cm_pipe_opts po = {.nodes = c->nodes ? c->nodes : "auto", .insecure = c->insecure, .key_file = c->key_file,
+                       .plan = c->plan, .take = c->take, .n_ctx = o->n_ctx, .n_seq_max = 1, .max_batch = 1,
+                       .log = log_line};
+    cm_pipe *p = NULL;
+    int local_last = 0;
+    char e[600];
+    int rc = cm_pipe_open(&p, path, g, m, &po, &local_last, e, sizeof e);
+    if (rc) return cm_errf(err, errlen, rc, "cluster: %s", e);
+    if (!p) { /* the plan keeps every layer here */
+        fprintf(stderr, "finetune: the plan keeps every layer on this machine\n");
+        return cm_finetune_run(m, d, o, err, errlen);
+    }
+    cm_train_pipe *t = NULL;
+    rc = cm_train_pipe_new(&t, p, m, o->n_ctx, o->n_threads, err, errlen);
+    if (!rc) {
+        fprintf(stderr, "finetune: pipeline of %d stages; this machine trains layers [0, %d)\n", cm_pipe_n_stages(p),
+                local_last);
+        o->exec = cm_train_pipe_exec(t);
+        rc = cm_finetune_run(m, d, o, err, errlen);
+        uint64_t sent, got;
+        cm_train_pipe_stats(t, &sent, &got);
+        fprintf(stderr, "finetune: %.1f MiB of activations and gradients sent to the nodes, %.1f MiB received\n",
+                (double)sent / 1048576.0, (double)got / 1048576.0);
+    }
+    cm_train_pipe_free(t);
+    cm_pipe_close(p);
+    return rc;
 }
 
 /* The chat template for "messages" lines: --chat-template, else the model's (NULL when it has none). */
@@ -158,7 +229,8 @@ int cmd_finetune(int argc, char **argv) {
     cm_finetune_opts_default(&o);
     o.n_threads = cm_cpu_count() > 0 ? cm_cpu_count() : 1;
     const char *model = NULL, *data = NULL, *tmpl = NULL;
-    if (parse(argc, argv, &o, &model, &data, &tmpl)) return 1;
+    clu c = {0};
+    if (parse(argc, argv, &o, &model, &data, &tmpl, &c)) return 1;
     if (!(model = cli_model_path(model))) return 1;
     char err[1024];
     cm_gguf g;
@@ -192,7 +264,7 @@ int cmd_finetune(int argc, char **argv) {
         o.progress = on_progress;
         o.progress_user = &b;
         double t0 = cm_now_s();
-        rc = cm_finetune_run(&m, &d, &o, err, sizeof err);
+        rc = train(model, &g, &m, &d, &o, &c, err, sizeof err);
         if (!rc)
             fprintf(stderr, "finetune: loss %.4f -> %.4f, val %.4f -> %.4f; wrote %s and %s.svg (%.1f s)\n", b.loss0, b.loss,
                     b.val0, b.val, o.out, o.out, cm_now_s() - t0);

@@ -129,6 +129,7 @@ static void *rx_main(void *arg) {
             break;
         }
         case CM_MSG_OUTPUT: cm_coord_on_output(p, &m.u.output); break; /* pipe_output.c */
+        case CM_MSG_TRAIN: cm_coord_on_train(p, r, &m.u.train); break; /* coord_train.c */
         case CM_MSG_READY:
             if (m.u.ready.epoch != atomic_load(&p->epoch)) break;
             pthread_mutex_lock(&p->mu);

@@ -123,6 +123,7 @@ struct cm_pipe {
     bool from_mdns;          /* --nodes auto: coord_join.c keeps browsing for new nodes */
     bool join_tried;         /* coord_join.c: browsing started (or failed) */
     struct cm_join *join;    /* coord_join.c: the browser and the addresses it found (owned) */
+    struct cm_train_pipe *train; /* coord_train.c: the training that awaits TRAIN answers (not owned), under mu */
 };
 
 /* A line into the caller's log callback (the plan, failures, re-plans). */
@@ -204,6 +205,8 @@ void cm_coord_links_text(const cm_pipe *p, char *buf, size_t n);
 int cm_coord_send_group0(cm_pipe *p, const cm_msg *m, char *err, size_t errlen);
 /* pipe_output.c: an OUTPUT from the last stage (receiver thread, p->mu not held). */
 void cm_coord_on_output(cm_pipe *p, const cm_msg_output *o);
+/* coord_train.c: a TRAIN answer from node r (receiver thread, p->mu not held). */
+void cm_coord_on_train(cm_pipe *p, remote *r, const cm_msg_train *q);
 
 /* Nodes found by mDNS after the start (coord_join.c). Called by
  * cm_pipe_maintain (idle) with --nodes auto: starts browsing the first time,

@@ -396,6 +396,7 @@ static void conn_serve(node *n, cm_conn *c, int src) {
             assigned_here = true;
             break;
         case CM_MSG_FORWARD:
+        case CM_MSG_TRAIN:
         case CM_MSG_SEQ_START:
         case CM_MSG_SEQ_FREE: {
             pthread_mutex_lock(&n->mu);
@@ -416,6 +417,9 @@ static void conn_serve(node *n, cm_conn *c, int src) {
                     atomic_fetch_add(&n->hb.busy_ns, cm_now_ns() - t0);
                 }
             }
+            else if (m.type == CM_MSG_TRAIN) /* node_train.c */
+                r2 = is_coord ? cm_node_on_train(s, &m.u.train, err, sizeof err)
+                              : cm_errf(err, sizeof err, CM_EPROTO, "TRAIN from a peer that is not the coordinator");
             else if (m.type == CM_MSG_SEQ_START) r2 = on_seq_start(s, &m, err, sizeof err);
             else r2 = on_seq_free(s, &m, err, sizeof err);
             if (r2) {

@@ -39,6 +39,7 @@ typedef struct stage {
     cm_coll *coll;    /* TP group's all-reduce, NULL without TP */
     uint64_t rows;    /* token rows computed */
     struct cm_gpu_model *gm; /* its first layers on the node's GPU (node_gpu.c), or NULL */
+    struct cm_node_train *train; /* LoRA training of this stage's layers (node_train.c), NULL: none */
 } stage;
 
 typedef struct node {
@@ -79,5 +80,9 @@ void cm_node_gpu_open(node *n);
 void cm_node_gpu_close(node *n);
 void cm_node_gpu_stage(node *n, stage *s);
 void cm_node_gpu_stage_free(stage *s);
+/* TRAIN from the coordinator on this stage (n->mu held): pipeline-parallel
+ * LoRA training, answered on s->coord (node_train.c). */
+int cm_node_on_train(stage *s, const cm_msg_train *q, char *err, size_t errlen);
+void cm_node_train_free(struct cm_node_train *t); /* NULL: no-op */
 
 #endif

@@ -25,6 +25,7 @@
 void cm_node_stage_free(stage *s) {
     if (!s) return;
     cm_node_gpu_stage_free(s); /* before the model it mirrors */
+    cm_node_train_free(s->train);
     if (s->next) cm_conn_close(s->next, "plan ended");
     for (int i = 0; i < CM_COLL_MAX_MEMBERS; i++)
         if (s->relay[i]) cm_conn_close(s->relay[i], "plan ended");

@@ -8,6 +8,7 @@
  * that is not a number) to the layers above.
  */
 #include "proto.h"
+#include "msg_train.h"
 
 #include "base/base.h"
 
@@ -485,6 +486,16 @@ static void encode(wcur *w, const cm_msg *m) {
         for (size_t k = 0; k < nf; k++) w_f32(w, o->data[k]);
         break;
     }
+    case CM_MSG_TRAIN: { /* msg_train.c */
+        size_t n = 0;
+        bool over = false;
+        const bool room = w->p && !w->over;
+        const char *bad = cm_msg_train_put(&m->u.train, room ? w->p + w->len : NULL, room ? w->cap - w->len : 0, &n, &over);
+        w_check(w, !bad, bad);
+        if (over) w->over = true;
+        w->len += n;
+        break;
+    }
     case CM_MSG_SEQ_START: {
         const cm_msg_seq_start *c = &m->u.seq_start;
         const char *bad = seq_start_invalid(c);
@@ -804,6 +815,14 @@ static int decode(rcur *r, unsigned type, cm_msg *m) {
         o->data_le = r_view(r, o->n_rows, 4ull * o->dim, "data");
         for (uint32_t i = 0; i < o->n_rows && !r->bad; i++)
             if ((int32_t)cm_rd_u32(o->pos_le + 4 * (size_t)i) < 0) r_fail(r, "pos", "negative");
+        break;
+    }
+    case CM_MSG_TRAIN: { /* msg_train.c */
+        const char *reason = NULL;
+        size_t used = 0;
+        const char *bad = cm_msg_train_take(r->p + r->off, r->n - r->off, &m->u.train, &used, &reason);
+        if (bad) r_fail(r, bad, reason);
+        else r->off += used;
         break;
     }
     case CM_MSG_SEQ_START: {

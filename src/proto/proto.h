@@ -52,7 +52,8 @@
     X(SEQ_START, 19, 128 + 4u * CM_MSG_MAX_HIST)              \
     X(LINKS_REQ, 20, 2048)                                    \
     X(LINKS, 21, 2048)                                        \
-    X(OUTPUT, 22, 256u << 20)
+    X(OUTPUT, 22, 256u << 20)                                 \
+    X(TRAIN, 23, 256u << 20)
 
 enum cm_msg_type {
     CM_MSG_NONE = 0,
@@ -410,6 +411,54 @@ typedef struct cm_msg_output {
 int32_t cm_msg_output_pos(const cm_msg_output *m, uint32_t i);
 void cm_msg_output_row(const cm_msg_output *m, uint32_t i, float *out); /* dim floats */
 
+/* TRAIN: pipeline-parallel LoRA training (issue 17), coordinator <-> each
+ * stage's node on its control connection, one op per message:
+ *   SETUP  coord -> node: make the stage's adapter slice (its layers) and
+ *          trainer: rank, targets, alpha (f[0]), n_ctx; key = optimizer step;
+ *   SLICE  both ways: dim floats (n_rows = 1) of the slice's vector vec at
+ *          element offset (coord -> node after SETUP: the state to start
+ *          from; node -> coord: the answer to a FETCH); key = the step;
+ *   FETCH  coord -> node: send back dim floats of vec from offset (a SLICE);
+ *   FWD    coord -> node: window id, n_rows x dim activations (the previous
+ *          stage's output), dropout key (key), weight f[0], dropout f[1];
+ *          F_TARGETS: n_rows target ids follow (the last stage: loss);
+ *          F_BACKWARD: the last stage runs its backward at once;
+ *   BWD    coord -> node: the gradient of the stage's output for window id;
+ *   ROWS   node -> coord, the answer to FWD and BWD: the stage's output
+ *          (FWD of a middle stage), the gradient of its input (BWD; FWD with
+ *          F_BACKWARD), or none (an eval FWD of the last stage); the last
+ *          stage's loss and n_targets;
+ *   STEP   coord -> node: AdamW on the slice: lr, beta1, beta2, eps, wd in f[0..4].
+ * A node trains only layers it was ASSIGNed (a pipeline stage, no group). */
+enum cm_train_op {
+    CM_TRAIN_SETUP = 0, CM_TRAIN_SLICE = 1, CM_TRAIN_FETCH = 2, CM_TRAIN_FWD = 3,
+    CM_TRAIN_BWD = 4, CM_TRAIN_ROWS = 5, CM_TRAIN_STEP = 6, CM_TRAIN_OP_COUNT
+};
+enum cm_train_vec { CM_TRAIN_VEC_W = 0, CM_TRAIN_VEC_M1 = 1, CM_TRAIN_VEC_M2 = 2, CM_TRAIN_VEC_COUNT };
+#define CM_TRAIN_F_TARGETS 1u
+#define CM_TRAIN_F_BACKWARD 2u
+#define CM_MSG_MAX_TRAIN_RANK 1024u
+#define CM_MSG_MAX_TRAIN_SLICE (CM_MSG_MAX_CHUNK / 4) /* floats per SLICE / FETCH */
+typedef struct cm_msg_train {
+    uint64_t epoch, id;
+    uint8_t op;                 /* enum cm_train_op */
+    uint8_t flags;              /* CM_TRAIN_F_*, FWD only */
+    uint8_t vec;                /* enum cm_train_vec: SLICE, FETCH */
+    uint32_t n_rows, dim;       /* FWD/BWD/ROWS: rows (<= CM_MSG_MAX_TOKENS) of dim (<= CM_MSG_MAX_DIM) floats;
+                                   SLICE: 1 x dim (<= CM_MSG_MAX_TRAIN_SLICE); FETCH: 0 x dim; else 0 x 0 */
+    uint32_t n_targets;         /* ROWS: targets the last stage counted (<= n_rows of its FWD) */
+    uint64_t offset;            /* SLICE, FETCH */
+    uint64_t key;               /* FWD: dropout key; SETUP, SLICE: the optimizer step */
+    float f[5];                 /* per op, above; finite */
+    double loss;                /* ROWS: summed loss (finite, >= 0) */
+    uint32_t rank, targets, n_ctx; /* SETUP: 1..CM_MSG_MAX_TRAIN_RANK, bits 0..6 (not 0), 2..65536 */
+    const int32_t *target;      /* encode: n_rows ids (>= -1), F_TARGETS only */
+    const float *data;          /* encode: n_rows x dim floats */
+    const uint8_t *target_le, *data_le; /* decode views (also encoded from when target / data are NULL) */
+} cm_msg_train;
+int32_t cm_msg_train_target(const cm_msg_train *m, uint32_t i);
+void cm_msg_train_get(const cm_msg_train *m, float *out); /* n_rows x dim floats */
+
 typedef struct cm_msg_seq_free {
     uint64_t epoch, request_id;
     int32_t seq;
@@ -481,6 +530,7 @@ typedef struct cm_msg {
         cm_msg_links_req links_req;
         cm_msg_links links;
         cm_msg_output output;
+        cm_msg_train train;
         cm_msg_error error;
         cm_msg_bye bye;
     } u;

@@ -30,6 +30,21 @@ typedef struct cm_finetune_status {
     const char *saved; /* a checkpoint just written, or NULL */
 } cm_finetune_status;
 
+/* Where a run's windows and optimizer steps are computed: NULL in the
+ * options is this machine (cm_train_window, cm_tadapter_adamw); a pipeline
+ * of machines (cluster/train_pipe.h) is another. ad is the run's whole
+ * adapter: load hands its state (after init or --resume) to wherever the
+ * slices live, gather brings their parameters, moments and step back into
+ * it (before a checkpoint and at the end). Errors as values with a line. */
+typedef struct cm_train_exec {
+    void *user;
+    int (*load)(void *user, const cm_tadapter *ad, char *err, size_t errlen);
+    int (*window)(void *user, const int32_t *tokens, const int32_t *target, int T, bool backward, float weight,
+                  float dropout, uint64_t drop_key, double *loss, int *n_targets, char *err, size_t errlen);
+    int (*step)(void *user, float lr, float beta1, float beta2, float eps, float wd, char *err, size_t errlen);
+    int (*gather)(void *user, cm_tadapter *ad, char *err, size_t errlen);
+} cm_train_exec;
+
 typedef struct cm_finetune_opts {
     int rank;           /* default 8 */
     float alpha;        /* default 2 * rank */
@@ -51,6 +66,7 @@ typedef struct cm_finetune_opts {
     const char *out;    /* the adapter's path; checkpoints go to OUT.ckpt-STEP.gguf, the curve to OUT.svg */
     const char *resume; /* a checkpoint to continue from, or NULL */
     int n_threads;      /* threads for the matmuls (default 1); never changes the result */
+    const cm_train_exec *exec; /* NULL: this machine; else where windows and steps run (same bits) */
     /* Called after every optimizer step (and eval); may draw a progress bar. */
     void (*progress)(void *user, const cm_finetune_status *st);
     void *progress_user;

@@ -55,6 +55,7 @@ typedef struct cm_tadapter {
     float alpha, scale;  /* scale = alpha / rank */
     unsigned targets;
     int n_pairs;
+    int pair0;           /* the whole adapter's index of pairs[0] (a slice's first pair; 0 for the whole) */
     cm_tpair *pairs;
     int *slot;           /* [n_layer * CM_LORA_OUTPUT]: pair index or -1 */
     size_t n_params;
@@ -71,6 +72,15 @@ int cm_train_check_model(const cm_model *m, char *err, size_t errlen);
 int cm_tadapter_new(cm_tadapter **out, const cm_model *m, int rank, float alpha, unsigned targets, uint64_t seed,
                     char *err, size_t errlen);
 void cm_tadapter_free(cm_tadapter *a); /* NULL is a no-op */
+/* A slice for a pipeline stage: the pairs of layers [l0, l1) only, laid out
+ * as in the whole adapter (pairs by layer, then target; A then B), so the
+ * slice's vectors are the whole adapter's elements [off, off + n) of
+ * cm_tadapter_span. Parameters and moments start at 0: the coordinator
+ * sends them. */
+int cm_tadapter_new_range(cm_tadapter **out, const cm_model *m, int rank, float alpha, unsigned targets, int l0,
+                          int l1, char *err, size_t errlen);
+/* Where layers [l0, l1)'s pairs lie in a's vectors. */
+void cm_tadapter_span(const cm_tadapter *a, int l0, int l1, size_t *off, size_t *n);
 static inline float *cm_tadapter_a(const cm_tadapter *a, int p) { return a->w + a->pairs[p].a; }
 static inline float *cm_tadapter_b(const cm_tadapter *a, int p) { return a->w + a->pairs[p].b; }
 
@@ -85,6 +95,26 @@ typedef struct cm_trainer cm_trainer;
 int cm_trainer_new(cm_trainer **out, const cm_model *m, cm_tadapter *ad, int n_ctx, cm_pool *pool, char *err,
                    size_t errlen);
 void cm_trainer_free(cm_trainer *tr);
+
+/* A trainer of layers [l0, l1) only: a pipeline stage (train_pipe.h). ad
+ * may be the whole adapter or a slice of cm_tadapter_new_range. */
+int cm_trainer_new_range(cm_trainer **out, const cm_model *m, cm_tadapter *ad, int l0, int l1, int n_ctx,
+                         cm_pool *pool, char *err, size_t errlen);
+
+/* cm_train_window in stage pieces, the same operations in the same order
+ * (a pipeline of stages gives the bits of one trainer):
+ *  - cm_train_fwd: T tokens through layers [l0, l1): the first stage embeds
+ *    tokens, a later one takes x_in [T][n_embd] (the previous stage's
+ *    cm_train_out); layer inputs are kept for the backward;
+ *  - cm_train_head (the last stage, l1 = n_layer): loss and, with backward,
+ *    its gradient at the last layer's output, as cm_train_window;
+ *  - cm_train_back: dy (the next stage's dx; NULL after cm_train_head) back
+ *    through the layers, adding to the adapter's gradients; dx [T][n_embd]
+ *    gets the gradient at layer l0's input (l0 > 0; may be NULL). */
+void cm_train_fwd(cm_trainer *tr, const int32_t *tokens, const float *x_in, int T, float dropout, uint64_t drop_key);
+const float *cm_train_out(const cm_trainer *tr); /* [T][n_embd], valid until the next cm_train_fwd */
+double cm_train_head(cm_trainer *tr, const int32_t *target, bool backward, float weight, int *n_targets);
+void cm_train_back(cm_trainer *tr, const float *dy, float *dx);
 
 /* One window: tokens[0..n) at positions 0..n-1, target[i] the token that
  * should follow tokens[i] (-1: no loss at i). Returns the summed

@@ -52,8 +52,8 @@ static const cm_tensor *target_tensor(const cm_model *m, int il, int t) {
     return v[t];
 }
 
-int cm_tadapter_new(cm_tadapter **out, const cm_model *m, int rank, float alpha, unsigned targets, uint64_t seed,
-                    char *err, size_t errlen) {
+static int build(cm_tadapter **out, const cm_model *m, int rank, float alpha, unsigned targets, int l0, int l1,
+                 char *err, size_t errlen) {
     *out = NULL;
     int rc = cm_train_check_model(m, err, errlen);
     if (rc) return rc;
@@ -79,6 +79,8 @@ int cm_tadapter_new(cm_tadapter **out, const cm_model *m, int rank, float alpha,
         for (int t = 0; t < CM_LORA_OUTPUT; t++) {
             a->slot[il * CM_LORA_OUTPUT + t] = -1;
             if (!(a->targets & (1u << t))) continue;
+            if (il < l0) a->pair0++;
+            if (il < l0 || il >= l1) continue;
             const cm_tensor *w = target_tensor(m, il, t);
             cm_tpair *p = &a->pairs[a->n_pairs];
             p->il = il;
@@ -100,6 +102,35 @@ int cm_tadapter_new(cm_tadapter **out, const cm_model *m, int rank, float alpha,
         cm_tadapter_free(a);
         return cm_errf(err, errlen, CM_ENOMEM, "out of memory for %zu adapter parameters", off);
     }
+    *out = a;
+    return 0;
+}
+
+int cm_tadapter_new_range(cm_tadapter **out, const cm_model *m, int rank, float alpha, unsigned targets, int l0,
+                          int l1, char *err, size_t errlen) {
+    if (l0 < 0 || l1 <= l0 || l1 > m->hp.n_layer)
+        return cm_errf(err, errlen, CM_EINVAL, "layers [%d, %d) of %d", l0, l1, m->hp.n_layer);
+    return build(out, m, rank, alpha, targets, l0, l1, err, errlen);
+}
+
+void cm_tadapter_span(const cm_tadapter *a, int l0, int l1, size_t *off, size_t *n) {
+    size_t b = a->n_params, e = 0;
+    for (int i = 0; i < a->n_pairs; i++) {
+        const cm_tpair *p = &a->pairs[i];
+        if (p->il < l0 || p->il >= l1) continue;
+        if (p->a < b) b = p->a;
+        const size_t end = p->b + (size_t)a->rank * (size_t)p->n_out;
+        if (end > e) e = end;
+    }
+    *off = e > b ? b : 0;
+    *n = e > b ? e - b : 0;
+}
+
+int cm_tadapter_new(cm_tadapter **out, const cm_model *m, int rank, float alpha, unsigned targets, uint64_t seed,
+                    char *err, size_t errlen) {
+    int rc = build(out, m, rank, alpha, targets, 0, m->hp.n_layer, err, errlen);
+    if (rc) return rc;
+    cm_tadapter *a = *out;
     cm_rng rng;
     cm_rng_seed(&rng, seed ^ 0x4c6f5241ull);
     for (int i = 0; i < a->n_pairs; i++) {

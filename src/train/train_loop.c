@@ -57,7 +57,29 @@ typedef struct run {
     int64_t n_hist, cap_hist;
     int64_t steps;
     int warmup;
+    const cm_train_exec *ex;
 } run;
+
+/* This machine as a cm_train_exec: the run's own trainer and adapter. */
+static int local_load(void *user, const cm_tadapter *ad, char *err, size_t errlen) {
+    (void)user, (void)ad, (void)err, (void)errlen;
+    return 0;
+}
+static int local_window(void *user, const int32_t *tokens, const int32_t *target, int T, bool backward, float weight,
+                        float dropout, uint64_t drop_key, double *loss, int *n_targets, char *err, size_t errlen) {
+    (void)err, (void)errlen;
+    *loss = cm_train_window(((run *)user)->tr, tokens, target, T, backward, weight, dropout, drop_key, n_targets);
+    return 0;
+}
+static int local_step(void *user, float lr, float beta1, float beta2, float eps, float wd, char *err, size_t errlen) {
+    (void)err, (void)errlen;
+    cm_tadapter_adamw(((run *)user)->ad, lr, beta1, beta2, eps, wd);
+    return 0;
+}
+static int local_gather(void *user, cm_tadapter *ad, char *err, size_t errlen) {
+    (void)user, (void)ad, (void)err, (void)errlen;
+    return 0;
+}
 
 /* The k-th window of training: epoch k / n_win, shuffled per epoch by seed. */
 static cm_twin window_at(run *r, int64_t k, int *epoch) {
@@ -84,15 +106,19 @@ static float lr_at(const run *r, int64_t step) {
     return (float)(o->lr * (o->lr_min + (1.0 - o->lr_min) * 0.5 * (1.0 + cos(M_PI * p))));
 }
 
-static double eval_loss(run *r) {
+static int eval_loss(run *r, double *out, char *err, size_t errlen) {
     double s = 0;
     int64_t n = 0;
     for (int i = 0; i < r->n_val; i++) {
         int nt, T = cm_twin_fill(r->d, r->val[i], r->tok, r->tgt);
-        s += cm_train_window(r->tr, r->tok, r->tgt, T, false, 1.0f, 0.0f, 0, &nt);
+        double l;
+        int rc = r->ex->window(r->ex->user, r->tok, r->tgt, T, false, 1.0f, 0.0f, 0, &l, &nt, err, errlen);
+        if (rc) return rc;
+        s += l;
         n += nt;
     }
-    return n ? s / (double)n : NAN;
+    *out = n ? s / (double)n : NAN;
+    return 0;
 }
 
 static int hist_add(run *r, float step, float loss, float val) {
@@ -164,9 +190,11 @@ int cm_finetune_run(const cm_model *m, const cm_tdata *d, const cm_finetune_opts
     if (!o->steps && !o->epochs && r.steps < 50) r.steps = 50; /* a small dataset still gets enough steps to learn */
     r.warmup = o->warmup >= 0 ? o->warmup : (int)(r.steps / 20);
     if (!rc) rc = cm_tadapter_new(&r.ad, m, o->rank, o->alpha, o->targets, o->seed, err, errlen);
-    cm_pool *pool = o->n_threads > 1 ? cm_pool_new(o->n_threads) : NULL;
-    if (!rc && o->n_threads > 1 && !pool) rc = cm_errf(err, errlen, CM_ENOMEM, "cannot start %d threads", o->n_threads);
-    if (!rc) rc = cm_trainer_new(&r.tr, m, r.ad, o->n_ctx, pool, err, errlen);
+    const cm_train_exec local = {&r, local_load, local_window, local_step, local_gather};
+    r.ex = o->exec ? o->exec : &local;
+    cm_pool *pool = !o->exec && o->n_threads > 1 ? cm_pool_new(o->n_threads) : NULL;
+    if (!rc && !o->exec && o->n_threads > 1 && !pool) rc = cm_errf(err, errlen, CM_ENOMEM, "cannot start %d threads", o->n_threads);
+    if (!rc && !o->exec) rc = cm_trainer_new(&r.tr, m, r.ad, o->n_ctx, pool, err, errlen);
     r.perm = cm_malloc((size_t)(r.n_win + 1) * sizeof(int));
     r.tok = cm_malloc((size_t)o->n_ctx * sizeof(int32_t));
     r.tgt = cm_malloc((size_t)o->n_ctx * sizeof(int32_t));
@@ -182,6 +210,7 @@ int cm_finetune_run(const cm_model *m, const cm_tdata *d, const cm_finetune_opts
                              (long long)r.ad->step, (long long)r.steps);
         }
     }
+    if (!rc) rc = r.ex->load(r.ex->user, r.ad, err, errlen);
     const int eval_every = o->eval_every > 0 ? o->eval_every : (int)(r.steps / 10 > 0 ? r.steps / 10 : 1);
     cm_finetune_status st = {.steps = r.steps, .val_loss = NAN, .n_train_win = r.n_win, .n_val_win = r.n_val};
     for (int i = 0; i < r.n_win; i++) st.n_train_tok += r.win[i].len - 1;
@@ -196,20 +225,27 @@ int cm_finetune_run(const cm_model *m, const cm_tdata *d, const cm_finetune_opts
             for (int j = 1; j < w.len; j++) nt += d->loss[w.off + j];
         }
         double loss = 0;
-        for (int64_t k = k0; k < k0 + per_step; k++) {
+        for (int64_t k = k0; !rc && k < k0 + per_step; k++) {
             int n_t, T = cm_twin_fill(d, window_at(&r, k, &st.epoch), r.tok, r.tgt);
-            loss += cm_train_window(r.tr, r.tok, r.tgt, T, true, 1.0f / (float)nt, o->dropout,
-                                    mix(o->seed ^ ((uint64_t)k << 1)), &n_t);
+            double l = 0;
+            rc = r.ex->window(r.ex->user, r.tok, r.tgt, T, true, 1.0f / (float)nt, o->dropout,
+                              mix(o->seed ^ ((uint64_t)k << 1)), &l, &n_t, err, errlen);
+            loss += l;
             tokens += T;
         }
         st.epoch = (int)(k0 / r.n_win);
-        cm_tadapter_adamw(r.ad, lr, 0.9f, 0.999f, 1e-8f, o->weight_decay);
+        if (!rc) rc = r.ex->step(r.ex->user, lr, 0.9f, 0.999f, 1e-8f, o->weight_decay, err, errlen);
         const bool last = step + 1 == r.steps, save = o->save_every > 0 && (step + 1) % o->save_every == 0;
         float val = NAN;
-        if (r.n_val > 0 && ((step + 1) % eval_every == 0 || last || save)) st.val_loss = val = (float)eval_loss(&r);
+        if (!rc && r.n_val > 0 && ((step + 1) % eval_every == 0 || last || save)) {
+            double v = NAN;
+            rc = eval_loss(&r, &v, err, errlen);
+            st.val_loss = val = (float)v;
+        }
         if (hist_add(&r, (float)(step + 1), (float)(loss / (double)nt), val)) rc = cm_errf(err, errlen, CM_ENOMEM, "out of memory");
         char ckpath[4200];
         st.saved = NULL;
+        if (!rc && save) rc = r.ex->gather(r.ex->user, r.ad, err, errlen);
         if (!rc && save) {
             snprintf(ckpath, sizeof ckpath, "%s.ckpt-%lld.gguf", o->out, (long long)(step + 1));
             cm_train_ckpt c = {.seed = o->seed, .data_id = data_id, .n_hist = r.n_hist, .hist = r.hist};
@@ -225,6 +261,7 @@ int cm_finetune_run(const cm_model *m, const cm_tdata *d, const cm_finetune_opts
         st.eta_s = el / (double)(step + 1 - step0) * (double)(r.steps - step - 1);
         if (!rc && o->progress) o->progress(o->progress_user, &st);
     }
+    if (!rc) rc = r.ex->gather(r.ex->user, r.ad, err, errlen);
     if (!rc) rc = cm_tadapter_write(r.ad, o->out, NULL, err, errlen);
     if (!rc) rc = write_svg(&r, err, errlen);
     cm_free(r.win);

@@ -26,9 +26,10 @@ struct cm_trainer {
     cm_tadapter *ad;
     const cm_kernels *k;
     int n_ctx;
+    int l0, l1;        /* the layers this trainer runs: [l0, l1) */
     int64_t E, Q, KV, F, V, H, HKV, D;
     float *rope;       /* [n_ctx][n_rot] cos/sin cache */
-    float *xs;         /* [n_layer + 1][T][E] layer inputs (last: final hidden) */
+    float *xs;         /* [l1 - l0 + 1][T][E] layer inputs (last: the output of layer l1 - 1) */
     /* one layer's intermediates */
     float *xn, *rinv1, *qraw, *kraw, *q, *k_, *v, *qri, *kri, *P, *ao, *h, *hn, *rinv2, *g, *u, *a;
     /* gradients */
@@ -41,7 +42,8 @@ struct cm_trainer {
     float *logits;        /* [T][V] */
     /* the current window's dropout */
     float drop;
-    uint64_t drop_key;
+    uint64_t drop_key, win_key; /* win_key: the window's key, drop_key the layer's */
+    int T;                      /* the current window's tokens (cm_train_fwd) */
 };
 
 /* ---------------- small vector ops ---------------- */
@@ -160,7 +162,8 @@ static void mm_back(cm_trainer *tr, const cm_tensor *w, const float *dy, int T, 
 /* Is element i of pair p's input dropped in this window? */
 static bool dropped(const cm_trainer *tr, int p, int64_t i) {
     const uint64_t thr = (uint64_t)((double)tr->drop * 18446744073709551616.0);
-    return mix64(mix64(tr->drop_key ^ ((uint64_t)p * 0x9e3779b97f4a7c15ull)) + (uint64_t)i) < thr;
+    const uint64_t pg = (uint64_t)(tr->ad->pair0 + p); /* the whole adapter's pair: a slice drops the same */
+    return mix64(mix64(tr->drop_key ^ (pg * 0x9e3779b97f4a7c15ull)) + (uint64_t)i) < thr;
 }
 
 /* x with the pair's dropout applied (or x itself). */
@@ -411,24 +414,38 @@ static void layer_back(cm_trainer *tr, int il, const float *x, int T, float w) {
 
 /* ---------------- window ---------------- */
 
-double cm_train_window(cm_trainer *tr, const int32_t *tokens, const int32_t *target, int T, bool backward,
-                       float weight, float dropout, uint64_t drop_key, int *n_targets) {
+/* The window's stage pieces (train.h): layer inputs kept in xs, slot il - l0. */
+static float *xs_at(const cm_trainer *tr, int il) { return tr->xs + (int64_t)(il - tr->l0) * tr->T * tr->E; }
+
+void cm_train_fwd(cm_trainer *tr, const int32_t *tokens, const float *x_in, int T, float dropout, uint64_t drop_key) {
     const cm_model *m = tr->m;
-    const int nl = m->hp.n_layer;
-    const int64_t E = tr->E, V = tr->V;
-    CM_ASSERT(T >= 1 && T <= tr->n_ctx);
+    const int64_t E = tr->E;
+    CM_ASSERT(T >= 1 && T <= tr->n_ctx && (tr->l0 == 0 ? tokens != NULL : x_in != NULL));
+    tr->T = T;
     tr->drop = dropout;
-    tr->drop_key = drop_key;
-    for (int j = 0; j < T; j++) {
-        const float *r = rows_of(tr, &m->tok_embd, tokens[j], 1, tr->xs + j * E);
-        if (r != tr->xs + j * E) memcpy(tr->xs + j * E, r, (size_t)E * sizeof(float));
-    }
-    for (int il = 0; il < nl; il++) {
+    tr->win_key = drop_key;
+    if (tr->l0 == 0) {
+        for (int j = 0; j < T; j++) {
+            const float *r = rows_of(tr, &m->tok_embd, tokens[j], 1, tr->xs + j * E);
+            if (r != tr->xs + j * E) memcpy(tr->xs + j * E, r, (size_t)E * sizeof(float));
+        }
+    } else
+        memcpy(tr->xs, x_in, (size_t)(T * E) * sizeof(float));
+    for (int il = tr->l0; il < tr->l1; il++) {
         tr->drop_key = mix64(drop_key + (uint64_t)il);
-        layer_fwd(tr, il, tr->xs + (int64_t)il * T * E, T, tr->xs + (int64_t)(il + 1) * T * E);
+        layer_fwd(tr, il, xs_at(tr, il), T, xs_at(tr, il + 1));
     }
+}
+
+const float *cm_train_out(const cm_trainer *tr) { return xs_at(tr, tr->l1); }
+
+double cm_train_head(cm_trainer *tr, const int32_t *target, bool backward, float weight, int *n_targets) {
+    const cm_model *m = tr->m;
+    const int T = tr->T;
+    const int64_t E = tr->E, V = tr->V;
+    CM_ASSERT(tr->l1 == m->hp.n_layer);
     /* head: final norm (hn as scratch), logits, cross-entropy and its gradient */
-    const float *xl = tr->xs + (int64_t)nl * T * E;
+    const float *xl = xs_at(tr, tr->l1);
     for (int j = 0; j < T; j++) tr->rinv2[j] = rms_fwd(xl + j * E, m->output_norm.data, tr->hn + j * E, E, m->hp.rms_eps);
     mm(tr, &m->output, tr->hn, T, tr->logits);
     double loss = 0.0;
@@ -455,12 +472,28 @@ double cm_train_window(cm_trainer *tr, const int32_t *tokens, const int32_t *tar
     mm_back(tr, &m->output, tr->logits, T, tr->dhn);
     memset(tr->dx, 0, (size_t)(T * E) * sizeof(float));
     for (int j = 0; j < T; j++) rms_back(xl + j * E, m->output_norm.data, tr->rinv2[j], tr->dhn + j * E, tr->dx + j * E, E);
-    for (int il = nl - 1; il >= 0; il--) {
-        tr->drop_key = mix64(drop_key + (uint64_t)il);
-        const float *x = tr->xs + (int64_t)il * T * E;
+    return loss;
+}
+
+void cm_train_back(cm_trainer *tr, const float *dy, float *dx) {
+    const int T = tr->T;
+    const int64_t E = tr->E;
+    if (dy) memcpy(tr->dx, dy, (size_t)(T * E) * sizeof(float));
+    for (int il = tr->l1 - 1; il >= tr->l0; il--) {
+        tr->drop_key = mix64(tr->win_key + (uint64_t)il);
+        const float *x = xs_at(tr, il);
         layer_fwd(tr, il, x, T, tr->dtmp + T); /* recompute; the output itself is not needed */
         layer_back(tr, il, x, T, 1.0f);
     }
+    if (dx && tr->l0 > 0) memcpy(dx, tr->dx, (size_t)(T * E) * sizeof(float));
+}
+
+double cm_train_window(cm_trainer *tr, const int32_t *tokens, const int32_t *target, int T, bool backward,
+                       float weight, float dropout, uint64_t drop_key, int *n_targets) {
+    CM_ASSERT(tr->l0 == 0 && tr->l1 == tr->m->hp.n_layer);
+    cm_train_fwd(tr, tokens, NULL, T, dropout, drop_key);
+    const double loss = cm_train_head(tr, target, backward, weight, n_targets);
+    if (backward) cm_train_back(tr, NULL, NULL);
     return loss;
 }
 
@@ -468,7 +501,14 @@ double cm_train_window(cm_trainer *tr, const int32_t *tokens, const int32_t *tar
 
 int cm_trainer_new(cm_trainer **out, const cm_model *m, cm_tadapter *ad, int n_ctx, cm_pool *pool, char *err,
                    size_t errlen) {
+    return cm_trainer_new_range(out, m, ad, 0, m->hp.n_layer, n_ctx, pool, err, errlen);
+}
+
+int cm_trainer_new_range(cm_trainer **out, const cm_model *m, cm_tadapter *ad, int l0, int l1, int n_ctx,
+                         cm_pool *pool, char *err, size_t errlen) {
     *out = NULL;
+    if (l0 < 0 || l1 <= l0 || l1 > m->hp.n_layer)
+        return cm_errf(err, errlen, CM_EINVAL, "layers [%d, %d) of %d", l0, l1, m->hp.n_layer);
     int rc = cm_train_check_model(m, err, errlen);
     if (rc) return rc;
     if (n_ctx < 1 || n_ctx > 1 << 16) return cm_errf(err, errlen, CM_EINVAL, "context %d is out of [1, 65536]", n_ctx);
@@ -480,6 +520,8 @@ int cm_trainer_new(cm_trainer **out, const cm_model *m, cm_tadapter *ad, int n_c
     tr->ad = ad;
     tr->k = cm_kernels_get();
     tr->n_ctx = n_ctx;
+    tr->l0 = l0;
+    tr->l1 = l1;
     tr->E = hp->n_embd;
     tr->H = hp->n_head;
     tr->HKV = hp->n_head_kv;
@@ -498,7 +540,7 @@ int cm_trainer_new(cm_trainer **out, const cm_model *m, cm_tadapter *ad, int n_c
         float **p;
         int64_t n;
     } bufs[] = {
-        {&tr->rope, T * hp->n_rot}, {&tr->xs, (hp->n_layer + 1) * T * E},
+        {&tr->rope, T * hp->n_rot}, {&tr->xs, (int64_t)(l1 - l0 + 1) * T * E},
         {&tr->xn, T * E}, {&tr->rinv1, T}, {&tr->qraw, T * Q}, {&tr->kraw, T * KV}, {&tr->q, T * Q},
         {&tr->k_, T * KV}, {&tr->v, T * KV}, {&tr->qri, T * tr->H}, {&tr->kri, T * tr->HKV},
         {&tr->P, tr->H * T * T}, {&tr->ao, T * Q}, {&tr->h, T * E}, {&tr->hn, T * E}, {&tr->rinv2, T},
@@ -507,7 +549,7 @@ int cm_trainer_new(cm_trainer **out, const cm_model *m, cm_tadapter *ad, int n_c
         {&tr->dao, T * (Q > KV ? Q : KV)}, {&tr->da, T * F}, {&tr->dg, T * F}, {&tr->du, T * F}, {&tr->dhn, T * E},
         {&tr->dtmp, T + T * E}, {&tr->xd, T * mx}, {&tr->ax, T * ad->rank}, {&tr->dax, ad->rank},
         {&tr->wrow, nth * ROWS * mx}, {&tr->wt, nth * ROWS * mx}, {&tr->mtmp, T * mx},
-        {&tr->logits, T * tr->V},
+        {&tr->logits, l1 == hp->n_layer ? T * tr->V : 1},
     };
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
         *bufs[i].p = cm_malloc((size_t)bufs[i].n * sizeof(float));

@@ -35,26 +35,7 @@ case "$(gen --lora "$TMP/a.gguf")" in *"Zorbix the robot found a red ball. Zorbi
 case "$(gen)" in *"found a red ball"*) bad "the base model already says it" ;; *) ok ;; esac
 
 # (c) llama.cpp's ids and probabilities with the same adapter
-# vs_llamacpp MODEL PROMPT N ADAPTER REF: "ok WORST" or what differs
-vs_llamacpp() {
-    "$BIN" run "$1" -p "$2" -n "$3" --temp 0 --threads 1 --json --logprobs 5 --lora "$4" >"$TMP/run.json" 2>/dev/null
-    node -e '
-const fs = require("fs");
-const ours = JSON.parse(fs.readFileSync(process.argv[1])), ref = JSON.parse(fs.readFileSync(process.argv[2]));
-const ids = ours.tokens.map(t => typeof t === "object" ? t.id : t);
-if (ids.join() !== ref.generated_tokens.join()) { console.log("ids " + ids + " vs llama.cpp " + ref.generated_tokens); process.exit(); }
-let worst = 0;
-ours.logprobs.forEach((s, k) => {
-  const p = ref.probs[ref.prompt_tokens.length - 1 + k].p;
-  for (const [id, lp] of s.top) {
-    const q = Math.exp(lp), r = p[id];
-    const e = r === undefined ? Math.max(0, q - ref.probs_min) : Math.abs(q - r);
-    worst = Math.max(worst, e);
-  }
-});
-console.log(worst <= 2e-5 ? "ok " + worst : "prob error " + worst);
-' "$TMP/run.json" "$5"
-}
+# (vs_llamacpp: tests/sh/lib/finetune_data.sh)
 res=$(vs_llamacpp "$M" "Zorbix" 24 "$TMP/a.gguf" tests/data/finetune/zorbix.json)
 echo "# llama.cpp vs cumulo with the trained stories260K adapter: $res"
 case "$res" in ok*) ok ;; *) bad "llama.cpp: $res (regenerate with tools/gen_finetune_refs.sh if training changed on purpose)" ;; esac

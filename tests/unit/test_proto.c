@@ -192,6 +192,21 @@ static void sample(unsigned type, cm_msg *m, int variant) {
                              .n_rows = variant == 0 ? 8 : 1, .dim = variant == 2 ? 40 : 5, .pos = g_pos, .data = g_hidden};
         break;
     }
+    case CM_MSG_TRAIN: { /* FWD to the last stage (8 rows of 5, targets), a SLICE of 33 floats, a SETUP */
+        static const int32_t tgt[8] = {5, -1, 7, 0, 31999, -1, 2, 3};
+        cm_msg_train *t = &m->u.train;
+        *t = (cm_msg_train){.epoch = 9, .id = 77 + (uint64_t)variant, .key = 0xfedcba9876543210ull};
+        if (variant == 0) {
+            t->op = CM_TRAIN_FWD, t->flags = CM_TRAIN_F_TARGETS | CM_TRAIN_F_BACKWARD, t->n_rows = 8, t->dim = 5;
+            t->f[0] = 1.0f / 37, t->f[1] = 0.1f, t->target = tgt, t->data = g_hidden;
+        } else if (variant == 1) {
+            t->op = CM_TRAIN_SLICE, t->vec = CM_TRAIN_VEC_M2, t->n_rows = 1, t->dim = 33, t->offset = 1u << 20;
+            t->data = g_partial;
+        } else {
+            t->op = CM_TRAIN_SETUP, t->rank = 8, t->targets = 0x7f, t->n_ctx = 256, t->f[0] = 16;
+        }
+        break;
+    }
     case CM_MSG_LINKS_REQ: {
         cm_msg_links_req *q = &m->u.links_req;
         q->id = 0x1234567890ull + (uint64_t)variant;
@@ -744,6 +759,50 @@ static void test_encode_bounds(void) {
         CHECK(ob[woff + 5] == CM_WANT_LOGITS && ob[woff + 6] == CM_WANT_HIDDEN);
         ob[woff] = CM_WANT_COUNT;
         CHECK(cm_msg_decode(CM_MSG_FORWARD, ob, n, &d, e, sizeof e) == CM_EFORMAT);
+    }
+    /* TRAIN (issue 17): rows and targets come back bit for bit; every count,
+     * the op, the flags and the product rows x dim are bounded both ways,
+     * before the arrays are read. */
+    {
+        cm_msg d;
+        static uint8_t tb[1024];
+        sample(CM_MSG_TRAIN, &m, 0);
+        n = enc(&m, tb, sizeof tb);
+        CHECK(n == 88 + 8 * 4 + 8 * 5 * 4);
+        CHECK(cm_msg_decode(CM_MSG_TRAIN, tb, n, &d, e, sizeof e) == 0);
+        float rows[40];
+        cm_msg_train_get(&d.u.train, rows);
+        CHECK(!memcmp(rows, g_hidden, sizeof rows) && cm_msg_train_target(&d.u.train, 1) == -1 &&
+              cm_msg_train_target(&d.u.train, 4) == 31999 && d.u.train.f[0] == 1.0f / 37);
+        tb[16] = CM_TRAIN_OP_COUNT; /* op */
+        CHECK(cm_msg_decode(CM_MSG_TRAIN, tb, n, &d, e, sizeof e) == CM_EFORMAT);
+        CHECKF(strstr(e, "'op'") != NULL, "%s", e);
+        tb[16] = CM_TRAIN_FWD;
+        tb[17] = 4; /* unknown flag */
+        CHECK(cm_msg_decode(CM_MSG_TRAIN, tb, n, &d, e, sizeof e) == CM_EFORMAT);
+        tb[17] = CM_TRAIN_F_TARGETS;
+        cm_wr_u32(tb + 20, CM_MSG_MAX_TOKENS); /* n_rows: 16384 x 65536 floats is past the frame */
+        cm_wr_u32(tb + 24, CM_MSG_MAX_DIM);
+        CHECK(cm_msg_decode(CM_MSG_TRAIN, tb, n, &d, e, sizeof e) == CM_EFORMAT);
+        CHECKF(strstr(e, "n_rows x dim") != NULL, "%s", e);
+        cm_wr_u32(tb + 24, 6); /* 8 x 6 floats claimed, 8 x 5 sent */
+        cm_wr_u32(tb + 20, 8);
+        CHECK(cm_msg_decode(CM_MSG_TRAIN, tb, n, &d, e, sizeof e) == CM_EFORMAT);
+        cm_wr_u32(tb + 24, 5);
+        cm_wr_u32(tb + 88, (uint32_t)-2); /* a target below -1 */
+        CHECK(cm_msg_decode(CM_MSG_TRAIN, tb, n, &d, e, sizeof e) == CM_EFORMAT);
+        sample(CM_MSG_TRAIN, &m, 0);
+        m.u.train.f[1] = NAN;
+        CHECK(cm_msg_encode(&m, NULL, 0, &n, e, sizeof e) == CM_EINVAL);
+        sample(CM_MSG_TRAIN, &m, 1);
+        m.u.train.dim = CM_MSG_MAX_TRAIN_SLICE + 1;
+        CHECK(cm_msg_encode(&m, NULL, 0, &n, e, sizeof e) == CM_EINVAL);
+        sample(CM_MSG_TRAIN, &m, 2);
+        m.u.train.rank = 0;
+        CHECK(cm_msg_encode(&m, NULL, 0, &n, e, sizeof e) == CM_EINVAL);
+        sample(CM_MSG_TRAIN, &m, 2);
+        m.u.train.flags = CM_TRAIN_F_BACKWARD; /* flags only on FWD */
+        CHECK(cm_msg_encode(&m, NULL, 0, &n, e, sizeof e) == CM_EINVAL);
     }
 }
 

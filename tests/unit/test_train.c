@@ -37,12 +37,14 @@ typedef struct tiny {
     cm_model m;
 } tiny;
 
+static int g_layers = 2; /* layers of the next tiny model */
+
 static int tiny_open(tiny *t, const char *arch, const char *type) {
     memset(t, 0, sizeof *t);
     cm_buf_init(&t->file);
     cm_buf_init(&t->vocab);
     bool k = !strncmp(type, "q4_k", 4);
-    cm_synth_params sp = {.arch = arch, .n_embd = k ? 256 : 64, .n_layer = 2, .n_head = 4, .n_head_kv = 2,
+    cm_synth_params sp = {.arch = arch, .n_embd = k ? 256 : 64, .n_layer = g_layers, .n_head = 4, .n_head_kv = 2,
                           .n_ff = k ? 256 : 96, .type = type, .seed = 11, .n_threads = 1};
     int rc = cm_synth_builtin_vocab(&t->vocab, errbuf, sizeof errbuf);
     if (!rc) rc = cm_gguf_parse(&t->gv, (const uint8_t *)t->vocab.data, t->vocab.len, errbuf, sizeof errbuf);
@@ -266,6 +268,75 @@ static void test_threads(void) {
     tiny_close(&t);
 }
 
+/* A pipeline of stages (cm_trainer_new_range over adapter slices, the
+ * pieces cm_train_fwd / head / back chained as the cluster chains them)
+ * gives the loss, the gradients and, after AdamW on each slice, the
+ * parameters of one trainer bit for bit: 4 layers as [0,1) [1,3) [3,4). */
+static void test_stages(void) {
+    tiny t;
+    g_layers = 4;
+    int rc = tiny_open(&t, "qwen3", "q8_0");
+    g_layers = 2;
+    if (rc) {
+        CHECK(0);
+        return;
+    }
+    enum { S = 3 };
+    const int cut[S + 1] = {0, 1, 3, 4};
+    cm_tadapter *ad = NULL, *sl[S] = {0};
+    cm_trainer *tr = NULL, *st[S] = {0};
+    size_t off[S], n[S];
+    CHECK(cm_tadapter_new(&ad, &t.m, 4, 8.0f, CM_TRAIN_TARGETS_ALL, 2, errbuf, sizeof errbuf) == 0);
+    if (!ad) goto out;
+    for (size_t i = 0; i < ad->n_params; i++) ad->w[i] += 0.01f * (float)(i % 7); /* B != 0 */
+    CHECK(cm_trainer_new(&tr, &t.m, ad, T, NULL, errbuf, sizeof errbuf) == 0);
+    size_t covered = 0;
+    for (int k = 0; k < S; k++) {
+        cm_tadapter_span(ad, cut[k], cut[k + 1], &off[k], &n[k]);
+        CHECK(off[k] == covered);
+        covered += n[k];
+        CHECK(cm_tadapter_new_range(&sl[k], &t.m, 4, 8.0f, CM_TRAIN_TARGETS_ALL, cut[k], cut[k + 1], errbuf, sizeof errbuf) == 0);
+        CHECK(sl[k] && sl[k]->n_params == n[k]);
+        if (!sl[k] || sl[k]->n_params != n[k]) goto out;
+        memcpy(sl[k]->w, ad->w + off[k], n[k] * sizeof(float));
+        CHECK(cm_trainer_new_range(&st[k], &t.m, sl[k], cut[k], cut[k + 1], T, NULL, errbuf, sizeof errbuf) == 0);
+        if (!st[k]) goto out;
+    }
+    CHECK(covered == ad->n_params);
+    for (int rep = 0; rep < 2; rep++) { /* two windows and two steps: the moments too */
+        int n1, n2;
+        const double l1 = cm_train_window(tr, TOK, TGT, T, true, 0.25f, 0.2f, 3 + (uint64_t)rep, &n1);
+        static float x[T * 64], dx[T * 64];
+        for (int k = 0; k < S; k++) {
+            cm_train_fwd(st[k], TOK, x, T, 0.2f, 3 + (uint64_t)rep);
+            memcpy(x, cm_train_out(st[k]), sizeof x);
+        }
+        const double l2 = cm_train_head(st[S - 1], TGT, true, 0.25f, &n2);
+        for (int k = S - 1; k >= 0; k--) {
+            cm_train_back(st[k], k == S - 1 ? NULL : x, dx);
+            memcpy(x, dx, sizeof x);
+        }
+        CHECKF(l1 == l2 && n1 == n2, "loss %.17g vs the stages' %.17g", l1, l2);
+        for (int k = 0; k < S; k++) {
+            CHECKF(!memcmp(ad->g + off[k], sl[k]->g, n[k] * sizeof(float)), "stage %d: other gradient bits", k);
+            cm_tadapter_adamw(sl[k], 0.01f, 0.9f, 0.999f, 1e-8f, 0.01f);
+        }
+        cm_tadapter_adamw(ad, 0.01f, 0.9f, 0.999f, 1e-8f, 0.01f);
+        for (int k = 0; k < S; k++)
+            CHECKF(!memcmp(ad->w + off[k], sl[k]->w, n[k] * sizeof(float)) &&
+                       !memcmp(ad->m2 + off[k], sl[k]->m2, n[k] * sizeof(float)),
+                   "stage %d: other parameter bits after AdamW", k);
+    }
+out:
+    for (int k = 0; k < S; k++) {
+        cm_trainer_free(st[k]);
+        cm_tadapter_free(sl[k]);
+    }
+    cm_trainer_free(tr);
+    cm_tadapter_free(ad);
+    tiny_close(&t);
+}
+
 static void test_adamw(void) {
     tiny t;
     if (tiny_open(&t, "llama", "f32")) {
@@ -353,6 +424,7 @@ int main(void) {
     RUN(test_refuses);
     RUN(test_threads);
     RUN(test_adamw);
+    RUN(test_stages);
     RUN(test_matches_inference);
     TEST_END();
 }
