@@ -45,7 +45,7 @@ bool cm_attn_split_ok(const cm_kernels *k, const cm_attn_kv *kv, int head_dim) {
 }
 
 size_t cm_attn_split_scratch_floats(int nq, int head_dim) {
-    return (size_t)nq * (3 * (size_t)head_dim + CM_ATTN_TILE + CM_ATTN_TILE + 2) + 64;
+    return (size_t)nq * (3 * (size_t)head_dim + 2 * CM_ATTN_BLOCK + 2) + 64; /* tiles up to a block (v_tile) */
 }
 
 /* Query r = (token r / rep, head r % rep) at q + (r / rep) * q_stride +
@@ -95,7 +95,15 @@ static void v_acc(const cm_kernels *k, const cm_attn_kv *kv, int D, int nq, cons
         }
 }
 
-/* The online softmax over tiles of CM_ATTN_TILE positions from min(lo) to
+/* Positions per tile: CM_ATTN_TILE over V rows; a whole block over a
+ * transposed V, whose element rows are then read 256 positions at a time
+ * (64 at a time touched 64 pages per tile and ran slower than the per-head
+ * two-pass, measured). */
+static int v_tile(const cm_attn_kv *kv) {
+    return kv->v_tstride ? CM_ATTN_BLOCK : CM_ATTN_TILE;
+}
+
+/* The online softmax over tiles of v_tile positions from min(lo) to
  * max(hi), query r seeing [lo[r / rep], hi[r / rep]) (masked elsewhere: its
  * weights 0, its max and sum untouched): M, S and acc of every query. */
 static void attend(const cm_kernels *k, const cm_attn_kv *kv, int D, int nq, int rep, const float *qf, const int *lo,
@@ -108,11 +116,12 @@ static void attend(const cm_kernels *k, const cm_attn_kv *kv, int D, int nq, int
         S[r] = 0.0f;
     }
     memset(acc, 0, (size_t)nq * D * sizeof(float));
-    for (int t0 = pmin; t0 < pmax; t0 += CM_ATTN_TILE) {
-        const int nt = CM_MIN(CM_ATTN_TILE, pmax - t0);
-        qk(D, nq, qf, kv->k + (size_t)t0 * kv->k_row, kv->k_row, nt, scale, sc, CM_ATTN_TILE);
+    const int T = v_tile(kv);
+    for (int t0 = pmin; t0 < pmax; t0 += T) {
+        const int nt = CM_MIN(T, pmax - t0);
+        qk(D, nq, qf, kv->k + (size_t)t0 * kv->k_row, kv->k_row, nt, scale, sc, T);
         for (int r = 0; r < nq; r++) {
-            float *s = sc + (size_t)r * CM_ATTN_TILE, *a = acc + (size_t)r * D;
+            float *s = sc + (size_t)r * T, *a = acc + (size_t)r * D;
             const int j0 = CM_MAX(0, CM_MIN(nt, lo[r / rep] - t0)), j1 = CM_MAX(j0, CM_MIN(nt, hi[r / rep] - t0));
             float mt = -INFINITY;
             for (int j = j0; j < j1; j++) mt = s[j] > mt ? s[j] : mt;
@@ -126,13 +135,13 @@ static void attend(const cm_kernels *k, const cm_attn_kv *kv, int D, int nq, int
             for (int j = 0; j < j0; j++) s[j] = 0.0f;
             for (int j = j1; j < nt; j++) s[j] = 0.0f;
         }
-        v_acc(k, kv, D, nq, sc, CM_ATTN_TILE, t0, nt, acc, tmp);
+        v_acc(k, kv, D, nq, sc, T, t0, nt, acc, tmp);
     }
 }
 
 void cm_attn_split_block(const cm_kernels *k, const cm_attn_kv *kv, int D, int nq, const float *q, int p0, int p1,
                          float scale, float *scratch, float *part, size_t part_stride) {
-    float *qf = scratch, *sc = qf + (size_t)nq * D, *acc = sc + (size_t)nq * CM_ATTN_TILE, *M = acc + (size_t)nq * D,
+    float *qf = scratch, *sc = qf + (size_t)nq * D, *acc = sc + (size_t)nq * v_tile(kv), *M = acc + (size_t)nq * D,
           *S = M + nq, *tmp = S + nq;
     prep_queries(k, kv, D, nq, nq, q, 0, qf);
     attend(k, kv, D, nq, nq, qf, &p0, &p1, scale, sc, acc, M, S, tmp);
@@ -148,7 +157,7 @@ void cm_attn_multi(const cm_kernels *k, const cm_attn_kv *kv, int D, int ntok, i
                    size_t q_stride, const int *lo, const int *hi, float scale, const float *sinks, float *scratch,
                    float *out, size_t out_stride) {
     const int nq = ntok * rep;
-    float *qf = scratch, *sc = qf + (size_t)nq * D, *acc = sc + (size_t)nq * CM_ATTN_TILE, *M = acc + (size_t)nq * D,
+    float *qf = scratch, *sc = qf + (size_t)nq * D, *acc = sc + (size_t)nq * v_tile(kv), *M = acc + (size_t)nq * D,
           *S = M + nq, *tmp = S + nq;
     prep_queries(k, kv, D, nq, rep, q, q_stride, qf);
     attend(k, kv, D, nq, rep, qf, lo, hi, scale, sc, acc, M, S, tmp);
