@@ -184,19 +184,7 @@ AI void vm_multi(enum cm_type T, int64_t D, int nq, const void *v, size_t v_row,
         }
 }
 
-#define ATTN_MULTI_NEON(T, NAME)                                                                                      \
-    static void attn_qk_##NAME(int64_t D, int nq, const float *q, const void *k, size_t k_row, int n, float scale,  \
-                               float *s, int ld) {                                                                   \
-        qk_multi(T, D, nq, q, k, k_row, n, scale, s, ld);                                                             \
-    }                                                                                                                 \
-    static void attn_vm_##NAME(int64_t D, int nq, const void *v, size_t v_row, const float *w, int ld, int n,       \
-                               float *acc) {                                                                         \
-        vm_multi(T, D, nq, v, v_row, w, ld, n, acc);                                                                  \
-    }
-ATTN_MULTI_NEON(CM_TYPE_F32, f32)
-ATTN_MULTI_NEON(CM_TYPE_F16, f16)
-ATTN_MULTI_NEON(CM_TYPE_Q8_0, q8_0)
-ATTN_MULTI_NEON(CM_TYPE_Q4_0, q4_0)
+CM_ATTN_MULTI_DEFINE()
 
 /* e^x = 2^n e^r as attn_avx512.c's exp512; 2^n = 2^(n/2) 2^(n - n/2), each
  * factor a normal float, since n reaches -150. */
@@ -237,14 +225,7 @@ static float attn_exp(int n, float *s, float m) {
 }
 
 void cm_kernels_fill_attn_neon(cm_kernels *k) {
-    k->attn_qk[CM_TYPE_F32] = attn_qk_f32;
-    k->attn_qk[CM_TYPE_F16] = attn_qk_f16;
-    k->attn_qk[CM_TYPE_Q8_0] = attn_qk_q8_0;
-    k->attn_qk[CM_TYPE_Q4_0] = attn_qk_q4_0;
-    k->attn_vm[CM_TYPE_F32] = attn_vm_f32;
-    k->attn_vm[CM_TYPE_F16] = attn_vm_f16;
-    k->attn_vm[CM_TYPE_Q8_0] = attn_vm_q8_0;
-    k->attn_vm[CM_TYPE_Q4_0] = attn_vm_q4_0;
+    CM_ATTN_MULTI_FILL(k);
     k->attn_exp = attn_exp;
     k->attn_v[CM_TYPE_F32] = attn_v_f32;
     k->attn_v[CM_TYPE_F16] = attn_v_f16;
