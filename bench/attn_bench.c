@@ -2,9 +2,11 @@
  * attn_bench.c: decode cost of attention alone at long contexts, in one
  * process, interleaved A B A B: a small synthetic llama (dim 2048, 32 heads,
  * 8 KV heads of 64, 1 layer, tiny FFN: attention is most of the step) with a
- * KV cache filled with random F16 rows to depth N, one decode step timed
- * with the two-pass attention over the transposed cache (the default) and
- * with the tiled online-softmax attention over rows (-fa, model/attn.c).
+ * KV cache filled with random rows to depth N, one decode step timed with:
+ * the per-head two-pass attention over the transposed F16 cache (the old
+ * default, cm_ctx_set_attn_split off), the same cache split over KV blocks
+ * (the default past 512 positions, attn_split.c), F16 rows (-fa) and Q8_0
+ * rows, both split.
  * A benchmark, not a test: it asserts nothing.
  *
  *   make cumulo && cc -std=c11 -O2 -D_GNU_SOURCE -Isrc bench/attn_bench.c build/libcumulo.a \
@@ -62,27 +64,29 @@ int main(int argc, char **argv) {
     cm_pool *pool = cm_pool_new(threads);
     int depths[8] = {1024, 4096, 16384}, nd = 3;
     if (argc > 3) for (nd = 0; nd < 8 && 3 + nd < argc; nd++) depths[nd] = atoi(argv[3 + nd]);
-    printf("threads %d; decode step ms (median of 9, interleaved), wall then process CPU: depth, two-pass F16, tiled F16 (-fa), tiled Q8_0\n", threads);
+    printf("threads %d; decode step ms (median of 9, interleaved), wall then process CPU: depth, two-pass F16 per head, two-pass F16 split, F16 rows (-fa), Q8_0 rows\n", threads);
     for (int di = 0; di < nd; di++) {
         const int N = depths[di];
-        cm_ctx *c = cm_ctx_new(&m, 1, N + 1, pool, err, sizeof err);
-        cm_kv kv[3];
-        const enum cm_type tk[3] = {CM_TYPE_F16, CM_TYPE_F16, CM_TYPE_Q8_0};
-        for (int v = 0; v < 3; v++) {
-            if (cm_kv_init_types(&kv[v], &m, 0, 1, cm_slice_full(&m), N + 1, tk[v], tk[v], v > 0, err, sizeof err)) {
+        cm_ctx *c = cm_ctx_new(&m, 64, N + 1, pool, err, sizeof err);
+        enum { NV = 4 };
+        cm_kv kv[NV];
+        const enum cm_type tk[NV] = {CM_TYPE_F16, CM_TYPE_F16, CM_TYPE_F16, CM_TYPE_Q8_0};
+        for (int v = 0; v < NV; v++) {
+            if (cm_kv_init_types(&kv[v], &m, 0, 1, cm_slice_full(&m), N + 1, tk[v], tk[v], v > 1, err, sizeof err)) {
                 fprintf(stderr, "%s\n", err);
                 return 1;
             }
             /* random-ish rows: every byte written so the pages are resident */
-            const size_t kb = (size_t)N * 8 * (v == 2 ? kv[v].k_row : 128), vb = kb;
+            const size_t kb = (size_t)N * 8 * (v == 3 ? kv[v].k_row : 128), vb = kb;
             uint8_t *k = kv[v].k, *vv = kv[v].v;
             uint32_t st = 1;
             for (size_t i = 0; i < kb; i++) k[i] = (uint8_t)((st = st * 1103515245u + 12345u) >> 24 & 0x3b);
             for (size_t i = 0; i < vb; i++) vv[i] = (uint8_t)((st = st * 1103515245u + 12345u) >> 24 & 0x3b);
             kv[v].n_past = N;
         }
-        double t[3][9], tc[3][9];
-        const char *only = getenv("ATTN_BENCH_ONLY"); /* profiling: 0, 1 or 2 alone, 200 steps */
+        double t[NV][9], tc[NV][9];
+        const char *only = getenv("ATTN_BENCH_ONLY"); /* profiling: 0 to 3 alone, 200 steps */
+        if (only) cm_ctx_set_attn_split(c, atoi(only) != 0);
         for (int r = 0; only && r < 200; r++) {
             int32_t tok = 1, pos = N, seq = 0;
             cm_kv *kvs[1] = {&kv[atoi(only)]};
@@ -92,8 +96,9 @@ int main(int argc, char **argv) {
             kvs[0]->n_past = N;
         }
         for (int r = 0; r < 9; r++)
-            for (int vi = 0; vi < 3; vi++) {
-                const int v = (vi + r) % 3; /* rotate the order: no variant always follows another */
+            for (int vi = 0; vi < NV; vi++) {
+                const int v = (vi + r) % NV; /* rotate the order: no variant always follows another */
+                cm_ctx_set_attn_split(c, v != 0);
                 int32_t tok = 1, pos = N, seq = 0;
                 cm_kv *kvs[1] = {&kv[v]};
                 cm_batch b = {.n = 1, .tokens = &tok, .pos = &pos, .seq = &seq};
@@ -104,11 +109,37 @@ int main(int argc, char **argv) {
                 tc[v][r] = cpu_now() - c0;
                 kv[v].n_past = N;
             }
-        double med[3], cpu[3];
-        for (int v = 0; v < 3; v++) med[v] = median9(t[v]), cpu[v] = median9(tc[v]);
-        printf("%6d  %8.3f  %8.3f  %8.3f   cpu ms %8.3f  %8.3f  %8.3f\n", N, med[0], med[1], med[2], cpu[0], cpu[1],
-               cpu[2]);
-        for (int v = 0; v < 3; v++) cm_kv_release(&kv[v]);
+        double med[NV], cpu[NV];
+        for (int v = 0; v < NV; v++) med[v] = median9(t[v]), cpu[v] = median9(tc[v]);
+        printf("%6d  %8.3f  %8.3f  %8.3f  %8.3f   cpu ms %8.3f  %8.3f  %8.3f  %8.3f\n", N, med[0], med[1], med[2], med[3],
+               cpu[0], cpu[1], cpu[2], cpu[3]);
+        /* prefill: the last 64 of the N positions as one batch (K/V rewritten
+         * in place), per head (split off) and multi-query tiles (on) */
+        static const int pkv[4] = {0, 1, 3, 3}, pon[4] = {0, 1, 0, 1};
+        double tp[4][9];
+        for (int r = 0; r < 5 && N >= 64; r++)
+            for (int vi = 0; vi < 4; vi++) {
+                const int v = (vi + r) % 4;
+                int32_t tok[64], pos[64], seq[64];
+                for (int j = 0; j < 64; j++) tok[j] = 1 + j, pos[j] = N - 64 + j, seq[j] = 0;
+                cm_kv *kvs[1] = {&kv[pkv[v]]};
+                kv[pkv[v]].n_past = N - 64;
+                cm_ctx_set_attn_split(c, pon[v]);
+                cm_batch b = {.n = 64, .tokens = tok, .pos = pos, .seq = seq};
+                cm_forward_args a = {.layer_first = 0, .layer_last = 1, .slice = cm_slice_full(&m), .kvs = kvs, .n_kvs = 1};
+                const double c0 = cpu_now();
+                if (cm_forward(c, &b, &a, err, sizeof err)) { fprintf(stderr, "%s\n", err); return 1; }
+                tp[v][r] = cpu_now() - c0;
+            }
+        for (int v = 0; v < 4 && N >= 64; v++) { /* median of 5 */
+            for (int i = 0; i < 5; i++)
+                for (int j = i + 1; j < 5; j++)
+                    if (tp[v][j] < tp[v][i]) { double x = tp[v][i]; tp[v][i] = tp[v][j]; tp[v][j] = x; }
+        }
+        if (N >= 64)
+            printf("        prefill of 64 tokens, cpu ms: F16 transposed per head %8.2f  tiles %8.2f   Q8_0 rows per head %8.2f  tiles %8.2f\n",
+                   tp[0][2] * 1e3, tp[1][2] * 1e3, tp[2][2] * 1e3, tp[3][2] * 1e3);
+        for (int v = 0; v < NV; v++) cm_kv_release(&kv[v]);
         cm_ctx_free(c);
     }
     return 0;

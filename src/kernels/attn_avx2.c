@@ -4,6 +4,15 @@
  * rows stream past (j order per element, fused multiply-adds: the last bits
  * may differ from attn_ref.c). F32, F16 and Q8_0; Q4_0 stays the
  * reference. Compiled with the AVX2 flags only.
+ *
+ * The multi-query decode ops (attn_qk, attn_vm, attn_exp; kernels.h) for
+ * F32, F16, Q8_0 and Q4_0 rows, shaped as attn_avx512.c's in 8 lanes: a K
+ * row widened to floats 16 elements at a time for up to four queries, each
+ * (query, position) dot an 8-lane partial, 8 positions' partials summed by
+ * one transposing tree (a partial group at the end of a tile runs the same
+ * code with zero partials); the V side keeps four queries' accumulators of
+ * 16 elements in registers; exp is the same degree-7 polynomial, 2^n built
+ * in two exponent-field halves (n goes below the normal range).
  */
 #include "isa.h"
 
@@ -95,7 +104,192 @@ static void attn_f16_dot(int64_t D, float *s, const void *xv, const void *yv) {
     *s = (float)sum;
 }
 
+#define AI static inline __attribute__((always_inline))
+
+/* Elements [i, i + 16) of a KV row of type T (i a multiple of 16) as two
+ * 8-lane halves; Q8_0/Q4_0 give the unscaled quants and *d the block scale. */
+AI void row16(enum cm_type T, const char *r, int64_t i, __m256 *x0, __m256 *x1, float *d) {
+    if (T == CM_TYPE_F32) {
+        *d = 1.0f;
+        *x0 = _mm256_loadu_ps((const float *)r + i);
+        *x1 = _mm256_loadu_ps((const float *)r + i + 8);
+        return;
+    }
+    if (T == CM_TYPE_F16) {
+        *d = 1.0f;
+        *x0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const cm_f16 *)r + i)));
+        *x1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const cm_f16 *)r + i + 8)));
+        return;
+    }
+    __m128i q;
+    if (T == CM_TYPE_Q8_0) {
+        const cm_block_q8_0 *b = (const cm_block_q8_0 *)r + i / 32;
+        *d = cm_f16_to_f32(b->d);
+        q = _mm_loadu_si128((const __m128i *)(b->qs + (i & 16)));
+    } else {
+        const cm_block_q4_0 *b = (const cm_block_q4_0 *)r + i / 32;
+        *d = cm_f16_to_f32(b->d);
+        q = _mm_loadu_si128((const __m128i *)b->qs);
+        if (i & 16) q = _mm_srli_epi16(q, 4);
+        q = _mm_sub_epi8(_mm_and_si128(q, _mm_set1_epi8(15)), _mm_set1_epi8(8));
+    }
+    *x0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
+    *x1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8)));
+}
+
+/* out lane L = the sum of the 8 lanes of v[L]. */
+AI __m256 hsum8(const __m256 *v) {
+    const __m256 t0 = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+    const __m256 t1 = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
+    return _mm256_add_ps(_mm256_permute2f128_ps(t0, t1, 0x20), _mm256_permute2f128_ps(t0, t1, 0x31));
+}
+
+/* Up to four queries against 8 positions per step, each K row widened once
+ * for all of them. */
+AI void qk_multi(enum cm_type T, int64_t D, int nq, const float *q, const void *k, size_t k_row, int n, float scale,
+                 float *s, int ld) {
+    const __m256 vs = _mm256_set1_ps(scale);
+    for (int h0 = 0; h0 < nq; h0 += 4) {
+        const int nh = nq - h0 < 4 ? nq - h0 : 4;
+        const float *qh = q + (size_t)h0 * D;
+        for (int j = 0; j < n; j += 8) {
+            const int nt = n - j < 8 ? n - j : 8;
+            __m256 v[4][8];
+            for (int t = 0; t < 8; t++) {
+                __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+                const char *r = (const char *)k + (size_t)(j + t) * k_row;
+                if (t < nt && h0 == 0) _mm_prefetch(r + 64 * k_row, _MM_HINT_T0);
+                if (t < nt && (T == CM_TYPE_F32 || T == CM_TYPE_F16)) {
+                    for (int64_t i = 0; i < D; i += 16) {
+                        __m256 x0, x1;
+                        float d;
+                        row16(T, r, i, &x0, &x1, &d);
+                        for (int h = 0; h < nh; h++) {
+                            a[h] = _mm256_fmadd_ps(x0, _mm256_loadu_ps(qh + h * D + i), a[h]);
+                            a[h] = _mm256_fmadd_ps(x1, _mm256_loadu_ps(qh + h * D + i + 8), a[h]);
+                        }
+                    }
+                } else if (t < nt) {
+                    for (int64_t i = 0; i < D; i += 32) {
+                        __m256 x0, x1, x2, x3;
+                        float d;
+                        row16(T, r, i, &x0, &x1, &d);
+                        row16(T, r, i + 16, &x2, &x3, &d);
+                        const __m256 vd = _mm256_set1_ps(d);
+                        for (int h = 0; h < nh; h++) {
+                            const float *qi = qh + h * D + i;
+                            __m256 u = _mm256_mul_ps(x0, _mm256_loadu_ps(qi));
+                            u = _mm256_fmadd_ps(x1, _mm256_loadu_ps(qi + 8), u);
+                            u = _mm256_fmadd_ps(x2, _mm256_loadu_ps(qi + 16), u);
+                            u = _mm256_fmadd_ps(x3, _mm256_loadu_ps(qi + 24), u);
+                            a[h] = _mm256_fmadd_ps(u, vd, a[h]);
+                        }
+                    }
+                }
+                for (int h = 0; h < nh; h++) v[h][t] = a[h];
+            }
+            for (int h = 0; h < nh; h++) {
+                const __m256 o = _mm256_mul_ps(hsum8(v[h]), vs);
+                float *dst = s + (h0 + h) * ld + j;
+                if (nt == 8) {
+                    _mm256_storeu_ps(dst, o);
+                } else {
+                    float tmp[8];
+                    _mm256_storeu_ps(tmp, o);
+                    for (int t = 0; t < nt; t++) dst[t] = tmp[t];
+                }
+            }
+        }
+    }
+}
+
+/* 16 elements of up to four queries' accumulators stay in registers while
+ * the rows stream past. */
+AI void vm_multi(enum cm_type T, int64_t D, int nq, const void *v, size_t v_row, const float *w, int ld, int n,
+                 float *acc) {
+    for (int64_t i = 0; i < D; i += 16)
+        for (int h0 = 0; h0 < nq; h0 += 4) {
+            const int nh = nq - h0 < 4 ? nq - h0 : 4;
+            __m256 a[4][2];
+            for (int h = 0; h < nh; h++) {
+                a[h][0] = _mm256_loadu_ps(acc + (h0 + h) * D + i);
+                a[h][1] = _mm256_loadu_ps(acc + (h0 + h) * D + i + 8);
+            }
+            const char *r = (const char *)v;
+            for (int j = 0; j < n; j++, r += v_row) {
+                __m256 x0, x1;
+                float d;
+                if (i == 0 && h0 == 0) _mm_prefetch(r + 64 * v_row, _MM_HINT_T0);
+                row16(T, r, i, &x0, &x1, &d);
+                if (T == CM_TYPE_Q8_0 || T == CM_TYPE_Q4_0) {
+                    x0 = _mm256_mul_ps(x0, _mm256_set1_ps(d));
+                    x1 = _mm256_mul_ps(x1, _mm256_set1_ps(d));
+                }
+                for (int h = 0; h < nh; h++) {
+                    const __m256 wj = _mm256_set1_ps(w[(h0 + h) * ld + j]);
+                    a[h][0] = _mm256_fmadd_ps(wj, x0, a[h][0]);
+                    a[h][1] = _mm256_fmadd_ps(wj, x1, a[h][1]);
+                }
+            }
+            for (int h = 0; h < nh; h++) {
+                _mm256_storeu_ps(acc + (h0 + h) * D + i, a[h][0]);
+                _mm256_storeu_ps(acc + (h0 + h) * D + i + 8, a[h][1]);
+            }
+        }
+}
+
+CM_ATTN_MULTI_DEFINE()
+
+/* e^x = 2^n e^r as attn_avx512.c's exp512; 2^n = 2^(n/2) 2^(n - n/2), each
+ * factor a normal float, since n reaches -150 (then the product rounds to
+ * a denormal or 0 as expf's result does). */
+AI __m256 exp256(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(-104.0f));
+    const __m256 n =
+        _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187045e-06f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 5040);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    const __m256i ni = _mm256_cvtps_epi32(n), n1 = _mm256_srai_epi32(ni, 1), n2 = _mm256_sub_epi32(ni, n1);
+    const __m256i bias = _mm256_set1_epi32(127);
+    const __m256 f1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23));
+    const __m256 f2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23));
+    return _mm256_mul_ps(_mm256_mul_ps(p, f1), f2);
+}
+
+static float attn_exp(int n, float *s, float m) {
+    const __m256 vm = _mm256_set1_ps(m);
+    __m256 sum = _mm256_setzero_ps();
+    int j = 0;
+    for (; j + 8 <= n; j += 8) {
+        const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(s + j), vm));
+        _mm256_storeu_ps(s + j, e);
+        sum = _mm256_add_ps(sum, e);
+    }
+    float t[8];
+    _mm256_storeu_ps(t, sum);
+    float total = ((t[0] + t[4]) + (t[1] + t[5])) + ((t[2] + t[6]) + (t[3] + t[7]));
+    if (j < n) {
+        for (int i = 0; i < 8; i++) t[i] = j + i < n ? s[j + i] : m;
+        _mm256_storeu_ps(t, exp256(_mm256_sub_ps(_mm256_loadu_ps(t), vm)));
+        for (int i = 0; j + i < n; i++) {
+            s[j + i] = t[i];
+            total += t[i];
+        }
+    }
+    return total;
+}
+
 void cm_kernels_fill_attn_avx2(cm_kernels *k) {
+    CM_ATTN_MULTI_FILL(k);
+    k->attn_exp = attn_exp;
     k->attn_f16_step = attn_f16_step;
     k->attn_f16_dot = attn_f16_dot;
     k->attn_v[CM_TYPE_F32] = attn_v_f32;

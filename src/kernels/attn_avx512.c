@@ -10,7 +10,8 @@
  * F32, F16, Q8_0 and Q4_0 rows: a K row is loaded and widened to floats 16
  * elements at a time; each (query, position) dot stays a 16-lane partial and
  * 16 positions' partials are summed together by one transposing tree
- * (hsum16) instead of one horizontal sum each; the V side keeps up to four
+ * (hsum16) instead of one horizontal sum each (a tile's last partial group
+ * runs the same code with zero partials past its end); the V side keeps up to four
  * queries' accumulators in registers while the rows stream past; exp is a
  * degree-7 polynomial on a range-reduced argument scaled by 2^n (scalef),
  * within about 1 ulp of expf.
@@ -139,23 +140,6 @@ AI __m512 hsum16(const __m512 *v) {
     return _mm512_add_ps(_mm512_shuffle_ps(c[0], c[1], 0x88), _mm512_shuffle_ps(c[0], c[1], 0xDD));
 }
 
-/* One (query, K row) dot as 16 lane partials. */
-AI __m512 dot16(enum cm_type T, int64_t D, const char *r, const float *q) {
-    __m512 a = _mm512_setzero_ps();
-    if (T == CM_TYPE_F32 || T == CM_TYPE_F16) {
-        float d;
-        for (int64_t i = 0; i < D; i += 16) a = _mm512_fmadd_ps(row16(T, r, i, &d), _mm512_loadu_ps(q + i), a);
-        return a;
-    }
-    for (int64_t i = 0; i < D; i += 32) {
-        float d;
-        __m512 t = _mm512_mul_ps(row16(T, r, i, &d), _mm512_loadu_ps(q + i));
-        t = _mm512_fmadd_ps(row16(T, r, i + 16, &d), _mm512_loadu_ps(q + i + 16), t);
-        a = _mm512_fmadd_ps(t, _mm512_set1_ps(d), a);
-    }
-    return a;
-}
-
 /* Up to four queries against 16 positions per step: each K row is widened
  * once for all of them (four independent FMA chains), the next tile's rows
  * are prefetched while this one is summed. */
@@ -165,20 +149,20 @@ AI void qk_multi(enum cm_type T, int64_t D, int nq, const float *q, const void *
     for (int h0 = 0; h0 < nq; h0 += 4) {
         const int nh = nq - h0 < 4 ? nq - h0 : 4;
         const float *qh = q + (size_t)h0 * D;
-        int j = 0;
-        for (; j + 16 <= n; j += 16) {
+        for (int j = 0; j < n; j += 16) { /* a last partial group: zero partials past n */
+            const int nt = n - j < 16 ? n - j : 16;
             __m512 v[4][16];
             for (int t = 0; t < 16; t++) {
                 const char *r = (const char *)k + (size_t)(j + t) * k_row;
-                if (h0 == 0) _mm_prefetch(r + 64 * k_row, _MM_HINT_T0);
+                if (t < nt && h0 == 0) _mm_prefetch(r + 64 * k_row, _MM_HINT_T0);
                 __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-                if (T == CM_TYPE_F32 || T == CM_TYPE_F16) {
+                if (t < nt && (T == CM_TYPE_F32 || T == CM_TYPE_F16)) {
                     float d;
                     for (int64_t i = 0; i < D; i += 16) {
                         const __m512 x = row16(T, r, i, &d);
                         for (int h = 0; h < nh; h++) a[h] = _mm512_fmadd_ps(x, _mm512_loadu_ps(qh + h * D + i), a[h]);
                     }
-                } else {
+                } else if (t < nt) {
                     for (int64_t i = 0; i < D; i += 32) {
                         float d;
                         const __m512 x0 = row16(T, r, i, &d), x1 = row16(T, r, i + 16, &d), vd = _mm512_set1_ps(d);
@@ -191,12 +175,9 @@ AI void qk_multi(enum cm_type T, int64_t D, int nq, const float *q, const void *
                 }
                 for (int h = 0; h < nh; h++) v[h][(t & 3) * 4 + (t >> 2)] = a[h];
             }
-            for (int h = 0; h < nh; h++) _mm512_storeu_ps(s + (h0 + h) * ld + j, _mm512_mul_ps(hsum16(v[h]), vs));
+            const __mmask16 km = (__mmask16)((1u << nt) - 1);
+            for (int h = 0; h < nh; h++) _mm512_mask_storeu_ps(s + (h0 + h) * ld + j, km, _mm512_mul_ps(hsum16(v[h]), vs));
         }
-        for (; j < n; j++)
-            for (int h = 0; h < nh; h++)
-                s[(h0 + h) * ld + j] =
-                    _mm512_reduce_add_ps(dot16(T, D, (const char *)k + (size_t)j * k_row, qh + h * D)) * scale;
     }
 }
 
@@ -219,19 +200,7 @@ AI void vm_multi(enum cm_type T, int64_t D, int nq, const void *v, size_t v_row,
         }
 }
 
-#define ATTN_MULTI_512(T, NAME)                                                                                       \
-    static void attn_qk_##NAME(int64_t D, int nq, const float *q, const void *k, size_t k_row, int n, float scale,  \
-                               float *s, int ld) {                                                                   \
-        qk_multi(T, D, nq, q, k, k_row, n, scale, s, ld);                                                             \
-    }                                                                                                                 \
-    static void attn_vm_##NAME(int64_t D, int nq, const void *v, size_t v_row, const float *w, int ld, int n,       \
-                               float *acc) {                                                                         \
-        vm_multi(T, D, nq, v, v_row, w, ld, n, acc);                                                                  \
-    }
-ATTN_MULTI_512(CM_TYPE_F32, f32)
-ATTN_MULTI_512(CM_TYPE_F16, f16)
-ATTN_MULTI_512(CM_TYPE_Q8_0, q8_0)
-ATTN_MULTI_512(CM_TYPE_Q4_0, q4_0)
+CM_ATTN_MULTI_DEFINE()
 
 /* e^x = 2^n e^r, n = round(x log2 e), r = x - n ln 2 (two-part ln 2), e^r by
  * its Taylor series to degree 7 (|r| <= 0.347: remainder < 6e-9). */
@@ -276,13 +245,6 @@ void cm_kernels_fill_attn_avx512(cm_kernels *k) {
     k->attn_v[CM_TYPE_F32] = attn_v_f32;
     k->attn_v[CM_TYPE_F16] = attn_v_f16;
     k->attn_v[CM_TYPE_Q8_0] = attn_v_q8_0;
-    k->attn_qk[CM_TYPE_F32] = attn_qk_f32;
-    k->attn_qk[CM_TYPE_F16] = attn_qk_f16;
-    k->attn_qk[CM_TYPE_Q8_0] = attn_qk_q8_0;
-    k->attn_qk[CM_TYPE_Q4_0] = attn_qk_q4_0;
-    k->attn_vm[CM_TYPE_F32] = attn_vm_f32;
-    k->attn_vm[CM_TYPE_F16] = attn_vm_f16;
-    k->attn_vm[CM_TYPE_Q8_0] = attn_vm_q8_0;
-    k->attn_vm[CM_TYPE_Q4_0] = attn_vm_q4_0;
+    CM_ATTN_MULTI_FILL(k);
     k->attn_exp = attn_exp;
 }

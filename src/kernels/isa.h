@@ -49,6 +49,36 @@ void cm_kernels_fill_attn_neon(cm_kernels *k);   /* attn_neon.c */
 #define CM_KERNELS_HAVE_NEON 0
 #endif
 
+/* The attention split's kernels (kernels.h attn_qk / attn_vm) of the KV
+ * types F32, F16, Q8_0, Q4_0 as `static` attn_qk_NAME / attn_vm_NAME calling
+ * the including file's inline qk_multi / vm_multi with the type, and the
+ * table entries (attn_avx2.c, attn_avx512.c, attn_neon.c). */
+#define CM_ATTN_MULTI_ONE(T, NAME)                                                                               \
+    static void attn_qk_##NAME(int64_t D, int nq, const float *q, const void *k, size_t k_row, int n, float scale, \
+                               float *s, int ld) {                                                               \
+        qk_multi(T, D, nq, q, k, k_row, n, scale, s, ld);                                                         \
+    }                                                                                                             \
+    static void attn_vm_##NAME(int64_t D, int nq, const void *v, size_t v_row, const float *w, int ld, int n,   \
+                               float *acc) {                                                                     \
+        vm_multi(T, D, nq, v, v_row, w, ld, n, acc);                                                              \
+    }
+#define CM_ATTN_MULTI_DEFINE()                  \
+    CM_ATTN_MULTI_ONE(CM_TYPE_F32, f32)         \
+    CM_ATTN_MULTI_ONE(CM_TYPE_F16, f16)         \
+    CM_ATTN_MULTI_ONE(CM_TYPE_Q8_0, q8_0)       \
+    CM_ATTN_MULTI_ONE(CM_TYPE_Q4_0, q4_0)
+#define CM_ATTN_MULTI_FILL(k)                   \
+    do {                                        \
+        (k)->attn_qk[CM_TYPE_F32] = attn_qk_f32;   \
+        (k)->attn_qk[CM_TYPE_F16] = attn_qk_f16;   \
+        (k)->attn_qk[CM_TYPE_Q8_0] = attn_qk_q8_0; \
+        (k)->attn_qk[CM_TYPE_Q4_0] = attn_qk_q4_0; \
+        (k)->attn_vm[CM_TYPE_F32] = attn_vm_f32;   \
+        (k)->attn_vm[CM_TYPE_F16] = attn_vm_f16;   \
+        (k)->attn_vm[CM_TYPE_Q8_0] = attn_vm_q8_0; \
+        (k)->attn_vm[CM_TYPE_Q4_0] = attn_vm_q4_0; \
+    } while (0)
+
 /* The ISA files whose gemm is their vec_dot applied to every (row, token),
  * row-major, so gemm is the same table's vec_dot bit for bit by construction.
  * CM_ROW_GEMM(t) defines `static void gemm_t` from the including file's

@@ -192,23 +192,45 @@ static const void *attn_decode(cm_ctx *c, size_t *stride, int ith, int nth) {
     return cm_fwd_prep_act(c, CM_ACT_ATTN_OUT, &c->wo, c->att, QS, QS, 1, stride, ith, nth);
 }
 
-/* Decode (one token) over a rows-layout cache past SPLIT_MIN positions:
+/* Decode (one token) past SPLIT_MIN positions, over either layout:
  * threads take whole kv heads for RoPE and the K/V store, then (kv head,
  * block of CM_ATTN_BLOCK positions) tasks (attn_split.c), then query heads
  * for the merge in block order and their part of attn_output's input. The
  * blocks are fixed by position, so the bits do not depend on nth. */
-enum { SPLIT_MIN = 2 * CM_ATTN_BLOCK };
+enum { SPLIT_MIN = 2 * CM_ATTN_BLOCK, MULTI_TOK = 8 /* tokens per prefill task (cm_attn_multi) */ };
 
+static size_t split_nbmax(int max_ctx) {
+    return (size_t)max_ctx / CM_ATTN_BLOCK + 2;
+}
+
+/* Per thread: scratch, then the partials of all query heads (decode), then
+ * per thread one kv head's query heads' partials (a batch's one-token runs). */
 size_t cm_fwd_split_floats(const cm_model *m, int max_ctx, int n_threads) {
     const int D = m->hp.head_dim, rep = m->hp.n_head / CM_MAX(1, m->hp.n_head_kv);
-    const size_t nbmax = (size_t)max_ctx / CM_ATTN_BLOCK + 2;
-    return (size_t)n_threads * cm_attn_split_scratch_floats(rep, D) + (size_t)m->hp.n_head * nbmax * ((size_t)D + 2);
+    const size_t part = split_nbmax(max_ctx) * ((size_t)D + 2);
+    return (size_t)n_threads * (cm_attn_split_scratch_floats(rep * MULTI_TOK, D) + (size_t)rep * part) +
+           (size_t)m->hp.n_head * part;
+}
+
+/* The view attn_split.c reads of (layer il, kv head hk): a rows-layout
+ * cache's (attn.c), or the transposed one's K rows and V element rows. */
+static cm_attn_kv split_view(const cm_kv *kv, int il, int hk) {
+    if (kv->v_rows) return cm_attn_kv_of(kv, il, hk);
+    const size_t es = kv->type == CM_TYPE_F16 ? sizeof(cm_f16) : sizeof(float), off = kv_off(kv, il, hk) * es;
+    const cm_attn_kv v = {.k = (const uint8_t *)kv->k + off, .v = (const uint8_t *)kv->v + off,
+                          .k_row = (size_t)kv->head_dim * es, .v_row = es, .k_type = kv->type, .v_type = kv->type,
+                          .v_tstride = (size_t)kv->n_ctx * es};
+    return v;
+}
+
+void cm_ctx_set_attn_split(cm_ctx *c, bool on) {
+    c->split_off = !on;
 }
 
 static bool use_split(const cm_ctx *c) {
     const cm_kv *kv = c->a->kvs[c->b->seq[0]];
-    if (c->b->n != 1 || !kv->v_rows || !c->split || c->b->pos[0] + 1 <= SPLIT_MIN) return false;
-    const cm_attn_kv av = cm_attn_kv_of(kv, c->il, c->a->slice.h0);
+    if (c->b->n != 1 || !c->split || c->split_off || c->b->pos[0] + 1 <= SPLIT_MIN) return false;
+    const cm_attn_kv av = split_view(kv, c->il, c->a->slice.h0);
     return cm_attn_split_ok(c->k, &av, c->m->hp.head_dim);
 }
 
@@ -220,7 +242,7 @@ static const void *attn_decode_split(cm_ctx *c, size_t *stride, int ith, int nth
     const cm_kv *kv = c->a->kvs[c->b->seq[0]];
     const int np = c->b->pos[0] + 1, p_lo = cm_layer_is_swa(hp, c->il) ? CM_MAX(0, np - hp->n_swa) : 0;
     const int bl0 = p_lo / CM_ATTN_BLOCK, nb = (np - 1) / CM_ATTN_BLOCK + 1 - bl0;
-    const size_t scr_n = cm_attn_split_scratch_floats(rep, D), nbmax = (size_t)c->max_ctx / CM_ATTN_BLOCK + 2;
+    const size_t scr_n = cm_attn_split_scratch_floats(rep * MULTI_TOK, D), nbmax = split_nbmax(c->max_ctx);
     const size_t pstride = nbmax * ((size_t)D + 2); /* between query heads' partials */
     float *parts = c->split + (size_t)c->n_threads * scr_n;
     int64_t k0, k1;
@@ -232,14 +254,14 @@ static const void *attn_decode_split(cm_ctx *c, size_t *stride, int ith, int nth
     cm_split_range((int64_t)nkv * nb, ith, nth, &t0, &t1);
     for (int64_t t = t0; t < t1; t++) {
         const int hl = (int)(t / nb), bi = (int)(t % nb), b = bl0 + bi;
-        const cm_attn_kv av = cm_attn_kv_of(kv, c->il, c->a->slice.h0 + hl);
+        const cm_attn_kv av = split_view(kv, c->il, c->a->slice.h0 + hl);
         const int p0 = CM_MAX(p_lo, b * CM_ATTN_BLOCK), p1 = CM_MIN(np, (b + 1) * CM_ATTN_BLOCK);
         cm_attn_split_block(c->k, &av, D, rep, c->q + (size_t)hl * rep * D, p0, p1, scale, c->split + (size_t)ith * scr_n,
                             parts + (size_t)hl * rep * pstride + (size_t)bi * (D + 2), pstride);
     }
     cm_pool_barrier(c->pool);
     const float *sinks = c->m->layers[c->il].attn_sinks.data;
-    const cm_attn_kv av = cm_attn_kv_of(kv, c->il, c->a->slice.h0);
+    const cm_attn_kv av = split_view(kv, c->il, c->a->slice.h0);
     int64_t h0, h1;
     cm_split_range(nq, ith, nth, &h0, &h1);
     for (int64_t h = h0; h < h1; h++)
@@ -260,6 +282,75 @@ static const void *attn_decode_split(cm_ctx *c, size_t *stride, int ith, int nth
     }
     cm_pool_barrier(c->pool);
     return cm_fwd_prep_act(c, CM_ACT_ATTN_OUT, &c->wo, c->att, QS, QS, 1, stride, ith, nth);
+}
+
+/* A batch that reaches past SPLIT_MIN positions: (kv head, group of
+ * MULTI_TOK batch tokens) tasks; in a group, each run of tokens of one
+ * sequence whose positions reach past SPLIT_MIN goes through cm_attn_multi
+ * (their query heads share each K/V tile), a run of one such token through
+ * the decode's blocks and merge (so B sequences decoded together give the
+ * bits of each decoded alone), any other run through attn_task as before. */
+static bool use_multi(const cm_ctx *c) {
+    const cm_batch *b = c->b;
+    if (b->n < 2 || !c->split || c->split_off) return false;
+    int pmax = 0;
+    for (int j = 0; j < b->n; j++) pmax = CM_MAX(pmax, b->pos[j] + 1);
+    const cm_attn_kv av = split_view(c->a->kvs[b->seq[0]], c->il, c->a->slice.h0);
+    return pmax > SPLIT_MIN && cm_attn_split_ok(c->k, &av, c->m->hp.head_dim);
+}
+
+/* Token j's rep query heads of kv head hl as decode's blocks and merge. */
+static void attn_one_split(cm_ctx *c, const cm_attn_kv *av, int j, int hl, int lo, int hi, float scale, float *scratch,
+                           float *parts) {
+    const cm_hparams *hp = &c->m->hp;
+    const int D = hp->head_dim, rep = hp->n_head / hp->n_head_kv, h0 = c->a->slice.h0;
+    const size_t off = (size_t)j * (c->a->slice.h1 - h0) * rep * D + (size_t)hl * rep * D, ps = (size_t)D + 2;
+    const int bl0 = lo / CM_ATTN_BLOCK, nb = (hi - 1) / CM_ATTN_BLOCK + 1 - bl0;
+    for (int bi = 0; bi < nb; bi++)
+        cm_attn_split_block(c->k, av, D, rep, c->q + off, CM_MAX(lo, (bl0 + bi) * CM_ATTN_BLOCK),
+                            CM_MIN(hi, (bl0 + bi + 1) * CM_ATTN_BLOCK), scale, scratch, parts + (size_t)bi * ps,
+                            (size_t)nb * ps);
+    const float *sinks = c->m->layers[c->il].attn_sinks.data;
+    for (int r = 0; r < rep; r++)
+        cm_attn_split_merge(parts + (size_t)r * nb * ps, nb, D, sinks ? sinks[(h0 + hl) * rep + r] : NAN, av->rot_v,
+                            c->att + off + (size_t)r * D);
+}
+
+static void attn_prefill_multi(cm_ctx *c, int ith, int nth) {
+    const cm_hparams *hp = &c->m->hp;
+    const cm_batch *b = c->b;
+    const int D = hp->head_dim, rep = hp->n_head / hp->n_head_kv, h0 = c->a->slice.h0;
+    const int nkv = c->a->slice.h1 - h0, QS = nkv * rep * D, ng = (b->n + MULTI_TOK - 1) / MULTI_TOK;
+    const float scale = hp->attn_q_scale != 0.0f ? 1.0f : 1.0f / sqrtf((float)D);
+    const float *sinks = c->m->layers[c->il].attn_sinks.data;
+    const size_t scr_n = cm_attn_split_scratch_floats(rep * MULTI_TOK, D);
+    float *scratch = c->split + (size_t)ith * scr_n;
+    float *parts = c->split + (size_t)c->n_threads * scr_n + (size_t)hp->n_head * split_nbmax(c->max_ctx) * (D + 2) +
+                   (size_t)ith * rep * split_nbmax(c->max_ctx) * (D + 2);
+    int64_t t0, t1;
+    cm_split_range((int64_t)nkv * ng, ith, nth, &t0, &t1);
+    for (int64_t t = t0; t < t1; t++) {
+        const int hl = (int)(t / ng), j1 = CM_MIN(b->n, (int)(t % ng) * MULTI_TOK + MULTI_TOK);
+        for (int ja = (int)(t % ng) * MULTI_TOK, jb; ja < j1; ja = jb) { /* runs of one sequence */
+            int lo[MULTI_TOK], hi[MULTI_TOK], pmax = 0;
+            for (jb = ja; jb < j1 && b->seq[jb] == b->seq[ja]; jb++) {
+                hi[jb - ja] = b->pos[jb] + 1;
+                lo[jb - ja] = cm_layer_is_swa(hp, c->il) ? CM_MAX(0, hi[jb - ja] - hp->n_swa) : 0;
+                pmax = CM_MAX(pmax, hi[jb - ja]);
+            }
+            const cm_attn_kv av = split_view(c->a->kvs[b->seq[ja]], c->il, h0 + hl);
+            const size_t off = (size_t)ja * QS + (size_t)hl * rep * D;
+            if (pmax <= SPLIT_MIN || !cm_attn_split_ok(c->k, &av, D)) {
+                for (int j = ja; j < jb; j++)
+                    for (int r = 0; r < rep; r++) attn_task(c, j, hl * rep + r, ith);
+            } else if (jb - ja == 1) {
+                attn_one_split(c, &av, ja, hl, lo[0], hi[0], scale, scratch, parts);
+            } else {
+                cm_attn_multi(c->k, &av, D, jb - ja, rep, c->q + off, (size_t)QS, lo, hi, scale,
+                              sinks ? sinks + (size_t)(h0 + hl) * rep : NULL, scratch, c->att + off, (size_t)QS);
+            }
+        }
+    }
 }
 
 void cm_fwd_attn(cm_ctx *c, int ith, int nth) {
@@ -328,8 +419,10 @@ void cm_fwd_attn(cm_ctx *c, int ith, int nth) {
     }
     cm_pool_barrier(c->pool);
 
-    /* Attention, one task per (token, q head). */
-    {
+    /* Attention, one task per (token, q head) (or the tiles above past SPLIT_MIN). */
+    if (use_multi(c)) {
+        attn_prefill_multi(c, ith, nth);
+    } else {
         int64_t tasks = (int64_t)n * nq, t0, t1;
         cm_split_range(tasks, ith, nth, &t0, &t1);
         for (int64_t t = t0; t < t1; t++) attn_task(c, (int)(t / nq), (int)(t % nq), ith);

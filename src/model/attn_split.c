@@ -12,6 +12,17 @@
  * The query heads of a KV head share each K and V row as it streams past
  * (kernels.h attn_qk / attn_vm), the costly part at 4k-32k positions.
  *
+ * A transposed V (the default F32/F16 cache: element rows of n_ctx
+ * positions, cm_attn_kv.v_tstride) is read the same way turned around: each
+ * V element row's positions in a tile dotted with the queries' weights by
+ * the same attn_qk kernel (the weights as its "queries", the element rows as
+ * its "rows").
+ *
+ * Prefill past the split threshold (cm_attn_multi) runs the same tiles over
+ * the query heads of several tokens at once, each query masked to its own
+ * positions: K and V are read once per group of tokens instead of once per
+ * (token, head).
+ *
  * Numerics: the query is rounded as K's vec_dot_type rounds it (F16, or Q8_0
  * for the quantized types, as ggml's flash attention converts Q), the dots
  * and the weighted V sum in F32, expf per the table. This never allocates;
@@ -24,26 +35,29 @@
 
 enum { ROT_MAX_D = 1024 }; /* as attn.c: wider heads are stored unrotated */
 
-/* A SIMD table without its own attn_qk (AVX2, NEON for now: NEEDSWORK)
- * keeps attn.c's per-head path, whose dots are that table's SIMD ones. */
+/* A SIMD table without its own attn_qk keeps the per-head paths, whose dots
+ * are that table's SIMD ones (every table has them now; a new ISA may not). */
 bool cm_attn_split_ok(const cm_kernels *k, const cm_attn_kv *kv, int head_dim) {
     const cm_kernels *ref = cm_kernels_ref();
+    if (kv->v_tstride && (kv->v_type != CM_TYPE_F32 && kv->v_type != CM_TYPE_F16)) return false;
     return head_dim % 16 == 0 && head_dim <= ROT_MAX_D && k->attn_qk[kv->k_type] && k->attn_vm[kv->v_type] &&
-           k->attn_exp && (k == ref || k->attn_qk[kv->k_type] != ref->attn_qk[kv->k_type]);
+           k->attn_qk[kv->v_type] && k->attn_exp && (k == ref || k->attn_qk[kv->k_type] != ref->attn_qk[kv->k_type]);
 }
 
 size_t cm_attn_split_scratch_floats(int nq, int head_dim) {
-    return (size_t)nq * (2 * (size_t)head_dim + CM_ATTN_TILE + 2) + 16;
+    return (size_t)nq * (3 * (size_t)head_dim + 2 * CM_ATTN_BLOCK + 2) + 64; /* tiles up to a block (v_tile) */
 }
 
-/* q (nq rows of D) rotated as K's rows are and rounded through K's
- * vec_dot_type, into qf. */
-static void prep_queries(const cm_kernels *k, const cm_attn_kv *kv, int D, int nq, const float *q, float *qf) {
+/* Query r = (token r / rep, head r % rep) at q + (r / rep) * q_stride +
+ * (r % rep) * D, rotated as K's rows are and rounded through K's
+ * vec_dot_type, into qf (nq rows of D). */
+static void prep_queries(const cm_kernels *k, const cm_attn_kv *kv, int D, int nq, int rep, const float *q,
+                         size_t q_stride, float *qf) {
     const enum cm_type qt = cm_type_traits_of(kv->k_type)->vec_dot_type;
     uint8_t tmp[ROT_MAX_D * 4];
     for (int r = 0; r < nq; r++) {
         float *x = qf + (size_t)r * D;
-        memcpy(x, q + (size_t)r * D, (size_t)D * sizeof(float));
+        memcpy(x, q + (size_t)(r / rep) * q_stride + (size_t)(r % rep) * D, (size_t)D * sizeof(float));
         if (kv->rot_k) cm_fwht_rows(x, D, kv->rot_k);
         if (qt != CM_TYPE_F32) {
             k->from_float[qt](x, tmp, D);
@@ -52,40 +66,107 @@ static void prep_queries(const cm_kernels *k, const cm_attn_kv *kv, int D, int n
     }
 }
 
-void cm_attn_split_block(const cm_kernels *k, const cm_attn_kv *kv, int D, int nq, const float *q, int p0, int p1,
-                         float scale, float *scratch, float *part, size_t part_stride) {
-    float *qf = scratch, *sc = qf + (size_t)nq * D, *acc = sc + (size_t)nq * CM_ATTN_TILE, *M = acc + (size_t)nq * D,
-          *S = M + nq;
-    prep_queries(k, kv, D, nq, q, qf);
+/* acc[r * D + i] += w[r * ld + j] V_{p0 + j}[i] for j in [0, n). V rows: the
+ * table's attn_vm. A transposed V: attn_qk over V's element rows for the
+ * first n16 positions (its widths are multiples of 16; tmp: nq (D + n16)
+ * floats), then the last n % 16 in element order. */
+static void v_acc(const cm_kernels *k, const cm_attn_kv *kv, int D, int nq, const float *w, int ld, int p0, int n,
+                  float *acc, float *tmp) {
+    if (!kv->v_tstride) {
+        k->attn_vm[kv->v_type](D, nq, kv->v + (size_t)p0 * kv->v_row, kv->v_row, w, ld, n, acc);
+        return;
+    }
+    const int n16 = n & ~15;
+    if (n16) {
+        const float *wq = w;
+        if (ld != n16) { /* the weights as rows of n16 */
+            float *wc = tmp + (size_t)nq * D;
+            for (int r = 0; r < nq; r++) memcpy(wc + (size_t)r * n16, w + (size_t)r * ld, (size_t)n16 * sizeof(float));
+            wq = wc;
+        }
+        k->attn_qk[kv->v_type](n16, nq, wq, kv->v + (size_t)p0 * kv->v_row, kv->v_tstride, D, 1.0f, tmp, D);
+        for (size_t i = 0; i < (size_t)nq * D; i++) acc[i] += tmp[i];
+    }
+    const uint8_t *v = kv->v + (size_t)(p0 + n16) * kv->v_row;
+    for (int i = 0; i < D; i++, v += kv->v_tstride)
+        for (int j = 0; j < n - n16; j++) {
+            const float x = kv->v_type == CM_TYPE_F16 ? cm_f16_to_f32(((const cm_f16 *)v)[j]) : ((const float *)v)[j];
+            for (int r = 0; r < nq; r++) acc[(size_t)r * D + i] += w[(size_t)r * ld + n16 + j] * x;
+        }
+}
+
+/* Positions per tile: CM_ATTN_TILE over V rows; a whole block over a
+ * transposed V, whose element rows are then read 256 positions at a time
+ * (64 at a time touched 64 pages per tile and ran slower than the per-head
+ * two-pass, measured). */
+static int v_tile(const cm_attn_kv *kv) {
+    return kv->v_tstride ? CM_ATTN_BLOCK : CM_ATTN_TILE;
+}
+
+/* The online softmax over tiles of v_tile positions from min(lo) to
+ * max(hi), query r seeing [lo[r / rep], hi[r / rep]) (masked elsewhere: its
+ * weights 0, its max and sum untouched): M, S and acc of every query. */
+static void attend(const cm_kernels *k, const cm_attn_kv *kv, int D, int nq, int rep, const float *qf, const int *lo,
+                   const int *hi, float scale, float *sc, float *acc, float *M, float *S, float *tmp) {
     const cm_attn_qk_fn qk = k->attn_qk[kv->k_type];
-    const cm_attn_vm_fn vm = k->attn_vm[kv->v_type];
+    int pmin = lo[0], pmax = hi[0];
+    for (int g = 1; g < nq / rep; g++) pmin = CM_MIN(pmin, lo[g]), pmax = CM_MAX(pmax, hi[g]);
     for (int r = 0; r < nq; r++) {
         M[r] = -INFINITY;
         S[r] = 0.0f;
     }
     memset(acc, 0, (size_t)nq * D * sizeof(float));
-    for (int t0 = p0; t0 < p1; t0 += CM_ATTN_TILE) {
-        const int nt = CM_MIN(CM_ATTN_TILE, p1 - t0);
-        qk(D, nq, qf, kv->k + (size_t)t0 * kv->k_row, kv->k_row, nt, scale, sc, CM_ATTN_TILE);
+    const int T = v_tile(kv);
+    for (int t0 = pmin; t0 < pmax; t0 += T) {
+        const int nt = CM_MIN(T, pmax - t0);
+        qk(D, nq, qf, kv->k + (size_t)t0 * kv->k_row, kv->k_row, nt, scale, sc, T);
         for (int r = 0; r < nq; r++) {
-            float *s = sc + (size_t)r * CM_ATTN_TILE, *a = acc + (size_t)r * D;
+            float *s = sc + (size_t)r * T, *a = acc + (size_t)r * D;
+            const int j0 = CM_MAX(0, CM_MIN(nt, lo[r / rep] - t0)), j1 = CM_MAX(j0, CM_MIN(nt, hi[r / rep] - t0));
             float mt = -INFINITY;
-            for (int j = 0; j < nt; j++) mt = s[j] > mt ? s[j] : mt;
+            for (int j = j0; j < j1; j++) mt = s[j] > mt ? s[j] : mt;
             if (mt > M[r]) { /* a new maximum: rescale what came before */
                 const float ms = expf(M[r] - mt);
                 for (int i = 0; i < D; i++) a[i] *= ms;
                 S[r] *= ms;
                 M[r] = mt;
             }
-            S[r] += k->attn_exp(nt, s, M[r]);
+            if (j1 > j0) S[r] += k->attn_exp(j1 - j0, s + j0, M[r]);
+            for (int j = 0; j < j0; j++) s[j] = 0.0f;
+            for (int j = j1; j < nt; j++) s[j] = 0.0f;
         }
-        vm(D, nq, kv->v + (size_t)t0 * kv->v_row, kv->v_row, sc, CM_ATTN_TILE, nt, acc);
+        v_acc(k, kv, D, nq, sc, T, t0, nt, acc, tmp);
     }
+}
+
+void cm_attn_split_block(const cm_kernels *k, const cm_attn_kv *kv, int D, int nq, const float *q, int p0, int p1,
+                         float scale, float *scratch, float *part, size_t part_stride) {
+    float *qf = scratch, *sc = qf + (size_t)nq * D, *acc = sc + (size_t)nq * v_tile(kv), *M = acc + (size_t)nq * D,
+          *S = M + nq, *tmp = S + nq;
+    prep_queries(k, kv, D, nq, nq, q, 0, qf);
+    attend(k, kv, D, nq, nq, qf, &p0, &p1, scale, sc, acc, M, S, tmp);
     for (int r = 0; r < nq; r++) {
         float *pr = part + (size_t)r * part_stride;
         pr[0] = M[r];
         pr[1] = S[r];
         memcpy(pr + 2, acc + (size_t)r * D, (size_t)D * sizeof(float));
+    }
+}
+
+void cm_attn_multi(const cm_kernels *k, const cm_attn_kv *kv, int D, int ntok, int rep, const float *q,
+                   size_t q_stride, const int *lo, const int *hi, float scale, const float *sinks, float *scratch,
+                   float *out, size_t out_stride) {
+    const int nq = ntok * rep;
+    float *qf = scratch, *sc = qf + (size_t)nq * D, *acc = sc + (size_t)nq * v_tile(kv), *M = acc + (size_t)nq * D,
+          *S = M + nq, *tmp = S + nq;
+    prep_queries(k, kv, D, nq, rep, q, q_stride, qf);
+    attend(k, kv, D, nq, rep, qf, lo, hi, scale, sc, acc, M, S, tmp);
+    for (int r = 0; r < nq; r++) { /* one partial each, merged with its sink */
+        tmp[0] = M[r];
+        tmp[1] = S[r];
+        memcpy(tmp + 2, acc + (size_t)r * D, (size_t)D * sizeof(float));
+        cm_attn_split_merge(tmp, 1, D, sinks ? sinks[r % rep] : NAN, kv->rot_v,
+                            out + (size_t)(r / rep) * out_stride + (size_t)(r % rep) * D);
     }
 }
 

@@ -23,6 +23,7 @@ struct cm_ctx {
     int max_batch, max_ctx, n_threads;
     float *x, *xn, *q, *kc, *vc, *att, *part, *gate, *up, *rope, *rope_swa, *scores;
     float *split; /* attn_layer.c's decode over KV blocks: per-thread scratch, then the partials */
+    bool split_off; /* cm_ctx_set_attn_split(c, false) */
     uint8_t *xq;
     size_t xq_size; /* bytes of xq */
     int32_t *out_rows;

@@ -320,6 +320,10 @@ typedef struct cm_attn_kv {
      * rotated keys (the query is rotated alike), V's rotated values (the
      * output is rotated back) */
     int rot_k, rot_v;
+    /* 0: V as rows (v_row bytes apart). Otherwise the transposed layout (F32
+     * or F16, attn_split.c only): element i of position p of V at
+     * v + i * v_tstride + p * v_row. */
+    size_t v_tstride;
 } cm_attn_kv;
 cm_attn_kv cm_attn_kv_of(const cm_kv *kv, int il, int hk);
 /* llama.cpp rotates K and V (orthonormal Walsh-Hadamard, in chunks along
@@ -361,6 +365,14 @@ size_t cm_attn_split_scratch_floats(int nq, int head_dim); /* scratch of one cm_
  * (head_dim + 2 floats). Thread-safe with its own scratch. */
 void cm_attn_split_block(const cm_kernels *k, const cm_attn_kv *kv, int head_dim, int nq, const float *q, int p0,
                          int p1, float scale, float *scratch, float *part, size_t part_stride);
+/* Prefill: the rep query heads of each of ntok tokens of one sequence (token
+ * g's heads at q + g * q_stride, head_dim floats apart), token g over
+ * positions [lo[g], hi[g]); K/V tiles shared by all of them. out like q
+ * (out_stride); sinks: rep logits (NULL: none). Thread-safe with its own
+ * scratch of cm_attn_split_scratch_floats(ntok * rep, head_dim). */
+void cm_attn_multi(const cm_kernels *k, const cm_attn_kv *kv, int head_dim, int ntok, int rep, const float *q,
+                   size_t q_stride, const int *lo, const int *hi, float scale, const float *sinks, float *scratch,
+                   float *out, size_t out_stride);
 /* out[0:head_dim]: one query's nb partials (adjacent, block order) merged,
  * plus a sink logit unless NAN, divided by the sum, rotated back by rot_v. */
 void cm_attn_split_merge(const float *parts, int nb, int head_dim, float sink, int rot_v, float *out);
@@ -503,6 +515,10 @@ void cm_expert_share(uint32_t holders, int rank, int c, int *lo, int *hi);
 typedef int (*cm_offload_fn)(void *user, const cm_batch *b, const struct cm_forward_args *a, float *x,
                              const float *rope, char *err, size_t errlen);
 void cm_ctx_set_offload(cm_ctx *c, cm_offload_fn fn, void *user);
+/* Past 512 positions attention runs over KV blocks / multi-query tiles
+ * (attn_split.c; the default); false keeps the per-(token, head) paths at
+ * every length (tests and benchmarks compare the two). */
+void cm_ctx_set_attn_split(cm_ctx *c, bool on);
 
 /* Run the batch through layers [layer_first, layer_last) over the slice.
  * For each sequence, its tokens in the batch must be at consecutive

@@ -1,12 +1,15 @@
 /* test_attn_split.c: decode attention split over blocks of KV positions
  * (model/attn_split.c and its kernels attn_qk / attn_vm / attn_exp).
- *   - every kernel table (scalar, and AVX-512 where the CPU has it) against
+ *   - every kernel table (scalar, and AVX2 / AVX-512 where the CPU has them;
+ *     NEON's kernels are checked against scalar in test_kernels_simd) against
  *     softmax attention in double over the cache's dequantized rows, for the
  *     KV types F32, F16, Q8_0, Q4_0 (rotated and not), with a window and a
  *     sink, four queries sharing a KV head;
  *   - a whole decode step past the split threshold gives the same bits with
  *     1, 2 and 3 threads (the blocks are fixed by position, merged in block
- *     order), and agrees with the two-pass attention over an F32 cache. */
+ *     order; the prompt's chunks past 512 positions through the multi-query
+ *     tiles), over a rows cache and over the transposed (default) one, and
+ *     agrees with the per-(token, head) paths (cm_ctx_set_attn_split off). */
 #include "test.h"
 
 #include "base/base.h"
@@ -71,7 +74,7 @@ static void dequant_rows(enum cm_type t, const uint8_t *r, int n, int rot, float
 
 static void test_split_vs_naive(void) {
     static const enum cm_type types[4] = {CM_TYPE_F32, CM_TYPE_F16, CM_TYPE_Q8_0, CM_TYPE_Q4_0};
-    const cm_kernels *tables[2] = {cm_kernels_ref(), cm_kernels_for("avx512")};
+    const cm_kernels *tables[3] = {cm_kernels_ref(), cm_kernels_for("avx2"), cm_kernels_for("avx512")};
     uint64_t s = 5;
     float *k = cm_malloc(sizeof(float) * D * N), *v = cm_malloc(sizeof(float) * D * N), q[NQ * D], out[D];
     float *kd = cm_malloc(sizeof(float) * D * N), *vd = cm_malloc(sizeof(float) * D * N);
@@ -83,7 +86,7 @@ static void test_split_vs_naive(void) {
     const int ranges[3][2] = {{0, N}, {300, 1100}, {0, 700}};
     const float sinks[2] = {NAN, 1.5f};
     int tested = 0;
-    for (int ti = 0; ti < 2; ti++) {
+    for (int ti = 0; ti < 3; ti++) {
         const cm_kernels *kk = tables[ti];
         if (!kk) continue;
         for (int t = 0; t < 4; t++)
@@ -127,8 +130,71 @@ static void test_split_vs_naive(void) {
                 cm_free(vr);
             }
     }
-    CHECK(tested >= 18);
+    CHECK(tested >= 18 * ((tables[1] != NULL) + 1));
     cm_free(scratch), cm_free(parts);
+    cm_free(k), cm_free(v), cm_free(kd), cm_free(vd);
+}
+
+/* The transposed layout's view (F32/F16 V as element rows, v_tstride) in
+ * decode's blocks, and cm_attn_multi (prefill: 3 tokens x 4 heads, each token
+ * its own [lo, hi), rows and transposed V, with a sink) against the naive
+ * softmax, with every table. */
+static void test_transposed_and_multi(void) {
+    static const enum cm_type types[3] = {CM_TYPE_F32, CM_TYPE_F16, CM_TYPE_Q8_0};
+    const cm_kernels *tables[3] = {cm_kernels_ref(), cm_kernels_for("avx2"), cm_kernels_for("avx512")};
+    uint64_t s = 11;
+    float *k = cm_malloc(sizeof(float) * D * N), *v = cm_malloc(sizeof(float) * D * N), q[3 * NQ * D], out[3 * NQ * D];
+    float *kd = cm_malloc(sizeof(float) * D * N), *vd = cm_malloc(sizeof(float) * D * N);
+    for (int i = 0; i < D * N; i++) k[i] = frand(&s), v[i] = frand(&s);
+    for (int i = 0; i < 3 * NQ * D; i++) q[i] = 3 * frand(&s);
+    float *scratch = cm_malloc(sizeof(float) * cm_attn_split_scratch_floats(3 * NQ, D));
+    float *parts = cm_malloc(sizeof(float) * NQ * (N / CM_ATTN_BLOCK + 2) * (D + 2));
+    uint8_t *vt = cm_malloc((size_t)D * N * 4);
+    const float sinks[NQ] = {NAN, 0.5f, NAN, 2.0f};
+    int tested = 0;
+    for (int ti = 0; ti < 3; ti++) {
+        const cm_kernels *kk = tables[ti];
+        if (!kk) continue;
+        for (int t = 0; t < 3; t++)
+            for (int trans = 0; trans < (t < 2 ? 2 : 1); trans++) {
+                const size_t row = cm_row_size(types[t], D), es = t == 0 ? 4 : 2;
+                const int rk = cm_kv_rot_k(types[t], D), rv = cm_kv_rot_v(types[t], D);
+                uint8_t *kr = make_rows(types[t], k, N, rk), *vr = make_rows(types[t], v, N, rv);
+                dequant_rows(types[t], kr, N, rk, kd);
+                dequant_rows(types[t], vr, N, rv, vd);
+                for (int p = 0; trans && p < N; p++) /* V's element rows of N positions */
+                    for (int i = 0; i < D; i++) memcpy(vt + ((size_t)i * N + p) * es, vr + row * p + es * i, es);
+                const cm_attn_kv av = {.k = kr, .v = trans ? vt : vr, .k_row = row, .v_row = trans ? es : row,
+                                       .k_type = types[t], .v_type = types[t], .rot_k = rk, .rot_v = rv,
+                                       .v_tstride = trans ? (size_t)N * es : 0};
+                CHECK(cm_attn_split_ok(kk, &av, D));
+                const int lo[3] = {0, 250, 0}, hi[3] = {700, 1005, N - 3};
+                cm_attn_multi(kk, &av, D, 3, NQ, q, NQ * D, lo, hi, 0.125f, sinks, scratch, out, NQ * D);
+                for (int g = 0; g < 3; g++) {
+                    const int b0 = lo[g] / CM_ATTN_BLOCK, nb = (hi[g] - 1) / CM_ATTN_BLOCK + 1 - b0;
+                    for (int bi = 0; bi < nb; bi++)
+                        cm_attn_split_block(kk, &av, D, NQ, q + g * NQ * D, CM_MAX(lo[g], (b0 + bi) * CM_ATTN_BLOCK),
+                                            CM_MIN(hi[g], (b0 + bi + 1) * CM_ATTN_BLOCK), 0.125f, scratch,
+                                            parts + (size_t)bi * (D + 2), (size_t)nb * (D + 2));
+                    for (int h = 0; h < NQ; h++) {
+                        double ref[D], e = 0, e2 = 0;
+                        float o2[D];
+                        naive(q + (g * NQ + h) * D, kd, vd, lo[g], hi[g], 0.125f, sinks[h], ref);
+                        cm_attn_split_merge(parts + (size_t)h * nb * (D + 2), nb, D, sinks[h], rv, o2);
+                        for (int i = 0; i < D; i++)
+                            e = fmax(e, fabs(out[(g * NQ + h) * D + i] - ref[i])), e2 = fmax(e2, fabs(o2[i] - ref[i]));
+                        const double tol = t == 0 ? 1e-6 : t == 1 ? 3e-4 : 2.5e-3;
+                        CHECKF(e < tol && e2 < tol, "%s %s %s token %d head %d: multi %.3g, blocks %.3g", kk->name,
+                               cm_type_name(types[t]), trans ? "transposed" : "rows", g, h, e, e2);
+                    }
+                }
+                tested++;
+                cm_free(kr);
+                cm_free(vr);
+            }
+    }
+    CHECK(tested >= 5);
+    cm_free(scratch), cm_free(parts), cm_free(vt);
     cm_free(k), cm_free(v), cm_free(kd), cm_free(vd);
 }
 
@@ -152,16 +218,20 @@ static int load_model(cm_buf *file, cm_gguf *g, cm_model *m) {
 }
 
 /* Prefill n_prompt tokens and decode one more with `threads` threads and a
- * cache of the given types and layout; the decode step's logits into out. */
+ * cache of the given types and layout; the decode step's logits into out.
+ * split false: the per-(token, head) paths at every length (two-pass over
+ * the transposed cache, attn.c's tiles over rows), the reference. */
 static int decode_logits(const cm_model *m, int threads, enum cm_type t, bool rows, const int32_t *toks, int n_prompt,
-                         float *out) {
+                         bool split, float *out) {
     cm_pool *pool = cm_pool_new(threads);
     cm_ctx *c = cm_ctx_new(m, 64, n_prompt + 8, pool, errbuf, sizeof errbuf);
     cm_kv kv;
     int rc = !c || cm_kv_init_types(&kv, m, 0, m->hp.n_layer, cm_slice_full(m), n_prompt + 8, t, t, rows, errbuf,
                                     sizeof errbuf);
-    if (!rc) rc = cm_forward_simple(c, &kv, toks, n_prompt, out, errbuf, sizeof errbuf) ||
-                  cm_forward_simple(c, &kv, toks + n_prompt, 1, out, errbuf, sizeof errbuf);
+    if (c) cm_ctx_set_attn_split(c, split);
+    if (!rc)
+        rc = cm_forward_simple(c, &kv, toks, n_prompt, out, errbuf, sizeof errbuf) ||
+             cm_forward_simple(c, &kv, toks + n_prompt, 1, out, errbuf, sizeof errbuf);
     CHECKF(!rc, "decode with %d threads: %s", threads, errbuf);
     if (c) cm_kv_release(&kv);
     cm_ctx_free(c);
@@ -174,28 +244,33 @@ static void test_threads_bitwise(void) {
     cm_gguf g;
     cm_model m;
     if (load_model(&file, &g, &m)) return;
-    const int n_prompt = 2 * CM_ATTN_BLOCK + 180, V = m.hp.n_vocab; /* past the split threshold: 3 blocks */
+    /* past the split threshold: the prompt's last chunks run the multi-query
+     * tiles, the decode step 3 blocks */
+    const int n_prompt = 2 * CM_ATTN_BLOCK + 180, V = m.hp.n_vocab;
     int32_t *toks = cm_malloc(sizeof(int32_t) * (n_prompt + 1));
     uint64_t s = 9;
     for (int i = 0; i <= n_prompt; i++) toks[i] = (int32_t)((frand(&s) + 1.0f) * 0.5f * (V - 1));
     float *ref = cm_malloc(sizeof(float) * V), *o = cm_malloc(sizeof(float) * V);
     static const enum cm_type types[3] = {CM_TYPE_F32, CM_TYPE_F16, CM_TYPE_Q8_0};
-    for (int ti = 0; ti < 3; ti++) {
-        if (decode_logits(&m, 1, types[ti], true, toks, n_prompt, ref)) break;
+    for (int ti = 0; ti < 5; ti++) { /* rows F32, F16, Q8_0; transposed F32, F16 */
+        const enum cm_type t = types[ti % 3];
+        const bool rows = ti < 3;
+        if (decode_logits(&m, 1, t, rows, toks, n_prompt, true, ref)) break;
         for (int th = 2; th <= 3; th++) {
-            if (decode_logits(&m, th, types[ti], true, toks, n_prompt, o)) break;
-            CHECKF(!memcmp(ref, o, sizeof(float) * V), "%s cache: %d threads give other bits than 1",
-                   cm_type_name(types[ti]), th);
+            if (decode_logits(&m, th, t, rows, toks, n_prompt, true, o)) break;
+            CHECKF(!memcmp(ref, o, sizeof(float) * V), "%s %s cache: %d threads give other bits than 1", cm_type_name(t),
+                   rows ? "rows" : "transposed", th);
         }
-    }
-    /* the F32 rows cache (split) against the two-pass attention over the
-     * transposed F32 cache: float sums in another order only */
-    if (!decode_logits(&m, 2, CM_TYPE_F32, true, toks, n_prompt, ref) &&
-        !decode_logits(&m, 2, CM_TYPE_F32, false, toks, n_prompt, o)) {
+        /* against the per-(token, head) paths: float sums in another order;
+         * F16: those round the weights to F16 (two-pass) or accumulate in F16
+         * (rows, ggml's one-query path); Q8_0: the query rounded alike */
+        if (decode_logits(&m, 2, t, rows, toks, n_prompt, false, ref)) break;
         double e = 0, mx = 0;
         for (int i = 0; i < V; i++) e = fmax(e, fabs(ref[i] - o[i])), mx = fmax(mx, fabs(o[i]));
-        if (getenv("CUMULO_TEST_VERBOSE")) fprintf(stderr, "  split vs two-pass (f32): %.3g of %.3g\n", e, mx);
-        CHECKF(e <= 1e-4 * fmax(1.0, mx), "split vs two-pass attention: logits differ by %.3g (max %.3g)", e, mx);
+        if (getenv("CUMULO_TEST_VERBOSE"))
+            fprintf(stderr, "  %s %s: split vs per-head paths %.3g of %.3g\n", cm_type_name(t), rows ? "rows" : "transposed", e, mx);
+        CHECKF(e <= (t == CM_TYPE_F32 ? 1e-4 : 2e-3) * fmax(1.0, mx), "%s %s: split vs per-head logits differ by %.3g (max %.3g)",
+               cm_type_name(t), rows ? "rows" : "transposed", e, mx);
     }
     cm_free(toks), cm_free(ref), cm_free(o);
     cm_model_release(&m);
@@ -203,8 +278,54 @@ static void test_threads_bitwise(void) {
     cm_buf_release(&file);
 }
 
+/* Two sequences past the split threshold decoded in one batch give the bits
+ * of each decoded alone (the batch's one-token runs take decode's blocks). */
+static void test_batched_decode(void) {
+    cm_buf file;
+    cm_gguf g;
+    cm_model m;
+    if (load_model(&file, &g, &m)) return;
+    const int n_prompt = 2 * CM_ATTN_BLOCK + 100, V = m.hp.n_vocab, E = m.hp.n_embd;
+    int32_t *toks = cm_malloc(sizeof(int32_t) * 2 * (n_prompt + 1));
+    uint64_t s = 13;
+    for (int i = 0; i < 2 * (n_prompt + 1); i++) toks[i] = (int32_t)((frand(&s) + 1.0f) * 0.5f * (V - 1));
+    float *lg = cm_malloc(sizeof(float) * V), *h1 = cm_malloc(sizeof(float) * 2 * E), *h2 = cm_malloc(sizeof(float) * 2 * E);
+    cm_pool *pool = cm_pool_new(2);
+    cm_ctx *c = cm_ctx_new(&m, 64, n_prompt + 8, pool, errbuf, sizeof errbuf);
+    for (int rows = 0; c && rows < 2; rows++) {
+        const enum cm_type t = rows ? CM_TYPE_Q8_0 : CM_TYPE_F16;
+        cm_kv kv[4];
+        int rc = 0, nk = 0;
+        for (; nk < 4 && !rc; nk++)
+            rc = cm_kv_init_types(&kv[nk], &m, 0, m.hp.n_layer, cm_slice_full(&m), n_prompt + 8, t, t, rows, errbuf,
+                                  sizeof errbuf) ||
+                 cm_forward_simple(c, &kv[nk], toks + (nk % 2) * (n_prompt + 1), n_prompt, lg, errbuf, sizeof errbuf);
+        for (int q = 0; q < 3 && !rc; q++) { /* kv 0 and 1 alone, kv 2 and 3 together */
+            const int32_t tok[2] = {toks[n_prompt], toks[2 * n_prompt + 1]}, pos[2] = {n_prompt, n_prompt}, seq[2] = {0, 1};
+            cm_kv *kvs[2] = {&kv[q == 2 ? 2 : q], &kv[3]};
+            const cm_batch b = {.n = q == 2 ? 2 : 1, .tokens = q == 2 ? tok : tok + q, .pos = pos, .seq = seq};
+            const cm_forward_args a = {.layer_first = 0, .layer_last = m.hp.n_layer, .slice = cm_slice_full(&m), .kvs = kvs,
+                                       .n_kvs = q == 2 ? 2 : 1, .out_hidden = q == 2 ? h2 : h1 + q * E};
+            rc = cm_forward(c, &b, &a, errbuf, sizeof errbuf);
+        }
+        CHECKF(!rc, "batched decode: %s", errbuf);
+        if (!rc) CHECKF(!memcmp(h1, h2, sizeof(float) * 2 * E), "%s cache: two sequences decoded together differ from alone",
+                        cm_type_name(t));
+        for (int i = 0; i < nk; i++) cm_kv_release(&kv[i]);
+    }
+    CHECKF(c != NULL, "context: %s", errbuf);
+    cm_ctx_free(c);
+    cm_pool_free(pool);
+    cm_free(toks), cm_free(lg), cm_free(h1), cm_free(h2);
+    cm_model_release(&m);
+    cm_gguf_close(&g);
+    cm_buf_release(&file);
+}
+
 int main(void) {
     RUN(test_split_vs_naive);
+    RUN(test_transposed_and_multi);
     RUN(test_threads_bitwise);
+    RUN(test_batched_decode);
     TEST_END();
 }

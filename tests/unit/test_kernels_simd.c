@@ -335,6 +335,81 @@ static void check_attn_v(const cm_kernels *k) {
     }
 }
 
+/* The multi-query decode ops (attn_qk, attn_vm, attn_exp; model/attn_split.c)
+ * against the reference table, for every KV type: nq = 1..5 queries (a
+ * group of four and a remainder), D = 64 and 128, n = 64 rows and 37 (a
+ * partial group of positions at the end). qk: each score within
+ * 2 gamma_{D+32} sum |q||k| (the block types' d * q roundings included);
+ * vm: each element within 2 gamma_{n+2} (|acc| + sum |w||v|); exp: within
+ * 4 ulps of expf where that is normal, below 1e-37 where it is not. */
+static void check_attn_split(const cm_kernels *k) {
+    static const enum cm_type kt[] = {CM_TYPE_F32, CM_TYPE_F16, CM_TYPE_Q8_0, CM_TYPE_Q4_0};
+    const cm_kernels *ref = cm_kernels_ref();
+    static float x[64 * 128], xd[64 * 128], q[5 * 128], w[5 * 64], s0[5 * 64], s1[5 * 64], a0[5 * 128], a1[5 * 128];
+    static uint8_t rows[64 * 128 * 4];
+    const double u = 1.0 / 16777216.0;
+    int checked = 0;
+    for (size_t ti = 0; ti < sizeof kt / sizeof kt[0]; ti++) {
+        const enum cm_type t = kt[ti];
+        CHECKF(k->attn_qk[t] && k->attn_qk[t] != ref->attn_qk[t] && k->attn_vm[t] && k->attn_vm[t] != ref->attn_vm[t],
+               "%s has no SIMD attn_qk/attn_vm for %s", k->name, cm_type_name(t));
+        if (!k->attn_qk[t] || !k->attn_vm[t]) continue;
+        for (int D = 64; D <= 128; D += 64) {
+            const size_t row = cm_row_size(t, D);
+            for (int i = 0; i < 64 * D; i++) x[i] = (float)((g_rng = g_rng * 6364136223846793005ull + 1) >> 40) / 16777216.0f * 2 - 1;
+            for (int j = 0; j < 64; j++) {
+                if (t == CM_TYPE_F32) memcpy(rows + row * j, x + j * D, (size_t)D * 4);
+                else cm_quantize_rows(t, x + j * D, rows + row * j, 1, D);
+                ref->to_float[t](rows + row * j, xd + j * D, D);
+            }
+            for (int i = 0; i < 5 * D; i++) q[i] = 3 * x[(i * 7) % (64 * D)];
+            for (int i = 0; i < 5 * 64; i++) w[i] = (float)(i % 11) / 11.0f;
+            for (int nq = 1; nq <= 5; nq++)
+                for (int n = 37; n <= 64; n += 27) {
+                    ref->attn_qk[t](D, nq, q, rows, row, n, 0.125f, s0, 64);
+                    k->attn_qk[t](D, nq, q, rows, row, n, 0.125f, s1, 64);
+                    for (int h = 0; h < nq; h++)
+                        for (int j = 0; j < n; j++) {
+                            double S = 0;
+                            for (int i = 0; i < D; i++) S += fabs((double)q[h * D + i] * xd[j * D + i]) * 0.125;
+                            const double L = D + 32, bound = 2 * L * u / (1 - L * u) * S + 1e-30;
+                            CHECKF(fabs((double)s0[h * 64 + j] - s1[h * 64 + j]) <= bound,
+                                   "%s attn_qk %s D %d nq %d n %d: score (%d, %d) %.9g vs %.9g", k->name, cm_type_name(t), D,
+                                   nq, n, h, j, s1[h * 64 + j], s0[h * 64 + j]);
+                        }
+                    for (int i = 0; i < nq * D; i++) a0[i] = a1[i] = (float)(i % D) / D;
+                    ref->attn_vm[t](D, nq, rows, row, w, 64, n, a0);
+                    k->attn_vm[t](D, nq, rows, row, w, 64, n, a1);
+                    for (int h = 0; h < nq; h++)
+                        for (int i = 0; i < D; i++) {
+                            double S = fabs((double)(i % D) / D);
+                            for (int j = 0; j < n; j++) S += fabs((double)w[h * 64 + j] * xd[j * D + i]);
+                            const double L = n + 2, bound = 2 * L * u / (1 - L * u) * S;
+                            CHECKF(fabs((double)a0[h * D + i] - a1[h * D + i]) <= bound,
+                                   "%s attn_vm %s D %d nq %d n %d: (%d, %d) %.9g vs %.9g", k->name, cm_type_name(t), D, nq,
+                                   n, h, i, a1[h * D + i], a0[h * D + i]);
+                        }
+                    checked++;
+                }
+        }
+    }
+    CHECKF(k->attn_exp && k->attn_exp != ref->attn_exp, "%s has no SIMD attn_exp", k->name);
+    if (k->attn_exp) {
+        for (int n = 1; n <= 67; n += 11) {
+            for (int j = 0; j < n; j++) s0[j] = s1[j] = -(float)j * 1.7f - (float)n * 0.013f; /* down to -112 */
+            const float sum0 = ref->attn_exp(n, s0, 0.25f), sum1 = k->attn_exp(n, s1, 0.25f);
+            for (int j = 0; j < n; j++) {
+                const double e = fabs((double)s0[j] - s1[j]);
+                CHECKF(s0[j] >= 1.1754944e-38f ? e <= 4 * u * 2 * s0[j] : e < 1e-37, "%s attn_exp n %d [%d]: %.9g vs expf %.9g",
+                       k->name, n, j, s1[j], s0[j]);
+            }
+            CHECKF(fabs((double)sum0 - sum1) <= (4 * u * 2 + (n + 2) * u * 2) * sum0, "%s attn_exp n %d: sum %.9g vs %.9g",
+                   k->name, n, sum1, sum0);
+        }
+    }
+    printf("# %s attn_qk/attn_vm: %d shapes checked against the reference\n", k->name, checked);
+}
+
 static void test_tables(void) {
     int n_isa = 0;
     for (size_t i = 0; i < sizeof k_isas / sizeof k_isas[0]; i++) {
@@ -349,6 +424,7 @@ static void test_tables(void) {
         check_from_float(k);
         check_gemm(k);
         check_attn_v(k);
+        check_attn_split(k);
     }
     printf("# %d SIMD table(s) tested\n", n_isa);
 }
