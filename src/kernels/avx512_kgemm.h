@@ -32,7 +32,7 @@
 enum {
     KG_MAXNB = 64,         /* super-blocks per row (k <= 16384) */
     KG_PASS = 256 * 1024,  /* bytes of activations per pass */
-    K6_R = 2, K6_T = 4,    /* q6_k register tile (the rows' super-block stays in registers) */
+    K6_R = 4, K6_T = 4,    /* q6_k register tile */
     /* token super-blocks per pass (q6_k's corrections: 4 vectors each) */
     KG6_YC = KG_PASS / (int)sizeof(cm_block_q8_k) > 4 * K6_T * KG_MAXNB ? KG_PASS / (int)sizeof(cm_block_q8_k)
                                                                       : 4 * K6_T * KG_MAXNB,
@@ -43,8 +43,8 @@ enum {
  * The weights unsigned (the 6-bit q, 0..63) against the token signed, the
  * -32 offset moved to the token: vpdpbusd starts from -32 * the token's
  * 4-byte sums (kg6_ycorr, once per token and pass), so each 4-byte lane is
- * sum((q - 32) * y) as in ztile_q6_k. A K6_R x K6_T tile keeps its rows'
- * unpacked super-block in registers while every token of the tile passes. */
+ * sum((q - 32) * y) as in ztile_q6_k, and the unpacked rows hold no
+ * correction vectors: 6 loads per super-block, row and token instead of 10. */
 
 /* Per chunk c (128 weights) of a super-block: q[c][v] = q of elements
  * 128c + 64v .. +63 (ztile_q6_k's q01 / q23 before the -32), s[c] = lane
@@ -91,13 +91,6 @@ AI void kg6_tile(int64_t nb, const kg6_blk *const *xb, const float *const *xd, c
     _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
         _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        __m512i q[K6_R][2][2], s[K6_R][2];
-        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
-            _Pragma("GCC unroll 2") for (int c = 0; c < 2; c++) {
-                q[r][c][0] = _mm512_load_si512((const void *)&xb[r][b].q[c][0]);
-                q[r][c][1] = _mm512_load_si512((const void *)&xb[r][b].q[c][1]);
-                s[r][c] = _mm512_load_si512((const void *)&xb[r][b].s[c]);
-            }
         _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
             __m512i sumi[K6_R];
             _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) sumi[r] = _mm512_setzero_si512();
@@ -107,10 +100,11 @@ AI void kg6_tile(int64_t nb, const kg6_blk *const *xb, const float *const *xd, c
                 const __m512i c0 = _mm512_load_si512((const void *)&yc[t][4 * b + 2 * c]);
                 const __m512i c1 = _mm512_load_si512((const void *)&yc[t][4 * b + 2 * c + 1]);
                 _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
-                    const __m512i d0 = _mm512_dpbusd_epi32(c0, q[r][c][0], y0);
-                    const __m512i d1 = _mm512_dpbusd_epi32(c1, q[r][c][1], y1);
+                    const kg6_blk *p = xb[r] + b;
+                    const __m512i d0 = _mm512_dpbusd_epi32(c0, p->q[c][0], y0);
+                    const __m512i d1 = _mm512_dpbusd_epi32(c1, p->q[c][1], y1);
                     const __m512i w = _mm512_mask_blend_epi16(0xaaaaaaaau, d0, _mm512_slli_epi32(d1, 16));
-                    sumi[r] = _mm512_dpwssd_epi32(sumi[r], w, s[r][c]);
+                    sumi[r] = _mm512_dpwssd_epi32(sumi[r], w, p->s[c]);
                 }
             }
             const float yd = yv[t][b].d;
