@@ -12,8 +12,8 @@
  * R x T register tile walks it: per 64 weights and (row, token) one
  * vpdpbusd, and per two of those one shift, one blend and one vpdpwssd that
  * multiplies both by their scales. Integer identities (all exact in int32):
- *   q6_k: sum((y + 128) * (q - 32)) - 128 * sum(q - 32) = sum((q - 32) * y),
- *         q - 32 in [-32, 31] signed, y + 128 unsigned; each 4-byte sum fits int16;
+ *   q6_k: sum(q * y) - 32 * sum(y) = sum((q - 32) * y), q in [0, 63]
+ *         unsigned, y signed; each 4-byte sum fits int16;
  *   q5_k, q4_k: q in [0, 31] unsigned against y signed, each 4-byte sum fits int16.
  * Two 4-byte sums D0, D1 go into one int32 as words (blend of D0 and D1 << 16),
  * and vpdpwssd against the word pair (s0, s1) adds s0 * D0 + s1 * D1: every
@@ -24,8 +24,8 @@
  * tests/unit/test_kernels_invariant.c).
  *
  * Tokens go in passes of about KG_PASS bytes of activations (stay in L2 while
- * each row tile walks them). Stack: the row buffers, ~160 KiB (q6_k) and
- * ~60 KiB (q5_k, q4_k) at most; rows longer than KG_MAXNB super-blocks (k > 16384)
+ * each row tile walks them). Stack: the row buffers and q6_k's token
+ * corrections, ~310 KiB (q6_k) and ~60 KiB (q5_k, q4_k) at most; rows longer than KG_MAXNB super-blocks (k > 16384)
  * use the tiles. Never allocates.
  */
 
@@ -33,17 +33,24 @@ enum {
     KG_MAXNB = 64,         /* super-blocks per row (k <= 16384) */
     KG_PASS = 256 * 1024,  /* bytes of activations per pass */
     K6_R = 4, K6_T = 4,    /* q6_k register tile */
+    /* token super-blocks per pass (q6_k's corrections: 4 vectors each) */
+    KG6_YC = KG_PASS / (int)sizeof(cm_block_q8_k) > 4 * K6_T * KG_MAXNB ? KG_PASS / (int)sizeof(cm_block_q8_k)
+                                                                      : 4 * K6_T * KG_MAXNB,
     K5_R = 2, K5_T = 4,    /* q5_k register tile (its min term needs a second set of accumulators) */
 };
 
-/* ---- q6_k ---- */
+/* ---- q6_k ----
+ * The weights unsigned (the 6-bit q, 0..63) against the token signed, the
+ * -32 offset moved to the token: vpdpbusd starts from -32 * the token's
+ * 4-byte sums (kg6_ycorr, once per token and pass), so each 4-byte lane is
+ * sum((q - 32) * y) as in ztile_q6_k, and the unpacked rows hold no
+ * correction vectors: 6 loads per super-block, row and token instead of 10. */
 
-/* Per chunk c (128 weights) of a super-block: q[c][v] = q - 32 of elements
- * 128c + 64v .. +63 (ztile_q6_k's q01 / q23), corr[c][v] = -128 * the 4-byte
- * sums of q[c][v], s[c] = lane l's word pair (scale of 128c + 4l.., scale of
- * 128c + 64 + 4l..). */
+/* Per chunk c (128 weights) of a super-block: q[c][v] = q of elements
+ * 128c + 64v .. +63 (ztile_q6_k's q01 / q23 before the -32), s[c] = lane
+ * l's word pair (scale of 128c + 4l.., scale of 128c + 64 + 4l..). */
 typedef struct {
-    __m512i q[2][2], corr[2][2], s[2];
+    __m512i q[2][2], s[2];
 } kg6_blk;
 
 /* word 2l = scale 8c + l/4, word 2l + 1 = scale 8c + 4 + l/4 */
@@ -52,48 +59,50 @@ static const uint16_t k_kg6_idx[2][32] = {
     {8, 12, 8, 12, 8, 12, 8, 12, 9, 13, 9, 13, 9, 13, 9, 13, 10, 14, 10, 14, 10, 14, 10, 14, 11, 15, 11, 15, 11, 15, 11, 15}};
 
 static void kg6_unpack(int64_t nb, const cm_block_q6_k *x, kg6_blk *o, float *d) {
-    const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30), k32 = _mm512_set1_epi8(32);
-    const __m512i k128 = _mm512_set1_epi8((char)0x80), z = _mm512_setzero_si512();
+    const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
     const __m512i shl = _mm512_loadu_si512(k_q6k_shift[0]), shr = _mm512_loadu_si512(k_q6k_shift[1]);
     for (int64_t b = 0; b < nb; b++) {
         const __m512i sc16 = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[b].scales)));
         for (int c = 0; c < 2; c++) { /* ztile_q6_k's unpacking */
             const __m512i l = _mm512_loadu_si512(x[b].ql + 64 * c);
             const __m512i h = _mm512_broadcast_i64x4(ld256(x[b].qh + 32 * c));
-            const __m512i q01 = _mm512_sub_epi8(
-                _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_and_si512(_mm512_sllv_epi16(h, shl), m30)), k32);
-            const __m512i q23 = _mm512_sub_epi8(_mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
-                                                                _mm512_and_si512(_mm512_srlv_epi16(h, shr), m30)),
-                                                k32);
-            o[b].q[c][0] = q01;
-            o[b].q[c][1] = q23;
-            o[b].corr[c][0] = _mm512_sub_epi32(z, _mm512_dpbusd_epi32(z, k128, q01));
-            o[b].corr[c][1] = _mm512_sub_epi32(z, _mm512_dpbusd_epi32(z, k128, q23));
+            o[b].q[c][0] = _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_and_si512(_mm512_sllv_epi16(h, shl), m30));
+            o[b].q[c][1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
+                                           _mm512_and_si512(_mm512_srlv_epi16(h, shr), m30));
             o[b].s[c] = _mm512_permutexvar_epi16(_mm512_loadu_si512(k_kg6_idx[c]), sc16);
         }
         d[b] = f16f(x[b].d);
     }
 }
 
-/* out[r * K6_T + t] for R unpacked rows (xb[r], scales xd[r]) and T tokens. */
+/* yc[4b + v] = -32 * the 4-byte sums of the token's y[64v .. 64v+63] in super-block b */
+AI void kg6_ycorr(int64_t nb, const cm_block_q8_k *y, __m512i *yc) {
+    const __m512i k32 = _mm512_set1_epi8(32), z = _mm512_setzero_si512();
+    for (int64_t b = 0; b < nb; b++)
+        for (int v = 0; v < 4; v++)
+            yc[4 * b + v] = _mm512_sub_epi32(z, _mm512_dpbusd_epi32(z, k32, _mm512_loadu_si512(y[b].qs + 64 * v)));
+}
+
+/* out[r * K6_T + t] for R unpacked rows (xb[r], scales xd[r]) and T tokens
+ * (yv[t], their corrections yc[t]). */
 AI void kg6_tile(int64_t nb, const kg6_blk *const *xb, const float *const *xd, const cm_block_q8_k *const *yv,
-                 int R, int T, float *out) {
+                 const __m512i *const *yc, int R, int T, float *out) {
     __m512 acc[K6_R][K6_T];
     _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
         _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
-    const __m512i k128 = _mm512_set1_epi8((char)0x80);
     for (int64_t b = 0; b < nb; b++) {
         _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
             __m512i sumi[K6_R];
             _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) sumi[r] = _mm512_setzero_si512();
             _Pragma("GCC unroll 2") for (int c = 0; c < 2; c++) {
                 const int8_t *y = yv[t][b].qs + 128 * c;
-                const __m512i y0 = _mm512_xor_si512(_mm512_loadu_si512(y), k128);
-                const __m512i y1 = _mm512_xor_si512(_mm512_loadu_si512(y + 64), k128);
+                const __m512i y0 = _mm512_loadu_si512(y), y1 = _mm512_loadu_si512(y + 64);
+                const __m512i c0 = _mm512_load_si512((const void *)&yc[t][4 * b + 2 * c]);
+                const __m512i c1 = _mm512_load_si512((const void *)&yc[t][4 * b + 2 * c + 1]);
                 _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
                     const kg6_blk *p = xb[r] + b;
-                    const __m512i d0 = _mm512_dpbusd_epi32(p->corr[c][0], y0, p->q[c][0]);
-                    const __m512i d1 = _mm512_dpbusd_epi32(p->corr[c][1], y1, p->q[c][1]);
+                    const __m512i d0 = _mm512_dpbusd_epi32(c0, p->q[c][0], y0);
+                    const __m512i d1 = _mm512_dpbusd_epi32(c1, p->q[c][1], y1);
                     const __m512i w = _mm512_mask_blend_epi16(0xaaaaaaaau, d0, _mm512_slli_epi32(d1, 16));
                     sumi[r] = _mm512_dpwssd_epi32(sumi[r], w, p->s[c]);
                 }
@@ -116,10 +125,14 @@ static void gemm_kg6(int64_t k, const void *w, size_t w_stride, const void *x, s
     }
     _Alignas(64) kg6_blk buf[K6_R * KG_MAXNB];
     float dx[K6_R * KG_MAXNB];
+    _Alignas(64) __m512i yc[4 * KG6_YC]; /* the pass's token corrections */
     int64_t cap = KG_PASS / (nb * (int64_t)sizeof(cm_block_q8_k));
     if (cap < 4 * K6_T) cap = 4 * K6_T;
     for (int64_t j0 = 0; j0 < n_tok; j0 += cap) {
         const int64_t nt = n_tok - j0 < cap ? n_tok - j0 : cap;
+        for (int64_t j = 0; j < nt; j++)
+            kg6_ycorr(nb, (const cm_block_q8_k *)(const void *)((const char *)x + (size_t)(j0 + j) * x_stride),
+                      yc + 4 * j * nb);
         for (int64_t i = r0; i < r1; i += K6_R) {
             const int R = r1 - i < K6_R ? (int)(r1 - i) : K6_R;
             const kg6_blk *xb[K6_R];
@@ -133,16 +146,19 @@ static void gemm_kg6(int64_t k, const void *w, size_t w_stride, const void *x, s
             for (int64_t jj = 0; jj < nt; jj += K6_T) {
                 const int T = nt - jj < K6_T ? (int)(nt - jj) : K6_T;
                 const cm_block_q8_k *yv[K6_T];
-                for (int t = 0; t < T; t++)
+                const __m512i *ycv[K6_T];
+                for (int t = 0; t < T; t++) {
                     yv[t] = (const cm_block_q8_k *)(const void *)((const char *)x + (size_t)(j0 + jj + t) * x_stride);
+                    ycv[t] = yc + 4 * (jj + t) * nb;
+                }
                 float out[K6_R * K6_T];
-                if (R == K6_R && T == K6_T) kg6_tile(nb, xb, xd, yv, K6_R, K6_T, out);
+                if (R == K6_R && T == K6_T) kg6_tile(nb, xb, xd, yv, ycv, K6_R, K6_T, out);
                 else
                     for (int r = 0; r < R; r++) switch (T) {
-                        case 4: kg6_tile(nb, xb + r, xd + r, yv, 1, 4, out + r * K6_T); break;
-                        case 3: kg6_tile(nb, xb + r, xd + r, yv, 1, 3, out + r * K6_T); break;
-                        case 2: kg6_tile(nb, xb + r, xd + r, yv, 1, 2, out + r * K6_T); break;
-                        default: kg6_tile(nb, xb + r, xd + r, yv, 1, 1, out + r * K6_T); break;
+                        case 4: kg6_tile(nb, xb + r, xd + r, yv, ycv, 1, 4, out + r * K6_T); break;
+                        case 3: kg6_tile(nb, xb + r, xd + r, yv, ycv, 1, 3, out + r * K6_T); break;
+                        case 2: kg6_tile(nb, xb + r, xd + r, yv, ycv, 1, 2, out + r * K6_T); break;
+                        default: kg6_tile(nb, xb + r, xd + r, yv, ycv, 1, 1, out + r * K6_T); break;
                         }
                 for (int r = 0; r < R; r++)
                     for (int t = 0; t < T; t++) y[(j0 + jj + t) * ldy + i + r] = out[r * K6_T + t];
@@ -153,7 +169,36 @@ static void gemm_kg6(int64_t k, const void *w, size_t w_stride, const void *x, s
 
 /* The q5_k and q4_k gemms: passes of tokens, K5_R rows unpacked at a time
  * (NAME_unpack into BLK), K5_T tokens per NAME_tile; rows longer than
- * KG_MAXNB super-blocks, and one token, go to FALLBACK (the one-token tiles). */
+ * KG_MAXNB super-blocks, and one token, go to FALLBACK (the one-token tiles).
+ * Per pass the tokens' min-term operands are gathered once, super-block
+ * major (kg_minpack): tile tokens t..t+3's bsums pair sums and their dy
+ * (each in its own 128-bit lane) are one 64-byte load each, so the tile
+ * does the 4-lane min term of 4 tokens with one vector of each operation. */
+AI void kg_minpack(int64_t nb, const cm_block_q8_k *y, __m128i *pr, __m128 *ydv, int64_t ld) {
+    for (int64_t b = 0; b < nb; b++) {
+        const __m256i bs = ld256(y[b].bsums);
+        pr[b * ld] = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+        ydv[b * ld] = _mm_set1_ps(y[b].d);
+    }
+}
+
+/* accm[r] (4 tokens' 4 min lanes, token t in 128-bit lane t) += the min
+ * terms of super-block b: ztile_q4_k's / tile_q5_k's kmins times dmin * dy */
+AI __m512 kg_min4(__m512 accm, __m128i mn16, float dmin, const __m128i *pr, const __m128 *ydv) {
+    const __m512i m = _mm512_madd_epi16(_mm512_broadcast_i32x4(mn16), _mm512_load_si512((const void *)pr));
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(m), _mm512_mul_ps(_mm512_set1_ps(dmin), _mm512_load_ps((const void *)ydv)),
+                           accm);
+}
+
+/* Token t's min total, as hsum4 of its lanes. */
+AI float kg_min_lane(__m512 accm, int t) {
+    _Alignas(64) float v[16];
+    _mm512_store_ps(v, accm);
+    return hsum4(_mm_load_ps(v + 4 * t));
+}
+
+enum { KG_MINLD = KG6_YC + 4 * KG_MAXNB }; /* pass tokens (rounded up to 4) x super-blocks */
+
 #define KG_GEMM(NAME, BLK, XB, FALLBACK)                                                           \
     static void gemm_##NAME(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, \
                             float *y, int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {        \
@@ -163,10 +208,19 @@ static void gemm_kg6(int64_t k, const void *w, size_t w_stride, const void *x, s
             return;                                                                                \
         }                                                                                          \
         _Alignas(64) BLK buf[K5_R * KG_MAXNB];                                                     \
+        _Alignas(64) __m128i pr[KG_MINLD];                                                         \
+        _Alignas(64) __m128 ydv[KG_MINLD];                                                         \
         int64_t cap = KG_PASS / (nb * (int64_t)sizeof(cm_block_q8_k));                             \
         if (cap < 4 * K5_T) cap = 4 * K5_T;                                                        \
         for (int64_t j0 = 0; j0 < n_tok; j0 += cap) {                                              \
-            const int64_t nt = n_tok - j0 < cap ? n_tok - j0 : cap;                                \
+            const int64_t nt = n_tok - j0 < cap ? n_tok - j0 : cap, ld = (nt + 3) & ~(int64_t)3;    \
+            for (int64_t j = 0; j < ld; j++) {                                                     \
+                if (j < nt)                                                                        \
+                    kg_minpack(nb, (const cm_block_q8_k *)(const void *)((const char *)x + (size_t)(j0 + j) * x_stride), \
+                               pr + j, ydv + j, ld);                                               \
+                else                                                                               \
+                    for (int64_t b = 0; b < nb; b++) pr[b * ld + j] = _mm_setzero_si128(), ydv[b * ld + j] = _mm_setzero_ps(); \
+            }                                                                                      \
             for (int64_t i = r0; i < r1; i += K5_R) {                                              \
                 const int R = r1 - i < K5_R ? (int)(r1 - i) : K5_R;                                \
                 const BLK *xb[K5_R];                                                               \
@@ -181,13 +235,13 @@ static void gemm_kg6(int64_t k, const void *w, size_t w_stride, const void *x, s
                     for (int t = 0; t < T; t++)                                                    \
                         yv[t] = (const cm_block_q8_k *)(const void *)((const char *)x + (size_t)(j0 + jj + t) * x_stride); \
                     float out[K5_R * K5_T];                                                        \
-                    if (R == K5_R && T == K5_T) NAME##_tile(nb, xb, yv, K5_R, K5_T, out);          \
+                    if (R == K5_R && T == K5_T) NAME##_tile(nb, xb, yv, pr + jj, ydv + jj, ld, K5_R, K5_T, out); \
                     else                                                                           \
                         for (int r = 0; r < R; r++) switch (T) {                                   \
-                            case 4: NAME##_tile(nb, xb + r, yv, 1, 4, out + r * K5_T); break;      \
-                            case 3: NAME##_tile(nb, xb + r, yv, 1, 3, out + r * K5_T); break;      \
-                            case 2: NAME##_tile(nb, xb + r, yv, 1, 2, out + r * K5_T); break;      \
-                            default: NAME##_tile(nb, xb + r, yv, 1, 1, out + r * K5_T); break;     \
+                            case 4: NAME##_tile(nb, xb + r, yv, pr + jj, ydv + jj, ld, 1, 4, out + r * K5_T); break; \
+                            case 3: NAME##_tile(nb, xb + r, yv, pr + jj, ydv + jj, ld, 1, 3, out + r * K5_T); break; \
+                            case 2: NAME##_tile(nb, xb + r, yv, pr + jj, ydv + jj, ld, 1, 2, out + r * K5_T); break; \
+                            default: NAME##_tile(nb, xb + r, yv, pr + jj, ydv + jj, ld, 1, 1, out + r * K5_T); break; \
                             }                                                                      \
                     for (int r = 0; r < R; r++)                                                    \
                         for (int t = 0; t < T; t++) y[(j0 + jj + t) * ldy + i + r] = out[r * K5_T + t]; \
@@ -231,41 +285,44 @@ static void kg5_unpack(int64_t nb, const cm_block_q5_k *x, kg5_blk *o) {
     }
 }
 
-AI void kg5_tile(int64_t nb, const kg5_blk *const *xb, const cm_block_q8_k *const *yv, int R, int T, float *out) {
+AI void kg5_tile(int64_t nb, const kg5_blk *const *xb, const cm_block_q8_k *const *yv, const __m128i *pr,
+                 const __m128 *ydv, int64_t ld, int R, int T, float *out) {
     __m256 acc[K5_R][K5_T];
-    __m128 accm[K5_R][K5_T];
-    _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)
-        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
-            acc[r][t] = _mm256_setzero_ps();
-            accm[r][t] = _mm_setzero_ps();
-        }
+    __m512 accm[K5_R];
+    _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) {
+        accm[r] = _mm512_setzero_ps();
+        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
+    }
     const __m512i z = _mm512_setzero_si512();
     for (int64_t b = 0; b < nb; b++) {
+        __m512i q[K5_R][4], s[K5_R][2]; /* the rows' super-block, in registers for every token */
+        _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) {
+            _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) q[r][j] = _mm512_load_si512((const void *)&xb[r][b].q[j]);
+            s[r][0] = _mm512_load_si512((const void *)&xb[r][b].s[0]);
+            s[r][1] = _mm512_load_si512((const void *)&xb[r][b].s[1]);
+        }
         _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
             const cm_block_q8_k *yb = &yv[t][b];
             __m512i yq[4];
             _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) yq[j] = _mm512_loadu_si512(yb->qs + 64 * j);
-            const __m256i bs = ld256(yb->bsums);
-            const __m128i pairs = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
             const float yd = yb->d;
             _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) {
-                const kg5_blk *p = xb[r] + b;
                 __m512i s16 = z;
                 _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
-                    const __m512i d0 = _mm512_dpbusd_epi32(z, p->q[2 * h], yq[2 * h]);
-                    const __m512i d1 = _mm512_dpbusd_epi32(z, p->q[2 * h + 1], yq[2 * h + 1]);
+                    const __m512i d0 = _mm512_dpbusd_epi32(z, q[r][2 * h], yq[2 * h]);
+                    const __m512i d1 = _mm512_dpbusd_epi32(z, q[r][2 * h + 1], yq[2 * h + 1]);
                     const __m512i w = _mm512_mask_blend_epi16(0xaaaaaaaau, d0, _mm512_slli_epi32(d1, 16));
-                    s16 = _mm512_dpwssd_epi32(s16, w, p->s[h]);
+                    s16 = _mm512_dpwssd_epi32(s16, w, s[r][h]);
                 }
                 const __m256i s8 = _mm256_add_epi32(_mm512_castsi512_si256(s16), _mm512_extracti64x4_epi64(s16, 1));
-                FMA_BLOCK(acc[r][t], s8, p->d * yd);
-                accm[r][t] = _mm_fmadd_ps(_mm_cvtepi32_ps(_mm_madd_epi16(p->mn, pairs)), _mm_set1_ps(p->dmin * yd),
-                                          accm[r][t]);
+                FMA_BLOCK(acc[r][t], s8, xb[r][b].d * yd);
             }
         }
+        _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)
+            accm[r] = kg_min4(accm[r], xb[r][b].mn, xb[r][b].dmin, pr + b * ld, ydv + b * ld);
     }
     _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)
-        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) out[r * K5_T + t] = hsum8(acc[r][t]) - hsum4(accm[r][t]);
+        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) out[r * K5_T + t] = hsum8(acc[r][t]) - kg_min_lane(accm[r], t);
 }
 
 KG_GEMM(kg5, kg5_blk, cm_block_q5_k, gemm_q5_k)
@@ -300,16 +357,22 @@ static void kg4_unpack(int64_t nb, const cm_block_q4_k *x, kg4_blk *o) {
     }
 }
 
-AI void kg4_tile(int64_t nb, const kg4_blk *const *xb, const cm_block_q8_k *const *yv, int R, int T, float *out) {
-    __m512 acc[K5_R][K5_T];
-    __m128 accm[K5_R][K5_T];
-    _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)
-        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
-            acc[r][t] = _mm512_setzero_ps();
-            accm[r][t] = _mm_setzero_ps();
-        }
+AI void kg4_tile(int64_t nb, const kg4_blk *const *xb, const cm_block_q8_k *const *yv, const __m128i *pr,
+                 const __m128 *ydv, int64_t ld, int R, int T, float *out) {
+    __m512 acc[K5_R][K5_T], accm[K5_R];
+    _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) {
+        accm[r] = _mm512_setzero_ps();
+        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
+    }
     const __m512i z = _mm512_setzero_si512();
     for (int64_t b = 0; b < nb; b++) {
+        __m512i q[K5_R][2][2], s[K5_R][2]; /* the rows' super-block, in registers for every token */
+        _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)
+            _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
+                q[r][h][0] = _mm512_load_si512((const void *)&xb[r][b].q[h][0]);
+                q[r][h][1] = _mm512_load_si512((const void *)&xb[r][b].q[h][1]);
+                s[r][h] = _mm512_load_si512((const void *)&xb[r][b].s[h]);
+            }
         _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
             const cm_block_q8_k *yb = &yv[t][b];
             __m512i yq[2][2];
@@ -318,27 +381,24 @@ AI void kg4_tile(int64_t nb, const kg4_blk *const *xb, const cm_block_q8_k *cons
                 yq[h][0] = ld2x256(y, y + 64);
                 yq[h][1] = ld2x256(y + 32, y + 96);
             }
-            const __m256i bs = ld256(yb->bsums);
-            const __m128i pairs = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
             const float yd = yb->d;
             _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) {
-                const kg4_blk *p = xb[r] + b;
                 __m512i s16 = z;
                 _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
-                    const __m512i d0 = _mm512_dpbusd_epi32(z, p->q[h][0], yq[h][0]);
-                    const __m512i d1 = _mm512_dpbusd_epi32(z, p->q[h][1], yq[h][1]);
+                    const __m512i d0 = _mm512_dpbusd_epi32(z, q[r][h][0], yq[h][0]);
+                    const __m512i d1 = _mm512_dpbusd_epi32(z, q[r][h][1], yq[h][1]);
                     const __m512i w = _mm512_mask_blend_epi16(0xaaaaaaaau, d0, _mm512_slli_epi32(d1, 16));
-                    s16 = _mm512_dpwssd_epi32(s16, w, p->s[h]);
+                    s16 = _mm512_dpwssd_epi32(s16, w, s[r][h]);
                 }
-                acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s16), _mm512_set1_ps(p->d * yd), acc[r][t]);
-                accm[r][t] = _mm_fmadd_ps(_mm_cvtepi32_ps(_mm_madd_epi16(p->mn, pairs)), _mm_set1_ps(p->dmin * yd),
-                                          accm[r][t]);
+                acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s16), _mm512_set1_ps(xb[r][b].d * yd), acc[r][t]);
             }
         }
+        _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)
+            accm[r] = kg_min4(accm[r], xb[r][b].mn, xb[r][b].dmin, pr + b * ld, ydv + b * ld);
     }
     _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)
         _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)
-            out[r * K5_T + t] = _mm512_reduce_add_ps(acc[r][t]) - hsum4(accm[r][t]);
+            out[r * K5_T + t] = _mm512_reduce_add_ps(acc[r][t]) - kg_min_lane(accm[r], t);
 }
 
 KG_GEMM(kg4, kg4_blk, cm_block_q4_k, gemm_pq4_k)

@@ -22,7 +22,9 @@
  * tiles), which falls back to those for rows longer than 16384. q4_0 also has a decode gemv
  * (4 rows per pass against the token packed once), same bits again, and
  * q4_0, q4_k and q5_k decode gemvs over rows repacked at load (repack.c;
- * avx512_krepack.h for the k-quants, which also has q5_k's plain gemv).
+ * avx512_krepack.h for the k-quants, which also has q5_k's plain gemv);
+ * f16 and q8_0 decode gemvs that prepare the token once per call
+ * (avx512_gemv.h).
  * Every tile keeps the contract of isa.h: integer sums exactly the
  * reference's, only the float accumulation order free. Tested against the
  * reference in tests/unit/test_kernels_simd.c and for batch invariance in
@@ -515,16 +517,14 @@ VEC_DOT(zq6_k, cm_block_q6_k, cm_block_q8_k, CM_QK_K)
         (void)x_stride, (void)ldy, (void)n_tok;                                                    \
         for (int64_t i = r0; i < r1; i++) vec_dot_##NAME(k, &y[i], (const char *)w + (size_t)i * w_stride, x); \
     }
-GEMV_ROWS(zf16)
 GEMV_ROWS(zbf16)
-
-GEMV_ROWS(zq8_0)
 
 #include "avx512_gemm.h"
 #include "avx512_bgemm.h"
 #include "avx512_prefill.h"
 #include "avx512_kgemm.h"
 #include "avx512_krepack.h"
+#include "avx512_gemv.h"
 
 void cm_kernels_fill_avx512(cm_kernels *k) {
     x86_fill(k);
@@ -532,7 +532,7 @@ void cm_kernels_fill_avx512(cm_kernels *k) {
     k->gemm[CM_TYPE_F32] = gemm_zf32;
     k->vec_dot[CM_TYPE_F16] = vec_dot_zf16;
     k->gemm[CM_TYPE_F16] = gemm_fg16;
-    k->gemv[CM_TYPE_F16] = gemv_zf16;
+    k->gemv[CM_TYPE_F16] = gemv_vf16;
     k->vec_dot[CM_TYPE_BF16] = vec_dot_zbf16;
     k->gemm[CM_TYPE_BF16] = gemm_zbf16;
     k->gemv[CM_TYPE_BF16] = gemv_zbf16;
@@ -544,7 +544,7 @@ void cm_kernels_fill_avx512(cm_kernels *k) {
     k->gemm_packed_max = 16;
     k->vec_dot[CM_TYPE_Q8_0] = vec_dot_zq8_0;
     k->gemm[CM_TYPE_Q8_0] = gemm_qg8_0;
-    k->gemv[CM_TYPE_Q8_0] = gemv_zq8_0;
+    k->gemv[CM_TYPE_Q8_0] = gemv_vq8_0;
     k->vec_dot[CM_TYPE_Q4_K] = vec_dot_zq4_k;
     k->gemm[CM_TYPE_Q4_K] = gemm_kg4;
     k->gemv[CM_TYPE_Q4_K] = gemv_pq4_k;

@@ -14,7 +14,9 @@
  * multiple of any vector width) for float types; 37 rows, so row slices
  * cross the gemm's row blocks unevenly. Activations are a pool of 40 distinct
  * token rows; a batch is the pool window [s, s + n_tok), so each pool row
- * shows up at many positions of many batch sizes.
+ * shows up at many positions of many batch sizes. Long rows (10336 and 6496
+ * elements; K-quants 40 and 64 super-blocks) with 19 tokens at once, where the
+ * gemms need several passes, and with one token (the decode gemvs).
  */
 #include "kernels/kernels.h"
 #include "test.h"
@@ -139,12 +141,14 @@ enum { LROWS = 5, LTOK = 19, LK = 10336 }; /* 323 blocks of 32: 40 groups of 8 p
  * pass here (16 + 3 tokens: two passes), while LK is past its limit (tiles). */
 enum { LK2 = 6496 };
 static uint8_t g_lw[LROWS * LK * 4], g_lx[LTOK * LK * 4];
-static float g_lf[LK], g_ly[LTOK * LROWS];
+/* K-quants: 40 super-blocks (one pass of tokens in avx512_kgemm.h) and 64
+ * (the longest rows it takes: 16 + 3 tokens, two passes). */
+enum { LKQ = 64 * 256 };
+static float g_lf[LKQ], g_ly[LTOK * LROWS];
 
-static void check_long(const cm_kernels *k, enum cm_type t, int64_t n32) {
+static void check_long(const cm_kernels *k, enum cm_type t, int64_t n) {
     const cm_type_traits *tr = cm_type_traits_of(t);
     const enum cm_type vt = tr->vec_dot_type;
-    const int64_t n = is_k(t) ? 40 * 256 : n32;
     const size_t ws = cm_row_size(t, n), xs = cm_row_size(vt, n);
     for (int r = 0; r < LROWS; r++) {
         for (int64_t i = 0; i < n; i++) g_lf[i] = frand() * (float)(1 << (rnd() % 8));
@@ -171,6 +175,17 @@ static void check_long(const cm_kernels *k, enum cm_type t, int64_t n32) {
         }
     CHECKF(bad == 0, "%s %s, rows of %lld: %ld of %d (row, token) results differ from vec_dot", k->name, tr->name,
            (long long)n, bad, LTOK * LROWS);
+    long bad1 = 0; /* one token: the decode gemv */
+    for (int j = 0; j < 3; j++) {
+        cm_matmul_rows(k, &W, g_lx + (size_t)j * xs, xs, 1, g_ly, LROWS, 0, LROWS);
+        for (int r = 0; r < LROWS; r++) {
+            float ref;
+            k->vec_dot[t](n, &ref, g_lw + (size_t)r * ws, g_lx + (size_t)j * xs);
+            bad1 += memcmp(&ref, &g_ly[r], sizeof ref) != 0;
+        }
+    }
+    CHECKF(bad1 == 0, "%s %s, rows of %lld, one token: %ld of %d rows differ from vec_dot", k->name, tr->name,
+           (long long)n, bad1, 3 * LROWS);
 }
 
 static void test_long_rows(void) {
@@ -178,8 +193,8 @@ static void test_long_rows(void) {
         const cm_kernels *k = cm_kernels_for(k_isas[i]);
         if (!k) continue;
         for (int ti = 0; ti < N_TYPES; ti++) {
-            check_long(k, k_types[ti], LK);
-            check_long(k, k_types[ti], LK2);
+            check_long(k, k_types[ti], is_k(k_types[ti]) ? 40 * 256 : LK);
+            check_long(k, k_types[ti], is_k(k_types[ti]) ? LKQ : LK2);
         }
     }
 }
