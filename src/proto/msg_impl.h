@@ -29,6 +29,7 @@ static inline void w_bytes(wcur *w, const void *src, size_t n) {
     }
     w->len += n;
 }
+// clang-format off
 static inline void w_u8(wcur *w, uint8_t v) { w_bytes(w, &v, 1); }
 static inline void w_u16(wcur *w, uint16_t v) { uint8_t b[2]; cm_wr_u16(b, v); w_bytes(w, b, 2); }
 static inline void w_u32(wcur *w, uint32_t v) { uint8_t b[4]; cm_wr_u32(b, v); w_bytes(w, b, 4); }
@@ -37,6 +38,7 @@ static inline void w_i32(wcur *w, int32_t v) { w_u32(w, (uint32_t)v); }
 static inline uint32_t f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 static inline float bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 static inline void w_f32(wcur *w, float v) { w_u32(w, f32_bits(v)); }
+// clang-format on
 static inline void w_check(wcur *w, bool ok, const char *field) {
     if (!ok && !w->invalid) w->invalid = field;
 }
@@ -66,12 +68,14 @@ static inline const uint8_t *r_take(rcur *r, size_t k, const char *field) {
     r->off += k;
     return q;
 }
+// clang-format off
 static inline uint8_t r_u8(rcur *r, const char *f) { const uint8_t *q = r_take(r, 1, f); return q ? q[0] : 0; }
 static inline uint16_t r_u16(rcur *r, const char *f) { const uint8_t *q = r_take(r, 2, f); return q ? cm_rd_u16(q) : 0; }
 static inline uint32_t r_u32(rcur *r, const char *f) { const uint8_t *q = r_take(r, 4, f); return q ? cm_rd_u32(q) : 0; }
 static inline uint64_t r_u64(rcur *r, const char *f) { const uint8_t *q = r_take(r, 8, f); return q ? cm_rd_u64(q) : 0; }
 static inline int32_t r_i32(rcur *r, const char *f) { return (int32_t)r_u32(r, f); }
 static inline float r_f32(rcur *r, const char *f) { return bits_f32(r_u32(r, f)); }
+// clang-format on
 static inline void r_copy(rcur *r, void *dst, size_t k, const char *f) {
     const uint8_t *q = r_take(r, k, f);
     if (q) memcpy(dst, q, k); else memset(dst, 0, k);

@@ -494,6 +494,7 @@ int cm_trainer_new(cm_trainer **out, const cm_model *m, cm_tadapter *ad, int n_c
     const int64_t nth = pool ? cm_pool_size(pool) : 1;
     tr->pool = pool;
     tr->wrow_n = (size_t)(ROWS * mx);
+    // clang-format off
     struct {
         float **p;
         int64_t n;
@@ -509,6 +510,7 @@ int cm_trainer_new(cm_trainer **out, const cm_model *m, cm_tadapter *ad, int n_c
         {&tr->wrow, nth * ROWS * mx}, {&tr->wt, nth * ROWS * mx}, {&tr->mtmp, T * mx},
         {&tr->logits, T * tr->V},
     };
+    // clang-format on
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
         *bufs[i].p = cm_malloc((size_t)bufs[i].n * sizeof(float));
         if (!*bufs[i].p) {
