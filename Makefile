@@ -220,7 +220,7 @@ fuzz-long:
 	@$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=600
 
 format:
-	clang-format -i $$(find src tests fuzz bench tools -name '*.[ch]')
+	clang-format -i $$(sh tools/format_files.sh)
 format-check:
 	@sh tools/format_check.sh
 

@@ -110,69 +110,38 @@ gen() { # gen VARIANT TYPE SEED [KV_TYPE]  (KV_TYPE, e.g. Q8_0: K and V cache ty
     fi
     rm -f "$TMP/$name.gguf"
 }
-seed=1000
-for v in $VARIANTS; do
-    for t in $TYPES; do
-        seed=$((seed + 1))
-        gen "$v" "$t" "$seed"
-    done
-done
-for list in "$MOE_VARIANTS" "$DENSE2_VARIANTS"; do
-    seed=1060
-    for v in $list; do
-        for t in $TYPES; do
+# gen_all VARIANTS TYPES [KV_TYPE]: gen every variant x type, in that order,
+# with the seeds after $seed (which it advances).
+gen_all() {
+    for v in $1; do
+        for t in $2; do
             seed=$((seed + 1))
-            gen "$v" "$t" "$seed"
+            gen "$v" "$t" "$seed" "${3:-}"
         done
     done
+}
+seed=1000
+gen_all "$VARIANTS" "$TYPES"
+for list in "$MOE_VARIANTS" "$DENSE2_VARIANTS"; do
+    seed=1060
+    gen_all "$list" "$TYPES"
 done
 seed=3000
-for v in $LOWBIT_VARIANTS; do
-    for t in $LOWBIT_TYPES; do
-        seed=$((seed + 1))
-        gen "$v" "$t" "$seed"
-    done
-done
+gen_all "$LOWBIT_VARIANTS" "$LOWBIT_TYPES"
 seed=4000
-for t in $GPTOSS_TYPES; do
-    seed=$((seed + 1))
-    gen gptoss "$t" "$seed"
-done
+gen_all gptoss "$GPTOSS_TYPES"
 gen gptoss32 mxfp4 4011
 seed=4000 # deepseek2's seeds also start at 4001 (another architecture: no clash)
-for v in $DS_VARIANTS; do
-    for t in $DS_TYPES; do
-        seed=$((seed + 1))
-        gen "$v" "$t" "$seed"
-    done
-done
+gen_all "$DS_VARIANTS" "$DS_TYPES"
 seed=4000 # the RoPE scaling models' seeds also start at 4001
-for v in $ROPE_VARIANTS; do
-    for t in $ROPE_TYPES; do
-        seed=$((seed + 1))
-        gen "$v" "$t" "$seed"
-    done
-done
+gen_all "$ROPE_VARIANTS" "$ROPE_TYPES"
 seed=4100
-for t in $DS_YARN_TYPES; do
-    seed=$((seed + 1))
-    gen deepseek2v3yarn "$t" "$seed"
-done
+gen_all deepseek2v3yarn "$DS_YARN_TYPES"
 seed=4200
-for v in $DS_KVB_VARIANTS; do
-    for t in $DS_KVB_TYPES; do
-        seed=$((seed + 1))
-        gen "$v" "$t" "$seed"
-    done
-done
+gen_all "$DS_KVB_VARIANTS" "$DS_KVB_TYPES"
 # KV cache types (seeds from 4100): llama.cpp with flash attention and a
 # Q8_0 / Q4_0 K and V cache (node-llama-cpp's experimentalKvCache*Type).
 seed=4100
 for kvt in Q8_0 Q4_0 F16; do
-    for v in llama qwen3; do
-        for t in f32 q8_0; do
-            seed=$((seed + 1))
-            gen "$v" "$t" "$seed" "$kvt"
-        done
-    done
+    gen_all "llama qwen3" "f32 q8_0" "$kvt"
 done

@@ -43,12 +43,15 @@
     X(CM_EAGAIN, -15, "try again")                                \
     X(CM_ESTATE, -16, "wrong state")
 
+/* clang-format would indent the member after the X-macro as a continuation. */
+// clang-format off
 enum cm_err {
 #define CM_X_ENUM(name, val, str) name = val,
     CM_ERRORS(CM_X_ENUM)
 #undef CM_X_ENUM
     CM_ERR_COUNT_ = 17
 };
+// clang-format on
 
 /* Static string for an error code; never NULL. */
 const char *cm_strerror(int code);

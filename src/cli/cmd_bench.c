@@ -302,8 +302,10 @@ static int native_rep(const bench_opts *o, speed *sp) {
     snprintf(th, sizeof th, "%d", o->threads);
     snprintf(np, sizeof np, "%d", o->n_prompt);
     snprintf(ng, sizeof ng, "%d", o->n_gen);
+    // clang-format off
     char *argv[] = {(char *)o->llama_bench, "-m", (char *)o->model, "-t", th, "-p", np, "-n", ng, "-r", "1",
                     "-ctk", "f16", "-ctv", "f16", "-o", "json", NULL};
+    // clang-format on
     static char out[1 << 16];
     int rc = run_capture(argv, out, sizeof out);
     if (rc) return cli_fail("llama-bench failed (exit %d): '%s'", rc, o->llama_bench);

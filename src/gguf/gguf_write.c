@@ -208,9 +208,11 @@ void cm_gguf_w_arr(cm_gguf_writer *w, const char *key, enum cm_gguf_vtype t, con
         const uint8_t *e = p + i * (t == CM_GGUF_BOOL ? sizeof(bool) : sz);
         switch (sz) {
         case 1: q[0] = t == CM_GGUF_BOOL ? (*(const bool *)e ? 1 : 0) : e[0]; break;
+        // clang-format off
         case 2: { uint16_t v; memcpy(&v, e, 2); cm_wr_u16(q, v); break; }
         case 4: { uint32_t v; memcpy(&v, e, 4); cm_wr_u32(q, v); break; }
         default: { uint64_t v; memcpy(&v, e, 8); cm_wr_u64(q, v); break; }
+        // clang-format on
         }
         append(&w->kvbytes, q, sz);
     }

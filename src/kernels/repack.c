@@ -77,15 +77,22 @@ void cm_repack_q4_0_lanes(const void *src, void *dst, int64_t nb) {
     memcpy(d, x + g, (size_t)(nb - g) * sizeof *x);
 }
 
+/* The first 64 bytes of a "q4_k lanes" or "q5_k lanes" group, which the two
+ * layouts share: block j's d and dmin, and its 12 scale bytes as three
+ * 4-byte words (word q of the 4 blocks together). */
+static void k_lanes_head(uint8_t *grp, int j, cm_f16 d, cm_f16 dmin, const uint8_t *scales) {
+    memcpy(grp + 2 * j, &d, 2);
+    memcpy(grp + 8 + 2 * j, &dmin, 2);
+    for (int q = 0; q < 3; q++) memcpy(grp + 16 + 16 * q + 4 * j, scales + 4 * q, 4);
+}
+
 void cm_repack_q4_k_lanes(const void *src, void *dst, int64_t nb) {
     const cm_block_q4_k *x = src;
     uint8_t *d = dst;
     int64_t g = 0;
     for (; g + 4 <= nb; g += 4, d += 4 * sizeof(cm_block_q4_k)) {
         for (int j = 0; j < 4; j++) {
-            memcpy(d + 2 * j, &x[g + j].d, 2);
-            memcpy(d + 8 + 2 * j, &x[g + j].dmin, 2);
-            for (int q = 0; q < 3; q++) memcpy(d + 16 + 16 * q + 4 * j, x[g + j].scales + 4 * q, 4);
+            k_lanes_head(d, j, x[g + j].d, x[g + j].dmin, x[g + j].scales);
             memcpy(d + 64 + 128 * j, x[g + j].qs, 128);
         }
     }
@@ -98,9 +105,7 @@ void cm_repack_q5_k_lanes(const void *src, void *dst, int64_t nb) {
     int64_t g = 0;
     for (; g + 4 <= nb; g += 4, d += 4 * sizeof(cm_block_q5_k)) {
         for (int j = 0; j < 4; j++) {
-            memcpy(d + 2 * j, &x[g + j].d, 2);
-            memcpy(d + 8 + 2 * j, &x[g + j].dmin, 2);
-            for (int q = 0; q < 3; q++) memcpy(d + 16 + 16 * q + 4 * j, x[g + j].scales + 4 * q, 4);
+            k_lanes_head(d, j, x[g + j].d, x[g + j].dmin, x[g + j].scales);
             memcpy(d + 64 + 32 * j, x[g + j].qh, 32);
             memcpy(d + 192 + 128 * j, x[g + j].qs, 128);
         }

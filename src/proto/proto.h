@@ -55,6 +55,8 @@
     X(OUTPUT, 22, 256u << 20)                                 \
     X(TRAIN, 23, 256u << 20)
 
+/* clang-format would indent the member after the X-macro as a continuation. */
+// clang-format off
 enum cm_msg_type {
     CM_MSG_NONE = 0,
 #define CM_X_MSG(name, num, max) CM_MSG_##name = num,
@@ -62,6 +64,7 @@ enum cm_msg_type {
 #undef CM_X_MSG
     CM_MSG_COUNT
 };
+// clang-format on
 
 /* "FORWARD"; "unknown" for a number outside the table. */
 const char *cm_msg_type_name(unsigned type);

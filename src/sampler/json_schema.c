@@ -441,11 +441,13 @@ static int typed(jsc *c, const cJSON *s, const char *t, const char *path) {
     return fail(c, CM_EINVAL, path, "unknown type '%.100s'", t);
 }
 
+// clang-format off
 static const char *const k_ignored[] = {"title", "description", "default", "examples", "$schema", "$id", "$comment",
                                         "readOnly", "writeOnly", "deprecated", "$defs", "definitions", "strict",
                                         "type", "properties", "required", "additionalProperties", "items", "enum",
                                         "const", "anyOf", "oneOf", "$ref", "minItems", "maxItems", "minLength",
                                         "maxLength", "nullable"};
+// clang-format on
 
 static int compile_inner(jsc *c, const cJSON *s, const char *path) {
     char sub[512];

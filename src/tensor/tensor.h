@@ -71,12 +71,14 @@ typedef uint16_t cm_bf16; /* bfloat16 bits */
 
 /* Block layouts, byte-identical to GGUF. Fields are only ever read from
  * mmapped data that the GGUF reader has bounds-checked. */
+// clang-format off
 typedef struct { cm_f16 d; uint8_t qs[CM_QK4_0 / 2]; } cm_block_q4_0;                 /* 18 B */
 typedef struct { cm_f16 d, m; uint8_t qs[CM_QK4_1 / 2]; } cm_block_q4_1;              /* 20 B */
 typedef struct { cm_f16 d; uint8_t qh[4]; uint8_t qs[CM_QK5_0 / 2]; } cm_block_q5_0;  /* 22 B */
 typedef struct { cm_f16 d, m; uint8_t qh[4]; uint8_t qs[CM_QK5_1 / 2]; } cm_block_q5_1; /* 24 B */
 typedef struct { cm_f16 d; int8_t qs[CM_QK8_0]; } cm_block_q8_0;                      /* 34 B */
 typedef struct { cm_f16 d, s; int8_t qs[CM_QK8_1]; } cm_block_q8_1;                   /* 36 B: s = d * sum(qs) */
+// clang-format on
 typedef struct {
     cm_f16 d, dmin;
     uint8_t scales[CM_K_SCALE_SIZE];

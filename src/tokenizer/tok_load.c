@@ -74,6 +74,7 @@ static bool get_id(const cm_gguf *g, const char *key, uint64_t *out) {
 
 /* ---- special-token fix-ups by text (llama.cpp recognises these) ---- */
 
+// clang-format off
 static const char *const k_eot_texts[] = {
     "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>",
     "<EOT>", "_<EOT>", "[EOT]", "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>",
@@ -88,6 +89,7 @@ static const char *const k_eog_texts[] = {
     "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
     "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
     "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>", "[e~[", NULL};
+// clang-format on
 
 static cm_token find_cstr(const cm_tokenizer *t, const char *s) { return cm_tok_lookup(t, s, strlen(s)); }
 
@@ -113,6 +115,7 @@ static void special_fixups(cm_tokenizer *t, const cm_gguf *g, cm_token fim_pad, 
     if (fim_rep == CM_TOKEN_NULL) force_control(t, fim_rep = detect(t, k_fim_rep_texts));
     if (fim_sep == CM_TOKEN_NULL) force_control(t, fim_sep = detect(t, k_fim_sep_texts));
     /* The FIM prefix/suffix/middle tokens are also forced to CONTROL by llama.cpp. */
+    // clang-format off
     static const char *const fim_other[] = {
         "<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<\xef\xbd\x9c" "fim\xe2\x96\x81" "begin\xef\xbd\x9c>",
         "<PRE>", "\xe2\x96\x81<PRE>", "<|code_prefix|>", "<|prefix|>", NULL,
@@ -120,6 +123,7 @@ static void special_fixups(cm_tokenizer *t, const cm_gguf *g, cm_token fim_pad, 
         "<SUF>", "\xe2\x96\x81<SUF>", "<|code_suffix|>", "<|suffix|>", NULL,
         "<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<\xef\xbd\x9c" "fim\xe2\x96\x81" "end\xef\xbd\x9c>",
         "<MID>", "\xe2\x96\x81<MID>", "<|code_middle|>", "<|middle|>", NULL};
+    // clang-format on
     static const char *const fim_keys[] = {"tokenizer.ggml.fim_pre_token_id", "tokenizer.ggml.fim_suf_token_id",
                                            "tokenizer.ggml.fim_mid_token_id"};
     static const char *const fim_old_keys[] = {"tokenizer.ggml.prefix_token_id", "tokenizer.ggml.suffix_token_id",

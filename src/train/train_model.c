@@ -536,6 +536,7 @@ int cm_trainer_new_range(cm_trainer **out, const cm_model *m, cm_tadapter *ad, i
     const int64_t nth = pool ? cm_pool_size(pool) : 1;
     tr->pool = pool;
     tr->wrow_n = (size_t)(ROWS * mx);
+    // clang-format off
     struct {
         float **p;
         int64_t n;
@@ -551,6 +552,7 @@ int cm_trainer_new_range(cm_trainer **out, const cm_model *m, cm_tadapter *ad, i
         {&tr->wrow, nth * ROWS * mx}, {&tr->wt, nth * ROWS * mx}, {&tr->mtmp, T * mx},
         {&tr->logits, l1 == hp->n_layer ? T * tr->V : 1},
     };
+    // clang-format on
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
         *bufs[i].p = cm_malloc((size_t)bufs[i].n * sizeof(float));
         if (!*bufs[i].p) {

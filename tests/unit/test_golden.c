@@ -11,6 +11,7 @@
  */
 #include "test.h"
 #include "fixtures.h"
+#include "stories_ref.h"
 
 #include "gguf/gguf.h"
 #include "model/model.h"
@@ -33,9 +34,7 @@ typedef struct golden {
     cm_model m;
     int n_cases;
     ref_case cases[4];
-    int probs_in[32];
-    float probs[32][512];
-    int n_probs;
+    stories_probs ref;
 } golden;
 
 static char errbuf[512];
@@ -70,28 +69,7 @@ static int load_ref(golden *G, const char *name) {
         if (G->n_cases == 4) break;
     }
     cJSON_Delete(j);
-    snprintf(path, sizeof path, "reference/stories260K-%s.probs.txt", name);
-    if (cm_file_read_all(t_shared(path), &txt, &len, errbuf, sizeof errbuf)) return -1;
-    G->n_probs = 0;
-    for (char *line = txt; line && *line && G->n_probs < 32;) {
-        char *nl = strchr(line, '\n');
-        if (nl) *nl = 0;
-        if (*line != '#' && *line) {
-            char *p = line, *e;
-            int pos = (int)strtol(p, &e, 10);
-            p = e;
-            G->probs_in[pos] = (int)strtol(p, &e, 10);
-            p = e;
-            for (int v = 0; v < 512; v++) {
-                G->probs[pos][v] = strtof(p, &e);
-                p = e;
-            }
-            G->n_probs++;
-        }
-        line = nl ? nl + 1 : NULL;
-    }
-    cm_free(txt);
-    return 0;
+    return stories_probs_load(&G->ref, name, errbuf, sizeof errbuf);
 }
 
 static void release_ref(golden *G) {
@@ -164,33 +142,10 @@ static void check_greedy(golden *G, int threads, int need_all) {
 /* Teacher-forced probabilities at all 32 positions (one batch, all rows),
  * max-abs error against llama.cpp's. */
 static double probs_err(golden *G, cm_pool *pool) {
-    const cm_model *m = &G->m;
-    cm_ctx *c = cm_ctx_new(m, 32, 512, pool, errbuf, sizeof errbuf);
-    cm_kv kv;
-    cm_kv_init(&kv, m, 0, m->hp.n_layer, cm_slice_full(m), 512, errbuf, sizeof errbuf);
-    static float logits[32 * 512];
-    int32_t ids[32], pos[32], seq[32];
-    int8_t want[32];
-    for (int i = 0; i < 32; i++) ids[i] = G->probs_in[i], pos[i] = i, seq[i] = 0, want[i] = 1;
-    cm_kv *kvs[1] = {&kv};
-    cm_batch b = {.n = 32, .tokens = ids, .pos = pos, .seq = seq, .logits = want};
-    cm_forward_args a = {.layer_first = 0, .layer_last = m->hp.n_layer, .slice = cm_slice_full(m), .kvs = kvs,
-                         .n_kvs = 1, .out_logits = logits};
-    double worst = 1;
-    if (cm_forward(c, &b, &a, errbuf, sizeof errbuf) == 0) {
-        worst = 0;
-        double p[512];
-        for (int r = 0; r < 32; r++) {
-            softmax_d(logits + r * 512, 512, p);
-            for (int v = 0; v < 512; v++) {
-                double e = fabs(p[v] - G->probs[r][v]);
-                if (e > worst) worst = e;
-            }
-        }
-    }
-    cm_kv_release(&kv);
+    cm_ctx *c = cm_ctx_new(&G->m, 32, 512, pool, errbuf, sizeof errbuf);
+    double e = stories_probs_err(c, &G->m, &G->ref, errbuf, sizeof errbuf);
     cm_ctx_free(c);
-    return worst;
+    return e;
 }
 
 static golden G32, G8, G4;
@@ -215,7 +170,7 @@ static void test_f32_greedy(void) {
 #define Q4_0_PROB_BOUND 8e-6
 
 static void test_f32_probs(void) {
-    CHECK(G32.n_probs == 32);
+    CHECK(G32.ref.n == 32);
     cm_pool *pool = cm_pool_new(2);
     double e1 = probs_err(&G32, NULL), e2 = probs_err(&G32, pool);
     cm_pool_free(pool);
@@ -260,7 +215,7 @@ static void test_prefill_vs_stepwise(void) {
         cm_kv_init(&kv1, m, 0, m->hp.n_layer, cm_slice_full(m), 64, errbuf, sizeof errbuf);
         cm_kv_init(&kv2, m, 0, m->hp.n_layer, cm_slice_full(m), 64, errbuf, sizeof errbuf);
         int32_t ids[20];
-        for (int i = 0; i < 20; i++) ids[i] = Gs[gi]->probs_in[i];
+        for (int i = 0; i < 20; i++) ids[i] = Gs[gi]->ref.in[i];
         float l1[512], l2[512];
         CHECK(cm_forward_simple(c, &kv1, ids, 20, l1, errbuf, sizeof errbuf) == 0);
         for (int i = 0; i < 20; i++) CHECK(cm_forward_simple(c, &kv2, ids + i, 1, l2, errbuf, sizeof errbuf) == 0);

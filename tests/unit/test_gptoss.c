@@ -14,37 +14,24 @@
 #include "model/model.h"
 #include "os/os.h"
 #include "synth/synth.h"
+#include "synth_fx.h"
 
 static char errbuf[512];
 static cm_gguf g_vocab;
 
-typedef struct fx {
-    cm_buf file;
-    cm_gguf g;
-    cm_model m;
-} fx;
+typedef synth_fx fx;
 
 /* 4 layers (sliding, full, sliding, full), window 4, 8 experts top 2. */
 static int fx_open(fx *f, const char *type, uint64_t seed) {
-    memset(f, 0, sizeof *f);
-    cm_buf_init(&f->file);
     cm_synth_params sp = {.arch = "gpt-oss", .n_embd = 256, .n_layer = 4, .n_head = 4, .n_head_kv = 2, .n_ff = 512,
                           .n_ctx = 256, .type = type, .seed = seed, .n_threads = 2, .n_expert = 8,
                           .n_expert_used = 2, .n_ff_exp = 256, .n_swa = 4};
-    if (cm_synth_write(&sp, &g_vocab, NULL, &f->file, errbuf, sizeof errbuf) ||
-        cm_gguf_parse(&f->g, (const uint8_t *)f->file.data, f->file.len, errbuf, sizeof errbuf) ||
-        cm_model_load(&f->m, &f->g, errbuf, sizeof errbuf)) {
-        fprintf(stderr, "  gpt-oss %s: %s\n", type, errbuf);
-        return -1;
-    }
-    return 0;
+    char what[64];
+    snprintf(what, sizeof what, "gpt-oss %s", type);
+    return synth_fx_open(f, &sp, &g_vocab, what, errbuf, sizeof errbuf);
 }
 
-static void fx_close(fx *f) {
-    cm_model_release(&f->m);
-    cm_gguf_close(&f->g);
-    cm_buf_release(&f->file);
-}
+static void fx_close(fx *f) { synth_fx_close(f); }
 
 static void test_hparams(void) {
     fx f;
@@ -84,34 +71,11 @@ static void test_swiglu_oai(void) {
     CHECK(cm_swiglu_oai(g, 0.0f) < 0.0f && cm_swiglu_oai(g, 0.0f) > -1e-15f);
 }
 
-#define NTOK 12 /* three times the window */
-static const int32_t k_prompt[NTOK] = {1, 450, 4996, 17354, 1701, 432, 12500, 975, 15043, 29892, 920, 338};
+#define NTOK SYNTH_NTOK /* three times the window */
 
 /* Logits of every position of the prompt, fed in batches of `step` tokens. */
 static int run_steps(const cm_model *m, cm_pool *pool, int step, bool f16, float *out) {
-    const int V = m->hp.n_vocab;
-    cm_ctx *c = cm_ctx_new(m, NTOK, 64, pool, errbuf, sizeof errbuf);
-    cm_kv kv;
-    if (!c || cm_kv_init_type(&kv, m, 0, m->hp.n_layer, cm_slice_full(m), 64, f16 ? CM_TYPE_F16 : CM_TYPE_F32, errbuf,
-                              sizeof errbuf)) {
-        cm_ctx_free(c);
-        return -1;
-    }
-    int rc = 0;
-    for (int done = 0; done < NTOK && !rc; done += step) {
-        int nb = CM_MIN(step, NTOK - done);
-        int32_t pos[NTOK], seq[NTOK];
-        int8_t want[NTOK];
-        for (int i = 0; i < nb; i++) pos[i] = done + i, seq[i] = 0, want[i] = 1;
-        cm_kv *kvs[1] = {&kv};
-        cm_batch b = {.n = nb, .tokens = k_prompt + done, .pos = pos, .seq = seq, .logits = want};
-        cm_forward_args a = {.layer_first = 0, .layer_last = m->hp.n_layer, .slice = cm_slice_full(m), .kvs = kvs,
-                             .n_kvs = 1, .out_logits = out + (size_t)done * V};
-        rc = cm_forward(c, &b, &a, errbuf, sizeof errbuf);
-    }
-    cm_kv_release(&kv);
-    cm_ctx_free(c);
-    return rc;
+    return synth_run_steps(m, pool, step, f16 ? CM_TYPE_F16 : CM_TYPE_F32, out, errbuf, sizeof errbuf);
 }
 
 static void test_batch_invariance(void) {

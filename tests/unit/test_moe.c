@@ -13,64 +13,29 @@
 #include "model/model.h"
 #include "os/os.h"
 #include "synth/synth.h"
+#include "synth_fx.h"
 
 static char errbuf[512];
 static cm_gguf g_vocab;
 
-typedef struct fx {
-    cm_buf file;
-    cm_gguf g;
-    cm_model m;
-} fx;
+typedef synth_fx fx;
 
 static int fx_open(fx *f, const char *arch, const char *type, int experts, int used, int shared, uint64_t seed) {
-    memset(f, 0, sizeof *f);
-    cm_buf_init(&f->file);
     cm_synth_params sp = {.arch = arch, .n_embd = 256, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .n_ff = 512,
                           .n_ctx = 256, .type = type, .seed = seed, .n_threads = 2, .n_expert = experts,
                           .n_expert_used = used, .n_ff_exp = 256, .n_ff_shexp = shared};
-    if (cm_synth_write(&sp, &g_vocab, NULL, &f->file, errbuf, sizeof errbuf) ||
-        cm_gguf_parse(&f->g, (const uint8_t *)f->file.data, f->file.len, errbuf, sizeof errbuf) ||
-        cm_model_load(&f->m, &f->g, errbuf, sizeof errbuf)) {
-        fprintf(stderr, "  %s %s: %s\n", arch, type, errbuf);
-        return -1;
-    }
-    return 0;
+    char what[64];
+    snprintf(what, sizeof what, "%s %s", arch, type);
+    return synth_fx_open(f, &sp, &g_vocab, what, errbuf, sizeof errbuf);
 }
 
-static void fx_close(fx *f) {
-    cm_model_release(&f->m);
-    cm_gguf_close(&f->g);
-    cm_buf_release(&f->file);
-}
+static void fx_close(fx *f) { synth_fx_close(f); }
 
-#define NTOK 12
-static const int32_t k_prompt[NTOK] = {1, 450, 4996, 17354, 1701, 432, 12500, 975, 15043, 29892, 920, 338};
+#define NTOK SYNTH_NTOK
 
 /* Logits of every position of the prompt, fed in batches of `step` tokens. */
 static int run_steps(const cm_model *m, cm_pool *pool, int step, float *out) {
-    const int V = m->hp.n_vocab;
-    cm_ctx *c = cm_ctx_new(m, NTOK, 64, pool, errbuf, sizeof errbuf);
-    cm_kv kv;
-    if (!c || cm_kv_init(&kv, m, 0, m->hp.n_layer, cm_slice_full(m), 64, errbuf, sizeof errbuf)) {
-        cm_ctx_free(c);
-        return -1;
-    }
-    int rc = 0;
-    for (int done = 0; done < NTOK && !rc; done += step) {
-        int nb = CM_MIN(step, NTOK - done);
-        int32_t pos[NTOK], seq[NTOK];
-        int8_t want[NTOK];
-        for (int i = 0; i < nb; i++) pos[i] = done + i, seq[i] = 0, want[i] = 1;
-        cm_kv *kvs[1] = {&kv};
-        cm_batch b = {.n = nb, .tokens = k_prompt + done, .pos = pos, .seq = seq, .logits = want};
-        cm_forward_args a = {.layer_first = 0, .layer_last = m->hp.n_layer, .slice = cm_slice_full(m), .kvs = kvs,
-                             .n_kvs = 1, .out_logits = out + (size_t)done * V};
-        rc = cm_forward(c, &b, &a, errbuf, sizeof errbuf);
-    }
-    cm_kv_release(&kv);
-    cm_ctx_free(c);
-    return rc;
+    return synth_run_steps(m, pool, step, CM_TYPE_F32, out, errbuf, sizeof errbuf);
 }
 
 /* Two sequences (the prompt and the prompt shifted by 3) interleaved in one
@@ -87,8 +52,8 @@ static int run_interleaved(const cm_model *m, cm_pool *pool, float *out0, float 
     int32_t tok[16], pos[16], seq[16];
     int8_t want[16];
     for (int i = 0; i < 8; i++) {
-        tok[2 * i] = k_prompt[i], pos[2 * i] = i, seq[2 * i] = 0, want[2 * i] = 1;
-        tok[2 * i + 1] = k_prompt[i + 3], pos[2 * i + 1] = i, seq[2 * i + 1] = 1, want[2 * i + 1] = 1;
+        tok[2 * i] = synth_prompt[i], pos[2 * i] = i, seq[2 * i] = 0, want[2 * i] = 1;
+        tok[2 * i + 1] = synth_prompt[i + 3], pos[2 * i + 1] = i, seq[2 * i + 1] = 1, want[2 * i + 1] = 1;
     }
     float *lg = cm_malloc(sizeof(float) * (size_t)V * n);
     cm_kv *kvs[2] = {&kv0, &kv1};
@@ -139,7 +104,7 @@ static void test_moe_grouping_invariance(void) {
             int8_t want[8];
             for (int i = 0; i < 8; i++) pos[i] = i, want[i] = 1;
             cm_kv *kvs[1] = {&kv};
-            cm_batch bt = {.n = 8, .tokens = k_prompt + 3, .pos = pos, .seq = seq, .logits = want};
+            cm_batch bt = {.n = 8, .tokens = synth_prompt + 3, .pos = pos, .seq = seq, .logits = want};
             cm_forward_args fa = {.layer_first = 0, .layer_last = 2, .slice = cm_slice_full(&f.m), .kvs = kvs,
                                   .n_kvs = 1, .out_logits = d};
             CHECK(cm_forward(c, &bt, &fa, errbuf, sizeof errbuf) == 0);
@@ -158,7 +123,7 @@ static void test_moe_grouping_invariance(void) {
             for (int i = 0; i < NTOK; i++) pos[i] = i, want[i] = 1;
             float *hid = cm_malloc(sizeof(float) * 256 * NTOK);
             cm_kv *kv0[1] = {&k0}, *kv1[1] = {&k1};
-            cm_batch b0 = {.n = NTOK, .tokens = k_prompt, .pos = pos, .seq = seq, .logits = want};
+            cm_batch b0 = {.n = NTOK, .tokens = synth_prompt, .pos = pos, .seq = seq, .logits = want};
             cm_forward_args a0 = {.layer_first = 0, .layer_last = 1, .slice = cm_slice_full(&f.m), .kvs = kv0, .n_kvs = 1,
                                   .out_hidden = hid};
             CHECK(cm_forward(c, &b0, &a0, errbuf, sizeof errbuf) == 0);

@@ -419,9 +419,11 @@ static int try_vocab(const uint8_t *p, size_t n, cm_rng *r) {
 }
 
 static void test_hostile(void) {
+    // clang-format off
     static const char *const spm_toks[] = {"<unk>", "<s>", "</s>", "<0x41>", "<0x0A>", "\xe2\x96\x81", "a", "b", "ab",
                                            ("\xe2\x96\x81" "ab"), ""};
     static const char *const bpe_toks[] = {"a", "b", "c", "ab", "abc", "\xc4\xa0", ("\xc4\xa0" "a"), "<|endoftext|>"};
+    // clang-format on
     static const char *const merges[] = {"a b", "ab c", "\xc4\xa0 a", "malformed", "x", " lead", "b ", ""};
     static const char *const dup[] = {"a", "b", "a"};
     cm_rng r;

@@ -12,6 +12,7 @@
  * n/a: setup.sh installs lavapipe, so CI must run this).
  */
 #include "test.h"
+#include "stories_ref.h"
 
 #include "gguf/gguf.h"
 #include "gpu/gpu.h"
@@ -138,8 +139,7 @@ typedef struct story {
     cm_gguf g;
     cm_model m;
     int n_prompt, n_gen, prompt[64], gen[512];
-    int probs_in[32];
-    float probs[32][512];
+    stories_probs ref;
 } story;
 
 static int load_story(story *S, const char *name) {
@@ -149,24 +149,7 @@ static int load_story(story *S, const char *name) {
     if (cm_gguf_open(&S->g, t_shared(path), NULL, NULL, errbuf, sizeof errbuf) ||
         cm_model_load(&S->m, &S->g, errbuf, sizeof errbuf))
         return -1;
-    snprintf(path, sizeof path, "reference/stories260K-%s.probs.txt", name);
-    char *txt;
-    size_t len;
-    if (cm_file_read_all(t_shared(path), &txt, &len, errbuf, sizeof errbuf)) return -1;
-    for (char *line = txt; line && *line;) {
-        char *nl = strchr(line, '\n'), *e;
-        if (nl) *nl = 0;
-        if (*line != '#') {
-            int pos = (int)strtol(line, &e, 10);
-            if (pos >= 0 && pos < 32) {
-                S->probs_in[pos] = (int)strtol(e, &e, 10);
-                for (int v = 0; v < 512; v++) S->probs[pos][v] = strtof(e, &e);
-            }
-        }
-        line = nl ? nl + 1 : NULL;
-    }
-    cm_free(txt);
-    return 0;
+    return stories_probs_load(&S->ref, name, errbuf, sizeof errbuf);
 }
 
 static int argmax(const float *x, int n) {
@@ -187,27 +170,7 @@ static double probs_err(story *S, cm_pool *pool, int gpu_layers) {
         return 1;
     }
     cm_ctx_set_offload(c, gm ? cm_gpu_offload : NULL, gm);
-    cm_kv kv;
-    cm_kv_init(&kv, m, 0, m->hp.n_layer, cm_slice_full(m), 512, errbuf, sizeof errbuf);
-    static float logits[32 * 512];
-    int32_t ids[32], pos[32], seq[32];
-    int8_t want[32];
-    for (int i = 0; i < 32; i++) ids[i] = S->probs_in[i], pos[i] = i, seq[i] = 0, want[i] = 1;
-    cm_kv *kvs[1] = {&kv};
-    cm_batch b = {.n = 32, .tokens = ids, .pos = pos, .seq = seq, .logits = want};
-    cm_forward_args a = {.layer_first = 0, .layer_last = m->hp.n_layer, .slice = cm_slice_full(m), .kvs = kvs,
-                         .n_kvs = 1, .out_logits = logits};
-    double worst = 1;
-    if (cm_forward(c, &b, &a, errbuf, sizeof errbuf) == 0) {
-        worst = 0;
-        for (int r = 0; r < 32; r++) {
-            double mx = logits[r * 512], s = 0, p[512];
-            for (int v = 1; v < 512; v++) mx = fmax(mx, logits[r * 512 + v]);
-            for (int v = 0; v < 512; v++) s += (p[v] = exp(logits[r * 512 + v] - mx));
-            for (int v = 0; v < 512; v++) worst = fmax(worst, fabs(p[v] / s - S->probs[r][v]));
-        }
-    }
-    cm_kv_release(&kv);
+    double worst = stories_probs_err(c, m, &S->ref, errbuf, sizeof errbuf);
     cm_ctx_free(c);
     cm_gpu_model_free(gm);
     return worst;
@@ -227,7 +190,7 @@ static int greedy(story *S, cm_pool *pool, int gpu_layers, bool cpu_prefill, int
     cm_kv_init(&kv, m, 0, m->hp.n_layer, cm_slice_full(m), 512, errbuf, sizeof errbuf);
     float logits[512];
     int32_t ids[64];
-    for (int i = 0; i < 5; i++) ids[i] = S->probs_in[i]; /* the reference's first tokens */
+    for (int i = 0; i < 5; i++) ids[i] = S->ref.in[i]; /* the reference's first tokens */
     cm_ctx_set_offload(c, cpu_prefill || !gm ? NULL : cm_gpu_offload, gm);
     int n = 0;
     if (cm_forward_simple(c, &kv, ids, 5, logits, errbuf, sizeof errbuf)) goto out;
@@ -262,8 +225,8 @@ static int two_seqs(story *S, cm_pool *pool, int gpu_layers, int n_seq, float *o
     cm_kv_init(&kv[0], m, 0, m->hp.n_layer, cm_slice_full(m), 512, errbuf, sizeof errbuf);
     cm_kv_init(&kv[1], m, 0, m->hp.n_layer, cm_slice_full(m), 512, errbuf, sizeof errbuf);
     float last[2][512];
-    int rc = cm_forward_simple(c, &kv[0], S->probs_in, 5, last[0], errbuf, sizeof errbuf);
-    if (!rc) rc = cm_forward_simple(c, &kv[1], S->probs_in + 5, 9, last[1], errbuf, sizeof errbuf);
+    int rc = cm_forward_simple(c, &kv[0], S->ref.in, 5, last[0], errbuf, sizeof errbuf);
+    if (!rc) rc = cm_forward_simple(c, &kv[1], S->ref.in + 5, 9, last[1], errbuf, sizeof errbuf);
     for (int step = 0; !rc && step < 8; step++) {
         int32_t ids[2] = {argmax(last[0], 512), argmax(last[1], 512)}, pos[2] = {kv[0].n_past, kv[1].n_past},
                 seq[2] = {0, 1};
