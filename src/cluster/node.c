@@ -565,7 +565,7 @@ int cm_node_run(const cm_node_opts *o, atomic_int *stop, char *err, size_t errle
         }
         conn_job *j = cm_calloc(1, sizeof *j);
         if (j) { j->n = &n; j->c = c; j->src = src; }
-        if (!j || pthread_create(&j->th, NULL, conn_main, j)) {
+        if (!j || cm_thread_create(&j->th, conn_main, j)) {
             cm_free(j);
             cm_node_limits_authenticated(&n.lim, src);
             cm_node_limits_put(&n.lim, src);

@@ -445,7 +445,7 @@ cm_queue *cm_queue_new(cm_http_server *srv, cm_engine *e, int n_slots, int queue
         const uint64_t all = s->kv.slot_full * (uint64_t)n_slots, avail = cm_mem_available_bytes() / 4 * 3;
         s->kv.capacity = all < avail ? all : avail > s->kv.slot_full ? avail : s->kv.slot_full;
     }
-    if (pthread_create(&s->th, NULL, queue_main, s) == 0) s->th_started = true;
+    if (cm_thread_create(&s->th, queue_main, s) == 0) s->th_started = true;
     else {
         cm_queue_free(s);
         cm_errf(err, errlen, CM_ENOMEM, "cannot start the scheduler thread");

@@ -754,7 +754,7 @@ int cm_http_start(cm_http_server **out, const cm_http_opts *o, char *err, size_t
     s->o.max_conns = cm_http_fit_fd_limit(CM_MAX(o->max_conns, 4));
     unsigned per_ip = o->max_conns_per_ip > 0 ? (unsigned)o->max_conns_per_ip : 0; /* 0: no limit */
     s->d = MHD_start_daemon(flags, (uint16_t)o->port, NULL, NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, cm_http_mhd_log, s,
-                            MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_THREAD_POOL_SIZE, n_threads,
+                            MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_THREAD_POOL_SIZE, n_threads, MHD_OPTION_THREAD_STACK_SIZE, CM_COMPUTE_STACK, /* embeddings compute here */
                             MHD_OPTION_PER_IP_CONNECTION_LIMIT, per_ip,
                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->o.max_conns, MHD_OPTION_CONNECTION_TIMEOUT,
                             (unsigned)CM_MAX(o->timeout_s, 1), MHD_OPTION_CONNECTION_MEMORY_LIMIT,

@@ -10,6 +10,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <pthread.h>
+
 /* ---- files ---- */
 typedef struct cm_mapped_file {
     const uint8_t *data; /* read-only bytes of the file; NULL for an empty file */
@@ -99,6 +101,13 @@ int cm_mem_read_bandwidth(cm_pool *pool, size_t bytes, int runs, double *best_by
 typedef struct cm_pool cm_pool;
 typedef void (*cm_pool_fn)(void *ctx, int ith, int nth);
 cm_pool *cm_pool_new(int n_threads); /* n_threads >= 1 */
+/* Kernels keep up to ~310 KiB of packed activations on the stack
+ * (kernels/avx512_kgemm.h), on every pool thread and on the caller, thread 0:
+ * a thread that may compute gets CM_COMPUTE_STACK bytes of stack, not the
+ * platform's default (512 KiB on macOS, 128 KiB on musl). cm_thread_create is
+ * pthread_create with that stack: 0 or its error. */
+#define CM_COMPUTE_STACK ((size_t)8 << 20)
+int cm_thread_create(pthread_t *th, void *(*fn)(void *), void *arg);
 void cm_pool_free(cm_pool *p);
 int cm_pool_size(const cm_pool *p);
 void cm_pool_run(cm_pool *p, cm_pool_fn fn, void *ctx);

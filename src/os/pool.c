@@ -84,25 +84,28 @@ cm_pool *cm_pool_new(int n_threads) {
     pthread_cond_init(&p->cv, NULL);
     p->threads = calloc((size_t)n_threads, sizeof *p->threads);
     if (!p->threads) { free(p); return NULL; }
-    /* Kernels keep up to ~160 KiB of packed activations on the stack
-     * (kernels/avx512_gemm.h): ask for 8 MiB, not the platform default
-     * (512 KiB on macOS, 128 KiB on musl). */
-    pthread_attr_t attr;
-    pthread_attr_init(&attr);
-    pthread_attr_setstacksize(&attr, 8u << 20);
     for (int i = 1; i < n_threads; i++) {
         worker_arg *wa = malloc(sizeof *wa);
         CM_ASSERT(wa);
         wa->p = p;
         wa->ith = i;
-        if (pthread_create(&p->threads[i], &attr, worker_main, wa) != 0) {
+        if (cm_thread_create(&p->threads[i], worker_main, wa) != 0) {
             free(wa);
             p->n = i; /* run with the threads we got */
             break;
         }
     }
-    pthread_attr_destroy(&attr);
     return p;
+}
+
+int cm_thread_create(pthread_t *th, void *(*fn)(void *), void *arg) {
+    pthread_attr_t attr;
+    int rc = pthread_attr_init(&attr);
+    if (rc) return rc;
+    pthread_attr_setstacksize(&attr, CM_COMPUTE_STACK);
+    rc = pthread_create(th, &attr, fn, arg);
+    pthread_attr_destroy(&attr);
+    return rc;
 }
 
 void cm_pool_free(cm_pool *p) {

@@ -341,7 +341,7 @@ static int stage_run(story *S, cm_pool *pool, bool gpu, float *logits) {
     int8_t want[16] = {0};
     cm_kv *k0[1] = {&kv0}, *k1[1] = {&kv1};
     int n = N;
-    for (int i = 0; i < N; i++) ids[i] = S->probs_in[i], pos[i] = i;
+    for (int i = 0; i < N; i++) ids[i] = S->ref.in[i], pos[i] = i;
     for (int step = 0; !rc && step < 7; step++) {
         want[n - 1] = 1;
         cm_batch b0 = {.n = n, .tokens = ids, .pos = pos, .seq = seq}, b1 = {.n = n, .embd = hidden, .pos = pos, .seq = seq, .logits = want};
