@@ -41,30 +41,52 @@ static double cpu_now(void) {
 static double median9(double *t) {
     for (int i = 0; i < 9; i++)
         for (int j = i + 1; j < 9; j++)
-            if (t[j] < t[i]) { double x = t[i]; t[i] = t[j]; t[j] = x; }
+            if (t[j] < t[i]) {
+                double x = t[i];
+                t[i] = t[j];
+                t[j] = x;
+            }
     return t[4] * 1e3;
 }
 
 int main(int argc, char **argv) {
-    if (argc < 2) { fprintf(stderr, "usage: attn_bench VOCAB.gguf [THREADS] [DEPTHS...]\n"); return 2; }
+    if (argc < 2) {
+        fprintf(stderr, "usage: attn_bench VOCAB.gguf [THREADS] [DEPTHS...]\n");
+        return 2;
+    }
     char err[512];
     cm_gguf vocab, g;
-    if (cm_gguf_open(&vocab, argv[1], NULL, NULL, err, sizeof err)) { fprintf(stderr, "%s\n", err); return 1; }
+    if (cm_gguf_open(&vocab, argv[1], NULL, NULL, err, sizeof err)) {
+        fprintf(stderr, "%s\n", err);
+        return 1;
+    }
     const int threads = argc > 2 ? atoi(argv[2]) : 1;
-    cm_synth_params sp = {.arch = "llama", .n_embd = 2048, .n_layer = 1, .n_head = 32, .n_head_kv = 8, .n_ff = 256,
-                          .n_ctx = 65536, .type = "q8_0", .seed = 1, .n_threads = 1};
+    cm_synth_params sp = {.arch = "llama",
+                          .n_embd = 2048,
+                          .n_layer = 1,
+                          .n_head = 32,
+                          .n_head_kv = 8,
+                          .n_ff = 256,
+                          .n_ctx = 65536,
+                          .type = "q8_0",
+                          .seed = 1,
+                          .n_threads = 1};
     cm_buf file;
     cm_buf_init(&file);
     cm_model m;
     if (cm_synth_write(&sp, &vocab, NULL, &file, err, sizeof err) ||
-        cm_gguf_parse(&g, (const uint8_t *)file.data, file.len, err, sizeof err) || cm_model_load(&m, &g, err, sizeof err)) {
+        cm_gguf_parse(&g, (const uint8_t *)file.data, file.len, err, sizeof err) ||
+        cm_model_load(&m, &g, err, sizeof err)) {
         fprintf(stderr, "%s\n", err);
         return 1;
     }
     cm_pool *pool = cm_pool_new(threads);
     int depths[8] = {1024, 4096, 16384}, nd = 3;
-    if (argc > 3) for (nd = 0; nd < 8 && 3 + nd < argc; nd++) depths[nd] = atoi(argv[3 + nd]);
-    printf("threads %d; decode step ms (median of 9, interleaved), wall then process CPU: depth, two-pass F16 per head, two-pass F16 split, F16 rows (-fa), Q8_0 rows\n", threads);
+    if (argc > 3)
+        for (nd = 0; nd < 8 && 3 + nd < argc; nd++) depths[nd] = atoi(argv[3 + nd]);
+    printf(
+        "threads %d; decode step ms (median of 9, interleaved), wall then process CPU: depth, two-pass F16 per head, two-pass F16 split, F16 rows (-fa), Q8_0 rows\n",
+        threads);
     for (int di = 0; di < nd; di++) {
         const int N = depths[di];
         cm_ctx *c = cm_ctx_new(&m, 64, N + 1, pool, err, sizeof err);
@@ -102,17 +124,21 @@ int main(int argc, char **argv) {
                 int32_t tok = 1, pos = N, seq = 0;
                 cm_kv *kvs[1] = {&kv[v]};
                 cm_batch b = {.n = 1, .tokens = &tok, .pos = &pos, .seq = &seq};
-                cm_forward_args a = {.layer_first = 0, .layer_last = 1, .slice = cm_slice_full(&m), .kvs = kvs, .n_kvs = 1};
+                cm_forward_args a = {
+                    .layer_first = 0, .layer_last = 1, .slice = cm_slice_full(&m), .kvs = kvs, .n_kvs = 1};
                 const double t0 = now(), c0 = cpu_now();
-                if (cm_forward(c, &b, &a, err, sizeof err)) { fprintf(stderr, "%s\n", err); return 1; }
+                if (cm_forward(c, &b, &a, err, sizeof err)) {
+                    fprintf(stderr, "%s\n", err);
+                    return 1;
+                }
                 t[v][r] = now() - t0;
                 tc[v][r] = cpu_now() - c0;
                 kv[v].n_past = N;
             }
         double med[NV], cpu[NV];
         for (int v = 0; v < NV; v++) med[v] = median9(t[v]), cpu[v] = median9(tc[v]);
-        printf("%6d  %8.3f  %8.3f  %8.3f  %8.3f   cpu ms %8.3f  %8.3f  %8.3f  %8.3f\n", N, med[0], med[1], med[2], med[3],
-               cpu[0], cpu[1], cpu[2], cpu[3]);
+        printf("%6d  %8.3f  %8.3f  %8.3f  %8.3f   cpu ms %8.3f  %8.3f  %8.3f  %8.3f\n", N, med[0], med[1], med[2],
+               med[3], cpu[0], cpu[1], cpu[2], cpu[3]);
         /* prefill: the last 64 of the N positions as one batch (K/V rewritten
          * in place), per head (split off) and multi-query tiles (on) */
         static const int pkv[4] = {0, 1, 3, 3}, pon[4] = {0, 1, 0, 1};
@@ -126,19 +152,28 @@ int main(int argc, char **argv) {
                 kv[pkv[v]].n_past = N - 64;
                 cm_ctx_set_attn_split(c, pon[v]);
                 cm_batch b = {.n = 64, .tokens = tok, .pos = pos, .seq = seq};
-                cm_forward_args a = {.layer_first = 0, .layer_last = 1, .slice = cm_slice_full(&m), .kvs = kvs, .n_kvs = 1};
+                cm_forward_args a = {
+                    .layer_first = 0, .layer_last = 1, .slice = cm_slice_full(&m), .kvs = kvs, .n_kvs = 1};
                 const double c0 = cpu_now();
-                if (cm_forward(c, &b, &a, err, sizeof err)) { fprintf(stderr, "%s\n", err); return 1; }
+                if (cm_forward(c, &b, &a, err, sizeof err)) {
+                    fprintf(stderr, "%s\n", err);
+                    return 1;
+                }
                 tp[v][r] = cpu_now() - c0;
             }
         for (int v = 0; v < 4 && N >= 64; v++) { /* median of 5 */
             for (int i = 0; i < 5; i++)
                 for (int j = i + 1; j < 5; j++)
-                    if (tp[v][j] < tp[v][i]) { double x = tp[v][i]; tp[v][i] = tp[v][j]; tp[v][j] = x; }
+                    if (tp[v][j] < tp[v][i]) {
+                        double x = tp[v][i];
+                        tp[v][i] = tp[v][j];
+                        tp[v][j] = x;
+                    }
         }
         if (N >= 64)
-            printf("        prefill of 64 tokens, cpu ms: F16 transposed per head %8.2f  tiles %8.2f   Q8_0 rows per head %8.2f  tiles %8.2f\n",
-                   tp[0][2] * 1e3, tp[1][2] * 1e3, tp[2][2] * 1e3, tp[3][2] * 1e3);
+            printf(
+                "        prefill of 64 tokens, cpu ms: F16 transposed per head %8.2f  tiles %8.2f   Q8_0 rows per head %8.2f  tiles %8.2f\n",
+                tp[0][2] * 1e3, tp[1][2] * 1e3, tp[2][2] * 1e3, tp[3][2] * 1e3);
         for (int v = 0; v < NV; v++) cm_kv_release(&kv[v]);
         cm_ctx_free(c);
     }

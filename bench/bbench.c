@@ -40,7 +40,10 @@ int main(void) {
     enum cm_type t = CM_TYPE_COUNT;
     for (int i = 0; i < CM_TYPE_COUNT; i++)
         if (cm_type_traits_of((uint32_t)i) && !strcmp(cm_type_traits_of((uint32_t)i)->name, tn)) t = (enum cm_type)i;
-    if (t == CM_TYPE_COUNT) { fprintf(stderr, "bbench: unknown type '%s'\n", tn); return 2; }
+    if (t == CM_TYPE_COUNT) {
+        fprintf(stderr, "bbench: unknown type '%s'\n", tn);
+        return 2;
+    }
     const cm_type_traits *tr = cm_type_traits_of(t);
     const size_t mib = getenv("BBENCH_MIB") ? (size_t)atoi(getenv("BBENCH_MIB")) : 256;
     const int reps = getenv("BBENCH_REPS") ? atoi(getenv("BBENCH_REPS")) : 3;
@@ -54,8 +57,9 @@ int main(void) {
         }
     }
     /* one layer of 1B llama: q (2048x2048), k, v (2048x256 each... use 512), o, gate, up (2048 -> 5632), down */
-    struct { int64_t k, rows; } shape[] = {{2048, 2048}, {2048, 256}, {2048, 256}, {2048, 2048},
-                                           {2048, 5632}, {2048, 5632}, {5632, 2048}};
+    struct {
+        int64_t k, rows;
+    } shape[] = {{2048, 2048}, {2048, 256}, {2048, 256}, {2048, 2048}, {2048, 5632}, {2048, 5632}, {5632, 2048}};
     enum { NS = 7 };
     size_t layer = 0;
     for (int s = 0; s < NS; s++) layer += cm_row_size(t, shape[s].k) * (size_t)shape[s].rows;
@@ -67,7 +71,10 @@ int main(void) {
         for (int s = 0; s < NS; s++) {
             size_t n = cm_row_size(t, shape[s].k) * (size_t)shape[s].rows;
             uint8_t *w = cm_huge_alloc(n);
-            for (size_t i = 0; i < n; i += 8) { uint64_t r = rnd(); memcpy(w + i, &r, n - i < 8 ? n - i : 8); }
+            for (size_t i = 0; i < n; i += 8) {
+                uint64_t r = rnd();
+                memcpy(w + i, &r, n - i < 8 ? n - i : 8);
+            }
             const cm_f16 h = cm_f32_to_f16(0.01f);
             for (size_t b = 0; tr->quantized && b < n / tr->type_size; b++) memcpy(w + b * tr->type_size, &h, 2);
             const int64_t ne[2] = {shape[s].k, shape[s].rows};
@@ -77,7 +84,10 @@ int main(void) {
         }
     const cm_kernels *k = cm_kernels_get();
     char err[200];
-    if (cm_repack_add(W, k, wp, nl * NS, err, sizeof err)) { fprintf(stderr, "bbench: %s\n", err); return 1; }
+    if (cm_repack_add(W, k, wp, nl * NS, err, sizeof err)) {
+        fprintf(stderr, "bbench: %s\n", err);
+        return 1;
+    }
     const enum cm_type vt = tr->vec_dot_type;
     const size_t as = cm_row_size(vt, KMAX);
     uint8_t *xq = malloc(as * MAXB);

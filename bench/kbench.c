@@ -96,8 +96,8 @@ static void packed_ab(const cm_kernels *k, const cm_tensor *W, const void *xq, s
     }
     char name[16];
     snprintf(name, sizeof name, "%s+rp", k->name);
-    printf("%-6s %-7s %10.1f %7.0f%%   (A B A B: not repacked %.1f GB/s, x%.2f)\n", cm_type_name(W->type), name, gb / bp,
-           100 * gb / bp / bw, gb / b0, b0 / bp);
+    printf("%-6s %-7s %10.1f %7.0f%%   (A B A B: not repacked %.1f GB/s, x%.2f)\n", cm_type_name(W->type), name,
+           gb / bp, 100 * gb / bp / bw, gb / b0, b0 / bp);
     cm_repack_drop(&owner);
     free(plain);
 }
@@ -128,12 +128,14 @@ int main(void) {
             uint8_t *blk = w + b * tr->type_size;
             size_t off = t == CM_TYPE_Q6_K ? offsetof(cm_block_q6_k, d) : 0;
             memcpy(blk + off, &h, 2);
-            if (t == CM_TYPE_Q4_1 || t == CM_TYPE_Q5_1 || t == CM_TYPE_Q4_K || t == CM_TYPE_Q5_K) memcpy(blk + 2, &h, 2);
+            if (t == CM_TYPE_Q4_1 || t == CM_TYPE_Q5_1 || t == CM_TYPE_Q4_K || t == CM_TYPE_Q5_K)
+                memcpy(blk + 2, &h, 2);
         }
         if (t == CM_TYPE_F16)
             for (size_t i = 0; i < (size_t)N * (size_t)g_rows; i++) ((cm_f16 *)w)[i] = cm_f32_to_f16(xf[i % (N * TOK)]);
         if (t == CM_TYPE_BF16)
-            for (size_t i = 0; i < (size_t)N * (size_t)g_rows; i++) ((cm_bf16 *)w)[i] = cm_f32_to_bf16(xf[i % (N * TOK)]);
+            for (size_t i = 0; i < (size_t)N * (size_t)g_rows; i++)
+                ((cm_bf16 *)w)[i] = cm_f32_to_bf16(xf[i % (N * TOK)]);
         if (t == CM_TYPE_F32)
             for (size_t i = 0; i < (size_t)N * (size_t)g_rows; i++) ((float *)w)[i] = xf[i % (N * TOK)];
         cm_kernels_ref()->from_float[tr->vec_dot_type](xf, xq, N);

@@ -27,7 +27,11 @@ static int g_tokens = 12;
 static const uint8_t k_key[CM_KEY_BYTES] = {9, 9, 9};
 
 /* ---- machine measurements ---- */
-typedef struct bw_arg { const uint64_t *p; size_t n; uint64_t sum; } bw_arg;
+typedef struct bw_arg {
+    const uint64_t *p;
+    size_t n;
+    uint64_t sum;
+} bw_arg;
 static void *bw_thread(void *a) {
     bw_arg *b = a;
     uint64_t s = 0;
@@ -96,14 +100,20 @@ static void *member_main(void *arg) {
         if ((me->rc = cm_coll_mesh_open(me->rank, me->k, me->M->l[me->rank], me->M->addrs, &cfg, &h, 10000,
                                         me->M->conns[me->rank], me->err, sizeof me->err)))
             return NULL;
-        cm_coll_cfg cc = {.rank = me->rank, .size = me->k, .max_n = me->probe_n > 0 ? me->probe_n : PROMPT * E,
-                          .compress = me->compress, .epoch = 1, .timeout_ms = 30000, .ring_min = -1};
+        cm_coll_cfg cc = {.rank = me->rank,
+                          .size = me->k,
+                          .max_n = me->probe_n > 0 ? me->probe_n : PROMPT * E,
+                          .compress = me->compress,
+                          .epoch = 1,
+                          .timeout_ms = 30000,
+                          .ring_min = -1};
         cc.peers[1 - me->rank] = me->M->conns[me->rank][1 - me->rank];
         if ((me->rc = cm_coll_new(&cc, &coll, me->err, sizeof me->err))) return NULL;
     }
     if (me->probe_n > 0) {
         float *x = calloc((size_t)me->probe_n, sizeof(float));
-        for (int i = 0; i < 5 && !me->rc; i++) me->rc = cm_coll_allreduce(coll, x, me->probe_n, me->err, sizeof me->err);
+        for (int i = 0; i < 5 && !me->rc; i++)
+            me->rc = cm_coll_allreduce(coll, x, me->probe_n, me->err, sizeof me->err);
         double t0 = cm_now_s();
         for (int i = 0; i < me->probe_reps && !me->rc; i++)
             me->rc = cm_coll_allreduce(coll, x, me->probe_n, me->err, sizeof me->err);
@@ -125,8 +135,13 @@ static void *member_main(void *arg) {
         int n = step == 0 ? PROMPT : 1, p0 = step == 0 ? 0 : PROMPT + step - 1;
         for (int i = 0; i < n; i++) pos[i] = p0 + i;
         cm_batch b = {.n = n, .tokens = toks, .pos = pos, .seq = seq};
-        cm_forward_args a = {.layer_first = 0, .layer_last = me->m->hp.n_layer, .slice = me->slice, .kvs = kvs,
-                             .n_kvs = 1, .allreduce = coll ? cm_coll_allreduce_cb : NULL, .allreduce_user = coll,
+        cm_forward_args a = {.layer_first = 0,
+                             .layer_last = me->m->hp.n_layer,
+                             .slice = me->slice,
+                             .kvs = kvs,
+                             .n_kvs = 1,
+                             .allreduce = coll ? cm_coll_allreduce_cb : NULL,
+                             .allreduce_user = coll,
                              .out_logits = logits};
         me->rc = cm_forward(ctx, &b, &a, me->err, sizeof me->err);
         int best = 0;
@@ -166,8 +181,15 @@ static int run(int k, int nth, const cm_model *m, const cm_slice *sl, bool compr
     }
     pthread_t th[2];
     for (int i = 0; i < k; i++) {
-        out[i] = (member){.M = &M, .rank = i, .k = k, .nth = nth, .m = m, .slice = sl ? sl[i] : (cm_slice){0},
-                          .compress = compress, .probe_n = probe_n, .probe_reps = reps};
+        out[i] = (member){.M = &M,
+                          .rank = i,
+                          .k = k,
+                          .nth = nth,
+                          .m = m,
+                          .slice = sl ? sl[i] : (cm_slice){0},
+                          .compress = compress,
+                          .probe_n = probe_n,
+                          .probe_reps = reps};
         pthread_create(&th[i], NULL, member_main, &out[i]);
     }
     for (int i = 0; i < k; i++) pthread_join(th[i], NULL);
@@ -217,7 +239,8 @@ int main(int argc, char **argv) {
     cm_gguf g;
     memset(&g, 0, sizeof g);
     if (cm_gguf_open(&g, path, NULL, NULL, err, sizeof err)) {
-        tp_model_spec s = {.E = 2048, .L = 16, .H = 32, .HKV = 8, .F = 5632, .V = 32000, .type = CM_TYPE_Q8_0, .seed = 1};
+        tp_model_spec s = {
+            .E = 2048, .L = 16, .H = 32, .HKV = 8, .F = 5632, .V = 32000, .type = CM_TYPE_Q8_0, .seed = 1};
         fprintf(stderr, "tp_bench: writing %s (1B-class, Q8_0)...\n", path);
         double t0 = cm_now_s();
         if (tp_model_write(&s, path, NULL, err, sizeof err) || cm_gguf_open(&g, path, NULL, NULL, err, sizeof err)) {
@@ -251,7 +274,12 @@ int main(int argc, char **argv) {
 
     cm_plan p1, p2, pt;
     cm_slice full = cm_slice_full(&m);
-    struct { const char *name; int k, nth; double meas, pred; cm_plan *p; } rows[3] = {
+    struct {
+        const char *name;
+        int k, nth;
+        double meas, pred;
+        cm_plan *p;
+    } rows[3] = {
         {"1 member x 1 thread", 1, 1, 0, 0, &p1},
         {"1 member x 2 threads", 1, 2, 0, 0, &p2},
         {"2 members x 1 thread (TP)", 2, 1, 0, 0, &pt},
@@ -302,10 +330,10 @@ int main(int argc, char **argv) {
     }
     printf("cost model: mean |error| %.0f%%; TP speed-up %.2fx vs 1x1 (predicted %.2fx), %.2fx vs 1x2\n",
            err_sum / 3 * 100, rows[2].meas / rows[0].meas, rows[2].pred / rows[0].pred, rows[2].meas / rows[1].meas);
-    printf("{\"bench\":\"tp\",\"tok_s_1x1\":%.3f,\"tok_s_1x2\":%.3f,\"tok_s_tp2\":%.3f,\"tok_s_tp2_compress\":%.3f,"
-           "\"pred_1x1\":%.3f,\"pred_1x2\":%.3f,\"pred_tp2\":%.3f,\"bw1\":%.0f,\"bw2\":%.0f,\"allreduce_2048_s\":%.6f}\n",
-           rows[0].meas, rows[1].meas, rows[2].meas, comp, rows[0].pred, rows[1].pred, rows[2].pred, bw1, bw2,
-           t_small);
+    printf(
+        "{\"bench\":\"tp\",\"tok_s_1x1\":%.3f,\"tok_s_1x2\":%.3f,\"tok_s_tp2\":%.3f,\"tok_s_tp2_compress\":%.3f,"
+        "\"pred_1x1\":%.3f,\"pred_1x2\":%.3f,\"pred_tp2\":%.3f,\"bw1\":%.0f,\"bw2\":%.0f,\"allreduce_2048_s\":%.6f}\n",
+        rows[0].meas, rows[1].meas, rows[2].meas, comp, rows[0].pred, rows[1].pred, rows[2].pred, bw1, bw2, t_small);
     cm_model_release(&m);
     cm_gguf_close(&g);
     return 0;

@@ -16,8 +16,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define REQUIRE(x) \
-    do { if (!(x)) { fprintf(stderr, "fuzz_chat: %s failed (line %d)\n", #x, __LINE__); abort(); } } while (0)
+#define REQUIRE(x)                                                             \
+    do {                                                                       \
+        if (!(x)) {                                                            \
+            fprintf(stderr, "fuzz_chat: %s failed (line %d)\n", #x, __LINE__); \
+            abort();                                                           \
+        }                                                                      \
+    } while (0)
 
 static void fuzz_template(const uint8_t *p, size_t n) {
     /* an exact-size copy, so ASan sees any read past n */

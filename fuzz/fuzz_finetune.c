@@ -16,8 +16,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define REQUIRE(x) \
-    do { if (!(x)) { fprintf(stderr, "fuzz_finetune: %s failed (line %d)\n", #x, __LINE__); abort(); } } while (0)
+#define REQUIRE(x)                                                                 \
+    do {                                                                           \
+        if (!(x)) {                                                                \
+            fprintf(stderr, "fuzz_finetune: %s failed (line %d)\n", #x, __LINE__); \
+            abort();                                                               \
+        }                                                                          \
+    } while (0)
 
 static cm_buf g_vocab_bytes;
 static cm_gguf g_vocab;

@@ -48,15 +48,15 @@ static void check_codec(unsigned type, const uint8_t *p, size_t n) {
     if (type == CM_MSG_TRAIN) { /* the accessors stay inside the input; then re-encode below */
         const cm_msg_train *t = &m.u.train;
         volatile int32_t sink = 0;
-        for (uint32_t i = 0; (t->flags & CM_TRAIN_F_TARGETS) && i < t->n_rows; i++) sink += cm_msg_train_target(t, i) & 1;
+        for (uint32_t i = 0; (t->flags & CM_TRAIN_F_TARGETS) && i < t->n_rows; i++)
+            sink += cm_msg_train_target(t, i) & 1;
         (void)sink;
         float *out = malloc((size_t)t->n_rows * t->dim * sizeof(float) + 1);
         if (out) cm_msg_train_get(t, out);
         free(out);
     }
     if (n > sizeof g_out) return;
-    if (cm_msg_encode(&m, g_out, sizeof g_out, &len, e, sizeof e) != 0 || len != n ||
-        memcmp(g_out, p, n) != 0)
+    if (cm_msg_encode(&m, g_out, sizeof g_out, &len, e, sizeof e) != 0 || len != n || memcmp(g_out, p, n) != 0)
         abort(); /* accepted but not canonical: the decoder let something through */
 }
 
@@ -90,7 +90,8 @@ static void fuzz_hs(const uint8_t *p, size_t n) {
     for (int mode = 0; mode < CM_SEC_COUNT; mode++) {
         const uint8_t *k = mode ? key : NULL;
         cm_hs_init(&a, false, (cm_sec_mode)mode, k, e, sizeof e);
-        if (cm_hs_read_init(&a, p, n, e, sizeof e) == 0 && cm_hs_write_reply(&a, out, sizeof out, &len, e, sizeof e) == 0)
+        if (cm_hs_read_init(&a, p, n, e, sizeof e) == 0 &&
+            cm_hs_write_reply(&a, out, sizeof out, &len, e, sizeof e) == 0)
             if (cm_hs_read_finish(&a, p, n, e, sizeof e) == 0 && mode) abort(); /* a forged proof */
         cm_hs_init(&a, true, (cm_sec_mode)mode, k, e, sizeof e);
         cm_hs_write_init(&a, out, sizeof out, &len, e, sizeof e);

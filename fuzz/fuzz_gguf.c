@@ -18,8 +18,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define REQUIRE(x) \
-    do { if (!(x)) { fprintf(stderr, "fuzz_gguf: %s failed (line %d)\n", #x, __LINE__); abort(); } } while (0)
+#define REQUIRE(x)                                                             \
+    do {                                                                       \
+        if (!(x)) {                                                            \
+            fprintf(stderr, "fuzz_gguf: %s failed (line %d)\n", #x, __LINE__); \
+            abort();                                                           \
+        }                                                                      \
+    } while (0)
 
 static volatile uint64_t sink;
 
@@ -32,13 +37,12 @@ static void walk(const cm_gguf *g, const uint8_t *p, size_t n) {
         double f;
         bool b;
         cm_gguf_str st;
-        sink += cm_gguf_get_u64(g, kv->key, &u) + cm_gguf_get_i64(g, kv->key, &s) +
-                cm_gguf_get_f64(g, kv->key, &f) + cm_gguf_get_bool(g, kv->key, &b);
+        sink += cm_gguf_get_u64(g, kv->key, &u) + cm_gguf_get_i64(g, kv->key, &s) + cm_gguf_get_f64(g, kv->key, &f) +
+                cm_gguf_get_bool(g, kv->key, &b);
         char *str = cm_gguf_get_str(g, kv->key);
         REQUIRE((str != NULL) == (kv->type == CM_GGUF_STRING));
         cm_free(str);
-        if (kv->type == CM_GGUF_STRING && kv->v.str.len)
-            sink += (uint8_t)kv->v.str.ptr[kv->v.str.len - 1];
+        if (kv->type == CM_GGUF_STRING && kv->v.str.len) sink += (uint8_t)kv->v.str.ptr[kv->v.str.len - 1];
         if (kv->type != CM_GGUF_ARRAY) continue;
         REQUIRE(kv->arr_data >= p && kv->arr_data + kv->arr_nbytes <= p + n);
         for (uint64_t j = 0; j < kv->arr_len; j++) {
@@ -91,16 +95,13 @@ static void rewrite(const cm_gguf *g) {
         const cm_gguf_kv *a = &g->kv[i], *c = &h.kv[i];
         REQUIRE(strcmp(a->key, c->key) == 0 && a->type == c->type);
         if (a->type == CM_GGUF_ARRAY)
-            REQUIRE(a->arr_type == c->arr_type && a->arr_len == c->arr_len &&
-                    a->arr_nbytes == c->arr_nbytes && memcmp(a->arr_data, c->arr_data, a->arr_nbytes) == 0);
+            REQUIRE(a->arr_type == c->arr_type && a->arr_len == c->arr_len && a->arr_nbytes == c->arr_nbytes &&
+                    memcmp(a->arr_data, c->arr_data, a->arr_nbytes) == 0);
         else if (a->type == CM_GGUF_STRING)
             REQUIRE(a->v.str.len == c->v.str.len && memcmp(a->v.str.ptr, c->v.str.ptr, a->v.str.len) == 0);
-        else if (a->type == CM_GGUF_F32 || a->type == CM_GGUF_F64)
-            REQUIRE(memcmp(&a->v.f64, &c->v.f64, 8) == 0);
-        else if (a->type == CM_GGUF_BOOL)
-            REQUIRE(a->v.b == c->v.b);
-        else
-            REQUIRE(a->v.u64 == c->v.u64);
+        else if (a->type == CM_GGUF_F32 || a->type == CM_GGUF_F64) REQUIRE(memcmp(&a->v.f64, &c->v.f64, 8) == 0);
+        else if (a->type == CM_GGUF_BOOL) REQUIRE(a->v.b == c->v.b);
+        else REQUIRE(a->v.u64 == c->v.u64);
     }
     for (uint64_t i = 0; i < g->n_tensors; i++) {
         const cm_gguf_tensor_info *a = &g->tensors[i], *c = &h.tensors[i];

@@ -29,7 +29,10 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     char path[1024], err[512];
     snprintf(path, sizeof path, "%s/models/stories260K-q8_0.gguf", shared && *shared ? shared : "../shared");
     cm_engine_opts eo = {.n_threads = 1};
-    if (cm_engine_load(&E, path, &eo, err, sizeof err)) { fprintf(stderr, "%s\n", err); abort(); }
+    if (cm_engine_load(&E, path, &eo, err, sizeof err)) {
+        fprintf(stderr, "%s\n", err);
+        abort();
+    }
     cm_http_opts o;
     cm_http_opts_default(&o);
     o.port = 0;

@@ -13,8 +13,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define REQUIRE(x) \
-    do { if (!(x)) { fprintf(stderr, "fuzz_hub: %s failed (line %d)\n", #x, __LINE__); abort(); } } while (0)
+#define REQUIRE(x)                                                            \
+    do {                                                                      \
+        if (!(x)) {                                                           \
+            fprintf(stderr, "fuzz_hub: %s failed (line %d)\n", #x, __LINE__); \
+            abort();                                                          \
+        }                                                                     \
+    } while (0)
 
 int LLVMFuzzerTestOneInput(const uint8_t *p, size_t n) {
     /* the first line: a reference; the rest: a listing */
@@ -34,7 +39,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *p, size_t n) {
         REQUIRE(l > 0 && l < CM_HUB_MAX_PATH && !strstr(f[i].path, ".."));
         size_t h = strnlen(f[i].sha256, sizeof f[i].sha256);
         REQUIRE(h == 0 || h == 64);
-        for (size_t k = 0; k < h; k++) REQUIRE((f[i].sha256[k] >= '0' && f[i].sha256[k] <= '9') || (f[i].sha256[k] >= 'a' && f[i].sha256[k] <= 'f'));
+        for (size_t k = 0; k < h; k++)
+            REQUIRE((f[i].sha256[k] >= '0' && f[i].sha256[k] <= '9') ||
+                    (f[i].sha256[k] >= 'a' && f[i].sha256[k] <= 'f'));
     }
     /* the reference, then a choice from the listing */
     char ref[1501];

@@ -19,8 +19,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define REQUIRE(x) \
-    do { if (!(x)) { fprintf(stderr, "fuzz_lora: %s failed (line %d)\n", #x, __LINE__); abort(); } } while (0)
+#define REQUIRE(x)                                                             \
+    do {                                                                       \
+        if (!(x)) {                                                            \
+            fprintf(stderr, "fuzz_lora: %s failed (line %d)\n", #x, __LINE__); \
+            abort();                                                           \
+        }                                                                      \
+    } while (0)
 
 static cm_buf g_vocab_bytes, g_model_bytes;
 static cm_gguf g_vocab, g_model_gguf;
@@ -34,8 +39,15 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     cm_buf_init(&g_model_bytes);
     REQUIRE(cm_synth_builtin_vocab(&g_vocab_bytes, err, sizeof err) == 0);
     REQUIRE(cm_gguf_parse(&g_vocab, (const uint8_t *)g_vocab_bytes.data, g_vocab_bytes.len, err, sizeof err) == 0);
-    cm_synth_params p = {.arch = "llama", .n_embd = 32, .n_layer = 1, .n_head = 4, .n_head_kv = 2, .n_ff = 64,
-                         .type = "f32", .seed = 3, .n_threads = 1};
+    cm_synth_params p = {.arch = "llama",
+                         .n_embd = 32,
+                         .n_layer = 1,
+                         .n_head = 4,
+                         .n_head_kv = 2,
+                         .n_ff = 64,
+                         .type = "f32",
+                         .seed = 3,
+                         .n_threads = 1};
     REQUIRE(cm_synth_write(&p, &g_vocab, NULL, &g_model_bytes, err, sizeof err) == 0);
     REQUIRE(cm_gguf_parse(&g_model_gguf, (const uint8_t *)g_model_bytes.data, g_model_bytes.len, err, sizeof err) == 0);
     REQUIRE(cm_model_load(&g_model, &g_model_gguf, err, sizeof err) == 0);
@@ -61,8 +73,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             for (int i = 0; i < 2 * 64; i++) x[i] = (float)(i % 7) - 3.0f;
             for (int t = 0; t < CM_LORA_TARGET_COUNT; t++) {
                 int64_t n_in = t == CM_LORA_O ? 32 : t == CM_LORA_DOWN ? 64 : 32;
-                int64_t n_out = t == CM_LORA_K || t == CM_LORA_V ? 16 : t == CM_LORA_GATE || t == CM_LORA_UP ? 64
-                              : t == CM_LORA_OUTPUT ? g_model.hp.n_vocab : 32;
+                int64_t n_out = t == CM_LORA_K || t == CM_LORA_V       ? 16
+                                : t == CM_LORA_GATE || t == CM_LORA_UP ? 64
+                                : t == CM_LORA_OUTPUT                  ? g_model.hp.n_vocab
+                                                                       : 32;
                 if (n_out > 512) n_out = 512;
                 cm_lora_apply(l, 0, (enum cm_lora_target)t, x, 64, 0, n_in, 2, y, 512, 0, 0, n_out);
             }

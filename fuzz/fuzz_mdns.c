@@ -26,9 +26,16 @@ static void check_roundtrip(void) {
         cm_mdns_rr r = g_a.rr[i];
         /* raw rdata of undecoded types may hold compression pointers that only
          * make sense in the original packet: keep it out of the re-parse */
-        if (r.type != CM_MDNS_T_A && r.type != CM_MDNS_T_AAAA && r.type != CM_MDNS_T_PTR &&
-            r.type != CM_MDNS_T_SRV && r.type != CM_MDNS_T_TXT) { r.type = CM_MDNS_T_TXT; r.rdata = (const uint8_t *)"\0"; r.rdlen = 1; }
-        if (r.type == CM_MDNS_T_TXT && r.rdlen == 0) { r.rdata = (const uint8_t *)"\0"; r.rdlen = 1; }
+        if (r.type != CM_MDNS_T_A && r.type != CM_MDNS_T_AAAA && r.type != CM_MDNS_T_PTR && r.type != CM_MDNS_T_SRV &&
+            r.type != CM_MDNS_T_TXT) {
+            r.type = CM_MDNS_T_TXT;
+            r.rdata = (const uint8_t *)"\0";
+            r.rdlen = 1;
+        }
+        if (r.type == CM_MDNS_T_TXT && r.rdlen == 0) {
+            r.rdata = (const uint8_t *)"\0";
+            r.rdlen = 1;
+        }
         cm_mdns_write_rr(&w, (enum cm_mdns_section)r.section, &r);
     }
     int len = cm_mdns_writer_finish(&w);

@@ -18,8 +18,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define REQUIRE(x) \
-    do { if (!(x)) { fprintf(stderr, "fuzz_schema: %s failed (line %d)\n", #x, __LINE__); abort(); } } while (0)
+#define REQUIRE(x)                                                               \
+    do {                                                                         \
+        if (!(x)) {                                                              \
+            fprintf(stderr, "fuzz_schema: %s failed (line %d)\n", #x, __LINE__); \
+            abort();                                                             \
+        }                                                                        \
+    } while (0)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const uint8_t *z = memchr(data, 0, size);

@@ -15,11 +15,17 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define REQUIRE(x) \
-    do { if (!(x)) { fprintf(stderr, "fuzz_tokenizer: %s failed (line %d)\n", #x, __LINE__); abort(); } } while (0)
+#define REQUIRE(x)                                                                  \
+    do {                                                                            \
+        if (!(x)) {                                                                 \
+            fprintf(stderr, "fuzz_tokenizer: %s failed (line %d)\n", #x, __LINE__); \
+            abort();                                                                \
+        }                                                                           \
+    } while (0)
 
-static const char *const k_pres[] = {"gpt-2", "llama-bpe", "qwen2", "deepseek-llm", "deepseek-coder", "falcon",
-                                     "starcoder", "default", "tekken", "gpt-4o", "poro-chat", "deepseek-v3"};
+static const char *const k_pres[] = {"gpt-2",          "llama-bpe", "qwen2",     "deepseek-llm",
+                                     "deepseek-coder", "falcon",    "starcoder", "default",
+                                     "tekken",         "gpt-4o",    "poro-chat", "deepseek-v3"};
 #define N_TOK (1 + (int)(sizeof k_pres / sizeof k_pres[0]))
 static cm_tokenizer *g_tok[N_TOK];
 static cm_buf g_files[N_TOK];
@@ -28,7 +34,11 @@ static cm_gguf g_gguf[N_TOK];
 static bool valid_utf8(const char *p, size_t n) {
     for (size_t i = 0; i < n;) {
         uint8_t b = (uint8_t)p[i];
-        size_t l = b < 0x80 ? 1 : b >= 0xC2 && b <= 0xDF ? 2 : b >= 0xE0 && b <= 0xEF ? 3 : b >= 0xF0 && b <= 0xF4 ? 4 : 0;
+        size_t l = b < 0x80                 ? 1
+                   : b >= 0xC2 && b <= 0xDF ? 2
+                   : b >= 0xE0 && b <= 0xEF ? 3
+                   : b >= 0xF0 && b <= 0xF4 ? 4
+                                            : 0;
         if (!l || i + l > n) return false;
         for (size_t k = 1; k < l; k++)
             if (((uint8_t)p[i + k] & 0xC0) != 0x80) return false;
@@ -40,9 +50,11 @@ static bool valid_utf8(const char *p, size_t n) {
 /* A tiny vocabulary: every byte (as <0xXX> for SPM, GPT-2 mapped for BPE),
  * a few words, specials of every kind, and merges. */
 static void build(int which) {
-    static const char *const words[] = {"<unk>", "<s>", "</s>", "<|im_end|>", "<|user|>", "\xe2\x96\x81", "\xe2\x96\x81he",
-                                        "he", "ll", "llo", "hello", "\xc4\xa0h", "\xc4\xa0he", "\xe4\xb8\xad"};
-    static const char *const merges[] = {"h e", "l l", "ll o", "he llo", "\xc4\xa0 h", "\xc4\xa0h e", "\xe2\x96\x81 he"};
+    static const char *const words[] = {
+        "<unk>", "<s>", "</s>", "<|im_end|>", "<|user|>",  "\xe2\x96\x81", "\xe2\x96\x81he",
+        "he",    "ll",  "llo",  "hello",      "\xc4\xa0h", "\xc4\xa0he",   "\xe4\xb8\xad"};
+    static const char *const merges[] = {"h e",        "l l",         "ll o",           "he llo",
+                                         "\xc4\xa0 h", "\xc4\xa0h e", "\xe2\x96\x81 he"};
     cm_gguf_str s[300];
     float sc[300];
     int32_t ty[300];
@@ -50,7 +62,8 @@ static void build(int which) {
     int n = 0;
     bool spm = which == 0;
     for (size_t i = 0; i < sizeof words / sizeof *words; i++, n++) {
-        s[n].ptr = words[i]; s[n].len = strlen(words[i]);
+        s[n].ptr = words[i];
+        s[n].len = strlen(words[i]);
         sc[n] = -(float)n;
         ty[n] = words[i][0] == '<' && words[i][1] != '0' ? (i == 4 ? 4 : 3) : 1;
     }
@@ -58,11 +71,20 @@ static void build(int which) {
         if (spm) snprintf(bytes[b], sizeof bytes[b], "<0x%02X>", b);
         else {
             unsigned cp = (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE ? (unsigned)b
-                          : b <= 0x20 ? 256u + (unsigned)b : b <= 0xA0 ? 256u + 33 + (unsigned)(b - 0x7F) : 256u + 67;
-            if (cp < 0x80) { bytes[b][0] = (char)cp; bytes[b][1] = 0; }
-            else { bytes[b][0] = (char)(0xC0 | (cp >> 6)); bytes[b][1] = (char)(0x80 | (cp & 0x3F)); bytes[b][2] = 0; }
+                          : b <= 0x20                                                       ? 256u + (unsigned)b
+                          : b <= 0xA0 ? 256u + 33 + (unsigned)(b - 0x7F)
+                                      : 256u + 67;
+            if (cp < 0x80) {
+                bytes[b][0] = (char)cp;
+                bytes[b][1] = 0;
+            } else {
+                bytes[b][0] = (char)(0xC0 | (cp >> 6));
+                bytes[b][1] = (char)(0x80 | (cp & 0x3F));
+                bytes[b][2] = 0;
+            }
         }
-        s[n].ptr = bytes[b]; s[n].len = strlen(bytes[b]);
+        s[n].ptr = bytes[b];
+        s[n].len = strlen(bytes[b]);
         sc[n] = -100.0f - (float)b;
         ty[n] = spm ? 6 : 1;
     }
@@ -76,14 +98,18 @@ static void build(int which) {
     cm_gguf_w_u32(w, "tokenizer.ggml.eos_token_id", 2);
     if (!spm) {
         cm_gguf_str m[8];
-        for (int i = 0; i < 7; i++) { m[i].ptr = merges[i]; m[i].len = strlen(merges[i]); }
+        for (int i = 0; i < 7; i++) {
+            m[i].ptr = merges[i];
+            m[i].len = strlen(merges[i]);
+        }
         cm_gguf_w_arr_str(w, "tokenizer.ggml.merges", m, 7);
     }
     char err[256];
     cm_buf_init(&g_files[which]);
     REQUIRE(cm_gguf_writer_write_buf(w, &g_files[which], err, sizeof err) == 0);
     cm_gguf_writer_free(w);
-    REQUIRE(cm_gguf_parse(&g_gguf[which], (const uint8_t *)g_files[which].data, g_files[which].len, err, sizeof err) == 0);
+    REQUIRE(cm_gguf_parse(&g_gguf[which], (const uint8_t *)g_files[which].data, g_files[which].len, err, sizeof err) ==
+            0);
     int rc = cm_tokenizer_new(&g_tok[which], &g_gguf[which], err, sizeof err);
     if (rc) fprintf(stderr, "fuzz_tokenizer: %s\n", err);
     REQUIRE(rc == 0);
@@ -122,7 +148,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         cm_gguf g = {0};
         cm_tokenizer *t = NULL;
         char err[256];
-        if (cm_gguf_parse(&g, data + 2, size - 2, err, sizeof err) == 0 && cm_tokenizer_new(&t, &g, err, sizeof err) == 0) {
+        if (cm_gguf_parse(&g, data + 2, size - 2, err, sizeof err) == 0 &&
+            cm_tokenizer_new(&t, &g, err, sizeof err) == 0) {
             static const char sample[] = "Hello world <s> </s> \xe4\xb8\xad \xf0\x9f\x98\x80 it's 12345\n\t x";
             exercise(t, sample, sizeof sample - 1, data[1]);
         }

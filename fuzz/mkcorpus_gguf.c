@@ -19,14 +19,20 @@ static void save(const char *name, const void *p, size_t n) {
     char path[1024];
     snprintf(path, sizeof path, "%s/%s", dir, name);
     FILE *f = fopen(path, "wb");
-    if (!f || fwrite(p, 1, n, f) != n || fclose(f) != 0) { fprintf(stderr, "cannot write %s\n", path); exit(1); }
+    if (!f || fwrite(p, 1, n, f) != n || fclose(f) != 0) {
+        fprintf(stderr, "cannot write %s\n", path);
+        exit(1);
+    }
 }
 
 static cm_buf finish(cm_gguf_writer *w) {
     cm_buf b;
     cm_buf_init(&b);
     char err[256];
-    if (cm_gguf_writer_write_buf(w, &b, err, sizeof err)) { fprintf(stderr, "%s\n", err); exit(1); }
+    if (cm_gguf_writer_write_buf(w, &b, err, sizeof err)) {
+        fprintf(stderr, "%s\n", err);
+        exit(1);
+    }
     cm_gguf_writer_free(w);
     return b;
 }
@@ -34,7 +40,10 @@ static cm_buf finish(cm_gguf_writer *w) {
 static void save_buf(const char *name, cm_buf *b) { save(name, b->data, b->len); }
 
 int main(int argc, char **argv) {
-    if (argc != 2) { fprintf(stderr, "usage: mkcorpus_gguf DIR\n"); return 2; }
+    if (argc != 2) {
+        fprintf(stderr, "usage: mkcorpus_gguf DIR\n");
+        return 2;
+    }
     dir = argv[1];
     static uint8_t bytes[4096];
     for (size_t i = 0; i < sizeof bytes; i++) bytes[i] = (uint8_t)(i * 37 + 11);
@@ -80,7 +89,10 @@ int main(int argc, char **argv) {
     cm_buf_init(&c);
     cm_buf_append(&c, b.data, b.len);
     char *q = memmem(c.data, c.len, "f\1\0\0\0", 5); /* tensor "f": name, n_dims 1 */
-    if (q) { cm_wr_u64((uint8_t *)q + 5 + 8 + 4, 65); save_buf("bad_misaligned.gguf", &c); }
+    if (q) {
+        cm_wr_u64((uint8_t *)q + 5 + 8 + 4, 65);
+        save_buf("bad_misaligned.gguf", &c);
+    }
     c.data[0] = 'X';
     save_buf("bad_magic.gguf", &c);
     cm_buf_release(&c);
@@ -120,8 +132,8 @@ int main(int argc, char **argv) {
     cm_gguf_str tok[12];
     float sc[12];
     int32_t tt[12];
-    const char *t[12] = {"<unk>", "<s>", "</s>", "<0x00>", "\xe2\x96\x81", "a", "b", "ab",
-                         "\xe2\x96\x81the", "e", "th", "he"};
+    const char *t[12] = {"<unk>",           "<s>", "</s>", "<0x00>", "\xe2\x96\x81", "a", "b", "ab",
+                         "\xe2\x96\x81the", "e",   "th",   "he"};
     for (int i = 0; i < 12; i++) {
         tok[i] = (cm_gguf_str){t[i], strlen(t[i])};
         sc[i] = -(float)i;
@@ -137,11 +149,11 @@ int main(int argc, char **argv) {
 
     /* Nested arrays (hand-built: the writer only copies them). */
     static const uint8_t nested[] = {
-        'G', 'G', 'U', 'F', 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0,
-        1, 0, 0, 0, 0, 0, 0, 0, 'n', 9, 0, 0, 0,             /* key "n", array */
-        9, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0,                  /* of 2 arrays */
-        0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 1, 2,            /* [u8 1, 2] */
-        8, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 'x', /* ["x"] */
+        'G', 'G', 'U', 'F', 3, 0, 0, 0, 0, 0, 0, 0,   0, 0, 0, 0, 1, 0, 0, 0, 0,
+        0,   0,   0,   1,   0, 0, 0, 0, 0, 0, 0, 'n', 9, 0, 0, 0,                  /* key "n", array */
+        9,   0,   0,   0,   2, 0, 0, 0, 0, 0, 0, 0,                                /* of 2 arrays */
+        0,   0,   0,   0,   2, 0, 0, 0, 0, 0, 0, 0,   1, 2,                        /* [u8 1, 2] */
+        8,   0,   0,   0,   1, 0, 0, 0, 0, 0, 0, 0,   1, 0, 0, 0, 0, 0, 0, 0, 'x', /* ["x"] */
     };
     save("nested.gguf", nested, sizeof nested);
     return 0;

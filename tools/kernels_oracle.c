@@ -65,7 +65,7 @@ int main(int argc, char **argv) {
     snprintf(path, sizeof path, "%s/libggml-base.so", argv[1]);
     void *base = must(dlopen(path, RTLD_NOW | RTLD_GLOBAL), path);
     size_t (*quantize_chunk)(int, const float *, void *, int64_t, int64_t, int64_t, const float *) =
-        (size_t (*)(int, const float *, void *, int64_t, int64_t, int64_t, const float *))must(
+        (size_t(*)(int, const float *, void *, int64_t, int64_t, int64_t, const float *))must(
             dlsym(base, "ggml_quantize_chunk"), "ggml_quantize_chunk");
 
     const struct type_traits *(*base_traits)(int) =

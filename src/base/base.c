@@ -12,7 +12,8 @@
 
 const char *cm_strerror(int code) {
     switch (code) {
-#define CM_X_CASE(name, val, str) case val: return str;
+#define CM_X_CASE(name, val, str) \
+    case val: return str;
         CM_ERRORS(CM_X_CASE)
 #undef CM_X_CASE
     }
@@ -135,8 +136,14 @@ void cm_arena_release(cm_arena *a) {
 }
 
 void cm_buf_init(cm_buf *b) { memset(b, 0, sizeof *b); }
-void cm_buf_release(cm_buf *b) { free(b->data); memset(b, 0, sizeof *b); }
-void cm_buf_clear(cm_buf *b) { b->len = 0; if (b->data) b->data[0] = 0; }
+void cm_buf_release(cm_buf *b) {
+    free(b->data);
+    memset(b, 0, sizeof *b);
+}
+void cm_buf_clear(cm_buf *b) {
+    b->len = 0;
+    if (b->data) b->data[0] = 0;
+}
 
 static bool buf_reserve(cm_buf *b, size_t extra) {
     if (b->oom) return false;
@@ -144,7 +151,10 @@ static bool buf_reserve(cm_buf *b, size_t extra) {
     size_t cap = b->cap ? b->cap : 64;
     while (cap < b->len + extra + 1) cap *= 2;
     char *d = realloc(b->data, cap);
-    if (!d) { b->oom = true; return false; }
+    if (!d) {
+        b->oom = true;
+        return false;
+    }
     b->data = d;
     b->cap = cap;
     return true;
@@ -190,7 +200,10 @@ uint64_t cm_rng_next(cm_rng *r) {
     uint64_t *s = r->s;
     uint64_t result = rotl(s[1] * 5, 7) * 9;
     uint64_t t = s[1] << 17;
-    s[2] ^= s[0]; s[3] ^= s[1]; s[1] ^= s[2]; s[0] ^= s[3];
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
     s[2] ^= t;
     s[3] = rotl(s[3], 45);
     return result;

@@ -24,23 +24,23 @@
 #define CM_BATCH_MAX 256
 
 /* One table of error codes; cm_strerror() names them. */
-#define CM_ERRORS(X)                                              \
-    X(CM_OK, 0, "ok")                                             \
-    X(CM_EINVAL, -1, "invalid argument")                          \
-    X(CM_ENOMEM, -2, "out of memory")                             \
-    X(CM_EIO, -3, "input/output error")                           \
-    X(CM_ENOENT, -4, "no such file")                              \
-    X(CM_EFORMAT, -5, "malformed data")                           \
-    X(CM_EUNSUPPORTED, -6, "unsupported")                         \
-    X(CM_ERANGE, -7, "value out of range")                        \
-    X(CM_ETIMEDOUT, -8, "timed out")                              \
-    X(CM_ECLOSED, -9, "connection closed")                        \
-    X(CM_EAUTH, -10, "authentication failed")                     \
-    X(CM_EPROTO, -11, "protocol error")                           \
-    X(CM_EBUSY, -12, "busy")                                      \
-    X(CM_ECANCELED, -13, "canceled")                              \
-    X(CM_ENOSPACE, -14, "no space left (context full)")           \
-    X(CM_EAGAIN, -15, "try again")                                \
+#define CM_ERRORS(X)                                    \
+    X(CM_OK, 0, "ok")                                   \
+    X(CM_EINVAL, -1, "invalid argument")                \
+    X(CM_ENOMEM, -2, "out of memory")                   \
+    X(CM_EIO, -3, "input/output error")                 \
+    X(CM_ENOENT, -4, "no such file")                    \
+    X(CM_EFORMAT, -5, "malformed data")                 \
+    X(CM_EUNSUPPORTED, -6, "unsupported")               \
+    X(CM_ERANGE, -7, "value out of range")              \
+    X(CM_ETIMEDOUT, -8, "timed out")                    \
+    X(CM_ECLOSED, -9, "connection closed")              \
+    X(CM_EAUTH, -10, "authentication failed")           \
+    X(CM_EPROTO, -11, "protocol error")                 \
+    X(CM_EBUSY, -12, "busy")                            \
+    X(CM_ECANCELED, -13, "canceled")                    \
+    X(CM_ENOSPACE, -14, "no space left (context full)") \
+    X(CM_EAGAIN, -15, "try again")                      \
     X(CM_ESTATE, -16, "wrong state")
 
 /* clang-format would indent the member after the X-macro as a continuation. */
@@ -59,8 +59,7 @@ const char *cm_strerror(int code);
 /* printf into err (if non-NULL) and return code. Lets callers write
  *     return cm_errf(err, errlen, CM_EFORMAT, "'%s': truncated header", path);
  */
-int cm_errf(char *err, size_t errlen, int code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
+int cm_errf(char *err, size_t errlen, int code, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 
 /* Logging to stderr. Level from CUMULO_LOG (error|warning|info|debug; cm_config),
  * default warning; cm_log_set_level overrides it. */
@@ -78,44 +77,44 @@ enum cm_log_level cm_log_get_level(void);
  * "Configuration" has the same). No other file calls getenv(). Strings are
  * NULL when unset (an empty value counts as unset unless said). */
 typedef struct cm_config {
-    int log_level;              /* CUMULO_LOG as enum cm_log_level (default CM_LOG_WARN) */
-    const char *isa;            /* CUMULO_ISA; "best" when unset */
-    bool mmap;                  /* CUMULO_MMAP set and not "0" */
-    bool repack_off;            /* CUMULO_REPACK is "0" */
-    const char *key_file;       /* CUMULO_KEY_FILE */
-    const char *models;         /* CUMULO_MODELS */
-    const char *api_key;        /* CUMULO_API_KEY, as set (may be "") */
-    int progress;               /* CUMULO_PROGRESS: -1 unset, else 0 or 1 */
-    const char *host_id;        /* CUMULO_HOST_ID */
-    const char *declare_speed;  /* CUMULO_DECLARE_SPEED, "GFLOPS,GBS" (parsed by cluster/caps.c) */
-    int64_t mem_offer;          /* CUMULO_MEM_OFFER in bytes; -1 unset or not a number */
-    int lost_ms;                /* CUMULO_LOST_MS when >= 200; else 0 (CM_PIPE_LOST_MS) */
-    int token_timeout_ms;       /* CUMULO_TOKEN_TIMEOUT_MS when >= 200; else 0 */
-    int rejoin_ms;              /* CUMULO_REJOIN_MS when >= 100; else 0 (CM_PIPE_REJOIN_MS) */
-    int prefill_chunk;          /* CUMULO_PREFILL_CHUNK when > 0; else 32 */
-    bool mixed_pass;            /* CUMULO_MIXED_PASS: not "0" (the default: on) */
-    const char *powercap_root;  /* CUMULO_POWERCAP_ROOT; "/sys/class/powercap" */
-    const char *proc_stat;      /* CUMULO_PROC_STAT; "/proc/stat" */
-    const char *oracle_dir;     /* CUMULO_ORACLE_DIR; "/tmp/nlc" */
-    const char *llamacpp_bench; /* CUMULO_LLAMACPP_BENCH */
-    const char *service_root;   /* CUMULO_SERVICE_ROOT as set; "" when unset */
-    const char *service_kind;   /* CUMULO_SERVICE_KIND */
-    bool test_no_recover;       /* CUMULO_TEST_NO_RECOVER set (even empty) */
+    int log_level;                  /* CUMULO_LOG as enum cm_log_level (default CM_LOG_WARN) */
+    const char *isa;                /* CUMULO_ISA; "best" when unset */
+    bool mmap;                      /* CUMULO_MMAP set and not "0" */
+    bool repack_off;                /* CUMULO_REPACK is "0" */
+    const char *key_file;           /* CUMULO_KEY_FILE */
+    const char *models;             /* CUMULO_MODELS */
+    const char *api_key;            /* CUMULO_API_KEY, as set (may be "") */
+    int progress;                   /* CUMULO_PROGRESS: -1 unset, else 0 or 1 */
+    const char *host_id;            /* CUMULO_HOST_ID */
+    const char *declare_speed;      /* CUMULO_DECLARE_SPEED, "GFLOPS,GBS" (parsed by cluster/caps.c) */
+    int64_t mem_offer;              /* CUMULO_MEM_OFFER in bytes; -1 unset or not a number */
+    int lost_ms;                    /* CUMULO_LOST_MS when >= 200; else 0 (CM_PIPE_LOST_MS) */
+    int token_timeout_ms;           /* CUMULO_TOKEN_TIMEOUT_MS when >= 200; else 0 */
+    int rejoin_ms;                  /* CUMULO_REJOIN_MS when >= 100; else 0 (CM_PIPE_REJOIN_MS) */
+    int prefill_chunk;              /* CUMULO_PREFILL_CHUNK when > 0; else 32 */
+    bool mixed_pass;                /* CUMULO_MIXED_PASS: not "0" (the default: on) */
+    const char *powercap_root;      /* CUMULO_POWERCAP_ROOT; "/sys/class/powercap" */
+    const char *proc_stat;          /* CUMULO_PROC_STAT; "/proc/stat" */
+    const char *oracle_dir;         /* CUMULO_ORACLE_DIR; "/tmp/nlc" */
+    const char *llamacpp_bench;     /* CUMULO_LLAMACPP_BENCH */
+    const char *service_root;       /* CUMULO_SERVICE_ROOT as set; "" when unset */
+    const char *service_kind;       /* CUMULO_SERVICE_KIND */
+    bool test_no_recover;           /* CUMULO_TEST_NO_RECOVER set (even empty) */
     unsigned test_cluster_delay_ms; /* CUMULO_TEST_CLUSTER_DELAY_MS */
     unsigned test_step_delay_ms;    /* CUMULO_TEST_STEP_DELAY_MS */
-    int test_sockbuf;           /* CUMULO_TEST_SOCKBUF when > 0; else 0 */
-    const char *gpu;            /* CUMULO_GPU */
-    const char *vulkan_lib;     /* CUMULO_VULKAN_LIB */
-    const char *mpi_spin_ms;    /* CUMULO_MPI_SPIN_MS, as a string (the MPI bridge parses it) */
-    const char *mpi_nap_us;     /* CUMULO_MPI_NAP_US, as a string (the MPI bridge parses it) */
-    const char *tmpdir;         /* TMPDIR */
-    const char *home;           /* HOME */
-    const char *xdg_cache_home; /* XDG_CACHE_HOME */
-    const char *xdg_config_home; /* XDG_CONFIG_HOME */
-    const char *sudo_user;      /* SUDO_USER */
-    const char *path;           /* PATH, as set */
-    const char *hf_endpoint;    /* HF_ENDPOINT; "https://huggingface.co" */
-    const char *hf_token;       /* HF_TOKEN */
+    int test_sockbuf;               /* CUMULO_TEST_SOCKBUF when > 0; else 0 */
+    const char *gpu;                /* CUMULO_GPU */
+    const char *vulkan_lib;         /* CUMULO_VULKAN_LIB */
+    const char *mpi_spin_ms;        /* CUMULO_MPI_SPIN_MS, as a string (the MPI bridge parses it) */
+    const char *mpi_nap_us;         /* CUMULO_MPI_NAP_US, as a string (the MPI bridge parses it) */
+    const char *tmpdir;             /* TMPDIR */
+    const char *home;               /* HOME */
+    const char *xdg_cache_home;     /* XDG_CACHE_HOME */
+    const char *xdg_config_home;    /* XDG_CONFIG_HOME */
+    const char *sudo_user;          /* SUDO_USER */
+    const char *path;               /* PATH, as set */
+    const char *hf_endpoint;        /* HF_ENDPOINT; "https://huggingface.co" */
+    const char *hf_token;           /* HF_TOKEN */
 } cm_config;
 /* The configuration, read from the environment at the first call.
  * Thread-safe. */
@@ -187,11 +186,13 @@ void cm_buf_printf(cm_buf *b, const char *fmt, ...) __attribute__((format(printf
 void cm_buf_clear(cm_buf *b);
 
 /* Deterministic PRNG (xoshiro256**), seeded by splitmix64. */
-typedef struct cm_rng { uint64_t s[4]; } cm_rng;
+typedef struct cm_rng {
+    uint64_t s[4];
+} cm_rng;
 void cm_rng_seed(cm_rng *r, uint64_t seed);
 uint64_t cm_rng_next(cm_rng *r);
-float cm_rng_uniform(cm_rng *r);      /* [0, 1) */
-float cm_rng_normal(cm_rng *r);       /* N(0, 1) */
+float cm_rng_uniform(cm_rng *r); /* [0, 1) */
+float cm_rng_normal(cm_rng *r);  /* N(0, 1) */
 
 /* Little-endian field access for parsers and encoders (no struct memcpy). */
 static inline uint16_t cm_rd_u16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
@@ -201,10 +202,19 @@ static inline uint32_t cm_rd_u32(const uint8_t *p) {
 static inline uint64_t cm_rd_u64(const uint8_t *p) {
     return (uint64_t)cm_rd_u32(p) | ((uint64_t)cm_rd_u32(p + 4) << 32);
 }
-static inline void cm_wr_u16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
-static inline void cm_wr_u32(uint8_t *p, uint32_t v) {
-    p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); p[2] = (uint8_t)(v >> 16); p[3] = (uint8_t)(v >> 24);
+static inline void cm_wr_u16(uint8_t *p, uint16_t v) {
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
 }
-static inline void cm_wr_u64(uint8_t *p, uint64_t v) { cm_wr_u32(p, (uint32_t)v); cm_wr_u32(p + 4, (uint32_t)(v >> 32)); }
+static inline void cm_wr_u32(uint8_t *p, uint32_t v) {
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+    p[2] = (uint8_t)(v >> 16);
+    p[3] = (uint8_t)(v >> 24);
+}
+static inline void cm_wr_u64(uint8_t *p, uint64_t v) {
+    cm_wr_u32(p, (uint32_t)v);
+    cm_wr_u32(p + 4, (uint32_t)(v >> 32));
+}
 
 #endif

@@ -21,60 +21,75 @@
 #include <string.h>
 
 /* X(field, NAME, default, meaning): every variable, in one table. */
-#define CM_CONFIG_VARS(X)                                                                                             \
-    X(log, "CUMULO_LOG", "warning", "log level: error, warning, info or debug")                                       \
-    X(isa, "CUMULO_ISA", "best", "caps the kernels' instruction set (scalar, avx2, avx512, neon; best: what the CPU " \
-                                 "has)")                                                                              \
-    X(mmap, "CUMULO_MMAP", "unset", "set and not 0: keep weights in the file mapping instead of reading them into "   \
-                                    "memory (as --mmap)")                                                             \
-    X(repack, "CUMULO_REPACK", "unset", "0: no repacking of weights into the kernels' interleaved layouts")           \
-    X(key_file, "CUMULO_KEY_FILE", "$HOME/.config/cumulo/cluster.key", "the cluster key file (as --key-file)")        \
-    X(models, "CUMULO_MODELS", "$XDG_CACHE_HOME/cumulo/models, else $HOME/.cache/cumulo/models",                      \
-      "the models directory of pull, models, rm and hf:// names")                                                     \
-    X(api_key, "CUMULO_API_KEY", "unset", "serve: the bearer key every API request must carry (as --api-key)")        \
-    X(progress, "CUMULO_PROGRESS", "on when stderr is a terminal", "0: no progress bars; non-zero: always")           \
-    X(host_id, "CUMULO_HOST_ID", "the machine id and host name", "this machine's host id in HELLO (tests: processes " \
-                                                                 "of one machine play separate machines)")            \
-    X(declare_speed, "CUMULO_DECLARE_SPEED", "measured", "GFLOPS,GBS: the speeds this process declares instead of "   \
-                                                         "measuring them (equally strong nodes on one host)")         \
-    X(mem_offer, "CUMULO_MEM_OFFER", "free memory", "bytes (K/M/G suffix): caps the memory this process offers the "  \
-                                                    "planner")                                                        \
-    X(lost_ms, "CUMULO_LOST_MS", "2000 (CM_PIPE_LOST_MS)", "a node silent this long is lost; also bounds sends and "  \
-                                                           "all-reduce waits (>= 200; on every process)")             \
-    X(token_timeout_ms, "CUMULO_TOKEN_TIMEOUT_MS", "60000 (CM_PIPE_DATA_MS)", "coordinator: the deadline for a "      \
-                                                                              "sampled token (>= 200)")               \
-    X(rejoin_ms, "CUMULO_REJOIN_MS", "5000 (CM_PIPE_REJOIN_MS)", "coordinator: how often idle upkeep redials lost "   \
-                                                                 "and new nodes (>= 100)")                            \
-    X(prefill_chunk, "CUMULO_PREFILL_CHUNK", "32", "serve: prompt tokens evaluated per step while others decode")     \
-    X(mixed_pass, "CUMULO_MIXED_PASS", "1", "serve: 0 evaluates prompt chunks in passes of their own, not with the "  \
-                                             "decode rows")                                                           \
-    X(powercap_root, "CUMULO_POWERCAP_ROOT", "/sys/class/powercap", "where the RAPL energy counters are (tests)")     \
-    X(proc_stat, "CUMULO_PROC_STAT", "/proc/stat", "where the CPU time counters are (tests)")                         \
-    X(oracle_dir, "CUMULO_ORACLE_DIR", "/tmp/nlc", "bench: the node-llama-cpp folder of the reference runs")          \
-    X(llamacpp_bench, "CUMULO_LLAMACPP_BENCH", "unset", "bench: a native llama-bench binary to compare with")         \
-    X(service_root, "CUMULO_SERVICE_ROOT", "\"\"", "service: write unit files under this root (tests)")               \
-    X(service_kind, "CUMULO_SERVICE_KIND", "this system's", "service: launchd or systemd files (tests)")              \
-    X(test_no_recover, "CUMULO_TEST_NO_RECOVER", "unset", "test hook: set, a coordinator refuses to recover")         \
-    X(test_cluster_delay_ms, "CUMULO_TEST_CLUSTER_DELAY_MS", "0", "test hook: a pause after each micro-batch sent "   \
-                                                                  "to a cluster")                                     \
-    X(test_step_delay_ms, "CUMULO_TEST_STEP_DELAY_MS", "0", "test hook: serve pauses this long after each step")      \
-    X(test_sockbuf, "CUMULO_TEST_SOCKBUF", "0 (the system's)", "test hook: socket buffer bytes, so a frozen peer "    \
-                                                               "blocks its senders soon")                             \
-    X(gpu, "CUMULO_GPU", "unset", "the --gpu choice when the option is not given: auto, vulkan, none or a device "   \
-                                  "number (the test suites' switch)")                                                 \
-    X(vulkan_lib, "CUMULO_VULKAN_LIB", "libvulkan.so.1 (macOS: libvulkan.1.dylib, MoltenVK)", "the Vulkan loader "   \
-                                                                                             "to open")               \
-    X(mpi_spin_ms, "CUMULO_MPI_SPIN_MS", "5 (OpenMPI), 0 (MPICH)", "cumulo mpi: how long the link bridge polls "      \
-                                                                   "without sleeping after traffic")                  \
-    X(mpi_nap_us, "CUMULO_MPI_NAP_US", "50", "cumulo mpi: then, for 100 ms, the bridge naps this long between polls "  \
-                                             "(0: sleeps 1 ms at once)")                                             \
-    X(tmpdir, "TMPDIR", "/tmp", "cumulo mpi: where the link bridge's sockets go (paths under 48 bytes)")              \
-    X(home, "HOME", "(the system's)", "the user's home: default key file, node cache, models directory, services")    \
-    X(xdg_cache_home, "XDG_CACHE_HOME", "unset", "the models directory's parent when set")                            \
-    X(xdg_config_home, "XDG_CONFIG_HOME", "unset", "service --user: the systemd unit's folder when set")              \
-    X(sudo_user, "SUDO_USER", "unset", "service: the user a system service runs as when installed with sudo")         \
-    X(path, "PATH", "(the system's)", "where this program finds its own file when argv[0] has no slash")              \
-    X(hf_endpoint, "HF_ENDPOINT", "https://huggingface.co", "pull: the Hugging Face hub to download from")            \
+#define CM_CONFIG_VARS(X)                                                                                          \
+    X(log, "CUMULO_LOG", "warning", "log level: error, warning, info or debug")                                    \
+    X(isa, "CUMULO_ISA", "best",                                                                                   \
+      "caps the kernels' instruction set (scalar, avx2, avx512, neon; best: what the CPU "                         \
+      "has)")                                                                                                      \
+    X(mmap, "CUMULO_MMAP", "unset",                                                                                \
+      "set and not 0: keep weights in the file mapping instead of reading them into "                              \
+      "memory (as --mmap)")                                                                                        \
+    X(repack, "CUMULO_REPACK", "unset", "0: no repacking of weights into the kernels' interleaved layouts")        \
+    X(key_file, "CUMULO_KEY_FILE", "$HOME/.config/cumulo/cluster.key", "the cluster key file (as --key-file)")     \
+    X(models, "CUMULO_MODELS", "$XDG_CACHE_HOME/cumulo/models, else $HOME/.cache/cumulo/models",                   \
+      "the models directory of pull, models, rm and hf:// names")                                                  \
+    X(api_key, "CUMULO_API_KEY", "unset", "serve: the bearer key every API request must carry (as --api-key)")     \
+    X(progress, "CUMULO_PROGRESS", "on when stderr is a terminal", "0: no progress bars; non-zero: always")        \
+    X(host_id, "CUMULO_HOST_ID", "the machine id and host name",                                                   \
+      "this machine's host id in HELLO (tests: processes "                                                         \
+      "of one machine play separate machines)")                                                                    \
+    X(declare_speed, "CUMULO_DECLARE_SPEED", "measured",                                                           \
+      "GFLOPS,GBS: the speeds this process declares instead of "                                                   \
+      "measuring them (equally strong nodes on one host)")                                                         \
+    X(mem_offer, "CUMULO_MEM_OFFER", "free memory",                                                                \
+      "bytes (K/M/G suffix): caps the memory this process offers the "                                             \
+      "planner")                                                                                                   \
+    X(lost_ms, "CUMULO_LOST_MS", "2000 (CM_PIPE_LOST_MS)",                                                         \
+      "a node silent this long is lost; also bounds sends and "                                                    \
+      "all-reduce waits (>= 200; on every process)")                                                               \
+    X(token_timeout_ms, "CUMULO_TOKEN_TIMEOUT_MS", "60000 (CM_PIPE_DATA_MS)",                                      \
+      "coordinator: the deadline for a "                                                                           \
+      "sampled token (>= 200)")                                                                                    \
+    X(rejoin_ms, "CUMULO_REJOIN_MS", "5000 (CM_PIPE_REJOIN_MS)",                                                   \
+      "coordinator: how often idle upkeep redials lost "                                                           \
+      "and new nodes (>= 100)")                                                                                    \
+    X(prefill_chunk, "CUMULO_PREFILL_CHUNK", "32", "serve: prompt tokens evaluated per step while others decode")  \
+    X(mixed_pass, "CUMULO_MIXED_PASS", "1",                                                                        \
+      "serve: 0 evaluates prompt chunks in passes of their own, not with the "                                     \
+      "decode rows")                                                                                               \
+    X(powercap_root, "CUMULO_POWERCAP_ROOT", "/sys/class/powercap", "where the RAPL energy counters are (tests)")  \
+    X(proc_stat, "CUMULO_PROC_STAT", "/proc/stat", "where the CPU time counters are (tests)")                      \
+    X(oracle_dir, "CUMULO_ORACLE_DIR", "/tmp/nlc", "bench: the node-llama-cpp folder of the reference runs")       \
+    X(llamacpp_bench, "CUMULO_LLAMACPP_BENCH", "unset", "bench: a native llama-bench binary to compare with")      \
+    X(service_root, "CUMULO_SERVICE_ROOT", "\"\"", "service: write unit files under this root (tests)")            \
+    X(service_kind, "CUMULO_SERVICE_KIND", "this system's", "service: launchd or systemd files (tests)")           \
+    X(test_no_recover, "CUMULO_TEST_NO_RECOVER", "unset", "test hook: set, a coordinator refuses to recover")      \
+    X(test_cluster_delay_ms, "CUMULO_TEST_CLUSTER_DELAY_MS", "0",                                                  \
+      "test hook: a pause after each micro-batch sent "                                                            \
+      "to a cluster")                                                                                              \
+    X(test_step_delay_ms, "CUMULO_TEST_STEP_DELAY_MS", "0", "test hook: serve pauses this long after each step")   \
+    X(test_sockbuf, "CUMULO_TEST_SOCKBUF", "0 (the system's)",                                                     \
+      "test hook: socket buffer bytes, so a frozen peer "                                                          \
+      "blocks its senders soon")                                                                                   \
+    X(gpu, "CUMULO_GPU", "unset",                                                                                  \
+      "the --gpu choice when the option is not given: auto, vulkan, none or a device "                             \
+      "number (the test suites' switch)")                                                                          \
+    X(vulkan_lib, "CUMULO_VULKAN_LIB", "libvulkan.so.1 (macOS: libvulkan.1.dylib, MoltenVK)",                      \
+      "the Vulkan loader "                                                                                         \
+      "to open")                                                                                                   \
+    X(mpi_spin_ms, "CUMULO_MPI_SPIN_MS", "5 (OpenMPI), 0 (MPICH)",                                                 \
+      "cumulo mpi: how long the link bridge polls "                                                                \
+      "without sleeping after traffic")                                                                            \
+    X(mpi_nap_us, "CUMULO_MPI_NAP_US", "50",                                                                       \
+      "cumulo mpi: then, for 100 ms, the bridge naps this long between polls "                                     \
+      "(0: sleeps 1 ms at once)")                                                                                  \
+    X(tmpdir, "TMPDIR", "/tmp", "cumulo mpi: where the link bridge's sockets go (paths under 48 bytes)")           \
+    X(home, "HOME", "(the system's)", "the user's home: default key file, node cache, models directory, services") \
+    X(xdg_cache_home, "XDG_CACHE_HOME", "unset", "the models directory's parent when set")                         \
+    X(xdg_config_home, "XDG_CONFIG_HOME", "unset", "service --user: the systemd unit's folder when set")           \
+    X(sudo_user, "SUDO_USER", "unset", "service: the user a system service runs as when installed with sudo")      \
+    X(path, "PATH", "(the system's)", "where this program finds its own file when argv[0] has no slash")           \
+    X(hf_endpoint, "HF_ENDPOINT", "https://huggingface.co", "pull: the Hugging Face hub to download from")         \
     X(hf_token, "HF_TOKEN", "unset", "pull: the bearer token for gated or private repositories")
 
 enum {
@@ -147,9 +162,10 @@ static void load(void) {
         const char *s = STR(mem_offer);
         char *end;
         unsigned long long v = strtoull(s, &end, 10);
-        int shift = *end == 'K' || *end == 'k' ? 10 : *end == 'M' || *end == 'm' ? 20
-                                                  : *end == 'G' || *end == 'g'   ? 30
-                                                                                 : 0;
+        int shift = *end == 'K' || *end == 'k'   ? 10
+                    : *end == 'M' || *end == 'm' ? 20
+                    : *end == 'G' || *end == 'g' ? 30
+                                                 : 0;
         if (end != s && v < (1ull << 44) && (v << shift) >> shift == v) c->mem_offer = (int64_t)(v << shift);
     }
     c->lost_ms = int_at_least(RAW(lost_ms), 200);

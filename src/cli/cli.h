@@ -59,9 +59,9 @@ void cli_gpu_apply(const cli_gpu *g, struct cm_engine_opts *eo);
  * no model). */
 struct cJSON;
 void cli_gpu_list(struct cJSON *j, int n_layer, uint64_t layer_bytes);
-#define CLI_GPU_HELP \
+#define CLI_GPU_HELP                                                                                        \
     "  --gpu auto|vulkan|none|N  compute on a Vulkan GPU (auto: the first GPU; vulkan: any device, a CPU\n" \
-    "                         driver such as lavapipe too; N: device N of 'cumulo info'); default none\n" \
+    "                         driver such as lavapipe too; N: device N of 'cumulo info'); default none\n"   \
     "  --gpu-layers, -ngl K   the first K layers on the GPU, the rest on the CPU (default: all)\n"
 
 /* The options that shape a cluster's plan (run, serve, bench share them):
@@ -92,19 +92,26 @@ int cli_plan_check(const struct cm_plan_request *q);
 /* --lora FILE.gguf[:SCALE] (run, chat, serve; repeatable, summed): parsed
  * like cli_sampling_opt into l (lora_opt.c). */
 #define CLI_LORA_MAX 8
-typedef struct cli_loras { const char *spec[CLI_LORA_MAX]; int n; } cli_loras;
+typedef struct cli_loras {
+    const char *spec[CLI_LORA_MAX];
+    int n;
+} cli_loras;
 int cli_lora_opt(int argc, char **argv, int *i, cli_loras *l);
 /* The generation options run and chat share: sampling (into s), --lora
  * (into l), the KV cache options (into kv) and --gpu/--gpu-layers (into g);
  * parsed like cli_sampling_opt. */
 int cli_gen_opt(int argc, char **argv, int *i, struct cm_sampler_params *s, cli_loras *l, cli_kv *kv, cli_gpu *g);
-#define CLI_LORA_HELP                                                                                   \
-    "  --lora FILE[:SCALE]    apply a LoRA adapter (llama.cpp's adapter GGUF) with this scale\n"         \
+#define CLI_LORA_HELP                                                                            \
+    "  --lora FILE[:SCALE]    apply a LoRA adapter (llama.cpp's adapter GGUF) with this scale\n" \
     "                         (default 1); repeat for several (their corrections add up)\n"
 
 /* A progress bar on stderr (only when stderr is a terminal, or CUMULO_PROGRESS=1).
  * With `bytes` set (after start) it also shows MiB done, speed and time left. */
-typedef struct cli_progress { const char *label; double total, last_draw, t0, base; bool on, bytes; } cli_progress;
+typedef struct cli_progress {
+    const char *label;
+    double total, last_draw, t0, base;
+    bool on, bytes;
+} cli_progress;
 void cli_progress_start(cli_progress *p, const char *label, double total);
 void cli_progress_update(cli_progress *p, double done);
 void cli_progress_end(cli_progress *p);

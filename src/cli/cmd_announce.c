@@ -16,7 +16,10 @@
 #include <unistd.h>
 
 static volatile sig_atomic_t g_stop;
-static void on_signal(int sig) { (void)sig; g_stop = 1; }
+static void on_signal(int sig) {
+    (void)sig;
+    g_stop = 1;
+}
 
 static const char *isa_name(void) {
     const cm_cpu_features *f = cm_cpu_features_get();
@@ -46,11 +49,17 @@ int cmd_announce(int argc, char **argv) {
     long port = -1, ttl = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--port")) { if (!cli_int(a, v, 1, 65535, &port)) return 2; i++; }
-        else if (!strcmp(a, "--ttl")) { if (!cli_int(a, v, 1, 86400, &ttl)) return 2; i++; }
-        else if (!strcmp(a, "--name") || !strcmp(a, "--id") || !strcmp(a, "--iface")) {
+        if (!strcmp(a, "--port")) {
+            if (!cli_int(a, v, 1, 65535, &port)) return 2;
+            i++;
+        } else if (!strcmp(a, "--ttl")) {
+            if (!cli_int(a, v, 1, 86400, &ttl)) return 2;
+            i++;
+        } else if (!strcmp(a, "--name") || !strcmp(a, "--id") || !strcmp(a, "--iface")) {
             if (!v) return cli_fail("option '%s' needs a value", a), 2;
-            if (a[2] == 'n') name = v; else if (a[3] == 'd') id = v; else ifaces = v;
+            if (a[2] == 'n') name = v;
+            else if (a[3] == 'd') id = v;
+            else ifaces = v;
             i++;
         } else return cli_fail("announce: unknown option '%s'", a), 2;
     }
@@ -68,20 +77,30 @@ int cmd_announce(int argc, char **argv) {
     snprintf(os, sizeof os, "os=%s/%s", cm_os_name(), cm_arch_name());
     char isa[32];
     snprintf(isa, sizeof isa, "isa=%s", isa_name());
-    cm_mdns_service svc = {.name = name, .port = (uint16_t)port, .node_id = id, .proto_version = 1,
-                           .txt_extra = {cores, mem, isa, os}, .n_txt_extra = 4,
+    cm_mdns_service svc = {.name = name,
+                           .port = (uint16_t)port,
+                           .node_id = id,
+                           .proto_version = 1,
+                           .txt_extra = {cores, mem, isa, os},
+                           .n_txt_extra = 4,
                            .ttl_host = (uint32_t)ttl};
     char err[256];
     cm_mdns *m;
     if (cm_mdns_open(&m, ifaces, err, sizeof err) != 0) return cli_fail("%s", err);
-    if (cm_mdns_announce(m, &svc, err, sizeof err) != 0) { cm_mdns_close(m); return cli_fail("%s", err); }
+    if (cm_mdns_announce(m, &svc, err, sizeof err) != 0) {
+        cm_mdns_close(m);
+        return cli_fail("%s", err);
+    }
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
     bool told = false;
     char last[CM_MDNS_LABEL_MAX + 1] = "";
     while (!g_stop) {
         int rc = cm_mdns_step(m, 100);
-        if (rc) { cm_mdns_close(m); return cli_fail("mdns: %s", cm_strerror(rc)); }
+        if (rc) {
+            cm_mdns_close(m);
+            return cli_fail("mdns: %s", cm_strerror(rc));
+        }
         bool up = cm_mdns_is_announced(m);
         if (up && (!told || strcmp(last, cm_mdns_current_name(m)))) {
             snprintf(last, sizeof last, "%s", cm_mdns_current_name(m));

@@ -88,11 +88,11 @@ static const char k_bench_usage[] =
 
 typedef struct bench_opts {
     const char *model, *isa, *oracle_dir, *llama_bench;
-    const char *nodes, *key_file;   /* --cluster: the engine runs over these nodes */
-    cm_plan_request plan;           /* --parallel, --groups */
+    const char *nodes, *key_file; /* --cluster: the engine runs over these nodes */
+    cm_plan_request plan;         /* --parallel, --groups */
     bool tp_compress;
     int threads, n_prompt, n_gen, reps, bw_mib;
-    cli_kv kvo; /* -ctk/-ctv/--kv-type/-fa (kvopt.c) */
+    cli_kv kvo;   /* -ctk/-ctv/--kv-type/-fa (kvopt.c) */
     cli_gpu gpuo; /* --gpu, --gpu-layers (gpuopt.c) */
     bool json, vs, kv_f16, insecure, mmap;
 } bench_opts;
@@ -182,7 +182,10 @@ static int cumulo_rep(cm_engine *e, const bench_opts *o, int rep, speed *sp, ene
     if (!ids) return cli_fail("out of memory");
     make_prompt(ids, o->n_prompt, rep, in.bos, in.n_vocab);
     cm_session *s = cm_session_new(e, o->n_prompt + o->n_gen + 8, err, sizeof err);
-    if (!s) { cm_free(ids); return cli_fail("cannot start a session: %s", err); }
+    if (!s) {
+        cm_free(ids);
+        return cli_fail("cannot start a session: %s", err);
+    }
     int status = 1;
     if (cm_session_set_prompt(s, ids, o->n_prompt, err, sizeof err)) {
         cli_fail("prompt evaluation failed: %s", err);
@@ -234,7 +237,10 @@ static int run_capture(char *const argv[], char *out, size_t cap) {
     int rc = posix_spawnp(&pid, argv[0], &fa, NULL, argv, environ);
     posix_spawn_file_actions_destroy(&fa);
     close(fds[1]);
-    if (rc) { close(fds[0]); return -1; }
+    if (rc) {
+        close(fds[0]);
+        return -1;
+    }
     size_t n = 0;
     for (;;) {
         char tmp[4096];
@@ -326,8 +332,9 @@ static int native_rep(const bench_opts *o, speed *sp) {
 /* This CPU as /proc/cpuinfo names it (vendor, family, model, the flags that
  * matter to the kernels), for the JSON; "unknown" where there is no such file. */
 static cJSON *cpu_json(void) {
-    static const char *const flags[] = {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
-                                        "avx512_bf16", "avx_vnni", "amx_int8", "asimd", "asimddp", "i8mm", "fphp", "sve"};
+    static const char *const flags[] = {"avx2",     "fma",         "f16c",        "avx512f",  "avx512bw",
+                                        "avx512vl", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_int8",
+                                        "asimd",    "asimddp",     "i8mm",        "fphp",     "sve"};
     cJSON *c = cJSON_CreateObject();
     char vendor[64] = "unknown", name[128] = "unknown", fam[16] = "", model[16] = "", line[8192];
     cJSON *fl = cJSON_CreateArray();
@@ -339,7 +346,8 @@ static cJSON *cpu_json(void) {
         char *v = colon + 1;
         while (*v == ' ') v++;
         v[strcspn(v, "\n")] = 0;
-        if (!strncmp(line, "vendor_id", 9) || !strncmp(line, "CPU implementer", 15)) snprintf(vendor, sizeof vendor, "%s", v);
+        if (!strncmp(line, "vendor_id", 9) || !strncmp(line, "CPU implementer", 15))
+            snprintf(vendor, sizeof vendor, "%s", v);
         else if (!strncmp(line, "model name", 10)) snprintf(name, sizeof name, "%s", v);
         else if (!strncmp(line, "cpu family", 10)) snprintf(fam, sizeof fam, "%s", v);
         else if (!strncmp(line, "model\t", 6) || !strncmp(line, "CPU part", 8)) snprintf(model, sizeof model, "%s", v);
@@ -371,14 +379,20 @@ static double ratio(double a, double b) { return a > 0 && b > 0 ? a / b : 0; }
 
 static cJSON *runs_array(const speed *runs, int n, bool tg) {
     cJSON *a = cJSON_CreateArray();
-    for (int i = 0; i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber(round((tg ? runs[i].tg : runs[i].pp) * 100) / 100));
+    for (int i = 0; i < n; i++)
+        cJSON_AddItemToArray(a, cJSON_CreateNumber(round((tg ? runs[i].tg : runs[i].pp) * 100) / 100));
     return a;
 }
 
 static int parse(int argc, char **argv, bench_opts *o) {
     const cm_config *c = cm_config_get();
-    *o = (bench_opts){.threads = 0, .n_prompt = 128, .n_gen = 64, .reps = 3, .bw_mib = 1024,
-                      .oracle_dir = c->oracle_dir, .llama_bench = c->llamacpp_bench};
+    *o = (bench_opts){.threads = 0,
+                      .n_prompt = 128,
+                      .n_gen = 64,
+                      .reps = 3,
+                      .bw_mib = 1024,
+                      .oracle_dir = c->oracle_dir,
+                      .llama_bench = c->llamacpp_bench};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         long l;
@@ -406,7 +420,8 @@ static int parse(int argc, char **argv, bench_opts *o) {
             o->isa = v, i++;
         } else if (!strcmp(a, "--mmap")) {
             o->mmap = true;
-        } else if ((kr = cli_kv_opt(argc, argv, &i, &o->kvo)) != 0 || (kr = cli_gpu_opt(argc, argv, &i, &o->gpuo)) != 0) {
+        } else if ((kr = cli_kv_opt(argc, argv, &i, &o->kvo)) != 0 ||
+                   (kr = cli_gpu_opt(argc, argv, &i, &o->gpuo)) != 0) {
             if (kr < 0) return 1;
         } else if (!strcmp(a, "--oracle-dir")) {
             if (!v) return cli_fail("option '%s' needs a value", a);
@@ -448,7 +463,10 @@ static int parse(int argc, char **argv, bench_opts *o) {
 }
 
 int cmd_bench(int argc, char **argv) {
-    if (cli_wants_help(argc, argv)) { fputs(k_bench_usage, stdout); return 0; }
+    if (cli_wants_help(argc, argv)) {
+        fputs(k_bench_usage, stdout);
+        return 0;
+    }
     bench_opts o;
     if (parse(argc, argv, &o)) return 1;
     /* The kernel table is chosen once, at the first kernels call: cap it before. */
@@ -464,8 +482,10 @@ int cmd_bench(int argc, char **argv) {
     const char *skip = NULL, *anchor = NULL;
     if (o.vs && o.llama_bench) {
         if (access(o.llama_bench, X_OK) == 0) anchor = "llama-bench (native build)";
-        else fprintf(stderr, "bench: llama-bench '%s' is not there (bench/llamacpp.sh builds it); trying node-llama-cpp\n",
-                     o.llama_bench);
+        else
+            fprintf(stderr,
+                    "bench: llama-bench '%s' is not there (bench/llamacpp.sh builds it); trying node-llama-cpp\n",
+                    o.llama_bench);
     }
     if (o.vs && !anchor) {
         skip = oracle_missing(o.oracle_dir, why, sizeof why);
@@ -476,16 +496,22 @@ int cmd_bench(int argc, char **argv) {
     }
     if (skip) fprintf(stderr, "bench: skipping llama.cpp: %s\n", skip);
     bool vs = o.vs && !skip;
-    if (vs) fprintf(stderr, "bench: llama.cpp anchor: %s%s%s\n", anchor, o.llama_bench ? " " : "",
-                    o.llama_bench ? o.llama_bench : "");
+    if (vs)
+        fprintf(stderr, "bench: llama.cpp anchor: %s%s%s\n", anchor, o.llama_bench ? " " : "",
+                o.llama_bench ? o.llama_bench : "");
 
     double bw_before = measure_bw(o.threads, o.bw_mib, "before");
 
     cm_engine *e = NULL;
-    cm_engine_opts eo = {.n_threads = o.threads, .n_ctx = o.n_prompt + o.n_gen + 8,
-                         .n_batch = CM_MIN(o.n_prompt, CM_BATCH_MAX), .kv_f16 = o.kv_f16,
-                         .nodes = o.nodes, .key_file = o.key_file, .insecure = o.insecure,
-                         .plan = o.plan, .tp_compress = o.tp_compress,
+    cm_engine_opts eo = {.n_threads = o.threads,
+                         .n_ctx = o.n_prompt + o.n_gen + 8,
+                         .n_batch = CM_MIN(o.n_prompt, CM_BATCH_MAX),
+                         .kv_f16 = o.kv_f16,
+                         .nodes = o.nodes,
+                         .key_file = o.key_file,
+                         .insecure = o.insecure,
+                         .plan = o.plan,
+                         .tp_compress = o.tp_compress,
                          .mmap = o.mmap};
     cli_kv_apply(&o.kvo, &eo);
     cli_gpu_apply(&o.gpuo, &eo);
@@ -494,8 +520,9 @@ int cmd_bench(int argc, char **argv) {
     cm_engine_get_info(e, &in);
     const char *kname = cm_kernels_get()->name;
     if (in.n_stages > 1 || o.nodes)
-        fprintf(stderr, "bench: cluster: %d stage%s, %d layer%s on this machine; power, joules/token and the "
-                        "roofline count this machine only\n",
+        fprintf(stderr,
+                "bench: cluster: %d stage%s, %d layer%s on this machine; power, joules/token and the "
+                "roofline count this machine only\n",
                 in.n_stages, in.n_stages == 1 ? "" : "s", in.local_layers, in.local_layers == 1 ? "" : "s");
     fprintf(stderr, "bench: %s (%s, %.1f M params, %.2f GB weights), %d thread%s, kernels %s\n", in.name, in.arch,
             in.n_params / 1e6, wbytes / 1e9, o.threads, o.threads == 1 ? "" : "s", kname);
@@ -504,7 +531,10 @@ int cmd_bench(int argc, char **argv) {
     /* Power of this machine while cumulo decodes: RAPL when readable, else an
      * estimate (CPU load of the whole machine x 65 W), labelled as such. */
     energy en = {.meter = cm_power_open(0)};
-    if (!runs) { cm_engine_free(e); return cli_fail("out of memory"); }
+    if (!runs) {
+        cm_engine_free(e);
+        return cli_fail("out of memory");
+    }
     speed *lruns = runs + o.reps;
     int status = 1;
     for (int r = 0; r < o.reps; r++) {
@@ -527,10 +557,12 @@ int cmd_bench(int argc, char **argv) {
     bool have_hop = cm_engine_hop_stats(e, &hb, &hf, &hrows);
     if (have_tp && trows == 0) trows = hrows; /* hybrid: rows counted on the hop */
     if (have_tp && trows)
-        fprintf(stderr, "bench: all-reduce from this machine: %.0f element bytes, %.0f bytes on the wire per token (%s)\n",
+        fprintf(stderr,
+                "bench: all-reduce from this machine: %.0f element bytes, %.0f bytes on the wire per token (%s)\n",
                 (double)td / (double)trows, (double)tw / (double)trows, o.tp_compress ? "Q8_0" : "f32");
     if (have_hop && hrows)
-        fprintf(stderr, "bench: hidden states to stage 1: %.0f bytes on the wire per token\n", (double)hb / (double)hrows);
+        fprintf(stderr, "bench: hidden states to stage 1: %.0f bytes on the wire per token\n",
+                (double)hb / (double)hrows);
     cm_engine_free(e);
     e = NULL;
     double bw_after = measure_bw(o.threads, o.bw_mib, "after");
@@ -588,7 +620,8 @@ int cmd_bench(int argc, char **argv) {
             cJSON_AddNumberToObject(j, "tp_data_bytes_per_token", round((double)td / (double)trows));
             cJSON_AddNumberToObject(j, "tp_wire_bytes_per_token", round((double)tw / (double)trows));
         }
-        if (have_hop && hrows) cJSON_AddNumberToObject(j, "hop_wire_bytes_per_token", round((double)hb / (double)hrows));
+        if (have_hop && hrows)
+            cJSON_AddNumberToObject(j, "hop_wire_bytes_per_token", round((double)hb / (double)hrows));
         cJSON_AddStringToObject(j, "power", plabel);
         if (jpt > 0) {
             cJSON_AddStringToObject(j, "power_source", en.source ? en.source : "");
@@ -603,15 +636,18 @@ int cmd_bench(int argc, char **argv) {
         free(s);
         cJSON_Delete(j);
     } else {
-        printf("model      %s (%s, %.1f M params), %d thread%s, kernels %s, kv %s\n", base, in.arch,
-               in.n_params / 1e6, o.threads, o.threads == 1 ? "" : "s", kname, o.kvo.set ? cli_kv_name(&o.kvo) : o.kv_f16 ? "f16" : "f32");
+        printf("model      %s (%s, %.1f M params), %d thread%s, kernels %s, kv %s\n", base, in.arch, in.n_params / 1e6,
+               o.threads, o.threads == 1 ? "" : "s", kname,
+               o.kvo.set  ? cli_kv_name(&o.kvo)
+               : o.kv_f16 ? "f16"
+                          : "f32");
         printf("run        prompt %d tokens, gen %d tokens, best of %d rep%s%s\n", o.n_prompt, o.n_gen, o.reps,
                o.reps == 1 ? "" : "s", vs ? ", cumulo and llama.cpp interleaved" : "");
         printf("%-26s %14s %14s %12s\n", "", "prompt tok/s", "decode tok/s", "% roofline");
         printf("%-26s %14.2f %14.2f %11.1f%%\n", "cumulo", best.pp, best.tg, pct);
         if (vs) {
-            printf("%-26s %14.2f %14.2f %11.1f%%\n", o.llama_bench ? "llama.cpp (native)" : "llama.cpp (node, fallback)",
-                   lbest.pp, lbest.tg, lpct);
+            printf("%-26s %14.2f %14.2f %11.1f%%\n",
+                   o.llama_bench ? "llama.cpp (native)" : "llama.cpp (node, fallback)", lbest.pp, lbest.tg, lpct);
             printf("%-26s %14.3f %14.3f\n", "ratio cumulo / llama.cpp", ratio(best.pp, lbest.pp),
                    ratio(best.tg, lbest.tg));
         } else if (o.vs) {
@@ -622,10 +658,9 @@ int cmd_bench(int argc, char **argv) {
         printf("bandwidth  %.1f GB/s read (before %.1f, after %.1f; %d MiB, %d thread%s) -> roofline %.2f tok/s\n",
                bw / 1e9, bw_before / 1e9, bw_after / 1e9, o.bw_mib, o.threads, o.threads == 1 ? "" : "s", roof);
         if (jpt > 0)
-            printf("power      %s: %.1f W while cumulo decodes, %.3f J/token, %.3f tokens per W·s%s\n", plabel,
-                   watts, jpt, tpw, en.measured ? " (RAPL)" : " (machine-wide CPU load x 65 W, not a measurement)");
-        else
-            printf("power      unknown\n");
+            printf("power      %s: %.1f W while cumulo decodes, %.3f J/token, %.3f tokens per W·s%s\n", plabel, watts,
+                   jpt, tpw, en.measured ? " (RAPL)" : " (machine-wide CPU load x 65 W, not a measurement)");
+        else printf("power      unknown\n");
     }
     status = 0;
 done:

@@ -57,21 +57,18 @@ static const char k_chat_usage[] =
     "  --cache-type-k, -ctk T, --cache-type-v, -ctv T\n"
     "                         KV cache types: f32 (default), f16, q8_0, q4_0 (llama.cpp's -ctk/-ctv);\n"
     "                         --kv-type T sets both; per token: see 'cumulo info'\n"
-    "  --flash-attn, -fa      tiled attention over K/V rows for f32/f16 too (always for q8_0/q4_0)\n"
-    CLI_GPU_HELP
+    "  --flash-attn, -fa      tiled attention over K/V rows for f32/f16 too (always for q8_0/q4_0)\n" CLI_GPU_HELP
     "  --mmap                 keep the weights in a file mapping (default: read into huge-page\n"
-    "                         memory when they fit, fewer TLB misses per token; also CUMULO_MMAP=1)\n"
-    CLI_LORA_HELP
+    "                         memory when they fit, fewer TLB misses per token; also CUMULO_MMAP=1)\n" CLI_LORA_HELP
     "  --ignore-eos           keep generating past end-of-turn tokens\n"
     "  -v, --verbose          after each reply, print token counts, prefix reuse and speed to stderr\n";
 
-static const char k_chat_help[] =
-    "commands:\n"
-    "  /reset   forget the conversation (the --system message stays)\n"
-    "  /help    this text\n"
-    "  /quit    leave (or Ctrl-D)\n"
-    "Ctrl-C stops a reply; a line ending in '\\' continues on the next line;\n"
-    "start a message with '//' to send a line that begins with '/'.\n";
+static const char k_chat_help[] = "commands:\n"
+                                  "  /reset   forget the conversation (the --system message stays)\n"
+                                  "  /help    this text\n"
+                                  "  /quit    leave (or Ctrl-D)\n"
+                                  "Ctrl-C stops a reply; a line ending in '\\' continues on the next line;\n"
+                                  "start a message with '//' to send a line that begins with '/'.\n";
 
 static cm_session *volatile g_session; /* what SIGINT cancels */
 static volatile sig_atomic_t g_sigint;
@@ -96,7 +93,7 @@ typedef struct chat {
     cm_engine *e;
     cm_session *s;
     const char *template_name; /* NULL: the model's */
-    cm_chat_msg *msgs; /* role: a static string; content: owned (cm_malloc) */
+    cm_chat_msg *msgs;         /* role: a static string; content: owned (cm_malloc) */
     size_t n_msgs, cap_msgs;
     size_t n_fixed; /* leading messages /reset keeps (the system message) */
     cm_buf text;    /* rendered prompt */
@@ -213,8 +210,9 @@ static int chat_turn(chat *c, const char *msg, size_t len, const cm_gen_params *
         if (c->n_msgs - c->n_fixed < 3) {
             char adv[160];
             cli_ctx_advice(c->e, n_ctx, adv, sizeof adv);
-            snprintf(err, sizeof err, "this message makes a prompt of %d tokens, more than the context of %d allows (%s)",
-                     n, n_ctx, adv);
+            snprintf(err, sizeof err,
+                     "this message makes a prompt of %d tokens, more than the context of %d allows (%s)", n, n_ctx,
+                     adv);
             return turn_fail(c, err);
         }
         chat_drop(c, c->n_fixed, 2);
@@ -270,8 +268,9 @@ static int chat_turn(chat *c, const char *msg, size_t len, const cm_gen_params *
         fprintf(stderr, "(the context of %d tokens is full; older exchanges will be dropped, or /reset)\n", n_ctx);
     if (c->verbose) {
         cm_timings t = res.t;
-        fprintf(stderr, "chat: turn %d: prompt %d tokens, %d reused from the cache, %d evaluated in %.3f s; "
-                        "reply %d tokens in %.3f s (%.1f tok/s), finish %s\n",
+        fprintf(stderr,
+                "chat: turn %d: prompt %d tokens, %d reused from the cache, %d evaluated in %.3f s; "
+                "reply %d tokens in %.3f s (%.1f tok/s), finish %s\n",
                 turn + 1, n, n - tp.n_prompt, tp.n_prompt, tp.prompt_s, t.n_gen, t.gen_s,
                 t.gen_s > 0 ? t.n_gen / t.gen_s : 0.0, cm_finish_name(res.finish));
     }
@@ -311,7 +310,10 @@ static int read_message(chat *c, cm_buf *line) {
 }
 
 int cmd_chat(int argc, char **argv) {
-    if (cli_wants_help(argc, argv)) { fputs(k_chat_usage, stdout); return 0; }
+    if (cli_wants_help(argc, argv)) {
+        fputs(k_chat_usage, stdout);
+        return 0;
+    }
     const char *model = NULL, *system = NULL, *tmpl = NULL;
     long n_predict = -1, ctx = 0, threads = 0;
     cli_kv kvo = {0};
@@ -370,12 +372,19 @@ int cmd_chat(int argc, char **argv) {
     cm_buf line;
     cm_buf_init(&line);
     int status = 1;
-    cm_engine_opts eo = {.n_threads = (int)threads, .n_ctx = (int)ctx, .kv_f16 = kv_f16, .mmap = use_mmap,
-                         .loras = loras.spec, .n_loras = loras.n};
+    cm_engine_opts eo = {.n_threads = (int)threads,
+                         .n_ctx = (int)ctx,
+                         .kv_f16 = kv_f16,
+                         .mmap = use_mmap,
+                         .loras = loras.spec,
+                         .n_loras = loras.n};
     cli_kv_apply(&kvo, &eo);
     cli_gpu_apply(&gpuo, &eo);
     if (cli_load_engine_opts(&c.e, model, &eo)) goto done;
-    if (system && chat_push(&c, "system", system, strlen(system))) { cli_fail("out of memory"); goto done; }
+    if (system && chat_push(&c, "system", system, strlen(system))) {
+        cli_fail("out of memory");
+        goto done;
+    }
     c.n_fixed = c.n_msgs;
     c.template_name = cli_chat_template(c.e, tmpl, model);
     /* Render the empty conversation once: a model without a usable template
@@ -386,12 +395,15 @@ int cmd_chat(int argc, char **argv) {
         goto done;
     }
     c.s = cm_session_new(c.e, (int)ctx, err, sizeof err);
-    if (!c.s) { cli_fail("%s", err); goto done; }
+    if (!c.s) {
+        cli_fail("%s", err);
+        goto done;
+    }
     if (c.interactive) {
         cm_engine_info info;
         cm_engine_get_info(c.e, &info);
-        fprintf(stderr, "chatting with %s (context %d, template %s); /help for commands, Ctrl-D to quit\n",
-                info.name, cm_session_n_ctx(c.s), c.template_name ? c.template_name : "from the model");
+        fprintf(stderr, "chatting with %s (context %d, template %s); /help for commands, Ctrl-D to quit\n", info.name,
+                cm_session_n_ctx(c.s), c.template_name ? c.template_name : "from the model");
     }
     set_sigint(on_sigint);
     int turn = 0;

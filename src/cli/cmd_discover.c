@@ -16,7 +16,10 @@
 #include <string.h>
 
 static volatile sig_atomic_t g_stop;
-static void on_signal(int sig) { (void)sig; g_stop = 1; }
+static void on_signal(int sig) {
+    (void)sig;
+    g_stop = 1;
+}
 
 static cJSON *txt_json(const cm_mdns_instance *in) {
     cJSON *o = cJSON_CreateObject();
@@ -47,7 +50,9 @@ static cJSON *inst_json(const cm_mdns_instance *in, const char *event) {
     return o;
 }
 
-typedef struct { bool json, watch; } disc_opts;
+typedef struct {
+    bool json, watch;
+} disc_opts;
 
 static void on_event(void *ud, enum cm_mdns_event ev, const cm_mdns_instance *in) {
     const disc_opts *o = ud;
@@ -98,7 +103,10 @@ int cmd_discover(int argc, char **argv) {
     double end = cm_now_s() + timeout;
     while (!g_stop && cm_now_s() < end) {
         int rc = cm_mdns_step(m, 100);
-        if (rc) { cm_mdns_close(m); return cli_fail("mdns: %s", cm_strerror(rc)); }
+        if (rc) {
+            cm_mdns_close(m);
+            return cli_fail("mdns: %s", cm_strerror(rc));
+        }
     }
     size_t n_seen = cm_mdns_instance_count(m);
     if (n_seen == 0 && (o.json || o.watch)) /* the table says so itself; JSON and events only to stderr */
@@ -113,7 +121,9 @@ int cmd_discover(int argc, char **argv) {
             cJSON_free(s);
             cJSON_Delete(a);
         } else {
-            if (n == 0) fprintf(stderr, "cumulo: no nodes found in %.1f s (is `cumulo node` running, and on this network?)\n", timeout);
+            if (n == 0)
+                fprintf(stderr, "cumulo: no nodes found in %.1f s (is `cumulo node` running, and on this network?)\n",
+                        timeout);
             for (size_t i = 0; i < n; i++) {
                 const cm_mdns_instance *in = cm_mdns_instance_at(m, i);
                 char id[64] = "", ver[32] = "", cores[16] = "", mem[24] = "", isa[160] = "";

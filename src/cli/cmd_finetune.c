@@ -125,19 +125,30 @@ static int parse(int argc, char **argv, cm_finetune_opts *o, const char **model,
             continue;
         }
         if (!(v = val_of(argc, argv, &i))) return 1;
-#define INT_OPT(name, lo, hi, field) \
-    else if (!strcmp(a, name)) { if (!cli_int(a, v, lo, hi, &n)) return 1; o->field = (int)n; }
-#define FLT_OPT(name, lo, hi, field) \
-    else if (!strcmp(a, name)) { if (!cli_float(a, v, lo, hi, &x)) return 1; o->field = (float)x; }
+#define INT_OPT(name, lo, hi, field)              \
+    else if (!strcmp(a, name)) {                  \
+        if (!cli_int(a, v, lo, hi, &n)) return 1; \
+        o->field = (int)n;                        \
+    }
+#define FLT_OPT(name, lo, hi, field)                \
+    else if (!strcmp(a, name)) {                    \
+        if (!cli_float(a, v, lo, hi, &x)) return 1; \
+        o->field = (float)x;                        \
+    }
         if (!strcmp(a, "--data")) *data = v;
         else if (!strcmp(a, "--nodes")) c->nodes = v, c->on = true;
         else if (!strcmp(a, "--key-file")) c->key_file = v;
         else if (!strcmp(a, "--out") || !strcmp(a, "-o")) o->out = v;
         else if (!strcmp(a, "--resume")) o->resume = v;
         else if (!strcmp(a, "--chat-template")) *tmpl = v;
-        else if (!strcmp(a, "--seed")) { if (!cli_int(a, v, 0, 0x7fffffffL, &n)) return 1; o->seed = (uint64_t)n; }
-        else if (!strcmp(a, "--alpha")) { if (!cli_float(a, v, 1e-6, 1e5, &x)) return 1; o->alpha = (float)x; alpha_set = true; }
-        else if (!strcmp(a, "--lora-targets")) {
+        else if (!strcmp(a, "--seed")) {
+            if (!cli_int(a, v, 0, 0x7fffffffL, &n)) return 1;
+            o->seed = (uint64_t)n;
+        } else if (!strcmp(a, "--alpha")) {
+            if (!cli_float(a, v, 1e-6, 1e5, &x)) return 1;
+            o->alpha = (float)x;
+            alpha_set = true;
+        } else if (!strcmp(a, "--lora-targets")) {
             char err[256];
             if (cm_train_targets_parse(v, &o->targets, err, sizeof err)) return cli_fail("finetune: %s", err);
         }
@@ -160,7 +171,8 @@ static int parse(int argc, char **argv, cm_finetune_opts *o, const char **model,
 #undef FLT_OPT
     }
     if (!alpha_set) o->alpha = 2.0f * (float)o->rank;
-    if (!*model || !*data || !o->out) return cli_fail("finetune: need MODEL, --data FILE.jsonl and --out ADAPTER.gguf; see --help");
+    if (!*model || !*data || !o->out)
+        return cli_fail("finetune: need MODEL, --data FILE.jsonl and --out ADAPTER.gguf; see --help");
     if (cli_plan_check(&c->plan)) return 1;
     return 0;
 }
@@ -174,8 +186,14 @@ static void log_line(void *ctx, const char *line) {
 static int train(const char *path, const cm_gguf *g, const cm_model *m, const cm_tdata *d, cm_finetune_opts *o,
                  const clu *c, char *err, size_t errlen) {
     if (!c->on) return cm_finetune_run(m, d, o, err, errlen);
-    cm_pipe_opts po = {.nodes = c->nodes ? c->nodes : "auto", .insecure = c->insecure, .key_file = c->key_file,
-                       .plan = c->plan, .take = c->take, .n_ctx = o->n_ctx, .n_seq_max = 1, .max_batch = 1,
+    cm_pipe_opts po = {.nodes = c->nodes ? c->nodes : "auto",
+                       .insecure = c->insecure,
+                       .key_file = c->key_file,
+                       .plan = c->plan,
+                       .take = c->take,
+                       .n_ctx = o->n_ctx,
+                       .n_seq_max = 1,
+                       .max_batch = 1,
                        .log = log_line};
     cm_pipe *p = NULL;
     int local_last = 0;
@@ -205,11 +223,12 @@ static int train(const char *path, const cm_gguf *g, const cm_model *m, const cm
 
 /* The chat template for "messages" lines: --chat-template, else the model's (NULL when it has none). */
 static const cm_chat_template *chat_of(const cm_gguf *g, const cm_tokenizer *tok, const char *name, cm_chat_template *t,
-                                      cm_chat_opts *co, char *bos, char *eos, char *err, size_t errlen, int *rc) {
+                                       cm_chat_opts *co, char *bos, char *eos, char *err, size_t errlen, int *rc) {
     const cm_gguf_kv *kv = cm_gguf_find_kv(g, "tokenizer.chat_template");
     *rc = 0;
     if (name) *rc = cm_chat_template_by_name(t, name, err, errlen);
-    else if (!kv || kv->type != CM_GGUF_STRING || cm_chat_template_detect(t, kv->v.str.ptr, (size_t)kv->v.str.len, err, errlen))
+    else if (!kv || kv->type != CM_GGUF_STRING ||
+             cm_chat_template_detect(t, kv->v.str.ptr, (size_t)kv->v.str.len, err, errlen))
         return NULL;
     if (*rc) return NULL;
     size_t len;
@@ -256,7 +275,8 @@ int cmd_finetune(int argc, char **argv) {
     cm_free(text);
     if (!rc && o.n_ctx > m.hp.n_ctx_train && m.hp.n_ctx_train > 0) o.n_ctx = m.hp.n_ctx_train;
     if (!rc) {
-        fprintf(stderr, "finetune: %d examples, %lld tokens; rank %d, alpha %g, lr %g, ctx %d, batch %d x %d, %d thread%s\n",
+        fprintf(stderr,
+                "finetune: %d examples, %lld tokens; rank %d, alpha %g, lr %g, ctx %d, batch %d x %d, %d thread%s\n",
                 d.n_ex, (long long)d.n_tok, o.rank, o.alpha, o.lr, o.n_ctx, o.batch, o.grad_accum, o.n_threads,
                 o.n_threads > 1 ? "s" : "");
         const int force = cm_config_get()->progress; /* -1 unset, 0 off, 1 on */
@@ -266,8 +286,8 @@ int cmd_finetune(int argc, char **argv) {
         double t0 = cm_now_s();
         rc = train(model, &g, &m, &d, &o, &c, err, sizeof err);
         if (!rc)
-            fprintf(stderr, "finetune: loss %.4f -> %.4f, val %.4f -> %.4f; wrote %s and %s.svg (%.1f s)\n", b.loss0, b.loss,
-                    b.val0, b.val, o.out, o.out, cm_now_s() - t0);
+            fprintf(stderr, "finetune: loss %.4f -> %.4f, val %.4f -> %.4f; wrote %s and %s.svg (%.1f s)\n", b.loss0,
+                    b.loss, b.val0, b.val, o.out, o.out, cm_now_s() - t0);
     }
     cm_tdata_release(&d);
     cm_tokenizer_free(tok);

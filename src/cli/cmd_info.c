@@ -43,7 +43,10 @@ static uint64_t kv_per_token(const cm_engine_info *in, enum cm_type t) {
 }
 
 int cmd_info(int argc, char **argv) {
-    if (cli_wants_help(argc, argv)) { fputs(k_info_usage, stdout); return 0; }
+    if (cli_wants_help(argc, argv)) {
+        fputs(k_info_usage, stdout);
+        return 0;
+    }
     const char *model = NULL;
     long ctx = 0;
     bool json = false, kv_f16 = false, gpus = false;
@@ -77,7 +80,9 @@ int cmd_info(int argc, char **argv) {
     }
     if (!model) return cli_fail("info needs a MODEL.gguf; see 'cumulo info --help'");
     cm_engine *e;
-    cm_engine_opts eo = {.n_threads = 1, .n_ctx = (int)(ctx > (1 << 20) ? (1 << 20) : ctx), .kv_f16 = kv_f16,
+    cm_engine_opts eo = {.n_threads = 1,
+                         .n_ctx = (int)(ctx > (1 << 20) ? (1 << 20) : ctx),
+                         .kv_f16 = kv_f16,
                          .mmap = true}; /* facts only: no need to read the weights */
     cli_kv_apply(&kvo, &eo);
     if (cli_load_engine_opts(&e, model, &eo)) return 1;
@@ -127,7 +132,8 @@ int cmd_info(int argc, char **argv) {
         cJSON_AddStringToObject(j, "kv_type_v", in.kv_type_v);
         if (strcmp(in.arch, "deepseek2")) { /* (its latent cache is not K and V per head) */
             cJSON *kt = cJSON_AddObjectToObject(j, "kv_bytes_per_token_by_type");
-            for (int t = 0; t < 4; t++) cJSON_AddNumberToObject(kt, kv_names[t], (double)kv_per_token(&in, kv_types[t]));
+            for (int t = 0; t < 4; t++)
+                cJSON_AddNumberToObject(kt, kv_names[t], (double)kv_per_token(&in, kv_types[t]));
         }
         cJSON_AddNumberToObject(j, "memory_bytes", (double)total);
         cli_gpu_list(j, in.n_layer, (in.weight_bytes + kv) / (uint64_t)(in.n_layer > 0 ? in.n_layer : 1));
@@ -162,7 +168,8 @@ int cmd_info(int argc, char **argv) {
                in.kv_type_v, n_ctx, b3);
         if (!strcmp(in.arch, "deepseek2")) { /* one latent row per token and layer, not K and V per head (mla.h) */
             printf("KV cache per token: %llu bytes (multi-head latent attention: kv_lora_rank + rope dims per layer, "
-                   "shared by every head)\n", (unsigned long long)in.kv_bytes_per_token);
+                   "shared by every head)\n",
+                   (unsigned long long)in.kv_bytes_per_token);
         } else {
             printf("kv per token:");
             for (int t = 0; t < 4; t++) {

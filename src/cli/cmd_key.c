@@ -13,20 +13,22 @@
 #include <string.h>
 
 static void usage(FILE *f) {
-    fprintf(f,
-            "usage: cumulo key [--new [--force]] [--file PATH] [--print] [--import HEX|-]\n\n"
-            "Create or show the cluster key. Nodes prove to each other that they hold it before\n"
-            "anything else is accepted, and it keys the encryption of every frame.\n\n"
-            "  (no option)   create the key if there is none; print its path and fingerprint\n"
-            "  --new         create a new key (refuses to replace one unless --force)\n"
-            "  --file PATH   key file (default: $CUMULO_KEY_FILE, else ~/.config/cumulo/cluster.key)\n"
-            "  --print       print the key (64 hex digits) on stdout, to copy to other machines\n"
-            "  --import HEX  store this key (- reads it from stdin); with --force replaces one\n\n"
-            "The file is written atomically with mode 0600; processes of one user share it.\n");
+    fprintf(f, "usage: cumulo key [--new [--force]] [--file PATH] [--print] [--import HEX|-]\n\n"
+               "Create or show the cluster key. Nodes prove to each other that they hold it before\n"
+               "anything else is accepted, and it keys the encryption of every frame.\n\n"
+               "  (no option)   create the key if there is none; print its path and fingerprint\n"
+               "  --new         create a new key (refuses to replace one unless --force)\n"
+               "  --file PATH   key file (default: $CUMULO_KEY_FILE, else ~/.config/cumulo/cluster.key)\n"
+               "  --print       print the key (64 hex digits) on stdout, to copy to other machines\n"
+               "  --import HEX  store this key (- reads it from stdin); with --force replaces one\n\n"
+               "The file is written atomically with mode 0600; processes of one user share it.\n");
 }
 
 int cmd_key(int argc, char **argv) {
-    if (cli_wants_help(argc, argv)) { usage(stdout); return 0; }
+    if (cli_wants_help(argc, argv)) {
+        usage(stdout);
+        return 0;
+    }
     bool make_new = false, force = false, print = false;
     const char *file = NULL, *import = NULL;
     for (int i = 1; i < argc; i++) {
@@ -35,7 +37,8 @@ int cmd_key(int argc, char **argv) {
         else if (!strcmp(argv[i], "--print")) print = true;
         else if (!strcmp(argv[i], "--file") || !strcmp(argv[i], "--import")) {
             if (i + 1 >= argc) return cli_fail("option '%s' needs a value", argv[i]);
-            if (argv[i][2] == 'f') file = argv[++i]; else import = argv[++i];
+            if (argv[i][2] == 'f') file = argv[++i];
+            else import = argv[++i];
         } else {
             return cli_fail("key: unknown option '%s'; see 'cumulo key --help'", argv[i]);
         }
@@ -77,8 +80,7 @@ int cmd_key(int argc, char **argv) {
         printf("%s\n", hex);
         sodium_memzero(hex, sizeof hex);
     }
-    fprintf(print ? stderr : stdout, "%s key %s (fingerprint %s)\n", created ? "created" : "using",
-            path, fp);
+    fprintf(print ? stderr : stdout, "%s key %s (fingerprint %s)\n", created ? "created" : "using", path, fp);
     sodium_memzero(key, sizeof key);
     return 0;
 }

@@ -145,15 +145,17 @@ static void shq(char *out, size_t cap, const char *s) {
     size_t k = 0;
     if (k + 1 < cap) out[k++] = '\'';
     for (; *s && k + 5 < cap; s++) {
-        if (*s == '\'') { memcpy(out + k, "'\\''", 4); k += 4; }
-        else out[k++] = *s;
+        if (*s == '\'') {
+            memcpy(out + k, "'\\''", 4);
+            k += 4;
+        } else out[k++] = *s;
     }
     if (k + 1 < cap) out[k++] = '\'';
     out[k] = 0;
 }
 
-static int ssh_cmd2(const launch_opts *o, const char *dest, const char *port, const char *cmd, const char *in,
-                    size_t n, char *out, size_t cap, bool merge_err) {
+static int ssh_cmd2(const launch_opts *o, const char *dest, const char *port, const char *cmd, const char *in, size_t n,
+                    char *out, size_t cap, bool merge_err) {
     const char *av[48];
     int k = base_args(av, false, o, port);
     av[k++] = dest;
@@ -162,8 +164,8 @@ static int ssh_cmd2(const launch_opts *o, const char *dest, const char *port, co
     return run2((char *const *)av, in, n, out, cap, merge_err);
 }
 
-static int ssh_cmd(const launch_opts *o, const char *dest, const char *port, const char *cmd, const char *in,
-                   size_t n, char *out, size_t cap) {
+static int ssh_cmd(const launch_opts *o, const char *dest, const char *port, const char *cmd, const char *in, size_t n,
+                   char *out, size_t cap) {
     return ssh_cmd2(o, dest, port, cmd, in, n, out, cap, false);
 }
 
@@ -175,7 +177,10 @@ static void last_line(const char *s, char *out, size_t cap) {
         const char *e = strchr(p, '\n');
         size_t l = e ? (size_t)(e - p) : strlen(p);
         while (l && (p[l - 1] == '\r' || p[l - 1] == ' ')) l--;
-        if (l) { best = p; bl = l; }
+        if (l) {
+            best = p;
+            bl = l;
+        }
         if (!e) break;
         p = e + 1;
     }
@@ -188,7 +193,8 @@ static int launch_one(const launch_opts *o, const char *target, const char *self
     split_target(target, dest, sizeof dest, port, host, sizeof host);
     shq(rd, sizeof rd, o->remote_dir);
     if (o->stop) {
-        snprintf(cmd, sizeof cmd, "cd && test -f %s/node.pid && kill $(cat %s/node.pid) && rm -f %s/node.pid", rd, rd, rd);
+        snprintf(cmd, sizeof cmd, "cd && test -f %s/node.pid && kill $(cat %s/node.pid) && rm -f %s/node.pid", rd, rd,
+                 rd);
         int rc = ssh_cmd(o, dest, port, cmd, NULL, 0, NULL, 0);
         fprintf(stderr, "%s: %s\n", target, rc ? "no node to stop" : "node stopped");
         return rc ? 1 : 0;
@@ -196,7 +202,8 @@ static int launch_one(const launch_opts *o, const char *target, const char *self
     /* 1. The binary: ours unless the remote has the same version. */
     char ver[64];
     snprintf(ver, sizeof ver, "cumulo %s", CM_VERSION);
-    snprintf(cmd, sizeof cmd, "cd && mkdir -p %s && chmod 700 %s && (%s/cumulo version 2>/dev/null || true)", rd, rd, rd);
+    snprintf(cmd, sizeof cmd, "cd && mkdir -p %s && chmod 700 %s && (%s/cumulo version 2>/dev/null || true)", rd, rd,
+             rd);
     int rc = ssh_cmd(o, dest, port, cmd, NULL, 0, out, sizeof out);
     if (rc) return cli_fail("%s: ssh failed (exit %d)", target, rc);
     if (!strstr(out, ver)) {
@@ -220,17 +227,17 @@ static int launch_one(const launch_opts *o, const char *target, const char *self
     rc = ssh_cmd2(o, dest, port, cmd, NULL, 0, pre, sizeof pre, true);
     if (rc || !strstr(pre, ver)) {
         last_line(pre, line, sizeof line);
-        return cli_fail("%s: the copied binary does not run there (exit %d): %s%s", target, rc,
-                        *line ? line : "no output",
-                        strstr(pre, "shared librar") ? "\n  install the libraries it names there (Debian: libmicrohttpd12 "
-                                                        "libcjson1 libsodium23 libpcre2-8-0), or copy a build made on a "
-                                                        "machine like it"
-                                                      : "");
+        return cli_fail(
+            "%s: the copied binary does not run there (exit %d): %s%s", target, rc, *line ? line : "no output",
+            strstr(pre, "shared librar") ? "\n  install the libraries it names there (Debian: libmicrohttpd12 "
+                                           "libcjson1 libsodium23 libpcre2-8-0), or copy a build made on a "
+                                           "machine like it"
+                                         : "");
     }
     /* 2. The key, through stdin into a 0600 file. */
     if (!o->insecure) {
-        snprintf(cmd, sizeof cmd, "cd && umask 077 && cat > %s/cluster.key.tmp && mv %s/cluster.key.tmp %s/cluster.key", rd,
-                 rd, rd);
+        snprintf(cmd, sizeof cmd, "cd && umask 077 && cat > %s/cluster.key.tmp && mv %s/cluster.key.tmp %s/cluster.key",
+                 rd, rd, rd);
         if ((rc = ssh_cmd(o, dest, port, cmd, key_hex, strlen(key_hex), NULL, 0)))
             return cli_fail("%s: cannot copy the cluster key (exit %d)", target, rc);
     }
@@ -241,14 +248,16 @@ static int launch_one(const launch_opts *o, const char *target, const char *self
         snprintf(extra, sizeof extra, " --models %s", q);
     }
     if (o->no_mdns) strcat(extra, " --no-mdns");
-    snprintf(cmd, sizeof cmd,
-             /* stop the node we started before and wait (up to 10 s) until it has let go of the port */
-             "cd && (if test -f %s/node.pid; then p=$(cat %s/node.pid); kill $p 2>/dev/null; i=0; "
-             "while kill -0 $p 2>/dev/null && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done; fi; "
-             "nohup %s/cumulo node --port %d --cache %s/cache %s%s%s%s > %s/node.log 2>&1 < /dev/null & echo $! > %s/node.pid)",
-             rd, rd, rd, o->port, rd, o->insecure ? "--insecure" : "--key-file ", o->insecure ? "" : rd,
-             o->insecure ? "" : "/cluster.key", extra, rd, rd);
-    if ((rc = ssh_cmd(o, dest, port, cmd, NULL, 0, NULL, 0))) return cli_fail("%s: cannot start the node (exit %d)", target, rc);
+    snprintf(
+        cmd, sizeof cmd,
+        /* stop the node we started before and wait (up to 10 s) until it has let go of the port */
+        "cd && (if test -f %s/node.pid; then p=$(cat %s/node.pid); kill $p 2>/dev/null; i=0; "
+        "while kill -0 $p 2>/dev/null && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done; fi; "
+        "nohup %s/cumulo node --port %d --cache %s/cache %s%s%s%s > %s/node.log 2>&1 < /dev/null & echo $! > %s/node.pid)",
+        rd, rd, rd, o->port, rd, o->insecure ? "--insecure" : "--key-file ", o->insecure ? "" : rd,
+        o->insecure ? "" : "/cluster.key", extra, rd, rd);
+    if ((rc = ssh_cmd(o, dest, port, cmd, NULL, 0, NULL, 0)))
+        return cli_fail("%s: cannot start the node (exit %d)", target, rc);
     /* 4. Is it there? */
     char addr[260];
     snprintf(addr, sizeof addr, strchr(host, ':') ? "[%s]:%d" : "%s:%d", host, o->port);
@@ -257,8 +266,9 @@ static int launch_one(const launch_opts *o, const char *target, const char *self
     /* a node measures its speed before it listens; give a loaded machine 30 s */
     /* Every 2 s, also ask whether the process still lives: a node that
      * exited (port taken, bad key, no memory) shows its log's last line now. */
-    snprintf(cmd, sizeof cmd, "cd && if kill -0 $(cat %s/node.pid) 2>/dev/null; then echo alive; else tail -n 20 %s/node.log; fi",
-             rd, rd);
+    snprintf(cmd, sizeof cmd,
+             "cd && if kill -0 $(cat %s/node.pid) 2>/dev/null; then echo alive; else tail -n 20 %s/node.log; fi", rd,
+             rd);
     /* The first look after 1 s, before any probe: a probe of a port that
      * someone else holds can wait for its handshake timeout. */
     double t_start = cm_now_s(), t_check = t_start - 1.0;
@@ -280,22 +290,34 @@ static int launch_one(const launch_opts *o, const char *target, const char *self
         if (info->status == 0) break;
     }
     if (info->status) return cli_fail("%s: the node does not answer at %s: %s", target, addr, info->error);
-    printf("%s: node '%s' at %s (%d cores, %s, %.1f GiB free; rtt %.3f ms)\n", target, info->name, addr, info->caps.cores,
-           info->caps.isa, (double)info->caps.mem_free / (1 << 30), info->rtt_s * 1e3);
+    printf("%s: node '%s' at %s (%d cores, %s, %.1f GiB free; rtt %.3f ms)\n", target, info->name, addr,
+           info->caps.cores, info->caps.isa, (double)info->caps.mem_free / (1 << 30), info->rtt_s * 1e3);
     return 0;
 }
 
 int cmd_launch(int argc, char **argv) {
-    if (cli_wants_help(argc, argv)) { fputs(k_usage, stdout); return 0; }
+    if (cli_wants_help(argc, argv)) {
+        fputs(k_usage, stdout);
+        return 0;
+    }
     launch_opts o = {.port = 7070, .remote_dir = ".cumulo"};
     const char *targets[64];
     int nt = 0;
     long l;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--insecure")) { o.insecure = true; continue; }
-        if (!strcmp(a, "--stop")) { o.stop = true; continue; }
-        if (!strcmp(a, "--no-mdns")) { o.no_mdns = true; continue; }
+        if (!strcmp(a, "--insecure")) {
+            o.insecure = true;
+            continue;
+        }
+        if (!strcmp(a, "--stop")) {
+            o.stop = true;
+            continue;
+        }
+        if (!strcmp(a, "--no-mdns")) {
+            o.no_mdns = true;
+            continue;
+        }
         if (a[0] != '-') {
             if (nt == 64) return cli_fail("at most 64 hosts");
             targets[nt++] = a;

@@ -53,7 +53,10 @@ static const char k_node_usage[] =
     "speed and memory bandwidth (equally strong machines in tests).\n";
 
 int cmd_node(int argc, char **argv) {
-    if (cli_wants_help(argc, argv)) { fputs(k_node_usage, stdout); return 0; }
+    if (cli_wants_help(argc, argv)) {
+        fputs(k_node_usage, stdout);
+        return 0;
+    }
     cm_node_opts o = {.port = 7070, .mdns = true};
     const char *join[16];
     long l;
@@ -63,9 +66,18 @@ int cmd_node(int argc, char **argv) {
         int go = cli_gpu_opt(argc, argv, &i, &gpuo); /* --gpu, --gpu-layers (gpuopt.c) */
         if (go < 0) return 1;
         if (go) continue;
-        if (!strcmp(a, "--insecure")) { o.insecure = true; continue; }
-        if (!strcmp(a, "--no-mdns")) { o.mdns = false; continue; }
-        if (!strcmp(a, "--mmap")) { o.mmap = true; continue; }
+        if (!strcmp(a, "--insecure")) {
+            o.insecure = true;
+            continue;
+        }
+        if (!strcmp(a, "--no-mdns")) {
+            o.mdns = false;
+            continue;
+        }
+        if (!strcmp(a, "--mmap")) {
+            o.mmap = true;
+            continue;
+        }
         if (a[0] != '-') return cli_fail("unexpected argument '%s'; see 'cumulo node --help'", a);
         if (!v) return cli_fail("option '%s' needs a value", a);
         i++;
@@ -82,7 +94,8 @@ int cmd_node(int argc, char **argv) {
         else if (!strcmp(a, "--bind")) o.bind = v;
         else if (!strcmp(a, "--port-file")) o.port_file = v;
         else if (!strcmp(a, "--join")) {
-            if (o.n_join == (int)CM_ARRAY_LEN(join)) return cli_fail("at most %d --join peers", (int)CM_ARRAY_LEN(join));
+            if (o.n_join == (int)CM_ARRAY_LEN(join))
+                return cli_fail("at most %d --join peers", (int)CM_ARRAY_LEN(join));
             join[o.n_join++] = v;
         } else return cli_fail("unknown option '%s'; see 'cumulo node --help'", a);
     }
@@ -129,7 +142,10 @@ static int nodes_reachable(const cm_node_info *info, int n, bool mdns, bool give
 }
 
 int cmd_nodes(int argc, char **argv) {
-    if (cli_wants_help(argc, argv)) { fputs(k_nodes_usage, stdout); return 0; }
+    if (cli_wants_help(argc, argv)) {
+        fputs(k_nodes_usage, stdout);
+        return 0;
+    }
     double timeout = 2;
     bool json = false, mdns = true, insecure = false;
     const char *given = NULL, *key_file = NULL;
@@ -209,8 +225,7 @@ int cmd_nodes(int argc, char **argv) {
                     cJSON_AddNumberToObject(g, "gbs", f->caps.gpu_bw / 1e9);
                     cJSON_AddNumberToObject(g, "gflops", f->caps.gpu_flops / 1e9);
                     cJSON_AddNumberToObject(g, "layers", f->caps.gpu_layers);
-                } else
-                    cJSON_AddNullToObject(o, "gpu");
+                } else cJSON_AddNullToObject(o, "gpu");
                 cJSON_AddNumberToObject(o, "rtt_ms", f->rtt_s * 1e3);
                 cJSON_AddNumberToObject(o, "mbytes_per_s", f->bw / 1e6);
                 /* node to node, as this node measured them toward each other node */
@@ -240,8 +255,8 @@ int cmd_nodes(int argc, char **argv) {
     if (!n) return nodes_reachable(info, n, mdns, given != NULL);
     /* The ISA string ("avx512 (avx2,fma,f16c,avx512f,...)") goes last, whole:
      * cutting it hid the very features a mixed cluster differs in. */
-    printf("%-22s %-16s %5s %9s %9s %8s %-14s %9s %10s  %s\n", "address", "name", "cores", "mem free", "GFLOP/s", "GB/s",
-           "os/arch", "rtt ms", "MB/s", "isa");
+    printf("%-22s %-16s %5s %9s %9s %8s %-14s %9s %10s  %s\n", "address", "name", "cores", "mem free", "GFLOP/s",
+           "GB/s", "os/arch", "rtt ms", "MB/s", "isa");
     for (int i = 0; i < n; i++) {
         const cm_node_info *f = &info[i];
         if (f->status) {

@@ -82,7 +82,10 @@ static cJSON *plan_json(const cm_plan *p, const cm_plan_cluster *c) {
 }
 
 int cmd_plan(int argc, char **argv) {
-    if (cli_wants_help(argc, argv)) { usage(stdout); return 0; }
+    if (cli_wants_help(argc, argv)) {
+        usage(stdout);
+        return 0;
+    }
     const char *model_path = NULL, *sim = NULL, *preset = NULL, *type = NULL, *par = NULL;
     const char *nodes = NULL, *key_file = NULL;
     bool insecure = false;
@@ -92,18 +95,35 @@ int cmd_plan(int argc, char **argv) {
     bool json = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--simulate")) { sim = v; i++; }
-        else if (!strcmp(a, "--nodes")) { nodes = v; i++; }
-        else if (!strcmp(a, "--key-file")) { key_file = v; i++; }
-        else if (!strcmp(a, "--insecure")) insecure = true;
-        else if (!strcmp(a, "--preset")) { preset = v; i++; }
-        else if (!strcmp(a, "--type")) { type = v; i++; }
-        else if (!strcmp(a, "--parallel")) { par = v; i++; }
-        else if (!strcmp(a, "--ctx")) { if (!cli_int(a, v, 16, 1 << 22, &ctx)) return 1; i++; }
-        else if (!strcmp(a, "--seq")) { if (!cli_int(a, v, 1, 4096, &seq)) return 1; i++; }
-        else if (!strcmp(a, "--json")) json = true;
-        else if ((kr = cli_kv_opt(argc, argv, &i, &kvo)) != 0) { if (kr < 0) return 1; }
-        else if (a[0] == '-') return cli_fail("unknown option '%s'; see 'cumulo plan --help'", a);
+        if (!strcmp(a, "--simulate")) {
+            sim = v;
+            i++;
+        } else if (!strcmp(a, "--nodes")) {
+            nodes = v;
+            i++;
+        } else if (!strcmp(a, "--key-file")) {
+            key_file = v;
+            i++;
+        } else if (!strcmp(a, "--insecure")) insecure = true;
+        else if (!strcmp(a, "--preset")) {
+            preset = v;
+            i++;
+        } else if (!strcmp(a, "--type")) {
+            type = v;
+            i++;
+        } else if (!strcmp(a, "--parallel")) {
+            par = v;
+            i++;
+        } else if (!strcmp(a, "--ctx")) {
+            if (!cli_int(a, v, 16, 1 << 22, &ctx)) return 1;
+            i++;
+        } else if (!strcmp(a, "--seq")) {
+            if (!cli_int(a, v, 1, 4096, &seq)) return 1;
+            i++;
+        } else if (!strcmp(a, "--json")) json = true;
+        else if ((kr = cli_kv_opt(argc, argv, &i, &kvo)) != 0) {
+            if (kr < 0) return 1;
+        } else if (a[0] == '-') return cli_fail("unknown option '%s'; see 'cumulo plan --help'", a);
         else if (!model_path) model_path = a;
         else return cli_fail("unexpected argument '%s'; see 'cumulo plan --help'", a);
         if (i >= argc) return cli_fail("option '%s' needs a value", a);
@@ -170,7 +190,8 @@ int cmd_plan(int argc, char **argv) {
     if (cm_plan_make(&m, &cl, &o, &best, err, sizeof err) != 0) return cli_fail("%s", err);
     /* the alternatives, for comparison */
     /* a model with experts: expert groups instead of tensor-parallel FFN rows */
-    const enum cm_parallel alts[] = {CM_PARALLEL_PP, m.n_experts > 0 ? CM_PARALLEL_EP : CM_PARALLEL_TP, CM_PARALLEL_HYBRID};
+    const enum cm_parallel alts[] = {CM_PARALLEL_PP, m.n_experts > 0 ? CM_PARALLEL_EP : CM_PARALLEL_TP,
+                                     CM_PARALLEL_HYBRID};
     cm_plan alt[3];
     int alt_rc[3];
     char alt_err[3][512];
@@ -197,8 +218,8 @@ int cmd_plan(int argc, char **argv) {
     }
     char buf[8192];
     cm_plan_format(&best, &m, &cl, buf, sizeof buf);
-    printf("model: %s (%d layers, dim %d, %d/%d heads)\ncluster: %s, %d nodes; ctx %d x %d sequences\n",
-           model_name, m.n_layers, m.dim, m.n_heads, m.n_kv_heads, sim, cl.n_nodes, o.ctx, o.n_seq);
+    printf("model: %s (%d layers, dim %d, %d/%d heads)\ncluster: %s, %d nodes; ctx %d x %d sequences\n", model_name,
+           m.n_layers, m.dim, m.n_heads, m.n_kv_heads, sim, cl.n_nodes, o.ctx, o.n_seq);
     {
         const int k32 = o.kv_k32_bytes > 0 ? o.kv_k32_bytes : 32 * o.kv_elem_bytes;
         const int v32 = o.kv_v32_bytes > 0 ? o.kv_v32_bytes : 32 * o.kv_elem_bytes;
@@ -210,7 +231,8 @@ int cmd_plan(int argc, char **argv) {
         double tot = 0, act = 0;
         for (int l = 0; l < m.n_layers; l++) {
             tot += (double)m.layer_params[l];
-            act += (double)m.layer_params[l] - (double)m.layer_expert_params[l] * (1.0 - (double)m.n_experts_used / m.n_experts);
+            act += (double)m.layer_params[l] -
+                   (double)m.layer_expert_params[l] * (1.0 - (double)m.n_experts_used / m.n_experts);
         }
         tot += (double)m.head_params * 2; /* embedding + head (same shape) */
         act += (double)m.head_params * 2;
@@ -224,8 +246,7 @@ int cmd_plan(int argc, char **argv) {
             printf("  %-7s %7.2f tok/s one stream, %7.2f tok/s aggregate, first token %.3f s, %d stage%s\n",
                    cm_parallel_name(alts[k]), alt[k].tok_s, alt[k].tok_s_aggregate, alt[k].ttft_s, alt[k].n_stages,
                    alt[k].n_stages == 1 ? "" : "s");
-        else
-            printf("  %-7s not possible: %s\n", cm_parallel_name(alts[k]), alt_err[k]);
+        else printf("  %-7s not possible: %s\n", cm_parallel_name(alts[k]), alt_err[k]);
     }
     return 0;
 }

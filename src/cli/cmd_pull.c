@@ -59,8 +59,8 @@ static int merge_files(const char *const *paths, int n, const char *out, uint64_
     if (slash) *slash = 0;
     if (!statvfs(slash ? dir : ".", &vs) && (uint64_t)vs.f_bavail * vs.f_frsize < total + (64u << 20))
         return cli_fail("joining %d parts needs %.1f GiB free next to them and %.1f GiB are; the parts are kept: free "
-                        "space, then run this again", n, total / 1073741824.0,
-                        (double)vs.f_bavail * vs.f_frsize / 1073741824.0);
+                        "space, then run this again",
+                        n, total / 1073741824.0, (double)vs.f_bavail * vs.f_frsize / 1073741824.0);
     fprintf(stderr, "joining %d parts into %s\n", n, out);
     cli_progress prog;
     cli_progress_start(&prog, "join", (double)total);
@@ -77,14 +77,18 @@ static int join_parts(const cm_hub_file *files, const size_t *pick, size_t np, c
     static char paths[CM_HUB_MAX_PARTS][1400];
     const char *pp[CM_HUB_MAX_PARTS];
     for (size_t i = 0; i < np; i++) {
-        if (cm_models_file_path(dir, r->repo, files[pick[i]].path, paths[i], sizeof paths[i])) return cli_fail("path too long");
+        if (cm_models_file_path(dir, r->repo, files[pick[i]].path, paths[i], sizeof paths[i]))
+            return cli_fail("path too long");
         pp[i] = paths[i];
     }
     return merge_files(pp, (int)np, out, total);
 }
 
 int cmd_pull(int argc, char **argv) {
-    if (cli_wants_help(argc, argv)) { fputs(k_pull_usage, stdout); return 0; }
+    if (cli_wants_help(argc, argv)) {
+        fputs(k_pull_usage, stdout);
+        return 0;
+    }
     const char *name = NULL;
     bool check = false;
     for (int i = 1; i < argc; i++) {
@@ -105,7 +109,10 @@ int cmd_pull(int argc, char **argv) {
     fprintf(stderr, "pull: listing %s at %s\n", r.repo, c.endpoint);
     if (cm_hub_list(&c, &r, &files, &nf, err, sizeof err)) return cli_fail("%s", err);
     size_t pick[CM_HUB_MAX_PARTS], np;
-    if (cm_hub_choose(&r, files, nf, pick, &np, err, sizeof err)) { cm_free(files); return cli_fail("%s", err); }
+    if (cm_hub_choose(&r, files, nf, pick, &np, err, sizeof err)) {
+        cm_free(files);
+        return cli_fail("%s", err);
+    }
     uint64_t total = 0;
     for (size_t i = 0; i < np; i++) total += files[pick[i]].size;
     fprintf(stderr, "pull: %s%s (%.1f MiB%s)\n", files[pick[0]].path, np > 1 ? " and its other parts" : "",
@@ -113,7 +120,10 @@ int cmd_pull(int argc, char **argv) {
     int status = 0;
     char first[1400] = "", merged[1400] = "";
     if (np > 1) { /* the parts are joined into STEM.gguf: pulled already? */
-        if (cm_models_file_path(dir, r.repo, files[pick[0]].path, merged, sizeof merged)) { cm_free(files); return cli_fail("path too long"); }
+        if (cm_models_file_path(dir, r.repo, files[pick[0]].path, merged, sizeof merged)) {
+            cm_free(files);
+            return cli_fail("path too long");
+        }
         snprintf(merged + strlen(merged) - 20, 6, ".gguf");
         if (!access(merged, R_OK)) {
             cm_free(files);
@@ -125,9 +135,13 @@ int cmd_pull(int argc, char **argv) {
     for (size_t i = 0; i < np && !status; i++) {
         const cm_hub_file *f = &files[pick[i]];
         char dest[1400], label[80];
-        if (cm_models_file_path(dir, r.repo, f->path, dest, sizeof dest)) { status = cli_fail("path too long"); break; }
+        if (cm_models_file_path(dir, r.repo, f->path, dest, sizeof dest)) {
+            status = cli_fail("path too long");
+            break;
+        }
         if (!i) snprintf(first, sizeof first, "%s", dest);
-        if (!f->sha256[0]) fprintf(stderr, "pull: %s: the hub lists no sha256 for it; only its size is checked\n", f->path);
+        if (!f->sha256[0])
+            fprintf(stderr, "pull: %s: the hub lists no sha256 for it; only its size is checked\n", f->path);
         snprintf(label, sizeof label, np > 1 ? "part %zu/%zu" : "download", i + 1, np);
         cli_progress prog;
         cli_progress_start(&prog, label, (double)f->size);
@@ -153,7 +167,10 @@ static const char k_models_usage[] =
     "  with their size and architecture\n";
 
 int cmd_models(int argc, char **argv) {
-    if (cli_wants_help(argc, argv)) { fputs(k_models_usage, stdout); return 0; }
+    if (cli_wants_help(argc, argv)) {
+        fputs(k_models_usage, stdout);
+        return 0;
+    }
     bool json = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json")) json = true;
@@ -205,13 +222,17 @@ static const char k_rm_usage[] =
     "  (org/repo:QUANT, hf://org/repo/FILE.gguf); all parts of a multi-part file go together\n";
 
 int cmd_rm(int argc, char **argv) {
-    if (cli_wants_help(argc, argv)) { fputs(k_rm_usage, stdout); return 0; }
+    if (cli_wants_help(argc, argv)) {
+        fputs(k_rm_usage, stdout);
+        return 0;
+    }
     if (argc != 2 || argv[1][0] == '-') return cli_fail("rm needs one model name; see 'cumulo rm --help'");
     char err[1024], dir[900], ref[1200];
     if (cm_models_dir(dir, sizeof dir, err, sizeof err)) return cli_fail("%s", err);
     /* "org/repo/FILE.gguf" as listed is "hf://org/repo/FILE.gguf" */
     const char *a = argv[1];
-    if (strncmp(a, "hf://", 5) && strchr(a, '/') && strchr(strchr(a, '/') + 1, '/')) snprintf(ref, sizeof ref, "hf://%s", a);
+    if (strncmp(a, "hf://", 5) && strchr(a, '/') && strchr(strchr(a, '/') + 1, '/'))
+        snprintf(ref, sizeof ref, "hf://%s", a);
     else snprintf(ref, sizeof ref, "%s", a);
     cm_hub_ref r;
     if (cm_hub_parse_ref(ref, &r, err, sizeof err)) return cli_fail("%s", err);
@@ -242,7 +263,10 @@ int cmd_rm(int argc, char **argv) {
     snprintf(rdir, sizeof rdir, "%s/%s", dir, r.repo);
     rmdir(rdir);
     char *slash = strrchr(rdir, '/');
-    if (slash) { *slash = 0; rmdir(rdir); }
+    if (slash) {
+        *slash = 0;
+        rmdir(rdir);
+    }
     printf("deleted %s (%d file%s)\n", path, removed, removed == 1 ? "" : "s");
     return 0;
 }
@@ -266,8 +290,12 @@ static const char k_merge_usage[] =
     "  NAME.gguf beside the parts; the parts are left in place. `cumulo pull` does this by itself.\n";
 
 int cmd_merge(int argc, char **argv) {
-    if (cli_wants_help(argc, argv)) { fputs(k_merge_usage, stdout); return 0; }
-    if (argc < 2 || argc > 3 || argv[1][0] == '-') return cli_fail("merge needs PART.gguf [OUT.gguf]; see 'cumulo merge --help'");
+    if (cli_wants_help(argc, argv)) {
+        fputs(k_merge_usage, stdout);
+        return 0;
+    }
+    if (argc < 2 || argc > 3 || argv[1][0] == '-')
+        return cli_fail("merge needs PART.gguf [OUT.gguf]; see 'cumulo merge --help'");
     static char paths[CM_HUB_MAX_PARTS][1400];
     const char *pp[CM_HUB_MAX_PARTS];
     int n;

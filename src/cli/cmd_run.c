@@ -39,11 +39,9 @@ static const char k_run_usage[] =
     "  --cache-type-k, -ctk T, --cache-type-v, -ctv T\n"
     "                         KV cache types: f32 (default), f16, q8_0, q4_0 (llama.cpp's -ctk/-ctv);\n"
     "                         --kv-type T sets both; per token: see 'cumulo info'\n"
-    "  --flash-attn, -fa      tiled attention over K/V rows for f32/f16 too (always for q8_0/q4_0)\n"
-    CLI_GPU_HELP
+    "  --flash-attn, -fa      tiled attention over K/V rows for f32/f16 too (always for q8_0/q4_0)\n" CLI_GPU_HELP
     "  --mmap                 keep the weights in a file mapping (default: read into huge-page\n"
-    "                         memory when they fit, fewer TLB misses per token; also CUMULO_MMAP=1)\n"
-    CLI_LORA_HELP
+    "                         memory when they fit, fewer TLB misses per token; also CUMULO_MMAP=1)\n" CLI_LORA_HELP
     "  --no-bos               do not add the BOS token\n"
     "  --ignore-eos           keep generating past end-of-generation tokens\n"
     "  --chat                 send the prompt as a user message through the model's chat template\n"
@@ -175,7 +173,10 @@ static int run_streams(cm_engine *e, int n, const int32_t *ptoks, int np, const 
     int cap = gp->n_predict > 0 ? gp->n_predict : 4096, status = 0;
     double t0 = cm_now_s();
     cm_session **ss = cm_calloc((size_t)n, sizeof *ss);
-    if (!ss) { cm_free(jobs); return cli_fail("out of memory"); }
+    if (!ss) {
+        cm_free(jobs);
+        return cli_fail("out of memory");
+    }
     for (int i = 0; i < n; i++) {
         stream_job *j = &jobs[i];
         j->out = (run_out){.json = true, .cap_ids = cap};
@@ -211,8 +212,9 @@ static int run_streams(cm_engine *e, int n, const int32_t *ptoks, int np, const 
     if (json) {
         printf("{\"streams\":%d,\"tokens\":%ld,\"seconds\":%.4f,\"aggregate_tps\":%.2f,\"identical\":%s", n, total, dt,
                dt > 0 ? total / dt : 0, same ? "true" : "false");
-        if (hop) printf(",\"hop_bytes\":%llu,\"hop_frames\":%llu,\"hop_rows\":%llu", (unsigned long long)hb,
-                        (unsigned long long)hf, (unsigned long long)hr);
+        if (hop)
+            printf(",\"hop_bytes\":%llu,\"hop_frames\":%llu,\"hop_rows\":%llu", (unsigned long long)hb,
+                   (unsigned long long)hf, (unsigned long long)hr);
         printf(",\"ids\":[");
         for (int k = 0; k < jobs[0].out.n_ids; k++) printf(k ? ",%d" : "%d", jobs[0].out.ids[k]);
         printf("]}\n");
@@ -229,7 +231,10 @@ static int run_streams(cm_engine *e, int n, const int32_t *ptoks, int np, const 
 }
 
 int cmd_run(int argc, char **argv) {
-    if (cli_wants_help(argc, argv)) { fputs(k_run_usage, stdout); return 0; }
+    if (cli_wants_help(argc, argv)) {
+        fputs(k_run_usage, stdout);
+        return 0;
+    }
     const char *model = NULL, *prompt = NULL, *file = NULL, *tmpl = NULL, *system = NULL;
     const char *stops[16];
     int n_stops = 0;
@@ -237,7 +242,8 @@ int cmd_run(int argc, char **argv) {
     bool quiet = false;
     cli_kv kvo = {0};
     cli_gpu gpuo = {0};
-    bool json = false, no_bos = false, kv_f16 = false, use_mmap = false, chat = false, cluster = false, insecure = false;
+    bool json = false, no_bos = false, kv_f16 = false, use_mmap = false, chat = false, cluster = false,
+         insecure = false;
     bool tp_compress = false, take = false;
     const char *nodes = NULL, *key_file = NULL;
     cm_plan_request plan = {0};
@@ -261,7 +267,8 @@ int cmd_run(int argc, char **argv) {
             if (!cli_int(a, NEXT(), -1, 1 << 24, &n_predict)) return 1;
         } else if (!strcmp(a, "--stop")) {
             if (!v) return cli_fail("option '%s' needs a value", a);
-            if (n_stops == (int)CM_ARRAY_LEN(stops)) return cli_fail("at most %d --stop strings", (int)CM_ARRAY_LEN(stops));
+            if (n_stops == (int)CM_ARRAY_LEN(stops))
+                return cli_fail("at most %d --stop strings", (int)CM_ARRAY_LEN(stops));
             if (!*v) return cli_fail("option '--stop' needs a non-empty string");
             stops[n_stops++] = NEXT();
         } else if (!strcmp(a, "--ctx")) {
@@ -332,21 +339,39 @@ int cmd_run(int argc, char **argv) {
     gp.stops = stops;
     gp.n_stops = n_stops;
     char msg[512];
-    if (cm_sampler_params_check(&gp.sampling, msg, sizeof msg)) { cm_free(file_text); return cli_fail("%s", msg); }
+    if (cm_sampler_params_check(&gp.sampling, msg, sizeof msg)) {
+        cm_free(file_text);
+        return cli_fail("%s", msg);
+    }
 
-    if (cli_plan_check(&plan)) { cm_free(file_text); return 1; }
+    if (cli_plan_check(&plan)) {
+        cm_free(file_text);
+        return 1;
+    }
     if ((nodes || plan.n_split || plan.mode_set || plan.n_groups) && !cluster) cluster = true;
     gp.sampling.n_probs = (int32_t)logprobs;
     cm_engine *e = NULL;
-    cm_engine_opts eo = {.n_threads = (int)threads, .n_ctx = (int)ctx, .nodes = cluster ? (nodes ? nodes : "auto") : NULL,
-                         .insecure = insecure, .key_file = key_file, .plan = plan,
-                         .tp_compress = tp_compress, .take = take, .n_seq = streams > 8 ? (int)streams : 8, .kv_f16 = kv_f16,
-                         .mmap = use_mmap, .log = quiet ? log_none : NULL,
-                         .loras = loras.spec, .n_loras = loras.n};
+    cm_engine_opts eo = {.n_threads = (int)threads,
+                         .n_ctx = (int)ctx,
+                         .nodes = cluster ? (nodes ? nodes : "auto") : NULL,
+                         .insecure = insecure,
+                         .key_file = key_file,
+                         .plan = plan,
+                         .tp_compress = tp_compress,
+                         .take = take,
+                         .n_seq = streams > 8 ? (int)streams : 8,
+                         .kv_f16 = kv_f16,
+                         .mmap = use_mmap,
+                         .log = quiet ? log_none : NULL,
+                         .loras = loras.spec,
+                         .n_loras = loras.n};
     cli_kv_apply(&kvo, &eo);
     cli_gpu_apply(&gpuo, &eo);
     /* --streams (even 1) reports aggregate numbers instead of the text. */
-    if (cli_load_engine_opts(&e, model, &eo)) { cm_free(file_text); return 1; }
+    if (cli_load_engine_opts(&e, model, &eo)) {
+        cm_free(file_text);
+        return 1;
+    }
     int status = 1;
     cm_session *s = NULL;
     int32_t *ptoks = NULL;
@@ -360,8 +385,14 @@ int cmd_run(int argc, char **argv) {
         if (system) msgs[nm++] = (cm_chat_msg){.role = "system", .content = system};
         msgs[nm++] = (cm_chat_msg){.role = "user", .content = prompt};
         tmpl = cli_chat_template(e, tmpl, model);
-        if (cm_engine_chat_render(e, tmpl, msgs, nm, true, &chat_text, err, sizeof err)) { cli_fail("%s", err); goto done; }
-        if (chat_text.oom) { cli_fail("out of memory"); goto done; }
+        if (cm_engine_chat_render(e, tmpl, msgs, nm, true, &chat_text, err, sizeof err)) {
+            cli_fail("%s", err);
+            goto done;
+        }
+        if (chat_text.oom) {
+            cli_fail("out of memory");
+            goto done;
+        }
         prompt = chat_text.data ? chat_text.data : "";
         plen = chat_text.len;
     }
@@ -370,20 +401,35 @@ int cmd_run(int argc, char **argv) {
     for (int pass = 0; pass < 2; pass++) {
         cm_free(ptoks);
         ptoks = cm_malloc((size_t)cap * sizeof *ptoks);
-        if (!ptoks) { cli_fail("out of memory for a prompt of %zu bytes", plen); goto done; }
+        if (!ptoks) {
+            cli_fail("out of memory for a prompt of %zu bytes", plen);
+            goto done;
+        }
         np = cm_engine_tokenize(e, prompt, plen, !no_bos, chat, ptoks, cap, err, sizeof err);
-        if (np < 0) { cli_fail("cannot tokenize the prompt: %s", err); goto done; }
+        if (np < 0) {
+            cli_fail("cannot tokenize the prompt: %s", err);
+            goto done;
+        }
         if (np <= cap) break;
         cap = np;
     }
-    if (np > cap) { cli_fail("cannot tokenize the prompt"); goto done; }
-    if (np == 0) { cli_fail("the prompt is empty and --no-bos leaves no token to start from"); goto done; }
+    if (np > cap) {
+        cli_fail("cannot tokenize the prompt");
+        goto done;
+    }
+    if (np == 0) {
+        cli_fail("the prompt is empty and --no-bos leaves no token to start from");
+        goto done;
+    }
     if (streams >= 1) {
         status = run_streams(e, (int)streams, ptoks, np, &gp, json) ? 1 : 0;
         goto done;
     }
     s = cm_session_new(e, (int)ctx, err, sizeof err);
-    if (!s) { cli_fail("%s", err); goto done; }
+    if (!s) {
+        cli_fail("%s", err);
+        goto done;
+    }
     if (np > cm_session_n_ctx(s)) {
         char adv[160];
         cli_ctx_advice(e, cm_session_n_ctx(s), adv, sizeof adv);
@@ -392,16 +438,25 @@ int cmd_run(int argc, char **argv) {
     }
     out.cap_ids = n_predict > 0 ? (int)n_predict : cm_session_n_ctx(s);
     out.ids = cm_malloc((size_t)out.cap_ids * sizeof *out.ids + 1);
-    if (!out.ids) { cli_fail("out of memory"); goto done; }
+    if (!out.ids) {
+        cli_fail("out of memory");
+        goto done;
+    }
     if (!json && plen && !chat) { /* echo the prompt, as llama.cpp's CLI does, so the story reads whole */
         fwrite(prompt, 1, plen, stdout);
         fflush(stdout);
     }
     g_session = s;
     signal(SIGINT, on_sigint);
-    if (cm_session_set_prompt(s, ptoks, np, err, sizeof err)) { cli_fail("%s", err); goto done; }
+    if (cm_session_set_prompt(s, ptoks, np, err, sizeof err)) {
+        cli_fail("%s", err);
+        goto done;
+    }
     cm_gen_result res;
-    if (cm_session_generate(s, &gp, on_token, &out, &res, err, sizeof err)) { cli_fail("%s", err); goto done; }
+    if (cm_session_generate(s, &gp, on_token, &out, &res, err, sizeof err)) {
+        cli_fail("%s", err);
+        goto done;
+    }
     signal(SIGINT, SIG_DFL);
     g_session = NULL;
     cm_timings t = cm_session_timings(s);
@@ -457,9 +512,12 @@ int cmd_run(int argc, char **argv) {
         fputc('\n', stdout);
         fflush(stdout);
         if (!quiet)
-            fprintf(stderr, "\nprompt: %d tokens in %.3f s (%.1f tok/s); generation: %d tokens in %.3f s (%.1f tok/s)%s\n",
-                t.n_prompt, t.prompt_s, ptps, t.n_gen, t.gen_s, gtps,
-                res.finish == CM_FINISH_CANCEL ? " (interrupted)" : res.finish == CM_FINISH_CTX ? " (context full)" : "");
+            fprintf(stderr,
+                    "\nprompt: %d tokens in %.3f s (%.1f tok/s); generation: %d tokens in %.3f s (%.1f tok/s)%s\n",
+                    t.n_prompt, t.prompt_s, ptps, t.n_gen, t.gen_s, gtps,
+                    res.finish == CM_FINISH_CANCEL ? " (interrupted)"
+                    : res.finish == CM_FINISH_CTX  ? " (context full)"
+                                                   : "");
     }
     status = 0;
 done:

@@ -41,8 +41,7 @@ static const char k_serve_usage[] =
     "  --cache-type-k, -ctk T, --cache-type-v, -ctv T\n"
     "                     KV cache types: f32 (default), f16, q8_0, q4_0 (llama.cpp's -ctk/-ctv);\n"
     "                     --kv-type T sets both; per token: see 'cumulo info'\n"
-    "  --flash-attn, -fa      tiled attention over K/V rows for f32/f16 too (always for q8_0/q4_0)\n"
-    CLI_GPU_HELP
+    "  --flash-attn, -fa      tiled attention over K/V rows for f32/f16 too (always for q8_0/q4_0)\n" CLI_GPU_HELP
     "  --lora FILE[:SCALE] apply a LoRA adapter (llama.cpp's adapter GGUF; repeatable, summed;\n"
     "                     not with --nodes yet)\n"
     "  --mmap             keep the weights in a file mapping (default when alone: read into\n"
@@ -75,7 +74,10 @@ static void log_line(void *ctx, const char *line) {
 }
 
 int cmd_serve(int argc, char **argv) {
-    if (cli_wants_help(argc, argv)) { fputs(k_serve_usage, stdout); return 0; }
+    if (cli_wants_help(argc, argv)) {
+        fputs(k_serve_usage, stdout);
+        return 0;
+    }
     cm_http_opts o;
     cm_http_opts_default(&o);
     const char *model = NULL, *alias = NULL;
@@ -97,39 +99,81 @@ int cmd_serve(int argc, char **argv) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
 #define NEXT() (i++, v)
-#define NEED() do { if (!v) return cli_fail("option '%s' needs a value", a); } while (0)
-        if ((po = cli_plan_opt(argc, argv, &i, &plan)) != 0) { if (po < 0) return 1; }
-        else if ((po = cli_lora_opt(argc, argv, &i, &loras)) != 0) { if (po < 0) return 1; }
-        else if ((po = cli_kv_opt(argc, argv, &i, &kvo)) != 0) { if (po < 0) return 1; }
-        else if ((po = cli_gpu_opt(argc, argv, &i, &gpuo)) != 0) { if (po < 0) return 1; }
-        else if (!strcmp(a, "--host")) { NEED(); o.host = NEXT(); }
-        else if (!strcmp(a, "--port")) { if (!cli_int(a, NEXT(), 0, 65535, &l)) return 1; o.port = (int)l; }
-        else if (!strcmp(a, "--api-key")) { NEED(); o.api_key = NEXT(); }
-        else if (!strcmp(a, "--cors")) { NEED(); o.cors_origin = NEXT(); }
-        else if (!strcmp(a, "--allow-host")) {
+#define NEED()                                                   \
+    do {                                                         \
+        if (!v) return cli_fail("option '%s' needs a value", a); \
+    } while (0)
+        if ((po = cli_plan_opt(argc, argv, &i, &plan)) != 0) {
+            if (po < 0) return 1;
+        } else if ((po = cli_lora_opt(argc, argv, &i, &loras)) != 0) {
+            if (po < 0) return 1;
+        } else if ((po = cli_kv_opt(argc, argv, &i, &kvo)) != 0) {
+            if (po < 0) return 1;
+        } else if ((po = cli_gpu_opt(argc, argv, &i, &gpuo)) != 0) {
+            if (po < 0) return 1;
+        } else if (!strcmp(a, "--host")) {
+            NEED();
+            o.host = NEXT();
+        } else if (!strcmp(a, "--port")) {
+            if (!cli_int(a, NEXT(), 0, 65535, &l)) return 1;
+            o.port = (int)l;
+        } else if (!strcmp(a, "--api-key")) {
+            NEED();
+            o.api_key = NEXT();
+        } else if (!strcmp(a, "--cors")) {
+            NEED();
+            o.cors_origin = NEXT();
+        } else if (!strcmp(a, "--allow-host")) {
             NEED();
             if (n_allow == (int)CM_ARRAY_LEN(allow)) return cli_fail("at most %d --allow-host names", n_allow);
             allow[n_allow++] = NEXT();
-        }
-        else if (!strcmp(a, "--slots")) { if (!cli_int(a, NEXT(), 1, 256, &l)) return 1; o.n_slots = (int)l; }
-        else if (!strcmp(a, "--queue")) { if (!cli_int(a, NEXT(), 0, 1 << 16, &l)) return 1; o.queue_max = (int)l; }
-        else if (!strcmp(a, "--ctx")) { if (!cli_int(a, NEXT(), 16, 1 << 20, &l)) return 1; o.n_ctx = (int)l; }
-        else if (!strcmp(a, "--mmap")) use_mmap = true;
-        else if (!strcmp(a, "--batch")) { if (!cli_int(a, NEXT(), 1, CM_BATCH_MAX, &n_batch)) return 1; }
-        else if (!strcmp(a, "--threads")) { if (!cli_int(a, NEXT(), 1, 1024, &threads)) return 1; }
-        else if (!strcmp(a, "--kv-mem")) { if (!cli_int(a, NEXT(), 1, 1L << 24, &l)) return 1; o.kv_mem = (uint64_t)l << 20; }
-        else if (!strcmp(a, "--max-body")) { if (!cli_int(a, NEXT(), 1024, 1L << 30, &l)) return 1; o.max_body = (size_t)l; }
-        else if (!strcmp(a, "--timeout")) { if (!cli_int(a, NEXT(), 1, 3600, &l)) return 1; o.timeout_s = (int)l; }
-        else if (!strcmp(a, "--max-conns")) { if (!cli_int(a, NEXT(), 4, 100000, &l)) return 1; o.max_conns = (int)l; }
-        else if (!strcmp(a, "--max-per-ip")) { if (!cli_int(a, NEXT(), 0, 100000, &l)) return 1; o.max_conns_per_ip = (int)l; }
-        else if (!strcmp(a, "--tdp")) { if (!cli_float(a, NEXT(), 1, 100000, &d)) return 1; o.tdp_w = d; }
-        else if (!strcmp(a, "--alias")) { NEED(); alias = NEXT(); }
-        else if (!strcmp(a, "--chat-template")) { NEED(); o.chat_template = NEXT(); }
-        else if (!strcmp(a, "--nodes")) { NEED(); nodes = NEXT(); }
-        else if (!strcmp(a, "--tp-compress")) tp_compress = true;
+        } else if (!strcmp(a, "--slots")) {
+            if (!cli_int(a, NEXT(), 1, 256, &l)) return 1;
+            o.n_slots = (int)l;
+        } else if (!strcmp(a, "--queue")) {
+            if (!cli_int(a, NEXT(), 0, 1 << 16, &l)) return 1;
+            o.queue_max = (int)l;
+        } else if (!strcmp(a, "--ctx")) {
+            if (!cli_int(a, NEXT(), 16, 1 << 20, &l)) return 1;
+            o.n_ctx = (int)l;
+        } else if (!strcmp(a, "--mmap")) use_mmap = true;
+        else if (!strcmp(a, "--batch")) {
+            if (!cli_int(a, NEXT(), 1, CM_BATCH_MAX, &n_batch)) return 1;
+        } else if (!strcmp(a, "--threads")) {
+            if (!cli_int(a, NEXT(), 1, 1024, &threads)) return 1;
+        } else if (!strcmp(a, "--kv-mem")) {
+            if (!cli_int(a, NEXT(), 1, 1L << 24, &l)) return 1;
+            o.kv_mem = (uint64_t)l << 20;
+        } else if (!strcmp(a, "--max-body")) {
+            if (!cli_int(a, NEXT(), 1024, 1L << 30, &l)) return 1;
+            o.max_body = (size_t)l;
+        } else if (!strcmp(a, "--timeout")) {
+            if (!cli_int(a, NEXT(), 1, 3600, &l)) return 1;
+            o.timeout_s = (int)l;
+        } else if (!strcmp(a, "--max-conns")) {
+            if (!cli_int(a, NEXT(), 4, 100000, &l)) return 1;
+            o.max_conns = (int)l;
+        } else if (!strcmp(a, "--max-per-ip")) {
+            if (!cli_int(a, NEXT(), 0, 100000, &l)) return 1;
+            o.max_conns_per_ip = (int)l;
+        } else if (!strcmp(a, "--tdp")) {
+            if (!cli_float(a, NEXT(), 1, 100000, &d)) return 1;
+            o.tdp_w = d;
+        } else if (!strcmp(a, "--alias")) {
+            NEED();
+            alias = NEXT();
+        } else if (!strcmp(a, "--chat-template")) {
+            NEED();
+            o.chat_template = NEXT();
+        } else if (!strcmp(a, "--nodes")) {
+            NEED();
+            nodes = NEXT();
+        } else if (!strcmp(a, "--tp-compress")) tp_compress = true;
         else if (!strcmp(a, "--take")) take = true;
-        else if (!strcmp(a, "--key-file")) { NEED(); key_file = NEXT(); }
-        else if (!strcmp(a, "--insecure")) insecure = true;
+        else if (!strcmp(a, "--key-file")) {
+            NEED();
+            key_file = NEXT();
+        } else if (!strcmp(a, "--insecure")) insecure = true;
         else if (a[0] == '-') return cli_fail("unknown option '%s'; see 'cumulo serve --help'", a);
         else if (model) return cli_fail("more than one model given ('%s' and '%s')", model, a);
         else model = a;
@@ -167,10 +211,21 @@ int cmd_serve(int argc, char **argv) {
     fprintf(stderr, "cumulo: listening on http://%s%s%s:%d/ (loading '%s')\n", v6 ? "[" : "", h, v6 ? "]" : "",
             cm_http_port(srv), model);
     cm_engine *e = NULL;
-    cm_engine_opts eo = {.n_threads = (int)threads, .n_ctx = o.n_ctx, .n_batch = (int)n_batch, .kv_f16 = kv_f16,
-                         .nodes = nodes, .insecure = insecure, .key_file = key_file, .plan = plan,
-                         .tp_compress = tp_compress, .take = take, .n_seq = (o.n_slots > 0 ? o.n_slots : 4) + 1 /* + 1: embeddings (embed_cluster.c) */, .log = log_line,
-                         .mmap = use_mmap, .loras = loras.spec, .n_loras = loras.n};
+    cm_engine_opts eo = {.n_threads = (int)threads,
+                         .n_ctx = o.n_ctx,
+                         .n_batch = (int)n_batch,
+                         .kv_f16 = kv_f16,
+                         .nodes = nodes,
+                         .insecure = insecure,
+                         .key_file = key_file,
+                         .plan = plan,
+                         .tp_compress = tp_compress,
+                         .take = take,
+                         .n_seq = (o.n_slots > 0 ? o.n_slots : 4) + 1 /* + 1: embeddings (embed_cluster.c) */,
+                         .log = log_line,
+                         .mmap = use_mmap,
+                         .loras = loras.spec,
+                         .n_loras = loras.n};
     cli_kv_apply(&kvo, &eo);
     cli_gpu_apply(&gpuo, &eo);
     cli_check_threads(&eo);
@@ -186,9 +241,11 @@ int cmd_serve(int argc, char **argv) {
     }
     cm_http_kv_stats kvs;
     cm_http_kv_stats_get(srv, &kvs);
-    fprintf(stderr, "cumulo: kv cache: budget %.1f MiB for %d slots (one slot's whole context: %.1f MiB; a block of "
-            "%d positions: %.1f KiB), committed as written\n", (double)kvs.capacity / 1048576.0, o.n_slots,
-            (double)kvs.slot_full / 1048576.0, CM_HTTP_KV_BLOCK, (double)kvs.block_bytes / 1024.0);
+    fprintf(stderr,
+            "cumulo: kv cache: budget %.1f MiB for %d slots (one slot's whole context: %.1f MiB; a block of "
+            "%d positions: %.1f KiB), committed as written\n",
+            (double)kvs.capacity / 1048576.0, o.n_slots, (double)kvs.slot_full / 1048576.0, CM_HTTP_KV_BLOCK,
+            (double)kvs.block_bytes / 1024.0);
     fprintf(stderr, "cumulo: ready: model '%s', %d slots, queue %d%s\n", id, o.n_slots, o.queue_max,
             o.api_key && *o.api_key ? ", API key required" : "");
     int sig = 0;

@@ -71,8 +71,10 @@ static void sd_arg(cm_buf *b, const char *a) {
     for (const char *p = a; *p; p++) {
         if (*p == '%') cm_buf_append(b, "%%", 2);
         else if (*p == '$') cm_buf_append(b, "$$", 2);
-        else if (*p == '"' || *p == '\\') { cm_buf_append(b, "\\", 1); cm_buf_append(b, p, 1); }
-        else cm_buf_append(b, p, 1);
+        else if (*p == '"' || *p == '\\') {
+            cm_buf_append(b, "\\", 1);
+            cm_buf_append(b, p, 1);
+        } else cm_buf_append(b, p, 1);
     }
     if (!plain) cm_buf_append(b, "\"", 1);
 }
@@ -88,16 +90,17 @@ static void xml_text(cm_buf *b, const char *a) {
 
 static void systemd_unit(const svc *s, cm_buf *b) {
     cm_buf_printf(b,
-                   "# written by `cumulo service install %s`; remove with `cumulo service uninstall %s%s`\n"
-                   "[Unit]\n"
-                   "Description=cumulo %s (%s)\n"
-                   "After=network-online.target\n"
-                   "Wants=network-online.target\n"
-                   "\n"
-                   "[Service]\n"
-                   "Type=simple\n",
-                   s->role, s->role, s->user ? " --user" : "", s->role,
-                   !strcmp(s->role, "node") ? "offers this machine to a cluster" : "OpenAI-compatible API and dashboard");
+                  "# written by `cumulo service install %s`; remove with `cumulo service uninstall %s%s`\n"
+                  "[Unit]\n"
+                  "Description=cumulo %s (%s)\n"
+                  "After=network-online.target\n"
+                  "Wants=network-online.target\n"
+                  "\n"
+                  "[Service]\n"
+                  "Type=simple\n",
+                  s->role, s->role, s->user ? " --user" : "", s->role,
+                  !strcmp(s->role, "node") ? "offers this machine to a cluster"
+                                           : "OpenAI-compatible API and dashboard");
     if (!s->user && s->run_as && strcmp(s->run_as, "root")) cm_buf_printf(b, "User=%s\n", s->run_as);
     cm_buf_printf(b, "ExecStart=");
     sd_arg(b, s->exe);
@@ -106,32 +109,33 @@ static void systemd_unit(const svc *s, cm_buf *b) {
         cm_buf_append(b, " ", 1);
         sd_arg(b, s->args[i]);
     }
-    cm_buf_printf(b, "\n"
-                      "Restart=on-failure\n"
-                      "RestartSec=3\n"
-                      "# a stop is SIGTERM, on which cumulo finishes cleanly\n"
-                      "KillSignal=SIGTERM\n"
-                      "TimeoutStopSec=20\n"
-                      "NoNewPrivileges=yes\n"
-                      "PrivateTmp=yes\n"
-                      "ProtectSystem=full\n"
-                      "LimitNOFILE=65536\n"
-                      "\n"
-                      "[Install]\n"
-                      "WantedBy=%s\n",
-                   s->user ? "default.target" : "multi-user.target");
+    cm_buf_printf(b,
+                  "\n"
+                  "Restart=on-failure\n"
+                  "RestartSec=3\n"
+                  "# a stop is SIGTERM, on which cumulo finishes cleanly\n"
+                  "KillSignal=SIGTERM\n"
+                  "TimeoutStopSec=20\n"
+                  "NoNewPrivileges=yes\n"
+                  "PrivateTmp=yes\n"
+                  "ProtectSystem=full\n"
+                  "LimitNOFILE=65536\n"
+                  "\n"
+                  "[Install]\n"
+                  "WantedBy=%s\n",
+                  s->user ? "default.target" : "multi-user.target");
 }
 
 static void launchd_plist(const svc *s, cm_buf *b) {
     cm_buf_printf(b,
-                   "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
-                   "<!DOCTYPE plist PUBLIC \"-//Apple//DTD PLIST 1.0//EN\" "
-                   "\"http://www.apple.com/DTDs/PropertyList-1.0.dtd\">\n"
-                   "<!-- written by `cumulo service install %s`; remove with `cumulo service uninstall %s%s` -->\n"
-                   "<plist version=\"1.0\">\n<dict>\n"
-                   "  <key>Label</key>\n  <string>org.cumulo.%s</string>\n"
-                   "  <key>ProgramArguments</key>\n  <array>\n    <string>",
-                   s->role, s->role, s->user ? " --user" : "", s->role);
+                  "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
+                  "<!DOCTYPE plist PUBLIC \"-//Apple//DTD PLIST 1.0//EN\" "
+                  "\"http://www.apple.com/DTDs/PropertyList-1.0.dtd\">\n"
+                  "<!-- written by `cumulo service install %s`; remove with `cumulo service uninstall %s%s` -->\n"
+                  "<plist version=\"1.0\">\n<dict>\n"
+                  "  <key>Label</key>\n  <string>org.cumulo.%s</string>\n"
+                  "  <key>ProgramArguments</key>\n  <array>\n    <string>",
+                  s->role, s->role, s->user ? " --user" : "", s->role);
     xml_text(b, s->exe);
     cm_buf_printf(b, "</string>\n    <string>%s</string>\n", s->role);
     for (int i = 0; i < s->n_args; i++) {
@@ -145,11 +149,10 @@ static void launchd_plist(const svc *s, cm_buf *b) {
         xml_text(b, s->run_as);
         cm_buf_printf(b, "</string>\n");
     }
-    cm_buf_printf(b,
-                   "  <key>RunAtLoad</key>\n  <true/>\n"
-                   "  <key>KeepAlive</key>\n  <dict>\n    <key>SuccessfulExit</key>\n    <false/>\n  </dict>\n"
-                   "  <key>ThrottleInterval</key>\n  <integer>3</integer>\n"
-                   "  <key>StandardErrorPath</key>\n  <string>");
+    cm_buf_printf(b, "  <key>RunAtLoad</key>\n  <true/>\n"
+                     "  <key>KeepAlive</key>\n  <dict>\n    <key>SuccessfulExit</key>\n    <false/>\n  </dict>\n"
+                     "  <key>ThrottleInterval</key>\n  <integer>3</integer>\n"
+                     "  <key>StandardErrorPath</key>\n  <string>");
     if (s->user) xml_text(b, s->home); /* ~/Library/Logs, or /Library/Logs for a daemon */
     cm_buf_printf(b, "/Library/Logs/cumulo-%s.log</string>\n</dict>\n</plist>\n", s->role);
 }
@@ -158,12 +161,16 @@ static void launchd_plist(const svc *s, cm_buf *b) {
 static int unit_path(svc *s) {
     int w;
     if (s->mac) {
-        if (s->user) w = snprintf(s->path, sizeof s->path, "%s%s/Library/LaunchAgents/org.cumulo.%s.plist", s->root, s->home, s->role);
+        if (s->user)
+            w = snprintf(s->path, sizeof s->path, "%s%s/Library/LaunchAgents/org.cumulo.%s.plist", s->root, s->home,
+                         s->role);
         else w = snprintf(s->path, sizeof s->path, "%s/Library/LaunchDaemons/org.cumulo.%s.plist", s->root, s->role);
     } else if (s->user) {
         const char *xdg = cm_config_get()->xdg_config_home;
         if (xdg && !*s->root) w = snprintf(s->path, sizeof s->path, "%s/systemd/user/cumulo-%s.service", xdg, s->role);
-        else w = snprintf(s->path, sizeof s->path, "%s%s/.config/systemd/user/cumulo-%s.service", s->root, s->home, s->role);
+        else
+            w = snprintf(s->path, sizeof s->path, "%s%s/.config/systemd/user/cumulo-%s.service", s->root, s->home,
+                         s->role);
     } else {
         w = snprintf(s->path, sizeof s->path, "%s/etc/systemd/system/cumulo-%s.service", s->root, s->role);
     }
@@ -212,7 +219,10 @@ static int manage(const svc *s, const char *verb) {
 
 int cmd_service(int argc, char **argv) {
     for (int k = 1; k < argc && strcmp(argv[k], "--"); k++) /* a --help after -- is the command's */
-        if (!strcmp(argv[k], "--help") || !strcmp(argv[k], "-h")) { fputs(k_usage, stdout); return 0; }
+        if (!strcmp(argv[k], "--help") || !strcmp(argv[k], "-h")) {
+            fputs(k_usage, stdout);
+            return 0;
+        }
     const cm_config *cfg = cm_config_get();
     svc s = {.root = cfg->service_root};
     s.mac = !strcmp(cm_os_name(), "darwin");
@@ -221,7 +231,10 @@ int cmd_service(int argc, char **argv) {
     int i = 1;
     for (; i < argc; i++) {
         const char *a = argv[i];
-        if (!strcmp(a, "--")) { i++; break; }
+        if (!strcmp(a, "--")) {
+            i++;
+            break;
+        }
         if (!strcmp(a, "--user")) s.user = true;
         else if (!strcmp(a, "--no-start")) s.no_start = true;
         else if (!strcmp(a, "--run-as")) {
@@ -230,13 +243,16 @@ int cmd_service(int argc, char **argv) {
         } else if (a[0] == '-') return cli_fail("unknown option '%s'; see 'cumulo service --help'", a);
         else if (!s.action) s.action = a;
         else if (!s.role) s.role = a;
-        else return cli_fail("unexpected '%s': options for the %s go after '--' (see 'cumulo service --help')", a, s.role);
+        else
+            return cli_fail("unexpected '%s': options for the %s go after '--' (see 'cumulo service --help')", a,
+                            s.role);
     }
     for (; i < argc; i++) {
         if (s.n_args == (int)CM_ARRAY_LEN(s.args)) return cli_fail("too many options after '--'");
         s.args[s.n_args++] = argv[i];
     }
-    if (!s.action || !s.role) return cli_fail("service needs an action and a role: cumulo service install node (see --help)");
+    if (!s.action || !s.role)
+        return cli_fail("service needs an action and a role: cumulo service install node (see --help)");
     if (strcmp(s.action, "install") && strcmp(s.action, "uninstall") && strcmp(s.action, "print"))
         return cli_fail("service: '%s' is not install, uninstall or print", s.action);
     if (strcmp(s.role, "node") && strcmp(s.role, "serve"))
@@ -244,8 +260,11 @@ int cmd_service(int argc, char **argv) {
     if (!strcmp(s.role, "serve") && strcmp(s.action, "uninstall")) {
         bool model = false;
         for (int k = 0; k < s.n_args; k++)
-            if (s.args[k][0] != '-' && (k == 0 || s.args[k - 1][0] != '-' || !strncmp(s.args[k - 1], "--no-", 5))) model = true;
-        if (!model) return cli_fail("service for serve needs its MODEL after '--': cumulo service install serve -- MODEL.gguf [options]");
+            if (s.args[k][0] != '-' && (k == 0 || s.args[k - 1][0] != '-' || !strncmp(s.args[k - 1], "--no-", 5)))
+                model = true;
+        if (!model)
+            return cli_fail(
+                "service for serve needs its MODEL after '--': cumulo service install serve -- MODEL.gguf [options]");
     }
     /* who runs it, and their home */
     if (!s.user && !s.run_as) {
@@ -257,8 +276,7 @@ int cmd_service(int argc, char **argv) {
     if (!s.user && s.run_as && !pw) return cli_fail("service: no user '%s' on this machine (--run-as)", s.run_as);
     const char *home = s.user && cfg->home ? cfg->home : pw ? pw->pw_dir : cfg->home;
     snprintf(s.home, sizeof s.home, "%s", home ? home : "");
-    if (cli_self_path(s.exe, sizeof s.exe))
-        return cli_fail("service: cannot find this program's own path");
+    if (cli_self_path(s.exe, sizeof s.exe)) return cli_fail("service: cannot find this program's own path");
     /* a model file given relative to here must still be found by the service */
     static char absmodel[1400];
     for (int k = 0; k < s.n_args && !strcmp(s.role, "serve"); k++) {
@@ -281,14 +299,18 @@ int cmd_service(int argc, char **argv) {
     } else if (!strcmp(s.action, "install")) {
         if (cm_mkdir_p(s.path, 0755, true) || cm_file_write_atomic(s.path, b.data, b.len, 0644, err, sizeof err)) {
             rc = cli_fail("service: cannot write %s (%s)%s", s.path, errno ? strerror(errno) : err,
-                          !s.user && geteuid() ? "; a system service needs root: sudo cumulo service ..., or --user" : "");
+                          !s.user && geteuid() ? "; a system service needs root: sudo cumulo service ..., or --user"
+                                               : "");
         } else {
             fprintf(stderr, "wrote %s\n", s.path);
             if (!*s.root && !s.no_start) {
                 if (s.mac) rc = manage(&s, "load") ? 1 : 0;
                 else rc = manage(&s, "daemon-reload") || manage(&s, "enable") ? 1 : 0;
-                if (!rc) fprintf(stderr, "cumulo %s is running as a service%s\n", s.role,
-                                 s.mac ? "" : s.user ? " (journalctl --user -u cumulo-NAME)" : " (journalctl -u cumulo-NAME)");
+                if (!rc)
+                    fprintf(stderr, "cumulo %s is running as a service%s\n", s.role,
+                            s.mac    ? ""
+                            : s.user ? " (journalctl --user -u cumulo-NAME)"
+                                     : " (journalctl -u cumulo-NAME)");
             } else if (!*s.root && !s.mac) {
                 rc = manage(&s, "daemon-reload") ? 1 : 0;
             }

@@ -17,54 +17,55 @@
 #include <string.h>
 
 static void usage(FILE *f) {
-    fprintf(f,
-            "usage: cumulo synth --arch ARCH --dim D --layers L --heads H --kv-heads K --ffn F\n"
-            "                    --type T --vocab VOCAB.gguf --seed S -o OUT.gguf [options]\n\n"
-            "Write a random-weight model with the keys, tensor names, shapes and types a real GGUF\n"
-            "of that architecture has (llama.cpp loads it). Deterministic by seed: the same\n"
-            "arguments give the same bytes on any machine and thread count.\n\n"
-            "  --arch ARCH          llama, qwen2 (QKV bias), qwen3 (Q/K norm), qwen2moe, qwen3moe,\n"
-            "                       gemma3 (sliding window, Q/K norm, post-norms, GELU), phi3\n"
-            "                       (fused qkv and gate/up) or gpt-oss (experts with biases, sinks,\n"
-            "                       YaRN; --type mxfp4: MXFP4 experts, Q8_0 elsewhere)\n"
-            "  --experts N          mixture of experts (qwen*moe, gpt-oss; llama with experts = Mixtral)\n"
-            "  --experts-used K     experts per token (top-k)\n"
-            "  --expert-ffn F       width of each expert (qwen*moe, gpt-oss; default --ffn)\n"
-            "  --shared-ffn F       width of qwen2moe's shared expert (default --ffn)\n"
-            "  --variant V          deepseek2: v3 (q LoRA, sigmoid routing, bias, groups), v3yarn (v3 + YaRN), lite (V2-Lite);\n"
-            "                       v3kvb, litekvb: v3 or lite with the unsplit attn_kv_b of older GGUFs\n"
-            "  --dim D              embedding size (a multiple of 256 for K-quants, 32 otherwise)\n"
-            "  --layers L           transformer blocks\n"
-            "  --heads H            attention heads (D/H is the head size)\n"
-            "  --kv-heads K         key/value heads (divides H)\n"
-            "  --ffn F              feed-forward size (multiple of 256 / 32 like D)\n"
-            "  --type T             %s\n"
-            "                       (q4_k_m mixes Q4_K and Q6_K the way llama-quantize does,\n"
-            "                       q5_k_m Q5_K and Q6_K)\n"
-            "  --vocab FILE         GGUF whose tokenizer.* keys are copied (e.g. a ggml-vocab-*.gguf);\n"
-            "                       builtin: a small vocabulary of cumulo's own (characters and\n"
-            "                       common words; for demos without files, never for references)\n"
-            "  --seed S             random seed (default 1)\n"
-            "  -o, --output FILE    the model to write\n"
-            "  --tied               no output.weight: the head reuses token_embd\n"
-            "  --swa N              gemma3, gpt-oss: sliding window of N positions (default 8)\n"
-            "  --rope-scaling S     llama3: Llama 3.1 RoPE scaling (writes rope_freqs.weight);\n"
-            "                       linear, yarn, none: writes rope.scaling.type and the keys below\n"
-            "  --rope-factor F      rope.scaling.factor (with linear or yarn)\n"
-            "  --rope-orig-ctx N    rope.scaling.original_context_length\n"
-            "  --rope-attn-factor F rope.scaling.attn_factor\n"
-            "  --yarn-beta-fast F, --yarn-beta-slow F, --yarn-log-mul F\n"
-            "                       rope.scaling.yarn_beta_fast / _slow / yarn_log_multiplier\n"
-            "                       (llama.cpp reads these for some architectures only)\n"
-            "  --rope-base B        RoPE base (default: llama 10000, llama3 scaling 500000, qwen 1e6)\n"
-            "  --ctx N              context_length key (default 4096)\n"
-            "  --threads N          threads (default: all CPUs; never changes the output)\n\n"
-            "usage: cumulo synth --lora-for MODEL.gguf --rank R [--alpha A] [--strength S] [--only NAME]\n"
-            "                    [--seed S] -o ADAPTER.gguf\n"
-            "A random LoRA adapter (llama.cpp's adapter GGUF, F32) for every attn_q/k/v/output,\n"
-            "ffn_gate/up/down and output weight of MODEL (or those whose name contains NAME);\n"
-            "(alpha/rank) B A has S times each weight's RMS (default alpha = rank, S = 0.3).\n",
-            cm_synth_type_names());
+    fprintf(
+        f,
+        "usage: cumulo synth --arch ARCH --dim D --layers L --heads H --kv-heads K --ffn F\n"
+        "                    --type T --vocab VOCAB.gguf --seed S -o OUT.gguf [options]\n\n"
+        "Write a random-weight model with the keys, tensor names, shapes and types a real GGUF\n"
+        "of that architecture has (llama.cpp loads it). Deterministic by seed: the same\n"
+        "arguments give the same bytes on any machine and thread count.\n\n"
+        "  --arch ARCH          llama, qwen2 (QKV bias), qwen3 (Q/K norm), qwen2moe, qwen3moe,\n"
+        "                       gemma3 (sliding window, Q/K norm, post-norms, GELU), phi3\n"
+        "                       (fused qkv and gate/up) or gpt-oss (experts with biases, sinks,\n"
+        "                       YaRN; --type mxfp4: MXFP4 experts, Q8_0 elsewhere)\n"
+        "  --experts N          mixture of experts (qwen*moe, gpt-oss; llama with experts = Mixtral)\n"
+        "  --experts-used K     experts per token (top-k)\n"
+        "  --expert-ffn F       width of each expert (qwen*moe, gpt-oss; default --ffn)\n"
+        "  --shared-ffn F       width of qwen2moe's shared expert (default --ffn)\n"
+        "  --variant V          deepseek2: v3 (q LoRA, sigmoid routing, bias, groups), v3yarn (v3 + YaRN), lite (V2-Lite);\n"
+        "                       v3kvb, litekvb: v3 or lite with the unsplit attn_kv_b of older GGUFs\n"
+        "  --dim D              embedding size (a multiple of 256 for K-quants, 32 otherwise)\n"
+        "  --layers L           transformer blocks\n"
+        "  --heads H            attention heads (D/H is the head size)\n"
+        "  --kv-heads K         key/value heads (divides H)\n"
+        "  --ffn F              feed-forward size (multiple of 256 / 32 like D)\n"
+        "  --type T             %s\n"
+        "                       (q4_k_m mixes Q4_K and Q6_K the way llama-quantize does,\n"
+        "                       q5_k_m Q5_K and Q6_K)\n"
+        "  --vocab FILE         GGUF whose tokenizer.* keys are copied (e.g. a ggml-vocab-*.gguf);\n"
+        "                       builtin: a small vocabulary of cumulo's own (characters and\n"
+        "                       common words; for demos without files, never for references)\n"
+        "  --seed S             random seed (default 1)\n"
+        "  -o, --output FILE    the model to write\n"
+        "  --tied               no output.weight: the head reuses token_embd\n"
+        "  --swa N              gemma3, gpt-oss: sliding window of N positions (default 8)\n"
+        "  --rope-scaling S     llama3: Llama 3.1 RoPE scaling (writes rope_freqs.weight);\n"
+        "                       linear, yarn, none: writes rope.scaling.type and the keys below\n"
+        "  --rope-factor F      rope.scaling.factor (with linear or yarn)\n"
+        "  --rope-orig-ctx N    rope.scaling.original_context_length\n"
+        "  --rope-attn-factor F rope.scaling.attn_factor\n"
+        "  --yarn-beta-fast F, --yarn-beta-slow F, --yarn-log-mul F\n"
+        "                       rope.scaling.yarn_beta_fast / _slow / yarn_log_multiplier\n"
+        "                       (llama.cpp reads these for some architectures only)\n"
+        "  --rope-base B        RoPE base (default: llama 10000, llama3 scaling 500000, qwen 1e6)\n"
+        "  --ctx N              context_length key (default 4096)\n"
+        "  --threads N          threads (default: all CPUs; never changes the output)\n\n"
+        "usage: cumulo synth --lora-for MODEL.gguf --rank R [--alpha A] [--strength S] [--only NAME]\n"
+        "                    [--seed S] -o ADAPTER.gguf\n"
+        "A random LoRA adapter (llama.cpp's adapter GGUF, F32) for every attn_q/k/v/output,\n"
+        "ffn_gate/up/down and output weight of MODEL (or those whose name contains NAME);\n"
+        "(alpha/rank) B A has S times each weight's RMS (default alpha = rank, S = 0.3).\n",
+        cm_synth_type_names());
 }
 
 static void progress_cb(void *ctx, uint64_t done, uint64_t total) {
@@ -74,7 +75,10 @@ static void progress_cb(void *ctx, uint64_t done, uint64_t total) {
 }
 
 int cmd_synth(int argc, char **argv) {
-    if (cli_wants_help(argc, argv)) { usage(stdout); return 0; }
+    if (cli_wants_help(argc, argv)) {
+        usage(stdout);
+        return 0;
+    }
     cm_synth_params p = {.seed = 1};
     const char *vocab_path = NULL, *out_path = NULL;
     long dim = 0, layers = 0, heads = 0, kv = 0, ffn = 0, ctx = 0, threads = 0, seed = 1, swa = 0;
@@ -84,16 +88,16 @@ int cmd_synth(int argc, char **argv) {
     long rank = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-#define STR(dst)                                                              \
-    do {                                                                      \
-        if (!v) return cli_fail("option '%s' needs a value", a);             \
-        dst = v;                                                              \
-        i++;                                                                  \
+#define STR(dst)                                                 \
+    do {                                                         \
+        if (!v) return cli_fail("option '%s' needs a value", a); \
+        dst = v;                                                 \
+        i++;                                                     \
     } while (0)
-#define INT(dst, lo, hi)                                                      \
-    do {                                                                      \
-        if (!cli_int(a, v, lo, hi, &dst)) return 1;                           \
-        i++;                                                                  \
+#define INT(dst, lo, hi)                            \
+    do {                                            \
+        if (!cli_int(a, v, lo, hi, &dst)) return 1; \
+        i++;                                        \
     } while (0)
         if (!strcmp(a, "--arch")) STR(p.arch);
         else if (!strcmp(a, "--type")) STR(p.type);
@@ -122,8 +126,7 @@ int cmd_synth(int argc, char **argv) {
         } else if (!strcmp(a, "--strength")) {
             if (!cli_float(a, v, 0, 1e3, &strength)) return 1;
             i++;
-        }
-        else if (!strcmp(a, "--swa")) INT(swa, 1, 1 << 24);
+        } else if (!strcmp(a, "--swa")) INT(swa, 1, 1 << 24);
         else if (!strcmp(a, "--rope-base")) {
             if (!cli_float(a, v, 1, 1e9, &base)) return 1;
             i++;
@@ -139,7 +142,7 @@ int cmd_synth(int argc, char **argv) {
             double f;
             if (!cli_float(a, v, 1e-6, 1e6, &f)) return 1;
             i++;
-            float *dst = !strcmp(a, "--rope-factor")      ? &p.rope_factor
+            float *dst = !strcmp(a, "--rope-factor")        ? &p.rope_factor
                          : !strcmp(a, "--rope-attn-factor") ? &p.rope_attn_factor
                          : !strcmp(a, "--yarn-beta-fast")   ? &p.yarn_beta_fast
                          : !strcmp(a, "--yarn-beta-slow")   ? &p.yarn_beta_slow
@@ -157,8 +160,11 @@ int cmd_synth(int argc, char **argv) {
     if (lora_for) {
         if (!rank) return cli_fail("--lora-for needs --rank R");
         if (!out_path) return cli_fail("missing -o ADAPTER.gguf");
-        cm_synth_lora_params lp = {.rank = (int)rank, .alpha = alpha < 0 ? (float)rank : (float)alpha,
-                                   .strength = (float)strength, .seed = (uint64_t)seed, .only = only};
+        cm_synth_lora_params lp = {.rank = (int)rank,
+                                   .alpha = alpha < 0 ? (float)rank : (float)alpha,
+                                   .strength = (float)strength,
+                                   .seed = (uint64_t)seed,
+                                   .only = only};
         char e2[512];
         cm_gguf mg;
         if (cm_gguf_open(&mg, lora_for, NULL, NULL, e2, sizeof e2)) return cli_fail("%s", e2);
@@ -168,7 +174,8 @@ int cmd_synth(int argc, char **argv) {
         fprintf(stderr, "wrote '%s' (LoRA rank %d, alpha %g)\n", out_path, lp.rank, lp.alpha);
         return 0;
     }
-    if (!p.arch) return cli_fail("missing --arch (llama, qwen2, qwen3, qwen2moe, qwen3moe, gemma3, phi3, gpt-oss or deepseek2)");
+    if (!p.arch)
+        return cli_fail("missing --arch (llama, qwen2, qwen3, qwen2moe, qwen3moe, gemma3, phi3, gpt-oss or deepseek2)");
     if (!p.type) return cli_fail("missing --type (%s)", cm_synth_type_names());
     if (!dim || !layers || !heads || !ffn) return cli_fail("missing --dim, --layers, --heads or --ffn");
     if (!vocab_path)
@@ -201,8 +208,7 @@ int cmd_synth(int argc, char **argv) {
             cm_buf_release(&builtin);
             return cli_fail("builtin vocabulary: %s", err);
         }
-    } else if (cm_gguf_open(&vocab, vocab_path, NULL, NULL, err, sizeof err))
-        return cli_fail("%s", err);
+    } else if (cm_gguf_open(&vocab, vocab_path, NULL, NULL, err, sizeof err)) return cli_fail("%s", err);
     cli_progress bar;
     cli_progress_start(&bar, "synth", 1);
     p.progress = progress_cb;

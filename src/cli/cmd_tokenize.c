@@ -19,18 +19,36 @@ static void json_str(cm_buf *b, const char *s, size_t n) {
     cm_buf_puts(b, "\"");
     for (size_t i = 0; i < n;) {
         uint8_t c = (uint8_t)s[i];
-        if (c == '"' || c == '\\') { cm_buf_printf(b, "\\%c", c); i++; continue; }
-        if (c < 0x20 || c == 0x7F) { cm_buf_printf(b, "\\u%04x", c); i++; continue; }
-        if (c < 0x80) { cm_buf_append(b, &s[i], 1); i++; continue; }
+        if (c == '"' || c == '\\') {
+            cm_buf_printf(b, "\\%c", c);
+            i++;
+            continue;
+        }
+        if (c < 0x20 || c == 0x7F) {
+            cm_buf_printf(b, "\\u%04x", c);
+            i++;
+            continue;
+        }
+        if (c < 0x80) {
+            cm_buf_append(b, &s[i], 1);
+            i++;
+            continue;
+        }
         size_t l = c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
         bool ok = l && i + l <= n;
         for (size_t k = 1; ok && k < l; k++) ok = ((uint8_t)s[i + k] & 0xC0) == 0x80;
         if (ok && l > 1) {
             uint8_t d = (uint8_t)s[i + 1];
-            ok = !((c == 0xE0 && d < 0xA0) || (c == 0xED && d > 0x9F) || (c == 0xF0 && d < 0x90) || (c == 0xF4 && d > 0x8F));
+            ok = !((c == 0xE0 && d < 0xA0) || (c == 0xED && d > 0x9F) || (c == 0xF0 && d < 0x90) ||
+                   (c == 0xF4 && d > 0x8F));
         }
-        if (ok) { cm_buf_append(b, &s[i], l); i += l; }
-        else { cm_buf_puts(b, "\\ufffd"); i++; }
+        if (ok) {
+            cm_buf_append(b, &s[i], l);
+            i += l;
+        } else {
+            cm_buf_puts(b, "\\ufffd");
+            i++;
+        }
     }
     cm_buf_puts(b, "\"");
 }
@@ -60,7 +78,8 @@ int cmd_tokenize(int argc, char **argv) {
         if (!strcmp(argv[i], "--special")) special = true;
         else if (!strcmp(argv[i], "--no-bos")) bos = false;
         else if (!strcmp(argv[i], "--json")) json = true;
-        else if (argv[i][0] == '-' && argv[i][1] == '-') return cli_fail("tokenize: unknown option '%s'; see --help", argv[i]);
+        else if (argv[i][0] == '-' && argv[i][1] == '-')
+            return cli_fail("tokenize: unknown option '%s'; see --help", argv[i]);
         else if (!model) model = argv[i];
         else if (!text) text = argv[i];
         else return cli_fail("tokenize: unexpected argument '%s'; quote TEXT as one argument", argv[i]);
@@ -77,14 +96,20 @@ int cmd_tokenize(int argc, char **argv) {
     }
     cm_tokenizer *t;
     if (!(model = cli_model_path(model))) return 1;
-    if (open_vocab(model, &t)) { cm_buf_release(&in); return 1; }
+    if (open_vocab(model, &t)) {
+        cm_buf_release(&in);
+        return 1;
+    }
     cm_token *ids = NULL;
     size_t n = 0;
     char err[512];
     unsigned flags = (bos ? CM_TOK_ADD_SPECIAL : 0) | (special ? CM_TOK_PARSE_SPECIAL : 0);
     int rc = cm_tokenizer_encode_alloc(t, in.data ? in.data : "", in.len, flags, &ids, &n, err, sizeof err);
     cm_buf_release(&in);
-    if (rc) { cm_tokenizer_free(t); return cli_fail("tokenize: %s", err); }
+    if (rc) {
+        cm_tokenizer_free(t);
+        return cli_fail("tokenize: %s", err);
+    }
     cm_buf out;
     cm_buf_init(&out);
     if (json) {
@@ -122,9 +147,18 @@ int cmd_detokenize(int argc, char **argv) {
     size_t n = 0;
     if (!ids) return cli_fail("out of memory");
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--special")) { special = true; continue; }
-        if (argv[i][0] == '-' && argv[i][1] == '-') { cm_free(ids); return cli_fail("detokenize: unknown option '%s'; see --help", argv[i]); }
-        if (!model) { model = argv[i]; continue; }
+        if (!strcmp(argv[i], "--special")) {
+            special = true;
+            continue;
+        }
+        if (argv[i][0] == '-' && argv[i][1] == '-') {
+            cm_free(ids);
+            return cli_fail("detokenize: unknown option '%s'; see --help", argv[i]);
+        }
+        if (!model) {
+            model = argv[i];
+            continue;
+        }
         char *end;
         errno = 0;
         long v = strtol(argv[i], &end, 10);
@@ -134,10 +168,16 @@ int cmd_detokenize(int argc, char **argv) {
         }
         ids[n++] = (cm_token)v;
     }
-    if (!model) { cm_free(ids); return cli_fail("detokenize: need MODEL and token ids; see 'cumulo detokenize --help'"); }
+    if (!model) {
+        cm_free(ids);
+        return cli_fail("detokenize: need MODEL and token ids; see 'cumulo detokenize --help'");
+    }
     cm_tokenizer *t;
     if (!(model = cli_model_path(model))) return 1;
-    if (open_vocab(model, &t)) { cm_free(ids); return 1; }
+    if (open_vocab(model, &t)) {
+        cm_free(ids);
+        return 1;
+    }
     cm_buf out;
     cm_buf_init(&out);
     char err[512];

@@ -15,10 +15,16 @@
 int cli_gpu_opt(int argc, char **argv, int *i, cli_gpu *g) {
     const char *a = argv[*i], *v = *i + 1 < argc ? argv[*i + 1] : NULL;
     if (strcmp(a, "--gpu") && strcmp(a, "--gpu-layers") && strcmp(a, "-ngl")) return 0;
-    if (!v) { cli_fail("option '%s' needs a value", a); return -1; }
+    if (!v) {
+        cli_fail("option '%s' needs a value", a);
+        return -1;
+    }
     if (!strcmp(a, "--gpu")) {
         int index;
-        if (cm_gpu_parse(v, &index)) { cli_fail("option '--gpu': '%s' is not auto, vulkan, none or a device number", v); return -1; }
+        if (cm_gpu_parse(v, &index)) {
+            cli_fail("option '--gpu': '%s' is not auto, vulkan, none or a device number", v);
+            return -1;
+        }
         g->dev = v;
     } else {
         long l;

@@ -25,8 +25,14 @@ int cli_kv_opt(int argc, char **argv, int *i, cli_kv *kv) {
     else return 0;
     const char *v = *i + 1 < argc ? argv[*i + 1] : NULL;
     enum cm_type t;
-    if (!v) { cli_fail("option '%s' needs a value (f32, f16, q8_0 or q4_0)", a); return -1; }
-    if (cm_kv_type_parse(v, &t)) { cli_fail("option '%s': '%s' is not a KV cache type (f32, f16, q8_0, q4_0)", a, v); return -1; }
+    if (!v) {
+        cli_fail("option '%s' needs a value (f32, f16, q8_0 or q4_0)", a);
+        return -1;
+    }
+    if (cm_kv_type_parse(v, &t)) {
+        cli_fail("option '%s': '%s' is not a KV cache type (f32, f16, q8_0, q4_0)", a, v);
+        return -1;
+    }
     if (which & 1) kv->k = (int)t;
     if (which & 2) kv->v = (int)t;
     kv->set = true;

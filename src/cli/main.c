@@ -47,7 +47,10 @@ const char *cli_argv0;
 
 int main(int argc, char **argv) {
     cli_argv0 = argv[0];
-    if (argc < 2) { usage(stderr); return 2; }
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
     if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
         usage(stdout);
         return 0;

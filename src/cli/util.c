@@ -36,7 +36,10 @@ bool cli_wants_help(int argc, char **argv) {
 }
 
 bool cli_int(const char *opt, const char *val, long lo, long hi, long *out) {
-    if (!val) { cli_fail("option '%s' needs a value", opt); return false; }
+    if (!val) {
+        cli_fail("option '%s' needs a value", opt);
+        return false;
+    }
     char *end;
     errno = 0;
     long v = strtol(val, &end, 10);
@@ -49,7 +52,10 @@ bool cli_int(const char *opt, const char *val, long lo, long hi, long *out) {
 }
 
 bool cli_float(const char *opt, const char *val, double lo, double hi, double *out) {
-    if (!val) { cli_fail("option '%s' needs a value", opt); return false; }
+    if (!val) {
+        cli_fail("option '%s' needs a value", opt);
+        return false;
+    }
     char *end;
     errno = 0;
     double v = strtod(val, &end);
@@ -109,7 +115,9 @@ static int cli_counts(const char *opt, const char *val, long hi, int *v) {
         v[n++] = (int)x;
         s = *e ? e + 1 : e;
     }
-    if (!n) cli_fail("option '%s' needs up to %d positive counts like 2,1,2, not '%s'", opt, CM_PLAN_MAX_NODES, val ? val : "");
+    if (!n)
+        cli_fail("option '%s' needs up to %d positive counts like 2,1,2, not '%s'", opt, CM_PLAN_MAX_NODES,
+                 val ? val : "");
     return n ? n : -1;
 }
 
@@ -132,7 +140,10 @@ int cli_plan_opt(int argc, char **argv, int *i, cm_plan_request *q) {
         for (const char *s = v ? v : ""; *s && n < CM_PLAN_MAX_NODES; n++) {
             char *e;
             double w = strtod(s, &e);
-            if (e == s || !(w > 0) || w > 1e6 || (*e && *e != ',')) { n = -1; break; }
+            if (e == s || !(w > 0) || w > 1e6 || (*e && *e != ',')) {
+                n = -1;
+                break;
+            }
             q->weights[n] = w;
             s = *e ? e + 1 : e;
         }
@@ -181,7 +192,10 @@ void cli_progress_update(cli_progress *p, double done) {
     if (!p->bytes) {
         fprintf(stderr, "\r%s [%s] %3d%%", p->label, bar, (int)(f * 100));
     } else { /* speed over this run's bytes (a resumed download starts at base) */
-        if (p->base < 0) { p->base = done; p->t0 = now; }
+        if (p->base < 0) {
+            p->base = done;
+            p->t0 = now;
+        }
         double dt = now - p->t0, rate = dt > 0.2 ? (done - p->base) / dt : 0;
         char left[32] = "--:--";
         if (rate > 0) {
@@ -201,7 +215,8 @@ void cli_progress_end(cli_progress *p) {
 }
 
 int cmd_version(int argc, char **argv) {
-    (void)argc; (void)argv;
+    (void)argc;
+    (void)argv;
     printf("cumulo %s (%s %s)\n", CM_VERSION, cm_os_name(), cm_arch_name());
     return 0;
 }
@@ -241,13 +256,15 @@ void cli_ctx_advice(cm_engine *e, int n_ctx, char *out, size_t cap) {
     cm_engine_get_info(e, &in);
     if (in.n_ctx_train > n_ctx)
         snprintf(out, cap, "use --ctx up to %d, the model's trained context, or a shorter prompt", in.n_ctx_train);
-    else
-        snprintf(out, cap, "the model was trained for %d tokens: shorten the prompt", in.n_ctx_train);
+    else snprintf(out, cap, "the model was trained for %d tokens: shorten the prompt", in.n_ctx_train);
 }
 
 int cli_self_path(char *out, size_t cap) {
     ssize_t n = readlink("/proc/self/exe", out, cap - 1); /* Linux */
-    if (n > 0) { out[n] = 0; return 0; }
+    if (n > 0) {
+        out[n] = 0;
+        return 0;
+    }
     const char *argv0 = cli_argv0 ? cli_argv0 : "cumulo";
     if (strchr(argv0, '/')) return cap >= PATH_MAX && realpath(argv0, out) ? 0 : -1;
     const char *path = cm_config_get()->path;

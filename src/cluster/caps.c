@@ -22,8 +22,7 @@ static cm_node_caps g_caps;
 static pthread_once_t g_caps_once = PTHREAD_ONCE_INIT;
 
 /* Seconds for `reps` Q8_0 x Q8_0 dot products over n elements at x/y. */
-static double time_dots(const cm_kernels *k, const uint8_t *x, const uint8_t *y, int64_t n, int reps,
-                        float *sink) {
+static double time_dots(const cm_kernels *k, const uint8_t *x, const uint8_t *y, int64_t n, int reps, float *sink) {
     double t0 = cm_now_s();
     for (int r = 0; r < reps; r++) {
         float s = 0;
@@ -38,10 +37,20 @@ static void measure(void) {
     const cm_kernels *k = cm_kernels_get();
     c->cores = cm_cpu_count();
     const cm_cpu_features *f = cm_cpu_features_get();
-    const struct { bool on; const char *name; } feats[] = {
-        {f->x86_avx2, "avx2"}, {f->x86_fma, "fma"}, {f->x86_f16c, "f16c"}, {f->x86_avx512f, "avx512f"},
-        {f->x86_avx512bw, "avx512bw"}, {f->x86_avx512vnni, "avx512vnni"}, {f->x86_avx512bf16, "avx512bf16"},
-        {f->arm_neon, "neon"}, {f->arm_dotprod, "dotprod"}, {f->arm_i8mm, "i8mm"}, {f->arm_fp16, "fp16"}};
+    const struct {
+        bool on;
+        const char *name;
+    } feats[] = {{f->x86_avx2, "avx2"},
+                 {f->x86_fma, "fma"},
+                 {f->x86_f16c, "f16c"},
+                 {f->x86_avx512f, "avx512f"},
+                 {f->x86_avx512bw, "avx512bw"},
+                 {f->x86_avx512vnni, "avx512vnni"},
+                 {f->x86_avx512bf16, "avx512bf16"},
+                 {f->arm_neon, "neon"},
+                 {f->arm_dotprod, "dotprod"},
+                 {f->arm_i8mm, "i8mm"},
+                 {f->arm_fp16, "fp16"}};
     size_t at = (size_t)snprintf(c->isa, sizeof c->isa, "%s", k->name);
     const char *sep = " (";
     for (size_t i = 0; i < CM_ARRAY_LEN(feats) && at < sizeof c->isa; i++)
@@ -103,8 +112,7 @@ static void measure(void) {
             c->gflops = g;
             c->mem_bw = b * 1e9;
             c->declared = true;
-        } else
-            CM_LOGW("CUMULO_DECLARE_SPEED='%s' ignored: expected GFLOPS,GBS like 20,4", d);
+        } else CM_LOGW("CUMULO_DECLARE_SPEED='%s' ignored: expected GFLOPS,GBS like 20,4", d);
     }
 }
 
@@ -175,7 +183,8 @@ void cm_cluster_hello(cm_msg_hello *h, const char *name, uint16_t listen_port, u
     h->proto_version = CM_PROTO_VERSION;
     /* A fresh id per caller: a node daemon draws its own once, a
      * coordinator once per pipe (several may share a process in tests). */
-    if (sodium_init() < 0) { /* randombytes works even so */ }
+    if (sodium_init() < 0) { /* randombytes works even so */
+    }
     randombytes_buf(h->node_id, sizeof h->node_id);
     char host[64] = "cumulo";
     if (!name || !*name) {
@@ -335,7 +344,8 @@ int cm_cluster_measure_within(cm_conn *c, int probe_bytes, int timeout_ms, doubl
         if (!rc && (w = wait_ms(end, 5000, err, errlen)) < 0) rc = w;
         if (!rc) rc = cm_conn_recv(c, &r, w, err, errlen);
         if (rc) return rc;
-        if (r.type != CM_MSG_PONG) return cm_errf(err, errlen, CM_EPROTO, "expected PONG, got %s", cm_msg_type_name(r.type));
+        if (r.type != CM_MSG_PONG)
+            return cm_errf(err, errlen, CM_EPROTO, "expected PONG, got %s", cm_msg_type_name(r.type));
         double t = cm_now_s() - t0;
         if (t < best) best = t;
     }
@@ -359,7 +369,8 @@ int cm_cluster_measure_within(cm_conn *c, int probe_bytes, int timeout_ms, doubl
         rc = w < 0 ? w : cm_conn_send(c, &m, w, err, errlen);
         if (!rc && (w = wait_ms(end, CM_PIPE_DATA_MS, err, errlen)) < 0) rc = w;
         if (!rc) rc = cm_conn_recv(c, &r, w, err, errlen);
-        if (!rc && r.type != CM_MSG_PONG) rc = cm_errf(err, errlen, CM_EPROTO, "expected PONG, got %s", cm_msg_type_name(r.type));
+        if (!rc && r.type != CM_MSG_PONG)
+            rc = cm_errf(err, errlen, CM_EPROTO, "expected PONG, got %s", cm_msg_type_name(r.type));
         double t = cm_now_s() - t0;
         if (t < tb) tb = t;
     }

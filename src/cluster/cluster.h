@@ -42,17 +42,17 @@
  * strong machines on one host). Thread-safe. */
 typedef struct cm_node_caps {
     int cores;
-    char isa[128];         /* "avx512 (avx2,fma,...)": the kernels in use, then the CPU's features */
+    char isa[128]; /* "avx512 (avx2,fma,...)": the kernels in use, then the CPU's features */
     uint64_t mem_total, mem_free;
     char os[32], arch[32], version[32];
-    double gflops;         /* one thread */
-    double mem_bw;         /* bytes/s, one thread */
-    bool declared;         /* gflops and mem_bw come from CUMULO_DECLARE_SPEED="GFLOPS,GBS", not measured */
+    double gflops; /* one thread */
+    double mem_bw; /* bytes/s, one thread */
+    bool declared; /* gflops and mem_bw come from CUMULO_DECLARE_SPEED="GFLOPS,GBS", not measured */
     /* A node's GPU (issue 16; from its HELLO's GPU tail; gpu_name "": none) */
     char gpu_name[128];
-    uint64_t gpu_mem;      /* device-local bytes */
+    uint64_t gpu_mem;         /* device-local bytes */
     double gpu_bw, gpu_flops; /* its probe's bytes/s and FLOP/s */
-    int gpu_layers;        /* the most layers it puts there (0: as many as fit) */
+    int gpu_layers;           /* the most layers it puts there (0: as many as fit) */
 } cm_node_caps;
 void cm_node_caps_get(cm_node_caps *c);
 
@@ -64,22 +64,22 @@ void cm_sha256_hex(const uint8_t h[32], char out[65]);
 /* ---- the node daemon ---- */
 
 typedef struct cm_node_opts {
-    const char *bind;       /* NULL / "": every address */
-    uint16_t port;          /* 0: a free port (printed, and written to port_file) */
-    const char *name;       /* NULL: the host name */
-    const char *cache_dir;  /* NULL: ~/.cache/cumulo */
-    const char *models_dir; /* where GGUFs of assigned models are looked for */
-    const char *const *join;/* peers to connect to at start (link check), n_join of them */
+    const char *bind;        /* NULL / "": every address */
+    uint16_t port;           /* 0: a free port (printed, and written to port_file) */
+    const char *name;        /* NULL: the host name */
+    const char *cache_dir;   /* NULL: ~/.cache/cumulo */
+    const char *models_dir;  /* where GGUFs of assigned models are looked for */
+    const char *const *join; /* peers to connect to at start (link check), n_join of them */
     int n_join;
-    int n_threads;          /* 0: all CPUs */
-    bool mmap;              /* keep slices in a file mapping (else read into huge-page memory when they fit) */
-    bool insecure;          /* plaintext, no key (both ends must say so) */
-    const char *key_file;   /* NULL: cm_net_key_default_path */
-    bool mdns;              /* announce _cumulo._tcp */
-    const char *port_file;  /* write the listening port here once listening */
-    const char *gpu;        /* --gpu: a Vulkan device for each stage's first layers (gpu.h's names;
+    int n_threads;         /* 0: all CPUs */
+    bool mmap;             /* keep slices in a file mapping (else read into huge-page memory when they fit) */
+    bool insecure;         /* plaintext, no key (both ends must say so) */
+    const char *key_file;  /* NULL: cm_net_key_default_path */
+    bool mdns;             /* announce _cumulo._tcp */
+    const char *port_file; /* write the listening port here once listening */
+    const char *gpu;       /* --gpu: a Vulkan device for each stage's first layers (gpu.h's names;
                                NULL: $CUMULO_GPU, else none) */
-    int gpu_layers;         /* at most this many of a stage's layers on it (0: as many as fit) */
+    int gpu_layers;        /* at most this many of a stage's layers on it (0: as many as fit) */
 } cm_node_opts;
 
 /* Run until *stop becomes non-zero (a signal handler or another thread sets
@@ -91,24 +91,24 @@ int cm_node_run(const cm_node_opts *o, atomic_int *stop, char *err, size_t errle
 
 /* A node to node link, as the first node measured it toward the second. */
 typedef struct cm_node_link {
-    bool asked;             /* measurement asked for (both nodes reachable) */
-    int status;             /* 0 measured; else the CM_E* of the failure (or CM_ETIMEDOUT: no answer in time) */
-    double rtt_s, bw;       /* round trip; bytes/s from this node toward the other */
+    bool asked;       /* measurement asked for (both nodes reachable) */
+    int status;       /* 0 measured; else the CM_E* of the failure (or CM_ETIMEDOUT: no answer in time) */
+    double rtt_s, bw; /* round trip; bytes/s from this node toward the other */
 } cm_node_link;
 #define CM_NODE_LINKS_MAX 16 /* probes of more nodes measure no node to node links */
 
 typedef struct cm_node_info {
-    char addr[80];          /* "host:port" as used to connect */
+    char addr[80]; /* "host:port" as used to connect */
     char name[64];
     bool from_mdns;
-    int status;             /* 0 reachable; else the CM_E* of the failure */
+    int status; /* 0 reachable; else the CM_E* of the failure */
     char error[200];
-    cm_node_caps caps;      /* from its HELLO (mem_bw: 0, not reported) */
-    double rtt_s;           /* round trip of a small PING */
-    double bw;              /* bytes/s of a 64 KiB PING, one way */
+    cm_node_caps caps;                     /* from its HELLO (mem_bw: 0, not reported) */
+    double rtt_s;                          /* round trip of a small PING */
+    double bw;                             /* bytes/s of a 64 KiB PING, one way */
     cm_node_link links[CM_NODE_LINKS_MAX]; /* this node -> node j of the same probe (j indexes out[]) */
-    char host[64];          /* its host id (HELLO; "" from an older node) */
-    char serves[400];       /* "" free; else whom it serves (issue 19: its lease, as a coordinator would say it) */
+    char host[64];                         /* its host id (HELLO; "" from an older node) */
+    char serves[400]; /* "" free; else whom it serves (issue 19: its lease, as a coordinator would say it) */
 } cm_node_info;
 
 /* Browse mDNS for timeout_s seconds and append what it finds ("addr:port")
@@ -119,8 +119,8 @@ int cm_discover(double timeout_s, char addrs[][80], int max, char *err, size_t e
 /* Connect to each address, handshake, and measure RTT and bandwidth; then
  * (n <= CM_NODE_LINKS_MAX) ask every reachable node to measure its links to
  * the other reachable ones (LINKS_REQ), CM_LINKS_DEADLINE_MS each at most. */
-int cm_probe_nodes(const char *const *addrs, int n, bool insecure, const char *key_file,
-                   cm_node_info *out, char *err, size_t errlen);
+int cm_probe_nodes(const char *const *addrs, int n, bool insecure, const char *key_file, cm_node_info *out, char *err,
+                   size_t errlen);
 
 /* ---- the coordinator's pipe ---- */
 
@@ -129,21 +129,21 @@ typedef struct cm_pipe cm_pipe;
 typedef void (*cm_pipe_log_fn)(void *ctx, const char *line);
 
 typedef struct cm_pipe_opts {
-    const char *nodes;       /* "auto" or "host:port,host:port,..." */
-    double auto_wait_s;      /* mDNS browse time for "auto" (0: 3 s) */
+    const char *nodes;  /* "auto" or "host:port,host:port,..." */
+    double auto_wait_s; /* mDNS browse time for "auto" (0: 3 s) */
     bool insecure;
     const char *key_file;
-    cm_plan_request plan;    /* the shape asked for (mode, layer split, groups, speeds); zero: the planner's pipeline */
-    bool tp_compress;        /* all-reduce transfers as 8-bit Q8_0 blocks (--tp-compress) */
-    bool take;               /* --take: use nodes that serve another coordinator (it is told and re-plans);
+    cm_plan_request plan; /* the shape asked for (mode, layer split, groups, speeds); zero: the planner's pipeline */
+    bool tp_compress;     /* all-reduce transfers as 8-bit Q8_0 blocks (--tp-compress) */
+    bool take;            /* --take: use nodes that serve another coordinator (it is told and re-plans);
                                 without it such nodes are left out (their HELLO shows the lease) */
-    int n_ctx;               /* positions per sequence */
-    int n_seq_max;           /* concurrent sequences (KV on every node) */
+    int n_ctx;            /* positions per sequence */
+    int n_seq_max;        /* concurrent sequences (KV on every node) */
     int kv_type_k, kv_type_v; /* KV cache types on every node (enum cm_type; 0 = F32) */
-    bool kv_rows;            /* K and V rows + tiled attention (model/attn.c; forced for quantized types) */
-    int max_batch;           /* most tokens per FORWARD */
-    int timeout_ms;          /* deadline for one token to come back (0: 60 s) */
-    cm_pipe_log_fn log;      /* progress lines (plan, weights); NULL: none */
+    bool kv_rows;             /* K and V rows + tiled attention (model/attn.c; forced for quantized types) */
+    int max_batch;            /* most tokens per FORWARD */
+    int timeout_ms;           /* deadline for one token to come back (0: 60 s) */
+    cm_pipe_log_fn log;       /* progress lines (plan, weights); NULL: none */
     void *log_ctx;
 } cm_pipe_opts;
 
@@ -152,8 +152,8 @@ typedef struct cm_pipe_opts {
  * If the plan keeps every layer on this machine, *out is NULL and
  * *local_last = n_layer (a single-machine engine). g and m must outlive the
  * pipe (weights are streamed from g's mapping). */
-int cm_pipe_open(cm_pipe **out, const char *model_path, const cm_gguf *g, const cm_model *m,
-                 const cm_pipe_opts *o, int *local_last, char *err, size_t errlen);
+int cm_pipe_open(cm_pipe **out, const char *model_path, const cm_gguf *g, const cm_model *m, const cm_pipe_opts *o,
+                 int *local_last, char *err, size_t errlen);
 /* Say BYE to every node (they drop the assignment) and free. NULL: no-op. */
 void cm_pipe_close(cm_pipe *p);
 /* The plan as printed by `cumulo plan`, plus the measured links. */
@@ -181,8 +181,8 @@ enum { CM_PIPE_OUT_HIDDEN = 0, CM_PIPE_OUT_LOGITS = 1 };
  * last row's logits back, HIDDEN every row's final hidden state
  * (cm_pipe_output_expect first). The caller must
  * send one slot's rows in order. Thread-safe. */
-int cm_pipe_send(cm_pipe *p, int slot, const float *hidden, const int32_t *pos, int n, int want,
-                 char *err, size_t errlen);
+int cm_pipe_send(cm_pipe *p, int slot, const float *hidden, const int32_t *pos, int n, int want, char *err,
+                 size_t errlen);
 /* Rows back from the last stage (pipe_output.c): before sending rows with
  * CM_PIPE_WANT_LOGITS / _HIDDEN, name where they go: n_rows rows of kind
  * (CM_PIPE_OUT_LOGITS: n_vocab floats each; CM_PIPE_OUT_HIDDEN: n_embd) at

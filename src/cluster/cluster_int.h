@@ -50,7 +50,7 @@ void cm_cluster_links_measure(const cm_net_cfg *cfg, const cm_msg_hello *mine, c
  * skipped. */
 int cm_cluster_links_ask(cm_conn *c, const char *const *peers, int n, int deadline_ms, int probe_bytes,
                          cm_msg_links *out, char *err, size_t errlen);
-#define CM_LINKS_DEADLINE_MS 3000  /* per node asked: a dead peer costs at most this */
+#define CM_LINKS_DEADLINE_MS 3000      /* per node asked: a dead peer costs at most this */
 #define CM_LINKS_PROBE_BYTES (1 << 16) /* the bandwidth probe of every link measurement */
 
 /* Tensor parallel: after cm_coll_mesh_greet, the dialer names the plan's
@@ -70,7 +70,6 @@ bool cm_lease_foreign(const cm_msg_hello *node, const cm_msg_hello *mine);
  * back to the coordinator on c (under mu), one OUTPUT per run of one
  * sequence's rows. Compacts rows in place. */
 int cm_node_send_hidden(cm_conn *c, pthread_mutex_t *mu, const cm_msg_forward *f, const int8_t *want,
-                        const int32_t *pos, const int32_t *seq, float *rows, int n, int dim, char *err,
-                        size_t errlen);
+                        const int32_t *pos, const int32_t *seq, float *rows, int n, int dim, char *err, size_t errlen);
 
 #endif

@@ -21,11 +21,11 @@ struct cm_coll {
     int64_t ring_min;
     uint64_t op_id;
     bool failed;
-    bool gathering;  /* the op in progress is an expert gather (point CM_COLL_POINT_GATHER) */
-    float *part;     /* [size][max_n]: received partials (direct) */
-    float *tmp;      /* [max_n]: own dequantized partial (direct + compress) */
-    uint8_t *qall;   /* Q8_0 blocks of the whole vector (compress) */
-    uint8_t *sbuf;   /* one encoded piece */
+    bool gathering; /* the op in progress is an expert gather (point CM_COLL_POINT_GATHER) */
+    float *part;    /* [size][max_n]: received partials (direct) */
+    float *tmp;     /* [max_n]: own dequantized partial (direct + compress) */
+    uint8_t *qall;  /* Q8_0 blocks of the whole vector (compress) */
+    uint8_t *sbuf;  /* one encoded piece */
     cm_coll_stats st;
     const cm_coll_native *nat; /* the transport's all-reduce, or NULL */
     void *ngrp;
@@ -41,7 +41,10 @@ bool cm_coll_is_native(const cm_coll *c) { return c && c->nat; }
 static size_t q8_bytes(int64_t n) { return (size_t)((n + CM_COLL_QK - 1) / CM_COLL_QK) * Q8_BYTES; }
 
 /* ---- little-endian fields ---- */
-static void put_u16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
+static void put_u16(uint8_t *p, uint16_t v) {
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+}
 static void put_u32(uint8_t *p, uint32_t v) {
     for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
 }
@@ -201,7 +204,8 @@ int cm_coll_piece_parse(const uint8_t *p, size_t n, cm_coll_piece *out, char *er
     out->step = p[19];
     out->elem_offset = get_u32(p + 20);
     out->n = get_u32(p + 24);
-    if ((out->point & ~CM_COLL_POINT_Q8) > CM_COLL_POINT_GATHER || out->point == (CM_COLL_POINT_GATHER | CM_COLL_POINT_Q8))
+    if ((out->point & ~CM_COLL_POINT_Q8) > CM_COLL_POINT_GATHER ||
+        out->point == (CM_COLL_POINT_GATHER | CM_COLL_POINT_Q8))
         return cm_errf(err, errlen, CM_EFORMAT, "all-reduce piece has point %u", out->point);
     if (out->n < 1 || out->elem_offset > UINT32_MAX - out->n)
         return cm_errf(err, errlen, CM_EFORMAT, "all-reduce piece has %u elements at %u", out->n, out->elem_offset);
@@ -216,8 +220,8 @@ int cm_coll_piece_parse(const uint8_t *p, size_t n, cm_coll_piece *out, char *er
 
 static int peer_fail(cm_coll *c, int peer, int rc, const char *what, const char *detail) {
     c->failed = true;
-    snprintf(c->err, sizeof c->err, "all-reduce op %llu: %s member %d (%s): %s",
-             (unsigned long long)c->op_id, what, peer, cm_conn_peer(c->cfg.peers[peer]), detail);
+    snprintf(c->err, sizeof c->err, "all-reduce op %llu: %s member %d (%s): %s", (unsigned long long)c->op_id, what,
+             peer, cm_conn_peer(c->cfg.peers[peer]), detail);
     return rc;
 }
 
@@ -253,8 +257,8 @@ static int send_piece(cm_coll *c, int peer, int step, int64_t off, int64_t m, co
         for (int64_t i = 0; i < m; i++) put_f32(p + CM_COLL_HDR_BYTES + 4 * i, x[off + i]);
     }
     char e[256];
-    int rc = cm_conn_send_payload(c->cfg.peers[peer], CM_MSG_ALLREDUCE, p, CM_COLL_HDR_BYTES + data,
-                                  c->timeout_ms, e, sizeof e);
+    int rc = cm_conn_send_payload(c->cfg.peers[peer], CM_MSG_ALLREDUCE, p, CM_COLL_HDR_BYTES + data, c->timeout_ms, e,
+                                  sizeof e);
     if (rc) return peer_fail(c, peer, rc, "sending to", e);
     count(&c->st.link[peer], true, CM_COLL_HDR_BYTES + data, data, c->cfg.peers[peer]);
     return 0;
@@ -264,8 +268,7 @@ enum { PUT_STORE, PUT_ADD };
 
 /* Receive the piece (step, off, m) from peer; store or add it into dst[off..];
  * with qkeep, also keep its Q8_0 blocks at qkeep (all-gather forwarding). */
-static int recv_piece(cm_coll *c, int peer, int step, int64_t off, int64_t m, float *dst, int how,
-                      uint8_t *qkeep) {
+static int recv_piece(cm_coll *c, int peer, int step, int64_t off, int64_t m, float *dst, int how, uint8_t *qkeep) {
     unsigned type = 0;
     const uint8_t *pl = NULL;
     size_t len = 0;
@@ -290,8 +293,8 @@ static int recv_piece(cm_coll *c, int peer, int step, int64_t off, int64_t m, fl
                  "piece out of sequence: epoch %llu op %llu step %u elements [%u, +%u)%s, expected epoch %llu op "
                  "%llu step %d elements [%lld, +%lld)%s",
                  (unsigned long long)pc.epoch, (unsigned long long)pc.op_id, pc.step, pc.elem_offset, pc.n,
-                 q8 ? " q8" : "", (unsigned long long)c->cfg.epoch, (unsigned long long)c->op_id, step,
-                 (long long)off, (long long)m, c->cfg.compress ? " q8" : "");
+                 q8 ? " q8" : "", (unsigned long long)c->cfg.epoch, (unsigned long long)c->op_id, step, (long long)off,
+                 (long long)m, c->cfg.compress ? " q8" : "");
         return peer_fail(c, peer, CM_EPROTO, "from", e);
     }
     if (q8) {
@@ -527,13 +530,13 @@ int cm_coll_mesh_open(int rank, int size, cm_listener *l, const char *const *add
         if ((rc = cm_net_parse_addr(addrs[j], CM_NET_DEFAULT_PORT, host, sizeof host, &port, e, sizeof e)) ||
             (rc = cm_net_connect(host, port, timeout_ms, &conns[j], e, sizeof e)) ||
             (rc = cm_conn_handshake(conns[j], true, cfg, mine, NULL, e, sizeof e))) {
-            cm_errf(err, errlen, rc, "tensor-parallel member %d: cannot reach member %d at '%s': %s", rank, j,
-                    addrs[j], e);
+            cm_errf(err, errlen, rc, "tensor-parallel member %d: cannot reach member %d at '%s': %s", rank, j, addrs[j],
+                    e);
             break;
         }
         if ((rc = cm_coll_mesh_greet(conns[j], rank, timeout_ms, e, sizeof e)))
-            cm_errf(err, errlen, rc, "tensor-parallel member %d: cannot greet member %d at '%s': %s", rank, j,
-                    addrs[j], e);
+            cm_errf(err, errlen, rc, "tensor-parallel member %d: cannot greet member %d at '%s': %s", rank, j, addrs[j],
+                    e);
     }
     for (int got = 0; got < size - 1 - rank && !rc; got++) { /* higher ranks: they connect */
         cm_conn *c = NULL;

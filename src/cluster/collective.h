@@ -54,23 +54,23 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define CM_COLL_MAX_MEMBERS 16      /* = CM_MSG_MAX_TP */
-#define CM_COLL_PIECE_FLOATS 4096   /* elements per message (16 KiB of f32) */
-#define CM_COLL_QK 32               /* elements per Q8_0 block */
-#define CM_COLL_HDR_BYTES 28        /* ALLREDUCE header before the elements */
-#define CM_COLL_POINT_Q8 0x80u      /* point flag: elements are Q8_0 blocks */
-#define CM_COLL_POINT_GATHER 2u     /* point of an expert gather piece (never Q8_0) */
+#define CM_COLL_MAX_MEMBERS 16    /* = CM_MSG_MAX_TP */
+#define CM_COLL_PIECE_FLOATS 4096 /* elements per message (16 KiB of f32) */
+#define CM_COLL_QK 32             /* elements per Q8_0 block */
+#define CM_COLL_HDR_BYTES 28      /* ALLREDUCE header before the elements */
+#define CM_COLL_POINT_Q8 0x80u    /* point flag: elements are Q8_0 blocks */
+#define CM_COLL_POINT_GATHER 2u   /* point of an expert gather piece (never Q8_0) */
 #define CM_COLL_DEFAULT_TIMEOUT_MS 10000
 #define CM_COLL_DEFAULT_RING_MIN 65536 /* elements (256 KiB of f32) */
 
 typedef struct cm_coll_cfg {
-    int rank, size;                       /* 0 <= rank < size <= CM_COLL_MAX_MEMBERS */
-    cm_conn *peers[CM_COLL_MAX_MEMBERS];  /* READY connection to each other rank; [rank] unused; not owned */
-    int64_t max_n;                        /* largest vector (batch * n_embd) */
-    int timeout_ms;                       /* deadline of every wait; 0 = CM_COLL_DEFAULT_TIMEOUT_MS */
-    int64_t ring_min;                     /* n >= ring_min uses the ring; 0 = default; < 0 = never */
-    bool compress;                        /* Q8_0 transfer */
-    uint64_t epoch;                       /* plan epoch carried by every message */
+    int rank, size;                      /* 0 <= rank < size <= CM_COLL_MAX_MEMBERS */
+    cm_conn *peers[CM_COLL_MAX_MEMBERS]; /* READY connection to each other rank; [rank] unused; not owned */
+    int64_t max_n;                       /* largest vector (batch * n_embd) */
+    int timeout_ms;                      /* deadline of every wait; 0 = CM_COLL_DEFAULT_TIMEOUT_MS */
+    int64_t ring_min;                    /* n >= ring_min uses the ring; 0 = default; < 0 = never */
+    bool compress;                       /* Q8_0 transfer */
+    uint64_t epoch;                      /* plan epoch carried by every message */
 } cm_coll_cfg;
 
 /* Counters of one connection (this member's side). wire_* count whole frames
@@ -83,12 +83,12 @@ typedef struct cm_coll_link_stats {
 
 typedef struct cm_coll_stats {
     uint64_t ops, direct_ops, ring_ops;
-    uint64_t native_ops; /* of which by the transport's own all-reduce (cm_coll_native) */
-    uint64_t elems;      /* sum of n over ops */
-    uint64_t gather_ops; /* of which expert gathers (cm_coll_allgather) */
-    uint64_t gather_data_sent; /* element bytes this member sent in them */
-    double busy_s;       /* wall time inside cm_coll_allreduce */
-    double wait_s;       /* of which waiting for a peer's piece */
+    uint64_t native_ops;                          /* of which by the transport's own all-reduce (cm_coll_native) */
+    uint64_t elems;                               /* sum of n over ops */
+    uint64_t gather_ops;                          /* of which expert gathers (cm_coll_allgather) */
+    uint64_t gather_data_sent;                    /* element bytes this member sent in them */
+    double busy_s;                                /* wall time inside cm_coll_allreduce */
+    double wait_s;                                /* of which waiting for a peer's piece */
     cm_coll_link_stats link[CM_COLL_MAX_MEMBERS]; /* by peer rank */
     cm_coll_link_stats total;
 } cm_coll_stats;
@@ -178,9 +178,8 @@ bool cm_coll_is_native(const cm_coll *c);
  * connection per other rank (conns[rank] = NULL). On error every connection
  * made so far is closed. */
 #define CM_COLL_MESH_ID 0x636f6c6c00000000ull /* "coll" */
-int cm_coll_mesh_open(int rank, int size, cm_listener *l, const char *const *addrs,
-                      const cm_net_cfg *cfg, const cm_msg_hello *mine, int timeout_ms,
-                      cm_conn **conns, char *err, size_t errlen);
+int cm_coll_mesh_open(int rank, int size, cm_listener *l, const char *const *addrs, const cm_net_cfg *cfg,
+                      const cm_msg_hello *mine, int timeout_ms, cm_conn **conns, char *err, size_t errlen);
 void cm_coll_mesh_close(cm_conn **conns, int size);
 /* The two halves of the rank greeting, for a node daemon whose own accept
  * loop receives the TP connections: after the handshake the connecting

@@ -63,7 +63,8 @@ static void *rx_main(void *arg) {
         if (atomic_load(&r->released)) break; /* the plan no longer uses it (coord_recover.c): not a failure */
         if (now - r->last_hb_ns >= (uint64_t)CM_PIPE_HB_MS * 1000000ull) {
             cm_msg hb = {.type = CM_MSG_HEARTBEAT};
-            hb.u.heartbeat = (cm_msg_heartbeat){.epoch = atomic_load(&p->epoch), .wall_ms = cm_wall_ms(), .mono_ns = now};
+            hb.u.heartbeat =
+                (cm_msg_heartbeat){.epoch = atomic_load(&p->epoch), .wall_ms = cm_wall_ms(), .mono_ns = now};
             int rc = 0;
             /* The data path holds send_mu through a send, which a frozen
              * stage stalls for up to the loss bound: never wait for it here,
@@ -94,7 +95,7 @@ static void *rx_main(void *arg) {
             CM_LOGW("node %s ('%s') lost: silent for %llu ms", r->addr, r->hello.name, (unsigned long long)bound_ms);
             if (!atomic_load(&p->closing))
                 cm_coord_fatal(p, CM_ETIMEDOUT, "node %s ('%s') lost: silent for %llu ms", r->addr, r->hello.name,
-                          (unsigned long long)bound_ms);
+                               (unsigned long long)bound_ms);
             break;
         }
         if (cm_fd_wait_readable(cm_conn_fd(r->ctl), 100) <= 0) continue;
@@ -106,7 +107,7 @@ static void *rx_main(void *arg) {
                 CM_LOGW("node %s ('%s') left: %s", r->addr, r->hello.name, rc ? err : m.u.bye.text);
             if (!atomic_load(&p->closing))
                 cm_coord_fatal(p, rc ? rc : CM_ECLOSED, "node %s ('%s') left: %s", r->addr, r->hello.name,
-                          rc ? err : m.u.bye.text);
+                               rc ? err : m.u.bye.text);
             break;
         }
         atomic_store(&r->last_rx_ns, cm_now_ns());
@@ -205,7 +206,11 @@ static int parse_nodes(const cm_pipe_opts *o, char addrs[][80], int max, char *e
  * estimated as the slower of the two links to here, which bounds it on a
  * switch or bridge. Returns whether it was measured. */
 static bool node_link(const cm_pipe *p, int i, int j, double *rtt, double *bw) {
-    if (i == j) { *rtt = 0; *bw = 1e12; return true; }
+    if (i == j) {
+        *rtt = 0;
+        *bw = 1e12;
+        return true;
+    }
     if (i == 0 || j == 0) {
         const remote *r = &p->r[(i ? i : j) - 1];
         *rtt = r->rtt;
@@ -259,7 +264,8 @@ static void make_cluster(cm_pipe *p, cm_plan_cluster *c) {
         for (int j = 0; j < c->n_nodes; j++)
             if (!node_link(p, i, j, &c->rtt_s[i][j], &c->bw[i][j]) && i && j) {
                 double rtt, bw;
-                c->down[i][j] = cm_coord_link(p, i - 1, j - 1, &rtt, &bw) < 0 || cm_coord_link(p, j - 1, i - 1, &rtt, &bw) < 0;
+                c->down[i][j] =
+                    cm_coord_link(p, i - 1, j - 1, &rtt, &bw) < 0 || cm_coord_link(p, j - 1, i - 1, &rtt, &bw) < 0;
             }
 }
 
@@ -275,14 +281,16 @@ static void counts_text(const int *v, int n, char *buf, size_t cap) {
 static int check_request(const cm_plan_request *q, const cm_plan_model *pm, char *err, size_t errlen) {
     int sum = 0;
     if (q->n_split < 0 || q->n_split > CM_PLAN_MAX_NODES || q->n_groups < 0 || q->n_groups > CM_PLAN_MAX_NODES ||
-        q->n_weights < 0 || q->n_weights > CM_PLAN_MAX_NODES || (q->mode_set && (q->mode < 0 || q->mode >= CM_PARALLEL_COUNT)))
+        q->n_weights < 0 || q->n_weights > CM_PLAN_MAX_NODES ||
+        (q->mode_set && (q->mode < 0 || q->mode >= CM_PARALLEL_COUNT)))
         return cm_errf(err, errlen, CM_EINVAL, "plan request out of range");
     if (q->n_groups && q->n_split && q->n_split != q->n_groups)
         return cm_errf(err, errlen, CM_EINVAL, "a layer split of %d stages for %d groups", q->n_split, q->n_groups);
     if (q->mode_set && q->mode == CM_PARALLEL_TP && q->n_split)
         return cm_errf(err, errlen, CM_EINVAL, "a layer split makes a pipeline, not one tensor-parallel group");
     for (int i = 0; i < q->n_split; i++) {
-        if (q->split[i] < 1) return cm_errf(err, errlen, CM_EINVAL, "a layer split with a stage of %d layers", q->split[i]);
+        if (q->split[i] < 1)
+            return cm_errf(err, errlen, CM_EINVAL, "a layer split with a stage of %d layers", q->split[i]);
         sum += q->split[i];
     }
     for (int i = 0; i < q->n_groups; i++)
@@ -291,7 +299,8 @@ static int check_request(const cm_plan_request *q, const cm_plan_model *pm, char
         if (!(q->weights[i] > 0) || q->weights[i] > 1e6)
             return cm_errf(err, errlen, CM_EINVAL, "a relative speed of %g", q->weights[i]);
     if (q->n_split && sum != pm->n_layers)
-        return cm_errf(err, errlen, CM_EINVAL, "the layer split adds up to %d, the model has %d layers", sum, pm->n_layers);
+        return cm_errf(err, errlen, CM_EINVAL, "the layer split adds up to %d, the model has %d layers", sum,
+                       pm->n_layers);
     return 0;
 }
 
@@ -320,7 +329,7 @@ static int make_plan(cm_pipe *p, const cm_pipe_opts *o, cm_plan *plan, cm_plan_m
     po.kv_k32_bytes = (int)cm_row_size((enum cm_type)o->kv_type_k, 32); /* the planner counts the KV types */
     po.kv_v32_bytes = (int)cm_row_size((enum cm_type)o->kv_type_v, 32);
     po.mode = q->mode_set ? q->mode : q->n_groups ? CM_PARALLEL_HYBRID : CM_PARALLEL_PP;
-    po.reorder = true; /* the pipeline's order follows the measured links */
+    po.reorder = true;             /* the pipeline's order follows the measured links */
     if (po.mode != CM_PARALLEL_PP) /* relative speeds (tests, or known-unequal machines) */
         for (int i = 0; i < q->n_weights && i < pc->n_nodes; i++) {
             pc->nodes[i].flops *= q->weights[i];
@@ -336,7 +345,8 @@ static int make_plan(cm_pipe *p, const cm_pipe_opts *o, cm_plan *plan, cm_plan_m
                 if (at == pc->n_nodes) {
                     int want = 0;
                     for (int k = 0; k < q->n_groups; k++) want += q->groups[k];
-                    return cm_errf(err, errlen, CM_EINVAL, "the groups name %d members for %d machines", want, pc->n_nodes);
+                    return cm_errf(err, errlen, CM_EINVAL, "the groups name %d members for %d machines", want,
+                                   pc->n_nodes);
                 }
                 group_of[at] = i;
             }
@@ -391,9 +401,9 @@ int cm_pipe_open(cm_pipe **out, const char *model_path, const cm_gguf *g, const 
     /* The coordinator's environment, read here once (tests tighten the bounds). */
     p->lost_ms = cm_cluster_lost_ms(); /* CUMULO_LOST_MS is read there, for every process */
     const cm_config *cfg = cm_config_get();
-    if (cfg->token_timeout_ms) p->timeout_ms = cfg->token_timeout_ms; /* the token deadline of cm_pipe_recv_token */
+    if (cfg->token_timeout_ms) p->timeout_ms = cfg->token_timeout_ms;   /* the token deadline of cm_pipe_recv_token */
     p->rejoin_ms = cfg->rejoin_ms ? cfg->rejoin_ms : CM_PIPE_REJOIN_MS; /* how often cm_pipe_maintain acts */
-    p->no_recover = cfg->test_no_recover; /* cluster_failover.sh shows it fails without */
+    p->no_recover = cfg->test_no_recover;                               /* cluster_failover.sh shows it fails without */
     p->log = o->log;
     p->log_ctx = o->log_ctx;
     p->epoch = cm_wall_ms();
@@ -421,7 +431,7 @@ int cm_pipe_open(cm_pipe **out, const char *model_path, const cm_gguf *g, const 
     cm_msg_hello peers[CM_PLAN_MAX_NODES - 1];
     int dial_rc[CM_PLAN_MAX_NODES - 1];
     char dial_err[CM_PLAN_MAX_NODES - 1][400];
-    cm_cluster_dial_many((const char (*)[80])addrs, n, &p->cfg, &p->hello, dialled, peers, dial_rc, dial_err);
+    cm_cluster_dial_many((const char(*)[80])addrs, n, &p->cfg, &p->hello, dialled, peers, dial_rc, dial_err);
     for (int i = 0; i < n; i++) {
         remote *r = &p->r[p->n_remote];
         char e[400];
@@ -474,10 +484,11 @@ int cm_pipe_open(cm_pipe **out, const char *model_path, const cm_gguf *g, const 
             for (int k = i + 1; k < n; k++) cm_conn_close(dialled[k], NULL);
             goto fail;
         }
-        cm_coord_log(p, "node %s ('%s'): %u cores %s, %.1f GFLOP/s, %.1f GB/s, %.2f GiB free; rtt %.3f ms, %.1f MB/s%s%s%s", r->addr,
-             r->hello.name, r->hello.cores, r->hello.isa, r->hello.gflops, r->hello.mem_gbs,
-             (double)r->hello.mem_free / (1 << 30), r->rtt * 1e3, r->bw / 1e6,
-             r->hello.has_gpu ? "; GPU '" : "", r->hello.gpu_name, r->hello.has_gpu ? "'" : "");
+        cm_coord_log(
+            p, "node %s ('%s'): %u cores %s, %.1f GFLOP/s, %.1f GB/s, %.2f GiB free; rtt %.3f ms, %.1f MB/s%s%s%s",
+            r->addr, r->hello.name, r->hello.cores, r->hello.isa, r->hello.gflops, r->hello.mem_gbs,
+            (double)r->hello.mem_free / (1 << 30), r->rtt * 1e3, r->bw / 1e6, r->hello.has_gpu ? "; GPU '" : "",
+            r->hello.gpu_name, r->hello.has_gpu ? "'" : "");
     }
     if (!p->n_remote && n_busy) {
         rc = cm_errf(err, errlen, CM_EBUSY, "no node is free: %s", first_busy);
@@ -504,7 +515,10 @@ int cm_pipe_open(cm_pipe **out, const char *model_path, const cm_gguf *g, const 
     static cm_plan_model pm; /* large (per-layer tables); only used here, under the caller's load */
     static pthread_mutex_t pm_mu = PTHREAD_MUTEX_INITIALIZER;
     cm_plan_cluster *pc = cm_calloc(1, sizeof *pc);
-    if (!pc) { rc = cm_errf(err, errlen, CM_ENOMEM, "out of memory"); goto fail; }
+    if (!pc) {
+        rc = cm_errf(err, errlen, CM_ENOMEM, "out of memory");
+        goto fail;
+    }
     pthread_mutex_lock(&pm_mu);
     rc = make_plan(p, o, &plan, &pm, pc, err, errlen);
     if (!rc) {
@@ -561,4 +575,3 @@ const char *cm_pipe_plan_text(const cm_pipe *p) { return p->plan_text; }
 int cm_pipe_n_stages(const cm_pipe *p) { return p->plan.n_stages; }
 void cm_coord_make_cluster(cm_pipe *p, cm_plan_cluster *c) { make_cluster(p, c); }
 bool cm_coord_node_link(const cm_pipe *p, int i, int j, double *rtt, double *bw) { return node_link(p, i, j, rtt, bw); }
-

@@ -66,13 +66,25 @@ int cm_pipe_seq_start(cm_pipe *p, int slot_i, const cm_sampler_params *sp, const
     cm_msg m = {.type = CM_MSG_SEQ_START};
     cm_msg_seq_start *q = &m.u.seq_start;
     int keep = sp->repeat_last_n > 0 ? CM_MIN(sp->repeat_last_n, (int)CM_MSG_MAX_HIST) : 0;
-    if (n_hist > keep) { hist += n_hist - keep; n_hist = keep; }
-    *q = (cm_msg_seq_start){.epoch = p->epoch, .seq = slot_i, .temperature = sp->temperature, .top_k = sp->top_k,
-                            .top_p = sp->top_p, .min_p = sp->min_p, .repeat_penalty = sp->repeat_penalty,
-                            .repeat_last_n = sp->repeat_last_n, .presence_penalty = sp->presence_penalty,
-                            .frequency_penalty = sp->frequency_penalty, .seed = sp->seed, .n_sampled = n_sampled,
+    if (n_hist > keep) {
+        hist += n_hist - keep;
+        n_hist = keep;
+    }
+    *q = (cm_msg_seq_start){.epoch = p->epoch,
+                            .seq = slot_i,
+                            .temperature = sp->temperature,
+                            .top_k = sp->top_k,
+                            .top_p = sp->top_p,
+                            .min_p = sp->min_p,
+                            .repeat_penalty = sp->repeat_penalty,
+                            .repeat_last_n = sp->repeat_last_n,
+                            .presence_penalty = sp->presence_penalty,
+                            .frequency_penalty = sp->frequency_penalty,
+                            .seed = sp->seed,
+                            .n_sampled = n_sampled,
                             .n_probs = (uint8_t)CM_MIN(sp->n_probs > 0 ? sp->n_probs : 0, CM_MSG_MAX_TOP),
-                            .n_hist = (uint32_t)n_hist, .hist = hist};
+                            .n_hist = (uint32_t)n_hist,
+                            .hist = hist};
     pthread_mutex_lock(&p->send_mu);
     int rc = cm_coord_send_data(p, &m, err, errlen);
     pthread_mutex_unlock(&p->send_mu);
@@ -93,9 +105,15 @@ int cm_pipe_send(cm_pipe *p, int slot_i, const float *hidden, const int32_t *pos
         pthread_mutex_unlock(&p->mu);
     }
     cm_msg m = {.type = CM_MSG_FORWARD};
-    m.u.forward = (cm_msg_forward){.epoch = p->epoch, .request_id = ++p->next_req, .n_tokens = (uint32_t)n,
-                                   .dim = (uint32_t)p->m->hp.n_embd, .dtype = CM_HIDDEN_F32, .pos = pos,
-                                   .seq = p->seqbuf, .want = p->wantbuf, .hidden = hidden};
+    m.u.forward = (cm_msg_forward){.epoch = p->epoch,
+                                   .request_id = ++p->next_req,
+                                   .n_tokens = (uint32_t)n,
+                                   .dim = (uint32_t)p->m->hp.n_embd,
+                                   .dtype = CM_HIDDEN_F32,
+                                   .pos = pos,
+                                   .seq = p->seqbuf,
+                                   .want = p->wantbuf,
+                                   .hidden = hidden};
     int rc = cm_coord_send_data(p, &m, err, errlen);
     if (!rc) p->rows_sent += (uint64_t)n;
     pthread_mutex_unlock(&p->send_mu);
@@ -122,7 +140,10 @@ int cm_coord_wait_data(cm_pipe *p, uint64_t deadline, const char *what, char *er
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     ts.tv_nsec += 50000000;
-    if (ts.tv_nsec >= 1000000000) { ts.tv_sec++; ts.tv_nsec -= 1000000000; }
+    if (ts.tv_nsec >= 1000000000) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000;
+    }
     pthread_cond_timedwait(&p->cv, &p->mu, &ts);
     return 0;
 }
@@ -172,7 +193,11 @@ int cm_pipe_members(const cm_pipe *p, cm_cluster_member *out, int max) {
 
 void cm_pipe_hop_stats(const cm_pipe *p, uint64_t *bytes, uint64_t *frames, uint64_t *rows) {
     cm_conn_stats st = {0};
-    if (!p->data) { *bytes = *frames = 0; *rows = p->rows_sent; return; }
+    if (!p->data) {
+        *bytes = *frames = 0;
+        *rows = p->rows_sent;
+        return;
+    }
     cm_conn_get_stats(p->data, CM_MSG_FORWARD, &st);
     *bytes = st.tx_bytes;
     *frames = st.tx_frames;
@@ -188,11 +213,13 @@ int cm_coord_send_group0(cm_pipe *p, const cm_msg *m, char *err, size_t errlen) 
     for (int k = 1; k < p->plan.stages[0].n_members; k++) {
         remote *rm = cm_coord_member(p, 0, k);
         int rc = cm_conn_send(rm->ctl, m, p->timeout_ms, err, errlen);
-        if (rc) { cm_coord_fatal(p, rc, "node %s: %s", rm->addr, err); return rc; }
+        if (rc) {
+            cm_coord_fatal(p, rc, "node %s: %s", rm->addr, err);
+            return rc;
+        }
     }
     return 0;
 }
-
 
 int cm_pipe_last_top(cm_pipe *p, int slot_i, int32_t *ids, float *logprobs, int max) {
     if (slot_i < 0 || slot_i >= p->n_seq) return 0;
@@ -263,11 +290,18 @@ static int tp_send(cm_pipe *p, const int32_t *tokens, const int32_t *pos, const 
     pthread_mutex_lock(&p->send_mu);
     memset(p->wantbuf, 0, (size_t)n);
     cm_msg m = {.type = CM_MSG_FORWARD};
-    m.u.forward = (cm_msg_forward){.epoch = p->epoch, .request_id = ++p->next_req, .n_tokens = (uint32_t)n, .dim = 0,
-                                   .dtype = CM_HIDDEN_TOKENS, .pos = pos, .seq = seq, .want = p->wantbuf,
+    m.u.forward = (cm_msg_forward){.epoch = p->epoch,
+                                   .request_id = ++p->next_req,
+                                   .n_tokens = (uint32_t)n,
+                                   .dim = 0,
+                                   .dtype = CM_HIDDEN_TOKENS,
+                                   .pos = pos,
+                                   .seq = seq,
+                                   .want = p->wantbuf,
                                    .tokens = tokens};
     int rc = cm_coord_send_group0(p, &m, err, errlen);
-    if (!rc && p->plan.n_stages == 1) p->rows_sent += (uint64_t)n; /* hybrid: rows_sent counts the hidden rows to stage 1 */
+    if (!rc && p->plan.n_stages == 1)
+        p->rows_sent += (uint64_t)n; /* hybrid: rows_sent counts the hidden rows to stage 1 */
     pthread_mutex_unlock(&p->send_mu);
     return rc;
 }
@@ -299,4 +333,3 @@ void cm_pipe_tp_stats(const cm_pipe *p, uint64_t *data_sent, uint64_t *wire_sent
     *ops = st.ops;
     *rows = p->rows_sent;
 }
-

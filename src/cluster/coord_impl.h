@@ -26,19 +26,23 @@ typedef struct remote {
     pthread_t rx;
     bool rx_started;
     bool ready;
-    atomic_bool loading;     /* ASSIGN sent, READY not yet: loading may outlast the heartbeat bound, and
+    atomic_bool loading;       /* ASSIGN sent, READY not yet: loading may outlast the heartbeat bound, and
                               * the node's control thread expects only WEIGHTS_CHUNKs: no heartbeats */
-    atomic_bool lost;        /* declared lost: its rx thread has ended */
-    bool seen_back;          /* coord_recover.c: lost, answered one rejoin check */
+    atomic_bool lost;          /* declared lost: its rx thread has ended */
+    bool seen_back;            /* coord_recover.c: lost, answered one rejoin check */
     uint64_t refused_until_ns; /* coord_recover.c: not redialled before (it refused its part) */
-    bool held_logged;        /* coord_recover.c: said once that another coordinator holds it (issue 19) */
+    bool held_logged;          /* coord_recover.c: said once that another coordinator holds it (issue 19) */
     _Atomic uint64_t last_rx_ns;
-    uint64_t last_hb_ns;     /* rx thread only */
+    uint64_t last_hb_ns; /* rx thread only */
     int ready_status;
     char ready_text[CM_MSG_TEXT_MAX + 1];
     cm_pipe *p;
-    int n_links;             /* node to node links this node measured (LINKS), by peer address */
-    struct { char addr[80]; int status; double rtt, bw; } links[CM_PLAN_MAX_NODES];
+    int n_links; /* node to node links this node measured (LINKS), by peer address */
+    struct {
+        char addr[80];
+        int status;
+        double rtt, bw;
+    } links[CM_PLAN_MAX_NODES];
     /* coord_links.c, re-measuring while the receiver thread runs: the LINKS
      * answer awaited (id), handed over under p->mu; the node's control
      * thread is busy measuring until quiet_until_ns, so its silence until
@@ -47,9 +51,9 @@ typedef struct remote {
     bool links_got;
     cm_msg_links links_ans;
     _Atomic uint64_t quiet_until_ns;
-    atomic_bool released;    /* coord_recover.c: left out of the plan; its rx thread ends without failing the pipe */
-    cm_msg_heartbeat stats;  /* the node's latest heartbeat with telemetry (issue 19), under p->info_mu */
-    uint64_t stats_ns;       /* when it came (0: none yet), under p->info_mu */
+    atomic_bool released;   /* coord_recover.c: left out of the plan; its rx thread ends without failing the pipe */
+    cm_msg_heartbeat stats; /* the node's latest heartbeat with telemetry (issue 19), under p->info_mu */
+    uint64_t stats_ns;      /* when it came (0: none yet), under p->info_mu */
 } remote;
 
 typedef struct slot {
@@ -57,7 +61,7 @@ typedef struct slot {
     uint64_t asked, got; /* samples requested / tokens received */
     int32_t token;
     float logprob;
-    int n_top;                       /* top logprobs of the latest TOKEN */
+    int n_top; /* top logprobs of the latest TOKEN */
     int32_t top_id[CM_MSG_MAX_TOP];
     float top_lp[CM_MSG_MAX_TOP];
     /* pipe_output.c: OUTPUT rows awaited (cm_pipe_output_expect), copied
@@ -83,10 +87,10 @@ struct cm_pipe {
     int n_seq, n_ctx, max_batch, timeout_ms;
     _Atomic uint64_t epoch;
     uint64_t next_req;
-    int lost_ms;    /* the loss bound (env CUMULO_LOST_MS) */
-    int rejoin_ms;  /* cm_pipe_maintain acts at most this often (env CUMULO_REJOIN_MS) */
+    int lost_ms;     /* the loss bound (env CUMULO_LOST_MS) */
+    int rejoin_ms;   /* cm_pipe_maintain acts at most this often (env CUMULO_REJOIN_MS) */
     bool no_recover; /* env CUMULO_TEST_NO_RECOVER: recovery refused (a test shows it matters) */
-    int generation; /* bumped by every plan applied after the first */
+    int generation;  /* bumped by every plan applied after the first */
     int fatal;
     char fatal_text[600];
     atomic_int closing;
@@ -95,11 +99,11 @@ struct cm_pipe {
      * first member is this machine; node k >= 1 is r[k - 1]). Written only
      * by cm_coord_apply_plan; n_stages 0 until the first plan is applied. */
     cm_plan plan;
-    enum cm_parallel ask;              /* the shape asked for at the start: re-plans ask the planner for it again */
-    bool samples_here;                 /* the plan is one stage: this machine samples (set at open; re-plans keep it) */
-    bool tp_compress;                  /* Q8_0 all-reduce transfers in every group */
-    bool take;                         /* the opening plan's ASSIGNs carry CM_ASSIGN_F_TAKE (--take) */
-    int kv_type_k, kv_type_v;          /* the nodes' KV cache types (cm_pipe_opts) */
+    enum cm_parallel ask;     /* the shape asked for at the start: re-plans ask the planner for it again */
+    bool samples_here;        /* the plan is one stage: this machine samples (set at open; re-plans keep it) */
+    bool tp_compress;         /* Q8_0 all-reduce transfers in every group */
+    bool take;                /* the opening plan's ASSIGNs carry CM_ASSIGN_F_TAKE (--take) */
+    int kv_type_k, kv_type_v; /* the nodes' KV cache types (cm_pipe_opts) */
     bool kv_rows;
     cm_conn *tp_conn[CM_COLL_MAX_MEMBERS]; /* to each node's rank (owned) */
     cm_coll *coll;
@@ -120,9 +124,9 @@ struct cm_pipe {
     char cause[300];         /* coord_recover.c: the failure that started it */
     uint64_t next_link_check_ns; /* coord_recover.c: next idle re-measure of links marked down */
     bool links_suspect;          /* coord_recover.c: a re-plan failed: re-measure before the next one */
-    bool from_mdns;          /* --nodes auto: coord_join.c keeps browsing for new nodes */
-    bool join_tried;         /* coord_join.c: browsing started (or failed) */
-    struct cm_join *join;    /* coord_join.c: the browser and the addresses it found (owned) */
+    bool from_mdns;              /* --nodes auto: coord_join.c keeps browsing for new nodes */
+    bool join_tried;             /* coord_join.c: browsing started (or failed) */
+    struct cm_join *join;        /* coord_join.c: the browser and the addresses it found (owned) */
     struct cm_train_pipe *train; /* coord_train.c: the training that awaits TRAIN answers (not owned), under mu */
 };
 
@@ -214,9 +218,9 @@ void cm_coord_on_train(cm_pipe *p, remote *r, const cm_msg_train *q);
  * key, links measured) and adds those that answer as remotes (up to
  * CM_PLAN_MAX_NODES - 1 in all); returns how many were added. Addresses
  * that fail are logged once and tried again after CM_JOIN_RETRY_MS. */
-#define CM_JOIN_TABLE 32      /* addresses found by mDNS waiting to be dialled or refused */
-#define CM_JOIN_DIALS 4       /* dials per idle call */
-#define CM_JOIN_DIAL_MS 1000  /* connect + handshake bound (and the links measurement's) */
+#define CM_JOIN_TABLE 32     /* addresses found by mDNS waiting to be dialled or refused */
+#define CM_JOIN_DIALS 4      /* dials per idle call */
+#define CM_JOIN_DIAL_MS 1000 /* connect + handshake bound (and the links measurement's) */
 #define CM_JOIN_RETRY_MS 30000
 int cm_coord_join_poll(cm_pipe *p);
 /* Stop browsing and free (cm_pipe_close). */

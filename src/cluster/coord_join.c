@@ -37,7 +37,7 @@ struct cm_join {
         uint64_t next_ns; /* JOIN_REFUSED: not dialled again before */
     } c[CM_JOIN_TABLE];
     int n;
-    uint64_t ignored;    /* announcements not kept: the table was full */
+    uint64_t ignored; /* announcements not kept: the table was full */
     uint64_t ignored_logged;
 };
 
@@ -159,7 +159,8 @@ static int join_one(cm_pipe *p, struct cm_join *j, join_dial *d, bool first_try)
     char e[400];
     snprintf(e, sizeof e, "%s", d->e);
     if (!rc && p->n_remote >= CM_PLAN_MAX_NODES - 1) {
-        if (first_try) cm_coord_log(p, "node %s (found by mDNS) not used: the cluster has %d nodes already", addr, p->n_remote);
+        if (first_try)
+            cm_coord_log(p, "node %s (found by mDNS) not used: the cluster has %d nodes already", addr, p->n_remote);
         cm_conn_close(c, NULL);
         set_state(j, addr, JOIN_REFUSED, retry);
         return 0;
@@ -218,9 +219,11 @@ static int join_one(cm_pipe *p, struct cm_join *j, join_dial *d, bool first_try)
     }
     p->n_remote++;
     set_state(j, addr, JOIN_MEMBER, 0);
-    cm_coord_log(p, "node %s ('%s') joined (found by mDNS): %u cores, %.1f GFLOP/s, %.2f GiB free; rtt %.3f ms, %.1f MB/s; "
-                 "%d of its links measured",
-                 r->addr, h.name, h.cores, h.gflops, (double)h.mem_free / (1 << 30), r->rtt * 1e3, r->bw / 1e6, r->n_links);
+    cm_coord_log(
+        p,
+        "node %s ('%s') joined (found by mDNS): %u cores, %.1f GFLOP/s, %.2f GiB free; rtt %.3f ms, %.1f MB/s; "
+        "%d of its links measured",
+        r->addr, h.name, h.cores, h.gflops, (double)h.mem_free / (1 << 30), r->rtt * 1e3, r->bw / 1e6, r->n_links);
     return 1;
 }
 
@@ -238,7 +241,10 @@ int cm_coord_join_poll(cm_pipe *p) {
         if (j->c[i].state == JOIN_MEMBER || j->c[i].next_ns > now) continue;
         bool known = false; /* a node of the cluster already (found at start, or joined) */
         for (int r = 0; r < p->n_remote; r++) known |= !strcmp(p->r[r].addr, j->c[i].addr);
-        if (known) { j->c[i].state = JOIN_MEMBER; continue; }
+        if (known) {
+            j->c[i].state = JOIN_MEMBER;
+            continue;
+        }
         memcpy(todo[n], j->c[i].addr, sizeof todo[0]);
         first[n++] = j->c[i].state == JOIN_NEW;
     }

@@ -68,7 +68,13 @@ int cm_coord_link(const cm_pipe *p, int a, int b, double *rtt, double *bw) {
 
 void cm_coord_links_text(const cm_pipe *p, char *buf, size_t n) {
     size_t k = 0;
-#define OUT(...) do { if (k < n) { int w_ = snprintf(buf + k, n - k, __VA_ARGS__); if (w_ > 0) k += (size_t)w_; } } while (0)
+#define OUT(...)                                            \
+    do {                                                    \
+        if (k < n) {                                        \
+            int w_ = snprintf(buf + k, n - k, __VA_ARGS__); \
+            if (w_ > 0) k += (size_t)w_;                    \
+        }                                                   \
+    } while (0)
     if (n) buf[0] = 0;
     OUT("links (row measured toward column; rtt ms / MB/s):\n%-22s %-22s", "from \\ to", "here");
     for (int j = 0; j < p->n_remote; j++) OUT(" %-22s", p->r[j].addr);
@@ -108,9 +114,9 @@ static int link_slot(remote *r, const char *addr) {
     return t;
 }
 
-
 /* LINKS_REQ to r while its receiver thread runs (it hands the answer over). */
-static int ask_live(cm_pipe *p, remote *r, const char *const *peers, int k, cm_msg_links *out, char *err, size_t errlen) {
+static int ask_live(cm_pipe *p, remote *r, const char *const *peers, int k, cm_msg_links *out, char *err,
+                    size_t errlen) {
     static _Atomic uint64_t next_id = 1ull << 48; /* apart from cm_cluster_links_ask's ids */
     cm_msg m = {.type = CM_MSG_LINKS_REQ};
     cm_msg_links_req *q = &m.u.links_req;
@@ -134,15 +140,25 @@ static int ask_live(cm_pipe *p, remote *r, const char *const *peers, int k, cm_m
     uint64_t end = cm_now_ns() + wait_ns;
     pthread_mutex_lock(&p->mu);
     while (!rc && !r->links_got) {
-        if (atomic_load(&r->lost)) { rc = cm_errf(err, errlen, CM_ECLOSED, "node lost"); break; }
-        if (cm_now_ns() > end) { rc = cm_errf(err, errlen, CM_ETIMEDOUT, "no LINKS answer"); break; }
+        if (atomic_load(&r->lost)) {
+            rc = cm_errf(err, errlen, CM_ECLOSED, "node lost");
+            break;
+        }
+        if (cm_now_ns() > end) {
+            rc = cm_errf(err, errlen, CM_ETIMEDOUT, "no LINKS answer");
+            break;
+        }
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         ts.tv_nsec += 50000000;
-        if (ts.tv_nsec >= 1000000000) { ts.tv_sec++; ts.tv_nsec -= 1000000000; }
+        if (ts.tv_nsec >= 1000000000) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000;
+        }
         pthread_cond_timedwait(&p->cv, &p->mu, &ts);
     }
-    if (!rc && r->links_ans.n != k) rc = cm_errf(err, errlen, CM_EPROTO, "LINKS with %u entries for %d peers", r->links_ans.n, k);
+    if (!rc && r->links_ans.n != k)
+        rc = cm_errf(err, errlen, CM_EPROTO, "LINKS with %u entries for %d peers", r->links_ans.n, k);
     if (!rc) *out = r->links_ans;
     r->links_want = 0;
     pthread_mutex_unlock(&p->mu);
@@ -198,7 +214,8 @@ int cm_coord_recheck_links(cm_pipe *p, bool only_down) {
             }
             if (st && !was) {
                 changed++;
-                cm_coord_log(p, "link %s -> %s is down (%s): the plan keeps them apart", r->addr, o->addr, cm_strerror(st));
+                cm_coord_log(p, "link %s -> %s is down (%s): the plan keeps them apart", r->addr, o->addr,
+                             cm_strerror(st));
             } else if (!st && was) {
                 changed++;
                 cm_coord_log(p, "link %s -> %s is back: rtt %.3f ms", r->addr, o->addr, l.link[t].rtt_s * 1e3);

@@ -66,7 +66,8 @@ static void fill_assign(cm_pipe *p, const cm_plan *plan, int s, int k, cm_msg_as
     }
     /* prev: informational ("" after this machine); next: the next group's rank 0. */
     if (s > 1) snprintf(a->prev, sizeof a->prev, "%.63s", p->r[plan->stages[s - 1].members[0].node - 1].addr);
-    if (s + 1 < plan->n_stages) snprintf(a->next, sizeof a->next, "%.63s", p->r[plan->stages[s + 1].members[0].node - 1].addr);
+    if (s + 1 < plan->n_stages)
+        snprintf(a->next, sizeof a->next, "%.63s", p->r[plan->stages[s + 1].members[0].node - 1].addr);
 }
 
 static int send_assign(cm_pipe *p, const cm_plan *plan, int s, int k, char *err, size_t errlen) {
@@ -104,8 +105,8 @@ static int wait_ready(cm_pipe *p, const cm_plan *plan, int timeout_s, char *err,
                     char what[64];
                     if (st->n_members > 1) snprintf(what, sizeof what, "rank %d of stage %d", k, s);
                     else snprintf(what, sizeof what, "layers [%d, %d)", st->first_layer, st->last_layer);
-                    rc = cm_errf(err, errlen, r->ready_status, "node %s ('%s') cannot take %s: %s", r->addr, r->hello.name,
-                                 what, r->ready_text);
+                    rc = cm_errf(err, errlen, r->ready_status, "node %s ('%s') cannot take %s: %s", r->addr,
+                                 r->hello.name, what, r->ready_text);
                 }
             }
         if (p->fatal && !rc) rc = cm_errf(err, errlen, p->fatal, "%s", p->fatal_text);
@@ -117,7 +118,10 @@ static int wait_ready(cm_pipe *p, const cm_plan *plan, int timeout_s, char *err,
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         ts.tv_nsec += 50000000;
-        if (ts.tv_nsec >= 1000000000) { ts.tv_sec++; ts.tv_nsec -= 1000000000; }
+        if (ts.tv_nsec >= 1000000000) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000;
+        }
         pthread_cond_timedwait(&p->cv, &p->mu, &ts);
     }
     pthread_mutex_unlock(&p->mu);
@@ -194,7 +198,8 @@ static void release_unused(cm_pipe *p) {
     for (int i = 0; i < p->n_remote; i++) {
         remote *r = &p->r[i];
         if (used[i] || !cm_coord_alive(r)) continue;
-        cm_coord_log(p, "node %s ('%s') is not in the plan: released until a re-plan takes it back", r->addr, r->hello.name);
+        cm_coord_log(p, "node %s ('%s') is not in the plan: released until a re-plan takes it back", r->addr,
+                     r->hello.name);
         atomic_store(&r->released, true); /* its rx thread ends without failing the pipe */
         pthread_join(r->rx, NULL);
         r->rx_started = false;
@@ -235,8 +240,8 @@ static void log_groups(cm_pipe *p, const cm_plan *pl) {
         char ranges[400];
         int o = 0;
         for (int k = 0; k < st0->n_members && o < (int)sizeof ranges; k++)
-            o += snprintf(ranges + o, sizeof ranges - (size_t)o, "%s[%d, %d)", k ? " " : "", st0->members[k].expert_begin,
-                          st0->members[k].expert_end);
+            o += snprintf(ranges + o, sizeof ranges - (size_t)o, "%s[%d, %d)", k ? " " : "",
+                          st0->members[k].expert_begin, st0->members[k].expert_end);
         cm_coord_log(p, "expert parallel: %d members, this machine rank 0 with %s; experts by rank %s", st0->n_members,
                      mine, ranges);
         return;
@@ -253,7 +258,8 @@ static void log_groups(cm_pipe *p, const cm_plan *pl) {
         o += snprintf(line + o, sizeof line - (size_t)o, "%s %d member%s (layers [%d, %d))", s ? "," : "",
                       pl->stages[s].n_members, pl->stages[s].n_members > 1 ? "s" : "", pl->stages[s].first_layer,
                       pl->stages[s].last_layer);
-    if (o < (int)sizeof line) snprintf(line + o, sizeof line - (size_t)o, "; this machine rank 0 of stage 0 with %s", mine);
+    if (o < (int)sizeof line)
+        snprintf(line + o, sizeof line - (size_t)o, "; this machine rank 0 of stage 0 with %s", mine);
     cm_coord_log(p, "%s", line);
 }
 
@@ -340,8 +346,12 @@ int cm_coord_apply_plan(cm_pipe *p, const cm_plan *pl, const char *why, char *er
     }
     if (!rc) rc = wait_ready(p, pl, opening ? 600 : 120, err, errlen);
     if (!rc && k0 > 1) {
-        cm_coll_cfg cc = {.rank = 0, .size = k0, .max_n = (int64_t)p->max_batch * p->m->hp.n_embd,
-                          .timeout_ms = p->lost_ms, .epoch = ep, .compress = p->tp_compress && !st0->ep};
+        cm_coll_cfg cc = {.rank = 0,
+                          .size = k0,
+                          .max_n = (int64_t)p->max_batch * p->m->hp.n_embd,
+                          .timeout_ms = p->lost_ms,
+                          .epoch = ep,
+                          .compress = p->tp_compress && !st0->ep};
         for (int k = 1; k < k0; k++) cc.peers[k] = p->tp_conn[k];
         char e[300];
         rc = cm_coll_new(&cc, &p->coll, e, sizeof e);
@@ -427,8 +437,9 @@ int cm_coord_replan(cm_pipe *p, cm_plan *out, double *score, double *cur_score, 
     bool one_group = p->plan.n_stages == 1; /* every layer here: a group of every machine */
     int ll = cm_coord_local_last(p);
     if (n == 1 && !one_group) {
-        rc = cm_errf(err, errlen, CM_EAGAIN, "no node is left to run layers [%d, %d): the model does not fit on the survivors",
-                     ll, p->m->hp.n_layer);
+        rc = cm_errf(err, errlen, CM_EAGAIN,
+                     "no node is left to run layers [%d, %d): the model does not fit on the survivors", ll,
+                     p->m->hp.n_layer);
         goto out;
     }
     cm_plan_opts po;

@@ -27,8 +27,6 @@ bool cm_pipe_failed(cm_pipe *p) {
 
 int cm_pipe_generation(const cm_pipe *p) { return p->generation; }
 
-
-
 /* Join the receiver threads of lost nodes (they end within the bound) and
  * close their connections: a node is then either alive or closed. */
 static int reap_lost(cm_pipe *p) {
@@ -57,7 +55,8 @@ static int drop_refusers(cm_pipe *p) {
         bool refused = r->ready && r->ready_status;
         pthread_mutex_unlock(&p->mu);
         if (!cm_coord_alive(r) || !refused) continue;
-        cm_coord_log(p, "node %s ('%s') left out: it could not take its part: %s", r->addr, r->hello.name, r->ready_text);
+        cm_coord_log(p, "node %s ('%s') left out: it could not take its part: %s", r->addr, r->hello.name,
+                     r->ready_text);
         r->refused_until_ns = cm_now_ns() + (uint64_t)CM_JOIN_RETRY_MS * 1000000ull;
         atomic_store(&r->released, true); /* its rx thread ends without failing the pipe */
         pthread_join(r->rx, NULL);
@@ -179,9 +178,12 @@ int cm_pipe_recover(cm_pipe *p, char *err, size_t errlen) {
             if (p->plan.n_stages == 1 && p->plan.stages[0].ep) /* experts re-placed on the survivors */
                 cm_coord_log(p, "recovered: expert group of %d, epoch %llu", p->plan.stages[0].n_members,
                              (unsigned long long)atomic_load(&p->epoch));
-            else if (p->plan.n_stages == 1) cm_coord_log(p, "recovered: tensor-parallel group of %d, epoch %llu", p->plan.stages[0].n_members,
-                                    (unsigned long long)atomic_load(&p->epoch));
-            else cm_coord_log(p, "recovered: %d stages, epoch %llu", p->plan.n_stages, (unsigned long long)atomic_load(&p->epoch));
+            else if (p->plan.n_stages == 1)
+                cm_coord_log(p, "recovered: tensor-parallel group of %d, epoch %llu", p->plan.stages[0].n_members,
+                             (unsigned long long)atomic_load(&p->epoch));
+            else
+                cm_coord_log(p, "recovered: %d stages, epoch %llu", p->plan.n_stages,
+                             (unsigned long long)atomic_load(&p->epoch));
             return 0;
         }
         if (rc == CM_EAGAIN) break;

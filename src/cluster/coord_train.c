@@ -19,12 +19,12 @@ struct cm_train_pipe {
     int n_ctx, n_stages;
     int64_t E;
     int first[CM_PLAN_MAX_NODES], last[CM_PLAN_MAX_NODES]; /* stage s: layers [first, last) */
-    remote *node[CM_PLAN_MAX_NODES];                        /* stage s >= 1 */
-    size_t off[CM_PLAN_MAX_NODES], n[CM_PLAN_MAX_NODES];    /* stage s's span in the whole adapter */
+    remote *node[CM_PLAN_MAX_NODES];                       /* stage s >= 1 */
+    size_t off[CM_PLAN_MAX_NODES], n[CM_PLAN_MAX_NODES];   /* stage s's span in the whole adapter */
     cm_pool *pool;
     cm_tadapter *ad0; /* this machine's slice, layers [0, last[0]) */
     cm_trainer *tr0;
-    float *x;         /* [n_ctx][E]: rows on their way down or up */
+    float *x; /* [n_ctx][E]: rows on their way down or up */
     cm_train_exec ex;
     uint64_t next_id;
     uint64_t sent, received;
@@ -50,8 +50,8 @@ void cm_coord_on_train(cm_pipe *p, remote *r, const cm_msg_train *q) {
     }
     if ((q->op != CM_TRAIN_ROWS && q->op != CM_TRAIN_SLICE) || n > t->cap) {
         pthread_mutex_unlock(&p->mu);
-        cm_coord_fatal(p, CM_EPROTO, "node %s answered training with op %u of %zu floats (room for %zu)", r->addr, q->op,
-                       n, t->cap);
+        cm_coord_fatal(p, CM_EPROTO, "node %s answered training with op %u of %zu floats (room for %zu)", r->addr,
+                       q->op, n, t->cap);
         return;
     }
     cm_msg_train_get(q, t->buf);
@@ -100,7 +100,9 @@ static int ask(cm_train_pipe *t, int s, cm_msg *m, float *buf, size_t cap, char 
     return rc;
 }
 
-static float *vec_of(const cm_tadapter *ad, unsigned v) { return v == CM_TRAIN_VEC_W ? ad->w : v == CM_TRAIN_VEC_M1 ? ad->m1 : ad->m2; }
+static float *vec_of(const cm_tadapter *ad, unsigned v) {
+    return v == CM_TRAIN_VEC_W ? ad->w : v == CM_TRAIN_VEC_M1 ? ad->m1 : ad->m2;
+}
 
 static int tp_load(void *user, const cm_tadapter *ad, char *err, size_t errlen) {
     cm_train_pipe *t = user;
@@ -115,15 +117,23 @@ static int tp_load(void *user, const cm_tadapter *ad, char *err, size_t errlen) 
     t->ad0->step = ad->step;
     for (int s = 1; s < t->n_stages; s++) {
         cm_msg m = {.type = CM_MSG_TRAIN};
-        m.u.train = (cm_msg_train){.op = CM_TRAIN_SETUP, .rank = (uint32_t)ad->rank, .targets = ad->targets,
-                                   .n_ctx = (uint32_t)t->n_ctx, .key = (uint64_t)ad->step};
+        m.u.train = (cm_msg_train){.op = CM_TRAIN_SETUP,
+                                   .rank = (uint32_t)ad->rank,
+                                   .targets = ad->targets,
+                                   .n_ctx = (uint32_t)t->n_ctx,
+                                   .key = (uint64_t)ad->step};
         m.u.train.f[0] = ad->alpha;
         int rc = ask(t, s, &m, NULL, 0, err, errlen);
         for (unsigned v = 0; !rc && v < CM_TRAIN_VEC_COUNT; v++)
             for (size_t o = 0; !rc && o < t->n[s]; o += CM_MSG_MAX_TRAIN_SLICE) {
                 const size_t k = t->n[s] - o < CM_MSG_MAX_TRAIN_SLICE ? t->n[s] - o : CM_MSG_MAX_TRAIN_SLICE;
-                m.u.train = (cm_msg_train){.op = CM_TRAIN_SLICE, .vec = (uint8_t)v, .n_rows = 1, .dim = (uint32_t)k,
-                                           .offset = o, .key = (uint64_t)ad->step, .data = vec_of(ad, v) + t->off[s] + o};
+                m.u.train = (cm_msg_train){.op = CM_TRAIN_SLICE,
+                                           .vec = (uint8_t)v,
+                                           .n_rows = 1,
+                                           .dim = (uint32_t)k,
+                                           .offset = o,
+                                           .key = (uint64_t)ad->step,
+                                           .data = vec_of(ad, v) + t->off[s] + o};
                 rc = ask(t, s, &m, NULL, 0, err, errlen);
             }
         if (rc) return rc;
@@ -144,8 +154,8 @@ static int tp_gather(void *user, cm_tadapter *ad, char *err, size_t errlen) {
                 int rc = ask(t, s, &m, vec_of(ad, v) + t->off[s] + o, k, err, errlen);
                 if (rc) return rc;
                 if (t->rows != 1 || t->key != (uint64_t)ad->step)
-                    return cm_errf(err, errlen, CM_EPROTO, "stage %d's slice is at step %llu, this machine's at %lld", s,
-                                   (unsigned long long)t->key, (long long)ad->step);
+                    return cm_errf(err, errlen, CM_EPROTO, "stage %d's slice is at step %llu, this machine's at %lld",
+                                   s, (unsigned long long)t->key, (long long)ad->step);
             }
     return 0;
 }
@@ -161,8 +171,8 @@ static int tp_window(void *user, const int32_t *tokens, const int32_t *target, i
     for (int s = 1; !rc && s < t->n_stages; s++) { /* down: each stage's output is the next one's input */
         const bool last = s == t->n_stages - 1;
         cm_msg m = {.type = CM_MSG_TRAIN};
-        m.u.train = (cm_msg_train){.op = CM_TRAIN_FWD, .n_rows = (uint32_t)T, .dim = (uint32_t)t->E, .key = drop_key,
-                                   .data = t->x};
+        m.u.train = (cm_msg_train){
+            .op = CM_TRAIN_FWD, .n_rows = (uint32_t)T, .dim = (uint32_t)t->E, .key = drop_key, .data = t->x};
         m.u.train.f[0] = weight;
         m.u.train.f[1] = dropout;
         if (last) {
@@ -181,7 +191,8 @@ static int tp_window(void *user, const int32_t *tokens, const int32_t *target, i
         cm_msg m = {.type = CM_MSG_TRAIN};
         m.u.train = (cm_msg_train){.op = CM_TRAIN_BWD, .n_rows = (uint32_t)T, .dim = (uint32_t)t->E, .data = t->x};
         rc = ask(t, s, &m, t->x, cap, err, errlen);
-        if (!rc && t->rows != (uint32_t)T) rc = cm_errf(err, errlen, CM_EPROTO, "stage %d answered %u rows for %d", s, t->rows, T);
+        if (!rc && t->rows != (uint32_t)T)
+            rc = cm_errf(err, errlen, CM_EPROTO, "stage %d answered %u rows for %d", s, t->rows, T);
     }
     if (!rc) cm_train_back(t->tr0, t->x, NULL);
     return rc;
@@ -207,8 +218,8 @@ int cm_train_pipe_new(cm_train_pipe **out, cm_pipe *p, const cm_model *m, int n_
     for (int s = 0; s < pl->n_stages; s++)
         if (pl->stages[s].n_members != 1)
             return cm_errf(err, errlen, CM_EUNSUPPORTED,
-                           "training runs on a pipeline plan: stage %d is a group of %d machines (use --parallel pp)", s,
-                           pl->stages[s].n_members);
+                           "training runs on a pipeline plan: stage %d is a group of %d machines (use --parallel pp)",
+                           s, pl->stages[s].n_members);
     if (pl->n_stages < 2) return cm_errf(err, errlen, CM_EINVAL, "a pipeline of %d stage", pl->n_stages);
     if (n_ctx < 2 || n_ctx > 65536) return cm_errf(err, errlen, CM_EINVAL, "window of %d tokens", n_ctx);
     cm_train_pipe *t = cm_calloc(1, sizeof *t);

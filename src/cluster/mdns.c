@@ -89,13 +89,17 @@ int cm_mdns_open(cm_mdns **out, const char *ifaces, char *err, size_t errlen) {
     cm_mdns_name_make(&m->enum_name, NULL, "_services._dns-sd._udp.local");
     snprintf(m->ifaces, sizeof m->ifaces, "%s", ifaces ? ifaces : "");
     m->fd = cm_mcast4_open(CM_MDNS_PORT, err, errlen);
-    if (m->fd < 0) { int rc = m->fd; cm_free(m); return rc; }
+    if (m->fd < 0) {
+        int rc = m->fd;
+        cm_free(m);
+        return rc;
+    }
     scan_ifaces(m);
     if (m->nifs == 0) {
         cm_fd_close(m->fd);
         cm_free(m);
-        return cm_errf(err, errlen, CM_ENOENT, "no multicast-capable IPv4 interface%s%s",
-                       ifaces ? " among " : "", ifaces ? ifaces : "");
+        return cm_errf(err, errlen, CM_ENOENT, "no multicast-capable IPv4 interface%s%s", ifaces ? " among " : "",
+                       ifaces ? ifaces : "");
     }
     m->tokens = 2 * UNICAST_RATE;
     m->tokens_at = now_ms();
@@ -131,17 +135,14 @@ size_t cm_mdns_last_sent(const cm_mdns *m, const uint8_t **p) {
 void cm_mdns_close(cm_mdns *m) {
     if (!m) return;
     cm_mdns_withdraw(m);
-    for (int i = 0; i < m->nifs && !m->detached; i++)
-        cm_mcast4_leave(m->fd, k_group, m->ifs[i].addr, m->ifs[i].index);
+    for (int i = 0; i < m->nifs && !m->detached; i++) cm_mcast4_leave(m->fd, k_group, m->ifs[i].addr, m->ifs[i].index);
     cm_fd_close(m->fd);
     cm_free(m);
 }
 
 void cm_mdns_get_stats(const cm_mdns *m, cm_mdns_stats *s) { *s = m->st; }
 const char *cm_mdns_current_name(const cm_mdns *m) { return m->label; }
-bool cm_mdns_is_announced(const cm_mdns *m) {
-    return m->rstate == RS_ANNOUNCING || m->rstate == RS_RUNNING;
-}
+bool cm_mdns_is_announced(const cm_mdns *m) { return m->rstate == RS_ANNOUNCING || m->rstate == RS_RUNNING; }
 
 /* ------------------------------------------------------------ sending */
 
@@ -188,22 +189,39 @@ static void our_rr(const cm_mdns *m, int kind, const mif *f, cm_mdns_rr *rr) {
     rr->klass = CM_MDNS_CLASS_IN;
     switch (kind) {
     case R_PTR:
-        rr->name = m->svc; rr->type = CM_MDNS_T_PTR; rr->target = m->inst_name; rr->ttl = m->ttl_other;
+        rr->name = m->svc;
+        rr->type = CM_MDNS_T_PTR;
+        rr->target = m->inst_name;
+        rr->ttl = m->ttl_other;
         break;
     case R_SRV:
-        rr->name = m->inst_name; rr->type = CM_MDNS_T_SRV; rr->port = m->port;
-        rr->target = m->host_name; rr->ttl = m->ttl_host; rr->cache_flush = true;
+        rr->name = m->inst_name;
+        rr->type = CM_MDNS_T_SRV;
+        rr->port = m->port;
+        rr->target = m->host_name;
+        rr->ttl = m->ttl_host;
+        rr->cache_flush = true;
         break;
     case R_TXT:
-        rr->name = m->inst_name; rr->type = CM_MDNS_T_TXT; rr->rdata = m->txt;
-        rr->rdlen = (uint16_t)m->txt_len; rr->ttl = m->ttl_other; rr->cache_flush = true;
+        rr->name = m->inst_name;
+        rr->type = CM_MDNS_T_TXT;
+        rr->rdata = m->txt;
+        rr->rdlen = (uint16_t)m->txt_len;
+        rr->ttl = m->ttl_other;
+        rr->cache_flush = true;
         break;
     case R_A:
-        rr->name = m->host_name; rr->type = CM_MDNS_T_A; memcpy(rr->addr, f->addr, 4);
-        rr->ttl = m->ttl_host; rr->cache_flush = true;
+        rr->name = m->host_name;
+        rr->type = CM_MDNS_T_A;
+        memcpy(rr->addr, f->addr, 4);
+        rr->ttl = m->ttl_host;
+        rr->cache_flush = true;
         break;
     default:
-        rr->name = m->enum_name; rr->type = CM_MDNS_T_PTR; rr->target = m->svc; rr->ttl = m->ttl_other;
+        rr->name = m->enum_name;
+        rr->type = CM_MDNS_T_PTR;
+        rr->target = m->svc;
+        rr->ttl = m->ttl_other;
         break;
     }
 }
@@ -237,7 +255,10 @@ static void rename_host(cm_mdns *m) {
     size_t l = strlen(m->host);
     char *dash = strrchr(m->host, '-');
     int k = 2;
-    if (dash && dash != m->host && strchr(m->host, '-') != dash) { k = atoi(dash + 1) + 1; l = (size_t)(dash - m->host); }
+    if (dash && dash != m->host && strchr(m->host, '-') != dash) {
+        k = atoi(dash + 1) + 1;
+        l = (size_t)(dash - m->host);
+    }
     char tmp[CM_MDNS_LABEL_MAX + 1];
     snprintf(tmp, sizeof tmp, "%.*s-%d", (int)CM_MIN(l, 50), m->host, k);
     memcpy(m->host, tmp, sizeof tmp);
@@ -311,7 +332,10 @@ int cm_mdns_announce(cm_mdns *m, const cm_mdns_service *svc, char *err, size_t e
         char key[256];
         const char *kv = svc->txt_extra[i], *eq = strchr(kv, '=');
         size_t kl = eq ? (size_t)(eq - kv) : strlen(kv);
-        if (kl == 0 || kl >= sizeof key) { rc = CM_EINVAL; break; }
+        if (kl == 0 || kl >= sizeof key) {
+            rc = CM_EINVAL;
+            break;
+        }
         memcpy(key, kv, kl);
         key[kl] = 0;
         rc = cm_mdns_txt_add(m->txt, sizeof m->txt, &m->txt_len, key, eq ? eq + 1 : NULL);
@@ -334,7 +358,10 @@ void cm_mdns_withdraw(cm_mdns *m) {
 
 static void responder_timer(cm_mdns *m, uint64_t t) {
     if (m->rstate == RS_IDLE || m->rstate == RS_RUNNING || t < m->next_tx) return;
-    if (m->rstate == RS_WAIT) { m->rstate = RS_PROBING; m->probe_n = 0; }
+    if (m->rstate == RS_WAIT) {
+        m->rstate = RS_PROBING;
+        m->probe_n = 0;
+    }
     if (m->rstate == RS_PROBING) {
         if (m->probe_n < 3) {
             send_probe(m);
@@ -357,9 +384,12 @@ static size_t canon_rdata(const cm_mdns_rr *rr, uint8_t *b, size_t cap) {
     size_t n = 0;
     if (rr->type == CM_MDNS_T_SRV) {
         if (cap < 6 + (size_t)rr->target.len) return 0;
-        b[0] = (uint8_t)(rr->priority >> 8); b[1] = (uint8_t)rr->priority;
-        b[2] = (uint8_t)(rr->weight >> 8); b[3] = (uint8_t)rr->weight;
-        b[4] = (uint8_t)(rr->port >> 8); b[5] = (uint8_t)rr->port;
+        b[0] = (uint8_t)(rr->priority >> 8);
+        b[1] = (uint8_t)rr->priority;
+        b[2] = (uint8_t)(rr->weight >> 8);
+        b[3] = (uint8_t)rr->weight;
+        b[4] = (uint8_t)(rr->port >> 8);
+        b[5] = (uint8_t)rr->port;
         memcpy(b + 6, rr->target.b, rr->target.len);
         n = 6 + rr->target.len;
     } else if (rr->type == CM_MDNS_T_A) {
@@ -396,7 +426,9 @@ static void probe_tiebreak(cm_mdns *m, const cm_mdns_msg *msg) {
     if (!nt) return;
     for (size_t i = 1; i < nt; i++) /* insertion sort: nt <= 8 */
         for (size_t j = i; j > 0 && rr_cmp(theirs[j - 1], theirs[j]) > 0; j--) {
-            const cm_mdns_rr *x = theirs[j]; theirs[j] = theirs[j - 1]; theirs[j - 1] = x;
+            const cm_mdns_rr *x = theirs[j];
+            theirs[j] = theirs[j - 1];
+            theirs[j - 1] = x;
         }
     cm_mdns_rr ours[2];
     our_rr(m, R_TXT, &m->ifs[0], &ours[0]); /* TXT (16) sorts before SRV (33) */
@@ -446,8 +478,7 @@ static void check_conflict(cm_mdns *m, const cm_mdns_msg *msg) {
                 else rename_instance(m);
                 return;
             }
-        } else if (rr->type == CM_MDNS_T_A && cm_mdns_name_eq(&rr->name, &m->host_name) &&
-                   !is_our_addr(m, rr->addr)) {
+        } else if (rr->type == CM_MDNS_T_A && cm_mdns_name_eq(&rr->name, &m->host_name) && !is_our_addr(m, rr->addr)) {
             rename_host(m);
             return;
         }
@@ -457,8 +488,8 @@ static void check_conflict(cm_mdns *m, const cm_mdns_msg *msg) {
 static bool known_answer(const cm_mdns_msg *q, const cm_mdns_rr *ours) {
     for (size_t i = 0; i < q->nrr; i++) {
         const cm_mdns_rr *a = &q->rr[i];
-        if (a->section == CM_MDNS_SEC_ANSWER && a->ttl >= ours->ttl / 2 &&
-            cm_mdns_name_eq(&a->name, &ours->name) && rr_cmp(a, ours) == 0)
+        if (a->section == CM_MDNS_SEC_ANSWER && a->ttl >= ours->ttl / 2 && cm_mdns_name_eq(&a->name, &ours->name) &&
+            rr_cmp(a, ours) == 0)
             return true;
     }
     return false;
@@ -475,14 +506,15 @@ static void answer_query(cm_mdns *m, const cm_mdns_msg *q, mif *f, const uint8_t
             want[R_PTR] = hit = true;
             addl[R_SRV] = addl[R_TXT] = addl[R_A] = true; /* RFC 6763 §12.1 */
         }
-        if (cm_mdns_name_eq(&qq->name, &m->enum_name) && (any || qq->type == CM_MDNS_T_PTR))
-            want[R_ENUM] = hit = true;
+        if (cm_mdns_name_eq(&qq->name, &m->enum_name) && (any || qq->type == CM_MDNS_T_PTR)) want[R_ENUM] = hit = true;
         if (cm_mdns_name_eq(&qq->name, &m->inst_name)) {
-            if (any || qq->type == CM_MDNS_T_SRV) { want[R_SRV] = hit = true; addl[R_A] = true; }
+            if (any || qq->type == CM_MDNS_T_SRV) {
+                want[R_SRV] = hit = true;
+                addl[R_A] = true;
+            }
             if (any || qq->type == CM_MDNS_T_TXT) want[R_TXT] = hit = true;
         }
-        if (cm_mdns_name_eq(&qq->name, &m->host_name) && (any || qq->type == CM_MDNS_T_A))
-            want[R_A] = hit = true;
+        if (cm_mdns_name_eq(&qq->name, &m->host_name) && (any || qq->type == CM_MDNS_T_A)) want[R_A] = hit = true;
         if (hit && qq->unicast_response) unicast = true;
     }
     bool legacy = sport != CM_MDNS_PORT; /* RFC 6762 §6.7: one-shot resolver */
@@ -508,13 +540,22 @@ static void answer_query(cm_mdns *m, const cm_mdns_msg *q, mif *f, const uint8_t
             bool in = pass == 0 ? want[k] : (addl[k] && !want[k]);
             if (!in) continue;
             our_rr(m, k, f, &rr);
-            if (known_answer(q, &rr)) { m->st.tx_suppressed++; continue; }
+            if (known_answer(q, &rr)) {
+                m->st.tx_suppressed++;
+                continue;
+            }
             if (!legacy && !unicast && pass == 0) {
                 /* §6: once a second per record, four times for probe defence */
-                if (t - f->last_mcast[k] < (probe ? 250u : 1000u)) { m->st.tx_suppressed++; continue; }
+                if (t - f->last_mcast[k] < (probe ? 250u : 1000u)) {
+                    m->st.tx_suppressed++;
+                    continue;
+                }
                 f->last_mcast[k] = t;
             }
-            if (legacy) { rr.cache_flush = false; rr.ttl = CM_MIN(rr.ttl, 10u); }
+            if (legacy) {
+                rr.cache_flush = false;
+                rr.ttl = CM_MIN(rr.ttl, 10u);
+            }
             cm_mdns_write_rr(&w, pass == 0 ? CM_MDNS_SEC_ANSWER : CM_MDNS_SEC_ADDITIONAL, &rr);
             if (pass == 0) nans++;
         }
@@ -522,7 +563,10 @@ static void answer_query(cm_mdns *m, const cm_mdns_msg *q, mif *f, const uint8_t
     if (nans == 0) return;
     int len = cm_mdns_writer_finish(&w);
     if (legacy || unicast) {
-        if (m->tokens < 1.0) { m->st.tx_suppressed++; return; }
+        if (m->tokens < 1.0) {
+            m->st.tx_suppressed++;
+            return;
+        }
         m->tokens -= 1.0;
         send_unicast(m, src, sport, len);
     } else {
@@ -539,7 +583,8 @@ static uint64_t next_deadline(const cm_mdns *m) {
             const inst *e = &m->insts[k];
             if (!e->used) continue;
             uint64_t c[6] = {e->ptr_exp, e->srv_exp, e->txt_exp, e->a_exp, e->next_resolve, e->refresh_at};
-            for (int j = 0; j < 6; j++) if (c[j]) d = CM_MIN(d, c[j]);
+            for (int j = 0; j < 6; j++)
+                if (c[j]) d = CM_MIN(d, c[j]);
         }
     }
     return d;
@@ -549,7 +594,10 @@ static uint64_t next_deadline(const cm_mdns *m) {
 
 static void handle_packet(cm_mdns *m, size_t n, const uint8_t src[4], uint16_t sport, unsigned ifindex) {
     cm_mdns_msg *msg = &m->msg;
-    if (cm_mdns_parse(m->rx, n, msg, NULL, 0) != 0) { m->st.rx_bad++; return; }
+    if (cm_mdns_parse(m->rx, n, msg, NULL, 0) != 0) {
+        m->st.rx_bad++;
+        return;
+    }
     mif *f = iface_of(m, ifindex, src);
     if (!f) return; /* not from a link we serve */
     if (msg->flags & CM_MDNS_FLAG_QR) {
@@ -590,7 +638,10 @@ int cm_mdns_step(cm_mdns *m, int timeout_ms) {
                     m->announce_n = 0;
                     m->next_tx = t;
                 }
-                if (m->browsing) { m->query_ms = 1000; m->next_query = t + rand_ms(m, 20, 120); }
+                if (m->browsing) {
+                    m->query_ms = 1000;
+                    m->next_query = t + rand_ms(m, 20, 120);
+                }
             }
         }
         responder_timer(m, t);

@@ -23,7 +23,7 @@
 #define CM_MDNS_PORT 5353
 #define CM_MDNS_GROUP4 "224.0.0.251"
 #define CM_MDNS_SERVICE "_cumulo._tcp.local"
-#define CM_MDNS_PKT_MAX 9000   /* RFC 6762 §17: never larger than a jumbo frame */
+#define CM_MDNS_PKT_MAX 9000 /* RFC 6762 §17: never larger than a jumbo frame */
 #define CM_MDNS_NAME_WIRE_MAX 255
 #define CM_MDNS_LABEL_MAX 63
 #define CM_MDNS_MAX_QUESTIONS 32 /* a parsed message keeps at most this many; the rest is ignored */
@@ -61,8 +61,7 @@ int cm_mdns_name_make(cm_mdns_name *n, const char *first_label, const char *dott
 /* Case-insensitive (ASCII) comparison, as DNS requires. */
 bool cm_mdns_name_eq(const cm_mdns_name *a, const cm_mdns_name *b);
 /* True if n is <one label>.<service>; the label is copied (NUL-terminated) to label. */
-bool cm_mdns_name_split_instance(const cm_mdns_name *n, const cm_mdns_name *service, char *label,
-                                 size_t cap);
+bool cm_mdns_name_split_instance(const cm_mdns_name *n, const cm_mdns_name *service, char *label, size_t cap);
 /* Printable dotted form; '.' and '\' inside labels and bytes < 0x20 are escaped. */
 void cm_mdns_name_text(const cm_mdns_name *n, char *out, size_t cap);
 
@@ -72,8 +71,13 @@ typedef struct cm_mdns_question {
     bool unicast_response; /* QU bit (top bit of class) */
 } cm_mdns_question;
 
-enum cm_mdns_section { CM_MDNS_SEC_QUESTION, CM_MDNS_SEC_ANSWER, CM_MDNS_SEC_AUTHORITY,
-                       CM_MDNS_SEC_ADDITIONAL, CM_MDNS_SEC_COUNT };
+enum cm_mdns_section {
+    CM_MDNS_SEC_QUESTION,
+    CM_MDNS_SEC_ANSWER,
+    CM_MDNS_SEC_AUTHORITY,
+    CM_MDNS_SEC_ADDITIONAL,
+    CM_MDNS_SEC_COUNT
+};
 
 /* One resource record. Decoded fields by type: PTR -> target; SRV -> priority,
  * weight, port, target; A -> addr[0..4); AAAA -> addr[0..16). rdata/rdlen always
@@ -95,8 +99,8 @@ typedef struct cm_mdns_rr {
 typedef struct cm_mdns_msg {
     uint16_t id, flags;
     uint16_t count[CM_MDNS_SEC_COUNT]; /* as declared in the header */
-    size_t nq, nrr;                     /* as kept (capped by the MAX constants) */
-    bool capped;                        /* some questions/records were not kept */
+    size_t nq, nrr;                    /* as kept (capped by the MAX constants) */
+    bool capped;                       /* some questions/records were not kept */
     cm_mdns_question q[CM_MDNS_MAX_QUESTIONS];
     cm_mdns_rr rr[CM_MDNS_MAX_RECORDS]; /* sections in order */
 } cm_mdns_msg;
@@ -120,8 +124,7 @@ typedef struct cm_mdns_writer {
     uint16_t count[CM_MDNS_SEC_COUNT];
 } cm_mdns_writer;
 void cm_mdns_writer_init(cm_mdns_writer *w, uint8_t *buf, size_t cap, uint16_t id, uint16_t flags);
-void cm_mdns_write_question(cm_mdns_writer *w, const cm_mdns_name *name, uint16_t type,
-                            bool unicast_response);
+void cm_mdns_write_question(cm_mdns_writer *w, const cm_mdns_name *name, uint16_t type, bool unicast_response);
 /* Writes rr into the given section (>= the current one). rdata comes from the
  * decoded fields for PTR/SRV/A/AAAA and from rr->rdata/rdlen otherwise. */
 void cm_mdns_write_rr(cm_mdns_writer *w, enum cm_mdns_section sec, const cm_mdns_rr *rr);
@@ -141,25 +144,25 @@ typedef struct cm_mdns cm_mdns;
 
 #define CM_MDNS_TXT_EXTRA_MAX 16
 typedef struct cm_mdns_service {
-    const char *name;      /* instance label (UTF-8, 1..63 bytes before renames) */
-    uint16_t port;         /* SRV port */
-    const char *node_id;   /* TXT id=<hex> */
-    int proto_version;     /* TXT v= */
+    const char *name;                             /* instance label (UTF-8, 1..63 bytes before renames) */
+    uint16_t port;                                /* SRV port */
+    const char *node_id;                          /* TXT id=<hex> */
+    int proto_version;                            /* TXT v= */
     const char *txt_extra[CM_MDNS_TXT_EXTRA_MAX]; /* more "key=value" strings (caps...) */
     size_t n_txt_extra;
-    uint32_t ttl_host;     /* SRV, A; 0 -> 120 s (RFC 6762 §10) */
-    uint32_t ttl_other;    /* PTR, TXT; 0 -> 4500 s */
+    uint32_t ttl_host;  /* SRV, A; 0 -> 120 s (RFC 6762 §10) */
+    uint32_t ttl_other; /* PTR, TXT; 0 -> 4500 s */
 } cm_mdns_service;
 
 typedef struct cm_mdns_instance {
     char name[CM_MDNS_LABEL_MAX + 1]; /* instance label */
     char host[256];                   /* SRV target, printable */
     uint16_t port;
-    char addr[48];                    /* numeric address ("" until resolved) */
+    char addr[48]; /* numeric address ("" until resolved) */
     uint8_t txt[CM_MDNS_TXT_MAX];
     size_t txt_len;
     bool has_srv, has_txt;
-    char ifname[32];                  /* interface it was learned on */
+    char ifname[32]; /* interface it was learned on */
 } cm_mdns_instance;
 
 enum cm_mdns_event { CM_MDNS_ADD, CM_MDNS_UPDATE, CM_MDNS_REMOVE, CM_MDNS_EVENT_COUNT };

@@ -31,7 +31,10 @@ static inst *inst_new(cm_mdns *m, const cm_mdns_name *n, const uint8_t src[4]) {
     int n_own = 0;
     for (int i = 0; i < CM_MDNS_MAX_INSTANCES; i++) {
         inst *e = &m->insts[i];
-        if (!e->used) { if (!victim || victim->used) victim = e; continue; }
+        if (!e->used) {
+            if (!victim || victim->used) victim = e;
+            continue;
+        }
         if (!memcmp(e->src, src, 4)) {
             n_own++;
             if (!own || e->ptr_rx < own->ptr_rx) own = e;
@@ -68,11 +71,17 @@ static void send_query(cm_mdns *m, inst *only) {
                 uint64_t left = (e->ptr_exp - t) / 1000;
                 if (left * 2 < e->ptr_ttl) continue;
                 memset(&rr, 0, sizeof rr);
-                rr.name = m->svc; rr.type = CM_MDNS_T_PTR; rr.klass = CM_MDNS_CLASS_IN;
-                rr.ttl = (uint32_t)left; rr.target = e->name;
+                rr.name = m->svc;
+                rr.type = CM_MDNS_T_PTR;
+                rr.klass = CM_MDNS_CLASS_IN;
+                rr.ttl = (uint32_t)left;
+                rr.target = e->name;
                 cm_mdns_writer save = w;
                 cm_mdns_write_rr(&w, CM_MDNS_SEC_ANSWER, &rr);
-                if (w.overflow || w.len > 1400) { w = save; break; } /* NEEDSWORK: TC + continuation */
+                if (w.overflow || w.len > 1400) {
+                    w = save;
+                    break;
+                } /* NEEDSWORK: TC + continuation */
             }
         }
         cm_mdns_send_mcast(m, &m->ifs[i], cm_mdns_writer_finish(&w));
@@ -115,7 +124,10 @@ void cm_mdns_browse_response(cm_mdns *m, const cm_mdns_msg *msg, const mif *f, c
                 char label[CM_MDNS_LABEL_MAX + 1];
                 if (!cm_mdns_name_split_instance(&rr->target, &m->svc, label, sizeof label)) continue;
                 inst *e = inst_find(m, &rr->target);
-                if (rr->ttl == 0) { if (e) inst_drop(m, e); continue; } /* goodbye */
+                if (rr->ttl == 0) {
+                    if (e) inst_drop(m, e);
+                    continue;
+                } /* goodbye */
                 if (!e && !(e = inst_new(m, &rr->target, src))) continue;
                 memcpy(e->pub.name, label, sizeof label);
                 e->ptr_rx = t;
@@ -126,7 +138,10 @@ void cm_mdns_browse_response(cm_mdns *m, const cm_mdns_msg *msg, const mif *f, c
             } else if (pass == 1 && (rr->type == CM_MDNS_T_SRV || rr->type == CM_MDNS_T_TXT)) {
                 inst *e = inst_find(m, &rr->name);
                 if (!e) continue;
-                if (rr->ttl == 0) { inst_drop(m, e); continue; }
+                if (rr->ttl == 0) {
+                    inst_drop(m, e);
+                    continue;
+                }
                 if (rr->type == CM_MDNS_T_SRV) {
                     if (!e->pub.has_srv || e->pub.port != rr->port || !cm_mdns_name_eq(&e->target, &rr->target)) {
                         if (e->target.len && !cm_mdns_name_eq(&e->target, &rr->target)) e->pub.addr[0] = 0;
@@ -150,7 +165,10 @@ void cm_mdns_browse_response(cm_mdns *m, const cm_mdns_msg *msg, const mif *f, c
                 for (int k = 0; k < CM_MDNS_MAX_INSTANCES; k++) {
                     inst *e = &m->insts[k];
                     if (!e->used || !e->target.len || !cm_mdns_name_eq(&e->target, &rr->name)) continue;
-                    if (rr->ttl == 0) { inst_drop(m, e); continue; }
+                    if (rr->ttl == 0) {
+                        inst_drop(m, e);
+                        continue;
+                    }
                     char a[48];
                     if (rr->type == CM_MDNS_T_A)
                         snprintf(a, sizeof a, "%u.%u.%u.%u", rr->addr[0], rr->addr[1], rr->addr[2], rr->addr[3]);
@@ -158,9 +176,13 @@ void cm_mdns_browse_response(cm_mdns *m, const cm_mdns_msg *msg, const mif *f, c
                         if (e->pub.addr[0] && !strchr(e->pub.addr, ':')) continue; /* prefer IPv4 */
                         size_t o = 0;
                         for (int j = 0; j < 16; j += 2)
-                            o += (size_t)snprintf(a + o, sizeof a - o, "%s%x", j ? ":" : "", (rr->addr[j] << 8) | rr->addr[j + 1]);
+                            o += (size_t)snprintf(a + o, sizeof a - o, "%s%x", j ? ":" : "",
+                                                  (rr->addr[j] << 8) | rr->addr[j + 1]);
                     }
-                    if (strcmp(a, e->pub.addr)) { memcpy(e->pub.addr, a, sizeof a); e->changed = true; }
+                    if (strcmp(a, e->pub.addr)) {
+                        memcpy(e->pub.addr, a, sizeof a);
+                        e->changed = true;
+                    }
                     e->a_exp = expiry(t, rr->ttl);
                 }
             }
@@ -187,14 +209,17 @@ void cm_mdns_browser_timer(cm_mdns *m, uint64_t t) {
     for (int k = 0; k < CM_MDNS_MAX_INSTANCES; k++) {
         inst *e = &m->insts[k];
         if (!e->used) continue;
-        if ((e->ptr_exp && t >= e->ptr_exp) || (e->srv_exp && t >= e->srv_exp) ||
-            (e->txt_exp && t >= e->txt_exp) || (e->a_exp && t >= e->a_exp)) {
+        if ((e->ptr_exp && t >= e->ptr_exp) || (e->srv_exp && t >= e->srv_exp) || (e->txt_exp && t >= e->txt_exp) ||
+            (e->a_exp && t >= e->a_exp)) {
             inst_drop(m, e);
             continue;
         }
         bool complete = e->pub.has_srv && e->pub.has_txt && e->pub.addr[0];
         if (!complete && e->next_resolve && t >= e->next_resolve) {
-            if (e->tries >= 6) { inst_drop(m, e); continue; } /* never resolved: forget it */
+            if (e->tries >= 6) {
+                inst_drop(m, e);
+                continue;
+            } /* never resolved: forget it */
             send_query(m, e);
             e->tries++;
             e->next_resolve = t + 1000u * (1u << CM_MIN(e->tries, 4));
@@ -204,4 +229,3 @@ void cm_mdns_browser_timer(cm_mdns *m, uint64_t t) {
         }
     }
 }
-

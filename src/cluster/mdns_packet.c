@@ -69,8 +69,7 @@ bool cm_mdns_name_eq(const cm_mdns_name *a, const cm_mdns_name *b) {
     return false;
 }
 
-bool cm_mdns_name_split_instance(const cm_mdns_name *n, const cm_mdns_name *service, char *label,
-                                 size_t cap) {
+bool cm_mdns_name_split_instance(const cm_mdns_name *n, const cm_mdns_name *service, char *label, size_t cap) {
     if (n->len < 2) return false;
     size_t l = n->b[0];
     if (l == 0 || 1 + l >= n->len) return false;
@@ -89,14 +88,19 @@ bool cm_mdns_name_split_instance(const cm_mdns_name *n, const cm_mdns_name *serv
 void cm_mdns_name_text(const cm_mdns_name *n, char *out, size_t cap) {
     size_t o = 0, i = 0;
     if (!cap) return;
-#define PUT(c) do { if (o + 1 < cap) out[o++] = (char)(c); } while (0)
+#define PUT(c)                                 \
+    do {                                       \
+        if (o + 1 < cap) out[o++] = (char)(c); \
+    } while (0)
     while (i < n->len && n->b[i]) {
         size_t l = n->b[i];
         if (i + 1 + l > n->len) break;
         for (size_t k = 1; k <= l; k++) {
             uint8_t c = n->b[i + k];
-            if (c == '.' || c == '\\') { PUT('\\'); PUT(c); }
-            else if (c < 0x20 || c == 0x7f) {
+            if (c == '.' || c == '\\') {
+                PUT('\\');
+                PUT(c);
+            } else if (c < 0x20 || c == 0x7f) {
                 char tmp[8];
                 snprintf(tmp, sizeof tmp, "\\%03u", c);
                 for (char *t = tmp; *t; t++) PUT(*t);
@@ -112,8 +116,7 @@ void cm_mdns_name_text(const cm_mdns_name *n, char *out, size_t cap) {
 
 /* Read a possibly compressed name starting at *off. On success *off is just
  * past the name's bytes at its original position (not past jump targets). */
-static int read_name(const uint8_t *p, size_t n, size_t *off, cm_mdns_name *out, char *err,
-                     size_t errlen) {
+static int read_name(const uint8_t *p, size_t n, size_t *off, cm_mdns_name *out, char *err, size_t errlen) {
     size_t pos = *off, end_after = 0;
     bool jumped = false;
     int jumps = 0;
@@ -129,7 +132,10 @@ static int read_name(const uint8_t *p, size_t n, size_t *off, cm_mdns_name *out,
                 return cm_errf(err, errlen, CM_EFORMAT, "name at %zu: compression pointer not backwards", *off);
             if (++jumps > MAX_JUMPS)
                 return cm_errf(err, errlen, CM_EFORMAT, "name at %zu: too many compression jumps", *off);
-            if (!jumped) { end_after = pos + 2; jumped = true; }
+            if (!jumped) {
+                end_after = pos + 2;
+                jumped = true;
+            }
             pos = target;
             continue;
         }
@@ -153,8 +159,7 @@ static int read_name(const uint8_t *p, size_t n, size_t *off, cm_mdns_name *out,
 
 /* ---------------------------------------------------------------- parse */
 
-static int parse_rdata(const uint8_t *p, size_t n, size_t off, cm_mdns_rr *rr, char *err,
-                       size_t errlen) {
+static int parse_rdata(const uint8_t *p, size_t n, size_t off, cm_mdns_rr *rr, char *err, size_t errlen) {
     size_t end = off + rr->rdlen, o = off;
     int rc;
     switch (rr->type) {
@@ -189,8 +194,7 @@ static int parse_rdata(const uint8_t *p, size_t n, size_t off, cm_mdns_rr *rr, c
             o += 1 + l;
         }
         return 0;
-    default:
-        return 0; /* kept raw */
+    default: return 0; /* kept raw */
     }
 }
 
@@ -249,7 +253,10 @@ int cm_mdns_parse(const uint8_t *p, size_t n, cm_mdns_msg *m, char *err, size_t 
 /* ---------------------------------------------------------------- write */
 
 static void wput(cm_mdns_writer *w, const void *s, size_t k) {
-    if (w->overflow || k > w->cap - w->len) { w->overflow = true; return; }
+    if (w->overflow || k > w->cap - w->len) {
+        w->overflow = true;
+        return;
+    }
     memcpy(w->p + w->len, s, k);
     w->len += k;
 }
@@ -262,7 +269,11 @@ static void wput32(cm_mdns_writer *w, uint32_t v) {
     wput(w, b, 4);
 }
 static void wname(cm_mdns_writer *w, const cm_mdns_name *n) {
-    if (n->len == 0) { uint8_t z = 0; wput(w, &z, 1); return; }
+    if (n->len == 0) {
+        uint8_t z = 0;
+        wput(w, &z, 1);
+        return;
+    }
     wput(w, n->b, n->len);
 }
 
@@ -276,14 +287,19 @@ void cm_mdns_writer_init(cm_mdns_writer *w, uint8_t *buf, size_t cap, uint16_t i
 }
 
 static bool enter_section(cm_mdns_writer *w, int sec) {
-    if (sec < w->section) { w->order_error = true; return false; }
-    if (w->count[sec] == 0xFFFF) { w->overflow = true; return false; }
+    if (sec < w->section) {
+        w->order_error = true;
+        return false;
+    }
+    if (w->count[sec] == 0xFFFF) {
+        w->overflow = true;
+        return false;
+    }
     w->section = (uint8_t)sec;
     return true;
 }
 
-void cm_mdns_write_question(cm_mdns_writer *w, const cm_mdns_name *name, uint16_t type,
-                            bool unicast_response) {
+void cm_mdns_write_question(cm_mdns_writer *w, const cm_mdns_name *name, uint16_t type, bool unicast_response) {
     if (!enter_section(w, CM_MDNS_SEC_QUESTION)) return;
     wname(w, name);
     wput16(w, type);
@@ -292,7 +308,10 @@ void cm_mdns_write_question(cm_mdns_writer *w, const cm_mdns_name *name, uint16_
 }
 
 void cm_mdns_write_rr(cm_mdns_writer *w, enum cm_mdns_section sec, const cm_mdns_rr *rr) {
-    if (sec == CM_MDNS_SEC_QUESTION || sec >= CM_MDNS_SEC_COUNT) { w->order_error = true; return; }
+    if (sec == CM_MDNS_SEC_QUESTION || sec >= CM_MDNS_SEC_COUNT) {
+        w->order_error = true;
+        return;
+    }
     if (!enter_section(w, sec)) return;
     wname(w, &rr->name);
     wput16(w, rr->type);
@@ -313,7 +332,10 @@ void cm_mdns_write_rr(cm_mdns_writer *w, enum cm_mdns_section sec, const cm_mdns
         break;
     default:
         if (rr->rdlen) wput(w, rr->rdata, rr->rdlen);
-        else if (rr->type == CM_MDNS_T_TXT) { uint8_t z = 0; wput(w, &z, 1); } /* RFC 6763 §6.1 */
+        else if (rr->type == CM_MDNS_T_TXT) {
+            uint8_t z = 0;
+            wput(w, &z, 1);
+        } /* RFC 6763 §6.1 */
         break;
     }
     if (w->overflow) return;

@@ -35,13 +35,13 @@ typedef struct inst {
     uint32_t ptr_ttl;
     uint64_t next_resolve, refresh_at;
     int tries;
-    uint8_t src[4];        /* who announced it (the packet's source address) */
+    uint8_t src[4]; /* who announced it (the packet's source address) */
 } inst;
 
 struct cm_mdns {
     int fd;
     bool detached;
-    char ifaces[256];  /* interface filter, "" = all */
+    char ifaces[256]; /* interface filter, "" = all */
     uint64_t next_scan;
     size_t sent_len;
     mif ifs[MAX_IFS];

@@ -95,12 +95,14 @@ static void report(stage *s, int code, const char *text) {
 static int on_forward(stage *s, const cm_msg_forward *f, char *err, size_t errlen) {
     const cm_hparams *hp = &s->m.hp;
     bool last = s->as.flags & CM_ASSIGN_F_OUTPUT;
-    if (f->epoch != s->as.epoch) return cm_errf(err, errlen, CM_ESTATE, "FORWARD of epoch %llu (current %llu)",
-                                                (unsigned long long)f->epoch, (unsigned long long)s->as.epoch);
+    if (f->epoch != s->as.epoch)
+        return cm_errf(err, errlen, CM_ESTATE, "FORWARD of epoch %llu (current %llu)", (unsigned long long)f->epoch,
+                       (unsigned long long)s->as.epoch);
     bool embed = s->as.flags & CM_ASSIGN_F_EMBED;
     if (embed != (f->dtype == CM_HIDDEN_TOKENS) || (!embed && (int)f->dim != hp->n_embd) || f->n_tokens > CM_BATCH_MAX)
-        return cm_errf(err, errlen, CM_EINVAL, "FORWARD of %u x %u (dtype %u) does not fit this stage (dim %d, batch %d)",
-                       f->n_tokens, f->dim, f->dtype, hp->n_embd, CM_BATCH_MAX);
+        return cm_errf(err, errlen, CM_EINVAL,
+                       "FORWARD of %u x %u (dtype %u) does not fit this stage (dim %d, batch %d)", f->n_tokens, f->dim,
+                       f->dtype, hp->n_embd, CM_BATCH_MAX);
     int n = (int)f->n_tokens, n_want = 0;
     for (int i = 0; i < n; i++) {
         s->pos[i] = cm_msg_forward_pos(f, (uint32_t)i);
@@ -109,19 +111,26 @@ static int on_forward(stage *s, const cm_msg_forward *f, char *err, size_t errle
         s->want_u8[i] = (uint8_t)s->want[i];
         n_want += s->want[i];
         if (s->seq[i] >= s->n_seq) return cm_errf(err, errlen, CM_EINVAL, "sequence %d out of %d", s->seq[i], s->n_seq);
-        if (s->pos[i] >= s->kv[s->seq[i]].n_ctx) return cm_errf(err, errlen, CM_ENOSPACE, "position %d past the context", s->pos[i]);
+        if (s->pos[i] >= s->kv[s->seq[i]].n_ctx)
+            return cm_errf(err, errlen, CM_ENOSPACE, "position %d past the context", s->pos[i]);
         if (embed) {
             s->tok[i] = cm_msg_forward_token(f, (uint32_t)i);
-            if (s->tok[i] < 0 || s->tok[i] >= hp->n_vocab) return cm_errf(err, errlen, CM_EINVAL, "token id %d", s->tok[i]);
-        } else
-            cm_msg_forward_row(f, (uint32_t)i, s->in + (size_t)i * (size_t)hp->n_embd);
+            if (s->tok[i] < 0 || s->tok[i] >= hp->n_vocab)
+                return cm_errf(err, errlen, CM_EINVAL, "token id %d", s->tok[i]);
+        } else cm_msg_forward_row(f, (uint32_t)i, s->in + (size_t)i * (size_t)hp->n_embd);
     }
     if (s->as.tp_rank != 0) last = false; /* the group's rank 0 applies the head and samples */
-    if (s->relay[1]) { /* hybrid: rank 0 relays the hidden states to its members (same floats) */
+    if (s->relay[1]) {                    /* hybrid: rank 0 relays the hidden states to its members (same floats) */
         cm_msg m = {.type = CM_MSG_FORWARD};
-        m.u.forward = (cm_msg_forward){.epoch = f->epoch, .request_id = f->request_id, .n_tokens = f->n_tokens,
-                                       .dim = (uint32_t)hp->n_embd, .dtype = CM_HIDDEN_F32, .pos = s->pos, .seq = s->seq,
-                                       .want = s->want_u8, .hidden = s->in};
+        m.u.forward = (cm_msg_forward){.epoch = f->epoch,
+                                       .request_id = f->request_id,
+                                       .n_tokens = f->n_tokens,
+                                       .dim = (uint32_t)hp->n_embd,
+                                       .dtype = CM_HIDDEN_F32,
+                                       .pos = s->pos,
+                                       .seq = s->seq,
+                                       .want = s->want_u8,
+                                       .hidden = s->in};
         char e2[300];
         for (int j = 1; j < (int)s->as.tp_size; j++) {
             int rc = cm_conn_send(s->relay[j], &m, 30000, e2, sizeof e2);
@@ -141,20 +150,33 @@ static int on_forward(stage *s, const cm_msg_forward *f, char *err, size_t errle
      * the coordinator): drop the tail of its cache. */
     for (int i = 0; i < n; i++) {
         bool first = true;
-        for (int j = 0; j < i; j++) if (s->seq[j] == s->seq[i]) first = false;
+        for (int j = 0; j < i; j++)
+            if (s->seq[j] == s->seq[i]) first = false;
         if (!first) continue;
         cm_kv *kv = &s->kv[s->seq[i]];
         if (s->pos[i] < kv->n_past) cm_kv_truncate(kv, s->pos[i]);
         if (s->pos[i] != kv->n_past)
-            return cm_errf(err, errlen, CM_EINVAL, "sequence %d jumps from position %d to %d", s->seq[i], kv->n_past, s->pos[i]);
+            return cm_errf(err, errlen, CM_EINVAL, "sequence %d jumps from position %d to %d", s->seq[i], kv->n_past,
+                           s->pos[i]);
     }
-    cm_batch b = {.n = n, .embd = embed ? NULL : s->in, .tokens = embed ? s->tok : NULL, .pos = s->pos, .seq = s->seq,
+    cm_batch b = {.n = n,
+                  .embd = embed ? NULL : s->in,
+                  .tokens = embed ? s->tok : NULL,
+                  .pos = s->pos,
+                  .seq = s->seq,
                   .logits = head};
-    cm_forward_args fa = {.layer_first = (int)s->as.layer_begin, .layer_last = (int)s->as.layer_end,
-                          .slice = s->slice, .kvs = s->kvp, .n_kvs = s->n_seq,
-                          .allreduce = s->coll ? cm_coll_allreduce_cb : NULL, .allreduce_user = s->coll,
-                          .experts = s->experts, .expert_gather = s->coll ? ep_gather : NULL, .expert_gather_user = s,
-                          .out_hidden = (last && any_hidden) || (!last && s->as.tp_rank == 0 && s->next) ? s->out : NULL,
+    cm_forward_args fa = {.layer_first = (int)s->as.layer_begin,
+                          .layer_last = (int)s->as.layer_end,
+                          .slice = s->slice,
+                          .kvs = s->kvp,
+                          .n_kvs = s->n_seq,
+                          .allreduce = s->coll ? cm_coll_allreduce_cb : NULL,
+                          .allreduce_user = s->coll,
+                          .experts = s->experts,
+                          .expert_gather = s->coll ? ep_gather : NULL,
+                          .expert_gather_user = s,
+                          .out_hidden =
+                              (last && any_hidden) || (!last && s->as.tp_rank == 0 && s->next) ? s->out : NULL,
                           .out_logits = last && n_want ? s->logits : NULL};
     char e[300];
     int rc = cm_forward(s->ctx, &b, &fa, e, sizeof e);
@@ -165,24 +187,35 @@ static int on_forward(stage *s, const cm_msg_forward *f, char *err, size_t errle
     if (s->as.tp_rank != 0) return 0; /* a TP member: its group's rank 0 goes on */
     if (!last) {
         cm_msg m = {.type = CM_MSG_FORWARD};
-        m.u.forward = (cm_msg_forward){.epoch = f->epoch, .request_id = f->request_id, .n_tokens = f->n_tokens,
-                                       .dim = f->dim, .dtype = s->as.hidden_dtype, .pos = s->pos, .seq = s->seq,
-                                       .want = s->want_u8, .hidden = s->out};
+        m.u.forward = (cm_msg_forward){.epoch = f->epoch,
+                                       .request_id = f->request_id,
+                                       .n_tokens = f->n_tokens,
+                                       .dim = f->dim,
+                                       .dtype = s->as.hidden_dtype,
+                                       .pos = s->pos,
+                                       .seq = s->seq,
+                                       .want = s->want_u8,
+                                       .hidden = s->out};
         rc = cm_conn_send(s->next, &m, 30000, e, sizeof e);
         if (rc) return cm_errf(err, errlen, rc, "to the next stage: %s", e);
         return 0;
     }
-    if (any_hidden && (rc = cm_node_send_hidden(s->coord, s->csend_mu, f, s->want, s->pos, s->seq, s->out, n, hp->n_embd,
-                                                e, sizeof e)))
+    if (any_hidden && (rc = cm_node_send_hidden(s->coord, s->csend_mu, f, s->want, s->pos, s->seq, s->out, n,
+                                                hp->n_embd, e, sizeof e)))
         return cm_errf(err, errlen, rc, "to the coordinator: %s", e);
     int k = 0;
     for (int i = 0; i < n; i++) {
         if (!head[i]) continue;
         if (s->want[i] == CM_WANT_LOGITS) { /* the coordinator samples (under a grammar) */
             cm_msg m = {.type = CM_MSG_OUTPUT};
-            m.u.output = (cm_msg_output){.epoch = f->epoch, .request_id = f->request_id, .seq = s->seq[i],
-                                         .kind = CM_OUTPUT_LOGITS, .n_rows = 1, .dim = (uint32_t)hp->n_vocab,
-                                         .pos = &s->pos[i], .data = s->logits + (size_t)k++ * (size_t)hp->n_vocab};
+            m.u.output = (cm_msg_output){.epoch = f->epoch,
+                                         .request_id = f->request_id,
+                                         .seq = s->seq[i],
+                                         .kind = CM_OUTPUT_LOGITS,
+                                         .n_rows = 1,
+                                         .dim = (uint32_t)hp->n_vocab,
+                                         .pos = &s->pos[i],
+                                         .data = s->logits + (size_t)k++ * (size_t)hp->n_vocab};
             pthread_mutex_lock(s->csend_mu);
             rc = cm_conn_send(s->coord, &m, 30000, e, sizeof e);
             pthread_mutex_unlock(s->csend_mu);
@@ -331,8 +364,12 @@ static void conn_serve(node *n, cm_conn *c, int src) {
                 cm_msg em;
                 rc = cm_conn_recv(c, &em, 10000, err, sizeof err);
                 if (!rc && (em.type != CM_MSG_PING || em.u.ping.data_len))
-                    rc = cm_errf(err, sizeof err, CM_EPROTO, "%s after the tensor-parallel greeting", cm_msg_type_name(em.type));
-                if (rc) { CM_LOGW("tensor-parallel peer %s: %s", cm_conn_peer(c), err); break; }
+                    rc = cm_errf(err, sizeof err, CM_EPROTO, "%s after the tensor-parallel greeting",
+                                 cm_msg_type_name(em.type));
+                if (rc) {
+                    CM_LOGW("tensor-parallel peer %s: %s", cm_conn_peer(c), err);
+                    break;
+                }
                 /* Logged while c is still ours: once in tp_in, a stage may
                  * take it and close it (free its peer name) at any time. */
                 CM_LOGI("tensor-parallel rank %d connected from %s", tr, cm_conn_peer(c));
@@ -385,7 +422,10 @@ static void conn_serve(node *n, cm_conn *c, int src) {
             break;
         }
         case CM_MSG_ASSIGN:
-            if (!is_coord) { CM_LOGW("ASSIGN from %s, which is not a coordinator: ignored", cm_conn_peer(c)); break; }
+            if (!is_coord) {
+                CM_LOGW("ASSIGN from %s, which is not a coordinator: ignored", cm_conn_peer(c));
+                break;
+            }
             if (!lease_assign(n, c, &peer, &m.u.assign)) break; /* another coordinator's node: refused */
             /* Our own heartbeats start now, not at the coordinator's first
              * one: that can wait behind a busy data path, and a member whose
@@ -416,8 +456,7 @@ static void conn_serve(node *n, cm_conn *c, int src) {
                     atomic_fetch_add(&n->hb.rows, m.u.forward.n_tokens);
                     atomic_fetch_add(&n->hb.busy_ns, cm_now_ns() - t0);
                 }
-            }
-            else if (m.type == CM_MSG_TRAIN) /* node_train.c */
+            } else if (m.type == CM_MSG_TRAIN) /* node_train.c */
                 r2 = is_coord ? cm_node_on_train(s, &m.u.train, err, sizeof err)
                               : cm_errf(err, sizeof err, CM_EPROTO, "TRAIN from a peer that is not the coordinator");
             else if (m.type == CM_MSG_SEQ_START) r2 = on_seq_start(s, &m, err, sizeof err);
@@ -442,8 +481,7 @@ static void conn_serve(node *n, cm_conn *c, int src) {
         if (s && s->coord == c) {
             n->st = NULL;
             atomic_store(&n->epoch, 0);
-        } else
-            s = NULL;
+        } else s = NULL;
         pthread_mutex_unlock(&n->mu);
         if (s) CM_LOGI("coordinator left: dropping stage of epoch %llu", (unsigned long long)s->as.epoch);
         cm_node_stage_free(s);
@@ -488,8 +526,7 @@ static void join_peers(node *n) {
             cm_conn_close(c, "link check done");
         }
         if (rc) CM_LOGW("peer %s: %s", n->o->join[i], err);
-        else
-            CM_LOGI("peer %s ('%s'): rtt %.3f ms, %.1f MB/s", n->o->join[i], peer.name, rtt * 1e3, bw / 1e6);
+        else CM_LOGI("peer %s ('%s'): rtt %.3f ms, %.1f MB/s", n->o->join[i], peer.name, rtt * 1e3, bw / 1e6);
     }
 }
 
@@ -497,7 +534,10 @@ int cm_node_run(const cm_node_opts *o, atomic_int *stop, char *err, size_t errle
     node n = {.o = o, .stop = stop};
     pthread_mutex_init(&n.mu, NULL);
     int rc = cm_cluster_net_cfg(&n.cfg, o->insecure, o->key_file, err, errlen);
-    if (rc) { pthread_mutex_destroy(&n.mu); return rc; }
+    if (rc) {
+        pthread_mutex_destroy(&n.mu);
+        return rc;
+    }
     n.cfg.handshake_ms = CM_NODE_HANDSHAKE_MS; /* an idle (slowloris) connection holds its slot this long at most */
     pthread_mutex_init(&n.csend_mu, NULL);
     cm_node_limits_init(&n.lim);
@@ -516,10 +556,11 @@ int cm_node_run(const cm_node_opts *o, atomic_int *stop, char *err, size_t errle
     cm_node_caps caps;
     cm_node_caps_get(&caps);
 
-    fprintf(stderr, "cumulo node '%s' listening on port %u (%s; %d cores, %s, %.1f GFLOP/s, %.1f GB/s%s, %.1f of %.1f GiB free)\n",
-            n.hello.name, port, cm_sec_mode_name(n.cfg.mode), caps.cores, caps.isa, caps.gflops, caps.mem_bw / 1e9,
-            caps.declared ? " declared" : "",
-            (double)caps.mem_free / (1 << 30), (double)caps.mem_total / (1 << 30));
+    fprintf(
+        stderr,
+        "cumulo node '%s' listening on port %u (%s; %d cores, %s, %.1f GFLOP/s, %.1f GB/s%s, %.1f of %.1f GiB free)\n",
+        n.hello.name, port, cm_sec_mode_name(n.cfg.mode), caps.cores, caps.isa, caps.gflops, caps.mem_bw / 1e9,
+        caps.declared ? " declared" : "", (double)caps.mem_free / (1 << 30), (double)caps.mem_total / (1 << 30));
     if (o->port_file && *o->port_file) {
         char buf[16];
         int k = snprintf(buf, sizeof buf, "%u\n", port);
@@ -529,7 +570,8 @@ int cm_node_run(const cm_node_opts *o, atomic_int *stop, char *err, size_t errle
     n.hb.send_mu = &n.csend_mu;
     n.hb.epoch = &n.epoch;
     n.hb.stop = stop;
-    if (cm_node_hb_start(&n.hb)) CM_LOGW("cannot start the heartbeat thread: coordinators will see this node only while it is idle");
+    if (cm_node_hb_start(&n.hb))
+        CM_LOGW("cannot start the heartbeat thread: coordinators will see this node only while it is idle");
     cm_mdns *md = NULL;
     if (o->mdns) {
         char id[2 * CM_NODE_ID_BYTES + 1], caps_txt[4][160];
@@ -538,8 +580,12 @@ int cm_node_run(const cm_node_opts *o, atomic_int *stop, char *err, size_t errle
         snprintf(caps_txt[1], sizeof caps_txt[1], "mem=%llu", (unsigned long long)caps.mem_free);
         snprintf(caps_txt[2], sizeof caps_txt[2], "isa=%s", caps.isa);
         snprintf(caps_txt[3], sizeof caps_txt[3], "sec=%s", n.cfg.mode == CM_SEC_INSECURE ? "insecure" : "key");
-        cm_mdns_service svc = {.name = n.hello.name, .port = port, .node_id = id, .proto_version = CM_PROTO_VERSION,
-                               .txt_extra = {caps_txt[0], caps_txt[1], caps_txt[2], caps_txt[3]}, .n_txt_extra = 4};
+        cm_mdns_service svc = {.name = n.hello.name,
+                               .port = port,
+                               .node_id = id,
+                               .proto_version = CM_PROTO_VERSION,
+                               .txt_extra = {caps_txt[0], caps_txt[1], caps_txt[2], caps_txt[3]},
+                               .n_txt_extra = 4};
         char e[300];
         if (cm_mdns_open(&md, NULL, e, sizeof e) || cm_mdns_announce(md, &svc, e, sizeof e)) {
             CM_LOGW("mDNS announcement off: %s", e);
@@ -554,7 +600,11 @@ int cm_node_run(const cm_node_opts *o, atomic_int *stop, char *err, size_t errle
         char e[300];
         rc = cm_listener_accept(l, md ? 100 : 250, &c, e, sizeof e);
         if (rc == CM_ETIMEDOUT) continue;
-        if (rc) { CM_LOGW("accept: %s", e); cm_sleep_ms(50); continue; }
+        if (rc) {
+            CM_LOGW("accept: %s", e);
+            cm_sleep_ms(50);
+            continue;
+        }
         char host[64], why[160];
         cm_conn_peer_host(c, host, sizeof host);
         int src = cm_node_limits_take(&n.lim, host, why, sizeof why);
@@ -564,7 +614,11 @@ int cm_node_run(const cm_node_opts *o, atomic_int *stop, char *err, size_t errle
             continue;
         }
         conn_job *j = cm_calloc(1, sizeof *j);
-        if (j) { j->n = &n; j->c = c; j->src = src; }
+        if (j) {
+            j->n = &n;
+            j->c = c;
+            j->src = src;
+        }
         if (!j || cm_thread_create(&j->th, conn_main, j)) {
             cm_free(j);
             cm_node_limits_authenticated(&n.lim, src);

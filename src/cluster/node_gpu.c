@@ -50,9 +50,11 @@ void cm_node_gpu_open(node *n) {
     h->gpu_gflops = (float)(flops / 1e9);
     h->gpu_layers = (uint32_t)CM_MIN(CM_MAX(n->o->gpu_layers, 0), (int)CM_MSG_MAX_GPU_LAYERS);
     /* (tests read this line) */
-    fprintf(stderr, "cumulo node '%s': GPU '%s' (%s, %.2f GiB): %.2f GB/s, %.1f GFLOP/s measured; a stage's first %s layers run on it\n",
-            h->name, h->gpu_name, gi->kind, (double)gi->mem_bytes / (1 << 30), bw / 1e9, flops / 1e9,
-            n->o->gpu_layers > 0 ? "--gpu-layers" : "fitting");
+    fprintf(
+        stderr,
+        "cumulo node '%s': GPU '%s' (%s, %.2f GiB): %.2f GB/s, %.1f GFLOP/s measured; a stage's first %s layers run on it\n",
+        h->name, h->gpu_name, gi->kind, (double)gi->mem_bytes / (1 << 30), bw / 1e9, flops / 1e9,
+        n->o->gpu_layers > 0 ? "--gpu-layers" : "fitting");
 }
 
 void cm_node_gpu_close(node *n) {
@@ -72,8 +74,9 @@ void cm_node_gpu_stage(node *n, stage *s) {
     const int l0 = (int)a->layer_begin, l1 = (int)a->layer_end;
     char why[300];
     if (a->tp_size > 1) {
-        CM_LOGW("gpu: a tensor-parallel or expert group's slice is not on the GPU yet (NEEDSWORK); stage %u runs on the CPU",
-                a->stage);
+        CM_LOGW(
+            "gpu: a tensor-parallel or expert group's slice is not on the GPU yet (NEEDSWORK); stage %u runs on the CPU",
+            a->stage);
         return;
     }
     if ((a->kv_type_k != CM_TYPE_F32 && a->kv_type_k != CM_TYPE_F16) || a->kv_type_v != a->kv_type_k) {
@@ -108,6 +111,6 @@ void cm_node_gpu_stage(node *n, stage *s) {
     }
     cm_ctx_set_offload(s->ctx, cm_gpu_offload, s->gm);
     /* (tests read this line) */
-    fprintf(stderr, "cumulo node '%s': stage %u layers [%d, %d) on GPU '%s', layers [%d, %d) on the CPU\n", n->hello.name,
-            a->stage, l0, l0 + k, n->hello.gpu_name, l0 + k, l1);
+    fprintf(stderr, "cumulo node '%s': stage %u layers [%d, %d) on GPU '%s', layers [%d, %d) on the CPU\n",
+            n->hello.name, a->stage, l0, l0 + k, n->hello.gpu_name, l0 + k, l1);
 }

@@ -23,16 +23,18 @@ int cm_node_limits_take(cm_node_limits *l, const char *host, char *why, size_t c
     pthread_mutex_lock(&l->mu);
     int at = -1, free_at = -1;
     for (int i = 0; i < CM_NODE_MAX_CONNS; i++) {
-        if (l->src[i].conns && !strcmp(l->src[i].host, host)) { at = i; break; }
+        if (l->src[i].conns && !strcmp(l->src[i].host, host)) {
+            at = i;
+            break;
+        }
         if (!l->src[i].conns && free_at < 0) free_at = i;
     }
-    if (l->n_conns >= CM_NODE_MAX_CONNS)
-        snprintf(why, cap, "%d connections open (the limit)", l->n_conns);
+    if (l->n_conns >= CM_NODE_MAX_CONNS) snprintf(why, cap, "%d connections open (the limit)", l->n_conns);
     else if (l->n_unauth >= CM_NODE_MAX_UNAUTH)
         snprintf(why, cap, "%d connections still in their handshake (the limit)", l->n_unauth);
     else if (at >= 0 && l->src[at].unauth >= CM_NODE_MAX_UNAUTH_SOURCE)
-        snprintf(why, cap, "%d connections from %s still in their handshake (the limit per address)",
-                 l->src[at].unauth, host);
+        snprintf(why, cap, "%d connections from %s still in their handshake (the limit per address)", l->src[at].unauth,
+                 host);
     else {
         if (at < 0) { /* n_conns < CM_NODE_MAX_CONNS: some entry is free */
             at = free_at;
@@ -76,8 +78,7 @@ void cm_node_limits_refused(cm_node_limits *l, const char *peer, const char *why
         l->logged++;
         quiet = l->quiet;
         l->quiet = 0;
-    } else
-        l->quiet++;
+    } else l->quiet++;
     pthread_mutex_unlock(&l->mu);
     if (!say) return;
     if (quiet) CM_LOGW("refused connection from %s: %s (and %d more refused, not logged)", peer, why, quiet);
@@ -88,7 +89,10 @@ void cm_node_hb_add(cm_node_hb *h, cm_conn *c) {
     pthread_mutex_lock(h->send_mu);
     int at = -1;
     for (int i = 0; i < CM_NODE_MAX_HB; i++) {
-        if (h->conns[i] == c) { at = i; break; }
+        if (h->conns[i] == c) {
+            at = i;
+            break;
+        }
         if (!h->conns[i] && at < 0) at = i;
     }
     if (at >= 0) h->conns[at] = c;
@@ -141,7 +145,8 @@ static void *hb_main(void *arg) {
     hb_stats st = {.pm = cm_power_open(0)};
     while (!atomic_load(h->stop)) {
         cm_msg m = {.type = CM_MSG_HEARTBEAT};
-        m.u.heartbeat = (cm_msg_heartbeat){.epoch = atomic_load(h->epoch), .wall_ms = cm_wall_ms(), .mono_ns = cm_now_ns()};
+        m.u.heartbeat =
+            (cm_msg_heartbeat){.epoch = atomic_load(h->epoch), .wall_ms = cm_wall_ms(), .mono_ns = cm_now_ns()};
         fill_stats(h, &st, &m.u.heartbeat);
         char e[300];
         pthread_mutex_lock(h->send_mu);

@@ -23,7 +23,10 @@
 typedef struct cm_node_limits {
     pthread_mutex_t mu;
     int n_conns, n_unauth;
-    struct { char host[64]; int conns, unauth; } src[CM_NODE_MAX_CONNS];
+    struct {
+        char host[64];
+        int conns, unauth;
+    } src[CM_NODE_MAX_CONNS];
     uint64_t window_ns; /* refusal log lines: this second's start, lines, lines left out */
     int logged, quiet;
 } cm_node_limits;
@@ -34,7 +37,7 @@ void cm_node_limits_release(cm_node_limits *l); /* the mutex; counts must be 0 *
  * source index, counted as unauthenticated; or -1 with the reason in why. */
 int cm_node_limits_take(cm_node_limits *l, const char *host, char *why, size_t cap);
 void cm_node_limits_authenticated(cm_node_limits *l, int src); /* its handshake ended, either way */
-void cm_node_limits_put(cm_node_limits *l, int src);       /* the connection is gone */
+void cm_node_limits_put(cm_node_limits *l, int src);           /* the connection is gone */
 /* Log a refused connection (at most 5 lines a second; the rest are counted
  * into the next line). */
 void cm_node_limits_refused(cm_node_limits *l, const char *peer, const char *why);
@@ -72,13 +75,13 @@ void cm_node_hb_remove(cm_node_hb *h, cm_conn *c);
  * (a frozen or cut-off coordinator). Thread-safe (its own lock). */
 typedef struct cm_node_lease {
     pthread_mutex_t mu;
-    pthread_mutex_t *send_mu;     /* the node's lock for sends on coordinator connections */
+    pthread_mutex_t *send_mu; /* the node's lock for sends on coordinator connections */
     bool held;
     uint8_t owner_id[CM_NODE_ID_BYTES];
     char owner[CM_MSG_NAME_MAX + 1], model[CM_MSG_NAME_MAX + 1];
     uint64_t epoch, since_ms, renew_ns;
-    bool loading;                 /* the owner's ASSIGN is being loaded: its connection is not read meanwhile */
-    cm_conn *ctl;                 /* the owner's control connection (its thread closes it) */
+    bool loading; /* the owner's ASSIGN is being loaded: its connection is not read meanwhile */
+    cm_conn *ctl; /* the owner's control connection (its thread closes it) */
 } cm_node_lease;
 /* 3 x the loss bound: longer than any silence of a live coordinator. */
 int cm_node_lease_ms(void);

@@ -24,22 +24,22 @@ typedef struct stage {
     cm_kv **kvp;      /* [n_seq] pointers for cm_forward */
     cm_sampler **smp; /* [n_seq], last stage only */
     int n_seq;
-    float *in, *out;  /* [CM_BATCH_MAX][n_embd] */
-    float *logits;    /* [CM_BATCH_MAX][n_vocab], last stage only */
+    float *in, *out; /* [CM_BATCH_MAX][n_embd] */
+    float *logits;   /* [CM_BATCH_MAX][n_vocab], last stage only */
     int32_t pos[CM_BATCH_MAX], seq[CM_BATCH_MAX], tok[CM_BATCH_MAX];
     int8_t want[CM_BATCH_MAX];
     uint8_t want_u8[CM_BATCH_MAX];
-    cm_conn *next;    /* to the next stage (owned), NULL for the last */
-    cm_conn *coord;   /* the coordinator's connection (not owned) */
-    pthread_mutex_t *csend_mu; /* node.csend_mu: sends on coord */
-    cm_slice slice;   /* this member's part of every layer (full without TP) */
-    cm_expert_slice experts; /* an expert group's member: its experts (zeroed: every expert) */
-    cm_conn *tp[CM_COLL_MAX_MEMBERS]; /* TP group: connection to each other rank (owned) */
+    cm_conn *next;                       /* to the next stage (owned), NULL for the last */
+    cm_conn *coord;                      /* the coordinator's connection (not owned) */
+    pthread_mutex_t *csend_mu;           /* node.csend_mu: sends on coord */
+    cm_slice slice;                      /* this member's part of every layer (full without TP) */
+    cm_expert_slice experts;             /* an expert group's member: its experts (zeroed: every expert) */
+    cm_conn *tp[CM_COLL_MAX_MEMBERS];    /* TP group: connection to each other rank (owned) */
     cm_conn *relay[CM_COLL_MAX_MEMBERS]; /* hybrid, rank 0 of a later group: data connection to each member (owned) */
-    cm_coll *coll;    /* TP group's all-reduce, NULL without TP */
-    uint64_t rows;    /* token rows computed */
-    struct cm_gpu_model *gm; /* its first layers on the node's GPU (node_gpu.c), or NULL */
-    struct cm_node_train *train; /* LoRA training of this stage's layers (node_train.c), NULL: none */
+    cm_coll *coll;                       /* TP group's all-reduce, NULL without TP */
+    uint64_t rows;                       /* token rows computed */
+    struct cm_gpu_model *gm;             /* its first layers on the node's GPU (node_gpu.c), or NULL */
+    struct cm_node_train *train;         /* LoRA training of this stage's layers (node_train.c), NULL: none */
 } stage;
 
 typedef struct node {
@@ -50,15 +50,15 @@ typedef struct node {
     pthread_mutex_t mu;       /* stage pointer, compute, sends on next */
     pthread_mutex_t csend_mu; /* sends on connections from a coordinator (never held while computing) */
     stage *st;
-    _Atomic uint64_t epoch;   /* st's epoch (0: none), for heartbeats */
-    cm_node_hb hb;            /* the heartbeat thread (node_guard.c) */
-    cm_node_limits lim;       /* connection limits (node_guard.c) */
-    cm_node_lease lease;      /* the coordinator this node serves (node_lease.c) */
-    struct conn_job *jobs;    /* connection threads, running or ended and not yet joined (accept loop only) */
+    _Atomic uint64_t epoch; /* st's epoch (0: none), for heartbeats */
+    cm_node_hb hb;          /* the heartbeat thread (node_guard.c) */
+    cm_node_limits lim;     /* connection limits (node_guard.c) */
+    cm_node_lease lease;    /* the coordinator this node serves (node_lease.c) */
+    struct conn_job *jobs;  /* connection threads, running or ended and not yet joined (accept loop only) */
     char cache_dir[512];
-    cm_conn *tp_in[CM_COLL_MAX_MEMBERS]; /* greeted TP connections not yet taken by a stage (under mu) */
+    cm_conn *tp_in[CM_COLL_MAX_MEMBERS];       /* greeted TP connections not yet taken by a stage (under mu) */
     uint64_t tp_in_epoch[CM_COLL_MAX_MEMBERS]; /* the plan epoch each was made for */
-    struct cm_gpu *gpu;       /* --gpu: the device every stage's first layers run on (node_gpu.c), or NULL */
+    struct cm_gpu *gpu; /* --gpu: the device every stage's first layers run on (node_gpu.c), or NULL */
 } node;
 
 /* Free a stage (closing its links; its group traffic goes to stderr in one

@@ -84,9 +84,10 @@ int cm_node_lease_assign(cm_node_lease *l, const cm_msg_hello *me, const cm_msg_
                 snprintf(bye.u.bye.text, sizeof bye.u.bye.text, "%s was taken over by coordinator '%s' (--take)",
                          me->name, peer->name);
             else
-                snprintf(bye.u.bye.text, sizeof bye.u.bye.text,
-                         "%s: this coordinator was silent for over %d ms; its lease expired and coordinator '%s' took the node",
-                         me->name, cm_node_lease_ms(), peer->name);
+                snprintf(
+                    bye.u.bye.text, sizeof bye.u.bye.text,
+                    "%s: this coordinator was silent for over %d ms; its lease expired and coordinator '%s' took the node",
+                    me->name, cm_node_lease_ms(), peer->name);
             char e[200];
             pthread_mutex_lock(l->send_mu);
             cm_conn_send(l->ctl, &bye, 1000, e, sizeof e);
@@ -145,8 +146,8 @@ void cm_lease_text(const cm_msg_hello *node, char *buf, size_t cap) {
     struct tm tm;
     if (node->lease_since_ms && localtime_r(&t, &tm)) strftime(since, sizeof since, "%H:%M", &tm);
     snprintf(buf, cap, "%s serves %s for coordinator %s since %s (epoch %llu); --take to take it over", node->name,
-             node->lease_model[0] ? node->lease_model : "a model", node->lease_owner[0] ? node->lease_owner : "(unnamed)",
-             since, (unsigned long long)node->lease_epoch);
+             node->lease_model[0] ? node->lease_model : "a model",
+             node->lease_owner[0] ? node->lease_owner : "(unnamed)", since, (unsigned long long)node->lease_epoch);
 }
 
 bool cm_lease_foreign(const cm_msg_hello *node, const cm_msg_hello *mine) {

@@ -34,16 +34,20 @@ void cm_node_stage_free(stage *s) {
         cm_coll_stats st;
         cm_coll_stats_get(s->coll, &st);
         if (s->experts.ep) /* expert group: its exchange traffic (tests/sh/cluster_ep.sh sums these) */
-            fprintf(stderr, "expert-parallel rank %u of %u (epoch %llu), stage %u layers [%u, %u) experts [%d, %d): %llu rows, %llu expert exchanges, %llu element bytes / %llu wire bytes sent\n",
-                    s->as.tp_rank, s->as.tp_size, (unsigned long long)s->as.epoch, s->as.stage, s->as.layer_begin,
-                    s->as.layer_end, s->experts.e0, s->experts.e1, (unsigned long long)s->rows,
-                    (unsigned long long)st.gather_ops, (unsigned long long)st.gather_data_sent,
-                    (unsigned long long)st.total.wire_sent);
-        else
-        fprintf(stderr, "tensor-parallel rank %u of %u (epoch %llu), stage %u layers [%u, %u): %llu rows, %llu all-reduces, %llu element bytes / %llu wire bytes sent\n",
+            fprintf(
+                stderr,
+                "expert-parallel rank %u of %u (epoch %llu), stage %u layers [%u, %u) experts [%d, %d): %llu rows, %llu expert exchanges, %llu element bytes / %llu wire bytes sent\n",
                 s->as.tp_rank, s->as.tp_size, (unsigned long long)s->as.epoch, s->as.stage, s->as.layer_begin,
-                s->as.layer_end, (unsigned long long)s->rows,
-                (unsigned long long)st.ops, (unsigned long long)st.total.data_sent, (unsigned long long)st.total.wire_sent);
+                s->as.layer_end, s->experts.e0, s->experts.e1, (unsigned long long)s->rows,
+                (unsigned long long)st.gather_ops, (unsigned long long)st.gather_data_sent,
+                (unsigned long long)st.total.wire_sent);
+        else
+            fprintf(
+                stderr,
+                "tensor-parallel rank %u of %u (epoch %llu), stage %u layers [%u, %u): %llu rows, %llu all-reduces, %llu element bytes / %llu wire bytes sent\n",
+                s->as.tp_rank, s->as.tp_size, (unsigned long long)s->as.epoch, s->as.stage, s->as.layer_begin,
+                s->as.layer_end, (unsigned long long)s->rows, (unsigned long long)st.ops,
+                (unsigned long long)st.total.data_sent, (unsigned long long)st.total.wire_sent);
     }
     cm_coll_free(s->coll);
     cm_coll_mesh_close(s->tp, CM_COLL_MAX_MEMBERS);
@@ -126,8 +130,12 @@ static int tp_connect(node *n, stage *s, char *err, size_t errlen) {
             return cm_errf(err, errlen, CM_ETIMEDOUT, "tensor-parallel rank %d did not connect within 30 s", missing);
         cm_sleep_ms(5);
     }
-    cm_coll_cfg cc = {.rank = me, .size = k, .max_n = (int64_t)CM_BATCH_MAX * s->m.hp.n_embd,
-                      .timeout_ms = cm_cluster_lost_ms(), .epoch = a->epoch, .compress = (a->flags & CM_ASSIGN_F_TP_Q8) != 0};
+    cm_coll_cfg cc = {.rank = me,
+                      .size = k,
+                      .max_n = (int64_t)CM_BATCH_MAX * s->m.hp.n_embd,
+                      .timeout_ms = cm_cluster_lost_ms(),
+                      .epoch = a->epoch,
+                      .compress = (a->flags & CM_ASSIGN_F_TP_Q8) != 0};
     for (int j = 0; j < k; j++) cc.peers[j] = j == me ? NULL : s->tp[j];
     int rc = cm_coll_new(&cc, &s->coll, e, sizeof e);
     return rc ? cm_errf(err, errlen, rc, "all-reduce: %s", e) : 0;
@@ -145,7 +153,8 @@ static int stage_load(node *n, stage *s, const char *path, bool slice_file, char
      * NEEDSWORK: read just the held ranges into huge pages. */
     bool in_memory = slice_file && !n->o->mmap && !(a->flags & CM_ASSIGN_F_EP) && stat(path, &st) == 0 &&
                      cm_gguf_worth_loading((uint64_t)st.st_size);
-    int rc = in_memory ? cm_gguf_load(&s->g, path, NULL, NULL, e, sizeof e) : cm_gguf_open(&s->g, path, NULL, NULL, e, sizeof e);
+    int rc = in_memory ? cm_gguf_load(&s->g, path, NULL, NULL, e, sizeof e)
+                       : cm_gguf_open(&s->g, path, NULL, NULL, e, sizeof e);
     if (!rc) rc = cm_model_load(&s->m, &s->g, e, sizeof e);
     if (rc) return cm_errf(err, errlen, rc, "'%s': %s", path, e);
     const cm_hparams *hp = &s->m.hp;
@@ -162,11 +171,13 @@ static int stage_load(node *n, stage *s, const char *path, bool slice_file, char
         s->experts.e0 = a->expert_bounds[a->tp_rank];
         s->experts.e1 = a->expert_bounds[a->tp_rank + 1];
     }
-    if (!tp && (a->head_begin != 0 || (int)a->head_end != cm_slice_full(&s->m).h1 || a->ffn_begin != 0 || (int)a->ffn_end != hp->n_ff))
+    if (!tp && (a->head_begin != 0 || (int)a->head_end != cm_slice_full(&s->m).h1 || a->ffn_begin != 0 ||
+                (int)a->ffn_end != hp->n_ff))
         return cm_errf(err, errlen, CM_EINVAL, "a slice of the layers without a tensor-parallel group");
     if (tp && (a->tp_size > CM_COLL_MAX_MEMBERS || (a->tp_rank == 0 && a->stage == 0)))
-        return cm_errf(err, errlen, CM_EUNSUPPORTED, "tensor-parallel rank %u of %u of stage %u (rank 0 of stage 0 is the coordinator)",
-                       a->tp_rank, a->tp_size, a->stage);
+        return cm_errf(err, errlen, CM_EUNSUPPORTED,
+                       "tensor-parallel rank %u of %u of stage %u (rank 0 of stage 0 is the coordinator)", a->tp_rank,
+                       a->tp_size, a->stage);
     if ((rc = cm_slice_check(&s->m, s->slice, e, sizeof e)) ||
         (rc = cm_expert_slice_check(&s->m, s->slice, s->experts, e, sizeof e)))
         return cm_errf(err, errlen, rc, "slice: %s", e);
@@ -198,7 +209,8 @@ static int stage_load(node *n, stage *s, const char *path, bool slice_file, char
         for (int j = 1; j < (int)a->tp_size; j++) { /* hybrid: this group's FORWARDs go on to every member */
             cm_msg_hello peer;
             rc = cm_cluster_dial(a->tp_peers[j], &n->cfg, &n->hello, &s->relay[j], &peer, e, sizeof e);
-            if (rc) return cm_errf(err, errlen, rc, "cannot reach rank %d of this group at %s: %s", j, a->tp_peers[j], e);
+            if (rc)
+                return cm_errf(err, errlen, rc, "cannot reach rank %d of this group at %s: %s", j, a->tp_peers[j], e);
         }
     if (a->tp_rank == 0 && !last) {
         if (!*a->next) return cm_errf(err, errlen, CM_EINVAL, "a middle stage without a next stage");
@@ -229,7 +241,10 @@ int cm_node_send_ready(node *n, cm_conn *c, uint64_t epoch, int status, uint64_t
 static bool assign_once(node *n, cm_conn *c, const cm_msg_assign *a, cm_msg_assign *newer) {
     char err[512] = "", path[600];
     stage *s = cm_calloc(1, sizeof *s);
-    if (!s) { cm_node_send_ready(n, c, a->epoch, CM_ENOMEM, 0, "out of memory"); return false; }
+    if (!s) {
+        cm_node_send_ready(n, c, a->epoch, CM_ENOMEM, 0, "out of memory");
+        return false;
+    }
     s->as = *a;
     s->coord = c;
     s->csend_mu = &n->csend_mu;
@@ -245,17 +260,19 @@ static bool assign_once(node *n, cm_conn *c, const cm_msg_assign *a, cm_msg_assi
                               a->flags & CM_ASSIGN_F_EMBED, a->flags & CM_ASSIGN_F_OUTPUT,
                               /* an expert group's member: only its experts' slabs */
                               (a->flags & CM_ASSIGN_F_EP) ? a->expert_bounds[a->tp_rank] : 0,
-                              (a->flags & CM_ASSIGN_F_EP) ? a->expert_bounds[a->tp_rank + 1] : 0,
-                              path, sizeof path, &got, newer, &superseded, err, sizeof err);
+                              (a->flags & CM_ASSIGN_F_EP) ? a->expert_bounds[a->tp_rank + 1] : 0, path, sizeof path,
+                              &got, newer, &superseded, err, sizeof err);
         if (superseded) {
-            CM_LOGW("assignment of epoch %llu superseded while its weights were fetched: %s", (unsigned long long)a->epoch, err);
+            CM_LOGW("assignment of epoch %llu superseded while its weights were fetched: %s",
+                    (unsigned long long)a->epoch, err);
             cm_node_stage_free(s);
             return true;
         }
         if (!rc)
             CM_LOGI("weights: %llu bytes streamed in %.2f s into '%s'", (unsigned long long)got, cm_now_s() - t0, path);
         if (!rc && (a->flags & CM_ASSIGN_F_EP)) /* one line per assignment (tests/sh/cluster_ep.sh reads it) */
-            fprintf(stderr, "expert-parallel rank %u of %u (epoch %llu): experts [%u, %u), %llu weight bytes streamed\n",
+            fprintf(stderr,
+                    "expert-parallel rank %u of %u (epoch %llu): experts [%u, %u), %llu weight bytes streamed\n",
                     a->tp_rank, a->tp_size, (unsigned long long)a->epoch, a->expert_bounds[a->tp_rank],
                     a->expert_bounds[a->tp_rank + 1], (unsigned long long)got);
     }
@@ -282,7 +299,8 @@ static bool assign_once(node *n, cm_conn *c, const cm_msg_assign *a, cm_msg_assi
     /* Always said (issue 19): which stage this node now runs, for whom. */
     char owner[CM_MSG_NAME_MAX + 1];
     cm_node_lease_owner(&n->lease, owner, sizeof owner);
-    fprintf(stderr, "cumulo node '%s': took stage %u of %u, layers [%u, %u) of '%s' for coordinator %s (epoch %llu)%s%s%s\n",
+    fprintf(stderr,
+            "cumulo node '%s': took stage %u of %u, layers [%u, %u) of '%s' for coordinator %s (epoch %llu)%s%s%s\n",
             n->hello.name, a->stage, a->n_stages, a->layer_begin, a->layer_end, a->model_name, owner,
             (unsigned long long)a->epoch, a->tp_size > 1 ? ", tensor-parallel member" : "",
             *a->next ? ", next " : ", last stage", a->next);

@@ -43,7 +43,9 @@ void cm_node_train_free(struct cm_node_train *t) {
     cm_free(t);
 }
 
-static float *vec_of(cm_tadapter *ad, unsigned v) { return v == CM_TRAIN_VEC_W ? ad->w : v == CM_TRAIN_VEC_M1 ? ad->m1 : ad->m2; }
+static float *vec_of(cm_tadapter *ad, unsigned v) {
+    return v == CM_TRAIN_VEC_W ? ad->w : v == CM_TRAIN_VEC_M1 ? ad->m1 : ad->m2;
+}
 
 static int reply(stage *s, const cm_msg *m, char *err, size_t errlen) {
     pthread_mutex_lock(s->csend_mu);
@@ -75,8 +77,8 @@ static int setup(stage *s, const cm_msg_train *q, char *err, size_t errlen) {
     }
     t->ad->step = (int64_t)q->key;
     s->train = t;
-    CM_LOGI("training layers [%d, %d): %zu adapter parameters, rank %u, windows of %d", l0, l1, t->ad->n_params, q->rank,
-            t->n_ctx);
+    CM_LOGI("training layers [%d, %d): %zu adapter parameters, rank %u, windows of %d", l0, l1, t->ad->n_params,
+            q->rank, t->n_ctx);
     return 0;
 }
 
@@ -132,7 +134,8 @@ int cm_node_on_train(stage *s, const cm_msg_train *q, char *err, size_t errlen) 
             a->data = cm_train_out(t->tr);
             return reply(s, &r, err, errlen);
         }
-        if (!(q->flags & CM_TRAIN_F_TARGETS)) return cm_errf(err, errlen, CM_EINVAL, "FWD to the last stage without targets");
+        if (!(q->flags & CM_TRAIN_F_TARGETS))
+            return cm_errf(err, errlen, CM_EINVAL, "FWD to the last stage without targets");
         for (int j = 0; j < T; j++) t->tgt[j] = cm_msg_train_target(q, (uint32_t)j);
         int nt = 0;
         const bool back = q->flags & CM_TRAIN_F_BACKWARD;
@@ -156,9 +159,7 @@ int cm_node_on_train(stage *s, const cm_msg_train *q, char *err, size_t errlen) 
         a->dim = (uint32_t)t->E;
         a->data = t->out;
         return reply(s, &r, err, errlen);
-    case CM_TRAIN_STEP:
-        cm_tadapter_adamw(t->ad, q->f[0], q->f[1], q->f[2], q->f[3], q->f[4]);
-        return 0;
+    case CM_TRAIN_STEP: cm_tadapter_adamw(t->ad, q->f[0], q->f[1], q->f[2], q->f[3], q->f[4]); return 0;
     default: return cm_errf(err, errlen, CM_EPROTO, "TRAIN op %u from the coordinator", q->op);
     }
 }

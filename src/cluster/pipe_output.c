@@ -18,13 +18,12 @@
 #include <string.h>
 
 _Static_assert((int)CM_PIPE_WANT_TOKEN == (int)CM_WANT_TOKEN && (int)CM_PIPE_WANT_LOGITS == (int)CM_WANT_LOGITS &&
-                   (int)CM_PIPE_WANT_HIDDEN == (int)CM_WANT_HIDDEN && (int)CM_PIPE_OUT_HIDDEN == (int)CM_OUTPUT_HIDDEN &&
-                   (int)CM_PIPE_OUT_LOGITS == (int)CM_OUTPUT_LOGITS,
+                   (int)CM_PIPE_WANT_HIDDEN == (int)CM_WANT_HIDDEN &&
+                   (int)CM_PIPE_OUT_HIDDEN == (int)CM_OUTPUT_HIDDEN && (int)CM_PIPE_OUT_LOGITS == (int)CM_OUTPUT_LOGITS,
                "cluster.h's names of the wire values");
 
 int cm_node_send_hidden(cm_conn *c, pthread_mutex_t *mu, const cm_msg_forward *f, const int8_t *want,
-                        const int32_t *pos, const int32_t *seq, float *rows, int n, int dim, char *err,
-                        size_t errlen) {
+                        const int32_t *pos, const int32_t *seq, float *rows, int n, int dim, char *err, size_t errlen) {
     int32_t opos[CM_BATCH_MAX];
     int k = 0, start = 0; /* compacted rows [start, k) are the current run of one sequence */
     for (int i = 0; i < n && i < CM_BATCH_MAX; i++) {
@@ -35,9 +34,14 @@ int cm_node_send_hidden(cm_conn *c, pthread_mutex_t *mu, const cm_msg_forward *f
         while (j < n && want[j] != CM_WANT_HIDDEN) j++;
         if (j < n && seq[j] == seq[i]) continue;
         cm_msg m = {.type = CM_MSG_OUTPUT};
-        m.u.output = (cm_msg_output){.epoch = f->epoch, .request_id = f->request_id, .seq = seq[i],
-                                     .kind = CM_OUTPUT_HIDDEN, .n_rows = (uint32_t)(k - start), .dim = (uint32_t)dim,
-                                     .pos = opos + start, .data = rows + (size_t)start * (size_t)dim};
+        m.u.output = (cm_msg_output){.epoch = f->epoch,
+                                     .request_id = f->request_id,
+                                     .seq = seq[i],
+                                     .kind = CM_OUTPUT_HIDDEN,
+                                     .n_rows = (uint32_t)(k - start),
+                                     .dim = (uint32_t)dim,
+                                     .pos = opos + start,
+                                     .data = rows + (size_t)start * (size_t)dim};
         pthread_mutex_lock(mu);
         int rc = cm_conn_send(c, &m, 30000, err, errlen);
         pthread_mutex_unlock(mu);

@@ -81,8 +81,8 @@ static void probe_one(cm_node_info *o, const char *addr, cm_conn *c, const cm_ms
     }
 }
 
-int cm_probe_nodes(const char *const *addrs, int n, bool insecure, const char *key_file, cm_node_info *out,
-                   char *err, size_t errlen) {
+int cm_probe_nodes(const char *const *addrs, int n, bool insecure, const char *key_file, cm_node_info *out, char *err,
+                   size_t errlen) {
     cm_net_cfg cfg;
     int rc = cm_cluster_net_cfg(&cfg, insecure, key_file, err, errlen);
     if (rc) return rc;
@@ -96,15 +96,15 @@ int cm_probe_nodes(const char *const *addrs, int n, bool insecure, const char *k
      * would share this machine's bandwidth). */
     for (int at = 0; at < n; at += CM_CLUSTER_DIAL_MAX) {
         int k = n - at < CM_CLUSTER_DIAL_MAX ? n - at : CM_CLUSTER_DIAL_MAX;
-        char (*a)[80] = cm_calloc((size_t)k, sizeof *a);
-        char (*es)[400] = cm_calloc((size_t)k, sizeof *es);
+        char(*a)[80] = cm_calloc((size_t)k, sizeof *a);
+        char(*es)[400] = cm_calloc((size_t)k, sizeof *es);
         cm_conn **cs = cm_calloc((size_t)k, sizeof *cs);
         cm_msg_hello *peers = cm_calloc((size_t)k, sizeof *peers);
         int *rcs = cm_calloc((size_t)k, sizeof *rcs);
         rc = a && es && cs && peers && rcs ? 0 : cm_errf(err, errlen, CM_ENOMEM, "out of memory");
         if (!rc) {
             for (int i = 0; i < k; i++) snprintf(a[i], sizeof a[i], "%s", addrs[at + i]);
-            cm_cluster_dial_many((const char (*)[80])a, k, &cfg, &me, cs, peers, rcs, es);
+            cm_cluster_dial_many((const char(*)[80])a, k, &cfg, &me, cs, peers, rcs, es);
             for (int i = 0; i < k; i++)
                 probe_one(&out[at + i], addrs[at + i], cs[i], &peers[i], rcs[i], es[i], links ? &conns[at + i] : NULL);
         }
@@ -170,7 +170,8 @@ void cm_cluster_links_measure(const cm_net_cfg *cfg, const cm_msg_hello *mine, c
 int cm_cluster_links_ask(cm_conn *c, const char *const *peers, int n, int deadline_ms, int probe_bytes,
                          cm_msg_links *out, char *err, size_t errlen) {
     static _Atomic uint64_t next_id = 1;
-    if (n < 1 || n > (int)CM_MSG_MAX_PEERS) return cm_errf(err, errlen, CM_EINVAL, "%d peers to measure (1..%u)", n, CM_MSG_MAX_PEERS);
+    if (n < 1 || n > (int)CM_MSG_MAX_PEERS)
+        return cm_errf(err, errlen, CM_EINVAL, "%d peers to measure (1..%u)", n, CM_MSG_MAX_PEERS);
     cm_msg m = {.type = CM_MSG_LINKS_REQ};
     cm_msg_links_req *q = &m.u.links_req;
     q->id = atomic_fetch_add(&next_id, 1);
@@ -191,7 +192,8 @@ int cm_cluster_links_ask(cm_conn *c, const char *const *peers, int n, int deadli
         if (rc) return rc;
         if (r.type == CM_MSG_ERROR) return cm_errf(err, errlen, r.u.error.code, "%s", r.u.error.text);
         if (r.type != CM_MSG_LINKS || r.u.links.id != q->id) continue; /* a heartbeat echo, a late answer */
-        if (r.u.links.n != n) return cm_errf(err, errlen, CM_EPROTO, "LINKS with %u entries for %d peers", r.u.links.n, n);
+        if (r.u.links.n != n)
+            return cm_errf(err, errlen, CM_EPROTO, "LINKS with %u entries for %d peers", r.u.links.n, n);
         *out = r.u.links;
         return 0;
     }
@@ -204,7 +206,10 @@ static void probe_links(cm_conn **conns, int n, cm_node_info *out) {
         const char *peers[CM_NODE_LINKS_MAX];
         int idx[CM_NODE_LINKS_MAX], k = 0;
         for (int j = 0; j < n; j++)
-            if (j != i && conns[j] && k < (int)CM_MSG_MAX_PEERS) { idx[k] = j; peers[k++] = out[j].addr; }
+            if (j != i && conns[j] && k < (int)CM_MSG_MAX_PEERS) {
+                idx[k] = j;
+                peers[k++] = out[j].addr;
+            }
         if (!k) continue;
         cm_msg_links l;
         char e[300];

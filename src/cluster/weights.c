@@ -29,8 +29,8 @@ typedef struct served {
     uint8_t (*hash)[32]; /* per tensor */
     uint8_t *manifest;
     size_t manifest_len;
-    uint8_t xm_id[32];   /* the expert manifest's address */
-    uint8_t *xm;         /* expert manifest: slab hashes of the stacked expert tensors, table order */
+    uint8_t xm_id[32]; /* the expert manifest's address */
+    uint8_t *xm;       /* expert manifest: slab hashes of the stacked expert tensors, table order */
     size_t xm_len;
     uint64_t *xm_tensor; /* [xm_len / 32]: the tensor index of each slab hash */
 } served;
@@ -70,7 +70,7 @@ static int prepare(const cm_gguf *g, char *err, size_t errlen) {
     memset(&g_served, 0, sizeof g_served);
     uint64_t nt = g->n_tensors;
     size_t len = 24 + (size_t)g->data_offset + 32 * (size_t)nt;
-    uint8_t (*h)[32] = cm_calloc(nt ? nt : 1, 32);
+    uint8_t(*h)[32] = cm_calloc(nt ? nt : 1, 32);
     uint8_t *mf = cm_malloc(len);
     if (!h || !mf) {
         cm_free(h);
@@ -206,8 +206,9 @@ static int fetch(cm_conn *c, pthread_mutex_t *send_mu, const uint8_t hash[32], u
          * skipped. */
         int stale = 0;
         do rc = cm_conn_recv(c, &r, CM_PIPE_DATA_MS, err, errlen);
-        while (!rc && (r.type == CM_MSG_HEARTBEAT || r.type == CM_MSG_PING ||
-                       (r.type == CM_MSG_WEIGHTS_CHUNK && memcmp(r.u.weights_chunk.tensor_hash, hash, 32) && ++stale <= 4)));
+        while (!rc &&
+               (r.type == CM_MSG_HEARTBEAT || r.type == CM_MSG_PING ||
+                (r.type == CM_MSG_WEIGHTS_CHUNK && memcmp(r.u.weights_chunk.tensor_hash, hash, 32) && ++stale <= 4)));
         if (rc) return rc;
         if (r.type != CM_MSG_WEIGHTS_CHUNK) return not_a_chunk(&r, err, errlen);
         if (memcmp(r.u.weights_chunk.tensor_hash, hash, 32))
@@ -216,8 +217,8 @@ static int fetch(cm_conn *c, pthread_mutex_t *send_mu, const uint8_t hash[32], u
         if (ch->total == 0) return cm_errf(err, errlen, CM_ENOENT, "the coordinator does not have that object");
         if (off == 0 && !expect) {
             total = ch->total;
-            if (fd < 0 && total > cap) return cm_errf(err, errlen, CM_ERANGE, "object of %llu bytes is too large",
-                                                   (unsigned long long)total);
+            if (fd < 0 && total > cap)
+                return cm_errf(err, errlen, CM_ERANGE, "object of %llu bytes is too large", (unsigned long long)total);
         }
         if (ch->total != total || ch->offset != off || (ch->data_len == 0 && off < total))
             return cm_errf(err, errlen, CM_EPROTO, "chunk at %llu of %llu does not continue at %llu",
@@ -288,10 +289,14 @@ static int fetch_expert_manifest(cm_conn *c, pthread_mutex_t *send_mu, const cha
     if (!buf) return cm_errf(err, errlen, CM_ENOMEM, "out of memory");
     uint64_t total = 0;
     int rc = fetch(c, send_mu, id, buf, (size_t)want, -1, 0, want, &total, err, errlen);
-    if (!rc && total != want) rc = cm_errf(err, errlen, CM_EPROTO, "expert manifest of %llu bytes, expected %llu",
-                                           (unsigned long long)total, (unsigned long long)want);
+    if (!rc && total != want)
+        rc = cm_errf(err, errlen, CM_EPROTO, "expert manifest of %llu bytes, expected %llu", (unsigned long long)total,
+                     (unsigned long long)want);
     if (!rc) rc = cm_file_write_atomic(path, buf, (size_t)want, 0600, err, errlen);
-    if (rc) { cm_free(buf); return rc; }
+    if (rc) {
+        cm_free(buf);
+        return rc;
+    }
     *out = buf;
     return 0;
 }
@@ -321,7 +326,8 @@ static int weights_fetch(cm_conn *c, pthread_mutex_t *send_mu, const char *cache
     cm_sha256_hex(model_sha, hex);
     *fetched = 0;
     snprintf(dir, sizeof dir, "%.500s/slices", cache_dir);
-    if (cm_mkdir_p(dir, 0700, false)) return cm_errf(err, errlen, CM_EIO, "cannot create '%s': %s", dir, strerror(errno));
+    if (cm_mkdir_p(dir, 0700, false))
+        return cm_errf(err, errlen, CM_EIO, "cannot create '%s': %s", dir, strerror(errno));
     snprintf(mpath, sizeof mpath, "%s/%s.manifest", dir, hex);
     snprintf(gpath, sizeof gpath, "%s/%s.gguf", dir, hex);
     /* 1. The manifest: from the cache, else from the coordinator. */
@@ -342,7 +348,8 @@ static int weights_fetch(cm_conn *c, pthread_mutex_t *send_mu, const char *cache
         rc = cm_conn_send(c, &m, 30000, err, errlen);
         pthread_mutex_unlock(send_mu);
         cm_msg r;
-        do if (!rc) rc = cm_conn_recv(c, &r, CM_PIPE_DATA_MS, err, errlen);
+        do
+            if (!rc) rc = cm_conn_recv(c, &r, CM_PIPE_DATA_MS, err, errlen);
         while (!rc && (r.type == CM_MSG_HEARTBEAT || r.type == CM_MSG_PING));
         if (rc) return rc;
         if (r.type == CM_MSG_ASSIGN) return not_a_chunk(&r, err, errlen);
@@ -350,14 +357,18 @@ static int weights_fetch(cm_conn *c, pthread_mutex_t *send_mu, const char *cache
             return cm_errf(err, errlen, CM_EPROTO, "no manifest for model %.12s from the coordinator", hex);
         memcpy(head, r.u.weights_chunk.data, 24);
         total = r.u.weights_chunk.total;
-        if (total > MANIFEST_MAX) return cm_errf(err, errlen, CM_ERANGE, "manifest of %llu bytes", (unsigned long long)total);
+        if (total > MANIFEST_MAX)
+            return cm_errf(err, errlen, CM_ERANGE, "manifest of %llu bytes", (unsigned long long)total);
         mf = cm_malloc((size_t)total);
         if (!mf) return cm_errf(err, errlen, CM_ENOMEM, "out of memory");
         rc = fetch(c, send_mu, model_sha, mf, (size_t)total, -1, 0, total, NULL, err, errlen);
         if (!rc && memcmp(mf, head, 24)) rc = cm_errf(err, errlen, CM_EPROTO, "manifest changed while fetched");
         mlen = (size_t)total;
         if (!rc) rc = cm_file_write_atomic(mpath, mf, mlen, 0600, err, errlen);
-        if (rc) { cm_free(mf); return rc; }
+        if (rc) {
+            cm_free(mf);
+            return rc;
+        }
     }
     uint64_t fsize = mlen >= 24 ? get_u64(mf) : 0, doff = mlen >= 24 ? get_u64(mf + 8) : 0,
              nt = mlen >= 24 ? get_u64(mf + 16) : 0;
@@ -368,7 +379,10 @@ static int weights_fetch(cm_conn *c, pthread_mutex_t *send_mu, const char *cache
     }
     /* 2. The sparse file: header at 0, full size. */
     int fd = open(gpath, O_RDWR | O_CREAT, 0600);
-    if (fd < 0) { cm_free(mf); return cm_errf(err, errlen, CM_EIO, "cannot open '%s': %s", gpath, strerror(errno)); }
+    if (fd < 0) {
+        cm_free(mf);
+        return cm_errf(err, errlen, CM_EIO, "cannot open '%s': %s", gpath, strerror(errno));
+    }
     if (ftruncate(fd, (off_t)fsize) || pwrite(fd, mf + 24, (size_t)doff, 0) != (ssize_t)doff) {
         rc = cm_errf(err, errlen, CM_EIO, "cannot write '%s': %s", gpath, strerror(errno));
         goto out;
@@ -415,8 +429,8 @@ static int weights_fetch(cm_conn *c, pthread_mutex_t *send_mu, const char *cache
             if (sl && (expert_begin < 0 || expert_end > g.tensors[i].ne[2] || expert_begin > expert_end)) {
                 cm_gguf_close(&g);
                 cm_free(xm);
-                rc = cm_errf(err, errlen, CM_EINVAL, "experts [%d, %d) of '%s' (%lld experts)", expert_begin, expert_end,
-                             g.tensors[i].name, (long long)g.tensors[i].ne[2]);
+                rc = cm_errf(err, errlen, CM_EINVAL, "experts [%d, %d) of '%s' (%lld experts)", expert_begin,
+                             expert_end, g.tensors[i].name, (long long)g.tensors[i].ne[2]);
                 goto out;
             }
             need += sl ? sl * (uint64_t)(expert_end - expert_begin) : g.tensors[i].nbytes;
@@ -432,24 +446,37 @@ static int weights_fetch(cm_conn *c, pthread_mutex_t *send_mu, const char *cache
             for (int ex = expert_begin; ex < expert_end && !rc; ex++) {
                 const uint8_t *h = xm + 32 * (xbase + (uint64_t)ex);
                 uint64_t so = at + (uint64_t)ex * sl;
-                if (verify(fd, so, sl, h)) { have += sl; continue; }
+                if (verify(fd, so, sl, h)) {
+                    have += sl;
+                    continue;
+                }
                 rc = fetch(c, send_mu, h, NULL, 0, fd, so, sl, NULL, e, sizeof e);
                 if (!rc && !verify(fd, so, sl, h))
                     rc = cm_errf(e, sizeof e, CM_EAUTH, "expert %d does not match its hash", ex);
-                if (rc) { rc = cm_errf(err, errlen, rc, "tensor '%s': %s", ti->name, e); break; }
+                if (rc) {
+                    rc = cm_errf(err, errlen, rc, "tensor '%s': %s", ti->name, e);
+                    break;
+                }
                 *fetched += sl;
             }
             if (!rc)
                 CM_LOGI("weights: '%s' experts [%d, %d) verified (%.0f%% of this stage's %.1f MB)", ti->name,
-                        expert_begin, expert_end, need ? 100.0 * (double)(have + *fetched) / (double)need : 100.0, need / 1e6);
+                        expert_begin, expert_end, need ? 100.0 * (double)(have + *fetched) / (double)need : 100.0,
+                        need / 1e6);
             continue;
         }
         const uint8_t *h = mf + 24 + doff + 32 * i;
-        if (verify(fd, at, ti->nbytes, h)) { have += ti->nbytes; continue; }
+        if (verify(fd, at, ti->nbytes, h)) {
+            have += ti->nbytes;
+            continue;
+        }
         rc = fetch(c, send_mu, h, NULL, 0, fd, at, ti->nbytes, NULL, e, sizeof e);
         if (!rc && !verify(fd, at, ti->nbytes, h))
             rc = cm_errf(e, sizeof e, CM_EAUTH, "tensor '%s' does not match its hash", ti->name);
-        if (rc) { rc = cm_errf(err, errlen, rc, "tensor '%s': %s", ti->name, e); break; }
+        if (rc) {
+            rc = cm_errf(err, errlen, rc, "tensor '%s': %s", ti->name, e);
+            break;
+        }
         *fetched += ti->nbytes;
         CM_LOGI("weights: '%s' %.1f MB verified (%.0f%% of this stage's %.1f MB)", ti->name, ti->nbytes / 1e6,
                 need ? 100.0 * (double)(have + *fetched) / (double)need : 100.0, need / 1e6);

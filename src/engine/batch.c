@@ -17,7 +17,6 @@
 
 #include <string.h>
 
-
 struct cm_step {
     cm_gen_params p;
     cm_sampler *smp;
@@ -122,7 +121,8 @@ static void step_end(cm_session *s, enum cm_finish fin) {
         cm_token_event ev = {.id = -1, .text = out, .len = on};
         if (on && st->cb) st->cb(st->user, &ev);
     }
-    s->have_logits = cm_engine_downstream(s->e) ? s->n_hist == s->kv.n_past + 1 : s->have_logits && s->n_hist == s->kv.n_past;
+    s->have_logits =
+        cm_engine_downstream(s->e) ? s->n_hist == s->kv.n_past + 1 : s->have_logits && s->n_hist == s->kv.n_past;
     s->t.n_gen = st->n_gen;
     s->t.gen_s = cm_now_s() - st->t0;
 }
@@ -133,15 +133,27 @@ static int step_take(cm_session *s, int32_t id, const cm_sample_info *info_in);
 
 static int step_sample(cm_session *s) {
     struct cm_step *st = s->step;
-    if (atomic_load(&s->cancel)) { step_end(s, CM_FINISH_CANCEL); return 0; }
-    if (st->p.n_predict > 0 && st->n_gen >= st->p.n_predict) { step_end(s, CM_FINISH_LENGTH); return 0; }
+    if (atomic_load(&s->cancel)) {
+        step_end(s, CM_FINISH_CANCEL);
+        return 0;
+    }
+    if (st->p.n_predict > 0 && st->n_gen >= st->p.n_predict) {
+        step_end(s, CM_FINISH_LENGTH);
+        return 0;
+    }
     /* The chosen token's logprob costs one softmax over the vocabulary: small
      * next to the forward pass, and the API may ask for it. */
     cm_sample_info info;
     /* a grammar that allows nothing more (not even an end) ends the reply */
-    if (st->gs && cm_constrain_mask(s, st->gs) == 0) { step_end(s, CM_FINISH_EOG); return 0; }
+    if (st->gs && cm_constrain_mask(s, st->gs) == 0) {
+        step_end(s, CM_FINISH_EOG);
+        return 0;
+    }
     int32_t id = cm_sampler_sample(st->smp, s->logits, &info);
-    if (st->gs && cm_constrain_take(s, st->gs, id)) { step_end(s, CM_FINISH_EOG); return 0; }
+    if (st->gs && cm_constrain_take(s, st->gs, id)) {
+        step_end(s, CM_FINISH_EOG);
+        return 0;
+    }
     return step_take(s, id, &info);
 }
 
@@ -153,17 +165,35 @@ static int step_take(cm_session *s, int32_t id, const cm_sample_info *info_in) {
     cm_sample_info info = *info_in;
     cm_sampler_accept(st->smp, id);
     st->n_gen++;
-    if (!st->p.ignore_eos && cm_tokenizer_is_eog(e->tok, id)) { step_end(s, CM_FINISH_EOG); return 0; }
+    if (!st->p.ignore_eos && cm_tokenizer_is_eog(e->tok, id)) {
+        step_end(s, CM_FINISH_EOG);
+        return 0;
+    }
     s->hist[s->n_hist++] = id;
     s->have_logits = false;
     size_t pn = 0;
     int rc = cm_detok_push(&st->dt, id, s->piece, s->piece_cap, &pn);
     if (!rc) rc = step_emit(st, id, s->piece, pn, &info);
-    if (rc) { step_end(s, CM_FINISH_CANCEL); return rc; }
-    if (st->stop_hit >= 0) { step_end(s, CM_FINISH_STOP); return 0; }
-    if (st->cb_stopped) { step_end(s, CM_FINISH_CANCEL); return 0; }
-    if (st->p.n_predict > 0 && st->n_gen >= st->p.n_predict) { step_end(s, CM_FINISH_LENGTH); return 0; }
-    if (s->n_hist >= s->n_ctx) { step_end(s, CM_FINISH_CTX); return 0; }
+    if (rc) {
+        step_end(s, CM_FINISH_CANCEL);
+        return rc;
+    }
+    if (st->stop_hit >= 0) {
+        step_end(s, CM_FINISH_STOP);
+        return 0;
+    }
+    if (st->cb_stopped) {
+        step_end(s, CM_FINISH_CANCEL);
+        return 0;
+    }
+    if (st->p.n_predict > 0 && st->n_gen >= st->p.n_predict) {
+        step_end(s, CM_FINISH_LENGTH);
+        return 0;
+    }
+    if (s->n_hist >= s->n_ctx) {
+        step_end(s, CM_FINISH_CTX);
+        return 0;
+    }
     if (cm_engine_downstream(e)) s->have_logits = true; /* the new token is pending: ready for the next sample */
     return 1;
 }
@@ -191,8 +221,8 @@ int cm_session_seq_restart(cm_session *s, char *err, size_t errlen) {
     if (!s->step || !s->step->running) return 0;
     /* n_gen tokens were taken: the new last stage's sampler draws on from
      * there (counter-based draws), so a seeded stream is unchanged. */
-    return cm_pipe_seq_start(s->e->cl, s->slot, &s->step->p.sampling, s->hist, s->n_hist, (uint64_t)s->step->n_gen,
-                             err, errlen);
+    return cm_pipe_seq_start(s->e->cl, s->slot, &s->step->p.sampling, s->hist, s->n_hist, (uint64_t)s->step->n_gen, err,
+                             errlen);
 }
 
 /* A cluster step: every running session sends its pending token through our
@@ -208,16 +238,29 @@ static int step_cluster(cm_engine *e, cm_session *const *ss, int n, char *err, s
             cm_session *s = ss[base + k];
             if (!cm_session_running(s)) continue;
             struct cm_step *st = s->step;
-            if (atomic_load(&s->cancel)) { step_end(s, CM_FINISH_CANCEL); continue; }
-            if (st->p.n_predict > 0 && st->n_gen >= st->p.n_predict) { step_end(s, CM_FINISH_LENGTH); continue; }
+            if (atomic_load(&s->cancel)) {
+                step_end(s, CM_FINISH_CANCEL);
+                continue;
+            }
+            if (st->p.n_predict > 0 && st->n_gen >= st->p.n_predict) {
+                step_end(s, CM_FINISH_LENGTH);
+                continue;
+            }
             char msg[256] = "";
             /* Under a grammar the logits come back and we sample here, as one machine does (constrain.c). */
             if (st->gs) cm_pipe_output_expect(e->cl, s->slot, CM_PIPE_OUT_LOGITS, s->logits, s->n_hist - 1, 1);
-            int rc = cm_engine_eval_cluster(s, s->n_hist, st->gs ? CM_PIPE_WANT_LOGITS : CM_PIPE_WANT_TOKEN, msg, sizeof msg);
-            if (rc && rc != CM_ECANCELED && cm_pipe_failed(e->cl)) { lost = true; continue; }
+            int rc = cm_engine_eval_cluster(s, s->n_hist, st->gs ? CM_PIPE_WANT_LOGITS : CM_PIPE_WANT_TOKEN, msg,
+                                            sizeof msg);
+            if (rc && rc != CM_ECANCELED && cm_pipe_failed(e->cl)) {
+                lost = true;
+                continue;
+            }
             if (rc) {
                 step_end(s, CM_FINISH_CANCEL);
-                if (!first_err) { first_err = rc; cm_errf(err, errlen, rc, "%s", msg); }
+                if (!first_err) {
+                    first_err = rc;
+                    cm_errf(err, errlen, rc, "%s", msg);
+                }
                 continue;
             }
             sent[k] = true;
@@ -235,14 +278,23 @@ static int step_cluster(cm_engine *e, cm_session *const *ss, int n, char *err, s
             if (!rc && !here && (id < 0 || id >= e->m.hp.n_vocab))
                 rc = cm_errf(msg, sizeof msg, CM_EPROTO, "the last stage sent token id %d", id);
             if (!rc && !here) cm_engine_pipe_top(e, s->slot, &info);
-            if (rc && cm_pipe_failed(e->cl)) { lost = true; continue; } /* its token comes after recovery */
+            if (rc && cm_pipe_failed(e->cl)) {
+                lost = true;
+                continue;
+            } /* its token comes after recovery */
             if (rc) {
                 step_end(s, CM_FINISH_CANCEL);
-                if (!first_err) { first_err = rc; cm_errf(err, errlen, rc, "%s", msg); }
+                if (!first_err) {
+                    first_err = rc;
+                    cm_errf(err, errlen, rc, "%s", msg);
+                }
                 continue;
             }
             int r = here ? step_sample(s) : step_take(s, id, &info);
-            if (r < 0 && !first_err) { first_err = r; cm_errf(err, errlen, r, "generation failed: %s", cm_strerror(r)); }
+            if (r < 0 && !first_err) {
+                first_err = r;
+                cm_errf(err, errlen, r, "generation failed: %s", cm_strerror(r));
+            }
             if (r == 1) running++;
         }
     }
@@ -315,12 +367,18 @@ static int step_local(cm_engine *e, cm_session *const *ss, int n, step_pre *pre,
                 if (!r2) r2 = cm_session_recompute(s, m2, sizeof m2);
                 if (r2) {
                     step_end(s, CM_FINISH_CANCEL);
-                    if (!first_err) { first_err = r2; cm_errf(err, errlen, r2, "%s", m2); }
+                    if (!first_err) {
+                        first_err = r2;
+                        cm_errf(err, errlen, r2, "%s", m2);
+                    }
                     continue;
                 }
             }
             int r = step_sample(s);
-            if (r < 0 && !first_err) { first_err = r; cm_errf(err, errlen, r, "generation failed: %s", cm_strerror(r)); }
+            if (r < 0 && !first_err) {
+                first_err = r;
+                cm_errf(err, errlen, r, "generation failed: %s", cm_strerror(r));
+            }
             if (r != 1) continue;
             rows[nr] = s;
             kvs[nr] = &s->kv;
@@ -355,13 +413,18 @@ static int step_local(cm_engine *e, cm_session *const *ss, int n, step_pre *pre,
         }
         if (!nr && !np) continue;
         cm_batch b = {.n = nr + np, .tokens = tok, .pos = pos, .seq = seq, .logits = want};
-        cm_forward_args a = {.layer_first = 0, .layer_last = e->m.hp.n_layer, .slice = e->slice,
-                             .kvs = kvs, .n_kvs = nk, .out_logits = e->step_logits};
+        cm_forward_args a = {.layer_first = 0,
+                             .layer_last = e->m.hp.n_layer,
+                             .slice = e->slice,
+                             .kvs = kvs,
+                             .n_kvs = nk,
+                             .out_logits = e->step_logits};
         const double t0 = cm_now_s();
         pthread_mutex_lock(&e->mu);
         char msg[256] = "";
         int rc = cm_engine_forward(e, &b, &a, rows, msg, sizeof msg);
-        for (int r = 0; r < nr + (pre_last ? 1 : 0) && !rc; r++) /* the shared rows, copied out before another step may write them */
+        for (int r = 0; r < nr + (pre_last ? 1 : 0) && !rc;
+             r++) /* the shared rows, copied out before another step may write them */
             memcpy(rows[r]->logits, e->step_logits + (size_t)r * (size_t)nv, (size_t)nv * sizeof(float));
         pthread_mutex_unlock(&e->mu);
         if (np > 0) {
@@ -390,7 +453,10 @@ static int step_local(cm_engine *e, cm_session *const *ss, int n, step_pre *pre,
                 }
                 running++;
             }
-            if (rc && !first_err) { first_err = rc; cm_errf(err, errlen, rc, "%s", msg); }
+            if (rc && !first_err) {
+                first_err = rc;
+                cm_errf(err, errlen, rc, "%s", msg);
+            }
             continue;
         }
         for (int r = 0; r < nr; r++) {
@@ -402,7 +468,10 @@ static int step_local(cm_engine *e, cm_session *const *ss, int n, step_pre *pre,
             s->have_logits = true;
             running++;
         }
-        if (rc && !first_err) { first_err = rc; cm_errf(err, errlen, rc, "forward pass failed: %s", msg); }
+        if (rc && !first_err) {
+            first_err = rc;
+            cm_errf(err, errlen, rc, "forward pass failed: %s", msg);
+        }
     }
     return first_err ? first_err : running;
 }

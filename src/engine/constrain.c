@@ -41,7 +41,10 @@ void cm_engine_gvocab_free(cm_engine *e) {
 static const cm_grammar_vocab *vocab(cm_engine *e, char *err, size_t errlen) {
     pthread_mutex_lock(&e->mu);
     gvocab *g = e->gvocab;
-    if (g) { pthread_mutex_unlock(&e->mu); return &g->v; }
+    if (g) {
+        pthread_mutex_unlock(&e->mu);
+        return &g->v;
+    }
     int n = e->m.hp.n_vocab, nt = cm_tokenizer_n_vocab(e->tok);
     g = cm_calloc(1, sizeof *g);
     size_t cap = (size_t)n * 8 + 64, len = 0;
@@ -55,11 +58,23 @@ static const cm_grammar_vocab *vocab(cm_engine *e, char *err, size_t errlen) {
     char piece[256];
     for (int id = 0; id < n; id++) {
         g->off[id] = (uint32_t)len;
-        if (id >= nt) { g->never[id] = true; continue; } /* embedding rows past the vocabulary */
-        if (cm_tokenizer_is_eog(e->tok, id)) { g->eog[id] = true; continue; }
-        if (cm_tokenizer_is_control(e->tok, id)) { g->never[id] = true; continue; }
+        if (id >= nt) {
+            g->never[id] = true;
+            continue;
+        } /* embedding rows past the vocabulary */
+        if (cm_tokenizer_is_eog(e->tok, id)) {
+            g->eog[id] = true;
+            continue;
+        }
+        if (cm_tokenizer_is_control(e->tok, id)) {
+            g->never[id] = true;
+            continue;
+        }
         int k = cm_engine_token_piece(e, id, piece, sizeof piece);
-        if (k <= 0) { g->never[id] = true; continue; }
+        if (k <= 0) {
+            g->never[id] = true;
+            continue;
+        }
         if (len + (size_t)k > cap) {
             cap = 2 * cap + (size_t)k;
             char *b = cm_realloc(g->bytes, cap);
@@ -75,7 +90,13 @@ static const cm_grammar_vocab *vocab(cm_engine *e, char *err, size_t errlen) {
     pthread_mutex_unlock(&e->mu);
     return &g->v;
 oom:
-    if (g) { cm_free(g->off); cm_free(g->bytes); cm_free(g->eog); cm_free(g->never); cm_free(g); }
+    if (g) {
+        cm_free(g->off);
+        cm_free(g->bytes);
+        cm_free(g->eog);
+        cm_free(g->never);
+        cm_free(g);
+    }
     pthread_mutex_unlock(&e->mu);
     cm_errf(err, errlen, CM_ENOMEM, "out of memory");
     return NULL;

@@ -56,13 +56,16 @@ int cm_engine_embed(cm_engine *e, const int32_t *ids, int n, enum cm_pooling poo
     int bmax = CM_MIN(e->n_batch, CM_BATCH_MAX);
     cm_kv kv;
     memset(&kv, 0, sizeof kv);
-    int rc = down ? 0 : cm_kv_init_types(&kv, &e->m, 0, hp->n_layer, e->slice, n, e->kv_k, e->kv_v, e->kv_rows,
-                                            err, errlen);
+    int rc =
+        down ? 0 : cm_kv_init_types(&kv, &e->m, 0, hp->n_layer, e->slice, n, e->kv_k, e->kv_v, e->kv_rows, err, errlen);
     if (rc) return rc;
     /* a pipeline: every row at once (the last stage sends them back); here: one chunk at a time */
     float *hid = cm_malloc((size_t)(down ? n : bmax) * E * sizeof *hid);
     double *acc = cm_calloc((size_t)E, sizeof *acc);
-    if (!hid || !acc) { rc = cm_errf(err, errlen, CM_ENOMEM, "out of memory"); goto out; }
+    if (!hid || !acc) {
+        rc = cm_errf(err, errlen, CM_ENOMEM, "out of memory");
+        goto out;
+    }
     if (down && (rc = cm_engine_embed_rows_cluster(e, ids, n, hid, err, errlen))) goto out;
     const float *w = e->m.output_norm.data;
     int32_t pos[CM_BATCH_MAX], seq[CM_BATCH_MAX] = {0};
@@ -71,8 +74,8 @@ int cm_engine_embed(cm_engine *e, const int32_t *ids, int n, enum cm_pooling poo
         int nb = down ? n : CM_MIN(bmax, n - done);
         for (int i = 0; i < nb && !down; i++) pos[i] = done + i;
         cm_batch b = {.n = nb, .tokens = ids + done, .pos = pos, .seq = seq};
-        cm_forward_args a = {.layer_first = 0, .layer_last = hp->n_layer, .slice = e->slice, .kvs = kvs, .n_kvs = 1,
-                             .out_hidden = hid};
+        cm_forward_args a = {
+            .layer_first = 0, .layer_last = hp->n_layer, .slice = e->slice, .kvs = kvs, .n_kvs = 1, .out_hidden = hid};
         pthread_mutex_lock(&e->mu);
         rc = down ? 0 : cm_forward(e->ctx, &b, &a, err, errlen);
         pthread_mutex_unlock(&e->mu);

@@ -24,8 +24,9 @@
 
 int cm_engine_embed_rows_cluster(cm_engine *e, const int32_t *ids, int n, float *rows, char *err, size_t errlen) {
     if (!cm_engine_downstream(e))
-        return cm_errf(err, errlen, CM_EUNSUPPORTED,
-                       "embeddings are not supported on a tensor-parallel group yet; serve on one machine or a pipeline");
+        return cm_errf(
+            err, errlen, CM_EUNSUPPORTED,
+            "embeddings are not supported on a tensor-parallel group yet; serve on one machine or a pipeline");
     if (cm_pipe_failed(e->cl))
         return cm_errf(err, errlen, CM_EIO, "the cluster has lost a node; it re-plans at the next generation step");
     cm_session *s = cm_session_new(e, n, err, errlen);

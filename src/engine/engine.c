@@ -28,9 +28,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-static void fill_default_opts(cm_engine_opts *o) {
-    memset(o, 0, sizeof *o);
-}
+static void fill_default_opts(cm_engine_opts *o) { memset(o, 0, sizeof *o); }
 
 bool cm_engine_weights_in_memory(const cm_engine_opts *opts, uint64_t file_bytes) {
     if (opts && (opts->mmap || (opts->nodes && *opts->nodes))) return false;
@@ -51,7 +49,10 @@ int cm_engine_load(cm_engine **out, const char *path, const cm_engine_opts *opts
     bool in_memory = stat(path, &st) == 0 && cm_engine_weights_in_memory(&o, (uint64_t)st.st_size);
     int rc = in_memory ? cm_gguf_load(&e->g, path, o.progress, o.progress_ctx, err, errlen)
                        : cm_gguf_open(&e->g, path, o.progress, o.progress_ctx, err, errlen);
-    if (rc) { cm_engine_free(e); return rc; }
+    if (rc) {
+        cm_engine_free(e);
+        return rc;
+    }
     char msg[400];
     if ((rc = cm_model_load(&e->m, &e->g, msg, sizeof msg))) {
         cm_engine_free(e);
@@ -77,8 +78,10 @@ int cm_engine_load(cm_engine **out, const char *path, const cm_engine_opts *opts
     e->kv_rows = o.kv_flash || e->kv_k != e->kv_v || (e->kv_k != CM_TYPE_F32 && e->kv_k != CM_TYPE_F16);
     if (!cm_kv_type_ok(e->kv_k) || !cm_kv_type_ok(e->kv_v) ||
         (e->kv_rows && (!cm_row_size(e->kv_k, e->m.hp.head_dim) || !cm_row_size(e->kv_v, e->m.hp.head_dim)))) {
-        int rc = cm_errf(err, errlen, CM_EINVAL, "kv cache types %s/%s are not usable with head size %d (f32, f16, q8_0, q4_0; "
-                         "quantized types need a multiple of 32)", cm_type_name(e->kv_k), cm_type_name(e->kv_v), e->m.hp.head_dim);
+        int rc = cm_errf(err, errlen, CM_EINVAL,
+                         "kv cache types %s/%s are not usable with head size %d (f32, f16, q8_0, q4_0; "
+                         "quantized types need a multiple of 32)",
+                         cm_type_name(e->kv_k), cm_type_name(e->kv_v), e->m.hp.head_dim);
         cm_engine_free(e);
         return rc;
     }
@@ -88,16 +91,26 @@ int cm_engine_load(cm_engine **out, const char *path, const cm_engine_opts *opts
     e->test_cluster_delay_ms = cm_config_get()->test_cluster_delay_ms;
     if (o.nodes && *o.nodes) {
         if (e->n_batch > CM_BATCH_MAX) e->n_batch = CM_BATCH_MAX;
-        cm_pipe_opts po = {.nodes = o.nodes, .insecure = o.insecure, .key_file = o.key_file, .plan = o.plan,
-                           .tp_compress = o.tp_compress, .take = o.take, .n_ctx = e->n_ctx, .n_seq_max = o.n_seq > 0 ? o.n_seq : 8, .max_batch = e->n_batch,
-                           .kv_type_k = (int)e->kv_k, .kv_type_v = (int)e->kv_v, .kv_rows = e->kv_rows,
-                           .log = o.log, .log_ctx = o.log_ctx};
+        cm_pipe_opts po = {.nodes = o.nodes,
+                           .insecure = o.insecure,
+                           .key_file = o.key_file,
+                           .plan = o.plan,
+                           .tp_compress = o.tp_compress,
+                           .take = o.take,
+                           .n_ctx = e->n_ctx,
+                           .n_seq_max = o.n_seq > 0 ? o.n_seq : 8,
+                           .max_batch = e->n_batch,
+                           .kv_type_k = (int)e->kv_k,
+                           .kv_type_v = (int)e->kv_v,
+                           .kv_rows = e->kv_rows,
+                           .log = o.log,
+                           .log_ctx = o.log_ctx};
         rc = cm_pipe_open(&e->cl, path, &e->g, &e->m, &po, &e->local_last, msg, sizeof msg);
         if (rc) {
             cm_engine_free(e);
             return cm_errf(err, errlen, rc, "cluster: %s", msg);
         }
-        if (e->cl) e->max_ctx = e->n_ctx; /* the nodes reserved that much */
+        if (e->cl) e->max_ctx = e->n_ctx;                                          /* the nodes reserved that much */
         if (e->cl && !cm_engine_downstream(e)) e->slice = cm_pipe_tp_slice(e->cl); /* every layer here, on our slice */
     }
     e->ctx = e->pool ? cm_ctx_new(&e->m, e->n_batch, e->max_ctx, e->pool, msg, sizeof msg) : NULL;
@@ -175,9 +188,7 @@ void cm_engine_get_info(const cm_engine *e, cm_engine_info *in) {
     in->weight_bytes_active = e->m.weight_bytes_active;
 }
 
-const char *cm_engine_plan(const cm_engine *e) {
-    return e->cl ? cm_pipe_plan_text(e->cl) : NULL;
-}
+const char *cm_engine_plan(const cm_engine *e) { return e->cl ? cm_pipe_plan_text(e->cl) : NULL; }
 
 bool cm_engine_tp_stats(const cm_engine *e, uint64_t *data_sent, uint64_t *wire_sent, uint64_t *ops, uint64_t *rows) {
     /* a group of every machine, or stage 0's group of a hybrid plan */
@@ -255,8 +266,8 @@ int cm_engine_type_usage(const cm_engine *e, cm_type_usage *out, int max) {
     return n;
 }
 
-int cm_engine_tokenize(const cm_engine *e, const char *text, size_t len, bool add_bos, bool parse_special,
-                       int32_t *out, int max, char *err, size_t errlen) {
+int cm_engine_tokenize(const cm_engine *e, const char *text, size_t len, bool add_bos, bool parse_special, int32_t *out,
+                       int max, char *err, size_t errlen) {
     unsigned flags = (add_bos ? CM_TOK_ADD_SPECIAL : 0) | (parse_special ? CM_TOK_PARSE_SPECIAL : 0);
     size_t n = 0;
     if (!out || max <= 0) { /* only counting: the tokenizer wants a real buffer */
@@ -289,7 +300,8 @@ int cm_engine_chat_render(const cm_engine *e, const char *template_name, const c
     } else {
         const cm_gguf_kv *kv = cm_gguf_find_kv(&e->g, "tokenizer.chat_template");
         if (!kv || kv->type != CM_GGUF_STRING)
-            return cm_errf(err, errlen, CM_EUNSUPPORTED, "the model has no chat template; choose one with --chat-template (%s)",
+            return cm_errf(err, errlen, CM_EUNSUPPORTED,
+                           "the model has no chat template; choose one with --chat-template (%s)",
                            cm_chat_template_names());
         rc = cm_chat_template_detect(&t, kv->v.str.ptr, (size_t)kv->v.str.len, err, errlen);
     }
@@ -298,10 +310,14 @@ int cm_engine_chat_render(const cm_engine *e, const char *template_name, const c
     char bos[64] = "", eos[64] = "";
     size_t len;
     const char *p;
-    if ((p = cm_tokenizer_text(e->tok, cm_tokenizer_bos(e->tok), &len)) && len < sizeof bos) memcpy(bos, p, len), bos[len] = 0;
-    if ((p = cm_tokenizer_text(e->tok, cm_tokenizer_eos(e->tok), &len)) && len < sizeof eos) memcpy(eos, p, len), eos[len] = 0;
+    if ((p = cm_tokenizer_text(e->tok, cm_tokenizer_bos(e->tok), &len)) && len < sizeof bos)
+        memcpy(bos, p, len), bos[len] = 0;
+    if ((p = cm_tokenizer_text(e->tok, cm_tokenizer_eos(e->tok), &len)) && len < sizeof eos)
+        memcpy(eos, p, len), eos[len] = 0;
     cm_chat_opts o = {.add_generation_prompt = add_generation_prompt,
-                      .tokenizer_adds_bos = cm_tokenizer_add_bos(e->tok), .bos = bos, .eos = eos};
+                      .tokenizer_adds_bos = cm_tokenizer_add_bos(e->tok),
+                      .bos = bos,
+                      .eos = eos};
     return cm_chat_render(&t, msgs, n, &o, out, err, errlen);
 }
 
@@ -325,14 +341,20 @@ cm_session *cm_session_new(cm_engine *e, int n_ctx, char *err, size_t errlen) {
         return NULL;
     }
     cm_session *s = cm_calloc(1, sizeof *s);
-    if (!s) { cm_errf(err, errlen, CM_ENOMEM, "out of memory"); return NULL; }
+    if (!s) {
+        cm_errf(err, errlen, CM_ENOMEM, "out of memory");
+        return NULL;
+    }
     s->e = e;
     s->n_ctx = n_ctx;
     s->slot = -1;
     if (e->cl) {
         s->slot = cm_pipe_seq_acquire(e->cl, err, errlen);
         s->pipe_gen = cm_pipe_generation(e->cl);
-        if (s->slot < 0) { cm_free(s); return NULL; }
+        if (s->slot < 0) {
+            cm_free(s);
+            return NULL;
+        }
     }
     if (cm_engine_downstream(e)) {
         s->hidden = cm_malloc((size_t)e->n_batch * (size_t)e->m.hp.n_embd * sizeof(float));
@@ -343,8 +365,8 @@ cm_session *cm_session_new(cm_engine *e, int n_ctx, char *err, size_t errlen) {
             return NULL;
         }
     }
-    if (cm_kv_init_types(&s->kv, &e->m, 0, e->local_last, cm_engine_slice(e), n_ctx, e->kv_k, e->kv_v, e->kv_rows,
-                         err, errlen)) {
+    if (cm_kv_init_types(&s->kv, &e->m, 0, e->local_last, cm_engine_slice(e), n_ctx, e->kv_k, e->kv_v, e->kv_rows, err,
+                         errlen)) {
         if (s->slot >= 0) cm_pipe_seq_release(e->cl, s->slot);
         cm_free(s->hidden);
         cm_free(s);
@@ -397,8 +419,8 @@ int cm_engine_eval_cluster(cm_session *s, int upto, int want, char *err, size_t 
         cm_slice sl = cm_engine_slice(e);
         if (sl.h0 != s->kv.h0 || sl.h1 != s->kv.h1) { /* our group changed: our KV heads too */
             cm_kv nk;
-            int rc = cm_kv_init_types(&nk, &e->m, 0, e->local_last, sl, s->n_ctx, e->kv_k, e->kv_v, e->kv_rows,
-                                      err, errlen);
+            int rc =
+                cm_kv_init_types(&nk, &e->m, 0, e->local_last, sl, s->n_ctx, e->kv_k, e->kv_v, e->kv_rows, err, errlen);
             if (rc) return rc;
             cm_kv_release(&s->kv);
             s->kv = nk;
@@ -415,8 +437,12 @@ int cm_engine_eval_cluster(cm_session *s, int upto, int want, char *err, size_t 
         for (int i = 0; i < nb; i++) pos[i] = p0 + i;
         bool last = p0 + nb == upto;
         cm_batch b = {.n = nb, .tokens = s->hist + p0, .pos = pos, .seq = seq};
-        cm_forward_args a = {.layer_first = 0, .layer_last = e->local_last, .slice = cm_engine_slice(e),
-                             .kvs = kvs, .n_kvs = 1, .out_hidden = s->hidden};
+        cm_forward_args a = {.layer_first = 0,
+                             .layer_last = e->local_last,
+                             .slice = cm_engine_slice(e),
+                             .kvs = kvs,
+                             .n_kvs = 1,
+                             .out_hidden = s->hidden};
         /* The send stays under the lock so micro-batches leave in the order
          * the stage-0 caches saw them. Hybrid: our group's other members get
          * the token ids first and meet us in the all-reduces. */
@@ -425,7 +451,9 @@ int cm_engine_eval_cluster(cm_session *s, int upto, int want, char *err, size_t 
         for (int i = 0; i < nb; i++) slots[i] = s->slot;
         int rc = cm_pipe_stage0(e->cl, b.tokens, pos, slots, nb, &a, err, errlen);
         if (!rc) rc = cm_forward(e->ctx, &b, &a, err, errlen);
-        if (!rc) rc = cm_pipe_send(e->cl, s->slot, s->hidden, pos, nb, last || want == CM_PIPE_WANT_HIDDEN ? want : 0, err, errlen);
+        if (!rc)
+            rc = cm_pipe_send(e->cl, s->slot, s->hidden, pos, nb, last || want == CM_PIPE_WANT_HIDDEN ? want : 0, err,
+                              errlen);
         pthread_mutex_unlock(&e->mu);
         if (rc) {
             cm_kv_truncate(&s->kv, p0); /* the next stages may not have it */
@@ -444,8 +472,8 @@ int cm_session_tp_sync(cm_session *s, char *err, size_t errlen) {
     if (!e->cl || cm_engine_downstream(e) || s->pipe_gen == cm_pipe_generation(e->cl)) return 0;
     cm_kv_release(&s->kv);
     s->have_logits = false;
-    int rc = cm_kv_init_types(&s->kv, &e->m, 0, e->local_last, e->slice, s->n_ctx, e->kv_k, e->kv_v, e->kv_rows,
-                              err, errlen);
+    int rc = cm_kv_init_types(&s->kv, &e->m, 0, e->local_last, e->slice, s->n_ctx, e->kv_k, e->kv_v, e->kv_rows, err,
+                              errlen);
     if (!rc) s->pipe_gen = cm_pipe_generation(e->cl);
     return rc;
 }
@@ -491,8 +519,12 @@ static int eval_upto(cm_session *s, int upto, char *err, size_t errlen) {
         for (int i = 0; i < nb; i++) pos[i] = s->kv.n_past + i;
         bool last = s->kv.n_past + nb == s->n_hist;
         cm_batch b = {.n = nb, .tokens = s->hist + s->kv.n_past, .pos = pos, .seq = seq};
-        cm_forward_args a = {.layer_first = 0, .layer_last = e->m.hp.n_layer, .slice = e->slice,
-                             .kvs = kvs, .n_kvs = 1, .out_logits = last ? s->logits : NULL};
+        cm_forward_args a = {.layer_first = 0,
+                             .layer_last = e->m.hp.n_layer,
+                             .slice = e->slice,
+                             .kvs = kvs,
+                             .n_kvs = 1,
+                             .out_logits = last ? s->logits : NULL};
         pthread_mutex_lock(&e->mu);
         rc = cm_engine_forward(e, &b, &a, &s, err, errlen);
         pthread_mutex_unlock(&e->mu);
@@ -502,7 +534,10 @@ static int eval_upto(cm_session *s, int upto, char *err, size_t errlen) {
             if (!rc) rc = cm_session_tp_sync(s, err, errlen);
             if (!rc) continue;
         }
-        if (rc) { s->have_logits = false; return rc; }
+        if (rc) {
+            s->have_logits = false;
+            return rc;
+        }
         s->have_logits = last;
     }
     return 0;
@@ -596,7 +631,8 @@ int cm_session_generate(cm_session *s, const cm_gen_params *p, cm_token_cb cb, v
     res->stop_index = -1;
     atomic_store(&s->cancel, 0);
     if (err && errlen) err[0] = 0;
-    if (s->n_hist > s->kv.n_past + (cm_engine_downstream(e) ? 1 : 0)) { /* continuing: evaluate the last sampled token */
+    if (s->n_hist >
+        s->kv.n_past + (cm_engine_downstream(e) ? 1 : 0)) { /* continuing: evaluate the last sampled token */
         int r = eval_pending(s, err, errlen);
         if (r) return r;
     }

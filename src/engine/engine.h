@@ -37,10 +37,10 @@ typedef struct cm_session cm_session;
 typedef void (*cm_engine_progress_fn)(void *ctx, uint64_t done, uint64_t total);
 
 typedef struct cm_engine_opts {
-    int n_threads;       /* compute threads; 0 = all online CPUs */
-    int n_ctx;           /* default context of sessions; 0 = the model's, capped at 4096 */
-    int n_batch;         /* most prompt tokens per forward pass; 0 = 64 */
-    bool kv_f16;         /* sessions keep an F16 KV cache (half the memory; llama.cpp's default) */
+    int n_threads; /* compute threads; 0 = all online CPUs */
+    int n_ctx;     /* default context of sessions; 0 = the model's, capped at 4096 */
+    int n_batch;   /* most prompt tokens per forward pass; 0 = 64 */
+    bool kv_f16;   /* sessions keep an F16 KV cache (half the memory; llama.cpp's default) */
     /* KV cache element types (llama.cpp's -ctk/-ctv): F32 (zero), F16, Q8_0,
      * Q4_0; F32 for both with kv_f16 means F16 for both. A quantized type or
      * different K and V types (or kv_flash) keep K and V as rows attended by
@@ -49,7 +49,7 @@ typedef struct cm_engine_opts {
     int kv_type_k, kv_type_v; /* enum cm_type values (tensor.h) */
     bool kv_flash;
     cm_engine_progress_fn progress; /* NULL: no progress (pages load lazily) */
-    bool mmap;           /* keep the weights in a file mapping (lazy 4 KiB pages) even when they fit in
+    bool mmap;                      /* keep the weights in a file mapping (lazy 4 KiB pages) even when they fit in
                           * memory; default (and CUMULO_MMAP unset): a model run on this machine alone is
                           * read into huge-page memory when it fits (cm_engine_weights_in_memory) */
     void *progress_ctx;
@@ -57,15 +57,15 @@ typedef struct cm_engine_opts {
      * machine computes the first stage; the nodes the rest, the last one
      * samples. "auto" finds nodes by mDNS; else "host:port,host:port,...". */
     const char *nodes;
-    bool insecure;          /* no cluster key (every node must run --insecure too) */
-    const char *key_file;   /* NULL: $CUMULO_KEY_FILE or ~/.config/cumulo/cluster.key */
-    int n_seq;              /* sequences the cluster serves at once; 0 = 8 */
-    cm_plan_request plan;   /* the plan's shape: PP, TP (one group of every machine: this one is rank 0, computes
+    bool insecure;        /* no cluster key (every node must run --insecure too) */
+    const char *key_file; /* NULL: $CUMULO_KEY_FILE or ~/.config/cumulo/cluster.key */
+    int n_seq;            /* sequences the cluster serves at once; 0 = 8 */
+    cm_plan_request plan; /* the plan's shape: PP, TP (one group of every machine: this one is rank 0, computes
                              * every layer on its slice and samples), HYBRID (groups as stages) or AUTO; a layer
                              * split, members per stage, relative speeds. Zero: the planner's pipeline. Parsed
                              * by the caller (cumulo: --parallel, --layers, --groups, --tp-weights) */
-    bool tp_compress;       /* tensor-parallel all-reduces travel as 8-bit Q8_0 blocks */
-    bool take;              /* --take: use nodes that serve another coordinator (cm_pipe_opts.take) */
+    bool tp_compress;     /* tensor-parallel all-reduces travel as 8-bit Q8_0 blocks */
+    bool take;            /* --take: use nodes that serve another coordinator (cm_pipe_opts.take) */
     void (*log)(void *ctx, const char *line); /* cluster progress: links, plan, weights */
     void *log_ctx;
     /* LoRA adapters applied to every forward pass, each "FILE.gguf[:SCALE]"
@@ -97,23 +97,23 @@ const char *cm_engine_gpu_device(const cm_engine *e, int *layers);
 bool cm_engine_weights_in_memory(const cm_engine_opts *opts, uint64_t file_bytes);
 
 typedef struct cm_engine_info {
-    const char *arch;        /* "llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe" */
-    const char *name;        /* general.name or the file name */
+    const char *arch; /* "llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe" */
+    const char *name; /* general.name or the file name */
     int n_vocab, n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff;
-    int n_ctx_train;         /* the model's context length */
-    int n_ctx;               /* sessions' default context */
+    int n_ctx_train; /* the model's context length */
+    int n_ctx;       /* sessions' default context */
     int n_threads;
-    uint64_t n_params;       /* weight elements */
-    uint64_t weight_bytes;   /* bytes of weights */
-    bool weights_in_memory;  /* read into huge-page memory (else mapped from the file) */
+    uint64_t n_params;      /* weight elements */
+    uint64_t weight_bytes;  /* bytes of weights */
+    bool weights_in_memory; /* read into huge-page memory (else mapped from the file) */
     uint64_t file_bytes;
-    uint64_t kv_bytes_per_token; /* KV cache bytes per position of one sequence (K and V in their types) */
-    const char *kv_type_k, *kv_type_v; /* "f32", "f16", "q8_0", "q4_0" (static strings) */
-    int32_t bos, eos, eot;   /* -1 when the vocabulary has none */
-    bool add_bos;            /* tokenizer.ggml.add_bos_token */
-    int n_stages;            /* pipeline stages (1: this machine alone) */
-    int local_layers;        /* layers computed on this machine */
-    int tp_size;             /* tensor-parallel group size (1: none) */
+    uint64_t kv_bytes_per_token;           /* KV cache bytes per position of one sequence (K and V in their types) */
+    const char *kv_type_k, *kv_type_v;     /* "f32", "f16", "q8_0", "q4_0" (static strings) */
+    int32_t bos, eos, eot;                 /* -1 when the vocabulary has none */
+    bool add_bos;                          /* tokenizer.ggml.add_bos_token */
+    int n_stages;                          /* pipeline stages (1: this machine alone) */
+    int local_layers;                      /* layers computed on this machine */
+    int tp_size;                           /* tensor-parallel group size (1: none) */
     int n_expert, n_expert_used, n_ff_exp; /* mixture of experts (0: dense) */
     uint64_t n_params_active, weight_bytes_active; /* what one token reads (= the totals when dense) */
 } cm_engine_info;
@@ -160,8 +160,8 @@ int cm_engine_type_usage(const cm_engine *e, cm_type_usage *out, int max);
  * parse_special: "<|im_end|>" etc. become their special ids). Writes at most
  * max ids; returns the count needed (may exceed max: call again with more
  * room) or a negative error code. */
-int cm_engine_tokenize(const cm_engine *e, const char *text, size_t len, bool add_bos, bool parse_special,
-                       int32_t *out, int max, char *err, size_t errlen);
+int cm_engine_tokenize(const cm_engine *e, const char *text, size_t len, bool add_bos, bool parse_special, int32_t *out,
+                       int max, char *err, size_t errlen);
 /* The bytes of one token (may be a partial UTF-8 sequence); returns the
  * length written (at most cap) or a negative code. */
 int cm_engine_token_piece(const cm_engine *e, int32_t id, char *buf, size_t cap);
@@ -202,11 +202,11 @@ int cm_engine_chat_family(const cm_engine *e, const char *template_name, char *e
 /* ---- sessions ---- */
 
 typedef struct cm_gen_params {
-    int n_predict;                 /* most tokens to generate; <= 0: until EOG or the context is full */
-    cm_sampler_params sampling;    /* see sampler.h; cm_sampler_params_default() */
-    const char *const *stops;      /* stop strings (not included in the output) */
+    int n_predict;              /* most tokens to generate; <= 0: until EOG or the context is full */
+    cm_sampler_params sampling; /* see sampler.h; cm_sampler_params_default() */
+    const char *const *stops;   /* stop strings (not included in the output) */
     int n_stops;
-    bool ignore_eos;               /* keep going past EOS/EOT */
+    bool ignore_eos;                  /* keep going past EOS/EOT */
     const struct cm_grammar *grammar; /* NULL, or only text this grammar allows (sampler/grammar.h; the
                                     * caller keeps it alive until the session finishes); CM_EUNSUPPORTED
                                     * from cm_session_start on a pipeline cluster */
@@ -217,22 +217,22 @@ enum cm_finish { CM_FINISH_LENGTH, CM_FINISH_EOG, CM_FINISH_STOP, CM_FINISH_CANC
 const char *cm_finish_name(enum cm_finish f); /* "length", "eog", "stop", "cancel", "ctx" */
 
 typedef struct cm_timings {
-    int n_prompt;      /* prompt tokens evaluated (after prefix reuse) */
+    int n_prompt; /* prompt tokens evaluated (after prefix reuse) */
     double prompt_s;
-    int n_gen;         /* tokens generated */
+    int n_gen; /* tokens generated */
     double gen_s;
 } cm_timings;
 
 typedef struct cm_gen_result {
     enum cm_finish finish;
     cm_timings t;
-    int stop_index;    /* which stop string matched, or -1 */
+    int stop_index; /* which stop string matched, or -1 */
 } cm_gen_result;
 
 /* One step of a generation, as the callback sees it. */
 typedef struct cm_token_event {
-    int32_t id;                 /* the token sampled; -1 for the final flush of held-back text */
-    const char *text;           /* text now safe to show: whole UTF-8 characters, stop strings held
+    int32_t id;       /* the token sampled; -1 for the final flush of held-back text */
+    const char *text; /* text now safe to show: whole UTF-8 characters, stop strings held
                                  * back; may be empty, and may belong to earlier tokens */
     size_t len;
     const cm_sample_info *info; /* logprob of id and, when sampling.n_probs > 0, the top
@@ -325,7 +325,6 @@ cm_timings cm_session_timings(const cm_session *s);
  * stepped by one thread at a time; several threads may step sessions of one
  * engine at once; cm_session_cancel from any thread
  * ends a session at its next step with finish = cancel. */
-
 
 /* Begin generating on a session whose prompt was just evaluated. Allocates
  * the sampler and stop matcher (per request, not per token). CM_ESTATE when

@@ -25,8 +25,8 @@ struct cm_engine {
     cm_tokenizer *tok;
     cm_pool *pool;
     cm_ctx *ctx;
-    cm_lora *lora;        /* adapters (cm_engine_opts.loras), or NULL */
-    struct cm_gpu *gpu;   /* engine_gpu.c: the device and the layers on it, or NULL */
+    cm_lora *lora;      /* adapters (cm_engine_opts.loras), or NULL */
+    struct cm_gpu *gpu; /* engine_gpu.c: the device and the layers on it, or NULL */
     struct cm_gpu_model *gpu_m;
     pthread_mutex_t mu;
     int n_ctx, n_batch, max_ctx;
@@ -34,11 +34,11 @@ struct cm_engine {
     enum cm_type kv_k, kv_v; /* the sessions' KV cache types (cm_engine_opts) */
     bool kv_rows;
     char *name;
-    float *step_logits; /* [n_batch][n_vocab] for cm_engine_step; made on its first call (batch.c) */
-    cm_pipe *cl;          /* the cluster, whatever the plan's shape (stage 0 is ours); NULL on one machine */
-    int local_last;       /* we compute layers [0, local_last) */
-    cm_slice slice;       /* our part of every layer when we sample: full, or our group's slice */
-    void *gvocab;         /* constrain.c: token texts for grammar masks, built on first use (under mu) */
+    float *step_logits;             /* [n_batch][n_vocab] for cm_engine_step; made on its first call (batch.c) */
+    cm_pipe *cl;                    /* the cluster, whatever the plan's shape (stage 0 is ours); NULL on one machine */
+    int local_last;                 /* we compute layers [0, local_last) */
+    cm_slice slice;                 /* our part of every layer when we sample: full, or our group's slice */
+    void *gvocab;                   /* constrain.c: token texts for grammar masks, built on first use (under mu) */
     unsigned test_cluster_delay_ms; /* test hook (CUMULO_TEST_CLUSTER_DELAY_MS): a pause after each
                                        micro-batch sent to the cluster, so a test can kill a stage
                                        mid-prefill or mid-generation of `cumulo run` */
@@ -68,9 +68,9 @@ struct cm_session {
     atomic_int cancel;
     cm_timings t;
     struct cm_step *step; /* NULL unless cm_session_start was called (batch.c) */
-    int slot;      /* cluster: the sequence's slot on every stage; -1 on one machine */
-    float *hidden; /* cluster: [n_batch][n_embd] our stage's output */
-    int pipe_gen;  /* cluster: cm_pipe_generation when our stage-0 cache was last valid downstream */
+    int slot;             /* cluster: the sequence's slot on every stage; -1 on one machine */
+    float *hidden;        /* cluster: [n_batch][n_embd] our stage's output */
+    int pipe_gen;         /* cluster: cm_pipe_generation when our stage-0 cache was last valid downstream */
 };
 
 /* Cluster (engine.c): evaluate hist[kv.n_past .. upto) through our layers

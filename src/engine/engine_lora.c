@@ -12,8 +12,9 @@
 
 int cm_engine_load_loras(cm_engine *e, const cm_engine_opts *o, char *err, size_t errlen) {
     if (e->cl)
-        return cm_errf(err, errlen, CM_EUNSUPPORTED,
-                       "--lora is not supported on a cluster yet (nodes would need their layers' parts of the adapter)");
+        return cm_errf(
+            err, errlen, CM_EUNSUPPORTED,
+            "--lora is not supported on a cluster yet (nodes would need their layers' parts of the adapter)");
     e->lora = cm_lora_new(&e->m);
     if (!e->lora) return cm_errf(err, errlen, CM_ENOMEM, "out of memory");
     for (int i = 0; i < o->n_loras; i++) {

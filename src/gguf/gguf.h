@@ -22,9 +22,20 @@
 
 /* GGUF metadata value types (file values). */
 enum cm_gguf_vtype {
-    CM_GGUF_U8 = 0, CM_GGUF_I8 = 1, CM_GGUF_U16 = 2, CM_GGUF_I16 = 3, CM_GGUF_U32 = 4,
-    CM_GGUF_I32 = 5, CM_GGUF_F32 = 6, CM_GGUF_BOOL = 7, CM_GGUF_STRING = 8, CM_GGUF_ARRAY = 9,
-    CM_GGUF_U64 = 10, CM_GGUF_I64 = 11, CM_GGUF_F64 = 12, CM_GGUF_VTYPE_COUNT = 13
+    CM_GGUF_U8 = 0,
+    CM_GGUF_I8 = 1,
+    CM_GGUF_U16 = 2,
+    CM_GGUF_I16 = 3,
+    CM_GGUF_U32 = 4,
+    CM_GGUF_I32 = 5,
+    CM_GGUF_F32 = 6,
+    CM_GGUF_BOOL = 7,
+    CM_GGUF_STRING = 8,
+    CM_GGUF_ARRAY = 9,
+    CM_GGUF_U64 = 10,
+    CM_GGUF_I64 = 11,
+    CM_GGUF_F64 = 12,
+    CM_GGUF_VTYPE_COUNT = 13
 };
 /* "u8", "string", "array", ... or "unknown". */
 const char *cm_gguf_vtype_name(uint32_t t);
@@ -34,7 +45,7 @@ const char *cm_gguf_vtype_name(uint32_t t);
  * far below them). */
 #define CM_GGUF_MAX_TENSORS (1u << 20)
 #define CM_GGUF_MAX_KV (1u << 20)
-#define CM_GGUF_MAX_KEY 65536        /* key length in bytes */
+#define CM_GGUF_MAX_KEY 65536 /* key length in bytes */
 #define CM_GGUF_MAX_STRING (1u << 30)
 #define CM_GGUF_MAX_ARRAY (1u << 30) /* elements */
 #define CM_GGUF_MAX_DEPTH 4          /* nesting of arrays of arrays */
@@ -42,10 +53,13 @@ const char *cm_gguf_vtype_name(uint32_t t);
 #define CM_GGUF_MAX_ALIGNMENT 65536  /* general.alignment: a power of two <= this */
 #define CM_GGUF_DEFAULT_ALIGNMENT 32
 
-typedef struct cm_gguf_str { const char *ptr; uint64_t len; } cm_gguf_str; /* NOT NUL-terminated */
+typedef struct cm_gguf_str {
+    const char *ptr;
+    uint64_t len;
+} cm_gguf_str; /* NOT NUL-terminated */
 
 typedef struct cm_gguf_kv {
-    char *key;                   /* NUL-terminated copy (never contains NUL itself) */
+    char *key; /* NUL-terminated copy (never contains NUL itself) */
     enum cm_gguf_vtype type;
     /* arrays only: */
     enum cm_gguf_vtype arr_type;
@@ -56,30 +70,34 @@ typedef struct cm_gguf_kv {
     /* scalars and strings: unsigned ints widened into u64, signed into i64,
      * f32 into f64; strings point into the file. */
     union {
-        uint64_t u64; int64_t i64; double f64; bool b; cm_gguf_str str;
+        uint64_t u64;
+        int64_t i64;
+        double f64;
+        bool b;
+        cm_gguf_str str;
     } v;
 } cm_gguf_kv;
 
 typedef struct cm_gguf_tensor_info {
-    char *name;                /* NUL-terminated copy */
-    uint32_t type;             /* enum cm_type, known to cm_type_traits_of */
-    int n_dims;                /* 1..CM_MAX_DIMS */
-    int64_t ne[CM_MAX_DIMS];   /* > 0; unused dims are 1; product fits int64 */
-    uint64_t offset;           /* relative to the data section; aligned */
+    char *name;              /* NUL-terminated copy */
+    uint32_t type;           /* enum cm_type, known to cm_type_traits_of */
+    int n_dims;              /* 1..CM_MAX_DIMS */
+    int64_t ne[CM_MAX_DIMS]; /* > 0; unused dims are 1; product fits int64 */
+    uint64_t offset;         /* relative to the data section; aligned */
     uint64_t nbytes;
-    const void *data;          /* into the caller's bytes; [data, data+nbytes) is inside them */
+    const void *data; /* into the caller's bytes; [data, data+nbytes) is inside them */
 } cm_gguf_tensor_info;
 
 typedef struct cm_gguf {
-    uint32_t version;          /* 2 or 3 */
+    uint32_t version; /* 2 or 3 */
     uint64_t n_kv, n_tensors;
     cm_gguf_kv *kv;
     cm_gguf_tensor_info *tensors;
     uint32_t alignment;
-    uint64_t data_offset;      /* start of the data section in the file */
-    const uint8_t *base;       /* the bytes parsed */
+    uint64_t data_offset; /* start of the data section in the file */
+    const uint8_t *base;  /* the bytes parsed */
     size_t size;
-    cm_mapped_file file;       /* set by cm_gguf_open: owned */
+    cm_mapped_file file; /* set by cm_gguf_open: owned */
     /* private */
     cm_arena arena_;
     uint32_t *kv_hash_, *t_hash_;
@@ -99,8 +117,8 @@ typedef void (*cm_gguf_progress_fn)(void *ctx, uint64_t done, uint64_t total);
  * progress callback, every page of the tensor data is also read once (which
  * brings the file into the page cache and turns an unreadable file into a
  * visible wait instead of a stall later); without one, pages load lazily. */
-int cm_gguf_open(cm_gguf *g, const char *path, cm_gguf_progress_fn progress, void *progress_ctx,
-                 char *err, size_t errlen);
+int cm_gguf_open(cm_gguf *g, const char *path, cm_gguf_progress_fn progress, void *progress_ctx, char *err,
+                 size_t errlen);
 /* Whether a file of file_bytes, every byte of which is streamed per token,
  * should be read in with cm_gguf_load: unless $CUMULO_MMAP is set (not "0"),
  * when the file plus a margin (1/8 + 256 MiB) fits in the memory available
@@ -109,8 +127,8 @@ bool cm_gguf_worth_loading(uint64_t file_bytes);
 /* The same, reading the whole file into huge-page memory (cm_file_load)
  * instead of mapping it: for a model whose every weight is read per token.
  * progress then reports the whole file's bytes as they are read. */
-int cm_gguf_load(cm_gguf *g, const char *path, cm_gguf_progress_fn progress, void *progress_ctx,
-                 char *err, size_t errlen);
+int cm_gguf_load(cm_gguf *g, const char *path, cm_gguf_progress_fn progress, void *progress_ctx, char *err,
+                 size_t errlen);
 void cm_gguf_close(cm_gguf *g); /* releases everything; no-op on a zeroed struct */
 
 /* Lookups (hashed, O(1)); return NULL / false when missing or of another type. */
@@ -157,20 +175,19 @@ void cm_gguf_w_str(cm_gguf_writer *w, const char *key, const char *v);
 void cm_gguf_w_strn(cm_gguf_writer *w, const char *key, const char *v, uint64_t len);
 /* Arrays of a fixed-size type t (U8..F64 except STRING/ARRAY): data is a C
  * array of the matching type (uint8_t, int8_t, ..., float, bool, double). */
-void cm_gguf_w_arr(cm_gguf_writer *w, const char *key, enum cm_gguf_vtype t, const void *data,
-                   uint64_t n);
+void cm_gguf_w_arr(cm_gguf_writer *w, const char *key, enum cm_gguf_vtype t, const void *data, uint64_t n);
 void cm_gguf_w_arr_str(cm_gguf_writer *w, const char *key, const cm_gguf_str *s, uint64_t n);
 /* Copy a kv verbatim from a parsed file (any type, nested arrays included). */
 void cm_gguf_w_copy_kv(cm_gguf_writer *w, const cm_gguf_kv *kv);
 /* Tensor whose bytes (cm_row_size(type, ne[0]) * ne[1] * ...) are at data,
  * which must stay valid until cm_gguf_writer_write* returns. */
-void cm_gguf_w_tensor(cm_gguf_writer *w, const char *name, enum cm_type type, int n_dims,
-                      const int64_t *ne, const void *data);
+void cm_gguf_w_tensor(cm_gguf_writer *w, const char *name, enum cm_type type, int n_dims, const int64_t *ne,
+                      const void *data);
 /* Tensor whose bytes are produced at write time, one tensor at a time (for
  * files bigger than memory): fill writes exactly nbytes into dst. */
 typedef int (*cm_gguf_fill_fn)(void *ctx, void *dst, uint64_t nbytes, char *err, size_t errlen);
-void cm_gguf_w_tensor_fill(cm_gguf_writer *w, const char *name, enum cm_type type, int n_dims,
-                           const int64_t *ne, cm_gguf_fill_fn fill, void *ctx);
+void cm_gguf_w_tensor_fill(cm_gguf_writer *w, const char *name, enum cm_type type, int n_dims, const int64_t *ne,
+                           cm_gguf_fill_fn fill, void *ctx);
 /* ---- multi-part files (gguf_split.c) ----
  * A part of a file split by llama.cpp's gguf-split carries split.count > 1:
  * returns 1 and sets *no (0-based) and *count; 0 for an ordinary file. */

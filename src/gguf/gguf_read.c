@@ -33,17 +33,22 @@ static const char *const k_vtype_names[CM_GGUF_VTYPE_COUNT] = {
     "u8", "i8", "u16", "i16", "u32", "i32", "f32", "bool", "string", "array", "u64", "i64", "f64",
 };
 
-const char *cm_gguf_vtype_name(uint32_t t) {
-    return t < CM_GGUF_VTYPE_COUNT ? k_vtype_names[t] : "unknown";
-}
+const char *cm_gguf_vtype_name(uint32_t t) { return t < CM_GGUF_VTYPE_COUNT ? k_vtype_names[t] : "unknown"; }
 
 /* Size of a fixed-size value type; 0 for string/array/unknown. */
 static size_t vtype_size(uint32_t t) {
     switch (t) {
-    case CM_GGUF_U8: case CM_GGUF_I8: case CM_GGUF_BOOL: return 1;
-    case CM_GGUF_U16: case CM_GGUF_I16: return 2;
-    case CM_GGUF_U32: case CM_GGUF_I32: case CM_GGUF_F32: return 4;
-    case CM_GGUF_U64: case CM_GGUF_I64: case CM_GGUF_F64: return 8;
+    case CM_GGUF_U8:
+    case CM_GGUF_I8:
+    case CM_GGUF_BOOL: return 1;
+    case CM_GGUF_U16:
+    case CM_GGUF_I16: return 2;
+    case CM_GGUF_U32:
+    case CM_GGUF_I32:
+    case CM_GGUF_F32: return 4;
+    case CM_GGUF_U64:
+    case CM_GGUF_I64:
+    case CM_GGUF_F64: return 8;
     default: return 0;
     }
 }
@@ -74,14 +79,12 @@ static int fail(rd *r, int code, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    return cm_errf(r->err, r->errlen, code, "%s in %s at byte %zu", msg, where(r, what, sizeof what),
-                   r->off);
+    return cm_errf(r->err, r->errlen, code, "%s in %s at byte %zu", msg, where(r, what, sizeof what), r->off);
 }
 
 static int truncated(rd *r) {
     char what[160];
-    return cm_errf(r->err, r->errlen, CM_EFORMAT, "truncated %s at byte %zu", where(r, what, sizeof what),
-                   r->off);
+    return cm_errf(r->err, r->errlen, CM_EFORMAT, "truncated %s at byte %zu", where(r, what, sizeof what), r->off);
 }
 
 static bool has(const rd *r, uint64_t k) { return k <= r->n - r->off; }
@@ -107,8 +110,8 @@ static int rd_str(rd *r, uint64_t maxlen, cm_gguf_str *s) {
     if (rc) return rc;
     if (len > maxlen) {
         r->off -= 8;
-        return fail(r, CM_EFORMAT, "string length %llu over the limit of %llu",
-                    (unsigned long long)len, (unsigned long long)maxlen);
+        return fail(r, CM_EFORMAT, "string length %llu over the limit of %llu", (unsigned long long)len,
+                    (unsigned long long)maxlen);
     }
     if (!has(r, len)) {
         r->off -= 8;
@@ -224,8 +227,8 @@ static int rd_array(rd *r, cm_gguf *g, int depth, cm_gguf_kv *kv) {
     if (len > CM_GGUF_MAX_ARRAY || !cm_mul_ok(len, vtype_min_bytes(et), &need) || !has(r, need)) {
         r->off -= 8;
         if (len > CM_GGUF_MAX_ARRAY)
-            return fail(r, CM_EFORMAT, "array length %llu over the limit of %u",
-                        (unsigned long long)len, CM_GGUF_MAX_ARRAY);
+            return fail(r, CM_EFORMAT, "array length %llu over the limit of %u", (unsigned long long)len,
+                        CM_GGUF_MAX_ARRAY);
         return fail(r, CM_EFORMAT, "array of %llu %s elements cannot fit in the %zu bytes left",
                     (unsigned long long)len, cm_gguf_vtype_name(et), r->n - r->off - 8);
     }
@@ -240,8 +243,8 @@ static int rd_array(rd *r, cm_gguf *g, int depth, cm_gguf_kv *kv) {
         for (uint64_t i = 0; i < len; i++)
             if (r->p[r->off + i] > 1) {
                 r->off += (size_t)i;
-                return fail(r, CM_EFORMAT, "bool element %llu is %u, neither 0 nor 1",
-                            (unsigned long long)i, r->p[r->off]);
+                return fail(r, CM_EFORMAT, "bool element %llu is %u, neither 0 nor 1", (unsigned long long)i,
+                            r->p[r->off]);
             }
         r->off += (size_t)len;
     } else if (et == CM_GGUF_STRING) {
@@ -303,8 +306,7 @@ static int rd_tensor(rd *r, cm_gguf *g, cm_gguf_tensor_info *ti) {
     if ((rc = rd_u32(r, &nd))) return rc;
     if (nd < 1 || nd > CM_MAX_DIMS) {
         r->off -= 4;
-        return fail(r, CM_EFORMAT, "tensor '%s' has %u dimensions (1 to %d allowed)", ti->name, nd,
-                    CM_MAX_DIMS);
+        return fail(r, CM_EFORMAT, "tensor '%s' has %u dimensions (1 to %d allowed)", ti->name, nd, CM_MAX_DIMS);
     }
     ti->n_dims = (int)nd;
     uint64_t nel = 1;
@@ -315,8 +317,8 @@ static int rd_tensor(rd *r, cm_gguf *g, cm_gguf_tensor_info *ti) {
         if (ne == 0 || ne > INT64_MAX || !cm_mul_ok(nel, ne, &nel) || nel > INT64_MAX) {
             r->off -= 8;
             if (ne == 0) return fail(r, CM_EFORMAT, "tensor '%s' has dimension %u of size 0", ti->name, d);
-            return fail(r, CM_EFORMAT, "tensor '%s' has too many elements (dimension %u is %llu)",
-                        ti->name, d, (unsigned long long)ne);
+            return fail(r, CM_EFORMAT, "tensor '%s' has too many elements (dimension %u is %llu)", ti->name, d,
+                        (unsigned long long)ne);
         }
         ti->ne[d] = (int64_t)ne;
     }
@@ -329,8 +331,8 @@ static int rd_tensor(rd *r, cm_gguf *g, cm_gguf_tensor_info *ti) {
     ti->type = type;
     if (ti->ne[0] % tr->block_size) {
         r->off -= 4;
-        return fail(r, CM_EFORMAT, "tensor '%s': row of %lld elements is not a multiple of %s's block of %d",
-                    ti->name, (long long)ti->ne[0], tr->name, tr->block_size);
+        return fail(r, CM_EFORMAT, "tensor '%s': row of %lld elements is not a multiple of %s's block of %d", ti->name,
+                    (long long)ti->ne[0], tr->name, tr->block_size);
     }
     if (!cm_mul_ok(nel / (uint64_t)tr->block_size, tr->type_size, &ti->nbytes)) {
         r->off -= 4;
@@ -354,10 +356,8 @@ static int parse(cm_gguf *g, const uint8_t *p, size_t n, char *err, size_t errle
     if ((rc = rd_u32(&r, &ver))) return rc;
     if (ver != 2 && ver != 3) {
         uint32_t sw = (ver >> 24) | ((ver >> 8) & 0xff00) | ((ver << 8) & 0xff0000) | (ver << 24);
-        if (sw >= 1 && sw <= 3)
-            return cm_errf(err, errlen, CM_EUNSUPPORTED, "big-endian GGUF files are not supported");
-        return cm_errf(err, errlen, CM_EUNSUPPORTED,
-                       "GGUF version %u is not supported (only versions 2 and 3)", ver);
+        if (sw >= 1 && sw <= 3) return cm_errf(err, errlen, CM_EUNSUPPORTED, "big-endian GGUF files are not supported");
+        return cm_errf(err, errlen, CM_EUNSUPPORTED, "GGUF version %u is not supported (only versions 2 and 3)", ver);
     }
     g->version = ver;
     uint64_t nt, nkv;
@@ -368,8 +368,7 @@ static int parse(cm_gguf *g, const uint8_t *p, size_t n, char *err, size_t errle
                     CM_GGUF_MAX_TENSORS);
     r.off = 16;
     if (nkv > CM_GGUF_MAX_KV)
-        return fail(&r, CM_EFORMAT, "kv count %llu over the limit of %u", (unsigned long long)nkv,
-                    CM_GGUF_MAX_KV);
+        return fail(&r, CM_EFORMAT, "kv count %llu over the limit of %u", (unsigned long long)nkv, CM_GGUF_MAX_KV);
     r.off = 24;
     /* Both caps are 2^20, so these products cannot overflow. */
     if (nkv * MIN_KV_BYTES + nt * MIN_TENSOR_BYTES > n - r.off) {
@@ -384,8 +383,8 @@ static int parse(cm_gguf *g, const uint8_t *p, size_t n, char *err, size_t errle
     g->kv_hash_ = hash_new(nkv, &g->kv_hcap_);
     g->t_hash_ = hash_new(nt, &g->t_hcap_);
     if (!g->kv || !g->tensors || !g->kv_hash_ || !g->t_hash_)
-        return cm_errf(err, errlen, CM_ENOMEM, "out of memory for %llu kvs and %llu tensors",
-                       (unsigned long long)nkv, (unsigned long long)nt);
+        return cm_errf(err, errlen, CM_ENOMEM, "out of memory for %llu kvs and %llu tensors", (unsigned long long)nkv,
+                       (unsigned long long)nt);
 
     r.cnt = nkv;
     for (r.idx = 0; r.idx < nkv; r.idx++) {
@@ -408,8 +407,7 @@ static int parse(cm_gguf *g, const uint8_t *p, size_t n, char *err, size_t errle
             if (al->type != CM_GGUF_U32)
                 return cm_errf(err, errlen, CM_EFORMAT, "general.alignment is a %s, not a u32",
                                cm_gguf_vtype_name(al->type));
-            return cm_errf(err, errlen, CM_EFORMAT,
-                           "general.alignment %llu is not a power of two from 8 to %u",
+            return cm_errf(err, errlen, CM_EFORMAT, "general.alignment %llu is not a power of two from 8 to %u",
                            (unsigned long long)al->v.u64, CM_GGUF_MAX_ALIGNMENT);
         }
         g->alignment = (uint32_t)al->v.u64;
@@ -438,16 +436,15 @@ static int parse(cm_gguf *g, const uint8_t *p, size_t n, char *err, size_t errle
         uint64_t start, end;
         if (ti->offset % a)
             return cm_errf(err, errlen, CM_EFORMAT,
-                           "tensor '%s' (%llu of %llu): offset %llu is not a multiple of the alignment %u",
-                           ti->name, (unsigned long long)i + 1, (unsigned long long)nt,
-                           (unsigned long long)ti->offset, g->alignment);
-        if (!cm_add_ok(g->data_offset, ti->offset, &start) || !cm_add_ok(start, ti->nbytes, &end) ||
-            end > n)
+                           "tensor '%s' (%llu of %llu): offset %llu is not a multiple of the alignment %u", ti->name,
+                           (unsigned long long)i + 1, (unsigned long long)nt, (unsigned long long)ti->offset,
+                           g->alignment);
+        if (!cm_add_ok(g->data_offset, ti->offset, &start) || !cm_add_ok(start, ti->nbytes, &end) || end > n)
             return cm_errf(err, errlen, CM_EFORMAT,
                            "truncated: tensor '%s' (%llu of %llu) of %llu bytes at offset %llu "
                            "ends past the end of the file (%zu bytes)",
-                           ti->name, (unsigned long long)i + 1, (unsigned long long)nt,
-                           (unsigned long long)ti->nbytes, (unsigned long long)ti->offset, n);
+                           ti->name, (unsigned long long)i + 1, (unsigned long long)nt, (unsigned long long)ti->nbytes,
+                           (unsigned long long)ti->offset, n);
         ti->data = p + start;
     }
     return 0;
@@ -476,8 +473,8 @@ static int parse_file(cm_gguf *g, cm_mapped_file *f, const char *path, char *err
     return 0;
 }
 
-int cm_gguf_open(cm_gguf *g, const char *path, cm_gguf_progress_fn progress, void *progress_ctx,
-                 char *err, size_t errlen) {
+int cm_gguf_open(cm_gguf *g, const char *path, cm_gguf_progress_fn progress, void *progress_ctx, char *err,
+                 size_t errlen) {
     cm_mapped_file f;
     memset(g, 0, sizeof *g);
     g->file.fd = -1;
@@ -510,8 +507,8 @@ bool cm_gguf_worth_loading(uint64_t file_bytes) {
     return avail == 0 || need <= avail; /* unknown: the OS pages either kind */
 }
 
-int cm_gguf_load(cm_gguf *g, const char *path, cm_gguf_progress_fn progress, void *progress_ctx,
-                 char *err, size_t errlen) {
+int cm_gguf_load(cm_gguf *g, const char *path, cm_gguf_progress_fn progress, void *progress_ctx, char *err,
+                 size_t errlen) {
     cm_mapped_file f;
     memset(g, 0, sizeof *g);
     g->file.fd = -1;
@@ -554,16 +551,28 @@ static bool is_signed(uint32_t t) {
 bool cm_gguf_get_u64(const cm_gguf *g, const char *key, uint64_t *out) {
     const cm_gguf_kv *kv = cm_gguf_find_kv(g, key);
     if (!kv) return false;
-    if (is_unsigned(kv->type)) { *out = kv->v.u64; return true; }
-    if (is_signed(kv->type) && kv->v.i64 >= 0) { *out = (uint64_t)kv->v.i64; return true; }
+    if (is_unsigned(kv->type)) {
+        *out = kv->v.u64;
+        return true;
+    }
+    if (is_signed(kv->type) && kv->v.i64 >= 0) {
+        *out = (uint64_t)kv->v.i64;
+        return true;
+    }
     return false;
 }
 
 bool cm_gguf_get_i64(const cm_gguf *g, const char *key, int64_t *out) {
     const cm_gguf_kv *kv = cm_gguf_find_kv(g, key);
     if (!kv) return false;
-    if (is_signed(kv->type)) { *out = kv->v.i64; return true; }
-    if (is_unsigned(kv->type) && kv->v.u64 <= INT64_MAX) { *out = (int64_t)kv->v.u64; return true; }
+    if (is_signed(kv->type)) {
+        *out = kv->v.i64;
+        return true;
+    }
+    if (is_unsigned(kv->type) && kv->v.u64 <= INT64_MAX) {
+        *out = (int64_t)kv->v.u64;
+        return true;
+    }
     return false;
 }
 
@@ -595,8 +604,7 @@ char *cm_gguf_get_str(const cm_gguf *g, const char *key) {
 }
 
 bool cm_gguf_arr_str(const cm_gguf_kv *kv, uint64_t i, cm_gguf_str *out) {
-    if (!kv || kv->type != CM_GGUF_ARRAY || kv->arr_type != CM_GGUF_STRING || i >= kv->arr_len)
-        return false;
+    if (!kv || kv->type != CM_GGUF_ARRAY || kv->arr_type != CM_GGUF_STRING || i >= kv->arr_len) return false;
     *out = kv->arr_strs[i];
     return true;
 }

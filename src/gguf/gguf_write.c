@@ -54,8 +54,7 @@ cm_gguf_writer *cm_gguf_writer_new(uint32_t alignment) {
     cm_buf_init(&w->kvbytes);
     w->alignment = alignment ? alignment : CM_GGUF_DEFAULT_ALIGNMENT;
     if ((w->alignment & (w->alignment - 1)) || w->alignment > CM_GGUF_MAX_ALIGNMENT)
-        werr(w, CM_EINVAL, "alignment %u is not a power of two up to %u", w->alignment,
-             CM_GGUF_MAX_ALIGNMENT);
+        werr(w, CM_EINVAL, "alignment %u is not a power of two up to %u", w->alignment, CM_GGUF_MAX_ALIGNMENT);
     return w;
 }
 
@@ -92,23 +91,38 @@ static void put_str(cm_buf *b, const char *s, uint64_t len) {
 /* Start a kv: check the key, record it, serialize key + type. False = skip. */
 static bool begin_kv(cm_gguf_writer *w, const char *key, enum cm_gguf_vtype t) {
     if (w->err) return false;
-    if (!key) { werr(w, CM_EINVAL, "NULL key"); return false; }
+    if (!key) {
+        werr(w, CM_EINVAL, "NULL key");
+        return false;
+    }
     size_t len = strlen(key);
-    if (len > CM_GGUF_MAX_KEY) { werr(w, CM_EINVAL, "key of %zu bytes is too long", len); return false; }
+    if (len > CM_GGUF_MAX_KEY) {
+        werr(w, CM_EINVAL, "key of %zu bytes is too long", len);
+        return false;
+    }
     for (uint64_t i = 0; i < w->n_kv; i++)
         if (strcmp(w->keys[i], key) == 0) {
             werr(w, CM_EINVAL, "duplicate key '%.64s'", key);
             return false;
         }
-    if (w->n_kv >= CM_GGUF_MAX_KV) { werr(w, CM_EINVAL, "too many kvs"); return false; }
+    if (w->n_kv >= CM_GGUF_MAX_KV) {
+        werr(w, CM_EINVAL, "too many kvs");
+        return false;
+    }
     if (w->n_kv == w->cap_kv) {
         uint64_t cap = w->cap_kv ? w->cap_kv * 2 : 32;
         char **k = cm_realloc(w->keys, (size_t)cap * sizeof *k);
-        if (!k) { werr(w, CM_ENOMEM, "out of memory"); return false; }
+        if (!k) {
+            werr(w, CM_ENOMEM, "out of memory");
+            return false;
+        }
         w->keys = k;
         w->cap_kv = cap;
     }
-    if (!(w->keys[w->n_kv] = cm_strdup(key))) { werr(w, CM_ENOMEM, "out of memory"); return false; }
+    if (!(w->keys[w->n_kv] = cm_strdup(key))) {
+        werr(w, CM_ENOMEM, "out of memory");
+        return false;
+    }
     w->n_kv++;
     put_str(&w->kvbytes, key, len);
     put_u32(&w->kvbytes, t);
@@ -119,27 +133,40 @@ static void check_oom(cm_gguf_writer *w) {
     if (w->kvbytes.oom) werr(w, CM_ENOMEM, "out of memory");
 }
 
-#define W_INT(fn, ctype, vt, put)                                   \
-    void fn(cm_gguf_writer *w, const char *key, ctype v) {          \
-        if (!begin_kv(w, key, vt)) return;                          \
-        put;                                                        \
-        check_oom(w);                                               \
+#define W_INT(fn, ctype, vt, put)                          \
+    void fn(cm_gguf_writer *w, const char *key, ctype v) { \
+        if (!begin_kv(w, key, vt)) return;                 \
+        put;                                               \
+        check_oom(w);                                      \
     }
 W_INT(cm_gguf_w_u8, uint8_t, CM_GGUF_U8, append(&w->kvbytes, &v, 1))
-W_INT(cm_gguf_w_i8, int8_t, CM_GGUF_I8, { uint8_t u = (uint8_t)v; append(&w->kvbytes, &u, 1); })
-W_INT(cm_gguf_w_u16, uint16_t, CM_GGUF_U16, { uint8_t q[2]; cm_wr_u16(q, v); append(&w->kvbytes, q, 2); })
-W_INT(cm_gguf_w_i16, int16_t, CM_GGUF_I16, { uint8_t q[2]; cm_wr_u16(q, (uint16_t)v); append(&w->kvbytes, q, 2); })
+W_INT(cm_gguf_w_i8, int8_t, CM_GGUF_I8, {
+    uint8_t u = (uint8_t)v;
+    append(&w->kvbytes, &u, 1);
+})
+W_INT(cm_gguf_w_u16, uint16_t, CM_GGUF_U16, {
+    uint8_t q[2];
+    cm_wr_u16(q, v);
+    append(&w->kvbytes, q, 2);
+})
+W_INT(cm_gguf_w_i16, int16_t, CM_GGUF_I16, {
+    uint8_t q[2];
+    cm_wr_u16(q, (uint16_t)v);
+    append(&w->kvbytes, q, 2);
+})
 W_INT(cm_gguf_w_i32, int32_t, CM_GGUF_I32, put_u32(&w->kvbytes, (uint32_t)v))
 W_INT(cm_gguf_w_u64, uint64_t, CM_GGUF_U64, put_u64(&w->kvbytes, v))
 W_INT(cm_gguf_w_i64, int64_t, CM_GGUF_I64, put_u64(&w->kvbytes, (uint64_t)v))
-W_INT(cm_gguf_w_bool, bool, CM_GGUF_BOOL, { uint8_t u = v ? 1 : 0; append(&w->kvbytes, &u, 1); })
+W_INT(cm_gguf_w_bool, bool, CM_GGUF_BOOL, {
+    uint8_t u = v ? 1 : 0;
+    append(&w->kvbytes, &u, 1);
+})
 #undef W_INT
 
 void cm_gguf_w_u32(cm_gguf_writer *w, const char *key, uint32_t v) {
     if (key && strcmp(key, "general.alignment") == 0 && !w->err) {
         if (v == 0 || (v & (v - 1)) || v > CM_GGUF_MAX_ALIGNMENT) {
-            werr(w, CM_EINVAL, "general.alignment %u is not a power of two up to %u", v,
-                 CM_GGUF_MAX_ALIGNMENT);
+            werr(w, CM_EINVAL, "general.alignment %u is not a power of two up to %u", v, CM_GGUF_MAX_ALIGNMENT);
             return;
         }
         w->alignment = v;
@@ -176,26 +203,29 @@ void cm_gguf_w_strn(cm_gguf_writer *w, const char *key, const char *v, uint64_t 
     check_oom(w);
 }
 
-void cm_gguf_w_str(cm_gguf_writer *w, const char *key, const char *v) {
-    cm_gguf_w_strn(w, key, v, v ? strlen(v) : 0);
-}
+void cm_gguf_w_str(cm_gguf_writer *w, const char *key, const char *v) { cm_gguf_w_strn(w, key, v, v ? strlen(v) : 0); }
 
 static size_t elem_size(enum cm_gguf_vtype t) {
     switch (t) {
-    case CM_GGUF_U8: case CM_GGUF_I8: case CM_GGUF_BOOL: return 1;
-    case CM_GGUF_U16: case CM_GGUF_I16: return 2;
-    case CM_GGUF_U32: case CM_GGUF_I32: case CM_GGUF_F32: return 4;
-    case CM_GGUF_U64: case CM_GGUF_I64: case CM_GGUF_F64: return 8;
+    case CM_GGUF_U8:
+    case CM_GGUF_I8:
+    case CM_GGUF_BOOL: return 1;
+    case CM_GGUF_U16:
+    case CM_GGUF_I16: return 2;
+    case CM_GGUF_U32:
+    case CM_GGUF_I32:
+    case CM_GGUF_F32: return 4;
+    case CM_GGUF_U64:
+    case CM_GGUF_I64:
+    case CM_GGUF_F64: return 8;
     default: return 0;
     }
 }
 
-void cm_gguf_w_arr(cm_gguf_writer *w, const char *key, enum cm_gguf_vtype t, const void *data,
-                   uint64_t n) {
+void cm_gguf_w_arr(cm_gguf_writer *w, const char *key, enum cm_gguf_vtype t, const void *data, uint64_t n) {
     size_t sz = elem_size(t);
     if (!w->err && (!sz || n > CM_GGUF_MAX_ARRAY || (!data && n))) {
-        werr(w, CM_EINVAL, "array '%.64s' of %s: bad type or length", key ? key : "",
-             cm_gguf_vtype_name(t));
+        werr(w, CM_EINVAL, "array '%.64s' of %s: bad type or length", key ? key : "", cm_gguf_vtype_name(t));
         return;
     }
     if (!begin_kv(w, key, CM_GGUF_ARRAY)) return;
@@ -212,7 +242,7 @@ void cm_gguf_w_arr(cm_gguf_writer *w, const char *key, enum cm_gguf_vtype t, con
         case 2: { uint16_t v; memcpy(&v, e, 2); cm_wr_u16(q, v); break; }
         case 4: { uint32_t v; memcpy(&v, e, 4); cm_wr_u32(q, v); break; }
         default: { uint64_t v; memcpy(&v, e, 8); cm_wr_u64(q, v); break; }
-        // clang-format on
+            // clang-format on
         }
         append(&w->kvbytes, q, sz);
     }
@@ -226,8 +256,7 @@ void cm_gguf_w_arr_str(cm_gguf_writer *w, const char *key, const cm_gguf_str *s,
     }
     for (uint64_t i = 0; i < n && !w->err; i++)
         if (s[i].len > CM_GGUF_MAX_STRING || (!s[i].ptr && s[i].len))
-            werr(w, CM_EINVAL, "string %llu of array '%.64s' is invalid", (unsigned long long)i,
-                 key ? key : "");
+            werr(w, CM_EINVAL, "string %llu of array '%.64s' is invalid", (unsigned long long)i, key ? key : "");
     if (!begin_kv(w, key, CM_GGUF_ARRAY)) return;
     put_u32(&w->kvbytes, CM_GGUF_STRING);
     put_u64(&w->kvbytes, n);
@@ -236,7 +265,10 @@ void cm_gguf_w_arr_str(cm_gguf_writer *w, const char *key, const cm_gguf_str *s,
 }
 
 void cm_gguf_w_copy_kv(cm_gguf_writer *w, const cm_gguf_kv *kv) {
-    if (!kv) { werr(w, CM_EINVAL, "NULL kv"); return; }
+    if (!kv) {
+        werr(w, CM_EINVAL, "NULL kv");
+        return;
+    }
     uint8_t q[8];
     switch (kv->type) {
     case CM_GGUF_U8: cm_gguf_w_u8(w, kv->key, (uint8_t)kv->v.u64); return;
@@ -264,8 +296,7 @@ void cm_gguf_w_copy_kv(cm_gguf_writer *w, const cm_gguf_kv *kv) {
     }
 }
 
-static wtensor *add_tensor(cm_gguf_writer *w, const char *name, enum cm_type type, int n_dims,
-                           const int64_t *ne) {
+static wtensor *add_tensor(cm_gguf_writer *w, const char *name, enum cm_type type, int n_dims, const int64_t *ne) {
     if (w->err) return NULL;
     size_t len = name ? strlen(name) : 0;
     if (len == 0 || len >= CM_GGUF_MAX_NAME) {
@@ -274,7 +305,10 @@ static wtensor *add_tensor(cm_gguf_writer *w, const char *name, enum cm_type typ
         return NULL;
     }
     const cm_type_traits *tr = cm_type_traits_of(type);
-    if (!tr) { werr(w, CM_EINVAL, "tensor '%s': unknown type id %u", name, (unsigned)type); return NULL; }
+    if (!tr) {
+        werr(w, CM_EINVAL, "tensor '%s': unknown type id %u", name, (unsigned)type);
+        return NULL;
+    }
     if (n_dims < 1 || n_dims > CM_MAX_DIMS || !ne) {
         werr(w, CM_EINVAL, "tensor '%s': %d dimensions (1 to %d allowed)", name, n_dims, CM_MAX_DIMS);
         return NULL;
@@ -286,8 +320,8 @@ static wtensor *add_tensor(cm_gguf_writer *w, const char *name, enum cm_type typ
             return NULL;
         }
     if (ne[0] % tr->block_size) {
-        werr(w, CM_EINVAL, "tensor '%s': row of %lld is not a multiple of %s's block of %d", name,
-             (long long)ne[0], tr->name, tr->block_size);
+        werr(w, CM_EINVAL, "tensor '%s': row of %lld is not a multiple of %s's block of %d", name, (long long)ne[0],
+             tr->name, tr->block_size);
         return NULL;
     }
     if (!cm_mul_ok(nel / (uint64_t)tr->block_size, tr->type_size, &nbytes)) {
@@ -299,17 +333,26 @@ static wtensor *add_tensor(cm_gguf_writer *w, const char *name, enum cm_type typ
             werr(w, CM_EINVAL, "duplicate tensor name '%s'", name);
             return NULL;
         }
-    if (w->n_t >= CM_GGUF_MAX_TENSORS) { werr(w, CM_EINVAL, "too many tensors"); return NULL; }
+    if (w->n_t >= CM_GGUF_MAX_TENSORS) {
+        werr(w, CM_EINVAL, "too many tensors");
+        return NULL;
+    }
     if (w->n_t == w->cap_t) {
         uint64_t cap = w->cap_t ? w->cap_t * 2 : 64;
         wtensor *t = cm_realloc(w->t, (size_t)cap * sizeof *t);
-        if (!t) { werr(w, CM_ENOMEM, "out of memory"); return NULL; }
+        if (!t) {
+            werr(w, CM_ENOMEM, "out of memory");
+            return NULL;
+        }
         w->t = t;
         w->cap_t = cap;
     }
     wtensor *t = &w->t[w->n_t];
     memset(t, 0, sizeof *t);
-    if (!(t->name = cm_strdup(name))) { werr(w, CM_ENOMEM, "out of memory"); return NULL; }
+    if (!(t->name = cm_strdup(name))) {
+        werr(w, CM_ENOMEM, "out of memory");
+        return NULL;
+    }
     w->n_t++;
     t->type = type;
     t->n_dims = n_dims;
@@ -318,16 +361,16 @@ static wtensor *add_tensor(cm_gguf_writer *w, const char *name, enum cm_type typ
     return t;
 }
 
-void cm_gguf_w_tensor(cm_gguf_writer *w, const char *name, enum cm_type type, int n_dims,
-                      const int64_t *ne, const void *data) {
+void cm_gguf_w_tensor(cm_gguf_writer *w, const char *name, enum cm_type type, int n_dims, const int64_t *ne,
+                      const void *data) {
     wtensor *t = add_tensor(w, name, type, n_dims, ne);
     if (!t) return;
     if (!data) werr(w, CM_EINVAL, "tensor '%s': NULL data", name);
     t->data = data;
 }
 
-void cm_gguf_w_tensor_fill(cm_gguf_writer *w, const char *name, enum cm_type type, int n_dims,
-                           const int64_t *ne, cm_gguf_fill_fn fill, void *ctx) {
+void cm_gguf_w_tensor_fill(cm_gguf_writer *w, const char *name, enum cm_type type, int n_dims, const int64_t *ne,
+                           cm_gguf_fill_fn fill, void *ctx) {
     wtensor *t = add_tensor(w, name, type, n_dims, ne);
     if (!t) return;
     if (!fill) werr(w, CM_EINVAL, "tensor '%s': NULL fill function", name);
@@ -338,7 +381,7 @@ void cm_gguf_w_tensor_fill(cm_gguf_writer *w, const char *name, enum cm_type typ
 /* ---- output ---- */
 
 typedef struct sink {
-    FILE *fp;   /* or */
+    FILE *fp; /* or */
     cm_buf *buf;
     const char *path;
     int err;
@@ -416,8 +459,7 @@ static int emit(cm_gguf_writer *w, sink *s) {
             char msg[256] = "";
             int rc = t->fill(t->fill_ctx, scratch, t->nbytes, msg, sizeof msg);
             if (rc) {
-                s->err = cm_errf(s->errs, s->errlen, rc, "tensor '%s': %s", t->name,
-                                 msg[0] ? msg : cm_strerror(rc));
+                s->err = cm_errf(s->errs, s->errlen, rc, "tensor '%s': %s", t->name, msg[0] ? msg : cm_strerror(rc));
                 break;
             }
             data = scratch;
@@ -451,8 +493,7 @@ int cm_gguf_writer_write(cm_gguf_writer *w, const char *path, char *err, size_t 
     int rc = emit(w, &s);
     if (!rc && (fflush(fp) != 0 || fsync(fileno(fp)) != 0))
         rc = cm_errf(err, errlen, CM_EIO, "cannot write '%s': %s", tmp, strerror(errno));
-    if (fclose(fp) != 0 && !rc)
-        rc = cm_errf(err, errlen, CM_EIO, "cannot write '%s': %s", tmp, strerror(errno));
+    if (fclose(fp) != 0 && !rc) rc = cm_errf(err, errlen, CM_EIO, "cannot write '%s': %s", tmp, strerror(errno));
     if (!rc && rename(tmp, path) != 0)
         rc = cm_errf(err, errlen, CM_EIO, "cannot rename '%s' to '%s': %s", tmp, path, strerror(errno));
     if (rc) remove(tmp);

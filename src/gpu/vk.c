@@ -56,7 +56,9 @@ void *cm_vk_buf_map(cm_vk_buf *b) { return NULL; }
 int cm_vk_upload(cm_gpu *g, cm_vk_buf *dst, uint64_t off, const void *src, uint64_t n, char *err, size_t errlen) {
     return CM_EUNSUPPORTED;
 }
-cm_vk_set *cm_vk_set_new(cm_gpu *g, cm_vk_buf *w, cm_vk_buf *a, cm_vk_buf *kv, char *err, size_t errlen) { return NULL; }
+cm_vk_set *cm_vk_set_new(cm_gpu *g, cm_vk_buf *w, cm_vk_buf *a, cm_vk_buf *kv, char *err, size_t errlen) {
+    return NULL;
+}
 void cm_vk_set_free(cm_gpu *g, cm_vk_set *s) {}
 void cm_vk_lock(cm_gpu *g) {}
 void cm_vk_unlock(cm_gpu *g) {}
@@ -73,20 +75,56 @@ uint64_t cm_vk_max_range(const cm_gpu *g) { return 0; }
 #include <vulkan/vulkan_core.h>
 
 /* Entry points: global (from the loader), instance, device. */
-#define CM_VK_INSTANCE_FNS(X)                                                                                          \
-    X(vkDestroyInstance) X(vkEnumeratePhysicalDevices) X(vkGetPhysicalDeviceProperties)                               \
-    X(vkGetPhysicalDeviceMemoryProperties) X(vkGetPhysicalDeviceQueueFamilyProperties) X(vkCreateDevice)               \
-    X(vkGetDeviceProcAddr) X(vkEnumerateDeviceExtensionProperties)
-#define CM_VK_DEVICE_FNS(X)                                                                                            \
-    X(vkDestroyDevice) X(vkGetDeviceQueue) X(vkCreateBuffer) X(vkDestroyBuffer) X(vkGetBufferMemoryRequirements)       \
-    X(vkAllocateMemory) X(vkFreeMemory) X(vkBindBufferMemory) X(vkMapMemory) X(vkCreateShaderModule)                   \
-    X(vkDestroyShaderModule) X(vkCreateDescriptorSetLayout) X(vkDestroyDescriptorSetLayout) X(vkCreatePipelineLayout)  \
-    X(vkDestroyPipelineLayout) X(vkCreateComputePipelines) X(vkDestroyPipeline) X(vkCreateDescriptorPool)              \
-    X(vkDestroyDescriptorPool) X(vkAllocateDescriptorSets) X(vkFreeDescriptorSets) X(vkUpdateDescriptorSets)           \
-    X(vkCreateCommandPool) X(vkDestroyCommandPool) X(vkAllocateCommandBuffers) X(vkBeginCommandBuffer)                 \
-    X(vkEndCommandBuffer) X(vkResetCommandBuffer) X(vkCmdBindPipeline) X(vkCmdBindDescriptorSets)                      \
-    X(vkCmdPushConstants) X(vkCmdDispatch) X(vkCmdPipelineBarrier) X(vkCmdCopyBuffer) X(vkCreateFence)                 \
-    X(vkDestroyFence) X(vkResetFences) X(vkWaitForFences) X(vkQueueSubmit) X(vkDeviceWaitIdle)
+#define CM_VK_INSTANCE_FNS(X)                   \
+    X(vkDestroyInstance)                        \
+    X(vkEnumeratePhysicalDevices)               \
+    X(vkGetPhysicalDeviceProperties)            \
+    X(vkGetPhysicalDeviceMemoryProperties)      \
+    X(vkGetPhysicalDeviceQueueFamilyProperties) \
+    X(vkCreateDevice)                           \
+    X(vkGetDeviceProcAddr)                      \
+    X(vkEnumerateDeviceExtensionProperties)
+#define CM_VK_DEVICE_FNS(X)          \
+    X(vkDestroyDevice)               \
+    X(vkGetDeviceQueue)              \
+    X(vkCreateBuffer)                \
+    X(vkDestroyBuffer)               \
+    X(vkGetBufferMemoryRequirements) \
+    X(vkAllocateMemory)              \
+    X(vkFreeMemory)                  \
+    X(vkBindBufferMemory)            \
+    X(vkMapMemory)                   \
+    X(vkCreateShaderModule)          \
+    X(vkDestroyShaderModule)         \
+    X(vkCreateDescriptorSetLayout)   \
+    X(vkDestroyDescriptorSetLayout)  \
+    X(vkCreatePipelineLayout)        \
+    X(vkDestroyPipelineLayout)       \
+    X(vkCreateComputePipelines)      \
+    X(vkDestroyPipeline)             \
+    X(vkCreateDescriptorPool)        \
+    X(vkDestroyDescriptorPool)       \
+    X(vkAllocateDescriptorSets)      \
+    X(vkFreeDescriptorSets)          \
+    X(vkUpdateDescriptorSets)        \
+    X(vkCreateCommandPool)           \
+    X(vkDestroyCommandPool)          \
+    X(vkAllocateCommandBuffers)      \
+    X(vkBeginCommandBuffer)          \
+    X(vkEndCommandBuffer)            \
+    X(vkResetCommandBuffer)          \
+    X(vkCmdBindPipeline)             \
+    X(vkCmdBindDescriptorSets)       \
+    X(vkCmdPushConstants)            \
+    X(vkCmdDispatch)                 \
+    X(vkCmdPipelineBarrier)          \
+    X(vkCmdCopyBuffer)               \
+    X(vkCreateFence)                 \
+    X(vkDestroyFence)                \
+    X(vkResetFences)                 \
+    X(vkWaitForFences)               \
+    X(vkQueueSubmit)                 \
+    X(vkDeviceWaitIdle)
 
 typedef struct vk_api {
     void *lib;
@@ -129,13 +167,15 @@ struct cm_gpu {
     pthread_mutex_t mu;
 };
 
-static const char *const pipe_names[VKP_COUNT] = {"mm_f32", "mm_f16", "mm_q8_0", "mm_q4_0", "rmsnorm",
-                                                  "rope",   "kvstore", "attn",  "silu", "q8act", "bias"};
+static const char *const pipe_names[VKP_COUNT] = {"mm_f32",  "mm_f16", "mm_q8_0", "mm_q4_0", "rmsnorm", "rope",
+                                                  "kvstore", "attn",   "silu",    "q8act",   "bias"};
 
 static int vk_fail(char *err, size_t errlen, VkResult r, const char *what) {
     const int code = r == VK_ERROR_OUT_OF_DEVICE_MEMORY || r == VK_ERROR_OUT_OF_HOST_MEMORY ? CM_ENOMEM : CM_EIO;
     return cm_errf(err, errlen, code, "vulkan: %s failed (VkResult %d%s)", what, (int)r,
-                   r == VK_ERROR_DEVICE_LOST ? ", device lost" : r == VK_ERROR_OUT_OF_DEVICE_MEMORY ? ", out of device memory" : "");
+                   r == VK_ERROR_DEVICE_LOST            ? ", device lost"
+                   : r == VK_ERROR_OUT_OF_DEVICE_MEMORY ? ", out of device memory"
+                                                        : "");
 }
 
 /* Load the loader and make an instance (Vulkan 1.0; MoltenVK through the
@@ -143,7 +183,8 @@ static int vk_fail(char *err, size_t errlen, VkResult r, const char *what) {
 static int vk_load(vk_api *vk, char *err, size_t errlen) {
     memset(vk, 0, sizeof *vk);
     if (!cm_gpu_compiled())
-        return cm_errf(err, errlen, CM_EUNSUPPORTED, "this binary has no GPU shaders (glslc was missing at build time)");
+        return cm_errf(err, errlen, CM_EUNSUPPORTED,
+                       "this binary has no GPU shaders (glslc was missing at build time)");
     if (!(vk->lib = cm_dl_open_vulkan(err, errlen))) return CM_ENOENT;
     void *gipa = cm_dl_sym(vk->lib, "vkGetInstanceProcAddr");
     if (!gipa) {
@@ -156,12 +197,14 @@ static int vk_load(vk_api *vk, char *err, size_t errlen) {
         cm_dl_close(vk->lib);
         return cm_errf(err, errlen, CM_EUNSUPPORTED, "the Vulkan loader has no vkCreateInstance");
     }
-    VkApplicationInfo app = {.sType = VK_STRUCTURE_TYPE_APPLICATION_INFO, .pApplicationName = "cumulo",
-                             .apiVersion = VK_API_VERSION_1_0};
+    VkApplicationInfo app = {
+        .sType = VK_STRUCTURE_TYPE_APPLICATION_INFO, .pApplicationName = "cumulo", .apiVersion = VK_API_VERSION_1_0};
     const char *port_ext[] = {"VK_KHR_portability_enumeration"};
-    VkInstanceCreateInfo ci = {.sType = VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO, .pApplicationInfo = &app,
+    VkInstanceCreateInfo ci = {.sType = VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO,
+                               .pApplicationInfo = &app,
                                .flags = 0x00000001 /* VK_INSTANCE_CREATE_ENUMERATE_PORTABILITY_BIT_KHR */,
-                               .enabledExtensionCount = 1, .ppEnabledExtensionNames = port_ext};
+                               .enabledExtensionCount = 1,
+                               .ppEnabledExtensionNames = port_ext};
     VkResult r = vk->vkCreateInstance(&ci, NULL, &vk->inst);
     if (r != VK_SUCCESS) { /* no portability extension: a plain instance */
         ci.flags = 0;
@@ -174,7 +217,8 @@ static int vk_load(vk_api *vk, char *err, size_t errlen) {
                                                  : vk_fail(err, errlen, r, "vkCreateInstance");
     }
     int missing = 0;
-#define X(f) if (!(vk->f = (PFN_##f)vk->vkGetInstanceProcAddr(vk->inst, #f))) missing++;
+#define X(f) \
+    if (!(vk->f = (PFN_##f)vk->vkGetInstanceProcAddr(vk->inst, #f))) missing++;
     CM_VK_INSTANCE_FNS(X)
 #undef X
     if (missing) {
@@ -242,14 +286,22 @@ static int find_mem(const cm_gpu *g, uint32_t bits, VkMemoryPropertyFlags need, 
 
 cm_vk_buf *cm_vk_buf_new(cm_gpu *g, uint64_t bytes, enum cm_vk_mem kind, char *err, size_t errlen) {
     cm_vk_buf *b = cm_calloc(1, sizeof *b);
-    if (!b) { cm_errf(err, errlen, CM_ENOMEM, "out of memory"); return NULL; }
+    if (!b) {
+        cm_errf(err, errlen, CM_ENOMEM, "out of memory");
+        return NULL;
+    }
     b->size = bytes ? (bytes + 15) & ~(uint64_t)15 : 16;
-    VkBufferCreateInfo bi = {.sType = VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO, .size = b->size,
+    VkBufferCreateInfo bi = {.sType = VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO,
+                             .size = b->size,
                              .usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT |
                                       VK_BUFFER_USAGE_TRANSFER_DST_BIT,
                              .sharingMode = VK_SHARING_MODE_EXCLUSIVE};
     VkResult r = g->vk.vkCreateBuffer(g->dev, &bi, NULL, &b->buf);
-    if (r != VK_SUCCESS) { vk_fail(err, errlen, r, "vkCreateBuffer"); cm_free(b); return NULL; }
+    if (r != VK_SUCCESS) {
+        vk_fail(err, errlen, r, "vkCreateBuffer");
+        cm_free(b);
+        return NULL;
+    }
     VkMemoryRequirements req;
     g->vk.vkGetBufferMemoryRequirements(g->dev, b->buf, &req);
     const VkMemoryPropertyFlags hv = VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT;
@@ -258,11 +310,12 @@ cm_vk_buf *cm_vk_buf_new(cm_gpu *g, uint64_t bytes, enum cm_vk_mem kind, char *e
     if (mt < 0 && kind == CM_VK_DEVICE) mt = find_mem(g, req.memoryTypeBits, 0, 0);
     if (mt < 0) {
         cm_vk_buf_free(g, b);
-        cm_errf(err, errlen, CM_EUNSUPPORTED, "vulkan: no memory type for a %s buffer", kind == CM_VK_HOST ? "host" : "device");
+        cm_errf(err, errlen, CM_EUNSUPPORTED, "vulkan: no memory type for a %s buffer",
+                kind == CM_VK_HOST ? "host" : "device");
         return NULL;
     }
-    VkMemoryAllocateInfo ai = {.sType = VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO, .allocationSize = req.size,
-                               .memoryTypeIndex = (uint32_t)mt};
+    VkMemoryAllocateInfo ai = {
+        .sType = VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO, .allocationSize = req.size, .memoryTypeIndex = (uint32_t)mt};
     if ((r = g->vk.vkAllocateMemory(g->dev, &ai, NULL, &b->mem)) != VK_SUCCESS ||
         (r = g->vk.vkBindBufferMemory(g->dev, b->buf, b->mem, 0)) != VK_SUCCESS) {
         vk_fail(err, errlen, r, "allocating device memory");
@@ -360,20 +413,32 @@ int cm_vk_upload(cm_gpu *g, cm_vk_buf *dst, uint64_t off, const void *src, uint6
 
 cm_vk_set *cm_vk_set_new(cm_gpu *g, cm_vk_buf *w, cm_vk_buf *a, cm_vk_buf *kv, char *err, size_t errlen) {
     cm_vk_set *s = cm_calloc(1, sizeof *s);
-    if (!s) { cm_errf(err, errlen, CM_ENOMEM, "out of memory"); return NULL; }
+    if (!s) {
+        cm_errf(err, errlen, CM_ENOMEM, "out of memory");
+        return NULL;
+    }
     VkDescriptorSetAllocateInfo ai = {.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO,
-                                      .descriptorPool = g->dpool, .descriptorSetCount = 1, .pSetLayouts = &g->dsl};
+                                      .descriptorPool = g->dpool,
+                                      .descriptorSetCount = 1,
+                                      .pSetLayouts = &g->dsl};
     VkResult r = g->vk.vkAllocateDescriptorSets(g->dev, &ai, &s->set);
-    if (r != VK_SUCCESS) { vk_fail(err, errlen, r, "vkAllocateDescriptorSets"); cm_free(s); return NULL; }
+    if (r != VK_SUCCESS) {
+        vk_fail(err, errlen, r, "vkAllocateDescriptorSets");
+        cm_free(s);
+        return NULL;
+    }
     cm_vk_buf *bs[3] = {w, a, kv};
     VkDescriptorBufferInfo bis[3];
     VkWriteDescriptorSet ws[3];
     for (int i = 0; i < 3; i++) {
-        bis[i] = (VkDescriptorBufferInfo){.buffer = bs[i]->buf, .offset = 0,
-                                          .range = CM_MIN(bs[i]->size, g->max_range) & ~(uint64_t)3};
-        ws[i] = (VkWriteDescriptorSet){.sType = VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET, .dstSet = s->set,
-                                       .dstBinding = (uint32_t)i, .descriptorCount = 1,
-                                       .descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, .pBufferInfo = &bis[i]};
+        bis[i] = (VkDescriptorBufferInfo){
+            .buffer = bs[i]->buf, .offset = 0, .range = CM_MIN(bs[i]->size, g->max_range) & ~(uint64_t)3};
+        ws[i] = (VkWriteDescriptorSet){.sType = VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET,
+                                       .dstSet = s->set,
+                                       .dstBinding = (uint32_t)i,
+                                       .descriptorCount = 1,
+                                       .descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                                       .pBufferInfo = &bis[i]};
     }
     g->vk.vkUpdateDescriptorSets(g->dev, 3, ws, 0, NULL);
     return s;
@@ -394,7 +459,8 @@ static int pick(vk_api *vk, int index, VkPhysicalDevice *out, char *err, size_t 
     if ((r != VK_SUCCESS && r != VK_INCOMPLETE) || n == 0)
         return cm_errf(err, errlen, CM_ENOENT, "no Vulkan device on this machine");
     if (index >= 0) {
-        if ((uint32_t)index >= n) return cm_errf(err, errlen, CM_EINVAL, "no Vulkan device %d (there are %u)", index, n);
+        if ((uint32_t)index >= n)
+            return cm_errf(err, errlen, CM_EINVAL, "no Vulkan device %d (there are %u)", index, n);
         *out = pds[index];
         return 0;
     }
@@ -422,10 +488,13 @@ static int make_device(cm_gpu *g, char *err, size_t errlen) {
     g->qfam = UINT32_MAX;
     for (uint32_t i = 0; i < nq && g->qfam == UINT32_MAX; i++)
         if (qf[i].queueFlags & VK_QUEUE_COMPUTE_BIT) g->qfam = i;
-    if (g->qfam == UINT32_MAX) return cm_errf(err, errlen, CM_EUNSUPPORTED, "vulkan: '%s' has no compute queue", g->info.name);
+    if (g->qfam == UINT32_MAX)
+        return cm_errf(err, errlen, CM_EUNSUPPORTED, "vulkan: '%s' has no compute queue", g->info.name);
     const float prio = 1.0f;
-    VkDeviceQueueCreateInfo qi = {.sType = VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO, .queueFamilyIndex = g->qfam,
-                                  .queueCount = 1, .pQueuePriorities = &prio};
+    VkDeviceQueueCreateInfo qi = {.sType = VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO,
+                                  .queueFamilyIndex = g->qfam,
+                                  .queueCount = 1,
+                                  .pQueuePriorities = &prio};
     /* MoltenVK: a portability-subset device must have that extension enabled. */
     const char *ext[] = {"VK_KHR_portability_subset"};
     uint32_t ne = 0;
@@ -434,12 +503,16 @@ static int make_device(cm_gpu *g, char *err, size_t errlen) {
     if (vk->vkEnumerateDeviceExtensionProperties(g->pd, NULL, &n_eps, eps) >= 0)
         for (uint32_t i = 0; i < n_eps; i++)
             if (!strcmp(eps[i].extensionName, ext[0])) ne = 1;
-    VkDeviceCreateInfo di = {.sType = VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO, .queueCreateInfoCount = 1,
-                             .pQueueCreateInfos = &qi, .enabledExtensionCount = ne, .ppEnabledExtensionNames = ext};
+    VkDeviceCreateInfo di = {.sType = VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO,
+                             .queueCreateInfoCount = 1,
+                             .pQueueCreateInfos = &qi,
+                             .enabledExtensionCount = ne,
+                             .ppEnabledExtensionNames = ext};
     VkResult r = vk->vkCreateDevice(g->pd, &di, NULL, &g->dev);
     if (r != VK_SUCCESS) return vk_fail(err, errlen, r, "vkCreateDevice");
     int missing = 0;
-#define X(f) if (!(vk->f = (PFN_##f)vk->vkGetDeviceProcAddr(g->dev, #f))) missing++;
+#define X(f) \
+    if (!(vk->f = (PFN_##f)vk->vkGetDeviceProcAddr(g->dev, #f))) missing++;
     CM_VK_DEVICE_FNS(X)
 #undef X
     if (missing) return cm_errf(err, errlen, CM_EUNSUPPORTED, "vulkan: the driver lacks %d device functions", missing);
@@ -451,51 +524,64 @@ static int make_pipelines(cm_gpu *g, char *err, size_t errlen) {
     vk_api *vk = &g->vk;
     VkDescriptorSetLayoutBinding bs[3];
     for (uint32_t i = 0; i < 3; i++)
-        bs[i] = (VkDescriptorSetLayoutBinding){.binding = i, .descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
-                                               .descriptorCount = 1, .stageFlags = VK_SHADER_STAGE_COMPUTE_BIT};
-    VkDescriptorSetLayoutCreateInfo dli = {.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO,
-                                           .bindingCount = 3, .pBindings = bs};
+        bs[i] = (VkDescriptorSetLayoutBinding){.binding = i,
+                                               .descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                                               .descriptorCount = 1,
+                                               .stageFlags = VK_SHADER_STAGE_COMPUTE_BIT};
+    VkDescriptorSetLayoutCreateInfo dli = {
+        .sType = VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO, .bindingCount = 3, .pBindings = bs};
     VkResult r = vk->vkCreateDescriptorSetLayout(g->dev, &dli, NULL, &g->dsl);
     if (r != VK_SUCCESS) return vk_fail(err, errlen, r, "vkCreateDescriptorSetLayout");
     VkPushConstantRange pr = {.stageFlags = VK_SHADER_STAGE_COMPUTE_BIT, .offset = 0, .size = 128};
-    VkPipelineLayoutCreateInfo pli = {.sType = VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO, .setLayoutCount = 1,
-                                      .pSetLayouts = &g->dsl, .pushConstantRangeCount = 1, .pPushConstantRanges = &pr};
+    VkPipelineLayoutCreateInfo pli = {.sType = VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO,
+                                      .setLayoutCount = 1,
+                                      .pSetLayouts = &g->dsl,
+                                      .pushConstantRangeCount = 1,
+                                      .pPushConstantRanges = &pr};
     if ((r = vk->vkCreatePipelineLayout(g->dev, &pli, NULL, &g->pl)) != VK_SUCCESS)
         return vk_fail(err, errlen, r, "vkCreatePipelineLayout");
     for (int p = 0; p < VKP_COUNT; p++) {
         const cm_vk_spv *s = cm_vk_spvs;
         while (s->name && strcmp(s->name, pipe_names[p])) s++;
-        if (!s->name) return cm_errf(err, errlen, CM_EUNSUPPORTED, "vulkan: shader %s is not in this binary", pipe_names[p]);
-        VkShaderModuleCreateInfo mi = {.sType = VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO, .codeSize = s->size,
-                                       .pCode = s->code};
+        if (!s->name)
+            return cm_errf(err, errlen, CM_EUNSUPPORTED, "vulkan: shader %s is not in this binary", pipe_names[p]);
+        VkShaderModuleCreateInfo mi = {
+            .sType = VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO, .codeSize = s->size, .pCode = s->code};
         VkShaderModule mod;
         if ((r = vk->vkCreateShaderModule(g->dev, &mi, NULL, &mod)) != VK_SUCCESS)
             return vk_fail(err, errlen, r, "vkCreateShaderModule");
-        VkComputePipelineCreateInfo ci = {
-            .sType = VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO,
-            .stage = {.sType = VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO, .stage = VK_SHADER_STAGE_COMPUTE_BIT,
-                      .module = mod, .pName = "main"},
-            .layout = g->pl};
+        VkComputePipelineCreateInfo ci = {.sType = VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO,
+                                          .stage = {.sType = VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO,
+                                                    .stage = VK_SHADER_STAGE_COMPUTE_BIT,
+                                                    .module = mod,
+                                                    .pName = "main"},
+                                          .layout = g->pl};
         r = vk->vkCreateComputePipelines(g->dev, VK_NULL_HANDLE, 1, &ci, NULL, &g->pipes[p]);
         vk->vkDestroyShaderModule(g->dev, mod, NULL);
         if (r != VK_SUCCESS) return vk_fail(err, errlen, r, "vkCreateComputePipelines");
     }
     VkDescriptorPoolSize ps = {.type = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, .descriptorCount = 3 * 1024};
     VkDescriptorPoolCreateInfo dpi = {.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO,
-                                      .flags = VK_DESCRIPTOR_POOL_CREATE_FREE_DESCRIPTOR_SET_BIT, .maxSets = 1024,
-                                      .poolSizeCount = 1, .pPoolSizes = &ps};
+                                      .flags = VK_DESCRIPTOR_POOL_CREATE_FREE_DESCRIPTOR_SET_BIT,
+                                      .maxSets = 1024,
+                                      .poolSizeCount = 1,
+                                      .pPoolSizes = &ps};
     if ((r = vk->vkCreateDescriptorPool(g->dev, &dpi, NULL, &g->dpool)) != VK_SUCCESS)
         return vk_fail(err, errlen, r, "vkCreateDescriptorPool");
     VkCommandPoolCreateInfo cpi = {.sType = VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO,
-                                   .flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT, .queueFamilyIndex = g->qfam};
+                                   .flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT,
+                                   .queueFamilyIndex = g->qfam};
     if ((r = vk->vkCreateCommandPool(g->dev, &cpi, NULL, &g->cpool)) != VK_SUCCESS)
         return vk_fail(err, errlen, r, "vkCreateCommandPool");
-    VkCommandBufferAllocateInfo cai = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO, .commandPool = g->cpool,
-                                       .level = VK_COMMAND_BUFFER_LEVEL_PRIMARY, .commandBufferCount = 1};
+    VkCommandBufferAllocateInfo cai = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO,
+                                       .commandPool = g->cpool,
+                                       .level = VK_COMMAND_BUFFER_LEVEL_PRIMARY,
+                                       .commandBufferCount = 1};
     if ((r = vk->vkAllocateCommandBuffers(g->dev, &cai, &g->cmd)) != VK_SUCCESS)
         return vk_fail(err, errlen, r, "vkAllocateCommandBuffers");
     VkFenceCreateInfo fi = {.sType = VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
-    if ((r = vk->vkCreateFence(g->dev, &fi, NULL, &g->fence)) != VK_SUCCESS) return vk_fail(err, errlen, r, "vkCreateFence");
+    if ((r = vk->vkCreateFence(g->dev, &fi, NULL, &g->fence)) != VK_SUCCESS)
+        return vk_fail(err, errlen, r, "vkCreateFence");
     return 0;
 }
 

@@ -13,7 +13,20 @@
 typedef struct cm_vk_buf cm_vk_buf;
 typedef struct cm_vk_set cm_vk_set;
 
-enum cm_vk_pipe { VKP_MM_F32, VKP_MM_F16, VKP_MM_Q8_0, VKP_MM_Q4_0, VKP_RMSNORM, VKP_ROPE, VKP_KVSTORE, VKP_ATTN, VKP_SILU, VKP_Q8ACT, VKP_BIAS, VKP_COUNT };
+enum cm_vk_pipe {
+    VKP_MM_F32,
+    VKP_MM_F16,
+    VKP_MM_Q8_0,
+    VKP_MM_Q4_0,
+    VKP_RMSNORM,
+    VKP_ROPE,
+    VKP_KVSTORE,
+    VKP_ATTN,
+    VKP_SILU,
+    VKP_Q8ACT,
+    VKP_BIAS,
+    VKP_COUNT
+};
 enum cm_vk_mem { CM_VK_DEVICE, CM_VK_HOST }; /* device-local; host-visible (io) */
 
 cm_vk_buf *cm_vk_buf_new(cm_gpu *g, uint64_t bytes, enum cm_vk_mem kind, char *err, size_t errlen);

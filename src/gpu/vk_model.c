@@ -42,12 +42,12 @@ struct cm_gpu_model {
     cm_vk_buf *act, *io;
     /* A's regions (floats); io holds the first five at the same offsets */
     uint32_t o_x, o_k, o_v, o_rope, o_meta, o_io_end, o_xn, o_q, o_att, o_gate, o_up, o_sc, o_q8;
-    uint32_t q8_src; /* while recording: the region o_q8 holds as Q8_0, or UINT32_MAX */
-    uint32_t slot_stride; /* floats of one slot's K and V of one layer */
+    uint32_t q8_src;       /* while recording: the region o_q8 holds as Q8_0, or UINT32_MAX */
+    uint32_t slot_stride;  /* floats of one slot's K and V of one layer */
     const cm_kv **slot_kv; /* which CPU cache each slot mirrors (by address) */
     int *slot_valid;       /* positions [0, valid) of the slot equal the CPU cache's */
     uint64_t *slot_used, tick;
-    float *tmp;            /* ctx * D floats, for re-filling a slot */
+    float *tmp; /* ctx * D floats, for re-filling a slot */
 };
 
 static bool type_ok(const cm_tensor *t, char *why, size_t whylen, const char *name) {
@@ -55,7 +55,10 @@ static bool type_ok(const cm_tensor *t, char *why, size_t whylen, const char *na
     bool ok = (t->type == CM_TYPE_F32) || (t->type == CM_TYPE_F16 && K % 2 == 0) ||
               ((t->type == CM_TYPE_Q8_0 || t->type == CM_TYPE_Q4_0) && K % 32 == 0);
     if (!ok) snprintf(why, whylen, "%s is %s (the GPU has f32, f16, q8_0, q4_0)", name, cm_type_name(t->type));
-    else if (t->ne[1] > 65535) { snprintf(why, whylen, "%s has %lld rows (at most 65535)", name, (long long)t->ne[1]); ok = false; }
+    else if (t->ne[1] > 65535) {
+        snprintf(why, whylen, "%s has %lld rows (at most 65535)", name, (long long)t->ne[1]);
+        ok = false;
+    }
     return ok;
 }
 
@@ -83,7 +86,8 @@ bool cm_gpu_model_supported_range(const cm_model *m, int l0, int l1, char *why, 
         const cm_tensor *ex[] = {&L->bq, &L->bk, &L->bv, &L->q_norm, &L->k_norm}; /* qwen2, qwen3 */
         for (int i = 0; i < 5; i++)
             if (ex[i]->data && ex[i]->type != CM_TYPE_F32) {
-                snprintf(why, whylen, "layer %d has a %s bias or q/k norm (the GPU has f32)", il, cm_type_name(ex[i]->type));
+                snprintf(why, whylen, "layer %d has a %s bias or q/k norm (the GPU has f32)", il,
+                         cm_type_name(ex[i]->type));
                 return false;
             }
         const cm_tensor *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->ffn_gate, &L->ffn_up, &L->ffn_down};
@@ -129,21 +133,21 @@ void cm_vk_pack(const cm_tensor *W, uint32_t *dst) {
 static int upload_layer(cm_gpu_model *gm, int il, char *err, size_t errlen) {
     const cm_layer *L = &gm->m->layers[gm->l0 + il];
     glayer *gl = &gm->L[il];
-    const cm_tensor *ws[] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo, &L->ffn_norm, &L->ffn_gate, &L->ffn_up,
-                             &L->ffn_down, &L->bq, &L->bk, &L->bv, &L->q_norm, &L->k_norm};
-    wt *ts[] = {&gl->attn_norm, &gl->wq, &gl->wk, &gl->wv, &gl->wo, &gl->ffn_norm, &gl->gate, &gl->up, &gl->down,
-                &gl->bq, &gl->bk, &gl->bv, &gl->q_norm, &gl->k_norm};
+    const cm_tensor *ws[] = {&L->attn_norm, &L->wq,       &L->wk, &L->wv, &L->wo, &L->ffn_norm, &L->ffn_gate,
+                             &L->ffn_up,    &L->ffn_down, &L->bq, &L->bk, &L->bv, &L->q_norm,   &L->k_norm};
+    wt *ts[] = {&gl->attn_norm, &gl->wq,   &gl->wk, &gl->wv, &gl->wo, &gl->ffn_norm, &gl->gate,
+                &gl->up,        &gl->down, &gl->bq, &gl->bk, &gl->bv, &gl->q_norm,   &gl->k_norm};
     enum { NW = 14 };
     uint64_t words = 0;
     for (int i = 0; i < NW; i++) {
         if (!ws[i]->data) continue; /* an absent bias or norm: K stays 0 */
-        *ts[i] = (wt){.off = (uint32_t)words, .type = ws[i]->type, .K = (uint32_t)ws[i]->ne[0],
-                      .rows = (uint32_t)ws[i]->ne[1]};
+        *ts[i] = (wt){
+            .off = (uint32_t)words, .type = ws[i]->type, .K = (uint32_t)ws[i]->ne[0], .rows = (uint32_t)ws[i]->ne[1]};
         words += (cm_vk_packed_words(ws[i]) + 3) & ~(uint64_t)3;
     }
     if (words * 4 > cm_vk_max_range(gm->g))
-        return cm_errf(err, errlen, CM_EUNSUPPORTED, "layer %d's %llu weight bytes exceed the device's buffer range", il,
-                       (unsigned long long)words * 4);
+        return cm_errf(err, errlen, CM_EUNSUPPORTED, "layer %d's %llu weight bytes exceed the device's buffer range",
+                       il, (unsigned long long)words * 4);
     uint32_t *host = cm_calloc(words ? words : 1, 4);
     if (!host) return cm_errf(err, errlen, CM_ENOMEM, "out of memory packing layer %d", il);
     for (int i = 0; i < NW; i++)
@@ -165,8 +169,8 @@ int cm_gpu_model_new(cm_gpu_model **out, cm_gpu *g, const cm_model *m, int n_lay
 
 uint64_t cm_gpu_layer_bytes(const cm_model *m, int il, int max_batch, int n_ctx, int n_seq) {
     const cm_layer *L = &m->layers[il];
-    const cm_tensor *ws[] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo, &L->ffn_norm, &L->ffn_gate, &L->ffn_up,
-                             &L->ffn_down, &L->bq, &L->bk, &L->bv, &L->q_norm, &L->k_norm};
+    const cm_tensor *ws[] = {&L->attn_norm, &L->wq,       &L->wk, &L->wv, &L->wo, &L->ffn_norm, &L->ffn_gate,
+                             &L->ffn_up,    &L->ffn_down, &L->bq, &L->bk, &L->bv, &L->q_norm,   &L->k_norm};
     uint64_t words = 0;
     for (int i = 0; i < 14; i++)
         if (ws[i]->data) words += (cm_vk_packed_words(ws[i]) + 3) & ~(uint64_t)3;
@@ -179,7 +183,9 @@ uint64_t cm_gpu_fixed_bytes(const cm_model *m, int max_batch, int n_ctx) {
     const cm_hparams *hp = &m->hp;
     const uint64_t B = (uint64_t)max_batch, QD = (uint64_t)hp->n_head * hp->head_dim;
     const uint64_t big = (uint64_t)CM_MAX(hp->n_embd, CM_MAX((int)QD, hp->n_ff));
-    return 4 * B * (3 * (uint64_t)hp->n_embd + 2 * QD + 2 * (uint64_t)hp->n_ff + (uint64_t)hp->n_head * n_ctx + (big / 32 + 1) * 9);
+    return 4 * B *
+           (3 * (uint64_t)hp->n_embd + 2 * QD + 2 * (uint64_t)hp->n_ff + (uint64_t)hp->n_head * n_ctx +
+            (big / 32 + 1) * 9);
 }
 
 int cm_gpu_model_new_at(cm_gpu_model **out, cm_gpu *g, const cm_model *m, int layer_first, int n_layers, int max_batch,
@@ -227,7 +233,8 @@ int cm_gpu_model_new_at(cm_gpu_model **out, cm_gpu *g, const cm_model *m, int la
 #undef REGION
     /* A buffer per layer: [slot][K|V][head][ctx][D] */
     const uint64_t slot = 2 * (uint64_t)gm->nkv * n_ctx * gm->D;
-    while (gm->n_seq > 1 && (slot * gm->n_seq >= (1ull << 32) || slot * gm->n_seq * 4 > cm_vk_max_range(g))) gm->n_seq--;
+    while (gm->n_seq > 1 && (slot * gm->n_seq >= (1ull << 32) || slot * gm->n_seq * 4 > cm_vk_max_range(g)))
+        gm->n_seq--;
     gm->slot_stride = (uint32_t)slot;
     int rc = 0;
     if (o >= (1ull << 32) || o * 4 > cm_vk_max_range(g) || slot * 4 > cm_vk_max_range(g) || slot >= (1ull << 32))
@@ -288,14 +295,19 @@ static void mm(cm_gpu_model *gm, cm_vk_set *s, const wt *w, uint32_t x_off, uint
         ldx = w->K / 32 * 9;
     }
     const uint32_t p[9] = {w->K, w->rows, (uint32_t)n, w->off, x_off, ldx, y_off, ldy, add};
-    const enum cm_vk_pipe pp = w->type == CM_TYPE_F32 ? VKP_MM_F32 : w->type == CM_TYPE_F16 ? VKP_MM_F16
-                               : w->type == CM_TYPE_Q8_0 ? VKP_MM_Q8_0 : VKP_MM_Q4_0;
+    const enum cm_vk_pipe pp = w->type == CM_TYPE_F32    ? VKP_MM_F32
+                               : w->type == CM_TYPE_F16  ? VKP_MM_F16
+                               : w->type == CM_TYPE_Q8_0 ? VKP_MM_Q8_0
+                                                         : VKP_MM_Q4_0;
     cm_vk_dispatch(gm->g, pp, s, p, sizeof p, w->rows, (uint32_t)(n + 7) / 8);
 }
 
 static void rmsnorm(cm_gpu *g, cm_vk_set *s, uint32_t n, uint32_t x_off, uint32_t y_off, uint32_t w_off, float eps,
                     int rows) {
-    struct { uint32_t n, x_off, ldx, y_off, ldy, w_off; float eps; } p = {n, x_off, n, y_off, n, w_off, eps};
+    struct {
+        uint32_t n, x_off, ldx, y_off, ldy, w_off;
+        float eps;
+    } p = {n, x_off, n, y_off, n, w_off, eps};
     cm_vk_dispatch(g, VKP_RMSNORM, s, &p, sizeof p, (uint32_t)rows, 1);
 }
 
@@ -333,14 +345,26 @@ static void record_layer(cm_gpu_model *gm, int il, int n, bool f16) {
     rope(g, s, (uint32_t)gm->n_rot, (uint32_t)gm->D, (uint32_t)gm->nq, n, gm->o_q, QD, gm->o_rope, neox);
     rope(g, s, (uint32_t)gm->n_rot, (uint32_t)gm->D, (uint32_t)gm->nkv, n, ko, KD, gm->o_rope, neox);
     const uint32_t layer_base = 0; /* the layer's own buffer */
-    const uint32_t pk[11] = {(uint32_t)gm->D, (uint32_t)gm->nkv, (uint32_t)n, (uint32_t)gm->ctx, ko, vo, gm->o_meta,
-                             (uint32_t)gm->B, layer_base, gm->slot_stride, f16};
+    const uint32_t pk[11] = {(uint32_t)gm->D, (uint32_t)gm->nkv, (uint32_t)n, (uint32_t)gm->ctx, ko, vo,
+                             gm->o_meta,      (uint32_t)gm->B,   layer_base,  gm->slot_stride,   f16};
     cm_vk_dispatch(g, VKP_KVSTORE, s, pk, sizeof pk, ((uint32_t)n * KD + 63) / 64, 1);
     struct {
         uint32_t D, nq, rep, nkv, ctx, ldq, q_off, o_off, sc_off, meta_off, B, layer_base, slot_stride, f16;
         float scale;
-    } pa = {(uint32_t)gm->D, (uint32_t)gm->nq, (uint32_t)(gm->nq / gm->nkv), (uint32_t)gm->nkv, (uint32_t)gm->ctx, QD,
-            gm->o_q, gm->o_att, gm->o_sc, gm->o_meta, (uint32_t)gm->B, layer_base, gm->slot_stride, f16,
+    } pa = {(uint32_t)gm->D,
+            (uint32_t)gm->nq,
+            (uint32_t)(gm->nq / gm->nkv),
+            (uint32_t)gm->nkv,
+            (uint32_t)gm->ctx,
+            QD,
+            gm->o_q,
+            gm->o_att,
+            gm->o_sc,
+            gm->o_meta,
+            (uint32_t)gm->B,
+            layer_base,
+            gm->slot_stride,
+            f16,
             1.0f / sqrtf((float)gm->D)};
     cm_vk_dispatch(g, VKP_ATTN, s, &pa, sizeof pa, (uint32_t)gm->nq, (uint32_t)n);
     gm->q8_src = UINT32_MAX;
@@ -410,8 +434,7 @@ static int refill(cm_gpu_model *gm, int s, const cm_kv *kv, int n, char *err, si
             for (int hk = 0; hk < gm->nkv; hk++) {
                 if (n == 0) continue;
                 for (int p = 0; p < n; p++) kv_read(kv, gm->l0 + il, hk, kind, p, gm->tmp + (size_t)p * D);
-                const uint64_t off = (uint64_t)s * gm->slot_stride +
-                                     ((uint64_t)kind * gm->nkv + hk) * gm->ctx * D;
+                const uint64_t off = (uint64_t)s * gm->slot_stride + ((uint64_t)kind * gm->nkv + hk) * gm->ctx * D;
                 int rc = cm_vk_upload(gm->g, gm->L[il].kv, off * 4, gm->tmp, (uint64_t)n * D * 4, err, errlen);
                 if (rc) return rc;
             }
@@ -455,8 +478,9 @@ int cm_gpu_offload(void *gm, const cm_batch *b, const cm_forward_args *a, float 
 
 int cm_gpu_forward_layers(cm_gpu_model *gm, const cm_batch *b, const cm_forward_args *a, float *x, const float *rope_c,
                           char *err, size_t errlen) {
-    if (!gm || gm->nl == 0 || a->layer_first != gm->l0 || a->layer_last < gm->l0 + gm->nl || a->allreduce || b->n > gm->B || a->experts.ep ||
-        a->slice.h0 != 0 || a->slice.h1 != gm->nkv || a->slice.f0 != 0 || a->slice.f1 != gm->F)
+    if (!gm || gm->nl == 0 || a->layer_first != gm->l0 || a->layer_last < gm->l0 + gm->nl || a->allreduce ||
+        b->n > gm->B || a->experts.ep || a->slice.h0 != 0 || a->slice.h1 != gm->nkv || a->slice.f0 != 0 ||
+        a->slice.f1 != gm->F)
         return 0;
     cm_vk_lock(gm->g);
     float *io = cm_vk_buf_map(gm->io);

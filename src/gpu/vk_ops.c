@@ -76,8 +76,10 @@ int cm_gpu_test_matmul(cm_gpu *g, const cm_tensor *W, const float *x, int n_tok,
         const uint32_t yo = (uint32_t)n_tok * K, qo = yo + (uint32_t)n_tok * R;
         const uint32_t pq[5] = {K, (uint32_t)n_tok, 0, K, qo};
         const uint32_t pm[9] = {K, R, (uint32_t)n_tok, 0, q ? qo : 0, q ? nb * 9 : K, yo, R, 0};
-        const enum cm_vk_pipe pp[2] = {VKP_Q8ACT, W->type == CM_TYPE_F32 ? VKP_MM_F32 : W->type == CM_TYPE_F16 ? VKP_MM_F16
-                                                  : W->type == CM_TYPE_Q8_0 ? VKP_MM_Q8_0 : VKP_MM_Q4_0};
+        const enum cm_vk_pipe pp[2] = {VKP_Q8ACT, W->type == CM_TYPE_F32    ? VKP_MM_F32
+                                                  : W->type == CM_TYPE_F16  ? VKP_MM_F16
+                                                  : W->type == CM_TYPE_Q8_0 ? VKP_MM_Q8_0
+                                                                            : VKP_MM_Q4_0};
         const void *push[2] = {pq, pm};
         const uint32_t pb[2] = {sizeof pq, sizeof pm}, gx[2] = {((uint32_t)n_tok * nb + 63) / 64, R},
                        gy[2] = {1, ((uint32_t)n_tok + 7) / 8};
@@ -100,8 +102,10 @@ int cm_gpu_test_rmsnorm(cm_gpu *g, const float *x, const float *w, int n, int ro
     scratch s;
     int rc = scratch_new(g, &s, w, (uint64_t)n * 4, a, words, err, errlen);
     if (!rc) {
-        struct { uint32_t n, x_off, ldx, y_off, ldy, w_off; float eps; } p = {(uint32_t)n, 0, (uint32_t)n,
-                                                                              (uint32_t)(n * rows), (uint32_t)n, 0, eps};
+        struct {
+            uint32_t n, x_off, ldx, y_off, ldy, w_off;
+            float eps;
+        } p = {(uint32_t)n, 0, (uint32_t)n, (uint32_t)(n * rows), (uint32_t)n, 0, eps};
         rc = run_one(g, &s, VKP_RMSNORM, &p, sizeof p, (uint32_t)rows, 1, a, words, err, errlen);
         scratch_free(g, &s);
         if (!rc) memcpy(y, a + (size_t)n * rows, (size_t)n * rows * sizeof(float));
@@ -120,8 +124,8 @@ int cm_gpu_test_rope(cm_gpu *g, float *x, const float *cache, int n_rot, int D, 
     scratch s;
     int rc = scratch_new(g, &s, NULL, 0, a, words, err, errlen);
     if (!rc) {
-        const uint32_t p[8] = {(uint32_t)n_rot, (uint32_t)D, (uint32_t)nh, (uint32_t)n_tok, 0, (uint32_t)(nh * D),
-                               (uint32_t)nx, neox};
+        const uint32_t p[8] = {(uint32_t)n_rot,    (uint32_t)D,  (uint32_t)nh, (uint32_t)n_tok, 0,
+                               (uint32_t)(nh * D), (uint32_t)nx, neox};
         rc = run_one(g, &s, VKP_ROPE, p, sizeof p, ((uint32_t)(n_tok * nh * (n_rot / 2)) + 63) / 64, 1, a, words, err,
                      errlen);
         scratch_free(g, &s);

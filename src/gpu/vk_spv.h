@@ -9,9 +9,9 @@
 #include <stddef.h>
 
 typedef struct cm_vk_spv {
-    const char *name;          /* "mm_q4_0", "rmsnorm", ... */
-    const unsigned int *code;  /* SPIR-V words */
-    size_t size;               /* bytes */
+    const char *name;         /* "mm_q4_0", "rmsnorm", ... */
+    const unsigned int *code; /* SPIR-V words */
+    size_t size;              /* bytes */
 } cm_vk_spv;
 
 extern const cm_vk_spv cm_vk_spvs[]; /* ends with a NULL name */

@@ -28,9 +28,15 @@ static int utf8_len(const unsigned char *p, size_t n) {
     int len;
     unsigned lo = 0x80, hi = 0xBF;
     if (c >= 0xC2 && c <= 0xDF) len = 2;
-    else if (c >= 0xE0 && c <= 0xEF) { len = 3; if (c == 0xE0) lo = 0xA0; if (c == 0xED) hi = 0x9F; }
-    else if (c >= 0xF0 && c <= 0xF4) { len = 4; if (c == 0xF0) lo = 0x90; if (c == 0xF4) hi = 0x8F; }
-    else return 0;
+    else if (c >= 0xE0 && c <= 0xEF) {
+        len = 3;
+        if (c == 0xE0) lo = 0xA0;
+        if (c == 0xED) hi = 0x9F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+        len = 4;
+        if (c == 0xF0) lo = 0x90;
+        if (c == 0xF4) hi = 0x8F;
+    } else return 0;
     if ((size_t)len > n) return 0;
     if (p[1] < lo || p[1] > hi) return 0;
     for (int i = 2; i < len; i++)
@@ -44,10 +50,18 @@ void cm_json_str(cm_buf *b, const char *s, size_t n) {
     size_t i = 0, run = 0; /* bytes [i - run, i) are plain and not yet copied */
     while (i < n) {
         unsigned c = p[i];
-        if (c >= 0x20 && c < 0x80 && c != '"' && c != '\\') { i++; run++; continue; }
+        if (c >= 0x20 && c < 0x80 && c != '"' && c != '\\') {
+            i++;
+            run++;
+            continue;
+        }
         if (c >= 0x80) {
             int l = utf8_len(p + i, n - i);
-            if (l) { i += (size_t)l; run += (size_t)l; continue; }
+            if (l) {
+                i += (size_t)l;
+                run += (size_t)l;
+                continue;
+            }
         }
         cm_buf_append(b, s + i - run, run);
         run = 0;
@@ -73,8 +87,8 @@ static void json_num(cm_buf *b, double v) {
 
 /* ---- errors ---- */
 
-void cm_api_error_set(api_error *e, int status, const char *type, const char *param, const char *code,
-                   const char *fmt, ...) {
+void cm_api_error_set(api_error *e, int status, const char *type, const char *param, const char *code, const char *fmt,
+                      ...) {
     e->status = status;
     e->type = type;
     snprintf(e->param, sizeof e->param, "%s", param ? param : "");
@@ -101,8 +115,11 @@ void cm_api_error_json(cm_buf *out, const api_error *e) {
 
 /* ---- request parsing ---- */
 
-#define BAD(param, ...) \
-    do { cm_api_error_set(ae, 400, "invalid_request_error", param, NULL, __VA_ARGS__); goto fail; } while (0)
+#define BAD(param, ...)                                                               \
+    do {                                                                              \
+        cm_api_error_set(ae, 400, "invalid_request_error", param, NULL, __VA_ARGS__); \
+        goto fail;                                                                    \
+    } while (0)
 
 static bool is_null(const cJSON *x) { return !x || cJSON_IsNull(x); }
 
@@ -112,7 +129,7 @@ static bool get_num(const cJSON *o, const char *key, double lo, double hi, doubl
     if (is_null(x)) return true;
     if (!cJSON_IsNumber(x) || !isfinite(x->valuedouble) || x->valuedouble < lo || x->valuedouble > hi) {
         cm_api_error_set(ae, 400, "invalid_request_error", key, NULL, "'%s' must be a number from %g to %g", key, lo,
-                      hi);
+                         hi);
         return false;
     }
     *out = x->valuedouble;
@@ -123,8 +140,8 @@ static bool get_int(const cJSON *o, const char *key, double lo, double hi, long 
     const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, key);
     if (is_null(x)) return true;
     if (!cJSON_IsNumber(x) || x->valuedouble != floor(x->valuedouble) || x->valuedouble < lo || x->valuedouble > hi) {
-        cm_api_error_set(ae, 400, "invalid_request_error", key, NULL, "'%s' must be an integer from %.0f to %.0f", key, lo,
-                      hi);
+        cm_api_error_set(ae, 400, "invalid_request_error", key, NULL, "'%s' must be an integer from %.0f to %.0f", key,
+                         lo, hi);
         return false;
     }
     *out = (long long)x->valuedouble;
@@ -145,12 +162,15 @@ static bool get_bool(const cJSON *o, const char *key, bool *out, api_error *ae) 
 /* Message content: a string, or an array of {"type":"text","text":...} parts. */
 static bool content_text(const cJSON *c, cm_buf *out, int i, api_error *ae) {
     if (is_null(c)) return true;
-    if (cJSON_IsString(c)) { cm_buf_puts(out, c->valuestring); return true; }
+    if (cJSON_IsString(c)) {
+        cm_buf_puts(out, c->valuestring);
+        return true;
+    }
     char param[64];
     snprintf(param, sizeof param, "messages[%d].content", i);
     if (!cJSON_IsArray(c)) {
-        cm_api_error_set(ae, 400, "invalid_request_error", param, NULL, "'%s' must be a string or an array of text parts",
-                      param);
+        cm_api_error_set(ae, 400, "invalid_request_error", param, NULL,
+                         "'%s' must be a string or an array of text parts", param);
         return false;
     }
     const cJSON *part;
@@ -159,7 +179,7 @@ static bool content_text(const cJSON *c, cm_buf *out, int i, api_error *ae) {
         const cJSON *x = cJSON_GetObjectItemCaseSensitive(part, "text");
         if (!cJSON_IsString(t) || strcmp(t->valuestring, "text") || !cJSON_IsString(x)) {
             cm_api_error_set(ae, 400, "invalid_request_error", param, NULL,
-                          "'%s': only parts of type 'text' are supported (this model reads text only)", param);
+                             "'%s': only parts of type 'text' are supported (this model reads text only)", param);
             return false;
         }
         cm_buf_puts(out, x->valuestring);
@@ -171,7 +191,7 @@ static int chat_prompt(cm_http_server *srv, const cJSON *root, cm_buf *text, api
     const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(root, "messages");
     if (!cJSON_IsArray(msgs) || cJSON_GetArraySize(msgs) < 1) {
         cm_api_error_set(ae, 400, "invalid_request_error", "messages", NULL,
-                      "'messages' is required: a non-empty array of {role, content}");
+                         "'messages' is required: a non-empty array of {role, content}");
         return -1;
     }
     int n = cJSON_GetArraySize(msgs);
@@ -182,7 +202,10 @@ static int chat_prompt(cm_http_server *srv, const cJSON *root, cm_buf *text, api
     cm_chat_msg *m = cm_calloc((size_t)n, sizeof *m);
     cm_buf *parts = cm_calloc((size_t)n, sizeof *parts);
     int rc = -1;
-    if (!m || !parts) { cm_api_error_set(ae, 503, "server_error", NULL, NULL, "out of memory"); goto out; }
+    if (!m || !parts) {
+        cm_api_error_set(ae, 503, "server_error", NULL, NULL, "out of memory");
+        goto out;
+    }
     int i = 0;
     const cJSON *msg;
     cJSON_ArrayForEach(msg, msgs) {
@@ -197,7 +220,7 @@ static int chat_prompt(cm_http_server *srv, const cJSON *root, cm_buf *text, api
         if (!strcmp(r, "developer")) r = "system";
         if (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant")) {
             cm_api_error_set(ae, 400, "invalid_request_error", param, NULL,
-                          "'%s' must be system, developer, user or assistant (tools are not supported)", param);
+                             "'%s' must be system, developer, user or assistant (tools are not supported)", param);
             goto out;
         }
         cm_buf_init(&parts[i]);
@@ -208,7 +231,8 @@ static int chat_prompt(cm_http_server *srv, const cJSON *root, cm_buf *text, api
         i++;
     }
     char err[256];
-    if (cm_engine_chat_render(cm_http_engine(srv), cm_http_chat_template(srv), m, (size_t)n, true, text, err, sizeof err)) {
+    if (cm_engine_chat_render(cm_http_engine(srv), cm_http_chat_template(srv), m, (size_t)n, true, text, err,
+                              sizeof err)) {
         cm_api_error_set(ae, 400, "invalid_request_error", "messages", NULL, "%s", err);
         goto out;
     }
@@ -226,13 +250,19 @@ static int tokenize(cm_http_server *srv, const char *text, size_t len, bool spec
     int cap = (int)CM_MIN(len + 8, (size_t)cm_http_n_ctx(srv) + 8);
     for (;;) {
         j->ids = cm_malloc((size_t)cap * sizeof *j->ids);
-        if (!j->ids) { cm_api_error_set(ae, 503, "server_error", NULL, NULL, "out of memory"); return -1; }
+        if (!j->ids) {
+            cm_api_error_set(ae, 503, "server_error", NULL, NULL, "out of memory");
+            return -1;
+        }
         int n = cm_engine_tokenize(e, text, len, true, special, j->ids, cap, err, sizeof err);
         if (n < 0) {
             cm_api_error_set(ae, 400, "invalid_request_error", j->chat ? "messages" : "prompt", NULL, "%s", err);
             return -1;
         }
-        if (n <= cap) { j->n_ids = n; return 0; }
+        if (n <= cap) {
+            j->n_ids = n;
+            return 0;
+        }
         cm_free(j->ids);
         j->ids = NULL;
         cap = n;
@@ -249,13 +279,16 @@ static int completion_prompt(cm_http_server *srv, const cJSON *root, job *j, api
         cm_engine_get_info(cm_http_engine(srv), &info);
         int n = cJSON_GetArraySize(p);
         j->ids = cm_malloc((size_t)n * sizeof *j->ids);
-        if (!j->ids) { cm_api_error_set(ae, 503, "server_error", NULL, NULL, "out of memory"); return -1; }
+        if (!j->ids) {
+            cm_api_error_set(ae, 503, "server_error", NULL, NULL, "out of memory");
+            return -1;
+        }
         const cJSON *x;
         cJSON_ArrayForEach(x, p) {
             if (!cJSON_IsNumber(x) || x->valuedouble != floor(x->valuedouble) || x->valuedouble < 0 ||
                 x->valuedouble >= info.n_vocab) {
                 cm_api_error_set(ae, 400, "invalid_request_error", "prompt", NULL,
-                              "'prompt' token ids must be integers from 0 to %d", info.n_vocab - 1);
+                                 "'prompt' token ids must be integers from 0 to %d", info.n_vocab - 1);
                 return -1;
             }
             j->ids[j->n_ids++] = (int32_t)x->valuedouble;
@@ -263,7 +296,7 @@ static int completion_prompt(cm_http_server *srv, const cJSON *root, job *j, api
         return 0;
     }
     cm_api_error_set(ae, 400, "invalid_request_error", "prompt", NULL,
-                  "'prompt' is required: a string, an array of one string, or an array of token ids");
+                     "'prompt' is required: a string, an array of one string, or an array of token ids");
     return -1;
 }
 
@@ -274,7 +307,8 @@ int cm_api_apply_template(cm_http_server *srv, const char *body, size_t n, cm_bu
     cm_buf_init(&text);
     int rc = -1;
     if (!j) cm_api_error_set(ae, 503, "server_error", NULL, NULL, "out of memory");
-    else if (!cJSON_IsObject(root)) cm_api_error_set(ae, 400, "invalid_request_error", NULL, NULL, "the body must be a JSON object");
+    else if (!cJSON_IsObject(root))
+        cm_api_error_set(ae, 400, "invalid_request_error", NULL, NULL, "the body must be a JSON object");
     else rc = cm_tools_wanted(root) ? cm_tools_prompt(srv, root, j, &text, ae) : chat_prompt(srv, root, &text, ae);
     if (!rc) {
         cm_buf_puts(out, "{\"prompt\":");
@@ -300,8 +334,8 @@ int cm_api_parse_request(cm_http_server *srv, bool chat, const char *body, size_
     if (!is_null(model) && !cJSON_IsString(model)) BAD("model", "'model' must be a string");
     if (cJSON_IsString(model) && strcmp(model->valuestring, cm_http_model_id(srv))) {
         cm_api_error_set(ae, 404, "invalid_request_error", "model", "model_not_found",
-                      "The model '%.200s' does not exist; this server serves '%.200s'", model->valuestring,
-                      cm_http_model_id(srv));
+                         "The model '%.200s' does not exist; this server serves '%.200s'", model->valuestring,
+                         cm_http_model_id(srv));
         goto fail;
     }
     long long nn = 1;
@@ -313,13 +347,17 @@ int cm_api_parse_request(cm_http_server *srv, bool chat, const char *body, size_
     if (!is_null(so)) {
         if (!cJSON_IsObject(so)) BAD("stream_options", "'stream_options' must be an object");
         if (!stream) BAD("stream_options", "'stream_options' is only allowed when 'stream' is true");
-        if (!get_bool(so, "include_usage", &usage, ae)) { snprintf(ae->param, sizeof ae->param, "stream_options.include_usage"); goto fail; }
+        if (!get_bool(so, "include_usage", &usage, ae)) {
+            snprintf(ae->param, sizeof ae->param, "stream_options.include_usage");
+            goto fail;
+        }
     }
     j->stream = stream;
     j->include_usage = usage;
     if (cm_api_response_format(root, j, ae)) goto fail; /* api_tools.c: a grammar for JSON output */
     const cJSON *tools = cJSON_GetObjectItemCaseSensitive(root, "tools");
-    if (!chat && cJSON_IsArray(tools) && cJSON_GetArraySize(tools) > 0) BAD("tools", "'tools' is for /v1/chat/completions");
+    if (!chat && cJSON_IsArray(tools) && cJSON_GetArraySize(tools) > 0)
+        BAD("tools", "'tools' is for /v1/chat/completions");
 
     cm_gen_params *gp = &j->gp;
     cm_gen_params_default(gp);
@@ -329,12 +367,24 @@ int cm_api_parse_request(cm_http_server *srv, bool chat, const char *body, size_
     if (!get_int(root, "max_completion_tokens", 1, 1 << 30, &mt, ae)) goto fail;
     cm_sampler_params *sp = &gp->sampling;
     double v;
-    v = sp->temperature; if (!get_num(root, "temperature", 0, 2, &v, ae)) goto fail; sp->temperature = (float)v;
-    v = sp->top_p; if (!get_num(root, "top_p", 0, 1, &v, ae)) goto fail; sp->top_p = (float)v;
-    v = sp->min_p; if (!get_num(root, "min_p", 0, 1, &v, ae)) goto fail; sp->min_p = (float)v;
-    v = sp->presence_penalty; if (!get_num(root, "presence_penalty", -2, 2, &v, ae)) goto fail; sp->presence_penalty = (float)v;
-    v = sp->frequency_penalty; if (!get_num(root, "frequency_penalty", -2, 2, &v, ae)) goto fail; sp->frequency_penalty = (float)v;
-    v = sp->repeat_penalty; if (!get_num(root, "repeat_penalty", 0.01, 10, &v, ae)) goto fail; sp->repeat_penalty = (float)v;
+    v = sp->temperature;
+    if (!get_num(root, "temperature", 0, 2, &v, ae)) goto fail;
+    sp->temperature = (float)v;
+    v = sp->top_p;
+    if (!get_num(root, "top_p", 0, 1, &v, ae)) goto fail;
+    sp->top_p = (float)v;
+    v = sp->min_p;
+    if (!get_num(root, "min_p", 0, 1, &v, ae)) goto fail;
+    sp->min_p = (float)v;
+    v = sp->presence_penalty;
+    if (!get_num(root, "presence_penalty", -2, 2, &v, ae)) goto fail;
+    sp->presence_penalty = (float)v;
+    v = sp->frequency_penalty;
+    if (!get_num(root, "frequency_penalty", -2, 2, &v, ae)) goto fail;
+    sp->frequency_penalty = (float)v;
+    v = sp->repeat_penalty;
+    if (!get_num(root, "repeat_penalty", 0.01, 10, &v, ae)) goto fail;
+    sp->repeat_penalty = (float)v;
     long long k = sp->top_k;
     if (!get_int(root, "top_k", 0, 1 << 30, &k, ae)) goto fail;
     sp->top_k = (int32_t)k;
@@ -379,7 +429,8 @@ int cm_api_parse_request(cm_http_server *srv, bool chat, const char *body, size_
     if (cm_sampler_params_check(sp, err, sizeof err)) BAD(NULL, "%s", err);
     /* the prompt */
     if (chat) {
-        if (cm_tools_wanted(root) ? cm_tools_prompt(srv, root, j, &text, ae) : chat_prompt(srv, root, &text, ae)) goto fail;
+        if (cm_tools_wanted(root) ? cm_tools_prompt(srv, root, j, &text, ae) : chat_prompt(srv, root, &text, ae))
+            goto fail;
         /* gpt-oss's harmony prompt (the only one ending so): return the final channel */
         static const char harmony_open[] = "<|start|>assistant";
         const size_t hl = sizeof harmony_open - 1;
@@ -394,15 +445,15 @@ int cm_api_parse_request(cm_http_server *srv, bool chat, const char *body, size_
     int n_ctx = cm_http_n_ctx(srv);
     if (j->n_ids >= n_ctx) {
         cm_api_error_set(ae, 400, "invalid_request_error", what, "context_length_exceeded",
-                      "This model's maximum context length is %d tokens. However, your %s resulted in %d tokens.",
-                      n_ctx, what, j->n_ids);
+                         "This model's maximum context length is %d tokens. However, your %s resulted in %d tokens.",
+                         n_ctx, what, j->n_ids);
         goto fail;
     }
     if (mt > 0 && j->n_ids + mt > n_ctx) {
         cm_api_error_set(ae, 400, "invalid_request_error", "max_tokens", "context_length_exceeded",
-                      "This model's maximum context length is %d tokens. However, you requested %lld tokens (%d in "
-                      "the %s, %lld in the completion).",
-                      n_ctx, j->n_ids + mt, j->n_ids, what, mt);
+                         "This model's maximum context length is %d tokens. However, you requested %lld tokens (%d in "
+                         "the %s, %lld in the completion).",
+                         n_ctx, j->n_ids + mt, j->n_ids, what, mt);
         goto fail;
     }
     gp->n_predict = mt > 0 ? (int)mt : -1;
@@ -443,7 +494,10 @@ static void lp_token_fields(cm_buf *b, job *j, int32_t id, float lp) {
 /* logprobs of tokens [from, to): chat's {"content":[...]} or the legacy
  * completions {"tokens","token_logprobs","top_logprobs","text_offset"}. */
 static void lp_json(cm_buf *b, job *j, int from, int to) {
-    if (j->logprobs < 0) { cm_buf_puts(b, "null"); return; }
+    if (j->logprobs < 0) {
+        cm_buf_puts(b, "null");
+        return;
+    }
     if (j->chat) {
         cm_buf_puts(b, "{\"content\":[");
         for (int i = from; i < to; i++) {
@@ -494,8 +548,8 @@ static void lp_json(cm_buf *b, job *j, int from, int to) {
 static void chunk_head(cm_buf *b, job *j) {
     cm_buf_puts(b, "data: {\"id\":");
     json_cstr(b, j->id);
-    cm_buf_printf(b, ",\"object\":\"%s\",\"created\":%lld,\"model\":", j->chat ? "chat.completion.chunk" : "text_completion",
-                  j->created);
+    cm_buf_printf(b, ",\"object\":\"%s\",\"created\":%lld,\"model\":",
+                  j->chat ? "chat.completion.chunk" : "text_completion", j->created);
     json_cstr(b, cm_http_model_id(j->srv));
     cm_buf_puts(b, ",\"system_fingerprint\":\"cumulo\",\"choices\":[");
 }
@@ -507,7 +561,10 @@ static void chunk(job *j, const char *text, size_t len, bool role, const char *f
     if (j->chat) {
         cm_buf_puts(b, "\"delta\":{");
         if (role) cm_buf_puts(b, "\"role\":\"assistant\",\"content\":\"\"");
-        else if (!finish) { cm_buf_puts(b, "\"content\":"); cm_json_str(b, text, len); }
+        else if (!finish) {
+            cm_buf_puts(b, "\"content\":");
+            cm_json_str(b, text, len);
+        }
         cm_buf_puts(b, "},");
     } else {
         cm_buf_puts(b, "\"text\":");
@@ -530,13 +587,22 @@ static void chunk(job *j, const char *text, size_t len, bool role, const char *f
 }
 
 void cm_api_stream_delta(job *j, const char *text, size_t len) {
-    if (j->api == CM_API_ANTHROPIC) { cm_anth_stream_delta(j, text, len); return; }
-    if (j->tools) { cm_buf_append(&j->text, text, len); return; } /* calls are known at the end */
+    if (j->api == CM_API_ANTHROPIC) {
+        cm_anth_stream_delta(j, text, len);
+        return;
+    }
+    if (j->tools) {
+        cm_buf_append(&j->text, text, len);
+        return;
+    } /* calls are known at the end */
     chunk(j, text, len, false, NULL);
 }
 
 void cm_api_stream_role(job *j) {
-    if (j->api == CM_API_ANTHROPIC) { cm_anth_stream_start(j); return; }
+    if (j->api == CM_API_ANTHROPIC) {
+        cm_anth_stream_start(j);
+        return;
+    }
     if (j->chat) chunk(j, "", 0, true, NULL);
 }
 
@@ -546,8 +612,14 @@ static void usage_json(cm_buf *b, job *j) {
 }
 
 void cm_api_stream_end(job *j) {
-    if (j->api == CM_API_ANTHROPIC) { cm_anth_stream_end(j); return; }
-    if (j->tools) { cm_tools_stream_end(j); return; }
+    if (j->api == CM_API_ANTHROPIC) {
+        cm_anth_stream_end(j);
+        return;
+    }
+    if (j->tools) {
+        cm_tools_stream_end(j);
+        return;
+    }
     cm_buf *b = &j->sse;
     if (j->http_status) {
         api_error e;
@@ -594,7 +666,10 @@ char *cm_api_final_json(job *j) {
     usage_json(&b, j);
     cm_buf_puts(&b, "}");
     cm_buf_append(&b, "", 1);
-    if (b.oom) { cm_buf_release(&b); return NULL; }
+    if (b.oom) {
+        cm_buf_release(&b);
+        return NULL;
+    }
     return b.data;
 }
 

@@ -30,7 +30,10 @@
 
 static const char *anth_error_type(int status) {
     switch (status) {
-    case 400: case 405: case 408: case 431: return "invalid_request_error";
+    case 400:
+    case 405:
+    case 408:
+    case 431: return "invalid_request_error";
     case 401: return "authentication_error";
     case 403: return "permission_error";
     case 404: return "not_found_error";
@@ -49,8 +52,11 @@ void cm_anth_error_json(cm_buf *out, const api_error *e) {
 
 /* ---- request parsing ---- */
 
-#define BAD(param, ...) \
-    do { cm_api_error_set(ae, 400, "invalid_request_error", param, NULL, __VA_ARGS__); goto fail; } while (0)
+#define BAD(param, ...)                                                               \
+    do {                                                                              \
+        cm_api_error_set(ae, 400, "invalid_request_error", param, NULL, __VA_ARGS__); \
+        goto fail;                                                                    \
+    } while (0)
 
 static bool is_null(const cJSON *x) { return !x || cJSON_IsNull(x); }
 
@@ -59,7 +65,8 @@ static bool get_num(const cJSON *o, const char *key, double lo, double hi, doubl
     const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, key);
     if (is_null(x)) return true;
     if (!cJSON_IsNumber(x) || !isfinite(x->valuedouble) || x->valuedouble < lo || x->valuedouble > hi) {
-        cm_api_error_set(ae, 400, "invalid_request_error", key, NULL, "%s: must be a number from %g to %g", key, lo, hi);
+        cm_api_error_set(ae, 400, "invalid_request_error", key, NULL, "%s: must be a number from %g to %g", key, lo,
+                         hi);
         return false;
     }
     *out = x->valuedouble;
@@ -81,7 +88,10 @@ static bool get_int(const cJSON *o, const char *key, double lo, double hi, long 
 /* Text of a `system` value or of a message's `content`: a string, or an
  * array of {"type":"text","text":...} blocks (joined as they are). */
 static bool blocks_text(const cJSON *c, const char *what, cm_buf *out, api_error *ae) {
-    if (cJSON_IsString(c)) { cm_buf_puts(out, c->valuestring); return true; }
+    if (cJSON_IsString(c)) {
+        cm_buf_puts(out, c->valuestring);
+        return true;
+    }
     if (!cJSON_IsArray(c)) {
         cm_api_error_set(ae, 400, "invalid_request_error", what, NULL,
                          "%s: must be a string or an array of content blocks", what);
@@ -124,17 +134,24 @@ static int anth_prompt(cm_http_server *srv, const cJSON *root, cm_buf *text, api
     }
     int n = cJSON_GetArraySize(msgs);
     if (n > 4096) {
-        cm_api_error_set(ae, 400, "invalid_request_error", "messages", NULL, "messages: too many (%d; at most 4096)", n);
+        cm_api_error_set(ae, 400, "invalid_request_error", "messages", NULL, "messages: too many (%d; at most 4096)",
+                         n);
         return -1;
     }
     cm_chat_msg *m = cm_calloc((size_t)n + 1, sizeof *m);
     cm_buf *parts = cm_calloc((size_t)n + 1, sizeof *parts);
     int rc = -1, nm = 0;
-    if (!m || !parts) { cm_api_error_set(ae, 503, "api_error", NULL, NULL, "out of memory"); goto out; }
+    if (!m || !parts) {
+        cm_api_error_set(ae, 503, "api_error", NULL, NULL, "out of memory");
+        goto out;
+    }
     const cJSON *sys = cJSON_GetObjectItemCaseSensitive(root, "system");
     if (!is_null(sys)) {
         cm_buf_init(&parts[0]);
-        if (!blocks_text(sys, "system", &parts[0], ae)) { nm = 1; goto out; }
+        if (!blocks_text(sys, "system", &parts[0], ae)) {
+            nm = 1;
+            goto out;
+        }
         cm_buf_append(&parts[0], "", 1);
         m[0].role = "system";
         m[0].content = parts[0].data;
@@ -163,7 +180,10 @@ static int anth_prompt(cm_http_server *srv, const cJSON *root, cm_buf *text, api
             goto out;
         }
         cm_buf_init(&parts[nm]);
-        if (!blocks_text(c, param, &parts[nm], ae)) { nm++; goto out; }
+        if (!blocks_text(c, param, &parts[nm], ae)) {
+            nm++;
+            goto out;
+        }
         cm_buf_append(&parts[nm], "", 1);
         m[nm].role = r;
         m[nm].content = parts[nm].data;
@@ -193,13 +213,19 @@ static int anth_tokenize(cm_http_server *srv, const char *text, size_t len, job 
     int cap = (int)CM_MIN(len + 8, (size_t)cm_http_n_ctx(srv) + 8);
     for (;;) {
         j->ids = cm_malloc((size_t)cap * sizeof *j->ids);
-        if (!j->ids) { cm_api_error_set(ae, 503, "api_error", NULL, NULL, "out of memory"); return -1; }
+        if (!j->ids) {
+            cm_api_error_set(ae, 503, "api_error", NULL, NULL, "out of memory");
+            return -1;
+        }
         int n = cm_engine_tokenize(e, text, len, true, true, j->ids, cap, err, sizeof err);
         if (n < 0) {
             cm_api_error_set(ae, 400, "invalid_request_error", "messages", NULL, "messages: %s", err);
             return -1;
         }
-        if (n <= cap) { j->n_ids = n; return 0; }
+        if (n <= cap) {
+            j->n_ids = n;
+            return 0;
+        }
         cm_free(j->ids);
         j->ids = NULL;
         cap = n;
@@ -235,8 +261,12 @@ int cm_anth_parse_request(cm_http_server *srv, const char *body, size_t n, job *
     cm_gen_params_default(gp);
     cm_sampler_params *sp = &gp->sampling;
     double v;
-    v = sp->temperature; if (!get_num(root, "temperature", 0, 1, &v, ae)) goto fail; sp->temperature = (float)v;
-    v = sp->top_p; if (!get_num(root, "top_p", 0, 1, &v, ae)) goto fail; sp->top_p = (float)v;
+    v = sp->temperature;
+    if (!get_num(root, "temperature", 0, 1, &v, ae)) goto fail;
+    sp->temperature = (float)v;
+    v = sp->top_p;
+    if (!get_num(root, "top_p", 0, 1, &v, ae)) goto fail;
+    sp->top_p = (float)v;
     long long k = sp->top_k;
     if (!get_int(root, "top_k", 0, 1 << 30, &k, ae)) goto fail;
     sp->top_k = (int32_t)k;
@@ -246,7 +276,10 @@ int cm_anth_parse_request(cm_http_server *srv, const char *body, size_t n, job *
         int ns = cJSON_IsArray(stop) ? cJSON_GetArraySize(stop) : -1;
         if (ns < 0 || ns > 16) BAD("stop_sequences", "stop_sequences: must be an array of at most 16 strings");
         j->stops = cm_calloc((size_t)(ns ? ns : 1), sizeof *j->stops);
-        if (!j->stops) { cm_api_error_set(ae, 503, "api_error", NULL, NULL, "out of memory"); goto fail; }
+        if (!j->stops) {
+            cm_api_error_set(ae, 503, "api_error", NULL, NULL, "out of memory");
+            goto fail;
+        }
         for (int i = 0; i < ns; i++) {
             const cJSON *s = cJSON_GetArrayItem(stop, i);
             if (!cJSON_IsString(s) || strlen(s->valuestring) > 1024)
@@ -265,8 +298,7 @@ int cm_anth_parse_request(cm_http_server *srv, const char *body, size_t n, job *
     if (j->n_ids < 1) BAD("messages", "messages: the prompt is empty");
     int n_ctx = cm_http_n_ctx(srv);
     if (j->n_ids >= n_ctx)
-        BAD("messages", "prompt is too long: %d tokens > %d maximum (the context of this server)", j->n_ids,
-            n_ctx - 1);
+        BAD("messages", "prompt is too long: %d tokens > %d maximum (the context of this server)", j->n_ids, n_ctx - 1);
     gp->n_predict = (int)CM_MIN(mt, (long long)(n_ctx - j->n_ids));
     gp->grammar = j->grammar; /* a forced tool_choice */
     cJSON_Delete(root);
@@ -282,7 +314,8 @@ fail:
 
 static const char *stop_reason(const job *j) {
     switch (j->finish) {
-    case CM_FINISH_LENGTH: case CM_FINISH_CTX: return "max_tokens";
+    case CM_FINISH_LENGTH:
+    case CM_FINISH_CTX: return "max_tokens";
     case CM_FINISH_STOP: return "stop_sequence";
     default: return "end_turn";
     }
@@ -293,8 +326,7 @@ static void stop_sequence_json(cm_buf *b, const job *j) {
     cm_buf_puts(b, "\"stop_sequence\":");
     if (j->finish == CM_FINISH_STOP && j->stop_index >= 0 && j->stop_index < j->n_stops)
         cm_json_str(b, j->stops[j->stop_index], strlen(j->stops[j->stop_index]));
-    else
-        cm_buf_puts(b, "null");
+    else cm_buf_puts(b, "null");
 }
 
 static void event(cm_buf *b, const char *name) { cm_buf_printf(b, "event: %s\ndata: ", name); }
@@ -306,11 +338,14 @@ void cm_anth_stream_start(job *j) {
     cm_json_str(b, j->id, strlen(j->id));
     cm_buf_puts(b, ",\"type\":\"message\",\"role\":\"assistant\",\"content\":[],\"model\":");
     cm_json_str(b, cm_http_model_id(j->srv), strlen(cm_http_model_id(j->srv)));
-    cm_buf_printf(b, ",\"stop_reason\":null,\"stop_sequence\":null,\"usage\":{\"input_tokens\":%d,\"output_tokens\":0}}}\n\n",
-                  j->n_ids);
+    cm_buf_printf(
+        b, ",\"stop_reason\":null,\"stop_sequence\":null,\"usage\":{\"input_tokens\":%d,\"output_tokens\":0}}}\n\n",
+        j->n_ids);
     if (!j->tools) { /* with tools the blocks are known at the end (api_anthropic_tools.c) */
         event(b, "content_block_start");
-        cm_buf_puts(b, "{\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n");
+        cm_buf_puts(
+            b,
+            "{\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n");
     }
     event(b, "ping");
     cm_buf_puts(b, "{\"type\":\"ping\"}\n\n");
@@ -318,7 +353,10 @@ void cm_anth_stream_start(job *j) {
 
 void cm_anth_stream_delta(job *j, const char *text, size_t len) {
     if (!len) return; /* logprobs-only steps have nothing to say here */
-    if (j->tools) { cm_buf_append(&j->text, text, len); return; }
+    if (j->tools) {
+        cm_buf_append(&j->text, text, len);
+        return;
+    }
     cm_buf *b = &j->sse;
     event(b, "content_block_delta");
     cm_buf_puts(b, "{\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":");
@@ -337,7 +375,10 @@ void cm_anth_stream_end(job *j) {
         return;
     }
     if (j->finish == CM_FINISH_CANCEL) return; /* the client is gone */
-    if (j->tools) { cm_anth_tools_stream_end(j); return; }
+    if (j->tools) {
+        cm_anth_tools_stream_end(j);
+        return;
+    }
     event(b, "content_block_stop");
     cm_buf_puts(b, "{\"type\":\"content_block_stop\",\"index\":0}\n\n");
     event(b, "message_delta");
@@ -362,6 +403,9 @@ char *cm_anth_final_json(job *j) {
     stop_sequence_json(&b, j);
     cm_buf_printf(&b, ",\"usage\":{\"input_tokens\":%d,\"output_tokens\":%d}}", j->n_ids, j->n_gen);
     cm_buf_append(&b, "", 1);
-    if (b.oom) { cm_buf_release(&b); return NULL; }
+    if (b.oom) {
+        cm_buf_release(&b);
+        return NULL;
+    }
     return b.data;
 }

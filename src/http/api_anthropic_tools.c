@@ -36,8 +36,11 @@ bool cm_anth_tools_wanted(const void *root_) {
     return false;
 }
 
-#define FAIL(param, ...) \
-    do { cm_api_error_set(ae, 400, "invalid_request_error", param, NULL, __VA_ARGS__); goto out; } while (0)
+#define FAIL(param, ...)                                                              \
+    do {                                                                              \
+        cm_api_error_set(ae, 400, "invalid_request_error", param, NULL, __VA_ARGS__); \
+        goto out;                                                                     \
+    } while (0)
 
 /* Text of a string or of text blocks into a new string item ("" for null). */
 static cJSON *text_of(const cJSON *c) {
@@ -46,9 +49,9 @@ static cJSON *text_of(const cJSON *c) {
     if (cJSON_IsString(c)) cm_buf_puts(&b, c->valuestring);
     const cJSON *x;
     if (cJSON_IsArray(c)) cJSON_ArrayForEach(x, c) {
-        const cJSON *t = cJSON_GetObjectItemCaseSensitive(x, "text");
-        if (cJSON_IsString(t)) cm_buf_puts(&b, t->valuestring);
-    }
+            const cJSON *t = cJSON_GetObjectItemCaseSensitive(x, "text");
+            if (cJSON_IsString(t)) cm_buf_puts(&b, t->valuestring);
+        }
     cm_buf_append(&b, "", 1);
     cJSON *s = cJSON_CreateString(b.data ? b.data : "");
     cm_buf_release(&b);
@@ -62,14 +65,16 @@ int cm_anth_tools_prompt(cm_http_server *srv, const void *root_, job *j, cm_buf 
     char param[64];
     const cJSON *sys = cJSON_GetObjectItemCaseSensitive(root, "system");
     if (sys && !cJSON_IsNull(sys)) {
-        if (!cJSON_IsString(sys) && !cJSON_IsArray(sys)) FAIL("system", "system: must be a string or an array of text blocks");
+        if (!cJSON_IsString(sys) && !cJSON_IsArray(sys))
+            FAIL("system", "system: must be a string or an array of text blocks");
         cJSON *m = cJSON_CreateObject();
         cJSON_AddStringToObject(m, "role", "system");
         cJSON_AddItemToObject(m, "content", text_of(sys));
         cJSON_AddItemToArray(msgs, m);
     }
     const cJSON *in = cJSON_GetObjectItemCaseSensitive(root, "messages"), *msg;
-    if (!cJSON_IsArray(in) || cJSON_GetArraySize(in) < 1) FAIL("messages", "messages: Field required (a non-empty array of {role, content})");
+    if (!cJSON_IsArray(in) || cJSON_GetArraySize(in) < 1)
+        FAIL("messages", "messages: Field required (a non-empty array of {role, content})");
     int i = 0;
     cJSON_ArrayForEach(msg, in) {
         const cJSON *role = cJSON_GetObjectItemCaseSensitive(msg, "role");
@@ -95,14 +100,19 @@ int cm_anth_tools_prompt(cm_http_server *srv, const void *root_, job *j, cm_buf 
                     cm_buf_puts(&tx, cJSON_GetObjectItemCaseSensitive(b, "text")->valuestring);
                 } else if (!strcmp(ty, "tool_result") && user) {
                     const cJSON *id = cJSON_GetObjectItemCaseSensitive(b, "tool_use_id");
-                    if (!cJSON_IsString(id)) { cm_buf_release(&tx); cJSON_Delete(calls); FAIL(param, "%s.tool_use_id: Field required", param); }
+                    if (!cJSON_IsString(id)) {
+                        cm_buf_release(&tx);
+                        cJSON_Delete(calls);
+                        FAIL(param, "%s.tool_use_id: Field required", param);
+                    }
                     cJSON *m = cJSON_CreateObject();
                     cJSON_AddStringToObject(m, "role", "tool");
                     cJSON_AddStringToObject(m, "tool_call_id", id->valuestring);
                     cJSON_AddItemToObject(m, "content", text_of(cJSON_GetObjectItemCaseSensitive(b, "content")));
                     cJSON_AddItemToArray(msgs, m);
                 } else if (!strcmp(ty, "tool_use") && !user) {
-                    const cJSON *id = cJSON_GetObjectItemCaseSensitive(b, "id"), *nm = cJSON_GetObjectItemCaseSensitive(b, "name");
+                    const cJSON *id = cJSON_GetObjectItemCaseSensitive(b, "id"),
+                                *nm = cJSON_GetObjectItemCaseSensitive(b, "name");
                     const cJSON *inp = cJSON_GetObjectItemCaseSensitive(b, "input");
                     if (!cJSON_IsString(id) || !cJSON_IsString(nm) || !cJSON_IsObject(inp)) {
                         cm_buf_release(&tx);
@@ -120,8 +130,10 @@ int cm_anth_tools_prompt(cm_http_server *srv, const void *root_, job *j, cm_buf 
                 } else {
                     cm_buf_release(&tx);
                     cJSON_Delete(calls);
-                    FAIL(param, "%s.type: content blocks of type '%.64s' are not supported here (text, tool_use in "
-                                "assistant turns, tool_result in user turns)", param, ty);
+                    FAIL(param,
+                         "%s.type: content blocks of type '%.64s' are not supported here (text, tool_use in "
+                         "assistant turns, tool_result in user turns)",
+                         param, ty);
                 }
                 k++;
             }
@@ -152,10 +164,14 @@ int cm_anth_tools_prompt(cm_http_server *srv, const void *root_, job *j, cm_buf 
         cJSON *ot = cJSON_AddArrayToObject(o, "tools");
         int k = 0;
         cJSON_ArrayForEach(t, tools) {
-            const cJSON *nm = cJSON_GetObjectItemCaseSensitive(t, "name"), *d = cJSON_GetObjectItemCaseSensitive(t, "description");
-            const cJSON *sc = cJSON_GetObjectItemCaseSensitive(t, "input_schema"), *ty = cJSON_GetObjectItemCaseSensitive(t, "type");
-            if (!cJSON_IsString(nm) || !cJSON_IsObject(sc) || (ty && !(cJSON_IsString(ty) && !strcmp(ty->valuestring, "custom"))))
-                FAIL("tools", "tools.%d: must be {name, description, input_schema} (server tools are not supported)", k);
+            const cJSON *nm = cJSON_GetObjectItemCaseSensitive(t, "name"),
+                        *d = cJSON_GetObjectItemCaseSensitive(t, "description");
+            const cJSON *sc = cJSON_GetObjectItemCaseSensitive(t, "input_schema"),
+                        *ty = cJSON_GetObjectItemCaseSensitive(t, "type");
+            if (!cJSON_IsString(nm) || !cJSON_IsObject(sc) ||
+                (ty && !(cJSON_IsString(ty) && !strcmp(ty->valuestring, "custom"))))
+                FAIL("tools", "tools.%d: must be {name, description, input_schema} (server tools are not supported)",
+                     k);
             cJSON *f = cJSON_CreateObject(), *fn = cJSON_AddObjectToObject(f, "function");
             cJSON_AddStringToObject(f, "type", "function");
             cJSON_AddStringToObject(fn, "name", nm->valuestring);
@@ -167,7 +183,8 @@ int cm_anth_tools_prompt(cm_http_server *srv, const void *root_, job *j, cm_buf 
     }
     const cJSON *tc = cJSON_GetObjectItemCaseSensitive(root, "tool_choice");
     if (tc && !cJSON_IsNull(tc)) {
-        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(tc, "type"), *nm = cJSON_GetObjectItemCaseSensitive(tc, "name");
+        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(tc, "type"),
+                    *nm = cJSON_GetObjectItemCaseSensitive(tc, "name");
         const char *v = cJSON_IsString(ty) ? ty->valuestring : "";
         if (!strcmp(v, "auto") || !strcmp(v, "none")) cJSON_AddStringToObject(o, "tool_choice", v);
         else if (!strcmp(v, "any")) cJSON_AddStringToObject(o, "tool_choice", "required");
@@ -176,7 +193,9 @@ int cm_anth_tools_prompt(cm_http_server *srv, const void *root_, job *j, cm_buf 
             cJSON_AddStringToObject(c, "type", "function");
             cJSON_AddStringToObject(cJSON_AddObjectToObject(c, "function"), "name", nm->valuestring);
         } else {
-            FAIL("tool_choice", "tool_choice: must be {\"type\": \"auto\" | \"any\" | \"none\"} or {\"type\": \"tool\", \"name\": ...}");
+            FAIL(
+                "tool_choice",
+                "tool_choice: must be {\"type\": \"auto\" | \"any\" | \"none\"} or {\"type\": \"tool\", \"name\": ...}");
         }
     }
     rc = cm_tools_prompt(srv, o, j, text, ae);
@@ -190,7 +209,8 @@ out:
 static const char *stop_reason(const job *j, int n_calls) {
     if (n_calls) return "tool_use";
     switch (j->finish) {
-    case CM_FINISH_LENGTH: case CM_FINISH_CTX: return "max_tokens";
+    case CM_FINISH_LENGTH:
+    case CM_FINISH_CTX: return "max_tokens";
     case CM_FINISH_STOP: return "stop_sequence";
     default: return "end_turn";
     }
@@ -221,8 +241,7 @@ static void usage_tail(cm_buf *b, const job *j, const char *reason) {
     cm_buf_printf(b, "\"stop_reason\":\"%s\",\"stop_sequence\":", reason);
     if (j->finish == CM_FINISH_STOP && j->stop_index >= 0 && j->stop_index < j->n_stops)
         cm_json_str(b, j->stops[j->stop_index], strlen(j->stops[j->stop_index]));
-    else
-        cm_buf_puts(b, "null");
+    else cm_buf_puts(b, "null");
 }
 
 char *cm_anth_tools_final_json(job *j) {
@@ -258,7 +277,10 @@ char *cm_anth_tools_final_json(job *j) {
     cm_buf_append(&b, "", 1);
     cJSON_Delete(calls);
     cm_buf_release(&content);
-    if (b.oom) { cm_buf_release(&b); return NULL; }
+    if (b.oom) {
+        cm_buf_release(&b);
+        return NULL;
+    }
     return b.data;
 }
 
@@ -275,10 +297,13 @@ void cm_anth_tools_stream_end(job *j) {
     int n = cJSON_GetArraySize(calls), idx = 0;
     if (content.len || !n) {
         event(b, "content_block_start");
-        cm_buf_puts(b, "{\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n");
+        cm_buf_puts(
+            b,
+            "{\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n");
         if (content.len) {
             event(b, "content_block_delta");
-            cm_buf_puts(b, "{\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":");
+            cm_buf_puts(b,
+                        "{\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":");
             cm_json_str(b, content.data, content.len);
             cm_buf_puts(b, "}}\n\n");
         }
@@ -294,7 +319,10 @@ void cm_anth_tools_stream_end(job *j) {
         use_block(b, j, c, i, false);
         cm_buf_puts(b, "}\n\n");
         event(b, "content_block_delta");
-        cm_buf_printf(b, "{\"type\":\"content_block_delta\",\"index\":%d,\"delta\":{\"type\":\"input_json_delta\",\"partial_json\":", idx);
+        cm_buf_printf(
+            b,
+            "{\"type\":\"content_block_delta\",\"index\":%d,\"delta\":{\"type\":\"input_json_delta\",\"partial_json\":",
+            idx);
         const char *args = cJSON_GetObjectItemCaseSensitive(c, "arguments")->valuestring;
         cm_json_str(b, args, strlen(args));
         cm_buf_puts(b, "}}\n\n");

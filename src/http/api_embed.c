@@ -58,10 +58,19 @@ static int input_ids(cm_http_server *srv, const cJSON *x, int idx, int32_t **ids
         int cap = (int)CM_MIN(len + 8, (size_t)n_ctx + 8);
         for (;;) {
             *ids = cm_malloc((size_t)cap * sizeof **ids);
-            if (!*ids) { cm_api_error_set(ae, 503, "server_error", NULL, NULL, "out of memory"); return -1; }
+            if (!*ids) {
+                cm_api_error_set(ae, 503, "server_error", NULL, NULL, "out of memory");
+                return -1;
+            }
             int k = cm_engine_tokenize(e, x->valuestring, len, true, false, *ids, cap, err, sizeof err);
-            if (k < 0) { cm_api_error_set(ae, 400, "invalid_request_error", "input", NULL, "%s", err); return -1; }
-            if (k <= cap) { *n = k; break; }
+            if (k < 0) {
+                cm_api_error_set(ae, 400, "invalid_request_error", "input", NULL, "%s", err);
+                return -1;
+            }
+            if (k <= cap) {
+                *n = k;
+                break;
+            }
             cm_free(*ids);
             *ids = NULL;
             cap = k;
@@ -69,7 +78,10 @@ static int input_ids(cm_http_server *srv, const cJSON *x, int idx, int32_t **ids
     } else if (cJSON_IsArray(x) && cJSON_GetArraySize(x) > 0) {
         int k = cJSON_GetArraySize(x);
         *ids = cm_malloc((size_t)k * sizeof **ids);
-        if (!*ids) { cm_api_error_set(ae, 503, "server_error", NULL, NULL, "out of memory"); return -1; }
+        if (!*ids) {
+            cm_api_error_set(ae, 503, "server_error", NULL, NULL, "out of memory");
+            return -1;
+        }
         const cJSON *t;
         cJSON_ArrayForEach(t, x) {
             if (!cJSON_IsNumber(t) || t->valuedouble != floor(t->valuedouble) || t->valuedouble < 0 ||
@@ -88,8 +100,8 @@ static int input_ids(cm_http_server *srv, const cJSON *x, int idx, int32_t **ids
     }
     if (*n > n_ctx) {
         cm_api_error_set(ae, 400, "invalid_request_error", "input", "context_length_exceeded",
-                         "This model's maximum context length is %d tokens. However, input[%d] has %d tokens.",
-                         n_ctx, idx, *n);
+                         "This model's maximum context length is %d tokens. However, input[%d] has %d tokens.", n_ctx,
+                         idx, *n);
         return -1;
     }
     return 0;
@@ -103,8 +115,11 @@ int cm_api_embeddings(cm_http_server *srv, const char *body, size_t n, cm_buf *o
     float *vec = NULL;
     int32_t *ids = NULL;
     int rc = -1;
-#define BAD(param, ...) \
-    do { cm_api_error_set(ae, 400, "invalid_request_error", param, NULL, __VA_ARGS__); goto done; } while (0)
+#define BAD(param, ...)                                                               \
+    do {                                                                              \
+        cm_api_error_set(ae, 400, "invalid_request_error", param, NULL, __VA_ARGS__); \
+        goto done;                                                                    \
+    } while (0)
     if (!root) BAD(NULL, "the request body is not valid JSON");
     if (!cJSON_IsObject(root)) BAD(NULL, "the request body must be a JSON object");
     const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
@@ -149,7 +164,10 @@ int cm_api_embeddings(cm_http_server *srv, const char *body, size_t n, cm_buf *o
     int n_in = many ? cJSON_GetArraySize(input) : 1;
     if (n_in > MAX_INPUTS) BAD("input", "'input' has %d items; at most %d", n_in, MAX_INPUTS);
     vec = cm_malloc((size_t)in.n_embd * sizeof *vec);
-    if (!vec) { cm_api_error_set(ae, 503, "server_error", NULL, NULL, "out of memory"); goto done; }
+    if (!vec) {
+        cm_api_error_set(ae, 503, "server_error", NULL, NULL, "out of memory");
+        goto done;
+    }
     cm_buf_puts(out, "{\"object\":\"list\",\"data\":[");
     long long n_tok = 0;
     for (int i = 0; i < n_in; i++) {
@@ -165,9 +183,10 @@ int cm_api_embeddings(cm_http_server *srv, const char *body, size_t n, cm_buf *o
         if (erc) {
             if (erc == CM_EUNSUPPORTED) cm_api_error_set(ae, 501, "server_error", NULL, "unsupported", "%s", err);
             else if (erc == CM_ENOMEM) cm_api_error_set(ae, 503, "server_error", NULL, NULL, "%s", err);
-            else cm_api_error_set(ae, erc == CM_EINVAL || erc == CM_ENOSPACE ? 400 : 500,
-                                  erc == CM_EINVAL || erc == CM_ENOSPACE ? "invalid_request_error" : "server_error",
-                                  "input", NULL, "%s", err);
+            else
+                cm_api_error_set(ae, erc == CM_EINVAL || erc == CM_ENOSPACE ? 400 : 500,
+                                 erc == CM_EINVAL || erc == CM_ENOSPACE ? "invalid_request_error" : "server_error",
+                                 "input", NULL, "%s", err);
             goto done;
         }
         n_tok += k;
@@ -181,8 +200,10 @@ int cm_api_embeddings(cm_http_server *srv, const char *body, size_t n, cm_buf *o
             for (int d = 0; d < in.n_embd; d++) {
                 uint32_t u;
                 memcpy(&u, &vec[d], 4);
-                le[0] = (unsigned char)u; le[1] = (unsigned char)(u >> 8);
-                le[2] = (unsigned char)(u >> 16); le[3] = (unsigned char)(u >> 24);
+                le[0] = (unsigned char)u;
+                le[1] = (unsigned char)(u >> 8);
+                le[2] = (unsigned char)(u >> 16);
+                le[3] = (unsigned char)(u >> 24);
                 cm_buf_append(&bytes, le, 4);
             }
             b64(out, (const unsigned char *)bytes.data, bytes.len);
@@ -199,7 +220,10 @@ int cm_api_embeddings(cm_http_server *srv, const char *body, size_t n, cm_buf *o
     cm_buf_puts(out, "],\"model\":");
     cm_json_str(out, cm_http_model_id(srv), strlen(cm_http_model_id(srv)));
     cm_buf_printf(out, ",\"usage\":{\"prompt_tokens\":%lld,\"total_tokens\":%lld}}", n_tok, n_tok);
-    if (out->oom) { cm_api_error_set(ae, 503, "server_error", NULL, NULL, "out of memory"); goto done; }
+    if (out->oom) {
+        cm_api_error_set(ae, 503, "server_error", NULL, NULL, "out of memory");
+        goto done;
+    }
     rc = 0;
 #undef BAD
 done:

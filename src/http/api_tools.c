@@ -49,7 +49,8 @@ int cm_api_response_format(const void *root_, job *j, api_error *ae) {
     if (!rf || cJSON_IsNull(rf)) return 0;
     const cJSON *t = cJSON_GetObjectItemCaseSensitive(rf, "type");
     if (!cJSON_IsObject(rf) || !cJSON_IsString(t)) {
-        cm_api_error_set(ae, 400, "invalid_request_error", "response_format", NULL, "'response_format' must be {\"type\": ...}");
+        cm_api_error_set(ae, 400, "invalid_request_error", "response_format", NULL,
+                         "'response_format' must be {\"type\": ...}");
         return -1;
     }
     if (!strcmp(t->valuestring, "text")) return 0;
@@ -63,8 +64,8 @@ int cm_api_response_format(const void *root_, job *j, api_error *ae) {
             return -1;
         }
     } else if (strcmp(t->valuestring, "json_object")) {
-        cm_api_error_set(ae, 400, "invalid_request_error", "response_format", NULL, "unknown response_format type '%.100s'",
-                         t->valuestring);
+        cm_api_error_set(ae, 400, "invalid_request_error", "response_format", NULL,
+                         "unknown response_format type '%.100s'", t->valuestring);
         return -1;
     }
     char err[300];
@@ -110,7 +111,10 @@ static int family_of(cm_http_server *srv, int *chat, api_error *ae) {
 /* The text of a message's content (string or text parts; null: ""). */
 static bool content_of(const cJSON *c, cm_buf *out) {
     if (!c || cJSON_IsNull(c)) return true;
-    if (cJSON_IsString(c)) { cm_buf_puts(out, c->valuestring); return true; }
+    if (cJSON_IsString(c)) {
+        cm_buf_puts(out, c->valuestring);
+        return true;
+    }
     if (!cJSON_IsArray(c)) return false;
     const cJSON *p;
     cJSON_ArrayForEach(p, c) {
@@ -136,11 +140,11 @@ static bool call_text(int fam, const cJSON *tc, cm_buf *out, bool first) {
     cm_json_str(&q, name->valuestring, strlen(name->valuestring));
     cm_buf_append(&q, "", 1);
     if (fam == CM_TOOLS_HERMES)
-        cm_buf_printf(out, "%s<tool_call>\n{\"name\": %s, \"arguments\": %s}\n</tool_call>", first ? "" : "\n", q.data, av);
+        cm_buf_printf(out, "%s<tool_call>\n{\"name\": %s, \"arguments\": %s}\n</tool_call>", first ? "" : "\n", q.data,
+                      av);
     else if (fam == CM_TOOLS_LLAMA3)
         cm_buf_printf(out, "%s{\"name\": %s, \"parameters\": %s}", first ? "" : "\n", q.data, av);
-    else
-        cm_buf_printf(out, "%s{\"name\": %s, \"arguments\": %s}", first ? "[TOOL_CALLS] [" : ", ", q.data, av);
+    else cm_buf_printf(out, "%s{\"name\": %s, \"arguments\": %s}", first ? "[TOOL_CALLS] [" : ", ", q.data, av);
     cm_buf_release(&q);
     cJSON_free(at);
     return true;
@@ -155,7 +159,8 @@ int cm_tools_prompt(cm_http_server *srv, const void *root_, job *j, cm_buf *text
     if (fam < 0) return -1;
     /* the families whose official templates define tool turns: written exactly so (tools_render.c) */
     const bool tekken = chat_fam == CM_CHAT_MISTRAL_V3_TEKKEN;
-    const bool exact = fam == CM_TOOLS_LLAMA3 || (fam == CM_TOOLS_MISTRAL && (chat_fam == CM_CHAT_MISTRAL_V3 || tekken));
+    const bool exact =
+        fam == CM_TOOLS_LLAMA3 || (fam == CM_TOOLS_MISTRAL && (chat_fam == CM_CHAT_MISTRAL_V3 || tekken));
     const cJSON *tools = cJSON_GetObjectItemCaseSensitive(root, "tools");
     const cJSON *choice = cJSON_GetObjectItemCaseSensitive(root, "tool_choice");
     const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(root, "messages");
@@ -174,12 +179,14 @@ int cm_tools_prompt(cm_http_server *srv, const void *root_, job *j, cm_buf *text
     if (choice && !cJSON_IsNull(choice)) {
         if (cJSON_IsString(choice) && !strcmp(choice->valuestring, "none")) none = true;
         else if (cJSON_IsString(choice) && !strcmp(choice->valuestring, "required")) required = true;
-        else if (cJSON_IsString(choice) && !strcmp(choice->valuestring, "auto")) {}
-        else {
-            const cJSON *nm = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(choice, "function"), "name");
+        else if (cJSON_IsString(choice) && !strcmp(choice->valuestring, "auto")) {
+        } else {
+            const cJSON *nm =
+                cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(choice, "function"), "name");
             if (!cJSON_IsObject(choice) || !cJSON_IsString(nm)) {
-                cm_api_error_set(ae, 400, "invalid_request_error", "tool_choice", NULL,
-                                 "'tool_choice' must be none, auto, required or {\"type\":\"function\",\"function\":{\"name\":...}}");
+                cm_api_error_set(
+                    ae, 400, "invalid_request_error", "tool_choice", NULL,
+                    "'tool_choice' must be none, auto, required or {\"type\":\"function\",\"function\":{\"name\":...}}");
                 return -1;
             }
             forced = nm->valuestring;
@@ -205,19 +212,28 @@ int cm_tools_prompt(cm_http_server *srv, const void *root_, job *j, cm_buf *text
         const cJSON *pa = cJSON_GetObjectItemCaseSensitive(fn, "parameters");
         bool name_ok = cJSON_IsString(nm) && *nm->valuestring && strlen(nm->valuestring) <= 64;
         for (const char *p = name_ok ? nm->valuestring : ""; *p; p++)
-            if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') || *p == '_' || *p == '-'))
+            if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') || *p == '_' ||
+                  *p == '-'))
                 name_ok = false;
         if (!cJSON_IsString(ty) || strcmp(ty->valuestring, "function") || !cJSON_IsObject(fn) || !name_ok ||
             (pa && !cJSON_IsNull(pa) && !cJSON_IsObject(pa))) {
-            cm_api_error_set(ae, 400, "invalid_request_error", "tools", NULL,
-                             "tools[%d] must be {\"type\":\"function\",\"function\":{\"name\" (a-z, A-Z, 0-9, _ or -, at "
-                             "most 64), \"description\", \"parameters\" (a JSON Schema object)}}", k);
+            cm_api_error_set(
+                ae, 400, "invalid_request_error", "tools", NULL,
+                "tools[%d] must be {\"type\":\"function\",\"function\":{\"name\" (a-z, A-Z, 0-9, _ or -, at "
+                "most 64), \"description\", \"parameters\" (a JSON Schema object)}}",
+                k);
             goto out;
         }
         if (forced && !strcmp(forced, nm->valuestring)) found = 1;
-        if (exact) { k++; continue; } /* the list is written after the loop */
+        if (exact) {
+            k++;
+            continue;
+        } /* the list is written after the loop */
         char *js = cJSON_PrintUnformatted(t);
-        if (!js) { cm_api_error_set(ae, 503, "server_error", NULL, NULL, "out of memory"); goto out; }
+        if (!js) {
+            cm_api_error_set(ae, 503, "server_error", NULL, NULL, "out of memory");
+            goto out;
+        }
         if (fam == CM_TOOLS_MISTRAL) cm_buf_printf(&list, "%s%s", k ? ", " : "[", js);
         else cm_buf_printf(&list, "%s%s", k ? (fam == CM_TOOLS_LLAMA3 ? "\n\n" : "\n") : "", js);
         cJSON_free(js);
@@ -228,18 +244,22 @@ int cm_tools_prompt(cm_http_server *srv, const void *root_, job *j, cm_buf *text
     if (exact && fam == CM_TOOLS_MISTRAL && k) cm_tools_mistral_list(&list, tools, tekken);
     cm_buf_append(&list, "", 1);
     if (forced && !found) {
-        cm_api_error_set(ae, 400, "invalid_request_error", "tool_choice", NULL, "'tool_choice' names '%.64s', which is not in 'tools'",
-                         forced);
+        cm_api_error_set(ae, 400, "invalid_request_error", "tool_choice", NULL,
+                         "'tool_choice' names '%.64s', which is not in 'tools'", forced);
         goto out;
     }
     /* the conversation */
     if (n < 1 || n > 4096) {
-        cm_api_error_set(ae, 400, "invalid_request_error", "messages", NULL, "'messages' is required: a non-empty array (at most 4096)");
+        cm_api_error_set(ae, 400, "invalid_request_error", "messages", NULL,
+                         "'messages' is required: a non-empty array (at most 4096)");
         goto out;
     }
     m = cm_calloc((size_t)n + 1, sizeof *m);
     parts = cm_calloc((size_t)n + 1, sizeof *parts);
-    if (!m || !parts) { cm_api_error_set(ae, 503, "server_error", NULL, NULL, "out of memory"); goto out; }
+    if (!m || !parts) {
+        cm_api_error_set(ae, 503, "server_error", NULL, NULL, "out of memory");
+        goto out;
+    }
     for (int i = 0; i <= n; i++) cm_buf_init(&parts[i]);
     int nm_ = 0, last_user = -1;
     bool have_system = false, first_user = true;
@@ -270,12 +290,20 @@ int cm_tools_prompt(cm_http_server *srv, const void *root_, job *j, cm_buf *text
                 goto out;
             }
             /* consecutive results share one user turn (the exact families: one turn each) */
-            bool join = !exact && nm_ > 0 && !strcmp(m[nm_ - 1].role, "user") && parts[nm_ - 1].len && i > 0 &&
-                        !strcmp(cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(msgs, i - 1), "role")->valuestring, "tool");
-            if (join) { b = &parts[--nm_]; b->len--; /* drop the NUL */ cm_buf_puts(b, "\n"); }
+            bool join =
+                !exact && nm_ > 0 && !strcmp(m[nm_ - 1].role, "user") && parts[nm_ - 1].len && i > 0 &&
+                !strcmp(cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(msgs, i - 1), "role")->valuestring, "tool");
+            if (join) {
+                b = &parts[--nm_];
+                b->len--; /* drop the NUL */
+                cm_buf_puts(b, "\n");
+            }
             cm_buf res;
             cm_buf_init(&res);
-            if (!content_of(c, &res)) { cm_buf_release(&res); goto badc; }
+            if (!content_of(c, &res)) {
+                cm_buf_release(&res);
+                goto badc;
+            }
             cm_buf_append(&res, "", 1);
             if (exact) cm_tools_exact_result(fam, tekken, msg, res.data, b);
             else if (fam == CM_TOOLS_HERMES) cm_buf_printf(b, "<tool_response>\n%s\n</tool_response>", res.data);
@@ -287,8 +315,7 @@ int cm_tools_prompt(cm_http_server *srv, const void *root_, job *j, cm_buf *text
                     cm_json_str(b, id->valuestring, strlen(id->valuestring));
                 }
                 cm_buf_puts(b, "}[/TOOL_RESULTS]");
-            }
-            else cm_buf_puts(b, res.data);
+            } else cm_buf_puts(b, res.data);
             cm_buf_release(&res);
             r = !exact ? "user" : fam == CM_TOOLS_LLAMA3 ? "ipython" : "tool_results";
         } else {
@@ -301,7 +328,8 @@ int cm_tools_prompt(cm_http_server *srv, const void *root_, job *j, cm_buf *text
                 cJSON_ArrayForEach(tc, tcs) if (exact ? !cm_tools_exact_call(fam, tekken, tc, b, q++ == 0)
                                                       : !call_text(fam, tc, b, q++ == 0)) {
                     cm_api_error_set(ae, 400, "invalid_request_error", param, NULL,
-                                     "'%s.tool_calls' entries need function.name and function.arguments (a string)", param);
+                                     "'%s.tool_calls' entries need function.name and function.arguments (a string)",
+                                     param);
                     goto out;
                 }
                 if (fam == CM_TOOLS_MISTRAL && q) cm_buf_puts(b, "]");
@@ -314,10 +342,11 @@ int cm_tools_prompt(cm_http_server *srv, const void *root_, job *j, cm_buf *text
             if (first_user && fam == CM_TOOLS_LLAMA3 && !none && k) {
                 cm_buf u;
                 cm_buf_init(&u);
-                cm_buf_printf(&u, "Given the following functions, please respond with a JSON for a function call with its "
-                                  "proper arguments that best answers the given prompt.\n\nRespond in the format "
-                                  "{\"name\": function name, \"parameters\": dictionary of argument name and its value}."
-                                  "Do not use variables.\n\n%s",
+                cm_buf_printf(&u,
+                              "Given the following functions, please respond with a JSON for a function call with its "
+                              "proper arguments that best answers the given prompt.\n\nRespond in the format "
+                              "{\"name\": function name, \"parameters\": dictionary of argument name and its value}."
+                              "Do not use variables.\n\n%s",
                               list.data);
                 cm_buf_append(&u, b->data ? b->data : "", b->len);
                 cm_buf_release(b);
@@ -331,7 +360,8 @@ int cm_tools_prompt(cm_http_server *srv, const void *root_, job *j, cm_buf *text
         i++;
         continue;
     badc:
-        cm_api_error_set(ae, 400, "invalid_request_error", param, NULL, "'%s.content' must be a string, text parts or null", param);
+        cm_api_error_set(ae, 400, "invalid_request_error", param, NULL,
+                         "'%s.content' must be a string, text parts or null", param);
         goto out;
     }
     for (int q = 0; q < nm_; q++) m[q].content = parts[q].data;
@@ -340,14 +370,16 @@ int cm_tools_prompt(cm_http_server *srv, const void *root_, job *j, cm_buf *text
     cm_buf_init(&sys);
     if (fam == CM_TOOLS_HERMES && !none && k) {
         int si = -1;
-        for (int q = 0; q < nm_ && si < 0; q++) if (!strcmp(m[q].role, "system")) si = q;
+        for (int q = 0; q < nm_ && si < 0; q++)
+            if (!strcmp(m[q].role, "system")) si = q;
         if (si >= 0) cm_buf_puts(&sys, m[si].content);
         else cm_buf_puts(&sys, "You are a helpful assistant.");
-        cm_buf_printf(&sys, "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are "
-                            "provided with function signatures within <tools></tools> XML tags:\n<tools>\n%s\n</tools>\n\n"
-                            "For each function call, return a json object with function name and arguments within "
-                            "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
-                            "<args-json-object>}\n</tool_call>",
+        cm_buf_printf(&sys,
+                      "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are "
+                      "provided with function signatures within <tools></tools> XML tags:\n<tools>\n%s\n</tools>\n\n"
+                      "For each function call, return a json object with function name and arguments within "
+                      "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+                      "<args-json-object>}\n</tool_call>",
                       list.data);
         cm_buf_append(&sys, "", 1);
         if (si >= 0) m[si].content = sys.data;
@@ -369,7 +401,8 @@ int cm_tools_prompt(cm_http_server *srv, const void *root_, job *j, cm_buf *text
     }
     char err[256];
     size_t start = text->len;
-    if (cm_engine_chat_render(cm_http_engine(srv), cm_http_chat_template(srv), m, (size_t)nm_, true, text, err, sizeof err)) {
+    if (cm_engine_chat_render(cm_http_engine(srv), cm_http_chat_template(srv), m, (size_t)nm_, true, text, err,
+                              sizeof err)) {
         cm_api_error_set(ae, 400, "invalid_request_error", "messages", NULL, "%s", err);
         cm_buf_release(&sys);
         cm_buf_release(&mu);
@@ -421,7 +454,11 @@ int cm_tools_prompt(cm_http_server *srv, const void *root_, job *j, cm_buf *text
         cm_grammar *g = cm_grammar_new();
         int call = g ? cm_grammar_rule(g) : -1, w = g ? cm_json_ws_rule(g) : -1, root_r = g ? cm_grammar_rule(g) : -1;
         int alt = 0;
-        if (!g || call < 0 || w < 0 || root_r < 0) { cm_grammar_free(g); cm_api_error_set(ae, 503, "server_error", NULL, NULL, "out of memory"); goto out; }
+        if (!g || call < 0 || w < 0 || root_r < 0) {
+            cm_grammar_free(g);
+            cm_api_error_set(ae, 503, "server_error", NULL, NULL, "out of memory");
+            goto out;
+        }
         cJSON_ArrayForEach(t, tools) {
             const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
             const cJSON *nm = cJSON_GetObjectItemCaseSensitive(fn, "name");
@@ -430,14 +467,17 @@ int cm_tools_prompt(cm_http_server *srv, const void *root_, job *j, cm_buf *text
             int args = cm_json_schema_rule(g, cJSON_IsObject(pa) ? pa : NULL, NULL, err, sizeof err);
             if (args < 0) {
                 cm_grammar_free(g);
-                cm_api_error_set(ae, 400, "invalid_request_error", "tools", NULL, "tool '%.64s' parameters: %s", nm->valuestring, err);
+                cm_api_error_set(ae, 400, "invalid_request_error", "tools", NULL, "tool '%.64s' parameters: %s",
+                                 nm->valuestring, err);
                 goto out;
             }
             if (alt++) cm_grammar_alt(g, call);
             char head[160];
             snprintf(head, sizeof head, "%s{\"name\": \"%s\", \"%s\": ",
-                     fam == CM_TOOLS_HERMES ? "<tool_call>\n" : fam == CM_TOOLS_MISTRAL ? "[" : "", nm->valuestring,
-                     fam == CM_TOOLS_LLAMA3 ? "parameters" : "arguments");
+                     fam == CM_TOOLS_HERMES    ? "<tool_call>\n"
+                     : fam == CM_TOOLS_MISTRAL ? "["
+                                               : "",
+                     nm->valuestring, fam == CM_TOOLS_LLAMA3 ? "parameters" : "arguments");
             cm_grammar_lit(g, call, head);
             cm_grammar_ref(g, call, args);
             cm_grammar_lit(g, call, fam == CM_TOOLS_HERMES ? "}\n</tool_call>" : fam == CM_TOOLS_MISTRAL ? "}]" : "}");
@@ -472,7 +512,8 @@ static bool add_call(cJSON *calls, const cJSON *o) {
     const cJSON *nm = cJSON_GetObjectItemCaseSensitive(o, "name");
     const cJSON *a = cJSON_GetObjectItemCaseSensitive(o, "arguments");
     if (!a) a = cJSON_GetObjectItemCaseSensitive(o, "parameters");
-    if (!cJSON_IsObject(o) || !cJSON_IsString(nm) || !*nm->valuestring || (a && !cJSON_IsObject(a) && !cJSON_IsString(a)))
+    if (!cJSON_IsObject(o) || !cJSON_IsString(nm) || !*nm->valuestring ||
+        (a && !cJSON_IsObject(a) && !cJSON_IsString(a)))
         return false;
     char *at = !a ? NULL : cJSON_IsString(a) ? NULL : cJSON_PrintUnformatted(a);
     cJSON *c = cJSON_CreateObject();
@@ -525,7 +566,11 @@ int cm_tools_parse_text(int fam, const char *s, size_t n, cm_buf *content, void 
         const char *p = t;
         size_t pn = tn;
         const char *pre = fam == CM_TOOLS_LLAMA3 ? "<|python_tag|>" : "[TOOL_CALLS]";
-        if (pn >= strlen(pre) && !memcmp(p, pre, strlen(pre))) { p += strlen(pre); pn -= strlen(pre); trim(&p, &pn); }
+        if (pn >= strlen(pre) && !memcmp(p, pre, strlen(pre))) {
+            p += strlen(pre);
+            pn -= strlen(pre);
+            trim(&p, &pn);
+        }
         cJSON *o = pn ? cJSON_ParseWithLength(p, pn) : NULL;
         bool ok = o != NULL;
         if (ok && cJSON_IsArray(o) && cJSON_GetArraySize(o) > 0) {
@@ -546,7 +591,8 @@ int cm_tools_parse_text(int fam, const char *s, size_t n, cm_buf *content, void 
 static void head(cm_buf *b, job *j, bool chunk) {
     cm_buf_puts(b, chunk ? "data: {\"id\":" : "{\"id\":");
     cm_json_str(b, j->id, strlen(j->id));
-    cm_buf_printf(b, ",\"object\":\"%s\",\"created\":%lld,\"model\":", chunk ? "chat.completion.chunk" : "chat.completion",
+    cm_buf_printf(b,
+                  ",\"object\":\"%s\",\"created\":%lld,\"model\":", chunk ? "chat.completion.chunk" : "chat.completion",
                   j->created);
     cm_json_str(b, cm_http_model_id(j->srv), strlen(cm_http_model_id(j->srv)));
     cm_buf_puts(b, ",\"system_fingerprint\":\"cumulo\",\"choices\":[");
@@ -562,7 +608,8 @@ static void calls_json(cm_buf *b, job *j, const cJSON *calls, bool with_index) {
         const char *hex = strchr(j->id, '-');
         cm_buf_printf(b, "%s{", i ? "," : "");
         if (with_index) cm_buf_printf(b, "\"index\":%d,", i);
-        cm_buf_printf(b, "\"id\":\"call_%.24s%d\",\"type\":\"function\",\"function\":{\"name\":", hex ? hex + 1 : "", i);
+        cm_buf_printf(b, "\"id\":\"call_%.24s%d\",\"type\":\"function\",\"function\":{\"name\":", hex ? hex + 1 : "",
+                      i);
         cm_json_str(b, nm, strlen(nm));
         cm_buf_puts(b, ",\"arguments\":");
         cm_json_str(b, ar, strlen(ar));
@@ -593,14 +640,20 @@ char *cm_tools_final_json(job *j) {
     cm_buf_puts(&b, "{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":");
     if (content.len || !cJSON_GetArraySize(calls)) cm_json_str(&b, content.data ? content.data : "", content.len);
     else cm_buf_puts(&b, "null");
-    if (cJSON_GetArraySize(calls)) { cm_buf_puts(&b, ","); calls_json(&b, j, calls, false); }
+    if (cJSON_GetArraySize(calls)) {
+        cm_buf_puts(&b, ",");
+        calls_json(&b, j, calls, false);
+    }
     cm_buf_printf(&b, "},\"logprobs\":null,\"finish_reason\":\"%s\"}],\"usage\":", finish_of(j, calls));
     usage(&b, j);
     cm_buf_puts(&b, "}");
     cm_buf_append(&b, "", 1);
     cJSON_Delete(calls);
     cm_buf_release(&content);
-    if (b.oom) { cm_buf_release(&b); return NULL; }
+    if (b.oom) {
+        cm_buf_release(&b);
+        return NULL;
+    }
     return b.data;
 }
 
@@ -632,7 +685,8 @@ void cm_tools_stream_end(job *j) {
             cm_buf_printf(b, "},\"logprobs\":null,\"finish_reason\":null}]%s", tail);
         }
         head(b, j, true);
-        cm_buf_printf(b, "{\"index\":0,\"delta\":{},\"logprobs\":null,\"finish_reason\":\"%s\"}]%s", finish_of(j, calls), tail);
+        cm_buf_printf(b, "{\"index\":0,\"delta\":{},\"logprobs\":null,\"finish_reason\":\"%s\"}]%s",
+                      finish_of(j, calls), tail);
         if (j->include_usage) {
             head(b, j, true);
             cm_buf_puts(b, "],\"usage\":");

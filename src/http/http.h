@@ -26,26 +26,26 @@
 #include <stddef.h>
 
 typedef struct cm_http_opts {
-    const char *host;        /* address to listen on; default "127.0.0.1" */
-    int port;                /* 0: any free port (see cm_http_port); default 8080 */
-    const char *api_key;     /* required as "Authorization: Bearer KEY" on every route but /health and /; NULL/"": none */
-    const char *cors_origin; /* Access-Control-Allow-Origin value; NULL: no CORS headers */
+    const char *host;    /* address to listen on; default "127.0.0.1" */
+    int port;            /* 0: any free port (see cm_http_port); default 8080 */
+    const char *api_key; /* required as "Authorization: Bearer KEY" on every route but /health and /; NULL/"": none */
+    const char *cors_origin;        /* Access-Control-Allow-Origin value; NULL: no CORS headers */
     const char *const *allow_hosts; /* more names accepted in the Host header */
     int n_allow_hosts;
-    int n_slots;             /* sequences generating at once; default 4 */
-    int queue_max;           /* requests waiting for a slot; beyond: 503; default 16 */
-    int n_ctx;               /* context of each slot; 0: the engine's */
-    uint64_t kv_mem;         /* bytes the slots' KV caches may occupy together (admission waits for
+    int n_slots;               /* sequences generating at once; default 4 */
+    int queue_max;             /* requests waiting for a slot; beyond: 503; default 16 */
+    int n_ctx;                 /* context of each slot; 0: the engine's */
+    uint64_t kv_mem;           /* bytes the slots' KV caches may occupy together (admission waits for
                               * room); 0: every slot's whole context, capped at 3/4 of the memory
                               * available at start */
-    size_t max_body;         /* bytes; larger bodies get 413; default 1 MiB */
-    size_t max_header;       /* bytes for the request line + headers; default 16 KiB */
-    int max_conns;           /* open connections; default 4096 (an idle one costs a socket, no thread) */
-    int max_conns_per_ip;    /* open connections from one client address; default 256 */
-    int n_threads;           /* event-loop threads; 0: 2..4 by the core count */
-    int timeout_s;           /* idle seconds before a connection is closed; default 10 */
-    double tdp_w;            /* for the power estimate; default 65 */
-    const char *model_id;    /* id in /v1/models and responses; default "model" */
+    size_t max_body;           /* bytes; larger bodies get 413; default 1 MiB */
+    size_t max_header;         /* bytes for the request line + headers; default 16 KiB */
+    int max_conns;             /* open connections; default 4096 (an idle one costs a socket, no thread) */
+    int max_conns_per_ip;      /* open connections from one client address; default 256 */
+    int n_threads;             /* event-loop threads; 0: 2..4 by the core count */
+    int timeout_s;             /* idle seconds before a connection is closed; default 10 */
+    double tdp_w;              /* for the power estimate; default 65 */
+    const char *model_id;      /* id in /v1/models and responses; default "model" */
     const char *chat_template; /* a family name ("chatml", "llama3", ...); NULL: the model's own
                               * template, or chatml when the model has none (as llama.cpp does) */
 } cm_http_opts;

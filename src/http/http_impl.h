@@ -26,14 +26,14 @@ typedef struct job {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int refs;
-    atomic_int cancel;    /* the client went away */
+    atomic_int cancel; /* the client went away */
     cm_http_server *srv;
     /* the request (immutable once queued) */
     bool chat, stream, include_usage;
-    enum cm_api_kind api; /* OpenAI (api.c) or Anthropic Messages (api_anthropic.c) */
-    int tools;            /* CM_TOOLS_*: parse the reply for tool calls in that family's format (api_tools.c) */
+    enum cm_api_kind api;       /* OpenAI (api.c) or Anthropic Messages (api_anthropic.c) */
+    int tools;                  /* CM_TOOLS_*: parse the reply for tool calls in that family's format (api_tools.c) */
     struct cm_grammar *grammar; /* response_format / forced tool call; owned, freed with the job */
-    int logprobs;         /* -1: none; else top logprobs per token (0..20) */
+    int logprobs;               /* -1: none; else top logprobs per token (0..20) */
     int32_t *ids;
     int n_ids;
     cm_gen_params gp;
@@ -41,27 +41,27 @@ typedef struct job {
     int n_stops;
     char id[48];
     long long created;
-    int fd;               /* the connection's socket, to notice a hang-up */
-    void *conn;           /* its MHD_Connection, to resume it (server.c) */
-    bool suspended;       /* under mu: the connection waits for this job's progress */
-    bool keepalive_due;   /* under mu: the watchdog asks the stream for a keep-alive comment */
+    int fd;             /* the connection's socket, to notice a hang-up */
+    void *conn;         /* its MHD_Connection, to resume it (server.c) */
+    bool suspended;     /* under mu: the connection waits for this job's progress */
+    bool keepalive_due; /* under mu: the watchdog asks the stream for a keep-alive comment */
     double t_suspended;
     double t_queued;
-    struct job *next;     /* queue link (scheduler lock) */
+    struct job *next; /* queue link (scheduler lock) */
     /* progress (under mu) */
     enum job_state state;
-    cm_session *sess;     /* while it holds a slot, for cancel */
-    cm_buf sse;           /* streaming: bytes not yet sent */
+    cm_session *sess; /* while it holds a slot, for cancel */
+    cm_buf sse;       /* streaming: bytes not yet sent */
     size_t sse_off;
-    cm_buf text;          /* non-streaming: the whole text */
-    cm_sample_info *lps;  /* logprobs of each generated token */
+    cm_buf text;         /* non-streaming: the whole text */
+    cm_sample_info *lps; /* logprobs of each generated token */
     int32_t *lp_ids;
     int n_lps, cap_lps, lps_sent;
     int n_gen;
-    int n_cached;         /* prompt tokens found in the slot's KV cache */
+    int n_cached; /* prompt tokens found in the slot's KV cache */
     enum cm_finish finish;
-    int stop_index;       /* which of stops[] ended it (finish stop), or -1 */
-    int http_status;      /* 0 or the status of a failure */
+    int stop_index;  /* which of stops[] ended it (finish stop), or -1 */
+    int http_status; /* 0 or the status of a failure */
     char errmsg[256];
     /* gpt-oss chat (the prompt ends "<|start|>assistant"): only the reply's
      * final channel is returned (cm_harmony, chat.h); hout is its scratch */
@@ -80,13 +80,13 @@ void cm_job_wake(job *j);
 /* An OpenAI error: {"error":{"message","type","param","code"}} with a status. */
 typedef struct api_error {
     int status;
-    const char *type;  /* "invalid_request_error", "authentication_error", ... */
-    char param[64];    /* "" = null */
-    char code[64];     /* "" = null */
+    const char *type; /* "invalid_request_error", "authentication_error", ... */
+    char param[64];   /* "" = null */
+    char code[64];    /* "" = null */
     char message[512];
 } api_error;
-void cm_api_error_set(api_error *e, int status, const char *type, const char *param, const char *code,
-                   const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+void cm_api_error_set(api_error *e, int status, const char *type, const char *param, const char *code, const char *fmt,
+                      ...) __attribute__((format(printf, 6, 7)));
 void cm_api_error_json(cm_buf *out, const api_error *e);
 /* Parse and check a /v1/chat/completions (chat) or /v1/completions body into
  * j (prompt ids, generation parameters, output options). 0, or -1 with *ae
@@ -111,7 +111,7 @@ void cm_anth_error_json(cm_buf *out, const api_error *e);
 int cm_anth_parse_request(cm_http_server *srv, const char *body, size_t n, job *j, api_error *ae);
 void cm_anth_stream_start(job *j); /* message_start, content_block_start, ping */
 void cm_anth_stream_delta(job *j, const char *text, size_t len);
-void cm_anth_stream_end(job *j);   /* content_block_stop, message_delta, message_stop (or error) */
+void cm_anth_stream_end(job *j); /* content_block_stop, message_delta, message_stop (or error) */
 char *cm_anth_final_json(job *j);
 /* Tool use (api_anthropic_tools.c): wanted = tools or tool blocks in the
  * request; prompt = translate to the OpenAI shape and cm_tools_prompt; the
@@ -157,8 +157,8 @@ int cm_api_apply_template(cm_http_server *srv, const char *body, size_t n, cm_bu
 
 /* ---- request queue (queue.c) ---- */
 typedef struct cm_queue cm_queue;
-cm_queue *cm_queue_new(cm_http_server *srv, cm_engine *e, int n_slots, int queue_max, int n_ctx, uint64_t kv_mem, char *err,
-                 size_t errlen);
+cm_queue *cm_queue_new(cm_http_server *srv, cm_engine *e, int n_slots, int queue_max, int n_ctx, uint64_t kv_mem,
+                       char *err, size_t errlen);
 /* Queue a job (takes a reference). CM_EBUSY when the queue is full,
  * CM_ESTATE when stopping. */
 int cm_queue_submit(cm_queue *s, job *j);
@@ -168,7 +168,18 @@ void cm_queue_free(cm_queue *s); /* ends queued and running jobs, joins the thre
 
 /* ---- metrics (metrics.c) ---- */
 enum route {
-    R_ROOT, R_HEALTH, R_METRICS, R_CLUSTER, R_MODELS, R_CHAT, R_COMPLETIONS, R_MESSAGES, R_EMBEDDINGS, R_APPLY_TEMPLATE, R_OTHER, R_COUNT
+    R_ROOT,
+    R_HEALTH,
+    R_METRICS,
+    R_CLUSTER,
+    R_MODELS,
+    R_CHAT,
+    R_COMPLETIONS,
+    R_MESSAGES,
+    R_EMBEDDINGS,
+    R_APPLY_TEMPLATE,
+    R_OTHER,
+    R_COUNT
 };
 extern const char *const cm_http_route_names[R_COUNT];
 typedef struct metrics metrics;
@@ -176,8 +187,8 @@ metrics *cm_metrics_new(double tdp_w);
 void cm_metrics_free(metrics *m);
 void cm_metrics_request(metrics *m, enum route r, int status);
 void cm_metrics_tokens(metrics *m, int n_prompt, int n_cached); /* a request completed */
-void cm_metrics_prefix(metrics *m, int n_tokens); /* a prompt prefix copied from another slot (queue.c) */
-void cm_metrics_gen_tokens(metrics *m, int n); /* as they are produced, for tokens/s */
+void cm_metrics_prefix(metrics *m, int n_tokens);               /* a prompt prefix copied from another slot (queue.c) */
+void cm_metrics_gen_tokens(metrics *m, int n);                  /* as they are produced, for tokens/s */
 void cm_metrics_prometheus(metrics *m, cm_http_server *srv, cm_buf *out);
 void cm_metrics_cluster_json(metrics *m, cm_http_server *srv, cm_buf *out);
 

@@ -16,19 +16,28 @@
 #include <string.h>
 #include <unistd.h>
 
-const char *const cm_http_route_names[R_COUNT] = {"/",          "/health",        "/metrics", "/api/cluster",
-                                            "/v1/models", "/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/embeddings", "/apply-template", "other"};
+const char *const cm_http_route_names[R_COUNT] = {"/",
+                                                  "/health",
+                                                  "/metrics",
+                                                  "/api/cluster",
+                                                  "/v1/models",
+                                                  "/v1/chat/completions",
+                                                  "/v1/completions",
+                                                  "/v1/messages",
+                                                  "/v1/embeddings",
+                                                  "/apply-template",
+                                                  "other"};
 
 static const int k_statuses[] = {200, 400, 401, 403, 404, 405, 408, 413, 429, 431, 500, 503};
 #define N_STATUS ((int)CM_ARRAY_LEN(k_statuses) + 1) /* + "other" */
-#define RATE_WINDOW 5                                 /* seconds of tokens/s averaging */
+#define RATE_WINDOW 5                                /* seconds of tokens/s averaging */
 
 struct metrics {
     pthread_mutex_t mu;
     uint64_t requests[R_COUNT][N_STATUS];
     uint64_t prompt_tokens, cached_tokens, gen_tokens, client_errors, server_errors;
     uint64_t prefix_hits, prefix_tokens; /* prompt prefixes copied between slots */
-    uint64_t bucket[RATE_WINDOW + 1]; /* generated tokens per second, ring by second */
+    uint64_t bucket[RATE_WINDOW + 1];    /* generated tokens per second, ring by second */
     int64_t bucket_sec[RATE_WINDOW + 1];
     cm_power_meter *pm;
     cm_power_sample power;
@@ -83,7 +92,10 @@ void cm_metrics_gen_tokens(metrics *m, int n) {
     int i = (int)(sec % (RATE_WINDOW + 1));
     pthread_mutex_lock(&m->mu);
     m->gen_tokens += (uint64_t)n;
-    if (m->bucket_sec[i] != sec) { m->bucket_sec[i] = sec; m->bucket[i] = 0; }
+    if (m->bucket_sec[i] != sec) {
+        m->bucket_sec[i] = sec;
+        m->bucket[i] = 0;
+    }
     m->bucket[i] += (uint64_t)n;
     pthread_mutex_unlock(&m->mu);
 }
@@ -108,7 +120,10 @@ typedef struct cluster_power {
 
 static void add_src(int *cnt, const char *const *names, int n_names, const char *src) {
     for (int i = 0; i < n_names; i++)
-        if (!strcmp(names[i], src)) { cnt[i]++; return; }
+        if (!strcmp(names[i], src)) {
+            cnt[i]++;
+            return;
+        }
     cnt[n_names - 1]++;
 }
 
@@ -130,7 +145,10 @@ static void sum_cluster_power(double local_w, bool local_measured, double tps, c
         bool dup = false;
         for (int k = 0; k < n_seen && !dup; k++) dup = mb->host[0] && !strcmp(seen[k], mb->host);
         if (dup) continue; /* its machine is counted already */
-        if (!mb->live) { cp->n_missing++; continue; }
+        if (!mb->live) {
+            cp->n_missing++;
+            continue;
+        }
         if (n_seen < 64) seen[n_seen++] = mb->host;
         cp->watts += mb->live_power_w;
         cp->n_hosts++;
@@ -238,12 +256,13 @@ static void remote_prometheus(metrics *m, cm_http_server *srv, const snap *s, cm
     }
     cluster_power cp;
     sum_cluster_power(s->watts, s->measured, s->tps, mbs, n, &cp);
-    cm_buf_printf(o,
-                  "# HELP cumulo_cluster_power_watts Watts of every machine of the cluster, each host once; source says how each was obtained.\n"
-                  "# TYPE cumulo_cluster_power_watts gauge\ncumulo_cluster_power_watts{hosts=\"%d\",source=\"%s\"} %.3f\n"
-                  "# HELP cumulo_cluster_tokens_per_watt Cluster tokens/s divided by cumulo_cluster_power_watts.\n"
-                  "# TYPE cumulo_cluster_tokens_per_watt gauge\ncumulo_cluster_tokens_per_watt{hosts=\"%d\",source=\"%s\"} %.5f\n",
-                  cp.n_hosts, cp.label, cp.watts, cp.n_hosts, cp.label, cp.tpw);
+    cm_buf_printf(
+        o,
+        "# HELP cumulo_cluster_power_watts Watts of every machine of the cluster, each host once; source says how each was obtained.\n"
+        "# TYPE cumulo_cluster_power_watts gauge\ncumulo_cluster_power_watts{hosts=\"%d\",source=\"%s\"} %.3f\n"
+        "# HELP cumulo_cluster_tokens_per_watt Cluster tokens/s divided by cumulo_cluster_power_watts.\n"
+        "# TYPE cumulo_cluster_tokens_per_watt gauge\ncumulo_cluster_tokens_per_watt{hosts=\"%d\",source=\"%s\"} %.5f\n",
+        cp.n_hosts, cp.label, cp.watts, cp.n_hosts, cp.label, cp.tpw);
 }
 
 void cm_metrics_prometheus(metrics *m, cm_http_server *srv, cm_buf *o) {
@@ -259,30 +278,31 @@ void cm_metrics_prometheus(metrics *m, cm_http_server *srv, cm_buf *o) {
                     cm_buf_printf(o, "cumulo_requests_total{route=\"%s\",status=\"%d\"} %llu\n", cm_http_route_names[r],
                                   k_statuses[k], (unsigned long long)m->requests[r][k]);
                 else
-                    cm_buf_printf(o, "cumulo_requests_total{route=\"%s\",status=\"other\"} %llu\n", cm_http_route_names[r],
-                                  (unsigned long long)m->requests[r][k]);
+                    cm_buf_printf(o, "cumulo_requests_total{route=\"%s\",status=\"other\"} %llu\n",
+                                  cm_http_route_names[r], (unsigned long long)m->requests[r][k]);
             }
-    cm_buf_printf(o,
-                  "# HELP cumulo_errors_total Requests answered with an error, by kind (client: 4xx, server: 5xx).\n"
-                  "# TYPE cumulo_errors_total counter\n"
-                  "cumulo_errors_total{kind=\"client\"} %llu\ncumulo_errors_total{kind=\"server\"} %llu\n"
-                  "# HELP cumulo_prompt_tokens_total Prompt tokens of completed requests.\n"
-                  "# TYPE cumulo_prompt_tokens_total counter\ncumulo_prompt_tokens_total %llu\n"
-                  "# HELP cumulo_prompt_tokens_cached_total Prompt tokens reused from a slot's KV cache (not evaluated).\n"
-                  "# TYPE cumulo_prompt_tokens_cached_total counter\ncumulo_prompt_tokens_cached_total %llu\n"
-                  "# HELP cumulo_generated_tokens_total Tokens generated.\n"
-                  "# TYPE cumulo_generated_tokens_total counter\ncumulo_generated_tokens_total %llu\n"
-                  "# HELP cumulo_ready 1 when the model is loaded.\n# TYPE cumulo_ready gauge\ncumulo_ready %d\n"
-                  "# HELP cumulo_queue_depth Requests waiting for a slot.\n# TYPE cumulo_queue_depth gauge\n"
-                  "cumulo_queue_depth %d\n"
-                  "# HELP cumulo_slots_active Slots generating now.\n# TYPE cumulo_slots_active gauge\n"
-                  "cumulo_slots_active %d\n"
-                  "# HELP cumulo_slots_total Slots.\n# TYPE cumulo_slots_total gauge\ncumulo_slots_total %d\n"
-                  "# HELP cumulo_tokens_per_second Generated tokens per second, last %d s, whole cluster.\n"
-                  "# TYPE cumulo_tokens_per_second gauge\ncumulo_tokens_per_second %.3f\n",
-                  (unsigned long long)m->client_errors, (unsigned long long)m->server_errors,
-                  (unsigned long long)m->prompt_tokens, (unsigned long long)m->cached_tokens, (unsigned long long)m->gen_tokens, s.ready, s.queued, s.active,
-                  s.slots, RATE_WINDOW, s.tps);
+    cm_buf_printf(
+        o,
+        "# HELP cumulo_errors_total Requests answered with an error, by kind (client: 4xx, server: 5xx).\n"
+        "# TYPE cumulo_errors_total counter\n"
+        "cumulo_errors_total{kind=\"client\"} %llu\ncumulo_errors_total{kind=\"server\"} %llu\n"
+        "# HELP cumulo_prompt_tokens_total Prompt tokens of completed requests.\n"
+        "# TYPE cumulo_prompt_tokens_total counter\ncumulo_prompt_tokens_total %llu\n"
+        "# HELP cumulo_prompt_tokens_cached_total Prompt tokens reused from a slot's KV cache (not evaluated).\n"
+        "# TYPE cumulo_prompt_tokens_cached_total counter\ncumulo_prompt_tokens_cached_total %llu\n"
+        "# HELP cumulo_generated_tokens_total Tokens generated.\n"
+        "# TYPE cumulo_generated_tokens_total counter\ncumulo_generated_tokens_total %llu\n"
+        "# HELP cumulo_ready 1 when the model is loaded.\n# TYPE cumulo_ready gauge\ncumulo_ready %d\n"
+        "# HELP cumulo_queue_depth Requests waiting for a slot.\n# TYPE cumulo_queue_depth gauge\n"
+        "cumulo_queue_depth %d\n"
+        "# HELP cumulo_slots_active Slots generating now.\n# TYPE cumulo_slots_active gauge\n"
+        "cumulo_slots_active %d\n"
+        "# HELP cumulo_slots_total Slots.\n# TYPE cumulo_slots_total gauge\ncumulo_slots_total %d\n"
+        "# HELP cumulo_tokens_per_second Generated tokens per second, last %d s, whole cluster.\n"
+        "# TYPE cumulo_tokens_per_second gauge\ncumulo_tokens_per_second %.3f\n",
+        (unsigned long long)m->client_errors, (unsigned long long)m->server_errors,
+        (unsigned long long)m->prompt_tokens, (unsigned long long)m->cached_tokens, (unsigned long long)m->gen_tokens,
+        s.ready, s.queued, s.active, s.slots, RATE_WINDOW, s.tps);
     cm_buf_printf(o,
                   "# HELP cumulo_prefix_cache_hits_total Requests that took a shared prompt prefix from another "
                   "slot's KV cache (copied, not evaluated).\n"
@@ -368,14 +388,18 @@ static void cluster_node_json(cm_buf *o, metrics *m, const snap *s, const cm_eng
     cm_buf_printf(o, ",\"stage\":%d,\"layers\":[%d,%d],\"slice\":", mb->stage, mb->first_layer, mb->last_layer);
     cm_json_str(o, slice, strlen(slice));
     bool live = !mb->local && mb->live;
-    uint64_t used = mb->local ? s->mem_used : live ? mb->live_mem_used
-                                                   : mb->mem_total - (mb->mem_free < mb->mem_total ? mb->mem_free : mb->mem_total);
+    uint64_t used = mb->local ? s->mem_used
+                    : live    ? mb->live_mem_used
+                              : mb->mem_total - (mb->mem_free < mb->mem_total ? mb->mem_free : mb->mem_total);
     uint64_t total = mb->local ? s->mem_total : mb->mem_total;
     cm_buf_printf(o,
                   ",\"weights_bytes\":%llu,\"kv_bytes\":%llu,\"memory_used\":%llu,\"memory_total\":%llu,"
                   "\"memory_source\":\"%s\",\"cpu_load\":",
                   (unsigned long long)mb->weight_bytes, (unsigned long long)mb->kv_bytes, (unsigned long long)used,
-                  (unsigned long long)total, mb->local ? "live" : live ? "live (heartbeat)" : "at connect (HELLO)");
+                  (unsigned long long)total,
+                  mb->local ? "live"
+                  : live    ? "live (heartbeat)"
+                            : "at connect (HELLO)");
     if (mb->local) json_num_or_null(o, "%.4f", s->load, s->load >= 0);
     else json_num_or_null(o, "%.4f", mb->live_cpu_load, live && mb->live_cpu_load >= 0);
     cm_buf_printf(o, ",\"threads\":%d,\"cores\":%u,\"gflops\":%.2f,\"tokens_per_second\":%.3f,\"power_watts\":",
@@ -383,10 +407,11 @@ static void cluster_node_json(cm_buf *o, metrics *m, const snap *s, const cm_eng
     double w = mb->local ? s->watts : mb->live_power_w;
     json_num_or_null(o, "%.3f", w, mb->local || live);
     cm_buf_printf(o, ",\"power_source\":\"%s\",\"tokens_per_watt\":",
-                  mb->local ? (s->measured ? "measured" : "estimated")
-                  : !live   ? "unknown"
-                  : !strcmp(mb->live_power_source, "rapl") ? "measured"
-                  : !strcmp(mb->live_power_source, "estimate") ? "estimated" : mb->live_power_source);
+                  mb->local                                    ? (s->measured ? "measured" : "estimated")
+                  : !live                                      ? "unknown"
+                  : !strcmp(mb->live_power_source, "rapl")     ? "measured"
+                  : !strcmp(mb->live_power_source, "estimate") ? "estimated"
+                                                               : mb->live_power_source);
     json_num_or_null(o, "%.5f", cm_power_tokens_per_watt(s->tps, w), mb->local || live);
     cm_buf_puts(o, ",\"stage_tokens_per_second\":");
     json_num_or_null(o, "%.3f", mb->live_tok_s, live);
@@ -423,9 +448,8 @@ void cm_metrics_cluster_json(metrics *m, cm_http_server *srv, cm_buf *o) {
                   "\"slots_total\":%d,\"tokens_per_second\":%.3f,\"power_watts\":%.3f,\"power_source\":\"%s\","
                   "\"tokens_per_watt\":%.5f,\"power_scope\":\"%s\",\"power_hosts\":%d,\"power_missing\":%d,\"nodes\":[",
                   in.n_layer, (unsigned long long)in.n_params, n_mb ? in.n_stages : 1, s.queued, s.active, s.slots,
-                  s.tps, n_mb ? cp.watts : s.watts,
-                  !n_mb ? (s.measured ? "measured" : "estimated") : cp.label, n_mb ? cp.tpw : s.tpw, scope,
-                  n_mb ? cp.n_hosts : 1, n_mb ? cp.n_missing : 0);
+                  s.tps, n_mb ? cp.watts : s.watts, !n_mb ? (s.measured ? "measured" : "estimated") : cp.label,
+                  n_mb ? cp.tpw : s.tpw, scope, n_mb ? cp.n_hosts : 1, n_mb ? cp.n_missing : 0);
     if (n_mb) {
         for (int i = 0; i < n_mb; i++) {
             if (i) cm_buf_puts(o, ",");
@@ -457,8 +481,9 @@ void cm_metrics_cluster_json(metrics *m, cm_http_server *srv, cm_buf *o) {
             cm_buf_puts(o, ",\"bandwidth_mbps\":");
             json_num_or_null(o, "%.1f", b->link_bw * 8 / 1e6, measured);
             cm_buf_printf(o, ",\"source\":\"%s\",\"bytes\":",
-                          !measured ? "not measured (node to node)" : a->local ? "measured at connect"
-                                                                             : "measured node to node");
+                          !measured  ? "not measured (node to node)"
+                          : a->local ? "measured at connect"
+                                     : "measured node to node");
             /* traffic is counted on this machine's own hop only */
             json_num_or_null(o, "%.0f", (double)hop_bytes, a->local);
             cm_buf_puts(o, "}");
@@ -468,11 +493,12 @@ void cm_metrics_cluster_json(metrics *m, cm_http_server *srv, cm_buf *o) {
     }
     cm_buf_puts(o, "{\"id\":");
     cm_json_str(o, m->node, strlen(m->node));
-    cm_buf_printf(o,
-                  ",\"host\":\"local\",\"role\":\"coordinator+worker\",\"stage\":0,\"layers\":[0,%d],\"slice\":\"all\","
-                  "\"weights_bytes\":%llu,\"memory_used\":%llu,\"memory_total\":%llu,\"memory_source\":\"live\",\"cpu_load\":",
-                  in.n_layer, (unsigned long long)in.weight_bytes, (unsigned long long)s.mem_used,
-                  (unsigned long long)s.mem_total);
+    cm_buf_printf(
+        o,
+        ",\"host\":\"local\",\"role\":\"coordinator+worker\",\"stage\":0,\"layers\":[0,%d],\"slice\":\"all\","
+        "\"weights_bytes\":%llu,\"memory_used\":%llu,\"memory_total\":%llu,\"memory_source\":\"live\",\"cpu_load\":",
+        in.n_layer, (unsigned long long)in.weight_bytes, (unsigned long long)s.mem_used,
+        (unsigned long long)s.mem_total);
     json_num_or_null(o, "%.4f", s.load, s.load >= 0);
     cm_buf_printf(o,
                   ",\"threads\":%d,\"tokens_per_second\":%.3f,\"power_watts\":%.3f,\"power_source\":\"%s\","

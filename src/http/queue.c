@@ -119,7 +119,10 @@ static int on_token(void *user, const cm_token_event *ev) {
                 cm_sample_info *a = cm_realloc(j->lps, (size_t)nc * sizeof *a);
                 int32_t *b = a ? cm_realloc(j->lp_ids, (size_t)nc * sizeof *b) : NULL;
                 if (a) j->lps = a;
-                if (b) { j->lp_ids = b; j->cap_lps = nc; }
+                if (b) {
+                    j->lp_ids = b;
+                    j->cap_lps = nc;
+                }
             }
             if (j->n_lps < j->cap_lps) {
                 j->lps[j->n_lps] = *info;
@@ -181,7 +184,11 @@ static int pick_slot(cm_queue *s, job *j) {
     for (int i = 0; i < s->n_slots; i++) {
         if (s->slots[i].j) continue;
         int k = common_prefix(s->slots[i].s, j->ids, j->n_ids), np = cm_session_n_past(s->slots[i].s);
-        if (k > best_k || (k == best_k && np < best_np)) { best = i; best_k = k; best_np = np; }
+        if (k > best_k || (k == best_k && np < best_np)) {
+            best = i;
+            best_k = k;
+            best_np = np;
+        }
     }
     return best;
 }
@@ -202,7 +209,10 @@ static int share_prefix(cm_queue *s, slot *sl) {
     for (int i = 0; i < s->n_slots; i++) {
         if (&s->slots[i] == sl) continue;
         int k = common_prefix(s->slots[i].s, j->ids, j->n_ids);
-        if (k > best_k) { best = i; best_k = k; }
+        if (k > best_k) {
+            best = i;
+            best_k = k;
+        }
     }
     if (best_k > j->n_ids - 1) best_k = j->n_ids - 1; /* the last prompt token is always evaluated */
     if (best < 0 || best_k < PREFIX_MIN || best_k <= own) return 0;
@@ -247,18 +257,27 @@ static void *queue_main(void *arg) {
             job *j = s->head;
             int k = atomic_load(&j->cancel) ? -1 : pick_slot(s, j);
             const int n_ctx = cm_session_n_ctx(s->slots[k < 0 ? 0 : k].s);
-            const int most = j->gp.n_predict > 0 && j->n_ids + j->gp.n_predict < n_ctx ? j->n_ids + j->gp.n_predict : n_ctx;
+            const int most =
+                j->gp.n_predict > 0 && j->n_ids + j->gp.n_predict < n_ctx ? j->n_ids + j->gp.n_predict : n_ctx;
             const uint64_t need = k < 0 ? 0 : cm_session_kv_bytes(s->slots[k].s, most);
             const int fit = k < 0 ? 1 : kv_admit(s, k, need);
-            if (fit == 0) { s->kv.waiting = 1; break; } /* until running jobs end */
+            if (fit == 0) {
+                s->kv.waiting = 1;
+                break;
+            } /* until running jobs end */
             s->head = j->next;
             if (!s->head) s->tail = NULL;
             s->n_queued--;
-            if (k < 0) { job_end(j, CM_FINISH_CANCEL, 0, NULL); continue; }
+            if (k < 0) {
+                job_end(j, CM_FINISH_CANCEL, 0, NULL);
+                continue;
+            }
             if (fit < 0) {
                 char msg[200];
-                snprintf(msg, sizeof msg, "the request needs %.1f MiB of KV cache (%d positions); the server's budget "
-                         "(--kv-mem) is %.1f MiB", (double)need / 1048576.0, most, (double)s->kv.capacity / 1048576.0);
+                snprintf(msg, sizeof msg,
+                         "the request needs %.1f MiB of KV cache (%d positions); the server's budget "
+                         "(--kv-mem) is %.1f MiB",
+                         (double)need / 1048576.0, most, (double)s->kv.capacity / 1048576.0);
                 job_end(j, CM_FINISH_CANCEL, 400, msg);
                 continue;
             }
@@ -415,7 +434,10 @@ static void *queue_main(void *arg) {
 cm_queue *cm_queue_new(cm_http_server *srv, cm_engine *e, int n_slots, int queue_max, int n_ctx, uint64_t kv_mem,
                        char *err, size_t errlen) {
     cm_queue *s = cm_calloc(1, sizeof *s);
-    if (!s) { cm_errf(err, errlen, CM_ENOMEM, "out of memory"); return NULL; }
+    if (!s) {
+        cm_errf(err, errlen, CM_ENOMEM, "out of memory");
+        return NULL;
+    }
     s->srv = srv;
     s->e = e;
     s->n_slots = n_slots;
@@ -426,10 +448,17 @@ cm_queue *cm_queue_new(cm_http_server *srv, cm_engine *e, int n_slots, int queue
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     s->slots = cm_calloc((size_t)n_slots, sizeof *s->slots);
-    if (!s->slots) { cm_queue_free(s); cm_errf(err, errlen, CM_ENOMEM, "out of memory"); return NULL; }
+    if (!s->slots) {
+        cm_queue_free(s);
+        cm_errf(err, errlen, CM_ENOMEM, "out of memory");
+        return NULL;
+    }
     for (int i = 0; i < n_slots; i++) {
         s->slots[i].s = cm_session_new(e, n_ctx, err, errlen);
-        if (!s->slots[i].s) { cm_queue_free(s); return NULL; }
+        if (!s->slots[i].s) {
+            cm_queue_free(s);
+            return NULL;
+        }
     }
     /* The KV budget: every slot's whole context unless told, at most 3/4 of
      * the memory available now (the weights are loaded), at least one slot's. */

@@ -257,11 +257,21 @@ static enum MHD_Result fail(cm_http_server *srv, struct MHD_Connection *c, req *
 /* ---- checks ---- */
 
 static enum route route_of(const char *url) {
-    static const struct { const char *path; enum route r; } k[] = {
-        {"/", R_ROOT},           {"/index.html", R_ROOT},  {"/health", R_HEALTH},
-        {"/metrics", R_METRICS}, {"/api/cluster", R_CLUSTER}, {"/v1/models", R_MODELS},
-        {"/v1/chat/completions", R_CHAT}, {"/v1/completions", R_COMPLETIONS}, {"/v1/messages", R_MESSAGES},
-        {"/v1/embeddings", R_EMBEDDINGS}, {"/apply-template", R_APPLY_TEMPLATE},
+    static const struct {
+        const char *path;
+        enum route r;
+    } k[] = {
+        {"/", R_ROOT},
+        {"/index.html", R_ROOT},
+        {"/health", R_HEALTH},
+        {"/metrics", R_METRICS},
+        {"/api/cluster", R_CLUSTER},
+        {"/v1/models", R_MODELS},
+        {"/v1/chat/completions", R_CHAT},
+        {"/v1/completions", R_COMPLETIONS},
+        {"/v1/messages", R_MESSAGES},
+        {"/v1/embeddings", R_EMBEDDINGS},
+        {"/apply-template", R_APPLY_TEMPLATE},
     };
     for (size_t i = 0; i < CM_ARRAY_LEN(k); i++)
         if (!strcmp(url, k[i].path)) return k[i].r;
@@ -280,7 +290,10 @@ static bool host_ok(cm_http_server *srv, const char *h) {
         n = (size_t)(e - h - 1);
         memcpy(name, h + 1, n);
     } else {
-        while (h[n] && h[n] != ':' && n < sizeof name - 1) { name[n] = h[n]; n++; }
+        while (h[n] && h[n] != ':' && n < sizeof name - 1) {
+            name[n] = h[n];
+            n++;
+        }
         if (h[n] && h[n] != ':') return false;
     }
     name[n] = 0;
@@ -326,19 +339,28 @@ static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max) {
         size_t n = CM_MIN(max, j->sse.len - j->sse_off);
         memcpy(buf, j->sse.data + j->sse_off, n);
         j->sse_off += n;
-        if (j->sse_off == j->sse.len) { cm_buf_clear(&j->sse); j->sse_off = 0; }
+        if (j->sse_off == j->sse.len) {
+            cm_buf_clear(&j->sse);
+            j->sse_off = 0;
+        }
         j->keepalive_due = false;
         pthread_mutex_unlock(&j->mu);
         return (ssize_t)n;
     }
-    if (j->state == JOB_DONE) { pthread_mutex_unlock(&j->mu); return MHD_CONTENT_READER_END_OF_STREAM; }
+    if (j->state == JOB_DONE) {
+        pthread_mutex_unlock(&j->mu);
+        return MHD_CONTENT_READER_END_OF_STREAM;
+    }
     if (j->keepalive_due && max >= sizeof k_keepalive - 1) {
         j->keepalive_due = false;
         pthread_mutex_unlock(&j->mu);
         memcpy(buf, k_keepalive, sizeof k_keepalive - 1);
         return (ssize_t)(sizeof k_keepalive - 1);
     }
-    if (atomic_load(&j->cancel)) { pthread_mutex_unlock(&j->mu); return MHD_CONTENT_READER_END_WITH_ERROR; }
+    if (atomic_load(&j->cancel)) {
+        pthread_mutex_unlock(&j->mu);
+        return MHD_CONTENT_READER_END_WITH_ERROR;
+    }
     job_suspend(j);
     pthread_mutex_unlock(&j->mu);
     return 0;
@@ -383,7 +405,11 @@ static enum MHD_Result generate(cm_http_server *srv, struct MHD_Connection *c, r
     conn_attach(srv, c, j);
     if (j->stream) {
         struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, sse_reader, j, sse_free);
-        if (!r) { job_cancel(j); cm_job_unref(j); return MHD_NO; }
+        if (!r) {
+            job_cancel(j);
+            cm_job_unref(j);
+            return MHD_NO;
+        }
         common_headers(srv, r, "text/event-stream");
         MHD_add_response_header(r, "X-Accel-Buffering", "no");
         enum MHD_Result ok = MHD_queue_response(c, 200, r);
@@ -460,7 +486,10 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
     if (code == MHD_CONNECTION_NOTIFY_STARTED) {
         conn *k = cm_calloc(1, sizeof *k);
         const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
-        if (!k || !ci) { cm_free(k); return; }
+        if (!k || !ci) {
+            cm_free(k);
+            return;
+        }
         k->fd = ci->connect_fd;
         k->t0 = cm_now_s();
         pthread_mutex_lock(&srv->cmu);
@@ -577,7 +606,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             struct MHD_Response *r = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
             common_headers(srv, r, "text/plain");
             MHD_add_response_header(r, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
-            MHD_add_response_header(r, "Access-Control-Allow-Headers", "Authorization, Content-Type, x-api-key, anthropic-version");
+            MHD_add_response_header(r, "Access-Control-Allow-Headers",
+                                    "Authorization, Content-Type, x-api-key, anthropic-version");
             MHD_add_response_header(r, "Access-Control-Max-Age", "600");
             enum MHD_Result ok = MHD_queue_response(c, 204, r);
             MHD_destroy_response(r);
@@ -585,8 +615,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             cm_metrics_request(srv->m, q->route, 204);
             return ok;
         }
-        if (q->route == R_OTHER)
-            return fail(srv, c, q, 404, "invalid_request_error", "not_found", "no such route");
+        if (q->route == R_OTHER) return fail(srv, c, q, 404, "invalid_request_error", "not_found", "no such route");
         bool want_post = q->route == R_CHAT || q->route == R_COMPLETIONS || q->route == R_MESSAGES ||
                          q->route == R_EMBEDDINGS || q->route == R_APPLY_TEMPLATE;
         if (want_post ? !post : !get) {
@@ -594,8 +623,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             cm_buf b;
             cm_buf_init(&b);
             api_error e;
-            cm_api_error_set(&e, 405, "invalid_request_error", NULL, "method_not_allowed", "%s is not allowed here; use %s",
-                          method, want_post ? "POST" : "GET");
+            cm_api_error_set(&e, 405, "invalid_request_error", NULL, "method_not_allowed",
+                             "%s is not allowed here; use %s", method, want_post ? "POST" : "GET");
             if (q->route == R_MESSAGES) cm_anth_error_json(&b, &e);
             else cm_api_error_json(&b, &e);
             r = MHD_create_response_from_buffer(b.len, b.data, MHD_RESPMEM_MUST_COPY);
@@ -627,7 +656,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         }
         return MHD_YES;
     }
-    if (q->responded) { *upload_size = 0; return MHD_YES; }
+    if (q->responded) {
+        *upload_size = 0;
+        return MHD_YES;
+    }
     if (q->j) return wait_job(srv, c, q);
     if (*upload_size) {
         if (!q->too_big) {
@@ -662,9 +694,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     case R_METRICS:
         cm_metrics_prometheus(srv->m, srv, &b);
         return send_buf(srv, c, q, 200, "text/plain; version=0.0.4; charset=utf-8", &b);
-    case R_CLUSTER:
-        cm_metrics_cluster_json(srv->m, srv, &b);
-        return send_buf(srv, c, q, 200, "application/json", &b);
+    case R_CLUSTER: cm_metrics_cluster_json(srv->m, srv, &b); return send_buf(srv, c, q, 200, "application/json", &b);
     default: break;
     }
     if (!ready) return fail(srv, c, q, 503, "server_error", "loading", "the model is still loading; retry shortly");
@@ -691,7 +721,10 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
     if (k) conn_detach(cls, k);
     req *q = *con_cls;
     if (!q) return;
-    if (q->j) { job_cancel(q->j); cm_job_unref(q->j); } /* ended before its answer */
+    if (q->j) {
+        job_cancel(q->j);
+        cm_job_unref(q->j);
+    } /* ended before its answer */
     cm_buf_release(&q->body);
     cm_free(q);
     *con_cls = NULL;
@@ -733,7 +766,10 @@ int cm_http_start(cm_http_server **out, const cm_http_opts *o, char *err, size_t
     s->allow = cm_calloc((size_t)o->n_allow_hosts + 1, sizeof *s->allow);
     for (int i = 0; s->allow && i < o->n_allow_hosts; i++) s->allow[s->n_allow++] = cm_strdup(o->allow_hosts[i]);
     s->m = cm_metrics_new(o->tdp_w);
-    if (!s->host || !s->model_id || !s->allow || !s->m) { srv_free(s); return cm_errf(err, errlen, CM_ENOMEM, "out of memory"); }
+    if (!s->host || !s->model_id || !s->allow || !s->m) {
+        srv_free(s);
+        return cm_errf(err, errlen, CM_ENOMEM, "out of memory");
+    }
     if (s->o.n_slots < 1) s->o.n_slots = 1;
     if (s->o.queue_max < 0) s->o.queue_max = 0;
 
@@ -753,13 +789,14 @@ int cm_http_start(cm_http_server **out, const cm_http_opts *o, char *err, size_t
     unsigned n_threads = o->n_threads > 0 ? (unsigned)o->n_threads : (unsigned)CM_MAX(2, CM_MIN(4, ncpu));
     s->o.max_conns = cm_http_fit_fd_limit(CM_MAX(o->max_conns, 4));
     unsigned per_ip = o->max_conns_per_ip > 0 ? (unsigned)o->max_conns_per_ip : 0; /* 0: no limit */
-    s->d = MHD_start_daemon(flags, (uint16_t)o->port, NULL, NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, cm_http_mhd_log, s,
-                            MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_THREAD_POOL_SIZE, n_threads, MHD_OPTION_THREAD_STACK_SIZE, CM_COMPUTE_STACK, /* embeddings compute here */
-                            MHD_OPTION_PER_IP_CONNECTION_LIMIT, per_ip,
-                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->o.max_conns, MHD_OPTION_CONNECTION_TIMEOUT,
-                            (unsigned)CM_MAX(o->timeout_s, 1), MHD_OPTION_CONNECTION_MEMORY_LIMIT,
-                            (size_t)CM_MAX(o->max_header, (size_t)4096), MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
-                            MHD_OPTION_NOTIFY_CONNECTION, on_connection, s, MHD_OPTION_END);
+    s->d = MHD_start_daemon(flags, (uint16_t)o->port, NULL, NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER,
+                            cm_http_mhd_log, s, MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_THREAD_POOL_SIZE,
+                            n_threads, MHD_OPTION_THREAD_STACK_SIZE, CM_COMPUTE_STACK, /* embeddings compute here */
+                            MHD_OPTION_PER_IP_CONNECTION_LIMIT, per_ip, MHD_OPTION_CONNECTION_LIMIT,
+                            (unsigned)s->o.max_conns, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)CM_MAX(o->timeout_s, 1),
+                            MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)CM_MAX(o->max_header, (size_t)4096),
+                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_NOTIFY_CONNECTION, on_connection,
+                            s, MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!s->d) {
         srv_free(s);

@@ -32,15 +32,20 @@ void cm_http_mhd_log(void *cls, const char *fmt, va_list ap) {
         atomic_store(&n_in_sec, 0);
         if (d) CM_LOGW("http: %d more libmicrohttpd messages suppressed", d);
     }
-    if (atomic_fetch_add(&n_in_sec, 1) >= 5) { atomic_fetch_add(&n_dropped, 1); return; }
+    if (atomic_fetch_add(&n_in_sec, 1) >= 5) {
+        atomic_fetch_add(&n_dropped, 1);
+        return;
+    }
     size_t n = strlen(line);
     while (n && (line[n - 1] == '\n' || line[n - 1] == ' ' || line[n - 1] == '.')) line[--n] = 0;
-    if (n && line[0] >= 'A' && line[0] <= 'Z' && !(line[1] >= 'A' && line[1] <= 'Z')) line[0] = (char)(line[0] - 'A' + 'a');
+    if (n && line[0] >= 'A' && line[0] <= 'Z' && !(line[1] >= 'A' && line[1] <= 'Z'))
+        line[0] = (char)(line[0] - 'A' + 'a');
     if (cls && !strncmp(line, "server reached connection limit", 31)) { /* MHD says this for both limits */
         int all, per_ip;
         cm_http_conn_limits(cls, &all, &per_ip);
-        snprintf(line, sizeof line, "a connection refused: %d open in all (--max-conns) or %d from its address (--max-per-ip)",
-                 all, per_ip);
+        snprintf(line, sizeof line,
+                 "a connection refused: %d open in all (--max-conns) or %d from its address (--max-per-ip)", all,
+                 per_ip);
     }
     CM_LOGW("http: %s", line);
 }
@@ -58,8 +63,8 @@ int cm_http_fit_fd_limit(int want_conns) {
     }
     if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < want) {
         int fit = rl.rlim_cur > 320 ? (int)(rl.rlim_cur - 256) : 64;
-        CM_LOGW("http: %d connections need %llu file descriptors, the limit is %llu (ulimit -n); serving %d", want_conns,
-                (unsigned long long)want, (unsigned long long)rl.rlim_cur, fit);
+        CM_LOGW("http: %d connections need %llu file descriptors, the limit is %llu (ulimit -n); serving %d",
+                want_conns, (unsigned long long)want, (unsigned long long)rl.rlim_cur, fit);
         return fit;
     }
     return want_conns;

@@ -48,10 +48,22 @@ static void pystr(cm_buf *b, const char *s) {
 }
 
 static void pyjson_at(cm_buf *b, const cJSON *j, int indent, int depth) {
-    if (cJSON_IsNull(j) || !j) { cm_buf_puts(b, "null"); return; }
-    if (cJSON_IsTrue(j)) { cm_buf_puts(b, "true"); return; }
-    if (cJSON_IsFalse(j)) { cm_buf_puts(b, "false"); return; }
-    if (cJSON_IsString(j)) { pystr(b, j->valuestring); return; }
+    if (cJSON_IsNull(j) || !j) {
+        cm_buf_puts(b, "null");
+        return;
+    }
+    if (cJSON_IsTrue(j)) {
+        cm_buf_puts(b, "true");
+        return;
+    }
+    if (cJSON_IsFalse(j)) {
+        cm_buf_puts(b, "false");
+        return;
+    }
+    if (cJSON_IsString(j)) {
+        pystr(b, j->valuestring);
+        return;
+    }
     if (cJSON_IsNumber(j)) { /* the shortest text that reads back, as JavaScript prints it */
         double v = j->valuedouble;
         char t[40];
@@ -116,7 +128,10 @@ void cm_tools_mistral_list(cm_buf *b, const void *tools, bool tekken) {
 static cJSON *args_of(const cJSON *fn) {
     const cJSON *a = cJSON_GetObjectItemCaseSensitive(fn, "arguments");
     cJSON *o = cJSON_IsString(a) ? cJSON_Parse(a->valuestring) : NULL;
-    if (!o) o = cJSON_IsString(a) ? cJSON_CreateString(a->valuestring) : a ? cJSON_Duplicate(a, true) : cJSON_CreateObject();
+    if (!o)
+        o = cJSON_IsString(a) ? cJSON_CreateString(a->valuestring)
+            : a               ? cJSON_Duplicate(a, true)
+                              : cJSON_CreateObject();
     return o;
 }
 

@@ -88,7 +88,9 @@ int cm_hub_parse_ref(const char *s, cm_hub_ref *r, char *err, size_t errlen) {
         q += vl + 1;
     }
     if (tail == '/') {
-        if (!url) return cm_errf(err, errlen, CM_EINVAL, "'%s': name a file inside a repository as hf://org/repo/FILE.gguf", s);
+        if (!url)
+            return cm_errf(err, errlen, CM_EINVAL, "'%s': name a file inside a repository as hf://org/repo/FILE.gguf",
+                           s);
         if (!path_ok(q)) return cm_errf(err, errlen, CM_EINVAL, "'%s': bad file path", s);
         snprintf(r->file, sizeof r->file, "%s", q);
     } else if (tail == ':') {
@@ -104,8 +106,7 @@ int cm_hub_parse_ref(const char *s, cm_hub_ref *r, char *err, size_t errlen) {
     return 0;
 }
 
-int cm_hub_parse_listing(const char *json, size_t len, cm_hub_file **files, size_t *n, char *err,
-                         size_t errlen) {
+int cm_hub_parse_listing(const char *json, size_t len, cm_hub_file **files, size_t *n, char *err, size_t errlen) {
     *files = NULL;
     *n = 0;
     cJSON *root = cJSON_ParseWithLength(json, len);
@@ -117,7 +118,10 @@ int cm_hub_parse_listing(const char *json, size_t len, cm_hub_file **files, size
     size_t cap = count < 0 ? 0 : (size_t)count;
     if (cap > CM_HUB_MAX_FILES) cap = CM_HUB_MAX_FILES;
     cm_hub_file *out = cm_calloc(cap ? cap : 1, sizeof *out);
-    if (!out) { cJSON_Delete(root); return cm_errf(err, errlen, CM_ENOMEM, "out of memory"); }
+    if (!out) {
+        cJSON_Delete(root);
+        return cm_errf(err, errlen, CM_ENOMEM, "out of memory");
+    }
     size_t k = 0;
     const cJSON *it;
     cJSON_ArrayForEach(it, root) {
@@ -129,12 +133,14 @@ int cm_hub_parse_listing(const char *json, size_t len, cm_hub_file **files, size
         if (!cJSON_IsString(path) || !path_ok(path->valuestring)) continue;
         cm_hub_file *f = &out[k];
         snprintf(f->path, sizeof f->path, "%s", path->valuestring);
-        if (cJSON_IsNumber(size) && size->valuedouble >= 0 && size->valuedouble < 1e18) f->size = (uint64_t)size->valuedouble;
+        if (cJSON_IsNumber(size) && size->valuedouble >= 0 && size->valuedouble < 1e18)
+            f->size = (uint64_t)size->valuedouble;
         const cJSON *lfs = cJSON_GetObjectItemCaseSensitive(it, "lfs");
         if (cJSON_IsObject(lfs)) {
             const cJSON *oid = cJSON_GetObjectItemCaseSensitive(lfs, "oid");
             const cJSON *ls = cJSON_GetObjectItemCaseSensitive(lfs, "size");
-            if (cJSON_IsNumber(ls) && ls->valuedouble >= 0 && ls->valuedouble < 1e18) f->size = (uint64_t)ls->valuedouble;
+            if (cJSON_IsNumber(ls) && ls->valuedouble >= 0 && ls->valuedouble < 1e18)
+                f->size = (uint64_t)ls->valuedouble;
             const char *o = cJSON_IsString(oid) ? oid->valuestring : "";
             if (!strncmp(o, "sha256:", 7)) o += 7;
             bool hex = strlen(o) == 64;
@@ -229,14 +235,17 @@ static void list_offer(const cm_hub_file *files, size_t n, char *out, size_t cap
         if (!ends_with_ci(files[i].path, ".gguf")) continue;
         if (cm_hub_split_name(files[i].path, &k, &parts) && k != 1) continue;
         int w = snprintf(out + o, cap - o, "%s%s", o ? ", " : "", files[i].path);
-        if (w < 0 || (size_t)w >= cap - o) { snprintf(out + (cap > 5 ? cap - 5 : 0), 5, "..."); break; }
+        if (w < 0 || (size_t)w >= cap - o) {
+            snprintf(out + (cap > 5 ? cap - 5 : 0), 5, "...");
+            break;
+        }
         o += (size_t)w;
     }
     if (!o) snprintf(out, cap, "no .gguf files");
 }
 
-int cm_hub_choose(const cm_hub_ref *r, const cm_hub_file *files, size_t n, size_t *pick, size_t *npick,
-                  char *err, size_t errlen) {
+int cm_hub_choose(const cm_hub_ref *r, const cm_hub_file *files, size_t n, size_t *pick, size_t *npick, char *err,
+                  size_t errlen) {
     *npick = 0;
     char offer[600];
     if (r->file[0]) {
@@ -255,7 +264,8 @@ int cm_hub_choose(const cm_hub_ref *r, const cm_hub_file *files, size_t n, size_
     }
     list_offer(files, n, offer, sizeof offer);
     if (nc == 0) {
-        if (r->quant[0]) return cm_errf(err, errlen, CM_ENOENT, "%s has no %s file; it has: %s", r->repo, r->quant, offer);
+        if (r->quant[0])
+            return cm_errf(err, errlen, CM_ENOENT, "%s has no %s file; it has: %s", r->repo, r->quant, offer);
         return cm_errf(err, errlen, CM_ENOENT, "%s has no GGUF files (cumulo runs GGUF models)", r->repo);
     }
     if (nc == 1) return pick_with_parts(files, n, cand[0], pick, npick, err, errlen);
@@ -263,7 +273,8 @@ int cm_hub_choose(const cm_hub_ref *r, const cm_hub_file *files, size_t n, size_
         static const char *const pref[] = {"Q4_K_M", "Q4_0", "Q8_0"};
         for (size_t p = 0; p < CM_ARRAY_LEN(pref); p++)
             for (size_t i = 0; i < nc; i++)
-                if (has_quant(files[cand[i]].path, pref[p])) return pick_with_parts(files, n, cand[i], pick, npick, err, errlen);
+                if (has_quant(files[cand[i]].path, pref[p]))
+                    return pick_with_parts(files, n, cand[i], pick, npick, err, errlen);
     }
     return cm_errf(err, errlen, CM_ENOENT, "%s%s%s names %zu files (%s); add the file: hf://%s/FILE.gguf", r->repo,
                    r->quant[0] ? ":" : "", r->quant, nc, offer, r->repo);

@@ -23,10 +23,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define CM_HUB_MAX_PATH 512  /* a file's path inside its repository */
-#define CM_HUB_MAX_REPO 200  /* "org/repo" */
+#define CM_HUB_MAX_PATH 512   /* a file's path inside its repository */
+#define CM_HUB_MAX_REPO 200   /* "org/repo" */
 #define CM_HUB_MAX_FILES 4096 /* entries read from one listing */
-#define CM_HUB_MAX_PARTS 256 /* parts of a multi-part GGUF */
+#define CM_HUB_MAX_PARTS 256  /* parts of a multi-part GGUF */
 
 /* What the user named. */
 typedef struct cm_hub_ref {
@@ -57,8 +57,7 @@ int cm_hub_parse_ref(const char *s, cm_hub_ref *r, char *err, size_t errlen);
  * into files (cm_calloc'd; free with cm_free). Directories are skipped.
  * Bounded: at most CM_HUB_MAX_FILES entries; paths longer than
  * CM_HUB_MAX_PATH-1 or with ".." are skipped. CM_EFORMAT on bad JSON. */
-int cm_hub_parse_listing(const char *json, size_t len, cm_hub_file **files, size_t *n, char *err,
-                         size_t errlen);
+int cm_hub_parse_listing(const char *json, size_t len, cm_hub_file **files, size_t *n, char *err, size_t errlen);
 
 /* Which files the reference means, as indexes into files (in part order):
  * the named file (and its sibling parts when it is "-0000K-of-0000N.gguf");
@@ -67,8 +66,8 @@ int cm_hub_parse_listing(const char *json, size_t len, cm_hub_file **files, size
  * first of Q4_K_M, Q4_0, Q8_0 present. A missing part of a multi-part
  * file, no match, or a choice left open is CM_ENOENT with a message that
  * lists what the repository offers. */
-int cm_hub_choose(const cm_hub_ref *r, const cm_hub_file *files, size_t n, size_t *pick, size_t *npick,
-                  char *err, size_t errlen);
+int cm_hub_choose(const cm_hub_ref *r, const cm_hub_file *files, size_t n, size_t *pick, size_t *npick, char *err,
+                  size_t errlen);
 
 /* "NAME-0000K-of-0000N.gguf": sets *k and *n (1 <= k <= n) and returns
  * true; false for any other name. */
@@ -95,8 +94,7 @@ void cm_hub_client_init(cm_hub_client *c);
 /* GET the listing of r's repository at r->revision (recursive; follows the
  * Hub's "Link: <...>; rel=next" pages). 401/403 name HF_TOKEN, 404 names
  * the repository. */
-int cm_hub_list(const cm_hub_client *c, const cm_hub_ref *r, cm_hub_file **files, size_t *n, char *err,
-                size_t errlen);
+int cm_hub_list(const cm_hub_client *c, const cm_hub_ref *r, cm_hub_file **files, size_t *n, char *err, size_t errlen);
 /* Download f of r's repository to dest: bytes go to dest + ".part",
  * resumed from its length with a Range request (after an interruption in
  * this run or an earlier one), hashed as they arrive (the .part's bytes
@@ -104,18 +102,18 @@ int cm_hub_list(const cm_hub_client *c, const cm_hub_ref *r, cm_hub_file **files
  * hash deletes the .part and is CM_EFORMAT naming both hashes. dest
  * already there with the right size is left alone (verified when
  * `verify`). */
-int cm_hub_download(const cm_hub_client *c, const cm_hub_ref *r, const cm_hub_file *f, const char *dest,
-                    bool verify, char *err, size_t errlen);
+int cm_hub_download(const cm_hub_client *c, const cm_hub_ref *r, const cm_hub_file *f, const char *dest, bool verify,
+                    char *err, size_t errlen);
 /* sha256 of a file as lowercase hex (65 bytes with the NUL). */
 int cm_hub_file_sha256(const char *path, char out[65], char *err, size_t errlen);
 
 /* ---- models.c (what is on disk) ---- */
 typedef struct cm_model_entry {
-    char path[1024];   /* full path */
-    char name[600];    /* "org/repo/file.gguf" relative to the models dir */
-    uint64_t size;     /* all parts together */
-    int parts;         /* 1, or N for a complete multi-part file (listed once, by part 1) */
-    char arch[64];     /* general.architecture, or "?" when unreadable */
+    char path[1024]; /* full path */
+    char name[600];  /* "org/repo/file.gguf" relative to the models dir */
+    uint64_t size;   /* all parts together */
+    int parts;       /* 1, or N for a complete multi-part file (listed once, by part 1) */
+    char arch[64];   /* general.architecture, or "?" when unreadable */
 } cm_model_entry;
 /* The GGUF files under dir (three levels: org/repo/file), sorted by name,
  * incomplete .part files left out. cm_free(*out). */

@@ -24,7 +24,7 @@
 #define CM_HUB_LISTING_MAX (16u << 20) /* bytes of one listing page */
 #define CM_HUB_MAX_PAGES 64
 #define CM_HUB_CONNECT_S 20L
-#define CM_HUB_STALL_S 60L             /* no byte for this long: the transfer failed */
+#define CM_HUB_STALL_S 60L /* no byte for this long: the transfer failed */
 
 static pthread_once_t g_curl_once = PTHREAD_ONCE_INIT;
 static void curl_once(void) { curl_global_init(CURL_GLOBAL_DEFAULT); }
@@ -69,18 +69,28 @@ static int http_error(long code, const char *what, const char *repo, char *err, 
     if (code == 401 || code == 403)
         return cm_errf(err, errlen, CM_EAUTH,
                        "%s: the hub answered %ld (%s): %s is gated or private; accept its terms on the hub and "
-                       "set HF_TOKEN to an access token", what, code, code == 401 ? "unauthorized" : "forbidden", repo);
-    if (code == 404) return cm_errf(err, errlen, CM_ENOENT, "%s: not found on the hub (404): check the name '%s'", what, repo);
+                       "set HF_TOKEN to an access token",
+                       what, code, code == 401 ? "unauthorized" : "forbidden", repo);
+    if (code == 404)
+        return cm_errf(err, errlen, CM_ENOENT, "%s: not found on the hub (404): check the name '%s'", what, repo);
     return cm_errf(err, errlen, CM_EIO, "%s: the hub answered HTTP %ld", what, code);
 }
 
 /* ---- listing ---- */
-typedef struct membuf { char *p; size_t n, cap; bool over; char next[1024]; } membuf;
+typedef struct membuf {
+    char *p;
+    size_t n, cap;
+    bool over;
+    char next[1024];
+} membuf;
 
 static size_t mem_write(char *d, size_t sz, size_t nm, void *ctx) {
     membuf *b = ctx;
     size_t n = sz * nm;
-    if (b->n + n > CM_HUB_LISTING_MAX) { b->over = true; return 0; }
+    if (b->n + n > CM_HUB_LISTING_MAX) {
+        b->over = true;
+        return 0;
+    }
     if (b->n + n + 1 > b->cap) {
         size_t nc = (b->n + n + 1) * 2;
         char *np = cm_realloc(b->p, nc);
@@ -112,8 +122,7 @@ static size_t link_header(char *d, size_t sz, size_t nm, void *ctx) {
     return n;
 }
 
-int cm_hub_list(const cm_hub_client *c, const cm_hub_ref *r, cm_hub_file **files, size_t *n, char *err,
-                size_t errlen) {
+int cm_hub_list(const cm_hub_client *c, const cm_hub_ref *r, cm_hub_file **files, size_t *n, char *err, size_t errlen) {
     *files = NULL;
     *n = 0;
     char url[1024];
@@ -134,8 +143,9 @@ int cm_hub_list(const cm_hub_client *c, const cm_hub_ref *r, cm_hub_file **files
         curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &code);
         curl_easy_cleanup(h);
         curl_slist_free_all(hdrs);
-        if (b.over) rc = cm_errf(err, errlen, CM_EFORMAT, "the listing of %s is larger than %u MiB", r->repo,
-                                 CM_HUB_LISTING_MAX >> 20);
+        if (b.over)
+            rc = cm_errf(err, errlen, CM_EFORMAT, "the listing of %s is larger than %u MiB", r->repo,
+                         CM_HUB_LISTING_MAX >> 20);
         else if (cr != CURLE_OK)
             rc = cm_errf(err, errlen, CM_EIO, "cannot list %s at %s: %s", r->repo, c->endpoint, curl_easy_strerror(cr));
         else if (code != 200) rc = http_error(code, "listing", r->repo, err, errlen);
@@ -156,7 +166,11 @@ int cm_hub_list(const cm_hub_client *c, const cm_hub_ref *r, cm_hub_file **files
         snprintf(url, sizeof url, "%s", b.next);
         if (*n >= CM_HUB_MAX_FILES) break;
     }
-    if (rc) { cm_free(*files); *files = NULL; *n = 0; }
+    if (rc) {
+        cm_free(*files);
+        *files = NULL;
+        *n = 0;
+    }
     return rc;
 }
 
@@ -195,18 +209,27 @@ static size_t dl_write(char *d, size_t sz, size_t nm, void *ctx) {
         curl_easy_getinfo(x->h, CURLINFO_RESPONSE_CODE, &code);
         x->checked = true;
         if (code == 200 && x->have > 0) { /* a full body: start over */
-            if (ftruncate(x->fd, 0) || lseek(x->fd, 0, SEEK_SET) < 0) { x->failed = true; return 0; }
+            if (ftruncate(x->fd, 0) || lseek(x->fd, 0, SEEK_SET) < 0) {
+                x->failed = true;
+                return 0;
+            }
             x->have = 0;
             crypto_hash_sha256_init(&x->st);
         } else if (code != 200 && code != 206) {
             return 0; /* an error page: not file bytes */
         }
     }
-    if (x->have + n > x->size) { x->failed = true; return 0; } /* more than the listing said */
+    if (x->have + n > x->size) {
+        x->failed = true;
+        return 0;
+    } /* more than the listing said */
     for (size_t o = 0; o < n;) {
         ssize_t w = write(x->fd, d + o, n - o);
         if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) { x->failed = true; return 0; }
+        if (w <= 0) {
+            x->failed = true;
+            return 0;
+        }
         o += (size_t)w;
     }
     crypto_hash_sha256_update(&x->st, (const unsigned char *)d, n);
@@ -230,8 +253,8 @@ static int hash_existing(dl *x, char *err, size_t errlen, const char *part) {
     return 0;
 }
 
-int cm_hub_download(const cm_hub_client *c, const cm_hub_ref *r, const cm_hub_file *f, const char *dest,
-                    bool verify, char *err, size_t errlen) {
+int cm_hub_download(const cm_hub_client *c, const cm_hub_ref *r, const cm_hub_file *f, const char *dest, bool verify,
+                    char *err, size_t errlen) {
     struct stat sb;
     if (!stat(dest, &sb) && (uint64_t)sb.st_size == f->size) {
         if (!verify || !f->sha256[0]) return 0;
@@ -239,10 +262,12 @@ int cm_hub_download(const cm_hub_client *c, const cm_hub_ref *r, const cm_hub_fi
         int rc = cm_hub_file_sha256(dest, got, err, errlen);
         if (rc) return rc;
         if (!strcmp(got, f->sha256)) return 0;
-        return cm_errf(err, errlen, CM_EFORMAT, "'%s' is there but its sha256 is %s, not %s; delete it (cumulo rm) and pull again",
-                       dest, got, f->sha256);
+        return cm_errf(err, errlen, CM_EFORMAT,
+                       "'%s' is there but its sha256 is %s, not %s; delete it (cumulo rm) and pull again", dest, got,
+                       f->sha256);
     }
-    if (cm_mkdir_p(dest, 0755, true)) return cm_errf(err, errlen, CM_EIO, "cannot create the directories of '%s': %s", dest, strerror(errno));
+    if (cm_mkdir_p(dest, 0755, true))
+        return cm_errf(err, errlen, CM_EIO, "cannot create the directories of '%s': %s", dest, strerror(errno));
     char part[1100];
     snprintf(part, sizeof part, "%s.part", dest);
     dl x = {.size = f->size, .c = c};
@@ -260,10 +285,16 @@ int cm_hub_download(const cm_hub_client *c, const cm_hub_ref *r, const cm_hub_fi
     char url[1400];
     snprintf(url, sizeof url, "%s/%s/resolve/%s/%s", c->endpoint, r->repo, r->revision, f->path);
     for (int attempt = 0; !rc && x.have < x.size; attempt++) {
-        if (lseek(x.fd, (off_t)x.have, SEEK_SET) < 0) { rc = cm_errf(err, errlen, CM_EIO, "cannot seek '%s'", part); break; }
+        if (lseek(x.fd, (off_t)x.have, SEEK_SET) < 0) {
+            rc = cm_errf(err, errlen, CM_EIO, "cannot seek '%s'", part);
+            break;
+        }
         struct curl_slist *hdrs;
         x.h = handle(c, &hdrs);
-        if (!x.h) { rc = cm_errf(err, errlen, CM_ENOMEM, "cannot start an HTTP client"); break; }
+        if (!x.h) {
+            rc = cm_errf(err, errlen, CM_ENOMEM, "cannot start an HTTP client");
+            break;
+        }
         x.checked = x.failed = false;
         uint64_t before = x.have;
         char range[64];
@@ -279,19 +310,27 @@ int cm_hub_download(const cm_hub_client *c, const cm_hub_ref *r, const cm_hub_fi
         curl_slist_free_all(hdrs);
         if (x.failed) {
             rc = cm_errf(err, errlen, CM_EIO, "%s: %s", f->path,
-                         x.have >= x.size ? "the server sent more bytes than the listing's size" : "cannot write the file (disk full?)");
+                         x.have >= x.size ? "the server sent more bytes than the listing's size"
+                                          : "cannot write the file (disk full?)");
             break;
         }
-        if (code >= 400 && code != 416) { rc = http_error(code, f->path, r->repo, err, errlen); break; }
+        if (code >= 400 && code != 416) {
+            rc = http_error(code, f->path, r->repo, err, errlen);
+            break;
+        }
         if (code == 416) { /* our range is past what the server has: start again */
-            if (ftruncate(x.fd, 0)) { rc = cm_errf(err, errlen, CM_EIO, "cannot truncate '%s'", part); break; }
+            if (ftruncate(x.fd, 0)) {
+                rc = cm_errf(err, errlen, CM_EIO, "cannot truncate '%s'", part);
+                break;
+            }
             x.have = 0;
             crypto_hash_sha256_init(&x.st);
         }
         if (x.have >= x.size) break;
         if (attempt >= c->retries) {
-            rc = cm_errf(err, errlen, CM_EIO, "%s: download interrupted at %llu of %llu bytes (%s); run pull again to resume",
-                         f->path, (unsigned long long)x.have, (unsigned long long)x.size,
+            rc = cm_errf(err, errlen, CM_EIO,
+                         "%s: download interrupted at %llu of %llu bytes (%s); run pull again to resume", f->path,
+                         (unsigned long long)x.have, (unsigned long long)x.size,
                          cr != CURLE_OK ? curl_easy_strerror(cr) : "connection closed early");
             break;
         }
@@ -312,7 +351,8 @@ int cm_hub_download(const cm_hub_client *c, const cm_hub_ref *r, const cm_hub_fi
         sodium_bin2hex(got, sizeof got, h, 32);
         if (strcmp(got, f->sha256)) {
             unlink(part);
-            return cm_errf(err, errlen, CM_EFORMAT, "%s: sha256 is %s, the hub says %s: the download is corrupt and was deleted; pull again",
+            return cm_errf(err, errlen, CM_EFORMAT,
+                           "%s: sha256 is %s, the hub says %s: the download is corrupt and was deleted; pull again",
                            f->path, got, f->sha256);
         }
     }

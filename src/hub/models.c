@@ -79,7 +79,8 @@ static int for_each_repo(const char *dir, int (*fn)(void *ctx, const char *rdir,
             if (b->d_name[0] == '.') continue;
             char rdir[1500], name[600];
             snprintf(rdir, sizeof rdir, "%s/%s", odir, b->d_name);
-            if (!is_dir(rdir) || snprintf(name, sizeof name, "%s/%s", a->d_name, b->d_name) >= (int)sizeof name) continue;
+            if (!is_dir(rdir) || snprintf(name, sizeof name, "%s/%s", a->d_name, b->d_name) >= (int)sizeof name)
+                continue;
             rc = fn(ctx, rdir, name);
         }
         closedir(d2);
@@ -88,7 +89,10 @@ static int for_each_repo(const char *dir, int (*fn)(void *ctx, const char *rdir,
     return rc;
 }
 
-typedef struct list_ctx { cm_model_entry *out; size_t n, cap; } list_ctx;
+typedef struct list_ctx {
+    cm_model_entry *out;
+    size_t n, cap;
+} list_ctx;
 
 /* One repository's GGUF files into the list (a multi-part file once, by part 1, when complete). */
 static int list_repo(void *ctx, const char *rdir, const char *name) {
@@ -113,7 +117,10 @@ static int list_repo(void *ctx, const char *rdir, const char *name) {
         if (l->n == l->cap) {
             size_t nc = l->cap ? l->cap * 2 : 16;
             cm_model_entry *p = cm_realloc(l->out, nc * sizeof *p);
-            if (!p) { rc = CM_ENOMEM; break; }
+            if (!p) {
+                rc = CM_ENOMEM;
+                break;
+            }
             l->out = p;
             l->cap = nc;
         }
@@ -154,7 +161,12 @@ int cm_models_list(const char *dir, cm_model_entry **out, size_t *n, char *err, 
     return 0;
 }
 
-typedef struct find_ctx { const char *base; char *out; size_t cap; int k, max; } find_ctx;
+typedef struct find_ctx {
+    const char *base;
+    char *out;
+    size_t cap;
+    int k, max;
+} find_ctx;
 
 static int find_in_repo(void *ctx, const char *rdir, const char *name) {
     (void)name;
@@ -200,8 +212,8 @@ int cm_models_resolve(const char *arg, char *out, size_t cap, char *err, size_t 
     } else if (nf) {
         rc = cm_errf(err, errlen, CM_ENOENT, "'%s' is not pulled (%s); `cumulo pull %s` downloads it", arg, why, arg);
     } else {
-        rc = cm_errf(err, errlen, CM_ENOENT, "'%s' is neither a file nor a pulled model (in %s); `cumulo pull %s` downloads it",
-                     arg, dir, arg);
+        rc = cm_errf(err, errlen, CM_ENOENT,
+                     "'%s' is neither a file nor a pulled model (in %s); `cumulo pull %s` downloads it", arg, dir, arg);
     }
     cm_free(files);
     return rc;

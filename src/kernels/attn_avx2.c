@@ -24,11 +24,13 @@ static void attn_v_f32(int64_t D, const void *v, size_t v_row, const float *w, i
     for (; i + 8 <= D; i += 8) {
         __m256 a = _mm256_loadu_ps(acc + i);
         const char *r = (const char *)v + (size_t)i * 4;
-        for (int j = 0; j < n; j++, r += v_row) a = _mm256_fmadd_ps(_mm256_set1_ps(w[j]), _mm256_loadu_ps((const float *)r), a);
+        for (int j = 0; j < n; j++, r += v_row)
+            a = _mm256_fmadd_ps(_mm256_set1_ps(w[j]), _mm256_loadu_ps((const float *)r), a);
         _mm256_storeu_ps(acc + i, a);
     }
     for (; i < D; i++)
-        for (int j = 0; j < n; j++) acc[i] = fmaf(w[j], ((const float *)((const char *)v + (size_t)j * v_row))[i], acc[i]);
+        for (int j = 0; j < n; j++)
+            acc[i] = fmaf(w[j], ((const float *)((const char *)v + (size_t)j * v_row))[i], acc[i]);
 }
 
 static void attn_v_f16(int64_t D, const void *v, size_t v_row, const float *w, int n, float *acc) {
@@ -92,7 +94,7 @@ static void attn_f16_dot(int64_t D, float *s, const void *xv, const void *yv) {
             a[j] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i + 8 * j))),
                                    _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(y + i + 8 * j))), a[j]);
     for (int j = 0; j < 4; j++) a[j] = _mm256_add_ps(a[j], a[j + 4]); /* l + l+32 */
-    a[0] = _mm256_add_ps(a[0], a[2]);                                   /* l + l+16 */
+    a[0] = _mm256_add_ps(a[0], a[2]);                                 /* l + l+16 */
     a[1] = _mm256_add_ps(a[1], a[3]);
     float t[16];
     _mm256_storeu_ps(t, a[0]);
@@ -245,8 +247,8 @@ CM_ATTN_MULTI_DEFINE()
  * a denormal or 0 as expf's result does). */
 AI __m256 exp256(__m256 x) {
     x = _mm256_max_ps(x, _mm256_set1_ps(-104.0f));
-    const __m256 n =
-        _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
     r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187045e-06f), r);
     __m256 p = _mm256_set1_ps(1.0f / 5040);

@@ -26,11 +26,13 @@ static void attn_v_f32(int64_t D, const void *v, size_t v_row, const float *w, i
     for (; i + 16 <= D; i += 16) {
         __m512 a = _mm512_loadu_ps(acc + i);
         const char *r = (const char *)v + (size_t)i * 4;
-        for (int j = 0; j < n; j++, r += v_row) a = _mm512_fmadd_ps(_mm512_set1_ps(w[j]), _mm512_loadu_ps((const float *)r), a);
+        for (int j = 0; j < n; j++, r += v_row)
+            a = _mm512_fmadd_ps(_mm512_set1_ps(w[j]), _mm512_loadu_ps((const float *)r), a);
         _mm512_storeu_ps(acc + i, a);
     }
     for (; i < D; i++)
-        for (int j = 0; j < n; j++) acc[i] = fmaf(w[j], ((const float *)((const char *)v + (size_t)j * v_row))[i], acc[i]);
+        for (int j = 0; j < n; j++)
+            acc[i] = fmaf(w[j], ((const float *)((const char *)v + (size_t)j * v_row))[i], acc[i]);
 }
 
 static void attn_v_f16(int64_t D, const void *v, size_t v_row, const float *w, int n, float *acc) {
@@ -55,7 +57,8 @@ static void attn_v_q8_0(int64_t D, const void *v, size_t v_row, const float *w, 
         for (int j = 0; j < n; j++, r += v_row) {
             const cm_block_q8_0 *blk = (const cm_block_q8_0 *)r;
             const __m512 d = _mm512_set1_ps(cm_f16_to_f32(blk->d)), wj = _mm512_set1_ps(w[j]);
-            const __m128i q0 = _mm_loadu_si128((const __m128i *)blk->qs), q1 = _mm_loadu_si128((const __m128i *)(blk->qs + 16));
+            const __m128i q0 = _mm_loadu_si128((const __m128i *)blk->qs),
+                          q1 = _mm_loadu_si128((const __m128i *)(blk->qs + 16));
             const __m512 x0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q0)), d);
             const __m512 x1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q1)), d);
             a0 = _mm512_fmadd_ps(wj, x0, a0);
@@ -113,8 +116,14 @@ static void attn_f16_dot(int64_t D, float *s, const void *xv, const void *yv) {
 #define AI static inline __attribute__((always_inline))
 
 AI __m512 row16(enum cm_type T, const char *r, int64_t i, float *d) {
-    if (T == CM_TYPE_F32) { *d = 1.0f; return _mm512_loadu_ps((const float *)r + i); }
-    if (T == CM_TYPE_F16) { *d = 1.0f; return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const cm_f16 *)r + i))); }
+    if (T == CM_TYPE_F32) {
+        *d = 1.0f;
+        return _mm512_loadu_ps((const float *)r + i);
+    }
+    if (T == CM_TYPE_F16) {
+        *d = 1.0f;
+        return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const cm_f16 *)r + i)));
+    }
     if (T == CM_TYPE_Q8_0) {
         const cm_block_q8_0 *b = (const cm_block_q8_0 *)r + i / 32;
         *d = cm_f16_to_f32(b->d);
@@ -132,11 +141,14 @@ AI __m512 row16(enum cm_type T, const char *r, int64_t i, float *d) {
 AI __m512 hsum16(const __m512 *v) {
     __m512 a[8], b[4], c[2];
     for (int i = 0; i < 8; i++)
-        a[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44), _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xEE));
+        a[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44),
+                             _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xEE));
     for (int i = 0; i < 4; i++)
-        b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x88), _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xDD));
+        b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x88),
+                             _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xDD));
     for (int i = 0; i < 2; i++)
-        c[i] = _mm512_add_ps(_mm512_shuffle_ps(b[2 * i], b[2 * i + 1], 0x44), _mm512_shuffle_ps(b[2 * i], b[2 * i + 1], 0xEE));
+        c[i] = _mm512_add_ps(_mm512_shuffle_ps(b[2 * i], b[2 * i + 1], 0x44),
+                             _mm512_shuffle_ps(b[2 * i], b[2 * i + 1], 0xEE));
     return _mm512_add_ps(_mm512_shuffle_ps(c[0], c[1], 0x88), _mm512_shuffle_ps(c[0], c[1], 0xDD));
 }
 
@@ -176,13 +188,14 @@ AI void qk_multi(enum cm_type T, int64_t D, int nq, const float *q, const void *
                 for (int h = 0; h < nh; h++) v[h][(t & 3) * 4 + (t >> 2)] = a[h];
             }
             const __mmask16 km = (__mmask16)((1u << nt) - 1);
-            for (int h = 0; h < nh; h++) _mm512_mask_storeu_ps(s + (h0 + h) * ld + j, km, _mm512_mul_ps(hsum16(v[h]), vs));
+            for (int h = 0; h < nh; h++)
+                _mm512_mask_storeu_ps(s + (h0 + h) * ld + j, km, _mm512_mul_ps(hsum16(v[h]), vs));
         }
     }
 }
 
-AI void vm_multi(enum cm_type T, int64_t D, int nq, const void *v, size_t v_row, const float *w, int ld,
-                            int n, float *acc) {
+AI void vm_multi(enum cm_type T, int64_t D, int nq, const void *v, size_t v_row, const float *w, int ld, int n,
+                 float *acc) {
     for (int64_t i = 0; i < D; i += 16)
         for (int h0 = 0; h0 < nq; h0 += 4) {
             const int nh = nq - h0 < 4 ? nq - h0 : 4;

@@ -28,7 +28,8 @@ static void attn_v_f32(int64_t D, const void *v, size_t v_row, const float *w, i
         vst1q_f32(acc + i, a);
     }
     for (; i < D; i++)
-        for (int j = 0; j < n; j++) acc[i] = fmaf(w[j], ((const float *)((const char *)v + (size_t)j * v_row))[i], acc[i]);
+        for (int j = 0; j < n; j++)
+            acc[i] = fmaf(w[j], ((const float *)((const char *)v + (size_t)j * v_row))[i], acc[i]);
 }
 
 static void attn_v_f16(int64_t D, const void *v, size_t v_row, const float *w, int n, float *acc) {

@@ -83,34 +83,34 @@ static void row_to_float(enum cm_type t, const void *row, float *y, int64_t D) {
     }
 }
 
-#define ATTN_MULTI_REF(T, NAME)                                                                                       \
-    static void attn_qk_##NAME(int64_t D, int nq, const float *q, const void *k, size_t k_row, int n, float scale,  \
-                               float *s, int ld) {                                                                   \
-        float kf[32];                                                                                                 \
-        for (int j = 0; j < n; j++) {                                                                                 \
-            const char *r = (const char *)k + (size_t)j * k_row;                                                      \
-            for (int h = 0; h < nq; h++) s[h * ld + j] = 0.0f;                                                        \
-            for (int64_t b = 0; b < D; b += 32) { /* D is a multiple of 32 for the block types (attn_split.c) */     \
-                const int64_t nb = D - b < 32 ? D - b : 32;                                                           \
-                row_to_float(T, r + cm_row_size(T, b), kf, nb);                                                       \
-                for (int h = 0; h < nq; h++)                                                                          \
-                    for (int64_t i = 0; i < nb; i++) s[h * ld + j] += kf[i] * q[h * D + b + i];                       \
-            }                                                                                                         \
-            for (int h = 0; h < nq; h++) s[h * ld + j] *= scale;                                                      \
-        }                                                                                                             \
-    }                                                                                                                 \
-    static void attn_vm_##NAME(int64_t D, int nq, const void *v, size_t v_row, const float *w, int ld, int n,       \
-                               float *acc) {                                                                         \
-        float vf[32];                                                                                                 \
-        for (int j = 0; j < n; j++) {                                                                                 \
-            const char *r = (const char *)v + (size_t)j * v_row;                                                      \
-            for (int64_t b = 0; b < D; b += 32) {                                                                     \
-                const int64_t nb = D - b < 32 ? D - b : 32;                                                           \
-                row_to_float(T, r + cm_row_size(T, b), vf, nb);                                                       \
-                for (int h = 0; h < nq; h++)                                                                          \
-                    for (int64_t i = 0; i < nb; i++) acc[h * D + b + i] += w[h * ld + j] * vf[i];                     \
-            }                                                                                                         \
-        }                                                                                                             \
+#define ATTN_MULTI_REF(T, NAME)                                                                                    \
+    static void attn_qk_##NAME(int64_t D, int nq, const float *q, const void *k, size_t k_row, int n, float scale, \
+                               float *s, int ld) {                                                                 \
+        float kf[32];                                                                                              \
+        for (int j = 0; j < n; j++) {                                                                              \
+            const char *r = (const char *)k + (size_t)j * k_row;                                                   \
+            for (int h = 0; h < nq; h++) s[h * ld + j] = 0.0f;                                                     \
+            for (int64_t b = 0; b < D; b += 32) { /* D is a multiple of 32 for the block types (attn_split.c) */   \
+                const int64_t nb = D - b < 32 ? D - b : 32;                                                        \
+                row_to_float(T, r + cm_row_size(T, b), kf, nb);                                                    \
+                for (int h = 0; h < nq; h++)                                                                       \
+                    for (int64_t i = 0; i < nb; i++) s[h * ld + j] += kf[i] * q[h * D + b + i];                    \
+            }                                                                                                      \
+            for (int h = 0; h < nq; h++) s[h * ld + j] *= scale;                                                   \
+        }                                                                                                          \
+    }                                                                                                              \
+    static void attn_vm_##NAME(int64_t D, int nq, const void *v, size_t v_row, const float *w, int ld, int n,      \
+                               float *acc) {                                                                       \
+        float vf[32];                                                                                              \
+        for (int j = 0; j < n; j++) {                                                                              \
+            const char *r = (const char *)v + (size_t)j * v_row;                                                   \
+            for (int64_t b = 0; b < D; b += 32) {                                                                  \
+                const int64_t nb = D - b < 32 ? D - b : 32;                                                        \
+                row_to_float(T, r + cm_row_size(T, b), vf, nb);                                                    \
+                for (int h = 0; h < nq; h++)                                                                       \
+                    for (int64_t i = 0; i < nb; i++) acc[h * D + b + i] += w[h * ld + j] * vf[i];                  \
+            }                                                                                                      \
+        }                                                                                                          \
     }
 ATTN_MULTI_REF(CM_TYPE_F32, f32)
 ATTN_MULTI_REF(CM_TYPE_F16, f16)

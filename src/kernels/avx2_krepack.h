@@ -24,7 +24,8 @@ AI void ak4_block(const uint8_t *qs, const uint8_t *sc, __m128i mn16, float d, f
     for (int j = 0; j < 4; j++) {
         const __m256i q = ld256(qs + 32 * j);
         const __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-        const __m256i plo = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, ld256(y->qs + 64 * j)), _mm256_set1_epi16(sc[2 * j]));
+        const __m256i plo =
+            _mm256_madd_epi16(_mm256_maddubs_epi16(lo, ld256(y->qs + 64 * j)), _mm256_set1_epi16(sc[2 * j]));
         const __m256i phi =
             _mm256_madd_epi16(_mm256_maddubs_epi16(hi, ld256(y->qs + 64 * j + 32)), _mm256_set1_epi16(sc[2 * j + 1]));
         sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(plo, phi));
@@ -53,14 +54,14 @@ AI float ak4_row(int64_t nb, const uint8_t *x, const cm_block_q8_k *y, const __m
     for (const cm_block_q4_k *xt = (const cm_block_q4_k *)(const void *)x; b < nb; b++, xt++) {
         uint8_t sc[8], mn[8];
         kscales(xt->scales, sc, mn);
-        ak4_block(xt->qs, sc, _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mn)), f16f(xt->d), f16f(xt->dmin), y + b,
-                  pairs[b], &acc, &accm);
+        ak4_block(xt->qs, sc, _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mn)), f16f(xt->d), f16f(xt->dmin),
+                  y + b, pairs[b], &acc, &accm);
     }
     return hsum8(acc) - hsum4(accm);
 }
 
-static void gemv_ak4_k(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
-                       int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {
+static void gemv_ak4_k(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
+                       int64_t r0, int64_t r1, int64_t n_tok) {
     (void)x_stride, (void)ldy, (void)n_tok;
     const int64_t nb = k / CM_QK_K;
     CM_ASSERT(nb <= RK4_MAXB);

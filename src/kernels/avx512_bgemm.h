@@ -66,15 +66,16 @@ AI void bq4_tile(int64_t nb, const uint8_t *x, const uint8_t *pk, size_t tb, con
     for (int64_t b = 16 * ng; b < nb; b++, xt++) {
         const __m256i qx = _mm256_sub_epi8(nibbles32(xt->qs), _mm256_set1_epi8(8));
         for (int t = 0; t < T; t++)
-            c[t] = fma_lane(c[t], (int)(b & 7), hsum_i32(dot_s8s8(qx, ld256(yv[t][b].qs))), f16f(xt->d) * f16f(yv[t][b].d));
+            c[t] = fma_lane(c[t], (int)(b & 7), hsum_i32(dot_s8s8(qx, ld256(yv[t][b].qs))),
+                            f16f(xt->d) * f16f(yv[t][b].d));
     }
     for (int t = 0; t < T; t++) out[t] = hsum8(c[t]);
 }
 
 /* The table's gemm_packed for q4_0: w is the repacked copy (same row stride
  * as the file's rows), x the q8_0 activations. */
-static void gemm_bq4_0(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
-                       int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {
+static void gemm_bq4_0(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
+                       int64_t r0, int64_t r1, int64_t n_tok) {
     const int64_t nb = k / CM_QK4_0, ng = nb / 16;
     CM_ASSERT(ng >= 1 && ng <= RQ_MAXG);
     const size_t tb = (size_t)ng * RQ_GROUP;

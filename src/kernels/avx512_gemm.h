@@ -30,78 +30,79 @@
  */
 
 enum {
-    ZT = 8,              /* most tokens per register tile */
-    ZR = 2,              /* most weight rows per register tile */
-    ZRB = 16,            /* weight rows per cache block (stay in L2 across token tiles) */
-    ZPF = 4,             /* prefetch the weight row this many rows ahead (as cm_matmul_rows) */
-    ZPACK = 160 * 1024,  /* bytes of packed activations per pass */
+    ZT = 8,             /* most tokens per register tile */
+    ZR = 2,             /* most weight rows per register tile */
+    ZRB = 16,           /* weight rows per cache block (stay in L2 across token tiles) */
+    ZPF = 4,            /* prefetch the weight row this many rows ahead (as cm_matmul_rows) */
+    ZPACK = 160 * 1024, /* bytes of packed activations per pass */
 };
 
 /* The driver: pack as many tokens as fit, then for each ZRB-row block run
  * every TT-token tile over it, RR rows at a time. ROW(k, rows, pk, tb, yv, R,
  * T, out) computes out[r][t] for R rows and T tokens (constants after the
  * switch, so the compiler keeps the R x T accumulators in registers). */
-#define ZGEMM(NAME, XB, YB, RR, TT, TOKBYTES, PACK, ROW, FALLBACK)                                 \
-    static void gemm_p##NAME(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, \
-                             float *y, int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {       \
-        const size_t tb = (TOKBYTES);                                                              \
-        if (tb == 0 || tb * 2 > ZPACK) {                                                           \
-            FALLBACK(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);                          \
-            return;                                                                                \
-        }                                                                                          \
-        _Alignas(64) uint8_t pk[ZPACK];                                                            \
-        const int64_t cap = (int64_t)(ZPACK / tb);                                                 \
-        for (int64_t j0 = 0; j0 < n_tok; j0 += cap) {                                              \
-            const int64_t nt = n_tok - j0 < cap ? n_tok - j0 : cap;                                \
-            for (int64_t t = 0; t < nt; t++)                                                       \
-                PACK(k, (const YB *)(const void *)((const char *)x + (size_t)(j0 + t) * x_stride), pk + (size_t)t * tb); \
-            for (int64_t i0 = r0; i0 < r1; i0 += ZRB) {                                            \
-                const int64_t i1 = r1 - i0 < ZRB ? r1 : i0 + ZRB;                                  \
-                for (int64_t jj = 0; jj < nt; jj += TT) {                                          \
-                    const int T = nt - jj < TT ? (int)(nt - jj) : TT;                              \
-                    const uint8_t *p = pk + (size_t)jj * tb;                                       \
-                    const YB *yv[ZT];                                                              \
-                    for (int t = 0; t < T; t++)                                                    \
-                        yv[t] = (const YB *)(const void *)((const char *)x + (size_t)(j0 + jj + t) * x_stride); \
-                    for (int64_t i = i0; i < i1; i += RR) {                                        \
-                        const int R = i1 - i < RR ? (int)(i1 - i) : RR;                            \
-                        const XB *wr[ZR];                                                          \
-                        for (int r = 0; r < R; r++)                                                \
-                            wr[r] = (const XB *)(const void *)((const char *)w + (size_t)(i + r) * w_stride); \
-                        if (jj == 0) /* first pass over these rows: they come from DRAM */         \
-                            for (int64_t ip = i + ZPF; ip < i + ZPF + R && ip < r1; ip++)          \
-                                for (size_t o = 0; o < w_stride; o += 64)                          \
-                                    __builtin_prefetch((const char *)w + (size_t)ip * w_stride + o, 0, 0); \
-                        float out[ZR][ZT];                                                         \
-                        if (R == RR) {                                                             \
-                            switch (T) {                                                           \
-                            case 8: ROW(k, wr, p, tb, yv, RR, 8 <= TT ? 8 : 1, out); break;        \
-                            case 7: ROW(k, wr, p, tb, yv, RR, 7 <= TT ? 7 : 1, out); break;        \
-                            case 6: ROW(k, wr, p, tb, yv, RR, 6 <= TT ? 6 : 1, out); break;        \
-                            case 5: ROW(k, wr, p, tb, yv, RR, 5 <= TT ? 5 : 1, out); break;        \
-                            case 4: ROW(k, wr, p, tb, yv, RR, 4 <= TT ? 4 : 1, out); break;        \
-                            case 3: ROW(k, wr, p, tb, yv, RR, 3 <= TT ? 3 : 1, out); break;        \
-                            case 2: ROW(k, wr, p, tb, yv, RR, 2 <= TT ? 2 : 1, out); break;        \
-                            default: ROW(k, wr, p, tb, yv, RR, 1, out); break;                     \
-                            }                                                                      \
-                        } else {                                                                   \
-                            for (int r = 0; r < R; r++) switch (T) {                                                           \
-                                case 8: ROW(k, wr + r, p, tb, yv, 1, 8 <= TT ? 8 : 1, out + r); break;\
-                                case 7: ROW(k, wr + r, p, tb, yv, 1, 7 <= TT ? 7 : 1, out + r); break;\
-                                case 6: ROW(k, wr + r, p, tb, yv, 1, 6 <= TT ? 6 : 1, out + r); break;\
-                                case 5: ROW(k, wr + r, p, tb, yv, 1, 5 <= TT ? 5 : 1, out + r); break;\
-                                case 4: ROW(k, wr + r, p, tb, yv, 1, 4 <= TT ? 4 : 1, out + r); break;\
-                                case 3: ROW(k, wr + r, p, tb, yv, 1, 3 <= TT ? 3 : 1, out + r); break;\
-                                case 2: ROW(k, wr + r, p, tb, yv, 1, 2 <= TT ? 2 : 1, out + r); break;\
-                                default: ROW(k, wr + r, p, tb, yv, 1, 1, out + r); break;          \
-                                }                                                                  \
-                        }                                                                          \
-                        for (int r = 0; r < R; r++)                                                \
-                            for (int t = 0; t < T; t++) y[(j0 + jj + t) * ldy + i + r] = out[r][t]; \
-                    }                                                                              \
-                }                                                                                  \
-            }                                                                                      \
-        }                                                                                          \
+#define ZGEMM(NAME, XB, YB, RR, TT, TOKBYTES, PACK, ROW, FALLBACK)                                                \
+    static void gemm_p##NAME(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, \
+                             int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {                                \
+        const size_t tb = (TOKBYTES);                                                                             \
+        if (tb == 0 || tb * 2 > ZPACK) {                                                                          \
+            FALLBACK(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);                                         \
+            return;                                                                                               \
+        }                                                                                                         \
+        _Alignas(64) uint8_t pk[ZPACK];                                                                           \
+        const int64_t cap = (int64_t)(ZPACK / tb);                                                                \
+        for (int64_t j0 = 0; j0 < n_tok; j0 += cap) {                                                             \
+            const int64_t nt = n_tok - j0 < cap ? n_tok - j0 : cap;                                               \
+            for (int64_t t = 0; t < nt; t++)                                                                      \
+                PACK(k, (const YB *)(const void *)((const char *)x + (size_t)(j0 + t) * x_stride),                \
+                     pk + (size_t)t * tb);                                                                        \
+            for (int64_t i0 = r0; i0 < r1; i0 += ZRB) {                                                           \
+                const int64_t i1 = r1 - i0 < ZRB ? r1 : i0 + ZRB;                                                 \
+                for (int64_t jj = 0; jj < nt; jj += TT) {                                                         \
+                    const int T = nt - jj < TT ? (int)(nt - jj) : TT;                                             \
+                    const uint8_t *p = pk + (size_t)jj * tb;                                                      \
+                    const YB *yv[ZT];                                                                             \
+                    for (int t = 0; t < T; t++)                                                                   \
+                        yv[t] = (const YB *)(const void *)((const char *)x + (size_t)(j0 + jj + t) * x_stride);   \
+                    for (int64_t i = i0; i < i1; i += RR) {                                                       \
+                        const int R = i1 - i < RR ? (int)(i1 - i) : RR;                                           \
+                        const XB *wr[ZR];                                                                         \
+                        for (int r = 0; r < R; r++)                                                               \
+                            wr[r] = (const XB *)(const void *)((const char *)w + (size_t)(i + r) * w_stride);     \
+                        if (jj == 0) /* first pass over these rows: they come from DRAM */                        \
+                            for (int64_t ip = i + ZPF; ip < i + ZPF + R && ip < r1; ip++)                         \
+                                for (size_t o = 0; o < w_stride; o += 64)                                         \
+                                    __builtin_prefetch((const char *)w + (size_t)ip * w_stride + o, 0, 0);        \
+                        float out[ZR][ZT];                                                                        \
+                        if (R == RR) {                                                                            \
+                            switch (T) {                                                                          \
+                            case 8: ROW(k, wr, p, tb, yv, RR, 8 <= TT ? 8 : 1, out); break;                       \
+                            case 7: ROW(k, wr, p, tb, yv, RR, 7 <= TT ? 7 : 1, out); break;                       \
+                            case 6: ROW(k, wr, p, tb, yv, RR, 6 <= TT ? 6 : 1, out); break;                       \
+                            case 5: ROW(k, wr, p, tb, yv, RR, 5 <= TT ? 5 : 1, out); break;                       \
+                            case 4: ROW(k, wr, p, tb, yv, RR, 4 <= TT ? 4 : 1, out); break;                       \
+                            case 3: ROW(k, wr, p, tb, yv, RR, 3 <= TT ? 3 : 1, out); break;                       \
+                            case 2: ROW(k, wr, p, tb, yv, RR, 2 <= TT ? 2 : 1, out); break;                       \
+                            default: ROW(k, wr, p, tb, yv, RR, 1, out); break;                                    \
+                            }                                                                                     \
+                        } else {                                                                                  \
+                            for (int r = 0; r < R; r++) switch (T) {                                              \
+                                case 8: ROW(k, wr + r, p, tb, yv, 1, 8 <= TT ? 8 : 1, out + r); break;            \
+                                case 7: ROW(k, wr + r, p, tb, yv, 1, 7 <= TT ? 7 : 1, out + r); break;            \
+                                case 6: ROW(k, wr + r, p, tb, yv, 1, 6 <= TT ? 6 : 1, out + r); break;            \
+                                case 5: ROW(k, wr + r, p, tb, yv, 1, 5 <= TT ? 5 : 1, out + r); break;            \
+                                case 4: ROW(k, wr + r, p, tb, yv, 1, 4 <= TT ? 4 : 1, out + r); break;            \
+                                case 3: ROW(k, wr + r, p, tb, yv, 1, 3 <= TT ? 3 : 1, out + r); break;            \
+                                case 2: ROW(k, wr + r, p, tb, yv, 1, 2 <= TT ? 2 : 1, out + r); break;            \
+                                default: ROW(k, wr + r, p, tb, yv, 1, 1, out + r); break;                         \
+                                }                                                                                 \
+                        }                                                                                         \
+                        for (int r = 0; r < R; r++)                                                               \
+                            for (int t = 0; t < T; t++) y[(j0 + jj + t) * ldy + i + r] = out[r][t];               \
+                    }                                                                                             \
+                }                                                                                                 \
+            }                                                                                                     \
+        }                                                                                                         \
     }
 
 /* ---- q4_0: tokens across the lanes (the lane order of ztile_q4_0) ----
@@ -178,7 +179,7 @@ AI int32_t ld_i32(const void *p) {
 /* Block b of R rows against one packed group, into chain J of c. */
 #define LQ4_BLOCK(B, J)                                                                            \
     do {                                                                                           \
-        const uint8_t *pb = pg + (size_t)(B) * LQ_BLOCK;                                           \
+        const uint8_t *pb = pg + (size_t)(B)*LQ_BLOCK;                                             \
         __m512i s0[2], s1[2];                                                                      \
         for (int r = 0; r < R; r++) {                                                              \
             s0[r] = _mm512_set1_epi32(u[r]->nc[B]);                                                \
@@ -189,14 +190,14 @@ AI int32_t ld_i32(const void *p) {
             const __m512i a1 = _mm512_load_si512((const void *)(pb + 64 * (q + 4)));               \
             for (int r = 0; r < R; r++) {                                                          \
                 const int8_t *w = lq4_w(u[r], B);                                                  \
-                s0[r] = _mm512_dpbusd_epi32(s0[r], a0, _mm512_set1_epi32(ld_i32(w + 4 * q)));       \
-                s1[r] = _mm512_dpbusd_epi32(s1[r], a1, _mm512_set1_epi32(ld_i32(w + 64 + 4 * q)));  \
+                s0[r] = _mm512_dpbusd_epi32(s0[r], a0, _mm512_set1_epi32(ld_i32(w + 4 * q)));      \
+                s1[r] = _mm512_dpbusd_epi32(s1[r], a1, _mm512_set1_epi32(ld_i32(w + 64 + 4 * q))); \
             }                                                                                      \
         }                                                                                          \
         const __m512 dy = _mm512_load_ps((const void *)(pb + 512));                                \
         for (int r = 0; r < R; r++)                                                                \
-            c[r][J] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0[r], s1[r])),            \
-                                      _mm512_mul_ps(_mm512_set1_ps(u[r]->dx[B]), dy), c[r][J]);     \
+            c[r][J] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0[r], s1[r])),          \
+                                      _mm512_mul_ps(_mm512_set1_ps(u[r]->dx[B]), dy), c[r][J]);    \
     } while (0)
 
 /* R (1 or 2) unpacked rows against one packed group of 16 tokens: out[r][t].
@@ -224,8 +225,8 @@ AI void lq4_rows(int64_t nb, const lq4_row *const *u, const uint8_t *pg, const c
     }
 }
 
-static void gemm_lq4_0(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
-                       int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {
+static void gemm_lq4_0(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
+                       int64_t r0, int64_t r1, int64_t n_tok) {
     const int64_t nb = k / CM_QK4_0;
     const size_t gb = (size_t)nb * LQ_BLOCK;
     if (n_tok < LQ_MINTOK || nb > LQ_MAXNB || gb > ZPACK) { /* too few tokens to fill lanes, or rows too long */
@@ -242,13 +243,15 @@ static void gemm_lq4_0(int64_t k, const void *w, size_t w_stride, const void *x,
             const cm_block_q8_0 *yv[LQ_TOK];
             const int T = left - g * LQ_TOK < LQ_TOK ? (int)(left - g * LQ_TOK) : LQ_TOK;
             for (int t = 0; t < T; t++)
-                yv[t] = (const cm_block_q8_0 *)(const void *)((const char *)x + (size_t)(j0 + g * LQ_TOK + t) * x_stride);
+                yv[t] =
+                    (const cm_block_q8_0 *)(const void *)((const char *)x + (size_t)(j0 + g * LQ_TOK + t) * x_stride);
             lq4_pack(nb, yv, T, pk + (size_t)g * gb);
         }
         for (int64_t i = r0; i < r1; i += 2) {
             const int R = r1 - i < 2 ? (int)(r1 - i) : 2;
             for (int r = 0; r < R; r++)
-                lq4_unpack(nb, (const cm_block_q4_0 *)(const void *)((const char *)w + (size_t)(i + r) * w_stride), &ur[r]);
+                lq4_unpack(nb, (const cm_block_q4_0 *)(const void *)((const char *)w + (size_t)(i + r) * w_stride),
+                           &ur[r]);
             /* the next pair's rows (adjacent when w_stride is the row size, as in a GGUF) */
             const int64_t np = r1 - (i + 2) < 2 ? r1 - (i + 2) : 2;
             const char *pf = np > 0 ? (const char *)w + (size_t)(i + 2) * w_stride : NULL;
@@ -290,8 +293,8 @@ AI void prow_q8_0(int64_t k, const cm_block_q8_0 *const *x, const uint8_t *pk, s
                   const cm_block_q8_0 *const *yv, int R, int T, float (*out)[ZT]) {
     const int64_t nb = k / CM_QK8_0, ng = nb / 8;
     __m512 acc[2][ZR][ZT];
-    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
-        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) acc[0][r][t] = acc[1][r][t] = _mm512_setzero_ps();
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) _Pragma("GCC unroll 8") for (int t = 0; t < T; t++)
+        acc[0][r][t] = acc[1][r][t] = _mm512_setzero_ps();
     const __m512i k128 = _mm512_set1_epi8((char)0x80);
     for (int64_t g = 0; g < ng; g++) {
         __m512 dx[ZR];
@@ -306,11 +309,13 @@ AI void prow_q8_0(int64_t k, const cm_block_q8_0 *const *x, const uint8_t *pk, s
             }
             _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
                 const uint8_t *py = pk + (size_t)t * tb + (size_t)g * PQ8_GROUP + (size_t)p * PQ8_PAIR;
-                const __m512i qy = _mm512_load_si512((const void *)py), ini = _mm512_load_si512((const void *)(py + 64));
+                const __m512i qy = _mm512_load_si512((const void *)py),
+                              ini = _mm512_load_si512((const void *)(py + 64));
                 const __m512 dyl = _mm512_load_ps((const void *)(py + 128));
                 _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
                     const __m512i s = _mm512_dpbusd_epi32(ini, xu[r], qy);
-                    acc[p & 1][r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dxl[r], dyl), acc[p & 1][r][t]);
+                    acc[p & 1][r][t] =
+                        _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dxl[r], dyl), acc[p & 1][r][t]);
                 }
             }
         }
@@ -339,8 +344,8 @@ AI void pack_f16(int64_t k, const void *y, uint8_t *d) {
 AI void prow_f16(int64_t k, const void *const *x, const uint8_t *pk, size_t tb, const void *const *yv, int R, int T,
                  float (*out)[ZT]) {
     __m512 a0[ZR][ZT], a1[ZR][ZT];
-    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
-        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) a0[r][t] = a1[r][t] = _mm512_setzero_ps();
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) a0[r][t] =
+        a1[r][t] = _mm512_setzero_ps();
     int64_t i = 0;
     for (; i + 32 <= k; i += 32) {
         __m512 x0[ZR], x1[ZR];
@@ -393,9 +398,9 @@ AI void prow_q4_k(int64_t k, const cm_block_q4_k *const *x, const uint8_t *pk, s
     __m512 acc[ZR][ZT];
     __m128 accm[ZR][ZT];
     _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
-            acc[r][t] = _mm512_setzero_ps();
-            accm[r][t] = _mm_setzero_ps();
-        }
+        acc[r][t] = _mm512_setzero_ps();
+        accm[r][t] = _mm_setzero_ps();
+    }
     const __m512i m4 = _mm512_set1_epi8(0x0f);
     for (int64_t b = 0; b < k / CM_QK_K; b++) {
         __m512i sumi[ZR][ZT];
@@ -416,7 +421,8 @@ AI void prow_q4_k(int64_t k, const cm_block_q4_k *const *x, const uint8_t *pk, s
                 const __m512i shi = _mm512_permutexvar_epi16(_mm512_loadu_si512(k_q4k_idx[2 * h + 1]), sc16);
                 _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
                     const uint8_t *py = pk + (size_t)t * tb + (size_t)b * PQ4K_BLOCK + 128 * h;
-                    const __m512i plo = _mm512_madd_epi16(_mm512_maddubs_epi16(lo, _mm512_load_si512((const void *)py)), slo);
+                    const __m512i plo =
+                        _mm512_madd_epi16(_mm512_maddubs_epi16(lo, _mm512_load_si512((const void *)py)), slo);
                     const __m512i phi =
                         _mm512_madd_epi16(_mm512_maddubs_epi16(hi, _mm512_load_si512((const void *)(py + 64))), shi);
                     sumi[r][t] = _mm512_add_epi32(sumi[r][t], _mm512_add_epi32(plo, phi));
@@ -424,13 +430,13 @@ AI void prow_q4_k(int64_t k, const cm_block_q4_k *const *x, const uint8_t *pk, s
             }
         }
         _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
-                const uint8_t *py = pk + (size_t)t * tb + (size_t)b * PQ4K_BLOCK;
-                float yd;
-                memcpy(&yd, py + 272, sizeof yd);
-                acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi[r][t]), _mm512_set1_ps(d[r] * yd), acc[r][t]);
-                const __m128i mins = _mm_madd_epi16(mn16[r], _mm_load_si128((const __m128i *)(const void *)(py + 256)));
-                accm[r][t] = _mm_fmadd_ps(_mm_cvtepi32_ps(mins), _mm_set1_ps(dmin[r] * yd), accm[r][t]);
-            }
+            const uint8_t *py = pk + (size_t)t * tb + (size_t)b * PQ4K_BLOCK;
+            float yd;
+            memcpy(&yd, py + 272, sizeof yd);
+            acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi[r][t]), _mm512_set1_ps(d[r] * yd), acc[r][t]);
+            const __m128i mins = _mm_madd_epi16(mn16[r], _mm_load_si128((const __m128i *)(const void *)(py + 256)));
+            accm[r][t] = _mm_fmadd_ps(_mm_cvtepi32_ps(mins), _mm_set1_ps(dmin[r] * yd), accm[r][t]);
+        }
     }
     for (int r = 0; r < R; r++)
         for (int t = 0; t < T; t++) out[r][t] = _mm512_reduce_add_ps(acc[r][t]) - hsum4(accm[r][t]);
@@ -441,8 +447,8 @@ ZGEMM(q4_k, cm_block_q4_k, cm_block_q8_k, 1, 4, (size_t)(k / CM_QK_K) * PQ4K_BLO
  * each row (in order: one sequential stream) through prow_q4_k with one row
  * and one token, which is ztile_q4_k's arithmetic (so vec_dot's bits) without
  * re-gathering the token's vectors and bsums pairs for every row. */
-static void gemv_pq4_k(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
-                       int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {
+static void gemv_pq4_k(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
+                       int64_t r0, int64_t r1, int64_t n_tok) {
     (void)x_stride, (void)ldy, (void)n_tok;
     enum { MAXB = 128 }; /* super-blocks of the packed token: rows up to 32768 */
     _Alignas(64) uint8_t pk[MAXB * PQ4K_BLOCK];

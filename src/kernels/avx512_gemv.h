@@ -42,8 +42,8 @@ AI float gvf16_row(int64_t n, const cm_f16 *x, const float *yf) {
     return s;
 }
 
-static void gemv_vf16(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
-                      int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {
+static void gemv_vf16(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
+                      int64_t r0, int64_t r1, int64_t n_tok) {
     (void)x_stride, (void)ldy, (void)n_tok;
     if (k > GV_MAXK) {
         for (int64_t i = r0; i < r1; i++) vec_dot_zf16(k, &y[i], (const char *)w + (size_t)i * w_stride, x);
@@ -93,8 +93,8 @@ AI float gvq8_row(int64_t nb, const cm_block_q8_0 *x, const uint8_t *pk, const f
     return _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1])) + tail;
 }
 
-static void gemv_vq8_0(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
-                       int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {
+static void gemv_vq8_0(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
+                       int64_t r0, int64_t r1, int64_t n_tok) {
     (void)x_stride, (void)ldy, (void)n_tok;
     const int64_t nb = k / CM_QK8_0;
     if (nb > GV_Q8_MAXNB) {

@@ -30,13 +30,15 @@
  */
 
 enum {
-    KG_MAXNB = 64,         /* super-blocks per row (k <= 16384) */
-    KG_PASS = 256 * 1024,  /* bytes of activations per pass */
-    K6_R = 4, K6_T = 4,    /* q6_k register tile */
+    KG_MAXNB = 64,        /* super-blocks per row (k <= 16384) */
+    KG_PASS = 256 * 1024, /* bytes of activations per pass */
+    K6_R = 4,
+    K6_T = 4, /* q6_k register tile */
     /* token super-blocks per pass (q6_k's corrections: 4 vectors each) */
-    KG6_YC = KG_PASS / (int)sizeof(cm_block_q8_k) > 4 * K6_T * KG_MAXNB ? KG_PASS / (int)sizeof(cm_block_q8_k)
-                                                                      : 4 * K6_T * KG_MAXNB,
-    K5_R = 2, K5_T = 4,    /* q5_k register tile (its min term needs a second set of accumulators) */
+    KG6_YC = KG_PASS / (int)sizeof(cm_block_q8_k) > 4 * K6_T *KG_MAXNB ? KG_PASS / (int)sizeof(cm_block_q8_k)
+                                                                       : 4 * K6_T *KG_MAXNB,
+    K5_R = 2,
+    K5_T = 4, /* q5_k register tile (its min term needs a second set of accumulators) */
 };
 
 /* ---- q6_k ----
@@ -56,13 +58,15 @@ typedef struct {
 /* word 2l = scale 8c + l/4, word 2l + 1 = scale 8c + 4 + l/4 */
 static const uint16_t k_kg6_idx[2][32] = {
     {0, 4, 0, 4, 0, 4, 0, 4, 1, 5, 1, 5, 1, 5, 1, 5, 2, 6, 2, 6, 2, 6, 2, 6, 3, 7, 3, 7, 3, 7, 3, 7},
-    {8, 12, 8, 12, 8, 12, 8, 12, 9, 13, 9, 13, 9, 13, 9, 13, 10, 14, 10, 14, 10, 14, 10, 14, 11, 15, 11, 15, 11, 15, 11, 15}};
+    {8,  12, 8,  12, 8,  12, 8,  12, 9,  13, 9,  13, 9,  13, 9,  13,
+     10, 14, 10, 14, 10, 14, 10, 14, 11, 15, 11, 15, 11, 15, 11, 15}};
 
 static void kg6_unpack(int64_t nb, const cm_block_q6_k *x, kg6_blk *o, float *d) {
     const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
     const __m512i shl = _mm512_loadu_si512(k_q6k_shift[0]), shr = _mm512_loadu_si512(k_q6k_shift[1]);
     for (int64_t b = 0; b < nb; b++) {
-        const __m512i sc16 = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[b].scales)));
+        const __m512i sc16 =
+            _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[b].scales)));
         for (int c = 0; c < 2; c++) { /* ztile_q6_k's unpacking */
             const __m512i l = _mm512_loadu_si512(x[b].ql + 64 * c);
             const __m512i h = _mm512_broadcast_i64x4(ld256(x[b].qh + 32 * c));
@@ -88,8 +92,8 @@ AI void kg6_ycorr(int64_t nb, const cm_block_q8_k *y, __m512i *yc) {
 AI void kg6_tile(int64_t nb, const kg6_blk *const *xb, const float *const *xd, const cm_block_q8_k *const *yv,
                  const __m512i *const *yc, int R, int T, float *out) {
     __m512 acc[K6_R][K6_T];
-    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
-        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) acc[r][t] =
+        _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
             __m512i sumi[K6_R];
@@ -108,16 +112,16 @@ AI void kg6_tile(int64_t nb, const kg6_blk *const *xb, const float *const *xd, c
                 }
             }
             const float yd = yv[t][b].d;
-            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
-                acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi[r]), _mm512_set1_ps(xd[r][b] * yd), acc[r][t]);
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) acc[r][t] =
+                _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi[r]), _mm512_set1_ps(xd[r][b] * yd), acc[r][t]);
         }
     }
-    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
-        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) out[r * K6_T + t] = _mm512_reduce_add_ps(acc[r][t]);
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)
+        out[r * K6_T + t] = _mm512_reduce_add_ps(acc[r][t]);
 }
 
-static void gemm_kg6(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
-                     int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {
+static void gemm_kg6(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
+                     int64_t r0, int64_t r1, int64_t n_tok) {
     const int64_t nb = k / CM_QK_K;
     if (nb > KG_MAXNB || n_tok < 2) {
         gemm_zq6_k(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
@@ -186,8 +190,8 @@ AI void kg_minpack(int64_t nb, const cm_block_q8_k *y, __m128i *pr, __m128 *ydv,
  * terms of super-block b: ztile_q4_k's / tile_q5_k's kmins times dmin * dy */
 AI __m512 kg_min4(__m512 accm, __m128i mn16, float dmin, const __m128i *pr, const __m128 *ydv) {
     const __m512i m = _mm512_madd_epi16(_mm512_broadcast_i32x4(mn16), _mm512_load_si512((const void *)pr));
-    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(m), _mm512_mul_ps(_mm512_set1_ps(dmin), _mm512_load_ps((const void *)ydv)),
-                           accm);
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(m),
+                           _mm512_mul_ps(_mm512_set1_ps(dmin), _mm512_load_ps((const void *)ydv)), accm);
 }
 
 /* Token t's min total, as hsum4 of its lanes. */
@@ -199,55 +203,58 @@ AI float kg_min_lane(__m512 accm, int t) {
 
 enum { KG_MINLD = KG6_YC + 4 * KG_MAXNB }; /* pass tokens (rounded up to 4) x super-blocks */
 
-#define KG_GEMM(NAME, BLK, XB, FALLBACK)                                                           \
-    static void gemm_##NAME(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, \
-                            float *y, int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {        \
-        const int64_t nb = k / CM_QK_K;                                                            \
-        if (nb > KG_MAXNB || n_tok < 2) {                                                          \
-            FALLBACK(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);                          \
-            return;                                                                                \
-        }                                                                                          \
-        _Alignas(64) BLK buf[K5_R * KG_MAXNB];                                                     \
-        _Alignas(64) __m128i pr[KG_MINLD];                                                         \
-        _Alignas(64) __m128 ydv[KG_MINLD];                                                         \
-        int64_t cap = KG_PASS / (nb * (int64_t)sizeof(cm_block_q8_k));                             \
-        if (cap < 4 * K5_T) cap = 4 * K5_T;                                                        \
-        for (int64_t j0 = 0; j0 < n_tok; j0 += cap) {                                              \
-            const int64_t nt = n_tok - j0 < cap ? n_tok - j0 : cap, ld = (nt + 3) & ~(int64_t)3;    \
-            for (int64_t j = 0; j < ld; j++) {                                                     \
-                if (j < nt)                                                                        \
-                    kg_minpack(nb, (const cm_block_q8_k *)(const void *)((const char *)x + (size_t)(j0 + j) * x_stride), \
-                               pr + j, ydv + j, ld);                                               \
-                else                                                                               \
-                    for (int64_t b = 0; b < nb; b++) pr[b * ld + j] = _mm_setzero_si128(), ydv[b * ld + j] = _mm_setzero_ps(); \
-            }                                                                                      \
-            for (int64_t i = r0; i < r1; i += K5_R) {                                              \
-                const int R = r1 - i < K5_R ? (int)(r1 - i) : K5_R;                                \
-                const BLK *xb[K5_R];                                                               \
-                for (int r = 0; r < R; r++) {                                                      \
-                    NAME##_unpack(nb, (const XB *)(const void *)((const char *)w + (size_t)(i + r) * w_stride), \
-                                  buf + r * nb);                                                   \
-                    xb[r] = buf + r * nb;                                                          \
-                }                                                                                  \
-                for (int64_t jj = 0; jj < nt; jj += K5_T) {                                        \
-                    const int T = nt - jj < K5_T ? (int)(nt - jj) : K5_T;                          \
-                    const cm_block_q8_k *yv[K5_T];                                                 \
-                    for (int t = 0; t < T; t++)                                                    \
-                        yv[t] = (const cm_block_q8_k *)(const void *)((const char *)x + (size_t)(j0 + jj + t) * x_stride); \
-                    float out[K5_R * K5_T];                                                        \
-                    if (R == K5_R && T == K5_T) NAME##_tile(nb, xb, yv, pr + jj, ydv + jj, ld, K5_R, K5_T, out); \
-                    else                                                                           \
-                        for (int r = 0; r < R; r++) switch (T) {                                   \
-                            case 4: NAME##_tile(nb, xb + r, yv, pr + jj, ydv + jj, ld, 1, 4, out + r * K5_T); break; \
-                            case 3: NAME##_tile(nb, xb + r, yv, pr + jj, ydv + jj, ld, 1, 3, out + r * K5_T); break; \
-                            case 2: NAME##_tile(nb, xb + r, yv, pr + jj, ydv + jj, ld, 1, 2, out + r * K5_T); break; \
-                            default: NAME##_tile(nb, xb + r, yv, pr + jj, ydv + jj, ld, 1, 1, out + r * K5_T); break; \
-                            }                                                                      \
-                    for (int r = 0; r < R; r++)                                                    \
-                        for (int t = 0; t < T; t++) y[(j0 + jj + t) * ldy + i + r] = out[r * K5_T + t]; \
-                }                                                                                  \
-            }                                                                                      \
-        }                                                                                          \
+#define KG_GEMM(NAME, BLK, XB, FALLBACK)                                                                               \
+    static void gemm_##NAME(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,       \
+                            int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {                                      \
+        const int64_t nb = k / CM_QK_K;                                                                                \
+        if (nb > KG_MAXNB || n_tok < 2) {                                                                              \
+            FALLBACK(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);                                              \
+            return;                                                                                                    \
+        }                                                                                                              \
+        _Alignas(64) BLK buf[K5_R * KG_MAXNB];                                                                         \
+        _Alignas(64) __m128i pr[KG_MINLD];                                                                             \
+        _Alignas(64) __m128 ydv[KG_MINLD];                                                                             \
+        int64_t cap = KG_PASS / (nb * (int64_t)sizeof(cm_block_q8_k));                                                 \
+        if (cap < 4 * K5_T) cap = 4 * K5_T;                                                                            \
+        for (int64_t j0 = 0; j0 < n_tok; j0 += cap) {                                                                  \
+            const int64_t nt = n_tok - j0 < cap ? n_tok - j0 : cap, ld = (nt + 3) & ~(int64_t)3;                       \
+            for (int64_t j = 0; j < ld; j++) {                                                                         \
+                if (j < nt)                                                                                            \
+                    kg_minpack(nb,                                                                                     \
+                               (const cm_block_q8_k *)(const void *)((const char *)x + (size_t)(j0 + j) * x_stride),   \
+                               pr + j, ydv + j, ld);                                                                   \
+                else                                                                                                   \
+                    for (int64_t b = 0; b < nb; b++)                                                                   \
+                        pr[b * ld + j] = _mm_setzero_si128(), ydv[b * ld + j] = _mm_setzero_ps();                      \
+            }                                                                                                          \
+            for (int64_t i = r0; i < r1; i += K5_R) {                                                                  \
+                const int R = r1 - i < K5_R ? (int)(r1 - i) : K5_R;                                                    \
+                const BLK *xb[K5_R];                                                                                   \
+                for (int r = 0; r < R; r++) {                                                                          \
+                    NAME##_unpack(nb, (const XB *)(const void *)((const char *)w + (size_t)(i + r) * w_stride),        \
+                                  buf + r * nb);                                                                       \
+                    xb[r] = buf + r * nb;                                                                              \
+                }                                                                                                      \
+                for (int64_t jj = 0; jj < nt; jj += K5_T) {                                                            \
+                    const int T = nt - jj < K5_T ? (int)(nt - jj) : K5_T;                                              \
+                    const cm_block_q8_k *yv[K5_T];                                                                     \
+                    for (int t = 0; t < T; t++)                                                                        \
+                        yv[t] =                                                                                        \
+                            (const cm_block_q8_k *)(const void *)((const char *)x + (size_t)(j0 + jj + t) * x_stride); \
+                    float out[K5_R * K5_T];                                                                            \
+                    if (R == K5_R && T == K5_T) NAME##_tile(nb, xb, yv, pr + jj, ydv + jj, ld, K5_R, K5_T, out);       \
+                    else                                                                                               \
+                        for (int r = 0; r < R; r++) switch (T) {                                                       \
+                            case 4: NAME##_tile(nb, xb + r, yv, pr + jj, ydv + jj, ld, 1, 4, out + r * K5_T); break;   \
+                            case 3: NAME##_tile(nb, xb + r, yv, pr + jj, ydv + jj, ld, 1, 3, out + r * K5_T); break;   \
+                            case 2: NAME##_tile(nb, xb + r, yv, pr + jj, ydv + jj, ld, 1, 2, out + r * K5_T); break;   \
+                            default: NAME##_tile(nb, xb + r, yv, pr + jj, ydv + jj, ld, 1, 1, out + r * K5_T); break;  \
+                            }                                                                                          \
+                    for (int r = 0; r < R; r++)                                                                        \
+                        for (int t = 0; t < T; t++) y[(j0 + jj + t) * ldy + i + r] = out[r * K5_T + t];                \
+                }                                                                                                      \
+            }                                                                                                          \
+        }                                                                                                              \
     }
 
 /* ---- q5_k (tile_q5_k's order: 8 int32 lanes per super-block, 4 min lanes) ----
@@ -258,7 +265,7 @@ enum { KG_MINLD = KG6_YC + 4 * KG_MAXNB }; /* pass tokens (rounded up to 4) x su
  * (integers) into tile_q5_k's 8 lanes. */
 typedef struct {
     __m512i q[4], s[2];
-    __m128i mn;     /* the 8 mins as words */
+    __m128i mn; /* the 8 mins as words */
     float d, dmin;
 } kg5_blk;
 
@@ -297,7 +304,8 @@ AI void kg5_tile(int64_t nb, const kg5_blk *const *xb, const cm_block_q8_k *cons
     for (int64_t b = 0; b < nb; b++) {
         __m512i q[K5_R][4], s[K5_R][2]; /* the rows' super-block, in registers for every token */
         _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) {
-            _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) q[r][j] = _mm512_load_si512((const void *)&xb[r][b].q[j]);
+            _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) q[r][j] =
+                _mm512_load_si512((const void *)&xb[r][b].q[j]);
             s[r][0] = _mm512_load_si512((const void *)&xb[r][b].s[0]);
             s[r][1] = _mm512_load_si512((const void *)&xb[r][b].s[1]);
         }
@@ -318,11 +326,11 @@ AI void kg5_tile(int64_t nb, const kg5_blk *const *xb, const cm_block_q8_k *cons
                 FMA_BLOCK(acc[r][t], s8, xb[r][b].d * yd);
             }
         }
-        _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)
-            accm[r] = kg_min4(accm[r], xb[r][b].mn, xb[r][b].dmin, pr + b * ld, ydv + b * ld);
+        _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) accm[r] =
+            kg_min4(accm[r], xb[r][b].mn, xb[r][b].dmin, pr + b * ld, ydv + b * ld);
     }
-    _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)
-        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) out[r * K5_T + t] = hsum8(acc[r][t]) - kg_min_lane(accm[r], t);
+    _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)
+        out[r * K5_T + t] = hsum8(acc[r][t]) - kg_min_lane(accm[r], t);
 }
 
 KG_GEMM(kg5, kg5_blk, cm_block_q5_k, gemm_q5_k)
@@ -367,12 +375,11 @@ AI void kg4_tile(int64_t nb, const kg4_blk *const *xb, const cm_block_q8_k *cons
     const __m512i z = _mm512_setzero_si512();
     for (int64_t b = 0; b < nb; b++) {
         __m512i q[K5_R][2][2], s[K5_R][2]; /* the rows' super-block, in registers for every token */
-        _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)
-            _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
-                q[r][h][0] = _mm512_load_si512((const void *)&xb[r][b].q[h][0]);
-                q[r][h][1] = _mm512_load_si512((const void *)&xb[r][b].q[h][1]);
-                s[r][h] = _mm512_load_si512((const void *)&xb[r][b].s[h]);
-            }
+        _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
+            q[r][h][0] = _mm512_load_si512((const void *)&xb[r][b].q[h][0]);
+            q[r][h][1] = _mm512_load_si512((const void *)&xb[r][b].q[h][1]);
+            s[r][h] = _mm512_load_si512((const void *)&xb[r][b].s[h]);
+        }
         _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
             const cm_block_q8_k *yb = &yv[t][b];
             __m512i yq[2][2];
@@ -393,12 +400,11 @@ AI void kg4_tile(int64_t nb, const kg4_blk *const *xb, const cm_block_q8_k *cons
                 acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s16), _mm512_set1_ps(xb[r][b].d * yd), acc[r][t]);
             }
         }
-        _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)
-            accm[r] = kg_min4(accm[r], xb[r][b].mn, xb[r][b].dmin, pr + b * ld, ydv + b * ld);
+        _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) accm[r] =
+            kg_min4(accm[r], xb[r][b].mn, xb[r][b].dmin, pr + b * ld, ydv + b * ld);
     }
-    _Pragma("GCC unroll 2") for (int r = 0; r < R; r++)
-        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)
-            out[r * K5_T + t] = _mm512_reduce_add_ps(acc[r][t]) - kg_min_lane(accm[r], t);
+    _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)
+        out[r * K5_T + t] = _mm512_reduce_add_ps(acc[r][t]) - kg_min_lane(accm[r], t);
 }
 
 KG_GEMM(kg4, kg4_blk, cm_block_q4_k, gemm_pq4_k)

@@ -33,7 +33,8 @@ AI void rk4_block(const uint8_t *qs, const __m512i s[2], __m128i mn16, float d, 
     __m512i s16 = z;
     _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
         const __m512i q = _mm512_loadu_si512(qs + 64 * h);
-        const __m512i d0 = _mm512_dpbusd_epi32(z, _mm512_and_si512(q, m4), _mm512_load_si512((const void *)(py + 128 * h)));
+        const __m512i d0 =
+            _mm512_dpbusd_epi32(z, _mm512_and_si512(q, m4), _mm512_load_si512((const void *)(py + 128 * h)));
         const __m512i d1 = _mm512_dpbusd_epi32(z, _mm512_and_si512(_mm512_srli_epi16(q, 4), m4),
                                                _mm512_load_si512((const void *)(py + 128 * h + 64)));
         s16 = _mm512_dpwssd_epi32(s16, _mm512_mask_blend_epi16(0xaaaaaaaau, d0, _mm512_slli_epi32(d1, 16)), s[h]);
@@ -80,8 +81,8 @@ AI float rk4_row(int64_t nb, const uint8_t *x, const uint8_t *pk) {
     return _mm512_reduce_add_ps(acc) - hsum4(accm);
 }
 
-static void gemv_rq4_k(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
-                       int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {
+static void gemv_rq4_k(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
+                       int64_t r0, int64_t r1, int64_t n_tok) {
     (void)x_stride, (void)ldy, (void)n_tok;
     const int64_t nb = k / CM_QK_K;
     CM_ASSERT(nb <= RK4_MAXB);
@@ -109,7 +110,8 @@ AI void rk5_block(const uint8_t *qs, const uint8_t *qh, const __m512i s[2], __m1
         _Pragma("GCC unroll 2") for (int e = 0; e < 2; e++) {
             const int j = 2 * h + e; /* elements 64j.., bits 2j (low nibbles) and 2j+1 (high) of qh */
             const __m512i q = _mm512_broadcast_i64x4(ld256(qs + 32 * j));
-            const __m512i hb = _mm512_srlv_epi16(h5, _mm512_add_epi16(_mm512_srli_epi16(nsh, 2), _mm512_set1_epi16((short)(2 * j))));
+            const __m512i hb =
+                _mm512_srlv_epi16(h5, _mm512_add_epi16(_mm512_srli_epi16(nsh, 2), _mm512_set1_epi16((short)(2 * j))));
             const __m512i v = _mm512_or_si512(_mm512_and_si512(_mm512_srlv_epi16(q, nsh), m4),
                                               _mm512_slli_epi16(_mm512_and_si512(hb, one), 4));
             dp[e] = _mm512_dpbusd_epi32(z, v, _mm512_loadu_si512(y->qs + 64 * j));
@@ -137,8 +139,9 @@ AI float rk5_row(int64_t nb, const uint8_t *x, const cm_block_q8_k *y, const __m
         rk_header(x, dd, &sc03, &sc47, mn16);
         const __m512i sw = rk_scale_words(sc03, sc47);
         _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {
-            const __m512i s[2] = {_mm512_permutexvar_epi16(_mm512_add_epi16(base, _mm512_set1_epi16((short)(4 * j))), sw),
-                                  _mm512_permutexvar_epi16(_mm512_add_epi16(base, _mm512_set1_epi16((short)(16 + 4 * j))), sw)};
+            const __m512i s[2] = {
+                _mm512_permutexvar_epi16(_mm512_add_epi16(base, _mm512_set1_epi16((short)(4 * j))), sw),
+                _mm512_permutexvar_epi16(_mm512_add_epi16(base, _mm512_set1_epi16((short)(16 + 4 * j))), sw)};
             rk5_block(x + 192 + 128 * j, x + 64 + 32 * j, s, mn16[j], dd[j], dd[4 + j], y + b + j, pairs[b + j], &acc,
                       &accm);
         }
@@ -156,19 +159,19 @@ AI float rk5_row(int64_t nb, const uint8_t *x, const cm_block_q8_k *y, const __m
     return hsum8(acc) - hsum4(accm);
 }
 
-#define GEMV_RK5(NAME, GROUPED)                                                                    \
-    static void NAME(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, \
-                     int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {                         \
-        (void)x_stride, (void)ldy, (void)n_tok;                                                    \
-        const int64_t nb = k / CM_QK_K;                                                            \
-        if (nb > RK4_MAXB) {                                                                       \
-            for (int64_t i = r0; i < r1; i++) vec_dot_q5_k(k, &y[i], (const char *)w + (size_t)i * w_stride, x); \
-            return;                                                                                \
-        }                                                                                          \
-        __m128i pairs[RK4_MAXB];                                                                   \
-        rk_pairs(nb, x, pairs);                                                                   \
-        for (int64_t i = r0; i < r1; i++)                                                          \
-            y[i] = rk5_row(nb, (const uint8_t *)w + (size_t)i * w_stride, x, pairs, GROUPED);      \
+#define GEMV_RK5(NAME, GROUPED)                                                                                        \
+    static void NAME(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy, \
+                     int64_t r0, int64_t r1, int64_t n_tok) {                                                          \
+        (void)x_stride, (void)ldy, (void)n_tok;                                                                        \
+        const int64_t nb = k / CM_QK_K;                                                                                \
+        if (nb > RK4_MAXB) {                                                                                           \
+            for (int64_t i = r0; i < r1; i++) vec_dot_q5_k(k, &y[i], (const char *)w + (size_t)i * w_stride, x);       \
+            return;                                                                                                    \
+        }                                                                                                              \
+        __m128i pairs[RK4_MAXB];                                                                                       \
+        rk_pairs(nb, x, pairs);                                                                                        \
+        for (int64_t i = r0; i < r1; i++)                                                                              \
+            y[i] = rk5_row(nb, (const uint8_t *)w + (size_t)i * w_stride, x, pairs, GROUPED);                          \
     }
 GEMV_RK5(gemv_rq5_k, true)  /* over "q5_k lanes" (repack.c) */
 GEMV_RK5(gemv_fq5_k, false) /* over the file's bytes */
@@ -196,14 +199,16 @@ AI float rk6_row(int64_t nb, const cm_block_q6_k *x, const cm_block_q8_k *y, con
     const __m512i i0 = _mm512_loadu_si512(k_kg6_idx[0]), i1 = _mm512_loadu_si512(k_kg6_idx[1]);
     __m512 acc = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++, pk += RK6_BLOCK) {
-        const __m512i sc16 = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[b].scales)));
+        const __m512i sc16 =
+            _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[b].scales)));
         __m512i s16 = _mm512_setzero_si512();
         _Pragma("GCC unroll 2") for (int c = 0; c < 2; c++) {
             const __m512i l = _mm512_loadu_si512(x[b].ql + 64 * c);
             const __m512i h = _mm512_broadcast_i64x4(ld256(x[b].qh + 32 * c));
-            const __m512i q01 = _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_and_si512(_mm512_sllv_epi16(h, shl), m30));
-            const __m512i q23 =
-                _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4), _mm512_and_si512(_mm512_srlv_epi16(h, shr), m30));
+            const __m512i q01 =
+                _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_and_si512(_mm512_sllv_epi16(h, shl), m30));
+            const __m512i q23 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
+                                                _mm512_and_si512(_mm512_srlv_epi16(h, shr), m30));
             const __m512i d0 = _mm512_dpbusd_epi32(_mm512_load_si512((const void *)(pk + 128 * c)), q01,
                                                    _mm512_loadu_si512(y[b].qs + 128 * c));
             const __m512i d1 = _mm512_dpbusd_epi32(_mm512_load_si512((const void *)(pk + 128 * c + 64)), q23,
@@ -216,8 +221,8 @@ AI float rk6_row(int64_t nb, const cm_block_q6_k *x, const cm_block_q8_k *y, con
     return _mm512_reduce_add_ps(acc);
 }
 
-static void gemv_fq6_k(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
-                       int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {
+static void gemv_fq6_k(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
+                       int64_t r0, int64_t r1, int64_t n_tok) {
     (void)x_stride, (void)ldy, (void)n_tok;
     const int64_t nb = k / CM_QK_K;
     if (nb > RK4_MAXB) {

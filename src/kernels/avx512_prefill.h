@@ -40,12 +40,12 @@
  */
 
 enum {
-    QG_R = 4,                   /* weight rows per register tile */
-    QG_T = 4,                   /* tokens per register tile */
-    QG_MAXNB = 512,             /* blocks per row (k <= 16384) */
-    QG_LD = QG_MAXNB + 16,      /* float stride of the tables (a cache line of padding: no set aliasing) */
-    QG_DYF = 64 * 1024 / 4,     /* floats of token scales per pass */
-    QG_SEG = 64,                /* blocks per segment: all 4 chains run over one segment, then the next */
+    QG_R = 4,               /* weight rows per register tile */
+    QG_T = 4,               /* tokens per register tile */
+    QG_MAXNB = 512,         /* blocks per row (k <= 16384) */
+    QG_LD = QG_MAXNB + 16,  /* float stride of the tables (a cache line of padding: no set aliasing) */
+    QG_DYF = 64 * 1024 / 4, /* floats of token scales per pass */
+    QG_SEG = 64,            /* blocks per segment: all 4 chains run over one segment, then the next */
 };
 
 /* R rows x T tokens, all 4 chains in turn: lanes[r][t][c] = chain c's 8 lanes. */
@@ -54,9 +54,8 @@ AI void qg8_tile(int64_t b0, int64_t b1, const cm_block_q8_0 *const *x, const cm
     const __m256i k128 = _mm256_set1_epi8((char)0x80);
     for (int c = 0; c < 4; c++) {
         __m256 acc[QG_R][QG_T];
-        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
-            _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)
-                acc[r][t] = b0 == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(lanes[r][t][c]);
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)
+            acc[r][t] = b0 == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(lanes[r][t][c]);
         for (int64_t b = b0 + c; b < b1; b += 4) {
             __m256i xr[QG_R], cr[QG_R];
             _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
@@ -67,18 +66,18 @@ AI void qg8_tile(int64_t b0, int64_t b1, const cm_block_q8_0 *const *x, const cm
                 const __m256i yu = _mm256_xor_si256(ld256(yv[t][b].qs), k128);
                 _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
                     const __m256i s = _mm256_dpbusd_epi32(cr[r], yu, xr[r]);
-                    acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s),
-                                                _mm256_broadcast_ss(dd + (size_t)(r * QG_T + t) * QG_LD + b), acc[r][t]);
+                    acc[r][t] = _mm256_fmadd_ps(
+                        _mm256_cvtepi32_ps(s), _mm256_broadcast_ss(dd + (size_t)(r * QG_T + t) * QG_LD + b), acc[r][t]);
                 }
             }
         }
-        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
-            _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) _mm256_storeu_ps(lanes[r][t][c], acc[r][t]);
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)
+            _mm256_storeu_ps(lanes[r][t][c], acc[r][t]);
     }
 }
 
-static void gemm_qg8_0(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
-                       int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {
+static void gemm_qg8_0(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
+                       int64_t r0, int64_t r1, int64_t n_tok) {
     const int64_t nb = k / CM_QK8_0, n8 = nb & ~(int64_t)7;
     if (n8 == 0 || nb > QG_MAXNB) {
         gemm_pq8_0(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
@@ -87,13 +86,14 @@ static void gemm_qg8_0(int64_t k, const void *w, size_t w_stride, const void *x,
     _Alignas(64) __m256i corr[QG_R * QG_LD]; /* -128 * sum(x) per 4 bytes, per row of the tile */
     _Alignas(64) float dxf[QG_R * QG_LD];
     _Alignas(64) float dd[QG_R * QG_T * QG_LD]; /* dx * dy per (row, token, block) */
-    _Alignas(64) float dyf[QG_DYF];              /* dy per (token of the pass, block) */
-    const int64_t cap = QG_DYF / n8;             /* tokens per pass */
+    _Alignas(64) float dyf[QG_DYF];             /* dy per (token of the pass, block) */
+    const int64_t cap = QG_DYF / n8;            /* tokens per pass */
     const __m256i k128 = _mm256_set1_epi8((char)0x80);
     for (int64_t j0 = 0; j0 < n_tok; j0 += cap) {
         const int64_t nt = n_tok - j0 < cap ? n_tok - j0 : cap;
         for (int64_t t = 0; t < nt; t++) {
-            const cm_block_q8_0 *yb = (const cm_block_q8_0 *)(const void *)((const char *)x + (size_t)(j0 + t) * x_stride);
+            const cm_block_q8_0 *yb =
+                (const cm_block_q8_0 *)(const void *)((const char *)x + (size_t)(j0 + t) * x_stride);
             for (int64_t b = 0; b < n8; b += 8) _mm256_store_ps(dyf + t * n8 + b, d8_q8_0(yb + b));
         }
         for (int64_t i = r0; i < r1; i += QG_R) {
@@ -119,15 +119,27 @@ static void gemm_qg8_0(int64_t k, const void *w, size_t w_stride, const void *x,
                 }
                 float lanes[QG_R][QG_T][4][8];
                 for (int64_t b0 = 0; b0 < n8; b0 += QG_SEG) {
-                const int64_t b1 = n8 - b0 < QG_SEG ? n8 : b0 + QG_SEG;
-                if (R == QG_R && T == QG_T) qg8_tile(b0, b1, xr, yv, corr, dd, QG_R, QG_T, lanes);
-                else
-                    for (int r = 0; r < R; r++) switch (T) {
-                        case 4: qg8_tile(b0, b1, xr + r, yv, corr + (size_t)r * QG_LD, dd + (size_t)r * QG_T * QG_LD, 1, 4, lanes + r); break;
-                        case 3: qg8_tile(b0, b1, xr + r, yv, corr + (size_t)r * QG_LD, dd + (size_t)r * QG_T * QG_LD, 1, 3, lanes + r); break;
-                        case 2: qg8_tile(b0, b1, xr + r, yv, corr + (size_t)r * QG_LD, dd + (size_t)r * QG_T * QG_LD, 1, 2, lanes + r); break;
-                        default: qg8_tile(b0, b1, xr + r, yv, corr + (size_t)r * QG_LD, dd + (size_t)r * QG_T * QG_LD, 1, 1, lanes + r); break;
-                        }
+                    const int64_t b1 = n8 - b0 < QG_SEG ? n8 : b0 + QG_SEG;
+                    if (R == QG_R && T == QG_T) qg8_tile(b0, b1, xr, yv, corr, dd, QG_R, QG_T, lanes);
+                    else
+                        for (int r = 0; r < R; r++) switch (T) {
+                            case 4:
+                                qg8_tile(b0, b1, xr + r, yv, corr + (size_t)r * QG_LD, dd + (size_t)r * QG_T * QG_LD, 1,
+                                         4, lanes + r);
+                                break;
+                            case 3:
+                                qg8_tile(b0, b1, xr + r, yv, corr + (size_t)r * QG_LD, dd + (size_t)r * QG_T * QG_LD, 1,
+                                         3, lanes + r);
+                                break;
+                            case 2:
+                                qg8_tile(b0, b1, xr + r, yv, corr + (size_t)r * QG_LD, dd + (size_t)r * QG_T * QG_LD, 1,
+                                         2, lanes + r);
+                                break;
+                            default:
+                                qg8_tile(b0, b1, xr + r, yv, corr + (size_t)r * QG_LD, dd + (size_t)r * QG_T * QG_LD, 1,
+                                         1, lanes + r);
+                                break;
+                            }
                 }
                 for (int r = 0; r < R; r++) {
                     float tail[QG_T] = {0};
@@ -154,8 +166,8 @@ enum { FG_R = 4, FG_T = 5, FG_MAXK = 16384 };
 AI void fg_tile(int64_t n32, const float *xf, const cm_f16 *const *yv, int R, int T, __m512 (*res)[FG_T][2]) {
     for (int h = 0; h < 2; h++) {
         __m512 acc[FG_R][FG_T];
-        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
-            _Pragma("GCC unroll 5") for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) _Pragma("GCC unroll 5") for (int t = 0; t < T; t++)
+            acc[r][t] = _mm512_setzero_ps();
         for (int64_t i = 16 * h; i < n32; i += 32) {
             __m512 xv[FG_R];
             _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) xv[r] = _mm512_load_ps(xf + (size_t)r * FG_MAXK + i);
@@ -164,13 +176,13 @@ AI void fg_tile(int64_t n32, const float *xf, const cm_f16 *const *yv, int R, in
                 _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) acc[r][t] = _mm512_fmadd_ps(xv[r], yy, acc[r][t]);
             }
         }
-        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
-            _Pragma("GCC unroll 5") for (int t = 0; t < T; t++) res[r][t][h] = acc[r][t];
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) _Pragma("GCC unroll 5") for (int t = 0; t < T; t++)
+            res[r][t][h] = acc[r][t];
     }
 }
 
-static void gemm_fg16(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
-                      int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {
+static void gemm_fg16(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
+                      int64_t r0, int64_t r1, int64_t n_tok) {
     const int64_t n32 = k & ~(int64_t)31;
     if (n32 == 0 || k > FG_MAXK) {
         gemm_pf16(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
@@ -187,7 +199,8 @@ static void gemm_fg16(int64_t k, const void *w, size_t w_stride, const void *x, 
         for (int64_t j = 0; j < n_tok; j += FG_T) {
             const int T = n_tok - j < FG_T ? (int)(n_tok - j) : FG_T;
             const cm_f16 *yv[FG_T];
-            for (int t = 0; t < T; t++) yv[t] = (const cm_f16 *)(const void *)((const char *)x + (size_t)(j + t) * x_stride);
+            for (int t = 0; t < T; t++)
+                yv[t] = (const cm_f16 *)(const void *)((const char *)x + (size_t)(j + t) * x_stride);
             __m512 res[FG_R][FG_T][2];
             if (R == FG_R && T == FG_T) fg_tile(n32, xf, yv, FG_R, FG_T, res);
             else

@@ -32,8 +32,8 @@ static bool cpu_has(int isa, const cm_cpu_features *f) {
     case ISA_SCALAR: return true;
     case ISA_AVX2: return CM_KERNELS_HAVE_X86 && f->x86_avx2 && f->x86_fma && f->x86_f16c;
     case ISA_AVX512:
-        return CM_KERNELS_HAVE_X86 && f->x86_avx2 && f->x86_fma && f->x86_f16c && f->x86_avx512f &&
-               f->x86_avx512bw && f->x86_avx512vl && f->x86_avx512vnni && f->x86_avx512bf16;
+        return CM_KERNELS_HAVE_X86 && f->x86_avx2 && f->x86_fma && f->x86_f16c && f->x86_avx512f && f->x86_avx512bw &&
+               f->x86_avx512vl && f->x86_avx512vnni && f->x86_avx512bf16;
     case ISA_NEON: return CM_KERNELS_HAVE_NEON && f->arm_neon && f->arm_dotprod && f->arm_fp16;
     default: return false;
     }
@@ -100,8 +100,7 @@ static void build_tables(void) {
     }
     g_best = &g_tables[best];
     CM_LOGD("kernels: using '%s' (CUMULO_ISA=%s; avx2 %s, avx512 %s, neon %s)", g_best->name, cap_name,
-            g_have[ISA_AVX2] ? "yes" : "no", g_have[ISA_AVX512] ? "yes" : "no",
-            g_have[ISA_NEON] ? "yes" : "no");
+            g_have[ISA_AVX2] ? "yes" : "no", g_have[ISA_AVX512] ? "yes" : "no", g_have[ISA_NEON] ? "yes" : "no");
 }
 
 const cm_kernels *cm_kernels_get(void) {
@@ -127,8 +126,8 @@ bool cm_kernels_supports(enum cm_type t) {
     return k->from_float[tr->vec_dot_type] != NULL;
 }
 
-void cm_matmul_rows(const cm_kernels *k, const cm_tensor *W, const void *xq, size_t xq_stride,
-                    int64_t n_tok, float *y, int64_t ldy, int64_t r0, int64_t r1) {
+void cm_matmul_rows(const cm_kernels *k, const cm_tensor *W, const void *xq, size_t xq_stride, int64_t n_tok, float *y,
+                    int64_t ldy, int64_t r0, int64_t r1) {
     const enum cm_type t = W->type;
     CM_ASSERT((unsigned)t < CM_TYPE_COUNT && k->vec_dot[t]);
     CM_ASSERT(r0 >= 0 && r1 <= W->ne[1] && r0 <= r1 && n_tok >= 0);

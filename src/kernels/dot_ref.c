@@ -68,8 +68,7 @@ void cm_ref_vec_dot_q4_1(int64_t n, float *s, const void *vx, const void *vy) {
             sumi += (x[b].qs[j] & 0xF) * y[b].qs[j];
             sumi += (x[b].qs[j] >> 4) * y[b].qs[j + CM_QK4_1 / 2];
         }
-        sumf += (cm_f16_to_f32(x[b].d) * cm_f16_to_f32(y[b].d)) * sumi +
-                cm_f16_to_f32(x[b].m) * cm_f16_to_f32(y[b].s);
+        sumf += (cm_f16_to_f32(x[b].d) * cm_f16_to_f32(y[b].d)) * sumi + cm_f16_to_f32(x[b].m) * cm_f16_to_f32(y[b].s);
     }
     *s = sumf;
 }
@@ -84,9 +83,7 @@ static inline uint32_t rd_qh(const uint8_t qh[4]) {
  * times the block's float scale into one FMA chain per lane, blocks in
  * order; then the lanes folded as hsum8 does. q5_1's min terms form their
  * own chain, added last. */
-static float fold8(const float a[8]) {
-    return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
-}
+static float fold8(const float a[8]) { return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7])); }
 
 void cm_ref_vec_dot_q5_0(int64_t n, float *s, const void *vx, const void *vy) {
     const cm_block_q5_0 *x = vx;

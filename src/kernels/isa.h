@@ -53,22 +53,22 @@ void cm_kernels_fill_attn_neon(cm_kernels *k);   /* attn_neon.c */
  * types F32, F16, Q8_0, Q4_0 as `static` attn_qk_NAME / attn_vm_NAME calling
  * the including file's inline qk_multi / vm_multi with the type, and the
  * table entries (attn_avx2.c, attn_avx512.c, attn_neon.c). */
-#define CM_ATTN_MULTI_ONE(T, NAME)                                                                               \
+#define CM_ATTN_MULTI_ONE(T, NAME)                                                                                 \
     static void attn_qk_##NAME(int64_t D, int nq, const float *q, const void *k, size_t k_row, int n, float scale, \
-                               float *s, int ld) {                                                               \
-        qk_multi(T, D, nq, q, k, k_row, n, scale, s, ld);                                                         \
-    }                                                                                                             \
-    static void attn_vm_##NAME(int64_t D, int nq, const void *v, size_t v_row, const float *w, int ld, int n,   \
-                               float *acc) {                                                                     \
-        vm_multi(T, D, nq, v, v_row, w, ld, n, acc);                                                              \
+                               float *s, int ld) {                                                                 \
+        qk_multi(T, D, nq, q, k, k_row, n, scale, s, ld);                                                          \
+    }                                                                                                              \
+    static void attn_vm_##NAME(int64_t D, int nq, const void *v, size_t v_row, const float *w, int ld, int n,      \
+                               float *acc) {                                                                       \
+        vm_multi(T, D, nq, v, v_row, w, ld, n, acc);                                                               \
     }
-#define CM_ATTN_MULTI_DEFINE()                  \
-    CM_ATTN_MULTI_ONE(CM_TYPE_F32, f32)         \
-    CM_ATTN_MULTI_ONE(CM_TYPE_F16, f16)         \
-    CM_ATTN_MULTI_ONE(CM_TYPE_Q8_0, q8_0)       \
+#define CM_ATTN_MULTI_DEFINE()            \
+    CM_ATTN_MULTI_ONE(CM_TYPE_F32, f32)   \
+    CM_ATTN_MULTI_ONE(CM_TYPE_F16, f16)   \
+    CM_ATTN_MULTI_ONE(CM_TYPE_Q8_0, q8_0) \
     CM_ATTN_MULTI_ONE(CM_TYPE_Q4_0, q4_0)
-#define CM_ATTN_MULTI_FILL(k)                   \
-    do {                                        \
+#define CM_ATTN_MULTI_FILL(k)                      \
+    do {                                           \
         (k)->attn_qk[CM_TYPE_F32] = attn_qk_f32;   \
         (k)->attn_qk[CM_TYPE_F16] = attn_qk_f16;   \
         (k)->attn_qk[CM_TYPE_Q8_0] = attn_qk_q8_0; \
@@ -84,15 +84,21 @@ void cm_kernels_fill_attn_neon(cm_kernels *k);   /* attn_neon.c */
  * CM_ROW_GEMM(t) defines `static void gemm_t` from the including file's
  * `vec_dot_t`; CM_LOWBIT_TYPES(X) calls X(TYPE, name) for each type that
  * lowbit_avx2.c and lowbit_neon.c both implement. */
-#define CM_ROW_GEMM(t)                                                                                           \
-    static void gemm_##t(int64_t kk, const void *w, size_t ws, const void *x, size_t xs, float *y, int64_t ldy,   \
-                         int64_t r0, int64_t r1, int64_t n_tok) {                                                \
-        for (int64_t i = r0; i < r1; i++)                                                                        \
-            for (int64_t j = 0; j < n_tok; j++)                                                                  \
+#define CM_ROW_GEMM(t)                                                                                                \
+    static void gemm_##t(int64_t kk, const void *w, size_t ws, const void *x, size_t xs, float *y, int64_t ldy,       \
+                         int64_t r0, int64_t r1, int64_t n_tok) {                                                     \
+        for (int64_t i = r0; i < r1; i++)                                                                             \
+            for (int64_t j = 0; j < n_tok; j++)                                                                       \
                 vec_dot_##t(kk, &y[j * ldy + i], (const char *)w + (size_t)i * ws, (const char *)x + (size_t)j * xs); \
     }
-#define CM_LOWBIT_TYPES(X)                                                                                       \
-    X(Q2_K, q2_k) X(Q3_K, q3_k) X(IQ4_NL, iq4_nl) X(IQ4_XS, iq4_xs) X(MXFP4, mxfp4) X(IQ2_XXS, iq2_xxs)           \
-    X(IQ3_XXS, iq3_xxs) X(IQ1_S, iq1_s)
+#define CM_LOWBIT_TYPES(X) \
+    X(Q2_K, q2_k)          \
+    X(Q3_K, q3_k)          \
+    X(IQ4_NL, iq4_nl)      \
+    X(IQ4_XS, iq4_xs)      \
+    X(MXFP4, mxfp4)        \
+    X(IQ2_XXS, iq2_xxs)    \
+    X(IQ3_XXS, iq3_xxs)    \
+    X(IQ1_S, iq1_s)
 
 #endif

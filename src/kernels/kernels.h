@@ -49,8 +49,8 @@ typedef void (*cm_to_float_fn)(const void *x, float *y, int64_t n);
 /* Matrix x matrix: for rows i in [r0, r1) of W (row stride w_stride bytes,
  * k elements each) and activation rows j in [0, n_tok) (stride x_stride bytes,
  * in vec_dot_type): y[j * ldy + i] = dot(W_i, x_j). NULL = use vec_dot. */
-typedef void (*cm_gemm_fn)(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride,
-                           float *y, int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok);
+typedef void (*cm_gemm_fn)(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
+                           int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok);
 
 /* Attention's value side (model/attn.c): acc[0:D] += w[j] * row j of V for
  * j in [0, n), rows of D elements of the table's type at v + j * v_row, in
@@ -141,8 +141,8 @@ size_t cm_quantize_rows(enum cm_type t, const float *src, void *dst, int64_t nro
  * Callers split [0, rows) across threads. W->type must be one
  * cm_kernels_supports() accepts (anything else is a programmer error: the
  * loader rejects such files first). */
-void cm_matmul_rows(const cm_kernels *k, const cm_tensor *W, const void *xq, size_t xq_stride,
-                    int64_t n_tok, float *y, int64_t ldy, int64_t r0, int64_t r1);
+void cm_matmul_rows(const cm_kernels *k, const cm_tensor *W, const void *xq, size_t xq_stride, int64_t n_tok, float *y,
+                    int64_t ldy, int64_t r0, int64_t r1);
 
 /* ---- weights repacked at load (repack.c) ----
  * cm_repack_add: for each of the n tensors (views of whole weight matrices)
@@ -153,8 +153,7 @@ void cm_matmul_rows(const cm_kernels *k, const cm_tensor *W, const void *xq, siz
  * (call it before the tensors' bytes go away). Thread-safe; the copies cost
  * their tensors' size in memory. Returns 0 or CM_ENOMEM. */
 enum { CM_REPACK_MAX_K = 32768 }; /* longest row repacked */
-int cm_repack_add(const void *owner, const cm_kernels *k, const cm_tensor *const *ws, int n, char *err,
-                  size_t errlen);
+int cm_repack_add(const void *owner, const cm_kernels *k, const cm_tensor *const *ws, int n, char *err, size_t errlen);
 void cm_repack_drop(const void *owner);
 /* The repacked copy of W's first row, or NULL (not repacked, or a column view). */
 const void *cm_repack_find(const cm_tensor *W);

@@ -90,17 +90,18 @@ AI void ztile_bf16(int64_t n, const void *x, const void *const *yv, int T, float
 AI __m256 d8_q4_0(const void *p) {
     static const uint16_t idx[32] = {0, 9, 18, 27, 36, 45, 54, 63};
     const uint8_t *b = p;
-    const __m512i w = _mm512_permutex2var_epi16(_mm512_loadu_si512(b), _mm512_loadu_si512(idx),
-                                                _mm512_loadu_si512(b + 64));
+    const __m512i w =
+        _mm512_permutex2var_epi16(_mm512_loadu_si512(b), _mm512_loadu_si512(idx), _mm512_loadu_si512(b + 64));
     return _mm256_cvtph_ps(_mm512_castsi512_si128(w));
 }
 /* fp16 d of 8 consecutive blocks of 34 bytes (q8_0): words 0, 17, ..., 119. */
 AI __m256 d8_q8_0(const void *p) {
     static const uint16_t i0[32] = {0, 17, 34, 51}, i1[32] = {0, 0, 0, 0, 4, 21, 38, 55};
     const uint8_t *b = p;
-    const __m512i lo = _mm512_permutex2var_epi16(_mm512_loadu_si512(b), _mm512_loadu_si512(i0), _mm512_loadu_si512(b + 64));
-    const __m512i hi = _mm512_permutex2var_epi16(_mm512_loadu_si512(b + 128), _mm512_loadu_si512(i1),
-                                                 _mm512_loadu_si512(b + 192));
+    const __m512i lo =
+        _mm512_permutex2var_epi16(_mm512_loadu_si512(b), _mm512_loadu_si512(i0), _mm512_loadu_si512(b + 64));
+    const __m512i hi =
+        _mm512_permutex2var_epi16(_mm512_loadu_si512(b + 128), _mm512_loadu_si512(i1), _mm512_loadu_si512(b + 192));
     return _mm256_cvtph_ps(_mm512_castsi512_si128(_mm512_mask_blend_epi16(0xf0, lo, hi)));
 }
 AI __m512i ld2x256(const void *a, const void *b) {
@@ -108,37 +109,37 @@ AI __m512i ld2x256(const void *a, const void *b) {
 }
 AI __m512i pair_q8_0(const cm_block_q8_0 *x) { return ld2x256(x[0].qs, x[1].qs); }
 
-#define ZTILE_Q(NAME, XB, PAIR, D8X)                                                               \
-    AI void ztile_##NAME(int64_t nb, const XB *x, const cm_block_q8_0 *const *yv, int T, float *out) { \
-        __m512 acc[2][TMAX];                                                                       \
-        for (int t = 0; t < T; t++) acc[0][t] = acc[1][t] = _mm512_setzero_ps();                   \
-        const int64_t n8 = nb & ~(int64_t)7;                                                       \
-        for (int64_t b = 0; b < n8; b += 8) {                                                      \
-            const __m256 dx = D8X(x + b);                                                          \
-            __m512 sc[TMAX];                                                                       \
-            for (int t = 0; t < T; t++) sc[t] = _mm512_castps256_ps512(_mm256_mul_ps(dx, d8_q8_0(yv[t] + b))); \
-            _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++) {                                  \
-                const __m512i qx = PAIR(x + b + 2 * p);                                            \
-                const __m512i ax = _mm512_abs_epi8(qx);                                            \
-                const __mmask64 neg = _mm512_movepi8_mask(qx);                                     \
-                const __m512i pidx = _mm512_inserti64x4(_mm512_set1_epi32(2 * p), _mm256_set1_epi32(2 * p + 1), 1); \
-                for (int t = 0; t < T; t++) {                                                      \
-                    const cm_block_q8_0 *y = yv[t] + b + 2 * p;                                    \
-                    __m512i qy = ld2x256(y[0].qs, y[1].qs);                                        \
-                    qy = _mm512_mask_sub_epi8(qy, neg, _mm512_setzero_si512(), qy);                \
-                    const __m512i sumi = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ax, qy);      \
-                    acc[p & 1][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi), _mm512_permutexvar_ps(pidx, sc[t]), \
-                                                    acc[p & 1][t]);                                \
-                }                                                                                  \
-            }                                                                                      \
-        }                                                                                          \
-        float tail[TMAX] = {0};                                                                    \
-        if (n8 < nb) {                                                                             \
-            const cm_block_q8_0 *yt[TMAX];                                                         \
-            for (int t = 0; t < T; t++) yt[t] = yv[t] + n8;                                        \
-            tile_##NAME(nb - n8, x + n8, yt, T, tail);                                             \
-        }                                                                                          \
-        for (int t = 0; t < T; t++) out[t] = _mm512_reduce_add_ps(_mm512_add_ps(acc[0][t], acc[1][t])) + tail[t]; \
+#define ZTILE_Q(NAME, XB, PAIR, D8X)                                                                                  \
+    AI void ztile_##NAME(int64_t nb, const XB *x, const cm_block_q8_0 *const *yv, int T, float *out) {                \
+        __m512 acc[2][TMAX];                                                                                          \
+        for (int t = 0; t < T; t++) acc[0][t] = acc[1][t] = _mm512_setzero_ps();                                      \
+        const int64_t n8 = nb & ~(int64_t)7;                                                                          \
+        for (int64_t b = 0; b < n8; b += 8) {                                                                         \
+            const __m256 dx = D8X(x + b);                                                                             \
+            __m512 sc[TMAX];                                                                                          \
+            for (int t = 0; t < T; t++) sc[t] = _mm512_castps256_ps512(_mm256_mul_ps(dx, d8_q8_0(yv[t] + b)));        \
+            _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++) {                                                     \
+                const __m512i qx = PAIR(x + b + 2 * p);                                                               \
+                const __m512i ax = _mm512_abs_epi8(qx);                                                               \
+                const __mmask64 neg = _mm512_movepi8_mask(qx);                                                        \
+                const __m512i pidx = _mm512_inserti64x4(_mm512_set1_epi32(2 * p), _mm256_set1_epi32(2 * p + 1), 1);   \
+                for (int t = 0; t < T; t++) {                                                                         \
+                    const cm_block_q8_0 *y = yv[t] + b + 2 * p;                                                       \
+                    __m512i qy = ld2x256(y[0].qs, y[1].qs);                                                           \
+                    qy = _mm512_mask_sub_epi8(qy, neg, _mm512_setzero_si512(), qy);                                   \
+                    const __m512i sumi = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ax, qy);                         \
+                    acc[p & 1][t] =                                                                                   \
+                        _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi), _mm512_permutexvar_ps(pidx, sc[t]), acc[p & 1][t]); \
+                }                                                                                                     \
+            }                                                                                                         \
+        }                                                                                                             \
+        float tail[TMAX] = {0};                                                                                       \
+        if (n8 < nb) {                                                                                                \
+            const cm_block_q8_0 *yt[TMAX];                                                                            \
+            for (int t = 0; t < T; t++) yt[t] = yv[t] + n8;                                                           \
+            tile_##NAME(nb - n8, x + n8, yt, T, tail);                                                                \
+        }                                                                                                             \
+        for (int t = 0; t < T; t++) out[t] = _mm512_reduce_add_ps(_mm512_add_ps(acc[0][t], acc[1][t])) + tail[t];     \
     }
 
 /* q4_0 in "lane order", the one order vec_dot, the decode gemv and the
@@ -286,8 +287,8 @@ AI void gq4_rows(int64_t nb, const cm_block_q4_0 *const *x, const uint8_t *pk, c
 
 static void vec_dot_zq4_0(int64_t n, float *s, const void *x, const void *y);
 
-static void gemv_zq4_0(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
-                       int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {
+static void gemv_zq4_0(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
+                       int64_t r0, int64_t r1, int64_t n_tok) {
     (void)x_stride, (void)ldy, (void)n_tok;
     const int64_t nb = k / CM_QK4_0, ng = nb / 16;
     if (ng > GQ_MAXG) { /* longer than the packed token fits: one row at a time */
@@ -315,7 +316,6 @@ static void gemv_zq4_0(int64_t k, const void *w, size_t w_stride, const void *x,
     }
 }
 
-
 /* ---- q4_0 decode gemv over the "q4_0 lanes" repacked rows (repack.c) ----
  * A group of 16 blocks is 4 aligned-free 64-byte loads whose int32 lane j is
  * block j's: low nibbles dotted with the token's y[4q..4q+3] of block j, high
@@ -331,9 +331,10 @@ enum { RQ_GROUP = 640, RQ_MAXG = CM_REPACK_MAX_K / 512 };
 AI void rq4_pack(int64_t ng, const cm_block_q8_0 *y, uint8_t *d) {
     const __m512i k8 = _mm512_set1_epi8(8), z = _mm512_setzero_si512();
     /* lane j: the offset of block j's qs in the token */
-    const __m512i idx = _mm512_add_epi32(_mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                                            _mm512_set1_epi32((int)sizeof(cm_block_q8_0))),
-                                         _mm512_set1_epi32((int)offsetof(cm_block_q8_0, qs)));
+    const __m512i idx =
+        _mm512_add_epi32(_mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                            _mm512_set1_epi32((int)sizeof(cm_block_q8_0))),
+                         _mm512_set1_epi32((int)offsetof(cm_block_q8_0, qs)));
     for (int64_t g = 0; g < ng; g++, y += 16, d += RQ_GROUP) {
         __m512i b = z;
         for (int q = 0; q < 8; q++) { /* vector q: y[4q..4q+3] of each block (q >= 4: the high half) */
@@ -372,8 +373,8 @@ AI float rq4_row(int64_t nb, const uint8_t *x, const uint8_t *pk, const cm_block
     return hsum8(c);
 }
 
-static void gemv_rq4_0(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
-                       int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {
+static void gemv_rq4_0(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
+                       int64_t r0, int64_t r1, int64_t n_tok) {
     (void)x_stride, (void)ldy, (void)n_tok;
     const int64_t nb = k / CM_QK4_0, ng = nb / 16;
     CM_ASSERT(ng <= RQ_MAXG);
@@ -456,7 +457,8 @@ AI void ztile_q6_k(int64_t nb, const cm_block_q6_k *x, const cm_block_q8_k *cons
     const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30), k32 = _mm512_set1_epi8(32);
     const __m512i shl = _mm512_loadu_si512(k_q6k_shift[0]), shr = _mm512_loadu_si512(k_q6k_shift[1]);
     for (int64_t b = 0; b < nb; b++) {
-        const __m512i sc16 = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[b].scales)));
+        const __m512i sc16 =
+            _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[b].scales)));
         __m512i sumi[TMAX];
         for (int t = 0; t < T; t++) sumi[t] = _mm512_setzero_si512();
         _Pragma("GCC unroll 2") for (int c = 0; c < 2; c++) {
@@ -511,11 +513,11 @@ VEC_DOT(zq6_k, cm_block_q6_k, cm_block_q8_k, CM_QK_K)
  * streams, which the prefetcher follows worse); the decode kernels here run
  * at 50-60 GB/s from L2 (f16), far above one core's share of DRAM. Each
  * y[i] is vec_dot's own result, so batch invariance is immediate. */
-#define GEMV_ROWS(NAME)                                                                            \
-    static void gemv_##NAME(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, \
-                            float *y, int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {        \
-        (void)x_stride, (void)ldy, (void)n_tok;                                                    \
-        for (int64_t i = r0; i < r1; i++) vec_dot_##NAME(k, &y[i], (const char *)w + (size_t)i * w_stride, x); \
+#define GEMV_ROWS(NAME)                                                                                          \
+    static void gemv_##NAME(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, \
+                            int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {                                \
+        (void)x_stride, (void)ldy, (void)n_tok;                                                                  \
+        for (int64_t i = r0; i < r1; i++) vec_dot_##NAME(k, &y[i], (const char *)w + (size_t)i * w_stride, x);   \
     }
 GEMV_ROWS(zbf16)
 

@@ -49,83 +49,83 @@ AI void bits32(const uint8_t *p, uint8x16_t *b0, uint8x16_t *b1) {
 #define S8(v) vreinterpretq_s8_u8(v)
 
 /* ---- 32-element block types: BODY(b, acc, m) adds block b for every token ---- */
-#define TILE32(NAME, XB, YB, BODY)                                                                 \
-    AI void tile_##NAME(int64_t nb, const XB *x, const YB *const *yv, int T, float *out) {         \
-        float32x4_t acc0[TMAX], acc1[TMAX];                                                        \
-        float m0[TMAX], m1[TMAX];                                                                  \
-        for (int t = 0; t < T; t++) {                                                              \
-            acc0[t] = acc1[t] = vdupq_n_f32(0.0f);                                                 \
-            m0[t] = m1[t] = 0.0f;                                                                  \
-        }                                                                                          \
-        int64_t b = 0;                                                                             \
-        for (; b + 1 < nb; b += 2) {                                                               \
-            BODY(b, acc0, m0);                                                                     \
-            BODY(b + 1, acc1, m1);                                                                 \
-        }                                                                                          \
-        if (b < nb) BODY(b, acc0, m0);                                                             \
+#define TILE32(NAME, XB, YB, BODY)                                                                      \
+    AI void tile_##NAME(int64_t nb, const XB *x, const YB *const *yv, int T, float *out) {              \
+        float32x4_t acc0[TMAX], acc1[TMAX];                                                             \
+        float m0[TMAX], m1[TMAX];                                                                       \
+        for (int t = 0; t < T; t++) {                                                                   \
+            acc0[t] = acc1[t] = vdupq_n_f32(0.0f);                                                      \
+            m0[t] = m1[t] = 0.0f;                                                                       \
+        }                                                                                               \
+        int64_t b = 0;                                                                                  \
+        for (; b + 1 < nb; b += 2) {                                                                    \
+            BODY(b, acc0, m0);                                                                          \
+            BODY(b + 1, acc1, m1);                                                                      \
+        }                                                                                               \
+        if (b < nb) BODY(b, acc0, m0);                                                                  \
         for (int t = 0; t < T; t++) out[t] = vaddvq_f32(vaddq_f32(acc0[t], acc1[t])) + (m0[t] + m1[t]); \
     }
 
 /* acc += float(dot(x0:x1, y)) * scale */
-#define DOT_BLOCK(ACC, X0, X1, YQ, SCALE)                                                          \
+#define DOT_BLOCK(ACC, X0, X1, YQ, SCALE)                                                                          \
     ACC = vfmaq_n_f32(ACC, vcvtq_f32_s32(dot16(dot16(vdupq_n_s32(0), X0, vld1q_s8(YQ)), X1, vld1q_s8((YQ) + 16))), \
                       SCALE)
 
-#define BODY_Q4_0(B, ACC, M)                                                                       \
-    do {                                                                                           \
-        uint8x16_t lo, hi;                                                                         \
-        nibbles(x[B].qs, &lo, &hi);                                                                \
+#define BODY_Q4_0(B, ACC, M)                                                                        \
+    do {                                                                                            \
+        uint8x16_t lo, hi;                                                                          \
+        nibbles(x[B].qs, &lo, &hi);                                                                 \
         const int8x16_t x0 = vsubq_s8(S8(lo), vdupq_n_s8(8)), x1 = vsubq_s8(S8(hi), vdupq_n_s8(8)); \
-        const float dx = f16f(x[B].d);                                                             \
-        for (int t = 0; t < T; t++) DOT_BLOCK(ACC[t], x0, x1, yv[t][B].qs, dx * f16f(yv[t][B].d)); \
+        const float dx = f16f(x[B].d);                                                              \
+        for (int t = 0; t < T; t++) DOT_BLOCK(ACC[t], x0, x1, yv[t][B].qs, dx *f16f(yv[t][B].d));   \
     } while (0)
 TILE32(q4_0, cm_block_q4_0, cm_block_q8_0, BODY_Q4_0)
 
-#define BODY_Q4_1(B, ACC, M)                                                                       \
-    do {                                                                                           \
-        uint8x16_t lo, hi;                                                                         \
-        nibbles(x[B].qs, &lo, &hi);                                                                \
-        const float dx = f16f(x[B].d), mx = f16f(x[B].m);                                          \
-        for (int t = 0; t < T; t++) {                                                              \
-            DOT_BLOCK(ACC[t], S8(lo), S8(hi), yv[t][B].qs, dx * f16f(yv[t][B].d));                 \
-            M[t] += mx * f16f(yv[t][B].s);                                                         \
-        }                                                                                          \
+#define BODY_Q4_1(B, ACC, M)                                                      \
+    do {                                                                          \
+        uint8x16_t lo, hi;                                                        \
+        nibbles(x[B].qs, &lo, &hi);                                               \
+        const float dx = f16f(x[B].d), mx = f16f(x[B].m);                         \
+        for (int t = 0; t < T; t++) {                                             \
+            DOT_BLOCK(ACC[t], S8(lo), S8(hi), yv[t][B].qs, dx *f16f(yv[t][B].d)); \
+            M[t] += mx * f16f(yv[t][B].s);                                        \
+        }                                                                         \
     } while (0)
 TILE32(q4_1, cm_block_q4_1, cm_block_q8_1, BODY_Q4_1)
 
 /* q5_0: fifth bit clear means value - 16, i.e. the signed byte 0xf0 | nibble. */
-#define BODY_Q5_0(B, ACC, M)                                                                       \
-    do {                                                                                           \
-        uint8x16_t lo, hi, b0, b1;                                                                 \
-        nibbles(x[B].qs, &lo, &hi);                                                                \
-        bits32(x[B].qh, &b0, &b1);                                                                 \
-        const int8x16_t x0 = S8(vorrq_u8(lo, vbicq_u8(vdupq_n_u8(0xf0), b0)));                     \
-        const int8x16_t x1 = S8(vorrq_u8(hi, vbicq_u8(vdupq_n_u8(0xf0), b1)));                     \
-        const float dx = f16f(x[B].d);                                                             \
-        for (int t = 0; t < T; t++) DOT_BLOCK(ACC[t], x0, x1, yv[t][B].qs, dx * f16f(yv[t][B].d)); \
+#define BODY_Q5_0(B, ACC, M)                                                                      \
+    do {                                                                                          \
+        uint8x16_t lo, hi, b0, b1;                                                                \
+        nibbles(x[B].qs, &lo, &hi);                                                               \
+        bits32(x[B].qh, &b0, &b1);                                                                \
+        const int8x16_t x0 = S8(vorrq_u8(lo, vbicq_u8(vdupq_n_u8(0xf0), b0)));                    \
+        const int8x16_t x1 = S8(vorrq_u8(hi, vbicq_u8(vdupq_n_u8(0xf0), b1)));                    \
+        const float dx = f16f(x[B].d);                                                            \
+        for (int t = 0; t < T; t++) DOT_BLOCK(ACC[t], x0, x1, yv[t][B].qs, dx *f16f(yv[t][B].d)); \
     } while (0)
 TILE32(q5_0, cm_block_q5_0, cm_block_q8_0, BODY_Q5_0)
 
-#define BODY_Q5_1(B, ACC, M)                                                                       \
-    do {                                                                                           \
-        uint8x16_t lo, hi, b0, b1;                                                                 \
-        nibbles(x[B].qs, &lo, &hi);                                                                \
-        bits32(x[B].qh, &b0, &b1);                                                                 \
-        const int8x16_t x0 = S8(vorrq_u8(lo, vandq_u8(b0, vdupq_n_u8(0x10))));                     \
-        const int8x16_t x1 = S8(vorrq_u8(hi, vandq_u8(b1, vdupq_n_u8(0x10))));                     \
-        const float dx = f16f(x[B].d), mx = f16f(x[B].m);                                          \
-        for (int t = 0; t < T; t++) {                                                              \
-            DOT_BLOCK(ACC[t], x0, x1, yv[t][B].qs, dx * f16f(yv[t][B].d));                         \
-            M[t] += mx * f16f(yv[t][B].s);                                                         \
-        }                                                                                          \
+#define BODY_Q5_1(B, ACC, M)                                                   \
+    do {                                                                       \
+        uint8x16_t lo, hi, b0, b1;                                             \
+        nibbles(x[B].qs, &lo, &hi);                                            \
+        bits32(x[B].qh, &b0, &b1);                                             \
+        const int8x16_t x0 = S8(vorrq_u8(lo, vandq_u8(b0, vdupq_n_u8(0x10)))); \
+        const int8x16_t x1 = S8(vorrq_u8(hi, vandq_u8(b1, vdupq_n_u8(0x10)))); \
+        const float dx = f16f(x[B].d), mx = f16f(x[B].m);                      \
+        for (int t = 0; t < T; t++) {                                          \
+            DOT_BLOCK(ACC[t], x0, x1, yv[t][B].qs, dx *f16f(yv[t][B].d));      \
+            M[t] += mx * f16f(yv[t][B].s);                                     \
+        }                                                                      \
     } while (0)
 TILE32(q5_1, cm_block_q5_1, cm_block_q8_1, BODY_Q5_1)
 
-#define BODY_Q8_0(B, ACC, M)                                                                       \
-    do {                                                                                           \
-        const int8x16_t x0 = vld1q_s8(x[B].qs), x1 = vld1q_s8(x[B].qs + 16);                       \
-        const float dx = f16f(x[B].d);                                                             \
-        for (int t = 0; t < T; t++) DOT_BLOCK(ACC[t], x0, x1, yv[t][B].qs, dx * f16f(yv[t][B].d)); \
+#define BODY_Q8_0(B, ACC, M)                                                                      \
+    do {                                                                                          \
+        const int8x16_t x0 = vld1q_s8(x[B].qs), x1 = vld1q_s8(x[B].qs + 16);                      \
+        const float dx = f16f(x[B].d);                                                            \
+        for (int t = 0; t < T; t++) DOT_BLOCK(ACC[t], x0, x1, yv[t][B].qs, dx *f16f(yv[t][B].d)); \
     } while (0)
 TILE32(q8_0, cm_block_q8_0, cm_block_q8_0, BODY_Q8_0)
 
@@ -151,52 +151,53 @@ AI int32_t kmins(const uint8_t mn[8], const int16_t *bsums) {
     return vaddvq_s32(vaddq_s32(vmull_s16(vget_low_s16(pairs), vget_low_s16(m)), vmull_high_s16(pairs, m)));
 }
 
-#define TILE_K45(NAME, XB, HAS_QH)                                                                 \
-    AI void tile_##NAME(int64_t nb, const XB *x, const cm_block_q8_k *const *yv, int T, float *out) { \
-        float32x4_t acc[TMAX];                                                                     \
-        float accm[TMAX];                                                                          \
-        for (int t = 0; t < T; t++) {                                                              \
-            acc[t] = vdupq_n_f32(0.0f);                                                            \
-            accm[t] = 0.0f;                                                                        \
-        }                                                                                          \
-        const uint8x16_t m4 = vdupq_n_u8(0x0f), one = vdupq_n_u8(1);                               \
-        for (int64_t b = 0; b < nb; b++) {                                                         \
-            uint8_t sc[8], mn[8];                                                                  \
-            kscales(x[b].scales, sc, mn);                                                          \
-            int32x4_t sumi[TMAX];                                                                  \
-            for (int t = 0; t < T; t++) sumi[t] = vdupq_n_s32(0);                                  \
-            uint8x16_t qh0 = one, qh1 = one;                                                       \
-            if (HAS_QH) {                                                                          \
-                const uint8_t *qh = ((const cm_block_q5_k *)(const void *)&x[b])->qh;              \
-                qh0 = vld1q_u8(qh);                                                                \
-                qh1 = vld1q_u8(qh + 16);                                                           \
-            }                                                                                      \
-            for (int j = 0; j < 4; j++) {                                                          \
-                const uint8x16_t q0 = vld1q_u8(x[b].qs + 32 * j), q1 = vld1q_u8(x[b].qs + 32 * j + 16); \
-                uint8x16_t l0 = vandq_u8(q0, m4), l1 = vandq_u8(q1, m4);                           \
-                uint8x16_t h0 = vshrq_n_u8(q0, 4), h1 = vshrq_n_u8(q1, 4);                         \
-                if (HAS_QH) {                                                                      \
-                    l0 = vorrq_u8(l0, vshlq_n_u8(vandq_u8(qh0, one), 4));                          \
-                    l1 = vorrq_u8(l1, vshlq_n_u8(vandq_u8(qh1, one), 4));                          \
-                    h0 = vorrq_u8(h0, vshlq_n_u8(vandq_u8(vshrq_n_u8(qh0, 1), one), 4));           \
-                    h1 = vorrq_u8(h1, vshlq_n_u8(vandq_u8(vshrq_n_u8(qh1, 1), one), 4));           \
-                    qh0 = vshrq_n_u8(qh0, 2);                                                      \
-                    qh1 = vshrq_n_u8(qh1, 2);                                                      \
-                }                                                                                  \
-                for (int t = 0; t < T; t++) {                                                      \
-                    const int8_t *y = yv[t][b].qs + 64 * j;                                        \
+#define TILE_K45(NAME, XB, HAS_QH)                                                                                    \
+    AI void tile_##NAME(int64_t nb, const XB *x, const cm_block_q8_k *const *yv, int T, float *out) {                 \
+        float32x4_t acc[TMAX];                                                                                        \
+        float accm[TMAX];                                                                                             \
+        for (int t = 0; t < T; t++) {                                                                                 \
+            acc[t] = vdupq_n_f32(0.0f);                                                                               \
+            accm[t] = 0.0f;                                                                                           \
+        }                                                                                                             \
+        const uint8x16_t m4 = vdupq_n_u8(0x0f), one = vdupq_n_u8(1);                                                  \
+        for (int64_t b = 0; b < nb; b++) {                                                                            \
+            uint8_t sc[8], mn[8];                                                                                     \
+            kscales(x[b].scales, sc, mn);                                                                             \
+            int32x4_t sumi[TMAX];                                                                                     \
+            for (int t = 0; t < T; t++) sumi[t] = vdupq_n_s32(0);                                                     \
+            uint8x16_t qh0 = one, qh1 = one;                                                                          \
+            if (HAS_QH) {                                                                                             \
+                const uint8_t *qh = ((const cm_block_q5_k *)(const void *)&x[b])->qh;                                 \
+                qh0 = vld1q_u8(qh);                                                                                   \
+                qh1 = vld1q_u8(qh + 16);                                                                              \
+            }                                                                                                         \
+            for (int j = 0; j < 4; j++) {                                                                             \
+                const uint8x16_t q0 = vld1q_u8(x[b].qs + 32 * j), q1 = vld1q_u8(x[b].qs + 32 * j + 16);               \
+                uint8x16_t l0 = vandq_u8(q0, m4), l1 = vandq_u8(q1, m4);                                              \
+                uint8x16_t h0 = vshrq_n_u8(q0, 4), h1 = vshrq_n_u8(q1, 4);                                            \
+                if (HAS_QH) {                                                                                         \
+                    l0 = vorrq_u8(l0, vshlq_n_u8(vandq_u8(qh0, one), 4));                                             \
+                    l1 = vorrq_u8(l1, vshlq_n_u8(vandq_u8(qh1, one), 4));                                             \
+                    h0 = vorrq_u8(h0, vshlq_n_u8(vandq_u8(vshrq_n_u8(qh0, 1), one), 4));                              \
+                    h1 = vorrq_u8(h1, vshlq_n_u8(vandq_u8(vshrq_n_u8(qh1, 1), one), 4));                              \
+                    qh0 = vshrq_n_u8(qh0, 2);                                                                         \
+                    qh1 = vshrq_n_u8(qh1, 2);                                                                         \
+                }                                                                                                     \
+                for (int t = 0; t < T; t++) {                                                                         \
+                    const int8_t *y = yv[t][b].qs + 64 * j;                                                           \
                     const int32x4_t pl = dot16(dot16(vdupq_n_s32(0), S8(l0), vld1q_s8(y)), S8(l1), vld1q_s8(y + 16)); \
-                    const int32x4_t ph = dot16(dot16(vdupq_n_s32(0), S8(h0), vld1q_s8(y + 32)), S8(h1), vld1q_s8(y + 48)); \
-                    sumi[t] = vmlaq_n_s32(vmlaq_n_s32(sumi[t], pl, sc[2 * j]), ph, sc[2 * j + 1]);  \
-                }                                                                                  \
-            }                                                                                      \
-            const float d = f16f(x[b].d), dmin = f16f(x[b].dmin);                                  \
-            for (int t = 0; t < T; t++) {                                                          \
-                acc[t] = vfmaq_n_f32(acc[t], vcvtq_f32_s32(sumi[t]), d * yv[t][b].d);              \
-                accm[t] += dmin * yv[t][b].d * (float)kmins(mn, yv[t][b].bsums);                   \
-            }                                                                                      \
-        }                                                                                          \
-        for (int t = 0; t < T; t++) out[t] = vaddvq_f32(acc[t]) - accm[t];                         \
+                    const int32x4_t ph =                                                                              \
+                        dot16(dot16(vdupq_n_s32(0), S8(h0), vld1q_s8(y + 32)), S8(h1), vld1q_s8(y + 48));             \
+                    sumi[t] = vmlaq_n_s32(vmlaq_n_s32(sumi[t], pl, sc[2 * j]), ph, sc[2 * j + 1]);                    \
+                }                                                                                                     \
+            }                                                                                                         \
+            const float d = f16f(x[b].d), dmin = f16f(x[b].dmin);                                                     \
+            for (int t = 0; t < T; t++) {                                                                             \
+                acc[t] = vfmaq_n_f32(acc[t], vcvtq_f32_s32(sumi[t]), d * yv[t][b].d);                                 \
+                accm[t] += dmin * yv[t][b].d * (float)kmins(mn, yv[t][b].bsums);                                      \
+            }                                                                                                         \
+        }                                                                                                             \
+        for (int t = 0; t < T; t++) out[t] = vaddvq_f32(acc[t]) - accm[t];                                            \
     }
 TILE_K45(q4_k, cm_block_q4_k, 0)
 TILE_K45(q5_k, cm_block_q5_k, 1)
@@ -226,7 +227,8 @@ AI void tile_q6_k(int64_t nb, const cm_block_q6_k *x, const cm_block_q8_k *const
                 for (int k = 0; k < 4; k++) {
                     const int s = x[b].scales[8 * c + 2 * k + h];
                     for (int t = 0; t < T; t++) {
-                        const int32x4_t p = dot16(vdupq_n_s32(0), q[k], vld1q_s8(yv[t][b].qs + 128 * c + 32 * k + 16 * h));
+                        const int32x4_t p =
+                            dot16(vdupq_n_s32(0), q[k], vld1q_s8(yv[t][b].qs + 128 * c + 32 * k + 16 * h));
                         sumi[t] = vmlaq_n_s32(sumi[t], p, s);
                     }
                 }
@@ -327,6 +329,4 @@ static void from_float_f16(const float *x, void *vy, int64_t n) {
     for (; i < n; i++) y[i] = cm_f32_to_f16(x[i]);
 }
 
-void cm_kernels_fill_neon(cm_kernels *k) {
-    CM_TILES_FILL(k);
-}
+void cm_kernels_fill_neon(cm_kernels *k) { CM_TILES_FILL(k); }

@@ -60,29 +60,30 @@ static inline __m256i scale_pair(int a, int b) {
 /* ---- 32-element blocks against Q8_0 ---- */
 
 /* Two blocks per step into two float accumulators (independent fma chains). */
-#define DOT32(NAME, BLOCK, QK, TABLE, SCALE)                                                                   \
-    static void vec_dot_##NAME(int64_t n, float *s, const void *vx, const void *vy) {                        \
-        const BLOCK *x = vx;                                                                                   \
-        const cm_block_q8_0 *y = vy;                                                                           \
-        const __m128i table = _mm_loadu_si128((const __m128i *)TABLE);                                         \
-        const __m256i ones = _mm256_set1_epi16(1);                                                             \
-        __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();                                         \
-        const int64_t nb = n / QK;                                                                             \
-        int64_t b = 0;                                                                                         \
-        for (; b + 1 < nb; b += 2) {                                                                           \
-            const __m256i v0 = nibbles_to_values(x[b].qs, table), v1 = nibbles_to_values(x[b + 1].qs, table);  \
-            const __m256i p0 = _mm256_madd_epi16(dot_pairs_s8(v0, _mm256_loadu_si256((const __m256i *)y[b].qs)), ones); \
-            const __m256i p1 =                                                                                 \
-                _mm256_madd_epi16(dot_pairs_s8(v1, _mm256_loadu_si256((const __m256i *)y[b + 1].qs)), ones);   \
-            acc0 = _mm256_fmadd_ps(_mm256_set1_ps(SCALE(b)), _mm256_cvtepi32_ps(p0), acc0);                    \
-            acc1 = _mm256_fmadd_ps(_mm256_set1_ps(SCALE(b + 1)), _mm256_cvtepi32_ps(p1), acc1);                \
-        }                                                                                                      \
-        for (; b < nb; b++) {                                                                                  \
-            const __m256i v = nibbles_to_values(x[b].qs, table);                                               \
+#define DOT32(NAME, BLOCK, QK, TABLE, SCALE)                                                                          \
+    static void vec_dot_##NAME(int64_t n, float *s, const void *vx, const void *vy) {                                 \
+        const BLOCK *x = vx;                                                                                          \
+        const cm_block_q8_0 *y = vy;                                                                                  \
+        const __m128i table = _mm_loadu_si128((const __m128i *)TABLE);                                                \
+        const __m256i ones = _mm256_set1_epi16(1);                                                                    \
+        __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();                                                \
+        const int64_t nb = n / QK;                                                                                    \
+        int64_t b = 0;                                                                                                \
+        for (; b + 1 < nb; b += 2) {                                                                                  \
+            const __m256i v0 = nibbles_to_values(x[b].qs, table), v1 = nibbles_to_values(x[b + 1].qs, table);         \
+            const __m256i p0 =                                                                                        \
+                _mm256_madd_epi16(dot_pairs_s8(v0, _mm256_loadu_si256((const __m256i *)y[b].qs)), ones);              \
+            const __m256i p1 =                                                                                        \
+                _mm256_madd_epi16(dot_pairs_s8(v1, _mm256_loadu_si256((const __m256i *)y[b + 1].qs)), ones);          \
+            acc0 = _mm256_fmadd_ps(_mm256_set1_ps(SCALE(b)), _mm256_cvtepi32_ps(p0), acc0);                           \
+            acc1 = _mm256_fmadd_ps(_mm256_set1_ps(SCALE(b + 1)), _mm256_cvtepi32_ps(p1), acc1);                       \
+        }                                                                                                             \
+        for (; b < nb; b++) {                                                                                         \
+            const __m256i v = nibbles_to_values(x[b].qs, table);                                                      \
             const __m256i p = _mm256_madd_epi16(dot_pairs_s8(v, _mm256_loadu_si256((const __m256i *)y[b].qs)), ones); \
-            acc0 = _mm256_fmadd_ps(_mm256_set1_ps(SCALE(b)), _mm256_cvtepi32_ps(p), acc0);                     \
-        }                                                                                                      \
-        *s = hsum_f32x8(_mm256_add_ps(acc0, acc1));                                                            \
+            acc0 = _mm256_fmadd_ps(_mm256_set1_ps(SCALE(b)), _mm256_cvtepi32_ps(p), acc0);                            \
+        }                                                                                                             \
+        *s = hsum_f32x8(_mm256_add_ps(acc0, acc1));                                                                   \
     }
 #define SCALE_IQ4_NL(b) (h2f(y[b].d) * h2f(x[b].d))
 #define SCALE_MXFP4(b) (h2f(y[b].d) * cm_e8m0_to_f32_half(x[b].e))
@@ -100,7 +101,8 @@ static void vec_dot_iq4_xs(int64_t n, float *s, const void *vx, const void *vy) 
     for (int64_t b = 0; b < n / CM_QK_K; b++) {
         __m256i acc = _mm256_setzero_si256();
         for (int i = 0; i < 8; i++) {
-            const int ls = (((x[b].scales_l[i / 2] >> (4 * (i % 2))) & 0xF) | (((x[b].scales_h >> (2 * i)) & 3) << 4)) - 32;
+            const int ls =
+                (((x[b].scales_l[i / 2] >> (4 * (i % 2))) & 0xF) | (((x[b].scales_h >> (2 * i)) & 3) << 4)) - 32;
             const __m256i v = nibbles_to_values(x[b].qs + 16 * i, table);
             const __m256i p = dot_pairs_s8(v, _mm256_loadu_si256((const __m256i *)(y[b].qs + 32 * i)));
             acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16((short)ls)));
@@ -224,9 +226,10 @@ static void vec_dot_iq3_xxs(int64_t n, float *s, const void *vx, const void *vy)
         for (int ib = 0; ib < 8; ib++) {
             const uint8_t *q = x[b].qs + 8 * ib;
             const uint32_t aux = rd32(x[b].qs + CM_QK_K / 4 + 4 * ib);
-            const __m256i g = _mm256_set_epi32((int)cm_iq3xxs_grid[q[7]], (int)cm_iq3xxs_grid[q[6]], (int)cm_iq3xxs_grid[q[5]],
-                                               (int)cm_iq3xxs_grid[q[4]], (int)cm_iq3xxs_grid[q[3]], (int)cm_iq3xxs_grid[q[2]],
-                                               (int)cm_iq3xxs_grid[q[1]], (int)cm_iq3xxs_grid[q[0]]);
+            const __m256i g =
+                _mm256_set_epi32((int)cm_iq3xxs_grid[q[7]], (int)cm_iq3xxs_grid[q[6]], (int)cm_iq3xxs_grid[q[5]],
+                                 (int)cm_iq3xxs_grid[q[4]], (int)cm_iq3xxs_grid[q[3]], (int)cm_iq3xxs_grid[q[2]],
+                                 (int)cm_iq3xxs_grid[q[1]], (int)cm_iq3xxs_grid[q[0]]);
             acc = _mm256_add_epi32(acc, iq_group(g, aux, y[b].qs + 32 * ib, (int)(2 * (aux >> 28) + 1)));
         }
         sumf += d * hsum_i32x8(acc);

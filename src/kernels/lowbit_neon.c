@@ -67,7 +67,8 @@ static void vec_dot_iq4_xs(int64_t n, float *s, const void *vx, const void *vy) 
     for (int64_t b = 0; b < n / CM_QK_K; b++) {
         int32x4_t acc = vdupq_n_s32(0);
         for (int i = 0; i < 8; i++) {
-            const int ls = (((x[b].scales_l[i / 2] >> (4 * (i % 2))) & 0xF) | (((x[b].scales_h >> (2 * i)) & 3) << 4)) - 32;
+            const int ls =
+                (((x[b].scales_l[i / 2] >> (4 * (i % 2))) & 0xF) | (((x[b].scales_h >> (2 * i)) & 3) << 4)) - 32;
             int8x16_t lo, hi;
             nibbles_to_values(x[b].qs + 16 * i, table, &lo, &hi);
             int32x4_t p = vdotq_s32(vdupq_n_s32(0), lo, vld1q_s8(y[b].qs + 32 * i));
@@ -94,7 +95,8 @@ static void vec_dot_q2_k(int64_t n, float *s, const void *vx, const void *vy) {
                 const int8_t *p = y[b].qs + 128 * h + 32 * k;
                 const int is = 8 * h + 2 * k;
                 const int32x4_t d0 = vdotq_s32(vdupq_n_s32(0), vreinterpretq_s8_u8(field2(q0, 2 * k)), vld1q_s8(p));
-                const int32x4_t d1 = vdotq_s32(vdupq_n_s32(0), vreinterpretq_s8_u8(field2(q1, 2 * k)), vld1q_s8(p + 16));
+                const int32x4_t d1 =
+                    vdotq_s32(vdupq_n_s32(0), vreinterpretq_s8_u8(field2(q1, 2 * k)), vld1q_s8(p + 16));
                 acc = vmlaq_n_s32(acc, d0, sc[is] & 0xF);
                 acc = vmlaq_n_s32(acc, d1, sc[is + 1] & 0xF);
             }
@@ -119,7 +121,7 @@ static void vec_dot_q3_k(int64_t n, float *s, const void *vx, const void *vy) {
         for (int h = 0; h < 2; h++) {
             const uint8x16_t q0 = vld1q_u8(x[b].qs + 32 * h), q1 = vld1q_u8(x[b].qs + 32 * h + 16);
             for (int k = 0; k < 4; k++) {
-                const int8x16_t sh = vdupq_n_s8((int8_t)-(4 * h + k));
+                const int8x16_t sh = vdupq_n_s8((int8_t) - (4 * h + k));
                 /* value = low - 4 where the high bit is clear (mod 256: -4..3 as int8) */
                 const uint8x16_t c0 = vshlq_n_u8(veorq_u8(vandq_u8(vshlq_u8(hm0, sh), one), one), 2);
                 const uint8x16_t c1 = vshlq_n_u8(veorq_u8(vandq_u8(vshlq_u8(hm1, sh), one), one), 2);
@@ -191,8 +193,9 @@ static void vec_dot_iq3_xxs(int64_t n, float *s, const void *vx, const void *vy)
         for (int ib = 0; ib < 8; ib++) {
             const uint8_t *q = x[b].qs + 8 * ib;
             const uint32_t aux = rd32(x[b].qs + CM_QK_K / 4 + 4 * ib);
-            const uint32_t g[8] = {cm_iq3xxs_grid[q[0]], cm_iq3xxs_grid[q[1]], cm_iq3xxs_grid[q[2]], cm_iq3xxs_grid[q[3]],
-                                   cm_iq3xxs_grid[q[4]], cm_iq3xxs_grid[q[5]], cm_iq3xxs_grid[q[6]], cm_iq3xxs_grid[q[7]]};
+            const uint32_t g[8] = {cm_iq3xxs_grid[q[0]], cm_iq3xxs_grid[q[1]], cm_iq3xxs_grid[q[2]],
+                                   cm_iq3xxs_grid[q[3]], cm_iq3xxs_grid[q[4]], cm_iq3xxs_grid[q[5]],
+                                   cm_iq3xxs_grid[q[6]], cm_iq3xxs_grid[q[7]]};
             const int8x16_t g0 = vreinterpretq_s8_u32(vld1q_u32(g)), g1 = vreinterpretq_s8_u32(vld1q_u32(g + 4));
             acc = vmlaq_n_s32(acc, iq_group(g0, g1, aux, y[b].qs + 32 * ib), (int32_t)(2 * (aux >> 28) + 1));
         }
@@ -212,8 +215,10 @@ static void vec_dot_iq1_s(int64_t n, float *s, const void *vx, const void *vy) {
             const uint16_t qh = x[b].qh[ib];
             const uint8_t *q = x[b].qs + 4 * ib;
             const int ls = 2 * ((qh >> 12) & 7) + 1;
-            const int8x16_t g0 = grid64x2(cm_iq1s_grid[q[0] | ((qh & 7) << 8)], cm_iq1s_grid[q[1] | (((qh >> 3) & 7) << 8)]);
-            const int8x16_t g1 = grid64x2(cm_iq1s_grid[q[2] | (((qh >> 6) & 7) << 8)], cm_iq1s_grid[q[3] | (((qh >> 9) & 7) << 8)]);
+            const int8x16_t g0 =
+                grid64x2(cm_iq1s_grid[q[0] | ((qh & 7) << 8)], cm_iq1s_grid[q[1] | (((qh >> 3) & 7) << 8)]);
+            const int8x16_t g1 =
+                grid64x2(cm_iq1s_grid[q[2] | (((qh >> 6) & 7) << 8)], cm_iq1s_grid[q[3] | (((qh >> 9) & 7) << 8)]);
             const int8_t *p = y[b].qs + 32 * ib;
             const int32x4_t d = vdotq_s32(vdotq_s32(vdupq_n_s32(0), g0, vld1q_s8(p)), g1, vld1q_s8(p + 16));
             acc = vmlaq_n_s32(acc, d, ls);

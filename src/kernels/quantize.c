@@ -83,7 +83,10 @@ static void q4_1_row(const float *x, void *vy, int64_t n) {
 }
 
 static inline void wr_qh(uint8_t qh[4], uint32_t v) {
-    qh[0] = (uint8_t)v; qh[1] = (uint8_t)(v >> 8); qh[2] = (uint8_t)(v >> 16); qh[3] = (uint8_t)(v >> 24);
+    qh[0] = (uint8_t)v;
+    qh[1] = (uint8_t)(v >> 8);
+    qh[2] = (uint8_t)(v >> 16);
+    qh[3] = (uint8_t)(v >> 24);
 }
 
 /* Q5_0: as Q4_0 with 16 levels per side; the 5th bits go to qh. */
@@ -259,8 +262,8 @@ static float fit_scale_signed(int n, int nmax, const float *x, int8_t *L) {
 
 /* Q4_K and Q5_K share everything but the level count (15 or 31), the search
  * grid and how levels are packed. Fills d, dmin, scales and L[256]. */
-static void k4_scales_and_levels(const float *x, int nmax, float rmin, int nstep, cm_f16 *d_out,
-                                 cm_f16 *dmin_out, uint8_t scales_out[12], uint8_t L[CM_QK_K]) {
+static void k4_scales_and_levels(const float *x, int nmax, float rmin, int nstep, cm_f16 *d_out, cm_f16 *dmin_out,
+                                 uint8_t scales_out[12], uint8_t L[CM_QK_K]) {
     float scales[8], mins[8], w[32];
     float max_scale = 0, max_min = 0;
     for (int s = 0; s < 8; s++) {
@@ -388,7 +391,6 @@ size_t cm_quantize_rows(enum cm_type t, const float *src, void *dst, int64_t nro
     if (!row) return 0;
     const size_t row_size = cm_row_size(t, n_per_row);
     if (row_size == 0 || nrows < 0) return 0;
-    for (int64_t r = 0; r < nrows; r++)
-        row(src + r * n_per_row, (char *)dst + (size_t)r * row_size, n_per_row);
+    for (int64_t r = 0; r < nrows; r++) row(src + r * n_per_row, (char *)dst + (size_t)r * row_size, n_per_row);
     return (size_t)nrows * row_size;
 }

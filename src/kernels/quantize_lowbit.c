@@ -28,8 +28,7 @@ static inline int imax(int a, int b) { return a > b ? a : b; }
  * elements l, l+32, l+64, l+96 in bits 0-1, 2-3, 4-5, 6-7. */
 static void pack_2bit(const uint8_t *L, uint8_t *qs) {
     for (int h = 0; h < 2; h++, L += 128, qs += 32)
-        for (int l = 0; l < 32; l++)
-            qs[l] = (uint8_t)(L[l] | (L[l + 32] << 2) | (L[l + 64] << 4) | (L[l + 96] << 6));
+        for (int l = 0; l < 32; l++) qs[l] = (uint8_t)(L[l] | (L[l + 32] << 2) | (L[l + 64] << 4) | (L[l + 96] << 6));
 }
 
 /* ---- Q2_K ---- */
@@ -321,8 +320,7 @@ static void mxfp4_row(const float *x, void *vy, int64_t n) {
         }
         y[b].e = (uint8_t)e;
         const float d = cm_e8m0_to_f32_half(y[b].e);
-        for (int j = 0; j < 16; j++)
-            y[b].qs[j] = (uint8_t)(nearest_fp4(x[j], d) | (nearest_fp4(x[j + 16], d) << 4));
+        for (int j = 0; j < 16; j++) y[b].qs[j] = (uint8_t)(nearest_fp4(x[j], d) | (nearest_fp4(x[j + 16], d) << 4));
     }
 }
 

@@ -161,8 +161,8 @@ void cm_ref_vec_dot_iq1_s(int64_t n, float *s, const void *vx, const void *vy) {
 }
 
 void cm_kernels_fill_iq_ref(cm_kernels *k) {
-#define REG(T, t)                                        \
-    k->to_float[CM_TYPE_##T] = cm_ref_to_float_##t;     \
+#define REG(T, t)                                   \
+    k->to_float[CM_TYPE_##T] = cm_ref_to_float_##t; \
     k->vec_dot[CM_TYPE_##T] = cm_ref_vec_dot_##t
     REG(IQ2_XXS, iq2_xxs);
     REG(IQ3_XXS, iq3_xxs);

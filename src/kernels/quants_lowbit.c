@@ -214,8 +214,8 @@ void cm_ref_vec_dot_mxfp4(int64_t n, float *s, const void *vx, const void *vy) {
 }
 
 void cm_kernels_fill_lowbit_ref(cm_kernels *k) {
-#define REG(T, t)                                        \
-    k->to_float[CM_TYPE_##T] = cm_ref_to_float_##t;     \
+#define REG(T, t)                                   \
+    k->to_float[CM_TYPE_##T] = cm_ref_to_float_##t; \
     k->vec_dot[CM_TYPE_##T] = cm_ref_vec_dot_##t
     REG(Q2_K, q2_k);
     REG(Q3_K, q3_k);

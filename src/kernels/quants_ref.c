@@ -277,19 +277,40 @@ void cm_kernels_fill_ref(cm_kernels *k) {
     memset(k, 0, sizeof *k);
     k->name = "scalar";
 #define TO(T, t) k->to_float[CM_TYPE_##T] = cm_ref_to_float_##t
-    TO(F32, f32); TO(F16, f16); TO(BF16, bf16);
-    TO(Q4_0, q4_0); TO(Q4_1, q4_1); TO(Q5_0, q5_0); TO(Q5_1, q5_1);
-    TO(Q8_0, q8_0); TO(Q8_1, q8_1);
-    TO(Q4_K, q4_k); TO(Q5_K, q5_k); TO(Q6_K, q6_k); TO(Q8_K, q8_k);
+    TO(F32, f32);
+    TO(F16, f16);
+    TO(BF16, bf16);
+    TO(Q4_0, q4_0);
+    TO(Q4_1, q4_1);
+    TO(Q5_0, q5_0);
+    TO(Q5_1, q5_1);
+    TO(Q8_0, q8_0);
+    TO(Q8_1, q8_1);
+    TO(Q4_K, q4_k);
+    TO(Q5_K, q5_k);
+    TO(Q6_K, q6_k);
+    TO(Q8_K, q8_k);
 #undef TO
 #define FROM(T, t) k->from_float[CM_TYPE_##T] = cm_ref_from_float_##t
-    FROM(F32, f32); FROM(F16, f16); FROM(BF16, bf16);
-    FROM(Q8_0, q8_0); FROM(Q8_1, q8_1); FROM(Q8_K, q8_k);
+    FROM(F32, f32);
+    FROM(F16, f16);
+    FROM(BF16, bf16);
+    FROM(Q8_0, q8_0);
+    FROM(Q8_1, q8_1);
+    FROM(Q8_K, q8_k);
 #undef FROM
 #define DOT(T, t) k->vec_dot[CM_TYPE_##T] = cm_ref_vec_dot_##t
-    DOT(F32, f32); DOT(F16, f16); DOT(BF16, bf16);
-    DOT(Q4_0, q4_0); DOT(Q4_1, q4_1); DOT(Q5_0, q5_0); DOT(Q5_1, q5_1); DOT(Q8_0, q8_0);
-    DOT(Q4_K, q4_k); DOT(Q5_K, q5_k); DOT(Q6_K, q6_k);
+    DOT(F32, f32);
+    DOT(F16, f16);
+    DOT(BF16, bf16);
+    DOT(Q4_0, q4_0);
+    DOT(Q4_1, q4_1);
+    DOT(Q5_0, q5_0);
+    DOT(Q5_1, q5_1);
+    DOT(Q8_0, q8_0);
+    DOT(Q4_K, q4_k);
+    DOT(Q5_K, q5_k);
+    DOT(Q6_K, q6_k);
 #undef DOT
     cm_kernels_fill_lowbit_ref(k);
 }

@@ -61,7 +61,8 @@ static bool rp_wanted(const cm_kernels *k, const cm_tensor *W) {
     if (!k || (unsigned)W->type >= CM_TYPE_COUNT || !k->gemv_packed[W->type] || !W->data) return false;
     if (W->n_dims < 2 || W->ne[1] < 1) return false;
     if (W->type == CM_TYPE_Q4_0) return W->ne[0] >= 16 * CM_QK4_0 && W->ne[0] <= CM_REPACK_MAX_K;
-    if (W->type == CM_TYPE_Q4_K || W->type == CM_TYPE_Q5_K) return W->ne[0] >= 4 * CM_QK_K && W->ne[0] <= CM_REPACK_MAX_K;
+    if (W->type == CM_TYPE_Q4_K || W->type == CM_TYPE_Q5_K)
+        return W->ne[0] >= 4 * CM_QK_K && W->ne[0] <= CM_REPACK_MAX_K;
     return false;
 }
 
@@ -122,8 +123,7 @@ void cm_repack_row(enum cm_type t, const void *src, void *dst, int64_t ne0) {
 
 static bool repack_off(void) { return cm_config_get()->repack_off; }
 
-int cm_repack_add(const void *owner, const cm_kernels *k, const cm_tensor *const *ws, int n, char *err,
-                  size_t errlen) {
+int cm_repack_add(const void *owner, const cm_kernels *k, const cm_tensor *const *ws, int n, char *err, size_t errlen) {
     if (repack_off()) return 0;
     size_t total = 0;
     int m = 0;
@@ -155,8 +155,8 @@ int cm_repack_add(const void *owner, const cm_kernels *k, const cm_tensor *const
         for (int64_t r = 0; r < W->ne[1]; r++)
             cm_repack_row(W->type, (const char *)W->data + (size_t)r * W->nb[1], mem + off + (size_t)r * W->nb[1],
                           W->ne[0]);
-        rp_entry e = {owner, W->data, W->nb[1], W->ne[0], W->ne[1], W->type, mem + off, first ? mem : NULL,
-                      first ? total : 0};
+        rp_entry e = {owner,   W->data,   W->nb[1],           W->ne[0],         W->ne[1],
+                      W->type, mem + off, first ? mem : NULL, first ? total : 0};
         first = false;
         off += ((size_t)W->ne[1] * W->nb[1] + 63) & ~(size_t)63;
         int at = g_n; /* keep sorted by base */

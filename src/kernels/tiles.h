@@ -53,35 +53,35 @@ AI float sc_bf16(const void *p, int64_t i) { return cm_bf16_to_f32(((const cm_bf
 
 /* vec_dot_NAME and gemm_NAME around tile_NAME (weight blocks XB, activation
  * blocks YB of BLK elements each). */
-#define VEC_DOT(NAME, XB, YB, BLK)                                                                     \
-    static void vec_dot_##NAME(int64_t n, float *s, const void *x, const void *y) {                    \
-        const YB *yv[1] = {(const YB *)y};                                                             \
-        tile_##NAME(n / (BLK), (const XB *)x, yv, 1, s);                                               \
-    }                                                                                                  \
-    static void gemm_##NAME(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, \
-                            float *y, int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {            \
-        /* RB rows at a time (a few hundred KB: stays in L2) against each group */                     \
-        /* of TMAX tokens (stays in L1), so neither side streams from memory twice */                  \
-        for (int64_t i0 = r0; i0 < r1; i0 += RB) {                                                     \
-            const int64_t i1 = r1 - i0 < RB ? r1 : i0 + RB;                                            \
-            for (int64_t j = 0; j < n_tok; j += TMAX) {                                                \
-                const YB *yv[TMAX];                                                                    \
-                const int T = n_tok - j < TMAX ? (int)(n_tok - j) : TMAX;                              \
-                for (int t = 0; t < T; t++)                                                            \
-                    yv[t] = (const YB *)(const void *)((const char *)x + (size_t)(j + t) * x_stride);  \
-                for (int64_t i = i0; i < i1; i++) {                                                    \
-                    const XB *wr = (const XB *)(const void *)((const char *)w + (size_t)i * w_stride); \
-                    float out[TMAX];                                                                   \
-                    switch (T) { /* constant T lets the compiler keep the tile in registers */         \
-                    case 4: tile_##NAME(k / (BLK), wr, yv, 4, out); break;                             \
-                    case 3: tile_##NAME(k / (BLK), wr, yv, 3, out); break;                             \
-                    case 2: tile_##NAME(k / (BLK), wr, yv, 2, out); break;                             \
-                    default: tile_##NAME(k / (BLK), wr, yv, 1, out); break;                            \
-                    }                                                                                  \
-                    for (int t = 0; t < T; t++) y[(j + t) * ldy + i] = out[t];                         \
-                }                                                                                      \
-            }                                                                                          \
-        }                                                                                              \
+#define VEC_DOT(NAME, XB, YB, BLK)                                                                               \
+    static void vec_dot_##NAME(int64_t n, float *s, const void *x, const void *y) {                              \
+        const YB *yv[1] = {(const YB *)y};                                                                       \
+        tile_##NAME(n / (BLK), (const XB *)x, yv, 1, s);                                                         \
+    }                                                                                                            \
+    static void gemm_##NAME(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, \
+                            int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {                                \
+        /* RB rows at a time (a few hundred KB: stays in L2) against each group */                               \
+        /* of TMAX tokens (stays in L1), so neither side streams from memory twice */                            \
+        for (int64_t i0 = r0; i0 < r1; i0 += RB) {                                                               \
+            const int64_t i1 = r1 - i0 < RB ? r1 : i0 + RB;                                                      \
+            for (int64_t j = 0; j < n_tok; j += TMAX) {                                                          \
+                const YB *yv[TMAX];                                                                              \
+                const int T = n_tok - j < TMAX ? (int)(n_tok - j) : TMAX;                                        \
+                for (int t = 0; t < T; t++)                                                                      \
+                    yv[t] = (const YB *)(const void *)((const char *)x + (size_t)(j + t) * x_stride);            \
+                for (int64_t i = i0; i < i1; i++) {                                                              \
+                    const XB *wr = (const XB *)(const void *)((const char *)w + (size_t)i * w_stride);           \
+                    float out[TMAX];                                                                             \
+                    switch (T) { /* constant T lets the compiler keep the tile in registers */                   \
+                    case 4: tile_##NAME(k / (BLK), wr, yv, 4, out); break;                                       \
+                    case 3: tile_##NAME(k / (BLK), wr, yv, 3, out); break;                                       \
+                    case 2: tile_##NAME(k / (BLK), wr, yv, 2, out); break;                                       \
+                    default: tile_##NAME(k / (BLK), wr, yv, 1, out); break;                                      \
+                    }                                                                                            \
+                    for (int t = 0; t < T; t++) y[(j + t) * ldy + i] = out[t];                                   \
+                }                                                                                                \
+            }                                                                                                    \
+        }                                                                                                        \
     }
 
 /* vec_dot and gemm of every type with a tile in every ISA file. */

@@ -22,8 +22,8 @@ AI void rk_header(const uint8_t *x, float dd[8], __m128i *sc03, __m128i *sc47, _
     *sc03 = _mm_and_si128(a, m3f);
     *sc47 = _mm_or_si128(_mm_and_si128(c, m0f), _mm_slli_epi32(_mm_and_si128(_mm_srli_epi32(a, 6), m03), 4));
     const __m128i mn03 = _mm_and_si128(b, m3f);
-    const __m128i mn47 =
-        _mm_or_si128(_mm_and_si128(_mm_srli_epi32(c, 4), m0f), _mm_slli_epi32(_mm_and_si128(_mm_srli_epi32(b, 6), m03), 4));
+    const __m128i mn47 = _mm_or_si128(_mm_and_si128(_mm_srli_epi32(c, 4), m0f),
+                                      _mm_slli_epi32(_mm_and_si128(_mm_srli_epi32(b, 6), m03), 4));
     const __m128i mlo = _mm_unpacklo_epi32(mn03, mn47), mhi = _mm_unpackhi_epi32(mn03, mn47);
     mn16[0] = _mm_cvtepu8_epi16(mlo);
     mn16[1] = _mm_cvtepu8_epi16(_mm_srli_si128(mlo, 8));

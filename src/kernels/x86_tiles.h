@@ -61,9 +61,9 @@ AI __m256i nibbles32(const uint8_t *q) {
 AI __m256i bits32(const uint8_t *p) {
     uint32_t u;
     memcpy(&u, p, 4);
-    __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)u),
-                                    _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
-                                                      0x0101010101010101, 0x0000000000000000));
+    __m256i v =
+        _mm256_shuffle_epi8(_mm256_set1_epi32((int)u), _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
+                                                                         0x0101010101010101, 0x0000000000000000));
     v = _mm256_or_si256(v, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
     return _mm256_cmpeq_epi8(v, _mm256_set1_epi64x(-1));
 }
@@ -84,20 +84,20 @@ AI __m256i dot_s8s8(__m256i x, __m256i y) { return dot_u8s8(_mm256_sign_epi8(x, 
  * TILE32 defines tile_<name>(nb, x, yv, T, out): out[t] = dot(x, yv[t]) over nb
  * blocks. Even and odd blocks use separate accumulators so two FMA chains
  * overlap; BODY(b, acc, m) adds block b's contribution. */
-#define TILE32(NAME, XB, YB, BODY)                                                                 \
-    AI void tile_##NAME(int64_t nb, const XB *x, const YB *const *yv, int T, float *out) {         \
-        __m256 acc0[TMAX], acc1[TMAX];                                                             \
-        float m0[TMAX], m1[TMAX];                                                                  \
-        for (int t = 0; t < T; t++) {                                                              \
-            acc0[t] = acc1[t] = _mm256_setzero_ps();                                               \
-            m0[t] = m1[t] = 0.0f;                                                                  \
-        }                                                                                          \
-        int64_t b = 0;                                                                             \
-        for (; b + 1 < nb; b += 2) {                                                               \
-            BODY(b, acc0, m0);                                                                     \
-            BODY(b + 1, acc1, m1);                                                                 \
-        }                                                                                          \
-        if (b < nb) BODY(b, acc0, m0);                                                             \
+#define TILE32(NAME, XB, YB, BODY)                                                                     \
+    AI void tile_##NAME(int64_t nb, const XB *x, const YB *const *yv, int T, float *out) {             \
+        __m256 acc0[TMAX], acc1[TMAX];                                                                 \
+        float m0[TMAX], m1[TMAX];                                                                      \
+        for (int t = 0; t < T; t++) {                                                                  \
+            acc0[t] = acc1[t] = _mm256_setzero_ps();                                                   \
+            m0[t] = m1[t] = 0.0f;                                                                      \
+        }                                                                                              \
+        int64_t b = 0;                                                                                 \
+        for (; b + 1 < nb; b += 2) {                                                                   \
+            BODY(b, acc0, m0);                                                                         \
+            BODY(b + 1, acc1, m1);                                                                     \
+        }                                                                                              \
+        if (b < nb) BODY(b, acc0, m0);                                                                 \
         for (int t = 0; t < T; t++) out[t] = hsum8(_mm256_add_ps(acc0[t], acc1[t])) + (m0[t] + m1[t]); \
     }
 
@@ -108,69 +108,66 @@ AI __m256i dot_s8s8(__m256i x, __m256i y) { return dot_u8s8(_mm256_sign_epi8(x, 
  * llama.cpp's bits, not merely its value (phi3's 768-wide rows put a few
  * activations close enough to an 8-bit rounding tie that the two-chain
  * order's last bits flip them; test_synth_golden's phi3-q5_0/q5_1). */
-#define TILE32_CHAIN(NAME, XB, YB, BODY)                                                           \
-    AI void tile_##NAME(int64_t nb, const XB *x, const YB *const *yv, int T, float *out) {         \
-        __m256 acc[TMAX];                                                                          \
-        float m[TMAX];                                                                             \
-        for (int t = 0; t < T; t++) {                                                              \
-            acc[t] = _mm256_setzero_ps();                                                          \
-            m[t] = 0.0f;                                                                           \
-        }                                                                                          \
-        for (int64_t b = 0; b < nb; b++) BODY(b, acc, m);                                          \
-        for (int t = 0; t < T; t++) out[t] = hsum8(acc[t]) + m[t];                                 \
+#define TILE32_CHAIN(NAME, XB, YB, BODY)                                                   \
+    AI void tile_##NAME(int64_t nb, const XB *x, const YB *const *yv, int T, float *out) { \
+        __m256 acc[TMAX];                                                                  \
+        float m[TMAX];                                                                     \
+        for (int t = 0; t < T; t++) {                                                      \
+            acc[t] = _mm256_setzero_ps();                                                  \
+            m[t] = 0.0f;                                                                   \
+        }                                                                                  \
+        for (int64_t b = 0; b < nb; b++) BODY(b, acc, m);                                  \
+        for (int t = 0; t < T; t++) out[t] = hsum8(acc[t]) + m[t];                         \
     }
 
 #define FMA_BLOCK(ACC, SUMI, SCALE) ACC = _mm256_fmadd_ps(_mm256_cvtepi32_ps(SUMI), _mm256_set1_ps(SCALE), ACC)
 
-#define BODY_Q4_0(B, ACC, M)                                                                       \
-    do {                                                                                           \
-        const __m256i qx = _mm256_sub_epi8(nibbles32(x[B].qs), _mm256_set1_epi8(8));               \
-        const float dx = f16f(x[B].d);                                                             \
-        for (int t = 0; t < T; t++)                                                                \
-            FMA_BLOCK(ACC[t], dot_s8s8(qx, ld256(yv[t][B].qs)), dx * f16f(yv[t][B].d));            \
+#define BODY_Q4_0(B, ACC, M)                                                                                   \
+    do {                                                                                                       \
+        const __m256i qx = _mm256_sub_epi8(nibbles32(x[B].qs), _mm256_set1_epi8(8));                           \
+        const float dx = f16f(x[B].d);                                                                         \
+        for (int t = 0; t < T; t++) FMA_BLOCK(ACC[t], dot_s8s8(qx, ld256(yv[t][B].qs)), dx *f16f(yv[t][B].d)); \
     } while (0)
 TILE32(q4_0, cm_block_q4_0, cm_block_q8_0, BODY_Q4_0)
 
-#define BODY_Q4_1(B, ACC, M)                                                                       \
-    do {                                                                                           \
-        const __m256i qx = nibbles32(x[B].qs);                                                     \
-        const float dx = f16f(x[B].d), mx = f16f(x[B].m);                                          \
-        for (int t = 0; t < T; t++) {                                                              \
-            FMA_BLOCK(ACC[t], dot_u8s8(qx, ld256(yv[t][B].qs)), dx * f16f(yv[t][B].d));            \
-            M[t] += mx * f16f(yv[t][B].s);                                                         \
-        }                                                                                          \
+#define BODY_Q4_1(B, ACC, M)                                                           \
+    do {                                                                               \
+        const __m256i qx = nibbles32(x[B].qs);                                         \
+        const float dx = f16f(x[B].d), mx = f16f(x[B].m);                              \
+        for (int t = 0; t < T; t++) {                                                  \
+            FMA_BLOCK(ACC[t], dot_u8s8(qx, ld256(yv[t][B].qs)), dx *f16f(yv[t][B].d)); \
+            M[t] += mx * f16f(yv[t][B].s);                                             \
+        }                                                                              \
     } while (0)
 TILE32(q4_1, cm_block_q4_1, cm_block_q8_1, BODY_Q4_1)
 
 /* q5_0: the fifth bit clear means value - 16, which in a signed byte is 0xf0 | nibble. */
-#define BODY_Q5_0(B, ACC, M)                                                                       \
-    do {                                                                                           \
-        const __m256i hi = _mm256_andnot_si256(bits32(x[B].qh), _mm256_set1_epi8((char)0xf0));     \
-        const __m256i qx = _mm256_or_si256(nibbles32(x[B].qs), hi);                                \
-        const float dx = f16f(x[B].d);                                                             \
-        for (int t = 0; t < T; t++)                                                                \
-            FMA_BLOCK(ACC[t], dot_s8s8(qx, ld256(yv[t][B].qs)), dx * f16f(yv[t][B].d));            \
+#define BODY_Q5_0(B, ACC, M)                                                                                   \
+    do {                                                                                                       \
+        const __m256i hi = _mm256_andnot_si256(bits32(x[B].qh), _mm256_set1_epi8((char)0xf0));                 \
+        const __m256i qx = _mm256_or_si256(nibbles32(x[B].qs), hi);                                            \
+        const float dx = f16f(x[B].d);                                                                         \
+        for (int t = 0; t < T; t++) FMA_BLOCK(ACC[t], dot_s8s8(qx, ld256(yv[t][B].qs)), dx *f16f(yv[t][B].d)); \
     } while (0)
 TILE32_CHAIN(q5_0, cm_block_q5_0, cm_block_q8_0, BODY_Q5_0)
 
-#define BODY_Q5_1(B, ACC, M)                                                                       \
-    do {                                                                                           \
-        const __m256i hi = _mm256_and_si256(bits32(x[B].qh), _mm256_set1_epi8(0x10));             \
-        const __m256i qx = _mm256_or_si256(nibbles32(x[B].qs), hi);                                \
-        const float dx = f16f(x[B].d), mx = f16f(x[B].m);                                          \
-        for (int t = 0; t < T; t++) {                                                              \
-            FMA_BLOCK(ACC[t], dot_u8s8(qx, ld256(yv[t][B].qs)), dx * f16f(yv[t][B].d));            \
-            M[t] += mx * f16f(yv[t][B].s);                                                         \
-        }                                                                                          \
+#define BODY_Q5_1(B, ACC, M)                                                           \
+    do {                                                                               \
+        const __m256i hi = _mm256_and_si256(bits32(x[B].qh), _mm256_set1_epi8(0x10));  \
+        const __m256i qx = _mm256_or_si256(nibbles32(x[B].qs), hi);                    \
+        const float dx = f16f(x[B].d), mx = f16f(x[B].m);                              \
+        for (int t = 0; t < T; t++) {                                                  \
+            FMA_BLOCK(ACC[t], dot_u8s8(qx, ld256(yv[t][B].qs)), dx *f16f(yv[t][B].d)); \
+            M[t] += mx * f16f(yv[t][B].s);                                             \
+        }                                                                              \
     } while (0)
 TILE32_CHAIN(q5_1, cm_block_q5_1, cm_block_q8_1, BODY_Q5_1)
 
-#define BODY_Q8_0(B, ACC, M)                                                                       \
-    do {                                                                                           \
-        const __m256i qx = ld256(x[B].qs);                                                         \
-        const float dx = f16f(x[B].d);                                                             \
-        for (int t = 0; t < T; t++)                                                                \
-            FMA_BLOCK(ACC[t], dot_s8s8(qx, ld256(yv[t][B].qs)), dx * f16f(yv[t][B].d));            \
+#define BODY_Q8_0(B, ACC, M)                                                                                   \
+    do {                                                                                                       \
+        const __m256i qx = ld256(x[B].qs);                                                                     \
+        const float dx = f16f(x[B].d);                                                                         \
+        for (int t = 0; t < T; t++) FMA_BLOCK(ACC[t], dot_s8s8(qx, ld256(yv[t][B].qs)), dx *f16f(yv[t][B].d)); \
     } while (0)
 TILE32(q8_0, cm_block_q8_0, cm_block_q8_0, BODY_Q8_0)
 
@@ -182,10 +179,10 @@ AI void kscales(const uint8_t *s, uint8_t sc[8], uint8_t mn[8]) {
     memcpy(&a, s, 4);
     memcpy(&b, s + 4, 4);
     memcpy(&c, s + 8, 4);
-    w[0] = a & 0x3f3f3f3f;                                             /* sc 0..3 */
-    w[1] = (c & 0x0f0f0f0f) | (((a >> 6) & 0x03030303) << 4);          /* sc 4..7 */
-    w[2] = b & 0x3f3f3f3f;                                             /* mn 0..3 */
-    w[3] = ((c >> 4) & 0x0f0f0f0f) | (((b >> 6) & 0x03030303) << 4);   /* mn 4..7 */
+    w[0] = a & 0x3f3f3f3f;                                           /* sc 0..3 */
+    w[1] = (c & 0x0f0f0f0f) | (((a >> 6) & 0x03030303) << 4);        /* sc 4..7 */
+    w[2] = b & 0x3f3f3f3f;                                           /* mn 0..3 */
+    w[3] = ((c >> 4) & 0x0f0f0f0f) | (((b >> 6) & 0x03030303) << 4); /* mn 4..7 */
     memcpy(sc, w, 8);
     memcpy(mn, w + 2, 8);
 }
@@ -198,48 +195,46 @@ AI __m128i kmins(const uint8_t mn[8], const int16_t *bsums) {
 }
 
 /* q4_k / q5_k share everything but the fifth bit. */
-#define TILE_K45(NAME, XB, HAS_QH)                                                                 \
-    AI void tile_##NAME(int64_t nb, const XB *x, const cm_block_q8_k *const *yv, int T, float *out) { \
-        __m256 acc[TMAX];                                                                          \
-        __m128 accm[TMAX];                                                                         \
-        for (int t = 0; t < T; t++) {                                                              \
-            acc[t] = _mm256_setzero_ps();                                                          \
-            accm[t] = _mm_setzero_ps();                                                            \
-        }                                                                                          \
-        const __m256i m4 = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1);                      \
-        for (int64_t b = 0; b < nb; b++) {                                                         \
-            uint8_t sc[8], mn[8];                                                                  \
-            kscales(x[b].scales, sc, mn);                                                          \
-            __m256i sumi[TMAX];                                                                    \
-            for (int t = 0; t < T; t++) sumi[t] = _mm256_setzero_si256();                          \
-            __m256i qh = HAS_QH ? ld256(((const cm_block_q5_k *)(const void *)&x[b])->qh) : one;   \
-            (void)qh;                                                                              \
-            for (int j = 0; j < 4; j++) {                                                          \
-                const __m256i q = ld256(x[b].qs + 32 * j);                                         \
-                __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4); \
-                if (HAS_QH) {                                                                      \
-                    lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(qh, one), 4));     \
-                    hi = _mm256_or_si256(hi, _mm256_slli_epi16(                                    \
-                                                 _mm256_and_si256(_mm256_srli_epi16(qh, 1), one), 4)); \
-                    qh = _mm256_srli_epi16(qh, 2);                                                 \
-                }                                                                                  \
-                const __m256i slo = _mm256_set1_epi16(sc[2 * j]), shi = _mm256_set1_epi16(sc[2 * j + 1]); \
-                for (int t = 0; t < T; t++) {                                                      \
-                    const int8_t *y = yv[t][b].qs + 64 * j;                                        \
-                    const __m256i plo = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, ld256(y)), slo); \
-                    const __m256i phi = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, ld256(y + 32)), shi); \
-                    sumi[t] = _mm256_add_epi32(sumi[t], _mm256_add_epi32(plo, phi));               \
-                }                                                                                  \
-            }                                                                                      \
-            const float d = f16f(x[b].d), dmin = f16f(x[b].dmin);                                  \
-            for (int t = 0; t < T; t++) {                                                          \
-                const float yd = yv[t][b].d;                                                       \
-                FMA_BLOCK(acc[t], sumi[t], d * yd);                                                \
-                accm[t] = _mm_fmadd_ps(_mm_cvtepi32_ps(kmins(mn, yv[t][b].bsums)), _mm_set1_ps(dmin * yd), \
-                                       accm[t]);                                                   \
-            }                                                                                      \
-        }                                                                                          \
-        for (int t = 0; t < T; t++) out[t] = hsum8(acc[t]) - hsum4(accm[t]);                       \
+#define TILE_K45(NAME, XB, HAS_QH)                                                                                   \
+    AI void tile_##NAME(int64_t nb, const XB *x, const cm_block_q8_k *const *yv, int T, float *out) {                \
+        __m256 acc[TMAX];                                                                                            \
+        __m128 accm[TMAX];                                                                                           \
+        for (int t = 0; t < T; t++) {                                                                                \
+            acc[t] = _mm256_setzero_ps();                                                                            \
+            accm[t] = _mm_setzero_ps();                                                                              \
+        }                                                                                                            \
+        const __m256i m4 = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1);                                        \
+        for (int64_t b = 0; b < nb; b++) {                                                                           \
+            uint8_t sc[8], mn[8];                                                                                    \
+            kscales(x[b].scales, sc, mn);                                                                            \
+            __m256i sumi[TMAX];                                                                                      \
+            for (int t = 0; t < T; t++) sumi[t] = _mm256_setzero_si256();                                            \
+            __m256i qh = HAS_QH ? ld256(((const cm_block_q5_k *)(const void *)&x[b])->qh) : one;                     \
+            (void)qh;                                                                                                \
+            for (int j = 0; j < 4; j++) {                                                                            \
+                const __m256i q = ld256(x[b].qs + 32 * j);                                                           \
+                __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);            \
+                if (HAS_QH) {                                                                                        \
+                    lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(qh, one), 4));                       \
+                    hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 1), one), 4)); \
+                    qh = _mm256_srli_epi16(qh, 2);                                                                   \
+                }                                                                                                    \
+                const __m256i slo = _mm256_set1_epi16(sc[2 * j]), shi = _mm256_set1_epi16(sc[2 * j + 1]);            \
+                for (int t = 0; t < T; t++) {                                                                        \
+                    const int8_t *y = yv[t][b].qs + 64 * j;                                                          \
+                    const __m256i plo = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, ld256(y)), slo);                  \
+                    const __m256i phi = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, ld256(y + 32)), shi);             \
+                    sumi[t] = _mm256_add_epi32(sumi[t], _mm256_add_epi32(plo, phi));                                 \
+                }                                                                                                    \
+            }                                                                                                        \
+            const float d = f16f(x[b].d), dmin = f16f(x[b].dmin);                                                    \
+            for (int t = 0; t < T; t++) {                                                                            \
+                const float yd = yv[t][b].d;                                                                         \
+                FMA_BLOCK(acc[t], sumi[t], d *yd);                                                                   \
+                accm[t] = _mm_fmadd_ps(_mm_cvtepi32_ps(kmins(mn, yv[t][b].bsums)), _mm_set1_ps(dmin * yd), accm[t]); \
+            }                                                                                                        \
+        }                                                                                                            \
+        for (int t = 0; t < T; t++) out[t] = hsum8(acc[t]) - hsum4(accm[t]);                                         \
     }
 TILE_K45(q4_k, cm_block_q4_k, 0)
 TILE_K45(q5_k, cm_block_q5_k, 1)
@@ -320,7 +315,8 @@ AI int round_store32(const __m256 v[4], float id, int8_t *q) {
     const __m256 m = _mm256_set1_ps(id);
     __m256i i[4];
     for (int k = 0; k < 4; k++)
-        i[k] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[k], m), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        i[k] =
+            _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[k], m), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
     const int sum = hsum_i32(_mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3])));
     /* packs interleave 128-bit lanes; the permute puts the bytes back in order */
     __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i[0], i[1]), _mm256_packs_epi32(i[2], i[3]));
@@ -372,7 +368,8 @@ static void from_float_q8_k(const float *x, void *vy, int64_t n) {
         const __m256 va = _mm256_set1_ps(amax);
         int first = 0;
         for (int k = 0; k < CM_QK_K; k += 8) {
-            const int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(x + k)), va, _CMP_EQ_OQ));
+            const int hit =
+                _mm256_movemask_ps(_mm256_cmp_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(x + k)), va, _CMP_EQ_OQ));
             if (hit) {
                 first = k + __builtin_ctz((unsigned)hit);
                 break;
@@ -383,10 +380,12 @@ static void from_float_q8_k(const float *x, void *vy, int64_t n) {
         const __m256i k127 = _mm256_set1_epi32(127);
         for (int g = 0; g < CM_QK_K / 16; g++) {
             const float *xg = x + 16 * g;
-            const __m256i i0 = _mm256_min_epi32(k127, _mm256_cvtps_epi32(_mm256_round_ps(
-                _mm256_mul_ps(_mm256_loadu_ps(xg), vs), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
-            const __m256i i1 = _mm256_min_epi32(k127, _mm256_cvtps_epi32(_mm256_round_ps(
-                _mm256_mul_ps(_mm256_loadu_ps(xg + 8), vs), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
+            const __m256i i0 = _mm256_min_epi32(
+                k127, _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(xg), vs),
+                                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
+            const __m256i i1 = _mm256_min_epi32(
+                k127, _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(xg + 8), vs),
+                                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
             y[b].bsums[g] = (int16_t)hsum_i32(_mm256_add_epi32(i0, i1));
             const __m256i p16 = _mm256_packs_epi32(i0, i1); /* lanes: i0lo i1lo | i0hi i1hi */
             const __m128i p8 = _mm_packs_epi16(_mm256_castsi256_si128(p16), _mm256_extracti128_si256(p16, 1));
@@ -405,8 +404,5 @@ static void from_float_f16(const float *x, void *vy, int64_t n) {
     for (; i < n; i++) y[i] = cm_f32_to_f16(x[i]);
 }
 
-
 /* Every entry this body implements (both ISA files start from it). */
-static void x86_fill(cm_kernels *k) {
-    CM_TILES_FILL(k);
-}
+static void x86_fill(cm_kernels *k) { CM_TILES_FILL(k); }

@@ -65,8 +65,10 @@ int cm_kv_init_types(cm_kv *kv, const cm_model *m, int layer_first, int layer_la
         return cm_errf(err, errlen, CM_EINVAL, "layer range [%d, %d) is out of [0, %d)", layer_first, layer_last,
                        m->hp.n_layer);
     if (s.h0 < 0 || s.h1 > cm_slice_full(m).h1 || s.h0 > s.h1)
-        return cm_errf(err, errlen, CM_EINVAL, "kv head range [%d, %d) is out of [0, %d)", s.h0, s.h1, cm_slice_full(m).h1);
-    if (n_ctx < 1 || n_ctx > (1 << 24)) return cm_errf(err, errlen, CM_EINVAL, "context size %d is out of range", n_ctx);
+        return cm_errf(err, errlen, CM_EINVAL, "kv head range [%d, %d) is out of [0, %d)", s.h0, s.h1,
+                       cm_slice_full(m).h1);
+    if (n_ctx < 1 || n_ctx > (1 << 24))
+        return cm_errf(err, errlen, CM_EINVAL, "context size %d is out of range", n_ctx);
     const uint64_t n = (uint64_t)(layer_last - layer_first) * (uint64_t)(s.h1 - s.h0) * (uint64_t)n_ctx;
     const uint64_t kb = n * cm_row_size(type_k, D), vb = n * cm_row_size(type_v, D);
     if (kb > SIZE_MAX / 4 || vb > SIZE_MAX / 4)
@@ -76,7 +78,8 @@ int cm_kv_init_types(cm_kv *kv, const cm_model *m, int layer_first, int layer_la
     kv->v = cm_kv_mem_map((size_t)vb + sizeof(float), &kv->v_map);
     if (!kv->k || !kv->v) {
         cm_kv_release(kv);
-        return cm_errf(err, errlen, CM_ENOMEM, "out of memory for a kv cache of %llu bytes", (unsigned long long)(kb + vb));
+        return cm_errf(err, errlen, CM_ENOMEM, "out of memory for a kv cache of %llu bytes",
+                       (unsigned long long)(kb + vb));
     }
     kv->layer_first = layer_first;
     kv->layer_last = layer_last;
@@ -94,7 +97,8 @@ int cm_kv_init_types(cm_kv *kv, const cm_model *m, int layer_first, int layer_la
 
 /* Byte offset of position 0 of (layer il, kv head hk) in a rows-layout cache. */
 static size_t rows_off(const cm_kv *kv, int il, int hk, size_t row) {
-    return ((size_t)(il - kv->layer_first) * (size_t)(kv->h1 - kv->h0) + (size_t)(hk - kv->h0)) * (size_t)kv->n_ctx * row;
+    return ((size_t)(il - kv->layer_first) * (size_t)(kv->h1 - kv->h0) + (size_t)(hk - kv->h0)) * (size_t)kv->n_ctx *
+           row;
 }
 
 /* F16 as the activation converter; Q8_0 and Q4_0 with ggml's reference
@@ -105,9 +109,7 @@ static void store_row(const cm_kernels *k, enum cm_type t, const float *x, uint8
     else cm_quantize_rows(t, x, dst, 1, D);
 }
 
-static bool is_quant(enum cm_type t) {
-    return t == CM_TYPE_Q8_0 || t == CM_TYPE_Q4_0;
-}
+static bool is_quant(enum cm_type t) { return t == CM_TYPE_Q8_0 || t == CM_TYPE_Q4_0; }
 
 int cm_kv_rot_k(enum cm_type t, int head_dim) {
     if (!is_quant(t) || head_dim <= 0 || head_dim % 64) return 0;
@@ -116,9 +118,7 @@ int cm_kv_rot_k(enum cm_type t, int head_dim) {
     return n;
 }
 
-int cm_kv_rot_v(enum cm_type t, int head_dim) {
-    return is_quant(t) && head_dim > 0 && head_dim % 64 == 0 ? 64 : 0;
-}
+int cm_kv_rot_v(enum cm_type t, int head_dim) { return is_quant(t) && head_dim > 0 && head_dim % 64 == 0 ? 64 : 0; }
 
 void cm_fwht_rows(float *x, int D, int n) {
     const float scale = 1.0f / sqrtf((float)n);
@@ -160,7 +160,10 @@ void cm_kv_store_rows(const cm_kernels *k, cm_kv *kv, int il, int hk, int pos, c
 cm_attn_kv cm_attn_kv_of(const cm_kv *kv, int il, int hk) {
     cm_attn_kv v = {.k = (const uint8_t *)kv->k + rows_off(kv, il, hk, kv->k_row),
                     .v = (const uint8_t *)kv->v + rows_off(kv, il, hk, kv->v_row),
-                    .k_row = kv->k_row, .v_row = kv->v_row, .k_type = kv->type, .v_type = kv->type_v,
+                    .k_row = kv->k_row,
+                    .v_row = kv->v_row,
+                    .k_type = kv->type,
+                    .v_type = kv->type_v,
                     .rot_k = kv->head_dim <= ROT_MAX_D ? cm_kv_rot_k(kv->type, kv->head_dim) : 0,
                     .rot_v = kv->head_dim <= ROT_MAX_D ? cm_kv_rot_v(kv->type_v, kv->head_dim) : 0};
     return v;

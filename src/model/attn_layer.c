@@ -17,8 +17,8 @@
 #include <string.h>
 
 static inline size_t kv_off(const cm_kv *kv, int il, int hk) {
-    return ((size_t)(il - kv->layer_first) * (size_t)(kv->h1 - kv->h0) + (size_t)(hk - kv->h0)) *
-           (size_t)kv->n_ctx * (size_t)kv->head_dim;
+    return ((size_t)(il - kv->layer_first) * (size_t)(kv->h1 - kv->h0) + (size_t)(hk - kv->h0)) * (size_t)kv->n_ctx *
+           (size_t)kv->head_dim;
 }
 
 static void rope_apply(const cm_hparams *hp, const float *cache, float *v) {
@@ -91,7 +91,7 @@ static void attn_task(cm_ctx *c, int j, int h, int ith) {
     const float scale = hp->attn_q_scale != 0.0f ? 1.0f : 1.0f / sqrtf((float)D);
     float *sc = c->scores + (size_t)ith * cm_fwd_scores_stride(c->max_ctx, D);
     cm_f16 *qh = (cm_f16 *)(sc + c->max_ctx); /* the query rounded to F16 (F16 cache) */
-    cm_f16 *sch = qh + D;                      /* the weights rounded to F16 (F16 cache) */
+    cm_f16 *sch = qh + D;                     /* the weights rounded to F16 (F16 cache) */
     const cm_vec_dot_fn dot_f32 = c->k->vec_dot[CM_TYPE_F32], dot_f16 = c->k->vec_dot[CM_TYPE_F16];
     const cm_from_float_fn to_f16 = c->k->from_float[CM_TYPE_F16];
     int hk = c->a->slice.h0 + h / rep;
@@ -105,8 +105,8 @@ static void attn_task(cm_ctx *c, int j, int h, int ith) {
     if (kv->v_rows) { /* tiled, online softmax (attn.c); gpt-oss's sink as below */
         const cm_attn_kv av = cm_attn_kv_of(kv, c->il, hk);
         const float *snk = c->m->layers[c->il].attn_sinks.data;
-        const cm_attn_query aq = {.q = qv, .p_lo = p_lo, .p_hi = np, .scale = scale,
-                                  .sink = snk ? snk[c->a->slice.h0 * rep + h] : NAN};
+        const cm_attn_query aq = {
+            .q = qv, .p_lo = p_lo, .p_hi = np, .scale = scale, .sink = snk ? snk[c->a->slice.h0 * rep + h] : NAN};
         cm_attn_flash(c->k, &av, D, &aq, sc, c->att + (size_t)j * QS + (size_t)h * D);
         return;
     }
@@ -199,9 +199,7 @@ static const void *attn_decode(cm_ctx *c, size_t *stride, int ith, int nth) {
  * blocks are fixed by position, so the bits do not depend on nth. */
 enum { SPLIT_MIN = 2 * CM_ATTN_BLOCK, MULTI_TOK = 8 /* tokens per prefill task (cm_attn_multi) */ };
 
-static size_t split_nbmax(int max_ctx) {
-    return (size_t)max_ctx / CM_ATTN_BLOCK + 2;
-}
+static size_t split_nbmax(int max_ctx) { return (size_t)max_ctx / CM_ATTN_BLOCK + 2; }
 
 /* Per thread: scratch, then the partials of all query heads (decode), then
  * per thread one kv head's query heads' partials (a batch's one-token runs). */
@@ -217,15 +215,17 @@ size_t cm_fwd_split_floats(const cm_model *m, int max_ctx, int n_threads) {
 static cm_attn_kv split_view(const cm_kv *kv, int il, int hk) {
     if (kv->v_rows) return cm_attn_kv_of(kv, il, hk);
     const size_t es = kv->type == CM_TYPE_F16 ? sizeof(cm_f16) : sizeof(float), off = kv_off(kv, il, hk) * es;
-    const cm_attn_kv v = {.k = (const uint8_t *)kv->k + off, .v = (const uint8_t *)kv->v + off,
-                          .k_row = (size_t)kv->head_dim * es, .v_row = es, .k_type = kv->type, .v_type = kv->type,
+    const cm_attn_kv v = {.k = (const uint8_t *)kv->k + off,
+                          .v = (const uint8_t *)kv->v + off,
+                          .k_row = (size_t)kv->head_dim * es,
+                          .v_row = es,
+                          .k_type = kv->type,
+                          .v_type = kv->type,
                           .v_tstride = (size_t)kv->n_ctx * es};
     return v;
 }
 
-void cm_ctx_set_attn_split(cm_ctx *c, bool on) {
-    c->split_off = !on;
-}
+void cm_ctx_set_attn_split(cm_ctx *c, bool on) { c->split_off = !on; }
 
 static bool use_split(const cm_ctx *c) {
     const cm_kv *kv = c->a->kvs[c->b->seq[0]];
@@ -256,8 +256,9 @@ static const void *attn_decode_split(cm_ctx *c, size_t *stride, int ith, int nth
         const int hl = (int)(t / nb), bi = (int)(t % nb), b = bl0 + bi;
         const cm_attn_kv av = split_view(kv, c->il, c->a->slice.h0 + hl);
         const int p0 = CM_MAX(p_lo, b * CM_ATTN_BLOCK), p1 = CM_MIN(np, (b + 1) * CM_ATTN_BLOCK);
-        cm_attn_split_block(c->k, &av, D, rep, c->q + (size_t)hl * rep * D, p0, p1, scale, c->split + (size_t)ith * scr_n,
-                            parts + (size_t)hl * rep * pstride + (size_t)bi * (D + 2), pstride);
+        cm_attn_split_block(c->k, &av, D, rep, c->q + (size_t)hl * rep * D, p0, p1, scale,
+                            c->split + (size_t)ith * scr_n, parts + (size_t)hl * rep * pstride + (size_t)bi * (D + 2),
+                            pstride);
     }
     cm_pool_barrier(c->pool);
     const float *sinks = c->m->layers[c->il].attn_sinks.data;
@@ -366,10 +367,22 @@ void cm_fwd_attn(cm_ctx *c, int ith, int nth) {
 
     if (c->mla) { /* deepseek2: multi-head latent attention (mla.c) */
         size_t xs;
-        const void *xq = cm_fwd_add_norm_prep(c, CM_ACT_ATTN_IN, &L->attn_norm, hp->mla.q_lora ? &L->wq_a : &L->wq, &xs, ith, nth);
-        const cm_mla_run r = {.m = m, .k = c->k, .pool = c->pool, .il = c->il, .b = b, .kvs = c->a->kvs, .xn = c->xn,
-                              .xq = xq, .xq_stride = xs, .out = c->part, .h0 = s.h0, .h1 = s.h1, /* query heads */
-                              .hook = c->hook, .hook_user = c->hook_user};
+        const void *xq =
+            cm_fwd_add_norm_prep(c, CM_ACT_ATTN_IN, &L->attn_norm, hp->mla.q_lora ? &L->wq_a : &L->wq, &xs, ith, nth);
+        const cm_mla_run r = {.m = m,
+                              .k = c->k,
+                              .pool = c->pool,
+                              .il = c->il,
+                              .b = b,
+                              .kvs = c->a->kvs,
+                              .xn = c->xn,
+                              .xq = xq,
+                              .xq_stride = xs,
+                              .out = c->part,
+                              .h0 = s.h0,
+                              .h1 = s.h1, /* query heads */
+                              .hook = c->hook,
+                              .hook_user = c->hook_user};
         cm_mla_attn(c->mla, &r, ith, nth);
         return;
     }

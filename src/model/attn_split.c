@@ -99,9 +99,7 @@ static void v_acc(const cm_kernels *k, const cm_attn_kv *kv, int D, int nq, cons
  * transposed V, whose element rows are then read 256 positions at a time
  * (64 at a time touched 64 pages per tile and ran slower than the per-head
  * two-pass, measured). */
-static int v_tile(const cm_attn_kv *kv) {
-    return kv->v_tstride ? CM_ATTN_BLOCK : CM_ATTN_TILE;
-}
+static int v_tile(const cm_attn_kv *kv) { return kv->v_tstride ? CM_ATTN_BLOCK : CM_ATTN_TILE; }
 
 /* The online softmax over tiles of v_tile positions from min(lo) to
  * max(hi), query r seeing [lo[r / rep], hi[r / rep]) (masked elsewhere: its
@@ -153,9 +151,9 @@ void cm_attn_split_block(const cm_kernels *k, const cm_attn_kv *kv, int D, int n
     }
 }
 
-void cm_attn_multi(const cm_kernels *k, const cm_attn_kv *kv, int D, int ntok, int rep, const float *q,
-                   size_t q_stride, const int *lo, const int *hi, float scale, const float *sinks, float *scratch,
-                   float *out, size_t out_stride) {
+void cm_attn_multi(const cm_kernels *k, const cm_attn_kv *kv, int D, int ntok, int rep, const float *q, size_t q_stride,
+                   const int *lo, const int *hi, float scale, const float *sinks, float *scratch, float *out,
+                   size_t out_stride) {
     const int nq = ntok * rep;
     float *qf = scratch, *sc = qf + (size_t)nq * D, *acc = sc + (size_t)nq * v_tile(kv), *M = acc + (size_t)nq * D,
           *S = M + nq, *tmp = S + nq;

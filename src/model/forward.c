@@ -23,14 +23,15 @@
 /* ---------------- KV cache ---------------- */
 
 uint64_t cm_kv_bytes(const cm_model *m, int layer_first, int layer_last, int h0, int h1, int n_ctx) {
-    if (m->hp.arch == CM_ARCH_DEEPSEEK2) return cm_mla_kv_bytes(m, layer_first, layer_last, n_ctx); /* the latent only */
-    uint64_t n = (uint64_t)(layer_last - layer_first) * (uint64_t)(h1 - h0) * (uint64_t)n_ctx *
-                 (uint64_t)m->hp.head_dim;
+    if (m->hp.arch == CM_ARCH_DEEPSEEK2)
+        return cm_mla_kv_bytes(m, layer_first, layer_last, n_ctx); /* the latent only */
+    uint64_t n =
+        (uint64_t)(layer_last - layer_first) * (uint64_t)(h1 - h0) * (uint64_t)n_ctx * (uint64_t)m->hp.head_dim;
     return 2 * n * sizeof(float);
 }
 
-int cm_kv_init(cm_kv *kv, const cm_model *m, int layer_first, int layer_last, cm_slice s, int n_ctx,
-               char *err, size_t errlen) {
+int cm_kv_init(cm_kv *kv, const cm_model *m, int layer_first, int layer_last, cm_slice s, int n_ctx, char *err,
+               size_t errlen) {
     return cm_kv_init_type(kv, m, layer_first, layer_last, s, n_ctx, CM_TYPE_F32, err, errlen);
 }
 
@@ -43,18 +44,22 @@ int cm_kv_init_type(cm_kv *kv, const cm_model *m, int layer_first, int layer_las
         return cm_errf(err, errlen, CM_EINVAL, "layer range [%d, %d) is out of [0, %d)", layer_first, layer_last,
                        m->hp.n_layer);
     if (s.h0 < 0 || s.h1 > cm_slice_full(m).h1 || s.h0 > s.h1)
-        return cm_errf(err, errlen, CM_EINVAL, "kv head range [%d, %d) is out of [0, %d)", s.h0, s.h1, cm_slice_full(m).h1);
-    if (n_ctx < 1 || n_ctx > (1 << 24)) return cm_errf(err, errlen, CM_EINVAL, "context size %d is out of range", n_ctx);
+        return cm_errf(err, errlen, CM_EINVAL, "kv head range [%d, %d) is out of [0, %d)", s.h0, s.h1,
+                       cm_slice_full(m).h1);
+    if (n_ctx < 1 || n_ctx > (1 << 24))
+        return cm_errf(err, errlen, CM_EINVAL, "context size %d is out of range", n_ctx);
     const bool mla = m->hp.arch == CM_ARCH_DEEPSEEK2; /* K only: the latent rows (mla.h) */
     uint64_t half = cm_kv_bytes(m, layer_first, layer_last, s.h0, s.h1, n_ctx) / (mla ? 1 : 2);
     if (type == CM_TYPE_F16) half /= 2;
-    if (half > SIZE_MAX / 2) return cm_errf(err, errlen, CM_ENOMEM, "kv cache of %llu bytes is too large", (unsigned long long)half * 2);
+    if (half > SIZE_MAX / 2)
+        return cm_errf(err, errlen, CM_ENOMEM, "kv cache of %llu bytes is too large", (unsigned long long)half * 2);
     /* reserved address space: untouched context costs no memory (kv_mem.c) */
     kv->k = cm_kv_mem_map((size_t)half + sizeof(float), &kv->k_map);
     kv->v = cm_kv_mem_map((mla ? 0 : (size_t)half) + sizeof(float), &kv->v_map);
     if (!kv->k || !kv->v) {
         cm_kv_release(kv);
-        return cm_errf(err, errlen, CM_ENOMEM, "out of memory for a kv cache of %llu bytes", (unsigned long long)half * 2);
+        return cm_errf(err, errlen, CM_ENOMEM, "out of memory for a kv cache of %llu bytes",
+                       (unsigned long long)half * 2);
     }
     kv->layer_first = layer_first;
     kv->layer_last = layer_last;
@@ -100,10 +105,14 @@ cm_ctx *cm_ctx_new(const cm_model *m, int max_batch, int max_ctx, cm_pool *pool,
         return NULL;
     }
     cm_ctx *c = cm_calloc(1, sizeof *c);
-    if (!c) { cm_errf(err, errlen, CM_ENOMEM, "out of memory"); return NULL; }
+    if (!c) {
+        cm_errf(err, errlen, CM_ENOMEM, "out of memory");
+        return NULL;
+    }
     const cm_hparams *hp = &m->hp;
     size_t B = (size_t)max_batch, E = (size_t)hp->n_embd, QD = (size_t)hp->n_head * hp->head_dim;
-    size_t KD = (size_t)hp->n_head_kv * hp->head_dim, F = hp->n_expert && !hp->n_dense_lead ? 0 : (size_t)hp->n_ff; /* MoE: moe.c's scratch */
+    size_t KD = (size_t)hp->n_head_kv * hp->head_dim,
+           F = hp->n_expert && !hp->n_dense_lead ? 0 : (size_t)hp->n_ff; /* MoE: moe.c's scratch */
     size_t kmax = CM_MAX(E, CM_MAX(QD, F));
     c->m = m;
     c->k = cm_kernels_get();
@@ -176,10 +185,11 @@ int cm_ctx_expert_hits(const cm_ctx *c, uint64_t *hits, int n) {
 }
 
 /* Convert n floats to vdt and show them to the test hook, if any. */
-static void convert(cm_ctx *c, enum cm_act_site site, int row, int64_t col0, enum cm_type vdt, const float *x,
-                    void *xq, int64_t n) {
+static void convert(cm_ctx *c, enum cm_act_site site, int row, int64_t col0, enum cm_type vdt, const float *x, void *xq,
+                    int64_t n) {
     c->k->from_float[vdt](x, xq, n);
-    if (c->hook) c->hook(c->hook_user, site == CM_ACT_OUTPUT ? c->m->hp.n_layer : c->il, site, row, col0, vdt, x, xq, n);
+    if (c->hook)
+        c->hook(c->hook_user, site == CM_ACT_OUTPUT ? c->m->hp.n_layer : c->il, site, row, col0, vdt, x, xq, n);
 }
 
 /* ---------------- views ---------------- */
@@ -250,8 +260,8 @@ static void lora_mm(cm_ctx *c, const cm_tensor *w, float *y, int64_t ldy, int n_
     else if (w == &c->m->output) cm_lora_apply(l, 0, CM_LORA_OUTPUT, c->xn, E, 0, E, n_tok, y, ldy, 0, r0, r1);
 }
 
-static void matmul(cm_ctx *c, const cm_tensor *w, const void *xq, size_t xs, int n_tok, float *y, int64_t ldy,
-                   int ith, int nth) {
+static void matmul(cm_ctx *c, const cm_tensor *w, const void *xq, size_t xs, int n_tok, float *y, int64_t ldy, int ith,
+                   int nth) {
     int64_t r0, r1;
     cm_split_range(w->ne[1], ith, nth, &r0, &r1);
     if (r1 > r0) cm_matmul_rows(c->k, w, xq, xs, n_tok, y, ldy, r0, r1);
@@ -303,7 +313,8 @@ static void add_pending(cm_ctx *c, int ith, int nth) {
         for (int64_t j = t0; j < t1; j++) {
             float *x = c->x + j * E, *pt = c->part + j * E;
             if (c->pending_norm) rms_norm_row(pt, c->pending_norm, pt, E, c->m->hp.rms_eps);
-            if (c->pending_bias) for (int i = 0; i < E; i++) pt[i] = pt[i] + c->pending_bias[i];
+            if (c->pending_bias)
+                for (int i = 0; i < E; i++) pt[i] = pt[i] + c->pending_bias[i];
             for (int i = 0; i < E; i++) x[i] = x[i] + pt[i];
         }
         cm_pool_barrier(c->pool);
@@ -338,7 +349,8 @@ static const void *add_norm_prep(cm_ctx *c, enum cm_act_site site, const cm_tens
         if (c->pending) {
             float *pt = c->part + j * E;
             if (c->pending_norm) rms_norm_row(pt, c->pending_norm, pt, E, c->m->hp.rms_eps); /* gemma3 */
-            if (c->pending_bias) for (int i = 0; i < E; i++) pt[i] = pt[i] + c->pending_bias[i]; /* gpt-oss */
+            if (c->pending_bias)
+                for (int i = 0; i < E; i++) pt[i] = pt[i] + c->pending_bias[i]; /* gpt-oss */
             for (int i = 0; i < E; i++) x[i] = x[i] + pt[i];
         }
         rms_norm_row(x, normw->data, xn, E, c->m->hp.rms_eps);
@@ -430,8 +442,8 @@ static const void *silu_prep(cm_ctx *c, const cm_tensor *w, int n, int FS, size_
 
 /* ---------------- the ops attn_layer.c shares (forward_ctx.h) ---------------- */
 
-void cm_fwd_convert(cm_ctx *c, enum cm_act_site site, int row, int64_t col0, enum cm_type vdt, const float *x,
-                    void *xq, int64_t n) {
+void cm_fwd_convert(cm_ctx *c, enum cm_act_site site, int row, int64_t col0, enum cm_type vdt, const float *x, void *xq,
+                    int64_t n) {
     convert(c, site, row, col0, vdt, x, xq, n);
 }
 void cm_fwd_rms_norm_row(const float *x, const float *w, float *y, int n, float eps) { rms_norm_row(x, w, y, n, eps); }
@@ -439,8 +451,8 @@ const void *cm_fwd_prep_act(cm_ctx *c, enum cm_act_site site, const cm_tensor *w
                             int64_t ncols, int n_tok, size_t *stride, int ith, int nth) {
     return prep_act(c, site, w, x, ld, ncols, n_tok, stride, ith, nth);
 }
-void cm_fwd_matmul(cm_ctx *c, const cm_tensor *w, const void *xq, size_t xs, int n_tok, float *y, int64_t ldy,
-                   int ith, int nth) {
+void cm_fwd_matmul(cm_ctx *c, const cm_tensor *w, const void *xq, size_t xs, int n_tok, float *y, int64_t ldy, int ith,
+                   int nth) {
     matmul(c, w, xq, xs, n_tok, y, ldy, ith, nth);
 }
 void cm_fwd_add_pending(cm_ctx *c, int ith, int nth) { add_pending(c, ith, nth); }
@@ -459,10 +471,23 @@ static void phase_ffn(cm_ctx *c, int ith, int nth) {
         size_t xs;
         const void *xq = add_norm_prep(c, CM_ACT_FFN_IN, &L->ffn_norm, &L->ffn_gate_exps, &xs, ith, nth);
         const cm_expert_slice *ex = &c->a->experts;
-        const cm_moe_run r = {.m = m, .k = c->k, .pool = c->pool, .il = c->il, .n = n, .xn = c->xn, .xq = xq,
-                              .xq_stride = xs, .out = c->part, .hook = c->hook, .hook_user = c->hook_user,
-                              .ep = ex->ep, .defer_combine = c->ep_gather, .e0 = ex->e0, .e1 = ex->e1,
-                              .holders = c->a->expert_holders, .rank = c->a->expert_rank};
+        const cm_moe_run r = {.m = m,
+                              .k = c->k,
+                              .pool = c->pool,
+                              .il = c->il,
+                              .n = n,
+                              .xn = c->xn,
+                              .xq = xq,
+                              .xq_stride = xs,
+                              .out = c->part,
+                              .hook = c->hook,
+                              .hook_user = c->hook_user,
+                              .ep = ex->ep,
+                              .defer_combine = c->ep_gather,
+                              .e0 = ex->e0,
+                              .e1 = ex->e1,
+                              .holders = c->a->expert_holders,
+                              .rank = c->a->expert_rank};
         cm_moe_ffn(c->moe, &r, ith, nth);
         return;
     }
@@ -559,26 +584,32 @@ static int check_args(cm_ctx *c, const cm_batch *b, const cm_forward_args *a, ch
     if (rc) return rc;
     if (!b->pos || !b->seq || !a->kvs) return cm_errf(err, errlen, CM_EINVAL, "batch without positions or sequences");
     if (b->tokens ? a->layer_first != 0 : !b->embd)
-        return cm_errf(err, errlen, CM_EINVAL, "%s", b->tokens ? "token ids given to a stage that does not start at layer 0" : "batch without token ids or hidden states");
+        return cm_errf(err, errlen, CM_EINVAL, "%s",
+                       b->tokens ? "token ids given to a stage that does not start at layer 0"
+                                 : "batch without token ids or hidden states");
     if (a->out_logits && a->layer_last != hp->n_layer)
-        return cm_errf(err, errlen, CM_EINVAL, "logits requested from a stage that ends at layer %d of %d", a->layer_last, hp->n_layer);
+        return cm_errf(err, errlen, CM_EINVAL, "logits requested from a stage that ends at layer %d of %d",
+                       a->layer_last, hp->n_layer);
     for (int j = 0; j < b->n; j++) {
         if (b->tokens && (b->tokens[j] < 0 || b->tokens[j] >= hp->n_vocab))
-            return cm_errf(err, errlen, CM_EINVAL, "token id %d is out of the vocabulary [0, %d)", b->tokens[j], hp->n_vocab);
+            return cm_errf(err, errlen, CM_EINVAL, "token id %d is out of the vocabulary [0, %d)", b->tokens[j],
+                           hp->n_vocab);
         if (b->seq[j] < 0 || b->seq[j] >= a->n_kvs || !a->kvs[b->seq[j]])
             return cm_errf(err, errlen, CM_EINVAL, "token %d has sequence %d of %d", j, b->seq[j], a->n_kvs);
         const cm_kv *kv = a->kvs[b->seq[j]];
         if (kv->layer_first > a->layer_first || kv->layer_last < a->layer_last || kv->h0 != a->slice.h0 ||
             kv->h1 != a->slice.h1 || kv->head_dim != hp->head_dim)
-            return cm_errf(err, errlen, CM_EINVAL, "kv cache of sequence %d does not match the layer range / slice", b->seq[j]);
+            return cm_errf(err, errlen, CM_EINVAL, "kv cache of sequence %d does not match the layer range / slice",
+                           b->seq[j]);
         if (kv->n_ctx > c->max_ctx)
-            return cm_errf(err, errlen, CM_EINVAL, "kv cache of %d positions exceeds the context's %d", kv->n_ctx, c->max_ctx);
+            return cm_errf(err, errlen, CM_EINVAL, "kv cache of %d positions exceeds the context's %d", kv->n_ctx,
+                           c->max_ctx);
         int before = 0;
         for (int i = 0; i < j; i++) before += b->seq[i] == b->seq[j];
         int want = kv->n_past + before;
         if (b->pos[j] != want)
-            return cm_errf(err, errlen, CM_EINVAL, "token %d of sequence %d is at position %d, expected %d", j, b->seq[j],
-                           b->pos[j], want);
+            return cm_errf(err, errlen, CM_EINVAL, "token %d of sequence %d is at position %d, expected %d", j,
+                           b->seq[j], b->pos[j], want);
         if (want >= kv->n_ctx)
             return cm_errf(err, errlen, CM_ENOSPACE, "sequence %d is full (context %d)", b->seq[j], kv->n_ctx);
     }
@@ -651,7 +682,8 @@ int cm_forward(cm_ctx *c, const cm_batch *b, const cm_forward_args *a, char *err
         cm_pool_run(c->pool, run_phase, c);
         c->pending_norm = L->ffn_post_norm.data;
         c->pending_bias = NULL;
-        if (c->ep_gather && L->ffn_gate_inp.data) { /* expert parallelism: the other members' expert rows, then the fixed-order sum */
+        if (c->ep_gather &&
+            L->ffn_gate_inp.data) { /* expert parallelism: the other members' expert rows, then the fixed-order sum */
             float *y;
             const int32_t *rows;
             cm_moe_rows(c->moe, b->n, &y, &rows);
@@ -669,8 +701,7 @@ int cm_forward(cm_ctx *c, const cm_batch *b, const cm_forward_args *a, char *err
     return 0;
 }
 
-int cm_forward_simple(cm_ctx *c, cm_kv *kv, const int32_t *tokens, int n, float *out_logits, char *err,
-                      size_t errlen) {
+int cm_forward_simple(cm_ctx *c, cm_kv *kv, const int32_t *tokens, int n, float *out_logits, char *err, size_t errlen) {
     /* Positions and sequence ids come from small stack chunks so that long
      * prompts are fed in batches of at most max_batch tokens. */
     enum { CHUNK = 64 };
@@ -683,8 +714,12 @@ int cm_forward_simple(cm_ctx *c, cm_kv *kv, const int32_t *tokens, int n, float 
         cm_batch b = {.n = nb, .tokens = tokens + done, .pos = pos, .seq = seq};
         cm_kv *kvs[1] = {kv};
         bool last = done + nb == n;
-        cm_forward_args a = {.layer_first = 0, .layer_last = c->m->hp.n_layer, .slice = cm_slice_full(c->m),
-                             .kvs = kvs, .n_kvs = 1, .out_logits = last ? out_logits : NULL};
+        cm_forward_args a = {.layer_first = 0,
+                             .layer_last = c->m->hp.n_layer,
+                             .slice = cm_slice_full(c->m),
+                             .kvs = kvs,
+                             .n_kvs = 1,
+                             .out_logits = last ? out_logits : NULL};
         int rc = cm_forward(c, &b, &a, err, errlen);
         if (rc) return rc;
         done += nb;

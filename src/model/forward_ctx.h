@@ -22,7 +22,7 @@ struct cm_ctx {
     cm_pool *pool;
     int max_batch, max_ctx, n_threads;
     float *x, *xn, *q, *kc, *vc, *att, *part, *gate, *up, *rope, *rope_swa, *scores;
-    float *split; /* attn_layer.c's decode over KV blocks: per-thread scratch, then the partials */
+    float *split;   /* attn_layer.c's decode over KV blocks: per-thread scratch, then the partials */
     bool split_off; /* cm_ctx_set_attn_split(c, false) */
     uint8_t *xq;
     size_t xq_size; /* bytes of xq */
@@ -32,17 +32,17 @@ struct cm_ctx {
     const cm_forward_args *a;
     enum phase ph;
     int il, n_out;
-    bool pending; /* part holds a reduced output to add into x */
-    const float *pending_norm; /* gemma3: RMS-norm weights applied to part before the add, or NULL */
-    const float *pending_bias; /* gpt-oss: attn_output's bias added to part before the add, or NULL */
+    bool pending;                           /* part holds a reduced output to add into x */
+    const float *pending_norm;              /* gemma3: RMS-norm weights applied to part before the add, or NULL */
+    const float *pending_bias;              /* gpt-oss: attn_output's bias added to part before the add, or NULL */
     cm_tensor wq, wk, wv, wo, gt, up_w, dn; /* slice views of layer il */
     int bad_token;
     cm_act_hook_fn hook; /* tests only (model.h) */
     void *hook_user;
-    cm_moe *moe; /* MoE models: the expert FFN's scratch (moe.c) */
-    cm_mla *mla; /* deepseek2: the latent attention's scratch (mla.c) */
-    bool ep_gather; /* this pass: an expert slice, combined after the caller's gather */
-    const cm_lora *lora; /* LoRA adapters (lora.h), or NULL */
+    cm_moe *moe;           /* MoE models: the expert FFN's scratch (moe.c) */
+    cm_mla *mla;           /* deepseek2: the latent attention's scratch (mla.c) */
+    bool ep_gather;        /* this pass: an expert slice, combined after the caller's gather */
+    const cm_lora *lora;   /* LoRA adapters (lora.h), or NULL */
     cm_offload_fn offload; /* the first layers elsewhere (a GPU), or NULL */
     void *offload_user;
 };
@@ -55,13 +55,13 @@ static inline size_t cm_fwd_scores_stride(int max_ctx, int head_dim) {
 }
 
 /* forward.c's ops (see each one's comment there). */
-void cm_fwd_convert(cm_ctx *c, enum cm_act_site site, int row, int64_t col0, enum cm_type vdt, const float *x,
-                    void *xq, int64_t n);
+void cm_fwd_convert(cm_ctx *c, enum cm_act_site site, int row, int64_t col0, enum cm_type vdt, const float *x, void *xq,
+                    int64_t n);
 void cm_fwd_rms_norm_row(const float *x, const float *w, float *y, int n, float eps);
 const void *cm_fwd_prep_act(cm_ctx *c, enum cm_act_site site, const cm_tensor *w, const float *x, int64_t ld,
                             int64_t ncols, int n_tok, size_t *stride, int ith, int nth); /* ends in a barrier */
-void cm_fwd_matmul(cm_ctx *c, const cm_tensor *w, const void *xq, size_t xs, int n_tok, float *y, int64_t ldy,
-                   int ith, int nth);
+void cm_fwd_matmul(cm_ctx *c, const cm_tensor *w, const void *xq, size_t xs, int n_tok, float *y, int64_t ldy, int ith,
+                   int nth);
 void cm_fwd_add_pending(cm_ctx *c, int ith, int nth); /* ends in a barrier */
 void cm_fwd_zero_part(cm_ctx *c, int ith, int nth);
 const void *cm_fwd_add_norm_prep(cm_ctx *c, enum cm_act_site site, const cm_tensor *normw, const cm_tensor *w,

@@ -59,12 +59,14 @@ int cm_gptoss_load_hparams(cm_model *m, char *err, size_t errlen) {
         (rc = key_f(g, "rope.freq_base_swa", hp->rope_base, 1e-3, 1e12, &hp->rope_base_swa, err, errlen)))
         return rc;
     if (hp->n_rot != hp->head_dim)
-        return cm_errf(err, errlen, CM_EUNSUPPORTED, "gpt-oss with rope dimension count %d != head size %d is not supported",
-                       hp->n_rot, hp->head_dim);
+        return cm_errf(err, errlen, CM_EUNSUPPORTED,
+                       "gpt-oss with rope dimension count %d != head size %d is not supported", hp->n_rot,
+                       hp->head_dim);
     char *st = cm_gguf_get_str(g, ARCH ".rope.scaling.type");
     const bool yarn = st && !strcmp(st, "yarn");
     if (st && !yarn && strcmp(st, "none") && strcmp(st, "linear")) {
-        rc = cm_errf(err, errlen, CM_EUNSUPPORTED, "rope scaling type '%.32s' is not supported (gpt-oss: none, linear, yarn)", st);
+        rc = cm_errf(err, errlen, CM_EUNSUPPORTED,
+                     "rope scaling type '%.32s' is not supported (gpt-oss: none, linear, yarn)", st);
         cm_free(st);
         return rc;
     }
@@ -72,7 +74,8 @@ int cm_gptoss_load_hparams(cm_model *m, char *err, size_t errlen) {
     cm_free(st);
     float factor = 0, ext = -1, attn = 1, bf = 32, bsl = 1, rattn = 1, logmul = 0;
     if ((rc = key_f(g, "rope.scaling.factor", 0.0, 0.0, 1e6, &factor, err, errlen)) ||
-        (rc = key_i(g, "rope.scaling.original_context_length", hp->n_ctx_train, 1, 1L << 30, &hp->n_ctx_orig, err, errlen)) ||
+        (rc = key_i(g, "rope.scaling.original_context_length", hp->n_ctx_train, 1, 1L << 30, &hp->n_ctx_orig, err,
+                    errlen)) ||
         (rc = key_f(g, "rope.scaling.yarn_ext_factor", -1.0, -1.0, 1e3, &ext, err, errlen)) ||
         (rc = key_f(g, "rope.scaling.yarn_attn_factor", 1.0, 0.0, 1e3, &attn, err, errlen)) ||
         (rc = key_f(g, "rope.scaling.yarn_beta_fast", 32.0, 0.0, 1e6, &bf, err, errlen)) ||
@@ -81,7 +84,8 @@ int cm_gptoss_load_hparams(cm_model *m, char *err, size_t errlen) {
         (rc = key_f(g, "rope.scaling.yarn_log_multiplier", 0.0, 0.0, 1e3, &logmul, err, errlen)))
         return rc;
     if (logmul != 0.0f)
-        return cm_errf(err, errlen, CM_EUNSUPPORTED, "gpt-oss with a YaRN log multiplier (rope.scaling.yarn_log_multiplier) is not supported");
+        return cm_errf(err, errlen, CM_EUNSUPPORTED,
+                       "gpt-oss with a YaRN log multiplier (rope.scaling.yarn_log_multiplier) is not supported");
     /* llama_context's rules: no scaling for type "none", ext_factor 1 for
      * YaRN unless given, then the attention factor get_mscale(factor) times
      * the cancellation of rope_yarn's own magnitude factor, times the file's
@@ -119,7 +123,8 @@ static int bind_f32(cm_model *m, cm_tensor *t, int il, const char *suffix, int64
         return cm_errf(err, errlen, CM_EFORMAT, "tensor '%s' has the wrong shape, expected [%lld%s%lld]", name,
                        (long long)ne0, ne1 ? ", " : "", ne1 ? (long long)ne1 : 0LL);
     cm_tensor_init(t, CM_TYPE_F32, nd, want, (void *)ti->data, ti->name);
-    if (cm_tensor_nbytes(t) > ti->nbytes) return cm_errf(err, errlen, CM_EFORMAT, "tensor '%s' is shorter than its shape", name);
+    if (cm_tensor_nbytes(t) > ti->nbytes)
+        return cm_errf(err, errlen, CM_EFORMAT, "tensor '%s' is shorter than its shape", name);
     m->n_params += (uint64_t)cm_tensor_nelements(t);
     m->weight_bytes += cm_tensor_nbytes(t);
     return 0;
@@ -128,7 +133,8 @@ static int bind_f32(cm_model *m, cm_tensor *t, int il, const char *suffix, int64
 int cm_gptoss_bind_layer(cm_model *m, int il, char *err, size_t errlen) {
     const cm_hparams *hp = &m->hp;
     cm_layer *L = &m->layers[il];
-    const int64_t E = hp->n_embd, F = hp->n_ff_exp, X = hp->n_expert;
+    const int64_t E = hp->n_embd, F = hp->n_ff_exp, X
+    = hp->n_expert;
     int rc;
     if ((rc = bind_f32(m, &L->bo, il, "attn_output.bias", E, 0, err, errlen)) ||
         (rc = bind_f32(m, &L->attn_sinks, il, "attn_sinks.weight", hp->n_head, 0, err, errlen)) ||

@@ -37,7 +37,7 @@ void cm_yarn_rope_cache(const cm_hparams *hp, float p, float base, float freq_sc
 /* ggml_compute_forward_swiglu_oai_f32 with llama.cpp's alpha 1.702, limit 7. */
 static inline float cm_swiglu_oai(float g, float u) {
     const float limit = 7.0f, alpha = 1.702f;
-    const float x = limit < g ? limit : g; /* std::min */
+    const float x = limit < g ? limit : g;                       /* std::min */
     const float y = u < -limit ? -limit : limit < u ? limit : u; /* std::clamp */
     const float glu = x / (1.0f + expf(alpha * (-x)));
     return glu * (y + 1.0f);

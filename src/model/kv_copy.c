@@ -24,8 +24,8 @@ int cm_kv_copy_prefix(cm_kv *dst, const cm_kv *src, int n, char *err, size_t err
         (src->v_rows && dst->type_v != src->type_v) || dst->latent != src->latent)
         return cm_errf(err, errlen, CM_EINVAL, "kv caches of different shapes or types");
     if (n < 0 || n > src->n_past || n > dst->n_ctx)
-        return cm_errf(err, errlen, CM_EINVAL, "prefix of %d positions (source holds %d, target fits %d)", n, src->n_past,
-                       dst->n_ctx);
+        return cm_errf(err, errlen, CM_EINVAL, "prefix of %d positions (source holds %d, target fits %d)", n,
+                       src->n_past, dst->n_ctx);
     const int D = src->head_dim;
     /* one position of one K head (a row in either layout; deepseek2's latent row too) */
     const size_t pos_bytes = src->v_rows ? src->k_row : cm_row_size(src->type, D);
@@ -35,8 +35,9 @@ int cm_kv_copy_prefix(cm_kv *dst, const cm_kv *src, int n, char *err, size_t err
         const size_t ks = (size_t)lh * (size_t)src->n_ctx * pos_bytes, kd = (size_t)lh * (size_t)dst->n_ctx * pos_bytes;
         memcpy((char *)dst->k + kd, (const char *)src->k + ks, (size_t)n * pos_bytes);
         if (src->latent) continue; /* deepseek2: the latent is the whole cache */
-        if (src->v_rows) { /* V rows like K's (attn.c) */
-            const size_t vs = (size_t)lh * (size_t)src->n_ctx * src->v_row, vd = (size_t)lh * (size_t)dst->n_ctx * src->v_row;
+        if (src->v_rows) {         /* V rows like K's (attn.c) */
+            const size_t vs = (size_t)lh * (size_t)src->n_ctx * src->v_row,
+                         vd = (size_t)lh * (size_t)dst->n_ctx * src->v_row;
             memcpy((char *)dst->v + vd, (const char *)src->v + vs, (size_t)n * src->v_row);
             continue;
         }

@@ -155,7 +155,7 @@ void cm_kv_trim(cm_kv *kv) {
         for (size_t i = 0; i < rs[r].n_reg; i++) {
             size_t lo = i * rs[r].stride + n * rs[r].unit, hi = (i + 1) * rs[r].stride;
             if (i + 1 == rs[r].n_reg || hi > rs[r].map) hi = rs[r].map; /* the tail past the last region too */
-            lo = (lo + P - 1) / P * P; /* whole pages past the kept positions only */
+            lo = (lo + P - 1) / P * P;                                  /* whole pages past the kept positions only */
             hi = hi / P * P;
             if (hi <= lo) continue;
             if (lo != phi) {

@@ -16,21 +16,21 @@
 #include <stdio.h>
 #include <string.h>
 
-static const char *const k_arch_names[CM_ARCH_COUNT] = {"llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma3", "phi3", "gpt-oss", "deepseek2"};
+static const char *const k_arch_names[CM_ARCH_COUNT] = {"llama",  "qwen2", "qwen3",   "qwen2moe", "qwen3moe",
+                                                        "gemma3", "phi3",  "gpt-oss", "deepseek2"};
 
-const char *cm_arch_name_of(enum cm_arch a) {
-    return (unsigned)a < CM_ARCH_COUNT ? k_arch_names[a] : "unknown";
-}
+const char *cm_arch_name_of(enum cm_arch a) { return (unsigned)a < CM_ARCH_COUNT ? k_arch_names[a] : "unknown"; }
 
 /* Read "<arch>.<suffix>" as an integer in [lo, hi]; missing keys give def
  * (def < 0: required). */
-static int get_int(const cm_gguf *g, const char *arch, const char *suffix, long def, long lo, long hi,
-                   int *out, char *err, size_t errlen) {
+static int get_int(const cm_gguf *g, const char *arch, const char *suffix, long def, long lo, long hi, int *out,
+                   char *err, size_t errlen) {
     char key[160];
     snprintf(key, sizeof key, "%s.%s", arch, suffix);
     uint64_t v;
     if (!cm_gguf_get_u64(g, key, &v)) {
-        if (cm_gguf_find_kv(g, key)) return cm_errf(err, errlen, CM_EFORMAT, "metadata '%s' is not a non-negative integer", key);
+        if (cm_gguf_find_kv(g, key))
+            return cm_errf(err, errlen, CM_EFORMAT, "metadata '%s' is not a non-negative integer", key);
         if (def < 0) return cm_errf(err, errlen, CM_EFORMAT, "missing metadata '%s'", key);
         *out = (int)def;
         return 0;
@@ -42,8 +42,8 @@ static int get_int(const cm_gguf *g, const char *arch, const char *suffix, long 
     return 0;
 }
 
-static int get_float(const cm_gguf *g, const char *arch, const char *suffix, double def, double lo,
-                     double hi, float *out, char *err, size_t errlen) {
+static int get_float(const cm_gguf *g, const char *arch, const char *suffix, double def, double lo, double hi,
+                     float *out, char *err, size_t errlen) {
     char key[160];
     snprintf(key, sizeof key, "%s.%s", arch, suffix);
     double v;
@@ -51,8 +51,7 @@ static int get_float(const cm_gguf *g, const char *arch, const char *suffix, dou
         if (cm_gguf_find_kv(g, key)) return cm_errf(err, errlen, CM_EFORMAT, "metadata '%s' is not a number", key);
         v = def;
     }
-    if (!(v >= lo && v <= hi))
-        return cm_errf(err, errlen, CM_EFORMAT, "metadata '%s' = %g is out of range", key, v);
+    if (!(v >= lo && v <= hi)) return cm_errf(err, errlen, CM_EFORMAT, "metadata '%s' = %g is out of range", key, v);
     *out = (float)v;
     return 0;
 }
@@ -67,8 +66,8 @@ static void fmt_shape(char *b, size_t n, int nd, const int64_t *ne) {
 
 /* Bind tensor `name` with expected shape [ne0] or [ne0, ne1] (ne1 == 0: 1-D).
  * weight: any type the kernels support; otherwise F32 only (norms, biases). */
-static int bind(cm_model *m, cm_tensor *t, const char *name, int64_t ne0, int64_t ne1, bool weight,
-                bool optional, char *err, size_t errlen) {
+static int bind(cm_model *m, cm_tensor *t, const char *name, int64_t ne0, int64_t ne1, bool weight, bool optional,
+                char *err, size_t errlen) {
     memset(t, 0, sizeof *t);
     const cm_gguf_tensor_info *ti = cm_gguf_find_tensor(m->gguf, name);
     if (!ti) {
@@ -94,8 +93,8 @@ static int bind(cm_model *m, cm_tensor *t, const char *name, int64_t ne0, int64_
     }
     int64_t ne[2] = {ne0, ne1 ? ne1 : 1};
     if (cm_row_size((enum cm_type)ti->type, ne0) == 0)
-        return cm_errf(err, errlen, CM_EFORMAT, "tensor '%s': row length %lld is not a multiple of the %s block",
-                       name, (long long)ne0, cm_type_name(ti->type));
+        return cm_errf(err, errlen, CM_EFORMAT, "tensor '%s': row length %lld is not a multiple of the %s block", name,
+                       (long long)ne0, cm_type_name(ti->type));
     cm_tensor_init(t, (enum cm_type)ti->type, nd, ne, (void *)ti->data, ti->name);
     if (cm_tensor_nbytes(t) > ti->nbytes)
         return cm_errf(err, errlen, CM_EFORMAT, "tensor '%s' is shorter than its shape", name);
@@ -104,8 +103,8 @@ static int bind(cm_model *m, cm_tensor *t, const char *name, int64_t ne0, int64_
     return 0;
 }
 
-static int bind_blk(cm_model *m, cm_tensor *t, int il, const char *suffix, int64_t ne0, int64_t ne1,
-                    bool weight, bool optional, char *err, size_t errlen) {
+static int bind_blk(cm_model *m, cm_tensor *t, int il, const char *suffix, int64_t ne0, int64_t ne1, bool weight,
+                    bool optional, char *err, size_t errlen) {
     char name[96];
     snprintf(name, sizeof name, "blk.%d.%s", il, suffix);
     return bind(m, t, name, ne0, ne1, weight, optional, err, errlen);
@@ -118,11 +117,12 @@ static int load_hparams_gemma3(cm_model *m, char *err, size_t errlen) {
     cm_hparams *hp = &m->hp;
     int rc;
     if ((rc = get_int(m->gguf, "gemma3", "attention.sliding_window", 0, 0, 1L << 30, &hp->n_swa, err, errlen)) ||
-        (rc = get_int(m->gguf, "gemma3", "attention.sliding_window_pattern", 6, 0, 4096, &hp->swa_pattern, err, errlen)) ||
+        (rc = get_int(m->gguf, "gemma3", "attention.sliding_window_pattern", 6, 0, 4096, &hp->swa_pattern, err,
+                      errlen)) ||
         (rc = get_float(m->gguf, "gemma3", "rope.freq_base_swa", 10000.0, 1e-3, 1e12, &hp->rope_base_swa, err, errlen)))
         return rc;
-    hp->attn_q_scale = hp->n_layer == 62 ? 1.0f / sqrtf((float)(hp->n_embd / hp->n_head))
-                                         : 1.0f / sqrtf((float)hp->head_dim);
+    hp->attn_q_scale =
+        hp->n_layer == 62 ? 1.0f / sqrtf((float)(hp->n_embd / hp->n_head)) : 1.0f / sqrtf((float)hp->head_dim);
     return 0;
 }
 
@@ -175,7 +175,8 @@ static int load_hparams(cm_model *m, char *err, size_t errlen) {
         char list[256] = "";
         for (int i = 0; i < CM_ARCH_COUNT; i++)
             snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? ", " : "", k_arch_names[i]);
-        int rc = cm_errf(err, errlen, CM_EUNSUPPORTED, "unknown architecture '%.64s' (supported: %s; llama with experts = Mixtral)", arch, list);
+        int rc = cm_errf(err, errlen, CM_EUNSUPPORTED,
+                         "unknown architecture '%.64s' (supported: %s; llama with experts = Mixtral)", arch, list);
         cm_free(arch);
         return rc;
     }
@@ -191,8 +192,8 @@ static int load_hparams(cm_model *m, char *err, size_t errlen) {
         (rc = get_int(g, an, "context_length", 2048, 1, 1L << 30, &hp->n_ctx_train, err, errlen)))
         return rc;
     if (hp->n_head % hp->n_head_kv)
-        return cm_errf(err, errlen, CM_EFORMAT, "head count %d is not a multiple of the KV head count %d",
-                       hp->n_head, hp->n_head_kv);
+        return cm_errf(err, errlen, CM_EFORMAT, "head count %d is not a multiple of the KV head count %d", hp->n_head,
+                       hp->n_head_kv);
     if (hp->arch == CM_ARCH_DEEPSEEK2) return cm_mla_load_hparams(m, err, errlen); /* MLA's own head sizes */
     long def_hd = hp->n_embd % hp->n_head ? -1 : hp->n_embd / hp->n_head;
     if ((rc = get_int(g, an, "attention.key_length", def_hd, 2, 65536, &hp->head_dim, err, errlen))) return rc;
@@ -211,7 +212,8 @@ static int load_hparams(cm_model *m, char *err, size_t errlen) {
         hp->rope_type = CM_ROPE_NEOX;
         return cm_gptoss_load_hparams(m, err, errlen);
     }
-    if ((rc = cm_rope_scaling_read(g, an, hp->n_ctx_train, hp->n_rot, hp->rope_base, 0, &hp->rope_scaling, err, errlen)))
+    if ((rc =
+             cm_rope_scaling_read(g, an, hp->n_ctx_train, hp->n_rot, hp->rope_base, 0, &hp->rope_scaling, err, errlen)))
         return rc;
     hp->rope_freq_scale = hp->rope_scaling.freq_scale;
     hp->rope_type = hp->arch == CM_ARCH_LLAMA ? CM_ROPE_NORM : CM_ROPE_NEOX;
@@ -220,7 +222,8 @@ static int load_hparams(cm_model *m, char *err, size_t errlen) {
         hp->attn_q_scale = 1.0f / sqrtf((float)hp->head_dim);
         /* llama.cpp disables phi3's sliding window (its converters fill the key wrongly); so do we */
         if (cm_gguf_find_tensor(g, "rope_factors_long.weight"))
-            return cm_errf(err, errlen, CM_EUNSUPPORTED, "phi3 with LongRoPE factors (rope_factors_long.weight) is not supported");
+            return cm_errf(err, errlen, CM_EUNSUPPORTED,
+                           "phi3 with LongRoPE factors (rope_factors_long.weight) is not supported");
     }
     return 0;
 }
@@ -237,10 +240,16 @@ int cm_model_load(cm_model *m, const cm_gguf *g, char *err, size_t errlen) {
     memset(m, 0, sizeof *m);
     m->gguf = g;
     int rc = load_hparams(m, err, errlen);
-    if (rc) { cm_model_release(m); return rc; }
+    if (rc) {
+        cm_model_release(m);
+        return rc;
+    }
     cm_hparams *hp = &m->hp;
     const cm_gguf_tensor_info *te = cm_gguf_find_tensor(g, "token_embd.weight");
-    if (!te) { cm_model_release(m); return cm_errf(err, errlen, CM_EFORMAT, "missing tensor 'token_embd.weight'"); }
+    if (!te) {
+        cm_model_release(m);
+        return cm_errf(err, errlen, CM_EFORMAT, "missing tensor 'token_embd.weight'");
+    }
     if (te->n_dims != 2 || te->ne[1] < 1 || te->ne[1] > (1 << 24)) {
         cm_model_release(m);
         return cm_errf(err, errlen, CM_EFORMAT, "tensor 'token_embd.weight' has a bad shape");
@@ -250,7 +259,8 @@ int cm_model_load(cm_model *m, const cm_gguf *g, char *err, size_t errlen) {
     const cm_gguf_tensor_info *tg = cm_gguf_find_tensor(g, "blk.0.ffn_gate.weight");
     if (!tg) tg = cm_gguf_find_tensor(g, "blk.0.ffn_gate_exps.weight"); /* MoE: the experts' width */
     long def_ff = tg && tg->n_dims >= 2 && tg->ne[1] > 0 && tg->ne[1] < (1 << 26) ? (long)tg->ne[1] : -1;
-    if ((rc = get_int(g, cm_arch_name_of(hp->arch), "feed_forward_length", def_ff, 1, 1L << 26, &hp->n_ff, err, errlen))) {
+    if ((rc = get_int(g, cm_arch_name_of(hp->arch), "feed_forward_length", def_ff, 1, 1L << 26, &hp->n_ff, err,
+                      errlen))) {
         cm_model_release(m);
         return rc;
     }
@@ -261,7 +271,10 @@ int cm_model_load(cm_model *m, const cm_gguf *g, char *err, size_t errlen) {
     const int64_t E = hp->n_embd, V = hp->n_vocab, D = hp->head_dim;
     const int64_t QD = (int64_t)hp->n_head * D, KD = (int64_t)hp->n_head_kv * D, F = hp->n_ff;
     m->layers = cm_calloc((size_t)hp->n_layer, sizeof *m->layers);
-    if (!m->layers) { cm_model_release(m); return cm_errf(err, errlen, CM_ENOMEM, "out of memory"); }
+    if (!m->layers) {
+        cm_model_release(m);
+        return cm_errf(err, errlen, CM_ENOMEM, "out of memory");
+    }
 
     if ((rc = bind(m, &m->tok_embd, "token_embd.weight", E, V, true, false, err, errlen)) ||
         (rc = bind(m, &m->output_norm, "output_norm.weight", E, 0, false, false, err, errlen)) ||
@@ -284,10 +297,11 @@ int cm_model_load(cm_model *m, const cm_gguf *g, char *err, size_t errlen) {
                 (rc = bind_blk(m, &L->ffn_norm, il, "ffn_norm.weight", E, 0, false, false, err, errlen)) ||
                 (rc = cm_mla_bind_layer(m, il, err, errlen)))
                 goto fail;
-            if (il >= hp->n_dense_lead ? (rc = cm_moe_bind_layer(m, il, err, errlen)) != 0
-                                       : ((rc = bind_blk(m, &L->ffn_gate, il, "ffn_gate.weight", E, F, true, false, err, errlen)) ||
-                                          (rc = bind_blk(m, &L->ffn_up, il, "ffn_up.weight", E, F, true, false, err, errlen)) ||
-                                          (rc = bind_blk(m, &L->ffn_down, il, "ffn_down.weight", F, E, true, false, err, errlen))))
+            if (il >= hp->n_dense_lead
+                    ? (rc = cm_moe_bind_layer(m, il, err, errlen)) != 0
+                    : ((rc = bind_blk(m, &L->ffn_gate, il, "ffn_gate.weight", E, F, true, false, err, errlen)) ||
+                       (rc = bind_blk(m, &L->ffn_up, il, "ffn_up.weight", E, F, true, false, err, errlen)) ||
+                       (rc = bind_blk(m, &L->ffn_down, il, "ffn_down.weight", F, E, true, false, err, errlen))))
                 goto fail;
             continue;
         }
@@ -302,14 +316,17 @@ int cm_model_load(cm_model *m, const cm_gguf *g, char *err, size_t errlen) {
             (rc = bind_blk(m, &L->q_norm, il, "attn_q_norm.weight", D, 0, false, !qwen3, err, errlen)) ||
             (rc = bind_blk(m, &L->k_norm, il, "attn_k_norm.weight", D, 0, false, !qwen3, err, errlen)) ||
             /* gpt-oss calls its pre-FFN norm post_attention_norm */
-            (rc = bind_blk(m, &L->ffn_norm, il, gptoss ? "post_attention_norm.weight" : "ffn_norm.weight", E, 0, false, false, err, errlen)) ||
-            (!gptoss && (rc = bind_blk(m, &L->attn_post_norm, il, "post_attention_norm.weight", E, 0, false, !gemma3, err, errlen))) ||
+            (rc = bind_blk(m, &L->ffn_norm, il, gptoss ? "post_attention_norm.weight" : "ffn_norm.weight", E, 0, false,
+                           false, err, errlen)) ||
+            (!gptoss && (rc = bind_blk(m, &L->attn_post_norm, il, "post_attention_norm.weight", E, 0, false, !gemma3,
+                                       err, errlen))) ||
             (rc = bind_blk(m, &L->ffn_post_norm, il, "post_ffw_norm.weight", E, 0, false, !gemma3, err, errlen)))
             goto fail;
-        if (hp->n_expert ? (rc = cm_moe_bind_layer(m, il, err, errlen)) != 0
-                         : ((!phi3 && (rc = bind_blk(m, &L->ffn_gate, il, "ffn_gate.weight", E, F, true, false, err, errlen))) ||
-                            (!phi3 && (rc = bind_blk(m, &L->ffn_up, il, "ffn_up.weight", E, F, true, false, err, errlen))) ||
-                            (rc = bind_blk(m, &L->ffn_down, il, "ffn_down.weight", F, E, true, false, err, errlen))))
+        if (hp->n_expert
+                ? (rc = cm_moe_bind_layer(m, il, err, errlen)) != 0
+                : ((!phi3 && (rc = bind_blk(m, &L->ffn_gate, il, "ffn_gate.weight", E, F, true, false, err, errlen))) ||
+                   (!phi3 && (rc = bind_blk(m, &L->ffn_up, il, "ffn_up.weight", E, F, true, false, err, errlen))) ||
+                   (rc = bind_blk(m, &L->ffn_down, il, "ffn_down.weight", F, E, true, false, err, errlen))))
             goto fail;
         if (gptoss && (rc = cm_gptoss_bind_layer(m, il, err, errlen))) goto fail;
         char bname[96];
@@ -336,8 +353,7 @@ int cm_model_load(cm_model *m, const cm_gguf *g, char *err, size_t errlen) {
             const cm_tensor *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->ffn_gate, &L->ffn_up, &L->ffn_down};
             rc = cm_repack_add(m, cm_kernels_get(), ws, 7, err, errlen);
         }
-    if (!rc && repack)
-        rc = cm_repack_add(m, cm_kernels_get(), (const cm_tensor *const[]){&m->output}, 1, err, errlen);
+    if (!rc && repack) rc = cm_repack_add(m, cm_kernels_get(), (const cm_tensor *const[]){&m->output}, 1, err, errlen);
     if (rc) goto fail;
     return 0;
 fail:
@@ -358,8 +374,9 @@ int cm_expert_slice_check(const cm_model *m, cm_slice s, cm_expert_slice x, char
 int cm_slice_check(const cm_model *m, cm_slice s, char *err, size_t errlen) {
     const cm_hparams *hp = &m->hp;
     if (s.h0 < 0 || s.h1 > cm_slice_full(m).h1 || s.h0 > s.h1 || s.f0 < 0 || s.f1 > hp->n_ff || s.f0 > s.f1)
-        return cm_errf(err, errlen, CM_EINVAL, "slice heads [%d, %d) ffn [%d, %d) is out of range (kv heads %d, ffn %d)",
-                       s.h0, s.h1, s.f0, s.f1, cm_slice_full(m).h1, hp->n_ff);
+        return cm_errf(err, errlen, CM_EINVAL,
+                       "slice heads [%d, %d) ffn [%d, %d) is out of range (kv heads %d, ffn %d)", s.h0, s.h1, s.f0,
+                       s.f1, cm_slice_full(m).h1, hp->n_ff);
     if (hp->n_expert) return cm_moe_check_slice(m, s, err, errlen);
     int64_t cols_per_kv = (int64_t)(hp->n_head / hp->n_head_kv) * hp->head_dim;
     for (int il = 0; il < hp->n_layer; il++) {

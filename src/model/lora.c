@@ -15,13 +15,13 @@
 #include <string.h>
 
 typedef struct lora_pair {
-    float *a;         /* [rank][n_in] */
-    float *b;         /* [n_out][rank] */
+    float *a; /* [rank][n_in] */
+    float *b; /* [n_out][rank] */
     int rank;
     int64_t n_in, n_out;
     float scale;
-    int next;         /* next pair of the same slot, -1 = last */
-    int slot;         /* (layer, target) list it belongs to */
+    int next; /* next pair of the same slot, -1 = last */
+    int slot; /* (layer, target) list it belongs to */
 } lora_pair;
 
 struct cm_lora {
@@ -32,8 +32,8 @@ struct cm_lora {
     int *head, *tail; /* [(n_layer + 1) * CM_LORA_TARGET_COUNT]; -1 = none */
 };
 
-static const char *const target_names[CM_LORA_TARGET_COUNT] = {"attn_q", "attn_k", "attn_v", "attn_output",
-                                                                "ffn_gate", "ffn_up", "ffn_down", "output"};
+static const char *const target_names[CM_LORA_TARGET_COUNT] = {"attn_q",   "attn_k", "attn_v",   "attn_output",
+                                                               "ffn_gate", "ffn_up", "ffn_down", "output"};
 
 static int slot_of(const cm_lora *l, int il, enum cm_lora_target t) {
     if (t == CM_LORA_OUTPUT) il = l->m->hp.n_layer;
@@ -159,7 +159,8 @@ static int check_header(const cm_lora *l, const cm_gguf *g, float *alpha, char *
     }
     cm_free(arch);
     if (l->m->hp.arch == CM_ARCH_DEEPSEEK2) /* its attention runs in mla.c, whose inputs lora_mm does not know */
-        return cm_errf(err, errlen, CM_EUNSUPPORTED, "LoRA adapters on deepseek2 (multi-head latent attention) are not supported yet");
+        return cm_errf(err, errlen, CM_EUNSUPPORTED,
+                       "LoRA adapters on deepseek2 (multi-head latent attention) are not supported yet");
     if (cm_gguf_find_kv(g, "adapter.alora.invocation_tokens"))
         return cm_errf(err, errlen, CM_EUNSUPPORTED, "activated LoRA (adapter.alora.*) is not supported");
     double a = 0;
@@ -179,32 +180,37 @@ static const cm_tensor *bound_of(const cm_model *m, int il, enum cm_lora_target 
 }
 
 /* Validate one pair against the model; fills the pair's shape. */
-static int check_pair(const cm_lora *l, const char *base, const cm_gguf_tensor_info *ta,
-                      const cm_gguf_tensor_info *tb, lora_pair *p, char *err, size_t errlen) {
+static int check_pair(const cm_lora *l, const char *base, const cm_gguf_tensor_info *ta, const cm_gguf_tensor_info *tb,
+                      lora_pair *p, char *err, size_t errlen) {
     const cm_gguf_tensor_info *w = cm_gguf_find_tensor(l->m->gguf, base);
     if (!w)
-        return cm_errf(err, errlen, CM_EFORMAT, "adapter tensor '%s' has no '%s' in the model (adapter made for another model?)",
-                       ta->name, base);
+        return cm_errf(err, errlen, CM_EFORMAT,
+                       "adapter tensor '%s' has no '%s' in the model (adapter made for another model?)", ta->name,
+                       base);
     int il;
     enum cm_lora_target t;
     parse_base(base, l->m, &il, &t);
     const cm_tensor *bw = bound_of(l->m, il, t);
     if (!bw->data || bw->ne[0] != w->ne[0] || bw->ne[1] != w->ne[1]) /* phi3's fused ffn_up: gate rows first */
-        return cm_errf(err, errlen, CM_EUNSUPPORTED, "'%s' is fused or split in this %s model: LoRA on it is not supported",
-                       base, cm_arch_name_of(l->m->hp.arch));
+        return cm_errf(err, errlen, CM_EUNSUPPORTED,
+                       "'%s' is fused or split in this %s model: LoRA on it is not supported", base,
+                       cm_arch_name_of(l->m->hp.arch));
     if (ta->n_dims != 2 || tb->n_dims != 2 || w->n_dims != 2)
         return cm_errf(err, errlen, CM_EFORMAT, "adapter tensors of '%s' are not 2-D matrices", base);
     if (ta->ne[0] != w->ne[0])
-        return cm_errf(err, errlen, CM_EFORMAT,
-                       "tensor '%s' has shape [%lld, %lld], the model's '%s' takes %lld inputs (adapter made for another model?)",
-                       ta->name, (long long)ta->ne[0], (long long)ta->ne[1], base, (long long)w->ne[0]);
+        return cm_errf(
+            err, errlen, CM_EFORMAT,
+            "tensor '%s' has shape [%lld, %lld], the model's '%s' takes %lld inputs (adapter made for another model?)",
+            ta->name, (long long)ta->ne[0], (long long)ta->ne[1], base, (long long)w->ne[0]);
     if (tb->ne[1] != w->ne[1])
-        return cm_errf(err, errlen, CM_EFORMAT,
-                       "tensor '%s' has shape [%lld, %lld], the model's '%s' has %lld outputs (adapter made for another model?)",
-                       tb->name, (long long)tb->ne[0], (long long)tb->ne[1], base, (long long)w->ne[1]);
+        return cm_errf(
+            err, errlen, CM_EFORMAT,
+            "tensor '%s' has shape [%lld, %lld], the model's '%s' has %lld outputs (adapter made for another model?)",
+            tb->name, (long long)tb->ne[0], (long long)tb->ne[1], base, (long long)w->ne[1]);
     if (ta->ne[1] != tb->ne[0])
-        return cm_errf(err, errlen, CM_EFORMAT, "'%s': lora_a has rank %lld but lora_b %lld (lora_a must be [n_in, rank])",
-                       base, (long long)ta->ne[1], (long long)tb->ne[0]);
+        return cm_errf(err, errlen, CM_EFORMAT,
+                       "'%s': lora_a has rank %lld but lora_b %lld (lora_a must be [n_in, rank])", base,
+                       (long long)ta->ne[1], (long long)tb->ne[0]);
     if (ta->ne[1] < 1 || ta->ne[1] > CM_LORA_MAX_RANK)
         return cm_errf(err, errlen, CM_EUNSUPPORTED, "'%s': rank %lld is out of [1, %d]", base, (long long)ta->ne[1],
                        CM_LORA_MAX_RANK);
@@ -218,7 +224,8 @@ int cm_lora_add(cm_lora *l, const cm_gguf *g, float scale, char *err, size_t err
     float alpha = 0;
     int rc = check_header(l, g, &alpha, err, errlen);
     if (rc) return rc;
-    if (!(scale > -1e6f && scale < 1e6f)) return cm_errf(err, errlen, CM_EINVAL, "LoRA scale %g is out of range", scale);
+    if (!(scale > -1e6f && scale < 1e6f))
+        return cm_errf(err, errlen, CM_EINVAL, "LoRA scale %g is out of range", scale);
     /* Pass 1: every tensor is half of a known pair, every pair whole and the right shape. */
     int n_new = 0;
     for (uint64_t i = 0; i < g->n_tensors; i++) {

@@ -29,8 +29,17 @@
 
 #include "model.h"
 
-enum cm_lora_target { CM_LORA_Q, CM_LORA_K, CM_LORA_V, CM_LORA_O, CM_LORA_GATE, CM_LORA_UP, CM_LORA_DOWN,
-                      CM_LORA_OUTPUT, CM_LORA_TARGET_COUNT };
+enum cm_lora_target {
+    CM_LORA_Q,
+    CM_LORA_K,
+    CM_LORA_V,
+    CM_LORA_O,
+    CM_LORA_GATE,
+    CM_LORA_UP,
+    CM_LORA_DOWN,
+    CM_LORA_OUTPUT,
+    CM_LORA_TARGET_COUNT
+};
 
 #define CM_LORA_MAX_RANK 1024 /* larger ranks are refused (the A x product lives on the stack) */
 
@@ -55,8 +64,8 @@ int cm_lora_add(cm_lora *l, const cm_gguf *g, float scale, char *err, size_t err
  * does not fit or is empty. */
 int cm_lora_spec_parse(const char *spec, char *path, size_t pathlen, float *scale, char *err, size_t errlen);
 
-int cm_lora_count(const cm_lora *l);      /* adapters added */
-int cm_lora_n_pairs(const cm_lora *l);    /* (A, B) pairs over all adapters */
+int cm_lora_count(const cm_lora *l);   /* adapters added */
+int cm_lora_n_pairs(const cm_lora *l); /* (A, B) pairs over all adapters */
 /* Does any adapter target t of layer il (ignored for CM_LORA_OUTPUT)? */
 bool cm_lora_targets(const cm_lora *l, int il, enum cm_lora_target t);
 

@@ -25,7 +25,8 @@ static int key_u(const cm_gguf *g, const char *suffix, long def, long lo, long h
     snprintf(key, sizeof key, "deepseek2.%s", suffix);
     uint64_t v;
     if (!cm_gguf_get_u64(g, key, &v)) {
-        if (cm_gguf_find_kv(g, key)) return cm_errf(err, errlen, CM_EFORMAT, "metadata '%s' is not a non-negative integer", key);
+        if (cm_gguf_find_kv(g, key))
+            return cm_errf(err, errlen, CM_EFORMAT, "metadata '%s' is not a non-negative integer", key);
         if (def < 0) return cm_errf(err, errlen, CM_EFORMAT, "missing metadata '%s'", key);
         v = (uint64_t)def;
     }
@@ -124,18 +125,21 @@ int cm_mla_load_hparams(cm_model *m, char *err, size_t errlen) {
     a->attn_factor = 1.0f;
     a->kq_scale = 1.0f / sqrtf((float)a->head_k);
     if (gating != 0 && gating != 1 && gating != 2)
-        return cm_errf(err, errlen, CM_EUNSUPPORTED, "deepseek2: expert_gating_func %d is not supported (1 softmax, 2 sigmoid)", gating);
+        return cm_errf(err, errlen, CM_EUNSUPPORTED,
+                       "deepseek2: expert_gating_func %d is not supported (1 softmax, 2 sigmoid)", gating);
     hp->expert_sigmoid = gating == 2;
     hp->n_ff_shexp = ex_shared; /* times n_ff_exp in cm_moe_load_hparams */
     bool norm = false;
-    if (!cm_gguf_get_bool(g, "deepseek2.expert_weights_norm", &norm) && cm_gguf_find_kv(g, "deepseek2.expert_weights_norm"))
+    if (!cm_gguf_get_bool(g, "deepseek2.expert_weights_norm", &norm) &&
+        cm_gguf_find_kv(g, "deepseek2.expert_weights_norm"))
         return cm_errf(err, errlen, CM_EFORMAT, "metadata 'deepseek2.expert_weights_norm' is not a bool");
     hp->expert_norm = norm;
     /* RoPE scaling: none, or YaRN (DeepSeek V3's factor 40 and mscale) */
     char *st = cm_gguf_get_str(g, "deepseek2.rope.scaling.type");
     const bool yarn = st && !strcmp(st, "yarn");
     if (st && !yarn && strcmp(st, "none")) {
-        rc = cm_errf(err, errlen, CM_EUNSUPPORTED, "deepseek2: rope scaling type '%.32s' is not supported (none, yarn)", st);
+        rc = cm_errf(err, errlen, CM_EUNSUPPORTED, "deepseek2: rope scaling type '%.32s' is not supported (none, yarn)",
+                     st);
         cm_free(st);
         return rc;
     }
@@ -171,7 +175,8 @@ int cm_mla_load_hparams(cm_model *m, char *err, size_t errlen) {
  * and every layer is derived, also on a pipeline stage that runs a few. */
 
 static size_t kvb_layer_bytes(const cm_hparams *hp) {
-    const size_t n = (size_t)hp->n_head * (size_t)hp->mla.kv_lora * (size_t)(hp->mla.head_k - hp->n_rot + hp->mla.head_v);
+    const size_t n =
+        (size_t)hp->n_head * (size_t)hp->mla.kv_lora * (size_t)(hp->mla.head_k - hp->n_rot + hp->mla.head_v);
     return (n * sizeof(float) + 63) & ~(size_t)63;
 }
 
@@ -216,14 +221,18 @@ int cm_mla_bind_layer(cm_model *m, int il, char *err, size_t errlen) {
     int rc;
     if (a->q_lora) {
         if ((rc = cm_moe_bind_tensor(m, &L->wq_a, il, "attn_q_a.weight", 2, E, a->q_lora, 1, true, err, errlen)) ||
-            (rc = cm_moe_bind_tensor(m, &L->q_a_norm, il, "attn_q_a_norm.weight", 1, a->q_lora, 1, 1, false, err, errlen)) ||
-            (rc = cm_moe_bind_tensor(m, &L->wq_b, il, "attn_q_b.weight", 2, a->q_lora, H * a->head_k, 1, true, err, errlen)))
+            (rc = cm_moe_bind_tensor(m, &L->q_a_norm, il, "attn_q_a_norm.weight", 1, a->q_lora, 1, 1, false, err,
+                                     errlen)) ||
+            (rc = cm_moe_bind_tensor(m, &L->wq_b, il, "attn_q_b.weight", 2, a->q_lora, H * a->head_k, 1, true, err,
+                                     errlen)))
             return rc;
     } else if ((rc = cm_moe_bind_tensor(m, &L->wq, il, "attn_q.weight", 2, E, H * a->head_k, 1, true, err, errlen))) {
         return rc;
     }
-    if ((rc = cm_moe_bind_tensor(m, &L->wkv_a, il, "attn_kv_a_mqa.weight", 2, E, a->kv_lora + hp->n_rot, 1, true, err, errlen)) ||
-        (rc = cm_moe_bind_tensor(m, &L->kv_a_norm, il, "attn_kv_a_norm.weight", 1, a->kv_lora, 1, 1, false, err, errlen)) ||
+    if ((rc = cm_moe_bind_tensor(m, &L->wkv_a, il, "attn_kv_a_mqa.weight", 2, E, a->kv_lora + hp->n_rot, 1, true, err,
+                                 errlen)) ||
+        (rc = cm_moe_bind_tensor(m, &L->kv_a_norm, il, "attn_kv_a_norm.weight", 1, a->kv_lora, 1, 1, false, err,
+                                 errlen)) ||
         (rc = cm_moe_bind_tensor(m, &L->wo, il, "attn_output.weight", 2, H * a->head_v, E, 1, true, err, errlen)))
         return rc;
     if (a->kv_b) {
@@ -231,13 +240,16 @@ int cm_mla_bind_layer(cm_model *m, int il, char *err, size_t errlen) {
                                      true, err, errlen)) ||
             (rc = split_kv_b(m, il, err, errlen)))
             return rc;
-    } else if ((rc = cm_moe_bind_tensor(m, &L->wk_b, il, "attn_k_b.weight", 3, nope, a->kv_lora, H, true, err, errlen)) ||
-               (rc = cm_moe_bind_tensor(m, &L->wv_b, il, "attn_v_b.weight", 3, a->kv_lora, a->head_v, H, true, err, errlen))) {
+    } else if ((rc = cm_moe_bind_tensor(m, &L->wk_b, il, "attn_k_b.weight", 3, nope, a->kv_lora, H, true, err,
+                                        errlen)) ||
+               (rc = cm_moe_bind_tensor(m, &L->wv_b, il, "attn_v_b.weight", 3, a->kv_lora, a->head_v, H, true, err,
+                                        errlen))) {
         return rc;
     }
     snprintf(name, sizeof name, "blk.%d.exp_probs_b.bias", il);
     if (hp->n_expert && il >= hp->n_dense_lead && cm_gguf_find_tensor(m->gguf, name) &&
-        (rc = cm_moe_bind_tensor(m, &L->ffn_exp_probs_b, il, "exp_probs_b.bias", 1, hp->n_expert, 1, 1, false, err, errlen)))
+        (rc = cm_moe_bind_tensor(m, &L->ffn_exp_probs_b, il, "exp_probs_b.bias", 1, hp->n_expert, 1, 1, false, err,
+                                 errlen)))
         return rc;
     return 0;
 }
@@ -250,16 +262,16 @@ uint64_t cm_mla_kv_bytes(const cm_model *m, int layer_first, int layer_last, int
 
 struct cm_mla {
     int max_batch, max_ctx, n_threads;
-    float *qa;      /* [B][q_lora] */
-    uint8_t *qaq;   /* [B] qa converted for wq_b */
-    uint8_t *xkv;   /* [B] xn converted for wkv_a (when its type differs) */
-    float *kvpe;    /* [B][kv_lora + rope] */
-    float *q;       /* [B][H * head_k] */
-    float *rope;    /* [B][n_rot] cos/sin pairs */
-    float *att;     /* [B][H * head_v] */
-    uint8_t *attq;  /* [B] att converted for wo */
-    float *tsc;     /* [threads][max_ctx + Q row + kv_lora] scores, absorbed query, latent output */
-    uint8_t *tq;    /* [threads] q_nope / o converted (and F16 halves) */
+    float *qa;     /* [B][q_lora] */
+    uint8_t *qaq;  /* [B] qa converted for wq_b */
+    uint8_t *xkv;  /* [B] xn converted for wkv_a (when its type differs) */
+    float *kvpe;   /* [B][kv_lora + rope] */
+    float *q;      /* [B][H * head_k] */
+    float *rope;   /* [B][n_rot] cos/sin pairs */
+    float *att;    /* [B][H * head_v] */
+    uint8_t *attq; /* [B] att converted for wo */
+    float *tsc;    /* [threads][max_ctx + Q row + kv_lora] scores, absorbed query, latent output */
+    uint8_t *tq;   /* [threads] q_nope / o converted (and F16 halves) */
     size_t rs_qa, rs_e, rs_att, tsc_stride, tq_stride;
 };
 
@@ -304,14 +316,19 @@ cm_mla *cm_mla_new(const cm_model *m, int max_batch, int max_ctx, int n_threads)
     s->tq = zalloc((size_t)s->n_threads * s->tq_stride);
     void *ps[] = {s->qa, s->qaq, s->xkv, s->kvpe, s->q, s->rope, s->att, s->attq, s->tsc, s->tq};
     for (size_t i = 0; i < CM_ARRAY_LEN(ps); i++)
-        if (!ps[i]) { cm_mla_free(s); return NULL; }
+        if (!ps[i]) {
+            cm_mla_free(s);
+            return NULL;
+        }
     return s;
 }
 
 /* ---------------- compute ---------------- */
 
 static enum cm_type vdt_of(const cm_tensor *w) { return cm_type_traits_of(w->type)->vec_dot_type; }
-static size_t act_rs(enum cm_type vdt, int64_t n) { return vdt == CM_TYPE_F32 ? (size_t)n * sizeof(float) : cm_row_size(vdt, n); }
+static size_t act_rs(enum cm_type vdt, int64_t n) {
+    return vdt == CM_TYPE_F32 ? (size_t)n * sizeof(float) : cm_row_size(vdt, n);
+}
 
 /* Convert x to vdt into dst (F32: a copy), shown to the test hook. */
 static void convert(const cm_mla_run *r, enum cm_act_site site, int row, int64_t col0, enum cm_type vdt, const float *x,
@@ -503,7 +520,8 @@ void cm_mla_attn(cm_mla *s, const cm_mla_run *r, int ith, int nth) {
         rs_kv = act_rs(vkv, E);
         xkv = s->xkv;
         cm_split_range(n, ith, nth, &t0, &t1);
-        for (int64_t j = t0; j < t1; j++) convert(r, CM_ACT_KV_A_IN, (int)j, 0, vkv, r->xn + j * E, s->xkv + j * rs_kv, E);
+        for (int64_t j = t0; j < t1; j++)
+            convert(r, CM_ACT_KV_A_IN, (int)j, 0, vkv, r->xn + j * E, s->xkv + j * rs_kv, E);
         cm_pool_barrier(r->pool);
     }
 
@@ -511,8 +529,9 @@ void cm_mla_attn(cm_mla *s, const cm_mla_run *r, int ith, int nth) {
     {
         const int64_t n0 = w0->ne[1], nr = n0 + R;
         cm_split_range(nr, ith, nth, &t0, &t1);
-        if (t0 < n0) cm_matmul_rows(r->k, w0, r->xq, r->xq_stride, n, a->q_lora ? s->qa : s->q,
-                                    a->q_lora ? a->q_lora : (int64_t)H * a->head_k, t0, CM_MIN(t1, n0));
+        if (t0 < n0)
+            cm_matmul_rows(r->k, w0, r->xq, r->xq_stride, n, a->q_lora ? s->qa : s->q,
+                           a->q_lora ? a->q_lora : (int64_t)H * a->head_k, t0, CM_MIN(t1, n0));
         if (t1 > n0) cm_matmul_rows(r->k, &L->wkv_a, xkv, rs_kv, n, s->kvpe, R, CM_MAX(t0, n0) - n0, t1 - n0);
     }
     cm_pool_barrier(r->pool);
@@ -569,7 +588,8 @@ void cm_mla_attn(cm_mla *s, const cm_mla_run *r, int ith, int nth) {
         rs_o = act_rs(vo, HV);
         cm_split_range(n, ith, nth, &t0, &t1);
         for (int64_t j = t0; j < t1; j++)
-            convert(r, CM_ACT_ATTN_OUT, (int)j, (int64_t)r->h0 * a->head_v, vo, s->att + j * HV, s->attq + j * rs_o, HV);
+            convert(r, CM_ACT_ATTN_OUT, (int)j, (int64_t)r->h0 * a->head_v, vo, s->att + j * HV, s->attq + j * rs_o,
+                    HV);
         cm_pool_barrier(r->pool);
         xo = s->attq;
     }

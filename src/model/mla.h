@@ -52,12 +52,12 @@ typedef struct cm_mla_run {
     int il;
     const cm_batch *b;
     cm_kv *const *kvs;
-    const float *xn;   /* [n][n_embd] the normed input */
-    const void *xq;    /* xn converted for the first weight (wq_a or wq) */
+    const float *xn; /* [n][n_embd] the normed input */
+    const void *xq;  /* xn converted for the first weight (wq_a or wq) */
     size_t xq_stride;
-    float *out;        /* [n][n_embd] attention output (before the residual add); over a
+    float *out;          /* [n][n_embd] attention output (before the residual add); over a
                           slice of heads the partial sum of wo's columns of those heads */
-    int h0, h1;        /* query heads [h0, h1) of [0, n_head) (a tensor-parallel slice;
+    int h0, h1;          /* query heads [h0, h1) of [0, n_head) (a tensor-parallel slice;
                           the latent is computed and cached whole on every member) */
     cm_act_hook_fn hook; /* tests only (model.h) */
     void *hook_user;

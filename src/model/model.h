@@ -52,21 +52,32 @@
 #include <stddef.h>
 #include <stdint.h>
 
-enum cm_arch { CM_ARCH_LLAMA, CM_ARCH_QWEN2, CM_ARCH_QWEN3, CM_ARCH_QWEN2MOE, CM_ARCH_QWEN3MOE, CM_ARCH_GEMMA3,
-                CM_ARCH_PHI3, CM_ARCH_GPTOSS, CM_ARCH_DEEPSEEK2, CM_ARCH_COUNT };
+enum cm_arch {
+    CM_ARCH_LLAMA,
+    CM_ARCH_QWEN2,
+    CM_ARCH_QWEN3,
+    CM_ARCH_QWEN2MOE,
+    CM_ARCH_QWEN3MOE,
+    CM_ARCH_GEMMA3,
+    CM_ARCH_PHI3,
+    CM_ARCH_GPTOSS,
+    CM_ARCH_DEEPSEEK2,
+    CM_ARCH_COUNT
+};
 enum cm_rope_type { CM_ROPE_NORM, CM_ROPE_NEOX, CM_ROPE_TYPE_COUNT };
 
-const char *cm_arch_name_of(enum cm_arch a); /* "llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma3", "phi3", "gpt-oss", "deepseek2" */
+const char *cm_arch_name_of(
+    enum cm_arch a); /* "llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma3", "phi3", "gpt-oss", "deepseek2" */
 
 /* deepseek2 (DeepSeek V2/V3/R1, Kimi K2): multi-head latent attention
  * (mla.h). Zeroed for every other architecture. */
 typedef struct cm_mla_hparams {
-    int q_lora;      /* <arch>.attention.q_lora_rank; 0: one attn_q (V2-Lite) */
-    int kv_lora;     /* <arch>.attention.kv_lora_rank: the cached latent's width */
-    int head_k;      /* nope + rope dims of a query head (key_length_mla, or key_length of a kv_b file) */
-    int head_v;      /* value dims of a head (value_length_mla / value_length) */
-    float kq_scale;  /* softmax scale: mscale^2 / sqrt(head_k) */
-    bool kv_b;       /* the file has the unsplit attn_kv_b (no *_mla keys): wk_b, wv_b derived at load */
+    int q_lora;     /* <arch>.attention.q_lora_rank; 0: one attn_q (V2-Lite) */
+    int kv_lora;    /* <arch>.attention.kv_lora_rank: the cached latent's width */
+    int head_k;     /* nope + rope dims of a query head (key_length_mla, or key_length of a kv_b file) */
+    int head_v;     /* value dims of a head (value_length_mla / value_length) */
+    float kq_scale; /* softmax scale: mscale^2 / sqrt(head_k) */
+    bool kv_b;      /* the file has the unsplit attn_kv_b (no *_mla keys): wk_b, wv_b derived at load */
     /* YaRN (rope.scaling.type "yarn"; ext_factor 0 = none) as ggml_rope_ext takes it */
     float ext_factor, attn_factor, beta_fast, beta_slow;
     int n_ctx_orig;
@@ -84,18 +95,18 @@ enum {
 };
 typedef struct cm_rope_scaling {
     enum cm_rope_scaling_type type;
-    float factor;           /* rope.scaling.factor as stored (0: absent) */
-    float freq_scale;       /* 1 / factor (linear, yarn), else 1: the interpolated angle's scale */
-    int n_ctx_orig;         /* rope.scaling.original_context_length (default: context_length) */
-    float ext_factor;       /* YaRN's extrapolation mix: 1 for yarn, else 0 (or the file's, with the flag) */
-    float attn_factor;      /* rope.scaling.attn_factor (default 1) */
-    float yarn_attn_factor; /* rope.scaling.yarn_attn_factor (flag; default 1; used only without YaRN) */
+    float factor;               /* rope.scaling.factor as stored (0: absent) */
+    float freq_scale;           /* 1 / factor (linear, yarn), else 1: the interpolated angle's scale */
+    int n_ctx_orig;             /* rope.scaling.original_context_length (default: context_length) */
+    float ext_factor;           /* YaRN's extrapolation mix: 1 for yarn, else 0 (or the file's, with the flag) */
+    float attn_factor;          /* rope.scaling.attn_factor (default 1) */
+    float yarn_attn_factor;     /* rope.scaling.yarn_attn_factor (flag; default 1; used only without YaRN) */
     float beta_fast, beta_slow; /* YaRN correction range in turns (default 32, 1) */
-    float log_mul;          /* rope.scaling.yarn_log_multiplier (flag; 0 = none) as the caller wants it */
-    bool log_mul_is_mscale; /* deepseek2: llama.cpp's mscale = log_mul too (callers set, then _finish) */
+    float log_mul;              /* rope.scaling.yarn_log_multiplier (flag; 0 = none) as the caller wants it */
+    bool log_mul_is_mscale;     /* deepseek2: llama.cpp's mscale = log_mul too (callers set, then _finish) */
     /* derived by cm_rope_scaling_finish: */
-    float corr_dims[2];     /* YaRN ramp from pair index corr_dims[0] (extrapolated) to [1] (interpolated) */
-    float mscale;           /* cos/sin magnitude before YaRN's own 1 + 0.1 ln(1 / freq_scale) */
+    float corr_dims[2]; /* YaRN ramp from pair index corr_dims[0] (extrapolated) to [1] (interpolated) */
+    float mscale;       /* cos/sin magnitude before YaRN's own 1 + 0.1 ln(1 / freq_scale) */
 } cm_rope_scaling;
 const char *cm_rope_scaling_name(enum cm_rope_scaling_type t); /* "none", "linear", "yarn" */
 /* Read the scaling of architecture `arch` (its key prefix) for n_rot rotated
@@ -117,18 +128,18 @@ void cm_rope_apply(enum cm_rope_type type, int n_rot, const float *cache, float 
 /* Hyperparameters, read from "<arch>.*" metadata keys. */
 typedef struct cm_hparams {
     enum cm_arch arch;
-    int n_vocab;      /* rows of token_embd */
-    int n_embd;       /* <arch>.embedding_length */
-    int n_layer;      /* <arch>.block_count */
-    int n_head;       /* <arch>.attention.head_count */
-    int n_head_kv;    /* <arch>.attention.head_count_kv (default n_head) */
-    int head_dim;     /* <arch>.attention.key_length (default n_embd / n_head) */
-    int n_ff;         /* <arch>.feed_forward_length (or from ffn_gate's shape) */
-    int n_rot;        /* <arch>.rope.dimension_count (default head_dim) */
-    int n_ctx_train;  /* <arch>.context_length */
-    float rms_eps;    /* <arch>.attention.layer_norm_rms_epsilon (default 1e-5) */
-    float rope_base;  /* <arch>.rope.freq_base (default 10000) */
-    float rope_freq_scale; /* = rope_scaling.freq_scale (kept for callers that read it) */
+    int n_vocab;                  /* rows of token_embd */
+    int n_embd;                   /* <arch>.embedding_length */
+    int n_layer;                  /* <arch>.block_count */
+    int n_head;                   /* <arch>.attention.head_count */
+    int n_head_kv;                /* <arch>.attention.head_count_kv (default n_head) */
+    int head_dim;                 /* <arch>.attention.key_length (default n_embd / n_head) */
+    int n_ff;                     /* <arch>.feed_forward_length (or from ffn_gate's shape) */
+    int n_rot;                    /* <arch>.rope.dimension_count (default head_dim) */
+    int n_ctx_train;              /* <arch>.context_length */
+    float rms_eps;                /* <arch>.attention.layer_norm_rms_epsilon (default 1e-5) */
+    float rope_base;              /* <arch>.rope.freq_base (default 10000) */
+    float rope_freq_scale;        /* = rope_scaling.freq_scale (kept for callers that read it) */
     cm_rope_scaling rope_scaling; /* <arch>.rope.scaling.* (rope.c) */
     enum cm_rope_type rope_type;
     /* Mixture of experts (0 experts: a dense FFN). Keys "<arch>.expert_count",
@@ -177,8 +188,8 @@ static inline int cm_layer_is_swa(const cm_hparams *hp, int il) {
  * are bound as row views: wq/wk/wv and gate/up point into them. */
 typedef struct cm_layer {
     cm_tensor attn_norm, wq, wk, wv, wo;
-    cm_tensor bq, bk, bv;          /* qwen2 */
-    cm_tensor q_norm, k_norm;      /* qwen3, gemma3: [D], applied per head before RoPE */
+    cm_tensor bq, bk, bv;                    /* qwen2 */
+    cm_tensor q_norm, k_norm;                /* qwen3, gemma3: [D], applied per head before RoPE */
     cm_tensor attn_post_norm, ffn_post_norm; /* gemma3: [E], on each block's output before the residual add */
     cm_tensor ffn_norm, ffn_gate, ffn_up, ffn_down;
     /* MoE layers (hp.n_expert > 0; then ffn_gate/up/down are absent):
@@ -295,7 +306,7 @@ typedef struct cm_kv {
     size_t k_map, v_map; /* kv_mem.c: bytes mapped for k / v (0: heap memory of cm_calloc) */
 } cm_kv;
 /* ---- KV cache types and flash attention (attn.c) ---- */
-bool cm_kv_type_ok(enum cm_type t);                  /* F32, F16, Q8_0, Q4_0 */
+bool cm_kv_type_ok(enum cm_type t);                   /* F32, F16, Q8_0, Q4_0 */
 int cm_kv_type_parse(const char *s, enum cm_type *t); /* "f32", "f16", "q8_0", "q4_0"; 0 or CM_EINVAL */
 /* Bytes of a cache with these K and V types (a Q8_0 row of 32 elements: 34 bytes). */
 uint64_t cm_kv_bytes_types(const cm_model *m, int layer_first, int layer_last, int h0, int h1, int n_ctx,
@@ -342,7 +353,7 @@ typedef struct cm_attn_query {
     const float *q; /* [head_dim], roped (and scaled where the model scales q) */
     int p_lo, p_hi;
     float scale;
-    float sink;     /* NAN: none */
+    float sink; /* NAN: none */
 } cm_attn_query;
 size_t cm_attn_scratch_bytes(int head_dim); /* scratch per concurrent call, 64-byte aligned */
 /* out[0:head_dim] = the attention of q; tiles of CM_ATTN_TILE positions,
@@ -380,8 +391,8 @@ void cm_attn_split_merge(const float *parts, int nb, int head_dim, float sink, i
  * range (an F16 cache takes half). */
 uint64_t cm_kv_bytes(const cm_model *m, int layer_first, int layer_last, int h0, int h1, int n_ctx);
 /* An F32 cache. */
-int cm_kv_init(cm_kv *kv, const cm_model *m, int layer_first, int layer_last, cm_slice s, int n_ctx,
-               char *err, size_t errlen);
+int cm_kv_init(cm_kv *kv, const cm_model *m, int layer_first, int layer_last, cm_slice s, int n_ctx, char *err,
+               size_t errlen);
 /* type: CM_TYPE_F32 or CM_TYPE_F16 (anything else: CM_EINVAL). */
 int cm_kv_init_type(cm_kv *kv, const cm_model *m, int layer_first, int layer_last, cm_slice s, int n_ctx,
                     enum cm_type type, char *err, size_t errlen);
@@ -401,7 +412,7 @@ void cm_kv_mem_unmap(void *p, size_t mapped);
  * page rounding included); what a cache holding n positions costs. */
 uint64_t cm_kv_resident_bytes(const cm_kv *kv, int n);
 uint64_t cm_kv_mapped_bytes(const cm_kv *kv); /* address space reserved */
-void cm_kv_trim(cm_kv *kv); /* give back the pages past kv->n_past */
+void cm_kv_trim(cm_kv *kv);                   /* give back the pages past kv->n_past */
 
 /* ---- forward pass ---- */
 
@@ -437,9 +448,9 @@ typedef struct cm_forward_args {
     cm_slice slice;              /* must equal the slice the kvs were made with */
     cm_kv **kvs;                 /* sequences; batch.seq[i] indexes this array */
     int n_kvs;
-    cm_allreduce_fn allreduce;   /* NULL: no-op (the slice is the whole model); not called for an ep slice */
+    cm_allreduce_fn allreduce; /* NULL: no-op (the slice is the whole model); not called for an ep slice */
     void *allreduce_user;
-    cm_expert_slice experts;     /* expert parallelism; zeroed: every expert (CM_EINVAL for a dense
+    cm_expert_slice experts;           /* expert parallelism; zeroed: every expert (CM_EINVAL for a dense
                                     model or with a slice that is not whole) */
     cm_expert_gather_fn expert_gather; /* experts.ep: required unless [e0, e1) is every expert */
     void *expert_gather_user;
@@ -461,8 +472,7 @@ typedef struct cm_forward_args {
  * to max_ctx positions, threads from pool (not owned; NULL = caller only).
  * One cm_ctx runs one cm_forward() at a time. */
 typedef struct cm_ctx cm_ctx;
-cm_ctx *cm_ctx_new(const cm_model *m, int max_batch, int max_ctx, cm_pool *pool, char *err,
-                   size_t errlen);
+cm_ctx *cm_ctx_new(const cm_model *m, int max_batch, int max_ctx, cm_pool *pool, char *err, size_t errlen);
 void cm_ctx_free(cm_ctx *c);
 int cm_ctx_max_batch(const cm_ctx *c);
 /* Use another kernel table (tests: the scalar reference). Default cm_kernels_get(). */
@@ -475,27 +485,39 @@ void cm_ctx_set_kernels(cm_ctx *c, const cm_kernels *k);
  * whose logits are produced). The hook may rewrite xq in place, e.g. to
  * round one element the other way. Called from the pool's threads, several
  * at once when the pool has more than one. NULL = none (the default). */
-enum cm_act_site { CM_ACT_ATTN_IN, CM_ACT_K_IN, CM_ACT_V_IN, CM_ACT_ATTN_OUT, CM_ACT_FFN_IN, CM_ACT_UP_IN,
-                   CM_ACT_FFN_DOWN, CM_ACT_OUTPUT,
-                   /* MoE: the input of an expert's down projection (row = token, columns
+enum cm_act_site {
+    CM_ACT_ATTN_IN,
+    CM_ACT_K_IN,
+    CM_ACT_V_IN,
+    CM_ACT_ATTN_OUT,
+    CM_ACT_FFN_IN,
+    CM_ACT_UP_IN,
+    CM_ACT_FFN_DOWN,
+    CM_ACT_OUTPUT,
+    /* MoE: the input of an expert's down projection (row = token, columns
                     * [slot * n_ff_exp, (slot + 1) * n_ff_exp) for its top-k slot), the
                     * shared expert's; the router and shared-expert inputs when their
                     * vec_dot_type differs from the experts' (then CM_ACT_FFN_IN is the
                     * experts' gate input) */
-                   CM_ACT_EXP_DOWN, CM_ACT_SHEXP_DOWN, CM_ACT_ROUTER_IN, CM_ACT_SHEXP_IN,
-                   /* deepseek2 (mla.c): the input of attn_kv_a_mqa when its vec_dot_type
+    CM_ACT_EXP_DOWN,
+    CM_ACT_SHEXP_DOWN,
+    CM_ACT_ROUTER_IN,
+    CM_ACT_SHEXP_IN,
+    /* deepseek2 (mla.c): the input of attn_kv_a_mqa when its vec_dot_type
                     * differs from the q weight's, and the normed q_a for attn_q_b
                     * (CM_ACT_K_IN / CM_ACT_V_IN: q_nope for attn_k_b and the latent
                     * output for attn_v_b, columns head * width) */
-                   CM_ACT_KV_A_IN, CM_ACT_Q_B_IN,
-                   /* gemma3: the gate's rounding to F16 before the GELU table (vdt
+    CM_ACT_KV_A_IN,
+    CM_ACT_Q_B_IN,
+    /* gemma3: the gate's rounding to F16 before the GELU table (vdt
                     * F16; columns of the FFN), shown only when a hook is set */
-                   CM_ACT_GELU_IN,
-                   /* deepseek2 with an unsplit attn_kv_b (mla.c): the normed latent
+    CM_ACT_GELU_IN,
+    /* deepseek2 with an unsplit attn_kv_b (mla.c): the normed latent
                     * converted to its vec_dot_type (then cached dequantized) */
-                   CM_ACT_KV_B_IN };
-typedef void (*cm_act_hook_fn)(void *user, int layer, enum cm_act_site site, int row, int64_t col0,
-                               enum cm_type vdt, const float *x, void *xq, int64_t n);
+    CM_ACT_KV_B_IN
+};
+typedef void (*cm_act_hook_fn)(void *user, int layer, enum cm_act_site site, int row, int64_t col0, enum cm_type vdt,
+                               const float *x, void *xq, int64_t n);
 void cm_ctx_set_act_hook(cm_ctx *c, cm_act_hook_fn fn, void *user);
 /* Routing counts of c since cm_ctx_new: hits[e] += the (token, slot) assignments routed to
  * expert e, summed over every MoE layer and forward pass (the measure a warm-up hands the
@@ -531,7 +553,6 @@ int cm_forward(cm_ctx *c, const cm_batch *b, const cm_forward_args *a, char *err
 
 /* Convenience for one sequence on one machine: whole model, whole slice,
  * logits of the last token into out_logits [n_vocab]. */
-int cm_forward_simple(cm_ctx *c, cm_kv *kv, const int32_t *tokens, int n, float *out_logits,
-                      char *err, size_t errlen);
+int cm_forward_simple(cm_ctx *c, cm_kv *kv, const int32_t *tokens, int n, float *out_logits, char *err, size_t errlen);
 
 #endif

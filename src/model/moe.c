@@ -40,11 +40,13 @@ static int get_u(const cm_gguf *g, const char *arch, const char *suffix, uint64_
     char key[160];
     snprintf(key, sizeof key, "%s.%s", arch, suffix);
     if (!cm_gguf_get_u64(g, key, out)) {
-        if (cm_gguf_find_kv(g, key)) return cm_errf(err, errlen, CM_EUNSUPPORTED, "metadata '%s' is not a single non-negative integer", key);
+        if (cm_gguf_find_kv(g, key))
+            return cm_errf(err, errlen, CM_EUNSUPPORTED, "metadata '%s' is not a single non-negative integer", key);
         *out = def;
     }
-    if (*out > hi) return cm_errf(err, errlen, CM_EFORMAT, "metadata '%s' = %llu is out of range [0, %llu]", key,
-                                  (unsigned long long)*out, (unsigned long long)hi);
+    if (*out > hi)
+        return cm_errf(err, errlen, CM_EFORMAT, "metadata '%s' = %llu is out of range [0, %llu]", key,
+                       (unsigned long long)*out, (unsigned long long)hi);
     return 0;
 }
 
@@ -60,11 +62,14 @@ int cm_moe_load_hparams(cm_model *m, char *err, size_t errlen) {
         return 0;
     }
     if (hp->arch != CM_ARCH_LLAMA && !is_moe_arch(hp->arch))
-        return cm_errf(err, errlen, CM_EUNSUPPORTED,
-                       "architecture '%s' with experts is not supported (experts: qwen2moe, qwen3moe, gpt-oss, deepseek2, llama)", an);
+        return cm_errf(
+            err, errlen, CM_EUNSUPPORTED,
+            "architecture '%s' with experts is not supported (experts: qwen2moe, qwen3moe, gpt-oss, deepseek2, llama)",
+            an);
     if ((rc = get_u(m->gguf, an, "expert_used_count", 0, ne, &nu, err, errlen))) return rc;
-    if (nu == 0) return cm_errf(err, errlen, CM_EFORMAT, "metadata '%s.expert_used_count' must be in [1, %llu]", an,
-                                (unsigned long long)ne);
+    if (nu == 0)
+        return cm_errf(err, errlen, CM_EFORMAT, "metadata '%s.expert_used_count' must be in [1, %llu]", an,
+                       (unsigned long long)ne);
     if ((rc = get_u(m->gguf, an, "expert_feed_forward_length", 0, 1u << 26, &fe, err, errlen)) ||
         (rc = get_u(m->gguf, an, "expert_shared_feed_forward_length", 0, 1u << 26, &fs, err, errlen)))
         return rc;
@@ -84,7 +89,8 @@ int cm_moe_load_hparams(cm_model *m, char *err, size_t errlen) {
                            hp->n_expert_groups, hp->n_group_used, hp->n_expert_used);
     } else {
         hp->n_ff_shexp = hp->arch == CM_ARCH_QWEN2MOE ? (fs ? (int)fs : hp->n_ff) : 0;
-        hp->expert_norm = hp->arch != CM_ARCH_QWEN2MOE && hp->arch != CM_ARCH_GPTOSS; /* gpt-oss: softmax of the top k */
+        hp->expert_norm =
+            hp->arch != CM_ARCH_QWEN2MOE && hp->arch != CM_ARCH_GPTOSS; /* gpt-oss: softmax of the top k */
     }
     if (hp->n_ff_exp < 1) return cm_errf(err, errlen, CM_EFORMAT, "expert feed-forward length of '%s' is 0", an);
     return 0;
@@ -92,7 +98,8 @@ int cm_moe_load_hparams(cm_model *m, char *err, size_t errlen) {
 
 static void fmt_shape(char *b, size_t n, int nd, const int64_t *ne) {
     size_t o = (size_t)snprintf(b, n, "[");
-    for (int i = 0; i < nd && o < n; i++) o += (size_t)snprintf(b + o, n - o, "%s%lld", i ? ", " : "", (long long)ne[i]);
+    for (int i = 0; i < nd && o < n; i++)
+        o += (size_t)snprintf(b + o, n - o, "%s%lld", i ? ", " : "", (long long)ne[i]);
     if (o < n) snprintf(b + o, n - o, "]");
 }
 
@@ -106,7 +113,8 @@ static int bind(cm_model *m, cm_tensor *t, int il, const char *suffix, int nd, i
     const cm_gguf_tensor_info *ti = cm_gguf_find_tensor(m->gguf, name);
     if (!ti) return cm_errf(err, errlen, CM_EFORMAT, "missing tensor '%s'", name);
     if (weight ? !cm_kernels_supports((enum cm_type)ti->type) : ti->type != CM_TYPE_F32)
-        return cm_errf(err, errlen, CM_EUNSUPPORTED, "tensor '%s' has unsupported type %s", name, cm_type_name(ti->type));
+        return cm_errf(err, errlen, CM_EUNSUPPORTED, "tensor '%s' has unsupported type %s", name,
+                       cm_type_name(ti->type));
     const int64_t want[3] = {ne0, ne1, ne2};
     bool ok = true;
     for (int i = 0; i < CM_MAX_DIMS; i++)
@@ -121,7 +129,8 @@ static int bind(cm_model *m, cm_tensor *t, int il, const char *suffix, int nd, i
         return cm_errf(err, errlen, CM_EFORMAT, "tensor '%s': row length %lld is not a multiple of the %s block", name,
                        (long long)ne0, cm_type_name(ti->type));
     cm_tensor_init(t, (enum cm_type)ti->type, nd, want, (void *)ti->data, ti->name);
-    if (cm_tensor_nbytes(t) > ti->nbytes) return cm_errf(err, errlen, CM_EFORMAT, "tensor '%s' is shorter than its shape", name);
+    if (cm_tensor_nbytes(t) > ti->nbytes)
+        return cm_errf(err, errlen, CM_EFORMAT, "tensor '%s' is shorter than its shape", name);
     m->n_params += (uint64_t)cm_tensor_nelements(t);
     m->weight_bytes += cm_tensor_nbytes(t);
     return 0;
@@ -135,16 +144,20 @@ int cm_moe_bind_tensor(cm_model *m, cm_tensor *t, int il, const char *suffix, in
 int cm_moe_bind_layer(cm_model *m, int il, char *err, size_t errlen) {
     const cm_hparams *hp = &m->hp;
     cm_layer *L = &m->layers[il];
-    const int64_t E = hp->n_embd, F = hp->n_ff_exp, X = hp->n_expert, FS = hp->n_ff_shexp;
+    const int64_t E = hp->n_embd, F = hp->n_ff_exp, X
+    = hp->n_expert, FS = hp->n_ff_shexp;
     char name[96];
     snprintf(name, sizeof name, "blk.%d.ffn_gate.0.weight", il);
     if (cm_gguf_find_tensor(m->gguf, name))
-        return cm_errf(err, errlen, CM_EUNSUPPORTED,
-                       "tensor '%s': one tensor per expert (old Mixtral layout) is not supported; supported: stacked ffn_{gate,up,down}_exps", name);
+        return cm_errf(
+            err, errlen, CM_EUNSUPPORTED,
+            "tensor '%s': one tensor per expert (old Mixtral layout) is not supported; supported: stacked ffn_{gate,up,down}_exps",
+            name);
     snprintf(name, sizeof name, "blk.%d.ffn_gate_up_exps.weight", il);
     if (cm_gguf_find_tensor(m->gguf, name))
-        return cm_errf(err, errlen, CM_EUNSUPPORTED,
-                       "tensor '%s': merged gate/up experts are not supported; supported: stacked ffn_{gate,up,down}_exps", name);
+        return cm_errf(
+            err, errlen, CM_EUNSUPPORTED,
+            "tensor '%s': merged gate/up experts are not supported; supported: stacked ffn_{gate,up,down}_exps", name);
     int rc;
     if ((rc = bind(m, &L->ffn_gate_inp, il, "ffn_gate_inp.weight", 2, E, X, 1, true, err, errlen)) ||
         (rc = bind(m, &L->ffn_gate_exps, il, "ffn_gate_exps.weight", 3, E, F, X, true, err, errlen)) ||
@@ -155,8 +168,7 @@ int cm_moe_bind_layer(cm_model *m, int il, char *err, size_t errlen) {
         (rc = bind(m, &L->ffn_gate_inp_shexp, il, "ffn_gate_inp_shexp.weight", 1, E, 1, 1, false, err, errlen)))
         return rc;
     if (FS > 0 && /* deepseek2: ungated shared experts, n_ff_exp * expert_shared_count wide */
-        (
-         (rc = bind(m, &L->ffn_gate_shexp, il, "ffn_gate_shexp.weight", 2, E, FS, 1, true, err, errlen)) ||
+        ((rc = bind(m, &L->ffn_gate_shexp, il, "ffn_gate_shexp.weight", 2, E, FS, 1, true, err, errlen)) ||
          (rc = bind(m, &L->ffn_up_shexp, il, "ffn_up_shexp.weight", 2, E, FS, 1, true, err, errlen)) ||
          (rc = bind(m, &L->ffn_down_shexp, il, "ffn_down_shexp.weight", 2, FS, E, 1, true, err, errlen))))
         return rc;
@@ -170,7 +182,8 @@ void cm_moe_count_active(cm_model *m) {
     if (!hp->n_expert) return;
     const uint64_t unused = (uint64_t)(hp->n_expert - hp->n_expert_used);
     for (int il = 0; il < hp->n_layer; il++) {
-        const cm_tensor *ts[3] = {&m->layers[il].ffn_gate_exps, &m->layers[il].ffn_up_exps, &m->layers[il].ffn_down_exps};
+        const cm_tensor *ts[3] = {&m->layers[il].ffn_gate_exps, &m->layers[il].ffn_up_exps,
+                                  &m->layers[il].ffn_down_exps};
         for (int i = 0; i < 3; i++) {
             if (!ts[i]->data) continue;
             m->n_params_active -= (uint64_t)(ts[i]->ne[0] * ts[i]->ne[1]) * unused;
@@ -191,7 +204,8 @@ int cm_moe_check_experts(const cm_model *m, cm_slice s, cm_expert_slice x, char 
         return cm_errf(err, errlen, CM_EINVAL, "a deepseek2 slice of heads or FFN rows needs an expert slice (ep)");
     if (!x.ep) return 0;
     if (!hp->n_expert)
-        return cm_errf(err, errlen, CM_EINVAL, "an expert slice of '%s', which has no experts", cm_arch_name_of(hp->arch));
+        return cm_errf(err, errlen, CM_EINVAL, "an expert slice of '%s', which has no experts",
+                       cm_arch_name_of(hp->arch));
     if (x.e0 < 0 || x.e0 > x.e1 || x.e1 > hp->n_expert)
         return cm_errf(err, errlen, CM_EINVAL, "expert slice [%d, %d) is out of range (%d experts)", x.e0, x.e1,
                        hp->n_expert);
@@ -207,19 +221,22 @@ int cm_moe_check_slice(const cm_model *m, cm_slice s, char *err, size_t errlen) 
             const cm_layer *L = &m->layers[il];
             const int bo = cm_type_traits_of(L->wo.type)->block_size, v = hp->mla.head_v;
             if (((int64_t)s.h0 * v) % bo || ((int64_t)s.h1 * v) % bo)
-                return cm_errf(err, errlen, CM_EINVAL, "slice heads [%d, %d) do not fall on %s block boundaries of '%s'",
-                               s.h0, s.h1, cm_type_name(L->wo.type), L->wo.name);
+                return cm_errf(err, errlen, CM_EINVAL,
+                               "slice heads [%d, %d) do not fall on %s block boundaries of '%s'", s.h0, s.h1,
+                               cm_type_name(L->wo.type), L->wo.name);
             const int bd = L->ffn_down.data ? cm_type_traits_of(L->ffn_down.type)->block_size : 1;
             if (s.f0 % bd || s.f1 % bd)
-                return cm_errf(err, errlen, CM_EINVAL, "slice ffn rows [%d, %d) do not fall on %s block boundaries of '%s'",
-                               s.f0, s.f1, cm_type_name(L->ffn_down.type), L->ffn_down.name);
+                return cm_errf(err, errlen, CM_EINVAL,
+                               "slice ffn rows [%d, %d) do not fall on %s block boundaries of '%s'", s.f0, s.f1,
+                               cm_type_name(L->ffn_down.type), L->ffn_down.name);
         }
         return 0;
     }
     if (hp->n_expert && (s.h0 != 0 || s.h1 != cm_slice_full(m).h1 || s.f0 != 0 || s.f1 != hp->n_ff))
         return cm_errf(err, errlen, CM_EUNSUPPORTED,
                        "tensor-parallel slices of a mixture-of-experts model ('%s', %d experts) are not supported; "
-                       "use pipeline parallelism", cm_arch_name_of(hp->arch), hp->n_expert);
+                       "use pipeline parallelism",
+                       cm_arch_name_of(hp->arch), hp->n_expert);
     return 0;
 }
 
@@ -227,11 +244,11 @@ int cm_moe_check_slice(const cm_model *m, cm_slice s, char *err, size_t errlen) 
 
 /* One batch's routing: written by route(), read by the later steps. */
 typedef struct moe_route {
-    float *probs;              /* [B][n_expert] probabilities */
-    float *shg;                /* [B] the shared expert's gate, sigmoid(logit) */
-    int32_t *sel;              /* [B][k] chosen experts, top-k order */
-    float *w;                  /* [B][k] their weights */
-    int32_t *cnt, *off, *act;  /* per expert: tokens, first assignment; active experts ascending */
+    float *probs;             /* [B][n_expert] probabilities */
+    float *shg;               /* [B] the shared expert's gate, sigmoid(logit) */
+    int32_t *sel;             /* [B][k] chosen experts, top-k order */
+    float *w;                 /* [B][k] their weights */
+    int32_t *cnt, *off, *act; /* per expert: tokens, first assignment; active experts ascending */
     int n_act;
     int32_t *tok, *slot, *aof; /* assignment a -> token, slot; (token, slot) -> a */
     uint8_t *mark;             /* [n_expert] top-k selection marks */
@@ -239,19 +256,19 @@ typedef struct moe_route {
 
 struct cm_moe {
     int max_batch, n_expert, k, n_threads;
-    float *logits;               /* [B][n_expert] router logits */
-    float *shl;                  /* [B] shared-expert gate logits */
-    moe_route rt;                /* a batch's routing (thread 0 routes, a barrier publishes it) */
-    moe_route *tl;               /* [n_threads] one token's routing, each thread its own (no barrier) */
-    uint64_t *hits;              /* [n_expert] assignments routed to each expert since cm_moe_new */
+    float *logits;                /* [B][n_expert] router logits */
+    float *shl;                   /* [B] shared-expert gate logits */
+    moe_route rt;                 /* a batch's routing (thread 0 routes, a barrier publishes it) */
+    moe_route *tl;                /* [n_threads] one token's routing, each thread its own (no barrier) */
+    uint64_t *hits;               /* [n_expert] assignments routed to each expert since cm_moe_new */
     uint8_t *xr, *xu, *xsg, *xsu; /* [B] inputs converted for router / up_exps / shexp gate / shexp up */
-    uint8_t *xg, *xgu;           /* [A] gathered gate (and up) inputs */
-    float *g, *u;                /* [A][F] */
-    uint8_t *dq;                 /* [A] down inputs */
-    float *y;                    /* [A][E] expert outputs */
-    float *gs, *us, *ys;         /* shared expert [B][FS], [B][FS], [B][E] */
-    uint8_t *dqs;                /* [B] its down inputs */
-    size_t rs_e, rs_f, rs_fs;    /* bytes per converted row of E, F, FS floats (any type fits) */
+    uint8_t *xg, *xgu;            /* [A] gathered gate (and up) inputs */
+    float *g, *u;                 /* [A][F] */
+    uint8_t *dq;                  /* [A] down inputs */
+    float *y;                     /* [A][E] expert outputs */
+    float *gs, *us, *ys;          /* shared expert [B][FS], [B][FS], [B][E] */
+    uint8_t *dqs;                 /* [B] its down inputs */
+    size_t rs_e, rs_f, rs_fs;     /* bytes per converted row of E, F, FS floats (any type fits) */
 };
 
 static void *zalloc(size_t n) {
@@ -287,8 +304,8 @@ void cm_moe_free(cm_moe *s) {
     for (int i = 0; s->tl && i < s->n_threads; i++) route_free(&s->tl[i]);
     cm_free(s->tl);
     cm_free(s->hits);
-    void *ps[] = {s->logits, s->shl, s->xr, s->xu, s->xsg, s->xsu, s->xg, s->xgu, s->g, s->u, s->dq, s->y,
-                  s->gs, s->us, s->ys, s->dqs};
+    void *ps[] = {s->logits, s->shl, s->xr, s->xu, s->xsg, s->xsu, s->xg, s->xgu,
+                  s->g,      s->u,   s->dq, s->y,  s->gs,  s->us,  s->ys, s->dqs};
     for (size_t i = 0; i < CM_ARRAY_LEN(ps); i++) cm_aligned_free(ps[i]);
     cm_free(s);
 }
@@ -300,7 +317,8 @@ cm_moe *cm_moe_new(const cm_model *m, int max_batch, int n_threads) {
     const cm_hparams *hp = &m->hp;
     cm_moe *s = cm_calloc(1, sizeof *s);
     if (!s) return NULL;
-    const size_t B = (size_t)max_batch, X = (size_t)hp->n_expert, K = (size_t)hp->n_expert_used, A = B * K;
+    const size_t B = (size_t)max_batch, X
+    = (size_t)hp->n_expert, K = (size_t)hp->n_expert_used, A = B * K;
     const size_t E = (size_t)hp->n_embd, F = (size_t)hp->n_ff_exp, FS = (size_t)hp->n_ff_shexp;
     s->max_batch = max_batch;
     s->n_expert = hp->n_expert;
@@ -329,17 +347,20 @@ cm_moe *cm_moe_new(const cm_model *m, int max_batch, int n_threads) {
     s->hits = cm_calloc(X, sizeof *s->hits);
     bool ok = s->tl && s->hits && route_alloc(&s->rt, B, X, K);
     for (int i = 0; ok && i < s->n_threads; i++) ok = route_alloc(&s->tl[i], 1, X, K);
-    void *ps[] = {s->logits, s->shl, s->xr, s->xu, s->xsg, s->xsu, s->xg, s->xgu, s->g, s->u, s->dq, s->y,
-                  s->gs, s->us, s->ys, s->dqs};
+    void *ps[] = {s->logits, s->shl, s->xr, s->xu, s->xsg, s->xsu, s->xg, s->xgu,
+                  s->g,      s->u,   s->dq, s->y,  s->gs,  s->us,  s->ys, s->dqs};
     for (size_t i = 0; i < CM_ARRAY_LEN(ps); i++) ok = ok && ps[i];
-    if (!ok) { cm_moe_free(s); return NULL; }
+    if (!ok) {
+        cm_moe_free(s);
+        return NULL;
+    }
     return s;
 }
 
 /* ---------------- compute ---------------- */
 
-static void convert(const cm_moe_run *r, enum cm_act_site site, int row, int64_t col0, enum cm_type vdt,
-                    const float *x, void *xq, int64_t n) {
+static void convert(const cm_moe_run *r, enum cm_act_site site, int row, int64_t col0, enum cm_type vdt, const float *x,
+                    void *xq, int64_t n) {
     r->k->from_float[vdt](x, xq, n);
     if (r->hook) r->hook(r->hook_user, r->il, site, row, col0, vdt, x, xq, n);
 }
@@ -385,7 +406,8 @@ static cm_tensor expert_view(const cm_tensor *w, int e) {
  * float 1/sum). */
 static void route_oai(moe_route *t, const cm_moe_run *r, const float *lg, float *p, int j) {
     const cm_hparams *hp = &r->m->hp;
-    const int X = hp->n_expert, K = hp->n_expert_used;
+    const int X
+    = hp->n_expert, K = hp->n_expert_used;
     const float *bias = r->m->layers[r->il].ffn_gate_inp_b.data;
     for (int e = 0; e < X; e++) p[e] = lg[e] + bias[e];
     int32_t *sel = t->sel + (size_t)j * K;
@@ -415,7 +437,8 @@ static void route_oai(moe_route *t, const cm_moe_run *r, const float *lg, float 
  * for one token every thread into its own t, the same numbers). */
 static void route(const cm_moe *s, moe_route *t, const cm_moe_run *r) {
     const cm_hparams *hp = &r->m->hp;
-    const int X = hp->n_expert, K = hp->n_expert_used, n = r->n;
+    const int X
+    = hp->n_expert, K = hp->n_expert_used, n = r->n;
     const cm_layer *L = &r->m->layers[r->il];
     const bool sh = L->ffn_gate_inp_shexp.data != NULL;
     const bool oai = hp->arch == CM_ARCH_GPTOSS;
@@ -451,14 +474,17 @@ static void route(const cm_moe *s, moe_route *t, const cm_moe_run *r) {
         if (hp->n_expert_groups > 1) {
             /* each group scored by the (double) sum of its top two; the best
              * n_group_used groups stay, the others' experts are masked */
-            const int G = hp->n_expert_groups, per = X / G;
+            const int G = hp->n_expert_groups, per = X
+            / G;
             float gs[1024];
             for (int g = 0; g < G; g++) {
                 const float *v = selp + (size_t)g * per;
                 int b0 = 0;
-                for (int e = 1; e < per; e++) if (v[e] > v[b0]) b0 = e;
+                for (int e = 1; e < per; e++)
+                    if (v[e] > v[b0]) b0 = e;
                 int b1 = b0 == 0 ? 1 : 0;
-                for (int e = 0; e < per; e++) if (e != b0 && v[e] > v[b1]) b1 = e;
+                for (int e = 0; e < per; e++)
+                    if (e != b0 && v[e] > v[b1]) b1 = e;
                 gs[g] = (float)((double)v[b0] + (double)v[b1]);
             }
             memset(t->mark, 0, (size_t)X);
@@ -541,7 +567,8 @@ static void split_rows(const moe_route *t, int lo, int hi, int64_t n_assign, int
                        int nth, int64_t *b0, int64_t *b1) {
     const int64_t total = n_assign * R + (int64_t)n * r_extra; /* each assignment R rows */
     *b0 = row_at_cost(t, lo, hi, R, r_extra, n, total * ith / nth);
-    *b1 = ith == nth - 1 ? (int64_t)(hi - lo) * R + r_extra : row_at_cost(t, lo, hi, R, r_extra, n, total * (ith + 1) / nth);
+    *b1 = ith == nth - 1 ? (int64_t)(hi - lo) * R + r_extra
+                         : row_at_cost(t, lo, hi, R, r_extra, n, total * (ith + 1) / nth);
 }
 
 /* Round a row boundary of the gate/up range up to a block of its segment's
@@ -605,7 +632,8 @@ void cm_moe_ffn(cm_moe *s, const cm_moe_run *r, int ith, int nth) {
     const cm_hparams *hp = &m->hp;
     const cm_layer *L = &m->layers[r->il];
     const cm_kernels *kt = r->k;
-    const int n = r->n, X = hp->n_expert;
+    const int n = r->n, X
+    = hp->n_expert;
     const int64_t E = hp->n_embd, F = hp->n_ff_exp, FS = hp->n_ff_shexp;
     const bool sh = L->ffn_gate_shexp.data != NULL, shg = L->ffn_gate_inp_shexp.data != NULL;
     int64_t t0, t1;
@@ -619,7 +647,8 @@ void cm_moe_ffn(cm_moe *s, const cm_moe_run *r, int ith, int nth) {
     if (sh) {
         xsg = input_for(r, &L->ffn_gate_shexp, s->xsg, &rs_sg, &need_sg);
         xsu = input_for(r, &L->ffn_up_shexp, s->xsu, &rs_su, &need_su);
-        if (need_su && vdt_of(&L->ffn_up_shexp) == vdt_of(&L->ffn_gate_shexp)) xsu = xsg, rs_su = rs_sg, need_su = false;
+        if (need_su && vdt_of(&L->ffn_up_shexp) == vdt_of(&L->ffn_gate_shexp))
+            xsu = xsg, rs_su = rs_sg, need_su = false;
     }
     if (need_u && vdt_of(&L->ffn_up_exps) == vdt_of(&L->ffn_gate_inp) && need_r) xu = xr, need_u = false;
     if (need_r || need_u || need_sg || need_su) {
@@ -639,8 +668,7 @@ void cm_moe_ffn(cm_moe *s, const cm_moe_run *r, int ith, int nth) {
     if (t1 > t0) {
         const int64_t r1 = CM_MIN(t1, X);
         if (r1 > t0) cm_matmul_rows(kt, &L->ffn_gate_inp, xr, rs_r, n, s->logits, X, t0, r1);
-        if (t1 > X)
-            cm_matmul_rows(kt, &L->ffn_gate_inp_shexp, r->xn, (size_t)E * sizeof(float), n, s->shl, 1, 0, 1);
+        if (t1 > X) cm_matmul_rows(kt, &L->ffn_gate_inp_shexp, r->xn, (size_t)E * sizeof(float), n, s->shl, 1, 0, 1);
     }
     cm_pool_barrier(r->pool);
 
@@ -699,7 +727,10 @@ void cm_moe_ffn(cm_moe *s, const cm_moe_run *r, int ith, int nth) {
             const int e = t->act[act_lo + u / F];
             const int64_t r0 = u % F, r1 = CM_MIN(F, r0 + (t1 - u));
             int o = t->off[e], c = t->off[e + 1] - o;
-            if (rep && !my_rows(r, e, &o, &c)) { u += r1 - r0; continue; }
+            if (rep && !my_rows(r, e, &o, &c)) {
+                u += r1 - r0;
+                continue;
+            }
             cm_tensor wg = expert_view(&L->ffn_gate_exps, e), wu = expert_view(&L->ffn_up_exps, e);
             const uint8_t *xg = n == 1 ? (const uint8_t *)r->xq : s->xg + (size_t)o * s->rs_e;
             const uint8_t *xv = n == 1 ? xu : xup + (size_t)o * s->rs_e;
@@ -731,7 +762,10 @@ void cm_moe_ffn(cm_moe *s, const cm_moe_run *r, int ith, int nth) {
             const int e = t->act[act_lo + u / E];
             const int64_t r0 = u % E, r1 = CM_MIN(E, r0 + (t1 - u));
             int o = t->off[e], c = t->off[e + 1] - o;
-            if (rep && !my_rows(r, e, &o, &c)) { u += r1 - r0; continue; }
+            if (rep && !my_rows(r, e, &o, &c)) {
+                u += r1 - r0;
+                continue;
+            }
             cm_tensor wd = expert_view(&L->ffn_down_exps, e);
             const void *x = f32d ? (const void *)(s->g + (size_t)o * F) : (const void *)(s->dq + (size_t)o * s->rs_f);
             cm_matmul_rows(kt, &wd, x, f32d ? (size_t)F * sizeof(float) : s->rs_f, c, s->y + (size_t)o * E, E, r0, r1);
@@ -744,7 +778,8 @@ void cm_moe_ffn(cm_moe *s, const cm_moe_run *r, int ith, int nth) {
         } else {
             const int64_t r0 = u - (int64_t)n_act * E, r1 = CM_MIN(E, r0 + (t1 - u));
             const void *x = f32ds ? (const void *)s->gs : (const void *)s->dqs;
-            cm_matmul_rows(kt, &L->ffn_down_shexp, x, f32ds ? (size_t)FS * sizeof(float) : s->rs_fs, n, s->ys, E, r0, r1);
+            cm_matmul_rows(kt, &L->ffn_down_shexp, x, f32ds ? (size_t)FS * sizeof(float) : s->rs_fs, n, s->ys, E, r0,
+                           r1);
             u += r1 - r0;
         }
     }

@@ -41,7 +41,8 @@ static int opt_float(const cm_gguf *g, const char *arch, const char *suffix, flo
         if (cm_gguf_find_kv(g, key)) return cm_errf(err, errlen, CM_EFORMAT, "metadata '%s' is not a number", key);
         return 0;
     }
-    if (!isfinite(v) || fabs(v) > 1e9) return cm_errf(err, errlen, CM_EFORMAT, "metadata '%s' = %g is out of range", key, v);
+    if (!isfinite(v) || fabs(v) > 1e9)
+        return cm_errf(err, errlen, CM_EFORMAT, "metadata '%s' = %g is out of range", key, v);
     *out = (float)v;
     return 1;
 }
@@ -95,7 +96,8 @@ int cm_rope_scaling_read(const cm_gguf *g, const char *arch, int n_ctx_train, in
         for (int i = 0; i < CM_ROPE_SCALING_COUNT; i++)
             if (!strcmp(st, k_scaling_names[i])) t = i;
         if (t < 0) {
-            int rc = cm_errf(err, errlen, CM_EUNSUPPORTED, "rope scaling type '%.32s' is not supported (supported: none, linear, yarn)", st);
+            int rc = cm_errf(err, errlen, CM_EUNSUPPORTED,
+                             "rope scaling type '%.32s' is not supported (supported: none, linear, yarn)", st);
             cm_free(st);
             return rc;
         }
@@ -113,9 +115,12 @@ int cm_rope_scaling_read(const cm_gguf *g, const char *arch, int n_ctx_train, in
     snprintf(key, sizeof key, "%s.rope.scaling.original_context_length", arch);
     uint64_t oc;
     if (!cm_gguf_get_u64(g, key, &oc)) {
-        if (cm_gguf_find_kv(g, key)) return cm_errf(err, errlen, CM_EFORMAT, "metadata '%s' is not a non-negative integer", key);
+        if (cm_gguf_find_kv(g, key))
+            return cm_errf(err, errlen, CM_EFORMAT, "metadata '%s' is not a non-negative integer", key);
     } else if (oc > 0) {
-        if (oc > (1u << 30)) return cm_errf(err, errlen, CM_EFORMAT, "metadata '%s' = %llu is out of range", key, (unsigned long long)oc);
+        if (oc > (1u << 30))
+            return cm_errf(err, errlen, CM_EFORMAT, "metadata '%s' = %llu is out of range", key,
+                           (unsigned long long)oc);
         rs->n_ctx_orig = (int)oc;
     }
     if (flags & CM_ROPE_READ_YARN_PARAMS) {
@@ -140,7 +145,8 @@ void cm_rope_cache(const cm_rope_scaling *rs, int n_rot, float base, const float
     const float ext = rs ? rs->ext_factor : 0.0f;
     float mscale = rs ? rs->mscale : 1.0f;
     if (ext != 0.0f) mscale *= 1.0f + 0.1f * logf(1.0f / fs);
-    const float lo = rs ? rs->corr_dims[0] : 0.0f, span = rs ? fmaxf(0.001f, rs->corr_dims[1] - rs->corr_dims[0]) : 1.0f;
+    const float lo = rs ? rs->corr_dims[0] : 0.0f,
+                span = rs ? fmaxf(0.001f, rs->corr_dims[1] - rs->corr_dims[0]) : 1.0f;
     float theta = pos;
     for (int i0 = 0; i0 < n_rot; i0 += 2) {
         const float extrap = freq_factors ? theta / freq_factors[i0 / 2] : theta;

@@ -49,8 +49,13 @@ static void on_stop(int sig) {
 static int run_node(cm_mpi *m, const char *models, long threads) {
     char name[64], err[400];
     snprintf(name, sizeof name, "rank%d@%.40s", cm_mpi_rank(m), cm_mpi_host(m));
-    cm_node_opts o = {.bind = "mpi", .port = (uint16_t)cm_mpi_rank(m), .name = name, .models_dir = models,
-                      .n_threads = (int)threads, .insecure = true, .mdns = false};
+    cm_node_opts o = {.bind = "mpi",
+                      .port = (uint16_t)cm_mpi_rank(m),
+                      .name = name,
+                      .models_dir = models,
+                      .n_threads = (int)threads,
+                      .insecure = true,
+                      .mdns = false};
     int rc = cm_node_run(&o, &g_stop, err, sizeof err);
     if (rc) fprintf(stderr, "cumulo: rank %d: %s\n", cm_mpi_rank(m), err);
     return rc ? 1 : 0;
@@ -62,12 +67,19 @@ static int run_coordinator(cm_mpi *m, bool serve, int argc, char **argv) {
     size_t cap = (size_t)n * 8 + 16;
     char *nodes = cm_calloc(1, cap);
     char **av = cm_calloc((size_t)argc + 8, sizeof *av);
-    if (!nodes || !av) { cm_free(nodes); cm_free(av); return cli_fail("out of memory"); }
+    if (!nodes || !av) {
+        cm_free(nodes);
+        cm_free(av);
+        return cli_fail("out of memory");
+    }
     int k = 0;
     av[k++] = serve ? "serve" : "run";
     for (int i = 0; i < argc; i++) {
-        if (!strcmp(argv[i], "--models") && i + 1 < argc) { i++; continue; } /* the nodes' option */
-        if (!strcmp(argv[i], "--mpi-allreduce")) continue;                 /* every rank's, taken by cm_mpi_start */
+        if (!strcmp(argv[i], "--models") && i + 1 < argc) {
+            i++;
+            continue;
+        }                                                  /* the nodes' option */
+        if (!strcmp(argv[i], "--mpi-allreduce")) continue; /* every rank's, taken by cm_mpi_start */
         av[k++] = argv[i];
     }
     if (n > 1) {
@@ -87,11 +99,19 @@ static int run_coordinator(cm_mpi *m, bool serve, int argc, char **argv) {
 }
 
 int cmd_mpi(int argc, char **argv) {
-    if (cli_wants_help(argc, argv)) { fputs(k_mpi_usage, stdout); return 0; }
+    if (cli_wants_help(argc, argv)) {
+        fputs(k_mpi_usage, stdout);
+        return 0;
+    }
     int first = 1;
     int form = 0; /* 0: by the options, 1: run, 2: serve */
-    if (argc > 1 && !strcmp(argv[1], "run")) { form = 1; first = 2; }
-    else if (argc > 1 && !strcmp(argv[1], "serve")) { form = 2; first = 2; }
+    if (argc > 1 && !strcmp(argv[1], "run")) {
+        form = 1;
+        first = 2;
+    } else if (argc > 1 && !strcmp(argv[1], "serve")) {
+        form = 2;
+        first = 2;
+    }
     const char *model = NULL, *models = NULL;
     long threads = 0;
     bool prompt = false;

@@ -41,11 +41,15 @@ static int g_open(void *ctx, int rank, int size, int64_t max_n, uint64_t epoch, 
     (void)rank;
     int rc = -1;
     pthread_mutex_lock(&c->mu);
-    if (!c->broken && !c->open && size == c->size && max_n > 0 && max_n <= INT32_MAX && (!c->epoch || c->epoch == epoch)) {
+    if (!c->broken && !c->open && size == c->size && max_n > 0 && max_n <= INT32_MAX &&
+        (!c->epoch || c->epoch == epoch)) {
         c->epoch = epoch;
         if (max_n > c->cap) {
             float *b = realloc(c->buf, (size_t)max_n * sizeof *b);
-            if (b) { c->buf = b; c->cap = max_n; }
+            if (b) {
+                c->buf = b;
+                c->cap = max_n;
+            }
         }
         if (c->cap >= max_n) {
             c->open = true;
@@ -53,7 +57,8 @@ static int g_open(void *ctx, int rank, int size, int64_t max_n, uint64_t epoch, 
             rc = 0;
             if (!c->told)
                 CM_LOGI("mpi: tensor-parallel sums by MPI_Iallreduce over the job's %d ranks (--mpi-allreduce: the "
-                        "library's order, not bit-identical to one machine)", size);
+                        "library's order, not bit-identical to one machine)",
+                        size);
             c->told = true;
         }
     }
@@ -73,21 +78,27 @@ static int g_allreduce(void *grp, float *x, int64_t n, int timeout_ms, char *err
     pthread_mutex_lock(&c->mu);
     if (c->broken || c->state != S_IDLE || n > c->cap) {
         pthread_mutex_unlock(&c->mu);
-        return cm_errf(err, errlen, CM_ESTATE, "MPI_Iallreduce: %s", c->broken ? "an earlier sum never finished" : "busy or too long");
+        return cm_errf(err, errlen, CM_ESTATE, "MPI_Iallreduce: %s",
+                       c->broken ? "an earlier sum never finished" : "busy or too long");
     }
     memcpy(c->buf, x, (size_t)n * sizeof *x);
     c->n = n;
     c->state = S_POSTED;
     pthread_mutex_unlock(&c->mu);
-    if (write(c->wake_fd, "c", 1) < 0) { /* the bridge polls anyway */ }
+    if (write(c->wake_fd, "c", 1) < 0) { /* the bridge polls anyway */
+    }
     struct timespec until;
     clock_gettime(CLOCK_REALTIME, &until);
     until.tv_sec += timeout_ms / 1000;
     until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (until.tv_nsec >= 1000000000L) { until.tv_sec++; until.tv_nsec -= 1000000000L; }
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
     pthread_mutex_lock(&c->mu);
     int w = 0;
-    while (c->state != S_DONE && c->state != S_FAILED && w != ETIMEDOUT) w = pthread_cond_timedwait(&c->cv, &c->mu, &until);
+    while (c->state != S_DONE && c->state != S_FAILED && w != ETIMEDOUT)
+        w = pthread_cond_timedwait(&c->cv, &c->mu, &until);
     int rc = 0;
     if (c->state == S_DONE) {
         memcpy(x, c->buf, (size_t)n * sizeof *x);
@@ -97,8 +108,9 @@ static int g_allreduce(void *grp, float *x, int64_t n, int timeout_ms, char *err
         rc = cm_errf(err, errlen, CM_EIO, "MPI_Iallreduce failed: %s", c->why);
     } else { /* still posted or running: MPI keeps the buffer, we never use it again */
         c->broken = true;
-        rc = cm_errf(err, errlen, CM_ETIMEDOUT, "MPI_Iallreduce of %lld floats did not finish within %d ms (a rank lost?)",
-                     (long long)n, timeout_ms);
+        rc = cm_errf(err, errlen, CM_ETIMEDOUT,
+                     "MPI_Iallreduce of %lld floats did not finish within %d ms (a rank lost?)", (long long)n,
+                     timeout_ms);
     }
     pthread_mutex_unlock(&c->mu);
     return rc;

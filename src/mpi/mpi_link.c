@@ -42,8 +42,8 @@
 #define LINK_TAG 4242
 #define CHUNK (1u << 20) /* local bytes per DATA message at most */
 #define MAX_LINKS 1024
-#define FINISH_WAIT_MS 5000ull /* the last meeting of the ranks waits this long */
-#define WARM_NS 100000000ull /* after traffic, the bridge naps (nap_ns) rather than sleeps 1 ms this long */
+#define FINISH_WAIT_MS 5000ull      /* the last meeting of the ranks waits this long */
+#define WARM_NS 100000000ull        /* after traffic, the bridge naps (nap_ns) rather than sleeps 1 ms this long */
 #define OPEN_WAIT_NS 60000000000ull /* an OPEN waits this long for the node's listener */
 
 enum { K_OPEN = 1, K_DATA = 2, K_CLOSE = 3, K_STOP = 4 };
@@ -56,11 +56,11 @@ typedef struct hdr {
 
 typedef struct mlink {
     uint64_t id;
-    int peer, fd;           /* fd -1: an OPEN waiting for this rank's listener */
+    int peer, fd; /* fd -1: an OPEN waiting for this rank's listener */
     uint64_t since_ns;
-    uint8_t *q;             /* bytes from the peer not yet written to fd */
+    uint8_t *q; /* bytes from the peer not yet written to fd */
     size_t qlen, qoff, qcap;
-    bool remote_closed;     /* CLOSE came: drop the link once q is written */
+    bool remote_closed; /* CLOSE came: drop the link once q is written */
 } mlink;
 
 typedef struct pending {
@@ -78,7 +78,10 @@ struct cm_mpi {
     atomic_int quit, stop_others, listening, n_dead;
     atomic_int *stop;
     pthread_mutex_t mu; /* guards fresh[] and next_id (dials come from any thread) */
-    struct { int fd, peer; uint64_t id; } fresh[64];
+    struct {
+        int fd, peer;
+        uint64_t id;
+    } fresh[64];
     int n_fresh;
     uint64_t next_id;
     int wake[2];
@@ -107,12 +110,18 @@ static void send_msg(cm_mpi *m, int peer, uint32_t kind, uint64_t id, const uint
     if (m->n_tx == m->cap_tx) {
         int cap = m->cap_tx ? 2 * m->cap_tx : 64;
         pending *t = realloc(m->tx, (size_t)cap * sizeof *t);
-        if (!t) { CM_LOGE("mpi: out of memory"); return; }
+        if (!t) {
+            CM_LOGE("mpi: out of memory");
+            return;
+        }
         m->tx = t;
         m->cap_tx = cap;
     }
     uint8_t *buf = malloc(sizeof(hdr) + n);
-    if (!buf) { CM_LOGE("mpi: out of memory"); return; }
+    if (!buf) {
+        CM_LOGE("mpi: out of memory");
+        return;
+    }
     hdr h = {kind, m->rank, id};
     memcpy(buf, &h, sizeof h);
     if (n) memcpy(buf + sizeof h, data, n);
@@ -133,8 +142,14 @@ static bool test_sends(cm_mpi *m) {
         int done = 0;
         MPI_Status st;
         int rc = MPI_Test(&m->tx[i].rq, &done, &st);
-        if (rc != MPI_SUCCESS) { done = 1; mark_dead(m, m->tx[i].peer); }
-        if (!done) { i++; continue; }
+        if (rc != MPI_SUCCESS) {
+            done = 1;
+            mark_dead(m, m->tx[i].peer);
+        }
+        if (!done) {
+            i++;
+            continue;
+        }
         free(m->tx[i].buf);
         m->tx[i] = m->tx[--m->n_tx];
         any = true;
@@ -189,7 +204,10 @@ static int set_nonblock(int fd) {
 static bool flush(mlink *l) {
     while (l->qoff < l->qlen) {
         long w = cm_sock_send(l->fd, l->q + l->qoff, l->qlen - l->qoff);
-        if (w > 0) { l->qoff += (size_t)w; continue; }
+        if (w > 0) {
+            l->qoff += (size_t)w;
+            continue;
+        }
         if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return true;
         return false;
     }
@@ -251,15 +269,24 @@ static void on_message(cm_mpi *m, int src, const uint8_t *p, size_t n) {
     mlink *l = find(m, h.id);
     switch (h.kind) {
     case K_OPEN:
-        if (!l && !(l = add(m, h.id, src, -1))) { send_msg(m, src, K_CLOSE, h.id, NULL, 0); break; }
+        if (!l && !(l = add(m, h.id, src, -1))) {
+            send_msg(m, src, K_CLOSE, h.id, NULL, 0);
+            break;
+        }
         try_accept(m, l);
         break;
     case K_DATA:
-        if (!l) break; /* closed here; our CLOSE is on its way */
+        if (!l) break;                          /* closed here; our CLOSE is on its way */
         if (l->fd >= 0 && l->qoff == l->qlen) { /* nothing waiting: straight to the socket, queue what it leaves */
             long w = cm_sock_send(l->fd, p, n);
-            if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) { drop(m, l, true); break; }
-            if (w > 0) { p += w; n -= (size_t)w; }
+            if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+                drop(m, l, true);
+                break;
+            }
+            if (w > 0) {
+                p += w;
+                n -= (size_t)w;
+            }
         }
         if (n && (!queue(l, p, n) || (l->fd >= 0 && !flush(l)))) drop(m, l, true);
         break;
@@ -286,7 +313,10 @@ static bool progress_in(cm_mpi *m) {
         MPI_Get_count(&st, MPI_BYTE, &cnt);
         if ((size_t)cnt > m->rcap) { /* one receive buffer, grown to the largest message (a header + CHUNK) */
             uint8_t *b = realloc(m->rbuf, (size_t)cnt);
-            if (!b) { CM_LOGE("mpi: out of memory"); break; }
+            if (!b) {
+                CM_LOGE("mpi: out of memory");
+                break;
+            }
             m->rbuf = b;
             m->rcap = (size_t)cnt;
         }
@@ -305,7 +335,10 @@ static void take_fresh(cm_mpi *m) {
     pthread_mutex_lock(&m->mu);
     for (int i = 0; i < m->n_fresh; i++) {
         mlink *l = add(m, m->fresh[i].id, m->fresh[i].peer, m->fresh[i].fd);
-        if (!l) { close(m->fresh[i].fd); continue; }
+        if (!l) {
+            close(m->fresh[i].fd);
+            continue;
+        }
         send_msg(m, l->peer, K_OPEN, l->id, NULL, 0);
     }
     m->n_fresh = 0;
@@ -368,13 +401,21 @@ static void *bridge_main(void *arg) {
         for (int k = np - 1; r > 0 && k >= 1; k--) {
             if (!pf[k].revents) continue;
             mlink *l = &m->links[at[k]];
-            if ((pf[k].revents & POLLOUT) && !flush(l)) { drop(m, l, !l->remote_closed); continue; }
-            if (l->remote_closed && l->qoff == l->qlen) { drop(m, l, false); continue; }
+            if ((pf[k].revents & POLLOUT) && !flush(l)) {
+                drop(m, l, !l->remote_closed);
+                continue;
+            }
+            if (l->remote_closed && l->qoff == l->qlen) {
+                drop(m, l, false);
+                continue;
+            }
             if (!(pf[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
             if (l->remote_closed) continue;
             ssize_t n = read(l->fd, m->scratch, CHUNK);
-            if (n > 0) { send_msg(m, l->peer, K_DATA, l->id, m->scratch, (size_t)n); busy = true; }
-            else if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) drop(m, l, true);
+            if (n > 0) {
+                send_msg(m, l->peer, K_DATA, l->id, m->scratch, (size_t)n);
+                busy = true;
+            } else if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) drop(m, l, true);
         }
         for (int i = m->n_links - 1; i >= 0; i--)
             if (m->links[i].fd < 0) try_accept(m, &m->links[i]);
@@ -400,7 +441,11 @@ static int tr_connect(void *ctx, uint16_t port, int timeout_ms, int *fd, char *e
     int sv[2];
     if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0)
         return cm_errf(err, errlen, CM_EIO, "mpi:%d: socketpair: %s", peer, strerror(errno));
-    if (set_nonblock(sv[1]) != 0) { close(sv[0]); close(sv[1]); return cm_errf(err, errlen, CM_EIO, "mpi: fcntl"); }
+    if (set_nonblock(sv[1]) != 0) {
+        close(sv[0]);
+        close(sv[1]);
+        return cm_errf(err, errlen, CM_EIO, "mpi: fcntl");
+    }
     pthread_mutex_lock(&m->mu);
     bool full = m->n_fresh == (int)CM_ARRAY_LEN(m->fresh);
     if (!full) {
@@ -410,8 +455,13 @@ static int tr_connect(void *ctx, uint16_t port, int timeout_ms, int *fd, char *e
         m->n_fresh++;
     }
     pthread_mutex_unlock(&m->mu);
-    if (full) { close(sv[0]); close(sv[1]); return cm_errf(err, errlen, CM_EBUSY, "mpi: too many dials at once"); }
-    if (write(m->wake[1], "w", 1) < 0) { /* the bridge polls every ms anyway */ }
+    if (full) {
+        close(sv[0]);
+        close(sv[1]);
+        return cm_errf(err, errlen, CM_EBUSY, "mpi: too many dials at once");
+    }
+    if (write(m->wake[1], "w", 1) < 0) { /* the bridge polls every ms anyway */
+    }
     *fd = sv[0];
     return 0;
 }
@@ -447,7 +497,10 @@ int cm_mpi_start(int *argc, char ***argv, unsigned flags, atomic_int *stop, cm_m
         return cm_errf(err, errlen, CM_EUNSUPPORTED, "this MPI offers no MPI_THREAD_SERIALIZED (level %d)", provided);
     }
     cm_mpi *m = cm_calloc(1, sizeof *m);
-    if (!m) { MPI_Finalize(); return cm_errf(err, errlen, CM_ENOMEM, "out of memory"); }
+    if (!m) {
+        MPI_Finalize();
+        return cm_errf(err, errlen, CM_ENOMEM, "out of memory");
+    }
     MPI_Comm_dup(MPI_COMM_WORLD, &m->comm);
     MPI_Comm_set_errhandler(m->comm, MPI_ERRORS_RETURN); /* a dead rank: an error here, not an abort */
     MPI_Comm_rank(m->comm, &m->rank);

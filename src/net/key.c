@@ -22,8 +22,7 @@ int cm_net_key_default_path(char *out, size_t cap, char *err, size_t errlen) {
     else {
         const char *home = cm_config_get()->home;
         if (!home)
-            return cm_errf(err, errlen, CM_ENOENT,
-                           "no key file path: set CUMULO_KEY_FILE or HOME, or pass --key-file");
+            return cm_errf(err, errlen, CM_ENOENT, "no key file path: set CUMULO_KEY_FILE or HOME, or pass --key-file");
         n = snprintf(out, cap, "%s/.config/cumulo/cluster.key", home);
     }
     if (n < 0 || (size_t)n >= cap) return cm_errf(err, errlen, CM_ERANGE, "key file path too long");
@@ -38,8 +37,8 @@ int cm_net_key_parse(const char *hex, uint8_t key[CM_KEY_BYTES], char *err, size
         if (!(*t == ' ' || *t == '\t' || *t == '\n' || *t == '\r'))
             return cm_errf(err, errlen, CM_EFORMAT, "a cluster key is one word of 64 hex digits");
     size_t bin = 0;
-    if (n != 2 * CM_KEY_BYTES ||
-        sodium_hex2bin(key, CM_KEY_BYTES, hex, n, NULL, &bin, NULL) != 0 || bin != CM_KEY_BYTES) {
+    if (n != 2 * CM_KEY_BYTES || sodium_hex2bin(key, CM_KEY_BYTES, hex, n, NULL, &bin, NULL) != 0 ||
+        bin != CM_KEY_BYTES) {
         sodium_memzero(key, CM_KEY_BYTES);
         return cm_errf(err, errlen, CM_EFORMAT, "a cluster key is 64 hex digits");
     }

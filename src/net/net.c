@@ -80,10 +80,8 @@ static void format_addr(const struct sockaddr *sa, char *out, size_t cap) {
         const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)sa;
         inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof host);
         port = ntohs(a->sin6_port);
-        if (IN6_IS_ADDR_V4MAPPED(&a->sin6_addr))
-            snprintf(out, cap, "%s:%u", host + 7, port); /* "::ffff:1.2.3.4" */
-        else
-            snprintf(out, cap, "[%s]:%u", host, port);
+        if (IN6_IS_ADDR_V4MAPPED(&a->sin6_addr)) snprintf(out, cap, "%s:%u", host + 7, port); /* "::ffff:1.2.3.4" */
+        else snprintf(out, cap, "[%s]:%u", host, port);
     } else if (sa->sa_family == AF_UNIX) { /* a transport provider's peer: the name it bound, else "local" */
         const struct sockaddr_un *u = (const struct sockaddr_un *)sa;
         const char *base = u->sun_path[0] ? strrchr(u->sun_path, '/') : NULL;
@@ -104,12 +102,11 @@ static int conn_fail(cm_conn *c, int code, char *err, size_t errlen, const char 
     va_end(ap);
     /* "sent a frame with a bad MAC" and "the peer does not know ..." read as one sentence. */
     const char *w = !strncmp(what, "the peer ", 9) ? what + 9 : what;
-    bool sentence = w != what || !strncmp(w, "sent ", 5) || !strncmp(w, "closed ", 7) ||
-                    !strncmp(w, "did ", 4) || !strncmp(w, "refused ", 8) || !strncmp(w, "has ", 4) ||
-                    !strncmp(w, "stalled ", 8) || !strncmp(w, "took ", 5);
+    bool sentence = w != what || !strncmp(w, "sent ", 5) || !strncmp(w, "closed ", 7) || !strncmp(w, "did ", 4) ||
+                    !strncmp(w, "refused ", 8) || !strncmp(w, "has ", 4) || !strncmp(w, "stalled ", 8) ||
+                    !strncmp(w, "took ", 5);
     snprintf(msg, sizeof msg, "peer %s%s%s", c->peer, sentence ? " " : ": ", w);
-    cm_log(code == CM_ETIMEDOUT || code == CM_ECLOSED ? CM_LOG_INFO : CM_LOG_WARN,
-           "%s; connection dropped", msg);
+    cm_log(code == CM_ETIMEDOUT || code == CM_ECLOSED ? CM_LOG_INFO : CM_LOG_WARN, "%s; connection dropped", msg);
     if (c->state != CM_CONN_CLOSED) c->state = CM_CONN_FAILED;
     return cm_errf(err, errlen, code, "%s", msg);
 }
@@ -129,8 +126,8 @@ static cm_conn *conn_new(int fd, const struct sockaddr *sa) {
     return c;
 }
 
-int cm_net_parse_addr(const char *s, uint16_t default_port, char *host, size_t hostcap,
-                      uint16_t *port, char *err, size_t errlen) {
+int cm_net_parse_addr(const char *s, uint16_t default_port, char *host, size_t hostcap, uint16_t *port, char *err,
+                      size_t errlen) {
     const char *h = s, *p = NULL;
     size_t hl;
     if (!s || !*s) return cm_errf(err, errlen, CM_EINVAL, "empty address");
@@ -143,8 +140,10 @@ int cm_net_parse_addr(const char *s, uint16_t default_port, char *host, size_t h
         else if (e[1]) return cm_errf(err, errlen, CM_EINVAL, "bad address '%s'", s);
     } else {
         const char *c1 = strchr(s, ':');
-        if (c1 && !strchr(c1 + 1, ':')) { hl = (size_t)(c1 - s); p = c1 + 1; }
-        else hl = strlen(s); /* no colon, or a bare IPv6 address */
+        if (c1 && !strchr(c1 + 1, ':')) {
+            hl = (size_t)(c1 - s);
+            p = c1 + 1;
+        } else hl = strlen(s); /* no colon, or a bare IPv6 address */
     }
     if (hl == 0 || hl >= hostcap) return cm_errf(err, errlen, CM_EINVAL, "bad address '%s': host", s);
     memcpy(host, h, hl);
@@ -173,7 +172,7 @@ static int transport_conn(int fd, uint16_t port, cm_conn **out, char *err, size_
         close(fd);
         return cm_errf(err, errlen, CM_EIO, "cannot set up a %s link", g_transport->host);
     }
-    snprintf((*out)->peer, sizeof (*out)->peer, "%s:%u", g_transport->host, (unsigned)port);
+    snprintf((*out)->peer, sizeof(*out)->peer, "%s:%u", g_transport->host, (unsigned)port);
     return 0;
 }
 
@@ -183,7 +182,10 @@ int cm_net_listen(const char *host, uint16_t port, cm_listener **out, char *err,
         cm_listener *l = cm_calloc(1, sizeof *l);
         if (!l) return cm_errf(err, errlen, CM_ENOMEM, "out of memory");
         int rc = g_transport->listen(g_transport->ctx, port, &l->fd, &l->port, err, errlen);
-        if (rc) { cm_free(l); return rc; }
+        if (rc) {
+            cm_free(l);
+            return rc;
+        }
         *out = l;
         return 0;
     }
@@ -199,23 +201,27 @@ int cm_net_listen(const char *host, uint16_t port, cm_listener **out, char *err,
         hints.ai_family = AF_INET;
         gai = getaddrinfo(NULL, pstr, &hints, &res);
     }
-    if (gai)
-        return cm_errf(err, errlen, CM_EINVAL, "cannot listen on '%s': %s", any ? "*" : host,
-                       gai_strerror(gai));
+    if (gai) return cm_errf(err, errlen, CM_EINVAL, "cannot listen on '%s': %s", any ? "*" : host, gai_strerror(gai));
     int last = 0;
     for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
         int fd = socket(ai->ai_family, SOCK_STREAM, 0);
-        if (fd < 0) { last = errno; continue; }
+        if (fd < 0) {
+            last = errno;
+            continue;
+        }
         int one = 1, zero = 0;
         setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
         if (ai->ai_family == AF_INET6 && any) setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
-        if (cm_sock_prepare(fd) == 0 && bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 &&
-            listen(fd, 64) == 0) {
+        if (cm_sock_prepare(fd) == 0 && bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, 64) == 0) {
             struct sockaddr_storage ss;
             socklen_t sl = sizeof ss;
             getsockname(fd, (struct sockaddr *)&ss, &sl);
             cm_listener *l = cm_calloc(1, sizeof *l);
-            if (!l) { close(fd); freeaddrinfo(res); return cm_errf(err, errlen, CM_ENOMEM, "out of memory"); }
+            if (!l) {
+                close(fd);
+                freeaddrinfo(res);
+                return cm_errf(err, errlen, CM_ENOMEM, "out of memory");
+            }
             l->fd = fd;
             l->port = ntohs(ss.ss_family == AF_INET ? ((struct sockaddr_in *)&ss)->sin_port
                                                     : ((struct sockaddr_in6 *)&ss)->sin6_port);
@@ -229,8 +235,8 @@ int cm_net_listen(const char *host, uint16_t port, cm_listener **out, char *err,
     freeaddrinfo(res);
     if (any && hints.ai_family == AF_INET6) /* a kernel without IPv6 sockets: IPv4 only */
         return cm_net_listen("0.0.0.0", port, out, err, errlen);
-    return cm_errf(err, errlen, CM_EIO, "cannot listen on %s port %u: %s", any ? "*" : host,
-                   (unsigned)port, strerror(last));
+    return cm_errf(err, errlen, CM_EIO, "cannot listen on %s port %u: %s", any ? "*" : host, (unsigned)port,
+                   strerror(last));
 }
 
 uint16_t cm_listener_port(const cm_listener *l) { return l->port; }
@@ -257,7 +263,10 @@ int cm_listener_accept(cm_listener *l, int timeout_ms, cm_conn **out, char *err,
                 return cm_errf(err, errlen, CM_EIO, "cannot set up an accepted socket: %s", strerror(e));
             }
             *out = conn_new(fd, (struct sockaddr *)&ss);
-            if (!*out) { close(fd); return cm_errf(err, errlen, CM_ENOMEM, "out of memory"); }
+            if (!*out) {
+                close(fd);
+                return cm_errf(err, errlen, CM_ENOMEM, "out of memory");
+            }
             return 0;
         }
         if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED)
@@ -268,8 +277,7 @@ int cm_listener_accept(cm_listener *l, int timeout_ms, cm_conn **out, char *err,
     }
 }
 
-int cm_net_connect(const char *host, uint16_t port, int timeout_ms, cm_conn **out, char *err,
-                   size_t errlen) {
+int cm_net_connect(const char *host, uint16_t port, int timeout_ms, cm_conn **out, char *err, size_t errlen) {
     *out = NULL;
     if (transport_claims(host)) {
         int fd = -1, rc = g_transport->connect(g_transport->ctx, port, timeout_ms, &fd, err, errlen);
@@ -299,8 +307,13 @@ int cm_net_connect(const char *host, uint16_t port, int timeout_ms, cm_conn **ou
             int soerr = 0;
             socklen_t sl = sizeof soerr;
             if (w == 1 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) == 0 && soerr == 0) r = 0;
-            else if (w == 0) { snprintf(why, sizeof why, "no answer within %d ms", timeout_ms); code = CM_ETIMEDOUT; }
-            else { snprintf(why, sizeof why, "%s", strerror(soerr ? soerr : errno)); code = CM_EIO; }
+            else if (w == 0) {
+                snprintf(why, sizeof why, "no answer within %d ms", timeout_ms);
+                code = CM_ETIMEDOUT;
+            } else {
+                snprintf(why, sizeof why, "%s", strerror(soerr ? soerr : errno));
+                code = CM_EIO;
+            }
         } else if (r != 0) {
             snprintf(why, sizeof why, "%s", strerror(errno));
             code = CM_EIO;
@@ -308,7 +321,10 @@ int cm_net_connect(const char *host, uint16_t port, int timeout_ms, cm_conn **ou
         if (r == 0 && set_nodelay(fd) == 0) {
             *out = conn_new(fd, ai->ai_addr);
             freeaddrinfo(res);
-            if (!*out) { close(fd); return cm_errf(err, errlen, CM_ENOMEM, "out of memory"); }
+            if (!*out) {
+                close(fd);
+                return cm_errf(err, errlen, CM_ENOMEM, "out of memory");
+            }
             return 0;
         }
         close(fd);
@@ -320,8 +336,7 @@ int cm_net_connect(const char *host, uint16_t port, int timeout_ms, cm_conn **ou
 
 /* ---- bytes with deadlines ---- */
 
-static int write_all(cm_conn *c, const uint8_t *p, size_t n, uint64_t deadline, char *err,
-                     size_t errlen) {
+static int write_all(cm_conn *c, const uint8_t *p, size_t n, uint64_t deadline, char *err, size_t errlen) {
     size_t done = 0;
     /* Two clocks: the call's deadline, and (stall_ms) the time since the peer
      * last took a byte: progress resets the second one only. */
@@ -329,7 +344,11 @@ static int write_all(cm_conn *c, const uint8_t *p, size_t n, uint64_t deadline, 
     uint64_t moved = cm_now_ns();
     while (done < n) {
         long w = cm_sock_send(c->fd, p + done, n - done);
-        if (w > 0) { done += (size_t)w; moved = cm_now_ns(); continue; }
+        if (w > 0) {
+            done += (size_t)w;
+            moved = cm_now_ns();
+            continue;
+        }
         if (w < 0 && errno == EINTR) continue;
         if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
             uint64_t d = stall_ns && moved + stall_ns < deadline ? moved + stall_ns : deadline;
@@ -340,8 +359,8 @@ static int write_all(cm_conn *c, const uint8_t *p, size_t n, uint64_t deadline, 
                                  "took none of our data for %d ms (%zu of %zu bytes sent; frozen or overloaded?)",
                                  c->stall_ms, done, n);
             if (r == 0)
-                return conn_fail(c, CM_ETIMEDOUT, err, errlen,
-                                 "did not take our data in time (%zu of %zu bytes sent)", done, n);
+                return conn_fail(c, CM_ETIMEDOUT, err, errlen, "did not take our data in time (%zu of %zu bytes sent)",
+                                 done, n);
         }
         if (w < 0 && (errno == EPIPE || errno == ECONNRESET)) {
             c->state = CM_CONN_CLOSED;
@@ -357,7 +376,10 @@ static int write_all(cm_conn *c, const uint8_t *p, size_t n, uint64_t deadline, 
 static int read_exact(cm_conn *c, uint8_t *p, size_t n, size_t *got, uint64_t deadline) {
     while (*got < n) {
         ssize_t r = recv(c->fd, p + *got, n - *got, 0);
-        if (r > 0) { *got += (size_t)r; continue; }
+        if (r > 0) {
+            *got += (size_t)r;
+            continue;
+        }
         if (r == 0) return CM_ECLOSED;
         if (errno == EINTR) continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) {
@@ -380,19 +402,15 @@ static bool ensure(uint8_t **buf, size_t *cap, size_t need) {
 }
 
 static int usable(cm_conn *c, bool need_ready, char *err, size_t errlen) {
-    if (c->state == CM_CONN_FAILED)
-        return cm_errf(err, errlen, CM_ESTATE, "connection to %s failed earlier", c->peer);
-    if (c->state == CM_CONN_CLOSED)
-        return cm_errf(err, errlen, CM_ECLOSED, "connection to %s is closed", c->peer);
+    if (c->state == CM_CONN_FAILED) return cm_errf(err, errlen, CM_ESTATE, "connection to %s failed earlier", c->peer);
+    if (c->state == CM_CONN_CLOSED) return cm_errf(err, errlen, CM_ECLOSED, "connection to %s is closed", c->peer);
     if (need_ready && c->state != CM_CONN_READY)
-        return cm_errf(err, errlen, CM_ESTATE, "connection to %s has not finished its handshake",
-                       c->peer);
+        return cm_errf(err, errlen, CM_ESTATE, "connection to %s has not finished its handshake", c->peer);
     return 0;
 }
 
 /* Seal the payload sitting at c->tx + CM_FRAME_HDR and send it. */
-static int send_sealed(cm_conn *c, unsigned type, size_t n, uint64_t deadline, char *err,
-                       size_t errlen) {
+static int send_sealed(cm_conn *c, unsigned type, size_t n, uint64_t deadline, char *err, size_t errlen) {
     size_t len;
     char e[256];
     int rc = cm_frame_seal(&c->s, type, c->tx, n, c->tx_cap, &len, e, sizeof e);
@@ -405,8 +423,8 @@ static int send_sealed(cm_conn *c, unsigned type, size_t n, uint64_t deadline, c
     return rc;
 }
 
-static int send_payload(cm_conn *c, unsigned type, const uint8_t *p, size_t n, uint64_t deadline,
-                        char *err, size_t errlen) {
+static int send_payload(cm_conn *c, unsigned type, const uint8_t *p, size_t n, uint64_t deadline, char *err,
+                        size_t errlen) {
     if (!ensure(&c->tx, &c->tx_cap, cm_chan_overhead(&c->s) + n))
         return cm_errf(err, errlen, CM_ENOMEM, "out of memory for a %zu-byte frame", n);
     if (n) memcpy(c->tx + CM_FRAME_HDR, p, n);
@@ -424,8 +442,8 @@ static int send_msg(cm_conn *c, const cm_msg *m, uint64_t deadline, char *err, s
     return send_sealed(c, m->type, n, deadline, err, errlen);
 }
 
-static int recv_frame(cm_conn *c, cm_frame_hdr *h, uint8_t **payload, uint64_t deadline,
-                      int timeout_ms, char *err, size_t errlen) {
+static int recv_frame(cm_conn *c, cm_frame_hdr *h, uint8_t **payload, uint64_t deadline, int timeout_ms, char *err,
+                      size_t errlen) {
     size_t got = 0;
     char e[300];
     if (!ensure(&c->rx, &c->rx_cap, CM_FRAME_HDR + CM_FRAME_MAC + 256))
@@ -458,8 +476,7 @@ static int recv_frame(cm_conn *c, cm_frame_hdr *h, uint8_t **payload, uint64_t d
     return 0;
 io_error:
     if (rc == CM_ETIMEDOUT)
-        return conn_fail(c, rc, err, errlen, "stalled mid-frame (%zu bytes received, %d ms deadline)",
-                         got, timeout_ms);
+        return conn_fail(c, rc, err, errlen, "stalled mid-frame (%zu bytes received, %d ms deadline)", got, timeout_ms);
     if (rc == CM_ECLOSED) {
         c->state = CM_CONN_CLOSED;
         return cm_errf(err, errlen, CM_ECLOSED, "peer %s closed the connection mid-frame", c->peer);
@@ -481,8 +498,8 @@ static int refuse(cm_conn *c, int code, const char *why, uint64_t deadline, char
 }
 
 /* Receive one handshake frame of the expected type; an ERROR from the peer is its refusal. */
-static int hs_recv(cm_conn *c, unsigned want, const uint8_t **p, size_t *n, uint64_t deadline,
-                   int timeout_ms, char *err, size_t errlen) {
+static int hs_recv(cm_conn *c, unsigned want, const uint8_t **p, size_t *n, uint64_t deadline, int timeout_ms,
+                   char *err, size_t errlen) {
     cm_frame_hdr h;
     uint8_t *pl;
     int rc = recv_frame(c, &h, &pl, deadline, timeout_ms, err, errlen);
@@ -502,22 +519,20 @@ static int hs_recv(cm_conn *c, unsigned want, const uint8_t **p, size_t *n, uint
         return conn_fail(c, code, err, errlen, "refused the handshake: %s", m.u.error.text);
     }
     if (h.type != want)
-        return refuse(c, CM_EPROTO, "sent an unexpected frame during the handshake", deadline, err,
-                      errlen);
+        return refuse(c, CM_EPROTO, "sent an unexpected frame during the handshake", deadline, err, errlen);
     *p = pl;
     *n = h.len;
     return 0;
 }
 
-static int hs_auth(cm_conn *c, bool initiator, const cm_net_cfg *cfg, uint64_t deadline, int ms,
-                   char *err, size_t errlen) {
+static int hs_auth(cm_conn *c, bool initiator, const cm_net_cfg *cfg, uint64_t deadline, int ms, char *err,
+                   size_t errlen) {
     cm_hs hs;
     uint8_t buf[CM_HS_REPLY_BYTES];
     const uint8_t *p;
     size_t n, len;
     char e[300];
-    int rc = cm_hs_init(&hs, initiator, cfg->mode, cfg->mode == CM_SEC_INSECURE ? NULL : cfg->key, e,
-                        sizeof e);
+    int rc = cm_hs_init(&hs, initiator, cfg->mode, cfg->mode == CM_SEC_INSECURE ? NULL : cfg->key, e, sizeof e);
     if (rc) return cm_errf(err, errlen, rc, "%s", e);
     if (initiator) {
         if ((rc = cm_hs_write_init(&hs, buf, sizeof buf, &len, e, sizeof e)) != 0 ||
@@ -525,21 +540,36 @@ static int hs_auth(cm_conn *c, bool initiator, const cm_net_cfg *cfg, uint64_t d
             (rc = hs_recv(c, CM_MSG_AUTH_REPLY, &p, &n, deadline, ms, err, errlen)) != 0)
             goto out;
         int proof = cm_hs_read_reply(&hs, p, n, e, sizeof e);
-        if (proof && !(proof == CM_EAUTH && hs.keys_ready)) { rc = refuse(c, proof, e, deadline, err, errlen); goto out; }
+        if (proof && !(proof == CM_EAUTH && hs.keys_ready)) {
+            rc = refuse(c, proof, e, deadline, err, errlen);
+            goto out;
+        }
         if (hs.keys_ready) { /* send our proof even when theirs failed: both sides then refuse */
             if ((rc = cm_hs_write_finish(&hs, buf, sizeof buf, &len, e, sizeof e)) != 0 ||
                 (rc = send_payload(c, CM_MSG_AUTH_FINISH, buf, len, deadline, err, errlen)) != 0)
                 goto out;
         }
-        if (proof) { rc = conn_fail(c, proof, err, errlen, "%s", e); goto out; }
+        if (proof) {
+            rc = conn_fail(c, proof, err, errlen, "%s", e);
+            goto out;
+        }
     } else {
         if ((rc = hs_recv(c, CM_MSG_AUTH_INIT, &p, &n, deadline, ms, err, errlen)) != 0) goto out;
-        if ((rc = cm_hs_read_init(&hs, p, n, e, sizeof e)) != 0) { rc = refuse(c, rc, e, deadline, err, errlen); goto out; }
-        if ((rc = cm_hs_write_reply(&hs, buf, sizeof buf, &len, e, sizeof e)) != 0) { rc = refuse(c, rc, e, deadline, err, errlen); goto out; }
+        if ((rc = cm_hs_read_init(&hs, p, n, e, sizeof e)) != 0) {
+            rc = refuse(c, rc, e, deadline, err, errlen);
+            goto out;
+        }
+        if ((rc = cm_hs_write_reply(&hs, buf, sizeof buf, &len, e, sizeof e)) != 0) {
+            rc = refuse(c, rc, e, deadline, err, errlen);
+            goto out;
+        }
         if ((rc = send_payload(c, CM_MSG_AUTH_REPLY, buf, len, deadline, err, errlen)) != 0) goto out;
         if (cfg->mode != CM_SEC_INSECURE) {
             if ((rc = hs_recv(c, CM_MSG_AUTH_FINISH, &p, &n, deadline, ms, err, errlen)) != 0) goto out;
-            if ((rc = cm_hs_read_finish(&hs, p, n, e, sizeof e)) != 0) { rc = conn_fail(c, rc, err, errlen, "%s", e); goto out; }
+            if ((rc = cm_hs_read_finish(&hs, p, n, e, sizeof e)) != 0) {
+                rc = conn_fail(c, rc, err, errlen, "%s", e);
+                goto out;
+            }
         }
     }
     rc = cm_hs_finish(&hs, &c->s, e, sizeof e);
@@ -549,8 +579,8 @@ out:
     return rc;
 }
 
-int cm_conn_handshake(cm_conn *c, bool initiator, const cm_net_cfg *cfg, const cm_msg_hello *mine,
-                      cm_msg_hello *peer, char *err, size_t errlen) {
+int cm_conn_handshake(cm_conn *c, bool initiator, const cm_net_cfg *cfg, const cm_msg_hello *mine, cm_msg_hello *peer,
+                      char *err, size_t errlen) {
     if (c->state != CM_CONN_NEW)
         return cm_errf(err, errlen, CM_ESTATE, "connection to %s: handshake already run", c->peer);
     int ms = cfg->handshake_ms > 0 ? cfg->handshake_ms : CM_NET_HANDSHAKE_MS;
@@ -583,8 +613,8 @@ int cm_conn_handshake(cm_conn *c, bool initiator, const cm_net_cfg *cfg, const c
         if (h.type == CM_MSG_ERROR && cm_msg_decode(h.type, pl, h.len, &them, e, sizeof e) == 0)
             return conn_fail(c, CM_EPROTO, err, errlen, "refused us: %s", them.u.error.text);
         if (h.type != CM_MSG_HELLO)
-            return refuse(c, CM_EPROTO, "sent something other than HELLO after the key exchange",
-                          deadline, err, errlen);
+            return refuse(c, CM_EPROTO, "sent something other than HELLO after the key exchange", deadline, err,
+                          errlen);
         if ((rc = cm_msg_decode(h.type, pl, h.len, &them, e, sizeof e)) != 0)
             return refuse(c, rc, e, deadline, err, errlen);
         if (them.u.hello.proto_version != CM_PROTO_VERSION) {
@@ -593,8 +623,7 @@ int cm_conn_handshake(cm_conn *c, bool initiator, const cm_net_cfg *cfg, const c
             return refuse(c, CM_EUNSUPPORTED, e, deadline, err, errlen);
         }
         if (!memcmp(them.u.hello.node_id, mine->node_id, CM_NODE_ID_BYTES))
-            return refuse(c, CM_EPROTO, "has this node's own id (a node connected to itself?)",
-                          deadline, err, errlen);
+            return refuse(c, CM_EPROTO, "has this node's own id (a node connected to itself?)", deadline, err, errlen);
     }
     if (peer) *peer = them.u.hello;
     c->state = CM_CONN_READY;
@@ -609,14 +638,14 @@ int cm_conn_send(cm_conn *c, const cm_msg *m, int timeout_ms, char *err, size_t 
     return rc ? rc : send_msg(c, m, deadline_after(timeout_ms), err, errlen);
 }
 
-int cm_conn_send_payload(cm_conn *c, unsigned type, const uint8_t *payload, size_t n,
-                         int timeout_ms, char *err, size_t errlen) {
+int cm_conn_send_payload(cm_conn *c, unsigned type, const uint8_t *payload, size_t n, int timeout_ms, char *err,
+                         size_t errlen) {
     int rc = usable(c, true, err, errlen);
     return rc ? rc : send_payload(c, type, payload, n, deadline_after(timeout_ms), err, errlen);
 }
 
-int cm_conn_recv_payload(cm_conn *c, unsigned *type, const uint8_t **payload, size_t *n,
-                         int timeout_ms, char *err, size_t errlen) {
+int cm_conn_recv_payload(cm_conn *c, unsigned *type, const uint8_t **payload, size_t *n, int timeout_ms, char *err,
+                         size_t errlen) {
     int rc = usable(c, true, err, errlen);
     if (rc) return rc;
     cm_frame_hdr h;
@@ -668,7 +697,10 @@ void cm_conn_set_send_stall(cm_conn *c, int ms) { c->stall_ms = ms > 0 ? ms : 0;
 
 void cm_conn_peer_host(const cm_conn *c, char *out, size_t cap) {
     const char *p = c->peer, *e = strrchr(p, ':');
-    if (p[0] == '[') { p++; e = strchr(p, ']'); }
+    if (p[0] == '[') {
+        p++;
+        e = strchr(p, ']');
+    }
     size_t n = e ? (size_t)(e - p) : strlen(p);
     if (!cap) return;
     if (n >= cap) n = cap - 1;
@@ -690,14 +722,13 @@ void cm_conn_get_stats(const cm_conn *c, unsigned type, cm_conn_stats *st) {
     }
 }
 
-int cm_conn_seal_raw(cm_conn *c, unsigned type, const uint8_t *payload, size_t n, uint8_t *out,
-                     size_t cap, size_t *len, char *err, size_t errlen) {
+int cm_conn_seal_raw(cm_conn *c, unsigned type, const uint8_t *payload, size_t n, uint8_t *out, size_t cap, size_t *len,
+                     char *err, size_t errlen) {
     if (cap < CM_FRAME_HDR + n) return cm_errf(err, errlen, CM_ERANGE, "buffer too small");
     memcpy(out + CM_FRAME_HDR, payload, n);
     return cm_frame_seal(&c->s, type, out, n, cap, len, err, errlen);
 }
 
-int cm_conn_write_raw(cm_conn *c, const void *p, size_t n, int timeout_ms, char *err,
-                      size_t errlen) {
+int cm_conn_write_raw(cm_conn *c, const void *p, size_t n, int timeout_ms, char *err, size_t errlen) {
     return write_all(c, p, n, deadline_after(timeout_ms), err, errlen);
 }

@@ -41,8 +41,8 @@ typedef struct cm_net_cfg {
 
 /* Split "host:port", "[v6addr]:port", "v6addr" or "host" (port = default_port).
  * Errors: CM_EINVAL with a message naming s. */
-int cm_net_parse_addr(const char *s, uint16_t default_port, char *host, size_t hostcap,
-                      uint16_t *port, char *err, size_t errlen);
+int cm_net_parse_addr(const char *s, uint16_t default_port, char *host, size_t hostcap, uint16_t *port, char *err,
+                      size_t errlen);
 
 typedef struct cm_conn cm_conn;
 typedef struct cm_listener cm_listener;
@@ -69,37 +69,35 @@ int cm_net_listen(const char *host, uint16_t port, cm_listener **out, char *err,
 uint16_t cm_listener_port(const cm_listener *l);
 int cm_listener_fd(const cm_listener *l); /* for callers that poll several sockets */
 /* Wait up to timeout_ms for a peer; the new connection still needs its handshake. */
-int cm_listener_accept(cm_listener *l, int timeout_ms, cm_conn **out, char *err,
-                       size_t errlen);
+int cm_listener_accept(cm_listener *l, int timeout_ms, cm_conn **out, char *err, size_t errlen);
 void cm_listener_close(cm_listener *l); /* NULL is a no-op */
 
 /* ---- connections ---- */
 enum cm_conn_state {
-    CM_CONN_NEW,       /* TCP is up, nothing exchanged */
-    CM_CONN_READY,     /* handshake done: keys proven, HELLOs exchanged */
-    CM_CONN_FAILED,    /* an error left the stream unusable */
-    CM_CONN_CLOSED,    /* the peer closed or said BYE */
+    CM_CONN_NEW,    /* TCP is up, nothing exchanged */
+    CM_CONN_READY,  /* handshake done: keys proven, HELLOs exchanged */
+    CM_CONN_FAILED, /* an error left the stream unusable */
+    CM_CONN_CLOSED, /* the peer closed or said BYE */
     CM_CONN_STATE_COUNT
 };
 
 /* TCP connect to host:port (names resolved with getaddrinfo; every address is
  * tried until one answers) within timeout_ms. Sets TCP_NODELAY. */
-int cm_net_connect(const char *host, uint16_t port, int timeout_ms, cm_conn **out, char *err,
-                   size_t errlen);
+int cm_net_connect(const char *host, uint16_t port, int timeout_ms, cm_conn **out, char *err, size_t errlen);
 
 /* Run the handshake (initiator: the side that connected) and exchange HELLOs:
  * on success the connection is READY and *peer (may be NULL) holds the peer's
  * HELLO. Errors: CM_EAUTH (the peer lacks the key, or a --insecure mismatch),
  * CM_EUNSUPPORTED (protocol version), CM_EPROTO, CM_ETIMEDOUT, CM_ECLOSED. */
-int cm_conn_handshake(cm_conn *c, bool initiator, const cm_net_cfg *cfg, const cm_msg_hello *mine,
-                      cm_msg_hello *peer, char *err, size_t errlen);
+int cm_conn_handshake(cm_conn *c, bool initiator, const cm_net_cfg *cfg, const cm_msg_hello *mine, cm_msg_hello *peer,
+                      char *err, size_t errlen);
 
 /* Encode, seal and send one message within timeout_ms (and within the
  * connection's send stall bound, see cm_net_cfg.send_stall_ms). */
 int cm_conn_send(cm_conn *c, const cm_msg *m, int timeout_ms, char *err, size_t errlen);
 /* Send an already-encoded payload of the given type. */
-int cm_conn_send_payload(cm_conn *c, unsigned type, const uint8_t *payload, size_t n,
-                         int timeout_ms, char *err, size_t errlen);
+int cm_conn_send_payload(cm_conn *c, unsigned type, const uint8_t *payload, size_t n, int timeout_ms, char *err,
+                         size_t errlen);
 
 /* Receive, open and decode one message within timeout_ms. Views inside *m (FORWARD
  * data, chunks) point into the connection's buffer and stay valid until the next
@@ -108,8 +106,8 @@ int cm_conn_send_payload(cm_conn *c, unsigned type, const uint8_t *payload, size
  * c CLOSED. CM_ECLOSED when the peer closed the connection. */
 int cm_conn_recv(cm_conn *c, cm_msg *m, int timeout_ms, char *err, size_t errlen);
 /* The same without decoding: *type, and *payload and *n valid until the next receive. */
-int cm_conn_recv_payload(cm_conn *c, unsigned *type, const uint8_t **payload, size_t *n,
-                         int timeout_ms, char *err, size_t errlen);
+int cm_conn_recv_payload(cm_conn *c, unsigned *type, const uint8_t **payload, size_t *n, int timeout_ms, char *err,
+                         size_t errlen);
 
 /* Send a BYE with reason (best effort, short deadline) and close. NULL is a no-op. */
 void cm_conn_close(cm_conn *c, const char *reason);
@@ -135,10 +133,9 @@ void cm_conn_get_stats(const cm_conn *c, unsigned type, cm_conn_stats *st);
 
 /* For tests of hostile peers: seal a frame with c's session (advancing its
  * send sequence) into out (cap bytes) without sending it, and write raw bytes. */
-int cm_conn_seal_raw(cm_conn *c, unsigned type, const uint8_t *payload, size_t n, uint8_t *out,
-                     size_t cap, size_t *len, char *err, size_t errlen);
-int cm_conn_write_raw(cm_conn *c, const void *p, size_t n, int timeout_ms, char *err,
-                      size_t errlen);
+int cm_conn_seal_raw(cm_conn *c, unsigned type, const uint8_t *payload, size_t n, uint8_t *out, size_t cap, size_t *len,
+                     char *err, size_t errlen);
+int cm_conn_write_raw(cm_conn *c, const void *p, size_t n, int timeout_ms, char *err, size_t errlen);
 
 /* ---- the cluster key file ----
  * 64 hex digits and a newline, mode 0600. Default path: $CUMULO_KEY_FILE, else

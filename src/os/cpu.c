@@ -74,9 +74,11 @@ static void detect(void) {
     int v = 0;
     size_t len = sizeof v;
     if (sysctlbyname("hw.optional.arm.FEAT_DotProd", &v, &len, NULL, 0) == 0) g_feat.arm_dotprod = v;
-    len = sizeof v; v = 0;
+    len = sizeof v;
+    v = 0;
     if (sysctlbyname("hw.optional.arm.FEAT_I8MM", &v, &len, NULL, 0) == 0) g_feat.arm_i8mm = v;
-    len = sizeof v; v = 0;
+    len = sizeof v;
+    v = 0;
     if (sysctlbyname("hw.optional.arm.FEAT_FP16", &v, &len, NULL, 0) == 0) g_feat.arm_fp16 = v;
 #endif
 #endif

@@ -13,8 +13,11 @@
 void *cm_dl_open_vulkan(char *err, size_t errlen) {
     const char *env = cm_config_get()->vulkan_lib; /* a loader elsewhere (tests, odd installs) */
 #if defined(__APPLE__)
-    static const char *const names[] = {"libvulkan.1.dylib", "libvulkan.dylib", "libMoltenVK.dylib",
-                                        "/usr/local/lib/libvulkan.1.dylib", "/opt/homebrew/lib/libvulkan.1.dylib",
+    static const char *const names[] = {"libvulkan.1.dylib",
+                                        "libvulkan.dylib",
+                                        "libMoltenVK.dylib",
+                                        "/usr/local/lib/libvulkan.1.dylib",
+                                        "/opt/homebrew/lib/libvulkan.1.dylib",
                                         "/opt/homebrew/lib/libMoltenVK.dylib"};
 #else
     static const char *const names[] = {"libvulkan.so.1", "libvulkan.so"};

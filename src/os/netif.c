@@ -80,8 +80,7 @@ int cm_mcast4_open(uint16_t port, char *err, size_t errlen) {
     return fd;
 }
 
-static int mcast4_membership(int fd, int opt, const uint8_t group[4], const uint8_t ifaddr[4],
-                             unsigned ifindex) {
+static int mcast4_membership(int fd, int opt, const uint8_t group[4], const uint8_t ifaddr[4], unsigned ifindex) {
 #if defined(__linux__)
     struct ip_mreqn mr;
     memset(&mr, 0, sizeof mr);
@@ -111,8 +110,7 @@ int cm_mcast4_leave(int fd, const uint8_t group[4], const uint8_t ifaddr[4], uns
     return mcast4_membership(fd, IP_DROP_MEMBERSHIP, group, ifaddr, ifindex);
 }
 
-int cm_udp4_send(int fd, const void *buf, size_t n, const uint8_t dst[4], uint16_t port,
-                 const uint8_t ifaddr[4]) {
+int cm_udp4_send(int fd, const void *buf, size_t n, const uint8_t dst[4], uint16_t port, const uint8_t ifaddr[4]) {
     if (ifaddr && dst[0] >= 224 && dst[0] <= 239) {
         struct in_addr ia;
         memcpy(&ia, ifaddr, 4);
@@ -131,7 +129,10 @@ int cm_udp4_send(int fd, const void *buf, size_t n, const uint8_t dst[4], uint16
 long cm_udp4_recv(int fd, void *buf, size_t cap, uint8_t src[4], uint16_t *sport, unsigned *ifindex) {
     struct sockaddr_in sa;
     struct iovec iov = {buf, cap};
-    union { char b[256]; struct cmsghdr align; } ctl;
+    union {
+        char b[256];
+        struct cmsghdr align;
+    } ctl;
     struct msghdr mh;
     memset(&mh, 0, sizeof mh);
     mh.msg_name = &sa;

@@ -98,8 +98,8 @@ int cm_file_load(cm_mapped_file *f, const char *path, void (*progress)(void *ctx
         mem = cm_huge_alloc(size);
         if (!mem) {
             close(fd);
-            return cm_errf(err, errlen, CM_ENOMEM, "cannot load '%s': out of memory for %.1f MiB (try --mmap)",
-                           path, (double)size / 1048576.0);
+            return cm_errf(err, errlen, CM_ENOMEM, "cannot load '%s': out of memory for %.1f MiB (try --mmap)", path,
+                           (double)size / 1048576.0);
         }
         const size_t chunk = (size_t)32 << 20;
         for (size_t done = 0; done < size;) {
@@ -147,7 +147,10 @@ int cm_file_read_all(const char *path, char **out, size_t *len, char *err, size_
     size_t cap = 4096, n = 0;
     char *buf = malloc(cap);
     for (;;) {
-        if (!buf) { fclose(fp); return cm_errf(err, errlen, CM_ENOMEM, "out of memory reading '%s'", path); }
+        if (!buf) {
+            fclose(fp);
+            return cm_errf(err, errlen, CM_ENOMEM, "out of memory reading '%s'", path);
+        }
         size_t r = fread(buf + n, 1, cap - n - 1, fp);
         n += r;
         if (r == 0) break;
@@ -160,15 +163,17 @@ int cm_file_read_all(const char *path, char **out, size_t *len, char *err, size_
     }
     int bad = ferror(fp);
     fclose(fp);
-    if (bad) { free(buf); return cm_errf(err, errlen, CM_EIO, "cannot read '%s'", path); }
+    if (bad) {
+        free(buf);
+        return cm_errf(err, errlen, CM_EIO, "cannot read '%s'", path);
+    }
     buf[n] = 0;
     *out = buf;
     if (len) *len = n;
     return 0;
 }
 
-int cm_file_write_atomic(const char *path, const void *data, size_t n, int mode, char *err,
-                         size_t errlen) {
+int cm_file_write_atomic(const char *path, const void *data, size_t n, int mode, char *err, size_t errlen) {
     char tmp[4096];
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
@@ -201,7 +206,10 @@ int cm_file_write_atomic(const char *path, const void *data, size_t n, int mode,
 int cm_mkdir_p(const char *dir, int mode, bool parent_of) {
     char tmp[4096];
     size_t n = strlen(dir);
-    if (n == 0 || n >= sizeof tmp) { errno = ENAMETOOLONG; return -1; }
+    if (n == 0 || n >= sizeof tmp) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
     memcpy(tmp, dir, n + 1);
     if (parent_of) {
         char *slash = strrchr(tmp, '/');

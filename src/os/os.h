@@ -17,7 +17,7 @@ typedef struct cm_mapped_file {
     const uint8_t *data; /* read-only bytes of the file; NULL for an empty file */
     size_t size;
     int fd;
-    bool in_memory;      /* read into anonymous memory by cm_file_load (else a file mapping) */
+    bool in_memory; /* read into anonymous memory by cm_file_load (else a file mapping) */
 } cm_mapped_file;
 /* Map a whole file read-only. Errors: CM_ENOENT, CM_EIO (with message). */
 int cm_file_map(cm_mapped_file *f, const char *path, char *err, size_t errlen);
@@ -40,8 +40,7 @@ void cm_huge_free(void *p, size_t n);
 /* Read a whole (small) file into a malloc'd NUL-terminated buffer. */
 int cm_file_read_all(const char *path, char **out, size_t *len, char *err, size_t errlen);
 /* Write atomically (tmp + rename) with the given mode (e.g. 0600). */
-int cm_file_write_atomic(const char *path, const void *data, size_t n, int mode, char *err,
-                         size_t errlen);
+int cm_file_write_atomic(const char *path, const void *data, size_t n, int mode, char *err, size_t errlen);
 bool cm_file_exists(const char *path);
 /* mkdir -p: dir and every missing directory above it, created with mode
  * (existing ones are left as they are). 0, or -1 with errno. With
@@ -71,11 +70,11 @@ typedef struct cm_cpu_features {
 const cm_cpu_features *cm_cpu_features_get(void); /* detected once; thread-safe after first call */
 /* CUMULO_ISA=scalar|avx2|avx512|neon caps what dispatch may pick (for tests and benchmarks). */
 const char *cm_cpu_isa_cap(void);
-int cm_cpu_count(void);                  /* online logical CPUs */
+int cm_cpu_count(void); /* online logical CPUs */
 uint64_t cm_mem_total_bytes(void);
 uint64_t cm_mem_available_bytes(void);
-const char *cm_os_name(void);            /* "linux" / "darwin" */
-const char *cm_arch_name(void);          /* "x86_64" / "arm64" */
+const char *cm_os_name(void);   /* "linux" / "darwin" */
+const char *cm_arch_name(void); /* "x86_64" / "arm64" */
 /* Peak resident set size of this process in bytes (0 if unknown). */
 uint64_t cm_peak_rss_bytes(void);
 /* The host this process runs on, the same for every process of one machine
@@ -131,10 +130,10 @@ static inline void cm_split_range(int64_t n, int ith, int nth, int64_t *begin, i
  * estimated. A meter is used by one thread at a time. */
 typedef struct cm_power_meter cm_power_meter;
 typedef struct cm_power_sample {
-    double watts;    /* average since the previous read (first read: since open) */
-    double joules;   /* energy since the meter was opened */
-    double cpu_load; /* busy fraction of all CPUs in [0, 1] over the same interval; -1 unknown */
-    bool measured;   /* true: RAPL counters; false: estimate from load x TDP */
+    double watts;       /* average since the previous read (first read: since open) */
+    double joules;      /* energy since the meter was opened */
+    double cpu_load;    /* busy fraction of all CPUs in [0, 1] over the same interval; -1 unknown */
+    bool measured;      /* true: RAPL counters; false: estimate from load x TDP */
     const char *source; /* "rapl" or "estimate" */
 } cm_power_sample;
 /* tdp_w: watts at full load for the estimate (<= 0: 65). Never fails for
@@ -173,8 +172,7 @@ int cm_mcast4_open(uint16_t port, char *err, size_t errlen);
 int cm_mcast4_join(int fd, const uint8_t group[4], const uint8_t ifaddr[4], unsigned ifindex);
 int cm_mcast4_leave(int fd, const uint8_t group[4], const uint8_t ifaddr[4], unsigned ifindex);
 /* Send to dst:port; for a multicast dst, out of the interface with address ifaddr. */
-int cm_udp4_send(int fd, const void *buf, size_t n, const uint8_t dst[4], uint16_t port,
-                 const uint8_t ifaddr[4]);
+int cm_udp4_send(int fd, const void *buf, size_t n, const uint8_t dst[4], uint16_t port, const uint8_t ifaddr[4]);
 /* Receive one datagram: bytes (>= 0), CM_EAGAIN when none is waiting, CM_EIO.
  * *ifindex is the arrival interface (0 if unknown). */
 long cm_udp4_recv(int fd, void *buf, size_t cap, uint8_t src[4], uint16_t *sport, unsigned *ifindex);
@@ -187,6 +185,6 @@ void cm_fd_close(int fd); /* no-op for fd < 0 */
  * CUMULO_VULKAN_LIB overrides), or NULL with the reason in err. */
 void *cm_dl_open_vulkan(char *err, size_t errlen);
 void *cm_dl_sym(void *lib, const char *name); /* NULL if absent */
-void cm_dl_close(void *lib);                   /* NULL: no-op */
+void cm_dl_close(void *lib);                  /* NULL: no-op */
 
 #endif

@@ -36,7 +36,10 @@ struct cm_pool {
     _Atomic int sleepers;
 };
 
-typedef struct { cm_pool *p; int ith; } worker_arg;
+typedef struct {
+    cm_pool *p;
+    int ith;
+} worker_arg;
 
 static inline void cpu_relax(void) {
 #if defined(__x86_64__)
@@ -56,13 +59,16 @@ static void *worker_main(void *arg) {
         int spins = 0;
         while ((g = atomic_load_explicit(&p->generation, memory_order_acquire)) == seen) {
             if (atomic_load(&p->stop)) return NULL;
-            if (spins < SPIN_ITERS) { cpu_relax(); spins++; }
-            else if (spins < YIELD_ITERS) { sched_yield(); spins++; }
-            else {
+            if (spins < SPIN_ITERS) {
+                cpu_relax();
+                spins++;
+            } else if (spins < YIELD_ITERS) {
+                sched_yield();
+                spins++;
+            } else {
                 pthread_mutex_lock(&p->mu);
                 atomic_fetch_add(&p->sleepers, 1);
-                while (atomic_load_explicit(&p->generation, memory_order_acquire) == seen &&
-                       !atomic_load(&p->stop))
+                while (atomic_load_explicit(&p->generation, memory_order_acquire) == seen && !atomic_load(&p->stop))
                     pthread_cond_wait(&p->cv, &p->mu);
                 atomic_fetch_sub(&p->sleepers, 1);
                 pthread_mutex_unlock(&p->mu);
@@ -83,7 +89,10 @@ cm_pool *cm_pool_new(int n_threads) {
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->cv, NULL);
     p->threads = calloc((size_t)n_threads, sizeof *p->threads);
-    if (!p->threads) { free(p); return NULL; }
+    if (!p->threads) {
+        free(p);
+        return NULL;
+    }
     for (int i = 1; i < n_threads; i++) {
         worker_arg *wa = malloc(sizeof *wa);
         CM_ASSERT(wa);

@@ -83,8 +83,8 @@ static bool cpu_times(uint64_t *busy, uint64_t *total) {
     FILE *f = fopen(cm_config_get()->proc_stat, "r");
     if (!f) return false;
     unsigned long long v[8] = {0};
-    int n = fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5],
-                   &v[6], &v[7]);
+    int n = fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6],
+                   &v[7]);
     fclose(f);
     if (n < 4) return false;
     uint64_t t = 0;
@@ -142,7 +142,10 @@ int cm_power_read(cm_power_meter *m, cm_power_sample *out) {
         double uj = 0;
         for (int i = 0; i < m->n_zones; i++) {
             uint64_t e;
-            if (!read_u64(m->zone[i], "energy_uj", &e)) { rc = CM_EIO; break; }
+            if (!read_u64(m->zone[i], "energy_uj", &e)) {
+                rc = CM_EIO;
+                break;
+            }
             uint64_t prev = m->last_uj[i];
             /* The counter wraps at max_energy_range_uj back to 0. */
             uint64_t d = e >= prev ? e - prev : (m->max_uj[i] > prev ? m->max_uj[i] - prev + e : e);

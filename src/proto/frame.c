@@ -15,20 +15,15 @@
 static const struct {
     const char *name;
     uint32_t max;
-} k_types[CM_MSG_COUNT] = {
-    [CM_MSG_NONE] = {"none", 0},
+} k_types[CM_MSG_COUNT] = {[CM_MSG_NONE] = {"none", 0},
 #define CM_X_MSG(name, num, max) [num] = {#name, max},
-    CM_MSG_TYPES(CM_X_MSG)
+                           CM_MSG_TYPES(CM_X_MSG)
 #undef CM_X_MSG
 };
 
-const char *cm_msg_type_name(unsigned type) {
-    return type > 0 && type < CM_MSG_COUNT ? k_types[type].name : "unknown";
-}
+const char *cm_msg_type_name(unsigned type) { return type > 0 && type < CM_MSG_COUNT ? k_types[type].name : "unknown"; }
 
-uint32_t cm_msg_max_payload(unsigned type) {
-    return type > 0 && type < CM_MSG_COUNT ? k_types[type].max : 0;
-}
+uint32_t cm_msg_max_payload(unsigned type) { return type > 0 && type < CM_MSG_COUNT ? k_types[type].max : 0; }
 
 const char *cm_sec_mode_name(cm_sec_mode m) {
     switch (m) {
@@ -50,32 +45,27 @@ void cm_frame_hdr_encode(const cm_frame_hdr *h, uint8_t out[CM_FRAME_HDR]) {
 
 int cm_frame_hdr_decode(const uint8_t *p, size_t n, cm_frame_hdr *h, char *err, size_t errlen) {
     if (n < CM_FRAME_HDR)
-        return cm_errf(err, errlen, CM_EFORMAT, "truncated frame header (%zu of %d bytes)", n,
-                       CM_FRAME_HDR);
+        return cm_errf(err, errlen, CM_EFORMAT, "truncated frame header (%zu of %d bytes)", n, CM_FRAME_HDR);
     uint32_t magic = cm_rd_u32(p);
     if (magic != CM_PROTO_MAGIC)
-        return cm_errf(err, errlen, CM_EFORMAT,
-                       "not a cumulo frame (magic 0x%08x; is this the right port?)", (unsigned)magic);
+        return cm_errf(err, errlen, CM_EFORMAT, "not a cumulo frame (magic 0x%08x; is this the right port?)",
+                       (unsigned)magic);
     h->version = p[4];
     h->type = p[5];
     h->flags = cm_rd_u16(p + 6);
     h->seq = cm_rd_u64(p + 8);
     h->len = cm_rd_u32(p + 16);
     if (h->version != CM_PROTO_VERSION)
-        return cm_errf(err, errlen, CM_EUNSUPPORTED,
-                       "frame of protocol version %u (this node speaks version %d)",
+        return cm_errf(err, errlen, CM_EUNSUPPORTED, "frame of protocol version %u (this node speaks version %d)",
                        (unsigned)h->version, CM_PROTO_VERSION);
     if (h->type == 0 || h->type >= CM_MSG_COUNT)
-        return cm_errf(err, errlen, CM_EUNSUPPORTED, "frame of unknown message type %u",
-                       (unsigned)h->type);
+        return cm_errf(err, errlen, CM_EUNSUPPORTED, "frame of unknown message type %u", (unsigned)h->type);
     if (h->flags & ~(CM_FRAME_F_MAC | CM_FRAME_F_ENC))
-        return cm_errf(err, errlen, CM_EFORMAT, "frame with unknown flags 0x%04x",
-                       (unsigned)h->flags);
+        return cm_errf(err, errlen, CM_EFORMAT, "frame with unknown flags 0x%04x", (unsigned)h->flags);
     if ((h->flags & CM_FRAME_F_ENC) && !(h->flags & CM_FRAME_F_MAC))
         return cm_errf(err, errlen, CM_EFORMAT, "encrypted frame without a MAC");
     if (h->len > k_types[h->type].max)
-        return cm_errf(err, errlen, CM_ERANGE,
-                       "%s frame of %u bytes exceeds the maximum of %u", k_types[h->type].name,
+        return cm_errf(err, errlen, CM_ERANGE, "%s frame of %u bytes exceeds the maximum of %u", k_types[h->type].name,
                        (unsigned)h->len, (unsigned)k_types[h->type].max);
     return 0;
 }
@@ -111,17 +101,14 @@ int cm_chan_check_hdr(const cm_chan *s, const cm_frame_hdr *h, char *err, size_t
     if (h->flags != want) {
         if ((want & CM_FRAME_F_MAC) && !(h->flags & CM_FRAME_F_MAC))
             return cm_errf(err, errlen, CM_EAUTH, "sent an unauthenticated %s frame", tn);
-        return cm_errf(err, errlen, CM_EPROTO,
-                       "sent a %s frame with flags 0x%x in a %s session (expected 0x%x)", tn,
+        return cm_errf(err, errlen, CM_EPROTO, "sent a %s frame with flags 0x%x in a %s session (expected 0x%x)", tn,
                        (unsigned)h->flags, cm_sec_mode_name(s->mode), (unsigned)want);
     }
     if (h->seq != s->rx_seq) {
         if (h->seq < s->rx_seq)
-            return cm_errf(err, errlen, CM_EAUTH,
-                           "sent a replayed %s frame (seq %llu, expected %llu)", tn,
+            return cm_errf(err, errlen, CM_EAUTH, "sent a replayed %s frame (seq %llu, expected %llu)", tn,
                            (unsigned long long)h->seq, (unsigned long long)s->rx_seq);
-        return cm_errf(err, errlen, CM_EAUTH,
-                       "sent an out-of-order %s frame (seq %llu, expected %llu)", tn,
+        return cm_errf(err, errlen, CM_EAUTH, "sent an out-of-order %s frame (seq %llu, expected %llu)", tn,
                        (unsigned long long)h->seq, (unsigned long long)s->rx_seq);
     }
     return 0;
@@ -134,27 +121,21 @@ static void make_nonce(uint64_t seq, uint8_t nonce[crypto_aead_xchacha20poly1305
     cm_wr_u64(nonce, seq);
 }
 
-int cm_frame_seal(cm_chan *s, unsigned type, uint8_t *frame, size_t payload_len, size_t cap,
-                  size_t *frame_len, char *err, size_t errlen) {
+int cm_frame_seal(cm_chan *s, unsigned type, uint8_t *frame, size_t payload_len, size_t cap, size_t *frame_len,
+                  char *err, size_t errlen) {
     if (type == 0 || type >= CM_MSG_COUNT)
         return cm_errf(err, errlen, CM_EINVAL, "cannot send a frame of unknown type %u", type);
     if (payload_len > k_types[type].max)
-        return cm_errf(err, errlen, CM_ERANGE, "%s payload of %zu bytes exceeds the maximum of %u",
-                       k_types[type].name, payload_len, (unsigned)k_types[type].max);
+        return cm_errf(err, errlen, CM_ERANGE, "%s payload of %zu bytes exceeds the maximum of %u", k_types[type].name,
+                       payload_len, (unsigned)k_types[type].max);
     if (!s->established && !is_hs_type(type) && type != CM_MSG_ERROR)
-        return cm_errf(err, errlen, CM_ESTATE, "cannot send %s before the handshake finished",
-                       k_types[type].name);
+        return cm_errf(err, errlen, CM_ESTATE, "cannot send %s before the handshake finished", k_types[type].name);
     if (s->established && is_hs_type(type))
-        return cm_errf(err, errlen, CM_ESTATE, "cannot send %s after the handshake",
-                       k_types[type].name);
-    if (s->tx_seq == UINT64_MAX)
-        return cm_errf(err, errlen, CM_ESTATE, "sequence numbers exhausted; reconnect");
+        return cm_errf(err, errlen, CM_ESTATE, "cannot send %s after the handshake", k_types[type].name);
+    if (s->tx_seq == UINT64_MAX) return cm_errf(err, errlen, CM_ESTATE, "sequence numbers exhausted; reconnect");
     size_t total = cm_chan_overhead(s) + payload_len;
-    if (total > cap)
-        return cm_errf(err, errlen, CM_ERANGE, "frame buffer of %zu bytes too small for %zu", cap,
-                       total);
-    cm_frame_hdr h = {CM_PROTO_VERSION, (uint8_t)type, session_flags(s), s->tx_seq,
-                      (uint32_t)payload_len};
+    if (total > cap) return cm_errf(err, errlen, CM_ERANGE, "frame buffer of %zu bytes too small for %zu", cap, total);
+    cm_frame_hdr h = {CM_PROTO_VERSION, (uint8_t)type, session_flags(s), s->tx_seq, (uint32_t)payload_len};
     cm_frame_hdr_encode(&h, frame);
     uint8_t *payload = frame + CM_FRAME_HDR, *mac = payload + payload_len;
     if (h.flags & CM_FRAME_F_MAC) {
@@ -162,13 +143,11 @@ int cm_frame_seal(cm_chan *s, unsigned type, uint8_t *frame, size_t payload_len,
         make_nonce(h.seq, nonce);
         unsigned long long maclen = 0;
         if (h.flags & CM_FRAME_F_ENC) /* AAD: the header; ciphertext replaces the payload */
-            crypto_aead_xchacha20poly1305_ietf_encrypt_detached(payload, mac, &maclen, payload,
-                                                                payload_len, frame, CM_FRAME_HDR,
-                                                                NULL, nonce, s->tx_key);
+            crypto_aead_xchacha20poly1305_ietf_encrypt_detached(payload, mac, &maclen, payload, payload_len, frame,
+                                                                CM_FRAME_HDR, NULL, nonce, s->tx_key);
         else /* auth-only: empty plaintext (the pointer is a placeholder), AAD = header || payload */
             crypto_aead_xchacha20poly1305_ietf_encrypt_detached(payload, mac, &maclen, payload, 0, frame,
-                                                                CM_FRAME_HDR + payload_len, NULL,
-                                                                nonce, s->tx_key);
+                                                                CM_FRAME_HDR + payload_len, NULL, nonce, s->tx_key);
         CM_ASSERT(maclen == CM_FRAME_MAC);
     }
     s->tx_seq++;
@@ -176,16 +155,15 @@ int cm_frame_seal(cm_chan *s, unsigned type, uint8_t *frame, size_t payload_len,
     return 0;
 }
 
-int cm_frame_open(cm_chan *s, uint8_t *frame, size_t n, cm_frame_hdr *h, uint8_t **payload,
-                  char *err, size_t errlen) {
+int cm_frame_open(cm_chan *s, uint8_t *frame, size_t n, cm_frame_hdr *h, uint8_t **payload, char *err, size_t errlen) {
     int rc = cm_frame_hdr_decode(frame, n, h, err, errlen);
     if (rc) return rc;
     rc = cm_chan_check_hdr(s, h, err, errlen);
     if (rc) return rc;
     size_t want = CM_FRAME_HDR + (size_t)h->len + ((h->flags & CM_FRAME_F_MAC) ? CM_FRAME_MAC : 0);
     if (n != want)
-        return cm_errf(err, errlen, CM_EFORMAT, "%s frame of %zu bytes, header says %zu",
-                       cm_msg_type_name(h->type), n, want);
+        return cm_errf(err, errlen, CM_EFORMAT, "%s frame of %zu bytes, header says %zu", cm_msg_type_name(h->type), n,
+                       want);
     uint8_t *p = frame + CM_FRAME_HDR;
     if (h->flags & CM_FRAME_F_MAC) {
         uint8_t nonce[crypto_aead_xchacha20poly1305_ietf_NPUBBYTES];
@@ -193,11 +171,11 @@ int cm_frame_open(cm_chan *s, uint8_t *frame, size_t n, cm_frame_hdr *h, uint8_t
         const uint8_t *mac = p + h->len;
         int bad;
         if (h->flags & CM_FRAME_F_ENC)
-            bad = crypto_aead_xchacha20poly1305_ietf_decrypt_detached(p, NULL, p, h->len, mac, frame,
-                                                                      CM_FRAME_HDR, nonce, s->rx_key);
+            bad = crypto_aead_xchacha20poly1305_ietf_decrypt_detached(p, NULL, p, h->len, mac, frame, CM_FRAME_HDR,
+                                                                      nonce, s->rx_key);
         else
-            bad = crypto_aead_xchacha20poly1305_ietf_decrypt_detached(
-                p, NULL, p, 0, mac, frame, CM_FRAME_HDR + h->len, nonce, s->rx_key);
+            bad = crypto_aead_xchacha20poly1305_ietf_decrypt_detached(p, NULL, p, 0, mac, frame, CM_FRAME_HDR + h->len,
+                                                                      nonce, s->rx_key);
         /* libsodium leaves the buffer untouched when verification fails. */
         if (bad)
             return cm_errf(err, errlen, CM_EAUTH,

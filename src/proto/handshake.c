@@ -17,12 +17,10 @@
 enum { SUB_C2S = 1, SUB_S2C = 2, SUB_PROOF_S = 3, SUB_PROOF_C = 4 };
 static const char k_th_label[] = "cumulo handshake v1";
 
-int cm_hs_init(cm_hs *hs, bool initiator, cm_sec_mode mode, const uint8_t *key, char *err,
-               size_t errlen) {
+int cm_hs_init(cm_hs *hs, bool initiator, cm_sec_mode mode, const uint8_t *key, char *err, size_t errlen) {
     memset(hs, 0, sizeof *hs);
     if (sodium_init() < 0) return cm_errf(err, errlen, CM_EIO, "cannot initialise libsodium");
-    if ((unsigned)mode >= CM_SEC_COUNT)
-        return cm_errf(err, errlen, CM_EINVAL, "unknown security mode %d", (int)mode);
+    if ((unsigned)mode >= CM_SEC_COUNT) return cm_errf(err, errlen, CM_EINVAL, "unknown security mode %d", (int)mode);
     if (mode != CM_SEC_INSECURE && !key)
         return cm_errf(err, errlen, CM_EINVAL, "a cluster key is needed (or --insecure)");
     hs->initiator = initiator;
@@ -47,7 +45,7 @@ static void put_core(const cm_hs *hs, uint8_t out[CM_HS_INIT_BYTES]) {
 
 static const char *mode_words(unsigned m) {
     return m == CM_SEC_INSECURE ? "runs --insecure"
-         : m == CM_SEC_AUTH     ? "uses auth-only frames"
+           : m == CM_SEC_AUTH   ? "uses auth-only frames"
                                 : "requires the cluster key and encrypted frames";
 }
 
@@ -58,9 +56,8 @@ static int check_core(const cm_hs *hs, const uint8_t *p, char *err, size_t errle
     unsigned v = cm_rd_u16(p), mode = p[2];
     const char *me = hs->initiator ? "the connecting node" : "the listening node";
     if (v != CM_PROTO_VERSION)
-        return cm_errf(err, errlen, CM_EUNSUPPORTED,
-                       "protocol version %u is not supported (%s speaks version %d)", v, me,
-                       CM_PROTO_VERSION);
+        return cm_errf(err, errlen, CM_EUNSUPPORTED, "protocol version %u is not supported (%s speaks version %d)", v,
+                       me, CM_PROTO_VERSION);
     if (mode >= CM_SEC_COUNT || p[3] != 0)
         return cm_errf(err, errlen, CM_EFORMAT, "handshake with unknown security mode %u", mode);
     if (mode != (unsigned)hs->mode) {
@@ -110,8 +107,7 @@ static int need(size_t cap, size_t n, size_t *len, char *err, size_t errlen) {
 }
 
 int cm_hs_write_init(cm_hs *hs, uint8_t *out, size_t cap, size_t *len, char *err, size_t errlen) {
-    if (!hs->initiator || hs->step != 0)
-        return cm_errf(err, errlen, CM_ESTATE, "handshake: AUTH_INIT out of turn");
+    if (!hs->initiator || hs->step != 0) return cm_errf(err, errlen, CM_ESTATE, "handshake: AUTH_INIT out of turn");
     int rc = need(cap, CM_HS_INIT_BYTES, len, err, errlen);
     if (rc) return rc;
     put_core(hs, hs->init);
@@ -121,11 +117,9 @@ int cm_hs_write_init(cm_hs *hs, uint8_t *out, size_t cap, size_t *len, char *err
 }
 
 int cm_hs_read_init(cm_hs *hs, const uint8_t *p, size_t n, char *err, size_t errlen) {
-    if (hs->initiator || hs->step != 0)
-        return cm_errf(err, errlen, CM_EPROTO, "sent AUTH_INIT out of turn");
+    if (hs->initiator || hs->step != 0) return cm_errf(err, errlen, CM_EPROTO, "sent AUTH_INIT out of turn");
     if (n != CM_HS_INIT_BYTES)
-        return cm_errf(err, errlen, CM_EFORMAT, "AUTH_INIT of %zu bytes (expected %d)", n,
-                       CM_HS_INIT_BYTES);
+        return cm_errf(err, errlen, CM_EFORMAT, "AUTH_INIT of %zu bytes (expected %d)", n, CM_HS_INIT_BYTES);
     int rc = check_core(hs, p, err, errlen);
     if (rc) return rc;
     memcpy(hs->init, p, CM_HS_INIT_BYTES);
@@ -134,8 +128,7 @@ int cm_hs_read_init(cm_hs *hs, const uint8_t *p, size_t n, char *err, size_t err
 }
 
 int cm_hs_write_reply(cm_hs *hs, uint8_t *out, size_t cap, size_t *len, char *err, size_t errlen) {
-    if (hs->initiator || hs->step != 1)
-        return cm_errf(err, errlen, CM_ESTATE, "handshake: AUTH_REPLY out of turn");
+    if (hs->initiator || hs->step != 1) return cm_errf(err, errlen, CM_ESTATE, "handshake: AUTH_REPLY out of turn");
     int rc = need(cap, CM_HS_REPLY_BYTES, len, err, errlen);
     if (rc) return rc;
     put_core(hs, hs->reply);
@@ -151,11 +144,9 @@ int cm_hs_write_reply(cm_hs *hs, uint8_t *out, size_t cap, size_t *len, char *er
 }
 
 int cm_hs_read_reply(cm_hs *hs, const uint8_t *p, size_t n, char *err, size_t errlen) {
-    if (!hs->initiator || hs->step != 1)
-        return cm_errf(err, errlen, CM_EPROTO, "sent AUTH_REPLY out of turn");
+    if (!hs->initiator || hs->step != 1) return cm_errf(err, errlen, CM_EPROTO, "sent AUTH_REPLY out of turn");
     if (n != CM_HS_REPLY_BYTES)
-        return cm_errf(err, errlen, CM_EFORMAT, "AUTH_REPLY of %zu bytes (expected %d)", n,
-                       CM_HS_REPLY_BYTES);
+        return cm_errf(err, errlen, CM_EFORMAT, "AUTH_REPLY of %zu bytes (expected %d)", n, CM_HS_REPLY_BYTES);
     int rc = check_core(hs, p, err, errlen);
     if (rc) return rc;
     memcpy(hs->reply, p, CM_HS_INIT_BYTES);
@@ -185,8 +176,7 @@ int cm_hs_read_finish(cm_hs *hs, const uint8_t *p, size_t n, char *err, size_t e
     if (hs->initiator || hs->step != 2 || !hs->keys_ready)
         return cm_errf(err, errlen, CM_EPROTO, "sent AUTH_FINISH out of turn");
     if (n != CM_HS_FINISH_BYTES)
-        return cm_errf(err, errlen, CM_EFORMAT, "AUTH_FINISH of %zu bytes (expected %d)", n,
-                       CM_HS_FINISH_BYTES);
+        return cm_errf(err, errlen, CM_EFORMAT, "AUTH_FINISH of %zu bytes (expected %d)", n, CM_HS_FINISH_BYTES);
     if (sodium_memcmp(hs->proof_c, p, 32) != 0)
         return cm_errf(err, errlen, CM_EAUTH,
                        "the peer does not know this cluster's key (its proof is wrong; check "

@@ -104,7 +104,8 @@ static bool enc_control(wcur *w, const cm_msg *m) {
         }
         w_check(w, p->data_len <= CM_MSG_MAX_CHUNK && (p->data || !p->data_len), "data");
         w_u32(w, p->data_len);
-        if (p->data) w_bytes(w, p->data, p->data_len); else w->len += p->data_len;
+        if (p->data) w_bytes(w, p->data, p->data_len);
+        else w->len += p->data_len;
         break;
     }
     case CM_MSG_READY:
@@ -124,7 +125,8 @@ static bool enc_control(wcur *w, const cm_msg *m) {
         size_t n = 0;
         bool over = false;
         const bool room = w->p && !w->over;
-        const char *bad = cm_msg_train_put(&m->u.train, room ? w->p + w->len : NULL, room ? w->cap - w->len : 0, &n, &over);
+        const char *bad =
+            cm_msg_train_put(&m->u.train, room ? w->p + w->len : NULL, room ? w->cap - w->len : 0, &n, &over);
         w_check(w, !bad, bad);
         if (over) w->over = true;
         w->len += n;
@@ -139,7 +141,8 @@ static bool enc_control(wcur *w, const cm_msg *m) {
         w_u32(w, q->deadline_ms);
         w_u32(w, q->probe_bytes);
         w_u8(w, q->n_peers);
-        for (unsigned i = 0; i < q->n_peers && i < CM_MSG_MAX_PEERS; i++) w_str(w, q->peers[i], CM_MSG_ADDR_MAX, "peer");
+        for (unsigned i = 0; i < q->n_peers && i < CM_MSG_MAX_PEERS; i++)
+            w_str(w, q->peers[i], CM_MSG_ADDR_MAX, "peer");
         break;
     }
     case CM_MSG_LINKS: {
@@ -173,15 +176,11 @@ int cm_msg_encode(const cm_msg *m, uint8_t *out, size_t cap, size_t *len, char *
     wcur w = {out, out ? cap : 0, 0, false, NULL};
     *len = 0;
     encode(&w, m);
-    if (w.invalid)
-        return cm_errf(err, errlen, CM_EINVAL, "cannot encode %s: field '%s' out of range", tn,
-                       w.invalid);
+    if (w.invalid) return cm_errf(err, errlen, CM_EINVAL, "cannot encode %s: field '%s' out of range", tn, w.invalid);
     if (w.len > cm_msg_max_payload(m->type))
-        return cm_errf(err, errlen, CM_ERANGE, "%s of %zu bytes exceeds the maximum of %u", tn,
-                       w.len, (unsigned)cm_msg_max_payload(m->type));
-    if (w.over)
-        return cm_errf(err, errlen, CM_ERANGE, "cannot encode %s: %zu bytes do not fit in %zu", tn,
-                       w.len, cap);
+        return cm_errf(err, errlen, CM_ERANGE, "%s of %zu bytes exceeds the maximum of %u", tn, w.len,
+                       (unsigned)cm_msg_max_payload(m->type));
+    if (w.over) return cm_errf(err, errlen, CM_ERANGE, "cannot encode %s: %zu bytes do not fit in %zu", tn, w.len, cap);
     *len = w.len;
     return 0;
 }
@@ -221,7 +220,10 @@ static int dec_control(rcur *r, unsigned type, cm_msg *m) {
             h->gpu_gflops = r_f32(r, "gpu_gflops");
             h->gpu_layers = r_u32(r, "gpu_layers");
         }
-        if (!r->bad) { const char *bad = hello_invalid(h); if (bad) r_fail(r, bad, "out of range"); }
+        if (!r->bad) {
+            const char *bad = hello_invalid(h);
+            if (bad) r_fail(r, bad, "out of range");
+        }
         break;
     }
     case CM_MSG_HEARTBEAT: {
@@ -238,7 +240,10 @@ static int dec_control(rcur *r, unsigned type, cm_msg *m) {
         h->power_src = r_u8(r, "power_src");
         h->tok_s = r_f32(r, "tok_s");
         h->ms_per_tok = r_f32(r, "ms_per_tok");
-        if (!r->bad) { const char *bad = stats_invalid(h); if (bad) r_fail(r, bad, "out of range"); }
+        if (!r->bad) {
+            const char *bad = stats_invalid(h);
+            if (bad) r_fail(r, bad, "out of range");
+        }
         break;
     }
     case CM_MSG_PING:
@@ -322,16 +327,12 @@ int cm_msg_decode(unsigned type, const uint8_t *p, size_t n, cm_msg *m, char *er
     m->type = type;
     const char *tn = cm_msg_type_name(type);
     if (n > cm_msg_max_payload(type) && cm_msg_max_payload(type))
-        return cm_errf(err, errlen, CM_ERANGE, "%s payload of %zu bytes exceeds the maximum of %u",
-                       tn, n, (unsigned)cm_msg_max_payload(type));
+        return cm_errf(err, errlen, CM_ERANGE, "%s payload of %zu bytes exceeds the maximum of %u", tn, n,
+                       (unsigned)cm_msg_max_payload(type));
     rcur r = {p, n, 0, NULL, NULL};
     if (decode(&r, type, m) == CM_EUNSUPPORTED)
         return cm_errf(err, errlen, CM_EUNSUPPORTED, "no message codec for type %u (%s)", type, tn);
-    if (r.bad)
-        return cm_errf(err, errlen, CM_EFORMAT, "malformed %s payload: field '%s' %s", tn, r.bad,
-                       r.reason);
-    if (r.off != n)
-        return cm_errf(err, errlen, CM_EFORMAT, "malformed %s payload: %zu trailing bytes", tn,
-                       n - r.off);
+    if (r.bad) return cm_errf(err, errlen, CM_EFORMAT, "malformed %s payload: field '%s' %s", tn, r.bad, r.reason);
+    if (r.off != n) return cm_errf(err, errlen, CM_EFORMAT, "malformed %s payload: %zu trailing bytes", tn, n - r.off);
     return 0;
 }

@@ -15,7 +15,8 @@ static bool kv_types_ok(const cm_msg_assign *a) {
 }
 
 static const char *assign_invalid(const cm_msg_assign *a) {
-    if (a->flags & ~(CM_ASSIGN_F_EMBED | CM_ASSIGN_F_OUTPUT | CM_ASSIGN_F_TP_Q8 | CM_ASSIGN_F_EP | CM_ASSIGN_F_TAKE | CM_ASSIGN_F_KV))
+    if (a->flags & ~(CM_ASSIGN_F_EMBED | CM_ASSIGN_F_OUTPUT | CM_ASSIGN_F_TP_Q8 | CM_ASSIGN_F_EP | CM_ASSIGN_F_TAKE |
+                     CM_ASSIGN_F_KV))
         return "flags";
     if ((a->flags & CM_ASSIGN_F_TP_Q8) && a->tp_size < 2) return "flags";
     if ((a->flags & CM_ASSIGN_F_EP) && (a->tp_size < 2 || (a->flags & CM_ASSIGN_F_TP_Q8))) return "flags";
@@ -24,14 +25,13 @@ static const char *assign_invalid(const cm_msg_assign *a) {
     /* A member of a tensor-parallel group may hold no KV heads (FFN only) or
      * no FFN rows (attention only); a whole-layer stage holds both. */
     bool tp = a->tp_size > 1;
-    if (a->head_begin > a->head_end || (!tp && a->head_begin == a->head_end) || a->head_end > 65536) return "head range";
+    if (a->head_begin > a->head_end || (!tp && a->head_begin == a->head_end) || a->head_end > 65536)
+        return "head range";
     if (a->ffn_begin > a->ffn_end || (!tp && a->ffn_begin == a->ffn_end) || a->ffn_end > (1u << 24)) return "ffn range";
-    if (a->n_ctx == 0 || a->n_ctx > (1u << 24) || a->n_seq_max == 0 || a->n_seq_max > 65536)
-        return "kv size";
+    if (a->n_ctx == 0 || a->n_ctx > (1u << 24) || a->n_seq_max == 0 || a->n_seq_max > 65536) return "kv size";
     if (a->n_stages == 0 || a->stage >= a->n_stages) return "stage";
     if (!(a->flags & CM_ASSIGN_F_EMBED) != !(a->stage == 0 && a->layer_begin == 0)) return "embed";
-    if (!(a->flags & CM_ASSIGN_F_OUTPUT) !=
-        !(a->stage == a->n_stages - 1 && a->layer_end == a->n_layers))
+    if (!(a->flags & CM_ASSIGN_F_OUTPUT) != !(a->stage == a->n_stages - 1 && a->layer_end == a->n_layers))
         return "output";
     if (a->hidden_dtype != CM_HIDDEN_F32 && a->hidden_dtype != CM_HIDDEN_Q8) return "hidden_dtype";
     if (a->tp_size == 0 || a->tp_size > CM_MSG_MAX_TP || a->tp_rank >= a->tp_size) return "tp";
@@ -72,7 +72,10 @@ bool cm_msg_enc_assign(wcur *w, const cm_msg *m) {
         w_u8(w, a->tp_rank);
         w_u8(w, a->tp_size);
         const char *bad = assign_invalid(a);
-        if (bad) { w_check(w, false, bad); break; }
+        if (bad) {
+            w_check(w, false, bad);
+            break;
+        }
         for (unsigned i = 0; i < a->tp_size; i++) w_str(w, a->tp_peers[i], CM_MSG_ADDR_MAX, "tp_peers");
         if (a->flags & CM_ASSIGN_F_EP) {
             w_check(w, expert_bounds_ok(a), "expert_bounds");
@@ -101,7 +104,8 @@ bool cm_msg_enc_assign(wcur *w, const cm_msg *m) {
         w_check(w, c->data_len <= CM_MSG_MAX_CHUNK && (c->data || !c->data_len), "data");
         w_check(w, cm_add_ok(c->offset, c->data_len, &end) && end <= c->total, "offset");
         w_u32(w, c->data_len);
-        if (c->data) w_bytes(w, c->data, c->data_len); else w->len += c->data_len;
+        if (c->data) w_bytes(w, c->data, c->data_len);
+        else w->len += c->data_len;
         break;
     }
     default: return false;
@@ -135,7 +139,10 @@ int cm_msg_dec_assign(rcur *r, unsigned type, cm_msg *m) {
         a->tp_size = r_u8(r, "tp_size");
         if (r->bad) break;
         const char *bad = assign_invalid(a);
-        if (bad) { r_fail(r, bad, "out of range"); break; }
+        if (bad) {
+            r_fail(r, bad, "out of range");
+            break;
+        }
         for (unsigned i = 0; i < a->tp_size; i++) r_str(r, a->tp_peers[i], CM_MSG_ADDR_MAX, "tp_peers");
         if (a->flags & CM_ASSIGN_F_EP) {
             for (unsigned i = 0; i <= a->tp_size; i++) a->expert_bounds[i] = r_u16(r, "expert_bounds");

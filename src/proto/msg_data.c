@@ -10,8 +10,7 @@
 static const char *forward_shape_invalid(const cm_msg_forward *f) {
     if (f->n_tokens == 0 || f->n_tokens > CM_MSG_MAX_TOKENS) return "n_tokens";
     if (f->dtype >= CM_HIDDEN_COUNT) return "dtype";
-    if (f->dtype == CM_HIDDEN_TOKENS ? f->dim != 0 : (f->dim == 0 || f->dim > CM_MSG_MAX_DIM))
-        return "dim";
+    if (f->dtype == CM_HIDDEN_TOKENS ? f->dim != 0 : (f->dim == 0 || f->dim > CM_MSG_MAX_DIM)) return "dim";
     return NULL;
 }
 
@@ -60,7 +59,10 @@ static void q8_row(wcur *w, const float *x, uint32_t dim) {
     float amax = 0;
     for (uint32_t j = 0; j < dim; j++) {
         float a = fabsf(x[j]);
-        if (!isfinite(a)) { w_check(w, false, "hidden (not finite)"); a = 0; }
+        if (!isfinite(a)) {
+            w_check(w, false, "hidden (not finite)");
+            a = 0;
+        }
         if (a > amax) amax = a;
     }
     float d = amax / 127.0f, id = d > 0 ? 1.0f / d : 0.0f;
@@ -80,27 +82,50 @@ static void enc_forward(wcur *w, const cm_msg_forward *f) {
     w_u32(w, f->dim);
     w_u8(w, f->dtype);
     const char *bad = forward_shape_invalid(f);
-    if (bad) { w_check(w, false, bad); return; }
+    if (bad) {
+        w_check(w, false, bad);
+        return;
+    }
     /* Too large for a frame: report the size (the caller says CM_ERANGE) without
      * reading arrays that may be shorter than the claimed counts. */
-    uint64_t row = f->dtype == CM_HIDDEN_TOKENS ? 4 : f->dtype == CM_HIDDEN_F32 ? 4ull * f->dim
-                                                                               : 4ull + f->dim;
+    uint64_t row = f->dtype == CM_HIDDEN_TOKENS ? 4 : f->dtype == CM_HIDDEN_F32 ? 4ull * f->dim : 4ull + f->dim;
     uint64_t body = (uint64_t)f->n_tokens * (9 + row);
-    if (w->len + body > cm_msg_max_payload(CM_MSG_FORWARD)) { w->len += (size_t)body; return; }
-    bool data_ok = f->pos && f->seq && f->want &&
-                   (f->dtype == CM_HIDDEN_TOKENS ? f->tokens != NULL : f->hidden != NULL);
+    if (w->len + body > cm_msg_max_payload(CM_MSG_FORWARD)) {
+        w->len += (size_t)body;
+        return;
+    }
+    bool data_ok =
+        f->pos && f->seq && f->want && (f->dtype == CM_HIDDEN_TOKENS ? f->tokens != NULL : f->hidden != NULL);
     w_check(w, data_ok, "arrays");
     if (!data_ok) return;
-    for (uint32_t i = 0; i < f->n_tokens; i++) { w_check(w, f->pos[i] >= 0, "pos"); w_i32(w, f->pos[i]); }
-    for (uint32_t i = 0; i < f->n_tokens; i++) { w_check(w, f->seq[i] >= 0, "seq"); w_i32(w, f->seq[i]); }
-    for (uint32_t i = 0; i < f->n_tokens; i++) { w_check(w, f->want[i] < CM_WANT_COUNT, "want"); w_u8(w, f->want[i]); }
+    for (uint32_t i = 0; i < f->n_tokens; i++) {
+        w_check(w, f->pos[i] >= 0, "pos");
+        w_i32(w, f->pos[i]);
+    }
+    for (uint32_t i = 0; i < f->n_tokens; i++) {
+        w_check(w, f->seq[i] >= 0, "seq");
+        w_i32(w, f->seq[i]);
+    }
+    for (uint32_t i = 0; i < f->n_tokens; i++) {
+        w_check(w, f->want[i] < CM_WANT_COUNT, "want");
+        w_u8(w, f->want[i]);
+    }
     if (f->dtype == CM_HIDDEN_TOKENS) {
-        for (uint32_t i = 0; i < f->n_tokens; i++) { w_check(w, f->tokens[i] >= 0, "tokens"); w_i32(w, f->tokens[i]); }
+        for (uint32_t i = 0; i < f->n_tokens; i++) {
+            w_check(w, f->tokens[i] >= 0, "tokens");
+            w_i32(w, f->tokens[i]);
+        }
     } else if (f->dtype == CM_HIDDEN_F32) {
-        if (!w->p) { w->len += (size_t)f->n_tokens * f->dim * 4; return; }
+        if (!w->p) {
+            w->len += (size_t)f->n_tokens * f->dim * 4;
+            return;
+        }
         for (size_t k = 0; k < (size_t)f->n_tokens * f->dim; k++) w_f32(w, f->hidden[k]);
     } else {
-        if (!w->p) { w->len += (size_t)f->n_tokens * (4 + (size_t)f->dim); return; }
+        if (!w->p) {
+            w->len += (size_t)f->n_tokens * (4 + (size_t)f->dim);
+            return;
+        }
         for (uint32_t i = 0; i < f->n_tokens; i++) q8_row(w, f->hidden + (size_t)i * f->dim, f->dim);
     }
 }
@@ -111,7 +136,10 @@ bool cm_msg_enc_data(wcur *w, const cm_msg *m) {
     case CM_MSG_TOKEN: {
         const cm_msg_token *t = &m->u.token;
         const char *bad = token_invalid(t);
-        if (bad) { w_check(w, false, bad); break; }
+        if (bad) {
+            w_check(w, false, bad);
+            break;
+        }
         w_u64(w, t->epoch);
         w_u64(w, t->request_id);
         w_i32(w, t->seq);
@@ -119,7 +147,10 @@ bool cm_msg_enc_data(wcur *w, const cm_msg *m) {
         w_i32(w, t->token);
         w_f32(w, t->logprob);
         w_u8(w, t->n_top);
-        for (unsigned i = 0; i < t->n_top; i++) { w_i32(w, t->top_token[i]); w_f32(w, t->top_logprob[i]); }
+        for (unsigned i = 0; i < t->n_top; i++) {
+            w_i32(w, t->top_token[i]);
+            w_f32(w, t->top_logprob[i]);
+        }
         break;
     }
     case CM_MSG_SEQ_CONFIG: {
@@ -154,12 +185,17 @@ bool cm_msg_enc_data(wcur *w, const cm_msg *m) {
         w_u8(w, a->point);
         w_u8(w, a->step);
         w_u32(w, a->elem_offset);
-        w_check(w, a->n > 0 && a->data && cm_add_ok(a->elem_offset, a->n, &end) && end <= UINT32_MAX,
-                "n");
+        w_check(w, a->n > 0 && a->data && cm_add_ok(a->elem_offset, a->n, &end) && end <= UINT32_MAX, "n");
         w_u32(w, a->n);
         if (!a->data) break;
-        if ((uint64_t)a->n * 4 > cm_msg_max_payload(CM_MSG_ALLREDUCE)) { w->len += (size_t)a->n * 4; break; }
-        if (!w->p) { w->len += (size_t)a->n * 4; break; }
+        if ((uint64_t)a->n * 4 > cm_msg_max_payload(CM_MSG_ALLREDUCE)) {
+            w->len += (size_t)a->n * 4;
+            break;
+        }
+        if (!w->p) {
+            w->len += (size_t)a->n * 4;
+            break;
+        }
         for (uint32_t i = 0; i < a->n; i++) w_f32(w, a->data[i]);
         break;
     }
@@ -172,7 +208,10 @@ bool cm_msg_enc_data(wcur *w, const cm_msg *m) {
         w_u32(w, o->n_rows);
         w_u32(w, o->dim);
         const char *bad = output_shape_invalid(o);
-        if (bad) { w_check(w, false, bad); break; }
+        if (bad) {
+            w_check(w, false, bad);
+            break;
+        }
         w_check(w, (o->pos || o->pos_le) && (o->data || o->data_le), "arrays");
         if (!(o->pos || o->pos_le) || !(o->data || o->data_le)) break;
         for (uint32_t i = 0; i < o->n_rows; i++) {
@@ -181,15 +220,24 @@ bool cm_msg_enc_data(wcur *w, const cm_msg *m) {
             w_i32(w, v);
         }
         size_t nf = (size_t)o->n_rows * o->dim;
-        if (!w->p) { w->len += nf * 4; break; }
-        if (!o->data) { w_bytes(w, o->data_le, nf * 4); break; } /* a decoded message re-encodes as is */
+        if (!w->p) {
+            w->len += nf * 4;
+            break;
+        }
+        if (!o->data) {
+            w_bytes(w, o->data_le, nf * 4);
+            break;
+        } /* a decoded message re-encodes as is */
         for (size_t k = 0; k < nf; k++) w_f32(w, o->data[k]);
         break;
     }
     case CM_MSG_SEQ_START: {
         const cm_msg_seq_start *c = &m->u.seq_start;
         const char *bad = seq_start_invalid(c);
-        if (bad) { w_check(w, false, bad); break; }
+        if (bad) {
+            w_check(w, false, bad);
+            break;
+        }
         w_u64(w, c->epoch);
         w_u64(w, c->request_id);
         w_i32(w, c->seq);
@@ -227,19 +275,30 @@ static void dec_forward(rcur *r, cm_msg_forward *f) {
     f->dtype = r_u8(r, "dtype");
     if (r->bad) return;
     const char *bad = forward_shape_invalid(f);
-    if (bad) { r_fail(r, bad, "out of range"); return; }
+    if (bad) {
+        r_fail(r, bad, "out of range");
+        return;
+    }
     uint32_t n = f->n_tokens;
     f->pos_le = r_view(r, n, 4, "pos");
     f->seq_le = r_view(r, n, 4, "seq");
     f->want_le = r_view(r, n, 1, "want");
-    uint64_t row = f->dtype == CM_HIDDEN_TOKENS ? 4 : f->dtype == CM_HIDDEN_F32 ? 4ull * f->dim
-                                                                               : 4ull + f->dim;
+    uint64_t row = f->dtype == CM_HIDDEN_TOKENS ? 4 : f->dtype == CM_HIDDEN_F32 ? 4ull * f->dim : 4ull + f->dim;
     f->data_le = r_view(r, n, row, "data");
     if (r->bad) return;
     for (uint32_t i = 0; i < n; i++) {
-        if ((int32_t)cm_rd_u32(f->pos_le + 4 * i) < 0) { r_fail(r, "pos", "negative"); return; }
-        if ((int32_t)cm_rd_u32(f->seq_le + 4 * i) < 0) { r_fail(r, "seq", "negative"); return; }
-        if (f->want_le[i] >= CM_WANT_COUNT) { r_fail(r, "want", "not 0..3"); return; }
+        if ((int32_t)cm_rd_u32(f->pos_le + 4 * i) < 0) {
+            r_fail(r, "pos", "negative");
+            return;
+        }
+        if ((int32_t)cm_rd_u32(f->seq_le + 4 * i) < 0) {
+            r_fail(r, "seq", "negative");
+            return;
+        }
+        if (f->want_le[i] >= CM_WANT_COUNT) {
+            r_fail(r, "want", "not 0..3");
+            return;
+        }
         if (f->dtype == CM_HIDDEN_TOKENS && (int32_t)cm_rd_u32(f->data_le + 4 * i) < 0) {
             r_fail(r, "tokens", "negative");
             return;
@@ -268,7 +327,10 @@ int cm_msg_dec_data(rcur *r, unsigned type, cm_msg *m) {
             t->top_token[i] = r_i32(r, "top_token");
             t->top_logprob[i] = r_f32(r, "top_logprob");
         }
-        if (!r->bad) { const char *bad = token_invalid(t); if (bad) r_fail(r, bad, "out of range"); }
+        if (!r->bad) {
+            const char *bad = token_invalid(t);
+            if (bad) r_fail(r, bad, "out of range");
+        }
         break;
     }
     case CM_MSG_SEQ_CONFIG: {
@@ -283,7 +345,10 @@ int cm_msg_dec_data(rcur *r, unsigned type, cm_msg *m) {
         c->top_k = r_i32(r, "top_k");
         c->seed = r_u64(r, "seed");
         c->n_top_logprobs = r_u8(r, "n_top_logprobs");
-        if (!r->bad) { const char *bad = seq_config_invalid(c); if (bad) r_fail(r, bad, "out of range"); }
+        if (!r->bad) {
+            const char *bad = seq_config_invalid(c);
+            if (bad) r_fail(r, bad, "out of range");
+        }
         break;
     }
     case CM_MSG_SEQ_FREE:
@@ -316,7 +381,13 @@ int cm_msg_dec_data(rcur *r, unsigned type, cm_msg *m) {
         o->n_rows = r_u32(r, "n_rows");
         o->dim = r_u32(r, "dim");
         if (r->bad) break;
-        { const char *bad = output_shape_invalid(o); if (bad) { r_fail(r, bad, "out of range"); break; } }
+        {
+            const char *bad = output_shape_invalid(o);
+            if (bad) {
+                r_fail(r, bad, "out of range");
+                break;
+            }
+        }
         o->pos_le = r_view(r, o->n_rows, 4, "pos");
         o->data_le = r_view(r, o->n_rows, 4ull * o->dim, "data");
         for (uint32_t i = 0; i < o->n_rows && !r->bad; i++)
@@ -341,7 +412,13 @@ int cm_msg_dec_data(rcur *r, unsigned type, cm_msg *m) {
         c->n_probs = r_u8(r, "n_probs");
         c->n_hist = r_u32(r, "n_hist");
         if (r->bad) break;
-        { const char *bad = seq_start_invalid(c); if (bad) { r_fail(r, bad, "out of range"); break; } }
+        {
+            const char *bad = seq_start_invalid(c);
+            if (bad) {
+                r_fail(r, bad, "out of range");
+                break;
+            }
+        }
         c->hist_le = r_view(r, c->n_hist, 4, "hist");
         for (uint32_t i = 0; i < c->n_hist && !r->bad; i++)
             if ((int32_t)cm_rd_u32(c->hist_le + 4 * (size_t)i) < 0) r_fail(r, "hist", "negative");

@@ -16,7 +16,7 @@
 #include <string.h>
 
 typedef struct wcur {
-    uint8_t *p;          /* NULL: measure only */
+    uint8_t *p; /* NULL: measure only */
     size_t cap, len;
     bool over;           /* ran past cap */
     const char *invalid; /* first field that failed validation */
@@ -59,11 +59,17 @@ typedef struct rcur {
 } rcur;
 
 static inline void r_fail(rcur *r, const char *field, const char *reason) {
-    if (!r->bad) { r->bad = field; r->reason = reason; }
+    if (!r->bad) {
+        r->bad = field;
+        r->reason = reason;
+    }
 }
 static inline const uint8_t *r_take(rcur *r, size_t k, const char *field) {
     if (r->bad) return NULL;
-    if (k > r->n - r->off) { r_fail(r, field, "truncated"); return NULL; }
+    if (k > r->n - r->off) {
+        r_fail(r, field, "truncated");
+        return NULL;
+    }
     const uint8_t *q = r->p + r->off;
     r->off += k;
     return q;
@@ -78,7 +84,8 @@ static inline float r_f32(rcur *r, const char *f) { return bits_f32(r_u32(r, f))
 // clang-format on
 static inline void r_copy(rcur *r, void *dst, size_t k, const char *f) {
     const uint8_t *q = r_take(r, k, f);
-    if (q) memcpy(dst, q, k); else memset(dst, 0, k);
+    if (q) memcpy(dst, q, k);
+    else memset(dst, 0, k);
 }
 static inline void r_check(rcur *r, bool ok, const char *field) {
     if (!ok) r_fail(r, field, "out of range");
@@ -88,18 +95,27 @@ static inline void r_str(rcur *r, char *out, size_t max, const char *field) {
     out[0] = 0;
     uint16_t n = r_u16(r, field);
     if (r->bad) return;
-    if (n > max) { r_fail(r, field, "too long"); return; }
+    if (n > max) {
+        r_fail(r, field, "too long");
+        return;
+    }
     const uint8_t *q = r_take(r, n, field);
     if (!q) return;
     for (size_t i = 0; i < n; i++)
-        if (q[i] < 0x20 || q[i] == 0x7f) { r_fail(r, field, "has control characters"); return; }
+        if (q[i] < 0x20 || q[i] == 0x7f) {
+            r_fail(r, field, "has control characters");
+            return;
+        }
     memcpy(out, q, n);
     out[n] = 0;
 }
 /* A view of k elements of size sz, with the product overflow-checked. */
 static inline const uint8_t *r_view(rcur *r, uint64_t k, uint64_t sz, const char *field) {
     uint64_t bytes;
-    if (!cm_mul_ok(k, sz, &bytes) || bytes > SIZE_MAX) { r_fail(r, field, "too large"); return NULL; }
+    if (!cm_mul_ok(k, sz, &bytes) || bytes > SIZE_MAX) {
+        r_fail(r, field, "too large");
+        return NULL;
+    }
     return r_take(r, (size_t)bytes, field);
 }
 

@@ -26,33 +26,33 @@
 #define CM_NODE_ID_BYTES 16
 
 /* Frame flags. A session demands exactly the flags of its mode. */
-#define CM_FRAME_F_MAC 0x0001u     /* a 16-byte tag follows the payload */
-#define CM_FRAME_F_ENC 0x0002u     /* the payload is ciphertext */
+#define CM_FRAME_F_MAC 0x0001u /* a 16-byte tag follows the payload */
+#define CM_FRAME_F_ENC 0x0002u /* the payload is ciphertext */
 
 /* Message types: number, name, maximum payload bytes (checked before allocation). */
-#define CM_MSG_TYPES(X)                                       \
-    X(AUTH_INIT, 1, 128)                                      \
-    X(AUTH_REPLY, 2, 160)                                     \
-    X(AUTH_FINISH, 3, 64)                                     \
-    X(HELLO, 4, 1024)                                         \
-    X(HEARTBEAT, 5, 64)                                       \
-    X(PING, 6, (16u << 20) + 64)                              \
-    X(PONG, 7, (16u << 20) + 64)                              \
-    X(ASSIGN, 8, 4096)                                        \
-    X(READY, 9, 1024)                                         \
-    X(WEIGHTS_REQ, 10, 128)                                   \
-    X(WEIGHTS_CHUNK, 11, (16u << 20) + 128)                   \
-    X(FORWARD, 12, 256u << 20)                                \
-    X(TOKEN, 13, 1024)                                        \
-    X(SEQ_CONFIG, 14, 256)                                    \
-    X(SEQ_FREE, 15, 64)                                       \
-    X(ALLREDUCE, 16, 256u << 20)                              \
-    X(ERROR, 17, 1024)                                        \
-    X(BYE, 18, 512)                                           \
-    X(SEQ_START, 19, 128 + 4u * CM_MSG_MAX_HIST)              \
-    X(LINKS_REQ, 20, 2048)                                    \
-    X(LINKS, 21, 2048)                                        \
-    X(OUTPUT, 22, 256u << 20)                                 \
+#define CM_MSG_TYPES(X)                          \
+    X(AUTH_INIT, 1, 128)                         \
+    X(AUTH_REPLY, 2, 160)                        \
+    X(AUTH_FINISH, 3, 64)                        \
+    X(HELLO, 4, 1024)                            \
+    X(HEARTBEAT, 5, 64)                          \
+    X(PING, 6, (16u << 20) + 64)                 \
+    X(PONG, 7, (16u << 20) + 64)                 \
+    X(ASSIGN, 8, 4096)                           \
+    X(READY, 9, 1024)                            \
+    X(WEIGHTS_REQ, 10, 128)                      \
+    X(WEIGHTS_CHUNK, 11, (16u << 20) + 128)      \
+    X(FORWARD, 12, 256u << 20)                   \
+    X(TOKEN, 13, 1024)                           \
+    X(SEQ_CONFIG, 14, 256)                       \
+    X(SEQ_FREE, 15, 64)                          \
+    X(ALLREDUCE, 16, 256u << 20)                 \
+    X(ERROR, 17, 1024)                           \
+    X(BYE, 18, 512)                              \
+    X(SEQ_START, 19, 128 + 4u * CM_MSG_MAX_HIST) \
+    X(LINKS_REQ, 20, 2048)                       \
+    X(LINKS, 21, 2048)                           \
+    X(OUTPUT, 22, 256u << 20)                    \
     X(TRAIN, 23, 256u << 20)
 
 /* clang-format would indent the member after the X-macro as a continuation. */
@@ -122,15 +122,14 @@ int cm_chan_check_hdr(const cm_chan *s, const cm_frame_hdr *h, char *err, size_t
  * writes the header, encrypts in place when the mode says so, appends the MAC,
  * advances tx_seq. cap is the size of frame; *frame_len gets the bytes to send.
  * Errors: CM_ERANGE (too large for the type or cap), CM_EINVAL, CM_ESTATE. */
-int cm_frame_seal(cm_chan *s, unsigned type, uint8_t *frame, size_t payload_len, size_t cap,
-                  size_t *frame_len, char *err, size_t errlen);
+int cm_frame_seal(cm_chan *s, unsigned type, uint8_t *frame, size_t payload_len, size_t cap, size_t *frame_len,
+                  char *err, size_t errlen);
 
 /* Open one whole frame (n must be exactly its wire size): checks the header
  * (cm_chan_check_hdr), verifies the MAC and decrypts in place, advances rx_seq.
  * *payload points into frame. On any error the session is unchanged.
  * Errors: CM_EFORMAT, CM_EUNSUPPORTED, CM_ERANGE, CM_EPROTO, CM_EAUTH (bad MAC). */
-int cm_frame_open(cm_chan *s, uint8_t *frame, size_t n, cm_frame_hdr *h, uint8_t **payload,
-                  char *err, size_t errlen);
+int cm_frame_open(cm_chan *s, uint8_t *frame, size_t n, cm_frame_hdr *h, uint8_t **payload, char *err, size_t errlen);
 
 /* ------------------------------------------------------------- handshake
  *
@@ -160,8 +159,7 @@ typedef struct cm_hs {
 } cm_hs;
 
 /* key may be NULL only for CM_SEC_INSECURE. Draws the nonce and ephemeral key. */
-int cm_hs_init(cm_hs *hs, bool initiator, cm_sec_mode mode, const uint8_t *key, char *err,
-               size_t errlen);
+int cm_hs_init(cm_hs *hs, bool initiator, cm_sec_mode mode, const uint8_t *key, char *err, size_t errlen);
 /* Initiator: the AUTH_INIT payload (CM_HS_INIT_BYTES). */
 int cm_hs_write_init(cm_hs *hs, uint8_t *out, size_t cap, size_t *len, char *err, size_t errlen);
 /* Responder: check AUTH_INIT (version, mode agreement). On CM_EAUTH/CM_EUNSUPPORTED
@@ -184,33 +182,33 @@ void cm_hs_wipe(cm_hs *hs);
 
 /* -------------------------------------------------------------- messages */
 
-#define CM_MSG_NAME_MAX 63    /* node and model names */
-#define CM_MSG_ISA_MAX 127    /* "avx2,fma,f16c,avx512f,..." */
-#define CM_MSG_SHORT_MAX 31   /* os, arch, version strings */
-#define CM_MSG_ADDR_MAX 63    /* "host:port" / "[v6]:port" */
-#define CM_MSG_TEXT_MAX 511   /* ERROR / READY / BYE messages */
-#define CM_MSG_MAX_TOP 20     /* top logprobs per TOKEN */
-#define CM_MSG_MAX_TP 16      /* tensor-parallel group size */
-#define CM_MSG_MAX_TOKENS 16384u  /* tokens per FORWARD micro-batch */
-#define CM_MSG_MAX_DIM 65536u     /* hidden size */
-#define CM_MSG_MAX_HIST 4096u     /* penalty-history tokens per SEQ_START */
-#define CM_MSG_MAX_CHUNK (16u << 20) /* WEIGHTS_CHUNK / PING data bytes */
-#define CM_MSG_MAX_PEERS 15       /* peers named in one LINKS_REQ / LINKS */
-#define CM_MSG_LINKS_MAX_MS 30000u   /* a LINKS_REQ's deadline */
+#define CM_MSG_NAME_MAX 63                /* node and model names */
+#define CM_MSG_ISA_MAX 127                /* "avx2,fma,f16c,avx512f,..." */
+#define CM_MSG_SHORT_MAX 31               /* os, arch, version strings */
+#define CM_MSG_ADDR_MAX 63                /* "host:port" / "[v6]:port" */
+#define CM_MSG_TEXT_MAX 511               /* ERROR / READY / BYE messages */
+#define CM_MSG_MAX_TOP 20                 /* top logprobs per TOKEN */
+#define CM_MSG_MAX_TP 16                  /* tensor-parallel group size */
+#define CM_MSG_MAX_TOKENS 16384u          /* tokens per FORWARD micro-batch */
+#define CM_MSG_MAX_DIM 65536u             /* hidden size */
+#define CM_MSG_MAX_HIST 4096u             /* penalty-history tokens per SEQ_START */
+#define CM_MSG_MAX_CHUNK (16u << 20)      /* WEIGHTS_CHUNK / PING data bytes */
+#define CM_MSG_MAX_PEERS 15               /* peers named in one LINKS_REQ / LINKS */
+#define CM_MSG_LINKS_MAX_MS 30000u        /* a LINKS_REQ's deadline */
 #define CM_MSG_LINKS_MAX_PROBE (1u << 20) /* bandwidth probe bytes per peer */
-#define CM_MSG_MAX_OUT_DIM (1u << 20) /* floats per OUTPUT row (a vocabulary's logits) */
-#define CM_MSG_GPU_NAME_MAX 127   /* a GPU's name in HELLO */
-#define CM_MSG_MAX_GPU_LAYERS 65535u /* HELLO's gpu_layers */
+#define CM_MSG_MAX_OUT_DIM (1u << 20)     /* floats per OUTPUT row (a vocabulary's logits) */
+#define CM_MSG_GPU_NAME_MAX 127           /* a GPU's name in HELLO */
+#define CM_MSG_MAX_GPU_LAYERS 65535u      /* HELLO's gpu_layers */
 
 typedef struct cm_msg_hello {
     uint16_t proto_version;
     uint8_t node_id[CM_NODE_ID_BYTES]; /* random, chosen once per node process */
     char name[CM_MSG_NAME_MAX + 1];
-    uint16_t listen_port;              /* where this node accepts peers (0: none) */
-    uint32_t roles;                    /* CM_ROLE_* bits */
+    uint16_t listen_port; /* where this node accepts peers (0: none) */
+    uint32_t roles;       /* CM_ROLE_* bits */
     uint32_t cores;
-    char isa[CM_MSG_ISA_MAX + 1];      /* "avx2,fma,f16c" */
-    uint64_t mem_total, mem_free;      /* bytes */
+    char isa[CM_MSG_ISA_MAX + 1]; /* "avx2,fma,f16c" */
+    uint64_t mem_total, mem_free; /* bytes */
     char os[CM_MSG_SHORT_MAX + 1], arch[CM_MSG_SHORT_MAX + 1];
     char version[CM_MSG_SHORT_MAX + 1]; /* cumulo version */
     float gflops;                       /* measured compute speed, >= 0, finite */
@@ -222,18 +220,18 @@ typedef struct cm_msg_hello {
      * On the wire only when has_tail (every HELLO of this version sets it). */
     bool has_tail;
     char host[CM_MSG_NAME_MAX + 1];
-    uint64_t lease_epoch, lease_since_ms;         /* the owner's plan epoch; unix ms the lease began */
-    uint8_t lease_owner_id[CM_NODE_ID_BYTES];     /* the owning coordinator's node id */
-    char lease_owner[CM_MSG_NAME_MAX + 1];        /* its name */
-    char lease_model[CM_MSG_NAME_MAX + 1];        /* the model it runs here */
+    uint64_t lease_epoch, lease_since_ms;     /* the owner's plan epoch; unix ms the lease began */
+    uint8_t lease_owner_id[CM_NODE_ID_BYTES]; /* the owning coordinator's node id */
+    char lease_owner[CM_MSG_NAME_MAX + 1];    /* its name */
+    char lease_model[CM_MSG_NAME_MAX + 1];    /* the model it runs here */
     /* Optional GPU tail (issue 16; on the wire only when has_gpu, after the
      * tail above, which it needs): the Vulkan device the node runs its
      * stage's first layers on, as its start-up probe measured it. */
     bool has_gpu;
     char gpu_name[CM_MSG_GPU_NAME_MAX + 1];
-    uint64_t gpu_mem;            /* device-local bytes */
-    float gpu_gbs, gpu_gflops;   /* measured: finite, >= 0 */
-    uint32_t gpu_layers;         /* the most layers it puts there (--gpu-layers; 0: as many as fit) */
+    uint64_t gpu_mem;          /* device-local bytes */
+    float gpu_gbs, gpu_gflops; /* measured: finite, >= 0 */
+    uint32_t gpu_layers;       /* the most layers it puts there (--gpu-layers; 0: as many as fit) */
 } cm_msg_hello;
 #define CM_ROLE_NODE 1u
 #define CM_ROLE_COORDINATOR 2u
@@ -246,15 +244,21 @@ typedef struct cm_msg_heartbeat {
     /* Optional telemetry tail (issue 19): on the wire only when has_stats;
      * nodes send it in their own heartbeats. */
     bool has_stats;
-    uint64_t mem_used;   /* bytes in use on the machine */
-    float cpu_load;      /* busy fraction of all CPUs [0, 1]; < 0: unknown (sent as -1) */
-    float power_w;       /* finite, >= 0 */
-    uint8_t power_src;   /* enum cm_power_src */
-    float tok_s;         /* token rows this node computed per second, recently; finite, >= 0 */
-    float ms_per_tok;    /* its stage's compute time per token row, ms; finite, >= 0 */
+    uint64_t mem_used; /* bytes in use on the machine */
+    float cpu_load;    /* busy fraction of all CPUs [0, 1]; < 0: unknown (sent as -1) */
+    float power_w;     /* finite, >= 0 */
+    uint8_t power_src; /* enum cm_power_src */
+    float tok_s;       /* token rows this node computed per second, recently; finite, >= 0 */
+    float ms_per_tok;  /* its stage's compute time per token row, ms; finite, >= 0 */
 } cm_msg_heartbeat;
 /* How a node's watts were obtained. */
-enum cm_power_src { CM_POWER_NONE = 0, CM_POWER_RAPL = 1, CM_POWER_ESTIMATE = 2, CM_POWER_COUNTERS = 3, CM_POWER_SRC_COUNT };
+enum cm_power_src {
+    CM_POWER_NONE = 0,
+    CM_POWER_RAPL = 1,
+    CM_POWER_ESTIMATE = 2,
+    CM_POWER_COUNTERS = 3,
+    CM_POWER_SRC_COUNT
+};
 const char *cm_power_src_name(unsigned src); /* "none" / "rapl" / "estimate" / "counters" */
 
 /* PING carries data (upload bandwidth) and asks for reply_len bytes back in the
@@ -263,33 +267,35 @@ typedef struct cm_msg_ping {
     uint64_t id, sent_ns;
     uint32_t reply_len; /* PING only: bytes wanted in the PONG (<= CM_MSG_MAX_CHUNK) */
     const uint8_t *data;
-    uint32_t data_len;  /* <= CM_MSG_MAX_CHUNK */
+    uint32_t data_len; /* <= CM_MSG_MAX_CHUNK */
 } cm_msg_ping;
 
 /* ASSIGN: the coordinator gives one node its part of plan `epoch`. */
-#define CM_ASSIGN_F_EMBED 1u    /* first stage: embeds token ids */
-#define CM_ASSIGN_F_OUTPUT 2u   /* last stage: output head + sampling */
-#define CM_ASSIGN_F_TP_Q8 4u    /* tensor-parallel group: all-reduce transfers as Q8_0 (tp_size > 1 only) */
-#define CM_ASSIGN_F_TAKE 16u   /* take the node over from the coordinator that holds its lease (--take) */
-#define CM_ASSIGN_F_EP 8u       /* expert group (expert parallelism; tp_size > 1, not with TP_Q8): every
+#define CM_ASSIGN_F_EMBED 1u  /* first stage: embeds token ids */
+#define CM_ASSIGN_F_OUTPUT 2u /* last stage: output head + sampling */
+#define CM_ASSIGN_F_TP_Q8 4u  /* tensor-parallel group: all-reduce transfers as Q8_0 (tp_size > 1 only) */
+#define CM_ASSIGN_F_TAKE 16u  /* take the node over from the coordinator that holds its lease (--take) */
+#define CM_ASSIGN_F_EP \
+    8u /* expert group (expert parallelism; tp_size > 1, not with TP_Q8): every
                                    member holds whole layers but only its experts; expert_bounds follow */
-#define CM_ASSIGN_F_KV 32u      /* KV cache types follow (after expert_bounds): kv_type_k, kv_type_v, kv_rows
+#define CM_ASSIGN_F_KV \
+    32u /* KV cache types follow (after expert_bounds): kv_type_k, kv_type_v, kv_rows
                                    (u8 each); without it: F32 K and V, transposed V */
 typedef struct cm_msg_assign {
     uint64_t epoch;
     uint8_t model_sha256[32];
     char model_name[CM_MSG_NAME_MAX + 1]; /* file name hint for --models DIR */
     uint32_t flags;
-    uint32_t n_layers;                    /* of the whole model */
-    uint32_t layer_begin, layer_end;      /* [begin, end) */
-    uint32_t head_begin, head_end;        /* attention heads [begin, end) of n_heads */
-    uint32_t ffn_begin, ffn_end;          /* FFN rows [begin, end) of n_ff */
-    uint32_t n_ctx, n_seq_max;            /* KV cache the node must reserve */
+    uint32_t n_layers;               /* of the whole model */
+    uint32_t layer_begin, layer_end; /* [begin, end) */
+    uint32_t head_begin, head_end;   /* attention heads [begin, end) of n_heads */
+    uint32_t ffn_begin, ffn_end;     /* FFN rows [begin, end) of n_ff */
+    uint32_t n_ctx, n_seq_max;       /* KV cache the node must reserve */
     uint16_t stage, n_stages;
-    uint8_t hidden_dtype;                 /* CM_HIDDEN_F32 or CM_HIDDEN_Q8 between stages */
-    char prev[CM_MSG_ADDR_MAX + 1];       /* "" for the first stage */
-    char next[CM_MSG_ADDR_MAX + 1];       /* "" for the last stage */
-    uint8_t tp_rank, tp_size;             /* tensor-parallel group (1 = none) */
+    uint8_t hidden_dtype;                              /* CM_HIDDEN_F32 or CM_HIDDEN_Q8 between stages */
+    char prev[CM_MSG_ADDR_MAX + 1];                    /* "" for the first stage */
+    char next[CM_MSG_ADDR_MAX + 1];                    /* "" for the last stage */
+    uint8_t tp_rank, tp_size;                          /* tensor-parallel group (1 = none) */
     char tp_peers[CM_MSG_MAX_TP][CM_MSG_ADDR_MAX + 1]; /* tp_size entries, rank order */
     /* CM_ASSIGN_F_EP only (after tp_peers on the wire: tp_size + 1 u16):
      * rank r holds experts [expert_bounds[r], expert_bounds[r + 1]) of every
@@ -318,7 +324,7 @@ typedef struct cm_msg_weights_chunk {
     uint8_t tensor_hash[32];
     uint64_t offset, total; /* offset + data_len <= total */
     const uint8_t *data;
-    uint32_t data_len;      /* <= CM_MSG_MAX_CHUNK */
+    uint32_t data_len; /* <= CM_MSG_MAX_CHUNK */
 } cm_msg_weights_chunk;
 
 enum cm_hidden_dtype { CM_HIDDEN_TOKENS = 0, CM_HIDDEN_F32 = 1, CM_HIDDEN_Q8 = 2, CM_HIDDEN_COUNT };
@@ -332,9 +338,9 @@ typedef struct cm_msg_forward {
     uint64_t epoch, request_id;
     uint32_t n_tokens, dim;
     uint8_t dtype;
-    const int32_t *pos, *seq, *tokens; /* encode: n_tokens each (tokens: TOKENS only) */
-    const uint8_t *want;               /* encode: n_tokens */
-    const float *hidden;               /* encode: n_tokens x dim (F32/Q8) */
+    const int32_t *pos, *seq, *tokens;                  /* encode: n_tokens each (tokens: TOKENS only) */
+    const uint8_t *want;                                /* encode: n_tokens */
+    const float *hidden;                                /* encode: n_tokens x dim (F32/Q8) */
     const uint8_t *pos_le, *seq_le, *want_le, *data_le; /* decode views */
 } cm_msg_forward;
 int32_t cm_msg_forward_pos(const cm_msg_forward *m, uint32_t i);
@@ -379,19 +385,19 @@ typedef struct cm_msg_seq_config {
 typedef struct cm_msg_seq_start {
     uint64_t epoch, request_id;
     int32_t seq;
-    float temperature;          /* finite; <= 0: greedy */
-    int32_t top_k;              /* <= 0: off */
-    float top_p, min_p;         /* [0, 1] */
-    float repeat_penalty;       /* finite, > 0 */
-    int32_t repeat_last_n;      /* [0, 1 << 20] */
+    float temperature;                         /* finite; <= 0: greedy */
+    int32_t top_k;                             /* <= 0: off */
+    float top_p, min_p;                        /* [0, 1] */
+    float repeat_penalty;                      /* finite, > 0 */
+    int32_t repeat_last_n;                     /* [0, 1 << 20] */
     float presence_penalty, frequency_penalty; /* finite */
     uint64_t seed;
-    uint64_t n_sampled;         /* tokens this generation already sampled: the sampler resumes at that
+    uint64_t n_sampled;     /* tokens this generation already sampled: the sampler resumes at that
                                  * draw (0 for a new generation; > 0 when a re-plan restarts it) */
-    uint8_t n_probs;            /* top logprobs wanted per TOKEN, <= CM_MSG_MAX_TOP */
-    uint32_t n_hist;            /* <= CM_MSG_MAX_HIST */
-    const int32_t *hist;        /* encode: n_hist token ids (>= 0), oldest first */
-    const uint8_t *hist_le;     /* decode view (also encoded from when hist is NULL) */
+    uint8_t n_probs;        /* top logprobs wanted per TOKEN, <= CM_MSG_MAX_TOP */
+    uint32_t n_hist;        /* <= CM_MSG_MAX_HIST */
+    const int32_t *hist;    /* encode: n_hist token ids (>= 0), oldest first */
+    const uint8_t *hist_le; /* decode view (also encoded from when hist is NULL) */
 } cm_msg_seq_start;
 int32_t cm_msg_seq_start_hist(const cm_msg_seq_start *m, uint32_t i);
 
@@ -402,13 +408,13 @@ int32_t cm_msg_seq_start_hist(const cm_msg_seq_start *m, uint32_t i);
  * sequence per message; rows in the order of their FORWARD. */
 enum cm_output_kind { CM_OUTPUT_HIDDEN = 0, CM_OUTPUT_LOGITS = 1, CM_OUTPUT_COUNT };
 typedef struct cm_msg_output {
-    uint64_t epoch, request_id; /* request_id: the FORWARD's */
-    int32_t seq;                /* >= 0 */
-    uint8_t kind;               /* enum cm_output_kind */
-    uint32_t n_rows;            /* 1..CM_MSG_MAX_TOKENS */
-    uint32_t dim;               /* 1..CM_MSG_MAX_OUT_DIM; n_rows * dim * 4 within the payload maximum */
-    const int32_t *pos;         /* encode: n_rows positions (>= 0) */
-    const float *data;          /* encode: n_rows x dim floats */
+    uint64_t epoch, request_id;      /* request_id: the FORWARD's */
+    int32_t seq;                     /* >= 0 */
+    uint8_t kind;                    /* enum cm_output_kind */
+    uint32_t n_rows;                 /* 1..CM_MSG_MAX_TOKENS */
+    uint32_t dim;                    /* 1..CM_MSG_MAX_OUT_DIM; n_rows * dim * 4 within the payload maximum */
+    const int32_t *pos;              /* encode: n_rows positions (>= 0) */
+    const float *data;               /* encode: n_rows x dim floats */
     const uint8_t *pos_le, *data_le; /* decode views (also encoded from when pos / data are NULL) */
 } cm_msg_output;
 int32_t cm_msg_output_pos(const cm_msg_output *m, uint32_t i);
@@ -434,8 +440,14 @@ void cm_msg_output_row(const cm_msg_output *m, uint32_t i, float *out); /* dim f
  *   STEP   coord -> node: AdamW on the slice: lr, beta1, beta2, eps, wd in f[0..4].
  * A node trains only layers it was ASSIGNed (a pipeline stage, no group). */
 enum cm_train_op {
-    CM_TRAIN_SETUP = 0, CM_TRAIN_SLICE = 1, CM_TRAIN_FETCH = 2, CM_TRAIN_FWD = 3,
-    CM_TRAIN_BWD = 4, CM_TRAIN_ROWS = 5, CM_TRAIN_STEP = 6, CM_TRAIN_OP_COUNT
+    CM_TRAIN_SETUP = 0,
+    CM_TRAIN_SLICE = 1,
+    CM_TRAIN_FETCH = 2,
+    CM_TRAIN_FWD = 3,
+    CM_TRAIN_BWD = 4,
+    CM_TRAIN_ROWS = 5,
+    CM_TRAIN_STEP = 6,
+    CM_TRAIN_OP_COUNT
 };
 enum cm_train_vec { CM_TRAIN_VEC_W = 0, CM_TRAIN_VEC_M1 = 1, CM_TRAIN_VEC_M2 = 2, CM_TRAIN_VEC_COUNT };
 #define CM_TRAIN_F_TARGETS 1u
@@ -444,19 +456,19 @@ enum cm_train_vec { CM_TRAIN_VEC_W = 0, CM_TRAIN_VEC_M1 = 1, CM_TRAIN_VEC_M2 = 2
 #define CM_MSG_MAX_TRAIN_SLICE (CM_MSG_MAX_CHUNK / 4) /* floats per SLICE / FETCH */
 typedef struct cm_msg_train {
     uint64_t epoch, id;
-    uint8_t op;                 /* enum cm_train_op */
-    uint8_t flags;              /* CM_TRAIN_F_*, FWD only */
-    uint8_t vec;                /* enum cm_train_vec: SLICE, FETCH */
-    uint32_t n_rows, dim;       /* FWD/BWD/ROWS: rows (<= CM_MSG_MAX_TOKENS) of dim (<= CM_MSG_MAX_DIM) floats;
+    uint8_t op;                         /* enum cm_train_op */
+    uint8_t flags;                      /* CM_TRAIN_F_*, FWD only */
+    uint8_t vec;                        /* enum cm_train_vec: SLICE, FETCH */
+    uint32_t n_rows, dim;               /* FWD/BWD/ROWS: rows (<= CM_MSG_MAX_TOKENS) of dim (<= CM_MSG_MAX_DIM) floats;
                                    SLICE: 1 x dim (<= CM_MSG_MAX_TRAIN_SLICE); FETCH: 0 x dim; else 0 x 0 */
-    uint32_t n_targets;         /* ROWS: targets the last stage counted (<= n_rows of its FWD) */
-    uint64_t offset;            /* SLICE, FETCH */
-    uint64_t key;               /* FWD: dropout key; SETUP, SLICE: the optimizer step */
-    float f[5];                 /* per op, above; finite */
-    double loss;                /* ROWS: summed loss (finite, >= 0) */
-    uint32_t rank, targets, n_ctx; /* SETUP: 1..CM_MSG_MAX_TRAIN_RANK, bits 0..6 (not 0), 2..65536 */
-    const int32_t *target;      /* encode: n_rows ids (>= -1), F_TARGETS only */
-    const float *data;          /* encode: n_rows x dim floats */
+    uint32_t n_targets;                 /* ROWS: targets the last stage counted (<= n_rows of its FWD) */
+    uint64_t offset;                    /* SLICE, FETCH */
+    uint64_t key;                       /* FWD: dropout key; SETUP, SLICE: the optimizer step */
+    float f[5];                         /* per op, above; finite */
+    double loss;                        /* ROWS: summed loss (finite, >= 0) */
+    uint32_t rank, targets, n_ctx;      /* SETUP: 1..CM_MSG_MAX_TRAIN_RANK, bits 0..6 (not 0), 2..65536 */
+    const int32_t *target;              /* encode: n_rows ids (>= -1), F_TARGETS only */
+    const float *data;                  /* encode: n_rows x dim floats */
     const uint8_t *target_le, *data_le; /* decode views (also encoded from when target / data are NULL) */
 } cm_msg_train;
 int32_t cm_msg_train_target(const cm_msg_train *m, uint32_t i);
@@ -476,7 +488,7 @@ typedef struct cm_msg_allreduce {
     uint8_t point; /* 0: after attn_output, 1: after ffn_down */
     uint8_t step;
     uint32_t elem_offset, n;
-    const float *data;     /* encode: n floats */
+    const float *data;      /* encode: n floats */
     const uint8_t *data_le; /* decode view */
 } cm_msg_allreduce;
 void cm_msg_allreduce_get(const cm_msg_allreduce *m, float *out); /* n floats */
@@ -486,10 +498,10 @@ void cm_msg_allreduce_get(const cm_msg_allreduce *m, float *out); /* n floats */
  * LINKS within deadline_ms; a peer not measured by then is reported with
  * CM_ETIMEDOUT. LINKS: one entry per peer of the request, in its order. */
 typedef struct cm_msg_links_req {
-    uint64_t id;              /* echoed in LINKS */
-    uint32_t deadline_ms;     /* 1..CM_MSG_LINKS_MAX_MS, for the whole answer */
-    uint32_t probe_bytes;     /* bandwidth probe per peer, <= CM_MSG_LINKS_MAX_PROBE (0: RTT only) */
-    uint8_t n_peers;          /* 1..CM_MSG_MAX_PEERS */
+    uint64_t id;          /* echoed in LINKS */
+    uint32_t deadline_ms; /* 1..CM_MSG_LINKS_MAX_MS, for the whole answer */
+    uint32_t probe_bytes; /* bandwidth probe per peer, <= CM_MSG_LINKS_MAX_PROBE (0: RTT only) */
+    uint8_t n_peers;      /* 1..CM_MSG_MAX_PEERS */
     char peers[CM_MSG_MAX_PEERS][CM_MSG_ADDR_MAX + 1]; /* "host:port" */
 } cm_msg_links_req;
 typedef struct cm_msg_link {
@@ -500,7 +512,7 @@ typedef struct cm_msg_link {
 } cm_msg_link;
 typedef struct cm_msg_links {
     uint64_t id;
-    uint8_t n;                      /* <= CM_MSG_MAX_PEERS */
+    uint8_t n; /* <= CM_MSG_MAX_PEERS */
     cm_msg_link link[CM_MSG_MAX_PEERS];
 } cm_msg_links;
 

@@ -71,7 +71,10 @@ int cm_grammar_rule(cm_grammar *g) {
     if (g->n_rules == g->cap_rules) {
         int nc = g->cap_rules ? 2 * g->cap_rules : 32;
         rule_b *r = cm_realloc(g->rules, (size_t)nc * sizeof *r);
-        if (!r) { g->oom = true; return -1; }
+        if (!r) {
+            g->oom = true;
+            return -1;
+        }
         g->rules = r;
         g->cap_rules = nc;
     }
@@ -80,12 +83,18 @@ int cm_grammar_rule(cm_grammar *g) {
 }
 
 static void push(cm_grammar *g, int r, uint8_t t, int32_t a) {
-    if (g->oom || g->finished || r < 0 || r >= g->n_rules) { g->oom = true; return; }
+    if (g->oom || g->finished || r < 0 || r >= g->n_rules) {
+        g->oom = true;
+        return;
+    }
     rule_b *b = &g->rules[r];
     if (b->n == b->cap) {
         int nc = b->cap ? 2 * b->cap : 8;
         elem *v = cm_realloc(b->v, (size_t)nc * sizeof *v);
-        if (!v) { g->oom = true; return; }
+        if (!v) {
+            g->oom = true;
+            return;
+        }
         b->v = v;
         b->cap = nc;
     }
@@ -100,7 +109,10 @@ static int intern(cm_grammar *g, const uint64_t bits[4]) {
     if (g->n_sets == g->cap_sets) {
         int nc = g->cap_sets ? 2 * g->cap_sets : 32;
         uint64_t(*s)[4] = cm_realloc(g->sets, (size_t)nc * sizeof *s);
-        if (!s) { g->oom = true; return -1; }
+        if (!s) {
+            g->oom = true;
+            return -1;
+        }
         g->sets = s;
         g->cap_sets = nc;
     }
@@ -259,9 +271,15 @@ static int new_node(cm_grammar_state *s, int32_t pos, int32_t up) {
 static void expand(walk *w, int32_t pos, int32_t up, int depth) {
     cm_grammar_state *s = w->s;
     const elem *e = &s->g->el[pos];
-    if (depth > CM_GRAMMAR_MAX_DEPTH) { w->overflow = true; return; }
+    if (depth > CM_GRAMMAR_MAX_DEPTH) {
+        w->overflow = true;
+        return;
+    }
     if (e->t == E_END || e->t == E_ALT) {
-        if (up < 0) { w->complete = true; return; }
+        if (up < 0) {
+            w->complete = true;
+            return;
+        }
         expand(w, s->nodes[up].pos, s->nodes[up].up, depth + 1);
         return;
     }
@@ -270,16 +288,25 @@ static void expand(walk *w, int32_t pos, int32_t up, int depth) {
          * tail call): right recursion (x ::= a x) then runs in constant depth */
         uint8_t next = s->g->el[pos + 1].t;
         int cont = next == E_END || next == E_ALT ? up : new_node(s, pos + 1, up);
-        if (cont < 0 && !(next == E_END || next == E_ALT)) { w->overflow = true; return; }
+        if (cont < 0 && !(next == E_END || next == E_ALT)) {
+            w->overflow = true;
+            return;
+        }
         const cm_grammar *g = s->g;
         for (int k = g->alt_off[e->a]; k < g->alt_off[e->a + 1]; k++) expand(w, g->alts[k], cont, depth + 1);
         return;
     }
     for (int i = 0; i < w->n_out; i++) /* the same stack twice (same chain node) */
         if (s->nodes[w->out[i]].pos == pos && s->nodes[w->out[i]].up == up) return;
-    if (w->n_out == CM_GRAMMAR_MAX_STACKS) { w->overflow = true; return; }
+    if (w->n_out == CM_GRAMMAR_MAX_STACKS) {
+        w->overflow = true;
+        return;
+    }
     int k = new_node(s, pos, up);
-    if (k < 0) { w->overflow = true; return; }
+    if (k < 0) {
+        w->overflow = true;
+        return;
+    }
     w->out[w->n_out++] = k;
 }
 
@@ -317,10 +344,16 @@ cm_grammar_state *cm_grammar_state_new(const cm_grammar *g) {
     s->nodes = cm_malloc(ARENA * sizeof *s->nodes);
     s->spare = cm_malloc(ARENA * sizeof *s->spare);
     s->remap = cm_malloc(ARENA * sizeof *s->remap);
-    if (!s->nodes || !s->spare || !s->remap) { cm_grammar_state_free(s); return NULL; }
+    if (!s->nodes || !s->spare || !s->remap) {
+        cm_grammar_state_free(s);
+        return NULL;
+    }
     walk w = {.s = s, .out = s->stacks};
     for (int k = g->alt_off[g->root]; k < g->alt_off[g->root + 1]; k++) expand(&w, g->alts[k], -1, 0);
-    if (w.overflow) { cm_grammar_state_free(s); return NULL; }
+    if (w.overflow) {
+        cm_grammar_state_free(s);
+        return NULL;
+    }
     s->n_stacks = w.n_out;
     s->complete = w.complete;
     return s;
@@ -358,7 +391,10 @@ static int32_t copy_chain(cm_grammar_state *s, int32_t k, int *n_new) {
 int cm_grammar_accept(cm_grammar_state *s, const char *p, size_t n) {
     int mark = s->n_nodes;
     walk w;
-    if (!feed(s, p, n, &w)) { s->n_nodes = mark; return CM_EINVAL; }
+    if (!feed(s, p, n, &w)) {
+        s->n_nodes = mark;
+        return CM_EINVAL;
+    }
     if (n == 0) return 0;
     /* Keep only the chains of the live stacks (compaction). */
     for (int i = 0; i < s->n_nodes; i++) s->remap[i] = -1;
@@ -419,7 +455,10 @@ int cm_grammar_mask(cm_grammar_state *s, const cm_grammar_vocab *v, float *logit
         for (int i = 1; i < MASK_CACHE; i++)
             if (s->cache[i].used < e->used) e = &s->cache[i];
         /* sized once per entry (at most MASK_CACHE allocations per request), then reused */
-        if (e->bits && e->vocab_cap != v->n_vocab) { cm_free(e->bits); e->bits = NULL; }
+        if (e->bits && e->vocab_cap != v->n_vocab) {
+            cm_free(e->bits);
+            e->bits = NULL;
+        }
         if (!e->sig) e->sig = cm_malloc(SIG_MAX * sizeof *e->sig);
         if (!e->bits) e->bits = cm_malloc(((size_t)v->n_vocab + 7) / 8), e->vocab_cap = v->n_vocab;
         if (!e->sig || !e->bits) e = NULL;

@@ -37,7 +37,7 @@
 typedef struct cm_grammar cm_grammar;
 
 /* ---- building ---- */
-cm_grammar *cm_grammar_new(void); /* NULL: out of memory */
+cm_grammar *cm_grammar_new(void);    /* NULL: out of memory */
 void cm_grammar_free(cm_grammar *g); /* NULL is a no-op */
 /* A new rule (no alternatives yet); returns its id, or -1 when out of memory. */
 int cm_grammar_rule(cm_grammar *g);

@@ -37,7 +37,10 @@ typedef struct jsc {
     size_t errlen;
     int rc;
     int r_ws, r_value, r_string, r_number, r_integer, r_char;
-    struct { const cJSON *node; int rule; } refs[MAX_REFS];
+    struct {
+        const cJSON *node;
+        int rule;
+    } refs[MAX_REFS];
     int n_refs, depth;
 } jsc;
 
@@ -292,7 +295,10 @@ static int any_value(jsc *c) {
 static int literal(jsc *c, const cJSON *x) {
     char *t = cJSON_PrintUnformatted(x);
     int r = rule(c);
-    if (!t || r < 0) { cJSON_free(t); return -1; }
+    if (!t || r < 0) {
+        cJSON_free(t);
+        return -1;
+    }
     cm_grammar_lit(c->g, r, t);
     cJSON_free(t);
     return r;
@@ -303,7 +309,8 @@ static int compile(jsc *c, const cJSON *s, const char *path);
 static int int_kw(jsc *c, const cJSON *s, const char *kw, int dflt, const char *path) {
     const cJSON *x = cJSON_GetObjectItemCaseSensitive(s, kw);
     if (!x) return dflt;
-    if (!cJSON_IsNumber(x) || x->valuedouble < 0 || x->valuedouble > MAX_REPEAT || x->valuedouble != floor(x->valuedouble))
+    if (!cJSON_IsNumber(x) || x->valuedouble < 0 || x->valuedouble > MAX_REPEAT ||
+        x->valuedouble != floor(x->valuedouble))
         return fail(c, CM_EINVAL, path, "'%s' must be an integer from 0 to 1000", kw), -2;
     return (int)x->valuedouble;
 }
@@ -333,7 +340,8 @@ static int object_rule(jsc *c, const cJSON *s, const char *path) {
         return map_of(c, string_rule(c, 0, -1), any_value(c));
     }
     if (add && !cJSON_IsBool(add))
-        return fail(c, CM_EINVAL, path, "'%s' as a schema beside 'properties' is not supported", "additionalProperties");
+        return fail(c, CM_EINVAL, path, "'%s' as a schema beside 'properties' is not supported",
+                    "additionalProperties");
     const cJSON *x;
     cJSON_ArrayForEach(x, req) {
         if (!cJSON_IsString(x)) return fail(c, CM_EINVAL, path, "'%s' must be an array of names", "required");
@@ -350,16 +358,25 @@ static int object_rule(jsc *c, const cJSON *s, const char *path) {
     int *after = kv + n, *first = kv + 2 * n + 1;
     bool *opt = cm_calloc((size_t)n, sizeof *opt);
     int i = 0, rc = 0;
-    if (!opt) { cm_free(kv); return fail(c, CM_ENOMEM, "", "%s", "out of memory"); }
+    if (!opt) {
+        cm_free(kv);
+        return fail(c, CM_ENOMEM, "", "%s", "out of memory");
+    }
     cJSON_ArrayForEach(x, props) {
         snprintf(sub, sizeof sub, "%s/properties/%.200s", path, x->string);
         int v = compile(c, x, sub);
         kv[i] = rule(c);
-        if (v < 0 || kv[i] < 0) { rc = -1; break; }
+        if (v < 0 || kv[i] < 0) {
+            rc = -1;
+            break;
+        }
         cJSON *name = cJSON_CreateString(x->string);
         char *q = name ? cJSON_PrintUnformatted(name) : NULL;
         cJSON_Delete(name);
-        if (!q) { rc = fail(c, CM_ENOMEM, "", "%s", "out of memory"); break; }
+        if (!q) {
+            rc = fail(c, CM_ENOMEM, "", "%s", "out of memory");
+            break;
+        }
         cm_grammar_lit(c->g, kv[i], q);
         cJSON_free(q);
         cm_grammar_ref(c->g, kv[i], w);
@@ -470,7 +487,9 @@ static int compile_inner(jsc *c, const cJSON *s, const char *path) {
             const cJSON *defs = cJSON_GetObjectItemCaseSensitive(c->doc, p[2] == '$' ? "$defs" : "definitions");
             target = cJSON_GetObjectItemCaseSensitive(defs, name);
         }
-        if (!target) return fail(c, CM_EINVAL, path, "unsupported or unknown '$ref' '%.200s' (only #, #/$defs/NAME, #/definitions/NAME)", p);
+        if (!target)
+            return fail(c, CM_EINVAL, path,
+                        "unsupported or unknown '$ref' '%.200s' (only #, #/$defs/NAME, #/definitions/NAME)", p);
         for (int i = 0; i < c->n_refs; i++)
             if (c->refs[i].node == target) return c->refs[i].rule;
         if (c->n_refs == MAX_REFS) return fail(c, CM_EINVAL, path, "%s", "too many '$ref' targets");
@@ -487,7 +506,8 @@ static int compile_inner(jsc *c, const cJSON *s, const char *path) {
     if (cst) return literal(c, cst);
     const cJSON *en = cJSON_GetObjectItemCaseSensitive(s, "enum");
     if (en) {
-        if (!cJSON_IsArray(en) || cJSON_GetArraySize(en) < 1) return fail(c, CM_EINVAL, path, "%s", "'enum' must be a non-empty array");
+        if (!cJSON_IsArray(en) || cJSON_GetArraySize(en) < 1)
+            return fail(c, CM_EINVAL, path, "%s", "'enum' must be a non-empty array");
         int r = rule(c), i = 0;
         if (r < 0) return -1;
         const cJSON *x;
@@ -503,7 +523,8 @@ static int compile_inner(jsc *c, const cJSON *s, const char *path) {
     for (int a = 0; a < 2; a++) {
         const cJSON *any = cJSON_GetObjectItemCaseSensitive(s, alts[a]);
         if (!any) continue;
-        if (!cJSON_IsArray(any) || cJSON_GetArraySize(any) < 1) return fail(c, CM_EINVAL, path, "'%s' must be a non-empty array", alts[a]);
+        if (!cJSON_IsArray(any) || cJSON_GetArraySize(any) < 1)
+            return fail(c, CM_EINVAL, path, "'%s' must be a non-empty array", alts[a]);
         int r = rule(c), i = 0;
         if (r < 0) return -1;
         const cJSON *x;
@@ -525,7 +546,8 @@ static int compile_inner(jsc *c, const cJSON *s, const char *path) {
         int i = 0;
         const cJSON *x;
         cJSON_ArrayForEach(x, type) {
-            if (!cJSON_IsString(x)) return fail(c, CM_EINVAL, path, "%s", "'type' must be a string or an array of strings");
+            if (!cJSON_IsString(x))
+                return fail(c, CM_EINVAL, path, "%s", "'type' must be a string or an array of strings");
             int v = typed(c, s, x->valuestring, path);
             if (v < 0 || r < 0) return -1;
             if (i++) cm_grammar_alt(c->g, r);
@@ -533,7 +555,8 @@ static int compile_inner(jsc *c, const cJSON *s, const char *path) {
         }
     } else if (type) {
         return fail(c, CM_EINVAL, path, "%s", "'type' must be a string or an array of strings");
-    } else if (cJSON_GetObjectItemCaseSensitive(s, "properties") || cJSON_GetObjectItemCaseSensitive(s, "additionalProperties")) {
+    } else if (cJSON_GetObjectItemCaseSensitive(s, "properties") ||
+               cJSON_GetObjectItemCaseSensitive(s, "additionalProperties")) {
         r = typed(c, s, "object", path);
     } else if (cJSON_GetObjectItemCaseSensitive(s, "items")) {
         r = typed(c, s, "array", path);
@@ -560,8 +583,16 @@ static int compile(jsc *c, const cJSON *s, const char *path) {
 }
 
 int cm_json_schema_rule(cm_grammar *g, const void *schema, const void *doc, char *err, size_t errlen) {
-    jsc c = {.g = g, .doc = doc ? doc : schema, .err = err, .errlen = errlen,
-             .r_ws = -1, .r_value = -1, .r_string = -1, .r_number = -1, .r_integer = -1, .r_char = -1};
+    jsc c = {.g = g,
+             .doc = doc ? doc : schema,
+             .err = err,
+             .errlen = errlen,
+             .r_ws = -1,
+             .r_value = -1,
+             .r_string = -1,
+             .r_number = -1,
+             .r_integer = -1,
+             .r_char = -1};
     int r = schema ? compile(&c, schema, "") : -1;
     if (!schema) { /* json_object: any object */
         const cJSON obj = {.type = cJSON_Object};
@@ -590,7 +621,10 @@ int cm_json_grammar(const void *schema, cm_grammar **out, char *err, size_t errl
     cm_grammar_ref(g, root, v);
     cm_grammar_ref(g, root, w);
     int rc = cm_grammar_finish(g, root, err, errlen);
-    if (rc) { cm_grammar_free(g); return rc; }
+    if (rc) {
+        cm_grammar_free(g);
+        return rc;
+    }
     *out = g;
     return 0;
 }

@@ -26,8 +26,8 @@ struct cm_sampler {
     cm_sampler_params p;
     uint64_t seed;
     int32_t n_vocab;
-    uint64_t key;       /* the seed, mixed: the draws are a function of (key, pos) */
-    uint64_t pos;       /* samples taken since new/reset (cm_sampler_pos) */
+    uint64_t key; /* the seed, mixed: the draws are a function of (key, pos) */
+    uint64_t pos; /* samples taken since new/reset (cm_sampler_pos) */
 
     cand *cand; /* [n_vocab] working set, rebuilt each call */
 
@@ -65,23 +65,21 @@ void cm_sampler_params_default(cm_sampler_params *p) {
 }
 
 int cm_sampler_params_check(const cm_sampler_params *p, char *err, size_t errlen) {
-    if (!isfinite(p->temperature))
-        return cm_errf(err, errlen, CM_EINVAL, "temperature must be a finite number");
+    if (!isfinite(p->temperature)) return cm_errf(err, errlen, CM_EINVAL, "temperature must be a finite number");
     if (!(p->top_p >= 0.0f && p->top_p <= 1.0f))
         return cm_errf(err, errlen, CM_EINVAL, "top_p must be in [0, 1], got %g", (double)p->top_p);
     if (!(p->min_p >= 0.0f && p->min_p <= 1.0f))
         return cm_errf(err, errlen, CM_EINVAL, "min_p must be in [0, 1], got %g", (double)p->min_p);
     if (!(p->repeat_penalty > 0.0f) || !isfinite(p->repeat_penalty))
-        return cm_errf(err, errlen, CM_EINVAL, "repeat_penalty must be > 0, got %g",
-                       (double)p->repeat_penalty);
+        return cm_errf(err, errlen, CM_EINVAL, "repeat_penalty must be > 0, got %g", (double)p->repeat_penalty);
     if (p->repeat_last_n < 0 || p->repeat_last_n > REPEAT_LAST_N_MAX)
-        return cm_errf(err, errlen, CM_EINVAL, "repeat_last_n must be in [0, %d], got %d",
-                       REPEAT_LAST_N_MAX, (int)p->repeat_last_n);
+        return cm_errf(err, errlen, CM_EINVAL, "repeat_last_n must be in [0, %d], got %d", REPEAT_LAST_N_MAX,
+                       (int)p->repeat_last_n);
     if (!isfinite(p->presence_penalty) || !isfinite(p->frequency_penalty))
         return cm_errf(err, errlen, CM_EINVAL, "presence/frequency penalties must be finite");
     if (p->n_probs < 0 || p->n_probs > CM_SAMPLER_MAX_PROBS)
-        return cm_errf(err, errlen, CM_EINVAL, "n_probs must be in [0, %d], got %d",
-                       CM_SAMPLER_MAX_PROBS, (int)p->n_probs);
+        return cm_errf(err, errlen, CM_EINVAL, "n_probs must be in [0, %d], got %d", CM_SAMPLER_MAX_PROBS,
+                       (int)p->n_probs);
     return 0;
 }
 
@@ -147,12 +145,10 @@ const cm_sampler_params *cm_sampler_get_params(const cm_sampler *s) { return &s-
 
 int cm_sampler_set_eog(cm_sampler *s, const int32_t *ids, int n, char *err, size_t errlen) {
     if (n < 0 || n > CM_SAMPLER_MAX_EOG)
-        return cm_errf(err, errlen, CM_EINVAL, "at most %d end-of-generation ids, got %d",
-                       CM_SAMPLER_MAX_EOG, n);
+        return cm_errf(err, errlen, CM_EINVAL, "at most %d end-of-generation ids, got %d", CM_SAMPLER_MAX_EOG, n);
     for (int i = 0; i < n; i++)
         if (ids[i] < 0 || ids[i] >= s->n_vocab)
-            return cm_errf(err, errlen, CM_EINVAL, "end-of-generation id %d outside the vocabulary",
-                           (int)ids[i]);
+            return cm_errf(err, errlen, CM_EINVAL, "end-of-generation id %d outside the vocabulary", (int)ids[i]);
     for (int i = 0; i < n; i++) s->eog[i] = ids[i];
     s->n_eog = n;
     return 0;
@@ -298,9 +294,7 @@ static void fill_info(const cm_sampler *s, const float *logits, int32_t chosen, 
     }
     for (int32_t j = 0; j < m; j++) {
         info->top[j].id = top[j].id;
-        info->top[j].logprob = top[j].logit == -INFINITY || mx == -INFINITY
-                                   ? -INFINITY
-                                   : (float)(top[j].logit - lse);
+        info->top[j].logprob = top[j].logit == -INFINITY || mx == -INFINITY ? -INFINITY : (float)(top[j].logit - lse);
     }
     info->n_top = m;
 }

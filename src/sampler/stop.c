@@ -78,8 +78,7 @@ static size_t utf8_incomplete_tail(const char *b, size_t n) {
     while (back < n && back < 4) {
         unsigned char c = (unsigned char)b[n - 1 - back];
         if ((c & 0xC0) != 0x80) { /* a lead byte (or ASCII) */
-            size_t need = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3
-                                     : (c & 0xF8) == 0xF0 ? 4 : 1;
+            size_t need = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 1;
             return back + 1 < need ? back + 1 : 0;
         }
         back++;

@@ -86,7 +86,8 @@ static void expert_ranges(const cm_plan_model *m, const cm_plan_cluster *c, cons
     double w[CM_PLAN_MAX_NODES] = {0};
     for (int i = 0; i < k; i++) {
         const cm_plan_node *nd = &c->nodes[st->members[i].node];
-        w[i] = by_mem ? (nd->mem_bytes > o->reserve_bytes ? (double)(nd->mem_bytes - o->reserve_bytes) : 0) : nd->mem_bw;
+        w[i] =
+            by_mem ? (nd->mem_bytes > o->reserve_bytes ? (double)(nd->mem_bytes - o->reserve_bytes) : 0) : nd->mem_bw;
     }
     split_units(m->n_experts, k, w, 1, share);
     st->ep = k > 1;
@@ -98,8 +99,8 @@ static void expert_ranges(const cm_plan_model *m, const cm_plan_cluster *c, cons
     }
 }
 
-static void assign_experts(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan_opts *o,
-                           cm_plan_stage *st, bool by_mem) {
+static void assign_experts(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan_opts *o, cm_plan_stage *st,
+                           bool by_mem) {
     expert_ranges(m, c, o, st, by_mem);
     for (int i = 0; i < st->n_members; i++) {
         cm_plan_member *mb = &st->members[i];
@@ -235,8 +236,9 @@ static double expert_exchange_s(const cm_plan_model *m, const cm_plan_cluster *c
     double worst = 0;
     for (int i = 0; i < k; i++) {
         const cm_plan_member *mb = &st->members[i];
-        double rows = n_tok * m->n_experts_used *
-                      (mb->expert_share > 0 ? mb->expert_share : (double)(mb->expert_end - mb->expert_begin) / m->n_experts);
+        double rows =
+            n_tok * m->n_experts_used *
+            (mb->expert_share > 0 ? mb->expert_share : (double)(mb->expert_end - mb->expert_begin) / m->n_experts);
         for (int j = 0; j < k; j++) {
             if (i == j) continue;
             int a = mb->node, b = st->members[j].node;
@@ -248,8 +250,8 @@ static double expert_exchange_s(const cm_plan_model *m, const cm_plan_cluster *c
     return worst;
 }
 
-static double member_layer_s(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan_member *mb,
-                             int layer, double n_tok) {
+static double member_layer_s(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan_member *mb, int layer,
+                             double n_tok) {
     const cm_plan_node *n = &c->nodes[mb->node];
     /* decode reads the active bytes; a prefill of many tokens reaches most experts */
     double mem = member_layer_bytes(m, mb, layer, n_tok <= 1, false) / (n->mem_bw > 0 ? n->mem_bw : 1e9);
@@ -299,8 +301,8 @@ static uint64_t kv_head_layer_bytes(const cm_plan_model *m, const cm_plan_opts *
 }
 
 /* Bytes member i of stage st needs for layers [a, b). */
-static uint64_t member_bytes(const cm_plan_model *m, const cm_plan_opts *o, const cm_plan_member *mb,
-                             int a, int b, uint64_t *weights_out, uint64_t *kv_out) {
+static uint64_t member_bytes(const cm_plan_model *m, const cm_plan_opts *o, const cm_plan_member *mb, int a, int b,
+                             uint64_t *weights_out, uint64_t *kv_out) {
     double w = 0;
     for (int l = a; l < b; l++) w += member_layer_bytes(m, mb, l, false, false);
     uint64_t weights = (uint64_t)ceil(w);
@@ -317,8 +319,8 @@ uint64_t cm_plan_member_bytes(const cm_plan_model *m, const cm_plan_opts *o, con
     return member_bytes(m, o, mb, a, b, NULL, NULL);
 }
 
-static bool stage_fits(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan_opts *o,
-                       const cm_plan_stage *st, int a, int b) {
+static bool stage_fits(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan_opts *o, const cm_plan_stage *st,
+                       int a, int b) {
     for (int i = 0; i < st->n_members; i++)
         if (member_bytes(m, o, &st->members[i], a, b, NULL, NULL) > c->nodes[st->members[i].node].mem_bytes)
             return false;
@@ -369,8 +371,10 @@ static void predict(const cm_plan_model *m, const cm_plan_cluster *c, const cm_p
         double t = 0, tp = 0;
         cm_plan_gpu_fill gf = {0}, gfp = {0}; /* a GPU node's first layers (plan_gpu.c) */
         for (int l = st->first_layer; l < st->last_layer; l++) {
-            t += cm_plan_gpu_take(m, c, o, st, &gf, l) ? cm_plan_gpu_layer_s(m, c, st, l, 1) : stage_layer_s(m, c, o, st, l, 1, ar1);
-            tp += cm_plan_gpu_take(m, c, o, st, &gfp, l) ? cm_plan_gpu_layer_s(m, c, st, l, P) : stage_layer_s(m, c, o, st, l, P, arP);
+            t += cm_plan_gpu_take(m, c, o, st, &gf, l) ? cm_plan_gpu_layer_s(m, c, st, l, 1)
+                                                       : stage_layer_s(m, c, o, st, l, 1, ar1);
+            tp += cm_plan_gpu_take(m, c, o, st, &gfp, l) ? cm_plan_gpu_layer_s(m, c, st, l, P)
+                                                         : stage_layer_s(m, c, o, st, l, P, arP);
         }
         t += head_s(m, c, st, 1);
         tp += head_s(m, c, st, 1); /* logits only for the last prompt token */
@@ -379,7 +383,8 @@ static void predict(const cm_plan_model *m, const cm_plan_cluster *c, const cm_p
             double mt = 0;
             cm_plan_gpu_fill gm = {0};
             for (int l = st->first_layer; l < st->last_layer; l++)
-                mt += cm_plan_gpu_take(m, c, o, st, &gm, l) ? cm_plan_gpu_layer_s(m, c, st, l, 1) : member_layer_s(m, c, mb, l, 1);
+                mt += cm_plan_gpu_take(m, c, o, st, &gm, l) ? cm_plan_gpu_layer_s(m, c, st, l, 1)
+                                                            : member_layer_s(m, c, mb, l, 1);
             mb->layer_s = mt;
             mb->gpu_layers = gm.n;
             member_bytes(m, o, mb, st->first_layer, st->last_layer, &mb->weight_bytes, &mb->kv_bytes);
@@ -418,12 +423,13 @@ static void predict(const cm_plan_model *m, const cm_plan_cluster *c, const cm_p
         if (!st->ep) continue;
         for (int l = st->first_layer; l < st->last_layer; l++)
             if (m->layer_expert_bytes[l])
-                p->bytes_per_token_ep += (uint64_t)(st->n_members - 1) * (uint64_t)m->n_experts_used * (uint64_t)m->dim * 4;
+                p->bytes_per_token_ep +=
+                    (uint64_t)(st->n_members - 1) * (uint64_t)m->n_experts_used * (uint64_t)m->dim * 4;
     }
     for (int s = 0; s < p->n_stages; s++)
         if (p->stages[s].n_members > 1 && !p->stages[s].ep)
-            p->bytes_per_token_tp += 2ull * (uint64_t)(p->stages[s].last_layer - p->stages[s].first_layer) *
-                                     (uint64_t)m->dim * 4;
+            p->bytes_per_token_tp +=
+                2ull * (uint64_t)(p->stages[s].last_layer - p->stages[s].first_layer) * (uint64_t)m->dim * 4;
         else if (ep_tp(m, &p->stages[s])) /* attention, and the FFN of the dense layers */
             for (int l = p->stages[s].first_layer; l < p->stages[s].last_layer; l++)
                 p->bytes_per_token_tp += (m->layer_expert_bytes[l] ? 1ull : 2ull) * (uint64_t)m->dim * 4;
@@ -434,14 +440,15 @@ static void predict(const cm_plan_model *m, const cm_plan_cluster *c, const cm_p
 /* Layer k's time in stage s: on the stage's GPU while it holds them (f), else lay_s's. */
 static double layer_t(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan_opts *o, const cm_plan_stage *st,
                       cm_plan_gpu_fill *f, const double *lay_s, int s, int k) {
-    return cm_plan_gpu_take(m, c, o, st, f, k) ? cm_plan_gpu_layer_s(m, c, st, k, 1) : lay_s[s * CM_PLAN_MAX_LAYERS + k];
+    return cm_plan_gpu_take(m, c, o, st, f, k) ? cm_plan_gpu_layer_s(m, c, st, k, 1)
+                                               : lay_s[s * CM_PLAN_MAX_LAYERS + k];
 }
 
 /* Greedy fill under a bottleneck time T: stage s takes layers while its time
  * (with its outgoing hop) stays <= T and its members' memory holds them,
  * leaving at least one layer for each later stage. */
-static bool fill_under(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan_opts *o,
-                       cm_plan *p, const double *lay_s, const double *hop, double T) {
+static bool fill_under(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan_opts *o, cm_plan *p,
+                       const double *lay_s, const double *hop, double T) {
     int G = p->n_stages, l = 0;
     for (int s = 0; s < G; s++) {
         cm_plan_stage *st = &p->stages[s];
@@ -480,11 +487,11 @@ static bool fill_under(const cm_plan_model *m, const cm_plan_cluster *c, const c
     return l == m->n_layers;
 }
 
-static int plan_for_groups(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan_opts *o,
-                           const int *group_of, bool by_mem, cm_plan *out, char *err, size_t errlen);
+static int plan_for_groups(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan_opts *o, const int *group_of,
+                           bool by_mem, cm_plan *out, char *err, size_t errlen);
 
-int cm_plan_for_groups(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan_opts *o,
-                       const int *group_of, cm_plan *out, char *err, size_t errlen) {
+int cm_plan_for_groups(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan_opts *o, const int *group_of,
+                       cm_plan *out, char *err, size_t errlen) {
     int rc = plan_for_groups(m, c, o, group_of, false, out, err, errlen);
     /* Experts split by speed do not fit: split them by memory instead. */
     if (rc == CM_ENOSPACE && m && m->n_experts > 0) {
@@ -580,8 +587,7 @@ static int plan_for_groups(const cm_plan_model *m, const cm_plan_cluster *c_in, 
             return cm_errf(err, errlen, CM_ENOSPACE,
                            "model does not fit: needs %.2f GiB (weights + KV at ctx %d x %d seq), the nodes offer "
                            "%.2f GiB; %.2f GiB missing — add a node, lower --ctx, or use a smaller quantization",
-                           need / 1073741824.0, o->ctx, o->n_seq, have / 1073741824.0,
-                           (need - have) / 1073741824.0);
+                           need / 1073741824.0, o->ctx, o->n_seq, have / 1073741824.0, (need - have) / 1073741824.0);
         return cm_errf(err, errlen, CM_ENOSPACE,
                        "model does not fit this split: a node's share exceeds its memory (needs %.2f GiB in all, "
                        "%.2f GiB offered); lower --ctx or try another --parallel mode",
@@ -606,7 +612,8 @@ static void describe(cm_plan *p, const cm_plan_cluster *c, const char *extra) {
         const cm_plan_stage *st = &p->stages[s];
         n += snprintf(p->why + n, sizeof p->why - (size_t)n, "%s[", s ? " -> " : "");
         for (int i = 0; i < st->n_members && n < (int)sizeof p->why; i++)
-            n += snprintf(p->why + n, sizeof p->why - (size_t)n, "%s%s", i ? "+" : "", c->nodes[st->members[i].node].name);
+            n += snprintf(p->why + n, sizeof p->why - (size_t)n, "%s%s", i ? "+" : "",
+                          c->nodes[st->members[i].node].name);
         if (n < (int)sizeof p->why)
             n += snprintf(p->why + n, sizeof p->why - (size_t)n, "] layers %d-%d", st->first_layer, st->last_layer - 1);
     }
@@ -633,7 +640,10 @@ static int plan_best_order(const cm_plan_model *m, const cm_plan_cluster *c, con
         int used = chain_prefix(c, perm, n, n, group_of);
         char e2[512];
         int rc = cm_plan_for_groups(m, c, o, group_of, &cand, e2, sizeof e2);
-        if (tried++ == 0 && rc) { rc_first = rc; snprintf(e1, sizeof e1, "%s", e2); }
+        if (tried++ == 0 && rc) {
+            rc_first = rc;
+            snprintf(e1, sizeof e1, "%s", e2);
+        }
         if (!rc) {
             double score = o->n_seq > 1 ? cand.tok_s_aggregate : cand.tok_s;
             if (tried == 1) given_score = score;
@@ -652,26 +662,33 @@ static int plan_best_order(const cm_plan_model *m, const cm_plan_cluster *c, con
         if (i < 1) break;
         int j = n - 1;
         while (perm[j] < perm[i]) j--;
-        int t = perm[i]; perm[i] = perm[j]; perm[j] = t;
-        for (int a = i + 1, b = n - 1; a < b; a++, b--) { t = perm[a]; perm[a] = perm[b]; perm[b] = t; }
+        int t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+        for (int a = i + 1, b = n - 1; a < b; a++, b--) {
+            t = perm[a];
+            perm[a] = perm[b];
+            perm[b] = t;
+        }
     }
     if (!have) return cm_errf(err, errlen, rc_first ? rc_first : CM_ENOSPACE, "%s", e1[0] ? e1 : "no order fits");
     *out = best;
     char extra[200];
     const char *by = o->n_seq > 1 ? "aggregate" : "one-stream";
     double got = o->n_seq > 1 ? best.tok_s_aggregate : best.tok_s;
-    int o2 = given_score > 0 ? snprintf(extra, sizeof extra, " (best of %d node orders by %s tok/s: %.1f; the given order: %.1f)",
-                                        tried, by, got, given_score)
-                             : snprintf(extra, sizeof extra, " (best of %d node orders by %s tok/s: %.1f)", tried, by, got);
+    int o2 = given_score > 0
+                 ? snprintf(extra, sizeof extra, " (best of %d node orders by %s tok/s: %.1f; the given order: %.1f)",
+                            tried, by, got, given_score)
+                 : snprintf(extra, sizeof extra, " (best of %d node orders by %s tok/s: %.1f)", tried, by, got);
     if (used_best < n && o2 > 0 && o2 < (int)sizeof extra)
-        snprintf(extra + o2, sizeof extra - (size_t)o2, "; %d node%s left out: a link between nodes is down", n - used_best,
-                 n - used_best == 1 ? "" : "s");
+        snprintf(extra + o2, sizeof extra - (size_t)o2, "; %d node%s left out: a link between nodes is down",
+                 n - used_best, n - used_best == 1 ? "" : "s");
     describe(out, c, extra);
     return 0;
 }
 
-int cm_plan_make(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan_opts *o, cm_plan *out,
-                 char *err, size_t errlen) {
+int cm_plan_make(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan_opts *o, cm_plan *out, char *err,
+                 size_t errlen) {
     if (!c || c->n_nodes < 1 || c->n_nodes > CM_PLAN_MAX_NODES)
         return cm_errf(err, errlen, CM_EINVAL, "plan: need 1..%d nodes", CM_PLAN_MAX_NODES);
     int n = c->n_nodes;
@@ -683,11 +700,13 @@ int cm_plan_make(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan
     if (m->n_experts > 0 && n > 1 && o->mode == CM_PARALLEL_TP && !m->kv_shared)
         return cm_errf(err, errlen, CM_EUNSUPPORTED,
                        "tensor-parallel plans of a mixture-of-experts model (%d experts) are not supported; "
-                       "use --parallel ep (experts across the group) or pp", m->n_experts);
+                       "use --parallel ep (experts across the group) or pp",
+                       m->n_experts);
     if (o->mode == CM_PARALLEL_PP && o->reorder && n >= 3 && n <= CM_PLAN_REORDER_MAX && n <= m->n_layers)
         return plan_best_order(m, c, o, out, err, errlen);
     if (o->mode == CM_PARALLEL_EP && m->n_experts < 1)
-        return cm_errf(err, errlen, CM_EINVAL, "expert parallelism needs a mixture-of-experts model (this one has no experts)");
+        return cm_errf(err, errlen, CM_EINVAL,
+                       "expert parallelism needs a mixture-of-experts model (this one has no experts)");
     if (o->mode == CM_PARALLEL_PP || o->mode == CM_PARALLEL_TP || o->mode == CM_PARALLEL_EP || n == 1) {
         if (o->mode == CM_PARALLEL_TP || o->mode == CM_PARALLEL_EP) {
             /* One group: node 0, then every node with no down link to one
@@ -729,7 +748,8 @@ int cm_plan_make(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan
         if (o->mode == CM_PARALLEL_HYBRID && cand.mode != CM_PARALLEL_HYBRID && cand.mode != CM_PARALLEL_EP) continue;
         if (o->mode == CM_PARALLEL_HYBRID && cand.n_stages < 2) continue;
         if (cand.mode == CM_PARALLEL_PP && cand.tok_s > best_pp) best_pp = cand.tok_s;
-        if ((cand.mode == CM_PARALLEL_TP || (cand.mode == CM_PARALLEL_EP && cand.n_stages == 1)) && cand.tok_s > best_tp)
+        if ((cand.mode == CM_PARALLEL_TP || (cand.mode == CM_PARALLEL_EP && cand.n_stages == 1)) &&
+            cand.tok_s > best_tp)
             best_tp = cand.tok_s;
         double score = o->n_seq > 1 ? cand.tok_s_aggregate : cand.tok_s;
         double best_score = have ? (o->n_seq > 1 ? best.tok_s_aggregate : best.tok_s) : -1;
@@ -739,8 +759,9 @@ int cm_plan_make(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan
         }
     }
     if (!have && o->mode == CM_PARALLEL_HYBRID)
-        return cm_errf(err, errlen, CM_EINVAL, "no hybrid plan for %d node%s: hybrid needs 3 or more nodes and a fitting split%s%s",
-                       n, n == 1 ? "" : "s", e2[0] ? " — " : "", e2);
+        return cm_errf(err, errlen, CM_EINVAL,
+                       "no hybrid plan for %d node%s: hybrid needs 3 or more nodes and a fitting split%s%s", n,
+                       n == 1 ? "" : "s", e2[0] ? " — " : "", e2);
     if (!have) {
         /* report the plain pipeline's error: it is the one that uses all memory best */
         for (int i = 0; i < n; i++) group_of[i] = i < m->n_layers ? i : -1;
@@ -754,8 +775,8 @@ int cm_plan_make(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan
     return 0;
 }
 
-void cm_plan_model_synthetic(cm_plan_model *m, int n_layers, int dim, int n_heads, int n_kv_heads, int ffn,
-                             int n_vocab, double bits_per_weight) {
+void cm_plan_model_synthetic(cm_plan_model *m, int n_layers, int dim, int n_heads, int n_kv_heads, int ffn, int n_vocab,
+                             double bits_per_weight) {
     memset(m, 0, sizeof *m);
     if (n_layers > CM_PLAN_MAX_LAYERS) n_layers = CM_PLAN_MAX_LAYERS;
     m->n_layers = n_layers;
@@ -785,7 +806,8 @@ void cm_plan_model_synthetic_moe(cm_plan_model *m, int n_layers, int dim, int n_
     m->n_experts_used = n_used;
     uint64_t attn = (uint64_t)dim * (uint64_t)m->head_dim * (2ull * (uint64_t)n_heads + 2ull * (uint64_t)n_kv_heads);
     uint64_t experts = 3ull * (uint64_t)dim * (uint64_t)ffn_exp * (uint64_t)n_expert;
-    uint64_t dense = attn + 3ull * (uint64_t)dim * (uint64_t)ffn_shared + (uint64_t)dim * (uint64_t)n_expert + 2ull * (uint64_t)dim;
+    uint64_t dense =
+        attn + 3ull * (uint64_t)dim * (uint64_t)ffn_shared + (uint64_t)dim * (uint64_t)n_expert + 2ull * (uint64_t)dim;
     for (int l = 0; l < m->n_layers; l++) {
         m->layer_params[l] = dense + experts;
         m->layer_expert_params[l] = experts;
@@ -801,15 +823,21 @@ void cm_plan_format(const cm_plan *p, const cm_plan_model *m, const cm_plan_clus
     plan_groups(p, c_in->n_nodes, group_of);
     share_hosts(c_in, group_of, &eff);
     const cm_plan_cluster *c = &eff;
-#define OUT(...) do { if (k < n) { int w_ = snprintf(buf + k, n - k, __VA_ARGS__); if (w_ > 0) k += (size_t)w_; } } while (0)
+#define OUT(...)                                            \
+    do {                                                    \
+        if (k < n) {                                        \
+            int w_ = snprintf(buf + k, n - k, __VA_ARGS__); \
+            if (w_ > 0) k += (size_t)w_;                    \
+        }                                                   \
+    } while (0)
     int w = 16;
     for (int s = 0; s < p->n_stages; s++)
         for (int i = 0; i < p->stages[s].n_members; i++) {
             int l = (int)strlen(c->nodes[p->stages[s].members[i].node].name);
             if (l > w) w = l;
         }
-    OUT("%-*s %-5s %-7s %-9s %-10s %10s %10s %10s\n", w, "node", "stage", "layers", "kv-heads", "ffn-rows",
-        "weights", "kv-cache", "ms/token");
+    OUT("%-*s %-5s %-7s %-9s %-10s %10s %10s %10s\n", w, "node", "stage", "layers", "kv-heads", "ffn-rows", "weights",
+        "kv-cache", "ms/token");
     for (int s = 0; s < p->n_stages; s++) {
         const cm_plan_stage *st = &p->stages[s];
         for (int i = 0; i < st->n_members; i++) {
@@ -822,8 +850,8 @@ void cm_plan_format(const cm_plan *p, const cm_plan_model *m, const cm_plan_clus
             char gl[32] = ""; /* the first layers on its GPU */
             if (mb->gpu_layers) snprintf(gl, sizeof gl, " gpu:%d", mb->gpu_layers);
             OUT("%-*s %-5d %-7s %-9s %-10s %9.1fM %9.1fM %10.3f%s%s%s\n", w, c->nodes[mb->node].name, s, lay, hr, fr,
-                mb->weight_bytes / 1048576.0, mb->kv_bytes / 1048576.0, mb->layer_s * 1e3,
-                mb->embed ? " embed" : "", mb->head ? " head" : "", gl);
+                mb->weight_bytes / 1048576.0, mb->kv_bytes / 1048576.0, mb->layer_s * 1e3, mb->embed ? " embed" : "",
+                mb->head ? " head" : "", gl);
         }
     }
     if (p->n_stages > 1) {
@@ -831,7 +859,8 @@ void cm_plan_format(const cm_plan *p, const cm_plan_model *m, const cm_plan_clus
          * last one is the token id back to the first stage) */
         OUT("hops (ms per token):");
         for (int s = 0; s < p->n_stages; s++)
-            OUT(" %d->%d %.3f%s", s, s + 1 < p->n_stages ? s + 1 : 0, p->stages[s].hop_s * 1e3, s + 1 < p->n_stages ? "," : ";");
+            OUT(" %d->%d %.3f%s", s, s + 1 < p->n_stages ? s + 1 : 0, p->stages[s].hop_s * 1e3,
+                s + 1 < p->n_stages ? "," : ";");
         OUT(" output head %.3f\n", head_s(m, c, &p->stages[p->n_stages - 1], 1) * 1e3);
     }
     if (p->kv_n_seq > 0) /* the kv-cache column holds every sequence's; say it per sequence too */
@@ -849,11 +878,12 @@ void cm_plan_format(const cm_plan *p, const cm_plan_model *m, const cm_plan_clus
         if (first != i || cnt < 2) continue;
         OUT("shared host %s: %d members (", c->nodes[i].host, cnt);
         for (int j = 0, w2 = 0; j < c->n_nodes; j++)
-            if (group_of[j] >= 0 && !strcmp(c->nodes[j].host, c->nodes[i].host)) OUT("%s%s", w2++ ? ", " : "", c->nodes[j].name);
+            if (group_of[j] >= 0 && !strcmp(c->nodes[j].host, c->nodes[i].host))
+                OUT("%s%s", w2++ ? ", " : "", c->nodes[j].name);
         OUT(") share its cores and memory bandwidth: each planned at 1/%d\n", cnt);
     }
-    OUT("mode %s; one stream %.2f tok/s; aggregate %.2f tok/s; time to first token %.3f s\n",
-        cm_parallel_name(p->mode), p->tok_s, p->tok_s_aggregate, p->ttft_s);
+    OUT("mode %s; one stream %.2f tok/s; aggregate %.2f tok/s; time to first token %.3f s\n", cm_parallel_name(p->mode),
+        p->tok_s, p->tok_s_aggregate, p->ttft_s);
     OUT("per token: %llu bytes per pipeline hop, %llu bytes of tensor-parallel all-reduce per member\n",
         (unsigned long long)p->bytes_per_token_hop, (unsigned long long)p->bytes_per_token_tp);
     if (m->n_experts > 0) /* ffn-rows shows e<first>-<last>: the experts each member of an expert group holds */

@@ -44,8 +44,14 @@
  * hold every layer's attention whole and a share of its experts. A model
  * with experts never gets tensor-parallel FFN rows: in any mode, a group of
  * more than one member over a mixture-of-experts model is an expert group. */
-enum cm_parallel { CM_PARALLEL_AUTO, CM_PARALLEL_PP, CM_PARALLEL_TP, CM_PARALLEL_HYBRID, CM_PARALLEL_EP,
-                   CM_PARALLEL_COUNT };
+enum cm_parallel {
+    CM_PARALLEL_AUTO,
+    CM_PARALLEL_PP,
+    CM_PARALLEL_TP,
+    CM_PARALLEL_HYBRID,
+    CM_PARALLEL_EP,
+    CM_PARALLEL_COUNT
+};
 const char *cm_parallel_name(enum cm_parallel p);
 int cm_parallel_from_name(const char *s); /* -1 if unknown */
 
@@ -90,8 +96,8 @@ typedef struct cm_plan_model {
     uint64_t head_bytes; /* output norm + output head: held by the last stage
                             (for tied embeddings, the embedding's bytes again) */
     uint64_t head_params;
-    int ffn_granule;     /* FFN slice boundaries are multiples of this (ffn_down block size) */
-    int head_granule;    /* KV-head slice boundaries are multiples of this, so that the
+    int ffn_granule;  /* FFN slice boundaries are multiples of this (ffn_down block size) */
+    int head_granule; /* KV-head slice boundaries are multiples of this, so that the
                             attn_output columns of a slice start on a block boundary
                             (cm_slice_check); 0 or 1: any head */
     /* Mixture of experts (0 experts: dense). layer_expert_bytes/params: the
@@ -108,19 +114,19 @@ typedef struct cm_plan_model {
 } cm_plan_model;
 
 typedef struct cm_plan_opts {
-    int ctx;               /* KV length per sequence */
-    int n_seq;             /* concurrent sequences (KV is sized for all of them) */
-    int kv_elem_bytes;     /* 4 (f32) or 2 (f16) */
+    int ctx;                        /* KV length per sequence */
+    int n_seq;                      /* concurrent sequences (KV is sized for all of them) */
+    int kv_elem_bytes;              /* 4 (f32) or 2 (f16) */
     int kv_k32_bytes, kv_v32_bytes; /* bytes of 32 K / V elements (f32 128, f16 64, q8_0 34, q4_0 18);
                                        0: kv_elem_bytes for both */
-    int prompt_tokens;     /* for the time-to-first-token prediction */
-    enum cm_parallel mode; /* AUTO picks the best predicted plan */
-    uint64_t reserve_bytes;/* per node: scratch, buffers, the OS */
-    double exchange_overhead_s; /* software cost of one network exchange */
-    int first_stage_layers; /* > 0: stage 0 holds exactly layers [0, this), its memory not checked
+    int prompt_tokens;              /* for the time-to-first-token prediction */
+    enum cm_parallel mode;          /* AUTO picks the best predicted plan */
+    uint64_t reserve_bytes;         /* per node: scratch, buffers, the OS */
+    double exchange_overhead_s;     /* software cost of one network exchange */
+    int first_stage_layers;         /* > 0: stage 0 holds exactly layers [0, this), its memory not checked
                                (a re-plan after a node is lost keeps the coordinator's layers: its
                                caches rely on them, and it already holds them) */
-    bool reorder;          /* PP: try every order of nodes 1..n-1 (node 0 stays first; up to
+    bool reorder;                   /* PP: try every order of nodes 1..n-1 (node 0 stays first; up to
                               CM_PLAN_REORDER_MAX nodes) and keep the fastest predicted, so a
                               slow link, also between two nodes, is kept off the busy hops;
                               false: the cluster's order */
@@ -130,7 +136,7 @@ typedef struct cm_plan_opts {
      * busiest member's hottest experts get replicas on the least busy members that have
      * memory for them, while that lowers the slowest member's time. NULL: uniform, no replicas. */
     const uint64_t *expert_load;
-    int max_replicas;      /* replicas per member (0: CM_PLAN_MAX_REPLICAS; < 0: none, shares only) */
+    int max_replicas; /* replicas per member (0: CM_PLAN_MAX_REPLICAS; < 0: none, shares only) */
 } cm_plan_opts;
 #define CM_PLAN_REORDER_MAX 8
 #define CM_PLAN_MAX_REPLICAS 8
@@ -141,13 +147,13 @@ typedef struct cm_plan_opts {
  * machines found (a split's sum, more members than machines) is checked
  * where the plan is made. All zero: the planner's pipeline. */
 typedef struct cm_plan_request {
-    bool mode_set;                   /* mode given; else PP, or HYBRID when groups are given */
+    bool mode_set; /* mode given; else PP, or HYBRID when groups are given */
     enum cm_parallel mode;
-    int n_split;                     /* layers per stage, this machine's stage first */
+    int n_split; /* layers per stage, this machine's stage first */
     int split[CM_PLAN_MAX_NODES];
-    int n_groups;                    /* members per stage, this machine's group first */
+    int n_groups; /* members per stage, this machine's group first */
     int groups[CM_PLAN_MAX_NODES];
-    int n_weights;                   /* TP / hybrid: relative speed per machine, this one first */
+    int n_weights; /* TP / hybrid: relative speed per machine, this one first */
     double weights[CM_PLAN_MAX_NODES];
 } cm_plan_request;
 
@@ -156,40 +162,40 @@ typedef struct cm_plan_request {
 void cm_plan_opts_default(cm_plan_opts *o);
 
 typedef struct cm_plan_member {
-    int node;                 /* index into the cluster */
+    int node; /* index into the cluster */
     int kv_head_begin, kv_head_end;
     int ffn_begin, ffn_end;
     int expert_begin, expert_end; /* experts [begin, end) of every MoE layer of the stage (all of
                                      them unless the stage is an expert group; ranges follow the
                                      member order, so member k's rows come k-th in the exchange) */
-    int n_replicas;           /* hot experts held beyond [expert_begin, expert_end), ascending;
+    int n_replicas;               /* hot experts held beyond [expert_begin, expert_end), ascending;
                                  an expert's rows are split among all its holders (model.h's
                                  cm_expert_share) */
     int replicas[CM_PLAN_MAX_REPLICAS];
-    double expert_share;      /* with cm_plan_opts.expert_load: the fraction of the routed
+    double expert_share; /* with cm_plan_opts.expert_load: the fraction of the routed
                                  assignments it computes (0: held / n_experts, uniform) */
-    bool embed, head;         /* holds the embedding / the output head */
+    bool embed, head;    /* holds the embedding / the output head */
     uint64_t weight_bytes, kv_bytes;
-    double layer_s;           /* its decode time for the stage's layers, seconds */
-    int gpu_layers;           /* the stage's first gpu_layers layers run on its GPU */
+    double layer_s; /* its decode time for the stage's layers, seconds */
+    int gpu_layers; /* the stage's first gpu_layers layers run on its GPU */
 } cm_plan_member;
 
 typedef struct cm_plan_stage {
     int first_layer, last_layer; /* [first, last) */
     int n_members;
-    bool ep;           /* an expert group: members hold attention whole and their experts */
+    bool ep; /* an expert group: members hold attention whole and their experts */
     cm_plan_member members[CM_PLAN_MAX_NODES];
-    double compute_s;  /* decode: slowest member + all-reduces, per token */
-    double hop_s;      /* sending one token's hidden state to the next stage (or the token back) */
+    double compute_s; /* decode: slowest member + all-reduces, per token */
+    double hop_s;     /* sending one token's hidden state to the next stage (or the token back) */
 } cm_plan_stage;
 
 typedef struct cm_plan {
     enum cm_parallel mode; /* PP (all groups of one), TP (one group), HYBRID */
     int n_stages;
     cm_plan_stage stages[CM_PLAN_MAX_NODES];
-    double tok_s;           /* one stream, decode */
-    double tok_s_aggregate; /* opts.n_seq streams */
-    double ttft_s;          /* prefill of opts.prompt_tokens + first token */
+    double tok_s;                 /* one stream, decode */
+    double tok_s_aggregate;       /* opts.n_seq streams */
+    double ttft_s;                /* prefill of opts.prompt_tokens + first token */
     uint64_t bytes_per_token_hop; /* pipeline: dim*4 */
     uint64_t bytes_per_token_tp;  /* tensor parallel: 2*layers*dim*4 per member */
     uint64_t bytes_per_token_ep;  /* expert groups: all-to-all element bytes of one token, summed over
@@ -202,22 +208,21 @@ typedef struct cm_plan {
 /* Make the best plan of the requested mode. Errors: CM_ENOSPACE when the
  * model fits nowhere (message says how much memory is missing), CM_EINVAL for
  * nonsense input. Pure: same input, same output. */
-int cm_plan_make(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan_opts *o,
-                 cm_plan *out, char *err, size_t errlen);
+int cm_plan_make(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan_opts *o, cm_plan *out, char *err,
+                 size_t errlen);
 
 /* Build a plan for a given grouping: group_of[i] = pipeline position of node
  * i's group (0, 1, ... in order; -1 = node unused). */
-int cm_plan_for_groups(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan_opts *o,
-                       const int *group_of, cm_plan *out, char *err, size_t errlen);
+int cm_plan_for_groups(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan_opts *o, const int *group_of,
+                       cm_plan *out, char *err, size_t errlen);
 
 /* Predict the timings of a filled plan (compute_s, hop_s, tok_s, ...). */
-void cm_plan_predict(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan_opts *o,
-                     cm_plan *p);
+void cm_plan_predict(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan_opts *o, cm_plan *p);
 
 /* Shape of a model from hyper-parameters and an average bits-per-weight
  * (for simulating models we do not have on disk, e.g. a 70B Q4_K_M). */
-void cm_plan_model_synthetic(cm_plan_model *m, int n_layers, int dim, int n_heads, int n_kv_heads,
-                             int ffn, int n_vocab, double bits_per_weight);
+void cm_plan_model_synthetic(cm_plan_model *m, int n_layers, int dim, int n_heads, int n_kv_heads, int ffn, int n_vocab,
+                             double bits_per_weight);
 
 /* A mixture-of-experts shape (Qwen3-MoE-like): attention as above, n_expert
  * experts of width ffn_exp per layer of which n_used run per token, a shared
@@ -231,7 +236,6 @@ void cm_plan_model_synthetic_moe(cm_plan_model *m, int n_layers, int dim, int n_
 uint32_t cm_plan_expert_holders(const cm_plan_stage *st, int e);
 
 /* Human-readable plan (multi-line) into buf. */
-void cm_plan_format(const cm_plan *p, const cm_plan_model *m, const cm_plan_cluster *c,
-                    char *buf, size_t n);
+void cm_plan_format(const cm_plan *p, const cm_plan_model *m, const cm_plan_cluster *c, char *buf, size_t n);
 
 #endif

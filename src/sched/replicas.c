@@ -53,9 +53,10 @@ static double slowest(const cm_plan_stage *st, const double *w, const double *bw
 
 static void place_stage(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan_opts *o, cm_plan_stage *st) {
     enum { MAXX = 1024 };
-    const int X = m->n_experts, k = st->n_members;
+    const int X
+    = m->n_experts, k = st->n_members;
     if (!st->ep || k < 2 || X < 1 || X > MAXX) return;
-    const int cap = o->max_replicas < 0 ? 0
+    const int cap = o->max_replicas < 0                                             ? 0
                     : o->max_replicas > 0 && o->max_replicas < CM_PLAN_MAX_REPLICAS ? o->max_replicas
                                                                                     : CM_PLAN_MAX_REPLICAS;
     double total = 0, bw[CM_PLAN_MAX_NODES], w[CM_PLAN_MAX_NODES];
@@ -80,8 +81,8 @@ static void place_stage(const cm_plan_model *m, const cm_plan_cluster *c, const 
                 cm_plan_member *mj = &st->members[j];
                 if (h[e] >> j & 1u || mj->n_replicas >= cap) continue;
                 mj->replicas[mj->n_replicas++] = e; /* try it: memory, then the new slowest time */
-                const bool fits = cm_plan_member_bytes(m, o, mj, st->first_layer, st->last_layer) <=
-                                  c->nodes[mj->node].mem_bytes;
+                const bool fits =
+                    cm_plan_member_bytes(m, o, mj, st->first_layer, st->last_layer) <= c->nodes[mj->node].mem_bytes;
                 mj->n_replicas--;
                 if (!fits) continue;
                 /* only e's holders change: each gives up load/r - load/(r + 1), j takes load/(r + 1) */

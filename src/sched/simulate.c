@@ -16,10 +16,13 @@
 #define GB 1e9
 #define GIB (1024.0 * 1024.0 * 1024.0)
 
-static bool num(const cJSON *o, const char *key, double lo, double hi, double def, double *out,
-                char *err, size_t errlen, int *rc) {
+static bool num(const cJSON *o, const char *key, double lo, double hi, double def, double *out, char *err,
+                size_t errlen, int *rc) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-    if (!v) { *out = def; return true; }
+    if (!v) {
+        *out = def;
+        return true;
+    }
     if (!cJSON_IsNumber(v) || !(v->valuedouble >= lo && v->valuedouble <= hi)) {
         *rc = cm_errf(err, errlen, CM_EINVAL, "cluster file: '%s' must be a number in [%g, %g]", key, lo, hi);
         return false;
@@ -116,7 +119,8 @@ int cm_sim_parse_cluster(const char *json, size_t n, cm_plan_cluster *c, cm_plan
             goto out;
         }
         double r, g;
-        if (!num(pr, "rtt_ms", 0, 1e5, rtt, &r, err, errlen, &rc) || !num(pr, "gbit", 1e-6, 1e5, gbit, &g, err, errlen, &rc))
+        if (!num(pr, "rtt_ms", 0, 1e5, rtt, &r, err, errlen, &rc) ||
+            !num(pr, "gbit", 1e-6, 1e5, gbit, &g, err, errlen, &rc))
             goto out;
         c->rtt_s[ia][ib] = c->rtt_s[ib][ia] = r * 1e-3;
         c->bw[ia][ib] = c->bw[ib][ia] = g * 1e9 / 8;
@@ -151,9 +155,12 @@ out:
     return rc;
 }
 
-static const struct { const char *name; double bpw; } k_types[] = {
-    {"f32", 32}, {"f16", 16}, {"bf16", 16}, {"q8_0", 8.5}, {"q6_k", 6.5625}, {"q5_k_m", 5.69},
-    {"q5_1", 6.0}, {"q5_0", 5.5}, {"q4_k_m", 4.85}, {"q4_k_s", 4.58}, {"q4_1", 5.0}, {"q4_0", 4.5},
+static const struct {
+    const char *name;
+    double bpw;
+} k_types[] = {
+    {"f32", 32},   {"f16", 16},   {"bf16", 16},     {"q8_0", 8.5},    {"q6_k", 6.5625}, {"q5_k_m", 5.69},
+    {"q5_1", 6.0}, {"q5_0", 5.5}, {"q4_k_m", 4.85}, {"q4_k_s", 4.58}, {"q4_1", 5.0},    {"q4_0", 4.5},
 };
 
 double cm_sim_bits_per_weight(const char *type) {
@@ -162,13 +169,16 @@ double cm_sim_bits_per_weight(const char *type) {
     return 0;
 }
 
-static const struct { const char *name; int layers, dim, heads, kv, ffn, vocab; } k_presets[] = {
-    {"llama-2-7b", 32, 4096, 32, 32, 11008, 32000},   {"llama-2-13b", 40, 5120, 40, 40, 13824, 32000},
-    {"llama-3-8b", 32, 4096, 32, 8, 14336, 128256},   {"llama-3-70b", 80, 8192, 64, 8, 28672, 128256},
-    {"llama-3.2-1b", 16, 2048, 32, 8, 8192, 128256},  {"llama-3.2-3b", 28, 3072, 24, 8, 8192, 128256},
-    {"mistral-7b", 32, 4096, 32, 8, 14336, 32768},    {"tinyllama-1.1b", 22, 2048, 32, 4, 5632, 32000},
-    {"qwen2.5-7b", 28, 3584, 28, 4, 18944, 152064},   {"qwen2.5-14b", 48, 5120, 40, 8, 13824, 152064},
-    {"qwen2.5-32b", 64, 5120, 40, 8, 27648, 152064},  {"qwen2.5-72b", 80, 8192, 64, 8, 29568, 152064},
+static const struct {
+    const char *name;
+    int layers, dim, heads, kv, ffn, vocab;
+} k_presets[] = {
+    {"llama-2-7b", 32, 4096, 32, 32, 11008, 32000},        {"llama-2-13b", 40, 5120, 40, 40, 13824, 32000},
+    {"llama-3-8b", 32, 4096, 32, 8, 14336, 128256},        {"llama-3-70b", 80, 8192, 64, 8, 28672, 128256},
+    {"llama-3.2-1b", 16, 2048, 32, 8, 8192, 128256},       {"llama-3.2-3b", 28, 3072, 24, 8, 8192, 128256},
+    {"mistral-7b", 32, 4096, 32, 8, 14336, 32768},         {"tinyllama-1.1b", 22, 2048, 32, 4, 5632, 32000},
+    {"qwen2.5-7b", 28, 3584, 28, 4, 18944, 152064},        {"qwen2.5-14b", 48, 5120, 40, 8, 13824, 152064},
+    {"qwen2.5-32b", 64, 5120, 40, 8, 27648, 152064},       {"qwen2.5-72b", 80, 8192, 64, 8, 29568, 152064},
     {"llama-3.1-405b", 126, 16384, 128, 8, 53248, 128256},
 };
 
@@ -210,10 +220,12 @@ static void moe_preset(cm_plan_model *m, int i, double bpw) {
     cm_plan_model_synthetic_moe(m, p->layers, p->dim, p->heads, p->kv, p->experts, p->used, p->ffn_exp, p->ffn_shared,
                                 p->vocab, bpw);
     m->head_dim = p->kv_dim ? p->kv_dim / 2 : p->head_dim;
-    uint64_t attn = p->attn ? p->attn
-                            : (uint64_t)p->dim * (uint64_t)p->head_dim * (2ull * (uint64_t)p->heads + 2ull * (uint64_t)p->kv);
+    uint64_t attn =
+        p->attn ? p->attn
+                : (uint64_t)p->dim * (uint64_t)p->head_dim * (2ull * (uint64_t)p->heads + 2ull * (uint64_t)p->kv);
     uint64_t experts = 3ull * (uint64_t)p->dim * (uint64_t)p->ffn_exp * (uint64_t)p->experts;
-    uint64_t moe_dense = attn + 3ull * (uint64_t)p->dim * (uint64_t)p->ffn_shared + (uint64_t)p->dim * (uint64_t)p->experts;
+    uint64_t moe_dense =
+        attn + 3ull * (uint64_t)p->dim * (uint64_t)p->ffn_shared + (uint64_t)p->dim * (uint64_t)p->experts;
     for (int l = 0; l < m->n_layers; l++) {
         bool dense = l < p->dense;
         uint64_t d = dense ? attn + 3ull * (uint64_t)p->dim * (uint64_t)p->dense_ffn : moe_dense;
@@ -269,7 +281,8 @@ int cm_plan_model_from_gguf(const cm_gguf *g, cm_plan_model *m, char *err, size_
         const bool mla = hparam(g, arch, "attention.key_length_mla", 0) > 0; /* else the unsplit attn_kv_b */
         m->kv_shared = true;
         m->n_kv_heads = m->n_heads;
-        m->head_dim = (int)((hparam(g, arch, "attention.kv_lora_rank", 0) + hparam(g, arch, "rope.dimension_count", 0)) / 2);
+        m->head_dim =
+            (int)((hparam(g, arch, "attention.kv_lora_rank", 0) + hparam(g, arch, "rope.dimension_count", 0)) / 2);
         head_cols = (int)hparam(g, arch, mla ? "attention.value_length_mla" : "attention.value_length", 0);
     }
     free(arch);

@@ -26,9 +26,8 @@
 /* Parse a cluster file's text. Fills cluster and (when present) the opts
  * fields and model preset name/type into model_preset/model_type (may be
  * empty strings). */
-int cm_sim_parse_cluster(const char *json, size_t n, cm_plan_cluster *c, cm_plan_opts *o,
-                         char *model_preset, size_t preset_len, char *model_type, size_t type_len,
-                         char *err, size_t errlen);
+int cm_sim_parse_cluster(const char *json, size_t n, cm_plan_cluster *c, cm_plan_opts *o, char *model_preset,
+                         size_t preset_len, char *model_type, size_t type_len, char *err, size_t errlen);
 
 /* Average bits per weight of a quantization name ("q4_k_m", "q8_0", "f16"...); 0 if unknown. */
 double cm_sim_bits_per_weight(const char *type);

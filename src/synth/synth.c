@@ -46,27 +46,35 @@ enum synth_arch { A_LLAMA, A_QWEN2, A_QWEN3, A_QWEN2MOE, A_QWEN3MOE, A_GEMMA3, A
 /* One --type: the file type id llama.cpp records and the weight type. */
 typedef struct synth_type {
     const char *name;
-    uint32_t ftype;       /* llama_ftype */
-    enum cm_type wtype;   /* type of the 2-D weights (q4_k_m: the base type) */
+    uint32_t ftype;     /* llama_ftype */
+    enum cm_type wtype; /* type of the 2-D weights (q4_k_m: the base type) */
     bool mix_q4_k_m;
 } synth_type;
 
 static const synth_type k_types[] = {
-    {"f32", 0, CM_TYPE_F32, false},    {"f16", 1, CM_TYPE_F16, false},
-    {"bf16", 32, CM_TYPE_BF16, false}, {"q8_0", 7, CM_TYPE_Q8_0, false},
-    {"q4_0", 2, CM_TYPE_Q4_0, false},  {"q4_1", 3, CM_TYPE_Q4_1, false},
-    {"q5_0", 8, CM_TYPE_Q5_0, false},  {"q5_1", 9, CM_TYPE_Q5_1, false},
+    {"f32", 0, CM_TYPE_F32, false},
+    {"f16", 1, CM_TYPE_F16, false},
+    {"bf16", 32, CM_TYPE_BF16, false},
+    {"q8_0", 7, CM_TYPE_Q8_0, false},
+    {"q4_0", 2, CM_TYPE_Q4_0, false},
+    {"q4_1", 3, CM_TYPE_Q4_1, false},
+    {"q5_0", 8, CM_TYPE_Q5_0, false},
+    {"q5_1", 9, CM_TYPE_Q5_1, false},
     {"q4_k", 14, CM_TYPE_Q4_K, false}, /* llama.cpp calls an all-Q4_K file "Q4_K_S" */
     {"q5_k", 16, CM_TYPE_Q5_K, false}, /* ... and an all-Q5_K one "Q5_K_S" */
-    {"q6_k", 18, CM_TYPE_Q6_K, false}, {"q4_k_m", 15, CM_TYPE_Q4_K, true},
+    {"q6_k", 18, CM_TYPE_Q6_K, false},
+    {"q4_k_m", 15, CM_TYPE_Q4_K, true},
     {"q5_k_m", 17, CM_TYPE_Q5_K, true}, /* the same mix with Q5_K as the base type */
     /* Low-bit types, every 2-D weight in the one type (llama_ftype names:
      * MOSTLY_Q2_K, Q3_K_S, IQ4_NL, IQ4_XS, MXFP4_MOE). */
-    {"q2_k", 10, CM_TYPE_Q2_K, false}, {"q3_k", 11, CM_TYPE_Q3_K, false},
-    {"iq4_nl", 25, CM_TYPE_IQ4_NL, false}, {"iq4_xs", 30, CM_TYPE_IQ4_XS, false},
+    {"q2_k", 10, CM_TYPE_Q2_K, false},
+    {"q3_k", 11, CM_TYPE_Q3_K, false},
+    {"iq4_nl", 25, CM_TYPE_IQ4_NL, false},
+    {"iq4_xs", 30, CM_TYPE_IQ4_XS, false},
     {"mxfp4", 38, CM_TYPE_MXFP4, false},
     /* Grid types (MOSTLY_IQ2_XXS, IQ3_XXS, IQ1_S): random blocks only, no quantizer. */
-    {"iq2_xxs", 19, CM_TYPE_IQ2_XXS, false}, {"iq3_xxs", 23, CM_TYPE_IQ3_XXS, false},
+    {"iq2_xxs", 19, CM_TYPE_IQ2_XXS, false},
+    {"iq3_xxs", 23, CM_TYPE_IQ3_XXS, false},
     {"iq1_s", 24, CM_TYPE_IQ1_S, false},
 };
 
@@ -97,15 +105,21 @@ static int find_arch(const char *name) {
 
 /* ---- mixture of experts ---- */
 
-static bool moe_arch(int arch) { return arch == A_QWEN2MOE || arch == A_QWEN3MOE || arch == A_GPTOSS || arch == A_DEEPSEEK2; }
+static bool moe_arch(int arch) {
+    return arch == A_QWEN2MOE || arch == A_QWEN3MOE || arch == A_GPTOSS || arch == A_DEEPSEEK2;
+}
 
 /* deepseek2's MLA shapes (synth.h) */
 enum { DS_KV_LORA = 256, DS_Q_LORA = 256, DS_NOPE = 64, DS_ROPE = 32, DS_V = 64 };
 static bool ds_lite(const cm_synth_params *p) { return p->variant && !strncmp(p->variant, "lite", 4); }
 static bool ds_yarn(const cm_synth_params *p) { return p->variant && !strcmp(p->variant, "v3yarn"); }
 /* "v3kvb", "litekvb": the unsplit attn_kv_b layout of GGUFs converted before llama.cpp's MLA support */
-static bool ds_kvb(const cm_synth_params *p) { return p->variant && (!strcmp(p->variant, "v3kvb") || !strcmp(p->variant, "litekvb")); }
-static int exp_ff(const cm_synth_params *p, int arch) { return arch == A_LLAMA || !p->n_ff_exp ? p->n_ff : p->n_ff_exp; }
+static bool ds_kvb(const cm_synth_params *p) {
+    return p->variant && (!strcmp(p->variant, "v3kvb") || !strcmp(p->variant, "litekvb"));
+}
+static int exp_ff(const cm_synth_params *p, int arch) {
+    return arch == A_LLAMA || !p->n_ff_exp ? p->n_ff : p->n_ff_exp;
+}
 static int shexp_ff(const cm_synth_params *p, int arch) {
     if (arch == A_DEEPSEEK2) return exp_ff(p, arch) * (ds_lite(p) ? 2 : 1); /* expert_shared_count experts */
     return arch != A_QWEN2MOE ? 0 : p->n_ff_shexp ? p->n_ff_shexp : p->n_ff;
@@ -117,14 +131,18 @@ static int moe_check(const cm_synth_params *p, int arch, int bs, char *err, size
     if (moe_arch(arch) && p->n_expert == 0)
         return cm_errf(err, errlen, CM_EINVAL, "architecture '%s' needs --experts", p->arch);
     if (!moe_arch(arch) && arch != A_LLAMA && p->n_expert)
-        return cm_errf(err, errlen, CM_EINVAL, "architecture '%s' has no experts (qwen2moe, qwen3moe, gpt-oss, deepseek2, llama do)", p->arch);
+        return cm_errf(err, errlen, CM_EINVAL,
+                       "architecture '%s' has no experts (qwen2moe, qwen3moe, gpt-oss, deepseek2, llama do)", p->arch);
     if (arch == A_DEEPSEEK2 && p->variant && strcmp(p->variant, "v3") && strcmp(p->variant, "lite") && !ds_yarn(p) &&
         !ds_kvb(p))
-        return cm_errf(err, errlen, CM_EINVAL, "unknown deepseek2 variant '%s' (v3, v3yarn, lite, v3kvb, litekvb)", p->variant);
+        return cm_errf(err, errlen, CM_EINVAL, "unknown deepseek2 variant '%s' (v3, v3yarn, lite, v3kvb, litekvb)",
+                       p->variant);
     if (arch == A_DEEPSEEK2 && !ds_lite(p) && p->n_expert % 4)
-        return cm_errf(err, errlen, CM_EINVAL, "deepseek2 v3 puts the experts in 4 groups: --experts %d is not a multiple of 4", p->n_expert);
+        return cm_errf(err, errlen, CM_EINVAL,
+                       "deepseek2 v3 puts the experts in 4 groups: --experts %d is not a multiple of 4", p->n_expert);
     if (arch == A_DEEPSEEK2 && !ds_lite(p) && p->n_expert_used > p->n_expert / 2)
-        return cm_errf(err, errlen, CM_EINVAL, "deepseek2 v3 uses 2 of 4 expert groups: --experts-used must be <= %d", p->n_expert / 2);
+        return cm_errf(err, errlen, CM_EINVAL, "deepseek2 v3 uses 2 of 4 expert groups: --experts-used must be <= %d",
+                       p->n_expert / 2);
     if (arch == A_DEEPSEEK2 && (p->n_layer < 2 || p->n_embd % 256))
         return cm_errf(err, errlen, CM_EINVAL, "deepseek2 needs 2+ layers (one dense) and dim a multiple of 256");
     if (!p->n_expert) return 0;
@@ -143,8 +161,10 @@ static bool use_more_bits(int i, int n) { return i < n / 8 || i >= 7 * n / 8 || 
 int cm_synth_check(const cm_synth_params *p, char *err, size_t errlen) {
     const synth_type *st = find_type(p->type);
     if (find_arch(p->arch) < 0)
-        return cm_errf(err, errlen, CM_EINVAL, "unknown architecture '%s' (supported: llama, qwen2, qwen3, qwen2moe, qwen3moe, gemma3, phi3, gpt-oss, deepseek2)",
-                       p->arch ? p->arch : "");
+        return cm_errf(
+            err, errlen, CM_EINVAL,
+            "unknown architecture '%s' (supported: llama, qwen2, qwen3, qwen2moe, qwen3moe, gemma3, phi3, gpt-oss, deepseek2)",
+            p->arch ? p->arch : "");
     if (!st)
         return cm_errf(err, errlen, CM_EINVAL, "unknown type '%s' (supported: %s)", p->type ? p->type : "",
                        cm_synth_type_names());
@@ -155,16 +175,14 @@ int cm_synth_check(const cm_synth_params *p, char *err, size_t errlen) {
     if (p->n_embd % p->n_head)
         return cm_errf(err, errlen, CM_EINVAL, "dim %d is not a multiple of heads %d", p->n_embd, p->n_head);
     if ((p->n_embd / p->n_head) % 2)
-        return cm_errf(err, errlen, CM_EINVAL, "head dimension %d must be even (RoPE pairs)",
-                       p->n_embd / p->n_head);
+        return cm_errf(err, errlen, CM_EINVAL, "head dimension %d must be even (RoPE pairs)", p->n_embd / p->n_head);
     if (p->n_head % p->n_head_kv)
-        return cm_errf(err, errlen, CM_EINVAL, "heads %d is not a multiple of kv-heads %d", p->n_head,
-                       p->n_head_kv);
+        return cm_errf(err, errlen, CM_EINVAL, "heads %d is not a multiple of kv-heads %d", p->n_head, p->n_head_kv);
     int bs = cm_type_traits_of(st->wtype)->block_size;
     if (st->mix_q4_k_m) bs = CM_QK_K;
     if (p->n_embd % bs || p->n_ff % bs)
-        return cm_errf(err, errlen, CM_EINVAL, "type %s needs dim and ffn to be multiples of %d (got %d, %d)",
-                       st->name, bs, p->n_embd, p->n_ff);
+        return cm_errf(err, errlen, CM_EINVAL, "type %s needs dim and ffn to be multiples of %d (got %d, %d)", st->name,
+                       bs, p->n_embd, p->n_ff);
     if (p->n_ctx < 0) return cm_errf(err, errlen, CM_EINVAL, "context length must be positive");
     if (p->rope_scaling && strcmp(p->rope_scaling, "none") && strcmp(p->rope_scaling, "linear") &&
         strcmp(p->rope_scaling, "yarn"))
@@ -281,9 +299,17 @@ static void rand_bytes(cm_rng *r, uint8_t *p, size_t n) {
 
 static bool direct_type(enum cm_type t) {
     switch (t) {
-    case CM_TYPE_Q8_0: case CM_TYPE_Q4_0: case CM_TYPE_Q4_1: case CM_TYPE_Q5_0: case CM_TYPE_Q5_1:
-    case CM_TYPE_Q4_K: case CM_TYPE_Q5_K: case CM_TYPE_Q6_K: return true;
-    case CM_TYPE_IQ2_XXS: case CM_TYPE_IQ3_XXS: case CM_TYPE_IQ1_S: return true;
+    case CM_TYPE_Q8_0:
+    case CM_TYPE_Q4_0:
+    case CM_TYPE_Q4_1:
+    case CM_TYPE_Q5_0:
+    case CM_TYPE_Q5_1:
+    case CM_TYPE_Q4_K:
+    case CM_TYPE_Q5_K:
+    case CM_TYPE_Q6_K: return true;
+    case CM_TYPE_IQ2_XXS:
+    case CM_TYPE_IQ3_XXS:
+    case CM_TYPE_IQ1_S: return true;
     default: return false;
     }
 }
@@ -305,7 +331,8 @@ static void direct_row(cm_rng *r, enum cm_type t, void *dst, int64_t ne0, float 
         }
         break;
     }
-    case CM_TYPE_Q4_0: case CM_TYPE_Q5_0: {
+    case CM_TYPE_Q4_0:
+    case CM_TYPE_Q5_0: {
         const bool q5 = t == CM_TYPE_Q5_0;
         const cm_f16 d = cm_f32_to_f16(std / code_std(q5 ? 32 : 16));
         for (int64_t i = 0; i < ne0 / 32; i++) {
@@ -322,7 +349,8 @@ static void direct_row(cm_rng *r, enum cm_type t, void *dst, int64_t ne0, float 
         }
         break;
     }
-    case CM_TYPE_Q4_1: case CM_TYPE_Q5_1: {
+    case CM_TYPE_Q4_1:
+    case CM_TYPE_Q5_1: {
         const bool q5 = t == CM_TYPE_Q5_1;
         const cm_f16 d = cm_f32_to_f16(std / code_std(q5 ? 32 : 16));
         const cm_f16 m = cm_f32_to_f16(-(q5 ? 15.5f : 7.5f) * cm_f16_to_f32(d));
@@ -340,7 +368,8 @@ static void direct_row(cm_rng *r, enum cm_type t, void *dst, int64_t ne0, float 
         }
         break;
     }
-    case CM_TYPE_Q4_K: case CM_TYPE_Q5_K: {
+    case CM_TYPE_Q4_K:
+    case CM_TYPE_Q5_K: {
         /* y = d * sc * q - dmin * m with m = sc, dmin = (n - 1) / 2 * d:
          * y = d * sc * (q - (n - 1) / 2), centred. Scales packed as
          * llama.cpp's quantize_row_q4_K_ref does (get_scale_min_k4). */
@@ -389,7 +418,9 @@ static void direct_row(cm_rng *r, enum cm_type t, void *dst, int64_t ne0, float 
         }
         break;
     }
-    case CM_TYPE_IQ2_XXS: case CM_TYPE_IQ3_XXS: case CM_TYPE_IQ1_S: {
+    case CM_TYPE_IQ2_XXS:
+    case CM_TYPE_IQ3_XXS:
+    case CM_TYPE_IQ1_S: {
         /* Random grid indices, signs and scales (the type has no quantizer);
          * d = 1 first, then the block's rms sets the d that gives it `std`. */
         const size_t bs = cm_type_traits_of(t)->type_size;
@@ -465,8 +496,8 @@ typedef struct synth_plan {
     int n, cap;
 } synth_plan;
 
-static synth_tensor *add(synth_plan *P, synth_run *R, const char *name, enum cm_type type, int64_t ne0,
-                         int64_t nrows, float mean, float std) {
+static synth_tensor *add(synth_plan *P, synth_run *R, const char *name, enum cm_type type, int64_t ne0, int64_t nrows,
+                         float mean, float std) {
     CM_ASSERT(P->n < P->cap);
     synth_tensor *t = &P->t[P->n++];
     memset(t, 0, sizeof *t);
@@ -483,8 +514,8 @@ static synth_tensor *add(synth_plan *P, synth_run *R, const char *name, enum cm_
     return t;
 }
 
-int cm_synth_write(const cm_synth_params *p, const cm_gguf *vocab, const char *path, cm_buf *out,
-                   char *err, size_t errlen) {
+int cm_synth_write(const cm_synth_params *p, const cm_gguf *vocab, const char *path, cm_buf *out, char *err,
+                   size_t errlen) {
     int rc = cm_synth_check(p, err, errlen);
     if (rc) return rc;
     const synth_type *st = find_type(p->type);
@@ -496,17 +527,18 @@ int cm_synth_write(const cm_synth_params *p, const cm_gguf *vocab, const char *p
     const int64_t n_vocab = (int64_t)toks->arr_len;
     const int E = p->n_embd, L = p->n_layer, H = p->n_head, HKV = p->n_head_kv, F = p->n_ff;
     const int D = E / H;
-    const float rope_base = p->rope_base > 0 ? p->rope_base
-                            : arch == A_GPTOSS ? 150000.0f
-                            : arch == A_DEEPSEEK2 ? 10000.0f
+    const float rope_base = p->rope_base > 0                    ? p->rope_base
+                            : arch == A_GPTOSS                  ? 150000.0f
+                            : arch == A_DEEPSEEK2               ? 10000.0f
                             : arch != A_LLAMA && arch != A_PHI3 ? 1e6f
-                            : p->rope_llama3  ? 500000.0f
-                                              : 10000.0f;
+                            : p->rope_llama3                    ? 500000.0f
+                                                                : 10000.0f;
     const float eps = arch == A_LLAMA || arch == A_PHI3 || arch == A_GPTOSS ? 1e-5f : 1e-6f;
     const bool gptoss = arch == A_GPTOSS;
-    const bool qwen2b = arch == A_QWEN2 || arch == A_QWEN2MOE || gptoss; /* q/k/v biases */
+    const bool qwen2b = arch == A_QWEN2 || arch == A_QWEN2MOE || gptoss;           /* q/k/v biases */
     const bool qwen3n = arch == A_QWEN3 || arch == A_QWEN3MOE || arch == A_GEMMA3; /* per-head Q/K norms */
-    const int X = p->n_expert, FX = exp_ff(p, arch), FSH = shexp_ff(p, arch);
+    const int X
+    = p->n_expert, FX = exp_ff(p, arch), FSH = shexp_ff(p, arch);
 
     synth_run R = {.p = p};
     synth_plan P = {.cap = 4 + L * 22};
@@ -536,7 +568,10 @@ int cm_synth_write(const cm_synth_params *p, const cm_gguf *vocab, const char *p
 
     if (p->rope_llama3) {
         freqs = cm_malloc(sizeof(float) * (size_t)(D / 2));
-        if (!freqs) { rc = cm_errf(err, errlen, CM_ENOMEM, "out of memory"); goto done; }
+        if (!freqs) {
+            rc = cm_errf(err, errlen, CM_ENOMEM, "out of memory");
+            goto done;
+        }
         cm_synth_llama3_freqs(freqs, D, rope_base);
         add(&P, &R, "rope_freqs.weight", CM_TYPE_F32, D / 2, 1, 0, 0)->fixed = freqs;
     }
@@ -545,7 +580,8 @@ int cm_synth_write(const cm_synth_params *p, const cm_gguf *vocab, const char *p
         char n[64];
         const bool more = use_more_bits(l, L);
         /* llama.cpp gives an 8-expert Q4_K_M model Q8_0 attn_k/attn_v and Q5_K attn_output */
-        const bool x8 = st->mix_q4_k_m && X == 8;
+        const bool x8 = st->mix_q4_k_m && X
+        == 8;
         const enum cm_type v_t = x8 ? CM_TYPE_Q8_0 : st->mix_q4_k_m && more ? CM_TYPE_Q6_K : wt;
         const enum cm_type k_t = x8 ? CM_TYPE_Q8_0 : wt, o_t = x8 ? CM_TYPE_Q5_K : wt;
         const enum cm_type down_t = st->mix_q4_k_m && more ? CM_TYPE_Q6_K : wt;
@@ -572,7 +608,8 @@ int cm_synth_write(const cm_synth_params *p, const cm_gguf *vocab, const char *p
             T("attn_output.weight", o_t, H * DS_V, E, 0, res_scale / sqrtf((float)(H * DS_V)));
         } else if (arch == A_PHI3) {
             /* fused q, k, v rows; llama.cpp's Q4_K_M makes it Q5_K, its Q5_K_M Q6_K */
-            T("attn_qkv.weight", st->mix_q4_k_m ? (wt == CM_TYPE_Q5_K ? CM_TYPE_Q6_K : CM_TYPE_Q5_K) : wt, E, (H + 2 * HKV) * D, 0, 1 / sqrtf((float)E));
+            T("attn_qkv.weight", st->mix_q4_k_m ? (wt == CM_TYPE_Q5_K ? CM_TYPE_Q6_K : CM_TYPE_Q5_K) : wt, E,
+              (H + 2 * HKV) * D, 0, 1 / sqrtf((float)E));
         } else {
             T("attn_q.weight", wt, E, H * D, 0, 1 / sqrtf((float)E));
             if (qwen2b) T("attn_q.bias", CM_TYPE_F32, H * D, 1, 0, BIAS_STD);
@@ -641,7 +678,10 @@ int cm_synth_write(const cm_synth_params *p, const cm_gguf *vocab, const char *p
     if (!p->tied) add(&P, &R, "output.weight", head_t, E, n_vocab, 0, head_std);
 
     w = cm_gguf_writer_new(0);
-    if (!w) { rc = cm_errf(err, errlen, CM_ENOMEM, "out of memory"); goto done; }
+    if (!w) {
+        rc = cm_errf(err, errlen, CM_ENOMEM, "out of memory");
+        goto done;
+    }
     char key[128];
 #define K(fmt) (snprintf(key, sizeof key, "%s." fmt, p->arch), key)
     cm_gguf_w_str(w, "general.architecture", p->arch);
@@ -703,7 +743,8 @@ int cm_synth_write(const cm_synth_params *p, const cm_gguf *vocab, const char *p
     }
     /* gemma3: a short window so that short prompts cross it; llama.cpp's
      * rule makes every 6th layer global (no pattern key is written). */
-    if (arch == A_GEMMA3 || gptoss) cm_gguf_w_u32(w, K("attention.sliding_window"), (uint32_t)(p->n_swa > 0 ? p->n_swa : 8));
+    if (arch == A_GEMMA3 || gptoss)
+        cm_gguf_w_u32(w, K("attention.sliding_window"), (uint32_t)(p->n_swa > 0 ? p->n_swa : 8));
     if (gptoss) { /* the released files' YaRN (factor 32 over 4096 positions); no pattern key: llama.cpp's 2 */
         cm_gguf_w_str(w, K("rope.scaling.type"), "yarn");
         cm_gguf_w_f32(w, K("rope.scaling.factor"), 32.0f);
@@ -714,7 +755,8 @@ int cm_synth_write(const cm_synth_params *p, const cm_gguf *vocab, const char *p
     if (p->rope_scaling) {
         cm_gguf_w_str(w, K("rope.scaling.type"), p->rope_scaling);
         if (p->rope_factor > 0) cm_gguf_w_f32(w, K("rope.scaling.factor"), p->rope_factor);
-        if (p->rope_orig_ctx > 0) cm_gguf_w_u32(w, K("rope.scaling.original_context_length"), (uint32_t)p->rope_orig_ctx);
+        if (p->rope_orig_ctx > 0)
+            cm_gguf_w_u32(w, K("rope.scaling.original_context_length"), (uint32_t)p->rope_orig_ctx);
         if (p->rope_attn_factor > 0) cm_gguf_w_f32(w, K("rope.scaling.attn_factor"), p->rope_attn_factor);
         if (p->yarn_beta_fast > 0) cm_gguf_w_f32(w, K("rope.scaling.yarn_beta_fast"), p->yarn_beta_fast);
         if (p->yarn_beta_slow > 0) cm_gguf_w_f32(w, K("rope.scaling.yarn_beta_slow"), p->yarn_beta_slow);
@@ -734,7 +776,10 @@ int cm_synth_write(const cm_synth_params *p, const cm_gguf *vocab, const char *p
     if (nth < 1) nth = 1;
     R.pool = cm_pool_new(nth);
     R.scratch = cm_malloc(sizeof(float) * (size_t)nth * ROWS_PER_CHUNK * (size_t)R.max_row);
-    if (!R.pool || !R.scratch) { rc = cm_errf(err, errlen, CM_ENOMEM, "out of memory"); goto done; }
+    if (!R.pool || !R.scratch) {
+        rc = cm_errf(err, errlen, CM_ENOMEM, "out of memory");
+        goto done;
+    }
     rc = path ? cm_gguf_writer_write(w, path, err, errlen) : cm_gguf_writer_write_buf(w, out, err, errlen);
 done:
     cm_gguf_writer_free(w);

@@ -28,21 +28,21 @@
 #include <stdint.h>
 
 typedef struct cm_synth_params {
-    const char *arch;   /* "llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma3", "phi3", "deepseek2" */
-    int n_embd;         /* model dim; a multiple of the weight type's block size (256 for K-quants) */
+    const char *arch; /* "llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma3", "phi3", "deepseek2" */
+    int n_embd;       /* model dim; a multiple of the weight type's block size (256 for K-quants) */
     int n_layer;
-    int n_head;         /* n_embd % n_head == 0; head_dim = n_embd / n_head, even */
-    int n_head_kv;      /* divides n_head */
-    int n_ff;           /* multiple of the block size like n_embd (MoE: the feed_forward_length key;
+    int n_head;    /* n_embd % n_head == 0; head_dim = n_embd / n_head, even */
+    int n_head_kv; /* divides n_head */
+    int n_ff;      /* multiple of the block size like n_embd (MoE: the feed_forward_length key;
                          * qwen2moe's shared expert width unless n_ff_shexp) */
     /* Mixture of experts: n_expert > 0 (qwen2moe/qwen3moe need it; llama with
      * experts is Mixtral, its experts n_ff wide); the experts of qwen*moe are
      * n_ff_exp wide (0 = n_ff); n_ff_shexp: qwen2moe's shared expert (0 = n_ff). */
     int n_expert, n_expert_used, n_ff_exp, n_ff_shexp;
-    int n_ctx;          /* <arch>.context_length; 0 = 4096 */
-    const char *type;   /* f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k q4_k_m q5_k_m ... */
-    float rope_base;    /* 0 = the architecture's usual (llama 10000, with llama3 scaling 500000, qwen 1e6) */
-    bool rope_llama3;   /* Llama 3.1 rope scaling: rope_freqs.weight (factor 8, low 1, high 4, original ctx 8192) */
+    int n_ctx;        /* <arch>.context_length; 0 = 4096 */
+    const char *type; /* f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k q4_k_m q5_k_m ... */
+    float rope_base;  /* 0 = the architecture's usual (llama 10000, with llama3 scaling 500000, qwen 1e6) */
+    bool rope_llama3; /* Llama 3.1 rope scaling: rope_freqs.weight (factor 8, low 1, high 4, original ctx 8192) */
     /* RoPE scaling keys (rope.scaling.*), written when rope_scaling is set:
      * "none", "linear" or "yarn" (type), rope_factor (factor, > 0),
      * rope_orig_ctx (original_context_length; 0 = not written),
@@ -53,8 +53,8 @@ typedef struct cm_synth_params {
     float rope_factor;
     int rope_orig_ctx;
     float rope_attn_factor, yarn_beta_fast, yarn_beta_slow, yarn_log_mul;
-    bool tied;          /* no output.weight: the head reuses token_embd */
-    int n_swa;          /* gemma3: attention.sliding_window; 0 = 8 */
+    bool tied; /* no output.weight: the head reuses token_embd */
+    int n_swa; /* gemma3: attention.sliding_window; 0 = 8 */
     /* deepseek2 (needs --experts): "v3" (q LoRA, sigmoid routing with
      * exp_probs_b, 4 expert groups of which 2 are used, scale 2.5,
      * normalised weights, 1 shared expert) or "lite" (V2-Lite: one attn_q,
@@ -69,7 +69,7 @@ typedef struct cm_synth_params {
      * and no *_mla keys. NULL = "v3". */
     const char *variant;
     uint64_t seed;
-    int n_threads;      /* 0 = all CPUs; never changes the output */
+    int n_threads; /* 0 = all CPUs; never changes the output */
     /* Called after each tensor with bytes done / total (total is the tensor data size). */
     void (*progress)(void *ctx, uint64_t done, uint64_t total);
     void *progress_ctx;
@@ -87,8 +87,8 @@ int cm_synth_check(const cm_synth_params *p, char *err, size_t errlen);
  * are copied (its tokenizer.ggml.tokens gives n_vocab). Returns 0 or a CM_E*
  * code with a message. Thread-safe only against other calls with their own
  * arguments; uses its own compute pool for the duration of the call. */
-int cm_synth_write(const cm_synth_params *p, const cm_gguf *vocab, const char *path, cm_buf *out,
-                   char *err, size_t errlen);
+int cm_synth_write(const cm_synth_params *p, const cm_gguf *vocab, const char *path, cm_buf *out, char *err,
+                   size_t errlen);
 
 /* A small vocabulary of cumulo's own (synth_vocab.c): a GGUF holding only
  * tokenizer.* keys ("llama" model: <unk> <s> </s>, characters, common words,
@@ -111,11 +111,11 @@ void cm_synth_llama3_freqs(float *out, int head_dim, float rope_base);
 typedef struct cm_synth_lora_params {
     int rank;
     float alpha;
-    float strength;   /* e.g. 0.3 */
+    float strength; /* e.g. 0.3 */
     uint64_t seed;
     const char *only; /* NULL: every target */
 } cm_synth_lora_params;
-int cm_synth_lora_write(const cm_synth_lora_params *p, const cm_gguf *model, const char *path, cm_buf *out,
-                        char *err, size_t errlen);
+int cm_synth_lora_write(const cm_synth_lora_params *p, const cm_gguf *model, const char *path, cm_buf *out, char *err,
+                        size_t errlen);
 
 #endif

@@ -60,11 +60,13 @@ static int weight_rms(const cm_gguf_tensor_info *w, double *rms, char *err, size
     return 0;
 }
 
-int cm_synth_lora_write(const cm_synth_lora_params *p, const cm_gguf *model, const char *path, cm_buf *out,
-                        char *err, size_t errlen) {
-    static const char *const targets[] = {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"};
+int cm_synth_lora_write(const cm_synth_lora_params *p, const cm_gguf *model, const char *path, cm_buf *out, char *err,
+                        size_t errlen) {
+    static const char *const targets[] = {"attn_q",   "attn_k", "attn_v",  "attn_output",
+                                          "ffn_gate", "ffn_up", "ffn_down"};
     if (p->rank < 1 || p->rank > 1024) return cm_errf(err, errlen, CM_EINVAL, "rank %d is out of [1, 1024]", p->rank);
-    if (!(p->alpha >= 0 && p->alpha < 1e6)) return cm_errf(err, errlen, CM_EINVAL, "alpha %g is out of range", p->alpha);
+    if (!(p->alpha >= 0 && p->alpha < 1e6))
+        return cm_errf(err, errlen, CM_EINVAL, "alpha %g is out of range", p->alpha);
     char *arch = cm_gguf_get_str(model, "general.architecture");
     if (!arch) return cm_errf(err, errlen, CM_EFORMAT, "the model has no general.architecture");
     char key[128];
@@ -99,7 +101,8 @@ int cm_synth_lora_write(const cm_synth_lora_params *p, const cm_gguf *model, con
             double rms = 0;
             if ((rc = weight_rms(wt, &rms, err, errlen))) break;
             const int64_t n_in = wt->ne[0], n_out = wt->ne[1], R = p->rank;
-            float *a = cm_malloc((size_t)(n_in * R) * sizeof(float)), *b = cm_malloc((size_t)(n_out * R) * sizeof(float));
+            float *a = cm_malloc((size_t)(n_in * R) * sizeof(float)),
+                  *b = cm_malloc((size_t)(n_out * R) * sizeof(float));
             bufs[nb++] = a;
             bufs[nb++] = b;
             if (!a || !b) {

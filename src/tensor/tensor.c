@@ -93,9 +93,13 @@ int cm_type_from_name(const char *name) {
 
 size_t cm_type_align(enum cm_type t) {
     switch (t) {
-    case CM_TYPE_F32: case CM_TYPE_I32: case CM_TYPE_Q8_K: return 4;
-    case CM_TYPE_I64: case CM_TYPE_F64: return 8;
-    case CM_TYPE_I8: case CM_TYPE_MXFP4: return 1;
+    case CM_TYPE_F32:
+    case CM_TYPE_I32:
+    case CM_TYPE_Q8_K: return 4;
+    case CM_TYPE_I64:
+    case CM_TYPE_F64: return 8;
+    case CM_TYPE_I8:
+    case CM_TYPE_MXFP4: return 1;
     default: return 2; /* every other layout starts with or holds a 16-bit field */
     }
 }
@@ -116,7 +120,10 @@ float cm_f16_to_f32(cm_f16 h) {
             u = sign;
         } else { /* subnormal: normalise */
             int e = -1;
-            do { mant <<= 1; e++; } while (!(mant & 0x400));
+            do {
+                mant <<= 1;
+                e++;
+            } while (!(mant & 0x400));
             mant &= 0x3ff;
             u = sign | ((uint32_t)(127 - 15 - e) << 23) | (mant << 13);
         }
@@ -163,8 +170,7 @@ cm_bf16 cm_f32_to_bf16(float f) {
     return (cm_bf16)((u + (0x7fff + ((u >> 16) & 1))) >> 16);
 }
 
-void cm_tensor_init(cm_tensor *t, enum cm_type type, int n_dims, const int64_t *ne, void *data,
-                    const char *name) {
+void cm_tensor_init(cm_tensor *t, enum cm_type type, int n_dims, const int64_t *ne, void *data, const char *name) {
     const cm_type_traits *tr = cm_type_traits_of(type);
     t->type = type;
     t->n_dims = n_dims;
@@ -176,8 +182,6 @@ void cm_tensor_init(cm_tensor *t, enum cm_type type, int n_dims, const int64_t *
     for (int i = 2; i < CM_MAX_DIMS; i++) t->nb[i] = t->nb[i - 1] * (size_t)t->ne[i - 1];
 }
 
-int64_t cm_tensor_nelements(const cm_tensor *t) {
-    return t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3];
-}
+int64_t cm_tensor_nelements(const cm_tensor *t) { return t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3]; }
 
 size_t cm_tensor_nbytes(const cm_tensor *t) { return t->nb[3] * (size_t)t->ne[3]; }

@@ -115,7 +115,10 @@ typedef struct {
     cm_f16 d;
 } cm_block_q3_k; /* 110 B */
 /* IQ4_NL: 32 4-bit indices into the non-linear table cm_kvalues_iq4nl. */
-typedef struct { cm_f16 d; uint8_t qs[CM_QK4_NL / 2]; } cm_block_iq4_nl; /* 18 B */
+typedef struct {
+    cm_f16 d;
+    uint8_t qs[CM_QK4_NL / 2];
+} cm_block_iq4_nl; /* 18 B */
 /* IQ4_XS: IQ4_NL over 8 sub-blocks of 32 with 6-bit scales (offset 32): low
  * nibbles in scales_l, top 2 bits of sub-block i at bits 2i.. of scales_h. */
 typedef struct {
@@ -127,18 +130,31 @@ typedef struct {
 /* MXFP4 (OCP microscaling): E8M0 exponent e (scale 2^(e-127)) and 32 E2M1
  * values; ggml stores them as doubled integers (cm_kvalues_mxfp4) and
  * halves the scale instead. */
-typedef struct { uint8_t e; uint8_t qs[CM_QK_MXFP4 / 2]; } cm_block_mxfp4; /* 17 B */
+typedef struct {
+    uint8_t e;
+    uint8_t qs[CM_QK_MXFP4 / 2];
+} cm_block_mxfp4; /* 17 B */
 /* IQ2_XXS: per 32 elements 8 bytes: 4 grid indices (8 values each from
  * cm_iq2xxs_grid), then a u32 holding 4 x 7 sign bits (8th by parity) and a
  * 4-bit scale in its top bits; value d * (0.5 + s) / 4 * grid * sign. */
-typedef struct { cm_f16 d; uint16_t qs[CM_QK_K / 8]; } cm_block_iq2_xxs; /* 66 B */
+typedef struct {
+    cm_f16 d;
+    uint16_t qs[CM_QK_K / 8];
+} cm_block_iq2_xxs; /* 66 B */
 /* IQ3_XXS: 64 grid indices (4 values each, cm_iq3xxs_grid), then per 32
  * elements a u32 of 4 x 7 sign bits and a 4-bit scale; d * (0.5 + s) / 2. */
-typedef struct { cm_f16 d; uint8_t qs[3 * CM_QK_K / 8]; } cm_block_iq3_xxs; /* 98 B */
+typedef struct {
+    cm_f16 d;
+    uint8_t qs[3 * CM_QK_K / 8];
+} cm_block_iq3_xxs; /* 98 B */
 /* IQ1_S: per 32 elements 4 low index bytes (qs) and a u16 qh: 4 x 3 high
  * index bits, a 3-bit scale and a delta sign; value
  * d * (2s + 1) * (grid + delta), grid in {-1, 0, 1} (cm_iq1s_grid). */
-typedef struct { cm_f16 d; uint8_t qs[CM_QK_K / 8]; uint16_t qh[CM_QK_K / 32]; } cm_block_iq1_s; /* 50 B */
+typedef struct {
+    cm_f16 d;
+    uint8_t qs[CM_QK_K / 8];
+    uint16_t qh[CM_QK_K / 32];
+} cm_block_iq1_s; /* 50 B */
 typedef struct {
     float d;
     int8_t qs[CM_QK_K];
@@ -160,9 +176,9 @@ static inline float cm_e8m0_to_f32_half(uint8_t e) {
 
 /* Static facts about a type. */
 typedef struct cm_type_traits {
-    const char *name;     /* "q4_0"; NULL for ids we do not know */
-    int block_size;       /* elements per block (1 for plain types) */
-    size_t type_size;     /* bytes per block */
+    const char *name; /* "q4_0"; NULL for ids we do not know */
+    int block_size;   /* elements per block (1 for plain types) */
+    size_t type_size; /* bytes per block */
     bool quantized;
     enum cm_type vec_dot_type; /* activation type of this type's dot product */
 } cm_type_traits;
@@ -205,13 +221,10 @@ typedef struct cm_tensor {
 } cm_tensor;
 
 /* Fill a contiguous view. */
-void cm_tensor_init(cm_tensor *t, enum cm_type type, int n_dims, const int64_t *ne, void *data,
-                    const char *name);
+void cm_tensor_init(cm_tensor *t, enum cm_type type, int n_dims, const int64_t *ne, void *data, const char *name);
 int64_t cm_tensor_nelements(const cm_tensor *t);
 size_t cm_tensor_nbytes(const cm_tensor *t);
 /* Pointer to row i of a 2-D view (i in [0, ne[1])). */
-static inline void *cm_tensor_row(const cm_tensor *t, int64_t i) {
-    return (char *)t->data + (size_t)i * t->nb[1];
-}
+static inline void *cm_tensor_row(const cm_tensor *t, int64_t i) { return (char *)t->data + (size_t)i * t->nb[1]; }
 
 #endif

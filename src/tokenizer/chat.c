@@ -36,9 +36,9 @@ static const char *const family_names[CM_CHAT_FAMILY_COUNT] = {
     [CM_CHAT_GPT_OSS] = "gpt-oss",
 };
 
-#define NAMES_LIST                                                                                   \
-    "chatml, llama2, llama3, llama3.1, mistral, mistral-v1, mistral-v3, mistral-v3-tekken, "         \
-    "mistral-v7, zephyr, phi3, phi4, gemma, deepseek, deepseek2, deepseek3, vicuna, vicuna-orca, "   \
+#define NAMES_LIST                                                                                 \
+    "chatml, llama2, llama3, llama3.1, mistral, mistral-v1, mistral-v3, mistral-v3-tekken, "       \
+    "mistral-v7, zephyr, phi3, phi4, gemma, deepseek, deepseek2, deepseek3, vicuna, vicuna-orca, " \
     "openchat, command-r, gpt-oss"
 
 const char *cm_chat_template_names(void) { return NAMES_LIST; }
@@ -58,14 +58,21 @@ static void family_defaults(cm_chat_template *t, enum cm_chat_family f) {
     memset(t, 0, sizeof *t);
     t->family = f;
     switch (f) {
-    case CM_CHAT_LLAMA2: case CM_CHAT_LLAMA3: case CM_CHAT_LLAMA31: case CM_CHAT_MISTRAL:
-    case CM_CHAT_MISTRAL_V1: case CM_CHAT_MISTRAL_V3: case CM_CHAT_MISTRAL_V3_TEKKEN:
-    case CM_CHAT_MISTRAL_V7: case CM_CHAT_GEMMA: case CM_CHAT_DEEPSEEK: case CM_CHAT_DEEPSEEK2:
-    case CM_CHAT_DEEPSEEK3: case CM_CHAT_OPENCHAT: case CM_CHAT_COMMAND_R:
-        t->lead_bos = true;
-        break;
-    default:
-        break;
+    case CM_CHAT_LLAMA2:
+    case CM_CHAT_LLAMA3:
+    case CM_CHAT_LLAMA31:
+    case CM_CHAT_MISTRAL:
+    case CM_CHAT_MISTRAL_V1:
+    case CM_CHAT_MISTRAL_V3:
+    case CM_CHAT_MISTRAL_V3_TEKKEN:
+    case CM_CHAT_MISTRAL_V7:
+    case CM_CHAT_GEMMA:
+    case CM_CHAT_DEEPSEEK:
+    case CM_CHAT_DEEPSEEK2:
+    case CM_CHAT_DEEPSEEK3:
+    case CM_CHAT_OPENCHAT:
+    case CM_CHAT_COMMAND_R: t->lead_bos = true; break;
+    default: break;
     }
     t->merge_system = f == CM_CHAT_GEMMA || f == CM_CHAT_MISTRAL;
     t->think = f == CM_CHAT_DEEPSEEK3;
@@ -85,8 +92,8 @@ int cm_chat_template_by_name(cm_chat_template *t, const char *name, char *err, s
         family_defaults(t, CM_CHAT_LLAMA2);
         return 0;
     }
-    return cm_errf(err, errlen, CM_EINVAL, "unknown chat template '%s'; --chat-template takes one of: %s",
-                   name, NAMES_LIST);
+    return cm_errf(err, errlen, CM_EINVAL, "unknown chat template '%s'; --chat-template takes one of: %s", name,
+                   NAMES_LIST);
 }
 
 /* Bounded substring search over untrusted bytes. */
@@ -146,7 +153,10 @@ int cm_chat_template_detect(cm_chat_template *t, const char *s, size_t n, char *
         f = CM_CHAT_CHATML;
     } else if (HAS("<|start_header_id|>") && HAS("<|end_header_id|>")) {
         f = HAS("Cutting Knowledge Date") ? CM_CHAT_LLAMA31 : CM_CHAT_LLAMA3;
-    } else if (HAS("<\xEF\xBD\x9C" "User\xEF\xBD\x9C>") && HAS("<\xEF\xBD\x9C" "Assistant\xEF\xBD\x9C>")) {
+    } else if (HAS("<\xEF\xBD\x9C"
+                   "User\xEF\xBD\x9C>") &&
+               HAS("<\xEF\xBD\x9C"
+                   "Assistant\xEF\xBD\x9C>")) {
         f = CM_CHAT_DEEPSEEK3; /* <｜User｜> with FULLWIDTH VERTICAL LINE */
     } else if (HAS("[SYSTEM_PROMPT]")) {
         f = CM_CHAT_MISTRAL_V7;
@@ -180,22 +190,17 @@ int cm_chat_template_detect(cm_chat_template *t, const char *s, size_t n, char *
     /* Where a family's templates differ in these details, the text decides. */
     t->lead_bos = HAS("bos_token");
     switch (f) {
-    case CM_CHAT_CHATML:
-        chatml_default_system(t, s, n);
-        break;
+    case CM_CHAT_CHATML: chatml_default_system(t, s, n); break;
     case CM_CHAT_PHI3:
         /* Phi-3-mini/medium pick out 'user' and 'assistant' and drop any
          * other role; Phi-3-small/vision write every role generically. */
         t->merge_system = !HAS("'system'") && !HAS("\"system\"") && (HAS("'user'") || HAS("\"user\""));
         break;
-    case CM_CHAT_DEEPSEEK3:
-        t->think = HAS("<think>");
-        break;
+    case CM_CHAT_DEEPSEEK3: t->think = HAS("<think>"); break;
     case CM_CHAT_GPT_OSS:
         t->lead_bos = false; /* llama.cpp's rendering writes no BOS text */
         break;
-    default:
-        break;
+    default: break;
     }
     return 0;
 #undef HAS
@@ -269,7 +274,7 @@ static int role_of(const char *r) {
     if (!strcmp(r, "system")) return R_SYSTEM;
     if (!strcmp(r, "user")) return R_USER;
     if (!strcmp(r, "assistant")) return R_ASSISTANT;
-    if (!strcmp(r, "ipython")) return R_IPYTHON;          /* llama3 families only */
+    if (!strcmp(r, "ipython")) return R_IPYTHON;           /* llama3 families only */
     if (!strcmp(r, "tool_calls")) return R_TOOL_CALLS;     /* mistral v3 families only */
     if (!strcmp(r, "tool_results")) return R_TOOL_RESULTS; /* mistral v3 families only */
     return -1;
@@ -284,8 +289,8 @@ static void put_tagged(rctx *c, const char *role, const char *content, const cha
     put(c, end);
 }
 
-int cm_chat_render(const cm_chat_template *t, const cm_chat_msg *msgs, size_t n, const cm_chat_opts *opts,
-                   cm_buf *out, char *err, size_t errlen) {
+int cm_chat_render(const cm_chat_template *t, const cm_chat_msg *msgs, size_t n, const cm_chat_opts *opts, cm_buf *out,
+                   char *err, size_t errlen) {
     rctx C = {out, out->len, opts, opts->bos ? opts->bos : "", opts->eos ? opts->eos : ""};
     rctx *c = &C;
     const char *name = cm_chat_family_name(t->family);
@@ -298,18 +303,19 @@ int cm_chat_render(const cm_chat_template *t, const cm_chat_msg *msgs, size_t n,
             t->family != CM_CHAT_MISTRAL_V3_TEKKEN)
             r = -1;
         if (r < 0 || !msgs[i].content)
-            return cm_errf(err, errlen, CM_EINVAL, "message %zu: role '%s' is not system, user or assistant",
-                           i, msgs[i].role ? msgs[i].role : "(null)");
+            return cm_errf(err, errlen, CM_EINVAL, "message %zu: role '%s' is not system, user or assistant", i,
+                           msgs[i].role ? msgs[i].role : "(null)");
     }
     /* Families whose templates take the system message out of the loop. */
     bool sys_first_only = t->merge_system;
     switch (t->family) {
-    case CM_CHAT_LLAMA2: case CM_CHAT_LLAMA31: case CM_CHAT_MISTRAL_V1: case CM_CHAT_MISTRAL_V3:
-    case CM_CHAT_MISTRAL_V3_TEKKEN: case CM_CHAT_COMMAND_R:
-        sys_first_only = true;
-        break;
-    default:
-        break;
+    case CM_CHAT_LLAMA2:
+    case CM_CHAT_LLAMA31:
+    case CM_CHAT_MISTRAL_V1:
+    case CM_CHAT_MISTRAL_V3:
+    case CM_CHAT_MISTRAL_V3_TEKKEN:
+    case CM_CHAT_COMMAND_R: sys_first_only = true; break;
+    default: break;
     }
     const char *sys = NULL;
     size_t first = 0; /* first message of the loop */
@@ -561,13 +567,16 @@ int cm_chat_render(const cm_chat_template *t, const cm_chat_msg *msgs, size_t n,
             } else if (r == R_ASSISTANT) {
                 const char *content = msgs[i].content, *p = content, *q;
                 while ((q = strstr(p, "</think>")) != NULL) p = q + 8;
-                put(c, "<\xEF\xBD\x9C" "Assistant\xEF\xBD\x9C>");
+                put(c, "<\xEF\xBD\x9C"
+                       "Assistant\xEF\xBD\x9C>");
                 put(c, p);
-                put(c, "<\xEF\xBD\x9C" "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>");
+                put(c, "<\xEF\xBD\x9C"
+                       "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>");
             }
         }
         if (gen) {
-            put(c, "<\xEF\xBD\x9C" "Assistant\xEF\xBD\x9C>");
+            put(c, "<\xEF\xBD\x9C"
+                   "Assistant\xEF\xBD\x9C>");
             if (t->think) put(c, "<think>\n");
         }
         break;
@@ -643,8 +652,7 @@ int cm_chat_render(const cm_chat_template *t, const cm_chat_msg *msgs, size_t n,
         break;
 
     case CM_CHAT_FAMILY_COUNT:
-    default:
-        return cm_errf(err, errlen, CM_EINVAL, "bad chat template family %d", (int)t->family);
+    default: return cm_errf(err, errlen, CM_EINVAL, "bad chat template family %d", (int)t->family);
     }
     if (out->oom) return cm_errf(err, errlen, CM_ENOMEM, "out of memory rendering the chat");
     return 0;

@@ -61,9 +61,9 @@ enum cm_chat_family {
  * copy it freely. */
 typedef struct cm_chat_template {
     enum cm_chat_family family;
-    bool lead_bos;      /* the template starts with bos_token */
-    bool merge_system;  /* the template has no system role: merge into the first user turn */
-    bool think;         /* deepseek3: the generation prompt opens "<think>\n" */
+    bool lead_bos;            /* the template starts with bos_token */
+    bool merge_system;        /* the template has no system role: merge into the first user turn */
+    bool think;               /* deepseek3: the generation prompt opens "<think>\n" */
     char default_system[256]; /* used when the conversation has no system message ("" = none) */
 } cm_chat_template;
 
@@ -104,8 +104,8 @@ const char *cm_chat_template_names(void);
 /* Render msgs[0..n) and append the text to out. Roles other than system,
  * user and assistant are CM_EINVAL; an empty conversation is fine. Returns 0,
  * or CM_ENOMEM when out ran out of memory. */
-int cm_chat_render(const cm_chat_template *t, const cm_chat_msg *msgs, size_t n, const cm_chat_opts *opts,
-                   cm_buf *out, char *err, size_t errlen);
+int cm_chat_render(const cm_chat_template *t, const cm_chat_msg *msgs, size_t n, const cm_chat_opts *opts, cm_buf *out,
+                   char *err, size_t errlen);
 
 /* gpt-oss (harmony) replies: the model writes channels,
  *   <|channel|>analysis<|message|>...<|end|><|start|>assistant<|channel|>final<|message|>...
@@ -117,11 +117,11 @@ int cm_chat_render(const cm_chat_template *t, const cm_chat_msg *msgs, size_t n,
  * the buffer) passes through unchanged. Plain data, no allocation but out's;
  * one per reply. */
 typedef struct cm_harmony {
-    int state;      /* header, body, pass */
-    bool final;     /* the body being read is the final channel's */
-    bool first;     /* no header read yet */
-    size_t n;       /* bytes held in buf */
-    char buf[256];  /* a header being read, or a possible end marker's start */
+    int state;     /* header, body, pass */
+    bool final;    /* the body being read is the final channel's */
+    bool first;    /* no header read yet */
+    size_t n;      /* bytes held in buf */
+    char buf[256]; /* a header being read, or a possible end marker's start */
 } cm_harmony;
 void cm_harmony_init(cm_harmony *h);
 void cm_harmony_feed(cm_harmony *h, const char *s, size_t n, cm_buf *out);

@@ -43,7 +43,10 @@ static uint8_t token_byte(const char *s, size_t n) {
     unsigned v = 0;
     for (size_t i = 3; i < n && i < 5; i++) {
         char c = s[i];
-        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+        int d = c >= '0' && c <= '9'   ? c - '0'
+                : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                       : -1;
         if (d < 0) break;
         v = v * 16 + (unsigned)d;
     }
@@ -59,8 +62,10 @@ static void piece_of(const cm_tokenizer *t, cm_token id, cm_buf *b) {
     } else if (a & CM_TOK_ATTR_NORMAL) {
         if (t->kind == CM_TOK_SPM) {
             for (size_t i = 0; i < n; i++) {
-                if (i + 3 <= n && !memcmp(s + i, "\xe2\x96\x81", 3)) { cm_buf_append(b, " ", 1); i += 2; }
-                else cm_buf_append(b, s + i, 1);
+                if (i + 3 <= n && !memcmp(s + i, "\xe2\x96\x81", 3)) {
+                    cm_buf_append(b, " ", 1);
+                    i += 2;
+                } else cm_buf_append(b, s + i, 1);
             }
         } else {
             /* byte-level decode; a character outside the mapping is written the
@@ -113,7 +118,10 @@ int cm_tok_build_pieces(cm_tokenizer *t, char *err, size_t errlen) {
 }
 
 const char *cm_tokenizer_piece(const cm_tokenizer *t, cm_token id, bool special, size_t *len) {
-    if (id < 0 || id >= t->n_vocab) { if (len) *len = 0; return NULL; }
+    if (id < 0 || id >= t->n_vocab) {
+        if (len) *len = 0;
+        return NULL;
+    }
     if (!special && (t->attr[id] & (CM_TOK_ATTR_UNKNOWN | CM_TOK_ATTR_CONTROL))) {
         if (len) *len = 0;
         return "";
@@ -158,8 +166,8 @@ static size_t clean_spaces(char *s, size_t n) {
     return total;
 }
 
-int cm_tokenizer_decode(const cm_tokenizer *t, const cm_token *ids, size_t n, unsigned flags, cm_buf *out,
-                        char *err, size_t errlen) {
+int cm_tokenizer_decode(const cm_tokenizer *t, const cm_token *ids, size_t n, unsigned flags, cm_buf *out, char *err,
+                        size_t errlen) {
     bool remove_space = t->add_space_prefix;
     bool special = (flags & CM_TOK_UNPARSE_SPECIAL) != 0;
     if ((flags & CM_TOK_REMOVE_SPECIAL) && t->add_bos && n > 0 && ids[0] == t->bos) {
@@ -170,12 +178,16 @@ int cm_tokenizer_decode(const cm_tokenizer *t, const cm_token *ids, size_t n, un
     if ((flags & CM_TOK_REMOVE_SPECIAL) && t->add_eos && n > 0 && ids[n - 1] == t->eos) n--;
     for (size_t i = 0; i < n; i++)
         if (ids[i] < 0 || ids[i] >= t->n_vocab)
-            return cm_errf(err, errlen, CM_ERANGE, "token id %d is out of range (vocabulary of %d)", ids[i], t->n_vocab);
+            return cm_errf(err, errlen, CM_ERANGE, "token id %d is out of range (vocabulary of %d)", ids[i],
+                           t->n_vocab);
     size_t start = out->len;
     for (size_t i = 0; i < n; i++) {
         size_t len;
         const char *p = cm_tokenizer_piece(t, ids[i], special, &len);
-        if (remove_space && len && *p == ' ') { p++; len--; }
+        if (remove_space && len && *p == ' ') {
+            p++;
+            len--;
+        }
         remove_space = false;
         cm_buf_append(out, p, len);
     }
@@ -223,7 +235,10 @@ static size_t feed(cm_detok *d, const uint8_t *p, size_t n, char *out) {
             i++;
             if (b < 0x80) out[o++] = (char)b;
             else if (b >= 0xC2 && b <= 0xF4) d->pend[d->npend++] = b;
-            else { memcpy(out + o, "\xef\xbf\xbd", 3); o += 3; }
+            else {
+                memcpy(out + o, "\xef\xbf\xbd", 3);
+                o += 3;
+            }
             continue;
         }
         uint8_t lo, hi;
@@ -251,7 +266,10 @@ int cm_detok_push(cm_detok *d, cm_token id, char *out, size_t cap, size_t *n) {
     if (id < 0 || id >= d->tok->n_vocab || cap < cm_detok_max_out(d->tok)) return CM_ERANGE;
     size_t len;
     const char *p = cm_tokenizer_piece(d->tok, id, d->special, &len);
-    if (!d->started && d->lstrip_first && len && *p == ' ') { p++; len--; }
+    if (!d->started && d->lstrip_first && len && *p == ' ') {
+        p++;
+        len--;
+    }
     d->started = true;
     *n = feed(d, (const uint8_t *)p, len, out);
     return 0;

@@ -19,7 +19,10 @@
 uint32_t cm_tok_utf8_lax(const uint8_t *p, size_t n, size_t *i) {
     size_t k = *i;
     uint8_t b = p[k];
-    if (!(b & 0x80)) { *i = k + 1; return b; }
+    if (!(b & 0x80)) {
+        *i = k + 1;
+        return b;
+    }
     if (!(b & 0x40)) goto bad;
 #define CONT(j) ((p[k + (j)] & 0xC0) == 0x80)
     if (!(b & 0x20)) {
@@ -35,8 +38,8 @@ uint32_t cm_tok_utf8_lax(const uint8_t *p, size_t n, size_t *i) {
     if (!(b & 0x08)) {
         if (k + 3 >= n || !CONT(1) || !CONT(2) || !CONT(3)) goto bad;
         *i = k + 4;
-        return ((uint32_t)(b & 0x07) << 18) | ((uint32_t)(p[k + 1] & 0x3F) << 12) |
-               ((uint32_t)(p[k + 2] & 0x3F) << 6) | (p[k + 3] & 0x3F);
+        return ((uint32_t)(b & 0x07) << 18) | ((uint32_t)(p[k + 1] & 0x3F) << 12) | ((uint32_t)(p[k + 2] & 0x3F) << 6) |
+               (p[k + 3] & 0x3F);
     }
 #undef CONT
 bad:
@@ -45,32 +48,62 @@ bad:
 }
 
 size_t cm_tok_utf8_put(uint32_t cp, char *o) {
-    if (cp < 0x80) { o[0] = (char)cp; return 1; }
-    if (cp < 0x800) { o[0] = (char)(0xC0 | (cp >> 6)); o[1] = (char)(0x80 | (cp & 0x3F)); return 2; }
+    if (cp < 0x80) {
+        o[0] = (char)cp;
+        return 1;
+    }
+    if (cp < 0x800) {
+        o[0] = (char)(0xC0 | (cp >> 6));
+        o[1] = (char)(0x80 | (cp & 0x3F));
+        return 2;
+    }
     if (cp < 0x10000) {
-        o[0] = (char)(0xE0 | (cp >> 12)); o[1] = (char)(0x80 | ((cp >> 6) & 0x3F)); o[2] = (char)(0x80 | (cp & 0x3F));
+        o[0] = (char)(0xE0 | (cp >> 12));
+        o[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
+        o[2] = (char)(0x80 | (cp & 0x3F));
         return 3;
     }
-    o[0] = (char)(0xF0 | (cp >> 18)); o[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
-    o[2] = (char)(0x80 | ((cp >> 6) & 0x3F)); o[3] = (char)(0x80 | (cp & 0x3F));
+    o[0] = (char)(0xF0 | (cp >> 18));
+    o[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
+    o[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
+    o[3] = (char)(0x80 | (cp & 0x3F));
     return 4;
 }
 
 /* ---- scratch ---- */
 
-typedef struct sym { int32_t prev, next; uint32_t off, n; } sym;
-typedef struct bigram { int32_t left, right; float score; int32_t rank; uint32_t size; } bigram;
-typedef struct frag { cm_token tok; size_t off, len; } frag;
+typedef struct sym {
+    int32_t prev, next;
+    uint32_t off, n;
+} sym;
+typedef struct bigram {
+    int32_t left, right;
+    float score;
+    int32_t rank;
+    uint32_t size;
+} bigram;
+typedef struct frag {
+    cm_token tok;
+    size_t off, len;
+} frag;
 
 typedef struct scratch {
-    cm_token *ids; size_t n_ids, cap_ids;
-    char *a; size_t cap_a; /* SPM text / BPE canonical text */
-    char *b; size_t cap_b; /* BPE match subject */
-    char *w; size_t cap_w; /* BPE byte-encoded word */
-    sym *syms; size_t cap_syms;
-    bigram *heap; size_t n_heap, cap_heap;
-    frag *fr; size_t n_fr, cap_fr;
-    frag *fr2; size_t n_fr2, cap_fr2;
+    cm_token *ids;
+    size_t n_ids, cap_ids;
+    char *a;
+    size_t cap_a; /* SPM text / BPE canonical text */
+    char *b;
+    size_t cap_b; /* BPE match subject */
+    char *w;
+    size_t cap_w; /* BPE byte-encoded word */
+    sym *syms;
+    size_t cap_syms;
+    bigram *heap;
+    size_t n_heap, cap_heap;
+    frag *fr;
+    size_t n_fr, cap_fr;
+    frag *fr2;
+    size_t n_fr2, cap_fr2;
     cm_tok_spans words, tmp;
     bool spm; /* heap order */
 } scratch;
@@ -97,8 +130,16 @@ static bool push_id(scratch *s, cm_token id) {
 }
 
 static void scratch_free(scratch *s) {
-    cm_free(s->ids); cm_free(s->a); cm_free(s->b); cm_free(s->w); cm_free(s->syms);
-    cm_free(s->heap); cm_free(s->fr); cm_free(s->fr2); cm_free(s->words.v); cm_free(s->tmp.v);
+    cm_free(s->ids);
+    cm_free(s->a);
+    cm_free(s->b);
+    cm_free(s->w);
+    cm_free(s->syms);
+    cm_free(s->heap);
+    cm_free(s->fr);
+    cm_free(s->fr2);
+    cm_free(s->words.v);
+    cm_free(s->tmp.v);
 }
 
 /* ---- merge queue: SPM pops the highest score, BPE the lowest rank; ties by leftmost ---- */
@@ -153,22 +194,28 @@ static int make_symbols(scratch *s, const char *text, size_t n, size_t *nsym) {
 /* Run the merge loop over s->syms (text is what their offsets index). */
 static int merge_loop(const cm_tokenizer *t, scratch *s, const char *text, size_t nsym) {
     s->n_heap = 0;
-#define TRY_ADD(L, R)                                                                   \
-    do {                                                                                \
-        int32_t l_ = (L), r_ = (R);                                                     \
-        if (l_ >= 0 && r_ >= 0) {                                                       \
-            const sym *a_ = &s->syms[l_], *b_ = &s->syms[r_];                           \
-            bigram g_ = {l_, r_, 0, 0, a_->n + b_->n};                                  \
-            bool ok_ = false;                                                           \
-            if (s->spm) {                                                               \
-                cm_token id_ = cm_tok_lookup(t, text + a_->off, a_->n + b_->n);         \
-                if (id_ != CM_TOKEN_NULL) { g_.score = t->score[id_]; ok_ = true; }     \
-            } else {                                                                    \
+#define TRY_ADD(L, R)                                                                             \
+    do {                                                                                          \
+        int32_t l_ = (L), r_ = (R);                                                               \
+        if (l_ >= 0 && r_ >= 0) {                                                                 \
+            const sym *a_ = &s->syms[l_], *b_ = &s->syms[r_];                                     \
+            bigram g_ = {l_, r_, 0, 0, a_->n + b_->n};                                            \
+            bool ok_ = false;                                                                     \
+            if (s->spm) {                                                                         \
+                cm_token id_ = cm_tok_lookup(t, text + a_->off, a_->n + b_->n);                   \
+                if (id_ != CM_TOKEN_NULL) {                                                       \
+                    g_.score = t->score[id_];                                                     \
+                    ok_ = true;                                                                   \
+                }                                                                                 \
+            } else {                                                                              \
                 int32_t rk_ = cm_tok_merge_rank(t, text + a_->off, a_->n, text + b_->off, b_->n); \
-                if (rk_ >= 0) { g_.rank = rk_; ok_ = true; }                            \
-            }                                                                           \
-            if (ok_ && !heap_push(s, g_)) return CM_ENOMEM;                             \
-        }                                                                               \
+                if (rk_ >= 0) {                                                                   \
+                    g_.rank = rk_;                                                                \
+                    ok_ = true;                                                                   \
+                }                                                                                 \
+            }                                                                                     \
+            if (ok_ && !heap_push(s, g_)) return CM_ENOMEM;                                       \
+        }                                                                                         \
     } while (0)
     for (size_t i = 1; i < nsym; i++) TRY_ADD((int32_t)i - 1, (int32_t)i);
     while (s->n_heap) {
@@ -199,16 +246,21 @@ static int spm_byte(const cm_tokenizer *t, scratch *s, uint8_t c, char *err, siz
     return push_id(s, id) ? 0 : CM_ENOMEM;
 }
 
-static int spm_fragment(const cm_tokenizer *t, scratch *s, const char *p, size_t n, bool prefix,
-                        char *err, size_t errlen) {
+static int spm_fragment(const cm_tokenizer *t, scratch *s, const char *p, size_t n, bool prefix, char *err,
+                        size_t errlen) {
     /* space prefix, then every ' ' -> U+2581 (3 bytes) */
     size_t need = 3 * (n + 1);
     if (!GROW(s->a, s->cap_a, need)) return CM_ENOMEM;
     size_t m = 0;
-    if (prefix) { memcpy(s->a, "\xe2\x96\x81", 3); m = 3; }
+    if (prefix) {
+        memcpy(s->a, "\xe2\x96\x81", 3);
+        m = 3;
+    }
     for (size_t i = 0; i < n; i++) {
-        if (p[i] == ' ') { memcpy(s->a + m, "\xe2\x96\x81", 3); m += 3; }
-        else s->a[m++] = p[i];
+        if (p[i] == ' ') {
+            memcpy(s->a + m, "\xe2\x96\x81", 3);
+            m += 3;
+        } else s->a[m++] = p[i];
     }
     size_t nsym;
     int rc = make_symbols(s, s->a, m, &nsym);
@@ -277,9 +329,7 @@ static int bpe_fragment(const cm_tokenizer *t, scratch *s, const char *p, size_t
         cm_tok_span sp = s->words.v[wi];
         if (!GROW(s->w, s->cap_w, 2 * sp.len + 1)) return CM_ENOMEM;
         size_t wl = 0;
-        for (size_t j = 0; j < sp.len; j++) {
-            wl += cm_tok_byte_to_utf8((uint8_t)s->a[sp.off + j], s->w + wl);
-        }
+        for (size_t j = 0; j < sp.len; j++) { wl += cm_tok_byte_to_utf8((uint8_t)s->a[sp.off + j], s->w + wl); }
         if ((rc = bpe_word(t, s, s->w, wl))) return rc;
     }
     return 0;
@@ -328,15 +378,19 @@ static int partition(const cm_tokenizer *t, scratch *s, const char *text, size_t
                 s->fr2[s->n_fr2++] = (frag){CM_TOKEN_NULL, pos, end - pos};
             }
         }
-        frag *sw = s->fr; s->fr = s->fr2; s->fr2 = sw;
-        size_t c = s->cap_fr; s->cap_fr = s->cap_fr2; s->cap_fr2 = c;
+        frag *sw = s->fr;
+        s->fr = s->fr2;
+        s->fr2 = sw;
+        size_t c = s->cap_fr;
+        s->cap_fr = s->cap_fr2;
+        s->cap_fr2 = c;
         s->n_fr = s->n_fr2;
     }
     return 0;
 }
 
-static int encode(const cm_tokenizer *t, scratch *s, const char *text, size_t n, unsigned flags,
-                  char *err, size_t errlen) {
+static int encode(const cm_tokenizer *t, scratch *s, const char *text, size_t n, unsigned flags, char *err,
+                  size_t errlen) {
     int rc = partition(t, s, text, n, (flags & CM_TOK_PARSE_SPECIAL) != 0);
     if (rc) return rc;
     bool add = (flags & CM_TOK_ADD_SPECIAL) != 0;
@@ -349,7 +403,8 @@ static int encode(const cm_tokenizer *t, scratch *s, const char *text, size_t n,
             prev_special = true;
             continue;
         }
-        if (t->kind == CM_TOK_SPM) rc = spm_fragment(t, s, text + fr->off, fr->len, t->add_space_prefix && prev_special, err, errlen);
+        if (t->kind == CM_TOK_SPM)
+            rc = spm_fragment(t, s, text + fr->off, fr->len, t->add_space_prefix && prev_special, err, errlen);
         else rc = bpe_fragment(t, s, text + fr->off, fr->len, err, errlen);
         if (rc) return rc;
         prev_special = false;
@@ -358,8 +413,8 @@ static int encode(const cm_tokenizer *t, scratch *s, const char *text, size_t n,
     return 0;
 }
 
-int cm_tokenizer_encode_alloc(const cm_tokenizer *t, const char *text, size_t n, unsigned flags,
-                              cm_token **out, size_t *n_out, char *err, size_t errlen) {
+int cm_tokenizer_encode_alloc(const cm_tokenizer *t, const char *text, size_t n, unsigned flags, cm_token **out,
+                              size_t *n_out, char *err, size_t errlen) {
     scratch s;
     memset(&s, 0, sizeof s);
     *out = NULL;
@@ -376,8 +431,8 @@ int cm_tokenizer_encode_alloc(const cm_tokenizer *t, const char *text, size_t n,
     return rc;
 }
 
-int cm_tokenizer_encode(const cm_tokenizer *t, const char *text, size_t n, unsigned flags, cm_token *out,
-                        size_t cap, size_t *n_out, char *err, size_t errlen) {
+int cm_tokenizer_encode(const cm_tokenizer *t, const char *text, size_t n, unsigned flags, cm_token *out, size_t cap,
+                        size_t *n_out, char *err, size_t errlen) {
     cm_token *ids;
     size_t k;
     int rc = cm_tokenizer_encode_alloc(t, text, n, flags, &ids, &k, err, errlen);

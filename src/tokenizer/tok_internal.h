@@ -93,14 +93,19 @@ int cm_tok_pre_compile(cm_tokenizer *t, char *err, size_t errlen);
 void cm_tok_pre_release(cm_tokenizer *t);
 
 /* Growable arrays used by encode (tok_encode.c / tok_pretok.c). */
-typedef struct cm_tok_span { size_t off, len; } cm_tok_span;
-typedef struct cm_tok_spans { cm_tok_span *v; size_t n, cap; } cm_tok_spans;
+typedef struct cm_tok_span {
+    size_t off, len;
+} cm_tok_span;
+typedef struct cm_tok_spans {
+    cm_tok_span *v;
+    size_t n, cap;
+} cm_tok_spans;
 bool cm_tok_spans_push(cm_tok_spans *s, size_t off, size_t len);
 /* Split subject (valid UTF-8) into words with the tokenizer's regexes, as
  * llama.cpp's unicode_regex_split does: each regex splits every piece the
  * previous one left, matches and the gaps between them both become pieces. */
-int cm_tok_pre_split(const cm_tokenizer *t, const char *subject, size_t n, cm_tok_spans *out,
-                     cm_tok_spans *tmp, char *err, size_t errlen);
+int cm_tok_pre_split(const cm_tokenizer *t, const char *subject, size_t n, cm_tok_spans *out, cm_tok_spans *tmp,
+                     char *err, size_t errlen);
 
 /* Lax UTF-8 decoding exactly like llama.cpp's unicode_cpt_from_utf8: returns
  * the code point and advances *i, or returns UINT32_MAX (invalid, advance 1). */
@@ -115,7 +120,7 @@ static inline size_t cm_tok_utf8_len(uint8_t c) {
 
 /* GPT-2 byte <-> unicode mapping (tok_decode.c). */
 size_t cm_tok_byte_to_utf8(uint8_t b, char out[2]); /* 1 or 2 bytes */
-int cm_tok_utf8_to_byte(uint32_t cp); /* -1 if cp is not in the mapping */
+int cm_tok_utf8_to_byte(uint32_t cp);               /* -1 if cp is not in the mapping */
 
 int cm_tok_build_pieces(cm_tokenizer *t, char *err, size_t errlen);
 

@@ -36,9 +36,7 @@ cm_token cm_tok_lookup(const cm_tokenizer *t, const char *s, size_t n) {
     }
 }
 
-cm_token cm_tokenizer_find(const cm_tokenizer *t, const char *text, size_t len) {
-    return cm_tok_lookup(t, text, len);
-}
+cm_token cm_tokenizer_find(const cm_tokenizer *t, const char *text, size_t len) { return cm_tok_lookup(t, text, len); }
 
 int32_t cm_tok_merge_rank(const cm_tokenizer *t, const char *l, size_t ln, const char *r, size_t rn) {
     if (!t->merge_ht.slots) return -1;
@@ -48,16 +46,14 @@ int32_t cm_tok_merge_rank(const cm_tokenizer *t, const char *l, size_t ln, const
         if (!v) return -1;
         const cm_tok_merge *m = &t->merges[v - 1];
         const char *s = t->merge_blob + m->off;
-        if (m->len == ln + 1 + rn && m->first_len == ln && memcmp(s, l, ln) == 0 &&
-            memcmp(s + ln + 1, r, rn) == 0)
+        if (m->len == ln + 1 + rn && m->first_len == ln && memcmp(s, l, ln) == 0 && memcmp(s + ln + 1, r, rn) == 0)
             return (int32_t)(v - 1);
     }
 }
 
 /* ---- helpers over the GGUF ---- */
 
-static const cm_gguf_kv *find_array(const cm_gguf *g, const char *key, char *err, size_t errlen,
-                                    int *rc) {
+static const cm_gguf_kv *find_array(const cm_gguf *g, const char *key, char *err, size_t errlen, int *rc) {
     const cm_gguf_kv *kv = cm_gguf_find_kv(g, key);
     *rc = 0;
     if (!kv) return NULL;
@@ -68,9 +64,7 @@ static const cm_gguf_kv *find_array(const cm_gguf *g, const char *key, char *err
     return kv;
 }
 
-static bool get_id(const cm_gguf *g, const char *key, uint64_t *out) {
-    return cm_gguf_get_u64(g, key, out);
-}
+static bool get_id(const cm_gguf *g, const char *key, uint64_t *out) { return cm_gguf_get_u64(g, key, out); }
 
 /* ---- special-token fix-ups by text (llama.cpp recognises these) ---- */
 
@@ -107,8 +101,7 @@ static void force_control(cm_tokenizer *t, cm_token id) {
     if (id != CM_TOKEN_NULL) t->attr[id] |= CM_TOK_ATTR_CONTROL;
 }
 
-static void special_fixups(cm_tokenizer *t, const cm_gguf *g, cm_token fim_pad, cm_token fim_rep,
-                           cm_token fim_sep) {
+static void special_fixups(cm_tokenizer *t, const cm_gguf *g, cm_token fim_pad, cm_token fim_rep, cm_token fim_sep) {
     if (t->eot == CM_TOKEN_NULL) force_control(t, t->eot = detect(t, k_eot_texts));
     if (t->eom == CM_TOKEN_NULL) force_control(t, t->eom = detect(t, k_eom_texts));
     if (fim_pad == CM_TOKEN_NULL) force_control(t, fim_pad = detect(t, k_fim_pad_texts));
@@ -143,7 +136,10 @@ static void special_fixups(cm_tokenizer *t, const cm_gguf *g, cm_token fim_pad, 
         const char *s = t->text_blob + t->text_off[id];
         size_t n = t->text_len[id];
         for (size_t i = 0; i + 6 <= n; i++)
-            if (!memcmp(s + i, "unused", 6)) { t->attr[id] |= CM_TOK_ATTR_UNUSED; break; }
+            if (!memcmp(s + i, "unused", 6)) {
+                t->attr[id] |= CM_TOK_ATTR_UNUSED;
+                break;
+            }
     }
 
     /* End-of-generation set. */
@@ -242,7 +238,8 @@ static int load_vocab(cm_tokenizer *t, const cm_gguf *g, char *err, size_t errle
     uint64_t total = 0;
     for (uint64_t i = 0; i < n; i++) {
         cm_gguf_str s;
-        if (!cm_gguf_arr_str(tok, i, &s)) return cm_errf(err, errlen, CM_EFORMAT, "unreadable token %llu", (unsigned long long)i);
+        if (!cm_gguf_arr_str(tok, i, &s))
+            return cm_errf(err, errlen, CM_EFORMAT, "unreadable token %llu", (unsigned long long)i);
         uint64_t len = s.len ? s.len : 32;
         if (s.len > UINT32_MAX / 2 || !cm_add_ok(total, len, &total))
             return cm_errf(err, errlen, CM_EFORMAT, "token %llu is too long", (unsigned long long)i);
@@ -266,7 +263,11 @@ static int load_vocab(cm_tokenizer *t, const cm_gguf *g, char *err, size_t errle
         double f = 0;
         if (sc) {
             if (sc->arr_type == CM_GGUF_F32) cm_gguf_arr_f64(sc, i, &f);
-            else { int64_t v = 0; cm_gguf_arr_i64(sc, i, &v); f = (double)v; }
+            else {
+                int64_t v = 0;
+                cm_gguf_arr_i64(sc, i, &v);
+                f = (double)v;
+            }
         }
         t->score[i] = isnan(f) ? -INFINITY : (float)f; /* NaN would break the merge order */
         uint32_t a = CM_TOK_ATTR_NORMAL;
@@ -292,7 +293,10 @@ static int load_vocab(cm_tokenizer *t, const cm_gguf *g, char *err, size_t errle
         uint64_t h = cm_tok_hash(CM_TOK_HASH_SEED, s, t->text_len[i]);
         for (uint64_t j = cm_tok_hash_fin(h) & t->tok_ht.mask;; j = (j + 1) & t->tok_ht.mask) {
             uint32_t v = t->tok_ht.slots[j];
-            if (!v) { t->tok_ht.slots[j] = (uint32_t)(i + 1); break; }
+            if (!v) {
+                t->tok_ht.slots[j] = (uint32_t)(i + 1);
+                break;
+            }
             if (t->text_len[v - 1] == t->text_len[i] && !memcmp(t->text_blob + t->text_off[v - 1], s, t->text_len[i]))
                 return cm_errf(err, errlen, CM_EFORMAT, "tokens %u and %llu have the same text", v - 1,
                                (unsigned long long)i);
@@ -337,7 +341,10 @@ static int load_merges(cm_tokenizer *t, const cm_gguf *g, char *err, size_t errl
         uint64_t h = cm_tok_hash(CM_TOK_HASH_SEED, key, m->len);
         for (uint64_t j = cm_tok_hash_fin(h) & t->merge_ht.mask;; j = (j + 1) & t->merge_ht.mask) {
             uint32_t v = t->merge_ht.slots[j];
-            if (!v) { t->merge_ht.slots[j] = (uint32_t)(i + 1); break; }
+            if (!v) {
+                t->merge_ht.slots[j] = (uint32_t)(i + 1);
+                break;
+            }
             const cm_tok_merge *o = &t->merges[v - 1];
             if (o->len == m->len && !memcmp(t->merge_blob + o->off, key, m->len)) break; /* first rank wins */
         }
@@ -354,14 +361,19 @@ static int build(cm_tokenizer *t, const cm_gguf *g, char *err, size_t errlen) {
         rc = cm_errf(err, errlen, CM_EFORMAT, "no tokenizer in the file (tokenizer.ggml.model missing)");
     } else if (!strcmp(model, "llama")) {
         t->kind = CM_TOK_SPM;
-        t->bos = 1; t->eos = 2; t->unk = 0;
-        t->add_space_prefix = true; t->add_bos = true;
+        t->bos = 1;
+        t->eos = 2;
+        t->unk = 0;
+        t->add_space_prefix = true;
+        t->add_bos = true;
         snprintf(t->pre_name, sizeof t->pre_name, "default");
     } else if (!strcmp(model, "gpt2")) {
         t->kind = CM_TOK_BPE;
-        t->bos = 11; t->eos = 11;
+        t->bos = 11;
+        t->eos = 11;
         const char *p = pre && *pre ? pre : "default";
-        if (!pre || !*pre) CM_LOGW("tokenizer: no tokenizer.ggml.pre; using the 'default' pre-tokenizer (quality may suffer)");
+        if (!pre || !*pre)
+            CM_LOGW("tokenizer: no tokenizer.ggml.pre; using the 'default' pre-tokenizer (quality may suffer)");
         t->pre = cm_tok_pre_find(p);
         if (!t->pre)
             rc = cm_errf(err, errlen, CM_EUNSUPPORTED, "unknown pre-tokenizer type '%.64s' (tokenizer.ggml.pre)", p);
@@ -385,9 +397,12 @@ static int build(cm_tokenizer *t, const cm_gguf *g, char *err, size_t errlen) {
     if (t->kind == CM_TOK_BPE && (rc = load_merges(t, g, err, errlen))) return rc;
 
     /* Special ids: defaults out of range are dropped; file values out of range ignored. */
-    struct { const char *key; cm_token *id; } ids[] = {
-        {"tokenizer.ggml.bos_token_id", &t->bos}, {"tokenizer.ggml.eos_token_id", &t->eos},
-        {"tokenizer.ggml.eot_token_id", &t->eot}, {"tokenizer.ggml.eom_token_id", &t->eom},
+    struct {
+        const char *key;
+        cm_token *id;
+    } ids[] = {
+        {"tokenizer.ggml.bos_token_id", &t->bos},     {"tokenizer.ggml.eos_token_id", &t->eos},
+        {"tokenizer.ggml.eot_token_id", &t->eot},     {"tokenizer.ggml.eom_token_id", &t->eom},
         {"tokenizer.ggml.unknown_token_id", &t->unk}, {"tokenizer.ggml.seperator_token_id", &t->sep},
         {"tokenizer.ggml.padding_token_id", &t->pad},
     };
@@ -395,7 +410,8 @@ static int build(cm_tokenizer *t, const cm_gguf *g, char *err, size_t errlen) {
         if (*ids[i].id >= t->n_vocab) *ids[i].id = CM_TOKEN_NULL;
         uint64_t v;
         if (!get_id(g, ids[i].key, &v)) continue;
-        if (v >= (uint64_t)t->n_vocab) CM_LOGW("tokenizer: %s = %llu is out of range; ignored", ids[i].key, (unsigned long long)v);
+        if (v >= (uint64_t)t->n_vocab)
+            CM_LOGW("tokenizer: %s = %llu is out of range; ignored", ids[i].key, (unsigned long long)v);
         else *ids[i].id = (cm_token)v;
     }
     if (cm_gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &b)) t->add_bos = b;
@@ -420,9 +436,13 @@ static int build(cm_tokenizer *t, const cm_gguf *g, char *err, size_t errlen) {
         if (t->attr[id] & (CM_TOK_ATTR_CONTROL | CM_TOK_ATTR_USER_DEFINED | CM_TOK_ATTR_UNKNOWN)) ns++;
     t->special = cm_malloc(ns * sizeof(cm_token));
     cm_token *tmp = cm_malloc(ns * sizeof(cm_token));
-    if (!t->special || !tmp) { cm_free(tmp); return CM_ENOMEM; }
+    if (!t->special || !tmp) {
+        cm_free(tmp);
+        return CM_ENOMEM;
+    }
     for (cm_token id = 0; id < t->n_vocab; id++)
-        if (t->attr[id] & (CM_TOK_ATTR_CONTROL | CM_TOK_ATTR_USER_DEFINED | CM_TOK_ATTR_UNKNOWN)) t->special[t->n_special++] = id;
+        if (t->attr[id] & (CM_TOK_ATTR_CONTROL | CM_TOK_ATTR_USER_DEFINED | CM_TOK_ATTR_UNKNOWN))
+            t->special[t->n_special++] = id;
     sort_special(t, t->special, tmp, t->n_special);
     cm_free(tmp);
 
@@ -487,10 +507,18 @@ int cm_tokenizer_open(cm_tokenizer **out, const char *path, char *err, size_t er
 void cm_tokenizer_free(cm_tokenizer *t) {
     if (!t) return;
     cm_tok_pre_release(t);
-    cm_free(t->text_blob); cm_free(t->text_off); cm_free(t->text_len);
-    cm_free(t->score); cm_free(t->attr); cm_free(t->tok_ht.slots);
-    cm_free(t->piece_blob); cm_free(t->piece_off); cm_free(t->piece_len);
-    cm_free(t->merge_blob); cm_free(t->merges); cm_free(t->merge_ht.slots);
+    cm_free(t->text_blob);
+    cm_free(t->text_off);
+    cm_free(t->text_len);
+    cm_free(t->score);
+    cm_free(t->attr);
+    cm_free(t->tok_ht.slots);
+    cm_free(t->piece_blob);
+    cm_free(t->piece_off);
+    cm_free(t->piece_len);
+    cm_free(t->merge_blob);
+    cm_free(t->merges);
+    cm_free(t->merge_ht.slots);
     cm_free(t->special);
     cm_free(t);
 }

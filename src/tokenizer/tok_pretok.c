@@ -30,67 +30,73 @@
 #define CONTR "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
 
 #define RE_GPT2 "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^" WSC "\\p{L}\\p{N}]+|" WS "+(?!" NWS ")"
-#define RE_LLAMA3                                                                              \
-    CONTR "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^" WSC "\\p{L}\\p{N}]+[\\r\\n]*|" WS \
-          "*[\\r\\n]+|" WS "+(?!" NWS ")|" WS "+"
-#define RE_QWEN2                                                                           \
-    CONTR "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^" WSC "\\p{L}\\p{N}]+[\\r\\n]*|" WS \
-          "*[\\r\\n]+|" WS "+(?!" NWS ")|" WS "+"
-#define RE_QWEN35                                                                                       \
+#define RE_LLAMA3                                                                                              \
+    CONTR "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^" WSC "\\p{L}\\p{N}]+[\\r\\n]*|" WS "*[\\r\\n]+|" WS \
+          "+(?!" NWS ")|" WS "+"
+#define RE_QWEN2                                                                                                     \
+    CONTR "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^" WSC "\\p{L}\\p{N}]+[\\r\\n]*|" WS "*[\\r\\n]+|" WS "+(?!" NWS \
+          ")|" WS "+"
+#define RE_QWEN35                                                                                      \
     CONTR "|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}| ?[^" WSC "\\p{L}\\p{M}\\p{N}]+[\\r\\n]*|" WS \
           "*[\\r\\n]+|" WS "+(?!" NWS ")|" WS "+"
-#define RE_MINICPM5                                                                         \
-    CONTR "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}+| ?[^" WSC "\\p{L}\\p{N}]+[\\r\\n]*|" WS \
-          "*[\\r\\n]+|" WS "+(?!" NWS ")|" WS "+"
-#define RE_SEED_CODER                                                                           \
-    CONTR "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1}| ?[^" WSC "\\p{L}\\p{N}\\r\\n]+|" WS "*[\\r\\n]+|" WS \
-          "+(?!" NWS ")|" WS "+"
-#define RE_BAILING                                                                                         \
-    "'(?:[sSdDmMtT]|[lL][lL]|[vV][eE]|[rR][eE])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^" WSC "\\p{L}\\p{N}]+[\\r\\n]*|" WS \
-    "*[\\r\\n]|" WS "+(?!" NWS ")|" WS "+"
-#define RE_EXAONE_MOE                                                                                       \
-    CONTR "|[^\\r\\n\\p{L}\\p{N}]?(?:\\p{L}\\p{M}*(?: \\p{L}\\p{M}*)*)+|\\p{N}| ?[^" WSC "\\p{L}\\p{N}]+[\\r\\n/]?|" WS \
-          "*[\\r\\n]|" WS "+(?!" NWS ")|" WS "+"
+#define RE_MINICPM5                                                                                                   \
+    CONTR "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}+| ?[^" WSC "\\p{L}\\p{N}]+[\\r\\n]*|" WS "*[\\r\\n]+|" WS "+(?!" NWS \
+          ")|" WS "+"
+#define RE_SEED_CODER                                                                                                \
+    CONTR "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1}| ?[^" WSC "\\p{L}\\p{N}\\r\\n]+|" WS "*[\\r\\n]+|" WS "+(?!" NWS \
+          ")|" WS "+"
+#define RE_BAILING                                                                             \
+    "'(?:[sSdDmMtT]|[lL][lL]|[vV][eE]|[rR][eE])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^" WSC \
+    "\\p{L}\\p{N}]+[\\r\\n]*|" WS "*[\\r\\n]|" WS "+(?!" NWS ")|" WS "+"
+#define RE_EXAONE_MOE                                                                    \
+    CONTR "|[^\\r\\n\\p{L}\\p{N}]?(?:\\p{L}\\p{M}*(?: \\p{L}\\p{M}*)*)+|\\p{N}| ?[^" WSC \
+          "\\p{L}\\p{N}]+[\\r\\n/]?|" WS "*[\\r\\n]|" WS "+(?!" NWS ")|" WS "+"
 /* Upper/lower letter runs: llama.cpp's rewrite, in which any letter that is not
  * a-z counts as "upper" and any that is not A-Z as "lower". */
 #define UPPER "(?:(?=\\p{L})[^a-z])"
 #define LOWER "(?:(?=\\p{L})[^A-Z])"
-#define RE_TEKKEN                                                                                            \
+#define RE_TEKKEN                                                                                           \
     "[^\\r\\n\\p{L}\\p{N}]?" UPPER "*" LOWER "+|[^\\r\\n\\p{L}\\p{N}]?" UPPER "+" LOWER "*|\\p{N}| ?[^" WSC \
     "\\p{L}\\p{N}]+[\\r\\n/]*|" WS "*[\\r\\n]+|" WS "+(?!" NWS ")|" WS "+"
-#define RE_GPT4O                                                                                     \
+#define RE_GPT4O                                                                                            \
     "[^\\r\\n\\p{L}\\p{N}]?" UPPER "*" LOWER "+" CONTR "?|[^\\r\\n\\p{L}\\p{N}]?" UPPER "+" LOWER "*" CONTR \
     "?|\\p{N}{1,3}| ?[^" WSC "\\p{L}\\p{N}]+[\\r\\n/]*|" WS "*[\\r\\n]+|" WS "+(?!" NWS ")|" WS "+"
-#define RE_DEEPSEEK3_MAIN                                                                               \
+#define RE_DEEPSEEK3_MAIN                                                                                 \
     "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\\r\\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| " \
     "?[\\p{P}\\p{S}]+[\\r\\n]*|" WS "*[\\r\\n]+|" WS "+(?!" NWS ")|" WS "+"
 #define RE_PORO " ?[^(" WSC "|.,!?\\x{2026}\\x{3002}\\x{FF0C}\\x{3001}\\x{964}\\x{6D4}\\x{60C})]+"
 /* CJK ranges of the DeepSeek pre-tokenizers; U+0800-U+4E00 minus whitespace. */
-#define RE_DS_CJK                                                                                   \
+#define RE_DS_CJK                                                                                     \
     "[\\x{4E00}-\\x{9FA5}\\x{800}-\\x{167F}\\x{1681}-\\x{1FFF}\\x{200B}-\\x{2027}\\x{202A}-\\x{202E}" \
     "\\x{2030}-\\x{205E}\\x{2060}-\\x{2FFF}\\x{3001}-\\x{4E00}\\x{AC00}-\\x{D7FF}]+"
-#define RE_DS_LETTERS                                                                                                 \
-    WS "?[A-Za-z\\x{B5}\\x{C0}-\\x{D6}\\x{D8}-\\x{F6}\\x{F8}-\\x{1BA}\\x{1BC}-\\x{1BF}\\x{1C4}-\\x{293}\\x{295}-"       \
-       "\\x{2AF}\\x{370}-\\x{373}\\x{376}\\x{377}\\x{37B}-\\x{37D}\\x{37F}\\x{386}\\x{388}-\\x{38A}\\x{38C}\\x{38E}-"   \
-       "\\x{3A1}\\x{3A3}-\\x{3F5}\\x{3F7}-\\x{481}\\x{48A}-\\x{52F}\\x{531}-\\x{556}\\x{10A0}-\\x{10C5}\\x{13A0}-"       \
+#define RE_DS_LETTERS                                                                                                     \
+    WS "?[A-Za-z\\x{B5}\\x{C0}-\\x{D6}\\x{D8}-\\x{F6}\\x{F8}-\\x{1BA}\\x{1BC}-\\x{1BF}\\x{1C4}-\\x{293}\\x{295}-"         \
+       "\\x{2AF}\\x{370}-\\x{373}\\x{376}\\x{377}\\x{37B}-\\x{37D}\\x{37F}\\x{386}\\x{388}-\\x{38A}\\x{38C}\\x{38E}-"     \
+       "\\x{3A1}\\x{3A3}-\\x{3F5}\\x{3F7}-\\x{481}\\x{48A}-\\x{52F}\\x{531}-\\x{556}\\x{10A0}-\\x{10C5}\\x{13A0}-"        \
        "\\x{13F5}\\x{13F8}-\\x{13FD}\\x{1C90}-\\x{1CBA}\\x{1CBD}-\\x{1CBF}\\x{1D00}-\\x{1D2B}\\x{1D6B}-\\x{1D77}"         \
        "\\x{1D79}-\\x{1D9A}\\x{1E00}-\\x{1F15}\\x{1F18}-\\x{1F1D}\\x{1F20}-\\x{1F45}\\x{1F48}-\\x{1F4D}\\x{1F50}-"        \
        "\\x{1F57}\\x{1F59}\\x{1F5B}\\x{1F5D}\\x{1F5F}-\\x{1F7D}\\x{1F80}-\\x{1FB4}\\x{1FB6}-\\x{1FBC}\\x{1FBE}\\x{1FC2}-" \
        "\\x{1FC4}\\x{1FC6}-\\x{1FCC}\\x{1FD0}-\\x{1FD3}\\x{1FD6}-\\x{1FDB}\\x{1FE0}-\\x{1FEC}\\x{1FF2}-\\x{1FF4}"         \
        "\\x{1FF6}-\\x{1FFC}\\x{2102}\\x{2107}\\x{210A}-\\x{2113}\\x{2115}\\x{2119}-\\x{211D}\\x{2124}\\x{2126}\\x{2128}"  \
-       "\\x{212A}-\\x{212D}\\x{212F}-\\x{2134}\\x{2139}\\x{213C}-\\x{213F}\\x{2145}-\\x{2149}\\x{214E}\\x{2183}"         \
+       "\\x{212A}-\\x{212D}\\x{212F}-\\x{2134}\\x{2139}\\x{213C}-\\x{213F}\\x{2145}-\\x{2149}\\x{214E}\\x{2183}"          \
        "\\x{2184}\\x{2C00}-\\x{2C7B}\\x{2C7E}-\\x{2CE4}\\x{2CEB}-\\x{2CEE}\\x{2CF2}\\x{2CF3}\\x{A640}-\\x{A66D}"          \
        "\\x{A680}-\\x{A69B}\\x{A722}-\\x{A76F}\\x{A771}-\\x{A787}\\x{A78B}-\\x{A78E}\\x{AB70}-\\x{ABBF}\\x{FB00}-"        \
        "\\x{FB06}\\x{FB13}-\\x{FB17}\\x{FF21}-\\x{FF3A}\\x{FF41}-\\x{FF5A}\\x{10400}-\\x{1044F}\\x{104B0}-\\x{104D3}"     \
        "\\x{104D8}-\\x{104FB}\\x{10C80}-\\x{10CB2}\\x{10CC0}-\\x{10CF2}\\x{118A0}-\\x{118DF}\\x{1E900}-\\x{1E943}]+"
 
 /* Regex lists. */
-#define L1(a) 1, {a}
-#define L2(a, b) 2, {a, b}
-#define L3(a, b, c) 3, {a, b, c}
-#define L4(a, b, c, d) 4, {a, b, c, d}
-#define L5(a, b, c, d, e) 5, {a, b, c, d, e}
-#define L6(a, b, c, d, e, f) 6, {a, b, c, d, e, f}
+#define L1(a) \
+    1, { a }
+#define L2(a, b) \
+    2, { a, b }
+#define L3(a, b, c) \
+    3, { a, b, c }
+#define L4(a, b, c, d) \
+    4, { a, b, c, d }
+#define L5(a, b, c, d, e) \
+    5, { a, b, c, d, e }
+#define L6(a, b, c, d, e, f) \
+    6, { a, b, c, d, e, f }
 
 #define P_DEFAULT L4("[\\p{P}\\$\\+<=>\\^~\\|]+", RE_GPT2, "\\p{N}+", "[0-9][0-9][0-9]")
 #define P_LLAMA3 L1(RE_LLAMA3)
@@ -98,8 +104,10 @@
 #define P_GPT2 L1(RE_GPT2)
 #define P_STARCODER L2("\\p{N}", RE_GPT2)
 #define P_FALCON L3("[\\p{P}\\$\\+<=>\\^~\\|`]+", RE_GPT2, "[0-9][0-9][0-9]")
-#define P_DS_LLM L6("[\\r\\n]", RE_DS_LETTERS, WS "?[!-/:-~\\x{FF01}-\\x{FF0F}\\x{FF1A}-\\x{FF5E}\\x{2018}-\\x{201F}\\x{3001}-\\x{3002}]+", \
-                    WS "+$", RE_DS_CJK, "\\p{N}+")
+#define P_DS_LLM                                                                                             \
+    L6("[\\r\\n]", RE_DS_LETTERS,                                                                            \
+       WS "?[!-/:-~\\x{FF01}-\\x{FF0F}\\x{FF1A}-\\x{FF5E}\\x{2018}-\\x{201F}\\x{3001}-\\x{3002}]+", WS "+$", \
+       RE_DS_CJK, "\\p{N}+")
 #define P_DS_CODER L5("[\\r\\n]", WS "?\\p{L}+", WS "?\\p{P}+", RE_DS_CJK, "\\p{N}")
 #define P_DS3 L3("\\p{N}{1,3}", "[\\x{4E00}-\\x{9FA5}\\x{3040}-\\x{309F}\\x{30A0}-\\x{30FF}]+", RE_DEEPSEEK3_MAIN)
 
@@ -250,8 +258,8 @@ static int split_one(const pcre2_code *re, pcre2_match_data *md, const char *sub
     return 0;
 }
 
-int cm_tok_pre_split(const cm_tokenizer *t, const char *subject, size_t n, cm_tok_spans *out,
-                     cm_tok_spans *tmp, char *err, size_t errlen) {
+int cm_tok_pre_split(const cm_tokenizer *t, const char *subject, size_t n, cm_tok_spans *out, cm_tok_spans *tmp,
+                     char *err, size_t errlen) {
     out->n = 0;
     if (!n) return 0;
     if (!cm_tok_spans_push(out, 0, n)) return CM_ENOMEM;

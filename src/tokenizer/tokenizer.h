@@ -65,11 +65,11 @@ enum cm_tok_encode_flags {
  * does). Writes at most cap ids to out and sets *n_out to the full count; if
  * that exceeds cap the result is CM_ERANGE (call again with a bigger buffer).
  * Allocates per-call scratch (not for the token loop). */
-int cm_tokenizer_encode(const cm_tokenizer *t, const char *text, size_t n, unsigned flags,
-                        cm_token *out, size_t cap, size_t *n_out, char *err, size_t errlen);
+int cm_tokenizer_encode(const cm_tokenizer *t, const char *text, size_t n, unsigned flags, cm_token *out, size_t cap,
+                        size_t *n_out, char *err, size_t errlen);
 /* Same, into a malloc'd array the caller frees with cm_free. */
-int cm_tokenizer_encode_alloc(const cm_tokenizer *t, const char *text, size_t n, unsigned flags,
-                              cm_token **out, size_t *n_out, char *err, size_t errlen);
+int cm_tokenizer_encode_alloc(const cm_tokenizer *t, const char *text, size_t n, unsigned flags, cm_token **out,
+                              size_t *n_out, char *err, size_t errlen);
 
 /* ---- decoding ---- */
 /* The bytes a token stands for (llama_token_to_piece): SPM ▁ -> space and
@@ -87,8 +87,8 @@ enum cm_tok_decode_flags {
  * removed with CM_TOK_REMOVE_SPECIAL; BPE vocabs with clean_spaces get
  * llama.cpp's " ." / " 's" clean-up. Appends to out (which must be
  * initialised). CM_ERANGE on an id out of range. */
-int cm_tokenizer_decode(const cm_tokenizer *t, const cm_token *ids, size_t n, unsigned flags,
-                        cm_buf *out, char *err, size_t errlen);
+int cm_tokenizer_decode(const cm_tokenizer *t, const cm_token *ids, size_t n, unsigned flags, cm_buf *out, char *err,
+                        size_t errlen);
 
 /* Streaming detokenizer: feed tokens one at a time, get only complete, valid
  * UTF-8 back. A multi-byte character split across tokens is held until it is

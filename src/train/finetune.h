@@ -46,26 +46,26 @@ typedef struct cm_train_exec {
 } cm_train_exec;
 
 typedef struct cm_finetune_opts {
-    int rank;           /* default 8 */
-    float alpha;        /* default 2 * rank */
-    float dropout;      /* default 0 */
-    unsigned targets;   /* default all seven */
-    float lr;           /* peak learning rate, default 1e-3 */
-    float lr_min;       /* the cosine's floor as a fraction of lr, default 0.1 */
-    int warmup;         /* steps; -1: 5% of the steps */
-    float weight_decay; /* default 0.01 */
-    int batch;          /* windows per micro-batch, default 4 */
-    int grad_accum;     /* micro-batches per optimizer step, default 1 */
-    int n_ctx;          /* tokens per window, default 256 (capped at the model's context) */
-    int epochs;         /* passes over the data when steps is 0; 0 (default): 3, but at least 50 steps */
-    int steps;          /* optimizer steps; 0: from epochs */
-    uint64_t seed;      /* default 42 */
-    float val_split;    /* fraction of examples held out, default 0.1 (0: none) */
-    int eval_every;     /* steps; 0: at each checkpoint and at the end, and 10 times per run */
-    int save_every;     /* steps; 0: none */
-    const char *out;    /* the adapter's path; checkpoints go to OUT.ckpt-STEP.gguf, the curve to OUT.svg */
-    const char *resume; /* a checkpoint to continue from, or NULL */
-    int n_threads;      /* threads for the matmuls (default 1); never changes the result */
+    int rank;                  /* default 8 */
+    float alpha;               /* default 2 * rank */
+    float dropout;             /* default 0 */
+    unsigned targets;          /* default all seven */
+    float lr;                  /* peak learning rate, default 1e-3 */
+    float lr_min;              /* the cosine's floor as a fraction of lr, default 0.1 */
+    int warmup;                /* steps; -1: 5% of the steps */
+    float weight_decay;        /* default 0.01 */
+    int batch;                 /* windows per micro-batch, default 4 */
+    int grad_accum;            /* micro-batches per optimizer step, default 1 */
+    int n_ctx;                 /* tokens per window, default 256 (capped at the model's context) */
+    int epochs;                /* passes over the data when steps is 0; 0 (default): 3, but at least 50 steps */
+    int steps;                 /* optimizer steps; 0: from epochs */
+    uint64_t seed;             /* default 42 */
+    float val_split;           /* fraction of examples held out, default 0.1 (0: none) */
+    int eval_every;            /* steps; 0: at each checkpoint and at the end, and 10 times per run */
+    int save_every;            /* steps; 0: none */
+    const char *out;           /* the adapter's path; checkpoints go to OUT.ckpt-STEP.gguf, the curve to OUT.svg */
+    const char *resume;        /* a checkpoint to continue from, or NULL */
+    int n_threads;             /* threads for the matmuls (default 1); never changes the result */
     const cm_train_exec *exec; /* NULL: this machine; else where windows and steps run (same bits) */
     /* Called after every optimizer step (and eval); may draw a progress bar. */
     void (*progress)(void *user, const cm_finetune_status *st);

@@ -52,15 +52,15 @@ typedef struct cm_tpair {
 typedef struct cm_tadapter {
     const cm_model *m;
     int rank;
-    float alpha, scale;  /* scale = alpha / rank */
+    float alpha, scale; /* scale = alpha / rank */
     unsigned targets;
     int n_pairs;
-    int pair0;           /* the whole adapter's index of pairs[0] (a slice's first pair; 0 for the whole) */
+    int pair0; /* the whole adapter's index of pairs[0] (a slice's first pair; 0 for the whole) */
     cm_tpair *pairs;
-    int *slot;           /* [n_layer * CM_LORA_OUTPUT]: pair index or -1 */
+    int *slot; /* [n_layer * CM_LORA_OUTPUT]: pair index or -1 */
     size_t n_params;
     float *w, *g, *m1, *m2;
-    int64_t step;        /* optimizer steps taken */
+    int64_t step; /* optimizer steps taken */
 } cm_tadapter;
 
 /* Is the model one this module trains? CM_EUNSUPPORTED with one line naming
@@ -77,8 +77,8 @@ void cm_tadapter_free(cm_tadapter *a); /* NULL is a no-op */
  * slice's vectors are the whole adapter's elements [off, off + n) of
  * cm_tadapter_span. Parameters and moments start at 0: the coordinator
  * sends them. */
-int cm_tadapter_new_range(cm_tadapter **out, const cm_model *m, int rank, float alpha, unsigned targets, int l0,
-                          int l1, char *err, size_t errlen);
+int cm_tadapter_new_range(cm_tadapter **out, const cm_model *m, int rank, float alpha, unsigned targets, int l0, int l1,
+                          char *err, size_t errlen);
 /* Where layers [l0, l1)'s pairs lie in a's vectors. */
 void cm_tadapter_span(const cm_tadapter *a, int l0, int l1, size_t *off, size_t *n);
 static inline float *cm_tadapter_a(const cm_tadapter *a, int p) { return a->w + a->pairs[p].a; }
@@ -98,8 +98,8 @@ void cm_trainer_free(cm_trainer *tr);
 
 /* A trainer of layers [l0, l1) only: a pipeline stage (train_pipe.h). ad
  * may be the whole adapter or a slice of cm_tadapter_new_range. */
-int cm_trainer_new_range(cm_trainer **out, const cm_model *m, cm_tadapter *ad, int l0, int l1, int n_ctx,
-                         cm_pool *pool, char *err, size_t errlen);
+int cm_trainer_new_range(cm_trainer **out, const cm_model *m, cm_tadapter *ad, int l0, int l1, int n_ctx, cm_pool *pool,
+                         char *err, size_t errlen);
 
 /* cm_train_window in stage pieces, the same operations in the same order
  * (a pipeline of stages gives the bits of one trainer):
@@ -122,7 +122,7 @@ void cm_train_back(cm_trainer *tr, const float *dy, float *dx);
  * *n_targets. With backward, adds weight * d(sum loss)/d(params) to ad->g
  * (weight = 1 / targets in the optimizer step, for a mean). dropout in
  * [0, 1): LoRA input dropout with masks from drop_key. */
-double cm_train_window(cm_trainer *tr, const int32_t *tokens, const int32_t *target, int n, bool backward,
-                       float weight, float dropout, uint64_t drop_key, int *n_targets);
+double cm_train_window(cm_trainer *tr, const int32_t *tokens, const int32_t *target, int n, bool backward, float weight,
+                       float dropout, uint64_t drop_key, int *n_targets);
 
 #endif

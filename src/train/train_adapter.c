@@ -9,7 +9,8 @@
 #include <stdio.h>
 #include <string.h>
 
-static const char *const tnames[CM_LORA_OUTPUT] = {"attn_q", "attn_k", "attn_v", "attn_o", "ffn_gate", "ffn_up", "ffn_down"};
+static const char *const tnames[CM_LORA_OUTPUT] = {"attn_q",   "attn_k", "attn_v",  "attn_o",
+                                                   "ffn_gate", "ffn_up", "ffn_down"};
 
 int cm_train_targets_parse(const char *s, unsigned *targets, char *err, size_t errlen) {
     unsigned t = 0;
@@ -24,9 +25,10 @@ int cm_train_targets_parse(const char *s, unsigned *targets, char *err, size_t e
         for (int k = 0; k < CM_LORA_OUTPUT && !found; k++)
             if (strlen(tnames[k]) == n && !strncmp(p, tnames[k], n)) t |= 1u << k, found = true;
         if (!found)
-            return cm_errf(err, errlen, CM_EINVAL,
-                           "unknown LoRA target '%.*s' (attn_q, attn_k, attn_v, attn_o, ffn_gate, ffn_up, ffn_down, attn, ffn, all)",
-                           (int)(n > 64 ? 64 : n), p);
+            return cm_errf(
+                err, errlen, CM_EINVAL,
+                "unknown LoRA target '%.*s' (attn_q, attn_k, attn_v, attn_o, ffn_gate, ffn_up, ffn_down, attn, ffn, all)",
+                (int)(n > 64 ? 64 : n), p);
         p += n;
         if (*p == ',') p++;
     }
@@ -57,7 +59,8 @@ static int build(cm_tadapter **out, const cm_model *m, int rank, float alpha, un
     *out = NULL;
     int rc = cm_train_check_model(m, err, errlen);
     if (rc) return rc;
-    if (rank < 1 || rank > CM_LORA_MAX_RANK) return cm_errf(err, errlen, CM_EINVAL, "rank %d is out of [1, %d]", rank, CM_LORA_MAX_RANK);
+    if (rank < 1 || rank > CM_LORA_MAX_RANK)
+        return cm_errf(err, errlen, CM_EINVAL, "rank %d is out of [1, %d]", rank, CM_LORA_MAX_RANK);
     if (!(alpha > 0 && alpha < 1e6f)) return cm_errf(err, errlen, CM_EINVAL, "alpha %g is out of (0, 1e6)", alpha);
     if (!(targets & CM_TRAIN_TARGETS_ALL)) return cm_errf(err, errlen, CM_EINVAL, "no LoRA targets");
     const int nl = m->hp.n_layer;
@@ -106,8 +109,8 @@ static int build(cm_tadapter **out, const cm_model *m, int rank, float alpha, un
     return 0;
 }
 
-int cm_tadapter_new_range(cm_tadapter **out, const cm_model *m, int rank, float alpha, unsigned targets, int l0,
-                          int l1, char *err, size_t errlen) {
+int cm_tadapter_new_range(cm_tadapter **out, const cm_model *m, int rank, float alpha, unsigned targets, int l0, int l1,
+                          char *err, size_t errlen) {
     if (l0 < 0 || l1 <= l0 || l1 > m->hp.n_layer)
         return cm_errf(err, errlen, CM_EINVAL, "layers [%d, %d) of %d", l0, l1, m->hp.n_layer);
     return build(out, m, rank, alpha, targets, l0, l1, err, errlen);

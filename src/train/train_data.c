@@ -100,7 +100,8 @@ static int do_messages(sink *s, const cJSON *arr, const cm_chat_template *tpl, c
                        size_t errlen) {
     if (!tpl) return cm_errf(err, errlen, CM_EFORMAT, "\"messages\" needs a chat template, and the model has none");
     int n = cJSON_GetArraySize(arr);
-    if (n < 1 || n > MAX_MSGS) return cm_errf(err, errlen, CM_EFORMAT, "\"messages\" must hold 1 to %d messages", MAX_MSGS);
+    if (n < 1 || n > MAX_MSGS)
+        return cm_errf(err, errlen, CM_EFORMAT, "\"messages\" must hold 1 to %d messages", MAX_MSGS);
     cm_chat_msg *m = cm_calloc((size_t)n, sizeof *m);
     if (!m) return cm_errf(err, errlen, CM_ENOMEM, "out of memory");
     int rc = 0, i = 0, n_asst = 0;
@@ -110,7 +111,8 @@ static int do_messages(sink *s, const cJSON *arr, const cm_chat_template *tpl, c
         if (!cJSON_IsObject(x) || !m[i].role || !m[i].content)
             rc = cm_errf(err, errlen, CM_EFORMAT, "message %d needs string \"role\" and \"content\"", i + 1);
         else if (strcmp(m[i].role, "system") && strcmp(m[i].role, "user") && strcmp(m[i].role, "assistant"))
-            rc = cm_errf(err, errlen, CM_EFORMAT, "message %d has role '%.32s' (system, user or assistant)", i + 1, m[i].role);
+            rc = cm_errf(err, errlen, CM_EFORMAT, "message %d has role '%.32s' (system, user or assistant)", i + 1,
+                         m[i].role);
         else n_asst += !strcmp(m[i].role, "assistant");
     }
     if (!rc && !n_asst) rc = cm_errf(err, errlen, CM_EFORMAT, "\"messages\" has no assistant message to learn");
@@ -129,7 +131,8 @@ static int do_messages(sink *s, const cJSON *arr, const cm_chat_template *tpl, c
             (rc = render(tpl, co, m, (size_t)k + 1, false, &b, err, errlen)))
             break;
         if (b.len < a.len || f.len < b.len || memcmp(a.data, f.data, a.len) || memcmp(b.data, f.data, b.len)) {
-            rc = cm_errf(err, errlen, CM_EUNSUPPORTED, "the chat template does not render message %d as an extension of the turns before it", k + 1);
+            rc = cm_errf(err, errlen, CM_EUNSUPPORTED,
+                         "the chat template does not render message %d as an extension of the turns before it", k + 1);
             break;
         }
         rng[2 * nr] = a.len;
@@ -150,18 +153,18 @@ static int do_line(sink *s, const char *line, size_t n, const cm_chat_template *
     if (!j) return cm_errf(err, errlen, CM_EFORMAT, "not valid JSON");
     int rc = 0;
     const bool bos = cm_tokenizer_add_bos(s->tok) && cm_tokenizer_bos(s->tok) != CM_TOKEN_NULL;
-    const cJSON *text = cJSON_GetObjectItemCaseSensitive(j, "text"), *msgs = cJSON_GetObjectItemCaseSensitive(j, "messages");
-    const cJSON *pr = cJSON_GetObjectItemCaseSensitive(j, "prompt"), *co_ = cJSON_GetObjectItemCaseSensitive(j, "completion");
-    if (!cJSON_IsObject(j))
-        rc = cm_errf(err, errlen, CM_EFORMAT, "expected a JSON object");
+    const cJSON *text = cJSON_GetObjectItemCaseSensitive(j, "text"),
+                *msgs = cJSON_GetObjectItemCaseSensitive(j, "messages");
+    const cJSON *pr = cJSON_GetObjectItemCaseSensitive(j, "prompt"),
+                *co_ = cJSON_GetObjectItemCaseSensitive(j, "completion");
+    if (!cJSON_IsObject(j)) rc = cm_errf(err, errlen, CM_EFORMAT, "expected a JSON object");
     else if ((text != NULL) + (msgs != NULL) + (pr != NULL || co_ != NULL) != 1)
-        rc = cm_errf(err, errlen, CM_EFORMAT, "expected exactly one of \"text\", \"prompt\"/\"completion\" or \"messages\"");
-    else if (text && !cJSON_IsString(text))
-        rc = cm_errf(err, errlen, CM_EFORMAT, "\"text\" must be a string");
+        rc = cm_errf(err, errlen, CM_EFORMAT,
+                     "expected exactly one of \"text\", \"prompt\"/\"completion\" or \"messages\"");
+    else if (text && !cJSON_IsString(text)) rc = cm_errf(err, errlen, CM_EFORMAT, "\"text\" must be a string");
     else if ((pr || co_) && (!cJSON_IsString(pr) || !cJSON_IsString(co_)))
         rc = cm_errf(err, errlen, CM_EFORMAT, "\"prompt\" and \"completion\" must both be strings");
-    else if (msgs && !cJSON_IsArray(msgs))
-        rc = cm_errf(err, errlen, CM_EFORMAT, "\"messages\" must be an array");
+    else if (msgs && !cJSON_IsArray(msgs)) rc = cm_errf(err, errlen, CM_EFORMAT, "\"messages\" must be an array");
     if (!rc && bos) rc = push_tok(s, cm_tokenizer_bos(s->tok), 0); /* the chat rendering leaves BOS to us then */
     if (!rc && text) rc = push_text(s, text->valuestring, strlen(text->valuestring), false, 1, err, errlen);
     if (!rc && pr) { /* one text, so that the tokens at the border are the ones inference will see */

@@ -23,8 +23,8 @@
 #include <stdint.h>
 
 typedef struct cm_tdata {
-    int32_t *tok;    /* [n_tok] the examples one after another */
-    uint8_t *loss;   /* [n_tok] 1: predicting this token counts in the loss */
+    int32_t *tok;  /* [n_tok] the examples one after another */
+    uint8_t *loss; /* [n_tok] 1: predicting this token counts in the loss */
     int64_t n_tok;
     int64_t *ex_off; /* [n_ex + 1] example starts in the stream */
     int n_ex;

@@ -10,8 +10,8 @@
 #include <stdio.h>
 #include <string.h>
 
-static const char *const gguf_names[CM_LORA_OUTPUT] = {"attn_q", "attn_k", "attn_v", "attn_output",
-                                                        "ffn_gate", "ffn_up", "ffn_down"};
+static const char *const gguf_names[CM_LORA_OUTPUT] = {"attn_q",   "attn_k", "attn_v",  "attn_output",
+                                                       "ffn_gate", "ffn_up", "ffn_down"};
 
 static void put_header(cm_gguf_writer *w, const cm_tadapter *ad, const char *type) {
     cm_gguf_w_str(w, "general.architecture", cm_arch_name_of(ad->m->hp.arch));
@@ -60,7 +60,8 @@ int cm_train_ckpt_save(const cm_tadapter *ad, const cm_train_ckpt *c, const char
 
 static const cm_gguf_tensor_info *vec(const cm_gguf *g, const char *name, int64_t n) {
     const cm_gguf_tensor_info *t = cm_gguf_find_tensor(g, name);
-    if (!t || t->type != CM_TYPE_F32 || t->n_dims != 1 || t->ne[0] != n || t->nbytes < (size_t)n * sizeof(float)) return NULL;
+    if (!t || t->type != CM_TYPE_F32 || t->n_dims != 1 || t->ne[0] != n || t->nbytes < (size_t)n * sizeof(float))
+        return NULL;
     return t;
 }
 
@@ -86,9 +87,10 @@ int cm_train_ckpt_load(cm_tadapter *ad, cm_train_ckpt *c, const char *path, char
              step < 0)
         rc = cm_errf(err, errlen, CM_EFORMAT, "checkpoint '%s' lacks its finetune.* keys", path);
     else if ((int)rank != ad->rank || (float)alpha != ad->alpha || (unsigned)targets != ad->targets)
-        rc = cm_errf(err, errlen, CM_EINVAL,
-                     "checkpoint '%s' is of rank %llu, alpha %g, targets 0x%llx; this run has rank %d, alpha %g, targets 0x%x",
-                     path, (unsigned long long)rank, alpha, (unsigned long long)targets, ad->rank, ad->alpha, ad->targets);
+        rc = cm_errf(
+            err, errlen, CM_EINVAL,
+            "checkpoint '%s' is of rank %llu, alpha %g, targets 0x%llx; this run has rank %d, alpha %g, targets 0x%x",
+            path, (unsigned long long)rank, alpha, (unsigned long long)targets, ad->rank, ad->alpha, ad->targets);
     else if (seed != c->seed || data_id != c->data_id)
         rc = cm_errf(err, errlen, CM_EINVAL, "checkpoint '%s' was made with another --seed or other data", path);
     else if (!tw || !tm || !tv)

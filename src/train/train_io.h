@@ -19,9 +19,9 @@ int cm_tadapter_write(const cm_tadapter *ad, const char *path, cm_buf *out, char
 
 /* What a checkpoint records beside the adapter's vectors. */
 typedef struct cm_train_ckpt {
-    uint64_t seed;     /* the run's --seed */
-    uint64_t data_id;  /* a hash of the training windows: a resume on other data is refused */
-    int64_t n_hist;    /* loss history entries: [n_hist][3] = step, train loss, val loss (NaN: none) */
+    uint64_t seed;    /* the run's --seed */
+    uint64_t data_id; /* a hash of the training windows: a resume on other data is refused */
+    int64_t n_hist;   /* loss history entries: [n_hist][3] = step, train loss, val loss (NaN: none) */
     float *hist;
 } cm_train_ckpt;
 

@@ -140,7 +140,8 @@ static int write_svg(const run *r, char *err, size_t errlen) {
     cm_buf b;
     cm_buf_init(&b);
     cm_finetune_svg(r->hist, r->n_hist, &b);
-    int rc = b.data ? cm_file_write_atomic(path, b.data, b.len, 0644, err, errlen) : cm_errf(err, errlen, CM_ENOMEM, "out of memory");
+    int rc = b.data ? cm_file_write_atomic(path, b.data, b.len, 0644, err, errlen)
+                    : cm_errf(err, errlen, CM_ENOMEM, "out of memory");
     cm_buf_release(&b);
     return rc;
 }
@@ -193,7 +194,8 @@ int cm_finetune_run(const cm_model *m, const cm_tdata *d, const cm_finetune_opts
     const cm_train_exec local = {&r, local_load, local_window, local_step, local_gather};
     r.ex = o->exec ? o->exec : &local;
     cm_pool *pool = !o->exec && o->n_threads > 1 ? cm_pool_new(o->n_threads) : NULL;
-    if (!rc && !o->exec && o->n_threads > 1 && !pool) rc = cm_errf(err, errlen, CM_ENOMEM, "cannot start %d threads", o->n_threads);
+    if (!rc && !o->exec && o->n_threads > 1 && !pool)
+        rc = cm_errf(err, errlen, CM_ENOMEM, "cannot start %d threads", o->n_threads);
     if (!rc && !o->exec) rc = cm_trainer_new(&r.tr, m, r.ad, o->n_ctx, pool, err, errlen);
     r.perm = cm_malloc((size_t)(r.n_win + 1) * sizeof(int));
     r.tok = cm_malloc((size_t)o->n_ctx * sizeof(int32_t));
@@ -206,8 +208,8 @@ int cm_finetune_run(const cm_model *m, const cm_tdata *d, const cm_finetune_opts
             r.hist = ck.hist;
             r.n_hist = r.cap_hist = ck.n_hist;
             if (r.ad->step > r.steps)
-                rc = cm_errf(err, errlen, CM_EINVAL, "checkpoint '%s' is at step %lld, past this run's %lld steps", o->resume,
-                             (long long)r.ad->step, (long long)r.steps);
+                rc = cm_errf(err, errlen, CM_EINVAL, "checkpoint '%s' is at step %lld, past this run's %lld steps",
+                             o->resume, (long long)r.ad->step, (long long)r.steps);
         }
     }
     if (!rc) rc = r.ex->load(r.ex->user, r.ad, err, errlen);
@@ -242,7 +244,8 @@ int cm_finetune_run(const cm_model *m, const cm_tdata *d, const cm_finetune_opts
             rc = eval_loss(&r, &v, err, errlen);
             st.val_loss = val = (float)v;
         }
-        if (hist_add(&r, (float)(step + 1), (float)(loss / (double)nt), val)) rc = cm_errf(err, errlen, CM_ENOMEM, "out of memory");
+        if (hist_add(&r, (float)(step + 1), (float)(loss / (double)nt), val))
+            rc = cm_errf(err, errlen, CM_ENOMEM, "out of memory");
         char ckpath[4200];
         st.saved = NULL;
         if (!rc && save) rc = r.ex->gather(r.ex->user, r.ad, err, errlen);

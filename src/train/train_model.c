@@ -26,10 +26,10 @@ struct cm_trainer {
     cm_tadapter *ad;
     const cm_kernels *k;
     int n_ctx;
-    int l0, l1;        /* the layers this trainer runs: [l0, l1) */
+    int l0, l1; /* the layers this trainer runs: [l0, l1) */
     int64_t E, Q, KV, F, V, H, HKV, D;
-    float *rope;       /* [n_ctx][n_rot] cos/sin cache */
-    float *xs;         /* [l1 - l0 + 1][T][E] layer inputs (last: the output of layer l1 - 1) */
+    float *rope; /* [n_ctx][n_rot] cos/sin cache */
+    float *xs;   /* [l1 - l0 + 1][T][E] layer inputs (last: the output of layer l1 - 1) */
     /* one layer's intermediates */
     float *xn, *rinv1, *qraw, *kraw, *q, *k_, *v, *qri, *kri, *P, *ao, *h, *hn, *rinv2, *g, *u, *a;
     /* gradients */
@@ -37,9 +37,9 @@ struct cm_trainer {
     float *xd, *ax, *dax; /* LoRA: dropped input [T][max_in], A x and its gradient [T][rank] */
     float *wrow, *wt;     /* per thread: ROWS dequantized rows, and transposed (wrow_n floats each) */
     size_t wrow_n;
-    cm_pool *pool;        /* NULL: the caller's thread only */
-    float *mtmp;          /* [T][max n_in]: one block's share of W^T dy */
-    float *logits;        /* [T][V] */
+    cm_pool *pool; /* NULL: the caller's thread only */
+    float *mtmp;   /* [T][max n_in]: one block's share of W^T dy */
+    float *logits; /* [T][V] */
     /* the current window's dropout */
     float drop;
     uint64_t drop_key, win_key; /* win_key: the window's key, drop_key the layer's */
@@ -109,7 +109,8 @@ static void mm_task(void *ctx, int ith, int nth) {
         }
         for (int t = 0; t < j->T; t++)
             for (int64_t r = 0; r < nr; r++)
-                tr->k->vec_dot[CM_TYPE_F32](n_in, &j->y[(int64_t)t * n_out + r0 + r], wr + r * n_in, j->x + (int64_t)t * n_in);
+                tr->k->vec_dot[CM_TYPE_F32](n_in, &j->y[(int64_t)t * n_out + r0 + r], wr + r * n_in,
+                                            j->x + (int64_t)t * n_in);
     }
 }
 
@@ -135,11 +136,13 @@ static void mm_back_task(void *ctx, int ith, int nth) {
             for (int64_t i = i0; i < i1; i++) wt[(i - i0) * nr + r] = wr[r * n_in + i];
         const float *dy = j->x + r0;
         if (gemm && T > 1)
-            gemm(nr, wt, (size_t)nr * sizeof(float), dy, (size_t)n_out * sizeof(float), tr->mtmp + i0, n_in, 0, i1 - i0, T);
+            gemm(nr, wt, (size_t)nr * sizeof(float), dy, (size_t)n_out * sizeof(float), tr->mtmp + i0, n_in, 0, i1 - i0,
+                 T);
         else
             for (int t = 0; t < T; t++)
                 for (int64_t i = i0; i < i1; i++)
-                    tr->k->vec_dot[CM_TYPE_F32](nr, &tr->mtmp[(int64_t)t * n_in + i], wt + (i - i0) * nr, dy + (int64_t)t * n_out);
+                    tr->k->vec_dot[CM_TYPE_F32](nr, &tr->mtmp[(int64_t)t * n_in + i], wt + (i - i0) * nr,
+                                                dy + (int64_t)t * n_out);
         for (int t = 0; t < T; t++)
             for (int64_t i = i0; i < i1; i++) j->y[(int64_t)t * n_in + i] += tr->mtmp[(int64_t)t * n_in + i];
     }
@@ -191,8 +194,8 @@ static void lora_fwd(cm_trainer *tr, int il, enum cm_lora_target t, const float 
 }
 
 /* Gradients of A and B (times weight) from dy, and dx += the input gradient. */
-static void lora_back(cm_trainer *tr, int il, enum cm_lora_target t, const float *x, const float *dy, int T, float weight,
-                      float *dx) {
+static void lora_back(cm_trainer *tr, int il, enum cm_lora_target t, const float *x, const float *dy, int T,
+                      float weight, float *dx) {
     cm_tadapter *ad = tr->ad;
     const int p = ad->slot[il * CM_LORA_OUTPUT + t];
     if (p < 0) return;
@@ -352,9 +355,11 @@ static void layer_fwd(cm_trainer *tr, int il, const float *x, int T, float *xout
     memcpy(tr->q, tr->qraw, (size_t)(T * tr->Q) * sizeof(float));
     memcpy(tr->k_, tr->kraw, (size_t)(T * tr->KV) * sizeof(float));
     if (L->q_norm.data)
-        for (int64_t i = 0; i < T * tr->H; i++) tr->qri[i] = rms_fwd(tr->qraw + i * D, L->q_norm.data, tr->q + i * D, D, eps);
+        for (int64_t i = 0; i < T * tr->H; i++)
+            tr->qri[i] = rms_fwd(tr->qraw + i * D, L->q_norm.data, tr->q + i * D, D, eps);
     if (L->k_norm.data)
-        for (int64_t i = 0; i < T * tr->HKV; i++) tr->kri[i] = rms_fwd(tr->kraw + i * D, L->k_norm.data, tr->k_ + i * D, D, eps);
+        for (int64_t i = 0; i < T * tr->HKV; i++)
+            tr->kri[i] = rms_fwd(tr->kraw + i * D, L->k_norm.data, tr->k_ + i * D, D, eps);
     rope_rows(tr, tr->q, T, tr->H, false);
     rope_rows(tr, tr->k_, T, tr->HKV, false);
     attn_fwd(tr, T);
@@ -395,12 +400,14 @@ static void layer_back(cm_trainer *tr, int il, const float *x, int T, float w) {
     rope_rows(tr, tr->dk, T, tr->HKV, true);
     if (L->q_norm.data) { /* dq is the gradient of the normed q: through the norm (dao as scratch) */
         memset(tr->dao, 0, (size_t)(T * tr->Q) * sizeof(float));
-        for (int64_t i = 0; i < T * tr->H; i++) rms_back(tr->qraw + i * D, L->q_norm.data, tr->qri[i], tr->dq + i * D, tr->dao + i * D, D);
+        for (int64_t i = 0; i < T * tr->H; i++)
+            rms_back(tr->qraw + i * D, L->q_norm.data, tr->qri[i], tr->dq + i * D, tr->dao + i * D, D);
         memcpy(tr->dq, tr->dao, (size_t)(T * tr->Q) * sizeof(float));
     }
     if (L->k_norm.data) {
         memset(tr->dao, 0, (size_t)(T * tr->KV) * sizeof(float));
-        for (int64_t i = 0; i < T * tr->HKV; i++) rms_back(tr->kraw + i * D, L->k_norm.data, tr->kri[i], tr->dk + i * D, tr->dao + i * D, D);
+        for (int64_t i = 0; i < T * tr->HKV; i++)
+            rms_back(tr->kraw + i * D, L->k_norm.data, tr->kri[i], tr->dk + i * D, tr->dao + i * D, D);
         memcpy(tr->dk, tr->dao, (size_t)(T * tr->KV) * sizeof(float));
     }
     float *dxn = need_dx ? tr->dxn : NULL;
@@ -409,7 +416,8 @@ static void layer_back(cm_trainer *tr, int il, const float *x, int T, float w) {
     proj_back(tr, il, CM_LORA_K, &L->wk, tr->xn, tr->dk, T, w, dxn);
     proj_back(tr, il, CM_LORA_V, &L->wv, tr->xn, tr->dv, T, w, dxn);
     if (need_dx)
-        for (int j = 0; j < T; j++) rms_back(x + j * E, L->attn_norm.data, tr->rinv1[j], dxn + j * E, tr->dx + j * E, E);
+        for (int j = 0; j < T; j++)
+            rms_back(x + j * E, L->attn_norm.data, tr->rinv1[j], dxn + j * E, tr->dx + j * E, E);
 }
 
 /* ---------------- window ---------------- */
@@ -429,8 +437,7 @@ void cm_train_fwd(cm_trainer *tr, const int32_t *tokens, const float *x_in, int 
             const float *r = rows_of(tr, &m->tok_embd, tokens[j], 1, tr->xs + j * E);
             if (r != tr->xs + j * E) memcpy(tr->xs + j * E, r, (size_t)E * sizeof(float));
         }
-    } else
-        memcpy(tr->xs, x_in, (size_t)(T * E) * sizeof(float));
+    } else memcpy(tr->xs, x_in, (size_t)(T * E) * sizeof(float));
     for (int il = tr->l0; il < tr->l1; il++) {
         tr->drop_key = mix64(drop_key + (uint64_t)il);
         layer_fwd(tr, il, xs_at(tr, il), T, xs_at(tr, il + 1));
@@ -446,7 +453,8 @@ double cm_train_head(cm_trainer *tr, const int32_t *target, bool backward, float
     CM_ASSERT(tr->l1 == m->hp.n_layer);
     /* head: final norm (hn as scratch), logits, cross-entropy and its gradient */
     const float *xl = xs_at(tr, tr->l1);
-    for (int j = 0; j < T; j++) tr->rinv2[j] = rms_fwd(xl + j * E, m->output_norm.data, tr->hn + j * E, E, m->hp.rms_eps);
+    for (int j = 0; j < T; j++)
+        tr->rinv2[j] = rms_fwd(xl + j * E, m->output_norm.data, tr->hn + j * E, E, m->hp.rms_eps);
     mm(tr, &m->output, tr->hn, T, tr->logits);
     double loss = 0.0;
     int nt = 0;
@@ -471,7 +479,8 @@ double cm_train_head(cm_trainer *tr, const int32_t *target, bool backward, float
     memset(tr->dhn, 0, (size_t)(T * E) * sizeof(float));
     mm_back(tr, &m->output, tr->logits, T, tr->dhn);
     memset(tr->dx, 0, (size_t)(T * E) * sizeof(float));
-    for (int j = 0; j < T; j++) rms_back(xl + j * E, m->output_norm.data, tr->rinv2[j], tr->dhn + j * E, tr->dx + j * E, E);
+    for (int j = 0; j < T; j++)
+        rms_back(xl + j * E, m->output_norm.data, tr->rinv2[j], tr->dhn + j * E, tr->dx + j * E, E);
     return loss;
 }
 
@@ -488,8 +497,8 @@ void cm_train_back(cm_trainer *tr, const float *dy, float *dx) {
     if (dx && tr->l0 > 0) memcpy(dx, tr->dx, (size_t)(T * E) * sizeof(float));
 }
 
-double cm_train_window(cm_trainer *tr, const int32_t *tokens, const int32_t *target, int T, bool backward,
-                       float weight, float dropout, uint64_t drop_key, int *n_targets) {
+double cm_train_window(cm_trainer *tr, const int32_t *tokens, const int32_t *target, int T, bool backward, float weight,
+                       float dropout, uint64_t drop_key, int *n_targets) {
     CM_ASSERT(tr->l0 == 0 && tr->l1 == tr->m->hp.n_layer);
     cm_train_fwd(tr, tokens, NULL, T, dropout, drop_key);
     const double loss = cm_train_head(tr, target, backward, weight, n_targets);
@@ -504,8 +513,8 @@ int cm_trainer_new(cm_trainer **out, const cm_model *m, cm_tadapter *ad, int n_c
     return cm_trainer_new_range(out, m, ad, 0, m->hp.n_layer, n_ctx, pool, err, errlen);
 }
 
-int cm_trainer_new_range(cm_trainer **out, const cm_model *m, cm_tadapter *ad, int l0, int l1, int n_ctx,
-                         cm_pool *pool, char *err, size_t errlen) {
+int cm_trainer_new_range(cm_trainer **out, const cm_model *m, cm_tadapter *ad, int l0, int l1, int n_ctx, cm_pool *pool,
+                         char *err, size_t errlen) {
     *out = NULL;
     if (l0 < 0 || l1 <= l0 || l1 > m->hp.n_layer)
         return cm_errf(err, errlen, CM_EINVAL, "layers [%d, %d) of %d", l0, l1, m->hp.n_layer);
@@ -569,10 +578,10 @@ int cm_trainer_new_range(cm_trainer **out, const cm_model *m, cm_tadapter *ad, i
 
 void cm_trainer_free(cm_trainer *tr) {
     if (!tr) return;
-    float *bufs[] = {tr->rope, tr->xs, tr->xn, tr->rinv1, tr->qraw, tr->kraw, tr->q, tr->k_, tr->v, tr->qri,
-                     tr->kri, tr->P, tr->ao, tr->h, tr->hn, tr->rinv2, tr->g, tr->u, tr->a, tr->dx, tr->dxn,
-                     tr->dq, tr->dk, tr->dv, tr->dao, tr->da, tr->dg, tr->du, tr->dhn, tr->dtmp, tr->xd,
-                     tr->ax, tr->dax, tr->wrow, tr->wt, tr->mtmp, tr->logits};
+    float *bufs[] = {tr->rope, tr->xs, tr->xn,  tr->rinv1, tr->qraw, tr->kraw,  tr->q,     tr->k_, tr->v,   tr->qri,
+                     tr->kri,  tr->P,  tr->ao,  tr->h,     tr->hn,   tr->rinv2, tr->g,     tr->u,  tr->a,   tr->dx,
+                     tr->dxn,  tr->dq, tr->dk,  tr->dv,    tr->dao,  tr->da,    tr->dg,    tr->du, tr->dhn, tr->dtmp,
+                     tr->xd,   tr->ax, tr->dax, tr->wrow,  tr->wt,   tr->mtmp,  tr->logits};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) cm_free(bufs[i]);
     cm_free(tr);
 }

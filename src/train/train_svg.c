@@ -20,10 +20,14 @@ void cm_finetune_svg(const float *hist, int64_t n, cm_buf *out) {
     if (!(lmax >= lmin)) lmin = 0, lmax = 1;
     if (lmax - lmin < 1e-6) lmax = lmin + 1e-6;
     lmin = lmin > 0 ? 0 : lmin;
-    cm_buf_printf(out, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" font-family=\"sans-serif\" "
-                       "font-size=\"12\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n", W, H);
-    cm_buf_printf(out, "<text x=\"%d\" y=\"18\">cumulo finetune: loss per step (blue: train, orange: validation)</text>\n", L);
-    cm_buf_printf(out, "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"black\"/>\n", L, H - BOT, W - R, H - BOT);
+    cm_buf_printf(out,
+                  "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" font-family=\"sans-serif\" "
+                  "font-size=\"12\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n",
+                  W, H);
+    cm_buf_printf(
+        out, "<text x=\"%d\" y=\"18\">cumulo finetune: loss per step (blue: train, orange: validation)</text>\n", L);
+    cm_buf_printf(out, "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"black\"/>\n", L, H - BOT, W - R,
+                  H - BOT);
     cm_buf_printf(out, "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"black\"/>\n", L, TOP, L, H - BOT);
     for (int t = 0; t <= 4; t++) {
         const double v = lmin + (lmax - lmin) * t / 4, y = H - BOT - (double)(H - TOP - BOT) * t / 4;
@@ -38,7 +42,8 @@ void cm_finetune_svg(const float *hist, int64_t n, cm_buf *out) {
         for (int64_t i = 0; i < n; i++) {
             const float *e = hist + 3 * i;
             if (!isfinite(e[k])) continue;
-            const double x = L + (double)(W - L - R) * e[0] / smax, y = H - BOT - (double)(H - TOP - BOT) * (e[k] - lmin) / (lmax - lmin);
+            const double x = L + (double)(W - L - R) * e[0] / smax,
+                         y = H - BOT - (double)(H - TOP - BOT) * (e[k] - lmin) / (lmax - lmin);
             cm_buf_printf(out, "%.1f,%.1f ", x, y);
         }
         cm_buf_puts(out, "\"/>\n");

@@ -72,13 +72,26 @@ static inline void kc_fill_blocks(uint8_t *p, int type, const cm_type_traits *tr
         uint8_t *q = p + b * tr->type_size;
         const cm_f16 s1 = cm_f32_to_f16(0.01f * cm_rng_normal(&r)), s2 = cm_f32_to_f16(0.02f * cm_rng_normal(&r));
         switch (type) {
-        case CM_TYPE_Q4_0: case CM_TYPE_Q5_0: case CM_TYPE_Q8_0: case CM_TYPE_IQ4_NL: case CM_TYPE_IQ4_XS:
-        case CM_TYPE_IQ2_XXS: case CM_TYPE_IQ3_XXS: case CM_TYPE_IQ1_S:
-            cm_wr_u16(q, s1); break;
-        case CM_TYPE_Q4_1: case CM_TYPE_Q5_1: case CM_TYPE_Q4_K: case CM_TYPE_Q5_K:
-            cm_wr_u16(q, s1); cm_wr_u16(q + 2, s2); break;
+        case CM_TYPE_Q4_0:
+        case CM_TYPE_Q5_0:
+        case CM_TYPE_Q8_0:
+        case CM_TYPE_IQ4_NL:
+        case CM_TYPE_IQ4_XS:
+        case CM_TYPE_IQ2_XXS:
+        case CM_TYPE_IQ3_XXS:
+        case CM_TYPE_IQ1_S: cm_wr_u16(q, s1); break;
+        case CM_TYPE_Q4_1:
+        case CM_TYPE_Q5_1:
+        case CM_TYPE_Q4_K:
+        case CM_TYPE_Q5_K:
+            cm_wr_u16(q, s1);
+            cm_wr_u16(q + 2, s2);
+            break;
         case CM_TYPE_Q6_K: cm_wr_u16(q + 208, s1); break;
-        case CM_TYPE_Q2_K: cm_wr_u16(q + 80, s1); cm_wr_u16(q + 82, s2); break;
+        case CM_TYPE_Q2_K:
+            cm_wr_u16(q + 80, s1);
+            cm_wr_u16(q + 82, s2);
+            break;
         case CM_TYPE_Q3_K: cm_wr_u16(q + 108, s1); break;
         case CM_TYPE_MXFP4: q[0] = (uint8_t)(b % 8 == 0 ? b / 8 % 3 : 100 + cm_rng_next(&r) % 60); break;
         default: break;
@@ -112,17 +125,39 @@ static inline float decode(enum cm_type t, const uint8_t *b, int i, double *mag)
     int q;
     switch (t) {
     case CM_TYPE_Q4_0: /* f16 d | 16 B nibbles: elem i<16 low nibble of byte i, else high of i-16 */
-        d = h2f(b); q = nib(b + 2, i, 16) - 8; v = q * d; *mag = fabs(v); return v;
+        d = h2f(b);
+        q = nib(b + 2, i, 16) - 8;
+        v = q * d;
+        *mag = fabs(v);
+        return v;
     case CM_TYPE_Q4_1: /* f16 d | f16 m | 16 B nibbles */
-        d = h2f(b); m = h2f(b + 2); q = nib(b + 4, i, 16);
-        *mag = fabs((double)q * d) + fabs(m); return q * d + m;
+        d = h2f(b);
+        m = h2f(b + 2);
+        q = nib(b + 4, i, 16);
+        *mag = fabs((double)q * d) + fabs(m);
+        return q * d + m;
     case CM_TYPE_Q5_0: /* f16 d | u32 qh (bit i = 5th bit of elem i) | 16 B nibbles */
-        d = h2f(b); q = (nib(b + 6, i, 16) | (bit(b + 2, i) << 4)) - 16; v = q * d; *mag = fabs(v); return v;
+        d = h2f(b);
+        q = (nib(b + 6, i, 16) | (bit(b + 2, i) << 4)) - 16;
+        v = q * d;
+        *mag = fabs(v);
+        return v;
     case CM_TYPE_Q5_1:
-        d = h2f(b); m = h2f(b + 2); q = nib(b + 8, i, 16) | (bit(b + 4, i) << 4);
-        *mag = fabs((double)q * d) + fabs(m); return q * d + m;
-    case CM_TYPE_Q8_0: d = h2f(b); v = (int8_t)b[2 + i] * d; *mag = fabs(v); return v;
-    case CM_TYPE_Q8_1: d = h2f(b); v = (int8_t)b[4 + i] * d; *mag = fabs(v); return v;
+        d = h2f(b);
+        m = h2f(b + 2);
+        q = nib(b + 8, i, 16) | (bit(b + 4, i) << 4);
+        *mag = fabs((double)q * d) + fabs(m);
+        return q * d + m;
+    case CM_TYPE_Q8_0:
+        d = h2f(b);
+        v = (int8_t)b[2 + i] * d;
+        *mag = fabs(v);
+        return v;
+    case CM_TYPE_Q8_1:
+        d = h2f(b);
+        v = (int8_t)b[4 + i] * d;
+        *mag = fabs(v);
+        return v;
     case CM_TYPE_Q4_K:   /* f16 d | f16 dmin | 12 B scales | 128 B: 64-elem chunks, low then high nibbles */
     case CM_TYPE_Q5_K: { /* same, then 32 B qh (bit s of byte l: 5th bit of elem 32s+l) before qs */
         const int s = i / 32, c = i / 64, l = i % 32;
@@ -160,7 +195,9 @@ static inline float decode(enum cm_type t, const uint8_t *b, int i, double *mag)
     }
     case CM_TYPE_IQ4_NL: { /* f16 d | 16 B nibbles, indices into ggml's kvalues_iq4nl */
         static const int8_t kv[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
-        v = h2f(b) * kv[nib(b + 2, i, 16)]; *mag = fabs(v); return v;
+        v = h2f(b) * kv[nib(b + 2, i, 16)];
+        *mag = fabs(v);
+        return v;
     }
     case CM_TYPE_IQ4_XS: { /* f16 d | u16 scales_h | 4 B scales_l | 128 B: 32-elem sub-blocks of 16 B nibbles */
         static const int8_t kv[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
@@ -205,11 +242,22 @@ static inline float decode(enum cm_type t, const uint8_t *b, int i, double *mag)
     case CM_TYPE_Q8_K: { /* f32 d | 256 x int8 | 16 x i16 bsums */
         float df;
         memcpy(&df, b, 4);
-        v = df * (int8_t)b[4 + i]; *mag = fabs(v); return v;
+        v = df * (int8_t)b[4 + i];
+        *mag = fabs(v);
+        return v;
     }
-    case CM_TYPE_F32: memcpy(&v, b + 4 * i, 4); *mag = fabs(v); return v;
-    case CM_TYPE_F16: v = h2f(b + 2 * i); *mag = fabs(v); return v;
-    case CM_TYPE_BF16: v = cm_bf16_to_f32(cm_rd_u16(b + 2 * i)); *mag = fabs(v); return v;
+    case CM_TYPE_F32:
+        memcpy(&v, b + 4 * i, 4);
+        *mag = fabs(v);
+        return v;
+    case CM_TYPE_F16:
+        v = h2f(b + 2 * i);
+        *mag = fabs(v);
+        return v;
+    case CM_TYPE_BF16:
+        v = cm_bf16_to_f32(cm_rd_u16(b + 2 * i));
+        *mag = fabs(v);
+        return v;
     default: *mag = NAN; return NAN; /* not a type we decode */
     }
 }

@@ -49,8 +49,7 @@ static inline int stories_probs_load(stories_probs *P, const char *name, char *e
 /* The 32 reference positions through c (a context of m for 32 tokens; set
  * its offload first to test a device) in one batch, all rows' logits: the
  * largest |probability - llama.cpp's|; 1 when the forward pass fails. */
-static inline double stories_probs_err(cm_ctx *c, const cm_model *m, const stories_probs *P, char *err,
-                                       size_t errlen) {
+static inline double stories_probs_err(cm_ctx *c, const cm_model *m, const stories_probs *P, char *err, size_t errlen) {
     cm_kv kv;
     if (!c || cm_kv_init(&kv, m, 0, m->hp.n_layer, cm_slice_full(m), 512, err, errlen)) return 1;
     static float logits[32 * 512];
@@ -59,8 +58,12 @@ static inline double stories_probs_err(cm_ctx *c, const cm_model *m, const stori
     for (int i = 0; i < 32; i++) ids[i] = P->in[i], pos[i] = i, seq[i] = 0, want[i] = 1;
     cm_kv *kvs[1] = {&kv};
     cm_batch b = {.n = 32, .tokens = ids, .pos = pos, .seq = seq, .logits = want};
-    cm_forward_args a = {.layer_first = 0, .layer_last = m->hp.n_layer, .slice = cm_slice_full(m), .kvs = kvs,
-                         .n_kvs = 1, .out_logits = logits};
+    cm_forward_args a = {.layer_first = 0,
+                         .layer_last = m->hp.n_layer,
+                         .slice = cm_slice_full(m),
+                         .kvs = kvs,
+                         .n_kvs = 1,
+                         .out_logits = logits};
     double worst = 1;
     if (cm_forward(c, &b, &a, err, errlen) == 0) {
         worst = 0;

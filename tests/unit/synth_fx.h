@@ -66,8 +66,12 @@ static inline int synth_run_steps(const cm_model *m, cm_pool *pool, int step, en
         for (int i = 0; i < nb; i++) pos[i] = done + i, seq[i] = 0, want[i] = 1;
         cm_kv *kvs[1] = {&kv};
         cm_batch b = {.n = nb, .tokens = synth_prompt + done, .pos = pos, .seq = seq, .logits = want};
-        cm_forward_args a = {.layer_first = 0, .layer_last = m->hp.n_layer, .slice = cm_slice_full(m), .kvs = kvs,
-                             .n_kvs = 1, .out_logits = out + (size_t)done * V};
+        cm_forward_args a = {.layer_first = 0,
+                             .layer_last = m->hp.n_layer,
+                             .slice = cm_slice_full(m),
+                             .kvs = kvs,
+                             .n_kvs = 1,
+                             .out_logits = out + (size_t)done * V};
         rc = cm_forward(c, &b, &a, err, errlen);
     }
     cm_kv_release(&kv);

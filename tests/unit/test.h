@@ -15,37 +15,42 @@
 static int t_passed, t_failed, t_cur_failed;
 static const char *t_cur_name;
 
-#define CHECK(cond)                                                                  \
-    do {                                                                             \
-        if (!(cond)) {                                                               \
-            t_cur_failed++;                                                          \
+#define CHECK(cond)                                                                           \
+    do {                                                                                      \
+        if (!(cond)) {                                                                        \
+            t_cur_failed++;                                                                   \
             fprintf(stderr, "  FAIL %s: %s:%d: %s\n", t_cur_name, __FILE__, __LINE__, #cond); \
-        }                                                                            \
+        }                                                                                     \
     } while (0)
 
-#define CHECKF(cond, ...)                                                            \
-    do {                                                                             \
-        if (!(cond)) {                                                               \
-            t_cur_failed++;                                                          \
+#define CHECKF(cond, ...)                                                                     \
+    do {                                                                                      \
+        if (!(cond)) {                                                                        \
+            t_cur_failed++;                                                                   \
             fprintf(stderr, "  FAIL %s: %s:%d: %s: ", t_cur_name, __FILE__, __LINE__, #cond); \
-            fprintf(stderr, __VA_ARGS__);                                            \
-            fputc('\n', stderr);                                                     \
-        }                                                                            \
+            fprintf(stderr, __VA_ARGS__);                                                     \
+            fputc('\n', stderr);                                                              \
+        }                                                                                     \
     } while (0)
 
-#define RUN(fn)                                                                      \
-    do {                                                                             \
-        t_cur_name = #fn;                                                            \
-        t_cur_failed = 0;                                                            \
-        fn();                                                                        \
-        if (t_cur_failed) { t_failed++; fprintf(stderr, "not ok %s\n", #fn); }       \
-        else { t_passed++; if (getenv("CUMULO_TEST_VERBOSE")) fprintf(stderr, "ok %s\n", #fn); } \
+#define RUN(fn)                                                                 \
+    do {                                                                        \
+        t_cur_name = #fn;                                                       \
+        t_cur_failed = 0;                                                       \
+        fn();                                                                   \
+        if (t_cur_failed) {                                                     \
+            t_failed++;                                                         \
+            fprintf(stderr, "not ok %s\n", #fn);                                \
+        } else {                                                                \
+            t_passed++;                                                         \
+            if (getenv("CUMULO_TEST_VERBOSE")) fprintf(stderr, "ok %s\n", #fn); \
+        }                                                                       \
     } while (0)
 
-#define TEST_END()                                                                   \
-    do {                                                                             \
-        printf("%d passed, %d failed\n", t_passed, t_failed);                        \
-        return t_failed ? 1 : 0;                                                     \
+#define TEST_END()                                            \
+    do {                                                      \
+        printf("%d passed, %d failed\n", t_passed, t_failed); \
+        return t_failed ? 1 : 0;                              \
     } while (0)
 
 /* Path of a file in ../shared (CUMULO_SHARED overrides); static buffer. */

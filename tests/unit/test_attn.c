@@ -99,11 +99,13 @@ static void test_flash_vs_naive(void) {
             cm_kernels_ref()->to_float[k_types[t]](kr + row * j, kd + (size_t)j * D, D);
             cm_kernels_ref()->to_float[k_types[t]](vr + row * j, vd + (size_t)j * D, D);
         }
-        const cm_attn_kv av = {.k = kr, .v = vr, .k_row = row, .v_row = row, .k_type = k_types[t], .v_type = k_types[t]};
+        const cm_attn_kv av = {
+            .k = kr, .v = vr, .k_row = row, .v_row = row, .k_type = k_types[t], .v_type = k_types[t]};
         for (int r = 0; r < 3; r++)
             for (int si = 0; si < 2; si++) {
                 double ref[64], e = 0;
-                const cm_attn_query aq = {.q = q, .p_lo = ranges[r][0], .p_hi = ranges[r][1], .scale = 0.125f, .sink = sinks[si]};
+                const cm_attn_query aq = {
+                    .q = q, .p_lo = ranges[r][0], .p_hi = ranges[r][1], .scale = 0.125f, .sink = sinks[si]};
                 cm_attn_flash(cm_kernels_get(), &av, D, &aq, scratch, out);
                 naive(q, kd, vd, D, aq.p_lo, aq.p_hi, aq.scale, aq.sink, ref);
                 for (int i = 0; i < D; i++) e = fmax(e, fabs(out[i] - ref[i]));
@@ -111,7 +113,8 @@ static void test_flash_vs_naive(void) {
                  * F16 also accumulates V in F16 (as ggml does); measured
                  * F32 6.6e-8, F16 5.4e-4, Q8_0 6.3e-4, Q4_0 7.0e-4 */
                 const double tol = t == 0 ? 3e-7 : t == 1 ? 1.5e-3 : 2.5e-3;
-                if (getenv("CUMULO_TEST_VERBOSE")) fprintf(stderr, "  flash %s r%d s%d: %.3g\n", cm_type_name(k_types[t]), r, si, e);
+                if (getenv("CUMULO_TEST_VERBOSE"))
+                    fprintf(stderr, "  flash %s r%d s%d: %.3g\n", cm_type_name(k_types[t]), r, si, e);
                 CHECKF(e < tol, "%s [%d, %d) sink %g: max error %.3g", cm_type_name(k_types[t]), aq.p_lo, aq.p_hi,
                        (double)aq.sink, e);
             }
@@ -185,7 +188,8 @@ static void test_rotation(void) {
     CHECK(cm_kv_rot_k(CM_TYPE_Q8_0, 64) == 64 && cm_kv_rot_k(CM_TYPE_Q4_0, 128) == 128 &&
           cm_kv_rot_k(CM_TYPE_Q8_0, 192) == 64 && cm_kv_rot_k(CM_TYPE_Q8_0, 96) == 0 &&
           cm_kv_rot_k(CM_TYPE_F16, 128) == 0);
-    CHECK(cm_kv_rot_v(CM_TYPE_Q8_0, 128) == 64 && cm_kv_rot_v(CM_TYPE_Q4_0, 96) == 0 && cm_kv_rot_v(CM_TYPE_F32, 64) == 0);
+    CHECK(cm_kv_rot_v(CM_TYPE_Q8_0, 128) == 64 && cm_kv_rot_v(CM_TYPE_Q4_0, 96) == 0 &&
+          cm_kv_rot_v(CM_TYPE_F32, 64) == 0);
     /* a cache through the real store and view */
     cm_model m;
     memset(&m, 0, sizeof m);

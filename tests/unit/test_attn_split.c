@@ -29,7 +29,8 @@ static float frand(uint64_t *s) {
 enum { D = 64, N = 1200, NQ = 4 };
 
 /* softmax(scale q.K_p, p in [lo, hi), and the sink) . V in double. */
-static void naive(const float *q, const float *k, const float *v, int lo, int hi, float scale, float sink, double *out) {
+static void naive(const float *q, const float *k, const float *v, int lo, int hi, float scale, float sink,
+                  double *out) {
     static double sc[N];
     double mx = isnan(sink) ? -INFINITY : sink, sum = 0;
     for (int p = lo; p < hi; p++) {
@@ -96,14 +97,21 @@ static void test_split_vs_naive(void) {
                 dequant_rows(types[t], kr, N, rk, kd);
                 dequant_rows(types[t], vr, N, rv, vd);
                 const size_t row = cm_row_size(types[t], D);
-                const cm_attn_kv av = {.k = kr, .v = vr, .k_row = row, .v_row = row, .k_type = types[t],
-                                       .v_type = types[t], .rot_k = rk, .rot_v = rv};
+                const cm_attn_kv av = {.k = kr,
+                                       .v = vr,
+                                       .k_row = row,
+                                       .v_row = row,
+                                       .k_type = types[t],
+                                       .v_type = types[t],
+                                       .rot_k = rk,
+                                       .rot_v = rv};
                 CHECK(cm_attn_split_ok(kk, &av, D));
                 for (int r = 0; r < 3; r++) {
                     const int lo = ranges[r][0], hi = ranges[r][1], b0 = lo / CM_ATTN_BLOCK;
                     const int nb = (hi - 1) / CM_ATTN_BLOCK + 1 - b0;
                     for (int bi = 0; bi < nb; bi++) {
-                        const int p0 = CM_MAX(lo, (b0 + bi) * CM_ATTN_BLOCK), p1 = CM_MIN(hi, (b0 + bi + 1) * CM_ATTN_BLOCK);
+                        const int p0 = CM_MAX(lo, (b0 + bi) * CM_ATTN_BLOCK),
+                                  p1 = CM_MIN(hi, (b0 + bi + 1) * CM_ATTN_BLOCK);
                         cm_attn_split_block(kk, &av, D, NQ, q, p0, p1, 0.125f, scratch, parts + (size_t)bi * (D + 2),
                                             (size_t)nbmax * (D + 2));
                     }
@@ -119,8 +127,8 @@ static void test_split_vs_naive(void) {
                              * F16 3e-5, Q8_0 5e-4, Q4_0 5e-4 */
                             const double tol = t == 0 ? 1e-6 : t == 1 ? 3e-4 : 2.5e-3;
                             if (getenv("CUMULO_TEST_VERBOSE") && h == 0)
-                                fprintf(stderr, "  %s %s rot %d [%d, %d) sink %g: %.3g\n", kk->name, cm_type_name(types[t]),
-                                        rot, lo, hi, (double)sinks[si], e);
+                                fprintf(stderr, "  %s %s rot %d [%d, %d) sink %g: %.3g\n", kk->name,
+                                        cm_type_name(types[t]), rot, lo, hi, (double)sinks[si], e);
                             CHECKF(e < tol, "%s %s rot %d [%d, %d) query %d: max error %.3g", kk->name,
                                    cm_type_name(types[t]), rot, lo, hi, h, e);
                         }
@@ -164,8 +172,14 @@ static void test_transposed_and_multi(void) {
                 dequant_rows(types[t], vr, N, rv, vd);
                 for (int p = 0; trans && p < N; p++) /* V's element rows of N positions */
                     for (int i = 0; i < D; i++) memcpy(vt + ((size_t)i * N + p) * es, vr + row * p + es * i, es);
-                const cm_attn_kv av = {.k = kr, .v = trans ? vt : vr, .k_row = row, .v_row = trans ? es : row,
-                                       .k_type = types[t], .v_type = types[t], .rot_k = rk, .rot_v = rv,
+                const cm_attn_kv av = {.k = kr,
+                                       .v = trans ? vt : vr,
+                                       .k_row = row,
+                                       .v_row = trans ? es : row,
+                                       .k_type = types[t],
+                                       .v_type = types[t],
+                                       .rot_k = rk,
+                                       .rot_v = rv,
                                        .v_tstride = trans ? (size_t)N * es : 0};
                 CHECK(cm_attn_split_ok(kk, &av, D));
                 const int lo[3] = {0, 250, 0}, hi[3] = {700, 1005, N - 3};
@@ -200,8 +214,16 @@ static void test_transposed_and_multi(void) {
 
 /* A synthetic llama in memory: 8 query heads on 2 KV heads of 64. */
 static int load_model(cm_buf *file, cm_gguf *g, cm_model *m) {
-    cm_synth_params sp = {.arch = "llama", .n_embd = 512, .n_layer = 2, .n_head = 8, .n_head_kv = 2, .n_ff = 512,
-                          .n_ctx = 2048, .type = "f32", .seed = 3, .n_threads = 1};
+    cm_synth_params sp = {.arch = "llama",
+                          .n_embd = 512,
+                          .n_layer = 2,
+                          .n_head = 8,
+                          .n_head_kv = 2,
+                          .n_ff = 512,
+                          .n_ctx = 2048,
+                          .type = "f32",
+                          .seed = 3,
+                          .n_threads = 1};
     cm_buf vb;
     cm_buf_init(&vb);
     cm_buf_init(file);
@@ -258,8 +280,8 @@ static void test_threads_bitwise(void) {
         if (decode_logits(&m, 1, t, rows, toks, n_prompt, true, ref)) break;
         for (int th = 2; th <= 3; th++) {
             if (decode_logits(&m, th, t, rows, toks, n_prompt, true, o)) break;
-            CHECKF(!memcmp(ref, o, sizeof(float) * V), "%s %s cache: %d threads give other bits than 1", cm_type_name(t),
-                   rows ? "rows" : "transposed", th);
+            CHECKF(!memcmp(ref, o, sizeof(float) * V), "%s %s cache: %d threads give other bits than 1",
+                   cm_type_name(t), rows ? "rows" : "transposed", th);
         }
         /* against the per-(token, head) paths: float sums in another order;
          * F16: those round the weights to F16 (two-pass) or accumulate in F16
@@ -268,9 +290,11 @@ static void test_threads_bitwise(void) {
         double e = 0, mx = 0;
         for (int i = 0; i < V; i++) e = fmax(e, fabs(ref[i] - o[i])), mx = fmax(mx, fabs(o[i]));
         if (getenv("CUMULO_TEST_VERBOSE"))
-            fprintf(stderr, "  %s %s: split vs per-head paths %.3g of %.3g\n", cm_type_name(t), rows ? "rows" : "transposed", e, mx);
-        CHECKF(e <= (t == CM_TYPE_F32 ? 1e-4 : 2e-3) * fmax(1.0, mx), "%s %s: split vs per-head logits differ by %.3g (max %.3g)",
-               cm_type_name(t), rows ? "rows" : "transposed", e, mx);
+            fprintf(stderr, "  %s %s: split vs per-head paths %.3g of %.3g\n", cm_type_name(t),
+                    rows ? "rows" : "transposed", e, mx);
+        CHECKF(e <= (t == CM_TYPE_F32 ? 1e-4 : 2e-3) * fmax(1.0, mx),
+               "%s %s: split vs per-head logits differ by %.3g (max %.3g)", cm_type_name(t),
+               rows ? "rows" : "transposed", e, mx);
     }
     cm_free(toks), cm_free(ref), cm_free(o);
     cm_model_release(&m);
@@ -289,7 +313,8 @@ static void test_batched_decode(void) {
     int32_t *toks = cm_malloc(sizeof(int32_t) * 2 * (n_prompt + 1));
     uint64_t s = 13;
     for (int i = 0; i < 2 * (n_prompt + 1); i++) toks[i] = (int32_t)((frand(&s) + 1.0f) * 0.5f * (V - 1));
-    float *lg = cm_malloc(sizeof(float) * V), *h1 = cm_malloc(sizeof(float) * 2 * E), *h2 = cm_malloc(sizeof(float) * 2 * E);
+    float *lg = cm_malloc(sizeof(float) * V), *h1 = cm_malloc(sizeof(float) * 2 * E),
+          *h2 = cm_malloc(sizeof(float) * 2 * E);
     cm_pool *pool = cm_pool_new(2);
     cm_ctx *c = cm_ctx_new(&m, 64, n_prompt + 8, pool, errbuf, sizeof errbuf);
     for (int rows = 0; c && rows < 2; rows++) {
@@ -301,16 +326,22 @@ static void test_batched_decode(void) {
                                   sizeof errbuf) ||
                  cm_forward_simple(c, &kv[nk], toks + (nk % 2) * (n_prompt + 1), n_prompt, lg, errbuf, sizeof errbuf);
         for (int q = 0; q < 3 && !rc; q++) { /* kv 0 and 1 alone, kv 2 and 3 together */
-            const int32_t tok[2] = {toks[n_prompt], toks[2 * n_prompt + 1]}, pos[2] = {n_prompt, n_prompt}, seq[2] = {0, 1};
+            const int32_t tok[2] = {toks[n_prompt], toks[2 * n_prompt + 1]}, pos[2] = {n_prompt, n_prompt},
+                          seq[2] = {0, 1};
             cm_kv *kvs[2] = {&kv[q == 2 ? 2 : q], &kv[3]};
             const cm_batch b = {.n = q == 2 ? 2 : 1, .tokens = q == 2 ? tok : tok + q, .pos = pos, .seq = seq};
-            const cm_forward_args a = {.layer_first = 0, .layer_last = m.hp.n_layer, .slice = cm_slice_full(&m), .kvs = kvs,
-                                       .n_kvs = q == 2 ? 2 : 1, .out_hidden = q == 2 ? h2 : h1 + q * E};
+            const cm_forward_args a = {.layer_first = 0,
+                                       .layer_last = m.hp.n_layer,
+                                       .slice = cm_slice_full(&m),
+                                       .kvs = kvs,
+                                       .n_kvs = q == 2 ? 2 : 1,
+                                       .out_hidden = q == 2 ? h2 : h1 + q * E};
             rc = cm_forward(c, &b, &a, errbuf, sizeof errbuf);
         }
         CHECKF(!rc, "batched decode: %s", errbuf);
-        if (!rc) CHECKF(!memcmp(h1, h2, sizeof(float) * 2 * E), "%s cache: two sequences decoded together differ from alone",
-                        cm_type_name(t));
+        if (!rc)
+            CHECKF(!memcmp(h1, h2, sizeof(float) * 2 * E), "%s cache: two sequences decoded together differ from alone",
+                   cm_type_name(t));
         for (int i = 0; i < nk; i++) cm_kv_release(&kv[i]);
     }
     CHECKF(c != NULL, "context: %s", errbuf);

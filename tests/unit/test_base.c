@@ -42,7 +42,11 @@ static void test_rng(void) {
     cm_rng_seed(&b, 42);
     for (int i = 0; i < 100; i++) CHECK(cm_rng_next(&a) == cm_rng_next(&b));
     double s = 0, s2 = 0;
-    for (int i = 0; i < 100000; i++) { float x = cm_rng_normal(&a); s += x; s2 += x * x; }
+    for (int i = 0; i < 100000; i++) {
+        float x = cm_rng_normal(&a);
+        s += x;
+        s2 += x * x;
+    }
     CHECK(fabs(s / 100000) < 0.02 && fabs(s2 / 100000 - 1) < 0.03);
 }
 
@@ -66,13 +70,17 @@ static void test_f16(void) {
     CHECK(bad == 0);
     CHECK(cm_f16_to_f32(0x3c00) == 1.0f);
     CHECK(cm_f32_to_f16(65520.0f) == 0x7c00);
-    CHECK(cm_f32_to_f16(1.0f + 1.0f / 2048) == 0x3c00);     /* tie -> even */
-    CHECK(cm_f32_to_f16(1.0f + 3.0f / 2048) == 0x3c02);     /* tie -> even (up) */
-    CHECK(cm_f32_to_f16(5.9604645e-08f) == 1);              /* smallest subnormal */
+    CHECK(cm_f32_to_f16(1.0f + 1.0f / 2048) == 0x3c00); /* tie -> even */
+    CHECK(cm_f32_to_f16(1.0f + 3.0f / 2048) == 0x3c02); /* tie -> even (up) */
+    CHECK(cm_f32_to_f16(5.9604645e-08f) == 1);          /* smallest subnormal */
     CHECK(cm_bf16_to_f32(cm_f32_to_bf16(1.5f)) == 1.5f);
 }
 
-typedef struct { _Atomic int64_t sum; int64_t parts[8]; int phases_ok; } pool_ctx;
+typedef struct {
+    _Atomic int64_t sum;
+    int64_t parts[8];
+    int phases_ok;
+} pool_ctx;
 
 static void pool_job(void *vctx, int ith, int nth) {
     pool_ctx *c = vctx;

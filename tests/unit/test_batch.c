@@ -23,20 +23,39 @@
 static cm_engine *E;
 static char errbuf[512];
 
-typedef struct out { cm_buf b; int n_tok; float lp_sum; } out;
+typedef struct out {
+    cm_buf b;
+    int n_tok;
+    float lp_sum;
+} out;
 
 static int gen_cb(void *u, const cm_token_event *ev) {
     out *o = u;
-    if (ev->id >= 0) { o->n_tok++; if (ev->info) o->lp_sum += ev->info->logprob; }
+    if (ev->id >= 0) {
+        o->n_tok++;
+        if (ev->info) o->lp_sum += ev->info->logprob;
+    }
     cm_buf_append(&o->b, ev->text, ev->len);
     return 0;
 }
 #define step_cb gen_cb
 
-static const char *k_prompts[] = {"Once upon a time", "The cat", "Lily and Tom went to the park", "One day",
-                                  "Tim had a red ball", "The sun", "A bird", "Mom said", "The little dog",
-                                  "Sara saw", "Ben and Mia", "It was a rainy day", "The old tree", "Max wanted",
-                                  "In the garden", "A big box"};
+static const char *k_prompts[] = {"Once upon a time",
+                                  "The cat",
+                                  "Lily and Tom went to the park",
+                                  "One day",
+                                  "Tim had a red ball",
+                                  "The sun",
+                                  "A bird",
+                                  "Mom said",
+                                  "The little dog",
+                                  "Sara saw",
+                                  "Ben and Mia",
+                                  "It was a rainy day",
+                                  "The old tree",
+                                  "Max wanted",
+                                  "In the garden",
+                                  "A big box"};
 #define NP 16 /* more than any kernel tile, so the batch crosses every gemm path */
 
 static void params(cm_gen_params *p, int i) {
@@ -116,8 +135,8 @@ static void test_batched_equals_alone(void) {
         CHECK(cm_session_finish(ss[i], &rt[i]) == 0);
         cm_buf_append(&alone[i].b, "", 1);
         cm_buf_append(&together[i].b, "", 1);
-        CHECKF(!strcmp(alone[i].b.data, together[i].b.data), "prompt %d: alone '%s' together '%s'", i,
-               alone[i].b.data, together[i].b.data);
+        CHECKF(!strcmp(alone[i].b.data, together[i].b.data), "prompt %d: alone '%s' together '%s'", i, alone[i].b.data,
+               together[i].b.data);
         CHECKF(rt[i].finish == ra[i].finish, "prompt %d finish %d vs %d", i, rt[i].finish, ra[i].finish);
         CHECK(rt[i].t.n_gen == ra[i].t.n_gen);
         CHECK(together[i].lp_sum < 0);
@@ -179,9 +198,18 @@ int main(void) {
     char path[256];
     snprintf(path, sizeof path, "/tmp/cumulo-test-batch-moe-%d.gguf", (int)getpid());
     cm_gguf voc;
-    cm_synth_params sp = {.arch = "qwen3moe", .n_embd = 256, .n_layer = 2, .n_head = 4, .n_head_kv = 2,
-                          .n_ff = 512, .type = "q4_k", .seed = 17, .n_threads = 2, .n_expert = 64,
-                          .n_expert_used = 8, .n_ff_exp = 256};
+    cm_synth_params sp = {.arch = "qwen3moe",
+                          .n_embd = 256,
+                          .n_layer = 2,
+                          .n_head = 4,
+                          .n_head_kv = 2,
+                          .n_ff = 512,
+                          .type = "q4_k",
+                          .seed = 17,
+                          .n_threads = 2,
+                          .n_expert = 64,
+                          .n_expert_used = 8,
+                          .n_ff_exp = 256};
     cm_engine_opts om = {.n_threads = 2, .n_batch = 4};
     if (cm_gguf_open(&voc, t_shared("vocab/ggml-vocab-llama-spm.gguf"), NULL, NULL, errbuf, sizeof errbuf) ||
         cm_synth_write(&sp, &voc, path, NULL, errbuf, sizeof errbuf) ||
@@ -199,10 +227,18 @@ int main(void) {
      * through the batched-decode gemm over the repacked weights
      * (gemm_packed), one token alone through the repacked gemv */
     snprintf(path, sizeof path, "/tmp/cumulo-test-batch-q4-%d.gguf", (int)getpid());
-    cm_synth_params sq = {.arch = "llama", .n_embd = 512, .n_layer = 2, .n_head = 8, .n_head_kv = 4,
-                          .n_ff = 1024, .type = "q4_0", .seed = 5, .n_threads = 2};
+    cm_synth_params sq = {.arch = "llama",
+                          .n_embd = 512,
+                          .n_layer = 2,
+                          .n_head = 8,
+                          .n_head_kv = 4,
+                          .n_ff = 1024,
+                          .type = "q4_0",
+                          .seed = 5,
+                          .n_threads = 2};
     cm_engine_opts oq = {.n_threads = 2, .n_batch = 16};
-    if (cm_synth_write(&sq, &voc, path, NULL, errbuf, sizeof errbuf) || cm_engine_load(&E, path, &oq, errbuf, sizeof errbuf)) {
+    if (cm_synth_write(&sq, &voc, path, NULL, errbuf, sizeof errbuf) ||
+        cm_engine_load(&E, path, &oq, errbuf, sizeof errbuf)) {
         fprintf(stderr, "q4_0 model: %s\n", errbuf);
         t_failed++;
     } else {

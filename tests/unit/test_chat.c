@@ -39,7 +39,10 @@ static const conv convs[] = {
       {"assistant", "<think>\nadd them\n</think>\n\n4"},
       {"user", "And 3+3?"}},
      4},
-    {"utf8", {{"user", "Gr\xC3\xBC\xC3\x9F" "e, \xE4\xB8\x96\xE7\x95\x8C! \xC2\xBFQu\xC3\xA9 tal?"}}, 1},
+    {"utf8",
+     {{"user", "Gr\xC3\xBC\xC3\x9F"
+               "e, \xE4\xB8\x96\xE7\x95\x8C! \xC2\xBFQu\xC3\xA9 tal?"}},
+     1},
 };
 
 static const conv *find_conv(const char *name) {
@@ -140,11 +143,10 @@ static void test_cases(void) {
     fprintf(stderr, "  chat cases: %d (%d from llama.cpp, %d from jinja2)\n", n_cases, n_llamacpp, n_jinja2);
     CHECK(n_cases >= 36 && n_llamacpp >= 19 && n_jinja2 >= 17);
     /* the families the issue names are all covered by a real template */
-    const enum cm_chat_family must[] = {CM_CHAT_LLAMA2, CM_CHAT_LLAMA3, CM_CHAT_LLAMA31, CM_CHAT_CHATML,
-                                        CM_CHAT_MISTRAL, CM_CHAT_MISTRAL_V1, CM_CHAT_MISTRAL_V3,
-                                        CM_CHAT_MISTRAL_V3_TEKKEN, CM_CHAT_MISTRAL_V7, CM_CHAT_ZEPHYR,
-                                        CM_CHAT_PHI3, CM_CHAT_GEMMA, CM_CHAT_DEEPSEEK, CM_CHAT_DEEPSEEK2,
-                                        CM_CHAT_DEEPSEEK3};
+    const enum cm_chat_family must[] = {
+        CM_CHAT_LLAMA2,     CM_CHAT_LLAMA3,     CM_CHAT_LLAMA31,           CM_CHAT_CHATML,     CM_CHAT_MISTRAL,
+        CM_CHAT_MISTRAL_V1, CM_CHAT_MISTRAL_V3, CM_CHAT_MISTRAL_V3_TEKKEN, CM_CHAT_MISTRAL_V7, CM_CHAT_ZEPHYR,
+        CM_CHAT_PHI3,       CM_CHAT_GEMMA,      CM_CHAT_DEEPSEEK,          CM_CHAT_DEEPSEEK2,  CM_CHAT_DEEPSEEK3};
     for (size_t i = 0; i < CM_ARRAY_LEN(must); i++)
         CHECKF(families_seen[must[i]] > 0, "no case for %s", cm_chat_family_name(must[i]));
 }
@@ -265,12 +267,15 @@ static void test_roles_and_edges(void) {
     o.add_generation_prompt = false;
     cm_buf_clear(&b);
     CHECK(cm_chat_render(&t, r1, 1, &o, &b, NULL, 0) == 0 &&
-          !strcmp(b.data, "<\xEF\xBD\x9C" "Assistant\xEF\xBD\x9C>c<\xEF\xBD\x9C" "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>"));
+          !strcmp(b.data, "<\xEF\xBD\x9C"
+                          "Assistant\xEF\xBD\x9C>c<\xEF\xBD\x9C"
+                          "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>"));
     /* llama3.1: the date can be set */
     CHECK(cm_chat_template_by_name(&t, "llama3.1", NULL, 0) == 0);
     cm_chat_opts od = {.tokenizer_adds_bos = true, .date = "02 Dec 2026"};
     cm_buf_clear(&b);
-    CHECK(cm_chat_render(&t, NULL, 0, &od, &b, NULL, 0) == 0 && strstr(b.data, "Today Date: 02 Dec 2026\n\n<|eot_id|>"));
+    CHECK(cm_chat_render(&t, NULL, 0, &od, &b, NULL, 0) == 0 &&
+          strstr(b.data, "Today Date: 02 Dec 2026\n\n<|eot_id|>"));
     cm_buf_release(&b);
 }
 
@@ -280,9 +285,10 @@ static void test_roles_and_edges(void) {
  * The template text is detected by <|start|> + <|channel|> (an excerpt of
  * the released gpt-oss template, which also holds phi3's <|end|>). */
 static void test_gpt_oss(void) {
-    static const char tmpl[] = "{{- \"<|start|>system<|message|>\" }}{%- if message.role == 'assistant' %}"
-                               "{{- \"<|start|>assistant<|channel|>final<|message|>\" + message.content + \"<|end|>\" }}"
-                               "{{- \"<|start|>user<|message|>\" }}{{ bos_token }}";
+    static const char tmpl[] =
+        "{{- \"<|start|>system<|message|>\" }}{%- if message.role == 'assistant' %}"
+        "{{- \"<|start|>assistant<|channel|>final<|message|>\" + message.content + \"<|end|>\" }}"
+        "{{- \"<|start|>user<|message|>\" }}{{ bos_token }}";
     cm_chat_template t;
     char err[256] = "";
     CHECK(cm_chat_template_detect(&t, tmpl, sizeof tmpl - 1, err, sizeof err) == 0 && t.family == CM_CHAT_GPT_OSS);
@@ -290,8 +296,11 @@ static void test_gpt_oss(void) {
     CHECK(!strcmp(cm_chat_family_name(t.family), "gpt-oss"));
     cm_buf b;
     cm_buf_init(&b);
-    cm_chat_msg m[] = {{"system", "Be brief."}, {"developer", "Answer in French."}, {"user", "Hi"},
-                       {"assistant", "Salut"}, {"user", "Again"}};
+    cm_chat_msg m[] = {{"system", "Be brief."},
+                       {"developer", "Answer in French."},
+                       {"user", "Hi"},
+                       {"assistant", "Salut"},
+                       {"user", "Again"}};
     cm_chat_opts o = {.add_generation_prompt = true, .bos = "<|startoftext|>"};
     render_to(&t, m, 5, &o, &b);
     CHECKF(!strcmp(b.data, "<|start|>system<|message|>Be brief.<|end|>"
@@ -299,7 +308,8 @@ static void test_gpt_oss(void) {
                            "<|start|>user<|message|>Hi<|end|>"
                            "<|start|>assistant<|message|>Salut<|return|>"
                            "<|start|>user<|message|>Again<|end|>"
-                           "<|start|>assistant"), "got %s", b.data);
+                           "<|start|>assistant"),
+           "got %s", b.data);
     o.add_generation_prompt = false;
     render_to(&t, m + 2, 1, &o, &b);
     CHECK(!strcmp(b.data, "<|start|>user<|message|>Hi<|end|>"));
@@ -333,9 +343,10 @@ static void test_harmony_filter(void) {
                  "<|start|>assistant<|channel|>final<|message|>Hello! How can I help?",
                  "Hello! How can I help?");
     /* only the final channel, however many come before; marker look-alikes stay */
-    harmony_case("<|channel|>analysis<|message|>a<|end|><|start|>assistant<|channel|>commentary to=fn<|message|>{}<|end|>"
-                 "<|start|>assistant<|channel|>final<|message|>x <|en y <|end z<|end|>",
-                 "x <|en y <|end z");
+    harmony_case(
+        "<|channel|>analysis<|message|>a<|end|><|start|>assistant<|channel|>commentary to=fn<|message|>{}<|end|>"
+        "<|start|>assistant<|channel|>final<|message|>x <|en y <|end z<|end|>",
+        "x <|en y <|end z");
     harmony_case("<|channel|>final <|constrain|>json<|message|>{\"a\":1}", "{\"a\":1}");
     harmony_case("<|channel|>analysis<|message|>thinking, cut off by max_tokens", "");
     harmony_case("<|channel|>analy", "");

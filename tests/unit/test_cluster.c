@@ -75,8 +75,12 @@ typedef struct node_job {
 
 static void *node_main(void *arg) {
     node_job *j = arg;
-    cm_node_opts o = {.port = 0, .port_file = j->port_file, .models_dir = g_dir, .cache_dir = g_dir,
-                      .n_threads = 1, .key_file = g_key};
+    cm_node_opts o = {.port = 0,
+                      .port_file = j->port_file,
+                      .models_dir = g_dir,
+                      .cache_dir = g_dir,
+                      .n_threads = 1,
+                      .key_file = g_key};
     char name[16], err[300];
     snprintf(name, sizeof name, "t%d", j->i);
     o.name = name;
@@ -234,6 +238,7 @@ int main(void) {
     for (int i = 0; i < N_NODES; i++) pthread_join(jobs[i].th, NULL);
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
-    if (system(cmd)) { /* best effort */ }
+    if (system(cmd)) { /* best effort */
+    }
     TEST_END();
 }

@@ -57,7 +57,8 @@ static cm_gen_params greedy_params(int n) {
 static int ref_case(int c, int32_t *prompt, int *np, int32_t *gen, int *ng, char **text) {
     char *txt;
     size_t len;
-    if (cm_file_read_all(t_shared("reference/stories260K-f32.greedy.json"), &txt, &len, errbuf, sizeof errbuf)) return -1;
+    if (cm_file_read_all(t_shared("reference/stories260K-f32.greedy.json"), &txt, &len, errbuf, sizeof errbuf))
+        return -1;
     cJSON *j = cJSON_Parse(txt);
     cm_free(txt);
     cJSON *cs = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "cases"), c), *t;
@@ -156,7 +157,8 @@ static void test_stops_and_limits(void) {
     cm_gen_result res;
     CHECK(cm_session_set_prompt(s, &bos, 1, errbuf, sizeof errbuf) == 0);
     CHECK(cm_session_generate(s, &p, on_tok, &col, &res, errbuf, sizeof errbuf) == 0);
-    CHECKF(res.finish == CM_FINISH_STOP && res.stop_index == 0 && !strcmp(col.text, "Once upon a time, there was a little "),
+    CHECKF(res.finish == CM_FINISH_STOP && res.stop_index == 0 &&
+               !strcmp(col.text, "Once upon a time, there was a little "),
            "stop: finish %s text '%s'", cm_finish_name(res.finish), col.text);
     /* Cancel from the callback. */
     p = greedy_params(100);
@@ -248,7 +250,8 @@ static void test_info_and_errors(void) {
     CHECK(cm_engine_chat_render(E, "chatml", msgs, 2, true, &b, errbuf, sizeof errbuf) == 0);
     cm_buf_append(&b, "", 1);
     CHECKF(b.data && !strcmp(b.data, "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"
-                                     "<|im_start|>assistant\n"), "%s", b.data);
+                                     "<|im_start|>assistant\n"),
+           "%s", b.data);
     cm_buf_release(&b);
     cm_session_free(NULL);
 }

@@ -43,9 +43,20 @@ typedef struct fx {
 static int fx_open(fx *f, const char *arch, int experts, int used, int shared, uint64_t seed) {
     memset(f, 0, sizeof *f);
     cm_buf_init(&f->file);
-    cm_synth_params sp = {.arch = arch, .n_embd = 256, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .n_ff = 512,
-                          .n_ctx = 256, .type = "q8_0", .seed = seed, .n_threads = 2, .n_expert = experts,
-                          .n_expert_used = used, .n_ff_exp = 256, .n_ff_shexp = shared};
+    cm_synth_params sp = {.arch = arch,
+                          .n_embd = 256,
+                          .n_layer = 2,
+                          .n_head = 4,
+                          .n_head_kv = 2,
+                          .n_ff = 512,
+                          .n_ctx = 256,
+                          .type = "q8_0",
+                          .seed = seed,
+                          .n_threads = 2,
+                          .n_expert = experts,
+                          .n_expert_used = used,
+                          .n_ff_exp = 256,
+                          .n_ff_shexp = shared};
     if (cm_synth_write(&sp, &g_vocab, NULL, &f->file, errbuf, sizeof errbuf) ||
         cm_gguf_parse(&f->g, (const uint8_t *)f->file.data, f->file.len, errbuf, sizeof errbuf) ||
         cm_model_load(&f->m, &f->g, errbuf, sizeof errbuf)) {
@@ -64,14 +75,15 @@ static void fx_close(fx *f) {
 #define NTOK 10
 #define NDEC 4
 #define MAXM 4
-static const int32_t k_prompt[NTOK + NDEC] = {1, 450, 4996, 17354, 1701, 432, 12500, 975, 15043, 29892, 920, 338, 263, 2217};
+static const int32_t k_prompt[NTOK + NDEC] = {1,   450,   4996,  17354, 1701, 432, 12500,
+                                              975, 15043, 29892, 920,   338,  263, 2217};
 
 /* ---- an in-process expert group ---- */
 typedef struct group {
     int k;
     pthread_barrier_t bar;
     float *y[MAXM];
-    const int *bounds; /* [k + 1] expert bounds */
+    const int *bounds;       /* [k + 1] expert bounds */
     const uint32_t *holders; /* replicated experts (NULL: the bounds alone) */
 } group;
 
@@ -127,9 +139,17 @@ static int run_member(const cm_model *m, cm_expert_slice ex, cm_expert_gather_fn
     for (int i = 0; i < NTOK; i++) pos[i] = i;
     cm_kv *kvs[1] = {&kv};
     cm_batch b = {.n = NTOK, .tokens = k_prompt, .pos = pos, .seq = seq};
-    cm_forward_args a = {.layer_first = 0, .layer_last = m->hp.n_layer, .slice = sl, .kvs = kvs, .n_kvs = 1,
-                         .experts = ex, .expert_gather = gather, .expert_gather_user = user, .out_logits = logits,
-                         .expert_holders = ex.ep ? g_holders : NULL, .expert_rank = g_rank};
+    cm_forward_args a = {.layer_first = 0,
+                         .layer_last = m->hp.n_layer,
+                         .slice = sl,
+                         .kvs = kvs,
+                         .n_kvs = 1,
+                         .experts = ex,
+                         .expert_gather = gather,
+                         .expert_gather_user = user,
+                         .out_logits = logits,
+                         .expert_holders = ex.ep ? g_holders : NULL,
+                         .expert_rank = g_rank};
     char e[256];
     rc = cm_forward(c, &b, &a, e, sizeof e);
     for (int t = 0; t < NDEC && !rc; t++) {
@@ -166,21 +186,33 @@ static void check_group(const cm_model *m, const float *want, int k, const int *
     for (int r = 0; r < k; r++) pthread_join(th[r], NULL);
     for (int r = 0; r < k; r++) {
         CHECKF(mb[r].rc == 0, "%s: member %d failed", what, r);
-        if (!mb[r].rc) CHECKF(!memcmp(mb[r].logits, want, n * sizeof(float)), "%s: member %d's logits differ from one machine", what, r);
+        if (!mb[r].rc)
+            CHECKF(!memcmp(mb[r].logits, want, n * sizeof(float)), "%s: member %d's logits differ from one machine",
+                   what, r);
         free(mb[r].logits);
     }
     pthread_barrier_destroy(&G.bar);
 }
 
 static void test_ep_forward_bits(void) {
-    static const struct { const char *arch; int X, k, sh; int ng; int bounds[3][MAXM + 1]; int kk[3]; } cases[] = {
+    static const struct {
+        const char *arch;
+        int X
+        , k, sh;
+        int ng;
+        int bounds[3][MAXM + 1];
+        int kk[3];
+    } cases[] = {
         {"qwen3moe", 8, 2, 0, 3, {{0, 2, 5, 8}, {0, 7, 8}, {0, 0, 3, 8}}, {3, 2, 3}},
         {"qwen3moe", 64, 8, 0, 2, {{0, 9, 30, 64}, {0, 16, 32, 48, 64}}, {3, 4}},
         {"qwen2moe", 8, 2, 128, 2, {{0, 3, 8}, {0, 1, 2, 8}}, {2, 3}},
     };
     for (size_t ci = 0; ci < CM_ARRAY_LEN(cases); ci++) {
         fx f;
-        if (fx_open(&f, cases[ci].arch, cases[ci].X, cases[ci].k, cases[ci].sh, 40 + ci)) { CHECK(0); continue; }
+        if (fx_open(&f, cases[ci].arch, cases[ci].X, cases[ci].k, cases[ci].sh, 40 + ci)) {
+            CHECK(0);
+            continue;
+        }
         const size_t V = (size_t)f.m.hp.n_vocab;
         float *want = malloc((NDEC + 1) * V * sizeof(float));
         CHECKF(run_member(&f.m, (cm_expert_slice){false, 0, 0}, NULL, NULL, want) == 0, "%s", errbuf);
@@ -191,7 +223,7 @@ static void test_ep_forward_bits(void) {
             check_group(&f.m, want, cases[ci].kk[gi], cases[ci].bounds[gi], what);
         }
         /* alone with every expert as an expert slice: no gather needed, same bits */
-        cm_expert_slice all = {true, 0, cases[ci].X};
+        cm_expert_slice all = { true, 0, cases[ci].X };
         float *alone = malloc((NDEC + 1) * V * sizeof(float));
         CHECK(run_member(&f.m, all, NULL, NULL, alone) == 0 && !memcmp(alone, want, (NDEC + 1) * V * sizeof(float)));
         /* a part of the experts without a gather: refused, not wrong */
@@ -203,7 +235,8 @@ static void test_ep_forward_bits(void) {
         cut.h1 = 1;
         CHECK(cm_expert_slice_check(&f.m, cut, all, errbuf, sizeof errbuf) == CM_EINVAL);
         cm_expert_slice past = all;
-        past.e1 = cases[ci].X + 1;
+        past.e1 = cases[ci].X
+        +1;
         CHECK(cm_expert_slice_check(&f.m, cm_slice_full(&f.m), past, errbuf, sizeof errbuf) == CM_EINVAL);
         CHECK(cm_expert_slice_check(&f.m, cm_slice_full(&f.m), all, errbuf, sizeof errbuf) == 0);
         free(alone);
@@ -214,7 +247,8 @@ static void test_ep_forward_bits(void) {
     fx d;
     if (fx_open(&d, "qwen3", 0, 0, 0, 7) == 0) {
         cm_expert_slice x = {true, 0, 1};
-        CHECK(cm_expert_slice_check(&d.m, cm_slice_full(&d.m), x, errbuf, sizeof errbuf) == CM_EINVAL && strstr(errbuf, "no experts"));
+        CHECK(cm_expert_slice_check(&d.m, cm_slice_full(&d.m), x, errbuf, sizeof errbuf) == CM_EINVAL &&
+              strstr(errbuf, "no experts"));
         fx_close(&d);
     } else CHECK(0);
 }
@@ -243,9 +277,19 @@ static void test_ep_replicas(void) {
     fx f;
     memset(&f, 0, sizeof f);
     cm_buf_init(&f.file);
-    cm_synth_params sp = {.arch = "qwen3moe", .n_embd = 256, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .n_ff = 512,
-                          .n_ctx = 256, .type = "q8_0", .seed = 77, .n_threads = 2, .n_expert = 8,
-                          .n_expert_used = 2, .n_ff_exp = 256};
+    cm_synth_params sp = {.arch = "qwen3moe",
+                          .n_embd = 256,
+                          .n_layer = 2,
+                          .n_head = 4,
+                          .n_head_kv = 2,
+                          .n_ff = 512,
+                          .n_ctx = 256,
+                          .type = "q8_0",
+                          .seed = 77,
+                          .n_threads = 2,
+                          .n_expert = 8,
+                          .n_expert_used = 2,
+                          .n_ff_exp = 256};
     if (cm_synth_write(&sp, &g_vocab, NULL, &f.file, errbuf, sizeof errbuf) ||
         cm_gguf_parse(&f.g, (const uint8_t *)f.file.data, f.file.len, errbuf, sizeof errbuf)) {
         CHECKF(0, "%s", errbuf);
@@ -257,7 +301,11 @@ static void test_ep_replicas(void) {
         float *w = (float *)(uintptr_t)t->data;
         for (int64_t c = 0; c < t->ne[0]; c++) w[HOT * t->ne[0] + c] *= 40.0f;
     }
-    if (cm_model_load(&f.m, &f.g, errbuf, sizeof errbuf)) { CHECKF(0, "%s", errbuf); fx_close(&f); return; }
+    if (cm_model_load(&f.m, &f.g, errbuf, sizeof errbuf)) {
+        CHECKF(0, "%s", errbuf);
+        fx_close(&f);
+        return;
+    }
     const size_t V = (size_t)f.m.hp.n_vocab;
     float *want = malloc((NDEC + 1) * V * sizeof(float));
     /* warm-up: the prompt on one machine, counting the routing */
@@ -270,8 +318,8 @@ static void test_ep_replicas(void) {
         for (int i = 0; i < NTOK; i++) pos[i] = i;
         cm_kv *kvs[1] = {&kv};
         cm_batch b = {.n = NTOK, .tokens = k_prompt, .pos = pos, .seq = seq};
-        cm_forward_args a = {.layer_first = 0, .layer_last = f.m.hp.n_layer, .slice = cm_slice_full(&f.m), .kvs = kvs,
-                             .n_kvs = 1};
+        cm_forward_args a = {
+            .layer_first = 0, .layer_last = f.m.hp.n_layer, .slice = cm_slice_full(&f.m), .kvs = kvs, .n_kvs = 1};
         CHECKF(cm_forward(c, &b, &a, errbuf, sizeof errbuf) == 0, "%s", errbuf);
         CHECK(cm_ctx_expert_hits(c, hits, 8) == 8);
         cm_kv_release(&kv);
@@ -310,7 +358,8 @@ static void test_ep_replicas(void) {
     uint32_t holders[8];
     int bounds[4] = {0}, reps = 0;
     for (int x = 0; x < 8; x++) holders[x] = cm_plan_expert_holders(st, x);
-    for (int k = 0; k < st->n_members && k < 3; k++) bounds[k + 1] = st->members[k].expert_end, reps += st->members[k].n_replicas;
+    for (int k = 0; k < st->n_members && k < 3; k++)
+        bounds[k + 1] = st->members[k].expert_end, reps += st->members[k].n_replicas;
     CHECKF(p.n_stages == 1 && st->ep && st->n_members == 3, "plan: %s", p.why);
     CHECKF(reps > 0 && (holders[HOT] & (holders[HOT] - 1)), "the hot expert %d has holders 0x%x (%d replicas)", HOT,
            holders[HOT], reps);
@@ -372,8 +421,8 @@ static void *gather_main(void *arg) {
         memcpy(pl + 24, &nn, 4);
         for (int j = 0; j < v->M->k; j++)
             if (j != v->rank)
-                cm_conn_send_payload(v->M->conns[v->rank][j], CM_MSG_ALLREDUCE, pl, CM_COLL_HDR_BYTES + (size_t)m * 4, 2000,
-                                     v->err, sizeof v->err);
+                cm_conn_send_payload(v->M->conns[v->rank][j], CM_MSG_ALLREDUCE, pl, CM_COLL_HDR_BYTES + (size_t)m * 4,
+                                     2000, v->err, sizeof v->err);
         cm_sleep_ms(700);
         cm_coll_free(c);
         return NULL;
@@ -433,7 +482,10 @@ static void test_allgather(void) {
             M.addrs[i] = M.addr[i];
         }
         for (int r = 0; r < K; r++) {
-            v[r] = (gmember){.M = &M, .rank = r, .part = part, .forge = r == K - 1 ? forge : 0,
+            v[r] = (gmember){.M = &M,
+                             .rank = r,
+                             .part = part,
+                             .forge = r == K - 1 ? forge : 0,
                              .x = calloc((size_t)n, sizeof(float))};
             pthread_create(&th[r], NULL, gather_main, &v[r]);
         }

@@ -22,7 +22,11 @@ static char err[512];
 
 /* ---- real files ---- */
 
-typedef struct { int calls; uint64_t last_done, last_total; bool monotonic; } prog;
+typedef struct {
+    int calls;
+    uint64_t last_done, last_total;
+    bool monotonic;
+} prog;
 static void on_progress(void *ctx, uint64_t done, uint64_t total) {
     prog *p = ctx;
     if (done < p->last_done) p->monotonic = false;
@@ -33,8 +37,7 @@ static void on_progress(void *ctx, uint64_t done, uint64_t total) {
 
 static bool str_eq(cm_gguf_str s, const char *c) { return s.len == strlen(c) && memcmp(s.ptr, c, s.len) == 0; }
 
-static void check_stories(const char *file, uint64_t nkv, uint32_t wtype, uint64_t data_offset,
-                          size_t size) {
+static void check_stories(const char *file, uint64_t nkv, uint32_t wtype, uint64_t data_offset, size_t size) {
     cm_gguf g;
     prog pr = {.monotonic = true};
     int rc = cm_gguf_open(&g, t_shared(file), on_progress, &pr, err, sizeof err);
@@ -46,8 +49,7 @@ static void check_stories(const char *file, uint64_t nkv, uint32_t wtype, uint64
     CHECK(g.alignment == 32);
     CHECKF(g.data_offset == data_offset, "%s: data at %llu", file, (unsigned long long)g.data_offset);
     CHECK(g.size == size);
-    CHECK(pr.calls >= 1 && pr.monotonic && pr.last_done == pr.last_total &&
-          pr.last_total == size - data_offset);
+    CHECK(pr.calls >= 1 && pr.monotonic && pr.last_done == pr.last_total && pr.last_total == size - data_offset);
 
     char *arch = cm_gguf_get_str(&g, "general.architecture");
     CHECK(arch && strcmp(arch, "llama") == 0);
@@ -123,7 +125,10 @@ static void test_load_in_memory(void) {
         CHECK(cm_gguf_open(&m, t_shared(files[f]), NULL, NULL, err, sizeof err) == 0);
         int rc = cm_gguf_load(&l, t_shared(files[f]), on_progress, &pr, err, sizeof err);
         CHECKF(rc == 0, "%s: %s", files[f], err);
-        if (rc) { cm_gguf_close(&m); continue; }
+        if (rc) {
+            cm_gguf_close(&m);
+            continue;
+        }
         CHECK(l.file.in_memory && !m.file.in_memory);
         CHECK(l.size == m.size && l.n_tensors == m.n_tensors && l.n_kv == m.n_kv && l.data_offset == m.data_offset);
         CHECK(memcmp(l.base, m.base, m.size) == 0 && l.base != m.base);
@@ -184,8 +189,8 @@ static void test_rewrite_identical(void) {
         cm_buf_init(&b);
         rc = cm_gguf_writer_write_buf(w, &b, err, sizeof err);
         CHECKF(rc == 0, "%s", err);
-        CHECKF(b.len == g.size && memcmp(b.data, g.base, g.size) == 0, "%s: rewritten %zu bytes vs %zu",
-               files[f], b.len, g.size);
+        CHECKF(b.len == g.size && memcmp(b.data, g.base, g.size) == 0, "%s: rewritten %zu bytes vs %zu", files[f],
+               b.len, g.size);
         cm_buf_release(&b);
         cm_gguf_writer_free(w);
         cm_gguf_close(&g);
@@ -310,8 +315,8 @@ static void check_all(const cm_gguf *g, uint32_t alignment) {
     CHECK(cm_gguf_arr_str(kv, 3, &s) && s.len == 3 && memcmp(s.ptr, "a\0b", 3) == 0);
     CHECK(!cm_gguf_arr_str(kv, 4, &s) && !cm_gguf_arr_f64(kv, 0, &f));
     const cm_gguf_tensor_info *t = cm_gguf_find_tensor(g, "t.q");
-    CHECK(t && t->type == CM_TYPE_Q4_0 && t->n_dims == 2 && t->ne[0] == 64 && t->ne[1] == 3 &&
-          t->ne[2] == 1 && t->nbytes == sizeof k_qdata && t->offset == 0);
+    CHECK(t && t->type == CM_TYPE_Q4_0 && t->n_dims == 2 && t->ne[0] == 64 && t->ne[1] == 3 && t->ne[2] == 1 &&
+          t->nbytes == sizeof k_qdata && t->offset == 0);
     CHECK(t && memcmp(t->data, k_qdata, sizeof k_qdata) == 0);
     CHECK(t && (g->data_offset % alignment) == 0);
     t = cm_gguf_find_tensor(g, "t.f");
@@ -337,8 +342,8 @@ static void test_roundtrip(void) {
             cm_gguf_writer *w2 = cm_gguf_writer_new(32);
             for (uint64_t i = 0; i < g.n_kv; i++) cm_gguf_w_copy_kv(w2, &g.kv[i]);
             for (uint64_t i = 0; i < g.n_tensors; i++)
-                cm_gguf_w_tensor(w2, g.tensors[i].name, (enum cm_type)g.tensors[i].type,
-                                 g.tensors[i].n_dims, g.tensors[i].ne, g.tensors[i].data);
+                cm_gguf_w_tensor(w2, g.tensors[i].name, (enum cm_type)g.tensors[i].type, g.tensors[i].n_dims,
+                                 g.tensors[i].ne, g.tensors[i].data);
             cm_buf b2;
             cm_buf_init(&b2);
             rc = cm_gguf_writer_write_buf(w2, &b2, err, sizeof err);
@@ -473,16 +478,22 @@ static int fill_ok(void *ctx, void *dst, uint64_t n, char *e, size_t elen) {
 
 static void test_writer_errors(void) {
     int64_t ne[2] = {33, 2}, ne0[1] = {0};
-    struct { const char *what; int code; } cases[] = {
-        {"duplicate key", CM_EINVAL}, {"duplicate tensor", CM_EINVAL}, {"block", CM_EINVAL},
-        {"dim 0", CM_EINVAL}, {"unknown type", CM_EINVAL}, {"alignment", CM_EINVAL}, {"fill", CM_EIO},
+    struct {
+        const char *what;
+        int code;
+    } cases[] = {
+        {"duplicate key", CM_EINVAL}, {"duplicate tensor", CM_EINVAL}, {"block", CM_EINVAL}, {"dim 0", CM_EINVAL},
+        {"unknown type", CM_EINVAL},  {"alignment", CM_EINVAL},        {"fill", CM_EIO},
     };
     for (size_t c = 0; c < CM_ARRAY_LEN(cases); c++) {
         cm_gguf_writer *w = cm_gguf_writer_new(32);
         cm_gguf_w_u32(w, "a", 1);
         switch (c) {
         case 0: cm_gguf_w_str(w, "a", "x"); break;
-        case 1: cm_gguf_w_tensor(w, "t", CM_TYPE_F32, 1, ne, k_f32); cm_gguf_w_tensor(w, "t", CM_TYPE_F32, 1, ne, k_f32); break;
+        case 1:
+            cm_gguf_w_tensor(w, "t", CM_TYPE_F32, 1, ne, k_f32);
+            cm_gguf_w_tensor(w, "t", CM_TYPE_F32, 1, ne, k_f32);
+            break;
         case 2: cm_gguf_w_tensor(w, "t", CM_TYPE_Q8_0, 2, ne, k_qdata); break;
         case 3: cm_gguf_w_tensor(w, "t", CM_TYPE_F32, 1, ne0, k_f32); break;
         case 4: cm_gguf_w_tensor(w, "t", (enum cm_type)5, 1, ne, k_f32); break;
@@ -530,12 +541,16 @@ static void test_fill(void) {
  * by hand): a tensor's byte size and the file's layout follow from them, and
  * a file one byte short of its last tensor is refused. */
 static void test_lowbit_types(void) {
-    static const struct { enum cm_type t; int64_t ne0; uint64_t bytes; } k[] = {
-        {CM_TYPE_Q2_K, 512, 2 * 84},     {CM_TYPE_Q3_K, 512, 2 * 110},   {CM_TYPE_IQ4_NL, 64, 2 * 18},
-        {CM_TYPE_IQ4_XS, 512, 2 * 136},  {CM_TYPE_MXFP4, 64, 2 * 17},    {CM_TYPE_IQ2_XXS, 256, 66},
-        {CM_TYPE_IQ2_XS, 256, 74},       {CM_TYPE_IQ3_XXS, 256, 98},     {CM_TYPE_IQ1_S, 256, 50},
-        {CM_TYPE_IQ3_S, 256, 110},       {CM_TYPE_IQ2_S, 256, 82},       {CM_TYPE_IQ1_M, 256, 56},
-        {CM_TYPE_TQ1_0, 256, 54},        {CM_TYPE_TQ2_0, 256, 66},       {CM_TYPE_NVFP4, 128, 2 * 36},
+    static const struct {
+        enum cm_type t;
+        int64_t ne0;
+        uint64_t bytes;
+    } k[] = {
+        {CM_TYPE_Q2_K, 512, 2 * 84},    {CM_TYPE_Q3_K, 512, 2 * 110}, {CM_TYPE_IQ4_NL, 64, 2 * 18},
+        {CM_TYPE_IQ4_XS, 512, 2 * 136}, {CM_TYPE_MXFP4, 64, 2 * 17},  {CM_TYPE_IQ2_XXS, 256, 66},
+        {CM_TYPE_IQ2_XS, 256, 74},      {CM_TYPE_IQ3_XXS, 256, 98},   {CM_TYPE_IQ1_S, 256, 50},
+        {CM_TYPE_IQ3_S, 256, 110},      {CM_TYPE_IQ2_S, 256, 82},     {CM_TYPE_IQ1_M, 256, 56},
+        {CM_TYPE_TQ1_0, 256, 54},       {CM_TYPE_TQ2_0, 256, 66},     {CM_TYPE_NVFP4, 128, 2 * 36},
     };
     static uint8_t data[4096];
     cm_gguf_writer *w = cm_gguf_writer_new(32);
@@ -554,8 +569,8 @@ static void test_lowbit_types(void) {
     for (size_t i = 0; rc == 0 && i < CM_ARRAY_LEN(k); i++) {
         snprintf(name, sizeof name, "t%zu", i);
         const cm_gguf_tensor_info *t = cm_gguf_find_tensor(&g, name);
-        CHECKF(t && t->type == (uint32_t)k[i].t && t->nbytes == k[i].bytes, "%s: %llu bytes",
-               cm_type_name(k[i].t), t ? (unsigned long long)t->nbytes : 0ull);
+        CHECKF(t && t->type == (uint32_t)k[i].t && t->nbytes == k[i].bytes, "%s: %llu bytes", cm_type_name(k[i].t),
+               t ? (unsigned long long)t->nbytes : 0ull);
     }
     if (rc == 0) {
         const cm_gguf_tensor_info *last = &g.tensors[g.n_tensors - 1];

@@ -152,8 +152,12 @@ static void expect(cm_buf *b, bad_case c) {
 static void test_malformed(void) {
     cm_buf b;
     size_t at;
-#define CASE(name, code, msg, edit) \
-    do { b = base_file(0); edit; expect(&b, (bad_case){name, code, msg}); } while (0)
+#define CASE(name, code, msg, edit)              \
+    do {                                         \
+        b = base_file(0);                        \
+        edit;                                    \
+        expect(&b, (bad_case){name, code, msg}); \
+    } while (0)
     CASE("magic", CM_EFORMAT, "not a GGUF file", b.data[3] = 'X');
     CASE("v1", CM_EUNSUPPORTED, "GGUF version 1 is not supported", put32(&b, 4, 1));
     CASE("v4", CM_EUNSUPPORTED, "version 4", put32(&b, 4, 4));
@@ -164,41 +168,53 @@ static void test_malformed(void) {
     CASE("n_tensors past bytes", CM_EFORMAT, "cannot fit", put64(&b, 8, 100000));
     CASE("huge key length", CM_EFORMAT, "string length 9223372036854775808 over the limit", put64(&b, 24, 1ull << 63));
     CASE("key length past end", CM_EFORMAT, "truncated key of kv 1 of 5 at byte 24", put64(&b, 24, 60000));
-    CASE("huge string value", CM_EFORMAT, "over the limit", at = after(&b, "general.architecture"); put64(&b, at + 4, 1ull << 40));
+    CASE("huge string value", CM_EFORMAT, "over the limit", at = after(&b, "general.architecture");
+         put64(&b, at + 4, 1ull << 40));
     CASE("string value past end", CM_EFORMAT, "truncated value of 'general.architecture'",
-         at = after(&b, "general.architecture"); put64(&b, at + 4, 1u << 20));
+         at = after(&b, "general.architecture");
+         put64(&b, at + 4, 1u << 20));
     CASE("unknown value type", CM_EFORMAT, "unknown value type 13", at = after(&b, "k.a"); put32(&b, at, 13));
     CASE("bool 2", CM_EFORMAT, "neither 0 nor 1", at = after(&b, "k.b"); b.data[at + 4] = 2);
     CASE("key with NUL", CM_EFORMAT, "NUL", at = after(&b, "k.a"); b.data[at - 1] = 0);
     CASE("duplicate key", CM_EFORMAT, "duplicate key 'k.a'", at = after(&b, "k.b"); b.data[at - 1] = 'a');
-    CASE("unknown array type", CM_EFORMAT, "unknown array element type 99", at = after(&b, "k.tokens"); put32(&b, at + 4, 99));
-    CASE("huge array", CM_EFORMAT, "array length 1099511627776 over the limit", at = after(&b, "k.tokens"); put64(&b, at + 8, 1ull << 40));
+    CASE("unknown array type", CM_EFORMAT, "unknown array element type 99", at = after(&b, "k.tokens");
+         put32(&b, at + 4, 99));
+    CASE("huge array", CM_EFORMAT, "array length 1099511627776 over the limit", at = after(&b, "k.tokens");
+         put64(&b, at + 8, 1ull << 40));
     CASE("array past bytes", CM_EFORMAT, "cannot fit", at = after(&b, "k.tokens"); put64(&b, at + 8, 1u << 29));
-    CASE("huge string in array", CM_EFORMAT, "string length", at = after(&b, "k.tokens"); put64(&b, at + 16, 1ull << 62));
+    CASE("huge string in array", CM_EFORMAT, "string length", at = after(&b, "k.tokens");
+         put64(&b, at + 16, 1ull << 62));
     CASE("f32 array past bytes", CM_EFORMAT, "cannot fit", at = after(&b, "k.scores"); put64(&b, at + 8, 1000));
-    CASE("long tensor name", CM_EFORMAT, "string length 300 over the limit of 255",
-         at = after(&b, "t.a"); put64(&b, at - 11, 300));
+    CASE("long tensor name", CM_EFORMAT, "string length 300 over the limit of 255", at = after(&b, "t.a");
+         put64(&b, at - 11, 300));
     CASE("n_dims 5", CM_EFORMAT, "has 5 dimensions", at = after(&b, "t.a"); put32(&b, at, 5));
     CASE("n_dims 0", CM_EFORMAT, "has 0 dimensions", at = after(&b, "t.a"); put32(&b, at, 0));
     CASE("dim 0", CM_EFORMAT, "dimension 1 of size 0", at = after(&b, "t.a"); put64(&b, at + 12, 0));
-    CASE("dims overflow", CM_EFORMAT, "too many elements",
-         at = after(&b, "t.a"); put64(&b, at + 4, 1ull << 32); put64(&b, at + 12, 1ull << 32));
+    CASE("dims overflow", CM_EFORMAT, "too many elements", at = after(&b, "t.a"); put64(&b, at + 4, 1ull << 32);
+         put64(&b, at + 12, 1ull << 32));
     CASE("dim over int64", CM_EFORMAT, "too many elements", at = after(&b, "t.b"); put64(&b, at + 4, 1ull << 63));
-    CASE("unknown type id", CM_EUNSUPPORTED, "tensor 't.a' has unknown type id 99",
-         at = after(&b, "t.a"); put32(&b, at + 20, 99));
-    CASE("type id 2^31", CM_EUNSUPPORTED, "unknown type id 2147483648", at = after(&b, "t.b"); put32(&b, at + 12, 1u << 31));
-    CASE("row not a block multiple", CM_EFORMAT, "not a multiple of q4_0's block of 32",
-         at = after(&b, "t.a"); put64(&b, at + 4, 33));
+    CASE("unknown type id", CM_EUNSUPPORTED, "tensor 't.a' has unknown type id 99", at = after(&b, "t.a");
+         put32(&b, at + 20, 99));
+    CASE("type id 2^31", CM_EUNSUPPORTED, "unknown type id 2147483648", at = after(&b, "t.b");
+         put32(&b, at + 12, 1u << 31));
+    CASE("row not a block multiple", CM_EFORMAT, "not a multiple of q4_0's block of 32", at = after(&b, "t.a");
+         put64(&b, at + 4, 33));
     CASE("duplicate tensor", CM_EFORMAT, "duplicate tensor name 't.a'", at = after(&b, "t.b"); b.data[at - 1] = 'a');
-    CASE("offset past end", CM_EFORMAT, "ends past the end of the file", at = after(&b, "t.b"); put64(&b, at + 16, 1u << 20));
-    CASE("offset overflow", CM_EFORMAT, "ends past the end", at = after(&b, "t.b"); put64(&b, at + 16, UINT64_MAX - 31));
-    CASE("misaligned offset", CM_EFORMAT, "offset 65 is not a multiple of the alignment 32",
-         at = after(&b, "t.b"); put64(&b, at + 16, 65));
-    CASE("tensor bigger than file", CM_EFORMAT, "ends past the end", at = after(&b, "t.b"); put64(&b, at + 4, 1ull << 40));
+    CASE("offset past end", CM_EFORMAT, "ends past the end of the file", at = after(&b, "t.b");
+         put64(&b, at + 16, 1u << 20));
+    CASE("offset overflow", CM_EFORMAT, "ends past the end", at = after(&b, "t.b");
+         put64(&b, at + 16, UINT64_MAX - 31));
+    CASE("misaligned offset", CM_EFORMAT, "offset 65 is not a multiple of the alignment 32", at = after(&b, "t.b");
+         put64(&b, at + 16, 65));
+    CASE("tensor bigger than file", CM_EFORMAT, "ends past the end", at = after(&b, "t.b");
+         put64(&b, at + 4, 1ull << 40));
 #undef CASE
-#define ACASE(name, msg, v) \
-    do { b = base_file(64); put32(&b, after(&b, "general.alignment") + 4, v); \
-         expect(&b, (bad_case){name, CM_EFORMAT, msg}); } while (0)
+#define ACASE(name, msg, v)                               \
+    do {                                                  \
+        b = base_file(64);                                \
+        put32(&b, after(&b, "general.alignment") + 4, v); \
+        expect(&b, (bad_case){name, CM_EFORMAT, msg});    \
+    } while (0)
     ACASE("alignment 3", "general.alignment 3 is not a power of two", 3);
     ACASE("alignment 0", "general.alignment 0 is not a power of two", 0);
     ACASE("alignment 2^20", "general.alignment 1048576 is not a power of two from 8 to 65536", 1u << 20);
@@ -223,9 +239,20 @@ static void test_malformed(void) {
 }
 
 /* Hand-built files: nested arrays (valid up to the depth limit), empty tensor name. */
-static void hb_u32(cm_buf *b, uint32_t v) { uint8_t q[4]; cm_wr_u32(q, v); cm_buf_append(b, q, 4); }
-static void hb_u64(cm_buf *b, uint64_t v) { uint8_t q[8]; cm_wr_u64(q, v); cm_buf_append(b, q, 8); }
-static void hb_str(cm_buf *b, const char *s) { hb_u64(b, strlen(s)); cm_buf_puts(b, s); }
+static void hb_u32(cm_buf *b, uint32_t v) {
+    uint8_t q[4];
+    cm_wr_u32(q, v);
+    cm_buf_append(b, q, 4);
+}
+static void hb_u64(cm_buf *b, uint64_t v) {
+    uint8_t q[8];
+    cm_wr_u64(q, v);
+    cm_buf_append(b, q, 8);
+}
+static void hb_str(cm_buf *b, const char *s) {
+    hb_u64(b, strlen(s));
+    cm_buf_puts(b, s);
+}
 
 /* An array body nested depth levels deep; the innermost holds strings. */
 static void nest(cm_buf *b, int depth) {

@@ -254,14 +254,32 @@ static void test_two_sequences(void) {
     int8_t want[32];
     int n = 0, ia = 0, ib = 0;
     while (ia < A->n_prompt || ib < B->n_prompt) {
-        if (ia < A->n_prompt) { ids[n] = A->prompt[ia]; pos[n] = ia; seq[n] = 0; want[n] = ia == A->n_prompt - 1; n++; ia++; }
-        if (ib < B->n_prompt) { ids[n] = B->prompt[ib]; pos[n] = ib; seq[n] = 1; want[n] = ib == B->n_prompt - 1; n++; ib++; }
+        if (ia < A->n_prompt) {
+            ids[n] = A->prompt[ia];
+            pos[n] = ia;
+            seq[n] = 0;
+            want[n] = ia == A->n_prompt - 1;
+            n++;
+            ia++;
+        }
+        if (ib < B->n_prompt) {
+            ids[n] = B->prompt[ib];
+            pos[n] = ib;
+            seq[n] = 1;
+            want[n] = ib == B->n_prompt - 1;
+            n++;
+            ib++;
+        }
     }
     float logits[2 * 512];
     int outA[64], outB[64];
     cm_batch b = {.n = n, .tokens = ids, .pos = pos, .seq = seq, .logits = want};
-    cm_forward_args a = {.layer_first = 0, .layer_last = m->hp.n_layer, .slice = cm_slice_full(m), .kvs = kvs,
-                         .n_kvs = 2, .out_logits = logits};
+    cm_forward_args a = {.layer_first = 0,
+                         .layer_last = m->hp.n_layer,
+                         .slice = cm_slice_full(m),
+                         .kvs = kvs,
+                         .n_kvs = 2,
+                         .out_logits = logits};
     CHECK(cm_forward(c, &b, &a, errbuf, sizeof errbuf) == 0);
     /* The logits rows come in batch order: A's last prompt token is before B's. */
     int a_first = 2 * A->n_prompt - 1 < 2 * B->n_prompt;
@@ -270,18 +288,31 @@ static void test_two_sequences(void) {
         outA[step] = argmax(logits + ra * 512, 512);
         outB[step] = argmax(logits + rb * 512, 512);
         /* B first this time, to check row order is honoured. */
-        ids[0] = outB[step]; pos[0] = kvB.n_past; seq[0] = 1; want[0] = 1;
-        ids[1] = outA[step]; pos[1] = kvA.n_past; seq[1] = 0; want[1] = 1;
+        ids[0] = outB[step];
+        pos[0] = kvB.n_past;
+        seq[0] = 1;
+        want[0] = 1;
+        ids[1] = outA[step];
+        pos[1] = kvA.n_past;
+        seq[1] = 0;
+        want[1] = 1;
         b.n = 2;
         ra = 1;
         rb = 0;
-        if (cm_forward(c, &b, &a, errbuf, sizeof errbuf)) { CHECKF(0, "%s", errbuf); break; }
+        if (cm_forward(c, &b, &a, errbuf, sizeof errbuf)) {
+            CHECKF(0, "%s", errbuf);
+            break;
+        }
     }
-    CHECKF(first_diff(outA, A->gen, 48) == 48, "sequence A in a shared batch differs at %d", first_diff(outA, A->gen, 48));
-    CHECKF(first_diff(outB, B->gen, 48) == 48, "sequence B in a shared batch differs at %d", first_diff(outB, B->gen, 48));
+    CHECKF(first_diff(outA, A->gen, 48) == 48, "sequence A in a shared batch differs at %d",
+           first_diff(outA, A->gen, 48));
+    CHECKF(first_diff(outB, B->gen, 48) == 48, "sequence B in a shared batch differs at %d",
+           first_diff(outB, B->gen, 48));
     /* Positions must be contiguous: a gap is an error, and leaves n_past alone. */
     int np = kvA.n_past;
-    pos[0] = kvA.n_past + 1; seq[0] = 0; b.n = 1;
+    pos[0] = kvA.n_past + 1;
+    seq[0] = 0;
+    b.n = 1;
     CHECK(cm_forward(c, &b, &a, errbuf, sizeof errbuf) == CM_EINVAL);
     CHECK(kvA.n_past == np);
     cm_kv_release(&kvA);
@@ -312,10 +343,18 @@ static void test_pipeline_stages(void) {
         for (int step = 0; step < 64; step++) {
             for (int i = 0; i < n; i++) pos[i] = kv1.n_past + i;
             cm_batch b1 = {.n = n, .tokens = ids, .pos = pos, .seq = seq};
-            cm_forward_args a1 = {.layer_first = 0, .layer_last = k, .slice = cm_slice_full(m), .kvs = k1, .n_kvs = 1,
+            cm_forward_args a1 = {.layer_first = 0,
+                                  .layer_last = k,
+                                  .slice = cm_slice_full(m),
+                                  .kvs = k1,
+                                  .n_kvs = 1,
                                   .out_hidden = hidden};
             cm_batch b2 = {.n = n, .embd = hidden, .pos = pos, .seq = seq};
-            cm_forward_args a2 = {.layer_first = k, .layer_last = L, .slice = cm_slice_full(m), .kvs = k2, .n_kvs = 1,
+            cm_forward_args a2 = {.layer_first = k,
+                                  .layer_last = L,
+                                  .slice = cm_slice_full(m),
+                                  .kvs = k2,
+                                  .n_kvs = 1,
                                   .out_logits = logits};
             if (cm_forward(c1, &b1, &a1, errbuf, sizeof errbuf) || cm_forward(c2, &b2, &a2, errbuf, sizeof errbuf)) {
                 CHECKF(0, "%s", errbuf);
@@ -324,12 +363,13 @@ static void test_pipeline_stages(void) {
             out[step] = ids[0] = argmax(logits, 512);
             n = 1;
         }
-        CHECKF(first_diff(out, rc->gen, 64) == 64, "%s: 2-stage pipeline differs at %d", G->name, first_diff(out, rc->gen, 64));
+        CHECKF(first_diff(out, rc->gen, 64) == 64, "%s: 2-stage pipeline differs at %d", G->name,
+               first_diff(out, rc->gen, 64));
         /* A stage that does not end at the last layer cannot give logits. */
         cm_batch b = {.n = 1, .tokens = ids, .pos = pos, .seq = seq};
         pos[0] = kv1.n_past;
-        cm_forward_args bad = {.layer_first = 0, .layer_last = k, .slice = cm_slice_full(m), .kvs = k1, .n_kvs = 1,
-                               .out_logits = logits};
+        cm_forward_args bad = {
+            .layer_first = 0, .layer_last = k, .slice = cm_slice_full(m), .kvs = k1, .n_kvs = 1, .out_logits = logits};
         CHECK(cm_forward(c1, &b, &bad, errbuf, sizeof errbuf) == CM_EINVAL);
         cm_kv_release(&kv1);
         cm_kv_release(&kv2);
@@ -366,8 +406,14 @@ static void *tp_main(void *arg) {
     for (int step = 0; step < 64; step++) {
         for (int i = 0; i < n; i++) pos[i] = kv.n_past + i;
         cm_batch b = {.n = n, .tokens = ids, .pos = pos, .seq = seq};
-        cm_forward_args a = {.layer_first = 0, .layer_last = m->hp.n_layer, .slice = me->slice, .kvs = kvs,
-                             .n_kvs = 1, .allreduce = fx_tp_allreduce, .allreduce_user = &me->tr, .out_logits = logits};
+        cm_forward_args a = {.layer_first = 0,
+                             .layer_last = m->hp.n_layer,
+                             .slice = me->slice,
+                             .kvs = kvs,
+                             .n_kvs = 1,
+                             .allreduce = fx_tp_allreduce,
+                             .allreduce_user = &me->tr,
+                             .out_logits = logits};
         if ((me->rc = cm_forward(c, &b, &a, NULL, 0))) break;
         if (step == 0)
             for (int v = 0; v < 512; v++) me->logits_sum[v] = logits[v];
@@ -425,7 +471,10 @@ static void test_f16_kv(void) {
     const char *dir = getenv("CUMULO_TESTDATA");
     char path[512];
     snprintf(path, sizeof path, "%s/stories260K_f16kv_ref.txt", dir && *dir ? dir : "tests/data");
-    if (cm_file_read_all(path, &txt, &len, errbuf, sizeof errbuf)) { CHECKF(0, "%s", errbuf); return; }
+    if (cm_file_read_all(path, &txt, &len, errbuf, sizeof errbuf)) {
+        CHECKF(0, "%s", errbuf);
+        return;
+    }
     const cm_model *m = &G32.m;
     cm_ctx *c = cm_ctx_new(m, 4, 512, NULL, errbuf, sizeof errbuf);
     cm_kv kv;
@@ -466,7 +515,8 @@ static void test_hparams(void) {
     const cm_hparams *hp = &G32.m.hp;
     CHECK(hp->arch == CM_ARCH_LLAMA && hp->n_embd == 64 && hp->n_layer == 5 && hp->n_head == 8 && hp->n_head_kv == 4);
     CHECK(hp->head_dim == 8 && hp->n_ff == 172 && hp->n_vocab == 512 && hp->n_ctx_train == 512);
-    CHECK(hp->rope_type == CM_ROPE_NORM && fabsf(hp->rope_base - 10000.f) < 1e-3f && fabsf(hp->rms_eps - 1e-5f) < 1e-9f);
+    CHECK(hp->rope_type == CM_ROPE_NORM && fabsf(hp->rope_base - 10000.f) < 1e-3f &&
+          fabsf(hp->rms_eps - 1e-5f) < 1e-9f);
     CHECK(!G32.m.tied_output);
     CHECK(G32.m.tok_embd.data >= (void *)G32.g.base && (char *)G32.m.tok_embd.data < (char *)G32.g.base + G32.g.size);
     CHECK(G8.m.layers[0].wq.type == CM_TYPE_Q8_0 && G8.m.layers[0].ffn_down.type == CM_TYPE_F32);

@@ -23,9 +23,20 @@ typedef synth_fx fx;
 
 /* 4 layers (sliding, full, sliding, full), window 4, 8 experts top 2. */
 static int fx_open(fx *f, const char *type, uint64_t seed) {
-    cm_synth_params sp = {.arch = "gpt-oss", .n_embd = 256, .n_layer = 4, .n_head = 4, .n_head_kv = 2, .n_ff = 512,
-                          .n_ctx = 256, .type = type, .seed = seed, .n_threads = 2, .n_expert = 8,
-                          .n_expert_used = 2, .n_ff_exp = 256, .n_swa = 4};
+    cm_synth_params sp = {.arch = "gpt-oss",
+                          .n_embd = 256,
+                          .n_layer = 4,
+                          .n_head = 4,
+                          .n_head_kv = 2,
+                          .n_ff = 512,
+                          .n_ctx = 256,
+                          .type = type,
+                          .seed = seed,
+                          .n_threads = 2,
+                          .n_expert = 8,
+                          .n_expert_used = 2,
+                          .n_ff_exp = 256,
+                          .n_swa = 4};
     char what[64];
     snprintf(what, sizeof what, "gpt-oss %s", type);
     return synth_fx_open(f, &sp, &g_vocab, what, errbuf, sizeof errbuf);
@@ -35,7 +46,10 @@ static void fx_close(fx *f) { synth_fx_close(f); }
 
 static void test_hparams(void) {
     fx f;
-    if (fx_open(&f, "mxfp4", 3)) { CHECKF(0, "%s", errbuf); return; }
+    if (fx_open(&f, "mxfp4", 3)) {
+        CHECKF(0, "%s", errbuf);
+        return;
+    }
     const cm_hparams *hp = &f.m.hp;
     CHECK(hp->arch == CM_ARCH_GPTOSS && !strcmp(cm_arch_name_of(hp->arch), "gpt-oss"));
     CHECK(hp->n_swa == 4 && hp->swa_pattern == 2);
@@ -67,7 +81,7 @@ static void test_swiglu_oai(void) {
     CHECK(cm_swiglu_oai(1.0f, 100.0f) == cm_swiglu_oai(1.0f, 7.0f));            /* up clamped both ways */
     CHECK(cm_swiglu_oai(1.0f, -100.0f) == cm_swiglu_oai(1.0f, -7.0f));
     CHECK(cm_swiglu_oai(1.0f, -1.0f) == 0.0f); /* the +1 on up */
-    const float g = -30.0f; /* no lower clamp on the gate: a tiny negative, not 0 */
+    const float g = -30.0f;                    /* no lower clamp on the gate: a tiny negative, not 0 */
     CHECK(cm_swiglu_oai(g, 0.0f) < 0.0f && cm_swiglu_oai(g, 0.0f) > -1e-15f);
 }
 
@@ -80,7 +94,10 @@ static int run_steps(const cm_model *m, cm_pool *pool, int step, bool f16, float
 
 static void test_batch_invariance(void) {
     fx f;
-    if (fx_open(&f, "q8_0", 5)) { CHECKF(0, "%s", errbuf); return; }
+    if (fx_open(&f, "q8_0", 5)) {
+        CHECKF(0, "%s", errbuf);
+        return;
+    }
     const size_t V = (size_t)f.m.hp.n_vocab, sz = sizeof(float) * V * NTOK;
     cm_pool *pool = cm_pool_new(2);
     float *a = cm_malloc(sz), *b = cm_malloc(sz);
@@ -106,8 +123,8 @@ static void test_batch_invariance(void) {
 
 /* Rewrite a parsed file: kvs copied except `drop_key` (and `add` called to
  * write more), tensors copied with `from` renamed `to`. */
-static int rewrite(const cm_gguf *g, const char *drop_key, void (*add)(cm_gguf_writer *), const char *from, const char *to,
-                   cm_buf *out) {
+static int rewrite(const cm_gguf *g, const char *drop_key, void (*add)(cm_gguf_writer *), const char *from,
+                   const char *to, cm_buf *out) {
     cm_gguf_writer *w = cm_gguf_writer_new(0);
     for (uint64_t i = 0; i < g->n_kv; i++)
         if (!drop_key || strcmp(g->kv[i].key, drop_key)) cm_gguf_w_copy_kv(w, &g->kv[i]);
@@ -142,7 +159,10 @@ static void add_logmul(cm_gguf_writer *w) { cm_gguf_w_f32(w, "gpt-oss.rope.scali
 
 static void test_refusals(void) {
     fx f;
-    if (fx_open(&f, "f32", 7)) { CHECKF(0, "%s", errbuf); return; }
+    if (fx_open(&f, "f32", 7)) {
+        CHECKF(0, "%s", errbuf);
+        return;
+    }
     struct {
         const char *drop;
         void (*add)(cm_gguf_writer *);

@@ -39,32 +39,40 @@ static void expect(const char *schema, const char *const *good, const char *cons
 }
 
 static void test_json_object(void) {
-    const char *good[] = {"{}", " {\"a\": [1, 2.5, \"x\", true, null, {\"b\": -0.5e+3}]}", "{\"\\u00e9\\n\": \"\xC3\xA9\"}",
-                          "{\n  \"k\": {}\n}", NULL};
-    const char *bad[] = {"[1]", "{\"a\" 1}", "{", "{\"a\":01}", "{\"a\":1,}", "\"s\"", "{\"a\":\"\x01\"}",
-                         "{\"a\":\"\xC3\"}", "{\"a\":tru}", "{} x", NULL};
+    const char *good[] = {"{}", " {\"a\": [1, 2.5, \"x\", true, null, {\"b\": -0.5e+3}]}",
+                          "{\"\\u00e9\\n\": \"\xC3\xA9\"}", "{\n  \"k\": {}\n}", NULL};
+    const char *bad[] = {
+        "[1]",         "{\"a\" 1}", "{", "{\"a\":01}", "{\"a\":1,}", "\"s\"", "{\"a\":\"\x01\"}", "{\"a\":\"\xC3\"}",
+        "{\"a\":tru}", "{} x",      NULL};
     expect(NULL, good, bad);
 }
 
-static const char *k_person = "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":5},"
-                              "\"age\":{\"type\":\"integer\"},\"tags\":{\"type\":\"array\",\"items\":{\"type\":\"string\"},"
-                              "\"maxItems\":2},\"kind\":{\"enum\":[\"a\",\"b\",3]}},\"required\":[\"name\",\"age\"],"
-                              "\"additionalProperties\":false}";
+static const char *k_person =
+    "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":5},"
+    "\"age\":{\"type\":\"integer\"},\"tags\":{\"type\":\"array\",\"items\":{\"type\":\"string\"},"
+    "\"maxItems\":2},\"kind\":{\"enum\":[\"a\",\"b\",3]}},\"required\":[\"name\",\"age\"],"
+    "\"additionalProperties\":false}";
 
 static void test_object_schema(void) {
     const char *good[] = {"{\"name\":\"Al\",\"age\":3}", "{ \"name\" : \"Alice\" , \"age\" : -12 , \"tags\" : [ ] }",
-                          "{\"name\":\"\",\"age\":0,\"tags\":[\"x\",\"y\"],\"kind\":3}", "{\"name\":\"x\",\"age\":1,\"kind\":\"b\"}",
-                          NULL};
-    const char *bad[] = {"{\"age\":3,\"name\":\"x\"}", "{\"name\":\"x\"}", "{\"name\":\"x\",\"age\":3.5}",
-                         "{\"name\":\"x\",\"age\":1,\"tags\":[\"a\",\"b\",\"c\"]}", "{\"name\":\"x\",\"age\":1,\"z\":1}",
-                         "{\"name\":\"toolong\",\"age\":1}", "{\"name\":\"x\",\"age\":1,\"kind\":\"c\"}",
-                         "{\"name\":\"x\",\"age\":1,}", NULL};
+                          "{\"name\":\"\",\"age\":0,\"tags\":[\"x\",\"y\"],\"kind\":3}",
+                          "{\"name\":\"x\",\"age\":1,\"kind\":\"b\"}", NULL};
+    const char *bad[] = {"{\"age\":3,\"name\":\"x\"}",
+                         "{\"name\":\"x\"}",
+                         "{\"name\":\"x\",\"age\":3.5}",
+                         "{\"name\":\"x\",\"age\":1,\"tags\":[\"a\",\"b\",\"c\"]}",
+                         "{\"name\":\"x\",\"age\":1,\"z\":1}",
+                         "{\"name\":\"toolong\",\"age\":1}",
+                         "{\"name\":\"x\",\"age\":1,\"kind\":\"c\"}",
+                         "{\"name\":\"x\",\"age\":1,}",
+                         NULL};
     expect(k_person, good, bad);
 }
 
-static const char *k_tree = "{\"$defs\":{\"node\":{\"type\":\"object\",\"properties\":{\"v\":{\"type\":[\"number\",\"null\"]},"
-                            "\"kids\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/node\"}}},\"required\":[\"v\"]}},"
-                            "\"anyOf\":[{\"$ref\":\"#/$defs/node\"},{\"const\":\"none\"}]}";
+static const char *k_tree =
+    "{\"$defs\":{\"node\":{\"type\":\"object\",\"properties\":{\"v\":{\"type\":[\"number\",\"null\"]},"
+    "\"kids\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/node\"}}},\"required\":[\"v\"]}},"
+    "\"anyOf\":[{\"$ref\":\"#/$defs/node\"},{\"const\":\"none\"}]}";
 
 static void test_ref_anyof(void) {
     const char *good[] = {"{\"v\":1}", "{\"v\":null,\"kids\":[{\"v\":2,\"kids\":[{\"v\":3}]}]}", "\"none\"", NULL};
@@ -73,7 +81,9 @@ static void test_ref_anyof(void) {
 }
 
 static void test_unsupported(void) {
-    struct { const char *schema, *want; } k[] = {
+    struct {
+        const char *schema, *want;
+    } k[] = {
         {"{\"type\":\"object\",\"properties\":{\"zip\":{\"type\":\"string\",\"pattern\":\"^[0-9]+$\"}}}",
          "unsupported JSON Schema keyword 'pattern' at /properties/zip"},
         {"{\"type\":\"integer\",\"minimum\":3}", "'minimum'"},
@@ -106,7 +116,10 @@ static int walk(const cm_grammar *g, uint64_t *rng, char *out, int cap) {
             char c = (char)b;
             if (cm_grammar_allows(s, &c, 1)) ok[k++] = (unsigned char)b;
         }
-        if (!k) { n = -1; break; }
+        if (!k) {
+            n = -1;
+            break;
+        }
         *rng = *rng * 6364136223846793005ull + 1442695040888963407ull;
         /* prefer closing over growing once long, so walks end */
         char c = (char)ok[(*rng >> 33) % (unsigned)k];
@@ -114,7 +127,10 @@ static int walk(const cm_grammar *g, uint64_t *rng, char *out, int cap) {
             for (int i = 0; i < k; i++)
                 if (ok[i] == '}' || ok[i] == ']' || ok[i] == '"') c = (char)ok[i];
         }
-        if (cm_grammar_accept(s, &c, 1)) { n = -1; break; }
+        if (cm_grammar_accept(s, &c, 1)) {
+            n = -1;
+            break;
+        }
         out[n++] = c;
     }
     bool complete = cm_grammar_complete(s);
@@ -126,8 +142,10 @@ static int walk(const cm_grammar *g, uint64_t *rng, char *out, int cap) {
 
 static bool person_ok(const cJSON *j) {
     const cJSON *name = cJSON_GetObjectItemCaseSensitive(j, "name"), *age = cJSON_GetObjectItemCaseSensitive(j, "age");
-    const cJSON *tags = cJSON_GetObjectItemCaseSensitive(j, "tags"), *kind = cJSON_GetObjectItemCaseSensitive(j, "kind");
-    if (!cJSON_IsObject(j) || !cJSON_IsString(name) || !cJSON_IsNumber(age) || age->valuedouble != floor(age->valuedouble))
+    const cJSON *tags = cJSON_GetObjectItemCaseSensitive(j, "tags"),
+                *kind = cJSON_GetObjectItemCaseSensitive(j, "kind");
+    if (!cJSON_IsObject(j) || !cJSON_IsString(name) || !cJSON_IsNumber(age) ||
+        age->valuedouble != floor(age->valuedouble))
         return false;
     int n = 0;
     const cJSON *x;
@@ -159,8 +177,9 @@ static void test_random_walks_sound(void) {
             bool ok = j != NULL;
             if (ok && si == 0) ok = cJSON_IsObject(j);
             if (ok && si == 1) ok = person_ok(j);
-            if (ok && si == 2) ok = cJSON_IsObject(j) ? cJSON_GetObjectItemCaseSensitive(j, "v") != NULL
-                                                      : cJSON_IsString(j) && !strcmp(j->valuestring, "none");
+            if (ok && si == 2)
+                ok = cJSON_IsObject(j) ? cJSON_GetObjectItemCaseSensitive(j, "v") != NULL
+                                       : cJSON_IsString(j) && !strcmp(j->valuestring, "none");
             CHECKF(ok, "schema %d produced invalid '%s'", si, buf);
             valid += ok;
             cJSON_Delete(j);
@@ -185,8 +204,8 @@ static void test_mask(void) {
     bool eog[10] = {[7] = true}, never[10] = {[8] = true};
     cm_grammar_vocab v = {.n_vocab = 10, .off = off, .bytes = bytes, .eog = eog, .never = never};
     char err[256];
-    cm_grammar *g = compile("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"required\":[\"a\"]}", err,
-                            sizeof err);
+    cm_grammar *g = compile("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"required\":[\"a\"]}",
+                            err, sizeof err);
     CHECKF(g != NULL, "%s", err);
     if (!g) return;
     cm_grammar_state *s = cm_grammar_state_new(g);
@@ -199,8 +218,8 @@ static void test_mask(void) {
         char got[64] = "";
         for (int i = 0; i < 10; i++)
             if (l[i] == 0) snprintf(got + strlen(got), sizeof got - strlen(got), "%s%d", *got ? "," : "", i);
-        CHECKF(!strcmp(got, allowed[step]) && n == (int)(strlen(got) + 1) / 2, "step %d: allowed %s, want %s", step, got,
-               allowed[step]);
+        CHECKF(!strcmp(got, allowed[step]) && n == (int)(strlen(got) + 1) / 2, "step %d: allowed %s, want %s", step,
+               got, allowed[step]);
         CHECK(cm_grammar_accept(s, pieces[seq[step]], strlen(pieces[seq[step]])) == 0);
     }
     for (int i = 0; i < 10; i++) l[i] = 0;

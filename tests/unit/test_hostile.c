@@ -67,7 +67,10 @@ static cm_conn *dial(cm_sec_mode mode, const uint8_t *key, uint32_t roles, int *
     cm_msg_hello me;
     hello(&me, roles);
     *rc = cm_conn_handshake(c, true, &cfg, &me, NULL, e, el);
-    if (*rc) { cm_conn_close(c, NULL); return NULL; }
+    if (*rc) {
+        cm_conn_close(c, NULL);
+        return NULL;
+    }
     return c;
 }
 
@@ -102,7 +105,10 @@ static bool honest_ping(void) {
     int rc;
     char e[400];
     cm_conn *c = dial(CM_SEC_ENCRYPT, g_key, CM_ROLE_NODE, &rc, e, sizeof e);
-    if (!c) { fprintf(stderr, "honest peer refused: %s\n", e); return false; }
+    if (!c) {
+        fprintf(stderr, "honest peer refused: %s\n", e);
+        return false;
+    }
     cm_msg m = {.type = CM_MSG_PING}, r;
     m.u.ping.id = 42;
     bool ok = cm_conn_send(c, &m, 2000, e, sizeof e) == 0 && cm_conn_recv(c, &r, 3000, e, sizeof e) == 0 &&
@@ -306,8 +312,15 @@ static void test_not_allowed(void) {
     uint8_t want = 1;
     float hid[4] = {1, 2, 3, 4};
     m = (cm_msg){.type = CM_MSG_FORWARD};
-    m.u.forward = (cm_msg_forward){.epoch = 1, .request_id = 1, .n_tokens = 1, .dim = 4, .dtype = CM_HIDDEN_F32,
-                                   .pos = &pos, .seq = &seq, .want = &want, .hidden = hid};
+    m.u.forward = (cm_msg_forward){.epoch = 1,
+                                   .request_id = 1,
+                                   .n_tokens = 1,
+                                   .dim = 4,
+                                   .dtype = CM_HIDDEN_F32,
+                                   .pos = &pos,
+                                   .seq = &seq,
+                                   .want = &want,
+                                   .hidden = hid};
     CHECKF(cm_conn_send(c, &m, 2000, e, sizeof e) == 0, "%s", e);
     cm_msg r;
     m = (cm_msg){.type = CM_MSG_PING};
@@ -332,8 +345,8 @@ static void *node_main(void *arg) {
     char kf[300], pf[300], err[300];
     snprintf(kf, sizeof kf, "%s/key", g_dir);
     snprintf(pf, sizeof pf, "%s/port", g_dir);
-    cm_node_opts o = {.bind = "127.0.0.1", .port_file = pf, .cache_dir = g_dir, .n_threads = 1, .key_file = kf,
-                      .name = "target"};
+    cm_node_opts o = {
+        .bind = "127.0.0.1", .port_file = pf, .cache_dir = g_dir, .n_threads = 1, .key_file = kf, .name = "target"};
     g_node_rc = cm_node_run(&o, &g_stop, err, sizeof err);
     if (g_node_rc) fprintf(stderr, "node: %s\n", err);
     return NULL;
@@ -358,7 +371,10 @@ int main(void) {
         snprintf(kf, sizeof kf, "%s/key", g_dir);
         snprintf(pf, sizeof pf, "%s/port", g_dir);
         cm_net_key_generate(g_key);
-        if (cm_net_key_save(kf, g_key, e, sizeof e)) { fprintf(stderr, "%s\n", e); return 2; }
+        if (cm_net_key_save(kf, g_key, e, sizeof e)) {
+            fprintf(stderr, "%s\n", e);
+            return 2;
+        }
         fx_log_capture_start("hostile");
         pthread_create(&th, NULL, node_main, NULL);
         for (int i = 0; i < 200 && !g_port; i++) {
@@ -368,7 +384,11 @@ int main(void) {
             cm_free(s);
             if (!g_port) cm_sleep_ms(20);
         }
-        if (!g_port) { log = fx_log_capture_end(); fprintf(stderr, "the node did not start: %s\n", log ? log : ""); return 2; }
+        if (!g_port) {
+            log = fx_log_capture_end();
+            fprintf(stderr, "the node did not start: %s\n", log ? log : "");
+            return 2;
+        }
     }
     RUN(test_wrong_key);
     RUN(test_not_a_frame);
@@ -413,8 +433,10 @@ int main(void) {
             CHECKF(found, "the node's log lacks '%s' naming the peer", want[i]);
         }
         CHECK(g_node_rc == 0);
-        if (t_cur_failed) { t_failed++; fprintf(stderr, "node log:\n%s\n", log ? log : ""); }
-        else t_passed++;
+        if (t_cur_failed) {
+            t_failed++;
+            fprintf(stderr, "node log:\n%s\n", log ? log : "");
+        } else t_passed++;
         if (getenv("CM_HOSTILE_SHOW_LOG")) fprintf(stderr, "%s", log ? log : "");
         free(log);
         char p[300];

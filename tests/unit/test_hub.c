@@ -24,9 +24,19 @@ static void test_parse_ref(void) {
     CHECK(!strcmp(r.repo, "org/repo") && !strcmp(r.file, "sub/dir/model-Q4_0.gguf"));
     CHECK(cm_hub_parse_ref("hf://org/repo:Q4_0", &r, err, sizeof err) == 0 && !strcmp(r.quant, "Q4_0"));
     /* refused, each with a message */
-    const char *bad[] = {"repo", "org/", "/repo", "org/re po", "org/../x", "org/repo:", "org/repo:Q4 0",
-                         "org/repo/file.gguf", "hf://org/repo/../../etc/passwd", "hf://org/repo/a?b.gguf",
-                         "org/repo@", "-org/repo", "org/repo:Q4_0:x"};
+    const char *bad[] = {"repo",
+                         "org/",
+                         "/repo",
+                         "org/re po",
+                         "org/../x",
+                         "org/repo:",
+                         "org/repo:Q4 0",
+                         "org/repo/file.gguf",
+                         "hf://org/repo/../../etc/passwd",
+                         "hf://org/repo/a?b.gguf",
+                         "org/repo@",
+                         "-org/repo",
+                         "org/repo:Q4_0:x"};
     for (size_t i = 0; i < CM_ARRAY_LEN(bad); i++) {
         err[0] = 0;
         CHECKF(cm_hub_parse_ref(bad[i], &r, err, sizeof err) == CM_EINVAL && err[0], "'%s'", bad[i]);
@@ -103,8 +113,14 @@ static void test_choose(void) {
     size_t pick[CM_HUB_MAX_PARTS], np;
     cm_hub_ref r;
     char err[700];
-    const char *repo[] = {"README.md", "m-Q4_K_S.gguf", "m-Q4_K_M.gguf", "m-Q8_0.gguf", "m-IQ4_XS.gguf",
-                          "big/m-F16-00002-of-00002.gguf", "big/m-F16-00001-of-00002.gguf", "m-q4_0.gguf"};
+    const char *repo[] = {"README.md",
+                          "m-Q4_K_S.gguf",
+                          "m-Q4_K_M.gguf",
+                          "m-Q8_0.gguf",
+                          "m-IQ4_XS.gguf",
+                          "big/m-F16-00002-of-00002.gguf",
+                          "big/m-F16-00001-of-00002.gguf",
+                          "m-q4_0.gguf"};
     size_t n = mk(f, repo, CM_ARRAY_LEN(repo));
     cm_hub_parse_ref("o/m", &r, NULL, 0);
     CHECK(cm_hub_choose(&r, f, n, pick, &np, err, sizeof err) == 0 && np == 1 && pick[0] == 2); /* Q4_K_M preferred */

@@ -59,21 +59,38 @@ static void random_blocks(cm_rng *r, enum cm_type t, uint8_t *p, int64_t n) {
         uint8_t *q = p + b * tr->type_size;
         const float s1 = 0.01f * cm_rng_normal(r), s2 = 0.02f * cm_rng_normal(r);
         switch (t) {
-        case CM_TYPE_Q4_0: case CM_TYPE_Q5_0: case CM_TYPE_Q8_0: case CM_TYPE_IQ4_NL: case CM_TYPE_IQ4_XS:
-        case CM_TYPE_IQ2_XXS: case CM_TYPE_IQ3_XXS: case CM_TYPE_IQ1_S:
-            cm_wr_u16(q, cm_f32_to_f16(s1)); break;
-        case CM_TYPE_Q2_K: cm_wr_u16(q + 80, cm_f32_to_f16(s1)); cm_wr_u16(q + 82, cm_f32_to_f16(s2)); break;
+        case CM_TYPE_Q4_0:
+        case CM_TYPE_Q5_0:
+        case CM_TYPE_Q8_0:
+        case CM_TYPE_IQ4_NL:
+        case CM_TYPE_IQ4_XS:
+        case CM_TYPE_IQ2_XXS:
+        case CM_TYPE_IQ3_XXS:
+        case CM_TYPE_IQ1_S: cm_wr_u16(q, cm_f32_to_f16(s1)); break;
+        case CM_TYPE_Q2_K:
+            cm_wr_u16(q + 80, cm_f32_to_f16(s1));
+            cm_wr_u16(q + 82, cm_f32_to_f16(s2));
+            break;
         case CM_TYPE_Q3_K: cm_wr_u16(q + 108, cm_f32_to_f16(s1)); break;
         case CM_TYPE_MXFP4: q[0] = (uint8_t)(b % 5 == 0 ? (uint64_t)b % 2 : 110 + cm_rng_next(r) % 40); break;
-        case CM_TYPE_Q4_1: case CM_TYPE_Q5_1: case CM_TYPE_Q8_1: case CM_TYPE_Q4_K: case CM_TYPE_Q5_K:
-            cm_wr_u16(q, cm_f32_to_f16(s1)); cm_wr_u16(q + 2, cm_f32_to_f16(s2)); break;
+        case CM_TYPE_Q4_1:
+        case CM_TYPE_Q5_1:
+        case CM_TYPE_Q8_1:
+        case CM_TYPE_Q4_K:
+        case CM_TYPE_Q5_K:
+            cm_wr_u16(q, cm_f32_to_f16(s1));
+            cm_wr_u16(q + 2, cm_f32_to_f16(s2));
+            break;
         case CM_TYPE_Q6_K: cm_wr_u16(q + 208, cm_f32_to_f16(s1)); break;
         case CM_TYPE_Q8_K: memcpy(q, &s1, 4); break;
         default: break;
         }
     }
     if (t == CM_TYPE_F32)
-        for (int64_t i = 0; i < n; i++) { float v = cm_rng_normal(r); memcpy(p + 4 * i, &v, 4); }
+        for (int64_t i = 0; i < n; i++) {
+            float v = cm_rng_normal(r);
+            memcpy(p + 4 * i, &v, 4);
+        }
     if (t == CM_TYPE_F16)
         for (int64_t i = 0; i < n; i++) cm_wr_u16(p + 2 * i, cm_f32_to_f16(cm_rng_normal(r)));
     if (t == CM_TYPE_BF16)
@@ -110,7 +127,8 @@ static void test_dequantize(void) {
                 }
             }
         }
-        if (getenv("CUMULO_TEST_VERBOSE")) fprintf(stderr, "  dequant %-5s worst abs diff %.3g\n", cm_type_name(t), worst);
+        if (getenv("CUMULO_TEST_VERBOSE"))
+            fprintf(stderr, "  dequant %-5s worst abs diff %.3g\n", cm_type_name(t), worst);
     }
 }
 
@@ -148,14 +166,17 @@ static double nmse_bound(enum cm_type t) {
     case CM_TYPE_F16: return 8e-8;
     case CM_TYPE_BF16: return 5.1e-6;
     case CM_TYPE_Q4_0: return 1.2e-2;
-    case CM_TYPE_Q4_1: case CM_TYPE_Q4_K: return 1.3e-2;
+    case CM_TYPE_Q4_1:
+    case CM_TYPE_Q4_K: return 1.3e-2;
     case CM_TYPE_Q5_0: return 2.9e-3;
-    case CM_TYPE_Q5_1: case CM_TYPE_Q5_K: return 3.1e-3;
+    case CM_TYPE_Q5_1:
+    case CM_TYPE_Q5_K: return 3.1e-3;
     case CM_TYPE_Q8_0: return 4.7e-5;
     case CM_TYPE_Q6_K: return 7.3e-4;
     case CM_TYPE_Q2_K: return 0.15;
     case CM_TYPE_Q3_K: return 4.7e-2;
-    case CM_TYPE_IQ4_NL: case CM_TYPE_IQ4_XS: return 1.2e-2;
+    case CM_TYPE_IQ4_NL:
+    case CM_TYPE_IQ4_XS: return 1.2e-2;
     case CM_TYPE_MXFP4: return 4.7e-2;
     default: return -1;
     }
@@ -194,8 +215,7 @@ static void test_quantize_roundtrip(void) {
             int finite = 1, zeros_ok = 1;
             for (int i = 0; i < ROW; i++) {
                 finite &= isfinite(y[i]) != 0;
-                if (dist == DIST_ZERO_BLOCKS && (i / 32) % 3 == 1)
-                    zeros_ok &= y[i] == 0.0f;
+                if (dist == DIST_ZERO_BLOCKS && (i / 32) % 3 == 1) zeros_ok &= y[i] == 0.0f;
                 e2 += ((double)x[i] - y[i]) * ((double)x[i] - y[i]);
                 x2 += (double)x[i] * x[i];
             }
@@ -221,13 +241,19 @@ static void test_quantize_known(void) {
     uint8_t q[400];
     /* Q8_0 weights: amax 127 -> d = 1; 2.5 -> 3 (roundf: ties away from zero). */
     for (int i = 0; i < 32; i++) x[i] = (float)(i % 7) - 3.0f;
-    x[0] = 127; x[1] = 2.5f; x[2] = -2.5f; x[3] = 0.5f;
+    x[0] = 127;
+    x[1] = 2.5f;
+    x[2] = -2.5f;
+    x[3] = 0.5f;
     cm_quantize_rows(CM_TYPE_Q8_0, x, q, 1, 32);
     CHECK(cm_rd_u16(q) == 0x3c00); /* d = 1.0 */
     CHECK((int8_t)q[2] == 127 && (int8_t)q[3] == 3 && (int8_t)q[4] == -3 && (int8_t)q[5] == 1);
     /* Q4_0: max = -8 -> d = 1, q = x + 8 truncated after +0.5: 2.5 -> 11 (10.5 + 0.5). */
     for (int i = 0; i < 32; i++) x[i] = 0;
-    x[0] = -8; x[1] = 2.5f; x[16] = 7; x[17] = -7.4f;
+    x[0] = -8;
+    x[1] = 2.5f;
+    x[16] = 7;
+    x[17] = -7.4f;
     cm_quantize_rows(CM_TYPE_Q4_0, x, q, 1, 32);
     CHECK(cm_rd_u16(q) == 0x3c00);
     CHECK((q[2] & 15) == 0 && (q[3] & 15) == 11 && (q[2] >> 4) == 15 && (q[3] >> 4) == 1);
@@ -254,7 +280,12 @@ static void test_activation_rounding(void) {
     /* Q8_0 on x86: id = 127/amax = 1, ties to even: 2.5 -> 2, 3.5 -> 4, -2.5 -> -2.
      * (ggml's quantize_row_q8_0_ref would give 3, 4, -3 with roundf.) */
     for (int i = 0; i < 32; i++) x[i] = 0;
-    x[0] = 127; x[1] = 2.5f; x[2] = 3.5f; x[3] = -2.5f; x[4] = 0.5f; x[5] = -126.5f;
+    x[0] = 127;
+    x[1] = 2.5f;
+    x[2] = 3.5f;
+    x[3] = -2.5f;
+    x[4] = 0.5f;
+    x[5] = -126.5f;
     k->from_float[CM_TYPE_Q8_0](x, q, 32);
     CHECK(cm_rd_u16(q) == 0x3c00);
     CHECK((int8_t)q[3] == 2 && (int8_t)q[4] == 4 && (int8_t)q[5] == -2 && (int8_t)q[6] == 0 && (int8_t)q[7] == -126);
@@ -279,7 +310,11 @@ static void test_activation_rounding(void) {
     }
     /* Q8_K: scale -127/max with max the signed extreme; nearest_int ties to even. */
     for (int i = 0; i < 256; i++) x[i] = 0;
-    x[0] = -127; x[1] = 2.5f; x[2] = 3.5f; x[3] = 127; x[20] = 1;
+    x[0] = -127;
+    x[1] = 2.5f;
+    x[2] = 3.5f;
+    x[3] = 127;
+    x[20] = 1;
     k->from_float[CM_TYPE_Q8_K](x, q, 256);
     float d;
     memcpy(&d, q, 4);
@@ -334,7 +369,7 @@ static void test_activation_rounding(void) {
 static double act_err_bound(enum cm_type vt, const float *x, int i) {
     const double ax = fabs(x[i]);
     if (vt == CM_TYPE_F32) return 0;
-    if (vt == CM_TYPE_F16) return ax * (1.0 / 2048) + 6e-8;    /* + half the f16 subnormal step */
+    if (vt == CM_TYPE_F16) return ax * (1.0 / 2048) + 6e-8; /* + half the f16 subnormal step */
     if (vt == CM_TYPE_BF16) return ax * (1.0 / 256) + 1e-38;
     const int bs = vt == CM_TYPE_Q8_K ? 256 : 32;
     double amax = 0;
@@ -460,10 +495,11 @@ static void test_supports(void) {
         CHECKF(cm_kernels_supports(k_weight_types[ti]), "%s", cm_type_name(k_weight_types[ti]));
     CHECK(cm_kernels_supports(CM_TYPE_IQ2_XXS) && cm_kernels_supports(CM_TYPE_IQ3_XXS) &&
           cm_kernels_supports(CM_TYPE_IQ1_S));
-    const int no[] = {CM_TYPE_IQ2_XS,  CM_TYPE_IQ3_S, CM_TYPE_Q8_1,  CM_TYPE_Q8_K, CM_TYPE_I8,
-                      CM_TYPE_I32,     CM_TYPE_F64,   CM_TYPE_TQ2_0, 4,            CM_TYPE_COUNT - 1};
-    for (size_t i = 0; i < CM_ARRAY_LEN(no); i++)
-        CHECKF(!cm_kernels_supports((enum cm_type)no[i]), "type %d", no[i]);
+    const int no[] = {CM_TYPE_IQ2_XS,   CM_TYPE_IQ3_S, CM_TYPE_Q8_1,
+                      CM_TYPE_Q8_K,     CM_TYPE_I8,    CM_TYPE_I32,
+                      CM_TYPE_F64,      CM_TYPE_TQ2_0, 4,
+                      CM_TYPE_COUNT - 1};
+    for (size_t i = 0; i < CM_ARRAY_LEN(no); i++) CHECKF(!cm_kernels_supports((enum cm_type)no[i]), "type %d", no[i]);
     CHECK(!cm_kernels_supports((enum cm_type)CM_TYPE_COUNT));
     CHECK(!cm_kernels_supports((enum cm_type)1000));
 }
@@ -551,8 +587,8 @@ static void test_isa_tables(void) {
                 decode_row(vt, g_buf[3], ROW, b, NULL);
                 double m = 0;
                 for (int i = 0; i < ROW; i++) m += mag[i] * fabs(b[i]);
-                CHECKF(fabs((double)sr - sk) <= 64 * FLT_EPSILON * m + 1e-30, "%s vec_dot %s: %.9g vs %.9g",
-                       isas[ii], cm_type_name(t), sk, sr);
+                CHECKF(fabs((double)sr - sk) <= 64 * FLT_EPSILON * m + 1e-30, "%s vec_dot %s: %.9g vs %.9g", isas[ii],
+                       cm_type_name(t), sk, sr);
             }
         }
         /* gemm entries against the table's own vec_dot. */

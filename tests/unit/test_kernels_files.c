@@ -76,7 +76,12 @@ static int compare_file(const char *quant_name, enum cm_type want_type) {
         cm_matmul_rows(cm_kernels_get(), &Wf, xq, xs, 2, y1, nrows, 0, nrows);
         cm_matmul_rows(cm_kernels_get(), &Wm, xq, xs, 2, y2, nrows, 0, nrows);
         CHECKF(!memcmp(y1, y2, sizeof(float) * (size_t)nrows * 2), "%s: matmul differs", tq->name);
-        free(x); free(y1); free(y2); free(xq); free(deq); free(mine);
+        free(x);
+        free(y1);
+        free(y2);
+        free(xq);
+        free(deq);
+        free(mine);
         n_checked++;
     }
     if (getenv("CUMULO_TEST_VERBOSE")) fprintf(stderr, "  %s: %d tensors byte-identical\n", quant_name, n_checked);

@@ -82,8 +82,7 @@ static void check_table(const cm_kernels *k, const char *label) {
             CHECKF(kc_fnv(deq, sizeof deq) == want, "%s: to_float %s of random blocks differs from ggml", label, tn);
             const enum cm_type vt = cm_type_traits_of((uint32_t)t)->vec_dot_type;
             kc_fill(x, 1, t, 0);
-            for (int r = 0; r < KC_ROWS; r++)
-                k->from_float[vt](x + r * KC_N, a + r * cm_row_size(vt, KC_N), KC_N);
+            for (int r = 0; r < KC_ROWS; r++) k->from_float[vt](x + r * KC_N, a + r * cm_row_size(vt, KC_N), KC_N);
             n_r++;
         } else if (line[0] == 'E') {
             char hex[64];
@@ -103,8 +102,8 @@ static void check_table(const cm_kernels *k, const char *label) {
             const size_t as = cm_row_size((enum cm_type)t, KC_N);
             kc_fill(x, 2, t, dist);
             for (int r = 0; r < KC_ROWS; r++) k->from_float[t](x + r * KC_N, a + r * as, KC_N);
-            CHECKF(kc_fnv(a, as * KC_ROWS) == want, "%s: from_float %s dist %d differs from llama.cpp x86", label,
-                   tn, dist);
+            CHECKF(kc_fnv(a, as * KC_ROWS) == want, "%s: from_float %s dist %d differs from llama.cpp x86", label, tn,
+                   dist);
             n_a++;
         } else if (line[0] == 'D') {
             char hex[64];
@@ -122,8 +121,8 @@ static void check_table(const cm_kernels *k, const char *label) {
             k->vec_dot[t](KC_N, &ours, q + row * rs, a + row * as);
             char what[32];
             snprintf(what, sizeof what, "dist %d row %d", dist, row);
-            const double r = check_dot(label, what, (enum cm_type)t, q + row * rs, a + row * as, ours,
-                                       strtof(hex, NULL));
+            const double r =
+                check_dot(label, what, (enum cm_type)t, q + row * rs, a + row * as, ours, strtof(hex, NULL));
             if (r > worst_d) worst_d = r;
             n_d++;
         }

@@ -32,11 +32,10 @@ static uint64_t rnd(void) {
 }
 static float frand(void) { return (float)((rnd() >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f; }
 
-static const enum cm_type k_types[] = {CM_TYPE_Q4_0,  CM_TYPE_Q4_1,   CM_TYPE_Q5_0,   CM_TYPE_Q5_1,
-                                       CM_TYPE_Q8_0,  CM_TYPE_Q4_K,   CM_TYPE_Q5_K,   CM_TYPE_Q6_K,
-                                       CM_TYPE_F16,   CM_TYPE_BF16,   CM_TYPE_F32,    CM_TYPE_Q2_K,
-                                       CM_TYPE_Q3_K,  CM_TYPE_IQ4_NL, CM_TYPE_IQ4_XS, CM_TYPE_MXFP4,
-                                       CM_TYPE_IQ2_XXS, CM_TYPE_IQ3_XXS, CM_TYPE_IQ1_S};
+static const enum cm_type k_types[] = {CM_TYPE_Q4_0,  CM_TYPE_Q4_1,    CM_TYPE_Q5_0,    CM_TYPE_Q5_1,   CM_TYPE_Q8_0,
+                                       CM_TYPE_Q4_K,  CM_TYPE_Q5_K,    CM_TYPE_Q6_K,    CM_TYPE_F16,    CM_TYPE_BF16,
+                                       CM_TYPE_F32,   CM_TYPE_Q2_K,    CM_TYPE_Q3_K,    CM_TYPE_IQ4_NL, CM_TYPE_IQ4_XS,
+                                       CM_TYPE_MXFP4, CM_TYPE_IQ2_XXS, CM_TYPE_IQ3_XXS, CM_TYPE_IQ1_S};
 /* Rows of a type: through the reference quantizer, or, for the grid types
  * that have none, random blocks with a sane f16 scale d (their first field). */
 static size_t make_rows(enum cm_type t, const float *f, uint8_t *w, int64_t rows, int64_t n) {
@@ -111,14 +110,15 @@ static void check_table(const cm_kernels *k, enum cm_type t) {
                         }
                         if (memcmp(got, &g_ref[s + j][r], sizeof(float)) == 0) continue;
                         if (!bad++)
-                            snprintf(first, sizeof first, "n_tok %d, token %d of the batch, row %d: gemm %.9g vec_dot %.9g",
-                                     n_tok, j, r, (double)*got, (double)g_ref[s + j][r]);
+                            snprintf(first, sizeof first,
+                                     "n_tok %d, token %d of the batch, row %d: gemm %.9g vec_dot %.9g", n_tok, j, r,
+                                     (double)*got, (double)g_ref[s + j][r]);
                     }
             }
         }
     }
-    CHECKF(bad == 0, "%s %s: %ld of %ld (row, token) results differ from vec_dot; first: %s", k->name,
-           tr->name, bad, cases, first);
+    CHECKF(bad == 0, "%s %s: %ld of %ld (row, token) results differ from vec_dot; first: %s", k->name, tr->name, bad,
+           cases, first);
 }
 
 static void test_gemm_equals_vec_dot(void) {

@@ -130,8 +130,9 @@ static void check_batch(const cm_kernels *k, enum cm_type t, int64_t n) {
                     }
         }
     }
-    if (bad) fprintf(stderr, "  %s %s n=%lld batched: %ld mismatches; first %s\n", k->name, cm_type_name(t), (long long)n,
-                     bad, first);
+    if (bad)
+        fprintf(stderr, "  %s %s n=%lld batched: %ld mismatches; first %s\n", k->name, cm_type_name(t), (long long)n,
+                bad, first);
     CHECK(bad == 0);
     cm_repack_drop(&owner);
     free(f), free(w), free(x), free(ref), free(y);
@@ -186,7 +187,8 @@ int main(void) {
         tables += k && k->gemv_packed[CM_TYPE_Q4_0] != NULL;
     }
     if (!tables) /* still run it: the tables without must repack nothing */
-        printf("skip: no kernel table on this CPU has a gemv over repacked q4_0 (only that nothing is repacked is checked)\n");
+        printf(
+            "skip: no kernel table on this CPU has a gemv over repacked q4_0 (only that nothing is repacked is checked)\n");
     RUN(test_q4_0_lanes);
     RUN(test_q4_0_batched);
     RUN(test_q4_k_lanes);

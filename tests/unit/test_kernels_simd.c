@@ -42,11 +42,10 @@ static uint64_t rnd(void) {
 }
 static float frand(void) { return (float)((rnd() >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f; } /* [-1,1) */
 
-static const enum cm_type k_types[] = {CM_TYPE_Q4_0,  CM_TYPE_Q4_1,   CM_TYPE_Q5_0,   CM_TYPE_Q5_1,
-                                       CM_TYPE_Q8_0,  CM_TYPE_Q4_K,   CM_TYPE_Q5_K,   CM_TYPE_Q6_K,
-                                       CM_TYPE_F16,   CM_TYPE_BF16,   CM_TYPE_F32,    CM_TYPE_Q2_K,
-                                       CM_TYPE_Q3_K,  CM_TYPE_IQ4_NL, CM_TYPE_IQ4_XS, CM_TYPE_MXFP4,
-                                       CM_TYPE_IQ2_XXS, CM_TYPE_IQ3_XXS, CM_TYPE_IQ1_S};
+static const enum cm_type k_types[] = {CM_TYPE_Q4_0,  CM_TYPE_Q4_1,    CM_TYPE_Q5_0,    CM_TYPE_Q5_1,   CM_TYPE_Q8_0,
+                                       CM_TYPE_Q4_K,  CM_TYPE_Q5_K,    CM_TYPE_Q6_K,    CM_TYPE_F16,    CM_TYPE_BF16,
+                                       CM_TYPE_F32,   CM_TYPE_Q2_K,    CM_TYPE_Q3_K,    CM_TYPE_IQ4_NL, CM_TYPE_IQ4_XS,
+                                       CM_TYPE_MXFP4, CM_TYPE_IQ2_XXS, CM_TYPE_IQ3_XXS, CM_TYPE_IQ1_S};
 #define N_TYPES (int)(sizeof k_types / sizeof k_types[0])
 static const char *const k_isas[] = {"avx2", "avx512", "neon"};
 
@@ -104,9 +103,9 @@ static void abs_weights(enum cm_type t, const uint8_t *src, uint8_t *dst, int64_
     if (!has_min(t)) return;
     for (int64_t b = 0; b < nblocks; b++) {
         uint8_t *blk = dst + (size_t)b * bs + scale_offset(t);
-        blk[1] &= 0x7f;                        /* d >= 0 */
+        blk[1] &= 0x7f;                                                                  /* d >= 0 */
         if (t == CM_TYPE_Q4_K || t == CM_TYPE_Q5_K || t == CM_TYPE_Q2_K) blk[3] |= 0x80; /* d*sc*q - dmin*m */
-        else blk[3] &= 0x7f;                   /* value = d*q + m */
+        else blk[3] &= 0x7f;                                                             /* value = d*q + m */
     }
 }
 
@@ -200,8 +199,8 @@ static void check_vec_dot(const cm_kernels *k) {
                 checked++;
                 exact += s == r;
                 if (S > 0 && err / bound > worst) worst = err / bound;
-                CHECKF(err <= bound && s == s, "%s %s n=%lld mode=%d: simd %.9g ref %.9g err %.3g bound %.3g",
-                       k->name, tr->name, (long long)n, mode, s, r, err, bound);
+                CHECKF(err <= bound && s == s, "%s %s n=%lld mode=%d: simd %.9g ref %.9g err %.3g bound %.3g", k->name,
+                       tr->name, (long long)n, mode, s, r, err, bound);
             }
         }
     }
@@ -221,11 +220,13 @@ static void check_from_float(const cm_kernels *k) {
         for (int mode = 0; mode < 8; mode++) {
             fill_floats(g_f, n, mode & 3);
             if (mode == 4) /* exact ties: x*127/amax lands on k + 0.5 */
-                for (int64_t i = 0; i < n; i++) g_f[i] = (i % 32 == 0) ? 127.0f : (float)((int)(rnd() % 254) - 127) + 0.5f;
+                for (int64_t i = 0; i < n; i++)
+                    g_f[i] = (i % 32 == 0) ? 127.0f : (float)((int)(rnd() % 254) - 127) + 0.5f;
             if (mode == 5) /* the largest magnitude appears with both signs: the first one decides */
                 for (int64_t i = 0; i < n; i++) g_f[i] = (i % 7 == 3) ? ((i / 7) % 2 ? 5.0f : -5.0f) : frand();
             if (mode == 6) /* subnormal halves, huge halves, values that round to f16 inf */
-                for (int64_t i = 0; i < n; i++) g_f[i] = frand() * ((i / 64) % 3 == 0 ? 1e-6f : (i / 64) % 3 == 1 ? 7e4f : 1.0f);
+                for (int64_t i = 0; i < n; i++)
+                    g_f[i] = frand() * ((i / 64) % 3 == 0 ? 1e-6f : (i / 64) % 3 == 1 ? 7e4f : 1.0f);
             if (mode == 7) /* one non-zero value per block, ties of the scale */
                 for (int64_t i = 0; i < n; i++) g_f[i] = (i % 32 == 5) ? frand() * 10 : 0.0f;
             memset(g_aq, 0xa5, rs);
@@ -234,7 +235,10 @@ static void check_from_float(const cm_kernels *k) {
             k->from_float[t](g_f, g_aq2, n);
             size_t first = rs;
             for (size_t i = 0; i < rs; i++)
-                if (g_aq[i] != g_aq2[i]) { first = i; break; }
+                if (g_aq[i] != g_aq2[i]) {
+                    first = i;
+                    break;
+                }
             checked++;
             CHECKF(first == rs, "%s from_float %s mode %d: first differing byte %zu (ref %02x simd %02x)", k->name,
                    cm_type_name(t), mode, first, first < rs ? g_aq[first] : 0, first < rs ? g_aq2[first] : 0);
@@ -265,7 +269,9 @@ static void check_gemm(const cm_kernels *k) {
         const cm_type_traits *tr = cm_type_traits_of(t);
         if (!k->gemm[t] || !ref->vec_dot[t]) continue;
         const enum cm_type at = tr->vec_dot_type;
-        const int64_t n = tr->block_size == 256 ? 512 : tr->block_size == 32 ? 416 : 100; /* 13 blocks: a group of 8 and a tail */
+        const int64_t n = tr->block_size == 256  ? 512
+                          : tr->block_size == 32 ? 416
+                                                 : 100; /* 13 blocks: a group of 8 and a tail */
         const size_t wrs = cm_row_size(t, n), ars = cm_row_size(at, n);
         const size_t w_stride = wrs + tr->type_size, x_stride = ars + cm_type_traits_of(at)->type_size;
         CHECK(R * w_stride <= sizeof g_wq && TOK * x_stride <= sizeof g_aq);
@@ -297,10 +303,11 @@ static void check_gemm(const cm_kernels *k) {
                     for (int64_t e = 0; e < n; e++) S += fabs((double)g_w[e]) * fabs((double)g_tmp[e]);
                     checked++;
                     exact += got == v;
-                    CHECKF(fabs((double)got - v) <= dot_bound(t, n, S), "%s gemm %s row %lld tok %lld n_tok %d: %.9g vs vec_dot %.9g",
-                           k->name, tr->name, (long long)i, (long long)j, n_tok, got, v);
-                    CHECKF(fabs((double)got - rv) <= dot_bound(t, n, S), "%s gemm %s vs ref: %.9g vs %.9g",
-                           k->name, tr->name, got, rv);
+                    CHECKF(fabs((double)got - v) <= dot_bound(t, n, S),
+                           "%s gemm %s row %lld tok %lld n_tok %d: %.9g vs vec_dot %.9g", k->name, tr->name,
+                           (long long)i, (long long)j, n_tok, got, v);
+                    CHECKF(fabs((double)got - rv) <= dot_bound(t, n, S), "%s gemm %s vs ref: %.9g vs %.9g", k->name,
+                           tr->name, got, rv);
                 }
         }
     }
@@ -314,7 +321,8 @@ static void check_attn_v(const cm_kernels *k) {
     static const enum cm_type kt[] = {CM_TYPE_F32, CM_TYPE_F16, CM_TYPE_Q8_0};
     float x[64 * 128], w[64], a0[128], a1[128];
     static uint8_t rows[64 * 128 * 4];
-    for (int i = 0; i < 64 * 128; i++) x[i] = (float)((g_rng = g_rng * 6364136223846793005ull + 1) >> 40) / 16777216.0f * 2 - 1;
+    for (int i = 0; i < 64 * 128; i++)
+        x[i] = (float)((g_rng = g_rng * 6364136223846793005ull + 1) >> 40) / 16777216.0f * 2 - 1;
     for (int j = 0; j < 64; j++) w[j] = (float)(j % 7) / 7.0f;
     for (size_t ti = 0; ti < sizeof kt / sizeof kt[0]; ti++) {
         const int D = kt[ti] == CM_TYPE_Q8_0 ? 128 : 96;
@@ -323,8 +331,8 @@ static void check_attn_v(const cm_kernels *k) {
             if (kt[ti] == CM_TYPE_F32) memcpy(rows + row * j, x + j * D, (size_t)D * 4);
             else cm_quantize_rows(kt[ti], x + j * D, rows + row * j, 1, D);
         }
-        CHECKF(k->attn_v[kt[ti]] && k->attn_v[kt[ti]] != cm_kernels_ref()->attn_v[kt[ti]], "%s has no SIMD attn_v for %s",
-               k->name, cm_type_name(kt[ti]));
+        CHECKF(k->attn_v[kt[ti]] && k->attn_v[kt[ti]] != cm_kernels_ref()->attn_v[kt[ti]],
+               "%s has no SIMD attn_v for %s", k->name, cm_type_name(kt[ti]));
         if (!k->attn_v[kt[ti]]) continue;
         for (int i = 0; i < D; i++) a0[i] = a1[i] = (float)i / D;
         cm_kernels_ref()->attn_v[kt[ti]](D, rows, row, w, 64, a0);
@@ -356,7 +364,8 @@ static void check_attn_split(const cm_kernels *k) {
         if (!k->attn_qk[t] || !k->attn_vm[t]) continue;
         for (int D = 64; D <= 128; D += 64) {
             const size_t row = cm_row_size(t, D);
-            for (int i = 0; i < 64 * D; i++) x[i] = (float)((g_rng = g_rng * 6364136223846793005ull + 1) >> 40) / 16777216.0f * 2 - 1;
+            for (int i = 0; i < 64 * D; i++)
+                x[i] = (float)((g_rng = g_rng * 6364136223846793005ull + 1) >> 40) / 16777216.0f * 2 - 1;
             for (int j = 0; j < 64; j++) {
                 if (t == CM_TYPE_F32) memcpy(rows + row * j, x + j * D, (size_t)D * 4);
                 else cm_quantize_rows(t, x + j * D, rows + row * j, 1, D);
@@ -374,8 +383,8 @@ static void check_attn_split(const cm_kernels *k) {
                             for (int i = 0; i < D; i++) S += fabs((double)q[h * D + i] * xd[j * D + i]) * 0.125;
                             const double L = D + 32, bound = 2 * L * u / (1 - L * u) * S + 1e-30;
                             CHECKF(fabs((double)s0[h * 64 + j] - s1[h * 64 + j]) <= bound,
-                                   "%s attn_qk %s D %d nq %d n %d: score (%d, %d) %.9g vs %.9g", k->name, cm_type_name(t), D,
-                                   nq, n, h, j, s1[h * 64 + j], s0[h * 64 + j]);
+                                   "%s attn_qk %s D %d nq %d n %d: score (%d, %d) %.9g vs %.9g", k->name,
+                                   cm_type_name(t), D, nq, n, h, j, s1[h * 64 + j], s0[h * 64 + j]);
                         }
                     for (int i = 0; i < nq * D; i++) a0[i] = a1[i] = (float)(i % D) / D;
                     ref->attn_vm[t](D, nq, rows, row, w, 64, n, a0);
@@ -386,8 +395,8 @@ static void check_attn_split(const cm_kernels *k) {
                             for (int j = 0; j < n; j++) S += fabs((double)w[h * 64 + j] * xd[j * D + i]);
                             const double L = n + 2, bound = 2 * L * u / (1 - L * u) * S;
                             CHECKF(fabs((double)a0[h * D + i] - a1[h * D + i]) <= bound,
-                                   "%s attn_vm %s D %d nq %d n %d: (%d, %d) %.9g vs %.9g", k->name, cm_type_name(t), D, nq,
-                                   n, h, i, a1[h * D + i], a0[h * D + i]);
+                                   "%s attn_vm %s D %d nq %d n %d: (%d, %d) %.9g vs %.9g", k->name, cm_type_name(t), D,
+                                   nq, n, h, i, a1[h * D + i], a0[h * D + i]);
                         }
                     checked++;
                 }
@@ -400,11 +409,11 @@ static void check_attn_split(const cm_kernels *k) {
             const float sum0 = ref->attn_exp(n, s0, 0.25f), sum1 = k->attn_exp(n, s1, 0.25f);
             for (int j = 0; j < n; j++) {
                 const double e = fabs((double)s0[j] - s1[j]);
-                CHECKF(s0[j] >= 1.1754944e-38f ? e <= 4 * u * 2 * s0[j] : e < 1e-37, "%s attn_exp n %d [%d]: %.9g vs expf %.9g",
-                       k->name, n, j, s1[j], s0[j]);
+                CHECKF(s0[j] >= 1.1754944e-38f ? e <= 4 * u * 2 * s0[j] : e < 1e-37,
+                       "%s attn_exp n %d [%d]: %.9g vs expf %.9g", k->name, n, j, s1[j], s0[j]);
             }
-            CHECKF(fabs((double)sum0 - sum1) <= (4 * u * 2 + (n + 2) * u * 2) * sum0, "%s attn_exp n %d: sum %.9g vs %.9g",
-                   k->name, n, sum1, sum0);
+            CHECKF(fabs((double)sum0 - sum1) <= (4 * u * 2 + (n + 2) * u * 2) * sum0,
+                   "%s attn_exp n %d: sum %.9g vs %.9g", k->name, n, sum1, sum0);
         }
     }
     printf("# %s attn_qk/attn_vm: %d shapes checked against the reference\n", k->name, checked);
@@ -436,7 +445,8 @@ static void test_coverage(void) {
      * a dispatch that silently stopped picking them fails instead of skipping. */
     const char *expect = getenv("CUMULO_EXPECT_ISA");
     for (size_t i = 0; expect && i < sizeof k_isas / sizeof k_isas[0]; i++)
-        if (strstr(expect, k_isas[i])) CHECKF(cm_kernels_for(k_isas[i]) != NULL, "expected table '%s' missing", k_isas[i]);
+        if (strstr(expect, k_isas[i]))
+            CHECKF(cm_kernels_for(k_isas[i]) != NULL, "expected table '%s' missing", k_isas[i]);
     for (size_t i = 0; i < sizeof k_isas / sizeof k_isas[0]; i++) {
         const cm_kernels *k = cm_kernels_for(k_isas[i]);
         if (!k) continue;

@@ -17,11 +17,18 @@
 
 static char errbuf[512];
 
-typedef struct out { cm_buf b; int n_tok; double lp_sum; } out;
+typedef struct out {
+    cm_buf b;
+    int n_tok;
+    double lp_sum;
+} out;
 
 static int gen_cb(void *u, const cm_token_event *ev) {
     out *o = u;
-    if (ev->id >= 0) { o->n_tok++; if (ev->info) o->lp_sum += ev->info->logprob; }
+    if (ev->id >= 0) {
+        o->n_tok++;
+        if (ev->info) o->lp_sum += ev->info->logprob;
+    }
     cm_buf_append(&o->b, ev->text, ev->len);
     return 0;
 }
@@ -71,9 +78,19 @@ static void same_with_copy(const char *model, int kv_k, int kv_v, bool flash, co
 
 /* A synthetic model with the builtin vocabulary (head size 64: quantized KV types need 32s). */
 static int synth(const char *path, const char *arch, const char *variant) {
-    cm_synth_params sp = {.arch = arch, .variant = variant, .n_embd = 256, .n_layer = 3, .n_head = 4,
-                          .n_head_kv = variant ? 4 : 2, .n_ff = 768, .n_ctx = 512, .type = "f32", .seed = 11,
-                          .n_expert = variant ? 8 : 0, .n_expert_used = variant ? 2 : 0, .n_ff_exp = variant ? 256 : 0};
+    cm_synth_params sp = {.arch = arch,
+                          .variant = variant,
+                          .n_embd = 256,
+                          .n_layer = 3,
+                          .n_head = 4,
+                          .n_head_kv = variant ? 4 : 2,
+                          .n_ff = 768,
+                          .n_ctx = 512,
+                          .type = "f32",
+                          .seed = 11,
+                          .n_expert = variant ? 8 : 0,
+                          .n_expert_used = variant ? 2 : 0,
+                          .n_ff_exp = variant ? 256 : 0};
     cm_buf vb;
     cm_buf_init(&vb);
     cm_gguf voc = {0};

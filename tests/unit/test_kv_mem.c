@@ -29,8 +29,15 @@ static int n_skipped;
 enum { N_SESS = 16, CTX = 2048, PROMPT = 40 };
 
 static int synth(const char *path) {
-    cm_synth_params sp = {.arch = "llama", .n_embd = 256, .n_layer = 3, .n_head = 4, .n_head_kv = 2, .n_ff = 768,
-                          .n_ctx = CTX, .type = "f32", .seed = 11};
+    cm_synth_params sp = {.arch = "llama",
+                          .n_embd = 256,
+                          .n_layer = 3,
+                          .n_head = 4,
+                          .n_head_kv = 2,
+                          .n_ff = 768,
+                          .n_ctx = CTX,
+                          .type = "f32",
+                          .seed = 11};
     cm_buf vb;
     cm_buf_init(&vb);
     cm_gguf voc = {0};
@@ -67,7 +74,10 @@ static const char *g_path;
 static void test_rss(void) {
     cm_engine_opts o = {.n_threads = 1, .n_ctx = CTX};
     cm_engine *e = NULL;
-    if (cm_engine_load(&e, g_path, &o, errbuf, sizeof errbuf)) { CHECKF(0, "%s", errbuf); return; }
+    if (cm_engine_load(&e, g_path, &o, errbuf, sizeof errbuf)) {
+        CHECKF(0, "%s", errbuf);
+        return;
+    }
     if (rss_bytes() < 0) {
         printf("skip: no /proc/self/statm: resident memory not checked\n");
         n_skipped++;
@@ -99,7 +109,8 @@ static void test_rss(void) {
            acc / 1048576.0, grown / 1048576.0, (double)full * N_SESS / 1048576.0);
     CHECKF(grown <= (long long)acc + (2 << 20) && grown + (2 << 20) >= (long long)acc,
            "resident +%lld bytes vs %llu accounted", grown, (unsigned long long)acc);
-    CHECKF(acc * 3 < full * N_SESS, "accounted %llu of %llu", (unsigned long long)acc, (unsigned long long)full * N_SESS);
+    CHECKF(acc * 3 < full * N_SESS, "accounted %llu of %llu", (unsigned long long)acc,
+           (unsigned long long)full * N_SESS);
     for (int i = 0; i < N_SESS; i++) {
         cm_session_kv_drop(ss[i]);
         CHECK(cm_session_kv_bytes(ss[i], -1) == 0);
@@ -110,11 +121,18 @@ static void test_rss(void) {
     cm_engine_free(e);
 }
 
-typedef struct out { cm_buf b; int n_tok; double lp_sum; } out;
+typedef struct out {
+    cm_buf b;
+    int n_tok;
+    double lp_sum;
+} out;
 
 static int gen_cb(void *u, const cm_token_event *ev) {
     out *o = u;
-    if (ev->id >= 0) { o->n_tok++; if (ev->info) o->lp_sum += ev->info->logprob; }
+    if (ev->id >= 0) {
+        o->n_tok++;
+        if (ev->info) o->lp_sum += ev->info->logprob;
+    }
     cm_buf_append(&o->b, ev->text, ev->len);
     return 0;
 }
@@ -139,7 +157,10 @@ static bool same(const out *a, const out *b) {
 static void refill_same(int kv_k, int kv_v, bool flash, const char *what) {
     cm_engine_opts o = {.n_threads = 1, .n_ctx = CTX, .kv_type_k = kv_k, .kv_type_v = kv_v, .kv_flash = flash};
     cm_engine *e = NULL;
-    if (cm_engine_load(&e, g_path, &o, errbuf, sizeof errbuf)) { CHECKF(0, "%s: %s", what, errbuf); return; }
+    if (cm_engine_load(&e, g_path, &o, errbuf, sizeof errbuf)) {
+        CHECKF(0, "%s: %s", what, errbuf);
+        return;
+    }
     int32_t a[300], b[300];
     prompt_ids(a, 300, 5);
     memcpy(b, a, sizeof b);
@@ -176,9 +197,13 @@ static void test_bits(void) {
 /* The accounting against the layout's arithmetic: a rows cache of 256-byte
  * K rows holds 16 positions a page per (layer, head) region. */
 static void test_accounting(void) {
-    cm_engine_opts o = {.n_threads = 1, .n_ctx = CTX, .kv_type_k = CM_TYPE_F32, .kv_type_v = CM_TYPE_F32, .kv_flash = true};
+    cm_engine_opts o = {
+        .n_threads = 1, .n_ctx = CTX, .kv_type_k = CM_TYPE_F32, .kv_type_v = CM_TYPE_F32, .kv_flash = true};
     cm_engine *e = NULL;
-    if (cm_engine_load(&e, g_path, &o, errbuf, sizeof errbuf)) { CHECKF(0, "%s", errbuf); return; }
+    if (cm_engine_load(&e, g_path, &o, errbuf, sizeof errbuf)) {
+        CHECKF(0, "%s", errbuf);
+        return;
+    }
     cm_session *s = cm_session_new(e, CTX, errbuf, sizeof errbuf);
     const uint64_t P = (uint64_t)sysconf(_SC_PAGESIZE), row = 64 * 4, regions = 3 * 2 * 2; /* layers x kv heads x K,V */
     for (int n = 1; n <= CTX; n = n * 3 + 1) {
@@ -198,7 +223,10 @@ static uint64_t brute(size_t n_reg, size_t stride, size_t unit, int n, size_t P)
     uint64_t c = 0;
     for (size_t i = 0; i < n_reg; i++)
         for (size_t b = i * stride; b < i * stride + (size_t)n * unit; b += 1)
-            if (!hit[b / P]) { hit[b / P] = 1; c++; }
+            if (!hit[b / P]) {
+                hit[b / P] = 1;
+                c++;
+            }
     free(hit);
     return c * P;
 }
@@ -208,7 +236,10 @@ static uint64_t brute(size_t n_reg, size_t stride, size_t unit, int n, size_t P)
 static void test_accounting_unaligned(void) {
     cm_engine_opts o = {.n_threads = 1, .n_ctx = 1000};
     cm_engine *e = NULL;
-    if (cm_engine_load(&e, g_path, &o, errbuf, sizeof errbuf)) { CHECKF(0, "%s", errbuf); return; }
+    if (cm_engine_load(&e, g_path, &o, errbuf, sizeof errbuf)) {
+        CHECKF(0, "%s", errbuf);
+        return;
+    }
     cm_session *s = cm_session_new(e, 1000, errbuf, sizeof errbuf);
     const size_t P = (size_t)sysconf(_SC_PAGESIZE);
     for (int n = 1; n <= 1000; n = n * 4 + 3) {

@@ -46,7 +46,8 @@ static void test_lease(void) {
     as.epoch = 90;
     CHECK(cm_node_lease_assign(&l, &me, &b, NULL, &as, &took, why, sizeof why) == CM_EBUSY);
     CHECKF(strstr(why, "node3 serves llama-1b.gguf for coordinator vm at ") && strstr(why, " since ") &&
-           strstr(why, "(epoch 77); --take to take it over"), "%s", why);
+               strstr(why, "(epoch 77); --take to take it over"),
+           "%s", why);
     cm_node_lease_loaded(&l);
     CHECK(cm_node_lease_assign(&l, &me, &b, NULL, &as, &took, why, sizeof why) == CM_EBUSY);
     /* the owner again (a re-plan): fine, the epoch moves on */

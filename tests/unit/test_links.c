@@ -32,7 +32,11 @@ typedef struct node_job {
 
 static void *node_main(void *arg) {
     node_job *j = arg;
-    cm_node_opts o = {.port = 0, .bind = "127.0.0.1", .port_file = j->port_file, .cache_dir = g_dir, .n_threads = 1,
+    cm_node_opts o = {.port = 0,
+                      .bind = "127.0.0.1",
+                      .port_file = j->port_file,
+                      .cache_dir = g_dir,
+                      .n_threads = 1,
                       .key_file = g_key};
     char name[16], err[300];
     snprintf(name, sizeof name, "l%d", j->i);
@@ -132,6 +136,7 @@ int main(void) {
     for (int i = 0; i < 2; i++) pthread_join(jobs[i].th, NULL);
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
-    if (system(cmd)) { /* best effort */ }
+    if (system(cmd)) { /* best effort */
+    }
     TEST_END();
 }

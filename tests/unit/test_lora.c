@@ -27,7 +27,7 @@
 
 typedef struct ref {
     int n_prompt, n_gen, n_ids;
-    int ids[NPOS];   /* prompt then generated */
+    int ids[NPOS];       /* prompt then generated */
     float p[NPOS][NVOC]; /* -1: below probs_min in the reference */
     double pmin;
 } ref;
@@ -137,8 +137,12 @@ static void run_case(base *b, const cm_lora *l, const ref *r, int nth, int *gen,
     for (int i = 0; i < r->n_ids; i++) pos[i] = i, seq[i] = 0, want[i] = 1, tok[i] = r->ids[i];
     cm_kv *kvs[1] = {&kv};
     cm_batch bt = {.n = r->n_ids, .tokens = tok, .pos = pos, .seq = seq, .logits = want};
-    cm_forward_args a = {.layer_first = 0, .layer_last = m->hp.n_layer, .slice = cm_slice_full(m), .kvs = kvs,
-                         .n_kvs = 1, .out_logits = logits};
+    cm_forward_args a = {.layer_first = 0,
+                         .layer_last = m->hp.n_layer,
+                         .slice = cm_slice_full(m),
+                         .kvs = kvs,
+                         .n_kvs = 1,
+                         .out_logits = logits};
     CHECK(cm_forward(c, &bt, &a, errbuf, sizeof errbuf) == 0);
     double worst = 0, p[NVOC];
     for (int i = 0; i < r->n_ids; i++) {
@@ -218,7 +222,8 @@ static void test_one_adapter(void) {
     cm_lora *l = cm_lora_new(&B32.m);
     CHECK(add_synth(l, &B32, 4, 8, 7, NULL, 1.0f) == 0);
     CHECK(cm_lora_count(l) == 1 && cm_lora_n_pairs(l) == 5 * 7 + 1);
-    CHECK(cm_lora_targets(l, 0, CM_LORA_Q) && cm_lora_targets(l, 4, CM_LORA_DOWN) && cm_lora_targets(l, 0, CM_LORA_OUTPUT));
+    CHECK(cm_lora_targets(l, 0, CM_LORA_Q) && cm_lora_targets(l, 4, CM_LORA_DOWN) &&
+          cm_lora_targets(l, 0, CM_LORA_OUTPUT));
     check_case(&B32, l, "f32_a", LORA_BOUND, none32);
     cm_lora_free(l);
 }
@@ -287,7 +292,8 @@ static void test_errors(void) {
     CHECK(add_made(l, "adapter", "qwen2", "blk.0.attn_q.weight", 64, 4, 64, true) == CM_EUNSUPPORTED);
     CHECKF(!strcmp(errbuf, "adapter is for architecture 'qwen2', the model is 'llama'"), "%s", errbuf);
     CHECK(add_made(l, "adapter", "llama", "blk.0.attn_q.weight", 32, 4, 64, true) == CM_EFORMAT);
-    CHECKF(strstr(errbuf, "has shape [32, 4], the model's 'blk.0.attn_q.weight' takes 64 inputs") != NULL, "%s", errbuf);
+    CHECKF(strstr(errbuf, "has shape [32, 4], the model's 'blk.0.attn_q.weight' takes 64 inputs") != NULL, "%s",
+           errbuf);
     CHECK(add_made(l, "adapter", "llama", "blk.0.ffn_down.weight", 172, 4, 32, true) == CM_EFORMAT);
     CHECKF(strstr(errbuf, "has 64 outputs") != NULL, "%s", errbuf);
     CHECK(add_made(l, "adapter", "llama", "blk.9.attn_q.weight", 64, 4, 64, true) == CM_EUNSUPPORTED);
@@ -303,11 +309,13 @@ static void test_errors(void) {
 
     char path[64];
     float s;
-    CHECK(cm_lora_spec_parse("a.gguf", path, sizeof path, &s, errbuf, sizeof errbuf) == 0 && !strcmp(path, "a.gguf") && s == 1.0f);
+    CHECK(cm_lora_spec_parse("a.gguf", path, sizeof path, &s, errbuf, sizeof errbuf) == 0 && !strcmp(path, "a.gguf") &&
+          s == 1.0f);
     CHECK(cm_lora_spec_parse("dir:x/a.gguf:0.25", path, sizeof path, &s, errbuf, sizeof errbuf) == 0 &&
           !strcmp(path, "dir:x/a.gguf") && s == 0.25f);
     CHECK(cm_lora_spec_parse("a.gguf:-2", path, sizeof path, &s, errbuf, sizeof errbuf) == 0 && s == -2.0f);
-    CHECK(cm_lora_spec_parse("c:/a.gguf", path, sizeof path, &s, errbuf, sizeof errbuf) == 0 && !strcmp(path, "c:/a.gguf"));
+    CHECK(cm_lora_spec_parse("c:/a.gguf", path, sizeof path, &s, errbuf, sizeof errbuf) == 0 &&
+          !strcmp(path, "c:/a.gguf"));
     CHECK(cm_lora_spec_parse(":2", path, sizeof path, &s, errbuf, sizeof errbuf) == CM_EINVAL);
 }
 

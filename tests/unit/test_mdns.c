@@ -13,20 +13,17 @@
 /* avahi-publish -s "Avahi Node.one" _cumulo._tcp 7777 id=feedbeef v=1 caps=cores:8
  * on host cmavahi (10.80.0.2), captured from the wire (fuzz/corpus/mdns/avahi-response-209). */
 static const uint8_t k_avahi[] = {
-    0x00, 0x00, 0x84, 0x00, 0x00, 0x00, 0x00, 0x06, 0x00, 0x00, 0x00, 0x00, 0x0e, 0x41, 0x76, 0x61,
-    0x68, 0x69, 0x20, 0x4e, 0x6f, 0x64, 0x65, 0x2e, 0x6f, 0x6e, 0x65, 0x07, 0x5f, 0x63, 0x75, 0x6d,
-    0x75, 0x6c, 0x6f, 0x04, 0x5f, 0x74, 0x63, 0x70, 0x05, 0x6c, 0x6f, 0x63, 0x61, 0x6c, 0x00, 0x00,
-    0x10, 0x80, 0x01, 0x00, 0x00, 0x11, 0x94, 0x00, 0x1d, 0x0b, 0x69, 0x64, 0x3d, 0x66, 0x65, 0x65,
-    0x64, 0x62, 0x65, 0x65, 0x66, 0x03, 0x76, 0x3d, 0x31, 0x0c, 0x63, 0x61, 0x70, 0x73, 0x3d, 0x63,
-    0x6f, 0x72, 0x65, 0x73, 0x3a, 0x38, 0xc0, 0x1b, 0x00, 0x0c, 0x00, 0x01, 0x00, 0x00, 0x11, 0x94,
-    0x00, 0x02, 0xc0, 0x0c, 0xc0, 0x0c, 0x00, 0x21, 0x80, 0x01, 0x00, 0x00, 0x00, 0x78, 0x00, 0x10,
-    0x00, 0x00, 0x00, 0x00, 0x1e, 0x61, 0x07, 0x63, 0x6d, 0x61, 0x76, 0x61, 0x68, 0x69, 0xc0, 0x28,
-    0xc0, 0x76, 0x00, 0x1c, 0x80, 0x01, 0x00, 0x00, 0x00, 0x78, 0x00, 0x10, 0xfe, 0x80, 0x00, 0x00,
-    0x00, 0x00, 0x00, 0x00, 0xec, 0x2f, 0x1d, 0xff, 0xfe, 0x4a, 0x98, 0x06, 0xc0, 0x76, 0x00, 0x01,
-    0x80, 0x01, 0x00, 0x00, 0x00, 0x78, 0x00, 0x04, 0x0a, 0x50, 0x00, 0x02, 0x09, 0x5f, 0x73, 0x65,
-    0x72, 0x76, 0x69, 0x63, 0x65, 0x73, 0x07, 0x5f, 0x64, 0x6e, 0x73, 0x2d, 0x73, 0x64, 0x04, 0x5f,
-    0x75, 0x64, 0x70, 0xc0, 0x28, 0x00, 0x0c, 0x00, 0x01, 0x00, 0x00, 0x11, 0x94, 0x00, 0x02, 0xc0,
-    0x1b,
+    0x00, 0x00, 0x84, 0x00, 0x00, 0x00, 0x00, 0x06, 0x00, 0x00, 0x00, 0x00, 0x0e, 0x41, 0x76, 0x61, 0x68, 0x69, 0x20,
+    0x4e, 0x6f, 0x64, 0x65, 0x2e, 0x6f, 0x6e, 0x65, 0x07, 0x5f, 0x63, 0x75, 0x6d, 0x75, 0x6c, 0x6f, 0x04, 0x5f, 0x74,
+    0x63, 0x70, 0x05, 0x6c, 0x6f, 0x63, 0x61, 0x6c, 0x00, 0x00, 0x10, 0x80, 0x01, 0x00, 0x00, 0x11, 0x94, 0x00, 0x1d,
+    0x0b, 0x69, 0x64, 0x3d, 0x66, 0x65, 0x65, 0x64, 0x62, 0x65, 0x65, 0x66, 0x03, 0x76, 0x3d, 0x31, 0x0c, 0x63, 0x61,
+    0x70, 0x73, 0x3d, 0x63, 0x6f, 0x72, 0x65, 0x73, 0x3a, 0x38, 0xc0, 0x1b, 0x00, 0x0c, 0x00, 0x01, 0x00, 0x00, 0x11,
+    0x94, 0x00, 0x02, 0xc0, 0x0c, 0xc0, 0x0c, 0x00, 0x21, 0x80, 0x01, 0x00, 0x00, 0x00, 0x78, 0x00, 0x10, 0x00, 0x00,
+    0x00, 0x00, 0x1e, 0x61, 0x07, 0x63, 0x6d, 0x61, 0x76, 0x61, 0x68, 0x69, 0xc0, 0x28, 0xc0, 0x76, 0x00, 0x1c, 0x80,
+    0x01, 0x00, 0x00, 0x00, 0x78, 0x00, 0x10, 0xfe, 0x80, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0xec, 0x2f, 0x1d, 0xff,
+    0xfe, 0x4a, 0x98, 0x06, 0xc0, 0x76, 0x00, 0x01, 0x80, 0x01, 0x00, 0x00, 0x00, 0x78, 0x00, 0x04, 0x0a, 0x50, 0x00,
+    0x02, 0x09, 0x5f, 0x73, 0x65, 0x72, 0x76, 0x69, 0x63, 0x65, 0x73, 0x07, 0x5f, 0x64, 0x6e, 0x73, 0x2d, 0x73, 0x64,
+    0x04, 0x5f, 0x75, 0x64, 0x70, 0xc0, 0x28, 0x00, 0x0c, 0x00, 0x01, 0x00, 0x00, 0x11, 0x94, 0x00, 0x02, 0xc0, 0x1b,
 };
 
 static cm_mdns_msg g_msg, g_msg2;
@@ -50,7 +47,10 @@ static void test_names(void) {
     CHECK(cm_mdns_name_make(&a, "", "local") == CM_ERANGE);
     CHECK(cm_mdns_name_make(&a, NULL, "a..b") == CM_ERANGE);
     char longd[400] = "";
-    for (int i = 0; i < 5; i++) { strcat(longd, big + 4); strcat(longd, "."); } /* 5 x 60-byte labels */
+    for (int i = 0; i < 5; i++) {
+        strcat(longd, big + 4);
+        strcat(longd, ".");
+    } /* 5 x 60-byte labels */
     strcat(longd, "local");
     CHECK(cm_mdns_name_make(&a, NULL, longd) == CM_ERANGE);
 }
@@ -78,8 +78,13 @@ static void test_avahi_packet(void) {
             seen |= 1;
             break;
         case CM_MDNS_T_PTR:
-            if (cm_mdns_name_eq(&r->name, &svc)) { CHECK(cm_mdns_name_eq(&r->target, &inst)); seen |= 2; }
-            else { CHECK(cm_mdns_name_eq(&r->name, &en) && cm_mdns_name_eq(&r->target, &svc)); seen |= 4; }
+            if (cm_mdns_name_eq(&r->name, &svc)) {
+                CHECK(cm_mdns_name_eq(&r->target, &inst));
+                seen |= 2;
+            } else {
+                CHECK(cm_mdns_name_eq(&r->name, &en) && cm_mdns_name_eq(&r->target, &svc));
+                seen |= 4;
+            }
             break;
         case CM_MDNS_T_SRV:
             CHECK(r->port == 7777 && r->priority == 0 && r->weight == 0 && cm_mdns_name_eq(&r->target, &host));
@@ -147,8 +152,8 @@ static void test_compression_loops(void) {
     static const uint8_t fwd[] = {0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0xc0, 0x12, 0, 12, 0, 1, 1, 'a', 0};
     CHECK(parse_bytes(fwd, sizeof fwd, NULL, 0) == CM_EFORMAT);
     /* two names pointing at each other: the second is backwards, the first forwards */
-    static const uint8_t mutual[] = {0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 1, 'a', 0xc0, 0x14, 0, 12, 0, 1,
-                                     1, 'b', 0xc0, 0x0c, 0, 12, 0, 1};
+    static const uint8_t mutual[] = {0,    0,    0, 0,  0, 2, 0, 0,   0,    0,    0, 0,  1, 'a',
+                                     0xc0, 0x14, 0, 12, 0, 1, 1, 'b', 0xc0, 0x0c, 0, 12, 0, 1};
     CHECK(parse_bytes(mutual, sizeof mutual, NULL, 0) == CM_EFORMAT);
     /* 70 records, each name "a" + pointer to the previous record's name: 70 jumps
      * and > 255 bytes; refused by the jump or the length limit, never looping */
@@ -162,7 +167,10 @@ static void test_compression_loops(void) {
         deep[o++] = 1;
         deep[o++] = 'a';
         if (i == 0) deep[o++] = 0;
-        else { deep[o++] = (uint8_t)(0xc0 | (prev >> 8)); deep[o++] = (uint8_t)prev; }
+        else {
+            deep[o++] = (uint8_t)(0xc0 | (prev >> 8));
+            deep[o++] = (uint8_t)prev;
+        }
         static const uint8_t tail[] = {0, 1, 0, 1, 0, 0, 0, 120, 0, 4, 10, 0, 0, 1};
         memcpy(deep + o, tail, sizeof tail);
         o += sizeof tail;
@@ -176,14 +184,18 @@ static void test_compression_loops(void) {
     static const uint8_t huge[] = {0, 0, 0x84, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, 0, 12, 0, 1};
     CHECK(parse_bytes(huge, sizeof huge, NULL, 0) == CM_EFORMAT);
     /* wrong rdata sizes */
-    static const uint8_t srv3[] = {0, 0, 0x84, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 'a', 0, 0, 33, 0, 1, 0, 0, 0, 120, 0, 3, 0, 0, 0};
+    static const uint8_t srv3[] = {0, 0, 0x84, 0, 0, 0, 0, 1, 0,   0, 0, 0, 1, 'a',
+                                   0, 0, 33,   0, 1, 0, 0, 0, 120, 0, 3, 0, 0, 0};
     CHECK(parse_bytes(srv3, sizeof srv3, NULL, 0) == CM_EFORMAT);
-    static const uint8_t a5[] = {0, 0, 0x84, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 'a', 0, 0, 1, 0, 1, 0, 0, 0, 120, 0, 5, 1, 2, 3, 4, 5};
+    static const uint8_t a5[] = {0, 0, 0x84, 0, 0, 0, 0, 1,   0, 0, 0, 0, 1, 'a', 0,
+                                 0, 1, 0,    1, 0, 0, 0, 120, 0, 5, 1, 2, 3, 4,   5};
     CHECK(parse_bytes(a5, sizeof a5, NULL, 0) == CM_EFORMAT);
-    static const uint8_t txt[] = {0, 0, 0x84, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 'a', 0, 0, 16, 0, 1, 0, 0, 0, 120, 0, 3, 5, 'a', 'b'};
+    static const uint8_t txt[] = {0, 0, 0x84, 0, 0, 0, 0, 1, 0,   0, 0, 0, 1,   'a',
+                                  0, 0, 16,   0, 1, 0, 0, 0, 120, 0, 3, 5, 'a', 'b'};
     CHECK(parse_bytes(txt, sizeof txt, NULL, 0) == CM_EFORMAT);
     /* a PTR whose name runs past its rdlength */
-    static const uint8_t ptr[] = {0, 0, 0x84, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 'a', 0, 0, 12, 0, 1, 0, 0, 0, 120, 0, 2, 1, 'b', 0};
+    static const uint8_t ptr[] = {0, 0, 0x84, 0, 0, 0, 0, 1, 0,   0, 0, 0, 1,   'a',
+                                  0, 0, 12,   0, 1, 0, 0, 0, 120, 0, 2, 1, 'b', 0};
     CHECK(parse_bytes(ptr, sizeof ptr, NULL, 0) == CM_EFORMAT);
 }
 
@@ -209,27 +221,47 @@ static void test_roundtrip_and_caps(void) {
     cm_mdns_write_question(&w, &svc, CM_MDNS_T_PTR, true);
     cm_mdns_rr r;
     memset(&r, 0, sizeof r);
-    r.name = svc; r.type = CM_MDNS_T_PTR; r.ttl = 4500; r.target = inst;
+    r.name = svc;
+    r.type = CM_MDNS_T_PTR;
+    r.ttl = 4500;
+    r.target = inst;
     cm_mdns_write_rr(&w, CM_MDNS_SEC_ANSWER, &r);
     memset(&r, 0, sizeof r);
-    r.name = inst; r.type = CM_MDNS_T_SRV; r.ttl = 120; r.cache_flush = true; r.port = 7001; r.priority = 3;
-    r.weight = 9; r.target = host;
+    r.name = inst;
+    r.type = CM_MDNS_T_SRV;
+    r.ttl = 120;
+    r.cache_flush = true;
+    r.port = 7001;
+    r.priority = 3;
+    r.weight = 9;
+    r.target = host;
     cm_mdns_write_rr(&w, CM_MDNS_SEC_ANSWER, &r);
     memset(&r, 0, sizeof r);
-    r.name = inst; r.type = CM_MDNS_T_TXT; r.ttl = 4500; r.rdata = txt; r.rdlen = (uint16_t)tl;
+    r.name = inst;
+    r.type = CM_MDNS_T_TXT;
+    r.ttl = 4500;
+    r.rdata = txt;
+    r.rdlen = (uint16_t)tl;
     cm_mdns_write_rr(&w, CM_MDNS_SEC_AUTHORITY, &r);
     memset(&r, 0, sizeof r);
-    r.name = host; r.type = CM_MDNS_T_AAAA; r.ttl = 0; r.addr[0] = 0xfe; r.addr[15] = 7;
+    r.name = host;
+    r.type = CM_MDNS_T_AAAA;
+    r.ttl = 0;
+    r.addr[0] = 0xfe;
+    r.addr[15] = 7;
     cm_mdns_write_rr(&w, CM_MDNS_SEC_ADDITIONAL, &r);
     int len = cm_mdns_writer_finish(&w);
     CHECK(len > 0);
     char err[128] = "";
     CHECKF(cm_mdns_parse(buf, (size_t)len, &g_msg2, err, sizeof err) == 0, "%s", err);
     CHECK(g_msg2.id == 0x1234 && g_msg2.nq == 1 && g_msg2.nrr == 4);
-    CHECK(g_msg2.q[0].unicast_response && g_msg2.q[0].type == CM_MDNS_T_PTR && cm_mdns_name_eq(&g_msg2.q[0].name, &svc));
+    CHECK(g_msg2.q[0].unicast_response && g_msg2.q[0].type == CM_MDNS_T_PTR &&
+          cm_mdns_name_eq(&g_msg2.q[0].name, &svc));
     CHECK(cm_mdns_name_eq(&g_msg2.rr[0].target, &inst) && !g_msg2.rr[0].cache_flush);
-    CHECK(g_msg2.rr[1].port == 7001 && g_msg2.rr[1].priority == 3 && g_msg2.rr[1].weight == 9 && g_msg2.rr[1].cache_flush);
-    CHECK(g_msg2.rr[2].section == CM_MDNS_SEC_AUTHORITY && g_msg2.rr[2].rdlen == tl && !memcmp(g_msg2.rr[2].rdata, txt, tl));
+    CHECK(g_msg2.rr[1].port == 7001 && g_msg2.rr[1].priority == 3 && g_msg2.rr[1].weight == 9 &&
+          g_msg2.rr[1].cache_flush);
+    CHECK(g_msg2.rr[2].section == CM_MDNS_SEC_AUTHORITY && g_msg2.rr[2].rdlen == tl &&
+          !memcmp(g_msg2.rr[2].rdata, txt, tl));
     CHECK(g_msg2.rr[3].section == CM_MDNS_SEC_ADDITIONAL && g_msg2.rr[3].ttl == 0 && g_msg2.rr[3].addr[15] == 7);
     for (int n = 0; n < len; n++) CHECK(cm_mdns_parse(buf, (size_t)n, &g_msg, NULL, 0) == CM_EFORMAT);
 
@@ -272,17 +304,30 @@ static int make_announce(uint8_t *buf, size_t cap, const char *label, uint16_t p
     cm_mdns_name_make(&host, "peerhost", "local");
     cm_mdns_writer_init(&w, buf, cap, 0, CM_MDNS_FLAG_QR | CM_MDNS_FLAG_AA);
     memset(&r, 0, sizeof r);
-    r.name = svc; r.type = CM_MDNS_T_PTR; r.ttl = ttl_ptr; r.target = inst;
+    r.name = svc;
+    r.type = CM_MDNS_T_PTR;
+    r.ttl = ttl_ptr;
+    r.target = inst;
     cm_mdns_write_rr(&w, CM_MDNS_SEC_ANSWER, &r);
     if (with_srv) {
         memset(&r, 0, sizeof r);
-        r.name = inst; r.type = CM_MDNS_T_SRV; r.ttl = ttl_host; r.port = port; r.target = host;
+        r.name = inst;
+        r.type = CM_MDNS_T_SRV;
+        r.ttl = ttl_host;
+        r.port = port;
+        r.target = host;
         cm_mdns_write_rr(&w, CM_MDNS_SEC_ADDITIONAL, &r);
         memset(&r, 0, sizeof r);
-        r.name = inst; r.type = CM_MDNS_T_TXT; r.ttl = ttl_ptr; r.rdata = (const uint8_t *)"\x04id=7"; r.rdlen = 5;
+        r.name = inst;
+        r.type = CM_MDNS_T_TXT;
+        r.ttl = ttl_ptr;
+        r.rdata = (const uint8_t *)"\x04id=7";
+        r.rdlen = 5;
         cm_mdns_write_rr(&w, CM_MDNS_SEC_ADDITIONAL, &r);
         memset(&r, 0, sizeof r);
-        r.name = host; r.type = CM_MDNS_T_A; r.ttl = ttl_host;
+        r.name = host;
+        r.type = CM_MDNS_T_A;
+        r.ttl = ttl_host;
         memcpy(r.addr, k_peer, 4);
         cm_mdns_write_rr(&w, CM_MDNS_SEC_ADDITIONAL, &r);
     }
@@ -332,7 +377,8 @@ static void test_browser(void) {
     }
     CHECKF(cm_mdns_instance_count(m) == before + 8, "%zu entries", cm_mdns_instance_count(m));
     size_t others = 0;
-    for (size_t i = 0; i < cm_mdns_instance_count(m); i++) others += strncmp(cm_mdns_instance_at(m, i)->name, "flood", 5) != 0;
+    for (size_t i = 0; i < cm_mdns_instance_count(m); i++)
+        others += strncmp(cm_mdns_instance_at(m, i)->name, "flood", 5) != 0;
     CHECK(before > 0 && others == before);
     /* flood of complete instances from many hosts: the table stays bounded */
     for (int i = 0; i < 1000; i++) {
@@ -367,8 +413,7 @@ static void test_browser(void) {
     cm_mdns_close(m);
 }
 
-static int make_query(uint8_t *buf, size_t cap, uint16_t id, const char *label, uint16_t type, bool qu,
-                      bool known) {
+static int make_query(uint8_t *buf, size_t cap, uint16_t id, const char *label, uint16_t type, bool qu, bool known) {
     cm_mdns_writer w;
     cm_mdns_name n, inst;
     cm_mdns_name_make(&n, label, label ? CM_MDNS_SERVICE : CM_MDNS_SERVICE);
@@ -378,7 +423,10 @@ static int make_query(uint8_t *buf, size_t cap, uint16_t id, const char *label, 
         cm_mdns_rr r;
         memset(&r, 0, sizeof r);
         cm_mdns_name_make(&inst, "node", CM_MDNS_SERVICE);
-        r.name = n; r.type = CM_MDNS_T_PTR; r.ttl = 4000; r.target = inst;
+        r.name = n;
+        r.type = CM_MDNS_T_PTR;
+        r.ttl = 4000;
+        r.target = inst;
         cm_mdns_write_rr(&w, CM_MDNS_SEC_ANSWER, &r);
     }
     return cm_mdns_writer_finish(&w);
@@ -396,8 +444,12 @@ static bool sent_has(cm_mdns *m, uint16_t type, int section, uint32_t max_ttl) {
 static void test_responder(void) {
     cm_mdns *m;
     CHECK(cm_mdns_open_detached(&m) == 0);
-    cm_mdns_service svc = {.name = "node", .port = 7001, .node_id = "abc123", .proto_version = 1,
-                           .txt_extra = {"cores=8"}, .n_txt_extra = 1};
+    cm_mdns_service svc = {.name = "node",
+                           .port = 7001,
+                           .node_id = "abc123",
+                           .proto_version = 1,
+                           .txt_extra = {"cores=8"},
+                           .n_txt_extra = 1};
     char err[128] = "";
     CHECKF(cm_mdns_announce(m, &svc, err, sizeof err) == 0, "%s", err);
     CHECK(!cm_mdns_is_announced(m));
@@ -423,7 +475,8 @@ static void test_responder(void) {
     cm_mdns_feed(m, buf, (size_t)len, k_peer, CM_MDNS_PORT);
     cm_mdns_get_stats(m, &st1);
     CHECK(st1.tx == st0.tx + 1);
-    CHECK(sent_has(m, CM_MDNS_T_PTR, CM_MDNS_SEC_ANSWER, 4500) && sent_has(m, CM_MDNS_T_SRV, CM_MDNS_SEC_ADDITIONAL, 120));
+    CHECK(sent_has(m, CM_MDNS_T_PTR, CM_MDNS_SEC_ANSWER, 4500) &&
+          sent_has(m, CM_MDNS_T_SRV, CM_MDNS_SEC_ADDITIONAL, 120));
     /* known-answer suppression: nothing is sent */
     len = make_query(buf, sizeof buf, 0, NULL, CM_MDNS_T_PTR, true, true);
     cm_mdns_feed(m, buf, (size_t)len, k_peer, CM_MDNS_PORT);
@@ -483,7 +536,12 @@ static void test_probe_tiebreak(void) {
     cm_mdns_write_question(&w, &inst, CM_MDNS_T_ANY, false);
     cm_mdns_rr r;
     memset(&r, 0, sizeof r);
-    r.name = inst; r.type = CM_MDNS_T_SRV; r.ttl = 120; r.port = 65535; r.priority = 65535; r.target = host;
+    r.name = inst;
+    r.type = CM_MDNS_T_SRV;
+    r.ttl = 120;
+    r.port = 65535;
+    r.priority = 65535;
+    r.target = host;
     cm_mdns_write_rr(&w, CM_MDNS_SEC_AUTHORITY, &r);
     int len = cm_mdns_writer_finish(&w);
     cm_mdns_feed(m, buf, (size_t)len, k_peer, CM_MDNS_PORT);

@@ -35,9 +35,20 @@ static int fx_write(fx *f, const char *variant, const char *type) {
     memset(f, 0, sizeof *f);
     cm_buf_init(&f->file);
     const bool lite = !strncmp(variant, "lite", 4);
-    cm_synth_params sp = {.arch = "deepseek2", .variant = variant, .n_embd = 256, .n_layer = 3, .n_head = 4,
-                          .n_head_kv = 4, .n_ff = 768, .n_ctx = 256, .type = type, .seed = 77, .n_threads = 2,
-                          .n_expert = lite ? 8 : 16, .n_expert_used = lite ? 2 : 4, .n_ff_exp = 256};
+    cm_synth_params sp = {.arch = "deepseek2",
+                          .variant = variant,
+                          .n_embd = 256,
+                          .n_layer = 3,
+                          .n_head = 4,
+                          .n_head_kv = 4,
+                          .n_ff = 768,
+                          .n_ctx = 256,
+                          .type = type,
+                          .seed = 77,
+                          .n_threads = 2,
+                          .n_expert = lite ? 8 : 16,
+                          .n_expert_used = lite ? 2 : 4,
+                          .n_ff_exp = 256};
     return cm_synth_write(&sp, &g_vocab, NULL, &f->file, errbuf, sizeof errbuf);
 }
 
@@ -93,8 +104,12 @@ static int run(const cm_model *m, cm_pool *pool, int step, enum cm_type kt, int 
             for (int i = 0; i < nb; i++) pos[i] = done + i, seq[i] = 0, want[i] = 1;
             cm_kv *kvs[1] = {&kv};
             cm_batch b = {.n = nb, .tokens = k_prompt + done, .pos = pos, .seq = seq, .logits = want};
-            cm_forward_args a = {.layer_first = 0, .layer_last = m->hp.n_layer, .slice = cm_slice_full(m), .kvs = kvs,
-                                 .n_kvs = 1, .out_logits = out + (size_t)done * V};
+            cm_forward_args a = {.layer_first = 0,
+                                 .layer_last = m->hp.n_layer,
+                                 .slice = cm_slice_full(m),
+                                 .kvs = kvs,
+                                 .n_kvs = 1,
+                                 .out_logits = out + (size_t)done * V};
             rc = cm_forward(c, &b, &a, errbuf, sizeof errbuf);
         }
     }
@@ -112,7 +127,10 @@ static double max_diff(const float *a, const float *b, size_t n) {
 /* The cache is the latent: n_layer x n_ctx x (kv_lora_rank + rope) floats. */
 static void test_mla_kv_is_latent(void) {
     fx f;
-    if (fx_open(&f, "v3", "q8_0")) { CHECK(0); return; }
+    if (fx_open(&f, "v3", "q8_0")) {
+        CHECK(0);
+        return;
+    }
     const cm_hparams *hp = &f.m.hp;
     CHECK(hp->n_head_kv == 1 && hp->head_dim == 256 + 32 && hp->mla.kv_lora == 256 && hp->mla.head_k == 96 &&
           hp->mla.head_v == 64 && hp->n_rot == 32 && hp->n_dense_lead == 1 && hp->expert_sigmoid &&
@@ -125,7 +143,10 @@ static void test_mla_kv_is_latent(void) {
     CHECK(f.m.layers[1].ffn_gate_inp.data && f.m.layers[1].ffn_exp_probs_b.data && f.m.layers[1].wq_a.data &&
           !f.m.layers[1].wq.data && !f.m.layers[1].ffn_gate_inp_shexp.data);
     fx_close(&f);
-    if (fx_open(&f, "lite", "q4_k")) { CHECK(0); return; }
+    if (fx_open(&f, "lite", "q4_k")) {
+        CHECK(0);
+        return;
+    }
     CHECK(f.m.hp.mla.q_lora == 0 && f.m.layers[0].wq.data && !f.m.layers[0].wq_a.data && !f.m.hp.expert_sigmoid &&
           !f.m.hp.expert_norm && f.m.hp.n_expert_groups == 0 && f.m.hp.n_ff_shexp == 512 &&
           !f.m.layers[1].ffn_exp_probs_b.data);
@@ -140,7 +161,10 @@ static void test_mla_batch_invariant(void) {
     cm_pool *pool = cm_pool_new(2);
     for (int i = 0; i < 4; i++) {
         fx f;
-        if (fx_open(&f, vs[i], ts[i])) { CHECK(0); continue; }
+        if (fx_open(&f, vs[i], ts[i])) {
+            CHECK(0);
+            continue;
+        }
         const size_t n = (size_t)NTOK * f.m.hp.n_vocab;
         float *a = cm_malloc(n * 4), *b = cm_malloc(n * 4);
         CHECK(run(&f.m, NULL, NTOK, CM_TYPE_F32, 0, a) == 0);
@@ -174,7 +198,11 @@ static void test_mla_f16_vs_llama_cpp(void) {
     const cJSON *pos = cJSON_GetObjectItem(j, "positions");
     CHECK(cJSON_IsArray(pos) && cJSON_GetArraySize(pos) == NTOK);
     fx f;
-    if (!j || fx_open(&f, "lite", "q4_k")) { CHECK(0); cJSON_Delete(j); return; }
+    if (!j || fx_open(&f, "lite", "q4_k")) {
+        CHECK(0);
+        cJSON_Delete(j);
+        return;
+    }
     const int V = f.m.hp.n_vocab;
     float *l16 = cm_malloc((size_t)NTOK * V * 4), *l32 = cm_malloc((size_t)NTOK * V * 4);
     CHECK(run(&f.m, NULL, NTOK, CM_TYPE_F16, 0, l16) == 0 && run(&f.m, NULL, NTOK, CM_TYPE_F32, 0, l32) == 0);
@@ -208,7 +236,10 @@ static void test_mla_f16_vs_llama_cpp(void) {
  * [2, 3): each row equals its sequence run alone. */
 static void test_mla_sequences_and_stages(void) {
     fx f;
-    if (fx_open(&f, "v3", "q8_0")) { CHECK(0); return; }
+    if (fx_open(&f, "v3", "q8_0")) {
+        CHECK(0);
+        return;
+    }
     const cm_model *m = &f.m;
     const int V = m->hp.n_vocab, E = m->hp.n_embd;
     float *ref = cm_malloc((size_t)NTOK * V * 4), *got = cm_malloc((size_t)NTOK * V * 4);
@@ -224,8 +255,8 @@ static void test_mla_sequences_and_stages(void) {
     for (int i = 0; i < NTOK; i++) tok[i] = k_prompt[i / 2], pos[i] = i / 2, seq[i] = i % 2, want[i] = 1;
     cm_kv *kvs[2] = {&k0, &k1};
     cm_batch b = {.n = NTOK, .tokens = tok, .pos = pos, .seq = seq, .logits = want};
-    cm_forward_args a = {.layer_first = 0, .layer_last = 3, .slice = cm_slice_full(m), .kvs = kvs, .n_kvs = 2,
-                         .out_logits = got};
+    cm_forward_args a = {
+        .layer_first = 0, .layer_last = 3, .slice = cm_slice_full(m), .kvs = kvs, .n_kvs = 2, .out_logits = got};
     CHECKF(cm_forward(c, &b, &a, errbuf, sizeof errbuf) == 0, "%s", errbuf);
     double d = 0;
     for (int i = 0; i < NTOK; i++) d = fmax(d, max_diff(got + (size_t)i * V, ref + (size_t)(i / 2) * V, (size_t)V));
@@ -235,17 +266,18 @@ static void test_mla_sequences_and_stages(void) {
     for (int i = 0; i < NTOK; i++) pos[i] = i, seq[i] = 0;
     cm_kv *kv0[1] = {&k0};
     cm_batch b1 = {.n = NTOK, .tokens = k_prompt, .pos = pos, .seq = seq, .logits = want};
-    cm_forward_args a1 = {.layer_first = 0, .layer_last = 2, .slice = cm_slice_full(m), .kvs = kv0, .n_kvs = 1,
-                          .out_hidden = hid};
+    cm_forward_args a1 = {
+        .layer_first = 0, .layer_last = 2, .slice = cm_slice_full(m), .kvs = kv0, .n_kvs = 1, .out_hidden = hid};
     CHECKF(cm_forward(c, &b1, &a1, errbuf, sizeof errbuf) == 0, "%s", errbuf);
     cm_kv st2;
     CHECK(!cm_kv_init(&st2, m, 2, 3, cm_slice_full(m), 64, errbuf, sizeof errbuf));
     cm_kv *kv2[1] = {&st2};
     cm_batch b2 = {.n = NTOK, .embd = hid, .pos = pos, .seq = seq, .logits = want};
-    cm_forward_args a2 = {.layer_first = 2, .layer_last = 3, .slice = cm_slice_full(m), .kvs = kv2, .n_kvs = 1,
-                          .out_logits = got};
+    cm_forward_args a2 = {
+        .layer_first = 2, .layer_last = 3, .slice = cm_slice_full(m), .kvs = kv2, .n_kvs = 1, .out_logits = got};
     CHECKF(cm_forward(c, &b2, &a2, errbuf, sizeof errbuf) == 0, "%s", errbuf);
-    CHECKF(max_diff(got, ref, (size_t)NTOK * V) == 0, "pipeline split differs by %g", max_diff(got, ref, (size_t)NTOK * V));
+    CHECKF(max_diff(got, ref, (size_t)NTOK * V) == 0, "pipeline split differs by %g",
+           max_diff(got, ref, (size_t)NTOK * V));
     cm_kv_release(&k0);
     cm_kv_release(&k1);
     cm_kv_release(&st2);
@@ -261,9 +293,13 @@ static void test_mla_sequences_and_stages(void) {
  * latent; a layer without it is a missing tensor. */
 static void test_mla_kv_b_split(void) {
     fx f;
-    if (fx_open(&f, "v3kvb", "q4_k")) { CHECK(0); return; }
+    if (fx_open(&f, "v3kvb", "q4_k")) {
+        CHECK(0);
+        return;
+    }
     const cm_hparams *hp = &f.m.hp;
-    CHECK(hp->mla.kv_b && hp->n_head_kv == 1 && hp->head_dim == 256 + 32 && hp->mla.head_k == 96 && hp->mla.head_v == 64);
+    CHECK(hp->mla.kv_b && hp->n_head_kv == 1 && hp->head_dim == 256 + 32 && hp->mla.head_k == 96 &&
+          hp->mla.head_v == 64);
     CHECK(cm_kv_bytes(&f.m, 0, 3, 0, 1, 100) == 3ull * 100 * 288 * 4);
     float row[256];
     for (int il = 0; il < 3; il++) {
@@ -274,8 +310,8 @@ static void test_mla_kv_b_split(void) {
         int bad = 0;
         for (int h = 0; h < 4; h++)
             for (int r = 0; r < 128; r++) {
-                cm_kernels_ref()->to_float[CM_TYPE_Q4_K]((const char *)L->wkv_b.data + (size_t)(h * 128 + r) * L->wkv_b.nb[1],
-                                                         row, 256);
+                cm_kernels_ref()->to_float[CM_TYPE_Q4_K](
+                    (const char *)L->wkv_b.data + (size_t)(h * 128 + r) * L->wkv_b.nb[1], row, 256);
                 for (int c = 0; c < 256; c++) {
                     const float *w = r < 64 ? (const float *)L->wk_b.data + ((size_t)h * 256 + c) * 64 + r
                                             : (const float *)L->wv_b.data + ((size_t)h * 64 + r - 64) * 256 + c;
@@ -359,10 +395,17 @@ static void *tp_main(void *arg) {
     for (int i = 0; i < NTOK; i++) pos[i] = i, want[i] = 1;
     cm_kv *kvs[1] = {&kv};
     cm_batch b = {.n = NTOK, .tokens = k_prompt, .pos = pos, .seq = seq, .logits = want};
-    cm_forward_args a = {.layer_first = 0, .layer_last = m->hp.n_layer, .slice = me->sl, .kvs = kvs, .n_kvs = 1,
-                         .allreduce = tp_allreduce, .allreduce_user = me,
-                         .experts = {true, me->G->eb[me->rank], me->G->eb[me->rank + 1]}, .expert_gather = tp_gather,
-                         .expert_gather_user = me, .out_logits = me->logits};
+    cm_forward_args a = {.layer_first = 0,
+                         .layer_last = m->hp.n_layer,
+                         .slice = me->sl,
+                         .kvs = kvs,
+                         .n_kvs = 1,
+                         .allreduce = tp_allreduce,
+                         .allreduce_user = me,
+                         .experts = {true, me->G->eb[me->rank], me->G->eb[me->rank + 1]},
+                         .expert_gather = tp_gather,
+                         .expert_gather_user = me,
+                         .out_logits = me->logits};
     me->rc = cm_forward(c, &b, &a, e, sizeof e);
     if (me->rc) fprintf(stderr, "  member %d: %s\n", me->rank, e);
     cm_kv_release(&kv);
@@ -377,15 +420,22 @@ static void *tp_main(void *arg) {
  * argmax at every position. Measured: 0 (the slices end on Q8_0 blocks,
  * whose partial sums add in one machine's order). */
 static void test_mla_tensor_parallel(void) {
-    static const struct { int k; cm_slice sl[TPM]; } groups[] = {
+    static const struct {
+        int k;
+        cm_slice sl[TPM];
+    } groups[] = {
         {3, {{0, 1, 0, 256}, {1, 2, 256, 512}, {2, 4, 512, 768}}},
         {3, {{0, 4, 0, 512}, {4, 4, 512, 768}, {4, 4, 768, 768}}}, /* two without heads, one without rows */
     };
-    static const int eb[2][2][TPM + 1] = {{{0, 5, 8, 16}, {0, 0, 9, 16}}, {{0, 2, 4, 8}, {0, 4, 8, 8}}}; /* v3: 16, lite: 8 */
+    static const int eb[2][2][TPM + 1] = {{{0, 5, 8, 16}, {0, 0, 9, 16}},
+                                          {{0, 2, 4, 8}, {0, 4, 8, 8}}}; /* v3: 16, lite: 8 */
     const char *vs[] = {"v3", "lite"};
     for (int vi = 0; vi < 2; vi++) {
         fx f;
-        if (fx_open(&f, vs[vi], "q8_0")) { CHECK(0); continue; }
+        if (fx_open(&f, vs[vi], "q8_0")) {
+            CHECK(0);
+            continue;
+        }
         const int V = f.m.hp.n_vocab;
         const size_t n = (size_t)NTOK * V;
         float *one = cm_malloc(n * 4);
@@ -415,7 +465,9 @@ static void test_mla_tensor_parallel(void) {
                 }
                 CHECKF(d < 1e-4 && same == NTOK, "%s group %zu member %d: logits differ by %g, %d of %d argmax equal",
                        vs[vi], gi, r, d, same, NTOK);
-                if (r == 0) fprintf(stderr, "# %s tensor-parallel group of %d: max |logit - one machine| %.2g\n", vs[vi], G.k, d);
+                if (r == 0)
+                    fprintf(stderr, "# %s tensor-parallel group of %d: max |logit - one machine| %.2g\n", vs[vi], G.k,
+                            d);
                 cm_free(mb[r].logits);
             }
             pthread_barrier_destroy(&G.bar);
@@ -428,7 +480,10 @@ static void test_mla_tensor_parallel(void) {
 /* What we do not run is a one-line error naming it. */
 static void test_mla_refusals(void) {
     fx f;
-    if (fx_open(&f, "v3", "q8_0")) { CHECK(0); return; }
+    if (fx_open(&f, "v3", "q8_0")) {
+        CHECK(0);
+        return;
+    }
     /* tensor-parallel slices are of query heads (and dense FFN rows), and
      * need an expert slice: the MoE layers are an expert group's */
     cm_slice s = cm_slice_full(&f.m);
@@ -446,10 +501,12 @@ static void test_mla_refusals(void) {
     fx_close(&f);
     /* a split file without key_length_mla reads as the unsplit layout, whose head_count_kv is the heads' */
     CHECK(fx_write(&f, "v3", "q8_0") == 0);
-    CHECK(PATCH(&f.file, "key_length_mla", "key_length_mlx") == 1 && PATCH(&f.file, "value_length_mla", "value_length_mlx") == 1);
+    CHECK(PATCH(&f.file, "key_length_mla", "key_length_mlx") == 1 &&
+          PATCH(&f.file, "value_length_mla", "value_length_mlx") == 1);
     CHECK(fx_load(&f) == CM_EFORMAT);
     CHECKF(strstr(errbuf, "key_length_mla") && strstr(errbuf, "attn_kv_b") && strstr(errbuf, "head_count_kv 1") &&
-           !strchr(errbuf, '\n'), "%s", errbuf);
+               !strchr(errbuf, '\n'),
+           "%s", errbuf);
     fx_close(&f);
     /* an attn_kv_b tensor beside the split ones (renaming layer 1's exp_probs_b: the same length) */
     CHECK(fx_write(&f, "v3", "q8_0") == 0);
@@ -465,8 +522,17 @@ static void test_mla_refusals(void) {
     CHECKF(strstr(errbuf, "rope scaling type 'xarn'") && strstr(errbuf, "yarn") && !strchr(errbuf, '\n'), "%s", errbuf);
     fx_close(&f);
     /* synth refuses what llama.cpp's deepseek2 would not load */
-    cm_synth_params sp = {.arch = "deepseek2", .variant = "v3", .n_embd = 256, .n_layer = 3, .n_head = 4,
-                          .n_head_kv = 4, .n_ff = 768, .type = "q8_0", .n_expert = 18, .n_expert_used = 4, .n_ff_exp = 256};
+    cm_synth_params sp = {.arch = "deepseek2",
+                          .variant = "v3",
+                          .n_embd = 256,
+                          .n_layer = 3,
+                          .n_head = 4,
+                          .n_head_kv = 4,
+                          .n_ff = 768,
+                          .type = "q8_0",
+                          .n_expert = 18,
+                          .n_expert_used = 4,
+                          .n_ff_exp = 256};
     CHECK(cm_synth_check(&sp, errbuf, sizeof errbuf) == CM_EINVAL && strstr(errbuf, "4 groups"));
     sp.n_expert = 16, sp.variant = "v4";
     CHECK(cm_synth_check(&sp, errbuf, sizeof errbuf) == CM_EINVAL && strstr(errbuf, "variant 'v4'"));

@@ -23,16 +23,16 @@
 #include <pthread.h>
 
 typedef struct synth {
-    const char *name;     /* file stem */
-    const char *arch;     /* "llama", "qwen2", "qwen3" */
-    enum cm_type type;    /* matrices */
+    const char *name;  /* file stem */
+    const char *arch;  /* "llama", "qwen2", "qwen3" */
+    enum cm_type type; /* matrices */
     int E, L, H, HKV, D, F;
     bool tied, rope_freqs;
     float rope_base;
     uint64_t seed;
-    const char *omit;     /* leave this tensor out (error tests) */
-    const char *i32;      /* write this tensor as I32 (error tests) */
-    int bad_k_rows;       /* nonzero: attn_k rows (error tests) */
+    const char *omit; /* leave this tensor out (error tests) */
+    const char *i32;  /* write this tensor as I32 (error tests) */
+    int bad_k_rows;   /* nonzero: attn_k rows (error tests) */
 } synth;
 
 static const synth k_models[] = {
@@ -48,7 +48,10 @@ static char errbuf[512];
 static cm_gguf g_vocab;
 
 /* Buffers the writer references until it writes. */
-typedef struct pool_bufs { void *p[256]; int n; } pool_bufs;
+typedef struct pool_bufs {
+    void *p[256];
+    int n;
+} pool_bufs;
 static void *keep(pool_bufs *b, size_t n) {
     void *p = cm_calloc(1, n ? n : 1);
     CM_ASSERT(p && b->n < 256);
@@ -207,8 +210,12 @@ static int run_all(const cm_model *m, float *logits) {
     for (int i = 0; i < 8; i++) pos[i] = i, want[i] = 1;
     cm_kv *kvs[1] = {&kv};
     cm_batch b = {.n = 8, .tokens = k_seq, .pos = pos, .seq = seq, .logits = want};
-    cm_forward_args a = {.layer_first = 0, .layer_last = m->hp.n_layer, .slice = cm_slice_full(m), .kvs = kvs,
-                         .n_kvs = 1, .out_logits = logits};
+    cm_forward_args a = {.layer_first = 0,
+                         .layer_last = m->hp.n_layer,
+                         .slice = cm_slice_full(m),
+                         .kvs = kvs,
+                         .n_kvs = 1,
+                         .out_logits = logits};
     int rc = cm_forward(c, &b, &a, errbuf, sizeof errbuf);
     cm_kv_release(&kv);
     cm_ctx_free(c);
@@ -223,7 +230,11 @@ static void test_vs_llama_cpp(void) {
     for (size_t mi = 0; mi < CM_ARRAY_LEN(k_models); mi++) {
         const synth *s = &k_models[mi];
         loaded L;
-        if (load_synth(s, &L)) { CHECKF(0, "%s: %s", s->name, errbuf); unload(&L); continue; }
+        if (load_synth(s, &L)) {
+            CHECKF(0, "%s: %s", s->name, errbuf);
+            unload(&L);
+            continue;
+        }
         static float logits[8 * 512];
         CHECK(run_all(&L.m, logits) == 0);
         double worst = 0;
@@ -303,8 +314,14 @@ static void *tp_main(void *arg) {
     for (int i = 0; i < 8; i++) pos[i] = i, want[i] = 1;
     cm_kv *kvs[1] = {&kv};
     cm_batch b = {.n = 8, .tokens = k_seq, .pos = pos, .seq = seq, .logits = want};
-    cm_forward_args a = {.layer_first = 0, .layer_last = me->m->hp.n_layer, .slice = me->slice, .kvs = kvs,
-                         .n_kvs = 1, .allreduce = fx_tp_allreduce, .allreduce_user = &me->tr, .out_logits = me->logits};
+    cm_forward_args a = {.layer_first = 0,
+                         .layer_last = me->m->hp.n_layer,
+                         .slice = me->slice,
+                         .kvs = kvs,
+                         .n_kvs = 1,
+                         .allreduce = fx_tp_allreduce,
+                         .allreduce_user = &me->tr,
+                         .out_logits = me->logits};
     me->rc = cm_forward(c, &b, &a, NULL, 0);
     cm_kv_release(&kv);
     cm_ctx_free(c);
@@ -321,7 +338,11 @@ static void test_stages_and_slices(void) {
     for (size_t mi = 0; mi < CM_ARRAY_LEN(k_models); mi++) {
         const synth *s = &k_models[mi];
         loaded L;
-        if (load_synth(s, &L)) { CHECKF(0, "%s: %s", s->name, errbuf); unload(&L); continue; }
+        if (load_synth(s, &L)) {
+            CHECKF(0, "%s: %s", s->name, errbuf);
+            unload(&L);
+            continue;
+        }
         const cm_model *m = &L.m;
         static float whole[8 * 512], staged[8 * 512];
         CHECK(run_all(m, whole) == 0);
@@ -336,14 +357,15 @@ static void test_stages_and_slices(void) {
         for (int i = 0; i < 8; i++) pos[i] = i, want[i] = 1;
         cm_kv *a1[1] = {&k1}, *a2[1] = {&k2};
         cm_batch b1 = {.n = 8, .tokens = k_seq, .pos = pos, .seq = seq};
-        cm_forward_args f1 = {.layer_first = 0, .layer_last = 1, .slice = cm_slice_full(m), .kvs = a1, .n_kvs = 1,
-                              .out_hidden = hidden};
+        cm_forward_args f1 = {
+            .layer_first = 0, .layer_last = 1, .slice = cm_slice_full(m), .kvs = a1, .n_kvs = 1, .out_hidden = hidden};
         cm_batch b2 = {.n = 8, .embd = hidden, .pos = pos, .seq = seq, .logits = want};
-        cm_forward_args f2 = {.layer_first = 1, .layer_last = 2, .slice = cm_slice_full(m), .kvs = a2, .n_kvs = 1,
-                              .out_logits = staged};
+        cm_forward_args f2 = {
+            .layer_first = 1, .layer_last = 2, .slice = cm_slice_full(m), .kvs = a2, .n_kvs = 1, .out_logits = staged};
         CHECK(cm_forward(c, &b1, &f1, errbuf, sizeof errbuf) == 0);
         CHECK(cm_forward(c, &b2, &f2, errbuf, sizeof errbuf) == 0);
-        CHECKF(max_diff(whole, staged, 8 * 512) == 0, "%s: stages differ by %g", s->name, max_diff(whole, staged, 8 * 512));
+        CHECKF(max_diff(whole, staged, 8 * 512) == 0, "%s: stages differ by %g", s->name,
+               max_diff(whole, staged, 8 * 512));
         cm_kv_release(&k1);
         cm_kv_release(&k2);
         cm_ctx_free(c);
@@ -396,7 +418,8 @@ static void test_forward_errors(void) {
     cm_kv *kvs[1] = {&kv};
     cm_kv_truncate(&kv, 0);
     cm_batch b = {.n = 5, .tokens = ids, .pos = pos, .seq = seq};
-    cm_forward_args a = {.layer_first = 0, .layer_last = 2, .slice = cm_slice_full(m), .kvs = kvs, .n_kvs = 1, .out_logits = lg};
+    cm_forward_args a = {
+        .layer_first = 0, .layer_last = 2, .slice = cm_slice_full(m), .kvs = kvs, .n_kvs = 1, .out_logits = lg};
     CHECK(cm_forward(c, &b, &a, errbuf, sizeof errbuf) == CM_EINVAL); /* more than max_batch */
     b.n = 2;
     seq[1] = 1;
@@ -424,10 +447,16 @@ static int write_models(const char *dir) {
     for (size_t mi = 0; mi < CM_ARRAY_LEN(k_models); mi++) {
         cm_buf b;
         cm_buf_init(&b);
-        if (make_model(&k_models[mi], &b)) { fprintf(stderr, "%s\n", errbuf); return 1; }
+        if (make_model(&k_models[mi], &b)) {
+            fprintf(stderr, "%s\n", errbuf);
+            return 1;
+        }
         char path[512];
         snprintf(path, sizeof path, "%s/%s.gguf", dir, k_models[mi].name);
-        if (cm_file_write_atomic(path, b.data, b.len, 0644, errbuf, sizeof errbuf)) { fprintf(stderr, "%s\n", errbuf); return 1; }
+        if (cm_file_write_atomic(path, b.data, b.len, 0644, errbuf, sizeof errbuf)) {
+            fprintf(stderr, "%s\n", errbuf);
+            return 1;
+        }
         cm_buf_release(&b);
         printf("%s\n", path);
     }

@@ -21,9 +21,20 @@ static cm_gguf g_vocab;
 typedef synth_fx fx;
 
 static int fx_open(fx *f, const char *arch, const char *type, int experts, int used, int shared, uint64_t seed) {
-    cm_synth_params sp = {.arch = arch, .n_embd = 256, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .n_ff = 512,
-                          .n_ctx = 256, .type = type, .seed = seed, .n_threads = 2, .n_expert = experts,
-                          .n_expert_used = used, .n_ff_exp = 256, .n_ff_shexp = shared};
+    cm_synth_params sp = {.arch = arch,
+                          .n_embd = 256,
+                          .n_layer = 2,
+                          .n_head = 4,
+                          .n_head_kv = 2,
+                          .n_ff = 512,
+                          .n_ctx = 256,
+                          .type = type,
+                          .seed = seed,
+                          .n_threads = 2,
+                          .n_expert = experts,
+                          .n_expert_used = used,
+                          .n_ff_exp = 256,
+                          .n_ff_shexp = shared};
     char what[64];
     snprintf(what, sizeof what, "%s %s", arch, type);
     return synth_fx_open(f, &sp, &g_vocab, what, errbuf, sizeof errbuf);
@@ -58,8 +69,8 @@ static int run_interleaved(const cm_model *m, cm_pool *pool, float *out0, float 
     float *lg = cm_malloc(sizeof(float) * (size_t)V * n);
     cm_kv *kvs[2] = {&kv0, &kv1};
     cm_batch b = {.n = n, .tokens = tok, .pos = pos, .seq = seq, .logits = want};
-    cm_forward_args a = {.layer_first = 0, .layer_last = 2, .slice = cm_slice_full(m), .kvs = kvs, .n_kvs = 2,
-                         .out_logits = lg};
+    cm_forward_args a = {
+        .layer_first = 0, .layer_last = 2, .slice = cm_slice_full(m), .kvs = kvs, .n_kvs = 2, .out_logits = lg};
     int rc = lg ? cm_forward(c, &b, &a, errbuf, sizeof errbuf) : CM_ENOMEM;
     for (int i = 0; !rc && i < 8; i++) {
         memcpy(out0 + (size_t)i * V, lg + (size_t)(2 * i) * V, sizeof(float) * (size_t)V);
@@ -90,9 +101,11 @@ static void test_moe_grouping_invariance(void) {
         float *d = cm_malloc(sizeof(float) * V * NTOK);
         CHECK(run_steps(&f.m, pool, NTOK, a) == 0);
         CHECK(run_steps(&f.m, pool, 1, b) == 0);
-        CHECKF(memcmp(a, b, sizeof(float) * V * NTOK) == 0, "%s %s: one batch vs token by token", cases[ci][0], cases[ci][1]);
+        CHECKF(memcmp(a, b, sizeof(float) * V * NTOK) == 0, "%s %s: one batch vs token by token", cases[ci][0],
+               cases[ci][1]);
         CHECK(run_steps(&f.m, NULL, 5, b) == 0);
-        CHECKF(memcmp(a, b, sizeof(float) * V * NTOK) == 0, "%s %s: 2 threads vs 1, batches of 5", cases[ci][0], cases[ci][1]);
+        CHECKF(memcmp(a, b, sizeof(float) * V * NTOK) == 0, "%s %s: 2 threads vs 1, batches of 5", cases[ci][0],
+               cases[ci][1]);
         CHECK(run_interleaved(&f.m, pool, c0, c1) == 0);
         CHECKF(memcmp(a, c0, sizeof(float) * V * 8) == 0, "%s %s: interleaved sequence 0", cases[ci][0], cases[ci][1]);
         /* sequence 1 = the prompt from its 4th token: its own run */
@@ -105,10 +118,15 @@ static void test_moe_grouping_invariance(void) {
             for (int i = 0; i < 8; i++) pos[i] = i, want[i] = 1;
             cm_kv *kvs[1] = {&kv};
             cm_batch bt = {.n = 8, .tokens = synth_prompt + 3, .pos = pos, .seq = seq, .logits = want};
-            cm_forward_args fa = {.layer_first = 0, .layer_last = 2, .slice = cm_slice_full(&f.m), .kvs = kvs,
-                                  .n_kvs = 1, .out_logits = d};
+            cm_forward_args fa = {.layer_first = 0,
+                                  .layer_last = 2,
+                                  .slice = cm_slice_full(&f.m),
+                                  .kvs = kvs,
+                                  .n_kvs = 1,
+                                  .out_logits = d};
             CHECK(cm_forward(c, &bt, &fa, errbuf, sizeof errbuf) == 0);
-            CHECKF(memcmp(d, c1, sizeof(float) * V * 8) == 0, "%s %s: interleaved sequence 1", cases[ci][0], cases[ci][1]);
+            CHECKF(memcmp(d, c1, sizeof(float) * V * 8) == 0, "%s %s: interleaved sequence 1", cases[ci][0],
+                   cases[ci][1]);
             cm_kv_release(&kv);
             cm_ctx_free(c);
         }
@@ -124,11 +142,19 @@ static void test_moe_grouping_invariance(void) {
             float *hid = cm_malloc(sizeof(float) * 256 * NTOK);
             cm_kv *kv0[1] = {&k0}, *kv1[1] = {&k1};
             cm_batch b0 = {.n = NTOK, .tokens = synth_prompt, .pos = pos, .seq = seq, .logits = want};
-            cm_forward_args a0 = {.layer_first = 0, .layer_last = 1, .slice = cm_slice_full(&f.m), .kvs = kv0, .n_kvs = 1,
+            cm_forward_args a0 = {.layer_first = 0,
+                                  .layer_last = 1,
+                                  .slice = cm_slice_full(&f.m),
+                                  .kvs = kv0,
+                                  .n_kvs = 1,
                                   .out_hidden = hid};
             CHECK(cm_forward(c, &b0, &a0, errbuf, sizeof errbuf) == 0);
             cm_batch b1 = {.n = NTOK, .embd = hid, .pos = pos, .seq = seq, .logits = want};
-            cm_forward_args a1 = {.layer_first = 1, .layer_last = 2, .slice = cm_slice_full(&f.m), .kvs = kv1, .n_kvs = 1,
+            cm_forward_args a1 = {.layer_first = 1,
+                                  .layer_last = 2,
+                                  .slice = cm_slice_full(&f.m),
+                                  .kvs = kv1,
+                                  .n_kvs = 1,
                                   .out_logits = d};
             CHECK(cm_forward(c, &b1, &a1, errbuf, sizeof errbuf) == 0);
             CHECKF(memcmp(a, d, sizeof(float) * V * NTOK) == 0, "%s %s: pipeline split", cases[ci][0], cases[ci][1]);
@@ -150,7 +176,10 @@ static void test_moe_grouping_invariance(void) {
  * whose poison reaches the logits of a one-token decode. */
 static void test_moe_exactly_k(void) {
     fx f;
-    if (fx_open(&f, "qwen3moe", "f32", 64, 8, 0, 5)) { CHECKF(0, "%s", errbuf); return; }
+    if (fx_open(&f, "qwen3moe", "f32", 64, 8, 0, 5)) {
+        CHECKF(0, "%s", errbuf);
+        return;
+    }
     const size_t V = (size_t)f.m.hp.n_vocab;
     float *ref = cm_malloc(sizeof(float) * V), *lg = cm_malloc(sizeof(float) * V);
     cm_ctx *c = cm_ctx_new(&f.m, 1, 8, NULL, errbuf, sizeof errbuf);
@@ -174,7 +203,8 @@ static void test_moe_exactly_k(void) {
         }
         memcpy(w, save, slab);
     }
-    CHECKF(reached == f.m.hp.n_expert_used, "%d experts reached the logits, expected %d", reached, f.m.hp.n_expert_used);
+    CHECKF(reached == f.m.hp.n_expert_used, "%d experts reached the logits, expected %d", reached,
+           f.m.hp.n_expert_used);
     printf("# qwen3moe 64 experts top 8: %d experts of layer 0 reach a token's logits\n", reached);
     cm_free(save);
     cm_kv_release(&kv);
@@ -186,7 +216,10 @@ static void test_moe_exactly_k(void) {
 /* n_params_active: everything but the unused experts. */
 static void test_moe_counts(void) {
     fx f;
-    if (fx_open(&f, "qwen2moe", "q8_0", 8, 2, 512, 3)) { CHECKF(0, "%s", errbuf); return; }
+    if (fx_open(&f, "qwen2moe", "q8_0", 8, 2, 512, 3)) {
+        CHECKF(0, "%s", errbuf);
+        return;
+    }
     const uint64_t per_expert = 3ull * 256 * 256, L = 2;
     CHECK(f.m.hp.n_expert == 8 && f.m.hp.n_expert_used == 2 && f.m.hp.n_ff_exp == 256 && f.m.hp.n_ff_shexp == 512);
     CHECK(!f.m.hp.expert_norm);
@@ -194,7 +227,10 @@ static void test_moe_counts(void) {
     CHECK(f.m.weight_bytes - f.m.weight_bytes_active == L * 6 * 3 * cm_row_size(CM_TYPE_Q8_0, 256) * 256);
     fx_close(&f);
     fx d;
-    if (fx_open(&d, "qwen3", "q8_0", 0, 0, 0, 3)) { CHECKF(0, "%s", errbuf); return; }
+    if (fx_open(&d, "qwen3", "q8_0", 0, 0, 0, 3)) {
+        CHECKF(0, "%s", errbuf);
+        return;
+    }
     CHECK(d.m.n_params_active == d.m.n_params && d.m.weight_bytes_active == d.m.weight_bytes && d.m.hp.n_expert == 0);
     fx_close(&d);
 }
@@ -212,7 +248,8 @@ static int rewrite(const cm_gguf *g, const char *arch, int drop_expert_count, co
         char nk[128];
         if (arch && !strcmp(k, "general.architecture")) cm_gguf_w_str(w, k, arch);
         else if (drop_expert_count && strstr(k, ".expert_count")) continue;
-        else if (arch && old && !strncmp(k, old, ol) && k[ol] == '.' && (kv->type == CM_GGUF_U32 || kv->type == CM_GGUF_F32)) {
+        else if (arch && old && !strncmp(k, old, ol) && k[ol] == '.' &&
+                 (kv->type == CM_GGUF_U32 || kv->type == CM_GGUF_F32)) {
             snprintf(nk, sizeof nk, "%s%s", arch, k + ol); /* "<arch>.<suffix>" */
             if (kv->type == CM_GGUF_U32) cm_gguf_w_u32(w, nk, (uint32_t)kv->v.u64);
             else cm_gguf_w_f32(w, nk, (float)kv->v.f64);
@@ -242,7 +279,10 @@ static int load_err(const cm_buf *b) {
 
 static void test_moe_refusals(void) {
     fx f;
-    if (fx_open(&f, "qwen3moe", "q8_0", 8, 2, 0, 9)) { CHECKF(0, "%s", errbuf); return; }
+    if (fx_open(&f, "qwen3moe", "q8_0", 8, 2, 0, 9)) {
+        CHECKF(0, "%s", errbuf);
+        return;
+    }
     /* tensor-parallel slices */
     cm_slice s = cm_slice_full(&f.m);
     CHECK(cm_slice_check(&f.m, s, errbuf, sizeof errbuf) == 0);
@@ -283,7 +323,10 @@ static void test_moe_refusals(void) {
     fx_close(&f);
     /* experts on an architecture that has none */
     fx q;
-    if (fx_open(&q, "qwen2moe", "q8_0", 8, 2, 256, 9)) { CHECKF(0, "%s", errbuf); return; }
+    if (fx_open(&q, "qwen2moe", "q8_0", 8, 2, 256, 9)) {
+        CHECKF(0, "%s", errbuf);
+        return;
+    }
     cm_buf_init(&b);
     CHECK(rewrite(&q.g, "qwen2", 0, NULL, NULL, &b) == 0);
     CHECK(load_err(&b) == CM_EUNSUPPORTED && strstr(errbuf, "experts"));

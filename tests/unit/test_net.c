@@ -51,7 +51,10 @@ static void *srv_main(void *arg) {
         const uint8_t *p;
         size_t n;
         s->recv_rc = cm_conn_recv_payload(c, &type, &p, &n, s->recv_ms, s->recv_err, sizeof s->recv_err);
-        if (s->recv_rc == CM_ETIMEDOUT && cm_conn_state(c) == CM_CONN_READY && s->quiet < 3) { s->quiet++; continue; }
+        if (s->recv_rc == CM_ETIMEDOUT && cm_conn_state(c) == CM_CONN_READY && s->quiet < 3) {
+            s->quiet++;
+            continue;
+        }
         if (s->recv_rc) break;
         s->n_msgs++;
         s->last_type = type;
@@ -104,12 +107,13 @@ static int client(const char *host, uint16_t port, cm_sec_mode mode, const uint8
     return cm_conn_handshake(*c, true, &cfg, &me, peer, e, el);
 }
 
-
 static void test_parse_addr(void) {
     char h[64], e[128];
     uint16_t p;
-    CHECK(cm_net_parse_addr("10.0.0.2:7071", 7070, h, sizeof h, &p, e, sizeof e) == 0 && !strcmp(h, "10.0.0.2") && p == 7071);
-    CHECK(cm_net_parse_addr("mini.local", 7070, h, sizeof h, &p, e, sizeof e) == 0 && !strcmp(h, "mini.local") && p == 7070);
+    CHECK(cm_net_parse_addr("10.0.0.2:7071", 7070, h, sizeof h, &p, e, sizeof e) == 0 && !strcmp(h, "10.0.0.2") &&
+          p == 7071);
+    CHECK(cm_net_parse_addr("mini.local", 7070, h, sizeof h, &p, e, sizeof e) == 0 && !strcmp(h, "mini.local") &&
+          p == 7070);
     CHECK(cm_net_parse_addr("[fe80::1]:9", 7070, h, sizeof h, &p, e, sizeof e) == 0 && !strcmp(h, "fe80::1") && p == 9);
     CHECK(cm_net_parse_addr("::1", 7070, h, sizeof h, &p, e, sizeof e) == 0 && !strcmp(h, "::1") && p == 7070);
     CHECK(cm_net_parse_addr("host:0", 7070, h, sizeof h, &p, e, sizeof e) == CM_EINVAL);
@@ -137,12 +141,21 @@ static void roundtrip(const char *listen_host, const char *host, cm_sec_mode mod
         int32_t *pos = malloc(nt * 4), *seq = malloc(nt * 4);
         uint8_t *want = calloc(nt, 1);
         float *hid = malloc((size_t)nt * dim * 4), *row = malloc(dim * 4);
-        for (uint32_t i = 0; i < nt; i++) { pos[i] = (int32_t)i; seq[i] = (int32_t)(i % 3); }
+        for (uint32_t i = 0; i < nt; i++) {
+            pos[i] = (int32_t)i;
+            seq[i] = (int32_t)(i % 3);
+        }
         want[nt - 1] = 1;
         for (size_t k = 0; k < (size_t)nt * dim; k++) hid[k] = (float)k * 0.001f - 7.0f;
         cm_msg m = {.type = CM_MSG_FORWARD}, r;
-        m.u.forward = (cm_msg_forward){.epoch = 4, .request_id = 99, .n_tokens = nt, .dim = dim,
-                                       .dtype = CM_HIDDEN_F32, .pos = pos, .seq = seq, .want = want,
+        m.u.forward = (cm_msg_forward){.epoch = 4,
+                                       .request_id = 99,
+                                       .n_tokens = nt,
+                                       .dim = dim,
+                                       .dtype = CM_HIDDEN_F32,
+                                       .pos = pos,
+                                       .seq = seq,
+                                       .want = want,
                                        .hidden = hid};
         CHECKF(cm_conn_send(c, &m, 5000, e, sizeof e) == 0, "%s", e);
         CHECKF(cm_conn_recv(c, &r, 5000, e, sizeof e) == 0, "%s", e);
@@ -155,7 +168,11 @@ static void roundtrip(const char *listen_host, const char *host, cm_sec_mode mod
             }
             CHECK(same && cm_msg_forward_want(&r.u.forward, nt - 1));
         }
-        free(pos); free(seq); free(want); free(hid); free(row);
+        free(pos);
+        free(seq);
+        free(want);
+        free(hid);
+        free(row);
         m = (cm_msg){.type = CM_MSG_HEARTBEAT};
         m.u.heartbeat = (cm_msg_heartbeat){.epoch = 4, .wall_ms = cm_wall_ms(), .mono_ns = cm_now_ns(), .load = 10};
         CHECK(cm_conn_send(c, &m, 2000, e, sizeof e) == 0);
@@ -172,8 +189,8 @@ static void roundtrip(const char *listen_host, const char *host, cm_sec_mode mod
 static void test_roundtrip(void) {
     roundtrip("127.0.0.1", "127.0.0.1", CM_SEC_ENCRYPT);
     roundtrip("::1", "::1", CM_SEC_ENCRYPT);
-    roundtrip(NULL, "127.0.0.1", CM_SEC_AUTH);   /* the any-address listener takes IPv4... */
-    roundtrip(NULL, "::1", CM_SEC_INSECURE);     /* ...and IPv6 */
+    roundtrip(NULL, "127.0.0.1", CM_SEC_AUTH); /* the any-address listener takes IPv4... */
+    roundtrip(NULL, "::1", CM_SEC_INSECURE);   /* ...and IPv6 */
 }
 
 static void test_wrong_key(void) {
@@ -211,9 +228,11 @@ static void mismatch(cm_sec_mode sm, const uint8_t *sk, cm_sec_mode cmode, const
 }
 
 static void test_insecure_mismatch(void) {
-    mismatch(CM_SEC_ENCRYPT, k_key, CM_SEC_INSECURE, NULL, "the connecting node runs --insecure, the listening node requires the cluster key");
+    mismatch(CM_SEC_ENCRYPT, k_key, CM_SEC_INSECURE, NULL,
+             "the connecting node runs --insecure, the listening node requires the cluster key");
     mismatch(CM_SEC_INSECURE, NULL, CM_SEC_ENCRYPT, k_key, "the listening node runs --insecure");
-    mismatch(CM_SEC_ENCRYPT, k_key, CM_SEC_AUTH, k_key, "the connecting node uses auth-only frames, the listening node requires");
+    mismatch(CM_SEC_ENCRYPT, k_key, CM_SEC_AUTH, k_key,
+             "the connecting node uses auth-only frames, the listening node requires");
 }
 
 enum attack { REPLAY, BITFLIP, REORDER, UNSEALED };
@@ -240,7 +259,10 @@ static void attack(enum attack a, const char *want) {
             cm_msg r;
             CHECK(cm_conn_recv(c, &r, 2000, e, sizeof e) == 0 && r.type == CM_MSG_HEARTBEAT); /* echo */
             if (a == REPLAY) CHECK(cm_conn_write_raw(c, f1, n1, 1000, e, sizeof e) == 0);
-            if (a == BITFLIP) { f2[CM_FRAME_HDR + 5] ^= 0x01; CHECK(cm_conn_write_raw(c, f2, n2, 1000, e, sizeof e) == 0); }
+            if (a == BITFLIP) {
+                f2[CM_FRAME_HDR + 5] ^= 0x01;
+                CHECK(cm_conn_write_raw(c, f2, n2, 1000, e, sizeof e) == 0);
+            }
             if (a == UNSEALED) {
                 cm_frame_hdr h = {CM_PROTO_VERSION, CM_MSG_HEARTBEAT, 0, 1, sizeof pl};
                 cm_frame_hdr_encode(&h, f2);
@@ -289,8 +311,8 @@ static void test_stall(void) {
     srv_join(&s);
     free(fx_log_capture_end());
     CHECK(s.quiet >= 1);
-    CHECKF(s.recv_rc == CM_ETIMEDOUT && strstr(s.recv_err, "stalled mid-frame (30 bytes received"),
-           "rc %d: %s", s.recv_rc, s.recv_err);
+    CHECKF(s.recv_rc == CM_ETIMEDOUT && strstr(s.recv_err, "stalled mid-frame (30 bytes received"), "rc %d: %s",
+           s.recv_rc, s.recv_err);
     CHECK(s.end_state == CM_CONN_FAILED);
     cm_conn_close(c, NULL);
 }
@@ -300,7 +322,7 @@ static void test_stall(void) {
  * bytes lets a transfer run far longer than the stall bound. */
 typedef struct sink {
     cm_listener *l;
-    int slow;              /* 0: read nothing (frozen), else read 16 kB every 20 ms */
+    int slow; /* 0: read nothing (frozen), else read 16 kB every 20 ms */
     atomic_int done;
     size_t got;
     pthread_t th;
@@ -318,7 +340,10 @@ static void *sink_main(void *arg) {
     if (cm_conn_handshake(c, false, &cfg, &me, NULL, e, sizeof e) == 0) {
         static uint8_t buf[16384];
         while (!atomic_load(&k->done)) {
-            if (!k->slow) { cm_sleep_ms(10); continue; }
+            if (!k->slow) {
+                cm_sleep_ms(10);
+                continue;
+            }
             if (cm_fd_wait_readable(cm_conn_fd(c), 20) <= 0) continue;
             ssize_t r = recv(cm_conn_fd(c), buf, sizeof buf, 0);
             if (r > 0) k->got += (size_t)r;
@@ -337,7 +362,11 @@ static void test_send_stall(void) {
         char e[600];
         int rc = cm_net_listen("127.0.0.1", 0, &k.l, e, sizeof e);
         CHECKF(rc == 0, "%s", e);
-        if (rc) { unsetenv("CUMULO_TEST_SOCKBUF"); cm_config_reload(); return; }
+        if (rc) {
+            unsetenv("CUMULO_TEST_SOCKBUF");
+            cm_config_reload();
+            return;
+        }
         pthread_create(&k.th, NULL, sink_main, &k);
         cm_conn *c = NULL;
         rc = client("127.0.0.1", cm_listener_port(k.l), CM_SEC_ENCRYPT, k_key, &c, NULL, e, sizeof e);
@@ -438,8 +467,10 @@ static void test_key_file(void) {
     cm_net_key_fingerprint(k_key, fb);
     CHECK(strlen(fa) == 16 && strcmp(fa, fb) != 0);
     CHECK(cm_net_key_parse("  0011", b, e, sizeof e) == CM_EFORMAT);
-    CHECK(cm_net_key_parse("00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n", b, e, sizeof e) == 0 && b[1] == 0x11);
-    CHECK(cm_net_key_parse("00112233445566778899aabbccddeeff00112233445566778899aabbccddeefg", b, e, sizeof e) == CM_EFORMAT);
+    CHECK(cm_net_key_parse("00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n", b, e, sizeof e) == 0 &&
+          b[1] == 0x11);
+    CHECK(cm_net_key_parse("00112233445566778899aabbccddeeff00112233445566778899aabbccddeefg", b, e, sizeof e) ==
+          CM_EFORMAT);
     setenv("CUMULO_KEY_FILE", "/x/y.key", 1);
     cm_config_reload();
     CHECK(cm_net_key_default_path(path, sizeof path, e, sizeof e) == 0 && !strcmp(path, "/x/y.key"));
@@ -447,7 +478,8 @@ static void test_key_file(void) {
     cm_config_reload();
     setenv("HOME", "/home/u", 1);
     cm_config_reload();
-    CHECK(cm_net_key_default_path(path, sizeof path, e, sizeof e) == 0 && !strcmp(path, "/home/u/.config/cumulo/cluster.key"));
+    CHECK(cm_net_key_default_path(path, sizeof path, e, sizeof e) == 0 &&
+          !strcmp(path, "/home/u/.config/cumulo/cluster.key"));
     char cmd[200];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     CHECK(system(cmd) == 0);

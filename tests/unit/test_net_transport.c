@@ -46,7 +46,10 @@ static int loop_connect(void *ctx, uint16_t port, int timeout_ms, int *fd, char 
     struct sockaddr_un sa = {.sun_family = AF_UNIX}, me = {.sun_family = AF_UNIX};
     snprintf(sa.sun_path, sizeof sa.sun_path, "%s", g_path);
     snprintf(me.sun_path, sizeof me.sun_path, "%s/loop-r%u:1", g_dir, (unsigned)port); /* the name the server sees */
-    if (s >= 0 && bind(s, (struct sockaddr *)&me, sizeof me)) { close(s); s = -1; }
+    if (s >= 0 && bind(s, (struct sockaddr *)&me, sizeof me)) {
+        close(s);
+        s = -1;
+    }
     unlink(me.sun_path);
     if (s < 0 || connect(s, (struct sockaddr *)&sa, sizeof sa)) {
         if (s >= 0) close(s);
@@ -119,7 +122,8 @@ static void test_seam(void) {
             if (!rc) rc = cm_conn_recv(c, &r, 3000, e, sizeof e);
             CHECKF(rc == 0, "%s", e);
             if (!rc) {
-                CHECK(r.type == CM_MSG_PONG && r.u.ping.id == (uint64_t)k + 1 && r.u.ping.data_len == m.u.ping.data_len);
+                CHECK(r.type == CM_MSG_PONG && r.u.ping.id == (uint64_t)k + 1 &&
+                      r.u.ping.data_len == m.u.ping.data_len);
                 CHECK(!memcmp(r.u.ping.data, big, r.u.ping.data_len));
             }
         }
@@ -129,7 +133,7 @@ static void test_seam(void) {
     CHECKF(s.rc == 0, "server: %s", s.err);
     CHECK(s.n_echoed == 3);
     CHECKF(!strcmp(s.peer_host, "loop-r7"), "server's peer host '%s'", s.peer_host); /* per-source limits count this */
-    CHECKF(!strcmp(s.peer, "loop-r7:1"), "server's peer '%s'", s.peer); /* the dialer's bound name */
+    CHECKF(!strcmp(s.peer, "loop-r7:1"), "server's peer '%s'", s.peer);              /* the dialer's bound name */
     cm_listener_close(s.l);
     /* Without the provider "loop" is a host name like any other. */
     cm_net_set_transport(NULL);

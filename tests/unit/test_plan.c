@@ -58,8 +58,8 @@ static void check_plan_valid(const cm_plan *p, const cm_plan_model *m, const cm_
             if (i < st->n_members - 1 && m->ffn_granule > 1) CHECK((mb->ffn_end - mb->ffn_begin) % m->ffn_granule == 0);
             h = mb->kv_head_end;
             f = mb->ffn_end;
-            CHECKF(mb->weight_bytes + mb->kv_bytes + o->reserve_bytes <= c->nodes[mb->node].mem_bytes,
-                   "%s over memory", c->nodes[mb->node].name);
+            CHECKF(mb->weight_bytes + mb->kv_bytes + o->reserve_bytes <= c->nodes[mb->node].mem_bytes, "%s over memory",
+                   c->nodes[mb->node].name);
         }
         CHECK(h == m->n_kv_heads && f == m->ffn);
     }
@@ -71,11 +71,15 @@ static void llama8b(cm_plan_model *m) { cm_plan_model_synthetic(m, 32, 4096, 32,
 static void llama70b(cm_plan_model *m) { cm_plan_model_synthetic(m, 80, 8192, 64, 8, 28672, 128256, 4.85); }
 
 static void test_single_node(void) {
-    cm_plan_model m; llama8b(&m);
-    cm_plan_cluster c = {0}; links_all(&c, 0.2, 40);
+    cm_plan_model m;
+    llama8b(&m);
+    cm_plan_cluster c = {0};
+    links_all(&c, 0.2, 40);
     add_node(&c, "mini", 16, 100, 4);
-    cm_plan_opts o; cm_plan_opts_default(&o);
-    cm_plan p; char err[512];
+    cm_plan_opts o;
+    cm_plan_opts_default(&o);
+    cm_plan p;
+    char err[512];
     CHECK(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == 0);
     check_plan_valid(&p, &m, &c, &o);
     CHECK(p.n_stages == 1 && p.stages[0].n_members == 1);
@@ -89,12 +93,16 @@ static void test_single_node(void) {
 /* KV cache types: the planner counts whole blocks (Q8_0: 34 bytes per 32
  * elements) and a long context that does not fit in F32 fits in Q8_0. */
 static void test_kv_types(void) {
-    cm_plan_model m; llama8b(&m);
-    cm_plan_cluster c = {0}; links_all(&c, 0.2, 40);
+    cm_plan_model m;
+    llama8b(&m);
+    cm_plan_cluster c = {0};
+    links_all(&c, 0.2, 40);
     add_node(&c, "mini", 16, 100, 4);
-    cm_plan_opts o; cm_plan_opts_default(&o);
+    cm_plan_opts o;
+    cm_plan_opts_default(&o);
     o.ctx = 65536;
-    cm_plan p; char err[512];
+    cm_plan p;
+    char err[512];
     CHECK(cm_plan_make(&m, &c, &o, &p, err, sizeof err) != 0); /* F32: 32 x 8 x 128 x 2 x 4 B x 65536 = 16 GiB */
     o.kv_k32_bytes = o.kv_v32_bytes = 34;
     CHECKF(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == 0, "%s", err);
@@ -102,17 +110,23 @@ static void test_kv_types(void) {
 }
 
 static void test_even_and_uneven_pipeline(void) {
-    cm_plan_model m; llama8b(&m);
-    cm_plan_opts o; cm_plan_opts_default(&o); o.mode = CM_PARALLEL_PP;
-    cm_plan p; char err[512];
-    cm_plan_cluster c = {0}; links_all(&c, 0.3, 40);
-    add_node(&c, "a", 16, 100, 4); add_node(&c, "b", 16, 100, 4);
+    cm_plan_model m;
+    llama8b(&m);
+    cm_plan_opts o;
+    cm_plan_opts_default(&o);
+    o.mode = CM_PARALLEL_PP;
+    cm_plan p;
+    char err[512];
+    cm_plan_cluster c = {0};
+    links_all(&c, 0.3, 40);
+    add_node(&c, "a", 16, 100, 4);
+    add_node(&c, "b", 16, 100, 4);
     CHECK(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == 0);
     check_plan_valid(&p, &m, &c, &o);
     /* equal nodes: equal stage times within one layer (the last stage also runs the output head) */
     double layer_s = m.layer_bytes[0] / 100e9;
-    CHECKF(fabs(p.stages[0].compute_s - p.stages[1].compute_s) <= layer_s * 1.01, "%d vs %d layers",
-           layers_of(&p, 0), layers_of(&p, 1));
+    CHECKF(fabs(p.stages[0].compute_s - p.stages[1].compute_s) <= layer_s * 1.01, "%d vs %d layers", layers_of(&p, 0),
+           layers_of(&p, 1));
     CHECK(layers_of(&p, 0) > layers_of(&p, 1));
     /* twice the bandwidth -> about twice the layers */
     c.nodes[1].mem_bw = 200e9;
@@ -121,18 +135,26 @@ static void test_even_and_uneven_pipeline(void) {
     double ratio = (double)layers_of(&p, 1) / layers_of(&p, 0);
     CHECKF(ratio > 1.6 && ratio < 2.5, "ratio %.2f (%d/%d)", ratio, layers_of(&p, 1), layers_of(&p, 0));
     /* the slow node gets less, 3 nodes */
-    cm_plan_cluster c3 = {0}; links_all(&c3, 0.3, 40);
-    add_node(&c3, "m4pro", 64, 273, 9); add_node(&c3, "m4", 16, 120, 4); add_node(&c3, "linux", 32, 40, 2);
+    cm_plan_cluster c3 = {0};
+    links_all(&c3, 0.3, 40);
+    add_node(&c3, "m4pro", 64, 273, 9);
+    add_node(&c3, "m4", 16, 120, 4);
+    add_node(&c3, "linux", 32, 40, 2);
     CHECK(cm_plan_make(&m, &c3, &o, &p, err, sizeof err) == 0);
     check_plan_valid(&p, &m, &c3, &o);
     CHECK(layers_of(&p, 0) > layers_of(&p, 1) && layers_of(&p, 1) > layers_of(&p, 2) && layers_of(&p, 2) >= 1);
 }
 
 static void test_memory_bound_node(void) {
-    cm_plan_model m; llama8b(&m);
-    cm_plan_opts o; cm_plan_opts_default(&o); o.mode = CM_PARALLEL_PP;
-    cm_plan p; char err[512];
-    cm_plan_cluster c = {0}; links_all(&c, 0.3, 40);
+    cm_plan_model m;
+    llama8b(&m);
+    cm_plan_opts o;
+    cm_plan_opts_default(&o);
+    o.mode = CM_PARALLEL_PP;
+    cm_plan p;
+    char err[512];
+    cm_plan_cluster c = {0};
+    links_all(&c, 0.3, 40);
     add_node(&c, "big", 64, 100, 4);
     add_node(&c, "fast-but-small", 2.0, 400, 16); /* fastest, but holds few layers */
     CHECK(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == 0);
@@ -142,27 +164,43 @@ static void test_memory_bound_node(void) {
 }
 
 static void test_slow_link_gets_fewer(void) {
-    cm_plan_model m; cm_plan_model_synthetic(&m, 48, 2048, 32, 8, 5632, 32000, 8.5);
-    cm_plan_opts o; cm_plan_opts_default(&o); o.mode = CM_PARALLEL_PP; o.n_seq = 4;
-    cm_plan p; char err[512];
-    cm_plan_cluster c = {0}; links_all(&c, 0.2, 10);
-    add_node(&c, "a", 8, 50, 2); add_node(&c, "b", 8, 50, 2); add_node(&c, "c", 8, 50, 2);
-    link_set(&c, 1, 0, 20, 0.01); link_set(&c, 1, 2, 20, 0.01); /* b behind a slow link */
+    cm_plan_model m;
+    cm_plan_model_synthetic(&m, 48, 2048, 32, 8, 5632, 32000, 8.5);
+    cm_plan_opts o;
+    cm_plan_opts_default(&o);
+    o.mode = CM_PARALLEL_PP;
+    o.n_seq = 4;
+    cm_plan p;
+    char err[512];
+    cm_plan_cluster c = {0};
+    links_all(&c, 0.2, 10);
+    add_node(&c, "a", 8, 50, 2);
+    add_node(&c, "b", 8, 50, 2);
+    add_node(&c, "c", 8, 50, 2);
+    link_set(&c, 1, 0, 20, 0.01);
+    link_set(&c, 1, 2, 20, 0.01); /* b behind a slow link */
     CHECK(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == 0);
     check_plan_valid(&p, &m, &c, &o);
-    CHECKF(layers_of(&p, 1) < layers_of(&p, 0) && layers_of(&p, 1) < layers_of(&p, 2), "%d %d %d",
-           layers_of(&p, 0), layers_of(&p, 1), layers_of(&p, 2));
+    CHECKF(layers_of(&p, 1) < layers_of(&p, 0) && layers_of(&p, 1) < layers_of(&p, 2), "%d %d %d", layers_of(&p, 0),
+           layers_of(&p, 1), layers_of(&p, 2));
 }
 
 /* A re-plan after a loss keeps the coordinator's layers (first_stage_layers):
  * stage 0 holds exactly them, the survivors split the rest by speed and
  * memory, and a survivor too small for the rest makes it not fit. */
 static void test_pinned_first_stage(void) {
-    cm_plan_model m; llama8b(&m);
-    cm_plan_opts o; cm_plan_opts_default(&o); o.mode = CM_PARALLEL_PP;
-    cm_plan p; char err[512];
-    cm_plan_cluster c = {0}; links_all(&c, 0.3, 40);
-    add_node(&c, "here", 64, 100, 4); add_node(&c, "slow", 16, 50, 2); add_node(&c, "fast", 16, 200, 8);
+    cm_plan_model m;
+    llama8b(&m);
+    cm_plan_opts o;
+    cm_plan_opts_default(&o);
+    o.mode = CM_PARALLEL_PP;
+    cm_plan p;
+    char err[512];
+    cm_plan_cluster c = {0};
+    links_all(&c, 0.3, 40);
+    add_node(&c, "here", 64, 100, 4);
+    add_node(&c, "slow", 16, 50, 2);
+    add_node(&c, "fast", 16, 200, 8);
     o.first_stage_layers = 5;
     CHECK(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == 0);
     check_plan_valid(&p, &m, &c, &o);
@@ -172,8 +210,10 @@ static void test_pinned_first_stage(void) {
     CHECK(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == 0);
     CHECK(p.stages[0].last_layer == 20 && layers_of(&p, 1) + layers_of(&p, 2) == 12);
     /* one small survivor cannot take the other 27 layers */
-    cm_plan_cluster c2 = {0}; links_all(&c2, 0.3, 40);
-    add_node(&c2, "here", 64, 100, 4); add_node(&c2, "tiny", 1.0, 100, 4);
+    cm_plan_cluster c2 = {0};
+    links_all(&c2, 0.3, 40);
+    add_node(&c2, "here", 64, 100, 4);
+    add_node(&c2, "tiny", 1.0, 100, 4);
     o.first_stage_layers = 5;
     CHECK(cm_plan_make(&m, &c2, &o, &p, err, sizeof err) == CM_ENOSPACE);
     CHECKF(strstr(err, "does not fit") != NULL, "%s", err);
@@ -192,20 +232,29 @@ static int stage_of(const cm_plan *p, int node) {
  * 0) is fast: what the coordinator measures alone would not show it; the
  * node to node matrix does. Equal nodes; the slow hop costs ~5 layers. */
 static void test_slow_node_to_node_link(void) {
-    cm_plan_model m; llama8b(&m);
-    cm_plan_opts o; cm_plan_opts_default(&o); o.mode = CM_PARALLEL_PP;
-    cm_plan p, q, u; char err[512];
+    cm_plan_model m;
+    llama8b(&m);
+    cm_plan_opts o;
+    cm_plan_opts_default(&o);
+    o.mode = CM_PARALLEL_PP;
+    cm_plan p, q, u;
+    char err[512];
     double layer_s = m.layer_bytes[0] / 100e9;
     /* Four nodes, the slow link between b and c. In the given order
      * (here, b, c, d) it is the hop b -> c: b sends over it and c receives
      * over it, so both get fewer layers than the first stage and fewer than
      * on the same cluster with every link fast. */
-    cm_plan_cluster c = {0}; links_all(&c, 0.2, 40);
-    add_node(&c, "here", 16, 100, 4); add_node(&c, "b", 16, 100, 4); add_node(&c, "c", 16, 100, 4); add_node(&c, "d", 16, 100, 4);
+    cm_plan_cluster c = {0};
+    links_all(&c, 0.2, 40);
+    add_node(&c, "here", 16, 100, 4);
+    add_node(&c, "b", 16, 100, 4);
+    add_node(&c, "c", 16, 100, 4);
+    add_node(&c, "d", 16, 100, 4);
     cm_plan_cluster cu = c;
     link_set(&c, 1, 2, 2, 0.025);
     double hop = 1e-3 + m.dim * 4.0 / (0.025e9 / 8);
-    CHECKF(hop > 3 * layer_s, "the slow hop (%.2f ms) must cost several layers (%.2f ms each)", hop * 1e3, layer_s * 1e3);
+    CHECKF(hop > 3 * layer_s, "the slow hop (%.2f ms) must cost several layers (%.2f ms each)", hop * 1e3,
+           layer_s * 1e3);
     CHECK(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == 0);
     check_plan_valid(&p, &m, &c, &o);
     CHECK(cm_plan_make(&m, &cu, &o, &u, err, sizeof err) == 0);
@@ -227,8 +276,11 @@ static void test_slow_node_to_node_link(void) {
     CHECK(strstr(q.why, "node orders") != NULL);
     /* Three nodes: b and c are always neighbours, whatever the order; both
      * get fewer layers than the coordinator and than on fast links. */
-    cm_plan_cluster c3 = {0}; links_all(&c3, 0.2, 40);
-    add_node(&c3, "here", 16, 100, 4); add_node(&c3, "b", 16, 100, 4); add_node(&c3, "c", 16, 100, 4);
+    cm_plan_cluster c3 = {0};
+    links_all(&c3, 0.2, 40);
+    add_node(&c3, "here", 16, 100, 4);
+    add_node(&c3, "b", 16, 100, 4);
+    add_node(&c3, "c", 16, 100, 4);
     cm_plan_cluster c3u = c3;
     link_set(&c3, 1, 2, 2, 0.025);
     CHECK(cm_plan_make(&m, &c3, &o, &p, err, sizeof err) == 0);
@@ -267,11 +319,19 @@ static bool avoids_down(const cm_plan *p, const cm_plan_cluster *c) {
  * means leaving a node out; the same cluster without the mark uses them as
  * neighbours (so the check can fail). */
 static void test_down_link(void) {
-    cm_plan_model m; llama8b(&m);
-    cm_plan_opts o; cm_plan_opts_default(&o); o.mode = CM_PARALLEL_PP; o.reorder = true;
-    cm_plan p; char err[512] = "";
-    cm_plan_cluster c = {0}; links_all(&c, 0.2, 40);
-    add_node(&c, "here", 64, 100, 4); add_node(&c, "b", 64, 100, 4); add_node(&c, "c", 64, 100, 4);
+    cm_plan_model m;
+    llama8b(&m);
+    cm_plan_opts o;
+    cm_plan_opts_default(&o);
+    o.mode = CM_PARALLEL_PP;
+    o.reorder = true;
+    cm_plan p;
+    char err[512] = "";
+    cm_plan_cluster c = {0};
+    links_all(&c, 0.2, 40);
+    add_node(&c, "here", 64, 100, 4);
+    add_node(&c, "b", 64, 100, 4);
+    add_node(&c, "c", 64, 100, 4);
     CHECK(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == 0);
     CHECK(p.n_stages == 3 && abs(stage_of(&p, 1) - stage_of(&p, 2)) == 1); /* without the mark: neighbours */
     c.down[2][1] = true;
@@ -309,21 +369,33 @@ static void test_down_link(void) {
 }
 
 static void test_does_not_fit(void) {
-    cm_plan_model m; llama70b(&m);
-    cm_plan_opts o; cm_plan_opts_default(&o);
-    cm_plan p; char err[512] = "";
-    cm_plan_cluster c = {0}; links_all(&c, 0.3, 40);
-    add_node(&c, "a", 16, 100, 4); add_node(&c, "b", 16, 100, 4);
+    cm_plan_model m;
+    llama70b(&m);
+    cm_plan_opts o;
+    cm_plan_opts_default(&o);
+    cm_plan p;
+    char err[512] = "";
+    cm_plan_cluster c = {0};
+    links_all(&c, 0.3, 40);
+    add_node(&c, "a", 16, 100, 4);
+    add_node(&c, "b", 16, 100, 4);
     CHECK(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == CM_ENOSPACE);
     CHECKF(strstr(err, "GiB missing") != NULL, "%s", err);
 }
 
 static void test_tensor_parallel_slices(void) {
-    cm_plan_model m; llama8b(&m);
-    cm_plan_opts o; cm_plan_opts_default(&o); o.mode = CM_PARALLEL_TP;
-    cm_plan p; char err[512];
-    cm_plan_cluster c = {0}; links_all(&c, 0.1, 80);
-    add_node(&c, "a", 16, 100, 4); add_node(&c, "b", 16, 200, 8); add_node(&c, "c", 16, 100, 4);
+    cm_plan_model m;
+    llama8b(&m);
+    cm_plan_opts o;
+    cm_plan_opts_default(&o);
+    o.mode = CM_PARALLEL_TP;
+    cm_plan p;
+    char err[512];
+    cm_plan_cluster c = {0};
+    links_all(&c, 0.1, 80);
+    add_node(&c, "a", 16, 100, 4);
+    add_node(&c, "b", 16, 200, 8);
+    add_node(&c, "c", 16, 100, 4);
     CHECK(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == 0);
     check_plan_valid(&p, &m, &c, &o);
     CHECK(p.n_stages == 1 && p.stages[0].n_members == 3 && p.mode == CM_PARALLEL_TP);
@@ -332,19 +404,29 @@ static void test_tensor_parallel_slices(void) {
     CHECK(mb[1].ffn_end - mb[1].ffn_begin > mb[0].ffn_end - mb[0].ffn_begin);
     CHECK(p.bytes_per_token_tp == 2ull * 32 * 4096 * 4);
     /* more members than KV heads: the extra ones get FFN rows only */
-    cm_plan_model small; cm_plan_model_synthetic(&small, 4, 512, 8, 2, 1536, 1000, 8.5);
+    cm_plan_model small;
+    cm_plan_model_synthetic(&small, 4, 512, 8, 2, 1536, 1000, 8.5);
     CHECK(cm_plan_make(&small, &c, &o, &p, err, sizeof err) == 0);
     check_plan_valid(&p, &small, &c, &o);
 }
 
 static void test_auto_hybrid(void) {
     /* two pairs on Thunderbolt, the pairs joined by slow Ethernet: two TP groups, pipelined */
-    cm_plan_model m; llama70b(&m);
-    cm_plan_opts o; cm_plan_opts_default(&o);
-    cm_plan p; char err[512];
-    cm_plan_cluster c = {0}; links_all(&c, 1.0, 1);
-    for (int i = 0; i < 4; i++) { char nm[16]; snprintf(nm, sizeof nm, "mini%d", i); add_node(&c, nm, 64, 273, 9); }
-    link_set(&c, 0, 1, 0.1, 40); link_set(&c, 2, 3, 0.1, 40);
+    cm_plan_model m;
+    llama70b(&m);
+    cm_plan_opts o;
+    cm_plan_opts_default(&o);
+    cm_plan p;
+    char err[512];
+    cm_plan_cluster c = {0};
+    links_all(&c, 1.0, 1);
+    for (int i = 0; i < 4; i++) {
+        char nm[16];
+        snprintf(nm, sizeof nm, "mini%d", i);
+        add_node(&c, nm, 64, 273, 9);
+    }
+    link_set(&c, 0, 1, 0.1, 40);
+    link_set(&c, 2, 3, 0.1, 40);
     CHECK(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == 0);
     check_plan_valid(&p, &m, &c, &o);
     CHECKF(p.mode == CM_PARALLEL_HYBRID && p.n_stages == 2, "mode %s stages %d: %s", cm_parallel_name(p.mode),
@@ -367,11 +449,19 @@ static void test_auto_hybrid(void) {
  * tensor-parallel slices of experts): where a dense model of the same shape
  * goes tensor-parallel, auto picks a pipeline; tp and hybrid are refused. */
 static void test_experts_no_row_split(void) {
-    cm_plan_model m; llama70b(&m);
-    cm_plan_opts o; cm_plan_opts_default(&o);
-    cm_plan p; char err[512];
-    cm_plan_cluster c = {0}; links_all(&c, 0.1, 80);
-    for (int i = 0; i < 4; i++) { char nm[16]; snprintf(nm, sizeof nm, "mini%d", i); add_node(&c, nm, 64, 273, 9); }
+    cm_plan_model m;
+    llama70b(&m);
+    cm_plan_opts o;
+    cm_plan_opts_default(&o);
+    cm_plan p;
+    char err[512];
+    cm_plan_cluster c = {0};
+    links_all(&c, 0.1, 80);
+    for (int i = 0; i < 4; i++) {
+        char nm[16];
+        snprintf(nm, sizeof nm, "mini%d", i);
+        add_node(&c, nm, 64, 273, 9);
+    }
     CHECK(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == 0 && p.mode == CM_PARALLEL_TP);
     m.n_experts = 8;
     m.n_experts_used = 2;
@@ -386,9 +476,12 @@ static void test_experts_no_row_split(void) {
 }
 
 static void test_bad_input(void) {
-    cm_plan_model m; llama8b(&m);
-    cm_plan_opts o; cm_plan_opts_default(&o);
-    cm_plan p; char err[512];
+    cm_plan_model m;
+    llama8b(&m);
+    cm_plan_opts o;
+    cm_plan_opts_default(&o);
+    cm_plan p;
+    char err[512];
     cm_plan_cluster c = {0};
     CHECK(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == CM_EINVAL);
     links_all(&c, 0.3, 40);
@@ -396,7 +489,8 @@ static void test_bad_input(void) {
     m.n_layers = 0;
     CHECK(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == CM_EINVAL);
     /* more nodes than layers: pipeline uses as many as it can */
-    cm_plan_model t; cm_plan_model_synthetic(&t, 2, 64, 8, 4, 172, 512, 32);
+    cm_plan_model t;
+    cm_plan_model_synthetic(&t, 2, 64, 8, 4, 172, 512, 32);
     for (int i = 0; i < 3; i++) add_node(&c, "x", 1, 10, 1);
     o.mode = CM_PARALLEL_PP;
     o.reserve_bytes = 0;
@@ -407,7 +501,9 @@ static void test_bad_input(void) {
 /* ---- expert parallelism (issue 13) ---- */
 
 /* Qwen3-30B-A3B-like: 48 layers, 128 experts of width 768, 8 used, Q4_K_M. */
-static void qwen3_30b_a3b(cm_plan_model *m) { cm_plan_model_synthetic_moe(m, 48, 2048, 32, 4, 128, 8, 768, 0, 151936, 4.85); }
+static void qwen3_30b_a3b(cm_plan_model *m) {
+    cm_plan_model_synthetic_moe(m, 48, 2048, 32, 4, 128, 8, 768, 0, 151936, 4.85);
+}
 
 /* An expert group: every member holds every KV head and FFN row, the expert
  * ranges tile [0, n_experts) in member order, nobody is over memory. */
@@ -438,17 +534,24 @@ static void check_ep_valid(const cm_plan *p, const cm_plan_model *m, const cm_pl
 static int held(const cm_plan_member *mb) { return mb->expert_end - mb->expert_begin; }
 
 static void test_ep_even(void) {
-    cm_plan_model m; qwen3_30b_a3b(&m);
-    cm_plan_cluster c = {0}; links_all(&c, 0.1, 40);
+    cm_plan_model m;
+    qwen3_30b_a3b(&m);
+    cm_plan_cluster c = {0};
+    links_all(&c, 0.1, 40);
     add_node(&c, "a", 24, 120, 4);
     add_node(&c, "b", 24, 120, 4);
     add_node(&c, "c", 24, 120, 4);
-    cm_plan_opts o; cm_plan_opts_default(&o); o.mode = CM_PARALLEL_EP;
-    cm_plan p; char err[512];
+    cm_plan_opts o;
+    cm_plan_opts_default(&o);
+    o.mode = CM_PARALLEL_EP;
+    cm_plan p;
+    char err[512];
     CHECKF(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == 0, "%s", err);
     check_ep_valid(&p, &m, &c, &o);
     CHECK(p.mode == CM_PARALLEL_EP && p.n_stages == 1 && p.stages[0].n_members == 3);
-    for (int i = 0; i < 3; i++) CHECKF(held(&p.stages[0].members[i]) >= 42 && held(&p.stages[0].members[i]) <= 43, "member %d holds %d", i, held(&p.stages[0].members[i]));
+    for (int i = 0; i < 3; i++)
+        CHECKF(held(&p.stages[0].members[i]) >= 42 && held(&p.stages[0].members[i]) <= 43, "member %d holds %d", i,
+               held(&p.stages[0].members[i]));
     /* the exchange: (members - 1) x used x MoE layers x dim x 4 per token */
     CHECK(p.bytes_per_token_ep == 2ull * 8 * 48 * 2048 * 4);
     CHECK(p.bytes_per_token_tp == 0);
@@ -463,17 +566,22 @@ static void test_ep_even(void) {
  * the result is a pure function; uniform counts give no replica; memory for
  * less than one more expert gives none either. */
 static void test_ep_replicas_plan(void) {
-    cm_plan_model m; qwen3_30b_a3b(&m);
-    cm_plan_cluster c = {0}; links_all(&c, 0.1, 40);
+    cm_plan_model m;
+    qwen3_30b_a3b(&m);
+    cm_plan_cluster c = {0};
+    links_all(&c, 0.1, 40);
     add_node(&c, "a", 24, 120, 4);
     add_node(&c, "b", 24, 120, 4);
     add_node(&c, "c", 24, 120, 4);
     uint64_t load[128], flat[128];
     for (int e = 0; e < 128; e++) load[e] = 700, flat[e] = 1000;
     load[5] = 700ull * 127 * 3 / 7; /* 30% of all */
-    cm_plan_opts o; cm_plan_opts_default(&o); o.mode = CM_PARALLEL_EP;
+    cm_plan_opts o;
+    cm_plan_opts_default(&o);
+    o.mode = CM_PARALLEL_EP;
     o.expert_load = load;
-    cm_plan p, q, none; char err[512];
+    cm_plan p, q, none;
+    char err[512];
     CHECKF(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == 0, "%s", err);
     check_ep_valid(&p, &m, &c, &o);
     const cm_plan_stage *st = &p.stages[0];
@@ -483,7 +591,8 @@ static void test_ep_replicas_plan(void) {
     for (int i = 0; i < 3; i++) {
         reps += st->members[i].n_replicas;
         max_share = st->members[i].expert_share > max_share ? st->members[i].expert_share : max_share;
-        for (int r = 1; r < st->members[i].n_replicas; r++) CHECK(st->members[i].replicas[r - 1] < st->members[i].replicas[r]);
+        for (int r = 1; r < st->members[i].n_replicas; r++)
+            CHECK(st->members[i].replicas[r - 1] < st->members[i].replicas[r]);
     }
     CHECKF(reps >= 1 && (h5 & (h5 - 1)), "expert 5 held by 0x%x (%d replicas)", h5, reps);
     CHECKF(h5 & 1u, "expert 5's home is member 0 (0x%x)", h5);
@@ -492,12 +601,14 @@ static void test_ep_replicas_plan(void) {
     double none_share = 0;
     for (int i = 0; i < 3; i++) {
         CHECK(none.stages[0].members[i].n_replicas == 0);
-        none_share = none.stages[0].members[i].expert_share > none_share ? none.stages[0].members[i].expert_share : none_share;
+        none_share =
+            none.stages[0].members[i].expert_share > none_share ? none.stages[0].members[i].expert_share : none_share;
     }
     CHECKF(max_share < none_share && p.tok_s > none.tok_s, "busiest share %.3f vs %.3f, %.2f vs %.2f tok/s", max_share,
            none_share, p.tok_s, none.tok_s);
-    printf("# hot expert 5 (30%%): holders 0x%x, %d replica(s), busiest share %.3f (no replicas %.3f), %.2f vs %.2f tok/s\n",
-           h5, reps, max_share, none_share, p.tok_s, none.tok_s);
+    printf(
+        "# hot expert 5 (30%%): holders 0x%x, %d replica(s), busiest share %.3f (no replicas %.3f), %.2f vs %.2f tok/s\n",
+        h5, reps, max_share, none_share, p.tok_s, none.tok_s);
     o.max_replicas = 0;
     CHECK(cm_plan_make(&m, &c, &o, &q, err, sizeof err) == 0 && q.tok_s == p.tok_s); /* pure */
     for (int i = 0; i < 3; i++) {
@@ -512,10 +623,12 @@ static void test_ep_replicas_plan(void) {
     uint64_t one = 0;
     for (int l = 0; l < m.n_layers; l++) one += m.layer_expert_bytes[l] / (uint64_t)m.n_experts;
     for (int i = 0; i < 3; i++)
-        c.nodes[i].mem_bytes = none.stages[0].members[i].weight_bytes + none.stages[0].members[i].kv_bytes + o.reserve_bytes + one / 2;
+        c.nodes[i].mem_bytes =
+            none.stages[0].members[i].weight_bytes + none.stages[0].members[i].kv_bytes + o.reserve_bytes + one / 2;
     o.expert_load = load;
     CHECKF(cm_plan_make(&m, &c, &o, &q, err, sizeof err) == 0, "%s", err);
-    for (int i = 0; i < 3; i++) CHECKF(q.stages[0].members[i].n_replicas == 0, "member %d got a replica without memory", i);
+    for (int i = 0; i < 3; i++)
+        CHECKF(q.stages[0].members[i].n_replicas == 0, "member %d got a replica without memory", i);
 }
 
 /* deepseek2 (kv_shared: slices of query heads, the latent on every member)
@@ -523,16 +636,21 @@ static void test_ep_replicas_plan(void) {
  * member's KV the whole latent; all-reduces for attention (every layer) and
  * the dense layers' FFN counted beside the expert exchange. */
 static void test_mla_tensor_parallel(void) {
-    cm_plan_model m; qwen3_30b_a3b(&m);
+    cm_plan_model m;
+    qwen3_30b_a3b(&m);
     m.kv_shared = true;
-    m.n_kv_heads = m.n_heads; /* 32 */
+    m.n_kv_heads = m.n_heads;                               /* 32 */
     m.layer_expert_bytes[0] = m.layer_expert_params[0] = 0; /* a leading dense layer */
-    cm_plan_cluster c = {0}; links_all(&c, 0.1, 40);
+    cm_plan_cluster c = {0};
+    links_all(&c, 0.1, 40);
     add_node(&c, "a", 24, 120, 4);
     add_node(&c, "b", 24, 120, 4);
     add_node(&c, "c", 24, 120, 4);
-    cm_plan_opts o; cm_plan_opts_default(&o); o.mode = CM_PARALLEL_TP;
-    cm_plan p; char err[512];
+    cm_plan_opts o;
+    cm_plan_opts_default(&o);
+    o.mode = CM_PARALLEL_TP;
+    cm_plan p;
+    char err[512];
     CHECKF(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == 0, "%s", err);
     CHECK(p.n_stages == 1 && p.stages[0].n_members == 3 && p.stages[0].ep);
     int h = 0, e = 0;
@@ -552,18 +670,24 @@ static void test_mla_tensor_parallel(void) {
 }
 
 static void test_ep_uneven_speed(void) {
-    cm_plan_model m; qwen3_30b_a3b(&m);
-    cm_plan_cluster c = {0}; links_all(&c, 0.1, 40);
+    cm_plan_model m;
+    qwen3_30b_a3b(&m);
+    cm_plan_cluster c = {0};
+    links_all(&c, 0.1, 40);
     add_node(&c, "m4", 24, 120, 4);
     add_node(&c, "m4pro", 48, 273, 8);
     add_node(&c, "m4b", 24, 120, 4);
-    cm_plan_opts o; cm_plan_opts_default(&o); o.mode = CM_PARALLEL_EP;
-    cm_plan p; char err[512];
+    cm_plan_opts o;
+    cm_plan_opts_default(&o);
+    o.mode = CM_PARALLEL_EP;
+    cm_plan p;
+    char err[512];
     CHECKF(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == 0, "%s", err);
     check_ep_valid(&p, &m, &c, &o);
     const cm_plan_member *mb = p.stages[0].members;
     /* 273 / (120 + 273 + 120) of 128 = 68.1 */
-    CHECKF(held(&mb[1]) == 68 && held(&mb[0]) + held(&mb[2]) == 60, "held %d %d %d", held(&mb[0]), held(&mb[1]), held(&mb[2]));
+    CHECKF(held(&mb[1]) == 68 && held(&mb[0]) + held(&mb[2]) == 60, "held %d %d %d", held(&mb[0]), held(&mb[1]),
+           held(&mb[2]));
     /* the faster member's decode time is not the worst by much: shares follow speed */
     CHECK(mb[1].layer_s < mb[0].layer_s * 1.1);
 }
@@ -571,19 +695,26 @@ static void test_ep_uneven_speed(void) {
 static void test_ep_uneven_memory(void) {
     /* equal speed, one small node: a split by speed leaves it over memory,
      * so the experts are split by memory instead */
-    cm_plan_model m; qwen3_30b_a3b(&m);
-    cm_plan_cluster c = {0}; links_all(&c, 0.1, 40);
+    cm_plan_model m;
+    qwen3_30b_a3b(&m);
+    cm_plan_cluster c = {0};
+    links_all(&c, 0.1, 40);
     add_node(&c, "big1", 64, 120, 4);
     add_node(&c, "big2", 64, 120, 4);
     add_node(&c, "small", 5, 120, 4);
-    cm_plan_opts o; cm_plan_opts_default(&o); o.mode = CM_PARALLEL_EP; o.ctx = 1024;
-    cm_plan p; char err[512];
+    cm_plan_opts o;
+    cm_plan_opts_default(&o);
+    o.mode = CM_PARALLEL_EP;
+    o.ctx = 1024;
+    cm_plan p;
+    char err[512];
     CHECKF(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == 0, "%s", err);
     check_ep_valid(&p, &m, &c, &o);
     const cm_plan_member *mb = p.stages[0].members;
     CHECKF(held(&mb[2]) >= 1 && held(&mb[2]) < held(&mb[0]) / 4, "small holds %d of %d", held(&mb[2]), m.n_experts);
     /* any node count: 5 uneven nodes */
-    cm_plan_cluster c5 = {0}; links_all(&c5, 0.1, 40);
+    cm_plan_cluster c5 = {0};
+    links_all(&c5, 0.1, 40);
     add_node(&c5, "a", 16, 100, 4);
     add_node(&c5, "b", 32, 200, 4);
     add_node(&c5, "c", 16, 60, 4);
@@ -594,23 +725,30 @@ static void test_ep_uneven_memory(void) {
     CHECK(p.stages[0].n_members == 5 && held(&p.stages[0].members[3]) > held(&p.stages[0].members[1]) &&
           held(&p.stages[0].members[1]) > held(&p.stages[0].members[0]));
     /* too little memory in all: the planner says so */
-    cm_plan_cluster tiny = {0}; links_all(&tiny, 0.1, 40);
+    cm_plan_cluster tiny = {0};
+    links_all(&tiny, 0.1, 40);
     add_node(&tiny, "a", 4, 100, 4);
     add_node(&tiny, "b", 4, 100, 4);
     CHECK(cm_plan_make(&m, &tiny, &o, &p, err, sizeof err) == CM_ENOSPACE);
 }
 
 static void test_ep_modes(void) {
-    cm_plan_model dense; llama8b(&dense);
-    cm_plan_cluster c = {0}; links_all(&c, 0.1, 40);
+    cm_plan_model dense;
+    llama8b(&dense);
+    cm_plan_cluster c = {0};
+    links_all(&c, 0.1, 40);
     add_node(&c, "a", 24, 120, 4);
     add_node(&c, "b", 24, 120, 4);
     add_node(&c, "c", 24, 120, 4);
-    cm_plan_opts o; cm_plan_opts_default(&o); o.mode = CM_PARALLEL_EP;
-    cm_plan p; char err[512];
+    cm_plan_opts o;
+    cm_plan_opts_default(&o);
+    o.mode = CM_PARALLEL_EP;
+    cm_plan p;
+    char err[512];
     CHECK(cm_plan_make(&dense, &c, &o, &p, err, sizeof err) == CM_EINVAL && strstr(err, "mixture-of-experts"));
     CHECK(cm_parallel_from_name("ep") == CM_PARALLEL_EP && !strcmp(cm_parallel_name(CM_PARALLEL_EP), "ep"));
-    cm_plan_model m; qwen3_30b_a3b(&m);
+    cm_plan_model m;
+    qwen3_30b_a3b(&m);
     /* auto and hybrid: a group over an MoE model is always an expert group */
     for (int mode = CM_PARALLEL_AUTO; mode <= CM_PARALLEL_HYBRID; mode += CM_PARALLEL_HYBRID) {
         o.mode = (enum cm_parallel)mode;
@@ -637,10 +775,15 @@ static void test_ep_modes(void) {
  * links negligible), and a node on a host of its own gets more layers than
  * one sharing. The KV line says per sequence and in all. */
 static void test_shared_host(void) {
-    cm_plan_model m; cm_plan_model_synthetic(&m, 16, 2048, 32, 8, 8192, 32000, 4.5); /* ~1B */
-    cm_plan_opts o; cm_plan_opts_default(&o); o.mode = CM_PARALLEL_PP;
-    cm_plan p, q; char err[512];
-    cm_plan_cluster c = {0}; links_all(&c, 0.02, 100);
+    cm_plan_model m;
+    cm_plan_model_synthetic(&m, 16, 2048, 32, 8, 8192, 32000, 4.5); /* ~1B */
+    cm_plan_opts o;
+    cm_plan_opts_default(&o);
+    o.mode = CM_PARALLEL_PP;
+    cm_plan p, q;
+    char err[512];
+    cm_plan_cluster c = {0};
+    links_all(&c, 0.02, 100);
     for (int i = 0; i < 4; i++) {
         char nm[8];
         snprintf(nm, sizeof nm, "n%d", i);
@@ -656,8 +799,11 @@ static void test_shared_host(void) {
     /* the plan text says who shares */
     static char buf[8192];
     cm_plan_format(&q, &m, &c, buf, sizeof buf);
-    CHECKF(strstr(buf, "shared host vm-1: 4 members (n0, n1, n2, n3) share its cores and memory bandwidth: each planned at 1/4"),
-           "%s", buf);
+    CHECKF(
+        strstr(
+            buf,
+            "shared host vm-1: 4 members (n0, n1, n2, n3) share its cores and memory bandwidth: each planned at 1/4"),
+        "%s", buf);
     /* the coordinator on a machine of its own, three nodes sharing another:
      * the coordinator's stage holds more layers than any shared one */
     snprintf(c.nodes[0].host, sizeof c.nodes[0].host, "mac");
@@ -672,7 +818,8 @@ static void test_shared_host(void) {
     o.n_seq = 3;
     CHECKF(cm_plan_make(&m, &c, &o, &q, err, sizeof err) == 0, "%s", err);
     cm_plan_format(&q, &m, &c, buf, sizeof buf);
-    CHECKF(strstr(buf, "kv cache: 128.00 MiB per sequence (2048 positions), 384.00 MiB in all for 3 sequences"), "%s", buf);
+    CHECKF(strstr(buf, "kv cache: 128.00 MiB per sequence (2048 positions), 384.00 MiB in all for 3 sequences"), "%s",
+           buf);
 }
 
 /* Issue 16: a node with a GPU runs its stage's first layers there, as many
@@ -687,11 +834,18 @@ static int gpu_layers_of(const cm_plan *p, int node) {
 }
 
 static void test_gpu_node(void) {
-    cm_plan_model m; llama8b(&m);
-    cm_plan_opts o; cm_plan_opts_default(&o); o.mode = CM_PARALLEL_PP;
-    cm_plan p, p0; char err[512], buf[4096];
-    cm_plan_cluster c = {0}; links_all(&c, 0.3, 40);
-    add_node(&c, "a", 16, 100, 4); add_node(&c, "b", 16, 100, 4); add_node(&c, "c", 16, 100, 4);
+    cm_plan_model m;
+    llama8b(&m);
+    cm_plan_opts o;
+    cm_plan_opts_default(&o);
+    o.mode = CM_PARALLEL_PP;
+    cm_plan p, p0;
+    char err[512], buf[4096];
+    cm_plan_cluster c = {0};
+    links_all(&c, 0.3, 40);
+    add_node(&c, "a", 16, 100, 4);
+    add_node(&c, "b", 16, 100, 4);
+    add_node(&c, "c", 16, 100, 4);
     CHECK(cm_plan_make(&m, &c, &o, &p0, err, sizeof err) == 0);
     CHECK(gpu_layers_of(&p0, 0) == 0 && gpu_layers_of(&p0, 1) == 0 && gpu_layers_of(&p0, 2) == 0);
     /* b gets a big fast GPU: every one of its layers is on it, it takes the most, the pipeline is faster */
@@ -700,8 +854,10 @@ static void test_gpu_node(void) {
     c.nodes[1].gpu_flops = 40e12;
     CHECK(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == 0);
     check_plan_valid(&p, &m, &c, &o);
-    CHECKF(layers_of(&p, 1) > layers_of(&p0, 1) && layers_of(&p, 1) > layers_of(&p, 0) && layers_of(&p, 1) > layers_of(&p, 2),
-           "%d %d %d layers (without the GPU %d)", layers_of(&p, 0), layers_of(&p, 1), layers_of(&p, 2), layers_of(&p0, 1));
+    CHECKF(layers_of(&p, 1) > layers_of(&p0, 1) && layers_of(&p, 1) > layers_of(&p, 0) &&
+               layers_of(&p, 1) > layers_of(&p, 2),
+           "%d %d %d layers (without the GPU %d)", layers_of(&p, 0), layers_of(&p, 1), layers_of(&p, 2),
+           layers_of(&p0, 1));
     CHECK(gpu_layers_of(&p, 1) == layers_of(&p, 1) && gpu_layers_of(&p, 0) == 0 && gpu_layers_of(&p, 2) == 0);
     CHECKF(p.tok_s > p0.tok_s * 1.2, "%.2f vs %.2f tok/s", p.tok_s, p0.tok_s);
     cm_plan_format(&p, &m, &c, buf, sizeof buf);
@@ -732,10 +888,12 @@ static void test_gpu_node(void) {
     CHECK(cm_plan_make(&moe, &c, &o, &p, err, sizeof err) == 0);
     CHECK(gpu_layers_of(&p, 1) == 0);
     /* a cluster file's "gpu" (cumulo plan --simulate) */
-    const char *js = "{\"nodes\": [{\"name\": \"cpu\"}, {\"name\": \"g\", \"gpu\": {\"mem_gb\": 24, \"mem_bw_gbs\": 800,"
-                     " \"tflops\": 40, \"layers\": 5}}]}";
+    const char *js =
+        "{\"nodes\": [{\"name\": \"cpu\"}, {\"name\": \"g\", \"gpu\": {\"mem_gb\": 24, \"mem_bw_gbs\": 800,"
+        " \"tflops\": 40, \"layers\": 5}}]}";
     cm_plan_cluster cf;
-    cm_plan_opts of; cm_plan_opts_default(&of);
+    cm_plan_opts of;
+    cm_plan_opts_default(&of);
     CHECKF(cm_sim_parse_cluster(js, strlen(js), &cf, &of, NULL, 0, NULL, 0, err, sizeof err) == 0, "%s", err);
     CHECK(cf.n_nodes == 2 && cf.nodes[0].gpu_mem_bytes == 0 && cf.nodes[1].gpu_mem_bytes == (uint64_t)(24 * GiB) &&
           cf.nodes[1].gpu_mem_bw == 800e9 && cf.nodes[1].gpu_flops == 40e12 && cf.nodes[1].gpu_layers == 5);

@@ -18,7 +18,10 @@ static void put(const char *rel, const char *text) {
     char p[512];
     snprintf(p, sizeof p, "%s/%s", root, rel);
     FILE *f = fopen(p, "w");
-    if (f) { fputs(text, f); fclose(f); }
+    if (f) {
+        fputs(text, f);
+        fclose(f);
+    }
 }
 static void dir(const char *rel) {
     char p[512];

@@ -10,7 +10,7 @@
 
 #include <math.h>
 
-static const uint8_t k_key[32] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16,
+static const uint8_t k_key[32] = {1,  2,  3,  4,  5,  6,  7,  8,  9,  10, 11, 12, 13, 14, 15, 16,
                                   17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32};
 
 /* Fixed inputs for the array-carrying messages. */
@@ -62,7 +62,8 @@ static void sample(unsigned type, cm_msg *m, int variant) {
         break;
     }
     case CM_MSG_HEARTBEAT:
-        m->u.heartbeat = (cm_msg_heartbeat){.epoch = 7, .wall_ms = 1764670000123ull, .mono_ns = 987654321ull, .load = 250};
+        m->u.heartbeat =
+            (cm_msg_heartbeat){.epoch = 7, .wall_ms = 1764670000123ull, .mono_ns = 987654321ull, .load = 250};
         if (variant) { /* issue 19: the telemetry tail (1: RAPL; 2: an estimate, load unknown) */
             m->u.heartbeat.has_stats = true;
             m->u.heartbeat.mem_used = 5ull << 30;
@@ -140,7 +141,10 @@ static void sample(unsigned type, cm_msg *m, int variant) {
         f->want = g_want;
         f->dtype = (uint8_t)(variant % 3);
         if (f->dtype == CM_HIDDEN_TOKENS) f->tokens = g_tok;
-        else { f->dim = 5; f->hidden = g_hidden; }
+        else {
+            f->dim = 5;
+            f->hidden = g_hidden;
+        }
         break;
     }
     case CM_MSG_TOKEN: {
@@ -152,7 +156,10 @@ static void sample(unsigned type, cm_msg *m, int variant) {
         t->token = 31999;
         t->logprob = -0.25f;
         t->n_top = variant ? 0 : 3;
-        for (int i = 0; i < 3; i++) { t->top_token[i] = 31999 - i; t->top_logprob[i] = -0.25f * (float)(i + 1); }
+        for (int i = 0; i < 3; i++) {
+            t->top_token[i] = 31999 - i;
+            t->top_logprob[i] = -0.25f * (float)(i + 1);
+        }
         break;
     }
     case CM_MSG_SEQ_CONFIG:
@@ -178,18 +185,34 @@ static void sample(unsigned type, cm_msg *m, int variant) {
     case CM_MSG_BYE: strcpy(m->u.bye.text, "node shutting down"); break;
     case CM_MSG_SEQ_START: {
         cm_msg_seq_start *c = &m->u.seq_start;
-        *c = (cm_msg_seq_start){.epoch = 9, .request_id = 77, .seq = 2, .temperature = 0.8f, .top_k = 40,
-                                .top_p = 0.95f, .min_p = 0.05f, .repeat_penalty = 1.1f, .repeat_last_n = 64,
-                                .presence_penalty = 0.5f, .frequency_penalty = -0.25f, .seed = 1234,
-                                .n_sampled = variant ? 0 : 0x1234567890abull, .n_probs = 5};
+        *c = (cm_msg_seq_start){.epoch = 9,
+                                .request_id = 77,
+                                .seq = 2,
+                                .temperature = 0.8f,
+                                .top_k = 40,
+                                .top_p = 0.95f,
+                                .min_p = 0.05f,
+                                .repeat_penalty = 1.1f,
+                                .repeat_last_n = 64,
+                                .presence_penalty = 0.5f,
+                                .frequency_penalty = -0.25f,
+                                .seed = 1234,
+                                .n_sampled = variant ? 0 : 0x1234567890abull,
+                                .n_probs = 5};
         c->n_hist = variant ? 0 : 8;
         c->hist = variant ? NULL : g_tok;
         break;
     }
     case CM_MSG_OUTPUT: { /* hidden rows (1 or 8 of 5 floats), or one row of "logits" (40 floats) */
         cm_msg_output *o = &m->u.output;
-        *o = (cm_msg_output){.epoch = 9, .request_id = 77, .seq = 2, .kind = variant == 2 ? CM_OUTPUT_LOGITS : CM_OUTPUT_HIDDEN,
-                             .n_rows = variant == 0 ? 8 : 1, .dim = variant == 2 ? 40 : 5, .pos = g_pos, .data = g_hidden};
+        *o = (cm_msg_output){.epoch = 9,
+                             .request_id = 77,
+                             .seq = 2,
+                             .kind = variant == 2 ? CM_OUTPUT_LOGITS : CM_OUTPUT_HIDDEN,
+                             .n_rows = variant == 0 ? 8 : 1,
+                             .dim = variant == 2 ? 40 : 5,
+                             .pos = g_pos,
+                             .data = g_hidden};
         break;
     }
     case CM_MSG_TRAIN: { /* FWD to the last stage (8 rows of 5, targets), a SLICE of 33 floats, a SETUP */
@@ -257,8 +280,7 @@ static void test_header_layout(void) {
     cm_frame_hdr h = {1, CM_MSG_FORWARD, 3, 0x0102030405060708ull, 0x00a0b0c0};
     uint8_t b[CM_FRAME_HDR];
     cm_frame_hdr_encode(&h, b);
-    const uint8_t want[CM_FRAME_HDR] = {'C', 'M', 'L', 'O', 1, 12, 3, 0, 8, 7,
-                                        6,   5,   4,   3,   2, 1, 0xc0, 0xb0, 0xa0, 0};
+    const uint8_t want[CM_FRAME_HDR] = {'C', 'M', 'L', 'O', 1, 12, 3, 0, 8, 7, 6, 5, 4, 3, 2, 1, 0xc0, 0xb0, 0xa0, 0};
     CHECK(!memcmp(b, want, sizeof want));
     cm_frame_hdr d;
     CHECK(cm_frame_hdr_decode(b, sizeof b, &d, NULL, 0) == 0);
@@ -269,8 +291,8 @@ static void test_header_layout(void) {
     m.u.heartbeat = (cm_msg_heartbeat){.epoch = 0x11, .wall_ms = 0x2233, .mono_ns = 0x44, .load = 0x55667788};
     uint8_t p[64];
     size_t n = enc(&m, p, sizeof p);
-    const uint8_t wp[28] = {0x11, 0, 0, 0, 0, 0, 0, 0, 0x33, 0x22, 0, 0, 0, 0,
-                            0,    0, 0x44, 0, 0, 0, 0, 0, 0, 0, 0x88, 0x77, 0x66, 0x55};
+    const uint8_t wp[28] = {0x11, 0, 0,    0, 0, 0, 0, 0, 0x33, 0x22, 0,    0,    0,    0,
+                            0,    0, 0x44, 0, 0, 0, 0, 0, 0,    0,    0x88, 0x77, 0x66, 0x55};
     CHECK(n == 28 && !memcmp(p, wp, 28));
 }
 
@@ -318,13 +340,16 @@ static void test_header_refusals(void) {
 }
 
 static void check_forward(const cm_msg_forward *a, const cm_msg_forward *d) {
-    CHECK(d->epoch == a->epoch && d->request_id == a->request_id && d->n_tokens == a->n_tokens &&
-          d->dim == a->dim && d->dtype == a->dtype);
+    CHECK(d->epoch == a->epoch && d->request_id == a->request_id && d->n_tokens == a->n_tokens && d->dim == a->dim &&
+          d->dtype == a->dtype);
     for (uint32_t i = 0; i < d->n_tokens; i++) {
         CHECK(cm_msg_forward_pos(d, i) == a->pos[i]);
         CHECK(cm_msg_forward_seq(d, i) == a->seq[i]);
         CHECK(cm_msg_forward_want(d, i) == a->want[i]);
-        if (a->dtype == CM_HIDDEN_TOKENS) { CHECK(cm_msg_forward_token(d, i) == a->tokens[i]); continue; }
+        if (a->dtype == CM_HIDDEN_TOKENS) {
+            CHECK(cm_msg_forward_token(d, i) == a->tokens[i]);
+            continue;
+        }
         float row[5], amax = 0;
         cm_msg_forward_row(d, i, row);
         for (uint32_t j = 0; j < a->dim; j++) amax = fmaxf(amax, fabsf(a->hidden[i * a->dim + j]));
@@ -348,7 +373,10 @@ static void test_roundtrip_all(void) {
             int rc = cm_msg_decode(t, buf, n, &d, e, sizeof e);
             CHECKF(rc == 0, "%s: %s", cm_msg_type_name(t), e);
             if (rc) continue;
-            if (t == CM_MSG_FORWARD) { check_forward(&m.u.forward, &d.u.forward); continue; }
+            if (t == CM_MSG_FORWARD) {
+                check_forward(&m.u.forward, &d.u.forward);
+                continue;
+            }
             if (t == CM_MSG_ALLREDUCE) {
                 float out[33];
                 cm_msg_allreduce_get(&d.u.allreduce, out);
@@ -441,7 +469,8 @@ static void test_truncation(void) {
                 int rc = cm_msg_decode(t, p, k, &d, e, sizeof e);
                 free(p);
                 if (base_gpu && k == base_gpu) {
-                    CHECKF(rc == 0 && d.u.hello.has_tail && !d.u.hello.has_gpu, "HELLO without its GPU tail: rc %d %s", rc, e);
+                    CHECKF(rc == 0 && d.u.hello.has_tail && !d.u.hello.has_gpu, "HELLO without its GPU tail: rc %d %s",
+                           rc, e);
                     continue;
                 }
                 if (base && k == base) {
@@ -510,18 +539,28 @@ static void test_issue19_fields(void) {
     size_t n;
     sample(CM_MSG_HEARTBEAT, &m, 1);
     n = enc(&m, buf, sizeof buf);
-    CHECKF(n == 53, "heartbeat with telemetry: %zu bytes", n); /* 28 + mem_used 8, cpu_load 4, power_w 4, src 1, tok_s 4, ms 4 */
+    CHECKF(n == 53, "heartbeat with telemetry: %zu bytes",
+           n); /* 28 + mem_used 8, cpu_load 4, power_w 4, src 1, tok_s 4, ms 4 */
     CHECK(cm_rd_u64(buf + 28) == (5ull << 30) && buf[44] == CM_POWER_RAPL);
     float f;
     uint32_t u = cm_rd_u32(buf + 40);
     memcpy(&f, &u, 4);
     CHECK(f == 18.5f);
     CHECK(cm_msg_decode(CM_MSG_HEARTBEAT, buf, n, &d, e, sizeof e) == 0 && d.u.heartbeat.has_stats &&
-          d.u.heartbeat.power_src == CM_POWER_RAPL && d.u.heartbeat.tok_s == 42.5f && d.u.heartbeat.ms_per_tok == 3.25f &&
-          d.u.heartbeat.cpu_load == 0.75f);
+          d.u.heartbeat.power_src == CM_POWER_RAPL && d.u.heartbeat.tok_s == 42.5f &&
+          d.u.heartbeat.ms_per_tok == 3.25f && d.u.heartbeat.cpu_load == 0.75f);
     CHECK(!strcmp(cm_power_src_name(CM_POWER_ESTIMATE), "estimate") && !strcmp(cm_power_src_name(9), "unknown"));
-    struct { int field; float v; uint8_t src; } bad[] = {{0, 1.5f, 1}, {0, -2.0f, 1}, {1, -1.0f, 1}, {1, NAN, 1},
-                                                         {2, INFINITY, 1}, {3, -0.5f, 1}, {-1, 0, CM_POWER_SRC_COUNT}};
+    struct {
+        int field;
+        float v;
+        uint8_t src;
+    } bad[] = {{0, 1.5f, 1},
+               {0, -2.0f, 1},
+               {1, -1.0f, 1},
+               {1, NAN, 1},
+               {2, INFINITY, 1},
+               {3, -0.5f, 1},
+               {-1, 0, CM_POWER_SRC_COUNT}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         sample(CM_MSG_HEARTBEAT, &m, 1);
         cm_msg_heartbeat *h = &m.u.heartbeat;
@@ -538,8 +577,7 @@ static void test_issue19_fields(void) {
             static const size_t off[] = {36, 40, 45, 49}; /* cpu_load, power_w, tok_s, ms_per_tok */
             memcpy(&u, &bad[i].v, 4);
             cm_wr_u32(buf + off[bad[i].field], u);
-        } else
-            buf[44] = bad[i].src;
+        } else buf[44] = bad[i].src;
         CHECKF(cm_msg_decode(CM_MSG_HEARTBEAT, buf, n, &d, e, sizeof e) == CM_EFORMAT, "bad telemetry %zu decoded", i);
     }
     /* HELLO: the lease round trip; a host id with a control character is refused */
@@ -547,7 +585,8 @@ static void test_issue19_fields(void) {
     n = enc(&m, buf, sizeof buf);
     CHECK(cm_msg_decode(CM_MSG_HELLO, buf, n, &d, e, sizeof e) == 0 && d.u.hello.has_tail &&
           !strcmp(d.u.hello.host, "mac-mini-2-1a2b3c4d") && d.u.hello.lease_epoch == 1764670000123ull &&
-          !strcmp(d.u.hello.lease_owner, "vm at 10.0.0.1:51234") && !memcmp(d.u.hello.lease_owner_id, m.u.hello.lease_owner_id, 16));
+          !strcmp(d.u.hello.lease_owner, "vm at 10.0.0.1:51234") &&
+          !memcmp(d.u.hello.lease_owner_id, m.u.hello.lease_owner_id, 16));
     CHECK(d.u.hello.has_gpu && !strcmp(d.u.hello.gpu_name, "llvmpipe (LLVM 15.0.6, 256 bits)") &&
           d.u.hello.gpu_mem == (24ull << 30) && d.u.hello.gpu_gbs == 812.5f && d.u.hello.gpu_gflops == 24000.0f &&
           d.u.hello.gpu_layers == 20);
@@ -698,7 +737,7 @@ static void test_encode_bounds(void) {
         lb[8] = CM_MSG_MAX_PEERS + 1;
         CHECK(cm_msg_decode(CM_MSG_LINKS, lb, n, &d, e, sizeof e) == CM_EFORMAT);
         lb[8] = 1;
-        size_t bwoff = n - 4; /* the last field: bw of the only entry */
+        size_t bwoff = n - 4;               /* the last field: bw of the only entry */
         cm_wr_u32(lb + bwoff, 0xff800000u); /* -inf */
         CHECK(cm_msg_decode(CM_MSG_LINKS, lb, n, &d, e, sizeof e) == CM_EFORMAT);
     }
@@ -808,7 +847,11 @@ static void test_encode_bounds(void) {
 
 /* ---- handshake and sessions, both ends in one process ---- */
 
-typedef struct pair { cm_chan c, s; int rc_c, rc_s; char ec[256], es[256]; } pair;
+typedef struct pair {
+    cm_chan c, s;
+    int rc_c, rc_s;
+    char ec[256], es[256];
+} pair;
 
 static void handshake(pair *p, cm_sec_mode mc, const uint8_t *kc, cm_sec_mode ms, const uint8_t *ks) {
     cm_hs hc, hsv;
@@ -821,7 +864,10 @@ static void handshake(pair *p, cm_sec_mode mc, const uint8_t *kc, cm_sec_mode ms
     CHECK(cm_hs_init(&hsv, false, ms, ks, NULL, 0) == 0);
     CHECK(cm_hs_write_init(&hc, b1, sizeof b1, &n1, NULL, 0) == 0 && n1 == CM_HS_INIT_BYTES);
     p->rc_s = cm_hs_read_init(&hsv, b1, n1, p->es, sizeof p->es);
-    if (p->rc_s) { p->rc_c = p->rc_s; goto out; }
+    if (p->rc_s) {
+        p->rc_c = p->rc_s;
+        goto out;
+    }
     CHECK(cm_hs_write_reply(&hsv, b2, sizeof b2, &n2, NULL, 0) == 0 && n2 == CM_HS_REPLY_BYTES);
     p->rc_c = cm_hs_read_reply(&hc, b2, n2, p->ec, sizeof p->ec);
     if (mc != CM_SEC_INSECURE && hc.keys_ready) {
@@ -862,10 +908,16 @@ static void test_handshake(void) {
     /* --insecure on one side only, either way round; auth-only vs encrypted. */
     handshake(&p, CM_SEC_INSECURE, NULL, CM_SEC_ENCRYPT, k_key);
     CHECK(p.rc_s == CM_EAUTH);
-    CHECKF(strstr(p.es, "the connecting node runs --insecure, the listening node requires the cluster key") != NULL, "%s", p.es);
+    CHECKF(strstr(p.es, "the connecting node runs --insecure, the listening node requires the cluster key") != NULL,
+           "%s", p.es);
     handshake(&p, CM_SEC_ENCRYPT, k_key, CM_SEC_INSECURE, NULL);
     CHECK(p.rc_s == CM_EAUTH);
-    CHECKF(strstr(p.es, "the connecting node requires the cluster key and encrypted frames, the listening node runs --insecure") != NULL, "%s", p.es);
+    CHECKF(
+        strstr(
+            p.es,
+            "the connecting node requires the cluster key and encrypted frames, the listening node runs --insecure") !=
+            NULL,
+        "%s", p.es);
     handshake(&p, CM_SEC_AUTH, k_key, CM_SEC_ENCRYPT, k_key);
     CHECK(p.rc_s == CM_EAUTH);
     handshake(&p, CM_SEC_INSECURE, NULL, CM_SEC_INSECURE, NULL);
@@ -974,7 +1026,10 @@ static void seed(const char *dir, const char *name, uint8_t sel, const uint8_t *
     char path[512];
     snprintf(path, sizeof path, "%s/%s", dir, name);
     FILE *f = fopen(path, "wb");
-    if (!f) { fprintf(stderr, "cannot write '%s'\n", path); exit(1); }
+    if (!f) {
+        fprintf(stderr, "cannot write '%s'\n", path);
+        exit(1);
+    }
     fputc(sel, f);
     fwrite(p, 1, n, f);
     fclose(f);

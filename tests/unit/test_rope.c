@@ -62,8 +62,8 @@ static void test_read(void) {
 }
 
 /* YaRN (Peng et al.; ggml's form) in double. */
-static void yarn_ref(double pos, int n_rot, double base, double factor, int n_ctx_orig, double attn, int i,
-                     double *c, double *s) {
+static void yarn_ref(double pos, int n_rot, double base, double factor, int n_ctx_orig, double attn, int i, double *c,
+                     double *s) {
     const double theta = pos * pow(base, -2.0 * i / n_rot);
     const double fs = 1.0 / factor;
     const double cd = n_rot * log(n_ctx_orig / (2 * M_PI * 32)) / (2 * log(base));

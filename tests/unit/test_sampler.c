@@ -132,7 +132,8 @@ static void test_resume_pos(void) {
         cm_sampler_accept(c, ids[t]);
     }
     CHECKF(same_b == STEPS - K, "resumed at %d: %d of %d ids equal", K, same_b, STEPS - K);
-    CHECKF(same_c < (STEPS - K) * 3 / 4, "restarted from draw 0: %d of %d ids equal (should differ)", same_c, STEPS - K);
+    CHECKF(same_c < (STEPS - K) * 3 / 4, "restarted from draw 0: %d of %d ids equal (should differ)", same_c,
+           STEPS - K);
     /* Greedy samples advance pos as well. */
     cm_sampler_params g = p;
     g.temperature = 0;
@@ -323,8 +324,8 @@ static void test_penalties(void) {
     /* history 5 7 5 9 5: the window of 4 holds 7 5 9 5 */
     const int32_t hist[5] = {5, 7, 5, 9, 5};
     for (int i = 0; i < 5; i++) cm_sampler_accept(s, hist[i]);
-    cm_sampler_accept(s, -3);  /* ignored */
-    cm_sampler_accept(s, N);   /* ignored */
+    cm_sampler_accept(s, -3); /* ignored */
+    cm_sampler_accept(s, N);  /* ignored */
     float l[N], want[N];
     cm_rng r;
     cm_rng_seed(&r, 3);
@@ -565,7 +566,8 @@ static void test_stop_utf8(void) {
     CHECK(run_stop(st2, 1, p2, out, sizeof out) == 0 && !strcmp(out, "ok"));
     /* a single "。" is released once the next character is not "。" */
     const char *p3[] = {"a\xE3\x80\x82", "b", NULL};
-    CHECK(run_stop(st2, 1, p3, out, sizeof out) == -1 && !strcmp(out, "a\xE3\x80\x82" "b"));
+    CHECK(run_stop(st2, 1, p3, out, sizeof out) == -1 && !strcmp(out, "a\xE3\x80\x82"
+                                                                      "b"));
 }
 
 int main(void) {

@@ -111,7 +111,7 @@ typedef struct ref_model {
     int dim, layers, heads, kv_heads, ffn, ctx;
     int experts, experts_used, expert_ffn, shared_ffn; /* mixture of experts (0: dense) */
     long seed;
-    int swa; /* gemma3: sliding window (0: synth default) */
+    int swa;          /* gemma3: sliding window (0: synth default) */
     char variant[16]; /* deepseek2: "v3", "v3yarn" or "lite" ("" elsewhere) */
     /* RoPE scaling keys (rope_scaling "linear"/"yarn"; 0 = not written) */
     float rope_factor, rope_attn_factor, yarn_beta_fast, yarn_beta_slow, yarn_log_mul;
@@ -173,17 +173,17 @@ static int load_ref(const char *path, ref_model *R) {
     const cJSON *s = cJSON_GetObjectItem(j, "synth"), *cases = cJSON_GetObjectItem(j, "cases"), *c;
     const cJSON *name = cJSON_GetObjectItem(j, "name");
     if (!s || !cJSON_IsArray(cases) || !cJSON_IsString(name)) goto out;
-#define S(field, key)                                                                              \
-    do {                                                                                           \
-        const cJSON *x_ = cJSON_GetObjectItem(s, key);                                             \
-        if (!cJSON_IsString(x_)) goto out;                                                         \
-        snprintf(R->field, sizeof R->field, "%s", x_->valuestring);                                \
+#define S(field, key)                                               \
+    do {                                                            \
+        const cJSON *x_ = cJSON_GetObjectItem(s, key);              \
+        if (!cJSON_IsString(x_)) goto out;                          \
+        snprintf(R->field, sizeof R->field, "%s", x_->valuestring); \
     } while (0)
-#define N(field, key)                                                                              \
-    do {                                                                                           \
-        const cJSON *x_ = cJSON_GetObjectItem(s, key);                                             \
-        if (!cJSON_IsNumber(x_)) goto out;                                                         \
-        R->field = x_->valueint;                                                                   \
+#define N(field, key)                                  \
+    do {                                               \
+        const cJSON *x_ = cJSON_GetObjectItem(s, key); \
+        if (!cJSON_IsNumber(x_)) goto out;             \
+        R->field = x_->valueint;                       \
     } while (0)
     snprintf(R->name, sizeof R->name, "%s", name->valuestring);
     S(arch, "arch");
@@ -209,7 +209,8 @@ static int load_ref(const char *path, ref_model *R) {
     }
     {
         const char *fk[5] = {"rope_factor", "rope_attn_factor", "yarn_beta_fast", "yarn_beta_slow", "yarn_log_mul"};
-        float *fv[5] = {&R->rope_factor, &R->rope_attn_factor, &R->yarn_beta_fast, &R->yarn_beta_slow, &R->yarn_log_mul};
+        float *fv[5] = {&R->rope_factor, &R->rope_attn_factor, &R->yarn_beta_fast, &R->yarn_beta_slow,
+                        &R->yarn_log_mul};
         for (int i = 0; i < 5; i++) {
             const cJSON *x_ = cJSON_GetObjectItem(s, fk[i]);
             *fv[i] = cJSON_IsNumber(x_) ? (float)x_->valuedouble : 0.0f;
@@ -306,7 +307,8 @@ static double dist_err(const double *p, int n_vocab, const ref_dist *d, double t
 #define MAX_FLIPS 6
 #define N_SINGLE 16 /* candidates tried alone */
 #define N_PAIR 6    /* the first ones, tried in pairs */
-#define N_GELU 16   /* gemma3: GELU-input candidates tried alone, after the others (their own list: a
+#define N_GELU \
+    16 /* gemma3: GELU-input candidates tried alone, after the others (their own list: a
                      * 768-wide FFN has ~90 of them within MAX_ULPS, which would crowd the others out) */
 
 typedef struct flip {
@@ -393,7 +395,9 @@ static bool apply_flip(const cm_kernels *k, enum cm_type vdt, const float *xb, u
                 break;
             }
             if (qval(vdt, out, e) == q0) continue;
-            const size_t dbytes = vdt == CM_TYPE_BF16 || vdt == CM_TYPE_F16 ? 0 : vdt == CM_TYPE_Q8_K ? 4 : 2; /* the scale d */
+            const size_t dbytes = vdt == CM_TYPE_BF16 || vdt == CM_TYPE_F16 ? 0
+                                  : vdt == CM_TYPE_Q8_K                     ? 4
+                                                                            : 2; /* the scale d */
             bool others = memcmp(out, qb, dbytes) != 0;
             for (int j = 0; j < bs && !others; j++) others = j != e && qval(vdt, out, j) != qval(vdt, qb, j);
             if (!others && (best_steps == 0 || st < best_steps)) {
@@ -439,7 +443,7 @@ static void mark_gelu_potency(hookstate *h, int layer, int row, int64_t col0, en
         const uint16_t hv = cm_f32_to_f16(f->x);
         const uint16_t alt = fabsf(f->x) > fabsf(cm_f16_to_f32(hv)) ? hv + 1 : hv - 1;
         const float g = gelu16(hv), ga = gelu16(alt);
-        if (g == 0) continue; /* stays potent */
+        if (g == 0) continue;      /* stays potent */
         if (vdt == CM_TYPE_BF16) { /* the tie between xe's two BF16 neighbours */
             uint32_t u;
             memcpy(&u, &xe, 4);
@@ -511,9 +515,9 @@ static int cmp_flip(const void *a, const void *b) {
 }
 
 static const char *site_name(int s) {
-    static const char *n[] = {"attn_in", "k_in", "v_in", "attn_out", "ffn_in", "up_in", "ffn_down_in", "output_in",
-                              "exp_down_in", "shexp_down_in", "router_in", "shexp_in", "kv_a_in", "q_b_in", "gelu_in",
-                              "kv_b_in"};
+    static const char *n[] = {"attn_in",     "k_in",      "v_in",        "attn_out",      "ffn_in",    "up_in",
+                              "ffn_down_in", "output_in", "exp_down_in", "shexp_down_in", "router_in", "shexp_in",
+                              "kv_a_in",     "q_b_in",    "gelu_in",     "kv_b_in"};
     return s >= 0 && s < (int)CM_ARRAY_LEN(n) ? n[s] : "?";
 }
 
@@ -546,8 +550,12 @@ static int tf_eval(tf_env *env, const ref_case *rc, double *err, double *rest) {
     cm_kv_truncate(env->kv, 0);
     cm_kv *kvs[1] = {env->kv};
     cm_batch b = {.n = NPOS, .tokens = ids, .pos = pos, .seq = seq, .logits = want};
-    cm_forward_args a = {.layer_first = 0, .layer_last = env->m->hp.n_layer, .slice = cm_slice_full(env->m),
-                         .kvs = kvs, .n_kvs = 1, .out_logits = env->logits};
+    cm_forward_args a = {.layer_first = 0,
+                         .layer_last = env->m->hp.n_layer,
+                         .slice = cm_slice_full(env->m),
+                         .kvs = kvs,
+                         .n_kvs = 1,
+                         .out_logits = env->logits};
     env->h->n_cands = 0;
     env->h->n_applied = 0;
     if (cm_forward(env->c, &b, &a, errbuf, sizeof errbuf)) return -1;
@@ -557,7 +565,11 @@ static int tf_eval(tf_env *env, const ref_case *rc, double *err, double *rest) {
         double e = dist_err(env->p, V, &rc->dec[i], 0, &re1);
         if (rc->has_bat) {
             double e2 = dist_err(env->p, V, &rc->bat[i], 0, &re2);
-            if (e2 < e) { e = e2; re1 = re2; env->n_eitherway++; }
+            if (e2 < e) {
+                e = e2;
+                re1 = re2;
+                env->n_eitherway++;
+            }
         }
         err[i] = e;
         rest[i] = re1;
@@ -603,12 +615,16 @@ static bool explain(tf_env *env, const ref_case *rc, int i, double tol, double *
     const char *ns = getenv("CUMULO_TEST_SINGLES"); /* diagnosis: a wider search (N_SINGLE otherwise) */
     const int n_single = ns && atoi(ns) > 0 ? atoi(ns) : N_SINGLE;
     if (nc > n_single) nc = n_single;
-    const int npair = CM_MIN(nc, N_PAIR); /* pairs among the first of the 8-bit list */
+    const int npair = CM_MIN(nc, N_PAIR);                       /* pairs among the first of the 8-bit list */
     for (int k = 0; k < ng && k < N_GELU; k++) c[nc++] = cg[k]; /* then the GELU inputs, alone */
     if (getenv("CUMULO_TEST_VERBOSE"))
         for (int k = 0; k < nc; k++)
             fprintf(stderr, "    candidate L%d.%s[%d,%lld]%s %.1f ulps\n", c[k].layer, site_name(c[k].site), c[k].row,
-                    (long long)c[k].col, c[k].kind == 1 ? ".d" : c[k].kind == 2 ? ".s" : "", c[k].ulps);
+                    (long long)c[k].col,
+                    c[k].kind == 1   ? ".d"
+                    : c[k].kind == 2 ? ".s"
+                                     : "",
+                    c[k].ulps);
     const int base = h->n_flips;
     double e[NPOS], r[NPOS], best = HUGE_VAL;
     flip bf[2];
@@ -627,7 +643,10 @@ static bool explain(tf_env *env, const ref_case *rc, int i, double tol, double *
                 double mx = max_upto(e, i);
                 if (getenv("CUMULO_TEST_VERBOSE") && pass == 1)
                     fprintf(stderr, "    try L%d.%s[%d,%lld]%s (%.1f ulps): max error up to position %d %.3g\n",
-                            c[x].layer, site_name(c[x].site), c[x].row, (long long)c[x].col, c[x].kind == 1 ? ".d" : c[x].kind == 2 ? ".s" : "",
+                            c[x].layer, site_name(c[x].site), c[x].row, (long long)c[x].col,
+                            c[x].kind == 1   ? ".d"
+                            : c[x].kind == 2 ? ".s"
+                                             : "",
                             c[x].ulps, i, mx);
                 if (mx <= tol && mx < best) {
                     best = mx;
@@ -722,16 +741,32 @@ static cm_gpu_model *gpu_attach(cm_ctx *c, const cm_model *m, const char *name) 
 }
 
 static void check_model(const ref_model *R, cm_pool *pool) {
-    cm_synth_params sp = {.arch = R->arch, .n_embd = R->dim, .n_layer = R->layers, .n_head = R->heads,
-                          .n_head_kv = R->kv_heads, .n_ff = R->ffn, .n_ctx = R->ctx, .type = R->type,
-                          .rope_llama3 = !strcmp(R->scaling, "llama3"), .tied = R->tied, .n_swa = R->swa,
-                          .seed = (uint64_t)R->seed, .n_threads = 2, .n_expert = R->experts,
-                          .n_expert_used = R->experts_used, .n_ff_exp = R->expert_ffn, .n_ff_shexp = R->shared_ffn,
+    cm_synth_params sp = {.arch = R->arch,
+                          .n_embd = R->dim,
+                          .n_layer = R->layers,
+                          .n_head = R->heads,
+                          .n_head_kv = R->kv_heads,
+                          .n_ff = R->ffn,
+                          .n_ctx = R->ctx,
+                          .type = R->type,
+                          .rope_llama3 = !strcmp(R->scaling, "llama3"),
+                          .tied = R->tied,
+                          .n_swa = R->swa,
+                          .seed = (uint64_t)R->seed,
+                          .n_threads = 2,
+                          .n_expert = R->experts,
+                          .n_expert_used = R->experts_used,
+                          .n_ff_exp = R->expert_ffn,
+                          .n_ff_shexp = R->shared_ffn,
                           .variant = R->variant[0] ? R->variant : NULL,
-.rope_scaling = !strcmp(R->scaling, "llama3") || !strcmp(R->scaling, "none") ? NULL : R->scaling,
-                          .rope_factor = R->rope_factor, .rope_orig_ctx = R->rope_orig_ctx,
-                          .rope_attn_factor = R->rope_attn_factor, .yarn_beta_fast = R->yarn_beta_fast,
-                          .yarn_beta_slow = R->yarn_beta_slow, .yarn_log_mul = R->yarn_log_mul};
+                          .rope_scaling =
+                              !strcmp(R->scaling, "llama3") || !strcmp(R->scaling, "none") ? NULL : R->scaling,
+                          .rope_factor = R->rope_factor,
+                          .rope_orig_ctx = R->rope_orig_ctx,
+                          .rope_attn_factor = R->rope_attn_factor,
+                          .yarn_beta_fast = R->yarn_beta_fast,
+                          .yarn_beta_slow = R->yarn_beta_slow,
+                          .yarn_log_mul = R->yarn_log_mul};
     cm_buf file;
     cm_buf_init(&file);
     cm_gguf g;
@@ -764,7 +799,10 @@ static void check_model(const ref_model *R, cm_pool *pool) {
     c1 = cm_ctx_new(&m, NPOS, 128, NULL, errbuf, sizeof errbuf);
     logits = cm_malloc(sizeof(float) * (size_t)V * NPOS);
     p = cm_malloc(sizeof(double) * (size_t)V);
-    if (!c || !c1 || !logits || !p) { CHECKF(0, "%s: %s", R->name, errbuf); goto out; }
+    if (!c || !c1 || !logits || !p) {
+        CHECKF(0, "%s: %s", R->name, errbuf);
+        goto out;
+    }
     gm = gpu_attach(c, &m, R->name);
     const double scale = 1 + g_perturb;
     char greedy_txt[128] = "", flips_txt[1024] = "";
@@ -796,8 +834,8 @@ static void check_model(const ref_model *R, cm_pool *pool) {
             t = argmax_d(p, V);
             if (t != rc->gen[k]) {
                 if (getenv("CUMULO_TEST_VERBOSE"))
-                    fprintf(stderr, "  %s case %d: greedy step %d: our p(%d) %.5f, p(%d) %.5f\n", R->name, ci, k, t, p[t],
-                            rc->gen[k], p[rc->gen[k]]);
+                    fprintf(stderr, "  %s case %d: greedy step %d: our p(%d) %.5f, p(%d) %.5f\n", R->name, ci, k, t,
+                            p[t], rc->gen[k], p[rc->gen[k]]);
                 if (rc->margin[k] >= margin_thr) wide_div = k;
                 diverged = true;
                 break;
@@ -839,8 +877,11 @@ static void check_model(const ref_model *R, cm_pool *pool) {
             for (int k = 0; k < h.n_flips; k++) {
                 const flip *f = &h.flips[k];
                 snprintf(flips_txt + strlen(flips_txt), sizeof flips_txt - strlen(flips_txt),
-                         " c%d:L%d.%s[%d,%lld]%s@%.1fulp", ci, f->layer,
-                         site_name(f->site), f->row, (long long)f->col, f->kind == 1 ? ".d" : f->kind == 2 ? ".s" : "", f->ulps);
+                         " c%d:L%d.%s[%d,%lld]%s@%.1fulp", ci, f->layer, site_name(f->site), f->row, (long long)f->col,
+                         f->kind == 1   ? ".d"
+                         : f->kind == 2 ? ".s"
+                                        : "",
+                         f->ulps);
             }
             n_flips += h.n_flips;
         }
@@ -864,8 +905,7 @@ static void check_model(const ref_model *R, cm_pool *pool) {
     }
     qsort(all_err, (size_t)n_err, sizeof *all_err, cmp_double);
     const double median = n_err ? all_err[n_err / 2] : 0;
-    if (f16_acts)
-        CHECKF(median <= MEDIAN_F16, "%s: median probability error %.3g > %g", R->name, median, MEDIAN_F16);
+    if (f16_acts) CHECKF(median <= MEDIAN_F16, "%s: median probability error %.3g > %g", R->name, median, MEDIAN_F16);
     printf("# %-16s greedy %-26s probs: max %.1e median %.1e rest %.1e (bound %.0e)%s\n", R->name, greedy_txt, worst,
            median, worst_rest, prob_tol, env.n_eitherway ? ", batched ref closer somewhere" : "");
     if (n_flips) printf("#   %d position(s) explained by %d rounding flip(s):%s\n", n_flipped_pos, n_flips, flips_txt);
@@ -976,8 +1016,8 @@ static void test_synth_golden_fails_wrong_models(void) {
         const int right = failures_of(&R, 0, 0, pool);
         const int wrong_seed = failures_of(&R, 1, 0, pool);
         const int perturbed = failures_of(&R, 0, 1e-3, pool);
-        printf("# %s: failed checks: right model %d, seed + 1 %d, logits x (1 + 1e-3) %d\n", R.name, right,
-               wrong_seed, perturbed);
+        printf("# %s: failed checks: right model %d, seed + 1 %d, logits x (1 + 1e-3) %d\n", R.name, right, wrong_seed,
+               perturbed);
         CHECKF(right == 0, "%s: the right model fails %d checks", R.name, right);
         CHECKF(wrong_seed > 0, "%s: a model from another seed passes the golden comparison", R.name);
         CHECKF(perturbed > 0, "%s: logits scaled by 1 + 1e-3 pass the golden comparison", R.name);
@@ -987,8 +1027,15 @@ static void test_synth_golden_fails_wrong_models(void) {
 
 /* Same seed, same bytes, whatever the thread count; another seed, other bytes. */
 static void test_synth_deterministic(void) {
-    cm_synth_params sp = {.arch = "qwen2", .n_embd = 256, .n_layer = 1, .n_head = 4, .n_head_kv = 2,
-                          .n_ff = 512, .type = "q4_k_m", .seed = 7, .n_threads = 1};
+    cm_synth_params sp = {.arch = "qwen2",
+                          .n_embd = 256,
+                          .n_layer = 1,
+                          .n_head = 4,
+                          .n_head_kv = 2,
+                          .n_ff = 512,
+                          .type = "q4_k_m",
+                          .seed = 7,
+                          .n_threads = 1};
     cm_buf a, b, c;
     cm_buf_init(&a);
     cm_buf_init(&b);
@@ -1012,9 +1059,17 @@ static void test_synth_deterministic(void) {
 static void test_synth_layout(void) {
     const char *archs[] = {"llama", "qwen2", "qwen3"};
     for (int ai = 0; ai < 3; ai++) {
-        cm_synth_params sp = {.arch = archs[ai], .n_embd = 256, .n_layer = 8, .n_head = 4, .n_head_kv = 2,
-                              .n_ff = 512, .type = "q4_k_m", .seed = 3, .n_threads = 2,
-                              .rope_llama3 = ai == 0, .tied = ai == 1};
+        cm_synth_params sp = {.arch = archs[ai],
+                              .n_embd = 256,
+                              .n_layer = 8,
+                              .n_head = 4,
+                              .n_head_kv = 2,
+                              .n_ff = 512,
+                              .type = "q4_k_m",
+                              .seed = 3,
+                              .n_threads = 2,
+                              .rope_llama3 = ai == 0,
+                              .tied = ai == 1};
         cm_buf f;
         cm_buf_init(&f);
         cm_gguf g;
@@ -1030,8 +1085,9 @@ static void test_synth_layout(void) {
         cm_free(a);
         uint64_t v;
         char key[96];
-        const char *ukeys[] = {"context_length", "embedding_length", "block_count", "feed_forward_length",
-                               "attention.head_count", "attention.head_count_kv", "rope.dimension_count"};
+        const char *ukeys[] = {"context_length",      "embedding_length",     "block_count",
+                               "feed_forward_length", "attention.head_count", "attention.head_count_kv",
+                               "rope.dimension_count"};
         const uint64_t uvals[] = {4096, 256, 8, 512, 4, 2, 64};
         for (int k = 0; k < 7; k++) {
             snprintf(key, sizeof key, "%s.%s", archs[ai], ukeys[k]);
@@ -1060,10 +1116,10 @@ static void test_synth_layout(void) {
         for (int l = 0; l < 8; l++) {
             bool more = l == 0 || l == 3 || l == 6 || l == 7;
             char n[64];
-#define TT(suffix, type_, ne0, ne1)                                                                        \
-    do {                                                                                                   \
-        snprintf(n, sizeof n, "blk.%d.%s", l, suffix);                                                     \
-        t = cm_gguf_find_tensor(&g, n);                                                                    \
+#define TT(suffix, type_, ne0, ne1)                                                                       \
+    do {                                                                                                  \
+        snprintf(n, sizeof n, "blk.%d.%s", l, suffix);                                                    \
+        t = cm_gguf_find_tensor(&g, n);                                                                   \
         CHECKF(t && t->type == (type_) && t->ne[0] == (ne0) && t->ne[1] == (ne1), "%s %s", archs[ai], n); \
     } while (0)
             TT("attn_norm.weight", CM_TYPE_F32, 256, 1);
@@ -1090,8 +1146,8 @@ static void test_synth_layout(void) {
         cm_buf_release(&f);
     }
     /* Shapes a type cannot hold are refused with a message. */
-    cm_synth_params bad = {.arch = "llama", .n_embd = 288, .n_layer = 1, .n_head = 4, .n_head_kv = 2,
-                           .n_ff = 768, .type = "q4_k"};
+    cm_synth_params bad = {
+        .arch = "llama", .n_embd = 288, .n_layer = 1, .n_head = 4, .n_head_kv = 2, .n_ff = 768, .type = "q4_k"};
     CHECK(cm_synth_check(&bad, errbuf, sizeof errbuf) == CM_EINVAL && strstr(errbuf, "multiples of 256"));
     bad.type = "q4_0";
     CHECK(cm_synth_check(&bad, errbuf, sizeof errbuf) == 0);
@@ -1109,9 +1165,19 @@ static void test_synth_layout(void) {
 static void test_synth_layout_moe(void) {
     const char *archs[] = {"qwen3moe", "qwen2moe", "llama"};
     for (int ai = 0; ai < 3; ai++) {
-        cm_synth_params sp = {.arch = archs[ai], .n_embd = 256, .n_layer = 8, .n_head = 4, .n_head_kv = 2,
-                              .n_ff = 512, .type = "q4_k_m", .seed = 3, .n_threads = 2, .n_expert = 8,
-                              .n_expert_used = 2, .n_ff_exp = ai < 2 ? 256 : 0, .n_ff_shexp = ai == 1 ? 768 : 0};
+        cm_synth_params sp = {.arch = archs[ai],
+                              .n_embd = 256,
+                              .n_layer = 8,
+                              .n_head = 4,
+                              .n_head_kv = 2,
+                              .n_ff = 512,
+                              .type = "q4_k_m",
+                              .seed = 3,
+                              .n_threads = 2,
+                              .n_expert = 8,
+                              .n_expert_used = 2,
+                              .n_ff_exp = ai < 2 ? 256 : 0,
+                              .n_ff_shexp = ai == 1 ? 768 : 0};
         const int64_t F = ai < 2 ? 256 : 512;
         cm_buf f;
         cm_buf_init(&f);
@@ -1137,12 +1203,13 @@ static void test_synth_layout_moe(void) {
         for (int l = 0; l < 8; l++) {
             bool more = l == 0 || l == 3 || l == 6 || l == 7;
             char n[64];
-#define TT(suffix, type_, nd, ne0, ne1, ne2)                                                                  \
-    do {                                                                                                   \
-        snprintf(n, sizeof n, "blk.%d.%s", l, suffix);                                                     \
-        t = cm_gguf_find_tensor(&g, n);                                                                    \
-        CHECKF(t && t->type == (type_) && t->n_dims == (nd) && t->ne[0] == (ne0) && t->ne[1] == (ne1) &&  \
-                   t->ne[2] == (ne2), "%s %s", archs[ai], n);                                              \
+#define TT(suffix, type_, nd, ne0, ne1, ne2)                                                             \
+    do {                                                                                                 \
+        snprintf(n, sizeof n, "blk.%d.%s", l, suffix);                                                   \
+        t = cm_gguf_find_tensor(&g, n);                                                                  \
+        CHECKF(t && t->type == (type_) && t->n_dims == (nd) && t->ne[0] == (ne0) && t->ne[1] == (ne1) && \
+                   t->ne[2] == (ne2),                                                                    \
+               "%s %s", archs[ai], n);                                                                   \
     } while (0)
             TT("attn_k.weight", CM_TYPE_Q8_0, 2, 256, 128, 1);
             TT("attn_v.weight", CM_TYPE_Q8_0, 2, 256, 128, 1);

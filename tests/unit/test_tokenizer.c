@@ -23,18 +23,27 @@ static char g_err[512];
 
 /* ---- input helpers ---- */
 
-typedef struct strs { char **s; size_t *n; size_t count; } strs;
+typedef struct strs {
+    char **s;
+    size_t *n;
+    size_t count;
+} strs;
 
 static void strs_free(strs *x) {
     for (size_t i = 0; i < x->count; i++) free(x->s[i]);
-    free(x->s); free(x->n);
+    free(x->s);
+    free(x->n);
     memset(x, 0, sizeof *x);
 }
 
 /* Append the strings of a llama.cpp .inp file (separator-terminated). */
 static bool read_inp(const char *path, strs *x) {
-    char *buf; size_t len;
-    if (cm_file_read_all(path, &buf, &len, g_err, sizeof g_err)) { fprintf(stderr, "  %s\n", g_err); return false; }
+    char *buf;
+    size_t len;
+    if (cm_file_read_all(path, &buf, &len, g_err, sizeof g_err)) {
+        fprintf(stderr, "  %s\n", g_err);
+        return false;
+    }
     static const char sep[] = "\n__ggml_vocab_test__\n";
     size_t sl = strlen(sep), pos = 0;
     for (;;) {
@@ -88,7 +97,8 @@ static int suite_file(const char *vocab, const char *pair, unsigned flags) {
     CHECKF(rc == 0, "%s: %s", vp, g_err);
     if (rc) return -1;
     strs in = {0};
-    char *out = NULL; size_t outlen;
+    char *out = NULL;
+    size_t outlen;
     CHECK(read_inp(t_shared(ip), &in));
     CHECK(cm_file_read_all(t_shared(op), &out, &outlen, g_err, sizeof g_err) == 0);
     size_t pass = 0;
@@ -105,11 +115,12 @@ static int suite_file(const char *vocab, const char *pair, unsigned flags) {
             print_ids("want", exp, ne);
             print_ids("got ", got, ng);
         }
-        free(exp); cm_free(got);
+        free(exp);
+        cm_free(got);
         line = nl ? nl + 1 : NULL;
     }
-    fprintf(stderr, "  vocab %-10s (%s pairs%s): %zu/%zu\n", vocab, pair, flags & CM_TOK_PARSE_SPECIAL ? ", special on" : "",
-            pass, in.count);
+    fprintf(stderr, "  vocab %-10s (%s pairs%s): %zu/%zu\n", vocab, pair,
+            flags & CM_TOK_PARSE_SPECIAL ? ", special on" : "", pass, in.count);
     CHECKF(pass == in.count && in.count == 46 - 35 * !strcmp(pair, "tinyllama"), "%s: %zu/%zu", pair, pass, in.count);
     strs_free(&in);
     free(out);
@@ -135,10 +146,14 @@ static size_t check_refs(const cm_tokenizer *t, const char *label, const char *s
     CHECK(read_inp(t_shared(shared_inp), &in));
     CHECK(read_inp("tests/data/tokenizer/extra.inp", &in));
     CHECK(read_inp("tests/data/tokenizer/random.inp", &in));
-    char *ref; size_t reflen;
+    char *ref;
+    size_t reflen;
     int rc = cm_file_read_all(jsonl, &ref, &reflen, g_err, sizeof g_err);
     CHECKF(rc == 0, "%s", g_err);
-    if (rc) { strs_free(&in); return 1; }
+    if (rc) {
+        strs_free(&in);
+        return 1;
+    }
     size_t pass = 0, dpass = 0, i = 0;
     char *line = ref;
     for (; i < in.count && line && *line; i++) {
@@ -163,9 +178,12 @@ static size_t check_refs(const cm_tokenizer *t, const char *label, const char *s
         rc = cm_tokenizer_decode(t, exp, ne, 0, &b, g_err, sizeof g_err);
         const char *want = jd ? cJSON_GetStringValue(jd) : NULL;
         if (rc == 0 && want && strlen(want) == b.len && !memcmp(want, b.data ? b.data : "", b.len)) dpass++;
-        else fprintf(stderr, "  %s case %zu detok: want \"%s\" got \"%s\"\n", label, i, want ? want : "?", b.data ? b.data : "");
+        else
+            fprintf(stderr, "  %s case %zu detok: want \"%s\" got \"%s\"\n", label, i, want ? want : "?",
+                    b.data ? b.data : "");
         cm_buf_release(&b);
-        free(exp); cm_free(got);
+        free(exp);
+        cm_free(got);
         cJSON_Delete(j);
         line = nl ? nl + 1 : NULL;
     }
@@ -190,8 +208,9 @@ static void test_vocab_refs(void) {
         CHECKF(rc == 0, "%s", g_err);
         if (rc) continue;
         CHECK(check_refs(t, label, ip, jp, 0) == 0);
-        if (v == 0) CHECK(check_refs(t, "vocab llama-spm special", ip, "tests/data/tokenizer/vocab-llama-spm-special.jsonl",
-                                     CM_TOK_PARSE_SPECIAL) == 0);
+        if (v == 0)
+            CHECK(check_refs(t, "vocab llama-spm special", ip, "tests/data/tokenizer/vocab-llama-spm-special.jsonl",
+                             CM_TOK_PARSE_SPECIAL) == 0);
         cm_tokenizer_free(t);
     }
 }

@@ -6,7 +6,10 @@
 
 /* ---- phi-3 style SPM: llama-spm plus control/user-defined tokens, named Phi-3 ---- */
 
-static const struct { const char *text; int type; } k_phi3_extra[] = {
+static const struct {
+    const char *text;
+    int type;
+} k_phi3_extra[] = {
     {"<|endoftext|>", 3}, {"<|assistant|>", 4}, {"<|placeholder1|>", 4},
     {"<|system|>", 3},    {"<|end|>", 3},       {"<|user|>", 3},
 };
@@ -21,7 +24,8 @@ static int make_phi3(cm_buf *out, cm_gguf *g) {
     float *sc = malloc(m * sizeof *sc);
     int32_t *ty = malloc(m * sizeof *ty);
     for (uint64_t i = 0; i < n; i++) {
-        double f; int64_t y;
+        double f;
+        int64_t y;
         cm_gguf_arr_str(tk, i, &s[i]);
         cm_gguf_arr_f64(sk, i, &f);
         cm_gguf_arr_i64(yk, i, &y);
@@ -47,7 +51,9 @@ static int make_phi3(cm_buf *out, cm_gguf *g) {
     cm_gguf_w_arr(w, "tokenizer.ggml.token_type", CM_GGUF_I32, ty, m);
     int rc = cm_gguf_writer_write_buf(w, out, g_err, sizeof g_err);
     cm_gguf_writer_free(w);
-    free(s); free(sc); free(ty);
+    free(s);
+    free(sc);
+    free(ty);
     return rc;
 }
 
@@ -66,15 +72,16 @@ static void test_phi3_style_spm(void) {
     if (!rc) rc = cm_tokenizer_new(&t, &c, g_err, sizeof g_err);
     CHECKF(rc == 0, "%s", g_err);
     if (!rc) {
-        CHECK(cm_tokenizer_attr(t, 32005) & CM_TOK_ATTR_RSTRIP); /* <|user|>: phi-3 rstrip */
+        CHECK(cm_tokenizer_attr(t, 32005) & CM_TOK_ATTR_RSTRIP);    /* <|user|>: phi-3 rstrip */
         CHECK(!(cm_tokenizer_attr(t, 32000) & CM_TOK_ATTR_RSTRIP)); /* <|endoftext|>: not */
-        CHECK(cm_tokenizer_is_eog(t, 32004));                    /* <|end|> */
+        CHECK(cm_tokenizer_is_eog(t, 32004));                       /* <|end|> */
         strs in = {0};
         CHECK(read_inp("tests/data/tokenizer/phi3.inp", &in));
         for (int special = 0; special < 2; special++) {
             char jp[128];
             snprintf(jp, sizeof jp, "tests/data/tokenizer/phi3%s.jsonl", special ? "-special" : "");
-            char *ref; size_t reflen;
+            char *ref;
+            size_t reflen;
             CHECK(cm_file_read_all(jp, &ref, &reflen, g_err, sizeof g_err) == 0);
             char *line = ref;
             size_t pass = 0;
@@ -84,9 +91,10 @@ static void test_phi3_style_spm(void) {
                 cJSON *j = cJSON_Parse(line), *ja = cJSON_GetObjectItem(j, "ids");
                 size_t ne = (size_t)cJSON_GetArraySize(ja), ng;
                 cm_token exp[256], *got;
-                for (size_t k = 0; k < ne && k < 256; k++) exp[k] = (cm_token)cJSON_GetArrayItem(ja, (int)k)->valuedouble;
-                rc = cm_tokenizer_encode_alloc(t, in.s[i], in.n[i], special ? CM_TOK_PARSE_SPECIAL : 0, &got, &ng, g_err,
-                                               sizeof g_err);
+                for (size_t k = 0; k < ne && k < 256; k++)
+                    exp[k] = (cm_token)cJSON_GetArrayItem(ja, (int)k)->valuedouble;
+                rc = cm_tokenizer_encode_alloc(t, in.s[i], in.n[i], special ? CM_TOK_PARSE_SPECIAL : 0, &got, &ng,
+                                               g_err, sizeof g_err);
                 if (!rc && ids_eq(exp, ne, got, ng)) pass++;
                 else {
                     fprintf(stderr, "  phi3 special=%d case %zu: \"%s\"\n", special, i, in.s[i]);
@@ -116,7 +124,10 @@ static void test_special_parsing(void) {
                                          "vocab/ggml-vocab-llama-spm.gguf", "vocab/ggml-vocab-gpt-2.gguf"};
     for (size_t v = 0; v < CM_ARRAY_LEN(vocabs); v++) {
         cm_tokenizer *t;
-        if (cm_tokenizer_open(&t, t_shared(vocabs[v]), g_err, sizeof g_err)) { CHECKF(0, "%s", g_err); continue; }
+        if (cm_tokenizer_open(&t, t_shared(vocabs[v]), g_err, sizeof g_err)) {
+            CHECKF(0, "%s", g_err);
+            continue;
+        }
         size_t n_ctl = 0, bad = 0, parsed = 0;
         for (cm_token id = 0; id < cm_tokenizer_n_vocab(t); id++) {
             if (!cm_tokenizer_is_control(t, id)) continue;
@@ -133,8 +144,8 @@ static void test_special_parsing(void) {
             parsed += ng == 1 && got[0] == id;
             cm_free(got);
         }
-        fprintf(stderr, "  %s: %zu control tokens, %zu produced from plain text, %zu parsed back\n", vocabs[v], n_ctl, bad,
-                parsed);
+        fprintf(stderr, "  %s: %zu control tokens, %zu produced from plain text, %zu parsed back\n", vocabs[v], n_ctl,
+                bad, parsed);
         CHECK(n_ctl > 0 && bad == 0 && parsed == n_ctl);
         cm_tokenizer_free(t);
     }
@@ -147,7 +158,11 @@ static bool valid_utf8(const char *p, size_t n) {
     (void)d;
     for (size_t i = 0; i < n;) {
         uint8_t b = (uint8_t)p[i];
-        size_t l = b < 0x80 ? 1 : b >= 0xC2 && b <= 0xDF ? 2 : b >= 0xE0 && b <= 0xEF ? 3 : b >= 0xF0 && b <= 0xF4 ? 4 : 0;
+        size_t l = b < 0x80                 ? 1
+                   : b >= 0xC2 && b <= 0xDF ? 2
+                   : b >= 0xE0 && b <= 0xEF ? 3
+                   : b >= 0xF0 && b <= 0xF4 ? 4
+                                            : 0;
         if (!l || i + l > n) return false;
         for (size_t k = 1; k < l; k++)
             if (((uint8_t)p[i + k] & 0xC0) != 0x80) return false;
@@ -170,7 +185,10 @@ static size_t stream_all(const cm_tokenizer *t, const cm_token *ids, size_t n, b
     for (size_t i = 0; i < n; i++) {
         CHECK(cm_detok_push(&d, ids[i], tmp, cap, &k) == 0);
         CHECK(valid_utf8(tmp, k));
-        if (o + k > out_cap) { CHECK(!"stream output overflows the test buffer"); break; }
+        if (o + k > out_cap) {
+            CHECK(!"stream output overflows the test buffer");
+            break;
+        }
         memcpy(out + o, tmp, k);
         o += k;
         *chunks += k > 0;
@@ -184,7 +202,10 @@ static size_t stream_all(const cm_tokenizer *t, const cm_token *ids, size_t n, b
 
 static void test_stream(void) {
     cm_tokenizer *t;
-    if (cm_tokenizer_open(&t, t_shared("vocab/ggml-vocab-llama-spm.gguf"), g_err, sizeof g_err)) { CHECKF(0, "%s", g_err); return; }
+    if (cm_tokenizer_open(&t, t_shared("vocab/ggml-vocab-llama-spm.gguf"), g_err, sizeof g_err)) {
+        CHECKF(0, "%s", g_err);
+        return;
+    }
 #define BYTE(x) (3 + (x))
     char out[256];
     size_t n, chunks;
@@ -202,7 +223,10 @@ static void test_stream(void) {
     CHECK(n == 10 && !memcmp(out, "\xf0\x9f\x98\x80 Hello", 10) && chunks == 2);
     cm_token bad1[] = {BYTE(0xFF), BYTE(0x41)}; /* invalid byte, then 'A' */
     n = stream_all(t, bad1, 2, false, out, sizeof out, &chunks);
-    CHECK(n == 4 && !memcmp(out, "\xef\xbf\xbd" "A", 4));
+    CHECK(n == 4 && !memcmp(out,
+                            "\xef\xbf\xbd"
+                            "A",
+                            4));
     cm_token bad2[] = {BYTE(0xE4), BYTE(0xB8), 15043}; /* truncated 中 then ▁Hello */
     n = stream_all(t, bad2, 3, false, out, sizeof out, &chunks);
     CHECK(n == 9 && !memcmp(out, "\xef\xbf\xbd Hello", 9));
@@ -218,7 +242,10 @@ static void test_stream(void) {
     cm_tokenizer_free(t);
 
     /* BPE: emoji split across byte-level tokens, streamed whole */
-    if (cm_tokenizer_open(&t, t_shared("vocab/ggml-vocab-gpt-2.gguf"), g_err, sizeof g_err)) { CHECKF(0, "%s", g_err); return; }
+    if (cm_tokenizer_open(&t, t_shared("vocab/ggml-vocab-gpt-2.gguf"), g_err, sizeof g_err)) {
+        CHECKF(0, "%s", g_err);
+        return;
+    }
     const char *s = "a \xf0\x9f\x98\x80\xf0\x9f\x91\x8d\xe4\xb8\xad\xe6\x96\x87 b";
     cm_token *ids;
     size_t ni;
@@ -233,19 +260,30 @@ static void test_stream(void) {
 /* ---- random round trips: pieces give the text back ---- */
 
 static size_t rand_text(cm_rng *r, char *out, bool valid) {
-    static const uint32_t pool[] = {' ', ' ', ' ', '\n', '\t', 'a', 'Z', '0', '7', '\'', '.', '!', 0x85, 0xA0, 0xE9, 0x301,
-                                    0x3000, 0x4E2D, 0xAC00, 0x1F600, 0x200D, 0xFE0F, 0x0627, 0x0915, 0x10FFFD, 0xFFFD};
+    static const uint32_t pool[] = {' ',    ' ',     ' ',    '\n',   '\t',   'a',    'Z',      '0',    '7',
+                                    '\'',   '.',     '!',    0x85,   0xA0,   0xE9,   0x301,    0x3000, 0x4E2D,
+                                    0xAC00, 0x1F600, 0x200D, 0xFE0F, 0x0627, 0x0915, 0x10FFFD, 0xFFFD};
     size_t n = 0, len = 1 + cm_rng_next(r) % 40;
     for (size_t i = 0; i < len; i++) {
-        if (!valid && cm_rng_next(r) % 8 == 0) { out[n++] = (char)(cm_rng_next(r) & 0xFF); continue; }
-        uint32_t cp = cm_rng_next(r) % 3 ? pool[cm_rng_next(r) % CM_ARRAY_LEN(pool)] : 0x20 + (uint32_t)(cm_rng_next(r) % 0x5F);
+        if (!valid && cm_rng_next(r) % 8 == 0) {
+            out[n++] = (char)(cm_rng_next(r) & 0xFF);
+            continue;
+        }
+        uint32_t cp =
+            cm_rng_next(r) % 3 ? pool[cm_rng_next(r) % CM_ARRAY_LEN(pool)] : 0x20 + (uint32_t)(cm_rng_next(r) % 0x5F);
         if (cp < 0x80) out[n++] = (char)cp;
-        else if (cp < 0x800) { out[n++] = (char)(0xC0 | (cp >> 6)); out[n++] = (char)(0x80 | (cp & 0x3F)); }
-        else if (cp < 0x10000) {
-            out[n++] = (char)(0xE0 | (cp >> 12)); out[n++] = (char)(0x80 | ((cp >> 6) & 0x3F)); out[n++] = (char)(0x80 | (cp & 0x3F));
+        else if (cp < 0x800) {
+            out[n++] = (char)(0xC0 | (cp >> 6));
+            out[n++] = (char)(0x80 | (cp & 0x3F));
+        } else if (cp < 0x10000) {
+            out[n++] = (char)(0xE0 | (cp >> 12));
+            out[n++] = (char)(0x80 | ((cp >> 6) & 0x3F));
+            out[n++] = (char)(0x80 | (cp & 0x3F));
         } else {
-            out[n++] = (char)(0xF0 | (cp >> 18)); out[n++] = (char)(0x80 | ((cp >> 12) & 0x3F));
-            out[n++] = (char)(0x80 | ((cp >> 6) & 0x3F)); out[n++] = (char)(0x80 | (cp & 0x3F));
+            out[n++] = (char)(0xF0 | (cp >> 18));
+            out[n++] = (char)(0x80 | ((cp >> 12) & 0x3F));
+            out[n++] = (char)(0x80 | ((cp >> 6) & 0x3F));
+            out[n++] = (char)(0x80 | (cp & 0x3F));
         }
     }
     return n;
@@ -258,7 +296,10 @@ static void test_roundtrip_random(void) {
     cm_rng_seed(&r, 42);
     for (size_t v = 0; v < CM_ARRAY_LEN(vocabs); v++) {
         cm_tokenizer *t;
-        if (cm_tokenizer_open(&t, t_shared(vocabs[v]), g_err, sizeof g_err)) { CHECKF(0, "%s", g_err); continue; }
+        if (cm_tokenizer_open(&t, t_shared(vocabs[v]), g_err, sizeof g_err)) {
+            CHECKF(0, "%s", g_err);
+            continue;
+        }
         bool spm = cm_tokenizer_kind(t) == CM_TOK_SPM;
         size_t ok = 0, N = 300;
         for (size_t it = 0; it < N; it++) {
@@ -280,7 +321,8 @@ static void test_roundtrip_random(void) {
             CHECK(valid_utf8(streamed, sn));
             if (valid) {
                 /* SPM pieces carry the space prefix; the stream strips it */
-                bool eq = spm ? m == n + 1 && back[0] == ' ' && !memcmp(back + 1, text, n) : m == n && !memcmp(back, text, n);
+                bool eq =
+                    spm ? m == n + 1 && back[0] == ' ' && !memcmp(back + 1, text, n) : m == n && !memcmp(back, text, n);
                 eq = eq && sn == n && !memcmp(streamed, text, n);
                 ok += eq;
                 if (!eq) fprintf(stderr, "  %s: round trip failed for \"%.*s\"\n", vocabs[v], (int)n, text);
@@ -299,18 +341,23 @@ static void test_roundtrip_random(void) {
 
 static void test_api(void) {
     cm_tokenizer *t;
-    if (cm_tokenizer_open(&t, t_shared("vocab/ggml-vocab-llama-spm.gguf"), g_err, sizeof g_err)) { CHECKF(0, "%s", g_err); return; }
+    if (cm_tokenizer_open(&t, t_shared("vocab/ggml-vocab-llama-spm.gguf"), g_err, sizeof g_err)) {
+        CHECKF(0, "%s", g_err);
+        return;
+    }
     CHECK(cm_tokenizer_kind(t) == CM_TOK_SPM && cm_tokenizer_n_vocab(t) == 32000);
     CHECK(cm_tokenizer_bos(t) == 1 && cm_tokenizer_eos(t) == 2 && cm_tokenizer_unk(t) == 0 && cm_tokenizer_nl(t) == 13);
     CHECK(cm_tokenizer_add_bos(t) && !cm_tokenizer_add_eos(t));
     CHECK(cm_tokenizer_is_eog(t, 2) && !cm_tokenizer_is_eog(t, 1) && cm_tokenizer_is_control(t, 1));
     cm_token ids[4];
     size_t n;
-    CHECK(cm_tokenizer_encode(t, "", 0, CM_TOK_ADD_SPECIAL, ids, 4, &n, g_err, sizeof g_err) == 0 && n == 1 && ids[0] == 1);
+    CHECK(cm_tokenizer_encode(t, "", 0, CM_TOK_ADD_SPECIAL, ids, 4, &n, g_err, sizeof g_err) == 0 && n == 1 &&
+          ids[0] == 1);
     CHECK(cm_tokenizer_encode(t, "", 0, 0, ids, 4, &n, g_err, sizeof g_err) == 0 && n == 0);
     CHECK(cm_tokenizer_encode(t, "Hello", 5, CM_TOK_ADD_SPECIAL, ids, 4, &n, g_err, sizeof g_err) == 0 && n == 2 &&
           ids[0] == 1 && ids[1] == 15043);
-    CHECK(cm_tokenizer_encode(t, "Hello world", 11, CM_TOK_ADD_SPECIAL, ids, 2, &n, g_err, sizeof g_err) == CM_ERANGE && n == 3);
+    CHECK(cm_tokenizer_encode(t, "Hello world", 11, CM_TOK_ADD_SPECIAL, ids, 2, &n, g_err, sizeof g_err) == CM_ERANGE &&
+          n == 3);
     size_t len;
     CHECK(cm_tokenizer_piece(t, 1, false, &len) && len == 0);
     const char *pc = cm_tokenizer_piece(t, 1, true, &len);
@@ -326,14 +373,18 @@ static void test_api(void) {
     cm_buf_clear(&b);
     CHECK(cm_tokenizer_decode(t, hw, 3, 0, &b, g_err, sizeof g_err) == 0 && !strcmp(b.data, " Hello world"));
     cm_buf_clear(&b);
-    CHECK(cm_tokenizer_decode(t, hw, 3, CM_TOK_UNPARSE_SPECIAL, &b, g_err, sizeof g_err) == 0 && !strcmp(b.data, "<s> Hello world"));
+    CHECK(cm_tokenizer_decode(t, hw, 3, CM_TOK_UNPARSE_SPECIAL, &b, g_err, sizeof g_err) == 0 &&
+          !strcmp(b.data, "<s> Hello world"));
     cm_buf_clear(&b);
     cm_token oob = 99999;
     CHECK(cm_tokenizer_decode(t, &oob, 1, 0, &b, g_err, sizeof g_err) == CM_ERANGE);
     cm_buf_release(&b);
     cm_tokenizer_free(t);
 
-    if (cm_tokenizer_open(&t, t_shared("vocab/ggml-vocab-llama-bpe.gguf"), g_err, sizeof g_err)) { CHECKF(0, "%s", g_err); return; }
+    if (cm_tokenizer_open(&t, t_shared("vocab/ggml-vocab-llama-bpe.gguf"), g_err, sizeof g_err)) {
+        CHECKF(0, "%s", g_err);
+        return;
+    }
     CHECK(cm_tokenizer_kind(t) == CM_TOK_BPE && !strcmp(cm_tokenizer_pre_name(t), "llama-bpe"));
     CHECK(cm_tokenizer_add_bos(t) && cm_tokenizer_bos(t) == 128000 && cm_tokenizer_eot(t) == 128009);
     CHECK(cm_tokenizer_is_eog(t, 128009) && cm_tokenizer_is_eog(t, 128001) && cm_tokenizer_nl(t) == 198);
@@ -349,11 +400,14 @@ static void test_api(void) {
 
 typedef struct vspec {
     const char *model, *pre;
-    const char *const *toks; int ntok;
+    const char *const *toks;
+    int ntok;
     int scores; /* 0 none, 1 f32, 2 short, 3 u8 */
     int types;  /* 0 none, 1 ok, 2 f32, 3 short */
-    const char *const *merges; int nmerge;
-    int64_t bos; bool add_bos, tokens_not_array;
+    const char *const *merges;
+    int nmerge;
+    int64_t bos;
+    bool add_bos, tokens_not_array;
 } vspec;
 
 static int build_vocab(const vspec *v, cm_buf *out) {
@@ -365,8 +419,10 @@ static int build_vocab(const vspec *v, cm_buf *out) {
     int32_t y[64];
     uint8_t u8[64];
     for (int i = 0; i < v->ntok; i++) {
-        s[i].ptr = v->toks[i]; s[i].len = strlen(v->toks[i]);
-        f[i] = (float)-i; u8[i] = 1;
+        s[i].ptr = v->toks[i];
+        s[i].len = strlen(v->toks[i]);
+        f[i] = (float)-i;
+        u8[i] = 1;
         y[i] = !strncmp(v->toks[i], "<0x", 3) ? 6 : v->toks[i][0] == '<' ? 3 : 1;
     }
     if (v->tokens_not_array) cm_gguf_w_str(w, "tokenizer.ggml.tokens", "abc");
@@ -379,7 +435,10 @@ static int build_vocab(const vspec *v, cm_buf *out) {
     if (v->types == 3) cm_gguf_w_arr(w, "tokenizer.ggml.token_type", CM_GGUF_I32, y, (uint64_t)v->ntok - 1);
     if (v->merges) {
         cm_gguf_str m[16];
-        for (int i = 0; i < v->nmerge; i++) { m[i].ptr = v->merges[i]; m[i].len = strlen(v->merges[i]); }
+        for (int i = 0; i < v->nmerge; i++) {
+            m[i].ptr = v->merges[i];
+            m[i].len = strlen(v->merges[i]);
+        }
         cm_gguf_w_arr_str(w, "tokenizer.ggml.merges", m, (uint64_t)v->nmerge);
     }
     if (v->bos >= 0) cm_gguf_w_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)v->bos);
@@ -430,7 +489,11 @@ static void test_hostile(void) {
     cm_rng_seed(&r, 7);
     enum cm_log_level lvl = cm_log_get_level();
     cm_log_set_level(CM_LOG_ERROR); /* bad ids in these vocabs warn by design */
-    struct { vspec v; int want; const char *msg; } cases[] = {
+    struct {
+        vspec v;
+        int want;
+        const char *msg;
+    } cases[] = {
         {{"llama", NULL, spm_toks, 11, 1, 1, NULL, 0, -1, false, false}, 0, NULL},
         {{"gpt2", "gpt-2", bpe_toks, 8, 0, 1, merges, 8, -1, false, false}, 0, NULL},
         {{"bert", NULL, spm_toks, 11, 1, 1, NULL, 0, -1, false, false}, CM_EUNSUPPORTED, "'bert'"},
@@ -443,8 +506,10 @@ static void test_hostile(void) {
         {{"llama", NULL, spm_toks, 11, 1, 3, NULL, 0, -1, false, false}, CM_EFORMAT, "token_type"},
         {{"gpt2", "gpt-2", bpe_toks, 8, 0, 1, NULL, 0, -1, false, false}, CM_EFORMAT, "merges"},
         {{"gpt2", "gpt-2", dup, 3, 0, 0, merges, 8, -1, false, false}, CM_EFORMAT, "same text"},
-        {{"llama", NULL, spm_toks, 11, 1, 1, NULL, 0, 1000, false, false}, 0, NULL},    /* bad bos id: default kept */
-        {{"gpt2", "gpt-2", bpe_toks, 8, 0, 1, merges, 8, 1000, true, false}, CM_EFORMAT, "BOS"}, /* default 11 out of range */
+        {{"llama", NULL, spm_toks, 11, 1, 1, NULL, 0, 1000, false, false}, 0, NULL}, /* bad bos id: default kept */
+        {{"gpt2", "gpt-2", bpe_toks, 8, 0, 1, merges, 8, 1000, true, false},
+         CM_EFORMAT,
+         "BOS"}, /* default 11 out of range */
         {{"llama", NULL, spm_toks, 0, 0, 0, NULL, 0, -1, false, false}, CM_EFORMAT, "tokens"},
     };
     for (size_t i = 0; i < CM_ARRAY_LEN(cases); i++) {
@@ -453,7 +518,8 @@ static void test_hostile(void) {
         CHECK(build_vocab(&cases[i].v, &b) == 0);
         g_err[0] = 0;
         int rc = try_vocab((const uint8_t *)b.data, b.len, &r);
-        CHECKF(rc == cases[i].want && (!cases[i].msg || strstr(g_err, cases[i].msg)), "case %zu: rc %d (%s)", i, rc, g_err);
+        CHECKF(rc == cases[i].want && (!cases[i].msg || strstr(g_err, cases[i].msg)), "case %zu: rc %d (%s)", i, rc,
+               g_err);
         cm_buf_release(&b);
     }
 
@@ -468,7 +534,8 @@ static void test_hostile(void) {
     if (t) {
         cm_token ids[16];
         size_t n;
-        CHECK(cm_tokenizer_encode(t, "abc a", 5, 0, ids, 16, &n, g_err, sizeof g_err) == 0 && n == 2 && ids[0] == 4 && ids[1] == 6);
+        CHECK(cm_tokenizer_encode(t, "abc a", 5, 0, ids, 16, &n, g_err, sizeof g_err) == 0 && n == 2 && ids[0] == 4 &&
+              ids[1] == 6);
         CHECK(cm_tokenizer_bos(t) == CM_TOKEN_NULL); /* default 11 is out of range */
     }
     cm_tokenizer_free(t);

@@ -36,9 +36,12 @@ static void expect(int fam, const char *text, const char *want) {
 
 static void test_hermes(void) {
     expect(CM_TOOLS_HERMES, "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_call>", "|f({\"a\":1})");
-    expect(CM_TOOLS_HERMES, "Let me check.\n<tool_call>\n{\"name\":\"f\",\"arguments\":{}}\n</tool_call>\n<tool_call>{\"name\":\"g\",\"arguments\":{\"x\":\"y\"}}</tool_call>",
-           "Let me check.|f({});g({\"x\":\"y\"})");
-    expect(CM_TOOLS_HERMES, "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}", "|f({\"a\":1})"); /* cut before the close tag */
+    expect(
+        CM_TOOLS_HERMES,
+        "Let me check.\n<tool_call>\n{\"name\":\"f\",\"arguments\":{}}\n</tool_call>\n<tool_call>{\"name\":\"g\",\"arguments\":{\"x\":\"y\"}}</tool_call>",
+        "Let me check.|f({});g({\"x\":\"y\"})");
+    expect(CM_TOOLS_HERMES, "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}",
+           "|f({\"a\":1})"); /* cut before the close tag */
     expect(CM_TOOLS_HERMES, "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": }\n</tool_call>",
            "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": }\n</tool_call>|");
     expect(CM_TOOLS_HERMES, "Just text.", "Just text.|");
@@ -52,9 +55,11 @@ static void test_llama3(void) {
 }
 
 static void test_mistral(void) {
-    expect(CM_TOOLS_MISTRAL, "[TOOL_CALLS] [{\"name\": \"f\", \"arguments\": {\"a\": 1}}, {\"name\": \"g\", \"arguments\": {}}]",
+    expect(CM_TOOLS_MISTRAL,
+           "[TOOL_CALLS] [{\"name\": \"f\", \"arguments\": {\"a\": 1}}, {\"name\": \"g\", \"arguments\": {}}]",
            "|f({\"a\":1});g({})");
-    expect(CM_TOOLS_MISTRAL, " [{\"name\": \"f\", \"arguments\": {\"a\": 1}}]", "|f({\"a\":1})"); /* control token not in the text */
+    expect(CM_TOOLS_MISTRAL, " [{\"name\": \"f\", \"arguments\": {\"a\": 1}}]",
+           "|f({\"a\":1})"); /* control token not in the text */
     expect(CM_TOOLS_MISTRAL, "[1, 2]", "[1, 2]|");
     expect(CM_TOOLS_MISTRAL, "[{\"name\": \"f\"}, {\"nom\": 1}]", "[{\"name\": \"f\"}, {\"nom\": 1}]|");
 }

@@ -80,7 +80,7 @@ typedef struct vec_member {
     bool compress;
     int64_t ring_min;
     int mode; /* 0 normal, 1 out of step (other epoch), 2 silent, 3 reset to the same epoch first */
-    float *x;  /* [ops][n] in: partials, out: sums */
+    float *x; /* [ops][n] in: partials, out: sums */
     int rc;
     char err[512];
     cm_coll_stats st;
@@ -90,8 +90,13 @@ static void *vec_main(void *arg) {
     vec_member *v = arg;
     v->rc = mesh_join(v->M, v->rank, v->err, sizeof v->err);
     if (v->rc) return NULL;
-    cm_coll_cfg cfg = {.rank = v->rank, .size = v->M->k, .max_n = v->n, .timeout_ms = 800,
-                       .ring_min = v->ring_min, .compress = v->compress, .epoch = 3};
+    cm_coll_cfg cfg = {.rank = v->rank,
+                       .size = v->M->k,
+                       .max_n = v->n,
+                       .timeout_ms = 800,
+                       .ring_min = v->ring_min,
+                       .compress = v->compress,
+                       .epoch = 3};
     for (int j = 0; j < v->M->k; j++) cfg.peers[j] = v->M->conns[v->rank][j];
     cm_coll *c;
     if ((v->rc = cm_coll_new(&cfg, &c, v->err, sizeof v->err))) return NULL;
@@ -113,8 +118,14 @@ static void run_vec(int k, int n, int ops, int64_t ring_min, bool compress, cons
     CHECK(mesh_listen(&M, k) == 0);
     pthread_t th[MAXM];
     for (int r = 0; r < k; r++) {
-        v[r] = (vec_member){.M = &M, .rank = r, .n = n, .ops = ops, .compress = compress, .ring_min = ring_min,
-                            .mode = modes ? modes[r] : 0, .x = parts[r]};
+        v[r] = (vec_member){.M = &M,
+                            .rank = r,
+                            .n = n,
+                            .ops = ops,
+                            .compress = compress,
+                            .ring_min = ring_min,
+                            .mode = modes ? modes[r] : 0,
+                            .x = parts[r]};
         pthread_create(&th[r], NULL, vec_main, &v[r]);
     }
     for (int r = 0; r < k; r++) pthread_join(th[r], NULL);
@@ -153,7 +164,8 @@ static void test_collective_orders(void) {
     for (int k = 2; k <= 4; k++)
         for (int ring = 0; ring < 2; ring++) {
             const int n = 9000, ops = 3; /* > 2 pieces per member and op, a partial last block */
-            float **parts = random_parts(k, n, ops, 100 + (uint64_t)k), **orig = random_parts(k, n, ops, 100 + (uint64_t)k);
+            float **parts = random_parts(k, n, ops, 100 + (uint64_t)k),
+                  **orig = random_parts(k, n, ops, 100 + (uint64_t)k);
             vec_member v[MAXM];
             run_vec(k, n, ops, ring ? 64 : -1, false, NULL, v, parts);
             int bad_members = 0, rev_diff = 0, fwd_diff = 0;
@@ -200,7 +212,8 @@ static void test_collective_compress(void) {
         double bmax[nb * ops];
         memset(bmax, 0, sizeof bmax);
         for (int i = 0; i < n * ops; i++)
-            for (int j = 0; j < k; j++) bmax[i / n * nb + i % n / 32] = fmax(bmax[i / n * nb + i % n / 32], fabs(orig[j][i]));
+            for (int j = 0; j < k; j++)
+                bmax[i / n * nb + i % n / 32] = fmax(bmax[i / n * nb + i % n / 32], fabs(orig[j][i]));
         for (int r = 0; r < k; r++) CHECKF(v[r].rc == 0, "member %d: %s", r, v[r].err);
         for (int i = 0; i < n * ops; i++) {
             double exact = 0, scale = bmax[i / n * nb + i % n / 32];
@@ -328,15 +341,16 @@ static void test_collective_native(void) {
             }
         }
         if (!reset) {
-            CHECKF(not_rev == 0 && not_fwd > 0, "native: %d elements not the fake's order, %d not the rank order", not_rev, not_fwd);
+            CHECKF(not_rev == 0 && not_fwd > 0, "native: %d elements not the fake's order, %d not the rank order",
+                   not_rev, not_fwd);
             CHECKF(v[0].st.native_ops == (uint64_t)ops && v[0].st.total.msgs_sent == 0, "native ops %llu, %llu msgs",
                    (unsigned long long)v[0].st.native_ops, (unsigned long long)v[0].st.total.msgs_sent);
         } else { /* after cm_coll_reset: the ordered exchange again */
             CHECKF(not_fwd == 0 && not_rev > 0, "after reset: %d elements not the rank order", not_fwd);
             CHECKF(v[0].st.native_ops == 0, "after reset: %llu native ops", (unsigned long long)v[0].st.native_ops);
         }
-        printf("  native %s: %d/%d member-elements differ from the rank order\n", reset ? "after reset (exchange)" : "taken",
-               not_fwd, k * n * ops);
+        printf("  native %s: %d/%d member-elements differ from the rank order\n",
+               reset ? "after reset (exchange)" : "taken", not_fwd, k * n * ops);
         free_parts(parts, k);
         free_parts(orig, k);
     }
@@ -345,15 +359,16 @@ static void test_collective_native(void) {
     vec_member v[MAXM];
     int opens = g_fake.opens;
     run_vec(2, n, 1, -1, false, NULL, v, parts);
-    CHECKF(v[0].rc == 0 && v[1].rc == 0 && v[0].st.native_ops == 0 && v[0].st.direct_ops == 1, "declined: rc %d %s", v[0].rc, v[0].err);
+    CHECKF(v[0].rc == 0 && v[1].rc == 0 && v[0].st.native_ops == 0 && v[0].st.direct_ops == 1, "declined: rc %d %s",
+           v[0].rc, v[0].err);
     CHECK(g_fake.opens == opens);
     free_parts(parts, 2);
     /* a failed op fails the collective (and every later op) */
     g_fake.fail_op = 1;
     parts = random_parts(k, n, 3, 57);
     run_vec(k, n, 3, -1, false, NULL, v, parts);
-    CHECKF(v[0].rc == CM_EIO && strstr(v[0].err, "fake library failed op 1") && v[0].st.native_ops == 1, "failed op: rc %d %s",
-           v[0].rc, v[0].err);
+    CHECKF(v[0].rc == CM_EIO && strstr(v[0].err, "fake library failed op 1") && v[0].st.native_ops == 1,
+           "failed op: rc %d %s", v[0].rc, v[0].err);
     free_parts(parts, k);
     cm_coll_set_native(NULL);
     pthread_mutex_destroy(&g_fake.mu);
@@ -443,8 +458,12 @@ static void *member_main(void *arg) {
     memset(&kv, 0, sizeof kv);
     if (S->k > 1 && (me->rc = mesh_join(&R->M[me->stage], me->rank, me->err, sizeof me->err))) R->failed = 1;
     if (!me->rc && S->k > 1) {
-        cm_coll_cfg cfg = {.rank = me->rank, .size = S->k, .max_n = (int64_t)PROMPT * E, .ring_min = R->ring_min,
-                           .compress = R->compress, .epoch = 1};
+        cm_coll_cfg cfg = {.rank = me->rank,
+                           .size = S->k,
+                           .max_n = (int64_t)PROMPT * E,
+                           .ring_min = R->ring_min,
+                           .compress = R->compress,
+                           .epoch = 1};
         for (int j = 0; j < S->k; j++) cfg.peers[j] = R->M[me->stage].conns[me->rank][j];
         if ((me->rc = cm_coll_new(&cfg, &me->coll, me->err, sizeof me->err))) R->failed = 1;
     }
@@ -461,10 +480,18 @@ static void *member_main(void *arg) {
         for (int s = 0; s < R->n_stages; s++) {
             pthread_barrier_wait(&R->bar);
             if (s != me->stage || R->failed) continue;
-            cm_batch b = {.n = n, .tokens = s == 0 ? R->tokens + p0 : NULL, .embd = s == 0 ? NULL : R->hidden,
-                          .pos = pos, .seq = seq};
-            cm_forward_args a = {.layer_first = S->lf, .layer_last = S->ll, .slice = S->sl[me->rank], .kvs = kvs,
-                                 .n_kvs = 1, .allreduce = me->coll ? drop_cb : NULL, .allreduce_user = me};
+            cm_batch b = {.n = n,
+                          .tokens = s == 0 ? R->tokens + p0 : NULL,
+                          .embd = s == 0 ? NULL : R->hidden,
+                          .pos = pos,
+                          .seq = seq};
+            cm_forward_args a = {.layer_first = S->lf,
+                                 .layer_last = S->ll,
+                                 .slice = S->sl[me->rank],
+                                 .kvs = kvs,
+                                 .n_kvs = 1,
+                                 .allreduce = me->coll ? drop_cb : NULL,
+                                 .allreduce_user = me};
             if (S->ll < m->hp.n_layer && me->rank == 0) a.out_hidden = R->hidden;
             if (S->ll == m->hp.n_layer) a.out_logits = R->logits[me->idx] + (size_t)step * V;
             me->rc = cm_forward(ctx, &b, &a, me->err, sizeof me->err);
@@ -581,9 +608,9 @@ static void plan_slices(const model_h *h, int k, const double *w, cm_slice *out)
 typedef struct tp_case {
     const char *name;
     int n_stages, k[2];
-    bool planned;      /* slices from cm_plan with speeds 1, 2, 3, ... */
+    bool planned; /* slices from cm_plan with speeds 1, 2, 3, ... */
     bool compress;
-    int64_t ring_min;  /* 0: prefill uses the ring (small threshold); -1: direct */
+    int64_t ring_min; /* 0: prefill uses the ring (small threshold); -1: direct */
 } tp_case;
 
 static void check_case(const char *model, model_h *h, const run_out *ref, const tp_case *tc, bool f32) {
@@ -611,8 +638,8 @@ static void check_case(const char *model, model_h *h, const run_out *ref, const 
                                       r == S->k - 1 ? F : F / 32 * (r + 1) / S->k * 32};
         }
         for (int r = 0; r < S->k; r++)
-            CHECKF(cm_slice_check(m, S->sl[r], errbuf, sizeof errbuf) == 0, "%s %s: slice %d: %s", model, tc->name,
-                   r, errbuf);
+            CHECKF(cm_slice_check(m, S->sl[r], errbuf, sizeof errbuf) == 0, "%s %s: slice %d: %s", model, tc->name, r,
+                   errbuf);
     }
     run_out o;
     int rc = run_model(&R, &o);
@@ -741,8 +768,8 @@ static void test_plan_legal_slices(void) {
             plan_slices(&h, k, speeds[v], sl);
             int heads = 0, rows = 0;
             for (int r = 0; r < k; r++) {
-                CHECKF(cm_slice_check(&h.m, sl[r], errbuf, sizeof errbuf) == 0, "k=%d speeds %d member %d: %s", k, v,
-                       r, errbuf);
+                CHECKF(cm_slice_check(&h.m, sl[r], errbuf, sizeof errbuf) == 0, "k=%d speeds %d member %d: %s", k, v, r,
+                       errbuf);
                 heads += sl[r].h1 - sl[r].h0;
                 rows += sl[r].f1 - sl[r].f0;
                 if (r) CHECK(sl[r].h0 == sl[r - 1].h1 && sl[r].f0 == sl[r - 1].f1);

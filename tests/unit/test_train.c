@@ -44,8 +44,15 @@ static int tiny_open(tiny *t, const char *arch, const char *type) {
     cm_buf_init(&t->file);
     cm_buf_init(&t->vocab);
     bool k = !strncmp(type, "q4_k", 4);
-    cm_synth_params sp = {.arch = arch, .n_embd = k ? 256 : 64, .n_layer = g_layers, .n_head = 4, .n_head_kv = 2,
-                          .n_ff = k ? 256 : 96, .type = type, .seed = 11, .n_threads = 1};
+    cm_synth_params sp = {.arch = arch,
+                          .n_embd = k ? 256 : 64,
+                          .n_layer = g_layers,
+                          .n_head = 4,
+                          .n_head_kv = 2,
+                          .n_ff = k ? 256 : 96,
+                          .type = type,
+                          .seed = 11,
+                          .n_threads = 1};
     int rc = cm_synth_builtin_vocab(&t->vocab, errbuf, sizeof errbuf);
     if (!rc) rc = cm_gguf_parse(&t->gv, (const uint8_t *)t->vocab.data, t->vocab.len, errbuf, sizeof errbuf);
     if (!rc) rc = cm_synth_write(&sp, &t->gv, NULL, &t->file, errbuf, sizeof errbuf);
@@ -136,8 +143,8 @@ static void test_grad_check(void) {
     static const struct {
         const char *arch, *type;
         float drop;
-    } cases[] = {{"llama", "f32", 0}, {"qwen2", "f32", 0}, {"qwen3", "f32", 0}, {"llama", "f32", 0.3f},
-                 {"llama", "q8_0", 0}, {"qwen3", "q4_k", 0.1f}};
+    } cases[] = {{"llama", "f32", 0},    {"qwen2", "f32", 0},  {"qwen3", "f32", 0},
+                 {"llama", "f32", 0.3f}, {"llama", "q8_0", 0}, {"qwen3", "q4_k", 0.1f}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         double w = grad_check(cases[i].arch, cases[i].type, cases[i].drop);
         CHECKF(w < 2e-3, "%s %s dropout %g: worst relative error %.3g", cases[i].arch, cases[i].type, cases[i].drop, w);
@@ -157,7 +164,8 @@ static void test_refuses(void) {
     CHECK(rc == CM_EUNSUPPORTED && strstr(errbuf, "not gemma3"));
     tiny_close(&t);
     unsigned tg = 0;
-    CHECK(cm_train_targets_parse("attn_q,ffn_down", &tg, errbuf, sizeof errbuf) == 0 && tg == ((1u << CM_LORA_Q) | (1u << CM_LORA_DOWN)));
+    CHECK(cm_train_targets_parse("attn_q,ffn_down", &tg, errbuf, sizeof errbuf) == 0 &&
+          tg == ((1u << CM_LORA_Q) | (1u << CM_LORA_DOWN)));
     CHECK(cm_train_targets_parse("attn_q,bogus", &tg, errbuf, sizeof errbuf) == CM_EINVAL && strstr(errbuf, "'bogus'"));
 }
 
@@ -205,8 +213,12 @@ static void test_matches_inference(void) {
         float *logits = cm_malloc((size_t)T * V * sizeof(float));
         cm_kv *kvs[1] = {&kv};
         cm_batch b = {.n = T, .tokens = TOK, .pos = pos, .seq = seq, .logits = lg};
-        cm_forward_args fa = {.layer_first = 0, .layer_last = t.m.hp.n_layer, .slice = cm_slice_full(&t.m),
-                              .kvs = kvs, .n_kvs = 1, .out_logits = logits};
+        cm_forward_args fa = {.layer_first = 0,
+                              .layer_last = t.m.hp.n_layer,
+                              .slice = cm_slice_full(&t.m),
+                              .kvs = kvs,
+                              .n_kvs = 1,
+                              .out_logits = logits};
         CHECK(cm_forward(c, &b, &fa, errbuf, sizeof errbuf) == 0);
         double s = 0;
         for (int i = 0; i < T; i++) {
@@ -295,7 +307,8 @@ static void test_stages(void) {
         cm_tadapter_span(ad, cut[k], cut[k + 1], &off[k], &n[k]);
         CHECK(off[k] == covered);
         covered += n[k];
-        CHECK(cm_tadapter_new_range(&sl[k], &t.m, 4, 8.0f, CM_TRAIN_TARGETS_ALL, cut[k], cut[k + 1], errbuf, sizeof errbuf) == 0);
+        CHECK(cm_tadapter_new_range(&sl[k], &t.m, 4, 8.0f, CM_TRAIN_TARGETS_ALL, cut[k], cut[k + 1], errbuf,
+                                    sizeof errbuf) == 0);
         CHECK(sl[k] && sl[k]->n_params == n[k]);
         if (!sl[k] || sl[k]->n_params != n[k]) goto out;
         memcpy(sl[k]->w, ad->w + off[k], n[k] * sizeof(float));
@@ -368,10 +381,11 @@ static void test_data_masks(void) {
     }
     CHECK(cm_chat_template_by_name(&tpl, "chatml", errbuf, sizeof errbuf) == 0);
     cm_chat_opts co = {.tokenizer_adds_bos = cm_tokenizer_add_bos(tok), .bos = "<s>", .eos = "</s>"};
-    const char *jl = "{\"prompt\": \"the cat\", \"completion\": \" sat down\"}\n"
-                     "\n"
-                     "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"assistant\", \"content\": \"hello\"},"
-                     " {\"role\": \"user\", \"content\": \"and\"}, {\"role\": \"assistant\", \"content\": \"bye\"}]}\n";
+    const char *jl =
+        "{\"prompt\": \"the cat\", \"completion\": \" sat down\"}\n"
+        "\n"
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"assistant\", \"content\": \"hello\"},"
+        " {\"role\": \"user\", \"content\": \"and\"}, {\"role\": \"assistant\", \"content\": \"bye\"}]}\n";
     cm_tdata d;
     int rc = cm_tdata_parse(&d, (const uint8_t *)jl, strlen(jl), "t.jsonl", tok, &tpl, &co, errbuf, sizeof errbuf);
     CHECKF(rc == 0, "%s", errbuf);
@@ -393,7 +407,7 @@ static void test_data_masks(void) {
             cm_buf_release(&b);
         }
         CHECK(d.loss[d.ex_off[1] - 1] == 1 && d.tok[d.ex_off[1] - 1] == cm_tokenizer_eos(tok)); /* EOS learned */
-        CHECK(d.loss[0] == 0);                                                                    /* BOS not */
+        CHECK(d.loss[0] == 0);                                                                  /* BOS not */
         cm_twin *w = NULL;
         int nw = 0, ex[2] = {0, 1};
         CHECK(cm_tdata_pack(&d, ex, 2, 8, &w, &nw, errbuf, sizeof errbuf) == 0);
@@ -413,7 +427,8 @@ static void test_data_masks(void) {
     }
     /* a bad line names itself */
     const char *bad = "{\"text\": \"ok\"}\n{\"text\": \"ok\"}\n{\"completion\": \"x\"}\n";
-    CHECK(cm_tdata_parse(&d, (const uint8_t *)bad, strlen(bad), "b.jsonl", tok, NULL, &co, errbuf, sizeof errbuf) == CM_EFORMAT);
+    CHECK(cm_tdata_parse(&d, (const uint8_t *)bad, strlen(bad), "b.jsonl", tok, NULL, &co, errbuf, sizeof errbuf) ==
+          CM_EFORMAT);
     CHECKF(strstr(errbuf, "'b.jsonl' line 3: ") != NULL, "%s", errbuf);
     cm_tokenizer_free(tok);
 }

@@ -39,7 +39,8 @@ static void one_matmul(enum cm_type t, int K, int R, int n_tok) {
     CHECK(cm_quantize_rows(t, wf, wq, R, K) == rs * R);
     const cm_kernels *k = cm_kernels_get();
     for (int i = 0; i < R; i++) k->to_float[t](wq + i * rs, wd + (size_t)i * K, K);
-    cm_tensor W = {.type = t, .data = wq, .ne = {K, R, 1, 1}, .nb = {cm_type_traits_of(t)->type_size, rs, rs * R, rs * R}};
+    cm_tensor W = {
+        .type = t, .data = wq, .ne = {K, R, 1, 1}, .nb = {cm_type_traits_of(t)->type_size, rs, rs * R, rs * R}};
     int rc = cm_gpu_test_matmul(G, &W, x, n_tok, yg, errbuf, sizeof errbuf);
     CHECKF(rc == 0, "%s", errbuf);
     const size_t xs = vt == CM_TYPE_F32 ? (size_t)K * 4 : cm_row_size(vt, K);
@@ -67,8 +68,10 @@ static void one_matmul(enum cm_type t, int K, int R, int n_tok) {
     CHECKF(eg < 5e-7, "%s K %d n_tok %d: gpu vs cpu kernel %.3g (cpu kernel vs exact %.3g)", cm_type_name(t), K, n_tok,
            eg, ec);
     if (getenv("CUMULO_TEST_VERBOSE"))
-        fprintf(stderr, "  matmul %-5s K %4d rows %2d tokens %2d: |gpu - cpu kernel| %.3g, |cpu kernel - exact| %.3g (relative to sum |w x|)\n",
-                cm_type_name(t), K, R, n_tok, eg, ec);
+        fprintf(
+            stderr,
+            "  matmul %-5s K %4d rows %2d tokens %2d: |gpu - cpu kernel| %.3g, |cpu kernel - exact| %.3g (relative to sum |w x|)\n",
+            cm_type_name(t), K, R, n_tok, eg, ec);
     cm_free(wf), cm_free(x), cm_free(wd), cm_free(yg), cm_free(yc), cm_free(wq), cm_free(xq);
 }
 
@@ -94,7 +97,9 @@ static void test_rmsnorm(void) {
         double s = 0;
         for (int i = 0; i < N; i++) s += (double)x[j * N + i] * x[j * N + i];
         const double sc = 1 / sqrt(s / N + 1e-5);
-        for (int i = 0; i < N; i++) worst = fmax(worst, fabs(y[j * N + i] - x[j * N + i] * sc * w[i]) / (fabs(x[j * N + i] * sc * w[i]) + 1e-3));
+        for (int i = 0; i < N; i++)
+            worst =
+                fmax(worst, fabs(y[j * N + i] - x[j * N + i] * sc * w[i]) / (fabs(x[j * N + i] * sc * w[i]) + 1e-3));
     }
     CHECKF(worst < 1e-5, "rms norm error %.3g", worst); /* measured ~1e-7 */
 }
@@ -108,7 +113,8 @@ static void test_rope(void) {
         for (int i = 0; i < NT * NH * D; i++) want[i] = x[i] = cm_rng_normal(&r);
         for (int j = 0; j < NT; j++) {
             cm_rope_cache(NULL, NROT, 10000.0f, NULL, (float)(j * 37), cache + j * NROT);
-            for (int h = 0; h < NH; h++) cm_rope_apply(neox ? CM_ROPE_NEOX : CM_ROPE_NORM, NROT, cache + j * NROT, want + (j * NH + h) * D);
+            for (int h = 0; h < NH; h++)
+                cm_rope_apply(neox ? CM_ROPE_NEOX : CM_ROPE_NORM, NROT, cache + j * NROT, want + (j * NH + h) * D);
         }
         CHECKF(cm_gpu_test_rope(G, x, cache, NROT, D, NH, NT, neox, errbuf, sizeof errbuf) == 0, "%s", errbuf);
         double worst = 0;
@@ -233,8 +239,12 @@ static int two_seqs(story *S, cm_pool *pool, int gpu_layers, int n_seq, float *o
         int8_t want[2] = {1, 1};
         cm_kv *kvs[2] = {&kv[0], &kv[1]};
         cm_batch b = {.n = 2, .tokens = ids, .pos = pos, .seq = seq, .logits = want};
-        cm_forward_args a = {.layer_first = 0, .layer_last = m->hp.n_layer, .slice = cm_slice_full(m), .kvs = kvs,
-                             .n_kvs = 2, .out_logits = out + step * 2 * 512};
+        cm_forward_args a = {.layer_first = 0,
+                             .layer_last = m->hp.n_layer,
+                             .slice = cm_slice_full(m),
+                             .kvs = kvs,
+                             .n_kvs = 2,
+                             .out_logits = out + step * 2 * 512};
         rc = cm_forward(c, &b, &a, errbuf, sizeof errbuf);
         if (!rc) memcpy(last, out + step * 2 * 512, sizeof last);
     }
@@ -250,7 +260,8 @@ static double probs_diff(const float *x, const float *y, int rows) {
     for (int r = 0; r < rows; r++) {
         double px[512], py[512], mx = x[r * 512], my = y[r * 512], sx = 0, sy = 0;
         for (int v = 1; v < 512; v++) mx = fmax(mx, x[r * 512 + v]), my = fmax(my, y[r * 512 + v]);
-        for (int v = 0; v < 512; v++) sx += (px[v] = exp(x[r * 512 + v] - mx)), sy += (py[v] = exp(y[r * 512 + v] - my));
+        for (int v = 0; v < 512; v++)
+            sx += (px[v] = exp(x[r * 512 + v] - mx)), sy += (py[v] = exp(y[r * 512 + v] - my));
         for (int v = 0; v < 512; v++) worst = fmax(worst, fabs(px[v] / sx - py[v] / sy));
     }
     return worst;
@@ -274,8 +285,9 @@ static void check_story(const char *name, double bound) {
     const int ks[] = {nl, 2};
     for (int i = 0; i < 2; i++) {
         const double e = probs_err(S, pool, ks[i]);
-        CHECKF(e < bound, "%s, %d of %d layers on the GPU: probabilities differ from llama.cpp's by %.3g (cpu %.3g): %s",
-               name, ks[i], nl, e, cpu, errbuf);
+        CHECKF(e < bound,
+               "%s, %d of %d layers on the GPU: probabilities differ from llama.cpp's by %.3g (cpu %.3g): %s", name,
+               ks[i], nl, e, cpu, errbuf);
         if (getenv("CUMULO_TEST_VERBOSE"))
             fprintf(stderr, "  %s %d/%d layers on the GPU: max |p - p_llama.cpp| %.3g (cpu alone %.3g)\n", name, ks[i],
                     nl, e, cpu);
@@ -289,8 +301,8 @@ static void check_story(const char *name, double bound) {
         const int ng = greedy(S, pool, k, v == 2, NG, got);
         int d = 0;
         while (d < nc && d < ng && got[d] == want[d]) d++;
-        CHECKF(d == nc && ng == nc, "%s, %d layers on the GPU%s: greedy ids differ from the CPU's at %d of %d (%s)", name,
-               k, v == 2 ? " after a CPU prefill" : "", d, nc, errbuf);
+        CHECKF(d == nc && ng == nc, "%s, %d layers on the GPU%s: greedy ids differ from the CPU's at %d of %d (%s)",
+               name, k, v == 2 ? " after a CPU prefill" : "", d, nc, errbuf);
     }
     static float cpu2[8 * 2 * 512], gpu2[8 * 2 * 512];
     CHECKF(two_seqs(S, pool, -1, 0, cpu2) == 0, "%s", errbuf);
@@ -317,8 +329,8 @@ static void test_story_q4_0(void) { check_story("q4_0", 8e-6); }
  * (cm_gpu_model_new_at) and the rest on the CPU; a 16-token prefill, then
  * 6 greedy steps. logits: 7 rows of n_vocab. */
 static int g_offloaded; /* layers the device computed, summed over batches */
-static int counting_offload(void *gm, const cm_batch *b, const cm_forward_args *a, float *x, const float *rope, char *err,
-                            size_t errlen) {
+static int counting_offload(void *gm, const cm_batch *b, const cm_forward_args *a, float *x, const float *rope,
+                            char *err, size_t errlen) {
     const int rc = cm_gpu_offload(gm, b, a, x, rope, err, errlen);
     if (rc > 0) g_offloaded += rc;
     return rc;
@@ -327,7 +339,8 @@ static int counting_offload(void *gm, const cm_batch *b, const cm_forward_args *
 static int stage_run(story *S, cm_pool *pool, bool gpu, float *logits) {
     const cm_model *m = &S->m;
     const int nl = m->hp.n_layer, E = m->hp.n_embd, V = m->hp.n_vocab, N = 16;
-    cm_ctx *c0 = cm_ctx_new(m, N, 512, pool, errbuf, sizeof errbuf), *c1 = cm_ctx_new(m, N, 512, pool, errbuf, sizeof errbuf);
+    cm_ctx *c0 = cm_ctx_new(m, N, 512, pool, errbuf, sizeof errbuf),
+           *c1 = cm_ctx_new(m, N, 512, pool, errbuf, sizeof errbuf);
     cm_kv kv0, kv1;
     cm_kv_init(&kv0, m, 0, 2, cm_slice_full(m), 512, errbuf, sizeof errbuf);
     cm_kv_init(&kv1, m, 2, nl, cm_slice_full(m), 512, errbuf, sizeof errbuf);
@@ -344,9 +357,12 @@ static int stage_run(story *S, cm_pool *pool, bool gpu, float *logits) {
     for (int i = 0; i < N; i++) ids[i] = S->ref.in[i], pos[i] = i;
     for (int step = 0; !rc && step < 7; step++) {
         want[n - 1] = 1;
-        cm_batch b0 = {.n = n, .tokens = ids, .pos = pos, .seq = seq}, b1 = {.n = n, .embd = hidden, .pos = pos, .seq = seq, .logits = want};
-        cm_forward_args a0 = {.layer_first = 0, .layer_last = 2, .slice = cm_slice_full(m), .kvs = k0, .n_kvs = 1, .out_hidden = hidden};
-        cm_forward_args a1 = {.layer_first = 2, .layer_last = nl, .slice = cm_slice_full(m), .kvs = k1, .n_kvs = 1, .out_logits = row};
+        cm_batch b0 = {.n = n, .tokens = ids, .pos = pos, .seq = seq},
+                 b1 = {.n = n, .embd = hidden, .pos = pos, .seq = seq, .logits = want};
+        cm_forward_args a0 = {
+            .layer_first = 0, .layer_last = 2, .slice = cm_slice_full(m), .kvs = k0, .n_kvs = 1, .out_hidden = hidden};
+        cm_forward_args a1 = {
+            .layer_first = 2, .layer_last = nl, .slice = cm_slice_full(m), .kvs = k1, .n_kvs = 1, .out_logits = row};
         rc = cm_forward(c0, &b0, &a0, errbuf, sizeof errbuf);
         if (!rc) rc = cm_forward(c1, &b1, &a1, errbuf, sizeof errbuf);
         if (rc) break;
@@ -390,8 +406,10 @@ static void test_stage(void) {
         same += argmax(x, V) == argmax(y, V);
     }
     /* the device's Q8_0 products equal the CPU's (measured: 0 here, as for two sequences above); F32 sums in another order would be ~1e-7 */
-    CHECKF(same == 7 && worst < 1e-4, "stage on the GPU: %d of 7 greedy ids equal, probabilities differ by %.3g", same, worst);
-    if (getenv("CUMULO_TEST_VERBOSE")) fprintf(stderr, "  stage [2, 5), [2, 4) on the GPU: max |p - p_cpu| %.3g\n", worst);
+    CHECKF(same == 7 && worst < 1e-4, "stage on the GPU: %d of 7 greedy ids equal, probabilities differ by %.3g", same,
+           worst);
+    if (getenv("CUMULO_TEST_VERBOSE"))
+        fprintf(stderr, "  stage [2, 5), [2, 4) on the GPU: max |p - p_cpu| %.3g\n", worst);
     cm_free(cpu);
     cm_free(gpu);
     cm_pool_free(pool);
@@ -422,7 +440,8 @@ int main(void) {
         printf("%d passed, %d failed, 1 skipped\n", t_passed, t_failed);
         return t_failed ? 1 : 0;
     }
-    if (getenv("CUMULO_TEST_VERBOSE")) fprintf(stderr, "  device: %s (%s)\n", cm_gpu_info_of(G)->name, cm_gpu_info_of(G)->kind);
+    if (getenv("CUMULO_TEST_VERBOSE"))
+        fprintf(stderr, "  device: %s (%s)\n", cm_gpu_info_of(G)->name, cm_gpu_info_of(G)->kind);
     RUN(test_matmul);
     RUN(test_rmsnorm);
     RUN(test_rope);

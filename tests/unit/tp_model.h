@@ -72,13 +72,13 @@ static int tp_model_write(const tp_model_spec *s, const char *path, cm_buf *out,
     cm_gguf_w_f32(w, "llama.attention.layer_norm_rms_epsilon", 1e-5f);
     cm_gguf_w_f32(w, "llama.rope.freq_base", 10000.0f);
     float aw = 1.7f / sqrtf((float)s->E), ad = 1.7f / sqrtf((float)s->F);
-#define ADD(nm, ty, a, b, l, h)                                                                                \
-    do {                                                                                                       \
-        snprintf(names[it], 64, "%s", nm);                                                                     \
-        fills[it] = (tp_tensor_fill){(a), (b), (ty), (l), (h), s->seed * 1000003u + (uint64_t)it};             \
-        int64_t ne[2] = {(a), (b)};                                                                            \
-        cm_gguf_w_tensor_fill(w, names[it], (ty), (b) > 1 ? 2 : 1, ne, tp_fill, &fills[it]);                    \
-        it++;                                                                                                  \
+#define ADD(nm, ty, a, b, l, h)                                                                    \
+    do {                                                                                           \
+        snprintf(names[it], 64, "%s", nm);                                                         \
+        fills[it] = (tp_tensor_fill){(a), (b), (ty), (l), (h), s->seed * 1000003u + (uint64_t)it}; \
+        int64_t ne[2] = {(a), (b)};                                                                \
+        cm_gguf_w_tensor_fill(w, names[it], (ty), (b) > 1 ? 2 : 1, ne, tp_fill, &fills[it]);       \
+        it++;                                                                                      \
     } while (0)
     ADD("token_embd.weight", s->type, s->E, s->V, -1.0f, 1.0f);
     ADD("output_norm.weight", CM_TYPE_F32, s->E, 1, 0.8f, 1.2f);
