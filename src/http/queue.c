@@ -61,7 +61,23 @@ struct cm_queue {
     bool mixed;             /* a prompt chunk rides in the decode pass (CUMULO_MIXED_PASS) */
     uint64_t n_admitted;
     cm_http_kv_stats kv; /* the budget and its gauges, refreshed under mu by the scheduler */
+    uint64_t kv_mem;     /* --kv-mem, 0: the default budget (kv_budget) */
+    uint64_t kv_avail;   /* 3/4 of the memory available at start (the weights loaded) */
 };
+
+/* The budget: --kv-mem, else every slot's whole context, at most kv_avail,
+ * at least one slot's. Measured again before each admission: a cluster's
+ * re-plan can give this process a different share of the cache (a
+ * tensor-parallel coordinator's KV heads), and its sessions follow. */
+static void kv_budget(cm_queue *s) {
+    s->kv.slot_full = cm_session_kv_bytes(s->slots[0].s, cm_session_n_ctx(s->slots[0].s));
+    if (s->kv_mem) {
+        s->kv.capacity = s->kv_mem;
+        return;
+    }
+    const uint64_t all = s->kv.slot_full * (uint64_t)s->n_slots;
+    s->kv.capacity = all < s->kv_avail ? all : s->kv_avail > s->kv.slot_full ? s->kv_avail : s->kv.slot_full;
+}
 
 /* Under s->mu, scheduler thread: the bytes slot i holds or was promised. */
 static uint64_t slot_kv(const cm_queue *s, int i) {
@@ -80,6 +96,7 @@ static void kv_refresh(cm_queue *s) {
 /* Under s->mu: room for need bytes in slot k? Idle slots' caches go back
  * (oldest first) until it fits. 1: fits; 0: wait; -1: never (over the budget). */
 static int kv_admit(cm_queue *s, int k, uint64_t need) {
+    kv_budget(s);
     if (need > s->kv.capacity) return -1;
     for (;;) {
         uint64_t used = 0;
@@ -460,19 +477,14 @@ cm_queue *cm_queue_new(cm_http_server *srv, cm_engine *e, int n_slots, int queue
             return NULL;
         }
     }
-    /* The KV budget: every slot's whole context unless told, at most 3/4 of
-     * the memory available now (the weights are loaded), at least one slot's. */
-    s->kv.slot_full = cm_session_kv_bytes(s->slots[0].s, cm_session_n_ctx(s->slots[0].s));
+    s->kv_mem = kv_mem;
+    s->kv_avail = cm_mem_available_bytes() / 4 * 3;
+    kv_budget(s);
     s->kv.block_bytes = cm_session_kv_bytes(s->slots[0].s, CM_HTTP_KV_BLOCK);
     {
         cm_engine_info in;
         cm_engine_get_info(e, &in);
         if (in.kv_bytes_per_token) s->kv.block_bytes = in.kv_bytes_per_token * CM_HTTP_KV_BLOCK;
-    }
-    s->kv.capacity = kv_mem;
-    if (!kv_mem) {
-        const uint64_t all = s->kv.slot_full * (uint64_t)n_slots, avail = cm_mem_available_bytes() / 4 * 3;
-        s->kv.capacity = all < avail ? all : avail > s->kv.slot_full ? avail : s->kv.slot_full;
     }
     if (cm_thread_create(&s->th, queue_main, s) == 0) s->th_started = true;
     else {
