@@ -150,7 +150,7 @@ MPICH_BIN=$(realpath "${CUMULO_MPICH_BIN:-build-mpich/cumulo}" 2>/dev/null)
 if [ ! -x "$MPICH_BIN" ] && ! command -v mpicc.mpich >/dev/null 2>&1; then
     echo "skip: n/a: no MPICH here (mpicc.mpich): srun --mpi=pmi2 not tested"
 elif [ ! -x "$MPICH_BIN" ]; then
-    echo "skip: build-mpich/cumulo missing: make MPI=1 MPICC=mpicc.mpich BUILD=build-mpich (srun --mpi=pmi2 not tested)"
+    echo "skip: n/a: build-mpich/cumulo not built (make test builds the OpenMPI variant only; make MPI=1 MPICC=mpicc.mpich BUILD=build-mpich tests srun --mpi=pmi2)"
 else
     sed "s|$MBIN|$MPICH_BIN|" "$TMP/rank.sh" >"$TMP/rank_mpich.sh"
     chmod +x "$TMP/rank_mpich.sh"
