@@ -66,11 +66,12 @@ struct cm_queue {
 };
 
 /* The budget: --kv-mem, else every slot's whole context, at most kv_avail,
- * at least one slot's. Measured again before each admission: a cluster's
- * re-plan can give this process a different share of the cache (a
- * tensor-parallel coordinator's KV heads), and its sessions follow. */
-static void kv_budget(cm_queue *s) {
-    s->kv.slot_full = cm_session_kv_bytes(s->slots[0].s, cm_session_n_ctx(s->slots[0].s));
+ * at least one slot's. Measured again before each admission on the slot
+ * being filled: a cluster's re-plan can give this process a different share
+ * of the cache (a tensor-parallel coordinator's KV heads), and a slot's
+ * session follows it when it next runs, so slots may differ for a while. */
+static void kv_budget(cm_queue *s, int k) {
+    s->kv.slot_full = cm_session_kv_bytes(s->slots[k].s, cm_session_n_ctx(s->slots[k].s));
     if (s->kv_mem) {
         s->kv.capacity = s->kv_mem;
         return;
@@ -96,8 +97,11 @@ static void kv_refresh(cm_queue *s) {
 /* Under s->mu: room for need bytes in slot k? Idle slots' caches go back
  * (oldest first) until it fits. 1: fits; 0: wait; -1: never (over the budget). */
 static int kv_admit(cm_queue *s, int k, uint64_t need) {
-    kv_budget(s);
-    if (need > s->kv.capacity) return -1;
+    kv_budget(s, k);
+    if (need > s->kv.capacity) {
+        if (s->kv_mem) return -1;
+        s->kv.capacity = need; /* the default budget always holds one slot's need */
+    }
     for (;;) {
         uint64_t used = 0;
         int victim = -1;
@@ -479,7 +483,7 @@ cm_queue *cm_queue_new(cm_http_server *srv, cm_engine *e, int n_slots, int queue
     }
     s->kv_mem = kv_mem;
     s->kv_avail = cm_mem_available_bytes() / 4 * 3;
-    kv_budget(s);
+    kv_budget(s, 0);
     s->kv.block_bytes = cm_session_kv_bytes(s->slots[0].s, CM_HTTP_KV_BLOCK);
     {
         cm_engine_info in;
