@@ -5,7 +5,9 @@
  * adapter (llama.cpp's LoRA GGUF, for `run --lora` and llama.cpp) and its
  * loss curve ADAPTER.gguf.svg. Errors are one line on stderr, exit 1.
  * With --cluster (the cluster options of `run`), the same run over a
- * pipeline of `cumulo node`s (cluster/train_pipe.h): the same adapter.
+ * pipeline of `cumulo node`s (cluster/train_pipe.h), or --data-parallel N
+ * such pipelines: the same adapter. A node lost mid-run: re-plan on the
+ * survivors and resume from the last checkpoint by itself.
  */
 #include "cli.h"
 
@@ -48,11 +50,15 @@ static const char *k_help =
     "  --resume CKPT        continue from a checkpoint (same options and data: bit-identical)\n"
     "  --threads N          threads (default: the CPUs); the adapter is the same for any N\n"
     "  --chat-template NAME render \"messages\" with this family instead of the model's template\n"
-    "\nAcross a cluster (pipeline parallel: each node trains its layers' slice of the adapter):\n"
+    "\nAcross a cluster (pipeline parallel: each node trains its layers' slice of the adapter; a node\n"
+    "lost mid-run: the rest re-plan and the run resumes from its last checkpoint, see --save-every):\n"
     "  --cluster            use `cumulo node`s (with --nodes, default auto); the adapter is the one\n"
     "                       this machine alone would train, bit for bit\n"
     "  --nodes LIST         auto (mDNS) or host:port,host:port,...\n"
     "  --layers 2,1,2       layers per stage (this machine first); --parallel pp only\n"
+    "  --data-parallel N    N replicas of the pipeline, each on its own nodes (--nodes lists them\n"
+    "                       replica by replica), each taking a share of every step's windows; the\n"
+    "                       adapter is still the one this machine alone would train\n"
     "  --take               use nodes that serve another coordinator\n"
     "  --insecure           no cluster key (the nodes must run --insecure too)\n"
     "  --key-file FILE      cluster key (default $CUMULO_KEY_FILE or ~/.config/cumulo/cluster.key)\n";
@@ -61,6 +67,7 @@ typedef struct bar {
     bool tty;
     double last;
     double loss0, val0, loss, val; /* first and last (NaN: none yet) */
+    char ckpt[4200];               /* the last checkpoint written ("": none yet) */
 } bar;
 
 static void on_progress(void *user, const cm_finetune_status *st) {
@@ -84,6 +91,7 @@ static void on_progress(void *user, const cm_finetune_status *st) {
             (long long)st->step, (long long)st->steps, st->epoch + 1, st->loss, val, st->lr, st->tok_per_s, st->eta_s,
             b->tty && !line ? "   " : "\n");
     if (st->saved) fprintf(stderr, "saved %s\n", st->saved);
+    if (st->saved) snprintf(b->ckpt, sizeof b->ckpt, "%s", st->saved);
 }
 
 /* --name VALUE options: the next argument or a one-line error. */
@@ -98,6 +106,7 @@ static const char *val_of(int argc, char **argv, int *i) {
 /* The cluster options (run's): --cluster, --nodes, --key-file, --insecure, --take, the plan's. */
 typedef struct clu {
     bool on, insecure, take;
+    int dp; /* --data-parallel: replicas (0: one) */
     const char *nodes, *key_file;
     cm_plan_request plan;
 } clu;
@@ -136,6 +145,11 @@ static int parse(int argc, char **argv, cm_finetune_opts *o, const char **model,
         o->field = (float)x;                        \
     }
         if (!strcmp(a, "--data")) *data = v;
+        else if (!strcmp(a, "--data-parallel")) {
+            if (!cli_int(a, v, 1, CM_PLAN_MAX_NODES, &n)) return 1;
+            c->dp = (int)n;
+            c->on = true;
+        }
         else if (!strcmp(a, "--nodes")) c->nodes = v, c->on = true;
         else if (!strcmp(a, "--key-file")) c->key_file = v;
         else if (!strcmp(a, "--out") || !strcmp(a, "-o")) o->out = v;
@@ -182,7 +196,122 @@ static void log_line(void *ctx, const char *line) {
     fprintf(stderr, "%s\n", line);
 }
 
-/* The run, on this machine or (c->on) over the cluster's pipeline. */
+/* The exec over the open pipes p[0..n) (n > 1: replicas, data parallel),
+ * the run, its traffic added to *sent and *got. */
+static int run_pipes(cm_pipe **p, int n, const cm_model *m, const cm_tdata *d, cm_finetune_opts *o, uint64_t *sent,
+                     uint64_t *got, char *err, size_t errlen) {
+    cm_train_pipe *t[CM_PLAN_MAX_NODES] = {0};
+    cm_train_dp *dp = NULL;
+    int rc = 0;
+    for (int r = 0; !rc && r < n; r++) rc = cm_train_pipe_new(&t[r], p[r], m, o->n_ctx, o->n_threads, err, errlen);
+    if (!rc && n > 1) rc = cm_train_dp_new(&dp, t, n, m, o->n_ctx, err, errlen);
+    if (!rc) {
+        const int local_last = cm_train_pipe_local_last(t[0]);
+        if (n > 1)
+            fprintf(stderr, "finetune: data parallel: %d replicas, each a pipeline of %d stages; this machine trains "
+                            "layers [0, %d) of each\n", n, cm_pipe_n_stages(p[0]), local_last);
+        else
+            fprintf(stderr, "finetune: pipeline of %d stages; this machine trains layers [0, %d)\n",
+                    cm_pipe_n_stages(p[0]), local_last);
+        o->exec = n > 1 ? cm_train_dp_exec(dp) : cm_train_pipe_exec(t[0]);
+        rc = cm_finetune_run(m, d, o, err, errlen);
+        o->exec = NULL;
+    }
+    cm_train_dp_free(dp);
+    for (int r = 0; r < n; r++) {
+        uint64_t a = 0, b = 0;
+        if (t[r]) cm_train_pipe_stats(t[r], &a, &b);
+        *sent += a, *got += b;
+        cm_train_pipe_free(t[r]);
+    }
+    return rc;
+}
+
+/* The run over the cluster: one pipeline, or c->dp replicas of one, replica
+ * r over the r-th equal share of --nodes (coord_train_dp.c). A node lost
+ * mid-run: its pipe re-plans on the survivors (cm_pipe_recover; a replica
+ * none of whose nodes can take the rest is left out: the math does not
+ * depend on how many replicas there are; none left: this machine alone)
+ * and the run resumes from the last checkpoint (or the start), losing at
+ * most the steps since: a resumed run continues bit for bit (finetune.h). */
+static int train_cluster(const char *path, const cm_gguf *g, const cm_model *m, const cm_tdata *d, cm_finetune_opts *o,
+                         const clu *c, const cm_pipe_opts *po0, char *err, size_t errlen) {
+    char list[4096];
+    const char *nodes[CM_PLAN_MAX_NODES * 2];
+    const int n_rep = c->dp > 1 ? c->dp : 1;
+    int nn = 0, per = 0;
+    if (n_rep > 1) {
+        if (!c->nodes || !strcmp(c->nodes, "auto") || strlen(c->nodes) >= sizeof list)
+            return cm_errf(err, errlen, CM_EINVAL, "--data-parallel needs --nodes host:port,... (replica by replica)");
+        strcpy(list, c->nodes);
+        for (char *q = list, *comma; q; q = comma ? comma + 1 : NULL) {
+            if ((comma = strchr(q, ','))) *comma = 0;
+            if (*q && nn < (int)(sizeof nodes / sizeof nodes[0])) nodes[nn++] = q;
+        }
+        if (nn % n_rep)
+            return cm_errf(err, errlen, CM_EINVAL, "%d nodes do not split into %d replicas of the same pipeline", nn,
+                           n_rep);
+        per = nn / n_rep;
+    }
+    cm_pipe *p[CM_PLAN_MAX_NODES] = {0};
+    int np = 0, rc = 0;
+    char e[600];
+    for (int r = 0; !rc && r < n_rep; r++) {
+        char grp[4096] = "";
+        for (int i = 0; i < per; i++)
+            snprintf(grp + strlen(grp), sizeof grp - strlen(grp), "%s%s", i ? "," : "", nodes[r * per + i]);
+        cm_pipe_opts po = *po0;
+        if (n_rep > 1) po.nodes = grp;
+        int ll = 0; /* (replicas may split differently: each sends the whole adapter's gradients) */
+        rc = cm_pipe_open(&p[np], path, g, m, &po, &ll, e, sizeof e);
+        if (rc) rc = n_rep > 1 ? cm_errf(err, errlen, rc, "cluster (replica %d): %s", r, e)
+                               : cm_errf(err, errlen, rc, "cluster: %s", e);
+        else if (p[np]) np++;
+        else if (n_rep > 1) rc = cm_errf(err, errlen, CM_EINVAL, "replica %d: the plan keeps every layer here", r);
+    }
+    if (rc) {
+        for (int r = 0; r < np; r++) cm_pipe_close(p[r]);
+        return rc;
+    }
+    if (np == 0) { /* the plan keeps every layer here */
+        fprintf(stderr, "finetune: the plan keeps every layer on this machine\n");
+        return cm_finetune_run(m, d, o, err, errlen);
+    }
+    const bar *b = o->progress_user;
+    char resume[4200] = "";
+    uint64_t sent = 0, got = 0;
+    for (int attempt = 0;; attempt++) {
+        rc = run_pipes(p, np, m, d, o, &sent, &got, err, errlen);
+        bool failed = false;
+        for (int r = 0; r < np; r++) failed |= cm_pipe_failed(p[r]);
+        if (!rc || !failed || attempt >= CM_PLAN_MAX_NODES) break;
+        if (b && b->ckpt[0]) snprintf(resume, sizeof resume, "%s", b->ckpt);
+        if (resume[0]) o->resume = resume;
+        fprintf(stderr, "finetune: %s; re-planning on the surviving nodes and resuming from %s\n", err,
+                o->resume ? o->resume : "the start");
+        int kept = 0;
+        for (int r = 0; r < np; r++) {
+            if (cm_pipe_failed(p[r]) && cm_pipe_recover(p[r], e, sizeof e)) {
+                fprintf(stderr, "finetune: no plan on a replica's survivors (%s): it is left out\n", e);
+                cm_pipe_close(p[r]);
+                continue;
+            }
+            p[kept++] = p[r];
+        }
+        np = kept;
+        rc = 0;
+        if (np == 0) {
+            fprintf(stderr, "finetune: this machine trains alone\n");
+            return cm_finetune_run(m, d, o, err, errlen);
+        }
+    }
+    fprintf(stderr, "finetune: %.1f MiB of activations, gradients and parameters sent to the nodes, %.1f MiB "
+                    "received\n", (double)sent / 1048576.0, (double)got / 1048576.0);
+    for (int r = 0; r < np; r++) cm_pipe_close(p[r]);
+    return rc;
+}
+
+/* The run, on this machine or (c->on) over the cluster. */
 static int train(const char *path, const cm_gguf *g, const cm_model *m, const cm_tdata *d, cm_finetune_opts *o,
                  const clu *c, char *err, size_t errlen) {
     if (!c->on) return cm_finetune_run(m, d, o, err, errlen);
@@ -195,30 +324,7 @@ static int train(const char *path, const cm_gguf *g, const cm_model *m, const cm
                        .n_seq_max = 1,
                        .max_batch = 1,
                        .log = log_line};
-    cm_pipe *p = NULL;
-    int local_last = 0;
-    char e[600];
-    int rc = cm_pipe_open(&p, path, g, m, &po, &local_last, e, sizeof e);
-    if (rc) return cm_errf(err, errlen, rc, "cluster: %s", e);
-    if (!p) { /* the plan keeps every layer here */
-        fprintf(stderr, "finetune: the plan keeps every layer on this machine\n");
-        return cm_finetune_run(m, d, o, err, errlen);
-    }
-    cm_train_pipe *t = NULL;
-    rc = cm_train_pipe_new(&t, p, m, o->n_ctx, o->n_threads, err, errlen);
-    if (!rc) {
-        fprintf(stderr, "finetune: pipeline of %d stages; this machine trains layers [0, %d)\n", cm_pipe_n_stages(p),
-                local_last);
-        o->exec = cm_train_pipe_exec(t);
-        rc = cm_finetune_run(m, d, o, err, errlen);
-        uint64_t sent, got;
-        cm_train_pipe_stats(t, &sent, &got);
-        fprintf(stderr, "finetune: %.1f MiB of activations and gradients sent to the nodes, %.1f MiB received\n",
-                (double)sent / 1048576.0, (double)got / 1048576.0);
-    }
-    cm_train_pipe_free(t);
-    cm_pipe_close(p);
-    return rc;
+    return train_cluster(path, g, m, d, o, c, &po, err, errlen);
 }
 
 /* The chat template for "messages" lines: --chat-template, else the model's (NULL when it has none). */

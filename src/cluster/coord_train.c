@@ -100,8 +100,10 @@ static int ask(cm_train_pipe *t, int s, cm_msg *m, float *buf, size_t cap, char 
     return rc;
 }
 
+enum { N_STATE = CM_TRAIN_VEC_G }; /* the vectors a slice's state is: W, M1, M2 */
+
 static float *vec_of(const cm_tadapter *ad, unsigned v) {
-    return v == CM_TRAIN_VEC_W ? ad->w : v == CM_TRAIN_VEC_M1 ? ad->m1 : ad->m2;
+    return v == CM_TRAIN_VEC_W ? ad->w : v == CM_TRAIN_VEC_M1 ? ad->m1 : v == CM_TRAIN_VEC_M2 ? ad->m2 : ad->g;
 }
 
 static int tp_load(void *user, const cm_tadapter *ad, char *err, size_t errlen) {
@@ -113,7 +115,7 @@ static int tp_load(void *user, const cm_tadapter *ad, char *err, size_t errlen) 
         if (rc) return rc;
     }
     CM_ASSERT(t->ad0->n_params == t->n[0] && t->off[0] == 0);
-    for (unsigned v = 0; v < CM_TRAIN_VEC_COUNT; v++) memcpy(vec_of(t->ad0, v), vec_of(ad, v), t->n[0] * sizeof(float));
+    for (unsigned v = 0; v < N_STATE; v++) memcpy(vec_of(t->ad0, v), vec_of(ad, v), t->n[0] * sizeof(float));
     t->ad0->step = ad->step;
     for (int s = 1; s < t->n_stages; s++) {
         cm_msg m = {.type = CM_MSG_TRAIN};
@@ -124,7 +126,7 @@ static int tp_load(void *user, const cm_tadapter *ad, char *err, size_t errlen) 
                                    .key = (uint64_t)ad->step};
         m.u.train.f[0] = ad->alpha;
         int rc = ask(t, s, &m, NULL, 0, err, errlen);
-        for (unsigned v = 0; !rc && v < CM_TRAIN_VEC_COUNT; v++)
+        for (unsigned v = 0; !rc && v < N_STATE; v++)
             for (size_t o = 0; !rc && o < t->n[s]; o += CM_MSG_MAX_TRAIN_SLICE) {
                 const size_t k = t->n[s] - o < CM_MSG_MAX_TRAIN_SLICE ? t->n[s] - o : CM_MSG_MAX_TRAIN_SLICE;
                 m.u.train = (cm_msg_train){.op = CM_TRAIN_SLICE,
@@ -143,10 +145,10 @@ static int tp_load(void *user, const cm_tadapter *ad, char *err, size_t errlen) 
 
 static int tp_gather(void *user, cm_tadapter *ad, char *err, size_t errlen) {
     cm_train_pipe *t = user;
-    for (unsigned v = 0; v < CM_TRAIN_VEC_COUNT; v++) memcpy(vec_of(ad, v), vec_of(t->ad0, v), t->n[0] * sizeof(float));
+    for (unsigned v = 0; v < N_STATE; v++) memcpy(vec_of(ad, v), vec_of(t->ad0, v), t->n[0] * sizeof(float));
     ad->step = t->ad0->step;
     for (int s = 1; s < t->n_stages; s++)
-        for (unsigned v = 0; v < CM_TRAIN_VEC_COUNT; v++)
+        for (unsigned v = 0; v < N_STATE; v++)
             for (size_t o = 0; o < t->n[s]; o += CM_MSG_MAX_TRAIN_SLICE) {
                 const size_t k = t->n[s] - o < CM_MSG_MAX_TRAIN_SLICE ? t->n[s] - o : CM_MSG_MAX_TRAIN_SLICE;
                 cm_msg m = {.type = CM_MSG_TRAIN};
@@ -210,6 +212,47 @@ static int tp_step(void *user, float lr, float beta1, float beta2, float eps, fl
     return 0;
 }
 
+/* Vector v of stage s's slice, dim-floats pieces: from src to the node
+ * (SLICE) or, with dst, from the node into dst (FETCH). */
+static int move_vec(cm_train_pipe *t, int s, unsigned v, int64_t step, const float *src, float *dst, char *err,
+                    size_t errlen) {
+    for (size_t o = 0; o < t->n[s]; o += CM_MSG_MAX_TRAIN_SLICE) {
+        const size_t k = t->n[s] - o < CM_MSG_MAX_TRAIN_SLICE ? t->n[s] - o : CM_MSG_MAX_TRAIN_SLICE;
+        cm_msg m = {.type = CM_MSG_TRAIN};
+        m.u.train = (cm_msg_train){.op = dst ? CM_TRAIN_FETCH : CM_TRAIN_SLICE,
+                                   .vec = (uint8_t)v,
+                                   .n_rows = dst ? 0 : 1,
+                                   .dim = (uint32_t)k,
+                                   .offset = o,
+                                   .key = (uint64_t)step,
+                                   .data = dst ? NULL : src + o};
+        int rc = ask(t, s, &m, dst ? dst + o : NULL, k, err, errlen);
+        if (rc) return rc;
+        if (dst && t->rows != 1) return cm_errf(err, errlen, CM_EPROTO, "stage %d answered a FETCH with %u rows", s, t->rows);
+    }
+    return 0;
+}
+
+int cm_train_pipe_take_grad(cm_train_pipe *t, float *g, char *err, size_t errlen) {
+    memcpy(g, t->ad0->g, t->n[0] * sizeof(float));
+    memset(t->ad0->g, 0, t->n[0] * sizeof(float));
+    for (int s = 1; s < t->n_stages; s++) {
+        int rc = move_vec(t, s, CM_TRAIN_VEC_G, t->ad0->step, NULL, g + t->off[s], err, errlen);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+int cm_train_pipe_set_params(cm_train_pipe *t, const cm_tadapter *ad, char *err, size_t errlen) {
+    memcpy(t->ad0->w, ad->w, t->n[0] * sizeof(float));
+    t->ad0->step = ad->step;
+    for (int s = 1; s < t->n_stages; s++) {
+        int rc = move_vec(t, s, CM_TRAIN_VEC_W, ad->step, ad->w + t->off[s], NULL, err, errlen);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
 int cm_train_pipe_new(cm_train_pipe **out, cm_pipe *p, const cm_model *m, int n_ctx, int n_threads, char *err,
                       size_t errlen) {
     *out = NULL;
@@ -240,7 +283,7 @@ int cm_train_pipe_new(cm_train_pipe **out, cm_pipe *p, const cm_model *m, int n_
         cm_train_pipe_free(t);
         return cm_errf(err, errlen, CM_ENOMEM, "out of memory");
     }
-    t->ex = (cm_train_exec){t, tp_load, tp_window, tp_step, tp_gather};
+    t->ex = (cm_train_exec){t, tp_load, tp_window, tp_step, tp_gather, NULL};
     pthread_mutex_lock(&p->mu);
     p->train = t;
     pthread_mutex_unlock(&p->mu);
@@ -261,6 +304,8 @@ void cm_train_pipe_free(cm_train_pipe *t) {
 }
 
 const cm_train_exec *cm_train_pipe_exec(cm_train_pipe *t) { return &t->ex; }
+
+int cm_train_pipe_local_last(const cm_train_pipe *t) { return t->last[0]; }
 
 void cm_train_pipe_stats(const cm_train_pipe *t, uint64_t *sent, uint64_t *received) {
     *sent = t->sent;

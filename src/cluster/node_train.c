@@ -7,7 +7,8 @@
  * previous stage's output rows; the last stage also gets the targets and
  * answers with the loss) and BWD (the gradient of this stage's output),
  * each answered with ROWS; STEP runs AdamW on the slice; FETCH sends a part
- * of the slice back (checkpoints, the end). The math is train.h's stage
+ * of the slice back (checkpoints, the end; data parallelism fetches the
+ * gradients G after each window, and a FETCH of G clears them). The math is train.h's stage
  * pieces, so the adapter equals one machine's bit for bit.
  *
  * Runs on the coordinator's connection thread with n->mu held (node.c),
@@ -44,7 +45,7 @@ void cm_node_train_free(struct cm_node_train *t) {
 }
 
 static float *vec_of(cm_tadapter *ad, unsigned v) {
-    return v == CM_TRAIN_VEC_W ? ad->w : v == CM_TRAIN_VEC_M1 ? ad->m1 : ad->m2;
+    return v == CM_TRAIN_VEC_W ? ad->w : v == CM_TRAIN_VEC_M1 ? ad->m1 : v == CM_TRAIN_VEC_M2 ? ad->m2 : ad->g;
 }
 
 static int reply(stage *s, const cm_msg *m, char *err, size_t errlen) {
@@ -121,7 +122,9 @@ int cm_node_on_train(stage *s, const cm_msg_train *q, char *err, size_t errlen) 
         a->dim = q->dim;
         a->key = (uint64_t)t->ad->step;
         a->data = vec_of(t->ad, q->vec) + q->offset;
-        return reply(s, &r, err, errlen);
+        rc = reply(s, &r, err, errlen);
+        if (!rc && q->vec == CM_TRAIN_VEC_G) memset(t->ad->g + q->offset, 0, q->dim * sizeof(float));
+        return rc;
     case CM_TRAIN_FWD: {
         if ((rc = rows_in(t, q, err, errlen))) return rc;
         const int T = (int)q->n_rows;

@@ -14,8 +14,9 @@
  *
  * NEEDSWORK: the coordinator relays every hop (a star, not node to node)
  * and a window goes through the stages one at a time (no micro-batches in
- * flight, no 1F1B): stages do not overlap yet. A lost node fails the run
- * (resume it from the last checkpoint with --resume).
+ * flight, no 1F1B): stages do not overlap yet. A lost node fails the pipe
+ * and the run; cmd_finetune.c then re-plans (cm_pipe_recover) and resumes
+ * from the last checkpoint on a new cm_train_pipe.
  */
 #ifndef CM_TRAIN_PIPE_H
 #define CM_TRAIN_PIPE_H
@@ -34,6 +35,28 @@ int cm_train_pipe_new(cm_train_pipe **out, cm_pipe *p, const cm_model *m, int n_
 void cm_train_pipe_free(cm_train_pipe *t); /* NULL: no-op */
 /* The exec for cm_finetune_opts.exec, valid while t lives. */
 const cm_train_exec *cm_train_pipe_exec(cm_train_pipe *t);
+/* Data parallelism (coord_train_dp.c): replicas are pipelines, each runs
+ * some of a step's windows; the coordinator keeps the whole adapter, adds
+ * the windows' gradients in window order (as one machine does: train.h's
+ * cm_train_back adds each window's gradients at its end), steps it and
+ * sends the parameters to every replica. take_grad moves the gradients
+ * of the window just run out of every slice into g (the whole adapter's
+ * layout; they are cleared there); set_params puts ad's parameters and
+ * step into every slice. */
+int cm_train_pipe_take_grad(cm_train_pipe *t, float *g, char *err, size_t errlen);
+int cm_train_pipe_set_params(cm_train_pipe *t, const cm_tadapter *ad, char *err, size_t errlen);
+
+/* n replicas (pipelines over disjoint nodes, each with its own
+ * cm_train_pipe over the same plan shape) as one exec: the adapter is one
+ * machine's, bit for bit. reps must outlive it. */
+typedef struct cm_train_dp cm_train_dp;
+int cm_train_dp_new(cm_train_dp **out, cm_train_pipe *const *reps, int n, const cm_model *m, int n_ctx, char *err,
+                    size_t errlen);
+void cm_train_dp_free(cm_train_dp *d); /* NULL: no-op */
+const cm_train_exec *cm_train_dp_exec(cm_train_dp *d);
+
+/* The layers this machine trains: [0, that). */
+int cm_train_pipe_local_last(const cm_train_pipe *t);
 /* Bytes of TRAIN frames payload sent to and received from the nodes. */
 void cm_train_pipe_stats(const cm_train_pipe *t, uint64_t *sent, uint64_t *received);
 

@@ -427,7 +427,8 @@ void cm_msg_output_row(const cm_msg_output *m, uint32_t i, float *out); /* dim f
  *   SLICE  both ways: dim floats (n_rows = 1) of the slice's vector vec at
  *          element offset (coord -> node after SETUP: the state to start
  *          from; node -> coord: the answer to a FETCH); key = the step;
- *   FETCH  coord -> node: send back dim floats of vec from offset (a SLICE);
+ *   FETCH  coord -> node: send back dim floats of vec from offset (a SLICE;
+ *          of G: the window's gradients, cleared once sent);
  *   FWD    coord -> node: window id, n_rows x dim activations (the previous
  *          stage's output), dropout key (key), weight f[0], dropout f[1];
  *          F_TARGETS: n_rows target ids follow (the last stage: loss);
@@ -449,7 +450,9 @@ enum cm_train_op {
     CM_TRAIN_STEP = 6,
     CM_TRAIN_OP_COUNT
 };
-enum cm_train_vec { CM_TRAIN_VEC_W = 0, CM_TRAIN_VEC_M1 = 1, CM_TRAIN_VEC_M2 = 2, CM_TRAIN_VEC_COUNT };
+/* G: the gradients the windows since the last FETCH of G added (data
+ * parallelism takes them per window: a FETCH of G clears what it sent). */
+enum cm_train_vec { CM_TRAIN_VEC_W = 0, CM_TRAIN_VEC_M1 = 1, CM_TRAIN_VEC_M2 = 2, CM_TRAIN_VEC_G = 3, CM_TRAIN_VEC_COUNT };
 #define CM_TRAIN_F_TARGETS 1u
 #define CM_TRAIN_F_BACKWARD 2u
 #define CM_MSG_MAX_TRAIN_RANK 1024u

@@ -43,6 +43,10 @@ typedef struct cm_train_exec {
                   float dropout, uint64_t drop_key, double *loss, int *n_targets, char *err, size_t errlen);
     int (*step)(void *user, float lr, float beta1, float beta2, float eps, float wd, char *err, size_t errlen);
     int (*gather)(void *user, cm_tadapter *ad, char *err, size_t errlen);
+    /* NULL, or: window may only queue a backward window (loss 0); flush,
+     * before each step, runs the queued ones and adds their summed loss (in
+     * window order) to *loss. */
+    int (*flush)(void *user, double *loss, char *err, size_t errlen);
 } cm_train_exec;
 
 typedef struct cm_finetune_opts {

@@ -191,7 +191,7 @@ int cm_finetune_run(const cm_model *m, const cm_tdata *d, const cm_finetune_opts
     if (!o->steps && !o->epochs && r.steps < 50) r.steps = 50; /* a small dataset still gets enough steps to learn */
     r.warmup = o->warmup >= 0 ? o->warmup : (int)(r.steps / 20);
     if (!rc) rc = cm_tadapter_new(&r.ad, m, o->rank, o->alpha, o->targets, o->seed, err, errlen);
-    const cm_train_exec local = {&r, local_load, local_window, local_step, local_gather};
+    const cm_train_exec local = {&r, local_load, local_window, local_step, local_gather, NULL};
     r.ex = o->exec ? o->exec : &local;
     cm_pool *pool = !o->exec && o->n_threads > 1 ? cm_pool_new(o->n_threads) : NULL;
     if (!rc && !o->exec && o->n_threads > 1 && !pool)
@@ -234,6 +234,11 @@ int cm_finetune_run(const cm_model *m, const cm_tdata *d, const cm_finetune_opts
                               mix(o->seed ^ ((uint64_t)k << 1)), &l, &n_t, err, errlen);
             loss += l;
             tokens += T;
+        }
+        if (!rc && r.ex->flush) {
+            double l = 0;
+            rc = r.ex->flush(r.ex->user, &l, err, errlen);
+            loss += l;
         }
         st.epoch = (int)(k0 / r.n_win);
         if (!rc) rc = r.ex->step(r.ex->user, lr, 0.9f, 0.999f, 1e-8f, o->weight_decay, err, errlen);

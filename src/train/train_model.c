@@ -40,6 +40,8 @@ struct cm_trainer {
     cm_pool *pool; /* NULL: the caller's thread only */
     float *mtmp;   /* [T][max n_in]: one block's share of W^T dy */
     float *logits; /* [T][V] */
+    float *gw;     /* [ad->n_params]: one window's gradients (cm_train_back), added to ad->g at its end */
+    size_t g_off, g_n; /* the span of layers [l0, l1)'s pairs in ad's vectors */
     /* the current window's dropout */
     float drop;
     uint64_t drop_key, win_key; /* win_key: the window's key, drop_key the layer's */
@@ -488,12 +490,20 @@ void cm_train_back(cm_trainer *tr, const float *dy, float *dx) {
     const int T = tr->T;
     const int64_t E = tr->E;
     if (dy) memcpy(tr->dx, dy, (size_t)(T * E) * sizeof(float));
+    /* The window's gradients start from 0 and join ad->g at the end: the
+     * step's sum is then over whole windows in window order, which replicas
+     * that each compute some of the windows can reproduce (train_pipe.h). */
+    float *g = tr->ad->g;
+    memset(tr->gw + tr->g_off, 0, tr->g_n * sizeof(float));
+    tr->ad->g = tr->gw;
     for (int il = tr->l1 - 1; il >= tr->l0; il--) {
         tr->drop_key = mix64(tr->win_key + (uint64_t)il);
         const float *x = xs_at(tr, il);
         layer_fwd(tr, il, x, T, tr->dtmp + T); /* recompute; the output itself is not needed */
         layer_back(tr, il, x, T, 1.0f);
     }
+    tr->ad->g = g;
+    for (size_t i = tr->g_off; i < tr->g_off + tr->g_n; i++) g[i] += tr->gw[i];
     if (dx && tr->l0 > 0) memcpy(dx, tr->dx, (size_t)(T * E) * sizeof(float));
 }
 
@@ -559,7 +569,7 @@ int cm_trainer_new_range(cm_trainer **out, const cm_model *m, cm_tadapter *ad, i
         {&tr->dao, T * (Q > KV ? Q : KV)}, {&tr->da, T * F}, {&tr->dg, T * F}, {&tr->du, T * F}, {&tr->dhn, T * E},
         {&tr->dtmp, T + T * E}, {&tr->xd, T * mx}, {&tr->ax, T * ad->rank}, {&tr->dax, ad->rank},
         {&tr->wrow, nth * ROWS * mx}, {&tr->wt, nth * ROWS * mx}, {&tr->mtmp, T * mx},
-        {&tr->logits, l1 == hp->n_layer ? T * tr->V : 1},
+        {&tr->logits, l1 == hp->n_layer ? T * tr->V : 1}, {&tr->gw, (int64_t)ad->n_params + 1},
     };
     // clang-format on
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
@@ -569,6 +579,7 @@ int cm_trainer_new_range(cm_trainer **out, const cm_model *m, cm_tadapter *ad, i
             return cm_errf(err, errlen, CM_ENOMEM, "out of memory for the training workspace (context %d)", n_ctx);
         }
     }
+    cm_tadapter_span(ad, l0, l1, &tr->g_off, &tr->g_n);
     for (int j = 0; j < n_ctx; j++)
         cm_rope_cache(&hp->rope_scaling, hp->n_rot, hp->rope_base, m->rope_freqs.data, (float)j,
                       tr->rope + (int64_t)j * hp->n_rot);
@@ -581,7 +592,7 @@ void cm_trainer_free(cm_trainer *tr) {
     float *bufs[] = {tr->rope, tr->xs, tr->xn,  tr->rinv1, tr->qraw, tr->kraw,  tr->q,     tr->k_, tr->v,   tr->qri,
                      tr->kri,  tr->P,  tr->ao,  tr->h,     tr->hn,   tr->rinv2, tr->g,     tr->u,  tr->a,   tr->dx,
                      tr->dxn,  tr->dq, tr->dk,  tr->dv,    tr->dao,  tr->da,    tr->dg,    tr->du, tr->dhn, tr->dtmp,
-                     tr->xd,   tr->ax, tr->dax, tr->wrow,  tr->wt,   tr->mtmp,  tr->logits};
+                     tr->xd,   tr->ax, tr->dax, tr->wrow,  tr->wt,   tr->mtmp,  tr->logits, tr->gw};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) cm_free(bufs[i]);
     cm_free(tr);
 }

@@ -11,10 +11,15 @@
 #     stages: the checkpoints (gathered slices: parameters, both moments,
 #     step) and the adapter equal one machine's; --resume on the cluster from
 #     one machine's step-3 checkpoint ends with the same bytes.
-# (c) A tensor-parallel plan is refused with one line; a node killed with -9
-#     mid-run fails the run with one line naming it, and resuming from its
-#     last checkpoint (here, on this machine) ends with the uninterrupted
-#     run's adapter.
+# (c) Data parallelism: 2 replicas (each this machine's layers [0, 2) and one
+#     node's [2, 5)) split every step's windows, with dropout, accumulation
+#     and checkpoints: the checkpoints and the adapter equal one machine's;
+#     nodes that do not split into the replicas are one line.
+# (d) A tensor-parallel plan is refused with one line; a node killed with -9
+#     mid-run: the run re-plans on the survivor, resumes from its last
+#     checkpoint by itself and ends with the uninterrupted run's adapter;
+#     with 2 data-parallel replicas, the replica that lost its only node is
+#     left out and the other ends the run, with that adapter too.
 cd "$(dirname "$0")/../.." || exit 1
 . tests/sh/lib/cluster_common.sh
 . tests/sh/lib/finetune_data.sh
@@ -59,7 +64,22 @@ done
     bad "resume on the cluster: $(tail -1 "$TMP/r3.err")"
 cmp -s "$TMP/r1.gguf" "$TMP/r3.gguf" && ok || bad "resumed on the cluster: the adapter differs"
 
-# (c) refusals and a lost node
+# (c) data parallelism: 2 replicas of a 2-stage pipeline
+# shellcheck disable=SC2086
+if "$BIN" finetune "$M" --data "$TMP/data.jsonl" --out "$TMP/dp.gguf" $R --data-parallel 2 --nodes "$A,$B" --layers 2,3 2>"$TMP/dp.err"; then
+    grep -q "data parallel: 2 replicas, each a pipeline of 2 stages" "$TMP/dp.err" && ok || bad "data parallel: $(grep -i 'parallel\|stage' "$TMP/dp.err" | head -3)"
+    for f in gguf gguf.ckpt-3.gguf gguf.ckpt-6.gguf; do
+        cmp -s "$TMP/r1.$f" "$TMP/dp.$f" && ok || bad "2 data-parallel replicas: dp.$f differs from one machine's"
+    done
+    cmp -s "$TMP/r1.gguf.svg" "$TMP/dp.gguf.svg" && ok || bad "2 data-parallel replicas: the loss curve differs"
+    echo "# 2 replicas: $(grep 'MiB of' "$TMP/dp.err" | sed 's/^finetune: //')"
+else
+    bad "data parallel: $(tail -3 "$TMP/dp.err")"
+fi
+"$BIN" finetune "$M" --data "$TMP/data.jsonl" --out "$TMP/dp1.gguf" --steps 1 --data-parallel 2 --nodes "$A" 2>"$TMP/dp1.err"
+[ $? -eq 1 ] && grep -q "^cumulo: .*1 nodes do not split into 2 replicas" "$TMP/dp1.err" && ok || bad "1 node, 2 replicas: $(tail -2 "$TMP/dp1.err")"
+
+# (d) refusals and a lost node
 "$BIN" finetune "$M" --data "$TMP/data.jsonl" --out "$TMP/tp.gguf" --steps 1 --nodes "$A" --parallel tp 2>"$TMP/tp.err"
 [ $? -eq 1 ] && grep -q "^cumulo: .*training runs on a pipeline plan" "$TMP/tp.err" && ok || bad "tensor-parallel plan: $(tail -2 "$TMP/tp.err")"
 K="--ctx 32 --batch 2 --steps 200 --save-every 5 --threads 1"
@@ -70,15 +90,26 @@ i=0; while [ ! -f "$TMP/k.gguf.ckpt-10.gguf" ] && [ $i -lt 600 ] && kill -0 $kp 
 kill -9 "$(echo $CC_PIDS | cut -d' ' -f2)" 2>/dev/null # node b
 wait $kp
 rc=$?
-last=$(ls "$TMP"/k.gguf.ckpt-*.gguf 2>/dev/null | sed 's/.*ckpt-\([0-9]*\).gguf/\1/' | sort -n | tail -1)
-echo "# node b killed mid-run: exit $rc, last checkpoint at step $last: $(grep -v '^cumulo: \(warning\|info\|error\):' "$TMP/k.err" | tail -1)"
-grep -v '^cumulo: \(warning\|info\|error\):' "$TMP/k.err" | grep '^cumulo: ' >"$TMP/k.line"
-[ $rc -eq 1 ] && [ "$(wc -l <"$TMP/k.line")" -eq 1 ] && grep -q "$B" "$TMP/k.line" && ok || bad "a lost node: exit $rc, $(tail -2 "$TMP/k.err")"
-# shellcheck disable=SC2086
-"$BIN" finetune "$M" --data "$TMP/data.jsonl" --out "$TMP/k.gguf" $K --resume "$TMP/k.gguf.ckpt-$last.gguf" 2>"$TMP/err" || bad "resume after the loss: $(tail -1 "$TMP/err")"
+echo "# node b killed mid-run: exit $rc: $(grep 're-planning' "$TMP/k.err" | head -1)"
+echo "# after the loss: $(grep 'pipeline of\|trains alone' "$TMP/k.err" | tail -1)"
+[ $rc -eq 0 ] && grep -q "re-planning on the surviving nodes and resuming from $TMP/k.gguf.ckpt-" "$TMP/k.err" && ok || bad "a lost node: exit $rc, $(tail -3 "$TMP/k.err")"
 # shellcheck disable=SC2086
 "$BIN" finetune "$M" --data "$TMP/data.jsonl" --out "$TMP/k2.gguf" $K 2>/dev/null || bad "k2"
-[ -n "$last" ] && cmp -s "$TMP/k.gguf" "$TMP/k2.gguf" && ok || bad "resumed after losing a node at step $last: adapter differs"
+cmp -s "$TMP/k.gguf" "$TMP/k2.gguf" && ok || bad "resumed by itself after losing a node: the adapter differs"
+cmp -s "$TMP/k.gguf.svg" "$TMP/k2.gguf.svg" && ok || bad "resumed by itself after losing a node: the loss curve differs"
+# the same with 2 data-parallel replicas: replica 1's only node lost, replica 0 goes on alone
+cc_start_node c --no-mdns --models "$SHARED/models"
+C3=127.0.0.1:$NODE_PORT
+# shellcheck disable=SC2086
+"$BIN" finetune "$M" --data "$TMP/data.jsonl" --out "$TMP/kd.gguf" $K --data-parallel 2 --nodes "$A,$C3" --layers 2,3 2>"$TMP/kd.err" &
+kp=$!
+i=0; while [ ! -f "$TMP/kd.gguf.ckpt-10.gguf" ] && [ $i -lt 600 ] && kill -0 $kp 2>/dev/null; do sleep 0.1; i=$((i + 1)); done
+kill -9 "$(echo $CC_PIDS | cut -d' ' -f3)" 2>/dev/null # node c
+wait $kp
+rc=$?
+echo "# 2 replicas, node c killed mid-run: exit $rc: $(grep 'left out\|pipeline of' "$TMP/kd.err" | tail -2 | tr '\n' ' ')"
+[ $rc -eq 0 ] && grep -q "re-planning on the surviving nodes and resuming from $TMP/kd.gguf.ckpt-" "$TMP/kd.err" && ok || bad "2 replicas, a lost node: exit $rc, $(tail -3 "$TMP/kd.err")"
+cmp -s "$TMP/kd.gguf" "$TMP/k2.gguf" && ok || bad "2 replicas, resumed after losing a node: the adapter differs"
 
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -223,7 +223,7 @@ static void sample(unsigned type, cm_msg *m, int variant) {
             t->op = CM_TRAIN_FWD, t->flags = CM_TRAIN_F_TARGETS | CM_TRAIN_F_BACKWARD, t->n_rows = 8, t->dim = 5;
             t->f[0] = 1.0f / 37, t->f[1] = 0.1f, t->target = tgt, t->data = g_hidden;
         } else if (variant == 1) {
-            t->op = CM_TRAIN_SLICE, t->vec = CM_TRAIN_VEC_M2, t->n_rows = 1, t->dim = 33, t->offset = 1u << 20;
+            t->op = CM_TRAIN_SLICE, t->vec = CM_TRAIN_VEC_G, t->n_rows = 1, t->dim = 33, t->offset = 1u << 20;
             t->data = g_partial;
         } else {
             t->op = CM_TRAIN_SETUP, t->rank = 8, t->targets = 0x7f, t->n_ctx = 256, t->f[0] = 16;
@@ -833,7 +833,12 @@ static void test_encode_bounds(void) {
         sample(CM_MSG_TRAIN, &m, 0);
         m.u.train.f[1] = NAN;
         CHECK(cm_msg_encode(&m, NULL, 0, &n, e, sizeof e) == CM_EINVAL);
-        sample(CM_MSG_TRAIN, &m, 1);
+        sample(CM_MSG_TRAIN, &m, 1); /* a SLICE of gradients (data parallelism), and no vector past G */
+        n = enc(&m, tb, sizeof tb);
+        CHECK(cm_msg_decode(CM_MSG_TRAIN, tb, n, &d, e, sizeof e) == 0 && d.u.train.vec == CM_TRAIN_VEC_G);
+        tb[18] = CM_TRAIN_VEC_COUNT;
+        CHECK(cm_msg_decode(CM_MSG_TRAIN, tb, n, &d, e, sizeof e) == CM_EFORMAT);
+        CHECKF(strstr(e, "'vec'") != NULL, "%s", e);
         m.u.train.dim = CM_MSG_MAX_TRAIN_SLICE + 1;
         CHECK(cm_msg_encode(&m, NULL, 0, &n, e, sizeof e) == CM_EINVAL);
         sample(CM_MSG_TRAIN, &m, 2);

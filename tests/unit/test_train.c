@@ -350,6 +350,56 @@ out:
     tiny_close(&t);
 }
 
+/* Data parallelism (coord_train_dp.c): each window's gradients start from
+ * zero and join ad->g at the end of its backward, so two replicas that
+ * each run some of a step's windows, taking every window's gradients out
+ * and adding them in window order, give one trainer's gradient bits. */
+static void test_replicas(void) {
+    tiny t;
+    if (tiny_open(&t, "llama", "q8_0")) {
+        CHECK(0);
+        return;
+    }
+    enum { W = 3 };
+    cm_tadapter *ad = NULL, *rp[2] = {0};
+    cm_trainer *tr = NULL, *rt[2] = {0};
+    float *sum = NULL, *wg[W] = {0};
+    CHECK(cm_tadapter_new(&ad, &t.m, 4, 8.0f, CM_TRAIN_TARGETS_ALL, 5, errbuf, sizeof errbuf) == 0);
+    if (!ad) goto out;
+    for (size_t i = 0; i < ad->n_params; i++) ad->w[i] += 0.01f * (float)(i % 5); /* B != 0 */
+    CHECK(cm_trainer_new(&tr, &t.m, ad, T, NULL, errbuf, sizeof errbuf) == 0);
+    sum = cm_calloc(ad->n_params, sizeof(float));
+    for (int r = 0; r < 2; r++) {
+        CHECK(cm_tadapter_new(&rp[r], &t.m, 4, 8.0f, CM_TRAIN_TARGETS_ALL, 5, errbuf, sizeof errbuf) == 0);
+        if (!rp[r]) goto out;
+        memcpy(rp[r]->w, ad->w, ad->n_params * sizeof(float));
+        CHECK(cm_trainer_new(&rt[r], &t.m, rp[r], T, NULL, errbuf, sizeof errbuf) == 0);
+    }
+    for (int k = 0; k < W; k++) wg[k] = cm_malloc(ad->n_params * sizeof(float));
+    if (!tr || !sum || !rt[0] || !rt[1] || !wg[0] || !wg[1] || !wg[2]) goto out;
+    int nt;
+    for (int k = 0; k < W; k++) cm_train_window(tr, TOK, TGT, T, true, 0.1f + 0.3f * (float)k, 0.2f, 7 + (uint64_t)k, &nt);
+    for (int k = 0; k < W; k++) { /* replica 0 takes windows 0 and 1, replica 1 window 2 */
+        cm_tadapter *a = rp[k < 2 ? 0 : 1];
+        cm_train_window(rt[k < 2 ? 0 : 1], TOK, TGT, T, true, 0.1f + 0.3f * (float)k, 0.2f, 7 + (uint64_t)k, &nt);
+        memcpy(wg[k], a->g, ad->n_params * sizeof(float));
+        memset(a->g, 0, ad->n_params * sizeof(float));
+    }
+    for (int k = 0; k < W; k++)
+        for (size_t i = 0; i < ad->n_params; i++) sum[i] += wg[k][i];
+    CHECKF(!memcmp(sum, ad->g, ad->n_params * sizeof(float)), "%s", "the replicas' windows summed in order: other bits");
+out:
+    for (int k = 0; k < W; k++) cm_free(wg[k]);
+    for (int r = 0; r < 2; r++) {
+        cm_trainer_free(rt[r]);
+        cm_tadapter_free(rp[r]);
+    }
+    cm_free(sum);
+    cm_trainer_free(tr);
+    cm_tadapter_free(ad);
+    tiny_close(&t);
+}
+
 static void test_adamw(void) {
     tiny t;
     if (tiny_open(&t, "llama", "f32")) {
@@ -440,6 +490,7 @@ int main(void) {
     RUN(test_threads);
     RUN(test_adamw);
     RUN(test_stages);
+    RUN(test_replicas);
     RUN(test_matches_inference);
     TEST_END();
 }
