@@ -13,6 +13,13 @@
 #include <stdio.h>
 #include <string.h>
 
+typedef struct twin {
+    int32_t *tok, *tgt; /* [n_ctx] */
+    int T;
+    float weight, dropout;
+    uint64_t key;
+} twin;
+
 struct cm_train_pipe {
     cm_pipe *p;
     const cm_model *m;
@@ -26,6 +33,9 @@ struct cm_train_pipe {
     cm_trainer *tr0;
     float *x; /* [n_ctx][E]: rows on their way down or up */
     cm_train_exec ex;
+    twin *q; /* the step's backward windows, queued until the flush */
+    int n_q, cap_q;
+    cm_train_saved sv[2]; /* stage 0's state of this window and of the next */
     uint64_t next_id;
     uint64_t sent, received;
     /* the answer awaited, under p->mu */
@@ -66,8 +76,10 @@ void cm_coord_on_train(cm_pipe *p, remote *r, const cm_msg_train *q) {
 }
 
 /* Send q to stage s's node; with buf, wait for its answer (into buf, up to
- * cap floats). A failure fails the pipe. */
-static int ask(cm_train_pipe *t, int s, cm_msg *m, float *buf, size_t cap, char *err, size_t errlen) {
+ * cap floats), calling meanwhile (when not NULL) once it is sent. A
+ * failure fails the pipe. */
+static int ask_ex(cm_train_pipe *t, int s, cm_msg *m, float *buf, size_t cap, void (*meanwhile)(void *), void *ctx,
+                  char *err, size_t errlen) {
     cm_pipe *p = t->p;
     remote *r = t->node[s];
     m->u.train.epoch = atomic_load(&p->epoch);
@@ -89,6 +101,7 @@ static int ask(cm_train_pipe *t, int s, cm_msg *m, float *buf, size_t cap, char 
     }
     t->sent += (uint64_t)m->u.train.n_rows * m->u.train.dim * 4;
     if (!buf) return 0;
+    if (meanwhile) meanwhile(ctx);
     /* A node's stage of a big model may compute for long; its heartbeats
      * show it alive meanwhile, so the bound is the loading one. */
     const uint64_t deadline = cm_now_ns() + (uint64_t)CM_PIPE_LOAD_MS * 1000000ull;
@@ -98,6 +111,10 @@ static int ask(cm_train_pipe *t, int s, cm_msg *m, float *buf, size_t cap, char 
     t->buf = NULL;
     pthread_mutex_unlock(&p->mu);
     return rc;
+}
+
+static int ask(cm_train_pipe *t, int s, cm_msg *m, float *buf, size_t cap, char *err, size_t errlen) {
+    return ask_ex(t, s, m, buf, cap, NULL, NULL, err, errlen);
 }
 
 enum { N_STATE = CM_TRAIN_VEC_G }; /* the vectors a slice's state is: W, M1, M2 */
@@ -112,6 +129,9 @@ static int tp_load(void *user, const cm_tadapter *ad, char *err, size_t errlen) 
     if (!t->ad0) {
         int rc = cm_tadapter_new_range(&t->ad0, t->m, ad->rank, ad->alpha, ad->targets, 0, t->last[0], err, errlen);
         if (!rc) rc = cm_trainer_new_range(&t->tr0, t->m, t->ad0, 0, t->last[0], t->n_ctx, t->pool, err, errlen);
+        for (int i = 0; !rc && i < 2; i++)
+            if (!(t->sv[i].xs = cm_malloc(cm_train_saved_floats(t->tr0) * sizeof(float))))
+                rc = cm_errf(err, errlen, CM_ENOMEM, "out of memory");
         if (rc) return rc;
     }
     CM_ASSERT(t->ad0->n_params == t->n[0] && t->off[0] == 0);
@@ -162,13 +182,33 @@ static int tp_gather(void *user, cm_tadapter *ad, char *err, size_t errlen) {
     return 0;
 }
 
-static int tp_window(void *user, const int32_t *tokens, const int32_t *target, int T, bool backward, float weight,
-                     float dropout, uint64_t drop_key, double *loss, int *n_targets, char *err, size_t errlen) {
-    cm_train_pipe *t = user;
+/* Stage 0, while the nodes work on this window: the next window's forward,
+ * kept in sv[1] (this one's state goes back into the trainer). */
+typedef struct ahead {
+    cm_train_pipe *t;
+    const twin *next;
+} ahead;
+
+static void fwd_ahead(void *ctx) {
+    const ahead *a = ctx;
+    cm_train_pipe *t = a->t;
+    cm_train_save(t->tr0, &t->sv[0]);
+    cm_train_fwd(t->tr0, a->next->tok, NULL, a->next->T, a->next->dropout, a->next->key);
+    cm_train_save(t->tr0, &t->sv[1]);
+    cm_train_restore(t->tr0, &t->sv[0]);
+}
+
+/* One window down the stages and back; fwd_done: stage 0's forward is in
+ * the trainer already; next (or NULL): the window whose stage-0 forward to
+ * compute while the nodes work on this one. */
+static int run_window(cm_train_pipe *t, const int32_t *tokens, const int32_t *target, int T, bool backward,
+                      float weight, float dropout, uint64_t drop_key, bool fwd_done, const twin *next, double *loss,
+                      int *n_targets, char *err, size_t errlen) {
     const size_t cap = (size_t)t->n_ctx * (size_t)t->E, rows = (size_t)T * (size_t)t->E;
     CM_ASSERT(T >= 1 && T <= t->n_ctx);
-    cm_train_fwd(t->tr0, tokens, NULL, T, dropout, drop_key);
+    if (!fwd_done) cm_train_fwd(t->tr0, tokens, NULL, T, dropout, drop_key);
     memcpy(t->x, cm_train_out(t->tr0), rows * sizeof(float));
+    ahead ah = {t, next};
     int rc = 0;
     for (int s = 1; !rc && s < t->n_stages; s++) { /* down: each stage's output is the next one's input */
         const bool last = s == t->n_stages - 1;
@@ -181,7 +221,7 @@ static int tp_window(void *user, const int32_t *tokens, const int32_t *target, i
             m.u.train.flags = CM_TRAIN_F_TARGETS | (backward ? CM_TRAIN_F_BACKWARD : 0);
             m.u.train.target = target;
         }
-        rc = ask(t, s, &m, t->x, cap, err, errlen);
+        rc = ask_ex(t, s, &m, t->x, cap, s == 1 && next ? fwd_ahead : NULL, &ah, err, errlen);
         if (!rc && t->rows != (last && !backward ? 0u : (uint32_t)T))
             rc = cm_errf(err, errlen, CM_EPROTO, "stage %d answered %u rows for %d", s, t->rows, T);
     }
@@ -197,6 +237,58 @@ static int tp_window(void *user, const int32_t *tokens, const int32_t *target, i
             rc = cm_errf(err, errlen, CM_EPROTO, "stage %d answered %u rows for %d", s, t->rows, T);
     }
     if (!rc) cm_train_back(t->tr0, t->x, NULL);
+    return rc;
+}
+
+/* An eval runs at once; a backward window waits in the queue for tp_flush. */
+static int tp_window(void *user, const int32_t *tokens, const int32_t *target, int T, bool backward, float weight,
+                     float dropout, uint64_t drop_key, double *loss, int *n_targets, char *err, size_t errlen) {
+    cm_train_pipe *t = user;
+    if (!backward)
+        return run_window(t, tokens, target, T, false, weight, dropout, drop_key, false, NULL, loss, n_targets, err,
+                          errlen);
+    if (t->n_q == t->cap_q) {
+        const int cap = t->cap_q ? 2 * t->cap_q : 8;
+        twin *nq = cm_realloc(t->q, (size_t)cap * sizeof *nq);
+        if (!nq) return cm_errf(err, errlen, CM_ENOMEM, "out of memory");
+        t->q = nq;
+        for (int i = t->cap_q; i < cap; i++) {
+            twin *w = &t->q[i];
+            *w = (twin){0};
+            w->tok = cm_malloc((size_t)t->n_ctx * sizeof(int32_t));
+            w->tgt = cm_malloc((size_t)t->n_ctx * sizeof(int32_t));
+            t->cap_q = i + 1;
+            if (!w->tok || !w->tgt) return cm_errf(err, errlen, CM_ENOMEM, "out of memory");
+        }
+    }
+    CM_ASSERT(T >= 1 && T <= t->n_ctx);
+    twin *w = &t->q[t->n_q++];
+    memcpy(w->tok, tokens, (size_t)T * sizeof(int32_t));
+    memcpy(w->tgt, target, (size_t)T * sizeof(int32_t));
+    *w = (twin){w->tok, w->tgt, T, weight, dropout, drop_key};
+    *loss = 0;
+    *n_targets = 0;
+    return 0;
+}
+
+/* The queued windows in order, stage 0 one window ahead of the nodes:
+ * the same operations on the same values as one at a time (the gradients
+ * join in window order), so the same bits. */
+static int tp_flush(void *user, double *loss, char *err, size_t errlen) {
+    cm_train_pipe *t = user;
+    double sum = 0;
+    int rc = 0;
+    for (int i = 0; !rc && i < t->n_q; i++) {
+        const twin *w = &t->q[i];
+        if (i > 0) cm_train_restore(t->tr0, &t->sv[1]); /* computed during window i - 1 */
+        double l = 0;
+        int nt;
+        rc = run_window(t, w->tok, w->tgt, w->T, true, w->weight, w->dropout, w->key, i > 0,
+                        i + 1 < t->n_q ? &t->q[i + 1] : NULL, &l, &nt, err, errlen);
+        sum += l;
+    }
+    t->n_q = 0;
+    if (!rc) *loss += sum;
     return rc;
 }
 
@@ -283,7 +375,7 @@ int cm_train_pipe_new(cm_train_pipe **out, cm_pipe *p, const cm_model *m, int n_
         cm_train_pipe_free(t);
         return cm_errf(err, errlen, CM_ENOMEM, "out of memory");
     }
-    t->ex = (cm_train_exec){t, tp_load, tp_window, tp_step, tp_gather, NULL};
+    t->ex = (cm_train_exec){t, tp_load, tp_window, tp_step, tp_gather, tp_flush};
     pthread_mutex_lock(&p->mu);
     p->train = t;
     pthread_mutex_unlock(&p->mu);
@@ -296,6 +388,13 @@ void cm_train_pipe_free(cm_train_pipe *t) {
     pthread_mutex_lock(&t->p->mu);
     if (t->p->train == t) t->p->train = NULL;
     pthread_mutex_unlock(&t->p->mu);
+    for (int i = 0; i < t->cap_q; i++) {
+        cm_free(t->q[i].tok);
+        cm_free(t->q[i].tgt);
+    }
+    cm_free(t->q);
+    cm_free(t->sv[0].xs);
+    cm_free(t->sv[1].xs);
     cm_trainer_free(t->tr0);
     cm_tadapter_free(t->ad0);
     cm_pool_free(t->pool);

@@ -111,6 +111,7 @@ static void *rep_main(void *arg) {
         int nt;
         q->rc = e->window(e->user, j->tok, j->tgt, j->T, true, j->weight, j->dropout, j->key, &j->loss, &nt, q->err,
                           sizeof q->err);
+        if (!q->rc && e->flush) q->rc = e->flush(e->user, &j->loss, q->err, sizeof q->err); /* just this window */
         if (!q->rc) q->rc = cm_train_pipe_take_grad(d->rep[q->r], j->g, q->err, sizeof q->err);
     }
     return NULL;

@@ -116,6 +116,20 @@ const float *cm_train_out(const cm_trainer *tr); /* [T][n_embd], valid until the
 double cm_train_head(cm_trainer *tr, const int32_t *target, bool backward, float weight, int *n_targets);
 void cm_train_back(cm_trainer *tr, const float *dy, float *dx);
 
+/* A window's forward state (its layer inputs, size, dropout), so that a
+ * stage can compute another window's forward before this one's backward
+ * (coord_train.c overlaps stage 0 with the nodes so). xs: the caller's
+ * buffer of cm_train_saved_floats floats. */
+typedef struct cm_train_saved {
+    float *xs;
+    int T;
+    float drop;
+    uint64_t key;
+} cm_train_saved;
+size_t cm_train_saved_floats(const cm_trainer *tr);
+void cm_train_save(const cm_trainer *tr, cm_train_saved *s);
+void cm_train_restore(cm_trainer *tr, const cm_train_saved *s);
+
 /* One window: tokens[0..n) at positions 0..n-1, target[i] the token that
  * should follow tokens[i] (-1: no loss at i). Returns the summed
  * cross-entropy (natural log) over the targets and their count in

@@ -507,6 +507,18 @@ void cm_train_back(cm_trainer *tr, const float *dy, float *dx) {
     if (dx && tr->l0 > 0) memcpy(dx, tr->dx, (size_t)(T * E) * sizeof(float));
 }
 
+size_t cm_train_saved_floats(const cm_trainer *tr) { return (size_t)(tr->l1 - tr->l0 + 1) * tr->n_ctx * tr->E; }
+
+void cm_train_save(const cm_trainer *tr, cm_train_saved *s) {
+    memcpy(s->xs, tr->xs, (size_t)(tr->l1 - tr->l0 + 1) * tr->T * tr->E * sizeof(float));
+    s->T = tr->T, s->drop = tr->drop, s->key = tr->win_key;
+}
+
+void cm_train_restore(cm_trainer *tr, const cm_train_saved *s) {
+    tr->T = s->T, tr->drop = s->drop, tr->win_key = s->key;
+    memcpy(tr->xs, s->xs, (size_t)(tr->l1 - tr->l0 + 1) * tr->T * tr->E * sizeof(float));
+}
+
 double cm_train_window(cm_trainer *tr, const int32_t *tokens, const int32_t *target, int T, bool backward, float weight,
                        float dropout, uint64_t drop_key, int *n_targets) {
     CM_ASSERT(tr->l0 == 0 && tr->l1 == tr->m->hp.n_layer);
