@@ -12,9 +12,11 @@
  * pieces and the floats cross the links unchanged, so the adapter is the
  * one a single machine trains, bit for bit.
  *
- * NEEDSWORK: the coordinator relays every hop (a star, not node to node)
- * and a window goes through the stages one at a time (no micro-batches in
- * flight, no 1F1B): stages do not overlap yet. A lost node fails the pipe
+ * A step's windows are queued and flushed with this machine one window
+ * ahead: it computes the next window's forward while the nodes work on
+ * this one. NEEDSWORK: the coordinator relays every hop (a star, not node
+ * to node) and a node holds one window (no full 1F1B with micro-batches in
+ * flight on every stage): the nodes take turns. A lost node fails the pipe
  * and the run; cmd_finetune.c then re-plans (cm_pipe_recover) and resumes
  * from the last checkpoint on a new cm_train_pipe.
  */
