@@ -400,6 +400,53 @@ out:
     tiny_close(&t);
 }
 
+/* cm_train_save / cm_train_restore (coord_train.c's stage 0 one window
+ * ahead): window B's forward between window A's forward and backward
+ * changes no bit of A's loss and gradients, nor of B's after. */
+static void test_ahead(void) {
+    tiny t;
+    if (tiny_open(&t, "qwen2", "f32")) {
+        CHECK(0);
+        return;
+    }
+    static const int32_t TOK2[T] = {3, 41, 78, 2, 13, 151, 65};
+    cm_tadapter *a1 = NULL, *a2 = NULL;
+    cm_trainer *t1 = NULL, *t2 = NULL;
+    cm_train_saved sv[2] = {{0}};
+    CHECK(cm_tadapter_new(&a1, &t.m, 4, 8.0f, CM_TRAIN_TARGETS_ALL, 9, errbuf, sizeof errbuf) == 0);
+    CHECK(cm_tadapter_new(&a2, &t.m, 4, 8.0f, CM_TRAIN_TARGETS_ALL, 9, errbuf, sizeof errbuf) == 0);
+    if (!a1 || !a2) goto out;
+    for (size_t i = 0; i < a1->n_params; i++) a1->w[i] = a2->w[i] = a1->w[i] + 0.01f * (float)(i % 3);
+    CHECK(cm_trainer_new(&t1, &t.m, a1, T, NULL, errbuf, sizeof errbuf) == 0);
+    CHECK(cm_trainer_new(&t2, &t.m, a2, T, NULL, errbuf, sizeof errbuf) == 0);
+    if (!t1 || !t2) goto out;
+    for (int i = 0; i < 2; i++) sv[i].xs = cm_malloc(cm_train_saved_floats(t2) * sizeof(float));
+    if (!sv[0].xs || !sv[1].xs) goto out;
+    int n1, n2;
+    const double la = cm_train_window(t1, TOK, TGT, T, true, 0.5f, 0.25f, 11, &n1);
+    const double lb = cm_train_window(t1, TOK2, TGT, T - 2, true, 0.5f, 0.25f, 12, &n1);
+    cm_train_fwd(t2, TOK, NULL, T, 0.25f, 11);
+    cm_train_save(t2, &sv[0]);
+    cm_train_fwd(t2, TOK2, NULL, T - 2, 0.25f, 12);
+    cm_train_save(t2, &sv[1]);
+    cm_train_restore(t2, &sv[0]);
+    const double la2 = cm_train_head(t2, TGT, true, 0.5f, &n2);
+    cm_train_back(t2, NULL, NULL);
+    cm_train_restore(t2, &sv[1]);
+    const double lb2 = cm_train_head(t2, TGT, true, 0.5f, &n2);
+    cm_train_back(t2, NULL, NULL);
+    CHECKF(la == la2 && lb == lb2, "losses %.17g %.17g vs %.17g %.17g", la, lb, la2, lb2);
+    CHECKF(!memcmp(a1->g, a2->g, a1->n_params * sizeof(float)), "%s", "one window ahead: other gradient bits");
+out:
+    cm_free(sv[0].xs);
+    cm_free(sv[1].xs);
+    cm_trainer_free(t1);
+    cm_trainer_free(t2);
+    cm_tadapter_free(a1);
+    cm_tadapter_free(a2);
+    tiny_close(&t);
+}
+
 static void test_adamw(void) {
     tiny t;
     if (tiny_open(&t, "llama", "f32")) {
@@ -491,6 +538,7 @@ int main(void) {
     RUN(test_adamw);
     RUN(test_stages);
     RUN(test_replicas);
+    RUN(test_ahead);
     RUN(test_matches_inference);
     TEST_END();
 }
