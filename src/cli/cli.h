@@ -87,6 +87,8 @@ const char *cli_chat_template(struct cm_engine *e, const char *tmpl, const char 
 
 struct cm_plan_request;
 int cli_plan_opt(int argc, char **argv, int *i, struct cm_plan_request *q);
+/* The help of cli_plan_opt's --expert-load (run and serve print it after their usage). */
+extern const char cli_expert_load_usage[];
 int cli_plan_check(const struct cm_plan_request *q);
 
 /* --lora FILE.gguf[:SCALE] (run, chat, serve; repeatable, summed): parsed

@@ -233,6 +233,7 @@ static int run_streams(cm_engine *e, int n, const int32_t *ptoks, int np, const 
 int cmd_run(int argc, char **argv) {
     if (cli_wants_help(argc, argv)) {
         fputs(k_run_usage, stdout);
+        fputs(cli_expert_load_usage, stdout);
         return 0;
     }
     const char *model = NULL, *prompt = NULL, *file = NULL, *tmpl = NULL, *system = NULL;
@@ -486,6 +487,12 @@ int cmd_run(int argc, char **argv) {
         cJSON_AddNumberToObject(tj, "gen_s", t.gen_s);
         cJSON_AddNumberToObject(tj, "gen_tps", gtps);
         cJSON_AddNumberToObject(tj, "peak_rss_bytes", (double)cm_peak_rss_bytes());
+        uint64_t hits[1024] = {0};
+        int nx = cm_engine_expert_hits(e, hits, 1024);
+        if (nx > 0) { /* routing counts (what --expert-load takes) */
+            cJSON *xa = cJSON_AddArrayToObject(j, "expert_hits");
+            for (int i = 0; i < nx && i < 1024; i++) cJSON_AddItemToArray(xa, cJSON_CreateNumber((double)hits[i]));
+        }
         uint64_t hb, hf, hr;
         if (cm_engine_hop_stats(e, &hb, &hf, &hr)) {
             cJSON *hj = cJSON_AddObjectToObject(j, "hop");

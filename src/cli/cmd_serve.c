@@ -76,6 +76,7 @@ static void log_line(void *ctx, const char *line) {
 int cmd_serve(int argc, char **argv) {
     if (cli_wants_help(argc, argv)) {
         fputs(k_serve_usage, stdout);
+        fputs(cli_expert_load_usage, stdout);
         return 0;
     }
     cm_http_opts o;

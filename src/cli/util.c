@@ -121,6 +121,10 @@ static int cli_counts(const char *opt, const char *val, long hi, int *v) {
     return n ? n : -1;
 }
 
+const char cli_expert_load_usage[] =
+    "  --expert-load N,N,...  ep: routed assignments per expert (run --json's expert_hits); the hot\n"
+    "                         experts get replicas on the least busy members of the expert group\n";
+
 int cli_plan_opt(int argc, char **argv, int *i, cm_plan_request *q) {
     const char *a = argv[*i], *v = *i + 1 < argc ? argv[*i + 1] : NULL;
     if (!strcmp(a, "--parallel")) {
@@ -135,6 +139,26 @@ int cli_plan_opt(int argc, char **argv, int *i, cm_plan_request *q) {
         if ((q->n_split = cli_counts(a, v, 1 << 20, q->split)) < 0) return -1;
     } else if (!strcmp(a, "--groups")) {
         if ((q->n_groups = cli_counts(a, v, 256, q->groups)) < 0) return -1;
+    } else if (!strcmp(a, "--expert-load")) {
+        static uint64_t load[1024]; /* outlives the request: the coordinator copies it at open */
+        int n = 0;
+        for (const char *s = v ? v : ""; *s; n++) {
+            char *e;
+            errno = 0;
+            unsigned long long x = strtoull(s, &e, 10);
+            if (n == 1024 || e == s || errno || *s == '-' || (*e && *e != ',')) {
+                n = 0;
+                break;
+            }
+            load[n] = x;
+            s = *e ? e + 1 : e;
+        }
+        if (n < 1) {
+            cli_fail("option '--expert-load' needs one routing count per expert like 90,3,4,3, not '%s'", v ? v : "");
+            return -1;
+        }
+        q->expert_load = load;
+        q->n_expert_load = n;
     } else if (!strcmp(a, "--tp-weights")) {
         int n = 0;
         for (const char *s = v ? v : ""; *s && n < CM_PLAN_MAX_NODES; n++) {

@@ -320,6 +320,7 @@ static int make_plan(cm_pipe *p, const cm_pipe_opts *o, cm_plan *plan, cm_plan_m
     const cm_plan_request *q = &o->plan;
     int rc = cm_plan_model_from_gguf(p->g, pm, err, errlen);
     if (!rc) rc = check_request(q, pm, err, errlen);
+    if (!rc && q->expert_load) rc = cm_coord_expert_load(p, q->expert_load, q->n_expert_load, err, errlen);
     if (rc) return rc;
     make_cluster(p, pc);
     cm_plan_opts po;
@@ -329,8 +330,9 @@ static int make_plan(cm_pipe *p, const cm_pipe_opts *o, cm_plan *plan, cm_plan_m
     po.kv_k32_bytes = (int)cm_row_size((enum cm_type)o->kv_type_k, 32); /* the planner counts the KV types */
     po.kv_v32_bytes = (int)cm_row_size((enum cm_type)o->kv_type_v, 32);
     po.mode = q->mode_set ? q->mode : q->n_groups ? CM_PARALLEL_HYBRID : CM_PARALLEL_PP;
-    po.reorder = true;             /* the pipeline's order follows the measured links */
-    if (po.mode != CM_PARALLEL_PP) /* relative speeds (tests, or known-unequal machines) */
+    po.reorder = true;               /* the pipeline's order follows the measured links */
+    po.expert_load = p->expert_load; /* hot experts: replicas in expert groups (NULL: none) */
+    if (po.mode != CM_PARALLEL_PP)   /* relative speeds (tests, or known-unequal machines) */
         for (int i = 0; i < q->n_weights && i < pc->n_nodes; i++) {
             pc->nodes[i].flops *= q->weights[i];
             pc->nodes[i].mem_bw *= q->weights[i];
@@ -567,6 +569,9 @@ void cm_pipe_close(cm_pipe *p) {
     pthread_mutex_destroy(&p->mu);
     pthread_cond_destroy(&p->cv);
     cm_free(p->slots);
+    cm_free(p->expert_load);
+    cm_free(p->ep_holders);
+    cm_ep_pack_free(&p->ep_pack);
     pthread_mutex_destroy(&p->info_mu);
     cm_free(p);
 }

@@ -257,6 +257,13 @@ static cm_expert_slice pipe_ep_experts(const cm_pipe *p) {
 static int pipe_ep_gather(void *user, float *y, int64_t row_len, const int32_t *rows, int n_expert) {
     cm_pipe *p = user;
     const cm_plan_stage *st0 = &p->plan.stages[0];
+    char e[300];
+    if (p->ep_holders && cm_coord_ep_holders(p)) { /* replicated experts: our runs, packed (ep_gather.c) */
+        int rc = cm_ep_gather_holders(p->coll, 0, st0->n_members, p->ep_holders, y, row_len, rows, n_expert,
+                                      &p->ep_pack, e, sizeof e);
+        if (rc) cm_coord_fatal(p, rc, "expert exchange of this machine's group: %s", e);
+        return rc;
+    }
     int64_t part[CM_COLL_MAX_MEMBERS + 1];
     part[0] = 0;
     for (int k = 0; k < st0->n_members; k++) {
@@ -267,7 +274,6 @@ static int pipe_ep_gather(void *user, float *y, int64_t row_len, const int32_t *
         }
         part[k + 1] = (int64_t)rows[e1] * row_len;
     }
-    char e[300];
     int rc = cm_coll_allgather(p->coll, y, part, e, sizeof e);
     if (rc) cm_coord_fatal(p, rc, "expert exchange of this machine's group: %s", e);
     return rc;
@@ -314,6 +320,7 @@ int cm_pipe_stage0(cm_pipe *p, const int32_t *tokens, const int32_t *pos, const 
     a->experts = (cm_expert_slice){false, 0, 0};
     a->expert_gather = NULL;
     a->expert_gather_user = NULL;
+    a->expert_holders = NULL;
     if (k == 1 && p->plan.n_stages > 1) return 0; /* a pipeline's stage 0: whole layers, alone */
     int rc = tp_send(p, tokens, pos, slots, n, err, errlen);
     if (rc || k == 1) return rc; /* (one group, every member lost: every slice here) */
@@ -322,6 +329,8 @@ int cm_pipe_stage0(cm_pipe *p, const int32_t *tokens, const int32_t *pos, const 
     a->experts = pipe_ep_experts(p); /* an expert group: our experts, and the gather */
     a->expert_gather = pipe_ep_gather;
     a->expert_gather_user = p;
+    a->expert_holders = a->experts.ep ? cm_coord_ep_holders(p) : NULL; /* hot-expert replicas (coord_ep.c) */
+    a->expert_rank = 0;
     return 0;
 }
 

@@ -10,6 +10,7 @@
 
 #include "cluster/cluster_int.h"
 #include "cluster/collective.h"
+#include "cluster/ep_gather.h"
 #include "cluster/weights.h"
 
 #include "os/os.h"
@@ -128,7 +129,24 @@ struct cm_pipe {
     bool join_tried;             /* coord_join.c: browsing started (or failed) */
     struct cm_join *join;        /* coord_join.c: the browser and the addresses it found (owned) */
     struct cm_train_pipe *train; /* coord_train.c: the training that awaits TRAIN answers (not owned), under mu */
+    /* Hot-expert replication (--expert-load): the routing counts every plan of an expert group is
+     * asked with (owned; NULL: uniform, no replicas); stage 0's holders per expert when its group
+     * has replicas (cm_pipe_stage0 fills them from p->plan) and the exchange's scratch. */
+    uint64_t *expert_load;
+    uint32_t *ep_holders;
+    cm_ep_pack ep_pack;
 };
+
+/* Hot-expert replication (coord_ep.c). Keep a copy of the routing counts
+ * (one per expert of the model) that every plan of the pipe is asked with. */
+int cm_coord_expert_load(cm_pipe *p, const uint64_t *load, int n, char *err, size_t errlen);
+/* Stage 0's holders per expert (bit k: member k) when the running plan
+ * replicates experts in this machine's group, else NULL. Data path only. */
+const uint32_t *cm_coord_ep_holders(cm_pipe *p);
+/* " replicas: rank 1 holds 0, ..." for the plan's stage st ("" without). */
+void cm_coord_replicas_text(const cm_plan_stage *st, char *out, size_t n);
+/* ASSIGN's REPLICAS of stage st, for every rank (nothing without replicas). */
+void cm_coord_fill_replicas(const cm_plan_stage *st, cm_msg_assign *a);
 
 /* A line into the caller's log callback (the plan, failures, re-plans). */
 void cm_coord_log(cm_pipe *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -48,6 +48,7 @@ static void fill_assign(cm_pipe *p, const cm_plan *plan, int s, int k, cm_msg_as
         a->flags |= CM_ASSIGN_F_EP;
         for (int j = 0; j < n; j++) a->expert_bounds[j] = (uint16_t)st->members[j].expert_begin;
         a->expert_bounds[n] = (uint16_t)st->members[n - 1].expert_end;
+        cm_coord_fill_replicas(st, a); /* hot experts' extra holders (coord_ep.c) */
     }
     a->head_begin = (uint32_t)mb->kv_head_begin;
     a->head_end = (uint32_t)mb->kv_head_end;
@@ -242,8 +243,10 @@ static void log_groups(cm_pipe *p, const cm_plan *pl) {
         for (int k = 0; k < st0->n_members && o < (int)sizeof ranges; k++)
             o += snprintf(ranges + o, sizeof ranges - (size_t)o, "%s[%d, %d)", k ? " " : "",
                           st0->members[k].expert_begin, st0->members[k].expert_end);
-        cm_coord_log(p, "expert parallel: %d members, this machine rank 0 with %s; experts by rank %s", st0->n_members,
-                     mine, ranges);
+        char reps[300];
+        cm_coord_replicas_text(st0, reps, sizeof reps);
+        cm_coord_log(p, "expert parallel: %d members, this machine rank 0 with %s; experts by rank %s%s",
+                     st0->n_members, mine, ranges, reps);
         return;
     }
     if (pl->n_stages == 1) {
@@ -453,6 +456,7 @@ int cm_coord_replan(cm_pipe *p, cm_plan *out, double *score, double *cur_score, 
     if (p->ask == CM_PARALLEL_EP) po.mode = one_group ? CM_PARALLEL_EP : CM_PARALLEL_HYBRID;
     po.first_stage_layers = one_group ? 0 : ll; /* the engine's stage-0 caches rely on them */
     po.reorder = true;                          /* a pipeline's order follows the measured links */
+    po.expert_load = p->expert_load;            /* hot experts get replicas again (NULL: none) */
     rc = cm_plan_make(&x->pm, &x->sub, &po, out, e, sizeof e);
     if (rc && po.mode == CM_PARALLEL_HYBRID) { /* too few nodes left for groups: stages of one */
         po.mode = CM_PARALLEL_PP;

@@ -71,6 +71,9 @@ typedef struct conn_job {
  * ranges follow the ranks), so the exchange is an all-gather of runs. */
 static int ep_gather(void *user, float *y, int64_t row_len, const int32_t *rows, int n_expert) {
     stage *s = user;
+    if (s->holders) /* replicated experts: this rank's runs, packed (ep_gather.c) */
+        return cm_ep_gather_holders(s->coll, s->as.tp_rank, s->as.tp_size, s->holders, y, row_len, rows, n_expert,
+                                    &s->pack, NULL, 0);
     int64_t part[CM_COLL_MAX_MEMBERS + 1];
     for (int r = 0; r <= (int)s->as.tp_size; r++) {
         int e = s->as.expert_bounds[r];
@@ -175,6 +178,8 @@ static int on_forward(stage *s, const cm_msg_forward *f, char *err, size_t errle
                           .experts = s->experts,
                           .expert_gather = s->coll ? ep_gather : NULL,
                           .expert_gather_user = s,
+                          .expert_holders = s->holders,
+                          .expert_rank = s->as.tp_rank,
                           .out_hidden =
                               (last && any_hidden) || (!last && s->as.tp_rank == 0 && s->next) ? s->out : NULL,
                           .out_logits = last && n_want ? s->logits : NULL};

@@ -8,6 +8,7 @@
 
 #include "cluster/cluster_int.h"
 #include "cluster/collective.h"
+#include "cluster/ep_gather.h"
 #include "cluster/node_guard.h"
 
 #include <pthread.h>
@@ -34,6 +35,9 @@ typedef struct stage {
     pthread_mutex_t *csend_mu;           /* node.csend_mu: sends on coord */
     cm_slice slice;                      /* this member's part of every layer (full without TP) */
     cm_expert_slice experts;             /* an expert group's member: its experts (zeroed: every expert) */
+    uint32_t *holders;                   /* replicated experts (ASSIGN's REPLICAS): [n_expert], bit r = rank r
+                                            holds it; NULL: the bounds alone */
+    cm_ep_pack pack;                     /* the exchange's scratch with replicas (ep_gather.c) */
     cm_conn *tp[CM_COLL_MAX_MEMBERS];    /* TP group: connection to each other rank (owned) */
     cm_conn *relay[CM_COLL_MAX_MEMBERS]; /* hybrid, rank 0 of a later group: data connection to each member (owned) */
     cm_coll *coll;                       /* TP group's all-reduce, NULL without TP */

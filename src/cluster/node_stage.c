@@ -49,6 +49,11 @@ void cm_node_stage_free(stage *s) {
                 s->as.layer_end, (unsigned long long)s->rows, (unsigned long long)st.ops,
                 (unsigned long long)st.total.data_sent, (unsigned long long)st.total.wire_sent);
     }
+    if (s->holders) /* one line per assignment (tests/sh/cluster_ep_replicas.sh reads it) */
+        fprintf(stderr, "expert-parallel rank %u of %u (epoch %llu): %llu rows of replicated experts computed here\n",
+                s->as.tp_rank, s->as.tp_size, (unsigned long long)s->as.epoch, (unsigned long long)s->pack.shared_rows);
+    cm_free(s->holders);
+    cm_ep_pack_free(&s->pack);
     cm_coll_free(s->coll);
     cm_coll_mesh_close(s->tp, CM_COLL_MAX_MEMBERS);
     for (int i = 0; i < s->n_seq; i++) {
@@ -170,6 +175,8 @@ static int stage_load(node *n, stage *s, const char *path, bool slice_file, char
         s->experts.ep = true;
         s->experts.e0 = a->expert_bounds[a->tp_rank];
         s->experts.e1 = a->expert_bounds[a->tp_rank + 1];
+        if ((a->flags & CM_ASSIGN_F_REPLICAS) && !(s->holders = cm_ep_holders_of(a, hp->n_expert)))
+            return cm_errf(err, errlen, CM_ENOMEM, "out of memory");
     }
     if (!tp && (a->head_begin != 0 || (int)a->head_end != cm_slice_full(&s->m).h1 || a->ffn_begin != 0 ||
                 (int)a->ffn_end != hp->n_ff))
@@ -256,12 +263,15 @@ static bool assign_once(node *n, cm_conn *c, const cm_msg_assign *a, cm_msg_assi
         uint64_t got = 0;
         bool superseded = false;
         double t0 = cm_now_s();
-        rc = cm_weights_fetch(c, &n->csend_mu, n->cache_dir, a->model_sha256, (int)a->layer_begin, (int)a->layer_end,
-                              a->flags & CM_ASSIGN_F_EMBED, a->flags & CM_ASSIGN_F_OUTPUT,
-                              /* an expert group's member: only its experts' slabs */
-                              (a->flags & CM_ASSIGN_F_EP) ? a->expert_bounds[a->tp_rank] : 0,
-                              (a->flags & CM_ASSIGN_F_EP) ? a->expert_bounds[a->tp_rank + 1] : 0, path, sizeof path,
-                              &got, newer, &superseded, err, sizeof err);
+        rc =
+            cm_weights_fetch(c, &n->csend_mu, n->cache_dir, a->model_sha256, (int)a->layer_begin, (int)a->layer_end,
+                             a->flags & CM_ASSIGN_F_EMBED, a->flags & CM_ASSIGN_F_OUTPUT,
+                             /* an expert group's member: only its experts' slabs */
+                             (a->flags & CM_ASSIGN_F_EP) ? a->expert_bounds[a->tp_rank] : 0,
+                             (a->flags & CM_ASSIGN_F_EP) ? a->expert_bounds[a->tp_rank + 1] : 0,
+                             /* and its hot-expert replicas */
+                             a->replicas[a->tp_rank], (a->flags & CM_ASSIGN_F_REPLICAS) ? a->n_replicas[a->tp_rank] : 0,
+                             path, sizeof path, &got, newer, &superseded, err, sizeof err);
         if (superseded) {
             CM_LOGW("assignment of epoch %llu superseded while its weights were fetched: %s",
                     (unsigned long long)a->epoch, err);
@@ -270,11 +280,17 @@ static bool assign_once(node *n, cm_conn *c, const cm_msg_assign *a, cm_msg_assi
         }
         if (!rc)
             CM_LOGI("weights: %llu bytes streamed in %.2f s into '%s'", (unsigned long long)got, cm_now_s() - t0, path);
-        if (!rc && (a->flags & CM_ASSIGN_F_EP)) /* one line per assignment (tests/sh/cluster_ep.sh reads it) */
+        if (!rc && (a->flags & CM_ASSIGN_F_EP)) { /* one line per assignment (tests/sh/cluster_ep*.sh read it) */
+            char reps[8 * CM_MSG_MAX_REPLICAS + 16] = "";
+            int o = 0;
+            for (int i = 0; (a->flags & CM_ASSIGN_F_REPLICAS) && i < a->n_replicas[a->tp_rank]; i++)
+                o += snprintf(reps + o, sizeof reps - (size_t)o, "%s%u", i ? " " : ", replicas ",
+                              a->replicas[a->tp_rank][i]);
             fprintf(stderr,
-                    "expert-parallel rank %u of %u (epoch %llu): experts [%u, %u), %llu weight bytes streamed\n",
+                    "expert-parallel rank %u of %u (epoch %llu): experts [%u, %u), %llu weight bytes streamed%s\n",
                     a->tp_rank, a->tp_size, (unsigned long long)a->epoch, a->expert_bounds[a->tp_rank],
-                    a->expert_bounds[a->tp_rank + 1], (unsigned long long)got);
+                    a->expert_bounds[a->tp_rank + 1], (unsigned long long)got, reps);
+        }
     }
     if (!rc) rc = stage_load(n, s, path, slice_file, err, sizeof err);
     /* Taken over by another coordinator while this one loaded (--take): its

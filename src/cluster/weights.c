@@ -303,17 +303,18 @@ static int fetch_expert_manifest(cm_conn *c, pthread_mutex_t *send_mu, const cha
 
 static int weights_fetch(cm_conn *c, pthread_mutex_t *send_mu, const char *cache_dir, const uint8_t model_sha[32],
                          int layer_begin, int layer_end, bool embed, bool last, int expert_begin, int expert_end,
-                         char *path, size_t cap, uint64_t *fetched, char *err, size_t errlen);
+                         const uint16_t *extra, int n_extra, char *path, size_t cap, uint64_t *fetched, char *err,
+                         size_t errlen);
 
 int cm_weights_fetch(cm_conn *c, pthread_mutex_t *send_mu, const char *cache_dir, const uint8_t model_sha[32],
                      int layer_begin, int layer_end, bool embed, bool last, int expert_begin, int expert_end,
-                     char *path, size_t cap, uint64_t *fetched, cm_msg_assign *newer, bool *superseded, char *err,
-                     size_t errlen) {
+                     const uint16_t *extra, int n_extra, char *path, size_t cap, uint64_t *fetched,
+                     cm_msg_assign *newer, bool *superseded, char *err, size_t errlen) {
     if (superseded) *superseded = false;
     g_newer = newer;
     g_superseded = superseded;
     int rc = weights_fetch(c, send_mu, cache_dir, model_sha, layer_begin, layer_end, embed, last, expert_begin,
-                           expert_end, path, cap, fetched, err, errlen);
+                           expert_end, extra, n_extra, path, cap, fetched, err, errlen);
     g_newer = NULL;
     g_superseded = NULL;
     return rc;
@@ -321,7 +322,8 @@ int cm_weights_fetch(cm_conn *c, pthread_mutex_t *send_mu, const char *cache_dir
 
 static int weights_fetch(cm_conn *c, pthread_mutex_t *send_mu, const char *cache_dir, const uint8_t model_sha[32],
                          int layer_begin, int layer_end, bool embed, bool last, int expert_begin, int expert_end,
-                         char *path, size_t cap, uint64_t *fetched, char *err, size_t errlen) {
+                         const uint16_t *extra, int n_extra, char *path, size_t cap, uint64_t *fetched, char *err,
+                         size_t errlen) {
     char hex[65], dir[520], mpath[640], gpath[640];
     cm_sha256_hex(model_sha, hex);
     *fetched = 0;
@@ -426,14 +428,17 @@ static int weights_fetch(cm_conn *c, pthread_mutex_t *send_mu, const char *cache
     for (uint64_t i = 0; i < nt; i++)
         if (wanted(g.tensors[i].name, layer_begin, layer_end, embed, last, has_output)) {
             uint64_t sl = xm ? expert_slab(&g.tensors[i]) : 0;
-            if (sl && (expert_begin < 0 || expert_end > g.tensors[i].ne[2] || expert_begin > expert_end)) {
+            bool extra_ok = true; /* replicas: experts of the tensor outside the range */
+            for (int j = 0; sl && j < n_extra; j++)
+                extra_ok &= extra[j] < g.tensors[i].ne[2] && (extra[j] < expert_begin || extra[j] >= expert_end);
+            if (sl && (expert_begin < 0 || expert_end > g.tensors[i].ne[2] || expert_begin > expert_end || !extra_ok)) {
                 cm_gguf_close(&g);
                 cm_free(xm);
                 rc = cm_errf(err, errlen, CM_EINVAL, "experts [%d, %d) of '%s' (%lld experts)", expert_begin,
                              expert_end, g.tensors[i].name, (long long)g.tensors[i].ne[2]);
                 goto out;
             }
-            need += sl ? sl * (uint64_t)(expert_end - expert_begin) : g.tensors[i].nbytes;
+            need += sl ? sl * (uint64_t)(expert_end - expert_begin + n_extra) : g.tensors[i].nbytes;
         }
     for (uint64_t i = 0, xk = 0; i < nt && !rc; i++) {
         const cm_gguf_tensor_info *ti = &g.tensors[i];
@@ -443,7 +448,8 @@ static int weights_fetch(cm_conn *c, pthread_mutex_t *send_mu, const char *cache
         if (!wanted(ti->name, layer_begin, layer_end, embed, last, has_output)) continue;
         uint64_t at = g.data_offset + ti->offset;
         if (sl) { /* only our experts' slabs, each verified by its own hash */
-            for (int ex = expert_begin; ex < expert_end && !rc; ex++) {
+            for (int xi = expert_begin; xi < expert_end + n_extra && !rc; xi++) {
+                const int ex = xi < expert_end ? xi : extra[xi - expert_end]; /* the range, then the replicas */
                 const uint8_t *h = xm + 32 * (xbase + (uint64_t)ex);
                 uint64_t so = at + (uint64_t)ex * sl;
                 if (verify(fd, so, sl, h)) {

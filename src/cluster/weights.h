@@ -43,7 +43,8 @@ int cm_weights_serve(cm_conn *c, pthread_mutex_t *send_mu, const cm_gguf *g, con
  * may receive on it meanwhile; sends under send_mu). Writes the sparse
  * GGUF's path to path. *fetched gets the tensor bytes received. */
 /* expert_end > 0: of the stacked expert tensors only the slabs of experts
- * [expert_begin, expert_end) (the rest of them stays a hole in the file, never
+ * [expert_begin, expert_end) and of the n_extra experts extra[] outside it
+ * (hot-expert replicas) (the rest of them stays a hole in the file, never
  * read: the stage runs only those experts); expert_end <= 0: whole tensors. */
 /* An ASSIGN that arrives while fetching supersedes this one (the coordinator
  * moved to a newer plan): it is copied to *newer, *superseded set, and the
@@ -51,7 +52,7 @@ int cm_weights_serve(cm_conn *c, pthread_mutex_t *send_mu, const cm_gguf *g, con
  * protocol error as any other message). */
 int cm_weights_fetch(cm_conn *c, pthread_mutex_t *send_mu, const char *cache_dir, const uint8_t model_sha[32],
                      int layer_begin, int layer_end, bool embed, bool last, int expert_begin, int expert_end,
-                     char *path, size_t cap, uint64_t *fetched, cm_msg_assign *newer, bool *superseded, char *err,
-                     size_t errlen);
+                     const uint16_t *extra, int n_extra, char *path, size_t cap, uint64_t *fetched,
+                     cm_msg_assign *newer, bool *superseded, char *err, size_t errlen);
 
 #endif

@@ -240,6 +240,10 @@ bool cm_engine_hop_stats(const cm_engine *e, uint64_t *bytes, uint64_t *frames, 
     return true;
 }
 
+int cm_engine_expert_hits(const cm_engine *e, uint64_t *hits, int n) {
+    return e->ctx ? cm_ctx_expert_hits(e->ctx, hits, n) : 0;
+}
+
 int cm_engine_members(const cm_engine *e, cm_engine_member *out, int max) {
     return e->cl ? cm_pipe_members(e->cl, out, max) : 0;
 }

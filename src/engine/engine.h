@@ -133,6 +133,10 @@ int cm_engine_maintain(cm_engine *e, char *err, size_t errlen);
  * FORWARD frames, their count, and the hidden-state rows (tokens) carried.
  * Returns false on a single-machine engine. */
 bool cm_engine_hop_stats(const cm_engine *e, uint64_t *bytes, uint64_t *frames, uint64_t *rows);
+/* Mixture of experts: (token, slot) assignments routed to each expert so far,
+ * all MoE layers summed (model.h's cm_ctx_expert_hits; what --expert-load
+ * takes). Copies min(n, n_expert); returns n_expert (0: dense). */
+int cm_engine_expert_hits(const cm_engine *e, uint64_t *hits, int n);
 /* Tensor parallel: this machine's all-reduce traffic (element bytes, whole
  * frames' bytes), all-reduce operations, and token rows evaluated. False
  * without a TP group. */

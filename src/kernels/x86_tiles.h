@@ -101,6 +101,25 @@ AI __m256i dot_s8s8(__m256i x, __m256i y) { return dot_u8s8(_mm256_sign_epi8(x, 
         for (int t = 0; t < T; t++) out[t] = hsum8(_mm256_add_ps(acc0[t], acc1[t])) + (m0[t] + m1[t]); \
     }
 
+/* TILE32_CHAIN: one FMA chain per token over the blocks in order, then
+ * hsum8 (+ the min terms' own chain): the order of llama.cpp's x86 vec_dot
+ * for q5_0/q5_1 and of its llamafile tinyBLAS gemm for q5_0 (which its x86
+ * builds run for q5_0 in prefill and decode alike), so these dots carry
+ * llama.cpp's bits, not merely its value (phi3's 768-wide rows put a few
+ * activations close enough to an 8-bit rounding tie that the two-chain
+ * order's last bits flip them; test_synth_golden's phi3-q5_0/q5_1). */
+#define TILE32_CHAIN(NAME, XB, YB, BODY)                                                   \
+    AI void tile_##NAME(int64_t nb, const XB *x, const YB *const *yv, int T, float *out) { \
+        __m256 acc[TMAX];                                                                  \
+        float m[TMAX];                                                                     \
+        for (int t = 0; t < T; t++) {                                                      \
+            acc[t] = _mm256_setzero_ps();                                                  \
+            m[t] = 0.0f;                                                                   \
+        }                                                                                  \
+        for (int64_t b = 0; b < nb; b++) BODY(b, acc, m);                                  \
+        for (int t = 0; t < T; t++) out[t] = hsum8(acc[t]) + m[t];                         \
+    }
+
 #define FMA_BLOCK(ACC, SUMI, SCALE) ACC = _mm256_fmadd_ps(_mm256_cvtepi32_ps(SUMI), _mm256_set1_ps(SCALE), ACC)
 
 #define BODY_Q4_0(B, ACC, M)                                                                                   \
@@ -130,7 +149,7 @@ TILE32(q4_1, cm_block_q4_1, cm_block_q8_1, BODY_Q4_1)
         const float dx = f16f(x[B].d);                                                                         \
         for (int t = 0; t < T; t++) FMA_BLOCK(ACC[t], dot_s8s8(qx, ld256(yv[t][B].qs)), dx *f16f(yv[t][B].d)); \
     } while (0)
-TILE32(q5_0, cm_block_q5_0, cm_block_q8_0, BODY_Q5_0)
+TILE32_CHAIN(q5_0, cm_block_q5_0, cm_block_q8_0, BODY_Q5_0)
 
 #define BODY_Q5_1(B, ACC, M)                                                           \
     do {                                                                               \
@@ -142,7 +161,7 @@ TILE32(q5_0, cm_block_q5_0, cm_block_q8_0, BODY_Q5_0)
             M[t] += mx * f16f(yv[t][B].s);                                             \
         }                                                                              \
     } while (0)
-TILE32(q5_1, cm_block_q5_1, cm_block_q8_1, BODY_Q5_1)
+TILE32_CHAIN(q5_1, cm_block_q5_1, cm_block_q8_1, BODY_Q5_1)
 
 #define BODY_Q8_0(B, ACC, M)                                                                                   \
     do {                                                                                                       \

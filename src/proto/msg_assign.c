@@ -16,8 +16,9 @@ static bool kv_types_ok(const cm_msg_assign *a) {
 
 static const char *assign_invalid(const cm_msg_assign *a) {
     if (a->flags & ~(CM_ASSIGN_F_EMBED | CM_ASSIGN_F_OUTPUT | CM_ASSIGN_F_TP_Q8 | CM_ASSIGN_F_EP | CM_ASSIGN_F_TAKE |
-                     CM_ASSIGN_F_KV))
+                     CM_ASSIGN_F_KV | CM_ASSIGN_F_REPLICAS))
         return "flags";
+    if ((a->flags & CM_ASSIGN_F_REPLICAS) && !(a->flags & CM_ASSIGN_F_EP)) return "flags";
     if ((a->flags & CM_ASSIGN_F_TP_Q8) && a->tp_size < 2) return "flags";
     if ((a->flags & CM_ASSIGN_F_EP) && (a->tp_size < 2 || (a->flags & CM_ASSIGN_F_TP_Q8))) return "flags";
     if (a->n_layers == 0 || a->n_layers > 65536) return "n_layers";
@@ -45,6 +46,24 @@ static bool expert_bounds_ok(const cm_msg_assign *a) {
     for (unsigned i = 0; i < a->tp_size; i++)
         if (a->expert_bounds[i] > a->expert_bounds[i + 1]) return false;
     return true;
+}
+
+/* Replicas (CM_ASSIGN_F_REPLICAS): per rank at most CM_MSG_MAX_REPLICAS,
+ * ascending, each an expert of the model (below the last bound) outside the
+ * rank's own bounds; at least one in the group (else the flag is not sent). */
+static bool replicas_ok(const cm_msg_assign *a) {
+    const unsigned n_expert = a->expert_bounds[a->tp_size];
+    unsigned total = 0;
+    for (unsigned r = 0; r < a->tp_size; r++) {
+        if (a->n_replicas[r] > CM_MSG_MAX_REPLICAS) return false;
+        for (unsigned i = 0; i < a->n_replicas[r]; i++) {
+            const unsigned e = a->replicas[r][i];
+            if (e >= n_expert || (i && e <= a->replicas[r][i - 1])) return false;
+            if (e >= a->expert_bounds[r] && e < a->expert_bounds[r + 1]) return false;
+        }
+        total += a->n_replicas[r];
+    }
+    return total > 0;
 }
 
 bool cm_msg_enc_assign(wcur *w, const cm_msg *m) {
@@ -86,6 +105,13 @@ bool cm_msg_enc_assign(wcur *w, const cm_msg *m) {
             w_u8(w, a->kv_type_k);
             w_u8(w, a->kv_type_v);
             w_u8(w, a->kv_rows);
+        }
+        if (a->flags & CM_ASSIGN_F_REPLICAS) {
+            w_check(w, replicas_ok(a), "replicas");
+            for (unsigned r = 0; r < a->tp_size; r++) {
+                w_u8(w, a->n_replicas[r]);
+                for (unsigned i = 0; i < a->n_replicas[r] && i < CM_MSG_MAX_REPLICAS; i++) w_u16(w, a->replicas[r][i]);
+            }
         }
         break;
     }
@@ -153,6 +179,14 @@ int cm_msg_dec_assign(rcur *r, unsigned type, cm_msg *m) {
             a->kv_type_v = r_u8(r, "kv_type_v");
             a->kv_rows = r_u8(r, "kv_rows");
             r_check(r, kv_types_ok(a), "kv_type");
+        }
+        if (a->flags & CM_ASSIGN_F_REPLICAS) {
+            for (unsigned k = 0; k < a->tp_size && !r->bad; k++) {
+                a->n_replicas[k] = r_u8(r, "n_replicas");
+                r_check(r, a->n_replicas[k] <= CM_MSG_MAX_REPLICAS, "n_replicas");
+                for (unsigned i = 0; i < a->n_replicas[k] && !r->bad; i++) a->replicas[k][i] = r_u16(r, "replicas");
+            }
+            if (!r->bad) r_check(r, replicas_ok(a), "replicas");
         }
         break;
     }

@@ -189,6 +189,7 @@ void cm_hs_wipe(cm_hs *hs);
 #define CM_MSG_TEXT_MAX 511               /* ERROR / READY / BYE messages */
 #define CM_MSG_MAX_TOP 20                 /* top logprobs per TOKEN */
 #define CM_MSG_MAX_TP 16                  /* tensor-parallel group size */
+#define CM_MSG_MAX_REPLICAS 8             /* hot experts replicated onto one member of an expert group */
 #define CM_MSG_MAX_TOKENS 16384u          /* tokens per FORWARD micro-batch */
 #define CM_MSG_MAX_DIM 65536u             /* hidden size */
 #define CM_MSG_MAX_HIST 4096u             /* penalty-history tokens per SEQ_START */
@@ -281,6 +282,9 @@ typedef struct cm_msg_ping {
 #define CM_ASSIGN_F_KV \
     32u /* KV cache types follow (after expert_bounds): kv_type_k, kv_type_v, kv_rows
                                    (u8 each); without it: F32 K and V, transposed V */
+#define CM_ASSIGN_F_REPLICAS \
+    64u /* with EP only: hot-expert replicas follow (after the KV types): per rank, the experts it holds
+                                   beyond its bounds; a replicated expert's rows are split among its holders */
 typedef struct cm_msg_assign {
     uint64_t epoch;
     uint8_t model_sha256[32];
@@ -304,7 +308,19 @@ typedef struct cm_msg_assign {
     /* CM_ASSIGN_F_KV only: ggml type ids F32 0, F16 1, Q4_0 2, Q8_0 8; kv_rows
      * 0/1 (K and V rows and tiled attention, model/attn.c) */
     uint8_t kv_type_k, kv_type_v, kv_rows;
+    /* CM_ASSIGN_F_REPLICAS only (last on the wire): per rank r < tp_size, n_replicas[r] u8
+     * (<= CM_MSG_MAX_REPLICAS) then that many u16 experts, ascending, each below the last bound and
+     * outside [bounds[r], bounds[r + 1]); at least one replica in the group. */
+    uint8_t n_replicas[CM_MSG_MAX_TP];
+    uint16_t replicas[CM_MSG_MAX_TP][CM_MSG_MAX_REPLICAS];
 } cm_msg_assign;
+/* Does rank r of the expert group of a hold expert e (its bounds, or a replica)? */
+static inline bool cm_msg_assign_holds(const cm_msg_assign *a, unsigned r, unsigned e) {
+    if (e >= a->expert_bounds[r] && e < a->expert_bounds[r + 1]) return true;
+    for (unsigned i = 0; (a->flags & CM_ASSIGN_F_REPLICAS) && i < a->n_replicas[r]; i++)
+        if (a->replicas[r][i] == e) return true;
+    return false;
+}
 
 /* READY: a node answers ASSIGN (status 0: loaded; else a CM_E* code + text). */
 typedef struct cm_msg_ready {

@@ -155,6 +155,10 @@ typedef struct cm_plan_request {
     int groups[CM_PLAN_MAX_NODES];
     int n_weights; /* TP / hybrid: relative speed per machine, this one first */
     double weights[CM_PLAN_MAX_NODES];
+    /* Expert groups: routed assignments per expert (--expert-load; cm_plan_opts.expert_load, so
+     * hot experts get replicas); NULL: uniform. Not owned: the coordinator copies it at open. */
+    const uint64_t *expert_load;
+    int n_expert_load;
 } cm_plan_request;
 
 /* Defaults: ctx 2048, 1 sequence, f32 KV, 128-token prompt, AUTO, 256 MiB

@@ -128,6 +128,9 @@ static int shexp_ff(const cm_synth_params *p, int arch) {
 static int moe_check(const cm_synth_params *p, int arch, int bs, char *err, size_t errlen) {
     if (p->n_expert < 0 || p->n_expert > 256 || p->n_expert_used < 0 || p->n_ff_exp < 0 || p->n_ff_shexp < 0)
         return cm_errf(err, errlen, CM_EINVAL, "experts must be in [0, 256], widths non-negative");
+    if (p->hot_expert < 0 || p->hot_expert > p->n_expert)
+        return cm_errf(err, errlen, CM_EINVAL, "the hot expert %d is not one of the %d experts", p->hot_expert - 1,
+                       p->n_expert);
     if (moe_arch(arch) && p->n_expert == 0)
         return cm_errf(err, errlen, CM_EINVAL, "architecture '%s' needs --experts", p->arch);
     if (!moe_arch(arch) && arch != A_LLAMA && p->n_expert)
@@ -251,6 +254,7 @@ typedef struct synth_tensor {
     int64_t ne2; /* 3-D (stacked experts): nrows = ne1 * ne2; 0 = 2-D */
     float mean, std;
     const float *fixed; /* rope_freqs: exact values instead of noise */
+    int64_t hot_row;    /* >= 0: this row (an F32 router's expert) scaled by 40 */
     uint64_t seed;
 } synth_tensor;
 
@@ -445,7 +449,7 @@ static void fill_job(void *ctx, int ith, int nth) {
     synth_run *R = ctx;
     const synth_tensor *t = R->cur;
     const size_t row_size = cm_row_size(t->type, t->ne0);
-    if (direct_type(t->type) && t->mean == 0) {
+    if (direct_type(t->type) && t->mean == 0 && t->hot_row < 0) {
         int64_t r0, r1;
         cm_split_range(t->nrows, ith, nth, &r0, &r1);
         for (int64_t r = r0; r < r1; r++) {
@@ -464,6 +468,8 @@ static void fill_job(void *ctx, int ith, int nth) {
             cm_rng rng;
             cm_rng_seed(&rng, mix64(t->seed ^ mix64((uint64_t)r)));
             fill_normal(&rng, buf + (r - r0) * t->ne0, t->ne0, t->mean, t->std);
+            if (r == t->hot_row) /* the skewed router's hot expert */
+                for (int64_t c = 0; c < t->ne0; c++) buf[(r - r0) * t->ne0 + c] *= 40.0f;
         }
         char *out = (char *)R->dst + (size_t)r0 * row_size;
         if (cm_quantize_rows(t->type, buf, out, r1 - r0, t->ne0) != (size_t)(r1 - r0) * row_size) R->qfail = 1;
@@ -508,6 +514,7 @@ static synth_tensor *add(synth_plan *P, synth_run *R, const char *name, enum cm_
     t->nrows = nrows;
     t->mean = mean;
     t->std = std;
+    t->hot_row = -1;
     t->seed = mix64(R->p->seed ^ name_hash(name));
     R->max_row = CM_MAX(R->max_row, ne0);
     R->total += cm_row_size(type, ne0) * (uint64_t)nrows;
@@ -643,7 +650,7 @@ int cm_synth_write(const cm_synth_params *p, const cm_gguf *vocab, const char *p
             T("ffn_down_exps.bias", CM_TYPE_F32, E, X, 0, BIAS_STD);
         } else if (X && !(arch == A_DEEPSEEK2 && l == 0)) { /* deepseek2: layer 0 is dense */
             /* the router in F32 as llama.cpp keeps it; experts stacked [ne0, rows, X] */
-            T("ffn_gate_inp.weight", CM_TYPE_F32, E, X, 0, 1 / sqrtf((float)E));
+            T("ffn_gate_inp.weight", CM_TYPE_F32, E, X, 0, 1 / sqrtf((float)E))->hot_row = p->hot_expert - 1;
             T("ffn_gate_exps.weight", wt, E, (int64_t)FX * X, 0, 1 / sqrtf((float)E))->ne2 = X;
             T("ffn_up_exps.weight", wt, E, (int64_t)FX * X, 0, 1 / sqrtf((float)E))->ne2 = X;
             T("ffn_down_exps.weight", down_t, FX, (int64_t)E * X, 0, res_scale / sqrtf((float)FX))->ne2 = X;

@@ -39,6 +39,10 @@ typedef struct cm_synth_params {
      * experts is Mixtral, its experts n_ff wide); the experts of qwen*moe are
      * n_ff_exp wide (0 = n_ff); n_ff_shexp: qwen2moe's shared expert (0 = n_ff). */
     int n_expert, n_expert_used, n_ff_exp, n_ff_shexp;
+    /* A skewed router (tests of hot-expert replication): hot_expert > 0 scales
+     * the router row of expert hot_expert - 1 by 40 in every MoE layer (qwen*moe,
+     * Mixtral), so it wins wherever its logit is positive. 0: none. */
+    int hot_expert;
     int n_ctx;        /* <arch>.context_length; 0 = 4096 */
     const char *type; /* f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k q4_k_m q5_k_m ... */
     float rope_base;  /* 0 = the architecture's usual (llama 10000, with llama3 scaling 500000, qwen 1e6) */

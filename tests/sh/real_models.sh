@@ -43,9 +43,21 @@ skipped=0
 #           first differences at llama.cpp margins <= 0.075 (6 of 13
 #           prompts); equal to the end: email, count, planets, python (64
 #           each), math, chat, chat3 (to the end-of-generation token).
-#  gemma3-270m: max 1.4e-1, median per prompt <= 2.1e-2; first differences
-#           at margins <= 0.108 (7 of 13); equal to the end: water, chat,
-#           count, months, json, chat4 (64 each). Its GGUF is the base model,
+#  gemma3-270m: max 1.7e-1, median per prompt <= 2.1e-2; first differences
+#           at margins <= 0.15; equal to the end: water, chat, chat2, count
+#           (64 each; 4 of 13). Which prompts reach step 64 is not a property
+#           of correctness here: every prompt but count meets a llama.cpp
+#           margin below 0.012 within its 64 steps (months 0.0001), 100x
+#           under the error floor of 1e-2 that every cumulo arithmetic shows
+#           on this model (synthetic gemma3 files of the same types: 1e-6),
+#           so any last-bit change moves the set. Measured (docs/HISTORY.md):
+#           q5_0 in two FMA chains, AVX-512: list water chat count months
+#           json chat4 (7); in llama.cpp's one chain (x86_tiles.h
+#           TILE32_CHAIN, exact on the 22 synthetic q5 models): water chat
+#           chat2 count (4); two chains under CUMULO_ISA=avx2: math count (2).
+#           So the test names only count (every margin >= 0.70) and asks
+#           for MIN_FULL prompts equal to the end, whichever they are (the
+#           issue's "64 tokens on at least 4 prompts"). Its GGUF is the base model,
 #           without a chat template: the chats use --chat-template gemma (the
 #           oracle renders the gemma-it template); its answers are not
 #           sensible (not instruction-tuned; llama.cpp's ids are the same).
@@ -61,8 +73,8 @@ model_params() {
     TEMPLATE=""
     case $1 in
         smollm2) MARGIN=0.15 TOL_MAX=0.2 TOL_MED=0.05 CASES_FULL="email count planets python math chat chat3"
-            CLUSTER_CASES="email chat" ;;
-        gemma3-270m) MARGIN=0.2 TOL_MAX=0.3 TOL_MED=0.05 CASES_FULL="water chat count months json chat4"
+            CLUSTER_CASES="email chat" MIN_FULL=4 ;;
+        gemma3-270m) MARGIN=0.2 TOL_MAX=0.3 TOL_MED=0.05 CASES_FULL="count" MIN_FULL=4
             CLUSTER_CASES="water chat" TEMPLATE=gemma ;;
     esac
 }
@@ -91,17 +103,23 @@ for model in ${CUMULO_REAL_MODELS:-smollm2 gemma3-270m}; do
     fi
     grep '^#' "$TMP/tok.out"
     cases=$(cc_jsonget "$ref" 'join(" ", map { $_->{name} } @{$j->{cases}})')
+    n_full=0
     for c in $cases; do
         min=0
         case " $CASES_FULL " in *" $c "*) min=64 ;; esac
         if $CHECK "$ref" "$c" "$TMP/$model-$c.json" --margin "$MARGIN" --min-match "$min" --tol-max "$TOL_MAX" \
             --tol-med "$TOL_MED" ${TEMPLATE:+--chat-template "$TEMPLATE"} --run "$BIN" "$path" >"$TMP/check.out"; then ok; else bad "$model $c: $(grep FAIL "$TMP/check.out")"; fi
         sed "s/^# /# $model /" "$TMP/check.out" | grep '^#'
+        # equal to the end (or to llama.cpp's end-of-generation token): a summary without a first difference
+        grep -q "^# $c: [0-9]*/[0-9]* ids equal" "$TMP/check.out" && ! grep -q "^# $c: .*first difference" "$TMP/check.out" &&
+            n_full=$((n_full + 1))
         case $c in chat*)
             printf '# %s chat: %s\n#   -> %s\n' "$model" "$(cc_jsonget "$ref" '(grep { $_->{name} eq "'"$c"'" } @{$j->{cases}})[0]{chat}')" \
                 "$(cc_jsonget "$TMP/$model-$c.json" '$j->{text}' | tr '\n' ' ')" ;;
         esac
     done
+    [ "$n_full" -ge "$MIN_FULL" ] && ok || bad "$model: $n_full prompts equal to llama.cpp's ids to the end, want $MIN_FULL"
+    echo "# $model: $n_full prompts equal to llama.cpp's ids to the end (at least $MIN_FULL)"
     # The same ids through a pipeline (this process + 2 nodes: 3 stages) and a
     # tensor-parallel group of 3; the nodes map their own copy of the file.
     # The pipeline runs the same arithmetic: every id equal. The

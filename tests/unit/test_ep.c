@@ -20,6 +20,7 @@
 #include "test.h"
 
 #include "cluster/collective.h"
+#include "cluster/ep_gather.h"
 #include "fixtures.h"
 #include "gguf/gguf.h"
 #include "model/model.h"
@@ -393,6 +394,12 @@ typedef struct gmember {
     int rc;
     char err[512];
     cm_coll_stats st;
+    /* replicated experts (ep_gather.c): holders[n_expert], rows[n_expert + 1] of row_len floats */
+    const uint32_t *holders;
+    const int32_t *rows;
+    int n_expert;
+    int64_t row_len;
+    cm_ep_pack pk;
 } gmember;
 
 static void *gather_main(void *arg) {
@@ -428,10 +435,70 @@ static void *gather_main(void *arg) {
         return NULL;
     }
     for (int op = 0; op < 2 && !v->rc; op++) /* twice: op numbering stays in step */
-        v->rc = cm_coll_allgather(c, v->x, v->part, v->err, sizeof v->err);
+        v->rc = v->holders ? cm_ep_gather_holders(c, v->rank, v->M->k, v->holders, v->x, v->row_len, v->rows,
+                                                  v->n_expert, &v->pk, v->err, sizeof v->err)
+                           : cm_coll_allgather(c, v->x, v->part, v->err, sizeof v->err);
     cm_coll_stats_get(c, &v->st);
     cm_coll_free(c);
     return NULL;
+}
+
+/* The exchange with replicated experts (ep_gather.c) over a real mesh: 4
+ * experts, member 0 holds [0, 2), 1 [2, 3), 2 [3, 4); expert 0 (7 rows) is
+ * also held by 1 and 2, expert 3 (1 row) also by 0. Each member fills only
+ * its cm_expert_share of each expert; after the exchange every member holds
+ * every row, each row was sent once by its owner, and the rows of replicated
+ * experts each computed are counted. */
+static void test_gather_replicas(void) {
+    enum { K = 3, NX = 4, RL = 1000 };
+    const int32_t rows[NX + 1] = {0, 7, 7, 12, 13};
+    const uint32_t holders[NX] = {0x7u, 0x1u, 0x2u, 0x5u};
+    const int64_t n = (int64_t)rows[NX] * RL;
+    mesh M;
+    memset(&M, 0, sizeof M);
+    M.k = K;
+    for (int i = 0; i < K; i++) {
+        CHECK(cm_net_listen("127.0.0.1", 0, &M.l[i], errbuf, sizeof errbuf) == 0);
+        snprintf(M.addr[i], sizeof M.addr[i], "127.0.0.1:%u", cm_listener_port(M.l[i]));
+        M.addrs[i] = M.addr[i];
+    }
+    float *want = malloc((size_t)n * sizeof(float));
+    cm_rng rng;
+    cm_rng_seed(&rng, 12);
+    for (int64_t i = 0; i < n; i++) want[i] = cm_rng_normal(&rng);
+    gmember v[K];
+    pthread_t th[K];
+    const int own[K] = {2, 7, 4}, shared[K] = {2, 2, 4}; /* rows computed; of them, of replicated experts */
+    for (int r = 0; r < K; r++) {
+        v[r] = (gmember){.M = &M,
+                         .rank = r,
+                         .x = malloc((size_t)n * sizeof(float)),
+                         .holders = holders,
+                         .rows = rows,
+                         .n_expert = NX,
+                         .row_len = RL};
+        for (int64_t i = 0; i < n; i++) v[r].x[i] = -1e30f;
+        for (int e = 0; e < NX; e++) {
+            int lo, hi;
+            cm_expert_share(holders[e], r, rows[e + 1] - rows[e], &lo, &hi);
+            for (int64_t i = (int64_t)(rows[e] + lo) * RL; i < (int64_t)(rows[e] + hi) * RL; i++) v[r].x[i] = want[i];
+        }
+        pthread_create(&th[r], NULL, gather_main, &v[r]);
+    }
+    for (int r = 0; r < K; r++) pthread_join(th[r], NULL);
+    for (int r = 0; r < K; r++) {
+        CHECKF(v[r].rc == 0, "member %d: %s", r, v[r].err);
+        CHECKF(!memcmp(v[r].x, want, (size_t)n * sizeof(float)), "member %d does not hold every row", r);
+        CHECKF(v[r].st.gather_data_sent == 2ull * (K - 1) * (uint64_t)own[r] * RL * 4 &&
+                   v[r].pk.shared_rows == 2ull * (uint64_t)shared[r],
+               "member %d: %llu bytes sent, %llu rows of replicated experts", r,
+               (unsigned long long)v[r].st.gather_data_sent, (unsigned long long)v[r].pk.shared_rows);
+        free(v[r].x);
+        cm_ep_pack_free(&v[r].pk);
+        cm_coll_mesh_close(M.conns[r], K);
+        cm_listener_close(M.l[r]);
+    }
+    free(want);
 }
 
 static void test_allgather(void) {
@@ -533,6 +600,7 @@ int main(void) {
     RUN(test_ep_forward_bits);
     RUN(test_ep_replicas);
     RUN(test_allgather);
+    RUN(test_gather_replicas);
     RUN(test_gather_piece_header);
     cm_gguf_close(&g_vocab);
     TEST_END();

@@ -105,11 +105,19 @@ static void sample(unsigned type, cm_msg *m, int variant) {
         a->tp_size = 2;
         strcpy(a->tp_peers[0], "10.0.0.2:7070");
         strcpy(a->tp_peers[1], "10.0.0.3:7070");
-        if (variant == 2) { /* an expert group (expert parallelism): its members' expert bounds follow */
+        if (variant >= 2) { /* an expert group (expert parallelism): its members' expert bounds follow */
             a->flags |= CM_ASSIGN_F_EP;
             a->expert_bounds[0] = 0;
             a->expert_bounds[1] = 3;
             a->expert_bounds[2] = 8;
+        }
+        if (variant == 3) { /* hot-expert replicas: rank 0 also holds 5, rank 1 also 0 and 1 */
+            a->flags |= CM_ASSIGN_F_REPLICAS;
+            a->n_replicas[0] = 1;
+            a->replicas[0][0] = 5;
+            a->n_replicas[1] = 2;
+            a->replicas[1][0] = 0;
+            a->replicas[1][1] = 1;
         }
         break;
     }
@@ -695,6 +703,48 @@ static void test_encode_bounds(void) {
         CHECK(cm_msg_decode(CM_MSG_ASSIGN, wire, wl, &d, e, sizeof e) != 0 && strstr(e, "expert_bounds"));
         CHECK(cm_msg_decode(CM_MSG_ASSIGN, wire, wl - 2, &d, e, sizeof e) != 0); /* truncated bounds */
     }
+    { /* hot-expert replicas (CM_ASSIGN_F_REPLICAS): round trip, holders, and every bound */
+        uint8_t wire[2048], w2[2048];
+        size_t wl, wl2;
+        cm_msg d;
+        sample(CM_MSG_ASSIGN, &m, 3);
+        CHECK(cm_msg_encode(&m, wire, sizeof wire, &wl, e, sizeof e) == 0);
+        CHECK(cm_msg_decode(CM_MSG_ASSIGN, wire, wl, &d, e, sizeof e) == 0 && d.u.assign.n_replicas[0] == 1 &&
+              d.u.assign.replicas[0][0] == 5 && d.u.assign.n_replicas[1] == 2 && d.u.assign.replicas[1][1] == 1);
+        CHECK(cm_msg_encode(&d, w2, sizeof w2, &wl2, e, sizeof e) == 0 && wl2 == wl && !memcmp(w2, wire, wl));
+        CHECK(cm_msg_assign_holds(&d.u.assign, 0, 5) && cm_msg_assign_holds(&d.u.assign, 1, 0) &&
+              cm_msg_assign_holds(&d.u.assign, 0, 0) && !cm_msg_assign_holds(&d.u.assign, 1, 2) &&
+              !cm_msg_assign_holds(&d.u.assign, 0, 6));
+        /* the tail: [1][5 0] [2][0 0][1 0] (rank 0's count and expert, rank 1's) */
+        static const struct {
+            int at;
+            uint8_t v;
+        } bad_tail[] = {{2, 0}, {2, 8}, {5, 9}, {7, 1}, {8, 0}};
+        for (size_t i = 0; i < CM_ARRAY_LEN(bad_tail); i++) {
+            uint8_t b = wire[wl - (size_t)bad_tail[i].at];
+            /* equal twice, expert 8 of 8, 9 > 8, own range, a count that shifts the rest */
+            wire[wl - (size_t)bad_tail[i].at] = bad_tail[i].v;
+            int rc = cm_msg_decode(CM_MSG_ASSIGN, wire, wl, &d, e, sizeof e);
+            CHECKF(rc != 0, "hostile replica tail %zu decoded", i);
+            wire[wl - (size_t)bad_tail[i].at] = b;
+        }
+        CHECK(cm_msg_decode(CM_MSG_ASSIGN, wire, wl - 1, &d, e, sizeof e) != 0); /* truncated */
+        CHECK(cm_msg_decode(CM_MSG_ASSIGN, wire, wl, &d, e, sizeof e) == 0);     /* restored */
+        m.u.assign.replicas[1][1] = 0; /* the encoder refuses the same: equal twice */
+        CHECK(cm_msg_encode(&m, NULL, 0, &n, e, sizeof e) == CM_EINVAL);
+        sample(CM_MSG_ASSIGN, &m, 3);
+        m.u.assign.replicas[0][0] = 2; /* inside rank 0's own range */
+        CHECK(cm_msg_encode(&m, NULL, 0, &n, e, sizeof e) == CM_EINVAL);
+        sample(CM_MSG_ASSIGN, &m, 3);
+        m.u.assign.n_replicas[0] = m.u.assign.n_replicas[1] = 0; /* the flag with no replica */
+        CHECK(cm_msg_encode(&m, NULL, 0, &n, e, sizeof e) == CM_EINVAL);
+        sample(CM_MSG_ASSIGN, &m, 3);
+        m.u.assign.n_replicas[1] = CM_MSG_MAX_REPLICAS + 1;
+        CHECK(cm_msg_encode(&m, NULL, 0, &n, e, sizeof e) == CM_EINVAL);
+        sample(CM_MSG_ASSIGN, &m, 3);
+        m.u.assign.flags &= ~CM_ASSIGN_F_EP; /* replicas outside an expert group */
+        CHECK(cm_msg_encode(&m, NULL, 0, &n, e, sizeof e) == CM_EINVAL);
+    }
     sample(CM_MSG_TOKEN, &m, 0);
     m.u.token.n_top = CM_MSG_MAX_TOP + 1;
     CHECK(cm_msg_encode(&m, NULL, 0, &n, e, sizeof e) == CM_EINVAL);
@@ -1067,6 +1117,13 @@ static int write_corpus(const char *dir) {
                 seed(dir, name, (uint8_t)((mode + 1) << 2), frame, fl);
             }
         }
+    }
+    { /* ASSIGN with hot-expert replicas (variant 3) */
+        cm_msg m;
+        sample(CM_MSG_ASSIGN, &m, 3);
+        size_t n = enc(&m, buf + 1, sizeof buf - 1);
+        buf[0] = (uint8_t)CM_MSG_ASSIGN;
+        seed(dir, "msg-ASSIGN-3", 1, buf, n + 1);
     }
     cm_hs a, b;
     size_t n, fl;
