@@ -281,6 +281,10 @@ typedef struct cm_msg_ping {
 #define CM_ASSIGN_F_KV \
     32u /* KV cache types follow (after expert_bounds): kv_type_k, kv_type_v, kv_rows
                                    (u8 each); without it: F32 K and V, transposed V */
+#define CM_ASSIGN_F_HEAD \
+    64u /* one tensor-parallel group (tp_size > 1, with OUTPUT, not EP): every member computes
+                                   its rows of the output head (cm_slice_head_rows) for the FORWARD rows
+                                   marked CM_WANT_LOGITS and sends them to rank 0 (cm_coll_gather) */
 typedef struct cm_msg_assign {
     uint64_t epoch;
     uint8_t model_sha256[32];
