@@ -93,14 +93,12 @@ static void llama70b(cm_plan_model *m) { cm_plan_model_synthetic(m, 80, 8192, 64
 
 static void test_single_node(void) {
     cm_plan_model m;
-    llama8b(&m);
-    cm_plan_cluster c = {0};
-    links_all(&c, 0.2, 40);
-    add_node(&c, "mini", 16, 100, 4);
     cm_plan_opts o;
-    cm_plan_opts_default(&o);
+    cm_plan_cluster c;
     cm_plan p;
     char err[512];
+    case_init(&m, llama8b, &o, CM_PARALLEL_AUTO, &c, 0.2, 40);
+    add_node(&c, "mini", 16, 100, 4);
     CHECK(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == 0);
     check_plan_valid(&p, &m, &c, &o);
     CHECK(p.n_stages == 1 && p.stages[0].n_members == 1);
@@ -527,17 +525,14 @@ static int held(const cm_plan_member *mb) { return mb->expert_end - mb->expert_b
 
 static void test_ep_even(void) {
     cm_plan_model m;
-    qwen3_30b_a3b(&m);
-    cm_plan_cluster c = {0};
-    links_all(&c, 0.1, 40);
+    cm_plan_opts o;
+    cm_plan_cluster c;
+    cm_plan p;
+    char err[512];
+    case_init(&m, qwen3_30b_a3b, &o, CM_PARALLEL_EP, &c, 0.1, 40);
     add_node(&c, "a", 24, 120, 4);
     add_node(&c, "b", 24, 120, 4);
     add_node(&c, "c", 24, 120, 4);
-    cm_plan_opts o;
-    cm_plan_opts_default(&o);
-    o.mode = CM_PARALLEL_EP;
-    cm_plan p;
-    char err[512];
     CHECKF(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == 0, "%s", err);
     check_ep_valid(&p, &m, &c, &o);
     CHECK(p.mode == CM_PARALLEL_EP && p.n_stages == 1 && p.stages[0].n_members == 3);
@@ -663,17 +658,14 @@ static void test_mla_tensor_parallel(void) {
 
 static void test_ep_uneven_speed(void) {
     cm_plan_model m;
-    qwen3_30b_a3b(&m);
-    cm_plan_cluster c = {0};
-    links_all(&c, 0.1, 40);
+    cm_plan_opts o;
+    cm_plan_cluster c;
+    cm_plan p;
+    char err[512];
+    case_init(&m, qwen3_30b_a3b, &o, CM_PARALLEL_EP, &c, 0.1, 40);
     add_node(&c, "m4", 24, 120, 4);
     add_node(&c, "m4pro", 48, 273, 8);
     add_node(&c, "m4b", 24, 120, 4);
-    cm_plan_opts o;
-    cm_plan_opts_default(&o);
-    o.mode = CM_PARALLEL_EP;
-    cm_plan p;
-    char err[512];
     CHECKF(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == 0, "%s", err);
     check_ep_valid(&p, &m, &c, &o);
     const cm_plan_member *mb = p.stages[0].members;
@@ -726,17 +718,14 @@ static void test_ep_uneven_memory(void) {
 
 static void test_ep_modes(void) {
     cm_plan_model dense;
-    llama8b(&dense);
-    cm_plan_cluster c = {0};
-    links_all(&c, 0.1, 40);
+    cm_plan_opts o;
+    cm_plan_cluster c;
+    cm_plan p;
+    char err[512];
+    case_init(&dense, llama8b, &o, CM_PARALLEL_EP, &c, 0.1, 40);
     add_node(&c, "a", 24, 120, 4);
     add_node(&c, "b", 24, 120, 4);
     add_node(&c, "c", 24, 120, 4);
-    cm_plan_opts o;
-    cm_plan_opts_default(&o);
-    o.mode = CM_PARALLEL_EP;
-    cm_plan p;
-    char err[512];
     CHECK(cm_plan_make(&dense, &c, &o, &p, err, sizeof err) == CM_EINVAL && strstr(err, "mixture-of-experts"));
     CHECK(cm_parallel_from_name("ep") == CM_PARALLEL_EP && !strcmp(cm_parallel_name(CM_PARALLEL_EP), "ep"));
     cm_plan_model m;
