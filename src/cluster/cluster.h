@@ -276,9 +276,13 @@ void cm_pipe_tp_stats(const cm_pipe *p, uint64_t *data_sent, uint64_t *wire_sent
  * all-reduces), and a->allreduce / allreduce_user become the group's
  * all-reduce, or NULL when this machine is alone in its stage; in an expert
  * group, a->experts / expert_gather become this machine's experts and the
- * group's exchange of expert rows. The slice is cm_pipe_tp_slice's. A failure fails the pipe. */
+ * group's exchange of expert rows. The slice is cm_pipe_tp_slice's. A failure fails the pipe.
+ * With a->out_logits set (logits: the batch's row flags, NULL = the last row)
+ * in one tensor-parallel group, the head is split: a->head_v0/v1 become this
+ * machine's vocabulary rows and a->head_gather the gather of the others'
+ * (CM_ASSIGN_F_HEAD; CUMULO_TP_HEAD_SPLIT=0: the whole head here). */
 int cm_pipe_stage0(cm_pipe *p, const int32_t *tokens, const int32_t *pos, const int32_t *slots, int n,
-                   cm_forward_args *a, char *err, size_t errlen);
+                   const int8_t *logits, cm_forward_args *a, char *err, size_t errlen);
 /* Top logprobs the last stage sent with the slot's latest token (n <= max). */
 int cm_pipe_last_top(cm_pipe *p, int slot, int32_t *ids, float *logprobs, int max);
 

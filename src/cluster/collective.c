@@ -13,6 +13,7 @@
 #include <math.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 struct cm_coll {
@@ -27,6 +28,8 @@ struct cm_coll {
     uint8_t *qall;  /* Q8_0 blocks of the whole vector (compress) */
     uint8_t *sbuf;  /* one encoded piece */
     cm_coll_stats st;
+    uint64_t last_end_ns;      /* end of the previous op (gap_s) */
+    bool trace;                /* CUMULO_TP_TRACE: print the time line at cm_coll_free */
     const cm_coll_native *nat; /* the transport's all-reduce, or NULL */
     void *ngrp;
     char err[512];
@@ -124,11 +127,21 @@ int cm_coll_new(const cm_coll_cfg *cfg, cm_coll **out, char *err, size_t errlen)
         cm_coll_free(c);
         return cm_errf(err, errlen, CM_ENOMEM, "out of memory for the all-reduce buffers");
     }
+    for (int r = 0; r < cfg->size; r++)
+        if (r != cfg->rank) cm_conn_set_spin(cfg->peers[r], cm_coll_link_spin_us(cfg->peers[r]));
+    const char *tr = getenv("CUMULO_TP_TRACE");
+    c->trace = tr && *tr && strcmp(tr, "0");
     const cm_coll_native *nat = atomic_load(&g_native);
     if (nat && cfg->size > 1 && !nat->open(nat->ctx, cfg->rank, cfg->size, cfg->max_n, cfg->epoch, &c->ngrp) && c->ngrp)
         c->nat = nat;
     *out = c;
     return 0;
+}
+
+int cm_coll_link_spin_us(const cm_conn *conn) {
+    const char *sp = getenv("CUMULO_TP_SPIN_US");
+    if (sp && *sp) return atoi(sp) > 0 ? atoi(sp) : 0;
+    return cm_conn_is_loopback(conn) ? CM_COLL_LOOPBACK_SPIN_US : 0;
 }
 
 static void native_drop(cm_coll *c) {
@@ -137,8 +150,25 @@ static void native_drop(cm_coll *c) {
     c->ngrp = NULL;
 }
 
+/* CUMULO_TP_TRACE: where this member's all-reduce time went, per op (µs). */
+static void trace_print(const cm_coll *c) {
+    const cm_coll_stats *s = &c->st;
+    uint64_t big = s->ops - s->small_ops;
+    double us = 1e6;
+    fprintf(stderr,
+            "tp trace: rank %d of %d: %llu ops; decode-sized %llu: %.1f us each (receiving %.1f); larger %llu: %.1f "
+            "us each (receiving %.1f); sending %.1f us/op; %.3f s between ops\n",
+            c->cfg.rank, c->cfg.size, (unsigned long long)s->ops, (unsigned long long)s->small_ops,
+            s->small_ops ? s->small_busy_s * us / (double)s->small_ops : 0.0,
+            s->small_ops ? s->small_wait_s * us / (double)s->small_ops : 0.0, (unsigned long long)big,
+            big ? (s->busy_s - s->small_busy_s) * us / (double)big : 0.0,
+            big ? (s->wait_s - s->small_wait_s) * us / (double)big : 0.0,
+            s->ops ? s->send_s * us / (double)s->ops : 0.0, s->gap_s);
+}
+
 void cm_coll_free(cm_coll *c) {
     if (!c) return;
+    if (c->trace && c->st.ops) trace_print(c);
     native_drop(c);
     cm_free(c->part);
     cm_free(c->tmp);
@@ -257,8 +287,10 @@ static int send_piece(cm_coll *c, int peer, int step, int64_t off, int64_t m, co
         for (int64_t i = 0; i < m; i++) put_f32(p + CM_COLL_HDR_BYTES + 4 * i, x[off + i]);
     }
     char e[256];
+    uint64_t t0 = cm_now_ns();
     int rc = cm_conn_send_payload(c->cfg.peers[peer], CM_MSG_ALLREDUCE, p, CM_COLL_HDR_BYTES + data, c->timeout_ms, e,
                                   sizeof e);
+    c->st.send_s += (double)(cm_now_ns() - t0) * 1e-9;
     if (rc) return peer_fail(c, peer, rc, "sending to", e);
     count(&c->st.link[peer], true, CM_COLL_HDR_BYTES + data, data, c->cfg.peers[peer]);
     return 0;
@@ -433,6 +465,8 @@ int cm_coll_allreduce(cm_coll *c, float *x, int64_t n, char *err, size_t errlen)
         return cm_errf(err, errlen, CM_ERANGE, "%s", c->err);
     }
     uint64_t t0 = cm_now_ns();
+    if (c->last_end_ns) c->st.gap_s += (double)(t0 - c->last_end_ns) * 1e-9;
+    double wait0 = c->st.wait_s;
     int rc = 0;
     bool ring = cm_coll_uses_ring(c, n);
     bool nat = c->nat != NULL;
@@ -442,8 +476,14 @@ int cm_coll_allreduce(cm_coll *c, float *x, int64_t n, char *err, size_t errlen)
     } else if (c->cfg.size > 1) {
         rc = ring ? allreduce_ring(c, x, n) : allreduce_direct(c, x, n);
     }
-    c->st.busy_s += (double)(cm_now_ns() - t0) * 1e-9;
+    c->last_end_ns = cm_now_ns();
+    c->st.busy_s += (double)(c->last_end_ns - t0) * 1e-9;
     if (rc) return cm_errf(err, errlen, rc, "%s", c->err);
+    if (n <= CM_COLL_SMALL_N) {
+        c->st.small_ops++;
+        c->st.small_busy_s += (double)(c->last_end_ns - t0) * 1e-9;
+        c->st.small_wait_s += c->st.wait_s - wait0;
+    }
     c->op_id++;
     c->st.ops++;
     c->st.elems += (uint64_t)n;
@@ -459,21 +499,24 @@ int cm_coll_allreduce(cm_coll *c, float *x, int64_t n, char *err, size_t errlen)
 static int64_t n_pieces(int64_t len) { return (len + CM_COLL_PIECE_FLOATS - 1) / CM_COLL_PIECE_FLOATS; }
 
 /* Round i: our piece i to every peer (rank+1 first), then piece i of every
- * peer that has one: at most one piece waits on a connection each way. */
-static int allgather_rounds(cm_coll *c, float *x, const int64_t *part) {
+ * peer that has one: at most one piece waits on a connection each way.
+ * root >= 0: only root receives (the others send to it alone). */
+static int allgather_rounds(cm_coll *c, float *x, const int64_t *part, int root) {
     int k = c->cfg.size, r = c->cfg.rank;
     int64_t rounds = 0;
     for (int j = 0; j < k; j++) rounds = CM_MAX(rounds, n_pieces(part[j + 1] - part[j]));
     for (int64_t i = 0; i < rounds; i++) {
         int64_t off = part[r] + i * CM_COLL_PIECE_FLOATS;
-        if (off < part[r + 1]) {
+        if (off < part[r + 1] && r != root) {
             int64_t m = CM_MIN(part[r + 1] - off, (int64_t)CM_COLL_PIECE_FLOATS);
             for (int d = 1; d < k; d++) {
-                int rc = send_piece(c, (r + d) % k, 0, off, m, x, NULL);
+                int to = (r + d) % k;
+                if (root >= 0 && to != root) continue;
+                int rc = send_piece(c, to, 0, off, m, x, NULL);
                 if (rc) return rc;
             }
         }
-        for (int d = 1; d < k; d++) {
+        for (int d = 1; d < k && (root < 0 || r == root); d++) {
             int p = (r - d + k) % k;
             int64_t po = part[p] + i * CM_COLL_PIECE_FLOATS;
             if (po >= part[p + 1]) continue;
@@ -485,7 +528,7 @@ static int allgather_rounds(cm_coll *c, float *x, const int64_t *part) {
     return 0;
 }
 
-int cm_coll_allgather(cm_coll *c, float *x, const int64_t *part, char *err, size_t errlen) {
+static int gather_op(cm_coll *c, float *x, const int64_t *part, int root, char *err, size_t errlen) {
     if (c->failed) return cm_errf(err, errlen, CM_ESTATE, "all-reduce failed before: %s", c->err);
     int k = c->cfg.size;
     bool ok = part[0] == 0 && part[k] <= (int64_t)UINT32_MAX;
@@ -496,18 +539,34 @@ int cm_coll_allgather(cm_coll *c, float *x, const int64_t *part, char *err, size
     }
     uint64_t t0 = cm_now_ns();
     c->gathering = true;
-    int rc = k > 1 ? allgather_rounds(c, x, part) : 0;
+    int rc = k > 1 ? allgather_rounds(c, x, part, root) : 0;
     c->gathering = false;
     c->st.busy_s += (double)(cm_now_ns() - t0) * 1e-9;
     if (rc) return cm_errf(err, errlen, rc, "%s", c->err);
     c->op_id++;
     c->st.ops++;
-    c->st.gather_ops++;
     c->st.elems += (uint64_t)part[k];
-    uint64_t before = c->st.total.data_sent;
+    uint64_t before = c->st.total.data_sent, before_wire = c->st.total.wire_sent;
     sum_links(c);
-    c->st.gather_data_sent += c->st.total.data_sent - before;
+    if (root < 0) {
+        c->st.gather_ops++;
+        c->st.gather_data_sent += c->st.total.data_sent - before;
+    } else {
+        c->st.head_ops++;
+        c->st.head_data_sent += c->st.total.data_sent - before;
+        c->st.head_wire_sent += c->st.total.wire_sent - before_wire;
+    }
     return 0;
+}
+
+int cm_coll_allgather(cm_coll *c, float *x, const int64_t *part, char *err, size_t errlen) {
+    return gather_op(c, x, part, -1, err, errlen);
+}
+
+int cm_coll_gather(cm_coll *c, float *x, const int64_t *part, int root, char *err, size_t errlen) {
+    if (root < 0 || root >= c->cfg.size)
+        return cm_errf(err, errlen, CM_EINVAL, "gather to member %d of %d", root, c->cfg.size);
+    return gather_op(c, x, part, root, err, errlen);
 }
 
 int cm_coll_allreduce_cb(void *user, float *x, int64_t n) {

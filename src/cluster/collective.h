@@ -62,6 +62,10 @@
 #define CM_COLL_POINT_GATHER 2u   /* point of an expert gather piece (never Q8_0) */
 #define CM_COLL_DEFAULT_TIMEOUT_MS 10000
 #define CM_COLL_DEFAULT_RING_MIN 65536 /* elements (256 KiB of f32) */
+#define CM_COLL_SMALL_N 16384          /* stats: ops up to this many elements count as decode-sized */
+/* Receives on loopback links spin this long before sleeping in poll()
+ * (cm_conn_set_spin); CUMULO_TP_SPIN_US=N sets it for every link (0: off). */
+#define CM_COLL_LOOPBACK_SPIN_US 500
 
 typedef struct cm_coll_cfg {
     int rank, size;                      /* 0 <= rank < size <= CM_COLL_MAX_MEMBERS */
@@ -87,8 +91,14 @@ typedef struct cm_coll_stats {
     uint64_t elems;                               /* sum of n over ops */
     uint64_t gather_ops;                          /* of which expert gathers (cm_coll_allgather) */
     uint64_t gather_data_sent;                    /* element bytes this member sent in them */
+    uint64_t head_ops;                            /* of which gathers of a split head (cm_coll_gather) */
+    uint64_t head_data_sent, head_wire_sent;      /* element and wire bytes this member sent in them */
     double busy_s;                                /* wall time inside cm_coll_allreduce */
-    double wait_s;                                /* of which waiting for a peer's piece */
+    double wait_s;                                /* of which receiving a peer's piece (waiting, reading, opening) */
+    double send_s;                                /* of which sending pieces (sealing, writing) */
+    double gap_s;                                 /* between the end of one op and the start of the next */
+    uint64_t small_ops;                           /* ops of at most CM_COLL_SMALL_N elements (one decoded row) */
+    double small_busy_s, small_wait_s;            /* busy_s and wait_s of those */
     cm_coll_link_stats link[CM_COLL_MAX_MEMBERS]; /* by peer rank */
     cm_coll_link_stats total;
 } cm_coll_stats;
@@ -96,9 +106,16 @@ typedef struct cm_coll_stats {
 typedef struct cm_coll cm_coll;
 
 /* Make a collective for this member. Checks the configuration (ranks, every
- * peer present and READY). Errors: CM_EINVAL, CM_ENOMEM. */
+ * peer present and READY) and sets each peer connection's receive spin
+ * (CM_COLL_LOOPBACK_SPIN_US on loopback links, none on others; the
+ * environment's CUMULO_TP_SPIN_US for all). With CUMULO_TP_TRACE set,
+ * cm_coll_free prints where this member's all-reduce time went (one line on
+ * stderr). Errors: CM_EINVAL, CM_ENOMEM. */
 int cm_coll_new(const cm_coll_cfg *cfg, cm_coll **out, char *err, size_t errlen);
 void cm_coll_free(cm_coll *c); /* NULL is a no-op; does not close the connections */
+/* The receive spin (µs) a collective gives a link: CUMULO_TP_SPIN_US when
+ * set, else CM_COLL_LOOPBACK_SPIN_US on a loopback link and 0 on others. */
+int cm_coll_link_spin_us(const cm_conn *conn);
 
 /* Replace x[0..n) by the sum over the group, identically on every member.
  * All members must call it with the same n, in the same sequence of ops.
@@ -119,6 +136,13 @@ int cm_coll_allreduce(cm_coll *c, float *x, int64_t n, char *err, size_t errlen)
  * length must be the sender's next piece). One op of the op sequence: members
  * must call it at the same place. Errors as cm_coll_allreduce. */
 int cm_coll_allgather(cm_coll *c, float *x, const int64_t *part, char *err, size_t errlen);
+
+/* The same, but only member root ends with every part (the others send
+ * theirs to it alone and keep their x as it was): tensor parallelism's split
+ * output head, whose logits only the sampling member needs. One op of the
+ * op sequence, like cm_coll_allgather. Errors as cm_coll_allreduce, and
+ * CM_EINVAL for a root out of range. */
+int cm_coll_gather(cm_coll *c, float *x, const int64_t *part, int root, char *err, size_t errlen);
 
 /* cm_allreduce_fn for cm_forward_args (user = the cm_coll). On error the
  * message is kept: cm_coll_error(). */

@@ -14,6 +14,7 @@
 #include "cluster/coord_impl.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 int cm_pipe_seq_acquire(cm_pipe *p, char *err, size_t errlen) {
@@ -288,13 +289,50 @@ static int tp_allreduce(void *user, float *x, int64_t n) {
     return rc;
 }
 
+bool cm_pipe_plan_head_split(const cm_plan *plan) {
+    static int off = -1; /* CUMULO_TP_HEAD_SPLIT=0: rank 0 computes the whole head (a benchmark's baseline) */
+    if (off < 0) {
+        const char *e = getenv("CUMULO_TP_HEAD_SPLIT");
+        off = e && !strcmp(e, "0");
+    }
+    const cm_plan_stage *st = &plan->stages[0];
+    return !off && plan->n_stages == 1 && st->n_members > 1 && !st->ep;
+}
+
+/* The split head (model.h's cm_head_gather_fn): member k's logits of each
+ * row are vocabulary rows [v_k, v_k+1) (cm_slice_head_rows of its slice);
+ * rank 0 receives them, one gather per row. */
+static int tp_head_gather(void *user, float *logits, int n_out) {
+    cm_pipe *p = user;
+    const cm_plan_stage *st0 = &p->plan.stages[0];
+    int64_t part[CM_COLL_MAX_MEMBERS + 1];
+    part[0] = 0;
+    for (int k = 0; k < st0->n_members; k++) {
+        const cm_plan_member *mb = &st0->members[k];
+        int v0, v1;
+        cm_slice_head_rows(p->m, (cm_slice){mb->kv_head_begin, mb->kv_head_end, mb->ffn_begin, mb->ffn_end}, &v0, &v1);
+        part[k + 1] = v1;
+    }
+    char e[300];
+    for (int r = 0; r < n_out; r++) {
+        int rc = cm_coll_gather(p->coll, logits + (size_t)r * (size_t)p->m->hp.n_vocab, part, 0, e, sizeof e);
+        if (rc) {
+            cm_coord_fatal(p, rc, "output head exchange of this machine's group: %s", e);
+            return rc;
+        }
+    }
+    return 0;
+}
+
 /* Send n token ids at pos[], sequence slots seq[], to the other members of
- * this machine's group. */
-static int tp_send(cm_pipe *p, const int32_t *tokens, const int32_t *pos, const int32_t *seq, int n, char *err,
-                   size_t errlen) {
+ * this machine's group; with a split head, rows whose logits we need
+ * (logits[], NULL: the last row) are marked CM_WANT_LOGITS. */
+static int tp_send(cm_pipe *p, const int32_t *tokens, const int32_t *pos, const int32_t *seq, int n, bool head,
+                   const int8_t *logits, char *err, size_t errlen) {
     if (n < 1 || n > (int)sizeof p->wantbuf) return cm_errf(err, errlen, CM_EINVAL, "micro-batch of %d rows", n);
     pthread_mutex_lock(&p->send_mu);
     memset(p->wantbuf, 0, (size_t)n);
+    for (int i = 0; head && i < n; i++) p->wantbuf[i] = (logits ? logits[i] : i == n - 1) ? CM_WANT_LOGITS : 0;
     cm_msg m = {.type = CM_MSG_FORWARD};
     m.u.forward = (cm_msg_forward){.epoch = p->epoch,
                                    .request_id = ++p->next_req,
@@ -313,7 +351,7 @@ static int tp_send(cm_pipe *p, const int32_t *tokens, const int32_t *pos, const 
 }
 
 int cm_pipe_stage0(cm_pipe *p, const int32_t *tokens, const int32_t *pos, const int32_t *slots, int n,
-                   cm_forward_args *a, char *err, size_t errlen) {
+                   const int8_t *logits, cm_forward_args *a, char *err, size_t errlen) {
     int k = p->plan.stages[0].n_members;
     a->allreduce = NULL;
     a->allreduce_user = NULL;
@@ -321,11 +359,19 @@ int cm_pipe_stage0(cm_pipe *p, const int32_t *tokens, const int32_t *pos, const 
     a->expert_gather = NULL;
     a->expert_gather_user = NULL;
     a->expert_holders = NULL;
+    a->head_gather = NULL;
+    a->head_gather_user = NULL;
     if (k == 1 && p->plan.n_stages > 1) return 0; /* a pipeline's stage 0: whole layers, alone */
-    int rc = tp_send(p, tokens, pos, slots, n, err, errlen);
+    bool head = a->out_logits && cm_pipe_plan_head_split(&p->plan);
+    int rc = tp_send(p, tokens, pos, slots, n, head, logits, err, errlen);
     if (rc || k == 1) return rc; /* (one group, every member lost: every slice here) */
     a->allreduce = tp_allreduce;
     a->allreduce_user = p;
+    if (head) { /* our rows of the head; the members send theirs (cm_forward calls the gather) */
+        cm_slice_head_rows(p->m, cm_pipe_tp_slice(p), &a->head_v0, &a->head_v1);
+        a->head_gather = tp_head_gather;
+        a->head_gather_user = p;
+    }
     a->experts = pipe_ep_experts(p); /* an expert group: our experts, and the gather */
     a->expert_gather = pipe_ep_gather;
     a->expert_gather_user = p;

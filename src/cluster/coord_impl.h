@@ -244,4 +244,8 @@ int cm_coord_join_poll(cm_pipe *p);
 /* Stop browsing and free (cm_pipe_close). */
 void cm_coord_join_stop(cm_pipe *p);
 
+/* One tensor-parallel group that splits the output head (CM_ASSIGN_F_HEAD):
+ * every member computes its vocabulary rows, rank 0 gathers (coord_data.c). */
+bool cm_pipe_plan_head_split(const cm_plan *plan);
+
 #endif

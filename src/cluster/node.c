@@ -83,6 +83,22 @@ static int ep_gather(void *user, float *y, int64_t row_len, const int32_t *rows,
     return cm_coll_allgather(s->coll, y, part, NULL, 0);
 }
 
+/* A split output head (CM_ASSIGN_F_HEAD; model.h's cm_head_gather_fn): our
+ * vocabulary rows of each logits row go to rank 0, one gather per row. We
+ * know only our own range; the parts before it are empty to us. */
+static int head_gather(void *user, float *logits, int n_out) {
+    stage *s = user;
+    int k = (int)s->as.tp_size, r = (int)s->as.tp_rank, v0, v1;
+    cm_slice_head_rows(&s->m, s->slice, &v0, &v1);
+    int64_t part[CM_COLL_MAX_MEMBERS + 1];
+    for (int j = 0; j <= k; j++) part[j] = j == 0 ? 0 : j <= r ? v0 : v1;
+    for (int i = 0; i < n_out; i++) {
+        int rc = cm_coll_gather(s->coll, logits + (size_t)i * (size_t)s->m.hp.n_vocab, part, 0, NULL, 0);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
 /* Tell the coordinator a stage failed (it fails the waiting sequences). */
 static void report(stage *s, int code, const char *text) {
     cm_msg m = {.type = CM_MSG_ERROR};
@@ -123,7 +139,9 @@ static int on_forward(stage *s, const cm_msg_forward *f, char *err, size_t errle
         } else cm_msg_forward_row(f, (uint32_t)i, s->in + (size_t)i * (size_t)hp->n_embd);
     }
     if (s->as.tp_rank != 0) last = false; /* the group's rank 0 applies the head and samples */
-    if (s->relay[1]) {                    /* hybrid: rank 0 relays the hidden states to its members (same floats) */
+    /* A member of a group that splits the head: our rows of it, for rank 0 */
+    bool head_part = (s->as.flags & CM_ASSIGN_F_HEAD) && s->as.tp_rank != 0 && s->coll;
+    if (s->relay[1]) { /* hybrid: rank 0 relays the hidden states to its members (same floats) */
         cm_msg m = {.type = CM_MSG_FORWARD};
         m.u.forward = (cm_msg_forward){.epoch = f->epoch,
                                        .request_id = f->request_id,
@@ -182,7 +200,10 @@ static int on_forward(stage *s, const cm_msg_forward *f, char *err, size_t errle
                           .expert_rank = s->as.tp_rank,
                           .out_hidden =
                               (last && any_hidden) || (!last && s->as.tp_rank == 0 && s->next) ? s->out : NULL,
-                          .out_logits = last && n_want ? s->logits : NULL};
+                          .out_logits = (last || head_part) && n_want ? s->logits : NULL,
+                          .head_gather = head_part ? head_gather : NULL,
+                          .head_gather_user = s};
+    if (head_part) cm_slice_head_rows(&s->m, s->slice, &fa.head_v0, &fa.head_v1);
     char e[300];
     int rc = cm_forward(s->ctx, &b, &fa, e, sizeof e);
     if (rc && s->coll && *cm_coll_error(s->coll))
@@ -348,8 +369,14 @@ static void conn_serve(node *n, cm_conn *c, int src) {
     CM_LOGI("%s '%s' connected from %s", is_coord ? "coordinator" : "peer", peer.name, cm_conn_peer(c));
     bool assigned_here = false;
     uint8_t *pong = NULL;
+    uint64_t spin_ns = (uint64_t)cm_coll_link_spin_us(c) * 1000u, spin_until = 0;
     while (!atomic_load(n->stop)) {
         cm_msg m;
+        /* A tensor-parallel member on a fast link: rank 0's next FORWARD
+         * follows its sampling by well under a millisecond; polling for it
+         * saves a scheduler wake-up per token (cm_coll_link_spin_us). */
+        while (spin_until && cm_now_ns() < spin_until && cm_fd_wait_readable(cm_conn_fd(c), 0) <= 0) cm_thread_yield();
+        spin_until = 0;
         /* Idle waits are short (to notice the stop flag); once a frame
          * starts, a slow link gets a generous deadline for the rest. */
         if (cm_fd_wait_readable(cm_conn_fd(c), NODE_RECV_MS) <= 0) continue;
@@ -458,8 +485,12 @@ static void conn_serve(node *n, cm_conn *c, int src) {
                 uint64_t t0 = cm_now_ns();
                 r2 = on_forward(s, &m.u.forward, err, sizeof err);
                 if (!r2) { /* telemetry: the heartbeats report rows/s and time per row */
+                    uint64_t dt = cm_now_ns() - t0;
                     atomic_fetch_add(&n->hb.rows, m.u.forward.n_tokens);
-                    atomic_fetch_add(&n->hb.busy_ns, cm_now_ns() - t0);
+                    atomic_fetch_add(&n->hb.busy_ns, dt);
+                    s->fwd_ns += dt;
+                    if (m.u.forward.n_tokens == 1) s->fwd1_ns += dt, s->n_fwd1++;
+                    if (s->coll && spin_ns) spin_until = cm_now_ns() + spin_ns;
                 }
             } else if (m.type == CM_MSG_TRAIN) /* node_train.c */
                 r2 = is_coord ? cm_node_on_train(s, &m.u.train, err, sizeof err)

@@ -42,8 +42,9 @@ typedef struct stage {
     cm_conn *relay[CM_COLL_MAX_MEMBERS]; /* hybrid, rank 0 of a later group: data connection to each member (owned) */
     cm_coll *coll;                       /* TP group's all-reduce, NULL without TP */
     uint64_t rows;                       /* token rows computed */
-    struct cm_gpu_model *gm;             /* its first layers on the node's GPU (node_gpu.c), or NULL */
-    struct cm_node_train *train;         /* LoRA training of this stage's layers (node_train.c), NULL: none */
+    uint64_t t0_ns, fwd_ns, fwd1_ns, n_fwd1; /* CUMULO_TP_TRACE: assigned at; time in FORWARDs, in 1-row ones */
+    struct cm_gpu_model *gm;                 /* its first layers on the node's GPU (node_gpu.c), or NULL */
+    struct cm_node_train *train;             /* LoRA training of this stage's layers (node_train.c), NULL: none */
 } stage;
 
 typedef struct node {

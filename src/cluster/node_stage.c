@@ -46,8 +46,24 @@ void cm_node_stage_free(stage *s) {
                 stderr,
                 "tensor-parallel rank %u of %u (epoch %llu), stage %u layers [%u, %u): %llu rows, %llu all-reduces, %llu element bytes / %llu wire bytes sent\n",
                 s->as.tp_rank, s->as.tp_size, (unsigned long long)s->as.epoch, s->as.stage, s->as.layer_begin,
-                s->as.layer_end, (unsigned long long)s->rows, (unsigned long long)st.ops,
-                (unsigned long long)st.total.data_sent, (unsigned long long)st.total.wire_sent);
+                s->as.layer_end, (unsigned long long)s->rows, (unsigned long long)(st.ops - st.head_ops),
+                (unsigned long long)(st.total.data_sent - st.head_data_sent),
+                (unsigned long long)(st.total.wire_sent - st.head_wire_sent));
+        if (st.head_ops) /* the split head's logits, to rank 0 */
+            fprintf(
+                stderr,
+                "tensor-parallel head, member %u of %u (epoch %llu): %llu gathers to rank 0, %llu element bytes sent\n",
+                s->as.tp_rank, s->as.tp_size, (unsigned long long)s->as.epoch, (unsigned long long)st.head_ops,
+                (unsigned long long)st.head_data_sent);
+        const char *tr = getenv("CUMULO_TP_TRACE");
+        if (tr && *tr && strcmp(tr, "0") && s->t0_ns) /* where the member's time went (bench/tp_ratio.sh) */
+            fprintf(stderr,
+                    "tp trace: member %u: %.3f s assigned, %.3f s in FORWARDs (%llu of one row: %.2f ms each, of which "
+                    "all-reduce %.2f ms), %.3f s waiting for FORWARDs\n",
+                    s->as.tp_rank, (double)(cm_now_ns() - s->t0_ns) * 1e-9, (double)s->fwd_ns * 1e-9,
+                    (unsigned long long)s->n_fwd1, s->n_fwd1 ? (double)s->fwd1_ns * 1e-6 / (double)s->n_fwd1 : 0.0,
+                    s->n_fwd1 ? st.small_busy_s * 1e3 / (double)s->n_fwd1 : 0.0,
+                    (double)(cm_now_ns() - s->t0_ns - s->fwd_ns) * 1e-9);
     }
     if (s->holders) /* one line per assignment (tests/sh/cluster_ep_replicas.sh reads it) */
         fprintf(stderr, "expert-parallel rank %u of %u (epoch %llu): %llu rows of replicated experts computed here\n",
@@ -147,8 +163,9 @@ static int tp_connect(node *n, stage *s, char *err, size_t errlen) {
 }
 
 /* path: the whole model (from --models or the cache; mapped, since only this
- * stage's layers of it are read) or a slice of only this stage's tensors
- * (read into huge-page memory when it fits: every byte is read per token). */
+ * stage's layers of it are read, unless the stage is every layer of a
+ * tensor-parallel group) or a slice of only this stage's tensors (read into
+ * huge-page memory when it fits: every byte is read per token). */
 static int stage_load(node *n, stage *s, const char *path, bool slice_file, char *err, size_t errlen) {
     const cm_msg_assign *a = &s->as;
     char e[400];
@@ -156,7 +173,12 @@ static int stage_load(node *n, stage *s, const char *path, bool slice_file, char
     /* An expert group's slice file holds only this member's experts (the
      * rest are holes): mapped, so the holes are never read into memory.
      * NEEDSWORK: read just the held ranges into huge pages. */
-    bool in_memory = slice_file && !n->o->mmap && !(a->flags & CM_ASSIGN_F_EP) && stat(path, &st) == 0 &&
+    /* A TP member over every layer reads a slice of each per token: mapped
+     * 4 KiB pages and no repacked rows cost it ~1/4 of its speed (HISTORY.md,
+     * 2026-12-03), so the whole file is read in when it fits.
+     * NEEDSWORK: read only the slice's rows and columns. */
+    bool tp_all = a->tp_size > 1 && a->layer_begin == 0 && a->layer_end == a->n_layers;
+    bool in_memory = (slice_file || tp_all) && !n->o->mmap && !(a->flags & CM_ASSIGN_F_EP) && stat(path, &st) == 0 &&
                      cm_gguf_worth_loading((uint64_t)st.st_size);
     int rc = in_memory ? cm_gguf_load(&s->g, path, NULL, NULL, e, sizeof e)
                        : cm_gguf_open(&s->g, path, NULL, NULL, e, sizeof e);
@@ -200,7 +222,8 @@ static int stage_load(node *n, stage *s, const char *path, bool slice_file, char
     s->smp = cm_calloc((size_t)s->n_seq, sizeof *s->smp);
     s->in = cm_malloc((size_t)CM_BATCH_MAX * (size_t)hp->n_embd * sizeof(float));
     s->out = cm_malloc((size_t)CM_BATCH_MAX * (size_t)hp->n_embd * sizeof(float));
-    bool last = (a->flags & CM_ASSIGN_F_OUTPUT) && a->tp_rank == 0; /* a group's rank 0 samples */
+    /* a group's rank 0 samples; with a split head every member computes its rows of it */
+    bool last = (a->flags & CM_ASSIGN_F_OUTPUT) && (a->tp_rank == 0 || (a->flags & CM_ASSIGN_F_HEAD));
     if (last) s->logits = cm_malloc((size_t)CM_BATCH_MAX * (size_t)hp->n_vocab * sizeof(float));
     if (!s->kv || !s->kvp || !s->smp || !s->in || !s->out || (last && !s->logits))
         return cm_errf(err, errlen, CM_ENOMEM, "out of memory for the stage's buffers");
@@ -320,6 +343,7 @@ static bool assign_once(node *n, cm_conn *c, const cm_msg_assign *a, cm_msg_assi
             n->hello.name, a->stage, a->n_stages, a->layer_begin, a->layer_end, a->model_name, owner,
             (unsigned long long)a->epoch, a->tp_size > 1 ? ", tensor-parallel member" : "",
             *a->next ? ", next " : ", last stage", a->next);
+    s->t0_ns = cm_now_ns();
     cm_node_send_ready(n, c, a->epoch, 0, 0, "");
     return false;
 }

@@ -31,7 +31,11 @@
 static void fill_default_opts(cm_engine_opts *o) { memset(o, 0, sizeof *o); }
 
 bool cm_engine_weights_in_memory(const cm_engine_opts *opts, uint64_t file_bytes) {
-    if (opts && (opts->mmap || (opts->nodes && *opts->nodes))) return false;
+    /* A tensor-parallel coordinator (one group) reads a slice of every layer
+     * per token, as a node of its group does: mapped 4 KiB pages and no
+     * repacked rows cost it ~1/4 of its speed (docs/HISTORY.md, 2026-12-03). */
+    bool tp = opts && opts->plan.mode_set && opts->plan.mode == CM_PARALLEL_TP;
+    if (opts && (opts->mmap || (opts->nodes && *opts->nodes && !tp))) return false;
     return cm_gguf_worth_loading(file_bytes);
 }
 
@@ -217,7 +221,7 @@ int cm_engine_forward(cm_engine *e, const cm_batch *b, cm_forward_args *a, cm_se
         int32_t slots[CM_BATCH_MAX];
         if (b->n > CM_BATCH_MAX) return cm_errf(err, errlen, CM_EINVAL, "batch of %d rows", b->n);
         for (int i = 0; i < b->n; i++) slots[i] = sess[b->seq[i]]->slot;
-        int rc = cm_pipe_stage0(e->cl, b->tokens, b->pos, slots, b->n, a, err, errlen);
+        int rc = cm_pipe_stage0(e->cl, b->tokens, b->pos, slots, b->n, b->logits, a, err, errlen);
         if (rc) return rc;
         if (e->test_cluster_delay_ms) cm_sleep_ms(e->test_cluster_delay_ms);
     }
@@ -453,7 +457,7 @@ int cm_engine_eval_cluster(cm_session *s, int upto, int want, char *err, size_t 
         pthread_mutex_lock(&e->mu);
         int32_t slots[256];
         for (int i = 0; i < nb; i++) slots[i] = s->slot;
-        int rc = cm_pipe_stage0(e->cl, b.tokens, pos, slots, nb, &a, err, errlen);
+        int rc = cm_pipe_stage0(e->cl, b.tokens, pos, slots, nb, NULL, &a, err, errlen);
         if (!rc) rc = cm_forward(e->ctx, &b, &a, err, errlen);
         if (!rc)
             rc = cm_pipe_send(e->cl, s->slot, s->hidden, pos, nb, last || want == CM_PIPE_WANT_HIDDEN ? want : 0, err,

@@ -92,8 +92,9 @@ void cm_engine_free(cm_engine *e); /* NULL is a no-op */
  * bits)") and how many, or NULL and 0 when the CPU does all. */
 const char *cm_engine_gpu_device(const cm_engine *e, int *layers);
 /* Whether cm_engine_load reads a file of file_bytes into memory rather than
- * mapping it: not with opts->mmap, not in a cluster (this machine reads only
- * its layers of the file), else cm_gguf_worth_loading. */
+ * mapping it: not with opts->mmap, not in a pipeline or hybrid cluster (this
+ * machine reads only its layers of the file; a `--parallel tp` group reads a
+ * slice of every layer, so it is read in), else cm_gguf_worth_loading. */
 bool cm_engine_weights_in_memory(const cm_engine_opts *opts, uint64_t file_bytes);
 
 typedef struct cm_engine_info {

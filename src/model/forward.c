@@ -550,8 +550,15 @@ static void phase_final(cm_ctx *c, int ith, int nth) {
         rms_norm_row(c->x + (size_t)c->out_rows[r] * E, m->output_norm.data, c->xn + r * E, E, m->hp.rms_eps);
     cm_pool_barrier(c->pool);
     size_t xs;
-    const void *xq = prep_act(c, CM_ACT_OUTPUT, &m->output, c->xn, E, E, c->n_out, &xs, ith, nth);
-    matmul(c, &m->output, xq, xs, c->n_out, c->a->out_logits, m->hp.n_vocab, ith, nth);
+    const cm_forward_args *a = c->a;
+    /* A split head (tensor parallelism): our vocabulary rows only. (The
+     * whole head stays &m->output: LoRA's output adapter is found by it.) */
+    const cm_tensor hv =
+        rows_view(&m->output, a->head_gather ? a->head_v0 : 0, a->head_gather ? a->head_v1 : m->output.ne[1]);
+    const cm_tensor *W = a->head_gather ? &hv : &m->output;
+    float *y = a->out_logits + (a->head_gather ? a->head_v0 : 0);
+    const void *xq = prep_act(c, CM_ACT_OUTPUT, W, c->xn, E, E, c->n_out, &xs, ith, nth);
+    matmul(c, W, xq, xs, c->n_out, y, m->hp.n_vocab, ith, nth);
 }
 
 static void run_phase(void *ctx, int ith, int nth) {
@@ -587,6 +594,9 @@ static int check_args(cm_ctx *c, const cm_batch *b, const cm_forward_args *a, ch
         return cm_errf(err, errlen, CM_EINVAL, "%s",
                        b->tokens ? "token ids given to a stage that does not start at layer 0"
                                  : "batch without token ids or hidden states");
+    if (a->head_gather && (a->head_v0 < 0 || a->head_v0 > a->head_v1 || a->head_v1 > hp->n_vocab))
+        return cm_errf(err, errlen, CM_EINVAL, "output head rows [%d, %d) are out of [0, %d)", a->head_v0, a->head_v1,
+                       hp->n_vocab);
     if (a->out_logits && a->layer_last != hp->n_layer)
         return cm_errf(err, errlen, CM_EINVAL, "logits requested from a stage that ends at layer %d of %d",
                        a->layer_last, hp->n_layer);
@@ -697,6 +707,9 @@ int cm_forward(cm_ctx *c, const cm_batch *b, const cm_forward_args *a, char *err
     }
     c->ph = PH_FINAL;
     cm_pool_run(c->pool, run_phase, c);
+    if (a->head_gather && a->out_logits && c->n_out > 0 &&
+        (rc = a->head_gather(a->head_gather_user, a->out_logits, c->n_out)))
+        return cm_errf(err, errlen, rc, "output head exchange failed: %s", cm_strerror(rc));
     for (int j = 0; j < b->n; j++) a->kvs[b->seq[j]]->n_past++;
     return 0;
 }

@@ -367,6 +367,12 @@ cm_slice cm_slice_full(const cm_model *m) {
     return s;
 }
 
+void cm_slice_head_rows(const cm_model *m, cm_slice s, int *v0, int *v1) {
+    int64_t V = m->hp.n_vocab, F = m->hp.n_ff > 0 ? m->hp.n_ff : 1;
+    *v0 = (int)(V * s.f0 / F);
+    *v1 = s.f1 >= F ? (int)V : (int)(V * s.f1 / F);
+}
+
 int cm_expert_slice_check(const cm_model *m, cm_slice s, cm_expert_slice x, char *err, size_t errlen) {
     return cm_moe_check_experts(m, s, x, err, errlen);
 }

@@ -271,6 +271,11 @@ cm_slice cm_slice_full(const cm_model *m);
  * deepseek2's heads and dense-layer FFN rows, which go with an expert slice
  * (cm_expert_slice_check). */
 int cm_slice_check(const cm_model *m, cm_slice s, char *err, size_t errlen);
+/* A tensor-parallel member's rows of the output head, [*v0, *v1) of
+ * n_vocab, in proportion to its FFN rows: n_vocab * f0 / n_ff to
+ * n_vocab * f1 / n_ff. Members whose FFN ranges tile [0, n_ff) get ranges
+ * that tile the vocabulary, each computed from its own slice alone. */
+void cm_slice_head_rows(const cm_model *m, cm_slice s, int *v0, int *v1);
 /* Is x a valid expert slice to go with s (zeroed: always, unless s is a
  * partial deepseek2 slice, which needs one)? CM_EINVAL for a dense model, a
  * range outside [0, n_expert], or s not the whole model (deepseek2: any
@@ -443,6 +448,14 @@ typedef int (*cm_allreduce_fn)(void *user, float *x, int64_t n);
  * Returns 0 or an error code, which aborts the forward pass. */
 typedef int (*cm_expert_gather_fn)(void *user, float *y, int64_t row_len, const int32_t *rows, int n_expert);
 
+/* Tensor parallelism's split output head: this member has computed the
+ * logits of vocabulary rows [head_v0, head_v1) of each of the n_out rows of
+ * logits ([n_out][n_vocab]); complete them (the member that samples receives
+ * the other members' rows, the others send theirs). Called by cm_forward()
+ * on the caller's thread after the head. Every row has the bits the whole
+ * head gives it on one machine (each logit is one row's dot product). */
+typedef int (*cm_head_gather_fn)(void *user, float *logits, int n_out);
+
 typedef struct cm_forward_args {
     int layer_first, layer_last; /* [0, n_layer) for a single machine */
     cm_slice slice;              /* must equal the slice the kvs were made with */
@@ -466,6 +479,12 @@ typedef struct cm_forward_args {
      * batch order; requires layer_last == n_layer. */
     float *out_hidden;
     float *out_logits;
+    /* Split head (tensor parallelism, with out_logits): only vocabulary rows
+     * [head_v0, head_v1) are computed here, then head_gather is called.
+     * head_gather NULL: every row (head_v0/v1 ignored). */
+    int head_v0, head_v1;
+    cm_head_gather_fn head_gather;
+    void *head_gather_user;
 } cm_forward_args;
 
 /* Scratch for forward passes of up to max_batch tokens over sequences of up

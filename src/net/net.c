@@ -37,7 +37,8 @@ struct cm_conn {
     int fd;
     _Atomic enum cm_conn_state state; /* written by the receiving thread, read by senders (usable) */
     cm_chan s;
-    int stall_ms; /* sends give up after this long without progress (0: never) */
+    int stall_ms;     /* sends give up after this long without progress (0: never) */
+    uint64_t spin_ns; /* receives poll the socket this long before sleeping in poll() (0: never) */
     char peer[64];
     uint8_t *rx, *tx;
     size_t rx_cap, tx_cap;
@@ -374,6 +375,7 @@ static int write_all(cm_conn *c, const uint8_t *p, size_t n, uint64_t deadline, 
 /* Read exactly n bytes into p. *got counts progress so the caller can tell a
  * quiet line (0 bytes) from a stall mid-frame. */
 static int read_exact(cm_conn *c, uint8_t *p, size_t n, size_t *got, uint64_t deadline) {
+    uint64_t spin_end = 0; /* set at the first empty read: spin until then, then sleep */
     while (*got < n) {
         ssize_t r = recv(c->fd, p + *got, n - *got, 0);
         if (r > 0) {
@@ -383,6 +385,15 @@ static int read_exact(cm_conn *c, uint8_t *p, size_t n, size_t *got, uint64_t de
         if (r == 0) return CM_ECLOSED;
         if (errno == EINTR) continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) {
+            if (c->spin_ns) { /* a fast link: the bytes are microseconds away; a sleep costs a wake-up */
+                uint64_t now = cm_now_ns();
+                if (!spin_end) spin_end = CM_MIN(now + c->spin_ns, deadline);
+                if (now < spin_end) { /* and yield: a peer on this core gets it at once */
+                    for (int i = 0; i < 32; i++) cm_cpu_relax();
+                    cm_thread_yield();
+                    continue;
+                }
+            }
             int w = wait_fd(c->fd, POLLIN, deadline);
             if (w == 1) continue;
             if (w == 0) return CM_ETIMEDOUT;
@@ -694,6 +705,13 @@ void cm_conn_close(cm_conn *c, const char *reason) {
 
 const char *cm_conn_peer(const cm_conn *c) { return c->peer; }
 void cm_conn_set_send_stall(cm_conn *c, int ms) { c->stall_ms = ms > 0 ? ms : 0; }
+void cm_conn_set_spin(cm_conn *c, int us) { c->spin_ns = us > 0 ? (uint64_t)us * 1000u : 0; }
+
+bool cm_conn_is_loopback(const cm_conn *c) {
+    char h[64];
+    cm_conn_peer_host(c, h, sizeof h);
+    return !strncmp(h, "127.", 4) || !strcmp(h, "::1") || !strncmp(h, "::ffff:127.", 11) || !strcmp(h, "local");
+}
 
 void cm_conn_peer_host(const cm_conn *c, char *out, size_t cap) {
     const char *p = c->peer, *e = strrchr(p, ':');

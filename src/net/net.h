@@ -115,6 +115,14 @@ void cm_conn_close(cm_conn *c, const char *reason);
 /* The no-progress bound of sends on c (ms, 0 = none); set before other
  * threads use c (the handshake sets it from cm_net_cfg.send_stall_ms). */
 void cm_conn_set_send_stall(cm_conn *c, int ms);
+/* Receives on c that find no bytes poll the socket for up to us microseconds
+ * (pausing the CPU between tries) before they sleep in poll(): on a loopback
+ * or Thunderbolt-class link the reply is microseconds away and a sleep costs
+ * a scheduler wake-up (tens to hundreds of µs in a VM). 0 (the default): sleep
+ * at once. Set it before another thread receives on c. */
+void cm_conn_set_spin(cm_conn *c, int us);
+/* The peer is this machine: 127.0.0.0/8, ::1, or a local (transport) socket. */
+bool cm_conn_is_loopback(const cm_conn *c);
 
 const char *cm_conn_peer(const cm_conn *c); /* "127.0.0.1:7070" / "[::1]:7070" */
 /* The peer's address without the port ("127.0.0.1", "::1"), into out. */

@@ -53,6 +53,17 @@ uint64_t cm_now_ns(void);  /* monotonic */
 double cm_now_s(void);     /* monotonic seconds */
 uint64_t cm_wall_ms(void); /* unix epoch milliseconds */
 void cm_sleep_ms(unsigned ms);
+/* Give the CPU to another runnable thread, if any (a spin-wait's manners on
+ * a shared machine: returns at once when nothing else wants the core). */
+void cm_thread_yield(void);
+/* A spin-wait hint to the CPU (x86 pause, arm64 yield; nothing elsewhere). */
+static inline void cm_cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ volatile("yield");
+#endif
+}
 
 /* ---- sockets (the platform bits of TCP; net owns the rest) ---- */
 /* Make fd non-blocking and close-on-exec, and make writes to a closed peer

@@ -132,6 +132,8 @@ void cm_pool_free(cm_pool *p) {
 
 int cm_pool_size(const cm_pool *p) { return p ? p->n : 1; }
 
+void cm_thread_yield(void) { sched_yield(); }
+
 void cm_pool_run(cm_pool *p, cm_pool_fn fn, void *ctx) {
     if (!p || p->n == 1) {
         fn(ctx, 0, 1);

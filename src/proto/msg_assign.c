@@ -16,7 +16,10 @@ static bool kv_types_ok(const cm_msg_assign *a) {
 
 static const char *assign_invalid(const cm_msg_assign *a) {
     if (a->flags & ~(CM_ASSIGN_F_EMBED | CM_ASSIGN_F_OUTPUT | CM_ASSIGN_F_TP_Q8 | CM_ASSIGN_F_EP | CM_ASSIGN_F_TAKE |
-                     CM_ASSIGN_F_KV | CM_ASSIGN_F_REPLICAS))
+                     CM_ASSIGN_F_KV | CM_ASSIGN_F_REPLICAS | CM_ASSIGN_F_HEAD))
+        return "flags";
+    if ((a->flags & CM_ASSIGN_F_HEAD) &&
+        (a->tp_size < 2 || !(a->flags & CM_ASSIGN_F_OUTPUT) || (a->flags & CM_ASSIGN_F_EP)))
         return "flags";
     if ((a->flags & CM_ASSIGN_F_REPLICAS) && !(a->flags & CM_ASSIGN_F_EP)) return "flags";
     if ((a->flags & CM_ASSIGN_F_TP_Q8) && a->tp_size < 2) return "flags";

@@ -285,6 +285,10 @@ typedef struct cm_msg_ping {
 #define CM_ASSIGN_F_REPLICAS \
     64u /* with EP only: hot-expert replicas follow (after the KV types): per rank, the experts it holds
                                    beyond its bounds; a replicated expert's rows are split among its holders */
+#define CM_ASSIGN_F_HEAD \
+    128u /* one tensor-parallel group (tp_size > 1, with OUTPUT, not EP): every member computes
+                                   its rows of the output head (cm_slice_head_rows) for the FORWARD rows
+                                   marked CM_WANT_LOGITS and sends them to rank 0 (cm_coll_gather) */
 typedef struct cm_msg_assign {
     uint64_t epoch;
     uint8_t model_sha256[32];

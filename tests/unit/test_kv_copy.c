@@ -11,27 +11,12 @@
 #include "gguf/gguf.h"
 #include "synth/synth.h"
 #include "tensor/tensor.h"
+#include "gen_fx.h"
 #include "test.h"
 
 #include <unistd.h>
 
 static char errbuf[512];
-
-typedef struct out {
-    cm_buf b;
-    int n_tok;
-    double lp_sum;
-} out;
-
-static int gen_cb(void *u, const cm_token_event *ev) {
-    out *o = u;
-    if (ev->id >= 0) {
-        o->n_tok++;
-        if (ev->info) o->lp_sum += ev->info->logprob;
-    }
-    cm_buf_append(&o->b, ev->text, ev->len);
-    return 0;
-}
 
 /* Whole prompt in one session vs prefix copied from another, then the rest. */
 static void same_with_copy(const char *model, int kv_k, int kv_v, bool flash, const char *what) {
@@ -52,18 +37,18 @@ static void same_with_copy(const char *model, int kv_k, int kv_v, bool flash, co
     p.sampling.temperature = 0;
     p.n_predict = 16;
     p.ignore_eos = true;
-    out whole = {0}, copied = {0};
+    gen_out whole = {0}, copied = {0};
     cm_gen_result r;
     cm_session *a = cm_session_new(e, 256, errbuf, sizeof errbuf);
     CHECK(cm_session_set_prompt(a, ids, n, errbuf, sizeof errbuf) == 0);
-    CHECK(cm_session_generate(a, &p, gen_cb, &whole, &r, errbuf, sizeof errbuf) == 0);
+    CHECK(cm_session_generate(a, &p, gen_out_cb, &whole, &r, errbuf, sizeof errbuf) == 0);
     /* the source: a session that evaluated a prompt sharing the first `pre` tokens */
     cm_session *src = cm_session_new(e, 256, errbuf, sizeof errbuf);
     CHECK(cm_session_set_prompt(src, ids, pre, errbuf, sizeof errbuf) == 0);
     cm_session *b = cm_session_new(e, 256, errbuf, sizeof errbuf);
     CHECKF(cm_session_copy_prefix(b, src, pre, errbuf, sizeof errbuf) == 0, "%s: %s", what, errbuf);
     CHECK(cm_session_set_prompt(b, ids, n, errbuf, sizeof errbuf) == 0);
-    CHECK(cm_session_generate(b, &p, gen_cb, &copied, &r, errbuf, sizeof errbuf) == 0);
+    CHECK(cm_session_generate(b, &p, gen_out_cb, &copied, &r, errbuf, sizeof errbuf) == 0);
     CHECKF(whole.n_tok == 16 && copied.n_tok == whole.n_tok && whole.b.len == copied.b.len &&
                !memcmp(whole.b.data, copied.b.data, whole.b.len),
            "%s: text differs after a prefix copy", what);

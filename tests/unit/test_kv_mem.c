@@ -19,6 +19,7 @@
 #include "gguf/gguf.h"
 #include "model/model.h"
 #include "synth/synth.h"
+#include "gen_fx.h"
 #include "test.h"
 
 #include <unistd.h>
@@ -121,23 +122,7 @@ static void test_rss(void) {
     cm_engine_free(e);
 }
 
-typedef struct out {
-    cm_buf b;
-    int n_tok;
-    double lp_sum;
-} out;
-
-static int gen_cb(void *u, const cm_token_event *ev) {
-    out *o = u;
-    if (ev->id >= 0) {
-        o->n_tok++;
-        if (ev->info) o->lp_sum += ev->info->logprob;
-    }
-    cm_buf_append(&o->b, ev->text, ev->len);
-    return 0;
-}
-
-static void gen(cm_session *s, const int32_t *ids, int n, out *o) {
+static void gen(cm_session *s, const int32_t *ids, int n, gen_out *o) {
     cm_gen_params p;
     cm_gen_params_default(&p);
     p.sampling.temperature = 0;
@@ -146,12 +131,7 @@ static void gen(cm_session *s, const int32_t *ids, int n, out *o) {
     cm_gen_result r;
     memset(o, 0, sizeof *o);
     CHECK(cm_session_set_prompt(s, ids, n, errbuf, sizeof errbuf) == 0);
-    CHECK(cm_session_generate(s, &p, gen_cb, o, &r, errbuf, sizeof errbuf) == 0);
-}
-
-static bool same(const out *a, const out *b) {
-    return a->n_tok == b->n_tok && a->b.len == b->b.len && !memcmp(a->b.data, b->b.data, a->b.len) &&
-           a->lp_sum == b->lp_sum;
+    CHECK(cm_session_generate(s, &p, gen_out_cb, o, &r, errbuf, sizeof errbuf) == 0);
 }
 
 static void refill_same(int kv_k, int kv_v, bool flash, const char *what) {
@@ -166,19 +146,19 @@ static void refill_same(int kv_k, int kv_v, bool flash, const char *what) {
     memcpy(b, a, sizeof b);
     prompt_ids(b + 150, 150, 6); /* shares the first 150 positions */
     b[150] = 7;
-    out fresh, again, tail;
+    gen_out fresh, again, tail;
     cm_session *s0 = cm_session_new(e, CTX, errbuf, sizeof errbuf);
     gen(s0, b, 300, &fresh); /* b on a fresh cache */
     cm_session *s = cm_session_new(e, CTX, errbuf, sizeof errbuf);
-    out tmp;
+    gen_out tmp;
     gen(s, a, 300, &tmp); /* a, then b: the tail past 150 is given back and refilled */
     cm_buf_release(&tmp.b);
     gen(s, b, 300, &tail);
-    CHECKF(same(&fresh, &tail), "%s: text/logprobs differ after the tail was given back", what);
+    CHECKF(gen_out_same(&fresh, &tail), "%s: text/logprobs differ after the tail was given back", what);
     cm_session_kv_drop(s); /* everything given back, then b again */
     CHECK(cm_session_kv_bytes(s, -1) == 0);
     gen(s, b, 300, &again);
-    CHECKF(same(&fresh, &again), "%s: text/logprobs differ after the cache was dropped", what);
+    CHECKF(gen_out_same(&fresh, &again), "%s: text/logprobs differ after the cache was dropped", what);
     CHECK(fresh.n_tok == 12);
     cm_buf_release(&fresh.b);
     cm_buf_release(&again.b);

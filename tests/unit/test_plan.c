@@ -32,6 +32,27 @@ static void link_set(cm_plan_cluster *c, int a, int b, double rtt_ms, double gbi
     c->bw[a][b] = c->bw[b][a] = gbit * 1e9 / 8;
 }
 
+/* What most cases start from: the model of a shape, default options in mode
+ * (CM_PARALLEL_AUTO: the default's), an empty cluster whose links all have
+ * rtt_ms and gbit. */
+static void case_init(cm_plan_model *m, void (*shape)(cm_plan_model *), cm_plan_opts *o, enum cm_parallel mode,
+                      cm_plan_cluster *c, double rtt_ms, double gbit) {
+    shape(m);
+    cm_plan_opts_default(o);
+    if (mode != CM_PARALLEL_AUTO) o->mode = mode;
+    memset(c, 0, sizeof *c);
+    links_all(c, rtt_ms, gbit);
+}
+
+/* n Mac minis M4 Pro ("mini0"...): 64 GiB, 273 GB/s, 9 TFLOPS each. */
+static void add_minis(cm_plan_cluster *c, int n) {
+    for (int i = 0; i < n; i++) {
+        char nm[16];
+        snprintf(nm, sizeof nm, "mini%d", i);
+        add_node(c, nm, 64, 273, 9);
+    }
+}
+
 static int layers_of(const cm_plan *p, int node) {
     for (int s = 0; s < p->n_stages; s++)
         for (int i = 0; i < p->stages[s].n_members; i++)
@@ -72,14 +93,12 @@ static void llama70b(cm_plan_model *m) { cm_plan_model_synthetic(m, 80, 8192, 64
 
 static void test_single_node(void) {
     cm_plan_model m;
-    llama8b(&m);
-    cm_plan_cluster c = {0};
-    links_all(&c, 0.2, 40);
-    add_node(&c, "mini", 16, 100, 4);
     cm_plan_opts o;
-    cm_plan_opts_default(&o);
+    cm_plan_cluster c;
     cm_plan p;
     char err[512];
+    case_init(&m, llama8b, &o, CM_PARALLEL_AUTO, &c, 0.2, 40);
+    add_node(&c, "mini", 16, 100, 4);
     CHECK(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == 0);
     check_plan_valid(&p, &m, &c, &o);
     CHECK(p.n_stages == 1 && p.stages[0].n_members == 1);
@@ -111,14 +130,11 @@ static void test_kv_types(void) {
 
 static void test_even_and_uneven_pipeline(void) {
     cm_plan_model m;
-    llama8b(&m);
     cm_plan_opts o;
-    cm_plan_opts_default(&o);
-    o.mode = CM_PARALLEL_PP;
+    cm_plan_cluster c;
     cm_plan p;
     char err[512];
-    cm_plan_cluster c = {0};
-    links_all(&c, 0.3, 40);
+    case_init(&m, llama8b, &o, CM_PARALLEL_PP, &c, 0.3, 40);
     add_node(&c, "a", 16, 100, 4);
     add_node(&c, "b", 16, 100, 4);
     CHECK(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == 0);
@@ -147,14 +163,11 @@ static void test_even_and_uneven_pipeline(void) {
 
 static void test_memory_bound_node(void) {
     cm_plan_model m;
-    llama8b(&m);
     cm_plan_opts o;
-    cm_plan_opts_default(&o);
-    o.mode = CM_PARALLEL_PP;
+    cm_plan_cluster c;
     cm_plan p;
     char err[512];
-    cm_plan_cluster c = {0};
-    links_all(&c, 0.3, 40);
+    case_init(&m, llama8b, &o, CM_PARALLEL_PP, &c, 0.3, 40);
     add_node(&c, "big", 64, 100, 4);
     add_node(&c, "fast-but-small", 2.0, 400, 16); /* fastest, but holds few layers */
     CHECK(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == 0);
@@ -190,14 +203,11 @@ static void test_slow_link_gets_fewer(void) {
  * memory, and a survivor too small for the rest makes it not fit. */
 static void test_pinned_first_stage(void) {
     cm_plan_model m;
-    llama8b(&m);
     cm_plan_opts o;
-    cm_plan_opts_default(&o);
-    o.mode = CM_PARALLEL_PP;
+    cm_plan_cluster c;
     cm_plan p;
     char err[512];
-    cm_plan_cluster c = {0};
-    links_all(&c, 0.3, 40);
+    case_init(&m, llama8b, &o, CM_PARALLEL_PP, &c, 0.3, 40);
     add_node(&c, "here", 64, 100, 4);
     add_node(&c, "slow", 16, 50, 2);
     add_node(&c, "fast", 16, 200, 8);
@@ -320,15 +330,12 @@ static bool avoids_down(const cm_plan *p, const cm_plan_cluster *c) {
  * neighbours (so the check can fail). */
 static void test_down_link(void) {
     cm_plan_model m;
-    llama8b(&m);
     cm_plan_opts o;
-    cm_plan_opts_default(&o);
-    o.mode = CM_PARALLEL_PP;
-    o.reorder = true;
+    cm_plan_cluster c;
     cm_plan p;
     char err[512] = "";
-    cm_plan_cluster c = {0};
-    links_all(&c, 0.2, 40);
+    case_init(&m, llama8b, &o, CM_PARALLEL_PP, &c, 0.2, 40);
+    o.reorder = true;
     add_node(&c, "here", 64, 100, 4);
     add_node(&c, "b", 64, 100, 4);
     add_node(&c, "c", 64, 100, 4);
@@ -370,13 +377,11 @@ static void test_down_link(void) {
 
 static void test_does_not_fit(void) {
     cm_plan_model m;
-    llama70b(&m);
     cm_plan_opts o;
-    cm_plan_opts_default(&o);
+    cm_plan_cluster c;
     cm_plan p;
     char err[512] = "";
-    cm_plan_cluster c = {0};
-    links_all(&c, 0.3, 40);
+    case_init(&m, llama70b, &o, CM_PARALLEL_AUTO, &c, 0.3, 40);
     add_node(&c, "a", 16, 100, 4);
     add_node(&c, "b", 16, 100, 4);
     CHECK(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == CM_ENOSPACE);
@@ -385,14 +390,11 @@ static void test_does_not_fit(void) {
 
 static void test_tensor_parallel_slices(void) {
     cm_plan_model m;
-    llama8b(&m);
     cm_plan_opts o;
-    cm_plan_opts_default(&o);
-    o.mode = CM_PARALLEL_TP;
+    cm_plan_cluster c;
     cm_plan p;
     char err[512];
-    cm_plan_cluster c = {0};
-    links_all(&c, 0.1, 80);
+    case_init(&m, llama8b, &o, CM_PARALLEL_TP, &c, 0.1, 80);
     add_node(&c, "a", 16, 100, 4);
     add_node(&c, "b", 16, 200, 8);
     add_node(&c, "c", 16, 100, 4);
@@ -413,18 +415,12 @@ static void test_tensor_parallel_slices(void) {
 static void test_auto_hybrid(void) {
     /* two pairs on Thunderbolt, the pairs joined by slow Ethernet: two TP groups, pipelined */
     cm_plan_model m;
-    llama70b(&m);
     cm_plan_opts o;
-    cm_plan_opts_default(&o);
+    cm_plan_cluster c;
     cm_plan p;
     char err[512];
-    cm_plan_cluster c = {0};
-    links_all(&c, 1.0, 1);
-    for (int i = 0; i < 4; i++) {
-        char nm[16];
-        snprintf(nm, sizeof nm, "mini%d", i);
-        add_node(&c, nm, 64, 273, 9);
-    }
+    case_init(&m, llama70b, &o, CM_PARALLEL_AUTO, &c, 1.0, 1);
+    add_minis(&c, 4);
     link_set(&c, 0, 1, 0.1, 40);
     link_set(&c, 2, 3, 0.1, 40);
     CHECK(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == 0);
@@ -450,18 +446,12 @@ static void test_auto_hybrid(void) {
  * goes tensor-parallel, auto picks a pipeline; tp and hybrid are refused. */
 static void test_experts_no_row_split(void) {
     cm_plan_model m;
-    llama70b(&m);
     cm_plan_opts o;
-    cm_plan_opts_default(&o);
+    cm_plan_cluster c;
     cm_plan p;
     char err[512];
-    cm_plan_cluster c = {0};
-    links_all(&c, 0.1, 80);
-    for (int i = 0; i < 4; i++) {
-        char nm[16];
-        snprintf(nm, sizeof nm, "mini%d", i);
-        add_node(&c, nm, 64, 273, 9);
-    }
+    case_init(&m, llama70b, &o, CM_PARALLEL_AUTO, &c, 0.1, 80);
+    add_minis(&c, 4);
     CHECK(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == 0 && p.mode == CM_PARALLEL_TP);
     m.n_experts = 8;
     m.n_experts_used = 2;
@@ -535,17 +525,14 @@ static int held(const cm_plan_member *mb) { return mb->expert_end - mb->expert_b
 
 static void test_ep_even(void) {
     cm_plan_model m;
-    qwen3_30b_a3b(&m);
-    cm_plan_cluster c = {0};
-    links_all(&c, 0.1, 40);
+    cm_plan_opts o;
+    cm_plan_cluster c;
+    cm_plan p;
+    char err[512];
+    case_init(&m, qwen3_30b_a3b, &o, CM_PARALLEL_EP, &c, 0.1, 40);
     add_node(&c, "a", 24, 120, 4);
     add_node(&c, "b", 24, 120, 4);
     add_node(&c, "c", 24, 120, 4);
-    cm_plan_opts o;
-    cm_plan_opts_default(&o);
-    o.mode = CM_PARALLEL_EP;
-    cm_plan p;
-    char err[512];
     CHECKF(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == 0, "%s", err);
     check_ep_valid(&p, &m, &c, &o);
     CHECK(p.mode == CM_PARALLEL_EP && p.n_stages == 1 && p.stages[0].n_members == 3);
@@ -671,17 +658,14 @@ static void test_mla_tensor_parallel(void) {
 
 static void test_ep_uneven_speed(void) {
     cm_plan_model m;
-    qwen3_30b_a3b(&m);
-    cm_plan_cluster c = {0};
-    links_all(&c, 0.1, 40);
+    cm_plan_opts o;
+    cm_plan_cluster c;
+    cm_plan p;
+    char err[512];
+    case_init(&m, qwen3_30b_a3b, &o, CM_PARALLEL_EP, &c, 0.1, 40);
     add_node(&c, "m4", 24, 120, 4);
     add_node(&c, "m4pro", 48, 273, 8);
     add_node(&c, "m4b", 24, 120, 4);
-    cm_plan_opts o;
-    cm_plan_opts_default(&o);
-    o.mode = CM_PARALLEL_EP;
-    cm_plan p;
-    char err[512];
     CHECKF(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == 0, "%s", err);
     check_ep_valid(&p, &m, &c, &o);
     const cm_plan_member *mb = p.stages[0].members;
@@ -734,17 +718,14 @@ static void test_ep_uneven_memory(void) {
 
 static void test_ep_modes(void) {
     cm_plan_model dense;
-    llama8b(&dense);
-    cm_plan_cluster c = {0};
-    links_all(&c, 0.1, 40);
+    cm_plan_opts o;
+    cm_plan_cluster c;
+    cm_plan p;
+    char err[512];
+    case_init(&dense, llama8b, &o, CM_PARALLEL_EP, &c, 0.1, 40);
     add_node(&c, "a", 24, 120, 4);
     add_node(&c, "b", 24, 120, 4);
     add_node(&c, "c", 24, 120, 4);
-    cm_plan_opts o;
-    cm_plan_opts_default(&o);
-    o.mode = CM_PARALLEL_EP;
-    cm_plan p;
-    char err[512];
     CHECK(cm_plan_make(&dense, &c, &o, &p, err, sizeof err) == CM_EINVAL && strstr(err, "mixture-of-experts"));
     CHECK(cm_parallel_from_name("ep") == CM_PARALLEL_EP && !strcmp(cm_parallel_name(CM_PARALLEL_EP), "ep"));
     cm_plan_model m;
@@ -835,14 +816,11 @@ static int gpu_layers_of(const cm_plan *p, int node) {
 
 static void test_gpu_node(void) {
     cm_plan_model m;
-    llama8b(&m);
     cm_plan_opts o;
-    cm_plan_opts_default(&o);
-    o.mode = CM_PARALLEL_PP;
+    cm_plan_cluster c;
     cm_plan p, p0;
     char err[512], buf[4096];
-    cm_plan_cluster c = {0};
-    links_all(&c, 0.3, 40);
+    case_init(&m, llama8b, &o, CM_PARALLEL_PP, &c, 0.3, 40);
     add_node(&c, "a", 16, 100, 4);
     add_node(&c, "b", 16, 100, 4);
     add_node(&c, "c", 16, 100, 4);

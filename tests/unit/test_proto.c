@@ -631,7 +631,7 @@ static void test_issue19_fields(void) {
     m.u.assign.flags |= CM_ASSIGN_F_TAKE;
     n = enc(&m, buf, sizeof buf);
     CHECK(cm_msg_decode(CM_MSG_ASSIGN, buf, n, &d, e, sizeof e) == 0 && (d.u.assign.flags & CM_ASSIGN_F_TAKE));
-    m.u.assign.flags |= 64u; /* (32 is KV) */
+    m.u.assign.flags |= 256u; /* (32 is KV, 64 REPLICAS, 128 HEAD) */
     CHECK(cm_msg_encode(&m, NULL, 0, &n, e, sizeof e) == CM_EINVAL);
 }
 
@@ -653,7 +653,16 @@ static void test_encode_bounds(void) {
     m.u.assign.tp_rank = 0;
     CHECK(cm_msg_encode(&m, NULL, 0, &n, e, sizeof e) == CM_EINVAL);
     sample(CM_MSG_ASSIGN, &m, 0);
-    m.u.assign.flags |= 64; /* unknown flag (16 is TAKE, 32 is KV) */
+    m.u.assign.flags |= 256; /* unknown flag (16 is TAKE, 32 is KV, 64 REPLICAS, 128 HEAD) */
+    CHECK(cm_msg_encode(&m, NULL, 0, &n, e, sizeof e) == CM_EINVAL);
+    sample(CM_MSG_ASSIGN, &m, 0);
+    m.u.assign.flags |= CM_ASSIGN_F_HEAD; /* a split head: a group's, with the output */
+    CHECK(cm_msg_encode(&m, NULL, 0, &n, e, sizeof e) == 0);
+    m.u.assign.flags |= CM_ASSIGN_F_EP; /* ... never an expert group's */
+    CHECK(cm_msg_encode(&m, NULL, 0, &n, e, sizeof e) == CM_EINVAL);
+    m.u.assign.flags &= ~CM_ASSIGN_F_EP;
+    m.u.assign.tp_size = 1; /* ... nor without a group */
+    m.u.assign.tp_rank = 0;
     CHECK(cm_msg_encode(&m, NULL, 0, &n, e, sizeof e) == CM_EINVAL);
     { /* KV cache types (CM_ASSIGN_F_KV): round trip; a type a node cannot hold is refused */
         uint8_t wire[2048];

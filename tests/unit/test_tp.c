@@ -12,6 +12,8 @@
  *   hybrid of 2 groups x 2 stages: greedy ids equal one machine, every
  *   member's logits are bit-identical, probabilities within 1e-4 (F32) of
  *   one machine; bytes per decode token equal (k-1) x 2 x layers x dim x 4.
+ * - A split output head (each member its vocabulary rows, gathered to member
+ *   0) gives member 0 the whole head's bits.
  * - A dropped partial makes the comparison fail (the check is not vacuous);
  *   a member out of step or silent gives CM_EPROTO / CM_ETIMEDOUT naming it.
  * - A transport's own all-reduce (cm_coll_native; MPI_Iallreduce in MPI
@@ -414,7 +416,8 @@ typedef struct tp_run {
     stage_cfg st[2];
     bool compress;
     int64_t ring_min;
-    int drop_idx; /* this member zeroes its partial before each all-reduce; -1 none */
+    int drop_idx;    /* this member zeroes its partial before each all-reduce; -1 none */
+    bool head_split; /* one stage: each member computes its rows of the head, member 0 gathers them */
     pthread_barrier_t bar;
     int32_t tokens[PROMPT + STEPS];
     float *hidden; /* [PROMPT][E]: stage 0 -> stage 1 */
@@ -438,6 +441,23 @@ static int drop_cb(void *user, float *x, int64_t n) {
     tp_member *me = user;
     if (me->drop) memset(x, 0, (size_t)n * sizeof *x);
     return cm_coll_allreduce_cb(me->coll, x, n);
+}
+
+/* The split head (cm_head_gather_fn): every member's rows of each logits row to member 0. */
+static int head_cb(void *user, float *logits, int n_out) {
+    tp_member *me = user;
+    const stage_cfg *S = &me->R->st[0];
+    int64_t part[MAXM + 1] = {0};
+    for (int r = 0, v0; r < S->k; r++) {
+        int v1;
+        cm_slice_head_rows(me->R->m, S->sl[r], &v0, &v1);
+        part[r + 1] = v1;
+    }
+    for (int i = 0; i < n_out; i++) {
+        int rc = cm_coll_gather(me->coll, logits + (size_t)i * me->R->m->hp.n_vocab, part, 0, NULL, 0);
+        if (rc) return rc;
+    }
+    return 0;
 }
 
 static int argmax(const float *x, int n) {
@@ -494,6 +514,11 @@ static void *member_main(void *arg) {
                                  .allreduce_user = me};
             if (S->ll < m->hp.n_layer && me->rank == 0) a.out_hidden = R->hidden;
             if (S->ll == m->hp.n_layer) a.out_logits = R->logits[me->idx] + (size_t)step * V;
+            if (R->head_split && me->coll) {
+                cm_slice_head_rows(m, S->sl[me->rank], &a.head_v0, &a.head_v1);
+                a.head_gather = head_cb;
+                a.head_gather_user = me;
+            }
             me->rc = cm_forward(ctx, &b, &a, me->err, sizeof me->err);
             if (me->rc) R->failed = 1;
         }
@@ -727,6 +752,29 @@ static void model_suite(const char *name, model_h *h, bool f32) {
     printf("  %s dropped partial: max |dp| %.3f, ids %s (the check catches it)\n", name, pd,
            memcmp(o.ids, ref.ids, sizeof o.ids) ? "differ" : "equal");
     run_free(&o);
+
+    /* A split head (CM_ASSIGN_F_HEAD): member 0's logits are the bits of the
+     * whole head on member 0 (each logit is one row's dot product); member
+     * 1 sends exactly its rows, member 0 nothing. Without the gather, member
+     * 0's rows past its own would stay zero and the comparison would fail. */
+    D.drop_idx = -1;
+    run_out whole, split;
+    CHECK(run_model(&D, &whole) == 0);
+    D.head_split = true;
+    CHECK(run_model(&D, &split) == 0);
+    int V = h->m.hp.n_vocab, v0, v1;
+    cm_slice_head_rows(&h->m, D.st[0].sl[1], &v0, &v1);
+    CHECKF(!memcmp(split.logits[0], whole.logits[0], (size_t)STEPS * V * sizeof(float)) &&
+               !memcmp(split.ids, whole.ids, sizeof split.ids),
+           "%s: a split head gives other logits than the whole one", name);
+    CHECKF(split.mem[1].end.head_data_sent == (uint64_t)STEPS * (uint64_t)(v1 - v0) * 4 &&
+               split.mem[0].end.head_data_sent == 0 && v1 == V && v0 > 0,
+           "%s: split head: member 1 sent %llu bytes for rows [%d, %d)", name,
+           (unsigned long long)split.mem[1].end.head_data_sent, v0, v1);
+    printf("  %s split head: member 1 computes vocabulary rows [%d, %d), member 0's logits bit-identical\n", name, v0,
+           v1);
+    run_free(&whole);
+    run_free(&split);
     run_free(&ref);
 }
 
