@@ -62,7 +62,8 @@ void cm_node_gpu_open(node *n) {
 void cm_node_gpu_after_error(node *n) {
     if (!cm_gpu_lost(n->gpu)) return;
     /* (tests read this line) */
-    fprintf(stderr, "cumulo node '%s': GPU '%s' lost; leaving the cluster (its coordinator re-plans without this node)\n",
+    fprintf(stderr,
+            "cumulo node '%s': GPU '%s' lost; leaving the cluster (its coordinator re-plans without this node)\n",
             n->hello.name, n->hello.gpu_name);
     fflush(NULL);
     _exit(3);

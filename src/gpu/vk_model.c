@@ -75,8 +75,9 @@ bool cm_gpu_model_supported_range(const cm_model *m, int l0, int l1, char *why, 
             snprintf(why, whylen, "layer %d has an output bias, sinks or no gate (not on the GPU yet)", il);
             return false;
         }
-        const cm_tensor *ex[] = {&L->bq,     &L->bk,     &L->bv, /* qwen2, qwen3, gemma3 */
-                                 &L->q_norm, &L->k_norm, &L->attn_post_norm, &L->ffn_post_norm};
+        const cm_tensor *ex[] = {&L->bq,           &L->bk,     &L->bv, /* qwen2, qwen3, gemma3 */
+                                 &L->q_norm,       &L->k_norm, &L->attn_post_norm,
+                                 &L->ffn_post_norm};
         for (int i = 0; i < 7; i++)
             if (ex[i]->data && ex[i]->type != CM_TYPE_F32) {
                 snprintf(why, whylen, "layer %d has a %s bias or q/k norm (the GPU has f32)", il,
@@ -94,11 +95,11 @@ bool cm_gpu_model_supported_range(const cm_model *m, int l0, int l1, char *why, 
 static int upload_layer(cm_gpu_model *gm, int il, char *err, size_t errlen) {
     const cm_layer *L = &gm->m->layers[gm->l0 + il];
     glayer *gl = &gm->L[il];
-    const cm_tensor *ws[] = {&L->attn_norm, &L->wq,       &L->wk, &L->wv, &L->wo,     &L->ffn_norm,
-                             &L->ffn_gate,  &L->ffn_up,   &L->ffn_down,   &L->bq,     &L->bk,
-                             &L->bv,        &L->q_norm,   &L->k_norm,     &L->attn_post_norm, &L->ffn_post_norm};
-    wt *ts[] = {&gl->attn_norm, &gl->wq, &gl->wk, &gl->wv,     &gl->wo,     &gl->ffn_norm,  &gl->gate,   &gl->up,
-                &gl->down,      &gl->bq, &gl->bk, &gl->bv,     &gl->q_norm, &gl->k_norm,    &gl->attn_post, &gl->ffn_post};
+    const cm_tensor *ws[] = {&L->attn_norm,      &L->wq,           &L->wk, &L->wv, &L->wo, &L->ffn_norm, &L->ffn_gate,
+                             &L->ffn_up,         &L->ffn_down,     &L->bq, &L->bk, &L->bv, &L->q_norm,   &L->k_norm,
+                             &L->attn_post_norm, &L->ffn_post_norm};
+    wt *ts[] = {&gl->attn_norm, &gl->wq, &gl->wk, &gl->wv, &gl->wo,     &gl->ffn_norm, &gl->gate,      &gl->up,
+                &gl->down,      &gl->bq, &gl->bk, &gl->bv, &gl->q_norm, &gl->k_norm,   &gl->attn_post, &gl->ffn_post};
     enum { NW = 16 };
     uint64_t words = 0;
     for (int i = 0; i < NW; i++) {
@@ -139,10 +140,9 @@ int cm_gpu_model_supported_prefix(const cm_model *m, int l0, int l1, char *why, 
 
 uint64_t cm_gpu_layer_bytes(const cm_model *m, int il, int max_batch, int n_ctx, int n_seq) {
     const cm_layer *L = &m->layers[il];
-    const cm_tensor *ws[] = {&L->attn_norm, &L->wq,     &L->wk,     &L->wv,         &L->wo,
-                             &L->ffn_norm,  &L->ffn_gate, &L->ffn_up, &L->ffn_down,   &L->bq,
-                             &L->bk,        &L->bv,     &L->q_norm, &L->k_norm,     &L->attn_post_norm,
-                             &L->ffn_post_norm};
+    const cm_tensor *ws[] = {&L->attn_norm,      &L->wq,           &L->wk, &L->wv, &L->wo, &L->ffn_norm, &L->ffn_gate,
+                             &L->ffn_up,         &L->ffn_down,     &L->bq, &L->bk, &L->bv, &L->q_norm,   &L->k_norm,
+                             &L->attn_post_norm, &L->ffn_post_norm};
     uint64_t words = 0;
     for (int i = 0; i < 16; i++)
         if (ws[i]->data) words += (cm_vk_packed_words(ws[i]) + 3) & ~(uint64_t)3;
@@ -262,8 +262,7 @@ static void mm(cm_gpu_model *gm, cm_vk_set *s, const wt *w, uint32_t x_off, uint
     if (act != CM_TYPE_F32) {
         if (gm->q8_src != x_off || gm->q8_type != (uint32_t)act) {
             const uint32_t bs = act == CM_TYPE_Q8_K ? 256 : 32, pq[5] = {w->K, (uint32_t)n, x_off, ldx, gm->o_q8};
-            cm_vk_dispatch(gm->g, cm_vk_act_pipe(act), s, pq, sizeof pq,
-                           ((uint32_t)n * (w->K / bs) + 63) / 64, 1);
+            cm_vk_dispatch(gm->g, cm_vk_act_pipe(act), s, pq, sizeof pq, ((uint32_t)n * (w->K / bs) + 63) / 64, 1);
             gm->q8_src = x_off;
             gm->q8_type = (uint32_t)act;
         }
@@ -368,7 +367,8 @@ static void record_layer(cm_gpu_model *gm, int il, int n, bool f16) {
     mm(gm, s, &L->gate, gm->o_xn, E, gm->o_gate, F, n, false);
     mm(gm, s, &L->up, gm->o_xn, E, gm->o_up, F, n, false);
     const uint32_t ps[3] = {(uint32_t)n * F, gm->o_gate, gm->o_up};
-    cm_vk_dispatch(g, hp->arch == CM_ARCH_GEMMA3 ? VKP_GELU : VKP_SILU, s, ps, sizeof ps, ((uint32_t)n * F + 63) / 64, 1);
+    cm_vk_dispatch(g, hp->arch == CM_ARCH_GEMMA3 ? VKP_GELU : VKP_SILU, s, ps, sizeof ps, ((uint32_t)n * F + 63) / 64,
+                   1);
     mm_residual(gm, s, &L->down, &L->ffn_post, gm->o_gate, F, n);
 }
 
