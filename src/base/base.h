@@ -105,6 +105,7 @@ typedef struct cm_config {
     int test_sockbuf;               /* CUMULO_TEST_SOCKBUF when > 0; else 0 */
     const char *gpu;                /* CUMULO_GPU */
     const char *vulkan_lib;         /* CUMULO_VULKAN_LIB */
+    const char *test_gpu_fault;     /* CUMULO_TEST_GPU_FAULT (src/gpu/vk.c) */
     const char *mpi_spin_ms;        /* CUMULO_MPI_SPIN_MS, as a string (the MPI bridge parses it) */
     const char *mpi_nap_us;         /* CUMULO_MPI_NAP_US, as a string (the MPI bridge parses it) */
     const char *tmpdir;             /* TMPDIR */

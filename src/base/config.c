@@ -74,6 +74,9 @@
     X(gpu, "CUMULO_GPU", "unset",                                                                                  \
       "the --gpu choice when the option is not given: auto, vulkan, none or a device "                             \
       "number (the test suites' switch)")                                                                          \
+    X(test_gpu_fault, "CUMULO_TEST_GPU_FAULT", "unset",                                                            \
+      "test hook: lost or oom, or lost:N / oom:N: the device's Nth forward pass (from 1) fails so "                \
+      "(lost: every later one too)")                                                                               \
     X(vulkan_lib, "CUMULO_VULKAN_LIB", "libvulkan.so.1 (macOS: libvulkan.1.dylib, MoltenVK)",                      \
       "the Vulkan loader "                                                                                         \
       "to open")                                                                                                   \
@@ -186,6 +189,7 @@ static void load(void) {
     c->test_sockbuf = int_at_least(RAW(test_sockbuf), 1);
     c->gpu = STR(gpu);
     c->vulkan_lib = STR(vulkan_lib);
+    c->test_gpu_fault = STR(test_gpu_fault);
     c->mpi_spin_ms = STR(mpi_spin_ms);
     c->mpi_nap_us = STR(mpi_nap_us);
     c->tmpdir = STR(tmpdir);

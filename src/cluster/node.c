@@ -499,6 +499,7 @@ static void conn_serve(node *n, cm_conn *c, int src) {
             else r2 = on_seq_free(s, &m, err, sizeof err);
             if (r2) {
                 CM_LOGW("%s from %s failed: %s", cm_msg_type_name(m.type), cm_conn_peer(c), err);
+                if (m.type == CM_MSG_FORWARD) cm_node_gpu_after_error(n); /* a lost GPU: no report, the node leaves */
                 if (s) report(s, r2, err);
             }
             pthread_mutex_unlock(&n->mu);

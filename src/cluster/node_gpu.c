@@ -8,7 +8,8 @@
  * engine does on one machine; the CPU runs the rest, and keeps the caches.
  * Whatever stops it (no loader, driver or device, a model or cache type
  * the shaders do not cover, a tensor-parallel slice) is one warning line
- * and the CPU: the stage is the same either way, only slower.
+ * and the CPU: the stage is the same either way, only slower; a layer the
+ * shaders do not cover is one line and the device keeps those before it.
  */
 #include "cluster/node_impl.h"
 #include "gpu/gpu.h"
@@ -17,6 +18,7 @@
 
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 void cm_node_gpu_open(node *n) {
     const char *env = cm_config_get()->gpu;
@@ -57,6 +59,16 @@ void cm_node_gpu_open(node *n) {
         n->o->gpu_layers > 0 ? "--gpu-layers" : "fitting");
 }
 
+void cm_node_gpu_after_error(node *n) {
+    if (!cm_gpu_lost(n->gpu)) return;
+    /* (tests read this line) */
+    fprintf(stderr,
+            "cumulo node '%s': GPU '%s' lost; leaving the cluster (its coordinator re-plans without this node)\n",
+            n->hello.name, n->hello.gpu_name);
+    fflush(NULL);
+    _exit(3);
+}
+
 void cm_node_gpu_close(node *n) {
     cm_gpu_close(n->gpu);
     n->gpu = NULL;
@@ -84,16 +96,18 @@ void cm_node_gpu_stage(node *n, stage *s) {
                 cm_type_name((enum cm_type)a->kv_type_k), cm_type_name((enum cm_type)a->kv_type_v), a->stage);
         return;
     }
-    if (!cm_gpu_model_supported_range(&s->m, l0, l1, why, sizeof why)) {
+    const int kmax = cm_gpu_model_supported_prefix(&s->m, l0, l1, why, sizeof why);
+    if (kmax == 0) {
         CM_LOGW("gpu: %s; stage %u runs on the CPU", why, a->stage);
         return;
     }
+    if (kmax < l1 - l0) CM_LOGW("gpu: %s; stage %u's layers from %d run on the CPU", why, a->stage, l0 + kmax);
     /* The first layers that fit in 90% of the device memory (the rest is the driver's and the probe's slack). */
     const int n_seq = CM_MAX(s->n_seq, 1), ctx = (int)a->n_ctx;
     const uint64_t mem = cm_gpu_info_of(n->gpu)->mem_bytes, budget = mem / 10 * 9;
     uint64_t used = cm_gpu_fixed_bytes(&s->m, CM_BATCH_MAX, ctx);
     int k = 0;
-    while (l0 + k < l1 && (n->o->gpu_layers <= 0 || k < n->o->gpu_layers)) {
+    while (k < kmax && (n->o->gpu_layers <= 0 || k < n->o->gpu_layers)) {
         const uint64_t b = cm_gpu_layer_bytes(&s->m, l0 + k, CM_BATCH_MAX, ctx, n_seq);
         if (used + b > budget) break;
         used += b;

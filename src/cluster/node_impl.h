@@ -85,6 +85,9 @@ void cm_node_gpu_open(node *n);
 void cm_node_gpu_close(node *n);
 void cm_node_gpu_stage(node *n, stage *s);
 void cm_node_gpu_stage_free(stage *s);
+/* After a failed FORWARD: a node whose GPU was lost leaves (exits), so its
+ * coordinator re-plans without it as it does for any lost node. */
+void cm_node_gpu_after_error(node *n);
 /* TRAIN from the coordinator on this stage (n->mu held): pipeline-parallel
  * LoRA training, answered on s->coord (node_train.c). */
 int cm_node_on_train(stage *s, const cm_msg_train *q, char *err, size_t errlen);

@@ -19,9 +19,15 @@ int cm_engine_gpu_attach(cm_engine *e, const cm_engine_opts *o, char *err, size_
         return cm_errf(err, errlen, CM_EINVAL, "--gpu '%s': expected auto, vulkan, none or a device number", want);
     if (index == CM_GPU_NONE) return 0;
     char why[256];
-    if (!cm_gpu_model_supported(&e->m, why, sizeof why)) {
-        CM_LOGW("gpu: %s; running on the CPU", why);
-        return 0;
+    int n = o->gpu_layers > 0 ? CM_MIN(o->gpu_layers, e->local_last) : e->local_last;
+    const int k = cm_gpu_model_supported_prefix(&e->m, 0, n, why, sizeof why);
+    if (k < n) { /* the device takes a batch's first layers: those before the first it cannot run */
+        if (k == 0) {
+            CM_LOGW("gpu: %s; running on the CPU", why);
+            return 0;
+        }
+        CM_LOGW("gpu: %s; layers %d-%d on the CPU", why, k, e->m.hp.n_layer - 1);
+        n = k;
     }
     if ((e->kv_k != CM_TYPE_F32 && e->kv_k != CM_TYPE_F16) || e->kv_v != e->kv_k) {
         CM_LOGW("gpu: a %s/%s KV cache is not on the GPU yet (f32, f16); running on the CPU", cm_type_name(e->kv_k),
@@ -37,7 +43,6 @@ int cm_engine_gpu_attach(cm_engine *e, const cm_engine_opts *o, char *err, size_
         CM_LOGW("gpu: %s; running on the CPU", why);
         return 0;
     }
-    const int n = o->gpu_layers > 0 ? CM_MIN(o->gpu_layers, e->local_last) : e->local_last;
     const int n_seq = o->n_seq > 0 ? o->n_seq : 4;
     rc = cm_gpu_model_new(&e->gpu_m, e->gpu, &e->m, n, e->n_batch, e->n_ctx, n_seq, why, sizeof why);
     if (rc) {

@@ -46,6 +46,9 @@ int cm_gpu_parse(const char *s, int *index);
 /* Open device index (>= 0, CM_GPU_AUTO or CM_GPU_ANY). */
 int cm_gpu_open(cm_gpu **out, int index, char *err, size_t errlen);
 void cm_gpu_close(cm_gpu *g); /* NULL: no-op */
+/* Has the device been lost (a submission said so, or the test hook)? Then
+ * every later call on it fails: the caller drops it. */
+bool cm_gpu_lost(const cm_gpu *g);
 const cm_gpu_info *cm_gpu_info_of(const cm_gpu *g);
 
 /* ---- a model's layers on the device (vk_model.c) ---- */
@@ -56,6 +59,9 @@ typedef struct cm_gpu_model cm_gpu_model;
 bool cm_gpu_model_supported(const cm_model *m, char *why, size_t whylen);
 /* The same for layers [l0, l1) only (a cluster stage's slice of a model). */
 bool cm_gpu_model_supported_range(const cm_model *m, int l0, int l1, char *why, size_t whylen);
+/* How many of layers [l0, l1) from l0 on the device can run (it takes a
+ * batch's first layers): l1 - l0, or fewer with the reason in why. */
+int cm_gpu_model_supported_prefix(const cm_model *m, int l0, int l1, char *why, size_t whylen);
 /* Upload layers [0, n_layers) of m (clamped to the model's) and reserve
  * activations for max_batch tokens and a cache of n_seq sequences of n_ctx
  * positions. m must outlive the result. */
@@ -99,7 +105,7 @@ int cm_gpu_offload(void *gm, const cm_batch *b, const cm_forward_args *a, float 
 int cm_gpu_probe(cm_gpu *g, double *bw, double *flops, char *err, size_t errlen);
 
 /* For tests: y[j * rows + i] = dot(W row i, x_j) for W (a whole matrix,
- * F32/F16/Q8_0/Q4_0), n_tok rows of F32 activations; and RMS norm, RoPE
+ * F32/F16/Q8_0/Q4_0/Q2_K..Q6_K), n_tok rows of F32 activations; and RMS norm, RoPE
  * (neox or not, cache as forward.c's) and silu(g) * u, each on the device. */
 int cm_gpu_test_matmul(cm_gpu *g, const cm_tensor *W, const float *x, int n_tok, float *y, char *err, size_t errlen);
 int cm_gpu_test_rmsnorm(cm_gpu *g, const float *x, const float *w, int n, int rows, float eps, float *y, char *err,

@@ -68,6 +68,8 @@ void cm_vk_dispatch(cm_gpu *g, enum cm_vk_pipe p, cm_vk_set *s, const void *push
 void cm_vk_copy(cm_gpu *g, cm_vk_buf *src, uint64_t src_off, cm_vk_buf *dst, uint64_t dst_off, uint64_t n) {}
 int cm_vk_submit(cm_gpu *g, char *err, size_t errlen) { return CM_EUNSUPPORTED; }
 uint64_t cm_vk_max_range(const cm_gpu *g) { return 0; }
+bool cm_gpu_lost(const cm_gpu *g) { return false; }
+int cm_vk_fault(cm_gpu *g, char *err, size_t errlen) { return CM_EUNSUPPORTED; }
 
 #else
 
@@ -165,10 +167,13 @@ struct cm_gpu {
     VkCommandBuffer cmd;
     VkFence fence;
     pthread_mutex_t mu;
+    _Atomic bool lost; /* VK_ERROR_DEVICE_LOST seen (or injected) */
+    int n_fwd;         /* forward passes submitted (CUMULO_TEST_GPU_FAULT counts them) */
 };
 
-static const char *const pipe_names[VKP_COUNT] = {"mm_f32",  "mm_f16", "mm_q8_0", "mm_q4_0", "rmsnorm", "rope",
-                                                  "kvstore", "attn",   "silu",    "q8act",   "bias"};
+static const char *const pipe_names[VKP_COUNT] = {
+    "mm_f32",  "mm_f16",  "mm_q8_0", "mm_q4_0", "rmsnorm", "rope",   "kvstore", "attn", "silu",    "q8act",   "bias",
+    "mm_q2_k", "mm_q3_k", "mm_q4_k", "mm_q5_k", "mm_q6_k", "q8kact", "mm_q5_0", "gelu", "mm_q4_1", "mm_q5_1", "q81act"};
 
 static int vk_fail(char *err, size_t errlen, VkResult r, const char *what) {
     const int code = r == VK_ERROR_OUT_OF_DEVICE_MEMORY || r == VK_ERROR_OUT_OF_HOST_MEMORY ? CM_ENOMEM : CM_EIO;
@@ -377,6 +382,22 @@ void cm_vk_copy(cm_gpu *g, cm_vk_buf *src, uint64_t src_off, cm_vk_buf *dst, uin
     full_barrier(g);
 }
 
+bool cm_gpu_lost(const cm_gpu *g) { return g && g->lost; }
+
+int cm_vk_fault(cm_gpu *g, char *err, size_t errlen) {
+    const char *f = cm_config_get()->test_gpu_fault;
+    g->n_fwd++;
+    if (g->lost) return vk_fail(err, errlen, VK_ERROR_DEVICE_LOST, "waiting for the device");
+    if (!f) return 0;
+    const bool lost = !strncmp(f, "lost", 4), oom = !strncmp(f, "oom", 3);
+    const char *colon = strchr(f, ':');
+    const int at = colon ? atoi(colon + 1) : 1;
+    if ((!lost && !oom) || g->n_fwd != at) return 0;
+    if (lost) g->lost = true;
+    return vk_fail(err, errlen, lost ? VK_ERROR_DEVICE_LOST : VK_ERROR_OUT_OF_DEVICE_MEMORY,
+                   lost ? "waiting for the device" : "vkQueueSubmit");
+}
+
 int cm_vk_submit(cm_gpu *g, char *err, size_t errlen) {
     VkResult r = g->vk.vkEndCommandBuffer(g->cmd);
     if (r != VK_SUCCESS) return vk_fail(err, errlen, r, "vkEndCommandBuffer");
@@ -385,6 +406,7 @@ int cm_vk_submit(cm_gpu *g, char *err, size_t errlen) {
         (r = g->vk.vkQueueSubmit(g->queue, 1, &si, g->fence)) != VK_SUCCESS)
         return vk_fail(err, errlen, r, "vkQueueSubmit");
     r = g->vk.vkWaitForFences(g->dev, 1, &g->fence, VK_TRUE, UINT64_MAX);
+    if (r == VK_ERROR_DEVICE_LOST) g->lost = true;
     return r == VK_SUCCESS ? 0 : vk_fail(err, errlen, r, "waiting for the device");
 }
 

@@ -25,6 +25,17 @@ enum cm_vk_pipe {
     VKP_SILU,
     VKP_Q8ACT,
     VKP_BIAS,
+    VKP_MM_Q2_K,
+    VKP_MM_Q3_K,
+    VKP_MM_Q4_K,
+    VKP_MM_Q5_K,
+    VKP_MM_Q6_K,
+    VKP_Q8KACT,
+    VKP_MM_Q5_0,
+    VKP_GELU,
+    VKP_MM_Q4_1,
+    VKP_MM_Q5_1,
+    VKP_Q81ACT,
     VKP_COUNT
 };
 enum cm_vk_mem { CM_VK_DEVICE, CM_VK_HOST }; /* device-local; host-visible (io) */
@@ -47,11 +58,26 @@ void cm_vk_dispatch(cm_gpu *g, enum cm_vk_pipe p, cm_vk_set *s, const void *push
 void cm_vk_copy(cm_gpu *g, cm_vk_buf *src, uint64_t src_off, cm_vk_buf *dst, uint64_t dst_off, uint64_t n);
 int cm_vk_submit(cm_gpu *g, char *err, size_t errlen);
 uint64_t cm_vk_max_range(const cm_gpu *g); /* the largest storage buffer binding */
+/* Before a forward pass's submission: CUMULO_TEST_GPU_FAULT's injected
+ * failure (the error a lost device or a full memory gives), or 0. */
+int cm_vk_fault(cm_gpu *g, char *err, size_t errlen);
 
-/* A whole weight matrix (F32, F16, Q8_0, Q4_0) in the shaders' layout
- * (vk_model.c): F32/F16 rows as in the file; Q8_0/Q4_0 all block scales as
- * F32, then the blocks' quants (8 / 4 words each). */
+/* A whole weight matrix (F32, F16, Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, Q2_K..Q6_K) in the shaders'
+ * layout (vk_pack.c): F32/F16 rows as in the file; Q8_0/Q4_0/Q5_0 all
+ * block scales as F32, then the blocks' quants (8 / 4 / 5 words each, Q5_0's
+ * qh first; Q4_1/Q5_1 the mins after the scales); the K-quants'
+ * blocks as in the file, each padded to whole words. */
 uint64_t cm_vk_packed_words(const cm_tensor *W);
 void cm_vk_pack(const cm_tensor *W, uint32_t *dst);
+/* Can the shaders take W (its type and shape)? False with the reason. */
+bool cm_vk_type_ok(const cm_tensor *W, char *why, size_t whylen, const char *name);
+/* The matmul pipeline of a weight type, and the activations it reads:
+ * CM_TYPE_F32 (as they are; F16 rounds them itself), CM_TYPE_Q8_0 or
+ * CM_TYPE_Q8_1 (q8act first) or CM_TYPE_Q8_K (q8kact first); their words
+ * per token row; the pipeline converting to them. */
+enum cm_vk_pipe cm_vk_mm_pipe(enum cm_type t);
+enum cm_type cm_vk_act_type(enum cm_type t);
+uint32_t cm_vk_act_words(enum cm_type act, uint32_t K);
+enum cm_vk_pipe cm_vk_act_pipe(enum cm_type act);
 
 #endif

@@ -31,6 +31,7 @@ typedef struct glayer {
     cm_vk_set *set;
     wt attn_norm, wq, wk, wv, wo, ffn_norm, gate, up, down;
     wt bq, bk, bv, q_norm, k_norm; /* qwen2's biases, qwen3's per-head norms: K 0 when absent */
+    wt attn_post, ffn_post;        /* gemma3's post norms (K 0 when absent) */
 } glayer;
 
 struct cm_gpu_model {
@@ -41,26 +42,16 @@ struct cm_gpu_model {
     glayer *L;
     cm_vk_buf *act, *io;
     /* A's regions (floats); io holds the first five at the same offsets */
-    uint32_t o_x, o_k, o_v, o_rope, o_meta, o_io_end, o_xn, o_q, o_att, o_gate, o_up, o_sc, o_q8;
-    uint32_t q8_src;       /* while recording: the region o_q8 holds as Q8_0, or UINT32_MAX */
+    uint32_t o_x, o_k, o_v, o_rope, o_rope_swa, o_meta, o_io_end, o_xn, o_q, o_att, o_gate, o_up, o_sc, o_q8;
+    uint32_t q8_src;       /* while recording: the region o_q8 holds converted, or UINT32_MAX */
+    uint32_t q8_type;      /* ... to this type (Q8_0, Q8_K) */
     uint32_t slot_stride;  /* floats of one slot's K and V of one layer */
     const cm_kv **slot_kv; /* which CPU cache each slot mirrors (by address) */
     int *slot_valid;       /* positions [0, valid) of the slot equal the CPU cache's */
     uint64_t *slot_used, tick;
-    float *tmp; /* ctx * D floats, for re-filling a slot */
+    float *tmp;     /* ctx * D floats, for re-filling a slot */
+    bool lost_said; /* the device-lost warning was logged */
 };
-
-static bool type_ok(const cm_tensor *t, char *why, size_t whylen, const char *name) {
-    const int64_t K = t->ne[0];
-    bool ok = (t->type == CM_TYPE_F32) || (t->type == CM_TYPE_F16 && K % 2 == 0) ||
-              ((t->type == CM_TYPE_Q8_0 || t->type == CM_TYPE_Q4_0) && K % 32 == 0);
-    if (!ok) snprintf(why, whylen, "%s is %s (the GPU has f32, f16, q8_0, q4_0)", name, cm_type_name(t->type));
-    else if (t->ne[1] > 65535) {
-        snprintf(why, whylen, "%s has %lld rows (at most 65535)", name, (long long)t->ne[1]);
-        ok = false;
-    }
-    return ok;
-}
 
 bool cm_gpu_model_supported(const cm_model *m, char *why, size_t whylen) {
     return cm_gpu_model_supported_range(m, 0, m->hp.n_layer, why, whylen);
@@ -68,23 +59,26 @@ bool cm_gpu_model_supported(const cm_model *m, char *why, size_t whylen) {
 
 bool cm_gpu_model_supported_range(const cm_model *m, int l0, int l1, char *why, size_t whylen) {
     const cm_hparams *hp = &m->hp;
-    if (hp->arch == CM_ARCH_GEMMA3 || hp->arch == CM_ARCH_DEEPSEEK2 || hp->arch == CM_ARCH_GPTOSS || hp->n_expert) {
-        snprintf(why, whylen, "the GPU runs dense llama-style layers only");
+    if (hp->arch == CM_ARCH_DEEPSEEK2 || hp->arch == CM_ARCH_GPTOSS || hp->n_expert) {
+        snprintf(why, whylen, "the GPU runs dense llama-style and gemma3 layers only (not %s)",
+                 hp->n_expert ? "mixture-of-experts ones" : "deepseek2's or gpt-oss's");
         return false;
     }
-    if (hp->n_swa || hp->attn_q_scale != 0.0f || hp->n_rot % 2 || hp->n_rot > hp->head_dim ||
+    if ((hp->n_swa && hp->arch != CM_ARCH_GEMMA3) || hp->n_rot % 2 || hp->n_rot > hp->head_dim ||
         (hp->rope_type != CM_ROPE_NORM && hp->rope_type != CM_ROPE_NEOX)) {
-        snprintf(why, whylen, "the GPU has no sliding window, q scale or partial rope of this kind");
+        snprintf(why, whylen, "the GPU has no sliding window or partial rope of this kind");
         return false;
     }
     for (int il = CM_MAX(l0, 0); il < CM_MIN(l1, hp->n_layer); il++) {
         const cm_layer *L = &m->layers[il];
-        if (L->bo.data || L->attn_post_norm.data || L->ffn_post_norm.data || L->attn_sinks.data || !L->ffn_gate.data) {
-            snprintf(why, whylen, "layer %d has an output bias, post norms or sinks (not on the GPU yet)", il);
+        if (L->bo.data || L->attn_sinks.data || !L->ffn_gate.data) {
+            snprintf(why, whylen, "layer %d has an output bias, sinks or no gate (not on the GPU yet)", il);
             return false;
         }
-        const cm_tensor *ex[] = {&L->bq, &L->bk, &L->bv, &L->q_norm, &L->k_norm}; /* qwen2, qwen3 */
-        for (int i = 0; i < 5; i++)
+        const cm_tensor *ex[] = {&L->bq,           &L->bk,     &L->bv, /* qwen2, qwen3, gemma3 */
+                                 &L->q_norm,       &L->k_norm, &L->attn_post_norm,
+                                 &L->ffn_post_norm};
+        for (int i = 0; i < 7; i++)
             if (ex[i]->data && ex[i]->type != CM_TYPE_F32) {
                 snprintf(why, whylen, "layer %d has a %s bias or q/k norm (the GPU has f32)", il,
                          cm_type_name(ex[i]->type));
@@ -93,51 +87,20 @@ bool cm_gpu_model_supported_range(const cm_model *m, int l0, int l1, char *why, 
         const cm_tensor *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->ffn_gate, &L->ffn_up, &L->ffn_down};
         const char *names[] = {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"};
         for (int i = 0; i < 7; i++)
-            if (!type_ok(ws[i], why, whylen, names[i])) return false;
+            if (!cm_vk_type_ok(ws[i], why, whylen, names[i])) return false;
     }
     return true;
-}
-
-uint64_t cm_vk_packed_words(const cm_tensor *W) {
-    const uint64_t K = (uint64_t)W->ne[0], R = (uint64_t)W->ne[1];
-    switch (W->type) {
-    case CM_TYPE_F32: return R * K;
-    case CM_TYPE_F16: return R * K / 2;
-    case CM_TYPE_Q8_0: return R * (K / 32) * 9;
-    default: return R * (K / 32) * 5; /* Q4_0 */
-    }
-}
-
-void cm_vk_pack(const cm_tensor *W, uint32_t *dst) {
-    const int64_t K = W->ne[0], R = W->ne[1], nb = K / 32;
-    if (W->type == CM_TYPE_F32 || W->type == CM_TYPE_F16) {
-        const size_t rs = cm_row_size(W->type, K);
-        for (int64_t r = 0; r < R; r++) memcpy((char *)dst + r * rs, (const char *)W->data + r * W->nb[1], rs);
-        return;
-    }
-    const int qw = W->type == CM_TYPE_Q8_0 ? 8 : 4, bsz = W->type == CM_TYPE_Q8_0 ? 34 : 18;
-    float *sc = (float *)dst;
-    uint32_t *qs = dst + R * nb;
-    for (int64_t r = 0; r < R; r++) {
-        const uint8_t *row = (const uint8_t *)W->data + r * W->nb[1];
-        for (int64_t b = 0; b < nb; b++) {
-            const uint8_t *blk = row + b * bsz;
-            uint16_t d;
-            memcpy(&d, blk, 2);
-            sc[r * nb + b] = cm_f16_to_f32(d);
-            memcpy(qs + (r * nb + b) * qw, blk + 2, (size_t)qw * 4);
-        }
-    }
 }
 
 static int upload_layer(cm_gpu_model *gm, int il, char *err, size_t errlen) {
     const cm_layer *L = &gm->m->layers[gm->l0 + il];
     glayer *gl = &gm->L[il];
-    const cm_tensor *ws[] = {&L->attn_norm, &L->wq,       &L->wk, &L->wv, &L->wo, &L->ffn_norm, &L->ffn_gate,
-                             &L->ffn_up,    &L->ffn_down, &L->bq, &L->bk, &L->bv, &L->q_norm,   &L->k_norm};
-    wt *ts[] = {&gl->attn_norm, &gl->wq,   &gl->wk, &gl->wv, &gl->wo, &gl->ffn_norm, &gl->gate,
-                &gl->up,        &gl->down, &gl->bq, &gl->bk, &gl->bv, &gl->q_norm,   &gl->k_norm};
-    enum { NW = 14 };
+    const cm_tensor *ws[] = {&L->attn_norm,      &L->wq,           &L->wk, &L->wv, &L->wo, &L->ffn_norm, &L->ffn_gate,
+                             &L->ffn_up,         &L->ffn_down,     &L->bq, &L->bk, &L->bv, &L->q_norm,   &L->k_norm,
+                             &L->attn_post_norm, &L->ffn_post_norm};
+    wt *ts[] = {&gl->attn_norm, &gl->wq, &gl->wk, &gl->wv, &gl->wo,     &gl->ffn_norm, &gl->gate,      &gl->up,
+                &gl->down,      &gl->bq, &gl->bk, &gl->bv, &gl->q_norm, &gl->k_norm,   &gl->attn_post, &gl->ffn_post};
+    enum { NW = 16 };
     uint64_t words = 0;
     for (int i = 0; i < NW; i++) {
         if (!ws[i]->data) continue; /* an absent bias or norm: K stays 0 */
@@ -167,12 +130,21 @@ int cm_gpu_model_new(cm_gpu_model **out, cm_gpu *g, const cm_model *m, int n_lay
     return cm_gpu_model_new_at(out, g, m, 0, n_layers, max_batch, n_ctx, n_seq, err, errlen);
 }
 
+int cm_gpu_model_supported_prefix(const cm_model *m, int l0, int l1, char *why, size_t whylen) {
+    if (cm_gpu_model_supported_range(m, l0, l1, why, whylen)) return l1 - l0;
+    char w1[256];
+    int k = 0;
+    while (l0 + k < l1 && cm_gpu_model_supported_range(m, l0 + k, l0 + k + 1, w1, sizeof w1)) k++;
+    return k;
+}
+
 uint64_t cm_gpu_layer_bytes(const cm_model *m, int il, int max_batch, int n_ctx, int n_seq) {
     const cm_layer *L = &m->layers[il];
-    const cm_tensor *ws[] = {&L->attn_norm, &L->wq,       &L->wk, &L->wv, &L->wo, &L->ffn_norm, &L->ffn_gate,
-                             &L->ffn_up,    &L->ffn_down, &L->bq, &L->bk, &L->bv, &L->q_norm,   &L->k_norm};
+    const cm_tensor *ws[] = {&L->attn_norm,      &L->wq,           &L->wk, &L->wv, &L->wo, &L->ffn_norm, &L->ffn_gate,
+                             &L->ffn_up,         &L->ffn_down,     &L->bq, &L->bk, &L->bv, &L->q_norm,   &L->k_norm,
+                             &L->attn_post_norm, &L->ffn_post_norm};
     uint64_t words = 0;
-    for (int i = 0; i < 14; i++)
+    for (int i = 0; i < 16; i++)
         if (ws[i]->data) words += (cm_vk_packed_words(ws[i]) + 3) & ~(uint64_t)3;
     const cm_hparams *hp = &m->hp;
     const uint64_t KD = (uint64_t)hp->n_head_kv * hp->head_dim; /* + the layer's K and V rows of a batch */
@@ -185,7 +157,7 @@ uint64_t cm_gpu_fixed_bytes(const cm_model *m, int max_batch, int n_ctx) {
     const uint64_t big = (uint64_t)CM_MAX(hp->n_embd, CM_MAX((int)QD, hp->n_ff));
     return 4 * B *
            (3 * (uint64_t)hp->n_embd + 2 * QD + 2 * (uint64_t)hp->n_ff + (uint64_t)hp->n_head * n_ctx +
-            (big / 32 + 1) * 9);
+            (big / 32 + 1) * 11);
 }
 
 int cm_gpu_model_new_at(cm_gpu_model **out, cm_gpu *g, const cm_model *m, int layer_first, int n_layers, int max_batch,
@@ -221,6 +193,7 @@ int cm_gpu_model_new_at(cm_gpu_model **out, cm_gpu *g, const cm_model *m, int la
     REGION(o_k, nl * B * gm->KD);
     REGION(o_v, nl * B * gm->KD);
     REGION(o_rope, B * gm->n_rot);
+    REGION(o_rope_swa, B * gm->n_rot); /* gemma3's sliding-window layers' rotations */
     REGION(o_meta, 2 * B);
     gm->o_io_end = (uint32_t)o;
     REGION(o_xn, B * gm->E);
@@ -229,7 +202,7 @@ int cm_gpu_model_new_at(cm_gpu_model **out, cm_gpu *g, const cm_model *m, int la
     REGION(o_gate, B * gm->F);
     REGION(o_up, B * gm->F);
     REGION(o_sc, B * gm->nq * (uint64_t)n_ctx);
-    REGION(o_q8, B * ((uint64_t)CM_MAX(gm->E, CM_MAX(gm->QD, gm->F)) / 32 + 1) * 9);
+    REGION(o_q8, B * ((uint64_t)CM_MAX(gm->E, CM_MAX(gm->QD, gm->F)) / 32 + 1) * 11); /* Q8_0 9, Q8_K 81/8 */
 #undef REGION
     /* A buffer per layer: [slot][K|V][head][ctx][D] */
     const uint64_t slot = 2 * (uint64_t)gm->nkv * n_ctx * gm->D;
@@ -281,34 +254,52 @@ const char *cm_gpu_model_device(const cm_gpu_model *gm) { return gm ? cm_gpu_inf
 
 /* ---- recording the ops ---- */
 
-/* y (+)= W x for n rows of x at x_off (stride ldx); Q8_0/Q4_0 weights take
- * x converted to Q8_0 first (once per source region). */
+/* y (+)= W x for n rows of x at x_off (stride ldx); quantized weights take
+ * x converted to Q8_0 or Q8_K first (once per source region and format). */
 static void mm(cm_gpu_model *gm, cm_vk_set *s, const wt *w, uint32_t x_off, uint32_t ldx, uint32_t y_off, uint32_t ldy,
                int n, bool add) {
-    if (w->type == CM_TYPE_Q8_0 || w->type == CM_TYPE_Q4_0) {
-        if (gm->q8_src != x_off) {
-            const uint32_t pq[5] = {w->K, (uint32_t)n, x_off, ldx, gm->o_q8};
-            cm_vk_dispatch(gm->g, VKP_Q8ACT, s, pq, sizeof pq, ((uint32_t)n * (w->K / 32) + 63) / 64, 1);
+    const enum cm_type act = cm_vk_act_type((enum cm_type)w->type);
+    if (act != CM_TYPE_F32) {
+        if (gm->q8_src != x_off || gm->q8_type != (uint32_t)act) {
+            const uint32_t bs = act == CM_TYPE_Q8_K ? 256 : 32, pq[5] = {w->K, (uint32_t)n, x_off, ldx, gm->o_q8};
+            cm_vk_dispatch(gm->g, cm_vk_act_pipe(act), s, pq, sizeof pq, ((uint32_t)n * (w->K / bs) + 63) / 64, 1);
             gm->q8_src = x_off;
+            gm->q8_type = (uint32_t)act;
         }
         x_off = gm->o_q8;
-        ldx = w->K / 32 * 9;
+        ldx = cm_vk_act_words(act, w->K);
     }
     const uint32_t p[9] = {w->K, w->rows, (uint32_t)n, w->off, x_off, ldx, y_off, ldy, add};
-    const enum cm_vk_pipe pp = w->type == CM_TYPE_F32    ? VKP_MM_F32
-                               : w->type == CM_TYPE_F16  ? VKP_MM_F16
-                               : w->type == CM_TYPE_Q8_0 ? VKP_MM_Q8_0
-                                                         : VKP_MM_Q4_0;
-    cm_vk_dispatch(gm->g, pp, s, p, sizeof p, w->rows, (uint32_t)(n + 7) / 8);
+    cm_vk_dispatch(gm->g, cm_vk_mm_pipe((enum cm_type)w->type), s, p, sizeof p, w->rows, (uint32_t)(n + 7) / 8);
 }
 
-static void rmsnorm(cm_gpu *g, cm_vk_set *s, uint32_t n, uint32_t x_off, uint32_t y_off, uint32_t w_off, float eps,
-                    int rows) {
+/* y = rms_norm(x) * w by rows of n (add: y += that). */
+static void rmsnorm_to(cm_gpu *g, cm_vk_set *s, uint32_t n, uint32_t x_off, uint32_t y_off, uint32_t w_off, float eps,
+                       int rows, bool add) {
     struct {
         uint32_t n, x_off, ldx, y_off, ldy, w_off;
         float eps;
-    } p = {n, x_off, n, y_off, n, w_off, eps};
+        uint32_t add;
+    } p = {n, x_off, n, y_off, n, w_off, eps, add};
     cm_vk_dispatch(g, VKP_RMSNORM, s, &p, sizeof p, (uint32_t)rows, 1);
+}
+static void rmsnorm(cm_gpu *g, cm_vk_set *s, uint32_t n, uint32_t x_off, uint32_t y_off, uint32_t w_off, float eps,
+                    int rows) {
+    rmsnorm_to(g, s, n, x_off, y_off, w_off, eps, rows, false);
+}
+
+/* The residual gets W x (+ gemma3: through the post norm pn): y += W x, or
+ * y += rms_norm(W x) * pn by way of o_xn. */
+static void mm_residual(cm_gpu_model *gm, cm_vk_set *s, const wt *w, const wt *pn, uint32_t x_off, uint32_t ldx,
+                        int n) {
+    const uint32_t E = (uint32_t)gm->E;
+    gm->q8_src = UINT32_MAX;
+    if (!pn->K) {
+        mm(gm, s, w, x_off, ldx, gm->o_x, E, n, true);
+        return;
+    }
+    mm(gm, s, w, x_off, ldx, gm->o_xn, E, n, false);
+    rmsnorm_to(gm->g, s, E, gm->o_xn, gm->o_x, pn->off, gm->m->hp.rms_eps, n, true);
 }
 
 static void rope(cm_gpu *g, cm_vk_set *s, uint32_t n_rot, uint32_t D, uint32_t nh, int n, uint32_t x_off, uint32_t ldx,
@@ -330,7 +321,8 @@ static void record_layer(cm_gpu_model *gm, int il, int n, bool f16) {
     cm_vk_set *s = L->set;
     const uint32_t E = (uint32_t)gm->E, QD = (uint32_t)gm->QD, KD = (uint32_t)gm->KD, F = (uint32_t)gm->F;
     const uint32_t ko = gm->o_k + (uint32_t)(il * gm->B) * KD, vo = gm->o_v + (uint32_t)(il * gm->B) * KD;
-    const bool neox = hp->rope_type == CM_ROPE_NEOX;
+    const bool neox = hp->rope_type == CM_ROPE_NEOX, swa = cm_layer_is_swa(hp, gm->l0 + il);
+    const uint32_t rc = swa ? gm->o_rope_swa : gm->o_rope;
     rmsnorm(g, s, E, gm->o_x, gm->o_xn, L->attn_norm.off, hp->rms_eps, n);
     gm->q8_src = UINT32_MAX;
     mm(gm, s, &L->wq, gm->o_xn, E, gm->o_q, QD, n, false);
@@ -342,15 +334,15 @@ static void record_layer(cm_gpu_model *gm, int il, int n, bool f16) {
     if (L->bv.K) bias(g, s, &L->bv, vo, KD, n);
     if (L->q_norm.K) rmsnorm(g, s, (uint32_t)gm->D, gm->o_q, gm->o_q, L->q_norm.off, hp->rms_eps, n * gm->nq);
     if (L->k_norm.K) rmsnorm(g, s, (uint32_t)gm->D, ko, ko, L->k_norm.off, hp->rms_eps, n * gm->nkv);
-    rope(g, s, (uint32_t)gm->n_rot, (uint32_t)gm->D, (uint32_t)gm->nq, n, gm->o_q, QD, gm->o_rope, neox);
-    rope(g, s, (uint32_t)gm->n_rot, (uint32_t)gm->D, (uint32_t)gm->nkv, n, ko, KD, gm->o_rope, neox);
+    rope(g, s, (uint32_t)gm->n_rot, (uint32_t)gm->D, (uint32_t)gm->nq, n, gm->o_q, QD, rc, neox);
+    rope(g, s, (uint32_t)gm->n_rot, (uint32_t)gm->D, (uint32_t)gm->nkv, n, ko, KD, rc, neox);
     const uint32_t layer_base = 0; /* the layer's own buffer */
     const uint32_t pk[11] = {(uint32_t)gm->D, (uint32_t)gm->nkv, (uint32_t)n, (uint32_t)gm->ctx, ko, vo,
                              gm->o_meta,      (uint32_t)gm->B,   layer_base,  gm->slot_stride,   f16};
     cm_vk_dispatch(g, VKP_KVSTORE, s, pk, sizeof pk, ((uint32_t)n * KD + 63) / 64, 1);
     struct {
-        uint32_t D, nq, rep, nkv, ctx, ldq, q_off, o_off, sc_off, meta_off, B, layer_base, slot_stride, f16;
-        float scale;
+        uint32_t D, nq, rep, nkv, ctx, ldq, q_off, o_off, sc_off, meta_off, B, layer_base, slot_stride, f16, swa;
+        float scale, qscale; /* gemma3 (and phi3): q times attn_q_scale, softmax scale 1 */
     } pa = {(uint32_t)gm->D,
             (uint32_t)gm->nq,
             (uint32_t)(gm->nq / gm->nkv),
@@ -365,18 +357,19 @@ static void record_layer(cm_gpu_model *gm, int il, int n, bool f16) {
             layer_base,
             gm->slot_stride,
             f16,
-            1.0f / sqrtf((float)gm->D)};
+            swa ? (uint32_t)hp->n_swa : 0,
+            hp->attn_q_scale != 0.0f ? 1.0f : 1.0f / sqrtf((float)gm->D),
+            hp->attn_q_scale != 0.0f ? hp->attn_q_scale : 1.0f};
     cm_vk_dispatch(g, VKP_ATTN, s, &pa, sizeof pa, (uint32_t)gm->nq, (uint32_t)n);
-    gm->q8_src = UINT32_MAX;
-    mm(gm, s, &L->wo, gm->o_att, QD, gm->o_x, E, n, true);
+    mm_residual(gm, s, &L->wo, &L->attn_post, gm->o_att, QD, n);
     rmsnorm(g, s, E, gm->o_x, gm->o_xn, L->ffn_norm.off, hp->rms_eps, n);
     gm->q8_src = UINT32_MAX;
     mm(gm, s, &L->gate, gm->o_xn, E, gm->o_gate, F, n, false);
     mm(gm, s, &L->up, gm->o_xn, E, gm->o_up, F, n, false);
     const uint32_t ps[3] = {(uint32_t)n * F, gm->o_gate, gm->o_up};
-    cm_vk_dispatch(g, VKP_SILU, s, ps, sizeof ps, ((uint32_t)n * F + 63) / 64, 1);
-    gm->q8_src = UINT32_MAX;
-    mm(gm, s, &L->down, gm->o_gate, F, gm->o_x, E, n, true);
+    cm_vk_dispatch(g, hp->arch == CM_ARCH_GEMMA3 ? VKP_GELU : VKP_SILU, s, ps, sizeof ps, ((uint32_t)n * F + 63) / 64,
+                   1);
+    mm_residual(gm, s, &L->down, &L->ffn_post, gm->o_gate, F, n);
 }
 
 /* ---- the CPU caches ---- */
@@ -482,6 +475,11 @@ int cm_gpu_forward_layers(cm_gpu_model *gm, const cm_batch *b, const cm_forward_
         b->n > gm->B || a->experts.ep || a->slice.h0 != 0 || a->slice.h1 != gm->nkv || a->slice.f0 != 0 ||
         a->slice.f1 != gm->F)
         return 0;
+    if (cm_gpu_lost(gm->g)) { /* the batch that found it lost failed; the CPU does the later ones */
+        if (!gm->lost_said) CM_LOGW("gpu: %s was lost; the CPU computes from now on", cm_gpu_info_of(gm->g)->name);
+        gm->lost_said = true;
+        return 0;
+    }
     cm_vk_lock(gm->g);
     float *io = cm_vk_buf_map(gm->io);
     uint32_t *meta = (uint32_t *)(io + gm->o_meta);
@@ -498,7 +496,13 @@ int cm_gpu_forward_layers(cm_gpu_model *gm, const cm_batch *b, const cm_forward_
     }
     memcpy(io + gm->o_x, x, (size_t)n * E * sizeof(float));
     memcpy(io + gm->o_rope, rope_c, (size_t)n * gm->n_rot * sizeof(float));
-    rc = cm_vk_begin(gm->g, err, errlen);
+    const cm_hparams *hp = &gm->m->hp;
+    if (hp->n_swa) /* forward.c's rotations of gemma3's sliding-window layers: their base, no scaling */
+        for (int j = 0; j < n; j++)
+            cm_rope_cache(NULL, hp->n_rot, hp->rope_base_swa, gm->m->rope_freqs.data, (float)b->pos[j],
+                          io + gm->o_rope_swa + (size_t)j * hp->n_rot);
+    rc = cm_vk_fault(gm->g, err, errlen);
+    if (!rc) rc = cm_vk_begin(gm->g, err, errlen);
     if (!rc) {
         cm_vk_copy(gm->g, gm->io, 0, gm->act, 0, (uint64_t)gm->o_x * 4 + (uint64_t)n * E * 4);
         cm_vk_copy(gm->g, gm->io, (uint64_t)gm->o_rope * 4, gm->act, (uint64_t)gm->o_rope * 4,

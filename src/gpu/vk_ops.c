@@ -59,10 +59,12 @@ static int run_one(cm_gpu *g, scratch *s, enum cm_vk_pipe p, const void *push, u
 }
 
 int cm_gpu_test_matmul(cm_gpu *g, const cm_tensor *W, const float *x, int n_tok, float *y, char *err, size_t errlen) {
-    const uint32_t K = (uint32_t)W->ne[0], R = (uint32_t)W->ne[1], nb = K / 32;
-    const bool q = W->type == CM_TYPE_Q8_0 || W->type == CM_TYPE_Q4_0;
-    const uint64_t words = cm_vk_packed_words(W), nq = q ? (uint64_t)n_tok * nb * 9 : 0;
-    const uint64_t na = (uint64_t)n_tok * (K + R) + nq; /* x, y, x as Q8_0 */
+    const uint32_t K = (uint32_t)W->ne[0], R = (uint32_t)W->ne[1];
+    const enum cm_type act = cm_vk_act_type(W->type);
+    const bool q = act != CM_TYPE_F32;
+    const uint32_t bs = act == CM_TYPE_Q8_K ? 256 : 32, aw = cm_vk_act_words(act, K);
+    const uint64_t words = cm_vk_packed_words(W), nq = q ? (uint64_t)n_tok * aw : 0;
+    const uint64_t na = (uint64_t)n_tok * (K + R) + nq; /* x, y, x converted */
     uint32_t *w = cm_calloc(words + 1, 4);
     float *a = cm_calloc(na + 1, sizeof(float));
     int rc = w && a ? 0 : cm_errf(err, errlen, CM_ENOMEM, "out of memory");
@@ -75,13 +77,10 @@ int cm_gpu_test_matmul(cm_gpu *g, const cm_tensor *W, const float *x, int n_tok,
     if (!rc) {
         const uint32_t yo = (uint32_t)n_tok * K, qo = yo + (uint32_t)n_tok * R;
         const uint32_t pq[5] = {K, (uint32_t)n_tok, 0, K, qo};
-        const uint32_t pm[9] = {K, R, (uint32_t)n_tok, 0, q ? qo : 0, q ? nb * 9 : K, yo, R, 0};
-        const enum cm_vk_pipe pp[2] = {VKP_Q8ACT, W->type == CM_TYPE_F32    ? VKP_MM_F32
-                                                  : W->type == CM_TYPE_F16  ? VKP_MM_F16
-                                                  : W->type == CM_TYPE_Q8_0 ? VKP_MM_Q8_0
-                                                                            : VKP_MM_Q4_0};
+        const uint32_t pm[9] = {K, R, (uint32_t)n_tok, 0, q ? qo : 0, aw, yo, R, 0};
+        const enum cm_vk_pipe pp[2] = {cm_vk_act_pipe(act), cm_vk_mm_pipe(W->type)};
         const void *push[2] = {pq, pm};
-        const uint32_t pb[2] = {sizeof pq, sizeof pm}, gx[2] = {((uint32_t)n_tok * nb + 63) / 64, R},
+        const uint32_t pb[2] = {sizeof pq, sizeof pm}, gx[2] = {((uint32_t)n_tok * (K / bs) + 63) / 64, R},
                        gy[2] = {1, ((uint32_t)n_tok + 7) / 8};
         rc = q ? run_two(g, &s, 2, pp, push, pb, gx, gy, a, na, err, errlen)
                : run_two(g, &s, 1, pp + 1, push + 1, pb + 1, gx + 1, gy + 1, a, na, err, errlen);
@@ -105,7 +104,8 @@ int cm_gpu_test_rmsnorm(cm_gpu *g, const float *x, const float *w, int n, int ro
         struct {
             uint32_t n, x_off, ldx, y_off, ldy, w_off;
             float eps;
-        } p = {(uint32_t)n, 0, (uint32_t)n, (uint32_t)(n * rows), (uint32_t)n, 0, eps};
+            uint32_t add;
+        } p = {(uint32_t)n, 0, (uint32_t)n, (uint32_t)(n * rows), (uint32_t)n, 0, eps, 0};
         rc = run_one(g, &s, VKP_RMSNORM, &p, sizeof p, (uint32_t)rows, 1, a, words, err, errlen);
         scratch_free(g, &s);
         if (!rc) memcpy(y, a + (size_t)n * rows, (size_t)n * rows * sizeof(float));

@@ -12,7 +12,8 @@
 # cluster: token for token). A tensor-parallel group with the GPU node in it
 # gives the same ids on its CPU (the device takes whole layers: a slice is
 # not offloaded yet, and the node says so). A node whose Vulkan loader is
-# missing says so in one line and offers no GPU. No Vulkan device: a skip
+# missing says so in one line and offers no GPU. A node whose GPU is lost
+# leaves, and the coordinator re-plans without it. No Vulkan device: a skip
 # with the reason (setup installs lavapipe, so under CI=true it fails).
 cd "$(dirname "$0")/../.." || exit 1
 . tests/sh/lib/cluster_common.sh
@@ -130,6 +131,17 @@ mark
 run_case "tp group" "$ADDR_g" --parallel tp
 tail -n +$(($(cat "$TMP/g.mark") + 1)) "$TMP/g.log" | grep -q "tensor-parallel or expert group's slice is not on the GPU yet" && ok ||
     bad "tp: node g did not say its slice runs on the CPU: $(tail -5 "$TMP/g.log")"
+
+# 7. A node whose GPU is lost (the test hook, at its 4th forward pass) leaves
+# the cluster: the coordinator re-plans without it, as for any lost node,
+# and the run still gives one machine's ids.
+export CUMULO_TEST_GPU_FAULT=lost:4
+start_node f --gpu vulkan
+unset CUMULO_TEST_GPU_FAULT
+cc_ref_case q8_0 0
+run_case "gpu lost" "$ADDR_f,$ADDR_a" --layers 1,2,2
+grep -q "cumulo node 'f': GPU '.*' lost; leaving the cluster" "$TMP/f.log" && ok || bad "node f did not leave: $(tail -3 "$TMP/f.log")"
+grep -q 'recovered' "$TMP/cl.err" && ok || bad "gpu lost: the coordinator did not re-plan: $(tail -5 "$TMP/cl.err")"
 
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -5,8 +5,13 @@
 # greedy ids with all layers and with --gpu-layers 2 on the device, and its
 # --json names the device; a missing loader is one warning and the CPU;
 # bad option values are one-line errors; `cumulo info --gpu` lists the
-# device; bench and serve take --gpu. No device: a skip with the reason (not
-# n/a: setup installs lavapipe, so under CI=true it fails).
+# device; bench and serve take --gpu; a model the device does not run (a
+# mixture of experts, a type it has no shader for) is one warning line and
+# the CPU's ids; an injected device loss or full device memory
+# (CUMULO_TEST_GPU_FAULT) is an error for that run or request, and a server
+# whose device was lost answers the later requests from the CPU. No device:
+# a skip with the reason (not n/a: setup installs lavapipe, so under CI=true
+# it fails).
 cd "$(dirname "$0")/../.." || exit 1
 BIN=${CUMULO_BIN:-build/cumulo}
 SHARED=${CUMULO_SHARED:-../shared}
@@ -90,14 +95,59 @@ serve_texts vulkan "$T/serve_gpu"
 [ "$(wc -l <"$T/serve_cpu")" -eq 3 ] && cmp -s "$T/serve_cpu" "$T/serve_gpu" && ok ||
     bad "serve --gpu vulkan: texts differ from the CPU's: $(cat "$T/serve_cpu") // $(cat "$T/serve_gpu")"
 
+# Not on the device: one warning line, the CPU's ids (a mixture of experts;
+# IQ4_NL, which has no shader).
+VOCAB=$SHARED/vocab/ggml-vocab-llama-spm.gguf
+for v in "mixtral q8_0 --arch llama --experts 4 --experts-used 2" "iq4_nl iq4_nl --arch llama"; do
+    set -- $v
+    tag=$1 ty=$2
+    shift 2
+    "$BIN" synth "$@" --dim 256 --layers 2 --heads 4 --kv-heads 2 --ffn 512 --type "$ty" --vocab "$VOCAB" --seed 5 \
+        -o "$T/$tag.gguf" >/dev/null 2>&1 || bad "synth $tag"
+    "$BIN" run "$T/$tag.gguf" -p "Once upon a time" -n 8 --temp 0 --json >"$T/o_cpu" 2>/dev/null
+    "$BIN" run "$T/$tag.gguf" -p "Once upon a time" -n 8 --temp 0 --json --gpu vulkan >"$T/o" 2>"$T/e"; rc=$?
+    [ $rc -eq 0 ] && [ "$(grep -c 'gpu:' "$T/e")" -eq 1 ] && grep -q 'running on the CPU' "$T/e" &&
+        grep -q '"device":"cpu"' "$T/o" && [ -n "$(ids "$T/o")" ] && [ "$(ids "$T/o")" = "$(ids "$T/o_cpu")" ] && ok ||
+        bad "$tag not on the GPU: rc $rc, $(cat "$T/e")"
+done
+
+# Faults (the test hook): the device lost at the 3rd forward pass, or its
+# memory full at the 1st, fails the run with the reason in one line.
+for f in lost:3 oom; do
+    CUMULO_TEST_GPU_FAULT=$f "$BIN" run "$M" -p "Once upon a time" -n 8 --temp 0 --gpu vulkan >"$T/o" 2>"$T/e"; rc=$?
+    want=$([ $f = oom ] && echo "out of device memory" || echo "device lost")
+    [ $rc -ne 0 ] && [ "$(grep -c "$want" "$T/e")" -eq 1 ] && ok || bad "fault $f: rc $rc, $(cat "$T/e")"
+done
+# serve: the request that finds the device lost fails; the later ones are the CPU's.
+port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+CUMULO_TEST_GPU_FAULT=lost:2 "$BIN" serve "$M" --port "$port" --gpu vulkan >"$T/serve.log" 2>&1 &
+spid=$!
+i=0
+while [ $i -lt 300 ] && ! grep -q "ready:" "$T/serve.log"; do sleep 0.2; i=$((i + 1)); done
+req() { curl -s -m 120 -o "$T/body" -w '%{http_code}' "localhost:$port/v1/completions" -H 'content-type: application/json' \
+    -d '{"prompt":"Once upon a time","max_tokens":24,"temperature":0}'; }
+c1=$(req); b1=$(cat "$T/body")
+c2=$(req); t2=$(sed -n 's/.*"text":"\([^"]*\)".*/\1/p' "$T/body")
+kill "$spid"
+wait "$spid" 2>/dev/null
+[ "$c1" != 200 ] && echo "$b1" | grep -q "device lost" && [ "$c2" = 200 ] &&
+    [ "$t2" = "$(head -1 "$T/serve_cpu")" ] && [ "$(grep -c 'was lost; the CPU computes' "$T/serve.log")" -eq 1 ] && ok ||
+    bad "serve after a lost device: $c1 $b1 / $c2 [$t2] vs [$(head -1 "$T/serve_cpu")]: $(grep -i gpu "$T/serve.log")"
+
 # The synthetic golden suite (test_synth_golden: llama.cpp's references with
-# its tolerance rule) with its greedy context on the device: F16, Q8_0, Q4_0
-# weights, llama3 rope scaling, a tied output.
+# its tolerance rule) with its greedy context on the device: F16, Q8_0, Q4_0,
+# Q5_0, Q4_1, Q5_1 and the K-quants (Q2_K..Q6_K, Q4_K_M's mix), llama3 rope scaling, a
+# tied output, qwen3's Q/K norms, gemma3 (GELU, post norms, sliding window,
+# q scale).
 SG=${CUMULO_TESTBIN:-build/tests}/test_synth_golden
+# (every type and gemma3's F32/Q8_0 too: run test_synth_golden with
+# CUMULO_GPU=vulkan and a wider CUMULO_SYNTH_ONLY; this list keeps the suite's time)
+SEL='^(llama-(f16|q8_0|q4_0|q4_1|q3_k|q4_k_m)|llama3-q4_0|llamatied-f32|qwen3-q4_k|gemma3-q4_k_m)\.json$'
+NSEL=10
 if [ -x "$SG" ]; then
-    CUMULO_GPU=vulkan CUMULO_SYNTH_ONLY='^(llama-(f16|q8_0|q4_0)|llama3-q4_0|llamatied-f32)\.json$' "$SG" >"$T/sg" 2>&1; rc=$?
-    [ $rc -eq 0 ] && grep -q '^1 passed, 0 failed' "$T/sg" && [ "$(grep -c 'gpu: greedy with' "$T/sg")" -eq 5 ] && ok ||
-        bad "test_synth_golden under CUMULO_GPU=vulkan: rc $rc, $(grep -E 'FAIL|gpu:|passed' "$T/sg" | head -12)"
+    CUMULO_GPU=vulkan CUMULO_SYNTH_ONLY="$SEL" "$SG" >"$T/sg" 2>&1; rc=$?
+    [ $rc -eq 0 ] && grep -q '^1 passed, 0 failed' "$T/sg" && [ "$(grep -c 'gpu: greedy with' "$T/sg")" -eq $NSEL ] && ok ||
+        bad "test_synth_golden under CUMULO_GPU=vulkan: rc $rc, $(grep -E 'FAIL|gpu:|passed' "$T/sg" | head -30)"
 else
     echo "skip: $SG is not built (make tests): the synthetic golden models on the device not run"
     skipped=1

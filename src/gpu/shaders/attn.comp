@@ -3,27 +3,30 @@
 // token's slot in the cache: scores into A's scratch (sc_off, ctx per
 // (token, head)), softmax with the max subtracted, then the weighted sum of
 // V. f16: the query and the weights rounded to F16 (the CPU's F16 cache).
+// qscale multiplies the query first (gemma3's attn_q_scale, else 1); swa > 0:
+// only the last swa positions (gemma3's sliding-window layers).
 #extension GL_GOOGLE_include_directive : require
 layout(local_size_x = 64) in;
 #include "common.glsl"
 layout(push_constant) uniform P {
-    uint D, nq, rep, nkv, ctx, ldq, q_off, o_off, sc_off, meta_off, B, layer_base, slot_stride, f16;
-    float scale;
+    uint D, nq, rep, nkv, ctx, ldq, q_off, o_off, sc_off, meta_off, B, layer_base, slot_stride, f16, swa;
+    float scale, qscale;
 } p;
 shared float red[64];
 
 void main() {
     const uint h = gl_WorkGroupID.x, j = gl_WorkGroupID.y, tid = gl_LocalInvocationID.x;
     const uint pos = AU[p.meta_off + j], slot = AU[p.meta_off + p.B + j], np = pos + 1;
+    const uint lo = p.swa != 0 && np > p.swa ? np - p.swa : 0;
     const uint hk = h / p.rep;
     const uint kb = slot * p.slot_stride + p.layer_base + hk * p.ctx * p.D;
     const uint vb = kb + p.nkv * p.ctx * p.D;
     const uint qb = p.q_off + j * p.ldq + h * p.D, sb = p.sc_off + (j * p.nq + h) * p.ctx;
     float mx = -1.0 / 0.0;
-    for (uint t = tid; t < np; t += 64) {
+    for (uint t = lo + tid; t < np; t += 64) {
         float s = 0.0;
         for (uint d = 0; d < p.D; d++) {
-            const float q = A[qb + d];
+            const float q = A[qb + d] * p.qscale;
             s += (p.f16 != 0 ? f16r(q) : q) * KV[kb + t * p.D + d];
         }
         s *= p.scale;
@@ -39,7 +42,7 @@ void main() {
     mx = red[0];
     barrier();
     float sum = 0.0;
-    for (uint t = tid; t < np; t += 64) {
+    for (uint t = lo + tid; t < np; t += 64) {
         const float e = exp(A[sb + t] - mx);
         A[sb + t] = e;
         sum += e;
@@ -54,7 +57,7 @@ void main() {
     const float inv = 1.0 / red[0];
     for (uint d = tid; d < p.D; d += 64) {
         float o = 0.0;
-        for (uint t = 0; t < np; t++) {
+        for (uint t = lo; t < np; t++) {
             const float w = A[sb + t] * inv;
             o += (p.f16 != 0 ? f16r(w) : w) * KV[vb + t * p.D + d];
         }

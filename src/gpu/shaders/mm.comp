@@ -1,12 +1,14 @@
 #version 450
 // y[j * ldy + r] (+)= dot(W row r, x_j): one workgroup per (row, 8 tokens),
 // 64 threads over the row's blocks, a shared-memory tree for the sum.
-// Weights are repacked at upload (vk_model.c): F32 and F16 rows as in the
-// file; Q8_0/Q4_0 as all the rows' block scales (F32) first, then the
-// blocks' quants (8 / 4 words per block). Activations as the CPU's kernels
-// take them (kernels.h): F32 for F32; rounded to F16 for F16; for Q8_0 and
-// Q4_0 converted to Q8_0 by q8act.comp (row j at x_off + j * ldx: nb scales,
-// then nb * 8 words of quants), integer block sums scaled by dw * dx.
+// Weights are repacked at upload (vk_pack.c): F32 and F16 rows as in the
+// file; Q8_0/Q4_0/Q5_0 as all the rows' block scales (F32) first, then the
+// blocks' quants (8 / 4 / 5 words per block, Q5_0's qh first); Q4_1/Q5_1
+// with all the mins (F32) between the scales and the quants. Activations as
+// the CPU's kernels take them (kernels.h): F32 for F32; rounded to F16 for
+// F16; Q8_0 (q8act.comp: row j at x_off + j * ldx: nb scales, then nb * 8
+// words of quants) for Q8_0/Q4_0/Q5_0, Q8_1 (q8act.comp -DQ8_1: the nb sums
+// between) for Q4_1/Q5_1; integer block sums scaled by dw * dx (+ min * sum).
 #extension GL_GOOGLE_include_directive : require
 layout(local_size_x = 64) in;
 #include "common.glsl"
@@ -35,6 +37,11 @@ void main() {
     }
 #else
     const uint nb = p.K / 32;
+#if defined(T_Q4_1) || defined(T_Q5_1) /* the mins after the scales; Q8_1 activations: the sums after the scales */
+    const uint SC = 2, XQ = 2 * nb;
+#else
+    const uint SC = 1, XQ = nb;
+#endif
     for (uint b = tid; b < nb; b += 64) {
         const float dw = uintBitsToFloat(W[p.w_off + row * nb + b]);
         int w[32];
@@ -54,15 +61,44 @@ void main() {
                 w[16 + i * 4 + k] = int(by >> 4) - 8;
             }
         }
+#elif defined(T_Q4_1)
+        const uint qb = p.w_off + 2 * p.rows * nb + (row * nb + b) * 4;
+        for (uint i = 0; i < 4; i++) {
+            const uint u = W[qb + i];
+            for (uint k = 0; k < 4; k++) {
+                const uint by = (u >> (8 * k)) & 255u;
+                w[i * 4 + k] = int(by & 15u);
+                w[16 + i * 4 + k] = int(by >> 4);
+            }
+        }
+#elif defined(T_Q5_0) || defined(T_Q5_1)
+#ifdef T_Q5_0
+        const int off5 = 16;
+#else
+        const int off5 = 0;
+#endif
+        const uint qb = p.w_off + SC * p.rows * nb + (row * nb + b) * 5, qh = W[qb];
+        for (uint i = 0; i < 4; i++) {
+            const uint u = W[qb + 1 + i];
+            for (uint k = 0; k < 4; k++) {
+                const uint by = (u >> (8 * k)) & 255u, e = i * 4 + k;
+                w[e] = int((by & 15u) | (((qh >> e) & 1u) << 4)) - off5;
+                w[16 + e] = int((by >> 4) | (((qh >> (e + 16)) & 1u) << 4)) - off5;
+            }
+        }
 #endif
         for (uint t = 0; t < nt; t++) {
-            const uint xr = p.x_off + (t0 + t) * p.ldx, xq = xr + nb + b * 8;
+            const uint xr = p.x_off + (t0 + t) * p.ldx, xq = xr + XQ + b * 8;
             int s = 0;
             for (uint i = 0; i < 8; i++) {
                 const int u = int(AU[xq + i]);
                 for (int k = 0; k < 4; k++) s += w[i * 4 + k] * bitfieldExtract(u, 8 * k, 8);
             }
+#if defined(T_Q4_1) || defined(T_Q5_1)
+            acc[t] += float(s) * (dw * A[xr + b]) + uintBitsToFloat(W[p.w_off + p.rows * nb + row * nb + b]) * A[xr + nb + b];
+#else
             acc[t] += float(s) * (dw * A[xr + b]);
+#endif
         }
     }
 #endif

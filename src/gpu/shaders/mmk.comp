@@ -1,0 +1,133 @@
+#version 450
+// y[j * ldy + r] (+)= dot(W row r, x_j) for the K-quants (Q2_K, Q3_K, Q4_K,
+// Q5_K, Q6_K) against activations in Q8_K (q8kact.comp: row j at x_off +
+// j * ldx: nb scales, nb * 16 bsums, nb * 64 words of quants). One
+// workgroup per (row, 8 tokens), 64 threads over the row's 32-element
+// chunks (8 per super-block). The weights are the file's blocks, each
+// padded to whole words (vk_pack.c): row r's block b at w_off + (r * nb +
+// b) * BW. Per chunk, as the CPU's integer dot: sum over its two groups of
+// 16 of scale * sum(q * x_q), minus min * bsum; then (d * dx) * isum -
+// (dmin * dx) * summ in float (the CPU does the float step per super-block,
+// here per chunk: a last-bit difference).
+#extension GL_GOOGLE_include_directive : require
+layout(local_size_x = 64) in;
+#include "common.glsl"
+layout(push_constant) uniform P { uint K, rows, ntok, w_off, x_off, ldx, y_off, ldy, add; } p;
+shared float red[8 * 64];
+
+#if defined(T_Q4_K)
+#define BW 36u
+#elif defined(T_Q5_K)
+#define BW 44u
+#elif defined(T_Q6_K)
+#define BW 53u
+#elif defined(T_Q2_K)
+#define BW 21u
+#else /* T_Q3_K */
+#define BW 28u
+#endif
+
+uint wb(uint base, uint i) { return (W[base + (i >> 2)] >> ((i & 3u) * 8u)) & 255u; }
+
+// Sub-block j (0..7) scale and min of Q4_K/Q5_K (6 bits each in 12 bytes at byte 4).
+void k4sm(uint base, uint j, out int sc, out int m) {
+    if (j < 4) {
+        sc = int(wb(base, 4 + j) & 63u);
+        m = int(wb(base, 8 + j) & 63u);
+    } else {
+        sc = int((wb(base, 8 + j) & 15u) | ((wb(base, j) >> 6) << 4));
+        m = int((wb(base, 8 + j) >> 4) | ((wb(base, 4 + j) >> 6) << 4));
+    }
+}
+
+void main() {
+    const uint row = gl_WorkGroupID.x, t0 = gl_WorkGroupID.y * 8, tid = gl_LocalInvocationID.x;
+    const uint nt = min(8u, p.ntok - t0), nb = p.K / 256;
+    float acc[8];
+    for (uint t = 0; t < 8; t++) acc[t] = 0.0;
+    for (uint u = tid; u < nb * 8; u += 64) {
+        const uint b = u / 8, c = u % 8, base = p.w_off + (row * nb + b) * BW;
+        const uint h = c / 4, k = c % 4;
+        int w[32];
+        int sc0, sc1, m0 = 0, m1 = 0;
+        float d, dmin = 0.0;
+#if defined(T_Q4_K) || defined(T_Q5_K)
+        const vec2 dd = unpackHalf2x16(W[base]);
+        d = dd.x;
+        dmin = dd.y;
+        k4sm(base, c, sc0, m0);
+        sc1 = sc0;
+        m1 = m0;
+#if defined(T_Q4_K)
+        const uint qs = 16;
+#else
+        const uint qs = 48;
+#endif
+        for (uint l = 0; l < 32; l++) {
+            const uint by = wb(base, qs + 32 * (c / 2) + l);
+            int v = int((c & 1u) != 0 ? by >> 4 : by & 15u);
+#if defined(T_Q5_K)
+            v |= int((wb(base, 16 + l) >> c) & 1u) << 4;
+#endif
+            w[l] = v;
+        }
+#elif defined(T_Q6_K)
+        d = unpackHalf2x16(W[base + 52]).x;
+        sc0 = int(wb(base, 192 + 2 * c) << 24) >> 24;
+        sc1 = int(wb(base, 193 + 2 * c) << 24) >> 24;
+        for (uint l = 0; l < 32; l++) {
+            const uint by = wb(base, h * 64 + l + 32 * (k & 1u));
+            const uint lo = k < 2 ? by & 15u : by >> 4;
+            const uint hi = (wb(base, 128 + h * 32 + l) >> (2 * k)) & 3u;
+            w[l] = int(lo | (hi << 4)) - 32;
+        }
+#elif defined(T_Q2_K)
+        const vec2 dd = unpackHalf2x16(W[base + 20]);
+        d = dd.x;
+        dmin = dd.y;
+        const uint s0 = wb(base, 2 * c), s1 = wb(base, 2 * c + 1);
+        sc0 = int(s0 & 15u);
+        m0 = int(s0 >> 4);
+        sc1 = int(s1 & 15u);
+        m1 = int(s1 >> 4);
+        for (uint l = 0; l < 32; l++) w[l] = int((wb(base, 16 + 32 * h + l) >> (2 * k)) & 3u);
+#else /* Q3_K: 6-bit scales offset by 32 (low nibbles in bytes 0-7, top 2 bits in bytes 8-11 of the 12 at byte 96) */
+        d = unpackHalf2x16(W[base + 27]).x;
+        const uint j0 = 2 * c, j1 = 2 * c + 1;
+        sc0 = int(((j0 < 8 ? wb(base, 96 + j0) & 15u : wb(base, 96 + j0 - 8) >> 4) |
+                   (((wb(base, 104 + j0 % 4) >> (2 * (j0 / 4))) & 3u) << 4))) - 32;
+        sc1 = int(((j1 < 8 ? wb(base, 96 + j1) & 15u : wb(base, 96 + j1 - 8) >> 4) |
+                   (((wb(base, 104 + j1 % 4) >> (2 * (j1 / 4))) & 3u) << 4))) - 32;
+        for (uint l = 0; l < 32; l++) {
+            const int lo = int((wb(base, 32 + 32 * h + l) >> (2 * k)) & 3u);
+            w[l] = lo - (((wb(base, l) >> (4 * h + k)) & 1u) != 0 ? 0 : 4);
+        }
+#endif
+        for (uint t = 0; t < nt; t++) {
+            const uint xr = p.x_off + (t0 + t) * p.ldx, xq = xr + nb * 17 + b * 64 + c * 8;
+            int s0 = 0, s1 = 0;
+            for (uint i = 0; i < 4; i++) {
+                const int u0 = int(AU[xq + i]), u1 = int(AU[xq + 4 + i]);
+                for (int q = 0; q < 4; q++) {
+                    s0 += w[i * 4 + q] * bitfieldExtract(u0, 8 * q, 8);
+                    s1 += w[16 + i * 4 + q] * bitfieldExtract(u1, 8 * q, 8);
+                }
+            }
+            const int isum = sc0 * s0 + sc1 * s1;
+            const int summ = m0 * int(AU[xr + nb + b * 16 + 2 * c]) + m1 * int(AU[xr + nb + b * 16 + 2 * c + 1]);
+            const float dx = A[xr + b];
+            acc[t] += (d * dx) * float(isum) - (dmin * dx) * float(summ);
+        }
+    }
+    for (uint t = 0; t < 8; t++) red[t * 64 + tid] = acc[t];
+    barrier();
+    for (uint s = 32; s > 0; s >>= 1) {
+        if (tid < s)
+            for (uint t = 0; t < 8; t++) red[t * 64 + tid] += red[t * 64 + tid + s];
+        barrier();
+    }
+    if (tid < nt) {
+        const uint yi = p.y_off + (t0 + tid) * p.ldy + row;
+        A[yi] = (p.add != 0 ? A[yi] : 0.0) + red[tid * 64];
+    }
+}
