@@ -167,8 +167,9 @@ size_t cm_attn_multi_scratch_floats(int nq, int head_dim) {
  * weights are 0, and attn_vm's per-element fused sum in position order adds
  * exact zeros, so its tiles (which start where decode's start) give decode's
  * bits. A transposed V sums a tile's first n & ~15 positions per lane and
- * the rest in element order, which depends on where the range ends: there
- * only tokens with the same end share. */
+ * the rest in element order: there only tokens with the same n & ~15 share
+ * (their lane sums see the same weights; in the element-order rest a
+ * shorter range's zero weights are exact no-ops again). */
 void cm_attn_multi(const cm_kernels *k, const cm_attn_kv *kv, int D, int ntok, int rep, const float *q, size_t q_stride,
                    const int *lo, const int *hi, float scale, const float *sinks, float *scratch, float *parts,
                    size_t part_stride, float *out, size_t out_stride) {
@@ -187,7 +188,8 @@ void cm_attn_multi(const cm_kernels *k, const cm_attn_kv *kv, int D, int ntok, i
             int mem[CM_ATTN_MULTI_MAX], mlo[CM_ATTN_MULTI_MAX], mhi[CM_ATTN_MULTI_MAX], nm = 0;
             for (int u = g; u < ntok; u++) {
                 const int u0 = CM_MAX(lo[u], b * CM_ATTN_BLOCK), u1 = CM_MIN(hi[u], (b + 1) * CM_ATTN_BLOCK);
-                if ((done >> u & 1) || u0 >= u1 || u0 != p0 || (kv->v_tstride && u1 != p1)) continue;
+                if ((done >> u & 1) || u0 >= u1 || u0 != p0 || (kv->v_tstride && ((u1 - u0) ^ (p1 - p0)) & ~15))
+                    continue;
                 done |= (uint64_t)1 << u;
                 mem[nm] = u, mlo[nm] = u0, mhi[nm++] = u1;
             }
