@@ -11,7 +11,8 @@
  * elements at a time; each (query, position) dot stays a 16-lane partial and
  * 16 positions' partials are summed together by one transposing tree
  * (hsum16) instead of one horizontal sum each (a tile's last partial group
- * runs the same code with zero partials past its end); the V side keeps up to four
+ * runs the same code with zero partials past its end; Q8_0 rows of a
+ * multiple of 64 elements: integer dots by VNNI); the V side keeps up to four
  * queries' accumulators in registers while the rows stream past; exp is a
  * degree-7 polynomial on a range-reduced argument scaled by 2^n (scalef),
  * within about 1 ulp of expf.
@@ -152,11 +153,89 @@ AI __m512 hsum16(const __m512 *v) {
     return _mm512_add_ps(_mm512_shuffle_ps(c[0], c[1], 0x88), _mm512_shuffle_ps(c[0], c[1], 0xDD));
 }
 
+/* Q8_0 K with D a multiple of 64: the queries, which attn_split.c rounds
+ * through Q8_0 (kernels.h: K's vec_dot_type), are their blocks' int8 values
+ * times the block's F16 scale, so they are re-quantized exactly here (the
+ * scale is the block's largest |q| / 127, exact for such a query) and dotted
+ * in int32 by VNNI, two blocks per step: (k + 128) unsigned times q signed,
+ * each lane started from -128 x its four q, so its four products sum exactly;
+ * then times d_k d_q into the lane's float partial (as ggml's q8_0 x q8_0
+ * dot scales an exact integer sum). Per query, nothing depends on the other
+ * queries of the call (batch invariance). */
+enum { QK8_MAXD = 1024 };
+
+/* Per query, once per call: the int8 values (qi), per lane -128 x its four
+ * values (qc, the start of each VNNI sum) and the lanes' block scales (qd). */
+static void q8_prep(int64_t D, const float *q, int8_t *qi, int32_t *qc, float *qd) {
+    const __m512i ones = _mm512_set1_epi8(1);
+    for (int64_t c = 0; c < D / 64; c++) {
+        float d[2];
+        for (int h = 0; h < 2; h++) {
+            const float *x = q + c * 64 + h * 32;
+            const __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
+            const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
+            d[h] = amax / 127.0f;
+            const __m512 id = _mm512_set1_ps(d[h] != 0.0f ? 1.0f / d[h] : 0.0f);
+            _mm_storeu_si128((__m128i *)(qi + c * 64 + h * 32), _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(x0, id))));
+            _mm_storeu_si128((__m128i *)(qi + c * 64 + h * 32 + 16),
+                             _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(x1, id))));
+        }
+        const __m512i sum4 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, _mm512_load_si512(qi + c * 64));
+        _mm512_store_si512(qc + c * 16, _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sum4, 7)));
+        _mm512_store_ps(qd + c * 16, _mm512_insertf32x8(_mm512_set1_ps(d[0]), _mm256_set1_ps(d[1]), 1));
+    }
+}
+
+static void qk_q8_0_vnni(int64_t D, int nq, const float *q, const void *k, size_t k_row, int n, float scale, float *s,
+                         int ld) {
+    int8_t qi[4][QK8_MAXD] __attribute__((aligned(64)));
+    int32_t qc[4][QK8_MAXD / 4] __attribute__((aligned(64)));
+    float qd[4][QK8_MAXD / 4] __attribute__((aligned(64)));
+    const __m512 vs = _mm512_set1_ps(scale);
+    const __m512i x80 = _mm512_set1_epi8((char)0x80);
+    for (int h0 = 0; h0 < nq; h0 += 4) {
+        const int nh = nq - h0 < 4 ? nq - h0 : 4;
+        for (int h = 0; h < nh; h++) q8_prep(D, q + (size_t)(h0 + h) * D, qi[h], qc[h], qd[h]);
+        for (int j = 0; j < n; j += 16) { /* a last partial group: zero partials past n */
+            const int nt = n - j < 16 ? n - j : 16;
+            __m512 v[4][16];
+            for (int t = 0; t < 16; t++) {
+                const char *r = (const char *)k + (size_t)(j + t) * k_row;
+                if (t < nt && h0 == 0) _mm_prefetch(r + 64 * k_row, _MM_HINT_T0);
+                __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+                for (int64_t c = 0; t < nt && c < D / 64; c++) {
+                    const cm_block_q8_0 *b = (const cm_block_q8_0 *)r + 2 * c;
+                    const __m512i kq = _mm512_xor_si512(
+                        _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)b[0].qs)),
+                                           _mm256_loadu_si256((const __m256i *)b[1].qs), 1),
+                        x80);
+                    const __m512 dk = _mm512_insertf32x8(_mm512_set1_ps(cm_f16_to_f32(b[0].d)),
+                                                         _mm256_set1_ps(cm_f16_to_f32(b[1].d)), 1);
+                    for (int h = 0; h < nh; h++) {
+                        const __m512i p = _mm512_dpbusd_epi32(_mm512_load_si512(qc[h] + c * 16), kq,
+                                                              _mm512_load_si512(qi[h] + c * 64));
+                        a[h] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dk, _mm512_load_ps(qd[h] + c * 16)),
+                                               a[h]);
+                    }
+                }
+                for (int h = 0; h < nh; h++) v[h][(t & 3) * 4 + (t >> 2)] = a[h];
+            }
+            const __mmask16 km = (__mmask16)((1u << nt) - 1);
+            for (int h = 0; h < nh; h++)
+                _mm512_mask_storeu_ps(s + (h0 + h) * ld + j, km, _mm512_mul_ps(hsum16(v[h]), vs));
+        }
+    }
+}
+
 /* Up to four queries against 16 positions per step: each K row is widened
  * once for all of them (four independent FMA chains), the next tile's rows
  * are prefetched while this one is summed. */
 AI void qk_multi(enum cm_type T, int64_t D, int nq, const float *q, const void *k, size_t k_row, int n, float scale,
                  float *s, int ld) {
+    if (T == CM_TYPE_Q8_0 && D % 64 == 0 && D <= QK8_MAXD) {
+        qk_q8_0_vnni(D, nq, q, k, k_row, n, scale, s, ld);
+        return;
+    }
     const __m512 vs = _mm512_set1_ps(scale);
     for (int h0 = 0; h0 < nq; h0 += 4) {
         const int nh = nq - h0 < 4 ? nq - h0 : 4;

@@ -200,13 +200,15 @@ static const void *attn_decode(cm_ctx *c, size_t *stride, int ith, int nth) {
 enum { SPLIT_MIN = 2 * CM_ATTN_BLOCK, MULTI_TOK = 8 /* tokens per prefill task (cm_attn_multi) */ };
 
 static size_t split_nbmax(int max_ctx) { return (size_t)max_ctx / CM_ATTN_BLOCK + 2; }
+static size_t split_scr(int rep, int D) { return cm_attn_multi_scratch_floats(rep * MULTI_TOK, D); }
 
 /* Per thread: scratch, then the partials of all query heads (decode), then
- * per thread one kv head's query heads' partials (a batch's one-token runs). */
+ * per thread the partials of MULTI_TOK tokens' query heads of one kv head
+ * (prefill, cm_attn_multi). */
 size_t cm_fwd_split_floats(const cm_model *m, int max_ctx, int n_threads) {
     const int D = m->hp.head_dim, rep = m->hp.n_head / CM_MAX(1, m->hp.n_head_kv);
     const size_t part = split_nbmax(max_ctx) * ((size_t)D + 2);
-    return (size_t)n_threads * (cm_attn_split_scratch_floats(rep * MULTI_TOK, D) + (size_t)rep * part) +
+    return (size_t)n_threads * (split_scr(rep, D) + (size_t)MULTI_TOK * rep * part) +
            (size_t)m->hp.n_head * part;
 }
 
@@ -242,7 +244,7 @@ static const void *attn_decode_split(cm_ctx *c, size_t *stride, int ith, int nth
     const cm_kv *kv = c->a->kvs[c->b->seq[0]];
     const int np = c->b->pos[0] + 1, p_lo = cm_layer_is_swa(hp, c->il) ? CM_MAX(0, np - hp->n_swa) : 0;
     const int bl0 = p_lo / CM_ATTN_BLOCK, nb = (np - 1) / CM_ATTN_BLOCK + 1 - bl0;
-    const size_t scr_n = cm_attn_split_scratch_floats(rep * MULTI_TOK, D), nbmax = split_nbmax(c->max_ctx);
+    const size_t scr_n = split_scr(rep, D), nbmax = split_nbmax(c->max_ctx);
     const size_t pstride = nbmax * ((size_t)D + 2); /* between query heads' partials */
     float *parts = c->split + (size_t)c->n_threads * scr_n;
     int64_t k0, k1;
@@ -288,9 +290,10 @@ static const void *attn_decode_split(cm_ctx *c, size_t *stride, int ith, int nth
 /* A batch that reaches past SPLIT_MIN positions: (kv head, group of
  * MULTI_TOK batch tokens) tasks; in a group, each run of tokens of one
  * sequence whose positions reach past SPLIT_MIN goes through cm_attn_multi
- * (their query heads share each K/V tile), a run of one such token through
- * the decode's blocks and merge (so B sequences decoded together give the
- * bits of each decoded alone), any other run through attn_task as before. */
+ * (their query heads share K/V tiles; each query gets the bits of the
+ * decode's blocks and merge, so a prompt chunked into decode steps and B
+ * sequences decoded together give the bits of each alone), any other token
+ * through attn_task as before. */
 static bool use_multi(const cm_ctx *c) {
     const cm_batch *b = c->b;
     if (b->n < 2 || !c->split || c->split_off) return false;
@@ -300,33 +303,17 @@ static bool use_multi(const cm_ctx *c) {
     return pmax > SPLIT_MIN && cm_attn_split_ok(c->k, &av, c->m->hp.head_dim);
 }
 
-/* Token j's rep query heads of kv head hl as decode's blocks and merge. */
-static void attn_one_split(cm_ctx *c, const cm_attn_kv *av, int j, int hl, int lo, int hi, float scale, float *scratch,
-                           float *parts) {
-    const cm_hparams *hp = &c->m->hp;
-    const int D = hp->head_dim, rep = hp->n_head / hp->n_head_kv, h0 = c->a->slice.h0;
-    const size_t off = (size_t)j * (c->a->slice.h1 - h0) * rep * D + (size_t)hl * rep * D, ps = (size_t)D + 2;
-    const int bl0 = lo / CM_ATTN_BLOCK, nb = (hi - 1) / CM_ATTN_BLOCK + 1 - bl0;
-    for (int bi = 0; bi < nb; bi++)
-        cm_attn_split_block(c->k, av, D, rep, c->q + off, CM_MAX(lo, (bl0 + bi) * CM_ATTN_BLOCK),
-                            CM_MIN(hi, (bl0 + bi + 1) * CM_ATTN_BLOCK), scale, scratch, parts + (size_t)bi * ps,
-                            (size_t)nb * ps);
-    const float *sinks = c->m->layers[c->il].attn_sinks.data;
-    for (int r = 0; r < rep; r++)
-        cm_attn_split_merge(parts + (size_t)r * nb * ps, nb, D, sinks ? sinks[(h0 + hl) * rep + r] : NAN, av->rot_v,
-                            c->att + off + (size_t)r * D);
-}
-
 static void attn_prefill_multi(cm_ctx *c, int ith, int nth) {
     const cm_hparams *hp = &c->m->hp;
     const cm_batch *b = c->b;
     const int D = hp->head_dim, rep = hp->n_head / hp->n_head_kv, h0 = c->a->slice.h0;
     const int nkv = c->a->slice.h1 - h0, ng = (b->n + MULTI_TOK - 1) / MULTI_TOK;
     const float scale = hp->attn_q_scale != 0.0f ? 1.0f : 1.0f / sqrtf((float)D);
-    const size_t scr_n = cm_attn_split_scratch_floats(rep * MULTI_TOK, D);
+    const size_t scr_n = split_scr(rep, D), ps = split_nbmax(c->max_ctx) * ((size_t)D + 2);
+    const size_t QS = (size_t)nkv * rep * D; /* between batch tokens' q and att rows */
+    const float *sinks = c->m->layers[c->il].attn_sinks.data;
     float *scratch = c->split + (size_t)ith * scr_n;
-    float *parts = c->split + (size_t)c->n_threads * scr_n + (size_t)hp->n_head * split_nbmax(c->max_ctx) * (D + 2) +
-                   (size_t)ith * rep * split_nbmax(c->max_ctx) * (D + 2);
+    float *parts = c->split + (size_t)c->n_threads * scr_n + (size_t)hp->n_head * ps + (size_t)ith * MULTI_TOK * rep * ps;
     int64_t t0, t1;
     cm_split_range((int64_t)nkv * ng, ith, nth, &t0, &t1);
     for (int64_t t = t0; t < t1; t++) {
@@ -340,18 +327,20 @@ static void attn_prefill_multi(cm_ctx *c, int ith, int nth) {
             }
             const cm_attn_kv av = split_view(c->a->kvs[b->seq[ja]], c->il, h0 + hl);
             const bool split_ok = pmax > SPLIT_MIN && cm_attn_split_ok(c->k, &av, D);
-            /* Batch invariance: each token by its own position only, as it
-             * would be decoded alone (past SPLIT_MIN: decode's blocks and
-             * merge; below: attn_task). NEEDSWORK: cm_attn_multi (several
-             * tokens per K/V tile, 13-47% less CPU at 4k-16k) is not called:
-             * its bits differ from decode's blocks (http_chunked.sh: a long
-             * prompt chunked vs alone), and a token's result must not depend
-             * on the tokens batched with it. */
-            for (int j = ja; j < jb; j++) {
-                if (split_ok && hi[j - ja] > SPLIT_MIN)
-                    attn_one_split(c, &av, j, hl, lo[j - ja], hi[j - ja], scale, scratch, parts);
-                else
+            /* Batch invariance: each token gets the bits it would get
+             * decoded alone (past SPLIT_MIN: decode's blocks and merge, which
+             * cm_attn_multi keeps per query while the tokens share K/V tiles;
+             * below: attn_task). */
+            for (int j = ja, je; j < jb; j = je) {
+                if (!split_ok || hi[j - ja] <= SPLIT_MIN) {
                     for (int r = 0; r < rep; r++) attn_task(c, j, hl * rep + r, ith);
+                    je = j + 1;
+                    continue;
+                }
+                for (je = j + 1; je < jb && hi[je - ja] > SPLIT_MIN;) je++;
+                const size_t off = (size_t)j * QS + (size_t)hl * rep * D;
+                cm_attn_multi(c->k, &av, D, je - j, rep, c->q + off, QS, lo + (j - ja), hi + (j - ja), scale,
+                              sinks ? sinks + (size_t)(h0 + hl) * rep : NULL, scratch, parts, ps, c->att + off, QS);
             }
         }
     }

@@ -18,10 +18,11 @@
  * the same attn_qk kernel (the weights as its "queries", the element rows as
  * its "rows").
  *
- * Prefill past the split threshold (cm_attn_multi) runs the same tiles over
- * the query heads of several tokens at once, each query masked to its own
- * positions: K and V are read once per group of tokens instead of once per
- * (token, head).
+ * Prefill past the split threshold (cm_attn_multi) runs the same blocks for
+ * several tokens at once, bit for bit each token's decode: in a block, the
+ * query heads of the tokens whose positions start at the same place share
+ * each K/V tile, so K and V are read once per group of tokens instead of
+ * once per (token, head).
  *
  * Numerics: the query is rounded as K's vec_dot_type rounds it (F16, or Q8_0
  * for the quantized types, as ggml's flash attention converts Q), the dots
@@ -151,20 +152,69 @@ void cm_attn_split_block(const cm_kernels *k, const cm_attn_kv *kv, int D, int n
     }
 }
 
+size_t cm_attn_multi_scratch_floats(int nq, int head_dim) {
+    return (size_t)nq * head_dim + cm_attn_split_scratch_floats(nq, head_dim);
+}
+
+/* Prefill: every token's queries go through the decode's blocks (the blocks
+ * of [lo, hi) cut at multiples of CM_ATTN_BLOCK, each block's partial by
+ * attend over tiles from the block's first position, the partials merged in
+ * block order), so each query gets the bits of cm_attn_split_block + merge.
+ * What is shared: in a block, the tokens whose clipped range starts at the
+ * same position run through attend together (one K/V read for all their
+ * query heads). Over V rows a token whose range ends earlier in the block is
+ * masked there: its later scores are never its max nor in its exp's sum, its
+ * weights are 0, and attn_vm's per-element fused sum in position order adds
+ * exact zeros, so its tiles (which start where decode's start) give decode's
+ * bits. A transposed V sums a tile's first n & ~15 positions per lane and
+ * the rest in element order: there only tokens with the same n & ~15 share
+ * (their lane sums see the same weights; in the element-order rest a
+ * shorter range's zero weights are exact no-ops again). */
 void cm_attn_multi(const cm_kernels *k, const cm_attn_kv *kv, int D, int ntok, int rep, const float *q, size_t q_stride,
-                   const int *lo, const int *hi, float scale, const float *sinks, float *scratch, float *out,
-                   size_t out_stride) {
+                   const int *lo, const int *hi, float scale, const float *sinks, float *scratch, float *parts,
+                   size_t part_stride, float *out, size_t out_stride) {
     const int nq = ntok * rep;
-    float *qf = scratch, *sc = qf + (size_t)nq * D, *acc = sc + (size_t)nq * v_tile(kv), *M = acc + (size_t)nq * D,
-          *S = M + nq, *tmp = S + nq;
-    prep_queries(k, kv, D, nq, rep, q, q_stride, qf);
-    attend(k, kv, D, nq, rep, qf, lo, hi, scale, sc, acc, M, S, tmp);
-    for (int r = 0; r < nq; r++) { /* one partial each, merged with its sink */
-        tmp[0] = M[r];
-        tmp[1] = S[r];
-        memcpy(tmp + 2, acc + (size_t)r * D, (size_t)D * sizeof(float));
-        cm_attn_split_merge(tmp, 1, D, sinks ? sinks[r % rep] : NAN, kv->rot_v,
-                            out + (size_t)(r / rep) * out_stride + (size_t)(r % rep) * D);
+    float *qa = scratch, *qg = qa + (size_t)nq * D, *sc = qg + (size_t)nq * D, *acc = sc + (size_t)nq * v_tile(kv),
+          *M = acc + (size_t)nq * D, *S = M + nq, *tmp = S + nq;
+    prep_queries(k, kv, D, nq, rep, q, q_stride, qa);
+    int bmin = lo[0] / CM_ATTN_BLOCK, bmax = (hi[0] - 1) / CM_ATTN_BLOCK;
+    for (int g = 1; g < ntok; g++)
+        bmin = CM_MIN(bmin, lo[g] / CM_ATTN_BLOCK), bmax = CM_MAX(bmax, (hi[g] - 1) / CM_ATTN_BLOCK);
+    for (int b = bmin; b <= bmax; b++) {
+        uint64_t done = 0; /* tokens of this block already computed (ntok <= CM_ATTN_MULTI_MAX) */
+        for (int g = 0; g < ntok; g++) {
+            const int p0 = CM_MAX(lo[g], b * CM_ATTN_BLOCK), p1 = CM_MIN(hi[g], (b + 1) * CM_ATTN_BLOCK);
+            if ((done >> g & 1) || p0 >= p1) continue;
+            int mem[CM_ATTN_MULTI_MAX], mlo[CM_ATTN_MULTI_MAX], mhi[CM_ATTN_MULTI_MAX], nm = 0;
+            for (int u = g; u < ntok; u++) {
+                const int u0 = CM_MAX(lo[u], b * CM_ATTN_BLOCK), u1 = CM_MIN(hi[u], (b + 1) * CM_ATTN_BLOCK);
+                if ((done >> u & 1) || u0 >= u1 || u0 != p0 || (kv->v_tstride && ((u1 - u0) ^ (p1 - p0)) & ~15))
+                    continue;
+                done |= (uint64_t)1 << u;
+                mem[nm] = u, mlo[nm] = u0, mhi[nm++] = u1;
+            }
+            const float *qm = qa + (size_t)g * rep * D;
+            if (mem[nm - 1] - g != nm - 1) { /* not a run of tokens: gather their queries */
+                for (int i = 0; i < nm; i++)
+                    memcpy(qg + (size_t)i * rep * D, qa + (size_t)mem[i] * rep * D, (size_t)rep * D * sizeof(float));
+                qm = qg;
+            }
+            attend(k, kv, D, nm * rep, rep, qm, mlo, mhi, scale, sc, acc, M, S, tmp);
+            for (int i = 0; i < nm; i++)
+                for (int h = 0; h < rep; h++) {
+                    const int r = i * rep + h, u = mem[i];
+                    float *pr = parts + (size_t)(u * rep + h) * part_stride +
+                                (size_t)(b - lo[u] / CM_ATTN_BLOCK) * ((size_t)D + 2);
+                    pr[0] = M[r];
+                    pr[1] = S[r];
+                    memcpy(pr + 2, acc + (size_t)r * D, (size_t)D * sizeof(float));
+                }
+        }
+    }
+    for (int r = 0; r < nq; r++) {
+        const int g = r / rep, nb = (hi[g] - 1) / CM_ATTN_BLOCK + 1 - lo[g] / CM_ATTN_BLOCK;
+        cm_attn_split_merge(parts + (size_t)r * part_stride, nb, D, sinks ? sinks[r % rep] : NAN, kv->rot_v,
+                            out + (size_t)g * out_stride + (size_t)(r % rep) * D);
     }
 }
 

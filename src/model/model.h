@@ -381,14 +381,24 @@ size_t cm_attn_split_scratch_floats(int nq, int head_dim); /* scratch of one cm_
  * (head_dim + 2 floats). Thread-safe with its own scratch. */
 void cm_attn_split_block(const cm_kernels *k, const cm_attn_kv *kv, int head_dim, int nq, const float *q, int p0,
                          int p1, float scale, float *scratch, float *part, size_t part_stride);
-/* Prefill: the rep query heads of each of ntok tokens of one sequence (token
- * g's heads at q + g * q_stride, head_dim floats apart), token g over
- * positions [lo[g], hi[g]); K/V tiles shared by all of them. out like q
- * (out_stride); sinks: rep logits (NULL: none). Thread-safe with its own
- * scratch of cm_attn_split_scratch_floats(ntok * rep, head_dim). */
+/* Prefill: the rep query heads of each of ntok (<= CM_ATTN_MULTI_MAX) tokens
+ * of one sequence (token g's heads at q + g * q_stride, head_dim floats
+ * apart), token g over positions [lo[g], hi[g]); out like q (out_stride);
+ * sinks: rep logits (NULL: none). Each query's bits are those of
+ * cm_attn_split_block over its blocks, merged by cm_attn_split_merge (batch
+ * invariance); K/V tiles are shared where the tokens' blocks allow it,
+ * which needs of the table's kernels (kernels.h), per query row: attn_qk's
+ * score of position j depends only on that query, K_j and j's place in the
+ * call (not on nq, n or the other queries); attn_vm adds a zero weight
+ * exactly and nothing else it does depends on nq or the other queries.
+ * parts: query r's partials at parts + r * part_stride (part_stride >= its
+ * blocks x (head_dim + 2)). Thread-safe with its own scratch of
+ * cm_attn_multi_scratch_floats(ntok * rep, head_dim). */
+enum { CM_ATTN_MULTI_MAX = 64 };
+size_t cm_attn_multi_scratch_floats(int nq, int head_dim);
 void cm_attn_multi(const cm_kernels *k, const cm_attn_kv *kv, int head_dim, int ntok, int rep, const float *q,
                    size_t q_stride, const int *lo, const int *hi, float scale, const float *sinks, float *scratch,
-                   float *out, size_t out_stride);
+                   float *parts, size_t part_stride, float *out, size_t out_stride);
 /* out[0:head_dim]: one query's nb partials (adjacent, block order) merged,
  * plus a sink logit unless NAN, divided by the sum, rotated back by rot_v. */
 void cm_attn_split_merge(const float *parts, int nb, int head_dim, float sink, int rot_v, float *out);

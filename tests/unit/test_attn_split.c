@@ -9,7 +9,10 @@
  *     1, 2 and 3 threads (the blocks are fixed by position, merged in block
  *     order; the prompt's chunks past 512 positions through the multi-query
  *     tiles), over a rows cache and over the transposed (default) one, and
- *     agrees with the per-(token, head) paths (cm_ctx_set_attn_split off). */
+ *     agrees with the per-(token, head) paths (cm_ctx_set_attn_split off);
+ *   - a prompt past it fed at once, in chunks of 7 and one token at a time
+ *     gives the same bits (batch invariance: cm_attn_multi keeps each
+ *     query's decode order; test_attn_multi checks it kernel by kernel). */
 #include "test.h"
 
 #include "base/base.h"
@@ -155,8 +158,10 @@ static void test_transposed_and_multi(void) {
     float *kd = cm_malloc(sizeof(float) * D * N), *vd = cm_malloc(sizeof(float) * D * N);
     for (int i = 0; i < D * N; i++) k[i] = frand(&s), v[i] = frand(&s);
     for (int i = 0; i < 3 * NQ * D; i++) q[i] = 3 * frand(&s);
-    float *scratch = cm_malloc(sizeof(float) * cm_attn_split_scratch_floats(3 * NQ, D));
+    float *scratch = cm_malloc(sizeof(float) * cm_attn_multi_scratch_floats(3 * NQ, D));
     float *parts = cm_malloc(sizeof(float) * NQ * (N / CM_ATTN_BLOCK + 2) * (D + 2));
+    const size_t mps = (size_t)(N / CM_ATTN_BLOCK + 2) * (D + 2);
+    float *mparts = cm_malloc(sizeof(float) * 3 * NQ * mps);
     uint8_t *vt = cm_malloc((size_t)D * N * 4);
     const float sinks[NQ] = {NAN, 0.5f, NAN, 2.0f};
     int tested = 0;
@@ -183,7 +188,7 @@ static void test_transposed_and_multi(void) {
                                        .v_tstride = trans ? (size_t)N * es : 0};
                 CHECK(cm_attn_split_ok(kk, &av, D));
                 const int lo[3] = {0, 250, 0}, hi[3] = {700, 1005, N - 3};
-                cm_attn_multi(kk, &av, D, 3, NQ, q, NQ * D, lo, hi, 0.125f, sinks, scratch, out, NQ * D);
+                cm_attn_multi(kk, &av, D, 3, NQ, q, NQ * D, lo, hi, 0.125f, sinks, scratch, mparts, mps, out, NQ * D);
                 for (int g = 0; g < 3; g++) {
                     const int b0 = lo[g] / CM_ATTN_BLOCK, nb = (hi[g] - 1) / CM_ATTN_BLOCK + 1 - b0;
                     for (int bi = 0; bi < nb; bi++)
@@ -200,6 +205,8 @@ static void test_transposed_and_multi(void) {
                         const double tol = t == 0 ? 1e-6 : t == 1 ? 3e-4 : 2.5e-3;
                         CHECKF(e < tol && e2 < tol, "%s %s %s token %d head %d: multi %.3g, blocks %.3g", kk->name,
                                cm_type_name(types[t]), trans ? "transposed" : "rows", g, h, e, e2);
+                        CHECKF(!memcmp(o2, out + (g * NQ + h) * D, sizeof o2), "%s %s %s token %d head %d: multi's bits",
+                               kk->name, cm_type_name(types[t]), trans ? "transposed" : "rows", g, h);
                     }
                 }
                 tested++;
@@ -208,7 +215,7 @@ static void test_transposed_and_multi(void) {
             }
     }
     CHECK(tested >= 5);
-    cm_free(scratch), cm_free(parts), cm_free(vt);
+    cm_free(scratch), cm_free(parts), cm_free(mparts), cm_free(vt);
     cm_free(k), cm_free(v), cm_free(kd), cm_free(vd);
 }
 
@@ -353,10 +360,57 @@ static void test_batched_decode(void) {
     cm_buf_release(&file);
 }
 
+/* A prompt past the split threshold fed at once (batches of 64: groups of
+ * 8 tokens through cm_attn_multi) and fed in other chunks (7 tokens, then
+ * one at a time: other groups, the decode's own path) gives the same bits
+ * of the last logits: batch invariance (http_chunked.sh, end to end). */
+static void test_chunked_prefill(void) {
+    cm_buf file;
+    cm_gguf g;
+    cm_model m;
+    if (load_model(&file, &g, &m)) return;
+    const int n_prompt = 2 * CM_ATTN_BLOCK + 300, V = m.hp.n_vocab;
+    int32_t *toks = cm_malloc(sizeof(int32_t) * n_prompt);
+    uint64_t s = 17;
+    for (int i = 0; i < n_prompt; i++) toks[i] = (int32_t)((frand(&s) + 1.0f) * 0.5f * (V - 1));
+    float *ref = cm_malloc(sizeof(float) * V), *o = cm_malloc(sizeof(float) * V);
+    cm_pool *pool = cm_pool_new(2);
+    cm_ctx *c = cm_ctx_new(&m, 64, n_prompt + 8, pool, errbuf, sizeof errbuf);
+    static const enum cm_type types[4] = {CM_TYPE_F16, CM_TYPE_Q8_0, CM_TYPE_Q4_0, CM_TYPE_F16};
+    for (int ti = 0; c && ti < 4; ti++) { /* rows F16, Q8_0, Q4_0; transposed F16 */
+        for (int how = 0; how < 3; how++) {
+            cm_kv kv;
+            int rc = cm_kv_init_types(&kv, &m, 0, m.hp.n_layer, cm_slice_full(&m), n_prompt + 8, types[ti], types[ti],
+                                      ti < 3, errbuf, sizeof errbuf);
+            /* how 0: at once; 1: chunks of 7; 2: 600 at once, then one at a time */
+            const int step = how == 1 ? 7 : how == 2 ? 1 : n_prompt;
+            for (int done = 0; !rc && done < n_prompt;) {
+                const int nb = CM_MIN(how == 2 && done == 0 ? 600 : step, n_prompt - done);
+                rc = cm_forward_simple(c, &kv, toks + done, nb, how ? o : ref, errbuf, sizeof errbuf);
+                done += nb;
+            }
+            CHECKF(!rc, "prefill: %s", errbuf);
+            if (!rc && how)
+                CHECKF(!memcmp(ref, o, sizeof(float) * V), "%s %s cache: prompt fed %s gives other bits than at once",
+                       cm_type_name(types[ti]), ti < 3 ? "rows" : "transposed",
+                       how == 1 ? "in chunks of 7" : "one token at a time");
+            if (!rc) cm_kv_release(&kv);
+        }
+    }
+    CHECKF(c != NULL, "context: %s", errbuf);
+    cm_ctx_free(c);
+    cm_pool_free(pool);
+    cm_free(toks), cm_free(ref), cm_free(o);
+    cm_model_release(&m);
+    cm_gguf_close(&g);
+    cm_buf_release(&file);
+}
+
 int main(void) {
     RUN(test_split_vs_naive);
     RUN(test_transposed_and_multi);
     RUN(test_threads_bitwise);
     RUN(test_batched_decode);
+    RUN(test_chunked_prefill);
     TEST_END();
 }

@@ -344,7 +344,8 @@ static void check_attn_v(const cm_kernels *k) {
 }
 
 /* The multi-query decode ops (attn_qk, attn_vm, attn_exp; model/attn_split.c)
- * against the reference table, for every KV type: nq = 1..5 queries (a
+ * against the reference table, for every KV type (queries rounded through
+ * K's vec_dot_type, as kernels.h says): nq = 1..5 queries (a
  * group of four and a remainder), D = 64 and 128, n = 64 rows and 37 (a
  * partial group of positions at the end). qk: each score within
  * 2 gamma_{D+32} sum |q||k| (the block types' d * q roundings included);
@@ -372,6 +373,11 @@ static void check_attn_split(const cm_kernels *k) {
                 ref->to_float[t](rows + row * j, xd + j * D, D);
             }
             for (int i = 0; i < 5 * D; i++) q[i] = 3 * x[(i * 7) % (64 * D)];
+            if (t == CM_TYPE_Q8_0 || t == CM_TYPE_Q4_0) { /* as attn_split.c rounds them (K's vec_dot_type) */
+                static uint8_t qb[5 * 128 * 2];
+                ref->from_float[CM_TYPE_Q8_0](q, qb, 5 * D);
+                ref->to_float[CM_TYPE_Q8_0](qb, q, 5 * D);
+            }
             for (int i = 0; i < 5 * 64; i++) w[i] = (float)(i % 11) / 11.0f;
             for (int nq = 1; nq <= 5; nq++)
                 for (int n = 37; n <= 64; n += 27) {
