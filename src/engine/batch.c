@@ -302,13 +302,15 @@ static int step_cluster(cm_engine *e, cm_session *const *ss, int n, char *err, s
     return first_err ? first_err : running;
 }
 
-/* Mixed passes: the last pass of a step also carries up to pre_max tokens
- * of pre's pending prompt (rows after the decode rows, its own KV cache), so
- * the weights are read once for both. *pre_done: the prompt tokens
- * evaluated; *pre_rc: pre's error (its slot fails, the step goes on). */
+/* Mixed passes: the last pass of a step also carries up to max tokens of
+ * the pending prompts pre[0..n) (in that order; rows after the decode rows,
+ * each prompt's tokens in order from its n_past, its own KV cache), so the
+ * weights are read once for all. done[k]: prompt tokens of pre[k]
+ * evaluated; rc[k]: its error (its slot fails, the step goes on). */
 typedef struct step_pre {
-    cm_session *s;
-    int max, done, rc;
+    cm_session *const *s;
+    int n, max;
+    int *done, *rc;
     char err[256];
 } step_pre;
 
@@ -319,15 +321,27 @@ int cm_engine_step(cm_engine *e, cm_session *const *ss, int n, char *err, size_t
     return step_local(e, ss, n, NULL, err, errlen);
 }
 
+int cm_engine_step_prefill_many(cm_engine *e, cm_session *const *ss, int n, cm_session *const *pre, int n_pre,
+                                int max_tokens, int *pre_done, char *err, size_t errlen) {
+    for (int k = 0; k < n_pre; k++) pre_done[k] = 0;
+    if (cm_engine_downstream(e) || e->cl || n_pre < 1 || max_tokens < 1) return cm_engine_step(e, ss, n, err, errlen);
+    int rcs[CM_BATCH_MAX] = {0};
+    if (n_pre > CM_BATCH_MAX) n_pre = CM_BATCH_MAX;
+    step_pre p = {.s = pre, .n = n_pre, .max = max_tokens, .done = pre_done, .rc = rcs};
+    int rc = step_local(e, ss, n, &p, err, errlen);
+    bool told = false;
+    for (int k = 0; k < n_pre; k++)
+        if (rcs[k]) {
+            pre_done[k] = rcs[k];
+            if (rc >= 0 && !told) cm_errf(err, errlen, rcs[k], "%s", p.err); /* the step went well: err tells pre's */
+            told = true;
+        }
+    return rc;
+}
+
 int cm_engine_step_prefill(cm_engine *e, cm_session *const *ss, int n, cm_session *pre, int max_tokens, int *pre_done,
                            char *err, size_t errlen) {
-    *pre_done = 0;
-    if (cm_engine_downstream(e) || e->cl || !pre || max_tokens < 1) return cm_engine_step(e, ss, n, err, errlen);
-    step_pre p = {.s = pre, .max = max_tokens};
-    int rc = step_local(e, ss, n, &p, err, errlen);
-    *pre_done = p.rc ? p.rc : p.done;
-    if (p.rc && rc >= 0) cm_errf(err, errlen, p.rc, "%s", p.err); /* the step went well: err tells pre's */
-    return rc;
+    return cm_engine_step_prefill_many(e, ss, n, &pre, pre ? 1 : 0, max_tokens, pre_done, err, errlen);
 }
 
 static int step_local(cm_engine *e, cm_session *const *ss, int n, step_pre *pre, char *err, size_t errlen) {
@@ -344,10 +358,8 @@ static int step_local(cm_engine *e, cm_session *const *ss, int n, step_pre *pre,
     cm_kv *kvs[CM_BATCH_MAX];
     int32_t tok[CM_BATCH_MAX], pos[CM_BATCH_MAX], seq[CM_BATCH_MAX];
     int8_t want[CM_BATCH_MAX];
-    if (pre && atomic_load(&pre->s->cancel)) {
-        pre->rc = cm_errf(pre->err, sizeof pre->err, CM_ECANCELED, "canceled");
-        pre = NULL;
-    }
+    for (int k = 0; pre && k < pre->n; k++)
+        if (atomic_load(&pre->s[k]->cancel)) pre->rc[k] = cm_errf(pre->err, sizeof pre->err, CM_ECANCELED, "canceled");
     /* n_batch bounds the rows of one pass; further sessions go in more passes
      * of the same step. (With n_batch within the kernels' exact tile, every
      * row gets the bits it would get alone: see engine.h.) */
@@ -388,29 +400,38 @@ static int step_local(cm_engine *e, cm_session *const *ss, int n, step_pre *pre,
             want[nr] = 1;
             nr++;
         }
-        /* The last pass takes the prompt chunk in the room the decode rows
-         * leave (tokens of one sequence, in order from its n_past; logits of
-         * its last row only when that ends the prompt). */
-        int np = 0, nk = nr;
-        bool pre_last = false;
+        /* The last pass takes the prompt chunks in the room the decode rows
+         * leave, at most pre->max tokens in all (the bound on what a
+         * decode step waits for), the prompts in the order given: tokens of
+         * one sequence each, in order from its n_past; logits of a prompt's
+         * last row only when that ends it (those rows follow the decode
+         * rows' logits in batch order: lrows). */
+        int np = 0, nk = nr, n_out = nr;
+        int pk[CM_BATCH_MAX], pn[CM_BATCH_MAX], n_pk = 0; /* the prompts in this pass and their tokens */
+        cm_session *lrows[CM_BATCH_MAX];
+        for (int r = 0; r < nr; r++) lrows[r] = rows[r];
         step_pre *pp = i >= n ? pre : NULL;
-        if (pp) {
-            cm_session *ps = pp->s;
-            np = CM_MIN(CM_MIN(cap - nr, pp->max), ps->n_hist - ps->kv.n_past);
-            pre_last = np > 0 && ps->kv.n_past + np == ps->n_hist;
-            for (int t = 0; t < np; t++) {
-                tok[nr + t] = ps->hist[ps->kv.n_past + t];
-                pos[nr + t] = ps->kv.n_past + t;
-                seq[nr + t] = nr;
-                want[nr + t] = pre_last && t == np - 1;
+        for (int k = 0; pp && k < pp->n && nr + np < cap && np < pp->max; k++) {
+            cm_session *ps = pp->s[k];
+            if (pp->rc[k]) continue;
+            const int m = CM_MIN(CM_MIN(cap - nr - np, pp->max - np), ps->n_hist - ps->kv.n_past);
+            if (m <= 0) continue;
+            const bool last = ps->kv.n_past + m == ps->n_hist;
+            for (int t = 0; t < m; t++) {
+                tok[nr + np + t] = ps->hist[ps->kv.n_past + t];
+                pos[nr + np + t] = ps->kv.n_past + t;
+                seq[nr + np + t] = nk;
+                want[nr + np + t] = last && t == m - 1;
             }
-            if (np > 0) {
-                rows[nk] = ps;
-                kvs[nk++] = &ps->kv;
-                ps->have_logits = false;
-            }
-            pre = NULL; /* one pass at most */
+            if (last) lrows[n_out++] = ps;
+            rows[nk] = ps;
+            kvs[nk++] = &ps->kv;
+            ps->have_logits = false;
+            pk[n_pk] = k;
+            pn[n_pk++] = m;
+            np += m;
         }
+        if (pp) pre = NULL; /* one pass at most */
         if (!nr && !np) continue;
         cm_batch b = {.n = nr + np, .tokens = tok, .pos = pos, .seq = seq, .logits = want};
         cm_forward_args a = {.layer_first = 0,
@@ -423,16 +444,16 @@ static int step_local(cm_engine *e, cm_session *const *ss, int n, step_pre *pre,
         pthread_mutex_lock(&e->mu);
         char msg[256] = "";
         int rc = cm_engine_forward(e, &b, &a, rows, msg, sizeof msg);
-        for (int r = 0; r < nr + (pre_last ? 1 : 0) && !rc;
-             r++) /* the shared rows, copied out before another step may write them */
-            memcpy(rows[r]->logits, e->step_logits + (size_t)r * (size_t)nv, (size_t)nv * sizeof(float));
+        for (int r = 0; r < n_out && !rc; r++) /* the shared rows, copied out before another step may write them */
+            memcpy(lrows[r]->logits, e->step_logits + (size_t)r * (size_t)nv, (size_t)nv * sizeof(float));
         pthread_mutex_unlock(&e->mu);
-        if (np > 0) {
-            pp->s->t.prompt_s += cm_now_s() - t0;
-            if (rc) pp->rc = cm_errf(pp->err, sizeof pp->err, rc, "%s", msg);
+        for (int q = 0; q < n_pk; q++) {
+            cm_session *ps = pp->s[pk[q]];
+            ps->t.prompt_s += cm_now_s() - t0;
+            if (rc) pp->rc[pk[q]] = cm_errf(pp->err, sizeof pp->err, rc, "%s", msg);
             else {
-                pp->done = np;
-                pp->s->have_logits = pre_last;
+                pp->done[pk[q]] = pn[q];
+                ps->have_logits = ps->kv.n_past == ps->n_hist;
             }
         }
         if (rc && e->cl && rc != CM_ECANCELED) {

@@ -261,6 +261,14 @@ const int32_t *cm_session_tokens(const cm_session *s, int *n);
  * the cached tokens and gives their memory back (session_kv.c). */
 uint64_t cm_session_kv_bytes(const cm_session *s, int n);
 void cm_session_kv_drop(cm_session *s);
+/* Shared prefix blocks (session_share.c, model.h kv_blocks): of
+ * cm_session_kv_bytes(s, n), the bytes that are not a shared store's (what
+ * this session alone costs); the bytes of whole pages a share of n positions
+ * would map (by layout); the store's own bytes, to be counted once over all
+ * sessions mapping it (*id names it; NULL: none). */
+uint64_t cm_session_kv_private(const cm_session *s, int n);
+uint64_t cm_session_kv_shareable(const cm_session *s, int n);
+uint64_t cm_session_kv_store(const cm_session *s, const void **id);
 
 /* Make the session's sequence equal to ids[0..n): keeps the longest common
  * prefix with what is already in the KV cache (prefix reuse), evaluates the
@@ -286,6 +294,11 @@ int cm_session_prompt_step(cm_session *s, int max_tokens, char *err, size_t errl
  * neither may be in a forward pass meanwhile. The bits of what follows are
  * the same as if dst had evaluated the prefix itself (batch invariance). */
 int cm_session_copy_prefix(cm_session *dst, const cm_session *src, int n, char *err, size_t errlen);
+/* The same, but the prefix's KV pages are shared copy-on-write by dst and
+ * src (one physical copy however many sessions take it; model.h kv_blocks),
+ * copied where they cannot be. Same conditions, same bits; src's cache is
+ * remapped (not changed) on its first share. */
+int cm_session_share_prefix(cm_session *dst, cm_session *src, int n, char *err, size_t errlen);
 /* Append tokens (e.g. the next user turn in a chat) and evaluate them,
  * together with the last generated token if it was not evaluated yet. */
 int cm_session_append(cm_session *s, const int32_t *ids, int n, char *err, size_t errlen);
@@ -355,6 +368,12 @@ int cm_engine_step(cm_engine *e, cm_session *const *ss, int n, char *err, size_t
  * follow). */
 int cm_engine_step_prefill(cm_engine *e, cm_session *const *ss, int n, cm_session *pre, int max_tokens, int *pre_done,
                            char *err, size_t errlen);
+/* The same with several pending prompts pre[0..n_pre) (in that order: the
+ * first gets its chunk first): max_tokens in all go into the pass, so the
+ * decode step waits for at most max_tokens prompt rows however many prompts
+ * ride; pre_done[k] as *pre_done for pre[k]. */
+int cm_engine_step_prefill_many(cm_engine *e, cm_session *const *ss, int n, cm_session *const *pre, int n_pre,
+                                int max_tokens, int *pre_done, char *err, size_t errlen);
 /* The result of a session that is no longer running; frees its step state.
  * CM_ESTATE if it never started or is still running. */
 int cm_session_finish(cm_session *s, cm_gen_result *res);

@@ -305,9 +305,9 @@ void cm_metrics_prometheus(metrics *m, cm_http_server *srv, cm_buf *o) {
         s.ready, s.queued, s.active, s.slots, RATE_WINDOW, s.tps);
     cm_buf_printf(o,
                   "# HELP cumulo_prefix_cache_hits_total Requests that took a shared prompt prefix from another "
-                  "slot's KV cache (copied, not evaluated).\n"
+                  "slot's KV cache (shared copy-on-write, not evaluated).\n"
                   "# TYPE cumulo_prefix_cache_hits_total counter\ncumulo_prefix_cache_hits_total %llu\n"
-                  "# HELP cumulo_prefix_cache_tokens_total Prompt tokens so copied.\n"
+                  "# HELP cumulo_prefix_cache_tokens_total Prompt tokens so taken (not evaluated again).\n"
                   "# TYPE cumulo_prefix_cache_tokens_total counter\ncumulo_prefix_cache_tokens_total %llu\n",
                   (unsigned long long)m->prefix_hits, (unsigned long long)m->prefix_tokens);
     const cm_http_kv_stats kv = s.kv;
@@ -324,11 +324,18 @@ void cm_metrics_prometheus(metrics *m, cm_http_server *srv, cm_buf *o) {
                   "# HELP cumulo_kv_waiting 1 while the first queued request waits for KV memory.\n"
                   "# TYPE cumulo_kv_waiting gauge\ncumulo_kv_waiting %d\n"
                   "# HELP cumulo_kv_evictions_total Idle slots' caches given back to admit a request.\n"
-                  "# TYPE cumulo_kv_evictions_total counter\ncumulo_kv_evictions_total %llu\n",
+                  "# TYPE cumulo_kv_evictions_total counter\ncumulo_kv_evictions_total %llu\n"
+                  "# HELP cumulo_kv_bytes_shared Shared prompt-prefix KV pages (copy-on-write; in use, counted "
+                  "once).\n"
+                  "# TYPE cumulo_kv_bytes_shared gauge\ncumulo_kv_bytes_shared %llu\n"
+                  "# HELP cumulo_kv_bytes_shared_saved Bytes the slots map from shared prefix pages beyond that "
+                  "once (what copies would take).\n"
+                  "# TYPE cumulo_kv_bytes_shared_saved gauge\ncumulo_kv_bytes_shared_saved %llu\n",
                   (unsigned long long)kv.in_use, (unsigned long long)kv.reserved, (unsigned long long)kv.capacity,
                   CM_HTTP_KV_BLOCK, (unsigned long long)kv.block_bytes,
                   (unsigned long long)(kv.block_bytes ? kv_free / kv.block_bytes : 0), kv.waiting,
-                  (unsigned long long)kv.evictions);
+                  (unsigned long long)kv.evictions, (unsigned long long)kv.shared,
+                  (unsigned long long)kv.shared_saved);
     const char *src = s.measured ? "measured" : "estimated";
     cm_buf_printf(o,
                   "# HELP cumulo_node_tokens_per_second Generated tokens per second of a node.\n"

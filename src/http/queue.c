@@ -8,7 +8,9 @@
  *
  * Slot choice: among free slots, the one whose session already holds the
  * longest prefix of the new prompt (a continuing conversation reuses its KV
- * cache; the engine evaluates only the new tail).
+ * cache; the engine evaluates only the new tail). When another slot holds a
+ * longer one, the newcomer takes it at admission: the prefix's KV pages are
+ * shared copy-on-write (src/model/kv_blocks.c), evaluated and held once.
  *
  * KV memory (paged: a cache's pages are committed as positions are written,
  * src/model/kv_mem.c) is admitted by bytes: a job takes a slot only when the
@@ -17,7 +19,10 @@
  * promised; idle slots' caches (kept for prefix reuse) are given back, least
  * recently used first, to make room; otherwise the job waits at the queue's
  * head (arrival order kept). Running jobs never grow past their promise, so
- * nothing is over-committed and nothing waits forever. NEEDSWORK: promising
+ * nothing is over-committed and nothing waits forever. A shared prefix's
+ * pages are counted once: each slot counts what is its own
+ * (cm_session_kv_private), each store is added once, and a job taking a
+ * shared prefix is promised its need less the pages it maps. NEEDSWORK: promising
  * the worst case keeps requests without max_tokens from sharing a small
  * budget; preempting (and later recomputing) a stream would let them.
  *
@@ -41,6 +46,7 @@ typedef struct slot {
     uint64_t order; /* admission order: prefill goes first come, first served */
     uint64_t resv;  /* KV bytes promised to its job (0 when free) */
     uint64_t used;  /* when its job last ended or started: idle caches go back oldest first */
+    int shared;     /* prompt tokens taken from another slot at admission (reported at prompt begin) */
 } slot;
 
 struct cm_queue {
@@ -80,35 +86,59 @@ static void kv_budget(cm_queue *s, int k) {
     s->kv.capacity = all < s->kv_avail ? all : s->kv_avail > s->kv.slot_full ? s->kv_avail : s->kv.slot_full;
 }
 
-/* Under s->mu, scheduler thread: the bytes slot i holds or was promised. */
+/* Under s->mu, scheduler thread: the bytes slot i holds (shared prefix
+ * pages not included) or was promised. */
 static uint64_t slot_kv(const cm_queue *s, int i) {
-    const uint64_t have = cm_session_kv_bytes(s->slots[i].s, -1);
+    const uint64_t have = cm_session_kv_private(s->slots[i].s, -1);
     return s->slots[i].j && s->slots[i].resv > have ? s->slots[i].resv : have;
 }
 
-static void kv_refresh(cm_queue *s) {
-    s->kv.in_use = s->kv.reserved = 0;
+/* The shared prefix stores the slots map, each counted once; *mapped: the
+ * bytes the slots map from them (what copies would have cost). */
+static uint64_t kv_stores(const cm_queue *s, uint64_t *mapped) {
+    uint64_t b = 0, m = 0;
     for (int i = 0; i < s->n_slots; i++) {
-        s->kv.in_use += cm_session_kv_bytes(s->slots[i].s, -1);
+        const void *id, *id2;
+        const uint64_t sb = cm_session_kv_store(s->slots[i].s, &id);
+        m += cm_session_kv_bytes(s->slots[i].s, -1) - cm_session_kv_private(s->slots[i].s, -1);
+        bool first = id != NULL;
+        for (int k = 0; k < i && first; k++) {
+            (void)cm_session_kv_store(s->slots[k].s, &id2);
+            first = id2 != id;
+        }
+        if (first) b += sb;
+    }
+    if (mapped) *mapped = m;
+    return b;
+}
+
+static void kv_refresh(cm_queue *s) {
+    uint64_t mapped = 0;
+    s->kv.shared = kv_stores(s, &mapped);
+    s->kv.shared_saved = mapped > s->kv.shared ? mapped - s->kv.shared : 0;
+    s->kv.in_use = s->kv.reserved = s->kv.shared;
+    for (int i = 0; i < s->n_slots; i++) {
+        s->kv.in_use += cm_session_kv_private(s->slots[i].s, -1);
         s->kv.reserved += slot_kv(s, i);
     }
 }
 
 /* Under s->mu: room for need bytes in slot k? Idle slots' caches go back
- * (oldest first) until it fits. 1: fits; 0: wait; -1: never (over the budget). */
-static int kv_admit(cm_queue *s, int k, uint64_t need) {
+ * (oldest first; never keep's, the prefix k is to take) until it fits.
+ * 1: fits; 0: wait; -1: never (over the budget). */
+static int kv_admit(cm_queue *s, int k, int keep, uint64_t need) {
     kv_budget(s, k);
     if (need > s->kv.capacity) {
         if (s->kv_mem) return -1;
         s->kv.capacity = need; /* the default budget always holds one slot's need */
     }
     for (;;) {
-        uint64_t used = 0;
+        uint64_t used = kv_stores(s, NULL);
         int victim = -1;
         for (int i = 0; i < s->n_slots; i++) {
             if (i == k) continue;
             used += slot_kv(s, i);
-            if (!s->slots[i].j && cm_session_kv_bytes(s->slots[i].s, -1) &&
+            if (!s->slots[i].j && i != keep && cm_session_kv_bytes(s->slots[i].s, -1) &&
                 (victim < 0 || s->slots[i].used < s->slots[victim].used))
                 victim = i;
         }
@@ -214,32 +244,37 @@ static int pick_slot(cm_queue *s, job *j) {
     return best;
 }
 
-/* Shared prompt prefixes across requests: when another slot's session
- * (generating, prefilling or free) has evaluated a longer prefix of sl's new
- * prompt than sl's own cache holds, its KV rows are copied into sl
- * (cm_session_copy_prefix: bytes of whole positions), so a system prompt or
- * a document that many requests share is evaluated once. Scheduler thread
- * only, between forward passes. Returns the tokens gained (0: none, or the
- * engine cannot copy, as on a cluster). NEEDSWORK: copy-on-write KV blocks
- * shared instead of copied come with paged KV memory. */
-enum { PREFIX_MIN = 16 }; /* shorter shared prefixes are not worth a copy */
-static int share_prefix(cm_queue *s, slot *sl) {
-    const job *j = sl->j;
-    const int own = common_prefix(sl->s, j->ids, j->n_ids);
+/* Shared prompt prefixes across requests: the slot (other than k) whose
+ * session has evaluated the longest prefix of j's prompt, longer than slot
+ * k's own and than PREFIX_MIN, or -1; *n: its length (the last prompt token
+ * is always evaluated). Under s->mu, scheduler thread. */
+enum { PREFIX_MIN = 16 }; /* shorter shared prefixes are not worth it */
+static int share_source(cm_queue *s, int k, const job *j, int *n) {
+    const int own = common_prefix(s->slots[k].s, j->ids, j->n_ids);
     int best = -1, best_k = own;
     for (int i = 0; i < s->n_slots; i++) {
-        if (&s->slots[i] == sl) continue;
-        int k = common_prefix(s->slots[i].s, j->ids, j->n_ids);
-        if (k > best_k) {
+        if (i == k) continue;
+        int c = common_prefix(s->slots[i].s, j->ids, j->n_ids);
+        if (c > best_k) {
             best = i;
-            best_k = k;
+            best_k = c;
         }
     }
-    if (best_k > j->n_ids - 1) best_k = j->n_ids - 1; /* the last prompt token is always evaluated */
-    if (best < 0 || best_k < PREFIX_MIN || best_k <= own) return 0;
+    if (best_k > j->n_ids - 1) best_k = j->n_ids - 1;
+    *n = best_k;
+    return best >= 0 && best_k >= PREFIX_MIN && best_k > own ? best : -1;
+}
+
+/* Slot k takes n prompt tokens from slot src: their KV pages shared
+ * copy-on-write (cm_session_share_prefix; evaluated once, held once),
+ * copied where they cannot be shared. Between forward passes (scheduler
+ * thread), so neither cache is in a pass. Returns the tokens gained (0: none,
+ * as on a cluster, where each stage holds its own cache). */
+static int share_prefix(cm_queue *s, int k, int src, int n) {
+    const int own = common_prefix(s->slots[k].s, s->slots[k].j->ids, s->slots[k].j->n_ids);
     char e2[160];
-    if (cm_session_copy_prefix(sl->s, s->slots[best].s, best_k, e2, sizeof e2)) return 0;
-    return best_k - own;
+    if (cm_session_share_prefix(s->slots[k].s, s->slots[src].s, n, e2, sizeof e2)) return 0;
+    return n - own;
 }
 
 /* A slot's prompt failed or its job was canceled before generating: end
@@ -269,6 +304,8 @@ static int prompt_done(slot *sl, char *perr, size_t n) {
 static void *queue_main(void *arg) {
     cm_queue *s = arg;
     cm_session **ss = cm_calloc((size_t)s->n_slots, sizeof *ss);
+    cm_session **pre = cm_calloc((size_t)s->n_slots, sizeof *pre); /* prompts of a mixed pass, in turn order */
+    int *pre_slot = cm_calloc((size_t)s->n_slots, sizeof *pre_slot), *pre_done = cm_calloc((size_t)s->n_slots, sizeof *pre_done);
     char err[256];
     pthread_mutex_lock(&s->mu);
     while (!s->stop) {
@@ -281,7 +318,9 @@ static void *queue_main(void *arg) {
             const int most =
                 j->gp.n_predict > 0 && j->n_ids + j->gp.n_predict < n_ctx ? j->n_ids + j->gp.n_predict : n_ctx;
             const uint64_t need = k < 0 ? 0 : cm_session_kv_bytes(s->slots[k].s, most);
-            const int fit = k < 0 ? 1 : kv_admit(s, k, need);
+            int n_sh = 0, src = k < 0 ? -1 : share_source(s, k, j, &n_sh);
+            const uint64_t sh = src < 0 ? 0 : cm_session_kv_shareable(s->slots[k].s, n_sh); /* mapped, not held */
+            const int fit = k < 0 ? 1 : kv_admit(s, k, src, need - sh);
             if (fit == 0) {
                 s->kv.waiting = 1;
                 break;
@@ -302,9 +341,12 @@ static void *queue_main(void *arg) {
                 job_end(j, CM_FINISH_CANCEL, 400, msg);
                 continue;
             }
-            s->slots[k].resv = need;
             s->slots[k].used = s->n_admitted;
             s->slots[k].j = j;
+            s->slots[k].shared = src < 0 ? 0 : share_prefix(s, k, src, n_sh);
+            /* the promise: its need less the pages it maps (all of it if the share did not happen) */
+            s->slots[k].resv =
+                need - (cm_session_kv_bytes(s->slots[k].s, -1) - cm_session_kv_private(s->slots[k].s, -1));
             s->slots[k].started = false;
             s->slots[k].begun = false;
             s->slots[k].order = s->n_admitted++;
@@ -346,8 +388,8 @@ static void *queue_main(void *arg) {
             if (!sl->started) {
                 int rc = atomic_load(&sl->j->cancel) ? CM_ECANCELED : 0;
                 if (!rc && !sl->begun) {
-                    int got = share_prefix(s, sl);
-                    if (got > 0) cm_metrics_prefix(cm_http_metrics(s->srv), got);
+                    if (sl->shared > 0) cm_metrics_prefix(cm_http_metrics(s->srv), sl->shared);
+                    sl->shared = 0;
                     rc = cm_session_prompt_begin(sl->s, sl->j->ids, sl->j->n_ids, err, sizeof err);
                     sl->begun = !rc;
                 }
@@ -367,19 +409,42 @@ static void *queue_main(void *arg) {
             if (atomic_load(&sl->j->cancel)) cm_session_cancel(sl->s);
             ss[n++] = sl->s;
         }
-        /* Mixed passes: the first prompt's chunk rides in the decode step's
+        /* Mixed passes: the pending prompts' chunks ride in the decode step's
          * forward pass (the room n_batch leaves beside the decode rows), so
-         * one read of the weights serves both (cm_engine_step_prefill; 0 on
-         * a cluster, which keeps the passes apart). */
+         * one read of the weights serves all (cm_engine_step_prefill_many;
+         * none on a cluster, which keeps the passes apart). s->chunk prompt
+         * tokens at most in all, whatever the number of prompts: the bound
+         * on how much longer than a plain decode step the running streams
+         * wait. The prompts take their turn in the order of the chunk loop
+         * below (fewest tokens left, then arrival), so several short ones
+         * finish in one pass. */
         int rc = 0, mixed = 0;
-        if (n && next >= 0 && s->mixed) {
-            slot *sl = &s->slots[next];
-            rc = cm_engine_step_prefill(s->e, ss, n, sl->s, s->chunk, &mixed, err, sizeof err);
-            if (mixed < 0) slot_fail(s, sl, mixed, err);
-            else if (mixed > 0 && cm_session_n_past(sl->s) == sl->j->n_ids) {
-                char perr[256];
-                int r2 = prompt_done(sl, perr, sizeof perr);
-                if (r2) slot_fail(s, sl, r2, perr);
+        if (n && next >= 0 && s->mixed && pre && pre_slot && pre_done) {
+            int np = 0;
+            for (int i = 0; i < s->n_slots; i++) {
+                const slot *o = &s->slots[i];
+                if (!o->j || o->started || !o->begun) continue;
+                const int l = o->j->n_ids - cm_session_n_past(o->s);
+                int at = np++;
+                for (; at > 0; at--) { /* insertion by (left, order) */
+                    const slot *q = &s->slots[pre_slot[at - 1]];
+                    const int lq = q->j->n_ids - cm_session_n_past(q->s);
+                    if (lq < l || (lq == l && q->order < o->order)) break;
+                    pre_slot[at] = pre_slot[at - 1];
+                }
+                pre_slot[at] = i;
+            }
+            for (int k = 0; k < np; k++) pre[k] = s->slots[pre_slot[k]].s;
+            rc = cm_engine_step_prefill_many(s->e, ss, n, pre, np, s->chunk, pre_done, err, sizeof err);
+            for (int k = 0; k < np; k++) {
+                slot *sl = &s->slots[pre_slot[k]];
+                if (pre_done[k]) mixed = 1;
+                if (pre_done[k] < 0) slot_fail(s, sl, pre_done[k], err);
+                else if (pre_done[k] > 0 && cm_session_n_past(sl->s) == sl->j->n_ids) {
+                    char perr[256];
+                    int r2 = prompt_done(sl, perr, sizeof perr);
+                    if (r2) slot_fail(s, sl, r2, perr);
+                }
             }
         } else if (n) {
             rc = cm_engine_step(s->e, ss, n, err, sizeof err);
@@ -388,7 +453,7 @@ static void *queue_main(void *arg) {
          * when nothing decodes; none after a mixed pass), spent on the
          * prompts with the fewest tokens left first, so a burst of short
          * prompts is admitted in a few iterations rather than one per
-         * iteration. NEEDSWORK: several prompts' chunks in the mixed pass. */
+         * iteration. */
         for (int budget = mixed ? 0 : n ? s->chunk : 8 * s->chunk; next >= 0 && budget > 0;) {
             slot *sl = &s->slots[next];
             char perr[256];
@@ -449,6 +514,9 @@ static void *queue_main(void *arg) {
     s->n_active = s->n_queued = 0;
     pthread_mutex_unlock(&s->mu);
     cm_free(ss);
+    cm_free(pre);
+    cm_free(pre_slot);
+    cm_free(pre_done);
     return NULL;
 }
 

@@ -76,6 +76,7 @@ int cm_kv_init_type(cm_kv *kv, const cm_model *m, int layer_first, int layer_las
 
 void cm_kv_release(cm_kv *kv) {
     if (!kv) return;
+    cm_kv_blocks_release(kv);
     if (kv->k_map) cm_kv_mem_unmap(kv->k, kv->k_map);
     else cm_free(kv->k);
     if (kv->v_map) cm_kv_mem_unmap(kv->v, kv->v_map);

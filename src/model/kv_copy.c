@@ -8,8 +8,8 @@
  * [layer][head][head_dim][n_ctx] in F32/F16, or as rows like K's in the rows
  * layout of the quantized types; no V in deepseek2's latent cache), sized by
  * the cache's own row sizes, so it needs no arithmetic on the values.
- * NEEDSWORK: sharing the prefix's pages copy-on-write instead of copying
- * them needs a block table in cm_kv (kv_mem.c says why there is none yet).
+ * Serve shares prefixes copy-on-write instead (kv_blocks.c), which falls
+ * back to this copy where pages cannot be shared.
  * Never allocates; the caller serialises it with forward passes of both
  * caches.
  */
@@ -26,6 +26,7 @@ int cm_kv_copy_prefix(cm_kv *dst, const cm_kv *src, int n, char *err, size_t err
     if (n < 0 || n > src->n_past || n > dst->n_ctx)
         return cm_errf(err, errlen, CM_EINVAL, "prefix of %d positions (source holds %d, target fits %d)", n,
                        src->n_past, dst->n_ctx);
+    if (dst->store) cm_kv_truncate(dst, 0); /* a shared prefix let go (kv_blocks.c), not written through */
     const int D = src->head_dim;
     /* one position of one K head (a row in either layout; deepseek2's latent row too) */
     const size_t pos_bytes = src->v_rows ? src->k_row : cm_row_size(src->type, D);

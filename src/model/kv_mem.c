@@ -17,12 +17,13 @@
  * (the transposed V layout of F32/F16 caches has a region per head dimension,
  * so there a short sequence holds up to layers x heads x head_dim pages).
  *
- * Why not a block table: every reader indexes positions as [n_ctx] rows from
- * one base; a table would change attention, attn_split, kv_copy, the nodes
- * and the Vulkan backend, and shared (copy-on-write) blocks with it. The
- * prefix copy (kv_copy.c) stays. NEEDSWORK: a block table would let equal
- * prefixes share pages and drop the transposed V's page rounding.
+ * Why not a block table of our own: every reader indexes positions as
+ * [n_ctx] rows from one base; a table would change attention, attn_split,
+ * kv_copy, the nodes and the Vulkan backend. Shared prefixes use the page
+ * table instead (kv_blocks.c: the same pages mapped copy-on-write into
+ * several caches). NEEDSWORK: the transposed V's page rounding.
  */
+#include "kv_regions.h"
 #include "model.h"
 
 #include <sys/mman.h>
@@ -78,35 +79,11 @@ static void give_back(uint8_t *base, size_t off, size_t len) {
 #endif
 }
 
-/* The regions of one array, in address order: n_reg of stride bytes, each
- * holding position p at p * unit (K rows, V rows, or one element of a
- * transposed V row). */
-typedef struct region_set {
-    uint8_t *base;
-    size_t map; /* bytes mapped */
-    size_t n_reg, stride, unit;
-} region_set;
-
-static int region_sets(const cm_kv *kv, region_set rs[2]) {
-    const int D = kv->head_dim;
-    const size_t nh = (size_t)(kv->layer_last - kv->layer_first) * (size_t)(kv->latent ? 1 : kv->h1 - kv->h0);
-    const size_t k_unit = kv->v_rows ? kv->k_row : cm_row_size(kv->type, D);
-    int n = 0;
-    rs[n++] = (region_set){(uint8_t *)kv->k, kv->k_map, nh, (size_t)kv->n_ctx * k_unit, k_unit};
-    if (kv->latent) return n;
-    if (kv->v_rows) rs[n++] = (region_set){(uint8_t *)kv->v, kv->v_map, nh, (size_t)kv->n_ctx * kv->v_row, kv->v_row};
-    else {
-        const size_t one = cm_row_size(kv->type, 1);
-        rs[n++] = (region_set){(uint8_t *)kv->v, kv->v_map, nh * (size_t)D, (size_t)kv->n_ctx * one, one};
-    }
-    return n;
-}
-
 uint64_t cm_kv_resident_bytes(const cm_kv *kv, int n) {
     if (n <= 0 || !kv->k) return 0;
     if (n > kv->n_ctx) n = kv->n_ctx;
     region_set rs[2];
-    const int nr = region_sets(kv, rs);
+    const int nr = cm_kv_regions(kv, rs);
     const size_t P = page_size();
     uint64_t bytes = 0;
     for (int r = 0; r < nr; r++) {
@@ -141,8 +118,9 @@ uint64_t cm_kv_mapped_bytes(const cm_kv *kv) { return (uint64_t)kv->k_map + (uin
 
 void cm_kv_trim(cm_kv *kv) {
     if (!kv->k) return;
+    cm_kv_blocks_trim(kv); /* shared prefix blocks (kv_blocks.c) */
     region_set rs[2];
-    const int nr = region_sets(kv, rs);
+    const int nr = cm_kv_regions(kv, rs);
     const size_t P = page_size();
     const size_t n = (size_t)(kv->n_past > 0 ? kv->n_past : 0);
     for (int r = 0; r < nr; r++) {

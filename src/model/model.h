@@ -309,6 +309,11 @@ typedef struct cm_kv {
     bool latent;         /* deepseek2 (mla.h): k holds the latent rows, v only a placeholder */
     size_t k_row, v_row; /* bytes of one K / V row (v_rows) */
     size_t k_map, v_map; /* kv_mem.c: bytes mapped for k / v (0: heap memory of cm_calloc) */
+    /* kv_blocks.c: the prefix blocks this cache maps from a shared store
+     * (NULL: none): whole pages of positions [0, n_mapped) of its rows
+     * arrays; [0, n_shared) are still the store's (n_shared <= n_mapped). */
+    struct cm_kv_store *store;
+    int n_mapped, n_shared;
 } cm_kv;
 /* ---- KV cache types and flash attention (attn.c) ---- */
 bool cm_kv_type_ok(enum cm_type t);                   /* F32, F16, Q8_0, Q4_0 */
@@ -428,6 +433,26 @@ void cm_kv_mem_unmap(void *p, size_t mapped);
 uint64_t cm_kv_resident_bytes(const cm_kv *kv, int n);
 uint64_t cm_kv_mapped_bytes(const cm_kv *kv); /* address space reserved */
 void cm_kv_trim(cm_kv *kv);                   /* give back the pages past kv->n_past */
+/* ---- prefix KV blocks shared copy-on-write (kv_blocks.c) ----
+ * Make dst hold src's first n positions (the conditions of
+ * cm_kv_copy_prefix) by mapping the same physical pages into both: a store
+ * of src's prefix pages is made once (src then maps it too) and every cache
+ * that takes the prefix maps it; the first write into a shared page copies
+ * it (the kernel's copy-on-write). Only whole pages of the rows arrays (K;
+ * V in the rows layout) are shared, the rest is copied; same addresses and
+ * bytes as a copy, so no reader changes. Falls back to the copy where pages
+ * cannot be shared (heap caches, other context sizes). Caller serialises it
+ * with forward passes of both caches. 0 or an error (CM_EINVAL as the copy). */
+int cm_kv_share_prefix(cm_kv *dst, cm_kv *src, int n, char *err, size_t errlen);
+/* The bytes of cm_kv_resident_bytes(kv, n) that are the store's (0 without
+ * one), and the store's own bytes (counted once however many caches map it);
+ * *id names the store (NULL: none). */
+uint64_t cm_kv_shared_bytes(const cm_kv *kv, int n);
+uint64_t cm_kv_store_bytes(const cm_kv *kv, const void **id);
+/* Bytes of whole pages of positions [0, n) a share could map (by layout). */
+uint64_t cm_kv_shareable_bytes(const cm_kv *kv, int n);
+void cm_kv_blocks_trim(cm_kv *kv);    /* cm_kv_trim: n_past below the shared part, or 0: the store let go */
+void cm_kv_blocks_release(cm_kv *kv); /* cm_kv_release: the store reference dropped */
 
 /* ---- forward pass ---- */
 

@@ -84,6 +84,9 @@ const char *cm_cpu_isa_cap(void);
 int cm_cpu_count(void); /* online logical CPUs */
 uint64_t cm_mem_total_bytes(void);
 uint64_t cm_mem_available_bytes(void);
+/* A nameless in-memory file of `bytes` (zeros), for pages shared by private
+ * mappings (anonfile.c): its descriptor (close it when done), or -1. */
+int cm_anon_file(uint64_t bytes);
 const char *cm_os_name(void);   /* "linux" / "darwin" */
 const char *cm_arch_name(void); /* "x86_64" / "arm64" */
 /* Peak resident set size of this process in bytes (0 if unknown). */

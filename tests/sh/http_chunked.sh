@@ -10,9 +10,13 @@
 #     Both requests then complete, and the long one's text and logprobs
 #     equal the same request's sent alone to an idle server (chunking changes
 #     no bit).
-#  3. (run second) A shared prompt prefix is copied between slots, counted in
+#  3. (run second) A shared prompt prefix is shared between slots, counted in
 #     /metrics, and changes no bit: text and every token's logprob equal the
 #     prompt evaluated alone (a V row copied one position short fails this).
+#  4. (run third) Four prompts sent together while a stream decodes: their
+#     chunks ride in the same mixed passes, 32 prompt tokens a pass in all
+#     (the bound on the running stream's wait), and each text and logprob
+#     equals the prompt alone.
 #  2. Cancellation frees the slot at once: with one slot, a client that
 #     disconnects while its 2,000-token prompt is being evaluated is followed
 #     by a request that is served (the slot was not lost), and /metrics shows
@@ -22,66 +26,39 @@
 # 8 iterations of 100 ms (256 tokens each while nothing decodes), so the
 # client's leaving after 0.3 s always falls inside the prefill.
 . "$(dirname "$0")/lib/http_common.sh"
-command -v python3 >/dev/null || { echo "skip: python3 is missing (0 passed, 0 failed, 1 skipped)"; exit 0; }
-MODEL=$TMP/q4.gguf
-"$BIN" synth --arch llama --dim 512 --layers 4 --heads 8 --kv-heads 4 --ffn 1024 --type q4_0 \
-    --vocab "$SHARED/vocab/ggml-vocab-llama-spm.gguf" --seed 9 -o "$MODEL" >/dev/null 2>&1 || { bad "synth"; finish; exit 1; }
-
-cat >"$TMP/client.py" <<'EOF'
-import http.client, json, select, sys, threading, time
-port, mode = int(sys.argv[1]), sys.argv[2]
-def ids(n, seed):
-    x, out = seed, []
-    for _ in range(n):
-        x = (x * 1103515245 + 12345) % 2147483648
-        out.append(100 + x % 20000)
-    return out
-def stream(prompt, gen, log, hold=None):
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
-    body = json.dumps({"prompt": prompt, "max_tokens": gen, "temperature": 0, "stream": True, "ignore_eos": True,
-                       "logprobs": 0})
-    log["sent"] = time.monotonic()
-    c.request("POST", "/v1/completions", body, {"content-type": "application/json"})
-    r = c.getresponse()
-    log["status"], log["times"], log["text"], log["done"] = r.status, [], "", False
-    buf = b""
-    while True:
-        if hold:  # poll, so the client can leave while no byte arrives
-            if hold(log):
-                c.sock.close()  # the client goes away mid-prefill
-                return
-            if not select.select([c.sock], [], [], 0.05)[0]:
-                continue
-        d = r.read1(65536) if hasattr(r, "read1") else r.read(1)
-        if not d:
-            break
-        buf += d
-        while b"\n\n" in buf:
-            ev, buf = buf.split(b"\n\n", 1)
-            s = ev.decode()
-            if not s.startswith("data: "):
-                continue
-            s = s[6:]
-            if s == "[DONE]":
-                log["done"] = True
-                continue
-            j = json.loads(s)
-            ch = j.get("choices") or [{}]
-            lp = ch[0].get("logprobs") if ch else None
-            if lp:  # every token's logprob: the exact bits of the model's output, not just its argmax
-                log["lp"] = log.get("lp", []) + lp.get("token_logprobs", [])
-            if ch and ch[0].get("text"):
-                log["times"].append(time.monotonic())
-                log["text"] += ch[0]["text"]
-    c.close()
+serving_setup
+cp "$TMP/cl.py" "$TMP/client.py"
+cat >>"$TMP/client.py" <<'EOF'
+import json, threading, time
+stream = sc.stream
 LONG = ids(2000, 7)
 SYS = ids(300, 11)
 PB = SYS + ids(5, 13)
+SEV = [ids(n, 30 + n) for n in (20, 45, 70, 100)]
 if mode == "alone":
     L, P = {}, {}
     stream(LONG, 3, L)
     stream(PB, 8, P)
-    print(json.dumps({"text": L["text"] + repr(L.get("lp")), "done": L["done"], "ptext": P["text"] + repr(P.get("lp"))}))
+    sev = []
+    for p in SEV:
+        S = {}
+        stream(p, 6, S)
+        sev.append(S["text"] + repr(S.get("lp")))
+    print(json.dumps({"text": L["text"] + repr(L.get("lp")), "done": L["done"], "ptext": P["text"] + repr(P.get("lp")),
+                      "sev": sev}))
+elif mode == "several":
+    A, S = {}, [{} for _ in SEV]
+    ta = threading.Thread(target=stream, args=(ids(8, 3), 200, A))
+    ta.start()
+    while len(A.get("times", [])) < 3:
+        time.sleep(0.01)
+    th = [threading.Thread(target=stream, args=(p, 6, S[i])) for i, p in enumerate(SEV)]
+    for t in th:
+        t.start()
+    for t in th:
+        t.join()
+    ta.join()
+    print(json.dumps({"sev": [x["text"] + repr(x.get("lp")) for x in S], "ok": A["done"] and all(x["done"] for x in S)}))
 elif mode == "prefix":
     A, B = {}, {}
     ta = threading.Thread(target=stream, args=(SYS + ids(5, 12), 120, A))
@@ -128,8 +105,19 @@ b=$(js 'j.text' "$TMP/mix.json")
 [ -n "$a" ] && [ "$a" = "$b" ] && ok || bad "long prompt's text chunked '$b' vs alone '$a'"
 stop_server "$PID"
 
+# 4. several prompts arriving together while a stream decodes: their chunks
+# share the mixed passes (cm_engine_step_prefill_many), and each text and
+# logprob equals the prompt alone
+CUMULO_TEST_STEP_DELAY_MS=5 start_server several --slots 6 --ctx 4096 --threads 2 || { bad "server"; finish; exit 1; }
+python3 "$TMP/client.py" "$PORT" several >"$TMP/sev.json" 2>"$TMP/sev.err" || bad "several client: $(cat "$TMP/sev.err")"
+a=$(js 'JSON.stringify(j.sev)' "$TMP/alone.json")
+b=$(js 'JSON.stringify(j.sev)' "$TMP/sev.json")
+[ "$(js 'j.ok' "$TMP/sev.json")" = true ] && [ -n "$a" ] && [ "$a" = "$b" ] && ok ||
+    bad "several prompts in mixed passes '$b' vs alone '$a'"
+stop_server "$PID"
+
 # 3. shared prefixes: B's prompt starts with the 300 tokens A's slot holds
-# (A is still generating, so B gets another slot): they are copied, not
+# (A is still generating, so B gets another slot): they are shared, not
 # evaluated (/metrics), and B's text equals B alone on an idle server.
 start_server prefix --slots 4 --ctx 4096 --threads 2 || { bad "server"; finish; exit 1; }
 python3 "$TMP/client.py" "$PORT" prefix >"$TMP/p.json" 2>"$TMP/p.err" || bad "prefix client: $(cat "$TMP/p.err")"

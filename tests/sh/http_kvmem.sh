@@ -13,45 +13,12 @@
 #  3. A request whose prompt + max_tokens can never fit the budget gets a 400
 #     that names --kv-mem instead of waiting forever.
 . "$(dirname "$0")/lib/http_common.sh"
-command -v python3 >/dev/null || { echo "skip: python3 is missing (0 passed, 0 failed, 1 skipped)"; exit 0; }
 [ -r /proc/self/status ] || { echo "skip: no /proc (0 passed, 0 failed, 1 skipped)"; exit 0; }
-MODEL=$TMP/q4.gguf
-"$BIN" synth --arch llama --dim 512 --layers 4 --heads 8 --kv-heads 4 --ffn 1024 --type q4_0 \
-    --vocab "$SHARED/vocab/ggml-vocab-llama-spm.gguf" --seed 9 -o "$MODEL" >/dev/null 2>&1 || { bad "synth"; finish; exit 1; }
-
-cat >"$TMP/client.py" <<'EOF'
-import http.client, json, sys, threading, time
-port, mode = int(sys.argv[1]), sys.argv[2]
-def ids(n, seed):
-    x, out = seed, []
-    for _ in range(n):
-        x = (x * 1103515245 + 12345) % 2147483648
-        out.append(100 + x % 20000)
-    return out
-def req(prompt, gen, log):
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-    c.request("POST", "/v1/completions", json.dumps({"prompt": prompt, "max_tokens": gen, "temperature": 0,
-              "ignore_eos": True, "logprobs": 0}), {"content-type": "application/json"})
-    r = c.getresponse()
-    body = r.read().decode()
-    log["status"] = r.status
-    try:
-        j = json.loads(body)
-        ch = j["choices"][0]
-        log["text"] = ch["text"] + repr(ch["logprobs"]["token_logprobs"])
-    except Exception:
-        log["text"] = body
-    c.close()
-def metrics():
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-    c.request("GET", "/metrics")
-    m = {}
-    for line in c.getresponse().read().decode().splitlines():
-        if line.startswith("cumulo_kv_") or line.startswith("cumulo_slots_active"):
-            k, v = line.split(" ")
-            m[k] = float(v)
-    c.close()
-    return m
+serving_setup
+cp "$TMP/cl.py" "$TMP/client.py"
+cat >>"$TMP/client.py" <<'EOF'
+import json, threading, time
+req, metrics = sc.req, sc.metrics
 N = 8
 if mode == "alone":
     out = []

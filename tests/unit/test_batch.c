@@ -11,7 +11,9 @@
  * Mixed passes (cm_engine_step_prefill, serve's): every newcomer's prompt
  * is evaluated 3 tokens at a time inside the running sessions' decode
  * passes (or apart when the pass has no room), and still every text and
- * logprob is the one alone.
+ * logprob is the one alone; and three newcomers at once, 5 prompt tokens a
+ * pass in all (cm_engine_step_prefill_many), so that two prompts' chunks
+ * share a pass (checked), with the same result.
  */
 #include "engine/engine.h"
 #include "gguf/gguf.h"
@@ -70,6 +72,7 @@ static int prompt_ids(int i, int32_t *ids) {
 }
 
 static bool g_mixed; /* newcomers' prompts ride in the decode passes */
+static int g_many = 1; /* newcomers joining at once (their chunks share a pass: cm_engine_step_prefill_many) */
 
 static void test_batched_equals_alone(void) {
     out alone[NP], together[NP];
@@ -91,13 +94,15 @@ static void test_batched_equals_alone(void) {
         ss[i] = cm_session_new(E, 256, errbuf, sizeof errbuf);
     }
     /* Sessions join one per step, so the batch changes shape while others run. */
-    int joined = 0, steps = 0, n_pre = 0, n_mixed = 0;
+    int joined = 0, steps = 0, n_pre = 0, n_mixed = 0, n_shared = 0, len[NP] = {0};
     for (;;) {
         if (joined < NP && !n_pre) {
             int n = prompt_ids(joined, ids);
             if (g_mixed) {
-                CHECK(cm_session_prompt_begin(ss[joined], ids, n, errbuf, sizeof errbuf) == 0);
-                n_pre = n;
+                for (n_pre = 0; n_pre < g_many && joined + n_pre < NP; n_pre++) {
+                    len[n_pre] = prompt_ids(joined + n_pre, ids);
+                    CHECK(cm_session_prompt_begin(ss[joined + n_pre], ids, len[n_pre], errbuf, sizeof errbuf) == 0);
+                }
             } else {
                 CHECK(cm_session_set_prompt(ss[joined], ids, n, errbuf, sizeof errbuf) == 0);
                 cm_gen_params p;
@@ -108,18 +113,31 @@ static void test_batched_equals_alone(void) {
         }
         int r;
         if (n_pre) {
-            int done = 0;
-            r = cm_engine_step_prefill(E, ss, joined, ss[joined], 3, &done, errbuf, sizeof errbuf);
-            CHECKF(done >= 0, "%s", errbuf);
-            n_mixed += done > 0 && joined > 0; /* beside decode rows */
-            if (!done) CHECK(cm_session_prompt_step(ss[joined], 3, errbuf, sizeof errbuf) >= 0); /* no room */
-            if (cm_session_n_past(ss[joined]) == n_pre) {
-                cm_gen_params p;
-                params(&p, joined);
-                CHECK(cm_session_start(ss[joined], &p, step_cb, &together[joined], errbuf, sizeof errbuf) == 0);
-                joined++;
+            int done[NP] = {0}, any = 0, rode = 0, left = 0;
+            /* budget 5: a prompt with fewer tokens left leaves room to the next one */
+            r = g_many > 1 ? cm_engine_step_prefill_many(E, ss, joined, ss + joined, n_pre, 5, done, errbuf, sizeof errbuf)
+                           : cm_engine_step_prefill(E, ss, joined, ss[joined], 3, done, errbuf, sizeof errbuf);
+            for (int k = 0; k < n_pre; k++) {
+                CHECKF(done[k] >= 0, "%s", errbuf);
+                any += done[k] > 0;
+                rode += done[k] > 0;
+            }
+            n_mixed += any && joined > 0; /* beside decode rows */
+            n_shared += rode > 1;         /* two prompts in one pass */
+            for (int k = 0; k < n_pre && !any; k++)
+                if (cm_session_n_past(ss[joined + k]) < len[k]) { /* no room: apart */
+                    CHECK(cm_session_prompt_step(ss[joined + k], 3, errbuf, sizeof errbuf) >= 0);
+                    break;
+                }
+            for (int k = 0; k < n_pre; k++) left += cm_session_n_past(ss[joined + k]) < len[k];
+            if (!left) { /* all of them start together, the array of running sessions stays contiguous */
+                for (int k = 0; k < n_pre; k++, joined++) {
+                    cm_gen_params p;
+                    params(&p, joined);
+                    CHECK(cm_session_start(ss[joined], &p, step_cb, &together[joined], errbuf, sizeof errbuf) == 0);
+                }
                 n_pre = 0;
-                if (r == 0) r = 1; /* it runs from the next step */
+                if (r == 0) r = 1; /* they run from the next step */
             }
         } else {
             r = cm_engine_step(E, ss, joined, errbuf, sizeof errbuf);
@@ -130,6 +148,7 @@ static void test_batched_equals_alone(void) {
         if (steps > 1000) break;
     }
     CHECKF(!g_mixed || n_mixed > 0, "no prompt chunk rode in a decode pass");
+    CHECKF(g_many < 2 || n_shared > 0, "no two prompts' chunks rode in one pass");
     for (int i = 0; i < NP; i++) {
         CHECK(!cm_session_running(ss[i]));
         CHECK(cm_session_finish(ss[i], &rt[i]) == 0);
@@ -191,6 +210,9 @@ int main(void) {
     g_mixed = true;
     t_cur_name = "test_batched_equals_alone (mixed passes)";
     RUN(test_batched_equals_alone);
+    g_many = 3;
+    RUN(test_batched_equals_alone); /* three newcomers' chunks in one pass */
+    g_many = 1;
     g_mixed = false;
     cm_engine_free(E);
     E = NULL;
@@ -246,6 +268,9 @@ int main(void) {
         RUN(test_batched_equals_alone);
         g_mixed = true;
         RUN(test_batched_equals_alone); /* with mixed passes */
+        g_many = 3;
+        RUN(test_batched_equals_alone); /* three newcomers' chunks in one pass */
+        g_many = 1;
         g_mixed = false;
         cm_engine_free(E);
     }

@@ -64,3 +64,18 @@ process.stdout.write(s)' "$1"
 
 # metric NAME: the value of an unlabelled series on /metrics (auth: $AUTH_HDR if set).
 metric() { curl -s ${AUTH_HDR:+-H "$AUTH_HDR"} "$URL/metrics" | sed -n "s/^$1 //p"; }
+
+# serving_setup: what the serving tests (http_chunked, http_kvmem, http_prefix)
+# start from: python3 (else a skip and exit), MODEL = a synthetic q4_0 llama
+# (512 wide, 4 layers, 8 heads / 4 KV heads, context 4096), and $TMP/cl.py,
+# the head of a client script: tests/sh/lib/serve_client.py imported as sc,
+# sc.PORT from argv[1], mode = argv[2].
+serving_setup() {
+    command -v python3 >/dev/null || { echo "skip: python3 is missing (0 passed, 0 failed, 1 skipped)"; exit 0; }
+    MODEL=$TMP/q4.gguf
+    "$BIN" synth --arch llama --dim 512 --layers 4 --heads 8 --kv-heads 4 --ffn 1024 --type q4_0 \
+        --vocab "$SHARED/vocab/ggml-vocab-llama-spm.gguf" --seed 9 -o "$MODEL" >/dev/null 2>&1 || {
+        bad "synth"; finish; exit 1; }
+    printf 'import sys\nsys.path.insert(0, "%s")\nimport serve_client as sc\nfrom serve_client import ids\n%s\n' \
+        "$(pwd)/tests/sh/lib" 'sc.PORT, mode = int(sys.argv[1]), sys.argv[2]' >"$TMP/cl.py"
+}
