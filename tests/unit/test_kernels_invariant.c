@@ -144,7 +144,10 @@ static uint8_t g_lw[LROWS * LK * 4], g_lx[LTOK * LK * 4];
 /* K-quants: 40 super-blocks (one pass of tokens in avx512_kgemm.h) and 64
  * (the longest rows it takes: 16 + 3 tokens, two passes). */
 enum { LKQ = 64 * 256 };
-static float g_lf[LKQ], g_ly[LTOK * LROWS];
+/* 513 blocks: one past the rows q8lane_avx512.c's packed gemm and gemv take
+ * (they fall back to vec_dot per row and token). */
+enum { LK3 = 513 * 32 };
+static float g_lf[LK3], g_ly[LTOK * LROWS];
 
 static void check_long(const cm_kernels *k, enum cm_type t, int64_t n) {
     const cm_type_traits *tr = cm_type_traits_of(t);
@@ -195,6 +198,7 @@ static void test_long_rows(void) {
         for (int ti = 0; ti < N_TYPES; ti++) {
             check_long(k, k_types[ti], is_k(k_types[ti]) ? 40 * 256 : LK);
             check_long(k, k_types[ti], is_k(k_types[ti]) ? LKQ : LK2);
+            if (k_types[ti] == CM_TYPE_Q8_0) check_long(k, k_types[ti], LK3);
         }
     }
 }
