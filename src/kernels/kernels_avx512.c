@@ -35,8 +35,9 @@
  * permute and an FMA per 4 blocks for every single token). NEEDSWORK: q8_0
  * is still bound by that per-token float work (convert, scale product, FMA
  * for every 16 int32 lanes); the same lane order would do a third less work
- * per token there too. q6_k, q5_k and q4_k prefill run avx512_kgemm.h (rows
- * unpacked once per pass, same bits); bf16 still uses the 4-token tiles.
+ * per token there too. q6_k, q5_k and q4_k prefill run gemm_kq_avx512.c, with
+ * avx512_kgemm.h (rows unpacked once per pass, same bits) as its fallback for
+ * long rows; bf16 still uses the 4-token tiles.
  */
 #define CM_X86_VNNI 1
 #include "x86_tiles.h"
