@@ -8,7 +8,8 @@
  * the last-level cache (the roofline a memory-bound decode can reach).
  * Weights are random bytes with sane fp16 scales: timing does not depend on
  * the values. Not a test: it asserts nothing. `make kbench` builds and runs it;
- * KBENCH_TYPES=q4_0,f16 and KBENCH_REPS=N narrow it. Where a table has a
+ * KBENCH_TYPES=q4_0,f16 and KBENCH_REPS=N narrow it; KBENCH_TOK=N sets the
+ * gemm's tokens (default 16), KBENCH_CPU=1 times by thread CPU time. Where a table has a
  * gemv over weights repacked at load, a line "ISA+rp" times it A B A B
  * against the plain gemv on the same bytes.
  */
@@ -18,8 +19,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
-enum { N = 4096, TOK = 16 };
+enum { N = 4096, TOKMAX = 256 };
+static int TOK = 16; /* KBENCH_TOK */
 static int64_t g_rows = 4096; /* KBENCH_ROWS */
 
 static uint64_t g_rng = 88172645463325252ull;
@@ -56,6 +59,17 @@ static double read_bw(void) {
     return best;
 }
 
+/* The kernels' clock: wall time, or with KBENCH_CPU=1 this thread's CPU
+ * time (steadier on a machine shared with other jobs: time spent descheduled
+ * does not count; caches and memory are still shared). */
+static bool g_cpu;
+static double now_s(void) {
+    if (!g_cpu) return cm_now_s();
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 static bool wanted(const char *name) {
     const char *f = getenv("KBENCH_TYPES");
     if (!f || !*f) return true;
@@ -86,11 +100,11 @@ static void packed_ab(const cm_kernels *k, const cm_tensor *W, const void *xq, s
     }
     double bp = 1e9, b0 = 1e9;
     for (int r = 0; r < reps; r++) {
-        double t0 = cm_now_s();
+        double t0 = now_s();
         cm_matmul_rows(k, &W0, xq, as, 1, y, W->ne[1], 0, W->ne[1]);
-        double t1 = cm_now_s();
+        double t1 = now_s();
         cm_matmul_rows(k, W, xq, as, 1, y, W->ne[1], 0, W->ne[1]);
-        double t2 = cm_now_s();
+        double t2 = now_s();
         if (t1 - t0 < b0) b0 = t1 - t0;
         if (t2 - t1 < bp) bp = t2 - t1;
     }
@@ -108,10 +122,14 @@ int main(void) {
                                          CM_TYPE_F16,  CM_TYPE_BF16, CM_TYPE_F32};
     static const char *const isas[] = {"scalar", "avx2", "avx512", "neon"};
     const int reps = getenv("KBENCH_REPS") ? atoi(getenv("KBENCH_REPS")) : 5;
+    g_cpu = getenv("KBENCH_CPU") && atoi(getenv("KBENCH_CPU")) == 1;
+    if (getenv("KBENCH_TOK") && atoi(getenv("KBENCH_TOK")) >= 2 && atoi(getenv("KBENCH_TOK")) <= TOKMAX)
+        TOK = atoi(getenv("KBENCH_TOK"));
     if (getenv("KBENCH_ROWS") && atoi(getenv("KBENCH_ROWS")) >= 16) g_rows = atoi(getenv("KBENCH_ROWS"));
     const double bw = read_bw();
     printf("single-thread read bandwidth: %.1f GB/s (512 MiB sum)\n", bw);
-    printf("matrix %lld x %d, 1 thread; gemm16 = 16 tokens, weight bytes x 16 / time\n", (long long)g_rows, N);
+    printf("matrix %lld x %d, 1 thread; gemm16 = %d tokens (KBENCH_TOK), weight bytes x tokens / time\n", (long long)g_rows, N,
+           TOK);
     printf("%-6s %-7s %10s %8s %12s\n", "type", "isa", "matvec GB/s", "% of bw", "gemm16 GB/s");
     float *xf = malloc(sizeof(float) * N * TOK), *y = malloc(sizeof(float) * (size_t)g_rows * TOK);
     for (int i = 0; i < N * TOK; i++) xf[i] = (float)((int)(rnd() % 2001) - 1000) / 1000.0f;
@@ -148,15 +166,15 @@ int main(void) {
             if (!k) continue;
             double best = 1e9, bestg = 1e9;
             for (int r = 0; r < reps; r++) {
-                double t0 = cm_now_s();
+                double t0 = now_s();
                 cm_matmul_rows(k, &W, xq, as, 1, y, g_rows, 0, g_rows);
-                double dt = cm_now_s() - t0;
+                double dt = now_s() - t0;
                 if (dt < best) best = dt;
             }
             for (int r = 0; r < (reps + 1) / 2; r++) {
-                double t0 = cm_now_s();
+                double t0 = now_s();
                 cm_matmul_rows(k, &W, xq, as, TOK, y, g_rows, 0, g_rows);
-                double dt = cm_now_s() - t0;
+                double dt = now_s() - t0;
                 if (dt < bestg) bestg = dt;
             }
             const double gb = (double)rs * (double)g_rows / 1e9;

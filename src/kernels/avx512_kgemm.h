@@ -2,7 +2,8 @@
  * avx512_kgemm.h: the AVX-512 prefill gemms for q6_k, q5_k and q4_k that
  * unpack each weight row once per pass and reuse it for every token. Not a header in
  * the usual sense: kernels_avx512.c includes it once, after its tiles, under
- * its own ISA flags. Nothing else may include it.
+ * its own ISA flags. Nothing else may include it. gemm_kq_avx512.c's gemms
+ * replace these in the avx512 table and call them for rows past its limit.
  *
  * The 4-token tiles (ztile_q6_k, the 256-bit tile_q5_k; q4_k's 1 x 4 packed
  * gemm) unpack every super-block again for each group of 4 tokens, and spend per token a sign

@@ -35,8 +35,9 @@
  * permute and an FMA per 4 blocks for every single token). The q8_0 entries
  * set here are replaced by q8lane_avx512.c's, which use that lane order
  * (dispatch.c fills it last); NEEDSWORK: drop the q8_0 tiles here once
- * nothing needs them. q6_k, q5_k and q4_k prefill run avx512_kgemm.h (rows
- * unpacked once per pass, same bits); bf16 still uses the 4-token tiles.
+ * nothing needs them. q6_k, q5_k and q4_k prefill run gemm_kq_avx512.c, with
+ * avx512_kgemm.h (rows unpacked once per pass, same bits) as its fallback for
+ * long rows; bf16 still uses the 4-token tiles.
  */
 #define CM_X86_VNNI 1
 #include "x86_tiles.h"

@@ -147,9 +147,13 @@ enum { LKQ = 64 * 256 };
 /* 513 blocks: one past the rows q8lane_avx512.c's packed gemm and gemv take
  * (they fall back to vec_dot per row and token). */
 enum { LK3 = 513 * 32 };
-static float g_lf[LK3], g_ly[LTOK * LROWS];
+/* K-quants at a model's shape too: 22 super-blocks (ffn_down of a 2048 / 5632
+ * model) and 53 tokens, so gemm_kq_avx512.c's passes end unevenly and q5_k's
+ * token pairs end with a lone token. */
+enum { KQ_NB = 22, KQ_TOK = 53 };
+static float g_lf[LK3 > LKQ ? LK3 : LKQ], g_ly[KQ_TOK * LROWS];
 
-static void check_long(const cm_kernels *k, enum cm_type t, int64_t n) {
+static void check_long(const cm_kernels *k, enum cm_type t, int64_t n, int ntok) {
     const cm_type_traits *tr = cm_type_traits_of(t);
     const enum cm_type vt = tr->vec_dot_type;
     const size_t ws = cm_row_size(t, n), xs = cm_row_size(vt, n);
@@ -157,7 +161,8 @@ static void check_long(const cm_kernels *k, enum cm_type t, int64_t n) {
         for (int64_t i = 0; i < n; i++) g_lf[i] = frand() * (float)(1 << (rnd() % 8));
         CHECK(make_rows(t, g_lf, g_lw + (size_t)r * ws, 1, n) == ws);
     }
-    for (int j = 0; j < LTOK; j++) {
+    CHECK((size_t)ntok * xs <= sizeof g_lx && ntok <= KQ_TOK);
+    for (int j = 0; j < ntok; j++) {
         for (int64_t i = 0; i < n; i++) g_lf[i] = frand() * (float)(1 << (rnd() % 6));
         k->from_float[vt](g_lf, g_lx + (size_t)j * xs, n);
     }
@@ -168,16 +173,16 @@ static void check_long(const cm_kernels *k, enum cm_type t, int64_t n) {
     W.ne[1] = LROWS;
     W.nb[1] = ws;
     W.data = g_lw;
-    cm_matmul_rows(k, &W, g_lx, xs, LTOK, g_ly, LROWS, 0, LROWS);
+    cm_matmul_rows(k, &W, g_lx, xs, ntok, g_ly, LROWS, 0, LROWS);
     long bad = 0;
-    for (int j = 0; j < LTOK; j++)
+    for (int j = 0; j < ntok; j++)
         for (int r = 0; r < LROWS; r++) {
             float ref;
             k->vec_dot[t](n, &ref, g_lw + (size_t)r * ws, g_lx + (size_t)j * xs);
             bad += memcmp(&ref, &g_ly[j * LROWS + r], sizeof ref) != 0;
         }
     CHECKF(bad == 0, "%s %s, rows of %lld: %ld of %d (row, token) results differ from vec_dot", k->name, tr->name,
-           (long long)n, bad, LTOK * LROWS);
+           (long long)n, bad, ntok * LROWS);
     long bad1 = 0; /* one token: the decode gemv */
     for (int j = 0; j < 3; j++) {
         cm_matmul_rows(k, &W, g_lx + (size_t)j * xs, xs, 1, g_ly, LROWS, 0, LROWS);
@@ -196,9 +201,10 @@ static void test_long_rows(void) {
         const cm_kernels *k = cm_kernels_for(k_isas[i]);
         if (!k) continue;
         for (int ti = 0; ti < N_TYPES; ti++) {
-            check_long(k, k_types[ti], is_k(k_types[ti]) ? 40 * 256 : LK);
-            check_long(k, k_types[ti], is_k(k_types[ti]) ? LKQ : LK2);
-            if (k_types[ti] == CM_TYPE_Q8_0) check_long(k, k_types[ti], LK3);
+            check_long(k, k_types[ti], is_k(k_types[ti]) ? 40 * 256 : LK, LTOK);
+            check_long(k, k_types[ti], is_k(k_types[ti]) ? LKQ : LK2, LTOK);
+            if (k_types[ti] == CM_TYPE_Q8_0) check_long(k, k_types[ti], LK3, LTOK);
+            if (is_k(k_types[ti])) check_long(k, k_types[ti], KQ_NB * 256, KQ_TOK);
         }
     }
 }
