@@ -22,7 +22,7 @@
 #include <time.h>
 
 enum { N = 4096, TOKMAX = 256 };
-static int TOK = 16; /* KBENCH_TOK */
+static int TOK = 16;          /* KBENCH_TOK */
 static int64_t g_rows = 4096; /* KBENCH_ROWS */
 
 static uint64_t g_rng = 88172645463325252ull;
@@ -128,8 +128,8 @@ int main(void) {
     if (getenv("KBENCH_ROWS") && atoi(getenv("KBENCH_ROWS")) >= 16) g_rows = atoi(getenv("KBENCH_ROWS"));
     const double bw = read_bw();
     printf("single-thread read bandwidth: %.1f GB/s (512 MiB sum)\n", bw);
-    printf("matrix %lld x %d, 1 thread; gemm16 = %d tokens (KBENCH_TOK), weight bytes x tokens / time\n", (long long)g_rows, N,
-           TOK);
+    printf("matrix %lld x %d, 1 thread; gemm16 = %d tokens (KBENCH_TOK), weight bytes x tokens / time\n",
+           (long long)g_rows, N, TOK);
     printf("%-6s %-7s %10s %8s %12s\n", "type", "isa", "matvec GB/s", "% of bw", "gemm16 GB/s");
     float *xf = malloc(sizeof(float) * N * TOK), *y = malloc(sizeof(float) * (size_t)g_rows * TOK);
     for (int i = 0; i < N * TOK; i++) xf[i] = (float)((int)(rnd() % 2001) - 1000) / 1000.0f;

@@ -149,8 +149,7 @@ static int parse(int argc, char **argv, cm_finetune_opts *o, const char **model,
             if (!cli_int(a, v, 1, CM_PLAN_MAX_NODES, &n)) return 1;
             c->dp = (int)n;
             c->on = true;
-        }
-        else if (!strcmp(a, "--nodes")) c->nodes = v, c->on = true;
+        } else if (!strcmp(a, "--nodes")) c->nodes = v, c->on = true;
         else if (!strcmp(a, "--key-file")) c->key_file = v;
         else if (!strcmp(a, "--out") || !strcmp(a, "-o")) o->out = v;
         else if (!strcmp(a, "--resume")) o->resume = v;
@@ -208,8 +207,10 @@ static int run_pipes(cm_pipe **p, int n, const cm_model *m, const cm_tdata *d, c
     if (!rc) {
         const int local_last = cm_train_pipe_local_last(t[0]);
         if (n > 1)
-            fprintf(stderr, "finetune: data parallel: %d replicas, each a pipeline of %d stages; this machine trains "
-                            "layers [0, %d) of each\n", n, cm_pipe_n_stages(p[0]), local_last);
+            fprintf(stderr,
+                    "finetune: data parallel: %d replicas, each a pipeline of %d stages; this machine trains "
+                    "layers [0, %d) of each\n",
+                    n, cm_pipe_n_stages(p[0]), local_last);
         else
             fprintf(stderr, "finetune: pipeline of %d stages; this machine trains layers [0, %d)\n",
                     cm_pipe_n_stages(p[0]), local_last);
@@ -264,8 +265,9 @@ static int train_cluster(const char *path, const cm_gguf *g, const cm_model *m, 
         if (n_rep > 1) po.nodes = grp;
         int ll = 0; /* (replicas may split differently: each sends the whole adapter's gradients) */
         rc = cm_pipe_open(&p[np], path, g, m, &po, &ll, e, sizeof e);
-        if (rc) rc = n_rep > 1 ? cm_errf(err, errlen, rc, "cluster (replica %d): %s", r, e)
-                               : cm_errf(err, errlen, rc, "cluster: %s", e);
+        if (rc)
+            rc = n_rep > 1 ? cm_errf(err, errlen, rc, "cluster (replica %d): %s", r, e)
+                           : cm_errf(err, errlen, rc, "cluster: %s", e);
         else if (p[np]) np++;
         else if (n_rep > 1) rc = cm_errf(err, errlen, CM_EINVAL, "replica %d: the plan keeps every layer here", r);
     }
@@ -305,8 +307,10 @@ static int train_cluster(const char *path, const cm_gguf *g, const cm_model *m, 
             return cm_finetune_run(m, d, o, err, errlen);
         }
     }
-    fprintf(stderr, "finetune: %.1f MiB of activations, gradients and parameters sent to the nodes, %.1f MiB "
-                    "received\n", (double)sent / 1048576.0, (double)got / 1048576.0);
+    fprintf(stderr,
+            "finetune: %.1f MiB of activations, gradients and parameters sent to the nodes, %.1f MiB "
+            "received\n",
+            (double)sent / 1048576.0, (double)got / 1048576.0);
     for (int r = 0; r < np; r++) cm_pipe_close(p[r]);
     return rc;
 }

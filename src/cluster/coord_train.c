@@ -320,7 +320,8 @@ static int move_vec(cm_train_pipe *t, int s, unsigned v, int64_t step, const flo
                                    .data = dst ? NULL : src + o};
         int rc = ask(t, s, &m, dst ? dst + o : NULL, k, err, errlen);
         if (rc) return rc;
-        if (dst && t->rows != 1) return cm_errf(err, errlen, CM_EPROTO, "stage %d answered a FETCH with %u rows", s, t->rows);
+        if (dst && t->rows != 1)
+            return cm_errf(err, errlen, CM_EPROTO, "stage %d answered a FETCH with %u rows", s, t->rows);
     }
     return 0;
 }

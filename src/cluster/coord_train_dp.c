@@ -51,8 +51,8 @@ struct cm_train_dp {
 static int dp_load(void *user, const cm_tadapter *ad, char *err, size_t errlen) {
     cm_train_dp *d = user;
     int rc = 0;
-    if (!d->ad) rc = cm_tadapter_new_range(&d->ad, d->m, ad->rank, ad->alpha, ad->targets, 0, d->m->hp.n_layer, err,
-                                           errlen);
+    if (!d->ad)
+        rc = cm_tadapter_new_range(&d->ad, d->m, ad->rank, ad->alpha, ad->targets, 0, d->m->hp.n_layer, err, errlen);
     if (rc) return rc;
     CM_ASSERT(d->ad->n_params == ad->n_params);
     memcpy(d->ad->w, ad->w, ad->n_params * sizeof(float));

@@ -334,8 +334,7 @@ void cm_metrics_prometheus(metrics *m, cm_http_server *srv, cm_buf *o) {
                   (unsigned long long)kv.in_use, (unsigned long long)kv.reserved, (unsigned long long)kv.capacity,
                   CM_HTTP_KV_BLOCK, (unsigned long long)kv.block_bytes,
                   (unsigned long long)(kv.block_bytes ? kv_free / kv.block_bytes : 0), kv.waiting,
-                  (unsigned long long)kv.evictions, (unsigned long long)kv.shared,
-                  (unsigned long long)kv.shared_saved);
+                  (unsigned long long)kv.evictions, (unsigned long long)kv.shared, (unsigned long long)kv.shared_saved);
     const char *src = s.measured ? "measured" : "estimated";
     cm_buf_printf(o,
                   "# HELP cumulo_node_tokens_per_second Generated tokens per second of a node.\n"

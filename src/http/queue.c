@@ -305,7 +305,8 @@ static void *queue_main(void *arg) {
     cm_queue *s = arg;
     cm_session **ss = cm_calloc((size_t)s->n_slots, sizeof *ss);
     cm_session **pre = cm_calloc((size_t)s->n_slots, sizeof *pre); /* prompts of a mixed pass, in turn order */
-    int *pre_slot = cm_calloc((size_t)s->n_slots, sizeof *pre_slot), *pre_done = cm_calloc((size_t)s->n_slots, sizeof *pre_done);
+    int *pre_slot = cm_calloc((size_t)s->n_slots, sizeof *pre_slot),
+        *pre_done = cm_calloc((size_t)s->n_slots, sizeof *pre_done);
     char err[256];
     pthread_mutex_lock(&s->mu);
     while (!s->stop) {

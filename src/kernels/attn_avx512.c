@@ -176,7 +176,8 @@ static void q8_prep(int64_t D, const float *q, int8_t *qi, int32_t *qc, float *q
             const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
             d[h] = amax / 127.0f;
             const __m512 id = _mm512_set1_ps(d[h] != 0.0f ? 1.0f / d[h] : 0.0f);
-            _mm_storeu_si128((__m128i *)(qi + c * 64 + h * 32), _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(x0, id))));
+            _mm_storeu_si128((__m128i *)(qi + c * 64 + h * 32),
+                             _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(x0, id))));
             _mm_storeu_si128((__m128i *)(qi + c * 64 + h * 32 + 16),
                              _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(x1, id))));
         }

@@ -100,10 +100,10 @@ static void kq5_unpack(int64_t nb, const cm_block_q5_k *x, kq5_blk *o) {
         __m256i qh = kq_ld256(x[b].qh);
         for (int j = 0; j < 4; j++) { /* elements 64j.. (low nibbles, bit 2j), 64j+32.. (high, bit 2j+1) */
             const __m256i q = kq_ld256(x[b].qs + 32 * j);
-            const __m256i lo = _mm256_or_si256(_mm256_and_si256(q, m4), _mm256_slli_epi16(_mm256_and_si256(qh, one), 4));
-            const __m256i hi =
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4),
-                                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 1), one), 4));
+            const __m256i lo =
+                _mm256_or_si256(_mm256_and_si256(q, m4), _mm256_slli_epi16(_mm256_and_si256(qh, one), 4));
+            const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4),
+                                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 1), one), 4));
             qh = _mm256_srli_epi16(qh, 2);
             _mm256_storeu_si256((__m256i *)(void *)o[b].q[2 * j], lo);
             _mm256_storeu_si256((__m256i *)(void *)o[b].q[2 * j + 1], hi);
@@ -177,9 +177,8 @@ KQ_AI void kq5_tile(int64_t nb, const kq5_blk *const *xb, const int8_t *yq, cons
             _Pragma("GCC unroll 4") for (int p = 0; p < P; p++) {
                 const __m512i y0 = _mm512_load_si512((const void *)(yq + ((p * nb + b) * 8 + 2 * u) * 64));
                 const __m512i y1 = _mm512_load_si512((const void *)(yq + ((p * nb + b) * 8 + 2 * u + 1) * 64));
-                _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) ai[r][p] =
-                    _mm512_dpwssd_epi32(ai[r][p], kq_pair(_mm512_dpbusd_epi32(z, w0[r], y0),
-                                                          _mm512_dpbusd_epi32(z, w1[r], y1)), s[r]);
+                _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) ai[r][p] = _mm512_dpwssd_epi32(
+                    ai[r][p], kq_pair(_mm512_dpbusd_epi32(z, w0[r], y0), _mm512_dpbusd_epi32(z, w1[r], y1)), s[r]);
             }
         }
         _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) {
@@ -410,22 +409,23 @@ KQ_AI void kq16_tile(int kind, int64_t nb, const kq16_blk *const *xb, const uint
                 const uint8_t *yt = yp + ((int64_t)t * nb + b) * 256 + 128 * u;
                 const __m512i y0 = _mm512_load_si512((const void *)yt), y1 = _mm512_load_si512((const void *)(yt + 64));
                 _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) {
-                    const __m512i d0 = kind == KQ_Q6 ? _mm512_dpbusd_epi32(z, y0, q0[r]) : _mm512_dpbusd_epi32(z, q0[r], y0);
-                    const __m512i d1 = kind == KQ_Q6 ? _mm512_dpbusd_epi32(z, y1, q1[r]) : _mm512_dpbusd_epi32(z, q1[r], y1);
+                    const __m512i d0 =
+                        kind == KQ_Q6 ? _mm512_dpbusd_epi32(z, y0, q0[r]) : _mm512_dpbusd_epi32(z, q0[r], y0);
+                    const __m512i d1 =
+                        kind == KQ_Q6 ? _mm512_dpbusd_epi32(z, y1, q1[r]) : _mm512_dpbusd_epi32(z, q1[r], y1);
                     ai[r][t] = _mm512_dpwssd_epi32(ai[r][t], kq_pair(d0, d1), s[r]);
                 }
             }
         }
         _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) {
-            _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) af[r][t] = _mm512_fmadd_ps(
-                _mm512_cvtepi32_ps(ai[r][t]), _mm512_set1_ps(xb[r][b].d * dy[t * nb + b]), af[r][t]);
+            _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) af[r][t] =
+                _mm512_fmadd_ps(_mm512_cvtepi32_ps(ai[r][t]), _mm512_set1_ps(xb[r][b].d * dy[t * nb + b]), af[r][t]);
             if (kind == KQ_Q4) { /* 4 tokens' min terms, one per 128-bit lane */
                 const __m512i m = _mm512_madd_epi16(_mm512_broadcast_i32x4(xb[r][b].mn),
                                                     _mm512_load_si512((const void *)(pr + b * ld)));
-                am[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(m),
-                                        _mm512_mul_ps(_mm512_set1_ps(xb[r][b].dmin),
-                                                      _mm512_load_ps((const void *)(ydv + b * ld))),
-                                        am[r]);
+                am[r] = _mm512_fmadd_ps(
+                    _mm512_cvtepi32_ps(m),
+                    _mm512_mul_ps(_mm512_set1_ps(xb[r][b].dmin), _mm512_load_ps((const void *)(ydv + b * ld))), am[r]);
             }
         }
     }
@@ -466,7 +466,8 @@ KQ_AI void kq16_gemm(int kind, int64_t k, const void *w, size_t w_stride, const 
                 const uint8_t *yt = yp + jj * nb * 256;
                 const float *dt = dy + jj * nb;
                 float out[KQ16_R * KQ16_T];
-                if (R == KQ16_R && T == KQ16_T) kq16_tile(kind, nb, xb, yt, dt, pr + jj, ydv + jj, ld, KQ16_R, KQ16_T, out);
+                if (R == KQ16_R && T == KQ16_T)
+                    kq16_tile(kind, nb, xb, yt, dt, pr + jj, ydv + jj, ld, KQ16_R, KQ16_T, out);
                 else
                     for (int r = 0; r < R; r++) {
                         const kq16_blk *const *xr = xb + r;

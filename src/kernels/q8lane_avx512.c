@@ -42,12 +42,12 @@
 #define QAI static inline __attribute__((always_inline))
 
 enum {
-    QL_GROUP = 640,       /* one-token pack per 16 blocks: 8 x 64 B of y, -128*sum(y) (16 x i32), dy (16 x f32) */
-    QL_TOKB = 576,        /* prefill pack per block and 16 tokens: 8 x 64 B of y + 128, dy (16 x f32) */
-    QL_MAXNB = 512,       /* longest row of the packed paths, in blocks (k <= 16384) */
-    QL_R = 4,             /* rows per prefill tile */
-    QL_MINTOK = 6,        /* fewer tokens: each row against each token with the one-token kernel */
-    QL_CHUNK = 16,        /* vec_dot packs the token this many groups at a time */
+    QL_GROUP = 640, /* one-token pack per 16 blocks: 8 x 64 B of y, -128*sum(y) (16 x i32), dy (16 x f32) */
+    QL_TOKB = 576,  /* prefill pack per block and 16 tokens: 8 x 64 B of y + 128, dy (16 x f32) */
+    QL_MAXNB = 512, /* longest row of the packed paths, in blocks (k <= 16384) */
+    QL_R = 4,       /* rows per prefill tile */
+    QL_MINTOK = 6,  /* fewer tokens: each row against each token with the one-token kernel */
+    QL_CHUNK = 16,  /* vec_dot packs the token this many groups at a time */
 };
 
 QAI float q8l_f16f(cm_f16 h) { return _cvtsh_ss(h); }
@@ -126,8 +126,8 @@ QAI __m256 q8l_groups(int64_t ng, const cm_block_q8_0 *x, const uint8_t *pk, __m
             const __m512i lo = _mm512_xor_si512(q8l_ld4x128(xb[0].qs, xb[4].qs, xb[8].qs, xb[12].qs), k128);
             const __m512i hi =
                 _mm512_xor_si512(q8l_ld4x128(xb[0].qs + 16, xb[4].qs + 16, xb[8].qs + 16, xb[12].qs + 16), k128);
-            p[i] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, lo, _mm512_load_si512((const void *)(pk + 128 * i))),
-                                       hi, _mm512_load_si512((const void *)(pk + 128 * i + 64)));
+            p[i] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, lo, _mm512_load_si512((const void *)(pk + 128 * i))), hi,
+                                       _mm512_load_si512((const void *)(pk + 128 * i + 64)));
         }
         const __m512 f =
             _mm512_cvtepi32_ps(_mm512_add_epi32(q8l_hadd4x4(p), _mm512_load_si512((const void *)(pk + 512))));

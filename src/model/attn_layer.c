@@ -208,8 +208,7 @@ static size_t split_scr(int rep, int D) { return cm_attn_multi_scratch_floats(re
 size_t cm_fwd_split_floats(const cm_model *m, int max_ctx, int n_threads) {
     const int D = m->hp.head_dim, rep = m->hp.n_head / CM_MAX(1, m->hp.n_head_kv);
     const size_t part = split_nbmax(max_ctx) * ((size_t)D + 2);
-    return (size_t)n_threads * (split_scr(rep, D) + (size_t)MULTI_TOK * rep * part) +
-           (size_t)m->hp.n_head * part;
+    return (size_t)n_threads * (split_scr(rep, D) + (size_t)MULTI_TOK * rep * part) + (size_t)m->hp.n_head * part;
 }
 
 /* The view attn_split.c reads of (layer il, kv head hk): a rows-layout
@@ -313,7 +312,8 @@ static void attn_prefill_multi(cm_ctx *c, int ith, int nth) {
     const size_t QS = (size_t)nkv * rep * D; /* between batch tokens' q and att rows */
     const float *sinks = c->m->layers[c->il].attn_sinks.data;
     float *scratch = c->split + (size_t)ith * scr_n;
-    float *parts = c->split + (size_t)c->n_threads * scr_n + (size_t)hp->n_head * ps + (size_t)ith * MULTI_TOK * rep * ps;
+    float *parts =
+        c->split + (size_t)c->n_threads * scr_n + (size_t)hp->n_head * ps + (size_t)ith * MULTI_TOK * rep * ps;
     int64_t t0, t1;
     cm_split_range((int64_t)nkv * ng, ith, nth, &t0, &t1);
     for (int64_t t = t0; t < t1; t++) {

@@ -124,8 +124,8 @@ static int remap_anon(uint8_t *p, size_t len, uint8_t *bounce, size_t blen) {
     for (size_t off = 0; off < len;) {
         const size_t c = bounce ? CM_MIN(blen, len - off) : len - off;
         if (bounce) memcpy(bounce, p + off, c);
-        void *q = mmap(p + off, c, PROT_READ | PROT_WRITE, MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                       -1, 0);
+        void *q =
+            mmap(p + off, c, PROT_READ | PROT_WRITE, MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
         if (q == MAP_FAILED) return CM_ENOMEM;
 #ifdef MADV_NOHUGEPAGE
         (void)madvise(q, c, MADV_NOHUGEPAGE);

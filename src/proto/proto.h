@@ -472,7 +472,13 @@ enum cm_train_op {
 };
 /* G: the gradients the windows since the last FETCH of G added (data
  * parallelism takes them per window: a FETCH of G clears what it sent). */
-enum cm_train_vec { CM_TRAIN_VEC_W = 0, CM_TRAIN_VEC_M1 = 1, CM_TRAIN_VEC_M2 = 2, CM_TRAIN_VEC_G = 3, CM_TRAIN_VEC_COUNT };
+enum cm_train_vec {
+    CM_TRAIN_VEC_W = 0,
+    CM_TRAIN_VEC_M1 = 1,
+    CM_TRAIN_VEC_M2 = 2,
+    CM_TRAIN_VEC_G = 3,
+    CM_TRAIN_VEC_COUNT
+};
 #define CM_TRAIN_F_TARGETS 1u
 #define CM_TRAIN_F_BACKWARD 2u
 #define CM_MSG_MAX_TRAIN_RANK 1024u

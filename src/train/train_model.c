@@ -37,10 +37,10 @@ struct cm_trainer {
     float *xd, *ax, *dax; /* LoRA: dropped input [T][max_in], A x and its gradient [T][rank] */
     float *wrow, *wt;     /* per thread: ROWS dequantized rows, and transposed (wrow_n floats each) */
     size_t wrow_n;
-    cm_pool *pool; /* NULL: the caller's thread only */
-    float *mtmp;   /* [T][max n_in]: one block's share of W^T dy */
-    float *logits; /* [T][V] */
-    float *gw;     /* [ad->n_params]: one window's gradients (cm_train_back), added to ad->g at its end */
+    cm_pool *pool;     /* NULL: the caller's thread only */
+    float *mtmp;       /* [T][max n_in]: one block's share of W^T dy */
+    float *logits;     /* [T][V] */
+    float *gw;         /* [ad->n_params]: one window's gradients (cm_train_back), added to ad->g at its end */
     size_t g_off, g_n; /* the span of layers [l0, l1)'s pairs in ad's vectors */
     /* the current window's dropout */
     float drop;
@@ -601,9 +601,9 @@ int cm_trainer_new_range(cm_trainer **out, const cm_model *m, cm_tadapter *ad, i
 
 void cm_trainer_free(cm_trainer *tr) {
     if (!tr) return;
-    float *bufs[] = {tr->rope, tr->xs, tr->xn,  tr->rinv1, tr->qraw, tr->kraw,  tr->q,     tr->k_, tr->v,   tr->qri,
-                     tr->kri,  tr->P,  tr->ao,  tr->h,     tr->hn,   tr->rinv2, tr->g,     tr->u,  tr->a,   tr->dx,
-                     tr->dxn,  tr->dq, tr->dk,  tr->dv,    tr->dao,  tr->da,    tr->dg,    tr->du, tr->dhn, tr->dtmp,
+    float *bufs[] = {tr->rope, tr->xs, tr->xn,  tr->rinv1, tr->qraw, tr->kraw,  tr->q,      tr->k_, tr->v,   tr->qri,
+                     tr->kri,  tr->P,  tr->ao,  tr->h,     tr->hn,   tr->rinv2, tr->g,      tr->u,  tr->a,   tr->dx,
+                     tr->dxn,  tr->dq, tr->dk,  tr->dv,    tr->dao,  tr->da,    tr->dg,     tr->du, tr->dhn, tr->dtmp,
                      tr->xd,   tr->ax, tr->dax, tr->wrow,  tr->wt,   tr->mtmp,  tr->logits, tr->gw};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) cm_free(bufs[i]);
     cm_free(tr);

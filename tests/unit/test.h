@@ -55,12 +55,12 @@ static const char *t_cur_name;
 
 /* TEST_END for a file whose test functions counted n of them as skipped
  * (they passed nothing): "N passed, N failed, N skipped" when n > 0. */
-#define TEST_END_SKIPPED(n)                                                        \
-    do {                                                                           \
-        if (!(n)) TEST_END();                                                      \
-        t_passed -= (n); /* a skip is not a pass */                                \
+#define TEST_END_SKIPPED(n)                                                         \
+    do {                                                                            \
+        if (!(n)) TEST_END();                                                       \
+        t_passed -= (n); /* a skip is not a pass */                                 \
         printf("%d passed, %d failed, %d skipped\n", t_passed, t_failed, (int)(n)); \
-        return t_failed ? 1 : 0;                                                   \
+        return t_failed ? 1 : 0;                                                    \
     } while (0)
 
 /* Path of a file in ../shared (CUMULO_SHARED overrides); static buffer. */

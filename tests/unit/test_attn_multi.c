@@ -72,8 +72,8 @@ static void decode_ref(const cm_kernels *k, const cm_attn_kv *kv, int D, int rep
 }
 
 static void test_multi_bits(void) {
-    static const enum cm_type types[6] = {CM_TYPE_F32, CM_TYPE_F16, CM_TYPE_Q8_0, CM_TYPE_Q4_0, CM_TYPE_F32,
-                                          CM_TYPE_F16};
+    static const enum cm_type types[6] = {CM_TYPE_F32,  CM_TYPE_F16, CM_TYPE_Q8_0,
+                                          CM_TYPE_Q4_0, CM_TYPE_F32, CM_TYPE_F16};
     static const int dims[3] = {64, 128, 80}, reps[6] = {1, 2, 3, 4, 5, 8};
     const cm_kernels *tables[3] = {cm_kernels_ref(), cm_kernels_for("avx2"), cm_kernels_for("avx512")};
     uint8_t *kr = cm_malloc((size_t)NPOS * DMAX * 4), *vr = cm_malloc((size_t)NPOS * DMAX * 4);
@@ -123,8 +123,8 @@ static void test_multi_bits(void) {
                         decode_ref(kk, &av, D, rep, qg, lo[g], hi[g], sink ? sinks : NULL, 0, scratch, parts, ref);
                         rows += rep;
                         CHECKF(!memcmp(ref, og, sizeof(float) * rep * D),
-                               "%s %s%s D %d rep %d token %d of %d [%d, %d): bits differ from decode's blocks", kk->name,
-                               cm_type_name(ty), trans ? " transposed" : "", D, rep, g, ntok, lo[g], hi[g]);
+                               "%s %s%s D %d rep %d token %d of %d [%d, %d): bits differ from decode's blocks",
+                               kk->name, cm_type_name(ty), trans ? " transposed" : "", D, rep, g, ntok, lo[g], hi[g]);
                         if ((hi[g] - 1) / CM_ATTN_BLOCK == lo[g] / CM_ATTN_BLOCK) continue;
                         multi_block++;
                         if ((hi[g] - 1) / CM_ATTN_BLOCK - lo[g] / CM_ATTN_BLOCK >= 2) { /* a + b = b + a */

@@ -205,8 +205,9 @@ static void test_transposed_and_multi(void) {
                         const double tol = t == 0 ? 1e-6 : t == 1 ? 3e-4 : 2.5e-3;
                         CHECKF(e < tol && e2 < tol, "%s %s %s token %d head %d: multi %.3g, blocks %.3g", kk->name,
                                cm_type_name(types[t]), trans ? "transposed" : "rows", g, h, e, e2);
-                        CHECKF(!memcmp(o2, out + (g * NQ + h) * D, sizeof o2), "%s %s %s token %d head %d: multi's bits",
-                               kk->name, cm_type_name(types[t]), trans ? "transposed" : "rows", g, h);
+                        CHECKF(!memcmp(o2, out + (g * NQ + h) * D, sizeof o2),
+                               "%s %s %s token %d head %d: multi's bits", kk->name, cm_type_name(types[t]),
+                               trans ? "transposed" : "rows", g, h);
                     }
                 }
                 tested++;

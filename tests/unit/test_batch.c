@@ -71,7 +71,7 @@ static int prompt_ids(int i, int32_t *ids) {
     return cm_engine_tokenize(E, k_prompts[i], strlen(k_prompts[i]), true, false, ids, 256, errbuf, sizeof errbuf);
 }
 
-static bool g_mixed; /* newcomers' prompts ride in the decode passes */
+static bool g_mixed;   /* newcomers' prompts ride in the decode passes */
 static int g_many = 1; /* newcomers joining at once (their chunks share a pass: cm_engine_step_prefill_many) */
 
 static void test_batched_equals_alone(void) {
@@ -115,8 +115,9 @@ static void test_batched_equals_alone(void) {
         if (n_pre) {
             int done[NP] = {0}, any = 0, rode = 0, left = 0;
             /* budget 5: a prompt with fewer tokens left leaves room to the next one */
-            r = g_many > 1 ? cm_engine_step_prefill_many(E, ss, joined, ss + joined, n_pre, 5, done, errbuf, sizeof errbuf)
-                           : cm_engine_step_prefill(E, ss, joined, ss[joined], 3, done, errbuf, sizeof errbuf);
+            r = g_many > 1
+                    ? cm_engine_step_prefill_many(E, ss, joined, ss + joined, n_pre, 5, done, errbuf, sizeof errbuf)
+                    : cm_engine_step_prefill(E, ss, joined, ss[joined], 3, done, errbuf, sizeof errbuf);
             for (int k = 0; k < n_pre; k++) {
                 CHECKF(done[k] >= 0, "%s", errbuf);
                 any += done[k] > 0;

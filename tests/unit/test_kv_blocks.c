@@ -168,8 +168,8 @@ static void sixteen(int kv_type, bool flash, bool share, const char *what, bool 
     const uint64_t bound = one + (uint64_t)N * own + (uint64_t)N * cm_session_kv_bytes(ss[1], 1) * 2 + (2u << 20);
     printf("  %s, %s: one prefix %.2f MiB; 16 sessions: accounted %.2f MiB (stores %.2f), Pss +%.2f MiB, bound "
            "%.2f MiB\n",
-           what, share ? "shared" : "copied", one / 1048576.0, acc / 1048576.0, stores / 1048576.0,
-           grown / 1048576.0, bound / 1048576.0);
+           what, share ? "shared" : "copied", one / 1048576.0, acc / 1048576.0, stores / 1048576.0, grown / 1048576.0,
+           bound / 1048576.0);
     if (measure && share) {
         CHECKF(acc <= bound, "%s: accounted %llu bytes for 16 sessions of one prefix (%llu), bound %llu", what,
                (unsigned long long)acc, (unsigned long long)one, (unsigned long long)bound);
@@ -213,8 +213,7 @@ static void sixteen(int kv_type, bool flash, bool share, const char *what, bool 
     }
     for (int i = 0; i < N; i++) cm_session_kv_drop(ss[i]);
     const long long left = base >= 0 ? pss_bytes() - base : -1;
-    if (measure && left >= 0)
-        CHECKF(left < (2 << 20), "%s: %lld bytes remain after every session let go", what, left);
+    if (measure && left >= 0) CHECKF(left < (2 << 20), "%s: %lld bytes remain after every session let go", what, left);
     for (int i = 0; i < N; i++) cm_session_free(ss[i]);
     cm_session_free(r);
     cm_engine_free(e);

@@ -378,7 +378,8 @@ static void test_replicas(void) {
     for (int k = 0; k < W; k++) wg[k] = cm_malloc(ad->n_params * sizeof(float));
     if (!tr || !sum || !rt[0] || !rt[1] || !wg[0] || !wg[1] || !wg[2]) goto out;
     int nt;
-    for (int k = 0; k < W; k++) cm_train_window(tr, TOK, TGT, T, true, 0.1f + 0.3f * (float)k, 0.2f, 7 + (uint64_t)k, &nt);
+    for (int k = 0; k < W; k++)
+        cm_train_window(tr, TOK, TGT, T, true, 0.1f + 0.3f * (float)k, 0.2f, 7 + (uint64_t)k, &nt);
     for (int k = 0; k < W; k++) { /* replica 0 takes windows 0 and 1, replica 1 window 2 */
         cm_tadapter *a = rp[k < 2 ? 0 : 1];
         cm_train_window(rt[k < 2 ? 0 : 1], TOK, TGT, T, true, 0.1f + 0.3f * (float)k, 0.2f, 7 + (uint64_t)k, &nt);
@@ -387,7 +388,8 @@ static void test_replicas(void) {
     }
     for (int k = 0; k < W; k++)
         for (size_t i = 0; i < ad->n_params; i++) sum[i] += wg[k][i];
-    CHECKF(!memcmp(sum, ad->g, ad->n_params * sizeof(float)), "%s", "the replicas' windows summed in order: other bits");
+    CHECKF(!memcmp(sum, ad->g, ad->n_params * sizeof(float)), "%s",
+           "the replicas' windows summed in order: other bits");
 out:
     for (int k = 0; k < W; k++) cm_free(wg[k]);
     for (int r = 0; r < 2; r++) {
