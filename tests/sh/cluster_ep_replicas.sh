@@ -82,7 +82,9 @@ ep_case() {
         if [ "$nrep" -gt 0 ]; then
             cc_wait_grep "$lg" 'rows of replicated experts computed here' 50
             r=$(grep 'rows of replicated experts computed here' "$lg" | tail -1 | sed -n 's/.*: \([0-9]*\) rows of replicated.*/\1/p')
-            [ "${r:-0}" -gt 0 ] && ok || bad "$ct: node $n holds replicas '$reps' but computed ${r:-no} rows of them"
+            # a holder's share of a replicated expert's rows follows its measured speed and may round to
+            # none on one node: the group's sum is checked below (REPLICA_ROWS)
+            [ -n "$r" ] && ok || bad "$ct: node $n holds replicas '$reps' but logged no replica rows"
         fi
         REPLICA_ROWS=$((REPLICA_ROWS + ${r:-0}))
         echo "$ct: node $n: experts [$e0, $e1)${reps:+ + replicas $reps}: streamed $got_b of $WB weight bytes, ${r:-0} rows of replicated experts computed"
