@@ -93,7 +93,7 @@ static void packed_ab(const cm_kernels *k, const cm_tensor *W, const void *xq, s
     char err[200] = "";
     int owner;
     const cm_tensor *ws[] = {W};
-    if (cm_repack_add(&owner, k, ws, 1, err, sizeof err) != 0 || !cm_repack_find(W)) {
+    if (cm_repack_add(&owner, k, ws, 1, err, sizeof err) != 0 || !cm_repack_find(W, NULL)) {
         printf("  (no repacked copy: %s)\n", err);
         free(plain);
         return;

@@ -210,6 +210,8 @@ static int stage_load(node *n, stage *s, const char *path, bool slice_file, char
     if ((rc = cm_slice_check(&s->m, s->slice, e, sizeof e)) ||
         (rc = cm_expert_slice_check(&s->m, s->slice, s->experts, e, sizeof e)))
         return cm_errf(err, errlen, rc, "slice: %s", e);
+    if (tp && !s->experts.ep && cm_model_repack_slice(&s->m, s->slice, e, sizeof e)) /* the same bits without */
+        CM_LOGW("tensor parallel: %s", e);
     if (a->layer_begin == 0 && !tp)
         return cm_errf(err, errlen, CM_EUNSUPPORTED, "the first stage runs on the coordinator");
     int nt = n->o->n_threads > 0 ? n->o->n_threads : cm_cpu_count();

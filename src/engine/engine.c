@@ -30,6 +30,15 @@
 
 static void fill_default_opts(cm_engine_opts *o) { memset(o, 0, sizeof *o); }
 
+/* This machine's slice of a tensor-parallel group (every layer here), its
+ * column slices repacked for the gemv (cm_model_repack_slice; without them
+ * they read the file's layout, the same bits, slower). */
+static void take_tp_slice(cm_engine *e) {
+    e->slice = cm_pipe_tp_slice(e->cl);
+    char msg[200];
+    if (cm_model_repack_slice(&e->m, e->slice, msg, sizeof msg)) CM_LOGW("tensor parallel: %s", msg);
+}
+
 bool cm_engine_weights_in_memory(const cm_engine_opts *opts, uint64_t file_bytes) {
     /* A tensor-parallel coordinator (one group) reads a slice of every layer
      * per token, as a node of its group does: mapped 4 KiB pages and no
@@ -114,8 +123,8 @@ int cm_engine_load(cm_engine **out, const char *path, const cm_engine_opts *opts
             cm_engine_free(e);
             return cm_errf(err, errlen, rc, "cluster: %s", msg);
         }
-        if (e->cl) e->max_ctx = e->n_ctx;                                          /* the nodes reserved that much */
-        if (e->cl && !cm_engine_downstream(e)) e->slice = cm_pipe_tp_slice(e->cl); /* every layer here, on our slice */
+        if (e->cl) e->max_ctx = e->n_ctx;                        /* the nodes reserved that much */
+        if (e->cl && !cm_engine_downstream(e)) take_tp_slice(e); /* every layer here, on our slice */
     }
     e->ctx = e->pool ? cm_ctx_new(&e->m, e->n_batch, e->max_ctx, e->pool, msg, sizeof msg) : NULL;
     if (!e->ctx) {
@@ -234,7 +243,7 @@ int cm_engine_maintain(cm_engine *e, char *err, size_t errlen) {
     int rc = cm_pipe_maintain(e->cl, err, errlen);
     /* a re-formed group gives this machine another slice (sessions re-shape:
      * cm_session_tp_sync; downstream, cm_engine_slice reads it from the plan) */
-    if (cm_pipe_generation(e->cl) != gen && !cm_engine_downstream(e)) e->slice = cm_pipe_tp_slice(e->cl);
+    if (cm_pipe_generation(e->cl) != gen && !cm_engine_downstream(e)) take_tp_slice(e);
     return rc;
 }
 
@@ -488,7 +497,7 @@ int cm_session_tp_sync(cm_session *s, char *err, size_t errlen) {
 
 int cm_engine_tp_recover(cm_engine *e, char *err, size_t errlen) {
     int rc = cm_pipe_tp_recover(e->cl, err, errlen);
-    if (!rc) e->slice = cm_pipe_tp_slice(e->cl);
+    if (!rc) take_tp_slice(e);
     return rc;
 }
 

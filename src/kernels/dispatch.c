@@ -134,16 +134,17 @@ void cm_matmul_rows(const cm_kernels *k, const cm_tensor *W, const void *xq, siz
     CM_ASSERT(r0 >= 0 && r1 <= W->ne[1] && r0 <= r1 && n_tok >= 0);
     const int64_t n = W->ne[0];
     const void *wp;
-    if (n_tok > 1 && n_tok <= k->gemm_packed_max && k->gemm_packed[t] && (wp = cm_repack_find(W)) != NULL) {
-        k->gemm_packed[t](n, wp, W->nb[1], xq, xq_stride, y, ldy, r0, r1, n_tok);
+    size_t ws;
+    if (n_tok > 1 && n_tok <= k->gemm_packed_max && k->gemm_packed[t] && (wp = cm_repack_find(W, &ws)) != NULL) {
+        k->gemm_packed[t](n, wp, ws, xq, xq_stride, y, ldy, r0, r1, n_tok);
         return;
     }
     if (n_tok > 1 && k->gemm[t]) {
         k->gemm[t](n, W->data, W->nb[1], xq, xq_stride, y, ldy, r0, r1, n_tok);
         return;
     }
-    if (n_tok == 1 && k->gemv_packed[t] && (wp = cm_repack_find(W)) != NULL) {
-        k->gemv_packed[t](n, wp, W->nb[1], xq, xq_stride, y, ldy, r0, r1, 1);
+    if (n_tok == 1 && k->gemv_packed[t] && (wp = cm_repack_find(W, &ws)) != NULL) {
+        k->gemv_packed[t](n, wp, ws, xq, xq_stride, y, ldy, r0, r1, 1);
         return;
     }
     if (n_tok == 1 && k->gemv[t]) {

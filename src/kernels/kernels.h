@@ -145,18 +145,22 @@ void cm_matmul_rows(const cm_kernels *k, const cm_tensor *W, const void *xq, siz
                     int64_t ldy, int64_t r0, int64_t r1);
 
 /* ---- weights repacked at load (repack.c) ----
- * cm_repack_add: for each of the n tensors (views of whole weight matrices)
+ * cm_repack_add: for each of the n tensors (whole weight matrices, or
+ * column views of them: columns on block boundaries, the row stride kept)
  * whose type table k has a gemv_packed for, make a repacked copy, recorded
  * under owner; CUMULO_REPACK=0 turns it off. The copies are found again by
- * address by cm_matmul_rows (row views of the tensor included, column views
- * not: those read the file's bytes). cm_repack_drop frees owner's copies
- * (call it before the tensors' bytes go away). Thread-safe; the copies cost
- * their tensors' size in memory. Returns 0 or CM_ENOMEM. */
+ * address by cm_matmul_rows (row views of what was added included; a column
+ * view only when that view itself was added: otherwise it reads the file's
+ * bytes). cm_repack_drop frees owner's copies (call it before the tensors'
+ * bytes go away). Thread-safe; the copies cost the views' size in memory.
+ * Returns 0 or CM_ENOMEM. */
 enum { CM_REPACK_MAX_K = 32768 }; /* longest row repacked */
 int cm_repack_add(const void *owner, const cm_kernels *k, const cm_tensor *const *ws, int n, char *err, size_t errlen);
 void cm_repack_drop(const void *owner);
-/* The repacked copy of W's first row, or NULL (not repacked, or a column view). */
-const void *cm_repack_find(const cm_tensor *W);
+/* The repacked copy of W's first row, or NULL (not repacked, or a column
+ * view that was not added itself); *stride (when not NULL) is the copy's
+ * bytes per row: W->nb[1] for whole tensors, less for a column view. */
+const void *cm_repack_find(const cm_tensor *W, size_t *stride);
 /* The "q4_0 lanes" layout of nb blocks and the "q4_k lanes" and "q5_k
  * lanes" layouts of nb super-blocks (repack.c says what they are);
  * cm_repack_row: the layout of one row of ne0 elements of type t (q4_0,

@@ -27,8 +27,13 @@
  * same with the 4 blocks' qh (4 x 32 bytes) between the scales and the qs
  * (704 bytes per group).
  *
+ * A view of a tensor may be repacked on its own (tensor parallelism's
+ * column slices: columns [c0, c1) of every row): its copy holds only those
+ * columns, rows packed at their own row size (cstride), and is found by the
+ * view's address, width and row stride.
+ *
  * The registry is process-wide: a sorted array of {owner, base, stride,
- * ne0, rows, type, copy}, under a rwlock (writers: loads and releases;
+ * ne0, rows, type, copy, cstride}, under a rwlock (writers: loads and releases;
  * readers: every matmul). Copies come from cm_huge_alloc, one per owner
  * call. Never used from the token loop except cm_repack_find (no malloc).
  */
@@ -47,7 +52,8 @@ typedef struct rp_entry {
     size_t stride;    /* bytes per row (nb[1]) */
     int64_t ne0, rows;
     enum cm_type type;
-    const char *copy; /* the repacked rows, same stride */
+    const char *copy; /* the repacked rows */
+    size_t cstride;   /* the copy's bytes per row: the row size of ne0 elements */
     void *alloc;      /* the owner's allocation (set on its first entry only) */
     size_t alloc_n;
 } rp_entry;
@@ -129,7 +135,7 @@ int cm_repack_add(const void *owner, const cm_kernels *k, const cm_tensor *const
     int m = 0;
     for (int i = 0; i < n; i++) {
         if (!rp_wanted(k, ws[i])) continue;
-        total += ((size_t)ws[i]->ne[1] * ws[i]->nb[1] + 63) & ~(size_t)63;
+        total += ((size_t)ws[i]->ne[1] * cm_row_size(ws[i]->type, ws[i]->ne[0]) + 63) & ~(size_t)63;
         m++;
     }
     if (m == 0) return 0;
@@ -152,13 +158,21 @@ int cm_repack_add(const void *owner, const cm_kernels *k, const cm_tensor *const
     for (int i = 0; i < n; i++) {
         const cm_tensor *W = ws[i];
         if (!rp_wanted(k, W)) continue;
+        const size_t cs = cm_row_size(W->type, W->ne[0]);
         for (int64_t r = 0; r < W->ne[1]; r++)
-            cm_repack_row(W->type, (const char *)W->data + (size_t)r * W->nb[1], mem + off + (size_t)r * W->nb[1],
-                          W->ne[0]);
-        rp_entry e = {owner,   W->data,   W->nb[1],           W->ne[0],         W->ne[1],
-                      W->type, mem + off, first ? mem : NULL, first ? total : 0};
+            cm_repack_row(W->type, (const char *)W->data + (size_t)r * W->nb[1], mem + off + (size_t)r * cs, W->ne[0]);
+        rp_entry e = {.owner = owner,
+                      .base = W->data,
+                      .stride = W->nb[1],
+                      .ne0 = W->ne[0],
+                      .rows = W->ne[1],
+                      .type = W->type,
+                      .copy = mem + off,
+                      .cstride = cs,
+                      .alloc = first ? mem : NULL,
+                      .alloc_n = first ? total : 0};
         first = false;
-        off += ((size_t)W->ne[1] * W->nb[1] + 63) & ~(size_t)63;
+        off += ((size_t)W->ne[1] * cs + 63) & ~(size_t)63;
         int at = g_n; /* keep sorted by base */
         while (at > 0 && g_e[at - 1].base > e.base) at--;
         memmove(g_e + at + 1, g_e + at, (size_t)(g_n - at) * sizeof *g_e);
@@ -190,7 +204,7 @@ void cm_repack_drop(const void *owner) {
     pthread_rwlock_unlock(&g_lock);
 }
 
-const void *cm_repack_find(const cm_tensor *W) {
+const void *cm_repack_find(const cm_tensor *W, size_t *stride) {
     if (__atomic_load_n(&g_n, __ATOMIC_ACQUIRE) == 0) return NULL; /* nothing repacked: skip the lock */
     const char *p = W->data;
     const void *hit = NULL;
@@ -207,7 +221,8 @@ const void *cm_repack_find(const cm_tensor *W) {
         const size_t o = (size_t)(p - e->base);
         if (o % e->stride || W->type != e->type || W->ne[0] != e->ne0 || W->nb[1] != e->stride) continue;
         if ((int64_t)(o / e->stride) + W->ne[1] > e->rows) continue;
-        hit = e->copy + o;
+        hit = e->copy + o / e->stride * e->cstride;
+        if (stride) *stride = e->cstride;
         break;
     }
     pthread_rwlock_unlock(&g_lock);

@@ -210,6 +210,34 @@ static cm_tensor cols_view(const cm_tensor *w, int64_t c0, int64_t c1) {
     return t;
 }
 
+int cm_model_repack_slice(const cm_model *m, cm_slice s, char *err, size_t errlen) {
+    const void *owner = m->layers; /* the slice's copies (the whole tensors' are under m) */
+    if (!owner) return 0;
+    cm_repack_drop(owner);
+    const cm_slice full = cm_slice_full(m);
+    if (s.h0 == full.h0 && s.h1 == full.h1 && s.f0 == full.f0 && s.f1 == full.f1) return 0;
+    const cm_hparams *hp = &m->hp;
+    const int64_t D = hp->head_dim, rep = hp->n_head / hp->n_head_kv;
+    for (int il = 0; il < hp->n_layer; il++) {
+        const cm_layer *L = &m->layers[il];
+        cm_tensor v[2];
+        int n = 0;
+        /* the views forward() makes (cm_forward's layer loop); deepseek2's
+         * attention has its own (mla.c) and stays on the file's bytes */
+        if (hp->arch != CM_ARCH_DEEPSEEK2 && cm_repack_find(&L->wo, NULL))
+            v[n++] = cols_view(&L->wo, (int64_t)s.h0 * rep * D, (int64_t)s.h1 * rep * D);
+        if (!L->ffn_gate_inp.data && L->ffn_down.data && cm_repack_find(&L->ffn_down, NULL))
+            v[n++] = cols_view(&L->ffn_down, s.f0, s.f1);
+        const cm_tensor *ws[2] = {&v[0], &v[1]};
+        int rc = n ? cm_repack_add(owner, cm_kernels_get(), ws, n, err, errlen) : 0;
+        if (rc) {
+            cm_repack_drop(owner);
+            return rc;
+        }
+    }
+    return 0;
+}
+
 /* ---------------- ops (each called by every thread) ---------------- */
 
 /* ggml_compute_forward_rms_norm_f32 then ggml_mul: double sum of float

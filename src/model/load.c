@@ -231,6 +231,7 @@ static int load_hparams(cm_model *m, char *err, size_t errlen) {
 void cm_model_release(cm_model *m) {
     if (!m) return;
     cm_repack_drop(m);
+    cm_repack_drop(m->layers); /* cm_model_repack_slice's copies */
     cm_free(m->layers);
     cm_aligned_free(m->derived);
     memset(m, 0, sizeof *m);

@@ -263,6 +263,14 @@ typedef struct cm_expert_slice {
 } cm_expert_slice;
 /* The whole model (single machine). */
 cm_slice cm_slice_full(const cm_model *m);
+/* Tensor parallelism: repack this member's column slices (wo by its heads,
+ * ffn_down by its FFN rows) on their own, where the model's whole tensors
+ * were repacked at load (a file read into memory), so that its decode reads
+ * them in the gemv's layout too (kernels.h; the same bits either way). Drops
+ * the previous slice's copies first; the full slice needs none. Call it
+ * whenever the member's slice changes, while no forward pass runs on m.
+ * Returns 0 or CM_ENOMEM (the slices then read the file's bytes). */
+int cm_model_repack_slice(const cm_model *m, cm_slice s, char *err, size_t errlen);
 /* Is the slice in range and aligned so that the columns it takes from
  * attn_output and ffn_down start and end on block boundaries of their types?
  * Returns 0 or CM_EINVAL with a message; CM_EUNSUPPORTED for any slice but

@@ -10,7 +10,9 @@
  * The batched-decode gemm over the same copy (gemm_packed, 2..gemm_packed_max
  * tokens, and a few more where the file's gemm takes over) must give every
  * (row, token) vec_dot's bits too, for every row slice. The same for q4_k's
- * and q5_k's layouts (one token).
+ * and q5_k's layouts (one token). A column view added on its own (tensor
+ * parallelism's slices of wo and ffn_down) is found with its own row stride
+ * and gives vec_dot's bits on the file's columns, for one and several tokens.
  */
 #include "kernels/kernels.h"
 #include "test.h"
@@ -30,6 +32,46 @@ static float frand(void) { return (float)((rnd() >> 40) * (1.0 / 16777216.0)) * 
 enum { ROWS = 37, POOL = 5 };
 static const char *const k_isas[] = {"scalar", "avx2", "avx512", "neon"};
 
+/* cv: a column view of a file's rows. Added on its own, it is found with
+ * the row size of its width as stride, and matmuls over it (1 and 2..6
+ * tokens) give vec_dot's bits on its columns of the file's bytes. */
+static void check_cols(const cm_kernels *k, const cm_tensor *cv) {
+    const enum cm_type t = cv->type, vt = cm_type_traits_of(t)->vec_dot_type;
+    const int64_t n = cv->ne[0], rows = cv->ne[1];
+    const int64_t min = t == CM_TYPE_Q4_0 ? 16 * CM_QK4_0 : 4 * CM_QK_K; /* repack.c's narrowest row */
+    if (n < min) return;
+    enum { NT = 6 };
+    const size_t xs = cm_row_size(vt, n);
+    uint8_t *x = malloc(xs * NT);
+    float *f = malloc(sizeof(float) * (size_t)n), *ref = malloc(sizeof(float) * (size_t)(rows * NT)),
+          *y = malloc(sizeof(float) * (size_t)(rows * NT));
+    const cm_tensor *cp[] = {cv};
+    char err[200] = "";
+    int owner;
+    CHECKF(cm_repack_add(&owner, k, cp, 1, err, sizeof err) == 0, "%s", err);
+    size_t cs = 0;
+    CHECK(cm_repack_find(cv, &cs) != NULL && cs == cm_row_size(t, n));
+    for (int j = 0; j < NT; j++) {
+        for (int64_t i = 0; i < n; i++) f[i] = frand() * (float)(1 << (rnd() % 6));
+        k->from_float[vt](f, x + (size_t)j * xs, n);
+        for (int64_t r = 0; r < rows; r++)
+            k->vec_dot[t](n, &ref[j * rows + r], (const uint8_t *)cv->data + (size_t)r * cv->nb[1], x + (size_t)j * xs);
+    }
+    long bad = 0;
+    for (int nt = 1; nt <= NT; nt++) {
+        memset(y, 0xff, sizeof(float) * (size_t)(rows * NT));
+        cm_matmul_rows(k, cv, x, xs, nt, y, rows, 0, rows);
+        for (int j = 0; j < nt; j++) bad += memcmp(y + j * rows, ref + j * rows, sizeof(float) * (size_t)rows) != 0;
+    }
+    if (bad)
+        fprintf(stderr, "  %s %s column view n=%lld: %ld mismatching tokens\n", k->name, cm_type_name(t), (long long)n,
+                bad);
+    CHECK(bad == 0);
+    cm_repack_drop(&owner);
+    CHECK(cm_repack_find(cv, NULL) == NULL);
+    free(x), free(f), free(ref), free(y);
+}
+
 static void check(const cm_kernels *k, enum cm_type t, int64_t n) {
     const enum cm_type vt = cm_type_traits_of(t)->vec_dot_type;
     const size_t ws = cm_row_size(t, n), xs = cm_row_size(vt, n);
@@ -45,7 +87,7 @@ static void check(const cm_kernels *k, enum cm_type t, int64_t n) {
     char err[200] = "";
     int owner;
     CHECKF(cm_repack_add(&owner, k, wp, 1, err, sizeof err) == 0, "%s", err);
-    const void *copy = cm_repack_find(&W);
+    const void *copy = cm_repack_find(&W, NULL);
     if (!k->gemv_packed[t]) {
         CHECK(copy == NULL);
         goto done;
@@ -58,7 +100,8 @@ static void check(const cm_kernels *k, enum cm_type t, int64_t n) {
     cm_tensor cv = W; /* a column view reads the file's bytes */
     cv.data = w + cm_row_size(t, blk);
     cv.ne[0] = n - blk;
-    CHECK(cm_repack_find(&cv) == NULL);
+    CHECK(cm_repack_find(&cv, NULL) == NULL);
+    check_cols(k, &cv);
     long bad = 0;
     for (int p = 0; p < POOL; p++) {
         for (int64_t i = 0; i < n; i++) f[i] = frand() * (float)(1 << (rnd() % 6));
@@ -75,7 +118,7 @@ static void check(const cm_kernels *k, enum cm_type t, int64_t n) {
             cm_tensor rv = W;
             rv.data = w + (size_t)r0 * ws;
             rv.ne[1] = r1 - r0;
-            CHECK(cm_repack_find(&rv) == (const uint8_t *)copy + (size_t)r0 * ws);
+            CHECK(cm_repack_find(&rv, NULL) == (const uint8_t *)copy + (size_t)r0 * ws);
             memset(y, 0xff, sizeof y);
             cm_matmul_rows(k, &rv, xp, xs, 1, y, ROWS, 0, r1 - r0);
             bad += memcmp(y, ref + r0, sizeof(float) * (size_t)(r1 - r0)) != 0;
@@ -85,7 +128,7 @@ static void check(const cm_kernels *k, enum cm_type t, int64_t n) {
     CHECK(bad == 0);
 done:
     cm_repack_drop(&owner);
-    CHECK(cm_repack_find(&W) == NULL);
+    CHECK(cm_repack_find(&W, NULL) == NULL);
     free(f), free(w), free(x), free(lay);
 }
 
@@ -106,7 +149,7 @@ static void check_batch(const cm_kernels *k, enum cm_type t, int64_t n) {
     char err[200] = "";
     int owner;
     CHECKF(cm_repack_add(&owner, k, wp, 1, err, sizeof err) == 0, "%s", err);
-    CHECK(cm_repack_find(&W) != NULL);
+    CHECK(cm_repack_find(&W, NULL) != NULL);
     for (int p = 0; p < BPOOL; p++) {
         for (int64_t i = 0; i < n; i++) f[i] = frand() * (float)(1 << (rnd() % 6));
         k->from_float[vt](f, x + (size_t)p * xs, n);

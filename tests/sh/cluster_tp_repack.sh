@@ -1,0 +1,76 @@
+#!/bin/sh
+# tests/sh/cluster_tp_repack.sh: a tensor-parallel member repacks its column
+# slices (wo by its heads, ffn_down by its FFN rows: cm_model_repack_slice)
+# into the decode gemv's layout, and that changes no bit. Synthetic llama
+# models wide enough for the repacked layouts (Q4_0: 16-block groups; Q4_K:
+# 4-super-block groups), a group of the coordinator and one node: the
+# coordinator's and the node's debug logs must show one slice copy per layer
+# ("repack: N tensors" under the slice's owner), and the greedy ids of the
+# prompt and decode must equal those of a group where neither member repacks
+# (CUMULO_REPACK=0 on both), token for token, one stream and three at once.
+cd "$(dirname "$0")/../.." || exit 1
+. tests/sh/lib/cluster_common.sh
+VOCAB=$SHARED/vocab/ggml-vocab-llama-spm.gguf
+L=2
+
+
+# slice_copies LOG: the debug lines of cm_repack_add under another owner than
+# the model's whole tensors (the lines naming 7 tensors: one layer's matrices)
+slice_copies() {
+    perl -ne 'if (/repack: (\d+) tensors, \d+ bytes, for (\S+)/) { if ($1 == 7) { $w{$2} = 1 } else { push @o, $2 } }
+              END { print scalar grep { !$w{$_} } @o }' "$1"
+}
+
+case_type() { # TYPE DIM FFN
+    t=$1
+    "$BIN" synth --arch llama --dim "$2" --layers $L --heads 8 --kv-heads 4 --ffn "$3" --type "$t" --vocab "$VOCAB" \
+        --seed 7 -o "$TMP/tp-$t.gguf" >/dev/null 2>&1 || {
+        bad "$t: synth failed"
+        return
+    }
+    for s in 1 3; do
+        for v in on off; do
+            env_v=""
+            [ $v = off ] && env_v="CUMULO_REPACK=0"
+            port=$(cat "$TMP/$v.port")
+            # shellcheck disable=SC2086
+            env $env_v CUMULO_LOG=debug "$BIN" run "$TMP/tp-$t.gguf" -p "Once upon a time there was" -n 20 --temp 0 \
+                --ignore-eos --json --streams "$s" --nodes "127.0.0.1:$port" --parallel tp --threads 1 --tp-weights 1,1 \
+                >"$TMP/$t.$s.$v.json" 2>"$TMP/$t.$s.$v.err" || bad "$t streams $s repack $v: run failed: $(tail -2 "$TMP/$t.$s.$v.err")"
+        done
+        # one stream: its tokens; several: the first one's ids, and "identical" (every stream's equal)
+        ids='join ",", @{ ref $j->{tokens} ? $j->{tokens} : $j->{ids} }'
+        a=$(cc_jsonget "$TMP/$t.$s.on.json" "$ids")
+        b=$(cc_jsonget "$TMP/$t.$s.off.json" "$ids")
+        [ $s = 1 ] || [ "$(cc_jsonget "$TMP/$t.$s.on.json" '$j->{identical} ? 1 : 0')" = 1 ] && ok ||
+            bad "$t streams $s: the streams' ids differ with repacked slices"
+        n=$(echo "$a" | tr ',' '\n' | grep -c .)
+        [ -n "$a" ] && [ "$a" = "$b" ] && [ "$n" -ge 20 ] && ok || bad "$t streams $s: ids with repacked slices '$a' vs without '$b'"
+    done
+    # the coordinator made one slice copy per layer
+    c=$(slice_copies "$TMP/$t.1.on.err")
+    [ "$c" = $L ] && ok || bad "$t: coordinator slice copies $c, want $L: $(grep repack "$TMP/$t.1.on.err" | head -4)"
+    c=$(grep -c 'repack:' "$TMP/$t.1.off.err")
+    [ "$c" = 0 ] && ok || bad "$t: CUMULO_REPACK=0 still repacked ($c lines)"
+}
+
+export CUMULO_LOG=debug # the nodes' logs show their slice copies
+cc_start_node on --no-mdns --models "$TMP"
+export CUMULO_REPACK=0
+cc_start_node off --no-mdns --models "$TMP"
+unset CUMULO_LOG CUMULO_REPACK
+[ -s "$TMP/on.port" ] && [ -s "$TMP/off.port" ] && ok || {
+    bad "nodes did not start: $(cat "$TMP"/*.log | tail -5)"
+    echo "$pass passed, $fail failed"
+    exit 1
+}
+case_type q4_0 512 1536
+case_type q4_k 1024 2048
+# the node holding the repacking member made its slice copies too (one per layer per assignment)
+c=$(slice_copies "$TMP/on.log")
+[ "$c" -ge $((2 * L)) ] && ok || bad "node slice copies $c, want at least $((2 * L)): $(grep repack "$TMP/on.log" | head -3)"
+c=$(grep -c 'repack:' "$TMP/off.log")
+[ "$c" = 0 ] && ok || bad "the CUMULO_REPACK=0 node repacked ($c lines)"
+
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
