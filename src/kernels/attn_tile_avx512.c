@@ -143,7 +143,8 @@ AI void qk_many(enum cm_type T, int64_t D, int nq, const float *q, const void *k
             for (int h = 0; h < 4; h++) a[h] = q + (size_t)(h0 + (h < nh ? h : 0)) * D;
             __m512 e[4];
             tree4(kt, (int)(D / 16), a, e);
-            for (int h = 0; h < nh; h++) _mm512_mask_storeu_ps(s + (size_t)(h0 + h) * ld + j, km, _mm512_mul_ps(e[h], vs));
+            for (int h = 0; h < nh; h++)
+                _mm512_mask_storeu_ps(s + (size_t)(h0 + h) * ld + j, km, _mm512_mul_ps(e[h], vs));
         }
     }
 }

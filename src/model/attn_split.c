@@ -22,7 +22,10 @@
  * several tokens at once, bit for bit each token's decode: in a block, the
  * query heads of the tokens whose positions start at the same place share
  * each K/V tile, so K and V are read once per group of tokens instead of
- * once per (token, head).
+ * once per (token, head). There the table's many-query kernels
+ * (attn_qk_many, attn_vt_many) replace attn_qk where it has them: the same
+ * bits with the positions (or V's elements) in the vector lanes, cheaper
+ * when dozens of queries share a tile.
  *
  * Numerics: the query is rounded as K's vec_dot_type rounds it (F16, or Q8_0
  * for the quantized types, as ggml's flash attention converts Q), the dots
@@ -130,8 +133,7 @@ static float row_max(const float *s, int j0, int j1) {
 static void attend(const cm_kernels *k, const cm_attn_kv *kv, int D, int nq, int rep, const float *qf, const int *lo,
                    const int *hi, float scale, float *sc, float *acc, float *M, float *S, float *tmp, bool many) {
     many = many && D <= CM_ATTN_MANY_MAXD;
-    const cm_attn_qk_fn qk =
-        many && k->attn_qk_many[kv->k_type] ? k->attn_qk_many[kv->k_type] : k->attn_qk[kv->k_type];
+    const cm_attn_qk_fn qk = many && k->attn_qk_many[kv->k_type] ? k->attn_qk_many[kv->k_type] : k->attn_qk[kv->k_type];
     int pmin = lo[0], pmax = hi[0];
     for (int g = 1; g < nq / rep; g++) pmin = CM_MIN(pmin, lo[g]), pmax = CM_MAX(pmax, hi[g]);
     for (int r = 0; r < nq; r++) {
@@ -147,9 +149,9 @@ static void attend(const cm_kernels *k, const cm_attn_kv *kv, int D, int nq, int
             float *s = sc + (size_t)r * T, *a = acc + (size_t)r * D;
             const int j0 = CM_MAX(0, CM_MIN(nt, lo[r / rep] - t0)), j1 = CM_MAX(j0, CM_MIN(nt, hi[r / rep] - t0));
             const float mt = row_max(s, j0, j1);
-            if (mt > M[r] && M[r] == -INFINITY) /* the first: acc and S are +0, as 0 x e^-inf would leave them */
-                M[r] = mt;
-            else if (mt > M[r]) { /* a new maximum: rescale what came before */
+            if (mt > M[r] && M[r] == -INFINITY) {
+                M[r] = mt;          /* the first: acc and S are +0, as a rescale by e^-inf = 0 would leave them */
+            } else if (mt > M[r]) { /* a new maximum: rescale what came before */
                 const float ms = expf(M[r] - mt);
                 for (int i = 0; i < D; i++) a[i] *= ms;
                 S[r] *= ms;

@@ -27,8 +27,8 @@ static float frand(void) {
 }
 
 /* v_acc's transposed branch (attn_split.c), with the table's attn_qk. */
-static void vt_ref(const cm_kernels *k, enum cm_type t, int D, int nq, const uint8_t *vt, size_t stride,
-                   const float *w, int ld, int n, float *acc) {
+static void vt_ref(const cm_kernels *k, enum cm_type t, int D, int nq, const uint8_t *vt, size_t stride, const float *w,
+                   int ld, int n, float *acc) {
     static float wc[QMAX * NPOS], tmp[QMAX * DMAX];
     const int n16 = n & ~15;
     const size_t es = t == CM_TYPE_F32 ? 4 : 2;
@@ -98,7 +98,8 @@ static void test_many_bits(void) {
                         }
                         /* weights: softmax-like, zero past each query's own end (n - r, at least 1) */
                         for (int r = 0; r < nq; r++)
-                            for (int j = 0; j < LD; j++) w[r * LD + j] = j < CM_MAX(1, n - r) ? frand() * 0.5f + 0.5f : 0;
+                            for (int j = 0; j < LD; j++)
+                                w[r * LD + j] = j < CM_MAX(1, n - r) ? frand() * 0.5f + 0.5f : 0;
                         for (int i = 0; i < nq * D; i++) a0[i] = a1[i] = a2[i] = (i % 3) ? 0.0f : frand();
                         vt_ref(k, t, D, nq, vt, stride, w, LD, n, a0);
                         k->attn_vt_many[t](D, nq, vt, stride, w, LD, n, a1);
