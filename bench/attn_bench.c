@@ -12,6 +12,7 @@
  *   make cumulo && cc -std=c11 -O2 -D_GNU_SOURCE -Isrc bench/attn_bench.c build/libcumulo.a \
  *       $(pkg-config --libs libmicrohttpd libcjson libsodium libpcre2-8) -lm -lpthread -o /tmp/attn_bench
  *   /tmp/attn_bench VOCAB.gguf [THREADS] [DEPTHS...]
+ * ATTN_BENCH_PF=N: the prefill batch (default 64; a prompt's chunks are 256).
  */
 #include "base/base.h"
 #include "gguf/gguf.h"
