@@ -12,6 +12,7 @@
  *   make cumulo && cc -std=c11 -O2 -D_GNU_SOURCE -Isrc bench/attn_bench.c build/libcumulo.a \
  *       $(pkg-config --libs libmicrohttpd libcjson libsodium libpcre2-8) -lm -lpthread -o /tmp/attn_bench
  *   /tmp/attn_bench VOCAB.gguf [THREADS] [DEPTHS...]
+ * ATTN_BENCH_PF=N: the prefill batch (default 64; a prompt's chunks are 256).
  */
 #include "base/base.h"
 #include "gguf/gguf.h"
@@ -82,6 +83,8 @@ int main(int argc, char **argv) {
     }
     cm_pool *pool = cm_pool_new(threads);
     int depths[8] = {1024, 4096, 16384}, nd = 3;
+    /* prefill batch (ATTN_BENCH_PF, default 64; a prompt's chunk is up to CM_BATCH_MAX) */
+    const int PF = getenv("ATTN_BENCH_PF") ? CM_MAX(1, CM_MIN(CM_BATCH_MAX, atoi(getenv("ATTN_BENCH_PF")))) : 64;
     if (argc > 3)
         for (nd = 0; nd < 8 && 3 + nd < argc; nd++) depths[nd] = atoi(argv[3 + nd]);
     printf(
@@ -89,7 +92,7 @@ int main(int argc, char **argv) {
         threads);
     for (int di = 0; di < nd; di++) {
         const int N = depths[di];
-        cm_ctx *c = cm_ctx_new(&m, 64, N + 1, pool, err, sizeof err);
+        cm_ctx *c = cm_ctx_new(&m, PF > 64 ? PF : 64, N + 1, pool, err, sizeof err);
         enum { NV = 4 };
         cm_kv kv[NV];
         const enum cm_type tk[NV] = {CM_TYPE_F16, CM_TYPE_F16, CM_TYPE_F16, CM_TYPE_Q8_0};
@@ -139,19 +142,19 @@ int main(int argc, char **argv) {
         for (int v = 0; v < NV; v++) med[v] = median9(t[v]), cpu[v] = median9(tc[v]);
         printf("%6d  %8.3f  %8.3f  %8.3f  %8.3f   cpu ms %8.3f  %8.3f  %8.3f  %8.3f\n", N, med[0], med[1], med[2],
                med[3], cpu[0], cpu[1], cpu[2], cpu[3]);
-        /* prefill: the last 64 of the N positions as one batch (K/V rewritten
+        /* prefill: the last PF of the N positions as one batch (K/V rewritten
          * in place), per head (split off) and multi-query tiles (on) */
         static const int pkv[4] = {0, 1, 3, 3}, pon[4] = {0, 1, 0, 1};
         double tp[4][9];
-        for (int r = 0; r < 5 && N >= 64; r++)
+        for (int r = 0; r < 5 && N >= PF; r++)
             for (int vi = 0; vi < 4; vi++) {
                 const int v = (vi + r) % 4;
-                int32_t tok[64], pos[64], seq[64];
-                for (int j = 0; j < 64; j++) tok[j] = 1 + j, pos[j] = N - 64 + j, seq[j] = 0;
+                int32_t tok[CM_BATCH_MAX], pos[CM_BATCH_MAX], seq[CM_BATCH_MAX];
+                for (int j = 0; j < PF; j++) tok[j] = 1 + j, pos[j] = N - PF + j, seq[j] = 0;
                 cm_kv *kvs[1] = {&kv[pkv[v]]};
-                kv[pkv[v]].n_past = N - 64;
+                kv[pkv[v]].n_past = N - PF;
                 cm_ctx_set_attn_split(c, pon[v]);
-                cm_batch b = {.n = 64, .tokens = tok, .pos = pos, .seq = seq};
+                cm_batch b = {.n = PF, .tokens = tok, .pos = pos, .seq = seq};
                 cm_forward_args a = {
                     .layer_first = 0, .layer_last = 1, .slice = cm_slice_full(&m), .kvs = kvs, .n_kvs = 1};
                 const double c0 = cpu_now();
@@ -161,7 +164,7 @@ int main(int argc, char **argv) {
                 }
                 tp[v][r] = cpu_now() - c0;
             }
-        for (int v = 0; v < 4 && N >= 64; v++) { /* median of 5 */
+        for (int v = 0; v < 4 && N >= PF; v++) { /* median of 5 */
             for (int i = 0; i < 5; i++)
                 for (int j = i + 1; j < 5; j++)
                     if (tp[v][j] < tp[v][i]) {
@@ -170,10 +173,10 @@ int main(int argc, char **argv) {
                         tp[v][j] = x;
                     }
         }
-        if (N >= 64)
+        if (N >= PF)
             printf(
-                "        prefill of 64 tokens, cpu ms: F16 transposed per head %8.2f  tiles %8.2f   Q8_0 rows per head %8.2f  tiles %8.2f\n",
-                tp[0][2] * 1e3, tp[1][2] * 1e3, tp[2][2] * 1e3, tp[3][2] * 1e3);
+                "        prefill of %d tokens, cpu ms: F16 transposed per head %8.2f  tiles %8.2f   Q8_0 rows per head %8.2f  tiles %8.2f\n",
+                PF, tp[0][2] * 1e3, tp[1][2] * 1e3, tp[2][2] * 1e3, tp[3][2] * 1e3);
         for (int v = 0; v < NV; v++) cm_kv_release(&kv[v]);
         cm_ctx_free(c);
     }

@@ -34,8 +34,9 @@ void cm_kernels_fill_avx512(cm_kernels *k);
  * the files above. */
 void cm_kernels_fill_lowbit_avx2(cm_kernels *k);
 void cm_kernels_fill_lowbit_avx512(cm_kernels *k);
-void cm_kernels_fill_attn_avx2(cm_kernels *k);   /* attn_avx2.c */
-void cm_kernels_fill_attn_avx512(cm_kernels *k); /* attn_avx512.c */
+void cm_kernels_fill_attn_avx2(cm_kernels *k);        /* attn_avx2.c */
+void cm_kernels_fill_attn_avx512(cm_kernels *k);      /* attn_avx512.c */
+void cm_kernels_fill_attn_tile_avx512(cm_kernels *k); /* attn_tile_avx512.c: prefill's many-query tiles */
 /* q5_k / q6_k prefill gemms (gemm_kq_avx512.c), filled after kernels_avx512.c. */
 void cm_kernels_fill_kq_avx512(cm_kernels *k);
 #else

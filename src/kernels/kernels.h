@@ -74,6 +74,16 @@ typedef void (*cm_attn_qk_fn)(int64_t D, int nq, const float *q, const void *k, 
 typedef void (*cm_attn_vm_fn)(int64_t D, int nq, const void *v, size_t v_row, const float *w, int ld, int n,
                               float *acc);
 typedef float (*cm_attn_exp_fn)(int n, float *s, float m);
+/* Prefill's forms (model/attn_split.c, cm_attn_multi: many queries share
+ * each K/V tile), optional, for heads of at most CM_ATTN_MANY_MAXD elements:
+ * attn_qk_many gives attn_qk's scores bit for bit (same table, same type).
+ * attn_vt_many, over a transposed V (element i of position j at v + i *
+ * v_row + j * the type's size; n <= CM_ATTN_MANY_MAXN): acc[r * D + i] +=
+ * the sum over the first n & ~15 positions as the same table's attn_qk sums
+ * with the weights as its queries and V's element rows as its rows (times a
+ * scale of 1), then the last n % 16 positions in order, each product rounded
+ * before its add. */
+enum { CM_ATTN_MANY_MAXD = 256, CM_ATTN_MANY_MAXN = 256 };
 
 /* Indexed by type id; NULL where the type has no such op. */
 typedef struct cm_kernels {
@@ -103,6 +113,8 @@ typedef struct cm_kernels {
     cm_attn_qk_fn attn_qk[CM_TYPE_COUNT]; /* KV cache types F32 F16 Q8_0 Q4_0 (attn_*.c) */
     cm_attn_vm_fn attn_vm[CM_TYPE_COUNT];
     cm_attn_exp_fn attn_exp;
+    cm_attn_qk_fn attn_qk_many[CM_TYPE_COUNT]; /* F32 F16 (attn_tile_*.c) */
+    cm_attn_vm_fn attn_vt_many[CM_TYPE_COUNT]; /* F32 F16: the transposed V */
     /* Optional batched decode / small-batch gemm (1 < n_tok <= gemm_packed_max)
      * over the same repacked weights: each (row, token) bit-identical to vec_dot
      * on the file's bytes. Decoding B sequences reads the weights once per step

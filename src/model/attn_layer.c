@@ -197,7 +197,7 @@ static const void *attn_decode(cm_ctx *c, size_t *stride, int ith, int nth) {
  * block of CM_ATTN_BLOCK positions) tasks (attn_split.c), then query heads
  * for the merge in block order and their part of attn_output's input. The
  * blocks are fixed by position, so the bits do not depend on nth. */
-enum { SPLIT_MIN = 2 * CM_ATTN_BLOCK, MULTI_TOK = 8 /* tokens per prefill task (cm_attn_multi) */ };
+enum { SPLIT_MIN = 2 * CM_ATTN_BLOCK, MULTI_TOK = 32 /* tokens per prefill task (cm_attn_multi) */ };
 
 static size_t split_nbmax(int max_ctx) { return (size_t)max_ctx / CM_ATTN_BLOCK + 2; }
 static size_t split_scr(int rep, int D) { return cm_attn_multi_scratch_floats(rep * MULTI_TOK, D); }

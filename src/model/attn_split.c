@@ -22,7 +22,10 @@
  * several tokens at once, bit for bit each token's decode: in a block, the
  * query heads of the tokens whose positions start at the same place share
  * each K/V tile, so K and V are read once per group of tokens instead of
- * once per (token, head).
+ * once per (token, head). There the table's many-query kernels
+ * (attn_qk_many, attn_vt_many) replace attn_qk where it has them: the same
+ * bits with the positions (or V's elements) in the vector lanes, cheaper
+ * when dozens of queries share a tile.
  *
  * Numerics: the query is rounded as K's vec_dot_type rounds it (F16, or Q8_0
  * for the quantized types, as ggml's flash attention converts Q), the dots
@@ -72,7 +75,11 @@ static void prep_queries(const cm_kernels *k, const cm_attn_kv *kv, int D, int n
  * first n16 positions (its widths are multiples of 16; tmp: nq (D + n16)
  * floats), then the last n % 16 in element order. */
 static void v_acc(const cm_kernels *k, const cm_attn_kv *kv, int D, int nq, const float *w, int ld, int p0, int n,
-                  float *acc, float *tmp) {
+                  float *acc, float *tmp, bool many) {
+    if (many && kv->v_tstride && k->attn_vt_many[kv->v_type] && n <= CM_ATTN_MANY_MAXN) { /* the same bits */
+        k->attn_vt_many[kv->v_type](D, nq, kv->v + (size_t)p0 * kv->v_row, kv->v_tstride, w, ld, n, acc);
+        return;
+    }
     if (!kv->v_tstride) {
         k->attn_vm[kv->v_type](D, nq, kv->v + (size_t)p0 * kv->v_row, kv->v_row, w, ld, n, acc);
         return;
@@ -102,12 +109,31 @@ static void v_acc(const cm_kernels *k, const cm_attn_kv *kv, int D, int nq, cons
  * two-pass, measured). */
 static int v_tile(const cm_attn_kv *kv) { return kv->v_tstride ? CM_ATTN_BLOCK : CM_ATTN_TILE; }
 
+/* The largest of s[j0:j1] (-inf if none). Four running maxima: the same
+ * value as one in order (a max is the max in any order; of a +0 and a -0 it
+ * may keep the other, and every use of M gives the same bits with either). */
+static float row_max(const float *s, int j0, int j1) {
+    float m0 = -INFINITY, m1 = -INFINITY, m2 = -INFINITY, m3 = -INFINITY;
+    int j = j0;
+    for (; j + 4 <= j1; j += 4) {
+        m0 = s[j] > m0 ? s[j] : m0;
+        m1 = s[j + 1] > m1 ? s[j + 1] : m1;
+        m2 = s[j + 2] > m2 ? s[j + 2] : m2;
+        m3 = s[j + 3] > m3 ? s[j + 3] : m3;
+    }
+    for (; j < j1; j++) m0 = s[j] > m0 ? s[j] : m0;
+    m0 = m1 > m0 ? m1 : m0;
+    m2 = m3 > m2 ? m3 : m2;
+    return m2 > m0 ? m2 : m0;
+}
+
 /* The online softmax over tiles of v_tile positions from min(lo) to
  * max(hi), query r seeing [lo[r / rep], hi[r / rep]) (masked elsewhere: its
  * weights 0, its max and sum untouched): M, S and acc of every query. */
 static void attend(const cm_kernels *k, const cm_attn_kv *kv, int D, int nq, int rep, const float *qf, const int *lo,
-                   const int *hi, float scale, float *sc, float *acc, float *M, float *S, float *tmp) {
-    const cm_attn_qk_fn qk = k->attn_qk[kv->k_type];
+                   const int *hi, float scale, float *sc, float *acc, float *M, float *S, float *tmp, bool many) {
+    many = many && D <= CM_ATTN_MANY_MAXD;
+    const cm_attn_qk_fn qk = many && k->attn_qk_many[kv->k_type] ? k->attn_qk_many[kv->k_type] : k->attn_qk[kv->k_type];
     int pmin = lo[0], pmax = hi[0];
     for (int g = 1; g < nq / rep; g++) pmin = CM_MIN(pmin, lo[g]), pmax = CM_MAX(pmax, hi[g]);
     for (int r = 0; r < nq; r++) {
@@ -122,9 +148,10 @@ static void attend(const cm_kernels *k, const cm_attn_kv *kv, int D, int nq, int
         for (int r = 0; r < nq; r++) {
             float *s = sc + (size_t)r * T, *a = acc + (size_t)r * D;
             const int j0 = CM_MAX(0, CM_MIN(nt, lo[r / rep] - t0)), j1 = CM_MAX(j0, CM_MIN(nt, hi[r / rep] - t0));
-            float mt = -INFINITY;
-            for (int j = j0; j < j1; j++) mt = s[j] > mt ? s[j] : mt;
-            if (mt > M[r]) { /* a new maximum: rescale what came before */
+            const float mt = row_max(s, j0, j1);
+            if (mt > M[r] && M[r] == -INFINITY) {
+                M[r] = mt;          /* the first: acc and S are +0, as a rescale by e^-inf = 0 would leave them */
+            } else if (mt > M[r]) { /* a new maximum: rescale what came before */
                 const float ms = expf(M[r] - mt);
                 for (int i = 0; i < D; i++) a[i] *= ms;
                 S[r] *= ms;
@@ -134,7 +161,7 @@ static void attend(const cm_kernels *k, const cm_attn_kv *kv, int D, int nq, int
             for (int j = 0; j < j0; j++) s[j] = 0.0f;
             for (int j = j1; j < nt; j++) s[j] = 0.0f;
         }
-        v_acc(k, kv, D, nq, sc, T, t0, nt, acc, tmp);
+        v_acc(k, kv, D, nq, sc, T, t0, nt, acc, tmp, many);
     }
 }
 
@@ -143,7 +170,7 @@ void cm_attn_split_block(const cm_kernels *k, const cm_attn_kv *kv, int D, int n
     float *qf = scratch, *sc = qf + (size_t)nq * D, *acc = sc + (size_t)nq * v_tile(kv), *M = acc + (size_t)nq * D,
           *S = M + nq, *tmp = S + nq;
     prep_queries(k, kv, D, nq, nq, q, 0, qf);
-    attend(k, kv, D, nq, nq, qf, &p0, &p1, scale, sc, acc, M, S, tmp);
+    attend(k, kv, D, nq, nq, qf, &p0, &p1, scale, sc, acc, M, S, tmp, false);
     for (int r = 0; r < nq; r++) {
         float *pr = part + (size_t)r * part_stride;
         pr[0] = M[r];
@@ -199,7 +226,7 @@ void cm_attn_multi(const cm_kernels *k, const cm_attn_kv *kv, int D, int ntok, i
                     memcpy(qg + (size_t)i * rep * D, qa + (size_t)mem[i] * rep * D, (size_t)rep * D * sizeof(float));
                 qm = qg;
             }
-            attend(k, kv, D, nm * rep, rep, qm, mlo, mhi, scale, sc, acc, M, S, tmp);
+            attend(k, kv, D, nm * rep, rep, qm, mlo, mhi, scale, sc, acc, M, S, tmp, true);
             for (int i = 0; i < nm; i++)
                 for (int h = 0; h < rep; h++) {
                     const int r = i * rep + h, u = mem[i];
