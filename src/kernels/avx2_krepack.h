@@ -9,7 +9,7 @@
  * maddubs against the token, two madd with the broadcast scales, the 8 int32
  * lanes FMAed with d * dy, the min term in 4 lanes, hsum8 - hsum4), so each
  * row is vec_dot on the file's bytes bit for bit; what the layout saves is
- * kscales' scalar bit work and the fp16 conversions per super-block (4
+ * cm_k4_scales8's scalar bit work and the fp16 conversions per super-block (4
  * blocks' at once, x86_krepack.h), and the token's bsums pair sums, gathered
  * once per call. One row per pass: a single sequential stream.
  */
@@ -53,7 +53,7 @@ AI float ak4_row(int64_t nb, const uint8_t *x, const cm_block_q8_k *y, const __m
     }
     for (const cm_block_q4_k *xt = (const cm_block_q4_k *)(const void *)x; b < nb; b++, xt++) {
         uint8_t sc[8], mn[8];
-        kscales(xt->scales, sc, mn);
+        cm_k4_scales8(xt->scales, sc, mn);
         ak4_block(xt->qs, sc, _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mn)), f16f(xt->d), f16f(xt->dmin),
                   y + b, pairs[b], &acc, &accm);
     }

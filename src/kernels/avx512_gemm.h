@@ -408,7 +408,7 @@ AI void prow_q4_k(int64_t k, const cm_block_q4_k *const *x, const uint8_t *pk, s
         float d[ZR], dmin[ZR];
         _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
             uint8_t sc[8], mn[8];
-            kscales(x[r][b].scales, sc, mn);
+            cm_k4_scales8(x[r][b].scales, sc, mn);
             mn16[r] = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mn));
             const __m512i sc16 = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sc)));
             d[r] = f16f(x[r][b].d);

@@ -274,7 +274,7 @@ static void kg5_unpack(int64_t nb, const cm_block_q5_k *x, kg5_blk *o) {
     const __m256i m4 = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1);
     for (int64_t b = 0; b < nb; b++) {
         uint8_t sc[8], mn[8];
-        kscales(x[b].scales, sc, mn);
+        cm_k4_scales8(x[b].scales, sc, mn);
         __m256i qh = ld256(x[b].qh);
         for (int j = 0; j < 4; j++) { /* tile_q5_k's unpacking */
             const __m256i q = ld256(x[b].qs + 32 * j);
@@ -352,7 +352,7 @@ static void kg4_unpack(int64_t nb, const cm_block_q4_k *x, kg4_blk *o) {
     const __m512i m4 = _mm512_set1_epi8(0x0f);
     for (int64_t b = 0; b < nb; b++) {
         uint8_t sc[8], mn[8];
-        kscales(x[b].scales, sc, mn);
+        cm_k4_scales8(x[b].scales, sc, mn);
         for (int h = 0; h < 2; h++) {
             const __m512i q = _mm512_loadu_si512(x[b].qs + 64 * h);
             o[b].q[h][0] = _mm512_and_si512(q, m4);

@@ -5,7 +5,7 @@
  * avx512_kgemm.h, under its own ISA flags. Nothing else may include it.
  *
  * Per group of 4 super-blocks the scales and mins of all 4 are unpacked with
- * 128-bit operations on the dwords the layout gathered (kscales' bit
+ * 128-bit operations on the dwords the layout gathered (cm_k4_scales8's bit
  * arithmetic, block j in dword j) and their 8 fp16 converted at once; the
  * weights then go as in avx512_kgemm.h's kg4_tile: per half h one vpdpbusd
  * each for the low and the high nibbles against the token packed once per
@@ -70,7 +70,7 @@ AI float rk4_row(int64_t nb, const uint8_t *x, const uint8_t *pk) {
     }
     for (const cm_block_q4_k *xt = (const cm_block_q4_k *)(const void *)x; b < nb; b++, xt++) {
         uint8_t sc[8], mn[8];
-        kscales(xt->scales, sc, mn);
+        cm_k4_scales8(xt->scales, sc, mn);
         __m512i s[2];
         for (int h = 0; h < 2; h++)
             s[h] = _mm512_inserti64x4(_mm512_set1_epi32((int)(sc[4 * h] | (uint32_t)sc[4 * h + 1] << 16)),
@@ -148,7 +148,7 @@ AI float rk5_row(int64_t nb, const uint8_t *x, const cm_block_q8_k *y, const __m
     }
     for (const cm_block_q5_k *xt = (const cm_block_q5_k *)(const void *)x; b < nb; b++, xt++) {
         uint8_t sc[8], mn[8];
-        kscales(xt->scales, sc, mn);
+        cm_k4_scales8(xt->scales, sc, mn);
         __m512i s[2];
         for (int h = 0; h < 2; h++)
             s[h] = _mm512_inserti64x4(_mm512_set1_epi32((int)(sc[4 * h] | (uint32_t)sc[4 * h + 2] << 16)),

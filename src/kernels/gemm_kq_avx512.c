@@ -71,20 +71,6 @@ KQ_AI const cm_block_q8_k *kq_tok(const void *x, size_t x_stride, int64_t j) {
     return (const cm_block_q8_k *)(const void *)((const char *)x + (size_t)j * x_stride);
 }
 
-/* The 6-bit scales and mins of a q4_k / q5_k super-block (x86_tiles.h's kscales). */
-KQ_AI void kq_scales(const uint8_t *s, uint8_t sc[8], uint8_t mn[8]) {
-    uint32_t a, b, c, w[4];
-    memcpy(&a, s, 4);
-    memcpy(&b, s + 4, 4);
-    memcpy(&c, s + 8, 4);
-    w[0] = a & 0x3f3f3f3f;
-    w[1] = (c & 0x0f0f0f0f) | (((a >> 6) & 0x03030303) << 4);
-    w[2] = b & 0x3f3f3f3f;
-    w[3] = ((c >> 4) & 0x0f0f0f0f) | (((b >> 6) & 0x03030303) << 4);
-    memcpy(sc, w, 8);
-    memcpy(mn, w + 2, 8);
-}
-
 /* ---------------- q5_k ---------------- */
 
 typedef struct {
@@ -109,7 +95,7 @@ static void kq5_unpack(int64_t nb, const cm_block_q5_k *x, kq5_blk *o) {
             _mm256_storeu_si256((__m256i *)(void *)o[b].q[2 * j + 1], hi);
         }
         uint8_t sc[8], mn[8];
-        kq_scales(x[b].scales, sc, mn);
+        cm_k4_scales8(x[b].scales, sc, mn);
         for (int u = 0; u < 4; u++) o[b].sp[u] = (int32_t)(sc[2 * u] | (uint32_t)sc[2 * u + 1] << 16);
         o[b].mn = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(const void *)mn));
         o[b].d = _cvtsh_ss(x[b].d);
@@ -329,7 +315,7 @@ static void kq4_unpack(int64_t nb, const cm_block_q4_k *x, kq16_blk *o) {
     const __m512i m4 = _mm512_set1_epi8(0x0f);
     for (int64_t b = 0; b < nb; b++) {
         uint8_t sc[8], mn[8];
-        kq_scales(x[b].scales, sc, mn);
+        cm_k4_scales8(x[b].scales, sc, mn);
         const __m512i sc16 =
             _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(const void *)sc)));
         for (int h = 0; h < 2; h++) {

@@ -411,7 +411,7 @@ AI void ztile_q4_k(int64_t nb, const cm_block_q4_k *x, const cm_block_q8_k *cons
     const __m512i m4 = _mm512_set1_epi8(0x0f);
     for (int64_t b = 0; b < nb; b++) {
         uint8_t sc[8], mn[8];
-        kscales(x[b].scales, sc, mn);
+        cm_k4_scales8(x[b].scales, sc, mn);
         const __m512i sc16 = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sc)));
         __m512i sumi[TMAX];
         for (int t = 0; t < T; t++) sumi[t] = _mm512_setzero_si512();

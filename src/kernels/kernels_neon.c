@@ -131,19 +131,6 @@ TILE32(q8_0, cm_block_q8_0, cm_block_q8_0, BODY_Q8_0)
 
 /* ---- K-quants ---- */
 
-/* The 12 packed bytes of 6-bit scales and mins -> sc[0..7], mn[0..7]. */
-AI void kscales(const uint8_t *s, uint8_t sc[8], uint8_t mn[8]) {
-    uint32_t a, b, c, w[4];
-    memcpy(&a, s, 4);
-    memcpy(&b, s + 4, 4);
-    memcpy(&c, s + 8, 4);
-    w[0] = a & 0x3f3f3f3f;
-    w[1] = (c & 0x0f0f0f0f) | (((a >> 6) & 0x03030303) << 4);
-    w[2] = b & 0x3f3f3f3f;
-    w[3] = ((c >> 4) & 0x0f0f0f0f) | (((b >> 6) & 0x03030303) << 4);
-    memcpy(sc, w, 8);
-    memcpy(mn, w + 2, 8);
-}
 /* sum over sub-blocks j of mn[j] * (bsums[2j] + bsums[2j+1]) */
 AI int32_t kmins(const uint8_t mn[8], const int16_t *bsums) {
     const int16x8_t pairs = vpaddq_s16(vld1q_s16(bsums), vld1q_s16(bsums + 8));
@@ -162,7 +149,7 @@ AI int32_t kmins(const uint8_t mn[8], const int16_t *bsums) {
         const uint8x16_t m4 = vdupq_n_u8(0x0f), one = vdupq_n_u8(1);                                                  \
         for (int64_t b = 0; b < nb; b++) {                                                                            \
             uint8_t sc[8], mn[8];                                                                                     \
-            kscales(x[b].scales, sc, mn);                                                                             \
+            cm_k4_scales8(x[b].scales, sc, mn);                                                                       \
             int32x4_t sumi[TMAX];                                                                                     \
             for (int t = 0; t < T; t++) sumi[t] = vdupq_n_s32(0);                                                     \
             uint8x16_t qh0 = one, qh1 = one;                                                                          \

@@ -11,7 +11,7 @@ enum { RK4_GROUP = 4 * (int)sizeof(cm_block_q4_k), RK4_MAXB = CM_REPACK_MAX_K / 
 
 /* A group's header (repack.c: 8 fp16, then the scale dwords a, b, c of 4
  * blocks): dd = d[0..3], dmin[0..3]; sc03/sc47: dword j = block j's scales
- * 0-3 / 4-7 (kscales' bit arithmetic on 4 blocks at once); mn16[j]: block
+ * 0-3 / 4-7 (cm_k4_scales8's bit arithmetic on 4 blocks at once); mn16[j]: block
  * j's mins as words. */
 AI void rk_header(const uint8_t *x, float dd[8], __m128i *sc03, __m128i *sc47, __m128i mn16[4]) {
     const __m128i m3f = _mm_set1_epi32(0x3f3f3f3f), m0f = _mm_set1_epi32(0x0f0f0f0f), m03 = _mm_set1_epi32(0x03030303);

@@ -173,20 +173,6 @@ TILE32(q8_0, cm_block_q8_0, cm_block_q8_0, BODY_Q8_0)
 
 /* ---- K-quants (256-element super-blocks against Q8_K) ---- */
 
-/* The 12 packed bytes of 6-bit scales and mins -> sc[0..7], mn[0..7]. */
-AI void kscales(const uint8_t *s, uint8_t sc[8], uint8_t mn[8]) {
-    uint32_t a, b, c, w[4];
-    memcpy(&a, s, 4);
-    memcpy(&b, s + 4, 4);
-    memcpy(&c, s + 8, 4);
-    w[0] = a & 0x3f3f3f3f;                                           /* sc 0..3 */
-    w[1] = (c & 0x0f0f0f0f) | (((a >> 6) & 0x03030303) << 4);        /* sc 4..7 */
-    w[2] = b & 0x3f3f3f3f;                                           /* mn 0..3 */
-    w[3] = ((c >> 4) & 0x0f0f0f0f) | (((b >> 6) & 0x03030303) << 4); /* mn 4..7 */
-    memcpy(sc, w, 8);
-    memcpy(mn, w + 2, 8);
-}
-
 /* Sum over the 8 sub-blocks of mn[j] * (bsums[2j] + bsums[2j+1]), as 4 int32. */
 AI __m128i kmins(const uint8_t mn[8], const int16_t *bsums) {
     const __m256i bs = ld256(bsums);
@@ -206,7 +192,7 @@ AI __m128i kmins(const uint8_t mn[8], const int16_t *bsums) {
         const __m256i m4 = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1);                                        \
         for (int64_t b = 0; b < nb; b++) {                                                                           \
             uint8_t sc[8], mn[8];                                                                                    \
-            kscales(x[b].scales, sc, mn);                                                                            \
+            cm_k4_scales8(x[b].scales, sc, mn);                                                                      \
             __m256i sumi[TMAX];                                                                                      \
             for (int t = 0; t < T; t++) sumi[t] = _mm256_setzero_si256();                                            \
             __m256i qh = HAS_QH ? ld256(((const cm_block_q5_k *)(const void *)&x[b])->qh) : one;                     \
