@@ -420,7 +420,13 @@ static void *queue_main(void *arg) {
          * below (fewest tokens left, then arrival), so several short ones
          * finish in one pass. */
         int rc = 0, mixed = 0;
-        if (n && next >= 0 && s->mixed && pre && pre_slot && pre_done) {
+        /* With nothing decoding, the pending prompts share passes as well
+         * (8 chunks' worth of tokens, as the chunk loop below would spend on
+         * one prompt at a time): newcomers that arrive together start
+         * decoding together, so the decode steps that follow carry all of
+         * them. A cluster evaluates none here (pre_done stays 0) and takes
+         * the chunk loop. */
+        if (next >= 0 && s->mixed && pre && pre_slot && pre_done) {
             int np = 0;
             for (int i = 0; i < s->n_slots; i++) {
                 const slot *o = &s->slots[i];
@@ -436,7 +442,8 @@ static void *queue_main(void *arg) {
                 pre_slot[at] = i;
             }
             for (int k = 0; k < np; k++) pre[k] = s->slots[pre_slot[k]].s;
-            rc = cm_engine_step_prefill_many(s->e, ss, n, pre, np, s->chunk, pre_done, err, sizeof err);
+            rc = cm_engine_step_prefill_many(s->e, ss, n, pre, np, n ? s->chunk : 8 * s->chunk, pre_done, err,
+                                             sizeof err);
             for (int k = 0; k < np; k++) {
                 slot *sl = &s->slots[pre_slot[k]];
                 if (pre_done[k]) mixed = 1;

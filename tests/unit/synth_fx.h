@@ -3,6 +3,8 @@
  * buffer, parsed, loaded) and the logits of every position of a fixed 12-token
  * prompt fed in batches of any size: what test_moe.c and test_gptoss.c share
  * to show that results do not depend on how tokens are batched or threaded.
+ * synth_fx_write puts a synthetic model into a file (test_kv_mem.c,
+ * test_kv_blocks.c, test_kv_copy.c load it through the engine).
  * Test code only: static functions, included by test files, never by src/.
  */
 #ifndef CM_TEST_SYNTH_FX_H
@@ -36,6 +38,21 @@ static inline int synth_fx_open(synth_fx *f, const cm_synth_params *sp, const cm
         return -1;
     }
     return 0;
+}
+
+/* Writes the model sp describes, with cumulo's builtin vocabulary, to the
+ * file path (for tests that load it by name through the engine). 0 or -1
+ * with err set. */
+static inline int synth_fx_write(const cm_synth_params *sp, const char *path, char *err, size_t errlen) {
+    cm_buf vb;
+    cm_buf_init(&vb);
+    cm_gguf voc = {0};
+    const int bad = cm_synth_builtin_vocab(&vb, err, errlen) ||
+                    cm_gguf_parse(&voc, (const uint8_t *)vb.data, vb.len, err, errlen) ||
+                    cm_synth_write(sp, &voc, path, NULL, err, errlen);
+    cm_gguf_close(&voc);
+    cm_buf_release(&vb);
+    return bad ? -1 : 0;
 }
 
 static inline void synth_fx_close(synth_fx *f) {

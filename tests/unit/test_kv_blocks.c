@@ -22,6 +22,7 @@
 #include "gguf/gguf.h"
 #include "model/model.h"
 #include "synth/synth.h"
+#include "synth_fx.h"
 #include "test.h"
 
 #include <unistd.h>
@@ -33,25 +34,18 @@ static const char *g_path;
 enum { N = 16, CTX = 2048, PREFIX = 1000, TAIL = 24, GEN = 10 };
 
 static int write_model(const char *path) {
-    cm_synth_params sp = {.arch = "llama",
-                          .n_embd = 256,
-                          .n_layer = 4,
-                          .n_head = 4,
-                          .n_head_kv = 4,
-                          .n_ff = 512,
-                          .n_ctx = CTX,
-                          .type = "f32",
-                          .seed = 23};
-    cm_buf vocab_file;
-    cm_buf_init(&vocab_file);
-    cm_gguf vocab = {0};
-    const int bad = cm_synth_builtin_vocab(&vocab_file, errbuf, sizeof errbuf) ||
-                    cm_gguf_parse(&vocab, (const uint8_t *)vocab_file.data, vocab_file.len, errbuf, sizeof errbuf) ||
-                    cm_synth_write(&sp, &vocab, path, NULL, errbuf, sizeof errbuf);
+    const cm_synth_params sp = {.arch = "llama",
+                                .n_embd = 256,
+                                .n_layer = 4,
+                                .n_head = 4,
+                                .n_head_kv = 4,
+                                .n_ff = 512,
+                                .n_ctx = CTX,
+                                .type = "f32",
+                                .seed = 23};
+    const int bad = synth_fx_write(&sp, path, errbuf, sizeof errbuf);
     if (bad) fprintf(stderr, "  synth: %s\n", errbuf);
-    cm_gguf_close(&vocab);
-    cm_buf_release(&vocab_file);
-    return bad ? -1 : 0;
+    return bad;
 }
 
 /* Proportional set size of this process in bytes, -1 where unknown. */

@@ -12,6 +12,7 @@
 #include "synth/synth.h"
 #include "tensor/tensor.h"
 #include "gen_fx.h"
+#include "synth_fx.h"
 #include "test.h"
 
 #include <unistd.h>
@@ -76,15 +77,8 @@ static int synth(const char *path, const char *arch, const char *variant) {
                           .n_expert = variant ? 8 : 0,
                           .n_expert_used = variant ? 2 : 0,
                           .n_ff_exp = variant ? 256 : 0};
-    cm_buf vb;
-    cm_buf_init(&vb);
-    cm_gguf voc = {0};
-    int rc = cm_synth_builtin_vocab(&vb, errbuf, sizeof errbuf) ||
-             cm_gguf_parse(&voc, (const uint8_t *)vb.data, vb.len, errbuf, sizeof errbuf) ||
-             cm_synth_write(&sp, &voc, path, NULL, errbuf, sizeof errbuf);
+    const int rc = synth_fx_write(&sp, path, errbuf, sizeof errbuf);
     CHECKF(!rc, "synth %s: %s", arch, errbuf);
-    cm_gguf_close(&voc);
-    cm_buf_release(&vb);
     return rc;
 }
 

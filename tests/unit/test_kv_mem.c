@@ -20,6 +20,7 @@
 #include "model/model.h"
 #include "synth/synth.h"
 #include "gen_fx.h"
+#include "synth_fx.h"
 #include "test.h"
 
 #include <unistd.h>
@@ -30,24 +31,17 @@ static int n_skipped;
 enum { N_SESS = 16, CTX = 2048, PROMPT = 40 };
 
 static int synth(const char *path) {
-    cm_synth_params sp = {.arch = "llama",
-                          .n_embd = 256,
-                          .n_layer = 3,
-                          .n_head = 4,
-                          .n_head_kv = 2,
-                          .n_ff = 768,
-                          .n_ctx = CTX,
-                          .type = "f32",
-                          .seed = 11};
-    cm_buf vb;
-    cm_buf_init(&vb);
-    cm_gguf voc = {0};
-    int rc = cm_synth_builtin_vocab(&vb, errbuf, sizeof errbuf) ||
-             cm_gguf_parse(&voc, (const uint8_t *)vb.data, vb.len, errbuf, sizeof errbuf) ||
-             cm_synth_write(&sp, &voc, path, NULL, errbuf, sizeof errbuf);
+    const cm_synth_params sp = {.arch = "llama",
+                                .n_embd = 256,
+                                .n_layer = 3,
+                                .n_head = 4,
+                                .n_head_kv = 2,
+                                .n_ff = 768,
+                                .n_ctx = CTX,
+                                .type = "f32",
+                                .seed = 11};
+    const int rc = synth_fx_write(&sp, path, errbuf, sizeof errbuf);
     CHECKF(!rc, "synth: %s", errbuf);
-    cm_gguf_close(&voc);
-    cm_buf_release(&vb);
     return rc;
 }
 
