@@ -74,9 +74,8 @@ int cm_plan_data_parallel(const cm_plan_model *m, const cm_plan_cluster *c, cons
                 out->order[at++] = sorted[r + j * k];
                 out->replica_of[sorted[r + j * k]] = r;
             }
-        snprintf(out->why, sizeof out->why,
-                 "%d replicas, each this machine and %d node%s (each holds the model)%s", k, per,
-                 per > 1 ? "s" : "", n_other > k * per ? " (the slowest left out)" : "");
+        snprintf(out->why, sizeof out->why, "%d replicas, each this machine and %d node%s (each holds the model)%s", k,
+                 per, per > 1 ? "s" : "", n_other > k * per ? " (the slowest left out)" : "");
         break;
     }
     cm_free(sub);

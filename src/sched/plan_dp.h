@@ -26,10 +26,10 @@
 #include "plan.h"
 
 typedef struct cm_plan_dp {
-    int n_replicas;                     /* 1: no data parallelism (one pipeline over every node) */
-    int per_replica;                    /* nodes of each replica besides node 0 (n_replicas > 1) */
-    int replica_of[CM_PLAN_MAX_NODES];  /* node i's replica; node 0 and, with one replica, all: 0; left out: -1 */
-    int order[CM_PLAN_MAX_NODES];       /* the nodes 1.. replica by replica, n_replicas * per_replica of them */
+    int n_replicas;                    /* 1: no data parallelism (one pipeline over every node) */
+    int per_replica;                   /* nodes of each replica besides node 0 (n_replicas > 1) */
+    int replica_of[CM_PLAN_MAX_NODES]; /* node i's replica; node 0 and, with one replica, all: 0; left out: -1 */
+    int order[CM_PLAN_MAX_NODES];      /* the nodes 1.. replica by replica, n_replicas * per_replica of them */
     char why[256];
 } cm_plan_dp;
 
