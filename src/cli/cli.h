@@ -90,6 +90,14 @@ int cli_plan_opt(int argc, char **argv, int *i, struct cm_plan_request *q);
 /* The help of cli_plan_opt's --expert-load (run and serve print it after their usage). */
 extern const char cli_expert_load_usage[];
 int cli_plan_check(const struct cm_plan_request *q);
+/* finetune --cluster without --layers or --data-parallel (finetune_dp.c):
+ * the replicas of the training pipeline that nodes ("auto": mDNS, or a
+ * list) hold (sched/plan_dp.h), windows of n_ctx tokens. Returns their
+ * number; when > 1, list holds the nodes replica by replica and why the
+ * planner's reason. 1: one pipeline (also when a node cannot be measured). */
+struct cm_gguf;
+int cli_finetune_dp(const struct cm_gguf *g, const char *nodes, bool insecure, const char *key_file, bool take,
+                    int n_ctx, char *list, size_t cap, char *why, size_t whylen);
 
 /* --lora FILE.gguf[:SCALE] (run, chat, serve; repeatable, summed): parsed
  * like cli_sampling_opt into l (lora_opt.c). */

@@ -6,7 +6,8 @@
  * loss curve ADAPTER.gguf.svg. Errors are one line on stderr, exit 1.
  * With --cluster (the cluster options of `run`), the same run over a
  * pipeline of `cumulo node`s (cluster/train_pipe.h), or --data-parallel N
- * such pipelines: the same adapter. A node lost mid-run: re-plan on the
+ * such pipelines (by default as many as the nodes hold the model,
+ * finetune_dp.c): the same adapter. A node lost mid-run: re-plan on the
  * survivors and resume from the last checkpoint by itself.
  */
 #include "cli.h"
@@ -58,7 +59,8 @@ static const char *k_help =
     "  --layers 2,1,2       layers per stage (this machine first); --parallel pp only\n"
     "  --data-parallel N    N replicas of the pipeline, each on its own nodes (--nodes lists them\n"
     "                       replica by replica), each taking a share of every step's windows; the\n"
-    "                       adapter is still the one this machine alone would train\n"
+    "                       adapter is still the one this machine alone would train. Default (no\n"
+    "                       --layers): as many replicas as the nodes hold the model; 1: one pipeline\n"
     "  --take               use nodes that serve another coordinator\n"
     "  --insecure           no cluster key (the nodes must run --insecure too)\n"
     "  --key-file FILE      cluster key (default $CUMULO_KEY_FILE or ~/.config/cumulo/cluster.key)\n";
@@ -236,7 +238,7 @@ static int run_pipes(cm_pipe **p, int n, const cm_model *m, const cm_tdata *d, c
  * and the run resumes from the last checkpoint (or the start), losing at
  * most the steps since: a resumed run continues bit for bit (finetune.h). */
 static int train_cluster(const char *path, const cm_gguf *g, const cm_model *m, const cm_tdata *d, cm_finetune_opts *o,
-                         const clu *c, const cm_pipe_opts *po0, char *err, size_t errlen) {
+                         const clu *c, const cm_pipe_opts *po0, bool *opened, char *err, size_t errlen) {
     char list[4096];
     const char *nodes[CM_PLAN_MAX_NODES * 2];
     const int n_rep = c->dp > 1 ? c->dp : 1;
@@ -275,6 +277,7 @@ static int train_cluster(const char *path, const cm_gguf *g, const cm_model *m, 
         for (int r = 0; r < np; r++) cm_pipe_close(p[r]);
         return rc;
     }
+    *opened = true;
     if (np == 0) { /* the plan keeps every layer here */
         fprintf(stderr, "finetune: the plan keeps every layer on this machine\n");
         return cm_finetune_run(m, d, o, err, errlen);
@@ -328,7 +331,23 @@ static int train(const char *path, const cm_gguf *g, const cm_model *m, const cm
                        .n_seq_max = 1,
                        .max_batch = 1,
                        .log = log_line};
-    return train_cluster(path, g, m, d, o, c, &po, err, errlen);
+    bool opened = false;
+    const cm_plan_request *q = &c->plan;
+    if (!c->dp && !q->n_split && !q->n_groups && (!q->mode_set || q->mode == CM_PARALLEL_PP)) {
+        /* the planner's data parallelism; replicas that do not open: one pipeline */
+        char list[4096], why[256];
+        clu ca = *c;
+        ca.dp = cli_finetune_dp(g, c->nodes, c->insecure, c->key_file, c->take, o->n_ctx, list, sizeof list, why,
+                                sizeof why);
+        if (ca.dp > 1) {
+            fprintf(stderr, "finetune: the planner chose data parallelism: %s\n", why);
+            ca.nodes = list;
+            int rc = train_cluster(path, g, m, d, o, &ca, &po, &opened, err, errlen);
+            if (opened) return rc;
+            fprintf(stderr, "finetune: the replicas did not open (%s); one pipeline over every node\n", err);
+        }
+    }
+    return train_cluster(path, g, m, d, o, c, &po, &opened, err, errlen);
 }
 
 /* The chat template for "messages" lines: --chat-template, else the model's (NULL when it has none). */

@@ -14,7 +14,10 @@
 # (c) Data parallelism: 2 replicas (each this machine's layers [0, 2) and one
 #     node's [2, 5)) split every step's windows, with dropout, accumulation
 #     and checkpoints: the checkpoints and the adapter equal one machine's;
-#     nodes that do not split into the replicas are one line.
+#     nodes that do not split into the replicas are one line. Without
+#     --layers or --data-parallel, the planner makes the 2 replicas itself
+#     (each node holds the model's rest: sched/plan_dp.h), again with one
+#     machine's bytes; --data-parallel 1 is one pipeline of 3 stages.
 # (d) A tensor-parallel plan is refused with one line; a node killed with -9
 #     mid-run: the run re-plans on the survivor, resumes from its last
 #     checkpoint by itself and ends with the uninterrupted run's adapter;
@@ -76,6 +79,19 @@ if "$BIN" finetune "$M" --data "$TMP/data.jsonl" --out "$TMP/dp.gguf" $R --data-
 else
     bad "data parallel: $(tail -3 "$TMP/dp.err")"
 fi
+for v in auto 1; do
+    if [ $v = auto ]; then opt=""; want="the planner chose data parallelism: 2 replicas"; else opt="--data-parallel 1"; want="pipeline of 3 stages"; fi
+    # shellcheck disable=SC2086
+    if "$BIN" finetune "$M" --data "$TMP/data.jsonl" --out "$TMP/ap$v.gguf" $R $opt --nodes "$A,$B" 2>"$TMP/ap$v.err"; then
+        grep -q "$want" "$TMP/ap$v.err" && ok || bad "--nodes A,B $opt: not '$want': $(grep -i 'parallel\|stage' "$TMP/ap$v.err" | head -3)"
+        for f in gguf gguf.ckpt-3.gguf gguf.ckpt-6.gguf gguf.svg; do
+            cmp -s "$TMP/r1.$f" "$TMP/ap$v.$f" && ok || bad "--nodes A,B $opt: ap$v.$f differs from one machine's"
+        done
+        echo "# --nodes A,B $opt: $(grep 'planner chose\|pipeline of' "$TMP/ap$v.err" | sed 's/^finetune: //' | tr '\n' ' ')"
+    else
+        bad "--nodes A,B $opt: $(tail -3 "$TMP/ap$v.err")"
+    fi
+done
 "$BIN" finetune "$M" --data "$TMP/data.jsonl" --out "$TMP/dp1.gguf" --steps 1 --data-parallel 2 --nodes "$A" 2>"$TMP/dp1.err"
 [ $? -eq 1 ] && grep -q "^cumulo: .*1 nodes do not split into 2 replicas" "$TMP/dp1.err" && ok || bad "1 node, 2 replicas: $(tail -2 "$TMP/dp1.err")"
 
