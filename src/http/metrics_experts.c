@@ -33,14 +33,19 @@ static int counted_layers(const cm_engine_info *in) {
     return in->n_stages > 1 && in->local_layers > 0 ? in->local_layers : in->n_layer;
 }
 
-void cm_metrics_experts_prometheus(cm_http_server *srv, cm_buf *o) {
+/* The server's engine and its facts when its model has experts, else NULL. */
+static cm_engine *moe_engine(cm_http_server *srv, cm_engine_info *in) {
     cm_engine *e = cm_http_engine(srv);
+    memset(in, 0, sizeof *in);
+    if (e) cm_engine_get_info(e, in);
+    return e && in->n_expert > 0 && in->n_expert <= MAX_X ? e : NULL;
+}
+
+void cm_metrics_experts_prometheus(cm_http_server *srv, cm_buf *o) {
     cm_engine_info in;
-    memset(&in, 0, sizeof in);
+    cm_engine *e = moe_engine(srv, &in);
     if (!e) return;
-    cm_engine_get_info(e, &in);
     const int X = in.n_expert;
-    if (X <= 0 || X > MAX_X) return;
     static _Thread_local uint64_t h[MAX_X];
     cm_buf_puts(o, "# HELP cumulo_expert_routed_total Token assignments the router sent to an expert, by layer "
                    "(layers this machine computes).\n# TYPE cumulo_expert_routed_total counter\n");
@@ -87,13 +92,10 @@ void cm_metrics_member_experts_json(cm_buf *o, const cm_engine_member *mb) {
 }
 
 void cm_metrics_experts_json(cm_http_server *srv, cm_buf *o) {
-    cm_engine *e = cm_http_engine(srv);
     cm_engine_info in;
-    memset(&in, 0, sizeof in);
+    cm_engine *e = moe_engine(srv, &in);
     if (!e) return;
-    cm_engine_get_info(e, &in);
     const int X = in.n_expert;
-    if (X <= 0 || X > MAX_X) return;
     static _Thread_local uint64_t h[MAX_X];
     cm_buf_printf(o, ",\"experts\":{\"n_expert\":%d,\"n_expert_used\":%d,\"counted_layers\":[0,%d]", X,
                   in.n_expert_used, counted_layers(&in));

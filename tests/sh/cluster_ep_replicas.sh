@@ -20,10 +20,8 @@
 cd "$(dirname "$0")/../.." || exit 1
 . tests/sh/lib/cluster_common.sh
 . tests/sh/lib/ep_common.sh
-VOCAB=$SHARED/vocab/ggml-vocab-llama-spm.gguf
 M=$TMP/hot.gguf
-"$BIN" synth --arch qwen3moe --dim 256 --layers 3 --heads 4 --kv-heads 2 --ffn 768 --expert-ffn 256 --experts 8 \
-    --experts-used 2 --hot-expert 0 --type q8_0 --seed 21 --vocab "$VOCAB" -o "$M" 2>/dev/null && ok || bad "synth failed"
+ep_hot_model "$M"
 PROMPT="Once upon a time"
 N=32
 "$BIN" run "$M" -p "$PROMPT" -n $N --temp 0 --threads 1 --json >"$TMP/one.json" 2>/dev/null

@@ -14,6 +14,14 @@ ep_nodes() {
     if [ -n "$PORT_a" ] && [ -n "$PORT_b" ]; then ok; else bad "$1: nodes did not start"; return 1; fi
 }
 
+# ep_hot_model FILE: a synthetic qwen3moe (8 experts top 2, Q8_0, 3
+# layers) whose router favours expert 0 (`synth --hot-expert 0`); a check.
+ep_hot_model() {
+    "$BIN" synth --arch qwen3moe --dim 256 --layers 3 --heads 4 --kv-heads 2 --ffn 768 --expert-ffn 256 --experts 8 \
+        --experts-used 2 --hot-expert 0 --type q8_0 --seed 21 --vocab "$SHARED/vocab/ggml-vocab-llama-spm.gguf" \
+        -o "$1" 2>/dev/null && ok || bad "synth failed"
+}
+
 # ep_info MODEL: sets L (layers) D (n_embd) X (experts) K (experts per token)
 # WB (all weight bytes) WA (the bytes one token reads) and PER_EXPERT, the
 # bytes of one expert over every MoE layer (WB - WA holds X - K of them).
