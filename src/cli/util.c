@@ -142,7 +142,8 @@ int cli_plan_opt(int argc, char **argv, int *i, cm_plan_request *q) {
         if ((q->n_split = cli_counts(a, v, 1 << 20, q->split)) < 0) return -1;
     } else if (!strcmp(a, "--groups")) {
         if ((q->n_groups = cli_counts(a, v, 256, q->groups)) < 0) return -1;
-    } else if (!strcmp(a, "--expert-load") && v && (!strcmp(v, "off") || !strcmp(v, "auto") || !strncmp(v, "auto:", 5))) {
+    } else if (!strcmp(a, "--expert-load") && v &&
+               (!strcmp(v, "off") || !strcmp(v, "auto") || !strncmp(v, "auto:", 5))) {
         long w = !strcmp(v, "off") ? -1 : 0;
         if (!strncmp(v, "auto:", 5)) {
             char *e;

@@ -140,8 +140,8 @@ struct cm_pipe {
      * look; new assignments per expert between looks (< 0: never, the counts were given). */
     uint64_t *ep_now, *ep_seen;
     int ep_warmup;
-    atomic_int ep_load_src; /* CM_EXPERT_LOAD_*: what p->expert_load holds */
-    atomic_int ep_replans;  /* plan changes the measured counts made */
+    atomic_int ep_load_src;            /* CM_EXPERT_LOAD_*: what p->expert_load holds */
+    atomic_int ep_replans;             /* plan changes the measured counts made */
     _Atomic uint64_t ep_sent, ep_rows; /* this machine's expert exchange, every plan: element bytes sent, rows */
 };
 

@@ -48,9 +48,9 @@ typedef struct cm_cluster_member {
 /* Mixture of experts on a cluster: where the expert groups' routing counts
  * come from and what the coordinator did with them (cm_pipe_expert_info). */
 typedef struct cm_cluster_experts {
-    const char *load;  /* "measured" (counted while serving), "given" (--expert-load N,...) or "uniform" */
-    int warmup;        /* new assignments per expert between looks at the counts (< 0: never) */
-    int replans;       /* plan changes the measured counts made */
+    const char *load; /* "measured" (counted while serving), "given" (--expert-load N,...) or "uniform" */
+    int warmup;       /* new assignments per expert between looks at the counts (< 0: never) */
+    int replans;      /* plan changes the measured counts made */
     uint64_t exchange_bytes, exchange_rows; /* this machine's expert exchange, every plan: element bytes sent,
                                                token rows through its group */
 } cm_cluster_experts;

@@ -45,16 +45,16 @@ void cm_metrics_experts_prometheus(cm_http_server *srv, cm_buf *o) {
     cm_engine_info in;
     cm_engine *e = moe_engine(srv, &in);
     if (!e) return;
-    const int X = in.n_expert;
+    const int nx = in.n_expert;
     static _Thread_local uint64_t h[MAX_X];
     cm_buf_puts(o, "# HELP cumulo_expert_routed_total Token assignments the router sent to an expert, by layer "
                    "(layers this machine computes).\n# TYPE cumulo_expert_routed_total counter\n");
     for (int il = 0; il < counted_layers(&in); il++) {
-        cm_engine_expert_hits_layer(e, il, h, X);
+        cm_engine_expert_hits_layer(e, il, h, nx);
         uint64_t sum = 0;
-        for (int x = 0; x < X; x++) sum += h[x];
+        for (int x = 0; x < nx; x++) sum += h[x];
         if (!sum) continue; /* a dense layer, or none routed yet */
-        for (int x = 0; x < X; x++)
+        for (int x = 0; x < nx; x++)
             cm_buf_printf(o, "cumulo_expert_routed_total{layer=\"%d\",expert=\"%d\"} %llu\n", il, x,
                           (unsigned long long)h[x]);
     }
@@ -67,7 +67,7 @@ void cm_metrics_experts_prometheus(cm_http_server *srv, cm_buf *o) {
                    "replicated).\n# TYPE cumulo_expert_holders gauge\n");
     for (int i = 0; i < n; i++) {
         if (!mbs[i].ep || mbs[i].member) continue; /* each group once, by its first member */
-        for (int x = 0; x < X; x++)
+        for (int x = 0; x < nx; x++)
             cm_buf_printf(o, "cumulo_expert_holders{stage=\"%d\",expert=\"%d\"} %d\n", mbs[i].stage, x,
                           holders(mbs, n, mbs[i].stage, x));
     }
@@ -95,24 +95,23 @@ void cm_metrics_experts_json(cm_http_server *srv, cm_buf *o) {
     cm_engine_info in;
     cm_engine *e = moe_engine(srv, &in);
     if (!e) return;
-    const int X = in.n_expert;
+    const int nx = in.n_expert;
     static _Thread_local uint64_t h[MAX_X];
-    cm_buf_printf(o, ",\"experts\":{\"n_expert\":%d,\"n_expert_used\":%d,\"counted_layers\":[0,%d]", X,
+    cm_buf_printf(o, ",\"experts\":{\"n_expert\":%d,\"n_expert_used\":%d,\"counted_layers\":[0,%d]", nx,
                   in.n_expert_used, counted_layers(&in));
     cm_engine_experts ex;
     if (cm_engine_expert_info(e, &ex))
-        cm_buf_printf(o,
-                      ",\"load\":\"%s\",\"warmup\":%d,\"replans\":%d,\"exchange_bytes\":%llu,\"exchange_rows\":%llu",
+        cm_buf_printf(o, ",\"load\":\"%s\",\"warmup\":%d,\"replans\":%d,\"exchange_bytes\":%llu,\"exchange_rows\":%llu",
                       ex.load, ex.warmup, ex.replans, (unsigned long long)ex.exchange_bytes,
                       (unsigned long long)ex.exchange_rows);
-    cm_engine_expert_hits(e, h, X);
+    cm_engine_expert_hits(e, h, nx);
     cm_buf_puts(o, ",\"hits\":[");
-    for (int x = 0; x < X; x++) cm_buf_printf(o, "%s%llu", x ? "," : "", (unsigned long long)h[x]);
+    for (int x = 0; x < nx; x++) cm_buf_printf(o, "%s%llu", x ? "," : "", (unsigned long long)h[x]);
     cm_buf_puts(o, "],\"hits_by_layer\":[");
     for (int il = 0; il < in.n_layer; il++) {
-        cm_engine_expert_hits_layer(e, il, h, X);
+        cm_engine_expert_hits_layer(e, il, h, nx);
         cm_buf_puts(o, il ? ",[" : "[");
-        for (int x = 0; x < X; x++) cm_buf_printf(o, "%s%llu", x ? "," : "", (unsigned long long)h[x]);
+        for (int x = 0; x < nx; x++) cm_buf_printf(o, "%s%llu", x ? "," : "", (unsigned long long)h[x]);
         cm_buf_puts(o, "]");
     }
     /* experts with more than one holder in some expert group */
@@ -121,7 +120,7 @@ void cm_metrics_experts_json(cm_http_server *srv, cm_buf *o) {
     if (n > (int)CM_ARRAY_LEN(mbs)) n = (int)CM_ARRAY_LEN(mbs);
     cm_buf_puts(o, "],\"replicated\":[");
     bool first = true;
-    for (int x = 0; x < X; x++) {
+    for (int x = 0; x < nx; x++) {
         bool rep = false;
         for (int i = 0; i < n && !rep; i++) rep = mbs[i].ep && !mbs[i].member && holders(mbs, n, mbs[i].stage, x) > 1;
         if (rep) {

@@ -261,9 +261,8 @@ struct cm_moe {
     float *shl;                   /* [B] shared-expert gate logits */
     moe_route rt;                 /* a batch's routing (thread 0 routes, a barrier publishes it) */
     moe_route *tl;                /* [n_threads] one token's routing, each thread its own (no barrier) */
-    _Atomic uint64_t *hits;       /* [n_layer][n_expert] assignments routed to each expert since cm_moe_new
-                                   * (thread 0 adds, any thread may read: model.h's cm_ctx_expert_hits) */
-    int n_layer;
+    _Atomic uint64_t *hits;       /* [n_layer][n_expert] routed assignments since cm_moe_new (any thread reads) */
+    int n_layer;                  /* hits' rows */
     uint8_t *xr, *xu, *xsg, *xsu; /* [B] inputs converted for router / up_exps / shexp gate / shexp up */
     uint8_t *xg, *xgu;            /* [A] gathered gate (and up) inputs */
     float *g, *u;                 /* [A][F] */
