@@ -123,7 +123,10 @@ static int cli_counts(const char *opt, const char *val, long hi, int *v) {
 
 const char cli_expert_load_usage[] =
     "  --expert-load N,N,...  ep: routed assignments per expert (run --json's expert_hits); the hot\n"
-    "                         experts get replicas on the least busy members of the expert group\n";
+    "                         experts get replicas on the least busy members of the expert group\n"
+    "  --expert-load auto[:N] (the default) serve counts the routing itself and, while idle, re-plans\n"
+    "                         the replicas when the counts call for it (looking after every N new\n"
+    "                         assignments per expert, default 64); off: never\n";
 
 int cli_plan_opt(int argc, char **argv, int *i, cm_plan_request *q) {
     const char *a = argv[*i], *v = *i + 1 < argc ? argv[*i + 1] : NULL;
@@ -139,6 +142,19 @@ int cli_plan_opt(int argc, char **argv, int *i, cm_plan_request *q) {
         if ((q->n_split = cli_counts(a, v, 1 << 20, q->split)) < 0) return -1;
     } else if (!strcmp(a, "--groups")) {
         if ((q->n_groups = cli_counts(a, v, 256, q->groups)) < 0) return -1;
+    } else if (!strcmp(a, "--expert-load") && v &&
+               (!strcmp(v, "off") || !strcmp(v, "auto") || !strncmp(v, "auto:", 5))) {
+        long w = !strcmp(v, "off") ? -1 : 0;
+        if (!strncmp(v, "auto:", 5)) {
+            char *e;
+            errno = 0;
+            w = strtol(v + 5, &e, 10);
+            if (e == v + 5 || *e || errno || w < 1 || w > 1000000) {
+                cli_fail("option '--expert-load auto:N' needs N from 1 to 1000000, not '%s'", v + 5);
+                return -1;
+            }
+        }
+        q->expert_warmup = (int)w;
     } else if (!strcmp(a, "--expert-load")) {
         static uint64_t load[1024]; /* outlives the request: the coordinator copies it at open */
         int n = 0;

@@ -321,6 +321,7 @@ static int make_plan(cm_pipe *p, const cm_pipe_opts *o, cm_plan *plan, cm_plan_m
     int rc = cm_plan_model_from_gguf(p->g, pm, err, errlen);
     if (!rc) rc = check_request(q, pm, err, errlen);
     if (!rc && q->expert_load) rc = cm_coord_expert_load(p, q->expert_load, q->n_expert_load, err, errlen);
+    cm_coord_ep_init(p, q); /* given counts, or measured ones (coord_ep.c) */
     if (rc) return rc;
     make_cluster(p, pc);
     cm_plan_opts po;
@@ -571,6 +572,8 @@ void cm_pipe_close(cm_pipe *p) {
     cm_free(p->slots);
     cm_free(p->expert_load);
     cm_free(p->ep_holders);
+    cm_free(p->ep_now);
+    cm_free(p->ep_seen);
     cm_ep_pack_free(&p->ep_pack);
     pthread_mutex_destroy(&p->info_mu);
     cm_free(p);

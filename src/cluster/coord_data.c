@@ -255,8 +255,7 @@ static cm_expert_slice pipe_ep_experts(const cm_pipe *p) {
 /* Expert parallelism (model.h's cm_expert_gather_fn): the rows of member k's
  * experts are one contiguous run (experts are ranges in member order and
  * rows are grouped by expert), so the exchange is an all-gather of runs. */
-static int pipe_ep_gather(void *user, float *y, int64_t row_len, const int32_t *rows, int n_expert) {
-    cm_pipe *p = user;
+static int pipe_ep_exchange(cm_pipe *p, float *y, int64_t row_len, const int32_t *rows, int n_expert) {
     const cm_plan_stage *st0 = &p->plan.stages[0];
     char e[300];
     if (p->ep_holders && cm_coord_ep_holders(p)) { /* replicated experts: our runs, packed (ep_gather.c) */
@@ -277,6 +276,17 @@ static int pipe_ep_gather(void *user, float *y, int64_t row_len, const int32_t *
     }
     int rc = cm_coll_allgather(p->coll, y, part, e, sizeof e);
     if (rc) cm_coord_fatal(p, rc, "expert exchange of this machine's group: %s", e);
+    return rc;
+}
+/* The exchange, counted over every plan for /metrics (what the collective
+ * itself counted as sent: its stats go with it at a plan change). */
+static int pipe_ep_gather(void *user, float *y, int64_t row_len, const int32_t *rows, int n_expert) {
+    cm_pipe *p = user;
+    cm_coll_stats before, after;
+    cm_coll_stats_get(p->coll, &before);
+    int rc = pipe_ep_exchange(p, y, row_len, rows, n_expert);
+    cm_coll_stats_get(p->coll, &after);
+    atomic_fetch_add(&p->ep_sent, after.gather_data_sent - before.gather_data_sent);
     return rc;
 }
 /* A failed all-reduce (a member lost mid-operation) fails the pipe at once,
@@ -373,6 +383,7 @@ int cm_pipe_stage0(cm_pipe *p, const int32_t *tokens, const int32_t *pos, const 
         a->head_gather_user = p;
     }
     a->experts = pipe_ep_experts(p); /* an expert group: our experts, and the gather */
+    if (a->experts.ep) atomic_fetch_add(&p->ep_rows, (uint64_t)n);
     a->expert_gather = pipe_ep_gather;
     a->expert_gather_user = p;
     a->expert_holders = a->experts.ep ? cm_coord_ep_holders(p) : NULL; /* hot-expert replicas (coord_ep.c) */

@@ -6,11 +6,166 @@
  * more holders; each member learns every member's replicas in its ASSIGN,
  * and this machine, rank 0 of stage 0, derives the holders of each expert
  * from the running plan for its forward pass and its exchange (ep_gather.c).
+ * Without given counts the coordinator measures them: its own context routes
+ * every token of its layers (every member of an expert group does), so its
+ * counts are the group's; while idle, after a warm-up, cm_coord_ep_rebalance
+ * asks the re-plan question with them and applies an answer that moves
+ * experts or replicas and is predicted faster, through the same one plan
+ * change as a recovery (no other way to switch plans exists). It never
+ * changes a plan while a forward pass runs, and it never counts anything
+ * itself: the counts are the model's (model.h's cm_ctx_expert_hits).
  */
 #include "cluster/coord_impl.h"
 
 #include <stdio.h>
 #include <string.h>
+
+void cm_coord_ep_init(cm_pipe *p, const cm_plan_request *q) {
+    p->ep_warmup = q->expert_load ? -1 : q->expert_warmup ? q->expert_warmup : CM_PIPE_EXPERT_WARMUP;
+    atomic_store(&p->ep_load_src, q->expert_load ? CM_EXPERT_LOAD_GIVEN : CM_EXPERT_LOAD_UNIFORM);
+}
+
+void cm_pipe_expert_observe(cm_pipe *p, const uint64_t *hits, int n) {
+    const int nx = p->m->hp.n_expert;
+    if (p->ep_warmup < 0 || nx <= 0 || n != nx) return;
+    if (!p->ep_now && !(p->ep_now = cm_calloc((size_t)nx, sizeof *p->ep_now))) return;
+    if (!p->ep_seen && !(p->ep_seen = cm_calloc((size_t)nx, sizeof *p->ep_seen))) return;
+    memcpy(p->ep_now, hits, (size_t)nx * sizeof *hits);
+}
+
+void cm_pipe_expert_info(const cm_pipe *p, cm_cluster_experts *out) {
+    static const char *const src[] = {"uniform", "given", "measured"};
+    int s = atomic_load(&p->ep_load_src);
+    out->load = src[s >= 0 && s < 3 ? s : 0];
+    out->warmup = p->ep_warmup;
+    out->replans = atomic_load(&p->ep_replans);
+    out->exchange_bytes = atomic_load(&p->ep_sent);
+    out->exchange_rows = atomic_load(&p->ep_rows);
+}
+
+void cm_coord_member_experts(const cm_plan_stage *st, int k, cm_cluster_member *o) {
+    const cm_plan_member *mb = &st->members[k];
+    o->ep = st->ep && st->n_members > 1;
+    o->expert_begin = mb->expert_begin;
+    o->expert_end = mb->expert_end;
+    o->n_replicas = o->ep ? CM_MIN(mb->n_replicas, (int)CM_ARRAY_LEN(o->replicas)) : 0;
+    for (int i = 0; i < o->n_replicas; i++) o->replicas[i] = mb->replicas[i];
+}
+
+static bool has_group(const cm_plan *pl) {
+    for (int s = 0; s < pl->n_stages; s++)
+        if (pl->stages[s].ep && pl->stages[s].n_members > 1) return true;
+    return false;
+}
+
+/* Whether two plans put the same layers and experts on the same nodes. */
+static bool same_experts(const cm_plan *a, const cm_plan *b) {
+    if (a->n_stages != b->n_stages) return false;
+    for (int s = 0; s < a->n_stages; s++) {
+        const cm_plan_stage *x = &a->stages[s], *y = &b->stages[s];
+        if (x->n_members != y->n_members || x->ep != y->ep || x->first_layer != y->first_layer ||
+            x->last_layer != y->last_layer)
+            return false;
+        for (int k = 0; k < x->n_members; k++) {
+            const cm_plan_member *u = &x->members[k], *v = &y->members[k];
+            if (u->node != v->node || u->expert_begin != v->expert_begin || u->expert_end != v->expert_end ||
+                u->n_replicas != v->n_replicas ||
+                memcmp(u->replicas, v->replicas, (size_t)u->n_replicas * sizeof u->replicas[0]))
+                return false;
+        }
+    }
+    return true;
+}
+
+/* The pace replicas set out to lower: the slowest expert-group member's
+ * share of the routed assignments over its memory bandwidth (its expert
+ * bytes per token; sched/replicas.c balances exactly this). */
+static double expert_pace(const cm_plan *pl, const cm_plan_cluster *c) {
+    double worst = 0;
+    for (int s = 0; s < pl->n_stages; s++)
+        for (int k = 0; pl->stages[s].ep && pl->stages[s].n_members > 1 && k < pl->stages[s].n_members; k++) {
+            const cm_plan_member *mb = &pl->stages[s].members[k];
+            const double bw = c->nodes[mb->node].mem_bw > 0 ? c->nodes[mb->node].mem_bw : 1e9;
+            worst = CM_MAX(worst, mb->expert_share / bw);
+        }
+    return worst;
+}
+
+/* Whether the answer pl is worth a plan change (every session recomputes
+ * its history): not predicted slower than the running plan priced under
+ * the same counts, and predicted more than 2% faster or its slowest member's
+ * expert pace at least 10% lower (in a small model the dense part, read by
+ * every member, hides the experts' imbalance from the speed). */
+static bool worth(cm_pipe *p, const cm_plan *pl, double cand, double cur, double *pace, double *pace_now) {
+    cm_plan_cluster *c = cm_calloc(1, sizeof *c);
+    cm_plan *now = cm_calloc(1, sizeof *now);
+    *pace = *pace_now = 0;
+    if (c && now) {
+        cm_coord_make_cluster(p, c);
+        *now = p->plan;
+        cm_plan_expert_shares(now, p->expert_load, p->m->hp.n_expert);
+        *pace = expert_pace(pl, c);
+        *pace_now = expert_pace(now, c);
+    }
+    cm_free(c);
+    cm_free(now);
+    return cand >= cur && (cand > 1.02 * cur || *pace < 0.9 * *pace_now);
+}
+
+int cm_coord_ep_rebalance(cm_pipe *p, char *err, size_t errlen) {
+    const int nx = p->m->hp.n_expert;
+    if (p->ep_warmup < 0 || nx <= 0 || !p->ep_now || !p->ep_seen || !has_group(&p->plan)) return 0;
+    uint64_t fresh = 0;
+    for (int e = 0; e < nx; e++) fresh += p->ep_now[e] >= p->ep_seen[e] ? p->ep_now[e] - p->ep_seen[e] : p->ep_now[e];
+    if (fresh < (uint64_t)p->ep_warmup * (uint64_t)nx) return 0;
+    uint64_t *load = cm_malloc((size_t)nx * sizeof *load);
+    cm_plan *pl = cm_calloc(1, sizeof *pl);
+    if (!load || !pl) {
+        cm_free(load);
+        cm_free(pl);
+        return cm_errf(err, errlen, CM_ENOMEM, "out of memory");
+    }
+    /* the counts of earlier looks weigh half at each look: a moving skew is followed */
+    int hot = 0;
+    uint64_t sum = 0;
+    for (int e = 0; e < nx; e++) {
+        uint64_t d = p->ep_now[e] >= p->ep_seen[e] ? p->ep_now[e] - p->ep_seen[e] : p->ep_now[e];
+        load[e] = (atomic_load(&p->ep_load_src) == CM_EXPERT_LOAD_MEASURED ? p->expert_load[e] / 2 : 0) + d;
+        p->ep_seen[e] = p->ep_now[e];
+        sum += load[e];
+        if (load[e] > load[hot]) hot = e;
+    }
+    cm_free(p->expert_load);
+    p->expert_load = load; /* every later plan of the pipe (recoveries too) is asked with them */
+    atomic_store(&p->ep_load_src, CM_EXPERT_LOAD_MEASURED);
+    double cand = 0, cur = 0;
+    int rc = cm_coord_replan(p, pl, &cand, &cur, err, errlen);
+    if (rc || same_experts(pl, &p->plan)) { /* nothing fits (a recovery will say), or nothing moves */
+        cm_free(pl);
+        return 0;
+    }
+    char what[160];
+    snprintf(what, sizeof what, "expert load measured (%llu new assignments; expert %d takes %.1f%%)",
+             (unsigned long long)fresh, hot, sum ? 100.0 * (double)load[hot] / (double)sum : 0.0);
+    double pace, pace_now;
+    const bool take = worth(p, pl, cand, cur, &pace, &pace_now);
+    cm_coord_log(p, "%s: %s, predicted %.1f tok/s vs %.1f now, slowest member's expert share / bandwidth %.3g vs %.3g",
+                 what, take ? "re-planning the experts" : "re-plan not taken", cand, cur, pace, pace_now);
+    if (!take) {
+        cm_free(pl);
+        return 0;
+    }
+    rc = cm_coord_apply_plan(p, pl, "expert load measured", err, errlen);
+    cm_free(pl);
+    if (!rc) {
+        atomic_fetch_add(&p->ep_replans, 1);
+        return 1;
+    }
+    char e2[600];
+    snprintf(e2, sizeof e2, "%s", err);
+    rc = cm_pipe_recover(p, err, errlen); /* back on a plan that works */
+    return rc ? rc : cm_errf(err, errlen, CM_EIO, "%s", e2);
+}
 
 int cm_coord_expert_load(cm_pipe *p, const uint64_t *load, int n, char *err, size_t errlen) {
     const int nx = p->m->hp.n_expert;

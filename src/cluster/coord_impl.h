@@ -135,7 +135,17 @@ struct cm_pipe {
     uint64_t *expert_load;
     uint32_t *ep_holders;
     cm_ep_pack ep_pack;
+    /* coord_ep.c: the routing this machine counts while serving (cm_pipe_expert_observe, and
+     * cm_coord_ep_rebalance on the same idle thread): its latest counts and those at the last
+     * look; new assignments per expert between looks (< 0: never, the counts were given). */
+    uint64_t *ep_now, *ep_seen;
+    int ep_warmup;
+    atomic_int ep_load_src;            /* CM_EXPERT_LOAD_*: what p->expert_load holds */
+    atomic_int ep_replans;             /* plan changes the measured counts made */
+    _Atomic uint64_t ep_sent, ep_rows; /* this machine's expert exchange, every plan: element bytes sent, rows */
 };
+
+enum { CM_EXPERT_LOAD_UNIFORM, CM_EXPERT_LOAD_GIVEN, CM_EXPERT_LOAD_MEASURED };
 
 /* Hot-expert replication (coord_ep.c). Keep a copy of the routing counts
  * (one per expert of the model) that every plan of the pipe is asked with. */
@@ -143,6 +153,18 @@ int cm_coord_expert_load(cm_pipe *p, const uint64_t *load, int n, char *err, siz
 /* Stage 0's holders per expert (bit k: member k) when the running plan
  * replicates experts in this machine's group, else NULL. Data path only. */
 const uint32_t *cm_coord_ep_holders(cm_pipe *p);
+/* The routing settings of the user's request (coord.c, at open): given counts
+ * or the warm-up between looks at the measured ones. */
+void cm_coord_ep_init(cm_pipe *p, const cm_plan_request *q);
+/* Idle (cm_pipe_maintain, nothing else changed): once the measured routing
+ * has grown by the warm-up since the last look, hand the counts (halved at
+ * each look, plus the new ones) to the re-plan question and, when the answer
+ * moves experts or replicas and is predicted faster, apply it through the
+ * one plan change. 1 when the plan changed, 0 when not, or an error (the
+ * pipe then recovers or stays failed, as cm_pipe_maintain). */
+int cm_coord_ep_rebalance(cm_pipe *p, char *err, size_t errlen);
+/* The dashboard's copy of member k of stage st's experts (publish_members). */
+void cm_coord_member_experts(const cm_plan_stage *st, int k, cm_cluster_member *o);
 /* " replicas: rank 1 holds 0, ..." for the plan's stage st ("" without). */
 void cm_coord_replicas_text(const cm_plan_stage *st, char *out, size_t n);
 /* ASSIGN's REPLICAS of stage st, for every rank (nothing without replicas). */

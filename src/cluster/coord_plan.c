@@ -155,6 +155,7 @@ static void publish_members(cm_pipe *p, const cm_plan *plan) {
             o->ffn_end = mb->ffn_end;
             o->weight_bytes = mb->weight_bytes;
             o->kv_bytes = mb->kv_bytes;
+            cm_coord_member_experts(st, k, o); /* expert range and replicas (coord_ep.c) */
             if (mb->node == 0) {
                 o->local = true;
                 memcpy(o->name, p->hello.name, strnlen(p->hello.name, sizeof o->name - 1));
@@ -476,6 +477,7 @@ int cm_coord_replan(cm_pipe *p, cm_plan *out, double *score, double *cur_score, 
     if (score) *score = score_of(out, p->n_seq);
     if (cur_score) { /* the running plan on the same view */
         x->cur = p->plan;
+        cm_plan_expert_shares(&x->cur, po.expert_load, x->pm.n_experts); /* priced under today's counts */
         cm_plan_predict(&x->pm, &x->full, &po, &x->cur);
         *cur_score = score_of(&x->cur, p->n_seq);
     }

@@ -306,7 +306,7 @@ int cm_pipe_maintain(cm_pipe *p, char *err, size_t errlen) {
         int rc = cm_pipe_recover(p, err, errlen);
         return rc ? rc : 1;
     }
-    if (!back && !healed) return 0;
+    if (!back && !healed) return cm_coord_ep_rebalance(p, err, errlen); /* measured expert load (coord_ep.c) */
     /* The planner's answer on every live node; taken when it uses more
      * nodes and is not predicted more than 10% slower, or is predicted more
      * than 5% faster. A planner that finds nothing leaves the running plan. */

@@ -37,6 +37,22 @@ typedef struct cm_cluster_member {
     char live_power_source[16]; /* "rapl", "estimate", "counters" or "none" */
     double live_tok_s;          /* token rows it computed per second, recently */
     double live_ms_per_tok;     /* its stage's time per token row, ms */
+    /* An expert group's member: experts [expert_begin, expert_end) and the hot
+     * experts it holds beyond them (replicas, ascending); ep false otherwise. */
+    bool ep;
+    int expert_begin, expert_end;
+    int n_replicas;
+    int replicas[8];
 } cm_cluster_member;
+
+/* Mixture of experts on a cluster: where the expert groups' routing counts
+ * come from and what the coordinator did with them (cm_pipe_expert_info). */
+typedef struct cm_cluster_experts {
+    const char *load; /* "measured" (counted while serving), "given" (--expert-load N,...) or "uniform" */
+    int warmup;       /* new assignments per expert between looks at the counts (< 0: never) */
+    int replans;      /* plan changes the measured counts made */
+    uint64_t exchange_bytes, exchange_rows; /* this machine's expert exchange, every plan: element bytes sent,
+                                               token rows through its group */
+} cm_cluster_experts;
 
 #endif

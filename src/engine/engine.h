@@ -138,6 +138,14 @@ bool cm_engine_hop_stats(const cm_engine *e, uint64_t *bytes, uint64_t *frames, 
  * all MoE layers summed (model.h's cm_ctx_expert_hits; what --expert-load
  * takes). Copies min(n, n_expert); returns n_expert (0: dense). */
 int cm_engine_expert_hits(const cm_engine *e, uint64_t *hits, int n);
+/* The same for layer il alone (0 for layers this machine does not compute).
+ * Both: any thread, also while sessions run. */
+int cm_engine_expert_hits_layer(const cm_engine *e, int il, uint64_t *hits, int n);
+/* A cluster engine's expert routing: where its counts come from (measured
+ * while serving, given, uniform), re-plans they made, its expert exchange
+ * (cluster/member.h). False on one machine. Any thread. */
+typedef cm_cluster_experts cm_engine_experts;
+bool cm_engine_expert_info(const cm_engine *e, cm_engine_experts *out);
 /* Tensor parallel: this machine's all-reduce traffic (element bytes, whole
  * frames' bytes), all-reduce operations, and token rows evaluated. False
  * without a TP group. */

@@ -191,6 +191,12 @@ void cm_metrics_prefix(metrics *m, int n_tokens);               /* a prompt pref
 void cm_metrics_gen_tokens(metrics *m, int n);                  /* as they are produced, for tokens/s */
 void cm_metrics_prometheus(metrics *m, cm_http_server *srv, cm_buf *out);
 void cm_metrics_cluster_json(metrics *m, cm_http_server *srv, cm_buf *out);
+/* A mixture of experts' routing (metrics_experts.c): /metrics lines; /api/cluster's
+ * ",\"experts\":{...}" member; a node's ",\"experts\":[b,e],\"replicas\":[...]". Nothing
+ * for a dense model (or a member outside an expert group). */
+void cm_metrics_experts_prometheus(cm_http_server *srv, cm_buf *out);
+void cm_metrics_experts_json(cm_http_server *srv, cm_buf *out);
+void cm_metrics_member_experts_json(cm_buf *out, const cm_engine_member *mb);
 
 /* ---- server facts other files need (server.c) ---- */
 const char *cm_http_model_id(const cm_http_server *s);

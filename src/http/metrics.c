@@ -360,6 +360,7 @@ void cm_metrics_prometheus(metrics *m, cm_http_server *srv, cm_buf *o) {
                       m->node, s.load);
     pthread_mutex_unlock(&m->mu);
     remote_prometheus(m, srv, &s, o);
+    cm_metrics_experts_prometheus(srv, o); /* routing per layer and expert (metrics_experts.c) */
 }
 
 static void json_num_or_null(cm_buf *o, const char *fmt, double v, bool known) {
@@ -425,6 +426,7 @@ static void cluster_node_json(cm_buf *o, metrics *m, const snap *s, const cm_eng
     json_num_or_null(o, "%.3f", mb->live_ms_per_tok, live);
     cm_buf_printf(o, ",\"telemetry_age_s\":");
     json_num_or_null(o, "%.2f", mb->live_age_s, live);
+    cm_metrics_member_experts_json(o, mb); /* an expert group's member: its experts and replicas */
     cm_buf_puts(o, "}");
 }
 
@@ -494,7 +496,9 @@ void cm_metrics_cluster_json(metrics *m, cm_http_server *srv, cm_buf *o) {
             json_num_or_null(o, "%.0f", (double)hop_bytes, a->local);
             cm_buf_puts(o, "}");
         }
-        cm_buf_puts(o, "]}");
+        cm_buf_puts(o, "]");
+        cm_metrics_experts_json(srv, o);
+        cm_buf_puts(o, "}");
         return;
     }
     cm_buf_puts(o, "{\"id\":");
@@ -508,6 +512,8 @@ void cm_metrics_cluster_json(metrics *m, cm_http_server *srv, cm_buf *o) {
     json_num_or_null(o, "%.4f", s.load, s.load >= 0);
     cm_buf_printf(o,
                   ",\"threads\":%d,\"tokens_per_second\":%.3f,\"power_watts\":%.3f,\"power_source\":\"%s\","
-                  "\"tokens_per_watt\":%.5f}],\"links\":[]}",
+                  "\"tokens_per_watt\":%.5f}],\"links\":[]",
                   in.n_threads, s.tps, s.watts, s.measured ? "measured" : "estimated", s.tpw);
+    cm_metrics_experts_json(srv, o);
+    cm_buf_puts(o, "}");
 }

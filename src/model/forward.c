@@ -180,8 +180,9 @@ void cm_ctx_set_act_hook(cm_ctx *c, cm_act_hook_fn fn, void *user) {
     c->hook = fn;
     c->hook_user = user;
 }
-int cm_ctx_expert_hits(const cm_ctx *c, uint64_t *hits, int n) {
-    if (c->moe) cm_moe_hits(c->moe, hits, n);
+int cm_ctx_expert_hits(const cm_ctx *c, uint64_t *hits, int n) { return cm_ctx_expert_hits_layer(c, -1, hits, n); }
+int cm_ctx_expert_hits_layer(const cm_ctx *c, int il, uint64_t *hits, int n) {
+    if (c->moe) cm_moe_hits(c->moe, il, hits, n);
     return c->m->hp.n_expert;
 }
 

@@ -584,8 +584,11 @@ void cm_ctx_set_act_hook(cm_ctx *c, cm_act_hook_fn fn, void *user);
 /* Routing counts of c since cm_ctx_new: hits[e] += the (token, slot) assignments routed to
  * expert e, summed over every MoE layer and forward pass (the measure a warm-up hands the
  * planner for replicas: cm_plan_opts.expert_load). Copies min(n, n_expert) counts and
- * returns n_expert (0: a dense model). Not while a forward pass of c runs. */
+ * returns n_expert (0: a dense model). Any thread, also while a forward pass of c runs (the
+ * counts are relaxed atomics: a running pass's may be missing). _layer: layer il's alone
+ * (layers this context never computed, e.g. a later pipeline stage's, count 0). */
 int cm_ctx_expert_hits(const cm_ctx *c, uint64_t *hits, int n);
+int cm_ctx_expert_hits_layer(const cm_ctx *c, int il, uint64_t *hits, int n);
 /* Rows [*lo, *hi) of an expert's c assignments (grouped by expert, model.h's gather rows)
  * that member rank computes when the members in holders hold it: the j-th of its r holders
  * in member order takes [c*j/r, c*(j+1)/r) (so one token goes to the last holder); empty

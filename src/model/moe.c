@@ -26,6 +26,7 @@
 #include "gptoss.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -260,7 +261,8 @@ struct cm_moe {
     float *shl;                   /* [B] shared-expert gate logits */
     moe_route rt;                 /* a batch's routing (thread 0 routes, a barrier publishes it) */
     moe_route *tl;                /* [n_threads] one token's routing, each thread its own (no barrier) */
-    uint64_t *hits;               /* [n_expert] assignments routed to each expert since cm_moe_new */
+    _Atomic uint64_t *hits;       /* [n_layer][n_expert] routed assignments since cm_moe_new (any thread reads) */
+    int n_layer;                  /* hits' rows */
     uint8_t *xr, *xu, *xsg, *xsu; /* [B] inputs converted for router / up_exps / shexp gate / shexp up */
     uint8_t *xg, *xgu;            /* [A] gathered gate (and up) inputs */
     float *g, *u;                 /* [A][F] */
@@ -303,7 +305,7 @@ void cm_moe_free(cm_moe *s) {
     route_free(&s->rt);
     for (int i = 0; s->tl && i < s->n_threads; i++) route_free(&s->tl[i]);
     cm_free(s->tl);
-    cm_free(s->hits);
+    cm_free((void *)s->hits);
     void *ps[] = {s->logits, s->shl, s->xr, s->xu, s->xsg, s->xsu, s->xg, s->xgu,
                   s->g,      s->u,   s->dq, s->y,  s->gs,  s->us,  s->ys, s->dqs};
     for (size_t i = 0; i < CM_ARRAY_LEN(ps); i++) cm_aligned_free(ps[i]);
@@ -344,7 +346,8 @@ cm_moe *cm_moe_new(const cm_model *m, int max_batch, int n_threads) {
     s->ys = zalloc(B * E * 4);
     s->dqs = zalloc(B * s->rs_fs);
     s->tl = cm_calloc((size_t)s->n_threads, sizeof *s->tl);
-    s->hits = cm_calloc(X, sizeof *s->hits);
+    s->n_layer = hp->n_layer;
+    s->hits = cm_calloc(X * (size_t)hp->n_layer, sizeof *s->hits);
     bool ok = s->tl && s->hits && route_alloc(&s->rt, B, X, K);
     for (int i = 0; ok && i < s->n_threads; i++) ok = route_alloc(&s->tl[i], 1, X, K);
     void *ps[] = {s->logits, s->shl, s->xr, s->xu, s->xsg, s->xsu, s->xg, s->xgu,
@@ -623,8 +626,13 @@ static bool my_rows(const cm_moe_run *r, int e, int *o, int *c) {
     return *c > 0;
 }
 
-void cm_moe_hits(const cm_moe *s, uint64_t *hits, int n) {
-    for (int e = 0; e < n && e < s->n_expert; e++) hits[e] = s->hits[e];
+void cm_moe_hits(const cm_moe *s, int il, uint64_t *hits, int n) {
+    for (int e = 0; e < n && e < s->n_expert; e++) {
+        uint64_t h = 0;
+        for (int l = il < 0 ? 0 : il; l < (il < 0 ? s->n_layer : il + 1) && l < s->n_layer; l++)
+            h += atomic_load_explicit(&s->hits[(size_t)l * (size_t)s->n_expert + (size_t)e], memory_order_relaxed);
+        hits[e] = h;
+    }
 }
 
 void cm_moe_ffn(cm_moe *s, const cm_moe_run *r, int ith, int nth) {
@@ -682,7 +690,9 @@ void cm_moe_ffn(cm_moe *s, const cm_moe_run *r, int ith, int nth) {
     }
 
     if (ith == 0) /* thread 0's route is the batch's (or the same one token's) */
-        for (int i = 0; i < t->n_act; i++) s->hits[t->act[i]] += (uint64_t)(t->off[t->act[i] + 1] - t->off[t->act[i]]);
+        for (int i = 0; i < t->n_act; i++)
+            atomic_fetch_add_explicit(&s->hits[(size_t)r->il * (size_t)X + (size_t)t->act[i]],
+                                      (uint64_t)(t->off[t->act[i] + 1] - t->off[t->act[i]]), memory_order_relaxed);
 
     /* Expert parallelism: only the active experts in [e0, e1) run here: the
      * assignments [off[e0], off[e1]) and the active list's matching run.

@@ -83,7 +83,8 @@ void cm_moe_combine(cm_moe *s, const cm_moe_run *r, int ith, int nth);
 /* The expert output rows of the last cm_moe_ffn and their prefix offsets by
  * expert (model.h's cm_expert_gather_fn arguments). */
 void cm_moe_rows(cm_moe *s, int n, float **y, const int32_t **rows);
-/* Routing counts since cm_moe_new (model.h's cm_ctx_expert_hits). */
-void cm_moe_hits(const cm_moe *s, uint64_t *hits, int n);
+/* Routing counts since cm_moe_new of layer il (< 0: every layer summed;
+ * model.h's cm_ctx_expert_hits). Any thread, while forward passes run. */
+void cm_moe_hits(const cm_moe *s, int il, uint64_t *hits, int n);
 
 #endif

@@ -159,6 +159,11 @@ typedef struct cm_plan_request {
      * hot experts get replicas); NULL: uniform. Not owned: the coordinator copies it at open. */
     const uint64_t *expert_load;
     int n_expert_load;
+    /* Without expert_load: the coordinator counts the routing itself (cm_pipe_expert_observe)
+     * and, while idle, re-plans the replicas when the counts call for it, once every
+     * expert_warmup x n_expert new assignments (0: CM_PIPE_EXPERT_WARMUP; < 0: never,
+     * --expert-load off). */
+    int expert_warmup;
 } cm_plan_request;
 
 /* Defaults: ctx 2048, 1 sequence, f32 KV, 128-token prompt, AUTO, 256 MiB
@@ -238,6 +243,11 @@ void cm_plan_model_synthetic_moe(cm_plan_model *m, int n_layers, int dim, int n_
  * (bit k: member k, by its range or a replica); what cm_forward_args.expert_holders
  * takes, per expert. */
 uint32_t cm_plan_expert_holders(const cm_plan_stage *st, int e);
+/* Each expert group's members' expert_share (the fraction of the routed assignments they
+ * compute) under routing counts load[n_experts], keeping the plan's ranges and replicas:
+ * what cm_plan_predict reads, so that a running plan is priced under counts measured
+ * after it was made. Stages without an expert group are left as they are. */
+void cm_plan_expert_shares(cm_plan *p, const uint64_t *load, int n_experts);
 
 /* Human-readable plan (multi-line) into buf. */
 void cm_plan_format(const cm_plan *p, const cm_plan_model *m, const cm_plan_cluster *c, char *buf, size_t n);

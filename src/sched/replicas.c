@@ -108,6 +108,22 @@ static void place_stage(const cm_plan_model *m, const cm_plan_cluster *c, const 
     for (int i = 0; i < k; i++) st->members[i].expert_share = w[i] > 0 ? w[i] / total : 1e-300;
 }
 
+void cm_plan_expert_shares(cm_plan *p, const uint64_t *load, int n_experts) {
+    enum { MAXX = 1024 };
+    if (!load || n_experts < 1 || n_experts > MAXX) return;
+    double total = 0, w[CM_PLAN_MAX_NODES];
+    for (int e = 0; e < n_experts; e++) total += (double)load[e];
+    if (total <= 0) return;
+    static _Thread_local uint32_t h[MAXX];
+    for (int s = 0; s < p->n_stages; s++) {
+        cm_plan_stage *st = &p->stages[s];
+        if (!st->ep || st->n_members < 2) continue;
+        for (int e = 0; e < n_experts; e++) h[e] = cm_plan_expert_holders(st, e);
+        member_work(st, n_experts, load, h, w);
+        for (int i = 0; i < st->n_members; i++) st->members[i].expert_share = w[i] > 0 ? w[i] / total : 1e-300;
+    }
+}
+
 void cm_plan_place_replicas(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan_opts *o, cm_plan *p) {
     for (int s = 0; s < p->n_stages; s++) place_stage(m, c, o, &p->stages[s]);
 }

@@ -19,6 +19,7 @@
 # biases, attention sinks, sliding-window layers; 8 experts top 2).
 cd "$(dirname "$0")/../.." || exit 1
 . tests/sh/lib/cluster_common.sh
+. tests/sh/lib/ep_common.sh
 VOCAB=$SHARED/vocab/ggml-vocab-llama-spm.gguf
 M8=$TMP/moe8.gguf
 M64=$TMP/moe64.gguf
@@ -32,34 +33,13 @@ MGO=$TMP/gptoss.gguf
 PROMPT="Once upon a time"
 N=24
 
-# node_line TAG COUNT PATTERN: the last line of TAG's log matching PATTERN,
-# once there are more than COUNT of them (a node prints its exchange line
-# when the coordinator leaves; wait for it).
-node_line() {
-    i=0
-    while [ $i -lt 400 ]; do # up to 20 s: a node logs after its coordinator has gone
-        [ "$(grep -c "$3" "$TMP/$1.log")" -gt "$2" ] && break
-        sleep 0.05
-        i=$((i + 1))
-    done
-    grep "$3" "$TMP/$1.log" | tail -1
-}
-
 # case NAME MODEL [run options]: fresh nodes (fresh caches), one EP run,
 # checks 1-3.
 case_ep() {
     name=$1 model=$2
     shift 2
-    for n in a b; do cc_start_node "$name$n" --no-mdns; eval "PORT_$n=$NODE_PORT PID_$n=$NODE_PID"; done
-    [ -n "$PORT_a" ] && [ -n "$PORT_b" ] && ok || { bad "$name: nodes did not start"; return; }
-    "$BIN" info "$model" --json >"$TMP/info.json" 2>/dev/null
-    L=$(cc_jsonget "$TMP/info.json" '$j->{n_layer}')
-    D=$(cc_jsonget "$TMP/info.json" '$j->{n_embd}')
-    X=$(cc_jsonget "$TMP/info.json" '$j->{n_expert}')
-    K=$(cc_jsonget "$TMP/info.json" '$j->{n_expert_used}')
-    WB=$(cc_jsonget "$TMP/info.json" '$j->{weight_bytes}')
-    WA=$(cc_jsonget "$TMP/info.json" '$j->{weight_bytes_active}')
-    PER_EXPERT=$(((WB - WA) / (X - K)))
+    ep_nodes "$name" || return
+    ep_info "$model"
     "$BIN" run "$model" -p "$PROMPT" -n $N --temp 0 --threads 1 --json >"$TMP/one.json" 2>/dev/null
     one=$(cc_jsonget "$TMP/one.json" 'join(",", @{$j->{tokens}})')
     [ -n "$one" ] && ok || bad "$name: single machine run failed"
@@ -74,20 +54,15 @@ case_ep() {
     rows=$(cc_jsonget "$TMP/ep.json" '$j->{tp}{rows}')
     total=$(cc_jsonget "$TMP/ep.json" '$j->{tp}{data_bytes}')
     for n in a b; do
-        line=$(node_line "$name$n" 0 'expert-parallel rank.*expert exchanges')
-        nrows=$(echo "$line" | sed -n 's/.*: \([0-9]*\) rows, [0-9]* expert exchanges, \([0-9]*\) element bytes.*/\1/p')
-        nbytes=$(echo "$line" | sed -n 's/.*: \([0-9]*\) rows, [0-9]* expert exchanges, \([0-9]*\) element bytes.*/\2/p')
-        [ "$nrows" = "$rows" ] && ok || bad "$name: node $n computed ${nrows:-?} rows, the coordinator sent $rows"
-        total=$((total + ${nbytes:-0}))
+        ep_exchange "$(node_line "$name$n" 0 'expert-parallel rank.*expert exchanges')"
+        [ "$NROWS" = "$rows" ] && ok || bad "$name: node $n computed ${NROWS:-?} rows, the coordinator sent $rows"
+        total=$((total + ${NBYTES:-0}))
         # 3. weight bytes streamed = all - the experts it does not hold
-        sline=$(grep 'weight bytes streamed' "$TMP/$name$n.log" | tail -1)
-        e0=$(echo "$sline" | sed -n 's/.*experts \[\([0-9]*\), \([0-9]*\)), \([0-9]*\) weight bytes.*/\1/p')
-        e1=$(echo "$sline" | sed -n 's/.*experts \[\([0-9]*\), \([0-9]*\)), \([0-9]*\) weight bytes.*/\2/p')
-        got_b=$(echo "$sline" | sed -n 's/.*experts \[\([0-9]*\), \([0-9]*\)), \([0-9]*\) weight bytes.*/\3/p')
-        want_b=$((WB - (X - ${e1:-0} + ${e0:-0}) * PER_EXPERT))
-        [ -n "$got_b" ] && [ "$got_b" -eq "$want_b" ] && ok ||
-            bad "$name: node $n streamed ${got_b:-?} weight bytes for experts [$e0, $e1), expected $want_b"
-        echo "$name: node $n holds experts [$e0, $e1) of $X: streamed $got_b of $WB weight bytes"
+        ep_streamed "$TMP/$name$n.log"
+        want_b=$((WB - (X - ${E1:-0} + ${E0:-0}) * PER_EXPERT))
+        [ -n "$GOT_B" ] && [ "$GOT_B" -eq "$want_b" ] && ok ||
+            bad "$name: node $n streamed ${GOT_B:-?} weight bytes for experts [$E0, $E1), expected $want_b"
+        echo "$name: node $n holds experts [$E0, $E1) of $X: streamed $GOT_B of $WB weight bytes"
     done
     per=$((L * K * 2 * D * 4)) # per token: L MoE layers x k slots x (members - 1) peers x n_embd x 4
     [ "$rows" -ge $N ] && [ "$total" -eq $((rows * per)) ] && ok ||
@@ -116,7 +91,7 @@ case_ep go8 "$MGO"
 
 # 4. expert groups as pipeline stages: this machine + a as stage 0's group,
 # b alone (2,1); this machine alone, then a + b as a group (1,2).
-for n in a b; do cc_start_node "g$n" --no-mdns; eval "PORT_$n=$NODE_PORT"; done
+ep_nodes g
 "$BIN" run "$M8" -p "$PROMPT" -n $N --temp 0 --threads 1 --json >"$TMP/one.json" 2>/dev/null
 one=$(cc_jsonget "$TMP/one.json" 'join(",", @{$j->{tokens}})')
 for g in 2,1 1,2; do

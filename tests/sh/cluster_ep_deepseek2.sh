@@ -17,32 +17,18 @@
 #      expert group: the same ids, and the all-reduces counted.
 cd "$(dirname "$0")/../.." || exit 1
 . tests/sh/lib/cluster_common.sh
+. tests/sh/lib/ep_common.sh
 VOCAB=$SHARED/vocab/ggml-vocab-llama-spm.gguf
 PROMPT="Once upon a time"
 N=24
 
-node_line() {
-    i=0
-    while [ $i -lt 400 ]; do
-        [ "$(grep -c "$3" "$TMP/$1.log")" -gt "$2" ] && break
-        sleep 0.05
-        i=$((i + 1))
-    done
-    grep "$3" "$TMP/$1.log" | tail -1
-}
-
 # case_ep NAME MODEL L_MOE
 case_ep() {
-    name=$1 model=$2 L=$3
-    for n in a b; do cc_start_node "$name$n" --no-mdns; eval "PORT_$n=$NODE_PORT PID_$n=$NODE_PID"; done
-    [ -n "$PORT_a" ] && [ -n "$PORT_b" ] && ok || { bad "$name: nodes did not start"; return; }
-    "$BIN" info "$model" --json >"$TMP/info.json" 2>/dev/null
-    D=$(cc_jsonget "$TMP/info.json" '$j->{n_embd}')
-    X=$(cc_jsonget "$TMP/info.json" '$j->{n_expert}')
-    K=$(cc_jsonget "$TMP/info.json" '$j->{n_expert_used}')
-    WB=$(cc_jsonget "$TMP/info.json" '$j->{weight_bytes}')
-    WA=$(cc_jsonget "$TMP/info.json" '$j->{weight_bytes_active}')
-    PER_EXPERT=$(((WB - WA) / (X - K) / L)) # per layer's expert; WB - WA counts L MoE layers
+    name=$1 model=$2
+    ep_nodes "$name" || return
+    ep_info "$model"
+    L=$3                          # its MoE layers (the leading dense ones have no experts)
+    PER_EXPERT=$((PER_EXPERT / L)) # per layer's expert; WB - WA counts L MoE layers
     "$BIN" run "$model" -p "$PROMPT" -n $N --temp 0 --threads 1 --json >"$TMP/one.json" 2>/dev/null
     one=$(cc_jsonget "$TMP/one.json" 'join(",", @{$j->{tokens}})')
     [ -n "$one" ] && ok || bad "$name: single machine run failed"
@@ -57,17 +43,13 @@ case_ep() {
     rows=$(cc_jsonget "$TMP/ep.json" '$j->{tp}{rows}')
     total=$(cc_jsonget "$TMP/ep.json" '$j->{tp}{data_bytes}')
     for n in a b; do
-        line=$(node_line "$name$n" 0 'expert-parallel rank.*expert exchanges')
-        nbytes=$(echo "$line" | sed -n 's/.*: \([0-9]*\) rows, [0-9]* expert exchanges, \([0-9]*\) element bytes.*/\2/p')
-        total=$((total + ${nbytes:-0}))
-        sline=$(grep 'weight bytes streamed' "$TMP/$name$n.log" | tail -1)
-        e0=$(echo "$sline" | sed -n 's/.*experts \[\([0-9]*\), \([0-9]*\)), \([0-9]*\) weight bytes.*/\1/p')
-        e1=$(echo "$sline" | sed -n 's/.*experts \[\([0-9]*\), \([0-9]*\)), \([0-9]*\) weight bytes.*/\2/p')
-        got_b=$(echo "$sline" | sed -n 's/.*experts \[\([0-9]*\), \([0-9]*\)), \([0-9]*\) weight bytes.*/\3/p')
-        want_b=$((WB - (X - ${e1:-0} + ${e0:-0}) * PER_EXPERT * L))
-        [ -n "$got_b" ] && [ "$got_b" -eq "$want_b" ] && ok ||
-            bad "$name: node $n streamed ${got_b:-?} weight bytes for experts [$e0, $e1), expected $want_b"
-        echo "$name: node $n holds experts [$e0, $e1) of $X: streamed $got_b of $WB weight bytes"
+        ep_exchange "$(node_line "$name$n" 0 'expert-parallel rank.*expert exchanges')"
+        total=$((total + ${NBYTES:-0}))
+        ep_streamed "$TMP/$name$n.log"
+        want_b=$((WB - (X - ${E1:-0} + ${E0:-0}) * PER_EXPERT * L))
+        [ -n "$GOT_B" ] && [ "$GOT_B" -eq "$want_b" ] && ok ||
+            bad "$name: node $n streamed ${GOT_B:-?} weight bytes for experts [$E0, $E1), expected $want_b"
+        echo "$name: node $n holds experts [$E0, $E1) of $X: streamed $GOT_B of $WB weight bytes"
     done
     per=$((L * K * 2 * D * 4))
     [ -n "$rows" ] && [ "$rows" -ge $N ] && [ "$total" -eq $((rows * per)) ] && ok ||

@@ -19,10 +19,9 @@
 #      the counts again, and the text equals one machine's.
 cd "$(dirname "$0")/../.." || exit 1
 . tests/sh/lib/cluster_common.sh
-VOCAB=$SHARED/vocab/ggml-vocab-llama-spm.gguf
+. tests/sh/lib/ep_common.sh
 M=$TMP/hot.gguf
-"$BIN" synth --arch qwen3moe --dim 256 --layers 3 --heads 4 --kv-heads 2 --ffn 768 --expert-ffn 256 --experts 8 \
-    --experts-used 2 --hot-expert 0 --type q8_0 --seed 21 --vocab "$VOCAB" -o "$M" 2>/dev/null && ok || bad "synth failed"
+ep_hot_model "$M"
 PROMPT="Once upon a time"
 N=32
 "$BIN" run "$M" -p "$PROMPT" -n $N --temp 0 --threads 1 --json >"$TMP/one.json" 2>/dev/null
@@ -36,22 +35,14 @@ sum=0
 for h in "$@"; do sum=$((sum + h)); done
 [ "$1" -gt 0 ] && [ $((2 * $1 * $#)) -gt $((3 * sum)) ] && ok || bad "expert 0 is not hot: routing counts $hits"
 echo "routing counts on one machine (3 layers x $N+ tokens x top 2): $hits"
-"$BIN" info "$M" --json >"$TMP/info.json" 2>/dev/null
-L=$(cc_jsonget "$TMP/info.json" '$j->{n_layer}')
-D=$(cc_jsonget "$TMP/info.json" '$j->{n_embd}')
-X=$(cc_jsonget "$TMP/info.json" '$j->{n_expert}')
-K=$(cc_jsonget "$TMP/info.json" '$j->{n_expert_used}')
-WB=$(cc_jsonget "$TMP/info.json" '$j->{weight_bytes}')
-WA=$(cc_jsonget "$TMP/info.json" '$j->{weight_bytes_active}')
-PER_EXPERT=$(((WB - WA) / (X - K)))
+ep_info "$M"
 
 # ep_case TAG [run options]: fresh nodes TAGa and TAGb, one EP run (checks 1, 2).
 # Sets REPLICA_ROWS (rows of replicated experts the nodes computed).
 ep_case() {
     ct=$1
     shift
-    for n in a b; do cc_start_node "$ct$n" --no-mdns; eval "PORT_$n=$NODE_PORT PID_$n=$NODE_PID"; done
-    [ -n "$PORT_a" ] && [ -n "$PORT_b" ] && ok || { bad "$ct: nodes did not start"; return; }
+    ep_nodes "$ct" || return
     if ! "$BIN" run "$M" --nodes "127.0.0.1:$PORT_a,127.0.0.1:$PORT_b" --parallel ep -p "$PROMPT" -n $N --temp 0 \
         --threads 1 --json "$@" >"$TMP/$ct.json" 2>"$TMP/$ct.err"; then
         bad "$ct: expert-parallel run failed: $(tail -3 "$TMP/$ct.err")"
@@ -66,18 +57,14 @@ ep_case() {
         lg=$TMP/$ct$n.log
         # a node logs its exchange (and replica) lines when its coordinator has gone
         cc_wait_grep "$lg" 'expert-parallel rank.*expert exchanges' 200 || bad "$ct: node $n logged no exchange"
-        nbytes=$(grep 'expert-parallel rank.*expert exchanges' "$lg" | tail -1 |
-            sed -n 's/.*: [0-9]* rows, [0-9]* expert exchanges, \([0-9]*\) element bytes.*/\1/p')
-        total=$((total + ${nbytes:-0}))
-        sline=$(grep 'weight bytes streamed' "$lg" | tail -1)
-        e0=$(echo "$sline" | sed -n 's/.*experts \[\([0-9]*\), \([0-9]*\)), \([0-9]*\) weight bytes.*/\1/p')
-        e1=$(echo "$sline" | sed -n 's/.*experts \[\([0-9]*\), \([0-9]*\)), \([0-9]*\) weight bytes.*/\2/p')
-        got_b=$(echo "$sline" | sed -n 's/.*experts \[\([0-9]*\), \([0-9]*\)), \([0-9]*\) weight bytes.*/\3/p')
-        reps=$(echo "$sline" | sed -n 's/.*, replicas \([0-9 ]*\)$/\1/p')
+        ep_exchange "$(grep 'expert-parallel rank.*expert exchanges' "$lg" | tail -1)"
+        total=$((total + ${NBYTES:-0}))
+        ep_streamed "$lg"
+        reps=$REPS
         nrep=$(echo $reps | wc -w)
-        held=$((${e1:-0} - ${e0:-0} + nrep))
-        [ -n "$got_b" ] && [ "$got_b" -eq $((WB - (X - held) * PER_EXPERT)) ] && ok ||
-            bad "$ct: node $n streamed ${got_b:-?} bytes for experts [$e0, $e1) + replicas '$reps', expected $((WB - (X - held) * PER_EXPERT))"
+        held=$((${E1:-0} - ${E0:-0} + nrep))
+        [ -n "$GOT_B" ] && [ "$GOT_B" -eq $((WB - (X - held) * PER_EXPERT)) ] && ok ||
+            bad "$ct: node $n streamed ${GOT_B:-?} bytes for experts [$E0, $E1) + replicas '$reps', expected $((WB - (X - held) * PER_EXPERT))"
         r=$(grep 'rows of replicated experts computed here' "$lg" | tail -1 | sed -n 's/.*: \([0-9]*\) rows of replicated.*/\1/p')
         if [ "$nrep" -gt 0 ]; then
             cc_wait_grep "$lg" 'rows of replicated experts computed here' 50
@@ -87,7 +74,7 @@ ep_case() {
             [ -n "$r" ] && ok || bad "$ct: node $n holds replicas '$reps' but logged no replica rows"
         fi
         REPLICA_ROWS=$((REPLICA_ROWS + ${r:-0}))
-        echo "$ct: node $n: experts [$e0, $e1)${reps:+ + replicas $reps}: streamed $got_b of $WB weight bytes, ${r:-0} rows of replicated experts computed"
+        echo "$ct: node $n: experts [$E0, $E1)${reps:+ + replicas $reps}: streamed $GOT_B of $WB weight bytes, ${r:-0} rows of replicated experts computed"
     done
     per=$((L * K * 2 * D * 4))
     [ "$rows" -ge $N ] && [ "$total" -eq $((rows * per)) ] && ok ||

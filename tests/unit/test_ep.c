@@ -402,6 +402,18 @@ typedef struct gmember {
     cm_ep_pack pk;
 } gmember;
 
+/* k members' listeners on 127.0.0.1 (ports of the system's choice) and their
+ * addresses, for cm_coll_mesh_open. */
+static void mesh_listen(mesh *M, int k) {
+    memset(M, 0, sizeof *M);
+    M->k = k;
+    for (int i = 0; i < k; i++) {
+        CHECK(cm_net_listen("127.0.0.1", 0, &M->l[i], errbuf, sizeof errbuf) == 0);
+        snprintf(M->addr[i], sizeof M->addr[i], "127.0.0.1:%u", cm_listener_port(M->l[i]));
+        M->addrs[i] = M->addr[i];
+    }
+}
+
 static void *gather_main(void *arg) {
     gmember *v = arg;
     cm_net_cfg cfg = {.mode = CM_SEC_ENCRYPT};
@@ -455,13 +467,7 @@ static void test_gather_replicas(void) {
     const uint32_t holders[NX] = {0x7u, 0x1u, 0x2u, 0x5u};
     const int64_t n = (int64_t)rows[NX] * RL;
     mesh M;
-    memset(&M, 0, sizeof M);
-    M.k = K;
-    for (int i = 0; i < K; i++) {
-        CHECK(cm_net_listen("127.0.0.1", 0, &M.l[i], errbuf, sizeof errbuf) == 0);
-        snprintf(M.addr[i], sizeof M.addr[i], "127.0.0.1:%u", cm_listener_port(M.l[i]));
-        M.addrs[i] = M.addr[i];
-    }
+    mesh_listen(&M, K);
     float *want = malloc((size_t)n * sizeof(float));
     cm_rng rng;
     cm_rng_seed(&rng, 12);
@@ -506,13 +512,7 @@ static void test_allgather(void) {
     const int64_t part[K + 1] = {0, 0, 5000, 5000 + 9001}; /* empty, 2 pieces, 3 pieces */
     const int64_t n = part[K];
     mesh M;
-    memset(&M, 0, sizeof M);
-    M.k = K;
-    for (int i = 0; i < K; i++) {
-        CHECK(cm_net_listen("127.0.0.1", 0, &M.l[i], errbuf, sizeof errbuf) == 0);
-        snprintf(M.addr[i], sizeof M.addr[i], "127.0.0.1:%u", cm_listener_port(M.l[i]));
-        M.addrs[i] = M.addr[i];
-    }
+    mesh_listen(&M, K);
     float *want = malloc((size_t)n * sizeof(float));
     cm_rng rng;
     cm_rng_seed(&rng, 11);
@@ -541,13 +541,7 @@ static void test_allgather(void) {
      * forged piece fails the op with CM_EPROTO on every honest member, and no
      * byte of it lands */
     for (int forge = 1; forge <= 3; forge++) {
-        memset(&M, 0, sizeof M);
-        M.k = K;
-        for (int i = 0; i < K; i++) {
-            CHECK(cm_net_listen("127.0.0.1", 0, &M.l[i], errbuf, sizeof errbuf) == 0);
-            snprintf(M.addr[i], sizeof M.addr[i], "127.0.0.1:%u", cm_listener_port(M.l[i]));
-            M.addrs[i] = M.addr[i];
-        }
+        mesh_listen(&M, K);
         for (int r = 0; r < K; r++) {
             v[r] = (gmember){.M = &M,
                              .rank = r,

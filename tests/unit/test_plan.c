@@ -603,6 +603,25 @@ static void test_ep_replicas_plan(void) {
         CHECK(a->n_replicas == b->n_replicas && !memcmp(a->replicas, b->replicas, sizeof a->replicas) &&
               a->expert_share == b->expert_share);
     }
+    /* a running plan made without counts, priced under counts measured later
+     * (coord_ep.c's re-plan question): the same shares and speed as the plan
+     * made with them but no replicas, and slower than the replicated one by
+     * more than the coordinator's 2% bar */
+    cm_plan_opts u = o;
+    u.expert_load = NULL;
+    cm_plan run;
+    CHECKF(cm_plan_make(&m, &c, &u, &run, err, sizeof err) == 0, "%s", err);
+    cm_plan_expert_shares(&run, load, 128);
+    cm_plan_predict(&m, &c, &o, &run);
+    for (int i = 0; i < 3; i++) {
+        const cm_plan_member *a = &run.stages[0].members[i], *b = &none.stages[0].members[i];
+        CHECKF(a->expert_begin == b->expert_begin && a->expert_end == b->expert_end && a->n_replicas == 0 &&
+                   fabs(a->expert_share - b->expert_share) < 1e-12,
+               "member %d: [%d, %d) share %.4f vs [%d, %d) %.4f", i, a->expert_begin, a->expert_end, a->expert_share,
+               b->expert_begin, b->expert_end, b->expert_share);
+    }
+    CHECKF(fabs(run.tok_s - none.tok_s) < 1e-9 * none.tok_s && p.tok_s > 1.02 * run.tok_s,
+           "re-priced %.3f tok/s vs %.3f (no replicas), %.3f (replicas)", run.tok_s, none.tok_s, p.tok_s);
     o.expert_load = flat;
     CHECK(cm_plan_make(&m, &c, &o, &q, err, sizeof err) == 0);
     for (int i = 0; i < 3; i++) CHECK(q.stages[0].members[i].n_replicas == 0);

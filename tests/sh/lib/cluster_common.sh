@@ -133,7 +133,7 @@ cc_want() {
         n=$n0
         [ "$i" = long ] && n=${LONG_TOK:-$n0}
         "$BIN" run "$m" -p "$(cc_prompt "$i")" -n "$n" --temp 0 --threads 1 --json 2>/dev/null |
-            perl -MJSON::PP -e 'local $/; print decode_json(<STDIN>)->{text}' >"$TMP/want$i"
+            perl -MJSON::PP -e 'binmode STDOUT, ":utf8"; local $/; print decode_json(<STDIN>)->{text}' >"$TMP/want$i"
         [ -s "$TMP/want$i" ] || bad "no reference text for prompt $i"
     done
 }
@@ -154,11 +154,11 @@ cc_request() {
 # chunks when STREAM is true) equals $TMP/wantPROMPT, with no error (event).
 cc_check() {
     if [ "$4" = true ]; then
-        perl -MJSON::PP -ne 'next unless s/^data: //; chomp; next if $_ eq "[DONE]"; my $j = decode_json($_);
+        perl -MJSON::PP -ne 'BEGIN { binmode STDOUT, ":utf8" } next unless s/^data: //; chomp; next if $_ eq "[DONE]"; my $j = decode_json($_);
             print STDERR "error event: $_\n" if $j->{error}; print $j->{choices}[0]{text} // ""' \
             <"$TMP/$1.r$2.out" >"$TMP/$1.got$2" 2>"$TMP/$1.err$2"
     else
-        perl -MJSON::PP -e 'local $/; my $j = eval { decode_json(<STDIN>) };
+        perl -MJSON::PP -e 'binmode STDOUT, ":utf8"; local $/; my $j = eval { decode_json(<STDIN>) };
             if (!$j || $j->{error}) { print STDERR "error: ", ($j ? encode_json($j) : "not JSON"), "\n"; exit }
             print $j->{choices}[0]{text}' <"$TMP/$1.r$2.out" >"$TMP/$1.got$2" 2>"$TMP/$1.err$2"
     fi
