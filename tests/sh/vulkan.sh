@@ -155,13 +155,13 @@ wait "$spid" 2>/dev/null
 # its tolerance rule) with its greedy context on the device: F16, Q8_0, Q4_0,
 # Q5_0, Q4_1, Q5_1 and the K-quants (Q2_K..Q6_K, Q4_K_M's mix), llama3 rope scaling, a
 # tied output, qwen3's Q/K norms, gemma3 (GELU, post norms, sliding window,
-# q scale), and the mixtures of experts (qwen3moe with 8 and 64 experts,
-# qwen2moe's shared expert, Mixtral).
+# q scale), the mixtures of experts (qwen3moe with 8 and 64 experts,
+# qwen2moe's shared expert; Mixtral through the CLI above) and MXFP4.
 SG=${CUMULO_TESTBIN:-build/tests}/test_synth_golden
 # (every type and gemma3's F32/Q8_0 too: run test_synth_golden with
 # CUMULO_GPU=vulkan and a wider CUMULO_SYNTH_ONLY; this list keeps the suite's time)
-SEL='^(llama-(f16|q8_0|q4_0|q4_1|q3_k|q4_k_m)|llama3-q4_0|llamatied-f32|qwen3-q4_k|gemma3-q4_k_m|qwen3moe-(q4_k|f32)|qwen3moe64-q8_0|qwen2moe-q5_0|mixtral-q4_0)\.json$'
-NSEL=15
+SEL='^(llama-(f16|q8_0|q4_0|q4_1|q3_k|q4_k_m)|llama3-q4_0|llamatied-f32|qwen3-q4_k|gemma3-q4_k_m|qwen3moe-q4_k|qwen3moe64-q8_0|qwen2moe-q5_0|qwen3-mxfp4)\.json$'
+NSEL=14
 if [ -x "$SG" ]; then
     CUMULO_GPU=vulkan CUMULO_SYNTH_ONLY="$SEL" "$SG" >"$T/sg" 2>&1; rc=$?
     [ $rc -eq 0 ] && grep -q '^1 passed, 0 failed' "$T/sg" && [ "$(grep -c 'gpu: greedy with' "$T/sg")" -eq $NSEL ] && ok ||
