@@ -1,6 +1,7 @@
 /*
  * vk_model.c: a llama-family model's first layers on a Vulkan device (the
- * shaders in src/gpu/shaders): weights uploaded once, repacked for the
+ * shaders in src/gpu/shaders; gemma3's, and the mixture-of-experts FFNs of
+ * qwen3moe, qwen2moe and Mixtral, record_moe): weights uploaded once, repacked for the
  * shaders (quant scales as F32 apart from the quants, so every read is a
  * whole word); activations for max_batch tokens; a K/V cache of n_seq
  * sequence slots. One forward = one command buffer for all the device's
@@ -24,6 +25,7 @@
 
 typedef struct wt {
     uint32_t off, type, K, rows; /* words into the layer buffer */
+    uint32_t stride;             /* a stacked [K, rows, n_expert] tensor: words per expert (0: 2-D) */
 } wt;
 
 typedef struct glayer {
@@ -32,6 +34,9 @@ typedef struct glayer {
     wt attn_norm, wq, wk, wv, wo, ffn_norm, gate, up, down;
     wt bq, bk, bv, q_norm, k_norm; /* qwen2's biases, qwen3's per-head norms: K 0 when absent */
     wt attn_post, ffn_post;        /* gemma3's post norms (K 0 when absent) */
+    /* a mixture-of-experts layer (router K 0 when dense): the router, qwen2moe's shared-expert
+     * gate, the stacked experts, the shared expert */
+    wt router, sh_inp, gexp, uexp, dexp, sgate, sup, sdown;
 } glayer;
 
 struct cm_gpu_model {
@@ -39,10 +44,12 @@ struct cm_gpu_model {
     const cm_model *m;
     int l0, nl, B, ctx, n_seq; /* layers [l0, l0 + nl) of m */
     int E, D, nq, nkv, QD, KD, F, n_rot;
+    int X, XK, FX, FS; /* experts, used per token, expert and shared-expert widths (0: dense) */
     glayer *L;
     cm_vk_buf *act, *io;
     /* A's regions (floats); io holds the first five at the same offsets */
     uint32_t o_x, o_k, o_v, o_rope, o_rope_swa, o_meta, o_io_end, o_xn, o_q, o_att, o_gate, o_up, o_sc, o_q8;
+    uint32_t o_lg, o_ids, o_ew, o_shl, o_eg, o_eu, o_ey, o_sy; /* MoE: router, choice, expert rows (record_moe) */
     uint32_t q8_src;       /* while recording: the region o_q8 holds converted, or UINT32_MAX */
     uint32_t q8_type;      /* ... to this type (Q8_0, Q8_K) */
     uint32_t slot_stride;  /* floats of one slot's K and V of one layer */
@@ -59,9 +66,10 @@ bool cm_gpu_model_supported(const cm_model *m, char *why, size_t whylen) {
 
 bool cm_gpu_model_supported_range(const cm_model *m, int l0, int l1, char *why, size_t whylen) {
     const cm_hparams *hp = &m->hp;
-    if (hp->arch == CM_ARCH_DEEPSEEK2 || hp->arch == CM_ARCH_GPTOSS || hp->n_expert) {
-        snprintf(why, whylen, "the GPU runs dense llama-style and gemma3 layers only (not %s)",
-                 hp->n_expert ? "mixture-of-experts ones" : "deepseek2's or gpt-oss's");
+    if (hp->arch == CM_ARCH_DEEPSEEK2 || hp->arch == CM_ARCH_GPTOSS || hp->expert_sigmoid ||
+        hp->n_expert_groups > 1) {
+        snprintf(why, whylen, "the GPU runs llama-style, qwen2moe/qwen3moe/Mixtral and gemma3 layers (not %s's)",
+                 cm_arch_name_of(hp->arch));
         return false;
     }
     if ((hp->n_swa && hp->arch != CM_ARCH_GEMMA3) || hp->n_rot % 2 || hp->n_rot > hp->head_dim ||
@@ -71,7 +79,8 @@ bool cm_gpu_model_supported_range(const cm_model *m, int l0, int l1, char *why, 
     }
     for (int il = CM_MAX(l0, 0); il < CM_MIN(l1, hp->n_layer); il++) {
         const cm_layer *L = &m->layers[il];
-        if (L->bo.data || L->attn_sinks.data || !L->ffn_gate.data) {
+        if (L->bo.data || L->attn_sinks.data || (!L->ffn_gate.data && !L->ffn_gate_inp.data) ||
+            L->ffn_gate_inp_b.data || L->ffn_gate_exps_b.data || L->ffn_exp_probs_b.data) {
             snprintf(why, whylen, "layer %d has an output bias, sinks or no gate (not on the GPU yet)", il);
             return false;
         }
@@ -84,29 +93,69 @@ bool cm_gpu_model_supported_range(const cm_model *m, int l0, int l1, char *why, 
                          cm_type_name(ex[i]->type));
                 return false;
             }
-        const cm_tensor *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->ffn_gate, &L->ffn_up, &L->ffn_down};
-        const char *names[] = {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"};
-        for (int i = 0; i < 7; i++)
-            if (!cm_vk_type_ok(ws[i], why, whylen, names[i])) return false;
+        const cm_tensor *ws[] = {&L->wq,          &L->wk,           &L->wv,           &L->wo,
+                                 &L->ffn_gate,    &L->ffn_up,       &L->ffn_down,     &L->ffn_gate_inp,
+                                 &L->ffn_gate_exps, &L->ffn_up_exps, &L->ffn_down_exps, &L->ffn_gate_shexp,
+                                 &L->ffn_up_shexp, &L->ffn_down_shexp, &L->ffn_gate_inp_shexp};
+        const char *names[] = {"attn_q",        "attn_k",        "attn_v",         "attn_output",   "ffn_gate",
+                               "ffn_up",        "ffn_down",      "ffn_gate_inp",   "ffn_gate_exps", "ffn_up_exps",
+                               "ffn_down_exps", "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp", "ffn_gate_inp_shexp"};
+        for (int i = 0; i < 15; i++)
+            if (ws[i]->data && !cm_vk_type_ok(ws[i], why, whylen, names[i])) return false;
     }
     return true;
+}
+
+enum { NW = 24 };
+/* Layer L's tensors (absent ones without data) and where gl keeps each. */
+static void layer_tensors(const cm_layer *L, glayer *gl, const cm_tensor **ws, wt **ts) {
+    const cm_tensor *w[NW] = {&L->attn_norm,     &L->wq,          &L->wk,           &L->wv,
+                              &L->wo,            &L->ffn_norm,    &L->ffn_gate,     &L->ffn_up,
+                              &L->ffn_down,      &L->bq,          &L->bk,           &L->bv,
+                              &L->q_norm,        &L->k_norm,      &L->attn_post_norm, &L->ffn_post_norm,
+                              &L->ffn_gate_inp,  &L->ffn_gate_inp_shexp, &L->ffn_gate_exps, &L->ffn_up_exps,
+                              &L->ffn_down_exps, &L->ffn_gate_shexp, &L->ffn_up_shexp, &L->ffn_down_shexp};
+    wt *t[NW] = {&gl->attn_norm, &gl->wq,     &gl->wk,     &gl->wv,        &gl->wo,        &gl->ffn_norm,
+                 &gl->gate,      &gl->up,     &gl->down,   &gl->bq,        &gl->bk,        &gl->bv,
+                 &gl->q_norm,    &gl->k_norm, &gl->attn_post, &gl->ffn_post, &gl->router,   &gl->sh_inp,
+                 &gl->gexp,      &gl->uexp,   &gl->dexp,   &gl->sgate,     &gl->sup,       &gl->sdown};
+    for (int i = 0; i < NW; i++) {
+        ws[i] = w[i];
+        ts[i] = t[i];
+    }
+}
+
+/* Packed words of one expert (of a 2-D tensor: of it), padded to 4 words. */
+static uint64_t expert_words(const cm_tensor *w) { return (cm_vk_packed_words(w) + 3) & ~(uint64_t)3; }
+static uint64_t tensor_words(const cm_tensor *w) { return expert_words(w) * (uint64_t)(w->n_dims == 3 ? w->ne[2] : 1); }
+
+/* Pack w at dst: a stacked tensor expert by expert, each at its stride. */
+static void pack_tensor(const cm_tensor *w, uint32_t *dst) {
+    const int64_t ne = w->n_dims == 3 ? w->ne[2] : 1;
+    for (int64_t e = 0; e < ne; e++) {
+        cm_tensor v = *w;
+        v.data = (char *)w->data + (size_t)e * w->nb[2];
+        v.ne[2] = 1;
+        v.n_dims = CM_MIN(w->n_dims, 2);
+        cm_vk_pack(&v, dst + (size_t)e * expert_words(w));
+    }
 }
 
 static int upload_layer(cm_gpu_model *gm, int il, char *err, size_t errlen) {
     const cm_layer *L = &gm->m->layers[gm->l0 + il];
     glayer *gl = &gm->L[il];
-    const cm_tensor *ws[] = {&L->attn_norm,      &L->wq,           &L->wk, &L->wv, &L->wo, &L->ffn_norm, &L->ffn_gate,
-                             &L->ffn_up,         &L->ffn_down,     &L->bq, &L->bk, &L->bv, &L->q_norm,   &L->k_norm,
-                             &L->attn_post_norm, &L->ffn_post_norm};
-    wt *ts[] = {&gl->attn_norm, &gl->wq, &gl->wk, &gl->wv, &gl->wo,     &gl->ffn_norm, &gl->gate,      &gl->up,
-                &gl->down,      &gl->bq, &gl->bk, &gl->bv, &gl->q_norm, &gl->k_norm,   &gl->attn_post, &gl->ffn_post};
-    enum { NW = 16 };
+    const cm_tensor *ws[NW];
+    wt *ts[NW];
+    layer_tensors(L, gl, ws, ts);
     uint64_t words = 0;
     for (int i = 0; i < NW; i++) {
         if (!ws[i]->data) continue; /* an absent bias or norm: K stays 0 */
-        *ts[i] = (wt){
-            .off = (uint32_t)words, .type = ws[i]->type, .K = (uint32_t)ws[i]->ne[0], .rows = (uint32_t)ws[i]->ne[1]};
-        words += (cm_vk_packed_words(ws[i]) + 3) & ~(uint64_t)3;
+        *ts[i] = (wt){.off = (uint32_t)words,
+                      .type = ws[i]->type,
+                      .K = (uint32_t)ws[i]->ne[0],
+                      .rows = (uint32_t)ws[i]->ne[1],
+                      .stride = ws[i]->n_dims == 3 ? (uint32_t)expert_words(ws[i]) : 0};
+        words += tensor_words(ws[i]);
     }
     if (words * 4 > cm_vk_max_range(gm->g))
         return cm_errf(err, errlen, CM_EUNSUPPORTED, "layer %d's %llu weight bytes exceed the device's buffer range",
@@ -114,7 +163,7 @@ static int upload_layer(cm_gpu_model *gm, int il, char *err, size_t errlen) {
     uint32_t *host = cm_calloc(words ? words : 1, 4);
     if (!host) return cm_errf(err, errlen, CM_ENOMEM, "out of memory packing layer %d", il);
     for (int i = 0; i < NW; i++)
-        if (ws[i]->data) cm_vk_pack(ws[i], host + ts[i]->off);
+        if (ws[i]->data) pack_tensor(ws[i], host + ts[i]->off);
     int rc = CM_ENOMEM;
     if ((gl->buf = cm_vk_buf_new(gm->g, words * 4, CM_VK_DEVICE, err, errlen)))
         rc = cm_vk_upload(gm->g, gl->buf, 0, host, words * 4, err, errlen);
@@ -139,13 +188,13 @@ int cm_gpu_model_supported_prefix(const cm_model *m, int l0, int l1, char *why, 
 }
 
 uint64_t cm_gpu_layer_bytes(const cm_model *m, int il, int max_batch, int n_ctx, int n_seq) {
-    const cm_layer *L = &m->layers[il];
-    const cm_tensor *ws[] = {&L->attn_norm,      &L->wq,           &L->wk, &L->wv, &L->wo, &L->ffn_norm, &L->ffn_gate,
-                             &L->ffn_up,         &L->ffn_down,     &L->bq, &L->bk, &L->bv, &L->q_norm,   &L->k_norm,
-                             &L->attn_post_norm, &L->ffn_post_norm};
+    const cm_tensor *ws[NW];
+    wt *ts[NW];
+    glayer dummy;
+    layer_tensors(&m->layers[il], &dummy, ws, ts);
     uint64_t words = 0;
-    for (int i = 0; i < 16; i++)
-        if (ws[i]->data) words += (cm_vk_packed_words(ws[i]) + 3) & ~(uint64_t)3;
+    for (int i = 0; i < NW; i++)
+        if (ws[i]->data) words += tensor_words(ws[i]);
     const cm_hparams *hp = &m->hp;
     const uint64_t KD = (uint64_t)hp->n_head_kv * hp->head_dim; /* + the layer's K and V rows of a batch */
     return words * 4 + 2 * KD * 4 * ((uint64_t)n_ctx * (uint64_t)CM_MAX(n_seq, 1) + (uint64_t)max_batch);
@@ -154,10 +203,12 @@ uint64_t cm_gpu_layer_bytes(const cm_model *m, int il, int max_batch, int n_ctx,
 uint64_t cm_gpu_fixed_bytes(const cm_model *m, int max_batch, int n_ctx) {
     const cm_hparams *hp = &m->hp;
     const uint64_t B = (uint64_t)max_batch, QD = (uint64_t)hp->n_head * hp->head_dim;
-    const uint64_t big = (uint64_t)CM_MAX(hp->n_embd, CM_MAX((int)QD, hp->n_ff));
+    const uint64_t F = (uint64_t)CM_MAX(hp->n_ff, hp->n_ff_shexp), E = (uint64_t)hp->n_embd;
+    const uint64_t big = CM_MAX(E, CM_MAX(QD, F)), K = (uint64_t)hp->n_expert_used, FX = (uint64_t)hp->n_ff_exp;
+    const uint64_t moe = hp->n_expert ? (uint64_t)hp->n_expert + 2 * K + 1 + 2 * K * FX + K * E + E : 0;
     return 4 * B *
-           (3 * (uint64_t)hp->n_embd + 2 * QD + 2 * (uint64_t)hp->n_ff + (uint64_t)hp->n_head * n_ctx +
-            (big / 32 + 1) * 11);
+           (3 * E + 2 * QD + 2 * F + (uint64_t)hp->n_head * n_ctx + CM_MAX(big / 32 + 1, K * (FX / 32 + 1)) * 11 +
+            moe);
 }
 
 int cm_gpu_model_new_at(cm_gpu_model **out, cm_gpu *g, const cm_model *m, int layer_first, int n_layers, int max_batch,
@@ -186,6 +237,12 @@ int cm_gpu_model_new_at(cm_gpu_model **out, cm_gpu *g, const cm_model *m, int la
     gm->KD = gm->nkv * gm->D;
     gm->F = hp->n_ff;
     gm->n_rot = hp->n_rot;
+    if (hp->n_expert) {
+        gm->X = hp->n_expert;
+        gm->XK = hp->n_expert_used;
+        gm->FX = hp->n_ff_exp;
+        gm->FS = hp->n_ff_shexp;
+    }
     const uint64_t B = (uint64_t)gm->B, nl = (uint64_t)CM_MAX(gm->nl, 1);
     uint64_t o = 0;
 #define REGION(f, n) gm->f = (uint32_t)o, o += ((uint64_t)(n) + 15) & ~(uint64_t)15
@@ -199,10 +256,19 @@ int cm_gpu_model_new_at(cm_gpu_model **out, cm_gpu *g, const cm_model *m, int la
     REGION(o_xn, B * gm->E);
     REGION(o_q, B * gm->QD);
     REGION(o_att, B * gm->QD);
-    REGION(o_gate, B * gm->F);
-    REGION(o_up, B * gm->F);
+    REGION(o_gate, B * CM_MAX(gm->F, gm->FS)); /* (qwen2moe's shared expert too) */
+    REGION(o_up, B * CM_MAX(gm->F, gm->FS));
     REGION(o_sc, B * gm->nq * (uint64_t)n_ctx);
-    REGION(o_q8, B * ((uint64_t)CM_MAX(gm->E, CM_MAX(gm->QD, gm->F)) / 32 + 1) * 11); /* Q8_0 9, Q8_K 81/8 */
+    const uint64_t big = (uint64_t)CM_MAX(gm->E, CM_MAX(gm->QD, CM_MAX(gm->F, gm->FS))), XK = (uint64_t)gm->XK;
+    REGION(o_q8, B * CM_MAX(big / 32 + 1, XK * ((uint64_t)gm->FX / 32 + 1)) * 11); /* Q8_0 9, Q8_K 81/8 */
+    REGION(o_lg, B * gm->X);
+    REGION(o_ids, B * XK);
+    REGION(o_ew, B * XK);
+    REGION(o_shl, B);
+    REGION(o_eg, B * XK * gm->FX);
+    REGION(o_eu, B * XK * gm->FX);
+    REGION(o_ey, B * XK * gm->E);
+    REGION(o_sy, gm->FS ? B * gm->E : 0);
 #undef REGION
     /* A buffer per layer: [slot][K|V][head][ctx][D] */
     const uint64_t slot = 2 * (uint64_t)gm->nkv * n_ctx * gm->D;
@@ -255,9 +321,11 @@ const char *cm_gpu_model_device(const cm_gpu_model *gm) { return gm ? cm_gpu_inf
 /* ---- recording the ops ---- */
 
 /* y (+)= W x for n rows of x at x_off (stride ldx); quantized weights take
- * x converted to Q8_0 or Q8_K first (once per source region and format). */
-static void mm(cm_gpu_model *gm, cm_vk_set *s, const wt *w, uint32_t x_off, uint32_t ldx, uint32_t y_off, uint32_t ldy,
-               int n, bool add) {
+ * x converted to Q8_0 or Q8_K first (once per source region and format).
+ * A stacked expert tensor (w->stride): ny rows of y, row a from expert
+ * AU[o_ids + a] and x row a / xdiv. */
+static void mm_rows(cm_gpu_model *gm, cm_vk_set *s, const wt *w, uint32_t x_off, uint32_t ldx, int n, uint32_t y_off,
+                    uint32_t ldy, int ny, uint32_t xdiv, bool add) {
     const enum cm_type act = cm_vk_act_type((enum cm_type)w->type);
     if (act != CM_TYPE_F32) {
         if (gm->q8_src != x_off || gm->q8_type != (uint32_t)act) {
@@ -269,8 +337,53 @@ static void mm(cm_gpu_model *gm, cm_vk_set *s, const wt *w, uint32_t x_off, uint
         x_off = gm->o_q8;
         ldx = cm_vk_act_words(act, w->K);
     }
-    const uint32_t p[9] = {w->K, w->rows, (uint32_t)n, w->off, x_off, ldx, y_off, ldy, add};
-    cm_vk_dispatch(gm->g, cm_vk_mm_pipe((enum cm_type)w->type), s, p, sizeof p, w->rows, (uint32_t)(n + 7) / 8);
+    const uint32_t p[12] = {w->K, w->rows, (uint32_t)ny, w->off, x_off, ldx, y_off, ldy, add, gm->o_ids, w->stride,
+                            xdiv};
+    cm_vk_dispatch(gm->g, cm_vk_mm_pipe((enum cm_type)w->type), s, p, sizeof p, w->rows,
+                   w->stride ? (uint32_t)ny : (uint32_t)(ny + 7) / 8);
+}
+static void mm(cm_gpu_model *gm, cm_vk_set *s, const wt *w, uint32_t x_off, uint32_t ldx, uint32_t y_off, uint32_t ldy,
+               int n, bool add) {
+    mm_rows(gm, s, w, x_off, ldx, n, y_off, ldy, n, 1, add);
+}
+
+/* silu(g) * u over n elements in place of g (gelu: gemma3's). */
+static void glu(cm_gpu *g, cm_vk_set *s, bool gelu, uint32_t n, uint32_t g_off, uint32_t u_off) {
+    const uint32_t ps[3] = {n, g_off, u_off};
+    cm_vk_dispatch(g, gelu ? VKP_GELU : VKP_SILU, s, ps, sizeof ps, (n + 63) / 64, 1);
+}
+
+/* A mixture-of-experts FFN (moe.c's arithmetic): router logits, the top k
+ * and their weights per token (moeroute.comp), each (token, slot)'s expert
+ * gate/up/down from the stacked tensors, qwen2moe's shared expert, and the
+ * weighted sum in top-k order added to the residual (moesum.comp). */
+static void record_moe(cm_gpu_model *gm, cm_vk_set *s, const glayer *L, int n) {
+    const cm_hparams *hp = &gm->m->hp;
+    const uint32_t E = (uint32_t)gm->E, X = (uint32_t)gm->X, K = (uint32_t)gm->XK, FX = (uint32_t)gm->FX;
+    const uint32_t FS = (uint32_t)gm->FS, none = UINT32_MAX;
+    const int na = n * gm->XK;
+    mm(gm, s, &L->router, gm->o_xn, E, gm->o_lg, X, n, false);
+    if (L->sh_inp.K) mm(gm, s, &L->sh_inp, gm->o_xn, E, gm->o_shl, 1, n, false);
+    struct {
+        uint32_t ntok, X, K, lg_off, ids_off, w_off, norm;
+        float scale;
+        uint32_t sh_off;
+    } pr = {(uint32_t)n, X,  K, gm->o_lg, gm->o_ids, gm->o_ew, hp->expert_norm, hp->expert_scale,
+            L->sh_inp.K ? gm->o_shl : none};
+    cm_vk_dispatch(gm->g, VKP_MOE_ROUTE, s, &pr, sizeof pr, ((uint32_t)n + 63) / 64, 1);
+    mm_rows(gm, s, &L->gexp, gm->o_xn, E, n, gm->o_eg, FX, na, K, false);
+    mm_rows(gm, s, &L->uexp, gm->o_xn, E, n, gm->o_eu, FX, na, K, false);
+    glu(gm->g, s, false, (uint32_t)na * FX, gm->o_eg, gm->o_eu);
+    mm_rows(gm, s, &L->dexp, gm->o_eg, FX, na, gm->o_ey, E, na, 1, false);
+    if (L->sgate.K) {
+        mm(gm, s, &L->sgate, gm->o_xn, E, gm->o_gate, FS, n, false);
+        mm(gm, s, &L->sup, gm->o_xn, E, gm->o_up, FS, n, false);
+        glu(gm->g, s, false, (uint32_t)n * FS, gm->o_gate, gm->o_up);
+        mm(gm, s, &L->sdown, gm->o_gate, FS, gm->o_sy, E, n, false);
+    }
+    const uint32_t ps[8] = {(uint32_t)n, E, K, gm->o_ey, gm->o_ew, gm->o_x, L->sgate.K ? gm->o_sy : none,
+                            L->sh_inp.K ? gm->o_shl : none};
+    cm_vk_dispatch(gm->g, VKP_MOE_SUM, s, ps, sizeof ps, ((uint32_t)n * E + 63) / 64, 1);
 }
 
 /* y = rms_norm(x) * w by rows of n (add: y += that). */
@@ -364,11 +477,13 @@ static void record_layer(cm_gpu_model *gm, int il, int n, bool f16) {
     mm_residual(gm, s, &L->wo, &L->attn_post, gm->o_att, QD, n);
     rmsnorm(g, s, E, gm->o_x, gm->o_xn, L->ffn_norm.off, hp->rms_eps, n);
     gm->q8_src = UINT32_MAX;
+    if (L->router.K) {
+        record_moe(gm, s, L, n);
+        return;
+    }
     mm(gm, s, &L->gate, gm->o_xn, E, gm->o_gate, F, n, false);
     mm(gm, s, &L->up, gm->o_xn, E, gm->o_up, F, n, false);
-    const uint32_t ps[3] = {(uint32_t)n * F, gm->o_gate, gm->o_up};
-    cm_vk_dispatch(g, hp->arch == CM_ARCH_GEMMA3 ? VKP_GELU : VKP_SILU, s, ps, sizeof ps, ((uint32_t)n * F + 63) / 64,
-                   1);
+    glu(g, s, hp->arch == CM_ARCH_GEMMA3, (uint32_t)n * F, gm->o_gate, gm->o_up);
     mm_residual(gm, s, &L->down, &L->ffn_post, gm->o_gate, F, n);
 }
 

@@ -77,7 +77,7 @@ int cm_gpu_test_matmul(cm_gpu *g, const cm_tensor *W, const float *x, int n_tok,
     if (!rc) {
         const uint32_t yo = (uint32_t)n_tok * K, qo = yo + (uint32_t)n_tok * R;
         const uint32_t pq[5] = {K, (uint32_t)n_tok, 0, K, qo};
-        const uint32_t pm[9] = {K, R, (uint32_t)n_tok, 0, q ? qo : 0, aw, yo, R, 0};
+        const uint32_t pm[12] = {K, R, (uint32_t)n_tok, 0, q ? qo : 0, aw, yo, R, 0, 0, 0, 1};
         const enum cm_vk_pipe pp[2] = {cm_vk_act_pipe(act), cm_vk_mm_pipe(W->type)};
         const void *push[2] = {pq, pm};
         const uint32_t pb[2] = {sizeof pq, sizeof pm}, gx[2] = {((uint32_t)n_tok * (K / bs) + 63) / 64, R},

@@ -5,7 +5,9 @@
  * plain shader, mm.comp); the K-quants (mmk.comp) keep the file's blocks,
  * Q6_K's 210 and Q3_K's 110 bytes padded to whole words. Q5_0's 22-byte
  * block is its scale and 5 words (qh, then the quants); Q4_1/Q5_1 keep
- * their mins as F32 after all the scales.
+ * their mins as F32 after all the scales. MXFP4 (its E8M0 scale as the
+ * CPU's halved float) and IQ4_NL keep Q4_0's layout; the shader maps their
+ * nibbles through their tables.
  */
 #include "vk_int.h"
 
@@ -31,11 +33,13 @@ bool cm_vk_type_ok(const cm_tensor *W, char *why, size_t whylen, const char *nam
     const enum cm_type t = W->type;
     bool ok =
         (t == CM_TYPE_F32) || (t == CM_TYPE_F16 && K % 2 == 0) ||
-        ((t == CM_TYPE_Q8_0 || t == CM_TYPE_Q4_0 || t == CM_TYPE_Q5_0 || t == CM_TYPE_Q4_1 || t == CM_TYPE_Q5_1) &&
+        ((t == CM_TYPE_Q8_0 || t == CM_TYPE_Q4_0 || t == CM_TYPE_Q5_0 || t == CM_TYPE_Q4_1 || t == CM_TYPE_Q5_1 ||
+          t == CM_TYPE_MXFP4 || t == CM_TYPE_IQ4_NL) &&
          K % 32 == 0) ||
         (kblock_words(t) && K % CM_QK_K == 0);
     if (!ok)
-        snprintf(why, whylen, "%s is %s (the GPU has f32, f16, q8_0, q4_0, q5_0, q4_1, q5_1, q2_k..q6_k)", name,
+        snprintf(why, whylen, "%s is %s (the GPU has f32, f16, q8_0, q4_0, q5_0, q4_1, q5_1, mxfp4, iq4_nl, q2_k..q6_k)",
+                 name,
                  cm_type_name(t));
     else if (W->ne[1] > 65535) {
         snprintf(why, whylen, "%s has %lld rows (at most 65535)", name, (long long)W->ne[1]);
@@ -53,6 +57,8 @@ enum cm_vk_pipe cm_vk_mm_pipe(enum cm_type t) {
     case CM_TYPE_Q5_0: return VKP_MM_Q5_0;
     case CM_TYPE_Q4_1: return VKP_MM_Q4_1;
     case CM_TYPE_Q5_1: return VKP_MM_Q5_1;
+    case CM_TYPE_MXFP4: return VKP_MM_MXFP4;
+    case CM_TYPE_IQ4_NL: return VKP_MM_IQ4_NL;
     case CM_TYPE_Q2_K: return VKP_MM_Q2_K;
     case CM_TYPE_Q3_K: return VKP_MM_Q3_K;
     case CM_TYPE_Q4_K: return VKP_MM_Q4_K;
@@ -63,7 +69,9 @@ enum cm_vk_pipe cm_vk_mm_pipe(enum cm_type t) {
 
 enum cm_type cm_vk_act_type(enum cm_type t) {
     return kblock_words(t)                                               ? CM_TYPE_Q8_K
-           : t == CM_TYPE_Q8_0 || t == CM_TYPE_Q4_0 || t == CM_TYPE_Q5_0 ? CM_TYPE_Q8_0
+           : t == CM_TYPE_Q8_0 || t == CM_TYPE_Q4_0 || t == CM_TYPE_Q5_0 || t == CM_TYPE_MXFP4 ||
+                   t == CM_TYPE_IQ4_NL
+               ? CM_TYPE_Q8_0
            : t == CM_TYPE_Q4_1 || t == CM_TYPE_Q5_1                      ? CM_TYPE_Q8_1
                                                                          : CM_TYPE_F32;
 }
@@ -85,7 +93,9 @@ uint64_t cm_vk_packed_words(const cm_tensor *W) {
     case CM_TYPE_F32: return R * K;
     case CM_TYPE_F16: return R * K / 2;
     case CM_TYPE_Q8_0: return R * (K / 32) * 9;
-    case CM_TYPE_Q4_0: return R * (K / 32) * 5;
+    case CM_TYPE_Q4_0:
+    case CM_TYPE_MXFP4:
+    case CM_TYPE_IQ4_NL: return R * (K / 32) * 5;
     case CM_TYPE_Q5_0: return R * (K / 32) * 6;
     case CM_TYPE_Q4_1: return R * (K / 32) * 6;
     case CM_TYPE_Q5_1: return R * (K / 32) * 7;
@@ -113,7 +123,8 @@ void cm_vk_pack(const cm_tensor *W, uint32_t *dst) {
     /* the quant words after the F16 scale (and Q4_1/Q5_1's F16 min): Q8_0 8, Q4_0/Q4_1 4, Q5_0/Q5_1 5 (qh, then qs) */
     const bool m1 = W->type == CM_TYPE_Q4_1 || W->type == CM_TYPE_Q5_1;
     const int qw = W->type == CM_TYPE_Q8_0 ? 8 : W->type == CM_TYPE_Q5_0 || W->type == CM_TYPE_Q5_1 ? 5 : 4;
-    const int bsz = (int)cm_type_traits_of(W->type)->type_size, hdr = m1 ? 4 : 2;
+    const bool mx = W->type == CM_TYPE_MXFP4; /* a one-byte E8M0 scale */
+    const int bsz = (int)cm_type_traits_of(W->type)->type_size, hdr = m1 ? 4 : mx ? 1 : 2;
     float *sc = (float *)dst, *mn = sc + R * nb;
     uint32_t *qs = dst + (m1 ? 2 : 1) * R * nb;
     for (int64_t r = 0; r < R; r++) {
@@ -122,7 +133,7 @@ void cm_vk_pack(const cm_tensor *W, uint32_t *dst) {
             const uint8_t *blk = row + b * bsz;
             uint16_t d;
             memcpy(&d, blk, 2);
-            sc[r * nb + b] = cm_f16_to_f32(d);
+            sc[r * nb + b] = mx ? cm_e8m0_to_f32_half(blk[0]) : cm_f16_to_f32(d);
             if (m1) {
                 memcpy(&d, blk + 2, 2);
                 mn[r * nb + b] = cm_f16_to_f32(d);

@@ -25,7 +25,7 @@ static double timed(cm_gpu *g, cm_vk_set *set, uint32_t R, uint32_t n, int reps,
         const double t0 = cm_now_s();
         *rc = cm_vk_begin(g, err, errlen);
         if (!*rc) {
-            const uint32_t p[9] = {PK, R, n, 0, x_off, PK / 32 * 9, y_off, R, 0};
+            const uint32_t p[12] = {PK, R, n, 0, x_off, PK / 32 * 9, y_off, R, 0, 0, 0, 1};
             for (int r = 0; r < reps; r++) cm_vk_dispatch(g, VKP_MM_Q8_0, set, p, sizeof p, R, (n + 7) / 8);
             *rc = cm_vk_submit(g, err, errlen);
         }

@@ -5,9 +5,10 @@
 # greedy ids with all layers and with --gpu-layers 2 on the device, and its
 # --json names the device; a missing loader is one warning and the CPU;
 # bad option values are one-line errors; `cumulo info --gpu` lists the
-# device; bench and serve take --gpu; a model the device does not run (a
-# mixture of experts, a type it has no shader for) is one warning line and
-# the CPU's ids; an injected device loss or full device memory
+# device; bench and serve take --gpu; a mixture of experts (Mixtral,
+# qwen2moe's shared expert) runs on the device with the CPU's ids; a model
+# the device does not run (gpt-oss, a type it has no shader for) is one
+# warning line and the CPU's ids; an injected device loss or full device memory
 # (CUMULO_TEST_GPU_FAULT) is an error for that run or request, and a server
 # whose device was lost answers the later requests from the CPU. No device:
 # a skip with the reason (not n/a: setup installs lavapipe, so under CI=true
@@ -95,10 +96,26 @@ serve_texts vulkan "$T/serve_gpu"
 [ "$(wc -l <"$T/serve_cpu")" -eq 3 ] && cmp -s "$T/serve_cpu" "$T/serve_gpu" && ok ||
     bad "serve --gpu vulkan: texts differ from the CPU's: $(cat "$T/serve_cpu") // $(cat "$T/serve_gpu")"
 
-# Not on the device: one warning line, the CPU's ids (a mixture of experts;
-# IQ4_NL, which has no shader).
 VOCAB=$SHARED/vocab/ggml-vocab-llama-spm.gguf
-for v in "mixtral q8_0 --arch llama --experts 4 --experts-used 2" "iq4_nl iq4_nl --arch llama"; do
+# Mixtures of experts on the device (router, top-k and the experts there):
+# the CPU's greedy ids, --json names the device.
+for v in "mixtral q8_0 --arch llama --experts 4 --experts-used 2" \
+    "qwen2moe q4_k --arch qwen2moe --experts 8 --experts-used 2 --expert-ffn 256 --shared-ffn 512"; do
+    set -- $v
+    tag=$1 ty=$2
+    shift 2
+    "$BIN" synth "$@" --dim 256 --layers 2 --heads 4 --kv-heads 2 --ffn 512 --type "$ty" --vocab "$VOCAB" --seed 5 \
+        -o "$T/$tag.gguf" >/dev/null 2>&1 || bad "synth $tag"
+    "$BIN" run "$T/$tag.gguf" -p "Once upon a time" -n 16 --temp 0 --json >"$T/o_cpu" 2>/dev/null
+    "$BIN" run "$T/$tag.gguf" -p "Once upon a time" -n 16 --temp 0 --json --gpu vulkan >"$T/o" 2>"$T/e"; rc=$?
+    [ $rc -eq 0 ] && ! grep -q 'running on the CPU' "$T/e" && grep -q '"device":"[^"]*"' "$T/o" &&
+        ! grep -q '"device":"cpu"' "$T/o" && [ -n "$(ids "$T/o")" ] && [ "$(ids "$T/o")" = "$(ids "$T/o_cpu")" ] && ok ||
+        bad "$tag on the GPU: rc $rc, cpu [$(ids "$T/o_cpu")] gpu [$(ids "$T/o")] $(cat "$T/e")"
+done
+
+# Not on the device: one warning line, the CPU's ids (gpt-oss's sinks and
+# expert biases; IQ4_XS, which has no shader).
+for v in "gptoss q8_0 --arch gpt-oss --experts 4 --experts-used 2 --expert-ffn 256 --swa 4" "iq4_xs iq4_xs --arch llama"; do
     set -- $v
     tag=$1 ty=$2
     shift 2
@@ -138,12 +155,13 @@ wait "$spid" 2>/dev/null
 # its tolerance rule) with its greedy context on the device: F16, Q8_0, Q4_0,
 # Q5_0, Q4_1, Q5_1 and the K-quants (Q2_K..Q6_K, Q4_K_M's mix), llama3 rope scaling, a
 # tied output, qwen3's Q/K norms, gemma3 (GELU, post norms, sliding window,
-# q scale).
+# q scale), the mixtures of experts (qwen3moe with 8 and 64 experts,
+# qwen2moe's shared expert; Mixtral through the CLI above) and MXFP4.
 SG=${CUMULO_TESTBIN:-build/tests}/test_synth_golden
 # (every type and gemma3's F32/Q8_0 too: run test_synth_golden with
 # CUMULO_GPU=vulkan and a wider CUMULO_SYNTH_ONLY; this list keeps the suite's time)
-SEL='^(llama-(f16|q8_0|q4_0|q4_1|q3_k|q4_k_m)|llama3-q4_0|llamatied-f32|qwen3-q4_k|gemma3-q4_k_m)\.json$'
-NSEL=10
+SEL='^(llama-(f16|q8_0|q4_0|q4_1|q3_k|q4_k_m)|llama3-q4_0|llamatied-f32|qwen3-q4_k|gemma3-q4_k_m|qwen3moe-q4_k|qwen3moe64-q8_0|qwen2moe-q5_0|qwen3-mxfp4)\.json$'
+NSEL=14
 if [ -x "$SG" ]; then
     CUMULO_GPU=vulkan CUMULO_SYNTH_ONLY="$SEL" "$SG" >"$T/sg" 2>&1; rc=$?
     [ $rc -eq 0 ] && grep -q '^1 passed, 0 failed' "$T/sg" && [ "$(grep -c 'gpu: greedy with' "$T/sg")" -eq $NSEL ] && ok ||

@@ -12,7 +12,7 @@
 #extension GL_GOOGLE_include_directive : require
 layout(local_size_x = 64) in;
 #include "common.glsl"
-layout(push_constant) uniform P { uint K, rows, ntok, w_off, x_off, ldx, y_off, ldy, add; } p;
+layout(push_constant) uniform P { uint K, rows, ntok, w_off_, x_off, ldx, y_off, ldy, add, ids_off, w_stride, xdiv; } p;
 shared float red[8 * 64];
 
 #if defined(T_Q4_K)
@@ -41,12 +41,17 @@ void k4sm(uint base, uint j, out int sc, out int m) {
 }
 
 void main() {
-    const uint row = gl_WorkGroupID.x, t0 = gl_WorkGroupID.y * 8, tid = gl_LocalInvocationID.x;
-    const uint nt = min(8u, p.ntok - t0), nb = p.K / 256;
+    // w_stride != 0: a mixture-of-experts product (vk_model.c's record_moe): workgroup y is
+    // one (token, slot) assignment t0, its expert AU[ids_off + t0] the
+    // matrix at w_off + expert * w_stride, its input row t0 / xdiv.
+    const bool ex = p.w_stride != 0u;
+    const uint row = gl_WorkGroupID.x, t0 = ex ? gl_WorkGroupID.y : gl_WorkGroupID.y * 8, tid = gl_LocalInvocationID.x;
+    const uint w_off = ex ? p.w_off_ + AU[p.ids_off + t0] * p.w_stride : p.w_off_, x0 = ex ? t0 / p.xdiv : t0;
+    const uint nt = ex ? 1u : min(8u, p.ntok - t0), nb = p.K / 256;
     float acc[8];
     for (uint t = 0; t < 8; t++) acc[t] = 0.0;
     for (uint u = tid; u < nb * 8; u += 64) {
-        const uint b = u / 8, c = u % 8, base = p.w_off + (row * nb + b) * BW;
+        const uint b = u / 8, c = u % 8, base = w_off + (row * nb + b) * BW;
         const uint h = c / 4, k = c % 4;
         int w[32];
         int sc0, sc1, m0 = 0, m1 = 0;
@@ -104,7 +109,7 @@ void main() {
         }
 #endif
         for (uint t = 0; t < nt; t++) {
-            const uint xr = p.x_off + (t0 + t) * p.ldx, xq = xr + nb * 17 + b * 64 + c * 8;
+            const uint xr = p.x_off + (x0 + t) * p.ldx, xq = xr + nb * 17 + b * 64 + c * 8;
             int s0 = 0, s1 = 0;
             for (uint i = 0; i < 4; i++) {
                 const int u0 = int(AU[xq + i]), u1 = int(AU[xq + 4 + i]);
