@@ -43,14 +43,30 @@ skipped=0
 #           first differences at llama.cpp margins <= 0.075 (6 of 13
 #           prompts); equal to the end: email, count, planets, python (64
 #           each), math, chat, chat3 (to the end-of-generation token).
-#  gemma3-270m: max 1.7e-1, median per prompt <= 2.1e-2; first differences
+#  gemma3-270m: max 1.7e-1, median per prompt <= 2.2e-2; first differences
 #           at margins <= 0.15; equal to the end: water, chat, chat2, count
-#           (64 each; 4 of 13). Which prompts reach step 64 is not a property
-#           of correctness here: every prompt but count meets a llama.cpp
-#           margin below 0.012 within its 64 steps (months 0.0001), 100x
-#           under the error floor of 1e-2 that every cumulo arithmetic shows
-#           on this model (synthetic gemma3 files of the same types: 1e-6),
-#           so any last-bit change moves the set. Measured (docs/HISTORY.md):
+#           (64 each; 4 of 13). That error is llama.cpp's own spread on this
+#           model, not a cumulo bug (docs/HISTORY.md, 2026-12-03 session 10):
+#           tools/real_spread.sh runs llama.cpp itself (the vendored tree's
+#           native Zen 4 build, same F32 KV cache, 1 thread) against the
+#           node-llama-cpp reference: max 1.0e-1, median per prompt up to
+#           1.8e-2, parting from its ids at step 5 of water (margin 0.008);
+#           with its weight repacking off (one build, another matmul order)
+#           max 1.8e-1 (python, step 57), median per prompt up to 2.1e-2,
+#           and it differs from itself by 3e-2 at water's first step. Where no rounding flips (months, repacked) the two
+#           llama.cpp builds agree to 2e-4 over 64 steps. Per-layer
+#           dumps (tools/llama_logits.c) show why: the residual stream
+#           reaches 1e5 (layer 13), so one 8-bit activation rounding that
+#           lands on the other side of a tie (cumulo vs llama.cpp: the first
+#           at layer 3; llama.cpp vs itself: layer 4) grows to 1e-2 relative
+#           by layer 10; layers 0-2 agree to 6e-7 with no such flip.
+#           So the bounds are llama.cpp's own spread with a margin (its max
+#           0.18 -> TOL_MAX 0.25; its median 0.021 -> TOL_MED 0.04: 2x), and
+#           which prompts reach step 64 is not
+#           a property of correctness: every prompt but count meets a
+#           llama.cpp margin below 0.012 within its 64 steps (months 0.0001),
+#           and llama.cpp's two native paths reach step 64 on different sets.
+#           Measured (docs/HISTORY.md):
 #           q5_0 in two FMA chains, AVX-512: list water chat count months
 #           json chat4 (7); in llama.cpp's one chain (x86_tiles.h
 #           TILE32_CHAIN, exact on the 22 synthetic q5 models): water chat
@@ -68,13 +84,14 @@ skipped=0
 #           llama.cpp's margin is 0.30; two steps earlier cumulo's F16 KV
 #           cache alone moves the top probability from 0.89 to 0.99 (ref
 #           0.97), so that context is ill-conditioned, not a different model.
-# The bounds are ~2x these (5x would pass anything: probabilities are <= 1).
+# The bounds are ~2x these (gemma3-270m: llama.cpp's own spread, see there;
+# 5x would pass anything: probabilities are <= 1).
 model_params() {
     TEMPLATE=""
     case $1 in
         smollm2) MARGIN=0.15 TOL_MAX=0.2 TOL_MED=0.05 CASES_FULL="email count planets python math chat chat3"
             CLUSTER_CASES="email chat" MIN_FULL=4 ;;
-        gemma3-270m) MARGIN=0.2 TOL_MAX=0.3 TOL_MED=0.05 CASES_FULL="count" MIN_FULL=4
+        gemma3-270m) MARGIN=0.2 TOL_MAX=0.25 TOL_MED=0.04 CASES_FULL="count" MIN_FULL=4
             CLUSTER_CASES="water chat" TEMPLATE=gemma ;;
     esac
 }
