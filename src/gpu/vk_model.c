@@ -44,7 +44,8 @@ struct cm_gpu_model {
     const cm_model *m;
     int l0, nl, B, ctx, n_seq; /* layers [l0, l0 + nl) of m */
     int E, D, nq, nkv, QD, KD, F, n_rot;
-    int X, XK, FX, FS; /* experts, used per token, expert and shared-expert widths (0: dense) */
+    int X
+    , XK, FX, FS; /* experts, used per token, expert and shared-expert widths (0: dense) */
     glayer *L;
     cm_vk_buf *act, *io;
     /* A's regions (floats); io holds the first five at the same offsets */
@@ -66,8 +67,7 @@ bool cm_gpu_model_supported(const cm_model *m, char *why, size_t whylen) {
 
 bool cm_gpu_model_supported_range(const cm_model *m, int l0, int l1, char *why, size_t whylen) {
     const cm_hparams *hp = &m->hp;
-    if (hp->arch == CM_ARCH_DEEPSEEK2 || hp->arch == CM_ARCH_GPTOSS || hp->expert_sigmoid ||
-        hp->n_expert_groups > 1) {
+    if (hp->arch == CM_ARCH_DEEPSEEK2 || hp->arch == CM_ARCH_GPTOSS || hp->expert_sigmoid || hp->n_expert_groups > 1) {
         snprintf(why, whylen, "the GPU runs llama-style, qwen2moe/qwen3moe/Mixtral and gemma3 layers (not %s's)",
                  cm_arch_name_of(hp->arch));
         return false;
@@ -93,13 +93,25 @@ bool cm_gpu_model_supported_range(const cm_model *m, int l0, int l1, char *why, 
                          cm_type_name(ex[i]->type));
                 return false;
             }
-        const cm_tensor *ws[] = {&L->wq,          &L->wk,           &L->wv,           &L->wo,
-                                 &L->ffn_gate,    &L->ffn_up,       &L->ffn_down,     &L->ffn_gate_inp,
-                                 &L->ffn_gate_exps, &L->ffn_up_exps, &L->ffn_down_exps, &L->ffn_gate_shexp,
-                                 &L->ffn_up_shexp, &L->ffn_down_shexp, &L->ffn_gate_inp_shexp};
-        const char *names[] = {"attn_q",        "attn_k",        "attn_v",         "attn_output",   "ffn_gate",
-                               "ffn_up",        "ffn_down",      "ffn_gate_inp",   "ffn_gate_exps", "ffn_up_exps",
-                               "ffn_down_exps", "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp", "ffn_gate_inp_shexp"};
+        const cm_tensor *ws[] = {&L->wq,
+                                 &L->wk,
+                                 &L->wv,
+                                 &L->wo,
+                                 &L->ffn_gate,
+                                 &L->ffn_up,
+                                 &L->ffn_down,
+                                 &L->ffn_gate_inp,
+                                 &L->ffn_gate_exps,
+                                 &L->ffn_up_exps,
+                                 &L->ffn_down_exps,
+                                 &L->ffn_gate_shexp,
+                                 &L->ffn_up_shexp,
+                                 &L->ffn_down_shexp,
+                                 &L->ffn_gate_inp_shexp};
+        const char *names[] = {
+            "attn_q",        "attn_k",         "attn_v",       "attn_output",    "ffn_gate",
+            "ffn_up",        "ffn_down",       "ffn_gate_inp", "ffn_gate_exps",  "ffn_up_exps",
+            "ffn_down_exps", "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp", "ffn_gate_inp_shexp"};
         for (int i = 0; i < 15; i++)
             if (ws[i]->data && !cm_vk_type_ok(ws[i], why, whylen, names[i])) return false;
     }
@@ -109,16 +121,34 @@ bool cm_gpu_model_supported_range(const cm_model *m, int l0, int l1, char *why, 
 enum { NW = 24 };
 /* Layer L's tensors (absent ones without data) and where gl keeps each. */
 static void layer_tensors(const cm_layer *L, glayer *gl, const cm_tensor **ws, wt **ts) {
-    const cm_tensor *w[NW] = {&L->attn_norm,     &L->wq,          &L->wk,           &L->wv,
-                              &L->wo,            &L->ffn_norm,    &L->ffn_gate,     &L->ffn_up,
-                              &L->ffn_down,      &L->bq,          &L->bk,           &L->bv,
-                              &L->q_norm,        &L->k_norm,      &L->attn_post_norm, &L->ffn_post_norm,
-                              &L->ffn_gate_inp,  &L->ffn_gate_inp_shexp, &L->ffn_gate_exps, &L->ffn_up_exps,
-                              &L->ffn_down_exps, &L->ffn_gate_shexp, &L->ffn_up_shexp, &L->ffn_down_shexp};
-    wt *t[NW] = {&gl->attn_norm, &gl->wq,     &gl->wk,     &gl->wv,        &gl->wo,        &gl->ffn_norm,
-                 &gl->gate,      &gl->up,     &gl->down,   &gl->bq,        &gl->bk,        &gl->bv,
-                 &gl->q_norm,    &gl->k_norm, &gl->attn_post, &gl->ffn_post, &gl->router,   &gl->sh_inp,
-                 &gl->gexp,      &gl->uexp,   &gl->dexp,   &gl->sgate,     &gl->sup,       &gl->sdown};
+    const cm_tensor *w[NW] = {&L->attn_norm,
+                              &L->wq,
+                              &L->wk,
+                              &L->wv,
+                              &L->wo,
+                              &L->ffn_norm,
+                              &L->ffn_gate,
+                              &L->ffn_up,
+                              &L->ffn_down,
+                              &L->bq,
+                              &L->bk,
+                              &L->bv,
+                              &L->q_norm,
+                              &L->k_norm,
+                              &L->attn_post_norm,
+                              &L->ffn_post_norm,
+                              &L->ffn_gate_inp,
+                              &L->ffn_gate_inp_shexp,
+                              &L->ffn_gate_exps,
+                              &L->ffn_up_exps,
+                              &L->ffn_down_exps,
+                              &L->ffn_gate_shexp,
+                              &L->ffn_up_shexp,
+                              &L->ffn_down_shexp};
+    wt *t[NW] = {&gl->attn_norm, &gl->wq,     &gl->wk,        &gl->wv,       &gl->wo,     &gl->ffn_norm,
+                 &gl->gate,      &gl->up,     &gl->down,      &gl->bq,       &gl->bk,     &gl->bv,
+                 &gl->q_norm,    &gl->k_norm, &gl->attn_post, &gl->ffn_post, &gl->router, &gl->sh_inp,
+                 &gl->gexp,      &gl->uexp,   &gl->dexp,      &gl->sgate,    &gl->sup,    &gl->sdown};
     for (int i = 0; i < NW; i++) {
         ws[i] = w[i];
         ts[i] = t[i];
@@ -207,8 +237,7 @@ uint64_t cm_gpu_fixed_bytes(const cm_model *m, int max_batch, int n_ctx) {
     const uint64_t big = CM_MAX(E, CM_MAX(QD, F)), K = (uint64_t)hp->n_expert_used, FX = (uint64_t)hp->n_ff_exp;
     const uint64_t moe = hp->n_expert ? (uint64_t)hp->n_expert + 2 * K + 1 + 2 * K * FX + K * E + E : 0;
     return 4 * B *
-           (3 * E + 2 * QD + 2 * F + (uint64_t)hp->n_head * n_ctx + CM_MAX(big / 32 + 1, K * (FX / 32 + 1)) * 11 +
-            moe);
+           (3 * E + 2 * QD + 2 * F + (uint64_t)hp->n_head * n_ctx + CM_MAX(big / 32 + 1, K * (FX / 32 + 1)) * 11 + moe);
 }
 
 int cm_gpu_model_new_at(cm_gpu_model **out, cm_gpu *g, const cm_model *m, int layer_first, int n_layers, int max_batch,
@@ -238,7 +267,8 @@ int cm_gpu_model_new_at(cm_gpu_model **out, cm_gpu *g, const cm_model *m, int la
     gm->F = hp->n_ff;
     gm->n_rot = hp->n_rot;
     if (hp->n_expert) {
-        gm->X = hp->n_expert;
+        gm->X
+        = hp->n_expert;
         gm->XK = hp->n_expert_used;
         gm->FX = hp->n_ff_exp;
         gm->FS = hp->n_ff_shexp;
@@ -337,8 +367,8 @@ static void mm_rows(cm_gpu_model *gm, cm_vk_set *s, const wt *w, uint32_t x_off,
         x_off = gm->o_q8;
         ldx = cm_vk_act_words(act, w->K);
     }
-    const uint32_t p[12] = {w->K, w->rows, (uint32_t)ny, w->off, x_off, ldx, y_off, ldy, add, gm->o_ids, w->stride,
-                            xdiv};
+    const uint32_t p[12] = {w->K,  w->rows, (uint32_t)ny, w->off,    x_off,     ldx,
+                            y_off, ldy,     add,          gm->o_ids, w->stride, xdiv};
     cm_vk_dispatch(gm->g, cm_vk_mm_pipe((enum cm_type)w->type), s, p, sizeof p, w->rows,
                    w->stride ? (uint32_t)ny : (uint32_t)(ny + 7) / 8);
 }
@@ -359,17 +389,29 @@ static void glu(cm_gpu *g, cm_vk_set *s, bool gelu, uint32_t n, uint32_t g_off, 
  * weighted sum in top-k order added to the residual (moesum.comp). */
 static void record_moe(cm_gpu_model *gm, cm_vk_set *s, const glayer *L, int n) {
     const cm_hparams *hp = &gm->m->hp;
-    const uint32_t E = (uint32_t)gm->E, X = (uint32_t)gm->X, K = (uint32_t)gm->XK, FX = (uint32_t)gm->FX;
+    const uint32_t E = (uint32_t)gm->E, X
+    = (uint32_t)gm->X
+    , K = (uint32_t)gm->XK, FX = (uint32_t)gm->FX;
     const uint32_t FS = (uint32_t)gm->FS, none = UINT32_MAX;
     const int na = n * gm->XK;
     mm(gm, s, &L->router, gm->o_xn, E, gm->o_lg, X, n, false);
     if (L->sh_inp.K) mm(gm, s, &L->sh_inp, gm->o_xn, E, gm->o_shl, 1, n, false);
     struct {
-        uint32_t ntok, X, K, lg_off, ids_off, w_off, norm;
+        uint32_t ntok, X
+        , K, lg_off, ids_off, w_off, norm;
         float scale;
         uint32_t sh_off;
-    } pr = {(uint32_t)n, X,  K, gm->o_lg, gm->o_ids, gm->o_ew, hp->expert_norm, hp->expert_scale,
-            L->sh_inp.K ? gm->o_shl : none};
+    } pr = {
+        (uint32_t)n,
+        X,
+        K,
+        gm->o_lg,
+        gm->o_ids,
+        gm->o_ew,
+        hp->expert_norm,
+        hp->expert_scale,
+        L->sh_inp.K ? gm->o_shl : none
+    };
     cm_vk_dispatch(gm->g, VKP_MOE_ROUTE, s, &pr, sizeof pr, ((uint32_t)n + 63) / 64, 1);
     mm_rows(gm, s, &L->gexp, gm->o_xn, E, n, gm->o_eg, FX, na, K, false);
     mm_rows(gm, s, &L->uexp, gm->o_xn, E, n, gm->o_eu, FX, na, K, false);
@@ -381,8 +423,8 @@ static void record_moe(cm_gpu_model *gm, cm_vk_set *s, const glayer *L, int n) {
         glu(gm->g, s, false, (uint32_t)n * FS, gm->o_gate, gm->o_up);
         mm(gm, s, &L->sdown, gm->o_gate, FS, gm->o_sy, E, n, false);
     }
-    const uint32_t ps[8] = {(uint32_t)n, E, K, gm->o_ey, gm->o_ew, gm->o_x, L->sgate.K ? gm->o_sy : none,
-                            L->sh_inp.K ? gm->o_shl : none};
+    const uint32_t ps[8] = {
+        (uint32_t)n, E, K, gm->o_ey, gm->o_ew, gm->o_x, L->sgate.K ? gm->o_sy : none, L->sh_inp.K ? gm->o_shl : none};
     cm_vk_dispatch(gm->g, VKP_MOE_SUM, s, ps, sizeof ps, ((uint32_t)n * E + 63) / 64, 1);
 }
 

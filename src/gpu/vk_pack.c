@@ -31,15 +31,14 @@ static uint32_t kblock_words(enum cm_type t) {
 bool cm_vk_type_ok(const cm_tensor *W, char *why, size_t whylen, const char *name) {
     const int64_t K = W->ne[0];
     const enum cm_type t = W->type;
-    bool ok =
-        (t == CM_TYPE_F32) || (t == CM_TYPE_F16 && K % 2 == 0) ||
-        ((t == CM_TYPE_Q8_0 || t == CM_TYPE_Q4_0 || t == CM_TYPE_Q5_0 || t == CM_TYPE_Q4_1 || t == CM_TYPE_Q5_1 ||
-          t == CM_TYPE_MXFP4 || t == CM_TYPE_IQ4_NL) &&
-         K % 32 == 0) ||
-        (kblock_words(t) && K % CM_QK_K == 0);
+    bool ok = (t == CM_TYPE_F32) || (t == CM_TYPE_F16 && K % 2 == 0) ||
+              ((t == CM_TYPE_Q8_0 || t == CM_TYPE_Q4_0 || t == CM_TYPE_Q5_0 || t == CM_TYPE_Q4_1 || t == CM_TYPE_Q5_1 ||
+                t == CM_TYPE_MXFP4 || t == CM_TYPE_IQ4_NL) &&
+               K % 32 == 0) ||
+              (kblock_words(t) && K % CM_QK_K == 0);
     if (!ok)
-        snprintf(why, whylen, "%s is %s (the GPU has f32, f16, q8_0, q4_0, q5_0, q4_1, q5_1, mxfp4, iq4_nl, q2_k..q6_k)",
-                 name,
+        snprintf(why, whylen,
+                 "%s is %s (the GPU has f32, f16, q8_0, q4_0, q5_0, q4_1, q5_1, mxfp4, iq4_nl, q2_k..q6_k)", name,
                  cm_type_name(t));
     else if (W->ne[1] > 65535) {
         snprintf(why, whylen, "%s has %lld rows (at most 65535)", name, (long long)W->ne[1]);
@@ -68,12 +67,11 @@ enum cm_vk_pipe cm_vk_mm_pipe(enum cm_type t) {
 }
 
 enum cm_type cm_vk_act_type(enum cm_type t) {
-    return kblock_words(t)                                               ? CM_TYPE_Q8_K
-           : t == CM_TYPE_Q8_0 || t == CM_TYPE_Q4_0 || t == CM_TYPE_Q5_0 || t == CM_TYPE_MXFP4 ||
-                   t == CM_TYPE_IQ4_NL
+    return kblock_words(t) ? CM_TYPE_Q8_K
+           : t == CM_TYPE_Q8_0 || t == CM_TYPE_Q4_0 || t == CM_TYPE_Q5_0 || t == CM_TYPE_MXFP4 || t == CM_TYPE_IQ4_NL
                ? CM_TYPE_Q8_0
-           : t == CM_TYPE_Q4_1 || t == CM_TYPE_Q5_1                      ? CM_TYPE_Q8_1
-                                                                         : CM_TYPE_F32;
+           : t == CM_TYPE_Q4_1 || t == CM_TYPE_Q5_1 ? CM_TYPE_Q8_1
+                                                    : CM_TYPE_F32;
 }
 
 uint32_t cm_vk_act_words(enum cm_type act, uint32_t K) {
