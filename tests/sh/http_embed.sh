@@ -9,7 +9,17 @@
 #     (the references since 2026-12-03, tools/embed_oracle.mjs): with F16
 #     caches a last-bit difference in a sum's order flips one F16 rounding of
 #     a cached K or V element and moves a vector by up to 1.5e-3, so the
-#     check would compare rounding accidents, not the model (docs/HISTORY.md);
+#     check would compare rounding accidents, not the model (docs/HISTORY.md).
+#     An F32 cache removes those but not the 8-bit ones: Q8_0 weights take
+#     their activations rounded to 8 bits, and an activation at a tie rounds
+#     one step apart under another summation order (each kernel table sums
+#     in its own; docs/DESIGN.md). So per model and pooling one case of three
+#     may be off by up to 1e-3 (measured 2026-12-03: avx512 lane order, the
+#     synthetic qwen2's mean 1.15e-5; scalar, stories260K's "Lily" mean
+#     2.07e-4 and last 3.38e-4; avx2 none; every other case 3.6e-7 or less;
+#     the flips are not traced to the element);
+#     the others must hold 1.5e-6, which an F16 cache (8e-4..9e-3 on every
+#     case) or a 1e-5 change to all cases fails;
 #   - F16 KV serving (--kv-type f16, llama.cpp's default) against the same F32
 #     references within 3e-2 (what an F16 cache costs: measured up to 9e-3);
 #   - the pooling a GGUF declares (<arch>.pooling_type 1/2/3, added with
