@@ -77,6 +77,7 @@ static void build_tables(void) {
         cm_kernels_fill_attn_avx2(&g_tables[ISA_AVX512]);
         cm_kernels_fill_attn_avx512(&g_tables[ISA_AVX512]);
         cm_kernels_fill_attn_tile_avx512(&g_tables[ISA_AVX512]);
+        cm_kernels_fill_q8lane_avx512(&g_tables[ISA_AVX512]);
     }
 #endif
 #if CM_KERNELS_HAVE_NEON

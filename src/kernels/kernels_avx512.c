@@ -32,10 +32,10 @@
  *
  * q4_0's float order was chosen for the gemm (one FMA per block for 16
  * tokens; the former 4-blocks-per-vector order needed a conversion, a scale
- * permute and an FMA per 4 blocks for every single token). NEEDSWORK: q8_0
- * is still bound by that per-token float work (convert, scale product, FMA
- * for every 16 int32 lanes); the same lane order would do a third less work
- * per token there too. q6_k, q5_k and q4_k prefill run gemm_kq_avx512.c, with
+ * permute and an FMA per 4 blocks for every single token). The q8_0 entries
+ * set here are replaced by q8lane_avx512.c's, which use that lane order
+ * (dispatch.c fills it last); NEEDSWORK: drop the q8_0 tiles here once
+ * nothing needs them. q6_k, q5_k and q4_k prefill run gemm_kq_avx512.c, with
  * avx512_kgemm.h (rows unpacked once per pass, same bits) as its fallback for
  * long rows; bf16 still uses the 4-token tiles.
  */

@@ -144,11 +144,14 @@ static uint8_t g_lw[LROWS * LK * 4], g_lx[LTOK * LK * 4];
 /* K-quants: 40 super-blocks (one pass of tokens in avx512_kgemm.h) and 64
  * (the longest rows it takes: 16 + 3 tokens, two passes). */
 enum { LKQ = 64 * 256 };
+/* 513 blocks: one past the rows q8lane_avx512.c's packed gemm and gemv take
+ * (they fall back to vec_dot per row and token). */
+enum { LK3 = 513 * 32 }; /* also the longest float row below: > LKQ */
 /* K-quants at a model's shape too: 22 super-blocks (ffn_down of a 2048 / 5632
  * model) and 53 tokens, so gemm_kq_avx512.c's passes end unevenly and q5_k's
  * token pairs end with a lone token. */
 enum { KQ_NB = 22, KQ_TOK = 53 };
-static float g_lf[LKQ], g_ly[KQ_TOK * LROWS];
+static float g_lf[LK3], g_ly[KQ_TOK * LROWS];
 
 static void check_long(const cm_kernels *k, enum cm_type t, int64_t n, int ntok) {
     const cm_type_traits *tr = cm_type_traits_of(t);
@@ -200,6 +203,7 @@ static void test_long_rows(void) {
         for (int ti = 0; ti < N_TYPES; ti++) {
             check_long(k, k_types[ti], is_k(k_types[ti]) ? 40 * 256 : LK, LTOK);
             check_long(k, k_types[ti], is_k(k_types[ti]) ? LKQ : LK2, LTOK);
+            if (k_types[ti] == CM_TYPE_Q8_0) check_long(k, k_types[ti], LK3, LTOK);
             if (is_k(k_types[ti])) check_long(k, k_types[ti], KQ_NB * 256, KQ_TOK);
         }
     }

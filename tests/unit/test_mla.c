@@ -83,12 +83,60 @@ static int patch_n(cm_buf *b, const char *from, const char *to, size_t n) {
 #define NTOK 12
 static const int32_t k_prompt[NTOK] = {1, 450, 4996, 17354, 1701, 432, 12500, 975, 15043, 29892, 920, 338};
 
+/* ---- 8-bit rounding ties (the tensor-parallel check) ----
+ * A group's all-reduced sums round in another order than one machine's, so
+ * its residual stream differs from one machine's in the last bits (~1e-7).
+ * Converting activations to Q8_0 absorbs that unless an element lies within
+ * those bits of a rounding tie; then one byte moves by one step and the
+ * logits by ~1e-1 (lite, with q8_0's avx512 block lane order: L2's
+ * attention input, row 2, column 56, x/d = -22.50507 vs -22.50508). Which
+ * inputs sit at such a tie depends on the sum order, not on correctness.
+ * So run() records one machine's Q8_0 activations (g_ties) and each member
+ * rounds a block as one machine did wherever the block's floats agree with
+ * one machine's to 1e-6 of the block's largest: a tie. A wrong slice, sum or
+ * gather changes the floats by far more, is left alone, and fails as before. */
+typedef struct tie_rec {
+    int layer, site, row;
+    int64_t col0, n;
+    float *x;
+    void *q;
+} tie_rec;
+typedef struct tie_log {
+    tie_rec *r;
+    int n, cap;
+} tie_log;
+static tie_log *g_ties; /* set: run() records into it */
+
+static void tie_record(void *user, int layer, enum cm_act_site site, int row, int64_t col0, enum cm_type vdt,
+                       const float *x, void *xq, int64_t n) {
+    tie_log *L = user;
+    if (vdt != CM_TYPE_Q8_0) return;
+    if (L->n == L->cap) {
+        L->cap = L->cap ? 2 * L->cap : 256;
+        tie_rec *r = cm_malloc((size_t)L->cap * sizeof *r);
+        if (L->n) memcpy(r, L->r, (size_t)L->n * sizeof *r);
+        cm_free(L->r);
+        L->r = r;
+    }
+    tie_rec *r = &L->r[L->n++];
+    *r = (tie_rec){layer, (int)site, row, col0, n, cm_malloc((size_t)n * sizeof(float)), cm_malloc(cm_row_size(vdt, n))};
+    memcpy(r->x, x, (size_t)n * sizeof(float));
+    memcpy(r->q, xq, cm_row_size(vdt, n));
+}
+
+static void tie_free(tie_log *L) {
+    for (int i = 0; i < L->n; i++) cm_free(L->r[i].x), cm_free(L->r[i].q);
+    cm_free(L->r);
+    *L = (tie_log){0};
+}
+
 /* Logits of every position, the prompt fed in batches of `step` tokens (kv
  * type kt); with `cut` > 0 the cache is truncated to `cut` positions after
  * the whole prompt and refilled from there. */
 static int run(const cm_model *m, cm_pool *pool, int step, enum cm_type kt, int cut, float *out) {
     const int V = m->hp.n_vocab;
     cm_ctx *c = cm_ctx_new(m, NTOK, 64, pool, errbuf, sizeof errbuf);
+    if (c && g_ties) cm_ctx_set_act_hook(c, tie_record, g_ties);
     cm_kv kv;
     if (!c || cm_kv_init_type(&kv, m, 0, m->hp.n_layer, cm_slice_full(m), 64, kt, errbuf, sizeof errbuf)) {
         cm_ctx_free(c);
@@ -343,6 +391,8 @@ typedef struct tp_member {
     cm_slice sl;
     float *logits; /* [NTOK][V] */
     int rc;
+    const tie_log *one; /* one machine's Q8_0 activations */
+    int ties;           /* blocks rounded as one machine's */
 } tp_member;
 
 /* cm_allreduce_fn: every member sums the partials in rank order. */
@@ -378,11 +428,37 @@ static int tp_gather(void *user, float *y, int64_t row_len, const int32_t *rows,
     return 0;
 }
 
+/* cm_act_hook_fn of a member: a tie's block as one machine rounded it. */
+static void tie_force(void *user, int layer, enum cm_act_site site, int row, int64_t col0, enum cm_type vdt,
+                      const float *x, void *xq, int64_t n) {
+    tp_member *me = user;
+    if (vdt != CM_TYPE_Q8_0) return;
+    for (int i = 0; i < me->one->n; i++) {
+        const tie_rec *r = &me->one->r[i];
+        if (r->layer != layer || r->site != (int)site || r->row != row || r->col0 != col0 || r->n != n) continue;
+        cm_block_q8_0 *q = xq;
+        const cm_block_q8_0 *o = r->q;
+        for (int64_t b = 0; b < n / CM_QK8_0; b++) {
+            if (!memcmp(&q[b], &o[b], sizeof q[b])) continue;
+            float amax = 0, dmax = 0;
+            for (int j = 0; j < CM_QK8_0; j++) {
+                amax = fmaxf(amax, fabsf(r->x[b * CM_QK8_0 + j]));
+                dmax = fmaxf(dmax, fabsf(x[b * CM_QK8_0 + j] - r->x[b * CM_QK8_0 + j]));
+            }
+            if (dmax > 1e-6f * amax) continue;
+            q[b] = o[b];
+            me->ties++;
+        }
+        return;
+    }
+}
+
 static void *tp_main(void *arg) {
     tp_member *me = arg;
     const cm_model *m = me->m;
     char e[256];
     cm_ctx *c = cm_ctx_new(m, NTOK, 64, NULL, e, sizeof e);
+    if (c && me->one) cm_ctx_set_act_hook(c, tie_force, me);
     cm_kv kv;
     me->rc = -1;
     if (!c || cm_kv_init(&kv, m, 0, m->hp.n_layer, me->sl, 64, e, sizeof e)) {
@@ -417,8 +493,11 @@ static void *tp_main(void *arg) {
  * FFN rows (empty shares too; every member's slice partial, as the planner
  * makes them) and the MoE layers' experts as an expert group: every
  * member's logits are one machine's up to the partial sums' order, the same
- * argmax at every position. Measured: 0 (the slices end on Q8_0 blocks,
- * whose partial sums add in one machine's order). */
+ * argmax at every position. The sums differ in the last bits; the Q8_0
+ * conversion of the next matmul's input absorbs that but at an 8-bit
+ * rounding tie, which the members round as one machine did (tie_force
+ * above; counted and printed). Measured: 0, with one tie in lite's groups
+ * under q8_0's avx512 block lane order, none under the avx2 table. */
 static void test_mla_tensor_parallel(void) {
     static const struct {
         int k;
@@ -439,14 +518,18 @@ static void test_mla_tensor_parallel(void) {
         const int V = f.m.hp.n_vocab;
         const size_t n = (size_t)NTOK * V;
         float *one = cm_malloc(n * 4);
+        tie_log ties = {0};
+        g_ties = &ties;
         CHECK(run(&f.m, NULL, NTOK, CM_TYPE_F32, 0, one) == 0);
+        g_ties = NULL;
         for (size_t gi = 0; gi < CM_ARRAY_LEN(groups); gi++) {
             tp_group G = {.k = groups[gi].k, .eb = eb[vi][gi]};
             pthread_barrier_init(&G.bar, NULL, (unsigned)G.k);
             tp_member mb[TPM];
             pthread_t th[TPM];
             for (int r = 0; r < G.k; r++) {
-                mb[r] = (tp_member){.G = &G, .m = &f.m, .rank = r, .sl = groups[gi].sl[r], .logits = cm_malloc(n * 4)};
+                mb[r] = (tp_member){
+                    .G = &G, .m = &f.m, .rank = r, .sl = groups[gi].sl[r], .logits = cm_malloc(n * 4), .one = &ties};
                 CHECK(cm_slice_check(&f.m, mb[r].sl, errbuf, sizeof errbuf) == 0);
                 pthread_create(&th[r], NULL, tp_main, &mb[r]);
             }
@@ -466,12 +549,15 @@ static void test_mla_tensor_parallel(void) {
                 CHECKF(d < 1e-4 && same == NTOK, "%s group %zu member %d: logits differ by %g, %d of %d argmax equal",
                        vs[vi], gi, r, d, same, NTOK);
                 if (r == 0)
-                    fprintf(stderr, "# %s tensor-parallel group of %d: max |logit - one machine| %.2g\n", vs[vi], G.k,
-                            d);
+                    fprintf(stderr,
+                            "# %s tensor-parallel group of %d: max |logit - one machine| %.2g (%d Q8_0 blocks at an "
+                            "8-bit tie rounded as one machine's)\n",
+                            vs[vi], G.k, d, mb[r].ties);
                 cm_free(mb[r].logits);
             }
             pthread_barrier_destroy(&G.bar);
         }
+        tie_free(&ties);
         cm_free(one);
         fx_close(&f);
     }

@@ -707,9 +707,15 @@ static bool explain(tf_env *env, const ref_case *rc, int i, double tol, double *
  * stay within 1.7e-5 (avx512; CUMULO_ISA=avx2 9.2e-6, qwen3 5.9e-7: the
  * residue follows our matmul sum order, not the attention, whose F16 step
  * and dot are bit-identical across ISAs). The flip search does not scan
- * those roundings. */
+ * those roundings. Likewise qwen3-q8_0-kvq8_0 since q8_0's avx512 block lane
+ * order (q8lane_avx512.c: each block's exact integer sum, one FMA per block,
+ * where the former order FMAed 8 partial sums per block, and ggml 8 lanes
+ * into one accumulator): greedy 16/32 in case 0 (a near tie, margin 0.0028),
+ * probabilities up to 1.1e-2 off after it, medians 3.3e-7; one of the
+ * differences is a 1-ulp flip of L0.attn_out; every other synthetic model
+ * still passes (llama-q8_0-kvq8_0 8.4e-7, qwen3-q8_0 5.4e-7). */
 static bool known_flip(const char *name) {
-    static const char *const k[] = {"gemma3-f16", "llama-q8_0-kvf16", "qwen3-q8_0-kvf16"};
+    static const char *const k[] = {"gemma3-f16", "llama-q8_0-kvf16", "qwen3-q8_0-kvf16", "qwen3-q8_0-kvq8_0"};
     for (size_t i = 0; i < CM_ARRAY_LEN(k); i++)
         if (!strcmp(name, k[i])) return true;
     return false;
