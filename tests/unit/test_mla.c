@@ -119,7 +119,8 @@ static void tie_record(void *user, int layer, enum cm_act_site site, int row, in
         L->r = r;
     }
     tie_rec *r = &L->r[L->n++];
-    *r = (tie_rec){layer, (int)site, row, col0, n, cm_malloc((size_t)n * sizeof(float)), cm_malloc(cm_row_size(vdt, n))};
+    *r =
+        (tie_rec){layer, (int)site, row, col0, n, cm_malloc((size_t)n * sizeof(float)), cm_malloc(cm_row_size(vdt, n))};
     memcpy(r->x, x, (size_t)n * sizeof(float));
     memcpy(r->q, xq, cm_row_size(vdt, n));
 }
