@@ -269,7 +269,9 @@ cm_slice cm_slice_full(const cm_model *m);
  * them in the gemv's layout too (kernels.h; the same bits either way). Drops
  * the previous slice's copies first; the full slice needs none. Call it
  * whenever the member's slice changes, while no forward pass runs on m.
- * Returns 0 or CM_ENOMEM (the slices then read the file's bytes). */
+ * Returns 0 or CM_ENOMEM (the slices then read the file's bytes).
+ * NEEDSWORK: the whole wo/ffn_down copies made at load stay beside these
+ * (a member never reads them): repack only the slice once it is known. */
 int cm_model_repack_slice(const cm_model *m, cm_slice s, char *err, size_t errlen);
 /* Is the slice in range and aligned so that the columns it takes from
  * attn_output and ffn_down start and end on block boundaries of their types?
