@@ -121,47 +121,9 @@ void cm_api_error_json(cm_buf *out, const api_error *e) {
         goto fail;                                                                    \
     } while (0)
 
-static bool is_null(const cJSON *x) { return !x || cJSON_IsNull(x); }
-
-/* A number in [lo, hi] (absent/null: keep *out). */
-static bool get_num(const cJSON *o, const char *key, double lo, double hi, double *out, api_error *ae) {
-    const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, key);
-    if (is_null(x)) return true;
-    if (!cJSON_IsNumber(x) || !isfinite(x->valuedouble) || x->valuedouble < lo || x->valuedouble > hi) {
-        cm_api_error_set(ae, 400, "invalid_request_error", key, NULL, "'%s' must be a number from %g to %g", key, lo,
-                         hi);
-        return false;
-    }
-    *out = x->valuedouble;
-    return true;
-}
-
-static bool get_int(const cJSON *o, const char *key, double lo, double hi, long long *out, api_error *ae) {
-    const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, key);
-    if (is_null(x)) return true;
-    if (!cJSON_IsNumber(x) || x->valuedouble != floor(x->valuedouble) || x->valuedouble < lo || x->valuedouble > hi) {
-        cm_api_error_set(ae, 400, "invalid_request_error", key, NULL, "'%s' must be an integer from %.0f to %.0f", key,
-                         lo, hi);
-        return false;
-    }
-    *out = (long long)x->valuedouble;
-    return true;
-}
-
-static bool get_bool(const cJSON *o, const char *key, bool *out, api_error *ae) {
-    const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, key);
-    if (is_null(x)) return true;
-    if (!cJSON_IsBool(x)) {
-        cm_api_error_set(ae, 400, "invalid_request_error", key, NULL, "'%s' must be true or false", key);
-        return false;
-    }
-    *out = cJSON_IsTrue(x);
-    return true;
-}
-
 /* Message content: a string, or an array of {"type":"text","text":...} parts. */
 static bool content_text(const cJSON *c, cm_buf *out, int i, api_error *ae) {
-    if (is_null(c)) return true;
+    if (cm_api_is_null(c)) return true;
     if (cJSON_IsString(c)) {
         cm_buf_puts(out, c->valuestring);
         return true;
@@ -244,36 +206,12 @@ out:
     return rc;
 }
 
-static int tokenize(cm_http_server *srv, const char *text, size_t len, bool special, job *j, api_error *ae) {
-    cm_engine *e = cm_http_engine(srv);
-    char err[256];
-    int cap = (int)CM_MIN(len + 8, (size_t)cm_http_n_ctx(srv) + 8);
-    for (;;) {
-        j->ids = cm_malloc((size_t)cap * sizeof *j->ids);
-        if (!j->ids) {
-            cm_api_error_set(ae, 503, "server_error", NULL, NULL, "out of memory");
-            return -1;
-        }
-        int n = cm_engine_tokenize(e, text, len, true, special, j->ids, cap, err, sizeof err);
-        if (n < 0) {
-            cm_api_error_set(ae, 400, "invalid_request_error", j->chat ? "messages" : "prompt", NULL, "%s", err);
-            return -1;
-        }
-        if (n <= cap) {
-            j->n_ids = n;
-            return 0;
-        }
-        cm_free(j->ids);
-        j->ids = NULL;
-        cap = n;
-    }
-}
-
 static int completion_prompt(cm_http_server *srv, const cJSON *root, job *j, api_error *ae) {
     const cJSON *p = cJSON_GetObjectItemCaseSensitive(root, "prompt");
     if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 && cJSON_IsString(cJSON_GetArrayItem(p, 0)))
         p = cJSON_GetArrayItem(p, 0);
-    if (cJSON_IsString(p)) return tokenize(srv, p->valuestring, strlen(p->valuestring), false, j, ae);
+    if (cJSON_IsString(p))
+        return cm_api_tokenize(srv, CM_API_OPENAI, p->valuestring, strlen(p->valuestring), false, "prompt", j, ae);
     if (cJSON_IsArray(p) && cJSON_GetArraySize(p) > 0 && cJSON_IsNumber(cJSON_GetArrayItem(p, 0))) {
         cm_engine_info info;
         cm_engine_get_info(cm_http_engine(srv), &info);
@@ -331,7 +269,7 @@ int cm_api_parse_request(cm_http_server *srv, bool chat, const char *body, size_
     if (!root) BAD(NULL, "the request body is not valid JSON");
     if (!cJSON_IsObject(root)) BAD(NULL, "the request body must be a JSON object");
     const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
-    if (!is_null(model) && !cJSON_IsString(model)) BAD("model", "'model' must be a string");
+    if (!cm_api_is_null(model) && !cJSON_IsString(model)) BAD("model", "'model' must be a string");
     if (cJSON_IsString(model) && strcmp(model->valuestring, cm_http_model_id(srv))) {
         cm_api_error_set(ae, 404, "invalid_request_error", "model", "model_not_found",
                          "The model '%.200s' does not exist; this server serves '%.200s'", model->valuestring,
@@ -339,15 +277,15 @@ int cm_api_parse_request(cm_http_server *srv, bool chat, const char *body, size_
         goto fail;
     }
     long long nn = 1;
-    if (!get_int(root, "n", 1, 1e9, &nn, ae)) goto fail;
+    if (!cm_api_get_int(CM_API_OPENAI, root, "n", 1, 1e9, &nn, ae)) goto fail;
     if (nn != 1) BAD("n", "only n=1 is supported");
     bool stream = false, usage = false;
-    if (!get_bool(root, "stream", &stream, ae)) goto fail;
+    if (!cm_api_get_bool(CM_API_OPENAI, root, "stream", &stream, ae)) goto fail;
     const cJSON *so = cJSON_GetObjectItemCaseSensitive(root, "stream_options");
-    if (!is_null(so)) {
+    if (!cm_api_is_null(so)) {
         if (!cJSON_IsObject(so)) BAD("stream_options", "'stream_options' must be an object");
         if (!stream) BAD("stream_options", "'stream_options' is only allowed when 'stream' is true");
-        if (!get_bool(so, "include_usage", &usage, ae)) {
+        if (!cm_api_get_bool(CM_API_OPENAI, so, "include_usage", &usage, ae)) {
             snprintf(ae->param, sizeof ae->param, "stream_options.include_usage");
             goto fail;
         }
@@ -363,55 +301,55 @@ int cm_api_parse_request(cm_http_server *srv, bool chat, const char *body, size_
     cm_gen_params_default(gp);
     gp->n_predict = -1; /* OpenAI: until the model stops or the context is full */
     long long mt = -1;
-    if (!get_int(root, "max_tokens", 1, 1 << 30, &mt, ae)) goto fail;
-    if (!get_int(root, "max_completion_tokens", 1, 1 << 30, &mt, ae)) goto fail;
+    if (!cm_api_get_int(CM_API_OPENAI, root, "max_tokens", 1, 1 << 30, &mt, ae)) goto fail;
+    if (!cm_api_get_int(CM_API_OPENAI, root, "max_completion_tokens", 1, 1 << 30, &mt, ae)) goto fail;
     cm_sampler_params *sp = &gp->sampling;
     double v;
     v = sp->temperature;
-    if (!get_num(root, "temperature", 0, 2, &v, ae)) goto fail;
+    if (!cm_api_get_num(CM_API_OPENAI, root, "temperature", 0, 2, &v, ae)) goto fail;
     sp->temperature = (float)v;
     v = sp->top_p;
-    if (!get_num(root, "top_p", 0, 1, &v, ae)) goto fail;
+    if (!cm_api_get_num(CM_API_OPENAI, root, "top_p", 0, 1, &v, ae)) goto fail;
     sp->top_p = (float)v;
     v = sp->min_p;
-    if (!get_num(root, "min_p", 0, 1, &v, ae)) goto fail;
+    if (!cm_api_get_num(CM_API_OPENAI, root, "min_p", 0, 1, &v, ae)) goto fail;
     sp->min_p = (float)v;
     v = sp->presence_penalty;
-    if (!get_num(root, "presence_penalty", -2, 2, &v, ae)) goto fail;
+    if (!cm_api_get_num(CM_API_OPENAI, root, "presence_penalty", -2, 2, &v, ae)) goto fail;
     sp->presence_penalty = (float)v;
     v = sp->frequency_penalty;
-    if (!get_num(root, "frequency_penalty", -2, 2, &v, ae)) goto fail;
+    if (!cm_api_get_num(CM_API_OPENAI, root, "frequency_penalty", -2, 2, &v, ae)) goto fail;
     sp->frequency_penalty = (float)v;
     v = sp->repeat_penalty;
-    if (!get_num(root, "repeat_penalty", 0.01, 10, &v, ae)) goto fail;
+    if (!cm_api_get_num(CM_API_OPENAI, root, "repeat_penalty", 0.01, 10, &v, ae)) goto fail;
     sp->repeat_penalty = (float)v;
     long long k = sp->top_k;
-    if (!get_int(root, "top_k", 0, 1 << 30, &k, ae)) goto fail;
+    if (!cm_api_get_int(CM_API_OPENAI, root, "top_k", 0, 1 << 30, &k, ae)) goto fail;
     sp->top_k = (int32_t)k;
     long long seed = -1;
-    if (!get_int(root, "seed", -1, 9007199254740991.0, &seed, ae)) goto fail;
+    if (!cm_api_get_int(CM_API_OPENAI, root, "seed", -1, 9007199254740991.0, &seed, ae)) goto fail;
     sp->seed = seed < 0 ? CM_SAMPLER_SEED_RANDOM : (uint64_t)seed;
     /* llama-server's extension: keep generating past EOS (load generators want fixed lengths) */
-    if (!get_bool(root, "ignore_eos", &gp->ignore_eos, ae)) goto fail;
+    if (!cm_api_get_bool(CM_API_OPENAI, root, "ignore_eos", &gp->ignore_eos, ae)) goto fail;
     if (chat) {
         bool lp = false;
         long long top = 0;
-        if (!get_bool(root, "logprobs", &lp, ae)) goto fail;
-        if (!get_int(root, "top_logprobs", 0, 20, &top, ae)) goto fail;
+        if (!cm_api_get_bool(CM_API_OPENAI, root, "logprobs", &lp, ae)) goto fail;
+        if (!cm_api_get_int(CM_API_OPENAI, root, "top_logprobs", 0, 20, &top, ae)) goto fail;
         if (top > 0 && !lp) BAD("top_logprobs", "'top_logprobs' requires 'logprobs': true");
         if (lp) j->logprobs = (int)top;
     } else {
         long long lp = -1;
-        if (!get_int(root, "logprobs", 0, 5, &lp, ae)) goto fail;
+        if (!cm_api_get_int(CM_API_OPENAI, root, "logprobs", 0, 5, &lp, ae)) goto fail;
         j->logprobs = (int)lp;
         bool echo = false;
-        if (!get_bool(root, "echo", &echo, ae)) goto fail;
+        if (!cm_api_get_bool(CM_API_OPENAI, root, "echo", &echo, ae)) goto fail;
         if (echo) BAD("echo", "'echo' is not supported");
     }
     sp->n_probs = j->logprobs > 0 ? j->logprobs : 0;
     /* stop: a string or an array of up to 16 strings */
     const cJSON *stop = cJSON_GetObjectItemCaseSensitive(root, "stop");
-    if (!is_null(stop)) {
+    if (!cm_api_is_null(stop)) {
         int ns = cJSON_IsString(stop) ? 1 : cJSON_IsArray(stop) ? cJSON_GetArraySize(stop) : -1;
         if (ns < 0 || ns > 16) BAD("stop", "'stop' must be a string or an array of at most 16 strings");
         j->stops = cm_calloc((size_t)(ns ? ns : 1), sizeof *j->stops);
@@ -436,7 +374,8 @@ int cm_api_parse_request(cm_http_server *srv, bool chat, const char *body, size_
         const size_t hl = sizeof harmony_open - 1;
         j->harmony = text.len >= hl && !memcmp(text.data + text.len - hl, harmony_open, hl);
         if (j->harmony) cm_harmony_init(&j->hf);
-        if (tokenize(srv, text.data ? text.data : "", text.len, true, j, ae)) goto fail;
+        if (cm_api_tokenize(srv, CM_API_OPENAI, text.data ? text.data : "", text.len, true, "messages", j, ae))
+            goto fail;
     } else if (completion_prompt(srv, root, j, ae)) {
         goto fail;
     }

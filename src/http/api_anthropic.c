@@ -58,33 +58,6 @@ void cm_anth_error_json(cm_buf *out, const api_error *e) {
         goto fail;                                                                    \
     } while (0)
 
-static bool is_null(const cJSON *x) { return !x || cJSON_IsNull(x); }
-
-/* A number in [lo, hi] (absent/null: keep *out). */
-static bool get_num(const cJSON *o, const char *key, double lo, double hi, double *out, api_error *ae) {
-    const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, key);
-    if (is_null(x)) return true;
-    if (!cJSON_IsNumber(x) || !isfinite(x->valuedouble) || x->valuedouble < lo || x->valuedouble > hi) {
-        cm_api_error_set(ae, 400, "invalid_request_error", key, NULL, "%s: must be a number from %g to %g", key, lo,
-                         hi);
-        return false;
-    }
-    *out = x->valuedouble;
-    return true;
-}
-
-static bool get_int(const cJSON *o, const char *key, double lo, double hi, long long *out, api_error *ae) {
-    const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, key);
-    if (is_null(x)) return true;
-    if (!cJSON_IsNumber(x) || x->valuedouble != floor(x->valuedouble) || x->valuedouble < lo || x->valuedouble > hi) {
-        cm_api_error_set(ae, 400, "invalid_request_error", key, NULL, "%s: must be an integer from %.0f to %.0f", key,
-                         lo, hi);
-        return false;
-    }
-    *out = (long long)x->valuedouble;
-    return true;
-}
-
 /* Text of a `system` value or of a message's `content`: a string, or an
  * array of {"type":"text","text":...} blocks (joined as they are). */
 static bool blocks_text(const cJSON *c, const char *what, cm_buf *out, api_error *ae) {
@@ -146,7 +119,7 @@ static int anth_prompt(cm_http_server *srv, const cJSON *root, cm_buf *text, api
         goto out;
     }
     const cJSON *sys = cJSON_GetObjectItemCaseSensitive(root, "system");
-    if (!is_null(sys)) {
+    if (!cm_api_is_null(sys)) {
         cm_buf_init(&parts[0]);
         if (!blocks_text(sys, "system", &parts[0], ae)) {
             nm = 1;
@@ -175,7 +148,7 @@ static int anth_prompt(cm_http_server *srv, const cJSON *root, cm_buf *text, api
         }
         snprintf(param, sizeof param, "messages.%d.content", i);
         const cJSON *c = cJSON_GetObjectItemCaseSensitive(msg, "content");
-        if (is_null(c)) {
+        if (cm_api_is_null(c)) {
             cm_api_error_set(ae, 400, "invalid_request_error", param, NULL, "%s: Field required", param);
             goto out;
         }
@@ -207,31 +180,6 @@ out:
     return rc;
 }
 
-static int anth_tokenize(cm_http_server *srv, const char *text, size_t len, job *j, api_error *ae) {
-    cm_engine *e = cm_http_engine(srv);
-    char err[256];
-    int cap = (int)CM_MIN(len + 8, (size_t)cm_http_n_ctx(srv) + 8);
-    for (;;) {
-        j->ids = cm_malloc((size_t)cap * sizeof *j->ids);
-        if (!j->ids) {
-            cm_api_error_set(ae, 503, "api_error", NULL, NULL, "out of memory");
-            return -1;
-        }
-        int n = cm_engine_tokenize(e, text, len, true, true, j->ids, cap, err, sizeof err);
-        if (n < 0) {
-            cm_api_error_set(ae, 400, "invalid_request_error", "messages", NULL, "messages: %s", err);
-            return -1;
-        }
-        if (n <= cap) {
-            j->n_ids = n;
-            return 0;
-        }
-        cm_free(j->ids);
-        j->ids = NULL;
-        cap = n;
-    }
-}
-
 int cm_anth_parse_request(cm_http_server *srv, const char *body, size_t n, job *j, api_error *ae) {
     cJSON *root = cJSON_ParseWithLength(body, n);
     cm_buf text;
@@ -249,30 +197,29 @@ int cm_anth_parse_request(cm_http_server *srv, const char *body, size_t n, job *
     const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
     if (!cJSON_IsString(model)) BAD("model", "model: Field required (a string)");
     long long mt = -1;
-    if (is_null(cJSON_GetObjectItemCaseSensitive(root, "max_tokens"))) BAD("max_tokens", "max_tokens: Field required");
-    if (!get_int(root, "max_tokens", 1, 1 << 30, &mt, ae)) goto fail;
-    const cJSON *st = cJSON_GetObjectItemCaseSensitive(root, "stream");
-    if (!is_null(st) && !cJSON_IsBool(st)) BAD("stream", "stream: must be true or false");
-    j->stream = cJSON_IsTrue(st);
+    if (cm_api_is_null(cJSON_GetObjectItemCaseSensitive(root, "max_tokens")))
+        BAD("max_tokens", "max_tokens: Field required");
+    if (!cm_api_get_int(CM_API_ANTHROPIC, root, "max_tokens", 1, 1 << 30, &mt, ae)) goto fail;
+    if (!cm_api_get_bool(CM_API_ANTHROPIC, root, "stream", &j->stream, ae)) goto fail;
     const cJSON *md = cJSON_GetObjectItemCaseSensitive(root, "metadata");
-    if (!is_null(md) && !cJSON_IsObject(md)) BAD("metadata", "metadata: must be an object");
+    if (!cm_api_is_null(md) && !cJSON_IsObject(md)) BAD("metadata", "metadata: must be an object");
 
     cm_gen_params *gp = &j->gp;
     cm_gen_params_default(gp);
     cm_sampler_params *sp = &gp->sampling;
     double v;
     v = sp->temperature;
-    if (!get_num(root, "temperature", 0, 1, &v, ae)) goto fail;
+    if (!cm_api_get_num(CM_API_ANTHROPIC, root, "temperature", 0, 1, &v, ae)) goto fail;
     sp->temperature = (float)v;
     v = sp->top_p;
-    if (!get_num(root, "top_p", 0, 1, &v, ae)) goto fail;
+    if (!cm_api_get_num(CM_API_ANTHROPIC, root, "top_p", 0, 1, &v, ae)) goto fail;
     sp->top_p = (float)v;
     long long k = sp->top_k;
-    if (!get_int(root, "top_k", 0, 1 << 30, &k, ae)) goto fail;
+    if (!cm_api_get_int(CM_API_ANTHROPIC, root, "top_k", 0, 1 << 30, &k, ae)) goto fail;
     sp->top_k = (int32_t)k;
     /* stop_sequences: up to 16 strings */
     const cJSON *stop = cJSON_GetObjectItemCaseSensitive(root, "stop_sequences");
-    if (!is_null(stop)) {
+    if (!cm_api_is_null(stop)) {
         int ns = cJSON_IsArray(stop) ? cJSON_GetArraySize(stop) : -1;
         if (ns < 0 || ns > 16) BAD("stop_sequences", "stop_sequences: must be an array of at most 16 strings");
         j->stops = cm_calloc((size_t)(ns ? ns : 1), sizeof *j->stops);
@@ -294,7 +241,8 @@ int cm_anth_parse_request(cm_http_server *srv, const char *body, size_t n, job *
     if (cm_sampler_params_check(sp, err, sizeof err)) BAD(NULL, "%s", err);
     if (cm_anth_tools_wanted(root) ? cm_anth_tools_prompt(srv, root, j, &text, ae) : anth_prompt(srv, root, &text, ae))
         goto fail;
-    if (anth_tokenize(srv, text.data ? text.data : "", text.len, j, ae)) goto fail;
+    if (cm_api_tokenize(srv, CM_API_ANTHROPIC, text.data ? text.data : "", text.len, true, "messages", j, ae))
+        goto fail;
     if (j->n_ids < 1) BAD("messages", "messages: the prompt is empty");
     int n_ctx = cm_http_n_ctx(srv);
     if (j->n_ids >= n_ctx)

@@ -104,6 +104,23 @@ void cm_api_stream_end(job *j);
 /* Non-streaming body (malloc'd JSON) of a finished job. */
 char *cm_api_final_json(job *j);
 
+/* ---- request fields both APIs read (api_parse.c) ---- */
+struct cJSON;
+bool cm_api_is_null(const struct cJSON *x); /* absent or JSON null */
+/* o[key] into *out when present and not null; a number (integer) outside
+ * [lo, hi] or a non-boolean is a 400 naming the key in the API's style and
+ * false. */
+bool cm_api_get_num(enum cm_api_kind api, const struct cJSON *o, const char *key, double lo, double hi, double *out,
+                    api_error *ae);
+bool cm_api_get_int(enum cm_api_kind api, const struct cJSON *o, const char *key, double lo, double hi, long long *out,
+                    api_error *ae);
+bool cm_api_get_bool(enum cm_api_kind api, const struct cJSON *o, const char *key, bool *out, api_error *ae);
+/* The rendered prompt's token ids into j->ids / j->n_ids (BOS added;
+ * special tokens parsed when `special`). 0, or -1 with *ae: 400 naming
+ * `param` when the tokenizer refuses the text, 503 out of memory. */
+int cm_api_tokenize(cm_http_server *srv, enum cm_api_kind api, const char *text, size_t len, bool special,
+                    const char *param, job *j, api_error *ae);
+
 /* ---- Anthropic Messages API (api_anthropic.c) ---- */
 /* {"type":"error","error":{"type","message"}}, the type from e->status. */
 void cm_anth_error_json(cm_buf *out, const api_error *e);
