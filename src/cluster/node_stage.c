@@ -182,7 +182,9 @@ static int stage_load(node *n, stage *s, const char *path, bool slice_file, char
                      cm_gguf_worth_loading((uint64_t)st.st_size);
     int rc = in_memory ? cm_gguf_load(&s->g, path, NULL, NULL, e, sizeof e)
                        : cm_gguf_open(&s->g, path, NULL, NULL, e, sizeof e);
-    if (!rc) rc = cm_model_load(&s->m, &s->g, e, sizeof e);
+    if (!rc) /* a tensor-parallel member repacks its slice only (below) */
+        rc = a->tp_size > 1 && !(a->flags & CM_ASSIGN_F_EP) ? cm_model_load_for_slice(&s->m, &s->g, e, sizeof e)
+                                                            : cm_model_load(&s->m, &s->g, e, sizeof e);
     if (rc) return cm_errf(err, errlen, rc, "'%s': %s", path, e);
     const cm_hparams *hp = &s->m.hp;
     if ((int)a->n_layers != hp->n_layer || (int)a->layer_end > hp->n_layer)

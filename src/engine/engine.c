@@ -67,7 +67,10 @@ int cm_engine_load(cm_engine **out, const char *path, const cm_engine_opts *opts
         return rc;
     }
     char msg[400];
-    if ((rc = cm_model_load(&e->m, &e->g, msg, sizeof msg))) {
+    /* a tensor-parallel coordinator repacks its slice only (take_tp_slice) */
+    const bool tp = o.nodes && *o.nodes && o.plan.mode_set && o.plan.mode == CM_PARALLEL_TP;
+    if ((rc = tp ? cm_model_load_for_slice(&e->m, &e->g, msg, sizeof msg)
+                 : cm_model_load(&e->m, &e->g, msg, sizeof msg))) {
         cm_engine_free(e);
         return cm_errf(err, errlen, rc, "'%s': %s", path, msg);
     }
@@ -125,6 +128,7 @@ int cm_engine_load(cm_engine **out, const char *path, const cm_engine_opts *opts
         }
         if (e->cl) e->max_ctx = e->n_ctx;                        /* the nodes reserved that much */
         if (e->cl && !cm_engine_downstream(e)) take_tp_slice(e); /* every layer here, on our slice */
+        else if (!e->cl) cm_model_repack_slice(&e->m, cm_slice_full(&e->m), msg, sizeof msg); /* alone: all of it */
     }
     e->ctx = e->pool ? cm_ctx_new(&e->m, e->n_batch, e->max_ctx, e->pool, msg, sizeof msg) : NULL;
     if (!e->ctx) {

@@ -169,6 +169,10 @@ void cm_matmul_rows(const cm_kernels *k, const cm_tensor *W, const void *xq, siz
 enum { CM_REPACK_MAX_K = 32768 }; /* longest row repacked */
 int cm_repack_add(const void *owner, const cm_kernels *k, const cm_tensor *const *ws, int n, char *err, size_t errlen);
 void cm_repack_drop(const void *owner);
+/* Bytes of the copy cm_repack_add would make of W under table k (0: none),
+ * and bytes of owner's copies now. */
+size_t cm_repack_size(const cm_kernels *k, const cm_tensor *W);
+size_t cm_repack_bytes(const void *owner);
 /* The repacked copy of W's first row, or NULL (not repacked, or a column
  * view that was not added itself); *stride (when not NULL) is the copy's
  * bytes per row: W->nb[1] for whole tensors, less for a column view. */

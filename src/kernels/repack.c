@@ -129,14 +129,27 @@ void cm_repack_row(enum cm_type t, const void *src, void *dst, int64_t ne0) {
 
 static bool repack_off(void) { return cm_config_get()->repack_off; }
 
+size_t cm_repack_size(const cm_kernels *k, const cm_tensor *W) {
+    if (repack_off() || !rp_wanted(k, W)) return 0;
+    return ((size_t)W->ne[1] * cm_row_size(W->type, W->ne[0]) + 63) & ~(size_t)63;
+}
+
+size_t cm_repack_bytes(const void *owner) {
+    size_t n = 0;
+    pthread_rwlock_rdlock(&g_lock);
+    for (int i = 0; i < g_n; i++)
+        if (g_e[i].owner == owner) n += g_e[i].alloc_n;
+    pthread_rwlock_unlock(&g_lock);
+    return n;
+}
+
 int cm_repack_add(const void *owner, const cm_kernels *k, const cm_tensor *const *ws, int n, char *err, size_t errlen) {
     if (repack_off()) return 0;
     size_t total = 0;
     int m = 0;
     for (int i = 0; i < n; i++) {
-        if (!rp_wanted(k, ws[i])) continue;
-        total += ((size_t)ws[i]->ne[1] * cm_row_size(ws[i]->type, ws[i]->ne[0]) + 63) & ~(size_t)63;
-        m++;
+        total += cm_repack_size(k, ws[i]);
+        m += rp_wanted(k, ws[i]);
     }
     if (m == 0) return 0;
     char *mem = cm_huge_alloc(total);
@@ -187,10 +200,13 @@ int cm_repack_add(const void *owner, const cm_kernels *k, const cm_tensor *const
 void cm_repack_drop(const void *owner) {
     if (!owner) return;
     pthread_rwlock_wrlock(&g_lock);
-    int j = 0;
+    int j = 0, n = 0;
+    size_t bytes = 0;
     for (int i = 0; i < g_n; i++) {
         if (g_e[i].owner == owner) {
             if (g_e[i].alloc) cm_huge_free(g_e[i].alloc, g_e[i].alloc_n);
+            bytes += g_e[i].alloc_n;
+            n++;
             continue;
         }
         g_e[j++] = g_e[i];
@@ -202,6 +218,7 @@ void cm_repack_drop(const void *owner) {
         g_cap = 0;
     }
     pthread_rwlock_unlock(&g_lock);
+    if (n) CM_LOGD("repack: dropped %d tensors, %zu bytes, for %p", n, bytes, owner);
 }
 
 const void *cm_repack_find(const cm_tensor *W, size_t *stride) {

@@ -237,7 +237,7 @@ void cm_model_release(cm_model *m) {
     memset(m, 0, sizeof *m);
 }
 
-int cm_model_load(cm_model *m, const cm_gguf *g, char *err, size_t errlen) {
+static int load(cm_model *m, const cm_gguf *g, bool repack_whole, char *err, size_t errlen) {
     memset(m, 0, sizeof *m);
     m->gguf = g;
     int rc = load_hparams(m, err, errlen);
@@ -346,20 +346,31 @@ int cm_model_load(cm_model *m, const cm_gguf *g, char *err, size_t errlen) {
      * mapped file (a coordinator's or a pipeline stage's whole-model file, or
      * one that only just fits) keeps the file's layout alone.
      * NEEDSWORK: repack in place instead of beside, then every file can. */
-    const bool repack = g->file.in_memory && cm_gguf_worth_loading(g->size);
-    rc = 0;
-    if (repack)
-        for (int il = 0; il < hp->n_layer && !rc; il++) {
-            const cm_layer *L = &m->layers[il];
-            const cm_tensor *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->ffn_gate, &L->ffn_up, &L->ffn_down};
-            rc = cm_repack_add(m, cm_kernels_get(), ws, 7, err, errlen);
-        }
-    if (!rc && repack) rc = cm_repack_add(m, cm_kernels_get(), (const cm_tensor *const[]){&m->output}, 1, err, errlen);
-    if (rc) goto fail;
+    m->repack = g->file.in_memory && cm_gguf_worth_loading(g->size);
+    if (m->repack && repack_whole && (rc = cm_model_repack_whole(m, err, errlen))) goto fail;
     return 0;
 fail:
     cm_model_release(m);
     return rc;
+}
+
+int cm_model_repack_whole(cm_model *m, char *err, size_t errlen) {
+    int rc = 0;
+    for (int il = 0; il < m->hp.n_layer && !rc; il++) {
+        const cm_layer *L = &m->layers[il];
+        const cm_tensor *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->ffn_gate, &L->ffn_up, &L->ffn_down};
+        rc = cm_repack_add(m, cm_kernels_get(), ws, 7, err, errlen);
+    }
+    if (!rc) rc = cm_repack_add(m, cm_kernels_get(), (const cm_tensor *const[]){&m->output}, 1, err, errlen);
+    if (rc) cm_repack_drop(m);
+    m->repack_whole = !rc;
+    return rc;
+}
+
+int cm_model_load(cm_model *m, const cm_gguf *g, char *err, size_t errlen) { return load(m, g, true, err, errlen); }
+
+int cm_model_load_for_slice(cm_model *m, const cm_gguf *g, char *err, size_t errlen) {
+    return load(m, g, false, err, errlen);
 }
 
 cm_slice cm_slice_full(const cm_model *m) {

@@ -231,6 +231,10 @@ typedef struct cm_model {
     /* Weights computed at load, owned (cm_aligned_alloc; NULL: none):
      * deepseek2's wk_b of every layer from an unsplit attn_kv_b (mla.c). */
     void *derived;
+    /* Decode-layout copies (kernels.h): made at load for a file read into
+     * memory (repack); the whole tensors' copies are there now (repack_whole:
+     * a tensor-parallel member holds its slice's instead). */
+    bool repack, repack_whole;
 } cm_model;
 
 /* Bind a model to a parsed GGUF (which must outlive it). Validates the
@@ -243,6 +247,11 @@ typedef struct cm_model {
  * On error *m is released. Not thread-safe against itself; the loaded model
  * is read-only afterwards and may be shared by any number of threads. */
 int cm_model_load(cm_model *m, const cm_gguf *g, char *err, size_t errlen);
+/* As cm_model_load, without the whole tensors' decode-layout copies: for a
+ * tensor-parallel member, whose cm_model_repack_slice makes its slice's
+ * (the full slice's are the whole copies), so that its memory never holds
+ * both. */
+int cm_model_load_for_slice(cm_model *m, const cm_gguf *g, char *err, size_t errlen);
 void cm_model_release(cm_model *m); /* no-op on a zeroed struct */
 
 /* ---- slices ---- */
@@ -263,16 +272,21 @@ typedef struct cm_expert_slice {
 } cm_expert_slice;
 /* The whole model (single machine). */
 cm_slice cm_slice_full(const cm_model *m);
-/* Tensor parallelism: repack this member's column slices (wo by its heads,
- * ffn_down by its FFN rows) on their own, where the model's whole tensors
- * were repacked at load (a file read into memory), so that its decode reads
- * them in the gemv's layout too (kernels.h; the same bits either way). Drops
- * the previous slice's copies first; the full slice needs none. Call it
- * whenever the member's slice changes, while no forward pass runs on m.
- * Returns 0 or CM_ENOMEM (the slices then read the file's bytes).
- * NEEDSWORK: the whole wo/ffn_down copies made at load stay beside these
- * (a member never reads them): repack only the slice once it is known. */
-int cm_model_repack_slice(const cm_model *m, cm_slice s, char *err, size_t errlen);
+/* Decode-layout copies of every matmul weight, owned by m (cm_model_load
+ * makes them for a file read into memory). Returns 0 or CM_ENOMEM. */
+int cm_model_repack_whole(cm_model *m, char *err, size_t errlen);
+/* Tensor parallelism: where the model was repacked at load, a member keeps
+ * decode-layout copies of its slice only: the rows of wq/wk/wv (its heads)
+ * and ffn_gate/ffn_up (its FFN rows), the columns of wo and ffn_down, and the
+ * output head; the whole tensors' copies are dropped (deepseek2 keeps them:
+ * its attention reads its own views, mla.c). The full slice gets the whole
+ * copies back. Same bits either way (kernels.h). Call it whenever the
+ * member's slice changes, while no forward pass runs on m. Returns 0 or
+ * CM_ENOMEM (the slices then read the file's bytes).
+ * NEEDSWORK: the output head's copy is whole (a member computes its rows of
+ * it only when the plan splits the head, cm_slice_head_rows), and the file's
+ * bytes stay in memory beside the copies (a re-plan may widen the slice). */
+int cm_model_repack_slice(cm_model *m, cm_slice s, char *err, size_t errlen);
 /* Is the slice in range and aligned so that the columns it takes from
  * attn_output and ffn_down start and end on block boundaries of their types?
  * Returns 0 or CM_EINVAL with a message; CM_EUNSUPPORTED for any slice but

@@ -4,8 +4,8 @@
 # into the decode gemv's layout, and that changes no bit. Synthetic llama
 # models wide enough for the repacked layouts (Q4_0: 16-block groups; Q4_K:
 # 4-super-block groups), a group of the coordinator and one node: the
-# coordinator's and the node's debug logs must show one slice copy per layer
-# ("repack: N tensors" under the slice's owner), and the greedy ids of the
+# coordinator's and the node's debug logs must show copies of their slices
+# only (no whole-tensor copies kept), and the greedy ids of the
 # prompt and decode must equal those of a group where neither member repacks
 # (CUMULO_REPACK=0 on both), token for token, one stream and three at once.
 cd "$(dirname "$0")/../.." || exit 1
@@ -14,11 +14,15 @@ VOCAB=$SHARED/vocab/ggml-vocab-llama-spm.gguf
 L=2
 
 
-# slice_copies LOG: the debug lines of cm_repack_add under another owner than
-# the model's whole tensors (the lines naming 7 tensors: one layer's matrices)
-slice_copies() {
-    perl -ne 'if (/repack: (\d+) tensors, \d+ bytes, for (\S+)/) { if ($1 == 7) { $w{$2} = 1 } else { push @o, $2 } }
-              END { print scalar grep { !$w{$_} } @o }' "$1"
+# slice_check LOG: the member's lines of its slice copies (cm_model_repack_slice):
+# each must cover every layer's slice only, no whole copies kept, and cost at
+# most the larger of its shares of KV heads and FFN rows (+ 2%) of what the
+# whole layers' copies would. Prints "N BAD": lines, and lines that fail.
+slice_check() {
+    perl -ne 'next unless /slice copies of KV heads \[(\d+), (\d+)\) of (\d+) and FFN rows \[(\d+), (\d+)\) of (\d+): (\d+) bytes of the layers. (\d+) .*whole copies kept: (\d+) bytes/;
+              $n++; my $share = ($2 - $1) / $3 > ($5 - $4) / $6 ? ($2 - $1) / $3 : ($5 - $4) / $6;
+              $bad++ unless $7 > 0 && $9 == 0 && $7 <= ($share + 0.02) * $8;
+              END { print $n + 0, " ", $bad + 0 }' "$1"
 }
 
 case_type() { # TYPE DIM FFN
@@ -47,9 +51,11 @@ case_type() { # TYPE DIM FFN
         n=$(echo "$a" | tr ',' '\n' | grep -c .)
         [ -n "$a" ] && [ "$a" = "$b" ] && [ "$n" -ge 20 ] && ok || bad "$t streams $s: ids with repacked slices '$a' vs without '$b'"
     done
-    # the coordinator made one slice copy per layer
-    c=$(slice_copies "$TMP/$t.1.on.err")
-    [ "$c" = $L ] && ok || bad "$t: coordinator slice copies $c, want $L: $(grep -E 'repack|FFN rows' "$TMP/$t.1.on.err" | head -5)"
+    # the coordinator keeps copies of its slice only: no whole-tensor copies beside them
+    set -- $(slice_check "$TMP/$t.1.on.err")
+    [ "$1" -ge 1 ] && [ "$2" = 0 ] && ok ||
+        bad "$t: coordinator slice copies: $1 lines, $2 wrong: $(grep -E 'slice copies|FFN rows' "$TMP/$t.1.on.err" | head -3)"
+    echo "$t: coordinator: $(grep -o 'slice copies of KV.*' "$TMP/$t.1.on.err" | head -1)"
     c=$(grep -c 'repack:' "$TMP/$t.1.off.err")
     [ "$c" = 0 ] && ok || bad "$t: CUMULO_REPACK=0 still repacked ($c lines)"
 }
@@ -69,9 +75,9 @@ unset CUMULO_LOG CUMULO_REPACK
 # head/embedding it counts make it uneven): Q4_0 needs 512 columns, Q4_K 1024
 case_type q4_0 512 3072
 case_type q4_k 1024 4096
-# the node holding the repacking member made its slice copies too (one per layer per assignment)
-c=$(slice_copies "$TMP/on.log")
-[ "$c" -ge $((2 * L)) ] && ok || bad "node slice copies $c, want at least $((2 * L)): $(grep repack "$TMP/on.log" | head -3)"
+# the node holding the repacking member made its slice copies too (one line per assignment)
+set -- $(slice_check "$TMP/on.log")
+[ "$1" -ge 2 ] && [ "$2" = 0 ] && ok || bad "node slice copies: $1 lines, $2 wrong: $(grep 'slice copies' "$TMP/on.log" | head -3)"
 c=$(grep -c 'repack:' "$TMP/off.log")
 [ "$c" = 0 ] && ok || bad "the CUMULO_REPACK=0 node repacked ($c lines)"
 
