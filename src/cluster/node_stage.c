@@ -180,12 +180,16 @@ static int stage_load(node *n, stage *s, const char *path, bool slice_file, char
     bool tp_all = a->tp_size > 1 && a->layer_begin == 0 && a->layer_end == a->n_layers;
     bool in_memory = (slice_file || tp_all) && !n->o->mmap && !(a->flags & CM_ASSIGN_F_EP) && stat(path, &st) == 0 &&
                      cm_gguf_worth_loading((uint64_t)st.st_size);
-    int rc = in_memory ? cm_gguf_load(&s->g, path, NULL, NULL, e, sizeof e)
+    int rc;
+    if (in_memory && a->tp_size > 1) { /* copies of its slice only (below), from a mapping where they can be */
+        if ((rc = cm_model_open_for_slice(&s->g, &s->m, path, NULL, NULL, e, sizeof e)))
+            return cm_errf(err, errlen, rc, "%s", e);
+    } else {
+        rc = in_memory ? cm_gguf_load(&s->g, path, NULL, NULL, e, sizeof e)
                        : cm_gguf_open(&s->g, path, NULL, NULL, e, sizeof e);
-    if (!rc) /* a tensor-parallel member repacks its slice only (below) */
-        rc = a->tp_size > 1 && !(a->flags & CM_ASSIGN_F_EP) ? cm_model_load_for_slice(&s->m, &s->g, e, sizeof e)
-                                                            : cm_model_load(&s->m, &s->g, e, sizeof e);
-    if (rc) return cm_errf(err, errlen, rc, "'%s': %s", path, e);
+        if (!rc) rc = cm_model_load(&s->m, &s->g, e, sizeof e);
+        if (rc) return cm_errf(err, errlen, rc, "'%s': %s", path, e);
+    }
     const cm_hparams *hp = &s->m.hp;
     if ((int)a->n_layers != hp->n_layer || (int)a->layer_end > hp->n_layer)
         return cm_errf(err, errlen, CM_EINVAL, "assignment of layers [%u, %u) of %u does not match the model's %d",

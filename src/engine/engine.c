@@ -60,17 +60,17 @@ int cm_engine_load(cm_engine **out, const char *path, const cm_engine_opts *opts
     pthread_mutex_init(&e->mu, NULL);
     struct stat st;
     bool in_memory = stat(path, &st) == 0 && cm_engine_weights_in_memory(&o, (uint64_t)st.st_size);
-    int rc = in_memory ? cm_gguf_load(&e->g, path, o.progress, o.progress_ctx, err, errlen)
-                       : cm_gguf_open(&e->g, path, o.progress, o.progress_ctx, err, errlen);
+    /* a tensor-parallel coordinator keeps copies of its slice only (take_tp_slice) */
+    const bool tp = in_memory && o.nodes && *o.nodes && o.plan.mode_set && o.plan.mode == CM_PARALLEL_TP;
+    int rc = tp          ? cm_model_open_for_slice(&e->g, &e->m, path, o.progress, o.progress_ctx, err, errlen)
+             : in_memory ? cm_gguf_load(&e->g, path, o.progress, o.progress_ctx, err, errlen)
+                         : cm_gguf_open(&e->g, path, o.progress, o.progress_ctx, err, errlen);
     if (rc) {
         cm_engine_free(e);
         return rc;
     }
     char msg[400];
-    /* a tensor-parallel coordinator repacks its slice only (take_tp_slice) */
-    const bool tp = o.nodes && *o.nodes && o.plan.mode_set && o.plan.mode == CM_PARALLEL_TP;
-    if ((rc = tp ? cm_model_load_for_slice(&e->m, &e->g, msg, sizeof msg)
-                 : cm_model_load(&e->m, &e->g, msg, sizeof msg))) {
+    if (!tp && (rc = cm_model_load(&e->m, &e->g, msg, sizeof msg))) {
         cm_engine_free(e);
         return cm_errf(err, errlen, rc, "'%s': %s", path, msg);
     }

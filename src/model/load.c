@@ -346,7 +346,8 @@ static int load(cm_model *m, const cm_gguf *g, bool repack_whole, char *err, siz
      * mapped file (a coordinator's or a pipeline stage's whole-model file, or
      * one that only just fits) keeps the file's layout alone.
      * NEEDSWORK: repack in place instead of beside, then every file can. */
-    m->repack = g->file.in_memory && cm_gguf_worth_loading(g->size);
+    /* a tensor-parallel member's slices are copied from a mapping too (cm_model_open_for_slice) */
+    m->repack = (g->file.in_memory || !repack_whole) && cm_gguf_worth_loading(g->size);
     if (m->repack && repack_whole && (rc = cm_model_repack_whole(m, err, errlen))) goto fail;
     return 0;
 fail:
@@ -360,6 +361,7 @@ int cm_model_repack_whole(cm_model *m, char *err, size_t errlen) {
         const cm_layer *L = &m->layers[il];
         const cm_tensor *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->ffn_gate, &L->ffn_up, &L->ffn_down};
         rc = cm_repack_add(m, cm_kernels_get(), ws, 7, err, errlen);
+        for (int i = 0; i < 7 && !rc; i++) cm_model_drop_copied(m, ws[i], ws[i]);
     }
     if (!rc) rc = cm_repack_add(m, cm_kernels_get(), (const cm_tensor *const[]){&m->output}, 1, err, errlen);
     if (rc) cm_repack_drop(m);
@@ -369,8 +371,42 @@ int cm_model_repack_whole(cm_model *m, char *err, size_t errlen) {
 
 int cm_model_load(cm_model *m, const cm_gguf *g, char *err, size_t errlen) { return load(m, g, true, err, errlen); }
 
-int cm_model_load_for_slice(cm_model *m, const cm_gguf *g, char *err, size_t errlen) {
-    return load(m, g, false, err, errlen);
+void cm_model_drop_copied(const cm_model *m, const cm_tensor *whole, const cm_tensor *view) {
+    if (whole->data && !m->gguf->file.in_memory && cm_repack_find(view, NULL))
+        cm_file_drop_pages(&m->gguf->file, whole->data, (size_t)whole->ne[1] * whole->nb[1]);
+}
+
+bool cm_model_slices_repack(const cm_model *m) {
+    if (!m->layers || m->hp.arch == CM_ARCH_DEEPSEEK2 || m->hp.n_expert > 0) return false;
+    for (int il = 0; il < m->hp.n_layer; il++) {
+        const cm_layer *L = &m->layers[il];
+        const cm_tensor *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->ffn_gate, &L->ffn_up, &L->ffn_down};
+        for (int i = 0; i < 7; i++)
+            if (ws[i]->data && !cm_repack_size(cm_kernels_get(), ws[i])) return false;
+    }
+    return true;
+}
+
+int cm_model_open_for_slice(cm_gguf *g, cm_model *m, const char *path, cm_gguf_progress_fn progress,
+                            void *progress_ctx, char *err, size_t errlen) {
+    char e[400];
+    int rc = cm_gguf_open(g, path, NULL, NULL, err, errlen);
+    if (rc) return rc;
+    if ((rc = load(m, g, false, e, sizeof e))) return cm_errf(err, errlen, rc, "'%s': %s", path, e);
+    if ((m->repack && cm_model_slices_repack(m)) || !cm_gguf_worth_loading(g->size)) {
+        /* (tests/sh/cluster_tp_repack.sh reads this line) */
+        CM_LOGD("tensor parallel: '%s' mapped; %s", path,
+                m->repack ? "the slice's weights are copied from it" : "its weights are read from it");
+        return 0;
+    }
+    CM_LOGD("tensor parallel: '%s' read into memory: a weight keeps the file's layout", path);
+    /* a weight of the slice keeps the file's layout: read the file in (4 KiB
+     * mapped pages cost a member ~1/4 of its speed, HISTORY.md 2026-12-03) */
+    cm_model_release(m);
+    cm_gguf_close(g);
+    if ((rc = cm_gguf_load(g, path, progress, progress_ctx, err, errlen))) return rc;
+    if ((rc = load(m, g, false, e, sizeof e))) return cm_errf(err, errlen, rc, "'%s': %s", path, e);
+    return 0;
 }
 
 cm_slice cm_slice_full(const cm_model *m) {
