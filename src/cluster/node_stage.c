@@ -175,8 +175,9 @@ static int stage_load(node *n, stage *s, const char *path, bool slice_file, char
      * NEEDSWORK: read just the held ranges into huge pages. */
     /* A TP member over every layer reads a slice of each per token: mapped
      * 4 KiB pages and no repacked rows cost it ~1/4 of its speed (HISTORY.md,
-     * 2026-12-03), so the whole file is read in when it fits.
-     * NEEDSWORK: read only the slice's rows and columns. */
+     * 2026-12-03), so it copies its slice (cm_model_open_for_slice: from
+     * the mapping when every weight of it repacks, else the whole file read
+     * in). NEEDSWORK: plain copies of the slices of the other types. */
     bool tp_all = a->tp_size > 1 && a->layer_begin == 0 && a->layer_end == a->n_layers;
     bool in_memory = (slice_file || tp_all) && !n->o->mmap && !(a->flags & CM_ASSIGN_F_EP) && stat(path, &st) == 0 &&
                      cm_gguf_worth_loading((uint64_t)st.st_size);

@@ -294,8 +294,8 @@ int cm_model_repack_whole(cm_model *m, char *err, size_t errlen);
  * member's slice changes, while no forward pass runs on m. Returns 0 or
  * CM_ENOMEM (the slices then read the file's bytes).
  * NEEDSWORK: the output head's copy is whole (a member computes its rows of
- * it only when the plan splits the head, cm_slice_head_rows), and the file's
- * bytes stay in memory beside the copies (a re-plan may widen the slice). */
+ * it only when the plan splits the head, cm_slice_head_rows), and a file
+ * read into memory (a type without a repacked layout) stays beside them. */
 int cm_model_repack_slice(cm_model *m, cm_slice s, char *err, size_t errlen);
 /* Is the slice in range and aligned so that the columns it takes from
  * attn_output and ffn_down start and end on block boundaries of their types?
