@@ -17,6 +17,7 @@
 #include "gguf/gguf.h"
 #include "model/model.h"
 #include "os/os.h"
+#include "proto/proto.h"
 #include "sched/plan.h"
 #include "train/finetune.h"
 
@@ -61,6 +62,8 @@ static const char *k_help =
     "                       replica by replica), each taking a share of every step's windows; the\n"
     "                       adapter is still the one this machine alone would train. Default (no\n"
     "                       --layers): as many replicas as the nodes hold the model; 1: one pipeline\n"
+    "  --in-flight N        windows down the pipeline at once, a 1F1B schedule (default: the number of\n"
+    "                       stages; every stage keeps N windows' activations); the adapter is the same\n"
     "  --take               use nodes that serve another coordinator\n"
     "  --insecure           no cluster key (the nodes must run --insecure too)\n"
     "  --key-file FILE      cluster key (default $CUMULO_KEY_FILE or ~/.config/cumulo/cluster.key)\n";
@@ -108,7 +111,8 @@ static const char *val_of(int argc, char **argv, int *i) {
 /* The cluster options (run's): --cluster, --nodes, --key-file, --insecure, --take, the plan's. */
 typedef struct clu {
     bool on, insecure, take;
-    int dp; /* --data-parallel: replicas (0: one) */
+    int dp;       /* --data-parallel: replicas (0: one) */
+    int inflight; /* --in-flight: windows down a pipeline at once (0: its stages) */
     const char *nodes, *key_file;
     cm_plan_request plan;
 } clu;
@@ -150,6 +154,10 @@ static int parse(int argc, char **argv, cm_finetune_opts *o, const char **model,
         else if (!strcmp(a, "--data-parallel")) {
             if (!cli_int(a, v, 1, CM_PLAN_MAX_NODES, &n)) return 1;
             c->dp = (int)n;
+            c->on = true;
+        } else if (!strcmp(a, "--in-flight")) {
+            if (!cli_int(a, v, 1, CM_MSG_MAX_TRAIN_INFLIGHT, &n)) return 1;
+            c->inflight = (int)n;
             c->on = true;
         } else if (!strcmp(a, "--nodes")) c->nodes = v, c->on = true;
         else if (!strcmp(a, "--key-file")) c->key_file = v;
@@ -199,12 +207,13 @@ static void log_line(void *ctx, const char *line) {
 
 /* The exec over the open pipes p[0..n) (n > 1: replicas, data parallel),
  * the run, its traffic added to *sent and *got. */
-static int run_pipes(cm_pipe **p, int n, const cm_model *m, const cm_tdata *d, cm_finetune_opts *o, uint64_t *sent,
-                     uint64_t *got, char *err, size_t errlen) {
+static int run_pipes(cm_pipe **p, int n, const cm_model *m, const cm_tdata *d, cm_finetune_opts *o, int inflight,
+                     uint64_t *sent, uint64_t *got, char *err, size_t errlen) {
     cm_train_pipe *t[CM_PLAN_MAX_NODES] = {0};
     cm_train_dp *dp = NULL;
     int rc = 0;
-    for (int r = 0; !rc && r < n; r++) rc = cm_train_pipe_new(&t[r], p[r], m, o->n_ctx, o->n_threads, err, errlen);
+    for (int r = 0; !rc && r < n; r++)
+        rc = cm_train_pipe_new(&t[r], p[r], m, o->n_ctx, o->n_threads, inflight, err, errlen);
     if (!rc && n > 1) rc = cm_train_dp_new(&dp, t, n, m, o->n_ctx, err, errlen);
     if (!rc) {
         const int local_last = cm_train_pipe_local_last(t[0]);
@@ -214,8 +223,9 @@ static int run_pipes(cm_pipe **p, int n, const cm_model *m, const cm_tdata *d, c
                     "layers [0, %d) of each\n",
                     n, cm_pipe_n_stages(p[0]), local_last);
         else
-            fprintf(stderr, "finetune: pipeline of %d stages; this machine trains layers [0, %d)\n",
-                    cm_pipe_n_stages(p[0]), local_last);
+            fprintf(stderr,
+                    "finetune: pipeline of %d stages; this machine trains layers [0, %d); %d windows in flight\n",
+                    cm_pipe_n_stages(p[0]), local_last, inflight ? inflight : cm_pipe_n_stages(p[0]));
         o->exec = n > 1 ? cm_train_dp_exec(dp) : cm_train_pipe_exec(t[0]);
         rc = cm_finetune_run(m, d, o, err, errlen);
         o->exec = NULL;
@@ -286,7 +296,7 @@ static int train_cluster(const char *path, const cm_gguf *g, const cm_model *m, 
     char resume[4200] = "";
     uint64_t sent = 0, got = 0;
     for (int attempt = 0;; attempt++) {
-        rc = run_pipes(p, np, m, d, o, &sent, &got, err, errlen);
+        rc = run_pipes(p, np, m, d, o, c->inflight, &sent, &got, err, errlen);
         bool failed = false;
         for (int r = 0; r < np; r++) failed |= cm_pipe_failed(p[r]);
         if (!rc || !failed || attempt >= CM_PLAN_MAX_NODES) break;
