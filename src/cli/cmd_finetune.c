@@ -454,8 +454,8 @@ int cmd_finetune(int argc, char **argv) {
             char s[600];
             snprintf(s, sizeof s, rc ? "failed: %s" : "done: wrote %s", rc ? err : o.out);
             cm_train_dash_status(b.dash, s);
-            const char *hold = getenv("CUMULO_DASH_HOLD_MS"); /* tests: the final page stays up this long */
-            if (hold && atoi(hold) > 0) cm_sleep_ms(atoi(hold) > 600000 ? 600000 : atoi(hold));
+            const unsigned hold = cm_config_get()->test_dash_hold_ms; /* tests: the final page stays up this long */
+            if (hold) cm_sleep_ms(hold > 600000 ? 600000 : hold);
             cm_train_dash_stop(b.dash);
         }
     }

@@ -18,8 +18,8 @@ command -v curl >/dev/null || { echo "skip: needs curl"; echo "0 passed, 0 faile
 cc_start_node a --no-mdns --models "$SHARED/models"
 A=127.0.0.1:$NODE_PORT
 [ -n "$NODE_PORT" ] && ok || { bad "node did not start"; echo "$pass passed, $fail failed"; exit 1; }
-# the page stays up after the run (CUMULO_DASH_HOLD_MS) for the checks below
-CUMULO_DASH_HOLD_MS=120000 "$BIN" finetune "$M" --data "$TMP/data.jsonl" --out "$TMP/d.gguf" --steps $STEPS --ctx 32 \
+# the page stays up after the run (CUMULO_TEST_DASH_HOLD_MS) for the checks below
+CUMULO_TEST_DASH_HOLD_MS=120000 "$BIN" finetune "$M" --data "$TMP/data.jsonl" --out "$TMP/d.gguf" --steps $STEPS --ctx 32 \
     --batch 2 --threads 1 --nodes "$A" --data-parallel 1 --dashboard 0 2>"$TMP/ft.err" &
 FT=$!
 CC_PIDS="$CC_PIDS $FT"
