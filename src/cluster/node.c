@@ -9,7 +9,11 @@
  *     micro-batches, SEQ_START and SEQ_FREE, in order. A middle stage runs its
  *     layers and sends the hidden states straight to the next stage; the last
  *     stage applies the output head, samples with the sequence's sampler and
- *     sends only TOKENs (ids + logprobs) to the coordinator.
+ *     sends only TOKENs (ids + logprobs) to the coordinator;
+ *   - TRAIN (LoRA fine-tuning, node_train.c): SETUP, SLICE, FETCH, STEP from
+ *     the coordinator; a window's FWD from the previous stage, computed and
+ *     sent on, its BWD back on the same link (read by node_train.c's thread
+ *     on the link to the next stage).
  * Tensor parallel (ASSIGN with tp_size > 1): the node is one member of a
  * group that computes the same layers on slices (KV heads, FFN rows). At
  * ASSIGN it dials every lower-ranked member but rank 0 (the coordinator,
