@@ -98,6 +98,16 @@ int cli_plan_check(const struct cm_plan_request *q);
 struct cm_gguf;
 int cli_finetune_dp(const struct cm_gguf *g, const char *nodes, bool insecure, const char *key_file, bool take,
                     int n_ctx, char *list, size_t cap, char *why, size_t whylen);
+/* finetune --dashboard PORT (finetune_dash.c): start the page (a line on
+ * stderr with its address; a failure is cli_fail's line and 1), then feed
+ * it the progress (a cm_finetune_status) and the machines: this machine
+ * alone (its n_layer layers) or the open pipes. NULL dashboard: no-ops. */
+struct cm_train_dash;
+struct cm_pipe;
+int cli_finetune_dash_start(struct cm_train_dash **out, const char *host, int port, const char *title);
+void cli_finetune_dash_progress(struct cm_train_dash *d, const void *status);
+void cli_finetune_dash_local(struct cm_train_dash *d, int n_layer);
+void cli_finetune_dash_pipes(struct cm_train_dash *d, struct cm_pipe *const *p, int np);
 
 /* --lora FILE.gguf[:SCALE] (run, chat, serve; repeatable, summed): parsed
  * like cli_sampling_opt into l (lora_opt.c). */

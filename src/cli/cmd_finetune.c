@@ -15,8 +15,10 @@
 #include "base/base.h"
 #include "cluster/train_pipe.h"
 #include "gguf/gguf.h"
+#include "http/http.h"
 #include "model/model.h"
 #include "os/os.h"
+#include "proto/proto.h"
 #include "sched/plan.h"
 #include "train/finetune.h"
 
@@ -51,6 +53,9 @@ static const char *k_help =
     "  --resume CKPT        continue from a checkpoint (same options and data: bit-identical)\n"
     "  --threads N          threads (default: the CPUs); the adapter is the same for any N\n"
     "  --chat-template NAME render \"messages\" with this family instead of the model's template\n"
+    "  --dashboard PORT     a live page on http://127.0.0.1:PORT/ (0: any free port): the loss curve,\n"
+    "                       tokens/s and the machines that train\n"
+    "  --dashboard-host H   the address the page listens on (default 127.0.0.1)\n"
     "\nAcross a cluster (pipeline parallel: each node trains its layers' slice of the adapter; a node\n"
     "lost mid-run: the rest re-plan and the run resumes from its last checkpoint, see --save-every):\n"
     "  --cluster            use `cumulo node`s (with --nodes, default auto); the adapter is the one\n"
@@ -61,6 +66,8 @@ static const char *k_help =
     "                       replica by replica), each taking a share of every step's windows; the\n"
     "                       adapter is still the one this machine alone would train. Default (no\n"
     "                       --layers): as many replicas as the nodes hold the model; 1: one pipeline\n"
+    "  --in-flight N        windows down the pipeline at once, a 1F1B schedule (default: the number of\n"
+    "                       stages; every stage keeps N windows' activations); the adapter is the same\n"
     "  --take               use nodes that serve another coordinator\n"
     "  --insecure           no cluster key (the nodes must run --insecure too)\n"
     "  --key-file FILE      cluster key (default $CUMULO_KEY_FILE or ~/.config/cumulo/cluster.key)\n";
@@ -70,10 +77,12 @@ typedef struct bar {
     double last;
     double loss0, val0, loss, val; /* first and last (NaN: none yet) */
     char ckpt[4200];               /* the last checkpoint written ("": none yet) */
+    struct cm_train_dash *dash;    /* --dashboard, or NULL */
 } bar;
 
 static void on_progress(void *user, const cm_finetune_status *st) {
     bar *b = user;
+    cli_finetune_dash_progress(b->dash, st);
     const double now = cm_now_s();
     if (isnan(b->loss0)) b->loss0 = st->loss;
     if (isnan(b->val0)) b->val0 = st->val_loss;
@@ -108,7 +117,10 @@ static const char *val_of(int argc, char **argv, int *i) {
 /* The cluster options (run's): --cluster, --nodes, --key-file, --insecure, --take, the plan's. */
 typedef struct clu {
     bool on, insecure, take;
-    int dp; /* --data-parallel: replicas (0: one) */
+    int dp;        /* --data-parallel: replicas (0: one) */
+    int inflight;  /* --in-flight: windows down a pipeline at once (0: its stages) */
+    int dash_port; /* --dashboard: the page's port (-1: none) */
+    const char *dash_host;
     const char *nodes, *key_file;
     cm_plan_request plan;
 } clu;
@@ -150,6 +162,14 @@ static int parse(int argc, char **argv, cm_finetune_opts *o, const char **model,
         else if (!strcmp(a, "--data-parallel")) {
             if (!cli_int(a, v, 1, CM_PLAN_MAX_NODES, &n)) return 1;
             c->dp = (int)n;
+            c->on = true;
+        } else if (!strcmp(a, "--dashboard")) {
+            if (!cli_int(a, v, 0, 65535, &n)) return 1;
+            c->dash_port = (int)n;
+        } else if (!strcmp(a, "--dashboard-host")) c->dash_host = v;
+        else if (!strcmp(a, "--in-flight")) {
+            if (!cli_int(a, v, 1, CM_MSG_MAX_TRAIN_INFLIGHT, &n)) return 1;
+            c->inflight = (int)n;
             c->on = true;
         } else if (!strcmp(a, "--nodes")) c->nodes = v, c->on = true;
         else if (!strcmp(a, "--key-file")) c->key_file = v;
@@ -199,12 +219,13 @@ static void log_line(void *ctx, const char *line) {
 
 /* The exec over the open pipes p[0..n) (n > 1: replicas, data parallel),
  * the run, its traffic added to *sent and *got. */
-static int run_pipes(cm_pipe **p, int n, const cm_model *m, const cm_tdata *d, cm_finetune_opts *o, uint64_t *sent,
-                     uint64_t *got, char *err, size_t errlen) {
+static int run_pipes(cm_pipe **p, int n, const cm_model *m, const cm_tdata *d, cm_finetune_opts *o, int inflight,
+                     uint64_t *sent, uint64_t *got, char *err, size_t errlen) {
     cm_train_pipe *t[CM_PLAN_MAX_NODES] = {0};
     cm_train_dp *dp = NULL;
     int rc = 0;
-    for (int r = 0; !rc && r < n; r++) rc = cm_train_pipe_new(&t[r], p[r], m, o->n_ctx, o->n_threads, err, errlen);
+    for (int r = 0; !rc && r < n; r++)
+        rc = cm_train_pipe_new(&t[r], p[r], m, o->n_ctx, o->n_threads, inflight, err, errlen);
     if (!rc && n > 1) rc = cm_train_dp_new(&dp, t, n, m, o->n_ctx, err, errlen);
     if (!rc) {
         const int local_last = cm_train_pipe_local_last(t[0]);
@@ -214,8 +235,9 @@ static int run_pipes(cm_pipe **p, int n, const cm_model *m, const cm_tdata *d, c
                     "layers [0, %d) of each\n",
                     n, cm_pipe_n_stages(p[0]), local_last);
         else
-            fprintf(stderr, "finetune: pipeline of %d stages; this machine trains layers [0, %d)\n",
-                    cm_pipe_n_stages(p[0]), local_last);
+            fprintf(stderr,
+                    "finetune: pipeline of %d stages; this machine trains layers [0, %d); %d windows in flight\n",
+                    cm_pipe_n_stages(p[0]), local_last, inflight ? inflight : cm_pipe_n_stages(p[0]));
         o->exec = n > 1 ? cm_train_dp_exec(dp) : cm_train_pipe_exec(t[0]);
         rc = cm_finetune_run(m, d, o, err, errlen);
         o->exec = NULL;
@@ -283,10 +305,11 @@ static int train_cluster(const char *path, const cm_gguf *g, const cm_model *m, 
         return cm_finetune_run(m, d, o, err, errlen);
     }
     const bar *b = o->progress_user;
+    cli_finetune_dash_pipes(b ? b->dash : NULL, p, np);
     char resume[4200] = "";
     uint64_t sent = 0, got = 0;
     for (int attempt = 0;; attempt++) {
-        rc = run_pipes(p, np, m, d, o, &sent, &got, err, errlen);
+        rc = run_pipes(p, np, m, d, o, c->inflight, &sent, &got, err, errlen);
         bool failed = false;
         for (int r = 0; r < np; r++) failed |= cm_pipe_failed(p[r]);
         if (!rc || !failed || attempt >= CM_PLAN_MAX_NODES) break;
@@ -305,6 +328,8 @@ static int train_cluster(const char *path, const cm_gguf *g, const cm_model *m, 
         }
         np = kept;
         rc = 0;
+        cli_finetune_dash_pipes(b ? b->dash : NULL, p, np);
+        if (b && b->dash) cm_train_dash_status(b->dash, "resuming after a lost node");
         if (np == 0) {
             fprintf(stderr, "finetune: this machine trains alone\n");
             return cm_finetune_run(m, d, o, err, errlen);
@@ -377,7 +402,7 @@ int cmd_finetune(int argc, char **argv) {
     cm_finetune_opts_default(&o);
     o.n_threads = cm_cpu_count() > 0 ? cm_cpu_count() : 1;
     const char *model = NULL, *data = NULL, *tmpl = NULL;
-    clu c = {0};
+    clu c = {.dash_port = -1};
     if (parse(argc, argv, &o, &model, &data, &tmpl, &c)) return 1;
     if (!(model = cli_model_path(model))) return 1;
     char err[1024];
@@ -412,11 +437,27 @@ int cmd_finetune(int argc, char **argv) {
         bar b = {.tty = force == 1 || (force != 0 && isatty(2)), .loss0 = NAN, .val0 = NAN, .loss = NAN, .val = NAN};
         o.progress = on_progress;
         o.progress_user = &b;
+        if (c.dash_port >= 0) {
+            const char *base = strrchr(model, '/');
+            char title[300];
+            snprintf(title, sizeof title, "%s -> %s", base ? base + 1 : model, o.out);
+            if (cli_finetune_dash_start(&b.dash, c.dash_host ? c.dash_host : "127.0.0.1", c.dash_port, title))
+                rc = CM_EINVAL, snprintf(err, sizeof err, "the dashboard did not start");
+            cli_finetune_dash_local(b.dash, m.hp.n_layer);
+        }
         double t0 = cm_now_s();
-        rc = train(model, &g, &m, &d, &o, &c, err, sizeof err);
+        if (!rc) rc = train(model, &g, &m, &d, &o, &c, err, sizeof err);
         if (!rc)
             fprintf(stderr, "finetune: loss %.4f -> %.4f, val %.4f -> %.4f; wrote %s and %s.svg (%.1f s)\n", b.loss0,
                     b.loss, b.val0, b.val, o.out, o.out, cm_now_s() - t0);
+        if (b.dash) {
+            char s[600];
+            snprintf(s, sizeof s, rc ? "failed: %s" : "done: wrote %s", rc ? err : o.out);
+            cm_train_dash_status(b.dash, s);
+            const unsigned hold = cm_config_get()->test_dash_hold_ms; /* tests: the final page stays up this long */
+            if (hold) cm_sleep_ms(hold > 600000 ? 600000 : hold);
+            cm_train_dash_stop(b.dash);
+        }
     }
     cm_tdata_release(&d);
     cm_tokenizer_free(tok);

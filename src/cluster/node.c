@@ -9,7 +9,11 @@
  *     micro-batches, SEQ_START and SEQ_FREE, in order. A middle stage runs its
  *     layers and sends the hidden states straight to the next stage; the last
  *     stage applies the output head, samples with the sequence's sampler and
- *     sends only TOKENs (ids + logprobs) to the coordinator.
+ *     sends only TOKENs (ids + logprobs) to the coordinator;
+ *   - TRAIN (LoRA fine-tuning, node_train.c): SETUP, SLICE, FETCH, STEP from
+ *     the coordinator; a window's FWD from the previous stage, computed and
+ *     sent on, its BWD back on the same link (read by node_train.c's thread
+ *     on the link to the next stage).
  * Tensor parallel (ASSIGN with tp_size > 1): the node is one member of a
  * group that computes the same layers on slices (KV heads, FFN rows). At
  * ASSIGN it dials every lower-ranked member but rank 0 (the coordinator,
@@ -467,8 +471,8 @@ static void conn_serve(node *n, cm_conn *c, int src) {
             cm_node_lease_loaded(&n->lease);
             assigned_here = true;
             break;
+        case CM_MSG_TRAIN: cm_node_on_train(n, c, is_coord, &m.u.train); break; /* node_train.c */
         case CM_MSG_FORWARD:
-        case CM_MSG_TRAIN:
         case CM_MSG_SEQ_START:
         case CM_MSG_SEQ_FREE: {
             pthread_mutex_lock(&n->mu);
@@ -492,10 +496,7 @@ static void conn_serve(node *n, cm_conn *c, int src) {
                     if (m.u.forward.n_tokens == 1) s->fwd1_ns += dt, s->n_fwd1++;
                     if (s->coll && spin_ns) spin_until = cm_now_ns() + spin_ns;
                 }
-            } else if (m.type == CM_MSG_TRAIN) /* node_train.c */
-                r2 = is_coord ? cm_node_on_train(s, &m.u.train, err, sizeof err)
-                              : cm_errf(err, sizeof err, CM_EPROTO, "TRAIN from a peer that is not the coordinator");
-            else if (m.type == CM_MSG_SEQ_START) r2 = on_seq_start(s, &m, err, sizeof err);
+            } else if (m.type == CM_MSG_SEQ_START) r2 = on_seq_start(s, &m, err, sizeof err);
             else r2 = on_seq_free(s, &m, err, sizeof err);
             if (r2) {
                 CM_LOGW("%s from %s failed: %s", cm_msg_type_name(m.type), cm_conn_peer(c), err);
@@ -523,6 +524,9 @@ static void conn_serve(node *n, cm_conn *c, int src) {
         if (s) CM_LOGI("coordinator left: dropping stage of epoch %llu", (unsigned long long)s->as.epoch);
         cm_node_stage_free(s);
     }
+    pthread_mutex_lock(&n->bsend_mu); /* no training BWD goes back on c from now on (node_train.c) */
+    if (n->bwd_to == c) n->bwd_to = NULL;
+    pthread_mutex_unlock(&n->bsend_mu);
     CM_LOGI("%s disconnected", cm_conn_peer(c));
     cm_node_hb_remove(&n->hb, c);
     cm_conn_close(c, atomic_load(n->stop) ? "node shutting down" : NULL);
@@ -577,6 +581,7 @@ int cm_node_run(const cm_node_opts *o, atomic_int *stop, char *err, size_t errle
     }
     n.cfg.handshake_ms = CM_NODE_HANDSHAKE_MS; /* an idle (slowloris) connection holds its slot this long at most */
     pthread_mutex_init(&n.csend_mu, NULL);
+    pthread_mutex_init(&n.bsend_mu, NULL);
     cm_node_limits_init(&n.lim);
     cm_node_lease_init(&n.lease, &n.csend_mu);
     if (o->cache_dir && *o->cache_dir) snprintf(n.cache_dir, sizeof n.cache_dir, "%s", o->cache_dir);
@@ -682,6 +687,7 @@ int cm_node_run(const cm_node_opts *o, atomic_int *stop, char *err, size_t errle
     cm_coll_mesh_close(n.tp_in, CM_COLL_MAX_MEMBERS);
     pthread_mutex_destroy(&n.mu);
     pthread_mutex_destroy(&n.csend_mu);
+    pthread_mutex_destroy(&n.bsend_mu);
     cm_node_limits_release(&n.lim);
     cm_node_lease_release(&n.lease);
     return 0;

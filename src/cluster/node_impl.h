@@ -14,6 +14,8 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
+struct node;
+
 /* One assigned stage: the model part this node runs for one epoch. */
 typedef struct stage {
     cm_msg_assign as;
@@ -45,6 +47,14 @@ typedef struct stage {
     uint64_t t0_ns, fwd_ns, fwd1_ns, n_fwd1; /* CUMULO_TP_TRACE: assigned at; time in FORWARDs, in 1-row ones */
     struct cm_gpu_model *gm;                 /* its first layers on the node's GPU (node_gpu.c), or NULL */
     struct cm_node_train *train;             /* LoRA training of this stage's layers (node_train.c), NULL: none */
+    /* Training (node_train.c): FWDs go on to next outside n->mu, under fsend_mu; the BWDs
+     * the next stage sends back on next are read by the thread brx (started at the first
+     * SETUP, joined by cm_node_stage_free, which is never called with n->mu held). */
+    struct node *node;
+    pthread_mutex_t fsend_mu;
+    pthread_t brx;
+    bool brx_on;
+    atomic_bool brx_stop;
 } stage;
 
 typedef struct node {
@@ -64,6 +74,11 @@ typedef struct node {
     cm_conn *tp_in[CM_COLL_MAX_MEMBERS];       /* greeted TP connections not yet taken by a stage (under mu) */
     uint64_t tp_in_epoch[CM_COLL_MAX_MEMBERS]; /* the plan epoch each was made for */
     struct cm_gpu *gpu; /* --gpu: the device every stage's first layers run on (node_gpu.c), or NULL */
+    /* Training: the connection the latest FWD came on, where BWDs go back (a previous
+     * stage's link, or the coordinator's data link), and the lock of those sends (taken
+     * after mu, never the other way; held by the connection's thread before it closes). */
+    pthread_mutex_t bsend_mu;
+    cm_conn *bwd_to;
 } node;
 
 /* Free a stage (closing its links; its group traffic goes to stderr in one
@@ -88,9 +103,12 @@ void cm_node_gpu_stage_free(stage *s);
 /* After a failed FORWARD: a node whose GPU was lost leaves (exits), so its
  * coordinator re-plans without it as it does for any lost node. */
 void cm_node_gpu_after_error(node *n);
-/* TRAIN from the coordinator on this stage (n->mu held): pipeline-parallel
- * LoRA training, answered on s->coord (node_train.c). */
-int cm_node_on_train(stage *s, const cm_msg_train *q, char *err, size_t errlen);
+/* TRAIN on connection c (is_coord: from the coordinator), pipeline-parallel
+ * LoRA training (node_train.c). Takes n->mu itself (never held by the
+ * caller); a failure is logged and reported to the coordinator as ERROR. */
+void cm_node_on_train(node *n, cm_conn *c, bool is_coord, const cm_msg_train *q);
+/* Stop a stage's BWD reader (joins it; n->mu not held) and free its training. */
+void cm_node_train_stop(stage *s);
 void cm_node_train_free(struct cm_node_train *t); /* NULL: no-op */
 
 #endif

@@ -25,7 +25,8 @@
 void cm_node_stage_free(stage *s) {
     if (!s) return;
     cm_node_gpu_stage_free(s); /* before the model it mirrors */
-    cm_node_train_free(s->train);
+    cm_node_train_stop(s);     /* before the link to the next stage it reads */
+    pthread_mutex_destroy(&s->fsend_mu);
     if (s->next) cm_conn_close(s->next, "plan ended");
     for (int i = 0; i < CM_COLL_MAX_MEMBERS; i++)
         if (s->relay[i]) cm_conn_close(s->relay[i], "plan ended");
@@ -287,6 +288,8 @@ static bool assign_once(node *n, cm_conn *c, const cm_msg_assign *a, cm_msg_assi
     s->as = *a;
     s->coord = c;
     s->csend_mu = &n->csend_mu;
+    s->node = n;
+    pthread_mutex_init(&s->fsend_mu, NULL);
     int rc = find_model(n, a, path, sizeof path, err, sizeof err);
     bool slice_file = rc == CM_ENOENT;
     if (rc == CM_ENOENT) {

@@ -30,10 +30,12 @@ typedef struct cm_train_pipe cm_train_pipe;
 
 /* Training over p (a pipeline: one machine per stage; a tensor-parallel or
  * expert group is refused with one line), windows of up to n_ctx tokens,
- * this machine's layers on n_threads threads. p and m must outlive it; only
- * one per pipe, and nothing else may use the pipe meanwhile. */
-int cm_train_pipe_new(cm_train_pipe **out, cm_pipe *p, const cm_model *m, int n_ctx, int n_threads, char *err,
-                      size_t errlen);
+ * this machine's layers on n_threads threads, up to inflight windows down
+ * the stages at once (1..CM_MSG_MAX_TRAIN_INFLIGHT; 0: the number of
+ * stages). p and m must outlive it; only one per pipe, and nothing else
+ * may use the pipe meanwhile. */
+int cm_train_pipe_new(cm_train_pipe **out, cm_pipe *p, const cm_model *m, int n_ctx, int n_threads, int inflight,
+                      char *err, size_t errlen);
 void cm_train_pipe_free(cm_train_pipe *t); /* NULL: no-op */
 /* The exec for cm_finetune_opts.exec, valid while t lives. */
 const cm_train_exec *cm_train_pipe_exec(cm_train_pipe *t);
@@ -59,7 +61,8 @@ const cm_train_exec *cm_train_dp_exec(cm_train_dp *d);
 
 /* The layers this machine trains: [0, that). */
 int cm_train_pipe_local_last(const cm_train_pipe *t);
-/* Bytes of TRAIN frames payload sent to and received from the nodes. */
+/* Float bytes of TRAIN frames sent to and received from the nodes (this
+ * machine's own: its FWDs to stage 1 and their BWDs, slices, fetches). */
 void cm_train_pipe_stats(const cm_train_pipe *t, uint64_t *sent, uint64_t *received);
 
 #endif

@@ -80,4 +80,40 @@ void cm_http_kv_stats_get(cm_http_server *s, cm_http_kv_stats *out); /* zeros be
  * threads, free the server. NULL is a no-op. */
 void cm_http_stop(cm_http_server *s);
 
+/* The Host header h (DNS rebinding): an IP literal (a rebinding attack
+ * needs a name), localhost, host (the bound name) or one of allow[0..n);
+ * the port is ignored; NULL (HTTP/1.0 without Host, not a browser): yes.
+ * server.c's routes and the training dashboard check every request so. */
+bool cm_http_host_ok(const char *h, const char *host, char *const *allow, int n_allow);
+
+/* The training dashboard (train_dash.c; `cumulo finetune --dashboard
+ * PORT`): a small server of its own on host:port (0: any free port) with
+ * GET / (a page that draws the loss curve, tokens/s, the progress and the
+ * nodes, polling) and GET /train.json (the same as JSON). The trainer
+ * pushes what it shows; any thread, the calls take the dashboard's lock;
+ * nothing of the trainer is read by the HTTP threads. Refuses requests
+ * whose Host header fails cm_http_host_ok, and every method but GET/HEAD. */
+typedef struct cm_train_dash cm_train_dash;
+typedef struct cm_train_dash_point {
+    int64_t step, steps;
+    int epoch;
+    double loss, val_loss; /* val_loss NaN: none at this step */
+    double lr, tok_per_s, eta_s;
+} cm_train_dash_point;
+typedef struct cm_train_dash_node {
+    char name[64], addr[80]; /* addr "" for this machine */
+    int first_layer, last_layer;
+    int replica; /* data parallelism: its replica (0 otherwise) */
+    bool local;
+} cm_train_dash_node;
+int cm_train_dash_start(cm_train_dash **out, const char *host, int port, const char *title, char *err, size_t errlen);
+int cm_train_dash_port(const cm_train_dash *d);
+/* Append a point of the curve (steps in order; a repeated step replaces the last). */
+void cm_train_dash_point_add(cm_train_dash *d, const cm_train_dash_point *p);
+/* The machines that train now (replaces the previous list; at most 64). */
+void cm_train_dash_nodes(cm_train_dash *d, const cm_train_dash_node *nodes, int n);
+/* A status line ("training", "resuming from ...", "done: wrote A.gguf", an error). */
+void cm_train_dash_status(cm_train_dash *d, const char *text);
+void cm_train_dash_stop(cm_train_dash *d); /* NULL: no-op */
+
 #endif

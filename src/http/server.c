@@ -278,9 +278,7 @@ static enum route route_of(const char *url) {
     return R_OTHER;
 }
 
-/* Host header: an IP literal (a rebinding attack needs a name), localhost,
- * the --host value or an --allow-host name; the port is ignored. */
-static bool host_ok(cm_http_server *srv, const char *h) {
+bool cm_http_host_ok(const char *h, const char *host, char *const *allow, int n_allow) {
     if (!h) return true; /* HTTP/1.0 without Host: not a browser */
     char name[256];
     size_t n = 0;
@@ -301,10 +299,14 @@ static bool host_ok(cm_http_server *srv, const char *h) {
     unsigned char a[16];
     if (inet_pton(AF_INET, name, a) == 1 || inet_pton(AF_INET6, name, a) == 1) return true;
     if (!strcasecmp(name, "localhost")) return true;
-    if (srv->host && !strcasecmp(name, srv->host)) return true;
-    for (int i = 0; i < srv->n_allow; i++)
-        if (!strcasecmp(name, srv->allow[i])) return true;
+    if (host && !strcasecmp(name, host)) return true;
+    for (int i = 0; i < n_allow; i++)
+        if (!strcasecmp(name, allow[i])) return true;
     return false;
+}
+
+static bool host_ok(cm_http_server *srv, const char *h) {
+    return cm_http_host_ok(h, srv->host, srv->allow, srv->n_allow);
 }
 
 static bool key_ok(cm_http_server *srv, struct MHD_Connection *c) {

@@ -45,6 +45,7 @@ static const char *train_invalid(const cm_msg_train *t) {
         if (!t->targets || t->targets & ~0x7fu) return "targets";
         if (t->n_ctx < 2 || t->n_ctx > 65536) return "n_ctx";
         if (!(t->f[0] > 0)) return "alpha";
+        if (t->offset < 1 || t->offset > CM_MSG_MAX_TRAIN_INFLIGHT) return "offset (windows in flight)";
     }
     const uint64_t bytes = HEAD + (uint64_t)t->n_rows * 4u * ((t->flags & CM_TRAIN_F_TARGETS) ? 1u : 0u) +
                            (uint64_t)t->n_rows * t->dim * 4u;

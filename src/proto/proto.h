@@ -440,24 +440,30 @@ typedef struct cm_msg_output {
 int32_t cm_msg_output_pos(const cm_msg_output *m, uint32_t i);
 void cm_msg_output_row(const cm_msg_output *m, uint32_t i, float *out); /* dim floats */
 
-/* TRAIN: pipeline-parallel LoRA training (issue 17), coordinator <-> each
- * stage's node on its control connection, one op per message:
+/* TRAIN: pipeline-parallel LoRA training (issue 17), one op per message.
+ * The coordinator's control connection to each stage's node carries SETUP,
+ * SLICE, FETCH, STEP and an eval's ROWS; the activations and their gradients
+ * go stage to stage on the links the inference pipeline opens (the
+ * coordinator's data link to stage 1, each node's link to the next stage):
  *   SETUP  coord -> node: make the stage's adapter slice (its layers) and
- *          trainer: rank, targets, alpha (f[0]), n_ctx; key = optimizer step;
+ *          trainer: rank, targets, alpha (f[0]), n_ctx; key = optimizer
+ *          step; offset = the windows in flight (1..CM_MSG_MAX_TRAIN_INFLIGHT):
+ *          a stage keeps that many windows' forward state;
  *   SLICE  both ways: dim floats (n_rows = 1) of the slice's vector vec at
  *          element offset (coord -> node after SETUP: the state to start
  *          from; node -> coord: the answer to a FETCH); key = the step;
  *   FETCH  coord -> node: send back dim floats of vec from offset (a SLICE;
  *          of G: the window's gradients, cleared once sent);
- *   FWD    coord -> node: window id, n_rows x dim activations (the previous
- *          stage's output), dropout key (key), weight f[0], dropout f[1];
- *          F_TARGETS: n_rows target ids follow (the last stage: loss);
- *          F_BACKWARD: the last stage runs its backward at once;
- *   BWD    coord -> node: the gradient of the stage's output for window id;
- *   ROWS   node -> coord, the answer to FWD and BWD: the stage's output
- *          (FWD of a middle stage), the gradient of its input (BWD; FWD with
- *          F_BACKWARD), or none (an eval FWD of the last stage); the last
- *          stage's loss and n_targets;
+ *   FWD    stage -> next stage: window number offset, n_rows x dim
+ *          activations (the sender's output), dropout key (key), weight
+ *          f[0], dropout f[1]; F_TARGETS: n_rows target ids follow (relayed
+ *          to the last stage: loss); F_BACKWARD: a training window (the last
+ *          stage runs its backward at once, the others keep its state);
+ *   BWD    stage -> previous stage, on the link its FWD came: the gradient
+ *          of the receiver's output for window offset; loss and n_targets
+ *          from the last stage;
+ *   ROWS   node -> coord: the last stage's answer to an eval FWD (no rows;
+ *          loss and n_targets), by the FWD's id;
  *   STEP   coord -> node: AdamW on the slice: lr, beta1, beta2, eps, wd in f[0..4].
  * A node trains only layers it was ASSIGNed (a pipeline stage, no group). */
 enum cm_train_op {
@@ -483,6 +489,7 @@ enum cm_train_vec {
 #define CM_TRAIN_F_BACKWARD 2u
 #define CM_MSG_MAX_TRAIN_RANK 1024u
 #define CM_MSG_MAX_TRAIN_SLICE (CM_MSG_MAX_CHUNK / 4) /* floats per SLICE / FETCH */
+#define CM_MSG_MAX_TRAIN_INFLIGHT 64u                 /* SETUP: windows in flight */
 typedef struct cm_msg_train {
     uint64_t epoch, id;
     uint8_t op;                         /* enum cm_train_op */
@@ -490,11 +497,11 @@ typedef struct cm_msg_train {
     uint8_t vec;                        /* enum cm_train_vec: SLICE, FETCH */
     uint32_t n_rows, dim;               /* FWD/BWD/ROWS: rows (<= CM_MSG_MAX_TOKENS) of dim (<= CM_MSG_MAX_DIM) floats;
                                    SLICE: 1 x dim (<= CM_MSG_MAX_TRAIN_SLICE); FETCH: 0 x dim; else 0 x 0 */
-    uint32_t n_targets;                 /* ROWS: targets the last stage counted (<= n_rows of its FWD) */
-    uint64_t offset;                    /* SLICE, FETCH */
+    uint32_t n_targets;                 /* ROWS, BWD: targets the last stage counted (<= n_rows of its FWD) */
+    uint64_t offset;                    /* SLICE, FETCH: element; FWD, BWD: window number; SETUP: windows in flight */
     uint64_t key;                       /* FWD: dropout key; SETUP, SLICE: the optimizer step */
     float f[5];                         /* per op, above; finite */
-    double loss;                        /* ROWS: summed loss (finite, >= 0) */
+    double loss;                        /* ROWS, BWD: summed loss (finite, >= 0) */
     uint32_t rank, targets, n_ctx;      /* SETUP: 1..CM_MSG_MAX_TRAIN_RANK, bits 0..6 (not 0), 2..65536 */
     const int32_t *target;              /* encode: n_rows ids (>= -1), F_TARGETS only */
     const float *data;                  /* encode: n_rows x dim floats */

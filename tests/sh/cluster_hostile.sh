@@ -4,7 +4,8 @@
 #     greedy completions while build/tests/test_hostile (tool mode) attacks
 #     both nodes: the wrong key, --insecure, junk, oversized/truncated/early
 #     frames, a replayed session, a replayed frame, a bad MAC, a garbage
-#     payload, ASSIGN from a non-coordinator, FORWARD without an assignment;
+#     payload, ASSIGN from a non-coordinator, FORWARD without an assignment,
+#     TRAIN from a non-coordinator (SETUP, a BWD, a FWD of another epoch);
 #     and a burst of junk TCP connections. Every attack is refused and logged
 #     by the node with the peer's address; the streams are unaffected (texts
 #     equal the single-machine run, no loss declared, no re-plan).
@@ -52,7 +53,7 @@ done
 cc_wait_grep "$TMP/r1.sse" '^data:' 100
 for port in $PA $PB; do
     CM_HOSTILE_ADDR=127.0.0.1:$port "$HOSTILE" >"$TMP/hostile-$port.out" 2>&1
-    grep -q '^5 passed, 0 failed' "$TMP/hostile-$port.out" && ok || bad "attacks on :$port: $(tail -5 "$TMP/hostile-$port.out")"
+    grep -q '^6 passed, 0 failed' "$TMP/hostile-$port.out" && ok || bad "attacks on :$port: $(tail -5 "$TMP/hostile-$port.out")"
 done
 # a burst of junk connections: random bytes, some cut off mid-frame
 python3 - "$PA" <<'EOF'

@@ -10,7 +10,9 @@
 # (b) Dropout, gradient accumulation, eval and checkpoints every 3 steps on 3
 #     stages: the checkpoints (gathered slices: parameters, both moments,
 #     step) and the adapter equal one machine's; --resume on the cluster from
-#     one machine's step-3 checkpoint ends with the same bytes.
+#     one machine's step-3 checkpoint ends with the same bytes. The 1F1B
+#     schedule with 1, 3 (the default) and 4 windows in flight: the same
+#     bytes; 65 (past CM_MSG_MAX_TRAIN_INFLIGHT) is refused with one line.
 # (c) Data parallelism: 2 replicas (each this machine's layers [0, 2) and one
 #     node's [2, 5)) split every step's windows, with dropout, accumulation
 #     and checkpoints: the checkpoints and the adapter equal one machine's;
@@ -66,6 +68,25 @@ done
 "$BIN" finetune "$M" --data "$TMP/data.jsonl" --out "$TMP/r3.gguf" $R $C --resume "$TMP/r1.gguf.ckpt-3.gguf" 2>"$TMP/r3.err" ||
     bad "resume on the cluster: $(tail -1 "$TMP/r3.err")"
 cmp -s "$TMP/r1.gguf" "$TMP/r3.gguf" && ok || bad "resumed on the cluster: the adapter differs"
+# the 1F1B schedule: 1 and 4 windows in flight (r2 above: the default, 3 for 3 stages) give the same bytes
+grep -q "3 windows in flight" "$TMP/r2.err" && ok || bad "3 stages: not 3 windows in flight by default: $(grep 'pipeline of' "$TMP/r2.err")"
+for nf in 1 4; do
+    # shellcheck disable=SC2086
+    if "$BIN" finetune "$M" --data "$TMP/data.jsonl" --out "$TMP/f$nf.gguf" $R $C --in-flight $nf 2>"$TMP/f$nf.err"; then
+        grep -q "$nf windows in flight" "$TMP/f$nf.err" && ok || bad "--in-flight $nf: $(grep 'pipeline of' "$TMP/f$nf.err")"
+        for f in gguf gguf.ckpt-3.gguf gguf.ckpt-6.gguf gguf.svg; do
+            cmp -s "$TMP/r1.$f" "$TMP/f$nf.$f" && ok || bad "--in-flight $nf: f$nf.$f differs from one machine's"
+        done
+    else
+        bad "--in-flight $nf: $(tail -1 "$TMP/f$nf.err")"
+    fi
+done
+# shellcheck disable=SC2086
+if "$BIN" finetune "$M" --data "$TMP/data.jsonl" --out "$TMP/f65.gguf" $R $C --in-flight 65 2>"$TMP/f65.err"; then
+    bad "--in-flight 65 was accepted"
+else
+    [ "$(wc -l <"$TMP/f65.err")" -eq 1 ] && grep -q "in-flight" "$TMP/f65.err" && ok || bad "--in-flight 65: $(cat "$TMP/f65.err")"
+fi
 
 # (c) data parallelism: 2 replicas of a 2-stage pipeline
 # shellcheck disable=SC2086

@@ -13,7 +13,8 @@
  * new connection; an authenticated frame replayed on its connection; a frame
  * with a flipped MAC byte; an authenticated frame whose payload is garbage;
  * an oversized authenticated header; ASSIGN from a peer that is not a
- * coordinator; FORWARD without an assignment.
+ * coordinator; FORWARD without an assignment; TRAIN from a peer that is
+ * not the coordinator (SETUP, a BWD, a FWD of another epoch).
  *
  * Tool mode, for tests/sh/cluster_hostile.sh: with CM_HOSTILE_ADDR=host:port
  * the same attacks run against that node (a separate process, key from
@@ -334,6 +335,53 @@ static void test_not_allowed(void) {
     CHECK(honest_ping());
 }
 
+/* TRAIN (issue 17) from a peer that is not the coordinator: only a FWD may
+ * come from a previous stage, a BWD only on a stage's own link to the next
+ * one, and a FWD of another plan's epoch is dropped; each refused and
+ * logged with the peer's address, never told to the coordinator, and the
+ * connection stays usable. */
+static void test_train_not_allowed(void) {
+    int rc;
+    char e[400];
+    cm_conn *c = dial(CM_SEC_ENCRYPT, g_key, CM_ROLE_NODE, &rc, e, sizeof e);
+    CHECKF(c != NULL, "%s", e);
+    if (!c) return;
+    cm_msg m = {.type = CM_MSG_TRAIN};
+    m.u.train = (cm_msg_train){.epoch = 1,
+                               .id = 1,
+                               .op = CM_TRAIN_SETUP,
+                               .rank = 4,
+                               .targets = 1,
+                               .n_ctx = 16,
+                               .offset = CM_MSG_MAX_TRAIN_INFLIGHT};
+    m.u.train.f[0] = 8;
+    CHECKF(cm_conn_send(c, &m, 2000, e, sizeof e) == 0, "%s", e);
+    float rows[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    int32_t tgt[2] = {1, -1};
+    m.u.train =
+        (cm_msg_train){.epoch = 1, .id = 2, .op = CM_TRAIN_BWD, .n_rows = 2, .dim = 4, .offset = 7, .data = rows};
+    CHECKF(cm_conn_send(c, &m, 2000, e, sizeof e) == 0, "%s", e);
+    m.u.train = (cm_msg_train){.epoch = 1,
+                               .id = 3,
+                               .op = CM_TRAIN_FWD,
+                               .flags = CM_TRAIN_F_TARGETS | CM_TRAIN_F_BACKWARD,
+                               .n_rows = 2,
+                               .dim = 4,
+                               .offset = 7,
+                               .target = tgt,
+                               .data = rows};
+    CHECKF(cm_conn_send(c, &m, 2000, e, sizeof e) == 0, "%s", e);
+    m = (cm_msg){.type = CM_MSG_PING};
+    m.u.ping.id = 11;
+    CHECK(cm_conn_send(c, &m, 2000, e, sizeof e) == 0);
+    cm_msg r;
+    do rc = cm_conn_recv(c, &r, 3000, e, sizeof e);
+    while (!rc && r.type != CM_MSG_PONG);
+    CHECKF(rc == 0 && r.u.ping.id == 11, "rc %d: %s", rc, e);
+    cm_conn_close(c, "done");
+    CHECK(honest_ping());
+}
+
 /* ---- the node under attack ---- */
 
 static atomic_int g_stop;
@@ -395,6 +443,7 @@ int main(void) {
     RUN(test_session_replay);
     RUN(test_frames);
     RUN(test_not_allowed);
+    RUN(test_train_not_allowed);
     if (!g_tool) {
         atomic_store(&g_stop, 1);
         pthread_join(th, NULL);
@@ -415,6 +464,9 @@ int main(void) {
             "FORWARD frame of 268435457 bytes exceeds the maximum",
             "ASSIGN from 127.0.0.1:",
             "FORWARD without an assignment",
+            "TRAIN op 0 from a peer that is not the coordinator",
+            "BWDs come back only on the link to the next stage",
+            "TRAIN without an assignment",
         };
         t_cur_name = "node_log";
         t_cur_failed = 0;

@@ -235,6 +235,7 @@ static void sample(unsigned type, cm_msg *m, int variant) {
             t->data = g_partial;
         } else {
             t->op = CM_TRAIN_SETUP, t->rank = 8, t->targets = 0x7f, t->n_ctx = 256, t->f[0] = 16;
+            t->offset = 3; /* windows in flight */
         }
         break;
     }
@@ -906,6 +907,26 @@ static void test_encode_bounds(void) {
         sample(CM_MSG_TRAIN, &m, 2);
         m.u.train.flags = CM_TRAIN_F_BACKWARD; /* flags only on FWD */
         CHECK(cm_msg_encode(&m, NULL, 0, &n, e, sizeof e) == CM_EINVAL);
+        /* SETUP's windows in flight: 1..CM_MSG_MAX_TRAIN_INFLIGHT, both ways */
+        sample(CM_MSG_TRAIN, &m, 2);
+        n = enc(&m, tb, sizeof tb);
+        CHECK(cm_msg_decode(CM_MSG_TRAIN, tb, n, &d, e, sizeof e) == 0 && d.u.train.offset == 3);
+        cm_wr_u64(tb + 32, 0);
+        CHECK(cm_msg_decode(CM_MSG_TRAIN, tb, n, &d, e, sizeof e) == CM_EFORMAT);
+        CHECKF(strstr(e, "in flight") != NULL, "%s", e);
+        cm_wr_u64(tb + 32, CM_MSG_MAX_TRAIN_INFLIGHT + 1);
+        CHECK(cm_msg_decode(CM_MSG_TRAIN, tb, n, &d, e, sizeof e) == CM_EFORMAT);
+        cm_wr_u64(tb + 32, CM_MSG_MAX_TRAIN_INFLIGHT);
+        CHECK(cm_msg_decode(CM_MSG_TRAIN, tb, n, &d, e, sizeof e) == 0);
+        m.u.train.offset = CM_MSG_MAX_TRAIN_INFLIGHT + 1;
+        CHECK(cm_msg_encode(&m, NULL, 0, &n, e, sizeof e) == CM_EINVAL);
+        /* a BWD carries the last stage's loss back, stage to stage */
+        sample(CM_MSG_TRAIN, &m, 0);
+        m.u.train.op = CM_TRAIN_BWD, m.u.train.flags = 0, m.u.train.target = NULL, m.u.train.loss = 12.5;
+        m.u.train.n_targets = 6, m.u.train.offset = 1234567;
+        n = enc(&m, tb, sizeof tb);
+        CHECK(cm_msg_decode(CM_MSG_TRAIN, tb, n, &d, e, sizeof e) == 0 && d.u.train.loss == 12.5 &&
+              d.u.train.n_targets == 6 && d.u.train.offset == 1234567);
     }
 }
 
