@@ -133,7 +133,7 @@ done:
 }
 
 /* gemm_packed: n_tok tokens at once, every (row, token) = vec_dot's bits. */
-enum { BPOOL = 21 };
+enum { BPOOL = 36 };
 static void check_batch(const cm_kernels *k, enum cm_type t, int64_t n) {
     const enum cm_type vt = cm_type_traits_of(t)->vec_dot_type;
     const size_t ws = cm_row_size(t, n), xs = cm_row_size(vt, n);
