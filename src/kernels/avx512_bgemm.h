@@ -88,12 +88,15 @@ AI void bq4_tile(int64_t nb, const uint8_t *x, size_t xs, int R, const uint8_t *
             }
         }
         _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
-            const __m512 dx = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(x + (size_t)r * xs + xo)));
+            /* dx and dx * dy in 8-lane halves: only f's high half needs an extract */
+            const uint8_t *xd = x + (size_t)r * xs + xo;
+            const __m256 dx0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)xd));
+            const __m256 dx1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(xd + 16)));
             _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
+                const float *dy = (const float *)(const void *)(pk + (size_t)t * tb + po + 576);
                 const __m512 f = _mm512_cvtepi32_ps(a[r][t]);
-                const __m512 d = _mm512_mul_ps(dx, _mm512_load_ps((const void *)(pk + (size_t)t * tb + po + 576)));
-                c[r][t] = _mm256_fmadd_ps(_mm512_castps512_ps256(f), _mm512_castps512_ps256(d), c[r][t]);
-                c[r][t] = _mm256_fmadd_ps(_mm512_extractf32x8_ps(f, 1), _mm512_extractf32x8_ps(d, 1), c[r][t]);
+                c[r][t] = _mm256_fmadd_ps(_mm512_castps512_ps256(f), _mm256_mul_ps(dx0, _mm256_load_ps(dy)), c[r][t]);
+                c[r][t] = _mm256_fmadd_ps(_mm512_extractf32x8_ps(f, 1), _mm256_mul_ps(dx1, _mm256_load_ps(dy + 8)), c[r][t]);
             }
         }
     }
