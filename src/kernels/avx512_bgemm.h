@@ -21,10 +21,14 @@
  * While the first token tile passes over 4 rows, the next 4 rows' same group
  * is prefetched, so the weights stream from memory once per call, ahead of
  * use (a prefetch distance of 2, 4 or 8 row blocks measured no different);
- * later token tiles find them in L1/L2. Measured (bench/bbench.c, one Zen 4
- * thread, under load): 1.1-1.4x the former tile at 16-32 tokens on 1B-llama
- * shapes, ~2x on 8B-llama shapes (whose 14336-wide rows the former 160 KiB
- * token buffer could hold only 9 tokens of, so it re-read the weights).
+ * later token tiles find them in L1/L2. Below BQ_MIN = 8 tokens the step is
+ * still bound by the weights' stream, and the 4-row tile streamed them at
+ * less than half the rate (bbench B = 2: 29 ms against 12): there the former
+ * tile runs, one row per pass x all the tokens (gemm_bq4_0_small).
+ * Measured (bench/bbench.c, one Zen 4 thread, under load): 1.1-1.4x the
+ * former tile at 16-32 tokens on 1B-llama shapes, ~2x on 8B-llama shapes
+ * (whose 14336-wide rows the former 160 KiB token buffer could hold only 9
+ * tokens of, so it re-read the weights); the same below 8 tokens.
  *
  * Bits: for every (row, token) this is rq4_row's arithmetic exactly (lane j
  * = block j's exact int32 sum, d = dx * dy as f32, the same two FMAs into
@@ -45,7 +49,7 @@
  * gemm_lq4_0's packing (LQ_MAXNB) even with 2 chunks here. Never allocates.
  */
 
-enum { BQ_R = 4, BQ_T = 4, BQ_PACK = 640 * 1024 };
+enum { BQ_R = 4, BQ_T = 4, BQ_MIN = 8, BQ1_T = 8, BQ_PACK = 640 * 1024 };
 
 /* R repacked rows (xs bytes apart) x T tokens: out[r * BQ_T + t]. pk: T
  * packed tokens, tb bytes apart; yv: their q8_0 rows (for the nb % 16 tail
@@ -137,6 +141,68 @@ static void bq4_tile_any(int64_t nb, const uint8_t *x, size_t xs, int R, const u
 #undef BQ_CASE
 }
 
+/* The small-batch tile (below BQ_MIN tokens): one repacked row x T <= 8
+ * tokens: out[t]. pk: T packed tokens, tb bytes apart;
+ * yv: their q8_0 rows (for the nb % 16 tail blocks). */
+AI void bq1_tile(int64_t nb, const uint8_t *x, const uint8_t *pk, size_t tb, const cm_block_q8_0 *const *yv, int T,
+                 float *out) {
+    const int64_t ng = nb / 16;
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    __m256 c[BQ1_T];
+    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) c[t] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < ng; g++) {
+        const uint8_t *xg = x + (size_t)g * 16 * sizeof(cm_block_q4_0);
+        __m512i lo[4], hi[4];
+        _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {
+            const __m512i v = _mm512_loadu_si512(xg + 32 + 64 * q);
+            lo[q] = _mm512_and_si512(v, m4);
+            hi[q] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+        }
+        const __m512 dx = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)xg));
+        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
+            const uint8_t *pg = pk + (size_t)t * tb + (size_t)g * RQ_GROUP;
+            __m512i a = _mm512_load_si512((const void *)(pg + 512)); /* -8 * sum(y) per block */
+            _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {
+                a = _mm512_dpbusd_epi32(a, lo[q], _mm512_load_si512((const void *)(pg + 64 * q)));
+                a = _mm512_dpbusd_epi32(a, hi[q], _mm512_load_si512((const void *)(pg + 256 + 64 * q)));
+            }
+            const __m512 f = _mm512_cvtepi32_ps(a);
+            const __m512 d = _mm512_mul_ps(dx, _mm512_load_ps((const void *)(pg + 576)));
+            c[t] = _mm256_fmadd_ps(_mm512_castps512_ps256(f), _mm512_castps512_ps256(d), c[t]);
+            c[t] = _mm256_fmadd_ps(_mm512_extractf32x8_ps(f, 1), _mm512_extractf32x8_ps(d, 1), c[t]);
+        }
+    }
+    const cm_block_q4_0 *xt = (const cm_block_q4_0 *)(const void *)(x + (size_t)ng * 16 * sizeof(cm_block_q4_0));
+    for (int64_t b = 16 * ng; b < nb; b++, xt++) {
+        const __m256i qx = _mm256_sub_epi8(nibbles32(xt->qs), _mm256_set1_epi8(8));
+        for (int t = 0; t < T; t++)
+            c[t] = fma_lane(c[t], (int)(b & 7), hsum_i32(dot_s8s8(qx, ld256(yv[t][b].qs))),
+                            f16f(xt->d) * f16f(yv[t][b].d));
+    }
+    for (int t = 0; t < T; t++) out[t] = hsum8(c[t]);
+}
+
+/* Below BQ_MIN tokens the step is still bound by the weights' stream: one
+ * row per pass (a single sequential stream, which the hardware prefetcher
+ * follows best) x all the tokens. */
+static void gemm_bq4_0_small(int64_t nb, const uint8_t *w, size_t w_stride, const uint8_t *pk, size_t tb,
+                             const cm_block_q8_0 *const *yq, float *y, int64_t ldy, int64_t r0, int64_t r1, int nt) {
+    for (int64_t i = r0; i < r1; i++) {
+        const uint8_t *xr = w + (size_t)i * w_stride;
+        float out[BQ1_T];
+        switch (nt) { /* a constant T keeps the tile's chains in registers */
+        case 7: bq1_tile(nb, xr, pk, tb, yq, 7, out); break;
+        case 6: bq1_tile(nb, xr, pk, tb, yq, 6, out); break;
+        case 5: bq1_tile(nb, xr, pk, tb, yq, 5, out); break;
+        case 4: bq1_tile(nb, xr, pk, tb, yq, 4, out); break;
+        case 3: bq1_tile(nb, xr, pk, tb, yq, 3, out); break;
+        case 2: bq1_tile(nb, xr, pk, tb, yq, 2, out); break;
+        default: bq1_tile(nb, xr, pk, tb, yq, 1, out); break;
+        }
+        for (int t = 0; t < nt; t++) y[t * ldy + i] = out[t];
+    }
+}
+
 /* The table's gemm_packed for q4_0: w is the repacked copy (same row stride
  * as the file's rows), x the q8_0 activations. */
 static void gemm_bq4_0(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
@@ -153,6 +219,10 @@ static void gemm_bq4_0(int64_t k, const void *w, size_t w_stride, const void *x,
         for (int64_t t = 0; t < nt; t++) {
             yq[t] = (const cm_block_q8_0 *)(const void *)((const char *)x + (size_t)(j0 + t) * x_stride);
             rq4_pack(ng, yq[t], pk + (size_t)t * tb);
+        }
+        if (nt < BQ_MIN) {
+            gemm_bq4_0_small(nb, wb, w_stride, pk, tb, yq, y + j0 * ldy, ldy, r0, r1, (int)nt);
+            continue;
         }
         for (int64_t i = r0; i < r1; i += BQ_R) {
             const int R = r1 - i < BQ_R ? 1 : BQ_R; /* the last < 4 rows one by one */
