@@ -8,7 +8,8 @@
  * speed-up of B rows against B single-row passes. Not a test: it asserts
  * nothing. `make bbench` builds it; BBENCH_TYPE=q8_0 etc. picks the type,
  * BBENCH_MIB the size, BBENCH_REPS the best-of count, BBENCH_B="1,8" the batch
- * sizes. Times are this thread's CPU time (the machine is shared).
+ * sizes, BBENCH_SHAPE=8b 8B-llama shapes (4096 wide, 14336-row FFN) instead.
+ * Times are this thread's CPU time (the machine is shared).
  */
 #include "kernels/kernels.h"
 #include "os/os.h"
@@ -33,7 +34,7 @@ static uint64_t rnd(void) {
     return g_rng;
 }
 
-enum { MAXB = 64, KMAX = 5632 };
+enum { MAXB = 64, KMAX = 14336 };
 
 int main(void) {
     const char *tn = getenv("BBENCH_TYPE") ? getenv("BBENCH_TYPE") : "q4_0";
@@ -56,10 +57,14 @@ int main(void) {
             if (p[1] == ',') p++;
         }
     }
-    /* one layer of 1B llama: q (2048x2048), k, v (2048x256 each... use 512), o, gate, up (2048 -> 5632), down */
-    struct {
+    /* one layer of 1B llama: q (2048x2048), k, v (2048x256 each... use 512), o, gate, up (2048 -> 5632), down;
+     * BBENCH_SHAPE=8b: one layer of an 8B llama (4096 wide, 1024-row k and v, 14336 FFN) */
+    static const struct bshape {
         int64_t k, rows;
-    } shape[] = {{2048, 2048}, {2048, 256}, {2048, 256}, {2048, 2048}, {2048, 5632}, {2048, 5632}, {5632, 2048}};
+    } shape1b[] = {{2048, 2048}, {2048, 256}, {2048, 256}, {2048, 2048}, {2048, 5632}, {2048, 5632}, {5632, 2048}},
+      shape8b[] = {{4096, 4096}, {4096, 1024}, {4096, 1024}, {4096, 4096}, {4096, 14336}, {4096, 14336}, {14336, 4096}};
+    const bool wide = getenv("BBENCH_SHAPE") && !strcmp(getenv("BBENCH_SHAPE"), "8b");
+    const struct bshape *shape = wide ? shape8b : shape1b;
     enum { NS = 7 };
     size_t layer = 0;
     for (int s = 0; s < NS; s++) layer += cm_row_size(t, shape[s].k) * (size_t)shape[s].rows;
@@ -91,12 +96,12 @@ int main(void) {
     const enum cm_type vt = tr->vec_dot_type;
     const size_t as = cm_row_size(vt, KMAX);
     uint8_t *xq = malloc(as * MAXB);
-    float *xf = malloc(sizeof(float) * KMAX), *y = malloc(sizeof(float) * 5632 * MAXB);
+    float *xf = malloc(sizeof(float) * KMAX), *y = malloc(sizeof(float) * KMAX * MAXB);
     for (int j = 0; j < MAXB; j++) {
         for (int i = 0; i < KMAX; i++) xf[i] = (float)((int)(rnd() % 2001) - 1000) / 1000.0f;
         k->from_float[vt](xf, xq + (size_t)j * as, KMAX);
     }
-    printf("bbench: %s weights %.0f MiB (%d x 1B-llama layers), table %s, 1 thread\n", tr->name, total / 1048576.0, nl,
+    printf("bbench: %s weights %.0f MiB (%d x %s-llama layers), table %s, 1 thread\n", tr->name, total / 1048576.0, nl, wide ? "8B" : "1B",
            k->name);
     printf("%4s %10s %8s %12s %9s\n", "B", "ms/pass", "GB/s", "ms/row-pass", "vs B x 1");
     double t1 = 0;

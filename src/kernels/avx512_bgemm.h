@@ -7,38 +7,148 @@
  *
  * Decoding B sequences in one step multiplies each weight matrix by B
  * activation rows. The weights stream from memory once per step; what must
- * not grow with B is the work per weight byte. Here each 16-block group of a
- * repacked row (288 bytes: 16 fp16 d, then 4 x 64 bytes of nibbles in lane
- * order) is loaded and split into its 8 nibble vectors and 16 dx ONCE, and
- * then serves up to BQ_T = 8 tokens from registers: per token 8 vpdpbusd
- * against that token's packed vectors (rq4_pack: 640 bytes per group, in
- * L1/L2), one conversion, one scale product and two FMAs. (Two rows per
- * tile sharing the token loads spilled registers and ran slower on Zen 4.)
- * Measured (bench/bbench.c, one Zen 4 thread, CPU time): 8 rows cost ~4-5x
- * one row's gemv instead of the ~11x of the prefill gemms at that size; at
- * 16 tokens it matches gemm_lq4_0, so the table uses it up to 16.
+ * not grow with B is the work per weight byte. At 8-32 tokens the step is
+ * compute-bound, so the tile is shaped for the fewest loads and non-VNNI
+ * operations per vpdpbusd: BQ_R = 4 weight rows x BQ_T = 4 tokens. For each
+ * 64-byte quarter q of a 16-block group (288 bytes: 16 fp16 d, then 4 x 64
+ * bytes of nibbles in lane order) the 4 rows are loaded and split into their
+ * low and high nibbles once (8 vectors), then each token's two packed vectors
+ * for q (rq4_pack: 640 bytes per group, in L1/L2) are loaded once and serve
+ * the 4 rows: 12 loads and 32 vpdpbusd into 16 independent accumulators.
+ * After the 4 quarters each (row, token) gets one conversion, one scale
+ * product and two FMAs. (The former 1 row x 8 tokens tile needed a token load
+ * per vpdpbusd and ran each token's 8 vpdpbusd as one dependent chain.)
+ * While the first token tile passes over 4 rows, the next 4 rows' same group
+ * is prefetched, so the weights stream from memory once per call, ahead of
+ * use (a prefetch distance of 2, 4 or 8 row blocks measured no different);
+ * later token tiles find them in L1/L2. Below BQ_MIN = 8 tokens the step is
+ * still bound by the weights' stream, and the 4-row tile streamed them at
+ * less than half the rate (bbench B = 2: 29 ms against 12): there the former
+ * tile runs, one row per pass x all the tokens (gemm_bq4_0_small).
+ * Measured (bench/bbench.c, one Zen 4 thread, under load): 1.1-1.4x the
+ * former tile at 16-32 tokens on 1B-llama shapes, ~2x on 8B-llama shapes
+ * (whose 14336-wide rows the former 160 KiB token buffer could hold only 9
+ * tokens of, so it re-read the weights); the same below 8 tokens.
  *
  * Bits: for every (row, token) this is rq4_row's arithmetic exactly (lane j
  * = block j's exact int32 sum, d = dx * dy as f32, the same two FMAs into
  * the 8 chains in ascending group order, the same tail and hsum8), i.e.
  * vec_dot's bits on the file's bytes (kernels.h, batch invariance); the int32
  * sums may be formed in any order since they are exact.
- * tests/unit/test_kernels_invariant.c checks it bit for bit.
+ * tests/unit/test_kernels_repack.c checks it bit for bit (2 to
+ * gemm_packed_max + 3 tokens, whole and partial row ranges).
  *
- * Blocking: the tokens are packed BQ_PACK bytes at a time (on the stack, like
- * avx512_gemm.h's ZPACK); rows go in blocks of BQ_RB so that a block stays
- * in L2 while every tile of BQ_T tokens passes over it. Never allocates.
+ * Blocking: all the call's tokens are packed once, BQ_PACK bytes at most (on
+ * the stack: 640 KiB, which compute threads have room for, CM_COMPUTE_STACK;
+ * 32 tokens of rows up to 16384 wide fit, so the weights are read from
+ * memory once per call). Longer rows or more tokens take the tokens in
+ * chunks, re-reading the weights once per chunk. The table uses this up to
+ * 64 tokens (gemm_packed_max): measured against gemm_lq4_0 (bbench, one
+ * thread, under load) it is 1.07-1.5x faster at 33-64 tokens on 1B-llama
+ * shapes and ~2x on 8B-llama shapes, whose 14336-wide rows are too long for
+ * gemm_lq4_0's packing (LQ_MAXNB) even with 2 chunks here. Never allocates.
  */
 
-enum { BQ_T = 8, BQ_RB = 16, BQ_PACK = 160 * 1024 };
+enum { BQ_R = 4, BQ_T = 4, BQ_MIN = 8, BQ1_T = 8, BQ_PACK = 640 * 1024 };
 
-/* One repacked row x T tokens: out[t]. pk: T packed tokens, tb bytes apart;
+/* R repacked rows (xs bytes apart) x T tokens: out[r * BQ_T + t]. pk: T
+ * packed tokens, tb bytes apart; yv: their q8_0 rows (for the nb % 16 tail
+ * blocks); pf: the rows to prefetch group by group (NULL: none). */
+AI void bq4_tile(int64_t nb, const uint8_t *x, size_t xs, int R, const uint8_t *pk, size_t tb,
+                 const cm_block_q8_0 *const *yv, int T, const uint8_t *pf, float *out) {
+    const int64_t ng = nb / 16;
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    __m256 c[BQ_R][BQ_T];
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) c[r][t] =
+        _mm256_setzero_ps();
+    for (int64_t g = 0; g < ng; g++) {
+        const size_t xo = (size_t)g * 16 * sizeof(cm_block_q4_0), po = (size_t)g * RQ_GROUP;
+        if (pf) {
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+                const uint8_t *p = pf + (size_t)r * xs + xo;
+                _mm_prefetch((const char *)p, _MM_HINT_T0);
+                _mm_prefetch((const char *)p + 64, _MM_HINT_T0);
+                _mm_prefetch((const char *)p + 128, _MM_HINT_T0);
+                _mm_prefetch((const char *)p + 192, _MM_HINT_T0);
+                _mm_prefetch((const char *)p + 256, _MM_HINT_T0);
+            }
+        }
+        __m512i a[BQ_R][BQ_T];
+        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) { /* -8 * sum(y) per block */
+            const __m512i o = _mm512_load_si512((const void *)(pk + (size_t)t * tb + po + 512));
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) a[r][t] = o;
+        }
+        _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {
+            __m512i lo[BQ_R], hi[BQ_R];
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+                const __m512i v = _mm512_loadu_si512(x + (size_t)r * xs + xo + 32 + 64 * q);
+                lo[r] = _mm512_and_si512(v, m4);
+                hi[r] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+            }
+            _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
+                const uint8_t *pg = pk + (size_t)t * tb + po;
+                const __m512i yl = _mm512_load_si512((const void *)(pg + 64 * q));
+                const __m512i yh = _mm512_load_si512((const void *)(pg + 256 + 64 * q));
+                _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+                    a[r][t] = _mm512_dpbusd_epi32(a[r][t], lo[r], yl);
+                    a[r][t] = _mm512_dpbusd_epi32(a[r][t], hi[r], yh);
+                }
+            }
+        }
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+            /* dx and dx * dy in 8-lane halves: only f's high half needs an extract */
+            const uint8_t *xd = x + (size_t)r * xs + xo;
+            const __m256 dx0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)xd));
+            const __m256 dx1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(xd + 16)));
+            _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
+                const float *dy = (const float *)(const void *)(pk + (size_t)t * tb + po + 576);
+                const __m512 f = _mm512_cvtepi32_ps(a[r][t]);
+                c[r][t] = _mm256_fmadd_ps(_mm512_castps512_ps256(f), _mm256_mul_ps(dx0, _mm256_load_ps(dy)), c[r][t]);
+                c[r][t] = _mm256_fmadd_ps(_mm512_extractf32x8_ps(f, 1), _mm256_mul_ps(dx1, _mm256_load_ps(dy + 8)), c[r][t]);
+            }
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        const cm_block_q4_0 *xt =
+            (const cm_block_q4_0 *)(const void *)(x + (size_t)r * xs + (size_t)ng * 16 * sizeof(cm_block_q4_0));
+        for (int64_t b = 16 * ng; b < nb; b++, xt++) {
+            const __m256i qx = _mm256_sub_epi8(nibbles32(xt->qs), _mm256_set1_epi8(8));
+            for (int t = 0; t < T; t++)
+                c[r][t] = fma_lane(c[r][t], (int)(b & 7), hsum_i32(dot_s8s8(qx, ld256(yv[t][b].qs))),
+                                   f16f(xt->d) * f16f(yv[t][b].d));
+        }
+        for (int t = 0; t < T; t++) out[r * BQ_T + t] = hsum8(c[r][t]);
+    }
+}
+
+/* The tile with constant R and T, so that its accumulators stay in registers. */
+static void bq4_tile_any(int64_t nb, const uint8_t *x, size_t xs, int R, const uint8_t *pk, size_t tb,
+                         const cm_block_q8_0 *const *yv, int T, const uint8_t *pf, float *out) {
+#define BQ_CASE(RR, TT)                                     \
+    case (RR) * 8 + (TT):                                   \
+        bq4_tile(nb, x, xs, RR, pk, tb, yv, TT, pf, out); \
+        break;
+    switch (R * 8 + T) {
+        BQ_CASE(4, 4)
+        BQ_CASE(4, 3)
+        BQ_CASE(4, 2)
+        BQ_CASE(4, 1)
+        BQ_CASE(1, 4)
+        BQ_CASE(1, 3)
+        BQ_CASE(1, 2)
+    default: bq4_tile(nb, x, xs, 1, pk, tb, yv, 1, pf, out); break;
+    }
+#undef BQ_CASE
+}
+
+/* The small-batch tile (below BQ_MIN tokens): one repacked row x T <= 8
+ * tokens: out[t]. pk: T packed tokens, tb bytes apart;
  * yv: their q8_0 rows (for the nb % 16 tail blocks). */
-AI void bq4_tile(int64_t nb, const uint8_t *x, const uint8_t *pk, size_t tb, const cm_block_q8_0 *const *yv, int T,
+AI void bq1_tile(int64_t nb, const uint8_t *x, const uint8_t *pk, size_t tb, const cm_block_q8_0 *const *yv, int T,
                  float *out) {
     const int64_t ng = nb / 16;
     const __m512i m4 = _mm512_set1_epi8(0x0f);
-    __m256 c[BQ_T];
+    __m256 c[BQ1_T];
     _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) c[t] = _mm256_setzero_ps();
     for (int64_t g = 0; g < ng; g++) {
         const uint8_t *xg = x + (size_t)g * 16 * sizeof(cm_block_q4_0);
@@ -72,6 +182,27 @@ AI void bq4_tile(int64_t nb, const uint8_t *x, const uint8_t *pk, size_t tb, con
     for (int t = 0; t < T; t++) out[t] = hsum8(c[t]);
 }
 
+/* Below BQ_MIN tokens the step is still bound by the weights' stream: one
+ * row per pass (a single sequential stream, which the hardware prefetcher
+ * follows best) x all the tokens. */
+static void gemm_bq4_0_small(int64_t nb, const uint8_t *w, size_t w_stride, const uint8_t *pk, size_t tb,
+                             const cm_block_q8_0 *const *yq, float *y, int64_t ldy, int64_t r0, int64_t r1, int nt) {
+    for (int64_t i = r0; i < r1; i++) {
+        const uint8_t *xr = w + (size_t)i * w_stride;
+        float out[BQ1_T];
+        switch (nt) { /* a constant T keeps the tile's chains in registers */
+        case 7: bq1_tile(nb, xr, pk, tb, yq, 7, out); break;
+        case 6: bq1_tile(nb, xr, pk, tb, yq, 6, out); break;
+        case 5: bq1_tile(nb, xr, pk, tb, yq, 5, out); break;
+        case 4: bq1_tile(nb, xr, pk, tb, yq, 4, out); break;
+        case 3: bq1_tile(nb, xr, pk, tb, yq, 3, out); break;
+        case 2: bq1_tile(nb, xr, pk, tb, yq, 2, out); break;
+        default: bq1_tile(nb, xr, pk, tb, yq, 1, out); break;
+        }
+        for (int t = 0; t < nt; t++) y[t * ldy + i] = out[t];
+    }
+}
+
 /* The table's gemm_packed for q4_0: w is the repacked copy (same row stride
  * as the file's rows), x the q8_0 activations. */
 static void gemm_bq4_0(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
@@ -81,6 +212,7 @@ static void gemm_bq4_0(int64_t k, const void *w, size_t w_stride, const void *x,
     const size_t tb = (size_t)ng * RQ_GROUP;
     _Alignas(64) uint8_t pk[BQ_PACK];
     const int64_t cap = (int64_t)(BQ_PACK / tb) >= 1 ? (int64_t)(BQ_PACK / tb) : 1;
+    const uint8_t *wb = (const uint8_t *)w;
     for (int64_t j0 = 0; j0 < n_tok; j0 += cap) {
         const int64_t nt = n_tok - j0 < cap ? n_tok - j0 : cap;
         const cm_block_q8_0 *yq[BQ_PACK / RQ_GROUP];
@@ -88,28 +220,23 @@ static void gemm_bq4_0(int64_t k, const void *w, size_t w_stride, const void *x,
             yq[t] = (const cm_block_q8_0 *)(const void *)((const char *)x + (size_t)(j0 + t) * x_stride);
             rq4_pack(ng, yq[t], pk + (size_t)t * tb);
         }
-        for (int64_t i0 = r0; i0 < r1; i0 += BQ_RB) {
-            const int64_t i1 = r1 - i0 < BQ_RB ? r1 : i0 + BQ_RB;
+        if (nt < BQ_MIN) {
+            gemm_bq4_0_small(nb, wb, w_stride, pk, tb, yq, y + j0 * ldy, ldy, r0, r1, (int)nt);
+            continue;
+        }
+        for (int64_t i = r0; i < r1; i += BQ_R) {
+            const int R = r1 - i < BQ_R ? 1 : BQ_R; /* the last < 4 rows one by one */
+            const uint8_t *xr = wb + (size_t)i * w_stride;
+            /* the next rows (prefetches never fault, even past the end) */
+            const uint8_t *pf = i + R < r1 ? xr + (size_t)R * w_stride : NULL;
             for (int64_t jj = 0; jj < nt; jj += BQ_T) {
                 const int T = nt - jj < BQ_T ? (int)(nt - jj) : BQ_T;
-                const uint8_t *p = pk + (size_t)jj * tb;
-                const cm_block_q8_0 *const *yv = yq + jj;
-                for (int64_t i = i0; i < i1; i++) {
-                    const uint8_t *xr = (const uint8_t *)w + (size_t)i * w_stride;
-                    float out[BQ_T];
-                    switch (T) { /* a constant T keeps the tile's chains in registers */
-                    case 8: bq4_tile(nb, xr, p, tb, yv, 8, out); break;
-                    case 7: bq4_tile(nb, xr, p, tb, yv, 7, out); break;
-                    case 6: bq4_tile(nb, xr, p, tb, yv, 6, out); break;
-                    case 5: bq4_tile(nb, xr, p, tb, yv, 5, out); break;
-                    case 4: bq4_tile(nb, xr, p, tb, yv, 4, out); break;
-                    case 3: bq4_tile(nb, xr, p, tb, yv, 3, out); break;
-                    case 2: bq4_tile(nb, xr, p, tb, yv, 2, out); break;
-                    default: bq4_tile(nb, xr, p, tb, yv, 1, out); break;
-                    }
-                    for (int t = 0; t < T; t++) y[(j0 + jj + t) * ldy + i] = out[t];
-                }
+                float out[BQ_R * BQ_T];
+                bq4_tile_any(nb, xr, w_stride, R, pk + (size_t)jj * tb, tb, yq + jj, T, jj == 0 ? pf : NULL, out);
+                for (int r = 0; r < R; r++)
+                    for (int t = 0; t < T; t++) y[(j0 + jj + t) * ldy + i + r] = out[r * BQ_T + t];
             }
+            if (R == 1) i += 1 - BQ_R;
         }
     }
 }

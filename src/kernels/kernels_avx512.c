@@ -544,7 +544,7 @@ void cm_kernels_fill_avx512(cm_kernels *k) {
     k->gemv[CM_TYPE_Q4_0] = gemv_zq4_0;
     k->gemv_packed[CM_TYPE_Q4_0] = gemv_rq4_0;
     k->gemm_packed[CM_TYPE_Q4_0] = gemm_bq4_0;
-    k->gemm_packed_max = 16;
+    k->gemm_packed_max = 64;
     k->vec_dot[CM_TYPE_Q8_0] = vec_dot_zq8_0;
     k->gemm[CM_TYPE_Q8_0] = gemm_qg8_0;
     k->gemv[CM_TYPE_Q8_0] = gemv_vq8_0;

@@ -133,7 +133,7 @@ done:
 }
 
 /* gemm_packed: n_tok tokens at once, every (row, token) = vec_dot's bits. */
-enum { BPOOL = 21 };
+enum { BPOOL = 67 };
 static void check_batch(const cm_kernels *k, enum cm_type t, int64_t n) {
     const enum cm_type vt = cm_type_traits_of(t)->vec_dot_type;
     const size_t ws = cm_row_size(t, n), xs = cm_row_size(vt, n);
@@ -191,6 +191,7 @@ static void test_q4_0_batched(void) {
         check_batch(k, CM_TYPE_Q4_0, 512);
         check_batch(k, CM_TYPE_Q4_0, 43 * 32);
         check_batch(k, CM_TYPE_Q4_0, 5632);
+        check_batch(k, CM_TYPE_Q4_0, 16384); /* more tokens than one pack holds: chunks */
     }
     if (!tables) printf("skip: no kernel table on this CPU has a batched gemm over repacked q4_0\n");
 }
