@@ -16,8 +16,10 @@
 #include "base/base.h"
 
 #include "avx2_krepack.h"
+#include "isa.h"
 
 void cm_kernels_fill_avx2(cm_kernels *k) {
     x86_fill(k);
     k->gemv_packed[CM_TYPE_Q4_K] = gemv_ak4_k;
+    cm_kernels_fill_lane_avx2(k); /* q4_0 in the AVX-512 table's lane order */
 }
