@@ -10,6 +10,8 @@
 #
 #   BEFORE=/tmp/old/build/cumulo AFTER=./cumulo MODELS=/work/cache/bench-1b \
 #     TYPES="q8_0 f16" THREADS="1 2" REPS=2 sh bench/ab_table.sh
+# ISA=avx2 runs both binaries with CUMULO_ISA=avx2 against bench/llamacpp.sh's
+# avx2 build (unless CUMULO_LLAMACPP_BENCH names another).
 set -eu
 here=$(cd "$(dirname "$0")/.." && pwd)
 BEFORE=${BEFORE:?set BEFORE to the cumulo binary before the change}
@@ -19,8 +21,9 @@ OUT=${OUT:-/tmp/cumulo-ab}
 TYPES=${TYPES:-q4_0 q8_0 q4_k_m f16 q6_k q5_k_m}
 THREADS=${THREADS:-1}
 REPS=${REPS:-2}
-[ -n "${CUMULO_LLAMACPP_BENCH:-}" ] || CUMULO_LLAMACPP_BENCH=$(sh "$here/bench/llamacpp.sh" native)
+[ -n "${CUMULO_LLAMACPP_BENCH:-}" ] || CUMULO_LLAMACPP_BENCH=$(sh "$here/bench/llamacpp.sh" "${ISA:-native}")
 export CUMULO_LLAMACPP_BENCH
+[ -n "${ISA:-}" ] && export CUMULO_ISA="$ISA"
 mkdir -p "$OUT"
 : >"$OUT/ab.jsonl"
 for th in $THREADS; do

@@ -12,7 +12,8 @@
 # native build, built on first use: 30+ minutes on 2 cores); ANCHOR=node uses
 # node-llama-cpp in $CUMULO_ORACLE_DIR instead (the old, weaker anchor).
 # EXTRA="--isa avx2" with CUMULO_LLAMACPP_BENCH=.../avx2/bin/llama-bench gives
-# the AVX2-only rows.
+# the AVX2-only rows; so does ISA=avx2 (runs cumulo with CUMULO_ISA=avx2 and,
+# unless CUMULO_LLAMACPP_BENCH says otherwise, bench/llamacpp.sh's avx2 build).
 #
 #   sh bench/run_table.sh                 # everything (about 20-40 min on 2 cores)
 #   TYPES="q4_0 f16" THREADS="2" REPS=3 sh bench/run_table.sh
@@ -32,8 +33,9 @@ VOCAB=$SHARED/vocab/ggml-vocab-llama-spm.gguf
 
 [ -x "$CUMULO" ] || { echo "run_table.sh: build cumulo first (make cumulo)" >&2; exit 1; }
 if [ "${ANCHOR:-native}" = native ] && [ -z "${CUMULO_LLAMACPP_BENCH:-}" ]; then
-    CUMULO_LLAMACPP_BENCH=$(sh "$here/bench/llamacpp.sh" native)
+    CUMULO_LLAMACPP_BENCH=$(sh "$here/bench/llamacpp.sh" "${ISA:-native}")
 fi
+[ -n "${ISA:-}" ] && export CUMULO_ISA="$ISA"
 [ "${ANCHOR:-native}" = native ] && export CUMULO_LLAMACPP_BENCH
 [ "${ANCHOR:-native}" = native ] || unset CUMULO_LLAMACPP_BENCH
 mkdir -p "$MODELS" "$OUT"

@@ -1,5 +1,5 @@
 /*
- * avx2_krepack.h: the AVX2 decode gemv over q4_k rows repacked at load
+ * avx2_krepack.h: the AVX2 decode gemvs over q4_k and q5_k rows repacked at load
  * ("q4_k lanes", repack.c). Not a header in the usual sense: kernels_avx2.c
  * includes it once, after x86_tiles.h, under its own ISA flags (the AVX-512
  * table, filled after, replaces it with avx512_krepack.h's). Nothing else
@@ -68,4 +68,67 @@ static void gemv_ak4_k(int64_t k, const void *w, size_t w_stride, const void *x,
     __m128i pairs[RK4_MAXB];
     rk_pairs(nb, x, pairs);
     for (int64_t i = r0; i < r1; i++) y[i] = ak4_row(nb, (const uint8_t *)w + (size_t)i * w_stride, x, pairs);
+}
+
+/* ---- q5_k over "q5_k lanes" (repack.c: the q4_k group's header, then the
+ * 4 blocks' qh, 32 bytes each, then their qs): tile_q5_k's arithmetic (the
+ * fifth bit ORed in as bit 4 of each nibble, as x86_tiles.h does), so each
+ * row is vec_dot on the file's bytes bit for bit. ---- */
+enum { AK5_GROUP = 4 * (int)sizeof(cm_block_q5_k) };
+
+AI void ak5_block(const uint8_t *qs, const uint8_t *qhp, const uint8_t *sc, __m128i mn16, float d, float dmin,
+                  const cm_block_q8_k *y, __m128i pairs, __m256 *acc, __m128 *accm) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1);
+    __m256i qh = ld256(qhp), sumi = _mm256_setzero_si256();
+    for (int j = 0; j < 4; j++) {
+        const __m256i q = ld256(qs + 32 * j);
+        __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+        lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(qh, one), 4));
+        hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 1), one), 4));
+        qh = _mm256_srli_epi16(qh, 2);
+        const __m256i plo =
+            _mm256_madd_epi16(_mm256_maddubs_epi16(lo, ld256(y->qs + 64 * j)), _mm256_set1_epi16(sc[2 * j]));
+        const __m256i phi =
+            _mm256_madd_epi16(_mm256_maddubs_epi16(hi, ld256(y->qs + 64 * j + 32)), _mm256_set1_epi16(sc[2 * j + 1]));
+        sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(plo, phi));
+    }
+    FMA_BLOCK(*acc, sumi, d * y->d);
+    *accm = _mm_fmadd_ps(_mm_cvtepi32_ps(_mm_madd_epi16(mn16, pairs)), _mm_set1_ps(dmin * y->d), *accm);
+}
+
+AI float ak5_row(int64_t nb, const uint8_t *x, const cm_block_q8_k *y, const __m128i *pairs) {
+    __m256 acc = _mm256_setzero_ps();
+    __m128 accm = _mm_setzero_ps();
+    int64_t b = 0;
+    for (; b + 4 <= nb; b += 4, x += AK5_GROUP) {
+        float dd[8];
+        __m128i sc03, sc47, mn16[4];
+        rk_header(x, dd, &sc03, &sc47, mn16);
+        uint8_t s[2][16];
+        _mm_storeu_si128((__m128i *)s[0], sc03);
+        _mm_storeu_si128((__m128i *)s[1], sc47);
+        for (int j = 0; j < 4; j++) {
+            const uint8_t sc[8] = {s[0][4 * j], s[0][4 * j + 1], s[0][4 * j + 2], s[0][4 * j + 3],
+                                   s[1][4 * j], s[1][4 * j + 1], s[1][4 * j + 2], s[1][4 * j + 3]};
+            ak5_block(x + 192 + 128 * j, x + 64 + 32 * j, sc, mn16[j], dd[j], dd[4 + j], y + b + j, pairs[b + j], &acc,
+                      &accm);
+        }
+    }
+    for (const cm_block_q5_k *xt = (const cm_block_q5_k *)(const void *)x; b < nb; b++, xt++) {
+        uint8_t sc[8], mn[8];
+        cm_k4_scales8(xt->scales, sc, mn);
+        ak5_block(xt->qs, xt->qh, sc, _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mn)), f16f(xt->d),
+                  f16f(xt->dmin), y + b, pairs[b], &acc, &accm);
+    }
+    return hsum8(acc) - hsum4(accm);
+}
+
+static void gemv_ak5_k(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
+                       int64_t r0, int64_t r1, int64_t n_tok) {
+    (void)x_stride, (void)ldy, (void)n_tok;
+    const int64_t nb = k / CM_QK_K;
+    CM_ASSERT(nb <= RK4_MAXB);
+    __m128i pairs[RK4_MAXB];
+    rk_pairs(nb, x, pairs);
+    for (int64_t i = r0; i < r1; i++) y[i] = ak5_row(nb, (const uint8_t *)w + (size_t)i * w_stride, x, pairs);
 }

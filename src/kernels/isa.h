@@ -30,6 +30,8 @@ void cm_kernels_fill_attn_ref(cm_kernels *k); /* attn_ref.c: attn_v */
 #define CM_KERNELS_HAVE_X86 1
 void cm_kernels_fill_avx2(cm_kernels *k);
 void cm_kernels_fill_avx512(cm_kernels *k);
+/* q4_0 in the AVX-512 q4_0's lane order (lane_avx2.c), called by cm_kernels_fill_avx2. */
+void cm_kernels_fill_lane_avx2(cm_kernels *k);
 /* The low-bit types' kernels (lowbit_avx2.c, lowbit_avx512.c), filled after
  * the files above. */
 void cm_kernels_fill_lowbit_avx2(cm_kernels *k);

@@ -7,7 +7,7 @@
  * the entries this file implements; every other entry stays the scalar
  * reference. The kernels themselves are in x86_tiles.h (shared with the
  * AVX-512 file), plus a q4_k decode gemv over rows repacked at load
- * (avx2_krepack.h); tested against the reference in
+ * and a q5_k one (avx2_krepack.h); tested against the reference in
  * tests/unit/test_kernels_simd.c. Never allocates.
  */
 #define CM_X86_VNNI 0
@@ -16,8 +16,11 @@
 #include "base/base.h"
 
 #include "avx2_krepack.h"
+#include "isa.h"
 
 void cm_kernels_fill_avx2(cm_kernels *k) {
     x86_fill(k);
     k->gemv_packed[CM_TYPE_Q4_K] = gemv_ak4_k;
+    k->gemv_packed[CM_TYPE_Q5_K] = gemv_ak5_k;
+    cm_kernels_fill_lane_avx2(k); /* q4_0 in the AVX-512 table's lane order */
 }

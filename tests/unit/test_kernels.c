@@ -536,8 +536,14 @@ static void test_dispatch(void) {
         CHECK(isa_under(want[i][0], name, sizeof name) == 0);
         CHECKF(!strcmp(name, want[i][1]), "CUMULO_ISA=%s picked %s, want %s", want[i][0], name, want[i][1]);
     }
-    /* An unknown cap is ignored (with a warning). */
-    CHECK(isa_under("bogus", name, sizeof name) == 0 && !strcmp(name, best->name));
+    /* An unknown cap is ignored (with a warning): the CPU's best table, which
+     * is not best->name when this run itself is capped (CUMULO_ISA=avx2). */
+    const char *uncapped = cm_kernels_for("avx512") ? "avx512"
+                           : cm_kernels_for("avx2") ? "avx2"
+                           : cm_kernels_for("neon") ? "neon"
+                                                    : "scalar";
+    CHECK(isa_under("bogus", name, sizeof name) == 0);
+    CHECKF(!strcmp(name, uncapped), "CUMULO_ISA=bogus picked %s, want %s", name, uncapped);
 }
 
 /* Every ISA table this CPU has agrees with the reference: from_float byte for
@@ -616,6 +622,61 @@ static void test_isa_tables(void) {
     }
 }
 
+/* The AVX2 table's q4_0 (lane_avx2.c) follows the AVX-512 table's lane
+ * order, so the two x86 tables give the same bits: vec_dot on rows of 1..176
+ * blocks (whole 8- and 16-block groups, tails), and cm_matmul_rows over a
+ * tensor repacked at load for 1, 3 and 20 tokens (gemv_packed, gemm_packed)
+ * and over a narrow one that is not repacked (gemm / gemv). */
+static void test_lanes_across_tables(void) {
+    const cm_kernels *a = cm_kernels_for("avx2"), *z = cm_kernels_for("avx512");
+    if (!a || !z) {
+        printf("skip: this CPU lacks the avx2 or avx512 table\n");
+        return;
+    }
+    static const int nbs[] = {1, 3, 7, 8, 9, 15, 16, 17, 31, 43, 64, 176};
+    cm_rng r;
+    cm_rng_seed(&r, 4242);
+    long bad = 0, n_cmp = 0;
+    for (size_t ni = 0; ni < CM_ARRAY_LEN(nbs); ni++) {
+        const int64_t n = (int64_t)nbs[ni] * CM_QK4_0;
+        enum { RW = 11, NT = 20 };
+        const size_t ws = cm_row_size(CM_TYPE_Q4_0, n), xs = cm_row_size(CM_TYPE_Q8_0, n);
+        float *f = malloc(sizeof(float) * (size_t)(n * (RW > NT ? RW : NT)));
+        uint8_t *w = malloc(ws * RW), *x = malloc(xs * NT);
+        float ya[RW * NT], yz[RW * NT];
+        for (int dist = 0; dist < DIST_COUNT; dist++) {
+            fill(&r, f, (int)(n * RW), dist);
+            cm_quantize_rows(CM_TYPE_Q4_0, f, w, RW, n);
+            fill(&r, f, (int)(n * NT), (dist + 1) % DIST_COUNT);
+            cm_kernels_ref()->from_float[CM_TYPE_Q8_0](f, x, n * NT);
+            for (int i = 0; i < RW; i++)
+                for (int j = 0; j < NT; j++) {
+                    a->vec_dot[CM_TYPE_Q4_0](n, &ya[0], w + (size_t)i * ws, x + (size_t)j * xs);
+                    z->vec_dot[CM_TYPE_Q4_0](n, &yz[0], w + (size_t)i * ws, x + (size_t)j * xs);
+                    bad += memcmp(&ya[0], &yz[0], sizeof(float)) != 0, n_cmp++;
+                }
+            cm_tensor W;
+            const int64_t ne[2] = {n, RW};
+            cm_tensor_init(&W, CM_TYPE_Q4_0, 2, ne, w, "w");
+            const cm_tensor *wp[] = {&W};
+            char err[200] = "";
+            int owner;
+            CHECKF(cm_repack_add(&owner, a, wp, 1, err, sizeof err) == 0, "%s", err);
+            CHECK((cm_repack_find(&W, NULL) != NULL) == (n >= 16 * CM_QK4_0));
+            static const int nts[] = {1, 3, NT};
+            for (int ti = 0; ti < 3; ti++) {
+                memset(ya, 0xff, sizeof ya), memset(yz, 0xfe, sizeof yz);
+                cm_matmul_rows(a, &W, x, xs, nts[ti], ya, RW, 0, RW);
+                cm_matmul_rows(z, &W, x, xs, nts[ti], yz, RW, 0, RW);
+                bad += memcmp(ya, yz, sizeof(float) * (size_t)(RW * nts[ti])) != 0, n_cmp++;
+            }
+            cm_repack_drop(&owner);
+        }
+        free(f), free(w), free(x);
+    }
+    CHECKF(bad == 0, "avx2 vs avx512 q4_0: %ld of %ld comparisons differ", bad, n_cmp);
+}
+
 int main(int argc, char **argv) {
     g_argv0 = argv[0];
     if (argc > 1 && !strcmp(argv[1], "--print-isa")) {
@@ -631,5 +692,6 @@ int main(int argc, char **argv) {
     RUN(test_supports);
     RUN(test_dispatch);
     RUN(test_isa_tables);
+    RUN(test_lanes_across_tables);
     TEST_END();
 }

@@ -1,0 +1,226 @@
+/*
+ * lane_avx2.c: the AVX2 table's q4_0 kernels in the AVX-512 table's "lane
+ * order" (kernels_avx512.c), so the two x86 tables give q4_0 the same bits:
+ * block b's exact integer sum s_b = sum (q - 8) * y, times d_b = dx_b * dy_b
+ * (an f32 product), FMAed into chain b mod 8 in ascending block order, the 8
+ * chains summed by hsum8. Here the 8 chains are one 256-bit vector and 8
+ * consecutive blocks fill its lanes (lane j = block 8g + j), so a group of 8
+ * blocks is one conversion, one scale product and one FMA; the remaining
+ * nb % 8 blocks go one at a time into their chain (as the AVX-512 tail does).
+ *
+ * Kernels: vec_dot on the file's bytes (8 blocks' int32 sums transposed into
+ * one vector with hadd), gemm as vec_dot per (row, token) (isa.h
+ * CM_ROW_GEMM), and over the "q4_0 lanes" rows repacked at load (repack.c)
+ * the decode gemv and a gemm for any batch: the tokens are packed once per
+ * call in the AVX-512 gemv's layout (rq4_pack's 640 bytes per 16-block group:
+ * 8 vectors whose 4-byte lane j is y_j's bytes 4q..4q+3, then -8 * sum(y_j),
+ * then the 16 dy as f32), and each half group (8 blocks) of a row is 4
+ * 32-byte loads split into 8 nibble vectors, then per token 8 maddubs summed
+ * in int16 (|sum| <= 8 * 2 * 15 * 128 = 30720, so nothing wraps), one madd
+ * to int32, the offset, one conversion, one scale product, one FMA. The
+ * weights are loaded and split once for up to LQ_T tokens.
+ *
+ * Every kernel keeps isa.h's contract; test_kernels_simd.c,
+ * test_kernels_invariant.c and test_kernels_repack.c check them against the
+ * reference, for batch invariance and bit for bit against vec_dot, and
+ * test_kernels.c (test_lanes_across_tables) against the AVX-512 table.
+ * Compiled with the AVX2 flags only (Makefile); never allocates.
+ */
+#include "isa.h"
+
+#include "base/base.h"
+
+#include <immintrin.h>
+#include <stddef.h>
+#include <string.h>
+
+#define AI static inline __attribute__((always_inline))
+
+/* x86_tiles.h's helpers (which this file cannot include without its every
+ * tile): hsum8 must stay that file's exact tree. */
+AI float f16f(cm_f16 h) { return _cvtsh_ss(h); }
+AI float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+AI int hsum_i32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+    return _mm_cvtsi128_si32(s);
+}
+AI __m256i ld256(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
+AI __m256i nibbles32(const uint8_t *q) {
+    __m128i v = _mm_loadu_si128((const __m128i *)(const void *)q);
+    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(0x0f));
+}
+/* Signed x signed bytes as 8 int32: |x| unsigned, x's sign moved onto y. */
+AI __m256i dot_s8s8(__m256i x, __m256i y) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x)),
+                             _mm256_set1_epi16(1));
+}
+
+/* c = fma(s, d, c) in chain (lane) j of c, as kernels_avx512.c's fma_lane. */
+AI __m256 lfma_lane(__m256 c, int j, int32_t s, float d) {
+    _Alignas(32) float v[8];
+    _mm256_store_ps(v, c);
+    v[j] = _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss((float)s), _mm_set_ss(d), _mm_set_ss(v[j])));
+    return _mm256_load_ps(v);
+}
+
+/* p[i]: 8 int32 summing to block i's total; returns lane i = block i's total. */
+AI __m256i hadd8x8(const __m256i p[8]) {
+    const __m256i h0 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+    const __m256i h1 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(h0, h1, 0x20), _mm256_permute2x128_si256(h0, h1, 0x31));
+}
+
+/* 8 fp16 scales, 'stride' bytes apart, as f32. */
+AI __m256 d8(const void *p, size_t stride) {
+    const uint8_t *b = p;
+    uint16_t h[8];
+    for (int i = 0; i < 8; i++) memcpy(&h[i], b + (size_t)i * stride, 2);
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)h));
+}
+
+/* Blocks b0..nb-1 of a row in the file's order (b0 a multiple of 8) into c. */
+AI __m256 lq4_file(int64_t b0, int64_t nb, const cm_block_q4_0 *x, const cm_block_q8_0 *y, __m256 c) {
+    int64_t b = b0;
+    const __m256i k8 = _mm256_set1_epi8(8);
+    for (; b + 8 <= nb; b += 8) {
+        __m256i p[8];
+        for (int i = 0; i < 8; i++) p[i] = dot_s8s8(_mm256_sub_epi8(nibbles32(x[b + i].qs), k8), ld256(y[b + i].qs));
+        const __m256 f = _mm256_cvtepi32_ps(hadd8x8(p));
+        const __m256 d = _mm256_mul_ps(d8(&x[b].d, sizeof *x), d8(&y[b].d, sizeof *y));
+        c = _mm256_fmadd_ps(f, d, c);
+    }
+    for (; b < nb; b++) {
+        const __m256i qx = _mm256_sub_epi8(nibbles32(x[b].qs), k8);
+        c = lfma_lane(c, (int)(b & 7), hsum_i32(dot_s8s8(qx, ld256(y[b].qs))), f16f(x[b].d) * f16f(y[b].d));
+    }
+    return c;
+}
+
+static void vec_dot_lq4_0(int64_t n, float *s, const void *vx, const void *vy) {
+    *s = hsum8(lq4_file(0, n / CM_QK4_0, vx, vy, _mm256_setzero_ps()));
+}
+CM_ROW_GEMM(lq4_0)
+
+/* ---- over the "q4_0 lanes" rows ---- */
+enum { LQ_GROUP = 640, LQ_MAXG = CM_REPACK_MAX_K / 512, LQ_T = 4, LQ_RB = 16, LQ_PACK = 160 * 1024 };
+
+/* The token's 16-block groups in rq4_pack's layout (kernels_avx512.c). */
+AI void lq4_pack(int64_t ng, const cm_block_q8_0 *y, uint8_t *d) {
+    const int bs = (int)sizeof *y; /* lane j: block j's qs, j < 8 */
+    const __m256i idx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(bs));
+    const __m256i k8 = _mm256_set1_epi8(8), one = _mm256_set1_epi16(1);
+    for (int64_t g = 0; g < ng; g++, y += 16, d += LQ_GROUP) {
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *base = (const uint8_t *)(y + 8 * h) + offsetof(cm_block_q8_0, qs);
+            __m256i sum = _mm256_setzero_si256();
+            for (int q = 0; q < 8; q++) {
+                const __m256i v = _mm256_i32gather_epi32((const int *)(const void *)(base + 4 * q), idx, 1);
+                _mm256_store_si256((__m256i *)(void *)(d + 64 * q + 32 * h), v);
+                sum = _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_maddubs_epi16(k8, v), one));
+            }
+            _mm256_store_si256((__m256i *)(void *)(d + 512 + 32 * h), _mm256_sub_epi32(_mm256_setzero_si256(), sum));
+            _mm256_store_ps((float *)(void *)(d + 576 + 32 * h), d8(&y[8 * h].d, sizeof *y));
+        }
+    }
+}
+
+/* One repacked row x T packed tokens (tb bytes apart): out[t]. yv: the
+ * tokens' q8_0 rows, for the nb % 16 tail blocks (the file's order). */
+AI void lq4_tile(int64_t nb, const uint8_t *x, const uint8_t *pk, size_t tb, const cm_block_q8_0 *const *yv, int T,
+                 float *out) {
+    const int64_t ng = nb / 16;
+    const __m256i m4 = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi16(1);
+    __m256 c[LQ_T];
+    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) c[t] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < ng; g++) {
+        const uint8_t *xg = x + (size_t)g * 16 * sizeof(cm_block_q4_0);
+        _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
+            __m256i lo[4], hi[4];
+            _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {
+                const __m256i v = ld256(xg + 32 + 64 * q + 32 * h);
+                lo[q] = _mm256_and_si256(v, m4);
+                hi[q] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+            }
+            const __m256 dx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(xg + 16 * h)));
+            _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
+                const uint8_t *pg = pk + (size_t)t * tb + (size_t)g * LQ_GROUP + 32 * h;
+                __m256i a = _mm256_setzero_si256();
+                _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {
+                    a = _mm256_add_epi16(a, _mm256_maddubs_epi16(lo[q], ld256(pg + 64 * q)));
+                    a = _mm256_add_epi16(a, _mm256_maddubs_epi16(hi[q], ld256(pg + 256 + 64 * q)));
+                }
+                const __m256i s = _mm256_add_epi32(_mm256_madd_epi16(a, one), ld256(pg + 512));
+                const __m256 d = _mm256_mul_ps(dx, _mm256_loadu_ps((const float *)(const void *)(pg + 576)));
+                c[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), d, c[t]);
+            }
+        }
+    }
+    /* blocks 16 * ng.. are the file's, at their own offsets */
+    const cm_block_q4_0 *xb = (const cm_block_q4_0 *)(const void *)x;
+    for (int t = 0; t < T; t++) out[t] = hsum8(lq4_file(16 * ng, nb, xb, yv[t], c[t]));
+}
+
+static void gemv_lq4_0(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
+                       int64_t r0, int64_t r1, int64_t n_tok) {
+    (void)x_stride, (void)ldy, (void)n_tok;
+    const int64_t nb = k / CM_QK4_0, ng = nb / 16;
+    CM_ASSERT(ng <= LQ_MAXG);
+    _Alignas(64) uint8_t pk[LQ_MAXG * LQ_GROUP];
+    lq4_pack(ng, x, pk);
+    const cm_block_q8_0 *yv[1] = {x};
+    for (int64_t i = r0; i < r1; i++) lq4_tile(nb, (const uint8_t *)w + (size_t)i * w_stride, pk, 0, yv, 1, &y[i]);
+}
+
+/* Any number of tokens: packed LQ_PACK bytes at a time; rows in blocks of
+ * LQ_RB so a block stays in L2 while every tile of LQ_T tokens passes. */
+static void gemm_plq4_0(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
+                        int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {
+    const int64_t nb = k / CM_QK4_0, ng = nb / 16;
+    CM_ASSERT(ng >= 1 && ng <= LQ_MAXG);
+    const size_t tb = (size_t)ng * LQ_GROUP;
+    _Alignas(64) uint8_t pk[LQ_PACK];
+    const int64_t cap = (int64_t)(LQ_PACK / tb) >= 1 ? (int64_t)(LQ_PACK / tb) : 1;
+    for (int64_t j0 = 0; j0 < n_tok; j0 += cap) {
+        const int64_t nt = n_tok - j0 < cap ? n_tok - j0 : cap;
+        const cm_block_q8_0 *yq[LQ_PACK / LQ_GROUP];
+        for (int64_t t = 0; t < nt; t++) {
+            yq[t] = (const cm_block_q8_0 *)(const void *)((const char *)x + (size_t)(j0 + t) * x_stride);
+            lq4_pack(ng, yq[t], pk + (size_t)t * tb);
+        }
+        for (int64_t i0 = r0; i0 < r1; i0 += LQ_RB) {
+            const int64_t i1 = r1 - i0 < LQ_RB ? r1 : i0 + LQ_RB;
+            for (int64_t jj = 0; jj < nt; jj += LQ_T) {
+                const int T = nt - jj < LQ_T ? (int)(nt - jj) : LQ_T;
+                const uint8_t *p = pk + (size_t)jj * tb;
+                const cm_block_q8_0 *const *yv = yq + jj;
+                for (int64_t i = i0; i < i1; i++) {
+                    const uint8_t *xr = (const uint8_t *)w + (size_t)i * w_stride;
+                    float out[LQ_T];
+                    switch (T) { /* a constant T keeps the tile's chains in registers */
+                    case 4: lq4_tile(nb, xr, p, tb, yv, 4, out); break;
+                    case 3: lq4_tile(nb, xr, p, tb, yv, 3, out); break;
+                    case 2: lq4_tile(nb, xr, p, tb, yv, 2, out); break;
+                    default: lq4_tile(nb, xr, p, tb, yv, 1, out); break;
+                    }
+                    for (int t = 0; t < T; t++) y[(j0 + jj + t) * ldy + i] = out[t];
+                }
+            }
+        }
+    }
+}
+
+void cm_kernels_fill_lane_avx2(cm_kernels *k) {
+    k->vec_dot[CM_TYPE_Q4_0] = vec_dot_lq4_0;
+    k->gemm[CM_TYPE_Q4_0] = gemm_lq4_0;
+    k->gemv[CM_TYPE_Q4_0] = NULL;
+    k->gemv_packed[CM_TYPE_Q4_0] = gemv_lq4_0;
+    k->gemm_packed[CM_TYPE_Q4_0] = gemm_plq4_0;
+    k->gemm_packed_max = 1 << 30; /* the packed gemm at every batch size */
+}
