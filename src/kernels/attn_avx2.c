@@ -107,6 +107,13 @@ static void attn_f16_dot(int64_t D, float *s, const void *xv, const void *yv) {
 }
 
 #define AI static inline __attribute__((always_inline))
+/* the loops over a group's queries: unrolled, their accumulators in
+ * registers (-O2 leaves them in memory otherwise) */
+#define UNROLL4 _Pragma("GCC unroll 4")
+
+/* An F16 scale by F16C: the same value as cm_f16_to_f32 (exact either way),
+ * without its call and branches in the row loops. */
+AI float f16s(cm_f16 h) { return _cvtsh_ss(h); }
 
 /* Elements [i, i + 16) of a KV row of type T (i a multiple of 16) as two
  * 8-lane halves; Q8_0/Q4_0 give the unscaled quants and *d the block scale. */
@@ -126,11 +133,11 @@ AI void row16(enum cm_type T, const char *r, int64_t i, __m256 *x0, __m256 *x1, 
     __m128i q;
     if (T == CM_TYPE_Q8_0) {
         const cm_block_q8_0 *b = (const cm_block_q8_0 *)r + i / 32;
-        *d = cm_f16_to_f32(b->d);
+        *d = f16s(b->d);
         q = _mm_loadu_si128((const __m128i *)(b->qs + (i & 16)));
     } else {
         const cm_block_q4_0 *b = (const cm_block_q4_0 *)r + i / 32;
-        *d = cm_f16_to_f32(b->d);
+        *d = f16s(b->d);
         q = _mm_loadu_si128((const __m128i *)b->qs);
         if (i & 16) q = _mm_srli_epi16(q, 4);
         q = _mm_sub_epi8(_mm_and_si128(q, _mm_set1_epi8(15)), _mm_set1_epi8(8));
@@ -148,12 +155,9 @@ AI __m256 hsum8(const __m256 *v) {
 
 /* Up to four queries against 8 positions per step, each K row widened once
  * for all of them. */
-AI void qk_multi(enum cm_type T, int64_t D, int nq, const float *q, const void *k, size_t k_row, int n, float scale,
-                 float *s, int ld) {
-    const __m256 vs = _mm256_set1_ps(scale);
-    for (int h0 = 0; h0 < nq; h0 += 4) {
-        const int nh = nq - h0 < 4 ? nq - h0 : 4;
-        const float *qh = q + (size_t)h0 * D;
+AI void qk_group(enum cm_type T, int64_t D, int nh, int h0, const float *qh, const void *k, size_t k_row, int n,
+                 __m256 vs, float *s, int ld) {
+    {
         for (int j = 0; j < n; j += 8) {
             const int nt = n - j < 8 ? n - j : 8;
             __m256 v[4][8];
@@ -166,7 +170,7 @@ AI void qk_multi(enum cm_type T, int64_t D, int nq, const float *q, const void *
                         __m256 x0, x1;
                         float d;
                         row16(T, r, i, &x0, &x1, &d);
-                        for (int h = 0; h < nh; h++) {
+                        UNROLL4 for (int h = 0; h < nh; h++) {
                             a[h] = _mm256_fmadd_ps(x0, _mm256_loadu_ps(qh + h * D + i), a[h]);
                             a[h] = _mm256_fmadd_ps(x1, _mm256_loadu_ps(qh + h * D + i + 8), a[h]);
                         }
@@ -178,7 +182,7 @@ AI void qk_multi(enum cm_type T, int64_t D, int nq, const float *q, const void *
                         row16(T, r, i, &x0, &x1, &d);
                         row16(T, r, i + 16, &x2, &x3, &d);
                         const __m256 vd = _mm256_set1_ps(d);
-                        for (int h = 0; h < nh; h++) {
+                        UNROLL4 for (int h = 0; h < nh; h++) {
                             const float *qi = qh + h * D + i;
                             __m256 u = _mm256_mul_ps(x0, _mm256_loadu_ps(qi));
                             u = _mm256_fmadd_ps(x1, _mm256_loadu_ps(qi + 8), u);
@@ -188,9 +192,9 @@ AI void qk_multi(enum cm_type T, int64_t D, int nq, const float *q, const void *
                         }
                     }
                 }
-                for (int h = 0; h < nh; h++) v[h][t] = a[h];
+                UNROLL4 for (int h = 0; h < nh; h++) v[h][t] = a[h];
             }
-            for (int h = 0; h < nh; h++) {
+            UNROLL4 for (int h = 0; h < nh; h++) {
                 const __m256 o = _mm256_mul_ps(hsum8(v[h]), vs);
                 float *dst = s + (h0 + h) * ld + j;
                 if (nt == 8) {
@@ -205,39 +209,62 @@ AI void qk_multi(enum cm_type T, int64_t D, int nq, const float *q, const void *
     }
 }
 
+AI void qk_multi(enum cm_type T, int64_t D, int nq, const float *q, const void *k, size_t k_row, int n, float scale,
+                 float *s, int ld) {
+    const __m256 vs = _mm256_set1_ps(scale);
+    for (int h0 = 0; h0 < nq; h0 += 4) {
+        const float *qh = q + (size_t)h0 * D;
+        switch (nq - h0 < 4 ? nq - h0 : 4) {
+        case 4: qk_group(T, D, 4, h0, qh, k, k_row, n, vs, s, ld); break;
+        case 3: qk_group(T, D, 3, h0, qh, k, k_row, n, vs, s, ld); break;
+        case 2: qk_group(T, D, 2, h0, qh, k, k_row, n, vs, s, ld); break;
+        default: qk_group(T, D, 1, h0, qh, k, k_row, n, vs, s, ld); break;
+        }
+    }
+}
+
 /* 16 elements of up to four queries' accumulators stay in registers while
  * the rows stream past. */
+AI void vm_group(enum cm_type T, int64_t D, int nh, int h0, int64_t i, const void *v, size_t v_row, const float *w,
+                 int ld, int n, float *acc) {
+    {
+        __m256 a[4][2];
+        UNROLL4 for (int h = 0; h < nh; h++) {
+            a[h][0] = _mm256_loadu_ps(acc + (h0 + h) * D + i);
+            a[h][1] = _mm256_loadu_ps(acc + (h0 + h) * D + i + 8);
+        }
+        const char *r = (const char *)v;
+        for (int j = 0; j < n; j++, r += v_row) {
+            __m256 x0, x1;
+            float d;
+            if (i == 0 && h0 == 0) _mm_prefetch(r + 64 * v_row, _MM_HINT_T0);
+            row16(T, r, i, &x0, &x1, &d);
+            if (T == CM_TYPE_Q8_0 || T == CM_TYPE_Q4_0) {
+                x0 = _mm256_mul_ps(x0, _mm256_set1_ps(d));
+                x1 = _mm256_mul_ps(x1, _mm256_set1_ps(d));
+            }
+            UNROLL4 for (int h = 0; h < nh; h++) {
+                const __m256 wj = _mm256_set1_ps(w[(h0 + h) * ld + j]);
+                a[h][0] = _mm256_fmadd_ps(wj, x0, a[h][0]);
+                a[h][1] = _mm256_fmadd_ps(wj, x1, a[h][1]);
+            }
+        }
+        UNROLL4 for (int h = 0; h < nh; h++) {
+            _mm256_storeu_ps(acc + (h0 + h) * D + i, a[h][0]);
+            _mm256_storeu_ps(acc + (h0 + h) * D + i + 8, a[h][1]);
+        }
+    }
+}
+
 AI void vm_multi(enum cm_type T, int64_t D, int nq, const void *v, size_t v_row, const float *w, int ld, int n,
                  float *acc) {
     for (int64_t i = 0; i < D; i += 16)
-        for (int h0 = 0; h0 < nq; h0 += 4) {
-            const int nh = nq - h0 < 4 ? nq - h0 : 4;
-            __m256 a[4][2];
-            for (int h = 0; h < nh; h++) {
-                a[h][0] = _mm256_loadu_ps(acc + (h0 + h) * D + i);
-                a[h][1] = _mm256_loadu_ps(acc + (h0 + h) * D + i + 8);
+        for (int h0 = 0; h0 < nq; h0 += 4) switch (nq - h0 < 4 ? nq - h0 : 4) {
+            case 4: vm_group(T, D, 4, h0, i, v, v_row, w, ld, n, acc); break;
+            case 3: vm_group(T, D, 3, h0, i, v, v_row, w, ld, n, acc); break;
+            case 2: vm_group(T, D, 2, h0, i, v, v_row, w, ld, n, acc); break;
+            default: vm_group(T, D, 1, h0, i, v, v_row, w, ld, n, acc); break;
             }
-            const char *r = (const char *)v;
-            for (int j = 0; j < n; j++, r += v_row) {
-                __m256 x0, x1;
-                float d;
-                if (i == 0 && h0 == 0) _mm_prefetch(r + 64 * v_row, _MM_HINT_T0);
-                row16(T, r, i, &x0, &x1, &d);
-                if (T == CM_TYPE_Q8_0 || T == CM_TYPE_Q4_0) {
-                    x0 = _mm256_mul_ps(x0, _mm256_set1_ps(d));
-                    x1 = _mm256_mul_ps(x1, _mm256_set1_ps(d));
-                }
-                for (int h = 0; h < nh; h++) {
-                    const __m256 wj = _mm256_set1_ps(w[(h0 + h) * ld + j]);
-                    a[h][0] = _mm256_fmadd_ps(wj, x0, a[h][0]);
-                    a[h][1] = _mm256_fmadd_ps(wj, x1, a[h][1]);
-                }
-            }
-            for (int h = 0; h < nh; h++) {
-                _mm256_storeu_ps(acc + (h0 + h) * D + i, a[h][0]);
-                _mm256_storeu_ps(acc + (h0 + h) * D + i + 8, a[h][1]);
-            }
-        }
 }
 
 CM_ATTN_MULTI_DEFINE()

@@ -115,6 +115,13 @@ static void attn_f16_dot(int64_t D, float *s, const void *xv, const void *yv) {
  * for the block types, of the 32-element block i / 32). Q8_0/Q4_0 give the
  * unscaled quants; *d receives the block's scale (1 for F32/F16). */
 #define AI static inline __attribute__((always_inline))
+/* the loops over a group's queries (and slices): unrolled, their
+ * accumulators in registers (-O2 leaves them in memory otherwise) */
+#define UNROLL4 _Pragma("GCC unroll 4")
+
+/* An F16 scale by F16C: the same value as cm_f16_to_f32 (exact either way),
+ * without its call and branches in the row loops. */
+AI float f16s(cm_f16 h) { return _cvtsh_ss(h); }
 
 AI __m512 row16(enum cm_type T, const char *r, int64_t i, float *d) {
     if (T == CM_TYPE_F32) {
@@ -127,11 +134,11 @@ AI __m512 row16(enum cm_type T, const char *r, int64_t i, float *d) {
     }
     if (T == CM_TYPE_Q8_0) {
         const cm_block_q8_0 *b = (const cm_block_q8_0 *)r + i / 32;
-        *d = cm_f16_to_f32(b->d);
+        *d = f16s(b->d);
         return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b->qs + (i & 16)))));
     }
     const cm_block_q4_0 *b = (const cm_block_q4_0 *)r + i / 32;
-    *d = cm_f16_to_f32(b->d);
+    *d = f16s(b->d);
     __m512i x = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)b->qs));
     x = (i & 16) ? _mm512_srli_epi32(x, 4) : _mm512_and_si512(x, _mm512_set1_epi32(15));
     return _mm512_cvtepi32_ps(_mm512_sub_epi32(x, _mm512_set1_epi32(8)));
@@ -187,16 +194,12 @@ static void q8_prep(int64_t D, const float *q, int8_t *qi, int32_t *qc, float *q
     }
 }
 
-static void qk_q8_0_vnni(int64_t D, int nq, const float *q, const void *k, size_t k_row, int n, float scale, float *s,
-                         int ld) {
-    int8_t qi[4][QK8_MAXD] __attribute__((aligned(64)));
-    int32_t qc[4][QK8_MAXD / 4] __attribute__((aligned(64)));
-    float qd[4][QK8_MAXD / 4] __attribute__((aligned(64)));
-    const __m512 vs = _mm512_set1_ps(scale);
+/* The queries h0 .. h0 + nh - 1 (nh a constant where inlined: their
+ * accumulators stay in registers). */
+AI void qk_q8_0_group(int64_t D, int nh, int h0, int8_t (*qi)[QK8_MAXD], int32_t (*qc)[QK8_MAXD / 4],
+                      float (*qd)[QK8_MAXD / 4], const void *k, size_t k_row, int n, __m512 vs, float *s, int ld) {
     const __m512i x80 = _mm512_set1_epi8((char)0x80);
-    for (int h0 = 0; h0 < nq; h0 += 4) {
-        const int nh = nq - h0 < 4 ? nq - h0 : 4;
-        for (int h = 0; h < nh; h++) q8_prep(D, q + (size_t)(h0 + h) * D, qi[h], qc[h], qd[h]);
+    {
         for (int j = 0; j < n; j += 16) { /* a last partial group: zero partials past n */
             const int nt = n - j < 16 ? n - j : 16;
             __m512 v[4][16];
@@ -210,27 +213,80 @@ static void qk_q8_0_vnni(int64_t D, int nq, const float *q, const void *k, size_
                         _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)b[0].qs)),
                                            _mm256_loadu_si256((const __m256i *)b[1].qs), 1),
                         x80);
-                    const __m512 dk = _mm512_insertf32x8(_mm512_set1_ps(cm_f16_to_f32(b[0].d)),
-                                                         _mm256_set1_ps(cm_f16_to_f32(b[1].d)), 1);
-                    for (int h = 0; h < nh; h++) {
+                    const __m512 dk = _mm512_insertf32x8(_mm512_set1_ps(f16s(b[0].d)), _mm256_set1_ps(f16s(b[1].d)), 1);
+                    UNROLL4 for (int h = 0; h < nh; h++) {
                         const __m512i p = _mm512_dpbusd_epi32(_mm512_load_si512(qc[h] + c * 16), kq,
                                                               _mm512_load_si512(qi[h] + c * 64));
                         a[h] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dk, _mm512_load_ps(qd[h] + c * 16)),
                                                a[h]);
                     }
                 }
-                for (int h = 0; h < nh; h++) v[h][(t & 3) * 4 + (t >> 2)] = a[h];
+                UNROLL4 for (int h = 0; h < nh; h++) v[h][(t & 3) * 4 + (t >> 2)] = a[h];
             }
             const __mmask16 km = (__mmask16)((1u << nt) - 1);
-            for (int h = 0; h < nh; h++)
+            UNROLL4 for (int h = 0; h < nh; h++)
                 _mm512_mask_storeu_ps(s + (h0 + h) * ld + j, km, _mm512_mul_ps(hsum16(v[h]), vs));
+        }
+    }
+}
+
+static void qk_q8_0_vnni(int64_t D, int nq, const float *q, const void *k, size_t k_row, int n, float scale, float *s,
+                         int ld) {
+    int8_t qi[4][QK8_MAXD] __attribute__((aligned(64)));
+    int32_t qc[4][QK8_MAXD / 4] __attribute__((aligned(64)));
+    float qd[4][QK8_MAXD / 4] __attribute__((aligned(64)));
+    const __m512 vs = _mm512_set1_ps(scale);
+    for (int h0 = 0; h0 < nq; h0 += 4) {
+        const int nh = nq - h0 < 4 ? nq - h0 : 4;
+        UNROLL4 for (int h = 0; h < nh; h++) q8_prep(D, q + (size_t)(h0 + h) * D, qi[h], qc[h], qd[h]);
+        switch (nh) {
+        case 4: qk_q8_0_group(D, 4, h0, qi, qc, qd, k, k_row, n, vs, s, ld); break;
+        case 3: qk_q8_0_group(D, 3, h0, qi, qc, qd, k, k_row, n, vs, s, ld); break;
+        case 2: qk_q8_0_group(D, 2, h0, qi, qc, qd, k, k_row, n, vs, s, ld); break;
+        default: qk_q8_0_group(D, 1, h0, qi, qc, qd, k, k_row, n, vs, s, ld); break;
         }
     }
 }
 
 /* Up to four queries against 16 positions per step: each K row is widened
  * once for all of them (four independent FMA chains), the next tile's rows
- * are prefetched while this one is summed. */
+ * are prefetched while this one is summed. qk_group: the queries h0 ..
+ * h0 + nh - 1, nh a constant where inlined (the chains stay in registers). */
+AI void qk_group(enum cm_type T, int64_t D, int nh, int h0, const float *qh, const void *k, size_t k_row, int n,
+                 __m512 vs, float *s, int ld) {
+    for (int j = 0; j < n; j += 16) { /* a last partial group: zero partials past n */
+        const int nt = n - j < 16 ? n - j : 16;
+        __m512 v[4][16];
+        for (int t = 0; t < 16; t++) {
+            const char *r = (const char *)k + (size_t)(j + t) * k_row;
+            if (t < nt && h0 == 0) _mm_prefetch(r + 64 * k_row, _MM_HINT_T0);
+            __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+            if (t < nt && (T == CM_TYPE_F32 || T == CM_TYPE_F16)) {
+                float d;
+                for (int64_t i = 0; i < D; i += 16) {
+                    const __m512 x = row16(T, r, i, &d);
+                    UNROLL4 for (int h = 0; h < nh; h++) a[h] =
+                        _mm512_fmadd_ps(x, _mm512_loadu_ps(qh + h * D + i), a[h]);
+                }
+            } else if (t < nt) {
+                for (int64_t i = 0; i < D; i += 32) {
+                    float d;
+                    const __m512 x0 = row16(T, r, i, &d), x1 = row16(T, r, i + 16, &d), vd = _mm512_set1_ps(d);
+                    UNROLL4 for (int h = 0; h < nh; h++) {
+                        __m512 u = _mm512_mul_ps(x0, _mm512_loadu_ps(qh + h * D + i));
+                        u = _mm512_fmadd_ps(x1, _mm512_loadu_ps(qh + h * D + i + 16), u);
+                        a[h] = _mm512_fmadd_ps(u, vd, a[h]);
+                    }
+                }
+            }
+            UNROLL4 for (int h = 0; h < nh; h++) v[h][(t & 3) * 4 + (t >> 2)] = a[h];
+        }
+        const __mmask16 km = (__mmask16)((1u << nt) - 1);
+        UNROLL4 for (int h = 0; h < nh; h++)
+            _mm512_mask_storeu_ps(s + (h0 + h) * ld + j, km, _mm512_mul_ps(hsum16(v[h]), vs));
+    }
+}
+
 AI void qk_multi(enum cm_type T, int64_t D, int nq, const float *q, const void *k, size_t k_row, int n, float scale,
                  float *s, int ld) {
     if (T == CM_TYPE_Q8_0 && D % 64 == 0 && D <= QK8_MAXD) {
@@ -239,57 +295,56 @@ AI void qk_multi(enum cm_type T, int64_t D, int nq, const float *q, const void *
     }
     const __m512 vs = _mm512_set1_ps(scale);
     for (int h0 = 0; h0 < nq; h0 += 4) {
-        const int nh = nq - h0 < 4 ? nq - h0 : 4;
         const float *qh = q + (size_t)h0 * D;
-        for (int j = 0; j < n; j += 16) { /* a last partial group: zero partials past n */
-            const int nt = n - j < 16 ? n - j : 16;
-            __m512 v[4][16];
-            for (int t = 0; t < 16; t++) {
-                const char *r = (const char *)k + (size_t)(j + t) * k_row;
-                if (t < nt && h0 == 0) _mm_prefetch(r + 64 * k_row, _MM_HINT_T0);
-                __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-                if (t < nt && (T == CM_TYPE_F32 || T == CM_TYPE_F16)) {
-                    float d;
-                    for (int64_t i = 0; i < D; i += 16) {
-                        const __m512 x = row16(T, r, i, &d);
-                        for (int h = 0; h < nh; h++) a[h] = _mm512_fmadd_ps(x, _mm512_loadu_ps(qh + h * D + i), a[h]);
-                    }
-                } else if (t < nt) {
-                    for (int64_t i = 0; i < D; i += 32) {
-                        float d;
-                        const __m512 x0 = row16(T, r, i, &d), x1 = row16(T, r, i + 16, &d), vd = _mm512_set1_ps(d);
-                        for (int h = 0; h < nh; h++) {
-                            __m512 u = _mm512_mul_ps(x0, _mm512_loadu_ps(qh + h * D + i));
-                            u = _mm512_fmadd_ps(x1, _mm512_loadu_ps(qh + h * D + i + 16), u);
-                            a[h] = _mm512_fmadd_ps(u, vd, a[h]);
-                        }
-                    }
-                }
-                for (int h = 0; h < nh; h++) v[h][(t & 3) * 4 + (t >> 2)] = a[h];
-            }
-            const __mmask16 km = (__mmask16)((1u << nt) - 1);
-            for (int h = 0; h < nh; h++)
-                _mm512_mask_storeu_ps(s + (h0 + h) * ld + j, km, _mm512_mul_ps(hsum16(v[h]), vs));
+        switch (nq - h0 < 4 ? nq - h0 : 4) {
+        case 4: qk_group(T, D, 4, h0, qh, k, k_row, n, vs, s, ld); break;
+        case 3: qk_group(T, D, 3, h0, qh, k, k_row, n, vs, s, ld); break;
+        case 2: qk_group(T, D, 2, h0, qh, k, k_row, n, vs, s, ld); break;
+        default: qk_group(T, D, 1, h0, qh, k, k_row, n, vs, s, ld); break;
         }
     }
 }
 
+/* Elements [i, i + 16 nc) of the queries h0 .. h0 + nh - 1 over the n rows
+ * (nh, nc constants where inlined: nh x nc accumulators in registers, each
+ * row's elements widened once for all of them); each element sums its rows
+ * in j order, as one 16-element slice at a time would. */
+AI void vm_group(enum cm_type T, int64_t D, int nh, int nc, int h0, int64_t i, const void *v, size_t v_row,
+                 const float *w, int ld, int n, float *acc) {
+    __m512 a[4][4];
+    UNROLL4 for (int h = 0; h < nh; h++) UNROLL4 for (int c = 0; c < nc; c++) a[h][c] =
+        _mm512_loadu_ps(acc + (h0 + h) * D + i + 16 * c);
+    const char *r = (const char *)v;
+    for (int j = 0; j < n; j++, r += v_row) {
+        if (i == 0 && h0 == 0) _mm_prefetch(r + 64 * v_row, _MM_HINT_T0);
+        __m512 x[4], wh[4];
+        UNROLL4 for (int c = 0; c < nc; c++) {
+            float d;
+            x[c] = row16(T, r, i + 16 * c, &d);
+            if (T == CM_TYPE_Q8_0 || T == CM_TYPE_Q4_0) x[c] = _mm512_mul_ps(x[c], _mm512_set1_ps(d));
+        }
+        UNROLL4 for (int h = 0; h < nh; h++) wh[h] = _mm512_set1_ps(w[(h0 + h) * ld + j]);
+        UNROLL4 for (int h = 0; h < nh; h++) UNROLL4 for (int c = 0; c < nc; c++) a[h][c] =
+            _mm512_fmadd_ps(wh[h], x[c], a[h][c]);
+    }
+    UNROLL4 for (int h = 0; h < nh; h++) UNROLL4 for (int c = 0; c < nc; c++)
+        _mm512_storeu_ps(acc + (h0 + h) * D + i + 16 * c, a[h][c]);
+}
+
+AI void vm_nh(enum cm_type T, int64_t D, int nh, int h0, const void *v, size_t v_row, const float *w, int ld, int n,
+              float *acc) {
+    int64_t i = 0;
+    for (; i + 64 <= D; i += 64) vm_group(T, D, nh, 4, h0, i, v, v_row, w, ld, n, acc);
+    for (; i < D; i += 16) vm_group(T, D, nh, 1, h0, i, v, v_row, w, ld, n, acc);
+}
+
 AI void vm_multi(enum cm_type T, int64_t D, int nq, const void *v, size_t v_row, const float *w, int ld, int n,
                  float *acc) {
-    for (int64_t i = 0; i < D; i += 16)
-        for (int h0 = 0; h0 < nq; h0 += 4) {
-            const int nh = nq - h0 < 4 ? nq - h0 : 4;
-            __m512 a[4];
-            for (int h = 0; h < nh; h++) a[h] = _mm512_loadu_ps(acc + (h0 + h) * D + i);
-            const char *r = (const char *)v;
-            for (int j = 0; j < n; j++, r += v_row) {
-                float d;
-                if (i == 0 && h0 == 0) _mm_prefetch(r + 64 * v_row, _MM_HINT_T0);
-                __m512 x = row16(T, r, i, &d);
-                if (T == CM_TYPE_Q8_0 || T == CM_TYPE_Q4_0) x = _mm512_mul_ps(x, _mm512_set1_ps(d));
-                for (int h = 0; h < nh; h++) a[h] = _mm512_fmadd_ps(_mm512_set1_ps(w[(h0 + h) * ld + j]), x, a[h]);
-            }
-            for (int h = 0; h < nh; h++) _mm512_storeu_ps(acc + (h0 + h) * D + i, a[h]);
+    for (int h0 = 0; h0 < nq; h0 += 4) switch (nq - h0 < 4 ? nq - h0 : 4) {
+        case 4: vm_nh(T, D, 4, h0, v, v_row, w, ld, n, acc); break;
+        case 3: vm_nh(T, D, 3, h0, v, v_row, w, ld, n, acc); break;
+        case 2: vm_nh(T, D, 2, h0, v, v_row, w, ld, n, acc); break;
+        default: vm_nh(T, D, 1, h0, v, v_row, w, ld, n, acc); break;
         }
 }
 

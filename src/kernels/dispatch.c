@@ -67,6 +67,7 @@ static void build_tables(void) {
         cm_kernels_fill_avx2(&g_tables[ISA_AVX2]);
         cm_kernels_fill_lowbit_avx2(&g_tables[ISA_AVX2]);
         cm_kernels_fill_attn_avx2(&g_tables[ISA_AVX2]);
+        cm_kernels_fill_attn_tile_avx2(&g_tables[ISA_AVX2]);
     }
     if (g_have[ISA_AVX512]) {
         cm_kernels_fill_avx2(&g_tables[ISA_AVX512]);
