@@ -101,8 +101,8 @@ int main(void) {
         for (int i = 0; i < KMAX; i++) xf[i] = (float)((int)(rnd() % 2001) - 1000) / 1000.0f;
         k->from_float[vt](xf, xq + (size_t)j * as, KMAX);
     }
-    printf("bbench: %s weights %.0f MiB (%d x %s-llama layers), table %s, 1 thread\n", tr->name, total / 1048576.0, nl, wide ? "8B" : "1B",
-           k->name);
+    printf("bbench: %s weights %.0f MiB (%d x %s-llama layers), table %s, 1 thread\n", tr->name, total / 1048576.0, nl,
+           wide ? "8B" : "1B", k->name);
     printf("%4s %10s %8s %12s %9s\n", "B", "ms/pass", "GB/s", "ms/row-pass", "vs B x 1");
     double t1 = 0;
     for (int bi = 0; bi < nbs; bi++) {

@@ -104,7 +104,8 @@ AI void bq4_tile(int64_t nb, const uint8_t *x, size_t xs, int R, const uint8_t *
                 const float *dy = (const float *)(const void *)(pk + (size_t)t * tb + po + 576);
                 const __m512 f = _mm512_cvtepi32_ps(a[r][t]);
                 c[r][t] = _mm256_fmadd_ps(_mm512_castps512_ps256(f), _mm256_mul_ps(dx0, _mm256_load_ps(dy)), c[r][t]);
-                c[r][t] = _mm256_fmadd_ps(_mm512_extractf32x8_ps(f, 1), _mm256_mul_ps(dx1, _mm256_load_ps(dy + 8)), c[r][t]);
+                c[r][t] =
+                    _mm256_fmadd_ps(_mm512_extractf32x8_ps(f, 1), _mm256_mul_ps(dx1, _mm256_load_ps(dy + 8)), c[r][t]);
             }
         }
     }
@@ -124,10 +125,8 @@ AI void bq4_tile(int64_t nb, const uint8_t *x, size_t xs, int R, const uint8_t *
 /* The tile with constant R and T, so that its accumulators stay in registers. */
 static void bq4_tile_any(int64_t nb, const uint8_t *x, size_t xs, int R, const uint8_t *pk, size_t tb,
                          const cm_block_q8_0 *const *yv, int T, const uint8_t *pf, float *out) {
-#define BQ_CASE(RR, TT)                                     \
-    case (RR) * 8 + (TT):                                   \
-        bq4_tile(nb, x, xs, RR, pk, tb, yv, TT, pf, out); \
-        break;
+#define BQ_CASE(RR, TT) \
+    case (RR)*8 + (TT): bq4_tile(nb, x, xs, RR, pk, tb, yv, TT, pf, out); break;
     switch (R * 8 + T) {
         BQ_CASE(4, 4)
         BQ_CASE(4, 3)

@@ -387,8 +387,8 @@ bool cm_model_slices_repack(const cm_model *m) {
     return true;
 }
 
-int cm_model_open_for_slice(cm_gguf *g, cm_model *m, const char *path, cm_gguf_progress_fn progress,
-                            void *progress_ctx, char *err, size_t errlen) {
+int cm_model_open_for_slice(cm_gguf *g, cm_model *m, const char *path, cm_gguf_progress_fn progress, void *progress_ctx,
+                            char *err, size_t errlen) {
     char e[400];
     int rc = cm_gguf_open(g, path, NULL, NULL, err, errlen);
     if (rc) return rc;

@@ -253,8 +253,8 @@ int cm_model_load(cm_model *m, const cm_gguf *g, char *err, size_t errlen);
  * holds its slice, not the file; else read into memory (cm_gguf_load, with
  * progress). Messages name the path. On error g and m may hold what was
  * opened (cm_model_release, cm_gguf_close). */
-int cm_model_open_for_slice(cm_gguf *g, cm_model *m, const char *path, cm_gguf_progress_fn progress,
-                            void *progress_ctx, char *err, size_t errlen);
+int cm_model_open_for_slice(cm_gguf *g, cm_model *m, const char *path, cm_gguf_progress_fn progress, void *progress_ctx,
+                            char *err, size_t errlen);
 /* Can every layer's matmul weights of m be repacked (kernels.h's layouts for
  * this CPU; not deepseek2's attention, not experts)? */
 bool cm_model_slices_repack(const cm_model *m);
