@@ -50,8 +50,10 @@ done
 na=$(node_of $PA); nb=$(node_of $PB)
 [ "$(j "$na->{power_source}")" = measured ] && [ "$(j "$nb->{power_source}")" = estimated ] && ok ||
     bad "power sources: na $(j "$na->{power_source}"), nb $(j "$nb->{power_source}")"
-# na's fake counter: 25 W (5 J every 0.2 s; the loop's sleeps stretch a little on a loaded machine)
-[ "$(j "$na->{power_watts} > 12 && $na->{power_watts} <= 26 ? 1 : 0")" = 1 ] && ok || bad "na watts $(j "$na->{power_watts}")"
+# na's fake counter: 25 W on average (5 J every 0.2 s; the loop's sleeps stretch on a loaded machine),
+# read as the average over one heartbeat (CM_PIPE_HB_MS, 500 ms): 2 or 3 steps of 5 J fall in a
+# window, 20 or 30 W (a CI run saw 29.9)
+[ "$(j "$na->{power_watts} > 12 && $na->{power_watts} <= 31 ? 1 : 0")" = 1 ] && ok || bad "na watts $(j "$na->{power_watts}")"
 [ "$(j '$j->{power_hosts}')" = 3 ] && [ "$(j '$j->{power_missing}')" = 0 ] && ok || bad "hosts $(j '$j->{power_hosts}') missing $(j '$j->{power_missing}')"
 sum=$(j 'my $s = 0; $s += $_->{power_watts} for @{$j->{nodes}}; $s')
 [ "$(j 'abs($j->{power_watts} - '"$sum"') < 0.01 ? 1 : 0')" = 1 ] && ok || bad "cluster watts $(j '$j->{power_watts}') vs sum $sum"
