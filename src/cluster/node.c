@@ -103,8 +103,7 @@ static int head_gather(void *user, float *logits, int n_out) {
     return 0;
 }
 
-/* Tell the coordinator a stage failed (it fails the waiting sequences). */
-static void report(stage *s, int code, const char *text) {
+void cm_node_report_error(stage *s, int code, const char *text) {
     cm_msg m = {.type = CM_MSG_ERROR};
     m.u.error.code = code < 0 ? code : CM_EIO;
     snprintf(m.u.error.text, sizeof m.u.error.text, "%s", text);
@@ -501,7 +500,7 @@ static void conn_serve(node *n, cm_conn *c, int src) {
             if (r2) {
                 CM_LOGW("%s from %s failed: %s", cm_msg_type_name(m.type), cm_conn_peer(c), err);
                 if (m.type == CM_MSG_FORWARD) cm_node_gpu_after_error(n); /* a lost GPU: no report, the node leaves */
-                if (s) report(s, r2, err);
+                if (s) cm_node_report_error(s, r2, err);
             }
             pthread_mutex_unlock(&n->mu);
             break;

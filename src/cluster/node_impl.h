@@ -84,6 +84,9 @@ typedef struct node {
 /* Free a stage (closing its links; its group traffic goes to stderr in one
  * line). NULL: no-op. (node_stage.c) */
 void cm_node_stage_free(stage *s);
+/* Tell the coordinator a stage failed, as ERROR (it fails the waiting
+ * sequences); s->csend_mu serialises it with the stage's other sends. (node.c) */
+void cm_node_report_error(stage *s, int code, const char *text);
 /* READY for epoch on c (under n->csend_mu): status 0, or the CM_E* and text
  * of a refusal. (node_stage.c) */
 int cm_node_send_ready(node *n, cm_conn *c, uint64_t epoch, int status, uint64_t missing, const char *text);

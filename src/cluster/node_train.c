@@ -81,13 +81,7 @@ static int reply(stage *s, const cm_msg *m, char *err, size_t errlen) {
 /* A failure, to the log and to the coordinator as ERROR (n->mu held, s current). */
 static void report(stage *s, const char *from, int code, const char *text) {
     CM_LOGW("TRAIN from %s failed: %s", from, text);
-    cm_msg m = {.type = CM_MSG_ERROR};
-    m.u.error.code = code < 0 ? code : CM_EIO;
-    snprintf(m.u.error.text, sizeof m.u.error.text, "%s", text);
-    char e[200];
-    pthread_mutex_lock(s->csend_mu);
-    cm_conn_send(s->coord, &m, 5000, e, sizeof e);
-    pthread_mutex_unlock(s->csend_mu);
+    cm_node_report_error(s, code, text);
 }
 
 /* The training buffers are freed only with both send locks held: a send
