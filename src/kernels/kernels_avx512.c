@@ -544,7 +544,10 @@ void cm_kernels_fill_avx512(cm_kernels *k) {
     k->gemv[CM_TYPE_Q4_0] = gemv_zq4_0;
     k->gemv_packed[CM_TYPE_Q4_0] = gemv_rq4_0;
     k->gemm_packed[CM_TYPE_Q4_0] = gemm_bq4_0;
-    k->gemm_packed_max = 64;
+    /* 32, not 64: a tensor-parallel member's prefill through the batched tile
+     * on its narrow slices ran ~30% slower at 33-64 tokens (bench/tp_ratio.sh,
+     * HISTORY.md 2026-12-04), though whole matrices gained there (bbench) */
+    k->gemm_packed_max = 32;
     k->vec_dot[CM_TYPE_Q8_0] = vec_dot_zq8_0;
     k->gemm[CM_TYPE_Q8_0] = gemm_qg8_0;
     k->gemv[CM_TYPE_Q8_0] = gemv_vq8_0;

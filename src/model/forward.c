@@ -239,28 +239,26 @@ int cm_model_repack_slice(cm_model *m, cm_slice s, char *err, size_t errlen) {
     for (int il = 0; il < hp->n_layer && !rc; il++) {
         const cm_layer *L = &m->layers[il];
         cm_tensor v[7];
-        const cm_tensor *of[7]; /* the whole tensor of each view */
         int n = 0;
         /* the views forward() makes (cm_forward's layer loop) */
         if (hp->arch != CM_ARCH_DEEPSEEK2) {
             if (slim) {
-                of[n] = &L->wq, v[n++] = rows_view(&L->wq, (int64_t)s.h0 * rep * D, (int64_t)s.h1 * rep * D);
-                of[n] = &L->wk, v[n++] = rows_view(&L->wk, (int64_t)s.h0 * D, (int64_t)s.h1 * D);
-                of[n] = &L->wv, v[n++] = rows_view(&L->wv, (int64_t)s.h0 * D, (int64_t)s.h1 * D);
+                v[n++] = rows_view(&L->wq, (int64_t)s.h0 * rep * D, (int64_t)s.h1 * rep * D);
+                v[n++] = rows_view(&L->wk, (int64_t)s.h0 * D, (int64_t)s.h1 * D);
+                v[n++] = rows_view(&L->wv, (int64_t)s.h0 * D, (int64_t)s.h1 * D);
             }
-            of[n] = &L->wo, v[n++] = cols_view(&L->wo, (int64_t)s.h0 * rep * D, (int64_t)s.h1 * rep * D);
+            v[n++] = cols_view(&L->wo, (int64_t)s.h0 * rep * D, (int64_t)s.h1 * rep * D);
         }
         if (!L->ffn_gate_inp.data && L->ffn_down.data) {
             if (slim) {
-                of[n] = &L->ffn_gate, v[n++] = rows_view(&L->ffn_gate, s.f0, s.f1);
-                of[n] = &L->ffn_up, v[n++] = rows_view(&L->ffn_up, s.f0, s.f1);
+                v[n++] = rows_view(&L->ffn_gate, s.f0, s.f1);
+                v[n++] = rows_view(&L->ffn_up, s.f0, s.f1);
             }
-            of[n] = &L->ffn_down, v[n++] = cols_view(&L->ffn_down, s.f0, s.f1);
+            v[n++] = cols_view(&L->ffn_down, s.f0, s.f1);
         }
         const cm_tensor *ws[7];
         for (int i = 0; i < n; i++) ws[i] = &v[i];
         rc = n ? cm_repack_add(owner, cm_kernels_get(), ws, n, err, errlen) : 0;
-        for (int i = 0; i < n && !rc; i++) cm_model_drop_copied(m, of[i], &v[i]);
     }
     if (rc) {
         cm_repack_drop(owner);

@@ -15,6 +15,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 static const char *const k_arch_names[CM_ARCH_COUNT] = {"llama",  "qwen2", "qwen3",   "qwen2moe", "qwen3moe",
                                                         "gemma3", "phi3",  "gpt-oss", "deepseek2"};
@@ -346,8 +347,7 @@ static int load(cm_model *m, const cm_gguf *g, bool repack_whole, char *err, siz
      * mapped file (a coordinator's or a pipeline stage's whole-model file, or
      * one that only just fits) keeps the file's layout alone.
      * NEEDSWORK: repack in place instead of beside, then every file can. */
-    /* a tensor-parallel member's slices are copied from a mapping too (cm_model_open_for_slice) */
-    m->repack = (g->file.in_memory || !repack_whole) && cm_gguf_worth_loading(g->size);
+    m->repack = g->file.in_memory && cm_gguf_worth_loading(g->size);
     if (m->repack && repack_whole && (rc = cm_model_repack_whole(m, err, errlen))) goto fail;
     return 0;
 fail:
@@ -361,7 +361,6 @@ int cm_model_repack_whole(cm_model *m, char *err, size_t errlen) {
         const cm_layer *L = &m->layers[il];
         const cm_tensor *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->ffn_gate, &L->ffn_up, &L->ffn_down};
         rc = cm_repack_add(m, cm_kernels_get(), ws, 7, err, errlen);
-        for (int i = 0; i < 7 && !rc; i++) cm_model_drop_copied(m, ws[i], ws[i]);
     }
     if (!rc) rc = cm_repack_add(m, cm_kernels_get(), (const cm_tensor *const[]){&m->output}, 1, err, errlen);
     if (rc) cm_repack_drop(m);
@@ -371,41 +370,20 @@ int cm_model_repack_whole(cm_model *m, char *err, size_t errlen) {
 
 int cm_model_load(cm_model *m, const cm_gguf *g, char *err, size_t errlen) { return load(m, g, true, err, errlen); }
 
-void cm_model_drop_copied(const cm_model *m, const cm_tensor *whole, const cm_tensor *view) {
-    if (whole->data && !m->gguf->file.in_memory && cm_repack_find(view, NULL))
-        cm_file_drop_pages(&m->gguf->file, whole->data, (size_t)whole->ne[1] * whole->nb[1]);
-}
-
-bool cm_model_slices_repack(const cm_model *m) {
-    if (!m->layers || m->hp.arch == CM_ARCH_DEEPSEEK2 || m->hp.n_expert > 0) return false;
-    for (int il = 0; il < m->hp.n_layer; il++) {
-        const cm_layer *L = &m->layers[il];
-        const cm_tensor *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->ffn_gate, &L->ffn_up, &L->ffn_down};
-        for (int i = 0; i < 7; i++)
-            if (ws[i]->data && !cm_repack_size(cm_kernels_get(), ws[i])) return false;
-    }
-    return true;
-}
-
 int cm_model_open_for_slice(cm_gguf *g, cm_model *m, const char *path, cm_gguf_progress_fn progress, void *progress_ctx,
                             char *err, size_t errlen) {
-    char e[400];
-    int rc = cm_gguf_open(g, path, NULL, NULL, err, errlen);
+    /* read in when it fits: a member's prefill gemm reads the file's layout (its slice rows, and
+     * every row of wo/ffn_down's columns), which through 4 KiB mapped pages cost it ~35% of its
+     * prompt speed (HISTORY.md 2026-12-04) */
+    struct stat st;
+    const bool in = stat(path, &st) == 0 && cm_gguf_worth_loading((uint64_t)st.st_size);
+    int rc = in ? cm_gguf_load(g, path, progress, progress_ctx, err, errlen)
+                : cm_gguf_open(g, path, progress, progress_ctx, err, errlen);
     if (rc) return rc;
+    char e[400];
     if ((rc = load(m, g, false, e, sizeof e))) return cm_errf(err, errlen, rc, "'%s': %s", path, e);
-    if ((m->repack && cm_model_slices_repack(m)) || !cm_gguf_worth_loading(g->size)) {
-        /* (tests/sh/cluster_tp_repack.sh reads this line) */
-        CM_LOGD("tensor parallel: '%s' mapped; %s", path,
-                m->repack ? "the slice's weights are copied from it" : "its weights are read from it");
-        return 0;
-    }
-    CM_LOGD("tensor parallel: '%s' read into memory: a weight keeps the file's layout", path);
-    /* a weight of the slice keeps the file's layout: read the file in (4 KiB
-     * mapped pages cost a member ~1/4 of its speed, HISTORY.md 2026-12-03) */
-    cm_model_release(m);
-    cm_gguf_close(g);
-    if ((rc = cm_gguf_load(g, path, progress, progress_ctx, err, errlen))) return rc;
-    if ((rc = load(m, g, false, e, sizeof e))) return cm_errf(err, errlen, rc, "'%s': %s", path, e);
+    /* (tests/sh/cluster_tp_repack.sh reads this line) */
+    CM_LOGD("tensor parallel: '%s' %s", path, in ? "read into memory, its slice copied from it" : "mapped");
     return 0;
 }
 

@@ -247,21 +247,13 @@ typedef struct cm_model {
  * On error *m is released. Not thread-safe against itself; the loaded model
  * is read-only afterwards and may be shared by any number of threads. */
 int cm_model_load(cm_model *m, const cm_gguf *g, char *err, size_t errlen);
-/* A tensor-parallel member's model: the file mapped when every matmul
- * weight's slice gets a decode-layout copy (cm_model_slices_repack), whose
- * file pages are then handed back (cm_model_repack_slice), so that its memory
- * holds its slice, not the file; else read into memory (cm_gguf_load, with
- * progress). Messages name the path. On error g and m may hold what was
- * opened (cm_model_release, cm_gguf_close). */
+/* A tensor-parallel member's model, without the whole tensors' decode-layout
+ * copies (cm_model_repack_slice makes its slice's): the file read into memory
+ * when it fits (cm_gguf_load, with progress), else mapped. Messages name the
+ * path. On error g and m may hold what was opened (cm_model_release,
+ * cm_gguf_close). */
 int cm_model_open_for_slice(cm_gguf *g, cm_model *m, const char *path, cm_gguf_progress_fn progress, void *progress_ctx,
                             char *err, size_t errlen);
-/* Can every layer's matmul weights of m be repacked (kernels.h's layouts for
- * this CPU; not deepseek2's attention, not experts)? */
-bool cm_model_slices_repack(const cm_model *m);
-/* A mapped file's pages of tensor whole handed back to the OS once view of it
- * has a decode-layout copy (nothing reads those bytes again but a re-plan,
- * which reads them from the file). */
-void cm_model_drop_copied(const cm_model *m, const cm_tensor *whole, const cm_tensor *view);
 void cm_model_release(cm_model *m); /* no-op on a zeroed struct */
 
 /* ---- slices ---- */

@@ -135,15 +135,6 @@ void cm_file_unmap(cm_mapped_file *f) {
     f->fd = -1;
 }
 
-void cm_file_drop_pages(const cm_mapped_file *f, const void *p, size_t n) {
-    if (!f || f->in_memory || !f->data || !n) return;
-    const uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE), lo = (uintptr_t)f->data, hi = lo + f->size;
-    uintptr_t a = (uintptr_t)p & ~(pg - 1), b = ((uintptr_t)p + n + pg - 1) & ~(pg - 1);
-    if (a < lo) a = lo; /* the mapping starts on a page */
-    if (b > ((hi + pg - 1) & ~(pg - 1))) b = (hi + pg - 1) & ~(pg - 1);
-    if (b > a) (void)madvise((void *)a, b - a, MADV_DONTNEED);
-}
-
 int cm_file_read_all(const char *path, char **out, size_t *len, char *err, size_t errlen) {
     *out = NULL;
     if (len) *len = 0;

@@ -30,10 +30,6 @@ int cm_file_map(cm_mapped_file *f, const char *path, char *err, size_t errlen);
 int cm_file_load(cm_mapped_file *f, const char *path, void (*progress)(void *ctx, uint64_t done, uint64_t total),
                  void *progress_ctx, char *err, size_t errlen);
 void cm_file_unmap(cm_mapped_file *f); /* either kind; no-op on a zeroed struct */
-/* A mapping: hand the pages of [p, p + n) back to the OS (read from the file
- * again when touched); bytes read into memory stay. For bytes copied once
- * and not read again (a tensor-parallel member's repacked slices). */
-void cm_file_drop_pages(const cm_mapped_file *f, const void *p, size_t n);
 
 /* Page-aligned zeroed memory that the OS backs with huge pages where it can
  * (Linux transparent huge pages, 2 MiB aligned; elsewhere plain pages).

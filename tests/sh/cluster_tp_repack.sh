@@ -56,9 +56,9 @@ case_type() { # TYPE DIM FFN
     [ "$1" -ge 1 ] && [ "$2" = 0 ] && ok ||
         bad "$t: coordinator slice copies: $1 lines, $2 wrong: $(grep -E 'slice copies|FFN rows' "$TMP/$t.1.on.err" | head -3)"
     echo "$t: coordinator: $(grep -o 'slice copies of KV.*' "$TMP/$t.1.on.err" | head -1)"
-    # every weight repackable: the file stays mapped, the slice copied from it (cm_model_open_for_slice)
-    grep -q "tensor parallel: '.*' mapped; the slice's weights are copied from it" "$TMP/$t.1.on.err" && ok ||
-        bad "$t: the coordinator did not keep the file mapped: $(grep "tensor parallel: '" "$TMP/$t.1.on.err")"
+    # loaded for a slice (cm_model_open_for_slice): read in, no whole copies made at load
+    grep -q "tensor parallel: '.*' read into memory, its slice copied from it" "$TMP/$t.1.on.err" && ok ||
+        bad "$t: the coordinator did not load for its slice: $(grep "tensor parallel: '" "$TMP/$t.1.on.err")"
     c=$(grep -c 'repack:' "$TMP/$t.1.off.err")
     [ "$c" = 0 ] && ok || bad "$t: CUMULO_REPACK=0 still repacked ($c lines)"
 }
@@ -78,8 +78,8 @@ unset CUMULO_LOG CUMULO_REPACK
 # head/embedding it counts make it uneven): Q4_0 needs 512 columns, Q4_K 1024
 case_type q4_0 512 3072
 case_type q4_k 1024 4096
-grep -q "tensor parallel: '.*' mapped; the slice's weights are copied from it" "$TMP/on.log" && ok ||
-    bad "the node did not keep the file mapped: $(grep "tensor parallel: '" "$TMP/on.log" | head -2)"
+grep -q "tensor parallel: '.*' read into memory, its slice copied from it" "$TMP/on.log" && ok ||
+    bad "the node did not load for its slice: $(grep "tensor parallel: '" "$TMP/on.log" | head -2)"
 # the node holding the repacking member made its slice copies too (one line per assignment)
 set -- $(slice_check "$TMP/on.log")
 [ "$1" -ge 2 ] && [ "$2" = 0 ] && ok || bad "node slice copies: $1 lines, $2 wrong: $(grep 'slice copies' "$TMP/on.log" | head -3)"
