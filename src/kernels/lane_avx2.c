@@ -36,26 +36,8 @@
 
 #define AI static inline __attribute__((always_inline))
 
-/* x86_tiles.h's helpers (which this file cannot include without its every
- * tile): hsum8 must stay that file's exact tree. */
-AI float f16f(cm_f16 h) { return _cvtsh_ss(h); }
-AI float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-AI int hsum_i32(__m256i v) {
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
-    return _mm_cvtsi128_si32(s);
-}
-AI __m256i ld256(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
-AI __m256i nibbles32(const uint8_t *q) {
-    __m128i v = _mm_loadu_si128((const __m128i *)(const void *)q);
-    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(0x0f));
-}
+#include "x86_vec.h"
+
 /* Signed x signed bytes as 8 int32: |x| unsigned, x's sign moved onto y. */
 AI __m256i dot_s8s8(__m256i x, __m256i y) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x)),
