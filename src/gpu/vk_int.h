@@ -40,6 +40,7 @@ enum cm_vk_pipe {
     VKP_MOE_SUM,
     VKP_MM_MXFP4,
     VKP_MM_IQ4_NL,
+    VKP_MM_IQ4_XS,
     VKP_COUNT
 };
 enum cm_vk_mem { CM_VK_DEVICE, CM_VK_HOST }; /* device-local; host-visible (io) */
@@ -66,7 +67,7 @@ uint64_t cm_vk_max_range(const cm_gpu *g); /* the largest storage buffer binding
  * failure (the error a lost device or a full memory gives), or 0. */
 int cm_vk_fault(cm_gpu *g, char *err, size_t errlen);
 
-/* A whole weight matrix (F32, F16, Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, MXFP4, IQ4_NL, Q2_K..Q6_K) in
+/* A whole weight matrix (F32, F16, Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, MXFP4, IQ4_NL, Q2_K..Q6_K, IQ4_XS) in
  * the shaders' layout (vk_pack.c): F32/F16 rows as in the file; Q8_0/Q4_0/Q5_0 (MXFP4, IQ4_NL as
  * Q4_0) all block scales as F32, then the blocks' quants (8 / 4 / 5 words each, Q5_0's
  * qh first; Q4_1/Q5_1 the mins after the scales); the K-quants'

@@ -5,7 +5,8 @@
  * plain shader, mm.comp); the K-quants (mmk.comp) keep the file's blocks,
  * Q6_K's 210 and Q3_K's 110 bytes padded to whole words. Q5_0's 22-byte
  * block is its scale and 5 words (qh, then the quants); Q4_1/Q5_1 keep
- * their mins as F32 after all the scales. MXFP4 (its E8M0 scale as the
+ * their mins as F32 after all the scales; IQ4_XS keeps its 136-byte blocks
+ * (whole words) and goes through mmk.comp with the K-quants. MXFP4 (its E8M0 scale as the
  * CPU's halved float) and IQ4_NL keep Q4_0's layout; the shader maps their
  * nibbles through their tables.
  */
@@ -24,6 +25,7 @@ static uint32_t kblock_words(enum cm_type t) {
     case CM_TYPE_Q4_K: return 36;
     case CM_TYPE_Q5_K: return 44;
     case CM_TYPE_Q6_K: return 53;
+    case CM_TYPE_IQ4_XS: return 34;
     default: return 0;
     }
 }
@@ -38,8 +40,8 @@ bool cm_vk_type_ok(const cm_tensor *W, char *why, size_t whylen, const char *nam
               (kblock_words(t) && K % CM_QK_K == 0);
     if (!ok)
         snprintf(why, whylen,
-                 "%s is %s (the GPU has f32, f16, q8_0, q4_0, q5_0, q4_1, q5_1, mxfp4, iq4_nl, q2_k..q6_k)", name,
-                 cm_type_name(t));
+                 "%s is %s (the GPU has f32, f16, q8_0, q4_0, q5_0, q4_1, q5_1, mxfp4, iq4_nl, q2_k..q6_k, iq4_xs)",
+                 name, cm_type_name(t));
     else if (W->ne[1] > 65535) {
         snprintf(why, whylen, "%s has %lld rows (at most 65535)", name, (long long)W->ne[1]);
         ok = false;
@@ -62,6 +64,7 @@ enum cm_vk_pipe cm_vk_mm_pipe(enum cm_type t) {
     case CM_TYPE_Q3_K: return VKP_MM_Q3_K;
     case CM_TYPE_Q4_K: return VKP_MM_Q4_K;
     case CM_TYPE_Q5_K: return VKP_MM_Q5_K;
+    case CM_TYPE_IQ4_XS: return VKP_MM_IQ4_XS;
     default: return VKP_MM_Q6_K;
     }
 }

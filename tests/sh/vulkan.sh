@@ -97,10 +97,11 @@ serve_texts vulkan "$T/serve_gpu"
     bad "serve --gpu vulkan: texts differ from the CPU's: $(cat "$T/serve_cpu") // $(cat "$T/serve_gpu")"
 
 VOCAB=$SHARED/vocab/ggml-vocab-llama-spm.gguf
-# Mixtures of experts on the device (router, top-k and the experts there):
-# the CPU's greedy ids, --json names the device.
+# Mixtures of experts on the device (router, top-k and the experts there),
+# and IQ4_XS weights (mmk.comp): the CPU's greedy ids, --json names the device.
 for v in "mixtral q8_0 --arch llama --experts 4 --experts-used 2" \
-    "qwen2moe q4_k --arch qwen2moe --experts 8 --experts-used 2 --expert-ffn 256 --shared-ffn 512"; do
+    "qwen2moe q4_k --arch qwen2moe --experts 8 --experts-used 2 --expert-ffn 256 --shared-ffn 512" \
+    "iq4_xs iq4_xs --arch llama"; do
     set -- $v
     tag=$1 ty=$2
     shift 2
@@ -114,8 +115,8 @@ for v in "mixtral q8_0 --arch llama --experts 4 --experts-used 2" \
 done
 
 # Not on the device: one warning line, the CPU's ids (gpt-oss's sinks and
-# expert biases; IQ4_XS, which has no shader).
-for v in "gptoss q8_0 --arch gpt-oss --experts 4 --experts-used 2 --expert-ffn 256 --swa 4" "iq4_xs iq4_xs --arch llama"; do
+# expert biases; IQ3_XXS, which has no shader).
+for v in "gptoss q8_0 --arch gpt-oss --experts 4 --experts-used 2 --expert-ffn 256 --swa 4" "iq3_xxs iq3_xxs --arch llama"; do
     set -- $v
     tag=$1 ty=$2
     shift 2

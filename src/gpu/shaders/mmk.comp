@@ -1,6 +1,7 @@
 #version 450
 // y[j * ldy + r] (+)= dot(W row r, x_j) for the K-quants (Q2_K, Q3_K, Q4_K,
-// Q5_K, Q6_K) against activations in Q8_K (q8kact.comp: row j at x_off +
+// Q5_K, Q6_K) and IQ4_XS (IQ4_NL's values under 6-bit sub-block scales)
+// against activations in Q8_K (q8kact.comp: row j at x_off +
 // j * ldx: nb scales, nb * 16 bsums, nb * 64 words of quants). One
 // workgroup per (row, 8 tokens), 64 threads over the row's 32-element
 // chunks (8 per super-block). The weights are the file's blocks, each
@@ -23,6 +24,8 @@ shared float red[8 * 64];
 #define BW 53u
 #elif defined(T_Q2_K)
 #define BW 21u
+#elif defined(T_IQ4_XS)
+#define BW 34u
 #else /* T_Q3_K */
 #define BW 28u
 #endif
@@ -85,6 +88,17 @@ void main() {
             const uint lo = k < 2 ? by & 15u : by >> 4;
             const uint hi = (wb(base, 128 + h * 32 + l) >> (2 * k)) & 3u;
             w[l] = int(lo | (hi << 4)) - 32;
+        }
+#elif defined(T_IQ4_XS)
+        // d (f16), scales_h (u16: 2 top bits per sub-block), scales_l[4] (4 low bits each), qs[128]
+        const int kv[16] = int[16](-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113);
+        d = unpackHalf2x16(W[base]).x;
+        sc0 = int(((wb(base, 4 + c / 2) >> (4 * (c & 1u))) & 15u) | (((W[base] >> (16u + 2u * c)) & 3u) << 4)) - 32;
+        sc1 = sc0;
+        for (uint l = 0; l < 16; l++) {
+            const uint by = wb(base, 8 + 16 * c + l);
+            w[l] = kv[by & 15u];
+            w[16 + l] = kv[by >> 4];
         }
 #elif defined(T_Q2_K)
         const vec2 dd = unpackHalf2x16(W[base + 20]);
