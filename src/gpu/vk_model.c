@@ -157,11 +157,15 @@ static void layer_tensors(const cm_layer *L, glayer *gl, const cm_tensor **ws, w
 
 /* Packed words of one expert (of a 2-D tensor: of it), padded to 4 words. */
 static uint64_t expert_words(const cm_tensor *w) { return (cm_vk_packed_words(w) + 3) & ~(uint64_t)3; }
-static uint64_t tensor_words(const cm_tensor *w) { return expert_words(w) * (uint64_t)(w->n_dims == 3 ? w->ne[2] : 1); }
+static uint64_t tensor_words(const cm_tensor *w) {
+    return cm_vk_grid_words(w->type) + expert_words(w) * (uint64_t)(w->n_dims == 3 ? w->ne[2] : 1);
+}
 
-/* Pack w at dst: a stacked tensor expert by expert, each at its stride. */
+/* Pack w at dst: a grid type's grid, then a stacked tensor expert by expert, each at its stride. */
 static void pack_tensor(const cm_tensor *w, uint32_t *dst) {
     const int64_t ne = w->n_dims == 3 ? w->ne[2] : 1;
+    cm_vk_pack_grid(w->type, dst);
+    dst += cm_vk_grid_words(w->type);
     for (int64_t e = 0; e < ne; e++) {
         cm_tensor v = *w;
         v.data = (char *)w->data + (size_t)e * w->nb[2];

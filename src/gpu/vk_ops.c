@@ -63,14 +63,16 @@ int cm_gpu_test_matmul(cm_gpu *g, const cm_tensor *W, const float *x, int n_tok,
     const enum cm_type act = cm_vk_act_type(W->type);
     const bool q = act != CM_TYPE_F32;
     const uint32_t bs = act == CM_TYPE_Q8_K ? 256 : 32, aw = cm_vk_act_words(act, K);
-    const uint64_t words = cm_vk_packed_words(W), nq = q ? (uint64_t)n_tok * aw : 0;
+    const uint64_t gw = cm_vk_grid_words(W->type), words = gw + cm_vk_packed_words(W),
+                   nq = q ? (uint64_t)n_tok * aw : 0;
     const uint64_t na = (uint64_t)n_tok * (K + R) + nq; /* x, y, x converted */
     uint32_t *w = cm_calloc(words + 1, 4);
     float *a = cm_calloc(na + 1, sizeof(float));
     int rc = w && a ? 0 : cm_errf(err, errlen, CM_ENOMEM, "out of memory");
     scratch s;
     if (!rc) {
-        cm_vk_pack(W, w);
+        cm_vk_pack_grid(W->type, w);
+        cm_vk_pack(W, w + gw);
         memcpy(a, x, (size_t)n_tok * K * sizeof(float));
         rc = scratch_new(g, &s, w, words * 4, a, na, err, errlen);
     }

@@ -5,14 +5,17 @@
  * plain shader, mm.comp); the K-quants (mmk.comp) keep the file's blocks,
  * Q6_K's 210 and Q3_K's 110 bytes padded to whole words. Q5_0's 22-byte
  * block is its scale and 5 words (qh, then the quants); Q4_1/Q5_1 keep
- * their mins as F32 after all the scales; IQ4_XS keeps its 136-byte blocks
- * (whole words) and goes through mmk.comp with the K-quants. MXFP4 (its E8M0 scale as the
+ * their mins as F32 after all the scales; IQ4_XS and the grid types
+ * (IQ2_XXS, IQ3_XXS, IQ1_S) keep their blocks as the K-quants do and go
+ * through mmk.comp; a grid type's matrix is preceded by its grid
+ * (cm_vk_grid_words). MXFP4 (its E8M0 scale as the
  * CPU's halved float) and IQ4_NL keep Q4_0's layout; the shader maps their
  * nibbles through their tables.
  */
 #include "vk_int.h"
 
 #include "../kernels/kernels.h"
+#include "../kernels/ref.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -26,6 +29,9 @@ static uint32_t kblock_words(enum cm_type t) {
     case CM_TYPE_Q5_K: return 44;
     case CM_TYPE_Q6_K: return 53;
     case CM_TYPE_IQ4_XS: return 34;
+    case CM_TYPE_IQ2_XXS: return 17; /* 66 bytes */
+    case CM_TYPE_IQ3_XXS: return 25; /* 98 */
+    case CM_TYPE_IQ1_S: return 13;   /* 50 */
     default: return 0;
     }
 }
@@ -39,9 +45,10 @@ bool cm_vk_type_ok(const cm_tensor *W, char *why, size_t whylen, const char *nam
                K % 32 == 0) ||
               (kblock_words(t) && K % CM_QK_K == 0);
     if (!ok)
-        snprintf(why, whylen,
-                 "%s is %s (the GPU has f32, f16, q8_0, q4_0, q5_0, q4_1, q5_1, mxfp4, iq4_nl, q2_k..q6_k, iq4_xs)",
-                 name, cm_type_name(t));
+        snprintf(
+            why, whylen,
+            "%s is %s (the GPU has f32, f16, q8_0, q4_0, q5_0, q4_1, q5_1, mxfp4, iq4_nl, q2_k..q6_k, iq4_xs, iq2_xxs, iq3_xxs, iq1_s)",
+            name, cm_type_name(t));
     else if (W->ne[1] > 65535) {
         snprintf(why, whylen, "%s has %lld rows (at most 65535)", name, (long long)W->ne[1]);
         ok = false;
@@ -65,6 +72,9 @@ enum cm_vk_pipe cm_vk_mm_pipe(enum cm_type t) {
     case CM_TYPE_Q4_K: return VKP_MM_Q4_K;
     case CM_TYPE_Q5_K: return VKP_MM_Q5_K;
     case CM_TYPE_IQ4_XS: return VKP_MM_IQ4_XS;
+    case CM_TYPE_IQ2_XXS: return VKP_MM_IQ2_XXS;
+    case CM_TYPE_IQ3_XXS: return VKP_MM_IQ3_XXS;
+    case CM_TYPE_IQ1_S: return VKP_MM_IQ1_S;
     default: return VKP_MM_Q6_K;
     }
 }
@@ -86,6 +96,19 @@ uint32_t cm_vk_act_words(enum cm_type act, uint32_t K) {
 
 enum cm_vk_pipe cm_vk_act_pipe(enum cm_type act) {
     return act == CM_TYPE_Q8_K ? VKP_Q8KACT : act == CM_TYPE_Q8_1 ? VKP_Q81ACT : VKP_Q8ACT;
+}
+
+uint32_t cm_vk_grid_words(enum cm_type t) {
+    return t == CM_TYPE_IQ2_XXS ? 512 : t == CM_TYPE_IQ3_XXS ? 256 : t == CM_TYPE_IQ1_S ? 4096 : 0;
+}
+
+void cm_vk_pack_grid(enum cm_type t, uint32_t *dst) {
+    if (t == CM_TYPE_IQ3_XXS) memcpy(dst, cm_iq3xxs_grid, sizeof cm_iq3xxs_grid);
+    const uint64_t *g = t == CM_TYPE_IQ2_XXS ? cm_iq2xxs_grid : t == CM_TYPE_IQ1_S ? cm_iq1s_grid : NULL;
+    for (uint32_t i = 0; g && i < cm_vk_grid_words(t) / 2; i++) {
+        dst[2 * i] = (uint32_t)g[i]; /* elements 0-3, then 4-7: the shader's word order on any host */
+        dst[2 * i + 1] = (uint32_t)(g[i] >> 32);
+    }
 }
 
 uint64_t cm_vk_packed_words(const cm_tensor *W) {

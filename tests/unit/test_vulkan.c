@@ -36,7 +36,13 @@ static void one_matmul(enum cm_type t, int K, int R, int n_tok) {
     uint8_t *xq = cm_calloc(cm_row_size(vt, K) * n_tok + 4 * K * n_tok, 1);
     for (int i = 0; i < K * R; i++) wf[i] = cm_rng_normal(&r);
     for (int i = 0; i < K * n_tok; i++) x[i] = cm_rng_normal(&r);
-    CHECK(cm_quantize_rows(t, wf, wq, R, K) == rs * R);
+    if (t == CM_TYPE_IQ2_XXS || t == CM_TYPE_IQ3_XXS || t == CM_TYPE_IQ1_S) {
+        /* no quantizer (ggml makes these with an importance matrix): random
+         * blocks, each with a sane f16 d (0.0625) as its first two bytes */
+        const size_t bs = cm_type_traits_of(t)->type_size;
+        for (size_t i = 0; i < rs * R; i++) wq[i] = (uint8_t)cm_rng_next(&r);
+        for (size_t b = 0; b < rs * R / bs; b++) wq[b * bs] = 0x00, wq[b * bs + 1] = 0x2c;
+    } else CHECK(cm_quantize_rows(t, wf, wq, R, K) == rs * R);
     const cm_kernels *k = cm_kernels_get();
     for (int i = 0; i < R; i++) k->to_float[t](wq + i * rs, wd + (size_t)i * K, K);
     cm_tensor W = {
@@ -76,9 +82,10 @@ static void one_matmul(enum cm_type t, int K, int R, int n_tok) {
 }
 
 static void test_matmul(void) {
-    const enum cm_type ts[] = {CM_TYPE_F32,  CM_TYPE_F16,  CM_TYPE_Q8_0,  CM_TYPE_Q4_0,   CM_TYPE_Q5_0,
-                               CM_TYPE_Q4_1, CM_TYPE_Q5_1, CM_TYPE_MXFP4, CM_TYPE_IQ4_NL, CM_TYPE_Q2_K,
-                               CM_TYPE_Q3_K, CM_TYPE_Q4_K, CM_TYPE_Q5_K,  CM_TYPE_Q6_K,   CM_TYPE_IQ4_XS};
+    const enum cm_type ts[] = {CM_TYPE_F32,     CM_TYPE_F16,     CM_TYPE_Q8_0,  CM_TYPE_Q4_0,   CM_TYPE_Q5_0,
+                               CM_TYPE_Q4_1,    CM_TYPE_Q5_1,    CM_TYPE_MXFP4, CM_TYPE_IQ4_NL, CM_TYPE_Q2_K,
+                               CM_TYPE_Q3_K,    CM_TYPE_Q4_K,    CM_TYPE_Q5_K,  CM_TYPE_Q6_K,   CM_TYPE_IQ4_XS,
+                               CM_TYPE_IQ2_XXS, CM_TYPE_IQ3_XXS, CM_TYPE_IQ1_S};
     for (size_t i = 0; i < CM_ARRAY_LEN(ts); i++) {
         one_matmul(ts[i], 256, 67, 1);  /* decode (gemv) */
         one_matmul(ts[i], 256, 67, 11); /* prefill (gemm): a partial group of 8 tokens */

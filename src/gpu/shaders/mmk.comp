@@ -1,7 +1,7 @@
 #version 450
 // y[j * ldy + r] (+)= dot(W row r, x_j) for the K-quants (Q2_K, Q3_K, Q4_K,
-// Q5_K, Q6_K) and IQ4_XS (IQ4_NL's values under 6-bit sub-block scales)
-// against activations in Q8_K (q8kact.comp: row j at x_off +
+// Q5_K, Q6_K), IQ4_XS (IQ4_NL's values under 6-bit sub-block scales) and
+// the grid types IQ2_XXS, IQ3_XXS, IQ1_S against activations in Q8_K (q8kact.comp: row j at x_off +
 // j * ldx: nb scales, nb * 16 bsums, nb * 64 words of quants). One
 // workgroup per (row, 8 tokens), 64 threads over the row's 32-element
 // chunks (8 per super-block). The weights are the file's blocks, each
@@ -9,7 +9,11 @@
 // b) * BW. Per chunk, as the CPU's integer dot: sum over its two groups of
 // 16 of scale * sum(q * x_q), minus min * bsum; then (d * dx) * isum -
 // (dmin * dx) * summ in float (the CPU does the float step per super-block,
-// here per chunk: a last-bit difference).
+// here per chunk: a last-bit difference). A grid type's matrix starts with
+// its grid (GW words, vk_pack.c: entry i's bytes as in src/kernels/
+// iq_grids.c), a stacked expert tensor's once before its first expert; its
+// power-of-two output factor (IQ2_XXS 1/8, IQ3_XXS 1/4) is folded into d,
+// and IQ1_S's delta term is the min term (dmin = -d / 8).
 #extension GL_GOOGLE_include_directive : require
 layout(local_size_x = 64) in;
 #include "common.glsl"
@@ -26,11 +30,27 @@ shared float red[8 * 64];
 #define BW 21u
 #elif defined(T_IQ4_XS)
 #define BW 34u
+#elif defined(T_IQ2_XXS)
+#define BW 17u
+#define GW 512u
+#elif defined(T_IQ3_XXS)
+#define BW 25u
+#define GW 256u
+#elif defined(T_IQ1_S)
+#define BW 13u
+#define GW 4096u
 #else /* T_Q3_K */
 #define BW 28u
 #endif
 
+#ifndef GW
+#define GW 0u
+#endif
+
 uint wb(uint base, uint i) { return (W[base + (i >> 2)] >> ((i & 3u) * 8u)) & 255u; }
+uint wb32(uint base, uint i) { return wb(base, i) | (wb(base, i + 1) << 8) | (wb(base, i + 2) << 16) | (wb(base, i + 3) << 24); }
+// IQ2/IQ3 signs: 7 stored bits and their parity as the 8th (ggml's ksigns table)
+uint iqsigns(uint k) { return k | ((uint(bitCount(k)) & 1u) << 7); }
 
 // Sub-block j (0..7) scale and min of Q4_K/Q5_K (6 bits each in 12 bytes at byte 4).
 void k4sm(uint base, uint j, out int sc, out int m) {
@@ -49,7 +69,8 @@ void main() {
     // matrix at w_off + expert * w_stride, its input row t0 / xdiv.
     const bool ex = p.w_stride != 0u;
     const uint row = gl_WorkGroupID.x, t0 = ex ? gl_WorkGroupID.y : gl_WorkGroupID.y * 8, tid = gl_LocalInvocationID.x;
-    const uint w_off = ex ? p.w_off_ + AU[p.ids_off + t0] * p.w_stride : p.w_off_, x0 = ex ? t0 / p.xdiv : t0;
+    const uint gb = p.w_off_; /* a grid type's grid */
+    const uint w_off = (ex ? p.w_off_ + AU[p.ids_off + t0] * p.w_stride : p.w_off_) + GW, x0 = ex ? t0 / p.xdiv : t0;
     const uint nt = ex ? 1u : min(8u, p.ntok - t0), nb = p.K / 256;
     float acc[8];
     for (uint t = 0; t < 8; t++) acc[t] = 0.0;
@@ -99,6 +120,49 @@ void main() {
             const uint by = wb(base, 8 + 16 * c + l);
             w[l] = kv[by & 15u];
             w[16 + l] = kv[by >> 4];
+        }
+#elif defined(T_IQ2_XXS)
+        // d (f16), then per chunk 4 grid indices and a u32 of 4 x 7 sign bits and a 4-bit scale
+        d = unpackHalf2x16(W[base]).x * 0.125;
+        const uint aux = wb32(base, 2 + 8 * c + 4);
+        sc0 = int(2u * (aux >> 28) + 1u);
+        sc1 = sc0;
+        for (uint l = 0; l < 4; l++) {
+            const uint gi = wb(base, 2 + 8 * c + l), sg = iqsigns((aux >> (7u * l)) & 127u);
+            const uint g0 = W[gb + 2 * gi], g1 = W[gb + 2 * gi + 1];
+            for (uint j = 0; j < 8; j++) {
+                const int v = int(((j < 4 ? g0 : g1) >> (8u * (j & 3u))) & 255u);
+                w[8 * l + j] = ((sg >> j) & 1u) != 0 ? -v : v;
+            }
+        }
+#elif defined(T_IQ3_XXS)
+        // d (f16), 64 grid indices (8 per chunk), then per chunk a u32 of 4 x 7 sign bits and a 4-bit scale
+        d = unpackHalf2x16(W[base]).x * 0.25;
+        const uint aux = wb32(base, 66 + 4 * c);
+        sc0 = int(2u * (aux >> 28) + 1u);
+        sc1 = sc0;
+        for (uint l = 0; l < 4; l++) {
+            const uint sg = iqsigns((aux >> (7u * l)) & 127u);
+            const uint g0 = W[gb + wb(base, 2 + 8 * c + 2 * l)], g1 = W[gb + wb(base, 3 + 8 * c + 2 * l)];
+            for (uint j = 0; j < 4; j++) {
+                const int v0 = int((g0 >> (8u * j)) & 255u), v1 = int((g1 >> (8u * j)) & 255u);
+                w[8 * l + j] = ((sg >> j) & 1u) != 0 ? -v0 : v0;
+                w[8 * l + 4 + j] = ((sg >> (j + 4)) & 1u) != 0 ? -v1 : v1;
+            }
+        }
+#elif defined(T_IQ1_S)
+        // d (f16), qs[32] (4 low index bytes per chunk), qh[8] u16 (4 x 3 high index bits, 3-bit scale, delta sign)
+        d = unpackHalf2x16(W[base]).x;
+        dmin = -0.125 * d;
+        const uint qh = wb(base, 34 + 2 * c) | (wb(base, 35 + 2 * c) << 8);
+        sc0 = int(2u * ((qh >> 12) & 7u) + 1u);
+        sc1 = sc0;
+        m0 = (qh & 0x8000u) != 0 ? -sc0 : sc0;
+        m1 = m0;
+        for (uint l = 0; l < 4; l++) {
+            const uint gi = wb(base, 2 + 4 * c + l) | (((qh >> (3u * l)) & 7u) << 8);
+            const uint g0 = W[gb + 2 * gi], g1 = W[gb + 2 * gi + 1];
+            for (uint j = 0; j < 8; j++) w[8 * l + j] = bitfieldExtract(int(j < 4 ? g0 : g1), int(8u * (j & 3u)), 8);
         }
 #elif defined(T_Q2_K)
         const vec2 dd = unpackHalf2x16(W[base + 20]);
