@@ -24,6 +24,7 @@ emit() { # name source defines...
 if [ -n "$glslc" ]; then
     emit mm_f32 mm.comp -DT_F32
     emit mm_f16 mm.comp -DT_F16
+    emit mm_bf16 mm.comp -DT_BF16
     emit mm_q8_0 mm.comp -DT_Q8_0
     emit mm_q4_0 mm.comp -DT_Q4_0
     emit mm_q5_0 mm.comp -DT_Q5_0

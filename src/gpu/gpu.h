@@ -105,7 +105,7 @@ int cm_gpu_offload(void *gm, const cm_batch *b, const cm_forward_args *a, float 
 int cm_gpu_probe(cm_gpu *g, double *bw, double *flops, char *err, size_t errlen);
 
 /* For tests: y[j * rows + i] = dot(W row i, x_j) for W (a whole matrix,
- * F32/F16/Q8_0/Q4_0/Q5_0/Q4_1/Q5_1/MXFP4/IQ4_NL/Q2_K..Q6_K/IQ4_XS/IQ2_XXS/IQ3_XXS/IQ1_S), n_tok rows of F32 activations; and RMS norm, RoPE
+ * F32/F16/BF16/Q8_0/Q4_0/Q5_0/Q4_1/Q5_1/MXFP4/IQ4_NL/Q2_K..Q6_K/IQ4_XS/IQ2_XXS/IQ3_XXS/IQ1_S), n_tok rows of F32 activations; and RMS norm, RoPE
  * (neox or not, cache as forward.c's) and silu(g) * u, each on the device. */
 int cm_gpu_test_matmul(cm_gpu *g, const cm_tensor *W, const float *x, int n_tok, float *y, char *err, size_t errlen);
 int cm_gpu_test_rmsnorm(cm_gpu *g, const float *x, const float *w, int n, int rows, float eps, float *y, char *err,

@@ -44,6 +44,7 @@ enum cm_vk_pipe {
     VKP_MM_IQ2_XXS,
     VKP_MM_IQ3_XXS,
     VKP_MM_IQ1_S,
+    VKP_MM_BF16,
     VKP_COUNT
 };
 enum cm_vk_mem { CM_VK_DEVICE, CM_VK_HOST }; /* device-local; host-visible (io) */
@@ -70,8 +71,8 @@ uint64_t cm_vk_max_range(const cm_gpu *g); /* the largest storage buffer binding
  * failure (the error a lost device or a full memory gives), or 0. */
 int cm_vk_fault(cm_gpu *g, char *err, size_t errlen);
 
-/* A whole weight matrix (F32, F16, Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, MXFP4, IQ4_NL, Q2_K..Q6_K,
- * IQ4_XS, IQ2_XXS, IQ3_XXS, IQ1_S) in the shaders' layout (vk_pack.c): F32/F16 rows as in the
+/* A whole weight matrix (F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, MXFP4, IQ4_NL, Q2_K..Q6_K,
+ * IQ4_XS, IQ2_XXS, IQ3_XXS, IQ1_S) in the shaders' layout (vk_pack.c): F32/F16/BF16 rows as in the
  * file; Q8_0/Q4_0/Q5_0 (MXFP4, IQ4_NL as Q4_0) all block scales as F32, then the blocks' quants
  * (8 / 4 / 5 words each, Q5_0's qh first; Q4_1/Q5_1 the mins after the scales); the K-quants',
  * IQ4_XS's and the grid types' blocks as in the file, each padded to whole words. A grid type's
@@ -84,7 +85,7 @@ void cm_vk_pack_grid(enum cm_type t, uint32_t *dst);
 /* Can the shaders take W (its type and shape)? False with the reason. */
 bool cm_vk_type_ok(const cm_tensor *W, char *why, size_t whylen, const char *name);
 /* The matmul pipeline of a weight type, and the activations it reads:
- * CM_TYPE_F32 (as they are; F16 rounds them itself), CM_TYPE_Q8_0 or
+ * CM_TYPE_F32 (as they are; F16 and BF16 round them themselves), CM_TYPE_Q8_0 or
  * CM_TYPE_Q8_1 (q8act first) or CM_TYPE_Q8_K (q8kact first); their words
  * per token row; the pipeline converting to them. */
 enum cm_vk_pipe cm_vk_mm_pipe(enum cm_type t);

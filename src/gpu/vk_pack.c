@@ -1,14 +1,14 @@
 /*
  * vk_pack.c: weight matrices in the layout the matmul shaders read (every
  * read a whole 32-bit word), and which shader and activation format each
- * weight type takes. Q8_0/Q4_0 keep their block scales apart as F32 (the
- * plain shader, mm.comp); the K-quants (mmk.comp) keep the file's blocks,
- * Q6_K's 210 and Q3_K's 110 bytes padded to whole words. Q5_0's 22-byte
- * block is its scale and 5 words (qh, then the quants); Q4_1/Q5_1 keep
- * their mins as F32 after all the scales; IQ4_XS and the grid types
- * (IQ2_XXS, IQ3_XXS, IQ1_S) keep their blocks as the K-quants do and go
- * through mmk.comp; a grid type's matrix is preceded by its grid
- * (cm_vk_grid_words). MXFP4 (its E8M0 scale as the
+ * weight type takes. F32/F16/BF16 keep their rows as in the file. Q8_0/Q4_0
+ * keep their block scales apart as F32 (the plain shader, mm.comp); the
+ * K-quants (mmk.comp) keep the file's blocks, Q6_K's 210 and Q3_K's 110
+ * bytes padded to whole words. Q5_0's 22-byte block is its scale and 5
+ * words (qh, then the quants); Q4_1/Q5_1 keep their mins as F32 after all
+ * the scales; IQ4_XS and the grid types (IQ2_XXS, IQ3_XXS, IQ1_S) keep their
+ * blocks as the K-quants do and go through mmk.comp; a grid type's matrix is
+ * preceded by its grid (cm_vk_grid_words). MXFP4 (its E8M0 scale as the
  * CPU's halved float) and IQ4_NL keep Q4_0's layout; the shader maps their
  * nibbles through their tables.
  */
@@ -39,7 +39,7 @@ static uint32_t kblock_words(enum cm_type t) {
 bool cm_vk_type_ok(const cm_tensor *W, char *why, size_t whylen, const char *name) {
     const int64_t K = W->ne[0];
     const enum cm_type t = W->type;
-    bool ok = (t == CM_TYPE_F32) || (t == CM_TYPE_F16 && K % 2 == 0) ||
+    bool ok = (t == CM_TYPE_F32) || ((t == CM_TYPE_F16 || t == CM_TYPE_BF16) && K % 2 == 0) ||
               ((t == CM_TYPE_Q8_0 || t == CM_TYPE_Q4_0 || t == CM_TYPE_Q5_0 || t == CM_TYPE_Q4_1 || t == CM_TYPE_Q5_1 ||
                 t == CM_TYPE_MXFP4 || t == CM_TYPE_IQ4_NL) &&
                K % 32 == 0) ||
@@ -47,7 +47,7 @@ bool cm_vk_type_ok(const cm_tensor *W, char *why, size_t whylen, const char *nam
     if (!ok)
         snprintf(
             why, whylen,
-            "%s is %s (the GPU has f32, f16, q8_0, q4_0, q5_0, q4_1, q5_1, mxfp4, iq4_nl, q2_k..q6_k, iq4_xs, iq2_xxs, iq3_xxs, iq1_s)",
+            "%s is %s (the GPU has f32, f16, bf16, q8_0, q4_0, q5_0, q4_1, q5_1, mxfp4, iq4_nl, q2_k..q6_k, iq4_xs, iq2_xxs, iq3_xxs, iq1_s)",
             name, cm_type_name(t));
     else if (W->ne[1] > 65535) {
         snprintf(why, whylen, "%s has %lld rows (at most 65535)", name, (long long)W->ne[1]);
@@ -60,6 +60,7 @@ enum cm_vk_pipe cm_vk_mm_pipe(enum cm_type t) {
     switch (t) {
     case CM_TYPE_F32: return VKP_MM_F32;
     case CM_TYPE_F16: return VKP_MM_F16;
+    case CM_TYPE_BF16: return VKP_MM_BF16;
     case CM_TYPE_Q8_0: return VKP_MM_Q8_0;
     case CM_TYPE_Q4_0: return VKP_MM_Q4_0;
     case CM_TYPE_Q5_0: return VKP_MM_Q5_0;
@@ -115,7 +116,8 @@ uint64_t cm_vk_packed_words(const cm_tensor *W) {
     const uint64_t K = (uint64_t)W->ne[0], R = (uint64_t)W->ne[1];
     switch (W->type) {
     case CM_TYPE_F32: return R * K;
-    case CM_TYPE_F16: return R * K / 2;
+    case CM_TYPE_F16:
+    case CM_TYPE_BF16: return R * K / 2;
     case CM_TYPE_Q8_0: return R * (K / 32) * 9;
     case CM_TYPE_Q4_0:
     case CM_TYPE_MXFP4:
@@ -129,7 +131,7 @@ uint64_t cm_vk_packed_words(const cm_tensor *W) {
 
 void cm_vk_pack(const cm_tensor *W, uint32_t *dst) {
     const int64_t K = W->ne[0], R = W->ne[1];
-    if (W->type == CM_TYPE_F32 || W->type == CM_TYPE_F16) {
+    if (W->type == CM_TYPE_F32 || W->type == CM_TYPE_F16 || W->type == CM_TYPE_BF16) {
         const size_t rs = cm_row_size(W->type, K);
         for (int64_t r = 0; r < R; r++) memcpy((char *)dst + r * rs, (const char *)W->data + r * W->nb[1], rs);
         return;

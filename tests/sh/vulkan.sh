@@ -98,11 +98,11 @@ serve_texts vulkan "$T/serve_gpu"
 
 VOCAB=$SHARED/vocab/ggml-vocab-llama-spm.gguf
 # Mixtures of experts on the device (router, top-k and the experts there),
-# and IQ4_XS and the grid types' weights (mmk.comp; a stacked expert tensor's
+# and BF16, IQ4_XS and the grid types' weights (mmk.comp; a stacked expert tensor's
 # grid once before its experts): the CPU's greedy ids, --json names the device.
 for v in "mixtral q8_0 --arch llama --experts 4 --experts-used 2" \
     "qwen2moe q4_k --arch qwen2moe --experts 8 --experts-used 2 --expert-ffn 256 --shared-ffn 512" \
-    "iq4_xs iq4_xs --arch llama" "iq3_xxs iq3_xxs --arch llama" \
+    "iq4_xs iq4_xs --arch llama" "iq3_xxs iq3_xxs --arch llama" "bf16 bf16 --arch llama" \
     "mixtral_iq2 iq2_xxs --arch llama --experts 4 --experts-used 2" \
     "qwen3moe_iq1 iq1_s --arch qwen3moe --experts 8 --experts-used 2 --expert-ffn 256"; do
     set -- $v
@@ -118,8 +118,8 @@ for v in "mixtral q8_0 --arch llama --experts 4 --experts-used 2" \
 done
 
 # Not on the device: one warning line, the CPU's ids (gpt-oss's sinks and
-# expert biases; BF16, which has no shader).
-for v in "gptoss q8_0 --arch gpt-oss --experts 4 --experts-used 2 --expert-ffn 256 --swa 4" "bf16 bf16 --arch llama"; do
+# expert biases; every weight type synth writes has a shader).
+for v in "gptoss q8_0 --arch gpt-oss --experts 4 --experts-used 2 --expert-ffn 256 --swa 4"; do
     set -- $v
     tag=$1 ty=$2
     shift 2

@@ -82,10 +82,10 @@ static void one_matmul(enum cm_type t, int K, int R, int n_tok) {
 }
 
 static void test_matmul(void) {
-    const enum cm_type ts[] = {CM_TYPE_F32,     CM_TYPE_F16,     CM_TYPE_Q8_0,  CM_TYPE_Q4_0,   CM_TYPE_Q5_0,
-                               CM_TYPE_Q4_1,    CM_TYPE_Q5_1,    CM_TYPE_MXFP4, CM_TYPE_IQ4_NL, CM_TYPE_Q2_K,
-                               CM_TYPE_Q3_K,    CM_TYPE_Q4_K,    CM_TYPE_Q5_K,  CM_TYPE_Q6_K,   CM_TYPE_IQ4_XS,
-                               CM_TYPE_IQ2_XXS, CM_TYPE_IQ3_XXS, CM_TYPE_IQ1_S};
+    const enum cm_type ts[] = {CM_TYPE_F32,    CM_TYPE_F16,     CM_TYPE_BF16,    CM_TYPE_Q8_0,  CM_TYPE_Q4_0,
+                               CM_TYPE_Q5_0,   CM_TYPE_Q4_1,    CM_TYPE_Q5_1,    CM_TYPE_MXFP4, CM_TYPE_IQ4_NL,
+                               CM_TYPE_Q2_K,   CM_TYPE_Q3_K,    CM_TYPE_Q4_K,    CM_TYPE_Q5_K,  CM_TYPE_Q6_K,
+                               CM_TYPE_IQ4_XS, CM_TYPE_IQ2_XXS, CM_TYPE_IQ3_XXS, CM_TYPE_IQ1_S};
     for (size_t i = 0; i < CM_ARRAY_LEN(ts); i++) {
         one_matmul(ts[i], 256, 67, 1);  /* decode (gemv) */
         one_matmul(ts[i], 256, 67, 11); /* prefill (gemm): a partial group of 8 tokens */

@@ -1,12 +1,12 @@
 #version 450
 // y[j * ldy + r] (+)= dot(W row r, x_j): one workgroup per (row, 8 tokens),
 // 64 threads over the row's blocks, a shared-memory tree for the sum.
-// Weights are repacked at upload (vk_pack.c): F32 and F16 rows as in the
-// file; Q8_0/Q4_0/Q5_0 as all the rows' block scales (F32) first, then the
+// Weights are repacked at upload (vk_pack.c): F32, F16 and BF16 rows as in
+// the file; Q8_0/Q4_0/Q5_0 as all the rows' block scales (F32) first, then the
 // blocks' quants (8 / 4 / 5 words per block, Q5_0's qh first); Q4_1/Q5_1
 // with all the mins (F32) between the scales and the quants. Activations as
 // the CPU's kernels take them (kernels.h): F32 for F32; rounded to F16 for
-// F16; Q8_0 (q8act.comp: row j at x_off + j * ldx: nb scales, then nb * 8
+// F16 and to BF16 for BF16; Q8_0 (q8act.comp: row j at x_off + j * ldx: nb scales, then nb * 8
 // words of quants) for Q8_0/Q4_0/Q5_0 and MXFP4/IQ4_NL (Q4_0's layout, the
 // nibbles indexing their tables; MXFP4's E8M0 scale halved as the CPU's), Q8_1 (q8act.comp -DQ8_1: the nb sums
 // between) for Q4_1/Q5_1; integer block sums scaled by dw * dx (+ min * sum).
@@ -15,6 +15,15 @@ layout(local_size_x = 64) in;
 #include "common.glsl"
 layout(push_constant) uniform P { uint K, rows, ntok, w_off_, x_off, ldx, y_off, ldy, add, ids_off, w_stride, xdiv; } p;
 shared float red[8 * 64];
+
+#if defined(T_BF16)
+// x rounded to BF16 (to nearest, ties to even, NaN kept: the CPU's cm_f32_to_bf16) and back
+float bf16r(float x) {
+    const uint u = floatBitsToUint(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return x;
+    return uintBitsToFloat((u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u);
+}
+#endif
 
 void main() {
     // w_stride != 0: a mixture-of-experts product (vk_model.c's record_moe): workgroup y is
@@ -39,6 +48,16 @@ void main() {
         for (uint t = 0; t < nt; t++) {
             const uint xi = p.x_off + (x0 + t) * p.ldx + 2 * e;
             acc[t] += w.x * f16r(A[xi]) + w.y * f16r(A[xi + 1]);
+        }
+    }
+#elif defined(T_BF16)
+    const uint wr = w_off + row * (p.K / 2);
+    for (uint e = tid; e < p.K / 2; e += 64) {
+        const uint u = W[wr + e];
+        const float w0 = uintBitsToFloat(u << 16), w1 = uintBitsToFloat(u & 0xffff0000u);
+        for (uint t = 0; t < nt; t++) {
+            const uint xi = p.x_off + (x0 + t) * p.ldx + 2 * e;
+            acc[t] += w0 * bf16r(A[xi]) + w1 * bf16r(A[xi + 1]);
         }
     }
 #else
