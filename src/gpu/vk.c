@@ -161,7 +161,9 @@ struct cm_gpu {
     uint64_t max_range;
     VkDescriptorSetLayout dsl;
     VkPipelineLayout pl;
-    VkPipeline pipes[VKP_COUNT];
+    VkPipeline pipes[VKP_COUNT]; /* each made at its first dispatch (make_pipe) */
+    int pipe_rc;                 /* a pipeline that could not be made: the next submit fails with pipe_err */
+    char pipe_err[256];
     VkDescriptorPool dpool;
     VkCommandPool cpool;
     VkCommandBuffer cmd;
@@ -175,7 +177,7 @@ static const char *const pipe_names[VKP_COUNT] = {
     "mm_f32",   "mm_f16",    "mm_q8_0",   "mm_q4_0",    "rmsnorm",    "rope",     "kvstore",  "attn",
     "silu",     "q8act",     "bias",      "mm_q2_k",    "mm_q3_k",    "mm_q4_k",  "mm_q5_k",  "mm_q6_k",
     "q8kact",   "mm_q5_0",   "gelu",      "mm_q4_1",    "mm_q5_1",    "q81act",   "moeroute", "moesum",
-    "mm_mxfp4", "mm_iq4_nl", "mm_iq4_xs", "mm_iq2_xxs", "mm_iq3_xxs", "mm_iq1_s", "mm_bf16"};
+    "mm_mxfp4", "mm_iq4_nl", "mm_iq4_xs", "mm_iq2_xxs", "mm_iq3_xxs", "mm_iq1_s", "mm_bf16",  "swiglu_oai"};
 
 static int vk_fail(char *err, size_t errlen, VkResult r, const char *what) {
     const int code = r == VK_ERROR_OUT_OF_DEVICE_MEMORY || r == VK_ERROR_OUT_OF_HOST_MEMORY ? CM_ENOMEM : CM_EIO;
@@ -368,8 +370,15 @@ static void full_barrier(cm_gpu *g) {
     g->vk.vkCmdPipelineBarrier(g->cmd, st, st, 0, 1, &mb, 0, NULL, 0, NULL);
 }
 
+static int make_pipe(cm_gpu *g, enum cm_vk_pipe p, char *err, size_t errlen);
+
 void cm_vk_dispatch(cm_gpu *g, enum cm_vk_pipe p, cm_vk_set *s, const void *push, uint32_t push_bytes, uint32_t gx,
                     uint32_t gy) {
+    /* A pipeline is compiled when first used (a driver such as lavapipe
+     * takes a while per shader, and a model needs a few of the ~30); one
+     * that fails leaves the recording short and its submit failing. */
+    if (!g->pipes[p] && !g->pipe_rc) g->pipe_rc = make_pipe(g, p, g->pipe_err, sizeof g->pipe_err);
+    if (!g->pipes[p]) return;
     g->vk.vkCmdBindPipeline(g->cmd, VK_PIPELINE_BIND_POINT_COMPUTE, g->pipes[p]);
     g->vk.vkCmdBindDescriptorSets(g->cmd, VK_PIPELINE_BIND_POINT_COMPUTE, g->pl, 0, 1, &s->set, 0, NULL);
     g->vk.vkCmdPushConstants(g->cmd, g->pl, VK_SHADER_STAGE_COMPUTE_BIT, 0, push_bytes, push);
@@ -403,6 +412,7 @@ int cm_vk_fault(cm_gpu *g, char *err, size_t errlen) {
 int cm_vk_submit(cm_gpu *g, char *err, size_t errlen) {
     VkResult r = g->vk.vkEndCommandBuffer(g->cmd);
     if (r != VK_SUCCESS) return vk_fail(err, errlen, r, "vkEndCommandBuffer");
+    if (g->pipe_rc) return cm_errf(err, errlen, g->pipe_rc, "%s", g->pipe_err);
     VkSubmitInfo si = {.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO, .commandBufferCount = 1, .pCommandBuffers = &g->cmd};
     if ((r = g->vk.vkResetFences(g->dev, 1, &g->fence)) != VK_SUCCESS ||
         (r = g->vk.vkQueueSubmit(g->queue, 1, &si, g->fence)) != VK_SUCCESS)
@@ -544,6 +554,33 @@ static int make_device(cm_gpu *g, char *err, size_t errlen) {
     return 0;
 }
 
+static int make_pipe(cm_gpu *g, enum cm_vk_pipe p, char *err, size_t errlen) {
+    vk_api *vk = &g->vk;
+    const cm_vk_spv *s = cm_vk_spvs;
+    while (s->name && strcmp(s->name, pipe_names[p])) s++;
+    if (!s->name)
+        return cm_errf(err, errlen, CM_EUNSUPPORTED, "vulkan: shader %s is not in this binary", pipe_names[p]);
+    VkShaderModuleCreateInfo mi = {
+        .sType = VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO, .codeSize = s->size, .pCode = s->code};
+    VkShaderModule mod;
+    VkResult r = vk->vkCreateShaderModule(g->dev, &mi, NULL, &mod);
+    if (r != VK_SUCCESS) return vk_fail(err, errlen, r, "vkCreateShaderModule");
+    VkComputePipelineCreateInfo ci = {.sType = VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO,
+                                      .stage = {.sType = VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO,
+                                                .stage = VK_SHADER_STAGE_COMPUTE_BIT,
+                                                .module = mod,
+                                                .pName = "main"},
+                                      .layout = g->pl};
+    r = vk->vkCreateComputePipelines(g->dev, VK_NULL_HANDLE, 1, &ci, NULL, &g->pipes[p]);
+    vk->vkDestroyShaderModule(g->dev, mod, NULL);
+    if (r != VK_SUCCESS) {
+        g->pipes[p] = VK_NULL_HANDLE;
+        return vk_fail(err, errlen, r, "vkCreateComputePipelines");
+    }
+    return 0;
+}
+
+/* The descriptor and pipeline layouts (the pipelines come at first use), the pools, the command buffer. */
 static int make_pipelines(cm_gpu *g, char *err, size_t errlen) {
     vk_api *vk = &g->vk;
     VkDescriptorSetLayoutBinding bs[3];
@@ -564,26 +601,6 @@ static int make_pipelines(cm_gpu *g, char *err, size_t errlen) {
                                       .pPushConstantRanges = &pr};
     if ((r = vk->vkCreatePipelineLayout(g->dev, &pli, NULL, &g->pl)) != VK_SUCCESS)
         return vk_fail(err, errlen, r, "vkCreatePipelineLayout");
-    for (int p = 0; p < VKP_COUNT; p++) {
-        const cm_vk_spv *s = cm_vk_spvs;
-        while (s->name && strcmp(s->name, pipe_names[p])) s++;
-        if (!s->name)
-            return cm_errf(err, errlen, CM_EUNSUPPORTED, "vulkan: shader %s is not in this binary", pipe_names[p]);
-        VkShaderModuleCreateInfo mi = {
-            .sType = VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO, .codeSize = s->size, .pCode = s->code};
-        VkShaderModule mod;
-        if ((r = vk->vkCreateShaderModule(g->dev, &mi, NULL, &mod)) != VK_SUCCESS)
-            return vk_fail(err, errlen, r, "vkCreateShaderModule");
-        VkComputePipelineCreateInfo ci = {.sType = VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO,
-                                          .stage = {.sType = VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO,
-                                                    .stage = VK_SHADER_STAGE_COMPUTE_BIT,
-                                                    .module = mod,
-                                                    .pName = "main"},
-                                          .layout = g->pl};
-        r = vk->vkCreateComputePipelines(g->dev, VK_NULL_HANDLE, 1, &ci, NULL, &g->pipes[p]);
-        vk->vkDestroyShaderModule(g->dev, mod, NULL);
-        if (r != VK_SUCCESS) return vk_fail(err, errlen, r, "vkCreateComputePipelines");
-    }
     VkDescriptorPoolSize ps = {.type = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, .descriptorCount = 3 * 1024};
     VkDescriptorPoolCreateInfo dpi = {.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO,
                                       .flags = VK_DESCRIPTOR_POOL_CREATE_FREE_DESCRIPTOR_SET_BIT,

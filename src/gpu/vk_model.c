@@ -37,6 +37,8 @@ typedef struct glayer {
     /* a mixture-of-experts layer (router K 0 when dense): the router, qwen2moe's shared-expert
      * gate, the stacked experts, the shared expert */
     wt router, sh_inp, gexp, uexp, dexp, sgate, sup, sdown;
+    /* gpt-oss: the attention output bias, the heads' sink logits, the router's and the experts' biases */
+    wt bo, sinks, router_b, gexp_b, uexp_b, dexp_b;
 } glayer;
 
 struct cm_gpu_model {
@@ -67,27 +69,39 @@ bool cm_gpu_model_supported(const cm_model *m, char *why, size_t whylen) {
 
 bool cm_gpu_model_supported_range(const cm_model *m, int l0, int l1, char *why, size_t whylen) {
     const cm_hparams *hp = &m->hp;
-    if (hp->arch == CM_ARCH_DEEPSEEK2 || hp->arch == CM_ARCH_GPTOSS || hp->expert_sigmoid || hp->n_expert_groups > 1) {
-        snprintf(why, whylen, "the GPU runs llama-style, qwen2moe/qwen3moe/Mixtral and gemma3 layers (not %s's)",
+    const bool oai = hp->arch == CM_ARCH_GPTOSS;
+    if (hp->arch == CM_ARCH_DEEPSEEK2 || hp->expert_sigmoid || hp->n_expert_groups > 1) {
+        snprintf(why, whylen,
+                 "the GPU runs llama-style, qwen2moe/qwen3moe/Mixtral, gpt-oss and gemma3 layers (not %s's)",
                  cm_arch_name_of(hp->arch));
         return false;
     }
-    if ((hp->n_swa && hp->arch != CM_ARCH_GEMMA3) || hp->n_rot % 2 || hp->n_rot > hp->head_dim ||
+    if ((hp->n_swa && hp->arch != CM_ARCH_GEMMA3 && !oai) || hp->n_rot % 2 || hp->n_rot > hp->head_dim ||
         (hp->rope_type != CM_ROPE_NORM && hp->rope_type != CM_ROPE_NEOX)) {
         snprintf(why, whylen, "the GPU has no sliding window or partial rope of this kind");
         return false;
     }
     for (int il = CM_MAX(l0, 0); il < CM_MIN(l1, hp->n_layer); il++) {
         const cm_layer *L = &m->layers[il];
-        if (L->bo.data || L->attn_sinks.data || (!L->ffn_gate.data && !L->ffn_gate_inp.data) ||
-            L->ffn_gate_inp_b.data || L->ffn_gate_exps_b.data || L->ffn_exp_probs_b.data) {
+        if (((L->bo.data || L->attn_sinks.data || L->ffn_gate_inp_b.data || L->ffn_gate_exps_b.data) && !oai) ||
+            (!L->ffn_gate.data && !L->ffn_gate_inp.data) || L->ffn_exp_probs_b.data) {
             snprintf(why, whylen, "layer %d has an output bias, sinks or no gate (not on the GPU yet)", il);
             return false;
         }
-        const cm_tensor *ex[] = {&L->bq,           &L->bk,     &L->bv, /* qwen2, qwen3, gemma3 */
-                                 &L->q_norm,       &L->k_norm, &L->attn_post_norm,
-                                 &L->ffn_post_norm};
-        for (int i = 0; i < 7; i++)
+        const cm_tensor *ex[] = {&L->bq,
+                                 &L->bk,
+                                 &L->bv, /* qwen2, qwen3, gemma3, gpt-oss */
+                                 &L->q_norm,
+                                 &L->k_norm,
+                                 &L->attn_post_norm,
+                                 &L->ffn_post_norm,
+                                 &L->bo,
+                                 &L->attn_sinks,
+                                 &L->ffn_gate_inp_b,
+                                 &L->ffn_gate_exps_b,
+                                 &L->ffn_up_exps_b,
+                                 &L->ffn_down_exps_b};
+        for (int i = 0; i < (int)CM_ARRAY_LEN(ex); i++)
             if (ex[i]->data && ex[i]->type != CM_TYPE_F32) {
                 snprintf(why, whylen, "layer %d has a %s bias or q/k norm (the GPU has f32)", il,
                          cm_type_name(ex[i]->type));
@@ -118,7 +132,7 @@ bool cm_gpu_model_supported_range(const cm_model *m, int l0, int l1, char *why, 
     return true;
 }
 
-enum { NW = 24 };
+enum { NW = 30 };
 /* Layer L's tensors (absent ones without data) and where gl keeps each. */
 static void layer_tensors(const cm_layer *L, glayer *gl, const cm_tensor **ws, wt **ts) {
     const cm_tensor *w[NW] = {&L->attn_norm,
@@ -144,11 +158,18 @@ static void layer_tensors(const cm_layer *L, glayer *gl, const cm_tensor **ws, w
                               &L->ffn_down_exps,
                               &L->ffn_gate_shexp,
                               &L->ffn_up_shexp,
-                              &L->ffn_down_shexp};
+                              &L->ffn_down_shexp,
+                              &L->bo,
+                              &L->attn_sinks,
+                              &L->ffn_gate_inp_b,
+                              &L->ffn_gate_exps_b,
+                              &L->ffn_up_exps_b,
+                              &L->ffn_down_exps_b};
     wt *t[NW] = {&gl->attn_norm, &gl->wq,     &gl->wk,        &gl->wv,       &gl->wo,     &gl->ffn_norm,
                  &gl->gate,      &gl->up,     &gl->down,      &gl->bq,       &gl->bk,     &gl->bv,
                  &gl->q_norm,    &gl->k_norm, &gl->attn_post, &gl->ffn_post, &gl->router, &gl->sh_inp,
-                 &gl->gexp,      &gl->uexp,   &gl->dexp,      &gl->sgate,    &gl->sup,    &gl->sdown};
+                 &gl->gexp,      &gl->uexp,   &gl->dexp,      &gl->sgate,    &gl->sup,    &gl->sdown,
+                 &gl->bo,        &gl->sinks,  &gl->router_b,  &gl->gexp_b,   &gl->uexp_b, &gl->dexp_b};
     for (int i = 0; i < NW; i++) {
         ws[i] = w[i];
         ts[i] = t[i];
@@ -284,7 +305,7 @@ int cm_gpu_model_new_at(cm_gpu_model **out, cm_gpu *g, const cm_model *m, int la
     REGION(o_k, nl * B * gm->KD);
     REGION(o_v, nl * B * gm->KD);
     REGION(o_rope, B * gm->n_rot);
-    REGION(o_rope_swa, B * gm->n_rot); /* gemma3's sliding-window layers' rotations */
+    REGION(o_rope_swa, B * gm->n_rot); /* the sliding-window layers' rotations (gemma3, gpt-oss) */
     REGION(o_meta, 2 * B);
     gm->o_io_end = (uint32_t)o;
     REGION(o_xn, B * gm->E);
@@ -387,6 +408,19 @@ static void glu(cm_gpu *g, cm_vk_set *s, bool gelu, uint32_t n, uint32_t g_off, 
     cm_vk_dispatch(g, gelu ? VKP_GELU : VKP_SILU, s, ps, sizeof ps, (n + 63) / 64, 1);
 }
 
+/* y_j += b for n rows of k elements at y_off, stride ld (bias.comp): b the
+ * vector at b_off of the layer buffer, or (ids != ~0u) row j's expert's row
+ * of a stacked bias there, or (src_a) row j of A at b_off. */
+static void add_rows(cm_gpu *g, cm_vk_set *s, uint32_t k, int n, uint32_t y_off, uint32_t ld, uint32_t b_off,
+                     uint32_t ids, bool src_a) {
+    const uint32_t p[7] = {k, (uint32_t)n, y_off, ld, b_off, ids, src_a};
+    cm_vk_dispatch(g, VKP_BIAS, s, p, sizeof p, (k * (uint32_t)n + 63) / 64, 1);
+}
+/* y_j += b (w) for n rows of w->K at y_off, stride ld. */
+static void bias(cm_gpu *g, cm_vk_set *s, const wt *w, uint32_t y_off, uint32_t ld, int n) {
+    add_rows(g, s, w->K, n, y_off, ld, w->off, UINT32_MAX, false);
+}
+
 /* A mixture-of-experts FFN (moe.c's arithmetic): router logits, the top k
  * and their weights per token (moeroute.comp), each (token, slot)'s expert
  * gate/up/down from the stacked tensors, qwen2moe's shared expert, and the
@@ -399,12 +433,13 @@ static void record_moe(cm_gpu_model *gm, cm_vk_set *s, const glayer *L, int n) {
     const uint32_t FS = (uint32_t)gm->FS, none = UINT32_MAX;
     const int na = n * gm->XK;
     mm(gm, s, &L->router, gm->o_xn, E, gm->o_lg, X, n, false);
+    if (L->router_b.K) bias(gm->g, s, &L->router_b, gm->o_lg, X, n); /* gpt-oss */
     if (L->sh_inp.K) mm(gm, s, &L->sh_inp, gm->o_xn, E, gm->o_shl, 1, n, false);
     struct {
         uint32_t ntok, X
         , K, lg_off, ids_off, w_off, norm;
         float scale;
-        uint32_t sh_off;
+        uint32_t sh_off, oai;
     } pr = {
         (uint32_t)n,
         X,
@@ -414,13 +449,20 @@ static void record_moe(cm_gpu_model *gm, cm_vk_set *s, const glayer *L, int n) {
         gm->o_ew,
         hp->expert_norm,
         hp->expert_scale,
-        L->sh_inp.K ? gm->o_shl : none
+        L->sh_inp.K ? gm->o_shl : none,
+        hp->arch == CM_ARCH_GPTOSS
     };
     cm_vk_dispatch(gm->g, VKP_MOE_ROUTE, s, &pr, sizeof pr, ((uint32_t)n + 63) / 64, 1);
     mm_rows(gm, s, &L->gexp, gm->o_xn, E, n, gm->o_eg, FX, na, K, false);
     mm_rows(gm, s, &L->uexp, gm->o_xn, E, n, gm->o_eu, FX, na, K, false);
-    glu(gm->g, s, false, (uint32_t)na * FX, gm->o_eg, gm->o_eu);
+    if (L->gexp_b.K) { /* gpt-oss: gate and up plus their expert's bias, the clamped SwiGLU */
+        add_rows(gm->g, s, FX, na, gm->o_eg, FX, L->gexp_b.off, gm->o_ids, false);
+        add_rows(gm->g, s, FX, na, gm->o_eu, FX, L->uexp_b.off, gm->o_ids, false);
+        const uint32_t ps[3] = {(uint32_t)na * FX, gm->o_eg, gm->o_eu};
+        cm_vk_dispatch(gm->g, VKP_SWIGLU_OAI, s, ps, sizeof ps, ((uint32_t)na * FX + 63) / 64, 1);
+    } else glu(gm->g, s, false, (uint32_t)na * FX, gm->o_eg, gm->o_eu);
     mm_rows(gm, s, &L->dexp, gm->o_eg, FX, na, gm->o_ey, E, na, 1, false);
+    if (L->dexp_b.K) add_rows(gm->g, s, E, na, gm->o_ey, E, L->dexp_b.off, gm->o_ids, false);
     if (L->sgate.K) {
         mm(gm, s, &L->sgate, gm->o_xn, E, gm->o_gate, FS, n, false);
         mm(gm, s, &L->sup, gm->o_xn, E, gm->o_up, FS, n, false);
@@ -447,30 +489,30 @@ static void rmsnorm(cm_gpu *g, cm_vk_set *s, uint32_t n, uint32_t x_off, uint32_
     rmsnorm_to(g, s, n, x_off, y_off, w_off, eps, rows, false);
 }
 
-/* The residual gets W x (+ gemma3: through the post norm pn): y += W x, or
- * y += rms_norm(W x) * pn by way of o_xn. */
-static void mm_residual(cm_gpu_model *gm, cm_vk_set *s, const wt *w, const wt *pn, uint32_t x_off, uint32_t ldx,
-                        int n) {
+/* The residual gets W x (+ gemma3: through the post norm pn; gpt-oss: plus
+ * the bias b): y += W x, y += rms_norm(W x) * pn or y += (W x + b) by way of
+ * o_xn, in forward.c's order. */
+static void mm_residual(cm_gpu_model *gm, cm_vk_set *s, const wt *w, const wt *pn, const wt *b, uint32_t x_off,
+                        uint32_t ldx, int n) {
     const uint32_t E = (uint32_t)gm->E;
     gm->q8_src = UINT32_MAX;
-    if (!pn->K) {
+    if (!pn->K && !b->K) {
         mm(gm, s, w, x_off, ldx, gm->o_x, E, n, true);
         return;
     }
     mm(gm, s, w, x_off, ldx, gm->o_xn, E, n, false);
-    rmsnorm_to(gm->g, s, E, gm->o_xn, gm->o_x, pn->off, gm->m->hp.rms_eps, n, true);
+    if (pn->K) {
+        rmsnorm_to(gm->g, s, E, gm->o_xn, gm->o_x, pn->off, gm->m->hp.rms_eps, n, true);
+        return;
+    }
+    bias(gm->g, s, b, gm->o_xn, E, n);
+    add_rows(gm->g, s, E, n, gm->o_x, E, gm->o_xn, UINT32_MAX, true);
 }
 
 static void rope(cm_gpu *g, cm_vk_set *s, uint32_t n_rot, uint32_t D, uint32_t nh, int n, uint32_t x_off, uint32_t ldx,
                  uint32_t c_off, bool neox) {
     const uint32_t p[8] = {n_rot, D, nh, (uint32_t)n, x_off, ldx, c_off, neox};
     cm_vk_dispatch(g, VKP_ROPE, s, p, sizeof p, ((uint32_t)n * nh * (n_rot / 2) + 63) / 64, 1);
-}
-
-/* y_j += b (w) for n rows of w->K at y_off, stride ld. */
-static void bias(cm_gpu *g, cm_vk_set *s, const wt *w, uint32_t y_off, uint32_t ld, int n) {
-    const uint32_t p[5] = {w->K, (uint32_t)n, y_off, ld, w->off};
-    cm_vk_dispatch(g, VKP_BIAS, s, p, sizeof p, (w->K * (uint32_t)n + 63) / 64, 1);
 }
 
 static void record_layer(cm_gpu_model *gm, int il, int n, bool f16) {
@@ -502,6 +544,7 @@ static void record_layer(cm_gpu_model *gm, int il, int n, bool f16) {
     struct {
         uint32_t D, nq, rep, nkv, ctx, ldq, q_off, o_off, sc_off, meta_off, B, layer_base, slot_stride, f16, swa;
         float scale, qscale; /* gemma3 (and phi3): q times attn_q_scale, softmax scale 1 */
+        uint32_t sink_off;   /* gpt-oss */
     } pa = {(uint32_t)gm->D,
             (uint32_t)gm->nq,
             (uint32_t)(gm->nq / gm->nkv),
@@ -518,9 +561,10 @@ static void record_layer(cm_gpu_model *gm, int il, int n, bool f16) {
             f16,
             swa ? (uint32_t)hp->n_swa : 0,
             hp->attn_q_scale != 0.0f ? 1.0f : 1.0f / sqrtf((float)gm->D),
-            hp->attn_q_scale != 0.0f ? hp->attn_q_scale : 1.0f};
+            hp->attn_q_scale != 0.0f ? hp->attn_q_scale : 1.0f,
+            L->sinks.K ? L->sinks.off : UINT32_MAX};
     cm_vk_dispatch(g, VKP_ATTN, s, &pa, sizeof pa, (uint32_t)gm->nq, (uint32_t)n);
-    mm_residual(gm, s, &L->wo, &L->attn_post, gm->o_att, QD, n);
+    mm_residual(gm, s, &L->wo, &L->attn_post, &L->bo, gm->o_att, QD, n);
     rmsnorm(g, s, E, gm->o_x, gm->o_xn, L->ffn_norm.off, hp->rms_eps, n);
     gm->q8_src = UINT32_MAX;
     if (L->router.K) {
@@ -530,7 +574,8 @@ static void record_layer(cm_gpu_model *gm, int il, int n, bool f16) {
     mm(gm, s, &L->gate, gm->o_xn, E, gm->o_gate, F, n, false);
     mm(gm, s, &L->up, gm->o_xn, E, gm->o_up, F, n, false);
     glu(g, s, hp->arch == CM_ARCH_GEMMA3, (uint32_t)n * F, gm->o_gate, gm->o_up);
-    mm_residual(gm, s, &L->down, &L->ffn_post, gm->o_gate, F, n);
+    const wt nobias = {0};
+    mm_residual(gm, s, &L->down, &L->ffn_post, &nobias, gm->o_gate, F, n);
 }
 
 /* ---- the CPU caches ---- */
@@ -658,10 +703,9 @@ int cm_gpu_forward_layers(cm_gpu_model *gm, const cm_batch *b, const cm_forward_
     memcpy(io + gm->o_x, x, (size_t)n * E * sizeof(float));
     memcpy(io + gm->o_rope, rope_c, (size_t)n * gm->n_rot * sizeof(float));
     const cm_hparams *hp = &gm->m->hp;
-    if (hp->n_swa) /* forward.c's rotations of gemma3's sliding-window layers: their base, no scaling */
+    if (hp->n_swa) /* the sliding-window layers' rotations, as forward.c's */
         for (int j = 0; j < n; j++)
-            cm_rope_cache(NULL, hp->n_rot, hp->rope_base_swa, gm->m->rope_freqs.data, (float)b->pos[j],
-                          io + gm->o_rope_swa + (size_t)j * hp->n_rot);
+            cm_model_rope_cache(gm->m, (float)b->pos[j], true, io + gm->o_rope_swa + (size_t)j * hp->n_rot);
     rc = cm_vk_fault(gm->g, err, errlen);
     if (!rc) rc = cm_vk_begin(gm->g, err, errlen);
     if (!rc) {

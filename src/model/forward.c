@@ -331,9 +331,7 @@ static void matmul(cm_ctx *c, const cm_tensor *w, const void *xq, size_t xs, int
     if (c->lora && r1 > r0) lora_mm(c, w, y, ldy, n_tok, r0, r1);
 }
 
-/* The rotation of position p (rope.c): the model's scaling, or gemma3's
- * sliding-window layers' base with no scaling (swa). */
-static void rope_cache(const cm_model *m, float p, bool swa, float *cache) {
+void cm_model_rope_cache(const cm_model *m, float p, bool swa, float *cache) {
     const cm_hparams *hp = &m->hp;
     if (hp->yarn_ext_factor != 0.0f || (hp->yarn_attn_factor != 0.0f && hp->yarn_attn_factor != 1.0f)) {
         /* gpt-oss (gptoss.c): YaRN on every layer, the sliding ones with their own base */
@@ -362,8 +360,8 @@ static void phase_embed(cm_ctx *c, int ith, int nth) {
         } else {
             memcpy(c->x + j * E, b->embd + j * E, (size_t)E * sizeof(float));
         }
-        rope_cache(m, (float)b->pos[j], false, c->rope + j * m->hp.n_rot);
-        if (m->hp.n_swa) rope_cache(m, (float)b->pos[j], true, c->rope_swa + j * m->hp.n_rot);
+        cm_model_rope_cache(m, (float)b->pos[j], false, c->rope + j * m->hp.n_rot);
+        if (m->hp.n_swa) cm_model_rope_cache(m, (float)b->pos[j], true, c->rope_swa + j * m->hp.n_rot);
     }
 }
 

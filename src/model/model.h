@@ -237,6 +237,12 @@ typedef struct cm_model {
     bool repack, repack_whole;
 } cm_model;
 
+/* The rotation of position p (n_rot floats, cm_rope_cache's layout): the
+ * model's scaling (gpt-oss: YaRN), or a sliding-window layer's (swa: its
+ * base; gemma3 with no scaling, gpt-oss with YaRN). forward.c's, and the
+ * GPU's for its sliding-window layers. */
+void cm_model_rope_cache(const cm_model *m, float p, bool swa, float *cache);
+
 /* Bind a model to a parsed GGUF (which must outlive it). Validates the
  * architecture, hyperparameters, every tensor's presence, type and shape.
  * Errors (CM_EUNSUPPORTED / CM_EFORMAT) name the culprit:

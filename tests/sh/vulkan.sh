@@ -6,8 +6,8 @@
 # --json names the device; a missing loader is one warning and the CPU;
 # bad option values are one-line errors; `cumulo info --gpu` lists the
 # device; bench and serve take --gpu; a mixture of experts (Mixtral,
-# qwen2moe's shared expert) runs on the device with the CPU's ids; a model
-# the device does not run (gpt-oss, a type it has no shader for) is one
+# qwen2moe's shared expert), gpt-oss and every weight type run on the device
+# with the CPU's ids; a model the device does not run (deepseek2) is one
 # warning line and the CPU's ids; an injected device loss or full device memory
 # (CUMULO_TEST_GPU_FAULT) is an error for that run or request, and a server
 # whose device was lost answers the later requests from the CPU. No device:
@@ -98,13 +98,19 @@ serve_texts vulkan "$T/serve_gpu"
 
 VOCAB=$SHARED/vocab/ggml-vocab-llama-spm.gguf
 # Mixtures of experts on the device (router, top-k and the experts there),
-# and BF16, IQ4_XS and the grid types' weights (mmk.comp; a stacked expert tensor's
-# grid once before its experts): the CPU's greedy ids, --json names the device.
+# BF16, IQ4_XS and the grid types' weights (mmk.comp; a stacked expert tensor's
+# grid once before its experts), and gpt-oss (sinks, alternating sliding
+# windows with YaRN, the attention output and router biases, the experts'
+# biases and clamped SwiGLU, softmax over the chosen experts; the prompt and
+# 16 tokens pass the window of 4): the CPU's greedy ids, --json names the
+# device.
 for v in "mixtral q8_0 --arch llama --experts 4 --experts-used 2" \
     "qwen2moe q4_k --arch qwen2moe --experts 8 --experts-used 2 --expert-ffn 256 --shared-ffn 512" \
     "iq4_xs iq4_xs --arch llama" "iq3_xxs iq3_xxs --arch llama" "bf16 bf16 --arch llama" \
     "mixtral_iq2 iq2_xxs --arch llama --experts 4 --experts-used 2" \
-    "qwen3moe_iq1 iq1_s --arch qwen3moe --experts 8 --experts-used 2 --expert-ffn 256"; do
+    "qwen3moe_iq1 iq1_s --arch qwen3moe --experts 8 --experts-used 2 --expert-ffn 256" \
+    "gptoss q8_0 --arch gpt-oss --experts 4 --experts-used 2 --expert-ffn 256 --swa 4" \
+    "gptoss_mxfp4 mxfp4 --arch gpt-oss --experts 8 --experts-used 4 --expert-ffn 256 --swa 4"; do
     set -- $v
     tag=$1 ty=$2
     shift 2
@@ -117,20 +123,16 @@ for v in "mixtral q8_0 --arch llama --experts 4 --experts-used 2" \
         bad "$tag on the GPU: rc $rc, cpu [$(ids "$T/o_cpu")] gpu [$(ids "$T/o")] $(cat "$T/e")"
 done
 
-# Not on the device: one warning line, the CPU's ids (gpt-oss's sinks and
-# expert biases; every weight type synth writes has a shader).
-for v in "gptoss q8_0 --arch gpt-oss --experts 4 --experts-used 2 --expert-ffn 256 --swa 4"; do
-    set -- $v
-    tag=$1 ty=$2
-    shift 2
-    "$BIN" synth "$@" --dim 256 --layers 2 --heads 4 --kv-heads 2 --ffn 512 --type "$ty" --vocab "$VOCAB" --seed 5 \
-        -o "$T/$tag.gguf" >/dev/null 2>&1 || bad "synth $tag"
-    "$BIN" run "$T/$tag.gguf" -p "Once upon a time" -n 8 --temp 0 --json >"$T/o_cpu" 2>/dev/null
-    "$BIN" run "$T/$tag.gguf" -p "Once upon a time" -n 8 --temp 0 --json --gpu vulkan >"$T/o" 2>"$T/e"; rc=$?
-    [ $rc -eq 0 ] && [ "$(grep -c 'gpu:' "$T/e")" -eq 1 ] && grep -q 'running on the CPU' "$T/e" &&
-        grep -q '"device":"cpu"' "$T/o" && [ -n "$(ids "$T/o")" ] && [ "$(ids "$T/o")" = "$(ids "$T/o_cpu")" ] && ok ||
-        bad "$tag not on the GPU: rc $rc, $(cat "$T/e")"
-done
+# Not on the device: one warning line, the CPU's ids (deepseek2's latent
+# attention and grouped sigmoid gating; every weight type synth writes has a
+# shader).
+"$BIN" synth --arch deepseek2 --variant lite --dim 256 --layers 2 --heads 4 --ffn 512 --expert-ffn 256 --experts 8 \
+    --experts-used 2 --type q8_0 --vocab "$VOCAB" --seed 5 -o "$T/ds.gguf" >/dev/null 2>&1 || bad "synth deepseek2"
+"$BIN" run "$T/ds.gguf" -p "Once upon a time" -n 8 --temp 0 --json >"$T/o_cpu" 2>/dev/null
+"$BIN" run "$T/ds.gguf" -p "Once upon a time" -n 8 --temp 0 --json --gpu vulkan >"$T/o" 2>"$T/e"; rc=$?
+[ $rc -eq 0 ] && [ "$(grep -c 'gpu:' "$T/e")" -eq 1 ] && grep -q 'running on the CPU' "$T/e" &&
+    grep -q '"device":"cpu"' "$T/o" && [ -n "$(ids "$T/o")" ] && [ "$(ids "$T/o")" = "$(ids "$T/o_cpu")" ] && ok ||
+    bad "deepseek2 not on the GPU: rc $rc, $(cat "$T/e")"
 
 # Faults (the test hook): the device lost at the 3rd forward pass, or its
 # memory full at the 1st, fails the run with the reason in one line.

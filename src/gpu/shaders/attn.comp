@@ -4,13 +4,15 @@
 // (token, head)), softmax with the max subtracted, then the weighted sum of
 // V. f16: the query and the weights rounded to F16 (the CPU's F16 cache).
 // qscale multiplies the query first (gemma3's attn_q_scale, else 1); swa > 0:
-// only the last swa positions (gemma3's sliding-window layers).
+// only the last swa positions (sliding-window layers); sink_off != ~0u:
+// gpt-oss's per-head sink logit (W[sink_off + h]) joins the max and the sum.
 #extension GL_GOOGLE_include_directive : require
 layout(local_size_x = 64) in;
 #include "common.glsl"
 layout(push_constant) uniform P {
     uint D, nq, rep, nkv, ctx, ldq, q_off, o_off, sc_off, meta_off, B, layer_base, slot_stride, f16, swa;
     float scale, qscale;
+    uint sink_off;
 } p;
 shared float red[64];
 
@@ -40,6 +42,9 @@ void main() {
         barrier();
     }
     mx = red[0];
+    const bool sk = p.sink_off != 0xffffffffu;
+    const float sink = sk ? uintBitsToFloat(W[p.sink_off + h]) : 0.0;
+    if (sk) mx = max(mx, sink);
     barrier();
     float sum = 0.0;
     for (uint t = lo + tid; t < np; t += 64) {
@@ -54,7 +59,7 @@ void main() {
         if (tid < w) red[tid] += red[tid + w];
         barrier();
     }
-    const float inv = 1.0 / red[0];
+    const float inv = 1.0 / (red[0] + (sk ? exp(sink - mx) : 0.0));
     for (uint d = tid; d < p.D; d += 64) {
         float o = 0.0;
         for (uint t = lo; t < np; t++) {
