@@ -19,6 +19,7 @@
  * itself: the counts are the model's (model.h's cm_ctx_expert_hits).
  */
 #include "cluster/coord_impl.h"
+#include "cluster/ep_load.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -65,33 +66,17 @@ void cm_coord_on_expert_load(cm_pipe *p, remote *r, const cm_msg_expert_load *q)
     /* An earlier plan's counts (sent while a re-plan was on its way): its
      * layers may have moved; dropped, not refused (any re-plan races them). */
     if (q->epoch != atomic_load(&p->epoch)) return;
-    if (nx <= 0 || q->n_expert != nx) {
-        snprintf(why, sizeof why, "%u experts, the model has %d", q->n_expert, nx);
-        refuse(p, r, why);
-        return;
-    }
     pthread_mutex_lock(&p->info_mu); /* the published members: this plan's stages, as the dashboard sees them */
-    int stage = -1, first = 0, last = 0;
-    for (int i = 0; i < p->n_members; i++) {
-        const cm_cluster_member *mb = &p->members[i];
-        if (mb->local || strcmp(mb->addr, r->addr)) continue;
-        if (mb->stage > 0 && mb->member == 0) stage = mb->stage, first = mb->first_layer, last = mb->last_layer;
-    }
-    const uint64_t lb = q->layer_begin, le = lb + q->n_layers;
-    if (stage < 0) snprintf(why, sizeof why, "not rank 0 of a later stage of the running plan");
-    else if (lb < (uint64_t)first || le > (uint64_t)last || le > (uint64_t)nl)
-        snprintf(why, sizeof why, "layers [%llu, %llu) outside its stage's [%d, %d)", (unsigned long long)lb,
-                 (unsigned long long)le, first, last);
-    else if (!p->ep_remote && !(p->ep_remote = cm_calloc(cells(p), sizeof *p->ep_remote)))
-        snprintf(why, sizeof why, "out of memory");
-    else why[0] = 0;
-    if (!why[0]) {
+    int rc = cm_ep_load_check(p->members, p->n_members, r->addr, q, nl, nx, why, sizeof why); /* ep_load.c */
+    if (!rc && !p->ep_remote && !(p->ep_remote = cm_calloc(cells(p), sizeof *p->ep_remote)))
+        rc = cm_errf(why, sizeof why, CM_ENOMEM, "out of memory");
+    if (!rc) {
         for (uint32_t i = 0; i < (uint32_t)q->n_layers * q->n_expert; i++)
-            p->ep_remote[lb * (uint64_t)nx + i] += cm_msg_expert_load_count(q, i);
+            p->ep_remote[(size_t)q->layer_begin * (size_t)nx + i] += cm_msg_expert_load_count(q, i);
         atomic_fetch_add(&p->ep_reports, 1);
     }
     pthread_mutex_unlock(&p->info_mu);
-    if (why[0]) refuse(p, r, why);
+    if (rc) refuse(p, r, why);
 }
 
 void cm_pipe_expert_info(const cm_pipe *p, cm_cluster_experts *out) {

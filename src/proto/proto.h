@@ -563,8 +563,9 @@ typedef struct cm_msg_links {
  * Sent by rank 0 of each later stage about every CM_PIPE_HB_MS while it
  * computes; a stage whose layers x experts exceed CM_MSG_MAX_EXPERT_CELLS
  * sends one message per run of layers. The coordinator refuses one from a
- * node that is not rank 0 of a later stage of the running plan, of another
- * epoch, or naming layers outside that stage or another expert count. */
+ * node that is not rank 0 of a later stage of the running plan, or naming
+ * layers outside that stage or another expert count (cluster/ep_load.h),
+ * and drops one of an earlier epoch. */
 typedef struct cm_msg_expert_load {
     uint64_t epoch;
     uint32_t layer_begin;        /* counts of layers [layer_begin, layer_begin + n_layers), < 65536 */
