@@ -31,6 +31,7 @@ static void usage(FILE *f) {
         "  --experts N          mixture of experts (qwen*moe, gpt-oss; llama with experts = Mixtral)\n"
         "  --experts-used K     experts per token (top-k)\n"
         "  --hot-expert E       skew the router: expert E's row scaled by 40 in every layer (replication tests)\n"
+        "  --hot-from L         ... only in layers L and later (a later pipeline stage's hot expert)\n"
         "  --expert-ffn F       width of each expert (qwen*moe, gpt-oss; default --ffn)\n"
         "  --shared-ffn F       width of qwen2moe's shared expert (default --ffn)\n"
         "  --variant V          deepseek2: v3 (q LoRA, sigmoid routing, bias, groups), v3yarn (v3 + YaRN), lite (V2-Lite);\n"
@@ -83,7 +84,7 @@ int cmd_synth(int argc, char **argv) {
     cm_synth_params p = {.seed = 1};
     const char *vocab_path = NULL, *out_path = NULL;
     long dim = 0, layers = 0, heads = 0, kv = 0, ffn = 0, ctx = 0, threads = 0, seed = 1, swa = 0;
-    long n_exp = 0, n_used = 0, ffn_exp = 0, ffn_sh = 0, hot = -1;
+    long n_exp = 0, n_used = 0, ffn_exp = 0, ffn_sh = 0, hot = -1, hot_from = 0;
     double base = 0, alpha = -1, strength = 0.3;
     const char *lora_for = NULL, *only = NULL;
     long rank = 0;
@@ -114,6 +115,7 @@ int cmd_synth(int argc, char **argv) {
         else if (!strcmp(a, "--experts")) INT(n_exp, 1, 256);
         else if (!strcmp(a, "--experts-used")) INT(n_used, 1, 256);
         else if (!strcmp(a, "--hot-expert")) INT(hot, 0, 255);
+        else if (!strcmp(a, "--hot-from")) INT(hot_from, 0, 1024);
         else if (!strcmp(a, "--expert-ffn")) INT(ffn_exp, 1, 1 << 18);
         else if (!strcmp(a, "--shared-ffn")) INT(ffn_sh, 1, 1 << 18);
         else if (!strcmp(a, "--threads")) INT(threads, 1, 1024);
@@ -191,6 +193,7 @@ int cmd_synth(int argc, char **argv) {
     p.n_expert = (int)n_exp;
     p.n_expert_used = (int)n_used;
     p.hot_expert = (int)hot + 1; /* 0: none */
+    p.hot_first_layer = (int)hot_from;
     p.n_ff_exp = (int)ffn_exp;
     p.n_ff_shexp = (int)ffn_sh;
     p.n_ctx = (int)ctx;

@@ -292,12 +292,17 @@ int cm_pipe_last_top(cm_pipe *p, int slot, int32_t *ids, float *logprobs, int ma
 int cm_pipe_members(const cm_pipe *p, cm_cluster_member *out, int max);
 
 /* Mixture of experts (coord_ep.c). The engine hands the routing counts of
- * its context (cm_ctx_expert_hits: every assignment, all layers it
- * computes, cumulative) while idle, before cm_pipe_maintain, which then
- * re-plans the expert groups' replicas when the counts call for it (see
- * cm_plan_request.expert_warmup). Same thread as cm_pipe_maintain. */
+ * its context, layer il's n counts (cm_ctx_expert_hits_layer: every
+ * assignment, cumulative; every layer, those it does not compute are 0)
+ * while idle, before cm_pipe_maintain, which adds the later stages'
+ * EXPERT_LOAD reports and re-plans the expert groups' replicas when the
+ * counts call for it (see cm_plan_request.expert_warmup). Same thread as
+ * cm_pipe_maintain. */
 #define CM_PIPE_EXPERT_WARMUP 64
-void cm_pipe_expert_observe(cm_pipe *p, const uint64_t *hits, int n);
+void cm_pipe_expert_observe(cm_pipe *p, int il, const uint64_t *hits, int n);
+/* Add the counts the later stages reported for layer il (< 0: every layer
+ * summed) to hits[0, n) (n must be the model's experts); any thread. */
+void cm_pipe_expert_reported(const cm_pipe *p, int il, uint64_t *hits, int n);
 /* What the routing counts are and did; any thread. */
 void cm_pipe_expert_info(const cm_pipe *p, cm_cluster_experts *out);
 

@@ -165,6 +165,7 @@ static void *rx_main(void *arg) {
                 pthread_mutex_unlock(&p->info_mu);
             }
             break;
+        case CM_MSG_EXPERT_LOAD: cm_coord_on_expert_load(p, r, &m.u.expert_load); break; /* coord_ep.c */
         case CM_MSG_PONG: break;
         default: CM_LOGW("unexpected %s from %s", cm_msg_type_name(m.type), r->addr); break;
         }
@@ -574,6 +575,9 @@ void cm_pipe_close(cm_pipe *p) {
     cm_free(p->ep_holders);
     cm_free(p->ep_now);
     cm_free(p->ep_seen);
+    cm_free(p->ep_local);
+    cm_free(p->ep_remote);
+    cm_free(p->expert_load_layers);
     cm_ep_pack_free(&p->ep_pack);
     pthread_mutex_destroy(&p->info_mu);
     cm_free(p);

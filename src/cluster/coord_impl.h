@@ -140,9 +140,15 @@ struct cm_pipe {
      * look; new assignments per expert between looks (< 0: never, the counts were given). */
     uint64_t *ep_now, *ep_seen;
     int ep_warmup;
-    atomic_int ep_load_src;            /* CM_EXPERT_LOAD_*: what p->expert_load holds */
-    atomic_int ep_replans;             /* plan changes the measured counts made */
-    _Atomic uint64_t ep_sent, ep_rows; /* this machine's expert exchange, every plan: element bytes sent, rows */
+    /* Per layer and expert ([n_layer][n_expert], layer-major): this machine's counts (its own
+     * context, maintain thread), the later stages' EXPERT_LOAD reports summed (under info_mu),
+     * and the measured load by layer every plan is asked with once measured (owned; NULL). */
+    uint64_t *ep_local, *ep_remote, *expert_load_layers;
+    _Atomic uint64_t ep_reports, ep_refused; /* EXPERT_LOADs taken / refused */
+    uint64_t ep_refused_log_ns;              /* the last refusal logged (rx threads, under info_mu) */
+    atomic_int ep_load_src;                  /* CM_EXPERT_LOAD_*: what p->expert_load holds */
+    atomic_int ep_replans;                   /* plan changes the measured counts made */
+    _Atomic uint64_t ep_sent, ep_rows;       /* this machine's expert exchange, every plan: element bytes sent, rows */
 };
 
 enum { CM_EXPERT_LOAD_UNIFORM, CM_EXPERT_LOAD_GIVEN, CM_EXPERT_LOAD_MEASURED };
@@ -163,6 +169,11 @@ void cm_coord_ep_init(cm_pipe *p, const cm_plan_request *q);
  * one plan change. 1 when the plan changed, 0 when not, or an error (the
  * pipe then recovers or stays failed, as cm_pipe_maintain). */
 int cm_coord_ep_rebalance(cm_pipe *p, char *err, size_t errlen);
+/* An EXPERT_LOAD from node r (its receiver thread, no lock held): taken
+ * into p->ep_remote when r is rank 0 of a later stage of the running plan
+ * and the counts name that stage's layers and the model's experts; else
+ * refused (counted, logged at most once a second). */
+void cm_coord_on_expert_load(cm_pipe *p, remote *r, const cm_msg_expert_load *q);
 /* The dashboard's copy of member k of stage st's experts (publish_members). */
 void cm_coord_member_experts(const cm_plan_stage *st, int k, cm_cluster_member *o);
 /* " replicas: rank 1 holds 0, ..." for the plan's stage st ("" without). */
@@ -202,6 +213,13 @@ int cm_coord_apply_plan(cm_pipe *p, const cm_plan *plan, const char *why, char *
  * indices; *cur_score (may be NULL) is the running plan's predicted speed
  * on the same view, *score the answer's. CM_EAGAIN when nothing fits. */
 int cm_coord_replan(cm_pipe *p, cm_plan *out, double *score, double *cur_score, char *err, size_t errlen);
+/* What the measured routing asks (coord_plan.c): the running plan with the
+ * hot-expert replicas of its expert groups placed again under the pipe's
+ * counts (cm_plan_replace_replicas: stages, members and expert ranges kept;
+ * a count of routing says nothing about where stages belong), *score its
+ * predicted speed and *cur_score the running plan's under the same counts,
+ * on the same view. */
+int cm_coord_replan_replicas(cm_pipe *p, cm_plan *out, double *score, double *cur_score, char *err, size_t errlen);
 /* Layers [0, local_last) that this machine's stage holds (0 before a plan). */
 static inline int cm_coord_local_last(const cm_pipe *p) { return p->plan.n_stages ? p->plan.stages[0].last_layer : 0; }
 /* The node running member k of stage s; NULL for this machine. */

@@ -259,10 +259,13 @@ static void log_groups(cm_pipe *p, const cm_plan *pl) {
     if (cm_coord_plan_members(pl) == pl->n_stages) return; /* a pipeline */
     char line[900];
     int o = snprintf(line, sizeof line, "hybrid: %d stages of", pl->n_stages);
-    for (int s = 0; s < pl->n_stages && o < (int)sizeof line; s++)
-        o += snprintf(line + o, sizeof line - (size_t)o, "%s %d member%s (layers [%d, %d))", s ? "," : "",
+    for (int s = 0; s < pl->n_stages && o < (int)sizeof line; s++) {
+        char reps[300]; /* an expert group's hot-expert replicas */
+        cm_coord_replicas_text(&pl->stages[s], reps, sizeof reps);
+        o += snprintf(line + o, sizeof line - (size_t)o, "%s %d member%s (layers [%d, %d)%s)", s ? "," : "",
                       pl->stages[s].n_members, pl->stages[s].n_members > 1 ? "s" : "", pl->stages[s].first_layer,
-                      pl->stages[s].last_layer);
+                      pl->stages[s].last_layer, reps);
+    }
     if (o < (int)sizeof line)
         snprintf(line + o, sizeof line - (size_t)o, "; this machine rank 0 of stage 0 with %s", mine);
     cm_coord_log(p, "%s", line);
@@ -456,9 +459,11 @@ int cm_coord_replan(cm_pipe *p, cm_plan *out, double *score, double *cur_score, 
      * any slice (one group: an expert group again; with stages: every split,
      * as hybrid, whose groups are expert groups). */
     if (p->ask == CM_PARALLEL_EP) po.mode = one_group ? CM_PARALLEL_EP : CM_PARALLEL_HYBRID;
-    po.first_stage_layers = one_group ? 0 : ll; /* the engine's stage-0 caches rely on them */
-    po.reorder = true;                          /* a pipeline's order follows the measured links */
-    po.expert_load = p->expert_load;            /* hot experts get replicas again (NULL: none) */
+    po.first_stage_layers = one_group ? 0 : ll;    /* the engine's stage-0 caches rely on them */
+    po.reorder = true;                             /* a pipeline's order follows the measured links */
+    po.expert_load = p->expert_load;               /* hot experts get replicas again (NULL: none) */
+    po.expert_load_layers = p->expert_load_layers; /* measured: each group by its own stage's layers */
+    po.n_load_layers = p->m->hp.n_layer;
     rc = cm_plan_make(&x->pm, &x->sub, &po, out, e, sizeof e);
     if (rc && po.mode == CM_PARALLEL_HYBRID) { /* too few nodes left for groups: stages of one */
         po.mode = CM_PARALLEL_PP;
@@ -477,11 +482,42 @@ int cm_coord_replan(cm_pipe *p, cm_plan *out, double *score, double *cur_score, 
     if (score) *score = score_of(out, p->n_seq);
     if (cur_score) { /* the running plan on the same view */
         x->cur = p->plan;
-        cm_plan_expert_shares(&x->cur, po.expert_load, x->pm.n_experts); /* priced under today's counts */
+        cm_plan_expert_shares_by_layer(&x->cur, po.expert_load, po.expert_load_layers, po.n_load_layers,
+                                       x->pm.n_experts); /* priced under today's counts */
         cm_plan_predict(&x->pm, &x->full, &po, &x->cur);
         *cur_score = score_of(&x->cur, p->n_seq);
     }
 out:
     cm_free(x);
     return rc;
+}
+
+int cm_coord_replan_replicas(cm_pipe *p, cm_plan *out, double *score, double *cur_score, char *err, size_t errlen) {
+    replan_ctx *x = cm_calloc(1, sizeof *x);
+    if (!x) return cm_errf(err, errlen, CM_ENOMEM, "out of memory");
+    char e[600];
+    int rc = cm_plan_model_from_gguf(p->g, &x->pm, e, sizeof e);
+    if (rc) {
+        rc = cm_errf(err, errlen, rc, "re-plan: %s", e);
+        cm_free(x);
+        return rc;
+    }
+    cm_coord_make_cluster(p, &x->full); /* the running plan's node indices are the pipe's */
+    cm_plan_opts po;
+    cm_plan_opts_default(&po);
+    po.ctx = p->n_ctx;
+    po.n_seq = p->n_seq;
+    po.mode = p->plan.mode;
+    po.expert_load = p->expert_load;
+    po.expert_load_layers = p->expert_load_layers;
+    po.n_load_layers = p->m->hp.n_layer;
+    *out = p->plan;
+    cm_plan_replace_replicas(&x->pm, &x->full, &po, out); /* sched/plan.c: stages, members, ranges kept */
+    *score = score_of(out, p->n_seq);
+    x->cur = p->plan;
+    cm_plan_expert_shares_by_layer(&x->cur, po.expert_load, po.expert_load_layers, po.n_load_layers, x->pm.n_experts);
+    cm_plan_predict(&x->pm, &x->full, &po, &x->cur);
+    *cur_score = score_of(&x->cur, p->n_seq);
+    cm_free(x);
+    return 0;
 }

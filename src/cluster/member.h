@@ -53,6 +53,7 @@ typedef struct cm_cluster_experts {
     int replans;      /* plan changes the measured counts made */
     uint64_t exchange_bytes, exchange_rows; /* this machine's expert exchange, every plan: element bytes sent,
                                                token rows through its group */
+    uint64_t reports, refused;              /* EXPERT_LOAD reports from the later stages taken / refused */
 } cm_cluster_experts;
 
 #endif

@@ -494,6 +494,7 @@ static void conn_serve(node *n, cm_conn *c, int src) {
                     s->fwd_ns += dt;
                     if (m.u.forward.n_tokens == 1) s->fwd1_ns += dt, s->n_fwd1++;
                     if (s->coll && spin_ns) spin_until = cm_now_ns() + spin_ns;
+                    cm_node_expert_report(s); /* a later stage's routing, for the coordinator (node_ep.c) */
                 }
             } else if (m.type == CM_MSG_SEQ_START) r2 = on_seq_start(s, &m, err, sizeof err);
             else r2 = on_seq_free(s, &m, err, sizeof err);
@@ -570,6 +571,15 @@ static void join_peers(node *n) {
     }
 }
 
+/* The heartbeat thread's beat: the expert counts a stage routed since its
+ * last FORWARD's report (idle now), unless a FORWARD holds the stage. */
+static void hb_tick(void *user) {
+    node *n = user;
+    if (pthread_mutex_trylock(&n->mu)) return;
+    if (n->st) cm_node_expert_report(n->st);
+    pthread_mutex_unlock(&n->mu);
+}
+
 int cm_node_run(const cm_node_opts *o, atomic_int *stop, char *err, size_t errlen) {
     node n = {.o = o, .stop = stop};
     pthread_mutex_init(&n.mu, NULL);
@@ -609,6 +619,8 @@ int cm_node_run(const cm_node_opts *o, atomic_int *stop, char *err, size_t errle
     }
     join_peers(&n);
     n.hb.send_mu = &n.csend_mu;
+    n.hb.tick = hb_tick;
+    n.hb.tick_user = &n;
     n.hb.epoch = &n.epoch;
     n.hb.stop = stop;
     if (cm_node_hb_start(&n.hb))

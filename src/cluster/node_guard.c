@@ -144,6 +144,7 @@ static void *hb_main(void *arg) {
     cm_node_hb *h = arg;
     hb_stats st = {.pm = cm_power_open(0)};
     while (!atomic_load(h->stop)) {
+        if (h->tick) h->tick(h->tick_user);
         cm_msg m = {.type = CM_MSG_HEARTBEAT};
         m.u.heartbeat =
             (cm_msg_heartbeat){.epoch = atomic_load(h->epoch), .wall_ms = cm_wall_ms(), .mono_ns = cm_now_ns()};

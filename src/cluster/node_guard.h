@@ -56,6 +56,10 @@ typedef struct cm_node_hb {
      * them, the memory in use, the CPU load and the power (RAPL, else an
      * estimate) into the heartbeat's telemetry tail. */
     _Atomic uint64_t rows, busy_ns;
+    /* Called at every beat, before the heartbeats go out, on the thread
+     * (no lock held): node.c's idle expert-load report. NULL: none. */
+    void (*tick)(void *user);
+    void *tick_user;
     pthread_t th;
     bool started;
 } cm_node_hb;

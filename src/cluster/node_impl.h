@@ -50,6 +50,12 @@ typedef struct stage {
     /* Training (node_train.c): FWDs go on to next outside n->mu, under fsend_mu; the BWDs
      * the next stage sends back on next are read by the thread brx (started at the first
      * SETUP, joined by cm_node_stage_free, which is never called with n->mu held). */
+    /* EXPERT_LOAD (node_ep.c, rank 0 of a later stage): counts of its layers already
+     * reported, cumulative [layers][n_expert], the next report's deltas, when the last went */
+    uint64_t *ep_sent;
+    uint32_t *ep_delta;
+    uint64_t ep_report_ns;
+    bool ep_failed;
     struct node *node;
     pthread_mutex_t fsend_mu;
     pthread_t brx;
@@ -94,6 +100,12 @@ int cm_node_send_ready(node *n, cm_conn *c, uint64_t epoch, int status, uint64_t
  * once with a newer ASSIGN that arrived meanwhile), make it n->st, answer
  * READY. (node_stage.c) */
 void cm_node_on_assign(node *n, cm_conn *c, const cm_msg_assign *a);
+
+/* Rank 0 of a later stage of a model with experts: send the coordinator
+ * EXPERT_LOAD with the assignments its layers routed since the last report,
+ * when there are any and CM_PIPE_HB_MS have passed since (n->mu held; sends
+ * under s->csend_mu). Anything else: no-op. (node_ep.c) */
+void cm_node_expert_report(stage *s);
 
 /* node_gpu.c (issue 16): open the device --gpu names, measure it and add it
  * to n->hello (anything that stops it: one warning line, the CPU); a

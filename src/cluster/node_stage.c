@@ -70,6 +70,8 @@ void cm_node_stage_free(stage *s) {
         fprintf(stderr, "expert-parallel rank %u of %u (epoch %llu): %llu rows of replicated experts computed here\n",
                 s->as.tp_rank, s->as.tp_size, (unsigned long long)s->as.epoch, (unsigned long long)s->pack.shared_rows);
     cm_free(s->holders);
+    cm_free(s->ep_sent);
+    cm_free(s->ep_delta);
     cm_ep_pack_free(&s->pack);
     cm_coll_free(s->coll);
     cm_coll_mesh_close(s->tp, CM_COLL_MAX_MEMBERS);

@@ -245,8 +245,11 @@ int cm_engine_maintain(cm_engine *e, char *err, size_t errlen) {
     if (!e->cl) return 0;
     int gen = cm_pipe_generation(e->cl);
     uint64_t hits[1024];
-    int nx = cm_engine_expert_hits(e, hits, 1024);
-    if (nx > 0 && nx <= 1024) cm_pipe_expert_observe(e->cl, hits, nx); /* its replicas may follow them */
+    for (int il = 0; e->ctx && il < e->m.hp.n_layer; il++) { /* its replicas may follow them */
+        int nx = cm_ctx_expert_hits_layer(e->ctx, il, hits, 1024);
+        if (nx <= 0 || nx > 1024) break;
+        cm_pipe_expert_observe(e->cl, il, hits, nx);
+    }
     int rc = cm_pipe_maintain(e->cl, err, errlen);
     /* a re-formed group gives this machine another slice (sessions re-shape:
      * cm_session_tp_sync; downstream, cm_engine_slice reads it from the plan) */
@@ -260,11 +263,14 @@ bool cm_engine_hop_stats(const cm_engine *e, uint64_t *bytes, uint64_t *frames, 
     return true;
 }
 
+/* This machine's counts, plus in a cluster what the later stages reported. */
 int cm_engine_expert_hits(const cm_engine *e, uint64_t *hits, int n) {
-    return e->ctx ? cm_ctx_expert_hits(e->ctx, hits, n) : 0;
+    return cm_engine_expert_hits_layer(e, -1, hits, n);
 }
 int cm_engine_expert_hits_layer(const cm_engine *e, int il, uint64_t *hits, int n) {
-    return e->ctx ? cm_ctx_expert_hits_layer(e->ctx, il, hits, n) : 0;
+    int nx = e->ctx ? cm_ctx_expert_hits_layer(e->ctx, il, hits, n) : 0;
+    if (e->cl && nx > 0 && n >= nx) cm_pipe_expert_reported(e->cl, il, hits, nx);
+    return nx;
 }
 bool cm_engine_expert_info(const cm_engine *e, cm_engine_experts *out) {
     if (!e->cl) return false;

@@ -136,9 +136,11 @@ int cm_engine_maintain(cm_engine *e, char *err, size_t errlen);
 bool cm_engine_hop_stats(const cm_engine *e, uint64_t *bytes, uint64_t *frames, uint64_t *rows);
 /* Mixture of experts: (token, slot) assignments routed to each expert so far,
  * all MoE layers summed (model.h's cm_ctx_expert_hits; what --expert-load
- * takes). Copies min(n, n_expert); returns n_expert (0: dense). */
+ * takes): this machine's, and in a cluster also those the later stages
+ * reported (EXPERT_LOAD), so every layer is counted. Copies min(n, n_expert);
+ * returns n_expert (0: dense). */
 int cm_engine_expert_hits(const cm_engine *e, uint64_t *hits, int n);
-/* The same for layer il alone (0 for layers this machine does not compute).
+/* The same for layer il alone (0 for a layer nobody counted yet).
  * Both: any thread, also while sessions run. */
 int cm_engine_expert_hits_layer(const cm_engine *e, int il, uint64_t *hits, int n);
 /* A cluster engine's expert routing: where its counts come from (measured

@@ -2,11 +2,12 @@
  * metrics_experts.c: a mixture-of-experts model's routing in /metrics and
  * /api/cluster (issue 13): the token assignments the router sent to each
  * expert of each layer this machine computes (model.h's counts, read while
- * sessions run), which members of each expert group hold each expert (a hot
+ * sessions run; in a cluster with the later stages' reports, so every
+ * layer), which members of each expert group hold each expert (a hot
  * one replicated), where the counts the planner uses come from and how
  * often they changed the plan, and this machine's expert exchange. Nothing
- * here is estimated: a layer this machine never computed shows no counts in
- * /metrics and zeros, said so by "counted_layers", in /api/cluster.
+ * here is estimated: a layer nobody has counted yet shows no counts in
+ * /metrics and zeros in /api/cluster.
  */
 #include "http_impl.h"
 
@@ -28,10 +29,8 @@ static int holders(const cm_engine_member *mbs, int n, int s, int e) {
     return h;
 }
 
-/* The layers whose counts are this machine's: [0, last). */
-static int counted_layers(const cm_engine_info *in) {
-    return in->n_stages > 1 && in->local_layers > 0 ? in->local_layers : in->n_layer;
-}
+/* The layers counted: every one (a cluster's later stages report theirs). */
+static int counted_layers(const cm_engine_info *in) { return in->n_layer; }
 
 /* The server's engine and its facts when its model has experts, else NULL. */
 static cm_engine *moe_engine(cm_http_server *srv, cm_engine_info *in) {
@@ -48,7 +47,7 @@ void cm_metrics_experts_prometheus(cm_http_server *srv, cm_buf *o) {
     const int nx = in.n_expert;
     static _Thread_local uint64_t h[MAX_X];
     cm_buf_puts(o, "# HELP cumulo_expert_routed_total Token assignments the router sent to an expert, by layer "
-                   "(layers this machine computes).\n# TYPE cumulo_expert_routed_total counter\n");
+                   "(every stage's layers in a cluster).\n# TYPE cumulo_expert_routed_total counter\n");
     for (int il = 0; il < counted_layers(&in); il++) {
         cm_engine_expert_hits_layer(e, il, h, nx);
         uint64_t sum = 0;
@@ -101,9 +100,12 @@ void cm_metrics_experts_json(cm_http_server *srv, cm_buf *o) {
                   in.n_expert_used, counted_layers(&in));
     cm_engine_experts ex;
     if (cm_engine_expert_info(e, &ex))
-        cm_buf_printf(o, ",\"load\":\"%s\",\"warmup\":%d,\"replans\":%d,\"exchange_bytes\":%llu,\"exchange_rows\":%llu",
+        cm_buf_printf(o,
+                      ",\"load\":\"%s\",\"warmup\":%d,\"replans\":%d,\"exchange_bytes\":%llu,\"exchange_rows\":%llu,"
+                      "\"reports\":%llu,\"refused_reports\":%llu",
                       ex.load, ex.warmup, ex.replans, (unsigned long long)ex.exchange_bytes,
-                      (unsigned long long)ex.exchange_rows);
+                      (unsigned long long)ex.exchange_rows, (unsigned long long)ex.reports,
+                      (unsigned long long)ex.refused);
     cm_engine_expert_hits(e, h, nx);
     cm_buf_puts(o, ",\"hits\":[");
     for (int x = 0; x < nx; x++) cm_buf_printf(o, "%s%llu", x ? "," : "", (unsigned long long)h[x]);

@@ -12,7 +12,19 @@
 #include "msg_impl.h"
 #include "msg_train.h"
 
-/* ---- control messages: HELLO, HEARTBEAT, PING/PONG, READY, ERROR, BYE, LINKS ---- */
+/* ---- control messages: HELLO, HEARTBEAT, PING/PONG, READY, ERROR, BYE, LINKS, EXPERT_LOAD ---- */
+
+uint32_t cm_msg_expert_load_count(const cm_msg_expert_load *m, uint32_t i) {
+    return m->counts ? m->counts[i] : cm_rd_u32(m->counts_le + 4 * (size_t)i);
+}
+
+/* The field that breaks EXPERT_LOAD's bounds, or NULL (encoder and decoder). */
+static const char *expert_load_invalid(const cm_msg_expert_load *q) {
+    if (q->n_expert == 0 || q->n_expert > CM_MSG_MAX_EXPERTS) return "n_expert";
+    if (q->n_layers == 0 || (uint32_t)q->n_layers * q->n_expert > CM_MSG_MAX_EXPERT_CELLS) return "n_layers";
+    if (q->layer_begin >= 65536u || q->layer_begin + q->n_layers > 65536u) return "layer_begin";
+    return NULL;
+}
 
 static const char *hello_invalid(const cm_msg_hello *h) {
     if (h->roles & ~(CM_ROLE_NODE | CM_ROLE_COORDINATOR)) return "roles";
@@ -162,6 +174,20 @@ static bool enc_control(wcur *w, const cm_msg *m) {
         }
         break;
     }
+    case CM_MSG_EXPERT_LOAD: {
+        const cm_msg_expert_load *q = &m->u.expert_load;
+        const char *bad = expert_load_invalid(q);
+        w_check(w, !bad, bad);
+        w_check(w, bad || q->counts || q->counts_le, "counts");
+        if (bad || (!q->counts && !q->counts_le)) break;
+        w_u64(w, q->epoch);
+        w_u32(w, q->layer_begin);
+        w_u16(w, q->n_layers);
+        w_u16(w, q->n_expert);
+        const uint32_t cells = (uint32_t)q->n_layers * q->n_expert;
+        for (uint32_t i = 0; i < cells; i++) w_u32(w, cm_msg_expert_load_count(q, i));
+        break;
+    }
     default: return false;
     }
     return true;
@@ -308,6 +334,21 @@ static int dec_control(rcur *r, unsigned type, cm_msg *m) {
             l->bw = r_f32(r, "bw");
             r_check(r, finite_nonneg(l->bw), "bw");
         }
+        break;
+    }
+    case CM_MSG_EXPERT_LOAD: {
+        cm_msg_expert_load *q = &m->u.expert_load;
+        q->epoch = r_u64(r, "epoch");
+        q->layer_begin = r_u32(r, "layer_begin");
+        q->n_layers = r_u16(r, "n_layers");
+        q->n_expert = r_u16(r, "n_expert");
+        if (r->bad) break;
+        const char *bad = expert_load_invalid(q);
+        if (bad) {
+            r_fail(r, bad, "out of range");
+            break;
+        }
+        q->counts_le = r_view(r, (uint64_t)q->n_layers * q->n_expert, 4, "counts");
         break;
     }
     default: return CM_EUNSUPPORTED;

@@ -53,7 +53,8 @@
     X(LINKS_REQ, 20, 2048)                       \
     X(LINKS, 21, 2048)                           \
     X(OUTPUT, 22, 256u << 20)                    \
-    X(TRAIN, 23, 256u << 20)
+    X(TRAIN, 23, 256u << 20)                     \
+    X(EXPERT_LOAD, 24, 16 + 4u * CM_MSG_MAX_EXPERT_CELLS)
 
 /* clang-format would indent the member after the X-macro as a continuation. */
 // clang-format off
@@ -200,6 +201,8 @@ void cm_hs_wipe(cm_hs *hs);
 #define CM_MSG_MAX_OUT_DIM (1u << 20)     /* floats per OUTPUT row (a vocabulary's logits) */
 #define CM_MSG_GPU_NAME_MAX 127           /* a GPU's name in HELLO */
 #define CM_MSG_MAX_GPU_LAYERS 65535u      /* HELLO's gpu_layers */
+#define CM_MSG_MAX_EXPERTS 1024u          /* experts per layer in EXPERT_LOAD */
+#define CM_MSG_MAX_EXPERT_CELLS 16384u    /* layers x experts in one EXPERT_LOAD (64 KiB of counts) */
 
 typedef struct cm_msg_hello {
     uint16_t proto_version;
@@ -552,6 +555,27 @@ typedef struct cm_msg_links {
     cm_msg_link link[CM_MSG_MAX_PEERS];
 } cm_msg_links;
 
+/* EXPERT_LOAD (issue 13): a stage node tells the coordinator how many
+ * (token, slot) assignments its router sent to each expert of each of its
+ * MoE layers since its previous EXPERT_LOAD of the same plan (a delta), so
+ * that the coordinator's counts, and the re-plan that places hot-expert
+ * replicas by them, cover the layers of every stage, not only its own.
+ * Sent by rank 0 of each later stage about every CM_PIPE_HB_MS while it
+ * computes; a stage whose layers x experts exceed CM_MSG_MAX_EXPERT_CELLS
+ * sends one message per run of layers. The coordinator refuses one from a
+ * node that is not rank 0 of a later stage of the running plan, or naming
+ * layers outside that stage or another expert count (cluster/ep_load.h),
+ * and drops one of an earlier epoch. */
+typedef struct cm_msg_expert_load {
+    uint64_t epoch;
+    uint32_t layer_begin;        /* counts of layers [layer_begin, layer_begin + n_layers), < 65536 */
+    uint16_t n_layers, n_expert; /* >= 1; n_expert <= CM_MSG_MAX_EXPERTS; product <= CM_MSG_MAX_EXPERT_CELLS */
+    const uint32_t *counts;      /* encode: n_layers x n_expert, layer-major */
+    const uint8_t *counts_le;    /* decode view (also encoded from when counts is NULL) */
+} cm_msg_expert_load;
+/* Count i (layer i / n_expert, expert i % n_expert) of a decoded or encoded message. */
+uint32_t cm_msg_expert_load_count(const cm_msg_expert_load *m, uint32_t i);
+
 typedef struct cm_msg_error {
     int32_t code; /* a CM_E* value */
     char text[CM_MSG_TEXT_MAX + 1];
@@ -582,6 +606,7 @@ typedef struct cm_msg {
         cm_msg_links links;
         cm_msg_output output;
         cm_msg_train train;
+        cm_msg_expert_load expert_load;
         cm_msg_error error;
         cm_msg_bye bye;
     } u;

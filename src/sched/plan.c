@@ -362,6 +362,20 @@ void cm_plan_predict(const cm_plan_model *m, const cm_plan_cluster *c, const cm_
     predict(m, &eff, o, p);
 }
 
+void cm_plan_replace_replicas(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan_opts *o, cm_plan *p) {
+    static _Thread_local cm_plan_cluster eff;
+    int group_of[CM_PLAN_MAX_NODES];
+    plan_groups(p, c->n_nodes, group_of);
+    share_hosts(c, group_of, &eff);
+    for (int s = 0; s < p->n_stages; s++)
+        for (int k = 0; k < p->stages[s].n_members; k++) {
+            p->stages[s].members[k].n_replicas = 0;
+            p->stages[s].members[k].expert_share = 0;
+        }
+    if ((o->expert_load || o->expert_load_layers) && m->n_experts > 0) cm_plan_place_replicas(m, &eff, o, p);
+    predict(m, &eff, o, p);
+}
+
 static void predict(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan_opts *o, cm_plan *p) {
     double cycle = 0, bottleneck = 0, ttft = 0;
     double P = o->prompt_tokens > 0 ? o->prompt_tokens : 1;
@@ -600,7 +614,8 @@ static int plan_for_groups(const cm_plan_model *m, const cm_plan_cluster *c_in, 
         else lo = mid;
     }
     if (!fill_under(m, c, o, out, lay_s, hop, hi)) fill_under(m, c, o, out, lay_s, hop, 1e300);
-    if (o->expert_load && m->n_experts > 0) cm_plan_place_replicas(m, c, o, out); /* replicas.c */
+    if ((o->expert_load || o->expert_load_layers) && m->n_experts > 0)
+        cm_plan_place_replicas(m, c, o, out); /* replicas.c */
     predict(m, c, o, out);
     return 0;
 }

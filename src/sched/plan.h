@@ -136,6 +136,14 @@ typedef struct cm_plan_opts {
      * busiest member's hottest experts get replicas on the least busy members that have
      * memory for them, while that lowers the slowest member's time. NULL: uniform, no replicas. */
     const uint64_t *expert_load;
+    /* The same counts by layer (expert_load_layers[l * n_experts + e], layers [0, n_load_layers)),
+     * when known (a running cluster counts every stage's layers): each expert group's replicas
+     * are then chosen from the sum over its stage's layers, not over the whole model, so a
+     * later stage's hot expert is replicated in that stage. NULL: expert_load for every group.
+     * A member's replicas are one list for all the layers of its stage (ASSIGN carries no more):
+     * an expert hot in one layer and cold in another gets the stage's summed verdict. */
+    const uint64_t *expert_load_layers;
+    int n_load_layers;
     int max_replicas; /* replicas per member (0: CM_PLAN_MAX_REPLICAS; < 0: none, shares only) */
 } cm_plan_opts;
 #define CM_PLAN_REORDER_MAX 8
@@ -248,6 +256,15 @@ uint32_t cm_plan_expert_holders(const cm_plan_stage *st, int e);
  * what cm_plan_predict reads, so that a running plan is priced under counts measured
  * after it was made. Stages without an expert group are left as they are. */
 void cm_plan_expert_shares(cm_plan *p, const uint64_t *load, int n_experts);
+/* The same with counts by layer (cm_plan_opts.expert_load_layers): each group priced under the
+ * sum over its stage's layers (load, when the stage's layers have no counts; may be NULL). */
+void cm_plan_expert_shares_by_layer(cm_plan *p, const uint64_t *load, const uint64_t *load_layers, int n_layers,
+                                    int n_experts);
+
+/* Only the routing changed (a running cluster's measured counts, o->expert_load and
+ * o->expert_load_layers): place the hot-expert replicas of every expert group of the
+ * filled plan p again (its stages, members and expert ranges stay) and predict it. */
+void cm_plan_replace_replicas(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan_opts *o, cm_plan *p);
 
 /* Human-readable plan (multi-line) into buf. */
 void cm_plan_format(const cm_plan *p, const cm_plan_model *m, const cm_plan_cluster *c, char *buf, size_t n);

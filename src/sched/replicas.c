@@ -11,7 +11,8 @@
  * member's hottest expert gets one more holder: the member that ends least
  * busy, among those with memory for one expert's slabs of the stage's
  * layers. Ties go to the lowest index, so the result is a pure function of
- * the input. It never touches a socket, file or clock (plan.h).
+ * the input. With counts by layer (cm_plan_opts.expert_load_layers) each
+ * group is balanced under the sum over its own stage's layers. It never touches a socket, file or clock (plan.h).
  */
 #include "plan_impl.h"
 
@@ -51,16 +52,34 @@ static double slowest(const cm_plan_stage *st, const double *w, const double *bw
     return worst;
 }
 
+/* The counts of stage st's layers (load_layers summed over them) into out[X]; load itself
+ * when there are no counts by layer or none of those layers has any (NULL: none). */
+static const uint64_t *stage_load(const uint64_t *load, const uint64_t *load_layers, int n_layers, int X,
+                                  const cm_plan_stage *st, uint64_t *out) {
+    if (!load_layers) return load;
+    uint64_t sum = 0;
+    for (int e = 0; e < X; e++) out[e] = 0;
+    for (int l = st->first_layer < 0 ? 0 : st->first_layer; l < st->last_layer && l < n_layers; l++)
+        for (int e = 0; e < X; e++) {
+            out[e] += load_layers[(size_t)l * (size_t)X + (size_t)e];
+            sum += load_layers[(size_t)l * (size_t)X + (size_t)e];
+        }
+    return sum ? out : load;
+}
+
 static void place_stage(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan_opts *o, cm_plan_stage *st) {
     enum { MAXX = 1024 };
     const int X
     = m->n_experts, k = st->n_members;
     if (!st->ep || k < 2 || X < 1 || X > MAXX) return;
+    static _Thread_local uint64_t by_stage[MAXX];
+    const uint64_t *load = stage_load(o->expert_load, o->expert_load_layers, o->n_load_layers, X, st, by_stage);
+    if (!load) return;
     const int cap = o->max_replicas < 0                                             ? 0
                     : o->max_replicas > 0 && o->max_replicas < CM_PLAN_MAX_REPLICAS ? o->max_replicas
                                                                                     : CM_PLAN_MAX_REPLICAS;
     double total = 0, bw[CM_PLAN_MAX_NODES], w[CM_PLAN_MAX_NODES];
-    for (int e = 0; e < X; e++) total += (double)o->expert_load[e];
+    for (int e = 0; e < X; e++) total += (double)load[e];
     if (total <= 0) return;
     for (int i = 0; i < k; i++) {
         bw[i] = c->nodes[st->members[i].node].mem_bw > 0 ? c->nodes[st->members[i].node].mem_bw : 1e9;
@@ -70,13 +89,13 @@ static void place_stage(const cm_plan_model *m, const cm_plan_cluster *c, const 
     for (int e = 0; e < X; e++) h[e] = cm_plan_expert_holders(st, e);
     for (int round = 0; round < k * cap; round++) {
         int busy = 0;
-        member_work(st, X, o->expert_load, h, w);
+        member_work(st, X, load, h, w);
         const double now = slowest(st, w, bw, &busy);
         /* its hottest expert (per holder) that some other member could take */
         int best_e = -1, best_j = -1;
         double best_t = now * (1 - 1e-9);
         for (int e = 0; e < X; e++) {
-            if (!(h[e] >> busy & 1u) || o->expert_load[e] == 0) continue;
+            if (!(h[e] >> busy & 1u) || load[e] == 0) continue;
             for (int j = 0; j < k; j++) {
                 cm_plan_member *mj = &st->members[j];
                 if (h[e] >> j & 1u || mj->n_replicas >= cap) continue;
@@ -88,7 +107,7 @@ static void place_stage(const cm_plan_model *m, const cm_plan_cluster *c, const 
                 /* only e's holders change: each gives up load/r - load/(r + 1), j takes load/(r + 1) */
                 double w2[CM_PLAN_MAX_NODES];
                 const int r = popcount32(h[e]);
-                const double was = (double)o->expert_load[e] / r, now_each = (double)o->expert_load[e] / (r + 1);
+                const double was = (double)load[e] / r, now_each = (double)load[e] / (r + 1);
                 int who;
                 for (int i = 0; i < k; i++) w2[i] = w[i] - (h[e] >> i & 1u ? was - now_each : 0);
                 w2[j] += now_each;
@@ -103,21 +122,29 @@ static void place_stage(const cm_plan_model *m, const cm_plan_cluster *c, const 
         mj->replicas[i] = best_e;
         h[best_e] |= 1u << best_j;
     }
-    member_work(st, X, o->expert_load, h, w);
+    member_work(st, X, load, h, w);
     /* a measured zero stays distinguishable from "not measured" (0: uniform) */
     for (int i = 0; i < k; i++) st->members[i].expert_share = w[i] > 0 ? w[i] / total : 1e-300;
 }
 
 void cm_plan_expert_shares(cm_plan *p, const uint64_t *load, int n_experts) {
+    cm_plan_expert_shares_by_layer(p, load, NULL, 0, n_experts);
+}
+
+void cm_plan_expert_shares_by_layer(cm_plan *p, const uint64_t *all, const uint64_t *load_layers, int n_layers,
+                                    int n_experts) {
     enum { MAXX = 1024 };
-    if (!load || n_experts < 1 || n_experts > MAXX) return;
-    double total = 0, w[CM_PLAN_MAX_NODES];
-    for (int e = 0; e < n_experts; e++) total += (double)load[e];
-    if (total <= 0) return;
+    if ((!all && !load_layers) || n_experts < 1 || n_experts > MAXX) return;
+    double w[CM_PLAN_MAX_NODES];
     static _Thread_local uint32_t h[MAXX];
+    static _Thread_local uint64_t by_stage[MAXX];
     for (int s = 0; s < p->n_stages; s++) {
         cm_plan_stage *st = &p->stages[s];
         if (!st->ep || st->n_members < 2) continue;
+        const uint64_t *load = stage_load(all, load_layers, n_layers, n_experts, st, by_stage);
+        double total = 0;
+        for (int e = 0; load && e < n_experts; e++) total += (double)load[e];
+        if (total <= 0) continue;
         for (int e = 0; e < n_experts; e++) h[e] = cm_plan_expert_holders(st, e);
         member_work(st, n_experts, load, h, w);
         for (int i = 0; i < st->n_members; i++) st->members[i].expert_share = w[i] > 0 ? w[i] / total : 1e-300;

@@ -650,7 +650,8 @@ int cm_synth_write(const cm_synth_params *p, const cm_gguf *vocab, const char *p
             T("ffn_down_exps.bias", CM_TYPE_F32, E, X, 0, BIAS_STD);
         } else if (X && !(arch == A_DEEPSEEK2 && l == 0)) { /* deepseek2: layer 0 is dense */
             /* the router in F32 as llama.cpp keeps it; experts stacked [ne0, rows, X] */
-            T("ffn_gate_inp.weight", CM_TYPE_F32, E, X, 0, 1 / sqrtf((float)E))->hot_row = p->hot_expert - 1;
+            T("ffn_gate_inp.weight", CM_TYPE_F32, E, X, 0, 1 / sqrtf((float)E))->hot_row =
+                l >= p->hot_first_layer ? p->hot_expert - 1 : -1;
             T("ffn_gate_exps.weight", wt, E, (int64_t)FX * X, 0, 1 / sqrtf((float)E))->ne2 = X;
             T("ffn_up_exps.weight", wt, E, (int64_t)FX * X, 0, 1 / sqrtf((float)E))->ne2 = X;
             T("ffn_down_exps.weight", down_t, FX, (int64_t)E * X, 0, res_scale / sqrtf((float)FX))->ne2 = X;

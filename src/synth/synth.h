@@ -43,10 +43,12 @@ typedef struct cm_synth_params {
      * the router row of expert hot_expert - 1 by 40 in every MoE layer (qwen*moe,
      * Mixtral), so it wins wherever its logit is positive. 0: none. */
     int hot_expert;
-    int n_ctx;        /* <arch>.context_length; 0 = 4096 */
-    const char *type; /* f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k q4_k_m q5_k_m ... */
-    float rope_base;  /* 0 = the architecture's usual (llama 10000, with llama3 scaling 500000, qwen 1e6) */
-    bool rope_llama3; /* Llama 3.1 rope scaling: rope_freqs.weight (factor 8, low 1, high 4, original ctx 8192) */
+    int hot_first_layer; /* the skew only in MoE layers >= this one (0: every layer; a later
+                            pipeline stage's hot expert) */
+    int n_ctx;           /* <arch>.context_length; 0 = 4096 */
+    const char *type;    /* f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k q4_k_m q5_k_m ... */
+    float rope_base;     /* 0 = the architecture's usual (llama 10000, with llama3 scaling 500000, qwen 1e6) */
+    bool rope_llama3;    /* Llama 3.1 rope scaling: rope_freqs.weight (factor 8, low 1, high 4, original ctx 8192) */
     /* RoPE scaling keys (rope.scaling.*), written when rope_scaling is set:
      * "none", "linear" or "yarn" (type), rope_factor (factor, > 0),
      * rope_orig_ctx (original_context_length; 0 = not written),

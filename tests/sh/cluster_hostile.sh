@@ -79,7 +79,8 @@ for tag in a b; do
     port=$(cat "$TMP/$tag.port")
     for want in "does not know this cluster's key" "the connecting node runs --insecure" "not a cumulo frame" \
         "exceeds the maximum of 128" "sent a replayed PING frame" "sent a PING frame with a bad MAC" \
-        "sent a malformed FORWARD payload" "FORWARD frame of 268435457 bytes exceeds" "which is not a coordinator: ignored"; do
+        "sent a malformed FORWARD payload" "FORWARD frame of 268435457 bytes exceeds" "which is not a coordinator: ignored" \
+        "unexpected EXPERT_LOAD from"; do
         grep "$want" "$TMP/$tag.log" | grep -q '127\.0\.0\.1:[0-9]' && ok || bad "node $tag (:$port) did not log '$want'"
     done
 done

@@ -14,7 +14,9 @@
  * with a flipped MAC byte; an authenticated frame whose payload is garbage;
  * an oversized authenticated header; ASSIGN from a peer that is not a
  * coordinator; FORWARD without an assignment; TRAIN from a peer that is
- * not the coordinator (SETUP, a BWD, a FWD of another epoch).
+ * not the coordinator (SETUP, a BWD, a FWD of another epoch); EXPERT_LOAD
+ * sent to a node (ignored), and the coordinator's rule for it
+ * (cluster/ep_load.h: only rank 0 of a later stage, its own layers).
  *
  * Tool mode, for tests/sh/cluster_hostile.sh: with CM_HOSTILE_ADDR=host:port
  * the same attacks run against that node (a separate process, key from
@@ -26,6 +28,7 @@
 
 #include "base/base.h"
 #include "cluster/cluster.h"
+#include "cluster/ep_load.h"
 #include "net/net.h"
 #include "os/os.h"
 
@@ -323,6 +326,12 @@ static void test_not_allowed(void) {
                                    .want = &want,
                                    .hidden = hid};
     CHECKF(cm_conn_send(c, &m, 2000, e, sizeof e) == 0, "%s", e);
+    /* EXPERT_LOAD goes to a coordinator: a node ignores it */
+    const uint32_t counts[4] = {1000000, 0, 0, 0};
+    m = (cm_msg){.type = CM_MSG_EXPERT_LOAD};
+    m.u.expert_load =
+        (cm_msg_expert_load){.epoch = 1, .layer_begin = 2, .n_layers = 1, .n_expert = 4, .counts = counts};
+    CHECKF(cm_conn_send(c, &m, 2000, e, sizeof e) == 0, "%s", e);
     cm_msg r;
     m = (cm_msg){.type = CM_MSG_PING};
     m.u.ping.id = 9;
@@ -333,6 +342,46 @@ static void test_not_allowed(void) {
     CHECKF(rc == 0 && r.u.ping.id == 9, "rc %d: %s", rc, e);
     cm_conn_close(c, "done");
     CHECK(honest_ping());
+}
+
+/* EXPERT_LOAD at the coordinator (cluster/ep_load.h): the plan's machines
+ * are this one (stage 0) and node a (stage 0's group), then b and c (stage
+ * 1's group, layers [3, 4)) of a model of 4 layers of 16 experts. Only b,
+ * rank 0 of the later stage, speaks for layer 3 and all 16 experts; a
+ * stage-0 member, a later rank, a stranger, another stage's layers, layers
+ * past the model and another expert count are refused with the reason. */
+static void test_expert_load_rule(void) {
+    cm_cluster_member mbs[4] = {{.stage = 0, .first_layer = 0, .last_layer = 3, .n_members = 2, .local = true},
+                                {.stage = 0, .first_layer = 0, .last_layer = 3, .n_members = 2, .member = 1},
+                                {.stage = 1, .first_layer = 3, .last_layer = 4, .n_members = 2},
+                                {.stage = 1, .first_layer = 3, .last_layer = 4, .n_members = 2, .member = 1}};
+    snprintf(mbs[1].addr, sizeof mbs[1].addr, "10.0.0.2:7070");
+    snprintf(mbs[2].addr, sizeof mbs[2].addr, "10.0.0.3:7070");
+    snprintf(mbs[3].addr, sizeof mbs[3].addr, "10.0.0.4:7070");
+    static const uint32_t counts[2 * 16];
+    cm_msg_expert_load q = {.epoch = 5, .layer_begin = 3, .n_layers = 1, .n_expert = 16, .counts = counts};
+    char why[200];
+    CHECKF(cm_ep_load_check(mbs, 4, "10.0.0.3:7070", &q, 4, 16, why, sizeof why) == 0, "%s", why);
+    static const char *const from[] = {"10.0.0.2:7070", "10.0.0.4:7070", "10.0.0.9:7070", ""};
+    for (size_t i = 0; i < CM_ARRAY_LEN(from); i++) {
+        CHECK(cm_ep_load_check(mbs, 4, from[i], &q, 4, 16, why, sizeof why) == CM_EPROTO);
+        CHECKF(strstr(why, "not rank 0 of a later stage") != NULL, "%s", why);
+    }
+    cm_msg_expert_load bad = q;
+    bad.layer_begin = 2, bad.n_layers = 2; /* stage 0's layer 2 too */
+    CHECK(cm_ep_load_check(mbs, 4, "10.0.0.3:7070", &bad, 4, 16, why, sizeof why) == CM_EPROTO);
+    CHECKF(strstr(why, "layers [2, 4) outside its stage's [3, 4)") != NULL, "%s", why);
+    bad = q;
+    bad.layer_begin = 4; /* past the stage and the model */
+    CHECK(cm_ep_load_check(mbs, 4, "10.0.0.3:7070", &bad, 4, 16, why, sizeof why) == CM_EPROTO);
+    mbs[2].last_layer = mbs[3].last_layer = 9; /* a member table past the model still stops at it */
+    CHECK(cm_ep_load_check(mbs, 4, "10.0.0.3:7070", &bad, 4, 16, why, sizeof why) == CM_EPROTO);
+    mbs[2].last_layer = mbs[3].last_layer = 4;
+    bad = q;
+    bad.n_expert = 8;
+    CHECK(cm_ep_load_check(mbs, 4, "10.0.0.3:7070", &bad, 4, 16, why, sizeof why) == CM_EPROTO);
+    CHECKF(strstr(why, "8 experts, the model has 16") != NULL, "%s", why);
+    CHECK(cm_ep_load_check(mbs, 4, "10.0.0.3:7070", &q, 4, 0, why, sizeof why) == CM_EPROTO); /* a dense model */
 }
 
 /* TRAIN (issue 17) from a peer that is not the coordinator: only a FWD may
@@ -445,6 +494,7 @@ int main(void) {
     RUN(test_not_allowed);
     RUN(test_train_not_allowed);
     if (!g_tool) {
+        RUN(test_expert_load_rule); /* the coordinator's side: no node involved */
         atomic_store(&g_stop, 1);
         pthread_join(th, NULL);
         log = fx_log_capture_end();
@@ -467,6 +517,7 @@ int main(void) {
             "TRAIN op 0 from a peer that is not the coordinator",
             "BWDs come back only on the link to the next stage",
             "TRAIN without an assignment",
+            "unexpected EXPERT_LOAD from 127.0.0.1:",
         };
         t_cur_name = "node_log";
         t_cur_failed = 0;

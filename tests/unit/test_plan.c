@@ -637,6 +637,83 @@ static void test_ep_replicas_plan(void) {
         CHECKF(q.stages[0].members[i].n_replicas == 0, "member %d got a replica without memory", i);
 }
 
+/* Counts by layer (a running cluster's stages report theirs): qwen3-30b-a3b
+ * over two stages of two equal machines each (both expert groups), expert 5
+ * hot (30%) in stage 0's layers and expert 77 in stage 1's. Each group gets
+ * replicas of its own stage's hot expert only; the model-wide sum (both at
+ * 15%) would treat the two alike. Re-placing the replicas of a plan made
+ * without counts (cm_plan_replace_replicas, what a cluster's measured load
+ * asks) keeps its stages and ranges and gives the same replicas and speed
+ * as the plan made with the counts. */
+static void test_ep_replicas_by_stage(void) {
+    cm_plan_model m;
+    qwen3_30b_a3b(&m);
+    cm_plan_cluster c = {0};
+    links_all(&c, 0.1, 40);
+    for (int i = 0; i < 4; i++) add_node(&c, i == 0 ? "a" : i == 1 ? "b" : i == 2 ? "c" : "d", 24, 120, 4);
+    const int groups[4] = {0, 0, 1, 1};
+    cm_plan_opts o;
+    cm_plan_opts_default(&o);
+    o.mode = CM_PARALLEL_HYBRID;
+    cm_plan plain, p, q;
+    char err[512];
+    CHECKF(cm_plan_for_groups(&m, &c, &o, groups, &plain, err, sizeof err) == 0, "%s", err);
+    CHECK(plain.n_stages == 2 && plain.stages[0].ep && plain.stages[1].ep && plain.stages[0].n_members == 2);
+    const int split = plain.stages[1].first_layer;
+    static uint64_t by_layer[48 * 128];
+    uint64_t all[128] = {0};
+    for (int l = 0; l < 48; l++)
+        for (int e = 0; e < 128; e++) {
+            uint64_t v = 700;
+            if (e == (l < split ? 5 : 77)) v = 700ull * 127 * 3 / 7; /* 30% of the layer's assignments */
+            by_layer[l * 128 + e] = v;
+            all[e] += v;
+        }
+    o.expert_load = all;
+    o.expert_load_layers = by_layer;
+    o.n_load_layers = 48;
+    CHECKF(cm_plan_for_groups(&m, &c, &o, groups, &p, err, sizeof err) == 0, "%s", err);
+    CHECK(p.n_stages == 2 && p.stages[1].first_layer == split);
+    for (int s = 0; s < 2; s++) {
+        const uint32_t h5 = cm_plan_expert_holders(&p.stages[s], 5), h77 = cm_plan_expert_holders(&p.stages[s], 77);
+        const bool rep5 = h5 & (h5 - 1), rep77 = h77 & (h77 - 1);
+        CHECKF(s == 0 ? rep5 && !rep77 : rep77 && !rep5, "stage %d: expert 5 held by 0x%x, 77 by 0x%x", s, h5, h77);
+    }
+    /* the same counts summed over the model: 5 and 77 (one in each member's range) at 15%
+     * each look balanced in both groups, and neither is replicated anywhere */
+    cm_plan_opts sum = o;
+    sum.expert_load_layers = NULL;
+    CHECKF(cm_plan_for_groups(&m, &c, &sum, groups, &q, err, sizeof err) == 0, "%s", err);
+    for (int s = 0; s < 2; s++) {
+        const uint32_t h5 = cm_plan_expert_holders(&q.stages[s], 5), h77 = cm_plan_expert_holders(&q.stages[s], 77);
+        CHECKF(!(h5 & (h5 - 1)) && !(h77 & (h77 - 1)), "summed, stage %d: expert 5 held by 0x%x, 77 by 0x%x", s, h5,
+               h77);
+    }
+    /* the running plan without replicas priced under the counts by layer */
+    cm_plan run = plain;
+    cm_plan_expert_shares_by_layer(&run, all, by_layer, 48, 128);
+    double busiest = 0;
+    for (int k = 0; k < 2; k++) busiest = fmax(busiest, run.stages[1].members[k].expert_share);
+    CHECKF(busiest > 0.6, "stage 1's busiest member computes %.3f of its layers' assignments", busiest);
+    cm_plan_predict(&m, &c, &o, &run);
+    /* the running plan without counts, its replicas placed again under them */
+    q = plain;
+    cm_plan_replace_replicas(&m, &c, &o, &q);
+    for (int s = 0; s < 2; s++)
+        for (int k = 0; k < 2; k++) {
+            const cm_plan_member *a = &q.stages[s].members[k], *b = &p.stages[s].members[k];
+            CHECKF(a->node == b->node && a->expert_begin == b->expert_begin && a->expert_end == b->expert_end &&
+                       a->n_replicas == b->n_replicas &&
+                       !memcmp(a->replicas, b->replicas, (size_t)a->n_replicas * sizeof a->replicas[0]),
+                   "stage %d member %d: replicas %d vs %d", s, k, a->n_replicas, b->n_replicas);
+        }
+    CHECKF(fabs(q.tok_s - p.tok_s) < 1e-9 * p.tok_s && q.tok_s > run.tok_s, "%.3f vs %.3f tok/s (no replicas %.3f)",
+           q.tok_s, p.tok_s, run.tok_s);
+    printf("# by stage: stage 0 [0, %d) replicates 5, stage 1 replicates 77; %.2f tok/s vs %.2f without replicas "
+           "(stage 1's busiest member %.3f of its assignments)\n",
+           split, p.tok_s, run.tok_s, busiest);
+}
+
 /* deepseek2 (kv_shared: slices of query heads, the latent on every member)
  * with --parallel tp: the heads split, the experts an expert group, every
  * member's KV the whole latent; all-reduces for attention (every layer) and
@@ -920,5 +997,6 @@ int main(void) {
     RUN(test_ep_uneven_memory);
     RUN(test_ep_modes);
     RUN(test_ep_replicas_plan);
+    RUN(test_ep_replicas_by_stage);
     TEST_END();
 }

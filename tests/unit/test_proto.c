@@ -249,6 +249,16 @@ static void sample(unsigned type, cm_msg *m, int variant) {
         if (variant == 1) strcpy(q->peers[1], "[fe80::1%eth0]:7070");
         break;
     }
+    case CM_MSG_EXPERT_LOAD: { /* 3 layers x 8 experts from layer 2; one count of 0; the last layer */
+        static uint32_t cnt[24];
+        for (int i = 0; i < 24; i++) cnt[i] = (uint32_t)(i * 37 + 1);
+        cnt[5] = UINT32_MAX;
+        cm_msg_expert_load *q = &m->u.expert_load;
+        *q = (cm_msg_expert_load){.epoch = 9, .layer_begin = 2, .n_layers = 3, .n_expert = 8, .counts = cnt};
+        if (variant == 1) q->layer_begin = 0, q->n_layers = 1, q->n_expert = 1, q->counts = cnt + 23, cnt[23] = 0;
+        if (variant == 2) q->layer_begin = 65535, q->n_layers = 1, q->n_expert = 16;
+        break;
+    }
     case CM_MSG_LINKS: {
         cm_msg_links *q = &m->u.links;
         q->id = 0x1234567890ull + (uint64_t)variant;
@@ -800,6 +810,46 @@ static void test_encode_bounds(void) {
         size_t bwoff = n - 4;               /* the last field: bw of the only entry */
         cm_wr_u32(lb + bwoff, 0xff800000u); /* -inf */
         CHECK(cm_msg_decode(CM_MSG_LINKS, lb, n, &d, e, sizeof e) == CM_EFORMAT);
+    }
+    /* EXPERT_LOAD: expert and cell counts and the layer range are bounded both ways
+     * (the decoder sees a valid payload with each count grown by hand). */
+    {
+        static uint8_t xb[4096];
+        cm_msg d;
+        sample(CM_MSG_EXPERT_LOAD, &m, 0);
+        n = enc(&m, xb, sizeof xb);
+        CHECK(cm_msg_decode(CM_MSG_EXPERT_LOAD, xb, n, &d, e, sizeof e) == 0 && d.u.expert_load.n_layers == 3 &&
+              cm_msg_expert_load_count(&d.u.expert_load, 5) == UINT32_MAX &&
+              cm_msg_expert_load_count(&d.u.expert_load, 23) == 23 * 37 + 1);
+        m.u.expert_load.n_expert = 0;
+        CHECK(cm_msg_encode(&m, NULL, 0, &n, e, sizeof e) == CM_EINVAL);
+        m.u.expert_load.n_expert = CM_MSG_MAX_EXPERTS + 1;
+        m.u.expert_load.n_layers = 1;
+        CHECK(cm_msg_encode(&m, NULL, 0, &n, e, sizeof e) == CM_EINVAL);
+        m.u.expert_load.n_expert = 1024;
+        m.u.expert_load.n_layers = CM_MSG_MAX_EXPERT_CELLS / 1024 + 1; /* one layer too many */
+        CHECK(cm_msg_encode(&m, NULL, 0, &n, e, sizeof e) == CM_EINVAL);
+        sample(CM_MSG_EXPERT_LOAD, &m, 0);
+        m.u.expert_load.counts = NULL;
+        CHECK(cm_msg_encode(&m, NULL, 0, &n, e, sizeof e) == CM_EINVAL);
+        sample(CM_MSG_EXPERT_LOAD, &m, 0);
+        m.u.expert_load.layer_begin = 65534; /* 3 layers from there pass layer 65535 */
+        CHECK(cm_msg_encode(&m, NULL, 0, &n, e, sizeof e) == CM_EINVAL);
+        sample(CM_MSG_EXPERT_LOAD, &m, 0);
+        n = enc(&m, xb, sizeof xb);
+        cm_wr_u32(xb + 8, 65534); /* layer_begin follows epoch */
+        CHECK(cm_msg_decode(CM_MSG_EXPERT_LOAD, xb, n, &d, e, sizeof e) == CM_EFORMAT);
+        cm_wr_u32(xb + 8, 2);
+        cm_wr_u16(xb + 14, 0); /* n_expert */
+        CHECK(cm_msg_decode(CM_MSG_EXPERT_LOAD, xb, n, &d, e, sizeof e) == CM_EFORMAT);
+        cm_wr_u16(xb + 14, 0xffff);
+        CHECK(cm_msg_decode(CM_MSG_EXPERT_LOAD, xb, n, &d, e, sizeof e) == CM_EFORMAT);
+        cm_wr_u16(xb + 14, 1024); /* in bounds, but 16 x 1024 cells claimed in a 96-byte payload */
+        cm_wr_u16(xb + 12, 16);
+        CHECK(cm_msg_decode(CM_MSG_EXPERT_LOAD, xb, n, &d, e, sizeof e) == CM_EFORMAT);
+        cm_wr_u16(xb + 12, 17); /* 17 x 1024 cells: past the maximum */
+        CHECK(cm_msg_decode(CM_MSG_EXPERT_LOAD, xb, n, &d, e, sizeof e) == CM_EFORMAT);
+        CHECKF(strstr(e, "'n_layers' out of range") != NULL, "%s", e);
     }
     /* A FORWARD larger than its frame maximum is refused at encoding: split the batch. */
     sample(CM_MSG_FORWARD, &m, 1);
