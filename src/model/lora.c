@@ -20,8 +20,9 @@ typedef struct lora_pair {
     int rank;
     int64_t n_in, n_out;
     float scale;
-    int next; /* next pair of the same slot, -1 = last */
-    int slot; /* (layer, target) list it belongs to */
+    int next;    /* next pair of the same slot, -1 = last */
+    int slot;    /* (layer, target) list it belongs to */
+    int adapter; /* which cm_lora_add (or parts adapter index) it came from */
 } lora_pair;
 
 struct cm_lora {
@@ -288,6 +289,7 @@ int cm_lora_add(cm_lora *l, const cm_gguf *g, float scale, char *err, size_t err
             return rc;
         }
         p->slot = slot_of(l, il, tg);
+        p->adapter = l->n_adapters;
         n++;
     }
     for (int k = first; k < n; k++) {
@@ -344,4 +346,152 @@ void cm_lora_apply(const cm_lora *l, int il, enum cm_lora_target t, const float 
             }
         }
     }
+}
+
+/* ---- a set's parts for a cluster stage (lora.h: cm_lora_parts_write / cm_lora_add_parts) ---- */
+
+#define PARTS_MAGIC 0x504C4D43u /* "CMLP" */
+#define PARTS_VERSION 1u
+#define PARTS_HDR 16
+#define PAIR_HDR 40
+
+static void put32(cm_buf *b, uint32_t v) {
+    uint8_t x[4] = {(uint8_t)v, (uint8_t)(v >> 8), (uint8_t)(v >> 16), (uint8_t)(v >> 24)};
+    cm_buf_append(b, x, 4);
+}
+static void put64(cm_buf *b, uint64_t v) {
+    put32(b, (uint32_t)v);
+    put32(b, (uint32_t)(v >> 32));
+}
+static void putf(cm_buf *b, float f) {
+    uint32_t v;
+    memcpy(&v, &f, 4);
+    put32(b, v);
+}
+static uint32_t get32(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static uint64_t get64(const uint8_t *p) { return (uint64_t)get32(p) | (uint64_t)get32(p + 4) << 32; }
+static float getf(const uint8_t *p) {
+    uint32_t v = get32(p);
+    float f;
+    memcpy(&f, &v, 4);
+    return f;
+}
+
+static bool pair_in(const cm_lora *l, const lora_pair *p, int layer_begin, int layer_end, bool output) {
+    int il = p->slot / CM_LORA_TARGET_COUNT;
+    if (il == l->m->hp.n_layer) return output;
+    return il >= layer_begin && il < layer_end;
+}
+
+int cm_lora_parts_write(const cm_lora *l, int layer_begin, int layer_end, bool output, cm_buf *out, int *n_pairs) {
+    int n = 0;
+    for (int i = 0; l && i < l->n_pairs; i++) n += pair_in(l, &l->pairs[i], layer_begin, layer_end, output);
+    put32(out, PARTS_MAGIC);
+    put32(out, PARTS_VERSION);
+    put32(out, (uint32_t)cm_lora_count(l));
+    put32(out, (uint32_t)n);
+    for (int i = 0; l && i < l->n_pairs; i++) {
+        const lora_pair *p = &l->pairs[i];
+        if (!pair_in(l, p, layer_begin, layer_end, output)) continue;
+        put32(out, (uint32_t)p->adapter);
+        put32(out, (uint32_t)(p->slot / CM_LORA_TARGET_COUNT));
+        put32(out, (uint32_t)(p->slot % CM_LORA_TARGET_COUNT));
+        put32(out, (uint32_t)p->rank);
+        put64(out, (uint64_t)p->n_in);
+        put64(out, (uint64_t)p->n_out);
+        putf(out, p->scale);
+        put32(out, 0); /* reserved */
+        for (int64_t k = 0; k < (int64_t)p->rank * p->n_in; k++) putf(out, p->a[k]);
+        for (int64_t k = 0; k < p->n_out * p->rank; k++) putf(out, p->b[k]);
+    }
+    if (n_pairs) *n_pairs = n;
+    return out->oom ? CM_ENOMEM : 0;
+}
+
+int cm_lora_add_parts(cm_lora *l, const uint8_t *p, size_t n, char *err, size_t errlen) {
+    if (n < PARTS_HDR || get32(p) != PARTS_MAGIC || get32(p + 4) != PARTS_VERSION)
+        return cm_errf(err, errlen, CM_EFORMAT, "LoRA parts: bad header");
+    const uint32_t n_adapters = get32(p + 8), n_pairs = get32(p + 12);
+    if (n_adapters < 1 || n_adapters > 4096 || n_pairs > (n - PARTS_HDR) / PAIR_HDR)
+        return cm_errf(err, errlen, CM_EFORMAT, "LoRA parts: %u adapters, %u pairs in %zu bytes", n_adapters, n_pairs,
+                       n);
+    const cm_hparams *hp = &l->m->hp;
+    /* Pass 1: every pair in bounds, shaped like the model's weight, adapters in
+     * order: nothing is kept unless all of it is good. */
+    size_t off = PARTS_HDR;
+    uint32_t prev_adapter = 0;
+    for (uint32_t i = 0; i < n_pairs; i++) {
+        if (n - off < PAIR_HDR) return cm_errf(err, errlen, CM_EFORMAT, "LoRA parts: pair %u is truncated", i);
+        const uint8_t *h = p + off;
+        uint32_t ad = get32(h), il = get32(h + 4), t = get32(h + 8), rank = get32(h + 12);
+        uint64_t n_in = get64(h + 16), n_out = get64(h + 24);
+        float scale = getf(h + 32);
+        if (ad >= n_adapters || ad < prev_adapter || t >= CM_LORA_TARGET_COUNT ||
+            (t == CM_LORA_OUTPUT) != (il == (uint32_t)hp->n_layer) || il > (uint32_t)hp->n_layer || rank < 1 ||
+            rank > CM_LORA_MAX_RANK || !(scale > -1e9f && scale < 1e9f) || get32(h + 36))
+            return cm_errf(err, errlen, CM_EFORMAT, "LoRA parts: pair %u is out of range", i);
+        prev_adapter = ad;
+        char name[64];
+        if (t == CM_LORA_OUTPUT) snprintf(name, sizeof name, "output.weight");
+        else snprintf(name, sizeof name, "blk.%u.%s.weight", il, target_names[t]);
+        const cm_gguf_tensor_info *w = cm_gguf_find_tensor(l->m->gguf, name);
+        const cm_tensor *bw = bound_of(l->m, (int)il, (enum cm_lora_target)t);
+        if (!w || w->n_dims != 2 || !bw->data || bw->ne[0] != w->ne[0] || bw->ne[1] != w->ne[1] ||
+            n_in != (uint64_t)w->ne[0] || n_out != (uint64_t)w->ne[1])
+            return cm_errf(err, errlen, CM_EFORMAT, "LoRA parts: pair %u does not fit the model's '%s'", i, name);
+        /* n_in, n_out < 2^32 (a model's dimension), rank <= 1024: no overflow in 64 bits */
+        uint64_t bytes = 4 * (uint64_t)rank * (n_in + n_out);
+        if (bytes > n - off - PAIR_HDR) return cm_errf(err, errlen, CM_EFORMAT, "LoRA parts: pair %u is truncated", i);
+        off += PAIR_HDR + (size_t)bytes;
+    }
+    if (off != n) return cm_errf(err, errlen, CM_EFORMAT, "LoRA parts: %zu bytes after the last pair", n - off);
+    if (l->n_pairs + (int64_t)n_pairs > INT32_MAX / 2) return cm_errf(err, errlen, CM_ENOMEM, "too many pairs");
+    int cap = l->n_pairs + (int)n_pairs;
+    if (cap > l->cap) {
+        lora_pair *np = cm_realloc(l->pairs, (size_t)(cap ? cap : 1) * sizeof *np);
+        if (!np) return cm_errf(err, errlen, CM_ENOMEM, "out of memory");
+        l->pairs = np;
+        l->cap = cap;
+    }
+    /* Pass 2: copy, then link (only once every copy succeeded). */
+    int first = l->n_pairs, k = first;
+    off = PARTS_HDR;
+    for (uint32_t i = 0; i < n_pairs; i++, k++) {
+        const uint8_t *h = p + off;
+        lora_pair *q = &l->pairs[k];
+        memset(q, 0, sizeof *q);
+        q->adapter = l->n_adapters + (int)get32(h);
+        q->slot = (int)get32(h + 4) * CM_LORA_TARGET_COUNT + (int)get32(h + 8);
+        q->rank = (int)get32(h + 12);
+        q->n_in = (int64_t)get64(h + 16);
+        q->n_out = (int64_t)get64(h + 24);
+        q->scale = getf(h + 32);
+        q->next = -1;
+        const size_t na = (size_t)q->rank * (size_t)q->n_in, nb = (size_t)q->n_out * (size_t)q->rank;
+        q->a = cm_malloc(na * sizeof(float));
+        q->b = cm_malloc(nb * sizeof(float));
+        if (!q->a || !q->b) {
+            for (int j = first; j <= k; j++) {
+                cm_free(l->pairs[j].a);
+                cm_free(l->pairs[j].b);
+            }
+            return cm_errf(err, errlen, CM_ENOMEM, "out of memory for the LoRA parts");
+        }
+        const uint8_t *d = h + PAIR_HDR;
+        for (size_t j = 0; j < na; j++) q->a[j] = getf(d + 4 * j);
+        d += 4 * na;
+        for (size_t j = 0; j < nb; j++) q->b[j] = getf(d + 4 * j);
+        off += PAIR_HDR + 4 * (na + nb);
+    }
+    for (int j = first; j < k; j++) {
+        int s = l->pairs[j].slot;
+        if (l->tail[s] >= 0) l->pairs[l->tail[s]].next = j;
+        else l->head[s] = j;
+        l->tail[s] = j;
+    }
+    l->n_pairs = k;
+    l->n_adapters += (int)n_adapters;
+    return 0;
 }

@@ -78,6 +78,21 @@ bool cm_lora_targets(const cm_lora *l, int il, enum cm_lora_target t);
 void cm_lora_apply(const cm_lora *l, int il, enum cm_lora_target t, const float *x, int64_t ldx, int64_t col0,
                    int64_t ncols, int n_tok, float *y, int64_t ldy, int64_t row0, int64_t r0, int64_t r1);
 
+/* A cluster stage's part of a set (the coordinator sends it to the node
+ * that runs those layers; cluster/lora_parts): every pair of layers
+ * [layer_begin, layer_end), plus the output head's when output, in the
+ * set's order, as bytes ("CMLP", version, adapter count, pair count; per
+ * pair adapter index, layer, target, rank, n_in, n_out, final scale, then
+ * A and B as little-endian F32). Appends to out; *n_pairs (may be NULL)
+ * gets the pairs written. CM_ENOMEM when out could not grow. */
+int cm_lora_parts_write(const cm_lora *l, int layer_begin, int layer_end, bool output, cm_buf *out, int *n_pairs);
+/* Add the pairs of a cm_lora_parts_write to l, as adapters after l's own,
+ * with the scales as written: the same corrections, bit for bit, as the
+ * set they came from applies to those layers. Bytes from a peer: bounded
+ * and checked against l's model (each pair's weight and shape) before
+ * anything is kept; on error l is unchanged. CM_EFORMAT / CM_ENOMEM. */
+int cm_lora_add_parts(cm_lora *l, const uint8_t *p, size_t n, char *err, size_t errlen);
+
 /* Apply l (NULL: none) in every cm_forward() of c from now on (forward.c).
  * l must outlive its use by c. */
 void cm_ctx_set_lora(cm_ctx *c, const cm_lora *l);

@@ -319,6 +319,84 @@ static void test_errors(void) {
     CHECK(cm_lora_spec_parse(":2", path, sizeof path, &s, errbuf, sizeof errbuf) == CM_EINVAL);
 }
 
+/* Logits of the last of a few prompt tokens with the set l (NULL: none). */
+static void logits_of(base *b, const cm_lora *l, float *out) {
+    const cm_model *m = &b->m;
+    cm_ctx *c = cm_ctx_new(m, NPOS, 64, NULL, errbuf, sizeof errbuf);
+    cm_ctx_set_lora(c, l);
+    cm_kv kv;
+    cm_kv_init(&kv, m, 0, m->hp.n_layer, cm_slice_full(m), 64, errbuf, sizeof errbuf);
+    int32_t ids[6] = {1, 403, 407, 261, 378, 432};
+    CHECK(cm_forward_simple(c, &kv, ids, 6, out, errbuf, sizeof errbuf) == 0);
+    cm_kv_release(&kv);
+    cm_ctx_free(c);
+}
+
+/* A cluster stage's parts (cm_lora_parts_write / cm_lora_add_parts): the
+ * parts of every layer, or of two ranges added one after the other, give
+ * the same logits, bit for bit, as the set they came from; a range holds
+ * only its layers' pairs; hostile bytes are refused and leave the set as it
+ * was. */
+static void test_parts(void) {
+    cm_lora *l = cm_lora_new(&B32.m);
+    CHECK(add_synth(l, &B32, 4, 8, 7, NULL, 1.0f) == 0);
+    CHECK(add_synth(l, &B32, 8, 0, 8, "ffn", 0.7f) == 0);
+    cm_buf all, lo, hi;
+    cm_buf_init(&all);
+    cm_buf_init(&lo);
+    cm_buf_init(&hi);
+    int n_all = 0, n_lo = 0, n_hi = 0;
+    CHECK(cm_lora_parts_write(l, 0, 5, true, &all, &n_all) == 0 && n_all == cm_lora_n_pairs(l));
+    CHECK(cm_lora_parts_write(l, 0, 2, false, &lo, &n_lo) == 0 && n_lo == 2 * (7 + 3));
+    CHECK(cm_lora_parts_write(l, 2, 5, true, &hi, &n_hi) == 0 && n_hi == 3 * (7 + 3) + 1);
+    static float want[NVOC], got[NVOC], none[NVOC];
+    logits_of(&B32, l, want);
+    logits_of(&B32, NULL, none);
+    CHECK(memcmp(want, none, sizeof want) != 0);
+    cm_lora *w = cm_lora_new(&B32.m);
+    CHECK(cm_lora_add_parts(w, (const uint8_t *)all.data, all.len, errbuf, sizeof errbuf) == 0);
+    CHECK(cm_lora_count(w) == 2 && cm_lora_n_pairs(w) == n_all);
+    logits_of(&B32, w, got);
+    CHECK(memcmp(want, got, sizeof want) == 0);
+    cm_lora_free(w);
+    w = cm_lora_new(&B32.m);
+    CHECK(cm_lora_add_parts(w, (const uint8_t *)lo.data, lo.len, errbuf, sizeof errbuf) == 0);
+    CHECK(cm_lora_targets(w, 1, CM_LORA_Q) && !cm_lora_targets(w, 2, CM_LORA_Q) &&
+          !cm_lora_targets(w, 0, CM_LORA_OUTPUT));
+    CHECK(cm_lora_add_parts(w, (const uint8_t *)hi.data, hi.len, errbuf, sizeof errbuf) == 0);
+    logits_of(&B32, w, got);
+    CHECK(memcmp(want, got, sizeof want) == 0);
+    cm_lora_free(w);
+    /* hostile bytes: nothing kept */
+    w = cm_lora_new(&B32.m);
+    uint8_t *p = (uint8_t *)lo.data;
+    CHECK(cm_lora_add_parts(w, p, lo.len - 1, errbuf, sizeof errbuf) == CM_EFORMAT); /* truncated */
+    CHECK(cm_lora_add_parts(w, p, 15, errbuf, sizeof errbuf) == CM_EFORMAT);
+    cm_buf_append(&lo, "", 1);
+    p = (uint8_t *)lo.data;
+    CHECK(cm_lora_add_parts(w, p, lo.len, errbuf, sizeof errbuf) == CM_EFORMAT && strstr(errbuf, "after the last"));
+    lo.len--;
+    p[20] = 9; /* the first pair's layer: not in the model */
+    CHECK(cm_lora_add_parts(w, p, lo.len, errbuf, sizeof errbuf) == CM_EFORMAT);
+    p[20] = 0;
+    p[32] = 63; /* its n_in: not the weight's */
+    CHECK(cm_lora_add_parts(w, p, lo.len, errbuf, sizeof errbuf) == CM_EFORMAT && strstr(errbuf, "does not fit"));
+    p[32] = 64;
+    p[16] = 1; /* adapter 1 before adapter 0's pairs */
+    CHECK(cm_lora_add_parts(w, p, lo.len, errbuf, sizeof errbuf) == CM_EFORMAT && strstr(errbuf, "out of range"));
+    p[16] = 0;
+    p[12] = 200; /* more pairs than bytes */
+    CHECK(cm_lora_add_parts(w, p, lo.len, errbuf, sizeof errbuf) == CM_EFORMAT);
+    p[12] = (uint8_t)n_lo;
+    CHECK(cm_lora_count(w) == 0 && cm_lora_n_pairs(w) == 0);
+    CHECK(cm_lora_add_parts(w, p, lo.len, errbuf, sizeof errbuf) == 0); /* restored: accepted */
+    cm_lora_free(w);
+    cm_buf_release(&all);
+    cm_buf_release(&lo);
+    cm_buf_release(&hi);
+    cm_lora_free(l);
+}
+
 int main(void) {
     if (load_base(&B32, "f32") || load_base(&B8, "q8_0")) {
         fprintf(stderr, "cannot load stories260K models from %s\n", t_shared(""));
@@ -331,6 +409,7 @@ int main(void) {
     RUN(test_two_adapters);
     RUN(test_q8_0);
     RUN(test_errors);
+    RUN(test_parts);
     cm_model_release(&B32.m);
     cm_gguf_close(&B32.g);
     cm_model_release(&B8.m);
