@@ -88,10 +88,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             cm_buf b;
             cm_buf_init(&b);
             int n = 0;
-            REQUIRE(cm_lora_parts_write(l, 0, 1, true, &b, &n) == 0 && n == cm_lora_n_pairs(l));
+            REQUIRE(cm_lora_parts_write(l, 0, 1, true, NULL, false, &b, &n) == 0 && n == cm_lora_n_pairs(l));
             cm_lora *w = cm_lora_new(&g_model);
             REQUIRE(w && cm_lora_add_parts(w, (const uint8_t *)b.data, b.len, err, sizeof err) == 0);
-            REQUIRE(cm_lora_n_pairs(w) == n);
+            REQUIRE(cm_lora_n_pairs(w) == n && cm_lora_covers(w, NULL, false));
+            cm_lora_free(w);
+            const cm_slice sl = {1, 2, 16, 48}; /* a tensor-parallel member's slice of the same */
+            cm_buf_clear(&b);
+            REQUIRE(cm_lora_parts_write(l, 0, 1, true, &sl, true, &b, &n) == 0);
+            w = cm_lora_new(&g_model);
+            REQUIRE(w && cm_lora_add_parts(w, (const uint8_t *)b.data, b.len, err, sizeof err) == 0);
+            REQUIRE(cm_lora_covers(w, &sl, true));
             cm_lora_free(w);
             cm_buf_release(&b);
         }
@@ -104,6 +111,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         int rc = cm_lora_add_parts(l, copy, size, err, sizeof err);
         REQUIRE(rc == 0 || (rc < 0 && err[0]));
         REQUIRE(rc == 0 || cm_lora_n_pairs(l) == 0);
+        if (rc == 0 && cm_lora_covers(l, NULL, false)) { /* whole pairs: apply them (the model's shapes) */
+            static float x[2 * 64], y[2 * 512];
+            for (int i = 0; i < 2 * 64; i++) x[i] = (float)(i % 5) - 2.0f;
+            for (int t = 0; t < CM_LORA_O; t++)
+                cm_lora_apply(l, 0, (enum cm_lora_target)t, x, 64, 0, 32, 2, y, 512, 0, 0, 16);
+        }
         cm_lora_free(l);
     }
     free(copy);

@@ -273,13 +273,13 @@ int cm_coord_join_poll(cm_pipe *p);
 void cm_coord_join_stop(cm_pipe *p);
 
 /* LoRA on a cluster (coord_lora.c). Before the ASSIGNs of plan pl: make
- * the parts object of every stage's layer range that has none yet (a no-op
- * without adapters). Fill a's CM_ASSIGN_F_LORA fields for layers [first,
- * last) (+ the output head when output). Answer a WEIGHTS_REQ from node r
+ * the parts object of every member (its layers, and its slice in a group)
+ * that has none yet (a no-op without adapters). Fill a's CM_ASSIGN_F_LORA
+ * fields for member k of stage s of pl. Answer a WEIGHTS_REQ from node r
  * when it names a parts object: true (sent, or failed with err), false when
  * it is not one. Free the objects (cm_pipe_close). */
 int cm_coord_lora_prepare(cm_pipe *p, const cm_plan *pl, char *err, size_t errlen);
-void cm_coord_lora_fill(cm_pipe *p, int first, int last, bool output, cm_msg_assign *a);
+void cm_coord_lora_fill(cm_pipe *p, const cm_plan *pl, int s, int k, cm_msg_assign *a);
 bool cm_coord_lora_serve(cm_pipe *p, remote *r, const cm_msg_weights_req *rq, int *rc, char *err, size_t errlen);
 void cm_coord_lora_free(cm_pipe *p);
 

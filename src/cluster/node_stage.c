@@ -279,8 +279,9 @@ int cm_node_send_ready(node *n, cm_conn *c, uint64_t epoch, int status, uint64_t
 /* LoRA (CM_ASSIGN_F_LORA): fetch this stage's parts of the coordinator's
  * adapters (one content-addressed object over the weight path, its sha256
  * checked), make them the stage's set and apply it in every forward pass.
- * The parts hold only this stage's layers (coord_lora.c); the line on
- * stderr says so (tests/sh/cluster_lora.sh reads it). */
+ * The parts hold only this stage's layers, and a group member's only its
+ * slice of them (coord_lora.c); the line on stderr says so
+ * (tests/sh/cluster_lora.sh reads it). */
 static int stage_lora(node *n, cm_conn *c, stage *s, cm_msg_assign *newer, bool *superseded, char *err, size_t errlen) {
     const cm_msg_assign *a = &s->as;
     uint8_t *bytes = NULL;
@@ -293,7 +294,10 @@ static int stage_lora(node *n, cm_conn *c, stage *s, cm_msg_assign *newer, bool 
                  : cm_errf(e, sizeof e, CM_ENOMEM, "out of memory");
     cm_free(bytes);
     if (rc) return cm_errf(err, errlen, rc, "%s", e);
-    /* Every pair must be one of this stage's layers (or its output head). */
+    /* They must hold every row and column this member reads (its slice)... */
+    if (!cm_lora_covers(s->lora, &s->slice, (a->flags & CM_ASSIGN_F_HEAD) != 0))
+        return cm_errf(err, errlen, CM_EPROTO, "LoRA parts do not hold this member's rows and columns");
+    /* ... and be of this stage's layers (or its output head) only. */
     for (int il = 0; il <= s->m.hp.n_layer; il++)
         for (int t = 0; t < CM_LORA_TARGET_COUNT; t++) {
             bool out = t == CM_LORA_OUTPUT;
@@ -306,9 +310,10 @@ static int stage_lora(node *n, cm_conn *c, stage *s, cm_msg_assign *newer, bool 
         }
     cm_ctx_set_lora(s->ctx, s->lora);
     fprintf(stderr,
-            "cumulo node '%s': LoRA parts of layers [%u, %u)%s (epoch %llu): %d pairs of %d adapters, %u bytes\n",
+            "cumulo node '%s': LoRA parts of layers [%u, %u)%s (epoch %llu): %d pairs of %d adapters, %u bytes%s\n",
             n->hello.name, a->layer_begin, a->layer_end, (a->flags & CM_ASSIGN_F_OUTPUT) ? " + output" : "",
-            (unsigned long long)a->epoch, cm_lora_n_pairs(s->lora), cm_lora_count(s->lora), a->lora_bytes);
+            (unsigned long long)a->epoch, cm_lora_n_pairs(s->lora), cm_lora_count(s->lora), a->lora_bytes,
+            a->tp_size > 1 ? ", this member's slice" : "");
     return 0;
 }
 

@@ -8,7 +8,9 @@
 # is the size of those layers' pairs, smaller than the adapter file's); a
 # node that streams its weights (no model file) gets its parts the same way;
 # a tensor-parallel group of the coordinator and two nodes (rows/columns
-# split, split output head) gives one machine's ids too; a node killed
+# split, split output head) gives one machine's ids too, each member having
+# received only its slice of the pairs (fewer bytes than its layers' whole
+# pairs); `serve --nodes --lora` answers one machine's text; a node killed
 # mid-run is re-planned around and the new owner gets its parts (the ids
 # still equal one machine's). Every process is killed on exit.
 cd "$(dirname "$0")/../.." || exit 1
@@ -68,10 +70,9 @@ ref() { cc_jsonget "tests/data/lora/$1.json" 'join(",", @{$j->{generated_tokens}
 [ "$IDS_q8" = "$(ref q8_a)" ] && ok || bad "cluster ids with the q8 adapter differ from llama.cpp's"
 
 # Each node received only its layers' parts: its line names its range, and
-# the bytes are those layers' pairs (stories260K: 5 layers of dim 64, ffn 172,
-# 4 KV heads of 8... computed from the adapter: rank 4, per layer
-# 4*(64+64)*2 (q, o) + 4*(64+32)*2 (k, v) + 4*(64+172)*3 (gate, up, down)
-# floats, 40 + 16 bytes of headers each pair; the output head 4*(64+512)).
+# the bytes are exactly those layers' pairs (computed below from the adapter
+# file's shapes: 72 bytes of header and rank x (n_in + n_out) F32 per pair,
+# 16 bytes for the object).
 "$BIN" run "$M32" --nodes "$A,$B" --layers 1,2,2 -p "$P" -n 4 --temp 0 --threads 1 --lora "$TMP/a.gguf" \
     >/dev/null 2>"$TMP/split.err" || bad "--layers 1,2,2 with --lora failed: $(tail -3 "$TMP/split.err")"
 la=$(grep "LoRA parts of layers" "$TMP/a.log" | tail -1)
@@ -110,13 +111,15 @@ def part(layers, output):
     for base, p in pairs.items():
         L = base.split(".")
         if (L[0] == "blk" and int(L[1]) in layers) or (output and base == "output.weight"):
-            b += 40 + 4 * (p["lora_a"][0] * p["lora_a"][1] + p["lora_b"][0] * p["lora_b"][1])
+            b += 72 + 4 * (p["lora_a"][0] * p["lora_a"][1] + p["lora_b"][0] * p["lora_b"][1])
     return b
-print(part({1, 2}, False), part({3, 4}, True))
+print(part({1, 2}, False), part({3, 4}, True), part({0, 1, 2, 3, 4}, True))
 PY
 )
-echo "$la" | grep -q ", ${pb% *} bytes" && ok || bad "node a: ${pb% *} bytes expected: $la"
-echo "$lb" | grep -q ", ${pb#* } bytes" && ok || bad "node b: ${pb#* } bytes expected: $lb"
+set -- $pb
+echo "$la" | grep -q ", $1 bytes\$" && ok || bad "node a: $1 bytes expected: $la"
+echo "$lb" | grep -q ", $2 bytes\$" && ok || bad "node b: $2 bytes expected: $lb"
+WHOLE=$3
 echo "LoRA parts sent: node a $la"
 echo "LoRA parts sent: node b $lb"
 
@@ -131,6 +134,15 @@ for case in a ab; do
     grep -q "tensor parallel: 3 members" "$TMP/run.err" && ok || bad "tp $case: not a tensor-parallel plan: $(grep -i plan "$TMP/run.err" | head -3)"
     eval "want=\$IDS_$case"
     [ "$got" = "$want" ] && ok || bad "tp $case: ids $got, one machine $want"
+done
+# Each member got only its slice of every layer's pairs (adapter a alone:
+# less than the WHOLE bytes of the layers' parts; the A of row-split and the
+# B of column-split weights go to every member).
+for n in a b; do
+    l=$(grep "LoRA parts of layers \[0, 5) + output" "$TMP/$n.log" | grep "1 adapters" | tail -1)
+    by=$(echo "$l" | sed -n 's/.*, \([0-9]*\) bytes, this member.s slice$/\1/p')
+    [ -n "$by" ] && [ "$by" -lt "$WHOLE" ] && ok || bad "tp member $n: parts of $by bytes, the whole layers' are $WHOLE: $l"
+    echo "tp member $n (adapter a): $by of $WHOLE bytes"
 done
 
 # serve on the cluster: the same text as run --lora on one machine.

@@ -346,9 +346,9 @@ static void test_parts(void) {
     cm_buf_init(&lo);
     cm_buf_init(&hi);
     int n_all = 0, n_lo = 0, n_hi = 0;
-    CHECK(cm_lora_parts_write(l, 0, 5, true, &all, &n_all) == 0 && n_all == cm_lora_n_pairs(l));
-    CHECK(cm_lora_parts_write(l, 0, 2, false, &lo, &n_lo) == 0 && n_lo == 2 * (7 + 3));
-    CHECK(cm_lora_parts_write(l, 2, 5, true, &hi, &n_hi) == 0 && n_hi == 3 * (7 + 3) + 1);
+    CHECK(cm_lora_parts_write(l, 0, 5, true, NULL, false, &all, &n_all) == 0 && n_all == cm_lora_n_pairs(l));
+    CHECK(cm_lora_parts_write(l, 0, 2, false, NULL, false, &lo, &n_lo) == 0 && n_lo == 2 * (7 + 3));
+    CHECK(cm_lora_parts_write(l, 2, 5, true, NULL, false, &hi, &n_hi) == 0 && n_hi == 3 * (7 + 3) + 1);
     static float want[NVOC], got[NVOC], none[NVOC];
     logits_of(&B32, l, want);
     logits_of(&B32, NULL, none);
@@ -391,6 +391,45 @@ static void test_parts(void) {
     CHECK(cm_lora_count(w) == 0 && cm_lora_n_pairs(w) == 0);
     CHECK(cm_lora_add_parts(w, p, lo.len, errbuf, sizeof errbuf) == 0); /* restored: accepted */
     cm_lora_free(w);
+    /* A tensor-parallel member's slice (kv heads [1, 3), FFN rows [40, 120),
+     * its rows of a split head): smaller, covers that slice and not another,
+     * and gives the same corrections, bit for bit, on what it holds. */
+    const cm_slice sl = {1, 3, 40, 120}, other = {0, 2, 40, 120};
+    cm_buf sb;
+    cm_buf_init(&sb);
+    CHECK(cm_lora_parts_write(l, 0, 5, true, &sl, true, &sb, NULL) == 0 && sb.len < all.len * 3 / 4);
+    printf("# parts of a member with kv heads [1, 3) of 4, ffn rows [40, 120) of 172: %zu of %zu bytes\n", sb.len,
+           all.len);
+    w = cm_lora_new(&B32.m);
+    CHECK(cm_lora_add_parts(w, (const uint8_t *)sb.data, sb.len, errbuf, sizeof errbuf) == 0);
+    CHECK(cm_lora_covers(w, &sl, true) && !cm_lora_covers(w, &other, true) && !cm_lora_covers(w, NULL, false));
+    {
+        const cm_hparams *hp = &B32.m.hp;
+        const int64_t E = hp->n_embd, D = hp->head_dim, rep = hp->n_head / hp->n_head_kv;
+        const int64_t q0 = sl.h0 * rep * D, QS = (sl.h1 - sl.h0) * rep * D, FS = sl.f1 - sl.f0;
+        int v0, v1;
+        cm_slice_head_rows(&B32.m, sl, &v0, &v1);
+        static float x[2 * 256], y1[2 * NVOC], y2[2 * NVOC];
+        for (int i = 0; i < 2 * 256; i++) x[i] = (float)((i * 37) % 11) * 0.1f - 0.5f;
+        struct {
+            enum cm_lora_target t;
+            int64_t ldx, col0, ncols, row0, rows;
+        } cs[] = {{CM_LORA_Q, E, 0, E, q0, QS},        {CM_LORA_K, E, 0, E, sl.h0 * D, (sl.h1 - sl.h0) * D},
+                  {CM_LORA_O, QS, q0, QS, 0, E},       {CM_LORA_GATE, E, 0, E, sl.f0, FS},
+                  {CM_LORA_DOWN, FS, sl.f0, FS, 0, E}, {CM_LORA_OUTPUT, E, 0, E, v0, v1 - v0}};
+        for (int il = 0; il < hp->n_layer; il++)
+            for (size_t k = 0; k < sizeof cs / sizeof cs[0]; k++) {
+                memset(y1, 0, sizeof y1);
+                memset(y2, 0, sizeof y2);
+                cm_lora_apply(l, il, cs[k].t, x, cs[k].ldx, cs[k].col0, cs[k].ncols, 2, y1, NVOC, cs[k].row0, 0,
+                              cs[k].rows);
+                cm_lora_apply(w, il, cs[k].t, x, cs[k].ldx, cs[k].col0, cs[k].ncols, 2, y2, NVOC, cs[k].row0, 0,
+                              cs[k].rows);
+                CHECKF(memcmp(y1, y2, sizeof y1) == 0, "layer %d target %d: sliced parts differ", il, (int)cs[k].t);
+            }
+    }
+    cm_lora_free(w);
+    cm_buf_release(&sb);
     cm_buf_release(&all);
     cm_buf_release(&lo);
     cm_buf_release(&hi);
