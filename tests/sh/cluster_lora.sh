@@ -145,17 +145,27 @@ for n in a b; do
     echo "tp member $n (adapter a): $by of $WHOLE bytes"
 done
 
-# serve on the cluster: the same text as run --lora on one machine.
-"$BIN" run "$M8" -p "$P" -n 24 --temp 0 --threads 1 --lora "$TMP/q8.gguf" >"$TMP/run_text" 2>/dev/null
-cc_start_serve s "$M8" --nodes "$A,$B" --threads 1 --lora "$TMP/q8.gguf"
-if [ -n "$SERVE_PORT" ]; then
-    curl -s -m 60 "http://127.0.0.1:$SERVE_PORT/v1/completions" -H 'Content-Type: application/json' \
-        -d "{\"prompt\": \"$P\", \"max_tokens\": 24, \"temperature\": 0}" >"$TMP/body"
-    text=$(cc_jsonget "$TMP/body" '$j->{choices}[0]{text}')
-    [ "$P$text" = "$(cat "$TMP/run_text")" ] && ok || bad "serve --nodes --lora: '$text' vs run '$(cat "$TMP/run_text")'"
-    kill "$SERVE_PID" 2>/dev/null
-    wait "$SERVE_PID" 2>/dev/null
-else bad "serve --nodes --lora did not start: $(tail -3 "$TMP/s.log")"; fi
+# serve on the cluster: the same text as run --lora on one machine, not the
+# text without the adapters (one adapter; two at once with a scale).
+serve_case() {
+    name=$1 m=$2 n=$3
+    shift 3
+    "$BIN" run "$m" -p "$P" -n "$n" --temp 0 --threads 1 "$@" >"$TMP/run_text" 2>/dev/null
+    "$BIN" run "$m" -p "$P" -n "$n" --temp 0 --threads 1 >"$TMP/run_plain" 2>/dev/null
+    cc_start_serve "s_$name" "$m" --nodes "$A,$B" --threads 1 "$@"
+    if [ -n "$SERVE_PORT" ]; then
+        curl -s -m 60 "http://127.0.0.1:$SERVE_PORT/v1/completions" -H 'Content-Type: application/json' \
+            -d "{\"prompt\": \"$P\", \"max_tokens\": $n, \"temperature\": 0}" >"$TMP/body"
+        text=$(cc_jsonget "$TMP/body" '$j->{choices}[0]{text}')
+        [ "$P$text" = "$(cat "$TMP/run_text")" ] && ok || bad "serve $name: '$text' vs run '$(cat "$TMP/run_text")'"
+        [ "$P$text" != "$(cat "$TMP/run_plain")" ] && ok || bad "serve $name: the text without the adapters"
+        grep -q "LoRA: layers" "$TMP/s_$name.log" && ok || bad "serve $name: no LoRA parts sent: $(tail -3 "$TMP/s_$name.log")"
+        kill "$SERVE_PID" 2>/dev/null
+        wait "$SERVE_PID" 2>/dev/null
+    else bad "serve $name did not start: $(tail -3 "$TMP/s_$name.log")"; fi
+}
+serve_case q8 "$M8" 24 --lora "$TMP/q8.gguf"
+serve_case ab "$M32" 40 --lora "$TMP/a.gguf" --lora "$TMP/b.gguf:0.7"
 
 # Recovery: a node killed mid-run; the re-plan gives the survivor new layers
 # and it gets their parts (a second line with another range); the ids still
