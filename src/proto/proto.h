@@ -292,7 +292,9 @@ typedef struct cm_msg_ping {
 #define CM_ASSIGN_F_LORA \
     256u /* LoRA adapters: this member's layers' parts of them follow as one object (lora_sha256,
                                    lora_bytes; last on the wire) that the node fetches with WEIGHTS_REQ */
-#define CM_MSG_MAX_LORA_BYTES (256u << 20) /* a stage's parts of the adapters (ASSIGN's lora_bytes) */
+/* A member's parts of the adapters (ASSIGN's lora_bytes): a rank-64 adapter on
+ * every target of a 7B model is ~20 MB per layer. */
+#define CM_MSG_MAX_LORA_BYTES (2048u << 20)
 typedef struct cm_msg_assign {
     uint64_t epoch;
     uint8_t model_sha256[32];

@@ -679,7 +679,7 @@ static void test_encode_bounds(void) {
         CHECK(cm_msg_decode(CM_MSG_ASSIGN, wire, wl, &d, e, sizeof e) == 0 && (d.u.assign.flags & CM_ASSIGN_F_LORA) &&
               d.u.assign.lora_bytes == 12345 && !memcmp(d.u.assign.lora_sha256, m.u.assign.lora_sha256, 32));
         CHECK(cm_msg_decode(CM_MSG_ASSIGN, wire, wl - 1, &d, e, sizeof e) != 0); /* truncated */
-        wire[wl - 1] = 0x40;                                                     /* 12345 + 1 GiB: past the bound */
+        wire[wl - 1] = 0x80;                                                     /* 12345 + 2 GiB: past the bound */
         CHECK(cm_msg_decode(CM_MSG_ASSIGN, wire, wl, &d, e, sizeof e) != 0 && strstr(e, "lora_bytes"));
         memset(wire + wl - 4, 0, 4); /* 0 bytes */
         CHECK(cm_msg_decode(CM_MSG_ASSIGN, wire, wl, &d, e, sizeof e) != 0 && strstr(e, "lora_bytes"));
