@@ -7,7 +7,10 @@
  * adapters for it made by `cumulo synth --lora-for`). It must return 0 or an
  * error with a message, never crash or leak; an accepted adapter is then
  * applied to every target once (arbitrary values must not fault; NaNs are
- * fine). Never writes to disk.
+ * fine), and its parts (cm_lora_parts_write, what a cluster node receives)
+ * must be accepted back by cm_lora_add_parts. Any input that is not GGUF is
+ * offered to cm_lora_add_parts as a node's parts from a hostile peer (seed
+ * parts_all.bin: the parts of all_rank2.gguf). Never writes to disk.
  */
 #include "gguf/gguf.h"
 #include "model/lora.h"
@@ -81,8 +84,40 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 cm_lora_apply(l, 0, (enum cm_lora_target)t, x, 64, 0, n_in, 2, y, 512, 0, 0, n_out);
             }
         }
+        if (rc == 0) { /* the cluster's parts of an accepted set round-trip */
+            cm_buf b;
+            cm_buf_init(&b);
+            int n = 0;
+            REQUIRE(cm_lora_parts_write(l, 0, 1, true, NULL, false, &b, &n) == 0 && n == cm_lora_n_pairs(l));
+            cm_lora *w = cm_lora_new(&g_model);
+            REQUIRE(w && cm_lora_add_parts(w, (const uint8_t *)b.data, b.len, err, sizeof err) == 0);
+            REQUIRE(cm_lora_n_pairs(w) == n && cm_lora_covers(w, NULL, false));
+            cm_lora_free(w);
+            const cm_slice sl = {1, 2, 16, 48}; /* a tensor-parallel member's slice of the same */
+            cm_buf_clear(&b);
+            REQUIRE(cm_lora_parts_write(l, 0, 1, true, &sl, true, &b, &n) == 0);
+            w = cm_lora_new(&g_model);
+            REQUIRE(w && cm_lora_add_parts(w, (const uint8_t *)b.data, b.len, err, sizeof err) == 0);
+            REQUIRE(cm_lora_covers(w, &sl, true));
+            cm_lora_free(w);
+            cm_buf_release(&b);
+        }
         cm_lora_free(l);
         cm_gguf_close(&g);
+    } else { /* a node's LoRA parts from a peer */
+        cm_lora *l = cm_lora_new(&g_model);
+        REQUIRE(l != NULL);
+        err[0] = 0;
+        int rc = cm_lora_add_parts(l, copy, size, err, sizeof err);
+        REQUIRE(rc == 0 || (rc < 0 && err[0]));
+        REQUIRE(rc == 0 || cm_lora_n_pairs(l) == 0);
+        if (rc == 0 && cm_lora_covers(l, NULL, false)) { /* whole pairs: apply them (the model's shapes) */
+            static float x[2 * 64], y[2 * 512];
+            for (int i = 0; i < 2 * 64; i++) x[i] = (float)(i % 5) - 2.0f;
+            for (int t = 0; t < CM_LORA_O; t++)
+                cm_lora_apply(l, 0, (enum cm_lora_target)t, x, 64, 0, 32, 2, y, 512, 0, 0, 16);
+        }
+        cm_lora_free(l);
     }
     free(copy);
     return 0;

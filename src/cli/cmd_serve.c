@@ -43,7 +43,7 @@ static const char k_serve_usage[] =
     "                     --kv-type T sets both; per token: see 'cumulo info'\n"
     "  --flash-attn, -fa      tiled attention over K/V rows for f32/f16 too (always for q8_0/q4_0)\n" CLI_GPU_HELP
     "  --lora FILE[:SCALE] apply a LoRA adapter (llama.cpp's adapter GGUF; repeatable, summed;\n"
-    "                     not with --nodes yet)\n"
+    "                     with --nodes every node gets its layers' parts)\n"
     "  --mmap             keep the weights in a file mapping (default when alone: read into\n"
     "                     huge-page memory when they fit; with --nodes always mapped; CUMULO_MMAP=1)\n"
     "  --max-body BYTES   largest request body (default 1048576)\n"

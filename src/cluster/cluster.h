@@ -139,11 +139,13 @@ typedef struct cm_pipe_opts {
                                 without it such nodes are left out (their HELLO shows the lease) */
     int n_ctx;            /* positions per sequence */
     int n_seq_max;        /* concurrent sequences (KV on every node) */
-    int kv_type_k, kv_type_v; /* KV cache types on every node (enum cm_type; 0 = F32) */
-    bool kv_rows;             /* K and V rows + tiled attention (model/attn.c; forced for quantized types) */
-    int max_batch;            /* most tokens per FORWARD */
-    int timeout_ms;           /* deadline for one token to come back (0: 60 s) */
-    cm_pipe_log_fn log;       /* progress lines (plan, weights); NULL: none */
+    int kv_type_k, kv_type_v;   /* KV cache types on every node (enum cm_type; 0 = F32) */
+    bool kv_rows;               /* K and V rows + tiled attention (model/attn.c; forced for quantized types) */
+    int max_batch;              /* most tokens per FORWARD */
+    int timeout_ms;             /* deadline for one token to come back (0: 60 s) */
+    const struct cm_lora *lora; /* LoRA adapters (model/lora.h; NULL: none): every plan sends each member its
+                                   layers' parts (coord_lora.c); must outlive the pipe */
+    cm_pipe_log_fn log;         /* progress lines (plan, weights); NULL: none */
     void *log_ctx;
 } cm_pipe_opts;
 

@@ -145,7 +145,8 @@ static void *rx_main(void *arg) {
             cm_coord_fatal(p, m.u.error.code, "node %s ('%s'): %s", r->addr, r->hello.name, m.u.error.text);
             break;
         case CM_MSG_WEIGHTS_REQ:
-            rc = cm_weights_serve(r->ctl, &p->send_mu, p->g, p->sha, &m.u.weights_req, err, sizeof err);
+            if (!cm_coord_lora_serve(p, r, &m.u.weights_req, &rc, err, sizeof err)) /* a stage's LoRA parts */
+                rc = cm_weights_serve(r->ctl, &p->send_mu, p->g, p->sha, &m.u.weights_req, err, sizeof err);
             if (rc) CM_LOGW("weights for %s: %s", r->addr, err);
             break;
         case CM_MSG_LINKS: /* awaited by cm_coord_recheck_links, or one that came after its deadline */
@@ -540,6 +541,7 @@ int cm_pipe_open(cm_pipe **out, const char *model_path, const cm_gguf *g, const 
     p->kv_type_k = o->kv_type_k;
     p->kv_type_v = o->kv_type_v;
     p->kv_rows = o->kv_rows;
+    p->lora = o->lora;
     cm_coord_log(p, "%s", p->plan_text);
     if (plan.n_stages == 1 && plan.stages[0].n_members == 1) { /* everything fits best here: no cluster needed */
         cm_pipe_close(p);
@@ -579,6 +581,7 @@ void cm_pipe_close(cm_pipe *p) {
     cm_free(p->ep_remote);
     cm_free(p->expert_load_layers);
     cm_ep_pack_free(&p->ep_pack);
+    cm_coord_lora_free(p);
     pthread_mutex_destroy(&p->info_mu);
     cm_free(p);
 }

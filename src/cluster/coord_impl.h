@@ -149,6 +149,12 @@ struct cm_pipe {
     atomic_int ep_load_src;                  /* CM_EXPERT_LOAD_*: what p->expert_load holds */
     atomic_int ep_replans;                   /* plan changes the measured counts made */
     _Atomic uint64_t ep_sent, ep_rows;       /* this machine's expert exchange, every plan: element bytes sent, rows */
+    /* coord_lora.c: the LoRA adapters (not owned; NULL: none) and each stage's parts of them, one
+     * content-addressed object per layer range a plan used (appended by the plan change, read by the
+     * receiver threads under mu, freed only by cm_pipe_close: a fetch in flight never sees them go). */
+    const struct cm_lora *lora;
+    struct cm_lora_obj *lora_obj;
+    int n_lora_obj;
 };
 
 enum { CM_EXPERT_LOAD_UNIFORM, CM_EXPERT_LOAD_GIVEN, CM_EXPERT_LOAD_MEASURED };
@@ -283,6 +289,17 @@ void cm_coord_on_train(cm_pipe *p, remote *r, const cm_msg_train *q);
 int cm_coord_join_poll(cm_pipe *p);
 /* Stop browsing and free (cm_pipe_close). */
 void cm_coord_join_stop(cm_pipe *p);
+
+/* LoRA on a cluster (coord_lora.c). Before the ASSIGNs of plan pl: make
+ * the parts object of every member (its layers, and its slice in a group)
+ * that has none yet (a no-op without adapters). Fill a's CM_ASSIGN_F_LORA
+ * fields for member k of stage s of pl. Answer a WEIGHTS_REQ from node r
+ * when it names a parts object: true (sent, or failed with err), false when
+ * it is not one. Free the objects (cm_pipe_close). */
+int cm_coord_lora_prepare(cm_pipe *p, const cm_plan *pl, char *err, size_t errlen);
+void cm_coord_lora_fill(cm_pipe *p, const cm_plan *pl, int s, int k, cm_msg_assign *a);
+bool cm_coord_lora_serve(cm_pipe *p, remote *r, const cm_msg_weights_req *rq, int *rc, char *err, size_t errlen);
+void cm_coord_lora_free(cm_pipe *p);
 
 /* One tensor-parallel group that splits the output head (CM_ASSIGN_F_HEAD):
  * every member computes its vocabulary rows, rank 0 gathers (coord_data.c). */

@@ -39,6 +39,7 @@ static void fill_assign(cm_pipe *p, const cm_plan *plan, int s, int k, cm_msg_as
     a->flags = (s == 0 ? CM_ASSIGN_F_EMBED : 0) | (s == plan->n_stages - 1 ? CM_ASSIGN_F_OUTPUT : 0) |
                (n > 1 && p->tp_compress && !st->ep ? CM_ASSIGN_F_TP_Q8 : 0) | (p->take ? CM_ASSIGN_F_TAKE : 0) |
                (cm_pipe_plan_head_split(plan) ? CM_ASSIGN_F_HEAD : 0);
+    cm_coord_lora_fill(p, plan, s, k, a);             /* its parts of the LoRA adapters (coord_lora.c) */
     if (p->kv_type_k || p->kv_type_v || p->kv_rows) { /* the engine's KV cache types (default F32: no field) */
         a->flags |= CM_ASSIGN_F_KV;
         a->kv_type_k = (uint8_t)p->kv_type_k;
@@ -338,6 +339,7 @@ int cm_coord_apply_plan(cm_pipe *p, const cm_plan *pl, const char *why, char *er
         cm_coord_log(p, "%s", line);
     }
     cm_coord_start_rx(p);
+    rc = cm_coord_lora_prepare(p, pl, err, errlen); /* every member's parts of the adapters, before its ASSIGN */
     for (int s = 0; s < pl->n_stages && !rc; s++)
         for (int k = 0; k < pl->stages[s].n_members && !rc; k++)
             if (pl->stages[s].members[k].node) rc = send_assign(p, pl, s, k, err, errlen);

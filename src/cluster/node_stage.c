@@ -14,6 +14,7 @@
 #include "cluster/node_impl.h"
 #include "cluster/weights.h"
 #include "hub/hub.h"
+#include "model/lora.h"
 
 #include "os/os.h"
 
@@ -86,6 +87,7 @@ void cm_node_stage_free(stage *s) {
     cm_free(s->out);
     cm_free(s->logits);
     cm_ctx_free(s->ctx);
+    cm_lora_free(s->lora); /* after the context that applied it */
     cm_pool_free(s->pool);
     cm_model_release(&s->m);
     cm_gguf_close(&s->g);
@@ -276,6 +278,47 @@ int cm_node_send_ready(node *n, cm_conn *c, uint64_t epoch, int status, uint64_t
     return rc;
 }
 
+/* LoRA (CM_ASSIGN_F_LORA): fetch this stage's parts of the coordinator's
+ * adapters (one content-addressed object over the weight path, its sha256
+ * checked), make them the stage's set and apply it in every forward pass.
+ * The parts hold only this stage's layers, and a group member's only its
+ * slice of them (coord_lora.c); the line on stderr says so
+ * (tests/sh/cluster_lora.sh reads it). */
+static int stage_lora(node *n, cm_conn *c, stage *s, cm_msg_assign *newer, bool *superseded, char *err, size_t errlen) {
+    const cm_msg_assign *a = &s->as;
+    uint8_t *bytes = NULL;
+    char e[400];
+    int rc =
+        cm_weights_fetch_object(c, &n->csend_mu, a->lora_sha256, a->lora_bytes, &bytes, newer, superseded, e, sizeof e);
+    if (rc) return cm_errf(err, errlen, rc, "LoRA parts: %s", e);
+    s->lora = cm_lora_new(&s->m);
+    rc = s->lora ? cm_lora_add_parts(s->lora, bytes, a->lora_bytes, e, sizeof e)
+                 : cm_errf(e, sizeof e, CM_ENOMEM, "out of memory");
+    cm_free(bytes);
+    if (rc) return cm_errf(err, errlen, rc, "%s", e);
+    /* They must hold every row and column this member reads (its slice)... */
+    if (!cm_lora_covers(s->lora, &s->slice, (a->flags & CM_ASSIGN_F_HEAD) != 0))
+        return cm_errf(err, errlen, CM_EPROTO, "LoRA parts do not hold this member's rows and columns");
+    /* ... and be of this stage's layers (or its output head) only. */
+    for (int il = 0; il <= s->m.hp.n_layer; il++)
+        for (int t = 0; t < CM_LORA_TARGET_COUNT; t++) {
+            bool out = t == CM_LORA_OUTPUT;
+            if (out != (il == s->m.hp.n_layer) || !cm_lora_targets(s->lora, il, (enum cm_lora_target)t)) continue;
+            bool mine =
+                out ? (a->flags & CM_ASSIGN_F_OUTPUT) != 0 : il >= (int)a->layer_begin && il < (int)a->layer_end;
+            if (!mine)
+                return cm_errf(err, errlen, CM_EPROTO, "LoRA parts hold %s, outside this stage's layers [%u, %u)",
+                               out ? "the output head" : "another layer", a->layer_begin, a->layer_end);
+        }
+    cm_ctx_set_lora(s->ctx, s->lora);
+    fprintf(stderr,
+            "cumulo node '%s': LoRA parts of layers [%u, %u)%s (epoch %llu): %d pairs of %d adapters, %u bytes%s\n",
+            n->hello.name, a->layer_begin, a->layer_end, (a->flags & CM_ASSIGN_F_OUTPUT) ? " + output" : "",
+            (unsigned long long)a->epoch, cm_lora_n_pairs(s->lora), cm_lora_count(s->lora), a->lora_bytes,
+            a->tp_size > 1 ? ", this member's slice" : "");
+    return 0;
+}
+
 /* One ASSIGN: load (fetching what is missing), then READY. Returns true,
  * without a READY, when a newer ASSIGN arrived while the weights were
  * fetched (a re-plan retried at once): it is in *newer, and the coordinator
@@ -330,6 +373,16 @@ static bool assign_once(node *n, cm_conn *c, const cm_msg_assign *a, cm_msg_assi
         }
     }
     if (!rc) rc = stage_load(n, s, path, slice_file, err, sizeof err);
+    if (!rc && (a->flags & CM_ASSIGN_F_LORA)) {
+        bool superseded = false;
+        rc = stage_lora(n, c, s, newer, &superseded, err, sizeof err);
+        if (superseded) {
+            CM_LOGW("assignment of epoch %llu superseded while its LoRA parts were fetched: %s",
+                    (unsigned long long)a->epoch, err);
+            cm_node_stage_free(s);
+            return true;
+        }
+    }
     /* Taken over by another coordinator while this one loaded (--take): its
      * stage must not replace the new owner's. */
     if (!rc && !cm_node_lease_holds(&n->lease, c))

@@ -147,6 +147,12 @@ int cm_weights_serve(cm_conn *c, pthread_mutex_t *send_mu, const cm_gguf *g, con
     }
     pthread_mutex_unlock(&g_served_mu);
     if (rc) return rc;
+    return cm_weights_send_object(c, send_mu, obj, total, rq, err, errlen);
+}
+
+int cm_weights_send_object(cm_conn *c, pthread_mutex_t *send_mu, const uint8_t *obj, uint64_t total,
+                           const cm_msg_weights_req *rq, char *err, size_t errlen) {
+    int rc;
     cm_msg m = {.type = CM_MSG_WEIGHTS_CHUNK};
     memcpy(m.u.weights_chunk.tensor_hash, rq->tensor_hash, 32);
     if (!obj || rq->offset > total) {
@@ -499,4 +505,27 @@ out:
     close(fd);
     cm_free(mf);
     return rc;
+}
+
+int cm_weights_fetch_object(cm_conn *c, pthread_mutex_t *send_mu, const uint8_t hash[32], uint64_t size, uint8_t **out,
+                            cm_msg_assign *newer, bool *superseded, char *err, size_t errlen) {
+    *out = NULL;
+    if (size == 0) return cm_errf(err, errlen, CM_ERANGE, "object of 0 bytes");
+    uint8_t *buf = cm_malloc((size_t)size);
+    if (!buf) return cm_errf(err, errlen, CM_ENOMEM, "out of memory for %llu bytes", (unsigned long long)size);
+    g_newer = newer;
+    g_superseded = superseded;
+    uint64_t total = 0;
+    int rc = fetch(c, send_mu, hash, buf, (size_t)size, -1, 0, size, &total, err, errlen);
+    g_newer = NULL;
+    g_superseded = NULL;
+    uint8_t h[32];
+    if (!rc) crypto_hash_sha256(h, buf, (size_t)size);
+    if (!rc && memcmp(h, hash, 32)) rc = cm_errf(err, errlen, CM_EPROTO, "the object's bytes do not match its sha256");
+    if (rc) {
+        cm_free(buf);
+        return rc;
+    }
+    *out = buf;
+    return 0;
 }

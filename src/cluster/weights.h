@@ -55,4 +55,14 @@ int cm_weights_fetch(cm_conn *c, pthread_mutex_t *send_mu, const char *cache_dir
                      const uint16_t *extra, int n_extra, char *path, size_t cap, uint64_t *fetched,
                      cm_msg_assign *newer, bool *superseded, char *err, size_t errlen);
 
+/* Any other content-addressed object (a stage's LoRA parts, lora_parts.c):
+ * the coordinator answers rq from obj's total bytes (obj NULL: "no such
+ * object"); the node fetches exactly size bytes into *out (cm_free) and
+ * checks their sha256 against hash. A newer ASSIGN supersedes the fetch as
+ * in cm_weights_fetch. */
+int cm_weights_send_object(cm_conn *c, pthread_mutex_t *send_mu, const uint8_t *obj, uint64_t total,
+                           const cm_msg_weights_req *rq, char *err, size_t errlen);
+int cm_weights_fetch_object(cm_conn *c, pthread_mutex_t *send_mu, const uint8_t hash[32], uint64_t size, uint8_t **out,
+                            cm_msg_assign *newer, bool *superseded, char *err, size_t errlen);
+
 #endif

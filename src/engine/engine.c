@@ -53,8 +53,6 @@ int cm_engine_load(cm_engine **out, const char *path, const cm_engine_opts *opts
     cm_engine_opts o;
     if (opts) o = *opts;
     else fill_default_opts(&o);
-    if (o.n_loras > 0 && o.nodes && *o.nodes) /* NEEDSWORK: each node applying its layers' part of the adapters */
-        return cm_errf(err, errlen, CM_EUNSUPPORTED, "--lora is not supported on a cluster yet (run without nodes)");
     cm_engine *e = cm_calloc(1, sizeof *e);
     if (!e) return cm_errf(err, errlen, CM_ENOMEM, "out of memory");
     pthread_mutex_init(&e->mu, NULL);
@@ -105,6 +103,11 @@ int cm_engine_load(cm_engine **out, const char *path, const cm_engine_opts *opts
     e->local_last = e->m.hp.n_layer;
     e->slice = cm_slice_full(&e->m);
     e->test_cluster_delay_ms = cm_config_get()->test_cluster_delay_ms;
+    /* before a cluster opens: every stage gets its layers' parts of the set */
+    if (o.n_loras > 0 && (rc = cm_engine_load_loras(e, &o, err, errlen))) {
+        cm_engine_free(e);
+        return rc;
+    }
     if (o.nodes && *o.nodes) {
         if (e->n_batch > CM_BATCH_MAX) e->n_batch = CM_BATCH_MAX;
         cm_pipe_opts po = {.nodes = o.nodes,
@@ -119,6 +122,7 @@ int cm_engine_load(cm_engine **out, const char *path, const cm_engine_opts *opts
                            .kv_type_k = (int)e->kv_k,
                            .kv_type_v = (int)e->kv_v,
                            .kv_rows = e->kv_rows,
+                           .lora = e->lora,
                            .log = o.log,
                            .log_ctx = o.log_ctx};
         rc = cm_pipe_open(&e->cl, path, &e->g, &e->m, &po, &e->local_last, msg, sizeof msg);
@@ -139,10 +143,7 @@ int cm_engine_load(cm_engine **out, const char *path, const cm_engine_opts *opts
         cm_engine_free(e);
         return rc;
     }
-    if (o.n_loras > 0 && (rc = cm_engine_load_loras(e, &o, err, errlen))) {
-        cm_engine_free(e);
-        return rc;
-    }
+    if (e->lora) cm_ctx_set_lora(e->ctx, e->lora);
     e->name = cm_gguf_get_str(&e->g, "general.name");
     if (!e->name) {
         const char *b = strrchr(path, '/');

@@ -69,8 +69,8 @@ typedef struct cm_engine_opts {
     void (*log)(void *ctx, const char *line); /* cluster progress: links, plan, weights */
     void *log_ctx;
     /* LoRA adapters applied to every forward pass, each "FILE.gguf[:SCALE]"
-     * (llama.cpp's adapter GGUF; several are summed; model/lora.h). Refused
-     * with nodes (NEEDSWORK: each node applying its layers' parts). */
+     * (llama.cpp's adapter GGUF; several are summed; model/lora.h). With
+     * nodes, every stage applies its layers' parts (cluster/coord_lora.c). */
     const char *const *loras;
     int n_loras;
     /* A Vulkan GPU for the first layers (engine_gpu.c, src/gpu): "auto",

@@ -2,8 +2,9 @@
  * engine_lora.c: the engine's LoRA adapters (cm_engine_opts.loras): each
  * "FILE.gguf[:SCALE]" is parsed, validated against the loaded model and
  * copied into one cm_lora set (model/lora.h) that every forward pass of the
- * engine's context applies. The adapter files are closed again: the set
- * holds its own F32 copy. Never applies part of a set: any bad adapter fails
+ * engine's context applies. Loaded before a cluster opens: the coordinator
+ * sends every stage its layers' parts of the set (cluster/coord_lora.c).
+ * The adapter files are closed again: the set holds its own F32 copy. Never applies part of a set: any bad adapter fails
  * the whole load.
  */
 #include "engine_impl.h"
@@ -11,10 +12,6 @@
 #include <string.h>
 
 int cm_engine_load_loras(cm_engine *e, const cm_engine_opts *o, char *err, size_t errlen) {
-    if (e->cl)
-        return cm_errf(
-            err, errlen, CM_EUNSUPPORTED,
-            "--lora is not supported on a cluster yet (nodes would need their layers' parts of the adapter)");
     e->lora = cm_lora_new(&e->m);
     if (!e->lora) return cm_errf(err, errlen, CM_ENOMEM, "out of memory");
     for (int i = 0; i < o->n_loras; i++) {
@@ -28,6 +25,5 @@ int cm_engine_load_loras(cm_engine *e, const cm_engine_opts *o, char *err, size_
         cm_gguf_close(&g);
         if (rc) return cm_errf(err, errlen, rc, "LoRA '%s': %s", path, msg);
     }
-    cm_ctx_set_lora(e->ctx, e->lora);
     return 0;
 }

@@ -612,14 +612,19 @@ static void phase_final(cm_ctx *c, int ith, int nth) {
     cm_pool_barrier(c->pool);
     size_t xs;
     const cm_forward_args *a = c->a;
-    /* A split head (tensor parallelism): our vocabulary rows only. (The
-     * whole head stays &m->output: LoRA's output adapter is found by it.) */
+    /* A split head (tensor parallelism): our vocabulary rows only (LoRA's
+     * output adapter on them: below). */
     const cm_tensor hv =
         rows_view(&m->output, a->head_gather ? a->head_v0 : 0, a->head_gather ? a->head_v1 : m->output.ne[1]);
     const cm_tensor *W = a->head_gather ? &hv : &m->output;
     float *y = a->out_logits + (a->head_gather ? a->head_v0 : 0);
     const void *xq = prep_act(c, CM_ACT_OUTPUT, W, c->xn, E, E, c->n_out, &xs, ith, nth);
     matmul(c, W, xq, xs, c->n_out, y, m->hp.n_vocab, ith, nth);
+    if (c->lora && a->head_gather) { /* matmul knows only the whole head's adapter: our rows of it, same split */
+        int64_t r0, r1;
+        cm_split_range(W->ne[1], ith, nth, &r0, &r1);
+        cm_lora_apply(c->lora, 0, CM_LORA_OUTPUT, c->xn, E, 0, E, c->n_out, y, m->hp.n_vocab, a->head_v0, r0, r1);
+    }
 }
 
 static void run_phase(void *ctx, int ith, int nth) {

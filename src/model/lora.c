@@ -15,13 +15,15 @@
 #include <string.h>
 
 typedef struct lora_pair {
-    float *a; /* [rank][n_in] */
-    float *b; /* [n_out][rank] */
+    float *a; /* [rank][a_cols]: columns [a_col0, a_col0 + a_cols) of the [rank][n_in] matrix */
+    float *b; /* [b_rows][rank]: rows [b_row0, b_row0 + b_rows) of the [n_out][rank] matrix */
     int rank;
     int64_t n_in, n_out;
+    int64_t a_col0, a_cols, b_row0, b_rows; /* whole (0, n_in, 0, n_out) but on a tensor-parallel member */
     float scale;
-    int next; /* next pair of the same slot, -1 = last */
-    int slot; /* (layer, target) list it belongs to */
+    int next;    /* next pair of the same slot, -1 = last */
+    int slot;    /* (layer, target) list it belongs to */
+    int adapter; /* which cm_lora_add (or parts adapter index) it came from */
 } lora_pair;
 
 struct cm_lora {
@@ -217,6 +219,9 @@ static int check_pair(const cm_lora *l, const char *base, const cm_gguf_tensor_i
     p->rank = (int)ta->ne[1];
     p->n_in = ta->ne[0];
     p->n_out = tb->ne[1];
+    p->a_col0 = p->b_row0 = 0;
+    p->a_cols = p->n_in;
+    p->b_rows = p->n_out;
     return 0;
 }
 
@@ -288,6 +293,7 @@ int cm_lora_add(cm_lora *l, const cm_gguf *g, float scale, char *err, size_t err
             return rc;
         }
         p->slot = slot_of(l, il, tg);
+        p->adapter = l->n_adapters;
         n++;
     }
     for (int k = first; k < n; k++) {
@@ -330,18 +336,228 @@ void cm_lora_apply(const cm_lora *l, int il, enum cm_lora_target t, const float 
         for (int j = 0; j < n_tok; j++) {
             const float *xj = x + (int64_t)j * ldx;
             for (int k = 0; k < R; k++) { /* A x: one row of A per rank */
-                const float *a = lp->a + (int64_t)k * lp->n_in + col0;
+                const float *a = lp->a + (int64_t)k * lp->a_cols + (col0 - lp->a_col0);
                 float s = 0.0f;
                 for (int64_t i = 0; i < ncols; i++) s += a[i] * xj[i];
                 ax[k] = s;
             }
             float *yj = y + (int64_t)j * ldy;
             for (int64_t r = r0; r < r1; r++) { /* B (A x), scaled, added to W x */
-                const float *b = lp->b + (row0 + r) * R;
+                const float *b = lp->b + (row0 + r - lp->b_row0) * R;
                 float s = 0.0f;
                 for (int k = 0; k < R; k++) s += b[k] * ax[k];
                 yj[r] += lp->scale * s;
             }
         }
     }
+}
+
+/* ---- a set's parts for a cluster stage (lora.h: cm_lora_parts_write / cm_lora_add_parts) ---- */
+
+#define PARTS_MAGIC 0x504C4D43u /* "CMLP" */
+#define PARTS_VERSION 2u
+#define PARTS_HDR 16
+#define PAIR_HDR 72
+
+static void put32(cm_buf *b, uint32_t v) {
+    uint8_t x[4] = {(uint8_t)v, (uint8_t)(v >> 8), (uint8_t)(v >> 16), (uint8_t)(v >> 24)};
+    cm_buf_append(b, x, 4);
+}
+static void put64(cm_buf *b, uint64_t v) {
+    put32(b, (uint32_t)v);
+    put32(b, (uint32_t)(v >> 32));
+}
+static void putf(cm_buf *b, float f) {
+    uint32_t v;
+    memcpy(&v, &f, 4);
+    put32(b, v);
+}
+static uint32_t get32(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static uint64_t get64(const uint8_t *p) { return (uint64_t)get32(p) | (uint64_t)get32(p + 4) << 32; }
+static float getf(const uint8_t *p) {
+    uint32_t v = get32(p);
+    float f;
+    memcpy(&f, &v, 4);
+    return f;
+}
+
+/* The rows of B and columns of A of target t that a member with slice s
+ * reads (forward.c's lora_mm passes the same offsets): its query / KV rows,
+ * FFN rows, the attention output's and ffn_down's input columns, its
+ * vocabulary rows of a split head (head_split). s NULL: everything. */
+static void needed(const cm_model *m, const cm_slice *s, bool head_split, enum cm_lora_target t, int64_t n_in,
+                   int64_t n_out, int64_t *r0, int64_t *r1, int64_t *c0, int64_t *c1) {
+    *r0 = *c0 = 0;
+    *r1 = n_out;
+    *c1 = n_in;
+    if (!s) return;
+    const cm_hparams *hp = &m->hp;
+    const int64_t D = hp->head_dim, rep = hp->n_head / hp->n_head_kv;
+    switch (t) {
+    case CM_LORA_Q: *r0 = s->h0 * rep * D, *r1 = s->h1 * rep * D; break;
+    case CM_LORA_K:
+    case CM_LORA_V: *r0 = s->h0 * D, *r1 = s->h1 * D; break;
+    case CM_LORA_O: *c0 = s->h0 * rep * D, *c1 = s->h1 * rep * D; break;
+    case CM_LORA_GATE:
+    case CM_LORA_UP: *r0 = s->f0, *r1 = s->f1; break;
+    case CM_LORA_DOWN: *c0 = s->f0, *c1 = s->f1; break;
+    case CM_LORA_OUTPUT:
+        if (head_split) {
+            int v0, v1;
+            cm_slice_head_rows(m, *s, &v0, &v1);
+            *r0 = v0, *r1 = v1;
+        }
+        break;
+    default: break;
+    }
+}
+
+static bool pair_in(const cm_lora *l, const lora_pair *p, int layer_begin, int layer_end, bool output) {
+    int il = p->slot / CM_LORA_TARGET_COUNT;
+    if (il == l->m->hp.n_layer) return output;
+    return il >= layer_begin && il < layer_end;
+}
+
+int cm_lora_parts_write(const cm_lora *l, int layer_begin, int layer_end, bool output, const cm_slice *slice,
+                        bool head_split, cm_buf *out, int *n_pairs) {
+    int n = 0;
+    for (int i = 0; l && i < l->n_pairs; i++) n += pair_in(l, &l->pairs[i], layer_begin, layer_end, output);
+    put32(out, PARTS_MAGIC);
+    put32(out, PARTS_VERSION);
+    put32(out, (uint32_t)cm_lora_count(l));
+    put32(out, (uint32_t)n);
+    for (int i = 0; l && i < l->n_pairs; i++) {
+        const lora_pair *p = &l->pairs[i];
+        if (!pair_in(l, p, layer_begin, layer_end, output)) continue;
+        const enum cm_lora_target t = (enum cm_lora_target)(p->slot % CM_LORA_TARGET_COUNT);
+        int64_t r0, r1, c0, c1;
+        needed(l->m, slice, head_split, t, p->n_in, p->n_out, &r0, &r1, &c0, &c1);
+        CM_ASSERT(p->a_col0 == 0 && p->a_cols == p->n_in && p->b_row0 == 0 && p->b_rows == p->n_out);
+        CM_ASSERT(0 <= r0 && r0 <= r1 && r1 <= p->n_out && 0 <= c0 && c0 <= c1 && c1 <= p->n_in);
+        put32(out, (uint32_t)p->adapter);
+        put32(out, (uint32_t)(p->slot / CM_LORA_TARGET_COUNT));
+        put32(out, (uint32_t)t);
+        put32(out, (uint32_t)p->rank);
+        put64(out, (uint64_t)p->n_in);
+        put64(out, (uint64_t)p->n_out);
+        putf(out, p->scale);
+        put32(out, 0); /* reserved */
+        put64(out, (uint64_t)c0);
+        put64(out, (uint64_t)(c1 - c0));
+        put64(out, (uint64_t)r0);
+        put64(out, (uint64_t)(r1 - r0));
+        for (int k = 0; k < p->rank; k++) /* A's columns [c0, c1) of every rank row */
+            for (int64_t c = c0; c < c1; c++) putf(out, p->a[(int64_t)k * p->n_in + c]);
+        for (int64_t k = r0 * p->rank; k < r1 * p->rank; k++) putf(out, p->b[k]); /* B's rows [r0, r1) */
+    }
+    if (n_pairs) *n_pairs = n;
+    return out->oom ? CM_ENOMEM : 0;
+}
+
+int cm_lora_add_parts(cm_lora *l, const uint8_t *p, size_t n, char *err, size_t errlen) {
+    if (n < PARTS_HDR || get32(p) != PARTS_MAGIC || get32(p + 4) != PARTS_VERSION)
+        return cm_errf(err, errlen, CM_EFORMAT, "LoRA parts: bad header");
+    const uint32_t n_adapters = get32(p + 8), n_pairs = get32(p + 12);
+    if (n_adapters < 1 || n_adapters > 4096 || n_pairs > (n - PARTS_HDR) / PAIR_HDR)
+        return cm_errf(err, errlen, CM_EFORMAT, "LoRA parts: %u adapters, %u pairs in %zu bytes", n_adapters, n_pairs,
+                       n);
+    const cm_hparams *hp = &l->m->hp;
+    /* Pass 1: every pair in bounds, shaped like the model's weight, its
+     * rows/columns inside it, adapters in order: nothing is kept unless all
+     * of it is good. */
+    size_t off = PARTS_HDR;
+    uint32_t prev_adapter = 0;
+    for (uint32_t i = 0; i < n_pairs; i++) {
+        if (n - off < PAIR_HDR) return cm_errf(err, errlen, CM_EFORMAT, "LoRA parts: pair %u is truncated", i);
+        const uint8_t *h = p + off;
+        uint32_t ad = get32(h), il = get32(h + 4), t = get32(h + 8), rank = get32(h + 12);
+        uint64_t n_in = get64(h + 16), n_out = get64(h + 24);
+        float scale = getf(h + 32);
+        uint64_t c0 = get64(h + 40), nc = get64(h + 48), r0 = get64(h + 56), nr = get64(h + 64);
+        if (ad >= n_adapters || ad < prev_adapter || t >= CM_LORA_TARGET_COUNT ||
+            (t == CM_LORA_OUTPUT) != (il == (uint32_t)hp->n_layer) || il > (uint32_t)hp->n_layer || rank < 1 ||
+            rank > CM_LORA_MAX_RANK || !(scale > -1e9f && scale < 1e9f) || get32(h + 36))
+            return cm_errf(err, errlen, CM_EFORMAT, "LoRA parts: pair %u is out of range", i);
+        prev_adapter = ad;
+        char name[64];
+        if (t == CM_LORA_OUTPUT) snprintf(name, sizeof name, "output.weight");
+        else snprintf(name, sizeof name, "blk.%u.%s.weight", il, target_names[t]);
+        const cm_gguf_tensor_info *w = cm_gguf_find_tensor(l->m->gguf, name);
+        const cm_tensor *bw = bound_of(l->m, (int)il, (enum cm_lora_target)t);
+        if (!w || w->n_dims != 2 || !bw->data || bw->ne[0] != w->ne[0] || bw->ne[1] != w->ne[1] ||
+            n_in != (uint64_t)w->ne[0] || n_out != (uint64_t)w->ne[1])
+            return cm_errf(err, errlen, CM_EFORMAT, "LoRA parts: pair %u does not fit the model's '%s'", i, name);
+        /* n_in, n_out: a model's dimensions (< 2^40), rank <= 1024: no overflow in 64 bits */
+        if (c0 > n_in || nc > n_in - c0 || r0 > n_out || nr > n_out - r0)
+            return cm_errf(err, errlen, CM_EFORMAT, "LoRA parts: pair %u holds rows or columns outside '%s'", i, name);
+        uint64_t bytes = 4 * (uint64_t)rank * (nc + nr);
+        if (bytes > n - off - PAIR_HDR) return cm_errf(err, errlen, CM_EFORMAT, "LoRA parts: pair %u is truncated", i);
+        off += PAIR_HDR + (size_t)bytes;
+    }
+    if (off != n) return cm_errf(err, errlen, CM_EFORMAT, "LoRA parts: %zu bytes after the last pair", n - off);
+    if (l->n_pairs + (int64_t)n_pairs > INT32_MAX / 2) return cm_errf(err, errlen, CM_ENOMEM, "too many pairs");
+    int cap = l->n_pairs + (int)n_pairs;
+    if (cap > l->cap) {
+        lora_pair *np = cm_realloc(l->pairs, (size_t)(cap ? cap : 1) * sizeof *np);
+        if (!np) return cm_errf(err, errlen, CM_ENOMEM, "out of memory");
+        l->pairs = np;
+        l->cap = cap;
+    }
+    /* Pass 2: copy, then link (only once every copy succeeded). */
+    int first = l->n_pairs, k = first;
+    off = PARTS_HDR;
+    for (uint32_t i = 0; i < n_pairs; i++, k++) {
+        const uint8_t *h = p + off;
+        lora_pair *q = &l->pairs[k];
+        memset(q, 0, sizeof *q);
+        q->adapter = l->n_adapters + (int)get32(h);
+        q->slot = (int)get32(h + 4) * CM_LORA_TARGET_COUNT + (int)get32(h + 8);
+        q->rank = (int)get32(h + 12);
+        q->n_in = (int64_t)get64(h + 16);
+        q->n_out = (int64_t)get64(h + 24);
+        q->scale = getf(h + 32);
+        q->a_col0 = (int64_t)get64(h + 40);
+        q->a_cols = (int64_t)get64(h + 48);
+        q->b_row0 = (int64_t)get64(h + 56);
+        q->b_rows = (int64_t)get64(h + 64);
+        q->next = -1;
+        const size_t na = (size_t)q->rank * (size_t)q->a_cols, nb = (size_t)q->b_rows * (size_t)q->rank;
+        q->a = cm_malloc((na ? na : 1) * sizeof(float));
+        q->b = cm_malloc((nb ? nb : 1) * sizeof(float));
+        if (!q->a || !q->b) {
+            for (int j = first; j <= k; j++) {
+                cm_free(l->pairs[j].a);
+                cm_free(l->pairs[j].b);
+            }
+            return cm_errf(err, errlen, CM_ENOMEM, "out of memory for the LoRA parts");
+        }
+        const uint8_t *d = h + PAIR_HDR;
+        for (size_t j = 0; j < na; j++) q->a[j] = getf(d + 4 * j);
+        d += 4 * na;
+        for (size_t j = 0; j < nb; j++) q->b[j] = getf(d + 4 * j);
+        off += PAIR_HDR + 4 * (na + nb);
+    }
+    for (int j = first; j < k; j++) {
+        int s = l->pairs[j].slot;
+        if (l->tail[s] >= 0) l->pairs[l->tail[s]].next = j;
+        else l->head[s] = j;
+        l->tail[s] = j;
+    }
+    l->n_pairs = k;
+    l->n_adapters += (int)n_adapters;
+    return 0;
+}
+
+bool cm_lora_covers(const cm_lora *l, const cm_slice *slice, bool head_split) {
+    for (int i = 0; l && i < l->n_pairs; i++) {
+        const lora_pair *p = &l->pairs[i];
+        int64_t r0, r1, c0, c1;
+        needed(l->m, slice, head_split, (enum cm_lora_target)(p->slot % CM_LORA_TARGET_COUNT), p->n_in, p->n_out, &r0,
+               &r1, &c0, &c1);
+        if (r1 > r0 && (r0 < p->b_row0 || r1 > p->b_row0 + p->b_rows)) return false;
+        if (c1 > c0 && (c0 < p->a_col0 || c1 > p->a_col0 + p->a_cols)) return false;
+    }
+    return true;
 }

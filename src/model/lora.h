@@ -78,6 +78,32 @@ bool cm_lora_targets(const cm_lora *l, int il, enum cm_lora_target t);
 void cm_lora_apply(const cm_lora *l, int il, enum cm_lora_target t, const float *x, int64_t ldx, int64_t col0,
                    int64_t ncols, int n_tok, float *y, int64_t ldy, int64_t row0, int64_t r0, int64_t r1);
 
+/* A cluster member's part of a set (the coordinator sends it to the node
+ * that runs those layers; cluster/coord_lora.c): every pair of layers
+ * [layer_begin, layer_end), plus the output head's when output, in the
+ * set's order, and of each pair only what a member with slice `slice`
+ * (NULL: the whole layers) reads: its rows of B for the row-split weights
+ * (attn_q/k/v, ffn_gate/up; the output head's with head_split,
+ * cm_slice_head_rows), its columns of A for the column-split ones
+ * (attn_output, ffn_down). Bytes: "CMLP", version 2, adapter count, pair
+ * count; per pair adapter index, layer, target, rank, n_in, n_out, final
+ * scale, A's column range, B's row range, then those values as
+ * little-endian F32. Appends to out; *n_pairs (may be NULL) gets the pairs
+ * written. l must hold whole pairs (cm_lora_add). CM_ENOMEM when out could
+ * not grow. */
+int cm_lora_parts_write(const cm_lora *l, int layer_begin, int layer_end, bool output, const cm_slice *slice,
+                        bool head_split, cm_buf *out, int *n_pairs);
+/* Add the pairs of a cm_lora_parts_write to l, as adapters after l's own,
+ * with the scales as written: on the rows/columns they hold, the same
+ * corrections, bit for bit, as the set they came from. Bytes from a peer:
+ * bounded and checked against l's model (each pair's weight, shape and
+ * ranges) before anything is kept; on error l is unchanged. CM_EFORMAT /
+ * CM_ENOMEM. */
+int cm_lora_add_parts(cm_lora *l, const uint8_t *p, size_t n, char *err, size_t errlen);
+/* Does every pair of l hold what a member with this slice (NULL: whole)
+ * reads (cm_lora_apply must never read outside a part)? */
+bool cm_lora_covers(const cm_lora *l, const cm_slice *slice, bool head_split);
+
 /* Apply l (NULL: none) in every cm_forward() of c from now on (forward.c).
  * l must outlive its use by c. */
 void cm_ctx_set_lora(cm_ctx *c, const cm_lora *l);

@@ -16,7 +16,7 @@ static bool kv_types_ok(const cm_msg_assign *a) {
 
 static const char *assign_invalid(const cm_msg_assign *a) {
     if (a->flags & ~(CM_ASSIGN_F_EMBED | CM_ASSIGN_F_OUTPUT | CM_ASSIGN_F_TP_Q8 | CM_ASSIGN_F_EP | CM_ASSIGN_F_TAKE |
-                     CM_ASSIGN_F_KV | CM_ASSIGN_F_REPLICAS | CM_ASSIGN_F_HEAD))
+                     CM_ASSIGN_F_KV | CM_ASSIGN_F_REPLICAS | CM_ASSIGN_F_HEAD | CM_ASSIGN_F_LORA))
         return "flags";
     if ((a->flags & CM_ASSIGN_F_HEAD) &&
         (a->tp_size < 2 || !(a->flags & CM_ASSIGN_F_OUTPUT) || (a->flags & CM_ASSIGN_F_EP)))
@@ -116,6 +116,11 @@ bool cm_msg_enc_assign(wcur *w, const cm_msg *m) {
                 for (unsigned i = 0; i < a->n_replicas[r] && i < CM_MSG_MAX_REPLICAS; i++) w_u16(w, a->replicas[r][i]);
             }
         }
+        if (a->flags & CM_ASSIGN_F_LORA) {
+            w_check(w, a->lora_bytes > 0 && a->lora_bytes <= CM_MSG_MAX_LORA_BYTES, "lora_bytes");
+            w_bytes(w, a->lora_sha256, 32);
+            w_u32(w, a->lora_bytes);
+        }
         break;
     }
     case CM_MSG_WEIGHTS_REQ:
@@ -190,6 +195,11 @@ int cm_msg_dec_assign(rcur *r, unsigned type, cm_msg *m) {
                 for (unsigned i = 0; i < a->n_replicas[k] && !r->bad; i++) a->replicas[k][i] = r_u16(r, "replicas");
             }
             if (!r->bad) r_check(r, replicas_ok(a), "replicas");
+        }
+        if (a->flags & CM_ASSIGN_F_LORA) {
+            r_copy(r, a->lora_sha256, 32, "lora_sha256");
+            a->lora_bytes = r_u32(r, "lora_bytes");
+            r_check(r, a->lora_bytes > 0 && a->lora_bytes <= CM_MSG_MAX_LORA_BYTES, "lora_bytes");
         }
         break;
     }

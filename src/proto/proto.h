@@ -292,6 +292,12 @@ typedef struct cm_msg_ping {
     128u /* one tensor-parallel group (tp_size > 1, with OUTPUT, not EP): every member computes
                                    its rows of the output head (cm_slice_head_rows) for the FORWARD rows
                                    marked CM_WANT_LOGITS and sends them to rank 0 (cm_coll_gather) */
+#define CM_ASSIGN_F_LORA \
+    256u /* LoRA adapters: this member's layers' parts of them follow as one object (lora_sha256,
+                                   lora_bytes; last on the wire) that the node fetches with WEIGHTS_REQ */
+/* A member's parts of the adapters (ASSIGN's lora_bytes): a rank-64 adapter on
+ * every target of a 7B model is ~20 MB per layer. */
+#define CM_MSG_MAX_LORA_BYTES (2048u << 20)
 typedef struct cm_msg_assign {
     uint64_t epoch;
     uint8_t model_sha256[32];
@@ -320,6 +326,11 @@ typedef struct cm_msg_assign {
      * outside [bounds[r], bounds[r + 1]); at least one replica in the group. */
     uint8_t n_replicas[CM_MSG_MAX_TP];
     uint16_t replicas[CM_MSG_MAX_TP][CM_MSG_MAX_REPLICAS];
+    /* CM_ASSIGN_F_LORA only (after the replicas): the sha256 of the bytes of
+     * cm_lora_parts_write for this member's layers (its address for
+     * WEIGHTS_REQ) and their size, 1..CM_MSG_MAX_LORA_BYTES. */
+    uint8_t lora_sha256[32];
+    uint32_t lora_bytes;
 } cm_msg_assign;
 /* Does rank r of the expert group of a hold expert e (its bounds, or a replica)? */
 static inline bool cm_msg_assign_holds(const cm_msg_assign *a, unsigned r, unsigned e) {

@@ -4,7 +4,7 @@
 # `cumulo synth --lora-for` adapters) with one adapter, a scale and two
 # adapters; `cumulo serve --lora` answers with the same text as run; bad
 # adapters (the base model itself, another model's adapter, a missing file)
-# and --lora with --nodes fail with one line and exit 1.
+# fail with one line and exit 1 (--lora on a cluster: cluster_lora.sh).
 . "$(dirname "$0")/lib/http_common.sh"
 M32=$SHARED/models/stories260K-f32.gguf
 M8=$SHARED/models/stories260K-q8_0.gguf
@@ -48,7 +48,6 @@ expect_err "cannot open|no such file" --lora "$TMP/none.gguf"
 expect_err "needs FILE.gguf" --lora
 "$BIN" run "$TMP/f32_a.gguf" -p "$P" -n 4 >"$TMP/out" 2>"$TMP/err"
 [ $? -eq 1 ] && grep -q "^cumulo: .*this is a LoRA adapter, not a model (give it to --lora)" "$TMP/err" && ok || bad "run ADAPTER: $(cat "$TMP/err")"
-expect_err "not supported on a cluster" --lora "$TMP/f32_a.gguf" --nodes 127.0.0.1:1 --insecure
 
 # phi3 binds attn_q/k/v and ffn_gate/up as row views of fused tensors: an ffn_up adapter is refused.
 "$BIN" synth --arch phi3 --dim 32 --layers 1 --heads 4 --ffn 64 --type f32 --vocab builtin --seed 3 -o "$TMP/phi3.gguf" 2>/dev/null || bad "synth phi3"

@@ -16,7 +16,10 @@
  * coordinator; FORWARD without an assignment; TRAIN from a peer that is
  * not the coordinator (SETUP, a BWD, a FWD of another epoch); EXPERT_LOAD
  * sent to a node (ignored), and the coordinator's rule for it
- * (cluster/ep_load.h: only rank 0 of a later stage, its own layers).
+ * (cluster/ep_load.h: only rank 0 of a later stage, its own layers). And a
+ * coordinator whose LoRA parts (ASSIGN's CM_ASSIGN_F_LORA) are hostile:
+ * bytes that are not the announced object, or another stage's layers: the
+ * node answers READY with the reason and keeps no stage; honest parts load.
  *
  * Tool mode, for tests/sh/cluster_hostile.sh: with CM_HOSTILE_ADDR=host:port
  * the same attacks run against that node (a separate process, key from
@@ -29,6 +32,10 @@
 #include "base/base.h"
 #include "cluster/cluster.h"
 #include "cluster/ep_load.h"
+#include "gguf/gguf.h"
+#include "model/lora.h"
+#include "model/model.h"
+#include "synth/synth.h"
 #include "net/net.h"
 #include "os/os.h"
 
@@ -39,6 +46,7 @@
 #include <errno.h>
 #include <sys/stat.h>
 #include <pthread.h>
+#include <sodium.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -431,6 +439,113 @@ static void test_train_not_allowed(void) {
     CHECK(honest_ping());
 }
 
+/* One ASSIGN of stories260K-f32's layers [3, 5) + output with LoRA parts
+ * announced as (sha, len) but served as the bytes `serve` (len bytes):
+ * the node's READY status and text. */
+static int lora_assign(const uint8_t model_sha[32], const cm_hparams *hp, const uint8_t sha[32], uint32_t len,
+                       const uint8_t *serve, uint64_t epoch, char *text, size_t tn) {
+    int rc;
+    char e[400];
+    cm_conn *c = dial(CM_SEC_ENCRYPT, g_key, CM_ROLE_COORDINATOR, &rc, e, sizeof e);
+    CHECKF(c != NULL, "%s", e);
+    if (!c) return -1;
+    cm_msg m = {.type = CM_MSG_ASSIGN};
+    cm_msg_assign *as = &m.u.assign;
+    as->epoch = epoch;
+    memcpy(as->model_sha256, model_sha, 32);
+    snprintf(as->model_name, sizeof as->model_name, "stories260K-f32.gguf");
+    as->flags = CM_ASSIGN_F_OUTPUT | CM_ASSIGN_F_LORA;
+    as->n_layers = (uint32_t)hp->n_layer;
+    as->layer_begin = 3;
+    as->layer_end = (uint32_t)hp->n_layer;
+    as->head_end = (uint32_t)hp->n_head_kv;
+    as->ffn_end = (uint32_t)hp->n_ff;
+    as->n_ctx = 16;
+    as->n_seq_max = 1;
+    as->stage = 1;
+    as->n_stages = 2;
+    as->hidden_dtype = CM_HIDDEN_F32;
+    as->tp_size = 1;
+    memcpy(as->lora_sha256, sha, 32);
+    as->lora_bytes = len;
+    rc = cm_conn_send(c, &m, 2000, e, sizeof e);
+    CHECKF(rc == 0, "%s", e);
+    int status = -1;
+    for (int i = 0; !rc && i < 100; i++) {
+        cm_msg r;
+        if ((rc = cm_conn_recv(c, &r, 20000, e, sizeof e))) break;
+        if (r.type == CM_MSG_WEIGHTS_REQ) { /* the parts, as we choose to serve them */
+            const cm_msg_weights_req *q = &r.u.weights_req;
+            cm_msg ch = {.type = CM_MSG_WEIGHTS_CHUNK};
+            memcpy(ch.u.weights_chunk.tensor_hash, q->tensor_hash, 32);
+            uint64_t n = q->offset < len ? len - q->offset : 0;
+            if (n > q->len) n = q->len;
+            ch.u.weights_chunk.offset = q->offset < len ? q->offset : 0;
+            ch.u.weights_chunk.total = len;
+            ch.u.weights_chunk.data = serve + ch.u.weights_chunk.offset;
+            ch.u.weights_chunk.data_len = (uint32_t)n;
+            rc = cm_conn_send(c, &ch, 2000, e, sizeof e);
+        } else if (r.type == CM_MSG_READY) {
+            status = r.u.ready.status;
+            snprintf(text, tn, "%s", r.u.ready.text);
+            break;
+        }
+    }
+    CHECKF(rc == 0, "%s", e);
+    cm_conn_close(c, NULL);
+    return status;
+}
+
+static void test_lora_parts(void) {
+    const char *path = t_shared("models/stories260K-f32.gguf");
+    cm_gguf g;
+    cm_model m;
+    char e[400], text[CM_MSG_TEXT_MAX + 1];
+    uint8_t model_sha[32], sha[32];
+    if (cm_gguf_open(&g, path, NULL, NULL, e, sizeof e) || cm_model_load(&m, &g, e, sizeof e) ||
+        cm_file_sha256(path, model_sha, e, sizeof e)) {
+        CHECKF(0, "%s", e);
+        return;
+    }
+    cm_buf ab;
+    cm_buf_init(&ab);
+    cm_synth_lora_params lp = {.rank = 2, .alpha = 4, .strength = 0.1f, .seed = 5};
+    cm_gguf ag;
+    cm_lora *l = cm_lora_new(&m);
+    CHECK(cm_synth_lora_write(&lp, &g, NULL, &ab, e, sizeof e) == 0);
+    CHECK(cm_gguf_parse(&ag, (const uint8_t *)ab.data, ab.len, e, sizeof e) == 0);
+    CHECK(cm_lora_add(l, &ag, 1.0f, e, sizeof e) == 0);
+    cm_buf mine, all;
+    cm_buf_init(&mine);
+    cm_buf_init(&all);
+    CHECK(cm_lora_parts_write(l, 3, m.hp.n_layer, true, NULL, false, &mine, NULL) == 0);
+    CHECK(cm_lora_parts_write(l, 0, m.hp.n_layer, true, NULL, false, &all, NULL) == 0);
+    /* 1. bytes that are not the announced object */
+    crypto_hash_sha256(sha, (const uint8_t *)mine.data, mine.len);
+    uint8_t *bad = cm_malloc(mine.len);
+    memcpy(bad, mine.data, mine.len);
+    bad[100] ^= 1;
+    int st = lora_assign(model_sha, &m.hp, sha, (uint32_t)mine.len, bad, 101, text, sizeof text);
+    CHECKF(st != 0 && strstr(text, "sha256"), "status %d: %s", st, text);
+    /* 2. the announced object, but with another stage's layers */
+    crypto_hash_sha256(sha, (const uint8_t *)all.data, all.len);
+    st = lora_assign(model_sha, &m.hp, sha, (uint32_t)all.len, (const uint8_t *)all.data, 102, text, sizeof text);
+    CHECKF(st != 0 && strstr(text, "outside this stage's layers"), "status %d: %s", st, text);
+    /* 3. honest parts: loaded */
+    crypto_hash_sha256(sha, (const uint8_t *)mine.data, mine.len);
+    st = lora_assign(model_sha, &m.hp, sha, (uint32_t)mine.len, (const uint8_t *)mine.data, 103, text, sizeof text);
+    CHECKF(st == 0, "status %d: %s", st, text);
+    cm_free(bad);
+    cm_buf_release(&mine);
+    cm_buf_release(&all);
+    cm_lora_free(l);
+    cm_gguf_close(&ag);
+    cm_buf_release(&ab);
+    cm_model_release(&m);
+    cm_gguf_close(&g);
+    CHECK(honest_ping());
+}
+
 /* ---- the node under attack ---- */
 
 static atomic_int g_stop;
@@ -442,8 +557,13 @@ static void *node_main(void *arg) {
     char kf[300], pf[300], err[300];
     snprintf(kf, sizeof kf, "%s/key", g_dir);
     snprintf(pf, sizeof pf, "%s/port", g_dir);
-    cm_node_opts o = {
-        .bind = "127.0.0.1", .port_file = pf, .cache_dir = g_dir, .n_threads = 1, .key_file = kf, .name = "target"};
+    cm_node_opts o = {.bind = "127.0.0.1",
+                      .port_file = pf,
+                      .cache_dir = g_dir,
+                      .n_threads = 1,
+                      .key_file = kf,
+                      .name = "target",
+                      .models_dir = t_shared("models")}; /* test_lora_parts: stories260K */
     g_node_rc = cm_node_run(&o, &g_stop, err, sizeof err);
     if (g_node_rc) fprintf(stderr, "node: %s\n", err);
     return NULL;
@@ -493,6 +613,7 @@ int main(void) {
     RUN(test_frames);
     RUN(test_not_allowed);
     RUN(test_train_not_allowed);
+    if (!g_tool) RUN(test_lora_parts); /* needs this node's --models (stories260K) */
     if (!g_tool) {
         RUN(test_expert_load_rule); /* the coordinator's side: no node involved */
         atomic_store(&g_stop, 1);

@@ -319,6 +319,123 @@ static void test_errors(void) {
     CHECK(cm_lora_spec_parse(":2", path, sizeof path, &s, errbuf, sizeof errbuf) == CM_EINVAL);
 }
 
+/* Logits of the last of a few prompt tokens with the set l (NULL: none). */
+static void logits_of(base *b, const cm_lora *l, float *out) {
+    const cm_model *m = &b->m;
+    cm_ctx *c = cm_ctx_new(m, NPOS, 64, NULL, errbuf, sizeof errbuf);
+    cm_ctx_set_lora(c, l);
+    cm_kv kv;
+    cm_kv_init(&kv, m, 0, m->hp.n_layer, cm_slice_full(m), 64, errbuf, sizeof errbuf);
+    int32_t ids[6] = {1, 403, 407, 261, 378, 432};
+    CHECK(cm_forward_simple(c, &kv, ids, 6, out, errbuf, sizeof errbuf) == 0);
+    cm_kv_release(&kv);
+    cm_ctx_free(c);
+}
+
+/* A cluster stage's parts (cm_lora_parts_write / cm_lora_add_parts): the
+ * parts of every layer, or of two ranges added one after the other, give
+ * the same logits, bit for bit, as the set they came from; a range holds
+ * only its layers' pairs; hostile bytes are refused and leave the set as it
+ * was. */
+static void test_parts(void) {
+    cm_lora *l = cm_lora_new(&B32.m);
+    CHECK(add_synth(l, &B32, 4, 8, 7, NULL, 1.0f) == 0);
+    CHECK(add_synth(l, &B32, 8, 0, 8, "ffn", 0.7f) == 0);
+    cm_buf all, lo, hi;
+    cm_buf_init(&all);
+    cm_buf_init(&lo);
+    cm_buf_init(&hi);
+    int n_all = 0, n_lo = 0, n_hi = 0;
+    CHECK(cm_lora_parts_write(l, 0, 5, true, NULL, false, &all, &n_all) == 0 && n_all == cm_lora_n_pairs(l));
+    CHECK(cm_lora_parts_write(l, 0, 2, false, NULL, false, &lo, &n_lo) == 0 && n_lo == 2 * (7 + 3));
+    CHECK(cm_lora_parts_write(l, 2, 5, true, NULL, false, &hi, &n_hi) == 0 && n_hi == 3 * (7 + 3) + 1);
+    static float want[NVOC], got[NVOC], none[NVOC];
+    logits_of(&B32, l, want);
+    logits_of(&B32, NULL, none);
+    CHECK(memcmp(want, none, sizeof want) != 0);
+    cm_lora *w = cm_lora_new(&B32.m);
+    CHECK(cm_lora_add_parts(w, (const uint8_t *)all.data, all.len, errbuf, sizeof errbuf) == 0);
+    CHECK(cm_lora_count(w) == 2 && cm_lora_n_pairs(w) == n_all);
+    logits_of(&B32, w, got);
+    CHECK(memcmp(want, got, sizeof want) == 0);
+    cm_lora_free(w);
+    w = cm_lora_new(&B32.m);
+    CHECK(cm_lora_add_parts(w, (const uint8_t *)lo.data, lo.len, errbuf, sizeof errbuf) == 0);
+    CHECK(cm_lora_targets(w, 1, CM_LORA_Q) && !cm_lora_targets(w, 2, CM_LORA_Q) &&
+          !cm_lora_targets(w, 0, CM_LORA_OUTPUT));
+    CHECK(cm_lora_add_parts(w, (const uint8_t *)hi.data, hi.len, errbuf, sizeof errbuf) == 0);
+    logits_of(&B32, w, got);
+    CHECK(memcmp(want, got, sizeof want) == 0);
+    cm_lora_free(w);
+    /* hostile bytes: nothing kept */
+    w = cm_lora_new(&B32.m);
+    uint8_t *p = (uint8_t *)lo.data;
+    CHECK(cm_lora_add_parts(w, p, lo.len - 1, errbuf, sizeof errbuf) == CM_EFORMAT); /* truncated */
+    CHECK(cm_lora_add_parts(w, p, 15, errbuf, sizeof errbuf) == CM_EFORMAT);
+    cm_buf_append(&lo, "", 1);
+    p = (uint8_t *)lo.data;
+    CHECK(cm_lora_add_parts(w, p, lo.len, errbuf, sizeof errbuf) == CM_EFORMAT && strstr(errbuf, "after the last"));
+    lo.len--;
+    p[20] = 9; /* the first pair's layer: not in the model */
+    CHECK(cm_lora_add_parts(w, p, lo.len, errbuf, sizeof errbuf) == CM_EFORMAT);
+    p[20] = 0;
+    p[32] = 63; /* its n_in: not the weight's */
+    CHECK(cm_lora_add_parts(w, p, lo.len, errbuf, sizeof errbuf) == CM_EFORMAT && strstr(errbuf, "does not fit"));
+    p[32] = 64;
+    p[16] = 1; /* adapter 1 before adapter 0's pairs */
+    CHECK(cm_lora_add_parts(w, p, lo.len, errbuf, sizeof errbuf) == CM_EFORMAT && strstr(errbuf, "out of range"));
+    p[16] = 0;
+    p[12] = 200; /* more pairs than bytes */
+    CHECK(cm_lora_add_parts(w, p, lo.len, errbuf, sizeof errbuf) == CM_EFORMAT);
+    p[12] = (uint8_t)n_lo;
+    CHECK(cm_lora_count(w) == 0 && cm_lora_n_pairs(w) == 0);
+    CHECK(cm_lora_add_parts(w, p, lo.len, errbuf, sizeof errbuf) == 0); /* restored: accepted */
+    cm_lora_free(w);
+    /* A tensor-parallel member's slice (kv heads [1, 3), FFN rows [40, 120),
+     * its rows of a split head): smaller, covers that slice and not another,
+     * and gives the same corrections, bit for bit, on what it holds. */
+    const cm_slice sl = {1, 3, 40, 120}, other = {0, 2, 40, 120};
+    cm_buf sb;
+    cm_buf_init(&sb);
+    CHECK(cm_lora_parts_write(l, 0, 5, true, &sl, true, &sb, NULL) == 0 && sb.len < all.len * 3 / 4);
+    printf("# parts of a member with kv heads [1, 3) of 4, ffn rows [40, 120) of 172: %zu of %zu bytes\n", sb.len,
+           all.len);
+    w = cm_lora_new(&B32.m);
+    CHECK(cm_lora_add_parts(w, (const uint8_t *)sb.data, sb.len, errbuf, sizeof errbuf) == 0);
+    CHECK(cm_lora_covers(w, &sl, true) && !cm_lora_covers(w, &other, true) && !cm_lora_covers(w, NULL, false));
+    {
+        const cm_hparams *hp = &B32.m.hp;
+        const int64_t E = hp->n_embd, D = hp->head_dim, rep = hp->n_head / hp->n_head_kv;
+        const int64_t q0 = sl.h0 * rep * D, QS = (sl.h1 - sl.h0) * rep * D, FS = sl.f1 - sl.f0;
+        int v0, v1;
+        cm_slice_head_rows(&B32.m, sl, &v0, &v1);
+        static float x[2 * 256], y1[2 * NVOC], y2[2 * NVOC];
+        for (int i = 0; i < 2 * 256; i++) x[i] = (float)((i * 37) % 11) * 0.1f - 0.5f;
+        struct {
+            enum cm_lora_target t;
+            int64_t ldx, col0, ncols, row0, rows;
+        } cs[] = {{CM_LORA_Q, E, 0, E, q0, QS},        {CM_LORA_K, E, 0, E, sl.h0 * D, (sl.h1 - sl.h0) * D},
+                  {CM_LORA_O, QS, q0, QS, 0, E},       {CM_LORA_GATE, E, 0, E, sl.f0, FS},
+                  {CM_LORA_DOWN, FS, sl.f0, FS, 0, E}, {CM_LORA_OUTPUT, E, 0, E, v0, v1 - v0}};
+        for (int il = 0; il < hp->n_layer; il++)
+            for (size_t k = 0; k < sizeof cs / sizeof cs[0]; k++) {
+                memset(y1, 0, sizeof y1);
+                memset(y2, 0, sizeof y2);
+                cm_lora_apply(l, il, cs[k].t, x, cs[k].ldx, cs[k].col0, cs[k].ncols, 2, y1, NVOC, cs[k].row0, 0,
+                              cs[k].rows);
+                cm_lora_apply(w, il, cs[k].t, x, cs[k].ldx, cs[k].col0, cs[k].ncols, 2, y2, NVOC, cs[k].row0, 0,
+                              cs[k].rows);
+                CHECKF(memcmp(y1, y2, sizeof y1) == 0, "layer %d target %d: sliced parts differ", il, (int)cs[k].t);
+            }
+    }
+    cm_lora_free(w);
+    cm_buf_release(&sb);
+    cm_buf_release(&all);
+    cm_buf_release(&lo);
+    cm_buf_release(&hi);
+    cm_lora_free(l);
+}
+
 int main(void) {
     if (load_base(&B32, "f32") || load_base(&B8, "q8_0")) {
         fprintf(stderr, "cannot load stories260K models from %s\n", t_shared(""));
@@ -331,6 +448,7 @@ int main(void) {
     RUN(test_two_adapters);
     RUN(test_q8_0);
     RUN(test_errors);
+    RUN(test_parts);
     cm_model_release(&B32.m);
     cm_gguf_close(&B32.g);
     cm_model_release(&B8.m);

@@ -119,6 +119,11 @@ static void sample(unsigned type, cm_msg *m, int variant) {
             a->replicas[1][0] = 0;
             a->replicas[1][1] = 1;
         }
+        if (variant == 4) { /* LoRA adapters: the member's parts, an object of 12345 bytes */
+            a->flags |= CM_ASSIGN_F_LORA;
+            for (int i = 0; i < 32; i++) a->lora_sha256[i] = (uint8_t)(7 * i + 1);
+            a->lora_bytes = 12345;
+        }
         break;
     }
     case CM_MSG_READY:
@@ -675,6 +680,24 @@ static void test_encode_bounds(void) {
     m.u.assign.tp_size = 1; /* ... nor without a group */
     m.u.assign.tp_rank = 0;
     CHECK(cm_msg_encode(&m, NULL, 0, &n, e, sizeof e) == CM_EINVAL);
+    { /* LoRA parts (CM_ASSIGN_F_LORA): round trip, last on the wire; sizes 1..CM_MSG_MAX_LORA_BYTES */
+        uint8_t wire[2048];
+        size_t wl;
+        cm_msg d;
+        sample(CM_MSG_ASSIGN, &m, 4);
+        CHECK(cm_msg_encode(&m, wire, sizeof wire, &wl, e, sizeof e) == 0);
+        CHECK(cm_msg_decode(CM_MSG_ASSIGN, wire, wl, &d, e, sizeof e) == 0 && (d.u.assign.flags & CM_ASSIGN_F_LORA) &&
+              d.u.assign.lora_bytes == 12345 && !memcmp(d.u.assign.lora_sha256, m.u.assign.lora_sha256, 32));
+        CHECK(cm_msg_decode(CM_MSG_ASSIGN, wire, wl - 1, &d, e, sizeof e) != 0); /* truncated */
+        wire[wl - 1] = 0x80;                                                     /* 12345 + 2 GiB: past the bound */
+        CHECK(cm_msg_decode(CM_MSG_ASSIGN, wire, wl, &d, e, sizeof e) != 0 && strstr(e, "lora_bytes"));
+        memset(wire + wl - 4, 0, 4); /* 0 bytes */
+        CHECK(cm_msg_decode(CM_MSG_ASSIGN, wire, wl, &d, e, sizeof e) != 0 && strstr(e, "lora_bytes"));
+        m.u.assign.lora_bytes = CM_MSG_MAX_LORA_BYTES + 1;
+        CHECK(cm_msg_encode(&m, NULL, 0, &n, e, sizeof e) == CM_EINVAL);
+        m.u.assign.lora_bytes = CM_MSG_MAX_LORA_BYTES;
+        CHECK(cm_msg_encode(&m, NULL, 0, &n, e, sizeof e) == 0);
+    }
     { /* KV cache types (CM_ASSIGN_F_KV): round trip; a type a node cannot hold is refused */
         uint8_t wire[2048];
         size_t wl;
@@ -1198,12 +1221,13 @@ static int write_corpus(const char *dir) {
             }
         }
     }
-    { /* ASSIGN with hot-expert replicas (variant 3) */
+    for (int v = 3; v <= 4; v++) { /* ASSIGN with hot-expert replicas (variant 3), with LoRA parts (4) */
         cm_msg m;
-        sample(CM_MSG_ASSIGN, &m, 3);
+        sample(CM_MSG_ASSIGN, &m, v);
         size_t n = enc(&m, buf + 1, sizeof buf - 1);
         buf[0] = (uint8_t)CM_MSG_ASSIGN;
-        seed(dir, "msg-ASSIGN-3", 1, buf, n + 1);
+        snprintf(name, sizeof name, "msg-ASSIGN-%d", v);
+        seed(dir, name, 1, buf, n + 1);
     }
     cm_hs a, b;
     size_t n, fl;
