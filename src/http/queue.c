@@ -133,7 +133,8 @@ static void kv_refresh(cm_queue *s) {
  * first (pages kept committed for reuse: only page faults to regain them),
  * then idle slots' caches (oldest first; never keep's, the prefix k is to
  * take) until it fits. Slot k's own pages count where they exceed need (its
- * new prompt reuses them). 1: fits; 0: wait; -1: never (over the budget). */
+ * new prompt keeps them, pooled), and go last. 1: fits; 0: wait; -1: never
+ * (over the budget). */
 static int kv_admit(cm_queue *s, int k, int keep, uint64_t need) {
     kv_budget(s, k);
     if (need > s->kv.capacity) {
@@ -167,6 +168,7 @@ static int kv_admit(cm_queue *s, int k, int keep, uint64_t need) {
                 continue;
             }
         }
+        if (victim < 0 && own > need) victim = k; /* its old sequence, past what the job needs (its prefix lost) */
         if (victim < 0) return 0;
         cm_session_kv_drop(s->slots[victim].s);
         s->kv.evictions++;
