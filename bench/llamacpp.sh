@@ -8,7 +8,8 @@
 #   $CACHE/avx2     -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_AVX512=OFF  (AVX2-only anchor)
 # Prints the path of the requested build's llama-bench on stdout; progress
 # on stderr. A build that is already there is reused (delete the folder to
-# rebuild). Builds run under `nice` because the machine is shared.
+# rebuild; a build folder missing one of the tools is configured again and
+# only that tool compiles). Builds run under `nice` because the machine is shared.
 #
 #   sh bench/llamacpp.sh                 # native build, prints .../native/bin/llama-bench
 #   sh bench/llamacpp.sh avx2            # AVX2-only build
@@ -39,14 +40,14 @@ command -v cmake >/dev/null || { echo "llamacpp.sh: cmake is not installed (apt-
 build() { # build NAME CMAKE-FLAGS...
     name=$1; shift
     dir=$CACHE/$name
-    if [ -x "$dir/bin/llama-bench" ] && [ -x "$dir/bin/llama-batched-bench" ]; then
+    if [ -x "$dir/bin/llama-bench" ] && [ -x "$dir/bin/llama-batched-bench" ] && [ -x "$dir/bin/llama-server" ]; then
         echo "$dir/bin/llama-bench"; return 0
     fi
     echo "llamacpp.sh: building $name ($*) in $dir" >&2
     nice cmake -S "$src" -B "$dir" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
-        -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF \
+        -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=ON \
         -DCMAKE_RUNTIME_OUTPUT_DIRECTORY="$dir/bin" "$@" >&2
-    nice cmake --build "$dir" -j "$JOBS" --target llama-bench llama-batched-bench >&2
+    nice cmake --build "$dir" -j "$JOBS" --target llama-bench llama-batched-bench llama-server >&2
     echo "$dir/bin/llama-bench"
 }
 

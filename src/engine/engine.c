@@ -604,7 +604,7 @@ int cm_session_prompt_begin(cm_session *s, const int32_t *ids, int n, char *err,
      * least the last token so its logits are fresh. */
     int keep = 0;
     while (keep < s->kv.n_past && keep < n - 1 && s->hist[keep] == ids[keep]) keep++;
-    cm_kv_truncate(&s->kv, keep);
+    cm_kv_rewind(&s->kv, keep); /* the pages past keep stay for the new tokens (model.h: the pool) */
     memcpy(s->hist + keep, ids + keep, (size_t)(n - keep) * sizeof *ids);
     s->n_hist = n;
     s->have_logits = false;

@@ -271,6 +271,15 @@ const int32_t *cm_session_tokens(const cm_session *s, int *n);
  * the cached tokens and gives their memory back (session_kv.c). */
 uint64_t cm_session_kv_bytes(const cm_session *s, int n);
 void cm_session_kv_drop(cm_session *s);
+/* The KV pool (model.h cm_kv_rewind): a new prompt keeping a shorter prefix
+ * and cm_session_kv_forget (the cached tokens forgotten) keep the pages past
+ * the positions kept committed, so the next sequence reuses them without
+ * first-touch page faults; cm_session_kv_pooled: their bytes (not in
+ * cm_session_kv_bytes(s, -1)); cm_session_kv_trim_pool gives them back
+ * (cm_session_kv_drop gives back everything). Between passes only. */
+void cm_session_kv_forget(cm_session *s);
+uint64_t cm_session_kv_pooled(const cm_session *s);
+void cm_session_kv_trim_pool(cm_session *s);
 /* Shared prefix blocks (session_share.c, model.h kv_blocks): of
  * cm_session_kv_bytes(s, n), the bytes that are not a shared store's (what
  * this session alone costs); the bytes of whole pages a share of n positions

@@ -16,3 +16,15 @@ void cm_session_kv_drop(cm_session *s) {
     s->n_hist = 0;
     s->have_logits = false;
 }
+
+void cm_session_kv_forget(cm_session *s) {
+    cm_kv_rewind(&s->kv, 0);
+    s->n_hist = 0;
+    s->have_logits = false;
+}
+
+uint64_t cm_session_kv_pooled(const cm_session *s) { return cm_kv_pooled_bytes(&s->kv); }
+
+void cm_session_kv_trim_pool(cm_session *s) {
+    if (cm_kv_pooled_bytes(&s->kv)) cm_kv_trim(&s->kv);
+}

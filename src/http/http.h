@@ -71,6 +71,8 @@ typedef struct cm_http_kv_stats {
     uint64_t block_bytes;  /* one block: CM_HTTP_KV_BLOCK positions */
     uint64_t slot_full;    /* one slot at its whole context */
     uint64_t evictions;    /* idle slots' caches given back to admit a job */
+    uint64_t pooled;       /* pages kept committed past the slots' positions for reuse (not in in_use; in reserved) */
+    uint64_t pool_trims;   /* times the pools were given back to admit a job */
     uint64_t shared;       /* shared prefix KV pages (in in_use, counted once) */
     uint64_t shared_saved; /* bytes the slots map from them beyond that once: what copies would add */
     int waiting;           /* 1 while the queue's first job waits for KV memory */

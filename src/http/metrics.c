@@ -335,6 +335,13 @@ void cm_metrics_prometheus(metrics *m, cm_http_server *srv, cm_buf *o) {
                   CM_HTTP_KV_BLOCK, (unsigned long long)kv.block_bytes,
                   (unsigned long long)(kv.block_bytes ? kv_free / kv.block_bytes : 0), kv.waiting,
                   (unsigned long long)kv.evictions, (unsigned long long)kv.shared, (unsigned long long)kv.shared_saved);
+    cm_buf_printf(o,
+                  "# HELP cumulo_kv_bytes_pooled KV pages kept committed past the slots' positions for the next "
+                  "requests (no first-touch faults; not in use, in reserved).\n"
+                  "# TYPE cumulo_kv_bytes_pooled gauge\ncumulo_kv_bytes_pooled %llu\n"
+                  "# HELP cumulo_kv_pool_trims_total Times the pools were given back to admit a request.\n"
+                  "# TYPE cumulo_kv_pool_trims_total counter\ncumulo_kv_pool_trims_total %llu\n",
+                  (unsigned long long)kv.pooled, (unsigned long long)kv.pool_trims);
     const char *src = s.measured ? "measured" : "estimated";
     cm_buf_printf(o,
                   "# HELP cumulo_node_tokens_per_second Generated tokens per second of a node.\n"

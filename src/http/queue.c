@@ -22,7 +22,11 @@
  * nothing is over-committed and nothing waits forever. A shared prefix's
  * pages are counted once: each slot counts what is its own
  * (cm_session_kv_private), each store is added once, and a job taking a
- * shared prefix is promised its need less the pages it maps. NEEDSWORK: promising
+ * shared prefix is promised its need less the pages it maps. Pages a slot's
+ * ended or shortened sequence leaves are kept as its pool (model.h
+ * cm_kv_rewind: the next sequence reuses them without first-touch faults),
+ * counted as held and given back before any cached prefix is evicted; "in
+ * use" counts only positions held. NEEDSWORK: promising
  * the worst case keeps requests without max_tokens from sharing a small
  * budget; preempting (and later recomputing) a stream would let them.
  *
@@ -87,9 +91,9 @@ static void kv_budget(cm_queue *s, int k) {
 }
 
 /* Under s->mu, scheduler thread: the bytes slot i holds (shared prefix
- * pages not included) or was promised. */
+ * pages not included; its pool included) or was promised. */
 static uint64_t slot_kv(const cm_queue *s, int i) {
-    const uint64_t have = cm_session_kv_private(s->slots[i].s, -1);
+    const uint64_t have = cm_session_kv_private(s->slots[i].s, -1) + cm_session_kv_pooled(s->slots[i].s);
     return s->slots[i].j && s->slots[i].resv > have ? s->slots[i].resv : have;
 }
 
@@ -117,23 +121,31 @@ static void kv_refresh(cm_queue *s) {
     s->kv.shared = kv_stores(s, &mapped);
     s->kv.shared_saved = mapped > s->kv.shared ? mapped - s->kv.shared : 0;
     s->kv.in_use = s->kv.reserved = s->kv.shared;
+    s->kv.pooled = 0;
     for (int i = 0; i < s->n_slots; i++) {
         s->kv.in_use += cm_session_kv_private(s->slots[i].s, -1);
+        s->kv.pooled += cm_session_kv_pooled(s->slots[i].s);
         s->kv.reserved += slot_kv(s, i);
     }
 }
 
-/* Under s->mu: room for need bytes in slot k? Idle slots' caches go back
- * (oldest first; never keep's, the prefix k is to take) until it fits.
- * 1: fits; 0: wait; -1: never (over the budget). */
+/* Under s->mu: room for need bytes in slot k? The slots' KV pools go back
+ * first (pages kept committed for reuse: only page faults to regain them),
+ * then idle slots' caches (oldest first; never keep's, the prefix k is to
+ * take) until it fits. Slot k's own pages count where they exceed need (its
+ * new prompt keeps them, pooled), and go last. 1: fits; 0: wait; -1: never
+ * (over the budget). */
 static int kv_admit(cm_queue *s, int k, int keep, uint64_t need) {
     kv_budget(s, k);
     if (need > s->kv.capacity) {
         if (s->kv_mem) return -1;
         s->kv.capacity = need; /* the default budget always holds one slot's need */
     }
+    bool pools = true;
     for (;;) {
         uint64_t used = kv_stores(s, NULL);
+        const uint64_t own = cm_session_kv_private(s->slots[k].s, -1) + cm_session_kv_pooled(s->slots[k].s);
+        if (own > need) used += own - need;
         int victim = -1;
         for (int i = 0; i < s->n_slots; i++) {
             if (i == k) continue;
@@ -143,6 +155,20 @@ static int kv_admit(cm_queue *s, int k, int keep, uint64_t need) {
                 victim = i;
         }
         if (used + need <= s->kv.capacity) return 1;
+        if (pools) { /* between passes (the scheduler thread): no cache is in one */
+            pools = false;
+            bool any = false;
+            for (int i = 0; i < s->n_slots; i++)
+                if (cm_session_kv_pooled(s->slots[i].s)) {
+                    cm_session_kv_trim_pool(s->slots[i].s);
+                    any = true;
+                }
+            if (any) {
+                s->kv.pool_trims++;
+                continue;
+            }
+        }
+        if (victim < 0 && own > need) victim = k; /* its old sequence, past what the job needs (its prefix lost) */
         if (victim < 0) return 0;
         cm_session_kv_drop(s->slots[victim].s);
         s->kv.evictions++;
@@ -284,7 +310,7 @@ static void slot_fail(cm_queue *s, slot *sl, int rc, const char *err) {
      * or a server fault; CM_EAGAIN: the cluster lost nodes it cannot do without. */
     job_end(sl->j, CM_FINISH_CANCEL, rc == CM_ECANCELED ? 0 : rc == CM_EAGAIN ? 503 : 500, err);
     pthread_mutex_lock(&s->mu);
-    cm_session_kv_drop(sl->s); /* a canceled prompt's memory goes back at once */
+    cm_session_kv_forget(sl->s); /* a canceled prompt's pages: the slot's pool (kv_admit gives it back) */
     sl->j = NULL;
     sl->begun = false;
     s->n_active--;
@@ -491,7 +517,7 @@ static void *queue_main(void *arg) {
             cm_session_finish(sl->s, &res);
             job *j = sl->j;
             j->stop_index = res.stop_index;
-            if (res.finish == CM_FINISH_CANCEL) cm_session_kv_drop(sl->s); /* kept only to be reused */
+            if (res.finish == CM_FINISH_CANCEL) cm_session_kv_forget(sl->s); /* pages pooled for reuse */
             sl->j = NULL;
             sl->resv = 0;
             sl->used = s->n_admitted;

@@ -92,6 +92,15 @@ void cm_kv_truncate(cm_kv *kv, int n_past) {
     }
 }
 
+void cm_kv_rewind(cm_kv *kv, int n_past) {
+    if (n_past < 0) n_past = 0;
+    if (n_past < kv->n_past) {
+        if (kv->n_pool < kv->n_past) kv->n_pool = kv->n_past; /* their pages stay (kv_mem.c) */
+        kv->n_past = n_past;
+        cm_kv_blocks_trim(kv); /* below the shared part, or 0: as cm_kv_trim */
+    }
+}
+
 /* ---------------- context ---------------- */
 
 static void *zalloc(size_t n) {

@@ -17,6 +17,17 @@
  * (the transposed V layout of F32/F16 caches has a region per head dimension,
  * so there a short sequence holds up to layers x heads x head_dim pages).
  *
+ * The pool: a sequence that ends (a finished or canceled request, a new
+ * prompt keeping a shorter prefix) is rewound with cm_kv_rewind, which
+ * keeps the pages past the positions it keeps committed (n_pool), so the
+ * next sequence in the same cache writes into pages already there instead
+ * of faulting in freshly zeroed ones (and the give-back's madvise calls,
+ * one per region in the transposed V, stay off the request's path too).
+ * Who budgets memory gives the pool back (cm_kv_trim) when it needs the
+ * room: serve's admission does (src/http/queue.c), before it evicts any
+ * cached prefix. cm_kv_pooled_bytes says what the pool holds, so "in use"
+ * (resident bytes of [0, n_past)) stays what positions occupy.
+ *
  * Why not a block table of our own: every reader indexes positions as
  * [n_ctx] rows from one base; a table would change attention, attn_split,
  * kv_copy, the nodes and the Vulkan backend. Shared prefixes use the page
@@ -114,11 +125,17 @@ uint64_t cm_kv_resident_bytes(const cm_kv *kv, int n) {
     return bytes;
 }
 
+uint64_t cm_kv_pooled_bytes(const cm_kv *kv) {
+    if (kv->n_pool <= kv->n_past) return 0;
+    return cm_kv_resident_bytes(kv, kv->n_pool) - cm_kv_resident_bytes(kv, kv->n_past);
+}
+
 uint64_t cm_kv_mapped_bytes(const cm_kv *kv) { return (uint64_t)kv->k_map + (uint64_t)kv->v_map; }
 
 void cm_kv_trim(cm_kv *kv) {
     if (!kv->k) return;
     cm_kv_blocks_trim(kv); /* shared prefix blocks (kv_blocks.c) */
+    kv->n_pool = 0;        /* the pool goes back with the rest */
     region_set rs[2];
     const int nr = cm_kv_regions(kv, rs);
     const size_t P = page_size();

@@ -346,6 +346,11 @@ typedef struct cm_kv {
      * arrays; [0, n_shared) are still the store's (n_shared <= n_mapped). */
     struct cm_kv_store *store;
     int n_mapped, n_shared;
+    /* kv_mem.c: pages of positions [n_past, n_pool) stay committed after
+     * cm_kv_rewind (a pool the next positions reuse without a page fault);
+     * cm_kv_trim gives them back. Positions past max(n_past, n_pool) hold
+     * no page (but what a failed pass wrote: cm_kv_trim). */
+    int n_pool;
 } cm_kv;
 /* ---- KV cache types and flash attention (attn.c) ---- */
 bool cm_kv_type_ok(enum cm_type t);                   /* F32, F16, Q8_0, Q4_0 */
@@ -450,6 +455,12 @@ int cm_kv_init_type(cm_kv *kv, const cm_model *m, int layer_first, int layer_las
                     enum cm_type type, char *err, size_t errlen);
 void cm_kv_release(cm_kv *kv);
 void cm_kv_truncate(cm_kv *kv, int n_past); /* keeps positions [0, n_past); n_past clamped */
+/* cm_kv_truncate that keeps the pages past n_past committed (kv->n_pool):
+ * the positions written next reuse them without the kernel's first-touch
+ * fault and zeroing (a cache's pool, given back by cm_kv_trim /
+ * cm_kv_truncate; cm_kv_pooled_bytes counts it). Shared prefix blocks are
+ * let go as cm_kv_truncate does. */
+void cm_kv_rewind(cm_kv *kv, int n_past);
 /* Make dst hold src's first n positions (n <= src->n_past, n <= dst->n_ctx;
  * same layer range, slice and type): their bytes are copied (kv_copy.c) and
  * dst->n_past = n. CM_EINVAL otherwise. */
@@ -464,7 +475,11 @@ void cm_kv_mem_unmap(void *p, size_t mapped);
  * page rounding included); what a cache holding n positions costs. */
 uint64_t cm_kv_resident_bytes(const cm_kv *kv, int n);
 uint64_t cm_kv_mapped_bytes(const cm_kv *kv); /* address space reserved */
-void cm_kv_trim(cm_kv *kv);                   /* give back the pages past kv->n_past */
+void cm_kv_trim(cm_kv *kv);                   /* give back the pages past kv->n_past (the pool too) */
+/* Bytes of the pages kv keeps committed past its n_past (cm_kv_rewind's
+ * pool): resident(max(n_past, n_pool)) - resident(n_past), page rounding
+ * included (pages a shared prefix maps there counted too: an upper bound). */
+uint64_t cm_kv_pooled_bytes(const cm_kv *kv);
 /* ---- prefix KV blocks shared copy-on-write (kv_blocks.c) ----
  * Make dst hold src's first n positions (the conditions of
  * cm_kv_copy_prefix) by mapping the same physical pages into both: a store

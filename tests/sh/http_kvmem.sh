@@ -9,7 +9,9 @@
 #     logprobs it gets alone on a server without a tight budget; the
 #     reserved bytes never pass the budget (/metrics polled meanwhile), idle
 #     slots' caches were given back to admit the later ones (evictions), and
-#     the server's resident memory grew by at most the KV bytes in use + 8 MiB.
+#     the server's resident memory grew by at most the KV bytes in use + the
+#     slots' pools (pages kept for reuse, cumulo_kv_bytes_pooled) + 8 MiB,
+#     and the reserved bytes cover in use + pooled.
 #  3. A request whose prompt + max_tokens can never fit the budget gets a 400
 #     that names --kv-mem instead of waiting forever.
 . "$(dirname "$0")/lib/http_common.sh"
@@ -82,8 +84,13 @@ used2=$(js 'j.m.cumulo_kv_bytes_in_use' "$TMP/crowd.json")
 cap=$(js 'j.m.cumulo_kv_bytes_capacity' "$TMP/crowd.json")
 echo "  rss ${rss1} -> ${rss2} KiB; kv in use ${used1} -> ${used2} bytes of ${cap}; polls $(js 'j.polls' "$TMP/crowd.json"), waiting seen $(js 'j.waited' "$TMP/crowd.json")"
 [ -n "$used2" ] && [ "$used2" -le "$cap" ] && ok || bad "in use $used2 > capacity $cap"
-[ -n "$rss2" ] && [ $(( (rss2 - rss1) * 1024 )) -le $(( used2 - used1 + 8 * 1048576 )) ] && ok ||
-    bad "resident memory grew $(( (rss2 - rss1) * 1024 )) bytes for $(( used2 - used1 )) bytes of KV in use"
+pool1=$(js 'j.m.cumulo_kv_bytes_pooled' "$TMP/warm.json")
+pool2=$(js 'j.m.cumulo_kv_bytes_pooled' "$TMP/crowd.json")
+echo "  kv pooled ${pool1} -> ${pool2} bytes, pool trims $(js 'j.m.cumulo_kv_pool_trims_total' "$TMP/crowd.json")"
+[ -n "$pool2" ] && [ "$(js 'j.m.cumulo_kv_bytes_reserved >= j.m.cumulo_kv_bytes_in_use + j.m.cumulo_kv_bytes_pooled' "$TMP/crowd.json")" = true ] &&
+    ok || bad "reserved does not cover in use + pooled: $(js 'j.m' "$TMP/crowd.json")"
+[ -n "$rss2" ] && [ $(( (rss2 - rss1) * 1024 )) -le $(( used2 + pool2 - used1 - pool1 + 8 * 1048576 )) ] && ok ||
+    bad "resident memory grew $(( (rss2 - rss1) * 1024 )) bytes for $(( used2 + pool2 - used1 - pool1 )) bytes of KV in use + pooled"
 
 # 3. never fits: a 400 naming the budget, not a wait
 python3 "$TMP/client.py" "$PORT" huge >"$TMP/huge.json" 2>"$TMP/huge.err" || bad "huge client: $(cat "$TMP/huge.err")"
