@@ -22,11 +22,22 @@
  *        the tail through tile_q8_0 and the reduction are ztile_q8_0's.
  * So each row is vec_dot's bits (kernels.h; tests/unit/test_kernels_invariant.c,
  * n_tok 1). One row per pass (a single sequential stream, as GEMV_ROWS).
- * Rows longer than GV_MAXK elements go through vec_dot row by row. Stack:
- * 64 KiB (f16) / 34 KiB (q8_0) at most. Never allocates.
+ * f16 rows longer than GV_F16_F32K elements and q8_0 rows longer than
+ * GV_MAXK go through vec_dot row by row. Stack: 11 KiB (f16) / 34 KiB
+ * (q8_0) at most. Never allocates.
  */
 
 enum { GV_MAXK = 16384, GV_Q8_MAXNB = GV_MAXK / CM_QK8_0 };
+
+/* f16: the token in f32 only while it and one weight row fit in half of a
+ * 32 KiB L1 (6 bytes per element). Past that every row evicts part of the
+ * f32 token, which then comes from L2 again for each row: from DRAM, a
+ * 2048 x 5632 (ffn_down) gemv ran at ~60% of a plain read loop that way
+ * against ~100% with the token kept in fp16 (vec_dot per row), k = 4096 at
+ * 88-93% against 100%, k = 2048 at ~100% either way (bench/gemv_dram.c:
+ * one thread, 512 MiB of rows, Zen 4). From cache the f32 token is faster
+ * (no second conversion per element), so it stays for short rows. */
+enum { GV_F16_F32K = 16384 / 6 };
 
 /* ---- f16 ---- */
 AI float gvf16_row(int64_t n, const cm_f16 *x, const float *yf) {
@@ -45,11 +56,11 @@ AI float gvf16_row(int64_t n, const cm_f16 *x, const float *yf) {
 static void gemv_vf16(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
                       int64_t r0, int64_t r1, int64_t n_tok) {
     (void)x_stride, (void)ldy, (void)n_tok;
-    if (k > GV_MAXK) {
+    if (k > GV_F16_F32K) { /* the token in fp16, converted again for every row: vec_dot */
         for (int64_t i = r0; i < r1; i++) vec_dot_zf16(k, &y[i], (const char *)w + (size_t)i * w_stride, x);
         return;
     }
-    _Alignas(64) float yf[GV_MAXK];
+    _Alignas(64) float yf[GV_F16_F32K];
     int64_t e = 0;
     for (; e + 16 <= k; e += 16) _mm512_store_ps(yf + e, z_f16(x, e));
     for (; e < k; e++) yf[e] = sc_f16(x, e);

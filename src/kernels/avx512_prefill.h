@@ -202,7 +202,13 @@ static void gemm_fg16(int64_t k, const void *w, size_t w_stride, const void *x, 
             for (int t = 0; t < T; t++)
                 yv[t] = (const cm_f16 *)(const void *)((const char *)x + (size_t)(j + t) * x_stride);
             __m512 res[FG_R][FG_T][2];
-            if (R == FG_R && T == FG_T) fg_tile(n32, xf, yv, FG_R, FG_T, res);
+            if (R == FG_R) switch (T) { /* the last tokens: still 4 rows per pass, not 1 */
+                case 5: fg_tile(n32, xf, yv, FG_R, 5, res); break;
+                case 4: fg_tile(n32, xf, yv, FG_R, 4, res); break;
+                case 3: fg_tile(n32, xf, yv, FG_R, 3, res); break;
+                case 2: fg_tile(n32, xf, yv, FG_R, 2, res); break;
+                default: fg_tile(n32, xf, yv, FG_R, 1, res); break;
+                }
             else
                 for (int r = 0; r < R; r++) switch (T) {
                     case 5: fg_tile(n32, xf + (size_t)r * FG_MAXK, yv, 1, 5, res + r); break;

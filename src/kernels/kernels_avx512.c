@@ -23,8 +23,8 @@
  * (4 rows per pass against the token packed once), same bits again, and
  * q4_0, q4_k and q5_k decode gemvs over rows repacked at load (repack.c;
  * avx512_krepack.h for the k-quants, which also has q5_k's plain gemv);
- * f16 and q8_0 decode gemvs that prepare the token once per call
- * (avx512_gemv.h).
+ * f16 (rows of up to 2730 elements; longer ones run vec_dot per row) and
+ * q8_0 decode gemvs that prepare the token once per call (avx512_gemv.h).
  * Every tile keeps the contract of isa.h: integer sums exactly the
  * reference's, only the float accumulation order free. Tested against the
  * reference in tests/unit/test_kernels_simd.c and for batch invariance in
