@@ -73,28 +73,29 @@ CUMULO_VULKAN_LIB=$T/no/libvulkan.so.1 "$BIN" run "$M" -p "Once upon a time" -n 
 # device's slots) give the CPU server's texts.
 serve_texts() { # GPU OUT
     port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-    "$BIN" serve "$M" --port "$port" --gpu "$1" >"$T/serve.log" 2>&1 &
+    "$BIN" serve "$M" --port "$port" --gpu "$1" >"$T/serve_$1.log" 2>&1 &
     spid=$!
     i=0
-    while [ $i -lt 300 ] && ! grep -q "ready:" "$T/serve.log"; do sleep 0.2; i=$((i + 1)); done
+    while [ $i -lt 600 ] && ! grep -q "ready:" "$T/serve_$1.log"; do sleep 0.2; i=$((i + 1)); done
     cpids=""
     for p in "Once upon a time" "The dog" "Lily and Tom"; do
-        curl -s -m 120 "localhost:$port/v1/completions" -H 'content-type: application/json' \
-            -d "{\"prompt\":\"$p\",\"max_tokens\":24,\"temperature\":0}" >"$T/c_$p" &
+        curl -s -m 300 "localhost:$port/v1/completions" -H 'content-type: application/json' \
+            -d "{\"prompt\":\"$p\",\"max_tokens\":24,\"temperature\":0}" >"$T/c_$1_$p" &
         cpids="$cpids $!"
     done
     for c in $cpids; do wait "$c"; done
     kill "$spid"
     wait "$spid" 2>/dev/null
     for p in "Once upon a time" "The dog" "Lily and Tom"; do
-        sed -n 's/.*"text":"\([^"]*\)".*/\1/p' "$T/c_$p"
+        sed -n 's/.*"text":"\([^"]*\)".*/\1/p' "$T/c_$1_$p"
         echo # (the body has no final newline)
     done | grep -v '^$' >"$2"
 }
 serve_texts none "$T/serve_cpu"
 serve_texts vulkan "$T/serve_gpu"
 [ "$(wc -l <"$T/serve_cpu")" -eq 3 ] && cmp -s "$T/serve_cpu" "$T/serve_gpu" && ok ||
-    bad "serve --gpu vulkan: texts differ from the CPU's: $(cat "$T/serve_cpu") // $(cat "$T/serve_gpu")"
+    bad "serve --gpu vulkan: texts differ from the CPU's: $(cat "$T/serve_cpu") // $(cat "$T/serve_gpu")" \
+        "(the server's last lines: $(tail -n 3 "$T/serve_vulkan.log"); a reply: $(head -c 300 "$T/c_vulkan_The dog"))"
 
 VOCAB=$SHARED/vocab/ggml-vocab-llama-spm.gguf
 # Mixtures of experts on the device (router, top-k and the experts there),
