@@ -38,17 +38,6 @@ void cm_plan_opts_default(cm_plan_opts *o) {
 
 /* ---- slices inside a group ---- */
 
-/* Share of a layer's weights for a member that holds `heads` of the KV heads
- * and `rows` of the FFN rows. */
-static double member_share(const cm_plan_model *m, int heads, int rows) {
-    double hd = m->head_dim;
-    double attn = (double)m->dim * hd * (2.0 * m->n_heads + 2.0 * m->n_kv_heads);
-    double ffn = 3.0 * m->dim * (double)m->ffn;
-    double tot = attn + ffn;
-    if (tot <= 0) return 0;
-    return attn / tot * heads / m->n_kv_heads + ffn / tot * rows / (double)m->ffn;
-}
-
 /* Split `units` among k members proportionally to w[], largest remainder,
  * each member getting at least `min_each` (when units allow). */
 static void split_units(int units, int k, const double *w, int min_each, int *out) {
@@ -151,27 +140,7 @@ static void assign_slices(const cm_plan_model *m, const cm_plan_cluster *c, cons
     if (m->n_experts > 0 && k > 1 && m->kv_shared) expert_ranges(m, c, o, st, by_mem);
 }
 
-/* Bytes of layer l member mb holds (active: what one decoded token reads):
- * its share of the dense part, and of the experts its range, of which a
- * token uses n_experts_used / n_experts on average. */
-static double member_layer_bytes(const cm_plan_model *m, const cm_plan_member *mb, int l, bool active, bool params) {
-    double s = member_share(m, mb->kv_head_end - mb->kv_head_begin, mb->ffn_end - mb->ffn_begin);
-    double total = params ? (double)m->layer_params[l] : (double)m->layer_bytes[l];
-    if (m->n_experts <= 0) return s * total;
-    double ex = params ? (double)m->layer_expert_params[l] : (double)m->layer_expert_bytes[l];
-    double held = (double)(mb->expert_end - mb->expert_begin + mb->n_replicas) / m->n_experts;
-    if (active && mb->expert_share > 0) /* measured routing (replicas.c): its share of the assignments */
-        return s * (total - ex) + ex * mb->expert_share * (double)m->n_experts_used / m->n_experts;
-    return s * (total - ex) + ex * held * (active ? (double)m->n_experts_used / m->n_experts : 1.0);
-}
-
-/* ---- costs ---- */
-
-static double link_oneway(const cm_plan_cluster *c, const cm_plan_opts *o, int a, int b, double bytes) {
-    if (a == b) return 0;
-    double bw = c->bw[a][b] > 0 ? c->bw[a][b] : 1e9;
-    return c->rtt_s[a][b] / 2 + bytes / bw + o->exchange_overhead_s;
-}
+/* ---- links that are down (cm_plan_cluster.down) ---- */
 
 static bool link_down(const cm_plan_cluster *c, int a, int b) { return a != b && (c->down[a][b] || c->down[b][a]); }
 
@@ -207,248 +176,6 @@ static int chain_prefix(const cm_plan_cluster *c, const int *order, int n, int m
     return k;
 }
 
-static double allreduce_s(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan_opts *o,
-                          const cm_plan_stage *st, double n_tok) {
-    int k = st->n_members;
-    if (k < 2) return 0;
-    double worst = 0, bytes = n_tok * m->dim * 4.0;
-    for (int i = 0; i < k; i++)
-        for (int j = 0; j < k; j++) {
-            if (i == j) continue;
-            int a = st->members[i].node, b = st->members[j].node;
-            double bw = c->bw[a][b] > 0 ? c->bw[a][b] : 1e9;
-            /* direct exchange for one token; ring (2(k-1)/k of the data) for batches */
-            double data = n_tok <= 1 ? (k - 1) * bytes : 2.0 * (k - 1) / k * bytes;
-            double t = c->rtt_s[a][b] / 2 + data / bw + o->exchange_overhead_s;
-            if (n_tok > 1) t += (2.0 * (k - 1) - 1) * (c->rtt_s[a][b] / 2 + o->exchange_overhead_s);
-            if (t > worst) worst = t;
-        }
-    return worst;
-}
-
-/* The expert exchange of one layer of an expert group, n_tok tokens: member
- * i sends its expected share of the k chosen experts' outputs (used *
- * held_i / n_experts rows of dim floats per token) to every other member. */
-static double expert_exchange_s(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan_opts *o,
-                                const cm_plan_stage *st, double n_tok) {
-    int k = st->n_members;
-    if (!st->ep || k < 2 || m->n_experts <= 0) return 0;
-    double worst = 0;
-    for (int i = 0; i < k; i++) {
-        const cm_plan_member *mb = &st->members[i];
-        double rows =
-            n_tok * m->n_experts_used *
-            (mb->expert_share > 0 ? mb->expert_share : (double)(mb->expert_end - mb->expert_begin) / m->n_experts);
-        for (int j = 0; j < k; j++) {
-            if (i == j) continue;
-            int a = mb->node, b = st->members[j].node;
-            double bw = c->bw[a][b] > 0 ? c->bw[a][b] : 1e9;
-            double t = c->rtt_s[a][b] / 2 + (k - 1) * rows * m->dim * 4.0 / bw + o->exchange_overhead_s;
-            if (t > worst) worst = t;
-        }
-    }
-    return worst;
-}
-
-static double member_layer_s(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan_member *mb, int layer,
-                             double n_tok) {
-    const cm_plan_node *n = &c->nodes[mb->node];
-    /* decode reads the active bytes; a prefill of many tokens reaches most experts */
-    double mem = member_layer_bytes(m, mb, layer, n_tok <= 1, false) / (n->mem_bw > 0 ? n->mem_bw : 1e9);
-    double cmp = 2.0 * member_layer_bytes(m, mb, layer, true, true) * n_tok / (n->flops > 0 ? n->flops : 1e9);
-    return mem > cmp ? mem : cmp;
-}
-
-/* deepseek2's tensor-parallel group: an expert group whose members also
- * split the heads (kv_shared), so attention and the dense layers' FFN are
- * all-reduced as well. */
-static bool ep_tp(const cm_plan_model *m, const cm_plan_stage *st) {
-    for (int i = 0; st->ep && m->kv_shared && i < st->n_members; i++)
-        if (st->members[i].kv_head_end - st->members[i].kv_head_begin != m->n_kv_heads) return true;
-    return false;
-}
-
-/* Time of one layer for the whole group, n_tok tokens at once. */
-static double stage_layer_s(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan_opts *o,
-                            const cm_plan_stage *st, int layer, double n_tok, double ar) {
-    double worst = 0;
-    for (int i = 0; i < st->n_members; i++) {
-        double t = member_layer_s(m, c, &st->members[i], layer, n_tok);
-        if (t > worst) worst = t;
-    }
-    if (st->ep) /* one expert exchange instead of two all-reduces (dense layers of a MoE model: none) */
-        return worst + (m->layer_expert_bytes[layer] ? expert_exchange_s(m, c, o, st, n_tok) : 0) +
-               (ep_tp(m, st) ? (m->layer_expert_bytes[layer] ? 1 : 2) * ar : 0);
-    return worst + 2 * ar;
-}
-
-static double head_s(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan_stage *st, double n_tok) {
-    for (int i = 0; i < st->n_members; i++) {
-        if (!st->members[i].head) continue;
-        const cm_plan_node *n = &c->nodes[st->members[i].node];
-        double mem = (double)m->head_bytes / (n->mem_bw > 0 ? n->mem_bw : 1e9);
-        double cmp = 2.0 * (double)m->head_params * n_tok / (n->flops > 0 ? n->flops : 1e9);
-        return mem > cmp ? mem : cmp;
-    }
-    return 0;
-}
-
-static uint64_t kv_head_layer_bytes(const cm_plan_model *m, const cm_plan_opts *o) {
-    if (o->kv_k32_bytes > 0 && o->kv_v32_bytes > 0) /* block types: whole blocks per row */
-        return ((uint64_t)m->head_dim * (uint64_t)(o->kv_k32_bytes + o->kv_v32_bytes) + 31) / 32 * (uint64_t)o->ctx *
-               (uint64_t)o->n_seq;
-    return 2ull * (uint64_t)m->head_dim * (uint64_t)o->ctx * (uint64_t)o->n_seq * (uint64_t)o->kv_elem_bytes;
-}
-
-/* Bytes member i of stage st needs for layers [a, b). */
-static uint64_t member_bytes(const cm_plan_model *m, const cm_plan_opts *o, const cm_plan_member *mb, int a, int b,
-                             uint64_t *weights_out, uint64_t *kv_out) {
-    double w = 0;
-    for (int l = a; l < b; l++) w += member_layer_bytes(m, mb, l, false, false);
-    uint64_t weights = (uint64_t)ceil(w);
-    if (mb->embed) weights += m->embd_bytes;
-    if (mb->head) weights += m->head_bytes;
-    uint64_t kv = kv_head_layer_bytes(m, o) * (uint64_t)(m->kv_shared ? 1 : mb->kv_head_end - mb->kv_head_begin) *
-                  (uint64_t)(b - a);
-    if (weights_out) *weights_out = weights;
-    if (kv_out) *kv_out = kv;
-    return weights + kv + o->reserve_bytes;
-}
-
-uint64_t cm_plan_member_bytes(const cm_plan_model *m, const cm_plan_opts *o, const cm_plan_member *mb, int a, int b) {
-    return member_bytes(m, o, mb, a, b, NULL, NULL);
-}
-
-static bool stage_fits(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan_opts *o, const cm_plan_stage *st,
-                       int a, int b) {
-    for (int i = 0; i < st->n_members; i++)
-        if (member_bytes(m, o, &st->members[i], a, b, NULL, NULL) > c->nodes[st->members[i].node].mem_bytes)
-            return false;
-    return true;
-}
-
-/* Shared hosts: out = c with each node that group_of uses (>= 0) given
- * 1/k of its flops and memory bandwidth, k = the used nodes on its host. */
-static void share_hosts(const cm_plan_cluster *c, const int *group_of, cm_plan_cluster *out) {
-    *out = *c;
-    for (int i = 0; i < c->n_nodes; i++) {
-        if (group_of[i] < 0 || !c->nodes[i].host[0]) continue;
-        int k = 0;
-        for (int j = 0; j < c->n_nodes; j++)
-            if (group_of[j] >= 0 && !strcmp(c->nodes[j].host, c->nodes[i].host)) k++;
-        if (k > 1) {
-            out->nodes[i].flops /= k;
-            out->nodes[i].mem_bw /= k;
-        }
-    }
-}
-
-/* The nodes plan p uses, as group_of (stage index, -1 unused). */
-static void plan_groups(const cm_plan *p, int n_nodes, int *group_of) {
-    for (int i = 0; i < n_nodes; i++) group_of[i] = -1;
-    for (int s = 0; s < p->n_stages; s++)
-        for (int i = 0; i < p->stages[s].n_members; i++)
-            if (p->stages[s].members[i].node >= 0 && p->stages[s].members[i].node < n_nodes)
-                group_of[p->stages[s].members[i].node] = s;
-}
-
-static void predict(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan_opts *o, cm_plan *p);
-
-void cm_plan_predict(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan_opts *o, cm_plan *p) {
-    static _Thread_local cm_plan_cluster eff;
-    int group_of[CM_PLAN_MAX_NODES];
-    plan_groups(p, c->n_nodes, group_of);
-    share_hosts(c, group_of, &eff);
-    predict(m, &eff, o, p);
-}
-
-void cm_plan_replace_replicas(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan_opts *o, cm_plan *p) {
-    static _Thread_local cm_plan_cluster eff;
-    int group_of[CM_PLAN_MAX_NODES];
-    plan_groups(p, c->n_nodes, group_of);
-    share_hosts(c, group_of, &eff);
-    for (int s = 0; s < p->n_stages; s++)
-        for (int k = 0; k < p->stages[s].n_members; k++) {
-            p->stages[s].members[k].n_replicas = 0;
-            p->stages[s].members[k].expert_share = 0;
-        }
-    if ((o->expert_load || o->expert_load_layers) && m->n_experts > 0) cm_plan_place_replicas(m, &eff, o, p);
-    predict(m, &eff, o, p);
-}
-
-static void predict(const cm_plan_model *m, const cm_plan_cluster *c, const cm_plan_opts *o, cm_plan *p) {
-    double cycle = 0, bottleneck = 0, ttft = 0;
-    double P = o->prompt_tokens > 0 ? o->prompt_tokens : 1;
-    for (int s = 0; s < p->n_stages; s++) {
-        cm_plan_stage *st = &p->stages[s];
-        double ar1 = allreduce_s(m, c, o, st, 1), arP = allreduce_s(m, c, o, st, P);
-        double t = 0, tp = 0;
-        cm_plan_gpu_fill gf = {0}, gfp = {0}; /* a GPU node's first layers (plan_gpu.c) */
-        for (int l = st->first_layer; l < st->last_layer; l++) {
-            t += cm_plan_gpu_take(m, c, o, st, &gf, l) ? cm_plan_gpu_layer_s(m, c, st, l, 1)
-                                                       : stage_layer_s(m, c, o, st, l, 1, ar1);
-            tp += cm_plan_gpu_take(m, c, o, st, &gfp, l) ? cm_plan_gpu_layer_s(m, c, st, l, P)
-                                                         : stage_layer_s(m, c, o, st, l, P, arP);
-        }
-        t += head_s(m, c, st, 1);
-        tp += head_s(m, c, st, 1); /* logits only for the last prompt token */
-        for (int i = 0; i < st->n_members; i++) {
-            cm_plan_member *mb = &st->members[i];
-            double mt = 0;
-            cm_plan_gpu_fill gm = {0};
-            for (int l = st->first_layer; l < st->last_layer; l++)
-                mt += cm_plan_gpu_take(m, c, o, st, &gm, l) ? cm_plan_gpu_layer_s(m, c, st, l, 1)
-                                                            : member_layer_s(m, c, mb, l, 1);
-            mb->layer_s = mt;
-            mb->gpu_layers = gm.n;
-            member_bytes(m, o, mb, st->first_layer, st->last_layer, &mb->weight_bytes, &mb->kv_bytes);
-        }
-        int from = st->members[0].node;
-        int to = s + 1 < p->n_stages ? p->stages[s + 1].members[0].node : 0;
-        double bytes = s + 1 < p->n_stages ? m->dim * 4.0 : 16.0; /* hidden state, or a token id back */
-        st->compute_s = t;
-        st->hop_s = link_oneway(c, o, from, to, bytes);
-        cycle += t + st->hop_s;
-        ttft += tp + link_oneway(c, o, from, to, s + 1 < p->n_stages ? P * m->dim * 4.0 : 16.0);
-    }
-    for (int s = 0; s < p->n_stages; s++) {
-        /* without compute/communication overlap a stage is busy receiving,
-         * computing and sending: that bounds the pipeline's throughput */
-        const cm_plan_stage *st = &p->stages[s];
-        double busy = st->compute_s + st->hop_s + p->stages[s == 0 ? p->n_stages - 1 : s - 1].hop_s;
-        if (p->n_stages == 1) busy = st->compute_s + st->hop_s;
-        if (busy > bottleneck) bottleneck = busy;
-    }
-    p->tok_s = cycle > 0 ? 1.0 / cycle : 0;
-    p->kv_ctx = o->ctx;
-    p->kv_n_seq = o->n_seq;
-    p->kv_bytes_total = 0;
-    for (int s = 0; s < p->n_stages; s++)
-        for (int i = 0; i < p->stages[s].n_members; i++) p->kv_bytes_total += p->stages[s].members[i].kv_bytes;
-    double agg = cycle > 0 ? o->n_seq / cycle : 0;
-    if (bottleneck > 0 && agg > 1.0 / bottleneck) agg = 1.0 / bottleneck;
-    p->tok_s_aggregate = agg;
-    p->ttft_s = ttft;
-    p->bytes_per_token_hop = (uint64_t)m->dim * 4;
-    p->bytes_per_token_tp = 0;
-    p->bytes_per_token_ep = 0;
-    for (int s = 0; s < p->n_stages; s++) {
-        const cm_plan_stage *st = &p->stages[s];
-        if (!st->ep) continue;
-        for (int l = st->first_layer; l < st->last_layer; l++)
-            if (m->layer_expert_bytes[l])
-                p->bytes_per_token_ep +=
-                    (uint64_t)(st->n_members - 1) * (uint64_t)m->n_experts_used * (uint64_t)m->dim * 4;
-    }
-    for (int s = 0; s < p->n_stages; s++)
-        if (p->stages[s].n_members > 1 && !p->stages[s].ep)
-            p->bytes_per_token_tp +=
-                2ull * (uint64_t)(p->stages[s].last_layer - p->stages[s].first_layer) * (uint64_t)m->dim * 4;
-        else if (ep_tp(m, &p->stages[s])) /* attention, and the FFN of the dense layers */
-            for (int l = p->stages[s].first_layer; l < p->stages[s].last_layer; l++)
-                p->bytes_per_token_tp += (m->layer_expert_bytes[l] ? 1ull : 2ull) * (uint64_t)m->dim * 4;
-}
-
 /* ---- layer split across stages ---- */
 
 /* Layer k's time in stage s: on the stage's GPU while it holds them (f), else lay_s's. */
@@ -467,7 +194,7 @@ static bool fill_under(const cm_plan_model *m, const cm_plan_cluster *c, const c
     for (int s = 0; s < G; s++) {
         cm_plan_stage *st = &p->stages[s];
         int left_for_later = G - 1 - s;
-        double t = s == G - 1 ? head_s(m, c, st, 1) : 0;
+        double t = s == G - 1 ? cm_plan_head_s(m, c, st, 1) : 0;
         t += hop[s] + hop[s == 0 ? G - 1 : s - 1]; /* a stage sends and receives */
         st->first_layer = l;
         int b = l;
@@ -475,7 +202,7 @@ static bool fill_under(const cm_plan_model *m, const cm_plan_cluster *c, const c
         if (s == G - 1) {
             b = m->n_layers;
             for (int k = l; k < b; k++) t += layer_t(m, c, o, st, &gf, lay_s, s, k);
-            if (t > T || !stage_fits(m, c, o, st, l, b)) return false;
+            if (t > T || !cm_plan_stage_fits(m, c, o, st, l, b)) return false;
         } else if (s == 0 && o->first_stage_layers > 0) {
             /* Pinned: the coordinator already holds these layers (its memory
              * is not checked again: what it uses for them is no longer free). */
@@ -487,8 +214,8 @@ static bool fill_under(const cm_plan_model *m, const cm_plan_cluster *c, const c
             while (b < m->n_layers - left_for_later) {
                 cm_plan_gpu_fill g2 = gf;
                 double nt = t + layer_t(m, c, o, st, &g2, lay_s, s, b);
-                if (b > l && (nt > T || !stage_fits(m, c, o, st, l, b + 1))) break;
-                if (b == l && !stage_fits(m, c, o, st, l, b + 1)) return false;
+                if (b > l && (nt > T || !cm_plan_stage_fits(m, c, o, st, l, b + 1))) break;
+                if (b == l && !cm_plan_stage_fits(m, c, o, st, l, b + 1)) return false;
                 gf = g2;
                 t = nt;
                 b++;
@@ -522,7 +249,7 @@ static int plan_for_groups(const cm_plan_model *m, const cm_plan_cluster *c_in, 
         return cm_errf(err, errlen, CM_EINVAL, "plan: %d nodes (1..%d supported)", c_in->n_nodes, CM_PLAN_MAX_NODES);
     /* Everything below plans on the nodes' shares of their hosts. */
     static _Thread_local cm_plan_cluster eff;
-    share_hosts(c_in, group_of, &eff);
+    cm_plan_share_hosts(c_in, group_of, &eff);
     const cm_plan_cluster *c = &eff;
     if (c->n_nodes < 1 || c->n_nodes > CM_PLAN_MAX_NODES)
         return cm_errf(err, errlen, CM_EINVAL, "plan: %d nodes (1..%d supported)", c->n_nodes, CM_PLAN_MAX_NODES);
@@ -574,14 +301,14 @@ static int plan_for_groups(const cm_plan_model *m, const cm_plan_cluster *c_in, 
     double hi = 0;
     for (int s = 0; s < G; s++) {
         cm_plan_stage *st = &out->stages[s];
-        double ar = allreduce_s(m, c, o, st, 1);
+        double ar = cm_plan_allreduce_s(m, c, o, st, 1);
         for (int l = 0; l < m->n_layers; l++) {
-            lay_s[s * LMAX + l] = stage_layer_s(m, c, o, st, l, 1, ar);
+            lay_s[s * LMAX + l] = cm_plan_stage_layer_s(m, c, o, st, l, 1, ar);
             hi += lay_s[s * LMAX + l];
         }
         int to = s + 1 < G ? out->stages[s + 1].members[0].node : 0;
-        hop[s] = link_oneway(c, o, st->members[0].node, to, s + 1 < G ? m->dim * 4.0 : 16.0);
-        hi += hop[s] + head_s(m, c, st, 1);
+        hop[s] = cm_plan_link_s(c, o, st->members[0].node, to, s + 1 < G ? m->dim * 4.0 : 16.0);
+        hi += hop[s] + cm_plan_head_s(m, c, st, 1);
     }
     if (!fill_under(m, c, o, out, lay_s, hop, 1e300)) {
         /* does not fit: say how much is missing */
@@ -591,7 +318,7 @@ static int plan_for_groups(const cm_plan_model *m, const cm_plan_cluster *c_in, 
         whole.ffn_end = m->ffn;
         whole.expert_end = m->n_experts;
         whole.embed = whole.head = true;
-        need = member_bytes(m, o, &whole, 0, m->n_layers, NULL, NULL) - o->reserve_bytes;
+        need = cm_plan_member_bytes(m, o, &whole, 0, m->n_layers) - o->reserve_bytes;
         for (int i = 0; i < c->n_nodes; i++)
             if (group_of[i] >= 0) {
                 uint64_t mb = c->nodes[i].mem_bytes;
@@ -616,7 +343,7 @@ static int plan_for_groups(const cm_plan_model *m, const cm_plan_cluster *c_in, 
     if (!fill_under(m, c, o, out, lay_s, hop, hi)) fill_under(m, c, o, out, lay_s, hop, 1e300);
     if ((o->expert_load || o->expert_load_layers) && m->n_experts > 0)
         cm_plan_place_replicas(m, c, o, out); /* replicas.c */
-    predict(m, c, o, out);
+    cm_plan_predict_on(m, c, o, out);
     return 0;
 }
 
@@ -835,8 +562,8 @@ void cm_plan_format(const cm_plan *p, const cm_plan_model *m, const cm_plan_clus
     size_t k = 0;
     static _Thread_local cm_plan_cluster eff;
     int group_of[CM_PLAN_MAX_NODES];
-    plan_groups(p, c_in->n_nodes, group_of);
-    share_hosts(c_in, group_of, &eff);
+    cm_plan_groups(p, c_in->n_nodes, group_of);
+    cm_plan_share_hosts(c_in, group_of, &eff);
     const cm_plan_cluster *c = &eff;
 #define OUT(...)                                            \
     do {                                                    \
@@ -876,7 +603,7 @@ void cm_plan_format(const cm_plan *p, const cm_plan_model *m, const cm_plan_clus
         for (int s = 0; s < p->n_stages; s++)
             OUT(" %d->%d %.3f%s", s, s + 1 < p->n_stages ? s + 1 : 0, p->stages[s].hop_s * 1e3,
                 s + 1 < p->n_stages ? "," : ";");
-        OUT(" output head %.3f\n", head_s(m, c, &p->stages[p->n_stages - 1], 1) * 1e3);
+        OUT(" output head %.3f\n", cm_plan_head_s(m, c, &p->stages[p->n_stages - 1], 1) * 1e3);
     }
     if (p->kv_n_seq > 0) /* the kv-cache column holds every sequence's; say it per sequence too */
         OUT("kv cache: %.2f MiB per sequence (%d positions), %.2f MiB in all for %d sequence%s\n",
