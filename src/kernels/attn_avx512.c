@@ -311,20 +311,21 @@ enum { VQ_FLOATS = 4096 }; /* a chunk of dequantized V rows (16 KiB) */
 AI void vm_multi(enum cm_type T, int64_t D, int nq, const void *v, size_t v_row, const float *w, int ld, int n,
                  float *acc);
 
-/* Q8_0 V rows for more than four queries (prefill's calls pass up to 128):
- * each row dequantized once into floats (d * q, rounded as row16's product),
- * then the F32 sums over them: the same elements, fused adds and order, so
- * the bits of four queries at a time. */
-static void vm_q8_0_many(int64_t D, int nq, const void *v, size_t v_row, const float *w, int ld, int n, float *acc) {
+/* Q8_0/Q4_0 V rows for more than four queries (prefill's calls pass up to
+ * 128): each row dequantized once into floats (d * q, rounded as row16's
+ * product), then the F32 sums over them: the same elements, fused adds and
+ * order, so the bits of four queries at a time. */
+static void vm_quant_many(enum cm_type T, int64_t D, int nq, const void *v, size_t v_row, const float *w, int ld, int n,
+                          float *acc) {
     float x[VQ_FLOATS] __attribute__((aligned(64)));
     const int R = (int)(VQ_FLOATS / D);
     for (int j0 = 0; j0 < n; j0 += R) {
         const int nr = n - j0 < R ? n - j0 : R;
         for (int j = 0; j < nr; j++) {
-            const cm_block_q8_0 *b = (const cm_block_q8_0 *)((const char *)v + (size_t)(j0 + j) * v_row);
+            const char *r = (const char *)v + (size_t)(j0 + j) * v_row;
             for (int64_t i = 0; i < D; i += 16) {
                 float d;
-                const __m512 e = row16(CM_TYPE_Q8_0, (const char *)b, i, &d);
+                const __m512 e = row16(T, r, i, &d);
                 _mm512_store_ps(x + (size_t)j * D + i, _mm512_mul_ps(e, _mm512_set1_ps(d)));
             }
         }
@@ -334,8 +335,8 @@ static void vm_q8_0_many(int64_t D, int nq, const void *v, size_t v_row, const f
 
 AI void vm_multi(enum cm_type T, int64_t D, int nq, const void *v, size_t v_row, const float *w, int ld, int n,
                  float *acc) {
-    if (T == CM_TYPE_Q8_0 && nq > 4 && D <= VQ_FLOATS / 4) {
-        vm_q8_0_many(D, nq, v, v_row, w, ld, n, acc);
+    if ((T == CM_TYPE_Q8_0 || T == CM_TYPE_Q4_0) && nq > 4 && D <= VQ_FLOATS / 4) {
+        vm_quant_many(T, D, nq, v, v_row, w, ld, n, acc);
         return;
     }
     for (int h0 = 0; h0 < nq; h0 += 4) switch (nq - h0 < 4 ? nq - h0 : 4) {

@@ -13,7 +13,7 @@
  *   - attn_qk_many against attn_qk over Q8_0 K rows (the queries rounded
  *     through Q8_0 as attn_split.c rounds them; head sizes 32-256, those not
  *     a multiple of 64 taking the decode's float path), and attn_vm over Q8_0
- *     V rows for 1-9 queries at once against each query alone (prefill
+ *     and Q4_0 V rows for 1-9 queries at once against each query alone (prefill
  *     passes up to 128 queries per call);
  *   - the comparison can fail: the reference table's (plain-order) results
  *     differ from the SIMD table's in most cases. */
@@ -139,7 +139,7 @@ static void test_many_q8_0(void) {
     const cm_kernels *tables[3] = {cm_kernels_ref(), cm_kernels_for("avx2"), cm_kernels_for("avx512")};
     static float x[NPOS * DMAX], q[QMAX * DMAX], w[QMAX * LD], s0[QMAX * LD], s1[QMAX * LD];
     static float a0[QMAX * DMAX], a1[QMAX * DMAX];
-    static uint8_t rows[NPOS * (DMAX + 64)], qq[DMAX * 2];
+    static uint8_t rows[NPOS * (DMAX + 64)], rows4[NPOS * (DMAX + 64)], qq[DMAX * 2];
     const cm_type_traits *tq = cm_type_traits_of(CM_TYPE_Q8_0);
     long checked = 0, differ = 0, have = 0, vm_checked = 0;
     for (int ti = 0; ti < 3; ti++) {
@@ -149,7 +149,11 @@ static void test_many_q8_0(void) {
             const int D = dims[di];
             const size_t row = cm_row_size(CM_TYPE_Q8_0, D) + 2 * tq->type_size; /* gaps between rows */
             for (int i = 0; i < NPOS * D; i++) x[i] = frand() * (1 + (i / D) % 5);
-            for (int p = 0; p < NPOS; p++) cm_quantize_rows(CM_TYPE_Q8_0, x + (size_t)p * D, rows + p * row, 1, D);
+            const size_t row4 = cm_row_size(CM_TYPE_Q4_0, D) + 18;
+            for (int p = 0; p < NPOS; p++) {
+                cm_quantize_rows(CM_TYPE_Q8_0, x + (size_t)p * D, rows + p * row, 1, D);
+                cm_quantize_rows(CM_TYPE_Q4_0, x + (size_t)p * D, rows4 + p * row4, 1, D);
+            }
             for (int i = 0; i < QMAX * D; i++) q[i] = 3.0f * frand();
             for (int r = 0; r < QMAX; r++) { /* as attn_split.c's prep_queries for a Q8_0 K */
                 k->from_float[CM_TYPE_Q8_0](q + r * D, qq, D);
@@ -172,13 +176,19 @@ static void test_many_q8_0(void) {
                     /* V: weights zero past each query's own end, accumulators started non-zero */
                     for (int r = 0; r < nq; r++)
                         for (int j = 0; j < LD; j++) w[r * LD + j] = j < CM_MAX(1, n - r) ? frand() * 0.5f + 0.5f : 0;
-                    for (int i = 0; i < nq * D; i++) a0[i] = a1[i] = (i % 3) ? 0.0f : frand();
-                    k->attn_vm[CM_TYPE_Q8_0](D, nq, rows, row, w, LD, n, a1);
-                    for (int r = 0; r < nq; r++)
-                        k->attn_vm[CM_TYPE_Q8_0](D, 1, rows, row, w + r * LD, LD, n, a0 + (size_t)r * D);
-                    CHECKF(!memcmp(a0, a1, sizeof(float) * nq * D),
-                           "%s q8_0 vm D %d nq %d n %d: many queries differ from each alone", k->name, D, nq, n);
-                    vm_checked++;
+                    for (int vi = 0; vi < 2; vi++) { /* Q8_0 and Q4_0 V rows */
+                        const enum cm_type vt = vi ? CM_TYPE_Q4_0 : CM_TYPE_Q8_0;
+                        const uint8_t *vr = vi ? rows4 : rows;
+                        const size_t vrow = vi ? row4 : row;
+                        for (int i = 0; i < nq * D; i++) a0[i] = a1[i] = (i % 3) ? 0.0f : frand();
+                        k->attn_vm[vt](D, nq, vr, vrow, w, LD, n, a1);
+                        for (int r = 0; r < nq; r++)
+                            k->attn_vm[vt](D, 1, vr, vrow, w + r * LD, LD, n, a0 + (size_t)r * D);
+                        CHECKF(!memcmp(a0, a1, sizeof(float) * nq * D),
+                               "%s %s vm D %d nq %d n %d: many queries differ from each alone", k->name,
+                               cm_type_name(vt), D, nq, n);
+                        vm_checked++;
+                    }
                 }
         }
     }
