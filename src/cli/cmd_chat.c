@@ -61,7 +61,13 @@ static const char k_chat_usage[] =
     "  --mmap                 keep the weights in a file mapping (default: read into huge-page\n"
     "                         memory when they fit, fewer TLB misses per token; also CUMULO_MMAP=1)\n" CLI_LORA_HELP
     "  --ignore-eos           keep generating past end-of-turn tokens\n"
-    "  -v, --verbose          after each reply, print token counts, prefix reuse and speed to stderr\n";
+    "  -v, --verbose          after each reply, print token counts, prefix reuse and speed to stderr\n"
+    "  --cluster              use `cumulo node`s (with --nodes, default auto), as `cumulo run`\n"
+    "  --nodes LIST           auto (mDNS) or host:port,host:port,...\n"
+    "  --insecure             no cluster key (the nodes must run --insecure too)\n"
+    "  --key-file FILE        cluster key (default $CUMULO_KEY_FILE or ~/.config/cumulo/cluster.key)\n"
+    "A full context: before a turn the oldest exchanges after the system message are dropped\n"
+    "until the conversation leaves room for a reply (said on stderr); the same on a cluster.\n";
 
 static const char k_chat_help[] = "commands:\n"
                                   "  /reset   forget the conversation (the --system message stays)\n"
@@ -318,7 +324,8 @@ int cmd_chat(int argc, char **argv) {
     long n_predict = -1, ctx = 0, threads = 0;
     cli_kv kvo = {0};
     cli_gpu gpuo = {0};
-    bool verbose = false, kv_f16 = false, use_mmap = false;
+    bool verbose = false, kv_f16 = false, use_mmap = false, cluster = false, insecure = false;
+    const char *nodes = NULL, *key_file = NULL;
     cli_loras loras = {0};
     cm_gen_params gp;
     cm_gen_params_default(&gp);
@@ -343,6 +350,14 @@ int cmd_chat(int argc, char **argv) {
             if (!cli_int(a, NEXT(), 1, 1024, &threads)) return 1;
         } else if (!strcmp(a, "--mmap")) {
             use_mmap = true;
+        } else if (!strcmp(a, "--cluster")) {
+            cluster = true;
+        } else if (!strcmp(a, "--insecure")) {
+            insecure = true;
+        } else if (!strcmp(a, "--nodes") || !strcmp(a, "--key-file")) {
+            if (!v) return cli_fail("option '%s' needs a value", a);
+            if (a[2] == 'n') nodes = NEXT();
+            else key_file = NEXT();
         } else if (!strcmp(a, "--ignore-eos")) {
             gp.ignore_eos = true;
         } else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) {
@@ -374,6 +389,9 @@ int cmd_chat(int argc, char **argv) {
     int status = 1;
     cm_engine_opts eo = {.n_threads = (int)threads,
                          .n_ctx = (int)ctx,
+                         .nodes = cluster || nodes ? (nodes ? nodes : "auto") : NULL,
+                         .insecure = insecure,
+                         .key_file = key_file,
                          .kv_f16 = kv_f16,
                          .mmap = use_mmap,
                          .loras = loras.spec,

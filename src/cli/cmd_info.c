@@ -39,6 +39,7 @@ static void human(char *b, size_t n, double bytes) {
 static const enum cm_type kv_types[4] = {CM_TYPE_F32, CM_TYPE_F16, CM_TYPE_Q8_0, CM_TYPE_Q4_0};
 static const char *const kv_names[4] = {"f32", "f16", "q8_0", "q4_0"};
 static uint64_t kv_per_token(const cm_engine_info *in, enum cm_type t) {
+    if (in->head_dim % cm_type_traits_of(t)->block_size) return 0; /* a head not whole blocks: type unusable */
     return 2ull * (uint64_t)in->n_layer * (uint64_t)in->n_head_kv * (uint64_t)cm_row_size(t, in->head_dim);
 }
 
@@ -132,8 +133,11 @@ int cmd_info(int argc, char **argv) {
         cJSON_AddStringToObject(j, "kv_type_v", in.kv_type_v);
         if (strcmp(in.arch, "deepseek2")) { /* (its latent cache is not K and V per head) */
             cJSON *kt = cJSON_AddObjectToObject(j, "kv_bytes_per_token_by_type");
-            for (int t = 0; t < 4; t++)
-                cJSON_AddNumberToObject(kt, kv_names[t], (double)kv_per_token(&in, kv_types[t]));
+            for (int t = 0; t < 4; t++) { /* null: not a cache type for this head size */
+                const uint64_t b = kv_per_token(&in, kv_types[t]);
+                if (b) cJSON_AddNumberToObject(kt, kv_names[t], (double)b);
+                else cJSON_AddNullToObject(kt, kv_names[t]);
+            }
         }
         cJSON_AddNumberToObject(j, "memory_bytes", (double)total);
         cli_gpu_list(j, in.n_layer, (in.weight_bytes + kv) / (uint64_t)(in.n_layer > 0 ? in.n_layer : 1));
@@ -173,8 +177,12 @@ int cmd_info(int argc, char **argv) {
         } else {
             printf("kv per token:");
             for (int t = 0; t < 4; t++) {
-                human(b1, sizeof b1, (double)kv_per_token(&in, kv_types[t]));
-                printf("%s %s %s", t ? "," : "", kv_names[t], b1);
+                const uint64_t b = kv_per_token(&in, kv_types[t]);
+                human(b1, sizeof b1, (double)b);
+                if (b) printf("%s %s %s", t ? "," : "", kv_names[t], b1);
+                else
+                    printf("%s %s n/a (head size %d is not whole %d-element blocks)", t ? "," : "", kv_names[t],
+                           in.head_dim, (int)cm_type_traits_of(kv_types[t])->block_size);
             }
             human(b1, sizeof b1, (double)in.kv_bytes_per_token);
             printf(" (this run: %s)\n", b1);

@@ -186,6 +186,11 @@ int cmd_plan(int argc, char **argv) {
         if (cm_sim_model_preset(pn, tn, &m, err, sizeof err) != 0) return cli_fail("%s", err);
         snprintf(model_name, sizeof model_name, "%s %s (preset)", pn, tn);
     }
+    if (kvo.set && (m.head_dim % 32) &&
+        (cm_type_traits_of((uint32_t)kvo.k)->block_size > 1 || cm_type_traits_of((uint32_t)kvo.v)->block_size > 1))
+        return cli_fail("kv cache types %s/%s are not usable with head size %d (f32, f16, q8_0, q4_0; quantized "
+                        "types need a multiple of 32)",
+                        cm_type_name((enum cm_type)kvo.k), cm_type_name((enum cm_type)kvo.v), m.head_dim);
     cm_plan best;
     if (cm_plan_make(&m, &cl, &o, &best, err, sizeof err) != 0) return cli_fail("%s", err);
     /* the alternatives, for comparison */

@@ -458,6 +458,12 @@ void cm_metrics_cluster_json(metrics *m, cm_http_server *srv, cm_buf *o) {
     cm_json_str(o, cm_http_model_id(srv), strlen(cm_http_model_id(srv)));
     cm_buf_printf(o, ",\"ready\":%s,\"arch\":", s.ready ? "true" : "false");
     cm_json_str(o, in.arch ? in.arch : "", in.arch ? strlen(in.arch) : 0);
+    /* the KV cache's types and bytes per position of one sequence (issue 23) */
+    cm_buf_puts(o, ",\"kv_type_k\":");
+    cm_json_str(o, in.kv_type_k ? in.kv_type_k : "", in.kv_type_k ? strlen(in.kv_type_k) : 0);
+    cm_buf_puts(o, ",\"kv_type_v\":");
+    cm_json_str(o, in.kv_type_v ? in.kv_type_v : "", in.kv_type_v ? strlen(in.kv_type_v) : 0);
+    cm_buf_printf(o, ",\"kv_bytes_per_token\":%llu,\"n_ctx\":%d", (unsigned long long)in.kv_bytes_per_token, in.n_ctx);
     cm_buf_printf(o,
                   ",\"n_layer\":%d,\"n_params\":%llu,\"n_stages\":%d,\"queue_depth\":%d,\"slots_active\":%d,"
                   "\"slots_total\":%d,\"tokens_per_second\":%.3f,\"power_watts\":%.3f,\"power_source\":\"%s\","

@@ -256,8 +256,40 @@ AI void vm_group(enum cm_type T, int64_t D, int nh, int h0, int64_t i, const voi
     }
 }
 
+enum { VQ_FLOATS = 4096 }; /* a chunk of dequantized V rows (16 KiB) */
+
+AI void vm_multi(enum cm_type T, int64_t D, int nq, const void *v, size_t v_row, const float *w, int ld, int n,
+                 float *acc);
+
+/* Q8_0/Q4_0 V rows for more than four queries (prefill passes up to 128):
+ * each row dequantized once into floats (d * q, rounded as vm_group's
+ * product), then the F32 sums over them: the same bits as four at a time. */
+static void vm_quant_many(enum cm_type T, int64_t D, int nq, const void *v, size_t v_row, const float *w, int ld, int n,
+                          float *acc) {
+    float x[VQ_FLOATS] __attribute__((aligned(32)));
+    const int R = (int)(VQ_FLOATS / D);
+    for (int j0 = 0; j0 < n; j0 += R) {
+        const int nr = n - j0 < R ? n - j0 : R;
+        for (int j = 0; j < nr; j++) {
+            const char *r = (const char *)v + (size_t)(j0 + j) * v_row;
+            for (int64_t i = 0; i < D; i += 16) {
+                __m256 x0, x1;
+                float d;
+                row16(T, r, i, &x0, &x1, &d);
+                _mm256_store_ps(x + (size_t)j * D + i, _mm256_mul_ps(x0, _mm256_set1_ps(d)));
+                _mm256_store_ps(x + (size_t)j * D + i + 8, _mm256_mul_ps(x1, _mm256_set1_ps(d)));
+            }
+        }
+        vm_multi(CM_TYPE_F32, D, nq, x, (size_t)D * sizeof(float), w + j0, ld, nr, acc);
+    }
+}
+
 AI void vm_multi(enum cm_type T, int64_t D, int nq, const void *v, size_t v_row, const float *w, int ld, int n,
                  float *acc) {
+    if ((T == CM_TYPE_Q8_0 || T == CM_TYPE_Q4_0) && nq > 4 && D <= VQ_FLOATS / 4) {
+        vm_quant_many(T, D, nq, v, v_row, w, ld, n, acc);
+        return;
+    }
     for (int64_t i = 0; i < D; i += 16)
         for (int h0 = 0; h0 < nq; h0 += 4) switch (nq - h0 < 4 ? nq - h0 : 4) {
             case 4: vm_group(T, D, 4, h0, i, v, v_row, w, ld, n, acc); break;

@@ -160,39 +160,7 @@ AI __m512 hsum16(const __m512 *v) {
     return _mm512_add_ps(_mm512_shuffle_ps(c[0], c[1], 0x88), _mm512_shuffle_ps(c[0], c[1], 0xDD));
 }
 
-/* Q8_0 K with D a multiple of 64: the queries, which attn_split.c rounds
- * through Q8_0 (kernels.h: K's vec_dot_type), are their blocks' int8 values
- * times the block's F16 scale, so they are re-quantized exactly here (the
- * scale is the block's largest |q| / 127, exact for such a query) and dotted
- * in int32 by VNNI, two blocks per step: (k + 128) unsigned times q signed,
- * each lane started from -128 x its four q, so its four products sum exactly;
- * then times d_k d_q into the lane's float partial (as ggml's q8_0 x q8_0
- * dot scales an exact integer sum). Per query, nothing depends on the other
- * queries of the call (batch invariance). */
-enum { QK8_MAXD = 1024 };
-
-/* Per query, once per call: the int8 values (qi), per lane -128 x its four
- * values (qc, the start of each VNNI sum) and the lanes' block scales (qd). */
-static void q8_prep(int64_t D, const float *q, int8_t *qi, int32_t *qc, float *qd) {
-    const __m512i ones = _mm512_set1_epi8(1);
-    for (int64_t c = 0; c < D / 64; c++) {
-        float d[2];
-        for (int h = 0; h < 2; h++) {
-            const float *x = q + c * 64 + h * 32;
-            const __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
-            const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
-            d[h] = amax / 127.0f;
-            const __m512 id = _mm512_set1_ps(d[h] != 0.0f ? 1.0f / d[h] : 0.0f);
-            _mm_storeu_si128((__m128i *)(qi + c * 64 + h * 32),
-                             _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(x0, id))));
-            _mm_storeu_si128((__m128i *)(qi + c * 64 + h * 32 + 16),
-                             _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(x1, id))));
-        }
-        const __m512i sum4 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, _mm512_load_si512(qi + c * 64));
-        _mm512_store_si512(qc + c * 16, _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sum4, 7)));
-        _mm512_store_ps(qd + c * 16, _mm512_insertf32x8(_mm512_set1_ps(d[0]), _mm256_set1_ps(d[1]), 1));
-    }
-}
+#include "attn_q8_avx512.h"
 
 /* The queries h0 .. h0 + nh - 1 (nh a constant where inlined: their
  * accumulators stay in registers). */
@@ -338,8 +306,39 @@ AI void vm_nh(enum cm_type T, int64_t D, int nh, int h0, const void *v, size_t v
     for (; i < D; i += 16) vm_group(T, D, nh, 1, h0, i, v, v_row, w, ld, n, acc);
 }
 
+enum { VQ_FLOATS = 4096 }; /* a chunk of dequantized V rows (16 KiB) */
+
+AI void vm_multi(enum cm_type T, int64_t D, int nq, const void *v, size_t v_row, const float *w, int ld, int n,
+                 float *acc);
+
+/* Q8_0/Q4_0 V rows for more than four queries (prefill's calls pass up to
+ * 128): each row dequantized once into floats (d * q, rounded as row16's
+ * product), then the F32 sums over them: the same elements, fused adds and
+ * order, so the bits of four queries at a time. */
+static void vm_quant_many(enum cm_type T, int64_t D, int nq, const void *v, size_t v_row, const float *w, int ld, int n,
+                          float *acc) {
+    float x[VQ_FLOATS] __attribute__((aligned(64)));
+    const int R = (int)(VQ_FLOATS / D);
+    for (int j0 = 0; j0 < n; j0 += R) {
+        const int nr = n - j0 < R ? n - j0 : R;
+        for (int j = 0; j < nr; j++) {
+            const char *r = (const char *)v + (size_t)(j0 + j) * v_row;
+            for (int64_t i = 0; i < D; i += 16) {
+                float d;
+                const __m512 e = row16(T, r, i, &d);
+                _mm512_store_ps(x + (size_t)j * D + i, _mm512_mul_ps(e, _mm512_set1_ps(d)));
+            }
+        }
+        vm_multi(CM_TYPE_F32, D, nq, x, (size_t)D * sizeof(float), w + j0, ld, nr, acc);
+    }
+}
+
 AI void vm_multi(enum cm_type T, int64_t D, int nq, const void *v, size_t v_row, const float *w, int ld, int n,
                  float *acc) {
+    if ((T == CM_TYPE_Q8_0 || T == CM_TYPE_Q4_0) && nq > 4 && D <= VQ_FLOATS / 4) {
+        vm_quant_many(T, D, nq, v, v_row, w, ld, n, acc);
+        return;
+    }
     for (int h0 = 0; h0 < nq; h0 += 4) switch (nq - h0 < 4 ? nq - h0 : 4) {
         case 4: vm_nh(T, D, 4, h0, v, v_row, w, ld, n, acc); break;
         case 3: vm_nh(T, D, 3, h0, v, v_row, w, ld, n, acc); break;

@@ -24,6 +24,7 @@
  * tiles live on the stack (heads of at most TILE_MAXD elements; wider heads
  * keep the decode kernels).
  */
+#include "attn_q8_avx512.h"
 #include "isa.h"
 
 #include <immintrin.h>
@@ -149,6 +150,130 @@ AI void qk_many(enum cm_type T, int64_t D, int nq, const float *q, const void *k
     }
 }
 
+/* Q8_0 K rows, D a multiple of 64: attn_qk's VNNI scores (attn_avx512.c,
+ * attn_q8_avx512.h). There lane l of a (query, position) partial is the chain
+ * over 64-element chunks c of fma(float(isum), d_k d_q, .), isum the exact
+ * sum of the products of bytes 4l .. 4l + 3 of chunk c (block 2c for l < 8,
+ * 2c + 1 for l >= 8), each started from the query's bias. Here chunk c of 16
+ * K rows, + 128, is transposed as 16 x 16 dwords once per tile (dword l of
+ * 16 positions in one vector); the query's four bytes and bias are
+ * broadcast, d_k is the positions' vector times the query's d_q, and the
+ * lanes meet in tree4's order: the decode's integers, products and sums. */
+enum { Q8T_CH = TILE_MAXD / 64, Q8T_POS = 64 /* positions transposed at a time */ };
+
+/* H_m = P_m + P_(m+8) for four queries, over the nc chunks of one tile:
+ * kt[(c * 16 + l) * 16 + t] = dword l of chunk c of position t (+ 128),
+ * dq[(h * nc + c) * 32 + 16 half + t] = d_k(t) d_q of query h's block 2c + half. */
+AI void pair4_q8(const int32_t *kt, const float *dq, int nc, const int32_t *const *qc, const int32_t *const *qi, int m,
+                 __m512 *out) {
+    __m512 p[4], r[4];
+    _Pragma("GCC unroll 4") for (int h = 0; h < 4; h++) p[h] = r[h] = _mm512_setzero_ps();
+    for (int c = 0; c < nc; c++) {
+        const __m512i x = _mm512_load_si512(kt + (c * 16 + m) * 16), y = _mm512_load_si512(kt + (c * 16 + m + 8) * 16);
+        _Pragma("GCC unroll 4") for (int h = 0; h < 4; h++) {
+            const __m512i a =
+                _mm512_dpbusd_epi32(_mm512_set1_epi32(qc[h][c * 16 + m]), x, _mm512_set1_epi32(qi[h][c * 16 + m]));
+            const __m512i b = _mm512_dpbusd_epi32(_mm512_set1_epi32(qc[h][c * 16 + m + 8]), y,
+                                                  _mm512_set1_epi32(qi[h][c * 16 + m + 8]));
+            p[h] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), _mm512_load_ps(dq + (h * nc + c) * 32), p[h]);
+            r[h] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(b), _mm512_load_ps(dq + (h * nc + c) * 32 + 16), r[h]);
+        }
+    }
+    _Pragma("GCC unroll 4") for (int h = 0; h < 4; h++) out[h] = _mm512_add_ps(p[h], r[h]);
+}
+
+AI void tree4_q8(const int32_t *kt, const float *dq, int nc, const int32_t *const *qc, const int32_t *const *qi,
+                 __m512 *out) {
+    __m512 f0[4], g1[4], ha[4], hb[4], g[4];
+    pair4_q8(kt, dq, nc, qc, qi, 0, ha);
+    pair4_q8(kt, dq, nc, qc, qi, 4, hb);
+    add4(f0, ha, hb);
+    pair4_q8(kt, dq, nc, qc, qi, 2, ha);
+    pair4_q8(kt, dq, nc, qc, qi, 6, hb);
+    add4(g, ha, hb);
+    add4(f0, f0, g);
+    pair4_q8(kt, dq, nc, qc, qi, 1, ha);
+    pair4_q8(kt, dq, nc, qc, qi, 5, hb);
+    add4(g1, ha, hb);
+    pair4_q8(kt, dq, nc, qc, qi, 3, ha);
+    pair4_q8(kt, dq, nc, qc, qi, 7, hb);
+    add4(g, ha, hb);
+    add4(g1, g1, g);
+    add4(out, f0, g1);
+}
+
+/* The table's own attn_qk for Q8_0 (set by the fill, after attn_avx512.c's). */
+static cm_attn_qk_fn qk_q8_0_decode;
+
+static void attn_qk_many_q8_0(int64_t D, int nq, const float *q, const void *k, size_t k_row, int n, float scale,
+                              float *s, int ld) {
+    if (D % 64 || D > TILE_MAXD) { /* attn_qk's float path: the same function, the same bits */
+        qk_q8_0_decode(D, nq, q, k, k_row, n, scale, s, ld);
+        return;
+    }
+    int32_t kt[Q8T_POS / 16][Q8T_CH * 256] __attribute__((aligned(64)));
+    float dk[Q8T_POS / 16][Q8T_CH * 32] __attribute__((aligned(64))), dq[4 * Q8T_CH * 32] __attribute__((aligned(64)));
+    int8_t qi[4][QK8_MAXD] __attribute__((aligned(64)));
+    int32_t qc[4][QK8_MAXD / 4] __attribute__((aligned(64)));
+    float qd[4][QK8_MAXD / 4] __attribute__((aligned(64)));
+    const int nc = (int)(D / 64);
+    const __m512i x80 = _mm512_set1_epi8((char)0x80);
+    const __m512 vs = _mm512_set1_ps(scale);
+    for (int j0 = 0; j0 < n; j0 += Q8T_POS) {
+        const int np = n - j0 < Q8T_POS ? n - j0 : Q8T_POS;
+        for (int j = 0; j < np; j += 16) { /* transpose the chunk's tiles once for every query */
+            const int nt = np - j < 16 ? np - j : 16;
+            for (int c = 0; c < nc; c++) {
+                __m512 r[16];
+                for (int t = 0; t < 16; t++) {
+                    if (t >= nt) {
+                        r[t] = _mm512_setzero_ps();
+                        dk[j / 16][c * 32 + t] = dk[j / 16][c * 32 + 16 + t] = 0.0f;
+                        continue;
+                    }
+                    const cm_block_q8_0 *b =
+                        (const cm_block_q8_0 *)((const char *)k + (size_t)(j0 + j + t) * k_row) + 2 * c;
+                    r[t] = _mm512_castsi512_ps(_mm512_xor_si512(
+                        _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)b[0].qs)),
+                                           _mm256_loadu_si256((const __m256i *)b[1].qs), 1),
+                        x80));
+                    dk[j / 16][c * 32 + t] = _cvtsh_ss(b[0].d);
+                    dk[j / 16][c * 32 + 16 + t] = _cvtsh_ss(b[1].d);
+                }
+                tr16(r);
+                for (int l = 0; l < 16; l++) _mm512_store_ps((float *)kt[j / 16] + (c * 16 + l) * 16, r[l]);
+            }
+        }
+        for (int h0 = 0; h0 < nq; h0 += 4) {
+            const int nh = nq - h0 < 4 ? nq - h0 : 4;
+            const int32_t *qcp[4], *qip[4];
+            for (int h = 0; h < 4; h++) { /* empty places repeat the first query; nothing stored for them */
+                if (h < nh) q8_prep(D, q + (size_t)(h0 + h) * D, qi[h], qc[h], qd[h]);
+                qcp[h] = qc[h < nh ? h : 0];
+                qip[h] = (const int32_t *)qi[h < nh ? h : 0];
+            }
+            for (int j = 0; j < np; j += 16) {
+                const int nt = np - j < 16 ? np - j : 16;
+                for (int h = 0; h < 4; h++) {
+                    const float *qdh = qd[h < nh ? h : 0];
+                    for (int c = 0; c < nc; c++) {
+                        _mm512_store_ps(dq + (h * nc + c) * 32, _mm512_mul_ps(_mm512_load_ps(dk[j / 16] + c * 32),
+                                                                              _mm512_set1_ps(qdh[c * 16])));
+                        _mm512_store_ps(
+                            dq + (h * nc + c) * 32 + 16,
+                            _mm512_mul_ps(_mm512_load_ps(dk[j / 16] + c * 32 + 16), _mm512_set1_ps(qdh[c * 16 + 8])));
+                    }
+                }
+                __m512 e[4];
+                tree4_q8(kt[j / 16], dq, nc, qcp, qip, e);
+                const __mmask16 km = (__mmask16)((1u << nt) - 1);
+                for (int h = 0; h < nh; h++)
+                    _mm512_mask_storeu_ps(s + (size_t)(h0 + h) * ld + j0 + j, km, _mm512_mul_ps(e[h], vs));
+            }
+        }
+    }
+}
+
 /* v_acc's transposed branch (attn_split.c) over attn_avx512.c's attn_qk:
  * acc[r * D + i] += the tree sum over positions [0, n & ~15) of w[r * ld +
  * j] V_j[i] (the weights as attn_qk's queries, V's element rows as its rows,
@@ -208,4 +333,6 @@ void cm_kernels_fill_attn_tile_avx512(cm_kernels *k) {
     k->attn_qk_many[CM_TYPE_F16] = attn_qk_many_f16;
     k->attn_vt_many[CM_TYPE_F32] = attn_vt_many_f32;
     k->attn_vt_many[CM_TYPE_F16] = attn_vt_many_f16;
+    qk_q8_0_decode = k->attn_qk[CM_TYPE_Q8_0];                             /* filled before (dispatch.c) */
+    if (qk_q8_0_decode) k->attn_qk_many[CM_TYPE_Q8_0] = attn_qk_many_q8_0; /* (V rows: the table's attn_vm) */
 }

@@ -82,6 +82,17 @@ perl -e 'binmode STDOUT; for (@ARGV) { open my $f, "<", $_ or die; local $/; my 
     "$TMP/t1" "$TMP/t3" >"$TMP/want3"
 grep -q 'dropped the oldest 1 exchange' "$TMP/d.err" && cmp -s "$TMP/d.out" "$TMP/want3" && ok ||
     bad "--ctx 128: no exchange dropped, or replies differ: $(cat "$TMP/d.err")"
+# The shift keeps the system message: with --system the same small context
+# drops the first exchange, and the second reply is run's for the system
+# message + the second question (the system prompt's tokens reused from the cache).
+printf 'hello\nwhat next?\n' | "$BIN" chat "$M" --chat-template chatml --system "Be brief." --temp 0 -n 24 --ctx 128 \
+    --threads 1 -v >"$TMP/ds.out" 2>"$TMP/ds.err"
+printf '<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nwhat next?<|im_end|>\n<|im_start|>assistant\n' >"$TMP/ps3"
+run_text "$TMP/ps3" | perl -e 'local $/; my $t = <STDIN>; $t =~ s/^\s+//; binmode STDOUT; print "$t\n"' >"$TMP/wants3"
+cat "$TMP/wants" "$TMP/wants3" >"$TMP/wants13"
+grep -q 'dropped the oldest 1 exchange' "$TMP/ds.err" && cmp -s "$TMP/ds.out" "$TMP/wants13" &&
+    grep -q 'turn 2: prompt [0-9]* tokens, [1-9][0-9]* reused' "$TMP/ds.err" && ok ||
+    bad "--system --ctx 128: the shift lost the system message: $(cat "$TMP/ds.err") / $(cat "$TMP/ds.out")"
 # A message that cannot fit: one line, the chat goes on, exit status 1 at the end.
 printf 'hello\n/help\n' | "$BIN" chat "$M" --chat-template chatml --temp 0 -n 8 --ctx 40 --threads 1 >/dev/null 2>"$TMP/f.err"
 st=$?

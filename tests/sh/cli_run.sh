@@ -89,6 +89,9 @@ grep -q '^architecture: llama' "$TMP/i.txt" && grep -q '^parameters:   292800 ' 
 [ "$(cc_jsonget "$TMP/i.json" 'join ",", map { $_->{type} } @{$j->{types}}')" != "" ] && ok || bad "info types"
 "$BIN" info "$M/stories260K-q4_0.gguf" --ctx 256 --kv-type f16 --json >"$TMP/i16.json" 2>/dev/null
 [ "$(cc_jsonget "$TMP/i16.json" '$j->{kv_bytes}')" = $((5 * 4 * 256 * 8 * 4)) ] && ok || bad "info kv bytes (f16)"
+# KV bytes per token by type: a head of 8 elements is not whole Q8_0/Q4_0 blocks (null, "n/a"), not 0
+[ "$(cc_jsonget "$TMP/i.json" 'my $t = $j->{kv_bytes_per_token_by_type}; join ",", map { $t->{$_} // "null" } qw(f32 f16 q8_0 q4_0)')" = "1280,640,null,null" ] && ok || bad "info kv per token by type"
+grep -q 'q8_0 n/a' "$TMP/i.txt" && ok || bad "info kv per token text: $(grep 'kv per token' "$TMP/i.txt")"
 out=$("$BIN" run "$M/stories260K-f32.gguf" -p "The dog" -n 16 --temp 0 --kv-type f16 --json 2>/dev/null | perl -MJSON::PP -e 'print scalar @{decode_json(<STDIN>)->{tokens}}')
 [ "$out" = 16 ] && ok || bad "run --kv-type f16"
 "$BIN" run --help | grep -q 'usage: cumulo run' && ok || bad "run --help"

@@ -177,6 +177,17 @@ for where in "" "--nodes $ADDR_a"; do
     case $got in ctx:*) ok ;; *) bad "generation to a full context ($where): $got $(tail -1 "$TMP/full2.err")" ;; esac
 done
 [ "$got" = "$full_one" ] && ok || bad "a full context differs on the cluster: $got vs $full_one"
+# chat's shift (the oldest exchange after the system message dropped before a
+# turn) on the cluster: the same replies and the same notice as one machine.
+for where in "" "--nodes $ADDR_a"; do
+    # shellcheck disable=SC2086
+    printf 'hello\nwhat next?\n' | "$BIN" chat "$M/stories260K-q8_0.gguf" $where --chat-template chatml \
+        --system "Be brief." --temp 0 -n 24 --ctx 128 --threads 1 >"$TMP/chat_last.out" 2>"$TMP/chat.err"
+    [ -z "$where" ] && cp "$TMP/chat_last.out" "$TMP/chat_one.out"
+    grep -q 'dropped the oldest 1 exchange' "$TMP/chat.err" && ok || bad "chat shift ($where): $(tail -2 "$TMP/chat.err")"
+done
+[ -s "$TMP/chat_one.out" ] && cmp -s "$TMP/chat_one.out" "$TMP/chat_last.out" && ok ||
+    bad "chat with a full context differs on the cluster: $(cat "$TMP/chat_one.out") / $(cat "$TMP/chat_last.out")"
 
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -23,6 +23,8 @@ check "no CORS by default" sh -c "! grep -qi '^Access-Control-Allow-Origin' '$TM
 check "/api/cluster 200" [ "$(status "$URL/api/cluster")" = 200 ]
 check "/api/cluster node" [ "$(js 'j.nodes.length+"/"+j.nodes[0].role+"/"+j.nodes[0].layers.join("-")+"/"+j.n_layer' "$TMP/body")" = "1/coordinator+worker/0-5/5" ]
 check "/api/cluster power label" [ -n "$(js '["measured","estimated"].includes(j.nodes[0].power_source)&&j.nodes[0].power_watts>0?"y":""' "$TMP/body")" ]
+# KV memory per token (issue 23): 5 layers x 4 KV heads x (K + V) rows of 8 elements in the type
+check "/api/cluster kv per token" [ "$(js 'j.kv_type_k+"/"+j.kv_type_v+"/"+j.kv_bytes_per_token+"/"+(j.n_ctx>0)' "$TMP/body")" = "f32/f32/1280/true" ]
 check "/api/cluster memory" [ -n "$(js 'j.nodes[0].memory_total>0&&j.nodes[0].memory_used>0?"y":""' "$TMP/body")" ]
 sh tools/embed_dashboard.sh "$TMP/dashboard.c"
 check "dashboard.c matches dashboard.html (run tools/embed_dashboard.sh)" cmp -s "$TMP/dashboard.c" src/http/dashboard.c

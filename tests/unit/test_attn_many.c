@@ -10,6 +10,11 @@
  *     over V's element rows with the weights as queries, then acc += that,
  *     then the last n % 16 positions in order, unfused), with zero weights
  *     past each query's own end as prefill's masks make them;
+ *   - attn_qk_many against attn_qk over Q8_0 K rows (the queries rounded
+ *     through Q8_0 as attn_split.c rounds them; head sizes 32-256, those not
+ *     a multiple of 64 taking the decode's float path), and attn_vm over Q8_0
+ *     and Q4_0 V rows for 1-9 queries at once against each query alone (prefill
+ *     passes up to 128 queries per call);
  *   - the comparison can fail: the reference table's (plain-order) results
  *     differ from the SIMD table's in most cases. */
 #include "test.h"
@@ -127,7 +132,81 @@ static void test_many_bits(void) {
            qk_differ, vt_differ, checked);
 }
 
+/* Q8_0 rows: K's many-query scores bit for bit attn_qk's; V's sums for many
+ * queries bit for bit each query's alone. */
+static void test_many_q8_0(void) {
+    static const int dims[6] = {32, 64, 96, 128, 192, 256}, ns[8] = {1, 15, 16, 17, 37, 64, 100, 256};
+    const cm_kernels *tables[3] = {cm_kernels_ref(), cm_kernels_for("avx2"), cm_kernels_for("avx512")};
+    static float x[NPOS * DMAX], q[QMAX * DMAX], w[QMAX * LD], s0[QMAX * LD], s1[QMAX * LD];
+    static float a0[QMAX * DMAX], a1[QMAX * DMAX];
+    static uint8_t rows[NPOS * (DMAX + 64)], rows4[NPOS * (DMAX + 64)], qq[DMAX * 2];
+    const cm_type_traits *tq = cm_type_traits_of(CM_TYPE_Q8_0);
+    long checked = 0, differ = 0, have = 0, vm_checked = 0;
+    for (int ti = 0; ti < 3; ti++) {
+        const cm_kernels *k = tables[ti];
+        if (!k) continue;
+        for (int di = 0; di < 6; di++) {
+            const int D = dims[di];
+            const size_t row = cm_row_size(CM_TYPE_Q8_0, D) + 2 * tq->type_size; /* gaps between rows */
+            for (int i = 0; i < NPOS * D; i++) x[i] = frand() * (1 + (i / D) % 5);
+            const size_t row4 = cm_row_size(CM_TYPE_Q4_0, D) + 18;
+            for (int p = 0; p < NPOS; p++) {
+                cm_quantize_rows(CM_TYPE_Q8_0, x + (size_t)p * D, rows + p * row, 1, D);
+                cm_quantize_rows(CM_TYPE_Q4_0, x + (size_t)p * D, rows4 + p * row4, 1, D);
+            }
+            for (int i = 0; i < QMAX * D; i++) q[i] = 3.0f * frand();
+            for (int r = 0; r < QMAX; r++) { /* as attn_split.c's prep_queries for a Q8_0 K */
+                k->from_float[CM_TYPE_Q8_0](q + r * D, qq, D);
+                k->to_float[CM_TYPE_Q8_0](qq, q + r * D, D);
+            }
+            for (int ni = 0; ni < 8; ni++)
+                for (int nq = 1; nq <= QMAX; nq += 1 + (ni % 3)) {
+                    const int n = ns[ni];
+                    if (k->attn_qk_many[CM_TYPE_Q8_0]) {
+                        have++;
+                        for (int i = 0; i < QMAX * LD; i++) s0[i] = s1[i] = -7.0f;
+                        k->attn_qk[CM_TYPE_Q8_0](D, nq, q, rows, row, n, 0.125f, s0, LD);
+                        k->attn_qk_many[CM_TYPE_Q8_0](D, nq, q, rows, row, n, 0.125f, s1, LD);
+                        CHECKF(!memcmp(s0, s1, sizeof s0), "%s q8_0 qk D %d nq %d n %d: bits differ from attn_qk",
+                               k->name, D, nq, n);
+                        cm_kernels_ref()->attn_qk[CM_TYPE_Q8_0](D, nq, q, rows, row, n, 0.125f, s0, LD);
+                        differ += memcmp(s0, s1, sizeof s0) != 0;
+                        checked++;
+                    }
+                    /* V: weights zero past each query's own end, accumulators started non-zero */
+                    for (int r = 0; r < nq; r++)
+                        for (int j = 0; j < LD; j++) w[r * LD + j] = j < CM_MAX(1, n - r) ? frand() * 0.5f + 0.5f : 0;
+                    for (int vi = 0; vi < 2; vi++) { /* Q8_0 and Q4_0 V rows */
+                        const enum cm_type vt = vi ? CM_TYPE_Q4_0 : CM_TYPE_Q8_0;
+                        const uint8_t *vr = vi ? rows4 : rows;
+                        const size_t vrow = vi ? row4 : row;
+                        for (int i = 0; i < nq * D; i++) a0[i] = a1[i] = (i % 3) ? 0.0f : frand();
+                        k->attn_vm[vt](D, nq, vr, vrow, w, LD, n, a1);
+                        for (int r = 0; r < nq; r++)
+                            k->attn_vm[vt](D, 1, vr, vrow, w + r * LD, LD, n, a0 + (size_t)r * D);
+                        CHECKF(!memcmp(a0, a1, sizeof(float) * nq * D),
+                               "%s %s vm D %d nq %d n %d: many queries differ from each alone", k->name,
+                               cm_type_name(vt), D, nq, n);
+                        vm_checked++;
+                    }
+                }
+        }
+    }
+    if (getenv("CUMULO_TEST_VERBOSE"))
+        fprintf(stderr, "  q8_0: %ld qk shapes (the reference differs in %ld), %ld vm shapes\n", checked, differ,
+                vm_checked);
+    CHECK(vm_checked >= 100);
+    if (!have) {
+        printf("skip: n/a: no kernel table on this CPU has a Q8_0 many-query attn_qk (AVX-512 only)\n");
+        n_skipped++;
+        return;
+    }
+    CHECK(checked >= 100);
+    CHECKF(differ * 2 > checked, "q8_0 qk: %ld of %ld differ from the reference table", differ, checked);
+}
+
 int main(void) {
     RUN(test_many_bits);
+    RUN(test_many_q8_0);
     TEST_END_SKIPPED(n_skipped);
 }
