@@ -174,6 +174,7 @@ void cm_job_unref(job *j) {
     for (int i = 0; i < j->n_stops; i++) cm_free(j->stops[i]);
     cm_free(j->stops);
     cm_free(j->ids);
+    cm_free(j->lora);
     cm_free(j->lps);
     cm_free(j->lp_ids);
     cm_grammar_free(j->grammar);
@@ -272,6 +273,7 @@ static enum route route_of(const char *url) {
         {"/v1/messages", R_MESSAGES},
         {"/v1/embeddings", R_EMBEDDINGS},
         {"/apply-template", R_APPLY_TEMPLATE},
+        {"/lora-adapters", R_LORA},
     };
     for (size_t i = 0; i < CM_ARRAY_LEN(k); i++)
         if (!strcmp(url, k[i].path)) return k[i].r;
@@ -620,7 +622,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (q->route == R_OTHER) return fail(srv, c, q, 404, "invalid_request_error", "not_found", "no such route");
         bool want_post = q->route == R_CHAT || q->route == R_COMPLETIONS || q->route == R_MESSAGES ||
                          q->route == R_EMBEDDINGS || q->route == R_APPLY_TEMPLATE;
-        if (want_post ? !post : !get) {
+        if (q->route == R_LORA ? !get && !post : want_post ? !post : !get) {
             struct MHD_Response *r = NULL;
             cm_buf b;
             cm_buf_init(&b);
@@ -703,6 +705,15 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (q->route == R_MODELS) {
         cm_api_models_json(srv, &b);
         return send_buf(srv, c, q, 200, "application/json", &b);
+    }
+    if (q->route == R_LORA) { /* api_lora.c: GET lists the adapters, POST sets their default scales */
+        api_error ae;
+        const char *body = q->body.data ? q->body.data : "";
+        if (!(strcmp(method, "POST") ? cm_api_lora_list_json(srv, &b, &ae)
+                                     : cm_api_lora_set(srv, body, q->body.len, &b, &ae)))
+            return send_buf(srv, c, q, 200, "application/json", &b);
+        cm_buf_release(&b);
+        return send_error(srv, c, q, &ae);
     }
     if (q->route == R_EMBEDDINGS || q->route == R_APPLY_TEMPLATE) {
         api_error ae;

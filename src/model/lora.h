@@ -78,6 +78,23 @@ bool cm_lora_targets(const cm_lora *l, int il, enum cm_lora_target t);
 void cm_lora_apply(const cm_lora *l, int il, enum cm_lora_target t, const float *x, int64_t ldx, int64_t col0,
                    int64_t ncols, int n_tok, float *y, int64_t ldy, int64_t row0, int64_t r0, int64_t r1);
 
+/* cm_lora_apply with each token row's own adapter scales (serve's
+ * per-request adapters): user[j] (NULL: the defaults) holds cm_lora_count
+ * user scales, one per adapter in the order added, each replacing that
+ * adapter's cm_lora_add scale for row j (the final scale is
+ * user * alpha / rank as there, the same bits for the same value); a row
+ * whose final scale is 0 is left as it is. user NULL: every row the
+ * defaults (= cm_lora_apply). Rows never affect each other. */
+void cm_lora_apply_rows(const cm_lora *l, int il, enum cm_lora_target t, const float *x, int64_t ldx, int64_t col0,
+                        int64_t ncols, int n_tok, float *y, int64_t ldy, int64_t row0, int64_t r0, int64_t r1,
+                        const float *const *user);
+/* Can every adapter of l take a row's own scale (cm_lora_apply_rows)? False
+ * when some came from parts (cm_lora_add_parts: only final scales travel):
+ * those always apply their given scale. */
+bool cm_lora_rows_ok(const cm_lora *l);
+/* Adapter i's default user scale (cm_lora_add's); 0 for parts or a bad i. */
+float cm_lora_scale(const cm_lora *l, int adapter);
+
 /* A cluster member's part of a set (the coordinator sends it to the node
  * that runs those layers; cluster/coord_lora.c): every pair of layers
  * [layer_begin, layer_end), plus the output head's when output, in the
