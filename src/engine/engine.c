@@ -236,6 +236,10 @@ int cm_engine_forward(cm_engine *e, const cm_batch *b, cm_forward_args *a, cm_se
     if (e->cl) {
         int32_t slots[CM_BATCH_MAX];
         if (b->n > CM_BATCH_MAX) return cm_errf(err, errlen, CM_EINVAL, "batch of %d rows", b->n);
+        for (int k = 0; k < a->n_kvs; k++) { /* the group's members apply each sequence's adapter scales */
+            int rc = cm_session_lora_sync(sess[k], err, errlen);
+            if (rc) return rc;
+        }
         for (int i = 0; i < b->n; i++) slots[i] = sess[b->seq[i]]->slot;
         int rc = cm_pipe_stage0(e->cl, b->tokens, b->pos, slots, b->n, b->logits, a, err, errlen);
         if (rc) return rc;
@@ -436,6 +440,7 @@ void cm_session_free(cm_session *s) {
     cm_session_step_release(s);
     cm_kv_release(&s->kv);
     cm_free(s->lora);
+    cm_free(s->lora_sent);
     cm_free(s->hist);
     cm_free(s->logits);
     cm_free(s->piece);
@@ -476,6 +481,9 @@ int cm_engine_eval_cluster(cm_session *s, int upto, int want, char *err, size_t 
         int rc = cm_session_seq_restart(s, err, errlen);
         if (rc) return rc;
     }
+    int rc0 = cm_session_lora_sync(s, err, errlen); /* the stages apply our adapter scales */
+    if (rc0) return rc0;
+    const float *ls[1] = {s->lora};
     while (s->kv.n_past < upto) {
         if (atomic_load(&s->cancel)) return cm_errf(err, errlen, CM_ECANCELED, "canceled");
         int nb = CM_MIN(bmax, upto - s->kv.n_past);
@@ -488,7 +496,8 @@ int cm_engine_eval_cluster(cm_session *s, int upto, int want, char *err, size_t 
                              .slice = cm_engine_slice(e),
                              .kvs = kvs,
                              .n_kvs = 1,
-                             .out_hidden = s->hidden};
+                             .out_hidden = s->hidden,
+                             .lora_scales = s->lora ? ls : NULL};
         /* The send stays under the lock so micro-batches leave in the order
          * the stage-0 caches saw them. Hybrid: our group's other members get
          * the token ids first and meet us in the all-reduces. */

@@ -76,6 +76,8 @@ struct cm_session {
     int pipe_gen;         /* cluster: cm_pipe_generation when our stage-0 cache was last valid downstream */
     float *lora;          /* [cm_lora_count(e->lora)]: the adapters' user scales of this sequence: its KV
                              cache was computed with them (cm_session_set_lora forgets it when they change) */
+    float *lora_sent;     /* cluster: the scales the stages hold for our slot (SEQ_LORA; the loaded ones at first) */
+    int lora_gen;         /* cluster: the pipe generation lora_sent is from (a re-plan resets the stages) */
 };
 
 /* Cluster (engine.c): evaluate hist[kv.n_past .. upto) through our layers
@@ -132,6 +134,9 @@ int cm_engine_load_loras(cm_engine *e, const cm_engine_opts *o, char *err, size_
 void cm_engine_loras_free(cm_engine *e);
 /* A new session's scales: the engine's defaults now (engine_lora.c). */
 int cm_session_lora_init(cm_session *s);
+/* Cluster: make the stages hold s's scales for its slot (a SEQ_LORA when
+ * they differ from what they hold); before s's next FORWARD. */
+int cm_session_lora_sync(cm_session *s, char *err, size_t errlen);
 /* cm_engine_forward's per-sequence scales for a (engine_lora.c): sess[k]'s
  * for kvs[k], in ls (room for a->n_kvs). */
 int cm_engine_lora_rows(cm_engine *e, cm_forward_args *a, cm_session *const *sess, const float **ls, int cap, char *err,

@@ -70,11 +70,12 @@ int cm_engine_lora_check(const cm_engine *e, const float *scales, int n, char *e
     for (int i = 0; i < n; i++) {
         if (!isfinite(scales[i]) || fabsf(scales[i]) >= 1e6f)
             return cm_errf(err, errlen, CM_EINVAL, "LoRA scale %g of adapter %d is out of range", scales[i], i);
-        /* a stage applies what it was given at load (final scales only) */
-        if ((e->cl || !cm_lora_rows_ok(e->lora)) && scales[i] != cm_lora_scale(e->lora, i))
+        /* the stages get a sequence's scales in a SEQ_LORA of at most CM_PIPE_MAX_LORA */
+        if (((e->cl && n > CM_PIPE_MAX_LORA) || !cm_lora_rows_ok(e->lora)) && scales[i] != cm_lora_scale(e->lora, i))
             return cm_errf(err, errlen, CM_EUNSUPPORTED,
-                           "changing LoRA scales (adapter %d: %g, loaded with %g) is not supported on a cluster yet", i,
-                           scales[i], cm_lora_scale(e->lora, i));
+                           "changing LoRA scales (adapter %d: %g, loaded with %g) is not supported with %d adapters "
+                           "on a cluster (at most %d)",
+                           i, scales[i], cm_lora_scale(e->lora, i), n, CM_PIPE_MAX_LORA);
     }
     return 0;
 }
@@ -91,8 +92,12 @@ int cm_engine_lora_set_defaults(cm_engine *e, const float *scales, int n, char *
 int cm_session_lora_init(cm_session *s) {
     const int n = cm_lora_count(s->e->lora);
     if (!n) return 0;
-    if (!(s->lora = cm_malloc((size_t)n * sizeof *s->lora))) return CM_ENOMEM;
+    s->lora = cm_malloc((size_t)n * sizeof *s->lora);
+    s->lora_sent = cm_malloc((size_t)n * sizeof *s->lora_sent);
+    if (!s->lora || !s->lora_sent) return CM_ENOMEM;
     cm_engine_lora_defaults(s->e, s->lora, n);
+    for (int i = 0; i < n; i++) s->lora_sent[i] = cm_lora_scale(s->e->lora, i); /* a fresh slot's */
+    s->lora_gen = s->pipe_gen;
     return 0;
 }
 
@@ -127,6 +132,21 @@ int cm_session_cached_prefix(const cm_session *s, const int32_t *ids, int n, con
 bool cm_session_lora_same(const cm_session *a, const cm_session *b) {
     const int na = cm_lora_count(a->e->lora);
     return a->e == b->e && (!na || same_scales(a->lora, b->lora, na));
+}
+
+int cm_session_lora_sync(cm_session *s, char *err, size_t errlen) {
+    cm_engine *e = s->e;
+    const int n = cm_lora_count(e->lora);
+    if (!e->cl || !n || s->slot < 0) return 0;
+    const int gen = cm_pipe_generation(e->cl);
+    if (gen != s->lora_gen) { /* a re-plan: new stages, the loaded scales */
+        for (int i = 0; i < n; i++) s->lora_sent[i] = cm_lora_scale(e->lora, i);
+        s->lora_gen = gen;
+    }
+    if (same_scales(s->lora, s->lora_sent, n)) return 0;
+    int rc = cm_pipe_seq_lora(e->cl, s->slot, s->lora, n, err, errlen);
+    if (!rc) memcpy(s->lora_sent, s->lora, (size_t)n * sizeof *s->lora_sent);
+    return rc;
 }
 
 int cm_engine_lora_rows(cm_engine *e, cm_forward_args *a, cm_session *const *sess, const float **ls, int cap, char *err,

@@ -404,7 +404,7 @@ float cm_lora_scale(const cm_lora *l, int adapter) {
 /* ---- a set's parts for a cluster stage (lora.h: cm_lora_parts_write / cm_lora_add_parts) ---- */
 
 #define PARTS_MAGIC 0x504C4D43u /* "CMLP" */
-#define PARTS_VERSION 2u
+#define PARTS_VERSION 3u        /* 3: each pair's alpha (a row's own scale needs it); 2 (read): a reserved 0 there */
 #define PARTS_HDR 16
 #define PAIR_HDR 72
 
@@ -492,7 +492,7 @@ int cm_lora_parts_write(const cm_lora *l, int layer_begin, int layer_end, bool o
         put64(out, (uint64_t)p->n_in);
         put64(out, (uint64_t)p->n_out);
         putf(out, p->scale);
-        put32(out, 0); /* reserved */
+        putf(out, p->alpha); /* version 3; 0: none (version 2 had a reserved 0 here) */
         put64(out, (uint64_t)c0);
         put64(out, (uint64_t)(c1 - c0));
         put64(out, (uint64_t)r0);
@@ -506,8 +506,9 @@ int cm_lora_parts_write(const cm_lora *l, int layer_begin, int layer_end, bool o
 }
 
 int cm_lora_add_parts(cm_lora *l, const uint8_t *p, size_t n, char *err, size_t errlen) {
-    if (n < PARTS_HDR || get32(p) != PARTS_MAGIC || get32(p + 4) != PARTS_VERSION)
+    if (n < PARTS_HDR || get32(p) != PARTS_MAGIC || (get32(p + 4) != PARTS_VERSION && get32(p + 4) != 2))
         return cm_errf(err, errlen, CM_EFORMAT, "LoRA parts: bad header");
+    const bool v3 = get32(p + 4) == 3; /* alphas: the pairs take rows' own scales */
     const uint32_t n_adapters = get32(p + 8), n_pairs = get32(p + 12);
     if (n_adapters < 1 || n_adapters > 4096 || n_pairs > (n - PARTS_HDR) / PAIR_HDR)
         return cm_errf(err, errlen, CM_EFORMAT, "LoRA parts: %u adapters, %u pairs in %zu bytes", n_adapters, n_pairs,
@@ -527,7 +528,8 @@ int cm_lora_add_parts(cm_lora *l, const uint8_t *p, size_t n, char *err, size_t 
         uint64_t c0 = get64(h + 40), nc = get64(h + 48), r0 = get64(h + 56), nr = get64(h + 64);
         if (ad >= n_adapters || ad < prev_adapter || t >= CM_LORA_TARGET_COUNT ||
             (t == CM_LORA_OUTPUT) != (il == (uint32_t)hp->n_layer) || il > (uint32_t)hp->n_layer || rank < 1 ||
-            rank > CM_LORA_MAX_RANK || !(scale > -1e9f && scale < 1e9f) || get32(h + 36))
+            rank > CM_LORA_MAX_RANK || !(scale > -1e9f && scale < 1e9f) ||
+            (v3 ? !(getf(h + 36) >= 0 && getf(h + 36) < 1e9f) : get32(h + 36) != 0))
             return cm_errf(err, errlen, CM_EFORMAT, "LoRA parts: pair %u is out of range", i);
         prev_adapter = ad;
         char name[64];
@@ -568,6 +570,7 @@ int cm_lora_add_parts(cm_lora *l, const uint8_t *p, size_t n, char *err, size_t 
         q->n_in = (int64_t)get64(h + 16);
         q->n_out = (int64_t)get64(h + 24);
         q->scale = getf(h + 32);
+        q->alpha = v3 ? getf(h + 36) : 0.0f;
         q->a_col0 = (int64_t)get64(h + 40);
         q->a_cols = (int64_t)get64(h + 48);
         q->b_row0 = (int64_t)get64(h + 56);
@@ -596,9 +599,9 @@ int cm_lora_add_parts(cm_lora *l, const uint8_t *p, size_t n, char *err, size_t 
         l->tail[s] = j;
     }
     l->n_pairs = k;
-    for (uint32_t a = 0; a < n_adapters; a++) { /* only final scales travel: no per-row scales for these */
+    for (uint32_t a = 0; a < n_adapters; a++) { /* version 2: final scales only, no per-row scales */
         l->user[l->n_adapters + (int)a] = 0.0f;
-        l->overridable[l->n_adapters + (int)a] = false;
+        l->overridable[l->n_adapters + (int)a] = v3;
     }
     l->n_adapters += (int)n_adapters;
     return 0;

@@ -89,10 +89,10 @@ void cm_lora_apply_rows(const cm_lora *l, int il, enum cm_lora_target t, const f
                         int64_t ncols, int n_tok, float *y, int64_t ldy, int64_t row0, int64_t r0, int64_t r1,
                         const float *const *user);
 /* Can every adapter of l take a row's own scale (cm_lora_apply_rows)? False
- * when some came from parts (cm_lora_add_parts: only final scales travel):
- * those always apply their given scale. */
+ * when some came from version-2 parts (cm_lora_add_parts: final scales
+ * only): those always apply their given scale. */
 bool cm_lora_rows_ok(const cm_lora *l);
-/* Adapter i's default user scale (cm_lora_add's); 0 for parts or a bad i. */
+/* Adapter i's default user scale (cm_lora_add's); 0 for parts (they carry final scales) or a bad i. */
 float cm_lora_scale(const cm_lora *l, int adapter);
 
 /* A cluster member's part of a set (the coordinator sends it to the node
@@ -102,9 +102,10 @@ float cm_lora_scale(const cm_lora *l, int adapter);
  * (NULL: the whole layers) reads: its rows of B for the row-split weights
  * (attn_q/k/v, ffn_gate/up; the output head's with head_split,
  * cm_slice_head_rows), its columns of A for the column-split ones
- * (attn_output, ffn_down). Bytes: "CMLP", version 2, adapter count, pair
+ * (attn_output, ffn_down). Bytes: "CMLP", version 3, adapter count, pair
  * count; per pair adapter index, layer, target, rank, n_in, n_out, final
- * scale, A's column range, B's row range, then those values as
+ * scale, alpha (version 3; version 2, still read: a reserved 0), A's
+ * column range, B's row range, then those values as
  * little-endian F32. Appends to out; *n_pairs (may be NULL) gets the pairs
  * written. l must hold whole pairs (cm_lora_add). CM_ENOMEM when out could
  * not grow. */
