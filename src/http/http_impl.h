@@ -131,6 +131,16 @@ int cm_api_parse_lora(cm_http_server *srv, enum cm_api_kind api, const void *roo
 int cm_api_lora_list_json(cm_http_server *srv, cm_buf *out, api_error *ae);
 int cm_api_lora_set(cm_http_server *srv, const char *body, size_t n, cm_buf *out, api_error *ae);
 
+/* ---- fine-tuning jobs (api_finetune.c) ---- */
+typedef struct cm_ft_state cm_ft_state;
+cm_ft_state *cm_ft_new(void);
+void cm_ft_free(cm_ft_state *f);
+/* POST/GET /v1/fine_tuning/jobs, GET /v1/fine_tuning/jobs/ID, GET /api/train: 0 (out: the JSON) or -1 + *ae. */
+int cm_api_finetune(cm_http_server *srv, const char *method, const char *url, const char *body, size_t n, cm_buf *out,
+                    api_error *ae);
+cm_ft_state *cm_http_ft(const cm_http_server *s); /* server.c */
+const cm_http_opts *cm_http_options(const cm_http_server *s);
+
 /* ---- Anthropic Messages API (api_anthropic.c) ---- */
 /* {"type":"error","error":{"type","message"}}, the type from e->status. */
 void cm_anth_error_json(cm_buf *out, const api_error *e);
@@ -206,6 +216,7 @@ enum route {
     R_EMBEDDINGS,
     R_APPLY_TEMPLATE,
     R_LORA,
+    R_FINETUNE,
     R_OTHER,
     R_COUNT
 };
