@@ -12,7 +12,7 @@
 # received only its slice of the pairs (fewer bytes than its layers' whole
 # pairs); `serve --nodes --lora` answers one machine's text, also for
 # per-request adapters ("lora": each request's text is one machine's with
-# its adapters, three at once, pipeline and TP); a node killed
+# its adapters, three at once, pipeline, TP and hybrid); a node killed
 # mid-run is re-planned around and the new owner gets its parts (the ids
 # still equal one machine's). Every process is killed on exit.
 cd "$(dirname "$0")/../.." || exit 1
@@ -172,7 +172,8 @@ serve_case ab "$M32" 40 --lora "$TMP/a.gguf" --lora "$TMP/b.gguf:0.7"
 # Per-request adapters on the cluster (serve's "lora" field, SEQ_LORA down
 # the stages): a server holding adapters a and b answers each request with
 # one machine's text for exactly its adapters (a alone, b alone, none),
-# also three at once, on the 3-stage pipeline and on a tensor-parallel group.
+# also three at once, on the 3-stage pipeline, a tensor-parallel group and
+# two hybrid shapes.
 pr_text() { # NAME [run options]: one machine's text
     prn=$1
     shift
@@ -214,6 +215,11 @@ pr_case pp
 grep -q "pp plan, 3 stages" "$TMP/s_pr_pp.log" && ok || bad "per-request pp: not a 3-stage plan: $(grep -i plan "$TMP/s_pr_pp.log" | head -2)"
 pr_case tp --parallel tp
 grep -q "tensor parallel: 3 members" "$TMP/s_pr_tp.log" && ok || bad "per-request tp: not a TP plan: $(grep -i parallel "$TMP/s_pr_tp.log" | head -2)"
+# hybrid: a later stage's group (rank 0 relays SEQ_LORA to its member), and the coordinator's group
+pr_case hy12 --groups 1,2
+grep -q '^hybrid: 2 stages' "$TMP/s_pr_hy12.log" && ok || bad "per-request hy12: not hybrid: $(grep -i 'stage' "$TMP/s_pr_hy12.log" | head -2)"
+pr_case hy21 --groups 2,1
+grep -q '^hybrid: 2 stages' "$TMP/s_pr_hy21.log" && ok || bad "per-request hy21: not hybrid: $(grep -i 'stage' "$TMP/s_pr_hy21.log" | head -2)"
 
 # Recovery: a node killed mid-run; the re-plan gives the survivor new layers
 # and it gets their parts (a second line with another range); the ids still
