@@ -9,8 +9,10 @@
  * applied to every target once (arbitrary values must not fault; NaNs are
  * fine), and its parts (cm_lora_parts_write, what a cluster node receives)
  * must be accepted back by cm_lora_add_parts. Any input that is not GGUF is
- * offered to cm_lora_add_parts as a node's parts from a hostile peer (seed
- * parts_all.bin: the parts of all_rank2.gguf). Never writes to disk.
+ * offered to cm_lora_add_parts as a node's parts from a hostile peer (seeds
+ * parts_all.bin: the parts of all_rank2.gguf, version 2; parts_all_v3.bin:
+ * the same as version 3, with alphas), then applied, with rows' own scales
+ * too. Never writes to disk.
  */
 #include "gguf/gguf.h"
 #include "model/lora.h"
@@ -116,6 +118,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             for (int i = 0; i < 2 * 64; i++) x[i] = (float)(i % 5) - 2.0f;
             for (int t = 0; t < CM_LORA_O; t++)
                 cm_lora_apply(l, 0, (enum cm_lora_target)t, x, 64, 0, 32, 2, y, 512, 0, 0, 16);
+            /* version 3 (alphas): rows' own scales too (SEQ_LORA's), any adapter count */
+            static float sc[4096];
+            for (int a = 0; a < cm_lora_count(l) && a < 4096; a++) sc[a] = (float)(a % 3) - 0.5f;
+            const float *rows[2] = {sc, NULL};
+            if (cm_lora_rows_ok(l) && cm_lora_count(l) <= 4096)
+                for (int t = 0; t < CM_LORA_O; t++)
+                    cm_lora_apply_rows(l, 0, (enum cm_lora_target)t, x, 64, 0, 32, 2, y, 512, 0, 0, 16, rows);
         }
         cm_lora_free(l);
     }

@@ -166,6 +166,25 @@ int cmd_rm(int argc, char **argv);
 int cmd_merge(int argc, char **argv);
 int cmd_service(int argc, char **argv);
 int cmd_finetune(int argc, char **argv);
+/* The chat template for "messages" lines of training data: name (a
+ * family), else the model's (NULL when it has none; cmd_finetune.c). bos,
+ * eos: 64 bytes each, for co. */
+struct cm_tokenizer;
+struct cm_chat_template;
+struct cm_chat_opts;
+const struct cm_chat_template *cli_finetune_chat_of(const struct cm_gguf *g, const struct cm_tokenizer *tok,
+                                                    const char *name, struct cm_chat_template *t,
+                                                    struct cm_chat_opts *co, char *bos, char *eos, char *err,
+                                                    size_t errlen, int *rc);
+/* serve --finetune-dir DIR (serve_finetune.c): POST /v1/fine_tuning/jobs
+ * trains a LoRA adapter on model_path with a JSONL file of DIR, in the
+ * background, on n_threads threads; the adapter goes to DIR/ID.gguf. */
+struct cm_http_server;
+struct cm_http_ft_request;
+typedef struct cli_serve_ft cli_serve_ft;
+cli_serve_ft *cli_serve_ft_new(const char *dir, const char *model_path, int n_threads);
+void cli_serve_ft_attach(cli_serve_ft *f, struct cm_http_server *srv); /* NULL: the server is going (stop reporting) */
+int cli_serve_ft_start(void *user, const struct cm_http_ft_request *r, char *err, size_t errlen);
 /* The program's argv[0] (set by main). */
 extern const char *cli_argv0;
 /* This program's absolute path (/proc/self/exe, else argv[0] resolved

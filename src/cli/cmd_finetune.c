@@ -376,8 +376,9 @@ static int train(const char *path, const cm_gguf *g, const cm_model *m, const cm
 }
 
 /* The chat template for "messages" lines: --chat-template, else the model's (NULL when it has none). */
-static const cm_chat_template *chat_of(const cm_gguf *g, const cm_tokenizer *tok, const char *name, cm_chat_template *t,
-                                       cm_chat_opts *co, char *bos, char *eos, char *err, size_t errlen, int *rc) {
+const cm_chat_template *cli_finetune_chat_of(const cm_gguf *g, const cm_tokenizer *tok, const char *name,
+                                             cm_chat_template *t, cm_chat_opts *co, char *bos, char *eos, char *err,
+                                             size_t errlen, int *rc) {
     const cm_gguf_kv *kv = cm_gguf_find_kv(g, "tokenizer.chat_template");
     *rc = 0;
     if (name) *rc = cm_chat_template_by_name(t, name, err, errlen);
@@ -423,7 +424,7 @@ int cmd_finetune(int argc, char **argv) {
         cm_chat_template t;
         cm_chat_opts co;
         char bos[64] = "", eos[64] = "";
-        const cm_chat_template *tp = chat_of(&g, tok, tmpl, &t, &co, bos, eos, err, sizeof err, &rc);
+        const cm_chat_template *tp = cli_finetune_chat_of(&g, tok, tmpl, &t, &co, bos, eos, err, sizeof err, &rc);
         if (!rc) rc = cm_tdata_parse(&d, (const uint8_t *)text, len, data, tok, tp, &co, err, sizeof err);
     }
     cm_free(text);

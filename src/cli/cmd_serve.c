@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static const char k_serve_usage[] =
     "usage: cumulo serve MODEL.gguf [options]\n"
@@ -68,6 +69,13 @@ static const char k_serve_usage[] =
     "  --insecure         no cluster key (the nodes must run --insecure too)\n"
     "  --key-file FILE    cluster key (default $CUMULO_KEY_FILE or ~/.config/cumulo/cluster.key)\n";
 
+static const char k_serve_ft_usage[] =
+    "\nFine-tuning while serving (OpenAI's fine-tuning jobs API):\n"
+    "  --finetune-dir DIR POST /v1/fine_tuning/jobs trains a LoRA adapter on this model with a JSONL\n"
+    "                     file of DIR (\"training_file\": its name), one job at a time, while serving;\n"
+    "                     the adapter goes to DIR/ftjob-N.gguf, the loss curve to the dashboard\n"
+    "  --finetune-threads N  threads a fine-tuning job uses (default 1)\n";
+
 static void log_line(void *ctx, const char *line) {
     (void)ctx;
     fprintf(stderr, "%s\n", line);
@@ -76,6 +84,7 @@ static void log_line(void *ctx, const char *line) {
 int cmd_serve(int argc, char **argv) {
     if (cli_wants_help(argc, argv)) {
         fputs(k_serve_usage, stdout);
+        fputs(k_serve_ft_usage, stdout);
         fputs(cli_expert_load_usage, stdout);
         return 0;
     }
@@ -94,6 +103,8 @@ int cmd_serve(int argc, char **argv) {
     cli_loras loras = {0};
     int po;
     bool tp_compress = false, take = false;
+    const char *ft_dir = NULL; /* --finetune-dir: POST /v1/fine_tuning/jobs (serve_finetune.c) */
+    long ft_threads = 1;
     double d;
     o.api_key = cm_config_get()->api_key;
     for (int i = 1; i < argc; i++) {
@@ -175,7 +186,12 @@ int cmd_serve(int argc, char **argv) {
             NEED();
             key_file = NEXT();
         } else if (!strcmp(a, "--insecure")) insecure = true;
-        else if (a[0] == '-') return cli_fail("unknown option '%s'; see 'cumulo serve --help'", a);
+        else if (!strcmp(a, "--finetune-dir")) {
+            NEED();
+            ft_dir = NEXT();
+        } else if (!strcmp(a, "--finetune-threads")) {
+            if (!cli_int(a, NEXT(), 1, 1024, &ft_threads)) return 1;
+        } else if (a[0] == '-') return cli_fail("unknown option '%s'; see 'cumulo serve --help'", a);
         else if (model) return cli_fail("more than one model given ('%s' and '%s')", model, a);
         else model = a;
 #undef NEXT
@@ -206,7 +222,16 @@ int cmd_serve(int argc, char **argv) {
 
     cm_http_server *srv;
     char err[512];
+    cli_serve_ft *ft = NULL; /* lives until the process ends: a job's thread may outlast the server */
+    if (ft_dir) {
+        if (access(ft_dir, R_OK | W_OK | X_OK))
+            return cli_fail("--finetune-dir '%s': not a writable directory", ft_dir);
+        if (!(ft = cli_serve_ft_new(ft_dir, model, (int)ft_threads))) return cli_fail("out of memory");
+        o.finetune = cli_serve_ft_start;
+        o.finetune_user = ft;
+    }
     if (cm_http_start(&srv, &o, err, sizeof err)) return cli_fail("%s", err);
+    cli_serve_ft_attach(ft, srv);
     const char *h = o.host;
     bool v6 = strchr(h, ':') != NULL;
     fprintf(stderr, "cumulo: listening on http://%s%s%s:%d/ (loading '%s')\n", v6 ? "[" : "", h, v6 ? "]" : "",
@@ -231,11 +256,13 @@ int cmd_serve(int argc, char **argv) {
     cli_gpu_apply(&gpuo, &eo);
     cli_check_threads(&eo);
     if (cm_engine_load(&e, model, &eo, err, sizeof err)) {
+        cli_serve_ft_attach(ft, NULL);
         cm_http_stop(srv);
         return cli_fail("%s", err);
     }
     cli_check_ctx(e, o.n_ctx);
     if (cm_http_set_engine(srv, e, err, sizeof err)) {
+        cli_serve_ft_attach(ft, NULL);
         cm_http_stop(srv);
         cm_engine_free(e);
         return cli_fail("%s", err);
@@ -252,6 +279,7 @@ int cmd_serve(int argc, char **argv) {
     int sig = 0;
     sigwait(&set, &sig);
     fprintf(stderr, "cumulo: stopping (%s)\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    cli_serve_ft_attach(ft, NULL); /* a running job stops reporting; the process ends with it */
     cm_http_stop(srv);
     cm_engine_free(e);
     return 0;

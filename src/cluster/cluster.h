@@ -169,6 +169,13 @@ void cm_pipe_seq_release(cm_pipe *p, int slot);
 /* Sampler parameters and penalty history for the slot's next tokens;
  * n_sampled: tokens this generation already took (0 when it starts; after a
  * re-plan, the count so far: the new last stage draws on from there). */
+/* Per-request LoRA scales (coord_lora.c): from now on the stages apply the
+ * user scales scale[0..n) (n: the adapters loaded, cm_pipe_opts.lora) to
+ * slot's rows; SEQ_LORA down the stage chain (and to the first group's
+ * members), ahead of the slot's next FORWARD. SEQ_FREE resets the slot to
+ * the loaded scales, as does a re-plan (the new stages start there). */
+#define CM_PIPE_MAX_LORA 64 /* adapters a SEQ_LORA carries (proto.h CM_MSG_MAX_LORA) */
+int cm_pipe_seq_lora(cm_pipe *p, int slot, const float *scale, int n, char *err, size_t errlen);
 int cm_pipe_seq_start(cm_pipe *p, int slot, const cm_sampler_params *sp, const int32_t *hist, int n_hist,
                       uint64_t n_sampled, char *err, size_t errlen);
 /* What the last stage does after a row: FORWARD's want byte (proto.h's enum

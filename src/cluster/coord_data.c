@@ -40,7 +40,8 @@ int cm_coord_send_data(cm_pipe *p, const cm_msg *m, char *err, size_t errlen) {
     /* Every member of the group gets every sequence message; nodes that are
      * connected but not in it (back or joined, a re-plan not taken) none. */
     if (p->plan.n_stages == 1) return cm_coord_send_group0(p, m, err, errlen); /* one group of every machine */
-    if (m->type == CM_MSG_SEQ_FREE) { /* hybrid: stage 0's members hold the sequence too */
+    if (m->type == CM_MSG_SEQ_FREE ||
+        m->type == CM_MSG_SEQ_LORA) { /* hybrid: stage 0's members hold the sequence too */
         int rc = cm_coord_send_group0(p, m, err, errlen);
         if (rc) return rc;
     }

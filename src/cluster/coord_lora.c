@@ -163,3 +163,18 @@ void cm_coord_lora_free(cm_pipe *p) {
     p->lora_obj = NULL;
     p->n_lora_obj = 0;
 }
+
+_Static_assert(CM_PIPE_MAX_LORA == CM_MSG_MAX_LORA, "SEQ_LORA's bound");
+
+int cm_pipe_seq_lora(cm_pipe *p, int slot, const float *scale, int n, char *err, size_t errlen) {
+    if (n < 0 || (unsigned)n > CM_MSG_MAX_LORA)
+        return cm_errf(err, errlen, CM_EUNSUPPORTED, "%d LoRA adapters: per-request scales take at most %u", n,
+                       CM_MSG_MAX_LORA);
+    cm_msg m = {.type = CM_MSG_SEQ_LORA};
+    m.u.seq_lora = (cm_msg_seq_lora){.epoch = atomic_load(&p->epoch), .seq = slot, .n = (uint32_t)n};
+    memcpy(m.u.seq_lora.scale, scale, (size_t)n * sizeof *scale);
+    pthread_mutex_lock(&p->send_mu);
+    int rc = cm_coord_send_data(p, &m, err, errlen);
+    pthread_mutex_unlock(&p->send_mu);
+    return rc;
+}

@@ -48,6 +48,7 @@
  */
 #include "cluster/mdns.h"
 #include "cluster/node_impl.h"
+#include "model/lora.h"
 
 #include "os/os.h"
 
@@ -205,7 +206,8 @@ static int on_forward(stage *s, const cm_msg_forward *f, char *err, size_t errle
                               (last && any_hidden) || (!last && s->as.tp_rank == 0 && s->next) ? s->out : NULL,
                           .out_logits = (last || head_part) && n_want ? s->logits : NULL,
                           .head_gather = head_part ? head_gather : NULL,
-                          .head_gather_user = s};
+                          .head_gather_user = s,
+                          .lora_scales = s->lora_row};
     if (head_part) cm_slice_head_rows(&s->m, s->slice, &fa.head_v0, &fa.head_v1);
     char e[300];
     int rc = cm_forward(s->ctx, &b, &fa, e, sizeof e);
@@ -315,6 +317,47 @@ static int on_seq_start(stage *s, const cm_msg *msg, char *err, size_t errlen) {
     return 0;
 }
 
+/* Pass a sequence message on: to this group's members (hybrid: rank 0 relays) and the next stage. */
+static int pass_on(stage *s, const cm_msg *msg, char *err, size_t errlen) {
+    char e[200];
+    int rc;
+    for (int j = 1; j < CM_COLL_MAX_MEMBERS; j++)
+        if (s->relay[j] && (rc = cm_conn_send(s->relay[j], msg, 30000, e, sizeof e)))
+            return cm_errf(err, errlen, rc, "to rank %d of this group: %s", j, e);
+    if (s->next && (rc = cm_conn_send(s->next, msg, 30000, e, sizeof e)))
+        return cm_errf(err, errlen, rc, "to the next stage: %s", e);
+    return 0;
+}
+
+/* SEQ_LORA: the sequence's LoRA scales for its rows from now on (every
+ * stage: each applies them to its layers' parts; lora.h cm_lora_apply_rows). */
+static int on_seq_lora(stage *s, const cm_msg *msg, char *err, size_t errlen) {
+    const cm_msg_seq_lora *q = &msg->u.seq_lora;
+    if (q->epoch != s->as.epoch) return 0; /* stale: ignore */
+    if (q->seq >= s->n_seq) return cm_errf(err, errlen, CM_EINVAL, "sequence %d out of %d", q->seq, s->n_seq);
+    const int na = cm_lora_count(s->lora);
+    if ((int)q->n != na) return cm_errf(err, errlen, CM_EINVAL, "SEQ_LORA of %u scales for %d adapters", q->n, na);
+    if (na && !cm_lora_rows_ok(s->lora))
+        return cm_errf(err, errlen, CM_EUNSUPPORTED, "SEQ_LORA: this stage's LoRA parts carry final scales only");
+    if (na && !s->lora_sc) { /* once per stage, at its first per-request adapters */
+        s->lora_sc = cm_calloc((size_t)s->n_seq * (size_t)na, sizeof *s->lora_sc);
+        s->lora_row = cm_calloc((size_t)s->n_seq, sizeof *s->lora_row);
+        if (!s->lora_sc || !s->lora_row) {
+            cm_free(s->lora_sc);
+            cm_free((void *)s->lora_row);
+            s->lora_sc = NULL;
+            s->lora_row = NULL;
+            return cm_errf(err, errlen, CM_ENOMEM, "out of memory");
+        }
+    }
+    if (na) {
+        float *row = s->lora_sc + (size_t)q->seq * (size_t)na;
+        memcpy(row, q->scale, (size_t)na * sizeof *row);
+        s->lora_row[q->seq] = row;
+    }
+    return pass_on(s, msg, err, errlen);
+}
+
 static int on_seq_free(stage *s, const cm_msg *msg, char *err, size_t errlen) {
     const cm_msg_seq_free *q = &msg->u.seq_free;
     int rc0;
@@ -322,6 +365,7 @@ static int on_seq_free(stage *s, const cm_msg *msg, char *err, size_t errlen) {
     cm_kv_truncate(&s->kv[q->seq], 0);
     cm_sampler_free(s->smp[q->seq]);
     s->smp[q->seq] = NULL;
+    if (s->lora_row) s->lora_row[q->seq] = NULL; /* back to the loaded scales */
     char e[200];
     for (int j = 1; j < CM_COLL_MAX_MEMBERS; j++) /* hybrid: this group's members */
         if (s->relay[j] && (rc0 = cm_conn_send(s->relay[j], msg, 30000, e, sizeof e)))
@@ -473,6 +517,7 @@ static void conn_serve(node *n, cm_conn *c, int src) {
         case CM_MSG_TRAIN: cm_node_on_train(n, c, is_coord, &m.u.train); break; /* node_train.c */
         case CM_MSG_FORWARD:
         case CM_MSG_SEQ_START:
+        case CM_MSG_SEQ_LORA:
         case CM_MSG_SEQ_FREE: {
             pthread_mutex_lock(&n->mu);
             stage *s = n->st;
@@ -497,6 +542,7 @@ static void conn_serve(node *n, cm_conn *c, int src) {
                     cm_node_expert_report(s); /* a later stage's routing, for the coordinator (node_ep.c) */
                 }
             } else if (m.type == CM_MSG_SEQ_START) r2 = on_seq_start(s, &m, err, sizeof err);
+            else if (m.type == CM_MSG_SEQ_LORA) r2 = on_seq_lora(s, &m, err, sizeof err);
             else r2 = on_seq_free(s, &m, err, sizeof err);
             if (r2) {
                 CM_LOGW("%s from %s failed: %s", cm_msg_type_name(m.type), cm_conn_peer(c), err);

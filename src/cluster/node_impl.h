@@ -23,10 +23,12 @@ typedef struct stage {
     cm_model m;
     cm_pool *pool;
     cm_ctx *ctx;
-    struct cm_lora *lora; /* this stage's parts of the coordinator's LoRA adapters (CM_ASSIGN_F_LORA), or NULL */
-    cm_kv *kv;            /* [n_seq] */
-    cm_kv **kvp;          /* [n_seq] pointers for cm_forward */
-    cm_sampler **smp;     /* [n_seq], last stage only */
+    struct cm_lora *lora;   /* this stage's parts of the coordinator's LoRA adapters (CM_ASSIGN_F_LORA), or NULL */
+    float *lora_sc;         /* [n_seq][cm_lora_count]: the sequences' per-request scales (SEQ_LORA), or NULL */
+    const float **lora_row; /* [n_seq]: lora_sc's row of a sequence that has them, NULL: the loaded scales */
+    cm_kv *kv;              /* [n_seq] */
+    cm_kv **kvp;            /* [n_seq] pointers for cm_forward */
+    cm_sampler **smp;       /* [n_seq], last stage only */
     int n_seq;
     float *in, *out; /* [CM_BATCH_MAX][n_embd] */
     float *logits;   /* [CM_BATCH_MAX][n_vocab], last stage only */

@@ -27,6 +27,8 @@ void cm_node_stage_free(stage *s) {
     if (!s) return;
     cm_node_gpu_stage_free(s); /* before the model it mirrors */
     cm_node_train_stop(s);     /* before the link to the next stage it reads */
+    cm_free(s->lora_sc);
+    cm_free((void *)s->lora_row);
     pthread_mutex_destroy(&s->fsend_mu);
     if (s->next) cm_conn_close(s->next, "plan ended");
     for (int i = 0; i < CM_COLL_MAX_MEMBERS; i++)

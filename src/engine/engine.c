@@ -56,6 +56,7 @@ int cm_engine_load(cm_engine **out, const char *path, const cm_engine_opts *opts
     cm_engine *e = cm_calloc(1, sizeof *e);
     if (!e) return cm_errf(err, errlen, CM_ENOMEM, "out of memory");
     pthread_mutex_init(&e->mu, NULL);
+    pthread_mutex_init(&e->lora_mu, NULL);
     struct stat st;
     bool in_memory = stat(path, &st) == 0 && cm_engine_weights_in_memory(&o, (uint64_t)st.st_size);
     /* a tensor-parallel coordinator keeps copies of its slice only (take_tp_slice) */
@@ -158,7 +159,7 @@ void cm_engine_free(cm_engine *e) {
     cm_pipe_close(e->cl);
     cm_engine_gpu_release(e);
     cm_ctx_free(e->ctx);
-    cm_lora_free(e->lora);
+    cm_engine_loras_free(e);
     cm_free(e->step_logits);
     cm_engine_gvocab_free(e);
     cm_pool_free(e->pool);
@@ -166,6 +167,7 @@ void cm_engine_free(cm_engine *e) {
     cm_model_release(&e->m);
     cm_gguf_close(&e->g);
     pthread_mutex_destroy(&e->mu);
+    pthread_mutex_destroy(&e->lora_mu);
     cm_free(e->name);
     cm_free(e);
 }
@@ -234,12 +236,20 @@ int cm_engine_forward(cm_engine *e, const cm_batch *b, cm_forward_args *a, cm_se
     if (e->cl) {
         int32_t slots[CM_BATCH_MAX];
         if (b->n > CM_BATCH_MAX) return cm_errf(err, errlen, CM_EINVAL, "batch of %d rows", b->n);
+        for (int k = 0; k < a->n_kvs; k++) { /* the group's members apply each sequence's adapter scales */
+            int rc = cm_session_lora_sync(sess[k], err, errlen);
+            if (rc) return rc;
+        }
         for (int i = 0; i < b->n; i++) slots[i] = sess[b->seq[i]]->slot;
         int rc = cm_pipe_stage0(e->cl, b->tokens, b->pos, slots, b->n, b->logits, a, err, errlen);
         if (rc) return rc;
         if (e->test_cluster_delay_ms) cm_sleep_ms(e->test_cluster_delay_ms);
     }
-    return cm_forward(e->ctx, b, a, err, errlen);
+    const float *ls[CM_BATCH_MAX];
+    int rc = cm_engine_lora_rows(e, a, sess, ls, CM_BATCH_MAX, err, errlen);
+    if (!rc) rc = cm_forward(e->ctx, b, a, err, errlen);
+    a->lora_scales = NULL; /* ls dies here */
+    return rc;
 }
 
 int cm_engine_maintain(cm_engine *e, char *err, size_t errlen) {
@@ -415,7 +425,7 @@ cm_session *cm_session_new(cm_engine *e, int n_ctx, char *err, size_t errlen) {
     s->logits = cm_calloc((size_t)e->m.hp.n_vocab, sizeof *s->logits);
     s->piece_cap = cm_detok_max_out(e->tok);
     s->piece = cm_malloc(s->piece_cap);
-    if (!s->hist || !s->logits || !s->piece) {
+    if (!s->hist || !s->logits || !s->piece || cm_session_lora_init(s)) {
         cm_session_free(s);
         cm_errf(err, errlen, CM_ENOMEM, "out of memory for a session of %d positions", n_ctx);
         return NULL;
@@ -429,6 +439,8 @@ void cm_session_free(cm_session *s) {
     cm_free(s->hidden);
     cm_session_step_release(s);
     cm_kv_release(&s->kv);
+    cm_free(s->lora);
+    cm_free(s->lora_sent);
     cm_free(s->hist);
     cm_free(s->logits);
     cm_free(s->piece);
@@ -469,6 +481,9 @@ int cm_engine_eval_cluster(cm_session *s, int upto, int want, char *err, size_t 
         int rc = cm_session_seq_restart(s, err, errlen);
         if (rc) return rc;
     }
+    int rc0 = cm_session_lora_sync(s, err, errlen); /* the stages apply our adapter scales */
+    if (rc0) return rc0;
+    const float *ls[1] = {s->lora};
     while (s->kv.n_past < upto) {
         if (atomic_load(&s->cancel)) return cm_errf(err, errlen, CM_ECANCELED, "canceled");
         int nb = CM_MIN(bmax, upto - s->kv.n_past);
@@ -481,7 +496,8 @@ int cm_engine_eval_cluster(cm_session *s, int upto, int want, char *err, size_t 
                              .slice = cm_engine_slice(e),
                              .kvs = kvs,
                              .n_kvs = 1,
-                             .out_hidden = s->hidden};
+                             .out_hidden = s->hidden,
+                             .lora_scales = s->lora ? ls : NULL};
         /* The send stays under the lock so micro-batches leave in the order
          * the stage-0 caches saw them. Hybrid: our group's other members get
          * the token ids first and meet us in the all-reduces. */
@@ -625,6 +641,8 @@ int cm_session_prompt_step(cm_session *s, int max_tokens, char *err, size_t errl
 int cm_session_copy_prefix(cm_session *dst, const cm_session *src, int n, char *err, size_t errlen) {
     if (dst->e != src->e) return cm_errf(err, errlen, CM_EINVAL, "sessions of different engines");
     if (dst->e->cl) return cm_errf(err, errlen, CM_EUNSUPPORTED, "prefix copy on a cluster");
+    if (!cm_session_lora_same(dst, src))
+        return cm_errf(err, errlen, CM_EINVAL, "the sessions use different LoRA adapter scales");
     if (n > src->kv.n_past || n > src->n_hist || n > dst->n_ctx)
         return cm_errf(err, errlen, CM_EINVAL, "prefix of %d tokens is longer than the source's", n);
     int rc = cm_kv_copy_prefix(&dst->kv, &src->kv, n, err, errlen);

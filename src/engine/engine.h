@@ -340,6 +340,36 @@ void cm_session_cancel(cm_session *s);
 /* Timings of the last set_prompt/append + generate. */
 cm_timings cm_session_timings(const cm_session *s);
 
+/* ---- LoRA adapters per sequence (engine_lora.c; llama-server's /lora-adapters) ----
+ *
+ * The adapters of cm_engine_opts.loras, ids 0.. in that order. Each session
+ * has a user scale per adapter (0: off), starting from the engine's
+ * defaults (the FILE:SCALE values until cm_engine_lora_set_defaults);
+ * sessions with different scales share batched forward passes, each row
+ * with the bits it gets alone (batch invariance). On a cluster the scales
+ * stay those loaded (CM_EUNSUPPORTED). */
+int cm_engine_lora_count(const cm_engine *e);
+const char *cm_engine_lora_path(const cm_engine *e, int i); /* the file; NULL for a bad i */
+/* The default scales (n at most cm_engine_lora_count); any thread. */
+void cm_engine_lora_defaults(cm_engine *e, float *scales, int n);
+/* Would these n scales be accepted (n = the count, finite, |s| < 1e6; a
+ * cluster: the loaded ones)? 0 or CM_EINVAL / CM_EUNSUPPORTED + message. */
+int cm_engine_lora_check(const cm_engine *e, const float *scales, int n, char *err, size_t errlen);
+/* Set the defaults of sessions made (and requests parsed) from now on. Any thread. */
+int cm_engine_lora_set_defaults(cm_engine *e, const float *scales, int n, char *err, size_t errlen);
+/* The session's scales for what it evaluates from now on (checked as
+ * cm_engine_lora_check). When they differ from its current ones its cached
+ * tokens are forgotten (cm_session_kv_forget): a KV cache computed with one
+ * adapter set is never reused with another. Not during a forward pass of s. */
+int cm_session_set_lora(cm_session *s, const float *scales, int n, char *err, size_t errlen);
+const float *cm_session_lora(const cm_session *s, int *n); /* its scales (*n = the count; NULL when none) */
+/* How many of ids[0..n) the session's KV cache holds, as prefix reuse for a
+ * sequence with these adapter scales would keep them: 0 when the scales are
+ * not the session's (scales NULL / n_scales 0: an engine without adapters). */
+int cm_session_cached_prefix(const cm_session *s, const int32_t *ids, int n, const float *scales, int n_scales);
+/* Do two sessions have the same scales (so one may take the other's prefix)? */
+bool cm_session_lora_same(const cm_session *a, const cm_session *b);
+
 /* ---- several sessions generating together (batch.c) ----
  *
  * Continuous batching: each session that is generating samples its next token

@@ -25,7 +25,10 @@ struct cm_engine {
     cm_tokenizer *tok;
     cm_pool *pool;
     cm_ctx *ctx;
-    cm_lora *lora;      /* adapters (cm_engine_opts.loras), or NULL */
+    cm_lora *lora;    /* adapters (cm_engine_opts.loras), or NULL */
+    char **lora_path; /* [cm_lora_count]: each adapter's file (GET /lora-adapters) */
+    float *lora_def;  /* [cm_lora_count]: default user scales of new requests/sessions (under lora_mu) */
+    pthread_mutex_t lora_mu;
     struct cm_gpu *gpu; /* engine_gpu.c: the device and the layers on it, or NULL */
     struct cm_gpu_model *gpu_m;
     pthread_mutex_t mu;
@@ -71,6 +74,10 @@ struct cm_session {
     int slot;             /* cluster: the sequence's slot on every stage; -1 on one machine */
     float *hidden;        /* cluster: [n_batch][n_embd] our stage's output */
     int pipe_gen;         /* cluster: cm_pipe_generation when our stage-0 cache was last valid downstream */
+    float *lora;          /* [cm_lora_count(e->lora)]: the adapters' user scales of this sequence: its KV
+                             cache was computed with them (cm_session_set_lora forgets it when they change) */
+    float *lora_sent;     /* cluster: the scales the stages hold for our slot (SEQ_LORA; the loaded ones at first) */
+    int lora_gen;         /* cluster: the pipe generation lora_sent is from (a re-plan resets the stages) */
 };
 
 /* Cluster (engine.c): evaluate hist[kv.n_past .. upto) through our layers
@@ -124,6 +131,16 @@ int cm_constrain_take(cm_session *s, struct cm_grammar_state *gs, int32_t id);
 void cm_engine_gvocab_free(cm_engine *e);
 /* Load o->loras into e->lora and hand them to e->ctx (engine_lora.c). */
 int cm_engine_load_loras(cm_engine *e, const cm_engine_opts *o, char *err, size_t errlen);
+void cm_engine_loras_free(cm_engine *e);
+/* A new session's scales: the engine's defaults now (engine_lora.c). */
+int cm_session_lora_init(cm_session *s);
+/* Cluster: make the stages hold s's scales for its slot (a SEQ_LORA when
+ * they differ from what they hold); before s's next FORWARD. */
+int cm_session_lora_sync(cm_session *s, char *err, size_t errlen);
+/* cm_engine_forward's per-sequence scales for a (engine_lora.c): sess[k]'s
+ * for kvs[k], in ls (room for a->n_kvs). */
+int cm_engine_lora_rows(cm_engine *e, cm_forward_args *a, cm_session *const *sess, const float **ls, int cap, char *err,
+                        size_t errlen);
 /* engine_gpu.c: put the first layers on the GPU o asks for (a warning and
  * none when it cannot); release it before the context goes. */
 int cm_engine_gpu_attach(cm_engine *e, const cm_engine_opts *o, char *err, size_t errlen);

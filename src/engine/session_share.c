@@ -11,6 +11,8 @@
 int cm_session_share_prefix(cm_session *dst, cm_session *src, int n, char *err, size_t errlen) {
     if (dst->e != src->e) return cm_errf(err, errlen, CM_EINVAL, "sessions of different engines");
     if (dst->e->cl) return cm_errf(err, errlen, CM_EUNSUPPORTED, "prefix sharing on a cluster");
+    if (!cm_session_lora_same(dst, src))
+        return cm_errf(err, errlen, CM_EINVAL, "the sessions use different LoRA adapter scales");
     if (n > src->kv.n_past || n > src->n_hist || n > dst->n_ctx)
         return cm_errf(err, errlen, CM_EINVAL, "prefix of %d tokens is longer than the source's", n);
     int rc = cm_kv_share_prefix(&dst->kv, &src->kv, n, err, errlen);

@@ -292,7 +292,8 @@ int cm_api_parse_request(cm_http_server *srv, bool chat, const char *body, size_
     }
     j->stream = stream;
     j->include_usage = usage;
-    if (cm_api_response_format(root, j, ae)) goto fail; /* api_tools.c: a grammar for JSON output */
+    if (cm_api_response_format(root, j, ae)) goto fail;                /* api_tools.c: a grammar for JSON output */
+    if (cm_api_parse_lora(srv, CM_API_OPENAI, root, j, ae)) goto fail; /* api_lora.c: per-request adapters */
     const cJSON *tools = cJSON_GetObjectItemCaseSensitive(root, "tools");
     if (!chat && cJSON_IsArray(tools) && cJSON_GetArraySize(tools) > 0)
         BAD("tools", "'tools' is for /v1/chat/completions");

@@ -203,6 +203,7 @@ int cm_anth_parse_request(cm_http_server *srv, const char *body, size_t n, job *
     if (!cm_api_get_bool(CM_API_ANTHROPIC, root, "stream", &j->stream, ae)) goto fail;
     const cJSON *md = cJSON_GetObjectItemCaseSensitive(root, "metadata");
     if (!cm_api_is_null(md) && !cJSON_IsObject(md)) BAD("metadata", "metadata: must be an object");
+    if (cm_api_parse_lora(srv, CM_API_ANTHROPIC, root, j, ae)) goto fail; /* api_lora.c: per-request adapters */
 
     cm_gen_params *gp = &j->gp;
     cm_gen_params_default(gp);

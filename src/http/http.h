@@ -25,6 +25,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+struct cm_http_ft_request;
 typedef struct cm_http_opts {
     const char *host;    /* address to listen on; default "127.0.0.1" */
     int port;            /* 0: any free port (see cm_http_port); default 8080 */
@@ -48,10 +49,33 @@ typedef struct cm_http_opts {
     const char *model_id;      /* id in /v1/models and responses; default "model" */
     const char *chat_template; /* a family name ("chatml", "llama3", ...); NULL: the model's own
                               * template, or chatml when the model has none (as llama.cpp does) */
+    /* Fine-tuning on the server (OpenAI's POST /v1/fine_tuning/jobs; api_finetune.c): NULL: the
+     * routes answer 404. Called on an HTTP thread with a checked request; starts the job in the
+     * background and returns at once (0), or an error whose message becomes the 400. The job
+     * reports through cm_http_ft_progress / cm_http_ft_end; one job at a time. */
+    int (*finetune)(void *user, const struct cm_http_ft_request *r, char *err, size_t errlen);
+    void *finetune_user;
 } cm_http_opts;
 void cm_http_opts_default(cm_http_opts *o);
 
 typedef struct cm_http_server cm_http_server;
+
+/* A fine-tuning job as the API asked for it (fields 0: the trainer's defaults). */
+typedef struct cm_http_ft_request {
+    char id[48];             /* "ftjob-N", the server's */
+    char training_file[256]; /* as given: the hook decides where it may be */
+    char suffix[64];
+    int n_epochs, batch_size;
+    double lr_multiplier;   /* of the trainer's learning rate */
+    int steps, rank, n_ctx; /* cumulo's own fields */
+} cm_http_ft_request;
+/* The running job's progress (any thread; copied under the server's lock,
+ * shown by GET /v1/fine_tuning/jobs/ID, /api/train and the dashboard's
+ * loss curve). val NaN: no eval at this step. */
+void cm_http_ft_progress(cm_http_server *s, const char *id, long long step, long long steps, double loss, double val,
+                         double tok_per_s, long long tokens);
+/* The job ended: rc 0 (adapter: the file written) or an error (msg). */
+void cm_http_ft_end(cm_http_server *s, const char *id, int rc, const char *adapter, const char *msg);
 
 /* Listen and serve. Until cm_http_set_engine, /health answers 503 and the
  * generation routes 503 (loading). The options' strings are copied. */

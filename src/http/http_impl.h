@@ -37,6 +37,8 @@ typedef struct job {
     int32_t *ids;
     int n_ids;
     cm_gen_params gp;
+    float *lora; /* [n_lora]: the adapters' scales for this request (api_lora.c); NULL: no adapters */
+    int n_lora;
     char **stops;
     int n_stops;
     char id[48];
@@ -121,6 +123,24 @@ bool cm_api_get_bool(enum cm_api_kind api, const struct cJSON *o, const char *ke
 int cm_api_tokenize(cm_http_server *srv, enum cm_api_kind api, const char *text, size_t len, bool special,
                     const char *param, job *j, api_error *ae);
 
+/* ---- LoRA adapters (api_lora.c; llama-server's routes and "lora" field) ---- */
+/* The request's "lora" list (root: its cJSON) over the defaults into
+ * j->lora; 0, or -1 with a 400 naming the bad entry. */
+int cm_api_parse_lora(cm_http_server *srv, enum cm_api_kind api, const void *root, job *j, api_error *ae);
+/* GET /lora-adapters: [{"id","path","scale"}]; POST: set the defaults ({"success":true}). 0 or -1 + *ae. */
+int cm_api_lora_list_json(cm_http_server *srv, cm_buf *out, api_error *ae);
+int cm_api_lora_set(cm_http_server *srv, const char *body, size_t n, cm_buf *out, api_error *ae);
+
+/* ---- fine-tuning jobs (api_finetune.c) ---- */
+typedef struct cm_ft_state cm_ft_state;
+cm_ft_state *cm_ft_new(void);
+void cm_ft_free(cm_ft_state *f);
+/* POST/GET /v1/fine_tuning/jobs, GET /v1/fine_tuning/jobs/ID, GET /api/train: 0 (out: the JSON) or -1 + *ae. */
+int cm_api_finetune(cm_http_server *srv, const char *method, const char *url, const char *body, size_t n, cm_buf *out,
+                    api_error *ae);
+cm_ft_state *cm_http_ft(const cm_http_server *s); /* server.c */
+const cm_http_opts *cm_http_options(const cm_http_server *s);
+
 /* ---- Anthropic Messages API (api_anthropic.c) ---- */
 /* {"type":"error","error":{"type","message"}}, the type from e->status. */
 void cm_anth_error_json(cm_buf *out, const api_error *e);
@@ -195,6 +215,8 @@ enum route {
     R_MESSAGES,
     R_EMBEDDINGS,
     R_APPLY_TEMPLATE,
+    R_LORA,
+    R_FINETUNE,
     R_OTHER,
     R_COUNT
 };

@@ -26,6 +26,8 @@ const char *const cm_http_route_names[R_COUNT] = {"/",
                                                   "/v1/messages",
                                                   "/v1/embeddings",
                                                   "/apply-template",
+                                                  "/lora-adapters",
+                                                  "/v1/fine_tuning/jobs",
                                                   "other"};
 
 static const int k_statuses[] = {200, 400, 401, 403, 404, 405, 408, 413, 429, 431, 500, 503};

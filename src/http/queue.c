@@ -243,14 +243,9 @@ static void job_end(job *j, enum cm_finish fin, int status, const char *msg) {
     cm_job_unref(j);
 }
 
-static int common_prefix(cm_session *s, const int32_t *ids, int n) {
-    int m;
-    const int32_t *h = cm_session_tokens(s, &m);
-    int np = cm_session_n_past(s);
-    if (m > np) m = np;
-    int k = 0;
-    while (k < m && k < n && h[k] == ids[k]) k++;
-    return k;
+/* What of j's prompt s's KV cache holds (0 when computed with other LoRA scales). */
+static int common_prefix(cm_session *s, const job *j) {
+    return cm_session_cached_prefix(s, j->ids, j->n_ids, j->lora, j->n_lora);
 }
 
 /* Under s->mu: the free slot sharing the longest prefix with j, or -1; among
@@ -260,7 +255,7 @@ static int pick_slot(cm_queue *s, job *j) {
     int best = -1, best_k = -1, best_np = 0;
     for (int i = 0; i < s->n_slots; i++) {
         if (s->slots[i].j) continue;
-        int k = common_prefix(s->slots[i].s, j->ids, j->n_ids), np = cm_session_n_past(s->slots[i].s);
+        int k = common_prefix(s->slots[i].s, j), np = cm_session_n_past(s->slots[i].s);
         if (k > best_k || (k == best_k && np < best_np)) {
             best = i;
             best_k = k;
@@ -276,11 +271,11 @@ static int pick_slot(cm_queue *s, job *j) {
  * is always evaluated). Under s->mu, scheduler thread. */
 enum { PREFIX_MIN = 16 }; /* shorter shared prefixes are not worth it */
 static int share_source(cm_queue *s, int k, const job *j, int *n) {
-    const int own = common_prefix(s->slots[k].s, j->ids, j->n_ids);
+    const int own = common_prefix(s->slots[k].s, j);
     int best = -1, best_k = own;
     for (int i = 0; i < s->n_slots; i++) {
         if (i == k) continue;
-        int c = common_prefix(s->slots[i].s, j->ids, j->n_ids);
+        int c = common_prefix(s->slots[i].s, j);
         if (c > best_k) {
             best = i;
             best_k = c;
@@ -297,7 +292,7 @@ static int share_source(cm_queue *s, int k, const job *j, int *n) {
  * thread), so neither cache is in a pass. Returns the tokens gained (0: none,
  * as on a cluster, where each stage holds its own cache). */
 static int share_prefix(cm_queue *s, int k, int src, int n) {
-    const int own = common_prefix(s->slots[k].s, s->slots[k].j->ids, s->slots[k].j->n_ids);
+    const int own = common_prefix(s->slots[k].s, s->slots[k].j);
     char e2[160];
     if (cm_session_share_prefix(s->slots[k].s, s->slots[src].s, n, e2, sizeof e2)) return 0;
     return n - own;
@@ -370,6 +365,8 @@ static void *queue_main(void *arg) {
             }
             s->slots[k].used = s->n_admitted;
             s->slots[k].j = j;
+            if (j->n_lora) /* its adapters' scales (a cache made with others is forgotten); checked when parsed */
+                cm_session_set_lora(s->slots[k].s, j->lora, j->n_lora, err, sizeof err);
             s->slots[k].shared = src < 0 ? 0 : share_prefix(s, k, src, n_sh);
             /* the promise: its need less the pages it maps (all of it if the share did not happen) */
             s->slots[k].resv =
@@ -417,7 +414,8 @@ static void *queue_main(void *arg) {
                 if (!rc && !sl->begun) {
                     if (sl->shared > 0) cm_metrics_prefix(cm_http_metrics(s->srv), sl->shared);
                     sl->shared = 0;
-                    rc = cm_session_prompt_begin(sl->s, sl->j->ids, sl->j->n_ids, err, sizeof err);
+                    if (sl->j->n_lora) rc = cm_session_set_lora(sl->s, sl->j->lora, sl->j->n_lora, err, sizeof err);
+                    if (!rc) rc = cm_session_prompt_begin(sl->s, sl->j->ids, sl->j->n_ids, err, sizeof err);
                     sl->begun = !rc;
                 }
                 if (rc) {

@@ -52,6 +52,7 @@ struct cm_http_server {
     struct conn *conns;
     pthread_t wd;
     bool wd_started, wd_stop;
+    cm_ft_state *ft; /* fine-tuning jobs (api_finetune.c); NULL without opts.finetune */
 };
 
 /* One open connection, for the header deadline and for noticing that the
@@ -74,6 +75,8 @@ typedef struct req {
 
 const char *cm_http_model_id(const cm_http_server *s) { return s->model_id; }
 cm_engine *cm_http_engine(const cm_http_server *s) { return s->e; }
+cm_ft_state *cm_http_ft(const cm_http_server *s) { return s ? s->ft : NULL; }
+const cm_http_opts *cm_http_options(const cm_http_server *s) { return &s->o; }
 metrics *cm_http_metrics(const cm_http_server *s) { return s->m; }
 int cm_http_n_ctx(const cm_http_server *s) { return s->n_ctx; }
 void cm_http_conn_limits(const cm_http_server *s, int *all, int *per_ip) {
@@ -174,6 +177,7 @@ void cm_job_unref(job *j) {
     for (int i = 0; i < j->n_stops; i++) cm_free(j->stops[i]);
     cm_free(j->stops);
     cm_free(j->ids);
+    cm_free(j->lora);
     cm_free(j->lps);
     cm_free(j->lp_ids);
     cm_grammar_free(j->grammar);
@@ -272,9 +276,13 @@ static enum route route_of(const char *url) {
         {"/v1/messages", R_MESSAGES},
         {"/v1/embeddings", R_EMBEDDINGS},
         {"/apply-template", R_APPLY_TEMPLATE},
+        {"/lora-adapters", R_LORA},
+        {"/v1/fine_tuning/jobs", R_FINETUNE},
+        {"/api/train", R_FINETUNE},
     };
     for (size_t i = 0; i < CM_ARRAY_LEN(k); i++)
         if (!strcmp(url, k[i].path)) return k[i].r;
+    if (!strncmp(url, "/v1/fine_tuning/jobs/", 21) && url[21] && strlen(url) < 100) return R_FINETUNE;
     return R_OTHER;
 }
 
@@ -620,7 +628,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (q->route == R_OTHER) return fail(srv, c, q, 404, "invalid_request_error", "not_found", "no such route");
         bool want_post = q->route == R_CHAT || q->route == R_COMPLETIONS || q->route == R_MESSAGES ||
                          q->route == R_EMBEDDINGS || q->route == R_APPLY_TEMPLATE;
-        if (want_post ? !post : !get) {
+        if (q->route == R_LORA || q->route == R_FINETUNE ? !get && !post : want_post ? !post : !get) {
             struct MHD_Response *r = NULL;
             cm_buf b;
             cm_buf_init(&b);
@@ -704,6 +712,23 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         cm_api_models_json(srv, &b);
         return send_buf(srv, c, q, 200, "application/json", &b);
     }
+    if (q->route == R_FINETUNE) { /* api_finetune.c: jobs and the dashboard's loss curve */
+        api_error ae;
+        const char *body = q->body.data ? q->body.data : "";
+        if (!cm_api_finetune(srv, method, url, body, q->body.len, &b, &ae))
+            return send_buf(srv, c, q, 200, "application/json", &b);
+        cm_buf_release(&b);
+        return send_error(srv, c, q, &ae);
+    }
+    if (q->route == R_LORA) { /* api_lora.c: GET lists the adapters, POST sets their default scales */
+        api_error ae;
+        const char *body = q->body.data ? q->body.data : "";
+        if (!(strcmp(method, "POST") ? cm_api_lora_list_json(srv, &b, &ae)
+                                     : cm_api_lora_set(srv, body, q->body.len, &b, &ae)))
+            return send_buf(srv, c, q, 200, "application/json", &b);
+        cm_buf_release(&b);
+        return send_error(srv, c, q, &ae);
+    }
     if (q->route == R_EMBEDDINGS || q->route == R_APPLY_TEMPLATE) {
         api_error ae;
         const char *body = q->body.data ? q->body.data : "";
@@ -738,6 +763,7 @@ static char *dup_or_null(const char *s) { return s && *s ? cm_strdup(s) : NULL; 
 
 static void srv_free(cm_http_server *s) {
     cm_metrics_free(s->m);
+    cm_ft_free(s->ft);
     cm_free(s->host);
     cm_free(s->api_key);
     cm_free(s->cors);
@@ -768,6 +794,10 @@ int cm_http_start(cm_http_server **out, const cm_http_opts *o, char *err, size_t
     s->allow = cm_calloc((size_t)o->n_allow_hosts + 1, sizeof *s->allow);
     for (int i = 0; s->allow && i < o->n_allow_hosts; i++) s->allow[s->n_allow++] = cm_strdup(o->allow_hosts[i]);
     s->m = cm_metrics_new(o->tdp_w);
+    if (o->finetune && !(s->ft = cm_ft_new())) {
+        srv_free(s);
+        return cm_errf(err, errlen, CM_ENOMEM, "out of memory");
+    }
     if (!s->host || !s->model_id || !s->allow || !s->m) {
         srv_free(s);
         return cm_errf(err, errlen, CM_ENOMEM, "out of memory");

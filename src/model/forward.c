@@ -147,6 +147,8 @@ cm_ctx *cm_ctx_new(const cm_model *m, int max_batch, int max_ctx, cm_pool *pool,
     c->xq_size = B * kmax * 4 + 64;
     c->xq = zalloc(c->xq_size);
     c->out_rows = zalloc(B * 4);
+    c->lrow = zalloc(B * sizeof *c->lrow);
+    c->lrow_out = zalloc(B * sizeof *c->lrow_out);
     if (hp->arch == CM_ARCH_DEEPSEEK2 && !(c->mla = cm_mla_new(m, max_batch, max_ctx, c->n_threads))) {
         cm_ctx_free(c);
         cm_errf(err, errlen, CM_ENOMEM, "out of memory for latent attention scratch (batch %d)", max_batch);
@@ -158,7 +160,7 @@ cm_ctx *cm_ctx_new(const cm_model *m, int max_batch, int max_ctx, cm_pool *pool,
         return NULL;
     }
     if (!c->x || !c->xn || !c->part || !c->q || !c->att || !c->kc || !c->vc || !c->gate || !c->up || !c->rope ||
-        !c->rope_swa || !c->scores || !c->xq || !c->out_rows) {
+        !c->rope_swa || !c->scores || !c->xq || !c->out_rows || !c->lrow || !c->lrow_out) {
         cm_ctx_free(c);
         cm_errf(err, errlen, CM_ENOMEM, "out of memory for forward scratch (batch %d)", max_batch);
         return NULL;
@@ -173,6 +175,8 @@ void cm_ctx_free(cm_ctx *c) {
     cm_free(c->split);
     cm_aligned_free(c->xq);
     cm_aligned_free(c->out_rows);
+    cm_aligned_free((void *)c->lrow);
+    cm_aligned_free((void *)c->lrow_out);
     cm_moe_free(c->moe);
     cm_mla_free(c->mla);
     cm_free(c);
@@ -322,14 +326,18 @@ static void lora_mm(cm_ctx *c, const cm_tensor *w, float *y, int64_t ldy, int n_
     const int64_t E = hp->n_embd, D = hp->head_dim, rep = hp->n_head / hp->n_head_kv, QS = (s.h1 - s.h0) * rep * D;
     const int64_t q0 = s.h0 * rep * D, FS = s.f1 - s.f0;
     const cm_lora *l = c->lora;
-    if (w == &c->wq) cm_lora_apply(l, c->il, CM_LORA_Q, c->xn, E, 0, E, n_tok, y, ldy, q0, r0, r1);
-    else if (w == &c->wk) cm_lora_apply(l, c->il, CM_LORA_K, c->xn, E, 0, E, n_tok, y, ldy, s.h0 * D, r0, r1);
-    else if (w == &c->wv) cm_lora_apply(l, c->il, CM_LORA_V, c->xn, E, 0, E, n_tok, y, ldy, s.h0 * D, r0, r1);
-    else if (w == &c->wo) cm_lora_apply(l, c->il, CM_LORA_O, c->att, QS, q0, QS, n_tok, y, ldy, 0, r0, r1);
-    else if (w == &c->gt) cm_lora_apply(l, c->il, CM_LORA_GATE, c->xn, E, 0, E, n_tok, y, ldy, s.f0, r0, r1);
-    else if (w == &c->up_w) cm_lora_apply(l, c->il, CM_LORA_UP, c->xn, E, 0, E, n_tok, y, ldy, s.f0, r0, r1);
-    else if (w == &c->dn) cm_lora_apply(l, c->il, CM_LORA_DOWN, c->gate, FS, s.f0, FS, n_tok, y, ldy, 0, r0, r1);
-    else if (w == &c->m->output) cm_lora_apply(l, 0, CM_LORA_OUTPUT, c->xn, E, 0, E, n_tok, y, ldy, 0, r0, r1);
+    const float *const *u = c->lrows ? c->lrow : NULL; /* per-row scales: batch rows, or the head's rows */
+    if (w == &c->wq) cm_lora_apply_rows(l, c->il, CM_LORA_Q, c->xn, E, 0, E, n_tok, y, ldy, q0, r0, r1, u);
+    else if (w == &c->wk) cm_lora_apply_rows(l, c->il, CM_LORA_K, c->xn, E, 0, E, n_tok, y, ldy, s.h0 * D, r0, r1, u);
+    else if (w == &c->wv) cm_lora_apply_rows(l, c->il, CM_LORA_V, c->xn, E, 0, E, n_tok, y, ldy, s.h0 * D, r0, r1, u);
+    else if (w == &c->wo) cm_lora_apply_rows(l, c->il, CM_LORA_O, c->att, QS, q0, QS, n_tok, y, ldy, 0, r0, r1, u);
+    else if (w == &c->gt) cm_lora_apply_rows(l, c->il, CM_LORA_GATE, c->xn, E, 0, E, n_tok, y, ldy, s.f0, r0, r1, u);
+    else if (w == &c->up_w) cm_lora_apply_rows(l, c->il, CM_LORA_UP, c->xn, E, 0, E, n_tok, y, ldy, s.f0, r0, r1, u);
+    else if (w == &c->dn)
+        cm_lora_apply_rows(l, c->il, CM_LORA_DOWN, c->gate, FS, s.f0, FS, n_tok, y, ldy, 0, r0, r1, u);
+    else if (w == &c->m->output)
+        cm_lora_apply_rows(l, 0, CM_LORA_OUTPUT, c->xn, E, 0, E, n_tok, y, ldy, 0, r0, r1,
+                           c->lrows ? c->lrow_out : NULL);
 }
 
 static void matmul(cm_ctx *c, const cm_tensor *w, const void *xq, size_t xs, int n_tok, float *y, int64_t ldy, int ith,
@@ -632,7 +640,8 @@ static void phase_final(cm_ctx *c, int ith, int nth) {
     if (c->lora && a->head_gather) { /* matmul knows only the whole head's adapter: our rows of it, same split */
         int64_t r0, r1;
         cm_split_range(W->ne[1], ith, nth, &r0, &r1);
-        cm_lora_apply(c->lora, 0, CM_LORA_OUTPUT, c->xn, E, 0, E, c->n_out, y, m->hp.n_vocab, a->head_v0, r0, r1);
+        cm_lora_apply_rows(c->lora, 0, CM_LORA_OUTPUT, c->xn, E, 0, E, c->n_out, y, m->hp.n_vocab, a->head_v0, r0, r1,
+                           c->lrows ? c->lrow_out : NULL);
     }
 }
 
@@ -713,6 +722,9 @@ int cm_forward(cm_ctx *c, const cm_batch *b, const cm_forward_args *a, char *err
     c->n_out = 0;
     for (int j = 0; j < b->n; j++)
         if (b->logits ? b->logits[j] : j == b->n - 1) c->out_rows[c->n_out++] = j;
+    c->lrows = c->lora && a->lora_scales;
+    for (int j = 0; c->lrows && j < b->n; j++) c->lrow[j] = a->lora_scales[b->seq[j]];
+    for (int r = 0; c->lrows && r < c->n_out; r++) c->lrow_out[r] = c->lrow[c->out_rows[r]];
     c->pending = false;
     c->pending_norm = NULL;
     c->pending_bias = NULL;

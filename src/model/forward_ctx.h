@@ -39,11 +39,14 @@ struct cm_ctx {
     int bad_token;
     cm_act_hook_fn hook; /* tests only (model.h) */
     void *hook_user;
-    cm_moe *moe;           /* MoE models: the expert FFN's scratch (moe.c) */
-    cm_mla *mla;           /* deepseek2: the latent attention's scratch (mla.c) */
-    bool ep_gather;        /* this pass: an expert slice, combined after the caller's gather */
-    const cm_lora *lora;   /* LoRA adapters (lora.h), or NULL */
-    cm_offload_fn offload; /* the first layers elsewhere (a GPU), or NULL */
+    cm_moe *moe;            /* MoE models: the expert FFN's scratch (moe.c) */
+    cm_mla *mla;            /* deepseek2: the latent attention's scratch (mla.c) */
+    bool ep_gather;         /* this pass: an expert slice, combined after the caller's gather */
+    const cm_lora *lora;    /* LoRA adapters (lora.h), or NULL */
+    const float **lrow;     /* [max_batch]: this pass's per-row adapter scales (NULL: defaults) */
+    const float **lrow_out; /* [max_batch]: the same for the rows whose logits are produced */
+    bool lrows;             /* this pass has per-row scales (cm_forward_args.lora_scales) */
+    cm_offload_fn offload;  /* the first layers elsewhere (a GPU), or NULL */
     void *offload_user;
 };
 

@@ -20,7 +20,8 @@ typedef struct lora_pair {
     int rank;
     int64_t n_in, n_out;
     int64_t a_col0, a_cols, b_row0, b_rows; /* whole (0, n_in, 0, n_out) but on a tensor-parallel member */
-    float scale;
+    float scale;                            /* the final default scale: user * alpha / rank (user without alpha) */
+    float alpha; /* adapter.lora.alpha (0: none; a pair from parts: unknown, final scale given) */
     int next;    /* next pair of the same slot, -1 = last */
     int slot;    /* (layer, target) list it belongs to */
     int adapter; /* which cm_lora_add (or parts adapter index) it came from */
@@ -29,6 +30,8 @@ typedef struct lora_pair {
 struct cm_lora {
     const cm_model *m;
     int n_adapters;
+    float *user;       /* [n_adapters]: each adapter's default user scale (cm_lora_add's) */
+    bool *overridable; /* [n_adapters]: alpha known (cm_lora_add), so a row's own scale can be applied */
     lora_pair *pairs;
     int n_pairs, cap;
     int *head, *tail; /* [(n_layer + 1) * CM_LORA_TARGET_COUNT]; -1 = none */
@@ -64,6 +67,8 @@ void cm_lora_free(cm_lora *l) {
         cm_free(l->pairs[i].b);
     }
     cm_free(l->pairs);
+    cm_free(l->user);
+    cm_free(l->overridable);
     cm_free(l->head);
     cm_free(l->tail);
     cm_free(l);
@@ -225,6 +230,17 @@ static int check_pair(const cm_lora *l, const char *base, const cm_gguf_tensor_i
     return 0;
 }
 
+/* Room for n more adapters' default scales. */
+static int grow_adapters(cm_lora *l, int n) {
+    float *u = cm_realloc(l->user, (size_t)(l->n_adapters + n) * sizeof *u);
+    if (!u) return CM_ENOMEM;
+    l->user = u;
+    bool *o = cm_realloc(l->overridable, (size_t)(l->n_adapters + n) * sizeof *o);
+    if (!o) return CM_ENOMEM;
+    l->overridable = o;
+    return 0;
+}
+
 int cm_lora_add(cm_lora *l, const cm_gguf *g, float scale, char *err, size_t errlen) {
     float alpha = 0;
     int rc = check_header(l, g, &alpha, err, errlen);
@@ -259,6 +275,7 @@ int cm_lora_add(cm_lora *l, const cm_gguf *g, float scale, char *err, size_t err
         n_new++;
     }
     if (n_new == 0) return cm_errf(err, errlen, CM_EFORMAT, "adapter has no lora_a/lora_b tensor pairs");
+    if (grow_adapters(l, 1)) return cm_errf(err, errlen, CM_ENOMEM, "out of memory");
     if (l->n_pairs + n_new > l->cap) {
         int cap = l->n_pairs + n_new;
         lora_pair *np = cm_realloc(l->pairs, (size_t)cap * sizeof *np);
@@ -281,7 +298,8 @@ int cm_lora_add(cm_lora *l, const cm_gguf *g, float scale, char *err, size_t err
         lora_pair *p = &l->pairs[n];
         memset(p, 0, sizeof *p);
         check_pair(l, base, t, o, p, err, errlen);
-        p->scale = alpha != 0 ? scale * alpha / (float)p->rank : scale;
+        p->scale = alpha != 0 ? scale * alpha / (float)p->rank : scale; /* final_scale()'s expression */
+        p->alpha = alpha;
         p->next = -1;
         p->a = to_f32(t, err, errlen, &rc);
         if (!rc) p->b = to_f32(o, err, errlen, &rc);
@@ -303,6 +321,8 @@ int cm_lora_add(cm_lora *l, const cm_gguf *g, float scale, char *err, size_t err
         l->tail[s] = k;
     }
     l->n_pairs = n;
+    l->user[l->n_adapters] = scale;
+    l->overridable[l->n_adapters] = true;
     l->n_adapters++;
     return 0;
 }
@@ -326,14 +346,33 @@ int cm_lora_spec_parse(const char *spec, char *path, size_t pathlen, float *scal
     return 0;
 }
 
+/* Pair p's scale for a row whose adapters' user scales are u (NULL: the
+ * defaults). The same expression as cm_lora_add's default, so a row given
+ * its adapter's default scale gets the default's bits. */
+static inline float final_scale(const cm_lora *l, const lora_pair *p, const float *u) {
+    if (!u || !l->overridable[p->adapter]) return p->scale;
+    const float s = u[p->adapter];
+    return p->alpha != 0 ? s * p->alpha / (float)p->rank : s;
+}
+
 void cm_lora_apply(const cm_lora *l, int il, enum cm_lora_target t, const float *x, int64_t ldx, int64_t col0,
                    int64_t ncols, int n_tok, float *y, int64_t ldy, int64_t row0, int64_t r0, int64_t r1) {
+    cm_lora_apply_rows(l, il, t, x, ldx, col0, ncols, n_tok, y, ldy, row0, r0, r1, NULL);
+}
+
+void cm_lora_apply_rows(const cm_lora *l, int il, enum cm_lora_target t, const float *x, int64_t ldx, int64_t col0,
+                        int64_t ncols, int n_tok, float *y, int64_t ldy, int64_t row0, int64_t r0, int64_t r1,
+                        const float *const *user) {
     if (!l || r1 <= r0) return;
     float ax[CM_LORA_MAX_RANK];
     for (int p = l->head[slot_of(l, il, t)]; p >= 0; p = l->pairs[p].next) {
         const lora_pair *lp = &l->pairs[p];
         const int R = lp->rank;
         for (int j = 0; j < n_tok; j++) {
+            /* Each row on its own (batch invariance): its scale, and a row
+             * whose scale is 0 gets nothing added, as without the adapter. */
+            const float sc = final_scale(l, lp, user ? user[j] : NULL);
+            if (sc == 0.0f) continue;
             const float *xj = x + (int64_t)j * ldx;
             for (int k = 0; k < R; k++) { /* A x: one row of A per rank */
                 const float *a = lp->a + (int64_t)k * lp->a_cols + (col0 - lp->a_col0);
@@ -346,16 +385,26 @@ void cm_lora_apply(const cm_lora *l, int il, enum cm_lora_target t, const float 
                 const float *b = lp->b + (row0 + r - lp->b_row0) * R;
                 float s = 0.0f;
                 for (int k = 0; k < R; k++) s += b[k] * ax[k];
-                yj[r] += lp->scale * s;
+                yj[r] += sc * s;
             }
         }
     }
 }
 
+bool cm_lora_rows_ok(const cm_lora *l) {
+    for (int a = 0; l && a < l->n_adapters; a++)
+        if (!l->overridable[a]) return false;
+    return true;
+}
+
+float cm_lora_scale(const cm_lora *l, int adapter) {
+    return l && adapter >= 0 && adapter < l->n_adapters ? l->user[adapter] : 0.0f;
+}
+
 /* ---- a set's parts for a cluster stage (lora.h: cm_lora_parts_write / cm_lora_add_parts) ---- */
 
 #define PARTS_MAGIC 0x504C4D43u /* "CMLP" */
-#define PARTS_VERSION 2u
+#define PARTS_VERSION 3u        /* 3: each pair's alpha (a row's own scale needs it); 2 (read): a reserved 0 there */
 #define PARTS_HDR 16
 #define PAIR_HDR 72
 
@@ -443,7 +492,7 @@ int cm_lora_parts_write(const cm_lora *l, int layer_begin, int layer_end, bool o
         put64(out, (uint64_t)p->n_in);
         put64(out, (uint64_t)p->n_out);
         putf(out, p->scale);
-        put32(out, 0); /* reserved */
+        putf(out, p->alpha); /* version 3; 0: none (version 2 had a reserved 0 here) */
         put64(out, (uint64_t)c0);
         put64(out, (uint64_t)(c1 - c0));
         put64(out, (uint64_t)r0);
@@ -457,8 +506,9 @@ int cm_lora_parts_write(const cm_lora *l, int layer_begin, int layer_end, bool o
 }
 
 int cm_lora_add_parts(cm_lora *l, const uint8_t *p, size_t n, char *err, size_t errlen) {
-    if (n < PARTS_HDR || get32(p) != PARTS_MAGIC || get32(p + 4) != PARTS_VERSION)
+    if (n < PARTS_HDR || get32(p) != PARTS_MAGIC || (get32(p + 4) != PARTS_VERSION && get32(p + 4) != 2))
         return cm_errf(err, errlen, CM_EFORMAT, "LoRA parts: bad header");
+    const bool v3 = get32(p + 4) == 3; /* alphas: the pairs take rows' own scales */
     const uint32_t n_adapters = get32(p + 8), n_pairs = get32(p + 12);
     if (n_adapters < 1 || n_adapters > 4096 || n_pairs > (n - PARTS_HDR) / PAIR_HDR)
         return cm_errf(err, errlen, CM_EFORMAT, "LoRA parts: %u adapters, %u pairs in %zu bytes", n_adapters, n_pairs,
@@ -478,7 +528,8 @@ int cm_lora_add_parts(cm_lora *l, const uint8_t *p, size_t n, char *err, size_t 
         uint64_t c0 = get64(h + 40), nc = get64(h + 48), r0 = get64(h + 56), nr = get64(h + 64);
         if (ad >= n_adapters || ad < prev_adapter || t >= CM_LORA_TARGET_COUNT ||
             (t == CM_LORA_OUTPUT) != (il == (uint32_t)hp->n_layer) || il > (uint32_t)hp->n_layer || rank < 1 ||
-            rank > CM_LORA_MAX_RANK || !(scale > -1e9f && scale < 1e9f) || get32(h + 36))
+            rank > CM_LORA_MAX_RANK || !(scale > -1e9f && scale < 1e9f) ||
+            (v3 ? !(getf(h + 36) >= 0 && getf(h + 36) < 1e9f) : get32(h + 36) != 0))
             return cm_errf(err, errlen, CM_EFORMAT, "LoRA parts: pair %u is out of range", i);
         prev_adapter = ad;
         char name[64];
@@ -498,6 +549,7 @@ int cm_lora_add_parts(cm_lora *l, const uint8_t *p, size_t n, char *err, size_t 
     }
     if (off != n) return cm_errf(err, errlen, CM_EFORMAT, "LoRA parts: %zu bytes after the last pair", n - off);
     if (l->n_pairs + (int64_t)n_pairs > INT32_MAX / 2) return cm_errf(err, errlen, CM_ENOMEM, "too many pairs");
+    if (grow_adapters(l, (int)n_adapters)) return cm_errf(err, errlen, CM_ENOMEM, "out of memory");
     int cap = l->n_pairs + (int)n_pairs;
     if (cap > l->cap) {
         lora_pair *np = cm_realloc(l->pairs, (size_t)(cap ? cap : 1) * sizeof *np);
@@ -518,6 +570,7 @@ int cm_lora_add_parts(cm_lora *l, const uint8_t *p, size_t n, char *err, size_t 
         q->n_in = (int64_t)get64(h + 16);
         q->n_out = (int64_t)get64(h + 24);
         q->scale = getf(h + 32);
+        q->alpha = v3 ? getf(h + 36) : 0.0f;
         q->a_col0 = (int64_t)get64(h + 40);
         q->a_cols = (int64_t)get64(h + 48);
         q->b_row0 = (int64_t)get64(h + 56);
@@ -546,6 +599,10 @@ int cm_lora_add_parts(cm_lora *l, const uint8_t *p, size_t n, char *err, size_t 
         l->tail[s] = j;
     }
     l->n_pairs = k;
+    for (uint32_t a = 0; a < n_adapters; a++) { /* version 2: final scales only, no per-row scales */
+        l->user[l->n_adapters + (int)a] = 0.0f;
+        l->overridable[l->n_adapters + (int)a] = v3;
+    }
     l->n_adapters += (int)n_adapters;
     return 0;
 }

@@ -78,6 +78,23 @@ bool cm_lora_targets(const cm_lora *l, int il, enum cm_lora_target t);
 void cm_lora_apply(const cm_lora *l, int il, enum cm_lora_target t, const float *x, int64_t ldx, int64_t col0,
                    int64_t ncols, int n_tok, float *y, int64_t ldy, int64_t row0, int64_t r0, int64_t r1);
 
+/* cm_lora_apply with each token row's own adapter scales (serve's
+ * per-request adapters): user[j] (NULL: the defaults) holds cm_lora_count
+ * user scales, one per adapter in the order added, each replacing that
+ * adapter's cm_lora_add scale for row j (the final scale is
+ * user * alpha / rank as there, the same bits for the same value); a row
+ * whose final scale is 0 is left as it is. user NULL: every row the
+ * defaults (= cm_lora_apply). Rows never affect each other. */
+void cm_lora_apply_rows(const cm_lora *l, int il, enum cm_lora_target t, const float *x, int64_t ldx, int64_t col0,
+                        int64_t ncols, int n_tok, float *y, int64_t ldy, int64_t row0, int64_t r0, int64_t r1,
+                        const float *const *user);
+/* Can every adapter of l take a row's own scale (cm_lora_apply_rows)? False
+ * when some came from version-2 parts (cm_lora_add_parts: final scales
+ * only): those always apply their given scale. */
+bool cm_lora_rows_ok(const cm_lora *l);
+/* Adapter i's default user scale (cm_lora_add's); 0 for parts (they carry final scales) or a bad i. */
+float cm_lora_scale(const cm_lora *l, int adapter);
+
 /* A cluster member's part of a set (the coordinator sends it to the node
  * that runs those layers; cluster/coord_lora.c): every pair of layers
  * [layer_begin, layer_end), plus the output head's when output, in the
@@ -85,9 +102,10 @@ void cm_lora_apply(const cm_lora *l, int il, enum cm_lora_target t, const float 
  * (NULL: the whole layers) reads: its rows of B for the row-split weights
  * (attn_q/k/v, ffn_gate/up; the output head's with head_split,
  * cm_slice_head_rows), its columns of A for the column-split ones
- * (attn_output, ffn_down). Bytes: "CMLP", version 2, adapter count, pair
+ * (attn_output, ffn_down). Bytes: "CMLP", version 3, adapter count, pair
  * count; per pair adapter index, layer, target, rank, n_in, n_out, final
- * scale, A's column range, B's row range, then those values as
+ * scale, alpha (version 3; version 2, still read: a reserved 0), A's
+ * column range, B's row range, then those values as
  * little-endian F32. Appends to out; *n_pairs (may be NULL) gets the pairs
  * written. l must hold whole pairs (cm_lora_add). CM_ENOMEM when out could
  * not grow. */

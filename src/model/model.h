@@ -567,6 +567,10 @@ typedef struct cm_forward_args {
     int head_v0, head_v1;
     cm_head_gather_fn head_gather;
     void *head_gather_user;
+    /* LoRA (cm_ctx_set_lora), per sequence: lora_scales[k] (NULL: the set's
+     * defaults) holds the user scale of each adapter of the set for the rows
+     * of kvs[k] (lora.h cm_lora_apply_rows); NULL: every row the defaults. */
+    const float *const *lora_scales;
 } cm_forward_args;
 
 /* Scratch for forward passes of up to max_batch tokens over sequences of up

@@ -169,6 +169,19 @@ bool cm_msg_enc_data(wcur *w, const cm_msg *m) {
         w_u8(w, c->n_top_logprobs);
         break;
     }
+    case CM_MSG_SEQ_LORA: {
+        const cm_msg_seq_lora *q = &m->u.seq_lora;
+        w_u64(w, q->epoch);
+        w_check(w, q->seq >= 0, "seq");
+        w_i32(w, q->seq);
+        w_check(w, q->n <= CM_MSG_MAX_LORA, "n");
+        w_u32(w, q->n);
+        for (uint32_t i = 0; i < q->n && i < CM_MSG_MAX_LORA; i++) {
+            w_check(w, isfinite(q->scale[i]) && fabsf(q->scale[i]) < 1e6f, "scale");
+            w_f32(w, q->scale[i]);
+        }
+        break;
+    }
     case CM_MSG_SEQ_FREE:
         w_u64(w, m->u.seq_free.epoch);
         w_u64(w, m->u.seq_free.request_id);
@@ -348,6 +361,19 @@ int cm_msg_dec_data(rcur *r, unsigned type, cm_msg *m) {
         if (!r->bad) {
             const char *bad = seq_config_invalid(c);
             if (bad) r_fail(r, bad, "out of range");
+        }
+        break;
+    }
+    case CM_MSG_SEQ_LORA: {
+        cm_msg_seq_lora *q = &m->u.seq_lora;
+        q->epoch = r_u64(r, "epoch");
+        q->seq = r_i32(r, "seq");
+        r_check(r, q->seq >= 0, "seq");
+        q->n = r_u32(r, "n");
+        r_check(r, q->n <= CM_MSG_MAX_LORA, "n");
+        for (uint32_t i = 0; i < q->n && !r->bad; i++) {
+            q->scale[i] = r_f32(r, "scale");
+            r_check(r, isfinite(q->scale[i]) && fabsf(q->scale[i]) < 1e6f, "scale");
         }
         break;
     }

@@ -30,31 +30,32 @@
 #define CM_FRAME_F_ENC 0x0002u /* the payload is ciphertext */
 
 /* Message types: number, name, maximum payload bytes (checked before allocation). */
-#define CM_MSG_TYPES(X)                          \
-    X(AUTH_INIT, 1, 128)                         \
-    X(AUTH_REPLY, 2, 160)                        \
-    X(AUTH_FINISH, 3, 64)                        \
-    X(HELLO, 4, 1024)                            \
-    X(HEARTBEAT, 5, 64)                          \
-    X(PING, 6, (16u << 20) + 64)                 \
-    X(PONG, 7, (16u << 20) + 64)                 \
-    X(ASSIGN, 8, 4096)                           \
-    X(READY, 9, 1024)                            \
-    X(WEIGHTS_REQ, 10, 128)                      \
-    X(WEIGHTS_CHUNK, 11, (16u << 20) + 128)      \
-    X(FORWARD, 12, 256u << 20)                   \
-    X(TOKEN, 13, 1024)                           \
-    X(SEQ_CONFIG, 14, 256)                       \
-    X(SEQ_FREE, 15, 64)                          \
-    X(ALLREDUCE, 16, 256u << 20)                 \
-    X(ERROR, 17, 1024)                           \
-    X(BYE, 18, 512)                              \
-    X(SEQ_START, 19, 128 + 4u * CM_MSG_MAX_HIST) \
-    X(LINKS_REQ, 20, 2048)                       \
-    X(LINKS, 21, 2048)                           \
-    X(OUTPUT, 22, 256u << 20)                    \
-    X(TRAIN, 23, 256u << 20)                     \
-    X(EXPERT_LOAD, 24, 16 + 4u * CM_MSG_MAX_EXPERT_CELLS)
+#define CM_MSG_TYPES(X)                                   \
+    X(AUTH_INIT, 1, 128)                                  \
+    X(AUTH_REPLY, 2, 160)                                 \
+    X(AUTH_FINISH, 3, 64)                                 \
+    X(HELLO, 4, 1024)                                     \
+    X(HEARTBEAT, 5, 64)                                   \
+    X(PING, 6, (16u << 20) + 64)                          \
+    X(PONG, 7, (16u << 20) + 64)                          \
+    X(ASSIGN, 8, 4096)                                    \
+    X(READY, 9, 1024)                                     \
+    X(WEIGHTS_REQ, 10, 128)                               \
+    X(WEIGHTS_CHUNK, 11, (16u << 20) + 128)               \
+    X(FORWARD, 12, 256u << 20)                            \
+    X(TOKEN, 13, 1024)                                    \
+    X(SEQ_CONFIG, 14, 256)                                \
+    X(SEQ_FREE, 15, 64)                                   \
+    X(ALLREDUCE, 16, 256u << 20)                          \
+    X(ERROR, 17, 1024)                                    \
+    X(BYE, 18, 512)                                       \
+    X(SEQ_START, 19, 128 + 4u * CM_MSG_MAX_HIST)          \
+    X(LINKS_REQ, 20, 2048)                                \
+    X(LINKS, 21, 2048)                                    \
+    X(OUTPUT, 22, 256u << 20)                             \
+    X(TRAIN, 23, 256u << 20)                              \
+    X(EXPERT_LOAD, 24, 16 + 4u * CM_MSG_MAX_EXPERT_CELLS) \
+    X(SEQ_LORA, 25, 32 + 4u * CM_MSG_MAX_LORA)
 
 /* clang-format would indent the member after the X-macro as a continuation. */
 // clang-format off
@@ -524,6 +525,21 @@ typedef struct cm_msg_train {
 int32_t cm_msg_train_target(const cm_msg_train *m, uint32_t i);
 void cm_msg_train_get(const cm_msg_train *m, float *out); /* n_rows x dim floats */
 
+/* SEQ_LORA: a sequence's LoRA adapter scales (serve's per-request
+ * adapters): scale[a] replaces adapter a's load-time user scale for the
+ * sequence's rows from now on (until SEQ_FREE or another SEQ_LORA), on every
+ * stage. Sent by the coordinator down the stage chain before the
+ * sequence's FORWARDs (each stage applies it and passes it on), so it
+ * reaches every stage in order with them. n: the adapters of the ASSIGN's
+ * LoRA parts; each scale finite, |scale| < 1e6. */
+#define CM_MSG_MAX_LORA 64u
+typedef struct cm_msg_seq_lora {
+    uint64_t epoch;
+    int32_t seq;
+    uint32_t n; /* <= CM_MSG_MAX_LORA */
+    float scale[CM_MSG_MAX_LORA];
+} cm_msg_seq_lora;
+
 typedef struct cm_msg_seq_free {
     uint64_t epoch, request_id;
     int32_t seq;
@@ -612,6 +628,7 @@ typedef struct cm_msg {
         cm_msg_seq_config seq_config;
         cm_msg_seq_free seq_free;
         cm_msg_seq_start seq_start;
+        cm_msg_seq_lora seq_lora;
         cm_msg_allreduce allreduce;
         cm_msg_links_req links_req;
         cm_msg_links links;

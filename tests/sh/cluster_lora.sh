@@ -10,7 +10,9 @@
 # a tensor-parallel group of the coordinator and two nodes (rows/columns
 # split, split output head) gives one machine's ids too, each member having
 # received only its slice of the pairs (fewer bytes than its layers' whole
-# pairs); `serve --nodes --lora` answers one machine's text; a node killed
+# pairs); `serve --nodes --lora` answers one machine's text, also for
+# per-request adapters ("lora": each request's text is one machine's with
+# its adapters, three at once, pipeline, TP and hybrid); a node killed
 # mid-run is re-planned around and the new owner gets its parts (the ids
 # still equal one machine's). Every process is killed on exit.
 cd "$(dirname "$0")/../.." || exit 1
@@ -166,6 +168,58 @@ serve_case() {
 }
 serve_case q8 "$M8" 24 --lora "$TMP/q8.gguf"
 serve_case ab "$M32" 40 --lora "$TMP/a.gguf" --lora "$TMP/b.gguf:0.7"
+
+# Per-request adapters on the cluster (serve's "lora" field, SEQ_LORA down
+# the stages): a server holding adapters a and b answers each request with
+# one machine's text for exactly its adapters (a alone, b alone, none),
+# also three at once, on the 3-stage pipeline, a tensor-parallel group and
+# two hybrid shapes.
+pr_text() { # NAME [run options]: one machine's text
+    prn=$1
+    shift
+    "$BIN" run "$M32" -p "$P" -n 40 --temp 0 --threads 1 "$@" >"$TMP/pr_$prn" 2>/dev/null
+}
+pr_text a --lora "$TMP/a.gguf"
+pr_text b --lora "$TMP/b.gguf:0.7"
+pr_text 0
+pr_req() { # PORT NAME LORA_JSON
+    curl -s -m 60 "http://127.0.0.1:$1/v1/completions" -H 'Content-Type: application/json' \
+        -d "{\"prompt\": \"$P\", \"max_tokens\": 40, \"temperature\": 0, \"lora\": $3}" >"$TMP/prb_$2"
+    printf '%s%s' "$P" "$(cc_jsonget "$TMP/prb_$2" '$j->{choices}[0]{text}')" >"$TMP/prt_$2"
+}
+pr_case() { # TAG [serve options]
+    tag=$1
+    shift
+    cc_start_serve "s_pr_$tag" "$M32" --nodes "$A,$B" --threads 1 --lora "$TMP/a.gguf" --lora "$TMP/b.gguf:0.7" "$@"
+    if [ -z "$SERVE_PORT" ]; then bad "per-request $tag: serve did not start: $(tail -3 "$TMP/s_pr_$tag.log")"; return; fi
+    pr_req "$SERVE_PORT" a '[{"id": 0, "scale": 1}]'
+    pr_req "$SERVE_PORT" b '[{"id": 1, "scale": 0.7}]'
+    pr_req "$SERVE_PORT" 0 '[{"id": 0, "scale": 0}]'
+    pr_req "$SERVE_PORT" pa '[{"id": 0, "scale": 1}]' & q1=$!
+    pr_req "$SERVE_PORT" pb '[{"id": 1, "scale": 0.7}]' & q2=$!
+    pr_req "$SERVE_PORT" p0 '[]' & q3=$!
+    wait $q1 $q2 $q3
+    cp "$TMP/prt_p0" "$TMP/prt_pd" # [] = the defaults: a and b
+    for x in a:a b:b 0:0 pa:a pb:b; do
+        got=${x%%:*} want=${x##*:}
+        [ "$(cat "$TMP/prt_$got")" = "$(cat "$TMP/pr_$want")" ] && ok ||
+            bad "per-request $tag $got: '$(cat "$TMP/prt_$got")' vs one machine '$(cat "$TMP/pr_$want")'"
+    done
+    "$BIN" run "$M32" -p "$P" -n 40 --temp 0 --threads 1 --lora "$TMP/a.gguf" --lora "$TMP/b.gguf:0.7" >"$TMP/pr_ab" 2>/dev/null
+    [ "$(cat "$TMP/prt_pd")" = "$(cat "$TMP/pr_ab")" ] && ok || bad "per-request $tag defaults: '$(cat "$TMP/prt_pd")' vs '$(cat "$TMP/pr_ab")'"
+    kill "$SERVE_PID" 2>/dev/null
+    wait "$SERVE_PID" 2>/dev/null
+}
+[ "$(cat "$TMP/pr_a")" != "$(cat "$TMP/pr_0")" ] && [ "$(cat "$TMP/pr_b")" != "$(cat "$TMP/pr_0")" ] && ok || bad "per-request: an adapter changes nothing"
+pr_case pp
+grep -q "pp plan, 3 stages" "$TMP/s_pr_pp.log" && ok || bad "per-request pp: not a 3-stage plan: $(grep -i plan "$TMP/s_pr_pp.log" | head -2)"
+pr_case tp --parallel tp
+grep -q "tensor parallel: 3 members" "$TMP/s_pr_tp.log" && ok || bad "per-request tp: not a TP plan: $(grep -i parallel "$TMP/s_pr_tp.log" | head -2)"
+# hybrid: a later stage's group (rank 0 relays SEQ_LORA to its member), and the coordinator's group
+pr_case hy12 --groups 1,2
+grep -q '^hybrid: 2 stages' "$TMP/s_pr_hy12.log" && ok || bad "per-request hy12: not hybrid: $(grep -i 'stage' "$TMP/s_pr_hy12.log" | head -2)"
+pr_case hy21 --groups 2,1
+grep -q '^hybrid: 2 stages' "$TMP/s_pr_hy21.log" && ok || bad "per-request hy21: not hybrid: $(grep -i 'stage' "$TMP/s_pr_hy21.log" | head -2)"
 
 # Recovery: a node killed mid-run; the re-plan gives the survivor new layers
 # and it gets their parts (a second line with another range); the ids still

@@ -391,6 +391,53 @@ static void test_parts(void) {
     CHECK(cm_lora_count(w) == 0 && cm_lora_n_pairs(w) == 0);
     CHECK(cm_lora_add_parts(w, p, lo.len, errbuf, sizeof errbuf) == 0); /* restored: accepted */
     cm_lora_free(w);
+    /* Version 3 carries each pair's alpha (bytes 36..39 of its header): a
+     * bad one is refused, and version 2 (a reserved 0 there) is still read
+     * but refuses a nonzero one. */
+    w = cm_lora_new(&B32.m);
+    const float nanf_ = NAN, neg = -1.0f;
+    uint8_t keep[4];
+    memcpy(keep, p + 16 + 36, 4);
+    CHECK(p[4] == 3 && (keep[0] | keep[1] | keep[2] | keep[3])); /* adapter a: alpha 8 */
+    memcpy(p + 16 + 36, &nanf_, 4);
+    CHECK(cm_lora_add_parts(w, p, lo.len, errbuf, sizeof errbuf) == CM_EFORMAT);
+    memcpy(p + 16 + 36, &neg, 4);
+    CHECK(cm_lora_add_parts(w, p, lo.len, errbuf, sizeof errbuf) == CM_EFORMAT);
+    memcpy(p + 16 + 36, keep, 4);
+    p[4] = 2;
+    CHECK(cm_lora_add_parts(w, p, lo.len, errbuf, sizeof errbuf) == CM_EFORMAT);
+    p[4] = 7;
+    CHECK(cm_lora_add_parts(w, p, lo.len, errbuf, sizeof errbuf) == CM_EFORMAT);
+    p[4] = 3;
+    CHECK(cm_lora_count(w) == 0);
+    cm_lora_free(w);
+    /* Rows' own scales (serve's per-request adapters) on a node's parts: the
+     * same bits as on the set they came from, row by row, and not the
+     * defaults' (a row of scales (0.5, 0), one of (0, 1.3), one of defaults). */
+    w = cm_lora_new(&B32.m);
+    CHECK(cm_lora_add_parts(w, (const uint8_t *)all.data, all.len, errbuf, sizeof errbuf) == 0 && cm_lora_rows_ok(w));
+    CHECK(cm_lora_rows_ok(l) && cm_lora_scale(l, 0) == 1.0f && fabsf(cm_lora_scale(l, 1) - 0.7f) < 1e-6f);
+    {
+        const int64_t E = B32.m.hp.n_embd, F = B32.m.hp.n_ff;
+        static float x[3 * 256], y1[3 * 256], y2[3 * 256], y0[3 * 256];
+        for (int i = 0; i < 3 * 256; i++) x[i] = (float)((i * 29) % 13) * 0.1f - 0.6f;
+        const float u0[2] = {0.5f, 0.0f}, u1[2] = {0.0f, 1.3f};
+        const float *rows[3] = {u0, u1, NULL};
+        const enum cm_lora_target ts[3] = {CM_LORA_Q, CM_LORA_UP, CM_LORA_DOWN};
+        for (int k = 0; k < 3; k++) {
+            const int64_t nin = ts[k] == CM_LORA_DOWN ? F : E, nout = ts[k] == CM_LORA_UP ? F : E;
+            memset(y1, 0, sizeof y1);
+            memset(y2, 0, sizeof y2);
+            memset(y0, 0, sizeof y0);
+            cm_lora_apply_rows(l, 1, ts[k], x, nin, 0, nin, 3, y1, nout, 0, 0, nout, rows);
+            cm_lora_apply_rows(w, 1, ts[k], x, nin, 0, nin, 3, y2, nout, 0, 0, nout, rows);
+            cm_lora_apply(l, 1, ts[k], x, nin, 0, nin, 3, y0, nout, 0, 0, nout);
+            CHECKF(memcmp(y1, y2, (size_t)(3 * nout) * sizeof(float)) == 0, "target %d: parts differ", (int)ts[k]);
+            CHECK(memcmp(y1, y0, (size_t)nout * sizeof(float)) != 0); /* row 0: its own scales, not the defaults */
+            CHECK(memcmp(y1 + 2 * nout, y0 + 2 * nout, (size_t)nout * sizeof(float)) == 0); /* row 2: defaults */
+        }
+    }
+    cm_lora_free(w);
     /* A tensor-parallel member's slice (kv heads [1, 3), FFN rows [40, 120),
      * its rows of a split head): smaller, covers that slice and not another,
      * and gives the same corrections, bit for bit, on what it holds. */

@@ -254,6 +254,16 @@ static void sample(unsigned type, cm_msg *m, int variant) {
         if (variant == 1) strcpy(q->peers[1], "[fe80::1%eth0]:7070");
         break;
     }
+    case CM_MSG_SEQ_LORA: { /* 3 adapters (one off, one negative), none, or the most */
+        cm_msg_seq_lora *q = &m->u.seq_lora;
+        *q = (cm_msg_seq_lora){.epoch = 9,
+                               .seq = 2 + variant,
+                               .n = variant == 1   ? 0
+                                    : variant == 2 ? CM_MSG_MAX_LORA
+                                                   : 3};
+        for (uint32_t i = 0; i < q->n; i++) q->scale[i] = i == 1 ? 0.0f : (float)i * 0.25f - 0.5f;
+        break;
+    }
     case CM_MSG_EXPERT_LOAD: { /* 3 layers x 8 experts from layer 2; one count of 0; the last layer */
         static uint32_t cnt[24];
         for (int i = 0; i < 24; i++) cnt[i] = (uint32_t)(i * 37 + 1);
@@ -833,6 +843,48 @@ static void test_encode_bounds(void) {
         size_t bwoff = n - 4;               /* the last field: bw of the only entry */
         cm_wr_u32(lb + bwoff, 0xff800000u); /* -inf */
         CHECK(cm_msg_decode(CM_MSG_LINKS, lb, n, &d, e, sizeof e) == CM_EFORMAT);
+    }
+    /* SEQ_LORA: the adapter count and every scale are bounded both ways (a
+     * valid payload with the count grown, a scale made NaN or huge by hand). */
+    {
+        static uint8_t qb[4096];
+        cm_msg d;
+        sample(CM_MSG_SEQ_LORA, &m, 0);
+        n = enc(&m, qb, sizeof qb);
+        CHECK(n == 8 + 4 + 4 + 12);
+        CHECK(cm_msg_decode(CM_MSG_SEQ_LORA, qb, n, &d, e, sizeof e) == 0 && d.u.seq_lora.n == 3 &&
+              d.u.seq_lora.seq == 2 && d.u.seq_lora.scale[0] == -0.5f && d.u.seq_lora.scale[2] == 0.0f);
+        m.u.seq_lora.n = CM_MSG_MAX_LORA + 1;
+        CHECK(cm_msg_encode(&m, NULL, 0, &n, e, sizeof e) == CM_EINVAL);
+        sample(CM_MSG_SEQ_LORA, &m, 0);
+        m.u.seq_lora.scale[2] = NAN;
+        CHECK(cm_msg_encode(&m, NULL, 0, &n, e, sizeof e) == CM_EINVAL);
+        m.u.seq_lora.scale[2] = 2e6f;
+        CHECK(cm_msg_encode(&m, NULL, 0, &n, e, sizeof e) == CM_EINVAL);
+        sample(CM_MSG_SEQ_LORA, &m, 0);
+        m.u.seq_lora.seq = -1;
+        CHECK(cm_msg_encode(&m, NULL, 0, &n, e, sizeof e) == CM_EINVAL);
+        sample(CM_MSG_SEQ_LORA, &m, 0);
+        n = enc(&m, qb, sizeof qb);
+        cm_wr_u32(qb + 8, 0x80000000u); /* seq < 0 */
+        CHECK(cm_msg_decode(CM_MSG_SEQ_LORA, qb, n, &d, e, sizeof e) == CM_EFORMAT);
+        cm_wr_u32(qb + 8, 2);
+        cm_wr_u32(qb + 12, CM_MSG_MAX_LORA + 1); /* n over the bound (and over the bytes) */
+        CHECK(cm_msg_decode(CM_MSG_SEQ_LORA, qb, n, &d, e, sizeof e) == CM_EFORMAT);
+        cm_wr_u32(qb + 12, 4); /* one more scale than the payload holds */
+        CHECK(cm_msg_decode(CM_MSG_SEQ_LORA, qb, n, &d, e, sizeof e) == CM_EFORMAT);
+        cm_wr_u32(qb + 12, 3);
+        cm_wr_u32(qb + 16 + 4, 0x7fc00000u); /* a NaN scale */
+        CHECK(cm_msg_decode(CM_MSG_SEQ_LORA, qb, n, &d, e, sizeof e) == CM_EFORMAT);
+        cm_wr_u32(qb + 16 + 4, 0x7f800000u); /* +inf */
+        CHECK(cm_msg_decode(CM_MSG_SEQ_LORA, qb, n, &d, e, sizeof e) == CM_EFORMAT);
+        float big = 1e6f;
+        uint32_t bits;
+        memcpy(&bits, &big, 4);
+        cm_wr_u32(qb + 16 + 4, bits); /* |scale| >= 1e6 */
+        CHECK(cm_msg_decode(CM_MSG_SEQ_LORA, qb, n, &d, e, sizeof e) == CM_EFORMAT);
+        cm_wr_u32(qb + 16 + 4, 0);
+        CHECK(cm_msg_decode(CM_MSG_SEQ_LORA, qb, n, &d, e, sizeof e) == 0);
     }
     /* EXPERT_LOAD: expert and cell counts and the layer range are bounded both ways
      * (the decoder sees a valid payload with each count grown by hand). */
