@@ -96,7 +96,7 @@ try {
           minFont: Math.min(...inTopo.map(px)),
           smallest: inTopo.filter(e => px(e) < 12).slice(0, 3).map(e => e.outerHTML.slice(0, 80)),
           links, cv,
-          legends: [...document.querySelectorAll(".legend")].map(l => l.textContent),
+          legends: [...document.querySelectorAll(".legend")].filter(l => l.offsetParent !== null).map(l => l.textContent), /* shown ones: the fine-tuning panel stays hidden without a job */
           rows: new Set(nodes.map(e => Math.round(e.getBoundingClientRect().top))).size,
         };
       });
