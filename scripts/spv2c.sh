@@ -36,7 +36,7 @@ if [ -n "$glslc" ]; then
     emit gelu silu.comp -DGELU
     emit swiglu_oai silu.comp -DOAI
     for t in q2_k q3_k q4_k q5_k q6_k iq4_xs iq2_xxs iq3_xxs iq1_s; do emit "mm_$t" mmk.comp "-DT_$(echo "$t" | tr a-z A-Z)"; done
-    for s in rmsnorm rope kvstore attn silu q8act bias q8kact moeroute moesum; do emit "$s" "$s.comp"; done
+    for s in rmsnorm rope kvstore attn silu q8act bias q8kact moeroute moesum mla latround; do emit "$s" "$s.comp"; done
 fi
 {
     echo "const cm_vk_spv cm_vk_spvs[] = {"
