@@ -3,7 +3,8 @@
  * machine has (CI: Mesa's lavapipe, which scripts/setup.sh installs).
  *
  * Each shader against a double-precision reference over the same dequantized
- * weights, with the CPU kernel's own error beside it (the CPU converts
+ * weights (the matmuls with each of their reductions: shared memory and
+ * subgroupAdd), with the CPU kernel's own error beside it (the CPU converts
  * activations to Q8_0 for Q8_0/Q4_0 weights, the GPU keeps them F32); then
  * stories260K (F32, Q8_0, Q4_0) with all or some layers on the device:
  * teacher-forced probabilities against llama.cpp's (../shared/reference),
@@ -81,7 +82,7 @@ static void one_matmul(enum cm_type t, int K, int R, int n_tok) {
     cm_free(wf), cm_free(x), cm_free(wd), cm_free(yg), cm_free(yc), cm_free(wq), cm_free(xq);
 }
 
-static void test_matmul(void) {
+static void matmul_all(void) {
     const enum cm_type ts[] = {CM_TYPE_F32,    CM_TYPE_F16,     CM_TYPE_BF16,    CM_TYPE_Q8_0,  CM_TYPE_Q4_0,
                                CM_TYPE_Q5_0,   CM_TYPE_Q4_1,    CM_TYPE_Q5_1,    CM_TYPE_MXFP4, CM_TYPE_IQ4_NL,
                                CM_TYPE_Q2_K,   CM_TYPE_Q3_K,    CM_TYPE_Q4_K,    CM_TYPE_Q5_K,  CM_TYPE_Q6_K,
@@ -91,6 +92,28 @@ static void test_matmul(void) {
         one_matmul(ts[i], 256, 67, 11); /* prefill (gemm): a partial group of 8 tokens */
         one_matmul(ts[i], 2048, 5, 3);  /* more blocks than threads */
     }
+}
+
+/* Every matmul shader with each reduction: the shared-memory tree (forced:
+ * the fallback), then subgroupAdd (the default where the device has
+ * subgroup arithmetic; lavapipe has: without it, a skip). */
+static int g_skipped, g_sg_default;
+static void test_matmul(void) {
+    g_sg_default = cm_gpu_subgroup(G);
+    CHECKF(cm_gpu_set_subgroup(G, false, errbuf, sizeof errbuf) == 0, "%s", errbuf);
+    CHECK(cm_gpu_subgroup(G) == 0);
+    matmul_all();
+}
+static void test_matmul_subgroup(void) {
+    if (cm_gpu_set_subgroup(G, true, errbuf, sizeof errbuf)) {
+        printf("skip: subgroup matmuls: %s\n", errbuf);
+        g_skipped++;
+        CHECK(g_sg_default == 0); /* a device without them does not default to them */
+        return;
+    }
+    CHECK(cm_gpu_subgroup(G) > 0 && cm_gpu_subgroup(G) == g_sg_default); /* and one with them does */
+    if (getenv("CUMULO_TEST_VERBOSE")) fprintf(stderr, "  subgroup size %d: the matmuls again\n", cm_gpu_subgroup(G));
+    matmul_all();
 }
 
 static void test_rmsnorm(void) {
@@ -452,6 +475,7 @@ int main(void) {
     if (getenv("CUMULO_TEST_VERBOSE"))
         fprintf(stderr, "  device: %s (%s)\n", cm_gpu_info_of(G)->name, cm_gpu_info_of(G)->kind);
     RUN(test_matmul);
+    RUN(test_matmul_subgroup);
     RUN(test_rmsnorm);
     RUN(test_rope);
     RUN(test_silu);
@@ -460,5 +484,5 @@ int main(void) {
     RUN(test_story_q4_0);
     RUN(test_stage);
     cm_gpu_close(G);
-    TEST_END();
+    TEST_END_SKIPPED(g_skipped);
 }
