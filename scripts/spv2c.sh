@@ -15,7 +15,7 @@ names=""
 emit() { # name source defines...
     name=$1 src=$2
     shift 2
-    "$glslc" --target-env=vulkan1.0 -O "$@" "$dir/$src" -o "$tmp/$name.spv"
+    "$glslc" --target-env="${tenv:-vulkan1.0}" -O "$@" "$dir/$src" -o "$tmp/$name.spv"
     echo "static const unsigned int spv_$name[] = {" >>"$tmp/out.c"
     od -An -v -tx4 "$tmp/$name.spv" | awk '{ for (i = 1; i <= NF; i++) printf "0x%s,", $i; print "" }' >>"$tmp/out.c"
     echo "};" >>"$tmp/out.c"
@@ -36,7 +36,16 @@ if [ -n "$glslc" ]; then
     emit gelu silu.comp -DGELU
     emit swiglu_oai silu.comp -DOAI
     for t in q2_k q3_k q4_k q5_k q6_k iq4_xs iq2_xxs iq3_xxs iq1_s; do emit "mm_$t" mmk.comp "-DT_$(echo "$t" | tr a-z A-Z)"; done
-    for s in rmsnorm rope kvstore attn silu q8act bias q8kact moeroute moesum; do emit "$s" "$s.comp"; done
+    # the matmuls with a subgroupAdd reduction (Vulkan 1.1), chosen at run time where the device has it (vk.c)
+    tenv=vulkan1.1
+    for t in f32 f16 bf16 q8_0 q4_0 q5_0 q4_1 q5_1 mxfp4 iq4_nl; do
+        emit "mm_${t}_sg" mm.comp "-DT_$(echo "$t" | tr a-z A-Z)" -DSUBGROUP
+    done
+    for t in q2_k q3_k q4_k q5_k q6_k iq4_xs iq2_xxs iq3_xxs iq1_s; do
+        emit "mm_${t}_sg" mmk.comp "-DT_$(echo "$t" | tr a-z A-Z)" -DSUBGROUP
+    done
+    tenv=vulkan1.0
+    for s in rmsnorm rope kvstore attn silu q8act bias q8kact moeroute moesum mla latround; do emit "$s" "$s.comp"; done
 fi
 {
     echo "const cm_vk_spv cm_vk_spvs[] = {"

@@ -50,6 +50,13 @@ void cm_gpu_close(cm_gpu *g); /* NULL: no-op */
  * every later call on it fails: the caller drops it. */
 bool cm_gpu_lost(const cm_gpu *g);
 const cm_gpu_info *cm_gpu_info_of(const cm_gpu *g);
+/* The matmuls' reduction: subgroupAdd (the subgroup size, where the device
+ * has subgroup arithmetic in compute shaders: the default there), or 0: the
+ * shared-memory tree (the fallback). cm_gpu_set_subgroup picks one (tests;
+ * CM_EUNSUPPORTED for subgroups on a device without them); not while
+ * another thread records on g. */
+int cm_gpu_subgroup(const cm_gpu *g);
+int cm_gpu_set_subgroup(cm_gpu *g, bool on, char *err, size_t errlen);
 
 /* ---- a model's layers on the device (vk_model.c) ---- */
 typedef struct cm_gpu_model cm_gpu_model;

@@ -70,6 +70,8 @@ int cm_vk_submit(cm_gpu *g, char *err, size_t errlen) { return CM_EUNSUPPORTED; 
 uint64_t cm_vk_max_range(const cm_gpu *g) { return 0; }
 bool cm_gpu_lost(const cm_gpu *g) { return false; }
 int cm_vk_fault(cm_gpu *g, char *err, size_t errlen) { return CM_EUNSUPPORTED; }
+int cm_gpu_set_subgroup(cm_gpu *g, bool on, char *err, size_t errlen) { return CM_EUNSUPPORTED; }
+int cm_gpu_subgroup(const cm_gpu *g) { return 0; }
 
 #else
 
@@ -137,6 +139,7 @@ typedef struct vk_api {
     CM_VK_DEVICE_FNS(X)
 #undef X
     VkInstance inst;
+    uint32_t inst_api; /* the instance's API version: 1.1 where the loader has it (subgroup shaders) */
 } vk_api;
 
 struct cm_vk_buf {
@@ -169,15 +172,17 @@ struct cm_gpu {
     VkCommandBuffer cmd;
     VkFence fence;
     pthread_mutex_t mu;
+    uint32_t sg_size;  /* subgroup size with arithmetic ops in compute shaders (Vulkan 1.1), 0: none */
+    bool subgroup;     /* the matmuls reduce with subgroupAdd (the *_sg shaders); else shared memory */
     _Atomic bool lost; /* VK_ERROR_DEVICE_LOST seen (or injected) */
     int n_fwd;         /* forward passes submitted (CUMULO_TEST_GPU_FAULT counts them) */
 };
 
 static const char *const pipe_names[VKP_COUNT] = {
-    "mm_f32",   "mm_f16",    "mm_q8_0",   "mm_q4_0",    "rmsnorm",    "rope",     "kvstore",  "attn",
-    "silu",     "q8act",     "bias",      "mm_q2_k",    "mm_q3_k",    "mm_q4_k",  "mm_q5_k",  "mm_q6_k",
-    "q8kact",   "mm_q5_0",   "gelu",      "mm_q4_1",    "mm_q5_1",    "q81act",   "moeroute", "moesum",
-    "mm_mxfp4", "mm_iq4_nl", "mm_iq4_xs", "mm_iq2_xxs", "mm_iq3_xxs", "mm_iq1_s", "mm_bf16",  "swiglu_oai"};
+    "mm_f32",     "mm_f16",     "mm_q8_0",  "mm_q4_0", "rmsnorm",    "rope",    "kvstore",  "attn",      "silu",
+    "q8act",      "bias",       "mm_q2_k",  "mm_q3_k", "mm_q4_k",    "mm_q5_k", "mm_q6_k",  "q8kact",    "mm_q5_0",
+    "gelu",       "mm_q4_1",    "mm_q5_1",  "q81act",  "moeroute",   "moesum",  "mm_mxfp4", "mm_iq4_nl", "mm_iq4_xs",
+    "mm_iq2_xxs", "mm_iq3_xxs", "mm_iq1_s", "mm_bf16", "swiglu_oai", "mla",     "latround"};
 
 static int vk_fail(char *err, size_t errlen, VkResult r, const char *what) {
     const int code = r == VK_ERROR_OUT_OF_DEVICE_MEMORY || r == VK_ERROR_OUT_OF_HOST_MEMORY ? CM_ENOMEM : CM_EIO;
@@ -206,8 +211,14 @@ static int vk_load(vk_api *vk, char *err, size_t errlen) {
         cm_dl_close(vk->lib);
         return cm_errf(err, errlen, CM_EUNSUPPORTED, "the Vulkan loader has no vkCreateInstance");
     }
+    /* Vulkan 1.1 where the loader has it (a 1.0 loader refuses a higher apiVersion) */
+    vk->inst_api = VK_API_VERSION_1_0;
+    PFN_vkEnumerateInstanceVersion eiv =
+        (PFN_vkEnumerateInstanceVersion)vk->vkGetInstanceProcAddr(NULL, "vkEnumerateInstanceVersion");
+    uint32_t lv = 0;
+    if (eiv && eiv(&lv) == VK_SUCCESS && lv >= VK_API_VERSION_1_1) vk->inst_api = VK_API_VERSION_1_1;
     VkApplicationInfo app = {
-        .sType = VK_STRUCTURE_TYPE_APPLICATION_INFO, .pApplicationName = "cumulo", .apiVersion = VK_API_VERSION_1_0};
+        .sType = VK_STRUCTURE_TYPE_APPLICATION_INFO, .pApplicationName = "cumulo", .apiVersion = vk->inst_api};
     const char *port_ext[] = {"VK_KHR_portability_enumeration"};
     VkInstanceCreateInfo ci = {.sType = VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO,
                                .pApplicationInfo = &app,
@@ -554,10 +565,20 @@ static int make_device(cm_gpu *g, char *err, size_t errlen) {
     return 0;
 }
 
+/* The embedded shader of a name, or NULL. */
+static const cm_vk_spv *spv_named(const char *name) {
+    const cm_vk_spv *s = cm_vk_spvs;
+    while (s->name && strcmp(s->name, name)) s++;
+    return s->name ? s : NULL;
+}
+
 static int make_pipe(cm_gpu *g, enum cm_vk_pipe p, char *err, size_t errlen) {
     vk_api *vk = &g->vk;
-    const cm_vk_spv *s = cm_vk_spvs;
-    while (s->name && strcmp(s->name, pipe_names[p])) s++;
+    char sg[64];
+    snprintf(sg, sizeof sg, "%s_sg", pipe_names[p]);
+    const cm_vk_spv *s = g->subgroup && spv_named(sg) ? spv_named(sg) : spv_named(pipe_names[p]);
+    static const cm_vk_spv none = {NULL, NULL, 0};
+    if (!s) s = &none;
     if (!s->name)
         return cm_errf(err, errlen, CM_EUNSUPPORTED, "vulkan: shader %s is not in this binary", pipe_names[p]);
     VkShaderModuleCreateInfo mi = {
@@ -579,6 +600,44 @@ static int make_pipe(cm_gpu *g, enum cm_vk_pipe p, char *err, size_t errlen) {
     }
     return 0;
 }
+
+/* The subgroup size where compute shaders have subgroupAdd (Vulkan 1.1's
+ * basic and arithmetic operations in the compute stage), else 0. */
+static uint32_t subgroup_size(vk_api *vk, VkPhysicalDevice pd, uint32_t dev_api) {
+    if (vk->inst_api < VK_API_VERSION_1_1 || dev_api < VK_API_VERSION_1_1) return 0;
+    PFN_vkGetPhysicalDeviceProperties2 gp2 =
+        (PFN_vkGetPhysicalDeviceProperties2)vk->vkGetInstanceProcAddr(vk->inst, "vkGetPhysicalDeviceProperties2");
+    if (!gp2) return 0;
+    VkPhysicalDeviceSubgroupProperties sp = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES};
+    VkPhysicalDeviceProperties2 p2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, .pNext = &sp};
+    gp2(pd, &p2);
+    const VkSubgroupFeatureFlags need = VK_SUBGROUP_FEATURE_BASIC_BIT | VK_SUBGROUP_FEATURE_ARITHMETIC_BIT;
+    if (!(sp.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) || (sp.supportedOperations & need) != need) return 0;
+    return sp.subgroupSize;
+}
+
+int cm_gpu_set_subgroup(cm_gpu *g, bool on, char *err, size_t errlen) {
+    if (on && !g->sg_size)
+        return cm_errf(err, errlen, CM_EUNSUPPORTED, "'%s' has no subgroup arithmetic in compute shaders",
+                       g->info.name);
+    pthread_mutex_lock(&g->mu);
+    if (g->subgroup != on) { /* the pipelines with a subgroup variant are made again at their next use */
+        g->vk.vkDeviceWaitIdle(g->dev);
+        char sg[64];
+        for (int p = 0; p < VKP_COUNT; p++) {
+            snprintf(sg, sizeof sg, "%s_sg", pipe_names[p]);
+            if (g->pipes[p] && spv_named(sg)) {
+                g->vk.vkDestroyPipeline(g->dev, g->pipes[p], NULL);
+                g->pipes[p] = VK_NULL_HANDLE;
+            }
+        }
+        g->subgroup = on;
+    }
+    pthread_mutex_unlock(&g->mu);
+    return 0;
+}
+
+int cm_gpu_subgroup(const cm_gpu *g) { return g && g->subgroup ? (int)g->sg_size : 0; }
 
 /* The descriptor and pipeline layouts (the pipelines come at first use), the pools, the command buffer. */
 static int make_pipelines(cm_gpu *g, char *err, size_t errlen) {
@@ -644,6 +703,8 @@ int cm_gpu_open(cm_gpu **out, int index, char *err, size_t errlen) {
         VkPhysicalDeviceProperties p;
         g->vk.vkGetPhysicalDeviceProperties(g->pd, &p);
         g->max_range = p.limits.maxStorageBufferRange;
+        g->sg_size = subgroup_size(&g->vk, g->pd, p.apiVersion);
+        g->subgroup = g->sg_size > 0;
         rc = make_device(g, err, errlen);
     }
     if (!rc) rc = make_pipelines(g, err, errlen);

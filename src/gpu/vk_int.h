@@ -46,6 +46,8 @@ enum cm_vk_pipe {
     VKP_MM_IQ1_S,
     VKP_MM_BF16,
     VKP_SWIGLU_OAI,
+    VKP_MLA_ATTN,
+    VKP_LATROUND,
     VKP_COUNT
 };
 enum cm_vk_mem { CM_VK_DEVICE, CM_VK_HOST }; /* device-local; host-visible (io) */

@@ -15,165 +15,107 @@
  * with the CPU path to about 1e-3, not bit for bit; an F16 cache is
  * emulated by rounding what the CPU rounds.
  */
-#include "vk_int.h"
+#include "vk_model.h"
 
 #include "../kernels/kernels.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
-
-typedef struct wt {
-    uint32_t off, type, K, rows; /* words into the layer buffer */
-    uint32_t stride;             /* a stacked [K, rows, n_expert] tensor: words per expert (0: 2-D) */
-} wt;
-
-typedef struct glayer {
-    cm_vk_buf *buf, *kv; /* weights; the K/V cache of every slot (slot_stride floats each) */
-    cm_vk_set *set;
-    wt attn_norm, wq, wk, wv, wo, ffn_norm, gate, up, down;
-    wt bq, bk, bv, q_norm, k_norm; /* qwen2's biases, qwen3's per-head norms: K 0 when absent */
-    wt attn_post, ffn_post;        /* gemma3's post norms (K 0 when absent) */
-    /* a mixture-of-experts layer (router K 0 when dense): the router, qwen2moe's shared-expert
-     * gate, the stacked experts, the shared expert */
-    wt router, sh_inp, gexp, uexp, dexp, sgate, sup, sdown;
-    /* gpt-oss: the attention output bias, the heads' sink logits, the router's and the experts' biases */
-    wt bo, sinks, router_b, gexp_b, uexp_b, dexp_b;
-} glayer;
-
-struct cm_gpu_model {
-    cm_gpu *g;
-    const cm_model *m;
-    int l0, nl, B, ctx, n_seq; /* layers [l0, l0 + nl) of m */
-    int E, D, nq, nkv, QD, KD, F, n_rot;
-    int X
-    , XK, FX, FS; /* experts, used per token, expert and shared-expert widths (0: dense) */
-    glayer *L;
-    cm_vk_buf *act, *io;
-    /* A's regions (floats); io holds the first five at the same offsets */
-    uint32_t o_x, o_k, o_v, o_rope, o_rope_swa, o_meta, o_io_end, o_xn, o_q, o_att, o_gate, o_up, o_sc, o_q8;
-    uint32_t o_lg, o_ids, o_ew, o_shl, o_eg, o_eu, o_ey, o_sy; /* MoE: router, choice, expert rows (record_moe) */
-    uint32_t q8_src;       /* while recording: the region o_q8 holds converted, or UINT32_MAX */
-    uint32_t q8_type;      /* ... to this type (Q8_0, Q8_K) */
-    uint32_t slot_stride;  /* floats of one slot's K and V of one layer */
-    const cm_kv **slot_kv; /* which CPU cache each slot mirrors (by address) */
-    int *slot_valid;       /* positions [0, valid) of the slot equal the CPU cache's */
-    uint64_t *slot_used, tick;
-    float *tmp;     /* ctx * D floats, for re-filling a slot */
-    bool lost_said; /* the device-lost warning was logged */
-};
 
 bool cm_gpu_model_supported(const cm_model *m, char *why, size_t whylen) {
     return cm_gpu_model_supported_range(m, 0, m->hp.n_layer, why, whylen);
 }
 
+/* Every tensor a layer may upload: where the model and glayer keep it, its
+ * name, and what the shaders take: 'w' a matrix (cm_vk_type_ok), 'v' an F32
+ * vector (a norm, a bias, gpt-oss's sinks, deepseek2's selection bias). */
+#define T_(lf, gf, name, kind) \
+    { offsetof(cm_layer, lf), offsetof(glayer, gf), name, kind }
+static const struct {
+    size_t lo, go;
+    const char *name;
+    char kind;
+} tensors[] = {
+    T_(attn_norm, attn_norm, "attn_norm", 'v'),
+    T_(wq, wq, "attn_q", 'w'),
+    T_(wk, wk, "attn_k", 'w'),
+    T_(wv, wv, "attn_v", 'w'),
+    T_(wo, wo, "attn_output", 'w'),
+    T_(ffn_norm, ffn_norm, "ffn_norm", 'v'),
+    T_(ffn_gate, gate, "ffn_gate", 'w'),
+    T_(ffn_up, up, "ffn_up", 'w'),
+    T_(ffn_down, down, "ffn_down", 'w'),
+    T_(bq, bq, "attn_q.bias", 'v'), /* qwen2 */
+    T_(bk, bk, "attn_k.bias", 'v'),
+    T_(bv, bv, "attn_v.bias", 'v'),
+    T_(q_norm, q_norm, "attn_q_norm", 'v'), /* qwen3, gemma3 */
+    T_(k_norm, k_norm, "attn_k_norm", 'v'),
+    T_(attn_post_norm, attn_post, "post_attention_norm", 'v'), /* gemma3 */
+    T_(ffn_post_norm, ffn_post, "post_ffw_norm", 'v'),
+    T_(ffn_gate_inp, router, "ffn_gate_inp", 'w'), /* mixtures of experts */
+    T_(ffn_gate_inp_shexp, sh_inp, "ffn_gate_inp_shexp", 'w'),
+    T_(ffn_gate_exps, gexp, "ffn_gate_exps", 'w'),
+    T_(ffn_up_exps, uexp, "ffn_up_exps", 'w'),
+    T_(ffn_down_exps, dexp, "ffn_down_exps", 'w'),
+    T_(ffn_gate_shexp, sgate, "ffn_gate_shexp", 'w'),
+    T_(ffn_up_shexp, sup, "ffn_up_shexp", 'w'),
+    T_(ffn_down_shexp, sdown, "ffn_down_shexp", 'w'),
+    T_(bo, bo, "attn_output.bias", 'v'), /* gpt-oss */
+    T_(attn_sinks, sinks, "attn_sinks", 'v'),
+    T_(ffn_gate_inp_b, router_b, "ffn_gate_inp.bias", 'v'),
+    T_(ffn_gate_exps_b, gexp_b, "ffn_gate_exps.bias", 'v'),
+    T_(ffn_up_exps_b, uexp_b, "ffn_up_exps.bias", 'v'),
+    T_(ffn_down_exps_b, dexp_b, "ffn_down_exps.bias", 'v'),
+    T_(wq_a, wq_a, "attn_q_a", 'w'), /* deepseek2 */
+    T_(q_a_norm, q_a_norm, "attn_q_a_norm", 'v'),
+    T_(wq_b, wq_b, "attn_q_b", 'w'),
+    T_(wkv_a, wkv_a, "attn_kv_a_mqa", 'w'),
+    T_(kv_a_norm, kv_a_norm, "attn_kv_a_norm", 'v'),
+    T_(wk_b, wk_b, "attn_k_b", 'w'),
+    T_(wv_b, wv_b, "attn_v_b", 'w'),
+    T_(ffn_exp_probs_b, probs_b, "exp_probs_b", 'v'),
+};
+#undef T_
+enum { NW = (int)CM_ARRAY_LEN(tensors) };
+static const cm_tensor *tensor_of(const cm_layer *L, int i) {
+    return (const cm_tensor *)(const void *)((const char *)L + tensors[i].lo);
+}
+static wt *wt_of(glayer *gl, int i) { return (wt *)(void *)((char *)gl + tensors[i].go); }
+
 bool cm_gpu_model_supported_range(const cm_model *m, int l0, int l1, char *why, size_t whylen) {
     const cm_hparams *hp = &m->hp;
     const bool oai = hp->arch == CM_ARCH_GPTOSS;
-    if (hp->arch == CM_ARCH_DEEPSEEK2 || hp->expert_sigmoid || hp->n_expert_groups > 1) {
-        snprintf(why, whylen,
-                 "the GPU runs llama-style, qwen2moe/qwen3moe/Mixtral, gpt-oss and gemma3 layers (not %s's)",
-                 cm_arch_name_of(hp->arch));
-        return false;
-    }
     if ((hp->n_swa && hp->arch != CM_ARCH_GEMMA3 && !oai) || hp->n_rot % 2 || hp->n_rot > hp->head_dim ||
         (hp->rope_type != CM_ROPE_NORM && hp->rope_type != CM_ROPE_NEOX)) {
         snprintf(why, whylen, "the GPU has no sliding window or partial rope of this kind");
         return false;
     }
+    if (hp->n_expert_groups > 1 && hp->n_expert % hp->n_expert_groups) {
+        snprintf(why, whylen, "%d experts in %d groups", hp->n_expert, hp->n_expert_groups);
+        return false;
+    }
     for (int il = CM_MAX(l0, 0); il < CM_MIN(l1, hp->n_layer); il++) {
         const cm_layer *L = &m->layers[il];
         if (((L->bo.data || L->attn_sinks.data || L->ffn_gate_inp_b.data || L->ffn_gate_exps_b.data) && !oai) ||
-            (!L->ffn_gate.data && !L->ffn_gate_inp.data) || L->ffn_exp_probs_b.data) {
+            (!L->ffn_gate.data && !L->ffn_gate_inp.data)) {
             snprintf(why, whylen, "layer %d has an output bias, sinks or no gate (not on the GPU yet)", il);
             return false;
         }
-        const cm_tensor *ex[] = {&L->bq,
-                                 &L->bk,
-                                 &L->bv, /* qwen2, qwen3, gemma3, gpt-oss */
-                                 &L->q_norm,
-                                 &L->k_norm,
-                                 &L->attn_post_norm,
-                                 &L->ffn_post_norm,
-                                 &L->bo,
-                                 &L->attn_sinks,
-                                 &L->ffn_gate_inp_b,
-                                 &L->ffn_gate_exps_b,
-                                 &L->ffn_up_exps_b,
-                                 &L->ffn_down_exps_b};
-        for (int i = 0; i < (int)CM_ARRAY_LEN(ex); i++)
-            if (ex[i]->data && ex[i]->type != CM_TYPE_F32) {
-                snprintf(why, whylen, "layer %d has a %s bias or q/k norm (the GPU has f32)", il,
-                         cm_type_name(ex[i]->type));
+        for (int i = 0; i < NW; i++) {
+            const cm_tensor *t = tensor_of(L, i);
+            if (!t->data) continue;
+            if (tensors[i].kind == 'w' && !cm_vk_type_ok(t, why, whylen, tensors[i].name)) return false;
+            if (tensors[i].kind == 'v' && t->type != CM_TYPE_F32) {
+                snprintf(why, whylen, "layer %d has a %s %s (the GPU has f32)", il, cm_type_name(t->type),
+                         tensors[i].name);
                 return false;
             }
-        const cm_tensor *ws[] = {&L->wq,
-                                 &L->wk,
-                                 &L->wv,
-                                 &L->wo,
-                                 &L->ffn_gate,
-                                 &L->ffn_up,
-                                 &L->ffn_down,
-                                 &L->ffn_gate_inp,
-                                 &L->ffn_gate_exps,
-                                 &L->ffn_up_exps,
-                                 &L->ffn_down_exps,
-                                 &L->ffn_gate_shexp,
-                                 &L->ffn_up_shexp,
-                                 &L->ffn_down_shexp,
-                                 &L->ffn_gate_inp_shexp};
-        const char *names[] = {
-            "attn_q",        "attn_k",         "attn_v",       "attn_output",    "ffn_gate",
-            "ffn_up",        "ffn_down",       "ffn_gate_inp", "ffn_gate_exps",  "ffn_up_exps",
-            "ffn_down_exps", "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp", "ffn_gate_inp_shexp"};
-        for (int i = 0; i < 15; i++)
-            if (ws[i]->data && !cm_vk_type_ok(ws[i], why, whylen, names[i])) return false;
+        }
+        if (hp->arch == CM_ARCH_DEEPSEEK2 && !cm_vkm_mla_ok(m, il, why, whylen)) return false;
     }
     return true;
-}
-
-enum { NW = 30 };
-/* Layer L's tensors (absent ones without data) and where gl keeps each. */
-static void layer_tensors(const cm_layer *L, glayer *gl, const cm_tensor **ws, wt **ts) {
-    const cm_tensor *w[NW] = {&L->attn_norm,
-                              &L->wq,
-                              &L->wk,
-                              &L->wv,
-                              &L->wo,
-                              &L->ffn_norm,
-                              &L->ffn_gate,
-                              &L->ffn_up,
-                              &L->ffn_down,
-                              &L->bq,
-                              &L->bk,
-                              &L->bv,
-                              &L->q_norm,
-                              &L->k_norm,
-                              &L->attn_post_norm,
-                              &L->ffn_post_norm,
-                              &L->ffn_gate_inp,
-                              &L->ffn_gate_inp_shexp,
-                              &L->ffn_gate_exps,
-                              &L->ffn_up_exps,
-                              &L->ffn_down_exps,
-                              &L->ffn_gate_shexp,
-                              &L->ffn_up_shexp,
-                              &L->ffn_down_shexp,
-                              &L->bo,
-                              &L->attn_sinks,
-                              &L->ffn_gate_inp_b,
-                              &L->ffn_gate_exps_b,
-                              &L->ffn_up_exps_b,
-                              &L->ffn_down_exps_b};
-    wt *t[NW] = {&gl->attn_norm, &gl->wq,     &gl->wk,        &gl->wv,       &gl->wo,     &gl->ffn_norm,
-                 &gl->gate,      &gl->up,     &gl->down,      &gl->bq,       &gl->bk,     &gl->bv,
-                 &gl->q_norm,    &gl->k_norm, &gl->attn_post, &gl->ffn_post, &gl->router, &gl->sh_inp,
-                 &gl->gexp,      &gl->uexp,   &gl->dexp,      &gl->sgate,    &gl->sup,    &gl->sdown,
-                 &gl->bo,        &gl->sinks,  &gl->router_b,  &gl->gexp_b,   &gl->uexp_b, &gl->dexp_b};
-    for (int i = 0; i < NW; i++) {
-        ws[i] = w[i];
-        ts[i] = t[i];
-    }
 }
 
 /* Packed words of one expert (of a 2-D tensor: of it), padded to 4 words. */
@@ -201,7 +143,7 @@ static int upload_layer(cm_gpu_model *gm, int il, char *err, size_t errlen) {
     glayer *gl = &gm->L[il];
     const cm_tensor *ws[NW];
     wt *ts[NW];
-    layer_tensors(L, gl, ws, ts);
+    for (int i = 0; i < NW; i++) ws[i] = tensor_of(L, i), ts[i] = wt_of(gl, i);
     uint64_t words = 0;
     for (int i = 0; i < NW; i++) {
         if (!ws[i]->data) continue; /* an absent bias or norm: K stays 0 */
@@ -243,16 +185,13 @@ int cm_gpu_model_supported_prefix(const cm_model *m, int l0, int l1, char *why, 
 }
 
 uint64_t cm_gpu_layer_bytes(const cm_model *m, int il, int max_batch, int n_ctx, int n_seq) {
-    const cm_tensor *ws[NW];
-    wt *ts[NW];
-    glayer dummy;
-    layer_tensors(&m->layers[il], &dummy, ws, ts);
     uint64_t words = 0;
     for (int i = 0; i < NW; i++)
-        if (ws[i]->data) words += tensor_words(ws[i]);
+        if (tensor_of(&m->layers[il], i)->data) words += tensor_words(tensor_of(&m->layers[il], i));
     const cm_hparams *hp = &m->hp;
-    const uint64_t KD = (uint64_t)hp->n_head_kv * hp->head_dim; /* + the layer's K and V rows of a batch */
-    return words * 4 + 2 * KD * 4 * ((uint64_t)n_ctx * (uint64_t)CM_MAX(n_seq, 1) + (uint64_t)max_batch);
+    const uint64_t KD = (uint64_t)hp->n_head_kv * hp->head_dim;   /* + the layer's K and V rows of a batch */
+    const uint64_t kinds = hp->arch == CM_ARCH_DEEPSEEK2 ? 1 : 2; /* deepseek2: the latent rows only */
+    return words * 4 + kinds * KD * 4 * ((uint64_t)n_ctx * (uint64_t)CM_MAX(n_seq, 1) + (uint64_t)max_batch);
 }
 
 uint64_t cm_gpu_fixed_bytes(const cm_model *m, int max_batch, int n_ctx) {
@@ -262,7 +201,9 @@ uint64_t cm_gpu_fixed_bytes(const cm_model *m, int max_batch, int n_ctx) {
     const uint64_t big = CM_MAX(E, CM_MAX(QD, F)), K = (uint64_t)hp->n_expert_used, FX = (uint64_t)hp->n_ff_exp;
     const uint64_t moe = hp->n_expert ? (uint64_t)hp->n_expert + 2 * K + 1 + 2 * K * FX + K * E + E : 0;
     return 4 * B *
-           (3 * E + 2 * QD + 2 * F + (uint64_t)hp->n_head * n_ctx + CM_MAX(big / 32 + 1, K * (FX / 32 + 1)) * 11 + moe);
+               (3 * E + 2 * QD + 2 * F + (uint64_t)hp->n_head * n_ctx + CM_MAX(big / 32 + 1, K * (FX / 32 + 1)) * 11 +
+                moe) +
+           4 * cm_vkm_mla_fixed_words(hp, B);
 }
 
 int cm_gpu_model_new_at(cm_gpu_model **out, cm_gpu *g, const cm_model *m, int layer_first, int n_layers, int max_batch,
@@ -291,42 +232,54 @@ int cm_gpu_model_new_at(cm_gpu_model **out, cm_gpu *g, const cm_model *m, int la
     gm->KD = gm->nkv * gm->D;
     gm->F = hp->n_ff;
     gm->n_rot = hp->n_rot;
+    gm->mla = hp->arch == CM_ARCH_DEEPSEEK2;
+    gm->sh1 = cm_slice_full(m).h1;
     if (hp->n_expert) {
-        gm->X
-        = hp->n_expert;
-        gm->XK = hp->n_expert_used;
-        gm->FX = hp->n_ff_exp;
-        gm->FS = hp->n_ff_shexp;
+        gm->nx = hp->n_expert;
+        gm->nxk = hp->n_expert_used;
+        gm->fx = hp->n_ff_exp;
+        gm->fsh = hp->n_ff_shexp;
     }
     const uint64_t B = (uint64_t)gm->B, nl = (uint64_t)CM_MAX(gm->nl, 1);
     uint64_t o = 0;
 #define REGION(f, n) gm->f = (uint32_t)o, o += ((uint64_t)(n) + 15) & ~(uint64_t)15
     REGION(o_x, B * gm->E);
     REGION(o_k, nl * B * gm->KD);
-    REGION(o_v, nl * B * gm->KD);
+    REGION(o_v, gm->mla ? 0 : nl * B * gm->KD);
     REGION(o_rope, B * gm->n_rot);
     REGION(o_rope_swa, B * gm->n_rot); /* the sliding-window layers' rotations (gemma3, gpt-oss) */
     REGION(o_meta, 2 * B);
     gm->o_io_end = (uint32_t)o;
     REGION(o_xn, B * gm->E);
-    REGION(o_q, B * gm->QD);
-    REGION(o_att, B * gm->QD);
-    REGION(o_gate, B * CM_MAX(gm->F, gm->FS)); /* (qwen2moe's shared expert too) */
-    REGION(o_up, B * CM_MAX(gm->F, gm->FS));
+    const cm_mla_hparams *ma = &hp->mla; /* deepseek2 (zero elsewhere) */
+    const uint64_t H = (uint64_t)gm->nq, C = (uint64_t)ma->kv_lora;
+    REGION(o_q, B * CM_MAX((uint64_t)gm->QD, H * ma->head_k));
+    REGION(o_att, B * CM_MAX((uint64_t)gm->QD, H * ma->head_v));
+    REGION(o_gate, B * CM_MAX(gm->F, gm->fsh)); /* (qwen2moe's shared expert too) */
+    REGION(o_up, B * CM_MAX(gm->F, gm->fsh));
     REGION(o_sc, B * gm->nq * (uint64_t)n_ctx);
-    const uint64_t big = (uint64_t)CM_MAX(gm->E, CM_MAX(gm->QD, CM_MAX(gm->F, gm->FS))), XK = (uint64_t)gm->XK;
-    REGION(o_q8, B * CM_MAX(big / 32 + 1, XK * ((uint64_t)gm->FX / 32 + 1)) * 11); /* Q8_0 9, Q8_K 81/8 */
-    REGION(o_lg, B * gm->X);
+    const uint64_t big = (uint64_t)CM_MAX(CM_MAX(gm->E, ma->q_lora), CM_MAX(gm->QD, CM_MAX(gm->F, gm->fsh)));
+    const uint64_t XK = (uint64_t)gm->nxk, mla_rows = H * (CM_MAX(C, (uint64_t)ma->head_k) / 32 + 1);
+    REGION(o_q8, B * CM_MAX(CM_MAX(big / 32 + 1, XK * ((uint64_t)gm->fx / 32 + 1)), gm->mla ? mla_rows : 0) *
+                     11); /* Q8_0 9, Q8_K 81/8 */
+    REGION(o_lg, B * gm->nx);
     REGION(o_ids, B * XK);
     REGION(o_ew, B * XK);
     REGION(o_shl, B);
-    REGION(o_eg, B * XK * gm->FX);
-    REGION(o_eu, B * XK * gm->FX);
+    REGION(o_eg, B * XK * gm->fx);
+    REGION(o_eu, B * XK * gm->fx);
     REGION(o_ey, B * XK * gm->E);
-    REGION(o_sy, gm->FS ? B * gm->E : 0);
+    REGION(o_sy, gm->fsh ? B * gm->E : 0);
+    const bool ds_route = hp->expert_sigmoid || hp->n_expert_groups > 1 || gm->mla;
+    REGION(o_sel, ds_route ? B * gm->nx : 0);
+    REGION(o_gs, ds_route ? B * CM_MAX(hp->n_expert_groups, 1) : 0);
+    REGION(o_qa, B * ma->q_lora);
+    REGION(o_qabs, B * H * C);
+    REGION(o_lat, B * H * C);
+    REGION(o_hid, gm->mla ? B * H : 0);
 #undef REGION
-    /* A buffer per layer: [slot][K|V][head][ctx][D] */
-    const uint64_t slot = 2 * (uint64_t)gm->nkv * n_ctx * gm->D;
+    /* A buffer per layer: [slot][K|V][head][ctx][D] (deepseek2: [slot][ctx][D], the latent rows) */
+    const uint64_t slot = (gm->mla ? 1 : 2) * (uint64_t)gm->nkv * n_ctx * gm->D;
     while (gm->n_seq > 1 && (slot * gm->n_seq >= (1ull << 32) || slot * gm->n_seq * 4 > cm_vk_max_range(g)))
         gm->n_seq--;
     gm->slot_stride = (uint32_t)slot;
@@ -345,6 +298,13 @@ int cm_gpu_model_new_at(cm_gpu_model **out, cm_gpu *g, const cm_model *m, int la
                 !(gm->io = cm_vk_buf_new(g, (uint64_t)gm->o_io_end * 4, CM_VK_HOST, err, errlen))))
         rc = CM_ENOMEM;
     for (int il = 0; !rc && il < gm->nl; il++) rc = upload_layer(gm, il, err, errlen);
+    if (!rc && gm->mla) { /* the head of each (token, head) row: the stacked wk_b / wv_b's matrix (vk_mla.c) */
+        uint32_t *hid = cm_calloc((size_t)(B * H), sizeof *hid);
+        if (!hid) rc = cm_errf(err, errlen, CM_ENOMEM, "out of memory");
+        for (uint64_t a = 0; hid && a < B * H; a++) hid[a] = (uint32_t)(a % H);
+        if (hid) rc = cm_vk_upload(g, gm->act, (uint64_t)gm->o_hid * 4, hid, B * H * 4, err, errlen);
+        cm_free(hid);
+    }
     if (rc) {
         cm_gpu_model_free(gm);
         return rc;
@@ -375,12 +335,9 @@ const char *cm_gpu_model_device(const cm_gpu_model *gm) { return gm ? cm_gpu_inf
 
 /* ---- recording the ops ---- */
 
-/* y (+)= W x for n rows of x at x_off (stride ldx); quantized weights take
- * x converted to Q8_0 or Q8_K first (once per source region and format).
- * A stacked expert tensor (w->stride): ny rows of y, row a from expert
- * AU[o_ids + a] and x row a / xdiv. */
-static void mm_rows(cm_gpu_model *gm, cm_vk_set *s, const wt *w, uint32_t x_off, uint32_t ldx, int n, uint32_t y_off,
-                    uint32_t ldy, int ny, uint32_t xdiv, bool add) {
+/* (vk_model.h) Quantized weights take x converted to Q8_0, Q8_1 or Q8_K. */
+void cm_vkm_mm(cm_gpu_model *gm, cm_vk_set *s, const wt *w, uint32_t x_off, uint32_t ldx, int n, uint32_t y_off,
+               uint32_t ldy, int ny, uint32_t xdiv, uint32_t ids_off, bool add) {
     const enum cm_type act = cm_vk_act_type((enum cm_type)w->type);
     if (act != CM_TYPE_F32) {
         if (gm->q8_src != x_off || gm->q8_type != (uint32_t)act) {
@@ -392,14 +349,18 @@ static void mm_rows(cm_gpu_model *gm, cm_vk_set *s, const wt *w, uint32_t x_off,
         x_off = gm->o_q8;
         ldx = cm_vk_act_words(act, w->K);
     }
-    const uint32_t p[12] = {w->K,  w->rows, (uint32_t)ny, w->off,    x_off,     ldx,
-                            y_off, ldy,     add,          gm->o_ids, w->stride, xdiv};
+    const uint32_t p[12] = {w->K, w->rows, (uint32_t)ny, w->off, x_off, ldx, y_off, ldy, add, ids_off, w->stride, xdiv};
     cm_vk_dispatch(gm->g, cm_vk_mm_pipe((enum cm_type)w->type), s, p, sizeof p, w->rows,
                    w->stride ? (uint32_t)ny : (uint32_t)(ny + 7) / 8);
 }
 static void mm(cm_gpu_model *gm, cm_vk_set *s, const wt *w, uint32_t x_off, uint32_t ldx, uint32_t y_off, uint32_t ldy,
                int n, bool add) {
-    mm_rows(gm, s, w, x_off, ldx, n, y_off, ldy, n, 1, add);
+    cm_vkm_mm(gm, s, w, x_off, ldx, n, y_off, ldy, n, 1, gm->o_ids, add);
+}
+/* A stacked expert tensor: row a of y from expert AU[o_ids + a]. */
+static void mm_rows(cm_gpu_model *gm, cm_vk_set *s, const wt *w, uint32_t x_off, uint32_t ldx, int n, uint32_t y_off,
+                    uint32_t ldy, int ny, uint32_t xdiv, bool add) {
+    cm_vkm_mm(gm, s, w, x_off, ldx, n, y_off, ldy, ny, xdiv, gm->o_ids, add);
 }
 
 /* silu(g) * u over n elements in place of g (gelu: gemma3's). */
@@ -427,31 +388,34 @@ static void bias(cm_gpu *g, cm_vk_set *s, const wt *w, uint32_t y_off, uint32_t 
  * weighted sum in top-k order added to the residual (moesum.comp). */
 static void record_moe(cm_gpu_model *gm, cm_vk_set *s, const glayer *L, int n) {
     const cm_hparams *hp = &gm->m->hp;
-    const uint32_t E = (uint32_t)gm->E, X
-    = (uint32_t)gm->X
-    , K = (uint32_t)gm->XK, FX = (uint32_t)gm->FX;
-    const uint32_t FS = (uint32_t)gm->FS, none = UINT32_MAX;
-    const int na = n * gm->XK;
-    mm(gm, s, &L->router, gm->o_xn, E, gm->o_lg, X, n, false);
-    if (L->router_b.K) bias(gm->g, s, &L->router_b, gm->o_lg, X, n); /* gpt-oss */
+    const uint32_t E = (uint32_t)gm->E, NX = (uint32_t)gm->nx, K = (uint32_t)gm->nxk, FX = (uint32_t)gm->fx;
+    const uint32_t FS = (uint32_t)gm->fsh, none = UINT32_MAX;
+    const int na = n * gm->nxk;
+    mm(gm, s, &L->router, gm->o_xn, E, gm->o_lg, NX, n, false);
+    if (L->router_b.K) bias(gm->g, s, &L->router_b, gm->o_lg, NX, n); /* gpt-oss */
     if (L->sh_inp.K) mm(gm, s, &L->sh_inp, gm->o_xn, E, gm->o_shl, 1, n, false);
+    /* deepseek2: sigmoid or softmax, the selection bias, group-limited top-k (moeroute.comp) */
+    const bool ds = hp->expert_sigmoid || hp->n_expert_groups > 1 || L->probs_b.K;
     struct {
-        uint32_t ntok, X
-        , K, lg_off, ids_off, w_off, norm;
+        uint32_t ntok, nx, k, lg_off, ids_off, w_off, norm;
         float scale;
-        uint32_t sh_off, oai;
-    } pr = {
-        (uint32_t)n,
-        X,
-        K,
-        gm->o_lg,
-        gm->o_ids,
-        gm->o_ew,
-        hp->expert_norm,
-        hp->expert_scale,
-        L->sh_inp.K ? gm->o_shl : none,
-        hp->arch == CM_ARCH_GPTOSS
-    };
+        uint32_t sh_off, oai, sig, bias_off, groups, groups_used, sel_off, gs_off;
+    } pr = {(uint32_t)n,
+            NX,
+            K,
+            gm->o_lg,
+            gm->o_ids,
+            gm->o_ew,
+            hp->expert_norm,
+            hp->expert_scale,
+            L->sh_inp.K ? gm->o_shl : none,
+            hp->arch == CM_ARCH_GPTOSS,
+            hp->expert_sigmoid,
+            L->probs_b.K ? L->probs_b.off : none,
+            (uint32_t)hp->n_expert_groups,
+            (uint32_t)hp->n_group_used,
+            ds ? gm->o_sel : none,
+            gm->o_gs};
     cm_vk_dispatch(gm->g, VKP_MOE_ROUTE, s, &pr, sizeof pr, ((uint32_t)n + 63) / 64, 1);
     mm_rows(gm, s, &L->gexp, gm->o_xn, E, n, gm->o_eg, FX, na, K, false);
     mm_rows(gm, s, &L->uexp, gm->o_xn, E, n, gm->o_eu, FX, na, K, false);
@@ -474,15 +438,19 @@ static void record_moe(cm_gpu_model *gm, cm_vk_set *s, const glayer *L, int n) {
     cm_vk_dispatch(gm->g, VKP_MOE_SUM, s, ps, sizeof ps, ((uint32_t)n * E + 63) / 64, 1);
 }
 
-/* y = rms_norm(x) * w by rows of n (add: y += that). */
-static void rmsnorm_to(cm_gpu *g, cm_vk_set *s, uint32_t n, uint32_t x_off, uint32_t y_off, uint32_t w_off, float eps,
-                       int rows, bool add) {
+void cm_vkm_rmsnorm(cm_gpu *g, cm_vk_set *s, uint32_t n, uint32_t x_off, uint32_t ldx, uint32_t y_off, uint32_t ldy,
+                    uint32_t w_off, float eps, int rows, bool add) {
     struct {
         uint32_t n, x_off, ldx, y_off, ldy, w_off;
         float eps;
         uint32_t add;
-    } p = {n, x_off, n, y_off, n, w_off, eps, add};
+    } p = {n, x_off, ldx, y_off, ldy, w_off, eps, add};
     cm_vk_dispatch(g, VKP_RMSNORM, s, &p, sizeof p, (uint32_t)rows, 1);
+}
+/* y = rms_norm(x) * w by rows of n (add: y += that). */
+static void rmsnorm_to(cm_gpu *g, cm_vk_set *s, uint32_t n, uint32_t x_off, uint32_t y_off, uint32_t w_off, float eps,
+                       int rows, bool add) {
+    cm_vkm_rmsnorm(g, s, n, x_off, n, y_off, n, w_off, eps, rows, add);
 }
 static void rmsnorm(cm_gpu *g, cm_vk_set *s, uint32_t n, uint32_t x_off, uint32_t y_off, uint32_t w_off, float eps,
                     int rows) {
@@ -509,23 +477,22 @@ static void mm_residual(cm_gpu_model *gm, cm_vk_set *s, const wt *w, const wt *p
     add_rows(gm->g, s, E, n, gm->o_x, E, gm->o_xn, UINT32_MAX, true);
 }
 
-static void rope(cm_gpu *g, cm_vk_set *s, uint32_t n_rot, uint32_t D, uint32_t nh, int n, uint32_t x_off, uint32_t ldx,
+void cm_vkm_rope(cm_gpu *g, cm_vk_set *s, uint32_t n_rot, uint32_t D, uint32_t nh, int n, uint32_t x_off, uint32_t ldx,
                  uint32_t c_off, bool neox) {
     const uint32_t p[8] = {n_rot, D, nh, (uint32_t)n, x_off, ldx, c_off, neox};
     cm_vk_dispatch(g, VKP_ROPE, s, p, sizeof p, ((uint32_t)n * nh * (n_rot / 2) + 63) / 64, 1);
 }
 
-static void record_layer(cm_gpu_model *gm, int il, int n, bool f16) {
+/* A llama-family attention (o_xn the normed input) into o_att. */
+static void record_attn(cm_gpu_model *gm, int il, int n, bool f16) {
     const cm_hparams *hp = &gm->m->hp;
     cm_gpu *g = gm->g;
     glayer *L = &gm->L[il];
     cm_vk_set *s = L->set;
-    const uint32_t E = (uint32_t)gm->E, QD = (uint32_t)gm->QD, KD = (uint32_t)gm->KD, F = (uint32_t)gm->F;
+    const uint32_t E = (uint32_t)gm->E, QD = (uint32_t)gm->QD, KD = (uint32_t)gm->KD;
     const uint32_t ko = gm->o_k + (uint32_t)(il * gm->B) * KD, vo = gm->o_v + (uint32_t)(il * gm->B) * KD;
     const bool neox = hp->rope_type == CM_ROPE_NEOX, swa = cm_layer_is_swa(hp, gm->l0 + il);
     const uint32_t rc = swa ? gm->o_rope_swa : gm->o_rope;
-    rmsnorm(g, s, E, gm->o_x, gm->o_xn, L->attn_norm.off, hp->rms_eps, n);
-    gm->q8_src = UINT32_MAX;
     mm(gm, s, &L->wq, gm->o_xn, E, gm->o_q, QD, n, false);
     mm(gm, s, &L->wk, gm->o_xn, E, ko, KD, n, false);
     mm(gm, s, &L->wv, gm->o_xn, E, vo, KD, n, false);
@@ -535,8 +502,8 @@ static void record_layer(cm_gpu_model *gm, int il, int n, bool f16) {
     if (L->bv.K) bias(g, s, &L->bv, vo, KD, n);
     if (L->q_norm.K) rmsnorm(g, s, (uint32_t)gm->D, gm->o_q, gm->o_q, L->q_norm.off, hp->rms_eps, n * gm->nq);
     if (L->k_norm.K) rmsnorm(g, s, (uint32_t)gm->D, ko, ko, L->k_norm.off, hp->rms_eps, n * gm->nkv);
-    rope(g, s, (uint32_t)gm->n_rot, (uint32_t)gm->D, (uint32_t)gm->nq, n, gm->o_q, QD, rc, neox);
-    rope(g, s, (uint32_t)gm->n_rot, (uint32_t)gm->D, (uint32_t)gm->nkv, n, ko, KD, rc, neox);
+    cm_vkm_rope(g, s, (uint32_t)gm->n_rot, (uint32_t)gm->D, (uint32_t)gm->nq, n, gm->o_q, QD, rc, neox);
+    cm_vkm_rope(g, s, (uint32_t)gm->n_rot, (uint32_t)gm->D, (uint32_t)gm->nkv, n, ko, KD, rc, neox);
     const uint32_t layer_base = 0; /* the layer's own buffer */
     const uint32_t pk[11] = {(uint32_t)gm->D, (uint32_t)gm->nkv, (uint32_t)n, (uint32_t)gm->ctx, ko, vo,
                              gm->o_meta,      (uint32_t)gm->B,   layer_base,  gm->slot_stride,   f16};
@@ -564,7 +531,20 @@ static void record_layer(cm_gpu_model *gm, int il, int n, bool f16) {
             hp->attn_q_scale != 0.0f ? hp->attn_q_scale : 1.0f,
             L->sinks.K ? L->sinks.off : UINT32_MAX};
     cm_vk_dispatch(g, VKP_ATTN, s, &pa, sizeof pa, (uint32_t)gm->nq, (uint32_t)n);
-    mm_residual(gm, s, &L->wo, &L->attn_post, &L->bo, gm->o_att, QD, n);
+}
+
+static void record_layer(cm_gpu_model *gm, int il, int n, bool f16) {
+    const cm_hparams *hp = &gm->m->hp;
+    cm_gpu *g = gm->g;
+    glayer *L = &gm->L[il];
+    cm_vk_set *s = L->set;
+    const uint32_t E = (uint32_t)gm->E, F = (uint32_t)gm->F;
+    rmsnorm(g, s, E, gm->o_x, gm->o_xn, L->attn_norm.off, hp->rms_eps, n);
+    gm->q8_src = UINT32_MAX;
+    if (gm->mla) cm_vkm_mla_record(gm, il, n, f16); /* deepseek2's latent attention (vk_mla.c) */
+    else record_attn(gm, il, n, f16);
+    const uint32_t HV = gm->mla ? (uint32_t)(gm->nq * hp->mla.head_v) : (uint32_t)gm->QD;
+    mm_residual(gm, s, &L->wo, &L->attn_post, &L->bo, gm->o_att, HV, n);
     rmsnorm(g, s, E, gm->o_x, gm->o_xn, L->ffn_norm.off, hp->rms_eps, n);
     gm->q8_src = UINT32_MAX;
     if (L->router.K) {
@@ -582,8 +562,9 @@ static void record_layer(cm_gpu_model *gm, int il, int n, bool f16) {
 
 static bool kv_ok(const cm_gpu_model *gm, const cm_kv *kv) {
     const bool f = (kv->type == CM_TYPE_F32 || kv->type == CM_TYPE_F16) && kv->type_v == kv->type;
-    return f && !kv->latent && kv->layer_first <= gm->l0 && kv->layer_last >= gm->l0 + gm->nl && kv->h0 == 0 &&
-           kv->h1 == gm->nkv && kv->n_ctx <= gm->ctx && kv->head_dim == gm->D;
+    return f && kv->latent == gm->mla && !(kv->latent && kv->v_rows) && kv->layer_first <= gm->l0 &&
+           kv->layer_last >= gm->l0 + gm->nl && kv->h0 == 0 && kv->h1 == gm->sh1 && kv->n_ctx <= gm->ctx &&
+           kv->head_dim == gm->D;
 }
 
 /* Row p of K (kind 0) or V (kind 1) of (layer il, head hk) of a CPU cache as floats. */
@@ -628,7 +609,13 @@ static void kv_write(const cm_kv *kv_c, int il, int hk, int p, const float *k, c
 /* Fill slot s's positions [0, n) from the CPU cache. */
 static int refill(cm_gpu_model *gm, int s, const cm_kv *kv, int n, char *err, size_t errlen) {
     const int D = gm->D;
-    for (int il = 0; il < gm->nl; il++)
+    for (int il = 0; il < gm->nl && gm->mla && n > 0; il++) { /* the latent rows: [ctx][D] per slot */
+        for (int p = 0; p < n; p++) cm_vkm_latent_read(kv, gm->l0 + il, p, gm->tmp + (size_t)p * D);
+        const uint64_t off = (uint64_t)s * gm->slot_stride;
+        int rc = cm_vk_upload(gm->g, gm->L[il].kv, off * 4, gm->tmp, (uint64_t)n * D * 4, err, errlen);
+        if (rc) return rc;
+    }
+    for (int il = 0; il < gm->nl && !gm->mla; il++)
         for (int kind = 0; kind < 2; kind++)
             for (int hk = 0; hk < gm->nkv; hk++) {
                 if (n == 0) continue;
@@ -678,7 +665,7 @@ int cm_gpu_offload(void *gm, const cm_batch *b, const cm_forward_args *a, float 
 int cm_gpu_forward_layers(cm_gpu_model *gm, const cm_batch *b, const cm_forward_args *a, float *x, const float *rope_c,
                           char *err, size_t errlen) {
     if (!gm || gm->nl == 0 || a->layer_first != gm->l0 || a->layer_last < gm->l0 + gm->nl || a->allreduce ||
-        b->n > gm->B || a->experts.ep || a->slice.h0 != 0 || a->slice.h1 != gm->nkv || a->slice.f0 != 0 ||
+        b->n > gm->B || a->experts.ep || a->slice.h0 != 0 || a->slice.h1 != gm->sh1 || a->slice.f0 != 0 ||
         a->slice.f1 != gm->F)
         return 0;
     if (cm_gpu_lost(gm->g)) { /* the batch that found it lost failed; the CPU does the later ones */
@@ -722,6 +709,10 @@ int cm_gpu_forward_layers(cm_gpu_model *gm, const cm_batch *b, const cm_forward_
             for (int j = 0; j < n; j++) {
                 const float *k = io + gm->o_k + ((size_t)il * gm->B + j) * KD;
                 const float *v = io + gm->o_v + ((size_t)il * gm->B + j) * KD;
+                if (gm->mla) { /* the latent row alone */
+                    cm_vkm_latent_write(a->kvs[b->seq[j]], gm->l0 + il, b->pos[j], k);
+                    continue;
+                }
                 for (int hk = 0; hk < gm->nkv; hk++)
                     kv_write(a->kvs[b->seq[j]], gm->l0 + il, hk, b->pos[j], k + hk * gm->D, v + hk * gm->D);
             }

@@ -350,6 +350,10 @@ static void matmul(cm_ctx *c, const cm_tensor *w, const void *xq, size_t xs, int
 
 void cm_model_rope_cache(const cm_model *m, float p, bool swa, float *cache) {
     const cm_hparams *hp = &m->hp;
+    if (hp->arch == CM_ARCH_DEEPSEEK2) { /* its q_pe / k_pe rotation (mla.c; the GPU's too) */
+        cm_mla_rope_cache(hp, p, cache);
+        return;
+    }
     if (hp->yarn_ext_factor != 0.0f || (hp->yarn_attn_factor != 0.0f && hp->yarn_attn_factor != 1.0f)) {
         /* gpt-oss (gptoss.c): YaRN on every layer, the sliding ones with their own base */
         cm_yarn_rope_cache(hp, p, swa ? hp->rope_base_swa : hp->rope_base, hp->rope_freq_scale, m->rope_freqs.data,

@@ -382,7 +382,7 @@ static void rms_norm(const float *x, const float *w, float *y, int n, float eps)
 }
 
 /* ggml_rope_cache_init for the NORM type with YaRN (ext_factor 0: plain). */
-static void rope_cache(const cm_hparams *hp, float p, float *cache) {
+void cm_mla_rope_cache(const cm_hparams *hp, float p, float *cache) {
     const cm_mla_hparams *a = &hp->mla;
     const int n = hp->n_rot;
     const float theta_scale = powf(hp->rope_base, -2.0f / (float)n);
@@ -554,7 +554,7 @@ void cm_mla_attn(cm_mla *s, const cm_mla_run *r, int ith, int nth) {
             convert(r, CM_ACT_KV_B_IN, (int)j, 0, vkb, kr, tq, C);
             cm_kernels_ref()->to_float[vkb](tq, kr, C);
         }
-        rope_cache(hp, (float)r->b->pos[j], rc);
+        cm_mla_rope_cache(hp, (float)r->b->pos[j], rc);
         rope_norm(rc, kr + C, hp->n_rot);
         cm_kv *kv = r->kvs[r->b->seq[j]];
         const size_t off = cache_off(kv, r->il, r->b->pos[j]);

@@ -41,6 +41,11 @@ int cm_mla_bind_layer(cm_model *m, int il, char *err, size_t errlen);
 /* Bytes of an F32 latent cache for n_ctx positions over a layer range. */
 uint64_t cm_mla_kv_bytes(const cm_model *m, int layer_first, int layer_last, int n_ctx);
 
+/* The rotation of position p (n_rot floats, cos/sin pairs) of q_pe and
+ * k_pe: the NORM type with deepseek2's YaRN settings (hp->mla), as
+ * ggml_rope_cache_init; cm_model_rope_cache's for deepseek2. */
+void cm_mla_rope_cache(const cm_hparams *hp, float p, float *cache);
+
 typedef struct cm_mla cm_mla;
 cm_mla *cm_mla_new(const cm_model *m, int max_batch, int max_ctx, int n_threads);
 void cm_mla_free(cm_mla *s);

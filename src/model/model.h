@@ -239,8 +239,9 @@ typedef struct cm_model {
 
 /* The rotation of position p (n_rot floats, cm_rope_cache's layout): the
  * model's scaling (gpt-oss: YaRN), or a sliding-window layer's (swa: its
- * base; gemma3 with no scaling, gpt-oss with YaRN). forward.c's, and the
- * GPU's for its sliding-window layers. */
+ * base; gemma3 with no scaling, gpt-oss with YaRN; deepseek2: its q_pe /
+ * k_pe rotation, mla.c's). forward.c's, and the GPU's for its
+ * sliding-window layers. */
 void cm_model_rope_cache(const cm_model *m, float p, bool swa, float *cache);
 
 /* Bind a model to a parsed GGUF (which must outlive it). Validates the

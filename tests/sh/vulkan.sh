@@ -7,8 +7,9 @@
 # bad option values are one-line errors; `cumulo info --gpu` lists the
 # device; bench and serve take --gpu; a mixture of experts (Mixtral,
 # qwen2moe's shared expert), gpt-oss and every weight type run on the device
-# with the CPU's ids; a model the device does not run (deepseek2) is one
-# warning line and the CPU's ids; an injected device loss or full device memory
+# with the CPU's ids, deepseek2 (latent attention, grouped sigmoid routing)
+# too; what the device does not hold (a q8_0 KV cache) is one warning line
+# and the CPU's ids; an injected device loss or full device memory
 # (CUMULO_TEST_GPU_FAULT) is an error for that run or request, and a server
 # whose device was lost answers the later requests from the CPU. No device:
 # a skip with the reason (not n/a: setup installs lavapipe, so under CI=true
@@ -124,16 +125,37 @@ for v in "mixtral q8_0 --arch llama --experts 4 --experts-used 2" \
         bad "$tag on the GPU: rc $rc, cpu [$(ids "$T/o_cpu")] gpu [$(ids "$T/o")] $(cat "$T/e")"
 done
 
-# Not on the device: one warning line, the CPU's ids (deepseek2's latent
-# attention and grouped sigmoid gating; every weight type synth writes has a
-# shader).
-"$BIN" synth --arch deepseek2 --variant lite --dim 256 --layers 2 --heads 4 --ffn 512 --expert-ffn 256 --experts 8 \
-    --experts-used 2 --type q8_0 --vocab "$VOCAB" --seed 5 -o "$T/ds.gguf" >/dev/null 2>&1 || bad "synth deepseek2"
-"$BIN" run "$T/ds.gguf" -p "Once upon a time" -n 8 --temp 0 --json >"$T/o_cpu" 2>/dev/null
-"$BIN" run "$T/ds.gguf" -p "Once upon a time" -n 8 --temp 0 --json --gpu vulkan >"$T/o" 2>"$T/e"; rc=$?
+# deepseek2 on the device: the latent attention and its latent cache (V3's
+# q LoRA, V2-Lite's one attn_q), the dense first layer, the shared experts,
+# V3's sigmoid routing with the selection bias and group-limited top-k (and
+# V2-Lite's softmax), with an F32 and an F16 cache: the CPU's greedy ids.
+# (F32 and Q8_0 weights here: with Q8_K activations a 1-ulp change of float
+# order, such as the subgroup reduction's, flips a near tie of these random
+# models within 16 tokens; the K-quants are in the golden suite below, under
+# its tolerance rule.)
+for v in "lite q8_0 f32 --variant lite --experts 8 --experts-used 2" \
+    "v3 f32 f32 --variant v3 --experts 16 --experts-used 4" "v3 q8_0 f16 --variant v3 --experts 16 --experts-used 4"; do
+    set -- $v
+    tag=ds_$1_$2 ty=$2 kv=$3
+    shift 3
+    "$BIN" synth --arch deepseek2 "$@" --dim 256 --layers 3 --heads 4 --ffn 512 --expert-ffn 256 --type "$ty" \
+        --vocab "$VOCAB" --seed 5 -o "$T/$tag.gguf" >/dev/null 2>&1 || bad "synth $tag"
+    "$BIN" run "$T/$tag.gguf" -p "Once upon a time" -n 16 --temp 0 --json --kv-type "$kv" >"$T/o_cpu" 2>/dev/null
+    "$BIN" run "$T/$tag.gguf" -p "Once upon a time" -n 16 --temp 0 --json --kv-type "$kv" --gpu vulkan >"$T/o" 2>"$T/e"
+    rc=$?
+    [ $rc -eq 0 ] && ! grep -q 'running on the CPU' "$T/e" && grep -q '"device":"[^"]*"' "$T/o" && ! grep -q '"device":"cpu"' "$T/o" &&
+        [ -n "$(ids "$T/o")" ] && [ "$(ids "$T/o")" = "$(ids "$T/o_cpu")" ] && ok ||
+        bad "$tag ($kv cache) on the GPU: rc $rc, cpu [$(ids "$T/o_cpu")] gpu [$(ids "$T/o")] $(cat "$T/e")"
+done
+
+# Not on the device: one warning line, the CPU's ids (a q8_0 KV cache: the
+# device holds f32 and f16 caches only; the BF16 model above: head size 64).
+"$BIN" run "$T/bf16.gguf" -p "Once upon a time" -n 8 --temp 0 --json --kv-type q8_0 >"$T/o_cpu" 2>/dev/null
+"$BIN" run "$T/bf16.gguf" -p "Once upon a time" -n 8 --temp 0 --json --kv-type q8_0 --gpu vulkan >"$T/o" 2>"$T/e"
+rc=$?
 [ $rc -eq 0 ] && [ "$(grep -c 'gpu:' "$T/e")" -eq 1 ] && grep -q 'running on the CPU' "$T/e" &&
     grep -q '"device":"cpu"' "$T/o" && [ -n "$(ids "$T/o")" ] && [ "$(ids "$T/o")" = "$(ids "$T/o_cpu")" ] && ok ||
-    bad "deepseek2 not on the GPU: rc $rc, $(cat "$T/e")"
+    bad "q8_0 cache not on the GPU: rc $rc, $(cat "$T/e")"
 
 # Faults (the test hook): the device lost at the 3rd forward pass, or its
 # memory full at the 1st, fails the run with the reason in one line.
@@ -163,12 +185,14 @@ wait "$spid" 2>/dev/null
 # Q5_0, Q4_1, Q5_1 and the K-quants (Q2_K..Q6_K, Q4_K_M's mix), llama3 rope scaling, a
 # tied output, qwen3's Q/K norms, gemma3 (GELU, post norms, sliding window,
 # q scale), the mixtures of experts (qwen3moe with 8 and 64 experts,
-# qwen2moe's shared expert; Mixtral through the CLI above) and MXFP4.
+# qwen2moe's shared expert; Mixtral through the CLI above), MXFP4 and
+# deepseek2 (V3 with the unsplit attn_kv_b: its latent rounded to Q8_K;
+# V2-Lite's rounded to Q8_0; V3 with YaRN).
 SG=${CUMULO_TESTBIN:-build/tests}/test_synth_golden
 # (every type and gemma3's F32/Q8_0 too: run test_synth_golden with
 # CUMULO_GPU=vulkan and a wider CUMULO_SYNTH_ONLY; this list keeps the suite's time)
-SEL='^(llama-(f16|q8_0|q4_0|q4_1|q3_k|q4_k_m)|llama3-q4_0|llamatied-f32|qwen3-q4_k|gemma3-q4_k_m|qwen3moe-q4_k|qwen3moe64-q8_0|qwen2moe-q5_0|qwen3-mxfp4)\.json$'
-NSEL=14
+SEL='^(llama-(f16|q8_0|q4_0|q4_1|q3_k|q4_k_m)|llama3-q4_0|llamatied-f32|qwen3-q4_k|gemma3-q4_k_m|qwen3moe-q4_k|qwen3moe64-q8_0|qwen2moe-q5_0|qwen3-mxfp4|deepseek2v3kvb-q4_k|deepseek2litekvb-q8_0|deepseek2v3yarn-q8_0)\.json$'
+NSEL=17
 if [ -x "$SG" ]; then
     CUMULO_GPU=vulkan CUMULO_SYNTH_ONLY="$SEL" "$SG" >"$T/sg" 2>&1; rc=$?
     [ $rc -eq 0 ] && grep -q '^1 passed, 0 failed' "$T/sg" && [ "$(grep -c 'gpu: greedy with' "$T/sg")" -eq $NSEL ] && ok ||

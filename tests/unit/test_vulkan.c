@@ -3,7 +3,8 @@
  * machine has (CI: Mesa's lavapipe, which scripts/setup.sh installs).
  *
  * Each shader against a double-precision reference over the same dequantized
- * weights, with the CPU kernel's own error beside it (the CPU converts
+ * weights (the matmuls with each of their reductions: shared memory and
+ * subgroupAdd), with the CPU kernel's own error beside it (the CPU converts
  * activations to Q8_0 for Q8_0/Q4_0 weights, the GPU keeps them F32); then
  * stories260K (F32, Q8_0, Q4_0) with all or some layers on the device:
  * teacher-forced probabilities against llama.cpp's (../shared/reference),
@@ -19,9 +20,11 @@
 #include "kernels/kernels.h"
 #include "model/model.h"
 #include "os/os.h"
+#include "synth/synth.h"
 
 static char errbuf[512];
 static cm_gpu *G;
+static enum cm_type g_kv_type = CM_TYPE_F32; /* the caches greedy() and two_seqs() make */
 
 /* ---- shaders ---- */
 
@@ -81,7 +84,7 @@ static void one_matmul(enum cm_type t, int K, int R, int n_tok) {
     cm_free(wf), cm_free(x), cm_free(wd), cm_free(yg), cm_free(yc), cm_free(wq), cm_free(xq);
 }
 
-static void test_matmul(void) {
+static void matmul_all(void) {
     const enum cm_type ts[] = {CM_TYPE_F32,    CM_TYPE_F16,     CM_TYPE_BF16,    CM_TYPE_Q8_0,  CM_TYPE_Q4_0,
                                CM_TYPE_Q5_0,   CM_TYPE_Q4_1,    CM_TYPE_Q5_1,    CM_TYPE_MXFP4, CM_TYPE_IQ4_NL,
                                CM_TYPE_Q2_K,   CM_TYPE_Q3_K,    CM_TYPE_Q4_K,    CM_TYPE_Q5_K,  CM_TYPE_Q6_K,
@@ -91,6 +94,28 @@ static void test_matmul(void) {
         one_matmul(ts[i], 256, 67, 11); /* prefill (gemm): a partial group of 8 tokens */
         one_matmul(ts[i], 2048, 5, 3);  /* more blocks than threads */
     }
+}
+
+/* Every matmul shader with each reduction: the shared-memory tree (forced:
+ * the fallback), then subgroupAdd (the default where the device has
+ * subgroup arithmetic; lavapipe has: without it, a skip). */
+static int g_skipped, g_sg_default;
+static void test_matmul(void) {
+    g_sg_default = cm_gpu_subgroup(G);
+    CHECKF(cm_gpu_set_subgroup(G, false, errbuf, sizeof errbuf) == 0, "%s", errbuf);
+    CHECK(cm_gpu_subgroup(G) == 0);
+    matmul_all();
+}
+static void test_matmul_subgroup(void) {
+    if (cm_gpu_set_subgroup(G, true, errbuf, sizeof errbuf)) {
+        printf("skip: subgroup matmuls: %s\n", errbuf);
+        g_skipped++;
+        CHECK(g_sg_default == 0); /* a device without them does not default to them */
+        return;
+    }
+    CHECK(cm_gpu_subgroup(G) > 0 && cm_gpu_subgroup(G) == g_sg_default); /* and one with them does */
+    if (getenv("CUMULO_TEST_VERBOSE")) fprintf(stderr, "  subgroup size %d: the matmuls again\n", cm_gpu_subgroup(G));
+    matmul_all();
 }
 
 static void test_rmsnorm(void) {
@@ -202,7 +227,7 @@ static int greedy(story *S, cm_pool *pool, int gpu_layers, bool cpu_prefill, int
         return -1;
     }
     cm_kv kv;
-    cm_kv_init(&kv, m, 0, m->hp.n_layer, cm_slice_full(m), 512, errbuf, sizeof errbuf);
+    cm_kv_init_type(&kv, m, 0, m->hp.n_layer, cm_slice_full(m), 512, g_kv_type, errbuf, sizeof errbuf);
     float logits[512];
     int32_t ids[64];
     for (int i = 0; i < 5; i++) ids[i] = S->ref.in[i]; /* the reference's first tokens */
@@ -237,8 +262,8 @@ static int two_seqs(story *S, cm_pool *pool, int gpu_layers, int n_seq, float *o
     }
     cm_ctx_set_offload(c, gm ? cm_gpu_offload : NULL, gm);
     cm_kv kv[2];
-    cm_kv_init(&kv[0], m, 0, m->hp.n_layer, cm_slice_full(m), 512, errbuf, sizeof errbuf);
-    cm_kv_init(&kv[1], m, 0, m->hp.n_layer, cm_slice_full(m), 512, errbuf, sizeof errbuf);
+    cm_kv_init_type(&kv[0], m, 0, m->hp.n_layer, cm_slice_full(m), 512, g_kv_type, errbuf, sizeof errbuf);
+    cm_kv_init_type(&kv[1], m, 0, m->hp.n_layer, cm_slice_full(m), 512, g_kv_type, errbuf, sizeof errbuf);
     float last[2][512];
     int rc = cm_forward_simple(c, &kv[0], S->ref.in, 5, last[0], errbuf, sizeof errbuf);
     if (!rc) rc = cm_forward_simple(c, &kv[1], S->ref.in + 5, 9, last[1], errbuf, sizeof errbuf);
@@ -276,6 +301,8 @@ static double probs_diff(const float *x, const float *y, int rows) {
     return worst;
 }
 
+static void check_greedy_seqs(story *S, cm_pool *pool, const char *name, double bound);
+
 /* Probability bounds against llama.cpp: test_golden.c's for the CPU path
  * (the same tolerance rule). Measured on lavapipe, all or 2 of 5 layers on
  * the device: F32 1.96e-6, Q8_0 2.3e-6, Q4_0 1.61e-6, equal to the CPU
@@ -301,6 +328,18 @@ static void check_story(const char *name, double bound) {
             fprintf(stderr, "  %s %d/%d layers on the GPU: max |p - p_llama.cpp| %.3g (cpu alone %.3g)\n", name, ks[i],
                     nl, e, cpu);
     }
+    check_greedy_seqs(S, pool, name, bound);
+    cm_pool_free(pool);
+    cm_model_release(&S->m);
+    cm_gguf_close(&S->g);
+    cm_free(S);
+}
+
+/* Greedy ids equal the CPU's with all layers, 2 layers, and all after a CPU
+ * prefill (a slot re-filled); two sequences batched with 2 and 1 slots:
+ * probabilities within bound of the CPU's. */
+static void check_greedy_seqs(story *S, cm_pool *pool, const char *name, double bound) {
+    const int nl = S->m.hp.n_layer;
     enum { NG = 48 };
     int want[NG], got[NG];
     const int nc = greedy(S, pool, -1, false, NG, want);
@@ -323,10 +362,69 @@ static void check_story(const char *name, double bound) {
         if (getenv("CUMULO_TEST_VERBOSE"))
             fprintf(stderr, "  %s two sequences batched, %d slot(s): max |p_gpu - p_cpu| %.3g\n", name, ns, d);
     }
-    cm_pool_free(pool);
-    cm_model_release(&S->m);
+}
+
+/* deepseek2 (issue 16): synthetic models on stories260K's 512-token
+ * vocabulary, all on the device as check_story's greedy and batched runs
+ * (the latent cache re-filled from the CPU's after a CPU prefill and with
+ * one slot): V3 (q LoRA, sigmoid routing with the selection bias and
+ * expert groups, a shared expert) with F32 weights and cache and with F16
+ * ones, and V2-Lite with an unsplit attn_kv_b (its latent rounded as llama.cpp's MHA
+ * view rounds it to F16). Bounds: F32 weights, measured 7.2e-7 on
+ * lavapipe (float order alone); F16 weights, measured 4.4e-4 and 9.1e-4:
+ * the device's float order moves an F16 rounding of an activation now and
+ * then (2^-11 relative), which these random-weight models amplify; llama
+ * and qwen3moe with F16 weights in the same setup measured 5.9e-4 and
+ * 6.5e-4. (Quantized weights flip Q8 roundings, 2e-2 here: the golden
+ * suite's tolerance rule covers those, tests/sh/vulkan.sh.) */
+static void check_ds(const char *variant, const char *type, enum cm_type kvt, double bound) {
+    char name[64];
+    snprintf(name, sizeof name, "deepseek2 %s %s (%s cache)", variant, type, cm_type_name(kvt));
+    story *S = cm_calloc(1, sizeof *S);
+    cm_gguf voc;
+    cm_buf file;
+    cm_buf_init(&file);
+    memset(&voc, 0, sizeof voc);
+    const bool lite = !strncmp(variant, "lite", 4);
+    const cm_synth_params sp = {.arch = "deepseek2",
+                                .n_embd = 256,
+                                .n_layer = 3,
+                                .n_head = 4,
+                                .n_head_kv = 4,
+                                .n_ff = 512,
+                                .n_ctx = 512,
+                                .type = type,
+                                .seed = 9,
+                                .n_threads = 2,
+                                .n_expert = lite ? 8 : 16,
+                                .n_expert_used = lite ? 2 : 4,
+                                .n_ff_exp = 256,
+                                .variant = variant};
+    if (cm_gguf_open(&voc, t_shared("models/stories260K-f32.gguf"), NULL, NULL, errbuf, sizeof errbuf) ||
+        cm_synth_write(&sp, &voc, NULL, &file, errbuf, sizeof errbuf) ||
+        cm_gguf_parse(&S->g, (const uint8_t *)file.data, file.len, errbuf, sizeof errbuf) ||
+        cm_model_load(&S->m, &S->g, errbuf, sizeof errbuf)) {
+        CHECKF(0, "%s: %s", name, errbuf);
+    } else {
+        char why[256];
+        CHECKF(cm_gpu_model_supported(&S->m, why, sizeof why), "%s: %s", name, why);
+        for (int i = 0; i < 32; i++) S->ref.in[i] = 3 + (i * 37) % 500;
+        cm_pool *pool = cm_pool_new(2);
+        g_kv_type = kvt;
+        check_greedy_seqs(S, pool, name, bound);
+        g_kv_type = CM_TYPE_F32;
+        cm_pool_free(pool);
+        cm_model_release(&S->m);
+    }
     cm_gguf_close(&S->g);
+    cm_gguf_close(&voc);
+    cm_buf_release(&file);
     cm_free(S);
+}
+static void test_deepseek2(void) {
+    check_ds("v3", "f32", CM_TYPE_F32, 1e-5);
+    check_ds("v3", "f16", CM_TYPE_F16, 3e-3);
+    check_ds("litekvb", "f16", CM_TYPE_F32, 3e-3);
 }
 
 static void test_story_f32(void) { check_story("f32", 1e-5); }
@@ -452,6 +550,7 @@ int main(void) {
     if (getenv("CUMULO_TEST_VERBOSE"))
         fprintf(stderr, "  device: %s (%s)\n", cm_gpu_info_of(G)->name, cm_gpu_info_of(G)->kind);
     RUN(test_matmul);
+    RUN(test_matmul_subgroup);
     RUN(test_rmsnorm);
     RUN(test_rope);
     RUN(test_silu);
@@ -459,6 +558,7 @@ int main(void) {
     RUN(test_story_q8_0);
     RUN(test_story_q4_0);
     RUN(test_stage);
+    RUN(test_deepseek2);
     cm_gpu_close(G);
-    TEST_END();
+    TEST_END_SKIPPED(g_skipped);
 }

@@ -3,6 +3,7 @@
 // cache: slot and position per token from the metadata (AU[meta_off + j]:
 // position, AU[meta_off + B + j]: slot). Cache layout per slot and layer:
 // [K|V][head][ctx][D]. f16: round to F16 as the CPU's F16 cache does.
+// v_off == ~0u: K only (deepseek2's latent rows: [ctx][D] per slot and layer).
 #extension GL_GOOGLE_include_directive : require
 layout(local_size_x = 64) in;
 #include "common.glsl"
@@ -15,7 +16,7 @@ void main() {
     const uint pos = AU[p.meta_off + j], slot = AU[p.meta_off + p.B + j];
     const uint kb = slot * p.slot_stride + p.layer_base + hk * p.ctx * p.D + pos * p.D + d;
     const uint vb = kb + p.nkv * p.ctx * p.D;
-    const float k = A[p.k_off + id], v = A[p.v_off + id];
+    const float k = A[p.k_off + id], v = p.v_off != 0xffffffffu ? A[p.v_off + id] : 0.0;
     KV[kb] = p.f16 != 0 ? f16r(k) : k;
-    KV[vb] = p.f16 != 0 ? f16r(v) : v;
+    if (p.v_off != 0xffffffffu) KV[vb] = p.f16 != 0 ? f16r(v) : v;
 }

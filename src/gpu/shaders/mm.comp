@@ -1,6 +1,7 @@
 #version 450
 // y[j * ldy + r] (+)= dot(W row r, x_j): one workgroup per (row, 8 tokens),
-// 64 threads over the row's blocks, a shared-memory tree for the sum.
+// 64 threads over the row's blocks, summed by mmred.glsl (a shared-memory
+// tree, or subgroupAdd in the *_sg variants).
 // Weights are repacked at upload (vk_pack.c): F32, F16 and BF16 rows as in
 // the file; Q8_0/Q4_0/Q5_0 as all the rows' block scales (F32) first, then the
 // blocks' quants (8 / 4 / 5 words per block, Q5_0's qh first); Q4_1/Q5_1
@@ -11,10 +12,14 @@
 // nibbles indexing their tables; MXFP4's E8M0 scale halved as the CPU's), Q8_1 (q8act.comp -DQ8_1: the nb sums
 // between) for Q4_1/Q5_1; integer block sums scaled by dw * dx (+ min * sum).
 #extension GL_GOOGLE_include_directive : require
+#ifdef SUBGROUP
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_shader_subgroup_arithmetic : require
+#endif
 layout(local_size_x = 64) in;
 #include "common.glsl"
 layout(push_constant) uniform P { uint K, rows, ntok, w_off_, x_off, ldx, y_off, ldy, add, ids_off, w_stride, xdiv; } p;
-shared float red[8 * 64];
+#include "mmred.glsl"
 
 #if defined(T_BF16)
 // x rounded to BF16 (to nearest, ties to even, NaN kept: the CPU's cm_f32_to_bf16) and back
@@ -142,15 +147,5 @@ void main() {
         }
     }
 #endif
-    for (uint t = 0; t < 8; t++) red[t * 64 + tid] = acc[t];
-    barrier();
-    for (uint s = 32; s > 0; s >>= 1) {
-        if (tid < s)
-            for (uint t = 0; t < 8; t++) red[t * 64 + tid] += red[t * 64 + tid + s];
-        barrier();
-    }
-    if (tid < nt) {
-        const uint yi = p.y_off + (t0 + tid) * p.ldy + row;
-        A[yi] = (p.add != 0 ? A[yi] : 0.0) + red[tid * 64];
-    }
+    store_rows(acc, nt, t0, row, tid);
 }

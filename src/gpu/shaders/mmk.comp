@@ -15,10 +15,14 @@
 // power-of-two output factor (IQ2_XXS 1/8, IQ3_XXS 1/4) is folded into d,
 // and IQ1_S's delta term is the min term (dmin = -d / 8).
 #extension GL_GOOGLE_include_directive : require
+#ifdef SUBGROUP
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_shader_subgroup_arithmetic : require
+#endif
 layout(local_size_x = 64) in;
 #include "common.glsl"
 layout(push_constant) uniform P { uint K, rows, ntok, w_off_, x_off, ldx, y_off, ldy, add, ids_off, w_stride, xdiv; } p;
-shared float red[8 * 64];
+#include "mmred.glsl"
 
 #if defined(T_Q4_K)
 #define BW 36u
@@ -202,15 +206,5 @@ void main() {
             acc[t] += (d * dx) * float(isum) - (dmin * dx) * float(summ);
         }
     }
-    for (uint t = 0; t < 8; t++) red[t * 64 + tid] = acc[t];
-    barrier();
-    for (uint s = 32; s > 0; s >>= 1) {
-        if (tid < s)
-            for (uint t = 0; t < 8; t++) red[t * 64 + tid] += red[t * 64 + tid + s];
-        barrier();
-    }
-    if (tid < nt) {
-        const uint yi = p.y_off + (t0 + tid) * p.ldy + row;
-        A[yi] = (p.add != 0 ? A[yi] : 0.0) + red[tid * 64];
-    }
+    store_rows(acc, nt, t0, row, tid);
 }
