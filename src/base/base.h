@@ -105,6 +105,7 @@ typedef struct cm_config {
     unsigned test_dash_hold_ms;     /* CUMULO_TEST_DASH_HOLD_MS */
     int test_sockbuf;               /* CUMULO_TEST_SOCKBUF when > 0; else 0 */
     const char *gpu;                /* CUMULO_GPU */
+    bool gpu_subgroup;              /* CUMULO_GPU_SUBGROUP: not "0" (the default: on) */
     const char *vulkan_lib;         /* CUMULO_VULKAN_LIB */
     const char *test_gpu_fault;     /* CUMULO_TEST_GPU_FAULT (src/gpu/vk.c) */
     const char *mpi_spin_ms;        /* CUMULO_MPI_SPIN_MS, as a string (the MPI bridge parses it) */

@@ -79,6 +79,8 @@
     X(test_gpu_fault, "CUMULO_TEST_GPU_FAULT", "unset",                                                            \
       "test hook: lost or oom, or lost:N / oom:N: the device's Nth forward pass (from 1) fails so "                \
       "(lost: every later one too)")                                                                               \
+    X(gpu_subgroup, "CUMULO_GPU_SUBGROUP", "1",                                                                    \
+      "0: the GPU's matmuls reduce through shared memory even where the device has subgroup arithmetic")           \
     X(vulkan_lib, "CUMULO_VULKAN_LIB", "libvulkan.so.1 (macOS: libvulkan.1.dylib, MoltenVK)",                      \
       "the Vulkan loader "                                                                                         \
       "to open")                                                                                                   \
@@ -179,6 +181,7 @@ static void load(void) {
     c->prefill_chunk = int_at_least(RAW(prefill_chunk), 1);
     if (!c->prefill_chunk) c->prefill_chunk = 32;
     c->mixed_pass = !RAW(mixed_pass) || strcmp(RAW(mixed_pass), "0") != 0;
+    c->gpu_subgroup = !RAW(gpu_subgroup) || strcmp(RAW(gpu_subgroup), "0") != 0;
     c->powercap_root = STR(powercap_root) ? STR(powercap_root) : "/sys/class/powercap";
     c->proc_stat = STR(proc_stat) ? STR(proc_stat) : "/proc/stat";
     c->oracle_dir = STR(oracle_dir) ? STR(oracle_dir) : "/tmp/nlc";

@@ -704,7 +704,7 @@ int cm_gpu_open(cm_gpu **out, int index, char *err, size_t errlen) {
         g->vk.vkGetPhysicalDeviceProperties(g->pd, &p);
         g->max_range = p.limits.maxStorageBufferRange;
         g->sg_size = subgroup_size(&g->vk, g->pd, p.apiVersion);
-        g->subgroup = g->sg_size > 0;
+        g->subgroup = g->sg_size > 0 && cm_config_get()->gpu_subgroup;
         rc = make_device(g, err, errlen);
     }
     if (!rc) rc = make_pipelines(g, err, errlen);

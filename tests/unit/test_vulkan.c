@@ -118,6 +118,24 @@ static void test_matmul_subgroup(void) {
     matmul_all();
 }
 
+/* CUMULO_GPU_SUBGROUP=0 opens a device with the shared-memory reduction even
+ * where it has subgroup arithmetic (the way out for a driver whose 1.1 path
+ * misbehaves). */
+static void test_subgroup_env(void) {
+    cm_gpu *g = NULL;
+    setenv("CUMULO_GPU_SUBGROUP", "0", 1);
+    cm_config_reload();
+    CHECKF(cm_gpu_open(&g, CM_GPU_ANY, errbuf, sizeof errbuf) == 0, "%s", errbuf);
+    CHECK(g && cm_gpu_subgroup(g) == 0);
+    cm_gpu_close(g);
+    unsetenv("CUMULO_GPU_SUBGROUP");
+    cm_config_reload();
+    g = NULL;
+    CHECKF(cm_gpu_open(&g, CM_GPU_ANY, errbuf, sizeof errbuf) == 0, "%s", errbuf);
+    CHECK(g && cm_gpu_subgroup(g) == g_sg_default); /* unset: the device's choice again */
+    cm_gpu_close(g);
+}
+
 static void test_rmsnorm(void) {
     enum { N = 300, ROWS = 3 };
     float x[N * ROWS], w[N], y[N * ROWS];
@@ -551,6 +569,7 @@ int main(void) {
         fprintf(stderr, "  device: %s (%s)\n", cm_gpu_info_of(G)->name, cm_gpu_info_of(G)->kind);
     RUN(test_matmul);
     RUN(test_matmul_subgroup);
+    RUN(test_subgroup_env);
     RUN(test_rmsnorm);
     RUN(test_rope);
     RUN(test_silu);
