@@ -13,18 +13,20 @@
  * the scheduler; the connection thread streams the job's SSE bytes or waits
  * for its whole text, and cancels the job when the client hangs up.
  *
+ * This file is the request side (routes, checks, responses, jobs, SSE);
+ * server_conn.c holds the daemon's lifecycle, the connection list and the
+ * watchdog named below.
+ *
  * Never answers a client's mistake with a 5xx; never logs request bodies or
  * keys.
  */
-#include "http_impl.h"
+#include "server_impl.h"
 
 #include "../sampler/grammar.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
 #include <microhttpd.h>
-#include <netdb.h>
-#include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,38 +34,6 @@
 #include <strings.h>
 #include <sys/socket.h>
 #include <unistd.h>
-
-struct cm_http_server {
-    struct MHD_Daemon *d;
-    cm_http_opts o;
-    char *host, *api_key, *cors, *model_id, *chat_template;
-    char **allow;
-    int n_allow;
-    int port;
-    pthread_rwlock_t rw; /* guards e and sc against cm_http_set_engine / stop */
-    cm_engine *e;
-    cm_queue *sc;
-    metrics *m;
-    int n_ctx;
-    atomic_uint_fast64_t seq;
-    /* header deadline */
-    pthread_mutex_t cmu;
-    pthread_cond_t ccv;
-    struct conn *conns;
-    pthread_t wd;
-    bool wd_started, wd_stop;
-    cm_ft_state *ft; /* fine-tuning jobs (api_finetune.c); NULL without opts.finetune */
-};
-
-/* One open connection, for the header deadline and for noticing that the
- * client of a suspended request left (see watchdog). */
-typedef struct conn {
-    int fd;
-    double t0;       /* when the connection opened or its last request ended */
-    bool in_request; /* headers complete: the request is the handler's now */
-    job *j;          /* a generation job it waits for (a reference), or NULL */
-    struct conn *prev, *next;
-} conn;
 
 typedef struct req {
     enum route route;
@@ -189,22 +159,11 @@ void cm_job_unref(job *j) {
     cm_free(j);
 }
 
-static void job_cancel(job *j) {
+void cm_job_cancel(job *j) {
     atomic_store(&j->cancel, 1);
     pthread_mutex_lock(&j->mu);
     if (j->sess) cm_session_cancel(j->sess);
     pthread_mutex_unlock(&j->mu);
-}
-
-/* Has the peer closed the connection? (Pipelined bytes do not count.) */
-static bool peer_gone(int fd) {
-    if (fd < 0) return false;
-    struct pollfd p = {.fd = fd, .events = POLLIN};
-    if (poll(&p, 1, 0) <= 0) return false;
-    if (p.revents & (POLLERR | POLLHUP | POLLNVAL)) return true;
-    char c;
-    ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
-    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
 }
 
 /* ---- responses ---- */
@@ -381,12 +340,11 @@ static void sse_free(void *cls) {
     pthread_mutex_lock(&j->mu);
     bool done = j->state == JOB_DONE;
     pthread_mutex_unlock(&j->mu);
-    if (!done) job_cancel(j); /* the client left mid-stream */
+    if (!done) cm_job_cancel(j); /* the client left mid-stream */
     cm_job_unref(j);
 }
 
 static enum MHD_Result wait_job(cm_http_server *srv, struct MHD_Connection *c, req *q);
-static void conn_attach(cm_http_server *srv, struct MHD_Connection *c, job *j);
 
 static enum MHD_Result generate(cm_http_server *srv, struct MHD_Connection *c, req *q, bool chat) {
     job *j = cm_job_new(srv, chat);
@@ -412,11 +370,11 @@ static enum MHD_Result generate(cm_http_server *srv, struct MHD_Connection *c, r
                     rc == CM_EBUSY ? "the server is busy: every slot is generating and the queue is full; retry later"
                                    : "the server is not ready");
     }
-    conn_attach(srv, c, j);
+    cm_http_conn_attach(srv, c, j);
     if (j->stream) {
         struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, sse_reader, j, sse_free);
         if (!r) {
-            job_cancel(j);
+            cm_job_cancel(j);
             cm_job_unref(j);
             return MHD_NO;
         }
@@ -467,134 +425,10 @@ static enum MHD_Result wait_job(cm_http_server *srv, struct MHD_Connection *c, r
     return ok;
 }
 
-/* ---- slowloris: a deadline for request headers ----
- * MHD's timeout is an IDLE timeout: a client that sends one header byte
- * every few seconds would hold its connection (and thread) forever. The
- * watchdog shuts down any connection whose request headers are not complete
- * within timeout_s of the connection opening (or of its previous request
- * ending, for keep-alive). shutdown(), not close(): MHD still owns the fd,
- * sees EOF and cleans up; entries leave the list (under cmu) when MHD
- * reports the connection closed, before it closes the fd.
- *
- * The same watchdog looks after connections suspended on a job: a client
- * that hung up cancels its job (a suspended socket is out of the event
- * loop, so MHD would not notice), and a stream quiet for a third of the
- * idle timeout is resumed to send a keep-alive comment. Lock order: cmu,
- * then a job's mu; MHD_resume_connection with neither held. */
-
-static void conn_detach(cm_http_server *srv, conn *k) {
-    pthread_mutex_lock(&srv->cmu);
-    job *j = k->j;
-    k->j = NULL;
-    pthread_mutex_unlock(&srv->cmu);
-    cm_job_unref(j);
-}
-
-static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
-                          enum MHD_ConnectionNotificationCode code) {
-    cm_http_server *srv = cls;
-    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
-        conn *k = cm_calloc(1, sizeof *k);
-        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
-        if (!k || !ci) {
-            cm_free(k);
-            return;
-        }
-        k->fd = ci->connect_fd;
-        k->t0 = cm_now_s();
-        pthread_mutex_lock(&srv->cmu);
-        k->next = srv->conns;
-        if (srv->conns) srv->conns->prev = k;
-        srv->conns = k;
-        pthread_mutex_unlock(&srv->cmu);
-        *socket_context = k;
-    } else if (code == MHD_CONNECTION_NOTIFY_CLOSED && *socket_context) {
-        conn *k = *socket_context;
-        conn_detach(srv, k);
-        pthread_mutex_lock(&srv->cmu);
-        if (k->prev) k->prev->next = k->next;
-        else srv->conns = k->next;
-        if (k->next) k->next->prev = k->prev;
-        pthread_mutex_unlock(&srv->cmu);
-        cm_free(k);
-        *socket_context = NULL;
-    }
-}
-
-static conn *conn_of(struct MHD_Connection *c) {
-    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
-    return ci ? ci->socket_context : NULL;
-}
-
-static void conn_attach(cm_http_server *srv, struct MHD_Connection *c, job *j) {
-    conn *k = conn_of(c);
-    if (!k) return;
-    cm_job_ref(j);
-    pthread_mutex_lock(&srv->cmu);
-    job *old = k->j;
-    k->j = j;
-    pthread_mutex_unlock(&srv->cmu);
-    cm_job_unref(old);
-}
-
-static void conn_mark(cm_http_server *srv, struct MHD_Connection *c, bool in_request) {
-    conn *k = conn_of(c);
-    if (!k) return;
-    pthread_mutex_lock(&srv->cmu);
-    k->in_request = in_request;
-    k->t0 = cm_now_s();
-    pthread_mutex_unlock(&srv->cmu);
-}
-
-static void *watchdog(void *arg) {
-    cm_http_server *srv = arg;
-    double keepalive_s = CM_MAX(0.5, srv->o.timeout_s / 3.0);
-    enum { RESUME_MAX = 256 };
-    job *wake[RESUME_MAX];
-    pthread_mutex_lock(&srv->cmu);
-    while (!srv->wd_stop) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 250000000L;
-        ts.tv_sec += ts.tv_nsec / 1000000000L;
-        ts.tv_nsec %= 1000000000L;
-        pthread_cond_timedwait(&srv->ccv, &srv->cmu, &ts);
-        double now = cm_now_s();
-        int n_wake = 0;
-        for (conn *k = srv->conns; k; k = k->next) {
-            if (!k->in_request && now - k->t0 > srv->o.timeout_s) {
-                shutdown(k->fd, SHUT_RDWR);
-                k->t0 = now + 1e9; /* once */
-            }
-            job *j = k->j;
-            if (!j) continue;
-            pthread_mutex_lock(&j->mu);
-            bool waiting = j->suspended && j->state != JOB_DONE;
-            bool gone = waiting && peer_gone(k->fd);
-            bool ka = waiting && !gone && j->stream && now - j->t_suspended > keepalive_s && n_wake < RESUME_MAX;
-            if (ka) j->keepalive_due = true;
-            pthread_mutex_unlock(&j->mu);
-            if (gone) job_cancel(j); /* its end wakes the connection */
-            if (ka) {
-                cm_job_ref(j);
-                wake[n_wake++] = j;
-            }
-        }
-        pthread_mutex_unlock(&srv->cmu);
-        for (int i = 0; i < n_wake; i++) {
-            cm_job_wake(wake[i]);
-            cm_job_unref(wake[i]);
-        }
-        pthread_mutex_lock(&srv->cmu);
-    }
-    pthread_mutex_unlock(&srv->cmu);
-    return NULL;
-}
-
 /* ---- the access handler ---- */
 
-static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
-                                  const char *version, const char *upload, size_t *upload_size, void **con_cls) {
+enum MHD_Result cm_http_on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                                   const char *version, const char *upload, size_t *upload_size, void **con_cls) {
     (void)version;
     cm_http_server *srv = cls;
     req *q = *con_cls;
@@ -602,7 +436,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         q = cm_calloc(1, sizeof *q);
         if (!q) return MHD_NO;
         *con_cls = q;
-        conn_mark(srv, c, true);
+        cm_http_conn_mark(srv, c, true);
         cm_buf_init(&q->body);
         q->t0 = cm_now_s();
         q->route = route_of(url);
@@ -741,149 +575,18 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     return generate(srv, c, q, q->route == R_CHAT || q->route == R_MESSAGES);
 }
 
-static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
+void cm_http_on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
     (void)toe;
-    conn_mark(cls, c, false); /* the next request's headers start the clock again */
-    conn *k = conn_of(c);
-    if (k) conn_detach(cls, k);
+    cm_http_conn_mark(cls, c, false); /* the next request's headers start the clock again */
+    conn *k = cm_http_conn_of(c);
+    if (k) cm_http_conn_detach(cls, k);
     req *q = *con_cls;
     if (!q) return;
     if (q->j) {
-        job_cancel(q->j);
+        cm_job_cancel(q->j);
         cm_job_unref(q->j);
     } /* ended before its answer */
     cm_buf_release(&q->body);
     cm_free(q);
     *con_cls = NULL;
-}
-
-/* ---- lifecycle ---- */
-
-static char *dup_or_null(const char *s) { return s && *s ? cm_strdup(s) : NULL; }
-
-static void srv_free(cm_http_server *s) {
-    cm_metrics_free(s->m);
-    cm_ft_free(s->ft);
-    cm_free(s->host);
-    cm_free(s->api_key);
-    cm_free(s->cors);
-    cm_free(s->model_id);
-    cm_free(s->chat_template);
-    for (int i = 0; i < s->n_allow; i++) cm_free(s->allow[i]);
-    cm_free(s->allow);
-    pthread_rwlock_destroy(&s->rw);
-    pthread_mutex_destroy(&s->cmu);
-    pthread_cond_destroy(&s->ccv);
-    cm_free(s);
-}
-
-int cm_http_start(cm_http_server **out, const cm_http_opts *o, char *err, size_t errlen) {
-    *out = NULL;
-    cm_http_server *s = cm_calloc(1, sizeof *s);
-    if (!s) return cm_errf(err, errlen, CM_ENOMEM, "out of memory");
-    pthread_rwlock_init(&s->rw, NULL);
-    pthread_mutex_init(&s->cmu, NULL);
-    pthread_cond_init(&s->ccv, NULL);
-    s->o = *o;
-    if (s->o.timeout_s < 1) s->o.timeout_s = 1;
-    s->host = dup_or_null(o->host ? o->host : "127.0.0.1");
-    s->api_key = dup_or_null(o->api_key);
-    s->cors = dup_or_null(o->cors_origin);
-    s->model_id = cm_strdup(o->model_id && *o->model_id ? o->model_id : "model");
-    s->chat_template = dup_or_null(o->chat_template);
-    s->allow = cm_calloc((size_t)o->n_allow_hosts + 1, sizeof *s->allow);
-    for (int i = 0; s->allow && i < o->n_allow_hosts; i++) s->allow[s->n_allow++] = cm_strdup(o->allow_hosts[i]);
-    s->m = cm_metrics_new(o->tdp_w);
-    if (o->finetune && !(s->ft = cm_ft_new())) {
-        srv_free(s);
-        return cm_errf(err, errlen, CM_ENOMEM, "out of memory");
-    }
-    if (!s->host || !s->model_id || !s->allow || !s->m) {
-        srv_free(s);
-        return cm_errf(err, errlen, CM_ENOMEM, "out of memory");
-    }
-    if (s->o.n_slots < 1) s->o.n_slots = 1;
-    if (s->o.queue_max < 0) s->o.queue_max = 0;
-
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *ai = NULL;
-    char port[16];
-    snprintf(port, sizeof port, "%d", o->port);
-    int gr = getaddrinfo(s->host, port, &hints, &ai);
-    if (gr || !ai) {
-        srv_free(s);
-        return cm_errf(err, errlen, CM_EINVAL, "cannot resolve host '%s': %s", o->host, gai_strerror(gr));
-    }
-    /* epoll (or poll where there is none) in a few threads; suspend/resume
-     * for connections that wait on a job; ITC so a resume is seen at once. */
-    unsigned flags = MHD_USE_AUTO_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG | MHD_USE_ITC;
-    if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
-    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    unsigned n_threads = o->n_threads > 0 ? (unsigned)o->n_threads : (unsigned)CM_MAX(2, CM_MIN(4, ncpu));
-    s->o.max_conns = cm_http_fit_fd_limit(CM_MAX(o->max_conns, 4));
-    unsigned per_ip = o->max_conns_per_ip > 0 ? (unsigned)o->max_conns_per_ip : 0; /* 0: no limit */
-    s->d = MHD_start_daemon(flags, (uint16_t)o->port, NULL, NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER,
-                            cm_http_mhd_log, s, MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_THREAD_POOL_SIZE,
-                            n_threads, MHD_OPTION_THREAD_STACK_SIZE, CM_COMPUTE_STACK, /* embeddings compute here */
-                            MHD_OPTION_PER_IP_CONNECTION_LIMIT, per_ip, MHD_OPTION_CONNECTION_LIMIT,
-                            (unsigned)s->o.max_conns, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)CM_MAX(o->timeout_s, 1),
-                            MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)CM_MAX(o->max_header, (size_t)4096),
-                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_NOTIFY_CONNECTION, on_connection,
-                            s, MHD_OPTION_END);
-    freeaddrinfo(ai);
-    if (!s->d) {
-        srv_free(s);
-        return cm_errf(err, errlen, CM_EIO, "cannot listen on %s port %d: %s", o->host, o->port, strerror(errno));
-    }
-    if (pthread_create(&s->wd, NULL, watchdog, s) == 0) s->wd_started = true;
-    const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
-    s->port = di ? di->port : o->port;
-    *out = s;
-    return 0;
-}
-
-int cm_http_port(const cm_http_server *s) { return s->port; }
-
-int cm_http_set_engine(cm_http_server *s, cm_engine *e, char *err, size_t errlen) {
-    cm_engine_info in;
-    cm_engine_get_info(e, &in);
-    int n_ctx = s->o.n_ctx > 0 ? s->o.n_ctx : in.n_ctx;
-    /* Check the chat template once, with a one-message conversation. */
-    cm_buf b;
-    cm_buf_init(&b);
-    cm_chat_msg probe = {.role = "user", .content = "hi"};
-    char msg[512];
-    int rc = cm_engine_chat_render(e, s->chat_template, &probe, 1, true, &b, msg, sizeof msg);
-    cm_buf_release(&b);
-    if (rc && s->chat_template) return cm_errf(err, errlen, rc, "%s", msg);
-    if (rc) {
-        CM_LOGW("'%s': %s; using chatml", s->model_id, msg); /* as chat and run --chat say it */
-        s->chat_template = cm_strdup("chatml");
-    }
-    cm_queue *sc = cm_queue_new(s, e, s->o.n_slots, s->o.queue_max, n_ctx, s->o.kv_mem, err, errlen);
-    if (!sc) return CM_ENOMEM;
-    pthread_rwlock_wrlock(&s->rw);
-    s->e = e;
-    s->n_ctx = n_ctx;
-    s->sc = sc;
-    pthread_rwlock_unlock(&s->rw);
-    return 0;
-}
-
-void cm_http_stop(cm_http_server *s) {
-    if (!s) return;
-    MHD_quiesce_daemon(s->d); /* no new connections */
-    pthread_rwlock_wrlock(&s->rw);
-    cm_queue *sc = s->sc;
-    s->sc = NULL;
-    pthread_rwlock_unlock(&s->rw);
-    cm_queue_free(sc); /* ends every job, so connection threads finish */
-    if (s->wd_started) {
-        pthread_mutex_lock(&s->cmu);
-        s->wd_stop = true;
-        pthread_cond_signal(&s->ccv);
-        pthread_mutex_unlock(&s->cmu);
-        pthread_join(s->wd, NULL);
-    }
-    MHD_stop_daemon(s->d);
-    srv_free(s);
 }
