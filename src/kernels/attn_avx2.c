@@ -256,17 +256,17 @@ AI void qk_q8_0_slots(int64_t D, int G, int h0, int8_t (*qi)[QK8_MAXD], const fl
     const __m128 vs = _mm_set1_ps(scale);
     for (int j = 0; j < n; j += P) {
         const char *r[4];
-        for (int p = 0; p < P; p++) {
+        UNROLL4 for (int p = 0; p < P; p++) {
             r[p] = (const char *)k + (size_t)(j + p < n ? j + p : n - 1) * k_row;
             if (h0 == 0) _mm_prefetch(r[p] + 64 * k_row, _MM_HINT_T0);
         }
         __m256 acc = _mm256_setzero_ps();
         for (int64_t b = 0; b < D / 32; b++) {
             __m256i pv[4];
-            float dk[4];
-            for (int p = 0; p < P; p++) {
+            short dk[4];
+            UNROLL4 for (int p = 0; p < P; p++) {
                 const cm_block_q8_0 *blk = (const cm_block_q8_0 *)r[p] + b;
-                dk[p] = f16s(blk->d);
+                dk[p] = (short)blk->d;
                 const __m256i kq = _mm256_loadu_si256((const __m256i *)blk->qs), ka = _mm256_sign_epi8(kq, kq);
                 UNROLL4 for (int g = 0; g < G; g++) {
                     const __m256i qv = _mm256_loadu_si256((const __m256i *)(qi[g] + b * 32));
@@ -274,14 +274,20 @@ AI void qk_q8_0_slots(int64_t D, int G, int h0, int8_t (*qi)[QK8_MAXD], const fl
                 }
             }
             const __m256i hs = _mm256_hadd_epi32(_mm256_hadd_epi32(pv[0], pv[1]), _mm256_hadd_epi32(pv[2], pv[3]));
-            __m256 vdk;
-            if (G == 4) vdk = _mm256_set1_ps(dk[0]);
-            else if (G == 2) vdk = _mm256_setr_ps(dk[0], dk[0], dk[1], dk[1], dk[0], dk[0], dk[1], dk[1]);
-            else vdk = _mm256_setr_ps(dk[0], dk[1], dk[2], dk[3], dk[0], dk[1], dk[2], dk[3]);
+            __m256 vdk; /* the slots' K scales, exact as F16C widens them */
+            if (G == 4) vdk = _mm256_set1_ps(f16s((cm_f16)dk[0]));
+            else if (G == 2)
+                vdk = _mm256_cvtph_ps(_mm_setr_epi16(dk[0], dk[0], dk[1], dk[1], dk[0], dk[0], dk[1], dk[1]));
+            else vdk = _mm256_cvtph_ps(_mm_setr_epi16(dk[0], dk[1], dk[2], dk[3], dk[0], dk[1], dk[2], dk[3]));
             acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hs), _mm256_mul_ps(vdk, _mm256_load_ps(qdv + b * 8)), acc);
         }
+        const __m128 o4 = _mm_mul_ps(_mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1)), vs);
+        if (G == 1 && j + 4 <= n) {
+            _mm_storeu_ps(s + h0 * ld + j, o4);
+            continue;
+        }
         float o[4];
-        _mm_storeu_ps(o, _mm_mul_ps(_mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1)), vs));
+        _mm_storeu_ps(o, o4);
         for (int p = 0; p < P && j + p < n; p++)
             UNROLL4 for (int g = 0; g < G; g++) s[(h0 + g) * ld + j + p] = o[p * G + g];
     }
