@@ -263,10 +263,10 @@ AI void qk_q8_0_slots(int64_t D, int G, int h0, int8_t (*qi)[QK8_MAXD], const fl
         __m256 acc = _mm256_setzero_ps();
         for (int64_t b = 0; b < D / 32; b++) {
             __m256i pv[4];
-            short dk[4];
+            uint64_t dk[4];
             UNROLL4 for (int p = 0; p < P; p++) {
                 const cm_block_q8_0 *blk = (const cm_block_q8_0 *)r[p] + b;
-                dk[p] = (short)blk->d;
+                dk[p] = blk->d;
                 const __m256i kq = _mm256_loadu_si256((const __m256i *)blk->qs), ka = _mm256_sign_epi8(kq, kq);
                 UNROLL4 for (int g = 0; g < G; g++) {
                     const __m256i qv = _mm256_loadu_si256((const __m256i *)(qi[g] + b * 32));
@@ -275,10 +275,16 @@ AI void qk_q8_0_slots(int64_t D, int G, int h0, int8_t (*qi)[QK8_MAXD], const fl
             }
             const __m256i hs = _mm256_hadd_epi32(_mm256_hadd_epi32(pv[0], pv[1]), _mm256_hadd_epi32(pv[2], pv[3]));
             __m256 vdk; /* the slots' K scales, exact as F16C widens them */
-            if (G == 4) vdk = _mm256_set1_ps(f16s((cm_f16)dk[0]));
-            else if (G == 2)
-                vdk = _mm256_cvtph_ps(_mm_setr_epi16(dk[0], dk[0], dk[1], dk[1], dk[0], dk[0], dk[1], dk[1]));
-            else vdk = _mm256_cvtph_ps(_mm_setr_epi16(dk[0], dk[1], dk[2], dk[3], dk[0], dk[1], dk[2], dk[3]));
+            if (G == 4) {
+                vdk = _mm256_set1_ps(f16s((cm_f16)dk[0]));
+            } else if (G == 2) {
+                const __m128 d2 = _mm_cvtph_ps(_mm_cvtsi32_si128((int)(dk[0] | dk[1] << 16)));
+                vdk = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(d2), _mm256_setr_epi32(0, 0, 1, 1, 0, 0, 1, 1));
+            } else {
+                const __m128 d4 =
+                    _mm_cvtph_ps(_mm_cvtsi64_si128((long long)(dk[0] | dk[1] << 16 | dk[2] << 32 | dk[3] << 48)));
+                vdk = _mm256_insertf128_ps(_mm256_castps128_ps256(d4), d4, 1);
+            }
             acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hs), _mm256_mul_ps(vdk, _mm256_load_ps(qdv + b * 8)), acc);
         }
         const __m128 o4 = _mm_mul_ps(_mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1)), vs);
