@@ -10,7 +10,7 @@
  * row widened to floats 16 elements at a time for up to four queries, each
  * (query, position) dot an 8-lane partial, 8 positions' partials summed by
  * one transposing tree (a partial group at the end of a tile runs the same
- * code with zero partials); the V side keeps four queries' accumulators of
+ * code with zero partials; Q8_0 K rows go by int8 dots instead, below); the V side keeps four queries' accumulators of
  * 16 elements in registers; exp is the same degree-7 polynomial, 2^n built
  * in two exponent-field halves (n goes below the normal range).
  */
@@ -209,8 +209,120 @@ AI void qk_group(enum cm_type T, int64_t D, int nh, int h0, const float *qh, con
     }
 }
 
+/* Q8_0 K with D a multiple of 32 (up to QK8_MAXD): the queries, which
+ * attn_split.c rounds through Q8_0 (kernels.h), are re-quantized per 32-block
+ * once per call (int8 values qi, scale qd = the block's largest |q| / 127,
+ * exact for such a query) and dotted in int16/int32 as ggml's AVX2 q8_0 dot:
+ * |k| unsigned times q with k's sign by maddubs (no overflow: 2 x 128 x 127),
+ * pairs by madd. A "slot" is one (query, position) pair; four slots' 8 int32
+ * partials per block go through one hadd tree to [4 slots' sums of elements
+ * 0-15 | of 16-31], exact integers, then lo/hi each fused-added as
+ * float(sum) x (d_k d_q) in block order, and the result is (lo + hi) x scale.
+ * A slot's arithmetic is the same whether its vector holds four queries of one
+ * position, two of two or one of four: each query's scores depend on that
+ * query only (batch invariance). */
+enum { QK8_MAXD = 1024 };
+
+AI void q8_prep_avx2(int64_t D, const float *q, int8_t *qi, float *qd) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int64_t b = 0; b < D / 32; b++) {
+        __m256 v[4], m = _mm256_setzero_ps();
+        for (int i = 0; i < 4; i++) {
+            v[i] = _mm256_loadu_ps(q + b * 32 + 8 * i);
+            m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[i]));
+        }
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        const float d = _mm_cvtss_f32(m4) / 127.0f;
+        qd[b] = d;
+        const __m256 id = _mm256_set1_ps(d != 0.0f ? 1.0f / d : 0.0f);
+        __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(v[0], id)), i1 = _mm256_cvtps_epi32(_mm256_mul_ps(v[1], id));
+        __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(v[2], id)), i3 = _mm256_cvtps_epi32(_mm256_mul_ps(v[3], id));
+        i0 = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
+        i0 = _mm256_permutevar8x32_epi32(i0, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256((__m256i *)(qi + b * 32), i0);
+    }
+}
+
+/* G queries (h0 .. h0 + G - 1; G = 1, 2 or 4, a constant where inlined) by
+ * 4 / G positions per step; slot p * G + g = (query g, position j + p); qdv:
+ * per block, each slot's d_q (both halves). A last partial step reads the
+ * last row again and stores only the positions below n. */
+AI void qk_q8_0_slots(int64_t D, int G, int h0, int8_t (*qi)[QK8_MAXD], const float *qdv, const void *k, size_t k_row,
+                      int n, float scale, float *s, int ld) {
+    const int P = 4 / G;
+    const __m256i ones = _mm256_set1_epi16(1);
+    const __m128 vs = _mm_set1_ps(scale);
+    for (int j = 0; j < n; j += P) {
+        const char *r[4];
+        UNROLL4 for (int p = 0; p < P; p++) {
+            r[p] = (const char *)k + (size_t)(j + p < n ? j + p : n - 1) * k_row;
+            if (h0 == 0) _mm_prefetch(r[p] + 64 * k_row, _MM_HINT_T0);
+        }
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t b = 0; b < D / 32; b++) {
+            __m256i pv[4];
+            uint64_t dk[4];
+            UNROLL4 for (int p = 0; p < P; p++) {
+                const cm_block_q8_0 *blk = (const cm_block_q8_0 *)r[p] + b;
+                dk[p] = blk->d;
+                const __m256i kq = _mm256_loadu_si256((const __m256i *)blk->qs), ka = _mm256_sign_epi8(kq, kq);
+                UNROLL4 for (int g = 0; g < G; g++) {
+                    const __m256i qv = _mm256_loadu_si256((const __m256i *)(qi[g] + b * 32));
+                    pv[p * G + g] = _mm256_madd_epi16(_mm256_maddubs_epi16(ka, _mm256_sign_epi8(qv, kq)), ones);
+                }
+            }
+            const __m256i hs = _mm256_hadd_epi32(_mm256_hadd_epi32(pv[0], pv[1]), _mm256_hadd_epi32(pv[2], pv[3]));
+            __m256 vdk; /* the slots' K scales, exact as F16C widens them */
+            if (G == 4) {
+                vdk = _mm256_set1_ps(f16s((cm_f16)dk[0]));
+            } else if (G == 2) {
+                const __m128 d2 = _mm_cvtph_ps(_mm_cvtsi32_si128((int)(dk[0] | dk[1] << 16)));
+                vdk = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(d2), _mm256_setr_epi32(0, 0, 1, 1, 0, 0, 1, 1));
+            } else {
+                const __m128 d4 =
+                    _mm_cvtph_ps(_mm_cvtsi64_si128((long long)(dk[0] | dk[1] << 16 | dk[2] << 32 | dk[3] << 48)));
+                vdk = _mm256_insertf128_ps(_mm256_castps128_ps256(d4), d4, 1);
+            }
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hs), _mm256_mul_ps(vdk, _mm256_load_ps(qdv + b * 8)), acc);
+        }
+        const __m128 o4 = _mm_mul_ps(_mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1)), vs);
+        if (G == 1 && j + 4 <= n) {
+            _mm_storeu_ps(s + h0 * ld + j, o4);
+            continue;
+        }
+        float o[4];
+        _mm_storeu_ps(o, o4);
+        for (int p = 0; p < P && j + p < n; p++)
+            UNROLL4 for (int g = 0; g < G; g++) s[(h0 + g) * ld + j + p] = o[p * G + g];
+    }
+}
+
+static void qk_q8_0_int(int64_t D, int nq, const float *q, const void *k, size_t k_row, int n, float scale, float *s,
+                        int ld) {
+    int8_t qi[4][QK8_MAXD] __attribute__((aligned(32)));
+    float qd[4][QK8_MAXD / 32], qdv[QK8_MAXD / 32 * 8] __attribute__((aligned(32)));
+    for (int h0 = 0; h0 < nq;) {
+        const int G = nq - h0 >= 4 ? 4 : nq - h0 >= 2 ? 2 : 1;
+        for (int g = 0; g < G; g++) q8_prep_avx2(D, q + (size_t)(h0 + g) * D, qi[g], qd[g]);
+        for (int64_t b = 0; b < D / 32; b++)
+            for (int l = 0; l < 8; l++) qdv[b * 8 + l] = qd[(l & 3) % G][b];
+        switch (G) {
+        case 4: qk_q8_0_slots(D, 4, h0, qi, qdv, k, k_row, n, scale, s, ld); break;
+        case 2: qk_q8_0_slots(D, 2, h0, qi, qdv, k, k_row, n, scale, s, ld); break;
+        default: qk_q8_0_slots(D, 1, h0, qi, qdv, k, k_row, n, scale, s, ld); break;
+        }
+        h0 += G;
+    }
+}
+
 AI void qk_multi(enum cm_type T, int64_t D, int nq, const float *q, const void *k, size_t k_row, int n, float scale,
                  float *s, int ld) {
+    if (T == CM_TYPE_Q8_0 && D % 32 == 0 && D <= QK8_MAXD) {
+        qk_q8_0_int(D, nq, q, k, k_row, n, scale, s, ld);
+        return;
+    }
     const __m256 vs = _mm256_set1_ps(scale);
     for (int h0 = 0; h0 < nq; h0 += 4) {
         const float *qh = q + (size_t)h0 * D;

@@ -14,7 +14,9 @@
  *     through Q8_0 as attn_split.c rounds them; head sizes 32-256, those not
  *     a multiple of 64 taking the decode's float path), and attn_vm over Q8_0
  *     and Q4_0 V rows for 1-9 queries at once against each query alone (prefill
- *     passes up to 128 queries per call);
+ *     passes up to 128 queries per call), and attn_qk over Q8_0 K rows for
+ *     1-9 queries at once against each query alone over positions split in
+ *     two (AVX2's int8 slots of queries and positions), near the reference;
  *   - the comparison can fail: the reference table's (plain-order) results
  *     differ from the SIMD table's in most cases. */
 #include "test.h"
@@ -141,7 +143,7 @@ static void test_many_q8_0(void) {
     static float a0[QMAX * DMAX], a1[QMAX * DMAX];
     static uint8_t rows[NPOS * (DMAX + 64)], rows4[NPOS * (DMAX + 64)], qq[DMAX * 2];
     const cm_type_traits *tq = cm_type_traits_of(CM_TYPE_Q8_0);
-    long checked = 0, differ = 0, have = 0, vm_checked = 0;
+    long checked = 0, differ = 0, have = 0, vm_checked = 0, qk1_checked = 0;
     for (int ti = 0; ti < 3; ti++) {
         const cm_kernels *k = tables[ti];
         if (!k) continue;
@@ -173,6 +175,26 @@ static void test_many_q8_0(void) {
                         differ += memcmp(s0, s1, sizeof s0) != 0;
                         checked++;
                     }
+                    { /* attn_qk: nq queries at once bit for bit each alone, positions split at o
+                       * (AVX2's int8 path groups queries and positions in slots), and near the
+                       * reference table's scores */
+                        const int o = n > 3 ? 3 : 0;
+                        for (int i = 0; i < QMAX * LD; i++) s0[i] = s1[i] = -7.0f;
+                        k->attn_qk[CM_TYPE_Q8_0](D, nq, q, rows, row, n, 0.125f, s1, LD);
+                        for (int r = 0; r < nq; r++) {
+                            if (o) k->attn_qk[CM_TYPE_Q8_0](D, 1, q + r * D, rows, row, o, 0.125f, s0 + r * LD, LD);
+                            k->attn_qk[CM_TYPE_Q8_0](D, 1, q + r * D, rows + o * row, row, n - o, 0.125f,
+                                                     s0 + r * LD + o, LD);
+                        }
+                        CHECKF(!memcmp(s0, s1, sizeof s0),
+                               "%s q8_0 qk D %d nq %d n %d: many queries differ from each alone", k->name, D, nq, n);
+                        cm_kernels_ref()->attn_qk[CM_TYPE_Q8_0](D, nq, q, rows, row, n, 0.125f, s0, LD);
+                        float err = 0;
+                        for (int i = 0; i < QMAX * LD; i++) err = fmaxf(err, fabsf(s0[i] - s1[i]) / (1 + fabsf(s0[i])));
+                        CHECKF(err < 1e-4f, "%s q8_0 qk D %d nq %d n %d: %g from the reference", k->name, D, nq, n,
+                               (double)err);
+                        qk1_checked++;
+                    }
                     /* V: weights zero past each query's own end, accumulators started non-zero */
                     for (int r = 0; r < nq; r++)
                         for (int j = 0; j < LD; j++) w[r * LD + j] = j < CM_MAX(1, n - r) ? frand() * 0.5f + 0.5f : 0;
@@ -195,7 +217,7 @@ static void test_many_q8_0(void) {
     if (getenv("CUMULO_TEST_VERBOSE"))
         fprintf(stderr, "  q8_0: %ld qk shapes (the reference differs in %ld), %ld vm shapes\n", checked, differ,
                 vm_checked);
-    CHECK(vm_checked >= 100);
+    CHECK(vm_checked >= 100 && qk1_checked >= 100);
     if (!have) {
         printf("skip: n/a: no kernel table on this CPU has a Q8_0 many-query attn_qk (AVX-512 only)\n");
         n_skipped++;
