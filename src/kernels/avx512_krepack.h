@@ -181,8 +181,9 @@ GEMV_RK5(gemv_fq5_k, false) /* over the file's bytes */
  * is packed once per call with, per 64 weights, -32 * the 4-byte sums of y
  * as vpdpbusd's initial lanes, so one vpdpbusd of q against y gives
  * sum((q - 32) * y) per 4 bytes (in int16 range), blended into word pairs
- * and multiplied by kg6's scale pairs with one vpdpwssd: every lane is
- * ztile_q6_k's, and so is the float side (vec_dot's bits). ---- */
+ * and multiplied by the scale pairs with one vpdpwssd: each 128-bit lane
+ * sums ztile_q6_k's sub-blocks, and the float side (groups of 4
+ * super-blocks) is ztile_q6_k's (vec_dot's bits). ---- */
 enum { RK6_BLOCK = 4 * 64 };
 
 AI void rk6_pack(int64_t nb, const cm_block_q8_k *y, uint8_t *d) {
@@ -198,6 +199,7 @@ AI float rk6_row(int64_t nb, const cm_block_q6_k *x, const cm_block_q8_k *y, con
     const __m512i shl = _mm512_loadu_si512(k_q6k_shift[0]), shr = _mm512_loadu_si512(k_q6k_shift[1]);
     const __m512i i0 = _mm512_loadu_si512(k_kg6_idx[0]), i1 = _mm512_loadu_si512(k_kg6_idx[1]);
     __m512 acc = _mm512_setzero_ps();
+    __m512i sg[4];
     for (int64_t b = 0; b < nb; b++, pk += RK6_BLOCK) {
         const __m512i sc16 =
             _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[b].scales)));
@@ -216,7 +218,17 @@ AI float rk6_row(int64_t nb, const cm_block_q6_k *x, const cm_block_q8_k *y, con
             const __m512i w = _mm512_mask_blend_epi16(0xaaaaaaaau, d0, _mm512_slli_epi32(d1, 16));
             s16 = _mm512_dpwssd_epi32(s16, w, _mm512_permutexvar_epi16(c ? i1 : i0, sc16));
         }
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s16), _mm512_set1_ps(f16f(x[b].d) * y[b].d), acc);
+        sg[b & 3] = s16;
+        if ((b & 3) == 3 || b == nb - 1) { /* ztile_q6_k's group of 4 super-blocks */
+            const int64_t b0 = b & ~(int64_t)3;
+            float dd[4];
+            for (int i = 0; i < 4; i++) {
+                if (b0 + i > b) sg[i] = _mm512_setzero_si512();
+                dd[i] = b0 + i <= b ? f16f(x[b0 + i].d) * y[b0 + i].d : 0.0f * 0.0f;
+            }
+            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(red4(sg[0], sg[1], sg[2], sg[3])),
+                                  _mm512_set4_ps(dd[3], dd[2], dd[1], dd[0]), acc);
+        }
     }
     return _mm512_reduce_add_ps(acc);
 }
