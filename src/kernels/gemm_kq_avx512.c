@@ -33,6 +33,8 @@
  */
 #include "isa.h"
 
+#include "base/base.h"
+
 #include <immintrin.h>
 #include <string.h>
 
@@ -639,6 +641,55 @@ static void gemm_kq6(int64_t k, const void *w, size_t w_stride, const void *x, s
     }
 }
 
+/* ---- q6_k decode over "q6_k lanes" (repack.c): the rows' values already
+ * in kq6_blk's operand order, 6 bits each as in the file (210 bytes per
+ * super-block), so a row streams at its file size; the token packed once
+ * per call (kq6_pack). Same sums, groups and float side as the gemm. ---- */
+enum { KQ6V_MAXNB = 128 }; /* rows up to CM_REPACK_MAX_K */
+
+KQ_AI __m512i kq6v_sb(const cm_block_q6_k *x, const kq6_tok *yt) {
+    const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
+    const __m512i l0 = _mm512_loadu_si512(x->ql), l1 = _mm512_loadu_si512(x->ql + 64), h = _mm512_loadu_si512(x->qh);
+    const __m512i v0 = _mm512_or_si512(_mm512_and_si512(l0, m4), _mm512_and_si512(_mm512_slli_epi16(h, 4), m30));
+    const __m512i v1 =
+        _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l0, 4), m4), _mm512_and_si512(_mm512_slli_epi16(h, 2), m30));
+    const __m512i v2 = _mm512_or_si512(_mm512_and_si512(l1, m4), _mm512_and_si512(h, m30));
+    const __m512i v3 =
+        _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l1, 4), m4), _mm512_and_si512(_mm512_srli_epi16(h, 2), m30));
+    __m512i s = _mm512_load_si512((const void *)&yt->c);
+    s = _mm512_dpbusd_epi32(s, v0, _mm512_load_si512((const void *)&yt->y[0]));
+    s = _mm512_dpbusd_epi32(s, v1, _mm512_load_si512((const void *)&yt->y[1]));
+    s = _mm512_dpbusd_epi32(s, v2, _mm512_load_si512((const void *)&yt->y[2]));
+    s = _mm512_dpbusd_epi32(s, v3, _mm512_load_si512((const void *)&yt->y[3]));
+    return _mm512_mullo_epi32(s, _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(const void *)x->scales)));
+}
+
+static void gemv_kq6v(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
+                      int64_t r0, int64_t r1, int64_t n_tok) {
+    (void)x_stride, (void)ldy, (void)n_tok;
+    const int64_t nb = k / CM_QK_K, ng = (nb + 3) / 4;
+    CM_ASSERT(nb <= KQ6V_MAXNB);
+    _Alignas(64) kq6_tok yp[KQ6V_MAXNB + 3];
+    _Alignas(64) __m512 dyg[KQ6V_MAXNB / 4];
+    kq6_pack(x, 0, 0, 1, nb, yp, dyg);
+    for (int64_t i = r0; i < r1; i++) {
+        const cm_block_q6_k *xr = (const cm_block_q6_k *)(const void *)((const char *)w + (size_t)i * w_stride);
+        __m512 acc = _mm512_setzero_ps();
+        for (int64_t g = 0; g < ng; g++) {
+            __m512i s[4];
+            float d[4];
+            _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {
+                const int64_t b = 4 * g + j;
+                s[j] = b < nb ? kq6v_sb(xr + b, yp + b) : _mm512_setzero_si512();
+                d[j] = b < nb ? _cvtsh_ss(xr[b].d) : 0.0f;
+            }
+            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(kq_red22(kq_red2(s[0], s[1]), kq_red2(s[2], s[3]))),
+                                  _mm512_mul_ps(_mm512_set4_ps(d[3], d[2], d[1], d[0]), dyg[g]), acc);
+        }
+        y[i] = _mm512_reduce_add_ps(acc);
+    }
+}
+
 void cm_kernels_fill_kq_avx512(cm_kernels *k) {
     if (k->gemm[CM_TYPE_Q4_K]) {
         g_prev_q4 = k->gemm[CM_TYPE_Q4_K];
@@ -651,5 +702,6 @@ void cm_kernels_fill_kq_avx512(cm_kernels *k) {
     if (k->gemm[CM_TYPE_Q6_K]) {
         g_prev_q6 = k->gemm[CM_TYPE_Q6_K];
         k->gemm[CM_TYPE_Q6_K] = gemm_kq6;
+        k->gemv_packed[CM_TYPE_Q6_K] = gemv_kq6v;
     }
 }
