@@ -1,6 +1,8 @@
 /*
- * avx512_kgemm.h: the AVX-512 prefill gemms for q6_k, q5_k and q4_k that
- * unpack each weight row once per pass and reuse it for every token. Not a header in
+ * avx512_kgemm.h: the AVX-512 prefill gemms for q5_k and q4_k that
+ * unpack each weight row once per pass and reuse it for every token (q6_k's
+ * moved to gemm_kq_avx512.c; only its scale word order is left here, for
+ * gemv_fq6_k). Not a header in
  * the usual sense: kernels_avx512.c includes it once, after its tiles, under
  * its own ISA flags. Nothing else may include it. gemm_kq_avx512.c's gemms
  * replace these in the avx512 table and call them for rows past its limit.
@@ -13,31 +15,26 @@
  * R x T register tile walks it: per 64 weights and (row, token) one
  * vpdpbusd, and per two of those one shift, one blend and one vpdpwssd that
  * multiplies both by their scales. Integer identities (all exact in int32):
- *   q6_k: sum(q * y) - 32 * sum(y) = sum((q - 32) * y), q in [0, 63]
- *         unsigned, y signed; each 4-byte sum fits int16;
  *   q5_k, q4_k: q in [0, 31] unsigned against y signed, each 4-byte sum fits int16.
  * Two 4-byte sums D0, D1 go into one int32 as words (blend of D0 and D1 << 16),
  * and vpdpwssd against the word pair (s0, s1) adds s0 * D0 + s1 * D1: every
  * int32 lane ends up holding exactly the lane sum of the one-token tile (the
  * same 4-byte groups times the same scales), so the conversion, the FMA with
- * d * dy, the min term (q5_k) and the final reduction are the tile's own, and
+ * d * dy, the min term and the final reduction are the tile's own, and
  * every (row, token) is bit-identical to vec_dot (kernels.h;
  * tests/unit/test_kernels_invariant.c).
  *
  * Tokens go in passes of about KG_PASS bytes of activations (stay in L2 while
- * each row tile walks them). Stack: the row buffers and q6_k's token
- * corrections, ~310 KiB (q6_k) and ~60 KiB (q5_k, q4_k) at most; rows longer than KG_MAXNB super-blocks (k > 16384)
- * use the tiles. Never allocates.
+ * each row tile walks them). Stack: the row buffers, ~60 KiB at most; rows
+ * longer than KG_MAXNB super-blocks (k > 16384) use the tiles. Never
+ * allocates.
  */
 
 enum {
     KG_MAXNB = 64,        /* super-blocks per row (k <= 16384) */
     KG_PASS = 256 * 1024, /* bytes of activations per pass */
-    K6_R = 4,
-    K6_T = 4, /* q6_k register tile */
-    /* token super-blocks per pass (q6_k's corrections: 4 vectors each) */
-    KG6_YC = KG_PASS / (int)sizeof(cm_block_q8_k) > 4 * K6_T *KG_MAXNB ? KG_PASS / (int)sizeof(cm_block_q8_k)
-                                                                       : 4 * K6_T *KG_MAXNB,
+    /* token super-blocks per pass, at least 4 x 4 x KG_MAXNB (the min operands' rows) */
+    KG_YC = KG_PASS / (int)sizeof(cm_block_q8_k) > 16 * KG_MAXNB ? KG_PASS / (int)sizeof(cm_block_q8_k) : 16 * KG_MAXNB,
     K5_R = 2,
     K5_T = 4, /* q5_k register tile (its min term needs a second set of accumulators) */
 };
@@ -79,7 +76,7 @@ AI float kg_min_lane(__m512 accm, int t) {
     return hsum4(_mm_load_ps(v + 4 * t));
 }
 
-enum { KG_MINLD = KG6_YC + 4 * KG_MAXNB }; /* pass tokens (rounded up to 4) x super-blocks */
+enum { KG_MINLD = KG_YC + 4 * KG_MAXNB }; /* pass tokens (rounded up to 4) x super-blocks */
 
 #define KG_GEMM(NAME, BLK, XB, FALLBACK)                                                                               \
     static void gemm_##NAME(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,       \

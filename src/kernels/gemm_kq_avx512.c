@@ -1,35 +1,38 @@
 /*
  * gemm_kq_avx512.c: AVX-512 (VNNI) prefill gemms for q4_k, q5_k and q6_k
  * with the weights of a register tile's rows held in registers across its
- * tokens. Per 128 weight x token products: two vpdpbusd (4-byte sums), one
- * shift and one blend that pack the two sums as the words of each int32, and
- * one vpdpwssd that multiplies them by their two sub-blocks' scales into the
- * lane (measured against vpmaddubsw + vpdpwssd per 64: 3 multiplies per 128
- * instead of 4 was 10-35% faster on Zen 4).
+ * tokens, and q6_k's decode gemv over rows repacked at load ("q6_k lanes").
  *
- * Rows are unpacked once per pass of tokens into a stack buffer (values as
- * bytes, scale word pairs, q6_k's offset folded into one int32 vector per row
- * and super-block); tokens are packed once per pass. Integer identities (all
- * exact; every 4-byte sum fits an int16 word):
- *   q4_k, q5_k: q in [0, 31] unsigned times y signed: |4-byte sum| <=
- *         4 * 31 * 128; each lane gets the sum of sc * (its 4 bytes' sum),
- *         the lanes of ztile_q4_k (16) and tile_q5_k (8).
- *   q6_k: (y + 128) unsigned times (q - 32) signed: 4-byte sums in
- *         [-32640, 31620]; sum((y + 128)(q - 32)) = sum(y (q - 32)) +
- *         128 sum(q - 32), and the second term, times the scales, is the
- *         row's own: each accumulator starts from its negation, so each lane
- *         ends as ztile_q6_k's sum of sc * (q - 32) * y over the same bytes.
- * q5_k's 8 lanes let two tokens share a vector (token 2p in the low 256
+ * q4_k, q5_k: per 128 weight x token products two vpdpbusd (4-byte sums),
+ * one shift and one blend that pack the two sums as the words of each int32,
+ * and one vpdpwssd that multiplies them by their two sub-blocks' scales into
+ * the lane (measured against vpmaddubsw + vpdpwssd per 64: 3 multiplies per
+ * 128 instead of 4 was 10-35% faster on Zen 4). q in [0, 31] unsigned times
+ * y signed: |4-byte sum| <= 4 * 31 * 128 fits a word; each lane gets the sum
+ * of sc * (its 4 bytes' sum), the lanes of ztile_q4_k (16) and tile_q5_k
+ * (8). q5_k's 8 lanes let two tokens share a vector (token 2p in the low 256
  * bits, 2p + 1 in the high), so its float side (convert, FMA with d * dy) is
- * one instruction per two tokens. The float side (one FMA per super-block
- * with d * dy, the min term, the final sums) is vec_dot's own, so every
- * (row, token) is bit-identical to the table's vec_dot (kernels.h;
- * tests/unit/test_kernels_invariant.c).
+ * one instruction per two tokens. Their float side (one FMA per super-block
+ * with d * dy, the min term, the final sums) is vec_dot's own.
+ *
+ * q6_k (below): one int32 lane per sub-block: four vpdpbusd of the 6-bit
+ * values (unsigned) against the token (signed), started from -32 * the
+ * token's bsums, then one vpmulld with the scales: 5 multiplies per 256
+ * products where the word-pair scheme spends 6 plus two shifts and blends;
+ * the float side runs once per 4 super-blocks (ztile_q6_k's order). The
+ * token operand is loaded once for both rows of the tile (an empty asm keeps
+ * gcc from folding it into each vpdpbusd as a memory operand: that extra
+ * load per row cost ~15%).
+ *
+ * Rows are unpacked once per pass of tokens into a stack buffer, tokens
+ * packed once per pass. Every (row, token) is bit-identical to the table's
+ * vec_dot (kernels.h; tests/unit/test_kernels_invariant.c).
  *
  * Installed into the avx512 table by cm_kernels_fill_kq_avx512 (dispatch.c)
- * after kernels_avx512.c, whose gemms (avx512_kgemm.h) stay the fallback
- * for rows longer than KQ_MAXNB super-blocks and for one token. Stack:
- * ~420 KiB at most (compute threads have CM_COMPUTE_STACK). Never allocates.
+ * after kernels_avx512.c, whose gemms (avx512_kgemm.h; q6_k: the 4-token
+ * tiles) stay the fallback for rows longer than KQ_MAXNB super-blocks and
+ * for one token. Stack: ~430 KiB at most (compute threads have
+ * CM_COMPUTE_STACK). Never allocates.
  */
 #include "isa.h"
 

@@ -22,11 +22,14 @@
  * tiles), which falls back to those for rows longer than 16384. q4_0 also has a decode gemv
  * (4 rows per pass against the token packed once), same bits again, and
  * q4_0, q4_k and q5_k decode gemvs over rows repacked at load (repack.c;
- * avx512_krepack.h for the k-quants, which also has q5_k's plain gemv);
+ * avx512_krepack.h for the k-quants, which also has q5_k's and q6_k's plain
+ * gemvs; q6_k's repacked one is in gemm_kq_avx512.c);
  * f16 (rows of up to 2730 elements; longer ones run vec_dot per row) and
  * q8_0 decode gemvs that prepare the token once per call (avx512_gemv.h).
  * Every tile keeps the contract of isa.h: integer sums exactly the
- * reference's, only the float accumulation order free. Tested against the
+ * reference's, only the float accumulation order free (q6_k converts each
+ * super-block's integer partial sums of 4 sub-blocks at once: exact below
+ * 2^24, rounded to nearest beyond, like the reference's 8 lanes of 32). Tested against the
  * reference in tests/unit/test_kernels_simd.c and for batch invariance in
  * test_kernels_invariant.c. Never allocates.
  *
@@ -36,8 +39,8 @@
  * set here are replaced by q8lane_avx512.c's, which use that lane order
  * (dispatch.c fills it last); NEEDSWORK: drop the q8_0 tiles here once
  * nothing needs them. q6_k, q5_k and q4_k prefill run gemm_kq_avx512.c, with
- * avx512_kgemm.h (rows unpacked once per pass, same bits) as its fallback for
- * long rows; bf16 still uses the 4-token tiles.
+ * avx512_kgemm.h (rows unpacked once per pass, same bits; q6_k: the 4-token
+ * tiles) as its fallback for long rows; bf16 still uses the 4-token tiles.
  */
 #define CM_X86_VNNI 1
 #include "x86_tiles.h"
