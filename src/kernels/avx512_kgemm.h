@@ -1,6 +1,8 @@
 /*
- * avx512_kgemm.h: the AVX-512 prefill gemms for q6_k, q5_k and q4_k that
- * unpack each weight row once per pass and reuse it for every token. Not a header in
+ * avx512_kgemm.h: the AVX-512 prefill gemms for q5_k and q4_k that
+ * unpack each weight row once per pass and reuse it for every token (q6_k's
+ * moved to gemm_kq_avx512.c; only its scale word order is left here, for
+ * gemv_fq6_k). Not a header in
  * the usual sense: kernels_avx512.c includes it once, after its tiles, under
  * its own ISA flags. Nothing else may include it. gemm_kq_avx512.c's gemms
  * replace these in the avx512 table and call them for rows past its limit.
@@ -13,164 +15,36 @@
  * R x T register tile walks it: per 64 weights and (row, token) one
  * vpdpbusd, and per two of those one shift, one blend and one vpdpwssd that
  * multiplies both by their scales. Integer identities (all exact in int32):
- *   q6_k: sum(q * y) - 32 * sum(y) = sum((q - 32) * y), q in [0, 63]
- *         unsigned, y signed; each 4-byte sum fits int16;
  *   q5_k, q4_k: q in [0, 31] unsigned against y signed, each 4-byte sum fits int16.
  * Two 4-byte sums D0, D1 go into one int32 as words (blend of D0 and D1 << 16),
  * and vpdpwssd against the word pair (s0, s1) adds s0 * D0 + s1 * D1: every
  * int32 lane ends up holding exactly the lane sum of the one-token tile (the
  * same 4-byte groups times the same scales), so the conversion, the FMA with
- * d * dy, the min term (q5_k) and the final reduction are the tile's own, and
+ * d * dy, the min term and the final reduction are the tile's own, and
  * every (row, token) is bit-identical to vec_dot (kernels.h;
  * tests/unit/test_kernels_invariant.c).
  *
  * Tokens go in passes of about KG_PASS bytes of activations (stay in L2 while
- * each row tile walks them). Stack: the row buffers and q6_k's token
- * corrections, ~310 KiB (q6_k) and ~60 KiB (q5_k, q4_k) at most; rows longer than KG_MAXNB super-blocks (k > 16384)
- * use the tiles. Never allocates.
+ * each row tile walks them). Stack: the row buffers, ~60 KiB at most; rows
+ * longer than KG_MAXNB super-blocks (k > 16384) use the tiles. Never
+ * allocates.
  */
 
 enum {
     KG_MAXNB = 64,        /* super-blocks per row (k <= 16384) */
     KG_PASS = 256 * 1024, /* bytes of activations per pass */
-    K6_R = 4,
-    K6_T = 4, /* q6_k register tile */
-    /* token super-blocks per pass (q6_k's corrections: 4 vectors each) */
-    KG6_YC = KG_PASS / (int)sizeof(cm_block_q8_k) > 4 * K6_T *KG_MAXNB ? KG_PASS / (int)sizeof(cm_block_q8_k)
-                                                                       : 4 * K6_T *KG_MAXNB,
+    /* token super-blocks per pass, at least 4 x 4 x KG_MAXNB (the min operands' rows) */
+    KG_YC = KG_PASS / (int)sizeof(cm_block_q8_k) > 16 * KG_MAXNB ? KG_PASS / (int)sizeof(cm_block_q8_k) : 16 * KG_MAXNB,
     K5_R = 2,
     K5_T = 4, /* q5_k register tile (its min term needs a second set of accumulators) */
 };
 
-/* ---- q6_k ----
- * The weights unsigned (the 6-bit q, 0..63) against the token signed, the
- * -32 offset moved to the token: vpdpbusd starts from -32 * the token's
- * 4-byte sums (kg6_ycorr, once per token and pass), so each 4-byte lane is
- * sum((q - 32) * y) as in ztile_q6_k, and the unpacked rows hold no
- * correction vectors: 6 loads per super-block, row and token instead of 10. */
-
-/* Per chunk c (128 weights) of a super-block: q[c][v] = q of elements
- * 128c + 64v .. +63 (ztile_q6_k's q01 / q23 before the -32), s[c] = lane
- * l's word pair (scale of 128c + 4l.., scale of 128c + 64 + 4l..). */
-typedef struct {
-    __m512i q[2][2], s[2];
-} kg6_blk;
-
+/* ---- q6_k: the word-pair scale order of gemv_fq6_k (avx512_krepack.h) ---- */
 /* word 2l = scale 8c + l/4, word 2l + 1 = scale 8c + 4 + l/4 */
 static const uint16_t k_kg6_idx[2][32] = {
     {0, 4, 0, 4, 0, 4, 0, 4, 1, 5, 1, 5, 1, 5, 1, 5, 2, 6, 2, 6, 2, 6, 2, 6, 3, 7, 3, 7, 3, 7, 3, 7},
     {8,  12, 8,  12, 8,  12, 8,  12, 9,  13, 9,  13, 9,  13, 9,  13,
      10, 14, 10, 14, 10, 14, 10, 14, 11, 15, 11, 15, 11, 15, 11, 15}};
-
-static void kg6_unpack(int64_t nb, const cm_block_q6_k *x, kg6_blk *o, float *d) {
-    const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
-    const __m512i shl = _mm512_loadu_si512(k_q6k_shift[0]), shr = _mm512_loadu_si512(k_q6k_shift[1]);
-    for (int64_t b = 0; b < nb; b++) {
-        const __m512i sc16 =
-            _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[b].scales)));
-        for (int c = 0; c < 2; c++) { /* ztile_q6_k's unpacking */
-            const __m512i l = _mm512_loadu_si512(x[b].ql + 64 * c);
-            const __m512i h = _mm512_broadcast_i64x4(ld256(x[b].qh + 32 * c));
-            o[b].q[c][0] = _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_and_si512(_mm512_sllv_epi16(h, shl), m30));
-            o[b].q[c][1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
-                                           _mm512_and_si512(_mm512_srlv_epi16(h, shr), m30));
-            o[b].s[c] = _mm512_permutexvar_epi16(_mm512_loadu_si512(k_kg6_idx[c]), sc16);
-        }
-        d[b] = f16f(x[b].d);
-    }
-}
-
-/* yc[4b + v] = -32 * the 4-byte sums of the token's y[64v .. 64v+63] in super-block b */
-AI void kg6_ycorr(int64_t nb, const cm_block_q8_k *y, __m512i *yc) {
-    const __m512i k32 = _mm512_set1_epi8(32), z = _mm512_setzero_si512();
-    for (int64_t b = 0; b < nb; b++)
-        for (int v = 0; v < 4; v++)
-            yc[4 * b + v] = _mm512_sub_epi32(z, _mm512_dpbusd_epi32(z, k32, _mm512_loadu_si512(y[b].qs + 64 * v)));
-}
-
-/* out[r * K6_T + t] for R unpacked rows (xb[r], scales xd[r]) and T tokens
- * (yv[t], their corrections yc[t]). */
-AI void kg6_tile(int64_t nb, const kg6_blk *const *xb, const float *const *xd, const cm_block_q8_k *const *yv,
-                 const __m512i *const *yc, int R, int T, float *out) {
-    __m512 acc[K6_R][K6_T];
-    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) acc[r][t] =
-        _mm512_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
-        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
-            __m512i sumi[K6_R];
-            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) sumi[r] = _mm512_setzero_si512();
-            _Pragma("GCC unroll 2") for (int c = 0; c < 2; c++) {
-                const int8_t *y = yv[t][b].qs + 128 * c;
-                const __m512i y0 = _mm512_loadu_si512(y), y1 = _mm512_loadu_si512(y + 64);
-                const __m512i c0 = _mm512_load_si512((const void *)&yc[t][4 * b + 2 * c]);
-                const __m512i c1 = _mm512_load_si512((const void *)&yc[t][4 * b + 2 * c + 1]);
-                _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
-                    const kg6_blk *p = xb[r] + b;
-                    const __m512i d0 = _mm512_dpbusd_epi32(c0, p->q[c][0], y0);
-                    const __m512i d1 = _mm512_dpbusd_epi32(c1, p->q[c][1], y1);
-                    const __m512i w = _mm512_mask_blend_epi16(0xaaaaaaaau, d0, _mm512_slli_epi32(d1, 16));
-                    sumi[r] = _mm512_dpwssd_epi32(sumi[r], w, p->s[c]);
-                }
-            }
-            const float yd = yv[t][b].d;
-            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) acc[r][t] =
-                _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi[r]), _mm512_set1_ps(xd[r][b] * yd), acc[r][t]);
-        }
-    }
-    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)
-        out[r * K6_T + t] = _mm512_reduce_add_ps(acc[r][t]);
-}
-
-static void gemm_kg6(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
-                     int64_t r0, int64_t r1, int64_t n_tok) {
-    const int64_t nb = k / CM_QK_K;
-    if (nb > KG_MAXNB || n_tok < 2) {
-        gemm_zq6_k(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
-        return;
-    }
-    _Alignas(64) kg6_blk buf[K6_R * KG_MAXNB];
-    float dx[K6_R * KG_MAXNB];
-    _Alignas(64) __m512i yc[4 * KG6_YC]; /* the pass's token corrections */
-    int64_t cap = KG_PASS / (nb * (int64_t)sizeof(cm_block_q8_k));
-    if (cap < 4 * K6_T) cap = 4 * K6_T;
-    for (int64_t j0 = 0; j0 < n_tok; j0 += cap) {
-        const int64_t nt = n_tok - j0 < cap ? n_tok - j0 : cap;
-        for (int64_t j = 0; j < nt; j++)
-            kg6_ycorr(nb, (const cm_block_q8_k *)(const void *)((const char *)x + (size_t)(j0 + j) * x_stride),
-                      yc + 4 * j * nb);
-        for (int64_t i = r0; i < r1; i += K6_R) {
-            const int R = r1 - i < K6_R ? (int)(r1 - i) : K6_R;
-            const kg6_blk *xb[K6_R];
-            const float *xd[K6_R];
-            for (int r = 0; r < R; r++) {
-                kg6_unpack(nb, (const cm_block_q6_k *)(const void *)((const char *)w + (size_t)(i + r) * w_stride),
-                           buf + r * nb, dx + r * nb);
-                xb[r] = buf + r * nb;
-                xd[r] = dx + r * nb;
-            }
-            for (int64_t jj = 0; jj < nt; jj += K6_T) {
-                const int T = nt - jj < K6_T ? (int)(nt - jj) : K6_T;
-                const cm_block_q8_k *yv[K6_T];
-                const __m512i *ycv[K6_T];
-                for (int t = 0; t < T; t++) {
-                    yv[t] = (const cm_block_q8_k *)(const void *)((const char *)x + (size_t)(j0 + jj + t) * x_stride);
-                    ycv[t] = yc + 4 * (jj + t) * nb;
-                }
-                float out[K6_R * K6_T];
-                if (R == K6_R && T == K6_T) kg6_tile(nb, xb, xd, yv, ycv, K6_R, K6_T, out);
-                else
-                    for (int r = 0; r < R; r++) switch (T) {
-                        case 4: kg6_tile(nb, xb + r, xd + r, yv, ycv, 1, 4, out + r * K6_T); break;
-                        case 3: kg6_tile(nb, xb + r, xd + r, yv, ycv, 1, 3, out + r * K6_T); break;
-                        case 2: kg6_tile(nb, xb + r, xd + r, yv, ycv, 1, 2, out + r * K6_T); break;
-                        default: kg6_tile(nb, xb + r, xd + r, yv, ycv, 1, 1, out + r * K6_T); break;
-                        }
-                for (int r = 0; r < R; r++)
-                    for (int t = 0; t < T; t++) y[(j0 + jj + t) * ldy + i + r] = out[r * K6_T + t];
-            }
-        }
-    }
-}
 
 /* The q5_k and q4_k gemms: passes of tokens, K5_R rows unpacked at a time
  * (NAME_unpack into BLK), K5_T tokens per NAME_tile; rows longer than
@@ -202,7 +76,7 @@ AI float kg_min_lane(__m512 accm, int t) {
     return hsum4(_mm_load_ps(v + 4 * t));
 }
 
-enum { KG_MINLD = KG6_YC + 4 * KG_MAXNB }; /* pass tokens (rounded up to 4) x super-blocks */
+enum { KG_MINLD = KG_YC + 4 * KG_MAXNB }; /* pass tokens (rounded up to 4) x super-blocks */
 
 #define KG_GEMM(NAME, BLK, XB, FALLBACK)                                                                               \
     static void gemm_##NAME(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,       \

@@ -181,8 +181,9 @@ GEMV_RK5(gemv_fq5_k, false) /* over the file's bytes */
  * is packed once per call with, per 64 weights, -32 * the 4-byte sums of y
  * as vpdpbusd's initial lanes, so one vpdpbusd of q against y gives
  * sum((q - 32) * y) per 4 bytes (in int16 range), blended into word pairs
- * and multiplied by kg6's scale pairs with one vpdpwssd: every lane is
- * ztile_q6_k's, and so is the float side (vec_dot's bits). ---- */
+ * and multiplied by the scale pairs with one vpdpwssd; red4 and place16
+ * sum 16 super-blocks' lanes into their exact integer sums, and the float
+ * side is ztile_q6_k's (vec_dot's bits). ---- */
 enum { RK6_BLOCK = 4 * 64 };
 
 AI void rk6_pack(int64_t nb, const cm_block_q8_k *y, uint8_t *d) {
@@ -193,30 +194,46 @@ AI void rk6_pack(int64_t nb, const cm_block_q8_k *y, uint8_t *d) {
                                _mm512_sub_epi32(z, _mm512_dpbusd_epi32(z, k32, _mm512_loadu_si512(y[b].qs + 64 * v))));
 }
 
-AI float rk6_row(int64_t nb, const cm_block_q6_k *x, const cm_block_q8_k *y, const uint8_t *pk) {
+/* super-block b's lane sums (ztile_q6_k's sub-blocks per 128-bit lane) */
+AI __m512i rk6_sb(const cm_block_q6_k *x, const cm_block_q8_k *y, const uint8_t *pk, int64_t b) {
     const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
     const __m512i shl = _mm512_loadu_si512(k_q6k_shift[0]), shr = _mm512_loadu_si512(k_q6k_shift[1]);
     const __m512i i0 = _mm512_loadu_si512(k_kg6_idx[0]), i1 = _mm512_loadu_si512(k_kg6_idx[1]);
+    const __m512i sc16 = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[b].scales)));
+    __m512i s16 = _mm512_setzero_si512();
+    pk += b * RK6_BLOCK;
+    _Pragma("GCC unroll 2") for (int c = 0; c < 2; c++) {
+        const __m512i l = _mm512_loadu_si512(x[b].ql + 64 * c);
+        const __m512i h = _mm512_broadcast_i64x4(ld256(x[b].qh + 32 * c));
+        const __m512i q01 = _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_and_si512(_mm512_sllv_epi16(h, shl), m30));
+        const __m512i q23 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
+                                            _mm512_and_si512(_mm512_srlv_epi16(h, shr), m30));
+        const __m512i d0 = _mm512_dpbusd_epi32(_mm512_load_si512((const void *)(pk + 128 * c)), q01,
+                                               _mm512_loadu_si512(y[b].qs + 128 * c));
+        const __m512i d1 = _mm512_dpbusd_epi32(_mm512_load_si512((const void *)(pk + 128 * c + 64)), q23,
+                                               _mm512_loadu_si512(y[b].qs + 128 * c + 64));
+        const __m512i w = _mm512_mask_blend_epi16(0xaaaaaaaau, d0, _mm512_slli_epi32(d1, 16));
+        s16 = _mm512_dpwssd_epi32(s16, w, _mm512_permutexvar_epi16(c ? i1 : i0, sc16));
+    }
+    return s16;
+}
+
+/* ztile_q6_k's float side: 16 super-blocks' exact sums per conversion */
+AI float rk6_row(int64_t nb, const cm_block_q6_k *x, const cm_block_q8_k *y, const uint8_t *pk) {
     __m512 acc = _mm512_setzero_ps();
-    for (int64_t b = 0; b < nb; b++, pk += RK6_BLOCK) {
-        const __m512i sc16 =
-            _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[b].scales)));
-        __m512i s16 = _mm512_setzero_si512();
-        _Pragma("GCC unroll 2") for (int c = 0; c < 2; c++) {
-            const __m512i l = _mm512_loadu_si512(x[b].ql + 64 * c);
-            const __m512i h = _mm512_broadcast_i64x4(ld256(x[b].qh + 32 * c));
-            const __m512i q01 =
-                _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_and_si512(_mm512_sllv_epi16(h, shl), m30));
-            const __m512i q23 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
-                                                _mm512_and_si512(_mm512_srlv_epi16(h, shr), m30));
-            const __m512i d0 = _mm512_dpbusd_epi32(_mm512_load_si512((const void *)(pk + 128 * c)), q01,
-                                                   _mm512_loadu_si512(y[b].qs + 128 * c));
-            const __m512i d1 = _mm512_dpbusd_epi32(_mm512_load_si512((const void *)(pk + 128 * c + 64)), q23,
-                                                   _mm512_loadu_si512(y[b].qs + 128 * c + 64));
-            const __m512i w = _mm512_mask_blend_epi16(0xaaaaaaaau, d0, _mm512_slli_epi32(d1, 16));
-            s16 = _mm512_dpwssd_epi32(s16, w, _mm512_permutexvar_epi16(c ? i1 : i0, sc16));
+    for (int64_t b0 = 0; b0 < nb; b0 += 16) {
+        __m512i v = _mm512_setzero_si512();
+        _Alignas(64) float dd[16];
+        for (int k = 0; k < 4 && b0 + 4 * k < nb; k++) {
+            __m512i sg[4];
+            _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) {
+                const int64_t b = b0 + 4 * k + i;
+                sg[i] = b < nb ? rk6_sb(x, y, pk, b) : _mm512_setzero_si512();
+            }
+            v = place16(v, red4(sg[0], sg[1], sg[2], sg[3]), k);
         }
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s16), _mm512_set1_ps(f16f(x[b].d) * y[b].d), acc);
+        for (int m = 0; m < 16; m++) dd[m] = b0 + m < nb ? f16f(x[b0 + m].d) * y[b0 + m].d : 0.0f;
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), _mm512_load_ps(dd), acc);
     }
     return _mm512_reduce_add_ps(acc);
 }

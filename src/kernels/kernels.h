@@ -178,12 +178,13 @@ size_t cm_repack_bytes(const void *owner);
  * bytes per row: W->nb[1] for whole tensors, less for a column view. */
 const void *cm_repack_find(const cm_tensor *W, size_t *stride);
 /* The "q4_0 lanes" layout of nb blocks and the "q4_k lanes" and "q5_k
- * lanes" layouts of nb super-blocks (repack.c says what they are);
- * cm_repack_row: the layout of one row of ne0 elements of type t (q4_0,
- * q4_k or q5_k). */
+ * lanes" and "q6_k lanes" layouts of nb super-blocks (repack.c says what
+ * they are); cm_repack_row: the layout of one row of ne0 elements of type t
+ * (q4_0, q4_k, q5_k or q6_k). */
 void cm_repack_q4_0_lanes(const void *src, void *dst, int64_t nb);
 void cm_repack_q4_k_lanes(const void *src, void *dst, int64_t nb);
 void cm_repack_q5_k_lanes(const void *src, void *dst, int64_t nb);
+void cm_repack_q6_k_lanes(const void *src, void *dst, int64_t nb);
 void cm_repack_row(enum cm_type t, const void *src, void *dst, int64_t ne0);
 
 #endif

@@ -22,11 +22,13 @@
  * tiles), which falls back to those for rows longer than 16384. q4_0 also has a decode gemv
  * (4 rows per pass against the token packed once), same bits again, and
  * q4_0, q4_k and q5_k decode gemvs over rows repacked at load (repack.c;
- * avx512_krepack.h for the k-quants, which also has q5_k's plain gemv);
+ * avx512_krepack.h for the k-quants, which also has q5_k's and q6_k's plain
+ * gemvs; q6_k's repacked one is in gemm_kq_avx512.c);
  * f16 (rows of up to 2730 elements; longer ones run vec_dot per row) and
  * q8_0 decode gemvs that prepare the token once per call (avx512_gemv.h).
  * Every tile keeps the contract of isa.h: integer sums exactly the
- * reference's, only the float accumulation order free. Tested against the
+ * reference's, only the float accumulation order free (q6_k converts each
+ * super-block's exact integer sum once: rounded to nearest above 2^24). Tested against the
  * reference in tests/unit/test_kernels_simd.c and for batch invariance in
  * test_kernels_invariant.c. Never allocates.
  *
@@ -36,8 +38,8 @@
  * set here are replaced by q8lane_avx512.c's, which use that lane order
  * (dispatch.c fills it last); NEEDSWORK: drop the q8_0 tiles here once
  * nothing needs them. q6_k, q5_k and q4_k prefill run gemm_kq_avx512.c, with
- * avx512_kgemm.h (rows unpacked once per pass, same bits) as its fallback for
- * long rows; bf16 still uses the 4-token tiles.
+ * avx512_kgemm.h (rows unpacked once per pass, same bits; q6_k: the 4-token
+ * tiles) as its fallback for long rows; bf16 still uses the 4-token tiles.
  */
 #define CM_X86_VNNI 1
 #include "x86_tiles.h"
@@ -452,44 +454,70 @@ static const uint16_t k_q6k_shift[2][32] = {
     {4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2},
     {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2}};
 
-AI void ztile_q6_k(int64_t nb, const cm_block_q6_k *x, const cm_block_q8_k *const *yv, int T, float *out) {
-    __m512 acc[TMAX];
-    for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
+/* The 4 dwords of each 128-bit lane of s0..s3 summed into dword i of that
+ * lane (integers: any order gives the same sums). */
+AI __m512i red4(__m512i s0, __m512i s1, __m512i s2, __m512i s3) {
+    const __m512i p01 = _mm512_add_epi32(_mm512_unpacklo_epi32(s0, s1), _mm512_unpackhi_epi32(s0, s1));
+    const __m512i p23 = _mm512_add_epi32(_mm512_unpacklo_epi32(s2, s3), _mm512_unpackhi_epi32(s2, s3));
+    return _mm512_add_epi32(_mm512_unpacklo_epi64(p01, p23), _mm512_unpackhi_epi64(p01, p23));
+}
+
+/* q6_k's lane sums of super-block b for T tokens: 128-bit lane j of sumi[t]
+ * sums sub-blocks j, 4 + j, 8 + j, 12 + j (scale times sum((q - 32) * y)). */
+AI void zq6_sums(const cm_block_q6_k *x, const cm_block_q8_k *const *yv, int64_t b, int T, __m512i *sumi) {
     const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30), k32 = _mm512_set1_epi8(32);
     const __m512i shl = _mm512_loadu_si512(k_q6k_shift[0]), shr = _mm512_loadu_si512(k_q6k_shift[1]);
-    for (int64_t b = 0; b < nb; b++) {
-        const __m512i sc16 =
-            _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[b].scales)));
-        __m512i sumi[TMAX];
-        for (int t = 0; t < T; t++) sumi[t] = _mm512_setzero_si512();
-        _Pragma("GCC unroll 2") for (int c = 0; c < 2; c++) {
-            const __m512i l = _mm512_loadu_si512(x[b].ql + 64 * c);
-            const __m512i h = _mm512_broadcast_i64x4(ld256(x[b].qh + 32 * c));
-            const __m512i q01 = _mm512_sub_epi8(
-                _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_and_si512(_mm512_sllv_epi16(h, shl), m30)), k32);
-            const __m512i q23 = _mm512_sub_epi8(_mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
-                                                                _mm512_and_si512(_mm512_srlv_epi16(h, shr), m30)),
-                                                k32);
-            const __m512i a01 = _mm512_abs_epi8(q01), a23 = _mm512_abs_epi8(q23);
-            const __mmask64 n01 = _mm512_movepi8_mask(q01), n23 = _mm512_movepi8_mask(q23);
-            const __m512i s01 = _mm512_permutexvar_epi16(_mm512_loadu_si512(k_q6k_idx[2 * c]), sc16);
-            const __m512i s23 = _mm512_permutexvar_epi16(_mm512_loadu_si512(k_q6k_idx[2 * c + 1]), sc16);
-            const __m512i z = _mm512_setzero_si512();
-            for (int t = 0; t < T; t++) {
-                const int8_t *y = yv[t][b].qs + 128 * c;
-                __m512i y01 = _mm512_loadu_si512(y), y23 = _mm512_loadu_si512(y + 64);
-                y01 = _mm512_mask_sub_epi8(y01, n01, z, y01);
-                y23 = _mm512_mask_sub_epi8(y23, n23, z, y23);
-                const __m512i p01 = _mm512_madd_epi16(_mm512_maddubs_epi16(a01, y01), s01);
-                const __m512i p23 = _mm512_madd_epi16(_mm512_maddubs_epi16(a23, y23), s23);
-                sumi[t] = _mm512_add_epi32(sumi[t], _mm512_add_epi32(p01, p23));
-            }
+    const __m512i sc16 = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[b].scales)));
+    for (int t = 0; t < T; t++) sumi[t] = _mm512_setzero_si512();
+    _Pragma("GCC unroll 2") for (int c = 0; c < 2; c++) {
+        const __m512i l = _mm512_loadu_si512(x[b].ql + 64 * c);
+        const __m512i h = _mm512_broadcast_i64x4(ld256(x[b].qh + 32 * c));
+        const __m512i q01 = _mm512_sub_epi8(
+            _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_and_si512(_mm512_sllv_epi16(h, shl), m30)), k32);
+        const __m512i q23 = _mm512_sub_epi8(_mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
+                                                            _mm512_and_si512(_mm512_srlv_epi16(h, shr), m30)),
+                                            k32);
+        const __m512i a01 = _mm512_abs_epi8(q01), a23 = _mm512_abs_epi8(q23);
+        const __mmask64 n01 = _mm512_movepi8_mask(q01), n23 = _mm512_movepi8_mask(q23);
+        const __m512i s01 = _mm512_permutexvar_epi16(_mm512_loadu_si512(k_q6k_idx[2 * c]), sc16);
+        const __m512i s23 = _mm512_permutexvar_epi16(_mm512_loadu_si512(k_q6k_idx[2 * c + 1]), sc16);
+        const __m512i z = _mm512_setzero_si512();
+        for (int t = 0; t < T; t++) {
+            const int8_t *y = yv[t][b].qs + 128 * c;
+            __m512i y01 = _mm512_loadu_si512(y), y23 = _mm512_loadu_si512(y + 64);
+            y01 = _mm512_mask_sub_epi8(y01, n01, z, y01);
+            y23 = _mm512_mask_sub_epi8(y23, n23, z, y23);
+            const __m512i p01 = _mm512_madd_epi16(_mm512_maddubs_epi16(a01, y01), s01);
+            const __m512i p23 = _mm512_madd_epi16(_mm512_maddubs_epi16(a23, y23), s23);
+            sumi[t] = _mm512_add_epi32(sumi[t], _mm512_add_epi32(p01, p23));
         }
+    }
+}
+
+/* q6_k (the avx512 table's bits; gemm_kq_avx512.c, gemv_fq6_k and
+ * gemv_kq6v give the same): per super-block b the exact integer sum I_b of
+ * its 16 sub-blocks' scale * sum((q - 32) * y) (|I_b| < 2^28), converted
+ * (round to nearest), one FMA with d * dy into float lane b % 16;
+ * _mm512_reduce_add_ps at the end. */
+AI void ztile_q6_k(int64_t nb, const cm_block_q6_k *x, const cm_block_q8_k *const *yv, int T, float *out) {
+    _Alignas(64) float acc[TMAX][16];
+    for (int t = 0; t < T; t++) _mm512_store_ps(acc[t], _mm512_setzero_ps());
+    for (int64_t b = 0; b < nb; b++) {
+        __m512i s[TMAX];
+        zq6_sums(x, yv, b, T, s);
         const float d = f16f(x[b].d);
         for (int t = 0; t < T; t++)
-            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi[t]), _mm512_set1_ps(d * yv[t][b].d), acc[t]);
+            acc[t][b % 16] = fmaf((float)_mm512_reduce_add_epi32(s[t]), d * yv[t][b].d, acc[t][b % 16]);
     }
-    for (int t = 0; t < T; t++) out[t] = _mm512_reduce_add_ps(acc[t]);
+    for (int t = 0; t < T; t++) out[t] = _mm512_reduce_add_ps(_mm512_load_ps(acc[t]));
+}
+
+/* red4's output q (dword 4j + i: super-block 4k + i's part in 128-bit lane
+ * j) summed over j into lanes 4k .. 4k + 3 of v (k = 0..3) */
+AI __m512i place16(__m512i v, __m512i q, int k) {
+    __m512i h = _mm512_add_epi32(q, _mm512_shuffle_i32x4(q, q, 0x4e));
+    h = _mm512_add_epi32(h, _mm512_shuffle_i32x4(h, h, 0xb1));
+    return _mm512_mask_mov_epi32(v, (__mmask16)(0xfu << (4 * k)), h);
 }
 
 #define tile_zf32 ztile_f32
@@ -556,7 +584,7 @@ void cm_kernels_fill_avx512(cm_kernels *k) {
     k->gemv[CM_TYPE_Q4_K] = gemv_pq4_k;
     k->gemv_packed[CM_TYPE_Q4_K] = gemv_rq4_k;
     k->vec_dot[CM_TYPE_Q6_K] = vec_dot_zq6_k;
-    k->gemm[CM_TYPE_Q6_K] = gemm_kg6;
+    k->gemm[CM_TYPE_Q6_K] = gemm_zq6_k; /* gemm_kq_avx512.c's for rows up to 16384 */
     k->gemv[CM_TYPE_Q6_K] = gemv_fq6_k;
     k->gemm[CM_TYPE_Q5_K] = gemm_kg5;
     k->gemv[CM_TYPE_Q5_K] = gemv_fq5_k;

@@ -27,6 +27,15 @@
  * same with the 4 blocks' qh (4 x 32 bytes) between the scales and the qs
  * (704 bytes per group).
  *
+ * Layout "q6_k lanes" (same size and stride; each super-block on its own,
+ * as a cm_block_q6_k whose bytes mean): the 256 values in the order of
+ * gemm_kq_avx512.c's operands (position 64v + 4L + e = element 16 s(L) +
+ * 4v + e, s(L) = 4 (L % 4) + L / 4): ql[m] = positions m | 64 + m (low |
+ * high nibble), ql[64 + m] = 128 + m | 192 + m, qh[m] = the top 2 bits of
+ * positions m, 64 + m, 128 + m, 192 + m (bits 0-1, 2-3, 4-5, 6-7);
+ * scales[L] = scale s(L); d unchanged. Unpacking is a few shifts and masks
+ * and four vpdpbusd give each sub-block's sum in one lane.
+ *
  * A view of a tensor may be repacked on its own (tensor parallelism's
  * column slices: columns [c0, c1) of every row): its copy holds only those
  * columns, rows packed at their own row size (cstride), and is found by the
@@ -69,6 +78,7 @@ static bool rp_wanted(const cm_kernels *k, const cm_tensor *W) {
     if (W->type == CM_TYPE_Q4_0) return W->ne[0] >= 16 * CM_QK4_0 && W->ne[0] <= CM_REPACK_MAX_K;
     if (W->type == CM_TYPE_Q4_K || W->type == CM_TYPE_Q5_K)
         return W->ne[0] >= 4 * CM_QK_K && W->ne[0] <= CM_REPACK_MAX_K;
+    if (W->type == CM_TYPE_Q6_K) return W->ne[0] >= CM_QK_K && W->ne[0] <= CM_REPACK_MAX_K;
     return false;
 }
 
@@ -120,10 +130,41 @@ void cm_repack_q5_k_lanes(const void *src, void *dst, int64_t nb) {
     memcpy(d, x + g, (size_t)(nb - g) * sizeof *x);
 }
 
+void cm_repack_q6_k_lanes(const void *src, void *dst, int64_t nb) {
+    const cm_block_q6_k *x = src;
+    cm_block_q6_k *o = dst;
+    for (int64_t b = 0; b < nb; b++) {
+        uint8_t q[256]; /* the 6-bit values in element order (ggml's dequantize_row_q6_K) */
+        for (int c = 0; c < 2; c++) {
+            const uint8_t *ql = x[b].ql + 64 * c, *qh = x[b].qh + 32 * c;
+            for (int l = 0; l < 32; l++) {
+                q[128 * c + l] = (uint8_t)((ql[l] & 0xf) | ((qh[l] >> 0) & 3) << 4);
+                q[128 * c + l + 32] = (uint8_t)((ql[l + 32] & 0xf) | ((qh[l] >> 2) & 3) << 4);
+                q[128 * c + l + 64] = (uint8_t)((ql[l] >> 4) | ((qh[l] >> 4) & 3) << 4);
+                q[128 * c + l + 96] = (uint8_t)((ql[l + 32] >> 4) | ((qh[l] >> 6) & 3) << 4);
+            }
+        }
+        uint8_t p[256]; /* position 64v + 4L + e: element 16 s(L) + 4v + e, s(L) = 4 (L % 4) + L / 4 */
+        for (int v = 0; v < 4; v++)
+            for (int L = 0; L < 16; L++)
+                for (int e = 0; e < 4; e++) p[64 * v + 4 * L + e] = q[16 * (4 * (L % 4) + L / 4) + 4 * v + e];
+        cm_block_q6_k r;
+        for (int m = 0; m < 64; m++) {
+            r.ql[m] = (uint8_t)((p[m] & 0xf) | (p[64 + m] & 0xf) << 4);
+            r.ql[64 + m] = (uint8_t)((p[128 + m] & 0xf) | (p[192 + m] & 0xf) << 4);
+            r.qh[m] = (uint8_t)((p[m] >> 4) | (p[64 + m] >> 4) << 2 | (p[128 + m] >> 4) << 4 | (p[192 + m] >> 4) << 6);
+        }
+        for (int L = 0; L < 16; L++) r.scales[L] = x[b].scales[4 * (L % 4) + L / 4];
+        r.d = x[b].d;
+        memcpy(&o[b], &r, sizeof r);
+    }
+}
+
 void cm_repack_row(enum cm_type t, const void *src, void *dst, int64_t ne0) {
     if (t == CM_TYPE_Q4_0) cm_repack_q4_0_lanes(src, dst, ne0 / CM_QK4_0);
     else if (t == CM_TYPE_Q4_K) cm_repack_q4_k_lanes(src, dst, ne0 / CM_QK_K);
     else if (t == CM_TYPE_Q5_K) cm_repack_q5_k_lanes(src, dst, ne0 / CM_QK_K);
+    else if (t == CM_TYPE_Q6_K) cm_repack_q6_k_lanes(src, dst, ne0 / CM_QK_K);
     else CM_ASSERT(!"no repacked layout for this type");
 }
 

@@ -207,7 +207,7 @@ static void test_q4_0_lanes(void) {
     }
 }
 
-/* "q4_k lanes", "q5_k lanes": groups of 4 super-blocks and a tail of 0..3 */
+/* "q4_k lanes", "q5_k lanes": groups of 4 super-blocks and a tail of 0..3 ("q6_k lanes": no groups) */
 static void check_k(enum cm_type t) {
     int tables = 0;
     for (size_t i = 0; i < sizeof k_isas / sizeof k_isas[0]; i++) {
@@ -223,6 +223,7 @@ static void check_k(enum cm_type t) {
 }
 static void test_q4_k_lanes(void) { check_k(CM_TYPE_Q4_K); }
 static void test_q5_k_lanes(void) { check_k(CM_TYPE_Q5_K); }
+static void test_q6_k_lanes(void) { check_k(CM_TYPE_Q6_K); }
 
 int main(void) {
     int tables = 0;
@@ -237,5 +238,6 @@ int main(void) {
     RUN(test_q4_0_batched);
     RUN(test_q4_k_lanes);
     RUN(test_q5_k_lanes);
+    RUN(test_q6_k_lanes);
     TEST_END();
 }
