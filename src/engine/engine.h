@@ -225,6 +225,8 @@ typedef struct cm_gen_params {
     const struct cm_grammar *grammar; /* NULL, or only text this grammar allows (sampler/grammar.h; the
                                     * caller keeps it alive until the session finishes); CM_EUNSUPPORTED
                                     * from cm_session_start on a pipeline cluster */
+    bool skip_logprobs;               /* nobody reads cm_token_event.info (NULL then): no softmax over the
+                                       * vocabulary per token; the tokens are the same either way */
 } cm_gen_params;
 void cm_gen_params_default(cm_gen_params *p); /* n_predict 128, sampler defaults, no stops */
 

@@ -321,7 +321,8 @@ static void slot_fail(cm_queue *s, slot *sl, int rc, const char *err) {
 static int prompt_done(slot *sl, char *perr, size_t n) {
     job *j = sl->j;
     cm_timings t = cm_session_timings(sl->s);
-    j->n_cached = j->n_ids - t.n_prompt; /* prefix reused from the slot's KV cache */
+    j->n_cached = j->n_ids - t.n_prompt;   /* prefix reused from the slot's KV cache */
+    j->gp.skip_logprobs = j->logprobs < 0; /* on_token reads info only for logprobs */
     int rc = cm_session_start(sl->s, &j->gp, on_token, j, perr, n);
     sl->started = rc == 0;
     return rc;
