@@ -69,6 +69,7 @@ struct cm_queue {
     unsigned step_delay_ms; /* test hook: CUMULO_TEST_STEP_DELAY_MS slows every step */
     int chunk;              /* prompt tokens evaluated between two decode steps (CUMULO_PREFILL_CHUNK) */
     bool mixed;             /* a prompt chunk rides in the decode pass (CUMULO_MIXED_PASS) */
+    bool long_skipped;      /* the last mixed pass left a longer prompt out for short ones (queue_main) */
     uint64_t n_admitted;
     cm_http_kv_stats kv; /* the budget and its gauges, refreshed under mu by the scheduler */
     uint64_t kv_mem;     /* --kv-mem, 0: the default budget (kv_budget) */
@@ -469,8 +470,31 @@ static void *queue_main(void *arg) {
                 pre_slot[at] = i;
             }
             for (int k = 0; k < np; k++) pre[k] = s->slots[pre_slot[k]].s;
-            rc = cm_engine_step_prefill_many(s->e, ss, n, pre, np, n ? s->chunk : 8 * s->chunk, pre_done, err,
-                                             sizeof err);
+            const int budget = n ? s->chunk : 8 * s->chunk;
+            /* Short first, alone: while streams decode, when the prompts with
+             * the fewest tokens left finish whole within the budget, this
+             * pass carries only them, not a chunk of a longer prompt besides:
+             * a pass of fewer rows is sooner over, so a newcomer's first
+             * token waits for its own prompt and the decode rows only (the
+             * time to first token under load). The longer prompt is skipped
+             * one pass at a time at most (its next pass carries it whatever
+             * waits), so a stream of short requests slows it by half at
+             * worst, never starves it. */
+            int n_pass = np;
+            if (n) {
+                int used = 0, whole = 0;
+                while (whole < np) {
+                    const slot *o = &s->slots[pre_slot[whole]];
+                    const int l = o->j->n_ids - cm_session_n_past(o->s);
+                    if (used + l > budget) break;
+                    used += l;
+                    whole++;
+                }
+                if (whole > 0 && whole < np && !s->long_skipped) n_pass = whole;
+                s->long_skipped = n_pass < np;
+            }
+            for (int k = n_pass; k < np; k++) pre_done[k] = 0;
+            rc = cm_engine_step_prefill_many(s->e, ss, n, pre, n_pass, budget, pre_done, err, sizeof err);
             for (int k = 0; k < np; k++) {
                 slot *sl = &s->slots[pre_slot[k]];
                 if (pre_done[k]) mixed = 1;
