@@ -70,6 +70,7 @@ struct cm_queue {
     int chunk;              /* prompt tokens evaluated between two decode steps (CUMULO_PREFILL_CHUNK) */
     bool mixed;             /* a prompt chunk rides in the decode pass (CUMULO_MIXED_PASS) */
     bool long_skipped;      /* the last mixed pass left a longer prompt out for short ones (queue_main) */
+    int pass_rows_fast;     /* cm_engine_info's: mixed passes stay within it when they can */
     uint64_t n_admitted;
     cm_http_kv_stats kv; /* the budget and its gauges, refreshed under mu by the scheduler */
     uint64_t kv_mem;     /* --kv-mem, 0: the default budget (kv_budget) */
@@ -470,7 +471,18 @@ static void *queue_main(void *arg) {
                 pre_slot[at] = i;
             }
             for (int k = 0; k < np; k++) pre[k] = s->slots[pre_slot[k]].s;
-            const int budget = n ? s->chunk : 8 * s->chunk;
+            /* While streams decode, the prompt rows fill the pass up to the
+             * rows the batched-decode kernels take (pass_rows_fast): 8
+             * decode rows + 32 prompt rows took the prefill gemm, 1.6x the
+             * time of a 32-row pass for 1.25x the rows (bench/bbench.c,
+             * 1B Q4_0), so 24 prompt rows then evaluate the prompt faster
+             * and end the pass sooner; at least a quarter chunk (else a
+             * whole chunk: the pass is past the bound anyway). */
+            int budget = n ? s->chunk : 8 * s->chunk;
+            if (n && s->pass_rows_fast > 0) {
+                const int room = s->pass_rows_fast - n;
+                if (room >= (s->chunk + 3) / 4 && room < budget) budget = room;
+            }
             /* Short first, alone: while streams decode, when the prompts with
              * the fewest tokens left finish whole within the budget, this
              * pass carries only them, not a chunk of a longer prompt besides:
@@ -593,6 +605,11 @@ cm_queue *cm_queue_new(cm_http_server *srv, cm_engine *e, int n_slots, int queue
     s->step_delay_ms = cm_config_get()->test_step_delay_ms;
     s->chunk = cm_config_get()->prefill_chunk;
     s->mixed = cm_config_get()->mixed_pass;
+    {
+        cm_engine_info in;
+        cm_engine_get_info(e, &in);
+        s->pass_rows_fast = in.n_stages > 1 || in.tp_size > 1 ? 0 : in.pass_rows_fast;
+    }
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     s->slots = cm_calloc((size_t)n_slots, sizeof *s->slots);
