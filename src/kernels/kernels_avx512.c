@@ -522,41 +522,6 @@ VEC_DOT(zq6_k, cm_block_q6_k, cm_block_q8_k, CM_QK_K)
     }
 GEMV_ROWS(zbf16)
 
-/* F32 decode gemv (also attention's short rows: a query against K rows, the
- * weights against the transposed V's element rows, model/attn_layer.c): four
- * rows at a time, each with exactly ztile_f32's operations for one token (two
- * 16-lane FMA chains over 32-element steps, the same reduction, then the
- * tail element by element, each product rounded before its add), so every
- * y[i] is vec_dot's own bits. Interleaving four rows overlaps their
- * reductions and tail chains, which dominate rows of a few dozen elements,
- * and saves a call per row. */
-static void gemv_zf32(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
-                      int64_t r0, int64_t r1, int64_t n_tok) {
-    (void)x_stride, (void)ldy, (void)n_tok;
-    const float *xv = x;
-    int64_t i = r0;
-    for (; i + 4 <= r1; i += 4) {
-        const float *wr[4];
-        for (int r = 0; r < 4; r++) wr[r] = (const float *)(const void *)((const char *)w + (size_t)(i + r) * w_stride);
-        __m512 a0[4], a1[4];
-        for (int r = 0; r < 4; r++) a0[r] = a1[r] = _mm512_setzero_ps();
-        int64_t e = 0;
-        for (; e + 32 <= k; e += 32) {
-            const __m512 y0 = _mm512_loadu_ps(xv + e), y1 = _mm512_loadu_ps(xv + e + 16);
-            for (int r = 0; r < 4; r++) {
-                a0[r] = FMA16(a0[r], _mm512_loadu_ps(wr[r] + e), y0);
-                a1[r] = FMA16(a1[r], _mm512_loadu_ps(wr[r] + e + 16), y1);
-            }
-        }
-        float s[4];
-        for (int r = 0; r < 4; r++) s[r] = HSUM16X2(a0[r], a1[r]);
-        for (int64_t t = e; t < k; t++)
-            for (int r = 0; r < 4; r++) s[r] += sc_f32(wr[r], t) * sc_f32(xv, t);
-        for (int r = 0; r < 4; r++) y[i + r] = s[r];
-    }
-    for (; i < r1; i++) vec_dot_zf32(k, &y[i], (const char *)w + (size_t)i * w_stride, x);
-}
-
 #include "avx512_gemm.h"
 #include "avx512_bgemm.h"
 #include "avx512_prefill.h"
@@ -568,7 +533,6 @@ void cm_kernels_fill_avx512(cm_kernels *k) {
     x86_fill(k);
     k->vec_dot[CM_TYPE_F32] = vec_dot_zf32;
     k->gemm[CM_TYPE_F32] = gemm_zf32;
-    k->gemv[CM_TYPE_F32] = gemv_zf32;
     k->vec_dot[CM_TYPE_F16] = vec_dot_zf16;
     k->gemm[CM_TYPE_F16] = gemm_fg16;
     k->gemv[CM_TYPE_F16] = gemv_vf16;

@@ -93,7 +93,6 @@ static void attn_task(cm_ctx *c, int j, int h, int ith) {
     cm_f16 *qh = (cm_f16 *)(sc + c->max_ctx); /* the query rounded to F16 (F16 cache) */
     cm_f16 *sch = qh + D;                     /* the weights rounded to F16 (F16 cache) */
     const cm_vec_dot_fn dot_f32 = c->k->vec_dot[CM_TYPE_F32], dot_f16 = c->k->vec_dot[CM_TYPE_F16];
-    const cm_gemm_fn gemv_f32 = c->k->gemv[CM_TYPE_F32];
     const cm_from_float_fn to_f16 = c->k->from_float[CM_TYPE_F16];
     int hk = c->a->slice.h0 + h / rep;
     const cm_kv *kv = c->a->kvs[b->seq[j]];
@@ -123,12 +122,6 @@ static void attn_task(cm_ctx *c, int j, int h, int ith) {
             sc[p] = d * scale;
             if (sc[p] > mx) mx = sc[p];
         }
-    } else if (gemv_f32) { /* the K rows at once, each dot vec_dot's bits (kernels.h) */
-        gemv_f32(D, (const float *)kv->k + off, (size_t)D * sizeof(float), qv, 0, sc, 0, p_lo, np, 1);
-        for (int p = p_lo; p < np; p++) {
-            sc[p] = sc[p] * scale;
-            if (sc[p] > mx) mx = sc[p];
-        }
     } else {
         const float *kk = (const float *)kv->k + off;
         for (int p = p_lo; p < np; p++) {
@@ -156,8 +149,6 @@ static void attn_task(cm_ctx *c, int j, int h, int ith) {
         const cm_f16 *vt = (const cm_f16 *)kv->v + off;
         to_f16(sc, sch, np);
         for (int i = 0; i < D; i++) dot_f16(np, &o[i], vt + (size_t)i * kv->n_ctx, sch);
-    } else if (gemv_f32) { /* V's element rows at once, each vec_dot's bits */
-        gemv_f32(np, (const float *)kv->v + off, (size_t)kv->n_ctx * sizeof(float), sc, 0, o, 0, 0, D, 1);
     } else {
         const float *vt = (const float *)kv->v + off;
         for (int i = 0; i < D; i++) dot_f32(np, &o[i], vt + (size_t)i * kv->n_ctx, sc);
