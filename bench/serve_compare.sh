@@ -9,6 +9,12 @@
 #   sh bench/serve_compare.sh                       # defaults below
 #   MODEL=... THREADS=2 SLOTS=16 USERS="1 4 8 16" GEN=64 PROMPT=16 \
 #   CUMULO_A=/path/to/old/cumulo CUMULO_B=build/cumulo LLAMA_SERVER=... sh bench/serve_compare.sh
+#   CUMULO_A=build/cumulo ARGS_A="" ARGS_B="-fa" ...     # one binary, two option sets
+#
+# REQS requests per user back to back (default 3): one request per user is a
+# single short burst whose ramp (prefill, the first and last steps) dominates
+# and whose figure swings run to run; several per user measure the steady
+# state (the users' requests overlap as they would on a real server).
 #
 # Unset CUMULO_A / LLAMA_SERVER / BATCHED_BENCH (or empty) leave that column out.
 set -u
@@ -19,7 +25,9 @@ SLOTS=${SLOTS:-16}
 USERS=${USERS:-1 4 8 16}
 GEN=${GEN:-64}
 PROMPT=${PROMPT:-16}
-REQS=${REQS:-1}
+REQS=${REQS:-3}
+ARGS_A=${ARGS_A-}
+ARGS_B=${ARGS_B-}
 CUMULO_A=${CUMULO_A-}
 CUMULO_B=${CUMULO_B:-build/cumulo}
 LLAMA_SERVER=${LLAMA_SERVER-/work/cache/llamacpp-native/native/bin/llama-server}
@@ -55,10 +63,10 @@ echo "serve_compare: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed '
     "load $(cut -d' ' -f1-3 /proc/loadavg); model $MODEL, threads $THREADS, slots $SLOTS, prompt $PROMPT, gen $GEN" >&2
 p=$PORT0
 if [ -n "$CUMULO_A" ]; then
-    start before $p "$CUMULO_A" serve "$MODEL" --port $p --threads "$THREADS" --slots "$SLOTS" --queue 64 --ctx "$CTX"
+    start before $p "$CUMULO_A" serve "$MODEL" --port $p --threads "$THREADS" --slots "$SLOTS" --queue 64 --ctx "$CTX" $ARGS_A
     p=$((p + 1))
 fi
-start after $p "$CUMULO_B" serve "$MODEL" --port $p --threads "$THREADS" --slots "$SLOTS" --queue 64 --ctx "$CTX"
+start after $p "$CUMULO_B" serve "$MODEL" --port $p --threads "$THREADS" --slots "$SLOTS" --queue 64 --ctx "$CTX" $ARGS_B
 p=$((p + 1))
 if [ -n "$LLAMA_SERVER" ] && [ -x "$LLAMA_SERVER" ]; then
     # same slots, threads and per-slot context; continuous batching is on by default

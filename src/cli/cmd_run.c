@@ -351,6 +351,7 @@ int cmd_run(int argc, char **argv) {
     }
     if ((nodes || plan.n_split || plan.mode_set || plan.n_groups) && !cluster) cluster = true;
     gp.sampling.n_probs = (int32_t)logprobs;
+    gp.skip_logprobs = !(json && logprobs > 0); /* run_out reads info only for --json --logprobs */
     cm_engine *e = NULL;
     cm_engine_opts eo = {.n_threads = (int)threads,
                          .n_ctx = (int)ctx,

@@ -15,6 +15,7 @@
 
 #include "../cluster/cluster.h"
 #include "../gguf/gguf.h"
+#include "../kernels/kernels.h"
 #include "../model/model.h"
 #include "../os/os.h"
 #include "../tokenizer/tokenizer.h"
@@ -201,6 +202,11 @@ void cm_engine_get_info(const cm_engine *e, cm_engine_info *in) {
     in->n_stages = e->cl ? cm_pipe_n_stages(e->cl) : 1;
     in->tp_size = e->cl ? cm_pipe_tp_size(e->cl) : 1;
     in->local_layers = e->local_last;
+    if (hp->n_layer > 0 && e->m.layers[0].ffn_down.data) {
+        const cm_kernels *k = cm_kernels_get();
+        const enum cm_type t = e->m.layers[0].ffn_down.type;
+        in->pass_rows_fast = (unsigned)t < CM_TYPE_COUNT && k->gemm_packed[t] ? k->gemm_packed_max : 0;
+    }
     in->n_expert = hp->n_expert;
     in->n_expert_used = hp->n_expert_used;
     in->n_ff_exp = hp->n_ff_exp;

@@ -117,6 +117,9 @@ typedef struct cm_engine_info {
     int tp_size;                           /* tensor-parallel group size (1: none) */
     int n_expert, n_expert_used, n_ff_exp; /* mixture of experts (0: dense) */
     uint64_t n_params_active, weight_bytes_active; /* what one token reads (= the totals when dense) */
+    int pass_rows_fast; /* rows of a forward pass up to which the batched-decode kernels take the FFN's
+                         * weights (their small-batch gemm over repacked rows; past it the prefill gemm,
+                         * slower per row at 33-64 rows); 0: no such bound for this model's types */
 } cm_engine_info;
 void cm_engine_get_info(const cm_engine *e, cm_engine_info *info);
 
@@ -225,6 +228,8 @@ typedef struct cm_gen_params {
     const struct cm_grammar *grammar; /* NULL, or only text this grammar allows (sampler/grammar.h; the
                                     * caller keeps it alive until the session finishes); CM_EUNSUPPORTED
                                     * from cm_session_start on a pipeline cluster */
+    bool skip_logprobs;               /* nobody reads cm_token_event.info (NULL then): no softmax over the
+                                       * vocabulary per token; the tokens are the same either way */
 } cm_gen_params;
 void cm_gen_params_default(cm_gen_params *p); /* n_predict 128, sampler defaults, no stops */
 

@@ -69,6 +69,8 @@ struct cm_queue {
     unsigned step_delay_ms; /* test hook: CUMULO_TEST_STEP_DELAY_MS slows every step */
     int chunk;              /* prompt tokens evaluated between two decode steps (CUMULO_PREFILL_CHUNK) */
     bool mixed;             /* a prompt chunk rides in the decode pass (CUMULO_MIXED_PASS) */
+    bool long_skipped;      /* the last mixed pass left a longer prompt out for short ones (queue_main) */
+    int pass_rows_fast;     /* cm_engine_info's: mixed passes stay within it when they can */
     uint64_t n_admitted;
     cm_http_kv_stats kv; /* the budget and its gauges, refreshed under mu by the scheduler */
     uint64_t kv_mem;     /* --kv-mem, 0: the default budget (kv_budget) */
@@ -316,7 +318,8 @@ static void slot_fail(cm_queue *s, slot *sl, int rc, const char *err) {
 static int prompt_done(slot *sl, char *perr, size_t n) {
     job *j = sl->j;
     cm_timings t = cm_session_timings(sl->s);
-    j->n_cached = j->n_ids - t.n_prompt; /* prefix reused from the slot's KV cache */
+    j->n_cached = j->n_ids - t.n_prompt;   /* prefix reused from the slot's KV cache */
+    j->gp.skip_logprobs = j->logprobs < 0; /* on_token reads info only for logprobs */
     int rc = cm_session_start(sl->s, &j->gp, on_token, j, perr, n);
     sl->started = rc == 0;
     return rc;
@@ -466,8 +469,42 @@ static void *queue_main(void *arg) {
                 pre_slot[at] = i;
             }
             for (int k = 0; k < np; k++) pre[k] = s->slots[pre_slot[k]].s;
-            rc = cm_engine_step_prefill_many(s->e, ss, n, pre, np, n ? s->chunk : 8 * s->chunk, pre_done, err,
-                                             sizeof err);
+            /* While streams decode, the prompt rows fill the pass up to the
+             * rows the batched-decode kernels take (pass_rows_fast): 8
+             * decode rows + 32 prompt rows took the prefill gemm, 1.6x the
+             * time of a 32-row pass for 1.25x the rows (bench/bbench.c,
+             * 1B Q4_0), so 24 prompt rows then evaluate the prompt faster
+             * and end the pass sooner; at least a quarter chunk (else a
+             * whole chunk: the pass is past the bound anyway). */
+            int budget = n ? s->chunk : 8 * s->chunk;
+            if (n && s->pass_rows_fast > 0) {
+                const int room = s->pass_rows_fast - n;
+                if (room >= (s->chunk + 3) / 4 && room < budget) budget = room;
+            }
+            /* Short first, alone: while streams decode, when the prompts with
+             * the fewest tokens left finish whole within the budget, this
+             * pass carries only them, not a chunk of a longer prompt besides:
+             * a pass of fewer rows is sooner over, so a newcomer's first
+             * token waits for its own prompt and the decode rows only (the
+             * time to first token under load). The longer prompt is skipped
+             * one pass at a time at most (its next pass carries it whatever
+             * waits), so a stream of short requests slows it by half at
+             * worst, never starves it. */
+            int n_pass = np;
+            if (n) {
+                int used = 0, whole = 0;
+                while (whole < np) {
+                    const slot *o = &s->slots[pre_slot[whole]];
+                    const int l = o->j->n_ids - cm_session_n_past(o->s);
+                    if (used + l > budget) break;
+                    used += l;
+                    whole++;
+                }
+                if (whole > 0 && whole < np && !s->long_skipped) n_pass = whole;
+                s->long_skipped = n_pass < np;
+            }
+            for (int k = n_pass; k < np; k++) pre_done[k] = 0;
+            rc = cm_engine_step_prefill_many(s->e, ss, n, pre, n_pass, budget, pre_done, err, sizeof err);
             for (int k = 0; k < np; k++) {
                 slot *sl = &s->slots[pre_slot[k]];
                 if (pre_done[k]) mixed = 1;
@@ -566,6 +603,11 @@ cm_queue *cm_queue_new(cm_http_server *srv, cm_engine *e, int n_slots, int queue
     s->step_delay_ms = cm_config_get()->test_step_delay_ms;
     s->chunk = cm_config_get()->prefill_chunk;
     s->mixed = cm_config_get()->mixed_pass;
+    {
+        cm_engine_info in;
+        cm_engine_get_info(e, &in);
+        s->pass_rows_fast = in.n_stages > 1 || in.tp_size > 1 ? 0 : in.pass_rows_fast;
+    }
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     s->slots = cm_calloc((size_t)n_slots, sizeof *s->slots);

@@ -192,6 +192,57 @@ static const void *attn_decode(cm_ctx *c, size_t *stride, int ith, int nth) {
     return cm_fwd_prep_act(c, CM_ACT_ATTN_OUT, &c->wo, c->att, QS, QS, 1, stride, ith, nth);
 }
 
+/* A batch of decode tokens of distinct sequences (a batched decode step),
+ * attn_decode's shape for n tokens: each thread takes whole (token, kv head)
+ * tasks, ropes that head's K/V and its q heads, attends with them and
+ * converts that part of the token's output row for attn_output, so one
+ * barrier separates the QKV products from attn_output instead of three.
+ * Every token's attention reads only its own sequence's cache, whose new
+ * row its own task stored just before; the ops are the general path's, so
+ * no bit changes (the caller rules out batches the multi-query tiles
+ * take). */
+static const void *attn_decode_many(cm_ctx *c, size_t *stride, int ith, int nth) {
+    const cm_hparams *hp = &c->m->hp;
+    const int D = hp->head_dim, rep = hp->n_head / hp->n_head_kv, n = c->b->n;
+    const int nkv = c->a->slice.h1 - c->a->slice.h0, QS = nkv * rep * D;
+    const enum cm_type vdt = cm_type_traits_of(c->wo.type)->vec_dot_type;
+    const bool piece = vdt != CM_TYPE_F32 && ((int64_t)rep * D) % cm_type_traits_of(vdt)->block_size == 0;
+    const size_t rs = vdt == CM_TYPE_F32 ? 0 : cm_row_size(vdt, QS);
+    int64_t t0, t1;
+    cm_split_range((int64_t)n * nkv, ith, nth, &t0, &t1);
+    for (int64_t t = t0; t < t1; t++) {
+        const int j = (int)(t / nkv), hl = (int)(t % nkv);
+        rope_kv_task(c, j, hl);
+        for (int h = hl * rep; h < (hl + 1) * rep; h++) {
+            rope_q_task(c, j, h);
+            attn_task(c, j, h, ith);
+        }
+        if (piece) {
+            const int64_t c0 = (int64_t)hl * rep * D;
+            cm_fwd_convert(c, CM_ACT_ATTN_OUT, j, c0, vdt, c->att + (size_t)j * QS + c0,
+                           c->xq + (size_t)j * rs + cm_row_size(vdt, c0), (int64_t)rep * D);
+        }
+    }
+    cm_pool_barrier(c->pool);
+    if (vdt == CM_TYPE_F32) {
+        *stride = (size_t)QS * sizeof(float);
+        return c->att;
+    }
+    if (piece) {
+        *stride = rs;
+        return c->xq;
+    }
+    return cm_fwd_prep_act(c, CM_ACT_ATTN_OUT, &c->wo, c->att, QS, QS, n, stride, ith, nth);
+}
+
+/* Every token of the batch from a different sequence (a decode step). */
+static bool distinct_seqs(const cm_batch *b) {
+    for (int j = 1; j < b->n; j++)
+        for (int i = 0; i < j; i++)
+            if (b->seq[i] == b->seq[j]) return false;
+    return true;
+}
+
 /* Decode (one token) past SPLIT_MIN positions, over either layout:
  * threads take whole kv heads for RoPE and the K/V store, then (kv head,
  * block of CM_ATTN_BLOCK positions) tasks (attn_split.c), then query heads
@@ -408,6 +459,12 @@ void cm_fwd_attn(cm_ctx *c, int ith, int nth) {
     }
     if (n == 1 && nkv >= nth) {
         xq = attn_decode(c, &xs, ith, nth);
+        cm_fwd_matmul(c, &c->wo, xq, xs, n, c->part, E, ith, nth);
+        return;
+    }
+
+    if (n > 1 && distinct_seqs(b) && !use_multi(c)) {
+        xq = attn_decode_many(c, &xs, ith, nth);
         cm_fwd_matmul(c, &c->wo, xq, xs, n, c->part, E, ith, nth);
         return;
     }

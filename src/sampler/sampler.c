@@ -310,6 +310,21 @@ static int32_t sample_chain(cm_sampler *s, const float *logits) {
     const cm_sampler_params *p = &s->p;
     int32_t n = s->n_vocab;
     cand *c = s->cand;
+    if ((p->temperature <= 0.0f || p->top_k == 1) && penalties_off(s)) {
+        /* Greedy without penalties: the chain below's answer (the first
+         * largest finite logit; 0 when none is finite) without building the
+         * candidates, one pass over the logits. */
+        int32_t best = -1;
+        float bl = -INFINITY;
+        for (int32_t i = 0; i < n; i++) {
+            const float l = logits[i];
+            if (isfinite(l) && (best < 0 || l > bl)) {
+                best = i;
+                bl = l;
+            }
+        }
+        return best < 0 ? 0 : best;
+    }
     bool any = false;
     for (int32_t i = 0; i < n; i++) {
         float l = logits[i];

@@ -80,6 +80,15 @@ static void test_greedy(void) {
     p = plain();
     s = mk(&p, 3);
     CHECK(cm_sampler_sample(s, all_bad, NULL) == 0);
+    /* +inf is no candidate either; the first largest finite logit after
+     * non-finite ones (greedy's one pass over the logits, sampler.c) */
+    float odd[6] = {-INFINITY, NAN, INFINITY, 3.0f, -2.0f, 3.0f};
+    cm_sampler_free(s);
+    p.temperature = 0.0f;
+    s = mk(&p, 6);
+    CHECK(cm_sampler_sample(s, odd, NULL) == 3);
+    cm_sampler_accept(s, 3); /* a history with penalties off: still the plain argmax */
+    CHECK(cm_sampler_sample(s, odd, NULL) == 3);
     cm_sampler_free(s);
     /* Greedy on a big vocabulary with the maximum at the end. */
     enum { N = 50000 };
