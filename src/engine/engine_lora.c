@@ -84,7 +84,7 @@ int cm_engine_lora_set_defaults(cm_engine *e, const float *scales, int n, char *
     int rc = cm_engine_lora_check(e, scales, n, err, errlen);
     if (rc) return rc;
     pthread_mutex_lock(&e->lora_mu);
-    memcpy(e->lora_def, scales, (size_t)n * sizeof *scales);
+    if (n > 0) memcpy(e->lora_def, scales, (size_t)n * sizeof *scales); /* none loaded: lora_def is NULL */
     pthread_mutex_unlock(&e->lora_mu);
     return 0;
 }
