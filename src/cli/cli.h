@@ -9,6 +9,9 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <stddef.h>
+#include <stdio.h>
+
+#include "sched/plan.h"
 
 typedef struct cm_command {
     const char *name;
@@ -64,11 +67,6 @@ void cli_gpu_list(struct cJSON *j, int n_layer, uint64_t layer_bytes);
     "                         driver such as lavapipe too; N: device N of 'cumulo info'); default none\n"   \
     "  --gpu-layers, -ngl K   the first K layers on the GPU, the rest on the CPU (default: all)\n"
 
-/* The options that shape a cluster's plan (run, serve, bench share them):
- * --parallel pp|tp|hybrid|auto, --layers 2,1,2, --groups 2,2, --tp-weights
- * 1,2. Parsed like cli_sampling_opt: 1 consumed (and its value), 0 not one
- * of them, -1 bad value (message printed). cli_plan_check: the checks
- * between them, 0 or 1 (message printed). */
 /* The chat template family to render with: tmpl when given; else NULL (the
  * model's own) when the model's template renders, else "chatml" with a
  * one-line warning, the same fallback `serve` makes (and llama.cpp). */
@@ -85,11 +83,52 @@ void cli_check_ctx(struct cm_engine *e, int n_ctx);
 void cli_ctx_advice(struct cm_engine *e, int n_ctx, char *out, size_t cap);
 const char *cli_chat_template(struct cm_engine *e, const char *tmpl, const char *model);
 
-struct cm_plan_request;
-int cli_plan_opt(int argc, char **argv, int *i, struct cm_plan_request *q);
-/* The help of cli_plan_opt's --expert-load (run and serve print it after their usage). */
-extern const char cli_expert_load_usage[];
-int cli_plan_check(const struct cm_plan_request *q);
+/* The cluster options (clusteropt.c), one parser and one --help text for
+ * every command that talks to `cumulo node`s. accept (CLI_CLUSTER_* bits,
+ * set by the command before parsing) says which options it takes:
+ *   KEY       --insecure, --key-file FILE (every command that opens a link)
+ *   NODES     --nodes auto|HOST:PORT,... (implies --cluster)
+ *   ON        --cluster (the nodes of --nodes, else auto: mDNS)
+ *   TAKE      --take;  COMPRESS: --tp-compress
+ *   SHAPE     --parallel MODE, --groups A,B,...
+ *   PLAN      --layers A,B,..., --tp-weights W,..., --expert-load ...
+ *   IMPLY     --parallel, --layers, --groups, --tp-weights imply --cluster
+ * cli_cluster_opt: parsed like cli_sampling_opt (1 consumed with its value,
+ * 0 not one this command takes, -1 bad value, message printed).
+ * cli_cluster_check: after parsing, the checks between options (0, or 1
+ * with the message printed). cli_cluster_nodes: what the engine connects
+ * to (NULL: this machine alone). cli_cluster_apply: every field into engine
+ * options. cli_cluster_usage: the --help lines of the accepted options. */
+enum {
+    CLI_CLUSTER_KEY = 1u << 0,
+    CLI_CLUSTER_NODES = 1u << 1,
+    CLI_CLUSTER_ON = 1u << 2,
+    CLI_CLUSTER_TAKE = 1u << 3,
+    CLI_CLUSTER_COMPRESS = 1u << 4,
+    CLI_CLUSTER_SHAPE = 1u << 5,
+    CLI_CLUSTER_PLAN = 1u << 6,
+    CLI_CLUSTER_IMPLY = 1u << 7,
+    /* what each command takes */
+    CLI_CLUSTER_LINK = CLI_CLUSTER_KEY, /* node, nodes, plan, launch (their --nodes is their own) */
+    CLI_CLUSTER_CHAT = CLI_CLUSTER_KEY | CLI_CLUSTER_NODES | CLI_CLUSTER_ON,
+    CLI_CLUSTER_BENCH = CLI_CLUSTER_CHAT | CLI_CLUSTER_COMPRESS | CLI_CLUSTER_SHAPE,
+    CLI_CLUSTER_SERVE = CLI_CLUSTER_KEY | CLI_CLUSTER_NODES | CLI_CLUSTER_TAKE | CLI_CLUSTER_COMPRESS |
+                        CLI_CLUSTER_SHAPE | CLI_CLUSTER_PLAN,
+    CLI_CLUSTER_RUN = CLI_CLUSTER_SERVE | CLI_CLUSTER_ON | CLI_CLUSTER_IMPLY,
+    CLI_CLUSTER_FINETUNE = CLI_CLUSTER_RUN & ~CLI_CLUSTER_COMPRESS,
+};
+typedef struct cli_cluster {
+    unsigned accept; /* CLI_CLUSTER_* */
+    bool on;         /* use nodes: --cluster, --nodes, or (IMPLY) a plan option */
+    bool insecure, take, tp_compress;
+    const char *nodes, *key_file; /* as given; NULL: not given */
+    cm_plan_request plan;
+} cli_cluster;
+int cli_cluster_opt(int argc, char **argv, int *i, cli_cluster *c);
+int cli_cluster_check(const cli_cluster *c);
+const char *cli_cluster_nodes(const cli_cluster *c);
+void cli_cluster_apply(const cli_cluster *c, struct cm_engine_opts *eo);
+void cli_cluster_usage(FILE *out, unsigned accept);
 /* finetune --cluster without --layers or --data-parallel (finetune_dp.c):
  * the replicas of the training pipeline that nodes ("auto": mDNS, or a
  * list) hold (sched/plan_dp.h), windows of n_ctx tokens. Returns their

@@ -62,12 +62,10 @@ static const char k_chat_usage[] =
     "                         memory when they fit, fewer TLB misses per token; also CUMULO_MMAP=1)\n" CLI_LORA_HELP
     "  --ignore-eos           keep generating past end-of-turn tokens\n"
     "  -v, --verbose          after each reply, print token counts, prefix reuse and speed to stderr\n"
-    "  --cluster              use `cumulo node`s (with --nodes, default auto), as `cumulo run`\n"
-    "  --nodes LIST           auto (mDNS) or host:port,host:port,...\n"
-    "  --insecure             no cluster key (the nodes must run --insecure too)\n"
-    "  --key-file FILE        cluster key (default $CUMULO_KEY_FILE or ~/.config/cumulo/cluster.key)\n"
     "A full context: before a turn the oldest exchanges after the system message are dropped\n"
-    "until the conversation leaves room for a reply (said on stderr); the same on a cluster.\n";
+    "until the conversation leaves room for a reply (said on stderr); the same on a cluster.\n"
+    "\n"
+    "Cluster (as `cumulo run --cluster`):\n";
 
 static const char k_chat_help[] = "commands:\n"
                                   "  /reset   forget the conversation (the --system message stays)\n"
@@ -318,14 +316,15 @@ static int read_message(chat *c, cm_buf *line) {
 int cmd_chat(int argc, char **argv) {
     if (cli_wants_help(argc, argv)) {
         fputs(k_chat_usage, stdout);
+        cli_cluster_usage(stdout, CLI_CLUSTER_CHAT);
         return 0;
     }
     const char *model = NULL, *system = NULL, *tmpl = NULL;
     long n_predict = -1, ctx = 0, threads = 0;
     cli_kv kvo = {0};
     cli_gpu gpuo = {0};
-    bool verbose = false, kv_f16 = false, use_mmap = false, cluster = false, insecure = false;
-    const char *nodes = NULL, *key_file = NULL;
+    bool verbose = false, kv_f16 = false, use_mmap = false;
+    cli_cluster clo = {.accept = CLI_CLUSTER_CHAT};
     cli_loras loras = {0};
     cm_gen_params gp;
     cm_gen_params_default(&gp);
@@ -334,6 +333,7 @@ int cmd_chat(int argc, char **argv) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
 #define NEXT() (i++, v)
         int so = cli_gen_opt(argc, argv, &i, &gp.sampling, &loras, &kvo, &gpuo);
+        if (!so) so = cli_cluster_opt(argc, argv, &i, &clo);
         if (so < 0) return 1;
         if (so > 0) continue;
         if (!strcmp(a, "--system")) {
@@ -350,14 +350,6 @@ int cmd_chat(int argc, char **argv) {
             if (!cli_int(a, NEXT(), 1, 1024, &threads)) return 1;
         } else if (!strcmp(a, "--mmap")) {
             use_mmap = true;
-        } else if (!strcmp(a, "--cluster")) {
-            cluster = true;
-        } else if (!strcmp(a, "--insecure")) {
-            insecure = true;
-        } else if (!strcmp(a, "--nodes") || !strcmp(a, "--key-file")) {
-            if (!v) return cli_fail("option '%s' needs a value", a);
-            if (a[2] == 'n') nodes = NEXT();
-            else key_file = NEXT();
         } else if (!strcmp(a, "--ignore-eos")) {
             gp.ignore_eos = true;
         } else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) {
@@ -389,15 +381,13 @@ int cmd_chat(int argc, char **argv) {
     int status = 1;
     cm_engine_opts eo = {.n_threads = (int)threads,
                          .n_ctx = (int)ctx,
-                         .nodes = cluster || nodes ? (nodes ? nodes : "auto") : NULL,
-                         .insecure = insecure,
-                         .key_file = key_file,
                          .kv_f16 = kv_f16,
                          .mmap = use_mmap,
                          .loras = loras.spec,
                          .n_loras = loras.n};
     cli_kv_apply(&kvo, &eo);
     cli_gpu_apply(&gpuo, &eo);
+    cli_cluster_apply(&clo, &eo);
     if (cli_load_engine_opts(&c.e, model, &eo)) goto done;
     if (system && chat_push(&c, "system", system, strlen(system))) {
         cli_fail("out of memory");

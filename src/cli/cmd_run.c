@@ -54,22 +54,9 @@ static const char k_run_usage[] =
     "                         and errors still go to stderr)\n"
     "  --logprobs N           with --json: each generated token's logprob and the N most likely\n"
     "                         tokens' (natural log of the model's softmax; N <= 20)\n"
+    "  --streams N            run N copies of the request at once (aggregate tokens/s; a benchmark)\n"
     "\n"
-    "Cluster (pipeline: this machine computes the first stage; or tensor parallel):\n"
-    "  --cluster              use `cumulo node`s (with --nodes, default auto)\n"
-    "  --nodes LIST           auto (mDNS) or host:port,host:port,...\n"
-    "  --layers A,B,...       layers per stage, this machine first (default: the planner's)\n"
-    "  --parallel MODE        pp (default): a pipeline; tp: one tensor-parallel group of this\n"
-    "                         machine and every node (each computes a slice of every layer);\n"
-    "                         hybrid: tensor-parallel groups as pipeline stages; auto: the planner's best\n"
-    "                         ep: a mixture-of-experts model's experts spread over one group\n"
-    "  --groups A,B,...       members per stage, this machine's group first (e.g. 2,2: hybrid)\n"
-    "  --tp-weights W,W,...   tp/hybrid: relative speed per machine, this one first (slice sizes)\n"
-    "  --tp-compress          all-reduces travel as 8-bit Q8_0 blocks (off by default; not exact)\n"
-    "  --take                 use nodes that serve another coordinator (it is told and re-plans)\n"
-    "  --insecure             no cluster key (the nodes must run --insecure too)\n"
-    "  --key-file FILE        cluster key (default $CUMULO_KEY_FILE or ~/.config/cumulo/cluster.key)\n"
-    "  --streams N            run N copies of the request at once (aggregate tokens/s; a benchmark)\n";
+    "Cluster (pipeline: this machine computes the first stage; or tensor parallel):\n";
 
 static cm_session *g_session; /* for SIGINT */
 
@@ -233,7 +220,7 @@ static int run_streams(cm_engine *e, int n, const int32_t *ptoks, int np, const 
 int cmd_run(int argc, char **argv) {
     if (cli_wants_help(argc, argv)) {
         fputs(k_run_usage, stdout);
-        fputs(cli_expert_load_usage, stdout);
+        cli_cluster_usage(stdout, CLI_CLUSTER_RUN);
         return 0;
     }
     const char *model = NULL, *prompt = NULL, *file = NULL, *tmpl = NULL, *system = NULL;
@@ -243,11 +230,8 @@ int cmd_run(int argc, char **argv) {
     bool quiet = false;
     cli_kv kvo = {0};
     cli_gpu gpuo = {0};
-    bool json = false, no_bos = false, kv_f16 = false, use_mmap = false, chat = false, cluster = false,
-         insecure = false;
-    bool tp_compress = false, take = false;
-    const char *nodes = NULL, *key_file = NULL;
-    cm_plan_request plan = {0};
+    bool json = false, no_bos = false, kv_f16 = false, use_mmap = false, chat = false;
+    cli_cluster clo = {.accept = CLI_CLUSTER_RUN};
     cli_loras loras = {0};
     cm_gen_params gp;
     cm_gen_params_default(&gp);
@@ -256,6 +240,7 @@ int cmd_run(int argc, char **argv) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
 #define NEXT() (i++, v)
         int so = cli_gen_opt(argc, argv, &i, &gp.sampling, &loras, &kvo, &gpuo);
+        if (!so) so = cli_cluster_opt(argc, argv, &i, &clo);
         if (so < 0) return 1;
         if (so > 0) continue;
         if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) {
@@ -295,20 +280,6 @@ int cmd_run(int argc, char **argv) {
             json = true;
         } else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) {
             quiet = true;
-        } else if (!strcmp(a, "--cluster")) {
-            cluster = true;
-        } else if (!strcmp(a, "--insecure")) {
-            insecure = true;
-        } else if (!strcmp(a, "--nodes") || !strcmp(a, "--key-file")) {
-            if (!v) return cli_fail("option '%s' needs a value", a);
-            if (a[2] == 'n') nodes = NEXT();
-            else key_file = NEXT();
-        } else if ((so = cli_plan_opt(argc, argv, &i, &plan)) != 0) {
-            if (so < 0) return 1;
-        } else if (!strcmp(a, "--tp-compress")) {
-            tp_compress = true;
-        } else if (!strcmp(a, "--take")) {
-            take = true;
         } else if (!strcmp(a, "--logprobs")) {
             if (!cli_int(a, NEXT(), 0, CM_SAMPLER_MAX_PROBS, &logprobs)) return 1;
         } else if (!strcmp(a, "--streams")) {
@@ -345,22 +316,15 @@ int cmd_run(int argc, char **argv) {
         return cli_fail("%s", msg);
     }
 
-    if (cli_plan_check(&plan)) {
+    if (cli_cluster_check(&clo)) {
         cm_free(file_text);
         return 1;
     }
-    if ((nodes || plan.n_split || plan.mode_set || plan.n_groups) && !cluster) cluster = true;
     gp.sampling.n_probs = (int32_t)logprobs;
     gp.skip_logprobs = !(json && logprobs > 0); /* run_out reads info only for --json --logprobs */
     cm_engine *e = NULL;
     cm_engine_opts eo = {.n_threads = (int)threads,
                          .n_ctx = (int)ctx,
-                         .nodes = cluster ? (nodes ? nodes : "auto") : NULL,
-                         .insecure = insecure,
-                         .key_file = key_file,
-                         .plan = plan,
-                         .tp_compress = tp_compress,
-                         .take = take,
                          .n_seq = streams > 8 ? (int)streams : 8,
                          .kv_f16 = kv_f16,
                          .mmap = use_mmap,
@@ -369,6 +333,7 @@ int cmd_run(int argc, char **argv) {
                          .n_loras = loras.n};
     cli_kv_apply(&kvo, &eo);
     cli_gpu_apply(&gpuo, &eo);
+    cli_cluster_apply(&clo, &eo);
     /* --streams (even 1) reports aggregate numbers instead of the text. */
     if (cli_load_engine_opts(&e, model, &eo)) {
         cm_free(file_text);

@@ -56,18 +56,7 @@ static const char k_serve_usage[] =
     "  --chat-template F  chat template family (chatml, llama3, ...; default: the model's own,\n"
     "                     or chatml when it has none)\n"
     "\n"
-    "Cluster (pipeline: this machine computes the first stage; or tensor parallel):\n"
-    "  --nodes LIST       auto (mDNS) or host:port,host:port,... of `cumulo node`s\n"
-    "  --layers A,B,...   layers per stage, this machine first (default: the planner's)\n"
-    "  --parallel MODE    pp (default): a pipeline; tp: one tensor-parallel group of every machine;\n"
-    "                     hybrid: tensor-parallel groups as pipeline stages; auto: the planner's best\n"
-    "                     ep: experts of a mixture-of-experts model spread over one group\n"
-    "  --groups A,B,...   members per stage, this machine's group first (e.g. 2,2: hybrid)\n"
-    "  --tp-weights W,... tp/hybrid: relative speed per machine, this one first (slice sizes)\n"
-    "  --tp-compress      all-reduces travel as 8-bit Q8_0 blocks (off by default; not exact)\n"
-    "  --take             use nodes that serve another coordinator (it is told and re-plans)\n"
-    "  --insecure         no cluster key (the nodes must run --insecure too)\n"
-    "  --key-file FILE    cluster key (default $CUMULO_KEY_FILE or ~/.config/cumulo/cluster.key)\n";
+    "Cluster (pipeline: this machine computes the first stage; or tensor parallel):\n";
 
 static const char k_serve_ft_usage[] =
     "\nFine-tuning while serving (OpenAI's fine-tuning jobs API):\n"
@@ -84,8 +73,8 @@ static void log_line(void *ctx, const char *line) {
 int cmd_serve(int argc, char **argv) {
     if (cli_wants_help(argc, argv)) {
         fputs(k_serve_usage, stdout);
+        cli_cluster_usage(stdout, CLI_CLUSTER_SERVE);
         fputs(k_serve_ft_usage, stdout);
-        fputs(cli_expert_load_usage, stdout);
         return 0;
     }
     cm_http_opts o;
@@ -97,12 +86,10 @@ int cmd_serve(int argc, char **argv) {
     long n_batch = 32; /* any value is batch-invariant (kernels.h); larger prefills in fewer passes */
     cli_kv kvo = {0};
     cli_gpu gpuo = {0};
-    bool kv_f16 = false, insecure = false, use_mmap = false;
-    const char *nodes = NULL, *key_file = NULL;
-    cm_plan_request plan = {0};
+    bool kv_f16 = false, use_mmap = false;
+    cli_cluster clo = {.accept = CLI_CLUSTER_SERVE};
     cli_loras loras = {0};
     int po;
-    bool tp_compress = false, take = false;
     const char *ft_dir = NULL; /* --finetune-dir: POST /v1/fine_tuning/jobs (serve_finetune.c) */
     long ft_threads = 1;
     double d;
@@ -115,7 +102,7 @@ int cmd_serve(int argc, char **argv) {
     do {                                                         \
         if (!v) return cli_fail("option '%s' needs a value", a); \
     } while (0)
-        if ((po = cli_plan_opt(argc, argv, &i, &plan)) != 0) {
+        if ((po = cli_cluster_opt(argc, argv, &i, &clo)) != 0) {
             if (po < 0) return 1;
         } else if ((po = cli_lora_opt(argc, argv, &i, &loras)) != 0) {
             if (po < 0) return 1;
@@ -177,16 +164,7 @@ int cmd_serve(int argc, char **argv) {
         } else if (!strcmp(a, "--chat-template")) {
             NEED();
             o.chat_template = NEXT();
-        } else if (!strcmp(a, "--nodes")) {
-            NEED();
-            nodes = NEXT();
-        } else if (!strcmp(a, "--tp-compress")) tp_compress = true;
-        else if (!strcmp(a, "--take")) take = true;
-        else if (!strcmp(a, "--key-file")) {
-            NEED();
-            key_file = NEXT();
-        } else if (!strcmp(a, "--insecure")) insecure = true;
-        else if (!strcmp(a, "--finetune-dir")) {
+        } else if (!strcmp(a, "--finetune-dir")) {
             NEED();
             ft_dir = NEXT();
         } else if (!strcmp(a, "--finetune-threads")) {
@@ -199,7 +177,7 @@ int cmd_serve(int argc, char **argv) {
     }
     if (!model) return cli_fail("serve needs a model: cumulo serve MODEL.gguf");
     if (!(model = cli_model_path(model))) return 1;
-    if (cli_plan_check(&plan)) return 1;
+    if (cli_cluster_check(&clo)) return 1;
     o.allow_hosts = allow;
     o.n_allow_hosts = n_allow;
     char id[256];
@@ -241,12 +219,6 @@ int cmd_serve(int argc, char **argv) {
                          .n_ctx = o.n_ctx,
                          .n_batch = (int)n_batch,
                          .kv_f16 = kv_f16,
-                         .nodes = nodes,
-                         .insecure = insecure,
-                         .key_file = key_file,
-                         .plan = plan,
-                         .tp_compress = tp_compress,
-                         .take = take,
                          .n_seq = (o.n_slots > 0 ? o.n_slots : 4) + 1 /* + 1: embeddings (embed_cluster.c) */,
                          .log = log_line,
                          .mmap = use_mmap,
@@ -254,6 +226,7 @@ int cmd_serve(int argc, char **argv) {
                          .n_loras = loras.n};
     cli_kv_apply(&kvo, &eo);
     cli_gpu_apply(&gpuo, &eo);
+    cli_cluster_apply(&clo, &eo);
     cli_check_threads(&eo);
     if (cm_engine_load(&e, model, &eo, err, sizeof err)) {
         cli_serve_ft_attach(ft, NULL);
