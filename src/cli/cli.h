@@ -156,13 +156,41 @@ typedef struct cli_loras {
     int n;
 } cli_loras;
 int cli_lora_opt(int argc, char **argv, int *i, cli_loras *l);
-/* The generation options run and chat share: sampling (into s), --lora
- * (into l), the KV cache options (into kv) and --gpu/--gpu-layers (into g);
- * parsed like cli_sampling_opt. */
-int cli_gen_opt(int argc, char **argv, int *i, struct cm_sampler_params *s, cli_loras *l, cli_kv *kv, cli_gpu *g);
+/* The options run and chat share (util.c): sampling (into s) and those of
+ * the engine (into g): --lora, the KV cache options, --gpu/--gpu-layers,
+ * the cluster options (g->net.accept set by the command), --ctx N,
+ * --threads N, --mmap; parsed like cli_sampling_opt. cli_gen_apply: g into
+ * engine options. CLI_GEN_HELP: their --help lines but sampling's
+ * (CLI_SAMPLING_HELP, --seed apart) and the cluster's (cli_cluster_usage). */
+typedef struct cli_gen {
+    cli_loras loras;
+    cli_kv kv;
+    cli_gpu gpu;
+    cli_cluster net;
+    int n_ctx, n_threads; /* 0: the defaults */
+    bool mmap;
+} cli_gen;
+int cli_gen_opt(int argc, char **argv, int *i, struct cm_sampler_params *s, cli_gen *g);
+void cli_gen_apply(const cli_gen *g, struct cm_engine_opts *eo);
 #define CLI_LORA_HELP                                                                            \
     "  --lora FILE[:SCALE]    apply a LoRA adapter (llama.cpp's adapter GGUF) with this scale\n" \
     "                         (default 1); repeat for several (their corrections add up)\n"
+#define CLI_KV_HELP                                                                                      \
+    "  --cache-type-k, -ctk T, --cache-type-v, -ctv T\n"                                                 \
+    "                         KV cache types: f32 (default), f16, q8_0, q4_0 (llama.cpp's -ctk/-ctv);\n" \
+    "                         --kv-type T sets both; per token: see 'cumulo info'\n"                     \
+    "  --flash-attn, -fa      tiled attention over K/V rows for f32/f16 too (always for q8_0/q4_0)\n"
+#define CLI_SAMPLING_HELP                                              \
+    "  --temp T               temperature (default 0.8; 0 = greedy)\n" \
+    "  --top-k K              top-k (default 40; 0 = off)\n"           \
+    "  --top-p P              top-p (default 0.95; 1 = off)\n"         \
+    "  --min-p P              min-p (default 0.05; 0 = off)\n"         \
+    "  --repeat-penalty R     repetition penalty (default 1.0 = off)\n"
+#define CLI_GEN_HELP                                                                              \
+    "  --ctx N                context size (default: the model's, at most 4096)\n"                \
+    "  --threads N            compute threads (default: all CPUs)\n" CLI_KV_HELP CLI_GPU_HELP     \
+    "  --mmap                 keep the weights in a file mapping (default: read into huge-page\n" \
+    "                         memory when they fit, fewer TLB misses per token; also CUMULO_MMAP=1)\n" CLI_LORA_HELP
 
 /* A progress bar on stderr (only when stderr is a terminal, or CUMULO_PROGRESS=1).
  * With `bytes` set (after start) it also shows MiB done, speed and time left. */

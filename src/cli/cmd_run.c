@@ -26,22 +26,9 @@ static const char k_run_usage[] =
     "\n"
     "  -p, --prompt TEXT      prompt text (default: empty, i.e. BOS only)\n"
     "  -f, --file FILE        read the prompt from FILE\n"
-    "  -n, --n-predict N      tokens to generate (default 128; -1: until EOS or the context is full)\n"
-    "  --temp T               temperature (default 0.8; 0 = greedy)\n"
-    "  --top-k K              top-k (default 40; 0 = off)\n"
-    "  --top-p P              top-p (default 0.95; 1 = off)\n"
-    "  --min-p P              min-p (default 0.05; 0 = off)\n"
-    "  --repeat-penalty R     repetition penalty (default 1.0 = off)\n"
+    "  -n, --n-predict N      tokens to generate (default 128; -1: until EOS or the context is full)\n" CLI_SAMPLING_HELP
     "  --seed S               RNG seed (default: random)\n"
-    "  --stop TEXT            stop when TEXT appears (repeatable)\n"
-    "  --ctx N                context size (default: the model's, at most 4096)\n"
-    "  --threads N            compute threads (default: all CPUs)\n"
-    "  --cache-type-k, -ctk T, --cache-type-v, -ctv T\n"
-    "                         KV cache types: f32 (default), f16, q8_0, q4_0 (llama.cpp's -ctk/-ctv);\n"
-    "                         --kv-type T sets both; per token: see 'cumulo info'\n"
-    "  --flash-attn, -fa      tiled attention over K/V rows for f32/f16 too (always for q8_0/q4_0)\n" CLI_GPU_HELP
-    "  --mmap                 keep the weights in a file mapping (default: read into huge-page\n"
-    "                         memory when they fit, fewer TLB misses per token; also CUMULO_MMAP=1)\n" CLI_LORA_HELP
+    "  --stop TEXT            stop when TEXT appears (repeatable)\n" CLI_GEN_HELP
     "  --no-bos               do not add the BOS token\n"
     "  --ignore-eos           keep generating past end-of-generation tokens\n"
     "  --chat                 send the prompt as a user message through the model's chat template\n"
@@ -226,21 +213,17 @@ int cmd_run(int argc, char **argv) {
     const char *model = NULL, *prompt = NULL, *file = NULL, *tmpl = NULL, *system = NULL;
     const char *stops[16];
     int n_stops = 0;
-    long n_predict = 128, ctx = 0, threads = 0, streams = 0, logprobs = 0;
+    long n_predict = 128, streams = 0, logprobs = 0;
     bool quiet = false;
-    cli_kv kvo = {0};
-    cli_gpu gpuo = {0};
-    bool json = false, no_bos = false, kv_f16 = false, use_mmap = false, chat = false;
-    cli_cluster clo = {.accept = CLI_CLUSTER_RUN};
-    cli_loras loras = {0};
+    bool json = false, no_bos = false, chat = false;
+    cli_gen go = {.net = {.accept = CLI_CLUSTER_RUN}};
     cm_gen_params gp;
     cm_gen_params_default(&gp);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
 #define NEXT() (i++, v)
-        int so = cli_gen_opt(argc, argv, &i, &gp.sampling, &loras, &kvo, &gpuo);
-        if (!so) so = cli_cluster_opt(argc, argv, &i, &clo);
+        int so = cli_gen_opt(argc, argv, &i, &gp.sampling, &go);
         if (so < 0) return 1;
         if (so > 0) continue;
         if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) {
@@ -257,12 +240,6 @@ int cmd_run(int argc, char **argv) {
                 return cli_fail("at most %d --stop strings", (int)CM_ARRAY_LEN(stops));
             if (!*v) return cli_fail("option '--stop' needs a non-empty string");
             stops[n_stops++] = NEXT();
-        } else if (!strcmp(a, "--ctx")) {
-            if (!cli_int(a, NEXT(), 1, 1 << 20, &ctx)) return 1;
-        } else if (!strcmp(a, "--threads")) {
-            if (!cli_int(a, NEXT(), 1, 1024, &threads)) return 1;
-        } else if (!strcmp(a, "--mmap")) {
-            use_mmap = true;
         } else if (!strcmp(a, "--no-bos")) {
             no_bos = true;
         } else if (!strcmp(a, "--ignore-eos")) {
@@ -316,24 +293,15 @@ int cmd_run(int argc, char **argv) {
         return cli_fail("%s", msg);
     }
 
-    if (cli_cluster_check(&clo)) {
+    if (cli_cluster_check(&go.net)) {
         cm_free(file_text);
         return 1;
     }
     gp.sampling.n_probs = (int32_t)logprobs;
     gp.skip_logprobs = !(json && logprobs > 0); /* run_out reads info only for --json --logprobs */
     cm_engine *e = NULL;
-    cm_engine_opts eo = {.n_threads = (int)threads,
-                         .n_ctx = (int)ctx,
-                         .n_seq = streams > 8 ? (int)streams : 8,
-                         .kv_f16 = kv_f16,
-                         .mmap = use_mmap,
-                         .log = quiet ? log_none : NULL,
-                         .loras = loras.spec,
-                         .n_loras = loras.n};
-    cli_kv_apply(&kvo, &eo);
-    cli_gpu_apply(&gpuo, &eo);
-    cli_cluster_apply(&clo, &eo);
+    cm_engine_opts eo = {.n_seq = streams > 8 ? (int)streams : 8, .log = quiet ? log_none : NULL};
+    cli_gen_apply(&go, &eo);
     /* --streams (even 1) reports aggregate numbers instead of the text. */
     if (cli_load_engine_opts(&e, model, &eo)) {
         cm_free(file_text);
@@ -392,7 +360,7 @@ int cmd_run(int argc, char **argv) {
         status = run_streams(e, (int)streams, ptoks, np, &gp, json) ? 1 : 0;
         goto done;
     }
-    s = cm_session_new(e, (int)ctx, err, sizeof err);
+    s = cm_session_new(e, go.n_ctx, err, sizeof err);
     if (!s) {
         cli_fail("%s", err);
         goto done;

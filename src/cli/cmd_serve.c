@@ -38,11 +38,7 @@ static const char k_serve_usage[] =
     "  --threads N        compute threads (default: all CPUs)\n"
     "  --batch N          most tokens (prompt chunk, or sequences of a decode step) per forward\n"
     "                     pass (default 32; any value gives every request the same bits alone\n"
-    "                     or batched, with or without a cached prefix)\n"
-    "  --cache-type-k, -ctk T, --cache-type-v, -ctv T\n"
-    "                     KV cache types: f32 (default), f16, q8_0, q4_0 (llama.cpp's -ctk/-ctv);\n"
-    "                     --kv-type T sets both; per token: see 'cumulo info'\n"
-    "  --flash-attn, -fa      tiled attention over K/V rows for f32/f16 too (always for q8_0/q4_0)\n" CLI_GPU_HELP
+    "                     or batched, with or without a cached prefix)\n" CLI_KV_HELP CLI_GPU_HELP
     "  --lora FILE[:SCALE] apply a LoRA adapter (llama.cpp's adapter GGUF; repeatable, summed;\n"
     "                     with --nodes every node gets its layers' parts)\n"
     "  --mmap             keep the weights in a file mapping (default when alone: read into\n"

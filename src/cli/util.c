@@ -91,12 +91,41 @@ int cli_sampling_opt(int argc, char **argv, int *i, cm_sampler_params *s) {
     return 1;
 }
 
-int cli_gen_opt(int argc, char **argv, int *i, cm_sampler_params *s, cli_loras *l, cli_kv *kv, cli_gpu *g) {
+int cli_gen_opt(int argc, char **argv, int *i, cm_sampler_params *s, cli_gen *g) {
+    const char *a = argv[*i], *v = *i + 1 < argc ? argv[*i + 1] : NULL;
+    long l;
     int r = cli_sampling_opt(argc, argv, i, s);
-    if (!r) r = cli_lora_opt(argc, argv, i, l);
-    if (!r) r = cli_kv_opt(argc, argv, i, kv);
-    if (!r) r = cli_gpu_opt(argc, argv, i, g);
-    return r;
+    if (!r) r = cli_lora_opt(argc, argv, i, &g->loras);
+    if (!r) r = cli_kv_opt(argc, argv, i, &g->kv);
+    if (!r) r = cli_gpu_opt(argc, argv, i, &g->gpu);
+    if (!r) r = cli_cluster_opt(argc, argv, i, &g->net);
+    if (r) return r;
+    if (!strcmp(a, "--mmap")) {
+        g->mmap = true;
+        return 1;
+    }
+    if (!strcmp(a, "--ctx")) {
+        if (!cli_int(a, v, 1, 1 << 20, &l)) return -1;
+        g->n_ctx = (int)l;
+    } else if (!strcmp(a, "--threads")) {
+        if (!cli_int(a, v, 1, 1024, &l)) return -1;
+        g->n_threads = (int)l;
+    } else {
+        return 0;
+    }
+    (*i)++;
+    return 1;
+}
+
+void cli_gen_apply(const cli_gen *g, cm_engine_opts *eo) {
+    eo->n_threads = g->n_threads;
+    eo->n_ctx = g->n_ctx;
+    eo->mmap = g->mmap;
+    eo->loras = g->loras.spec;
+    eo->n_loras = g->loras.n;
+    cli_kv_apply(&g->kv, eo);
+    cli_gpu_apply(&g->gpu, eo);
+    cli_cluster_apply(&g->net, eo);
 }
 
 void cli_progress_start(cli_progress *p, const char *label, double total) {
