@@ -23,6 +23,10 @@ typedef struct cm_command {
 int cli_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* True if any argument is -h or --help. */
 bool cli_wants_help(int argc, char **argv);
+/* When any argument is -h or --help: usage, then the --help lines of the
+ * cluster options `cluster` takes (CLI_CLUSTER_* bits, 0: none), on stdout,
+ * and true (the command returns 0); else false. */
+bool cli_help(int argc, char **argv, const char *usage, unsigned cluster);
 /* Parse numbers from option values; on error print a one-line message and return false. */
 bool cli_int(const char *opt, const char *val, long lo, long hi, long *out);
 bool cli_float(const char *opt, const char *val, double lo, double hi, double *out);

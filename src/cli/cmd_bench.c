@@ -444,11 +444,7 @@ static int parse(int argc, char **argv, bench_opts *o) {
 }
 
 int cmd_bench(int argc, char **argv) {
-    if (cli_wants_help(argc, argv)) {
-        fputs(k_bench_usage, stdout);
-        cli_cluster_usage(stdout, CLI_CLUSTER_BENCH);
-        return 0;
-    }
+    if (cli_help(argc, argv, k_bench_usage, CLI_CLUSTER_BENCH)) return 0;
     bench_opts o;
     if (parse(argc, argv, &o)) return 1;
     /* The kernel table is chosen once, at the first kernels call: cap it before. */

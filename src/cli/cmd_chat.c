@@ -301,11 +301,7 @@ static int read_message(chat *c, cm_buf *line) {
 }
 
 int cmd_chat(int argc, char **argv) {
-    if (cli_wants_help(argc, argv)) {
-        fputs(k_chat_usage, stdout);
-        cli_cluster_usage(stdout, CLI_CLUSTER_CHAT);
-        return 0;
-    }
+    if (cli_help(argc, argv, k_chat_usage, CLI_CLUSTER_CHAT)) return 0;
     const char *model = NULL, *system = NULL, *tmpl = NULL;
     long n_predict = -1;
     bool verbose = false;

@@ -381,11 +381,7 @@ const cm_chat_template *cli_finetune_chat_of(const cm_gguf *g, const cm_tokenize
 }
 
 int cmd_finetune(int argc, char **argv) {
-    if (cli_wants_help(argc, argv)) {
-        fputs(k_help, stdout);
-        cli_cluster_usage(stdout, CLI_CLUSTER_FINETUNE);
-        return 0;
-    }
+    if (cli_help(argc, argv, k_help, CLI_CLUSTER_FINETUNE)) return 0;
     cm_finetune_opts o;
     cm_finetune_opts_default(&o);
     o.n_threads = cm_cpu_count() > 0 ? cm_cpu_count() : 1;

@@ -296,11 +296,7 @@ static int launch_one(const launch_opts *o, const char *target, const char *self
 }
 
 int cmd_launch(int argc, char **argv) {
-    if (cli_wants_help(argc, argv)) {
-        fputs(k_usage, stdout);
-        cli_cluster_usage(stdout, CLI_CLUSTER_LINK);
-        return 0;
-    }
+    if (cli_help(argc, argv, k_usage, CLI_CLUSTER_LINK)) return 0;
     launch_opts o = {.port = 7070, .remote_dir = ".cumulo"};
     const char *targets[64];
     int nt = 0;

@@ -47,19 +47,13 @@ static const char k_node_usage[] =
     "                    start and reported to coordinators, which plan with it; default $CUMULO_GPU, else none\n"
     "  --gpu-layers K    at most K of a stage's layers on it (default: as many as its memory holds)\n"
     "\n"
+    "CUMULO_DECLARE_SPEED=GFLOPS,GBS in the environment replaces the measured compute\n"
+    "speed and memory bandwidth (equally strong machines in tests).\n"
+    "\n"
     "Cluster key:\n";
 
-static const char k_node_env[] = "\n"
-                                 "CUMULO_DECLARE_SPEED=GFLOPS,GBS in the environment replaces the measured compute\n"
-                                 "speed and memory bandwidth (equally strong machines in tests).\n";
-
 int cmd_node(int argc, char **argv) {
-    if (cli_wants_help(argc, argv)) {
-        fputs(k_node_usage, stdout);
-        cli_cluster_usage(stdout, CLI_CLUSTER_LINK);
-        fputs(k_node_env, stdout);
-        return 0;
-    }
+    if (cli_help(argc, argv, k_node_usage, CLI_CLUSTER_LINK)) return 0;
     cm_node_opts o = {.port = 7070, .mdns = true};
     const char *join[16];
     long l;
@@ -146,11 +140,7 @@ static int nodes_reachable(const cm_node_info *info, int n, bool mdns, bool give
 }
 
 int cmd_nodes(int argc, char **argv) {
-    if (cli_wants_help(argc, argv)) {
-        fputs(k_nodes_usage, stdout);
-        cli_cluster_usage(stdout, CLI_CLUSTER_LINK);
-        return 0;
-    }
+    if (cli_help(argc, argv, k_nodes_usage, CLI_CLUSTER_LINK)) return 0;
     double timeout = 2;
     bool json = false, mdns = true;
     const char *given = NULL;

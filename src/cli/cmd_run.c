@@ -205,11 +205,7 @@ static int run_streams(cm_engine *e, int n, const int32_t *ptoks, int np, const 
 }
 
 int cmd_run(int argc, char **argv) {
-    if (cli_wants_help(argc, argv)) {
-        fputs(k_run_usage, stdout);
-        cli_cluster_usage(stdout, CLI_CLUSTER_RUN);
-        return 0;
-    }
+    if (cli_help(argc, argv, k_run_usage, CLI_CLUSTER_RUN)) return 0;
     const char *model = NULL, *prompt = NULL, *file = NULL, *tmpl = NULL, *system = NULL;
     const char *stops[16];
     int n_stops = 0;

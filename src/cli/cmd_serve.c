@@ -51,15 +51,13 @@ static const char k_serve_usage[] =
     "  --alias NAME       model id in the API (default: the file name without .gguf)\n"
     "  --chat-template F  chat template family (chatml, llama3, ...; default: the model's own,\n"
     "                     or chatml when it has none)\n"
-    "\n"
-    "Cluster (pipeline: this machine computes the first stage; or tensor parallel):\n";
-
-static const char k_serve_ft_usage[] =
     "\nFine-tuning while serving (OpenAI's fine-tuning jobs API):\n"
     "  --finetune-dir DIR POST /v1/fine_tuning/jobs trains a LoRA adapter on this model with a JSONL\n"
     "                     file of DIR (\"training_file\": its name), one job at a time, while serving;\n"
     "                     the adapter goes to DIR/ftjob-N.gguf, the loss curve to the dashboard\n"
-    "  --finetune-threads N  threads a fine-tuning job uses (default 1)\n";
+    "  --finetune-threads N  threads a fine-tuning job uses (default 1)\n"
+    "\n"
+    "Cluster (pipeline: this machine computes the first stage; or tensor parallel):\n";
 
 static void log_line(void *ctx, const char *line) {
     (void)ctx;
@@ -67,12 +65,7 @@ static void log_line(void *ctx, const char *line) {
 }
 
 int cmd_serve(int argc, char **argv) {
-    if (cli_wants_help(argc, argv)) {
-        fputs(k_serve_usage, stdout);
-        cli_cluster_usage(stdout, CLI_CLUSTER_SERVE);
-        fputs(k_serve_ft_usage, stdout);
-        return 0;
-    }
+    if (cli_help(argc, argv, k_serve_usage, CLI_CLUSTER_SERVE)) return 0;
     cm_http_opts o;
     cm_http_opts_default(&o);
     const char *model = NULL, *alias = NULL;

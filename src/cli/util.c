@@ -34,6 +34,13 @@ bool cli_wants_help(int argc, char **argv) {
     return false;
 }
 
+bool cli_help(int argc, char **argv, const char *usage, unsigned cluster) {
+    if (!cli_wants_help(argc, argv)) return false;
+    fputs(usage, stdout);
+    cli_cluster_usage(stdout, cluster);
+    return true;
+}
+
 bool cli_int(const char *opt, const char *val, long lo, long hi, long *out) {
     if (!val) {
         cli_fail("option '%s' needs a value", opt);
