@@ -21,6 +21,8 @@ typedef struct cm_command {
 
 /* Print "cumulo: <msg>" to stderr and return 1 (use as `return cli_fail(...)`). */
 int cli_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* A log callback (cm_engine_opts.log, cm_pipe_opts.log): the line on stderr. */
+void cli_log_line(void *ctx, const char *line);
 /* True if any argument is -h or --help. */
 bool cli_wants_help(int argc, char **argv);
 /* When any argument is -h or --help: usage, then the --help lines of the
@@ -160,22 +162,23 @@ typedef struct cli_loras {
     int n;
 } cli_loras;
 int cli_lora_opt(int argc, char **argv, int *i, cli_loras *l);
-/* The options run and chat share (util.c): sampling (into s) and those of
- * the engine (into g): --lora, the KV cache options, --gpu/--gpu-layers,
- * the cluster options (g->net.accept set by the command), --ctx N,
- * --threads N, --mmap; parsed like cli_sampling_opt. cli_gen_apply: g into
- * engine options. CLI_GEN_HELP: their --help lines but sampling's
- * (CLI_SAMPLING_HELP, --seed apart) and the cluster's (cli_cluster_usage). */
-typedef struct cli_gen {
+/* The engine's options run, chat and serve share (util.c): --lora, the KV
+ * cache options, --gpu/--gpu-layers, the cluster options (g->net.accept
+ * set by the command), --ctx N, --threads N, --mmap; parsed like
+ * cli_sampling_opt. cli_engine_apply: g into engine options. CLI_GEN_HELP:
+ * their --help lines but the cluster's (cli_cluster_usage). cli_gen_opt
+ * (run, chat): the sampling options (into s), then the engine's. */
+typedef struct cli_engine {
     cli_loras loras;
     cli_kv kv;
     cli_gpu gpu;
     cli_cluster net;
     int n_ctx, n_threads; /* 0: the defaults */
     bool mmap;
-} cli_gen;
-int cli_gen_opt(int argc, char **argv, int *i, struct cm_sampler_params *s, cli_gen *g);
-void cli_gen_apply(const cli_gen *g, struct cm_engine_opts *eo);
+} cli_engine;
+int cli_engine_opt(int argc, char **argv, int *i, cli_engine *g);
+void cli_engine_apply(const cli_engine *g, struct cm_engine_opts *eo);
+int cli_gen_opt(int argc, char **argv, int *i, struct cm_sampler_params *s, cli_engine *g);
 #define CLI_LORA_HELP                                                                            \
     "  --lora FILE[:SCALE]    apply a LoRA adapter (llama.cpp's adapter GGUF) with this scale\n" \
     "                         (default 1); repeat for several (their corrections add up)\n"

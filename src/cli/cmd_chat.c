@@ -305,7 +305,7 @@ int cmd_chat(int argc, char **argv) {
     const char *model = NULL, *system = NULL, *tmpl = NULL;
     long n_predict = -1;
     bool verbose = false;
-    cli_gen go = {.net = {.accept = CLI_CLUSTER_CHAT}};
+    cli_engine go = {.net = {.accept = CLI_CLUSTER_CHAT}};
     cm_gen_params gp;
     cm_gen_params_default(&gp);
     for (int i = 1; i < argc; i++) {
@@ -353,7 +353,7 @@ int cmd_chat(int argc, char **argv) {
     cm_buf_init(&line);
     int status = 1;
     cm_engine_opts eo = {0};
-    cli_gen_apply(&go, &eo);
+    cli_engine_apply(&go, &eo);
     if (cli_load_engine_opts(&c.e, model, &eo)) goto done;
     if (system && chat_push(&c, "system", system, strlen(system))) {
         cli_fail("out of memory");

@@ -197,11 +197,6 @@ static int parse(int argc, char **argv, cm_finetune_opts *o, const char **model,
     return 0;
 }
 
-static void log_line(void *ctx, const char *line) {
-    (void)ctx;
-    fprintf(stderr, "%s\n", line);
-}
-
 /* The exec over the open pipes p[0..n) (n > 1: replicas, data parallel),
  * the run, its traffic added to *sent and *got. */
 static int run_pipes(cm_pipe **p, int n, const cm_model *m, const cm_tdata *d, cm_finetune_opts *o, int inflight,
@@ -341,7 +336,7 @@ static int train(const char *path, const cm_gguf *g, const cm_model *m, const cm
                        .n_ctx = o->n_ctx,
                        .n_seq_max = 1,
                        .max_batch = 1,
-                       .log = log_line};
+                       .log = cli_log_line};
     bool opened = false;
     const cm_plan_request *q = &net->plan;
     if (!c->dp && !q->n_split && !q->n_groups && (!q->mode_set || q->mode == CM_PARALLEL_PP)) {

@@ -94,11 +94,6 @@ static void progress_cb(void *ctx, uint64_t done, uint64_t total) {
     cli_progress_update(p, (double)done);
 }
 
-static void log_line(void *ctx, const char *line) {
-    (void)ctx;
-    fprintf(stderr, "%s\n", line);
-}
-
 static void log_none(void *ctx, const char *line) { (void)ctx, (void)line; }
 
 /* Shared by run and info: map + load with a progress bar for large files. */
@@ -107,7 +102,7 @@ int cli_load_engine_opts(cm_engine **e, const char *path, const cm_engine_opts *
     cli_progress_start(&prog, "loading", 0);
     cm_engine_opts o = *in;
     cli_check_threads(&o);
-    if (o.nodes && !o.log) o.log = log_line;
+    if (o.nodes && !o.log) o.log = cli_log_line;
     /* Pages load lazily unless there is a bar to show (reading them all costs time). */
     if (prog.on) {
         o.progress = progress_cb;
@@ -212,7 +207,7 @@ int cmd_run(int argc, char **argv) {
     long n_predict = 128, streams = 0, logprobs = 0;
     bool quiet = false;
     bool json = false, no_bos = false, chat = false;
-    cli_gen go = {.net = {.accept = CLI_CLUSTER_RUN}};
+    cli_engine go = {.net = {.accept = CLI_CLUSTER_RUN}};
     cm_gen_params gp;
     cm_gen_params_default(&gp);
     for (int i = 1; i < argc; i++) {
@@ -297,7 +292,7 @@ int cmd_run(int argc, char **argv) {
     gp.skip_logprobs = !(json && logprobs > 0); /* run_out reads info only for --json --logprobs */
     cm_engine *e = NULL;
     cm_engine_opts eo = {.n_seq = streams > 8 ? (int)streams : 8, .log = quiet ? log_none : NULL};
-    cli_gen_apply(&go, &eo);
+    cli_engine_apply(&go, &eo);
     /* --streams (even 1) reports aggregate numbers instead of the text. */
     if (cli_load_engine_opts(&e, model, &eo)) {
         cm_free(file_text);

@@ -59,11 +59,6 @@ static const char k_serve_usage[] =
     "\n"
     "Cluster (pipeline: this machine computes the first stage; or tensor parallel):\n";
 
-static void log_line(void *ctx, const char *line) {
-    (void)ctx;
-    fprintf(stderr, "%s\n", line);
-}
-
 int cmd_serve(int argc, char **argv) {
     if (cli_help(argc, argv, k_serve_usage, CLI_CLUSTER_SERVE)) return 0;
     cm_http_opts o;
@@ -71,13 +66,9 @@ int cmd_serve(int argc, char **argv) {
     const char *model = NULL, *alias = NULL;
     const char *allow[16];
     int n_allow = 0;
-    long threads = 0, l;
+    long l;
     long n_batch = 32; /* any value is batch-invariant (kernels.h); larger prefills in fewer passes */
-    cli_kv kvo = {0};
-    cli_gpu gpuo = {0};
-    bool kv_f16 = false, use_mmap = false;
-    cli_cluster clo = {.accept = CLI_CLUSTER_SERVE};
-    cli_loras loras = {0};
+    cli_engine go = {.net = {.accept = CLI_CLUSTER_SERVE}}; /* --lora, KV, GPU, cluster, --threads, --mmap */
     int po;
     const char *ft_dir = NULL; /* --finetune-dir: POST /v1/fine_tuning/jobs (serve_finetune.c) */
     long ft_threads = 1;
@@ -91,13 +82,10 @@ int cmd_serve(int argc, char **argv) {
     do {                                                         \
         if (!v) return cli_fail("option '%s' needs a value", a); \
     } while (0)
-        if ((po = cli_cluster_opt(argc, argv, &i, &clo)) != 0) {
-            if (po < 0) return 1;
-        } else if ((po = cli_lora_opt(argc, argv, &i, &loras)) != 0) {
-            if (po < 0) return 1;
-        } else if ((po = cli_kv_opt(argc, argv, &i, &kvo)) != 0) {
-            if (po < 0) return 1;
-        } else if ((po = cli_gpu_opt(argc, argv, &i, &gpuo)) != 0) {
+        if (!strcmp(a, "--ctx")) { /* serve's own: each slot's, at least 16 */
+            if (!cli_int(a, NEXT(), 16, 1 << 20, &l)) return 1;
+            o.n_ctx = (int)l;
+        } else if ((po = cli_engine_opt(argc, argv, &i, &go)) != 0) {
             if (po < 0) return 1;
         } else if (!strcmp(a, "--host")) {
             NEED();
@@ -121,14 +109,8 @@ int cmd_serve(int argc, char **argv) {
         } else if (!strcmp(a, "--queue")) {
             if (!cli_int(a, NEXT(), 0, 1 << 16, &l)) return 1;
             o.queue_max = (int)l;
-        } else if (!strcmp(a, "--ctx")) {
-            if (!cli_int(a, NEXT(), 16, 1 << 20, &l)) return 1;
-            o.n_ctx = (int)l;
-        } else if (!strcmp(a, "--mmap")) use_mmap = true;
-        else if (!strcmp(a, "--batch")) {
+        } else if (!strcmp(a, "--batch")) {
             if (!cli_int(a, NEXT(), 1, CM_BATCH_MAX, &n_batch)) return 1;
-        } else if (!strcmp(a, "--threads")) {
-            if (!cli_int(a, NEXT(), 1, 1024, &threads)) return 1;
         } else if (!strcmp(a, "--kv-mem")) {
             if (!cli_int(a, NEXT(), 1, 1L << 24, &l)) return 1;
             o.kv_mem = (uint64_t)l << 20;
@@ -166,7 +148,7 @@ int cmd_serve(int argc, char **argv) {
     }
     if (!model) return cli_fail("serve needs a model: cumulo serve MODEL.gguf");
     if (!(model = cli_model_path(model))) return 1;
-    if (cli_cluster_check(&clo)) return 1;
+    if (cli_cluster_check(&go.net)) return 1;
     o.allow_hosts = allow;
     o.n_allow_hosts = n_allow;
     char id[256];
@@ -204,18 +186,11 @@ int cmd_serve(int argc, char **argv) {
     fprintf(stderr, "cumulo: listening on http://%s%s%s:%d/ (loading '%s')\n", v6 ? "[" : "", h, v6 ? "]" : "",
             cm_http_port(srv), model);
     cm_engine *e = NULL;
-    cm_engine_opts eo = {.n_threads = (int)threads,
-                         .n_ctx = o.n_ctx,
-                         .n_batch = (int)n_batch,
-                         .kv_f16 = kv_f16,
+    cm_engine_opts eo = {.n_batch = (int)n_batch,
                          .n_seq = (o.n_slots > 0 ? o.n_slots : 4) + 1 /* + 1: embeddings (embed_cluster.c) */,
-                         .log = log_line,
-                         .mmap = use_mmap,
-                         .loras = loras.spec,
-                         .n_loras = loras.n};
-    cli_kv_apply(&kvo, &eo);
-    cli_gpu_apply(&gpuo, &eo);
-    cli_cluster_apply(&clo, &eo);
+                         .log = cli_log_line};
+    cli_engine_apply(&go, &eo);
+    eo.n_ctx = o.n_ctx; /* serve's own --ctx */
     cli_check_threads(&eo);
     if (cm_engine_load(&e, model, &eo, err, sizeof err)) {
         cli_serve_ft_attach(ft, NULL);

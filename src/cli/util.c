@@ -34,6 +34,11 @@ bool cli_wants_help(int argc, char **argv) {
     return false;
 }
 
+void cli_log_line(void *ctx, const char *line) {
+    (void)ctx;
+    fprintf(stderr, "%s\n", line);
+}
+
 bool cli_help(int argc, char **argv, const char *usage, unsigned cluster) {
     if (!cli_wants_help(argc, argv)) return false;
     fputs(usage, stdout);
@@ -98,11 +103,15 @@ int cli_sampling_opt(int argc, char **argv, int *i, cm_sampler_params *s) {
     return 1;
 }
 
-int cli_gen_opt(int argc, char **argv, int *i, cm_sampler_params *s, cli_gen *g) {
+int cli_gen_opt(int argc, char **argv, int *i, cm_sampler_params *s, cli_engine *g) {
+    int r = cli_sampling_opt(argc, argv, i, s);
+    return r ? r : cli_engine_opt(argc, argv, i, g);
+}
+
+int cli_engine_opt(int argc, char **argv, int *i, cli_engine *g) {
     const char *a = argv[*i], *v = *i + 1 < argc ? argv[*i + 1] : NULL;
     long l;
-    int r = cli_sampling_opt(argc, argv, i, s);
-    if (!r) r = cli_lora_opt(argc, argv, i, &g->loras);
+    int r = cli_lora_opt(argc, argv, i, &g->loras);
     if (!r) r = cli_kv_opt(argc, argv, i, &g->kv);
     if (!r) r = cli_gpu_opt(argc, argv, i, &g->gpu);
     if (!r) r = cli_cluster_opt(argc, argv, i, &g->net);
@@ -124,7 +133,7 @@ int cli_gen_opt(int argc, char **argv, int *i, cm_sampler_params *s, cli_gen *g)
     return 1;
 }
 
-void cli_gen_apply(const cli_gen *g, cm_engine_opts *eo) {
+void cli_engine_apply(const cli_engine *g, cm_engine_opts *eo) {
     eo->n_threads = g->n_threads;
     eo->n_ctx = g->n_ctx;
     eo->mmap = g->mmap;

@@ -97,6 +97,18 @@ for cmd in run chat serve bench finetune node nodes plan launch; do
     grep -q "$want" "$TMP/o.err" && ok || bad "$cmd with all of$args: $(cat "$TMP/o.err")"
 done
 
+# The engine's options (cli_engine_opt) and sampling's (cli_gen_opt), the same way.
+for cmd in run chat serve; do
+    s=$(sentinel "$cmd")
+    for o in "--mmap" "--ctx 64" "--lora x.gguf" "--kv-type f16" "-ctk q8_0" "-ctv f16" "-fa" "--gpu none" "-ngl 0" \
+        "--temp 0" "--top-k 1" "--top-p 1" "--min-p 0" "--repeat-penalty 1" "--seed 1"; do
+        case "$cmd:$o" in serve:--t* | serve:--m*-p* | serve:--r* | serve:--s*) continue ;; esac # no sampling
+        # shellcheck disable=SC2086
+        try "$cmd" $o
+        grep -q "${s#*|}" "$TMP/o.err" && ok || bad "$cmd no longer takes $o: $(cat "$TMP/o.err")"
+    done
+done
+
 # expect_error NAME PATTERN -- command...: status 1, one line on stderr matching PATTERN.
 expect_error() {
     name=$1 pat=$2
