@@ -63,6 +63,9 @@ typedef struct cli_gpu {
 } cli_gpu;
 int cli_gpu_opt(int argc, char **argv, int *i, cli_gpu *g);
 void cli_gpu_apply(const cli_gpu *g, struct cm_engine_opts *eo);
+/* The same choice for options other than the engine's (a node's): dev
+ * ("none" for -ngl 0; NULL: not given) and layers (0: all that fit). */
+void cli_gpu_pick(const cli_gpu *g, const char **dev, int *layers);
 /* The Vulkan devices (cumulo info): into j as "gpus" (j != NULL) or as lines
  * on stdout, with how many of n_layer layers of layer_bytes fit (n_layer 0:
  * no model). */

@@ -96,8 +96,7 @@ int cmd_node(int argc, char **argv) {
     o.join = join;
     o.insecure = clo.insecure;
     o.key_file = clo.key_file;
-    o.gpu = gpuo.layers_set && gpuo.layers == 0 ? "none" : gpuo.dev;
-    o.gpu_layers = gpuo.layers_set ? gpuo.layers : 0;
+    cli_gpu_pick(&gpuo, &o.gpu, &o.gpu_layers);
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_stop;
