@@ -99,15 +99,6 @@ static void on_progress(void *user, const cm_finetune_status *st) {
     if (st->saved) snprintf(b->ckpt, sizeof b->ckpt, "%s", st->saved);
 }
 
-/* --name VALUE options: the next argument or a one-line error. */
-static const char *val_of(int argc, char **argv, int *i) {
-    if (*i + 1 >= argc) {
-        cli_fail("finetune: %s needs a value", argv[*i]);
-        return NULL;
-    }
-    return argv[++*i];
-}
-
 /* The cluster options (run's but --tp-compress; clusteropt.c) and finetune's own. */
 typedef struct clu {
     cli_cluster net; /* net.on: train over the nodes */
@@ -134,7 +125,7 @@ static int parse(int argc, char **argv, cm_finetune_opts *o, const char **model,
             if (so < 0) return 1;
             continue;
         }
-        if (!(v = val_of(argc, argv, &i))) return 1;
+        v = i + 1 < argc ? argv[i + 1] : NULL; /* each option below takes one: a missing one is said once known */
 #define INT_OPT(name, lo, hi, field)              \
     else if (!strcmp(a, name)) {                  \
         if (!cli_int(a, v, lo, hi, &n)) return 1; \
@@ -170,7 +161,7 @@ static int parse(int argc, char **argv, cm_finetune_opts *o, const char **model,
             alpha_set = true;
         } else if (!strcmp(a, "--lora-targets")) {
             char err[256];
-            if (cm_train_targets_parse(v, &o->targets, err, sizeof err)) return cli_fail("finetune: %s", err);
+            if (v && cm_train_targets_parse(v, &o->targets, err, sizeof err)) return cli_fail("finetune: %s", err);
         }
         INT_OPT("--rank", 1, CM_LORA_MAX_RANK, rank)
         INT_OPT("--warmup", 0, 100000000, warmup)
@@ -186,7 +177,9 @@ static int parse(int argc, char **argv, cm_finetune_opts *o, const char **model,
         FLT_OPT("--lr", 1e-9, 10, lr)
         FLT_OPT("--weight-decay", 0, 10, weight_decay)
         FLT_OPT("--val-split", 0, 0.9, val_split)
-        else return cli_fail("finetune: unknown option '%s'; see --help", a);
+        else return cli_fail("finetune: unknown option '%s'; see 'cumulo finetune --help'", a);
+        if (!v) return cli_fail("option '%s' needs a value", a);
+        i++;
 #undef INT_OPT
 #undef FLT_OPT
     }
