@@ -76,9 +76,6 @@ void cli_gpu_list(struct cJSON *j, int n_layer, uint64_t layer_bytes);
     "                         driver such as lavapipe too; N: device N of 'cumulo info'); default none\n"   \
     "  --gpu-layers, -ngl K   the first K layers on the GPU, the rest on the CPU (default: all)\n"
 
-/* The chat template family to render with: tmpl when given; else NULL (the
- * model's own) when the model's template renders, else "chatml" with a
- * one-line warning, the same fallback `serve` makes (and llama.cpp). */
 struct cm_engine;
 struct cm_engine_opts;
 /* Before a load: --threads above this machine's cores becomes the core count,
@@ -90,6 +87,9 @@ void cli_check_ctx(struct cm_engine *e, int n_ctx);
 /* What to tell a user whose prompt does not fit n_ctx: "--ctx up to N" only
  * while N (the trained context) is larger, else to shorten the prompt. */
 void cli_ctx_advice(struct cm_engine *e, int n_ctx, char *out, size_t cap);
+/* The chat template family to render with: tmpl when given; else NULL (the
+ * model's own) when the model's template renders, else "chatml" with a
+ * one-line warning, the same fallback `serve` makes (and llama.cpp). */
 const char *cli_chat_template(struct cm_engine *e, const char *tmpl, const char *model);
 
 /* The cluster options (clusteropt.c), one parser and one --help text for
@@ -168,9 +168,12 @@ int cli_lora_opt(int argc, char **argv, int *i, cli_loras *l);
 /* The engine's options run, chat and serve share (util.c): --lora, the KV
  * cache options, --gpu/--gpu-layers, the cluster options (g->net.accept
  * set by the command), --ctx N, --threads N, --mmap; parsed like
- * cli_sampling_opt. cli_engine_apply: g into engine options. CLI_GEN_HELP:
- * their --help lines but the cluster's (cli_cluster_usage). cli_gen_opt
- * (run, chat): the sampling options (into s), then the engine's. */
+ * cli_sampling_opt. cli_engine_apply: g into engine options. cli_gen_opt
+ * (run, chat): the sampling options (into s), then the engine's. The help
+ * texts: CLI_GEN_HELP, the engine's options but the cluster's
+ * (cli_cluster_usage), run's and chat's words (serve words --ctx, --mmap
+ * and --lora for its slots and nodes); CLI_SAMPLING_HELP, sampling's but
+ * --seed (chat's reply k samples with S+k); CLI_KV_HELP (run, chat, serve). */
 typedef struct cli_engine {
     cli_loras loras;
     cli_kv kv;
