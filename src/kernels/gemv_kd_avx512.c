@@ -1,0 +1,158 @@
+/*
+ * gemv_kd_avx512.c: the AVX-512 table's q6_k decode gemv over "q6_k lanes"
+ * (repack.c), with fewer vector operations per super-block than
+ * gemm_kq_avx512.c's gemv_kq6v, whose sums, groups and float side it keeps
+ * exactly (so each row is still vec_dot on the file's bytes, bit for bit;
+ * kernels.h, tests/unit/test_kernels_repack.c):
+ *
+ *   - the 6-bit values: with hm = qh & 0x33 and hn = qh & 0xcc (the top bits
+ *     of operands 0/2 and 1/3 with the bits that a 16-bit shift would carry
+ *     into bits 6-7 cleared), each operand is one bitwise select of the low
+ *     nibble's bits 0-3 and the shifted top bits' bits 4-7: hm << 4, hn << 2,
+ *     hm, hn >> 2 (vpternlogd 0xca): 2 ands, 5 shifts, 4 selects per
+ *     super-block instead of gemv_kq6v's separate masks and ors;
+ *   - one row per pass: a single sequential stream (two adjacent rows per
+ *     pass, sharing the token's loads, ran 2.5x slower from DRAM: two short
+ *     streams, which the prefetcher follows badly);
+ *   - each 16 super-blocks' exact integer sums placed into lanes by a
+ *     transpose-add of 128-bit lanes, and their fp16 d gathered with one
+ *     masked vpgatherdd (from the two bytes before d: never past the row).
+ * Integer sums are exact, so their order is free; the conversion, the FMA
+ * with d * dy per 16 super-blocks and the final _mm512_reduce_add_ps are
+ * gemv_kq6v's (and ztile_q6_k's). Rows longer than KD6_MAXNB super-blocks
+ * keep gemv_kq6v. Compiled with the avx512 flags, filled after
+ * gemm_kq_avx512.c (dispatch.c). Stack: ~41 KiB. Never allocates.
+ */
+#include "isa.h"
+
+#include "base/base.h"
+
+#include <immintrin.h>
+#include <stddef.h>
+#include <string.h>
+
+#define KD_AI static inline __attribute__((always_inline))
+
+enum { KD6_MAXNB = CM_REPACK_MAX_K / CM_QK_K };
+
+typedef struct {
+    __m512i y[4]; /* the token's bytes in the operands' order */
+    __m512i c;    /* dword 4j + i: -32 * bsums[4i + j] */
+} kd6_tok;
+
+/* byte 4j + i of the scales: scale 4i + j (repack.c's s(L)) */
+static const int8_t k_kd6_sperm[16] = {0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15};
+
+/* The token: per super-block its bytes transposed as the row's operands
+ * (dword 4j + i of operand v: elements 4v.. of sub-block 4i + j) and -32 *
+ * the sub-blocks' sums; dyg[q] lane m: dy of super-block 16q + m (0 past nb). */
+static void kd6_pack(int64_t nb, const cm_block_q8_k *y, kd6_tok *o, __m512 *dyg) {
+    for (int64_t b = 0; b < nb; b++) {
+        __m512i X
+        [4];
+        for (int i = 0; i < 4; i++) X
+        [i] = _mm512_loadu_si512(y[b].qs + 64 * i);
+        const __m512i t0 = _mm512_unpacklo_epi32(X[0], X[1]), t1 = _mm512_unpackhi_epi32(X[0], X[1]);
+        const __m512i t2 = _mm512_unpacklo_epi32(X[2], X[3]), t3 = _mm512_unpackhi_epi32(X[2], X[3]);
+        o[b].y[0] = _mm512_unpacklo_epi64(t0, t2);
+        o[b].y[1] = _mm512_unpackhi_epi64(t0, t2);
+        o[b].y[2] = _mm512_unpacklo_epi64(t1, t3);
+        o[b].y[3] = _mm512_unpackhi_epi64(t1, t3);
+        int32_t c[16];
+        for (int L = 0; L < 16; L++) c[L] = -32 * (int32_t)y[b].bsums[k_kd6_sperm[L]];
+        o[b].c = _mm512_loadu_si512(c);
+    }
+    for (int64_t q = 0; q < (nb + 15) / 16; q++) {
+        _Alignas(64) float d[16];
+        for (int m = 0; m < 16; m++) d[m] = 16 * q + m < nb ? y[16 * q + m].d : 0.0f;
+        dyg[q] = _mm512_load_ps(d);
+    }
+}
+
+/* One super-block of one row: dword 4j + i = scale(4i + j) * sum((q - 32) * y)
+ * over sub-block 4i + j's 4v.. elements summed over v (gemv_kq6v's kq6v_sb). */
+KD_AI __m512i kd6_sb(const cm_block_q6_k *x, const kd6_tok *t) {
+    const __m512i m4 = _mm512_set1_epi8(0x0f), k33 = _mm512_set1_epi8(0x33), kcc = _mm512_set1_epi8((char)0xcc);
+    const __m512i l0 = _mm512_loadu_si512(x->ql), l1 = _mm512_loadu_si512(x->ql + 64), h = _mm512_loadu_si512(x->qh);
+    const __m512i hm = _mm512_and_si512(h, k33), hn = _mm512_and_si512(h, kcc);
+    /* m4 ? a : b per bit */
+    const __m512i v0 = _mm512_ternarylogic_epi32(m4, l0, _mm512_slli_epi16(hm, 4), 0xca);
+    const __m512i v1 = _mm512_ternarylogic_epi32(m4, _mm512_srli_epi16(l0, 4), _mm512_slli_epi16(hn, 2), 0xca);
+    const __m512i v2 = _mm512_ternarylogic_epi32(m4, l1, hm, 0xca);
+    const __m512i v3 = _mm512_ternarylogic_epi32(m4, _mm512_srli_epi16(l1, 4), _mm512_srli_epi16(hn, 2), 0xca);
+    __m512i s = _mm512_dpbusd_epi32(t->c, v0, t->y[0]);
+    s = _mm512_dpbusd_epi32(s, v1, t->y[1]);
+    s = _mm512_dpbusd_epi32(s, v2, t->y[2]);
+    s = _mm512_dpbusd_epi32(s, v3, t->y[3]);
+    return _mm512_mullo_epi32(s, _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(const void *)x->scales)));
+}
+
+/* dword 4j + i of the result = the sum of a_i's 128-bit lane j, i = 0..3 */
+KD_AI __m512i kd_red4(__m512i a0, __m512i a1, __m512i a2, __m512i a3) {
+    const __m512i p01 = _mm512_add_epi32(_mm512_unpacklo_epi32(a0, a1), _mm512_unpackhi_epi32(a0, a1));
+    const __m512i p23 = _mm512_add_epi32(_mm512_unpacklo_epi32(a2, a3), _mm512_unpackhi_epi32(a2, a3));
+    return _mm512_add_epi32(_mm512_unpacklo_epi64(p01, p23), _mm512_unpackhi_epi64(p01, p23));
+}
+
+/* q_k (dword 4j + i: part j of super-block 4k + i) -> lane 4k + i = sum over j */
+KD_AI __m512i kd_place(__m512i q0, __m512i q1, __m512i q2, __m512i q3) {
+    const __m512i u01 = _mm512_add_epi32(_mm512_shuffle_i32x4(q0, q1, 0x44), _mm512_shuffle_i32x4(q0, q1, 0xee));
+    const __m512i u23 = _mm512_add_epi32(_mm512_shuffle_i32x4(q2, q3, 0x44), _mm512_shuffle_i32x4(q2, q3, 0xee));
+    return _mm512_add_epi32(_mm512_shuffle_i32x4(u01, u23, 0x88), _mm512_shuffle_i32x4(u01, u23, 0xdd));
+}
+
+/* lane m: f32(d) of super-block b0 + m for m < n (0 past): dwords ending at d */
+KD_AI __m512 kd6_d(const cm_block_q6_k *x, int64_t b0, int n) {
+    const __m512i idx =
+        _mm512_mullo_epi32(_mm512_add_epi32(_mm512_set1_epi32((int)b0),
+                                            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)),
+                           _mm512_set1_epi32((int)sizeof(cm_block_q6_k)));
+    const __mmask16 m = n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1);
+    const __m512i g = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, idx,
+                                                  (const char *)x + offsetof(cm_block_q6_k, d) - 2, 1);
+    return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(g, 16)));
+}
+
+/* one row of nb super-blocks */
+KD_AI float kd6_row(int64_t nb, const cm_block_q6_k *x, const kd6_tok *yp, const __m512 *dyg) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t b0 = 0; b0 < nb; b0 += 16) {
+        const int n = nb - b0 < 16 ? (int)(nb - b0) : 16;
+        __m512i q[4];
+        for (int k = 0; k < 4; k++) {
+            __m512i s[4];
+            _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) {
+                const int64_t b = b0 + 4 * k + i;
+                s[i] = 4 * k + i < n ? kd6_sb(x + b, yp + b) : _mm512_setzero_si512();
+            }
+            q[k] = kd_red4(s[0], s[1], s[2], s[3]);
+        }
+        const __m512i v = kd_place(q[0], q[1], q[2], q[3]);
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), _mm512_mul_ps(kd6_d(x, b0, n), dyg[b0 / 16]), acc);
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+
+static cm_gemm_fn g_prev_q6v;
+
+static void gemv_kd6(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
+                     int64_t r0, int64_t r1, int64_t n_tok) {
+    const int64_t nb = k / CM_QK_K;
+    if (nb > KD6_MAXNB) {
+        g_prev_q6v(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
+        return;
+    }
+    _Alignas(64) kd6_tok yp[KD6_MAXNB];
+    _Alignas(64) __m512 dyg[KD6_MAXNB / 16];
+    kd6_pack(nb, x, yp, dyg);
+    for (int64_t i = r0; i < r1; i++) {
+        y[i] = kd6_row(nb, (const cm_block_q6_k *)(const void *)((const char *)w + (size_t)i * w_stride), yp, dyg);
+    }
+}
+
+void cm_kernels_fill_kd_avx512(cm_kernels *k) {
+    if (k->gemv_packed[CM_TYPE_Q6_K]) {
+        g_prev_q6v = k->gemv_packed[CM_TYPE_Q6_K];
+        k->gemv_packed[CM_TYPE_Q6_K] = gemv_kd6;
+    }
+}
