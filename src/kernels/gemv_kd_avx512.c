@@ -26,6 +26,10 @@
 #include "isa.h"
 
 #include "base/base.h"
+#include "ref.h"
+#include "x86_vec.h"
+
+#include "x86_krepack.h"
 
 #include <immintrin.h>
 #include <stddef.h>
@@ -150,9 +154,106 @@ static void gemv_kd6(int64_t k, const void *w, size_t w_stride, const void *x, s
     }
 }
 
+/* ---- q5_k: avx512_krepack.h's rk5 gemvs (over "q5_k lanes" and over the
+ * file's bytes) with the 5-bit values built in 3 operations per 64 weights
+ * instead of 6: the nibbles shifted into place as there (srlv by 0 | 4), the
+ * fifth bits shifted by a per-half constant so that bit 2j | 2j + 1 of qh
+ * lands on bit 4 (left for j < 2, right for j >= 2: within each byte of a
+ * 16-bit word either way), masked to 0x10, and one select (vpternlogd) of
+ * the nibble's bits 0-3 and that bit. The lane sums are exact and the word
+ * pairs, the vpdpwssd, the reduction to 8 lanes, the FMA per super-block,
+ * the min term and hsum8 are rk5_block / rk5_row's: the same bits. ---- */
+static cm_gemm_fn g_prev_rq5, g_prev_fq5;
+
+KD_AI void kd5_block(const uint8_t *qs, const uint8_t *qh, const __m512i s[2], __m128i mn16, float d, float dmin,
+                     const cm_block_q8_k *y, __m128i pairs, __m256 *acc, __m128 *accm) {
+    const __m512i m4 = _mm512_set1_epi8(0x0f), k10 = _mm512_set1_epi8(0x10), z = _mm512_setzero_si512();
+    const __m512i nsh = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1); /* lo | hi nibbles */
+    const __m512i h5 = _mm512_broadcast_i64x4(ld256(qh));
+    __m512i s16 = z;
+    _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
+        __m512i dp[2];
+        _Pragma("GCC unroll 2") for (int e = 0; e < 2; e++) {
+            const int j = 2 * h + e; /* elements 64j.., bits 2j (low nibbles) and 2j+1 (high) of qh */
+            const __m512i q = _mm512_broadcast_i64x4(ld256(qs + 32 * j));
+            /* bit 2j (2j + 1 in the upper half) of each byte to bit 4 */
+            const __m512i cnt = _mm512_inserti64x4(_mm512_set1_epi16((short)(j < 2 ? 4 - 2 * j : 2 * j - 4)),
+                                                   _mm256_set1_epi16((short)(j < 2 ? 3 - 2 * j : 2 * j - 3)), 1);
+            const __m512i hb = _mm512_and_si512(j < 2 ? _mm512_sllv_epi16(h5, cnt) : _mm512_srlv_epi16(h5, cnt), k10);
+            const __m512i v = _mm512_ternarylogic_epi32(m4, _mm512_srlv_epi16(q, nsh), hb, 0xca);
+            dp[e] = _mm512_dpbusd_epi32(z, v, _mm512_loadu_si512(y->qs + 64 * j));
+        }
+        s16 = _mm512_dpwssd_epi32(s16, _mm512_mask_blend_epi16(0xaaaaaaaau, dp[0], _mm512_slli_epi32(dp[1], 16)), s[h]);
+    }
+    const __m256i s8 = _mm256_add_epi32(_mm512_castsi512_si256(s16), _mm512_extracti64x4_epi64(s16, 1));
+    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s8), _mm256_set1_ps(d * y->d), *acc);
+    *accm = _mm_fmadd_ps(_mm_cvtepi32_ps(_mm_madd_epi16(mn16, pairs)), _mm_set1_ps(dmin * y->d), *accm);
+}
+
+/* 32 words: block j's scale i (i < 4) at 4j + i, scale 4 + i at 16 + 4j + i. */
+KD_AI __m512i kd_scale_words(__m128i sc03, __m128i sc47) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_cvtepu8_epi16(sc03)), _mm256_cvtepu8_epi16(sc47), 1);
+}
+
+KD_AI float kd5_row(int64_t nb, const uint8_t *x, const cm_block_q8_k *y, const __m128i *pairs, bool grouped) {
+    __m256 acc = _mm256_setzero_ps();
+    __m128 accm = _mm_setzero_ps();
+    /* word 2l (l < 8): scale 4h of block j; 2l+1: 4h+2; l >= 8: 4h+1, 4h+3 */
+    static const uint16_t k_base[32] = {0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2,
+                                        1, 3, 1, 3, 1, 3, 1, 3, 1, 3, 1, 3, 1, 3, 1, 3};
+    const __m512i base = _mm512_loadu_si512(k_base);
+    int64_t b = 0;
+    for (; grouped && b + 4 <= nb; b += 4, x += 4 * sizeof(cm_block_q5_k)) {
+        float dd[8];
+        __m128i sc03, sc47, mn16[4];
+        rk_header(x, dd, &sc03, &sc47, mn16);
+        const __m512i sw = kd_scale_words(sc03, sc47);
+        _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {
+            const __m512i s[2] = {
+                _mm512_permutexvar_epi16(_mm512_add_epi16(base, _mm512_set1_epi16((short)(4 * j))), sw),
+                _mm512_permutexvar_epi16(_mm512_add_epi16(base, _mm512_set1_epi16((short)(16 + 4 * j))), sw)};
+            kd5_block(x + 192 + 128 * j, x + 64 + 32 * j, s, mn16[j], dd[j], dd[4 + j], y + b + j, pairs[b + j], &acc,
+                      &accm);
+        }
+    }
+    for (const cm_block_q5_k *xt = (const cm_block_q5_k *)(const void *)x; b < nb; b++, xt++) {
+        uint8_t sc[8], mn[8];
+        cm_k4_scales8(xt->scales, sc, mn);
+        __m512i s[2];
+        for (int h = 0; h < 2; h++)
+            s[h] = _mm512_inserti64x4(_mm512_set1_epi32((int)(sc[4 * h] | (uint32_t)sc[4 * h + 2] << 16)),
+                                      _mm256_set1_epi32((int)(sc[4 * h + 1] | (uint32_t)sc[4 * h + 3] << 16)), 1);
+        kd5_block(xt->qs, xt->qh, s, _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(const void *)mn)), f16f(xt->d),
+                  f16f(xt->dmin), y + b, pairs[b], &acc, &accm);
+    }
+    return hsum8(acc) - hsum4(accm);
+}
+
+#define GEMV_KD5(NAME, PREV, GROUPED)                                                                                  \
+    static void NAME(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy, \
+                     int64_t r0, int64_t r1, int64_t n_tok) {                                                          \
+        const int64_t nb = k / CM_QK_K;                                                                                \
+        if (nb > RK4_MAXB) {                                                                                           \
+            PREV(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);                                                  \
+            return;                                                                                                    \
+        }                                                                                                              \
+        __m128i pairs[RK4_MAXB];                                                                                       \
+        rk_pairs(nb, x, pairs);                                                                                        \
+        for (int64_t i = r0; i < r1; i++)                                                                              \
+            y[i] = kd5_row(nb, (const uint8_t *)w + (size_t)i * w_stride, x, pairs, GROUPED);                          \
+    }
+GEMV_KD5(gemv_kd5r, g_prev_rq5, true)  /* over "q5_k lanes" (repack.c) */
+GEMV_KD5(gemv_kd5f, g_prev_fq5, false) /* over the file's bytes */
+
 void cm_kernels_fill_kd_avx512(cm_kernels *k) {
     if (k->gemv_packed[CM_TYPE_Q6_K]) {
         g_prev_q6v = k->gemv_packed[CM_TYPE_Q6_K];
         k->gemv_packed[CM_TYPE_Q6_K] = gemv_kd6;
+    }
+    if (k->gemv_packed[CM_TYPE_Q5_K] && k->gemv[CM_TYPE_Q5_K]) {
+        g_prev_rq5 = k->gemv_packed[CM_TYPE_Q5_K];
+        g_prev_fq5 = k->gemv[CM_TYPE_Q5_K];
+        k->gemv_packed[CM_TYPE_Q5_K] = gemv_kd5r;
+        k->gemv[CM_TYPE_Q5_K] = gemv_kd5f;
     }
 }
