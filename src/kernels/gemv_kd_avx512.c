@@ -165,6 +165,14 @@ static void gemv_kd6(int64_t k, const void *w, size_t w_stride, const void *x, s
  * the min term and hsum8 are rk5_block / rk5_row's: the same bits. ---- */
 static cm_gemm_fn g_prev_rq5, g_prev_fq5;
 
+/* word pairs (low word of a, low word of b) per dword in one vpshufb: the
+ * same as blending a with b << 16 */
+KD_AI __m512i kd_pair(__m512i a, __m512i b) {
+    /* bytes 4i + 2, 4i + 3 <- b's bytes 4i, 4i + 1 (indices within each 128-bit lane) */
+    const __m512i ctl = _mm512_broadcast_i32x4(_mm_setr_epi32(0x01000000, 0x05040000, 0x09080000, 0x0d0c0000));
+    return _mm512_mask_shuffle_epi8(a, (__mmask64)0xccccccccccccccccull, b, ctl);
+}
+
 KD_AI void kd5_block(const uint8_t *qs, const uint8_t *qh, const __m512i s[2], __m128i mn16, float d, float dmin,
                      const cm_block_q8_k *y, __m128i pairs, __m256 *acc, __m128 *accm) {
     const __m512i m4 = _mm512_set1_epi8(0x0f), k10 = _mm512_set1_epi8(0x10), z = _mm512_setzero_si512();
@@ -183,7 +191,7 @@ KD_AI void kd5_block(const uint8_t *qs, const uint8_t *qh, const __m512i s[2], _
             const __m512i v = _mm512_ternarylogic_epi32(m4, _mm512_srlv_epi16(q, nsh), hb, 0xca);
             dp[e] = _mm512_dpbusd_epi32(z, v, _mm512_loadu_si512(y->qs + 64 * j));
         }
-        s16 = _mm512_dpwssd_epi32(s16, _mm512_mask_blend_epi16(0xaaaaaaaau, dp[0], _mm512_slli_epi32(dp[1], 16)), s[h]);
+        s16 = _mm512_dpwssd_epi32(s16, kd_pair(dp[0], dp[1]), s[h]);
     }
     const __m256i s8 = _mm256_add_epi32(_mm512_castsi512_si256(s16), _mm512_extracti64x4_epi64(s16, 1));
     *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s8), _mm256_set1_ps(d * y->d), *acc);
