@@ -1,27 +1,36 @@
 /*
- * gemv_kd_avx512.c: the AVX-512 table's q6_k decode gemv over "q6_k lanes"
- * (repack.c), with fewer vector operations per super-block than
- * gemm_kq_avx512.c's gemv_kq6v, whose sums, groups and float side it keeps
- * exactly (so each row is still vec_dot on the file's bytes, bit for bit;
- * kernels.h, tests/unit/test_kernels_repack.c):
+ * gemv_kd_avx512.c: AVX-512 k-quant decode gemvs with fewer vector
+ * operations per super-block than the ones they replace in the avx512 table
+ * (filled after gemm_kq_avx512.c, dispatch.c), each keeping that kernel's
+ * lane sums (exact integers), float side and reduction, so every row is
+ * still vec_dot on the file's bytes bit for bit (kernels.h;
+ * tests/unit/test_kernels_repack.c, test_kernels_invariant.c):
+ *   - q6_k over "q6_k lanes" (repack.c; was gemm_kq_avx512.c's gemv_kq6v),
+ *     below;
+ *   - q5_k over "q5_k lanes" and over the file's bytes (were
+ *     avx512_krepack.h's gemv_rq5_k / gemv_fq5_k): the 5-bit values in 3
+ *     operations per 64 weights instead of 6, the word pairs by one vpshufb;
+ *   - q4_k over "q4_k lanes" (was avx512_krepack.h's gemv_rq4_k): the word
+ *     pairs by one vpshufb.
+ * One row per pass everywhere: a single sequential stream (two adjacent
+ * rows per pass, sharing the token's loads, ran q6_k 2.5x slower from
+ * DRAM: two short streams, which the prefetcher follows badly).
  *
+ * q6_k, against gemv_kq6v:
  *   - the 6-bit values: with hm = qh & 0x33 and hn = qh & 0xcc (the top bits
  *     of operands 0/2 and 1/3 with the bits that a 16-bit shift would carry
  *     into bits 6-7 cleared), each operand is one bitwise select of the low
  *     nibble's bits 0-3 and the shifted top bits' bits 4-7: hm << 4, hn << 2,
  *     hm, hn >> 2 (vpternlogd 0xca): 2 ands, 5 shifts, 4 selects per
- *     super-block instead of gemv_kq6v's separate masks and ors;
- *   - one row per pass: a single sequential stream (two adjacent rows per
- *     pass, sharing the token's loads, ran 2.5x slower from DRAM: two short
- *     streams, which the prefetcher follows badly);
+ *     super-block instead of separate masks and ors;
  *   - each 16 super-blocks' exact integer sums placed into lanes by a
  *     transpose-add of 128-bit lanes, and their fp16 d gathered with one
  *     masked vpgatherdd (from the two bytes before d: never past the row).
  * Integer sums are exact, so their order is free; the conversion, the FMA
  * with d * dy per 16 super-blocks and the final _mm512_reduce_add_ps are
- * gemv_kq6v's (and ztile_q6_k's). Rows longer than KD6_MAXNB super-blocks
- * keep gemv_kq6v. Compiled with the avx512 flags, filled after
- * gemm_kq_avx512.c (dispatch.c). Stack: ~41 KiB. Never allocates.
+ * gemv_kq6v's (and ztile_q6_k's). Rows longer than the repacked ones
+ * (never, through repack.c) and q5_k rows past 128 super-blocks keep the
+ * kernels they replace. Stack: ~41 KiB at most. Never allocates.
  */
 #include "isa.h"
 
