@@ -132,7 +132,7 @@ KD_AI float kd6_row(int64_t nb, const cm_block_q6_k *x, const kd6_tok *yp, const
     for (int64_t b0 = 0; b0 < nb; b0 += 16) {
         const int n = nb - b0 < 16 ? (int)(nb - b0) : 16;
         __m512i q[4];
-        for (int k = 0; k < 4; k++) {
+        _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
             __m512i s[4];
             _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) {
                 const int64_t b = b0 + 4 * k + i;
