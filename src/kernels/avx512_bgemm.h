@@ -19,13 +19,19 @@
  * product and two FMAs. (The former 1 row x 8 tokens tile needed a token load
  * per vpdpbusd and ran each token's 8 vpdpbusd as one dependent chain.)
  * While the first token tile passes over 4 rows, the next 4 rows' same group
- * is prefetched, so the weights stream from memory once per call, ahead of
- * use (a prefetch distance of 2, 4 or 8 row blocks measured no different);
- * later token tiles find them in L1/L2. Below BQ_MIN = 8 tokens the step is
- * still bound by the weights' stream, and the 4-row tile streamed them at
- * less than half the rate (bbench B = 2: 29 ms against 12): there the former
- * tile runs, one row per pass x all the tokens (gemm_bq4_0_small).
- * Measured (bench/bbench.c, one Zen 4 thread, under load): 1.1-1.4x the
+ * is prefetched into L2 (_MM_HINT_T1), so the weights stream from memory
+ * once per call, ahead of use, and later token tiles find them in L2. The
+ * former prefetch into L1 (T0) evicted the packed tokens every tile reads
+ * there, and the weights' stream then did not overlap the arithmetic: T1
+ * made bbench (1B shapes, one thread, under load, interleaved) 1.5x faster
+ * at 8 tokens, 1.25x at 16, 1.12x at 32 (a prefetch distance of 1, 2 or 4
+ * row blocks, or prefetching from every token tile, measured no different).
+ * With that prefetch the 4-row tile also beats one row per pass x all the
+ * tokens from 3 tokens up (bbench B = 4: 1.3x, B = 6: 1.45x), so only 2
+ * tokens (BQ_MIN = 3) still take gemm_bq4_0_small, whose single sequential
+ * stream the hardware prefetcher follows best at that size.
+ * Session-14 figures for the tile itself (bbench, one Zen 4 thread, under
+ * load): 1.1-1.4x the
  * former tile at 16-32 tokens on 1B-llama shapes, ~2x on 8B-llama shapes
  * (whose 14336-wide rows the former 160 KiB token buffer could hold only 9
  * tokens of, so it re-read the weights); the same below 8 tokens.
@@ -49,7 +55,7 @@
  * gemm_lq4_0's packing (LQ_MAXNB) even with 2 chunks here. Never allocates.
  */
 
-enum { BQ_R = 4, BQ_T = 4, BQ_MIN = 8, BQ1_T = 8, BQ_PACK = 640 * 1024 };
+enum { BQ_R = 4, BQ_T = 4, BQ_MIN = 3, BQ1_T = 8, BQ_PACK = 640 * 1024 };
 
 /* R repacked rows (xs bytes apart) x T tokens: out[r * BQ_T + t]. pk: T
  * packed tokens, tb bytes apart; yv: their q8_0 rows (for the nb % 16 tail
@@ -66,11 +72,11 @@ AI void bq4_tile(int64_t nb, const uint8_t *x, size_t xs, int R, const uint8_t *
         if (pf) {
             _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
                 const uint8_t *p = pf + (size_t)r * xs + xo;
-                _mm_prefetch((const char *)p, _MM_HINT_T0);
-                _mm_prefetch((const char *)p + 64, _MM_HINT_T0);
-                _mm_prefetch((const char *)p + 128, _MM_HINT_T0);
-                _mm_prefetch((const char *)p + 192, _MM_HINT_T0);
-                _mm_prefetch((const char *)p + 256, _MM_HINT_T0);
+                _mm_prefetch((const char *)p, _MM_HINT_T1);
+                _mm_prefetch((const char *)p + 64, _MM_HINT_T1);
+                _mm_prefetch((const char *)p + 128, _MM_HINT_T1);
+                _mm_prefetch((const char *)p + 192, _MM_HINT_T1);
+                _mm_prefetch((const char *)p + 256, _MM_HINT_T1);
             }
         }
         __m512i a[BQ_R][BQ_T];
