@@ -7,8 +7,8 @@
  *
  * Decoding B sequences in one step multiplies each weight matrix by B
  * activation rows. The weights stream from memory once per step; what must
- * not grow with B is the work per weight byte. At 8-32 tokens the step is
- * compute-bound, so the tile is shaped for the fewest loads and non-VNNI
+ * not grow with B is the work per weight byte. From 3-4 tokens up the step
+ * is compute-bound, so the tile is shaped for the fewest loads and non-VNNI
  * operations per vpdpbusd: BQ_R = 4 weight rows x BQ_T = 4 tokens. For each
  * 64-byte quarter q of a 16-block group (288 bytes: 16 fp16 d, then 4 x 64
  * bytes of nibbles in lane order) the 4 rows are loaded and split into their
@@ -18,17 +18,37 @@
  * After the 4 quarters each (row, token) gets one conversion, one scale
  * product and two FMAs. (The former 1 row x 8 tokens tile needed a token load
  * per vpdpbusd and ran each token's 8 vpdpbusd as one dependent chain.)
- * While the first token tile passes over 4 rows, the next 4 rows' same group
- * is prefetched, so the weights stream from memory once per call, ahead of
- * use (a prefetch distance of 2, 4 or 8 row blocks measured no different);
- * later token tiles find them in L1/L2. Below BQ_MIN = 8 tokens the step is
- * still bound by the weights' stream, and the 4-row tile streamed them at
- * less than half the rate (bbench B = 2: 29 ms against 12): there the former
- * tile runs, one row per pass x all the tokens (gemm_bq4_0_small).
- * Measured (bench/bbench.c, one Zen 4 thread, under load): 1.1-1.4x the
+ * While the first token tile passes over 4 rows, the same group of the rows
+ * BQ_PFD = 4 row blocks (16 rows) ahead is prefetched into L2
+ * (_MM_HINT_T1), so the weights stream from memory once per call, ahead of
+ * use, and later token tiles find them in L2. The former prefetch of the
+ * next block into L1 (T0) evicted the packed tokens every tile reads there,
+ * and the weights' stream then did not overlap the arithmetic: T1 made
+ * bbench (1B shapes, one Zen 4 thread, under load, interleaved) 1.5-1.7x
+ * faster at 8 tokens, 1.3x at 16, 1.15x at 32 (1, 2, 4 or 8 blocks ahead
+ * measured the same there). At 2-4 tokens a block's arithmetic is too short
+ * to hide one block's fetch: 4 blocks ahead made B = 3 1.15x and B = 2 on
+ * 8B shapes 1.3x faster than 1 block, and the 4-row tile then beats one
+ * row per pass x all the tokens (gemm_bq4_0_small) from 2 tokens up
+ * (B = 2: 1.0x on 1B shapes, 1.3x on 8B; B = 4: 1.5x / 1.9x; B = 6: 1.5x),
+ * which is left to a 1-token remainder of a chunk (BQ_MIN = 2).
+ * Session-14 figures for the tile itself (bbench, one Zen 4 thread, under
+ * load): 1.1-1.4x the
  * former tile at 16-32 tokens on 1B-llama shapes, ~2x on 8B-llama shapes
  * (whose 14336-wide rows the former 160 KiB token buffer could hold only 9
  * tokens of, so it re-read the weights); the same below 8 tokens.
+ *
+ * Ceiling: the exact per-block scale (one f32 multiply and one FMA lane per
+ * block per (row, token), below) runs on the FMA pipes that vpdpbusd uses
+ * on Zen 4 (bench/vnni_mix.c), so no tile shape passes ~8/10 of the VNNI
+ * peak (~187 of 234 GMAC/s on one core). This tile runs ~166 GMAC/s with
+ * its data in L1 and ~150-155 in bbench at 8-32 tokens (~131 before the
+ * T1 prefetch). Tried in session 15 and slower: a row-pair tile (one zmm =
+ * 2 rows x 8 blocks, so each scale product and FMA covers 16 lanes with no
+ * extract) at 110-124 GMAC/s, its token operands being 256-bit broadcasts
+ * (a shuffle-pipe op each) or duplicated in the pack (twice the bytes per
+ * vpdpbusd); 4 rows x 3 tokens (the same in L1, 1-4% slower in bbench);
+ * blocking rows so a token tile stays in L1 across 4-16 row blocks (+0-3%).
  *
  * Bits: for every (row, token) this is rq4_row's arithmetic exactly (lane j
  * = block j's exact int32 sum, d = dx * dy as f32, the same two FMAs into
@@ -49,7 +69,7 @@
  * gemm_lq4_0's packing (LQ_MAXNB) even with 2 chunks here. Never allocates.
  */
 
-enum { BQ_R = 4, BQ_T = 4, BQ_MIN = 8, BQ1_T = 8, BQ_PACK = 640 * 1024 };
+enum { BQ_R = 4, BQ_T = 4, BQ_PFD = 4, BQ_MIN = 2, BQ1_T = 8, BQ_PACK = 640 * 1024 };
 
 /* R repacked rows (xs bytes apart) x T tokens: out[r * BQ_T + t]. pk: T
  * packed tokens, tb bytes apart; yv: their q8_0 rows (for the nb % 16 tail
@@ -66,11 +86,11 @@ AI void bq4_tile(int64_t nb, const uint8_t *x, size_t xs, int R, const uint8_t *
         if (pf) {
             _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
                 const uint8_t *p = pf + (size_t)r * xs + xo;
-                _mm_prefetch((const char *)p, _MM_HINT_T0);
-                _mm_prefetch((const char *)p + 64, _MM_HINT_T0);
-                _mm_prefetch((const char *)p + 128, _MM_HINT_T0);
-                _mm_prefetch((const char *)p + 192, _MM_HINT_T0);
-                _mm_prefetch((const char *)p + 256, _MM_HINT_T0);
+                _mm_prefetch((const char *)p, _MM_HINT_T1);
+                _mm_prefetch((const char *)p + 64, _MM_HINT_T1);
+                _mm_prefetch((const char *)p + 128, _MM_HINT_T1);
+                _mm_prefetch((const char *)p + 192, _MM_HINT_T1);
+                _mm_prefetch((const char *)p + 256, _MM_HINT_T1);
             }
         }
         __m512i a[BQ_R][BQ_T];
@@ -181,9 +201,8 @@ AI void bq1_tile(int64_t nb, const uint8_t *x, const uint8_t *pk, size_t tb, con
     for (int t = 0; t < T; t++) out[t] = hsum8(c[t]);
 }
 
-/* Below BQ_MIN tokens the step is still bound by the weights' stream: one
- * row per pass (a single sequential stream, which the hardware prefetcher
- * follows best) x all the tokens. */
+/* Below BQ_MIN tokens (a chunk's last token): one row per pass (a single
+ * sequential stream, which the hardware prefetcher follows) x the tokens. */
 static void gemm_bq4_0_small(int64_t nb, const uint8_t *w, size_t w_stride, const uint8_t *pk, size_t tb,
                              const cm_block_q8_0 *const *yq, float *y, int64_t ldy, int64_t r0, int64_t r1, int nt) {
     for (int64_t i = r0; i < r1; i++) {
@@ -226,8 +245,8 @@ static void gemm_bq4_0(int64_t k, const void *w, size_t w_stride, const void *x,
         for (int64_t i = r0; i < r1; i += BQ_R) {
             const int R = r1 - i < BQ_R ? 1 : BQ_R; /* the last < 4 rows one by one */
             const uint8_t *xr = wb + (size_t)i * w_stride;
-            /* the next rows (prefetches never fault, even past the end) */
-            const uint8_t *pf = i + R < r1 ? xr + (size_t)R * w_stride : NULL;
+            /* the rows BQ_PFD blocks ahead, within the slice */
+            const uint8_t *pf = i + BQ_PFD * BQ_R < r1 ? xr + (size_t)(BQ_PFD * BQ_R) * w_stride : NULL;
             for (int64_t jj = 0; jj < nt; jj += BQ_T) {
                 const int T = nt - jj < BQ_T ? (int)(nt - jj) : BQ_T;
                 float out[BQ_R * BQ_T];

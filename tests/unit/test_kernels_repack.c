@@ -158,19 +158,32 @@ static void check_batch(const cm_kernels *k, enum cm_type t, int64_t n) {
     long bad = 0;
     char first[200] = "";
     const int top = k->gemm_packed_max + 3 < BPOOL ? k->gemm_packed_max + 3 : BPOOL;
-    for (int nt = 2; nt <= top; nt++) {
-        static const int slices[][2] = {{0, ROWS}, {5, 22}, {36, 37}};
-        for (int s = 0; s < 3; s++) {
+    /* n_tok 1 (only a chunk's remainder reaches the tile so: called directly),
+     * then 2..top through the driver; row slices of every width 1..7 at odd
+     * starts, so each row-block shape and token-tile remainder of the tile
+     * runs, and nothing outside [r0, r1) x [0, n_tok) may be written */
+    for (int nt = 1; nt <= top; nt++) {
+        static const int slices[][2] = {{0, ROWS}, {5, 22},  {36, 37}, {3, 5},  {30, 33}, {1, 5},
+                                        {9, 14},   {31, 37}, {2, 9},   {4, 12}, {0, 33}};
+        enum { NS = sizeof slices / sizeof slices[0] };
+        for (int s = 0; s < NS; s++) {
             const int r0 = slices[s][0], r1 = slices[s][1], p0 = (nt * 7 + s) % (BPOOL - nt + 1);
             memset(y, 0xff, sizeof(float) * ROWS * BPOOL);
-            cm_matmul_rows(k, &W, x + (size_t)p0 * xs, xs, nt, y, ROWS, r0, r1);
-            for (int j = 0; j < nt; j++)
-                for (int r = r0; r < r1; r++)
-                    if (memcmp(&y[j * ROWS + r], &ref[(p0 + j) * ROWS + r], sizeof(float))) {
+            if (nt == 1)
+                k->gemm_packed[t](n, cm_repack_find(&W, NULL), ws, x + (size_t)p0 * xs, xs, y, ROWS, r0, r1, 1);
+            else cm_matmul_rows(k, &W, x + (size_t)p0 * xs, xs, nt, y, ROWS, r0, r1);
+            for (int j = 0; j < BPOOL; j++)
+                for (int r = 0; r < ROWS; r++) {
+                    const bool in = j < nt && r >= r0 && r < r1;
+                    const uint32_t untouched = 0xffffffffu;
+                    if (in ? memcmp(&y[j * ROWS + r], &ref[(p0 + j) * ROWS + r], sizeof(float)) != 0
+                           : memcmp(&y[j * ROWS + r], &untouched, sizeof(float)) != 0) {
                         if (!bad++)
-                            snprintf(first, sizeof first, "n_tok %d, token %d, row %d: %.9g, vec_dot %.9g", nt, j, r,
-                                     (double)y[j * ROWS + r], (double)ref[(p0 + j) * ROWS + r]);
+                            snprintf(first, sizeof first, "n_tok %d, rows [%d, %d), token %d, row %d: %.9g, %s %.9g",
+                                     nt, r0, r1, j, r, (double)y[j * ROWS + r], in ? "vec_dot" : "untouched",
+                                     in ? (double)ref[(p0 + j) * ROWS + r] : 0.0);
                     }
+                }
         }
     }
     if (bad)
