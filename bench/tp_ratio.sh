@@ -155,6 +155,22 @@ if [ -n "$TRACE" ]; then
     for k in base $VARIANTS; do
         echo "trace, tp $k, last rep: rank 0 (this process):"
         grep 'tp trace' "$TMP/tp.$k.$last.err" | sed 's/^/  /'
+        # the cipher's share of rank 0's time: its CPU time sealing and opening
+        # all-reduce pieces against the run's decode and prompt wall time
+        perl -MJSON::PP -e '
+            my ($jf, $tf) = @ARGV;
+            open my $h, "<", $jf or exit; local $/; my $j = eval { decode_json(<$h>) } or exit; close $h;
+            open my $t, "<", $tf or exit; my $tr = <$t>;
+            my ($small) = $tr =~ /decode-sized all-reduces (\d+):/ or exit;
+            my ($s1, $o1) = $tr =~ /decode-sized all-reduces \d+: [\d.]+ us each \(receiving [\d.]+; cipher ([\d.]+) \+ ([\d.]+)/ or exit;
+            my ($big, $s2, $o2) = $tr =~ /larger (\d+): [\d.]+ us each \(receiving [\d.]+; cipher ([\d.]+) \+ ([\d.]+)/ or exit;
+            my ($s3, $o3) = $tr =~ /gathers \d+: [\d.]+ us each \(receiving [\d.]+; cipher ([\d.]+) \+ ([\d.]+)/ or exit;
+            my $tm = $j->{timings}; my $gen = ($tm->{gen_n} // 0) - 1; $gen = $small / 32 if $gen < 1;
+            my $tok_us = 1e6 / ($tm->{gen_tps} || 1), $prompt_us = 1e6 * ($tm->{prompt_n} // 0) / ($tm->{prompt_tps} || 1);
+            my $dec = ($s1 + $o1) * $small / $gen + $s3 + $o3;
+            printf "  cipher on rank 0: %.0f us per decoded token (%.1f%% of one at %.1f tok/s), %.1f ms per prompt (%.1f%% of it)\n",
+                $dec, 100 * $dec / $tok_us, $tm->{gen_tps}, ($s2 + $o2) * $big / 1000, 100 * ($s2 + $o2) * $big / ($prompt_us || 1);
+        ' "$TMP/tp.$k.$last.json" "$TMP/tp.$k.$last.err"
         node=$k
         [ "$k" = head0 ] && node=base
         echo "  its node ($node, every rep):"

@@ -27,10 +27,12 @@ struct cm_coll {
     float *tmp;     /* [max_n]: own dequantized partial (direct + compress) */
     uint8_t *qall;  /* Q8_0 blocks of the whole vector (compress) */
     cm_coll_stats st;
-    uint64_t last_end_ns;            /* end of the previous op (gap_s) */
-    bool trace;                      /* CUMULO_TP_TRACE: print the time line at cm_coll_free */
-    uint64_t seal_ns[2], open_ns[2]; /* trace: cipher time in all-reduces, [0] decode-sized, [1] larger ops */
-    const cm_coll_native *nat;       /* the transport's all-reduce, or NULL */
+    uint64_t last_end_ns; /* end of the previous op (gap_s) */
+    bool trace;           /* CUMULO_TP_TRACE: print the time line at cm_coll_free */
+    /* trace: cipher time, [0] decode-sized all-reduces, [1] larger ones, [2] gathers (head, experts) */
+    uint64_t seal_ns[3], open_ns[3];
+    double gather_busy_s, gather_wait_s; /* trace: busy_s and wait_s of the gathers */
+    const cm_coll_native *nat;           /* the transport's all-reduce, or NULL */
     void *ngrp;
     char err[512];
 };
@@ -149,24 +151,25 @@ static void native_drop(cm_coll *c) {
     c->ngrp = NULL;
 }
 
+static double per(double total, uint64_t n) { return n ? total / (double)n : 0.0; }
+
 /* CUMULO_TP_TRACE: where this member's all-reduce time went, per op (µs). */
 static void trace_print(const cm_coll *c) {
     const cm_coll_stats *s = &c->st;
-    uint64_t big = s->ops - s->small_ops;
-    double us = 1e6;
-    fprintf(
-        stderr,
-        "tp trace: rank %d of %d: %llu ops; decode-sized %llu: %.1f us each (receiving %.1f); larger %llu: %.1f "
-        "us each (receiving %.1f); sending %.1f us/op; %.3f s between ops; cipher (seal + open) %.1f + %.1f us "
-        "per decode-sized op, %.1f + %.1f per larger\n",
-        c->cfg.rank, c->cfg.size, (unsigned long long)s->ops, (unsigned long long)s->small_ops,
-        s->small_ops ? s->small_busy_s * us / (double)s->small_ops : 0.0,
-        s->small_ops ? s->small_wait_s * us / (double)s->small_ops : 0.0, (unsigned long long)big,
-        big ? (s->busy_s - s->small_busy_s) * us / (double)big : 0.0,
-        big ? (s->wait_s - s->small_wait_s) * us / (double)big : 0.0, s->ops ? s->send_s * us / (double)s->ops : 0.0,
-        s->gap_s, s->small_ops ? (double)c->seal_ns[0] * 1e-3 / (double)s->small_ops : 0.0,
-        s->small_ops ? (double)c->open_ns[0] * 1e-3 / (double)s->small_ops : 0.0,
-        big ? (double)c->seal_ns[1] * 1e-3 / (double)big : 0.0, big ? (double)c->open_ns[1] * 1e-3 / (double)big : 0.0);
+    uint64_t gath = s->gather_ops + s->head_ops, big = s->ops - s->small_ops - gath;
+    double us = 1e6, big_busy = s->busy_s - s->small_busy_s - c->gather_busy_s,
+           big_wait = s->wait_s - s->small_wait_s - c->gather_wait_s;
+    fprintf(stderr,
+            "tp trace: rank %d of %d: %llu ops; decode-sized all-reduces %llu: %.1f us each (receiving %.1f; cipher "
+            "%.1f + %.1f sealing + opening); larger %llu: %.1f us each (receiving %.1f; cipher %.1f + %.1f); gathers "
+            "%llu: %.1f us each (receiving %.1f; cipher %.1f + %.1f); sending %.1f us/op; %.3f s between ops\n",
+            c->cfg.rank, c->cfg.size, (unsigned long long)s->ops, (unsigned long long)s->small_ops,
+            per(s->small_busy_s * us, s->small_ops), per(s->small_wait_s * us, s->small_ops),
+            per((double)c->seal_ns[0] * 1e-3, s->small_ops), per((double)c->open_ns[0] * 1e-3, s->small_ops),
+            (unsigned long long)big, per(big_busy * us, big), per(big_wait * us, big),
+            per((double)c->seal_ns[1] * 1e-3, big), per((double)c->open_ns[1] * 1e-3, big), (unsigned long long)gath,
+            per(c->gather_busy_s * us, gath), per(c->gather_wait_s * us, gath), per((double)c->seal_ns[2] * 1e-3, gath),
+            per((double)c->open_ns[2] * 1e-3, gath), per(s->send_s * us, s->ops), s->gap_s);
 }
 
 void cm_coll_free(cm_coll *c) {
@@ -585,11 +588,20 @@ static int gather_op(cm_coll *c, float *x, const int64_t *part, int root, char *
         snprintf(c->err, sizeof c->err, "expert gather with parts out of order (end %lld)", (long long)part[k]);
         return cm_errf(err, errlen, CM_ERANGE, "%s", c->err);
     }
+    uint64_t seal0, open0, seal1, open1;
+    cipher_ns(c, &seal0, &open0);
+    double wait0 = c->st.wait_s;
     uint64_t t0 = cm_now_ns();
     c->gathering = true;
     int rc = k > 1 ? allgather_rounds(c, x, part, root) : 0;
     c->gathering = false;
-    c->st.busy_s += (double)(cm_now_ns() - t0) * 1e-9;
+    double busy = (double)(cm_now_ns() - t0) * 1e-9;
+    c->st.busy_s += busy;
+    c->gather_busy_s += busy;
+    c->gather_wait_s += c->st.wait_s - wait0;
+    cipher_ns(c, &seal1, &open1);
+    c->seal_ns[2] += seal1 - seal0;
+    c->open_ns[2] += open1 - open0;
     if (rc) return cm_errf(err, errlen, rc, "%s", c->err);
     c->op_id++;
     c->st.ops++;
