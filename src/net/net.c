@@ -26,7 +26,8 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#define RX_STEP (1u << 20) /* the rx buffer grows at most this far ahead of the bytes received */
+#define RX_STEP (1u << 20)  /* the rx buffer grows at most this far ahead of the bytes received */
+#define SPIN_KEEP_NS 50000u /* a spinning receive keeps its core this long before it yields */
 
 struct cm_listener {
     int fd;
@@ -376,7 +377,7 @@ static int write_all(cm_conn *c, const uint8_t *p, size_t n, uint64_t deadline, 
 /* Read exactly n bytes into p. *got counts progress so the caller can tell a
  * quiet line (0 bytes) from a stall mid-frame. */
 static int read_exact(cm_conn *c, uint8_t *p, size_t n, size_t *got, uint64_t deadline) {
-    uint64_t spin_end = 0; /* set at the first empty read: spin until then, then sleep */
+    uint64_t spin_start = 0, spin_end = 0; /* set at the first empty read: spin until then, then sleep */
     while (*got < n) {
         ssize_t r = recv(c->fd, p + *got, n - *got, 0);
         if (r > 0) {
@@ -388,10 +389,19 @@ static int read_exact(cm_conn *c, uint8_t *p, size_t n, size_t *got, uint64_t de
         if (errno == EAGAIN || errno == EWOULDBLOCK) {
             if (c->spin_ns) { /* a fast link: the bytes are microseconds away; a sleep costs a wake-up */
                 uint64_t now = cm_now_ns();
-                if (!spin_end) spin_end = CM_MIN(now + c->spin_ns, deadline);
-                if (now < spin_end) { /* and yield: a peer on this core gets it at once */
+                if (!spin_end) {
+                    spin_start = now;
+                    spin_end = CM_MIN(now + c->spin_ns, deadline);
+                }
+                if (now < spin_end) {
                     for (int i = 0; i < 32; i++) cm_cpu_relax();
-                    cm_thread_yield();
+                    /* Past the first SPIN_KEEP_NS, yield on every try: a
+                     * peer on this core gets it at once. Not before: on a
+                     * busy machine a yield hands the core to another
+                     * process for a whole time slice, while the bytes are
+                     * usually microseconds away (the thread pool's barrier
+                     * spins as long before it yields). */
+                    if (now - spin_start >= SPIN_KEEP_NS) cm_thread_yield();
                     continue;
                 }
             }

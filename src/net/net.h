@@ -124,7 +124,8 @@ void cm_conn_close(cm_conn *c, const char *reason);
  * threads use c (the handshake sets it from cm_net_cfg.send_stall_ms). */
 void cm_conn_set_send_stall(cm_conn *c, int ms);
 /* Receives on c that find no bytes poll the socket for up to us microseconds
- * (pausing the CPU between tries) before they sleep in poll(): on a loopback
+ * (pausing the CPU between tries; after the first 50 µs also yielding it on
+ * each try) before they sleep in poll(): on a loopback
  * or Thunderbolt-class link the reply is microseconds away and a sleep costs
  * a scheduler wake-up (tens to hundreds of µs in a VM). 0 (the default): sleep
  * at once. Set it before another thread receives on c. */
