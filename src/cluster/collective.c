@@ -26,11 +26,13 @@ struct cm_coll {
     float *part;    /* [size][max_n]: received partials (direct) */
     float *tmp;     /* [max_n]: own dequantized partial (direct + compress) */
     uint8_t *qall;  /* Q8_0 blocks of the whole vector (compress) */
-    uint8_t *sbuf;  /* one encoded piece */
     cm_coll_stats st;
-    uint64_t last_end_ns;      /* end of the previous op (gap_s) */
-    bool trace;                /* CUMULO_TP_TRACE: print the time line at cm_coll_free */
-    const cm_coll_native *nat; /* the transport's all-reduce, or NULL */
+    uint64_t last_end_ns; /* end of the previous op (gap_s) */
+    bool trace;           /* CUMULO_TP_TRACE: print the time line at cm_coll_free */
+    /* trace: cipher time, [0] decode-sized all-reduces, [1] larger ones, [2] gathers (head, experts) */
+    uint64_t seal_ns[3], open_ns[3];
+    double gather_busy_s, gather_wait_s; /* trace: busy_s and wait_s of the gathers */
+    const cm_coll_native *nat;           /* the transport's all-reduce, or NULL */
     void *ngrp;
     char err[512];
 };
@@ -122,8 +124,7 @@ int cm_coll_new(const cm_coll_cfg *cfg, cm_coll **out, char *err, size_t errlen)
     c->part = cm_calloc((size_t)cfg->size * nf, sizeof(float));
     c->tmp = cm_calloc(nf, sizeof(float));
     c->qall = cm_calloc(1, q8_bytes(cfg->max_n));
-    c->sbuf = cm_calloc(1, CM_COLL_HDR_BYTES + (size_t)CM_COLL_PIECE_FLOATS * 4);
-    if (!c->part || !c->tmp || !c->qall || !c->sbuf) {
+    if (!c->part || !c->tmp || !c->qall) {
         cm_coll_free(c);
         return cm_errf(err, errlen, CM_ENOMEM, "out of memory for the all-reduce buffers");
     }
@@ -150,20 +151,25 @@ static void native_drop(cm_coll *c) {
     c->ngrp = NULL;
 }
 
+static double per(double total, uint64_t n) { return n ? total / (double)n : 0.0; }
+
 /* CUMULO_TP_TRACE: where this member's all-reduce time went, per op (µs). */
 static void trace_print(const cm_coll *c) {
     const cm_coll_stats *s = &c->st;
-    uint64_t big = s->ops - s->small_ops;
-    double us = 1e6;
+    uint64_t gath = s->gather_ops + s->head_ops, big = s->ops - s->small_ops - gath;
+    double us = 1e6, big_busy = s->busy_s - s->small_busy_s - c->gather_busy_s,
+           big_wait = s->wait_s - s->small_wait_s - c->gather_wait_s;
     fprintf(stderr,
-            "tp trace: rank %d of %d: %llu ops; decode-sized %llu: %.1f us each (receiving %.1f); larger %llu: %.1f "
-            "us each (receiving %.1f); sending %.1f us/op; %.3f s between ops\n",
+            "tp trace: rank %d of %d: %llu ops; decode-sized all-reduces %llu: %.1f us each (receiving %.1f; cipher "
+            "%.1f + %.1f sealing + opening); larger %llu: %.1f us each (receiving %.1f; cipher %.1f + %.1f); gathers "
+            "%llu: %.1f us each (receiving %.1f; cipher %.1f + %.1f); sending %.1f us/op; %.3f s between ops\n",
             c->cfg.rank, c->cfg.size, (unsigned long long)s->ops, (unsigned long long)s->small_ops,
-            s->small_ops ? s->small_busy_s * us / (double)s->small_ops : 0.0,
-            s->small_ops ? s->small_wait_s * us / (double)s->small_ops : 0.0, (unsigned long long)big,
-            big ? (s->busy_s - s->small_busy_s) * us / (double)big : 0.0,
-            big ? (s->wait_s - s->small_wait_s) * us / (double)big : 0.0,
-            s->ops ? s->send_s * us / (double)s->ops : 0.0, s->gap_s);
+            per(s->small_busy_s * us, s->small_ops), per(s->small_wait_s * us, s->small_ops),
+            per((double)c->seal_ns[0] * 1e-3, s->small_ops), per((double)c->open_ns[0] * 1e-3, s->small_ops),
+            (unsigned long long)big, per(big_busy * us, big), per(big_wait * us, big),
+            per((double)c->seal_ns[1] * 1e-3, big), per((double)c->open_ns[1] * 1e-3, big), (unsigned long long)gath,
+            per(c->gather_busy_s * us, gath), per(c->gather_wait_s * us, gath), per((double)c->seal_ns[2] * 1e-3, gath),
+            per((double)c->open_ns[2] * 1e-3, gath), per(s->send_s * us, s->ops), s->gap_s);
 }
 
 void cm_coll_free(cm_coll *c) {
@@ -173,7 +179,6 @@ void cm_coll_free(cm_coll *c) {
     cm_free(c->part);
     cm_free(c->tmp);
     cm_free(c->qall);
-    cm_free(c->sbuf);
     cm_free(c);
 }
 
@@ -268,9 +273,39 @@ static void count(cm_coll_link_stats *l, bool sent, size_t payload, size_t data,
     }
 }
 
-/* Send x[off, off+m) (or, when q is given, its Q8_0 blocks q) to peer. */
+/* Little-endian f32 runs: a plain copy where the host is little-endian
+ * (every machine cumulo runs on so far), byte by byte elsewhere. */
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+#define CM_COLL_LE 1
+#else
+#define CM_COLL_LE 0
+#endif
+static void put_f32s(uint8_t *p, const float *x, int64_t m) {
+    if (CM_COLL_LE) memcpy(p, x, (size_t)m * 4);
+    else
+        for (int64_t i = 0; i < m; i++) put_f32(p + 4 * i, x[i]);
+}
+/* dst[i] = v_i, or dst[i] = v_i + dst[i] (the bits of the order the callers
+ * name: IEEE addition commutes) */
+static void get_f32s(const uint8_t *p, float *dst, int64_t m, bool add) {
+    if (CM_COLL_LE && !add) {
+        memcpy(dst, p, (size_t)m * 4);
+        return;
+    }
+    for (int64_t i = 0; i < m; i++) {
+        float v;
+        if (CM_COLL_LE) memcpy(&v, p + 4 * i, 4);
+        else v = get_f32(p + 4 * i);
+        dst[i] = add ? v + dst[i] : v;
+    }
+}
+
+/* Send x[off, off+m) (or, when q is given, its Q8_0 blocks q) to peer,
+ * written straight into the connection's frame buffer (no staging copy). */
 static int send_piece(cm_coll *c, int peer, int step, int64_t off, int64_t m, const float *x, const uint8_t *q) {
-    uint8_t *p = c->sbuf;
+    size_t data = q ? q8_bytes(m) : (size_t)m * 4;
+    uint8_t *p = cm_conn_tx_payload(c->cfg.peers[peer], CM_COLL_HDR_BYTES + data);
+    if (!p) return peer_fail(c, peer, CM_ENOMEM, "sending to", "out of memory for a frame");
     put_u64(p, c->cfg.epoch);
     put_u64(p + 8, c->op_id);
     put_u16(p + 16, (uint16_t)(c->op_id / 2));
@@ -278,18 +313,12 @@ static int send_piece(cm_coll *c, int peer, int step, int64_t off, int64_t m, co
     p[19] = (uint8_t)step;
     put_u32(p + 20, (uint32_t)off);
     put_u32(p + 24, (uint32_t)m);
-    size_t data;
-    if (q) {
-        data = q8_bytes(m);
-        memcpy(p + CM_COLL_HDR_BYTES, q, data);
-    } else {
-        data = (size_t)m * 4;
-        for (int64_t i = 0; i < m; i++) put_f32(p + CM_COLL_HDR_BYTES + 4 * i, x[off + i]);
-    }
+    if (q) memcpy(p + CM_COLL_HDR_BYTES, q, data);
+    else put_f32s(p + CM_COLL_HDR_BYTES, x + off, m);
     char e[256];
     uint64_t t0 = cm_now_ns();
-    int rc = cm_conn_send_payload(c->cfg.peers[peer], CM_MSG_ALLREDUCE, p, CM_COLL_HDR_BYTES + data, c->timeout_ms, e,
-                                  sizeof e);
+    int rc =
+        cm_conn_send_tx(c->cfg.peers[peer], CM_MSG_ALLREDUCE, CM_COLL_HDR_BYTES + data, c->timeout_ms, e, sizeof e);
     c->st.send_s += (double)(cm_now_ns() - t0) * 1e-9;
     if (rc) return peer_fail(c, peer, rc, "sending to", e);
     count(&c->st.link[peer], true, CM_COLL_HDR_BYTES + data, data, c->cfg.peers[peer]);
@@ -332,12 +361,7 @@ static int recv_piece(cm_coll *c, int peer, int step, int64_t off, int64_t m, fl
     if (q8) {
         if (qkeep) memcpy(qkeep, pc.data, pc.data_len);
         q8_dequantize(pc.data, m, dst + off, how == PUT_ADD);
-    } else {
-        for (int64_t i = 0; i < m; i++) {
-            float v = get_f32(pc.data + 4 * i);
-            dst[off + i] = how == PUT_ADD ? v + dst[off + i] : v;
-        }
-    }
+    } else get_f32s(pc.data, dst + off, m, how == PUT_ADD);
     count(&c->st.link[peer], false, len, pc.data_len, c->cfg.peers[peer]);
     return 0;
 }
@@ -369,12 +393,21 @@ static int allreduce_direct(cm_coll *c, float *x, int64_t n) {
             int rc = recv_piece(c, p, 0, off, m, c->part + (size_t)p * (size_t)mx, PUT_STORE, NULL);
             if (rc) return rc;
         }
-        /* The fixed order: ((p0 + p1) + p2) + ... */
-        for (int64_t i = off; i < off + m; i++) {
-            float s = r == 0 ? own[i] : c->part[i];
-            for (int j = 1; j < k; j++) s += j == r ? own[i] : c->part[(size_t)j * (size_t)mx + (size_t)i];
-            x[i] = s;
-        }
+        /* The fixed order: ((p0 + p1) + p2) + ... (src[r] is our own
+         * partial, which may be x itself: each element is read before it is
+         * written) */
+        const float *src[CM_COLL_MAX_MEMBERS];
+        for (int j = 0; j < k; j++) src[j] = j == r ? own : c->part + (size_t)j * (size_t)mx;
+        if (k == 2) { /* the common pair, in a loop the compiler vectorizes */
+            const float *a = src[0] + off, *b = src[1] + off;
+            float *y = x + off;
+            for (int64_t i = 0; i < m; i++) y[i] = a[i] + b[i];
+        } else
+            for (int64_t i = off; i < off + m; i++) {
+                float s = src[0][i];
+                for (int j = 1; j < k; j++) s += src[j][i];
+                x[i] = s;
+            }
     }
     return 0;
 }
@@ -457,6 +490,18 @@ static void sum_links(cm_coll *c) {
     }
 }
 
+/* Cipher time so far on every link of this member (sealing, opening). */
+static void cipher_ns(const cm_coll *c, uint64_t *seal, uint64_t *open) {
+    *seal = *open = 0;
+    for (int p = 0; p < c->cfg.size; p++) {
+        if (p == c->cfg.rank) continue;
+        uint64_t s, o;
+        cm_conn_cipher_ns(c->cfg.peers[p], &s, &o);
+        *seal += s;
+        *open += o;
+    }
+}
+
 int cm_coll_allreduce(cm_coll *c, float *x, int64_t n, char *err, size_t errlen) {
     if (c->failed) return cm_errf(err, errlen, CM_ESTATE, "all-reduce failed before: %s", c->err);
     if (n < 1 || n > c->cfg.max_n) {
@@ -464,6 +509,8 @@ int cm_coll_allreduce(cm_coll *c, float *x, int64_t n, char *err, size_t errlen)
                  (long long)c->cfg.max_n);
         return cm_errf(err, errlen, CM_ERANGE, "%s", c->err);
     }
+    uint64_t seal0, open0;
+    cipher_ns(c, &seal0, &open0);
     uint64_t t0 = cm_now_ns();
     if (c->last_end_ns) c->st.gap_s += (double)(t0 - c->last_end_ns) * 1e-9;
     double wait0 = c->st.wait_s;
@@ -484,6 +531,10 @@ int cm_coll_allreduce(cm_coll *c, float *x, int64_t n, char *err, size_t errlen)
         c->st.small_busy_s += (double)(c->last_end_ns - t0) * 1e-9;
         c->st.small_wait_s += c->st.wait_s - wait0;
     }
+    uint64_t seal1, open1;
+    cipher_ns(c, &seal1, &open1);
+    c->seal_ns[n > CM_COLL_SMALL_N] += seal1 - seal0;
+    c->open_ns[n > CM_COLL_SMALL_N] += open1 - open0;
     c->op_id++;
     c->st.ops++;
     c->st.elems += (uint64_t)n;
@@ -537,11 +588,20 @@ static int gather_op(cm_coll *c, float *x, const int64_t *part, int root, char *
         snprintf(c->err, sizeof c->err, "expert gather with parts out of order (end %lld)", (long long)part[k]);
         return cm_errf(err, errlen, CM_ERANGE, "%s", c->err);
     }
+    uint64_t seal0, open0, seal1, open1;
+    cipher_ns(c, &seal0, &open0);
+    double wait0 = c->st.wait_s;
     uint64_t t0 = cm_now_ns();
     c->gathering = true;
     int rc = k > 1 ? allgather_rounds(c, x, part, root) : 0;
     c->gathering = false;
-    c->st.busy_s += (double)(cm_now_ns() - t0) * 1e-9;
+    double busy = (double)(cm_now_ns() - t0) * 1e-9;
+    c->st.busy_s += busy;
+    c->gather_busy_s += busy;
+    c->gather_wait_s += c->st.wait_s - wait0;
+    cipher_ns(c, &seal1, &open1);
+    c->seal_ns[2] += seal1 - seal0;
+    c->open_ns[2] += open1 - open0;
     if (rc) return cm_errf(err, errlen, rc, "%s", c->err);
     c->op_id++;
     c->st.ops++;

@@ -278,6 +278,27 @@ static void counts_text(const int *v, int n, char *buf, size_t cap) {
     for (int i = 0; i < n && o < cap; i++) o += (size_t)snprintf(buf + o, cap - o, "%s%d", i ? "," : "", v[i]);
 }
 
+/* --tp-weights: the named machines' speeds ARE these relative speeds (their
+ * measured mean, shared out in proportion), not the measurements scaled by
+ * them: measured speeds on a busy or shared host swing from run to run, and
+ * `--tp-weights 1,1` must give the same even slices every time (the
+ * slices' partial sums round differently, so uneven ones change the last
+ * bits, and a benchmark compares nothing when its split moves). */
+static void set_relative_speeds(cm_plan_cluster *pc, const double *w, int n_w) {
+    int n = n_w < pc->n_nodes ? n_w : pc->n_nodes;
+    double flops = 0, bw = 0, ws = 0;
+    for (int i = 0; i < n; i++) {
+        flops += pc->nodes[i].flops;
+        bw += pc->nodes[i].mem_bw;
+        ws += w[i];
+    }
+    if (n < 1 || !(ws > 0)) return;
+    for (int i = 0; i < n; i++) {
+        pc->nodes[i].flops = flops * w[i] / ws;
+        pc->nodes[i].mem_bw = bw * w[i] / ws;
+    }
+}
+
 /* A request from an API caller is checked like bytes from outside (the CLI
  * checked its own already). */
 static int check_request(const cm_plan_request *q, const cm_plan_model *pm, char *err, size_t errlen) {
@@ -335,11 +356,8 @@ static int make_plan(cm_pipe *p, const cm_pipe_opts *o, cm_plan *plan, cm_plan_m
     po.mode = q->mode_set ? q->mode : q->n_groups ? CM_PARALLEL_HYBRID : CM_PARALLEL_PP;
     po.reorder = true;               /* the pipeline's order follows the measured links */
     po.expert_load = p->expert_load; /* hot experts: replicas in expert groups (NULL: none) */
-    if (po.mode != CM_PARALLEL_PP)   /* relative speeds (tests, or known-unequal machines) */
-        for (int i = 0; i < q->n_weights && i < pc->n_nodes; i++) {
-            pc->nodes[i].flops *= q->weights[i];
-            pc->nodes[i].mem_bw *= q->weights[i];
-        }
+    if (po.mode != CM_PARALLEL_PP)   /* relative speeds (tests, benchmarks, known-unequal machines) */
+        set_relative_speeds(pc, q->weights, q->n_weights);
     char split[200];
     counts_text(q->split, q->n_split, split, sizeof split);
     int group_of[CM_PLAN_MAX_NODES];

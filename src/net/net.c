@@ -26,7 +26,8 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#define RX_STEP (1u << 20) /* the rx buffer grows at most this far ahead of the bytes received */
+#define RX_STEP (1u << 20)  /* the rx buffer grows at most this far ahead of the bytes received */
+#define SPIN_KEEP_NS 50000u /* a spinning receive keeps its core this long before it yields */
 
 struct cm_listener {
     int fd;
@@ -42,6 +43,7 @@ struct cm_conn {
     char peer[64];
     uint8_t *rx, *tx;
     size_t rx_cap, tx_cap;
+    uint64_t seal_ns, open_ns; /* time in cm_frame_seal / cm_frame_open (sender's / receiver's thread) */
     /* Traffic counters: whole frames on the wire (header + payload + MAC), by
      * type. The sender's thread writes tx_*, the receiver's rx_*; readers on
      * other threads see relaxed snapshots. */
@@ -375,7 +377,7 @@ static int write_all(cm_conn *c, const uint8_t *p, size_t n, uint64_t deadline, 
 /* Read exactly n bytes into p. *got counts progress so the caller can tell a
  * quiet line (0 bytes) from a stall mid-frame. */
 static int read_exact(cm_conn *c, uint8_t *p, size_t n, size_t *got, uint64_t deadline) {
-    uint64_t spin_end = 0; /* set at the first empty read: spin until then, then sleep */
+    uint64_t spin_start = 0, spin_end = 0; /* set at the first empty read: spin until then, then sleep */
     while (*got < n) {
         ssize_t r = recv(c->fd, p + *got, n - *got, 0);
         if (r > 0) {
@@ -387,10 +389,19 @@ static int read_exact(cm_conn *c, uint8_t *p, size_t n, size_t *got, uint64_t de
         if (errno == EAGAIN || errno == EWOULDBLOCK) {
             if (c->spin_ns) { /* a fast link: the bytes are microseconds away; a sleep costs a wake-up */
                 uint64_t now = cm_now_ns();
-                if (!spin_end) spin_end = CM_MIN(now + c->spin_ns, deadline);
-                if (now < spin_end) { /* and yield: a peer on this core gets it at once */
+                if (!spin_end) {
+                    spin_start = now;
+                    spin_end = CM_MIN(now + c->spin_ns, deadline);
+                }
+                if (now < spin_end) {
                     for (int i = 0; i < 32; i++) cm_cpu_relax();
-                    cm_thread_yield();
+                    /* Past the first SPIN_KEEP_NS, yield on every try: a
+                     * peer on this core gets it at once. Not before: on a
+                     * busy machine a yield hands the core to another
+                     * process for a whole time slice, while the bytes are
+                     * usually microseconds away (the thread pool's barrier
+                     * spins as long before it yields). */
+                    if (now - spin_start >= SPIN_KEEP_NS) cm_thread_yield();
                     continue;
                 }
             }
@@ -424,7 +435,9 @@ static int usable(cm_conn *c, bool need_ready, char *err, size_t errlen) {
 static int send_sealed(cm_conn *c, unsigned type, size_t n, uint64_t deadline, char *err, size_t errlen) {
     size_t len;
     char e[256];
+    uint64_t t0 = cm_now_ns();
     int rc = cm_frame_seal(&c->s, type, c->tx, n, c->tx_cap, &len, e, sizeof e);
+    c->seal_ns += cm_now_ns() - t0;
     if (rc) return cm_errf(err, errlen, rc, "cannot send to %s: %s", c->peer, e);
     rc = write_all(c, c->tx, len, deadline, err, errlen);
     if (!rc && type < CM_MSG_COUNT) {
@@ -478,7 +491,9 @@ static int recv_frame(cm_conn *c, cm_frame_hdr *h, uint8_t **payload, uint64_t d
         rc = read_exact(c, c->rx, want, &got, deadline);
         if (rc) goto io_error;
     }
+    uint64_t t0 = cm_now_ns();
     rc = cm_frame_open(&c->s, c->rx, need, h, payload, e, sizeof e);
+    c->open_ns += cm_now_ns() - t0;
     if (rc) return conn_fail(c, rc, err, errlen, "%s", e);
     if (h->type < CM_MSG_COUNT) {
         atomic_fetch_add_explicit(&c->rx_bytes[h->type], need, memory_order_relaxed);
@@ -653,6 +668,24 @@ int cm_conn_send_payload(cm_conn *c, unsigned type, const uint8_t *payload, size
                          size_t errlen) {
     int rc = usable(c, true, err, errlen);
     return rc ? rc : send_payload(c, type, payload, n, deadline_after(timeout_ms), err, errlen);
+}
+
+uint8_t *cm_conn_tx_payload(cm_conn *c, size_t n) {
+    if (!ensure(&c->tx, &c->tx_cap, cm_chan_overhead(&c->s) + n)) return NULL;
+    return c->tx + CM_FRAME_HDR;
+}
+
+int cm_conn_send_tx(cm_conn *c, unsigned type, size_t n, int timeout_ms, char *err, size_t errlen) {
+    int rc = usable(c, true, err, errlen);
+    if (rc) return rc;
+    if (!c->tx || cm_chan_overhead(&c->s) + n > c->tx_cap)
+        return cm_errf(err, errlen, CM_EINVAL, "a %zu-byte payload to %s was not prepared", n, c->peer);
+    return send_sealed(c, type, n, deadline_after(timeout_ms), err, errlen);
+}
+
+void cm_conn_cipher_ns(const cm_conn *c, uint64_t *seal_ns, uint64_t *open_ns) {
+    *seal_ns = c->seal_ns;
+    *open_ns = c->open_ns;
 }
 
 int cm_conn_recv_payload(cm_conn *c, unsigned *type, const uint8_t **payload, size_t *n, int timeout_ms, char *err,

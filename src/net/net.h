@@ -99,6 +99,14 @@ int cm_conn_send(cm_conn *c, const cm_msg *m, int timeout_ms, char *err, size_t 
 int cm_conn_send_payload(cm_conn *c, unsigned type, const uint8_t *payload, size_t n, int timeout_ms, char *err,
                          size_t errlen);
 
+/* The same without a copy of the payload: cm_conn_tx_payload returns room
+ * for n payload bytes inside c's own frame buffer (NULL when out of memory);
+ * the caller writes the payload there and cm_conn_send_tx seals and sends
+ * those n bytes (CM_EINVAL when fewer were prepared). Nothing else may send
+ * on c in between (the sender's thread owns the buffer, as for every send). */
+uint8_t *cm_conn_tx_payload(cm_conn *c, size_t n);
+int cm_conn_send_tx(cm_conn *c, unsigned type, size_t n, int timeout_ms, char *err, size_t errlen);
+
 /* Receive, open and decode one message within timeout_ms. Views inside *m (FORWARD
  * data, chunks) point into the connection's buffer and stay valid until the next
  * receive on c. A timeout before the first byte of a frame leaves c usable; a
@@ -116,11 +124,16 @@ void cm_conn_close(cm_conn *c, const char *reason);
  * threads use c (the handshake sets it from cm_net_cfg.send_stall_ms). */
 void cm_conn_set_send_stall(cm_conn *c, int ms);
 /* Receives on c that find no bytes poll the socket for up to us microseconds
- * (pausing the CPU between tries) before they sleep in poll(): on a loopback
+ * (pausing the CPU between tries; after the first 50 µs also yielding it on
+ * each try) before they sleep in poll(): on a loopback
  * or Thunderbolt-class link the reply is microseconds away and a sleep costs
  * a scheduler wake-up (tens to hundreds of µs in a VM). 0 (the default): sleep
  * at once. Set it before another thread receives on c. */
 void cm_conn_set_spin(cm_conn *c, int us);
+/* CPU time spent so far sealing frames sent on c and opening frames received
+ * (nanoseconds; the cipher and MAC, or only the MAC, per the mode). Each
+ * counter is written by its direction's thread only: read it there. */
+void cm_conn_cipher_ns(const cm_conn *c, uint64_t *seal_ns, uint64_t *open_ns);
 /* The peer is this machine: 127.0.0.0/8, ::1, or a local (transport) socket. */
 bool cm_conn_is_loopback(const cm_conn *c);
 

@@ -94,6 +94,16 @@ for w in "3,1" "1,3" "1,2,1" "4,1,1,2"; do
         bad "--tp-weights $w: run failed: $(tail -2 "$TMP/w.err")"
     fi
 done
+# --tp-weights are the speeds, not a factor on the measured ones: whatever this
+# machine measures (declared here 1000x apart), 1,1 gives the same slices,
+# so the sums' last bits (and a benchmark's split) do not move from run to run.
+for sp in 500,200 0.5,0.2; do
+    CUMULO_DECLARE_SPEED=$sp "$BIN" run "$M/stories260K-q8_0.gguf" --nodes "$ADDR_a" --parallel tp --tp-weights 1,1 \
+        -p "Hi" -n 2 --temp 0 --threads 1 >/dev/null 2>"$TMP/d$sp.err" || bad "--tp-weights 1,1 at speed $sp: run failed"
+done
+d1=$(grep 'tensor parallel:' "$TMP/d500,200.err")
+[ -n "$d1" ] && [ "$d1" = "$(grep 'tensor parallel:' "$TMP/d0.5,0.2.err")" ] && ok ||
+    bad "--tp-weights 1,1 gave other slices when this machine measured faster: '$d1' / '$(grep 'tensor parallel:' "$TMP/d0.5,0.2.err")'"
 s1=$(grep 'tensor parallel:' "$TMP/w.err")
 "$BIN" run "$M/stories260K-q8_0.gguf" --nodes "$ADDR_a,$ADDR_b,$ADDR_c" --parallel tp -p "Hi" -n 2 --temp 0 --threads 1 \
     >/dev/null 2>"$TMP/w0.err"

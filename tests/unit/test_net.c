@@ -173,6 +173,29 @@ static void roundtrip(const char *listen_host, const char *host, cm_sec_mode mod
         free(want);
         free(hid);
         free(row);
+        /* A payload written in place (cm_conn_tx_payload + cm_conn_send_tx, the
+         * all-reduce's path) arrives byte for byte; sending more than was
+         * prepared is refused. */
+        {
+            uint64_t seal0, open0, seal1, open1;
+            cm_conn_cipher_ns(c, &seal0, &open0);
+            uint8_t want_pl[100];
+            for (int i = 0; i < 100; i++) want_pl[i] = (uint8_t)(i * 7 + 1);
+            uint8_t *tx = cm_conn_tx_payload(c, sizeof want_pl);
+            CHECK(tx != NULL);
+            if (tx) {
+                memcpy(tx, want_pl, sizeof want_pl);
+                CHECKF(cm_conn_send_tx(c, CM_MSG_ALLREDUCE, sizeof want_pl, 5000, e, sizeof e) == 0, "%s", e);
+                unsigned type = 0;
+                const uint8_t *p = NULL;
+                size_t n = 0;
+                CHECKF(cm_conn_recv_payload(c, &type, &p, &n, 5000, e, sizeof e) == 0, "%s", e);
+                CHECK(type == CM_MSG_ALLREDUCE && n == sizeof want_pl && p && !memcmp(p, want_pl, n));
+            }
+            CHECK(cm_conn_send_tx(c, CM_MSG_ALLREDUCE, (size_t)16 << 20, 5000, e, sizeof e) == CM_EINVAL);
+            cm_conn_cipher_ns(c, &seal1, &open1);
+            CHECK(seal1 > seal0 && open1 > open0); /* both directions were timed */
+        }
         m = (cm_msg){.type = CM_MSG_HEARTBEAT};
         m.u.heartbeat = (cm_msg_heartbeat){.epoch = 4, .wall_ms = cm_wall_ms(), .mono_ns = cm_now_ns(), .load = 10};
         CHECK(cm_conn_send(c, &m, 2000, e, sizeof e) == 0);
@@ -182,7 +205,7 @@ static void roundtrip(const char *listen_host, const char *host, cm_sec_mode mod
     }
     srv_join(&s);
     CHECKF(s.hs_rc == 0, "server: %s", s.hs_err);
-    CHECK(s.n_msgs == 3 && s.last_type == CM_MSG_BYE && s.end_state == CM_CONN_CLOSED);
+    CHECK(s.n_msgs == 4 && s.last_type == CM_MSG_BYE && s.end_state == CM_CONN_CLOSED);
     CHECK(!strcmp(s.peer.name, "client"));
 }
 
