@@ -10,8 +10,7 @@
 # planner's own split: the greedy ids equal one CPU machine's and
 # llama.cpp's on the stories260K reference prompts (the tolerance rule of a
 # cluster: token for token). A tensor-parallel group with the GPU node in it
-# gives the same ids on its CPU (the device takes whole layers: a slice is
-# not offloaded yet, and the node says so). A node whose Vulkan loader is
+# gives the same ids with its slice of every layer on the device. A node whose Vulkan loader is
 # missing says so in one line and offers no GPU. A node whose GPU is lost
 # leaves, and the coordinator re-plans without it. No Vulkan device: a skip
 # with the reason (setup installs lavapipe, so under CI=true it fails).
@@ -125,12 +124,19 @@ for c in 0 1; do
         bad "the plan has no GPU layers on g (or some elsewhere): $(grep -A6 'node *stage' "$TMP/cl.err")"
 done
 
-# 6. A tensor-parallel group with the GPU node in it: the same ids, on its CPU (it says why)
-cc_ref_case q8_0 0
-mark
-run_case "tp group" "$ADDR_g" --parallel tp
-tail -n +$(($(cat "$TMP/g.mark") + 1)) "$TMP/g.log" | grep -q "tensor-parallel or expert group's slice is not on the GPU yet" && ok ||
-    bad "tp: node g did not say its slice runs on the CPU: $(tail -5 "$TMP/g.log")"
+# 6. Tensor-parallel groups with the GPU node in them: its slice of every
+# layer (KV heads, FFN rows) on the device, each layer's two partial sums
+# all-reduced with the CPU members': one machine's ids (Q8_0 and F32; the
+# coordinator and g; the coordinator, g and a).
+for q in q8_0 f32; do
+    cc_ref_case $q 0
+    for nodes in "$ADDR_g" "$ADDR_g,$ADDR_a"; do
+        mark
+        run_case "tp group ($nodes)" "$nodes" --parallel tp && gpu_took g 5 5
+        tail -n +$(($(cat "$TMP/g.mark") + 1)) "$TMP/g.log" | grep -q "on the CPU (its tensor-parallel slice)" && ok ||
+            bad "tp ($nodes): node g did not say its slice runs on the GPU: $(tail -5 "$TMP/g.log")"
+    done
+done
 
 # 7. A node whose GPU is lost (the test hook, at its 4th forward pass) leaves
 # the cluster: the coordinator re-plans without it, as for any lost node,
