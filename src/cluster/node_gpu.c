@@ -112,7 +112,7 @@ void cm_node_gpu_stage(node *n, stage *s) {
     uint64_t used = cm_gpu_fixed_bytes(&s->m, CM_BATCH_MAX, ctx);
     int k = 0;
     while (k < kmax && (n->o->gpu_layers <= 0 || k < n->o->gpu_layers)) {
-        const uint64_t b = cm_gpu_layer_bytes(&s->m, l0 + k, CM_BATCH_MAX, ctx, n_seq);
+        const uint64_t b = cm_gpu_layer_bytes_kv(&s->m, l0 + k, CM_BATCH_MAX, ctx, n_seq, kvk, kvv);
         if (used + b > budget) break;
         used += b;
         k++;

@@ -109,6 +109,10 @@ bool cm_gpu_kv_supported(const cm_model *m, enum cm_type kv_k, enum cm_type kv_v
  * fit is the caller's sum. */
 uint64_t cm_gpu_layer_bytes(const cm_model *m, int il, int max_batch, int n_ctx, int n_seq);
 uint64_t cm_gpu_fixed_bytes(const cm_model *m, int max_batch, int n_ctx);
+/* cm_gpu_layer_bytes with slots of these K and V cache types (Q8_0/Q4_0 for
+ * both: their blocks; else F32). */
+uint64_t cm_gpu_layer_bytes_kv(const cm_model *m, int il, int max_batch, int n_ctx, int n_seq, enum cm_type kv_k,
+                               enum cm_type kv_v);
 void cm_gpu_model_free(cm_gpu_model *gm); /* NULL: no-op */
 int cm_gpu_model_layers(const cm_gpu_model *gm);
 const char *cm_gpu_model_device(const cm_gpu_model *gm);
