@@ -191,7 +191,8 @@ static int upload_layer(cm_gpu_model *gm, int il, char *err, size_t errlen) {
     if ((gl->buf = cm_vk_buf_new(gm->g, words * 4, CM_VK_DEVICE, err, errlen)))
         rc = cm_vk_upload(gm->g, gl->buf, 0, host, words * 4, err, errlen);
     cm_free(host);
-    if (!rc && !(gl->kv = cm_vk_buf_new(gm->g, (uint64_t)gm->slot_stride * gm->n_seq * 4, CM_VK_DEVICE, err, errlen)))
+    if (!rc && !(gl->kv = cm_vk_buf_new(gm->g, CM_MAX((uint64_t)gm->slot_stride * gm->n_seq * 4, 16), CM_VK_DEVICE, err,
+                                        errlen))) /* (a member with no KV heads: none) */
         rc = CM_ENOMEM;
     if (!rc && !(gl->set = cm_vk_set_new(gm->g, gl->buf, gm->act, gl->kv, err, errlen))) rc = CM_ENOMEM;
     return rc;
@@ -220,8 +221,8 @@ bool cm_gpu_model_supported_slice(const cm_model *m, int l0, int l1, cm_slice s,
                  hp->n_expert ? "mixture of experts" : "deepseek2 model");
         return false;
     }
-    if (s.h0 < 0 || s.h1 > f.h1 || s.h0 >= s.h1 || s.f0 < 0 || s.f1 > f.f1 || s.f0 >= s.f1) {
-        snprintf(why, whylen, "an empty slice (heads [%d, %d), FFN rows [%d, %d))", s.h0, s.h1, s.f0, s.f1);
+    if (s.h0 < 0 || s.h1 > f.h1 || s.h0 > s.h1 || s.f0 < 0 || s.f1 > f.f1 || s.f0 > s.f1) {
+        snprintf(why, whylen, "a slice out of range (heads [%d, %d), FFN rows [%d, %d))", s.h0, s.h1, s.f0, s.f1);
         return false;
     }
     for (int il = CM_MAX(l0, 0); il < CM_MIN(l1, hp->n_layer); il++) {
@@ -878,6 +879,45 @@ int cm_gpu_offload(void *gm, const cm_batch *b, const cm_forward_args *a, float 
     return cm_gpu_forward_layers(gm, b, a, x, rope, err, errlen);
 }
 
+/* Half of layer il of a tensor-parallel member (0 attention, 1 FFN) from
+ * the residual x into gm->part: its partial sum (zero for a member without
+ * KV heads or FFN rows). */
+static int tp_half(cm_gpu_model *gm, int il, int half, int n, bool f16, const float *x, char *err, size_t errlen) {
+    const int E = gm->E;
+    const uint32_t QD = (uint32_t)gm->QD, F = (uint32_t)gm->F;
+    const size_t bytes = (size_t)n * E * sizeof(float);
+    if (half ? F == 0 : QD == 0) {
+        memset(gm->part, 0, bytes);
+        return 0;
+    }
+    glayer *L = &gm->L[il];
+    cm_vk_set *s = L->set;
+    float *io = cm_vk_buf_map(gm->io);
+    memcpy(io + gm->o_x, x, bytes);
+    int rc = cm_vk_begin(gm->g, err, errlen);
+    if (rc) return rc;
+    cm_vk_copy(gm->g, gm->io, 0, gm->act, 0, (uint64_t)gm->o_x * 4 + bytes);
+    cm_vk_copy(gm->g, gm->io, (uint64_t)gm->o_rope * 4, gm->act, (uint64_t)gm->o_rope * 4,
+               (uint64_t)(gm->o_io_end - gm->o_rope) * 4); /* (rotations and metadata: small) */
+    rmsnorm(gm->g, s, (uint32_t)E, gm->o_x, gm->o_xn, half ? L->ffn_norm.off : L->attn_norm.off, gm->m->hp.rms_eps, n);
+    gm->q8_src = UINT32_MAX;
+    if (!half) {
+        record_attn(gm, il, n, f16);
+        gm->q8_src = UINT32_MAX;
+        mm(gm, s, &L->wo, gm->o_att, QD, gm->o_x, (uint32_t)E, n, false);
+    } else {
+        mm(gm, s, &L->gate, gm->o_xn, (uint32_t)E, gm->o_gate, F, n, false);
+        mm(gm, s, &L->up, gm->o_xn, (uint32_t)E, gm->o_up, F, n, false);
+        glu(gm->g, s, false, (uint32_t)n * F, gm->o_gate, gm->o_up);
+        gm->q8_src = UINT32_MAX;
+        mm(gm, s, &L->down, gm->o_gate, F, gm->o_x, (uint32_t)E, n, false);
+    }
+    cm_vk_copy(gm->g, gm->act, 0, gm->io, 0, (uint64_t)gm->o_rope * 4); /* the partial sum, K and V rows */
+    if ((rc = cm_vk_submit(gm->g, err, errlen))) return rc;
+    memcpy(gm->part, io + gm->o_x, bytes);
+    return 0;
+}
+
 /* A tensor-parallel member's layers: each half (attention up to its
  * attn_output columns, the FFN up to its ffn_down columns) is one
  * submission from the host's residual x; its partial sum comes back, is
@@ -886,39 +926,11 @@ int cm_gpu_offload(void *gm, const cm_batch *b, const cm_forward_args *a, float 
  * members' residuals stay equal). */
 static int forward_tp(cm_gpu_model *gm, const cm_batch *b, const cm_forward_args *a, float *x, bool f16, char *err,
                       size_t errlen) {
-    const int n = b->n, E = gm->E;
-    const uint32_t QD = (uint32_t)gm->QD, F = (uint32_t)gm->F;
-    const int64_t red = (int64_t)n * E;
-    const cm_hparams *hp = &gm->m->hp;
-    float *io = cm_vk_buf_map(gm->io);
+    const int64_t red = (int64_t)b->n * gm->E;
     int rc = 0;
     for (int il = 0; !rc && il < gm->nl; il++)
         for (int half = 0; !rc && half < 2; half++) {
-            glayer *L = &gm->L[il];
-            cm_vk_set *s = L->set;
-            memcpy(io + gm->o_x, x, (size_t)red * sizeof(float));
-            if ((rc = cm_vk_begin(gm->g, err, errlen))) break;
-            cm_vk_copy(gm->g, gm->io, 0, gm->act, 0, (uint64_t)gm->o_x * 4 + (uint64_t)red * 4);
-            if (il == 0 && half == 0)
-                cm_vk_copy(gm->g, gm->io, (uint64_t)gm->o_rope * 4, gm->act, (uint64_t)gm->o_rope * 4,
-                           (uint64_t)(gm->o_io_end - gm->o_rope) * 4);
-            rmsnorm(gm->g, s, (uint32_t)E, gm->o_x, gm->o_xn, half ? L->ffn_norm.off : L->attn_norm.off, hp->rms_eps,
-                    n);
-            gm->q8_src = UINT32_MAX;
-            if (!half) {
-                record_attn(gm, il, n, f16);
-                gm->q8_src = UINT32_MAX;
-                mm(gm, s, &L->wo, gm->o_att, QD, gm->o_x, (uint32_t)E, n, false);
-            } else {
-                mm(gm, s, &L->gate, gm->o_xn, (uint32_t)E, gm->o_gate, F, n, false);
-                mm(gm, s, &L->up, gm->o_xn, (uint32_t)E, gm->o_up, F, n, false);
-                glu(gm->g, s, false, (uint32_t)n * F, gm->o_gate, gm->o_up);
-                gm->q8_src = UINT32_MAX;
-                mm(gm, s, &L->down, gm->o_gate, F, gm->o_x, (uint32_t)E, n, false);
-            }
-            cm_vk_copy(gm->g, gm->act, 0, gm->io, 0, (uint64_t)gm->o_rope * 4); /* the partial sum, K and V rows */
-            if ((rc = cm_vk_submit(gm->g, err, errlen))) break;
-            memcpy(gm->part, io + gm->o_x, (size_t)red * sizeof(float));
+            if ((rc = tp_half(gm, il, half, b->n, f16, x, err, errlen))) break;
             if ((rc = a->allreduce(a->allreduce_user, gm->part, red))) {
                 rc = cm_errf(err, errlen, rc, "all-reduce after the %s of layer %d failed: %s",
                              half ? "ffn" : "attention", gm->l0 + il, cm_strerror(rc));
