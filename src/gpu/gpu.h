@@ -81,7 +81,7 @@ int cm_gpu_model_new_at(cm_gpu_model **out, cm_gpu *g, const cm_model *m, int la
                         int n_ctx, int n_seq, char *err, size_t errlen);
 /* The same with the K and V cache types the slots hold (cm_gpu_kv_supported;
  * F32 slots hold any of them, as cm_gpu_model_new_at's do; quantized ones
- * take a quarter of the memory or less). */
+ * take 9/32 (Q8_0) or 5/32 (Q4_0) of the memory). */
 int cm_gpu_model_new_kv(cm_gpu_model **out, cm_gpu *g, const cm_model *m, int layer_first, int n_layers, int max_batch,
                         int n_ctx, int n_seq, enum cm_type kv_k, enum cm_type kv_v, char *err, size_t errlen);
 /* The same for a tensor-parallel member's slice s of every layer (KV heads

@@ -672,7 +672,9 @@ static void test_kv_quant(void) {
  * attention's partial sum is zero): a 16-token prefill and 7 greedy steps give the ids of the
  * same group on the CPU alone, every batch of member 0 on the device
  * (counted), probabilities within 1e-4 of the CPU group's (measured: 0 for
- * Q8_0, the device's products being the CPU's, and 4.5e-7 for F32). */
+ * Q8_0, the device's products being the CPU's, and 4.5e-7 for F32); and a
+ * synthetic llama (head size 64) with a Q8_0 cache on both members: within
+ * 3e-4 (measured 3.0e-7). */
 typedef struct tp_red {
     pthread_barrier_t bar;
     float *buf[2];
@@ -684,6 +686,7 @@ typedef struct tp_member {
     const cm_model *m;
     cm_slice sl;
     bool gpu;
+    enum cm_type kt, vt; /* the caches' types (F32 and F32 when zeroed) */
     int rc, offloaded;
     float logits[8 * 512];
     char err[256];
@@ -719,10 +722,13 @@ static void *tp_main(void *arg) {
     cm_kv kv;
     memset(&kv, 0, sizeof kv);
     cm_gpu_model *gm = NULL;
-    me->rc = c ? cm_kv_init(&kv, m, 0, nl, me->sl, 512, me->err, sizeof me->err) : CM_ENOMEM;
+    const bool quant = me->kt != CM_TYPE_F32;
+    me->rc = !c      ? CM_ENOMEM
+             : quant ? cm_kv_init_types(&kv, m, 0, nl, me->sl, 512, me->kt, me->vt, true, me->err, sizeof me->err)
+                     : cm_kv_init(&kv, m, 0, nl, me->sl, 512, me->err, sizeof me->err);
     if (!me->rc && me->gpu)
-        me->rc = cm_gpu_model_new_slice(&gm, G, m, 0, nl, 16, 512, 1, CM_TYPE_F32, CM_TYPE_F32, me->sl, me->err,
-                                        sizeof me->err);
+        me->rc = cm_gpu_model_new_slice(&gm, G, m, 0, nl, 16, 512, 1, quant ? me->kt : CM_TYPE_F32,
+                                        quant ? me->vt : CM_TYPE_F32, me->sl, me->err, sizeof me->err);
     if (c) cm_ctx_set_offload(c, gm ? tp_counting : NULL, gm);
     int32_t ids[16], pos[16], seq[16] = {0};
     int8_t want[16] = {0};
@@ -762,35 +768,29 @@ static void *tp_main(void *arg) {
 
 /* no_heads: member 0 holds FFN rows only (a planner's split with more
  * members than KV heads), member 1 every head. */
-static void tp_group(const cm_model *m, bool gpu, bool no_heads, tp_member *mem) {
+static void tp_group(const cm_model *m, bool gpu, bool no_heads, enum cm_type kt, enum cm_type vt, tp_member *mem) {
     tp_red r = {.n = 0};
     pthread_barrier_init(&r.bar, NULL, 2);
     const cm_slice f = cm_slice_full(m);
     const int hm = no_heads ? 0 : f.h1 / 2, fm = f.f1 / 2;
-    mem[0] = (tp_member){.r = &r, .rank = 0, .m = m, .sl = {0, hm, 0, fm}, .gpu = gpu};
-    mem[1] = (tp_member){.r = &r, .rank = 1, .m = m, .sl = {hm, f.h1, fm, f.f1}};
+    mem[0] = (tp_member){.r = &r, .rank = 0, .m = m, .sl = {0, hm, 0, fm}, .gpu = gpu, .kt = kt, .vt = vt};
+    mem[1] = (tp_member){.r = &r, .rank = 1, .m = m, .sl = {hm, f.h1, fm, f.f1}, .kt = kt, .vt = vt};
     pthread_t th[2];
     for (int i = 0; i < 2; i++) pthread_create(&th[i], NULL, tp_main, &mem[i]);
     for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
     pthread_barrier_destroy(&r.bar);
 }
 
-static void check_tp(const char *name, bool no_heads, double bound) {
-    story *S = cm_calloc(1, sizeof *S);
-    if (load_story(S, name)) {
-        CHECKF(0, "cannot load stories260K-%s: %s", name, errbuf);
-        cm_free(S);
-        return;
-    }
-    const cm_model *m = &S->m;
+static void check_tp_model(const cm_model *m, const char *name, bool no_heads, enum cm_type kt, enum cm_type vt,
+                           double bound) {
     char why[256];
     const cm_slice f = cm_slice_full(m);
     CHECKF(cm_gpu_model_supported_slice(m, 0, m->hp.n_layer, (cm_slice){0, no_heads ? 0 : f.h1 / 2, 0, f.f1 / 2}, why,
                                         sizeof why),
            "%s", why);
     static tp_member cpu[2], gpu[2];
-    tp_group(m, false, no_heads, cpu);
-    tp_group(m, true, no_heads, gpu);
+    tp_group(m, false, no_heads, kt, vt, cpu);
+    tp_group(m, true, no_heads, kt, vt, gpu);
     CHECKF(cpu[0].rc == 0 && cpu[1].rc == 0, "%s: the CPU group: %s %s", name, cpu[0].err, cpu[1].err);
     CHECKF(gpu[0].rc == 0 && gpu[1].rc == 0, "%s: the group with a GPU member: %s %s", name, gpu[0].err, gpu[1].err);
     const int nl = m->hp.n_layer;
@@ -808,6 +808,15 @@ static void check_tp(const char *name, bool no_heads, double bound) {
     if (getenv("CUMULO_TEST_VERBOSE"))
         fprintf(stderr, "  %s tp member%s on the GPU: max |p - p_cpu group| %.3g\n", name,
                 no_heads ? " (FFN rows only)" : "", d);
+}
+static void check_tp(const char *name, bool no_heads, double bound) {
+    story *S = cm_calloc(1, sizeof *S);
+    if (load_story(S, name)) {
+        CHECKF(0, "cannot load stories260K-%s: %s", name, errbuf);
+        cm_free(S);
+        return;
+    }
+    check_tp_model(&S->m, name, no_heads, CM_TYPE_F32, CM_TYPE_F32, bound);
     cm_model_release(&S->m);
     cm_gguf_close(&S->g);
     cm_free(S);
@@ -816,6 +825,34 @@ static void test_tp_slice(void) {
     check_tp("q8_0", false, 1e-4);
     check_tp("f32", false, 1e-4);
     check_tp("q8_0", true, 1e-4);
+    /* a Q8_0 cache (head size 64: the rotations) on a synthetic model of F32 weights */
+    cm_gguf voc, g;
+    memset(&voc, 0, sizeof voc);
+    memset(&g, 0, sizeof g);
+    cm_buf file;
+    cm_buf_init(&file);
+    cm_model m;
+    memset(&m, 0, sizeof m);
+    const cm_synth_params sp = {.arch = "llama",
+                                .n_embd = 256,
+                                .n_layer = 2,
+                                .n_head = 4,
+                                .n_head_kv = 2,
+                                .n_ff = 256,
+                                .n_ctx = 512,
+                                .type = "f32",
+                                .seed = 11,
+                                .n_threads = 2};
+    if (cm_gguf_open(&voc, t_shared("models/stories260K-f32.gguf"), NULL, NULL, errbuf, sizeof errbuf) ||
+        cm_synth_write(&sp, &voc, NULL, &file, errbuf, sizeof errbuf) ||
+        cm_gguf_parse(&g, (const uint8_t *)file.data, file.len, errbuf, sizeof errbuf) ||
+        cm_model_load(&m, &g, errbuf, sizeof errbuf))
+        CHECKF(0, "synth: %s", errbuf);
+    else check_tp_model(&m, "llama head 64, q8_0 cache", false, CM_TYPE_Q8_0, CM_TYPE_Q8_0, 3e-4);
+    cm_model_release(&m);
+    cm_gguf_close(&g);
+    cm_gguf_close(&voc);
+    cm_buf_release(&file);
 }
 
 static void test_no_loader(void) { /* a missing loader is an error value, not a crash */
