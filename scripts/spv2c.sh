@@ -45,7 +45,7 @@ if [ -n "$glslc" ]; then
         emit "mm_${t}_sg" mmk.comp "-DT_$(echo "$t" | tr a-z A-Z)" -DSUBGROUP
     done
     tenv=vulkan1.0
-    for s in rmsnorm rope kvstore attn silu q8act bias q8kact moeroute moesum mla latround; do emit "$s" "$s.comp"; done
+    for s in rmsnorm rope kvstore attn silu q8act bias q8kact moeroute moesum mla latround kvq fwht; do emit "$s" "$s.comp"; done
 fi
 {
     echo "const cm_vk_spv cm_vk_spvs[] = {"

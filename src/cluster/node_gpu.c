@@ -85,15 +85,19 @@ void cm_node_gpu_stage(node *n, stage *s) {
     const cm_msg_assign *a = &s->as;
     const int l0 = (int)a->layer_begin, l1 = (int)a->layer_end;
     char why[300];
-    if (a->tp_size > 1) {
-        CM_LOGW(
-            "gpu: a tensor-parallel or expert group's slice is not on the GPU yet (NEEDSWORK); stage %u runs on the CPU",
-            a->stage);
+    if (a->tp_size > 1 && (a->flags & CM_ASSIGN_F_EP)) {
+        CM_LOGW("gpu: an expert group's slice is not on the GPU yet (NEEDSWORK); stage %u runs on the CPU", a->stage);
         return;
     }
-    if ((a->kv_type_k != CM_TYPE_F32 && a->kv_type_k != CM_TYPE_F16) || a->kv_type_v != a->kv_type_k) {
-        CM_LOGW("gpu: a %s/%s KV cache is not on the GPU yet (f32, f16); stage %u runs on the CPU",
-                cm_type_name((enum cm_type)a->kv_type_k), cm_type_name((enum cm_type)a->kv_type_v), a->stage);
+    /* a tensor-parallel member: its slice of each layer (cm_gpu_model_new_slice) */
+    const bool tp = a->tp_size > 1;
+    if (tp && !cm_gpu_model_supported_slice(&s->m, l0, l1, s->slice, why, sizeof why)) {
+        CM_LOGW("gpu: %s; stage %u runs on the CPU", why, a->stage);
+        return;
+    }
+    const enum cm_type kvk = (enum cm_type)a->kv_type_k, kvv = (enum cm_type)a->kv_type_v;
+    if (!cm_gpu_kv_supported(&s->m, kvk, kvv, why, sizeof why)) {
+        CM_LOGW("gpu: %s; stage %u runs on the CPU", why, a->stage);
         return;
     }
     const int kmax = cm_gpu_model_supported_prefix(&s->m, l0, l1, why, sizeof why);
@@ -108,7 +112,7 @@ void cm_node_gpu_stage(node *n, stage *s) {
     uint64_t used = cm_gpu_fixed_bytes(&s->m, CM_BATCH_MAX, ctx);
     int k = 0;
     while (k < kmax && (n->o->gpu_layers <= 0 || k < n->o->gpu_layers)) {
-        const uint64_t b = cm_gpu_layer_bytes(&s->m, l0 + k, CM_BATCH_MAX, ctx, n_seq);
+        const uint64_t b = cm_gpu_layer_bytes_kv(&s->m, l0 + k, CM_BATCH_MAX, ctx, n_seq, kvk, kvv);
         if (used + b > budget) break;
         used += b;
         k++;
@@ -118,13 +122,15 @@ void cm_node_gpu_stage(node *n, stage *s) {
                 (double)mem / (1 << 30));
         return;
     }
-    int rc = cm_gpu_model_new_at(&s->gm, n->gpu, &s->m, l0, k, CM_BATCH_MAX, ctx, n_seq, why, sizeof why);
+    int rc = cm_gpu_model_new_slice(&s->gm, n->gpu, &s->m, l0, k, CM_BATCH_MAX, ctx, n_seq, kvk, kvv,
+                                    tp ? s->slice : cm_slice_full(&s->m), why, sizeof why);
     if (rc) {
         CM_LOGW("gpu: %s; stage %u runs on the CPU", why, a->stage);
         return;
     }
     cm_ctx_set_offload(s->ctx, cm_gpu_offload, s->gm);
     /* (tests read this line) */
-    fprintf(stderr, "cumulo node '%s': stage %u layers [%d, %d) on GPU '%s', layers [%d, %d) on the CPU\n",
-            n->hello.name, a->stage, l0, l0 + k, n->hello.gpu_name, l0 + k, l1);
+    fprintf(stderr, "cumulo node '%s': stage %u layers [%d, %d) on GPU '%s', layers [%d, %d) on the CPU%s\n",
+            n->hello.name, a->stage, l0, l0 + k, n->hello.gpu_name, l0 + k, l1,
+            tp ? " (its tensor-parallel slice)" : "");
 }

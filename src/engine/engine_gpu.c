@@ -29,13 +29,15 @@ int cm_engine_gpu_attach(cm_engine *e, const cm_engine_opts *o, char *err, size_
         CM_LOGW("gpu: %s; layers %d-%d on the CPU", why, k, e->m.hp.n_layer - 1);
         n = k;
     }
-    if ((e->kv_k != CM_TYPE_F32 && e->kv_k != CM_TYPE_F16) || e->kv_v != e->kv_k) {
-        CM_LOGW("gpu: a %s/%s KV cache is not on the GPU yet (f32, f16); running on the CPU", cm_type_name(e->kv_k),
-                cm_type_name(e->kv_v));
+    if (!cm_gpu_kv_supported(&e->m, e->kv_k, e->kv_v, why, sizeof why)) {
+        CM_LOGW("gpu: %s; running on the CPU", why);
         return 0;
     }
-    if (e->cl && !cm_engine_downstream(e)) {
-        CM_LOGW("gpu: a tensor-parallel slice is not on the GPU yet (NEEDSWORK); running on the CPU");
+    /* a tensor-parallel coordinator: its slice of each layer (NEEDSWORK: a re-formed group's new slice
+     * is not uploaded again; the device then declines its batches and the CPU computes them) */
+    const cm_slice sl = e->cl && !cm_engine_downstream(e) ? e->slice : cm_slice_full(&e->m);
+    if (!cm_gpu_model_supported_slice(&e->m, 0, n, sl, why, sizeof why)) {
+        CM_LOGW("gpu: %s; running on the CPU", why);
         return 0;
     }
     int rc = cm_gpu_open(&e->gpu, index, why, sizeof why);
@@ -44,7 +46,8 @@ int cm_engine_gpu_attach(cm_engine *e, const cm_engine_opts *o, char *err, size_
         return 0;
     }
     const int n_seq = o->n_seq > 0 ? o->n_seq : 4;
-    rc = cm_gpu_model_new(&e->gpu_m, e->gpu, &e->m, n, e->n_batch, e->n_ctx, n_seq, why, sizeof why);
+    rc = cm_gpu_model_new_slice(&e->gpu_m, e->gpu, &e->m, 0, n, e->n_batch, e->n_ctx, n_seq, e->kv_k, e->kv_v, sl, why,
+                                sizeof why);
     if (rc) {
         CM_LOGW("gpu: %s; running on the CPU", why);
         cm_gpu_close(e->gpu);

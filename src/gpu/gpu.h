@@ -79,12 +79,40 @@ int cm_gpu_model_new(cm_gpu_model **out, cm_gpu *g, const cm_model *m, int n_lay
  * layer_first. */
 int cm_gpu_model_new_at(cm_gpu_model **out, cm_gpu *g, const cm_model *m, int layer_first, int n_layers, int max_batch,
                         int n_ctx, int n_seq, char *err, size_t errlen);
+/* The same with the K and V cache types the slots hold (cm_gpu_kv_supported;
+ * F32 slots hold any of them, as cm_gpu_model_new_at's do; quantized ones
+ * take 9/32 (Q8_0) or 5/32 (Q4_0) of the memory). */
+int cm_gpu_model_new_kv(cm_gpu_model **out, cm_gpu *g, const cm_model *m, int layer_first, int n_layers, int max_batch,
+                        int n_ctx, int n_seq, enum cm_type kv_k, enum cm_type kv_v, char *err, size_t errlen);
+/* The same for a tensor-parallel member's slice s of every layer (KV heads
+ * [h0, h1), FFN rows [f0, f1); cm_gpu_model_supported_slice): only those
+ * rows of Q, K, V, gate and up and those columns of attn_output and
+ * ffn_down are uploaded; it takes a batch whose forward args have this
+ * slice, computes each layer's two halves there and all-reduces their
+ * partial sums through the batch's allreduce (on the host, between two
+ * submissions), adding them into the residual as forward.c does. */
+int cm_gpu_model_new_slice(cm_gpu_model **out, cm_gpu *g, const cm_model *m, int layer_first, int n_layers,
+                           int max_batch, int n_ctx, int n_seq, enum cm_type kv_k, enum cm_type kv_v, cm_slice s,
+                           char *err, size_t errlen);
+/* Can the device run slice s of layers [l0, l1)? (dense llama-family layers
+ * without biases or post norms.) False with the reason. */
+bool cm_gpu_model_supported_slice(const cm_model *m, int l0, int l1, cm_slice s, char *why, size_t whylen);
+/* Can the device hold this model's KV cache of these types? F32 or F16
+ * (both the same), or Q8_0 / Q4_0 for K and V (a head size that is a
+ * multiple of 32, not deepseek2's latent cache): quantized on the device
+ * as the CPU quantizes (rotated first where it rotates), dequantized in
+ * its attention. False with the reason. */
+bool cm_gpu_kv_supported(const cm_model *m, enum cm_type kv_k, enum cm_type kv_v, char *why, size_t whylen);
 /* Device bytes layer il takes with batches of max_batch tokens, n_ctx
  * positions and n_seq sequences (its repacked weights, its F32 K/V slots
  * and rows), and the fixed part (the other activations): how many layers
  * fit is the caller's sum. */
 uint64_t cm_gpu_layer_bytes(const cm_model *m, int il, int max_batch, int n_ctx, int n_seq);
 uint64_t cm_gpu_fixed_bytes(const cm_model *m, int max_batch, int n_ctx);
+/* cm_gpu_layer_bytes with slots of these K and V cache types (Q8_0/Q4_0 for
+ * both: their blocks; else F32). */
+uint64_t cm_gpu_layer_bytes_kv(const cm_model *m, int il, int max_batch, int n_ctx, int n_seq, enum cm_type kv_k,
+                               enum cm_type kv_v);
 void cm_gpu_model_free(cm_gpu_model *gm); /* NULL: no-op */
 int cm_gpu_model_layers(const cm_gpu_model *gm);
 const char *cm_gpu_model_device(const cm_gpu_model *gm);
@@ -119,6 +147,10 @@ int cm_gpu_test_rmsnorm(cm_gpu *g, const float *x, const float *w, int n, int ro
                         size_t errlen);
 int cm_gpu_test_rope(cm_gpu *g, float *x, const float *cache, int n_rot, int D, int nh, int n_tok, bool neox, char *err,
                      size_t errlen);
+/* For tests: how many rows of positions [0, n_past) of a quantized cache
+ * kv (every device layer, K and V, each head) differ in the device's slot
+ * from the CPU's blocks (0: the same bits), or a negative CM_E* code. */
+int cm_gpu_test_kv_diff(cm_gpu_model *gm, const cm_kv *kv, char *err, size_t errlen);
 int cm_gpu_test_silu(cm_gpu *g, float *gt, const float *u, int n, char *err, size_t errlen);
 
 #endif

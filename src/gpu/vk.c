@@ -182,7 +182,7 @@ static const char *const pipe_names[VKP_COUNT] = {
     "mm_f32",     "mm_f16",     "mm_q8_0",  "mm_q4_0", "rmsnorm",    "rope",    "kvstore",  "attn",      "silu",
     "q8act",      "bias",       "mm_q2_k",  "mm_q3_k", "mm_q4_k",    "mm_q5_k", "mm_q6_k",  "q8kact",    "mm_q5_0",
     "gelu",       "mm_q4_1",    "mm_q5_1",  "q81act",  "moeroute",   "moesum",  "mm_mxfp4", "mm_iq4_nl", "mm_iq4_xs",
-    "mm_iq2_xxs", "mm_iq3_xxs", "mm_iq1_s", "mm_bf16", "swiglu_oai", "mla",     "latround"};
+    "mm_iq2_xxs", "mm_iq3_xxs", "mm_iq1_s", "mm_bf16", "swiglu_oai", "mla",     "latround", "kvq",       "fwht"};
 
 static int vk_fail(char *err, size_t errlen, VkResult r, const char *what) {
     const int code = r == VK_ERROR_OUT_OF_DEVICE_MEMORY || r == VK_ERROR_OUT_OF_HOST_MEMORY ? CM_ENOMEM : CM_EIO;

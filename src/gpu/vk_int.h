@@ -48,6 +48,8 @@ enum cm_vk_pipe {
     VKP_SWIGLU_OAI,
     VKP_MLA_ATTN,
     VKP_LATROUND,
+    VKP_KVQ,
+    VKP_FWHT,
     VKP_COUNT
 };
 enum cm_vk_mem { CM_VK_DEVICE, CM_VK_HOST }; /* device-local; host-visible (io) */

@@ -138,12 +138,38 @@ static void pack_tensor(const cm_tensor *w, uint32_t *dst) {
     }
 }
 
+/* A tensor-parallel member's part of tensor i of L (forward.c's views:
+ * rows of Q, K, V, gate and up, columns of attn_output and ffn_down); the
+ * tensor itself otherwise. */
+static cm_tensor slice_of(const cm_gpu_model *gm, const cm_layer *L, int i) {
+    cm_tensor t = *tensor_of(L, i);
+    if (!gm->tp || !t.data) return t;
+    const int64_t D = gm->D, rep = gm->m->hp.n_head / gm->m->hp.n_head_kv;
+    const cm_slice s = gm->sl;
+    int64_t r0 = -1, r1 = 0, c0 = -1, c1 = 0;
+    const char *name = tensors[i].name;
+    if (!strcmp(name, "attn_q")) r0 = s.h0 * rep * D, r1 = s.h1 * rep * D;
+    else if (!strcmp(name, "attn_k") || !strcmp(name, "attn_v")) r0 = s.h0 * D, r1 = s.h1 * D;
+    else if (!strcmp(name, "attn_output")) c0 = s.h0 * rep * D, c1 = s.h1 * rep * D;
+    else if (!strcmp(name, "ffn_gate") || !strcmp(name, "ffn_up")) r0 = s.f0, r1 = s.f1;
+    else if (!strcmp(name, "ffn_down")) c0 = s.f0, c1 = s.f1;
+    if (r0 >= 0) {
+        t.data = (char *)t.data + (size_t)r0 * t.nb[1];
+        t.ne[1] = r1 - r0;
+    } else if (c0 >= 0) {
+        t.data = (char *)t.data + cm_row_size(t.type, c0);
+        t.ne[0] = c1 - c0;
+    }
+    return t;
+}
+
 static int upload_layer(cm_gpu_model *gm, int il, char *err, size_t errlen) {
     const cm_layer *L = &gm->m->layers[gm->l0 + il];
     glayer *gl = &gm->L[il];
+    cm_tensor views[NW];
     const cm_tensor *ws[NW];
     wt *ts[NW];
-    for (int i = 0; i < NW; i++) ws[i] = tensor_of(L, i), ts[i] = wt_of(gl, i);
+    for (int i = 0; i < NW; i++) views[i] = slice_of(gm, L, i), ws[i] = &views[i], ts[i] = wt_of(gl, i);
     uint64_t words = 0;
     for (int i = 0; i < NW; i++) {
         if (!ws[i]->data) continue; /* an absent bias or norm: K stays 0 */
@@ -165,7 +191,8 @@ static int upload_layer(cm_gpu_model *gm, int il, char *err, size_t errlen) {
     if ((gl->buf = cm_vk_buf_new(gm->g, words * 4, CM_VK_DEVICE, err, errlen)))
         rc = cm_vk_upload(gm->g, gl->buf, 0, host, words * 4, err, errlen);
     cm_free(host);
-    if (!rc && !(gl->kv = cm_vk_buf_new(gm->g, (uint64_t)gm->slot_stride * gm->n_seq * 4, CM_VK_DEVICE, err, errlen)))
+    if (!rc && !(gl->kv = cm_vk_buf_new(gm->g, CM_MAX((uint64_t)gm->slot_stride * gm->n_seq * 4, 16), CM_VK_DEVICE, err,
+                                        errlen))) /* (a member with no KV heads: none) */
         rc = CM_ENOMEM;
     if (!rc && !(gl->set = cm_vk_set_new(gm->g, gl->buf, gm->act, gl->kv, err, errlen))) rc = CM_ENOMEM;
     return rc;
@@ -184,14 +211,71 @@ int cm_gpu_model_supported_prefix(const cm_model *m, int l0, int l1, char *why, 
     return k;
 }
 
+bool cm_gpu_model_supported_slice(const cm_model *m, int l0, int l1, cm_slice s, char *why, size_t whylen) {
+    if (!cm_gpu_model_supported_range(m, l0, l1, why, whylen)) return false;
+    const cm_slice f = cm_slice_full(m);
+    if (s.h0 == f.h0 && s.h1 == f.h1 && s.f0 == f.f0 && s.f1 == f.f1) return true;
+    const cm_hparams *hp = &m->hp;
+    if (hp->arch == CM_ARCH_DEEPSEEK2 || hp->n_expert) {
+        snprintf(why, whylen, "a tensor-parallel slice of a %s is not on the GPU (dense llama-family layers)",
+                 hp->n_expert ? "mixture of experts" : "deepseek2 model");
+        return false;
+    }
+    if (s.h0 < 0 || s.h1 > f.h1 || s.h0 > s.h1 || s.f0 < 0 || s.f1 > f.f1 || s.f0 > s.f1) {
+        snprintf(why, whylen, "a slice out of range (heads [%d, %d), FFN rows [%d, %d))", s.h0, s.h1, s.f0, s.f1);
+        return false;
+    }
+    for (int il = CM_MAX(l0, 0); il < CM_MIN(l1, hp->n_layer); il++) {
+        const cm_layer *L = &m->layers[il];
+        if (L->bq.data || L->bk.data || L->bv.data || L->bo.data || L->attn_post_norm.data || L->ffn_post_norm.data) {
+            snprintf(why, whylen, "a tensor-parallel slice of layer %d (biases or post norms) is not on the GPU", il);
+            return false;
+        }
+    }
+    return true;
+}
+
+static bool kv_quant(enum cm_type t) { return t == CM_TYPE_Q8_0 || t == CM_TYPE_Q4_0; }
+/* Words of one cache row of D elements on the device (kvq.glsl). */
+static uint32_t kv_row_words(enum cm_type t, int D) {
+    return t == CM_TYPE_Q8_0 ? (uint32_t)D / 32 * 9 : t == CM_TYPE_Q4_0 ? (uint32_t)D / 32 * 5 : (uint32_t)D;
+}
+static uint32_t kv_code(enum cm_type t) {
+    return t == CM_TYPE_F16 ? 1 : t == CM_TYPE_Q8_0 ? 2 : t == CM_TYPE_Q4_0 ? 3 : 0;
+}
+
+bool cm_gpu_kv_supported(const cm_model *m, enum cm_type kv_k, enum cm_type kv_v, char *why, size_t whylen) {
+    if ((kv_k == CM_TYPE_F32 || kv_k == CM_TYPE_F16) && kv_v == kv_k) return true;
+    if (!kv_quant(kv_k) || !kv_quant(kv_v)) {
+        snprintf(why, whylen, "a %s/%s KV cache is not on the GPU (f32, f16, or q8_0/q4_0 for both)",
+                 cm_type_name(kv_k), cm_type_name(kv_v));
+        return false;
+    }
+    if (m->hp.arch == CM_ARCH_DEEPSEEK2 || m->hp.head_dim % 32) {
+        snprintf(why, whylen, "a %s/%s KV cache of this model is not on the GPU (deepseek2, or head size %d)",
+                 cm_type_name(kv_k), cm_type_name(kv_v), m->hp.head_dim);
+        return false;
+    }
+    return true;
+}
+
 uint64_t cm_gpu_layer_bytes(const cm_model *m, int il, int max_batch, int n_ctx, int n_seq) {
+    return cm_gpu_layer_bytes_kv(m, il, max_batch, n_ctx, n_seq, CM_TYPE_F32, CM_TYPE_F32);
+}
+
+uint64_t cm_gpu_layer_bytes_kv(const cm_model *m, int il, int max_batch, int n_ctx, int n_seq, enum cm_type kv_k,
+                               enum cm_type kv_v) {
     uint64_t words = 0;
     for (int i = 0; i < NW; i++)
         if (tensor_of(&m->layers[il], i)->data) words += tensor_words(tensor_of(&m->layers[il], i));
     const cm_hparams *hp = &m->hp;
-    const uint64_t KD = (uint64_t)hp->n_head_kv * hp->head_dim;   /* + the layer's K and V rows of a batch */
-    const uint64_t kinds = hp->arch == CM_ARCH_DEEPSEEK2 ? 1 : 2; /* deepseek2: the latent rows only */
-    return words * 4 + kinds * KD * 4 * ((uint64_t)n_ctx * (uint64_t)CM_MAX(n_seq, 1) + (uint64_t)max_batch);
+    const uint64_t KD = (uint64_t)hp->n_head_kv * hp->head_dim; /* + the layer's K and V rows of a batch */
+    const uint64_t slots = (uint64_t)n_ctx * (uint64_t)CM_MAX(n_seq, 1);
+    if (hp->arch == CM_ARCH_DEEPSEEK2) /* the latent rows only */
+        return words * 4 + KD * 4 * (slots + (uint64_t)max_batch);
+    if (!kv_quant(kv_k) || !kv_quant(kv_v)) kv_k = kv_v = CM_TYPE_F32; /* (an F16 cache's slots hold floats) */
+    const uint64_t rows = (uint64_t)kv_row_words(kv_k, hp->head_dim) + kv_row_words(kv_v, hp->head_dim);
+    return words * 4 + (uint64_t)hp->n_head_kv * rows * 4 * slots + 2 * KD * 4 * (uint64_t)max_batch;
 }
 
 uint64_t cm_gpu_fixed_bytes(const cm_model *m, int max_batch, int n_ctx) {
@@ -208,12 +292,28 @@ uint64_t cm_gpu_fixed_bytes(const cm_model *m, int max_batch, int n_ctx) {
 
 int cm_gpu_model_new_at(cm_gpu_model **out, cm_gpu *g, const cm_model *m, int layer_first, int n_layers, int max_batch,
                         int n_ctx, int n_seq, char *err, size_t errlen) {
+    return cm_gpu_model_new_kv(out, g, m, layer_first, n_layers, max_batch, n_ctx, n_seq, CM_TYPE_F32, CM_TYPE_F32, err,
+                               errlen);
+}
+
+int cm_gpu_model_new_kv(cm_gpu_model **out, cm_gpu *g, const cm_model *m, int layer_first, int n_layers, int max_batch,
+                        int n_ctx, int n_seq, enum cm_type kv_k, enum cm_type kv_v, char *err, size_t errlen) {
+    return cm_gpu_model_new_slice(out, g, m, layer_first, n_layers, max_batch, n_ctx, n_seq, kv_k, kv_v,
+                                  cm_slice_full(m), err, errlen);
+}
+
+int cm_gpu_model_new_slice(cm_gpu_model **out, cm_gpu *g, const cm_model *m, int layer_first, int n_layers,
+                           int max_batch, int n_ctx, int n_seq, enum cm_type kv_k, enum cm_type kv_v, cm_slice sl,
+                           char *err, size_t errlen) {
     *out = NULL;
     char why[256];
     const cm_hparams *hp = &m->hp;
+    if (!cm_gpu_kv_supported(m, kv_k, kv_v, why, sizeof why))
+        return cm_errf(err, errlen, CM_EUNSUPPORTED, "gpu: %s", why);
+    if (kv_k == CM_TYPE_F16) kv_k = kv_v = CM_TYPE_F32; /* an F16 cache's values are held as floats */
     layer_first = CM_MAX(0, CM_MIN(layer_first, hp->n_layer));
     n_layers = CM_MAX(0, CM_MIN(n_layers, hp->n_layer - layer_first));
-    if (!cm_gpu_model_supported_range(m, layer_first, layer_first + n_layers, why, sizeof why))
+    if (!cm_gpu_model_supported_slice(m, layer_first, layer_first + n_layers, sl, why, sizeof why))
         return cm_errf(err, errlen, CM_EUNSUPPORTED, "gpu: %s", why);
     cm_gpu_model *gm = cm_calloc(1, sizeof *gm);
     if (!gm) return cm_errf(err, errlen, CM_ENOMEM, "out of memory");
@@ -228,12 +328,22 @@ int cm_gpu_model_new_at(cm_gpu_model **out, cm_gpu *g, const cm_model *m, int la
     gm->D = hp->head_dim;
     gm->nkv = hp->n_head_kv;
     gm->nq = hp->n_head;
+    gm->F = hp->n_ff;
+    gm->sl = sl;
+    const cm_slice full = cm_slice_full(m);
+    gm->tp = sl.h0 != full.h0 || sl.h1 != full.h1 || sl.f0 != full.f0 || sl.f1 != full.f1;
+    if (gm->tp) { /* the member's heads and FFN rows */
+        gm->nkv = sl.h1 - sl.h0;
+        gm->nq = gm->nkv * (hp->n_head / hp->n_head_kv);
+        gm->F = sl.f1 - sl.f0;
+    }
     gm->QD = gm->nq * gm->D;
     gm->KD = gm->nkv * gm->D;
-    gm->F = hp->n_ff;
     gm->n_rot = hp->n_rot;
     gm->mla = hp->arch == CM_ARCH_DEEPSEEK2;
     gm->sh1 = cm_slice_full(m).h1;
+    gm->kvk = kv_k;
+    gm->kvv = kv_v;
     if (hp->n_expert) {
         gm->nx = hp->n_expert;
         gm->nxk = hp->n_expert_used;
@@ -278,8 +388,10 @@ int cm_gpu_model_new_at(cm_gpu_model **out, cm_gpu *g, const cm_model *m, int la
     REGION(o_lat, B * H * C);
     REGION(o_hid, gm->mla ? B * H : 0);
 #undef REGION
-    /* A buffer per layer: [slot][K|V][head][ctx][D] (deepseek2: [slot][ctx][D], the latent rows) */
-    const uint64_t slot = (gm->mla ? 1 : 2) * (uint64_t)gm->nkv * n_ctx * gm->D;
+    /* A buffer per layer: [slot][K|V][head][ctx][row] (deepseek2: [slot][ctx][D], the latent rows); a
+     * row is D floats, or a quantized cache's blocks (kvq.glsl) */
+    const uint64_t slot = gm->mla ? (uint64_t)gm->nkv * n_ctx * gm->D
+                                  : (uint64_t)gm->nkv * n_ctx * (kv_row_words(kv_k, gm->D) + kv_row_words(kv_v, gm->D));
     while (gm->n_seq > 1 && (slot * gm->n_seq >= (1ull << 32) || slot * gm->n_seq * 4 > cm_vk_max_range(g)))
         gm->n_seq--;
     gm->slot_stride = (uint32_t)slot;
@@ -292,6 +404,7 @@ int cm_gpu_model_new_at(cm_gpu_model **out, cm_gpu *g, const cm_model *m, int la
     gm->slot_valid = cm_calloc((size_t)gm->n_seq, sizeof *gm->slot_valid);
     gm->slot_used = cm_calloc((size_t)gm->n_seq, sizeof *gm->slot_used);
     gm->tmp = cm_calloc((size_t)n_ctx * gm->D, sizeof(float));
+    if (gm->tp && !(gm->part = cm_calloc((size_t)B * gm->E, sizeof(float)))) rc = CM_ENOMEM;
     if (!rc && (!gm->L || !gm->slot_kv || !gm->slot_valid || !gm->slot_used || !gm->tmp))
         rc = cm_errf(err, errlen, CM_ENOMEM, "out of memory");
     if (!rc && (!(gm->act = cm_vk_buf_new(g, o * 4, CM_VK_DEVICE, err, errlen)) ||
@@ -327,6 +440,7 @@ void cm_gpu_model_free(cm_gpu_model *gm) {
     cm_free(gm->slot_valid);
     cm_free(gm->slot_used);
     cm_free(gm->tmp);
+    cm_free(gm->part);
     cm_free(gm);
 }
 
@@ -483,6 +597,20 @@ void cm_vkm_rope(cm_gpu *g, cm_vk_set *s, uint32_t n_rot, uint32_t D, uint32_t n
     cm_vk_dispatch(g, VKP_ROPE, s, p, sizeof p, ((uint32_t)n * nh * (n_rot / 2) + 63) / 64, 1);
 }
 
+/* In place on n token rows (stride ldx) of nh heads of D at x_off: times
+ * pre, the Walsh-Hadamard rotation of blocks of rot (0: none), then with q8
+ * rounded through Q8_0 (fwht.comp). */
+static void fwht(cm_gpu *g, cm_vk_set *s, uint32_t D, uint32_t nh, int n, uint32_t x_off, uint32_t ldx, uint32_t rot,
+                 bool q8, float pre) {
+    struct {
+        uint32_t D, nh, n, x_off, ldx, rot;
+        float scale;
+        uint32_t q8;
+        float pre;
+    } p = {D, nh, (uint32_t)n, x_off, ldx, rot, rot ? 1.0f / sqrtf((float)rot) : 1.0f, q8, pre};
+    cm_vk_dispatch(g, VKP_FWHT, s, &p, sizeof p, (uint32_t)n * nh, 1);
+}
+
 /* A llama-family attention (o_xn the normed input) into o_att. */
 static void record_attn(cm_gpu_model *gm, int il, int n, bool f16) {
     const cm_hparams *hp = &gm->m->hp;
@@ -505,13 +633,44 @@ static void record_attn(cm_gpu_model *gm, int il, int n, bool f16) {
     cm_vkm_rope(g, s, (uint32_t)gm->n_rot, (uint32_t)gm->D, (uint32_t)gm->nq, n, gm->o_q, QD, rc, neox);
     cm_vkm_rope(g, s, (uint32_t)gm->n_rot, (uint32_t)gm->D, (uint32_t)gm->nkv, n, ko, KD, rc, neox);
     const uint32_t layer_base = 0; /* the layer's own buffer */
-    const uint32_t pk[11] = {(uint32_t)gm->D, (uint32_t)gm->nkv, (uint32_t)n, (uint32_t)gm->ctx, ko, vo,
-                             gm->o_meta,      (uint32_t)gm->B,   layer_base,  gm->slot_stride,   f16};
-    cm_vk_dispatch(g, VKP_KVSTORE, s, pk, sizeof pk, ((uint32_t)n * KD + 63) / 64, 1);
+    const bool quant = gm->bkt >= 2;
+    const float qscale = hp->attn_q_scale != 0.0f ? hp->attn_q_scale : 1.0f;
+    if (!quant) {
+        const uint32_t pk[11] = {(uint32_t)gm->D, (uint32_t)gm->nkv, (uint32_t)n, (uint32_t)gm->ctx, ko, vo,
+                                 gm->o_meta,      (uint32_t)gm->B,   layer_base,  gm->slot_stride,   f16};
+        cm_vk_dispatch(g, VKP_KVSTORE, s, pk, sizeof pk, ((uint32_t)n * KD + 63) / 64, 1);
+    } else { /* quantized on the device as the CPU stores them; the query rotated and rounded as attn.c's */
+        struct {
+            uint32_t D, nkv, ntok, ctx, k_off, v_off, ld, meta_off, B, layer_base, slot_stride, kt, vt, krw, vrw, rk,
+                rv;
+            float sk, sv;
+        } pq = {(uint32_t)gm->D,
+                (uint32_t)gm->nkv,
+                (uint32_t)n,
+                (uint32_t)gm->ctx,
+                ko,
+                vo,
+                KD,
+                gm->o_meta,
+                (uint32_t)gm->B,
+                layer_base,
+                gm->slot_stride,
+                gm->bkt,
+                gm->bvt,
+                gm->bkrw,
+                gm->bvrw,
+                gm->brk,
+                gm->brv,
+                gm->brk ? 1.0f / sqrtf((float)gm->brk) : 1.0f,
+                gm->brv ? 1.0f / sqrtf((float)gm->brv) : 1.0f};
+        cm_vk_dispatch(g, VKP_KVQ, s, &pq, sizeof pq, (uint32_t)n * (uint32_t)gm->nkv, 2);
+        fwht(g, s, (uint32_t)gm->D, (uint32_t)gm->nq, n, gm->o_q, QD, gm->brk, true, qscale);
+    }
     struct {
         uint32_t D, nq, rep, nkv, ctx, ldq, q_off, o_off, sc_off, meta_off, B, layer_base, slot_stride, f16, swa;
         float scale, qscale; /* gemma3 (and phi3): q times attn_q_scale, softmax scale 1 */
         uint32_t sink_off;   /* gpt-oss */
+        uint32_t kt, vt, krw, vrw;
     } pa = {(uint32_t)gm->D,
             (uint32_t)gm->nq,
             (uint32_t)(gm->nq / gm->nkv),
@@ -528,9 +687,14 @@ static void record_attn(cm_gpu_model *gm, int il, int n, bool f16) {
             f16,
             swa ? (uint32_t)hp->n_swa : 0,
             hp->attn_q_scale != 0.0f ? 1.0f : 1.0f / sqrtf((float)gm->D),
-            hp->attn_q_scale != 0.0f ? hp->attn_q_scale : 1.0f,
-            L->sinks.K ? L->sinks.off : UINT32_MAX};
+            quant ? 1.0f : qscale, /* (a quantized cache's query was scaled by fwht) */
+            L->sinks.K ? L->sinks.off : UINT32_MAX,
+            gm->bkt,
+            gm->bvt,
+            gm->bkrw,
+            gm->bvrw};
     cm_vk_dispatch(g, VKP_ATTN, s, &pa, sizeof pa, (uint32_t)gm->nq, (uint32_t)n);
+    if (quant && gm->brv) fwht(g, s, (uint32_t)gm->D, (uint32_t)gm->nq, n, gm->o_att, QD, gm->brv, false, 1.0f);
 }
 
 static void record_layer(cm_gpu_model *gm, int il, int n, bool f16) {
@@ -561,10 +725,14 @@ static void record_layer(cm_gpu_model *gm, int il, int n, bool f16) {
 /* ---- the CPU caches ---- */
 
 static bool kv_ok(const cm_gpu_model *gm, const cm_kv *kv) {
-    const bool f = (kv->type == CM_TYPE_F32 || kv->type == CM_TYPE_F16) && kv->type_v == kv->type;
+    char why[160];
+    const enum cm_type vt = kv->v_rows ? kv->type_v : kv->type;
+    const bool f = cm_gpu_kv_supported(gm->m, kv->type, vt, why, sizeof why) && (!kv_quant(kv->type) || kv->v_rows) &&
+                   kv_row_words(kv->type, gm->D) + kv_row_words(vt, gm->D) <=
+                       kv_row_words(gm->kvk, gm->D) + kv_row_words(gm->kvv, gm->D);
     return f && kv->latent == gm->mla && !(kv->latent && kv->v_rows) && kv->layer_first <= gm->l0 &&
-           kv->layer_last >= gm->l0 + gm->nl && kv->h0 == 0 && kv->h1 == gm->sh1 && kv->n_ctx <= gm->ctx &&
-           kv->head_dim == gm->D;
+           kv->layer_last >= gm->l0 + gm->nl && kv->h0 == gm->sl.h0 && kv->h1 == (gm->tp ? gm->sl.h1 : gm->sh1) &&
+           kv->n_ctx <= gm->ctx && kv->head_dim == gm->D;
 }
 
 /* Row p of K (kind 0) or V (kind 1) of (layer il, head hk) of a CPU cache as floats. */
@@ -606,9 +774,57 @@ static void kv_write(const cm_kv *kv_c, int il, int hk, int p, const float *k, c
     }
 }
 
+/* A quantized row (the CPU's blocks) in the device's layout (kvq.glsl). */
+static void qrow_words(enum cm_type t, const uint8_t *row, int D, uint32_t *w) {
+    const int nb = D / 32;
+    for (int b = 0; b < nb; b++) {
+        if (t == CM_TYPE_Q8_0) {
+            const cm_block_q8_0 *x = (const cm_block_q8_0 *)(const void *)row + b;
+            const float d = cm_f16_to_f32(x->d);
+            memcpy(&w[b], &d, 4);
+            for (int i = 0; i < 8; i++)
+                w[nb + b * 8 + i] = (uint32_t)(uint8_t)x->qs[4 * i] | (uint32_t)(uint8_t)x->qs[4 * i + 1] << 8 |
+                                    (uint32_t)(uint8_t)x->qs[4 * i + 2] << 16 |
+                                    (uint32_t)(uint8_t)x->qs[4 * i + 3] << 24;
+        } else {
+            const cm_block_q4_0 *x = (const cm_block_q4_0 *)(const void *)row + b;
+            const float d = cm_f16_to_f32(x->d);
+            memcpy(&w[b], &d, 4);
+            for (int i = 0; i < 4; i++) {
+                uint32_t v = 0;
+                for (int k = 0; k < 8; k++) {
+                    const int e = i * 8 + k; /* element e: the low nibble of byte e, or the high one of e - 16 */
+                    const uint32_t q = e < 16 ? x->qs[e] & 15u : (uint32_t)x->qs[e - 16] >> 4;
+                    v |= q << (4 * k);
+                }
+                w[nb + b * 4 + i] = v;
+            }
+        }
+    }
+}
+
 /* Fill slot s's positions [0, n) from the CPU cache. */
 static int refill(cm_gpu_model *gm, int s, const cm_kv *kv, int n, char *err, size_t errlen) {
     const int D = gm->D;
+    if (kv_quant(kv->type)) { /* the rows as they are, in the device's layout */
+        const enum cm_type ts[2] = {kv->type, kv->type_v};
+        const uint32_t rw[2] = {kv_row_words(ts[0], D), kv_row_words(ts[1], D)};
+        uint32_t *w = (uint32_t *)(void *)gm->tmp; /* ctx * D floats: more than n rows of either */
+        for (int il = 0; il < gm->nl && n > 0; il++)
+            for (int kind = 0; kind < 2; kind++)
+                for (int hk = 0; hk < gm->nkv; hk++) {
+                    const cm_attn_kv av = cm_attn_kv_of(kv, gm->l0 + il, gm->sl.h0 + hk);
+                    for (int p = 0; p < n; p++)
+                        qrow_words(ts[kind], kind ? av.v + (size_t)p * av.v_row : av.k + (size_t)p * av.k_row, D,
+                                   w + (size_t)p * rw[kind]);
+                    const uint64_t off = (uint64_t)s * gm->slot_stride +
+                                         (kind ? (uint64_t)gm->nkv * gm->ctx * rw[0] : 0) +
+                                         (uint64_t)hk * gm->ctx * rw[kind];
+                    int rc = cm_vk_upload(gm->g, gm->L[il].kv, off * 4, w, (uint64_t)n * rw[kind] * 4, err, errlen);
+                    if (rc) return rc;
+                }
+        return 0;
+    }
     for (int il = 0; il < gm->nl && gm->mla && n > 0; il++) { /* the latent rows: [ctx][D] per slot */
         for (int p = 0; p < n; p++) cm_vkm_latent_read(kv, gm->l0 + il, p, gm->tmp + (size_t)p * D);
         const uint64_t off = (uint64_t)s * gm->slot_stride;
@@ -619,7 +835,7 @@ static int refill(cm_gpu_model *gm, int s, const cm_kv *kv, int n, char *err, si
         for (int kind = 0; kind < 2; kind++)
             for (int hk = 0; hk < gm->nkv; hk++) {
                 if (n == 0) continue;
-                for (int p = 0; p < n; p++) kv_read(kv, gm->l0 + il, hk, kind, p, gm->tmp + (size_t)p * D);
+                for (int p = 0; p < n; p++) kv_read(kv, gm->l0 + il, gm->sl.h0 + hk, kind, p, gm->tmp + (size_t)p * D);
                 const uint64_t off = (uint64_t)s * gm->slot_stride + ((uint64_t)kind * gm->nkv + hk) * gm->ctx * D;
                 int rc = cm_vk_upload(gm->g, gm->L[il].kv, off * 4, gm->tmp, (uint64_t)n * D * 4, err, errlen);
                 if (rc) return rc;
@@ -632,9 +848,10 @@ static int refill(cm_gpu_model *gm, int s, const cm_kv *kv, int n, char *err, si
 static int assign_slots(cm_gpu_model *gm, const cm_batch *b, const cm_forward_args *a, uint32_t *slots, char *err,
                         size_t errlen) {
     gm->tick++;
+    const cm_kv *kv0 = a->kvs[b->seq[0]];
     for (int j = 0; j < b->n; j++) {
         const cm_kv *kv = a->kvs[b->seq[j]];
-        if (!kv_ok(gm, kv)) return 0;
+        if (!kv_ok(gm, kv) || kv->type != kv0->type || kv->type_v != kv0->type_v) return 0; /* one kind a batch */
         int s = -1;
         for (int i = 0; i < gm->n_seq && s < 0; i++)
             if (gm->slot_kv[i] == kv) s = i;
@@ -662,12 +879,75 @@ int cm_gpu_offload(void *gm, const cm_batch *b, const cm_forward_args *a, float 
     return cm_gpu_forward_layers(gm, b, a, x, rope, err, errlen);
 }
 
+/* Half of layer il of a tensor-parallel member (0 attention, 1 FFN) from
+ * the residual x into gm->part: its partial sum (zero for a member without
+ * KV heads or FFN rows). */
+static int tp_half(cm_gpu_model *gm, int il, int half, int n, bool f16, const float *x, char *err, size_t errlen) {
+    const int E = gm->E;
+    const uint32_t QD = (uint32_t)gm->QD, F = (uint32_t)gm->F;
+    const size_t bytes = (size_t)n * E * sizeof(float);
+    if (half ? F == 0 : QD == 0) {
+        memset(gm->part, 0, bytes);
+        return 0;
+    }
+    glayer *L = &gm->L[il];
+    cm_vk_set *s = L->set;
+    float *io = cm_vk_buf_map(gm->io);
+    memcpy(io + gm->o_x, x, bytes);
+    int rc = cm_vk_begin(gm->g, err, errlen);
+    if (rc) return rc;
+    cm_vk_copy(gm->g, gm->io, 0, gm->act, 0, (uint64_t)gm->o_x * 4 + bytes);
+    cm_vk_copy(gm->g, gm->io, (uint64_t)gm->o_rope * 4, gm->act, (uint64_t)gm->o_rope * 4,
+               (uint64_t)(gm->o_io_end - gm->o_rope) * 4); /* (rotations and metadata: small) */
+    rmsnorm(gm->g, s, (uint32_t)E, gm->o_x, gm->o_xn, half ? L->ffn_norm.off : L->attn_norm.off, gm->m->hp.rms_eps, n);
+    gm->q8_src = UINT32_MAX;
+    if (!half) {
+        record_attn(gm, il, n, f16);
+        gm->q8_src = UINT32_MAX;
+        mm(gm, s, &L->wo, gm->o_att, QD, gm->o_x, (uint32_t)E, n, false);
+    } else {
+        mm(gm, s, &L->gate, gm->o_xn, (uint32_t)E, gm->o_gate, F, n, false);
+        mm(gm, s, &L->up, gm->o_xn, (uint32_t)E, gm->o_up, F, n, false);
+        glu(gm->g, s, false, (uint32_t)n * F, gm->o_gate, gm->o_up);
+        gm->q8_src = UINT32_MAX;
+        mm(gm, s, &L->down, gm->o_gate, F, gm->o_x, (uint32_t)E, n, false);
+    }
+    cm_vk_copy(gm->g, gm->act, 0, gm->io, 0, (uint64_t)gm->o_rope * 4); /* the partial sum, K and V rows */
+    if ((rc = cm_vk_submit(gm->g, err, errlen))) return rc;
+    memcpy(gm->part, io + gm->o_x, bytes);
+    return 0;
+}
+
+/* A tensor-parallel member's layers: each half (attention up to its
+ * attn_output columns, the FFN up to its ffn_down columns) is one
+ * submission from the host's residual x; its partial sum comes back, is
+ * all-reduced through the batch's allreduce and added into x on the host,
+ * as forward.c's add_pending does (the same sum on every member, so the
+ * members' residuals stay equal). */
+static int forward_tp(cm_gpu_model *gm, const cm_batch *b, const cm_forward_args *a, float *x, bool f16, char *err,
+                      size_t errlen) {
+    const int64_t red = (int64_t)b->n * gm->E;
+    int rc = 0;
+    for (int il = 0; !rc && il < gm->nl; il++)
+        for (int half = 0; !rc && half < 2; half++) {
+            if ((rc = tp_half(gm, il, half, b->n, f16, x, err, errlen))) break;
+            if ((rc = a->allreduce(a->allreduce_user, gm->part, red))) {
+                rc = cm_errf(err, errlen, rc, "all-reduce after the %s of layer %d failed: %s",
+                             half ? "ffn" : "attention", gm->l0 + il, cm_strerror(rc));
+                break;
+            }
+            for (int64_t i = 0; i < red; i++) x[i] = x[i] + gm->part[i];
+        }
+    return rc;
+}
+
 int cm_gpu_forward_layers(cm_gpu_model *gm, const cm_batch *b, const cm_forward_args *a, float *x, const float *rope_c,
                           char *err, size_t errlen) {
-    if (!gm || gm->nl == 0 || a->layer_first != gm->l0 || a->layer_last < gm->l0 + gm->nl || a->allreduce ||
-        b->n > gm->B || a->experts.ep || a->slice.h0 != 0 || a->slice.h1 != gm->sh1 || a->slice.f0 != 0 ||
-        a->slice.f1 != gm->F)
+    if (!gm || gm->nl == 0 || a->layer_first != gm->l0 || a->layer_last < gm->l0 + gm->nl || b->n > gm->B ||
+        a->experts.ep || (gm->tp ? !a->allreduce : a->allreduce != NULL))
         return 0;
+    const cm_slice want = gm->tp ? gm->sl : (cm_slice){0, gm->sh1, 0, gm->F};
+    if (a->slice.h0 != want.h0 || a->slice.h1 != want.h1 || a->slice.f0 != want.f0 || a->slice.f1 != want.f1) return 0;
     if (cm_gpu_lost(gm->g)) { /* the batch that found it lost failed; the CPU does the later ones */
         if (!gm->lost_said) CM_LOGW("gpu: %s was lost; the CPU computes from now on", cm_gpu_info_of(gm->g)->name);
         gm->lost_said = true;
@@ -682,11 +962,20 @@ int cm_gpu_forward_layers(cm_gpu_model *gm, const cm_batch *b, const cm_forward_
         return rc;
     }
     const int n = b->n, E = gm->E, KD = gm->KD;
-    bool f16 = false;
-    for (int j = 0; j < n; j++) {
-        meta[j] = (uint32_t)b->pos[j];
-        f16 = a->kvs[b->seq[j]]->type == CM_TYPE_F16; /* NEEDSWORK: one batch mixing F32 and F16 caches */
+    const cm_kv *kv0 = a->kvs[b->seq[0]]; /* every cache of the batch has its types (assign_slots) */
+    const bool f16 = kv0->type == CM_TYPE_F16, quant = kv_quant(kv0->type);
+    const enum cm_type tv = quant ? kv0->type_v : kv0->type;
+    gm->bkt = kv_code(kv0->type);
+    gm->bvt = kv_code(tv);
+    gm->bkrw = kv_row_words(kv0->type, gm->D);
+    gm->bvrw = kv_row_words(tv, gm->D);
+    gm->brk = gm->brv = 0;
+    if (quant && !gm->mla) { /* the CPU's rotations of this cache (attn.c) */
+        const cm_attn_kv av = cm_attn_kv_of(kv0, gm->l0, gm->sl.h0);
+        gm->brk = (uint32_t)av.rot_k;
+        gm->brv = (uint32_t)av.rot_v;
     }
+    for (int j = 0; j < n; j++) meta[j] = (uint32_t)b->pos[j];
     memcpy(io + gm->o_x, x, (size_t)n * E * sizeof(float));
     memcpy(io + gm->o_rope, rope_c, (size_t)n * gm->n_rot * sizeof(float));
     const cm_hparams *hp = &gm->m->hp;
@@ -694,8 +983,9 @@ int cm_gpu_forward_layers(cm_gpu_model *gm, const cm_batch *b, const cm_forward_
         for (int j = 0; j < n; j++)
             cm_model_rope_cache(gm->m, (float)b->pos[j], true, io + gm->o_rope_swa + (size_t)j * hp->n_rot);
     rc = cm_vk_fault(gm->g, err, errlen);
-    if (!rc) rc = cm_vk_begin(gm->g, err, errlen);
-    if (!rc) {
+    if (!rc && gm->tp) rc = forward_tp(gm, b, a, x, f16, err, errlen);
+    else if (!rc) rc = cm_vk_begin(gm->g, err, errlen);
+    if (!rc && !gm->tp) {
         cm_vk_copy(gm->g, gm->io, 0, gm->act, 0, (uint64_t)gm->o_x * 4 + (uint64_t)n * E * 4);
         cm_vk_copy(gm->g, gm->io, (uint64_t)gm->o_rope * 4, gm->act, (uint64_t)gm->o_rope * 4,
                    (uint64_t)(gm->o_io_end - gm->o_rope) * 4);
@@ -704,7 +994,7 @@ int cm_gpu_forward_layers(cm_gpu_model *gm, const cm_batch *b, const cm_forward_
         rc = cm_vk_submit(gm->g, err, errlen);
     }
     if (!rc) {
-        memcpy(x, io + gm->o_x, (size_t)n * E * sizeof(float));
+        if (!gm->tp) memcpy(x, io + gm->o_x, (size_t)n * E * sizeof(float)); /* (a slice's: added on the host) */
         for (int il = 0; il < gm->nl; il++)
             for (int j = 0; j < n; j++) {
                 const float *k = io + gm->o_k + ((size_t)il * gm->B + j) * KD;
@@ -714,7 +1004,7 @@ int cm_gpu_forward_layers(cm_gpu_model *gm, const cm_batch *b, const cm_forward_
                     continue;
                 }
                 for (int hk = 0; hk < gm->nkv; hk++)
-                    kv_write(a->kvs[b->seq[j]], gm->l0 + il, hk, b->pos[j], k + hk * gm->D, v + hk * gm->D);
+                    kv_write(a->kvs[b->seq[j]], gm->l0 + il, gm->sl.h0 + hk, b->pos[j], k + hk * gm->D, v + hk * gm->D);
             }
         for (int j = 0; j < n; j++) gm->slot_valid[meta[gm->B + j]]++;
     } else {
@@ -722,4 +1012,40 @@ int cm_gpu_forward_layers(cm_gpu_model *gm, const cm_batch *b, const cm_forward_
     }
     cm_vk_unlock(gm->g);
     return rc ? rc : gm->nl;
+}
+
+int cm_gpu_test_kv_diff(cm_gpu_model *gm, const cm_kv *kv, char *err, size_t errlen) {
+    int s = -1;
+    for (int i = 0; i < gm->n_seq; i++)
+        if (gm->slot_kv[i] == kv) s = i;
+    if (s < 0 || !kv_quant(kv->type) || gm->mla)
+        return cm_errf(err, errlen, CM_EINVAL, "no quantized slot of this cache");
+    const int D = gm->D, n = kv->n_past;
+    const enum cm_type ts[2] = {kv->type, kv->type_v};
+    const uint32_t rw[2] = {kv_row_words(ts[0], D), kv_row_words(ts[1], D)};
+    cm_vk_buf *h = cm_vk_buf_new(gm->g, (uint64_t)gm->slot_stride * 4, CM_VK_HOST, err, errlen);
+    uint32_t *want = cm_calloc(rw[0] + rw[1], 4);
+    int rc = h && want ? 0 : CM_ENOMEM, bad = 0;
+    cm_vk_lock(gm->g);
+    for (int il = 0; !rc && il < gm->nl; il++) {
+        rc = cm_vk_begin(gm->g, err, errlen);
+        if (rc) break;
+        cm_vk_copy(gm->g, gm->L[il].kv, (uint64_t)s * gm->slot_stride * 4, h, 0, (uint64_t)gm->slot_stride * 4);
+        if ((rc = cm_vk_submit(gm->g, err, errlen))) break;
+        const uint32_t *got = cm_vk_buf_map(h);
+        for (int kind = 0; kind < 2; kind++)
+            for (int hk = 0; hk < gm->nkv; hk++) {
+                const cm_attn_kv av = cm_attn_kv_of(kv, gm->l0 + il, gm->sl.h0 + hk);
+                for (int p = 0; p < n; p++) {
+                    qrow_words(ts[kind], kind ? av.v + (size_t)p * av.v_row : av.k + (size_t)p * av.k_row, D, want);
+                    const uint64_t off = (kind ? (uint64_t)gm->nkv * gm->ctx * rw[0] : 0) +
+                                         ((uint64_t)hk * gm->ctx + (uint64_t)p) * rw[kind];
+                    bad += memcmp(got + off, want, rw[kind] * 4) != 0;
+                }
+            }
+    }
+    cm_vk_unlock(gm->g);
+    cm_vk_buf_free(gm->g, h);
+    cm_free(want);
+    return rc ? rc : bad;
 }

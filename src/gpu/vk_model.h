@@ -35,6 +35,9 @@ struct cm_gpu_model {
     int l0, nl, B, ctx, n_seq; /* layers [l0, l0 + nl) of m */
     int E, D, nq, nkv, QD, KD, F, n_rot;
     int sh1;              /* the full slice's h1 (kv heads; deepseek2: query heads) */
+    cm_slice sl;          /* the slice of every layer it holds (a tensor-parallel member's; else full) */
+    bool tp;              /* sl is partial: each layer's two halves end in the batch's all-reduce */
+    float *part;          /* tp: B * E floats, the partial sums all-reduced on the host */
     bool mla;             /* deepseek2: K holds the latent rows (D = kv_lora + rope), no V */
     int nx, nxk, fx, fsh; /* experts, used per token, expert and shared-expert widths (0: dense) */
     glayer *L;
@@ -46,9 +49,12 @@ struct cm_gpu_model {
     uint32_t o_qa, o_qabs, o_lat, o_hid; /* deepseek2: q_a; absorbed queries; latent outputs; head ids */
     uint32_t q8_src;                     /* while recording: the region o_q8 holds converted, or UINT32_MAX */
     uint32_t q8_type;                    /* ... to this type (Q8_0, Q8_K) */
-    uint32_t slot_stride;                /* floats of one slot's K and V of one layer */
-    const cm_kv **slot_kv;               /* which CPU cache each slot mirrors (by address) */
-    int *slot_valid;                     /* positions [0, valid) of the slot equal the CPU cache's */
+    uint32_t slot_stride;                /* words of one slot's K and V of one layer */
+    enum cm_type kvk, kvv;               /* the cache types the slots were sized for (F32: any fits) */
+    /* this batch's cache: K and V types (kvq.glsl's codes), words of a row, Walsh-Hadamard blocks */
+    uint32_t bkt, bvt, bkrw, bvrw, brk, brv;
+    const cm_kv **slot_kv; /* which CPU cache each slot mirrors (by address) */
+    int *slot_valid;       /* positions [0, valid) of the slot equal the CPU cache's */
     uint64_t *slot_used, tick;
     float *tmp;     /* ctx * D floats, for re-filling a slot */
     bool lost_said; /* the device-lost warning was logged */

@@ -10,8 +10,7 @@
 # planner's own split: the greedy ids equal one CPU machine's and
 # llama.cpp's on the stories260K reference prompts (the tolerance rule of a
 # cluster: token for token). A tensor-parallel group with the GPU node in it
-# gives the same ids on its CPU (the device takes whole layers: a slice is
-# not offloaded yet, and the node says so). A node whose Vulkan loader is
+# gives the same ids with its slice of every layer on the device. A node whose Vulkan loader is
 # missing says so in one line and offers no GPU. A node whose GPU is lost
 # leaves, and the coordinator re-plans without it. No Vulkan device: a skip
 # with the reason (setup installs lavapipe, so under CI=true it fails).
@@ -125,12 +124,31 @@ for c in 0 1; do
         bad "the plan has no GPU layers on g (or some elsewhere): $(grep -A6 'node *stage' "$TMP/cl.err")"
 done
 
-# 6. A tensor-parallel group with the GPU node in it: the same ids, on its CPU (it says why)
-cc_ref_case q8_0 0
-mark
-run_case "tp group" "$ADDR_g" --parallel tp
-tail -n +$(($(cat "$TMP/g.mark") + 1)) "$TMP/g.log" | grep -q "tensor-parallel or expert group's slice is not on the GPU yet" && ok ||
-    bad "tp: node g did not say its slice runs on the CPU: $(tail -5 "$TMP/g.log")"
+# 6. Tensor-parallel groups with the GPU node in them: its slice of every
+# layer (KV heads, FFN rows) on the device, each layer's two partial sums
+# all-reduced with the CPU members': one machine's ids (Q8_0 and F32; the
+# coordinator and g; the coordinator, g and a); and a coordinator whose own
+# slice is on its device.
+for q in q8_0 f32; do
+    cc_ref_case $q 0
+    for nodes in "$ADDR_g" "$ADDR_g,$ADDR_a"; do
+        mark
+        run_case "tp group ($nodes)" "$nodes" --parallel tp && gpu_took g 5 5
+        tail -n +$(($(cat "$TMP/g.mark") + 1)) "$TMP/g.log" | grep -q "on the CPU (its tensor-parallel slice)" && ok ||
+            bad "tp ($nodes): node g did not say its slice runs on the GPU: $(tail -5 "$TMP/g.log")"
+    done
+done
+# ... and the coordinator's own slice on the device (a CPU node as the other member)
+cc_ref_case q8_0 1
+run_case "tp coordinator on the GPU" "$ADDR_a" --parallel tp --gpu vulkan
+[ "$(cc_jsonget "$TMP/cl.json" '$j->{device} . "," . $j->{gpu_layers}')" = "$gname,5" ] && ! grep -q 'gpu:.*on the CPU' "$TMP/cl.err" &&
+    ok || bad "tp: the coordinator's slice not on the GPU: $(grep -o '"device".*' "$TMP/cl.json") $(grep gpu: "$TMP/cl.err")"
+# (the device takes its batches: lost at its 2nd forward pass, it says so; the group recovers with the same ids)
+export CUMULO_TEST_GPU_FAULT=lost:2
+run_case "tp coordinator's GPU lost" "$ADDR_a" --parallel tp --gpu vulkan
+unset CUMULO_TEST_GPU_FAULT
+grep -q "gpu: .* was lost; the CPU computes" "$TMP/cl.err" && ok ||
+    bad "tp: the coordinator's device did not take its slice's batches: $(tail -3 "$TMP/cl.err")"
 
 # 7. A node whose GPU is lost (the test hook, at its 4th forward pass) leaves
 # the cluster: the coordinator re-plans without it, as for any lost node,

@@ -8,8 +8,9 @@
 # device; bench and serve take --gpu; a mixture of experts (Mixtral,
 # qwen2moe's shared expert), gpt-oss and every weight type run on the device
 # with the CPU's ids, deepseek2 (latent attention, grouped sigmoid routing)
-# too; what the device does not hold (a q8_0 KV cache) is one warning line
-# and the CPU's ids; an injected device loss or full device memory
+# too; Q8_0 and Q4_0 KV caches on the device with the CPU's ids; what the
+# device does not hold (an f16/q8_0 KV cache) is one warning line and the
+# CPU's ids; an injected device loss or full device memory
 # (CUMULO_TEST_GPU_FAULT) is an error for that run or request, and a server
 # whose device was lost answers the later requests from the CPU. No device:
 # a skip with the reason (not n/a: setup installs lavapipe, so under CI=true
@@ -148,14 +149,33 @@ for v in "lite q8_0 f32 --variant lite --experts 8 --experts-used 2" \
         bad "$tag ($kv cache) on the GPU: rc $rc, cpu [$(ids "$T/o_cpu")] gpu [$(ids "$T/o")] $(cat "$T/e")"
 done
 
-# Not on the device: one warning line, the CPU's ids (a q8_0 KV cache: the
-# device holds f32 and f16 caches only; the BF16 model above: head size 64).
-"$BIN" run "$T/bf16.gguf" -p "Once upon a time" -n 8 --temp 0 --json --kv-type q8_0 >"$T/o_cpu" 2>/dev/null
-"$BIN" run "$T/bf16.gguf" -p "Once upon a time" -n 8 --temp 0 --json --kv-type q8_0 --gpu vulkan >"$T/o" 2>"$T/e"
+# Quantized KV caches on the device (quantized there as the CPU quantizes,
+# rotated first where it rotates): Q8_0, Q4_0 and Q8_0 K with Q4_0 V on the
+# BF16 model above (head size 64: the rotations) and on the IQ4_XS one
+# with 8 heads (head size 32: none): the CPU's ids, no fallback, --json
+# names the device.
+"$BIN" synth --arch llama --dim 256 --layers 2 --heads 8 --kv-heads 2 --ffn 512 --type iq4_xs --vocab "$VOCAB" \
+    --seed 5 -o "$T/h32.gguf" >/dev/null 2>&1 || bad "synth h32"
+for mk in "bf16 --kv-type q8_0" "bf16 --kv-type q4_0" "bf16 -ctk q8_0 -ctv q4_0" "h32 --kv-type q8_0" \
+    "h32 -ctk q8_0 -ctv q4_0"; do
+    set -- $mk
+    tag=$1
+    shift
+    "$BIN" run "$T/$tag.gguf" -p "Once upon a time" -n 16 --temp 0 --json "$@" >"$T/o_cpu" 2>/dev/null
+    "$BIN" run "$T/$tag.gguf" -p "Once upon a time" -n 16 --temp 0 --json "$@" --gpu vulkan >"$T/o" 2>"$T/e"
+    rc=$?
+    [ $rc -eq 0 ] && ! grep -q 'gpu:.*running on the CPU' "$T/e" && grep -q '"device":"[^"]*"' "$T/o" &&
+        ! grep -q '"device":"cpu"' "$T/o" && [ -n "$(ids "$T/o")" ] && [ "$(ids "$T/o")" = "$(ids "$T/o_cpu")" ] && ok ||
+        bad "$tag with a $* cache on the GPU: rc $rc, cpu [$(ids "$T/o_cpu")] gpu [$(ids "$T/o")] $(cat "$T/e")"
+done
+# Not on the device: one warning line, the CPU's ids (an F16 K with a Q8_0
+# V: the device holds f32 or f16 caches, or q8_0/q4_0 for both).
+"$BIN" run "$T/bf16.gguf" -p "Once upon a time" -n 8 --temp 0 --json -ctk f16 -ctv q8_0 >"$T/o_cpu" 2>/dev/null
+"$BIN" run "$T/bf16.gguf" -p "Once upon a time" -n 8 --temp 0 --json -ctk f16 -ctv q8_0 --gpu vulkan >"$T/o" 2>"$T/e"
 rc=$?
 [ $rc -eq 0 ] && [ "$(grep -c 'gpu:' "$T/e")" -eq 1 ] && grep -q 'running on the CPU' "$T/e" &&
     grep -q '"device":"cpu"' "$T/o" && [ -n "$(ids "$T/o")" ] && [ "$(ids "$T/o")" = "$(ids "$T/o_cpu")" ] && ok ||
-    bad "q8_0 cache not on the GPU: rc $rc, $(cat "$T/e")"
+    bad "f16/q8_0 cache not on the GPU: rc $rc, $(cat "$T/e")"
 
 # Faults (the test hook): the device lost at the 3rd forward pass, or its
 # memory full at the 1st, fails the run with the reason in one line.
@@ -187,12 +207,13 @@ wait "$spid" 2>/dev/null
 # q scale), the mixtures of experts (qwen3moe with 8 and 64 experts,
 # qwen2moe's shared expert; Mixtral through the CLI above), MXFP4 and
 # deepseek2 (V3 with the unsplit attn_kv_b: its latent rounded to Q8_K;
-# V2-Lite's rounded to Q8_0; V3 with YaRN).
+# V2-Lite's rounded to Q8_0; V3 with YaRN), and Q8_0 / Q4_0 KV caches
+# (llama.cpp's flash attention with its rotations: the device's cache).
 SG=${CUMULO_TESTBIN:-build/tests}/test_synth_golden
 # (every type and gemma3's F32/Q8_0 too: run test_synth_golden with
 # CUMULO_GPU=vulkan and a wider CUMULO_SYNTH_ONLY; this list keeps the suite's time)
-SEL='^(llama-(f16|q8_0|q4_0|q4_1|q3_k|q4_k_m)|llama3-q4_0|llamatied-f32|qwen3-q4_k|gemma3-q4_k_m|qwen3moe-q4_k|qwen3moe64-q8_0|qwen2moe-q5_0|qwen3-mxfp4|deepseek2v3kvb-q4_k|deepseek2litekvb-q8_0|deepseek2v3yarn-q8_0)\.json$'
-NSEL=17
+SEL='^(llama-(f16|q8_0|q4_0|q4_1|q3_k|q4_k_m)|llama-q8_0-kvq8_0|qwen3-q8_0-kvq4_0|llama-f32-kvq4_0|qwen3-f32-kvq8_0|llama3-q4_0|llamatied-f32|qwen3-q4_k|gemma3-q4_k_m|qwen3moe-q4_k|qwen3moe64-q8_0|qwen2moe-q5_0|qwen3-mxfp4|deepseek2v3kvb-q4_k|deepseek2litekvb-q8_0|deepseek2v3yarn-q8_0)\.json$'
+NSEL=21
 if [ -x "$SG" ]; then
     CUMULO_GPU=vulkan CUMULO_SYNTH_ONLY="$SEL" "$SG" >"$T/sg" 2>&1; rc=$?
     [ $rc -eq 0 ] && grep -q '^1 passed, 0 failed' "$T/sg" && [ "$(grep -c 'gpu: greedy with' "$T/sg")" -eq $NSEL ] && ok ||

@@ -22,6 +22,8 @@
 #include "os/os.h"
 #include "synth/synth.h"
 
+#include <pthread.h>
+
 static char errbuf[512];
 static cm_gpu *G;
 static enum cm_type g_kv_type = CM_TYPE_F32; /* the caches greedy() and two_seqs() make */
@@ -543,6 +545,316 @@ static void test_stage(void) {
     cm_free(S);
 }
 
+/* A quantized KV cache on the device (issue 16): synthetic llama models on
+ * stories260K's vocabulary with head sizes 32 (no rotation), 64 and 128
+ * (the Walsh-Hadamard rotations of K in blocks of 64 and 128, V in 64),
+ * Q8_0, Q4_0 and Q8_0 K with Q4_0 V: a 16-token prefill and 12 greedy steps
+ * with every layer on the device in slots of the cache's types
+ * (cm_gpu_model_new_kv), and in F32-sized slots after a CPU prefill (the
+ * slot re-filled from the CPU's quantized rows); every batch on the device
+ * (counted), the CPU's greedy ids, probabilities within 3e-4 of the
+ * CPU's (F32 weights: float order, and with it now and then a query's Q8_0
+ * or a cached value's Q4_0 rounding; measured on lavapipe 2.7e-7 to 4.8e-7,
+ * and 9.9e-5 for head 64 with Q8_0 K and Q4_0 V), and the device's cache
+ * rows the CPU's blocks bit for bit (the same rows quantized on both
+ * sides: cm_gpu_test_kv_diff). A query not rounded through Q8_0 was
+ * 1.7e-3 to 3.9e-3 off. */
+enum { KVQ_STEPS = 13 };
+static int g_kv_diff; /* kvq_run with mode 1: cm_gpu_test_kv_diff at the end */
+static int kvq_run(const cm_model *m, cm_pool *pool, enum cm_type kt, enum cm_type vt, int mode, float *logits,
+                   int *ids_out) {
+    cm_ctx *c = cm_ctx_new(m, 16, 256, pool, errbuf, sizeof errbuf);
+    cm_kv kv;
+    int rc = cm_kv_init_types(&kv, m, 0, m->hp.n_layer, cm_slice_full(m), 256, kt, vt, true, errbuf, sizeof errbuf);
+    cm_gpu_model *gm = NULL;
+    if (!rc && mode == 1)
+        rc = cm_gpu_model_new_kv(&gm, G, m, 0, m->hp.n_layer, 16, 256, 1, kt, vt, errbuf, sizeof errbuf);
+    if (!rc && mode == 2) rc = cm_gpu_model_new(&gm, G, m, m->hp.n_layer, 16, 256, 1, errbuf, sizeof errbuf);
+    g_offloaded = 0;
+    int32_t ids[16];
+    for (int i = 0; i < 16; i++) ids[i] = 3 + (i * 37) % 500;
+    cm_ctx_set_offload(c, mode == 1 ? counting_offload : NULL, gm);
+    if (!rc) rc = cm_forward_simple(c, &kv, ids, 16, logits, errbuf, sizeof errbuf);
+    cm_ctx_set_offload(c, gm ? counting_offload : NULL, gm);
+    for (int step = 1; !rc && step < KVQ_STEPS; step++) {
+        int32_t t = argmax(logits + (size_t)(step - 1) * 512, 512);
+        ids_out[step - 1] = t;
+        rc = cm_forward_simple(c, &kv, &t, 1, logits + (size_t)step * 512, errbuf, sizeof errbuf);
+    }
+    if (!rc && mode == 1) g_kv_diff = cm_gpu_test_kv_diff(gm, &kv, errbuf, sizeof errbuf);
+    cm_kv_release(&kv);
+    cm_ctx_free(c);
+    cm_gpu_model_free(gm);
+    return rc;
+}
+
+static void test_kv_quant(void) {
+    const struct { int dim, heads, kv_heads; } shapes[] = {{128, 4, 2}, {256, 4, 2}, {256, 2, 1}};
+    const enum cm_type kts[] = {CM_TYPE_Q8_0, CM_TYPE_Q4_0, CM_TYPE_Q8_0},
+                       vts[] = {CM_TYPE_Q8_0, CM_TYPE_Q4_0, CM_TYPE_Q4_0};
+    cm_gguf voc;
+    memset(&voc, 0, sizeof voc);
+    if (cm_gguf_open(&voc, t_shared("models/stories260K-f32.gguf"), NULL, NULL, errbuf, sizeof errbuf)) {
+        CHECKF(0, "%s", errbuf);
+        return;
+    }
+    cm_pool *pool = cm_pool_new(2);
+    static float cpu[KVQ_STEPS * 512], gpu[KVQ_STEPS * 512];
+    for (int si = 0; si < (int)CM_ARRAY_LEN(shapes); si++) {
+        const cm_synth_params sp = {.arch = "llama",
+                                    .n_embd = shapes[si].dim,
+                                    .n_layer = 2,
+                                    .n_head = shapes[si].heads,
+                                    .n_head_kv = shapes[si].kv_heads,
+                                    .n_ff = 256,
+                                    .n_ctx = 256,
+                                    .type = "f32",
+                                    .seed = 11,
+                                    .n_threads = 2};
+        cm_buf file;
+        cm_buf_init(&file);
+        cm_gguf g;
+        memset(&g, 0, sizeof g);
+        cm_model m;
+        memset(&m, 0, sizeof m);
+        if (cm_synth_write(&sp, &voc, NULL, &file, errbuf, sizeof errbuf) ||
+            cm_gguf_parse(&g, (const uint8_t *)file.data, file.len, errbuf, sizeof errbuf) ||
+            cm_model_load(&m, &g, errbuf, sizeof errbuf)) {
+            CHECKF(0, "synth: %s", errbuf);
+        } else {
+            for (int ti = 0; ti < 3; ti++) {
+                char why[256];
+                CHECKF(cm_gpu_kv_supported(&m, kts[ti], vts[ti], why, sizeof why), "%s", why);
+                int want[KVQ_STEPS], got[KVQ_STEPS];
+                CHECKF(kvq_run(&m, pool, kts[ti], vts[ti], 0, cpu, want) == 0, "cpu: %s", errbuf);
+                for (int mode = 1; mode <= 2; mode++) {
+                    g_kv_diff = -1;
+                    const int rc = kvq_run(&m, pool, kts[ti], vts[ti], mode, gpu, got);
+                    if (mode == 1) /* the device quantized every row as the CPU did: the same blocks */
+                        CHECKF(g_kv_diff == 0, "head %d, K %s V %s: %d cache rows on the device differ from the CPU's",
+                               shapes[si].dim / shapes[si].heads, cm_type_name(kts[ti]), cm_type_name(vts[ti]),
+                               g_kv_diff);
+                    const double d = probs_diff(cpu, gpu, KVQ_STEPS);
+                    const int on_gpu = g_offloaded, want_gpu = 2 * (mode == 1 ? KVQ_STEPS : KVQ_STEPS - 1);
+                    CHECKF(rc == 0 && on_gpu == want_gpu && !memcmp(want, got, sizeof(int) * (KVQ_STEPS - 1)) &&
+                               d < 3e-4,
+                           "head %d, K %s V %s, %s: rc %d (%s), %d layer passes on the GPU (want %d), ids %s, "
+                           "probabilities differ from the CPU's by %.3g",
+                           shapes[si].dim / shapes[si].heads, cm_type_name(kts[ti]), cm_type_name(vts[ti]),
+                           mode == 1 ? "quantized slots" : "F32 slots after a CPU prefill", rc, rc ? errbuf : "",
+                           on_gpu, want_gpu, memcmp(want, got, sizeof(int) * (KVQ_STEPS - 1)) ? "differ" : "equal", d);
+                    if (getenv("CUMULO_TEST_VERBOSE_ROWS"))
+                        for (int r = 0; r < KVQ_STEPS; r++)
+                            fprintf(stderr, "    row %d: %.3g\n", r, probs_diff(cpu + r * 512, gpu + r * 512, 1));
+                    if (getenv("CUMULO_TEST_VERBOSE"))
+                        fprintf(stderr, "  kv head %d K %s V %s mode %d: max |p_gpu - p_cpu| %.3g\n",
+                                shapes[si].dim / shapes[si].heads, cm_type_name(kts[ti]), cm_type_name(vts[ti]), mode,
+                                d);
+                }
+            }
+            char why[256];
+            CHECK(!cm_gpu_kv_supported(&m, CM_TYPE_F16, CM_TYPE_Q8_0, why, sizeof why));
+        }
+        cm_model_release(&m);
+        cm_gguf_close(&g);
+        cm_buf_release(&file);
+    }
+    cm_pool_free(pool);
+    cm_gguf_close(&voc);
+}
+
+/* A tensor-parallel member on the device (issue 16): stories260K Q8_0 and
+ * F32 split in two members (KV heads [0, 2) and [2, 4), FFN rows split in
+ * half), each a thread with its own context and cache, all-reducing
+ * through a barrier (member 0's partial sum plus member 1's, the same on
+ * both); member 0's slice on the device (cm_gpu_model_new_slice), member
+ * 1's on the CPU (and a member 0 with FFN rows only, no KV heads: its
+ * attention's partial sum is zero): a 16-token prefill and 7 greedy steps give the ids of the
+ * same group on the CPU alone, every batch of member 0 on the device
+ * (counted), probabilities within 1e-4 of the CPU group's (measured: 0 for
+ * Q8_0, the device's products being the CPU's, and 4.5e-7 for F32); and a
+ * synthetic llama (head size 64) with a Q8_0 cache on both members: within
+ * 3e-4 (measured 3.0e-7). */
+typedef struct tp_red {
+    pthread_barrier_t bar;
+    float *buf[2];
+    int64_t n;
+} tp_red;
+typedef struct tp_member {
+    tp_red *r;
+    int rank;
+    const cm_model *m;
+    cm_slice sl;
+    bool gpu;
+    enum cm_type kt, vt; /* the caches' types (F32 and F32 when zeroed) */
+    int rc, offloaded;
+    float logits[8 * 512];
+    char err[256];
+} tp_member;
+
+static int tp_sum(void *user, float *x, int64_t n) {
+    tp_member *me = user;
+    tp_red *r = me->r;
+    r->buf[me->rank] = x;
+    pthread_barrier_wait(&r->bar);
+    float *tmp = cm_malloc((size_t)n * sizeof(float));
+    for (int64_t i = 0; tmp && i < n; i++) tmp[i] = r->buf[0][i] + r->buf[1][i];
+    pthread_barrier_wait(&r->bar);
+    if (tmp) memcpy(x, tmp, (size_t)n * sizeof(float));
+    cm_free(tmp);
+    return tmp ? 0 : CM_ENOMEM;
+}
+
+static _Thread_local tp_member *tl_member;
+static int tp_counting(void *gm, const cm_batch *b, const cm_forward_args *a, float *x, const float *rope, char *err,
+                       size_t errlen) {
+    const int rc = cm_gpu_offload(gm, b, a, x, rope, err, errlen);
+    if (rc > 0) tl_member->offloaded += rc;
+    return rc;
+}
+
+static void *tp_main(void *arg) {
+    tp_member *me = arg;
+    tl_member = me;
+    const cm_model *m = me->m;
+    const int nl = m->hp.n_layer, V = m->hp.n_vocab;
+    cm_ctx *c = cm_ctx_new(m, 16, 512, NULL, me->err, sizeof me->err);
+    cm_kv kv;
+    memset(&kv, 0, sizeof kv);
+    cm_gpu_model *gm = NULL;
+    const bool quant = me->kt != CM_TYPE_F32;
+    me->rc = !c      ? CM_ENOMEM
+             : quant ? cm_kv_init_types(&kv, m, 0, nl, me->sl, 512, me->kt, me->vt, true, me->err, sizeof me->err)
+                     : cm_kv_init(&kv, m, 0, nl, me->sl, 512, me->err, sizeof me->err);
+    if (!me->rc && me->gpu)
+        me->rc = cm_gpu_model_new_slice(&gm, G, m, 0, nl, 16, 512, 1, quant ? me->kt : CM_TYPE_F32,
+                                        quant ? me->vt : CM_TYPE_F32, me->sl, me->err, sizeof me->err);
+    if (c) cm_ctx_set_offload(c, gm ? tp_counting : NULL, gm);
+    int32_t ids[16], pos[16], seq[16] = {0};
+    int8_t want[16] = {0};
+    int n = 16;
+    for (int i = 0; i < n; i++) ids[i] = 3 + (i * 37) % 500, pos[i] = i;
+    /* (a member that failed still all-reduces zeros: its peer must not wait forever) */
+    for (int step = 0; step < 8; step++) {
+        want[n - 1] = 1;
+        cm_kv *kvs[1] = {&kv};
+        cm_batch b = {.n = n, .tokens = ids, .pos = pos, .seq = seq, .logits = want};
+        cm_forward_args a = {.layer_first = 0,
+                             .layer_last = nl,
+                             .slice = me->sl,
+                             .kvs = kvs,
+                             .n_kvs = 1,
+                             .out_logits = me->logits + (size_t)step * V,
+                             .allreduce = tp_sum,
+                             .allreduce_user = me};
+        if (me->rc) {
+            for (int k = 0; k < 2 * nl; k++) {
+                float z[64 * 16] = {0};
+                tp_sum(me, z, (int64_t)n * m->hp.n_embd);
+            }
+        } else {
+            me->rc = cm_forward(c, &b, &a, me->err, sizeof me->err);
+        }
+        want[n - 1] = 0;
+        ids[0] = argmax(me->logits + (size_t)step * V, V);
+        pos[0] = pos[n - 1] + 1;
+        n = 1;
+    }
+    cm_kv_release(&kv);
+    cm_ctx_free(c);
+    cm_gpu_model_free(gm);
+    return NULL;
+}
+
+/* no_heads: member 0 holds FFN rows only (a planner's split with more
+ * members than KV heads), member 1 every head. */
+static void tp_group(const cm_model *m, bool gpu, bool no_heads, enum cm_type kt, enum cm_type vt, tp_member *mem) {
+    tp_red r = {.n = 0};
+    pthread_barrier_init(&r.bar, NULL, 2);
+    const cm_slice f = cm_slice_full(m);
+    const int hm = no_heads ? 0 : f.h1 / 2, fm = f.f1 / 2;
+    mem[0] = (tp_member){.r = &r, .rank = 0, .m = m, .sl = {0, hm, 0, fm}, .gpu = gpu, .kt = kt, .vt = vt};
+    mem[1] = (tp_member){.r = &r, .rank = 1, .m = m, .sl = {hm, f.h1, fm, f.f1}, .kt = kt, .vt = vt};
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++) pthread_create(&th[i], NULL, tp_main, &mem[i]);
+    for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+    pthread_barrier_destroy(&r.bar);
+}
+
+static void check_tp_model(const cm_model *m, const char *name, bool no_heads, enum cm_type kt, enum cm_type vt,
+                           double bound) {
+    char why[256];
+    const cm_slice f = cm_slice_full(m);
+    CHECKF(cm_gpu_model_supported_slice(m, 0, m->hp.n_layer, (cm_slice){0, no_heads ? 0 : f.h1 / 2, 0, f.f1 / 2}, why,
+                                        sizeof why),
+           "%s", why);
+    static tp_member cpu[2], gpu[2];
+    tp_group(m, false, no_heads, kt, vt, cpu);
+    tp_group(m, true, no_heads, kt, vt, gpu);
+    CHECKF(cpu[0].rc == 0 && cpu[1].rc == 0, "%s: the CPU group: %s %s", name, cpu[0].err, cpu[1].err);
+    CHECKF(gpu[0].rc == 0 && gpu[1].rc == 0, "%s: the group with a GPU member: %s %s", name, gpu[0].err, gpu[1].err);
+    const int nl = m->hp.n_layer;
+    CHECKF(gpu[0].offloaded == 8 * nl && gpu[1].offloaded == 0,
+           "%s: member 0 computed %d layers of 8 batches on the device, not %d each", name, gpu[0].offloaded, nl);
+    int same = 0;
+    for (int r = 0; r < 8; r++)
+        same += argmax(cpu[0].logits + r * 512, 512) == argmax(gpu[0].logits + r * 512, 512) &&
+                argmax(gpu[0].logits + r * 512, 512) == argmax(gpu[1].logits + r * 512, 512);
+    const double d = probs_diff(cpu[0].logits, gpu[0].logits, 8), d1 = probs_diff(gpu[0].logits, gpu[1].logits, 8);
+    CHECKF(same == 8 && d < bound && d1 == 0,
+           "%s: tensor-parallel member on the GPU: %d of 8 greedy ids equal, probabilities differ from the CPU "
+           "group's by %.3g, between the members by %.3g",
+           name, same, d, d1);
+    if (getenv("CUMULO_TEST_VERBOSE"))
+        fprintf(stderr, "  %s tp member%s on the GPU: max |p - p_cpu group| %.3g\n", name,
+                no_heads ? " (FFN rows only)" : "", d);
+}
+static void check_tp(const char *name, bool no_heads, double bound) {
+    story *S = cm_calloc(1, sizeof *S);
+    if (load_story(S, name)) {
+        CHECKF(0, "cannot load stories260K-%s: %s", name, errbuf);
+        cm_free(S);
+        return;
+    }
+    check_tp_model(&S->m, name, no_heads, CM_TYPE_F32, CM_TYPE_F32, bound);
+    cm_model_release(&S->m);
+    cm_gguf_close(&S->g);
+    cm_free(S);
+}
+static void test_tp_slice(void) {
+    check_tp("q8_0", false, 1e-4);
+    check_tp("f32", false, 1e-4);
+    check_tp("q8_0", true, 1e-4);
+    /* a Q8_0 cache (head size 64: the rotations) on a synthetic model of F32 weights */
+    cm_gguf voc, g;
+    memset(&voc, 0, sizeof voc);
+    memset(&g, 0, sizeof g);
+    cm_buf file;
+    cm_buf_init(&file);
+    cm_model m;
+    memset(&m, 0, sizeof m);
+    const cm_synth_params sp = {.arch = "llama",
+                                .n_embd = 256,
+                                .n_layer = 2,
+                                .n_head = 4,
+                                .n_head_kv = 2,
+                                .n_ff = 256,
+                                .n_ctx = 512,
+                                .type = "f32",
+                                .seed = 11,
+                                .n_threads = 2};
+    if (cm_gguf_open(&voc, t_shared("models/stories260K-f32.gguf"), NULL, NULL, errbuf, sizeof errbuf) ||
+        cm_synth_write(&sp, &voc, NULL, &file, errbuf, sizeof errbuf) ||
+        cm_gguf_parse(&g, (const uint8_t *)file.data, file.len, errbuf, sizeof errbuf) ||
+        cm_model_load(&m, &g, errbuf, sizeof errbuf))
+        CHECKF(0, "synth: %s", errbuf);
+    else check_tp_model(&m, "llama head 64, q8_0 cache", false, CM_TYPE_Q8_0, CM_TYPE_Q8_0, 3e-4);
+    cm_model_release(&m);
+    cm_gguf_close(&g);
+    cm_gguf_close(&voc);
+    cm_buf_release(&file);
+}
+
 static void test_no_loader(void) { /* a missing loader is an error value, not a crash */
     setenv("CUMULO_VULKAN_LIB", "/nonexistent/libvulkan.so.1", 1);
     cm_config_reload();
@@ -578,6 +890,8 @@ int main(void) {
     RUN(test_story_q4_0);
     RUN(test_stage);
     RUN(test_deepseek2);
+    RUN(test_kv_quant);
+    RUN(test_tp_slice);
     cm_gpu_close(G);
     TEST_END_SKIPPED(g_skipped);
 }

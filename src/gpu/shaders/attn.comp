@@ -6,13 +6,18 @@
 // qscale multiplies the query first (gemma3's attn_q_scale, else 1); swa > 0:
 // only the last swa positions (sliding-window layers); sink_off != ~0u:
 // gpt-oss's per-head sink logit (W[sink_off + h]) joins the max and the sum.
+// kt / vt: the slot's K and V types (kvq.glsl; rows of krw / vrw words: a
+// float cache's D); a quantized K's query comes rotated and rounded through
+// Q8_0 (fwht.comp), its rows dequantized here as the CPU's to_float.
 #extension GL_GOOGLE_include_directive : require
 layout(local_size_x = 64) in;
 #include "common.glsl"
+#include "kvq.glsl"
 layout(push_constant) uniform P {
     uint D, nq, rep, nkv, ctx, ldq, q_off, o_off, sc_off, meta_off, B, layer_base, slot_stride, f16, swa;
     float scale, qscale;
     uint sink_off;
+    uint kt, vt, krw, vrw;
 } p;
 shared float red[64];
 
@@ -21,15 +26,16 @@ void main() {
     const uint pos = AU[p.meta_off + j], slot = AU[p.meta_off + p.B + j], np = pos + 1;
     const uint lo = p.swa != 0 && np > p.swa ? np - p.swa : 0;
     const uint hk = h / p.rep;
-    const uint kb = slot * p.slot_stride + p.layer_base + hk * p.ctx * p.D;
-    const uint vb = kb + p.nkv * p.ctx * p.D;
+    const uint sb0 = slot * p.slot_stride + p.layer_base;
+    const uint kb = sb0 + hk * p.ctx * p.krw;
+    const uint vb = sb0 + p.nkv * p.ctx * p.krw + hk * p.ctx * p.vrw;
     const uint qb = p.q_off + j * p.ldq + h * p.D, sb = p.sc_off + (j * p.nq + h) * p.ctx;
     float mx = -1.0 / 0.0;
     for (uint t = lo + tid; t < np; t += 64) {
         float s = 0.0;
         for (uint d = 0; d < p.D; d++) {
             const float q = A[qb + d] * p.qscale;
-            s += (p.f16 != 0 ? f16r(q) : q) * KV[kb + t * p.D + d];
+            s += (p.f16 != 0 ? f16r(q) : q) * kv_elem(p.kt, kb + t * p.krw, p.D, d);
         }
         s *= p.scale;
         A[sb + t] = s;
@@ -64,7 +70,7 @@ void main() {
         float o = 0.0;
         for (uint t = lo; t < np; t++) {
             const float w = A[sb + t] * inv;
-            o += (p.f16 != 0 ? f16r(w) : w) * KV[vb + t * p.D + d];
+            o += (p.f16 != 0 ? f16r(w) : w) * kv_elem(p.vt, vb + t * p.vrw, p.D, d);
         }
         A[p.o_off + j * p.ldq + h * p.D + d] = o;
     }
