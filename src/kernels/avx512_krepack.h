@@ -91,16 +91,22 @@ static void gemv_rq4_k(int64_t k, const void *w, size_t w_stride, const void *x,
     for (int64_t i = r0; i < r1; i++) y[i] = rk4_row(nb, (const uint8_t *)w + (size_t)i * w_stride, pk);
 }
 
-/* ---- q5_k: kg5_tile's arithmetic (tile_q5_k's 8 lanes) with the fifth bit
- * added on the fly; the token is read as it is (64 weights per vpdpbusd in
- * their own order), only its bsums pairs are gathered once per call ---- */
+/* ---- q5_k: the avx512 table's own float order ("z5", shared by vec_dot,
+ * both decode gemvs and gemm_kq_avx512.c's prefill gemm): per super-block b
+ * the exact integer sum S_b of its 8 sub-blocks' scale times sum(q * y),
+ * converted once and added with one FMA (d * dy) into float lane b % 16,
+ * the 16 lanes summed at the end by _mm512_reduce_add_ps; the min term as
+ * tile_q5_k's (4 lanes, one FMA with dmin * dy per super-block, hsum4),
+ * subtracted last. How S_b is formed is free (integers): here kg5_tile's 8
+ * lanes (the fifth bit added on the fly, the token read as it is), summed 8
+ * super-blocks at a time by rk5_sum8; the gemm uses sub-block lanes. ---- */
 enum { RK5_GROUP = 4 * (int)sizeof(cm_block_q5_k) };
 
-/* One super-block: qs and qh (the file's order), the word pairs s[h]
- * (kg5_blk's), mins as words, d, dmin; y the token's block, pairs its bsums
- * pair sums. */
-AI void rk5_block(const uint8_t *qs, const uint8_t *qh, const __m512i s[2], __m128i mn16, float d, float dmin,
-                  const cm_block_q8_k *y, __m128i pairs, __m256 *acc, __m128 *accm) {
+/* One super-block's 8 lanes (their sum is S_b); accm gets its min term.
+ * qs and qh (the file's order), the word pairs s[h] (kg5_blk's), mins as
+ * words, dmin; y the token's block, pairs its bsums pair sums. */
+AI __m256i rk5_block(const uint8_t *qs, const uint8_t *qh, const __m512i s[2], __m128i mn16, float dmin,
+                     const cm_block_q8_k *y, __m128i pairs, __m128 *accm) {
     const __m512i m4 = _mm512_set1_epi8(0x0f), one = _mm512_set1_epi8(1), z = _mm512_setzero_si512();
     const __m512i nsh = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1); /* lo | hi nibbles */
     const __m512i h5 = _mm512_broadcast_i64x4(ld256(qh));
@@ -118,22 +124,47 @@ AI void rk5_block(const uint8_t *qs, const uint8_t *qh, const __m512i s[2], __m1
         }
         s16 = _mm512_dpwssd_epi32(s16, _mm512_mask_blend_epi16(0xaaaaaaaau, dp[0], _mm512_slli_epi32(dp[1], 16)), s[h]);
     }
-    const __m256i s8 = _mm256_add_epi32(_mm512_castsi512_si256(s16), _mm512_extracti64x4_epi64(s16, 1));
-    FMA_BLOCK(*acc, s8, d * y->d);
     *accm = _mm_fmadd_ps(_mm_cvtepi32_ps(_mm_madd_epi16(mn16, pairs)), _mm_set1_ps(dmin * y->d), *accm);
+    return _mm256_add_epi32(_mm512_castsi512_si256(s16), _mm512_extracti64x4_epi64(s16, 1));
 }
 
-/* A row of nb super-blocks; grouped: repacked ("q5_k lanes"), else the
- * file's bytes (every block as a tail block). */
+/* lane m = the sum of s[m]'s 8 lanes (exact) */
+AI __m256i rk5_sum8(const __m256i s[8]) {
+    const __m256i a0 = _mm256_hadd_epi32(s[0], s[1]), a1 = _mm256_hadd_epi32(s[2], s[3]);
+    const __m256i a2 = _mm256_hadd_epi32(s[4], s[5]), a3 = _mm256_hadd_epi32(s[6], s[7]);
+    const __m256i b0 = _mm256_hadd_epi32(a0, a1), b1 = _mm256_hadd_epi32(a2, a3);
+    return _mm256_add_epi32(_mm256_permute2x128_si256(b0, b1, 0x20), _mm256_permute2x128_si256(b0, b1, 0x31));
+}
+
+/* z5's float step for up to 16 super-blocks: s[m] (m < n) their lanes,
+ * dd[m] their d * dy; the rest count as zero (as the gemm's padding). */
+AI void rk5_flush(__m256i s[16], float dd[16], int n, __m512 *acc) {
+    for (int m = n; m < 16; m++) s[m] = _mm256_setzero_si256(), dd[m] = 0.0f;
+    const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(rk5_sum8(s)), rk5_sum8(s + 8), 1);
+    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), _mm512_loadu_ps(dd), *acc);
+}
+
+/* The bsums pair sums of one token block, as kmins forms them. */
+AI __m128i rk5_pair(const cm_block_q8_k *y) {
+    const __m256i bs = ld256(y->bsums);
+    return _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+}
+
+/* A row of nb super-blocks in z5's order; grouped: repacked ("q5_k lanes"),
+ * else the file's bytes (every block as a tail block); pairs: the token's
+ * bsums pair sums, or NULL (formed here). */
 AI float rk5_row(int64_t nb, const uint8_t *x, const cm_block_q8_k *y, const __m128i *pairs, bool grouped) {
-    __m256 acc = _mm256_setzero_ps();
+    __m512 acc = _mm512_setzero_ps();
     __m128 accm = _mm_setzero_ps();
+    __m256i sl[16];
+    float dl[16];
+    int n = 0;
     /* word 2l (l < 8): scale 4h of block j; 2l+1: 4h+2; l >= 8: 4h+1, 4h+3 */
     static const uint16_t k_base[32] = {0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2,
                                         1, 3, 1, 3, 1, 3, 1, 3, 1, 3, 1, 3, 1, 3, 1, 3};
     const __m512i base = _mm512_loadu_si512(k_base);
     int64_t b = 0;
-    for (; grouped && b + 4 <= nb; b += 4, x += RK5_GROUP) {
+    for (; grouped && b + 4 <= nb; b += 4, x += RK5_GROUP) { /* n stays a multiple of 4 here */
         float dd[8];
         __m128i sc03, sc47, mn16[4];
         rk_header(x, dd, &sc03, &sc47, mn16);
@@ -142,9 +173,11 @@ AI float rk5_row(int64_t nb, const uint8_t *x, const cm_block_q8_k *y, const __m
             const __m512i s[2] = {
                 _mm512_permutexvar_epi16(_mm512_add_epi16(base, _mm512_set1_epi16((short)(4 * j))), sw),
                 _mm512_permutexvar_epi16(_mm512_add_epi16(base, _mm512_set1_epi16((short)(16 + 4 * j))), sw)};
-            rk5_block(x + 192 + 128 * j, x + 64 + 32 * j, s, mn16[j], dd[j], dd[4 + j], y + b + j, pairs[b + j], &acc,
-                      &accm);
+            sl[n + j] = rk5_block(x + 192 + 128 * j, x + 64 + 32 * j, s, mn16[j], dd[4 + j], y + b + j,
+                                  pairs ? pairs[b + j] : rk5_pair(y + b + j), &accm);
+            dl[n + j] = dd[j] * y[b + j].d;
         }
+        if ((n += 4) == 16) rk5_flush(sl, dl, n, &acc), n = 0;
     }
     for (const cm_block_q5_k *xt = (const cm_block_q5_k *)(const void *)x; b < nb; b++, xt++) {
         uint8_t sc[8], mn[8];
@@ -153,10 +186,18 @@ AI float rk5_row(int64_t nb, const uint8_t *x, const cm_block_q8_k *y, const __m
         for (int h = 0; h < 2; h++)
             s[h] = _mm512_inserti64x4(_mm512_set1_epi32((int)(sc[4 * h] | (uint32_t)sc[4 * h + 2] << 16)),
                                       _mm256_set1_epi32((int)(sc[4 * h + 1] | (uint32_t)sc[4 * h + 3] << 16)), 1);
-        rk5_block(xt->qs, xt->qh, s, _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mn)), f16f(xt->d),
-                  f16f(xt->dmin), y + b, pairs[b], &acc, &accm);
+        sl[n] = rk5_block(xt->qs, xt->qh, s, _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mn)), f16f(xt->dmin),
+                          y + b, pairs ? pairs[b] : rk5_pair(y + b), &accm);
+        dl[n] = f16f(xt->d) * y[b].d;
+        if (++n == 16) rk5_flush(sl, dl, n, &acc), n = 0;
     }
-    return hsum8(acc) - hsum4(accm);
+    if (n) rk5_flush(sl, dl, n, &acc);
+    return _mm512_reduce_add_ps(acc) - hsum4(accm);
+}
+
+/* The avx512 table's q5_k dot (z5). */
+static void vec_dot_zq5_k(int64_t n, float *s, const void *x, const void *y) {
+    *s = rk5_row(n / CM_QK_K, x, y, NULL, false);
 }
 
 #define GEMV_RK5(NAME, GROUPED)                                                                                        \
@@ -165,7 +206,7 @@ AI float rk5_row(int64_t nb, const uint8_t *x, const cm_block_q8_k *y, const __m
         (void)x_stride, (void)ldy, (void)n_tok;                                                                        \
         const int64_t nb = k / CM_QK_K;                                                                                \
         if (nb > RK4_MAXB) {                                                                                           \
-            for (int64_t i = r0; i < r1; i++) vec_dot_q5_k(k, &y[i], (const char *)w + (size_t)i * w_stride, x);       \
+            for (int64_t i = r0; i < r1; i++) vec_dot_zq5_k(k, &y[i], (const char *)w + (size_t)i * w_stride, x);      \
             return;                                                                                                    \
         }                                                                                                              \
         __m128i pairs[RK4_MAXB];                                                                                       \
@@ -175,6 +216,14 @@ AI float rk5_row(int64_t nb, const uint8_t *x, const cm_block_q8_k *y, const __m
     }
 GEMV_RK5(gemv_rq5_k, true)  /* over "q5_k lanes" (repack.c) */
 GEMV_RK5(gemv_fq5_k, false) /* over the file's bytes */
+
+/* z5 for any number of tokens: the plain gemv per token (gemm_kq_avx512.c's
+ * gemm calls it for one token and for rows past its limit). */
+static void gemm_zq5_k(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
+                       int64_t r0, int64_t r1, int64_t n_tok) {
+    for (int64_t j = 0; j < n_tok; j++)
+        gemv_fq5_k(k, w, w_stride, (const char *)x + (size_t)j * x_stride, x_stride, y + j * ldy, ldy, r0, r1, 1);
+}
 
 /* ---- q6_k decode gemv over the file's bytes: kg6_tile's lane sums with the
  * weights' 6-bit values unsigned and the -32 offset in the token: the token

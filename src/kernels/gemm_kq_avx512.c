@@ -47,8 +47,6 @@
 enum {
     KQ_MAXNB = 64,        /* super-blocks per row (k <= 16384) */
     KQ_PASS = 256 * 1024, /* bytes of packed token values per pass (stay in L2 while row tiles walk them) */
-    KQ5_R = 2,
-    KQ5_P = 4, /* q5_k register tile: rows x token pairs */
     KQ16_R = 2,
     KQ16_T = 4, /* q6_k / q4_k register tile: rows x tokens (q4_k's min term: 4 tokens per vector) */
 };
@@ -75,174 +73,6 @@ KQ_AI __m512i kq_pair(__m512i d0, __m512i d1) {
 KQ_AI __m256i kq_ld256(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
 KQ_AI const cm_block_q8_k *kq_tok(const void *x, size_t x_stride, int64_t j) {
     return (const cm_block_q8_k *)(const void *)((const char *)x + (size_t)j * x_stride);
-}
-
-/* ---------------- q5_k ---------------- */
-
-typedef struct {
-    uint8_t q[8][32]; /* sub-block j's 5-bit values */
-    int32_t sp[4];    /* sub-blocks 2u and 2u + 1's scales as a word pair */
-    __m128i mn;       /* the 8 mins as words */
-    float d, dmin;
-} kq5_blk;
-
-static void kq5_unpack(int64_t nb, const cm_block_q5_k *x, kq5_blk *o) {
-    const __m256i m4 = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1);
-    for (int64_t b = 0; b < nb; b++) {
-        __m256i qh = kq_ld256(x[b].qh);
-        for (int j = 0; j < 4; j++) { /* elements 64j.. (low nibbles, bit 2j), 64j+32.. (high, bit 2j+1) */
-            const __m256i q = kq_ld256(x[b].qs + 32 * j);
-            const __m256i lo =
-                _mm256_or_si256(_mm256_and_si256(q, m4), _mm256_slli_epi16(_mm256_and_si256(qh, one), 4));
-            const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4),
-                                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 1), one), 4));
-            qh = _mm256_srli_epi16(qh, 2);
-            _mm256_storeu_si256((__m256i *)(void *)o[b].q[2 * j], lo);
-            _mm256_storeu_si256((__m256i *)(void *)o[b].q[2 * j + 1], hi);
-        }
-        uint8_t sc[8], mn[8];
-        cm_k4_scales8(x[b].scales, sc, mn);
-        for (int u = 0; u < 4; u++) o[b].sp[u] = (int32_t)(sc[2 * u] | (uint32_t)sc[2 * u + 1] << 16);
-        o[b].mn = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(const void *)mn));
-        o[b].d = _cvtsh_ss(x[b].d);
-        o[b].dmin = _cvtsh_ss(x[b].dmin);
-    }
-}
-
-/* The pass's tokens [j0, j0 + ntp) (ntp a multiple of 8; those past nt
- * zero): yq[((p * nb + b) * 8 + j) * 64]: token 2p's sub-block j of
- * super-block b, then token 2p + 1's; ydp[p * nb + b]: their dy, 8 lanes
- * each; pr / ydv[b * ntp + t]: token t's bsums pair sums and dy (the min
- * term, kmins' operands). */
-static void kq5_pack(const void *x, size_t x_stride, int64_t j0, int64_t nt, int64_t ntp, int64_t nb, int8_t *yq,
-                     __m512 *ydp, __m128i *pr, __m128 *ydv) {
-    for (int64_t t = 0; t < ntp; t++) {
-        const int64_t p = t / 2;
-        const int e = (int)(t & 1);
-        if (t >= nt) {
-            for (int64_t b = 0; b < nb; b++) {
-                for (int j = 0; j < 8; j++)
-                    _mm256_storeu_si256((__m256i *)(void *)(yq + ((p * nb + b) * 8 + j) * 64 + 32 * e),
-                                        _mm256_setzero_si256());
-                float *dv = (float *)(void *)&ydp[p * nb + b];
-                for (int l = 0; l < 8; l++) dv[8 * e + l] = 0.0f;
-                pr[b * ntp + t] = _mm_setzero_si128();
-                ydv[b * ntp + t] = _mm_setzero_ps();
-            }
-            continue;
-        }
-        const cm_block_q8_k *y = kq_tok(x, x_stride, j0 + t);
-        for (int64_t b = 0; b < nb; b++) {
-            for (int j = 0; j < 8; j++)
-                _mm256_storeu_si256((__m256i *)(void *)(yq + ((p * nb + b) * 8 + j) * 64 + 32 * e),
-                                    kq_ld256(y[b].qs + 32 * j));
-            float *dv = (float *)(void *)&ydp[p * nb + b];
-            for (int l = 0; l < 8; l++) dv[8 * e + l] = y[b].d;
-            const __m256i bs = kq_ld256(y[b].bsums);
-            pr[b * ntp + t] = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
-            ydv[b * ntp + t] = _mm_set1_ps(y[b].d);
-        }
-    }
-}
-
-/* out[r * 2 * KQ5_P + t] for R rows and P token pairs (2P tokens from the
- * tile's first pair yq / ydp, min operands pr / ydv with row length ld). */
-KQ_AI void kq5_tile(int64_t nb, const kq5_blk *const *xb, const int8_t *yq, const __m512 *ydp, const __m128i *pr,
-                    const __m128 *ydv, int64_t ld, int R, int P, float *out) {
-    __m512 af[KQ5_R][KQ5_P], am[KQ5_R][KQ5_P / 2];
-    _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) {
-        _Pragma("GCC unroll 4") for (int p = 0; p < P; p++) af[r][p] = _mm512_setzero_ps();
-        _Pragma("GCC unroll 2") for (int g = 0; g < (P + 1) / 2; g++) am[r][g] = _mm512_setzero_ps();
-    }
-    const __m512i z = _mm512_setzero_si512();
-    for (int64_t b = 0; b < nb; b++) {
-        __m512i ai[KQ5_R][KQ5_P];
-        _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) _Pragma("GCC unroll 4") for (int p = 0; p < P; p++)
-            ai[r][p] = _mm512_setzero_si512();
-        _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++) {
-            __m512i w0[KQ5_R], w1[KQ5_R], s[KQ5_R];
-            _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) {
-                w0[r] = _mm512_broadcast_i64x4(kq_ld256(xb[r][b].q[2 * u]));
-                w1[r] = _mm512_broadcast_i64x4(kq_ld256(xb[r][b].q[2 * u + 1]));
-                s[r] = _mm512_set1_epi32(xb[r][b].sp[u]);
-            }
-            _Pragma("GCC unroll 4") for (int p = 0; p < P; p++) {
-                const __m512i y0 = _mm512_load_si512((const void *)(yq + ((p * nb + b) * 8 + 2 * u) * 64));
-                const __m512i y1 = _mm512_load_si512((const void *)(yq + ((p * nb + b) * 8 + 2 * u + 1) * 64));
-                _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) ai[r][p] = _mm512_dpwssd_epi32(
-                    ai[r][p], kq_pair(_mm512_dpbusd_epi32(z, w0[r], y0), _mm512_dpbusd_epi32(z, w1[r], y1)), s[r]);
-            }
-        }
-        _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) {
-            const __m512 dv = _mm512_set1_ps(xb[r][b].d);
-            _Pragma("GCC unroll 4") for (int p = 0; p < P; p++) af[r][p] =
-                _mm512_fmadd_ps(_mm512_cvtepi32_ps(ai[r][p]), _mm512_mul_ps(dv, ydp[p * nb + b]), af[r][p]);
-            const __m512i mn = _mm512_broadcast_i32x4(xb[r][b].mn);
-            const __m512 dmin = _mm512_set1_ps(xb[r][b].dmin);
-            _Pragma("GCC unroll 2") for (int g = 0; g < (P + 1) / 2; g++) { /* 4 tokens, one per 128-bit lane */
-                const __m512i m = _mm512_madd_epi16(mn, _mm512_load_si512((const void *)(pr + b * ld + 4 * g)));
-                am[r][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(m),
-                                           _mm512_mul_ps(dmin, _mm512_load_ps((const void *)(ydv + b * ld + 4 * g))),
-                                           am[r][g]);
-            }
-        }
-    }
-    _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) {
-        _Alignas(64) float mv[KQ5_P / 2 * 16];
-        _Pragma("GCC unroll 2") for (int g = 0; g < (P + 1) / 2; g++) _mm512_store_ps(mv + 16 * g, am[r][g]);
-        _Pragma("GCC unroll 4") for (int p = 0; p < P; p++) {
-            const __m256 lo = _mm512_castps512_ps256(af[r][p]);
-            const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(af[r][p]), 1));
-            out[r * 2 * KQ5_P + 2 * p] = kq_hsum8(lo) - kq_hsum4(_mm_load_ps(mv + 8 * p));
-            out[r * 2 * KQ5_P + 2 * p + 1] = kq_hsum8(hi) - kq_hsum4(_mm_load_ps(mv + 8 * p + 4));
-        }
-    }
-}
-
-static void gemm_kq5(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
-                     int64_t r0, int64_t r1, int64_t n_tok) {
-    const int64_t nb = k / CM_QK_K;
-    if (nb > KQ_MAXNB || n_tok < 2) {
-        g_prev_q5(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
-        return;
-    }
-    enum { TT = 2 * KQ5_P, CAPMAX = KQ_PASS / (int)CM_QK_K };
-    _Alignas(64) kq5_blk buf[KQ5_R * KQ_MAXNB];
-    _Alignas(64) int8_t yq[KQ_PASS];
-    _Alignas(64) __m512 ydp[CAPMAX / 2];
-    _Alignas(64) __m128i pr[CAPMAX];
-    _Alignas(64) __m128 ydv[CAPMAX];
-    int64_t cap = (CAPMAX / nb) & ~(int64_t)(TT - 1); /* tokens per pass */
-    for (int64_t j0 = 0; j0 < n_tok; j0 += cap) {
-        const int64_t nt = n_tok - j0 < cap ? n_tok - j0 : cap, ntp = (nt + TT - 1) & ~(int64_t)(TT - 1);
-        kq5_pack(x, x_stride, j0, nt, ntp, nb, yq, ydp, pr, ydv);
-        for (int64_t i = r0; i < r1; i += KQ5_R) {
-            const int R = r1 - i < KQ5_R ? (int)(r1 - i) : KQ5_R;
-            const kq5_blk *xb[KQ5_R];
-            for (int r = 0; r < R; r++) {
-                kq5_unpack(nb, (const cm_block_q5_k *)(const void *)((const char *)w + (size_t)(i + r) * w_stride),
-                           buf + r * nb);
-                xb[r] = buf + r * nb;
-            }
-            for (int64_t jj = 0; jj < nt; jj += TT) {
-                const int P = (int)((nt - jj + 1) / 2 < KQ5_P ? (nt - jj + 1) / 2 : KQ5_P);
-                const int8_t *yt = yq + (jj / 2) * nb * 8 * 64;
-                const __m512 *dt = ydp + (jj / 2) * nb;
-                float out[KQ5_R * TT];
-                if (R == KQ5_R && P == KQ5_P) kq5_tile(nb, xb, yt, dt, pr + jj, ydv + jj, ntp, KQ5_R, KQ5_P, out);
-                else
-                    for (int r = 0; r < R; r++) switch (P) {
-                        case 4: kq5_tile(nb, xb + r, yt, dt, pr + jj, ydv + jj, ntp, 1, 4, out + r * TT); break;
-                        case 3: kq5_tile(nb, xb + r, yt, dt, pr + jj, ydv + jj, ntp, 1, 3, out + r * TT); break;
-                        case 2: kq5_tile(nb, xb + r, yt, dt, pr + jj, ydv + jj, ntp, 1, 2, out + r * TT); break;
-                        default: kq5_tile(nb, xb + r, yt, dt, pr + jj, ydv + jj, ntp, 1, 1, out + r * TT); break;
-                        }
-                const int T = nt - jj < TT ? (int)(nt - jj) : TT;
-                for (int r = 0; r < R; r++)
-                    for (int t = 0; t < T; t++) y[(j0 + jj + t) * ldy + i + r] = out[r * TT + t];
-            }
-        }
-    }
 }
 
 /* ---------------- q6_k and q4_k: 16 int32 lanes per super-block ---------------- */
@@ -656,6 +486,221 @@ static void gemm_kq6(int64_t k, const void *w, size_t w_stride, const void *x, s
                         case 3: kq6_tile(ng, xr, dr, yt, dt, 1, 3, o); break;
                         case 2: kq6_tile(ng, xr, dr, yt, dt, 1, 2, o); break;
                         default: kq6_tile(ng, xr, dr, yt, dt, 1, 1, o); break;
+                        }
+                    }
+                for (int r = 0; r < R; r++)
+                    for (int t = 0; t < T; t++) y[(j0 + jj + t) * ldy + i + r] = out[r * KQ16_T + t];
+            }
+        }
+    }
+}
+
+/* ---------------- q5_k: sub-block lanes ----------------
+ * The avx512 table's q5_k dot ("z5", avx512_krepack.h): per super-block b
+ * the exact integer sum S_b of its sub-blocks' scale times sum(q * y),
+ * converted, one FMA with d * dy into float lane b % 16, reduced by
+ * _mm512_reduce_add_ps; the min term in 4 lanes (one FMA with dmin * dy per
+ * super-block, hsum4), subtracted last. Here q6_k's operand order
+ * (kq6_transpose): dword L = 4j + i of operand v holds elements 4v .. 4v + 3
+ * of the 16 elements 16 (4i + j) .., i.e. of sub-block (4i + j) / 2; four
+ * vpdpbusd (5-bit values unsigned, the token signed; |lane| <= 16 * 31 *
+ * 127) and one vpmulld with the scales, then q6_k's kq_red2 / kq_red22 /
+ * kq_place16 and one conversion and FMA per 16 super-blocks. The min term
+ * takes 4 tokens per vector (token t in 128-bit lane t) as before. */
+typedef struct {
+    __m512i y[4]; /* the token's bytes in kq6_blk's order */
+} kq5_tok;
+
+typedef struct {
+    __m128i mn; /* the 8 mins as words */
+    float dmin;
+} kq5_min;
+
+/* o[b] (zero from nb to nb rounded up to 4), dg[q] (lane m: d of 16q + m, 0 past nb), m[b] */
+static void kq5_unpack(int64_t nb, const cm_block_q5_k *x, kq6_blk *o, __m512 *dg, kq5_min *m) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1);
+    for (int64_t b = 0; b < nb; b++) {
+        __m256i qh = kq_ld256(x[b].qh);
+        __m512i X
+        [4];
+        for (int j = 0; j < 4; j++) { /* elements 64j.. (low nibbles, bit 2j), 64j+32.. (high, bit 2j+1) */
+            const __m256i q = kq_ld256(x[b].qs + 32 * j);
+            const __m256i lo =
+                _mm256_or_si256(_mm256_and_si256(q, m4), _mm256_slli_epi16(_mm256_and_si256(qh, one), 4));
+            const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4),
+                                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 1), one), 4));
+            qh = _mm256_srli_epi16(qh, 2);
+            X
+            [j] = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+        }
+        kq6_transpose(X, o[b].q);
+        uint8_t sc[8], mn[8];
+        cm_k4_scales8(x[b].scales, sc, mn);
+        _Alignas(64) int32_t sv[16];
+        for (int L = 0; L < 16; L++) sv[L] = sc[(4 * (L & 3) + (L >> 2)) >> 1];
+        o[b].sc = _mm512_load_si512((const void *)sv);
+        m[b].mn = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(const void *)mn));
+        m[b].dmin = _cvtsh_ss(x[b].dmin);
+    }
+    for (int64_t b = nb; b < (nb + 3) / 4 * 4; b++) memset(&o[b], 0, sizeof o[b]);
+    for (int64_t q = 0; q < (nb + 15) / 16; q++) {
+        _Alignas(64) float d[16];
+        for (int l = 0; l < 16; l++) d[l] = 16 * q + l < nb ? _cvtsh_ss(x[16 * q + l].d) : 0.0f;
+        dg[q] = _mm512_load_ps(d);
+    }
+}
+
+/* tokens [j0, j0 + nt): o[t * nbp + b] (nbp = nb rounded up to 4, zero past
+ * nb), dyg[t * nq + q] (lane m: dy of 16q + m, 0 past nb), the min operands
+ * pr / ydv[b * ld + t] (ld = nt rounded up to 4, zero past nt) */
+static void kq5_pack(const void *x, size_t x_stride, int64_t j0, int64_t nt, int64_t ld, int64_t nb, kq5_tok *o,
+                     __m512 *dyg, __m128i *pr, __m128 *ydv) {
+    const int64_t nbp = (nb + 3) / 4 * 4, nq = (nb + 15) / 16;
+    for (int64_t t = 0; t < ld; t++) {
+        if (t >= nt) {
+            for (int64_t b = 0; b < nb; b++) pr[b * ld + t] = _mm_setzero_si128(), ydv[b * ld + t] = _mm_setzero_ps();
+            continue;
+        }
+        const cm_block_q8_k *y = kq_tok(x, x_stride, j0 + t);
+        for (int64_t b = nb; b < nbp; b++) memset(o + t * nbp + b, 0, sizeof *o);
+        for (int64_t b = 0; b < nb; b++) {
+            __m512i X
+            [4];
+            for (int i = 0; i < 4; i++) X
+            [i] = _mm512_loadu_si512(y[b].qs + 64 * i);
+            kq6_transpose(X, o[t * nbp + b].y);
+            const __m256i bs = kq_ld256(y[b].bsums);
+            pr[b * ld + t] = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+            ydv[b * ld + t] = _mm_set1_ps(y[b].d);
+        }
+        for (int64_t q = 0; q < nq; q++) {
+            _Alignas(64) float d[16];
+            for (int l = 0; l < 16; l++) d[l] = 16 * q + l < nb ? y[16 * q + l].d : 0.0f;
+            dyg[t * nq + q] = _mm512_load_ps(d);
+        }
+    }
+}
+
+/* super-block b's lanes (their sum: S_b) into s[r][t] */
+KQ_AI void kq5_sb(int64_t nbp, const kq6_blk *const *xb, const kq5_tok *yt, int64_t b, int R, int T,
+                  __m512i s[KQ16_R][KQ16_T]) {
+    const __m512i z = _mm512_setzero_si512();
+    _Pragma("GCC unroll 4") for (int v = 0; v < 4; v++) {
+        __m512i q[KQ16_R];
+        _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) q[r] = _mm512_load_si512((const void *)&xb[r][b].q[v]);
+        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
+            __m512i y = _mm512_load_si512((const void *)&yt[t * nbp + b].y[v]);
+            __asm__("" : "+v"(y)); /* one load for the R rows, not one memory operand each */
+            _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) s[r][t] = _mm512_dpbusd_epi32(v ? s[r][t] : z, q[r], y);
+        }
+    }
+    _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) {
+        const __m512i sc = _mm512_load_si512((const void *)&xb[r][b].sc);
+        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) s[r][t] = _mm512_mullo_epi32(s[r][t], sc);
+    }
+}
+
+/* out[r * KQ16_T + t]: z5's float side (kq6_tile's) and the min term; pr /
+ * ydv from the tile's first token (row length ld) */
+KQ_AI void kq5_tile(int64_t nb, const kq6_blk *const *xb, const __m512 *const *xd, const kq5_min *const *xm,
+                    const kq5_tok *yt, const __m512 *dyg, const __m128i *pr, const __m128 *ydv, int64_t ld, int R,
+                    int T, float *out) {
+    const int64_t ng = (nb + 3) / 4, nbp = 4 * ng, nq = (nb + 15) / 16;
+    __m512 af[KQ16_R][KQ16_T], am[KQ16_R];
+    __m512i v[KQ16_R][KQ16_T];
+    _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) {
+        am[r] = _mm512_setzero_ps();
+        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
+            af[r][t] = _mm512_setzero_ps();
+            v[r][t] = _mm512_setzero_si512();
+        }
+    }
+    for (int64_t g = 0; g < ng; g++) {
+        __m512i s0[KQ16_R][KQ16_T], s1[KQ16_R][KQ16_T], p[KQ16_R][KQ16_T];
+        kq5_sb(nbp, xb, yt, 4 * g, R, T, s0);
+        kq5_sb(nbp, xb, yt, 4 * g + 1, R, T, s1);
+        _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)
+            p[r][t] = kq_red2(s0[r][t], s1[r][t]);
+        kq5_sb(nbp, xb, yt, 4 * g + 2, R, T, s0);
+        kq5_sb(nbp, xb, yt, 4 * g + 3, R, T, s1);
+        const int k = (int)(g & 3);
+        _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)
+            v[r][t] = kq_place16(v[r][t], kq_red22(p[r][t], kq_red2(s0[r][t], s1[r][t])), k);
+        for (int64_t b = 4 * g; b < 4 * g + 4 && b < nb; b++) {
+            const __m512i pv = _mm512_load_si512((const void *)(pr + b * ld));
+            const __m512 yv = _mm512_load_ps((const void *)(ydv + b * ld));
+            _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) {
+                const __m512i m = _mm512_madd_epi16(_mm512_broadcast_i32x4(xm[r][b].mn), pv);
+                am[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(m), _mm512_mul_ps(_mm512_set1_ps(xm[r][b].dmin), yv), am[r]);
+            }
+        }
+        if (k == 3 || g == ng - 1) {
+            const int64_t q = g / 4;
+            _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
+                af[r][t] =
+                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(v[r][t]), _mm512_mul_ps(xd[r][q], dyg[t * nq + q]), af[r][t]);
+                v[r][t] = _mm512_setzero_si512();
+            }
+        }
+    }
+    _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) {
+        _Alignas(64) float mv[16];
+        _mm512_store_ps(mv, am[r]);
+        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) out[r * KQ16_T + t] =
+            _mm512_reduce_add_ps(af[r][t]) - kq_hsum4(_mm_load_ps(mv + 4 * t));
+    }
+}
+
+static void gemm_kq5(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
+                     int64_t r0, int64_t r1, int64_t n_tok) {
+    const int64_t nb = k / CM_QK_K, ng = (nb + 3) / 4, nq = (nb + 15) / 16;
+    if (nb > KQ_MAXNB || n_tok < 2) {
+        g_prev_q5(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
+        return;
+    }
+    enum { CAPMAX = KQ_PASS / (int)CM_QK_K };
+    _Alignas(64) kq6_blk buf[KQ16_R * (KQ_MAXNB + 3)];
+    _Alignas(64) __m512 dbuf[KQ16_R * KQ_MAXNB / 16];
+    kq5_min mbuf[KQ16_R * KQ_MAXNB];
+    _Alignas(64) kq5_tok yp[CAPMAX];
+    _Alignas(64) __m512 dyg[CAPMAX / 4];
+    _Alignas(64) __m128i pr[CAPMAX + 4 * KQ_MAXNB];
+    _Alignas(64) __m128 ydv[CAPMAX + 4 * KQ_MAXNB];
+    const int64_t cap = CAPMAX / (4 * ng) & ~(int64_t)3; /* tokens per pass, >= 16 */
+    for (int64_t j0 = 0; j0 < n_tok; j0 += cap) {
+        const int64_t nt = n_tok - j0 < cap ? n_tok - j0 : cap, ld = (nt + 3) & ~(int64_t)3;
+        kq5_pack(x, x_stride, j0, nt, ld, nb, yp, dyg, pr, ydv);
+        for (int64_t i = r0; i < r1; i += KQ16_R) {
+            const int R = r1 - i < KQ16_R ? (int)(r1 - i) : KQ16_R;
+            const kq6_blk *xb[KQ16_R];
+            const __m512 *xd[KQ16_R];
+            const kq5_min *xm[KQ16_R];
+            for (int r = 0; r < R; r++) {
+                kq5_unpack(nb, (const cm_block_q5_k *)(const void *)((const char *)w + (size_t)(i + r) * w_stride),
+                           buf + r * 4 * ng, dbuf + r * nq, mbuf + r * nb);
+                xb[r] = buf + r * 4 * ng;
+                xd[r] = dbuf + r * nq;
+                xm[r] = mbuf + r * nb;
+            }
+            for (int64_t jj = 0; jj < nt; jj += KQ16_T) {
+                const int T = nt - jj < KQ16_T ? (int)(nt - jj) : KQ16_T;
+                const kq5_tok *yt = yp + jj * 4 * ng;
+                const __m512 *dt = dyg + jj * nq;
+                const __m128i *pt = pr + jj;
+                const __m128 *vt = ydv + jj;
+                float out[KQ16_R * KQ16_T];
+                if (R == KQ16_R && T == KQ16_T) kq5_tile(nb, xb, xd, xm, yt, dt, pt, vt, ld, KQ16_R, KQ16_T, out);
+                else
+                    for (int r = 0; r < R; r++) {
+                        const kq6_blk *const *xr = xb + r;
+                        const __m512 *const *dr = xd + r;
+                        const kq5_min *const *mr = xm + r;
+                        float *o = out + r * KQ16_T;
+                        switch (T) {
+                        case 4: kq5_tile(nb, xr, dr, mr, yt, dt, pt, vt, ld, 1, 4, o); break;
+                        case 3: kq5_tile(nb, xr, dr, mr, yt, dt, pt, vt, ld, 1, 3, o); break;
+                        case 2: kq5_tile(nb, xr, dr, mr, yt, dt, pt, vt, ld, 1, 2, o); break;
+                        default: kq5_tile(nb, xr, dr, mr, yt, dt, pt, vt, ld, 1, 1, o); break;
                         }
                     }
                 for (int r = 0; r < R; r++)
