@@ -93,20 +93,20 @@ static void gemv_rq4_k(int64_t k, const void *w, size_t w_stride, const void *x,
 
 /* ---- q5_k: the avx512 table's own float order ("z5", shared by vec_dot,
  * both decode gemvs and gemm_kq_avx512.c's prefill gemm): per super-block b
- * the exact integer sum S_b of its 8 sub-blocks' scale times sum(q * y),
- * converted once and added with one FMA (d * dy) into float lane b % 16,
- * the 16 lanes summed at the end by _mm512_reduce_add_ps; the min term as
- * tile_q5_k's (4 lanes, one FMA with dmin * dy per super-block, hsum4),
- * subtracted last. How S_b is formed is free (integers): here kg5_tile's 8
- * lanes (the fifth bit added on the fly, the token read as it is), summed 8
- * super-blocks at a time by rk5_sum8; the gemm uses sub-block lanes. ---- */
+ * the exact integer sums S_b (its 8 sub-blocks' scale times sum(q * y)) and
+ * M_b (its 8 mins times the token's bsums pairs), each converted once; into
+ * float lane b % 16 one FMA of S_b with d * dy, then one of M_b with
+ * -(dmin * dy); the 16 lanes summed at the end by _mm512_reduce_add_ps. How
+ * S_b and M_b are formed is free (integers): here kg5_tile's 8 lanes (the
+ * fifth bit added on the fly, the token read as it is) and one madd, summed
+ * 16 super-blocks at a time; the gemm puts super-blocks in lanes. ---- */
 enum { RK5_GROUP = 4 * (int)sizeof(cm_block_q5_k) };
 
-/* One super-block's 8 lanes (their sum is S_b); accm gets its min term.
+/* One super-block's 8 lanes (their sum is S_b) and 4 min lanes in *m (their sum is M_b).
  * qs and qh (the file's order), the word pairs s[h] (kg5_blk's), mins as
  * words, dmin; y the token's block, pairs its bsums pair sums. */
-AI __m256i rk5_block(const uint8_t *qs, const uint8_t *qh, const __m512i s[2], __m128i mn16, float dmin,
-                     const cm_block_q8_k *y, __m128i pairs, __m128 *accm) {
+AI __m256i rk5_block(const uint8_t *qs, const uint8_t *qh, const __m512i s[2], __m128i mn16, const cm_block_q8_k *y,
+                     __m128i pairs, __m128i *m) {
     const __m512i m4 = _mm512_set1_epi8(0x0f), one = _mm512_set1_epi8(1), z = _mm512_setzero_si512();
     const __m512i nsh = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1); /* lo | hi nibbles */
     const __m512i h5 = _mm512_broadcast_i64x4(ld256(qh));
@@ -124,7 +124,7 @@ AI __m256i rk5_block(const uint8_t *qs, const uint8_t *qh, const __m512i s[2], _
         }
         s16 = _mm512_dpwssd_epi32(s16, _mm512_mask_blend_epi16(0xaaaaaaaau, dp[0], _mm512_slli_epi32(dp[1], 16)), s[h]);
     }
-    *accm = _mm_fmadd_ps(_mm_cvtepi32_ps(_mm_madd_epi16(mn16, pairs)), _mm_set1_ps(dmin * y->d), *accm);
+    *m = _mm_madd_epi16(mn16, pairs);
     return _mm256_add_epi32(_mm512_castsi512_si256(s16), _mm512_extracti64x4_epi64(s16, 1));
 }
 
@@ -136,12 +136,20 @@ AI __m256i rk5_sum8(const __m256i s[8]) {
     return _mm256_add_epi32(_mm256_permute2x128_si256(b0, b1, 0x20), _mm256_permute2x128_si256(b0, b1, 0x31));
 }
 
-/* z5's float step for up to 16 super-blocks: s[m] (m < n) their lanes,
- * dd[m] their d * dy; the rest count as zero (as the gemm's padding). */
-AI void rk5_flush(__m256i s[16], float dd[16], int n, __m512 *acc) {
-    for (int m = n; m < 16; m++) s[m] = _mm256_setzero_si256(), dd[m] = 0.0f;
+/* z5's float step for up to 16 super-blocks: s[m] / mm[m] (m < n) their
+ * lanes, dd[m] d * dy, dm[m] -(dmin * dy); the rest count as zero (as the
+ * gemm's padding). */
+AI void rk5_flush(__m256i s[16], __m128i mm[16], float dd[16], float dm[16], int n, __m512 *acc) {
+    for (int m = n; m < 16; m++) s[m] = _mm256_setzero_si256(), mm[m] = _mm_setzero_si128(), dd[m] = dm[m] = 0.0f;
     const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(rk5_sum8(s)), rk5_sum8(s + 8), 1);
+    __m128i w[4];
+    for (int i = 0; i < 4; i++)
+        w[i] = _mm_hadd_epi32(_mm_hadd_epi32(mm[4 * i], mm[4 * i + 1]), _mm_hadd_epi32(mm[4 * i + 2], mm[4 * i + 3]));
+    const __m512i mv =
+        _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_inserti128_si256(_mm256_castsi128_si256(w[0]), w[1], 1)),
+                           _mm256_inserti128_si256(_mm256_castsi128_si256(w[2]), w[3], 1), 1);
     *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), _mm512_loadu_ps(dd), *acc);
+    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(mv), _mm512_loadu_ps(dm), *acc);
 }
 
 /* The bsums pair sums of one token block, as kmins forms them. */
@@ -155,9 +163,9 @@ AI __m128i rk5_pair(const cm_block_q8_k *y) {
  * bsums pair sums, or NULL (formed here). */
 AI float rk5_row(int64_t nb, const uint8_t *x, const cm_block_q8_k *y, const __m128i *pairs, bool grouped) {
     __m512 acc = _mm512_setzero_ps();
-    __m128 accm = _mm_setzero_ps();
     __m256i sl[16];
-    float dl[16];
+    __m128i ml[16];
+    float dl[16], dml[16];
     int n = 0;
     /* word 2l (l < 8): scale 4h of block j; 2l+1: 4h+2; l >= 8: 4h+1, 4h+3 */
     static const uint16_t k_base[32] = {0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2,
@@ -173,11 +181,12 @@ AI float rk5_row(int64_t nb, const uint8_t *x, const cm_block_q8_k *y, const __m
             const __m512i s[2] = {
                 _mm512_permutexvar_epi16(_mm512_add_epi16(base, _mm512_set1_epi16((short)(4 * j))), sw),
                 _mm512_permutexvar_epi16(_mm512_add_epi16(base, _mm512_set1_epi16((short)(16 + 4 * j))), sw)};
-            sl[n + j] = rk5_block(x + 192 + 128 * j, x + 64 + 32 * j, s, mn16[j], dd[4 + j], y + b + j,
-                                  pairs ? pairs[b + j] : rk5_pair(y + b + j), &accm);
+            sl[n + j] = rk5_block(x + 192 + 128 * j, x + 64 + 32 * j, s, mn16[j], y + b + j,
+                                  pairs ? pairs[b + j] : rk5_pair(y + b + j), &ml[n + j]);
             dl[n + j] = dd[j] * y[b + j].d;
+            dml[n + j] = -(dd[4 + j] * y[b + j].d);
         }
-        if ((n += 4) == 16) rk5_flush(sl, dl, n, &acc), n = 0;
+        if ((n += 4) == 16) rk5_flush(sl, ml, dl, dml, n, &acc), n = 0;
     }
     for (const cm_block_q5_k *xt = (const cm_block_q5_k *)(const void *)x; b < nb; b++, xt++) {
         uint8_t sc[8], mn[8];
@@ -186,13 +195,14 @@ AI float rk5_row(int64_t nb, const uint8_t *x, const cm_block_q8_k *y, const __m
         for (int h = 0; h < 2; h++)
             s[h] = _mm512_inserti64x4(_mm512_set1_epi32((int)(sc[4 * h] | (uint32_t)sc[4 * h + 2] << 16)),
                                       _mm256_set1_epi32((int)(sc[4 * h + 1] | (uint32_t)sc[4 * h + 3] << 16)), 1);
-        sl[n] = rk5_block(xt->qs, xt->qh, s, _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mn)), f16f(xt->dmin),
-                          y + b, pairs ? pairs[b] : rk5_pair(y + b), &accm);
+        sl[n] = rk5_block(xt->qs, xt->qh, s, _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mn)), y + b,
+                          pairs ? pairs[b] : rk5_pair(y + b), &ml[n]);
         dl[n] = f16f(xt->d) * y[b].d;
-        if (++n == 16) rk5_flush(sl, dl, n, &acc), n = 0;
+        dml[n] = -(f16f(xt->dmin) * y[b].d);
+        if (++n == 16) rk5_flush(sl, ml, dl, dml, n, &acc), n = 0;
     }
-    if (n) rk5_flush(sl, dl, n, &acc);
-    return _mm512_reduce_add_ps(acc) - hsum4(accm);
+    if (n) rk5_flush(sl, ml, dl, dml, n, &acc);
+    return _mm512_reduce_add_ps(acc);
 }
 
 /* The avx512 table's q5_k dot (z5). */

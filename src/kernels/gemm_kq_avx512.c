@@ -495,34 +495,50 @@ static void gemm_kq6(int64_t k, const void *w, size_t w_stride, const void *x, s
     }
 }
 
-/* ---------------- q5_k: sub-block lanes ----------------
+/* ---------------- q5_k: tokens in lanes ----------------
  * The avx512 table's q5_k dot ("z5", avx512_krepack.h): per super-block b
- * the exact integer sum S_b of its sub-blocks' scale times sum(q * y),
- * converted, one FMA with d * dy into float lane b % 16, reduced by
- * _mm512_reduce_add_ps; the min term in 4 lanes (one FMA with dmin * dy per
- * super-block, hsum4), subtracted last. Here q6_k's operand order
- * (kq6_transpose): dword L = 4j + i of operand v holds elements 4v .. 4v + 3
- * of the 16 elements 16 (4i + j) .., i.e. of sub-block (4i + j) / 2; four
- * vpdpbusd (5-bit values unsigned, the token signed; |lane| <= 16 * 31 *
- * 127) and one vpmulld with the scales, then q6_k's kq_red2 / kq_red22 /
- * kq_place16 and one conversion and FMA per 16 super-blocks. The min term
- * takes 4 tokens per vector (token t in 128-bit lane t) as before. */
-typedef struct {
-    __m512i y[4]; /* the token's bytes in kq6_blk's order */
-} kq5_tok;
+ * the exact integer sums S_b (sub-block scales times sum(q * y)) and M_b
+ * (mins times the token's bsums pairs), each converted once; into float lane
+ * b % 16 one FMA of S_b with d * dy, then one of M_b with -(dmin * dy); the
+ * 16 lanes summed at the end in _mm512_reduce_add_ps's tree. Here int32 lane
+ * t is token t of a group of 16 (q4_0's lane scheme, avx512_gemm.h), so the
+ * 16 float lanes of z5 are 16 vectors per row (KT5_A, on the stack) and the
+ * final tree runs across them. Tokens are packed once per pass as y + 128
+ * (unsigned), rows unpacked once per pass as q - 16 (signed, broadcast a
+ * dword at a time); per sub-block j a chain of 8 vpdpbusd gives D_j =
+ * sum((y + 128)(q - 16)), then one vpmulld by its scale. Since
+ * sum(y q) = D_j - 128 Q_j + 16 Y_j (Q_j = sum(q - 16), Y_j = the token's
+ * sum over j): S_b starts from -128 sum_j sc_j Q_j (the row's) and gets
+ * 16 sum_j sc_j Y_j with 4 vpdpwssd (words 16 sc_j against Y_j), M_b with 4
+ * more (mins against Y_j). Per super-block, row and 16 tokens: 64 vpdpbusd,
+ * 8 vpmulld, 8 vpdpwssd; the token operand loaded once for KT5_R rows. */
+enum {
+    KT5_R = 4,                      /* rows per tile */
+    KT5_MINTOK = 4,                 /* fewer tokens leave most lanes empty: the gemv per token is faster */
+    KT5_TOKB = 69 * 64,             /* a token group's super-block: 64 value vectors, 4 Y pair vectors, dy */
+    KT5_PASS = KQ_MAXNB * KT5_TOKB, /* one group of 16 tokens of the longest row */
+    KT5_ROWB =
+        256 + 8 * 4 + 4 * 4 * 2 + 4 * 4, /* a row's super-block: q - 16, sc, 16 sc pairs, mn pairs, K, d, -dmin */
+};
 
 typedef struct {
-    __m128i mn; /* the 8 mins as words */
-    float dmin;
-} kq5_min;
+    _Alignas(64) int8_t q[256]; /* q - 16 in element order */
+    int32_t sc[8];              /* the sub-blocks' scales */
+    int32_t sw[4];              /* words 16 sc_2u, 16 sc_2u+1 */
+    int32_t mw[4];              /* words mn_2u, mn_2u+1 */
+    int32_t k;                  /* -128 sum_j sc_j Q_j */
+    float d, ndmin;             /* d, -dmin */
+    int32_t pad;
+} kt5_blk;
 
-/* o[b] (zero from nb to nb rounded up to 4), dg[q] (lane m: d of 16q + m, 0 past nb), m[b] */
-static void kq5_unpack(int64_t nb, const cm_block_q5_k *x, kq6_blk *o, __m512 *dg, kq5_min *m) {
-    const __m256i m4 = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1);
+static void kt5_unpack(int64_t nb, const cm_block_q5_k *x, kt5_blk *o) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1), k16 = _mm256_set1_epi8(16);
+    const __m256i z = _mm256_setzero_si256();
     for (int64_t b = 0; b < nb; b++) {
+        uint8_t s8[8], m8[8];
+        cm_k4_scales8(x[b].scales, s8, m8);
         __m256i qh = kq_ld256(x[b].qh);
-        __m512i X
-        [4];
+        int32_t k = 0;
         for (int j = 0; j < 4; j++) { /* elements 64j.. (low nibbles, bit 2j), 64j+32.. (high, bit 2j+1) */
             const __m256i q = kq_ld256(x[b].qs + 32 * j);
             const __m256i lo =
@@ -530,181 +546,138 @@ static void kq5_unpack(int64_t nb, const cm_block_q5_k *x, kq6_blk *o, __m512 *d
             const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4),
                                                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 1), one), 4));
             qh = _mm256_srli_epi16(qh, 2);
-            X
-            [j] = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+            _mm256_store_si256((__m256i *)(void *)(o[b].q + 64 * j), _mm256_sub_epi8(lo, k16));
+            _mm256_store_si256((__m256i *)(void *)(o[b].q + 64 * j + 32), _mm256_sub_epi8(hi, k16));
+            _Alignas(32) int64_t sl[4], sh[4];
+            _mm256_store_si256((__m256i *)(void *)sl, _mm256_sad_epu8(lo, z));
+            _mm256_store_si256((__m256i *)(void *)sh, _mm256_sad_epu8(hi, z));
+            k += s8[2 * j] * ((int32_t)(sl[0] + sl[1] + sl[2] + sl[3]) - 512) +
+                 s8[2 * j + 1] * ((int32_t)(sh[0] + sh[1] + sh[2] + sh[3]) - 512);
         }
-        kq6_transpose(X, o[b].q);
-        uint8_t sc[8], mn[8];
-        cm_k4_scales8(x[b].scales, sc, mn);
-        _Alignas(64) int32_t sv[16];
-        for (int L = 0; L < 16; L++) sv[L] = sc[(4 * (L & 3) + (L >> 2)) >> 1];
-        o[b].sc = _mm512_load_si512((const void *)sv);
-        m[b].mn = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(const void *)mn));
-        m[b].dmin = _cvtsh_ss(x[b].dmin);
-    }
-    for (int64_t b = nb; b < (nb + 3) / 4 * 4; b++) memset(&o[b], 0, sizeof o[b]);
-    for (int64_t q = 0; q < (nb + 15) / 16; q++) {
-        _Alignas(64) float d[16];
-        for (int l = 0; l < 16; l++) d[l] = 16 * q + l < nb ? _cvtsh_ss(x[16 * q + l].d) : 0.0f;
-        dg[q] = _mm512_load_ps(d);
-    }
-}
-
-/* tokens [j0, j0 + nt): o[t * nbp + b] (nbp = nb rounded up to 4, zero past
- * nb), dyg[t * nq + q] (lane m: dy of 16q + m, 0 past nb), the min operands
- * pr / ydv[b * ld + t] (ld = nt rounded up to 4, zero past nt) */
-static void kq5_pack(const void *x, size_t x_stride, int64_t j0, int64_t nt, int64_t ld, int64_t nb, kq5_tok *o,
-                     __m512 *dyg, __m128i *pr, __m128 *ydv) {
-    const int64_t nbp = (nb + 3) / 4 * 4, nq = (nb + 15) / 16;
-    for (int64_t t = 0; t < ld; t++) {
-        if (t >= nt) {
-            for (int64_t b = 0; b < nb; b++) pr[b * ld + t] = _mm_setzero_si128(), ydv[b * ld + t] = _mm_setzero_ps();
-            continue;
+        for (int j = 0; j < 8; j++) o[b].sc[j] = s8[j];
+        for (int u = 0; u < 4; u++) {
+            o[b].sw[u] = (int32_t)((uint32_t)(16 * s8[2 * u]) | (uint32_t)(16 * s8[2 * u + 1]) << 16);
+            o[b].mw[u] = (int32_t)((uint32_t)m8[2 * u] | (uint32_t)m8[2 * u + 1] << 16);
         }
-        const cm_block_q8_k *y = kq_tok(x, x_stride, j0 + t);
-        for (int64_t b = nb; b < nbp; b++) memset(o + t * nbp + b, 0, sizeof *o);
-        for (int64_t b = 0; b < nb; b++) {
-            __m512i X
-            [4];
-            for (int i = 0; i < 4; i++) X
-            [i] = _mm512_loadu_si512(y[b].qs + 64 * i);
-            kq6_transpose(X, o[t * nbp + b].y);
-            const __m256i bs = kq_ld256(y[b].bsums);
-            pr[b * ld + t] = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
-            ydv[b * ld + t] = _mm_set1_ps(y[b].d);
-        }
-        for (int64_t q = 0; q < nq; q++) {
-            _Alignas(64) float d[16];
-            for (int l = 0; l < 16; l++) d[l] = 16 * q + l < nb ? y[16 * q + l].d : 0.0f;
-            dyg[t * nq + q] = _mm512_load_ps(d);
-        }
+        o[b].k = -128 * k;
+        o[b].d = _cvtsh_ss(x[b].d);
+        o[b].ndmin = -_cvtsh_ss(x[b].dmin);
     }
 }
 
-/* super-block b's lanes (their sum: S_b) into s[r][t] */
-KQ_AI void kq5_sb(int64_t nbp, const kq6_blk *const *xb, const kq5_tok *yt, int64_t b, int R, int T,
-                  __m512i s[KQ16_R][KQ16_T]) {
+/* Tokens j0 + t (t < T <= 16) into one group: per super-block 64 vectors
+ * (lane t: token t's y[4c..4c+3] + 128), 4 vectors of word pairs (Y_2u,
+ * Y_2u+1), dy; lanes past T zero (y + 128 = 0 there: their sums are unused). */
+static void kt5_pack(const void *x, size_t x_stride, int64_t j0, int T, int64_t nb, uint8_t *o) {
+    for (int64_t b = 0; b < nb; b++) {
+        uint32_t *a = (uint32_t *)(void *)(o + (size_t)b * KT5_TOKB);
+        uint32_t *yw = a + 64 * 16;
+        float *dy = (float *)(void *)(yw + 4 * 16);
+        for (int t = 0; t < 16; t++) {
+            if (t >= T) {
+                for (int c = 0; c < 64; c++) a[c * 16 + t] = 0;
+                for (int u = 0; u < 4; u++) yw[u * 16 + t] = 0;
+                dy[t] = 0.0f;
+                continue;
+            }
+            const cm_block_q8_k *y = kq_tok(x, x_stride, j0 + t) + b;
+            uint32_t v[64];
+            memcpy(v, y->qs, 256);
+            for (int c = 0; c < 64; c++) a[c * 16 + t] = v[c] ^ 0x80808080u;
+            for (int u = 0; u < 4; u++) {
+                const int j = 2 * u;
+                const uint16_t y0 = (uint16_t)(y->bsums[2 * j] + y->bsums[2 * j + 1]);
+                const uint16_t y1 = (uint16_t)(y->bsums[2 * j + 2] + y->bsums[2 * j + 3]);
+                yw[u * 16 + t] = y0 | (uint32_t)y1 << 16;
+            }
+            dy[t] = y->d;
+        }
+    }
+}
+
+KQ_AI int32_t kt5_ld(const void *p) {
+    int32_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* R rows (xb: their unpacked super-blocks) against one packed group of 16
+ * tokens: out[r][t] (z5's bits for each (row, token)). */
+KQ_AI void kt5_rows(int64_t nb, const kt5_blk *const *xb, const uint8_t *pg, int R, float (*out)[16]) {
+    __m512 A[KT5_R][16];
+    for (int r = 0; r < R; r++)
+        for (int l = 0; l < 16; l++) A[r][l] = _mm512_setzero_ps();
     const __m512i z = _mm512_setzero_si512();
-    _Pragma("GCC unroll 4") for (int v = 0; v < 4; v++) {
-        __m512i q[KQ16_R];
-        _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) q[r] = _mm512_load_si512((const void *)&xb[r][b].q[v]);
-        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
-            __m512i y = _mm512_load_si512((const void *)&yt[t * nbp + b].y[v]);
-            __asm__("" : "+v"(y)); /* one load for the R rows, not one memory operand each */
-            _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) s[r][t] = _mm512_dpbusd_epi32(v ? s[r][t] : z, q[r], y);
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *pb = pg + (size_t)b * KT5_TOKB;
+        __m512i S[KT5_R], C[KT5_R];
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) S[r] = _mm512_set1_epi32(xb[r][b].k);
+        _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {
+            _Pragma("GCC unroll 8") for (int c = 0; c < 8; c++) {
+                const __m512i a = _mm512_load_si512((const void *)(pb + 64 * (8 * j + c)));
+                _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) C[r] =
+                    _mm512_dpbusd_epi32(c ? C[r] : z, a, _mm512_set1_epi32(kt5_ld(xb[r][b].q + 32 * j + 4 * c)));
+            }
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) S[r] =
+                _mm512_add_epi32(S[r], _mm512_mullo_epi32(C[r], _mm512_set1_epi32(xb[r][b].sc[j])));
         }
-    }
-    _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) {
-        const __m512i sc = _mm512_load_si512((const void *)&xb[r][b].sc);
-        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) s[r][t] = _mm512_mullo_epi32(s[r][t], sc);
-    }
-}
-
-/* out[r * KQ16_T + t]: z5's float side (kq6_tile's) and the min term; pr /
- * ydv from the tile's first token (row length ld) */
-KQ_AI void kq5_tile(int64_t nb, const kq6_blk *const *xb, const __m512 *const *xd, const kq5_min *const *xm,
-                    const kq5_tok *yt, const __m512 *dyg, const __m128i *pr, const __m128 *ydv, int64_t ld, int R,
-                    int T, float *out) {
-    const int64_t ng = (nb + 3) / 4, nbp = 4 * ng, nq = (nb + 15) / 16;
-    __m512 af[KQ16_R][KQ16_T], am[KQ16_R];
-    __m512i v[KQ16_R][KQ16_T];
-    _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) {
-        am[r] = _mm512_setzero_ps();
-        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
-            af[r][t] = _mm512_setzero_ps();
-            v[r][t] = _mm512_setzero_si512();
-        }
-    }
-    for (int64_t g = 0; g < ng; g++) {
-        __m512i s0[KQ16_R][KQ16_T], s1[KQ16_R][KQ16_T], p[KQ16_R][KQ16_T];
-        kq5_sb(nbp, xb, yt, 4 * g, R, T, s0);
-        kq5_sb(nbp, xb, yt, 4 * g + 1, R, T, s1);
-        _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)
-            p[r][t] = kq_red2(s0[r][t], s1[r][t]);
-        kq5_sb(nbp, xb, yt, 4 * g + 2, R, T, s0);
-        kq5_sb(nbp, xb, yt, 4 * g + 3, R, T, s1);
-        const int k = (int)(g & 3);
-        _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)
-            v[r][t] = kq_place16(v[r][t], kq_red22(p[r][t], kq_red2(s0[r][t], s1[r][t])), k);
-        for (int64_t b = 4 * g; b < 4 * g + 4 && b < nb; b++) {
-            const __m512i pv = _mm512_load_si512((const void *)(pr + b * ld));
-            const __m512 yv = _mm512_load_ps((const void *)(ydv + b * ld));
-            _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) {
-                const __m512i m = _mm512_madd_epi16(_mm512_broadcast_i32x4(xm[r][b].mn), pv);
-                am[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(m), _mm512_mul_ps(_mm512_set1_ps(xm[r][b].dmin), yv), am[r]);
+        _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++) {
+            const __m512i yw = _mm512_load_si512((const void *)(pb + 64 * (64 + u)));
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+                S[r] = _mm512_dpwssd_epi32(S[r], yw, _mm512_set1_epi32(xb[r][b].sw[u]));
+                C[r] = _mm512_dpwssd_epi32(u ? C[r] : z, yw, _mm512_set1_epi32(xb[r][b].mw[u]));
             }
         }
-        if (k == 3 || g == ng - 1) {
-            const int64_t q = g / 4;
-            _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
-                af[r][t] =
-                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(v[r][t]), _mm512_mul_ps(xd[r][q], dyg[t * nq + q]), af[r][t]);
-                v[r][t] = _mm512_setzero_si512();
-            }
+        const __m512 dy = _mm512_load_ps((const void *)(pb + 64 * 68));
+        const int l = (int)(b & 15);
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+            __m512 acc =
+                _mm512_fmadd_ps(_mm512_cvtepi32_ps(S[r]), _mm512_mul_ps(_mm512_set1_ps(xb[r][b].d), dy), A[r][l]);
+            A[r][l] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(C[r]), _mm512_mul_ps(_mm512_set1_ps(xb[r][b].ndmin), dy), acc);
         }
     }
-    _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) {
-        _Alignas(64) float mv[16];
-        _mm512_store_ps(mv, am[r]);
-        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) out[r * KQ16_T + t] =
-            _mm512_reduce_add_ps(af[r][t]) - kq_hsum4(_mm_load_ps(mv + 4 * t));
+    for (int r = 0; r < R; r++) { /* _mm512_reduce_add_ps's tree (z5_reduce), for 16 tokens at once */
+        __m512 h[8];
+        for (int i = 0; i < 8; i++) h[i] = _mm512_add_ps(A[r][i + 8], A[r][i]);
+        for (int i = 0; i < 4; i++) h[i] = _mm512_add_ps(h[i + 4], h[i]);
+        const __m512 e0 = _mm512_add_ps(h[0], h[2]), e1 = _mm512_add_ps(h[1], h[3]);
+        _mm512_storeu_ps(out[r], _mm512_add_ps(e0, e1));
     }
 }
 
 static void gemm_kq5(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
                      int64_t r0, int64_t r1, int64_t n_tok) {
-    const int64_t nb = k / CM_QK_K, ng = (nb + 3) / 4, nq = (nb + 15) / 16;
-    if (nb > KQ_MAXNB || n_tok < 2) {
+    const int64_t nb = k / CM_QK_K;
+    if (nb > KQ_MAXNB || n_tok < KT5_MINTOK) { /* few tokens: the gemv per token (z5 too) */
         g_prev_q5(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
         return;
     }
-    enum { CAPMAX = KQ_PASS / (int)CM_QK_K };
-    _Alignas(64) kq6_blk buf[KQ16_R * (KQ_MAXNB + 3)];
-    _Alignas(64) __m512 dbuf[KQ16_R * KQ_MAXNB / 16];
-    kq5_min mbuf[KQ16_R * KQ_MAXNB];
-    _Alignas(64) kq5_tok yp[CAPMAX];
-    _Alignas(64) __m512 dyg[CAPMAX / 4];
-    _Alignas(64) __m128i pr[CAPMAX + 4 * KQ_MAXNB];
-    _Alignas(64) __m128 ydv[CAPMAX + 4 * KQ_MAXNB];
-    const int64_t cap = CAPMAX / (4 * ng) & ~(int64_t)3; /* tokens per pass, >= 16 */
-    for (int64_t j0 = 0; j0 < n_tok; j0 += cap) {
-        const int64_t nt = n_tok - j0 < cap ? n_tok - j0 : cap, ld = (nt + 3) & ~(int64_t)3;
-        kq5_pack(x, x_stride, j0, nt, ld, nb, yp, dyg, pr, ydv);
-        for (int64_t i = r0; i < r1; i += KQ16_R) {
-            const int R = r1 - i < KQ16_R ? (int)(r1 - i) : KQ16_R;
-            const kq6_blk *xb[KQ16_R];
-            const __m512 *xd[KQ16_R];
-            const kq5_min *xm[KQ16_R];
+    _Alignas(64) uint8_t pk[KT5_PASS];
+    _Alignas(64) kt5_blk ub[KT5_R][KQ_MAXNB];
+    const int64_t gb = nb * KT5_TOKB, gcap = (int64_t)sizeof pk / gb; /* groups of 16 tokens per pass */
+    for (int64_t j0 = 0; j0 < n_tok; j0 += gcap * 16) {
+        const int64_t left = n_tok - j0, ng = (left + 15) / 16 < gcap ? (left + 15) / 16 : gcap;
+        for (int64_t g = 0; g < ng; g++)
+            kt5_pack(x, x_stride, j0 + 16 * g, left - 16 * g < 16 ? (int)(left - 16 * g) : 16, nb, pk + g * gb);
+        for (int64_t i = r0; i < r1; i += KT5_R) {
+            const int R = r1 - i < KT5_R ? (int)(r1 - i) : KT5_R;
+            const kt5_blk *xb[KT5_R];
             for (int r = 0; r < R; r++) {
-                kq5_unpack(nb, (const cm_block_q5_k *)(const void *)((const char *)w + (size_t)(i + r) * w_stride),
-                           buf + r * 4 * ng, dbuf + r * nq, mbuf + r * nb);
-                xb[r] = buf + r * 4 * ng;
-                xd[r] = dbuf + r * nq;
-                xm[r] = mbuf + r * nb;
+                kt5_unpack(nb, (const cm_block_q5_k *)(const void *)((const char *)w + (size_t)(i + r) * w_stride),
+                           ub[r]);
+                xb[r] = ub[r];
             }
-            for (int64_t jj = 0; jj < nt; jj += KQ16_T) {
-                const int T = nt - jj < KQ16_T ? (int)(nt - jj) : KQ16_T;
-                const kq5_tok *yt = yp + jj * 4 * ng;
-                const __m512 *dt = dyg + jj * nq;
-                const __m128i *pt = pr + jj;
-                const __m128 *vt = ydv + jj;
-                float out[KQ16_R * KQ16_T];
-                if (R == KQ16_R && T == KQ16_T) kq5_tile(nb, xb, xd, xm, yt, dt, pt, vt, ld, KQ16_R, KQ16_T, out);
-                else
-                    for (int r = 0; r < R; r++) {
-                        const kq6_blk *const *xr = xb + r;
-                        const __m512 *const *dr = xd + r;
-                        const kq5_min *const *mr = xm + r;
-                        float *o = out + r * KQ16_T;
-                        switch (T) {
-                        case 4: kq5_tile(nb, xr, dr, mr, yt, dt, pt, vt, ld, 1, 4, o); break;
-                        case 3: kq5_tile(nb, xr, dr, mr, yt, dt, pt, vt, ld, 1, 3, o); break;
-                        case 2: kq5_tile(nb, xr, dr, mr, yt, dt, pt, vt, ld, 1, 2, o); break;
-                        default: kq5_tile(nb, xr, dr, mr, yt, dt, pt, vt, ld, 1, 1, o); break;
-                        }
-                    }
+            for (int64_t g = 0; g < ng; g++) {
+                float out[KT5_R][16];
+                switch (R) {
+                case 4: kt5_rows(nb, xb, pk + g * gb, 4, out); break;
+                case 3: kt5_rows(nb, xb, pk + g * gb, 3, out); break;
+                case 2: kt5_rows(nb, xb, pk + g * gb, 2, out); break;
+                default: kt5_rows(nb, xb, pk + g * gb, 1, out); break;
+                }
+                const int T = left - 16 * g < 16 ? (int)(left - 16 * g) : 16;
                 for (int r = 0; r < R; r++)
-                    for (int t = 0; t < T; t++) y[(j0 + jj + t) * ldy + i + r] = out[r * KQ16_T + t];
+                    for (int t = 0; t < T; t++) y[(j0 + 16 * g + t) * ldy + i + r] = out[r][t];
             }
         }
     }
