@@ -128,28 +128,44 @@ AI __m256i rk5_block(const uint8_t *qs, const uint8_t *qh, const __m512i s[2], _
     return _mm256_add_epi32(_mm512_castsi512_si256(s16), _mm512_extracti64x4_epi64(s16, 1));
 }
 
-/* lane m = the sum of s[m]'s 8 lanes (exact) */
-AI __m256i rk5_sum8(const __m256i s[8]) {
-    const __m256i a0 = _mm256_hadd_epi32(s[0], s[1]), a1 = _mm256_hadd_epi32(s[2], s[3]);
-    const __m256i a2 = _mm256_hadd_epi32(s[4], s[5]), a3 = _mm256_hadd_epi32(s[6], s[7]);
-    const __m256i b0 = _mm256_hadd_epi32(a0, a1), b1 = _mm256_hadd_epi32(a2, a3);
-    return _mm256_add_epi32(_mm256_permute2x128_si256(b0, b1, 0x20), _mm256_permute2x128_si256(b0, b1, 0x31));
+/* Four super-blocks' lanes s[i] (8 each), m[i] (4 each) -> lane i of *S4 /
+ * *M4: their exact sums S_b, M_b. */
+AI void rk5_quad(const __m256i s[4], const __m128i m[4], __m128i *S4, __m128i *M4) {
+    const __m256i e = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
+    *S4 = _mm_add_epi32(_mm256_castsi256_si128(e), _mm256_extracti128_si256(e, 1));
+    *M4 = _mm_hadd_epi32(_mm_hadd_epi32(m[0], m[1]), _mm_hadd_epi32(m[2], m[3]));
 }
 
-/* z5's float step for up to 16 super-blocks: s[m] / mm[m] (m < n) their
- * lanes, dd[m] d * dy, dm[m] -(dmin * dy); the rest count as zero (as the
- * gemm's padding). */
-AI void rk5_flush(__m256i s[16], __m128i mm[16], float dd[16], float dm[16], int n, __m512 *acc) {
-    for (int m = n; m < 16; m++) s[m] = _mm256_setzero_si256(), mm[m] = _mm_setzero_si128(), dd[m] = dm[m] = 0.0f;
-    const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(rk5_sum8(s)), rk5_sum8(s + 8), 1);
-    __m128i w[4];
-    for (int i = 0; i < 4; i++)
-        w[i] = _mm_hadd_epi32(_mm_hadd_epi32(mm[4 * i], mm[4 * i + 1]), _mm_hadd_epi32(mm[4 * i + 2], mm[4 * i + 3]));
-    const __m512i mv =
-        _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_inserti128_si256(_mm256_castsi128_si256(w[0]), w[1], 1)),
-                           _mm256_inserti128_si256(_mm256_castsi128_si256(w[2]), w[3], 1), 1);
-    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), _mm512_loadu_ps(dd), *acc);
-    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(mv), _mm512_loadu_ps(dm), *acc);
+/* z5's state for a row: 16 lanes of S_b, M_b, d * dy, -(dmin * dy) gathered
+ * 4 super-blocks at a time (128-bit lane k), then one conversion and two
+ * FMAs per 16 super-blocks (lanes not filled are zero: no change). */
+typedef struct {
+    __m512 acc, dv, mv;
+    __m512i sv, nv;
+    int k;
+} rk5_acc;
+
+AI void rk5_put(rk5_acc *a, __m128i S4, __m128i M4, __m128 d4, __m128 nm4) {
+    const __mmask16 msk = (__mmask16)(0xfu << (4 * a->k));
+    a->sv = _mm512_mask_broadcast_i32x4(a->sv, msk, S4);
+    a->nv = _mm512_mask_broadcast_i32x4(a->nv, msk, M4);
+    a->dv = _mm512_mask_broadcast_f32x4(a->dv, msk, d4);
+    a->mv = _mm512_mask_broadcast_f32x4(a->mv, msk, nm4);
+    if (++a->k == 4) {
+        a->acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a->sv), a->dv, a->acc);
+        a->acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a->nv), a->mv, a->acc);
+        a->sv = a->nv = _mm512_setzero_si512();
+        a->dv = a->mv = _mm512_setzero_ps();
+        a->k = 0;
+    }
+}
+
+AI float rk5_end(rk5_acc *a) {
+    if (a->k) {
+        a->acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a->sv), a->dv, a->acc);
+        a->acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a->nv), a->mv, a->acc);
+    }
+    return _mm512_reduce_add_ps(a->acc);
 }
 
 /* The bsums pair sums of one token block, as kmins forms them. */
@@ -162,33 +178,39 @@ AI __m128i rk5_pair(const cm_block_q8_k *y) {
  * else the file's bytes (every block as a tail block); pairs: the token's
  * bsums pair sums, or NULL (formed here). */
 AI float rk5_row(int64_t nb, const uint8_t *x, const cm_block_q8_k *y, const __m128i *pairs, bool grouped) {
-    __m512 acc = _mm512_setzero_ps();
-    __m256i sl[16];
-    __m128i ml[16];
-    float dl[16], dml[16];
-    int n = 0;
+    rk5_acc A = {_mm512_setzero_ps(),    _mm512_setzero_ps(),    _mm512_setzero_ps(),
+                 _mm512_setzero_si512(), _mm512_setzero_si512(), 0};
+    const __m128 sgn = _mm_set1_ps(-0.0f);
     /* word 2l (l < 8): scale 4h of block j; 2l+1: 4h+2; l >= 8: 4h+1, 4h+3 */
     static const uint16_t k_base[32] = {0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2,
                                         1, 3, 1, 3, 1, 3, 1, 3, 1, 3, 1, 3, 1, 3, 1, 3};
     const __m512i base = _mm512_loadu_si512(k_base);
     int64_t b = 0;
-    for (; grouped && b + 4 <= nb; b += 4, x += RK5_GROUP) { /* n stays a multiple of 4 here */
+    for (; grouped && b + 4 <= nb; b += 4, x += RK5_GROUP) {
         float dd[8];
         __m128i sc03, sc47, mn16[4];
         rk_header(x, dd, &sc03, &sc47, mn16);
         const __m512i sw = rk_scale_words(sc03, sc47);
+        __m256i sl[4];
+        __m128i ml[4];
         _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {
             const __m512i s[2] = {
                 _mm512_permutexvar_epi16(_mm512_add_epi16(base, _mm512_set1_epi16((short)(4 * j))), sw),
                 _mm512_permutexvar_epi16(_mm512_add_epi16(base, _mm512_set1_epi16((short)(16 + 4 * j))), sw)};
-            sl[n + j] = rk5_block(x + 192 + 128 * j, x + 64 + 32 * j, s, mn16[j], y + b + j,
-                                  pairs ? pairs[b + j] : rk5_pair(y + b + j), &ml[n + j]);
-            dl[n + j] = dd[j] * y[b + j].d;
-            dml[n + j] = -(dd[4 + j] * y[b + j].d);
+            sl[j] = rk5_block(x + 192 + 128 * j, x + 64 + 32 * j, s, mn16[j], y + b + j,
+                              pairs ? pairs[b + j] : rk5_pair(y + b + j), &ml[j]);
         }
-        if ((n += 4) == 16) rk5_flush(sl, ml, dl, dml, n, &acc), n = 0;
+        __m128i S4, M4;
+        rk5_quad(sl, ml, &S4, &M4);
+        const __m128 dy = _mm_setr_ps(y[b].d, y[b + 1].d, y[b + 2].d, y[b + 3].d);
+        rk5_put(&A, S4, M4, _mm_mul_ps(_mm_loadu_ps(dd), dy), _mm_xor_ps(_mm_mul_ps(_mm_loadu_ps(dd + 4), dy), sgn));
     }
-    for (const cm_block_q5_k *xt = (const cm_block_q5_k *)(const void *)x; b < nb; b++, xt++) {
+    const cm_block_q5_k *xt = (const cm_block_q5_k *)(const void *)x;
+    __m256i sl[4];
+    __m128i ml[4];
+    _Alignas(16) float d4[4], m4[4], y4[4];
+    int n = 0;
+    for (; b < nb; b++, xt++) { /* the file's order, gathered 4 blocks at a time */
         uint8_t sc[8], mn[8];
         cm_k4_scales8(xt->scales, sc, mn);
         __m512i s[2];
@@ -197,12 +219,18 @@ AI float rk5_row(int64_t nb, const uint8_t *x, const cm_block_q8_k *y, const __m
                                       _mm256_set1_epi32((int)(sc[4 * h + 1] | (uint32_t)sc[4 * h + 3] << 16)), 1);
         sl[n] = rk5_block(xt->qs, xt->qh, s, _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mn)), y + b,
                           pairs ? pairs[b] : rk5_pair(y + b), &ml[n]);
-        dl[n] = f16f(xt->d) * y[b].d;
-        dml[n] = -(f16f(xt->dmin) * y[b].d);
-        if (++n == 16) rk5_flush(sl, ml, dl, dml, n, &acc), n = 0;
+        d4[n] = f16f(xt->d), m4[n] = f16f(xt->dmin), y4[n] = y[b].d;
+        if (++n == 4 || b == nb - 1) {
+            for (; n < 4; n++)
+                sl[n] = _mm256_setzero_si256(), ml[n] = _mm_setzero_si128(), d4[n] = m4[n] = y4[n] = 0.0f;
+            __m128i S4, M4;
+            rk5_quad(sl, ml, &S4, &M4);
+            const __m128 dy = _mm_load_ps(y4);
+            rk5_put(&A, S4, M4, _mm_mul_ps(_mm_load_ps(d4), dy), _mm_xor_ps(_mm_mul_ps(_mm_load_ps(m4), dy), sgn));
+            n = 0;
+        }
     }
-    if (n) rk5_flush(sl, ml, dl, dml, n, &acc);
-    return _mm512_reduce_add_ps(acc);
+    return rk5_end(&A);
 }
 
 /* The avx512 table's q5_k dot (z5). */
