@@ -1,7 +1,7 @@
 /*
  * avx512_kgemm.h: the AVX-512 prefill gemm for q4_k (q5_k's went with its
  * own float order to avx512_krepack.h / gemm_kq_avx512.c) that
- * unpack each weight row once per pass and reuse it for every token (q6_k's
+ * unpacks each weight row once per pass and reuses it for every token (q6_k's
  * moved to gemm_kq_avx512.c; only its scale word order is left here, for
  * gemv_fq6_k). Not a header in
  * the usual sense: kernels_avx512.c includes it once, after its tiles, under
@@ -37,7 +37,7 @@ enum {
     /* token super-blocks per pass, at least 4 x 4 x KG_MAXNB (the min operands' rows) */
     KG_YC = KG_PASS / (int)sizeof(cm_block_q8_k) > 16 * KG_MAXNB ? KG_PASS / (int)sizeof(cm_block_q8_k) : 16 * KG_MAXNB,
     K5_R = 2,
-    K5_T = 4, /* q5_k register tile (its min term needs a second set of accumulators) */
+    K5_T = 4, /* q4_k register tile (its min term needs a second set of accumulators) */
 };
 
 /* ---- q6_k: the word-pair scale order of gemv_fq6_k (avx512_krepack.h) ---- */
@@ -47,7 +47,7 @@ static const uint16_t k_kg6_idx[2][32] = {
     {8,  12, 8,  12, 8,  12, 8,  12, 9,  13, 9,  13, 9,  13, 9,  13,
      10, 14, 10, 14, 10, 14, 10, 14, 11, 15, 11, 15, 11, 15, 11, 15}};
 
-/* The q5_k and q4_k gemms: passes of tokens, K5_R rows unpacked at a time
+/* The q4_k gemm: passes of tokens, K5_R rows unpacked at a time
  * (NAME_unpack into BLK), K5_T tokens per NAME_tile; rows longer than
  * KG_MAXNB super-blocks, and one token, go to FALLBACK (the one-token tiles).
  * Per pass the tokens' min-term operands are gathered once, super-block

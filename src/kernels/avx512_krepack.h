@@ -17,9 +17,10 @@
  * (kernels.h; tests/unit/test_kernels_repack.c). One row per pass: a single
  * sequential stream. Never allocates.
  *
- * q5_k the same way over "q5_k lanes" with kg5_tile's arithmetic (the fifth
- * bit added to each 64 weights on the fly); the same row function over the
- * file's bytes is q5_k's plain decode gemv (a file that is mapped, not read).
+ * q5_k over "q5_k lanes" with the word-pair arithmetic (the fifth bit added
+ * to each 64 weights on the fly) in the table's own float order "z5" (below,
+ * also its vec_dot); the same row function over the file's bytes is q5_k's
+ * plain decode gemv (a file that is mapped, not read).
  */
 
 #include "x86_krepack.h"

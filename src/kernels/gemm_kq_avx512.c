@@ -3,17 +3,18 @@
  * with the weights of a register tile's rows held in registers across its
  * tokens, and q6_k's decode gemv over rows repacked at load ("q6_k lanes").
  *
- * q4_k, q5_k: per 128 weight x token products two vpdpbusd (4-byte sums),
+ * q4_k: per 128 weight x token products two vpdpbusd (4-byte sums),
  * one shift and one blend that pack the two sums as the words of each int32,
  * and one vpdpwssd that multiplies them by their two sub-blocks' scales into
  * the lane (measured against vpmaddubsw + vpdpwssd per 64: 3 multiplies per
- * 128 instead of 4 was 10-35% faster on Zen 4). q in [0, 31] unsigned times
- * y signed: |4-byte sum| <= 4 * 31 * 128 fits a word; each lane gets the sum
- * of sc * (its 4 bytes' sum), the lanes of ztile_q4_k (16) and tile_q5_k
- * (8). q5_k's 8 lanes let two tokens share a vector (token 2p in the low 256
- * bits, 2p + 1 in the high), so its float side (convert, FMA with d * dy) is
- * one instruction per two tokens. Their float side (one FMA per super-block
- * with d * dy, the min term, the final sums) is vec_dot's own.
+ * 128 instead of 4 was 10-35% faster on Zen 4). q in [0, 15] unsigned times
+ * y signed: |4-byte sum| <= 4 * 15 * 128 fits a word; each lane gets the sum
+ * of sc * (its 4 bytes' sum), the lanes of ztile_q4_k (16). Its float side
+ * (one FMA per super-block with d * dy, the min term, the final sums) is
+ * vec_dot's own.
+ *
+ * q5_k (below): 16 tokens in the int32 lanes, in the table's "z5" float
+ * order (avx512_krepack.h), 4 rows x 16 tokens per tile.
  *
  * q6_k (below): one int32 lane per sub-block: four vpdpbusd of the 6-bit
  * values (unsigned) against the token (signed), started from -32 * the
@@ -31,8 +32,8 @@
  *
  * Installed into the avx512 table by cm_kernels_fill_kq_avx512 (dispatch.c)
  * after kernels_avx512.c, whose gemms (avx512_kgemm.h; q6_k: the 4-token
- * tiles) stay the fallback for rows longer than KQ_MAXNB super-blocks and
- * for one token. Stack: ~430 KiB at most (compute threads have
+ * tiles; q5_k: the decode gemv per token) stay the fallback for rows longer
+ * than KQ_MAXNB super-blocks and for one token (q5_k: fewer than 4). Stack: ~430 KiB at most (compute threads have
  * CM_COMPUTE_STACK). Never allocates.
  */
 #include "isa.h"
