@@ -514,9 +514,9 @@ static void gemm_kq6(int64_t k, const void *w, size_t w_stride, const void *x, s
  * more (mins against Y_j). Per super-block, row and 16 tokens: 64 vpdpbusd,
  * 8 vpmulld, 8 vpdpwssd; the token operand loaded once for KT5_R rows. */
 enum {
-    KT5_R = 4,                      /* rows per tile */
-    KT5_MINTOK = 4,                 /* fewer tokens leave most lanes empty: the gemv per token is faster */
-    KT5_TOKB = 69 * 64,             /* a token group's super-block: 64 value vectors, 4 Y pair vectors, dy */
+    KT5_R = 4,          /* rows per tile */
+    KT5_MINTOK = 8,     /* fewer tokens leave most lanes empty: rk5_multi (a row unpacked once for up to 8 tokens) */
+    KT5_TOKB = 69 * 64, /* a token group's super-block: 64 value vectors, 4 Y pair vectors, dy */
     KT5_PASS = KQ_MAXNB * KT5_TOKB, /* one group of 16 tokens of the longest row */
     KT5_ROWB =
         256 + 8 * 4 + 4 * 4 * 2 + 4 * 4, /* a row's super-block: q - 16, sc, 16 sc pairs, mn pairs, K, d, -dmin */
@@ -649,7 +649,7 @@ KQ_AI void kt5_rows(int64_t nb, const kt5_blk *const *xb, const uint8_t *pg, int
 static void gemm_kq5(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
                      int64_t r0, int64_t r1, int64_t n_tok) {
     const int64_t nb = k / CM_QK_K;
-    if (nb > KQ_MAXNB || n_tok < KT5_MINTOK) { /* few tokens: the gemv per token (z5 too) */
+    if (nb > KQ_MAXNB || n_tok < KT5_MINTOK) { /* few tokens: avx512_krepack.h's rows (z5 too) */
         g_prev_q5(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
         return;
     }

@@ -2,7 +2,7 @@
  * test_kernels_kq5.c: the avx512 table's q5_k prefill gemm (gemm_kq_avx512.c:
  * tokens in lanes, 4 rows x 16 tokens, passes of token groups) on odd shapes:
  * rows of 1, 3, 6 and 9 (ragged row tiles) starting at row 0 and 1, token
- * counts around its limits (4, 5, 16, 17, 35: partial groups, several
+ * counts around its limits (2..7: the few-token rows; 8, 9, 16, 17, 35: partial groups, several
  * groups, several passes for the longest rows), row lengths of 1, 3, 8, 11,
  * 17 and 64 super-blocks. Every (row, token) must equal the table's vec_dot
  * bit for bit (kernels.h's contract) and the scalar reference within 1e-5
@@ -84,7 +84,7 @@ static void test_q5_k_gemm(void) {
     }
     static const int64_t nbs[] = {1, 3, 8, 11, 17, 64};
     static const int rows[][2] = {{0, 1}, {1, 3}, {0, 6}, {1, 9}};
-    static const int toks[] = {4, 5, 16, 17, 35};
+    static const int toks[] = {2, 5, 7, 8, 9, 16, 17, 35}; /* below KT5_MINTOK: rk5_multi */
     for (size_t a = 0; a < sizeof nbs / sizeof nbs[0]; a++)
         for (size_t b = 0; b < sizeof rows / sizeof rows[0]; b++)
             for (size_t c = 0; c < sizeof toks / sizeof toks[0]; c++) {
