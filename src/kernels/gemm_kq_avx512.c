@@ -566,30 +566,30 @@ static void kt5_unpack(int64_t nb, const cm_block_q5_k *x, kt5_blk *o) {
     }
 }
 
-/* Tokens j0 + t (t < T <= 16) into one group: per super-block 64 vectors
- * (lane t: token t's y[4c..4c+3] + 128), 4 vectors of word pairs (Y_2u,
- * Y_2u+1), dy; lanes past T zero (y + 128 = 0 there: their sums are unused). */
-static void kt5_pack(const void *x, size_t x_stride, int64_t j0, int T, int64_t nb, uint8_t *o) {
+/* Tokens j0 + t (t < T <= W, W = 16 or 8 lanes) into one group: per
+ * super-block 64 vectors (lane t: token t's y[4c..4c+3] + 128), 4 vectors of
+ * word pairs (Y_2u, Y_2u+1), dy; lanes past T zero (their sums are unused). */
+static void kt5_pack(const void *x, size_t x_stride, int64_t j0, int T, int W, int64_t nb, uint8_t *o) {
     for (int64_t b = 0; b < nb; b++) {
-        uint32_t *a = (uint32_t *)(void *)(o + (size_t)b * KT5_TOKB);
-        uint32_t *yw = a + 64 * 16;
-        float *dy = (float *)(void *)(yw + 4 * 16);
-        for (int t = 0; t < 16; t++) {
+        uint32_t *a = (uint32_t *)(void *)(o + (size_t)b * KT5_TOKB / 16 * (size_t)W);
+        uint32_t *yw = a + 64 * W;
+        float *dy = (float *)(void *)(yw + 4 * W);
+        for (int t = 0; t < W; t++) {
             if (t >= T) {
-                for (int c = 0; c < 64; c++) a[c * 16 + t] = 0;
-                for (int u = 0; u < 4; u++) yw[u * 16 + t] = 0;
+                for (int c = 0; c < 64; c++) a[c * W + t] = 0;
+                for (int u = 0; u < 4; u++) yw[u * W + t] = 0;
                 dy[t] = 0.0f;
                 continue;
             }
             const cm_block_q8_k *y = kq_tok(x, x_stride, j0 + t) + b;
             uint32_t v[64];
             memcpy(v, y->qs, 256);
-            for (int c = 0; c < 64; c++) a[c * 16 + t] = v[c] ^ 0x80808080u;
+            for (int c = 0; c < 64; c++) a[c * W + t] = v[c] ^ 0x80808080u;
             for (int u = 0; u < 4; u++) {
                 const int j = 2 * u;
                 const uint16_t y0 = (uint16_t)(y->bsums[2 * j] + y->bsums[2 * j + 1]);
                 const uint16_t y1 = (uint16_t)(y->bsums[2 * j + 2] + y->bsums[2 * j + 3]);
-                yw[u * 16 + t] = y0 | (uint32_t)y1 << 16;
+                yw[u * W + t] = y0 | (uint32_t)y1 << 16;
             }
             dy[t] = y->d;
         }
@@ -646,6 +646,49 @@ KQ_AI void kt5_rows(int64_t nb, const kt5_blk *const *xb, const uint8_t *pg, int
     }
 }
 
+/* kt5_rows with 256-bit vectors: a group of 8 tokens (few-token batches). */
+KQ_AI void kt5_rows8(int64_t nb, const kt5_blk *const *xb, const uint8_t *pg, int R, float (*out)[8]) {
+    __m256 A[KT5_R][16];
+    for (int r = 0; r < R; r++)
+        for (int l = 0; l < 16; l++) A[r][l] = _mm256_setzero_ps();
+    const __m256i z = _mm256_setzero_si256();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *pb = pg + (size_t)b * (KT5_TOKB / 2);
+        __m256i S[KT5_R], C[KT5_R];
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) S[r] = _mm256_set1_epi32(xb[r][b].k);
+        _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {
+            _Pragma("GCC unroll 8") for (int c = 0; c < 8; c++) {
+                const __m256i a = _mm256_load_si256((const __m256i *)(const void *)(pb + 32 * (8 * j + c)));
+                _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) C[r] =
+                    _mm256_dpbusd_epi32(c ? C[r] : z, a, _mm256_set1_epi32(kt5_ld(xb[r][b].q + 32 * j + 4 * c)));
+            }
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) S[r] =
+                _mm256_add_epi32(S[r], _mm256_mullo_epi32(C[r], _mm256_set1_epi32(xb[r][b].sc[j])));
+        }
+        _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++) {
+            const __m256i yw = _mm256_load_si256((const __m256i *)(const void *)(pb + 32 * (64 + u)));
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+                S[r] = _mm256_dpwssd_epi32(S[r], yw, _mm256_set1_epi32(xb[r][b].sw[u]));
+                C[r] = _mm256_dpwssd_epi32(u ? C[r] : z, yw, _mm256_set1_epi32(xb[r][b].mw[u]));
+            }
+        }
+        const __m256 dy = _mm256_load_ps((const void *)(pb + 32 * 68));
+        const int l = (int)(b & 15);
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+            __m256 acc =
+                _mm256_fmadd_ps(_mm256_cvtepi32_ps(S[r]), _mm256_mul_ps(_mm256_set1_ps(xb[r][b].d), dy), A[r][l]);
+            A[r][l] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(C[r]), _mm256_mul_ps(_mm256_set1_ps(xb[r][b].ndmin), dy), acc);
+        }
+    }
+    for (int r = 0; r < R; r++) { /* _mm512_reduce_add_ps's tree (z5_reduce), for 16 tokens at once */
+        __m256 h[8];
+        for (int i = 0; i < 8; i++) h[i] = _mm256_add_ps(A[r][i + 8], A[r][i]);
+        for (int i = 0; i < 4; i++) h[i] = _mm256_add_ps(h[i + 4], h[i]);
+        const __m256 e0 = _mm256_add_ps(h[0], h[2]), e1 = _mm256_add_ps(h[1], h[3]);
+        _mm256_storeu_ps(out[r], _mm256_add_ps(e0, e1));
+    }
+}
+
 static void gemm_kq5(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
                      int64_t r0, int64_t r1, int64_t n_tok) {
     const int64_t nb = k / CM_QK_K;
@@ -655,11 +698,12 @@ static void gemm_kq5(int64_t k, const void *w, size_t w_stride, const void *x, s
     }
     _Alignas(64) uint8_t pk[KT5_PASS];
     _Alignas(64) kt5_blk ub[KT5_R][KQ_MAXNB];
-    const int64_t gb = nb * KT5_TOKB, gcap = (int64_t)sizeof pk / gb; /* groups of 16 tokens per pass */
-    for (int64_t j0 = 0; j0 < n_tok; j0 += gcap * 16) {
-        const int64_t left = n_tok - j0, ng = (left + 15) / 16 < gcap ? (left + 15) / 16 : gcap;
+    const int W = n_tok < 16 ? 8 : 16; /* tokens per group: 256-bit lanes for a few-token batch */
+    const int64_t gb = nb * KT5_TOKB / 16 * W, gcap = (int64_t)sizeof pk / gb; /* groups per pass */
+    for (int64_t j0 = 0; j0 < n_tok; j0 += gcap * W) {
+        const int64_t left = n_tok - j0, ng = (left + W - 1) / W < gcap ? (left + W - 1) / W : gcap;
         for (int64_t g = 0; g < ng; g++)
-            kt5_pack(x, x_stride, j0 + 16 * g, left - 16 * g < 16 ? (int)(left - 16 * g) : 16, nb, pk + g * gb);
+            kt5_pack(x, x_stride, j0 + W * g, left - W * g < W ? (int)(left - W * g) : W, W, nb, pk + g * gb);
         for (int64_t i = r0; i < r1; i += KT5_R) {
             const int R = r1 - i < KT5_R ? (int)(r1 - i) : KT5_R;
             const kt5_blk *xb[KT5_R];
@@ -670,15 +714,23 @@ static void gemm_kq5(int64_t k, const void *w, size_t w_stride, const void *x, s
             }
             for (int64_t g = 0; g < ng; g++) {
                 float out[KT5_R][16];
-                switch (R) {
-                case 4: kt5_rows(nb, xb, pk + g * gb, 4, out); break;
-                case 3: kt5_rows(nb, xb, pk + g * gb, 3, out); break;
-                case 2: kt5_rows(nb, xb, pk + g * gb, 2, out); break;
-                default: kt5_rows(nb, xb, pk + g * gb, 1, out); break;
-                }
-                const int T = left - 16 * g < 16 ? (int)(left - 16 * g) : 16;
+                float(*o8)[8] = (float(*)[8])(void *)out; /* W = 8: rows 8 floats apart */
+                const uint8_t *pg = pk + g * gb;
+                if (W == 16) switch (R) {
+                    case 4: kt5_rows(nb, xb, pg, 4, out); break;
+                    case 3: kt5_rows(nb, xb, pg, 3, out); break;
+                    case 2: kt5_rows(nb, xb, pg, 2, out); break;
+                    default: kt5_rows(nb, xb, pg, 1, out); break;
+                    }
+                else switch (R) {
+                    case 4: kt5_rows8(nb, xb, pg, 4, o8); break;
+                    case 3: kt5_rows8(nb, xb, pg, 3, o8); break;
+                    case 2: kt5_rows8(nb, xb, pg, 2, o8); break;
+                    default: kt5_rows8(nb, xb, pg, 1, o8); break;
+                    }
+                const int T = left - W * g < W ? (int)(left - W * g) : W;
                 for (int r = 0; r < R; r++)
-                    for (int t = 0; t < T; t++) y[(j0 + 16 * g + t) * ldy + i + r] = out[r][t];
+                    for (int t = 0; t < T; t++) y[(j0 + W * g + t) * ldy + i + r] = W == 16 ? out[r][t] : o8[r][t];
             }
         }
     }
