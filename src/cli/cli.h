@@ -9,6 +9,9 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <stddef.h>
+#include <stdio.h>
+
+#include "sched/plan.h"
 
 typedef struct cm_command {
     const char *name;
@@ -18,8 +21,14 @@ typedef struct cm_command {
 
 /* Print "cumulo: <msg>" to stderr and return 1 (use as `return cli_fail(...)`). */
 int cli_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* A log callback (cm_engine_opts.log, cm_pipe_opts.log): the line on stderr. */
+void cli_log_line(void *ctx, const char *line);
 /* True if any argument is -h or --help. */
 bool cli_wants_help(int argc, char **argv);
+/* When any argument is -h or --help: usage, then the --help lines of the
+ * cluster options `cluster` takes (CLI_CLUSTER_* bits, 0: none), on stdout,
+ * and true (the command returns 0); else false. */
+bool cli_help(int argc, char **argv, const char *usage, unsigned cluster);
 /* Parse numbers from option values; on error print a one-line message and return false. */
 bool cli_int(const char *opt, const char *val, long lo, long hi, long *out);
 bool cli_float(const char *opt, const char *val, double lo, double hi, double *out);
@@ -54,6 +63,9 @@ typedef struct cli_gpu {
 } cli_gpu;
 int cli_gpu_opt(int argc, char **argv, int *i, cli_gpu *g);
 void cli_gpu_apply(const cli_gpu *g, struct cm_engine_opts *eo);
+/* The same choice for options other than the engine's (a node's): dev
+ * ("none" for -ngl 0; NULL: not given) and layers (0: all that fit). */
+void cli_gpu_pick(const cli_gpu *g, const char **dev, int *layers);
 /* The Vulkan devices (cumulo info): into j as "gpus" (j != NULL) or as lines
  * on stdout, with how many of n_layer layers of layer_bytes fit (n_layer 0:
  * no model). */
@@ -64,14 +76,6 @@ void cli_gpu_list(struct cJSON *j, int n_layer, uint64_t layer_bytes);
     "                         driver such as lavapipe too; N: device N of 'cumulo info'); default none\n"   \
     "  --gpu-layers, -ngl K   the first K layers on the GPU, the rest on the CPU (default: all)\n"
 
-/* The options that shape a cluster's plan (run, serve, bench share them):
- * --parallel pp|tp|hybrid|auto, --layers 2,1,2, --groups 2,2, --tp-weights
- * 1,2. Parsed like cli_sampling_opt: 1 consumed (and its value), 0 not one
- * of them, -1 bad value (message printed). cli_plan_check: the checks
- * between them, 0 or 1 (message printed). */
-/* The chat template family to render with: tmpl when given; else NULL (the
- * model's own) when the model's template renders, else "chatml" with a
- * one-line warning, the same fallback `serve` makes (and llama.cpp). */
 struct cm_engine;
 struct cm_engine_opts;
 /* Before a load: --threads above this machine's cores becomes the core count,
@@ -83,13 +87,57 @@ void cli_check_ctx(struct cm_engine *e, int n_ctx);
 /* What to tell a user whose prompt does not fit n_ctx: "--ctx up to N" only
  * while N (the trained context) is larger, else to shorten the prompt. */
 void cli_ctx_advice(struct cm_engine *e, int n_ctx, char *out, size_t cap);
+/* The chat template family to render with: tmpl when given; else NULL (the
+ * model's own) when the model's template renders, else "chatml" with a
+ * one-line warning, the same fallback `serve` makes (and llama.cpp). */
 const char *cli_chat_template(struct cm_engine *e, const char *tmpl, const char *model);
 
-struct cm_plan_request;
-int cli_plan_opt(int argc, char **argv, int *i, struct cm_plan_request *q);
-/* The help of cli_plan_opt's --expert-load (run and serve print it after their usage). */
-extern const char cli_expert_load_usage[];
-int cli_plan_check(const struct cm_plan_request *q);
+/* The cluster options (clusteropt.c), one parser and one --help text for
+ * every command that talks to `cumulo node`s. accept (CLI_CLUSTER_* bits,
+ * set by the command before parsing) says which options it takes:
+ *   KEY       --insecure, --key-file FILE (every command that opens a link)
+ *   NODES     --nodes auto|HOST:PORT,... (implies --cluster)
+ *   ON        --cluster (the nodes of --nodes, else auto: mDNS)
+ *   TAKE      --take;  COMPRESS: --tp-compress
+ *   SHAPE     --parallel MODE, --groups A,B,...
+ *   PLAN      --layers A,B,..., --tp-weights W,..., --expert-load ...
+ *   IMPLY     --parallel, --layers, --groups, --tp-weights imply --cluster
+ * cli_cluster_opt: parsed like cli_sampling_opt (1 consumed with its value,
+ * 0 not one this command takes, -1 bad value, message printed).
+ * cli_cluster_check: after parsing, the checks between options (0, or 1
+ * with the message printed). cli_cluster_nodes: what the engine connects
+ * to (NULL: this machine alone). cli_cluster_apply: every field into engine
+ * options. cli_cluster_usage: the --help lines of the accepted options. */
+enum {
+    CLI_CLUSTER_KEY = 1u << 0,
+    CLI_CLUSTER_NODES = 1u << 1,
+    CLI_CLUSTER_ON = 1u << 2,
+    CLI_CLUSTER_TAKE = 1u << 3,
+    CLI_CLUSTER_COMPRESS = 1u << 4,
+    CLI_CLUSTER_SHAPE = 1u << 5,
+    CLI_CLUSTER_PLAN = 1u << 6,
+    CLI_CLUSTER_IMPLY = 1u << 7,
+    /* what each command takes */
+    CLI_CLUSTER_LINK = CLI_CLUSTER_KEY, /* node, nodes, plan, launch (their --nodes is their own) */
+    CLI_CLUSTER_CHAT = CLI_CLUSTER_KEY | CLI_CLUSTER_NODES | CLI_CLUSTER_ON,
+    CLI_CLUSTER_BENCH = CLI_CLUSTER_CHAT | CLI_CLUSTER_COMPRESS | CLI_CLUSTER_SHAPE,
+    CLI_CLUSTER_SERVE = CLI_CLUSTER_KEY | CLI_CLUSTER_NODES | CLI_CLUSTER_TAKE | CLI_CLUSTER_COMPRESS |
+                        CLI_CLUSTER_SHAPE | CLI_CLUSTER_PLAN,
+    CLI_CLUSTER_RUN = CLI_CLUSTER_SERVE | CLI_CLUSTER_ON | CLI_CLUSTER_IMPLY,
+    CLI_CLUSTER_FINETUNE = CLI_CLUSTER_RUN & ~CLI_CLUSTER_COMPRESS,
+};
+typedef struct cli_cluster {
+    unsigned accept; /* CLI_CLUSTER_* */
+    bool on;         /* use nodes: --cluster, --nodes, or (IMPLY) a plan option */
+    bool insecure, take, tp_compress;
+    const char *nodes, *key_file; /* as given; NULL: not given */
+    cm_plan_request plan;
+} cli_cluster;
+int cli_cluster_opt(int argc, char **argv, int *i, cli_cluster *c);
+int cli_cluster_check(const cli_cluster *c);
+const char *cli_cluster_nodes(const cli_cluster *c);
+void cli_cluster_apply(const cli_cluster *c, struct cm_engine_opts *eo);
+void cli_cluster_usage(FILE *out, unsigned accept);
 /* finetune --cluster without --layers or --data-parallel (finetune_dp.c):
  * the replicas of the training pipeline that nodes ("auto": mDNS, or a
  * list) hold (sched/plan_dp.h), windows of n_ctx tokens. Returns their
@@ -117,13 +165,45 @@ typedef struct cli_loras {
     int n;
 } cli_loras;
 int cli_lora_opt(int argc, char **argv, int *i, cli_loras *l);
-/* The generation options run and chat share: sampling (into s), --lora
- * (into l), the KV cache options (into kv) and --gpu/--gpu-layers (into g);
- * parsed like cli_sampling_opt. */
-int cli_gen_opt(int argc, char **argv, int *i, struct cm_sampler_params *s, cli_loras *l, cli_kv *kv, cli_gpu *g);
+/* The engine's options run, chat and serve share (util.c): --lora, the KV
+ * cache options, --gpu/--gpu-layers, the cluster options (g->net.accept
+ * set by the command), --ctx N, --threads N, --mmap; parsed like
+ * cli_sampling_opt. cli_engine_apply: g into engine options. cli_gen_opt
+ * (run, chat): the sampling options (into s), then the engine's. The help
+ * texts: CLI_GEN_HELP, the engine's options but the cluster's
+ * (cli_cluster_usage), run's and chat's words (serve words --ctx, --mmap
+ * and --lora for its slots and nodes); CLI_SAMPLING_HELP, sampling's but
+ * --seed (chat's reply k samples with S+k); CLI_KV_HELP (run, chat, serve). */
+typedef struct cli_engine {
+    cli_loras loras;
+    cli_kv kv;
+    cli_gpu gpu;
+    cli_cluster net;
+    int n_ctx, n_threads; /* 0: the defaults */
+    bool mmap;
+} cli_engine;
+int cli_engine_opt(int argc, char **argv, int *i, cli_engine *g);
+void cli_engine_apply(const cli_engine *g, struct cm_engine_opts *eo);
+int cli_gen_opt(int argc, char **argv, int *i, struct cm_sampler_params *s, cli_engine *g);
 #define CLI_LORA_HELP                                                                            \
     "  --lora FILE[:SCALE]    apply a LoRA adapter (llama.cpp's adapter GGUF) with this scale\n" \
     "                         (default 1); repeat for several (their corrections add up)\n"
+#define CLI_KV_HELP                                                                                      \
+    "  --cache-type-k, -ctk T, --cache-type-v, -ctv T\n"                                                 \
+    "                         KV cache types: f32 (default), f16, q8_0, q4_0 (llama.cpp's -ctk/-ctv);\n" \
+    "                         --kv-type T sets both; per token: see 'cumulo info'\n"                     \
+    "  --flash-attn, -fa      tiled attention over K/V rows for f32/f16 too (always for q8_0/q4_0)\n"
+#define CLI_SAMPLING_HELP                                              \
+    "  --temp T               temperature (default 0.8; 0 = greedy)\n" \
+    "  --top-k K              top-k (default 40; 0 = off)\n"           \
+    "  --top-p P              top-p (default 0.95; 1 = off)\n"         \
+    "  --min-p P              min-p (default 0.05; 0 = off)\n"         \
+    "  --repeat-penalty R     repetition penalty (default 1.0 = off)\n"
+#define CLI_GEN_HELP                                                                              \
+    "  --ctx N                context size (default: the model's, at most 4096)\n"                \
+    "  --threads N            compute threads (default: all CPUs)\n" CLI_KV_HELP CLI_GPU_HELP     \
+    "  --mmap                 keep the weights in a file mapping (default: read into huge-page\n" \
+    "                         memory when they fit, fewer TLB misses per token; also CUMULO_MMAP=1)\n" CLI_LORA_HELP
 
 /* A progress bar on stderr (only when stderr is a terminal, or CUMULO_PROGRESS=1).
  * With `bytes` set (after start) it also shows MiB done, speed and time left. */

@@ -29,19 +29,19 @@ static const char *isa_name(void) {
     return "scalar";
 }
 
+static const char k_announce_usage[] =
+    "usage: cumulo announce --port P [--name N] [--id HEX] [--iface LIST] [--ttl S]\n\n"
+    "Announce this machine as a cumulo node (DNS-SD _cumulo._tcp over mDNS) until\n"
+    "Ctrl-C, then send goodbyes. Prints 'announced NAME' once probing succeeds (the\n"
+    "name gets ' (2)' appended when another node already uses it).\n\n"
+    "  --name N       instance name (default: the host name)\n"
+    "  --port P       port advertised in the SRV record\n"
+    "  --id HEX       node id for TXT id= (default: random)\n"
+    "  --iface LIST   comma-separated interfaces (default: every multicast-capable one)\n"
+    "  --ttl S        TTL of SRV and A records (default 120)\n";
+
 int cmd_announce(int argc, char **argv) {
-    if (cli_wants_help(argc, argv)) {
-        printf("usage: cumulo announce --port P [--name N] [--id HEX] [--iface LIST] [--ttl S]\n\n"
-               "Announce this machine as a cumulo node (DNS-SD _cumulo._tcp over mDNS) until\n"
-               "Ctrl-C, then send goodbyes. Prints 'announced NAME' once probing succeeds (the\n"
-               "name gets ' (2)' appended when another node already uses it).\n\n"
-               "  --name N       instance name (default: the host name)\n"
-               "  --port P       port advertised in the SRV record\n"
-               "  --id HEX       node id for TXT id= (default: random)\n"
-               "  --iface LIST   comma-separated interfaces (default: every multicast-capable one)\n"
-               "  --ttl S        TTL of SRV and A records (default 120)\n");
-        return 0;
-    }
+    if (cli_help(argc, argv, k_announce_usage, 0)) return 0;
     char host[64] = "cumulo";
     gethostname(host, sizeof host - 1);
     host[sizeof host - 1] = 0;

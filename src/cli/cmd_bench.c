@@ -76,25 +76,17 @@ static const char k_bench_usage[] =
     "                     (default: $CUMULO_ORACLE_DIR, else /tmp/nlc)\n"
     "  --bw-mib N         size of the bandwidth buffer in MiB (default 1024)\n"
     "  --json             print one JSON line instead of the table\n"
-    "  --cluster          run over cluster nodes (mDNS, or --nodes HOST:PORT,...); power,\n"
-    "                     joules/token and the roofline then count this machine only\n"
-    "  --nodes LIST       the nodes (implies --cluster); --key-file F, --insecure as for serve\n"
-    "  --parallel MODE    with --cluster: pp (pipeline stages, default), tp (one tensor-parallel\n"
-    "                     group), hybrid (tensor-parallel groups as stages), ep (a mixture-of-experts\n"
-    "                     model's experts over one group) or auto\n"
-    "  --groups A,B,...   members per stage, this machine's group first (e.g. 2,2: hybrid)\n"
-    "  --tp-compress      all-reduces travel as 8-bit Q8_0 blocks (off by default); the bytes on\n"
-    "                     the wire per token are printed either way\n";
+    "\n"
+    "Cluster (with --cluster: power, joules/token and the roofline count this machine only;\n"
+    "the bytes on the wire per token are printed either way):\n";
 
 typedef struct bench_opts {
     const char *model, *isa, *oracle_dir, *llama_bench;
-    const char *nodes, *key_file; /* --cluster: the engine runs over these nodes */
-    cm_plan_request plan;         /* --parallel, --groups */
-    bool tp_compress;
+    cli_cluster clo; /* --cluster, --nodes, --parallel, --groups, ... (clusteropt.c) */
     int threads, n_prompt, n_gen, reps, bw_mib;
     cli_kv kvo;   /* -ctk/-ctv/--kv-type/-fa (kvopt.c) */
     cli_gpu gpuo; /* --gpu, --gpu-layers (gpuopt.c) */
-    bool json, vs, kv_f16, insecure, mmap;
+    bool json, vs, kv_f16, mmap;
 } bench_opts;
 
 typedef struct speed {
@@ -392,7 +384,8 @@ static int parse(int argc, char **argv, bench_opts *o) {
                       .reps = 3,
                       .bw_mib = 1024,
                       .oracle_dir = c->oracle_dir,
-                      .llama_bench = c->llamacpp_bench};
+                      .llama_bench = c->llamacpp_bench,
+                      .clo = {.accept = CLI_CLUSTER_BENCH}};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         long l;
@@ -421,7 +414,8 @@ static int parse(int argc, char **argv, bench_opts *o) {
         } else if (!strcmp(a, "--mmap")) {
             o->mmap = true;
         } else if ((kr = cli_kv_opt(argc, argv, &i, &o->kvo)) != 0 ||
-                   (kr = cli_gpu_opt(argc, argv, &i, &o->gpuo)) != 0) {
+                   (kr = cli_gpu_opt(argc, argv, &i, &o->gpuo)) != 0 ||
+                   (kr = cli_cluster_opt(argc, argv, &i, &o->clo)) != 0) {
             if (kr < 0) return 1;
         } else if (!strcmp(a, "--oracle-dir")) {
             if (!v) return cli_fail("option '%s' needs a value", a);
@@ -429,20 +423,6 @@ static int parse(int argc, char **argv, bench_opts *o) {
         } else if (!strcmp(a, "--llamacpp-bench")) {
             if (!v) return cli_fail("option '%s' needs a value", a);
             o->llama_bench = v, i++;
-        } else if (!strcmp(a, "--cluster")) {
-            if (!o->nodes) o->nodes = "auto";
-        } else if (!strcmp(a, "--nodes")) {
-            if (!v) return cli_fail("option '%s' needs a value", a);
-            o->nodes = v, i++;
-        } else if (!strcmp(a, "--key-file")) {
-            if (!v) return cli_fail("option '%s' needs a value", a);
-            o->key_file = v, i++;
-        } else if (!strcmp(a, "--parallel") || !strcmp(a, "--groups")) {
-            if (cli_plan_opt(argc, argv, &i, &o->plan) < 0) return 1;
-        } else if (!strcmp(a, "--tp-compress")) {
-            o->tp_compress = true;
-        } else if (!strcmp(a, "--insecure")) {
-            o->insecure = true;
         } else if (!strcmp(a, "--vs-llamacpp")) {
             o->vs = true;
         } else if (!strcmp(a, "--json")) {
@@ -458,15 +438,13 @@ static int parse(int argc, char **argv, bench_opts *o) {
     if (!o->model) return cli_fail("no model given; usage: cumulo bench MODEL.gguf [options]");
     if (!(o->model = cli_model_path(o->model))) return 1;
     if (o->n_prompt + o->n_gen + 8 > (1 << 20)) return cli_fail("prompt + gen is too long");
+    if (cli_cluster_check(&o->clo)) return 1;
     if (o->threads == 0) o->threads = cm_cpu_count() > 0 ? cm_cpu_count() : 1;
     return 0;
 }
 
 int cmd_bench(int argc, char **argv) {
-    if (cli_wants_help(argc, argv)) {
-        fputs(k_bench_usage, stdout);
-        return 0;
-    }
+    if (cli_help(argc, argv, k_bench_usage, CLI_CLUSTER_BENCH)) return 0;
     bench_opts o;
     if (parse(argc, argv, &o)) return 1;
     /* The kernel table is chosen once, at the first kernels call: cap it before. */
@@ -507,19 +485,15 @@ int cmd_bench(int argc, char **argv) {
                          .n_ctx = o.n_prompt + o.n_gen + 8,
                          .n_batch = CM_MIN(o.n_prompt, CM_BATCH_MAX),
                          .kv_f16 = o.kv_f16,
-                         .nodes = o.nodes,
-                         .key_file = o.key_file,
-                         .insecure = o.insecure,
-                         .plan = o.plan,
-                         .tp_compress = o.tp_compress,
                          .mmap = o.mmap};
     cli_kv_apply(&o.kvo, &eo);
     cli_gpu_apply(&o.gpuo, &eo);
+    cli_cluster_apply(&o.clo, &eo);
     if (cm_engine_load(&e, o.model, &eo, err, sizeof err)) return cli_fail("%s", err);
     cm_engine_info in;
     cm_engine_get_info(e, &in);
     const char *kname = cm_kernels_get()->name;
-    if (in.n_stages > 1 || o.nodes)
+    if (in.n_stages > 1 || o.clo.on)
         fprintf(stderr,
                 "bench: cluster: %d stage%s, %d layer%s on this machine; power, joules/token and the "
                 "roofline count this machine only\n",
@@ -559,7 +533,7 @@ int cmd_bench(int argc, char **argv) {
     if (have_tp && trows)
         fprintf(stderr,
                 "bench: all-reduce from this machine: %.0f element bytes, %.0f bytes on the wire per token (%s)\n",
-                (double)td / (double)trows, (double)tw / (double)trows, o.tp_compress ? "Q8_0" : "f32");
+                (double)td / (double)trows, (double)tw / (double)trows, o.clo.tp_compress ? "Q8_0" : "f32");
     if (have_hop && hrows)
         fprintf(stderr, "bench: hidden states to stage 1: %.0f bytes on the wire per token\n",
                 (double)hb / (double)hrows);

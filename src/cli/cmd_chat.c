@@ -45,29 +45,14 @@ static const char k_chat_usage[] =
     "  --system TEXT          system message at the start of the conversation\n"
     "  --chat-template NAME   use this template family instead of the model's\n"
     "                         (chatml works with any model, for testing)\n"
-    "  -n, --n-predict N      most tokens per reply (default -1: until end of turn or full context)\n"
-    "  --temp T               temperature (default 0.8; 0 = greedy)\n"
-    "  --top-k K              top-k (default 40; 0 = off)\n"
-    "  --top-p P              top-p (default 0.95; 1 = off)\n"
-    "  --min-p P              min-p (default 0.05; 0 = off)\n"
-    "  --repeat-penalty R     repetition penalty (default 1.0 = off)\n"
-    "  --seed S               RNG seed (default: random); reply k (from 0) samples with S+k\n"
-    "  --ctx N                context size (default: the model's, at most 4096)\n"
-    "  --threads N            compute threads (default: all CPUs)\n"
-    "  --cache-type-k, -ctk T, --cache-type-v, -ctv T\n"
-    "                         KV cache types: f32 (default), f16, q8_0, q4_0 (llama.cpp's -ctk/-ctv);\n"
-    "                         --kv-type T sets both; per token: see 'cumulo info'\n"
-    "  --flash-attn, -fa      tiled attention over K/V rows for f32/f16 too (always for q8_0/q4_0)\n" CLI_GPU_HELP
-    "  --mmap                 keep the weights in a file mapping (default: read into huge-page\n"
-    "                         memory when they fit, fewer TLB misses per token; also CUMULO_MMAP=1)\n" CLI_LORA_HELP
+    "  -n, --n-predict N      most tokens per reply (default -1: until end of turn or full context)\n" CLI_SAMPLING_HELP
+    "  --seed S               RNG seed (default: random); reply k (from 0) samples with S+k\n" CLI_GEN_HELP
     "  --ignore-eos           keep generating past end-of-turn tokens\n"
     "  -v, --verbose          after each reply, print token counts, prefix reuse and speed to stderr\n"
-    "  --cluster              use `cumulo node`s (with --nodes, default auto), as `cumulo run`\n"
-    "  --nodes LIST           auto (mDNS) or host:port,host:port,...\n"
-    "  --insecure             no cluster key (the nodes must run --insecure too)\n"
-    "  --key-file FILE        cluster key (default $CUMULO_KEY_FILE or ~/.config/cumulo/cluster.key)\n"
     "A full context: before a turn the oldest exchanges after the system message are dropped\n"
-    "until the conversation leaves room for a reply (said on stderr); the same on a cluster.\n";
+    "until the conversation leaves room for a reply (said on stderr); the same on a cluster.\n"
+    "\n"
+    "Cluster (as `cumulo run --cluster`):\n";
 
 static const char k_chat_help[] = "commands:\n"
                                   "  /reset   forget the conversation (the --system message stays)\n"
@@ -316,24 +301,18 @@ static int read_message(chat *c, cm_buf *line) {
 }
 
 int cmd_chat(int argc, char **argv) {
-    if (cli_wants_help(argc, argv)) {
-        fputs(k_chat_usage, stdout);
-        return 0;
-    }
+    if (cli_help(argc, argv, k_chat_usage, CLI_CLUSTER_CHAT)) return 0;
     const char *model = NULL, *system = NULL, *tmpl = NULL;
-    long n_predict = -1, ctx = 0, threads = 0;
-    cli_kv kvo = {0};
-    cli_gpu gpuo = {0};
-    bool verbose = false, kv_f16 = false, use_mmap = false, cluster = false, insecure = false;
-    const char *nodes = NULL, *key_file = NULL;
-    cli_loras loras = {0};
+    long n_predict = -1;
+    bool verbose = false;
+    cli_engine go = {.net = {.accept = CLI_CLUSTER_CHAT}};
     cm_gen_params gp;
     cm_gen_params_default(&gp);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
 #define NEXT() (i++, v)
-        int so = cli_gen_opt(argc, argv, &i, &gp.sampling, &loras, &kvo, &gpuo);
+        int so = cli_gen_opt(argc, argv, &i, &gp.sampling, &go);
         if (so < 0) return 1;
         if (so > 0) continue;
         if (!strcmp(a, "--system")) {
@@ -344,20 +323,6 @@ int cmd_chat(int argc, char **argv) {
             tmpl = NEXT();
         } else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) {
             if (!cli_int(a, NEXT(), -1, 1 << 24, &n_predict)) return 1;
-        } else if (!strcmp(a, "--ctx")) {
-            if (!cli_int(a, NEXT(), 1, 1 << 20, &ctx)) return 1;
-        } else if (!strcmp(a, "--threads")) {
-            if (!cli_int(a, NEXT(), 1, 1024, &threads)) return 1;
-        } else if (!strcmp(a, "--mmap")) {
-            use_mmap = true;
-        } else if (!strcmp(a, "--cluster")) {
-            cluster = true;
-        } else if (!strcmp(a, "--insecure")) {
-            insecure = true;
-        } else if (!strcmp(a, "--nodes") || !strcmp(a, "--key-file")) {
-            if (!v) return cli_fail("option '%s' needs a value", a);
-            if (a[2] == 'n') nodes = NEXT();
-            else key_file = NEXT();
         } else if (!strcmp(a, "--ignore-eos")) {
             gp.ignore_eos = true;
         } else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) {
@@ -387,17 +352,8 @@ int cmd_chat(int argc, char **argv) {
     cm_buf line;
     cm_buf_init(&line);
     int status = 1;
-    cm_engine_opts eo = {.n_threads = (int)threads,
-                         .n_ctx = (int)ctx,
-                         .nodes = cluster || nodes ? (nodes ? nodes : "auto") : NULL,
-                         .insecure = insecure,
-                         .key_file = key_file,
-                         .kv_f16 = kv_f16,
-                         .mmap = use_mmap,
-                         .loras = loras.spec,
-                         .n_loras = loras.n};
-    cli_kv_apply(&kvo, &eo);
-    cli_gpu_apply(&gpuo, &eo);
+    cm_engine_opts eo = {0};
+    cli_engine_apply(&go, &eo);
     if (cli_load_engine_opts(&c.e, model, &eo)) goto done;
     if (system && chat_push(&c, "system", system, strlen(system))) {
         cli_fail("out of memory");
@@ -412,7 +368,7 @@ int cmd_chat(int argc, char **argv) {
         cli_fail("cannot chat with '%s': %s", base ? base + 1 : model, err);
         goto done;
     }
-    c.s = cm_session_new(c.e, (int)ctx, err, sizeof err);
+    c.s = cm_session_new(c.e, go.n_ctx, err, sizeof err);
     if (!c.s) {
         cli_fail("%s", err);
         goto done;

@@ -70,17 +70,17 @@ static void on_event(void *ud, enum cm_mdns_event ev, const cm_mdns_instance *in
     fflush(stdout);
 }
 
+static const char k_discover_usage[] =
+    "usage: cumulo discover [--timeout S] [--json] [--watch] [--iface LIST]\n\n"
+    "Browse the local network for cumulo nodes (DNS-SD over mDNS, _cumulo._tcp) and\n"
+    "list them: name, address, port and TXT capabilities.\n\n"
+    "  --timeout S    seconds to browse (default 3)\n"
+    "  --json         print a JSON array (with --watch: one JSON object per event)\n"
+    "  --watch        print add/update/remove events as they happen\n"
+    "  --iface LIST   comma-separated interfaces (default: every multicast-capable one)\n";
+
 int cmd_discover(int argc, char **argv) {
-    if (cli_wants_help(argc, argv)) {
-        printf("usage: cumulo discover [--timeout S] [--json] [--watch] [--iface LIST]\n\n"
-               "Browse the local network for cumulo nodes (DNS-SD over mDNS, _cumulo._tcp) and\n"
-               "list them: name, address, port and TXT capabilities.\n\n"
-               "  --timeout S    seconds to browse (default 3)\n"
-               "  --json         print a JSON array (with --watch: one JSON object per event)\n"
-               "  --watch        print add/update/remove events as they happen\n"
-               "  --iface LIST   comma-separated interfaces (default: every multicast-capable one)\n");
-        return 0;
-    }
+    if (cli_help(argc, argv, k_discover_usage, 0)) return 0;
     double timeout = 3;
     disc_opts o = {false, false};
     const char *ifaces = NULL;

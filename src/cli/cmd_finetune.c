@@ -56,21 +56,15 @@ static const char *k_help =
     "  --dashboard PORT     a live page on http://127.0.0.1:PORT/ (0: any free port): the loss curve,\n"
     "                       tokens/s and the machines that train\n"
     "  --dashboard-host H   the address the page listens on (default 127.0.0.1)\n"
-    "\nAcross a cluster (pipeline parallel: each node trains its layers' slice of the adapter; a node\n"
-    "lost mid-run: the rest re-plan and the run resumes from its last checkpoint, see --save-every):\n"
-    "  --cluster            use `cumulo node`s (with --nodes, default auto); the adapter is the one\n"
-    "                       this machine alone would train, bit for bit\n"
-    "  --nodes LIST         auto (mDNS) or host:port,host:port,...\n"
-    "  --layers 2,1,2       layers per stage (this machine first); --parallel pp only\n"
-    "  --data-parallel N    N replicas of the pipeline, each on its own nodes (--nodes lists them\n"
-    "                       replica by replica), each taking a share of every step's windows; the\n"
-    "                       adapter is still the one this machine alone would train. Default (no\n"
-    "                       --layers): as many replicas as the nodes hold the model; 1: one pipeline\n"
-    "  --in-flight N        windows down the pipeline at once, a 1F1B schedule (default: the number of\n"
-    "                       stages; every stage keeps N windows' activations); the adapter is the same\n"
-    "  --take               use nodes that serve another coordinator\n"
-    "  --insecure           no cluster key (the nodes must run --insecure too)\n"
-    "  --key-file FILE      cluster key (default $CUMULO_KEY_FILE or ~/.config/cumulo/cluster.key)\n";
+    "\nAcross a cluster (pipeline parallel: each node trains its layers' slice of the adapter, and the\n"
+    "adapter is the one this machine alone would train, bit for bit; a node lost mid-run: the rest\n"
+    "re-plan and the run resumes from its last checkpoint, see --save-every; --parallel pp only):\n"
+    "  --data-parallel N      N replicas of the pipeline, each on its own nodes (--nodes lists them\n"
+    "                         replica by replica), each taking a share of every step's windows; the\n"
+    "                         adapter is still the one this machine alone would train. Default (no\n"
+    "                         --layers): as many replicas as the nodes hold the model; 1: one pipeline\n"
+    "  --in-flight N          windows down the pipeline at once, a 1F1B schedule (default: the number of\n"
+    "                         stages; every stage keeps N windows' activations); the adapter is the same\n";
 
 typedef struct bar {
     bool tty;
@@ -105,24 +99,13 @@ static void on_progress(void *user, const cm_finetune_status *st) {
     if (st->saved) snprintf(b->ckpt, sizeof b->ckpt, "%s", st->saved);
 }
 
-/* --name VALUE options: the next argument or a one-line error. */
-static const char *val_of(int argc, char **argv, int *i) {
-    if (*i + 1 >= argc) {
-        cli_fail("finetune: %s needs a value", argv[*i]);
-        return NULL;
-    }
-    return argv[++*i];
-}
-
-/* The cluster options (run's): --cluster, --nodes, --key-file, --insecure, --take, the plan's. */
+/* The cluster options (run's but --tp-compress; clusteropt.c) and finetune's own. */
 typedef struct clu {
-    bool on, insecure, take;
-    int dp;        /* --data-parallel: replicas (0: one) */
-    int inflight;  /* --in-flight: windows down a pipeline at once (0: its stages) */
-    int dash_port; /* --dashboard: the page's port (-1: none) */
+    cli_cluster net; /* net.on: train over the nodes */
+    int dp;          /* --data-parallel: replicas (0: one) */
+    int inflight;    /* --in-flight: windows down a pipeline at once (0: its stages) */
+    int dash_port;   /* --dashboard: the page's port (-1: none) */
     const char *dash_host;
-    const char *nodes, *key_file;
-    cm_plan_request plan;
 } clu;
 
 static int parse(int argc, char **argv, cm_finetune_opts *o, const char **model, const char **data, const char **tmpl,
@@ -138,16 +121,11 @@ static int parse(int argc, char **argv, cm_finetune_opts *o, const char **model,
             *model = a;
             continue;
         }
-        if (!strcmp(a, "--cluster") || !strcmp(a, "--insecure") || !strcmp(a, "--take")) {
-            *(a[2] == 'c' ? &c->on : a[2] == 'i' ? &c->insecure : &c->take) = true;
-            continue;
-        }
-        if ((so = cli_plan_opt(argc, argv, &i, &c->plan)) != 0) {
+        if ((so = cli_cluster_opt(argc, argv, &i, &c->net)) != 0) {
             if (so < 0) return 1;
-            c->on = true;
             continue;
         }
-        if (!(v = val_of(argc, argv, &i))) return 1;
+        v = i + 1 < argc ? argv[i + 1] : NULL; /* each option below takes one: a missing one is said once known */
 #define INT_OPT(name, lo, hi, field)              \
     else if (!strcmp(a, name)) {                  \
         if (!cli_int(a, v, lo, hi, &n)) return 1; \
@@ -162,7 +140,7 @@ static int parse(int argc, char **argv, cm_finetune_opts *o, const char **model,
         else if (!strcmp(a, "--data-parallel")) {
             if (!cli_int(a, v, 1, CM_PLAN_MAX_NODES, &n)) return 1;
             c->dp = (int)n;
-            c->on = true;
+            c->net.on = true;
         } else if (!strcmp(a, "--dashboard")) {
             if (!cli_int(a, v, 0, 65535, &n)) return 1;
             c->dash_port = (int)n;
@@ -170,10 +148,8 @@ static int parse(int argc, char **argv, cm_finetune_opts *o, const char **model,
         else if (!strcmp(a, "--in-flight")) {
             if (!cli_int(a, v, 1, CM_MSG_MAX_TRAIN_INFLIGHT, &n)) return 1;
             c->inflight = (int)n;
-            c->on = true;
-        } else if (!strcmp(a, "--nodes")) c->nodes = v, c->on = true;
-        else if (!strcmp(a, "--key-file")) c->key_file = v;
-        else if (!strcmp(a, "--out") || !strcmp(a, "-o")) o->out = v;
+            c->net.on = true;
+        } else if (!strcmp(a, "--out") || !strcmp(a, "-o")) o->out = v;
         else if (!strcmp(a, "--resume")) o->resume = v;
         else if (!strcmp(a, "--chat-template")) *tmpl = v;
         else if (!strcmp(a, "--seed")) {
@@ -185,7 +161,7 @@ static int parse(int argc, char **argv, cm_finetune_opts *o, const char **model,
             alpha_set = true;
         } else if (!strcmp(a, "--lora-targets")) {
             char err[256];
-            if (cm_train_targets_parse(v, &o->targets, err, sizeof err)) return cli_fail("finetune: %s", err);
+            if (v && cm_train_targets_parse(v, &o->targets, err, sizeof err)) return cli_fail("finetune: %s", err);
         }
         INT_OPT("--rank", 1, CM_LORA_MAX_RANK, rank)
         INT_OPT("--warmup", 0, 100000000, warmup)
@@ -201,20 +177,17 @@ static int parse(int argc, char **argv, cm_finetune_opts *o, const char **model,
         FLT_OPT("--lr", 1e-9, 10, lr)
         FLT_OPT("--weight-decay", 0, 10, weight_decay)
         FLT_OPT("--val-split", 0, 0.9, val_split)
-        else return cli_fail("finetune: unknown option '%s'; see --help", a);
+        else return cli_fail("finetune: unknown option '%s'; see 'cumulo finetune --help'", a);
+        if (!v) return cli_fail("option '%s' needs a value", a);
+        i++;
 #undef INT_OPT
 #undef FLT_OPT
     }
     if (!alpha_set) o->alpha = 2.0f * (float)o->rank;
     if (!*model || !*data || !o->out)
         return cli_fail("finetune: need MODEL, --data FILE.jsonl and --out ADAPTER.gguf; see --help");
-    if (cli_plan_check(&c->plan)) return 1;
+    if (cli_cluster_check(&c->net)) return 1;
     return 0;
-}
-
-static void log_line(void *ctx, const char *line) {
-    (void)ctx;
-    fprintf(stderr, "%s\n", line);
 }
 
 /* The exec over the open pipes p[0..n) (n > 1: replicas, data parallel),
@@ -266,9 +239,9 @@ static int train_cluster(const char *path, const cm_gguf *g, const cm_model *m, 
     const int n_rep = c->dp > 1 ? c->dp : 1;
     int nn = 0, per = 0;
     if (n_rep > 1) {
-        if (!c->nodes || !strcmp(c->nodes, "auto") || strlen(c->nodes) >= sizeof list)
+        if (!c->net.nodes || !strcmp(c->net.nodes, "auto") || strlen(c->net.nodes) >= sizeof list)
             return cm_errf(err, errlen, CM_EINVAL, "--data-parallel needs --nodes host:port,... (replica by replica)");
-        strcpy(list, c->nodes);
+        strcpy(list, c->net.nodes);
         for (char *q = list, *comma; q; q = comma ? comma + 1 : NULL) {
             if ((comma = strchr(q, ','))) *comma = 0;
             if (*q && nn < (int)(sizeof nodes / sizeof nodes[0])) nodes[nn++] = q;
@@ -343,30 +316,31 @@ static int train_cluster(const char *path, const cm_gguf *g, const cm_model *m, 
     return rc;
 }
 
-/* The run, on this machine or (c->on) over the cluster. */
+/* The run, on this machine or (c->net.on) over the cluster. */
 static int train(const char *path, const cm_gguf *g, const cm_model *m, const cm_tdata *d, cm_finetune_opts *o,
                  const clu *c, char *err, size_t errlen) {
-    if (!c->on) return cm_finetune_run(m, d, o, err, errlen);
-    cm_pipe_opts po = {.nodes = c->nodes ? c->nodes : "auto",
-                       .insecure = c->insecure,
-                       .key_file = c->key_file,
-                       .plan = c->plan,
-                       .take = c->take,
+    const cli_cluster *net = &c->net;
+    if (!net->on) return cm_finetune_run(m, d, o, err, errlen);
+    cm_pipe_opts po = {.nodes = cli_cluster_nodes(net),
+                       .insecure = net->insecure,
+                       .key_file = net->key_file,
+                       .plan = net->plan,
+                       .take = net->take,
                        .n_ctx = o->n_ctx,
                        .n_seq_max = 1,
                        .max_batch = 1,
-                       .log = log_line};
+                       .log = cli_log_line};
     bool opened = false;
-    const cm_plan_request *q = &c->plan;
+    const cm_plan_request *q = &net->plan;
     if (!c->dp && !q->n_split && !q->n_groups && (!q->mode_set || q->mode == CM_PARALLEL_PP)) {
         /* the planner's data parallelism; replicas that do not open: one pipeline */
         char list[4096], why[256];
         clu ca = *c;
-        ca.dp = cli_finetune_dp(g, c->nodes, c->insecure, c->key_file, c->take, o->n_ctx, list, sizeof list, why,
-                                sizeof why);
+        ca.dp = cli_finetune_dp(g, net->nodes, net->insecure, net->key_file, net->take, o->n_ctx, list, sizeof list,
+                                why, sizeof why);
         if (ca.dp > 1) {
             fprintf(stderr, "finetune: the planner chose data parallelism: %s\n", why);
-            ca.nodes = list;
+            ca.net.nodes = list;
             int rc = train_cluster(path, g, m, d, o, &ca, &po, &opened, err, errlen);
             if (opened) return rc;
             fprintf(stderr, "finetune: the replicas did not open (%s); one pipeline over every node\n", err);
@@ -395,15 +369,12 @@ const cm_chat_template *cli_finetune_chat_of(const cm_gguf *g, const cm_tokenize
 }
 
 int cmd_finetune(int argc, char **argv) {
-    if (cli_wants_help(argc, argv)) {
-        fputs(k_help, stdout);
-        return 0;
-    }
+    if (cli_help(argc, argv, k_help, CLI_CLUSTER_FINETUNE)) return 0;
     cm_finetune_opts o;
     cm_finetune_opts_default(&o);
     o.n_threads = cm_cpu_count() > 0 ? cm_cpu_count() : 1;
     const char *model = NULL, *data = NULL, *tmpl = NULL;
-    clu c = {.dash_port = -1};
+    clu c = {.net = {.accept = CLI_CLUSTER_FINETUNE}, .dash_port = -1};
     if (parse(argc, argv, &o, &model, &data, &tmpl, &c)) return 1;
     if (!(model = cli_model_path(model))) return 1;
     char err[1024];

@@ -44,10 +44,7 @@ static uint64_t kv_per_token(const cm_engine_info *in, enum cm_type t) {
 }
 
 int cmd_info(int argc, char **argv) {
-    if (cli_wants_help(argc, argv)) {
-        fputs(k_info_usage, stdout);
-        return 0;
-    }
+    if (cli_help(argc, argv, k_info_usage, 0)) return 0;
     const char *model = NULL;
     long ctx = 0;
     bool json = false, kv_f16 = false, gpus = false;

@@ -38,11 +38,11 @@ static const char k_usage[] =
     "  --identity FILE   ssh private key (ssh -i)\n"
     "  --ssh-opt OPT     an ssh -o option, e.g. StrictHostKeyChecking=accept-new (repeatable)\n"
     "  --remote-dir DIR  where the binary, key, log and pid go on the remote (default .cumulo)\n"
-    "  --key-file FILE   the cluster key to copy (default $CUMULO_KEY_FILE or ~/.config/cumulo/cluster.key)\n"
-    "  --insecure        no key: nodes run --insecure\n"
     "  --models DIR      the remote nodes look for models there\n"
     "  --no-mdns         the nodes do not announce themselves (networks without multicast)\n"
-    "  --stop            stop the nodes started by an earlier launch instead\n";
+    "  --stop            stop the nodes started by an earlier launch instead\n"
+    "\n"
+    "Cluster key (copied to every host; with --insecure the nodes run --insecure):\n";
 
 typedef struct launch_opts {
     int port;
@@ -296,20 +296,17 @@ static int launch_one(const launch_opts *o, const char *target, const char *self
 }
 
 int cmd_launch(int argc, char **argv) {
-    if (cli_wants_help(argc, argv)) {
-        fputs(k_usage, stdout);
-        return 0;
-    }
+    if (cli_help(argc, argv, k_usage, CLI_CLUSTER_LINK)) return 0;
     launch_opts o = {.port = 7070, .remote_dir = ".cumulo"};
     const char *targets[64];
     int nt = 0;
     long l;
+    cli_cluster clo = {.accept = CLI_CLUSTER_LINK};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--insecure")) {
-            o.insecure = true;
-            continue;
-        }
+        int co = cli_cluster_opt(argc, argv, &i, &clo); /* --insecure, --key-file (clusteropt.c) */
+        if (co < 0) return 1;
+        if (co) continue;
         if (!strcmp(a, "--stop")) {
             o.stop = true;
             continue;
@@ -330,13 +327,14 @@ int cmd_launch(int argc, char **argv) {
             o.port = (int)l;
         } else if (!strcmp(a, "--identity")) o.identity = v;
         else if (!strcmp(a, "--remote-dir")) o.remote_dir = v;
-        else if (!strcmp(a, "--key-file")) o.key_file = v;
         else if (!strcmp(a, "--models")) o.models = v;
         else if (!strcmp(a, "--ssh-opt")) {
             if (o.n_ssh_opts == 16) return cli_fail("at most 16 --ssh-opt");
             o.ssh_opts[o.n_ssh_opts++] = v;
         } else return cli_fail("unknown option '%s'; see 'cumulo launch --help'", a);
     }
+    o.insecure = clo.insecure;
+    o.key_file = clo.key_file;
     if (!nt) return cli_fail("launch needs at least one USER@HOST; see 'cumulo launch --help'");
     char self[PATH_MAX], key_hex[80] = "", err[400];
     if (cli_self_path(self, sizeof self)) return cli_fail("cannot find this program's binary");

@@ -40,8 +40,6 @@ static const char k_node_usage[] =
     "  --threads N       compute threads (default: all CPUs)\n"
     "  --mmap            keep streamed slices in a file mapping (default: read into huge-page\n"
     "                    memory when they fit, fewer TLB misses per token; also CUMULO_MMAP=1)\n"
-    "  --insecure        no key, plaintext (every peer must say so too)\n"
-    "  --key-file FILE   cluster key (default $CUMULO_KEY_FILE or ~/.config/cumulo/cluster.key)\n"
     "  --bind ADDR       listen on this address only\n"
     "  --no-mdns         do not announce this node on the local network\n"
     "  --gpu auto|vulkan|none|N  run each stage's first layers on a Vulkan GPU (auto: the first GPU;\n"
@@ -50,26 +48,23 @@ static const char k_node_usage[] =
     "  --gpu-layers K    at most K of a stage's layers on it (default: as many as its memory holds)\n"
     "\n"
     "CUMULO_DECLARE_SPEED=GFLOPS,GBS in the environment replaces the measured compute\n"
-    "speed and memory bandwidth (equally strong machines in tests).\n";
+    "speed and memory bandwidth (equally strong machines in tests).\n"
+    "\n"
+    "Cluster key:\n";
 
 int cmd_node(int argc, char **argv) {
-    if (cli_wants_help(argc, argv)) {
-        fputs(k_node_usage, stdout);
-        return 0;
-    }
+    if (cli_help(argc, argv, k_node_usage, CLI_CLUSTER_LINK)) return 0;
     cm_node_opts o = {.port = 7070, .mdns = true};
     const char *join[16];
     long l;
     cli_gpu gpuo = {0};
+    cli_cluster clo = {.accept = CLI_CLUSTER_LINK};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int go = cli_gpu_opt(argc, argv, &i, &gpuo); /* --gpu, --gpu-layers (gpuopt.c) */
+        int go = cli_gpu_opt(argc, argv, &i, &gpuo);         /* --gpu, --gpu-layers (gpuopt.c) */
+        if (!go) go = cli_cluster_opt(argc, argv, &i, &clo); /* --insecure, --key-file (clusteropt.c) */
         if (go < 0) return 1;
         if (go) continue;
-        if (!strcmp(a, "--insecure")) {
-            o.insecure = true;
-            continue;
-        }
         if (!strcmp(a, "--no-mdns")) {
             o.mdns = false;
             continue;
@@ -90,7 +85,6 @@ int cmd_node(int argc, char **argv) {
         } else if (!strcmp(a, "--name")) o.name = v;
         else if (!strcmp(a, "--cache")) o.cache_dir = v;
         else if (!strcmp(a, "--models")) o.models_dir = v;
-        else if (!strcmp(a, "--key-file")) o.key_file = v;
         else if (!strcmp(a, "--bind")) o.bind = v;
         else if (!strcmp(a, "--port-file")) o.port_file = v;
         else if (!strcmp(a, "--join")) {
@@ -100,8 +94,9 @@ int cmd_node(int argc, char **argv) {
         } else return cli_fail("unknown option '%s'; see 'cumulo node --help'", a);
     }
     o.join = join;
-    o.gpu = gpuo.layers_set && gpuo.layers == 0 ? "none" : gpuo.dev;
-    o.gpu_layers = gpuo.layers_set ? gpuo.layers : 0;
+    o.insecure = clo.insecure;
+    o.key_file = clo.key_file;
+    cli_gpu_pick(&gpuo, &o.gpu, &o.gpu_layers);
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_stop;
@@ -125,7 +120,9 @@ static const char k_nodes_usage[] =
     "  --timeout S    seconds to browse mDNS (default 2)\n"
     "  --nodes LIST   also probe these host:port addresses\n"
     "  --no-mdns      do not browse\n"
-    "  --json         print a JSON array\n";
+    "  --json         print a JSON array\n"
+    "\n"
+    "Cluster key:\n";
 
 /* The exit status of `cumulo nodes`: 1, with a line saying why, when no node
  * answered (none found, or every one unreachable): scripts and health checks
@@ -142,25 +139,24 @@ static int nodes_reachable(const cm_node_info *info, int n, bool mdns, bool give
 }
 
 int cmd_nodes(int argc, char **argv) {
-    if (cli_wants_help(argc, argv)) {
-        fputs(k_nodes_usage, stdout);
-        return 0;
-    }
+    if (cli_help(argc, argv, k_nodes_usage, CLI_CLUSTER_LINK)) return 0;
     double timeout = 2;
-    bool json = false, mdns = true, insecure = false;
-    const char *given = NULL, *key_file = NULL;
+    bool json = false, mdns = true;
+    const char *given = NULL;
+    cli_cluster clo = {.accept = CLI_CLUSTER_LINK}; /* --nodes is this command's own: probe these too */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int co = cli_cluster_opt(argc, argv, &i, &clo);
+        if (co < 0) return 1;
+        if (co) continue;
         if (!strcmp(a, "--json")) json = true;
         else if (!strcmp(a, "--no-mdns")) mdns = false;
-        else if (!strcmp(a, "--insecure")) insecure = true;
         else if (!strcmp(a, "--timeout")) {
             if (!cli_float(a, v, 0, 600, &timeout)) return 1;
             i++;
-        } else if (!strcmp(a, "--nodes") || !strcmp(a, "--key-file")) {
-            if (!v) return cli_fail("option '%s' needs a value", a);
-            if (a[2] == 'n') given = v;
-            else key_file = v;
+        } else if (!strcmp(a, "--nodes")) {
+            if (!v) return cli_fail("option '%s' needs HOST:PORT,HOST:PORT,...", a);
+            given = v;
             i++;
         } else return cli_fail("unknown option '%s'; see 'cumulo nodes --help'", a);
     }
@@ -194,7 +190,7 @@ int cmd_nodes(int argc, char **argv) {
     const char *ptr[64];
     for (int i = 0; i < n; i++) ptr[i] = addrs[i];
     cm_node_info info[64];
-    if (n && cm_probe_nodes(ptr, n, insecure, key_file, info, err, sizeof err)) return cli_fail("%s", err);
+    if (n && cm_probe_nodes(ptr, n, clo.insecure, clo.key_file, info, err, sizeof err)) return cli_fail("%s", err);
     if (json) {
         cJSON *arr = cJSON_CreateArray();
         for (int i = 0; i < n; i++) {

@@ -29,8 +29,6 @@ static void usage(FILE *f) {
             "options:\n"
             "  --nodes LIST        plan for live nodes: connect (mDNS with 'auto'), measure them and\n"
             "                      their links, assign the stages and print the plan the cluster runs\n"
-            "  --key-file F        the cluster key (default $CUMULO_KEY_FILE or ~/.config/cumulo/cluster.key)\n"
-            "  --insecure          nodes without a key (they must run --insecure too)\n"
             "  --simulate FILE     imaginary cluster: nodes (memory, bandwidth, compute) and links\n"
             "                      (rtt, Gbit/s); see examples/clusters/*.json\n"
             "  --preset NAME       a model shape without a file (%s)\n"
@@ -40,8 +38,11 @@ static void usage(FILE *f) {
             "  --parallel MODE     auto (default), pp, tp, hybrid or ep (experts across a group)\n"
             "  -ctk T, -ctv T      KV cache types counted by the planner (f32 default, f16, q8_0, q4_0;\n"
             "                      --kv-type T: both)\n"
-            "  --json              machine-readable output\n",
+            "  --json              machine-readable output\n"
+            "\n"
+            "Cluster key (with --nodes):\n",
             cm_sim_preset_names());
+    cli_cluster_usage(f, CLI_CLUSTER_LINK);
 }
 
 static cJSON *plan_json(const cm_plan *p, const cm_plan_cluster *c) {
@@ -87,8 +88,8 @@ int cmd_plan(int argc, char **argv) {
         return 0;
     }
     const char *model_path = NULL, *sim = NULL, *preset = NULL, *type = NULL, *par = NULL;
-    const char *nodes = NULL, *key_file = NULL;
-    bool insecure = false;
+    /* --nodes: live nodes, as serve's (its help line is plan's own); --parallel is the simulation's */
+    cli_cluster clo = {.accept = CLI_CLUSTER_KEY | CLI_CLUSTER_NODES};
     long ctx = 0, seq = 0;
     cli_kv kvo = {0};
     int kr;
@@ -98,14 +99,9 @@ int cmd_plan(int argc, char **argv) {
         if (!strcmp(a, "--simulate")) {
             sim = v;
             i++;
-        } else if (!strcmp(a, "--nodes")) {
-            nodes = v;
-            i++;
-        } else if (!strcmp(a, "--key-file")) {
-            key_file = v;
-            i++;
-        } else if (!strcmp(a, "--insecure")) insecure = true;
-        else if (!strcmp(a, "--preset")) {
+        } else if ((kr = cli_cluster_opt(argc, argv, &i, &clo)) != 0) {
+            if (kr < 0) return 1;
+        } else if (!strcmp(a, "--preset")) {
             preset = v;
             i++;
         } else if (!strcmp(a, "--type")) {
@@ -130,14 +126,12 @@ int cmd_plan(int argc, char **argv) {
     }
     char err[512];
     if (model_path && !(model_path = cli_model_path(model_path))) return 1;
-    if (nodes) {
+    if (clo.nodes) {
         if (!model_path) return cli_fail("plan --nodes needs MODEL.gguf");
         /* Live cluster: the same path 'serve' takes (handshake, measurement,
          * plan, assignment), then the plan it settled on. */
         cm_engine_opts eo = {.mmap = true};
-        eo.nodes = nodes;
-        eo.key_file = key_file;
-        eo.insecure = insecure;
+        cli_cluster_apply(&clo, &eo);
         eo.n_seq = seq ? (int)seq : 1; /* the KV the plan shows is for --seq sequences (issue 19: not 8 by default) */
         eo.n_ctx = (int)ctx;
         cm_engine *e = NULL;

@@ -85,10 +85,7 @@ static int join_parts(const cm_hub_file *files, const size_t *pick, size_t np, c
 }
 
 int cmd_pull(int argc, char **argv) {
-    if (cli_wants_help(argc, argv)) {
-        fputs(k_pull_usage, stdout);
-        return 0;
-    }
+    if (cli_help(argc, argv, k_pull_usage, 0)) return 0;
     const char *name = NULL;
     bool check = false;
     for (int i = 1; i < argc; i++) {
@@ -167,10 +164,7 @@ static const char k_models_usage[] =
     "  with their size and architecture\n";
 
 int cmd_models(int argc, char **argv) {
-    if (cli_wants_help(argc, argv)) {
-        fputs(k_models_usage, stdout);
-        return 0;
-    }
+    if (cli_help(argc, argv, k_models_usage, 0)) return 0;
     bool json = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json")) json = true;
@@ -222,10 +216,7 @@ static const char k_rm_usage[] =
     "  (org/repo:QUANT, hf://org/repo/FILE.gguf); all parts of a multi-part file go together\n";
 
 int cmd_rm(int argc, char **argv) {
-    if (cli_wants_help(argc, argv)) {
-        fputs(k_rm_usage, stdout);
-        return 0;
-    }
+    if (cli_help(argc, argv, k_rm_usage, 0)) return 0;
     if (argc != 2 || argv[1][0] == '-') return cli_fail("rm needs one model name; see 'cumulo rm --help'");
     char err[1024], dir[900], ref[1200];
     if (cm_models_dir(dir, sizeof dir, err, sizeof err)) return cli_fail("%s", err);
@@ -290,10 +281,7 @@ static const char k_merge_usage[] =
     "  NAME.gguf beside the parts; the parts are left in place. `cumulo pull` does this by itself.\n";
 
 int cmd_merge(int argc, char **argv) {
-    if (cli_wants_help(argc, argv)) {
-        fputs(k_merge_usage, stdout);
-        return 0;
-    }
+    if (cli_help(argc, argv, k_merge_usage, 0)) return 0;
     if (argc < 2 || argc > 3 || argv[1][0] == '-')
         return cli_fail("merge needs PART.gguf [OUT.gguf]; see 'cumulo merge --help'");
     static char paths[CM_HUB_MAX_PARTS][1400];

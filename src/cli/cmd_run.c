@@ -26,22 +26,9 @@ static const char k_run_usage[] =
     "\n"
     "  -p, --prompt TEXT      prompt text (default: empty, i.e. BOS only)\n"
     "  -f, --file FILE        read the prompt from FILE\n"
-    "  -n, --n-predict N      tokens to generate (default 128; -1: until EOS or the context is full)\n"
-    "  --temp T               temperature (default 0.8; 0 = greedy)\n"
-    "  --top-k K              top-k (default 40; 0 = off)\n"
-    "  --top-p P              top-p (default 0.95; 1 = off)\n"
-    "  --min-p P              min-p (default 0.05; 0 = off)\n"
-    "  --repeat-penalty R     repetition penalty (default 1.0 = off)\n"
+    "  -n, --n-predict N      tokens to generate (default 128; -1: until EOS or the context is full)\n" CLI_SAMPLING_HELP
     "  --seed S               RNG seed (default: random)\n"
-    "  --stop TEXT            stop when TEXT appears (repeatable)\n"
-    "  --ctx N                context size (default: the model's, at most 4096)\n"
-    "  --threads N            compute threads (default: all CPUs)\n"
-    "  --cache-type-k, -ctk T, --cache-type-v, -ctv T\n"
-    "                         KV cache types: f32 (default), f16, q8_0, q4_0 (llama.cpp's -ctk/-ctv);\n"
-    "                         --kv-type T sets both; per token: see 'cumulo info'\n"
-    "  --flash-attn, -fa      tiled attention over K/V rows for f32/f16 too (always for q8_0/q4_0)\n" CLI_GPU_HELP
-    "  --mmap                 keep the weights in a file mapping (default: read into huge-page\n"
-    "                         memory when they fit, fewer TLB misses per token; also CUMULO_MMAP=1)\n" CLI_LORA_HELP
+    "  --stop TEXT            stop when TEXT appears (repeatable)\n" CLI_GEN_HELP
     "  --no-bos               do not add the BOS token\n"
     "  --ignore-eos           keep generating past end-of-generation tokens\n"
     "  --chat                 send the prompt as a user message through the model's chat template\n"
@@ -54,22 +41,9 @@ static const char k_run_usage[] =
     "                         and errors still go to stderr)\n"
     "  --logprobs N           with --json: each generated token's logprob and the N most likely\n"
     "                         tokens' (natural log of the model's softmax; N <= 20)\n"
+    "  --streams N            run N copies of the request at once (aggregate tokens/s; a benchmark)\n"
     "\n"
-    "Cluster (pipeline: this machine computes the first stage; or tensor parallel):\n"
-    "  --cluster              use `cumulo node`s (with --nodes, default auto)\n"
-    "  --nodes LIST           auto (mDNS) or host:port,host:port,...\n"
-    "  --layers A,B,...       layers per stage, this machine first (default: the planner's)\n"
-    "  --parallel MODE        pp (default): a pipeline; tp: one tensor-parallel group of this\n"
-    "                         machine and every node (each computes a slice of every layer);\n"
-    "                         hybrid: tensor-parallel groups as pipeline stages; auto: the planner's best\n"
-    "                         ep: a mixture-of-experts model's experts spread over one group\n"
-    "  --groups A,B,...       members per stage, this machine's group first (e.g. 2,2: hybrid)\n"
-    "  --tp-weights W,W,...   tp/hybrid: relative speed per machine, this one first (slice sizes)\n"
-    "  --tp-compress          all-reduces travel as 8-bit Q8_0 blocks (off by default; not exact)\n"
-    "  --take                 use nodes that serve another coordinator (it is told and re-plans)\n"
-    "  --insecure             no cluster key (the nodes must run --insecure too)\n"
-    "  --key-file FILE        cluster key (default $CUMULO_KEY_FILE or ~/.config/cumulo/cluster.key)\n"
-    "  --streams N            run N copies of the request at once (aggregate tokens/s; a benchmark)\n";
+    "Cluster (pipeline: this machine computes the first stage; or tensor parallel):\n";
 
 static cm_session *g_session; /* for SIGINT */
 
@@ -120,11 +94,6 @@ static void progress_cb(void *ctx, uint64_t done, uint64_t total) {
     cli_progress_update(p, (double)done);
 }
 
-static void log_line(void *ctx, const char *line) {
-    (void)ctx;
-    fprintf(stderr, "%s\n", line);
-}
-
 static void log_none(void *ctx, const char *line) { (void)ctx, (void)line; }
 
 /* Shared by run and info: map + load with a progress bar for large files. */
@@ -133,7 +102,7 @@ int cli_load_engine_opts(cm_engine **e, const char *path, const cm_engine_opts *
     cli_progress_start(&prog, "loading", 0);
     cm_engine_opts o = *in;
     cli_check_threads(&o);
-    if (o.nodes && !o.log) o.log = log_line;
+    if (o.nodes && !o.log) o.log = cli_log_line;
     /* Pages load lazily unless there is a bar to show (reading them all costs time). */
     if (prog.on) {
         o.progress = progress_cb;
@@ -231,31 +200,21 @@ static int run_streams(cm_engine *e, int n, const int32_t *ptoks, int np, const 
 }
 
 int cmd_run(int argc, char **argv) {
-    if (cli_wants_help(argc, argv)) {
-        fputs(k_run_usage, stdout);
-        fputs(cli_expert_load_usage, stdout);
-        return 0;
-    }
+    if (cli_help(argc, argv, k_run_usage, CLI_CLUSTER_RUN)) return 0;
     const char *model = NULL, *prompt = NULL, *file = NULL, *tmpl = NULL, *system = NULL;
     const char *stops[16];
     int n_stops = 0;
-    long n_predict = 128, ctx = 0, threads = 0, streams = 0, logprobs = 0;
+    long n_predict = 128, streams = 0, logprobs = 0;
     bool quiet = false;
-    cli_kv kvo = {0};
-    cli_gpu gpuo = {0};
-    bool json = false, no_bos = false, kv_f16 = false, use_mmap = false, chat = false, cluster = false,
-         insecure = false;
-    bool tp_compress = false, take = false;
-    const char *nodes = NULL, *key_file = NULL;
-    cm_plan_request plan = {0};
-    cli_loras loras = {0};
+    bool json = false, no_bos = false, chat = false;
+    cli_engine go = {.net = {.accept = CLI_CLUSTER_RUN}};
     cm_gen_params gp;
     cm_gen_params_default(&gp);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
 #define NEXT() (i++, v)
-        int so = cli_gen_opt(argc, argv, &i, &gp.sampling, &loras, &kvo, &gpuo);
+        int so = cli_gen_opt(argc, argv, &i, &gp.sampling, &go);
         if (so < 0) return 1;
         if (so > 0) continue;
         if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) {
@@ -272,12 +231,6 @@ int cmd_run(int argc, char **argv) {
                 return cli_fail("at most %d --stop strings", (int)CM_ARRAY_LEN(stops));
             if (!*v) return cli_fail("option '--stop' needs a non-empty string");
             stops[n_stops++] = NEXT();
-        } else if (!strcmp(a, "--ctx")) {
-            if (!cli_int(a, NEXT(), 1, 1 << 20, &ctx)) return 1;
-        } else if (!strcmp(a, "--threads")) {
-            if (!cli_int(a, NEXT(), 1, 1024, &threads)) return 1;
-        } else if (!strcmp(a, "--mmap")) {
-            use_mmap = true;
         } else if (!strcmp(a, "--no-bos")) {
             no_bos = true;
         } else if (!strcmp(a, "--ignore-eos")) {
@@ -295,20 +248,6 @@ int cmd_run(int argc, char **argv) {
             json = true;
         } else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) {
             quiet = true;
-        } else if (!strcmp(a, "--cluster")) {
-            cluster = true;
-        } else if (!strcmp(a, "--insecure")) {
-            insecure = true;
-        } else if (!strcmp(a, "--nodes") || !strcmp(a, "--key-file")) {
-            if (!v) return cli_fail("option '%s' needs a value", a);
-            if (a[2] == 'n') nodes = NEXT();
-            else key_file = NEXT();
-        } else if ((so = cli_plan_opt(argc, argv, &i, &plan)) != 0) {
-            if (so < 0) return 1;
-        } else if (!strcmp(a, "--tp-compress")) {
-            tp_compress = true;
-        } else if (!strcmp(a, "--take")) {
-            take = true;
         } else if (!strcmp(a, "--logprobs")) {
             if (!cli_int(a, NEXT(), 0, CM_SAMPLER_MAX_PROBS, &logprobs)) return 1;
         } else if (!strcmp(a, "--streams")) {
@@ -345,30 +284,15 @@ int cmd_run(int argc, char **argv) {
         return cli_fail("%s", msg);
     }
 
-    if (cli_plan_check(&plan)) {
+    if (cli_cluster_check(&go.net)) {
         cm_free(file_text);
         return 1;
     }
-    if ((nodes || plan.n_split || plan.mode_set || plan.n_groups) && !cluster) cluster = true;
     gp.sampling.n_probs = (int32_t)logprobs;
     gp.skip_logprobs = !(json && logprobs > 0); /* run_out reads info only for --json --logprobs */
     cm_engine *e = NULL;
-    cm_engine_opts eo = {.n_threads = (int)threads,
-                         .n_ctx = (int)ctx,
-                         .nodes = cluster ? (nodes ? nodes : "auto") : NULL,
-                         .insecure = insecure,
-                         .key_file = key_file,
-                         .plan = plan,
-                         .tp_compress = tp_compress,
-                         .take = take,
-                         .n_seq = streams > 8 ? (int)streams : 8,
-                         .kv_f16 = kv_f16,
-                         .mmap = use_mmap,
-                         .log = quiet ? log_none : NULL,
-                         .loras = loras.spec,
-                         .n_loras = loras.n};
-    cli_kv_apply(&kvo, &eo);
-    cli_gpu_apply(&gpuo, &eo);
+    cm_engine_opts eo = {.n_seq = streams > 8 ? (int)streams : 8, .log = quiet ? log_none : NULL};
+    cli_engine_apply(&go, &eo);
     /* --streams (even 1) reports aggregate numbers instead of the text. */
     if (cli_load_engine_opts(&e, model, &eo)) {
         cm_free(file_text);
@@ -427,7 +351,7 @@ int cmd_run(int argc, char **argv) {
         status = run_streams(e, (int)streams, ptoks, np, &gp, json) ? 1 : 0;
         goto done;
     }
-    s = cm_session_new(e, (int)ctx, err, sizeof err);
+    s = cm_session_new(e, go.n_ctx, err, sizeof err);
     if (!s) {
         cli_fail("%s", err);
         goto done;

@@ -38,11 +38,7 @@ static const char k_serve_usage[] =
     "  --threads N        compute threads (default: all CPUs)\n"
     "  --batch N          most tokens (prompt chunk, or sequences of a decode step) per forward\n"
     "                     pass (default 32; any value gives every request the same bits alone\n"
-    "                     or batched, with or without a cached prefix)\n"
-    "  --cache-type-k, -ctk T, --cache-type-v, -ctv T\n"
-    "                     KV cache types: f32 (default), f16, q8_0, q4_0 (llama.cpp's -ctk/-ctv);\n"
-    "                     --kv-type T sets both; per token: see 'cumulo info'\n"
-    "  --flash-attn, -fa      tiled attention over K/V rows for f32/f16 too (always for q8_0/q4_0)\n" CLI_GPU_HELP
+    "                     or batched, with or without a cached prefix)\n" CLI_KV_HELP CLI_GPU_HELP
     "  --lora FILE[:SCALE] apply a LoRA adapter (llama.cpp's adapter GGUF; repeatable, summed;\n"
     "                     with --nodes every node gets its layers' parts)\n"
     "  --mmap             keep the weights in a file mapping (default when alone: read into\n"
@@ -55,54 +51,25 @@ static const char k_serve_usage[] =
     "  --alias NAME       model id in the API (default: the file name without .gguf)\n"
     "  --chat-template F  chat template family (chatml, llama3, ...; default: the model's own,\n"
     "                     or chatml when it has none)\n"
-    "\n"
-    "Cluster (pipeline: this machine computes the first stage; or tensor parallel):\n"
-    "  --nodes LIST       auto (mDNS) or host:port,host:port,... of `cumulo node`s\n"
-    "  --layers A,B,...   layers per stage, this machine first (default: the planner's)\n"
-    "  --parallel MODE    pp (default): a pipeline; tp: one tensor-parallel group of every machine;\n"
-    "                     hybrid: tensor-parallel groups as pipeline stages; auto: the planner's best\n"
-    "                     ep: experts of a mixture-of-experts model spread over one group\n"
-    "  --groups A,B,...   members per stage, this machine's group first (e.g. 2,2: hybrid)\n"
-    "  --tp-weights W,... tp/hybrid: relative speed per machine, this one first (slice sizes)\n"
-    "  --tp-compress      all-reduces travel as 8-bit Q8_0 blocks (off by default; not exact)\n"
-    "  --take             use nodes that serve another coordinator (it is told and re-plans)\n"
-    "  --insecure         no cluster key (the nodes must run --insecure too)\n"
-    "  --key-file FILE    cluster key (default $CUMULO_KEY_FILE or ~/.config/cumulo/cluster.key)\n";
-
-static const char k_serve_ft_usage[] =
     "\nFine-tuning while serving (OpenAI's fine-tuning jobs API):\n"
     "  --finetune-dir DIR POST /v1/fine_tuning/jobs trains a LoRA adapter on this model with a JSONL\n"
     "                     file of DIR (\"training_file\": its name), one job at a time, while serving;\n"
     "                     the adapter goes to DIR/ftjob-N.gguf, the loss curve to the dashboard\n"
-    "  --finetune-threads N  threads a fine-tuning job uses (default 1)\n";
-
-static void log_line(void *ctx, const char *line) {
-    (void)ctx;
-    fprintf(stderr, "%s\n", line);
-}
+    "  --finetune-threads N  threads a fine-tuning job uses (default 1)\n"
+    "\n"
+    "Cluster (pipeline: this machine computes the first stage; or tensor parallel):\n";
 
 int cmd_serve(int argc, char **argv) {
-    if (cli_wants_help(argc, argv)) {
-        fputs(k_serve_usage, stdout);
-        fputs(k_serve_ft_usage, stdout);
-        fputs(cli_expert_load_usage, stdout);
-        return 0;
-    }
+    if (cli_help(argc, argv, k_serve_usage, CLI_CLUSTER_SERVE)) return 0;
     cm_http_opts o;
     cm_http_opts_default(&o);
     const char *model = NULL, *alias = NULL;
     const char *allow[16];
     int n_allow = 0;
-    long threads = 0, l;
+    long l;
     long n_batch = 32; /* any value is batch-invariant (kernels.h); larger prefills in fewer passes */
-    cli_kv kvo = {0};
-    cli_gpu gpuo = {0};
-    bool kv_f16 = false, insecure = false, use_mmap = false;
-    const char *nodes = NULL, *key_file = NULL;
-    cm_plan_request plan = {0};
-    cli_loras loras = {0};
+    cli_engine go = {.net = {.accept = CLI_CLUSTER_SERVE}}; /* --lora, KV, GPU, cluster, --threads, --mmap */
     int po;
-    bool tp_compress = false, take = false;
     const char *ft_dir = NULL; /* --finetune-dir: POST /v1/fine_tuning/jobs (serve_finetune.c) */
     long ft_threads = 1;
     double d;
@@ -115,13 +82,10 @@ int cmd_serve(int argc, char **argv) {
     do {                                                         \
         if (!v) return cli_fail("option '%s' needs a value", a); \
     } while (0)
-        if ((po = cli_plan_opt(argc, argv, &i, &plan)) != 0) {
-            if (po < 0) return 1;
-        } else if ((po = cli_lora_opt(argc, argv, &i, &loras)) != 0) {
-            if (po < 0) return 1;
-        } else if ((po = cli_kv_opt(argc, argv, &i, &kvo)) != 0) {
-            if (po < 0) return 1;
-        } else if ((po = cli_gpu_opt(argc, argv, &i, &gpuo)) != 0) {
+        if (!strcmp(a, "--ctx")) { /* serve's own: each slot's, at least 16 */
+            if (!cli_int(a, NEXT(), 16, 1 << 20, &l)) return 1;
+            o.n_ctx = (int)l;
+        } else if ((po = cli_engine_opt(argc, argv, &i, &go)) != 0) {
             if (po < 0) return 1;
         } else if (!strcmp(a, "--host")) {
             NEED();
@@ -145,14 +109,8 @@ int cmd_serve(int argc, char **argv) {
         } else if (!strcmp(a, "--queue")) {
             if (!cli_int(a, NEXT(), 0, 1 << 16, &l)) return 1;
             o.queue_max = (int)l;
-        } else if (!strcmp(a, "--ctx")) {
-            if (!cli_int(a, NEXT(), 16, 1 << 20, &l)) return 1;
-            o.n_ctx = (int)l;
-        } else if (!strcmp(a, "--mmap")) use_mmap = true;
-        else if (!strcmp(a, "--batch")) {
+        } else if (!strcmp(a, "--batch")) {
             if (!cli_int(a, NEXT(), 1, CM_BATCH_MAX, &n_batch)) return 1;
-        } else if (!strcmp(a, "--threads")) {
-            if (!cli_int(a, NEXT(), 1, 1024, &threads)) return 1;
         } else if (!strcmp(a, "--kv-mem")) {
             if (!cli_int(a, NEXT(), 1, 1L << 24, &l)) return 1;
             o.kv_mem = (uint64_t)l << 20;
@@ -177,16 +135,7 @@ int cmd_serve(int argc, char **argv) {
         } else if (!strcmp(a, "--chat-template")) {
             NEED();
             o.chat_template = NEXT();
-        } else if (!strcmp(a, "--nodes")) {
-            NEED();
-            nodes = NEXT();
-        } else if (!strcmp(a, "--tp-compress")) tp_compress = true;
-        else if (!strcmp(a, "--take")) take = true;
-        else if (!strcmp(a, "--key-file")) {
-            NEED();
-            key_file = NEXT();
-        } else if (!strcmp(a, "--insecure")) insecure = true;
-        else if (!strcmp(a, "--finetune-dir")) {
+        } else if (!strcmp(a, "--finetune-dir")) {
             NEED();
             ft_dir = NEXT();
         } else if (!strcmp(a, "--finetune-threads")) {
@@ -199,7 +148,7 @@ int cmd_serve(int argc, char **argv) {
     }
     if (!model) return cli_fail("serve needs a model: cumulo serve MODEL.gguf");
     if (!(model = cli_model_path(model))) return 1;
-    if (cli_plan_check(&plan)) return 1;
+    if (cli_cluster_check(&go.net)) return 1;
     o.allow_hosts = allow;
     o.n_allow_hosts = n_allow;
     char id[256];
@@ -237,23 +186,11 @@ int cmd_serve(int argc, char **argv) {
     fprintf(stderr, "cumulo: listening on http://%s%s%s:%d/ (loading '%s')\n", v6 ? "[" : "", h, v6 ? "]" : "",
             cm_http_port(srv), model);
     cm_engine *e = NULL;
-    cm_engine_opts eo = {.n_threads = (int)threads,
-                         .n_ctx = o.n_ctx,
-                         .n_batch = (int)n_batch,
-                         .kv_f16 = kv_f16,
-                         .nodes = nodes,
-                         .insecure = insecure,
-                         .key_file = key_file,
-                         .plan = plan,
-                         .tp_compress = tp_compress,
-                         .take = take,
+    cm_engine_opts eo = {.n_batch = (int)n_batch,
                          .n_seq = (o.n_slots > 0 ? o.n_slots : 4) + 1 /* + 1: embeddings (embed_cluster.c) */,
-                         .log = log_line,
-                         .mmap = use_mmap,
-                         .loras = loras.spec,
-                         .n_loras = loras.n};
-    cli_kv_apply(&kvo, &eo);
-    cli_gpu_apply(&gpuo, &eo);
+                         .log = cli_log_line};
+    cli_engine_apply(&go, &eo);
+    eo.n_ctx = o.n_ctx; /* serve's own --ctx */
     cli_check_threads(&eo);
     if (cm_engine_load(&e, model, &eo, err, sizeof err)) {
         cli_serve_ft_attach(ft, NULL);

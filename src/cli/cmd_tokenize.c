@@ -61,17 +61,16 @@ static int open_vocab(const char *path, cm_tokenizer **t) {
     return 0;
 }
 
+static const char k_tokenize_usage[] = "usage: cumulo tokenize MODEL TEXT [--special] [--no-bos] [--json]\n\n"
+                                       "Tokenize TEXT with MODEL's vocabulary, as llama.cpp does; prints the ids.\n"
+                                       "  --special  recognise special tokens written in TEXT (\"<|im_end|>\")\n"
+                                       "  --no-bos   do not add the BOS/EOS tokens the vocabulary asks for\n"
+                                       "  --json     print {\"ids\":[...],\"pieces\":[...]} (bytes that are not\n"
+                                       "             valid UTF-8 on their own show as U+FFFD in pieces)\n"
+                                       "TEXT '-' reads standard input.\n";
+
 int cmd_tokenize(int argc, char **argv) {
-    if (cli_wants_help(argc, argv)) {
-        printf("usage: cumulo tokenize MODEL TEXT [--special] [--no-bos] [--json]\n\n"
-               "Tokenize TEXT with MODEL's vocabulary, as llama.cpp does; prints the ids.\n"
-               "  --special  recognise special tokens written in TEXT (\"<|im_end|>\")\n"
-               "  --no-bos   do not add the BOS/EOS tokens the vocabulary asks for\n"
-               "  --json     print {\"ids\":[...],\"pieces\":[...]} (bytes that are not\n"
-               "             valid UTF-8 on their own show as U+FFFD in pieces)\n"
-               "TEXT '-' reads standard input.\n");
-        return 0;
-    }
+    if (cli_help(argc, argv, k_tokenize_usage, 0)) return 0;
     const char *model = NULL, *text = NULL;
     bool special = false, bos = true, json = false;
     for (int i = 1; i < argc; i++) {
@@ -134,13 +133,12 @@ int cmd_tokenize(int argc, char **argv) {
     return 0;
 }
 
+static const char k_detokenize_usage[] = "usage: cumulo detokenize MODEL ID... [--special]\n\n"
+                                         "Turn token ids back into text with MODEL's vocabulary (llama_detokenize).\n"
+                                         "  --special  render control tokens (\"<s>\", \"<|im_end|>\") as text\n";
+
 int cmd_detokenize(int argc, char **argv) {
-    if (cli_wants_help(argc, argv)) {
-        printf("usage: cumulo detokenize MODEL ID... [--special]\n\n"
-               "Turn token ids back into text with MODEL's vocabulary (llama_detokenize).\n"
-               "  --special  render control tokens (\"<s>\", \"<|im_end|>\") as text\n");
-        return 0;
-    }
+    if (cli_help(argc, argv, k_detokenize_usage, 0)) return 0;
     const char *model = NULL;
     bool special = false;
     cm_token *ids = cm_malloc((size_t)argc * sizeof *ids);

@@ -36,10 +36,12 @@ int cli_gpu_opt(int argc, char **argv, int *i, cli_gpu *g) {
     return 1;
 }
 
-void cli_gpu_apply(const cli_gpu *g, struct cm_engine_opts *eo) {
-    eo->gpu = g->layers_set && g->layers == 0 ? "none" : g->dev;
-    eo->gpu_layers = g->layers_set ? g->layers : 0;
+void cli_gpu_pick(const cli_gpu *g, const char **dev, int *layers) {
+    *dev = g->layers_set && g->layers == 0 ? "none" : g->dev;
+    *layers = g->layers_set ? g->layers : 0;
 }
+
+void cli_gpu_apply(const cli_gpu *g, struct cm_engine_opts *eo) { cli_gpu_pick(g, &eo->gpu, &eo->gpu_layers); }
 
 /* The Vulkan devices, and for a model of n_layer layers of layer_bytes
  * (weights and KV cache at the estimate's context) how many fit in each

@@ -9,7 +9,6 @@
 #include "engine/engine.h"
 #include "os/os.h"
 #include "sampler/sampler.h"
-#include "sched/plan.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -33,6 +32,18 @@ bool cli_wants_help(int argc, char **argv) {
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) return true;
     return false;
+}
+
+void cli_log_line(void *ctx, const char *line) {
+    (void)ctx;
+    fprintf(stderr, "%s\n", line);
+}
+
+bool cli_help(int argc, char **argv, const char *usage, unsigned cluster) {
+    if (!cli_wants_help(argc, argv)) return false;
+    fputs(usage, stdout);
+    cli_cluster_usage(stdout, cluster);
+    return true;
 }
 
 bool cli_int(const char *opt, const char *val, long lo, long hi, long *out) {
@@ -92,106 +103,29 @@ int cli_sampling_opt(int argc, char **argv, int *i, cm_sampler_params *s) {
     return 1;
 }
 
-int cli_gen_opt(int argc, char **argv, int *i, cm_sampler_params *s, cli_loras *l, cli_kv *kv, cli_gpu *g) {
+int cli_gen_opt(int argc, char **argv, int *i, cm_sampler_params *s, cli_engine *g) {
     int r = cli_sampling_opt(argc, argv, i, s);
-    if (!r) r = cli_lora_opt(argc, argv, i, l);
-    if (!r) r = cli_kv_opt(argc, argv, i, kv);
-    if (!r) r = cli_gpu_opt(argc, argv, i, g);
-    return r;
+    return r ? r : cli_engine_opt(argc, argv, i, g);
 }
 
-/* "2,1,2" of positive counts (each at most hi) into v; the count, or -1
- * (message printed). */
-static int cli_counts(const char *opt, const char *val, long hi, int *v) {
-    int n = 0;
-    for (const char *s = val ? val : ""; *s;) {
-        char *e;
-        errno = 0;
-        long x = strtol(s, &e, 10);
-        if (e == s || errno || x < 1 || x > hi || n == CM_PLAN_MAX_NODES || (*e && *e != ',')) {
-            n = 0;
-            break;
-        }
-        v[n++] = (int)x;
-        s = *e ? e + 1 : e;
-    }
-    if (!n)
-        cli_fail("option '%s' needs up to %d positive counts like 2,1,2, not '%s'", opt, CM_PLAN_MAX_NODES,
-                 val ? val : "");
-    return n ? n : -1;
-}
-
-const char cli_expert_load_usage[] =
-    "  --expert-load N,N,...  ep: routed assignments per expert (run --json's expert_hits); the hot\n"
-    "                         experts get replicas on the least busy members of the expert group\n"
-    "  --expert-load auto[:N] (the default) serve counts the routing itself and, while idle, re-plans\n"
-    "                         the replicas when the counts call for it (looking after every N new\n"
-    "                         assignments per expert, default 64); off: never\n";
-
-int cli_plan_opt(int argc, char **argv, int *i, cm_plan_request *q) {
+int cli_engine_opt(int argc, char **argv, int *i, cli_engine *g) {
     const char *a = argv[*i], *v = *i + 1 < argc ? argv[*i + 1] : NULL;
-    if (!strcmp(a, "--parallel")) {
-        int m = v ? cm_parallel_from_name(v) : -1;
-        if (m < 0) {
-            cli_fail("option '--parallel' needs pp, tp, hybrid, ep or auto");
-            return -1;
-        }
-        q->mode_set = true;
-        q->mode = (enum cm_parallel)m;
-    } else if (!strcmp(a, "--layers")) {
-        if ((q->n_split = cli_counts(a, v, 1 << 20, q->split)) < 0) return -1;
-    } else if (!strcmp(a, "--groups")) {
-        if ((q->n_groups = cli_counts(a, v, 256, q->groups)) < 0) return -1;
-    } else if (!strcmp(a, "--expert-load") && v &&
-               (!strcmp(v, "off") || !strcmp(v, "auto") || !strncmp(v, "auto:", 5))) {
-        long w = !strcmp(v, "off") ? -1 : 0;
-        if (!strncmp(v, "auto:", 5)) {
-            char *e;
-            errno = 0;
-            w = strtol(v + 5, &e, 10);
-            if (e == v + 5 || *e || errno || w < 1 || w > 1000000) {
-                cli_fail("option '--expert-load auto:N' needs N from 1 to 1000000, not '%s'", v + 5);
-                return -1;
-            }
-        }
-        q->expert_warmup = (int)w;
-    } else if (!strcmp(a, "--expert-load")) {
-        static uint64_t load[1024]; /* outlives the request: the coordinator copies it at open */
-        int n = 0;
-        for (const char *s = v ? v : ""; *s; n++) {
-            char *e;
-            errno = 0;
-            unsigned long long x = strtoull(s, &e, 10);
-            if (n == 1024 || e == s || errno || *s == '-' || (*e && *e != ',')) {
-                n = 0;
-                break;
-            }
-            load[n] = x;
-            s = *e ? e + 1 : e;
-        }
-        if (n < 1) {
-            cli_fail("option '--expert-load' needs one routing count per expert like 90,3,4,3, not '%s'", v ? v : "");
-            return -1;
-        }
-        q->expert_load = load;
-        q->n_expert_load = n;
-    } else if (!strcmp(a, "--tp-weights")) {
-        int n = 0;
-        for (const char *s = v ? v : ""; *s && n < CM_PLAN_MAX_NODES; n++) {
-            char *e;
-            double w = strtod(s, &e);
-            if (e == s || !(w > 0) || w > 1e6 || (*e && *e != ',')) {
-                n = -1;
-                break;
-            }
-            q->weights[n] = w;
-            s = *e ? e + 1 : e;
-        }
-        if (n < 1) {
-            cli_fail("option '--tp-weights' needs positive numbers like 1,2,1, not '%s'", v ? v : "");
-            return -1;
-        }
-        q->n_weights = n;
+    long l;
+    int r = cli_lora_opt(argc, argv, i, &g->loras);
+    if (!r) r = cli_kv_opt(argc, argv, i, &g->kv);
+    if (!r) r = cli_gpu_opt(argc, argv, i, &g->gpu);
+    if (!r) r = cli_cluster_opt(argc, argv, i, &g->net);
+    if (r) return r;
+    if (!strcmp(a, "--mmap")) {
+        g->mmap = true;
+        return 1;
+    }
+    if (!strcmp(a, "--ctx")) {
+        if (!cli_int(a, v, 1, 1 << 20, &l)) return -1;
+        g->n_ctx = (int)l;
+    } else if (!strcmp(a, "--threads")) {
+        if (!cli_int(a, v, 1, 1024, &l)) return -1;
+        g->n_threads = (int)l;
     } else {
         return 0;
     }
@@ -199,12 +133,15 @@ int cli_plan_opt(int argc, char **argv, int *i, cm_plan_request *q) {
     return 1;
 }
 
-int cli_plan_check(const cm_plan_request *q) {
-    if (q->mode_set && (q->mode == CM_PARALLEL_TP || q->mode == CM_PARALLEL_EP) && q->n_split)
-        return cli_fail("--layers splits a pipeline; it does not go with --parallel %s", cm_parallel_name(q->mode));
-    if (q->n_split && q->n_groups && q->n_split != q->n_groups)
-        return cli_fail("--layers names %d stages, --groups %d", q->n_split, q->n_groups);
-    return 0;
+void cli_engine_apply(const cli_engine *g, cm_engine_opts *eo) {
+    eo->n_threads = g->n_threads;
+    eo->n_ctx = g->n_ctx;
+    eo->mmap = g->mmap;
+    eo->loras = g->loras.spec;
+    eo->n_loras = g->loras.n;
+    cli_kv_apply(&g->kv, eo);
+    cli_gpu_apply(&g->gpu, eo);
+    cli_cluster_apply(&g->net, eo);
 }
 
 void cli_progress_start(cli_progress *p, const char *label, double total) {

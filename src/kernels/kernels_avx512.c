@@ -23,7 +23,9 @@
  * (4 rows per pass against the token packed once), same bits again, and
  * q4_0, q4_k and q5_k decode gemvs over rows repacked at load (repack.c;
  * avx512_krepack.h for the k-quants, which also has q5_k's and q6_k's plain
- * gemvs; q6_k's repacked one is in gemm_kq_avx512.c);
+ * gemvs; q6_k's repacked one is in gemm_kq_avx512.c; gemv_kd_avx512.c, filled
+ * after them, replaces the repacked q4_k, q5_k and q6_k decode gemvs and
+ * q5_k's plain one with the same bits in fewer operations);
  * f16 (rows of up to 2730 elements; longer ones run vec_dot per row) and
  * q8_0 decode gemvs that prepare the token once per call (avx512_gemv.h).
  * Every tile keeps the contract of isa.h: integer sums exactly the

@@ -223,7 +223,17 @@ static void check_k(enum cm_type t) {
 }
 static void test_q4_k_lanes(void) { check_k(CM_TYPE_Q4_K); }
 static void test_q5_k_lanes(void) { check_k(CM_TYPE_Q5_K); }
-static void test_q6_k_lanes(void) { check_k(CM_TYPE_Q6_K); }
+static void test_q6_k_lanes(void) {
+    check_k(CM_TYPE_Q6_K);
+    /* the avx512 decode gemv (gemv_kd_avx512.c) sums 16 super-blocks per float step:
+     * one full step, and two full steps and a 1-block tail */
+    for (size_t i = 0; i < sizeof k_isas / sizeof k_isas[0]; i++) {
+        const cm_kernels *k = cm_kernels_for(k_isas[i]);
+        if (!k) continue;
+        check(k, CM_TYPE_Q6_K, 16 * 256);
+        check(k, CM_TYPE_Q6_K, 33 * 256);
+    }
+}
 
 int main(void) {
     int tables = 0;

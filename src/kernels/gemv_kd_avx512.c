@@ -1,0 +1,363 @@
+/*
+ * gemv_kd_avx512.c: AVX-512 k-quant decode gemvs with fewer vector
+ * operations per super-block than the ones they replace in the avx512 table
+ * (filled after gemm_kq_avx512.c, dispatch.c), each keeping that kernel's
+ * lane sums (exact integers), float side and reduction, so every row is
+ * still vec_dot on the file's bytes bit for bit (kernels.h;
+ * tests/unit/test_kernels_repack.c, test_kernels_invariant.c):
+ *   - q6_k over "q6_k lanes" (repack.c; was gemm_kq_avx512.c's gemv_kq6v),
+ *     below;
+ *   - q5_k over "q5_k lanes" and over the file's bytes (were
+ *     avx512_krepack.h's gemv_rq5_k / gemv_fq5_k): the 5-bit values in 3
+ *     operations per 64 weights instead of 6, the word pairs by one vpshufb;
+ *   - q4_k over "q4_k lanes" (was avx512_krepack.h's gemv_rq4_k): the word
+ *     pairs by one vpshufb.
+ * One row per pass everywhere: a single sequential stream (two adjacent
+ * rows per pass, sharing the token's loads, ran q6_k 2.5x slower from
+ * DRAM: two short streams, which the prefetcher follows badly).
+ *
+ * q6_k, against gemv_kq6v:
+ *   - the 6-bit values: with hm = qh & 0x33 and hn = qh & 0xcc (the top bits
+ *     of operands 0/2 and 1/3 with the bits that a 16-bit shift would carry
+ *     into bits 6-7 cleared), each operand is one bitwise select of the low
+ *     nibble's bits 0-3 and the shifted top bits' bits 4-7: hm << 4, hn << 2,
+ *     hm, hn >> 2 (vpternlogd 0xca): 2 ands, 5 shifts, 4 selects per
+ *     super-block instead of separate masks and ors;
+ *   - each 16 super-blocks' exact integer sums placed into lanes by a
+ *     transpose-add of 128-bit lanes, and their fp16 d gathered with one
+ *     masked vpgatherdd (from the two bytes before d: never past the row).
+ * Integer sums are exact, so their order is free; the conversion, the FMA
+ * with d * dy per 16 super-blocks and the final _mm512_reduce_add_ps are
+ * gemv_kq6v's (and ztile_q6_k's). Rows longer than the repacked ones
+ * (never, through repack.c) and q5_k rows past 128 super-blocks keep the
+ * kernels they replace. Stack: ~41 KiB at most. Never allocates.
+ */
+#include "isa.h"
+
+#include "base/base.h"
+#include "ref.h"
+#include "x86_vec.h"
+
+#include "x86_krepack.h"
+
+#include <immintrin.h>
+#include <stddef.h>
+#include <string.h>
+
+#define KD_AI static inline __attribute__((always_inline))
+
+enum { KD6_MAXNB = CM_REPACK_MAX_K / CM_QK_K };
+
+typedef struct {
+    __m512i y[4]; /* the token's bytes in the operands' order */
+    __m512i c;    /* dword 4j + i: -32 * bsums[4i + j] */
+} kd6_tok;
+
+/* byte 4j + i of the scales: scale 4i + j (repack.c's s(L)) */
+static const int8_t k_kd6_sperm[16] = {0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15};
+
+/* The token: per super-block its bytes transposed as the row's operands
+ * (dword 4j + i of operand v: elements 4v.. of sub-block 4i + j) and -32 *
+ * the sub-blocks' sums; dyg[q] lane m: dy of super-block 16q + m (0 past nb). */
+static void kd6_pack(int64_t nb, const cm_block_q8_k *y, kd6_tok *o, __m512 *dyg) {
+    for (int64_t b = 0; b < nb; b++) {
+        __m512i X
+        [4];
+        for (int i = 0; i < 4; i++) X
+        [i] = _mm512_loadu_si512(y[b].qs + 64 * i);
+        const __m512i t0 = _mm512_unpacklo_epi32(X[0], X[1]), t1 = _mm512_unpackhi_epi32(X[0], X[1]);
+        const __m512i t2 = _mm512_unpacklo_epi32(X[2], X[3]), t3 = _mm512_unpackhi_epi32(X[2], X[3]);
+        o[b].y[0] = _mm512_unpacklo_epi64(t0, t2);
+        o[b].y[1] = _mm512_unpackhi_epi64(t0, t2);
+        o[b].y[2] = _mm512_unpacklo_epi64(t1, t3);
+        o[b].y[3] = _mm512_unpackhi_epi64(t1, t3);
+        int32_t c[16];
+        for (int L = 0; L < 16; L++) c[L] = -32 * (int32_t)y[b].bsums[k_kd6_sperm[L]];
+        o[b].c = _mm512_loadu_si512(c);
+    }
+    for (int64_t q = 0; q < (nb + 15) / 16; q++) {
+        _Alignas(64) float d[16];
+        for (int m = 0; m < 16; m++) d[m] = 16 * q + m < nb ? y[16 * q + m].d : 0.0f;
+        dyg[q] = _mm512_load_ps(d);
+    }
+}
+
+/* One super-block of one row: dword 4j + i = scale(4i + j) * sum((q - 32) * y)
+ * over sub-block 4i + j's 4v.. elements summed over v (gemv_kq6v's kq6v_sb). */
+KD_AI __m512i kd6_sb(const cm_block_q6_k *x, const kd6_tok *t) {
+    const __m512i m4 = _mm512_set1_epi8(0x0f), k33 = _mm512_set1_epi8(0x33), kcc = _mm512_set1_epi8((char)0xcc);
+    const __m512i l0 = _mm512_loadu_si512(x->ql), l1 = _mm512_loadu_si512(x->ql + 64), h = _mm512_loadu_si512(x->qh);
+    const __m512i hm = _mm512_and_si512(h, k33), hn = _mm512_and_si512(h, kcc);
+    /* m4 ? a : b per bit */
+    const __m512i v0 = _mm512_ternarylogic_epi32(m4, l0, _mm512_slli_epi16(hm, 4), 0xca);
+    const __m512i v1 = _mm512_ternarylogic_epi32(m4, _mm512_srli_epi16(l0, 4), _mm512_slli_epi16(hn, 2), 0xca);
+    const __m512i v2 = _mm512_ternarylogic_epi32(m4, l1, hm, 0xca);
+    const __m512i v3 = _mm512_ternarylogic_epi32(m4, _mm512_srli_epi16(l1, 4), _mm512_srli_epi16(hn, 2), 0xca);
+    __m512i s = _mm512_dpbusd_epi32(t->c, v0, t->y[0]);
+    s = _mm512_dpbusd_epi32(s, v1, t->y[1]);
+    s = _mm512_dpbusd_epi32(s, v2, t->y[2]);
+    s = _mm512_dpbusd_epi32(s, v3, t->y[3]);
+    return _mm512_mullo_epi32(s, _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(const void *)x->scales)));
+}
+
+/* dword 4j + i of the result = the sum of a_i's 128-bit lane j, i = 0..3 */
+KD_AI __m512i kd_red4(__m512i a0, __m512i a1, __m512i a2, __m512i a3) {
+    const __m512i p01 = _mm512_add_epi32(_mm512_unpacklo_epi32(a0, a1), _mm512_unpackhi_epi32(a0, a1));
+    const __m512i p23 = _mm512_add_epi32(_mm512_unpacklo_epi32(a2, a3), _mm512_unpackhi_epi32(a2, a3));
+    return _mm512_add_epi32(_mm512_unpacklo_epi64(p01, p23), _mm512_unpackhi_epi64(p01, p23));
+}
+
+/* q_k (dword 4j + i: part j of super-block 4k + i) -> lane 4k + i = sum over j */
+KD_AI __m512i kd_place(__m512i q0, __m512i q1, __m512i q2, __m512i q3) {
+    const __m512i u01 = _mm512_add_epi32(_mm512_shuffle_i32x4(q0, q1, 0x44), _mm512_shuffle_i32x4(q0, q1, 0xee));
+    const __m512i u23 = _mm512_add_epi32(_mm512_shuffle_i32x4(q2, q3, 0x44), _mm512_shuffle_i32x4(q2, q3, 0xee));
+    return _mm512_add_epi32(_mm512_shuffle_i32x4(u01, u23, 0x88), _mm512_shuffle_i32x4(u01, u23, 0xdd));
+}
+
+/* lane m: f32(d) of super-block b0 + m for m < n (0 past): dwords ending at d */
+KD_AI __m512 kd6_d(const cm_block_q6_k *x, int64_t b0, int n) {
+    const __m512i idx =
+        _mm512_mullo_epi32(_mm512_add_epi32(_mm512_set1_epi32((int)b0),
+                                            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)),
+                           _mm512_set1_epi32((int)sizeof(cm_block_q6_k)));
+    const __mmask16 m = n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1);
+    const __m512i g = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, idx,
+                                                  (const char *)x + offsetof(cm_block_q6_k, d) - 2, 1);
+    return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(g, 16)));
+}
+
+/* one row of nb super-blocks */
+KD_AI float kd6_row(int64_t nb, const cm_block_q6_k *x, const kd6_tok *yp, const __m512 *dyg) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t b0 = 0; b0 < nb; b0 += 16) {
+        const int n = nb - b0 < 16 ? (int)(nb - b0) : 16;
+        __m512i q[4];
+        _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
+            __m512i s[4];
+            _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) {
+                const int64_t b = b0 + 4 * k + i;
+                s[i] = 4 * k + i < n ? kd6_sb(x + b, yp + b) : _mm512_setzero_si512();
+            }
+            q[k] = kd_red4(s[0], s[1], s[2], s[3]);
+        }
+        const __m512i v = kd_place(q[0], q[1], q[2], q[3]);
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), _mm512_mul_ps(kd6_d(x, b0, n), dyg[b0 / 16]), acc);
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+
+static cm_gemm_fn g_prev_q6v;
+
+static void gemv_kd6(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
+                     int64_t r0, int64_t r1, int64_t n_tok) {
+    const int64_t nb = k / CM_QK_K;
+    if (nb > KD6_MAXNB) {
+        g_prev_q6v(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
+        return;
+    }
+    _Alignas(64) kd6_tok yp[KD6_MAXNB];
+    _Alignas(64) __m512 dyg[KD6_MAXNB / 16];
+    kd6_pack(nb, x, yp, dyg);
+    for (int64_t i = r0; i < r1; i++) {
+        y[i] = kd6_row(nb, (const cm_block_q6_k *)(const void *)((const char *)w + (size_t)i * w_stride), yp, dyg);
+    }
+}
+
+/* ---- q5_k: avx512_krepack.h's rk5 gemvs (over "q5_k lanes" and over the
+ * file's bytes) with the 5-bit values built in 3 operations per 64 weights
+ * instead of 6: the nibbles shifted into place as there (srlv by 0 | 4), the
+ * fifth bits shifted by a per-half constant so that bit 2j | 2j + 1 of qh
+ * lands on bit 4 (left for j < 2, right for j >= 2: within each byte of a
+ * 16-bit word either way), masked to 0x10, and one select (vpternlogd) of
+ * the nibble's bits 0-3 and that bit. The lane sums are exact and the word
+ * pairs, the vpdpwssd, the reduction to 8 lanes, the FMA per super-block,
+ * the min term and hsum8 are rk5_block / rk5_row's: the same bits. ---- */
+static cm_gemm_fn g_prev_rq5, g_prev_fq5;
+
+/* word pairs (low word of a, low word of b) per dword in one vpshufb: the
+ * same as blending a with b << 16 */
+KD_AI __m512i kd_pair(__m512i a, __m512i b) {
+    /* bytes 4i + 2, 4i + 3 <- b's bytes 4i, 4i + 1 (indices within each 128-bit lane) */
+    const __m512i ctl = _mm512_broadcast_i32x4(_mm_setr_epi32(0x01000000, 0x05040000, 0x09080000, 0x0d0c0000));
+    return _mm512_mask_shuffle_epi8(a, (__mmask64)0xccccccccccccccccull, b, ctl);
+}
+
+KD_AI void kd5_block(const uint8_t *qs, const uint8_t *qh, const __m512i s[2], __m128i mn16, float d, float dmin,
+                     const cm_block_q8_k *y, __m128i pairs, __m256 *acc, __m128 *accm) {
+    const __m512i m4 = _mm512_set1_epi8(0x0f), k10 = _mm512_set1_epi8(0x10), z = _mm512_setzero_si512();
+    const __m512i nsh = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1); /* lo | hi nibbles */
+    const __m512i h5 = _mm512_broadcast_i64x4(ld256(qh));
+    __m512i s16 = z;
+    _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
+        __m512i dp[2];
+        _Pragma("GCC unroll 2") for (int e = 0; e < 2; e++) {
+            const int j = 2 * h + e; /* elements 64j.., bits 2j (low nibbles) and 2j+1 (high) of qh */
+            const __m512i q = _mm512_broadcast_i64x4(ld256(qs + 32 * j));
+            /* bit 2j (2j + 1 in the upper half) of each byte to bit 4 */
+            const __m512i cnt = _mm512_inserti64x4(_mm512_set1_epi16((short)(j < 2 ? 4 - 2 * j : 2 * j - 4)),
+                                                   _mm256_set1_epi16((short)(j < 2 ? 3 - 2 * j : 2 * j - 3)), 1);
+            const __m512i hb = _mm512_and_si512(j < 2 ? _mm512_sllv_epi16(h5, cnt) : _mm512_srlv_epi16(h5, cnt), k10);
+            const __m512i v = _mm512_ternarylogic_epi32(m4, _mm512_srlv_epi16(q, nsh), hb, 0xca);
+            dp[e] = _mm512_dpbusd_epi32(z, v, _mm512_loadu_si512(y->qs + 64 * j));
+        }
+        s16 = _mm512_dpwssd_epi32(s16, kd_pair(dp[0], dp[1]), s[h]);
+    }
+    const __m256i s8 = _mm256_add_epi32(_mm512_castsi512_si256(s16), _mm512_extracti64x4_epi64(s16, 1));
+    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s8), _mm256_set1_ps(d * y->d), *acc);
+    *accm = _mm_fmadd_ps(_mm_cvtepi32_ps(_mm_madd_epi16(mn16, pairs)), _mm_set1_ps(dmin * y->d), *accm);
+}
+
+/* 32 words: block j's scale i (i < 4) at 4j + i, scale 4 + i at 16 + 4j + i. */
+KD_AI __m512i kd_scale_words(__m128i sc03, __m128i sc47) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_cvtepu8_epi16(sc03)), _mm256_cvtepu8_epi16(sc47), 1);
+}
+
+KD_AI float kd5_row(int64_t nb, const uint8_t *x, const cm_block_q8_k *y, const __m128i *pairs, bool grouped) {
+    __m256 acc = _mm256_setzero_ps();
+    __m128 accm = _mm_setzero_ps();
+    /* word 2l (l < 8): scale 4h of block j; 2l+1: 4h+2; l >= 8: 4h+1, 4h+3 */
+    static const uint16_t k_base[32] = {0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2,
+                                        1, 3, 1, 3, 1, 3, 1, 3, 1, 3, 1, 3, 1, 3, 1, 3};
+    const __m512i base = _mm512_loadu_si512(k_base);
+    int64_t b = 0;
+    for (; grouped && b + 4 <= nb; b += 4, x += 4 * sizeof(cm_block_q5_k)) {
+        float dd[8];
+        __m128i sc03, sc47, mn16[4];
+        rk_header(x, dd, &sc03, &sc47, mn16);
+        const __m512i sw = kd_scale_words(sc03, sc47);
+        _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {
+            const __m512i s[2] = {
+                _mm512_permutexvar_epi16(_mm512_add_epi16(base, _mm512_set1_epi16((short)(4 * j))), sw),
+                _mm512_permutexvar_epi16(_mm512_add_epi16(base, _mm512_set1_epi16((short)(16 + 4 * j))), sw)};
+            kd5_block(x + 192 + 128 * j, x + 64 + 32 * j, s, mn16[j], dd[j], dd[4 + j], y + b + j, pairs[b + j], &acc,
+                      &accm);
+        }
+    }
+    for (const cm_block_q5_k *xt = (const cm_block_q5_k *)(const void *)x; b < nb; b++, xt++) {
+        uint8_t sc[8], mn[8];
+        cm_k4_scales8(xt->scales, sc, mn);
+        __m512i s[2];
+        for (int h = 0; h < 2; h++)
+            s[h] = _mm512_inserti64x4(_mm512_set1_epi32((int)(sc[4 * h] | (uint32_t)sc[4 * h + 2] << 16)),
+                                      _mm256_set1_epi32((int)(sc[4 * h + 1] | (uint32_t)sc[4 * h + 3] << 16)), 1);
+        kd5_block(xt->qs, xt->qh, s, _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(const void *)mn)), f16f(xt->d),
+                  f16f(xt->dmin), y + b, pairs[b], &acc, &accm);
+    }
+    return hsum8(acc) - hsum4(accm);
+}
+
+#define GEMV_KD5(NAME, PREV, GROUPED)                                                                                  \
+    static void NAME(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy, \
+                     int64_t r0, int64_t r1, int64_t n_tok) {                                                          \
+        const int64_t nb = k / CM_QK_K;                                                                                \
+        if (nb > RK4_MAXB) {                                                                                           \
+            PREV(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);                                                  \
+            return;                                                                                                    \
+        }                                                                                                              \
+        __m128i pairs[RK4_MAXB];                                                                                       \
+        rk_pairs(nb, x, pairs);                                                                                        \
+        for (int64_t i = r0; i < r1; i++)                                                                              \
+            y[i] = kd5_row(nb, (const uint8_t *)w + (size_t)i * w_stride, x, pairs, GROUPED);                          \
+    }
+GEMV_KD5(gemv_kd5r, g_prev_rq5, true)  /* over "q5_k lanes" (repack.c) */
+GEMV_KD5(gemv_kd5f, g_prev_fq5, false) /* over the file's bytes */
+
+/* ---- q4_k over "q4_k lanes": avx512_krepack.h's gemv_rq4_k (same token
+ * packing as pack_q4_k, same lane sums, float side and reduction: the same
+ * bits) with the word pairs by kd_pair ---- */
+static cm_gemm_fn g_prev_rq4;
+enum { KD4_BLOCK = 320 }; /* pack_q4_k's bytes per super-block */
+
+static void kd4_pack(int64_t nb, const cm_block_q8_k *y, uint8_t *d) {
+    for (int64_t b = 0; b < nb; b++, d += KD4_BLOCK) {
+        for (int h = 0; h < 2; h++) {
+            const int8_t *q = y[b].qs + 128 * h;
+            _mm512_store_si512((void *)(d + 128 * h),
+                               _mm512_inserti64x4(_mm512_castsi256_si512(ld256(q)), ld256(q + 64), 1));
+            _mm512_store_si512((void *)(d + 128 * h + 64),
+                               _mm512_inserti64x4(_mm512_castsi256_si512(ld256(q + 32)), ld256(q + 96), 1));
+        }
+        const __m256i bs = ld256(y[b].bsums);
+        _mm_store_si128((__m128i *)(void *)(d + 256),
+                        _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1)));
+        _mm_store_si128((__m128i *)(void *)(d + 272), _mm_castps_si128(_mm_set_ss(y[b].d)));
+    }
+}
+
+KD_AI void kd4_block(const uint8_t *qs, const __m512i s[2], __m128i mn16, float d, float dmin, const uint8_t *py,
+                     __m512 *acc, __m128 *accm) {
+    const __m512i m4 = _mm512_set1_epi8(0x0f), z = _mm512_setzero_si512();
+    __m512i s16 = z;
+    _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
+        const __m512i q = _mm512_loadu_si512(qs + 64 * h);
+        const __m512i d0 =
+            _mm512_dpbusd_epi32(z, _mm512_and_si512(q, m4), _mm512_load_si512((const void *)(py + 128 * h)));
+        const __m512i d1 = _mm512_dpbusd_epi32(z, _mm512_and_si512(_mm512_srli_epi16(q, 4), m4),
+                                               _mm512_load_si512((const void *)(py + 128 * h + 64)));
+        s16 = _mm512_dpwssd_epi32(s16, kd_pair(d0, d1), s[h]);
+    }
+    float yd;
+    memcpy(&yd, py + 272, sizeof yd);
+    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s16), _mm512_set1_ps(d * yd), *acc);
+    const __m128i mins = _mm_madd_epi16(mn16, _mm_load_si128((const __m128i *)(const void *)(py + 256)));
+    *accm = _mm_fmadd_ps(_mm_cvtepi32_ps(mins), _mm_set1_ps(dmin * yd), *accm);
+}
+
+KD_AI float kd4_row(int64_t nb, const uint8_t *x, const uint8_t *pk) {
+    __m512 acc = _mm512_setzero_ps();
+    __m128 accm = _mm_setzero_ps();
+    /* lanes 0-7: dword 8h + 2j (scales 4h, 4h+1 of block j), lanes 8-15: 8h + 2j + 1 */
+    const __m512i base = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    int64_t b = 0;
+    for (; b + 4 <= nb; b += 4, x += RK4_GROUP) {
+        float dd[8];
+        __m128i sc03, sc47, mn16[4];
+        rk_header(x, dd, &sc03, &sc47, mn16);
+        const __m512i sw = kd_scale_words(sc03, sc47);
+        _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {
+            const __m512i s[2] = {_mm512_permutexvar_epi32(_mm512_add_epi32(base, _mm512_set1_epi32(2 * j)), sw),
+                                  _mm512_permutexvar_epi32(_mm512_add_epi32(base, _mm512_set1_epi32(8 + 2 * j)), sw)};
+            kd4_block(x + 64 + 128 * j, s, mn16[j], dd[j], dd[4 + j], pk + (size_t)(b + j) * KD4_BLOCK, &acc, &accm);
+        }
+    }
+    for (const cm_block_q4_k *xt = (const cm_block_q4_k *)(const void *)x; b < nb; b++, xt++) {
+        uint8_t sc[8], mn[8];
+        cm_k4_scales8(xt->scales, sc, mn);
+        __m512i s[2];
+        for (int h = 0; h < 2; h++)
+            s[h] = _mm512_inserti64x4(_mm512_set1_epi32((int)(sc[4 * h] | (uint32_t)sc[4 * h + 1] << 16)),
+                                      _mm256_set1_epi32((int)(sc[4 * h + 2] | (uint32_t)sc[4 * h + 3] << 16)), 1);
+        kd4_block(xt->qs, s, _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(const void *)mn)), f16f(xt->d),
+                  f16f(xt->dmin), pk + (size_t)b * KD4_BLOCK, &acc, &accm);
+    }
+    return _mm512_reduce_add_ps(acc) - hsum4(accm);
+}
+
+static void gemv_kd4r(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
+                      int64_t r0, int64_t r1, int64_t n_tok) {
+    const int64_t nb = k / CM_QK_K;
+    if (nb > RK4_MAXB) {
+        g_prev_rq4(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
+        return;
+    }
+    _Alignas(64) uint8_t pk[RK4_MAXB * KD4_BLOCK];
+    kd4_pack(nb, x, pk);
+    for (int64_t i = r0; i < r1; i++) y[i] = kd4_row(nb, (const uint8_t *)w + (size_t)i * w_stride, pk);
+}
+
+void cm_kernels_fill_kd_avx512(cm_kernels *k) {
+    if (k->gemv_packed[CM_TYPE_Q6_K]) {
+        g_prev_q6v = k->gemv_packed[CM_TYPE_Q6_K];
+        k->gemv_packed[CM_TYPE_Q6_K] = gemv_kd6;
+    }
+    if (k->gemv_packed[CM_TYPE_Q4_K]) {
+        g_prev_rq4 = k->gemv_packed[CM_TYPE_Q4_K];
+        k->gemv_packed[CM_TYPE_Q4_K] = gemv_kd4r;
+    }
+    if (k->gemv_packed[CM_TYPE_Q5_K] && k->gemv[CM_TYPE_Q5_K]) {
+        g_prev_rq5 = k->gemv_packed[CM_TYPE_Q5_K];
+        g_prev_fq5 = k->gemv[CM_TYPE_Q5_K];
+        k->gemv_packed[CM_TYPE_Q5_K] = gemv_kd5r;
+        k->gemv[CM_TYPE_Q5_K] = gemv_kd5f;
+    }
+}
