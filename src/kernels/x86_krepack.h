@@ -46,9 +46,15 @@ AI void rk_pairs(int64_t nb, const cm_block_q8_k *y, __m128i *pairs) {
 /* Four super-blocks' lanes s[i] (8 each), m[i] (4 each) -> lane i of *S4 /
  * *M4: their exact sums S_b, M_b. */
 AI void rk5_quad(const __m256i s[4], const __m128i m[4], __m128i *S4, __m128i *M4) {
-    const __m256i e = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
-    *S4 = _mm_add_epi32(_mm256_castsi256_si128(e), _mm256_extracti128_si256(e, 1));
-    *M4 = _mm_hadd_epi32(_mm_hadd_epi32(m[0], m[1]), _mm_hadd_epi32(m[2], m[3]));
+    __m128i h[4];
+    for (int i = 0; i < 4; i++) h[i] = _mm_add_epi32(_mm256_castsi256_si128(s[i]), _mm256_extracti128_si256(s[i], 1));
+    /* 4 x 4 transpose-adds: lane i = the sum of x[i]'s 4 lanes */
+    const __m128i a0 = _mm_add_epi32(_mm_unpacklo_epi32(h[0], h[1]), _mm_unpackhi_epi32(h[0], h[1]));
+    const __m128i a1 = _mm_add_epi32(_mm_unpacklo_epi32(h[2], h[3]), _mm_unpackhi_epi32(h[2], h[3]));
+    *S4 = _mm_add_epi32(_mm_unpacklo_epi64(a0, a1), _mm_unpackhi_epi64(a0, a1));
+    const __m128i b0 = _mm_add_epi32(_mm_unpacklo_epi32(m[0], m[1]), _mm_unpackhi_epi32(m[0], m[1]));
+    const __m128i b1 = _mm_add_epi32(_mm_unpacklo_epi32(m[2], m[3]), _mm_unpackhi_epi32(m[2], m[3]));
+    *M4 = _mm_add_epi32(_mm_unpacklo_epi64(b0, b1), _mm_unpackhi_epi64(b0, b1));
 }
 
 /* z5's state for a row: 16 lanes of S_b, M_b, d * dy, -(dmin * dy) gathered
