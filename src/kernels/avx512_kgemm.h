@@ -1,6 +1,7 @@
 /*
- * avx512_kgemm.h: the AVX-512 prefill gemms for q5_k and q4_k that
- * unpack each weight row once per pass and reuse it for every token (q6_k's
+ * avx512_kgemm.h: the AVX-512 prefill gemm for q4_k (q5_k's went with its
+ * own float order to avx512_krepack.h / gemm_kq_avx512.c) that
+ * unpacks each weight row once per pass and reuses it for every token (q6_k's
  * moved to gemm_kq_avx512.c; only its scale word order is left here, for
  * gemv_fq6_k). Not a header in
  * the usual sense: kernels_avx512.c includes it once, after its tiles, under
@@ -36,7 +37,7 @@ enum {
     /* token super-blocks per pass, at least 4 x 4 x KG_MAXNB (the min operands' rows) */
     KG_YC = KG_PASS / (int)sizeof(cm_block_q8_k) > 16 * KG_MAXNB ? KG_PASS / (int)sizeof(cm_block_q8_k) : 16 * KG_MAXNB,
     K5_R = 2,
-    K5_T = 4, /* q5_k register tile (its min term needs a second set of accumulators) */
+    K5_T = 4, /* q4_k register tile (its min term needs a second set of accumulators) */
 };
 
 /* ---- q6_k: the word-pair scale order of gemv_fq6_k (avx512_krepack.h) ---- */
@@ -46,7 +47,7 @@ static const uint16_t k_kg6_idx[2][32] = {
     {8,  12, 8,  12, 8,  12, 8,  12, 9,  13, 9,  13, 9,  13, 9,  13,
      10, 14, 10, 14, 10, 14, 10, 14, 11, 15, 11, 15, 11, 15, 11, 15}};
 
-/* The q5_k and q4_k gemms: passes of tokens, K5_R rows unpacked at a time
+/* The q4_k gemm: passes of tokens, K5_R rows unpacked at a time
  * (NAME_unpack into BLK), K5_T tokens per NAME_tile; rows longer than
  * KG_MAXNB super-blocks, and one token, go to FALLBACK (the one-token tiles).
  * Per pass the tokens' min-term operands are gathered once, super-block
@@ -131,84 +132,6 @@ enum { KG_MINLD = KG_YC + 4 * KG_MAXNB }; /* pass tokens (rounded up to 4) x sup
             }                                                                                                          \
         }                                                                                                              \
     }
-
-/* ---- q5_k (tile_q5_k's order: 8 int32 lanes per super-block, 4 min lanes) ----
- * q[j] = the 5-bit values of elements 64j .. 64j+63 (sub-blocks 2j | 2j+1),
- * s[h] = word pairs: lanes 0-7 (scale 4h, scale 4h+2), lanes 8-15 (4h+1,
- * 4h+3), so vpdpbusd of q[2h] and q[2h+1] blended pairs sub-blocks 4h with
- * 4h+2 (low half) and 4h+1 with 4h+3 (high half); the halves are added
- * (integers) into tile_q5_k's 8 lanes. */
-typedef struct {
-    __m512i q[4], s[2];
-    __m128i mn; /* the 8 mins as words */
-    float d, dmin;
-} kg5_blk;
-
-static void kg5_unpack(int64_t nb, const cm_block_q5_k *x, kg5_blk *o) {
-    const __m256i m4 = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1);
-    for (int64_t b = 0; b < nb; b++) {
-        uint8_t sc[8], mn[8];
-        cm_k4_scales8(x[b].scales, sc, mn);
-        __m256i qh = ld256(x[b].qh);
-        for (int j = 0; j < 4; j++) { /* tile_q5_k's unpacking */
-            const __m256i q = ld256(x[b].qs + 32 * j);
-            __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-            lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(qh, one), 4));
-            hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 1), one), 4));
-            qh = _mm256_srli_epi16(qh, 2);
-            o[b].q[j] = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-        }
-        for (int h = 0; h < 2; h++)
-            o[b].s[h] = _mm512_inserti64x4(_mm512_set1_epi32((int)(sc[4 * h] | (uint32_t)sc[4 * h + 2] << 16)),
-                                           _mm256_set1_epi32((int)(sc[4 * h + 1] | (uint32_t)sc[4 * h + 3] << 16)), 1);
-        o[b].mn = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mn));
-        o[b].d = f16f(x[b].d);
-        o[b].dmin = f16f(x[b].dmin);
-    }
-}
-
-AI void kg5_tile(int64_t nb, const kg5_blk *const *xb, const cm_block_q8_k *const *yv, const __m128i *pr,
-                 const __m128 *ydv, int64_t ld, int R, int T, float *out) {
-    __m256 acc[K5_R][K5_T];
-    __m512 accm[K5_R];
-    _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) {
-        accm[r] = _mm512_setzero_ps();
-        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
-    }
-    const __m512i z = _mm512_setzero_si512();
-    for (int64_t b = 0; b < nb; b++) {
-        __m512i q[K5_R][4], s[K5_R][2]; /* the rows' super-block, in registers for every token */
-        _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) {
-            _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) q[r][j] =
-                _mm512_load_si512((const void *)&xb[r][b].q[j]);
-            s[r][0] = _mm512_load_si512((const void *)&xb[r][b].s[0]);
-            s[r][1] = _mm512_load_si512((const void *)&xb[r][b].s[1]);
-        }
-        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
-            const cm_block_q8_k *yb = &yv[t][b];
-            __m512i yq[4];
-            _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) yq[j] = _mm512_loadu_si512(yb->qs + 64 * j);
-            const float yd = yb->d;
-            _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) {
-                __m512i s16 = z;
-                _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
-                    const __m512i d0 = _mm512_dpbusd_epi32(z, q[r][2 * h], yq[2 * h]);
-                    const __m512i d1 = _mm512_dpbusd_epi32(z, q[r][2 * h + 1], yq[2 * h + 1]);
-                    const __m512i w = _mm512_mask_blend_epi16(0xaaaaaaaau, d0, _mm512_slli_epi32(d1, 16));
-                    s16 = _mm512_dpwssd_epi32(s16, w, s[r][h]);
-                }
-                const __m256i s8 = _mm256_add_epi32(_mm512_castsi512_si256(s16), _mm512_extracti64x4_epi64(s16, 1));
-                FMA_BLOCK(acc[r][t], s8, xb[r][b].d * yd);
-            }
-        }
-        _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) accm[r] =
-            kg_min4(accm[r], xb[r][b].mn, xb[r][b].dmin, pr + b * ld, ydv + b * ld);
-    }
-    _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)
-        out[r * K5_T + t] = hsum8(acc[r][t]) - kg_min_lane(accm[r], t);
-}
-
-KG_GEMM(kg5, kg5_blk, cm_block_q5_k, gemm_q5_k)
 
 /* ---- q4_k (ztile_q4_k's order: 16 int32 lanes per super-block, 4 min lanes) ----
  * Per half h (128 weights): lo[h] = the low nibbles of qs[64h..64h+63]

@@ -170,8 +170,9 @@ static void gemv_kd6(int64_t k, const void *w, size_t w_stride, const void *x, s
  * lands on bit 4 (left for j < 2, right for j >= 2: within each byte of a
  * 16-bit word either way), masked to 0x10, and one select (vpternlogd) of
  * the nibble's bits 0-3 and that bit. The lane sums are exact and the word
- * pairs, the vpdpwssd, the reduction to 8 lanes, the FMA per super-block,
- * the min term and hsum8 are rk5_block / rk5_row's: the same bits. ---- */
+ * pairs, the vpdpwssd and the reduction to 8 lanes are rk5_block's, and
+ * the float side (z5: x86_krepack.h's rk5_put, one conversion and two
+ * FMAs per 16 super-blocks) is rk5_row's: the same bits. ---- */
 static cm_gemm_fn g_prev_rq5, g_prev_fq5;
 
 /* word pairs (low word of a, low word of b) per dword in one vpshufb: the
@@ -182,8 +183,8 @@ KD_AI __m512i kd_pair(__m512i a, __m512i b) {
     return _mm512_mask_shuffle_epi8(a, (__mmask64)0xccccccccccccccccull, b, ctl);
 }
 
-KD_AI void kd5_block(const uint8_t *qs, const uint8_t *qh, const __m512i s[2], __m128i mn16, float d, float dmin,
-                     const cm_block_q8_k *y, __m128i pairs, __m256 *acc, __m128 *accm) {
+KD_AI __m256i kd5_block(const uint8_t *qs, const uint8_t *qh, const __m512i s[2], __m128i mn16, const cm_block_q8_k *y,
+                        __m128i pairs, __m128i *m) {
     const __m512i m4 = _mm512_set1_epi8(0x0f), k10 = _mm512_set1_epi8(0x10), z = _mm512_setzero_si512();
     const __m512i nsh = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1); /* lo | hi nibbles */
     const __m512i h5 = _mm512_broadcast_i64x4(ld256(qh));
@@ -202,9 +203,8 @@ KD_AI void kd5_block(const uint8_t *qs, const uint8_t *qh, const __m512i s[2], _
         }
         s16 = _mm512_dpwssd_epi32(s16, kd_pair(dp[0], dp[1]), s[h]);
     }
-    const __m256i s8 = _mm256_add_epi32(_mm512_castsi512_si256(s16), _mm512_extracti64x4_epi64(s16, 1));
-    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s8), _mm256_set1_ps(d * y->d), *acc);
-    *accm = _mm_fmadd_ps(_mm_cvtepi32_ps(_mm_madd_epi16(mn16, pairs)), _mm_set1_ps(dmin * y->d), *accm);
+    *m = _mm_madd_epi16(mn16, pairs);
+    return _mm256_add_epi32(_mm512_castsi512_si256(s16), _mm512_extracti64x4_epi64(s16, 1));
 }
 
 /* 32 words: block j's scale i (i < 4) at 4j + i, scale 4 + i at 16 + 4j + i. */
@@ -213,8 +213,9 @@ KD_AI __m512i kd_scale_words(__m128i sc03, __m128i sc47) {
 }
 
 KD_AI float kd5_row(int64_t nb, const uint8_t *x, const cm_block_q8_k *y, const __m128i *pairs, bool grouped) {
-    __m256 acc = _mm256_setzero_ps();
-    __m128 accm = _mm_setzero_ps();
+    rk5_acc A = {_mm512_setzero_ps(),    _mm512_setzero_ps(),    _mm512_setzero_ps(),
+                 _mm512_setzero_si512(), _mm512_setzero_si512(), 0};
+    const __m128 sgn = _mm_set1_ps(-0.0f);
     /* word 2l (l < 8): scale 4h of block j; 2l+1: 4h+2; l >= 8: 4h+1, 4h+3 */
     static const uint16_t k_base[32] = {0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2,
                                         1, 3, 1, 3, 1, 3, 1, 3, 1, 3, 1, 3, 1, 3, 1, 3};
@@ -225,25 +226,45 @@ KD_AI float kd5_row(int64_t nb, const uint8_t *x, const cm_block_q8_k *y, const 
         __m128i sc03, sc47, mn16[4];
         rk_header(x, dd, &sc03, &sc47, mn16);
         const __m512i sw = kd_scale_words(sc03, sc47);
+        __m256i sl[4];
+        __m128i ml[4];
         _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {
             const __m512i s[2] = {
                 _mm512_permutexvar_epi16(_mm512_add_epi16(base, _mm512_set1_epi16((short)(4 * j))), sw),
                 _mm512_permutexvar_epi16(_mm512_add_epi16(base, _mm512_set1_epi16((short)(16 + 4 * j))), sw)};
-            kd5_block(x + 192 + 128 * j, x + 64 + 32 * j, s, mn16[j], dd[j], dd[4 + j], y + b + j, pairs[b + j], &acc,
-                      &accm);
+            sl[j] = kd5_block(x + 192 + 128 * j, x + 64 + 32 * j, s, mn16[j], y + b + j, pairs[b + j], &ml[j]);
         }
+        __m128i S4, M4;
+        rk5_quad(sl, ml, &S4, &M4);
+        const __m128 dy = _mm_setr_ps(y[b].d, y[b + 1].d, y[b + 2].d, y[b + 3].d);
+        rk5_put(&A, S4, M4, _mm_mul_ps(_mm_loadu_ps(dd), dy), _mm_xor_ps(_mm_mul_ps(_mm_loadu_ps(dd + 4), dy), sgn));
     }
-    for (const cm_block_q5_k *xt = (const cm_block_q5_k *)(const void *)x; b < nb; b++, xt++) {
+    const cm_block_q5_k *xt = (const cm_block_q5_k *)(const void *)x;
+    __m256i sl[4];
+    __m128i ml[4];
+    _Alignas(16) float d4[4], m4[4], y4[4];
+    int n = 0;
+    for (; b < nb; b++, xt++) { /* the file's order, gathered 4 blocks at a time */
         uint8_t sc[8], mn[8];
         cm_k4_scales8(xt->scales, sc, mn);
         __m512i s[2];
         for (int h = 0; h < 2; h++)
             s[h] = _mm512_inserti64x4(_mm512_set1_epi32((int)(sc[4 * h] | (uint32_t)sc[4 * h + 2] << 16)),
                                       _mm256_set1_epi32((int)(sc[4 * h + 1] | (uint32_t)sc[4 * h + 3] << 16)), 1);
-        kd5_block(xt->qs, xt->qh, s, _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(const void *)mn)), f16f(xt->d),
-                  f16f(xt->dmin), y + b, pairs[b], &acc, &accm);
+        sl[n] = kd5_block(xt->qs, xt->qh, s, _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(const void *)mn)),
+                          y + b, pairs[b], &ml[n]);
+        d4[n] = f16f(xt->d), m4[n] = f16f(xt->dmin), y4[n] = y[b].d;
+        if (++n == 4 || b == nb - 1) {
+            for (; n < 4; n++)
+                sl[n] = _mm256_setzero_si256(), ml[n] = _mm_setzero_si128(), d4[n] = m4[n] = y4[n] = 0.0f;
+            __m128i S4, M4;
+            rk5_quad(sl, ml, &S4, &M4);
+            const __m128 dy = _mm_load_ps(y4);
+            rk5_put(&A, S4, M4, _mm_mul_ps(_mm_load_ps(d4), dy), _mm_xor_ps(_mm_mul_ps(_mm_load_ps(m4), dy), sgn));
+            n = 0;
+        }
     }
-    return hsum8(acc) - hsum4(accm);
+    return rk5_end(&A);
 }
 
 #define GEMV_KD5(NAME, PREV, GROUPED)                                                                                  \

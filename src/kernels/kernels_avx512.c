@@ -588,7 +588,8 @@ void cm_kernels_fill_avx512(cm_kernels *k) {
     k->vec_dot[CM_TYPE_Q6_K] = vec_dot_zq6_k;
     k->gemm[CM_TYPE_Q6_K] = gemm_zq6_k; /* gemm_kq_avx512.c's for rows up to 16384 */
     k->gemv[CM_TYPE_Q6_K] = gemv_fq6_k;
-    k->gemm[CM_TYPE_Q5_K] = gemm_kg5;
+    k->vec_dot[CM_TYPE_Q5_K] = vec_dot_zq5_k; /* avx512_krepack.h's float order, not tile_q5_k's */
+    k->gemm[CM_TYPE_Q5_K] = gemm_zq5_k;       /* gemm_kq_avx512.c's for 2+ tokens and rows up to 16384 */
     k->gemv[CM_TYPE_Q5_K] = gemv_fq5_k;
     k->gemv_packed[CM_TYPE_Q5_K] = gemv_rq5_k;
 }

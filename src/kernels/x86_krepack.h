@@ -39,4 +39,56 @@ AI void rk_pairs(int64_t nb, const cm_block_q8_k *y, __m128i *pairs) {
     }
 }
 
+#ifdef __AVX512F__
+/* ---- q5_k's "z5" float order on AVX-512 (avx512_krepack.h's vec_dot and
+ * rows, gemv_kd_avx512.c's decode gemvs): super-blocks' exact sums S_b, M_b
+ * gathered 4 at a time ---- */
+/* Four super-blocks' lanes s[i] (8 each), m[i] (4 each) -> lane i of *S4 /
+ * *M4: their exact sums S_b, M_b. */
+AI void rk5_quad(const __m256i s[4], const __m128i m[4], __m128i *S4, __m128i *M4) {
+    __m128i h[4];
+    for (int i = 0; i < 4; i++) h[i] = _mm_add_epi32(_mm256_castsi256_si128(s[i]), _mm256_extracti128_si256(s[i], 1));
+    /* 4 x 4 transpose-adds: lane i = the sum of x[i]'s 4 lanes */
+    const __m128i a0 = _mm_add_epi32(_mm_unpacklo_epi32(h[0], h[1]), _mm_unpackhi_epi32(h[0], h[1]));
+    const __m128i a1 = _mm_add_epi32(_mm_unpacklo_epi32(h[2], h[3]), _mm_unpackhi_epi32(h[2], h[3]));
+    *S4 = _mm_add_epi32(_mm_unpacklo_epi64(a0, a1), _mm_unpackhi_epi64(a0, a1));
+    const __m128i b0 = _mm_add_epi32(_mm_unpacklo_epi32(m[0], m[1]), _mm_unpackhi_epi32(m[0], m[1]));
+    const __m128i b1 = _mm_add_epi32(_mm_unpacklo_epi32(m[2], m[3]), _mm_unpackhi_epi32(m[2], m[3]));
+    *M4 = _mm_add_epi32(_mm_unpacklo_epi64(b0, b1), _mm_unpackhi_epi64(b0, b1));
+}
+
+/* z5's state for a row: 16 lanes of S_b, M_b, d * dy, -(dmin * dy) gathered
+ * 4 super-blocks at a time (128-bit lane k), then one conversion and two
+ * FMAs per 16 super-blocks (lanes not filled are zero: no change). */
+typedef struct {
+    __m512 acc, dv, mv;
+    __m512i sv, nv;
+    int k;
+} rk5_acc;
+
+AI void rk5_put(rk5_acc *a, __m128i S4, __m128i M4, __m128 d4, __m128 nm4) {
+    const __mmask16 msk = (__mmask16)(0xfu << (4 * a->k));
+    a->sv = _mm512_mask_broadcast_i32x4(a->sv, msk, S4);
+    a->nv = _mm512_mask_broadcast_i32x4(a->nv, msk, M4);
+    a->dv = _mm512_mask_broadcast_f32x4(a->dv, msk, d4);
+    a->mv = _mm512_mask_broadcast_f32x4(a->mv, msk, nm4);
+    if (++a->k == 4) {
+        a->acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a->sv), a->dv, a->acc);
+        a->acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a->nv), a->mv, a->acc);
+        a->sv = a->nv = _mm512_setzero_si512();
+        a->dv = a->mv = _mm512_setzero_ps();
+        a->k = 0;
+    }
+}
+
+AI float rk5_end(rk5_acc *a) {
+    if (a->k) {
+        a->acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a->sv), a->dv, a->acc);
+        a->acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a->nv), a->mv, a->acc);
+    }
+    return _mm512_reduce_add_ps(a->acc);
+}
+
+#endif
+
 #endif
