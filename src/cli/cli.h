@@ -31,12 +31,14 @@ struct cm_sampler_params;
 int cli_sampling_opt(int argc, char **argv, int *i, struct cm_sampler_params *s);
 
 /* KV cache options (kvopt.c): --cache-type-k/-ctk, --cache-type-v/-ctv,
- * --kv-type (both), --flash-attn/-fa; parsed like cli_sampling_opt.
- * cli_kv_apply copies them into engine options (when given: they replace
- * kv_f16). k, v: enum cm_type values, F32 (0) by default. */
+ * --kv-type (both), --flash-attn/-fa [on|off|auto]; parsed like
+ * cli_sampling_opt. cli_kv_apply copies them into engine options (when
+ * given: they replace kv_f16). k, v: enum cm_type values, F32 (0) by
+ * default. flash: -fa on/auto given; no_flash: -fa off (the transposed
+ * F32/F16 layout, engine.h kv_transposed). */
 typedef struct cli_kv {
     int k, v;
-    bool flash, set;
+    bool flash, no_flash, set;
 } cli_kv;
 struct cm_engine_opts;
 int cli_kv_opt(int argc, char **argv, int *i, cli_kv *kv);

@@ -42,7 +42,7 @@ static const char k_serve_usage[] =
     "  --cache-type-k, -ctk T, --cache-type-v, -ctv T\n"
     "                     KV cache types: f32 (default), f16, q8_0, q4_0 (llama.cpp's -ctk/-ctv);\n"
     "                     --kv-type T sets both; per token: see 'cumulo info'\n"
-    "  --flash-attn, -fa      tiled attention over K/V rows for f32/f16 too (always for q8_0/q4_0)\n" CLI_GPU_HELP
+    "  --flash-attn, -fa [on|off]  K/V rows, tiled attention (default; off: f32/f16 V transposed)\n" CLI_GPU_HELP
     "  --lora FILE[:SCALE] apply a LoRA adapter (llama.cpp's adapter GGUF; repeatable, summed;\n"
     "                     with --nodes every node gets its layers' parts)\n"
     "  --mmap             keep the weights in a file mapping (default when alone: read into\n"

@@ -135,7 +135,7 @@ static void gen(cm_session *s, const int32_t *ids, int n, gen_out *o) {
 }
 
 static void refill_same(int kv_k, int kv_v, bool flash, const char *what) {
-    cm_engine_opts o = {.n_threads = 1, .n_ctx = CTX, .kv_type_k = kv_k, .kv_type_v = kv_v, .kv_flash = flash};
+    cm_engine_opts o = {.n_threads = 1, .n_ctx = CTX, .kv_type_k = kv_k, .kv_type_v = kv_v, .kv_transposed = !flash};
     cm_engine *e = NULL;
     if (cm_engine_load(&e, g_path, &o, errbuf, sizeof errbuf)) {
         CHECKF(0, "%s: %s", what, errbuf);
@@ -178,7 +178,7 @@ static void test_bits(void) {
  * K rows holds 16 positions a page per (layer, head) region. */
 static void test_accounting(void) {
     cm_engine_opts o = {
-        .n_threads = 1, .n_ctx = CTX, .kv_type_k = CM_TYPE_F32, .kv_type_v = CM_TYPE_F32, .kv_flash = true};
+        .n_threads = 1, .n_ctx = CTX, .kv_type_k = CM_TYPE_F32, .kv_type_v = CM_TYPE_F32, .kv_transposed = false};
     cm_engine *e = NULL;
     if (cm_engine_load(&e, g_path, &o, errbuf, sizeof errbuf)) {
         CHECKF(0, "%s", errbuf);
