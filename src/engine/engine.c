@@ -56,7 +56,15 @@ int cm_engine_load(cm_engine **out, const char *path, const cm_engine_opts *opts
     else fill_default_opts(&o);
     cm_engine *e = cm_calloc(1, sizeof *e);
     if (!e) return cm_errf(err, errlen, CM_ENOMEM, "out of memory");
-    pthread_mutex_init(&e->mu, NULL);
+    {
+        /* recursive: an interjection (batch.c) runs inside a pass that holds
+         * it and may take it again (a grammar's token texts, constrain.c) */
+        pthread_mutexattr_t ma;
+        pthread_mutexattr_init(&ma);
+        pthread_mutexattr_settype(&ma, PTHREAD_MUTEX_RECURSIVE);
+        pthread_mutex_init(&e->mu, &ma);
+        pthread_mutexattr_destroy(&ma);
+    }
     pthread_mutex_init(&e->lora_mu, NULL);
     struct stat st;
     bool in_memory = stat(path, &st) == 0 && cm_engine_weights_in_memory(&o, (uint64_t)st.st_size);

@@ -17,6 +17,7 @@
  */
 #include "engine/engine.h"
 #include "gguf/gguf.h"
+#include "sampler/grammar.h"
 #include "synth/synth.h"
 #include "test.h"
 
@@ -211,6 +212,7 @@ typedef struct ij_state {
     cm_session **ss;
     out *o;
     int next, n_total, n_ij;
+    const cm_grammar *g; /* the last newcomer's grammar (its token texts are built under the engine's lock) */
 } ij_state;
 
 static void ij_fn(void *user) {
@@ -224,6 +226,7 @@ static void ij_fn(void *user) {
     if (k != 1) return;
     cm_gen_params p;
     params(&p, i);
+    if (i == st->n_total - 1) p.grammar = st->g;
     CHECK(cm_session_start(st->ss[i], &p, step_cb, &st->o[i], errbuf, sizeof errbuf) == 0);
     CHECK(cm_session_first_token(st->ss[i]) == 1);
     CHECK(st->o[i].n_tok == 1); /* streamed now, not at the next step */
@@ -234,6 +237,17 @@ static void test_interject(void) {
     enum { N = 8, FIRST = 3 };
     out alone[N], together[N];
     int32_t ids[256];
+    cm_grammar *g = cm_grammar_new(); /* the last one: a grammar, " the" then letters and spaces */
+    const int root = cm_grammar_rule(g), tail = cm_grammar_rule(g);
+    cm_grammar_lit(g, root, " the");
+    cm_grammar_ref(g, root, tail);
+    cm_grammar_range(g, tail, 'a', 'z');
+    cm_grammar_ref(g, tail, tail);
+    cm_grammar_alt(g, tail);
+    cm_grammar_lit(g, tail, " ");
+    cm_grammar_ref(g, tail, tail);
+    cm_grammar_alt(g, tail);
+    CHECKF(cm_grammar_finish(g, root, errbuf, sizeof errbuf) == 0, "%s", errbuf);
     for (int i = 0; i < N; i++) {
         memset(&alone[i], 0, sizeof alone[i]);
         memset(&together[i], 0, sizeof together[i]);
@@ -242,6 +256,7 @@ static void test_interject(void) {
         CHECK(cm_session_set_prompt(s, ids, n, errbuf, sizeof errbuf) == 0);
         cm_gen_params p;
         params(&p, i);
+        if (i == N - 1) p.grammar = g;
         cm_gen_result r;
         CHECK(cm_session_generate(s, &p, gen_cb, &alone[i], &r, errbuf, sizeof errbuf) == 0);
         cm_session_free(s);
@@ -255,7 +270,7 @@ static void test_interject(void) {
         params(&p, i);
         CHECK(cm_session_start(ss[i], &p, step_cb, &together[i], errbuf, sizeof errbuf) == 0);
     }
-    ij_state st = {.ss = ss, .o = together, .next = FIRST, .n_total = N, .n_ij = FIRST};
+    ij_state st = {.ss = ss, .o = together, .next = FIRST, .n_total = N, .n_ij = FIRST, .g = g};
     const uint64_t before = cm_engine_interjected(E);
     CHECK(cm_engine_set_interject(E, ij_fn, &st, 16));
     for (int steps = 0; steps < 1000; steps++) {
@@ -282,6 +297,7 @@ static void test_interject(void) {
         cm_buf_release(&together[i].b);
         cm_session_free(ss[i]);
     }
+    cm_grammar_free(g);
 }
 
 int main(void) {
