@@ -545,13 +545,17 @@ static void test_rows_layout(void) {
            F32_PROB_BOUND);
     CHECKF(e8 <= Q8_0_PROB_BOUND, "rows: q8_0 max prob error %g > %g", e8, Q8_0_PROB_BOUND);
     CHECKF(e4 <= Q4_0_PROB_BOUND, "rows: q4_0 max prob error %g > %g", e4, Q4_0_PROB_BOUND);
-    /* F16 rows against llama.cpp's flash attention over an F16 cache (-fa on; its
-     * V sum kept in F16, ours in F32) and, for the record, against its
-     * non-flash reference above. Measured (avx512): 4.9e-4 and 1.36e-3 (the transposed layout rounds
-     * the attention weights to F16 as that path does, the rows do not). */
+    /* F16 rows against llama.cpp's flash attention over an F16 cache (-fa on;
+     * its V sum kept in F16, ours in F32) and, for the record, against its
+     * non-flash reference above (the transposed layout rounds the attention
+     * weights to F16 as that path does; the rows do not). Measured, -fa /
+     * non-flash reference: avx512 4.9e-4 / 1.36e-3, avx2 1.09e-3 / 1.22e-3,
+     * scalar 1.12e-3 / 1.18e-3 (an F32 cache is 1.1e-3 from the non-flash
+     * one: at this size F16 rows are checked for gross errors only; the F32
+     * rows above are the tight check). */
     const double efa = f16_kv(true, "stories260K_f16kv_fa_ref.txt");
     const double enf = f16_kv(true, "stories260K_f16kv_ref.txt");
-    CHECKF(efa <= 1e-3, "f16 rows vs llama.cpp -fa: max prob error %g", efa);
+    CHECKF(efa <= 2e-3, "f16 rows vs llama.cpp -fa: max prob error %g", efa);
     CHECKF(enf <= 2e-3, "f16 rows vs llama.cpp without -fa: max prob error %g", enf);
 }
 
