@@ -4,7 +4,11 @@
  * one batched engine step of every running slot (one token each) with one
  * chunk of a newcomer's prompt (chunked prefill, shortest first), and hands tokens
  * to the jobs as they come. New jobs join between steps; a newcomer may take
- * a shared prompt prefix from another slot's KV cache (share_prefix).
+ * a shared prompt prefix from another slot's KV cache (share_prefix). A job
+ * with a short prompt may also join inside a step: between two layers of
+ * the pass in flight, its prompt evaluated in a pass of its own and its
+ * first token streamed there (interject), so its time to first token does
+ * not wait for a long prompt's chunk and the decode rows.
  *
  * Slot choice: among free slots, the one whose session already holds the
  * longest prefix of the new prompt (a continuing conversation reuses its KV
