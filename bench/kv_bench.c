@@ -5,8 +5,9 @@
  * minutes a real N-token prompt takes per run. The caches are filled with
  * random-ish rows (every byte written, so the pages are resident; the scores
  * are then meaningless, which costs attention nothing). Each variant's cache
- * is made as `cumulo run -ctk T -ctv T` makes it: the transposed layout for
- * F32/F16, rows (flash attention) for Q8_0/Q4_0, `f16-fa`: F16 rows.
+ * is made as `cumulo run -ctk T -ctv T` made it before session 15: the
+ * transposed layout for F32/F16 (now `-fa off`), rows (flash attention) for
+ * Q8_0/Q4_0; `f16-fa`, `f32-fa`: F16/F32 rows (now the default).
  * KV_BENCH_PROMPT=1: fill each cache by a real N-token prompt of
  * pseudo-random tokens instead (minutes at 4k; real scores and rows).
  * Prints the median wall and process CPU ms per step (CPU time moves far less

@@ -102,6 +102,8 @@ typedef struct cm_config {
     bool test_no_recover;           /* CUMULO_TEST_NO_RECOVER set (even empty) */
     unsigned test_cluster_delay_ms; /* CUMULO_TEST_CLUSTER_DELAY_MS */
     unsigned test_step_delay_ms;    /* CUMULO_TEST_STEP_DELAY_MS */
+    unsigned test_layer_delay_ms;   /* CUMULO_TEST_LAYER_DELAY_MS */
+    bool interject;                 /* CUMULO_INTERJECT: not "0" (the default: on) */
     unsigned test_dash_hold_ms;     /* CUMULO_TEST_DASH_HOLD_MS */
     int test_sockbuf;               /* CUMULO_TEST_SOCKBUF when > 0; else 0 */
     const char *gpu;                /* CUMULO_GPU */

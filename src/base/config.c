@@ -68,6 +68,9 @@
       "test hook: a pause after each micro-batch sent "                                                            \
       "to a cluster")                                                                                              \
     X(test_step_delay_ms, "CUMULO_TEST_STEP_DELAY_MS", "0", "test hook: serve pauses this long after each step")   \
+    X(test_layer_delay_ms, "CUMULO_TEST_LAYER_DELAY_MS", "0",                                                      \
+      "test hook: serve pauses this long between two layers of a pass")                                            \
+    X(interject, "CUMULO_INTERJECT", "1", "serve: 0 lets no short prompt run between two layers of a pass")        \
     X(test_dash_hold_ms, "CUMULO_TEST_DASH_HOLD_MS", "0",                                                          \
       "test hook: `finetune --dashboard` keeps the page up this long after the run")                               \
     X(test_sockbuf, "CUMULO_TEST_SOCKBUF", "0 (the system's)",                                                     \
@@ -191,6 +194,8 @@ static void load(void) {
     c->test_no_recover = RAW(test_no_recover) != NULL;
     c->test_cluster_delay_ms = RAW(test_cluster_delay_ms) ? (unsigned)atoi(RAW(test_cluster_delay_ms)) : 0;
     c->test_step_delay_ms = RAW(test_step_delay_ms) ? (unsigned)atoi(RAW(test_step_delay_ms)) : 0;
+    c->test_layer_delay_ms = RAW(test_layer_delay_ms) ? (unsigned)atoi(RAW(test_layer_delay_ms)) : 0;
+    c->interject = !RAW(interject) || strcmp(RAW(interject), "0") != 0;
     c->test_dash_hold_ms = RAW(test_dash_hold_ms) ? (unsigned)atoi(RAW(test_dash_hold_ms)) : 0;
     c->test_sockbuf = int_at_least(RAW(test_sockbuf), 1);
     c->gpu = STR(gpu);

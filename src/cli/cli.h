@@ -40,12 +40,14 @@ struct cm_sampler_params;
 int cli_sampling_opt(int argc, char **argv, int *i, struct cm_sampler_params *s);
 
 /* KV cache options (kvopt.c): --cache-type-k/-ctk, --cache-type-v/-ctv,
- * --kv-type (both), --flash-attn/-fa; parsed like cli_sampling_opt.
- * cli_kv_apply copies them into engine options (when given: they replace
- * kv_f16). k, v: enum cm_type values, F32 (0) by default. */
+ * --kv-type (both), --flash-attn/-fa [on|off|auto]; parsed like
+ * cli_sampling_opt. cli_kv_apply copies them into engine options (when
+ * given: they replace kv_f16). k, v: enum cm_type values, F32 (0) by
+ * default. flash: -fa on/auto given; no_flash: -fa off (the transposed
+ * F32/F16 layout, engine.h kv_transposed). */
 typedef struct cli_kv {
     int k, v;
-    bool flash, set;
+    bool flash, no_flash, set;
 } cli_kv;
 struct cm_engine_opts;
 int cli_kv_opt(int argc, char **argv, int *i, cli_kv *kv);
@@ -192,7 +194,7 @@ int cli_gen_opt(int argc, char **argv, int *i, struct cm_sampler_params *s, cli_
     "  --cache-type-k, -ctk T, --cache-type-v, -ctv T\n"                                                 \
     "                         KV cache types: f32 (default), f16, q8_0, q4_0 (llama.cpp's -ctk/-ctv);\n" \
     "                         --kv-type T sets both; per token: see 'cumulo info'\n"                     \
-    "  --flash-attn, -fa      tiled attention over K/V rows for f32/f16 too (always for q8_0/q4_0)\n"
+    "  --flash-attn, -fa [on|off]  K/V rows, tiled attention (default; off: f32/f16 V transposed)\n"
 #define CLI_SAMPLING_HELP                                              \
     "  --temp T               temperature (default 0.8; 0 = greedy)\n" \
     "  --top-k K              top-k (default 40; 0 = off)\n"           \

@@ -560,7 +560,7 @@ int cmd_bench(int argc, char **argv) {
         cJSON_AddItemToObject(j, "cpu", cpu_json());
         cJSON_AddNumberToObject(j, "threads", o.threads);
         cJSON_AddStringToObject(j, "kv_type", o.kvo.set ? cli_kv_name(&o.kvo) : o.kv_f16 ? "f16" : "f32");
-        cJSON_AddBoolToObject(j, "flash_attn", o.kvo.flash);
+        cJSON_AddBoolToObject(j, "flash_attn", !o.kvo.no_flash);
         cJSON_AddNumberToObject(j, "n_prompt", o.n_prompt);
         cJSON_AddNumberToObject(j, "n_gen", o.n_gen);
         cJSON_AddNumberToObject(j, "reps", o.reps);

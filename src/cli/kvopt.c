@@ -1,8 +1,9 @@
 /*
  * kvopt.c: the KV cache options run, chat, serve, info, plan and bench
  * share: --cache-type-k/-ctk T, --cache-type-v/-ctv T (llama.cpp's names and
- * types: f32, f16, q8_0, q4_0), --kv-type T (both), --flash-attn/-fa (the
- * rows layout and tiled attention for float types too).
+ * types: f32, f16, q8_0, q4_0), --kv-type T (both), --flash-attn/-fa
+ * [on|off|auto] (on and auto: the rows layout and tiled attention, every
+ * type's default; off: F32/F16 keep V transposed, ggml's non-flash layout).
  */
 #include "cli.h"
 
@@ -15,7 +16,12 @@
 int cli_kv_opt(int argc, char **argv, int *i, cli_kv *kv) {
     const char *a = argv[*i];
     if (!strcmp(a, "--flash-attn") || !strcmp(a, "-fa")) {
-        kv->flash = true;
+        /* llama.cpp's optional value; a bare -fa is on */
+        const char *v = *i + 1 < argc ? argv[*i + 1] : NULL;
+        const bool val = v && (!strcmp(v, "on") || !strcmp(v, "off") || !strcmp(v, "auto"));
+        kv->no_flash = val && !strcmp(v, "off");
+        kv->flash = !kv->no_flash;
+        if (val) (*i)++;
         return 1;
     }
     int which; /* 1 K, 2 V, 3 both */
@@ -46,7 +52,7 @@ void cli_kv_apply(const cli_kv *kv, struct cm_engine_opts *eo) {
         eo->kv_type_v = kv->v;
         eo->kv_f16 = false;
     }
-    eo->kv_flash = kv->flash;
+    eo->kv_transposed = kv->no_flash;
 }
 
 const char *cli_kv_name(const cli_kv *kv) {

@@ -88,6 +88,7 @@ int cm_session_start(cm_session *s, const cm_gen_params *p, cm_token_cb cb, void
     st->fin = CM_FINISH_LENGTH;
     st->t0 = cm_now_s();
     atomic_store(&s->cancel, 0);
+    s->first_taken = false;
     s->step = st;
     return 0;
 }
@@ -316,6 +317,105 @@ typedef struct step_pre {
 
 static int step_local(cm_engine *e, cm_session *const *ss, int n, step_pre *pre, char *err, size_t errlen);
 
+/* ---- Interjections (engine.h cm_engine_set_interject) ----
+ * A pass of a step is paused between two layers (forward.c's
+ * between_layers, on this thread, the pool idle, under e->mu) while the
+ * caller's function admits short prompts that just arrived and evaluates
+ * them whole in a pass of their own on ij_ctx: other sequences' caches,
+ * other scratch, the same pool, so the paused pass resumes with nothing of
+ * it changed. A newcomer then waits for the layer in flight (1/n_layer of a
+ * pass) and its own pass of its own rows, not for the rest of a pass of
+ * decode rows and a long prompt's chunk and then a pass beside the decode
+ * rows (session 14 measured that floor at 2x an idle server's first token;
+ * the running streams pay the newcomer's pass once, as they do now). */
+enum { IJ_PROMPTS = 8 }; /* prompts of one interjected pass (rows of logits kept) */
+
+static void ij_between(void *user, int il) {
+    cm_engine *e = user;
+    (void)il;
+    if (e->ij_delay_ms) cm_sleep_ms(e->ij_delay_ms);
+    e->ij_in = true;
+    e->ij_fn(e->ij_user);
+    e->ij_in = false;
+}
+
+bool cm_engine_set_interject(cm_engine *e, cm_engine_interject_fn fn, void *user, int max_tokens) {
+    if (!fn) {
+        e->ij_fn = NULL;
+        return true;
+    }
+    if (e->cl || e->gpu || e->lora || max_tokens < 1 || !e->pool) return false;
+    if (!e->ij_ctx) {
+        char msg[256];
+        const int mt = CM_MIN(max_tokens, CM_BATCH_MAX);
+        e->ij_ctx = cm_ctx_new(&e->m, mt, e->max_ctx, e->pool, msg, sizeof msg);
+        e->ij_logits = cm_malloc((size_t)IJ_PROMPTS * (size_t)e->m.hp.n_vocab * sizeof(float));
+        if (!e->ij_ctx || !e->ij_logits) {
+            cm_ctx_free(e->ij_ctx);
+            cm_free(e->ij_logits);
+            e->ij_ctx = NULL;
+            e->ij_logits = NULL;
+            return false;
+        }
+        e->ij_max = mt;
+    }
+    e->ij_delay_ms = cm_config_get()->test_layer_delay_ms;
+    e->ij_fn = fn;
+    e->ij_user = user;
+    return true;
+}
+
+uint64_t cm_engine_interjected(const cm_engine *e) { return e->ij_prompts; }
+
+int cm_engine_interject_prompts(cm_engine *e, cm_session *const *pre, int n_pre, char *err, size_t errlen) {
+    CM_ASSERT(e->ij_in && e->ij_ctx);
+    int32_t tok[CM_BATCH_MAX], pos[CM_BATCH_MAX], seq[CM_BATCH_MAX];
+    int8_t want[CM_BATCH_MAX];
+    cm_kv *kvs[IJ_PROMPTS];
+    int n = 0, k = 0;
+    for (; k < n_pre && k < IJ_PROMPTS; k++) {
+        cm_session *ps = pre[k];
+        const int m = ps->n_hist - ps->kv.n_past;
+        if (m < 1 || n + m > e->ij_max || atomic_load(&ps->cancel)) break;
+        for (int t = 0; t < m; t++) {
+            tok[n + t] = ps->hist[ps->kv.n_past + t];
+            pos[n + t] = ps->kv.n_past + t;
+            seq[n + t] = k;
+            want[n + t] = t == m - 1;
+        }
+        kvs[k] = &ps->kv;
+        n += m;
+    }
+    if (!k) return 0;
+    cm_batch b = {.n = n, .tokens = tok, .pos = pos, .seq = seq, .logits = want};
+    cm_forward_args a = {.layer_first = 0,
+                         .layer_last = e->m.hp.n_layer,
+                         .slice = e->slice,
+                         .kvs = kvs,
+                         .n_kvs = k,
+                         .out_logits = e->ij_logits};
+    const double t0 = cm_now_s();
+    char msg[256] = "";
+    for (int r = 0; r < k; r++) pre[r]->have_logits = false;
+    int rc = cm_forward(e->ij_ctx, &b, &a, msg, sizeof msg);
+    if (rc) return cm_errf(err, errlen, rc, "forward pass failed: %s", msg);
+    const size_t nv = (size_t)e->m.hp.n_vocab;
+    for (int r = 0; r < k; r++) {
+        memcpy(pre[r]->logits, e->ij_logits + (size_t)r * nv, nv * sizeof(float));
+        pre[r]->have_logits = true;
+        pre[r]->t.prompt_s += cm_now_s() - t0;
+    }
+    e->ij_prompts += (uint64_t)k;
+    return k;
+}
+
+int cm_session_first_token(cm_session *s) {
+    if (!s->step || !s->step->running || !s->have_logits || s->first_taken || s->e->cl) return CM_ESTATE;
+    const int r = step_sample(s);
+    s->first_taken = r == 1;
+    return r;
+}
+
 int cm_engine_step(cm_engine *e, cm_session *const *ss, int n, char *err, size_t errlen) {
     if (cm_engine_downstream(e)) return step_cluster(e, ss, n, err, errlen);
     return step_local(e, ss, n, NULL, err, errlen);
@@ -386,7 +486,8 @@ static int step_local(cm_engine *e, cm_session *const *ss, int n, step_pre *pre,
                     continue;
                 }
             }
-            int r = step_sample(s);
+            int r = s->first_taken ? 1 : step_sample(s); /* cm_session_first_token sampled it */
+            s->first_taken = false;
             if (r < 0 && !first_err) {
                 first_err = r;
                 cm_errf(err, errlen, r, "generation failed: %s", cm_strerror(r));
@@ -440,6 +541,10 @@ static int step_local(cm_engine *e, cm_session *const *ss, int n, step_pre *pre,
                              .kvs = kvs,
                              .n_kvs = nk,
                              .out_logits = e->step_logits};
+        if (e->ij_fn && !e->ij_in && !e->cl) {
+            a.between_layers = ij_between;
+            a.between_layers_user = e;
+        }
         const double t0 = cm_now_s();
         pthread_mutex_lock(&e->mu);
         char msg[256] = "";

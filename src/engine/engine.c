@@ -56,7 +56,15 @@ int cm_engine_load(cm_engine **out, const char *path, const cm_engine_opts *opts
     else fill_default_opts(&o);
     cm_engine *e = cm_calloc(1, sizeof *e);
     if (!e) return cm_errf(err, errlen, CM_ENOMEM, "out of memory");
-    pthread_mutex_init(&e->mu, NULL);
+    {
+        /* recursive: an interjection (batch.c) runs inside a pass that holds
+         * it and may take it again (a grammar's token texts, constrain.c) */
+        pthread_mutexattr_t ma;
+        pthread_mutexattr_init(&ma);
+        pthread_mutexattr_settype(&ma, PTHREAD_MUTEX_RECURSIVE);
+        pthread_mutex_init(&e->mu, &ma);
+        pthread_mutexattr_destroy(&ma);
+    }
     pthread_mutex_init(&e->lora_mu, NULL);
     struct stat st;
     bool in_memory = stat(path, &st) == 0 && cm_engine_weights_in_memory(&o, (uint64_t)st.st_size);
@@ -91,7 +99,8 @@ int cm_engine_load(cm_engine **out, const char *path, const cm_engine_opts *opts
     e->kv_k = (enum cm_type)o.kv_type_k;
     e->kv_v = (enum cm_type)o.kv_type_v;
     if (o.kv_f16 && e->kv_k == CM_TYPE_F32 && e->kv_v == CM_TYPE_F32) e->kv_k = e->kv_v = CM_TYPE_F16;
-    e->kv_rows = o.kv_flash || e->kv_k != e->kv_v || (e->kv_k != CM_TYPE_F32 && e->kv_k != CM_TYPE_F16);
+    e->kv_rows = (!o.kv_transposed && e->m.hp.arch != CM_ARCH_DEEPSEEK2) || e->kv_k != e->kv_v ||
+                 (e->kv_k != CM_TYPE_F32 && e->kv_k != CM_TYPE_F16);
     if (!cm_kv_type_ok(e->kv_k) || !cm_kv_type_ok(e->kv_v) ||
         (e->kv_rows && (!cm_row_size(e->kv_k, e->m.hp.head_dim) || !cm_row_size(e->kv_v, e->m.hp.head_dim)))) {
         int rc = cm_errf(err, errlen, CM_EINVAL,
@@ -160,6 +169,8 @@ void cm_engine_free(cm_engine *e) {
     cm_pipe_close(e->cl);
     cm_engine_gpu_release(e);
     cm_ctx_free(e->ctx);
+    cm_ctx_free(e->ij_ctx);
+    cm_free(e->ij_logits);
     cm_engine_loras_free(e);
     cm_free(e->step_logits);
     cm_engine_gvocab_free(e);

@@ -43,11 +43,15 @@ typedef struct cm_engine_opts {
     bool kv_f16;   /* sessions keep an F16 KV cache (half the memory; llama.cpp's default) */
     /* KV cache element types (llama.cpp's -ctk/-ctv): F32 (zero), F16, Q8_0,
      * Q4_0; F32 for both with kv_f16 means F16 for both. A quantized type or
-     * different K and V types (or kv_flash) keep K and V as rows attended by
-     * tiled attention with an online softmax (model/attn.c), as llama.cpp
-     * needs flash attention for them. */
+     * different K and V types keep K and V as rows attended by tiled
+     * attention with an online softmax (model/attn.c), as llama.cpp needs
+     * flash attention for them; so do F32 and F16 by default (no 32 MiB
+     * transposed V per slot committed at the first token, attention ~2/3 of
+     * its cost in a batched decode step). kv_transposed: F32/F16 with V
+     * transposed and the two-pass softmax instead (ggml's non-flash layout
+     * and order; -fa off), which deepseek2's latent cache always uses. */
     int kv_type_k, kv_type_v; /* enum cm_type values (tensor.h) */
-    bool kv_flash;
+    bool kv_transposed;
     cm_engine_progress_fn progress; /* NULL: no progress (pages load lazily) */
     bool mmap;                      /* keep the weights in a file mapping (lazy 4 KiB pages) even when they fit in
                           * memory; default (and CUMULO_MMAP unset): a model run on this machine alone is
@@ -426,6 +430,31 @@ int cm_engine_step_prefill(cm_engine *e, cm_session *const *ss, int n, cm_sessio
  * first gets its chunk first): max_tokens in all go into the pass, so the
  * decode step waits for at most max_tokens prompt rows however many prompts
  * ride; pre_done[k] as *pre_done for pre[k]. */
+/* Interjections (serve's time to first token under load): fn is called on
+ * the stepping thread between two layers of every forward pass of
+ * cm_engine_step*, the pass paused; there it may evaluate newly arrived
+ * short prompts whole with cm_engine_interject_prompts (a pass of their own
+ * on a context of max_tokens rows, made here) and stream their first
+ * tokens (cm_session_first_token), so a short request waits for one layer
+ * of the pass in flight instead of all of it, and rides no decode rows. The
+ * paused pass goes on unchanged (other sequences, its own scratch): every
+ * row keeps its bits. Only on one machine, on the CPU, without adapters:
+ * returns false (and sets nothing) otherwise. fn NULL: none. Not
+ * thread-safe: set before stepping. */
+typedef void (*cm_engine_interject_fn)(void *user);
+bool cm_engine_set_interject(cm_engine *e, cm_engine_interject_fn fn, void *user, int max_tokens);
+/* Only inside fn: the pending prompts of pre[0..n_pre) (cm_session_prompt_begin
+ * done) evaluated whole in one pass, in order, while they fit max_tokens
+ * rows in all. Returns how many (the first ones) were evaluated (each then
+ * has its logits: cm_session_start may follow), or an error code (none
+ * evaluated). */
+int cm_engine_interject_prompts(cm_engine *e, cm_session *const *pre, int n_pre, char *err, size_t errlen);
+uint64_t cm_engine_interjected(const cm_engine *e); /* prompts evaluated by interjection so far */
+/* Right after cm_session_start: sample and stream the first token now
+ * rather than at the next step (which then evaluates it without sampling
+ * again). Returns 1 when the session goes on, 0 when that token ended it,
+ * or an error code (it ended). */
+int cm_session_first_token(cm_session *s);
 int cm_engine_step_prefill_many(cm_engine *e, cm_session *const *ss, int n, cm_session *const *pre, int n_pre,
                                 int max_tokens, int *pre_done, char *err, size_t errlen);
 /* The result of a session that is no longer running; frees its step state.

@@ -45,6 +45,16 @@ struct cm_engine {
     unsigned test_cluster_delay_ms; /* test hook (CUMULO_TEST_CLUSTER_DELAY_MS): a pause after each
                                        micro-batch sent to the cluster, so a test can kill a stage
                                        mid-prefill or mid-generation of `cumulo run` */
+    /* batch.c interjections (cm_engine_set_interject): the caller's function,
+     * a context of ij_max rows of its own and logits for ij_max prompts */
+    cm_engine_interject_fn ij_fn;
+    void *ij_user;
+    int ij_max;
+    cm_ctx *ij_ctx;
+    float *ij_logits;
+    bool ij_in;           /* inside ij_fn (between two layers of a pass) */
+    uint64_t ij_prompts;  /* prompts evaluated by interjection */
+    unsigned ij_delay_ms; /* test hook (CUMULO_TEST_LAYER_DELAY_MS): a pause between layers of a step's pass */
 };
 
 /* The one question the engine asks about the cluster's shape (stage 0's
@@ -66,7 +76,8 @@ struct cm_session {
     int n_hist;
     float *logits; /* [n_vocab]: after the last evaluated token */
     bool have_logits;
-    char *piece; /* detokenizer output, cm_detok_max_out bytes */
+    bool first_taken; /* batch.c: its first token was sampled by cm_session_first_token (the next step evaluates it) */
+    char *piece;      /* detokenizer output, cm_detok_max_out bytes */
     size_t piece_cap;
     atomic_int cancel;
     cm_timings t;

@@ -89,17 +89,18 @@ int cm_http_set_engine(cm_http_server *s, cm_engine *e, char *err, size_t errlen
  * reported in blocks of CM_HTTP_KV_BLOCK positions of one sequence). */
 enum { CM_HTTP_KV_BLOCK = 256 };
 typedef struct cm_http_kv_stats {
-    uint64_t capacity;     /* the budget */
-    uint64_t in_use;       /* bytes the slots' caches occupy now (pages written) */
-    uint64_t reserved;     /* in use by idle slots + promised to running jobs (their prompt + max tokens) */
-    uint64_t block_bytes;  /* one block: CM_HTTP_KV_BLOCK positions */
-    uint64_t slot_full;    /* one slot at its whole context */
-    uint64_t evictions;    /* idle slots' caches given back to admit a job */
-    uint64_t pooled;       /* pages kept committed past the slots' positions for reuse (not in in_use; in reserved) */
-    uint64_t pool_trims;   /* times the pools were given back to admit a job */
-    uint64_t shared;       /* shared prefix KV pages (in in_use, counted once) */
-    uint64_t shared_saved; /* bytes the slots map from them beyond that once: what copies would add */
-    int waiting;           /* 1 while the queue's first job waits for KV memory */
+    uint64_t capacity;      /* the budget */
+    uint64_t in_use;        /* bytes the slots' caches occupy now (pages written) */
+    uint64_t reserved;      /* in use by idle slots + promised to running jobs (their prompt + max tokens) */
+    uint64_t block_bytes;   /* one block: CM_HTTP_KV_BLOCK positions */
+    uint64_t slot_full;     /* one slot at its whole context */
+    uint64_t evictions;     /* idle slots' caches given back to admit a job */
+    uint64_t pooled;        /* pages kept committed past the slots' positions for reuse (not in in_use; in reserved) */
+    uint64_t pool_trims;    /* times the pools were given back to admit a job */
+    uint64_t shared;        /* shared prefix KV pages (in in_use, counted once) */
+    uint64_t shared_saved;  /* bytes the slots map from them beyond that once: what copies would add */
+    int waiting;            /* 1 while the queue's first job waits for KV memory */
+    uint64_t interjections; /* short prompts evaluated between two layers of a pass (queue.c interject) */
 } cm_http_kv_stats;
 void cm_http_kv_stats_get(cm_http_server *s, cm_http_kv_stats *out); /* zeros before the engine is set */
 /* Stop listening, end every request (streams get an error event), join all

@@ -342,8 +342,12 @@ void cm_metrics_prometheus(metrics *m, cm_http_server *srv, cm_buf *o) {
                   "requests (no first-touch faults; not in use, in reserved).\n"
                   "# TYPE cumulo_kv_bytes_pooled gauge\ncumulo_kv_bytes_pooled %llu\n"
                   "# HELP cumulo_kv_pool_trims_total Times the pools were given back to admit a request.\n"
-                  "# TYPE cumulo_kv_pool_trims_total counter\ncumulo_kv_pool_trims_total %llu\n",
-                  (unsigned long long)kv.pooled, (unsigned long long)kv.pool_trims);
+                  "# TYPE cumulo_kv_pool_trims_total counter\ncumulo_kv_pool_trims_total %llu\n"
+                  "# HELP cumulo_prompt_interjections_total Short prompts evaluated in a pass of their own between "
+                  "two layers of a running pass (their first token did not wait for it).\n"
+                  "# TYPE cumulo_prompt_interjections_total counter\ncumulo_prompt_interjections_total %llu\n",
+                  (unsigned long long)kv.pooled, (unsigned long long)kv.pool_trims,
+                  (unsigned long long)kv.interjections);
     const char *src = s.measured ? "measured" : "estimated";
     cm_buf_printf(o,
                   "# HELP cumulo_node_tokens_per_second Generated tokens per second of a node.\n"

@@ -4,7 +4,11 @@
  * one batched engine step of every running slot (one token each) with one
  * chunk of a newcomer's prompt (chunked prefill, shortest first), and hands tokens
  * to the jobs as they come. New jobs join between steps; a newcomer may take
- * a shared prompt prefix from another slot's KV cache (share_prefix).
+ * a shared prompt prefix from another slot's KV cache (share_prefix). A job
+ * with a short prompt may also join inside a step: between two layers of
+ * the pass in flight, its prompt evaluated in a pass of its own and its
+ * first token streamed there (interject), so its time to first token does
+ * not wait for a long prompt's chunk and the decode rows.
  *
  * Slot choice: among free slots, the one whose session already holds the
  * longest prefix of the new prompt (a continuing conversation reuses its KV
@@ -71,6 +75,7 @@ struct cm_queue {
     bool mixed;             /* a prompt chunk rides in the decode pass (CUMULO_MIXED_PASS) */
     bool long_skipped;      /* the last mixed pass left a longer prompt out for short ones (queue_main) */
     int pass_rows_fast;     /* cm_engine_info's: mixed passes stay within it when they can */
+    int ij_max;             /* interjections: most prompt tokens of a short request (0: none; interject) */
     uint64_t n_admitted;
     cm_http_kv_stats kv; /* the budget and its gauges, refreshed under mu by the scheduler */
     uint64_t kv_mem;     /* --kv-mem, 0: the default budget (kv_budget) */
@@ -325,6 +330,126 @@ static int prompt_done(slot *sl, char *perr, size_t n) {
     return rc;
 }
 
+/* Move queued jobs into free slots, in arrival order, while their KV
+ * memory fits (s->mu held). max_ids > 0 (an interjection, between two
+ * layers of a pass): only while the head's prompt has at most max_ids
+ * tokens, and no prefix is shared (the slots it could come from are in the
+ * paused pass). */
+static void admit(cm_queue *s, int max_ids) {
+    char err[256];
+    s->kv.waiting = 0;
+    while (s->head && s->n_active < s->n_slots) {
+        job *j = s->head;
+        if (max_ids > 0 && j->n_ids > max_ids) break;
+        int k = atomic_load(&j->cancel) ? -1 : pick_slot(s, j);
+        const int n_ctx = cm_session_n_ctx(s->slots[k < 0 ? 0 : k].s);
+        const int most = j->gp.n_predict > 0 && j->n_ids + j->gp.n_predict < n_ctx ? j->n_ids + j->gp.n_predict : n_ctx;
+        const uint64_t need = k < 0 ? 0 : cm_session_kv_bytes(s->slots[k].s, most);
+        int n_sh = 0, src = k < 0 || max_ids > 0 ? -1 : share_source(s, k, j, &n_sh);
+        const uint64_t sh = src < 0 ? 0 : cm_session_kv_shareable(s->slots[k].s, n_sh); /* mapped, not held */
+        const int fit = k < 0 ? 1 : kv_admit(s, k, src, need - sh);
+        if (fit == 0) {
+            s->kv.waiting = 1;
+            break;
+        } /* until running jobs end */
+        s->head = j->next;
+        if (!s->head) s->tail = NULL;
+        s->n_queued--;
+        if (k < 0) {
+            job_end(j, CM_FINISH_CANCEL, 0, NULL);
+            continue;
+        }
+        if (fit < 0) {
+            char msg[200];
+            snprintf(msg, sizeof msg,
+                     "the request needs %.1f MiB of KV cache (%d positions); the server's budget "
+                     "(--kv-mem) is %.1f MiB",
+                     (double)need / 1048576.0, most, (double)s->kv.capacity / 1048576.0);
+            job_end(j, CM_FINISH_CANCEL, 400, msg);
+            continue;
+        }
+        s->slots[k].used = s->n_admitted;
+        s->slots[k].j = j;
+        if (j->n_lora) /* its adapters' scales (a cache made with others is forgotten); checked when parsed */
+            cm_session_set_lora(s->slots[k].s, j->lora, j->n_lora, err, sizeof err);
+        s->slots[k].shared = src < 0 ? 0 : share_prefix(s, k, src, n_sh);
+        /* the promise: its need less the pages it maps (all of it if the share did not happen) */
+        s->slots[k].resv = need - (cm_session_kv_bytes(s->slots[k].s, -1) - cm_session_kv_private(s->slots[k].s, -1));
+        s->slots[k].started = false;
+        s->slots[k].begun = false;
+        s->slots[k].order = s->n_admitted++;
+        s->n_active++;
+        pthread_mutex_lock(&j->mu);
+        j->state = JOB_RUNNING;
+        j->sess = s->slots[k].s;
+        pthread_mutex_unlock(&j->mu);
+    }
+}
+
+/* Set a newly admitted slot's prompt (prefix reuse); 0 or an error code. */
+static int slot_begin(cm_queue *s, slot *sl, char *err, size_t errlen) {
+    if (sl->shared > 0) cm_metrics_prefix(cm_http_metrics(s->srv), sl->shared);
+    sl->shared = 0;
+    int rc = atomic_load(&sl->j->cancel) ? CM_ECANCELED : 0;
+    if (!rc && sl->j->n_lora) rc = cm_session_set_lora(sl->s, sl->j->lora, sl->j->n_lora, err, errlen);
+    if (!rc) rc = cm_session_prompt_begin(sl->s, sl->j->ids, sl->j->n_ids, err, errlen);
+    sl->begun = !rc;
+    return rc;
+}
+
+/* Interjection (engine.h cm_engine_set_interject), between two layers of a
+ * pass of queue_main's step: jobs that arrived with short prompts (at most
+ * ij_max tokens) are admitted, their prompts evaluated whole in a pass of
+ * their own and their first tokens streamed now, so a short request's first
+ * token waits for one layer of the pass in flight plus its own prompt, not
+ * for the rest of that pass and a pass beside the decode rows. Longer
+ * prompts and jobs behind them wait for the step's end as before. */
+static void interject(void *user) {
+    cm_queue *s = user;
+    pthread_mutex_lock(&s->mu);
+    const bool any = s->head && s->n_active < s->n_slots && s->head->n_ids <= s->ij_max;
+    if (any) admit(s, s->ij_max);
+    pthread_mutex_unlock(&s->mu);
+    if (!any) return;
+    enum { MAXP = 8 };
+    cm_session *pre[MAXP];
+    int ps[MAXP], np = 0, rows = 0;
+    char err[256];
+    for (int i = 0; i < s->n_slots && np < MAXP; i++) {
+        slot *sl = &s->slots[i];
+        if (!sl->j || sl->started || sl->begun || sl->j->n_ids > s->ij_max) continue;
+        int rc = slot_begin(s, sl, err, sizeof err);
+        if (rc) {
+            slot_fail(s, sl, rc, err);
+            continue;
+        }
+        const int left = sl->j->n_ids - cm_session_n_past(sl->s);
+        if (left < 1 || rows + left > s->ij_max) continue; /* the step's end takes it */
+        pre[np] = sl->s;
+        ps[np++] = i;
+        rows += left;
+    }
+    if (!np) return;
+    const int k = cm_engine_interject_prompts(s->e, pre, np, err, sizeof err);
+    if (k > 0) {
+        pthread_mutex_lock(&s->mu);
+        s->kv.interjections += (uint64_t)k;
+        pthread_mutex_unlock(&s->mu);
+    }
+    for (int r = 0; r < np; r++) {
+        slot *sl = &s->slots[ps[r]];
+        if (k < 0) {
+            slot_fail(s, sl, k, err);
+            continue;
+        }
+        if (r >= k) continue;
+        char perr[256];
+        int rc = prompt_done(sl, perr, sizeof perr);
+        if (rc) slot_fail(s, sl, rc, perr);
+        else cm_session_first_token(sl->s); /* if it ended the job, queue_main's step end finishes it */
+    }
+}
+
 static void *queue_main(void *arg) {
     cm_queue *s = arg;
     cm_session **ss = cm_calloc((size_t)s->n_slots, sizeof *ss);
@@ -334,55 +459,7 @@ static void *queue_main(void *arg) {
     char err[256];
     pthread_mutex_lock(&s->mu);
     while (!s->stop) {
-        /* Admit queued jobs into free slots. */
-        s->kv.waiting = 0;
-        while (s->head && s->n_active < s->n_slots) {
-            job *j = s->head;
-            int k = atomic_load(&j->cancel) ? -1 : pick_slot(s, j);
-            const int n_ctx = cm_session_n_ctx(s->slots[k < 0 ? 0 : k].s);
-            const int most =
-                j->gp.n_predict > 0 && j->n_ids + j->gp.n_predict < n_ctx ? j->n_ids + j->gp.n_predict : n_ctx;
-            const uint64_t need = k < 0 ? 0 : cm_session_kv_bytes(s->slots[k].s, most);
-            int n_sh = 0, src = k < 0 ? -1 : share_source(s, k, j, &n_sh);
-            const uint64_t sh = src < 0 ? 0 : cm_session_kv_shareable(s->slots[k].s, n_sh); /* mapped, not held */
-            const int fit = k < 0 ? 1 : kv_admit(s, k, src, need - sh);
-            if (fit == 0) {
-                s->kv.waiting = 1;
-                break;
-            } /* until running jobs end */
-            s->head = j->next;
-            if (!s->head) s->tail = NULL;
-            s->n_queued--;
-            if (k < 0) {
-                job_end(j, CM_FINISH_CANCEL, 0, NULL);
-                continue;
-            }
-            if (fit < 0) {
-                char msg[200];
-                snprintf(msg, sizeof msg,
-                         "the request needs %.1f MiB of KV cache (%d positions); the server's budget "
-                         "(--kv-mem) is %.1f MiB",
-                         (double)need / 1048576.0, most, (double)s->kv.capacity / 1048576.0);
-                job_end(j, CM_FINISH_CANCEL, 400, msg);
-                continue;
-            }
-            s->slots[k].used = s->n_admitted;
-            s->slots[k].j = j;
-            if (j->n_lora) /* its adapters' scales (a cache made with others is forgotten); checked when parsed */
-                cm_session_set_lora(s->slots[k].s, j->lora, j->n_lora, err, sizeof err);
-            s->slots[k].shared = src < 0 ? 0 : share_prefix(s, k, src, n_sh);
-            /* the promise: its need less the pages it maps (all of it if the share did not happen) */
-            s->slots[k].resv =
-                need - (cm_session_kv_bytes(s->slots[k].s, -1) - cm_session_kv_private(s->slots[k].s, -1));
-            s->slots[k].started = false;
-            s->slots[k].begun = false;
-            s->slots[k].order = s->n_admitted++;
-            s->n_active++;
-            pthread_mutex_lock(&j->mu);
-            j->state = JOB_RUNNING;
-            j->sess = s->slots[k].s;
-            pthread_mutex_unlock(&j->mu);
-        }
+        admit(s, 0);
         kv_refresh(s);
         if (!s->n_active) {
             /* Idle: about once a second the engine may take back nodes
@@ -414,13 +491,7 @@ static void *queue_main(void *arg) {
             if (!sl->j) continue;
             if (!sl->started) {
                 int rc = atomic_load(&sl->j->cancel) ? CM_ECANCELED : 0;
-                if (!rc && !sl->begun) {
-                    if (sl->shared > 0) cm_metrics_prefix(cm_http_metrics(s->srv), sl->shared);
-                    sl->shared = 0;
-                    if (sl->j->n_lora) rc = cm_session_set_lora(sl->s, sl->j->lora, sl->j->n_lora, err, sizeof err);
-                    if (!rc) rc = cm_session_prompt_begin(sl->s, sl->j->ids, sl->j->n_ids, err, sizeof err);
-                    sl->begun = !rc;
-                }
+                if (!rc && !sl->begun) rc = slot_begin(s, sl, err, sizeof err);
                 if (rc) {
                     slot_fail(s, sl, rc, err);
                     continue;
@@ -562,7 +633,8 @@ static void *queue_main(void *arg) {
             pthread_mutex_lock(&s->mu);
         }
     }
-    /* Stopping: end everything still here. */
+    /* Stopping: end everything still here (s->mu held: no interjection). */
+    if (s->ij_max) cm_engine_set_interject(s->e, NULL, NULL, 0);
     for (int i = 0; i < s->n_slots; i++)
         if (s->slots[i].j) {
             job *j = s->slots[i].j;
@@ -607,6 +679,10 @@ cm_queue *cm_queue_new(cm_http_server *srv, cm_engine *e, int n_slots, int queue
         cm_engine_info in;
         cm_engine_get_info(e, &in);
         s->pass_rows_fast = in.n_stages > 1 || in.tp_size > 1 ? 0 : in.pass_rows_fast;
+        /* a short request: a prompt of up to the rows the batched-decode
+         * kernels take at their pace (32 with repacked Q4_0), at least 16 */
+        const int ij = CM_MAX(16, in.pass_rows_fast);
+        if (cm_config_get()->interject && cm_engine_set_interject(e, interject, s, ij)) s->ij_max = ij;
     }
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
@@ -685,6 +761,7 @@ void cm_queue_free(cm_queue *s) {
         pthread_mutex_unlock(&s->mu);
         pthread_join(s->th, NULL);
     }
+    if (s->ij_max) cm_engine_set_interject(s->e, NULL, NULL, 0);
     for (int i = 0; s->slots && i < s->n_slots; i++) cm_session_free(s->slots[i].s);
     cm_free(s->slots);
     pthread_mutex_destroy(&s->mu);

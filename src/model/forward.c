@@ -795,6 +795,7 @@ int cm_forward(cm_ctx *c, const cm_batch *b, const cm_forward_args *a, char *err
         }
         if (allreduce && !(ex.ep && L->ffn_gate_inp.data) && (rc = allreduce(a->allreduce_user, c->part, red)))
             return cm_errf(err, errlen, rc, "all-reduce after the ffn of layer %d failed: %s", il, cm_strerror(rc));
+        if (a->between_layers && il + 1 < a->layer_last) a->between_layers(a->between_layers_user, il);
     }
     c->ph = PH_FINAL;
     cm_pool_run(c->pool, run_phase, c);

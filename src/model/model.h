@@ -572,6 +572,13 @@ typedef struct cm_forward_args {
      * defaults) holds the user scale of each adapter of the set for the rows
      * of kvs[k] (lora.h cm_lora_apply_rows); NULL: every row the defaults. */
     const float *const *lora_scales;
+    /* Called on cm_forward's caller's thread after every layer but the last,
+     * the pool idle (NULL: none): the engine lets a short prompt that just
+     * arrived run a whole pass of its own on another cm_ctx there (batch.c
+     * interjections), so it does not wait for the rest of this pass. It must
+     * not touch this pass's ctx or its sequences' caches. */
+    void (*between_layers)(void *user, int il);
+    void *between_layers_user;
 } cm_forward_args;
 
 /* Scratch for forward passes of up to max_batch tokens over sequences of up

@@ -1,10 +1,11 @@
 #!/bin/sh
 # tests/sh/http_kvmem.sh: serve's KV memory is committed on demand and
 # admitted by a budget (paged KV memory, issue 22; queue.c, src/model/kv_mem.c),
-# on a synthetic q4_0 llama (context 4096, F32 cache: 32 MiB per slot if held).
+# on a synthetic q4_0 llama (context 4096, F32 cache as rows: 32 MiB per slot if held,
+# 512 KiB for 60 positions: 4 layers x 4 KV heads x K and V, 4 pages each).
 #  1. 16 slots at the whole context start with no KV memory in use, and the
 #     start-up line states the budget.
-#  2. With --kv-mem 12 (two 60-position requests fit, a third does not),
+#  2. With --kv-mem 1 (two 60-position requests fit, a third does not),
 #     8 concurrent requests all complete, each with exactly the text and
 #     logprobs it gets alone on a server without a tight budget; the
 #     reserved bytes never pass the budget (/metrics polled meanwhile), idle
@@ -62,9 +63,9 @@ python3 "$TMP/client.py" "$PORT" alone >"$TMP/alone.json" 2>"$TMP/alone.err" || 
 stop_server "$PID"
 
 # 1. nothing in use at start; the start-up line
-CUMULO_TEST_STEP_DELAY_MS=10 start_server tight --slots 16 --ctx 4096 --threads 2 --kv-mem 12 || { bad "server"; finish; exit 1; }
-grep -q 'kv cache: budget 12.0 MiB for 16 slots' "$TMP/tight.log" && ok || bad "start-up line: $(grep 'kv cache' "$TMP/tight.log")"
-[ "$(metric cumulo_kv_bytes_in_use)" = 0 ] && [ "$(metric cumulo_kv_bytes_capacity)" = 12582912 ] && ok ||
+CUMULO_TEST_STEP_DELAY_MS=10 start_server tight --slots 16 --ctx 4096 --threads 2 --kv-mem 1 || { bad "server"; finish; exit 1; }
+grep -q 'kv cache: budget 1.0 MiB for 16 slots' "$TMP/tight.log" && ok || bad "start-up line: $(grep 'kv cache' "$TMP/tight.log")"
+[ "$(metric cumulo_kv_bytes_in_use)" = 0 ] && [ "$(metric cumulo_kv_bytes_capacity)" = 1048576 ] && ok ||
     bad "at start: in use '$(metric cumulo_kv_bytes_in_use)', capacity '$(metric cumulo_kv_bytes_capacity)'"
 
 # 2. a warm-up request (the forward pass's scratch), then the crowd

@@ -49,9 +49,12 @@ static inline int stories_probs_load(stories_probs *P, const char *name, char *e
 /* The 32 reference positions through c (a context of m for 32 tokens; set
  * its offload first to test a device) in one batch, all rows' logits: the
  * largest |probability - llama.cpp's|; 1 when the forward pass fails. */
-static inline double stories_probs_err(cm_ctx *c, const cm_model *m, const stories_probs *P, char *err, size_t errlen) {
+/* The same over a cache of K/V type t in the transposed layout or as rows
+ * (the engine's default since session 15: model.h cm_kv_init_types). */
+static inline double stories_probs_err_kv(cm_ctx *c, const cm_model *m, const stories_probs *P, enum cm_type t,
+                                          bool rows, char *err, size_t errlen) {
     cm_kv kv;
-    if (!c || cm_kv_init(&kv, m, 0, m->hp.n_layer, cm_slice_full(m), 512, err, errlen)) return 1;
+    if (!c || cm_kv_init_types(&kv, m, 0, m->hp.n_layer, cm_slice_full(m), 512, t, t, rows, err, errlen)) return 1;
     static float logits[32 * 512];
     int32_t ids[32], pos[32], seq[32];
     int8_t want[32];
@@ -76,6 +79,10 @@ static inline double stories_probs_err(cm_ctx *c, const cm_model *m, const stori
     }
     cm_kv_release(&kv);
     return worst;
+}
+
+static inline double stories_probs_err(cm_ctx *c, const cm_model *m, const stories_probs *P, char *err, size_t errlen) {
+    return stories_probs_err_kv(c, m, P, CM_TYPE_F32, false, err, errlen);
 }
 
 #endif

@@ -17,6 +17,7 @@
  */
 #include "engine/engine.h"
 #include "gguf/gguf.h"
+#include "sampler/grammar.h"
 #include "synth/synth.h"
 #include "test.h"
 
@@ -200,6 +201,105 @@ static void test_cancel_and_stop(void) {
     cm_session_free(b);
 }
 
+/* Interjections (engine.h cm_engine_set_interject): newcomers' prompts are
+ * evaluated between two layers of a running step's pass, on a context of
+ * their own, and their first tokens streamed there; every stream (the
+ * paused pass's and the newcomers') must give the text and logprobs it
+ * gives alone. Fails if the paused pass is disturbed (shared scratch), if
+ * a newcomer's first token is sampled twice or lost, or if no interjection
+ * happens. */
+typedef struct ij_state {
+    cm_session **ss;
+    out *o;
+    int next, n_total, n_ij;
+    const cm_grammar *g; /* the last newcomer's grammar (its token texts are built under the engine's lock) */
+} ij_state;
+
+static void ij_fn(void *user) {
+    ij_state *st = user;
+    if (st->n_ij >= st->n_total || st->n_ij > st->next) return; /* one per step: the array grows between steps */
+    int32_t ids[256];
+    const int i = st->n_ij, n = prompt_ids(i, ids);
+    CHECK(cm_session_prompt_begin(st->ss[i], ids, n, errbuf, sizeof errbuf) == 0);
+    const int k = cm_engine_interject_prompts(E, &st->ss[i], 1, errbuf, sizeof errbuf);
+    CHECKF(k == 1, "interjected %d: %s", k, errbuf);
+    if (k != 1) return;
+    cm_gen_params p;
+    params(&p, i);
+    if (i == st->n_total - 1) p.grammar = st->g;
+    CHECK(cm_session_start(st->ss[i], &p, step_cb, &st->o[i], errbuf, sizeof errbuf) == 0);
+    CHECK(cm_session_first_token(st->ss[i]) == 1);
+    CHECK(st->o[i].n_tok == 1); /* streamed now, not at the next step */
+    st->n_ij++;
+}
+
+static void test_interject(void) {
+    enum { N = 8, FIRST = 3 };
+    out alone[N], together[N];
+    int32_t ids[256];
+    cm_grammar *g = cm_grammar_new(); /* the last one: a grammar, " the" then letters and spaces */
+    const int root = cm_grammar_rule(g), tail = cm_grammar_rule(g);
+    cm_grammar_lit(g, root, " the");
+    cm_grammar_ref(g, root, tail);
+    cm_grammar_range(g, tail, 'a', 'z');
+    cm_grammar_ref(g, tail, tail);
+    cm_grammar_alt(g, tail);
+    cm_grammar_lit(g, tail, " ");
+    cm_grammar_ref(g, tail, tail);
+    cm_grammar_alt(g, tail);
+    CHECKF(cm_grammar_finish(g, root, errbuf, sizeof errbuf) == 0, "%s", errbuf);
+    for (int i = 0; i < N; i++) {
+        memset(&alone[i], 0, sizeof alone[i]);
+        memset(&together[i], 0, sizeof together[i]);
+        cm_session *s = cm_session_new(E, 256, errbuf, sizeof errbuf);
+        int n = prompt_ids(i, ids);
+        CHECK(cm_session_set_prompt(s, ids, n, errbuf, sizeof errbuf) == 0);
+        cm_gen_params p;
+        params(&p, i);
+        if (i == N - 1) p.grammar = g;
+        cm_gen_result r;
+        CHECK(cm_session_generate(s, &p, gen_cb, &alone[i], &r, errbuf, sizeof errbuf) == 0);
+        cm_session_free(s);
+    }
+    cm_session *ss[N];
+    for (int i = 0; i < N; i++) ss[i] = cm_session_new(E, 256, errbuf, sizeof errbuf);
+    for (int i = 0; i < FIRST; i++) {
+        int n = prompt_ids(i, ids);
+        CHECK(cm_session_set_prompt(ss[i], ids, n, errbuf, sizeof errbuf) == 0);
+        cm_gen_params p;
+        params(&p, i);
+        CHECK(cm_session_start(ss[i], &p, step_cb, &together[i], errbuf, sizeof errbuf) == 0);
+    }
+    ij_state st = {.ss = ss, .o = together, .next = FIRST, .n_total = N, .n_ij = FIRST, .g = g};
+    const uint64_t before = cm_engine_interjected(E);
+    CHECK(cm_engine_set_interject(E, ij_fn, &st, 16));
+    for (int steps = 0; steps < 1000; steps++) {
+        int r = cm_engine_step(E, ss, st.next, errbuf, sizeof errbuf);
+        CHECKF(r >= 0, "%s", errbuf);
+        st.next = st.n_ij; /* a newcomer runs from the next step on */
+        if (r <= 0 && st.next == N) break;
+    }
+    CHECK(cm_engine_set_interject(E, NULL, NULL, 0));
+    CHECKF(cm_engine_interjected(E) - before == N - FIRST, "%llu interjected",
+           (unsigned long long)(cm_engine_interjected(E) - before));
+    for (int i = 0; i < N; i++) {
+        cm_gen_result rt;
+        CHECK(!cm_session_running(ss[i]));
+        CHECK(cm_session_finish(ss[i], &rt) == 0);
+        cm_buf_append(&alone[i].b, "", 1);
+        cm_buf_append(&together[i].b, "", 1);
+        CHECKF(!strcmp(alone[i].b.data, together[i].b.data), "prompt %d: alone '%s' interjected '%s'", i,
+               alone[i].b.data, together[i].b.data);
+        CHECKF(together[i].n_tok == alone[i].n_tok, "prompt %d: %d tokens vs %d", i, together[i].n_tok, alone[i].n_tok);
+        CHECKF(together[i].lp_sum == alone[i].lp_sum, "prompt %d logprobs %g vs %g", i, together[i].lp_sum,
+               alone[i].lp_sum);
+        cm_buf_release(&alone[i].b);
+        cm_buf_release(&together[i].b);
+        cm_session_free(ss[i]);
+    }
+    cm_grammar_free(g);
+}
+
 int main(void) {
     cm_engine_opts o = {.n_threads = 1, .n_batch = 4}; /* batch-invariant: see engine.h */
     if (cm_engine_load(&E, t_shared("models/stories260K-q8_0.gguf"), &o, errbuf, sizeof errbuf)) {
@@ -208,6 +308,7 @@ int main(void) {
     }
     RUN(test_batched_equals_alone);
     RUN(test_cancel_and_stop);
+    RUN(test_interject);
     g_mixed = true;
     t_cur_name = "test_batched_equals_alone (mixed passes)";
     RUN(test_batched_equals_alone);
@@ -273,6 +374,8 @@ int main(void) {
         RUN(test_batched_equals_alone); /* three newcomers' chunks in one pass */
         g_many = 1;
         g_mixed = false;
+        t_cur_name = "test_interject (llama q4_0, batched gemm)";
+        RUN(test_interject);
         cm_engine_free(E);
     }
     cm_gguf_close(&voc);

@@ -93,11 +93,15 @@ static void softmax_d(const float *x, int n, double *p) {
 
 /* Greedy generation of up to n_gen tokens on one machine; the prompt goes
  * in as one batch. Returns the count generated (stops after EOS 2). */
+static bool g_rows; /* greedy and probs_err over an F32 cache as rows (the engine's default), not transposed */
+
 static int greedy(const golden *G, cm_pool *pool, const int *prompt, int n_prompt, int n_gen, int *out) {
     const cm_model *m = &G->m;
     cm_ctx *c = cm_ctx_new(m, 64, 512, pool, errbuf, sizeof errbuf);
     cm_kv kv;
-    if (!c || cm_kv_init(&kv, m, 0, m->hp.n_layer, cm_slice_full(m), 512, errbuf, sizeof errbuf)) return -1;
+    if (!c || cm_kv_init_types(&kv, m, 0, m->hp.n_layer, cm_slice_full(m), 512, CM_TYPE_F32, CM_TYPE_F32, g_rows,
+                               errbuf, sizeof errbuf))
+        return -1;
     float logits[512];
     int32_t ids[64];
     for (int i = 0; i < n_prompt; i++) ids[i] = prompt[i];
@@ -143,7 +147,7 @@ static void check_greedy(golden *G, int threads, int need_all) {
  * max-abs error against llama.cpp's. */
 static double probs_err(golden *G, cm_pool *pool) {
     cm_ctx *c = cm_ctx_new(&G->m, 32, 512, pool, errbuf, sizeof errbuf);
-    double e = stories_probs_err(c, &G->m, &G->ref, errbuf, sizeof errbuf);
+    double e = stories_probs_err_kv(c, &G->m, &G->ref, CM_TYPE_F32, g_rows, errbuf, sizeof errbuf);
     cm_ctx_free(c);
     return e;
 }
@@ -465,23 +469,24 @@ static void test_tensor_parallel_slices(void) {
  * AVX-512 F16 path's extra error is unexplained, NEEDSWORK) (an F32 cache is 1.1e-3 from
  * llama.cpp's F16 one, so the F16 rounding of q, K, V and the attention
  * weights is reproduced, not just tolerated). */
-static void test_f16_kv(void) {
+static double f16_kv(bool rows, const char *ref) {
     char *txt;
     size_t len;
     const char *dir = getenv("CUMULO_TESTDATA");
     char path[512];
-    snprintf(path, sizeof path, "%s/stories260K_f16kv_ref.txt", dir && *dir ? dir : "tests/data");
+    snprintf(path, sizeof path, "%s/%s", dir && *dir ? dir : "tests/data", ref);
     if (cm_file_read_all(path, &txt, &len, errbuf, sizeof errbuf)) {
         CHECKF(0, "%s", errbuf);
-        return;
+        return 1;
     }
     const cm_model *m = &G32.m;
     cm_ctx *c = cm_ctx_new(m, 4, 512, NULL, errbuf, sizeof errbuf);
     cm_kv kv;
-    CHECK(cm_kv_init_type(&kv, m, 0, m->hp.n_layer, cm_slice_full(m), 512, CM_TYPE_F16, errbuf, sizeof errbuf) == 0);
-    CHECK(kv.type == CM_TYPE_F16);
+    CHECK(cm_kv_init_types(&kv, m, 0, m->hp.n_layer, cm_slice_full(m), 512, CM_TYPE_F16, CM_TYPE_F16, rows, errbuf,
+                           sizeof errbuf) == 0);
+    CHECK(kv.type == CM_TYPE_F16 && kv.v_rows == rows);
     double worst = 0;
-    int rows = 0;
+    int n_rows = 0;
     for (char *line = txt; line && *line;) {
         char *nl = strchr(line, '\n');
         if (nl) *nl = 0;
@@ -498,17 +503,60 @@ static void test_f16_kv(void) {
                 double ref = strtod(e + 1, &e);
                 worst = fmax(worst, fabs(p[v] - ref));
             }
-            rows++;
+            n_rows++;
         }
         line = nl ? nl + 1 : NULL;
     }
-    printf("# stories260K f32, F16 KV: max |p - p_llama.cpp (F16 KV)| = %.3g over %d positions\n", worst, rows);
-    CHECK(rows == 64);
-    CHECKF(worst <= 1e-3, "f16 kv max prob error %g", worst);
+    printf("# stories260K f32, F16 KV (%s): max |p - p_llama.cpp| = %.3g over %d positions (%s)\n",
+           rows ? "rows" : "transposed", worst, n_rows, ref);
+    CHECK(n_rows == 64);
     cm_kv_release(&kv);
     cm_ctx_free(c);
     cm_free(txt);
     CHECK(cm_kv_init_type(&kv, m, 0, 1, cm_slice_full(m), 8, CM_TYPE_Q8_0, errbuf, sizeof errbuf) == CM_EINVAL);
+    return worst;
+}
+
+static void test_f16_kv(void) {
+    double e = f16_kv(false, "stories260K_f16kv_ref.txt");
+    CHECKF(e <= 1e-3, "f16 kv max prob error %g", e);
+}
+
+/* The rows layout, the engine's default for F32/F16 since session 15 (tiled
+ * attention with an online softmax, cm_attn_flash, instead of ggml's
+ * two-pass softmax over a transposed V): the same references and bounds as
+ * the transposed cache above, F32 (greedy ids of every case at 1 and 2
+ * threads, probabilities of F32, Q8_0 and Q4_0 weights) and F16 (the F16
+ * reference). Measured on this Zen 4 (avx512): see the printed lines. */
+static void test_rows_layout(void) {
+    g_rows = true;
+    check_greedy(&G32, 1, 1);
+    check_greedy(&G32, 2, 1);
+    check_greedy(&G8, 1, 1);
+    check_greedy(&G4, 1, 0);
+    cm_pool *pool = cm_pool_new(2);
+    double e1 = probs_err(&G32, NULL), e2 = probs_err(&G32, pool), e8 = probs_err(&G8, NULL), e4 = probs_err(&G4, NULL);
+    cm_pool_free(pool);
+    g_rows = false;
+    printf("# stories260K, F32 KV as rows: max |p - p_llama.cpp| f32 %.3g (1 thread) %.3g (2 threads), q8_0 %.3g, "
+           "q4_0 %.3g\n",
+           e1, e2, e8, e4);
+    CHECKF(e1 <= F32_PROB_BOUND && e2 <= F32_PROB_BOUND, "rows: f32 max prob error %g / %g > %g", e1, e2,
+           F32_PROB_BOUND);
+    CHECKF(e8 <= Q8_0_PROB_BOUND, "rows: q8_0 max prob error %g > %g", e8, Q8_0_PROB_BOUND);
+    CHECKF(e4 <= Q4_0_PROB_BOUND, "rows: q4_0 max prob error %g > %g", e4, Q4_0_PROB_BOUND);
+    /* F16 rows against llama.cpp's flash attention over an F16 cache (-fa on;
+     * its V sum kept in F16, ours in F32) and, for the record, against its
+     * non-flash reference above (the transposed layout rounds the attention
+     * weights to F16 as that path does; the rows do not). Measured, -fa /
+     * non-flash reference: avx512 4.9e-4 / 1.36e-3, avx2 1.09e-3 / 1.22e-3,
+     * scalar 1.12e-3 / 1.18e-3 (an F32 cache is 1.1e-3 from the non-flash
+     * one: at this size F16 rows are checked for gross errors only; the F32
+     * rows above are the tight check). */
+    const double efa = f16_kv(true, "stories260K_f16kv_fa_ref.txt");
+    const double enf = f16_kv(true, "stories260K_f16kv_ref.txt");
+    CHECKF(efa <= 2e-3, "f16 rows vs llama.cpp -fa: max prob error %g", efa);
+    CHECKF(enf <= 2e-3, "f16 rows vs llama.cpp without -fa: max prob error %g", enf);
 }
 
 static void test_hparams(void) {
@@ -538,6 +586,7 @@ int main(void) {
     RUN(test_pipeline_stages);
     RUN(test_tensor_parallel_slices);
     RUN(test_f16_kv);
+    RUN(test_rows_layout);
     release_ref(&G32);
     release_ref(&G8);
     release_ref(&G4);

@@ -124,7 +124,8 @@ static uint64_t accounted(cm_session **ss, int n, uint64_t *stores) {
 /* 16 sessions on one prefix, shared (share) or copied; every result against
  * a session that evaluated its whole prompt itself. */
 static void sixteen(int kv_type, bool flash, bool share, const char *what, bool measure) {
-    cm_engine_opts o = {.n_threads = 1, .n_ctx = CTX, .kv_type_k = kv_type, .kv_type_v = kv_type, .kv_flash = flash};
+    cm_engine_opts o = {
+        .n_threads = 1, .n_ctx = CTX, .kv_type_k = kv_type, .kv_type_v = kv_type, .kv_transposed = !flash};
     cm_engine *e = NULL;
     if (cm_engine_load(&e, g_path, &o, errbuf, sizeof errbuf)) {
         CHECKF(0, "%s: %s", what, errbuf);

@@ -21,7 +21,7 @@ static char errbuf[512];
 
 /* Whole prompt in one session vs prefix copied from another, then the rest. */
 static void same_with_copy(const char *model, int kv_k, int kv_v, bool flash, const char *what) {
-    cm_engine_opts o = {.n_threads = 1, .n_ctx = 256, .kv_type_k = kv_k, .kv_type_v = kv_v, .kv_flash = flash};
+    cm_engine_opts o = {.n_threads = 1, .n_ctx = 256, .kv_type_k = kv_k, .kv_type_v = kv_v, .kv_transposed = !flash};
     cm_engine *e = NULL;
     if (cm_engine_load(&e, model, &o, errbuf, sizeof errbuf)) {
         CHECKF(0, "%s: %s", what, errbuf);

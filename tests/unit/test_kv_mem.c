@@ -135,7 +135,7 @@ static void gen(cm_session *s, const int32_t *ids, int n, gen_out *o) {
 }
 
 static void refill_same(int kv_k, int kv_v, bool flash, const char *what) {
-    cm_engine_opts o = {.n_threads = 1, .n_ctx = CTX, .kv_type_k = kv_k, .kv_type_v = kv_v, .kv_flash = flash};
+    cm_engine_opts o = {.n_threads = 1, .n_ctx = CTX, .kv_type_k = kv_k, .kv_type_v = kv_v, .kv_transposed = !flash};
     cm_engine *e = NULL;
     if (cm_engine_load(&e, g_path, &o, errbuf, sizeof errbuf)) {
         CHECKF(0, "%s: %s", what, errbuf);
@@ -178,7 +178,7 @@ static void test_bits(void) {
  * K rows holds 16 positions a page per (layer, head) region. */
 static void test_accounting(void) {
     cm_engine_opts o = {
-        .n_threads = 1, .n_ctx = CTX, .kv_type_k = CM_TYPE_F32, .kv_type_v = CM_TYPE_F32, .kv_flash = true};
+        .n_threads = 1, .n_ctx = CTX, .kv_type_k = CM_TYPE_F32, .kv_type_v = CM_TYPE_F32, .kv_transposed = false};
     cm_engine *e = NULL;
     if (cm_engine_load(&e, g_path, &o, errbuf, sizeof errbuf)) {
         CHECKF(0, "%s", errbuf);
@@ -212,9 +212,10 @@ static uint64_t brute(size_t n_reg, size_t stride, size_t unit, int n, size_t P)
 }
 
 /* A context of 1000 positions: regions of 256,000 (K) and 4,000 (V
- * transposed, F32) bytes straddle pages, so neighbours share them. */
-static void test_accounting_unaligned(void) {
-    cm_engine_opts o = {.n_threads = 1, .n_ctx = 1000};
+ * transposed, F32: -fa off) bytes straddle pages, so neighbours share them;
+ * in the default rows layout V's regions are K's. */
+static void accounting_unaligned(bool transposed) {
+    cm_engine_opts o = {.n_threads = 1, .n_ctx = 1000, .kv_transposed = transposed};
     cm_engine *e = NULL;
     if (cm_engine_load(&e, g_path, &o, errbuf, sizeof errbuf)) {
         CHECKF(0, "%s", errbuf);
@@ -223,12 +224,19 @@ static void test_accounting_unaligned(void) {
     cm_session *s = cm_session_new(e, 1000, errbuf, sizeof errbuf);
     const size_t P = (size_t)sysconf(_SC_PAGESIZE);
     for (int n = 1; n <= 1000; n = n * 4 + 3) {
-        const uint64_t want = brute(6, 1000 * 256, 256, n, P) + brute(6 * 64, 1000 * 4, 4, n, P);
-        CHECKF(cm_session_kv_bytes(s, n) == want, "%d positions: %llu, want %llu", n,
-               (unsigned long long)cm_session_kv_bytes(s, n), (unsigned long long)want);
+        const uint64_t want = brute(6, 1000 * 256, 256, n, P) +
+                              (transposed ? brute(6 * 64, 1000 * 4, 4, n, P) : brute(6, 1000 * 256, 256, n, P));
+        CHECKF(cm_session_kv_bytes(s, n) == want, "%s: %d positions: %llu, want %llu",
+               transposed ? "transposed" : "rows", n, (unsigned long long)cm_session_kv_bytes(s, n),
+               (unsigned long long)want);
     }
     cm_session_free(s);
     cm_engine_free(e);
+}
+
+static void test_accounting_unaligned(void) {
+    accounting_unaligned(true);
+    accounting_unaligned(false);
 }
 
 static long minflt(void) {
