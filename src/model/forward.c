@@ -1,6 +1,6 @@
 /*
- * forward.c: the forward pass over a batch, a layer range and a slice, and
- * the per-sequence KV cache.
+ * forward.c: the forward pass over a batch, a layer range and a slice (its
+ * context is ctx.c's, the KV cache kv.c's, a slice's repacked views load.c's).
  *
  * Each layer is two pool runs: attention up to attn_output's partial sum,
  * then (after the caller-thread all-reduce) the FFN up to ffn_down's partial
@@ -20,269 +20,12 @@
 #include <math.h>
 #include <string.h>
 
-/* ---------------- KV cache ---------------- */
-
-uint64_t cm_kv_bytes(const cm_model *m, int layer_first, int layer_last, int h0, int h1, int n_ctx) {
-    if (m->hp.arch == CM_ARCH_DEEPSEEK2)
-        return cm_mla_kv_bytes(m, layer_first, layer_last, n_ctx); /* the latent only */
-    uint64_t n =
-        (uint64_t)(layer_last - layer_first) * (uint64_t)(h1 - h0) * (uint64_t)n_ctx * (uint64_t)m->hp.head_dim;
-    return 2 * n * sizeof(float);
-}
-
-int cm_kv_init(cm_kv *kv, const cm_model *m, int layer_first, int layer_last, cm_slice s, int n_ctx, char *err,
-               size_t errlen) {
-    return cm_kv_init_type(kv, m, layer_first, layer_last, s, n_ctx, CM_TYPE_F32, err, errlen);
-}
-
-int cm_kv_init_type(cm_kv *kv, const cm_model *m, int layer_first, int layer_last, cm_slice s, int n_ctx,
-                    enum cm_type type, char *err, size_t errlen) {
-    memset(kv, 0, sizeof *kv);
-    if (type != CM_TYPE_F32 && type != CM_TYPE_F16)
-        return cm_errf(err, errlen, CM_EINVAL, "kv cache type %s is not supported (f32, f16)", cm_type_name(type));
-    if (layer_first < 0 || layer_last > m->hp.n_layer || layer_first >= layer_last)
-        return cm_errf(err, errlen, CM_EINVAL, "layer range [%d, %d) is out of [0, %d)", layer_first, layer_last,
-                       m->hp.n_layer);
-    if (s.h0 < 0 || s.h1 > cm_slice_full(m).h1 || s.h0 > s.h1)
-        return cm_errf(err, errlen, CM_EINVAL, "kv head range [%d, %d) is out of [0, %d)", s.h0, s.h1,
-                       cm_slice_full(m).h1);
-    if (n_ctx < 1 || n_ctx > (1 << 24))
-        return cm_errf(err, errlen, CM_EINVAL, "context size %d is out of range", n_ctx);
-    const bool mla = m->hp.arch == CM_ARCH_DEEPSEEK2; /* K only: the latent rows (mla.h) */
-    uint64_t half = cm_kv_bytes(m, layer_first, layer_last, s.h0, s.h1, n_ctx) / (mla ? 1 : 2);
-    if (type == CM_TYPE_F16) half /= 2;
-    if (half > SIZE_MAX / 2)
-        return cm_errf(err, errlen, CM_ENOMEM, "kv cache of %llu bytes is too large", (unsigned long long)half * 2);
-    /* reserved address space: untouched context costs no memory (kv_mem.c) */
-    kv->k = cm_kv_mem_map((size_t)half + sizeof(float), &kv->k_map);
-    kv->v = cm_kv_mem_map((mla ? 0 : (size_t)half) + sizeof(float), &kv->v_map);
-    if (!kv->k || !kv->v) {
-        cm_kv_release(kv);
-        return cm_errf(err, errlen, CM_ENOMEM, "out of memory for a kv cache of %llu bytes",
-                       (unsigned long long)half * 2);
-    }
-    kv->layer_first = layer_first;
-    kv->layer_last = layer_last;
-    kv->h0 = s.h0;
-    kv->h1 = s.h1;
-    kv->n_ctx = n_ctx;
-    kv->head_dim = m->hp.head_dim;
-    kv->n_past = 0;
-    kv->type = type;
-    kv->type_v = type;
-    kv->latent = mla;
-    return 0;
-}
-
-void cm_kv_release(cm_kv *kv) {
-    if (!kv) return;
-    cm_kv_blocks_release(kv);
-    if (kv->k_map) cm_kv_mem_unmap(kv->k, kv->k_map);
-    else cm_free(kv->k);
-    if (kv->v_map) cm_kv_mem_unmap(kv->v, kv->v_map);
-    else cm_free(kv->v);
-    memset(kv, 0, sizeof *kv);
-}
-
-void cm_kv_truncate(cm_kv *kv, int n_past) {
-    if (n_past < 0) n_past = 0;
-    if (n_past < kv->n_past) {
-        kv->n_past = n_past;
-        cm_kv_trim(kv); /* the pages past it go back (kv_mem.c) */
-    }
-}
-
-void cm_kv_rewind(cm_kv *kv, int n_past) {
-    if (n_past < 0) n_past = 0;
-    if (n_past < kv->n_past) {
-        if (kv->n_pool < kv->n_past) kv->n_pool = kv->n_past; /* their pages stay (kv_mem.c) */
-        kv->n_past = n_past;
-        cm_kv_blocks_trim(kv); /* below the shared part, or 0: as cm_kv_trim */
-    }
-}
-
-/* ---------------- context ---------------- */
-
-static void *zalloc(size_t n) {
-    void *p = cm_aligned_alloc(n ? n : 64);
-    if (p) memset(p, 0, n ? n : 64);
-    return p;
-}
-
-cm_ctx *cm_ctx_new(const cm_model *m, int max_batch, int max_ctx, cm_pool *pool, char *err, size_t errlen) {
-    if (max_batch < 1 || max_batch > 65536 || max_ctx < 1 || max_ctx > (1 << 24)) {
-        cm_errf(err, errlen, CM_EINVAL, "batch %d / context %d out of range", max_batch, max_ctx);
-        return NULL;
-    }
-    cm_ctx *c = cm_calloc(1, sizeof *c);
-    if (!c) {
-        cm_errf(err, errlen, CM_ENOMEM, "out of memory");
-        return NULL;
-    }
-    const cm_hparams *hp = &m->hp;
-    size_t B = (size_t)max_batch, E = (size_t)hp->n_embd, QD = (size_t)hp->n_head * hp->head_dim;
-    size_t KD = (size_t)hp->n_head_kv * hp->head_dim,
-           F = hp->n_expert && !hp->n_dense_lead ? 0 : (size_t)hp->n_ff; /* MoE: moe.c's scratch */
-    size_t kmax = CM_MAX(E, CM_MAX(QD, F));
-    c->m = m;
-    c->k = cm_kernels_get();
-    c->pool = pool;
-    c->n_threads = cm_pool_size(pool);
-    c->max_batch = max_batch;
-    c->max_ctx = max_ctx;
-    c->x = zalloc(B * E * 4);
-    c->xn = zalloc(B * E * 4);
-    c->part = zalloc(B * E * 4);
-    c->q = zalloc(B * QD * 4);
-    c->att = zalloc(B * QD * 4);
-    c->kc = zalloc(B * KD * 4);
-    c->vc = zalloc(B * KD * 4);
-    c->gate = zalloc(B * F * 4);
-    c->up = zalloc(B * F * 4);
-    c->rope = zalloc(B * (size_t)hp->n_rot * 4);
-    c->rope_swa = zalloc(B * (size_t)hp->n_rot * 4);
-    c->scores = zalloc((size_t)c->n_threads * cm_fwd_scores_stride(max_ctx, hp->head_dim) * 4);
-    c->split = hp->n_head_kv > 0 ? cm_calloc(cm_fwd_split_floats(m, max_ctx, c->n_threads), sizeof(float)) : NULL;
-    /* F32 is the widest activation type (4 bytes per element; Q8_K is ~1.14). */
-    c->xq_size = B * kmax * 4 + 64;
-    c->xq = zalloc(c->xq_size);
-    c->out_rows = zalloc(B * 4);
-    c->lrow = zalloc(B * sizeof *c->lrow);
-    c->lrow_out = zalloc(B * sizeof *c->lrow_out);
-    if (hp->arch == CM_ARCH_DEEPSEEK2 && !(c->mla = cm_mla_new(m, max_batch, max_ctx, c->n_threads))) {
-        cm_ctx_free(c);
-        cm_errf(err, errlen, CM_ENOMEM, "out of memory for latent attention scratch (batch %d)", max_batch);
-        return NULL;
-    }
-    if (hp->n_expert && !(c->moe = cm_moe_new(m, max_batch, c->n_threads))) {
-        cm_ctx_free(c);
-        cm_errf(err, errlen, CM_ENOMEM, "out of memory for expert scratch (batch %d)", max_batch);
-        return NULL;
-    }
-    if (!c->x || !c->xn || !c->part || !c->q || !c->att || !c->kc || !c->vc || !c->gate || !c->up || !c->rope ||
-        !c->rope_swa || !c->scores || !c->xq || !c->out_rows || !c->lrow || !c->lrow_out) {
-        cm_ctx_free(c);
-        cm_errf(err, errlen, CM_ENOMEM, "out of memory for forward scratch (batch %d)", max_batch);
-        return NULL;
-    }
-    return c;
-}
-
-void cm_ctx_free(cm_ctx *c) {
-    if (!c) return;
-    float *fs[] = {c->x, c->xn, c->q, c->kc, c->vc, c->att, c->part, c->gate, c->up, c->rope, c->rope_swa, c->scores};
-    for (size_t i = 0; i < CM_ARRAY_LEN(fs); i++) cm_aligned_free(fs[i]);
-    cm_free(c->split);
-    cm_aligned_free(c->xq);
-    cm_aligned_free(c->out_rows);
-    cm_aligned_free((void *)c->lrow);
-    cm_aligned_free((void *)c->lrow_out);
-    cm_moe_free(c->moe);
-    cm_mla_free(c->mla);
-    cm_free(c);
-}
-
-int cm_ctx_max_batch(const cm_ctx *c) { return c->max_batch; }
-void cm_ctx_set_kernels(cm_ctx *c, const cm_kernels *k) { c->k = k ? k : cm_kernels_get(); }
-void cm_ctx_set_lora(cm_ctx *c, const cm_lora *l) { c->lora = l; }
-void cm_ctx_set_offload(cm_ctx *c, cm_offload_fn fn, void *user) {
-    c->offload = fn;
-    c->offload_user = user;
-}
-void cm_ctx_set_act_hook(cm_ctx *c, cm_act_hook_fn fn, void *user) {
-    c->hook = fn;
-    c->hook_user = user;
-}
-int cm_ctx_expert_hits(const cm_ctx *c, uint64_t *hits, int n) { return cm_ctx_expert_hits_layer(c, -1, hits, n); }
-int cm_ctx_expert_hits_layer(const cm_ctx *c, int il, uint64_t *hits, int n) {
-    if (c->moe) cm_moe_hits(c->moe, il, hits, n);
-    return c->m->hp.n_expert;
-}
-
 /* Convert n floats to vdt and show them to the test hook, if any. */
 static void convert(cm_ctx *c, enum cm_act_site site, int row, int64_t col0, enum cm_type vdt, const float *x, void *xq,
                     int64_t n) {
     c->k->from_float[vdt](x, xq, n);
     if (c->hook)
         c->hook(c->hook_user, site == CM_ACT_OUTPUT ? c->m->hp.n_layer : c->il, site, row, col0, vdt, x, xq, n);
-}
-
-/* ---------------- views ---------------- */
-
-static cm_tensor rows_view(const cm_tensor *w, int64_t r0, int64_t r1) {
-    cm_tensor t = *w;
-    t.data = (char *)w->data + (size_t)r0 * w->nb[1];
-    t.ne[1] = r1 - r0;
-    return t;
-}
-
-/* Columns [c0, c1) of every row (c0, c1 on block boundaries; the row stride stays). */
-static cm_tensor cols_view(const cm_tensor *w, int64_t c0, int64_t c1) {
-    cm_tensor t = *w;
-    t.data = (char *)w->data + cm_row_size(w->type, c0);
-    t.ne[0] = c1 - c0;
-    return t;
-}
-
-int cm_model_repack_slice(cm_model *m, cm_slice s, char *err, size_t errlen) {
-    const void *owner = m->layers; /* the slice's copies (the whole tensors' are under m) */
-    if (!owner || !m->repack) return 0;
-    cm_repack_drop(owner);
-    const cm_slice full = cm_slice_full(m);
-    const cm_hparams *hp = &m->hp;
-    const bool whole = s.h0 == full.h0 && s.h1 == full.h1 && s.f0 == full.f0 && s.f1 == full.f1;
-    /* deepseek2's attention has its own views (mla.c) of whole copies */
-    const bool slim = hp->arch != CM_ARCH_DEEPSEEK2;
-    if (whole || !slim) {
-        if (!m->repack_whole && cm_model_repack_whole(m, err, errlen)) return CM_ENOMEM;
-        if (whole) return 0;
-    } else if (m->repack_whole) {
-        cm_repack_drop(m);
-        m->repack_whole = false;
-    }
-    const int64_t D = hp->head_dim, rep = hp->n_head / hp->n_head_kv;
-    int rc = slim ? cm_repack_add(owner, cm_kernels_get(), (const cm_tensor *const[]){&m->output}, 1, err, errlen) : 0;
-    const size_t head = cm_repack_bytes(owner);
-    size_t whole_layers = 0; /* what the whole layers' copies cost */
-    for (int il = 0; il < hp->n_layer; il++) {
-        const cm_layer *L = &m->layers[il];
-        const cm_tensor *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->ffn_gate, &L->ffn_up, &L->ffn_down};
-        for (int i = 0; i < 7; i++) whole_layers += cm_repack_size(cm_kernels_get(), ws[i]);
-    }
-    for (int il = 0; il < hp->n_layer && !rc; il++) {
-        const cm_layer *L = &m->layers[il];
-        cm_tensor v[7];
-        int n = 0;
-        /* the views forward() makes (cm_forward's layer loop) */
-        if (hp->arch != CM_ARCH_DEEPSEEK2) {
-            if (slim) {
-                v[n++] = rows_view(&L->wq, (int64_t)s.h0 * rep * D, (int64_t)s.h1 * rep * D);
-                v[n++] = rows_view(&L->wk, (int64_t)s.h0 * D, (int64_t)s.h1 * D);
-                v[n++] = rows_view(&L->wv, (int64_t)s.h0 * D, (int64_t)s.h1 * D);
-            }
-            v[n++] = cols_view(&L->wo, (int64_t)s.h0 * rep * D, (int64_t)s.h1 * rep * D);
-        }
-        if (!L->ffn_gate_inp.data && L->ffn_down.data) {
-            if (slim) {
-                v[n++] = rows_view(&L->ffn_gate, s.f0, s.f1);
-                v[n++] = rows_view(&L->ffn_up, s.f0, s.f1);
-            }
-            v[n++] = cols_view(&L->ffn_down, s.f0, s.f1);
-        }
-        const cm_tensor *ws[7];
-        for (int i = 0; i < n; i++) ws[i] = &v[i];
-        rc = n ? cm_repack_add(owner, cm_kernels_get(), ws, n, err, errlen) : 0;
-    }
-    if (rc) {
-        cm_repack_drop(owner);
-        return rc;
-    }
-    /* (tests/sh/cluster_tp_repack.sh reads this line) */
-    CM_LOGD("tensor parallel: slice copies of KV heads [%d, %d) of %d and FFN rows [%d, %d) of %d: %zu bytes of the "
-            "layers' %zu (+ %zu for the head); whole copies kept: %zu bytes",
-            s.h0, s.h1, full.h1, s.f0, s.f1, full.f1, cm_repack_bytes(owner) - head, whole_layers, head,
-            cm_repack_bytes(m));
-    return 0;
 }
 
 /* ---------------- ops (each called by every thread) ---------------- */
@@ -636,7 +379,7 @@ static void phase_final(cm_ctx *c, int ith, int nth) {
     /* A split head (tensor parallelism): our vocabulary rows only (LoRA's
      * output adapter on them: below). */
     const cm_tensor hv =
-        rows_view(&m->output, a->head_gather ? a->head_v0 : 0, a->head_gather ? a->head_v1 : m->output.ne[1]);
+        cm_tensor_rows(&m->output, a->head_gather ? a->head_v0 : 0, a->head_gather ? a->head_v1 : m->output.ne[1]);
     const cm_tensor *W = a->head_gather ? &hv : &m->output;
     float *y = a->out_logits + (a->head_gather ? a->head_v0 : 0);
     const void *xq = prep_act(c, CM_ACT_OUTPUT, W, c->xn, E, E, c->n_out, &xs, ith, nth);
@@ -762,15 +505,15 @@ int cm_forward(cm_ctx *c, const cm_batch *b, const cm_forward_args *a, char *err
         const cm_layer *L = &m->layers[il];
         c->il = il;
         if (!c->mla) { /* deepseek2's attention has its own tensors (mla.c) */
-            c->wq = rows_view(&L->wq, (int64_t)s.h0 * rep * D, (int64_t)s.h1 * rep * D);
-            c->wk = rows_view(&L->wk, (int64_t)s.h0 * D, (int64_t)s.h1 * D);
-            c->wv = rows_view(&L->wv, (int64_t)s.h0 * D, (int64_t)s.h1 * D);
-            c->wo = cols_view(&L->wo, (int64_t)s.h0 * rep * D, (int64_t)s.h1 * rep * D);
+            c->wq = cm_tensor_rows(&L->wq, (int64_t)s.h0 * rep * D, (int64_t)s.h1 * rep * D);
+            c->wk = cm_tensor_rows(&L->wk, (int64_t)s.h0 * D, (int64_t)s.h1 * D);
+            c->wv = cm_tensor_rows(&L->wv, (int64_t)s.h0 * D, (int64_t)s.h1 * D);
+            c->wo = cm_tensor_cols(&L->wo, (int64_t)s.h0 * rep * D, (int64_t)s.h1 * rep * D);
         }
         if (!L->ffn_gate_inp.data) { /* a dense FFN (deepseek2: its leading dense layers) */
-            c->gt = rows_view(&L->ffn_gate, s.f0, s.f1);
-            c->up_w = rows_view(&L->ffn_up, s.f0, s.f1);
-            c->dn = cols_view(&L->ffn_down, s.f0, s.f1);
+            c->gt = cm_tensor_rows(&L->ffn_gate, s.f0, s.f1);
+            c->up_w = cm_tensor_rows(&L->ffn_up, s.f0, s.f1);
+            c->dn = cm_tensor_cols(&L->ffn_down, s.f0, s.f1);
         }
         c->ph = PH_ATTN;
         cm_pool_run(c->pool, run_phase, c);

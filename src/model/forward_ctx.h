@@ -1,7 +1,7 @@
 /*
  * forward_ctx.h: the forward pass's private state (struct cm_ctx) and the
  * ops forward.c shares with attn_layer.c. Private to src/model: nothing
- * outside forward.c and attn_layer.c includes it.
+ * outside forward.c, ctx.c and attn_layer.c includes it.
  *
  * The ops are called by every thread of a pool run (ith of nth); those that
  * end in a barrier say so. None allocates.

@@ -368,6 +368,69 @@ int cm_model_repack_whole(cm_model *m, char *err, size_t errlen) {
     return rc;
 }
 
+/* Repacked copies of the views a slice's forward pass multiplies (cm_forward's
+ * layer loop); the whole tensors' copies are dropped unless deepseek2 needs them. */
+int cm_model_repack_slice(cm_model *m, cm_slice s, char *err, size_t errlen) {
+    const void *owner = m->layers; /* the slice's copies (the whole tensors' are under m) */
+    if (!owner || !m->repack) return 0;
+    cm_repack_drop(owner);
+    const cm_slice full = cm_slice_full(m);
+    const cm_hparams *hp = &m->hp;
+    const bool whole = s.h0 == full.h0 && s.h1 == full.h1 && s.f0 == full.f0 && s.f1 == full.f1;
+    /* deepseek2's attention has its own views (mla.c) of whole copies */
+    const bool slim = hp->arch != CM_ARCH_DEEPSEEK2;
+    if (whole || !slim) {
+        if (!m->repack_whole && cm_model_repack_whole(m, err, errlen)) return CM_ENOMEM;
+        if (whole) return 0;
+    } else if (m->repack_whole) {
+        cm_repack_drop(m);
+        m->repack_whole = false;
+    }
+    const int64_t D = hp->head_dim, rep = hp->n_head / hp->n_head_kv;
+    int rc = slim ? cm_repack_add(owner, cm_kernels_get(), (const cm_tensor *const[]){&m->output}, 1, err, errlen) : 0;
+    const size_t head = cm_repack_bytes(owner);
+    size_t whole_layers = 0; /* what the whole layers' copies cost */
+    for (int il = 0; il < hp->n_layer; il++) {
+        const cm_layer *L = &m->layers[il];
+        const cm_tensor *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->ffn_gate, &L->ffn_up, &L->ffn_down};
+        for (int i = 0; i < 7; i++) whole_layers += cm_repack_size(cm_kernels_get(), ws[i]);
+    }
+    for (int il = 0; il < hp->n_layer && !rc; il++) {
+        const cm_layer *L = &m->layers[il];
+        cm_tensor v[7];
+        int n = 0;
+        /* the views forward() makes (cm_forward's layer loop) */
+        if (hp->arch != CM_ARCH_DEEPSEEK2) {
+            if (slim) {
+                v[n++] = cm_tensor_rows(&L->wq, (int64_t)s.h0 * rep * D, (int64_t)s.h1 * rep * D);
+                v[n++] = cm_tensor_rows(&L->wk, (int64_t)s.h0 * D, (int64_t)s.h1 * D);
+                v[n++] = cm_tensor_rows(&L->wv, (int64_t)s.h0 * D, (int64_t)s.h1 * D);
+            }
+            v[n++] = cm_tensor_cols(&L->wo, (int64_t)s.h0 * rep * D, (int64_t)s.h1 * rep * D);
+        }
+        if (!L->ffn_gate_inp.data && L->ffn_down.data) {
+            if (slim) {
+                v[n++] = cm_tensor_rows(&L->ffn_gate, s.f0, s.f1);
+                v[n++] = cm_tensor_rows(&L->ffn_up, s.f0, s.f1);
+            }
+            v[n++] = cm_tensor_cols(&L->ffn_down, s.f0, s.f1);
+        }
+        const cm_tensor *ws[7];
+        for (int i = 0; i < n; i++) ws[i] = &v[i];
+        rc = n ? cm_repack_add(owner, cm_kernels_get(), ws, n, err, errlen) : 0;
+    }
+    if (rc) {
+        cm_repack_drop(owner);
+        return rc;
+    }
+    /* (tests/sh/cluster_tp_repack.sh reads this line) */
+    CM_LOGD("tensor parallel: slice copies of KV heads [%d, %d) of %d and FFN rows [%d, %d) of %d: %zu bytes of the "
+            "layers' %zu (+ %zu for the head); whole copies kept: %zu bytes",
+            s.h0, s.h1, full.h1, s.f0, s.f1, full.f1, cm_repack_bytes(owner) - head, whole_layers, head,
+            cm_repack_bytes(m));
+    return 0;
+}
+
 int cm_model_load(cm_model *m, const cm_gguf *g, char *err, size_t errlen) { return load(m, g, true, err, errlen); }
 
 int cm_model_open_for_slice(cm_gguf *g, cm_model *m, const char *path, cm_gguf_progress_fn progress, void *progress_ctx,

@@ -348,22 +348,6 @@ static void matmul(const cm_mla_run *r, const cm_tensor *w, const void *x, size_
     if (r1 > r0) cm_matmul_rows(r->k, w, x, xs, n, y, ldy, r0, r1);
 }
 
-/* Rows [r0, r1) of a 2-D tensor; columns [c0, c1) (c0 on a block boundary:
- * cm_slice_check). No data: an absent tensor stays absent. */
-static cm_tensor rows_view(const cm_tensor *w, int64_t r0, int64_t r1) {
-    cm_tensor t = *w;
-    if (!w->data) return t;
-    t.data = (char *)w->data + (size_t)r0 * w->nb[1];
-    t.ne[1] = r1 - r0;
-    return t;
-}
-static cm_tensor cols_view(const cm_tensor *w, int64_t c0, int64_t c1) {
-    cm_tensor t = *w;
-    t.data = (char *)w->data + cm_row_size(w->type, c0);
-    t.ne[0] = c1 - c0;
-    return t;
-}
-
 /* Head h of a stacked [ne0, ne1, H] tensor as a 2-D view. */
 static cm_tensor head_view(const cm_tensor *w, int h) {
     cm_tensor t = *w;
@@ -506,9 +490,9 @@ void cm_mla_attn(cm_mla *s, const cm_mla_run *r, int ith, int nth) {
     const cm_layer *L = &m->layers[r->il];
     const int n = r->b->n, E = hp->n_embd, H = r->h1 - r->h0, R = hp->head_dim, C = a->kv_lora;
     /* the slice's query heads [h0, h1): their rows of wq_b (or wq), columns of wo */
-    const cm_tensor wq = rows_view(&L->wq, (int64_t)r->h0 * a->head_k, (int64_t)r->h1 * a->head_k);
-    const cm_tensor wq_b = rows_view(&L->wq_b, (int64_t)r->h0 * a->head_k, (int64_t)r->h1 * a->head_k);
-    const cm_tensor wo = cols_view(&L->wo, (int64_t)r->h0 * a->head_v, (int64_t)r->h1 * a->head_v);
+    const cm_tensor wq = cm_tensor_rows(&L->wq, (int64_t)r->h0 * a->head_k, (int64_t)r->h1 * a->head_k);
+    const cm_tensor wq_b = cm_tensor_rows(&L->wq_b, (int64_t)r->h0 * a->head_k, (int64_t)r->h1 * a->head_k);
+    const cm_tensor wo = cm_tensor_cols(&L->wo, (int64_t)r->h0 * a->head_v, (int64_t)r->h1 * a->head_v);
     const cm_tensor *w0 = a->q_lora ? &L->wq_a : &wq;
     int64_t t0, t1;
 

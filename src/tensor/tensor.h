@@ -226,5 +226,19 @@ int64_t cm_tensor_nelements(const cm_tensor *t);
 size_t cm_tensor_nbytes(const cm_tensor *t);
 /* Pointer to row i of a 2-D view (i in [0, ne[1])). */
 static inline void *cm_tensor_row(const cm_tensor *t, int64_t i) { return (char *)t->data + (size_t)i * t->nb[1]; }
+/* Rows [r0, r1) of a 2-D view; columns [c0, c1) of every row (c0 on a block
+ * boundary, the row stride kept). An absent tensor (no data) stays absent. */
+static inline cm_tensor cm_tensor_rows(const cm_tensor *w, int64_t r0, int64_t r1) {
+    cm_tensor t = *w;
+    if (w->data) t.data = (char *)w->data + (size_t)r0 * w->nb[1];
+    t.ne[1] = r1 - r0;
+    return t;
+}
+static inline cm_tensor cm_tensor_cols(const cm_tensor *w, int64_t c0, int64_t c1) {
+    cm_tensor t = *w;
+    if (w->data) t.data = (char *)w->data + cm_row_size(w->type, c0);
+    t.ne[0] = c1 - c0;
+    return t;
+}
 
 #endif
