@@ -113,8 +113,17 @@ uint64_t cm_gpu_fixed_bytes(const cm_model *m, int max_batch, int n_ctx);
  * both: their blocks; else F32). */
 uint64_t cm_gpu_layer_bytes_kv(const cm_model *m, int il, int max_batch, int n_ctx, int n_seq, enum cm_type kv_k,
                                enum cm_type kv_v);
+/* A tensor-parallel group re-formed: the same layers, batch, context,
+ * sequences and cache types as *gm, slice s (a no-op when *gm holds s).
+ * The old upload is freed first (the device need not hold both). 1: a new
+ * upload, 0: *gm held s already; on an error (negative) *gm is NULL (the
+ * CPU computes) with the reason in err. */
+int cm_gpu_model_reslice(cm_gpu_model **gm, cm_slice s, char *err, size_t errlen);
 void cm_gpu_model_free(cm_gpu_model *gm); /* NULL: no-op */
 int cm_gpu_model_layers(const cm_gpu_model *gm);
+/* Batches this upload took (ran its layers) and declined (left to the CPU:
+ * another slice, too many rows, the device lost, ...) since it was made. */
+void cm_gpu_model_batches(const cm_gpu_model *gm, uint64_t *took, uint64_t *declined);
 const char *cm_gpu_model_device(const cm_gpu_model *gm);
 
 /* Run this batch's first layers on the device: x (b->n rows of n_embd, the
