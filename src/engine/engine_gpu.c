@@ -79,6 +79,13 @@ void cm_engine_gpu_reslice(cm_engine *e) {
             sl.f0, sl.f1, n, cm_gpu_info_of(e->gpu)->name);
 }
 
+uint64_t cm_engine_gpu_layer_bytes(const cm_engine *e, int n_ctx) {
+    const int nl = e->m.hp.n_layer;
+    uint64_t sum = 0;
+    for (int il = 0; il < nl; il++) sum += cm_gpu_layer_bytes_kv(&e->m, il, e->n_batch, n_ctx, 1, e->kv_k, e->kv_v);
+    return nl > 0 ? sum / (uint64_t)nl : 0;
+}
+
 bool cm_engine_gpu_batches(const cm_engine *e, uint64_t *took, uint64_t *declined) {
     cm_gpu_model_batches(e ? e->gpu_m : NULL, took, declined);
     return e && e->gpu_m;

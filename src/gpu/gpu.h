@@ -110,9 +110,20 @@ bool cm_gpu_kv_supported(const cm_model *m, enum cm_type kv_k, enum cm_type kv_v
 uint64_t cm_gpu_layer_bytes(const cm_model *m, int il, int max_batch, int n_ctx, int n_seq);
 uint64_t cm_gpu_fixed_bytes(const cm_model *m, int max_batch, int n_ctx);
 /* cm_gpu_layer_bytes with slots of these K and V cache types (Q8_0/Q4_0 for
- * both: their blocks; else F32). */
+ * both: their blocks; else F32), for the KV heads [s.h0, s.h1) of a
+ * tensor-parallel slice s (cm_gpu_layer_bytes_kv: every head; the weights
+ * are counted whole either way: a slice's are fewer). */
 uint64_t cm_gpu_layer_bytes_kv(const cm_model *m, int il, int max_batch, int n_ctx, int n_seq, enum cm_type kv_k,
                                enum cm_type kv_v);
+uint64_t cm_gpu_layer_bytes_slice(const cm_model *m, int il, int max_batch, int n_ctx, int n_seq, enum cm_type kv_k,
+                                  enum cm_type kv_v, cm_slice s);
+/* The one place of the device cache's size: bytes of n_pos positions of one
+ * layer's K and V slots for n_kv_heads heads of head_dim, with these cache
+ * types (Q8_0 / Q4_0 for both: 9 / 5 words per 32 elements; anything else:
+ * F32, as the device holds an F16 cache). The estimates (cumulo info, the
+ * planner's GPU node, a node's and a tensor-parallel slice's fitting) all
+ * count with it. */
+uint64_t cm_gpu_kv_bytes(int n_kv_heads, int head_dim, uint64_t n_pos, enum cm_type kv_k, enum cm_type kv_v);
 /* A tensor-parallel group re-formed: the same layers, batch, context,
  * sequences and cache types as *gm, slice s (a no-op when *gm holds s).
  * The old upload is freed first (the device need not hold both). 1: a new

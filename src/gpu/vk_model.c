@@ -263,19 +263,31 @@ uint64_t cm_gpu_layer_bytes(const cm_model *m, int il, int max_batch, int n_ctx,
     return cm_gpu_layer_bytes_kv(m, il, max_batch, n_ctx, n_seq, CM_TYPE_F32, CM_TYPE_F32);
 }
 
+uint64_t cm_gpu_kv_bytes(int n_kv_heads, int head_dim, uint64_t n_pos, enum cm_type kv_k, enum cm_type kv_v) {
+    if (!kv_quant(kv_k) || !kv_quant(kv_v)) kv_k = kv_v = CM_TYPE_F32; /* (an F16 cache's slots hold floats) */
+    const uint64_t row = (uint64_t)kv_row_words(kv_k, head_dim) + kv_row_words(kv_v, head_dim);
+    return (uint64_t)CM_MAX(n_kv_heads, 0) * row * 4 * n_pos;
+}
+
 uint64_t cm_gpu_layer_bytes_kv(const cm_model *m, int il, int max_batch, int n_ctx, int n_seq, enum cm_type kv_k,
                                enum cm_type kv_v) {
+    return cm_gpu_layer_bytes_slice(m, il, max_batch, n_ctx, n_seq, kv_k, kv_v, cm_slice_full(m));
+}
+
+uint64_t cm_gpu_layer_bytes_slice(const cm_model *m, int il, int max_batch, int n_ctx, int n_seq, enum cm_type kv_k,
+                                  enum cm_type kv_v, cm_slice sl) {
     uint64_t words = 0;
     for (int i = 0; i < NW; i++)
         if (tensor_of(&m->layers[il], i)->data) words += tensor_words(tensor_of(&m->layers[il], i));
     const cm_hparams *hp = &m->hp;
-    const uint64_t KD = (uint64_t)hp->n_head_kv * hp->head_dim; /* + the layer's K and V rows of a batch */
     const uint64_t slots = (uint64_t)n_ctx * (uint64_t)CM_MAX(n_seq, 1);
-    if (hp->arch == CM_ARCH_DEEPSEEK2) /* the latent rows only */
+    if (hp->arch == CM_ARCH_DEEPSEEK2) { /* the latent rows only */
+        const uint64_t KD = (uint64_t)hp->n_head_kv * hp->head_dim;
         return words * 4 + KD * 4 * (slots + (uint64_t)max_batch);
-    if (!kv_quant(kv_k) || !kv_quant(kv_v)) kv_k = kv_v = CM_TYPE_F32; /* (an F16 cache's slots hold floats) */
-    const uint64_t rows = (uint64_t)kv_row_words(kv_k, hp->head_dim) + kv_row_words(kv_v, hp->head_dim);
-    return words * 4 + (uint64_t)hp->n_head_kv * rows * 4 * slots + 2 * KD * 4 * (uint64_t)max_batch;
+    }
+    const int nkv = CM_MAX(0, CM_MIN(sl.h1, hp->n_head_kv) - CM_MAX(sl.h0, 0));
+    const uint64_t KD = (uint64_t)nkv * hp->head_dim; /* + the layer's K and V rows of a batch */
+    return words * 4 + cm_gpu_kv_bytes(nkv, hp->head_dim, slots, kv_k, kv_v) + 2 * KD * 4 * (uint64_t)max_batch;
 }
 
 uint64_t cm_gpu_fixed_bytes(const cm_model *m, int max_batch, int n_ctx) {
