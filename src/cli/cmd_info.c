@@ -137,7 +137,7 @@ int cmd_info(int argc, char **argv) {
             }
         }
         cJSON_AddNumberToObject(j, "memory_bytes", (double)total);
-        cli_gpu_list(j, in.n_layer, (in.weight_bytes + kv) / (uint64_t)(in.n_layer > 0 ? in.n_layer : 1));
+        cli_gpu_list(j, in.n_layer, cm_engine_gpu_layer_bytes(e, n_ctx));
         char *s = cJSON_PrintUnformatted(j);
         if (s) puts(s);
         cJSON_free(s);
@@ -184,7 +184,7 @@ int cmd_info(int argc, char **argv) {
             human(b1, sizeof b1, (double)in.kv_bytes_per_token);
             printf(" (this run: %s)\n", b1);
         }
-        cli_gpu_list(NULL, in.n_layer, (in.weight_bytes + kv) / (uint64_t)(in.n_layer > 0 ? in.n_layer : 1));
+        cli_gpu_list(NULL, in.n_layer, cm_engine_gpu_layer_bytes(e, n_ctx)); /* (the device's KV of these types) */
     }
     cm_engine_free(e);
     return 0;

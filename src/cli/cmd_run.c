@@ -400,6 +400,11 @@ int cmd_run(int argc, char **argv) {
         const char *dev = cm_engine_gpu_device(e, &gpu_layers);
         cJSON_AddStringToObject(j, "device", dev ? dev : "cpu"); /* which computed the first layers */
         if (dev) cJSON_AddNumberToObject(j, "gpu_layers", gpu_layers);
+        uint64_t took, declined; /* since the device's current upload (a re-formed group's slice) */
+        if (cm_engine_gpu_batches(e, &took, &declined)) {
+            cJSON_AddNumberToObject(j, "gpu_batches", (double)took);
+            cJSON_AddNumberToObject(j, "gpu_batches_declined", (double)declined);
+        }
         if (out.lp) {
             cJSON_AddItemToObject(j, "logprobs", out.lp);
             out.lp = NULL;

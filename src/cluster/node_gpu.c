@@ -112,7 +112,8 @@ void cm_node_gpu_stage(node *n, stage *s) {
     uint64_t used = cm_gpu_fixed_bytes(&s->m, CM_BATCH_MAX, ctx);
     int k = 0;
     while (k < kmax && (n->o->gpu_layers <= 0 || k < n->o->gpu_layers)) {
-        const uint64_t b = cm_gpu_layer_bytes_kv(&s->m, l0 + k, CM_BATCH_MAX, ctx, n_seq, kvk, kvv);
+        const uint64_t b = cm_gpu_layer_bytes_slice(&s->m, l0 + k, CM_BATCH_MAX, ctx, n_seq, kvk, kvv,
+                                                    tp ? s->slice : cm_slice_full(&s->m)); /* a slice: its KV heads */
         if (used + b > budget) break;
         used += b;
         k++;

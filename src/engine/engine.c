@@ -38,6 +38,7 @@ static void take_tp_slice(cm_engine *e) {
     e->slice = cm_pipe_tp_slice(e->cl);
     char msg[200];
     if (cm_model_repack_slice(&e->m, e->slice, msg, sizeof msg)) CM_LOGW("tensor parallel: %s", msg);
+    cm_engine_gpu_reslice(e); /* the device's copy of the slice too */
 }
 
 bool cm_engine_weights_in_memory(const cm_engine_opts *opts, uint64_t file_bytes) {

@@ -95,6 +95,13 @@ void cm_engine_free(cm_engine *e); /* NULL is a no-op */
 /* The GPU that computes the first layers ("llvmpipe (LLVM 15.0.6, 256
  * bits)") and how many, or NULL and 0 when the CPU does all. */
 const char *cm_engine_gpu_device(const cm_engine *e, int *layers);
+/* Batches the device took and declined (the CPU computed them) since its
+ * current upload (a re-formed group's slice: since then); false: no device. */
+bool cm_engine_gpu_batches(const cm_engine *e, uint64_t *took, uint64_t *declined);
+/* Device bytes of an average layer with one sequence of n_ctx positions in
+ * this engine's KV cache types (weights and the cache as the device holds
+ * them: cm_gpu_layer_bytes_kv), for `cumulo info`'s "layers fit". */
+uint64_t cm_engine_gpu_layer_bytes(const cm_engine *e, int n_ctx);
 /* Whether cm_engine_load reads a file of file_bytes into memory rather than
  * mapping it: not with opts->mmap, not in a pipeline or hybrid cluster (this
  * machine reads only its layers of the file; a `--parallel tp` group reads a

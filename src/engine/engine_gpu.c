@@ -10,6 +10,7 @@
 #include "gpu/gpu.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 int cm_engine_gpu_attach(cm_engine *e, const cm_engine_opts *o, char *err, size_t errlen) {
     const char *env = cm_config_get()->gpu; /* the test suites' switch (tests/sh/vulkan.sh) */
@@ -33,8 +34,8 @@ int cm_engine_gpu_attach(cm_engine *e, const cm_engine_opts *o, char *err, size_
         CM_LOGW("gpu: %s; running on the CPU", why);
         return 0;
     }
-    /* a tensor-parallel coordinator: its slice of each layer (NEEDSWORK: a re-formed group's new slice
-     * is not uploaded again; the device then declines its batches and the CPU computes them) */
+    /* a tensor-parallel coordinator: its slice of each layer (a re-formed group's new one:
+     * cm_engine_gpu_reslice) */
     const cm_slice sl = e->cl && !cm_engine_downstream(e) ? e->slice : cm_slice_full(&e->m);
     if (!cm_gpu_model_supported_slice(&e->m, 0, n, sl, why, sizeof why)) {
         CM_LOGW("gpu: %s; running on the CPU", why);
@@ -57,6 +58,37 @@ int cm_engine_gpu_attach(cm_engine *e, const cm_engine_opts *o, char *err, size_
     cm_ctx_set_offload(e->ctx, cm_gpu_offload, e->gpu_m);
     CM_LOGI("gpu: %d of %d layers on %s", n, e->m.hp.n_layer, cm_gpu_info_of(e->gpu)->name);
     return 0;
+}
+
+void cm_engine_gpu_reslice(cm_engine *e) {
+    if (!e->gpu_m) return;
+    char why[256];
+    const cm_slice sl = e->cl && !cm_engine_downstream(e) ? e->slice : cm_slice_full(&e->m);
+    const int n = cm_gpu_model_layers(e->gpu_m);
+    int rc = CM_EUNSUPPORTED;
+    if (cm_gpu_model_supported_slice(&e->m, 0, n, sl, why, sizeof why))
+        rc = cm_gpu_model_reslice(&e->gpu_m, sl, why, sizeof why);
+    if (rc < 0) {
+        CM_LOGW("%s%s; running on the CPU", strncmp(why, "gpu: ", 5) ? "gpu: " : "", why);
+        cm_engine_gpu_release(e);
+        return;
+    }
+    if (rc == 0) return; /* the same slice */
+    cm_ctx_set_offload(e->ctx, cm_gpu_offload, e->gpu_m);
+    CM_LOGI("gpu: the re-formed group's slice (KV heads [%d, %d), FFN rows [%d, %d)) of %d layers on %s", sl.h0, sl.h1,
+            sl.f0, sl.f1, n, cm_gpu_info_of(e->gpu)->name);
+}
+
+uint64_t cm_engine_gpu_layer_bytes(const cm_engine *e, int n_ctx) {
+    const int nl = e->m.hp.n_layer;
+    uint64_t sum = 0;
+    for (int il = 0; il < nl; il++) sum += cm_gpu_layer_bytes_kv(&e->m, il, e->n_batch, n_ctx, 1, e->kv_k, e->kv_v);
+    return nl > 0 ? sum / (uint64_t)nl : 0;
+}
+
+bool cm_engine_gpu_batches(const cm_engine *e, uint64_t *took, uint64_t *declined) {
+    cm_gpu_model_batches(e ? e->gpu_m : NULL, took, declined);
+    return e && e->gpu_m;
 }
 
 void cm_engine_gpu_release(cm_engine *e) {

@@ -156,6 +156,9 @@ int cm_engine_lora_rows(cm_engine *e, cm_forward_args *a, cm_session *const *ses
  * none when it cannot); release it before the context goes. */
 int cm_engine_gpu_attach(cm_engine *e, const cm_engine_opts *o, char *err, size_t errlen);
 void cm_engine_gpu_release(cm_engine *e);
+/* e->slice changed (a re-formed tensor-parallel group): upload the new slice
+ * to the device, or say why not in one line and leave it to the CPU. */
+void cm_engine_gpu_reslice(cm_engine *e);
 
 /* Free a session's step state (batch.c); called by cm_session_free. */
 void cm_session_step_release(cm_session *s);

@@ -110,11 +110,31 @@ bool cm_gpu_kv_supported(const cm_model *m, enum cm_type kv_k, enum cm_type kv_v
 uint64_t cm_gpu_layer_bytes(const cm_model *m, int il, int max_batch, int n_ctx, int n_seq);
 uint64_t cm_gpu_fixed_bytes(const cm_model *m, int max_batch, int n_ctx);
 /* cm_gpu_layer_bytes with slots of these K and V cache types (Q8_0/Q4_0 for
- * both: their blocks; else F32). */
+ * both: their blocks; else F32), for the KV heads [s.h0, s.h1) of a
+ * tensor-parallel slice s (cm_gpu_layer_bytes_kv: every head; the weights
+ * are counted whole either way: a slice's are fewer). */
 uint64_t cm_gpu_layer_bytes_kv(const cm_model *m, int il, int max_batch, int n_ctx, int n_seq, enum cm_type kv_k,
                                enum cm_type kv_v);
+uint64_t cm_gpu_layer_bytes_slice(const cm_model *m, int il, int max_batch, int n_ctx, int n_seq, enum cm_type kv_k,
+                                  enum cm_type kv_v, cm_slice s);
+/* The one place of the device cache's size: bytes of n_pos positions of one
+ * layer's K and V slots for n_kv_heads heads of head_dim, with these cache
+ * types (Q8_0 / Q4_0 for both: 9 / 5 words per 32 elements; anything else:
+ * F32, as the device holds an F16 cache). The estimates (cumulo info, the
+ * planner's GPU node, a node's and a tensor-parallel slice's fitting) all
+ * count with it. */
+uint64_t cm_gpu_kv_bytes(int n_kv_heads, int head_dim, uint64_t n_pos, enum cm_type kv_k, enum cm_type kv_v);
+/* A tensor-parallel group re-formed: the same layers, batch, context,
+ * sequences and cache types as *gm, slice s (a no-op when *gm holds s).
+ * The old upload is freed first (the device need not hold both). 1: a new
+ * upload, 0: *gm held s already; on an error (negative) *gm is NULL (the
+ * CPU computes) with the reason in err. */
+int cm_gpu_model_reslice(cm_gpu_model **gm, cm_slice s, char *err, size_t errlen);
 void cm_gpu_model_free(cm_gpu_model *gm); /* NULL: no-op */
 int cm_gpu_model_layers(const cm_gpu_model *gm);
+/* Batches this upload took (ran its layers) and declined (left to the CPU:
+ * another slice, too many rows, the device lost, ...) since it was made. */
+void cm_gpu_model_batches(const cm_gpu_model *gm, uint64_t *took, uint64_t *declined);
 const char *cm_gpu_model_device(const cm_gpu_model *gm);
 
 /* Run this batch's first layers on the device: x (b->n rows of n_embd, the

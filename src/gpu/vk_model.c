@@ -263,19 +263,31 @@ uint64_t cm_gpu_layer_bytes(const cm_model *m, int il, int max_batch, int n_ctx,
     return cm_gpu_layer_bytes_kv(m, il, max_batch, n_ctx, n_seq, CM_TYPE_F32, CM_TYPE_F32);
 }
 
+uint64_t cm_gpu_kv_bytes(int n_kv_heads, int head_dim, uint64_t n_pos, enum cm_type kv_k, enum cm_type kv_v) {
+    if (!kv_quant(kv_k) || !kv_quant(kv_v)) kv_k = kv_v = CM_TYPE_F32; /* (an F16 cache's slots hold floats) */
+    const uint64_t row = (uint64_t)kv_row_words(kv_k, head_dim) + kv_row_words(kv_v, head_dim);
+    return (uint64_t)CM_MAX(n_kv_heads, 0) * row * 4 * n_pos;
+}
+
 uint64_t cm_gpu_layer_bytes_kv(const cm_model *m, int il, int max_batch, int n_ctx, int n_seq, enum cm_type kv_k,
                                enum cm_type kv_v) {
+    return cm_gpu_layer_bytes_slice(m, il, max_batch, n_ctx, n_seq, kv_k, kv_v, cm_slice_full(m));
+}
+
+uint64_t cm_gpu_layer_bytes_slice(const cm_model *m, int il, int max_batch, int n_ctx, int n_seq, enum cm_type kv_k,
+                                  enum cm_type kv_v, cm_slice sl) {
     uint64_t words = 0;
     for (int i = 0; i < NW; i++)
         if (tensor_of(&m->layers[il], i)->data) words += tensor_words(tensor_of(&m->layers[il], i));
     const cm_hparams *hp = &m->hp;
-    const uint64_t KD = (uint64_t)hp->n_head_kv * hp->head_dim; /* + the layer's K and V rows of a batch */
     const uint64_t slots = (uint64_t)n_ctx * (uint64_t)CM_MAX(n_seq, 1);
-    if (hp->arch == CM_ARCH_DEEPSEEK2) /* the latent rows only */
+    if (hp->arch == CM_ARCH_DEEPSEEK2) { /* the latent rows only */
+        const uint64_t KD = (uint64_t)hp->n_head_kv * hp->head_dim;
         return words * 4 + KD * 4 * (slots + (uint64_t)max_batch);
-    if (!kv_quant(kv_k) || !kv_quant(kv_v)) kv_k = kv_v = CM_TYPE_F32; /* (an F16 cache's slots hold floats) */
-    const uint64_t rows = (uint64_t)kv_row_words(kv_k, hp->head_dim) + kv_row_words(kv_v, hp->head_dim);
-    return words * 4 + (uint64_t)hp->n_head_kv * rows * 4 * slots + 2 * KD * 4 * (uint64_t)max_batch;
+    }
+    const int nkv = CM_MAX(0, CM_MIN(sl.h1, hp->n_head_kv) - CM_MAX(sl.h0, 0));
+    const uint64_t KD = (uint64_t)nkv * hp->head_dim; /* + the layer's K and V rows of a batch */
+    return words * 4 + cm_gpu_kv_bytes(nkv, hp->head_dim, slots, kv_k, kv_v) + 2 * KD * 4 * (uint64_t)max_batch;
 }
 
 uint64_t cm_gpu_fixed_bytes(const cm_model *m, int max_batch, int n_ctx) {
@@ -445,6 +457,26 @@ void cm_gpu_model_free(cm_gpu_model *gm) {
 }
 
 int cm_gpu_model_layers(const cm_gpu_model *gm) { return gm ? gm->nl : 0; }
+void cm_gpu_model_batches(const cm_gpu_model *gm, uint64_t *took, uint64_t *declined) {
+    *took = gm ? gm->n_took : 0;
+    *declined = gm ? gm->n_declined : 0;
+}
+
+int cm_gpu_model_reslice(cm_gpu_model **gmp, cm_slice s, char *err, size_t errlen) {
+    cm_gpu_model *gm = *gmp;
+    if (!gm) return cm_errf(err, errlen, CM_EINVAL, "gpu: no model on the device");
+    const cm_slice cur = gm->sl;
+    if (s.h0 == cur.h0 && s.h1 == cur.h1 && s.f0 == cur.f0 && s.f1 == cur.f1) return 0;
+    int rc;
+    cm_gpu *g = gm->g;
+    const cm_model *m = gm->m;
+    const int l0 = gm->l0, nl = gm->nl, B = gm->B, ctx = gm->ctx, n_seq = gm->n_seq;
+    const enum cm_type kk = gm->kvk, kv = gm->kvv;
+    cm_gpu_model_free(gm); /* first: the device need not hold two uploads */
+    *gmp = NULL;
+    if ((rc = cm_gpu_model_new_slice(gmp, g, m, l0, nl, B, ctx, n_seq, kk, kv, s, err, errlen))) return rc;
+    return 1;
+}
 const char *cm_gpu_model_device(const cm_gpu_model *gm) { return gm ? cm_gpu_info_of(gm->g)->name : ""; }
 
 /* ---- recording the ops ---- */
@@ -941,10 +973,10 @@ static int forward_tp(cm_gpu_model *gm, const cm_batch *b, const cm_forward_args
     return rc;
 }
 
-int cm_gpu_forward_layers(cm_gpu_model *gm, const cm_batch *b, const cm_forward_args *a, float *x, const float *rope_c,
+static int forward_layers(cm_gpu_model *gm, const cm_batch *b, const cm_forward_args *a, float *x, const float *rope_c,
                           char *err, size_t errlen) {
-    if (!gm || gm->nl == 0 || a->layer_first != gm->l0 || a->layer_last < gm->l0 + gm->nl || b->n > gm->B ||
-        a->experts.ep || (gm->tp ? !a->allreduce : a->allreduce != NULL))
+    if (gm->nl == 0 || a->layer_first != gm->l0 || a->layer_last < gm->l0 + gm->nl || b->n > gm->B || a->experts.ep ||
+        (gm->tp ? !a->allreduce : a->allreduce != NULL))
         return 0;
     const cm_slice want = gm->tp ? gm->sl : (cm_slice){0, gm->sh1, 0, gm->F};
     if (a->slice.h0 != want.h0 || a->slice.h1 != want.h1 || a->slice.f0 != want.f0 || a->slice.f1 != want.f1) return 0;
@@ -1012,6 +1044,15 @@ int cm_gpu_forward_layers(cm_gpu_model *gm, const cm_batch *b, const cm_forward_
     }
     cm_vk_unlock(gm->g);
     return rc ? rc : gm->nl;
+}
+
+int cm_gpu_forward_layers(cm_gpu_model *gm, const cm_batch *b, const cm_forward_args *a, float *x, const float *rope_c,
+                          char *err, size_t errlen) {
+    if (!gm) return 0;
+    const int rc = forward_layers(gm, b, a, x, rope_c, err, errlen);
+    if (rc > 0) gm->n_took++;
+    else if (rc == 0) gm->n_declined++;
+    return rc;
 }
 
 int cm_gpu_test_kv_diff(cm_gpu_model *gm, const cm_kv *kv, char *err, size_t errlen) {

@@ -56,8 +56,9 @@ struct cm_gpu_model {
     const cm_kv **slot_kv; /* which CPU cache each slot mirrors (by address) */
     int *slot_valid;       /* positions [0, valid) of the slot equal the CPU cache's */
     uint64_t *slot_used, tick;
-    float *tmp;     /* ctx * D floats, for re-filling a slot */
-    bool lost_said; /* the device-lost warning was logged */
+    float *tmp;                  /* ctx * D floats, for re-filling a slot */
+    bool lost_said;              /* the device-lost warning was logged */
+    uint64_t n_took, n_declined; /* batches (cm_gpu_model_batches) */
 };
 
 /* ---- recording helpers (vk_model.c) ---- */

@@ -150,6 +150,27 @@ unset CUMULO_TEST_GPU_FAULT
 grep -q "gpu: .* was lost; the CPU computes" "$TMP/cl.err" && ok ||
     bad "tp: the coordinator's device did not take its slice's batches: $(tail -3 "$TMP/cl.err")"
 
+# 6b. A member killed mid-run in a group whose coordinator's slice is on its
+# device: the group re-forms with new slices, and the coordinator's new slice
+# goes to the device too (every batch since its re-upload on the device, none
+# left to the CPU); one machine's ids.
+start_node k
+PID_k=$NODE_PID
+cc_ref_case q8_0 0
+CUMULO_TEST_CLUSTER_DELAY_MS=60 "$BIN" run "$M/stories260K-q8_0.gguf" --nodes "$ADDR_a,$ADDR_k" -p "$prompt" -n "$n" \
+    --temp 0 --threads 1 --json --parallel tp --gpu vulkan >"$TMP/re.json" 2>"$TMP/re.err" &
+RUN=$!
+cc_wait_grep "$TMP/re.err" 'cluster ready' 300 || bad "tp re-form: the cluster did not start: $(tail -3 "$TMP/re.err")"
+sleep 0.5
+kill -9 $PID_k
+wait $RUN || bad "tp re-form: the run failed: $(tail -3 "$TMP/re.err")"
+got=$(cc_jsonget "$TMP/re.json" 'join(",", @{$j->{tokens}})')
+[ -n "$got" ] && [ "$got" = "$local_ids" ] && ok || bad "tp re-form: ids differ from one machine: [$got] vs [$local_ids]"
+grep -q 'recovered' "$TMP/re.err" && ok ||
+    bad "tp re-form: no re-formed group, or its slice not uploaded: $(grep -i 'recover\|gpu' "$TMP/re.err")"
+[ "$(cc_jsonget "$TMP/re.json" '$j->{device} . "," . ($j->{gpu_batches} > 0 ? 1 : 0) . "," . $j->{gpu_batches_declined}')" = "$gname,1,0" ] &&
+    ok || bad "tp re-form: the coordinator's batches after the re-form not on the device: $(grep -o '"device".*"logprobs\|"device".*"timings' "$TMP/re.json")"
+
 # 7. A node whose GPU is lost (the test hook, at its 4th forward pass) leaves
 # the cluster: the coordinator re-plans without it, as for any lost node,
 # and the run still gives one machine's ids.

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "base/base.h"
+#include "gpu/gpu.h"
 #include "sched/plan.h"
 #include "sched/simulate.h"
 
@@ -946,6 +947,29 @@ static void test_gpu_node(void) {
     const int fit = (int)((1.5 * GiB - o.reserve_bytes) / per);
     CHECKF(gpu_layers_of(&p, 1) == fit && layers_of(&p, 1) >= fit, "%d on the GPU of %d, %d fit", gpu_layers_of(&p, 1),
            layers_of(&p, 1), fit);
+    /* a Q8_0 cache is costed as the device holds it (9 words per 32 elements of K and of V: 9/32 of F32), not
+     * as F32: at a long context more layers fit (cm_gpu_kv_bytes, the one function the estimates use) */
+    CHECK(cm_gpu_kv_bytes(8, 128, 1000, CM_TYPE_Q8_0, CM_TYPE_Q8_0) * 32 ==
+          cm_gpu_kv_bytes(8, 128, 1000, CM_TYPE_F32, CM_TYPE_F32) * 9);
+    CHECK(cm_gpu_kv_bytes(8, 128, 1000, CM_TYPE_F32, CM_TYPE_F32) == 2ull * 8 * 128 * 4 * 1000);
+    CHECK(cm_gpu_kv_bytes(8, 128, 1000, CM_TYPE_F16, CM_TYPE_F16) == 2ull * 8 * 128 * 4 * 1000); /* floats there */
+    CHECK(cm_gpu_kv_bytes(8, 128, 1000, CM_TYPE_Q4_0, CM_TYPE_Q4_0) * 32 ==
+          cm_gpu_kv_bytes(8, 128, 1000, CM_TYPE_F32, CM_TYPE_F32) * 5);
+    o.ctx = 32768;
+    int fits[2];
+    for (int q = 0; q < 2; q++) {
+        o.kv_k32_bytes = o.kv_v32_bytes = q ? 34 : 0; /* q8_0 (cm_row_size(Q8_0, 32)), f32 */
+        CHECK(cm_plan_make(&m, &c, &o, &p, err, sizeof err) == 0);
+        check_plan_valid(&p, &m, &c, &o);
+        const double kvq = 2.0 * m.n_kv_heads * m.head_dim / 32 * (q ? 36 : 128) * o.ctx;
+        const int want_fit = (int)((1.5 * GiB - o.reserve_bytes) / ((double)m.layer_bytes[0] + kvq));
+        fits[q] = gpu_layers_of(&p, 1);
+        CHECKF(fits[q] == CM_MIN(want_fit, layers_of(&p, 1)), "%s: %d on the GPU of %d, %d fit", q ? "q8_0" : "f32",
+               fits[q], layers_of(&p, 1), want_fit);
+    }
+    CHECKF(fits[1] > fits[0], "q8_0 cache: %d layers on the GPU, f32: %d", fits[1], fits[0]);
+    cm_plan_opts_default(&o);
+    o.mode = CM_PARALLEL_PP;
     /* its own limit (--gpu-layers 3) */
     c.nodes[1].gpu_mem_bytes = (uint64_t)(24 * GiB);
     c.nodes[1].gpu_layers = 3;
