@@ -317,6 +317,18 @@ KD_AI float kd5_row(int64_t nb, const uint8_t *x, const cm_block_q8_k *y, const 
     return _mm512_reduce_add_ps(acc);
 }
 
+/* The token's side: bsums pair sums (zeros up to a multiple of 4: kd5_quad
+ * reads 4) and dy per 16 super-blocks (0 past nb) */
+static void kd5_tok(int64_t nb, const cm_block_q8_k *y, __m128i *pairs, __m512 *dyg) {
+    rk_pairs(nb, y, pairs);
+    for (int64_t b = nb; b % 4; b++) pairs[b] = _mm_setzero_si128();
+    for (int64_t q = 0; q < (nb + 15) / 16; q++) {
+        _Alignas(64) float d[16];
+        for (int m = 0; m < 16; m++) d[m] = 16 * q + m < nb ? y[16 * q + m].d : 0.0f;
+        dyg[q] = _mm512_load_ps(d);
+    }
+}
+
 #define GEMV_KD5(NAME, PREV, GROUPED)                                                                                  \
     static void NAME(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy, \
                      int64_t r0, int64_t r1, int64_t n_tok) {                                                          \
@@ -327,19 +339,26 @@ KD_AI float kd5_row(int64_t nb, const uint8_t *x, const cm_block_q8_k *y, const 
         }                                                                                                              \
         _Alignas(64) __m128i pairs[RK4_MAXB];                                                                          \
         _Alignas(64) __m512 dyg[RK4_MAXB / 16];                                                                        \
-        const cm_block_q8_k *yq = x;                                                                                   \
-        rk_pairs(nb, yq, pairs);                                                                                       \
-        for (int64_t b = nb; b % 4; b++) pairs[b] = _mm_setzero_si128(); /* kd5_quad reads 4 */                        \
-        for (int64_t q = 0; q < (nb + 15) / 16; q++) {                                                                 \
-            _Alignas(64) float d[16];                                                                                  \
-            for (int m = 0; m < 16; m++) d[m] = 16 * q + m < nb ? yq[16 * q + m].d : 0.0f;                             \
-            dyg[q] = _mm512_load_ps(d);                                                                                \
-        }                                                                                                              \
+        kd5_tok(nb, x, pairs, dyg);                                                                                    \
         for (int64_t i = r0; i < r1; i++)                                                                              \
-            y[i] = kd5_row(nb, (const uint8_t *)w + (size_t)i * w_stride, yq, pairs, dyg, GROUPED);                    \
+            y[i] = kd5_row(nb, (const uint8_t *)w + (size_t)i * w_stride, x, pairs, dyg, GROUPED);                     \
     }
 GEMV_KD5(gemv_kd5r, g_prev_rq5, true)  /* over "q5_k lanes" (repack.c) */
 GEMV_KD5(gemv_kd5f, g_prev_fq5, false) /* over the file's bytes */
+
+/* vec_dot (z5) on the file's bytes: the same row */
+static cm_vec_dot_fn g_prev_vd5;
+static void vec_dot_kd5(int64_t n, float *s, const void *x, const void *y) {
+    const int64_t nb = n / CM_QK_K;
+    if (nb > RK4_MAXB) {
+        g_prev_vd5(n, s, x, y);
+        return;
+    }
+    _Alignas(64) __m128i pairs[RK4_MAXB];
+    _Alignas(64) __m512 dyg[RK4_MAXB / 16];
+    kd5_tok(nb, y, pairs, dyg);
+    *s = kd5_row(nb, x, y, pairs, dyg, false);
+}
 
 /* ---- q4_k over "q4_k lanes": avx512_krepack.h's gemv_rq4_k (same token
  * packing as pack_q4_k, same lane sums, float side and reduction: the same
@@ -438,5 +457,9 @@ void cm_kernels_fill_kd_avx512(cm_kernels *k) {
         g_prev_fq5 = k->gemv[CM_TYPE_Q5_K];
         k->gemv_packed[CM_TYPE_Q5_K] = gemv_kd5r;
         k->gemv[CM_TYPE_Q5_K] = gemv_kd5f;
+        if (k->vec_dot[CM_TYPE_Q5_K]) {
+            g_prev_vd5 = k->vec_dot[CM_TYPE_Q5_K];
+            k->vec_dot[CM_TYPE_Q5_K] = vec_dot_kd5;
+        }
     }
 }
