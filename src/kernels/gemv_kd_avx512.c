@@ -183,27 +183,38 @@ KD_AI __m512i kd_pair(__m512i a, __m512i b) {
     return _mm512_mask_shuffle_epi8(a, (__mmask64)0xccccccccccccccccull, b, ctl);
 }
 
-/* One super-block's scaled lane sums (16 dwords, exact; their total is S_b) */
-KD_AI __m512i kd5_block(const uint8_t *qs, const uint8_t *qh, const __m512i s[2], const cm_block_q8_k *y) {
-    const __m512i m4 = _mm512_set1_epi8(0x0f), k10 = _mm512_set1_epi8(0x10), z = _mm512_setzero_si512();
+/* One super-block's 5-bit values: v[j] = elements 64j.. (the nibbles of
+ * qs + 32j, low | high in the 256-bit halves, with bit 4 from qh) */
+KD_AI void kd5_vals(const uint8_t *qs, const uint8_t *qh, __m512i v[4]) {
+    const __m512i m4 = _mm512_set1_epi8(0x0f), k10 = _mm512_set1_epi8(0x10);
     const __m512i nsh = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1); /* lo | hi nibbles */
     const __m512i h5 = _mm512_broadcast_i64x4(ld256(qh));
+    _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) { /* bits 2j (low nibbles) and 2j+1 (high) of qh */
+        const __m512i q = _mm512_broadcast_i64x4(ld256(qs + 32 * j));
+        /* bit 2j (2j + 1 in the upper half) of each byte to bit 4 */
+        const __m512i cnt = _mm512_inserti64x4(_mm512_set1_epi16((short)(j < 2 ? 4 - 2 * j : 2 * j - 4)),
+                                               _mm256_set1_epi16((short)(j < 2 ? 3 - 2 * j : 2 * j - 3)), 1);
+        const __m512i hb = _mm512_and_si512(j < 2 ? _mm512_sllv_epi16(h5, cnt) : _mm512_srlv_epi16(h5, cnt), k10);
+        v[j] = _mm512_ternarylogic_epi32(m4, _mm512_srlv_epi16(q, nsh), hb, 0xca);
+    }
+}
+
+/* One super-block's scaled lane sums (16 dwords, exact; their total is S_b) */
+KD_AI __m512i kd5_dot(const __m512i v[4], const __m512i s[2], const cm_block_q8_k *y) {
+    const __m512i z = _mm512_setzero_si512();
     __m512i s16 = z;
     _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
-        __m512i dp[2];
-        _Pragma("GCC unroll 2") for (int e = 0; e < 2; e++) {
-            const int j = 2 * h + e; /* elements 64j.., bits 2j (low nibbles) and 2j+1 (high) of qh */
-            const __m512i q = _mm512_broadcast_i64x4(ld256(qs + 32 * j));
-            /* bit 2j (2j + 1 in the upper half) of each byte to bit 4 */
-            const __m512i cnt = _mm512_inserti64x4(_mm512_set1_epi16((short)(j < 2 ? 4 - 2 * j : 2 * j - 4)),
-                                                   _mm256_set1_epi16((short)(j < 2 ? 3 - 2 * j : 2 * j - 3)), 1);
-            const __m512i hb = _mm512_and_si512(j < 2 ? _mm512_sllv_epi16(h5, cnt) : _mm512_srlv_epi16(h5, cnt), k10);
-            const __m512i v = _mm512_ternarylogic_epi32(m4, _mm512_srlv_epi16(q, nsh), hb, 0xca);
-            dp[e] = _mm512_dpbusd_epi32(z, v, _mm512_loadu_si512(y->qs + 64 * j));
-        }
-        s16 = _mm512_dpwssd_epi32(s16, kd_pair(dp[0], dp[1]), s[h]);
+        const __m512i d0 = _mm512_dpbusd_epi32(z, v[2 * h], _mm512_loadu_si512(y->qs + 128 * h));
+        const __m512i d1 = _mm512_dpbusd_epi32(z, v[2 * h + 1], _mm512_loadu_si512(y->qs + 128 * h + 64));
+        s16 = _mm512_dpwssd_epi32(s16, kd_pair(d0, d1), s[h]);
     }
     return s16;
+}
+
+KD_AI __m512i kd5_block(const uint8_t *qs, const uint8_t *qh, const __m512i s[2], const cm_block_q8_k *y) {
+    __m512i v[4];
+    kd5_vals(qs, qh, v);
+    return kd5_dot(v, s, y);
 }
 
 /* 32 words: block j's scale i (i < 4) at 4j + i, scale 4 + i at 16 + 4j + i. */
@@ -235,6 +246,23 @@ KD_AI void kd5_hdr_file(const cm_block_q5_k *xt, int n, __m128i *dd, __m128i *a,
     *c = _mm_unpackhi_epi64(t1, t3);
 }
 
+/* A quad's scale dwords a, b, c (rk_header's arithmetic) -> sw: 32 words,
+ * block j's scale i (i < 4) at 4j + i, scale 4 + i at 16 + 4j + i; mnw: the
+ * mins as words, block j's in 128-bit lane j */
+KD_AI void kd5_scales(__m128i a, __m128i b, __m128i c, __m512i *sw, __m512i *mnw) {
+    const __m128i m3f = _mm_set1_epi32(0x3f3f3f3f), m0f = _mm_set1_epi32(0x0f0f0f0f), m03 = _mm_set1_epi32(0x03030303);
+    const __m128i sc03 = _mm_and_si128(a, m3f);
+    const __m128i sc47 =
+        _mm_or_si128(_mm_and_si128(c, m0f), _mm_slli_epi32(_mm_and_si128(_mm_srli_epi32(a, 6), m03), 4));
+    const __m128i mn03 = _mm_and_si128(b, m3f);
+    const __m128i mn47 = _mm_or_si128(_mm_and_si128(_mm_srli_epi32(c, 4), m0f),
+                                      _mm_slli_epi32(_mm_and_si128(_mm_srli_epi32(b, 6), m03), 4));
+    const __m256i ml = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_unpacklo_epi32(mn03, mn47)),
+                                               _mm_unpackhi_epi32(mn03, mn47), 1);
+    *sw = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_cvtepu8_epi16(sc03)), _mm256_cvtepu8_epi16(sc47), 1);
+    *mnw = _mm512_cvtepu8_epi16(ml);
+}
+
 /* Four super-blocks bq.. (n of them; zeros past) from their scale dwords
  * (rk_header's arithmetic): their lane sums folded into *q (dword 4j + i:
  * part j of block i) and the mins' products into *mq (128-bit lane i: block
@@ -245,17 +273,8 @@ KD_AI void kd5_quad(__m128i a, __m128i b, __m128i c, const uint8_t *qs, const ui
     static const uint16_t k_base[32] = {0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2,
                                         1, 3, 1, 3, 1, 3, 1, 3, 1, 3, 1, 3, 1, 3, 1, 3};
     const __m512i base = _mm512_loadu_si512(k_base);
-    const __m128i m3f = _mm_set1_epi32(0x3f3f3f3f), m0f = _mm_set1_epi32(0x0f0f0f0f), m03 = _mm_set1_epi32(0x03030303);
-    const __m128i sc03 = _mm_and_si128(a, m3f);
-    const __m128i sc47 =
-        _mm_or_si128(_mm_and_si128(c, m0f), _mm_slli_epi32(_mm_and_si128(_mm_srli_epi32(a, 6), m03), 4));
-    const __m128i mn03 = _mm_and_si128(b, m3f);
-    const __m128i mn47 = _mm_or_si128(_mm_and_si128(_mm_srli_epi32(c, 4), m0f),
-                                      _mm_slli_epi32(_mm_and_si128(_mm_srli_epi32(b, 6), m03), 4));
-    const __m256i ml = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_unpacklo_epi32(mn03, mn47)),
-                                               _mm_unpackhi_epi32(mn03, mn47), 1);
-    const __m512i sw =
-        _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_cvtepu8_epi16(sc03)), _mm256_cvtepu8_epi16(sc47), 1);
+    __m512i sw, mnw;
+    kd5_scales(a, b, c, &sw, &mnw);
     __m512i s4[4];
     _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {
         if (j >= n) {
@@ -268,7 +287,7 @@ KD_AI void kd5_quad(__m128i a, __m128i b, __m128i c, const uint8_t *qs, const ui
         s4[j] = kd5_block(qs + j * sq, qh + j * sh, s, y + j);
     }
     *q = kd_red4(s4[0], s4[1], s4[2], s4[3]);
-    *mq = _mm512_madd_epi16(_mm512_cvtepu8_epi16(ml), _mm512_loadu_si512((const void *)pairs));
+    *mq = _mm512_madd_epi16(mnw, _mm512_loadu_si512((const void *)pairs));
 }
 
 /* One row in z5's order, 16 super-blocks per step: each block's exact sums
@@ -345,6 +364,96 @@ static void kd5_tok(int64_t nb, const cm_block_q8_k *y, __m128i *pairs, __m512 *
     }
 GEMV_KD5(gemv_kd5r, g_prev_rq5, true)  /* over "q5_k lanes" (repack.c) */
 GEMV_KD5(gemv_kd5f, g_prev_fq5, false) /* over the file's bytes */
+
+/* ---- q5_k's gemm for 1 or 2 tokens (3 and more: gemm_kq_avx512.c's
+ * gemm_kq5, rk5_multi below 8): kd5_row for T tokens at once on the file's bytes, each
+ * super-block's values built once (kd5_vals) for all of them; per token the
+ * same integer sums, lanes and float steps as kd5_row: vec_dot's bits. ---- */
+enum { KD5_MT = 2 }; /* 3 tokens ran even with rk5_multi, 4 and 7 6% slower (kbench, A B) */
+static cm_gemm_fn g_prev_gq5;
+
+KD_AI void kd5_multi(int64_t nb, const uint8_t *x, const cm_block_q8_k *const *yv, const __m128i (*pairs)[RK4_MAXB],
+                     const __m512 (*dyg)[RK4_MAXB / 16], int T, float *out) {
+    static const uint16_t k_base[32] = {0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2,
+                                        1, 3, 1, 3, 1, 3, 1, 3, 1, 3, 1, 3, 1, 3, 1, 3};
+    const __m512i base = _mm512_loadu_si512(k_base);
+    const __m512i mperm = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    const __m512 sgn = _mm512_set1_ps(-0.0f);
+    const size_t BS = sizeof(cm_block_q5_k);
+    __m512 acc[KD5_MT];
+    for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
+    for (int64_t b0 = 0; b0 < nb; b0 += 16) {
+        _Alignas(64) __m512i qt[KD5_MT][4], mqt[KD5_MT][4];
+        __m128i dd[4];
+        for (int k = 0; k < 4; k++) {
+            const int64_t bq = b0 + 4 * k;
+            if (bq >= nb) {
+                for (int t = 0; t < T; t++) qt[t][k] = mqt[t][k] = _mm512_setzero_si512();
+                dd[k] = _mm_setzero_si128();
+                continue;
+            }
+            const int n = nb - bq < 4 ? (int)(nb - bq) : 4;
+            const cm_block_q5_k *xq = (const cm_block_q5_k *)(const void *)(x + (size_t)bq * BS);
+            __m128i a, b, c;
+            kd5_hdr_file(xq, n, &dd[k], &a, &b, &c);
+            __m512i sw, mnw;
+            kd5_scales(a, b, c, &sw, &mnw);
+            _Alignas(64) __m512i V[4][4], S[4][2];
+            for (int j = 0; j < n; j++) {
+                S[j][0] = _mm512_permutexvar_epi16(_mm512_add_epi16(base, _mm512_set1_epi16((short)(4 * j))), sw);
+                S[j][1] = _mm512_permutexvar_epi16(_mm512_add_epi16(base, _mm512_set1_epi16((short)(16 + 4 * j))), sw);
+                kd5_vals(xq[j].qs, xq[j].qh, V[j]);
+            }
+            for (int t = 0; t < T; t++) {
+                __m512i s4[4];
+                for (int j = 0; j < 4; j++)
+                    s4[j] = j < n ? kd5_dot(V[j], S[j], yv[t] + bq + j) : _mm512_setzero_si512();
+                qt[t][k] = kd_red4(s4[0], s4[1], s4[2], s4[3]);
+                mqt[t][k] = _mm512_madd_epi16(mnw, _mm512_loadu_si512((const void *)(pairs[t] + bq)));
+            }
+        }
+        const __m512i D =
+            _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_inserti128_si256(_mm256_castsi128_si256(dd[0]), dd[1], 1)),
+                               _mm256_inserti128_si256(_mm256_castsi128_si256(dd[2]), dd[3], 1), 1);
+        const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(D));
+        const __m512 dm = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(D, 16)));
+        for (int t = 0; t < T; t++) {
+            const __m512i Sv = kd_place(qt[t][0], qt[t][1], qt[t][2], qt[t][3]);
+            const __m512i M = _mm512_permutexvar_epi32(mperm, kd_red4(mqt[t][0], mqt[t][1], mqt[t][2], mqt[t][3]));
+            const __m512 dy = dyg[t][b0 / 16];
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(Sv), _mm512_mul_ps(d, dy), acc[t]);
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(M), _mm512_xor_ps(_mm512_mul_ps(dm, dy), sgn), acc[t]);
+        }
+    }
+    for (int t = 0; t < T; t++) out[t] = _mm512_reduce_add_ps(acc[t]);
+}
+
+static void gemm_kd5(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
+                     int64_t r0, int64_t r1, int64_t n_tok) {
+    const int64_t nb = k / CM_QK_K;
+    if (nb > RK4_MAXB || n_tok < 1 || n_tok > KD5_MT) {
+        g_prev_gq5(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
+        return;
+    }
+    const int T = (int)n_tok;
+    _Alignas(64) __m128i pairs[KD5_MT][RK4_MAXB];
+    _Alignas(64) __m512 dyg[KD5_MT][RK4_MAXB / 16];
+    const cm_block_q8_k *yv[KD5_MT];
+    for (int t = 0; t < T; t++) {
+        yv[t] = (const cm_block_q8_k *)(const void *)((const char *)x + (size_t)t * x_stride);
+        kd5_tok(nb, yv[t], pairs[t], dyg[t]);
+    }
+    for (int64_t i = r0; i < r1; i++) {
+        float out[KD5_MT];
+        const uint8_t *row = (const uint8_t *)w + (size_t)i * w_stride;
+        const __m128i(*pp)[RK4_MAXB] = (const __m128i(*)[RK4_MAXB])pairs;
+        const __m512(*dp)[RK4_MAXB / 16] = (const __m512(*)[RK4_MAXB / 16]) dyg;
+        if (T == 1) /* T constant in each: the token loops unrolled */
+            kd5_multi(nb, row, yv, pp, dp, 1, out);
+        else kd5_multi(nb, row, yv, pp, dp, 2, out);
+        for (int t = 0; t < T; t++) y[t * ldy + i] = out[t];
+    }
+}
 
 /* vec_dot (z5) on the file's bytes: the same row */
 static cm_vec_dot_fn g_prev_vd5;
@@ -457,6 +566,10 @@ void cm_kernels_fill_kd_avx512(cm_kernels *k) {
         g_prev_fq5 = k->gemv[CM_TYPE_Q5_K];
         k->gemv_packed[CM_TYPE_Q5_K] = gemv_kd5r;
         k->gemv[CM_TYPE_Q5_K] = gemv_kd5f;
+        if (k->gemm[CM_TYPE_Q5_K]) {
+            g_prev_gq5 = k->gemm[CM_TYPE_Q5_K];
+            k->gemm[CM_TYPE_Q5_K] = gemm_kd5;
+        }
         if (k->vec_dot[CM_TYPE_Q5_K]) {
             g_prev_vd5 = k->vec_dot[CM_TYPE_Q5_K];
             k->vec_dot[CM_TYPE_Q5_K] = vec_dot_kd5;
