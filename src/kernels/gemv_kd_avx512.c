@@ -8,8 +8,10 @@
  *   - q6_k over "q6_k lanes" (repack.c; was gemm_kq_avx512.c's gemv_kq6v),
  *     below;
  *   - q5_k over "q5_k lanes" and over the file's bytes (were
- *     avx512_krepack.h's gemv_rq5_k / gemv_fq5_k): the 5-bit values in 3
- *     operations per 64 weights instead of 6, the word pairs by one vpshufb;
+ *     avx512_krepack.h's gemv_rq5_k / gemv_fq5_k), and the table's q5_k
+ *     vec_dot and gemm for 1-2 tokens: the 5-bit values in 3 operations per
+ *     64 weights instead of 6, the word pairs by one vpshufb, 16
+ *     super-blocks per step placed into z5's lanes as q6_k's are;
  *   - q4_k over "q4_k lanes" (was avx512_krepack.h's gemv_rq4_k): the word
  *     pairs by one vpshufb.
  * One row per pass everywhere: a single sequential stream (two adjacent
@@ -169,10 +171,16 @@ static void gemv_kd6(int64_t k, const void *w, size_t w_stride, const void *x, s
  * fifth bits shifted by a per-half constant so that bit 2j | 2j + 1 of qh
  * lands on bit 4 (left for j < 2, right for j >= 2: within each byte of a
  * 16-bit word either way), masked to 0x10, and one select (vpternlogd) of
- * the nibble's bits 0-3 and that bit. The lane sums are exact and the word
- * pairs, the vpdpwssd and the reduction to 8 lanes are rk5_block's, and
- * the float side (z5: x86_krepack.h's rk5_put, one conversion and two
- * FMAs per 16 super-blocks) is rk5_row's: the same bits. ---- */
+ * the nibble's bits 0-3 and that bit. The word pairs and the vpdpwssd are
+ * rk5_block's (exact integers). Per 16 super-blocks, as q6_k above: each
+ * block's 16 dwords and its mins' 4 products summed into lane b % 16 by
+ * transpose-adds (kd_red4, kd_place: no per-block horizontal sum), d and
+ * dmin taken from the 4 quads' headers (file-order quads' first 16 bytes
+ * transposed into the group header's form, so scales are unpacked 4 blocks
+ * at once there too), then z5's float side: one conversion of S and of M,
+ * an FMA with d * dy then one with -(dmin * dy), _mm512_reduce_add_ps at the
+ * end (x86_krepack.h's rk5_put / rk5_end: the same bits; lanes past nb are
+ * zero). ---- */
 static cm_gemm_fn g_prev_rq5, g_prev_fq5;
 
 /* word pairs (low word of a, low word of b) per dword in one vpshufb: the
