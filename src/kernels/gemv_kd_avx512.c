@@ -195,7 +195,6 @@ KD_AI __m512i kd_pair(__m512i a, __m512i b) {
  * qs + 32j, low | high in the 256-bit halves, with bit 4 from qh) */
 KD_AI void kd5_vals(const uint8_t *qs, const uint8_t *qh, __m512i v[4]) {
     const __m512i m4 = _mm512_set1_epi8(0x0f), k10 = _mm512_set1_epi8(0x10);
-    const __m512i nsh = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1); /* lo | hi nibbles */
     const __m512i h5 = _mm512_broadcast_i64x4(ld256(qh));
     _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) { /* bits 2j (low nibbles) and 2j+1 (high) of qh */
         const __m512i q = _mm512_broadcast_i64x4(ld256(qs + 32 * j));
@@ -203,7 +202,7 @@ KD_AI void kd5_vals(const uint8_t *qs, const uint8_t *qh, __m512i v[4]) {
         const __m512i cnt = _mm512_inserti64x4(_mm512_set1_epi16((short)(j < 2 ? 4 - 2 * j : 2 * j - 4)),
                                                _mm256_set1_epi16((short)(j < 2 ? 3 - 2 * j : 2 * j - 3)), 1);
         const __m512i hb = _mm512_and_si512(j < 2 ? _mm512_sllv_epi16(h5, cnt) : _mm512_srlv_epi16(h5, cnt), k10);
-        v[j] = _mm512_ternarylogic_epi32(m4, _mm512_srlv_epi16(q, nsh), hb, 0xca);
+        v[j] = _mm512_ternarylogic_epi32(m4, _mm512_mask_srli_epi16(q, (__mmask32)0xffff0000u, q, 4), hb, 0xca);
     }
 }
 
