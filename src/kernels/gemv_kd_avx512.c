@@ -8,8 +8,10 @@
  *   - q6_k over "q6_k lanes" (repack.c; was gemm_kq_avx512.c's gemv_kq6v),
  *     below;
  *   - q5_k over "q5_k lanes" and over the file's bytes (were
- *     avx512_krepack.h's gemv_rq5_k / gemv_fq5_k): the 5-bit values in 3
- *     operations per 64 weights instead of 6, the word pairs by one vpshufb;
+ *     avx512_krepack.h's gemv_rq5_k / gemv_fq5_k), and the table's q5_k
+ *     vec_dot and gemm for 1-2 tokens: the 5-bit values in 3 operations per
+ *     64 weights instead of 6, the word pairs by one vpshufb, 16
+ *     super-blocks per step placed into z5's lanes as q6_k's are;
  *   - q4_k over "q4_k lanes" (was avx512_krepack.h's gemv_rq4_k): the word
  *     pairs by one vpshufb.
  * One row per pass everywhere: a single sequential stream (two adjacent
@@ -169,10 +171,16 @@ static void gemv_kd6(int64_t k, const void *w, size_t w_stride, const void *x, s
  * fifth bits shifted by a per-half constant so that bit 2j | 2j + 1 of qh
  * lands on bit 4 (left for j < 2, right for j >= 2: within each byte of a
  * 16-bit word either way), masked to 0x10, and one select (vpternlogd) of
- * the nibble's bits 0-3 and that bit. The lane sums are exact and the word
- * pairs, the vpdpwssd and the reduction to 8 lanes are rk5_block's, and
- * the float side (z5: x86_krepack.h's rk5_put, one conversion and two
- * FMAs per 16 super-blocks) is rk5_row's: the same bits. ---- */
+ * the nibble's bits 0-3 and that bit. The word pairs and the vpdpwssd are
+ * rk5_block's (exact integers). Per 16 super-blocks, as q6_k above: each
+ * block's 16 dwords and its mins' 4 products summed into lane b % 16 by
+ * transpose-adds (kd_red4, kd_place: no per-block horizontal sum), d and
+ * dmin taken from the 4 quads' headers (file-order quads' first 16 bytes
+ * transposed into the group header's form, so scales are unpacked 4 blocks
+ * at once there too), then z5's float side: one conversion of S and of M,
+ * an FMA with d * dy then one with -(dmin * dy), _mm512_reduce_add_ps at the
+ * end (x86_krepack.h's rk5_put / rk5_end: the same bits; lanes past nb are
+ * zero). ---- */
 static cm_gemm_fn g_prev_rq5, g_prev_fq5;
 
 /* word pairs (low word of a, low word of b) per dword in one vpshufb: the
@@ -183,28 +191,37 @@ KD_AI __m512i kd_pair(__m512i a, __m512i b) {
     return _mm512_mask_shuffle_epi8(a, (__mmask64)0xccccccccccccccccull, b, ctl);
 }
 
-KD_AI __m256i kd5_block(const uint8_t *qs, const uint8_t *qh, const __m512i s[2], __m128i mn16, const cm_block_q8_k *y,
-                        __m128i pairs, __m128i *m) {
-    const __m512i m4 = _mm512_set1_epi8(0x0f), k10 = _mm512_set1_epi8(0x10), z = _mm512_setzero_si512();
-    const __m512i nsh = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1); /* lo | hi nibbles */
+/* One super-block's 5-bit values: v[j] = elements 64j.. (the nibbles of
+ * qs + 32j, low | high in the 256-bit halves, with bit 4 from qh) */
+KD_AI void kd5_vals(const uint8_t *qs, const uint8_t *qh, __m512i v[4]) {
+    const __m512i m4 = _mm512_set1_epi8(0x0f), k10 = _mm512_set1_epi8(0x10);
     const __m512i h5 = _mm512_broadcast_i64x4(ld256(qh));
+    _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) { /* bits 2j (low nibbles) and 2j+1 (high) of qh */
+        const __m512i q = _mm512_broadcast_i64x4(ld256(qs + 32 * j));
+        /* bit 2j (2j + 1 in the upper half) of each byte to bit 4 */
+        const __m512i cnt = _mm512_inserti64x4(_mm512_set1_epi16((short)(j < 2 ? 4 - 2 * j : 2 * j - 4)),
+                                               _mm256_set1_epi16((short)(j < 2 ? 3 - 2 * j : 2 * j - 3)), 1);
+        const __m512i hb = _mm512_and_si512(j < 2 ? _mm512_sllv_epi16(h5, cnt) : _mm512_srlv_epi16(h5, cnt), k10);
+        v[j] = _mm512_ternarylogic_epi32(m4, _mm512_mask_srli_epi16(q, (__mmask32)0xffff0000u, q, 4), hb, 0xca);
+    }
+}
+
+/* One super-block's scaled lane sums (16 dwords, exact; their total is S_b) */
+KD_AI __m512i kd5_dot(const __m512i v[4], const __m512i s[2], const cm_block_q8_k *y) {
+    const __m512i z = _mm512_setzero_si512();
     __m512i s16 = z;
     _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
-        __m512i dp[2];
-        _Pragma("GCC unroll 2") for (int e = 0; e < 2; e++) {
-            const int j = 2 * h + e; /* elements 64j.., bits 2j (low nibbles) and 2j+1 (high) of qh */
-            const __m512i q = _mm512_broadcast_i64x4(ld256(qs + 32 * j));
-            /* bit 2j (2j + 1 in the upper half) of each byte to bit 4 */
-            const __m512i cnt = _mm512_inserti64x4(_mm512_set1_epi16((short)(j < 2 ? 4 - 2 * j : 2 * j - 4)),
-                                                   _mm256_set1_epi16((short)(j < 2 ? 3 - 2 * j : 2 * j - 3)), 1);
-            const __m512i hb = _mm512_and_si512(j < 2 ? _mm512_sllv_epi16(h5, cnt) : _mm512_srlv_epi16(h5, cnt), k10);
-            const __m512i v = _mm512_ternarylogic_epi32(m4, _mm512_srlv_epi16(q, nsh), hb, 0xca);
-            dp[e] = _mm512_dpbusd_epi32(z, v, _mm512_loadu_si512(y->qs + 64 * j));
-        }
-        s16 = _mm512_dpwssd_epi32(s16, kd_pair(dp[0], dp[1]), s[h]);
+        const __m512i d0 = _mm512_dpbusd_epi32(z, v[2 * h], _mm512_loadu_si512(y->qs + 128 * h));
+        const __m512i d1 = _mm512_dpbusd_epi32(z, v[2 * h + 1], _mm512_loadu_si512(y->qs + 128 * h + 64));
+        s16 = _mm512_dpwssd_epi32(s16, kd_pair(d0, d1), s[h]);
     }
-    *m = _mm_madd_epi16(mn16, pairs);
-    return _mm256_add_epi32(_mm512_castsi512_si256(s16), _mm512_extracti64x4_epi64(s16, 1));
+    return s16;
+}
+
+KD_AI __m512i kd5_block(const uint8_t *qs, const uint8_t *qh, const __m512i s[2], const cm_block_q8_k *y) {
+    __m512i v[4];
+    kd5_vals(qs, qh, v);
+    return kd5_dot(v, s, y);
 }
 
 /* 32 words: block j's scale i (i < 4) at 4j + i, scale 4 + i at 16 + 4j + i. */
@@ -212,59 +229,130 @@ KD_AI __m512i kd_scale_words(__m128i sc03, __m128i sc47) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_cvtepu8_epi16(sc03)), _mm256_cvtepu8_epi16(sc47), 1);
 }
 
-KD_AI float kd5_row(int64_t nb, const uint8_t *x, const cm_block_q8_k *y, const __m128i *pairs, bool grouped) {
-    rk5_acc A = {_mm512_setzero_ps(),    _mm512_setzero_ps(),    _mm512_setzero_ps(),
-                 _mm512_setzero_si512(), _mm512_setzero_si512(), 0};
-    const __m128 sgn = _mm_set1_ps(-0.0f);
+/* Four super-blocks' headers -> dd (dword i: block i's d | dmin << 16) and
+ * the scale dwords a, b, c of repack.c's group header. Grouped: the group's
+ * header; else n (1..4) file-order blocks' first 16 bytes transposed (zeros
+ * past n). */
+KD_AI void kd5_hdr_group(const uint8_t *g, __m128i *dd, __m128i *a, __m128i *b, __m128i *c) {
+    const __m128i h = _mm_loadu_si128((const __m128i *)(const void *)g);
+    *dd = _mm_unpacklo_epi16(h, _mm_srli_si128(h, 8));
+    *a = _mm_loadu_si128((const __m128i *)(const void *)(g + 16));
+    *b = _mm_loadu_si128((const __m128i *)(const void *)(g + 32));
+    *c = _mm_loadu_si128((const __m128i *)(const void *)(g + 48));
+}
+
+KD_AI void kd5_hdr_file(const cm_block_q5_k *xt, int n, __m128i *dd, __m128i *a, __m128i *b, __m128i *c) {
+    __m128i L[4];
+    for (int i = 0; i < 4; i++)
+        L[i] = i < n ? _mm_loadu_si128((const __m128i *)(const void *)(xt + i)) : _mm_setzero_si128();
+    const __m128i t0 = _mm_unpacklo_epi32(L[0], L[1]), t1 = _mm_unpackhi_epi32(L[0], L[1]);
+    const __m128i t2 = _mm_unpacklo_epi32(L[2], L[3]), t3 = _mm_unpackhi_epi32(L[2], L[3]);
+    *dd = _mm_unpacklo_epi64(t0, t2);
+    *a = _mm_unpackhi_epi64(t0, t2);
+    *b = _mm_unpacklo_epi64(t1, t3);
+    *c = _mm_unpackhi_epi64(t1, t3);
+}
+
+/* A quad's scale dwords a, b, c (rk_header's arithmetic) -> sw: 32 words,
+ * block j's scale i (i < 4) at 4j + i, scale 4 + i at 16 + 4j + i; mnw: the
+ * mins as words, block j's in 128-bit lane j */
+KD_AI void kd5_scales(__m128i a, __m128i b, __m128i c, __m512i *sw, __m512i *mnw) {
+    const __m128i m3f = _mm_set1_epi32(0x3f3f3f3f), m0f = _mm_set1_epi32(0x0f0f0f0f), m03 = _mm_set1_epi32(0x03030303);
+    const __m128i sc03 = _mm_and_si128(a, m3f);
+    const __m128i sc47 =
+        _mm_or_si128(_mm_and_si128(c, m0f), _mm_slli_epi32(_mm_and_si128(_mm_srli_epi32(a, 6), m03), 4));
+    const __m128i mn03 = _mm_and_si128(b, m3f);
+    const __m128i mn47 = _mm_or_si128(_mm_and_si128(_mm_srli_epi32(c, 4), m0f),
+                                      _mm_slli_epi32(_mm_and_si128(_mm_srli_epi32(b, 6), m03), 4));
+    const __m256i ml = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_unpacklo_epi32(mn03, mn47)),
+                                               _mm_unpackhi_epi32(mn03, mn47), 1);
+    *sw = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_cvtepu8_epi16(sc03)), _mm256_cvtepu8_epi16(sc47), 1);
+    *mnw = _mm512_cvtepu8_epi16(ml);
+}
+
+/* Four super-blocks bq.. (n of them; zeros past) from their scale dwords
+ * (rk_header's arithmetic): their lane sums folded into *q (dword 4j + i:
+ * part j of block i) and the mins' products into *mq (128-bit lane i: block
+ * i's). Block i's qs at qs + i * sq, qh at qh + i * sh. */
+KD_AI void kd5_quad(__m128i a, __m128i b, __m128i c, const uint8_t *qs, const uint8_t *qh, size_t sq, size_t sh, int n,
+                    const cm_block_q8_k *y, const __m128i *pairs, __m512i *q, __m512i *mq) {
     /* word 2l (l < 8): scale 4h of block j; 2l+1: 4h+2; l >= 8: 4h+1, 4h+3 */
     static const uint16_t k_base[32] = {0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2,
                                         1, 3, 1, 3, 1, 3, 1, 3, 1, 3, 1, 3, 1, 3, 1, 3};
     const __m512i base = _mm512_loadu_si512(k_base);
-    int64_t b = 0;
-    for (; grouped && b + 4 <= nb; b += 4, x += 4 * sizeof(cm_block_q5_k)) {
-        float dd[8];
-        __m128i sc03, sc47, mn16[4];
-        rk_header(x, dd, &sc03, &sc47, mn16);
-        const __m512i sw = kd_scale_words(sc03, sc47);
-        __m256i sl[4];
-        __m128i ml[4];
-        _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {
-            const __m512i s[2] = {
-                _mm512_permutexvar_epi16(_mm512_add_epi16(base, _mm512_set1_epi16((short)(4 * j))), sw),
-                _mm512_permutexvar_epi16(_mm512_add_epi16(base, _mm512_set1_epi16((short)(16 + 4 * j))), sw)};
-            sl[j] = kd5_block(x + 192 + 128 * j, x + 64 + 32 * j, s, mn16[j], y + b + j, pairs[b + j], &ml[j]);
+    __m512i sw, mnw;
+    kd5_scales(a, b, c, &sw, &mnw);
+    __m512i s4[4];
+    _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {
+        if (j >= n) {
+            s4[j] = _mm512_setzero_si512();
+            continue;
         }
-        __m128i S4, M4;
-        rk5_quad(sl, ml, &S4, &M4);
-        const __m128 dy = _mm_setr_ps(y[b].d, y[b + 1].d, y[b + 2].d, y[b + 3].d);
-        rk5_put(&A, S4, M4, _mm_mul_ps(_mm_loadu_ps(dd), dy), _mm_xor_ps(_mm_mul_ps(_mm_loadu_ps(dd + 4), dy), sgn));
+        const __m512i s[2] = {
+            _mm512_permutexvar_epi16(_mm512_add_epi16(base, _mm512_set1_epi16((short)(4 * j))), sw),
+            _mm512_permutexvar_epi16(_mm512_add_epi16(base, _mm512_set1_epi16((short)(16 + 4 * j))), sw)};
+        s4[j] = kd5_block(qs + j * sq, qh + j * sh, s, y + j);
     }
-    const cm_block_q5_k *xt = (const cm_block_q5_k *)(const void *)x;
-    __m256i sl[4];
-    __m128i ml[4];
-    _Alignas(16) float d4[4], m4[4], y4[4];
-    int n = 0;
-    for (; b < nb; b++, xt++) { /* the file's order, gathered 4 blocks at a time */
-        uint8_t sc[8], mn[8];
-        cm_k4_scales8(xt->scales, sc, mn);
-        __m512i s[2];
-        for (int h = 0; h < 2; h++)
-            s[h] = _mm512_inserti64x4(_mm512_set1_epi32((int)(sc[4 * h] | (uint32_t)sc[4 * h + 2] << 16)),
-                                      _mm256_set1_epi32((int)(sc[4 * h + 1] | (uint32_t)sc[4 * h + 3] << 16)), 1);
-        sl[n] = kd5_block(xt->qs, xt->qh, s, _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(const void *)mn)),
-                          y + b, pairs[b], &ml[n]);
-        d4[n] = f16f(xt->d), m4[n] = f16f(xt->dmin), y4[n] = y[b].d;
-        if (++n == 4 || b == nb - 1) {
-            for (; n < 4; n++)
-                sl[n] = _mm256_setzero_si256(), ml[n] = _mm_setzero_si128(), d4[n] = m4[n] = y4[n] = 0.0f;
-            __m128i S4, M4;
-            rk5_quad(sl, ml, &S4, &M4);
-            const __m128 dy = _mm_load_ps(y4);
-            rk5_put(&A, S4, M4, _mm_mul_ps(_mm_load_ps(d4), dy), _mm_xor_ps(_mm_mul_ps(_mm_load_ps(m4), dy), sgn));
-            n = 0;
+    *q = kd_red4(s4[0], s4[1], s4[2], s4[3]);
+    *mq = _mm512_madd_epi16(mnw, _mm512_loadu_si512((const void *)pairs));
+}
+
+/* One row in z5's order, 16 super-blocks per step: each block's exact sums
+ * placed into lane b % 16 by transpose-adds (kd_red4, kd_place), d and dmin
+ * from the 4 quads' headers, then z5's conversion and two FMAs with d * dy
+ * and -(dmin * dy). */
+KD_AI float kd5_row(int64_t nb, const uint8_t *x, const cm_block_q8_k *y, const __m128i *pairs, const __m512 *dyg,
+                    bool grouped) {
+    const int64_t ng = grouped ? nb / 4 * 4 : 0;
+    /* kd_red4 of the mins gives dword 4j + i = block 4i + j: back to 4i + j's lane */
+    const __m512i mperm = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    const __m512 sgn = _mm512_set1_ps(-0.0f);
+    const size_t BS = sizeof(cm_block_q5_k);
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t b0 = 0; b0 < nb; b0 += 16) {
+        __m512i q[4], mq[4];
+        __m128i dd[4];
+        _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
+            const int64_t bq = b0 + 4 * k;
+            const uint8_t *g = x + (size_t)bq * BS;
+            __m128i a, b, c;
+            if (bq + 4 <= ng) {
+                kd5_hdr_group(g, &dd[k], &a, &b, &c);
+                kd5_quad(a, b, c, g + 192, g + 64, 128, 32, 4, y + bq, pairs + bq, &q[k], &mq[k]);
+            } else if (bq < nb) {
+                const int n = nb - bq < 4 ? (int)(nb - bq) : 4;
+                kd5_hdr_file((const cm_block_q5_k *)(const void *)g, n, &dd[k], &a, &b, &c);
+                kd5_quad(a, b, c, g + offsetof(cm_block_q5_k, qs), g + offsetof(cm_block_q5_k, qh), BS, BS, n, y + bq,
+                         pairs + bq, &q[k], &mq[k]);
+            } else {
+                q[k] = mq[k] = _mm512_setzero_si512();
+                dd[k] = _mm_setzero_si128();
+            }
         }
+        const __m512i S = kd_place(q[0], q[1], q[2], q[3]);
+        const __m512i M = _mm512_permutexvar_epi32(mperm, kd_red4(mq[0], mq[1], mq[2], mq[3]));
+        const __m512i D =
+            _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_inserti128_si256(_mm256_castsi128_si256(dd[0]), dd[1], 1)),
+                               _mm256_inserti128_si256(_mm256_castsi128_si256(dd[2]), dd[3], 1), 1);
+        const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(D));
+        const __m512 dm = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(D, 16)));
+        const __m512 dy = dyg[b0 / 16];
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(S), _mm512_mul_ps(d, dy), acc);
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(M), _mm512_xor_ps(_mm512_mul_ps(dm, dy), sgn), acc);
     }
-    return rk5_end(&A);
+    return _mm512_reduce_add_ps(acc);
+}
+
+/* The token's side: bsums pair sums (zeros up to a multiple of 4: kd5_quad
+ * reads 4) and dy per 16 super-blocks (0 past nb) */
+static void kd5_tok(int64_t nb, const cm_block_q8_k *y, __m128i *pairs, __m512 *dyg) {
+    rk_pairs(nb, y, pairs);
+    for (int64_t b = nb; b % 4; b++) pairs[b] = _mm_setzero_si128();
+    for (int64_t q = 0; q < (nb + 15) / 16; q++) {
+        _Alignas(64) float d[16];
+        for (int m = 0; m < 16; m++) d[m] = 16 * q + m < nb ? y[16 * q + m].d : 0.0f;
+        dyg[q] = _mm512_load_ps(d);
+    }
 }
 
 #define GEMV_KD5(NAME, PREV, GROUPED)                                                                                  \
@@ -275,13 +363,118 @@ KD_AI float kd5_row(int64_t nb, const uint8_t *x, const cm_block_q8_k *y, const 
             PREV(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);                                                  \
             return;                                                                                                    \
         }                                                                                                              \
-        __m128i pairs[RK4_MAXB];                                                                                       \
-        rk_pairs(nb, x, pairs);                                                                                        \
+        _Alignas(64) __m128i pairs[RK4_MAXB];                                                                          \
+        _Alignas(64) __m512 dyg[RK4_MAXB / 16];                                                                        \
+        kd5_tok(nb, x, pairs, dyg);                                                                                    \
         for (int64_t i = r0; i < r1; i++)                                                                              \
-            y[i] = kd5_row(nb, (const uint8_t *)w + (size_t)i * w_stride, x, pairs, GROUPED);                          \
+            y[i] = kd5_row(nb, (const uint8_t *)w + (size_t)i * w_stride, x, pairs, dyg, GROUPED);                     \
     }
 GEMV_KD5(gemv_kd5r, g_prev_rq5, true)  /* over "q5_k lanes" (repack.c) */
 GEMV_KD5(gemv_kd5f, g_prev_fq5, false) /* over the file's bytes */
+
+/* ---- q5_k's gemm for 1 or 2 tokens (3 and more: gemm_kq_avx512.c's
+ * gemm_kq5, rk5_multi below 8): kd5_row for T tokens at once on the file's bytes, each
+ * super-block's values built once (kd5_vals) for all of them; per token the
+ * same integer sums, lanes and float steps as kd5_row: vec_dot's bits. ---- */
+enum { KD5_MT = 2 }; /* 3 tokens ran even with rk5_multi, 4 and 7 6% slower (kbench, A B) */
+static cm_gemm_fn g_prev_gq5;
+
+KD_AI void kd5_multi(int64_t nb, const uint8_t *x, const cm_block_q8_k *const *yv, const __m128i (*pairs)[RK4_MAXB],
+                     const __m512 (*dyg)[RK4_MAXB / 16], int T, float *out) {
+    static const uint16_t k_base[32] = {0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2,
+                                        1, 3, 1, 3, 1, 3, 1, 3, 1, 3, 1, 3, 1, 3, 1, 3};
+    const __m512i base = _mm512_loadu_si512(k_base);
+    const __m512i mperm = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    const __m512 sgn = _mm512_set1_ps(-0.0f);
+    const size_t BS = sizeof(cm_block_q5_k);
+    __m512 acc[KD5_MT];
+    for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
+    for (int64_t b0 = 0; b0 < nb; b0 += 16) {
+        _Alignas(64) __m512i qt[KD5_MT][4], mqt[KD5_MT][4];
+        __m128i dd[4];
+        for (int k = 0; k < 4; k++) {
+            const int64_t bq = b0 + 4 * k;
+            if (bq >= nb) {
+                for (int t = 0; t < T; t++) qt[t][k] = mqt[t][k] = _mm512_setzero_si512();
+                dd[k] = _mm_setzero_si128();
+                continue;
+            }
+            const int n = nb - bq < 4 ? (int)(nb - bq) : 4;
+            const cm_block_q5_k *xq = (const cm_block_q5_k *)(const void *)(x + (size_t)bq * BS);
+            __m128i a, b, c;
+            kd5_hdr_file(xq, n, &dd[k], &a, &b, &c);
+            __m512i sw, mnw;
+            kd5_scales(a, b, c, &sw, &mnw);
+            _Alignas(64) __m512i V[4][4], S[4][2];
+            for (int j = 0; j < n; j++) {
+                S[j][0] = _mm512_permutexvar_epi16(_mm512_add_epi16(base, _mm512_set1_epi16((short)(4 * j))), sw);
+                S[j][1] = _mm512_permutexvar_epi16(_mm512_add_epi16(base, _mm512_set1_epi16((short)(16 + 4 * j))), sw);
+                kd5_vals(xq[j].qs, xq[j].qh, V[j]);
+            }
+            for (int t = 0; t < T; t++) {
+                __m512i s4[4];
+                for (int j = 0; j < 4; j++)
+                    s4[j] = j < n ? kd5_dot(V[j], S[j], yv[t] + bq + j) : _mm512_setzero_si512();
+                qt[t][k] = kd_red4(s4[0], s4[1], s4[2], s4[3]);
+                mqt[t][k] = _mm512_madd_epi16(mnw, _mm512_loadu_si512((const void *)(pairs[t] + bq)));
+            }
+        }
+        const __m512i D =
+            _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_inserti128_si256(_mm256_castsi128_si256(dd[0]), dd[1], 1)),
+                               _mm256_inserti128_si256(_mm256_castsi128_si256(dd[2]), dd[3], 1), 1);
+        const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(D));
+        const __m512 dm = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(D, 16)));
+        for (int t = 0; t < T; t++) {
+            const __m512i Sv = kd_place(qt[t][0], qt[t][1], qt[t][2], qt[t][3]);
+            const __m512i M = _mm512_permutexvar_epi32(mperm, kd_red4(mqt[t][0], mqt[t][1], mqt[t][2], mqt[t][3]));
+            const __m512 dy = dyg[t][b0 / 16];
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(Sv), _mm512_mul_ps(d, dy), acc[t]);
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(M), _mm512_xor_ps(_mm512_mul_ps(dm, dy), sgn), acc[t]);
+        }
+    }
+    for (int t = 0; t < T; t++) out[t] = _mm512_reduce_add_ps(acc[t]);
+}
+
+static void gemm_kd5(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
+                     int64_t r0, int64_t r1, int64_t n_tok) {
+    const int64_t nb = k / CM_QK_K;
+    if (nb > RK4_MAXB || n_tok < 1 || n_tok > KD5_MT) {
+        g_prev_gq5(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
+        return;
+    }
+    const int T = (int)n_tok;
+    _Alignas(64) __m128i pairs[KD5_MT][RK4_MAXB];
+    _Alignas(64) __m512 dyg[KD5_MT][RK4_MAXB / 16];
+    const cm_block_q8_k *yv[KD5_MT];
+    for (int t = 0; t < T; t++) {
+        yv[t] = (const cm_block_q8_k *)(const void *)((const char *)x + (size_t)t * x_stride);
+        kd5_tok(nb, yv[t], pairs[t], dyg[t]);
+    }
+    for (int64_t i = r0; i < r1; i++) {
+        float out[KD5_MT];
+        const uint8_t *row = (const uint8_t *)w + (size_t)i * w_stride;
+        const __m128i(*pp)[RK4_MAXB] = (const __m128i(*)[RK4_MAXB])pairs;
+        const __m512(*dp)[RK4_MAXB / 16] = (const __m512(*)[RK4_MAXB / 16]) dyg;
+        if (T == 1) /* T constant in each: the token loops unrolled */
+            kd5_multi(nb, row, yv, pp, dp, 1, out);
+        else kd5_multi(nb, row, yv, pp, dp, 2, out);
+        for (int t = 0; t < T; t++) y[t * ldy + i] = out[t];
+    }
+}
+
+/* vec_dot (z5) on the file's bytes: the same row */
+static cm_vec_dot_fn g_prev_vd5;
+static void vec_dot_kd5(int64_t n, float *s, const void *x, const void *y) {
+    const int64_t nb = n / CM_QK_K;
+    if (nb > RK4_MAXB) {
+        g_prev_vd5(n, s, x, y);
+        return;
+    }
+    _Alignas(64) __m128i pairs[RK4_MAXB];
+    _Alignas(64) __m512 dyg[RK4_MAXB / 16];
+    kd5_tok(nb, y, pairs, dyg);
+    *s = kd5_row(nb, x, y, pairs, dyg, false);
+}
 
 /* ---- q4_k over "q4_k lanes": avx512_krepack.h's gemv_rq4_k (same token
  * packing as pack_q4_k, same lane sums, float side and reduction: the same
@@ -380,5 +573,13 @@ void cm_kernels_fill_kd_avx512(cm_kernels *k) {
         g_prev_fq5 = k->gemv[CM_TYPE_Q5_K];
         k->gemv_packed[CM_TYPE_Q5_K] = gemv_kd5r;
         k->gemv[CM_TYPE_Q5_K] = gemv_kd5f;
+        if (k->gemm[CM_TYPE_Q5_K]) {
+            g_prev_gq5 = k->gemm[CM_TYPE_Q5_K];
+            k->gemm[CM_TYPE_Q5_K] = gemm_kd5;
+        }
+        if (k->vec_dot[CM_TYPE_Q5_K]) {
+            g_prev_vd5 = k->vec_dot[CM_TYPE_Q5_K];
+            k->vec_dot[CM_TYPE_Q5_K] = vec_dot_kd5;
+        }
     }
 }

@@ -84,7 +84,8 @@ static void test_q5_k_gemm(void) {
     }
     static const int64_t nbs[] = {1, 3, 8, 11, 17, 64};
     static const int rows[][2] = {{0, 1}, {1, 3}, {0, 6}, {1, 9}};
-    static const int toks[] = {2, 5, 7, 8, 9, 16, 17, 35}; /* below KT5_MINTOK: rk5_multi */
+    static const int toks[] = {1, 2, 3,  5,  7,
+                               8, 9, 16, 17, 35}; /* 1, 2: gemv_kd_avx512.c; below KT5_MINTOK: rk5_multi */
     for (size_t a = 0; a < sizeof nbs / sizeof nbs[0]; a++)
         for (size_t b = 0; b < sizeof rows / sizeof rows[0]; b++)
             for (size_t c = 0; c < sizeof toks / sizeof toks[0]; c++) {

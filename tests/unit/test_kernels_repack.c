@@ -227,10 +227,14 @@ static void check_k(enum cm_type t) {
         const cm_kernels *k = cm_kernels_for(k_isas[i]);
         if (!k) continue;
         tables += k->gemv_packed[t] != NULL;
-        check(k, t, 1024);    /* one group */
-        check(k, t, 2048);    /* two groups, no tail (the 1B models' width) */
-        check(k, t, 7 * 256); /* one group and a 3-block tail */
-        check(k, t, 5632);    /* five groups and a 2-block tail (ffn_down of the 1B models) */
+        check(k, t, 1024);       /* one group */
+        check(k, t, 2048);       /* two groups, no tail (the 1B models' width) */
+        check(k, t, 7 * 256);    /* one group and a 3-block tail */
+        check(k, t, 5632);       /* five groups and a 2-block tail (ffn_down of the 1B models) */
+        if (t == CM_TYPE_Q5_K) { /* q5_k's gemvs step 16 super-blocks: a full step, then two and a 1-block tail */
+            check(k, t, 16 * 256);
+            check(k, t, 33 * 256);
+        }
     }
     if (!tables) printf("skip: no kernel table on this CPU has a gemv over repacked %s\n", cm_type_name(t));
 }
