@@ -61,14 +61,8 @@ int cm_kv_init_types(cm_kv *kv, const cm_model *m, int layer_first, int layer_la
                        "deepseek2 keeps its latent cache in f32 or f16 (-ctk f16), not %s/%s or with --flash-attn",
                        cm_type_name(type_k), cm_type_name(type_v));
     if (!rows) return cm_kv_init_type(kv, m, layer_first, layer_last, s, n_ctx, type_k, err, errlen);
-    if (layer_first < 0 || layer_last > m->hp.n_layer || layer_first >= layer_last)
-        return cm_errf(err, errlen, CM_EINVAL, "layer range [%d, %d) is out of [0, %d)", layer_first, layer_last,
-                       m->hp.n_layer);
-    if (s.h0 < 0 || s.h1 > cm_slice_full(m).h1 || s.h0 > s.h1)
-        return cm_errf(err, errlen, CM_EINVAL, "kv head range [%d, %d) is out of [0, %d)", s.h0, s.h1,
-                       cm_slice_full(m).h1);
-    if (n_ctx < 1 || n_ctx > (1 << 24))
-        return cm_errf(err, errlen, CM_EINVAL, "context size %d is out of range", n_ctx);
+    int rc = cm_kv_check(m, layer_first, layer_last, s, n_ctx, err, errlen);
+    if (rc) return rc;
     const uint64_t n = (uint64_t)(layer_last - layer_first) * (uint64_t)(s.h1 - s.h0) * (uint64_t)n_ctx;
     const uint64_t kb = n * cm_row_size(type_k, D), vb = n * cm_row_size(type_v, D);
     if (kb > SIZE_MAX / 4 || vb > SIZE_MAX / 4)

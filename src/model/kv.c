@@ -17,6 +17,18 @@ uint64_t cm_kv_bytes(const cm_model *m, int layer_first, int layer_last, int h0,
     return 2 * n * sizeof(float);
 }
 
+int cm_kv_check(const cm_model *m, int layer_first, int layer_last, cm_slice s, int n_ctx, char *err, size_t errlen) {
+    if (layer_first < 0 || layer_last > m->hp.n_layer || layer_first >= layer_last)
+        return cm_errf(err, errlen, CM_EINVAL, "layer range [%d, %d) is out of [0, %d)", layer_first, layer_last,
+                       m->hp.n_layer);
+    if (s.h0 < 0 || s.h1 > cm_slice_full(m).h1 || s.h0 > s.h1)
+        return cm_errf(err, errlen, CM_EINVAL, "kv head range [%d, %d) is out of [0, %d)", s.h0, s.h1,
+                       cm_slice_full(m).h1);
+    if (n_ctx < 1 || n_ctx > (1 << 24))
+        return cm_errf(err, errlen, CM_EINVAL, "context size %d is out of range", n_ctx);
+    return 0;
+}
+
 int cm_kv_init(cm_kv *kv, const cm_model *m, int layer_first, int layer_last, cm_slice s, int n_ctx, char *err,
                size_t errlen) {
     return cm_kv_init_type(kv, m, layer_first, layer_last, s, n_ctx, CM_TYPE_F32, err, errlen);
@@ -27,14 +39,8 @@ int cm_kv_init_type(cm_kv *kv, const cm_model *m, int layer_first, int layer_las
     memset(kv, 0, sizeof *kv);
     if (type != CM_TYPE_F32 && type != CM_TYPE_F16)
         return cm_errf(err, errlen, CM_EINVAL, "kv cache type %s is not supported (f32, f16)", cm_type_name(type));
-    if (layer_first < 0 || layer_last > m->hp.n_layer || layer_first >= layer_last)
-        return cm_errf(err, errlen, CM_EINVAL, "layer range [%d, %d) is out of [0, %d)", layer_first, layer_last,
-                       m->hp.n_layer);
-    if (s.h0 < 0 || s.h1 > cm_slice_full(m).h1 || s.h0 > s.h1)
-        return cm_errf(err, errlen, CM_EINVAL, "kv head range [%d, %d) is out of [0, %d)", s.h0, s.h1,
-                       cm_slice_full(m).h1);
-    if (n_ctx < 1 || n_ctx > (1 << 24))
-        return cm_errf(err, errlen, CM_EINVAL, "context size %d is out of range", n_ctx);
+    int rc = cm_kv_check(m, layer_first, layer_last, s, n_ctx, err, errlen);
+    if (rc) return rc;
     const bool mla = m->hp.arch == CM_ARCH_DEEPSEEK2; /* K only: the latent rows (mla.h) */
     uint64_t half = cm_kv_bytes(m, layer_first, layer_last, s.h0, s.h1, n_ctx) / (mla ? 1 : 2);
     if (type == CM_TYPE_F16) half /= 2;

@@ -449,6 +449,9 @@ void cm_attn_split_merge(const float *parts, int nb, int head_dim, float sink, i
  * range (an F16 cache takes half). */
 uint64_t cm_kv_bytes(const cm_model *m, int layer_first, int layer_last, int h0, int h1, int n_ctx);
 /* An F32 cache. */
+/* The layer range, KV head range and context size every cm_kv_init* takes,
+ * checked (0, or an error naming the one out of range). */
+int cm_kv_check(const cm_model *m, int layer_first, int layer_last, cm_slice s, int n_ctx, char *err, size_t errlen);
 int cm_kv_init(cm_kv *kv, const cm_model *m, int layer_first, int layer_last, cm_slice s, int n_ctx, char *err,
                size_t errlen);
 /* type: CM_TYPE_F32 or CM_TYPE_F16 (anything else: CM_EINVAL). */
