@@ -54,13 +54,7 @@ enum {
 
 static cm_gemm_fn g_prev_q4, g_prev_q5, g_prev_q6; /* the table's gemms before ours (long rows) */
 
-/* The same reduction sequences as x86_tiles.h's hsum8 / hsum4. */
-KQ_AI float kq_hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
+/* The same reduction sequence as x86_tiles.h's hsum4. */
 KQ_AI float kq_hsum4(__m128 s) {
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
