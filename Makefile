@@ -131,6 +131,14 @@ $(BUILD)/bench/tp_bench: bench/tp_bench.c tests/unit/tp_model.h tests/unit/fixtu
 tp-bench: $(BUILD)/bench/tp_bench
 	$(BUILD)/bench/tp_bench $(TP_BENCH_ARGS)
 
+# The all-reduce's CPU cost per op (two members over loopback); not a test.
+.PHONY: tp-coll-bench
+$(BUILD)/bench/tp_coll_bench: bench/tp_coll_bench.c tests/unit/fixtures.h $(BUILD)/libcumulo.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Itests/unit -o $@ $< $(BUILD)/libcumulo.a $(LDLIBS)
+tp-coll-bench: $(BUILD)/bench/tp_coll_bench
+	$(BUILD)/bench/tp_coll_bench $(TP_COLL_BENCH_ARGS)
+
 # NEON kernels on this x86 machine: cross-compile only what the kernel test
 # needs (base, os, tensor, kernels; no system libraries) statically, and run
 # it under qemu-user. Only *_neon.c files get the NEON ISA flags, as in the

@@ -15,6 +15,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <time.h>
 
 struct cm_coll {
     cm_coll_cfg cfg;
@@ -32,7 +34,11 @@ struct cm_coll {
     /* trace: cipher time, [0] decode-sized all-reduces, [1] larger ones, [2] gathers (head, experts) */
     uint64_t seal_ns[3], open_ns[3];
     double gather_busy_s, gather_wait_s; /* trace: busy_s and wait_s of the gathers */
-    const cm_coll_native *nat;           /* the transport's all-reduce, or NULL */
+    /* trace: this thread's CPU time (ns) in the larger all-reduces, and between
+     * ops before them (a prompt's compute); the wall time between ops before
+     * them (load shows as wall above CPU: spin off, waits do not burn CPU) */
+    uint64_t last_end_cpu_ns, big_cpu_ns, big_gap_cpu_ns, big_gap_wall_ns;
+    const cm_coll_native *nat; /* the transport's all-reduce, or NULL */
     void *ngrp;
     char err[512];
 };
@@ -102,6 +108,27 @@ static void q8_dequantize(const uint8_t *q, int64_t n, float *out, bool add) {
 
 /* ---- set-up ---- */
 
+/* CUMULO_TP_ENCRYPT_LOOPBACK=1: encrypt the pieces on loopback links too
+ * (by default they go auth-only there: cm_conn_set_clear_allreduce). */
+static bool encrypt_loopback(void) {
+    const char *e = getenv("CUMULO_TP_ENCRYPT_LOOPBACK");
+    return e && *e && strcmp(e, "0");
+}
+
+/* Raise fd's send and receive buffers to CM_COLL_SOCK_BUF where they are
+ * smaller (never lower them; best effort: a socket that refuses keeps its
+ * own, which the 16 KiB pieces of old fitted). */
+static void sock_bufs(int fd) {
+    if (fd < 0) return;
+    const int opts[2] = {SO_SNDBUF, SO_RCVBUF};
+    for (int i = 0; i < 2; i++) {
+        int cur = 0, want = CM_COLL_SOCK_BUF;
+        socklen_t len = sizeof cur;
+        if (getsockopt(fd, SOL_SOCKET, opts[i], &cur, &len) == 0 && cur >= want) continue;
+        (void)setsockopt(fd, SOL_SOCKET, opts[i], &want, sizeof want);
+    }
+}
+
 int cm_coll_new(const cm_coll_cfg *cfg, cm_coll **out, char *err, size_t errlen) {
     *out = NULL;
     if (cfg->size < 1 || cfg->size > CM_COLL_MAX_MEMBERS || cfg->rank < 0 || cfg->rank >= cfg->size)
@@ -129,7 +156,11 @@ int cm_coll_new(const cm_coll_cfg *cfg, cm_coll **out, char *err, size_t errlen)
         return cm_errf(err, errlen, CM_ENOMEM, "out of memory for the all-reduce buffers");
     }
     for (int r = 0; r < cfg->size; r++)
-        if (r != cfg->rank) cm_conn_set_spin(cfg->peers[r], cm_coll_link_spin_us(cfg->peers[r]));
+        if (r != cfg->rank) {
+            cm_conn_set_spin(cfg->peers[r], cm_coll_link_spin_us(cfg->peers[r]));
+            cm_conn_set_clear_allreduce(cfg->peers[r], !encrypt_loopback());
+            sock_bufs(cm_conn_fd(cfg->peers[r]));
+        }
     const char *tr = getenv("CUMULO_TP_TRACE");
     c->trace = tr && *tr && strcmp(tr, "0");
     const cm_coll_native *nat = atomic_load(&g_native);
@@ -151,6 +182,13 @@ static void native_drop(cm_coll *c) {
     c->ngrp = NULL;
 }
 
+/* This thread's CPU time (the trace's breakdown); 0 where there is none. */
+static uint64_t thread_cpu_ns(void) {
+    struct timespec ts;
+    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts)) return 0;
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
 static double per(double total, uint64_t n) { return n ? total / (double)n : 0.0; }
 
 /* CUMULO_TP_TRACE: where this member's all-reduce time went, per op (µs). */
@@ -170,6 +208,11 @@ static void trace_print(const cm_coll *c) {
             per((double)c->seal_ns[1] * 1e-3, big), per((double)c->open_ns[1] * 1e-3, big), (unsigned long long)gath,
             per(c->gather_busy_s * us, gath), per(c->gather_wait_s * us, gath), per((double)c->seal_ns[2] * 1e-3, gath),
             per((double)c->open_ns[2] * 1e-3, gath), per(s->send_s * us, s->ops), s->gap_s);
+    fprintf(stderr,
+            "tp trace: rank %d of %d: larger all-reduces: %.1f ms CPU of %.1f ms wall in them; before them %.1f ms "
+            "CPU of %.1f ms wall (computing)\n",
+            c->cfg.rank, c->cfg.size, (double)c->big_cpu_ns * 1e-6, big_busy * 1e3, (double)c->big_gap_cpu_ns * 1e-6,
+            (double)c->big_gap_wall_ns * 1e-6);
 }
 
 void cm_coll_free(cm_coll *c) {
@@ -511,8 +554,12 @@ int cm_coll_allreduce(cm_coll *c, float *x, int64_t n, char *err, size_t errlen)
     }
     uint64_t seal0, open0;
     cipher_ns(c, &seal0, &open0);
-    uint64_t t0 = cm_now_ns();
+    uint64_t t0 = cm_now_ns(), cpu0 = c->trace ? thread_cpu_ns() : 0;
     if (c->last_end_ns) c->st.gap_s += (double)(t0 - c->last_end_ns) * 1e-9;
+    if (c->trace && c->last_end_ns && n > CM_COLL_SMALL_N) {
+        c->big_gap_cpu_ns += cpu0 - c->last_end_cpu_ns;
+        c->big_gap_wall_ns += t0 - c->last_end_ns;
+    }
     double wait0 = c->st.wait_s;
     int rc = 0;
     bool ring = cm_coll_uses_ring(c, n);
@@ -524,6 +571,10 @@ int cm_coll_allreduce(cm_coll *c, float *x, int64_t n, char *err, size_t errlen)
         rc = ring ? allreduce_ring(c, x, n) : allreduce_direct(c, x, n);
     }
     c->last_end_ns = cm_now_ns();
+    if (c->trace) {
+        c->last_end_cpu_ns = thread_cpu_ns();
+        if (n > CM_COLL_SMALL_N) c->big_cpu_ns += c->last_end_cpu_ns - cpu0;
+    }
     c->st.busy_s += (double)(c->last_end_ns - t0) * 1e-9;
     if (rc) return cm_errf(err, errlen, rc, "%s", c->err);
     if (n <= CM_COLL_SMALL_N) {

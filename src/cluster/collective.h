@@ -54,12 +54,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define CM_COLL_MAX_MEMBERS 16    /* = CM_MSG_MAX_TP */
-#define CM_COLL_PIECE_FLOATS 4096 /* elements per message (16 KiB of f32) */
-#define CM_COLL_QK 32             /* elements per Q8_0 block */
-#define CM_COLL_HDR_BYTES 28      /* ALLREDUCE header before the elements */
-#define CM_COLL_POINT_Q8 0x80u    /* point flag: elements are Q8_0 blocks */
-#define CM_COLL_POINT_GATHER 2u   /* point of an expert gather piece (never Q8_0) */
+#define CM_COLL_MAX_MEMBERS 16     /* = CM_MSG_MAX_TP */
+#define CM_COLL_PIECE_FLOATS 16384 /* elements per message (64 KiB of f32) */
+/* cm_coll_new raises each peer socket's send and receive buffers to at least
+ * this (bytes): two pieces in flight each way must fit whatever the kernel's
+ * autotuning has reached (single-threaded members both send before reading). */
+#define CM_COLL_SOCK_BUF (512 * 1024)
+#define CM_COLL_QK 32           /* elements per Q8_0 block */
+#define CM_COLL_HDR_BYTES 28    /* ALLREDUCE header before the elements */
+#define CM_COLL_POINT_Q8 0x80u  /* point flag: elements are Q8_0 blocks */
+#define CM_COLL_POINT_GATHER 2u /* point of an expert gather piece (never Q8_0) */
 #define CM_COLL_DEFAULT_TIMEOUT_MS 10000
 #define CM_COLL_DEFAULT_RING_MIN 65536 /* elements (256 KiB of f32) */
 #define CM_COLL_SMALL_N 16384          /* stats: ops up to this many elements count as decode-sized */
@@ -108,7 +112,8 @@ typedef struct cm_coll cm_coll;
 /* Make a collective for this member. Checks the configuration (ranks, every
  * peer present and READY) and sets each peer connection's receive spin
  * (CM_COLL_LOOPBACK_SPIN_US on loopback links, none on others; the
- * environment's CUMULO_TP_SPIN_US for all). With CUMULO_TP_TRACE set,
+ * environment's CUMULO_TP_SPIN_US for all) and socket buffers
+ * (CM_COLL_SOCK_BUF). With CUMULO_TP_TRACE set,
  * cm_coll_free prints where this member's all-reduce time went (one line on
  * stderr). Errors: CM_EINVAL, CM_ENOMEM. */
 int cm_coll_new(const cm_coll_cfg *cfg, cm_coll **out, char *err, size_t errlen);

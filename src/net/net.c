@@ -740,6 +740,16 @@ const char *cm_conn_peer(const cm_conn *c) { return c->peer; }
 void cm_conn_set_send_stall(cm_conn *c, int ms) { c->stall_ms = ms > 0 ? ms : 0; }
 void cm_conn_set_spin(cm_conn *c, int us) { c->spin_ns = us > 0 ? (uint64_t)us * 1000u : 0; }
 
+bool cm_conn_set_clear_allreduce(cm_conn *c, bool on) {
+    char h[64];
+    cm_conn_peer_host(c, h, sizeof h);
+    /* IP loopback only: a transport's local socket ("local") may carry the
+     * bytes on to another host */
+    bool lo = !strncmp(h, "127.", 4) || !strcmp(h, "::1") || !strncmp(h, "::ffff:127.", 11);
+    c->s.tx_clear_allreduce = on && lo && c->s.mode == CM_SEC_ENCRYPT;
+    return c->s.tx_clear_allreduce;
+}
+
 bool cm_conn_is_loopback(const cm_conn *c) {
     char h[64];
     cm_conn_peer_host(c, h, sizeof h);

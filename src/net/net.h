@@ -136,6 +136,13 @@ void cm_conn_set_spin(cm_conn *c, int us);
 void cm_conn_cipher_ns(const cm_conn *c, uint64_t *seal_ns, uint64_t *open_ns);
 /* The peer is this machine: 127.0.0.0/8, ::1, or a local (transport) socket. */
 bool cm_conn_is_loopback(const cm_conn *c);
+/* Seal this connection's ALLREDUCE frames auth-only (MAC, payload in the
+ * clear; every other frame stays encrypted) when on and the peer is on IP
+ * loopback (127.0.0.0/8, ::1: not a transport's local socket) in an encrypted
+ * session; returns whether it now does. Call it from the sending thread,
+ * between frames. Receivers of encrypted sessions accept both forms of
+ * ALLREDUCE (proto.h cm_chan). */
+bool cm_conn_set_clear_allreduce(cm_conn *c, bool on);
 
 const char *cm_conn_peer(const cm_conn *c); /* "127.0.0.1:7070" / "[::1]:7070" */
 /* The peer's address without the port ("127.0.0.1", "::1"), into out. */

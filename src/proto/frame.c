@@ -98,6 +98,8 @@ int cm_chan_check_hdr(const cm_chan *s, const cm_frame_hdr *h, char *err, size_t
     if (s->established && is_hs_type(h->type))
         return cm_errf(err, errlen, CM_EPROTO, "sent a %s frame after the handshake", tn);
     uint16_t want = session_flags(s);
+    if (want == (CM_FRAME_F_MAC | CM_FRAME_F_ENC) && h->type == CM_MSG_ALLREDUCE && h->flags == CM_FRAME_F_MAC)
+        want = CM_FRAME_F_MAC; /* a sender's auth-only partial sums (cm_chan.tx_clear_allreduce) */
     if (h->flags != want) {
         if ((want & CM_FRAME_F_MAC) && !(h->flags & CM_FRAME_F_MAC))
             return cm_errf(err, errlen, CM_EAUTH, "sent an unauthenticated %s frame", tn);
@@ -135,7 +137,10 @@ int cm_frame_seal(cm_chan *s, unsigned type, uint8_t *frame, size_t payload_len,
     if (s->tx_seq == UINT64_MAX) return cm_errf(err, errlen, CM_ESTATE, "sequence numbers exhausted; reconnect");
     size_t total = cm_chan_overhead(s) + payload_len;
     if (total > cap) return cm_errf(err, errlen, CM_ERANGE, "frame buffer of %zu bytes too small for %zu", cap, total);
-    cm_frame_hdr h = {CM_PROTO_VERSION, (uint8_t)type, session_flags(s), s->tx_seq, (uint32_t)payload_len};
+    uint16_t flags = session_flags(s);
+    if (s->tx_clear_allreduce && type == CM_MSG_ALLREDUCE && flags == (CM_FRAME_F_MAC | CM_FRAME_F_ENC))
+        flags = CM_FRAME_F_MAC; /* auth-only (a loopback link's partial sums) */
+    cm_frame_hdr h = {CM_PROTO_VERSION, (uint8_t)type, flags, s->tx_seq, (uint32_t)payload_len};
     cm_frame_hdr_encode(&h, frame);
     uint8_t *payload = frame + CM_FRAME_HDR, *mac = payload + payload_len;
     if (h.flags & CM_FRAME_F_MAC) {

@@ -107,6 +107,12 @@ typedef struct cm_chan {
     bool established;
     uint64_t tx_seq, rx_seq; /* next sequence number to send / to accept */
     uint8_t tx_key[32], rx_key[32];
+    /* An ENCRYPT session seals ALLREDUCE frames auth-only (MAC over header and
+     * payload, payload in the clear): the sender's choice on a loopback link,
+     * where only the host's root could read them (cm_conn_set_clear_allreduce).
+     * The receiver of an ENCRYPT session accepts either form of ALLREDUCE, and
+     * only of ALLREDUCE; every other frame stays encrypted. */
+    bool tx_clear_allreduce;
 } cm_chan;
 
 void cm_chan_init(cm_chan *s); /* handshake phase, seq 0 both ways; initialises libsodium */

@@ -1147,6 +1147,64 @@ static void test_handshake(void) {
     CHECK(cm_hs_read_init(&b, buf, n - 1, e, sizeof e) == CM_EFORMAT);
 }
 
+/* A loopback link's partial sums: an encrypted session whose sender sets
+ * tx_clear_allreduce seals ALLREDUCE frames auth-only (readable, still
+ * authenticated: every bit flip refused) and every other type encrypted; the
+ * receiver takes an auth-only frame of no other type. */
+static void test_clear_allreduce(void) {
+    pair p;
+    handshake(&p, CM_SEC_ENCRYPT, k_key, CM_SEC_ENCRYPT, k_key);
+    CHECK(p.rc_c == 0 && p.rc_s == 0);
+    p.s.rx_seq = p.c.tx_seq;
+    p.c.rx_seq = p.s.tx_seq;
+    p.c.tx_clear_allreduce = true;
+    const char sums[] = "partial sums of a hidden state, layer 3";
+    uint8_t f[128], save[128], *pl;
+    size_t n;
+    cm_frame_hdr h;
+    char e[256];
+    CHECK(seal(&p.c, CM_MSG_ALLREDUCE, sums, sizeof sums, f, &n) == 0);
+    CHECK(memmem(f, n, sums, sizeof sums) != NULL && n == CM_FRAME_HDR + sizeof sums + CM_FRAME_MAC);
+    int refused = 0;
+    for (size_t bit = 0; bit < n * 8; bit++) {
+        memcpy(save, f, n);
+        save[bit / 8] ^= (uint8_t)(1u << (bit % 8));
+        refused += cm_frame_open(&p.s, save, n, &h, &pl, e, sizeof e) != 0;
+    }
+    CHECK(refused == (int)(n * 8));
+    CHECKF(cm_frame_open(&p.s, f, n, &h, &pl, e, sizeof e) == 0, "%s", e);
+    CHECK(h.type == CM_MSG_ALLREDUCE && h.flags == CM_FRAME_F_MAC && !memcmp(pl, sums, sizeof sums));
+    /* other types stay encrypted */
+    CHECK(seal(&p.c, CM_MSG_BYE, sums, sizeof sums, f, &n) == 0);
+    CHECK(memmem(f, n, sums, sizeof sums) == NULL);
+    CHECKF(cm_frame_open(&p.s, f, n, &h, &pl, e, sizeof e) == 0, "%s", e);
+    CHECK(!memcmp(pl, sums, sizeof sums));
+    /* an auth-only frame of another type, with the right key, is refused */
+    cm_chan a = p.c;
+    a.mode = CM_SEC_AUTH;
+    CHECK(seal(&a, CM_MSG_FORWARD, sums, sizeof sums, f, &n) == 0);
+    CHECK(cm_frame_open(&p.s, f, n, &h, &pl, e, sizeof e) == CM_EPROTO);
+    CHECKF(strstr(e, "flags 0x1") != NULL, "%s", e);
+    /* off: ALLREDUCE encrypted like the rest */
+    p.c.tx_clear_allreduce = false;
+    CHECK(seal(&p.c, CM_MSG_ALLREDUCE, sums, sizeof sums, f, &n) == 0);
+    CHECK(memmem(f, n, sums, sizeof sums) == NULL);
+    /* an auth-only session never takes an encrypted ALLREDUCE */
+    pair q;
+    handshake(&q, CM_SEC_AUTH, k_key, CM_SEC_AUTH, k_key);
+    q.s.rx_seq = q.c.tx_seq;
+    cm_chan x = q.c;
+    x.mode = CM_SEC_ENCRYPT;
+    CHECK(seal(&x, CM_MSG_ALLREDUCE, sums, sizeof sums, f, &n) == 0);
+    CHECK(cm_frame_open(&q.s, f, n, &h, &pl, e, sizeof e) == CM_EPROTO);
+    cm_chan_wipe(&p.c);
+    cm_chan_wipe(&p.s);
+    cm_chan_wipe(&a);
+    cm_chan_wipe(&q.c);
+    cm_chan_wipe(&q.s);
+    cm_chan_wipe(&x);
+}
+
 static void test_sealed_frames(void) {
     for (int mode = CM_SEC_INSECURE; mode < CM_SEC_COUNT; mode++) {
         pair p;
@@ -1310,5 +1368,6 @@ int main(void) {
     RUN(test_issue19_fields);
     RUN(test_handshake);
     RUN(test_sealed_frames);
+    RUN(test_clear_allreduce);
     TEST_END();
 }

@@ -86,6 +86,7 @@ typedef struct vec_member {
     int rc;
     char err[512];
     cm_coll_stats st;
+    int clear_links; /* links that may send their pieces auth-only (loopback, encrypted) */
 } vec_member;
 
 static void *vec_main(void *arg) {
@@ -110,6 +111,14 @@ static void *vec_main(void *arg) {
     else cm_sleep_ms(1500);
     cm_coll_stats_get(c, &v->st);
     cm_coll_free(c);
+    /* every link of this mesh may send its pieces auth-only (IP loopback, an
+     * encrypted session: cm_conn_set_clear_allreduce says so), and off is off */
+    for (int j = 0; j < v->M->k; j++) {
+        cm_conn *pc = v->M->conns[v->rank][j];
+        if (!pc) continue;
+        bool was = cm_conn_set_clear_allreduce(pc, true);
+        v->clear_links += was && !cm_conn_set_clear_allreduce(pc, false);
+    }
     return NULL;
 }
 
@@ -131,6 +140,7 @@ static void run_vec(int k, int n, int ops, int64_t ring_min, bool compress, cons
         pthread_create(&th[r], NULL, vec_main, &v[r]);
     }
     for (int r = 0; r < k; r++) pthread_join(th[r], NULL);
+    for (int r = 0; r < k; r++) CHECKF(v[r].clear_links == k - 1, "member %d: %d auth-only links", r, v[r].clear_links);
     mesh_free(&M);
 }
 
