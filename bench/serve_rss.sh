@@ -14,8 +14,11 @@
 #   MODEL=... SLOTS=16 CTX=0 PROMPT=512 GEN=64 THREADS=2 CUMULO=build/cumulo sh bench/serve_rss.sh
 #
 # CTX=0 (the default) asks for the model's whole trained context (`cumulo
-# info`'s context_length): KV pages are committed only as positions are
+# info`'s "context: N trained"): KV pages are committed only as positions are
 # written (src/model/kv_mem.c), so 16 slots of it reserve nothing up front.
+# The weights figure is the model's tensors once; the kernels' repacked
+# layouts are a second copy counted in the overhead (CUMULO_REPACK=0 passes
+# through to serve and leaves them out: the overhead then shows the rest).
 set -u
 cd "$(dirname "$0")/.." || exit 1
 MODEL=${MODEL:-/work/cache/bench-1b/llama1b-q4_0.gguf}
@@ -32,8 +35,8 @@ cleanup() { [ -n "$pid" ] && kill "$pid" 2>/dev/null; rm -rf "$TMP"; }
 trap cleanup EXIT INT TERM
 
 if [ "$CTX" = 0 ]; then
-    CTX=$("$CUMULO" info "$MODEL" 2>/dev/null | sed -n 's/.*context_length[^0-9]*\([0-9][0-9]*\).*/\1/p' | head -1)
-    [ -n "$CTX" ] || { echo "serve_rss: no context_length in '$CUMULO info $MODEL'" >&2; exit 1; }
+    CTX=$("$CUMULO" info "$MODEL" 2>/dev/null | sed -n 's/^context: *\([0-9][0-9]*\) trained.*/\1/p' | head -1)
+    [ -n "$CTX" ] || { echo "serve_rss: no trained context in '$CUMULO info $MODEL'" >&2; exit 1; }
 fi
 echo "serve_rss: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) CPUs, load" \
     "$(cut -d' ' -f1-3 /proc/loadavg); model $MODEL ($(stat -c %s "$MODEL") bytes), slots $SLOTS, ctx $CTX," \

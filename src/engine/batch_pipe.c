@@ -188,6 +188,7 @@ int cm_engine_step_pipe(cm_engine *e, cm_session *const *ss, int n, char *err, s
             }
             if (r == 1 && !lost) g[m++] = s;
         }
+        if (lost) continue; /* the rest is collected (answers lost); the recovery resends */
         /* Rows that batch: one pending token, caches of this generation. */
         cm_session *b[CM_BATCH_MAX];
         int nb = 0;
