@@ -8,7 +8,9 @@
 # (src/engine/batch_pipe.c). Every answer must equal, byte for byte, what a
 # single-process `cumulo serve` gives for that request alone. Run twice: the
 # default groups (one per stage) and CUMULO_PIPE_GROUPS=1 (one micro-batch of
-# every sequence). Every process is killed on exit.
+# every sequence). Then three streaming clients leave mid-generation and
+# three requests that take their slots still get their own text. Every
+# process is killed on exit.
 cd "$(dirname "$0")/../.." || exit 1
 if ! command -v curl >/dev/null; then echo "skip: needs curl" >&2; echo "0 passed, 0 failed, 1 skipped"; exit 0; fi
 . tests/sh/lib/cluster_common.sh
@@ -16,7 +18,7 @@ M=$SHARED/models/stories260K-q8_0.gguf
 
 serve_port() { # LOG: the port of a serve that logged 'ready'
     k=0
-    while ! grep -q 'ready' "$1" && [ $k -lt 400 ]; do sleep 0.05; k=$((k + 1)); done
+    while ! grep -qs 'ready' "$1" && [ $k -lt 400 ]; do sleep 0.05; k=$((k + 1)); done
     sed -n 's/.*http:\/\/[^:]*:\([0-9]*\).*/\1/p' "$1" | head -1
 }
 
@@ -88,6 +90,36 @@ for groups in 0 1; do
             bad "groups=$groups request $k: '$g' vs alone '$w' ($(head -c 200 "$TMP/got$groups.$k.json"))"
         k=$((k + 1))
     done
+    if [ "$groups" = 0 ]; then
+        # Clients that leave while their rows are in flight: their slots end (the answers on the way
+        # collected and dropped), and requests that take those slots next still get their own text.
+        CP=""
+        for c in 1 2 3; do
+            curl -s -N --max-time 120 "http://127.0.0.1:$P/v1/completions" -H 'Content-Type: application/json' \
+                -d '{"prompt":"The end of","max_tokens":120,"temperature":0,"ignore_eos":true,"stream":true}' \
+                >"$TMP/gone$c.out" &
+            CP="$CP $!"
+        done
+        k=0
+        while [ "$(cat "$TMP"/gone*.out 2>/dev/null | grep -c '^data:')" -lt 6 ] && [ $k -lt 400 ]; do
+            sleep 0.05
+            k=$((k + 1))
+        done
+        for p in $CP; do kill "$p" 2>/dev/null; done
+        CP=""
+        for k in 2 5 6; do
+            curl -s --max-time 120 "http://127.0.0.1:$P$(cat "$TMP/q$k.path")" -H 'Content-Type: application/json' \
+                -d @"$TMP/q$k.json" >"$TMP/after$k.json" &
+            CP="$CP $!"
+        done
+        for p in $CP; do wait "$p"; done
+        for k in 2 5 6; do
+            w=$(answer "$TMP/want$k.json")
+            g=$(answer "$TMP/after$k.json")
+            [ -n "$w" ] && [ "$g" = "$w" ] && ok ||
+                bad "after canceled streams, request $k: '$g' vs alone '$w' ($(head -c 200 "$TMP/after$k.json"))"
+        done
+    fi
     kill "$sp" 2>/dev/null
     wait "$sp" 2>/dev/null
 done
