@@ -141,6 +141,8 @@ static int launch_group(cm_engine *e, cm_session *const *g, int m, char *err, si
  * whole sequence again) or with other rows pending. */
 static int launch_one(cm_engine *e, cm_session *s, char *err, size_t errlen) {
     const int w = cm_step_grammar(s) ? CM_PIPE_WANT_LOGITS : CM_PIPE_WANT_TOKEN;
+    if (s->pipe_gen == cm_pipe_generation(e->cl) && s->kv.n_past >= s->n_hist) /* nothing would be sent */
+        return cm_errf(err, errlen, CM_ESTATE, "no pending token to send on slot %d", s->slot);
     if (cm_step_grammar(s)) cm_pipe_output_expect(e->cl, s->slot, CM_PIPE_OUT_LOGITS, s->logits, s->n_hist - 1, 1);
     int rc = cm_engine_eval_cluster(s, s->n_hist, w, err, errlen);
     if (!rc) {
