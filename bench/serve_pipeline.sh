@@ -14,9 +14,12 @@ PIPE_A=${PIPE_A-}
 ROUNDS=${ROUNDS:-1}
 n_nodes=2
 [ -n "$PIPE_A" ] && n_nodes=4
+pids=""
+trap 'kill $pids 2>/dev/null; rm -rf $D' EXIT INT TERM
 i=1
 while [ $i -le $n_nodes ]; do
   build/cumulo node --port 1900$i --threads 1 --insecure --no-mdns --cache $D/c$i --bind 127.0.0.1 > $D/n$i.log 2>&1 &
+  pids="$pids $!"
   i=$((i + 1))
 done
 sleep 2
@@ -37,6 +40,4 @@ while [ $r -le "$ROUNDS" ]; do
   fi
   r=$((r + 1))
 done
-kill $(jobs -p) 2>/dev/null
 grep -h -i 'stage\|plan' $D/n*.log | head -4
-rm -rf $D
