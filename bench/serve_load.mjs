@@ -31,7 +31,12 @@ for (let i = 0; i < args.length; i++) {
     opt[k] = typeof opt[k] === 'number' ? Number(v) : v;
 }
 const U = new URL(opt.url);
-const agent = new http.Agent({keepAlive: true, maxSockets: 256});
+// One connection per request (no keep-alive): llama-server closes the connection after a streamed
+// response although it answers "Keep-Alive: timeout=5", so a reused socket raced that close and a
+// user's second request died with "socket hang up" (curl sees "Connection 0 seems to be dead" and
+// reconnects). A loopback connect costs microseconds against a request's seconds, and every server
+// gets the same treatment.
+const agent = new http.Agent({keepAlive: false, maxSockets: 256});
 
 let rng = opt.seed >>> 0 || 1;
 function rand() { // xorshift32: the same prompts on every server for the same seed

@@ -92,6 +92,7 @@ typedef struct cm_config {
     int token_timeout_ms;           /* CUMULO_TOKEN_TIMEOUT_MS when >= 200; else 0 */
     int rejoin_ms;                  /* CUMULO_REJOIN_MS when >= 100; else 0 (CM_PIPE_REJOIN_MS) */
     int prefill_chunk;              /* CUMULO_PREFILL_CHUNK when > 0; else 32 */
+    int pipe_groups;                /* CUMULO_PIPE_GROUPS when > 0; else 0 (one group per pipeline stage) */
     bool mixed_pass;                /* CUMULO_MIXED_PASS: not "0" (the default: on) */
     const char *powercap_root;      /* CUMULO_POWERCAP_ROOT; "/sys/class/powercap" */
     const char *proc_stat;          /* CUMULO_PROC_STAT; "/proc/stat" */

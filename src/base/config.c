@@ -54,6 +54,9 @@
       "coordinator: how often idle upkeep redials lost "                                                           \
       "and new nodes (>= 100)")                                                                                    \
     X(prefill_chunk, "CUMULO_PREFILL_CHUNK", "32", "serve: prompt tokens evaluated per step while others decode")  \
+    X(pipe_groups, "CUMULO_PIPE_GROUPS", "0 (one per stage)",                                                      \
+      "pipeline: micro-batches the decode rows of a step are split into, each "                                    \
+      "relaunched as soon as its tokens return")                                                                   \
     X(mixed_pass, "CUMULO_MIXED_PASS", "1",                                                                        \
       "serve: 0 evaluates prompt chunks in passes of their own, not with the "                                     \
       "decode rows")                                                                                               \
@@ -183,6 +186,7 @@ static void load(void) {
     c->rejoin_ms = int_at_least(RAW(rejoin_ms), 100);
     c->prefill_chunk = int_at_least(RAW(prefill_chunk), 1);
     if (!c->prefill_chunk) c->prefill_chunk = 32;
+    c->pipe_groups = int_at_least(RAW(pipe_groups), 1);
     c->mixed_pass = !RAW(mixed_pass) || strcmp(RAW(mixed_pass), "0") != 0;
     c->gpu_subgroup = !RAW(gpu_subgroup) || strcmp(RAW(gpu_subgroup), "0") != 0;
     c->powercap_root = STR(powercap_root) ? STR(powercap_root) : "/sys/class/powercap";

@@ -192,6 +192,12 @@ enum { CM_PIPE_OUT_HIDDEN = 0, CM_PIPE_OUT_LOGITS = 1 };
  * send one slot's rows in order. Thread-safe. */
 int cm_pipe_send(cm_pipe *p, int slot, const float *hidden, const int32_t *pos, int n, int want, char *err,
                  size_t errlen);
+/* One micro-batch of several sequences (serve's decode groups): row i is
+ * slots[i]'s, at pos[i], want[i] (CM_PIPE_WANT_NONE / _TOKEN / _LOGITS) what
+ * the last stage does after it; each slot's rows in order, its tokens then
+ * come back as cm_pipe_send's (cm_pipe_recv_token per slot). Thread-safe. */
+int cm_pipe_send_rows(cm_pipe *p, const int32_t *slots, const float *hidden, const int32_t *pos, const uint8_t *want,
+                      int n, char *err, size_t errlen);
 /* Rows back from the last stage (pipe_output.c): before sending rows with
  * CM_PIPE_WANT_LOGITS / _HIDDEN, name where they go: n_rows rows of kind
  * (CM_PIPE_OUT_LOGITS: n_vocab floats each; CM_PIPE_OUT_HIDDEN: n_embd) at

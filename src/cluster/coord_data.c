@@ -122,6 +122,33 @@ int cm_pipe_send(cm_pipe *p, int slot_i, const float *hidden, const int32_t *pos
     return rc;
 }
 
+int cm_pipe_send_rows(cm_pipe *p, const int32_t *slots, const float *hidden, const int32_t *pos, const uint8_t *want,
+                      int n, char *err, size_t errlen) {
+    if (n < 1 || n > (int)sizeof p->wantbuf) return cm_errf(err, errlen, CM_EINVAL, "micro-batch of %d rows", n);
+    for (int i = 0; i < n; i++)
+        if (slots[i] < 0 || slots[i] >= p->n_seq || want[i] >= CM_WANT_COUNT)
+            return cm_errf(err, errlen, CM_EINVAL, "row %d: slot %d, want %u", i, slots[i], want[i]);
+    pthread_mutex_lock(&p->send_mu);
+    pthread_mutex_lock(&p->mu);
+    for (int i = 0; i < n; i++)
+        if (want[i] == CM_WANT_TOKEN) p->slots[slots[i]].asked++;
+    pthread_mutex_unlock(&p->mu);
+    cm_msg m = {.type = CM_MSG_FORWARD};
+    m.u.forward = (cm_msg_forward){.epoch = p->epoch,
+                                   .request_id = ++p->next_req,
+                                   .n_tokens = (uint32_t)n,
+                                   .dim = (uint32_t)p->m->hp.n_embd,
+                                   .dtype = CM_HIDDEN_F32,
+                                   .pos = pos,
+                                   .seq = slots,
+                                   .want = want,
+                                   .hidden = hidden};
+    int rc = cm_coord_send_data(p, &m, err, errlen);
+    if (!rc) p->rows_sent += (uint64_t)n;
+    pthread_mutex_unlock(&p->send_mu);
+    return rc;
+}
+
 /* One turn of a wait for the last stage's data, p->mu held: the pipe's
  * failure, or past the deadline a failure of the pipe itself (what: "token",
  * "rows"), or up to 50 ms of waiting for a broadcast. 0: look again. */

@@ -94,6 +94,10 @@ int cm_session_start(cm_session *s, const cm_gen_params *p, cm_token_cb cb, void
 }
 
 bool cm_session_running(const cm_session *s) { return s->step && s->step->running; }
+bool cm_step_grammar(const cm_session *s) { return s->step && s->step->gs; }
+bool cm_step_quota_done(const cm_session *s) {
+    return s->step && s->step->p.n_predict > 0 && s->step->n_gen >= s->step->p.n_predict;
+}
 
 /* Pass bytes through the stop matcher to the callback. */
 static int step_emit(struct cm_step *st, int32_t id, const char *text, size_t n, const cm_sample_info *info) {
@@ -108,7 +112,7 @@ static int step_emit(struct cm_step *st, int32_t id, const char *text, size_t n,
 }
 
 /* The session is done: flush held-back text (unless a stop string ended it). */
-static void step_end(cm_session *s, enum cm_finish fin) {
+void cm_step_end(cm_session *s, enum cm_finish fin) {
     struct cm_step *st = s->step;
     st->running = false;
     st->fin = fin;
@@ -128,18 +132,14 @@ static void step_end(cm_session *s, enum cm_finish fin) {
     s->t.gen_s = cm_now_s() - st->t0;
 }
 
-/* Sample, stream and decide for one session; returns 1 when its new token
- * must be evaluated, 0 when it finished, or an error code. */
-static int step_take(cm_session *s, int32_t id, const cm_sample_info *info);
-
-static int step_sample(cm_session *s) {
+int cm_step_sample(cm_session *s) {
     struct cm_step *st = s->step;
     if (atomic_load(&s->cancel)) {
-        step_end(s, CM_FINISH_CANCEL);
+        cm_step_end(s, CM_FINISH_CANCEL);
         return 0;
     }
     if (st->p.n_predict > 0 && st->n_gen >= st->p.n_predict) {
-        step_end(s, CM_FINISH_LENGTH);
+        cm_step_end(s, CM_FINISH_LENGTH);
         return 0;
     }
     /* The chosen token's logprob costs one softmax over the vocabulary (~3%
@@ -147,27 +147,27 @@ static int step_sample(cm_session *s) {
     cm_sample_info info;
     /* a grammar that allows nothing more (not even an end) ends the reply */
     if (st->gs && cm_constrain_mask(s, st->gs) == 0) {
-        step_end(s, CM_FINISH_EOG);
+        cm_step_end(s, CM_FINISH_EOG);
         return 0;
     }
     int32_t id = cm_sampler_sample(st->smp, s->logits, st->p.skip_logprobs ? NULL : &info);
     if (st->gs && cm_constrain_take(s, st->gs, id)) {
-        step_end(s, CM_FINISH_EOG);
+        cm_step_end(s, CM_FINISH_EOG);
         return 0;
     }
-    return step_take(s, id, st->p.skip_logprobs ? NULL : &info);
+    return cm_step_take(s, id, st->p.skip_logprobs ? NULL : &info);
 }
 
 /* The rest of a step once the token is known (sampled here, or by the last
  * stage of a cluster): accept, stream, decide. Same return as step_sample.
  * info: NULL when nobody reads it (skip_logprobs). */
-static int step_take(cm_session *s, int32_t id, const cm_sample_info *info) {
+int cm_step_take(cm_session *s, int32_t id, const cm_sample_info *info) {
     struct cm_step *st = s->step;
     cm_engine *e = s->e;
     cm_sampler_accept(st->smp, id);
     st->n_gen++;
     if (!st->p.ignore_eos && cm_tokenizer_is_eog(e->tok, id)) {
-        step_end(s, CM_FINISH_EOG);
+        cm_step_end(s, CM_FINISH_EOG);
         return 0;
     }
     s->hist[s->n_hist++] = id;
@@ -176,46 +176,27 @@ static int step_take(cm_session *s, int32_t id, const cm_sample_info *info) {
     int rc = cm_detok_push(&st->dt, id, s->piece, s->piece_cap, &pn);
     if (!rc) rc = step_emit(st, id, s->piece, pn, info);
     if (rc) {
-        step_end(s, CM_FINISH_CANCEL);
+        cm_step_end(s, CM_FINISH_CANCEL);
         return rc;
     }
     if (st->stop_hit >= 0) {
-        step_end(s, CM_FINISH_STOP);
+        cm_step_end(s, CM_FINISH_STOP);
         return 0;
     }
     if (st->cb_stopped) {
-        step_end(s, CM_FINISH_CANCEL);
+        cm_step_end(s, CM_FINISH_CANCEL);
         return 0;
     }
     if (st->p.n_predict > 0 && st->n_gen >= st->p.n_predict) {
-        step_end(s, CM_FINISH_LENGTH);
+        cm_step_end(s, CM_FINISH_LENGTH);
         return 0;
     }
     if (s->n_hist >= s->n_ctx) {
-        step_end(s, CM_FINISH_CTX);
+        cm_step_end(s, CM_FINISH_CTX);
         return 0;
     }
     if (cm_engine_downstream(e)) s->have_logits = true; /* the new token is pending: ready for the next sample */
     return 1;
-}
-
-/* A stage failed during a step (cm_pipe_failed): re-plan on the survivors.
- * Every running session then starts over on the new stages at its next
- * evaluation (cm_engine_eval_cluster sees the new generation: SEQ_START with
- * prompt + tokens emitted, recompute from position 0). The token lost in
- * flight was never taken: the client sees a pause, nothing repeated or
- * skipped. When no re-plan is possible, every running session ends with the
- * reason. */
-static int step_recover(cm_engine *e, cm_session *const *ss, int n, char *err, size_t errlen) {
-    char msg[600] = "";
-    int rc = cm_pipe_recover(e->cl, msg, sizeof msg);
-    int running = 0;
-    for (int i = 0; i < n; i++) {
-        if (!cm_session_running(ss[i])) continue;
-        if (rc) step_end(ss[i], CM_FINISH_CANCEL);
-        else running++;
-    }
-    return rc ? cm_errf(err, errlen, rc, "%s", msg) : running;
 }
 
 int cm_session_seq_restart(cm_session *s, char *err, size_t errlen) {
@@ -224,83 +205,6 @@ int cm_session_seq_restart(cm_session *s, char *err, size_t errlen) {
      * there (counter-based draws), so a seeded stream is unchanged. */
     return cm_pipe_seq_start(s->e->cl, s->slot, &s->step->p.sampling, s->hist, s->n_hist, (uint64_t)s->step->n_gen, err,
                              errlen);
-}
-
-/* A cluster step: every running session sends its pending token through our
- * layers to the next stage (one micro-batch each, so the stages work on them
- * in turn), then each waits for the token the last stage sampled. */
-static int step_cluster(cm_engine *e, cm_session *const *ss, int n, char *err, size_t errlen) {
-    int running = 0, first_err = 0;
-    bool lost = false;
-    for (int base = 0; base < n; base += CM_BATCH_MAX) {
-        int m = CM_MIN(CM_BATCH_MAX, n - base);
-        bool sent[CM_BATCH_MAX] = {false};
-        for (int k = 0; k < m; k++) {
-            cm_session *s = ss[base + k];
-            if (!cm_session_running(s)) continue;
-            struct cm_step *st = s->step;
-            if (atomic_load(&s->cancel)) {
-                step_end(s, CM_FINISH_CANCEL);
-                continue;
-            }
-            if (st->p.n_predict > 0 && st->n_gen >= st->p.n_predict) {
-                step_end(s, CM_FINISH_LENGTH);
-                continue;
-            }
-            char msg[256] = "";
-            /* Under a grammar the logits come back and we sample here, as one machine does (constrain.c). */
-            if (st->gs) cm_pipe_output_expect(e->cl, s->slot, CM_PIPE_OUT_LOGITS, s->logits, s->n_hist - 1, 1);
-            int rc = cm_engine_eval_cluster(s, s->n_hist, st->gs ? CM_PIPE_WANT_LOGITS : CM_PIPE_WANT_TOKEN, msg,
-                                            sizeof msg);
-            if (rc && rc != CM_ECANCELED && cm_pipe_failed(e->cl)) {
-                lost = true;
-                continue;
-            }
-            if (rc) {
-                step_end(s, CM_FINISH_CANCEL);
-                if (!first_err) {
-                    first_err = rc;
-                    cm_errf(err, errlen, rc, "%s", msg);
-                }
-                continue;
-            }
-            sent[k] = true;
-        }
-        for (int k = 0; k < m; k++) {
-            if (!sent[k]) continue;
-            cm_session *s = ss[base + k];
-            cm_sample_info info;
-            memset(&info, 0, sizeof info);
-            int32_t id = -1;
-            char msg[256] = "";
-            bool here = s->step->gs != NULL; /* the logits came back: sample here */
-            int rc = here ? cm_pipe_output_wait(e->cl, s->slot, msg, sizeof msg)
-                          : cm_pipe_recv_token(e->cl, s->slot, &id, &info.logprob, msg, sizeof msg);
-            if (!rc && !here && (id < 0 || id >= e->m.hp.n_vocab))
-                rc = cm_errf(msg, sizeof msg, CM_EPROTO, "the last stage sent token id %d", id);
-            if (!rc && !here) cm_engine_pipe_top(e, s->slot, &info);
-            if (rc && cm_pipe_failed(e->cl)) {
-                lost = true;
-                continue;
-            } /* its token comes after recovery */
-            if (rc) {
-                step_end(s, CM_FINISH_CANCEL);
-                if (!first_err) {
-                    first_err = rc;
-                    cm_errf(err, errlen, rc, "%s", msg);
-                }
-                continue;
-            }
-            int r = here ? step_sample(s) : step_take(s, id, &info);
-            if (r < 0 && !first_err) {
-                first_err = r;
-                cm_errf(err, errlen, r, "generation failed: %s", cm_strerror(r));
-            }
-            if (r == 1) running++;
-        }
-    }
-    if (lost) return step_recover(e, ss, n, err, errlen);
-    return first_err ? first_err : running;
 }
 
 /* Mixed passes: the last pass of a step also carries up to max tokens of
@@ -411,13 +315,13 @@ int cm_engine_interject_prompts(cm_engine *e, cm_session *const *pre, int n_pre,
 
 int cm_session_first_token(cm_session *s) {
     if (!s->step || !s->step->running || !s->have_logits || s->first_taken || s->e->cl) return CM_ESTATE;
-    const int r = step_sample(s);
+    const int r = cm_step_sample(s);
     s->first_taken = r == 1;
     return r;
 }
 
 int cm_engine_step(cm_engine *e, cm_session *const *ss, int n, char *err, size_t errlen) {
-    if (cm_engine_downstream(e)) return step_cluster(e, ss, n, err, errlen);
+    if (cm_engine_downstream(e)) return cm_engine_step_pipe(e, ss, n, err, errlen);
     return step_local(e, ss, n, NULL, err, errlen);
 }
 
@@ -478,7 +382,7 @@ static int step_local(cm_engine *e, cm_session *const *ss, int n, step_pre *pre,
                 int r2 = cm_session_tp_sync(s, m2, sizeof m2);
                 if (!r2) r2 = cm_session_recompute(s, m2, sizeof m2);
                 if (r2) {
-                    step_end(s, CM_FINISH_CANCEL);
+                    cm_step_end(s, CM_FINISH_CANCEL);
                     if (!first_err) {
                         first_err = r2;
                         cm_errf(err, errlen, r2, "%s", m2);
@@ -486,7 +390,7 @@ static int step_local(cm_engine *e, cm_session *const *ss, int n, step_pre *pre,
                     continue;
                 }
             }
-            int r = s->first_taken ? 1 : step_sample(s); /* cm_session_first_token sampled it */
+            int r = s->first_taken ? 1 : cm_step_sample(s); /* cm_session_first_token sampled it */
             s->first_taken = false;
             if (r < 0 && !first_err) {
                 first_err = r;
@@ -573,7 +477,7 @@ static int step_local(cm_engine *e, cm_session *const *ss, int n, step_pre *pre,
                 int r2 = rc ? rc : cm_session_tp_sync(s, msg, sizeof msg);
                 if (!r2) r2 = cm_session_recompute(s, msg, sizeof msg);
                 if (r2) {
-                    step_end(s, CM_FINISH_CANCEL);
+                    cm_step_end(s, CM_FINISH_CANCEL);
                     if (!rc) rc = r2;
                     continue;
                 }
@@ -588,7 +492,7 @@ static int step_local(cm_engine *e, cm_session *const *ss, int n, step_pre *pre,
         for (int r = 0; r < nr; r++) {
             cm_session *s = rows[r];
             if (rc) {
-                step_end(s, CM_FINISH_CANCEL);
+                cm_step_end(s, CM_FINISH_CANCEL);
                 continue;
             }
             s->have_logits = true;

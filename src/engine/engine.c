@@ -453,6 +453,7 @@ cm_session *cm_session_new(cm_engine *e, int n_ctx, char *err, size_t errlen) {
 
 void cm_session_free(cm_session *s) {
     if (!s) return;
+    cm_session_pipe_drain(s); /* never a slot with an answer on its way */
     if (s->slot >= 0) cm_pipe_seq_release(s->e->cl, s->slot);
     cm_free(s->hidden);
     cm_session_step_release(s);

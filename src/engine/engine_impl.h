@@ -89,7 +89,25 @@ struct cm_session {
                              cache was computed with them (cm_session_set_lora forgets it when they change) */
     float *lora_sent;     /* cluster: the scales the stages hold for our slot (SEQ_LORA; the loaded ones at first) */
     int lora_gen;         /* cluster: the pipe generation lora_sent is from (a re-plan resets the stages) */
+    int inflight;         /* pipeline (batch_pipe.c): CM_PIPE_WANT_TOKEN / _LOGITS of the decode row sent and
+                             not yet answered (its token is collected at the session's next step); 0: none */
+    int inflight_gen;     /* pipeline: cm_pipe_generation when that row was sent (a recovery loses it) */
 };
+
+/* batch.c, for batch_pipe.c: a session's step ends (finish reason fin);
+ * sample from s->logits, or take the token a last stage sampled, then
+ * stream and decide: 1 when the new token must be evaluated, 0 when the
+ * session finished, or an error code. */
+void cm_step_end(cm_session *s, enum cm_finish fin);
+int cm_step_sample(cm_session *s);
+int cm_step_take(cm_session *s, int32_t id, const cm_sample_info *info);
+bool cm_step_grammar(const cm_session *s);    /* its sampling is constrained (we sample, from logits) */
+bool cm_step_quota_done(const cm_session *s); /* it generated its n_predict tokens */
+/* batch_pipe.c: cm_engine_step on a pipeline (cm_engine_downstream). */
+int cm_engine_step_pipe(cm_engine *e, cm_session *const *ss, int n, char *err, size_t errlen);
+/* batch_pipe.c: wait for the answer to the session's decode row in flight,
+ * if any, and drop it (before its pipe slot is released or reused). */
+void cm_session_pipe_drain(cm_session *s);
 
 /* Cluster (engine.c): evaluate hist[kv.n_past .. upto) through our layers
  * and send the hidden states on; want (proto.h's enum cm_want; true is
