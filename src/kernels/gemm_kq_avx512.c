@@ -14,7 +14,11 @@
  * vec_dot's own.
  *
  * q5_k (below): 16 tokens in the int32 lanes, in the table's "z5" float
- * order (avx512_krepack.h), 4 rows x 16 tokens per tile.
+ * order (avx512_krepack.h), 4 rows x 16 tokens per tile (8 tokens in
+ * 256-bit lanes below KT5_W16 tokens); batches of fewer than KT5_MINTOK
+ * tokens, and a larger batch's last n_tok % 16 when at most 5, go to
+ * gemv_kd_avx512.c's rows (kd5_multi: each super-block's values built once
+ * for up to 6 tokens), whose table entry wraps this one.
  *
  * q6_k (below): one int32 lane per sub-block: four vpdpbusd of the 6-bit
  * values (unsigned) against the token (signed), started from -32 * the
@@ -33,7 +37,7 @@
  * Installed into the avx512 table by cm_kernels_fill_kq_avx512 (dispatch.c)
  * after kernels_avx512.c, whose gemms (avx512_kgemm.h; q6_k: the 4-token
  * tiles; q5_k: the decode gemv per token) stay the fallback for rows longer
- * than KQ_MAXNB super-blocks and for one token (q5_k: fewer than 4). Stack: ~430 KiB at most (compute threads have
+ * than KQ_MAXNB super-blocks and for one token (q5_k: see above). Stack: ~430 KiB at most (compute threads have
  * CM_COMPUTE_STACK). Never allocates.
  */
 #include "isa.h"
@@ -509,7 +513,8 @@ static void gemm_kq6(int64_t k, const void *w, size_t w_stride, const void *x, s
  * 8 vpmulld, 8 vpdpwssd; the token operand loaded once for KT5_R rows. */
 enum {
     KT5_R = 4,          /* rows per tile */
-    KT5_MINTOK = 8,     /* fewer tokens leave most lanes empty: rk5_multi (a row unpacked once for up to 8 tokens) */
+    KT5_MINTOK = 7,     /* fewer leave most lanes empty: gemv_kd_avx512.c's kd5_multi (rk5_multi past its rows) */
+    KT5_W16 = 9,        /* fewer: one group of 8 tokens in 256-bit lanes (kt5_rows8) */
     KT5_TOKB = 69 * 64, /* a token group's super-block: 64 value vectors, 4 Y pair vectors, dy */
     KT5_PASS = KQ_MAXNB * KT5_TOKB, /* one group of 16 tokens of the longest row */
     KT5_ROWB =
@@ -692,7 +697,7 @@ static void gemm_kq5(int64_t k, const void *w, size_t w_stride, const void *x, s
     }
     _Alignas(64) uint8_t pk[KT5_PASS];
     _Alignas(64) kt5_blk ub[KT5_R][KQ_MAXNB];
-    const int W = n_tok < 16 ? 8 : 16; /* tokens per group: 256-bit lanes for a few-token batch */
+    const int W = n_tok < KT5_W16 ? 8 : 16; /* tokens per group: 256-bit lanes for a few-token batch */
     const int64_t gb = nb * KT5_TOKB / 16 * W, gcap = (int64_t)sizeof pk / gb; /* groups per pass */
     for (int64_t j0 = 0; j0 < n_tok; j0 += gcap * W) {
         const int64_t left = n_tok - j0, ng = (left + W - 1) / W < gcap ? (left + W - 1) / W : gcap;
