@@ -531,14 +531,25 @@ typedef struct {
     int32_t pad;
 } kt5_blk;
 
+/* Per super-block: the scales and mins by cm_k4_scales8's bit arithmetic on
+ * three dwords (sub-blocks 0-3 / 4-7 in the bytes of one dword each), the
+ * values as q - 16, and sum_j sc_j sum(q) by vpmaddubsw of the 5-bit values
+ * (unsigned) against their sub-block's scale (each word <= 8 * 2 * 31 * 63:
+ * no saturation) then vpmaddwd: no scalar work per value. */
 static void kt5_unpack(int64_t nb, const cm_block_q5_k *x, kt5_blk *o) {
     const __m256i m4 = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1), k16 = _mm256_set1_epi8(16);
-    const __m256i z = _mm256_setzero_si256();
     for (int64_t b = 0; b < nb; b++) {
-        uint8_t s8[8], m8[8];
-        cm_k4_scales8(x[b].scales, s8, m8);
-        __m256i qh = kq_ld256(x[b].qh);
-        int32_t k = 0;
+        uint32_t u[3];
+        memcpy(u, x[b].scales, 12);
+        const uint32_t sc03 = u[0] & 0x3f3f3f3fu, mn03 = u[1] & 0x3f3f3f3fu;
+        const uint32_t sc47 = (u[2] & 0x0f0f0f0fu) | ((u[0] >> 6) & 0x03030303u) << 4;
+        const uint32_t mn47 = ((u[2] >> 4) & 0x0f0f0f0fu) | ((u[1] >> 6) & 0x03030303u) << 4;
+        const __m128i s8 = _mm_cvtsi64_si128((long long)((uint64_t)sc03 | (uint64_t)sc47 << 32));
+        const __m128i m8 = _mm_cvtsi64_si128((long long)((uint64_t)mn03 | (uint64_t)mn47 << 32));
+        _mm256_storeu_si256((__m256i *)(void *)o[b].sc, _mm256_cvtepu8_epi32(s8));
+        _mm_storeu_si128((__m128i *)(void *)o[b].sw, _mm_slli_epi16(_mm_cvtepu8_epi16(s8), 4));
+        _mm_storeu_si128((__m128i *)(void *)o[b].mw, _mm_cvtepu8_epi16(m8));
+        __m256i qh = kq_ld256(x[b].qh), acc = _mm256_setzero_si256();
         for (int j = 0; j < 4; j++) { /* elements 64j.. (low nibbles, bit 2j), 64j+32.. (high, bit 2j+1) */
             const __m256i q = kq_ld256(x[b].qs + 32 * j);
             const __m256i lo =
@@ -548,18 +559,16 @@ static void kt5_unpack(int64_t nb, const cm_block_q5_k *x, kt5_blk *o) {
             qh = _mm256_srli_epi16(qh, 2);
             _mm256_store_si256((__m256i *)(void *)(o[b].q + 64 * j), _mm256_sub_epi8(lo, k16));
             _mm256_store_si256((__m256i *)(void *)(o[b].q + 64 * j + 32), _mm256_sub_epi8(hi, k16));
-            _Alignas(32) int64_t sl[4], sh[4];
-            _mm256_store_si256((__m256i *)(void *)sl, _mm256_sad_epu8(lo, z));
-            _mm256_store_si256((__m256i *)(void *)sh, _mm256_sad_epu8(hi, z));
-            k += s8[2 * j] * ((int32_t)(sl[0] + sl[1] + sl[2] + sl[3]) - 512) +
-                 s8[2 * j + 1] * ((int32_t)(sh[0] + sh[1] + sh[2] + sh[3]) - 512);
+            const uint32_t sj = j < 2 ? sc03 >> 16 * j : sc47 >> 16 * (j - 2); /* scales 2j, 2j + 1 */
+            acc = _mm256_add_epi16(acc, _mm256_maddubs_epi16(lo, _mm256_set1_epi8((char)(sj & 0xff))));
+            acc = _mm256_add_epi16(acc, _mm256_maddubs_epi16(hi, _mm256_set1_epi8((char)(sj >> 8 & 0xff))));
         }
-        for (int j = 0; j < 8; j++) o[b].sc[j] = s8[j];
-        for (int u = 0; u < 4; u++) {
-            o[b].sw[u] = (int32_t)((uint32_t)(16 * s8[2 * u]) | (uint32_t)(16 * s8[2 * u + 1]) << 16);
-            o[b].mw[u] = (int32_t)((uint32_t)m8[2 * u] | (uint32_t)m8[2 * u + 1] << 16);
-        }
-        o[b].k = -128 * k;
+        const __m256i d32 = _mm256_madd_epi16(acc, _mm256_set1_epi16(1));
+        __m128i h = _mm_add_epi32(_mm256_castsi256_si128(d32), _mm256_extracti128_si256(d32, 1));
+        h = _mm_add_epi32(h, _mm_unpackhi_epi64(h, h));
+        h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 1));
+        const int32_t ssum = _mm_cvtsi128_si32(_mm_sad_epu8(s8, _mm_setzero_si128())); /* sum_j sc_j */
+        o[b].k = -128 * (_mm_cvtsi128_si32(h) - 512 * ssum);                           /* -128 sum_j sc_j Q_j */
         o[b].d = _cvtsh_ss(x[b].d);
         o[b].ndmin = -_cvtsh_ss(x[b].dmin);
     }
