@@ -515,6 +515,9 @@ enum {
     KT5_R = 4,          /* rows per tile */
     KT5_MINTOK = 7,     /* fewer leave most lanes empty: gemv_kd_avx512.c's kd5_multi (rk5_multi past its rows) */
     KT5_W16 = 9,        /* fewer: one group of 8 tokens in 256-bit lanes (kt5_rows8) */
+    KT5_RB = 16,        /* rows whose results are staged, then stored a token's 16 at a time: stores of single
+                           floats ldy apart (often a multiple of 4 KiB: one L1 set) cost ~15% at 2048 x 1024 */
+    KT5_YT = 256,       /* most tokens per pass (the staging buffer's) */
     KT5_TOKB = 69 * 64, /* a token group's super-block: 64 value vectors, 4 Y pair vectors, dy */
     KT5_PASS = KQ_MAXNB * KT5_TOKB, /* one group of 16 tokens of the longest row */
     KT5_ROWB =
@@ -706,40 +709,47 @@ static void gemm_kq5(int64_t k, const void *w, size_t w_stride, const void *x, s
     }
     _Alignas(64) uint8_t pk[KT5_PASS];
     _Alignas(64) kt5_blk ub[KT5_R][KQ_MAXNB];
-    const int W = n_tok < KT5_W16 ? 8 : 16; /* tokens per group: 256-bit lanes for a few-token batch */
-    const int64_t gb = nb * KT5_TOKB / 16 * W, gcap = (int64_t)sizeof pk / gb; /* groups per pass */
+    _Alignas(64) float yb[KT5_YT][KT5_RB];     /* a block of rows' results, token-major */
+    const int W = n_tok < KT5_W16 ? 8 : 16;    /* tokens per group: 256-bit lanes for a few-token batch */
+    const int64_t gb = nb * KT5_TOKB / 16 * W; /* groups per pass: */
+    const int64_t gcap = (int64_t)sizeof pk / gb < KT5_YT / W ? (int64_t)sizeof pk / gb : KT5_YT / W;
     for (int64_t j0 = 0; j0 < n_tok; j0 += gcap * W) {
         const int64_t left = n_tok - j0, ng = (left + W - 1) / W < gcap ? (left + W - 1) / W : gcap;
+        const int64_t np = left < ng * W ? left : ng * W; /* tokens in this pass */
         for (int64_t g = 0; g < ng; g++)
             kt5_pack(x, x_stride, j0 + W * g, left - W * g < W ? (int)(left - W * g) : W, W, nb, pk + g * gb);
-        for (int64_t i = r0; i < r1; i += KT5_R) {
-            const int R = r1 - i < KT5_R ? (int)(r1 - i) : KT5_R;
-            const kt5_blk *xb[KT5_R];
-            for (int r = 0; r < R; r++) {
-                kt5_unpack(nb, (const cm_block_q5_k *)(const void *)((const char *)w + (size_t)(i + r) * w_stride),
-                           ub[r]);
-                xb[r] = ub[r];
+        for (int64_t ib = r0; ib < r1; ib += KT5_RB) {
+            const int64_t ie = r1 - ib < KT5_RB ? r1 : ib + KT5_RB;
+            for (int64_t i = ib; i < ie; i += KT5_R) {
+                const int R = ie - i < KT5_R ? (int)(ie - i) : KT5_R;
+                const kt5_blk *xb[KT5_R];
+                for (int r = 0; r < R; r++) {
+                    kt5_unpack(nb, (const cm_block_q5_k *)(const void *)((const char *)w + (size_t)(i + r) * w_stride),
+                               ub[r]);
+                    xb[r] = ub[r];
+                }
+                for (int64_t g = 0; g < ng; g++) {
+                    float out[KT5_R][16];
+                    float(*o8)[8] = (float(*)[8])(void *)out; /* W = 8: rows 8 floats apart */
+                    const uint8_t *pg = pk + g * gb;
+                    if (W == 16) switch (R) {
+                        case 4: kt5_rows(nb, xb, pg, 4, out); break;
+                        case 3: kt5_rows(nb, xb, pg, 3, out); break;
+                        case 2: kt5_rows(nb, xb, pg, 2, out); break;
+                        default: kt5_rows(nb, xb, pg, 1, out); break;
+                        }
+                    else switch (R) {
+                        case 4: kt5_rows8(nb, xb, pg, 4, o8); break;
+                        case 3: kt5_rows8(nb, xb, pg, 3, o8); break;
+                        case 2: kt5_rows8(nb, xb, pg, 2, o8); break;
+                        default: kt5_rows8(nb, xb, pg, 1, o8); break;
+                        }
+                    const int T = left - W * g < W ? (int)(left - W * g) : W;
+                    for (int r = 0; r < R; r++)
+                        for (int t = 0; t < T; t++) yb[W * g + t][i - ib + r] = W == 16 ? out[r][t] : o8[r][t];
+                }
             }
-            for (int64_t g = 0; g < ng; g++) {
-                float out[KT5_R][16];
-                float(*o8)[8] = (float(*)[8])(void *)out; /* W = 8: rows 8 floats apart */
-                const uint8_t *pg = pk + g * gb;
-                if (W == 16) switch (R) {
-                    case 4: kt5_rows(nb, xb, pg, 4, out); break;
-                    case 3: kt5_rows(nb, xb, pg, 3, out); break;
-                    case 2: kt5_rows(nb, xb, pg, 2, out); break;
-                    default: kt5_rows(nb, xb, pg, 1, out); break;
-                    }
-                else switch (R) {
-                    case 4: kt5_rows8(nb, xb, pg, 4, o8); break;
-                    case 3: kt5_rows8(nb, xb, pg, 3, o8); break;
-                    case 2: kt5_rows8(nb, xb, pg, 2, o8); break;
-                    default: kt5_rows8(nb, xb, pg, 1, o8); break;
-                    }
-                const int T = left - W * g < W ? (int)(left - W * g) : W;
-                for (int r = 0; r < R; r++)
-                    for (int t = 0; t < T; t++) y[(j0 + W * g + t) * ldy + i + r] = W == 16 ? out[r][t] : o8[r][t];
-            }
+            for (int64_t t = 0; t < np; t++) memcpy(y + (j0 + t) * ldy + ib, yb[t], sizeof(float) * (size_t)(ie - ib));
         }
     }
 }
