@@ -14,7 +14,11 @@
  * vec_dot's own.
  *
  * q5_k (below): 16 tokens in the int32 lanes, in the table's "z5" float
- * order (avx512_krepack.h), 4 rows x 16 tokens per tile.
+ * order (avx512_krepack.h), 4 rows x 16 tokens per tile (8 tokens in
+ * 256-bit lanes below KT5_W16 tokens); batches of fewer than KT5_MINTOK
+ * tokens, and a larger batch's last n_tok % 16 when at most 5, go to
+ * gemv_kd_avx512.c's rows (kd5_multi: each super-block's values built once
+ * for up to 6 tokens), whose table entry wraps this one.
  *
  * q6_k (below): one int32 lane per sub-block: four vpdpbusd of the 6-bit
  * values (unsigned) against the token (signed), started from -32 * the
@@ -33,7 +37,7 @@
  * Installed into the avx512 table by cm_kernels_fill_kq_avx512 (dispatch.c)
  * after kernels_avx512.c, whose gemms (avx512_kgemm.h; q6_k: the 4-token
  * tiles; q5_k: the decode gemv per token) stay the fallback for rows longer
- * than KQ_MAXNB super-blocks and for one token (q5_k: fewer than 4). Stack: ~430 KiB at most (compute threads have
+ * than KQ_MAXNB super-blocks and for one token (q5_k: see above). Stack: ~430 KiB at most (compute threads have
  * CM_COMPUTE_STACK). Never allocates.
  */
 #include "isa.h"
@@ -509,7 +513,11 @@ static void gemm_kq6(int64_t k, const void *w, size_t w_stride, const void *x, s
  * 8 vpmulld, 8 vpdpwssd; the token operand loaded once for KT5_R rows. */
 enum {
     KT5_R = 4,          /* rows per tile */
-    KT5_MINTOK = 8,     /* fewer tokens leave most lanes empty: rk5_multi (a row unpacked once for up to 8 tokens) */
+    KT5_MINTOK = 7,     /* fewer leave most lanes empty: gemv_kd_avx512.c's kd5_multi (rk5_multi past its rows) */
+    KT5_W16 = 9,        /* fewer: one group of 8 tokens in 256-bit lanes (kt5_rows8) */
+    KT5_RB = 16,        /* rows whose results are staged, then stored a token's 16 at a time: stores of single
+                           floats ldy apart (often a multiple of 4 KiB: one L1 set) cost ~15% at 2048 x 1024 */
+    KT5_YT = 256,       /* most tokens per pass (the staging buffer's) */
     KT5_TOKB = 69 * 64, /* a token group's super-block: 64 value vectors, 4 Y pair vectors, dy */
     KT5_PASS = KQ_MAXNB * KT5_TOKB, /* one group of 16 tokens of the longest row */
     KT5_ROWB =
@@ -526,14 +534,25 @@ typedef struct {
     int32_t pad;
 } kt5_blk;
 
+/* Per super-block: the scales and mins by cm_k4_scales8's bit arithmetic on
+ * three dwords (sub-blocks 0-3 / 4-7 in the bytes of one dword each), the
+ * values as q - 16, and sum_j sc_j sum(q) by vpmaddubsw of the 5-bit values
+ * (unsigned) against their sub-block's scale (each word <= 8 * 2 * 31 * 63:
+ * no saturation) then vpmaddwd: no scalar work per value. */
 static void kt5_unpack(int64_t nb, const cm_block_q5_k *x, kt5_blk *o) {
     const __m256i m4 = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1), k16 = _mm256_set1_epi8(16);
-    const __m256i z = _mm256_setzero_si256();
     for (int64_t b = 0; b < nb; b++) {
-        uint8_t s8[8], m8[8];
-        cm_k4_scales8(x[b].scales, s8, m8);
-        __m256i qh = kq_ld256(x[b].qh);
-        int32_t k = 0;
+        uint32_t u[3];
+        memcpy(u, x[b].scales, 12);
+        const uint32_t sc03 = u[0] & 0x3f3f3f3fu, mn03 = u[1] & 0x3f3f3f3fu;
+        const uint32_t sc47 = (u[2] & 0x0f0f0f0fu) | ((u[0] >> 6) & 0x03030303u) << 4;
+        const uint32_t mn47 = ((u[2] >> 4) & 0x0f0f0f0fu) | ((u[1] >> 6) & 0x03030303u) << 4;
+        const __m128i s8 = _mm_cvtsi64_si128((long long)((uint64_t)sc03 | (uint64_t)sc47 << 32));
+        const __m128i m8 = _mm_cvtsi64_si128((long long)((uint64_t)mn03 | (uint64_t)mn47 << 32));
+        _mm256_storeu_si256((__m256i *)(void *)o[b].sc, _mm256_cvtepu8_epi32(s8));
+        _mm_storeu_si128((__m128i *)(void *)o[b].sw, _mm_slli_epi16(_mm_cvtepu8_epi16(s8), 4));
+        _mm_storeu_si128((__m128i *)(void *)o[b].mw, _mm_cvtepu8_epi16(m8));
+        __m256i qh = kq_ld256(x[b].qh), acc = _mm256_setzero_si256();
         for (int j = 0; j < 4; j++) { /* elements 64j.. (low nibbles, bit 2j), 64j+32.. (high, bit 2j+1) */
             const __m256i q = kq_ld256(x[b].qs + 32 * j);
             const __m256i lo =
@@ -543,18 +562,16 @@ static void kt5_unpack(int64_t nb, const cm_block_q5_k *x, kt5_blk *o) {
             qh = _mm256_srli_epi16(qh, 2);
             _mm256_store_si256((__m256i *)(void *)(o[b].q + 64 * j), _mm256_sub_epi8(lo, k16));
             _mm256_store_si256((__m256i *)(void *)(o[b].q + 64 * j + 32), _mm256_sub_epi8(hi, k16));
-            _Alignas(32) int64_t sl[4], sh[4];
-            _mm256_store_si256((__m256i *)(void *)sl, _mm256_sad_epu8(lo, z));
-            _mm256_store_si256((__m256i *)(void *)sh, _mm256_sad_epu8(hi, z));
-            k += s8[2 * j] * ((int32_t)(sl[0] + sl[1] + sl[2] + sl[3]) - 512) +
-                 s8[2 * j + 1] * ((int32_t)(sh[0] + sh[1] + sh[2] + sh[3]) - 512);
+            const uint32_t sj = j < 2 ? sc03 >> 16 * j : sc47 >> 16 * (j - 2); /* scales 2j, 2j + 1 */
+            acc = _mm256_add_epi16(acc, _mm256_maddubs_epi16(lo, _mm256_set1_epi8((char)(sj & 0xff))));
+            acc = _mm256_add_epi16(acc, _mm256_maddubs_epi16(hi, _mm256_set1_epi8((char)(sj >> 8 & 0xff))));
         }
-        for (int j = 0; j < 8; j++) o[b].sc[j] = s8[j];
-        for (int u = 0; u < 4; u++) {
-            o[b].sw[u] = (int32_t)((uint32_t)(16 * s8[2 * u]) | (uint32_t)(16 * s8[2 * u + 1]) << 16);
-            o[b].mw[u] = (int32_t)((uint32_t)m8[2 * u] | (uint32_t)m8[2 * u + 1] << 16);
-        }
-        o[b].k = -128 * k;
+        const __m256i d32 = _mm256_madd_epi16(acc, _mm256_set1_epi16(1));
+        __m128i h = _mm_add_epi32(_mm256_castsi256_si128(d32), _mm256_extracti128_si256(d32, 1));
+        h = _mm_add_epi32(h, _mm_unpackhi_epi64(h, h));
+        h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 1));
+        const int32_t ssum = _mm_cvtsi128_si32(_mm_sad_epu8(s8, _mm_setzero_si128())); /* sum_j sc_j */
+        o[b].k = -128 * (_mm_cvtsi128_si32(h) - 512 * ssum);                           /* -128 sum_j sc_j Q_j */
         o[b].d = _cvtsh_ss(x[b].d);
         o[b].ndmin = -_cvtsh_ss(x[b].dmin);
     }
@@ -692,40 +709,47 @@ static void gemm_kq5(int64_t k, const void *w, size_t w_stride, const void *x, s
     }
     _Alignas(64) uint8_t pk[KT5_PASS];
     _Alignas(64) kt5_blk ub[KT5_R][KQ_MAXNB];
-    const int W = n_tok < 16 ? 8 : 16; /* tokens per group: 256-bit lanes for a few-token batch */
-    const int64_t gb = nb * KT5_TOKB / 16 * W, gcap = (int64_t)sizeof pk / gb; /* groups per pass */
+    _Alignas(64) float yb[KT5_YT][KT5_RB];     /* a block of rows' results, token-major */
+    const int W = n_tok < KT5_W16 ? 8 : 16;    /* tokens per group: 256-bit lanes for a few-token batch */
+    const int64_t gb = nb * KT5_TOKB / 16 * W; /* groups per pass: */
+    const int64_t gcap = (int64_t)sizeof pk / gb < KT5_YT / W ? (int64_t)sizeof pk / gb : KT5_YT / W;
     for (int64_t j0 = 0; j0 < n_tok; j0 += gcap * W) {
         const int64_t left = n_tok - j0, ng = (left + W - 1) / W < gcap ? (left + W - 1) / W : gcap;
+        const int64_t np = left < ng * W ? left : ng * W; /* tokens in this pass */
         for (int64_t g = 0; g < ng; g++)
             kt5_pack(x, x_stride, j0 + W * g, left - W * g < W ? (int)(left - W * g) : W, W, nb, pk + g * gb);
-        for (int64_t i = r0; i < r1; i += KT5_R) {
-            const int R = r1 - i < KT5_R ? (int)(r1 - i) : KT5_R;
-            const kt5_blk *xb[KT5_R];
-            for (int r = 0; r < R; r++) {
-                kt5_unpack(nb, (const cm_block_q5_k *)(const void *)((const char *)w + (size_t)(i + r) * w_stride),
-                           ub[r]);
-                xb[r] = ub[r];
+        for (int64_t ib = r0; ib < r1; ib += KT5_RB) {
+            const int64_t ie = r1 - ib < KT5_RB ? r1 : ib + KT5_RB;
+            for (int64_t i = ib; i < ie; i += KT5_R) {
+                const int R = ie - i < KT5_R ? (int)(ie - i) : KT5_R;
+                const kt5_blk *xb[KT5_R];
+                for (int r = 0; r < R; r++) {
+                    kt5_unpack(nb, (const cm_block_q5_k *)(const void *)((const char *)w + (size_t)(i + r) * w_stride),
+                               ub[r]);
+                    xb[r] = ub[r];
+                }
+                for (int64_t g = 0; g < ng; g++) {
+                    float out[KT5_R][16];
+                    float(*o8)[8] = (float(*)[8])(void *)out; /* W = 8: rows 8 floats apart */
+                    const uint8_t *pg = pk + g * gb;
+                    if (W == 16) switch (R) {
+                        case 4: kt5_rows(nb, xb, pg, 4, out); break;
+                        case 3: kt5_rows(nb, xb, pg, 3, out); break;
+                        case 2: kt5_rows(nb, xb, pg, 2, out); break;
+                        default: kt5_rows(nb, xb, pg, 1, out); break;
+                        }
+                    else switch (R) {
+                        case 4: kt5_rows8(nb, xb, pg, 4, o8); break;
+                        case 3: kt5_rows8(nb, xb, pg, 3, o8); break;
+                        case 2: kt5_rows8(nb, xb, pg, 2, o8); break;
+                        default: kt5_rows8(nb, xb, pg, 1, o8); break;
+                        }
+                    const int T = left - W * g < W ? (int)(left - W * g) : W;
+                    for (int r = 0; r < R; r++)
+                        for (int t = 0; t < T; t++) yb[W * g + t][i - ib + r] = W == 16 ? out[r][t] : o8[r][t];
+                }
             }
-            for (int64_t g = 0; g < ng; g++) {
-                float out[KT5_R][16];
-                float(*o8)[8] = (float(*)[8])(void *)out; /* W = 8: rows 8 floats apart */
-                const uint8_t *pg = pk + g * gb;
-                if (W == 16) switch (R) {
-                    case 4: kt5_rows(nb, xb, pg, 4, out); break;
-                    case 3: kt5_rows(nb, xb, pg, 3, out); break;
-                    case 2: kt5_rows(nb, xb, pg, 2, out); break;
-                    default: kt5_rows(nb, xb, pg, 1, out); break;
-                    }
-                else switch (R) {
-                    case 4: kt5_rows8(nb, xb, pg, 4, o8); break;
-                    case 3: kt5_rows8(nb, xb, pg, 3, o8); break;
-                    case 2: kt5_rows8(nb, xb, pg, 2, o8); break;
-                    default: kt5_rows8(nb, xb, pg, 1, o8); break;
-                    }
-                const int T = left - W * g < W ? (int)(left - W * g) : W;
-                for (int r = 0; r < R; r++)
-                    for (int t = 0; t < T; t++) y[(j0 + W * g + t) * ldy + i + r] = W == 16 ? out[r][t] : o8[r][t];
-            }
+            for (int64_t t = 0; t < np; t++) memcpy(y + (j0 + t) * ldy + ib, yb[t], sizeof(float) * (size_t)(ie - ib));
         }
     }
 }

@@ -372,11 +372,21 @@ static void kd5_tok(int64_t nb, const cm_block_q8_k *y, __m128i *pairs, __m512 *
 GEMV_KD5(gemv_kd5r, g_prev_rq5, true)  /* over "q5_k lanes" (repack.c) */
 GEMV_KD5(gemv_kd5f, g_prev_fq5, false) /* over the file's bytes */
 
-/* ---- q5_k's gemm for 1 or 2 tokens (3 and more: gemm_kq_avx512.c's
- * gemm_kq5, rk5_multi below 8): kd5_row for T tokens at once on the file's bytes, each
- * super-block's values built once (kd5_vals) for all of them; per token the
- * same integer sums, lanes and float steps as kd5_row: vec_dot's bits. ---- */
-enum { KD5_MT = 2 }; /* 3 tokens ran even with rk5_multi, 4 and 7 6% slower (kbench, A B) */
+/* ---- q5_k's gemm for 1 to KD5_MAXT tokens, and for the last n_tok % 16
+ * tokens of a larger batch when at most KD5_MAXREM (the rest: gemm_kq_avx512.c's
+ * gemm_kq5, 16 tokens in lanes, whose part-empty groups cost a full one): kd5_row for up to KD5_MT tokens at once on
+ * the file's bytes, each super-block's values and scale words built once
+ * (kd5_vals) for all of them; per token the same exact integer sums (kd_red4
+ * formed as the blocks come: two pair sums live per token, no array of
+ * values), lanes and float steps as kd5_row: vec_dot's bits. T is a
+ * constant in each instance (kd5_multi_T), so the token loops unroll and
+ * the values stay in registers. ---- */
+enum {
+    KD5_MT = 6,    /* tokens per row pass */
+    KD5_MAXT = 6,  /* most tokens done here (more: tokens in lanes, 8 or 16 per group) */
+    KD5_MAXREM = 5 /* most of a larger batch's last tokens done here (a further group of 16 lanes costs ~7 rows' tokens:
+                      the rows are unpacked once for all groups) */
+};
 static cm_gemm_fn g_prev_gq5;
 
 KD_AI void kd5_multi(int64_t nb, const uint8_t *x, const cm_block_q8_k *const *yv, const __m128i (*pairs)[RK4_MAXB],
@@ -390,12 +400,12 @@ KD_AI void kd5_multi(int64_t nb, const uint8_t *x, const cm_block_q8_k *const *y
     __m512 acc[KD5_MT];
     for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
     for (int64_t b0 = 0; b0 < nb; b0 += 16) {
-        _Alignas(64) __m512i qt[KD5_MT][4], mqt[KD5_MT][4];
+        _Alignas(64) __m512i qt[4][KD5_MT], mqt[4][KD5_MT];
         __m128i dd[4];
         for (int k = 0; k < 4; k++) {
             const int64_t bq = b0 + 4 * k;
             if (bq >= nb) {
-                for (int t = 0; t < T; t++) qt[t][k] = mqt[t][k] = _mm512_setzero_si512();
+                for (int t = 0; t < T; t++) qt[k][t] = mqt[k][t] = _mm512_setzero_si512();
                 dd[k] = _mm_setzero_si128();
                 continue;
             }
@@ -405,28 +415,39 @@ KD_AI void kd5_multi(int64_t nb, const uint8_t *x, const cm_block_q8_k *const *y
             kd5_hdr_file(xq, n, &dd[k], &a, &b, &c);
             __m512i sw, mnw;
             kd5_scales(a, b, c, &sw, &mnw);
-            _Alignas(64) __m512i V[4][4], S[4][2];
-            for (int j = 0; j < n; j++) {
-                S[j][0] = _mm512_permutexvar_epi16(_mm512_add_epi16(base, _mm512_set1_epi16((short)(4 * j))), sw);
-                S[j][1] = _mm512_permutexvar_epi16(_mm512_add_epi16(base, _mm512_set1_epi16((short)(16 + 4 * j))), sw);
-                kd5_vals(xq[j].qs, xq[j].qh, V[j]);
+            __m512i p[KD5_MT], h[KD5_MT]; /* kd_red4's unpack sums of blocks 0, 1 (then 2, 3) */
+            _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {
+                __m512i s[KD5_MT];
+                if (j < n) {
+                    const __m512i S[2] = {
+                        _mm512_permutexvar_epi16(_mm512_add_epi16(base, _mm512_set1_epi16((short)(4 * j))), sw),
+                        _mm512_permutexvar_epi16(_mm512_add_epi16(base, _mm512_set1_epi16((short)(16 + 4 * j))), sw)};
+                    __m512i V[4];
+                    kd5_vals(xq[j].qs, xq[j].qh, V);
+                    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) s[t] = kd5_dot(V, S, yv[t] + bq + j);
+                } else _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) s[t] = _mm512_setzero_si512();
+                _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
+                    if (j % 2 == 0) h[t] = s[t];
+                    else if (j == 1)
+                        p[t] = _mm512_add_epi32(_mm512_unpacklo_epi32(h[t], s[t]), _mm512_unpackhi_epi32(h[t], s[t]));
+                    else {
+                        const __m512i p23 =
+                            _mm512_add_epi32(_mm512_unpacklo_epi32(h[t], s[t]), _mm512_unpackhi_epi32(h[t], s[t]));
+                        qt[k][t] = _mm512_add_epi32(_mm512_unpacklo_epi64(p[t], p23), _mm512_unpackhi_epi64(p[t], p23));
+                    }
+                }
             }
-            for (int t = 0; t < T; t++) {
-                __m512i s4[4];
-                for (int j = 0; j < 4; j++)
-                    s4[j] = j < n ? kd5_dot(V[j], S[j], yv[t] + bq + j) : _mm512_setzero_si512();
-                qt[t][k] = kd_red4(s4[0], s4[1], s4[2], s4[3]);
-                mqt[t][k] = _mm512_madd_epi16(mnw, _mm512_loadu_si512((const void *)(pairs[t] + bq)));
-            }
+            _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) mqt[k][t] =
+                _mm512_madd_epi16(mnw, _mm512_loadu_si512((const void *)(pairs[t] + bq)));
         }
         const __m512i D =
             _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_inserti128_si256(_mm256_castsi128_si256(dd[0]), dd[1], 1)),
                                _mm256_inserti128_si256(_mm256_castsi128_si256(dd[2]), dd[3], 1), 1);
         const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(D));
         const __m512 dm = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(D, 16)));
-        for (int t = 0; t < T; t++) {
-            const __m512i Sv = kd_place(qt[t][0], qt[t][1], qt[t][2], qt[t][3]);
-            const __m512i M = _mm512_permutexvar_epi32(mperm, kd_red4(mqt[t][0], mqt[t][1], mqt[t][2], mqt[t][3]));
+        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
+            const __m512i Sv = kd_place(qt[0][t], qt[1][t], qt[2][t], qt[3][t]);
+            const __m512i M = _mm512_permutexvar_epi32(mperm, kd_red4(mqt[0][t], mqt[1][t], mqt[2][t], mqt[3][t]));
             const __m512 dy = dyg[t][b0 / 16];
             acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(Sv), _mm512_mul_ps(d, dy), acc[t]);
             acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(M), _mm512_xor_ps(_mm512_mul_ps(dm, dy), sgn), acc[t]);
@@ -435,30 +456,52 @@ KD_AI void kd5_multi(int64_t nb, const uint8_t *x, const cm_block_q8_k *const *y
     for (int t = 0; t < T; t++) out[t] = _mm512_reduce_add_ps(acc[t]);
 }
 
+/* One instance per token count (T constant: unrolled, in registers). */
+#define KD5_MULTI_T(TT)                                                                                          \
+    static void kd5_multi_##TT(int64_t nb, const uint8_t *x, const cm_block_q8_k *const *yv,                     \
+                               const __m128i(*pairs)[RK4_MAXB], const __m512(*dyg)[RK4_MAXB / 16], float *out) { \
+        kd5_multi(nb, x, yv, pairs, dyg, TT, out);                                                               \
+    }
+KD5_MULTI_T(1)
+KD5_MULTI_T(2)
+KD5_MULTI_T(3)
+KD5_MULTI_T(4)
+KD5_MULTI_T(5)
+KD5_MULTI_T(6)
+typedef void (*kd5_multi_fn)(int64_t, const uint8_t *, const cm_block_q8_k *const *, const __m128i (*)[RK4_MAXB],
+                             const __m512 (*)[RK4_MAXB / 16], float *);
+static const kd5_multi_fn k_kd5_multi[KD5_MT + 1] = {NULL,        kd5_multi_1, kd5_multi_2, kd5_multi_3,
+                                                     kd5_multi_4, kd5_multi_5, kd5_multi_6};
+
 static void gemm_kd5(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
                      int64_t r0, int64_t r1, int64_t n_tok) {
     const int64_t nb = k / CM_QK_K;
-    if (nb > RK4_MAXB || n_tok < 1 || n_tok > KD5_MT) {
-        g_prev_gq5(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
-        return;
-    }
-    const int T = (int)n_tok;
-    _Alignas(64) __m128i pairs[KD5_MT][RK4_MAXB];
-    _Alignas(64) __m512 dyg[KD5_MT][RK4_MAXB / 16];
-    const cm_block_q8_k *yv[KD5_MT];
-    for (int t = 0; t < T; t++) {
-        yv[t] = (const cm_block_q8_k *)(const void *)((const char *)x + (size_t)t * x_stride);
-        kd5_tok(nb, yv[t], pairs[t], dyg[t]);
-    }
-    for (int64_t i = r0; i < r1; i++) {
-        float out[KD5_MT];
-        const uint8_t *row = (const uint8_t *)w + (size_t)i * w_stride;
-        const __m128i(*pp)[RK4_MAXB] = (const __m128i(*)[RK4_MAXB])pairs;
-        const __m512(*dp)[RK4_MAXB / 16] = (const __m512(*)[RK4_MAXB / 16]) dyg;
-        if (T == 1) /* T constant in each: the token loops unrolled */
-            kd5_multi(nb, row, yv, pp, dp, 1, out);
-        else kd5_multi(nb, row, yv, pp, dp, 2, out);
-        for (int t = 0; t < T; t++) y[t * ldy + i] = out[t];
+    int64_t rem = n_tok > KD5_MAXT ? n_tok % 16 : n_tok; /* the tokens done here: the last rem */
+    if (nb > RK4_MAXB || (n_tok > KD5_MAXT && rem > KD5_MAXREM)) rem = 0;
+    if (n_tok - rem > 0) g_prev_gq5(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok - rem);
+    if (rem == 0) return;
+    x = (const char *)x + (size_t)(n_tok - rem) * x_stride;
+    y += (n_tok - rem) * ldy;
+    n_tok = rem;
+    /* passes of at most KD5_MT tokens, as even as they go (12: 6 + 6) */
+    const int np = (int)((n_tok + KD5_MT - 1) / KD5_MT);
+    for (int p0 = 0, p = 0; p < np; p++) {
+        const int T = (int)((n_tok - p0) / (np - p));
+        _Alignas(64) __m128i pairs[KD5_MT][RK4_MAXB];
+        _Alignas(64) __m512 dyg[KD5_MT][RK4_MAXB / 16];
+        const cm_block_q8_k *yv[KD5_MT];
+        for (int t = 0; t < T; t++) {
+            yv[t] = (const cm_block_q8_k *)(const void *)((const char *)x + (size_t)(p0 + t) * x_stride);
+            kd5_tok(nb, yv[t], pairs[t], dyg[t]);
+        }
+        const kd5_multi_fn f = k_kd5_multi[T];
+        for (int64_t i = r0; i < r1; i++) {
+            float out[KD5_MT];
+            f(nb, (const uint8_t *)w + (size_t)i * w_stride, yv, (const __m128i(*)[RK4_MAXB])pairs,
+              (const __m512(*)[RK4_MAXB / 16]) dyg, out);
+            for (int t = 0; t < T; t++) y[(p0 + t) * ldy + i] = out[t];
+        }
+        p0 += T;
     }
 }
 

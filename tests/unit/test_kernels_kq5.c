@@ -2,8 +2,9 @@
  * test_kernels_kq5.c: the avx512 table's q5_k prefill gemm (gemm_kq_avx512.c:
  * tokens in lanes, 4 rows x 16 tokens, passes of token groups) on odd shapes:
  * rows of 1, 3, 6 and 9 (ragged row tiles) starting at row 0 and 1, token
- * counts around its limits (2..7: the few-token rows; 8, 9, 16, 17, 35: partial groups, several
- * groups, several passes for the longest rows), row lengths of 1, 3, 8, 11,
+ * counts 1..40 around its limits (1..6: gemv_kd_avx512.c's rows for a few
+ * tokens; 7, 8: 8 lanes; 9..16: one group of 16; 17..40: several groups, several passes for the
+ * longest rows, the last n_tok % 16 in rows or in lanes), row lengths of 1, 3, 8, 11,
  * 17 and 64 super-blocks. Every (row, token) must equal the table's vec_dot
  * bit for bit (kernels.h's contract) and the scalar reference within 1e-5
  * of the dot's absolute sum (a wrong scale, offset or min term is far
@@ -26,7 +27,7 @@ static uint64_t rnd(void) {
 }
 static float frand(void) { return (float)((rnd() >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f; }
 
-enum { MAXROWS = 10, MAXTOK = 35 };
+enum { MAXROWS = 10, MAXTOK = 40 };
 
 static int g_skipped;
 
@@ -84,12 +85,14 @@ static void test_q5_k_gemm(void) {
     }
     static const int64_t nbs[] = {1, 3, 8, 11, 17, 64};
     static const int rows[][2] = {{0, 1}, {1, 3}, {0, 6}, {1, 9}};
-    static const int toks[] = {1, 2, 3,  5,  7,
-                               8, 9, 16, 17, 35}; /* 1, 2: gemv_kd_avx512.c; below KT5_MINTOK: rk5_multi */
+    /* 1..6: gemv_kd_avx512.c's rows; 7, 8: 8 lanes; 9..16: 16 lanes; 17, 19, 21, 37: 16 lanes then
+     * the last 1..5 tokens in rows; 22, 27, 40: their last 6..11 in lanes (a part-empty group) */
+    static const int toks[] = {1, 2, 3, 4, 5, 7, 8, 9, 10, 11, 13, 15, 16, 17, 19, 21, 22, 27, 33, 35, 37, 40};
     for (size_t a = 0; a < sizeof nbs / sizeof nbs[0]; a++)
         for (size_t b = 0; b < sizeof rows / sizeof rows[0]; b++)
             for (size_t c = 0; c < sizeof toks / sizeof toks[0]; c++) {
-                if (nbs[a] == 64 && toks[c] != 35 && toks[c] != 17) continue; /* the long rows: the passes */
+                if (nbs[a] == 64 && toks[c] != 35 && toks[c] != 17 && toks[c] != 37 && toks[c] != 9)
+                    continue; /* the long rows: the passes */
                 check_shape(k, nbs[a] * CM_QK_K, rows[b][1], rows[b][0], toks[c]);
             }
 }
