@@ -195,6 +195,9 @@ void cm_coord_fatal(cm_pipe *p, int code, const char *fmt, ...) __attribute__((f
  * the pipe's failure, or past deadline the pipe failed with "no WHAT from
  * the last stage...", or 0 after up to 50 ms (look again). coord_data.c. */
 int cm_coord_wait_data(cm_pipe *p, uint64_t deadline, const char *what, char *err, size_t errlen);
+/* Up to 50 ms of waiting for a broadcast on p->cv (p->mu held): the tick
+ * of every coordinator wait that also watches a deadline. coord_data.c. */
+void cm_coord_wait_tick(cm_pipe *p);
 /* Start the receiver thread of every node that has none. */
 void cm_coord_start_rx(cm_pipe *p);
 /* THE plan change, one transaction for opening, recovering, maintaining

@@ -148,14 +148,7 @@ static int ask_live(cm_pipe *p, remote *r, const char *const *peers, int k, cm_m
             rc = cm_errf(err, errlen, CM_ETIMEDOUT, "no LINKS answer");
             break;
         }
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 50000000;
-        if (ts.tv_nsec >= 1000000000) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000;
-        }
-        pthread_cond_timedwait(&p->cv, &p->mu, &ts);
+        cm_coord_wait_tick(p);
     }
     if (!rc && r->links_ans.n != k)
         rc = cm_errf(err, errlen, CM_EPROTO, "LINKS with %u entries for %d peers", r->links_ans.n, k);

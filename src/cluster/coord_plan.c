@@ -118,14 +118,7 @@ static int wait_ready(cm_pipe *p, const cm_plan *plan, int timeout_s, char *err,
             rc = cm_errf(err, errlen, CM_ETIMEDOUT, "nodes were not ready within %d s", timeout_s);
             break;
         }
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 50000000;
-        if (ts.tv_nsec >= 1000000000) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000;
-        }
-        pthread_cond_timedwait(&p->cv, &p->mu, &ts);
+        cm_coord_wait_tick(p);
     }
     pthread_mutex_unlock(&p->mu);
     return rc;
