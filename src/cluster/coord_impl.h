@@ -37,6 +37,7 @@ typedef struct remote {
     uint64_t last_hb_ns; /* rx thread only */
     int ready_status;
     char ready_text[CM_MSG_TEXT_MAX + 1];
+    uint64_t ready_epoch; /* rx thread only: the epoch of its last READY (0: none) */
     cm_pipe *p;
     int n_links; /* node to node links this node measured (LINKS), by peer address */
     struct {
