@@ -201,6 +201,11 @@ int cm_coord_wait_data(cm_pipe *p, uint64_t deadline, const char *what, char *er
 void cm_coord_wait_tick(cm_pipe *p);
 /* Start the receiver thread of every node that has none. */
 void cm_coord_start_rx(cm_pipe *p);
+/* Leave the running plan's links: the data connection to stage 1 (which
+ * drops what it has of the old plan) and this machine's all-reduce mesh
+ * (closing it wakes members blocked in an all-reduce with us, so that they
+ * can answer). coord_plan.c. */
+void cm_coord_leave_plan(cm_pipe *p);
 /* THE plan change, one transaction for opening, recovering, maintaining
  * and rejoining alike (coord_plan.c): a new epoch; the old data and
  * all-reduce links dropped; every member but this machine sent its ASSIGN
