@@ -75,26 +75,6 @@ static void kv_read(const cm_kv *kv, int il, int hk, int kind, int p, float *out
     }
 }
 
-static void kv_write(const cm_kv *kv_c, int il, int hk, int p, const float *k, const float *v) {
-    cm_kv *kv = (cm_kv *)kv_c;
-    if (kv->v_rows) {
-        cm_kv_store_rows(cm_kernels_get(), kv, il, hk, p, k, v);
-        return;
-    }
-    const int D = kv->head_dim;
-    const size_t off = ((size_t)(il - kv->layer_first) * (size_t)(kv->h1 - kv->h0) + (size_t)(hk - kv->h0)) *
-                       (size_t)kv->n_ctx * (size_t)D;
-    if (kv->type == CM_TYPE_F16) {
-        cm_f16 *kd = (cm_f16 *)kv->k + off + (size_t)p * D, *vt = (cm_f16 *)kv->v + off;
-        for (int i = 0; i < D; i++) kd[i] = cm_f32_to_f16(k[i]);
-        for (int i = 0; i < D; i++) vt[(size_t)i * kv->n_ctx + p] = cm_f32_to_f16(v[i]);
-    } else {
-        memcpy((float *)kv->k + off + (size_t)p * D, k, (size_t)D * sizeof(float));
-        float *vt = (float *)kv->v + off;
-        for (int i = 0; i < D; i++) vt[(size_t)i * kv->n_ctx + p] = v[i];
-    }
-}
-
 /* A quantized row (the CPU's blocks) in the device's layout (kvq.glsl). */
 static void qrow_words(enum cm_type t, const uint8_t *row, int D, uint32_t *w) {
     const int nb = D / 32;
@@ -222,7 +202,8 @@ void cm_vkm_kv_store_batch(cm_gpu_model *gm, const cm_batch *b, const cm_forward
                 continue;
             }
             for (int hk = 0; hk < gm->nkv; hk++)
-                kv_write(a->kvs[b->seq[j]], gm->l0 + il, gm->sl.h0 + hk, b->pos[j], k + hk * gm->D, v + hk * gm->D);
+                cm_kv_store(cm_kernels_get(), (cm_kv *)a->kvs[b->seq[j]], gm->l0 + il, gm->sl.h0 + hk, b->pos[j],
+                            k + hk * gm->D, v + hk * gm->D);
         }
     for (int j = 0; j < n; j++) gm->slot_valid[slots[j]]++;
 }
