@@ -30,6 +30,17 @@ int cm_errf(char *err, size_t errlen, int code, const char *fmt, ...) {
     return code;
 }
 
+size_t cm_appendf(char *buf, size_t n, size_t k, const char *fmt, ...) {
+    if (k < n) {
+        va_list ap;
+        va_start(ap, fmt);
+        int w = vsnprintf(buf + k, n - k, fmt, ap);
+        va_end(ap);
+        if (w > 0) k += (size_t)w;
+    }
+    return k;
+}
+
 /* Set by cm_log_set_level (-1: CUMULO_LOG's, cm_config); atomic because any
  * thread may log first. */
 static _Atomic int g_log_level = -1;

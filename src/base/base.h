@@ -60,6 +60,10 @@ const char *cm_strerror(int code);
  *     return cm_errf(err, errlen, CM_EFORMAT, "'%s': truncated header", path);
  */
 int cm_errf(char *err, size_t errlen, int code, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+/* Append printf-style text at buf + k (buf holds n bytes): k plus what the
+ * text needed, which passes n when it was cut (later calls then append
+ * nothing). For a text built in a caller's fixed buffer. */
+size_t cm_appendf(char *buf, size_t n, size_t k, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 
 /* Logging to stderr. Level from CUMULO_LOG (error|warning|info|debug; cm_config),
  * default warning; cm_log_set_level overrides it. */

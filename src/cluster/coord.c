@@ -135,6 +135,7 @@ static void *rx_main(void *arg) {
             if (m.u.ready.epoch != atomic_load(&p->epoch)) break;
             pthread_mutex_lock(&p->mu);
             r->ready = true;
+            r->ready_epoch = m.u.ready.epoch;
             atomic_store(&r->loading, false);
             r->ready_status = m.u.ready.status;
             memcpy(r->ready_text, m.u.ready.text, sizeof r->ready_text);
@@ -142,6 +143,17 @@ static void *rx_main(void *arg) {
             pthread_mutex_unlock(&p->mu);
             break;
         case CM_MSG_ERROR:
+            /* A node answers its control connection in order, so an ERROR
+             * before its READY of the current epoch is about an earlier
+             * plan's traffic: typically a FORWARD whose expert exchange or
+             * all-reduce failed when cm_coord_apply_plan closed the old
+             * mesh. Counted, it would fail the re-plan waiting for that
+             * READY (and spend one of recovery's attempts). */
+            if (r->ready_epoch != atomic_load(&p->epoch)) {
+                CM_LOGW("node %s ('%s'), an earlier plan's failure (ignored): %s", r->addr, r->hello.name,
+                        m.u.error.text);
+                break;
+            }
             cm_coord_fatal(p, m.u.error.code, "node %s ('%s'): %s", r->addr, r->hello.name, m.u.error.text);
             break;
         case CM_MSG_WEIGHTS_REQ:

@@ -166,6 +166,11 @@ int cm_coord_wait_data(cm_pipe *p, uint64_t deadline, const char *what, char *er
         pthread_mutex_lock(&p->mu);
         return cm_errf(err, errlen, p->fatal, "%s", p->fatal_text);
     }
+    cm_coord_wait_tick(p);
+    return 0;
+}
+
+void cm_coord_wait_tick(cm_pipe *p) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     ts.tv_nsec += 50000000;
@@ -174,7 +179,6 @@ int cm_coord_wait_data(cm_pipe *p, uint64_t deadline, const char *what, char *er
         ts.tv_nsec -= 1000000000;
     }
     pthread_cond_timedwait(&p->cv, &p->mu, &ts);
-    return 0;
 }
 
 int cm_pipe_recv_token(cm_pipe *p, int slot_i, int32_t *token, float *logprob, char *err, size_t errlen) {

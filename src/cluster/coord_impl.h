@@ -37,6 +37,7 @@ typedef struct remote {
     uint64_t last_hb_ns; /* rx thread only */
     int ready_status;
     char ready_text[CM_MSG_TEXT_MAX + 1];
+    uint64_t ready_epoch; /* rx thread only: the epoch of its last READY (0: none) */
     cm_pipe *p;
     int n_links; /* node to node links this node measured (LINKS), by peer address */
     struct {
@@ -195,8 +196,16 @@ void cm_coord_fatal(cm_pipe *p, int code, const char *fmt, ...) __attribute__((f
  * the pipe's failure, or past deadline the pipe failed with "no WHAT from
  * the last stage...", or 0 after up to 50 ms (look again). coord_data.c. */
 int cm_coord_wait_data(cm_pipe *p, uint64_t deadline, const char *what, char *err, size_t errlen);
+/* Up to 50 ms of waiting for a broadcast on p->cv (p->mu held): the tick
+ * of every coordinator wait that also watches a deadline. coord_data.c. */
+void cm_coord_wait_tick(cm_pipe *p);
 /* Start the receiver thread of every node that has none. */
 void cm_coord_start_rx(cm_pipe *p);
+/* Leave the running plan's links: the data connection to stage 1 (which
+ * drops what it has of the old plan) and this machine's all-reduce mesh
+ * (closing it wakes members blocked in an all-reduce with us, so that they
+ * can answer). coord_plan.c. */
+void cm_coord_leave_plan(cm_pipe *p);
 /* THE plan change, one transaction for opening, recovering, maintaining
  * and rejoining alike (coord_plan.c): a new epoch; the old data and
  * all-reduce links dropped; every member but this machine sent its ASSIGN

@@ -68,13 +68,7 @@ int cm_coord_link(const cm_pipe *p, int a, int b, double *rtt, double *bw) {
 
 void cm_coord_links_text(const cm_pipe *p, char *buf, size_t n) {
     size_t k = 0;
-#define OUT(...)                                            \
-    do {                                                    \
-        if (k < n) {                                        \
-            int w_ = snprintf(buf + k, n - k, __VA_ARGS__); \
-            if (w_ > 0) k += (size_t)w_;                    \
-        }                                                   \
-    } while (0)
+#define OUT(...) (k = cm_appendf(buf, n, k, __VA_ARGS__))
     if (n) buf[0] = 0;
     OUT("links (row measured toward column; rtt ms / MB/s):\n%-22s %-22s", "from \\ to", "here");
     for (int j = 0; j < p->n_remote; j++) OUT(" %-22s", p->r[j].addr);
@@ -148,14 +142,7 @@ static int ask_live(cm_pipe *p, remote *r, const char *const *peers, int k, cm_m
             rc = cm_errf(err, errlen, CM_ETIMEDOUT, "no LINKS answer");
             break;
         }
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 50000000;
-        if (ts.tv_nsec >= 1000000000) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000;
-        }
-        pthread_cond_timedwait(&p->cv, &p->mu, &ts);
+        cm_coord_wait_tick(p);
     }
     if (!rc && r->links_ans.n != k)
         rc = cm_errf(err, errlen, CM_EPROTO, "LINKS with %u entries for %d peers", r->links_ans.n, k);

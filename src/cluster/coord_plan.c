@@ -118,14 +118,7 @@ static int wait_ready(cm_pipe *p, const cm_plan *plan, int timeout_s, char *err,
             rc = cm_errf(err, errlen, CM_ETIMEDOUT, "nodes were not ready within %d s", timeout_s);
             break;
         }
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 50000000;
-        if (ts.tv_nsec >= 1000000000) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000;
-        }
-        pthread_cond_timedwait(&p->cv, &p->mu, &ts);
+        cm_coord_wait_tick(p);
     }
     pthread_mutex_unlock(&p->mu);
     return rc;
@@ -308,6 +301,16 @@ static int check_plan(const cm_pipe *p, const cm_plan *pl, char *err, size_t err
     return 0;
 }
 
+void cm_coord_leave_plan(cm_pipe *p) {
+    pthread_mutex_lock(&p->send_mu);
+    if (p->data) cm_conn_close(p->data, NULL);
+    p->data = NULL;
+    pthread_mutex_unlock(&p->send_mu);
+    cm_coll_free(p->coll);
+    p->coll = NULL;
+    cm_coll_mesh_close(p->tp_conn, CM_COLL_MAX_MEMBERS);
+}
+
 int cm_coord_apply_plan(cm_pipe *p, const cm_plan *pl, const char *why, char *err, size_t errlen) {
     int rc = check_plan(p, pl, err, errlen);
     if (rc) return rc;
@@ -317,15 +320,7 @@ int cm_coord_apply_plan(cm_pipe *p, const cm_plan *pl, const char *why, char *er
     uint64_t ep = cm_wall_ms();
     if (ep <= atomic_load(&p->epoch)) ep = atomic_load(&p->epoch) + 1;
     atomic_store(&p->epoch, ep);
-    /* Leave the old plan: closing our links wakes members blocked in an
-     * all-reduce with us, and stage 1 drops what it has of the old one. */
-    pthread_mutex_lock(&p->send_mu);
-    if (p->data) cm_conn_close(p->data, NULL);
-    p->data = NULL;
-    pthread_mutex_unlock(&p->send_mu);
-    cm_coll_free(p->coll);
-    p->coll = NULL;
-    cm_coll_mesh_close(p->tp_conn, CM_COLL_MAX_MEMBERS);
+    cm_coord_leave_plan(p);
     pthread_mutex_lock(&p->mu);
     p->fatal = 0;
     p->fatal_text[0] = 0;

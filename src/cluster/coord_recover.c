@@ -89,13 +89,7 @@ static bool plan_nodes_alive(cm_pipe *p) {
  * the start. The old links are dropped first: closing our all-reduce links
  * wakes members blocked in one with us, so that they can answer. */
 static int recover_once(cm_pipe *p, char *err, size_t errlen) {
-    pthread_mutex_lock(&p->send_mu);
-    if (p->data) cm_conn_close(p->data, NULL);
-    p->data = NULL;
-    pthread_mutex_unlock(&p->send_mu);
-    cm_coll_free(p->coll);
-    p->coll = NULL;
-    cm_coll_mesh_close(p->tp_conn, CM_COLL_MAX_MEMBERS);
+    cm_coord_leave_plan(p);
     reap_lost(p);
     if (p->links_suspect || plan_nodes_alive(p)) {
         int changed = cm_coord_recheck_links(p, false);

@@ -39,6 +39,8 @@ enum cm_gguf_vtype {
 };
 /* "u8", "string", "array", ... or "unknown". */
 const char *cm_gguf_vtype_name(uint32_t t);
+/* Bytes of one value of a fixed-size type t; 0 for string, array or unknown. */
+size_t cm_gguf_vtype_size(uint32_t t);
 
 /* Limits applied before allocation (a hostile header cannot make us allocate
  * more than these, nor more than its own size could describe; real files are

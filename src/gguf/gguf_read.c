@@ -35,8 +35,7 @@ static const char *const k_vtype_names[CM_GGUF_VTYPE_COUNT] = {
 
 const char *cm_gguf_vtype_name(uint32_t t) { return t < CM_GGUF_VTYPE_COUNT ? k_vtype_names[t] : "unknown"; }
 
-/* Size of a fixed-size value type; 0 for string/array/unknown. */
-static size_t vtype_size(uint32_t t) {
+size_t cm_gguf_vtype_size(uint32_t t) {
     switch (t) {
     case CM_GGUF_U8:
     case CM_GGUF_I8:
@@ -57,7 +56,7 @@ static size_t vtype_size(uint32_t t) {
 static uint64_t vtype_min_bytes(uint32_t t) {
     if (t == CM_GGUF_STRING) return 8;
     if (t == CM_GGUF_ARRAY) return 12;
-    return vtype_size(t);
+    return cm_gguf_vtype_size(t);
 }
 
 /* "kv 3 of 19 ('general.name')", "tensor 3 of 291", ... for messages. */
@@ -175,7 +174,7 @@ static int64_t hash_find(const cm_gguf *g, const uint32_t *tab, uint64_t cap,
 /* ---- values ---- */
 
 static int rd_scalar(rd *r, uint32_t t, cm_gguf_kv *kv) {
-    size_t sz = vtype_size(t);
+    size_t sz = cm_gguf_vtype_size(t);
     if (!has(r, sz)) return truncated(r);
     const uint8_t *q = r->p + r->off;
     switch (t) {
@@ -612,7 +611,7 @@ bool cm_gguf_arr_str(const cm_gguf_kv *kv, uint64_t i, cm_gguf_str *out) {
 /* Element i of a fixed-size integer/float array, widened like scalar kvs. */
 static bool arr_elem(const cm_gguf_kv *kv, uint64_t i, cm_gguf_kv *e) {
     if (!kv || kv->type != CM_GGUF_ARRAY || i >= kv->arr_len) return false;
-    size_t sz = vtype_size(kv->arr_type);
+    size_t sz = cm_gguf_vtype_size(kv->arr_type);
     if (!sz || kv->arr_type == CM_GGUF_BOOL) return false;
     rd r = {.p = kv->arr_data + i * sz, .n = sz};
     return rd_scalar(&r, kv->arr_type, e) == 0;

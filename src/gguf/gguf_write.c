@@ -205,25 +205,8 @@ void cm_gguf_w_strn(cm_gguf_writer *w, const char *key, const char *v, uint64_t 
 
 void cm_gguf_w_str(cm_gguf_writer *w, const char *key, const char *v) { cm_gguf_w_strn(w, key, v, v ? strlen(v) : 0); }
 
-static size_t elem_size(enum cm_gguf_vtype t) {
-    switch (t) {
-    case CM_GGUF_U8:
-    case CM_GGUF_I8:
-    case CM_GGUF_BOOL: return 1;
-    case CM_GGUF_U16:
-    case CM_GGUF_I16: return 2;
-    case CM_GGUF_U32:
-    case CM_GGUF_I32:
-    case CM_GGUF_F32: return 4;
-    case CM_GGUF_U64:
-    case CM_GGUF_I64:
-    case CM_GGUF_F64: return 8;
-    default: return 0;
-    }
-}
-
 void cm_gguf_w_arr(cm_gguf_writer *w, const char *key, enum cm_gguf_vtype t, const void *data, uint64_t n) {
-    size_t sz = elem_size(t);
+    size_t sz = cm_gguf_vtype_size(t);
     if (!w->err && (!sz || n > CM_GGUF_MAX_ARRAY || (!data && n))) {
         werr(w, CM_EINVAL, "array '%.64s' of %s: bad type or length", key ? key : "", cm_gguf_vtype_name(t));
         return;

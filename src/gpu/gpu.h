@@ -1,8 +1,9 @@
 /*
  * gpu: a Vulkan compute backend (vk.c: loader, device, buffers, pipelines;
- * vk_model.c: a llama model's layers on the device). The Vulkan loader is
- * found at run time (dlopen), so one binary runs on machines without a GPU
- * or driver; the shaders are SPIR-V embedded at build time. The model and
+ * vk_model.c, vk_record.c, vk_kv.c, vk_forward.c: a llama model's layers on
+ * the device). The Vulkan loader is found at run time (dlopen), so one
+ * binary runs on machines without a GPU or driver; the shaders are SPIR-V
+ * embedded at build time. The model and
  * cluster code never see it: the engine gives the forward context
  * cm_gpu_offload (model.h's offload hook), which takes a batch's first
  * layers; the CPU continues with the rest.
@@ -58,7 +59,7 @@ const cm_gpu_info *cm_gpu_info_of(const cm_gpu *g);
 int cm_gpu_subgroup(const cm_gpu *g);
 int cm_gpu_set_subgroup(cm_gpu *g, bool on, char *err, size_t errlen);
 
-/* ---- a model's layers on the device (vk_model.c) ---- */
+/* ---- a model's layers on the device (vk_model.c, vk_forward.c, vk_kv.c) ---- */
 typedef struct cm_gpu_model cm_gpu_model;
 
 /* Can this model's layers run on the device? False with the reason

@@ -1,6 +1,7 @@
 /*
- * vk_int.h: vk.c's primitives for vk_model.c (private to src/gpu; still no
- * Vulkan types, so vk_model.c compiles where the Vulkan headers are absent).
+ * vk_int.h: vk.c's primitives for vk_model.c and its neighbours (private to
+ * src/gpu; still no Vulkan types, so they compile where the Vulkan headers
+ * are absent).
  * Recording: cm_vk_begin, then dispatches and copies (each followed by a
  * full barrier), then cm_vk_submit (waits). All under the caller's hold of
  * cm_vk_lock.

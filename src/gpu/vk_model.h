@@ -1,8 +1,10 @@
 /*
- * vk_model.h: a model's layers on the device, shared by vk_model.c (upload,
- * the llama-family layers, the mixture-of-experts FFNs, the CPU caches) and
- * vk_mla.c (deepseek2's latent attention and its latent cache). Private to
- * src/gpu; no Vulkan types.
+ * vk_model.h: a model's layers on the device, shared by vk_model.c (the
+ * tensor table, upload, sizes), vk_record.c (recording the llama-family
+ * layers and the mixture-of-experts FFNs), vk_kv.c (the slots mirroring the
+ * CPU caches), vk_forward.c (a batch's submission, a tensor-parallel
+ * member's halves) and vk_mla.c (deepseek2's latent attention and its
+ * latent cache). Private to src/gpu; no Vulkan types.
  */
 #ifndef CM_VK_MODEL_H
 #define CM_VK_MODEL_H
@@ -61,7 +63,13 @@ struct cm_gpu_model {
     uint64_t n_took, n_declined; /* batches (cm_gpu_model_batches) */
 };
 
-/* ---- recording helpers (vk_model.c) ---- */
+/* ---- recording (vk_record.c) ---- */
+/* Record layer il for n tokens: the residual o_x through attention and FFN
+ * (f16: an F16 cache's rounding). */
+void cm_vkm_record_layer(cm_gpu_model *gm, int il, int n, bool f16);
+/* Record half of layer il of a tensor-parallel member (0 attention, 1 FFN)
+ * from the residual o_x: its partial sum into o_x. */
+void cm_vkm_record_half(cm_gpu_model *gm, int il, int half, int n, bool f16);
 /* y (+)= W x for n rows of x at x_off (stride ldx); quantized weights take x
  * converted first (once per source region and format: gm->q8_src). A stacked
  * tensor (w->stride): ny rows of y, row a from matrix AU[ids_off + a] and x
@@ -74,6 +82,22 @@ void cm_vkm_rmsnorm(cm_gpu *g, cm_vk_set *s, uint32_t n, uint32_t x_off, uint32_
 /* RoPE of nh heads of D (first n_rot of each) in n rows (stride ldx) from the cache at c_off. */
 void cm_vkm_rope(cm_gpu *g, cm_vk_set *s, uint32_t n_rot, uint32_t D, uint32_t nh, int n, uint32_t x_off, uint32_t ldx,
                  uint32_t c_off, bool neox);
+
+/* ---- the slots mirroring the CPU caches (vk_kv.c) ---- */
+/* Words of one cache row of D elements on the device (kvq.glsl). */
+uint32_t cm_vkm_kv_row_words(enum cm_type t, int D);
+/* The slot of each token of b (into slots[]), re-filling stale ones from
+ * the CPU caches. 1; 0: none fits (more sequences than slots, or a cache the
+ * device cannot mirror); or a negative error. Under cm_vk_lock. */
+int cm_vkm_assign_slots(cm_gpu_model *gm, const cm_batch *b, const cm_forward_args *a, uint32_t *slots, char *err,
+                        size_t errlen);
+/* This batch's cache types, row words and rotations (gm->bkt .. brv) from
+ * kv0, the first cache of the batch (all share its types). */
+void cm_vkm_kv_batch_types(cm_gpu_model *gm, const cm_kv *kv0);
+/* After a batch: its K and V rows (io's o_k, o_v) into the CPU caches, and
+ * each token's slot (slots[]) one position further. */
+void cm_vkm_kv_store_batch(cm_gpu_model *gm, const cm_batch *b, const cm_forward_args *a, const float *io,
+                           const uint32_t *slots);
 
 /* ---- deepseek2 (vk_mla.c) ---- */
 /* Can the device run layer il's latent attention? False with the reason. */

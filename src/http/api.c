@@ -113,6 +113,14 @@ void cm_api_error_json(cm_buf *out, const api_error *e) {
     cm_buf_puts(out, "}}");
 }
 
+void cm_api_sse_error(cm_buf *out, const job *j) {
+    api_error e;
+    cm_api_error_set(&e, j->http_status, "server_error", NULL, NULL, "%s", j->errmsg);
+    cm_buf_puts(out, "data: ");
+    cm_api_error_json(out, &e);
+    cm_buf_puts(out, "\n\n");
+}
+
 /* ---- request parsing ---- */
 
 #define BAD(param, ...)                                                               \
@@ -562,11 +570,7 @@ void cm_api_stream_end(job *j) {
     }
     cm_buf *b = &j->sse;
     if (j->http_status) {
-        api_error e;
-        cm_api_error_set(&e, j->http_status, "server_error", NULL, NULL, "%s", j->errmsg);
-        cm_buf_puts(b, "data: ");
-        cm_api_error_json(b, &e);
-        cm_buf_puts(b, "\n\n");
+        cm_api_sse_error(b, j);
     } else if (j->finish != CM_FINISH_CANCEL) {
         chunk(j, "", 0, false, finish_reason(j->finish));
         if (j->include_usage) {

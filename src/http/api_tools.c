@@ -660,11 +660,7 @@ char *cm_tools_final_json(job *j) {
 void cm_tools_stream_end(job *j) {
     cm_buf *b = &j->sse;
     if (j->http_status) {
-        api_error e;
-        cm_api_error_set(&e, j->http_status, "server_error", NULL, NULL, "%s", j->errmsg);
-        cm_buf_puts(b, "data: ");
-        cm_api_error_json(b, &e);
-        cm_buf_puts(b, "\n\n");
+        cm_api_sse_error(b, j);
     } else if (j->finish != CM_FINISH_CANCEL) {
         cm_buf content;
         cm_buf_init(&content);

@@ -90,6 +90,9 @@ typedef struct api_error {
 void cm_api_error_set(api_error *e, int status, const char *type, const char *param, const char *code, const char *fmt,
                       ...) __attribute__((format(printf, 6, 7)));
 void cm_api_error_json(cm_buf *out, const api_error *e);
+/* A failed stream's last event: "data: " and j's error (j->http_status,
+ * j->errmsg) as a server_error, then a blank line. */
+void cm_api_sse_error(cm_buf *out, const job *j);
 /* Parse and check a /v1/chat/completions (chat) or /v1/completions body into
  * j (prompt ids, generation parameters, output options). 0, or -1 with *ae
  * filled (400 naming the parameter, 404 unknown model, 400

@@ -151,6 +151,25 @@ void cm_kv_store_rows(const cm_kernels *k, cm_kv *kv, int il, int hk, int pos, c
     store_row(k, kv->type_v, vr, vd, D);
 }
 
+void cm_kv_store(const cm_kernels *k, cm_kv *kv, int il, int hk, int pos, const float *kr, const float *vr) {
+    if (kv->v_rows) {
+        cm_kv_store_rows(k, kv, il, hk, pos, kr, vr);
+        return;
+    }
+    const int D = kv->head_dim;
+    const size_t off = ((size_t)(il - kv->layer_first) * (size_t)(kv->h1 - kv->h0) + (size_t)(hk - kv->h0)) *
+                       (size_t)kv->n_ctx * (size_t)D;
+    if (kv->type == CM_TYPE_F16) {
+        cm_f16 *kd = (cm_f16 *)kv->k + off + (size_t)pos * D, *vt = (cm_f16 *)kv->v + off;
+        for (int i = 0; i < D; i++) kd[i] = cm_f32_to_f16(kr[i]);
+        for (int i = 0; i < D; i++) vt[(size_t)i * kv->n_ctx + pos] = cm_f32_to_f16(vr[i]);
+    } else {
+        memcpy((float *)kv->k + off + (size_t)pos * D, kr, (size_t)D * sizeof(float));
+        float *vt = (float *)kv->v + off;
+        for (int i = 0; i < D; i++) vt[(size_t)i * kv->n_ctx + pos] = vr[i];
+    }
+}
+
 cm_attn_kv cm_attn_kv_of(const cm_kv *kv, int il, int hk) {
     cm_attn_kv v = {.k = (const uint8_t *)kv->k + rows_off(kv, il, hk, kv->k_row),
                     .v = (const uint8_t *)kv->v + rows_off(kv, il, hk, kv->v_row),

@@ -58,22 +58,7 @@ static void rope_kv_task(cm_ctx *c, int j, int hl) {
         for (int i = 0; i < D; i++) kv_v[i] += ((const float *)L->bv.data)[hk * D + i];
     if (L->k_norm.data) cm_fwd_rms_norm_row(kv_k, L->k_norm.data, kv_k, D, hp->rms_eps);
     rope_apply(hp, rc, kv_k);
-    cm_kv *kv = c->a->kvs[b->seq[j]];
-    if (kv->v_rows) { /* attn.c's layout and types */
-        cm_kv_store_rows(c->k, kv, c->il, hk, b->pos[j], kv_k, kv_v);
-        return;
-    }
-    size_t off = kv_off(kv, c->il, hk);
-    int p = b->pos[j];
-    if (kv->type == CM_TYPE_F16) {
-        cm_f16 *kd = (cm_f16 *)kv->k + off + (size_t)p * D, *vt = (cm_f16 *)kv->v + off;
-        for (int i = 0; i < D; i++) kd[i] = cm_f32_to_f16(kv_k[i]);
-        for (int i = 0; i < D; i++) vt[(size_t)i * kv->n_ctx + p] = cm_f32_to_f16(kv_v[i]);
-    } else {
-        memcpy((float *)kv->k + off + (size_t)p * D, kv_k, (size_t)D * sizeof(float));
-        float *vt = (float *)kv->v + off;
-        for (int i = 0; i < D; i++) vt[(size_t)i * kv->n_ctx + p] = kv_v[i];
-    }
+    cm_kv_store(c->k, c->a->kvs[b->seq[j]], c->il, hk, b->pos[j], kv_k, kv_v); /* attn.c */
 }
 
 /* Attention of q head h (of this slice) of token j: scores over [0, pos],

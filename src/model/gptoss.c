@@ -6,6 +6,7 @@
  * with a message naming the key or tensor.
  */
 #include "gptoss.h"
+#include "meta.h"
 
 #include "kernels/kernels.h"
 
@@ -15,37 +16,15 @@
 
 #define ARCH "gpt-oss"
 
-/* "gpt-oss.<suffix>" as a float (missing: def). */
-static int key_f(const cm_gguf *g, const char *suffix, double def, double lo, double hi, float *out, char *err,
-                 size_t errlen) {
-    char key[128];
-    snprintf(key, sizeof key, ARCH ".%s", suffix);
-    double v = def;
-    if (!cm_gguf_get_f64(g, key, &v) && cm_gguf_find_kv(g, key))
-        return cm_errf(err, errlen, CM_EFORMAT, "metadata '%s' is not a number", key);
-    if (!(v >= lo && v <= hi)) return cm_errf(err, errlen, CM_EFORMAT, "metadata '%s' = %g is out of range", key, v);
-    *out = (float)v;
-    return 0;
-}
-
-/* "gpt-oss.<suffix>" as an integer in [lo, hi] (missing: def; def < 0: required). */
+/* "gpt-oss.<suffix>" as an integer in [lo, hi] (missing: def; def < 0:
+ * required); a per-layer array is not supported. */
 static int key_i(const cm_gguf *g, const char *suffix, long def, long lo, long hi, int *out, char *err, size_t errlen) {
     char key[128];
     snprintf(key, sizeof key, ARCH ".%s", suffix);
-    uint64_t v;
-    if (!cm_gguf_get_u64(g, key, &v)) {
-        const cm_gguf_kv *kv = cm_gguf_find_kv(g, key);
-        if (kv && kv->type == CM_GGUF_ARRAY)
-            return cm_errf(err, errlen, CM_EUNSUPPORTED, "metadata '%s' as a per-layer array is not supported", key);
-        if (kv) return cm_errf(err, errlen, CM_EFORMAT, "metadata '%s' is not a non-negative integer", key);
-        if (def < 0) return cm_errf(err, errlen, CM_EFORMAT, "missing metadata '%s'", key);
-        v = (uint64_t)def;
-    }
-    if (v < (uint64_t)lo || v > (uint64_t)hi)
-        return cm_errf(err, errlen, CM_EFORMAT, "metadata '%s' = %llu is out of range [%ld, %ld]", key,
-                       (unsigned long long)v, lo, hi);
-    *out = (int)v;
-    return 0;
+    const cm_gguf_kv *kv = cm_gguf_find_kv(g, key);
+    if (kv && kv->type == CM_GGUF_ARRAY)
+        return cm_errf(err, errlen, CM_EUNSUPPORTED, "metadata '%s' as a per-layer array is not supported", key);
+    return cm_meta_int(g, ARCH, suffix, def, lo, hi, out, err, errlen);
 }
 
 int cm_gptoss_load_hparams(cm_model *m, char *err, size_t errlen) {
@@ -56,7 +35,7 @@ int cm_gptoss_load_hparams(cm_model *m, char *err, size_t errlen) {
      * SWA layers' base and scale those of the full layers unless given */
     if ((rc = key_i(g, "attention.sliding_window", -1, 1, 1L << 30, &hp->n_swa, err, errlen)) ||
         (rc = key_i(g, "attention.sliding_window_pattern", 2, 1, 4096, &hp->swa_pattern, err, errlen)) ||
-        (rc = key_f(g, "rope.freq_base_swa", hp->rope_base, 1e-3, 1e12, &hp->rope_base_swa, err, errlen)))
+        (rc = cm_meta_float(g, ARCH, "rope.freq_base_swa", hp->rope_base, 1e-3, 1e12, &hp->rope_base_swa, err, errlen)))
         return rc;
     if (hp->n_rot != hp->head_dim)
         return cm_errf(err, errlen, CM_EUNSUPPORTED,
@@ -73,15 +52,15 @@ int cm_gptoss_load_hparams(cm_model *m, char *err, size_t errlen) {
     const bool none = st && !strcmp(st, "none");
     cm_free(st);
     float factor = 0, ext = -1, attn = 1, bf = 32, bsl = 1, rattn = 1, logmul = 0;
-    if ((rc = key_f(g, "rope.scaling.factor", 0.0, 0.0, 1e6, &factor, err, errlen)) ||
+    if ((rc = cm_meta_float(g, ARCH, "rope.scaling.factor", 0.0, 0.0, 1e6, &factor, err, errlen)) ||
         (rc = key_i(g, "rope.scaling.original_context_length", hp->n_ctx_train, 1, 1L << 30, &hp->n_ctx_orig, err,
                     errlen)) ||
-        (rc = key_f(g, "rope.scaling.yarn_ext_factor", -1.0, -1.0, 1e3, &ext, err, errlen)) ||
-        (rc = key_f(g, "rope.scaling.yarn_attn_factor", 1.0, 0.0, 1e3, &attn, err, errlen)) ||
-        (rc = key_f(g, "rope.scaling.yarn_beta_fast", 32.0, 0.0, 1e6, &bf, err, errlen)) ||
-        (rc = key_f(g, "rope.scaling.yarn_beta_slow", 1.0, 0.0, 1e6, &bsl, err, errlen)) ||
-        (rc = key_f(g, "rope.scaling.attn_factor", 1.0, 0.0, 1e3, &rattn, err, errlen)) ||
-        (rc = key_f(g, "rope.scaling.yarn_log_multiplier", 0.0, 0.0, 1e3, &logmul, err, errlen)))
+        (rc = cm_meta_float(g, ARCH, "rope.scaling.yarn_ext_factor", -1.0, -1.0, 1e3, &ext, err, errlen)) ||
+        (rc = cm_meta_float(g, ARCH, "rope.scaling.yarn_attn_factor", 1.0, 0.0, 1e3, &attn, err, errlen)) ||
+        (rc = cm_meta_float(g, ARCH, "rope.scaling.yarn_beta_fast", 32.0, 0.0, 1e6, &bf, err, errlen)) ||
+        (rc = cm_meta_float(g, ARCH, "rope.scaling.yarn_beta_slow", 1.0, 0.0, 1e6, &bsl, err, errlen)) ||
+        (rc = cm_meta_float(g, ARCH, "rope.scaling.attn_factor", 1.0, 0.0, 1e3, &rattn, err, errlen)) ||
+        (rc = cm_meta_float(g, ARCH, "rope.scaling.yarn_log_multiplier", 0.0, 0.0, 1e3, &logmul, err, errlen)))
         return rc;
     if (logmul != 0.0f)
         return cm_errf(err, errlen, CM_EUNSUPPORTED,

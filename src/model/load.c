@@ -9,6 +9,7 @@
 #include "mla.h"
 #include "moe.h"
 #include "gptoss.h"
+#include "meta.h"
 
 #include "kernels/kernels.h"
 
@@ -22,10 +23,8 @@ static const char *const k_arch_names[CM_ARCH_COUNT] = {"llama",  "qwen2", "qwen
 
 const char *cm_arch_name_of(enum cm_arch a) { return (unsigned)a < CM_ARCH_COUNT ? k_arch_names[a] : "unknown"; }
 
-/* Read "<arch>.<suffix>" as an integer in [lo, hi]; missing keys give def
- * (def < 0: required). */
-static int get_int(const cm_gguf *g, const char *arch, const char *suffix, long def, long lo, long hi, int *out,
-                   char *err, size_t errlen) {
+int cm_meta_int(const cm_gguf *g, const char *arch, const char *suffix, long def, long lo, long hi, int *out, char *err,
+                size_t errlen) {
     char key[160];
     snprintf(key, sizeof key, "%s.%s", arch, suffix);
     uint64_t v;
@@ -43,8 +42,8 @@ static int get_int(const cm_gguf *g, const char *arch, const char *suffix, long 
     return 0;
 }
 
-static int get_float(const cm_gguf *g, const char *arch, const char *suffix, double def, double lo, double hi,
-                     float *out, char *err, size_t errlen) {
+int cm_meta_float(const cm_gguf *g, const char *arch, const char *suffix, double def, double lo, double hi, float *out,
+                  char *err, size_t errlen) {
     char key[160];
     snprintf(key, sizeof key, "%s.%s", arch, suffix);
     double v;
@@ -117,10 +116,11 @@ static int bind_blk(cm_model *m, cm_tensor *t, int il, const char *suffix, int64
 static int load_hparams_gemma3(cm_model *m, char *err, size_t errlen) {
     cm_hparams *hp = &m->hp;
     int rc;
-    if ((rc = get_int(m->gguf, "gemma3", "attention.sliding_window", 0, 0, 1L << 30, &hp->n_swa, err, errlen)) ||
-        (rc = get_int(m->gguf, "gemma3", "attention.sliding_window_pattern", 6, 0, 4096, &hp->swa_pattern, err,
-                      errlen)) ||
-        (rc = get_float(m->gguf, "gemma3", "rope.freq_base_swa", 10000.0, 1e-3, 1e12, &hp->rope_base_swa, err, errlen)))
+    if ((rc = cm_meta_int(m->gguf, "gemma3", "attention.sliding_window", 0, 0, 1L << 30, &hp->n_swa, err, errlen)) ||
+        (rc = cm_meta_int(m->gguf, "gemma3", "attention.sliding_window_pattern", 6, 0, 4096, &hp->swa_pattern, err,
+                          errlen)) ||
+        (rc = cm_meta_float(m->gguf, "gemma3", "rope.freq_base_swa", 10000.0, 1e-3, 1e12, &hp->rope_base_swa, err,
+                            errlen)))
         return rc;
     hp->attn_q_scale =
         hp->n_layer == 62 ? 1.0f / sqrtf((float)(hp->n_embd / hp->n_head)) : 1.0f / sqrtf((float)hp->head_dim);
@@ -186,27 +186,27 @@ static int load_hparams(cm_model *m, char *err, size_t errlen) {
     const char *an = k_arch_names[a];
     const long big = 1L << 24;
     int rc;
-    if ((rc = get_int(g, an, "embedding_length", -1, 1, big, &hp->n_embd, err, errlen)) ||
-        (rc = get_int(g, an, "block_count", -1, 1, 4096, &hp->n_layer, err, errlen)) ||
-        (rc = get_int(g, an, "attention.head_count", -1, 1, 4096, &hp->n_head, err, errlen)) ||
-        (rc = get_int(g, an, "attention.head_count_kv", hp->n_head, 1, hp->n_head, &hp->n_head_kv, err, errlen)) ||
-        (rc = get_int(g, an, "context_length", 2048, 1, 1L << 30, &hp->n_ctx_train, err, errlen)))
+    if ((rc = cm_meta_int(g, an, "embedding_length", -1, 1, big, &hp->n_embd, err, errlen)) ||
+        (rc = cm_meta_int(g, an, "block_count", -1, 1, 4096, &hp->n_layer, err, errlen)) ||
+        (rc = cm_meta_int(g, an, "attention.head_count", -1, 1, 4096, &hp->n_head, err, errlen)) ||
+        (rc = cm_meta_int(g, an, "attention.head_count_kv", hp->n_head, 1, hp->n_head, &hp->n_head_kv, err, errlen)) ||
+        (rc = cm_meta_int(g, an, "context_length", 2048, 1, 1L << 30, &hp->n_ctx_train, err, errlen)))
         return rc;
     if (hp->n_head % hp->n_head_kv)
         return cm_errf(err, errlen, CM_EFORMAT, "head count %d is not a multiple of the KV head count %d", hp->n_head,
                        hp->n_head_kv);
     if (hp->arch == CM_ARCH_DEEPSEEK2) return cm_mla_load_hparams(m, err, errlen); /* MLA's own head sizes */
     long def_hd = hp->n_embd % hp->n_head ? -1 : hp->n_embd / hp->n_head;
-    if ((rc = get_int(g, an, "attention.key_length", def_hd, 2, 65536, &hp->head_dim, err, errlen))) return rc;
+    if ((rc = cm_meta_int(g, an, "attention.key_length", def_hd, 2, 65536, &hp->head_dim, err, errlen))) return rc;
     int vlen;
-    if ((rc = get_int(g, an, "attention.value_length", hp->head_dim, 1, 65536, &vlen, err, errlen))) return rc;
+    if ((rc = cm_meta_int(g, an, "attention.value_length", hp->head_dim, 1, 65536, &vlen, err, errlen))) return rc;
     if (vlen != hp->head_dim)
         return cm_errf(err, errlen, CM_EUNSUPPORTED, "value length %d differs from key length %d", vlen, hp->head_dim);
-    if ((rc = get_int(g, an, "rope.dimension_count", hp->head_dim, 2, hp->head_dim, &hp->n_rot, err, errlen)))
+    if ((rc = cm_meta_int(g, an, "rope.dimension_count", hp->head_dim, 2, hp->head_dim, &hp->n_rot, err, errlen)))
         return rc;
     if (hp->n_rot % 2) return cm_errf(err, errlen, CM_EFORMAT, "rope dimension count %d is odd", hp->n_rot);
-    if ((rc = get_float(g, an, "attention.layer_norm_rms_epsilon", 1e-5, 0, 1, &hp->rms_eps, err, errlen)) ||
-        (rc = get_float(g, an, "rope.freq_base", 10000.0, 1e-3, 1e12, &hp->rope_base, err, errlen)))
+    if ((rc = cm_meta_float(g, an, "attention.layer_norm_rms_epsilon", 1e-5, 0, 1, &hp->rms_eps, err, errlen)) ||
+        (rc = cm_meta_float(g, an, "rope.freq_base", 10000.0, 1e-3, 1e12, &hp->rope_base, err, errlen)))
         return rc;
     if (hp->arch == CM_ARCH_GPTOSS) { /* its own YaRN and sliding-window keys (gptoss.c) */
         hp->rope_freq_scale = 1.0f;
@@ -261,8 +261,8 @@ static int load(cm_model *m, const cm_gguf *g, bool repack_whole, char *err, siz
     const cm_gguf_tensor_info *tg = cm_gguf_find_tensor(g, "blk.0.ffn_gate.weight");
     if (!tg) tg = cm_gguf_find_tensor(g, "blk.0.ffn_gate_exps.weight"); /* MoE: the experts' width */
     long def_ff = tg && tg->n_dims >= 2 && tg->ne[1] > 0 && tg->ne[1] < (1 << 26) ? (long)tg->ne[1] : -1;
-    if ((rc = get_int(g, cm_arch_name_of(hp->arch), "feed_forward_length", def_ff, 1, 1L << 26, &hp->n_ff, err,
-                      errlen))) {
+    if ((rc = cm_meta_int(g, cm_arch_name_of(hp->arch), "feed_forward_length", def_ff, 1, 1L << 26, &hp->n_ff, err,
+                          errlen))) {
         cm_model_release(m);
         return rc;
     }

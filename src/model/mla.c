@@ -12,6 +12,7 @@
  * MLA is a cache of (kv_lora_rank + n_rot) values per token and layer.
  */
 #include "mla.h"
+#include "meta.h"
 #include "moe.h"
 
 #include <math.h>
@@ -19,37 +20,6 @@
 #include <string.h>
 
 /* ---------------- hyperparameters ---------------- */
-
-static int key_u(const cm_gguf *g, const char *suffix, long def, long lo, long hi, int *out, char *err, size_t errlen) {
-    char key[160];
-    snprintf(key, sizeof key, "deepseek2.%s", suffix);
-    uint64_t v;
-    if (!cm_gguf_get_u64(g, key, &v)) {
-        if (cm_gguf_find_kv(g, key))
-            return cm_errf(err, errlen, CM_EFORMAT, "metadata '%s' is not a non-negative integer", key);
-        if (def < 0) return cm_errf(err, errlen, CM_EFORMAT, "missing metadata '%s'", key);
-        v = (uint64_t)def;
-    }
-    if (v < (uint64_t)lo || v > (uint64_t)hi)
-        return cm_errf(err, errlen, CM_EFORMAT, "metadata '%s' = %llu is out of range [%ld, %ld]", key,
-                       (unsigned long long)v, lo, hi);
-    *out = (int)v;
-    return 0;
-}
-
-static int key_f(const cm_gguf *g, const char *suffix, double def, double lo, double hi, float *out, char *err,
-                 size_t errlen) {
-    char key[160];
-    snprintf(key, sizeof key, "deepseek2.%s", suffix);
-    double v;
-    if (!cm_gguf_get_f64(g, key, &v)) {
-        if (cm_gguf_find_kv(g, key)) return cm_errf(err, errlen, CM_EFORMAT, "metadata '%s' is not a number", key);
-        v = def;
-    }
-    if (!(v >= lo && v <= hi)) return cm_errf(err, errlen, CM_EFORMAT, "metadata '%s' = %g is out of range", key, v);
-    *out = (float)v;
-    return 0;
-}
 
 /* llama.cpp's YaRN settings for deepseek2 (llama_context's yarn_attn_factor
  * with its deepseek2 mscale rule, then the graph's kq_scale). */
@@ -80,21 +50,23 @@ int cm_mla_load_hparams(cm_model *m, char *err, size_t errlen) {
     cm_mla_hparams *a = &hp->mla;
     int rc, kl, vl, klm, vlm, gating, ex_shared;
     const long big = 1L << 20;
-    if ((rc = key_u(g, "attention.q_lora_rank", 0, 0, big, &a->q_lora, err, errlen)) ||
-        (rc = key_u(g, "attention.kv_lora_rank", -1, 1, big, &a->kv_lora, err, errlen)) ||
-        (rc = key_u(g, "attention.key_length", -1, 2, big, &kl, err, errlen)) ||
-        (rc = key_u(g, "attention.value_length", -1, 1, big, &vl, err, errlen)) ||
-        (rc = key_u(g, "attention.key_length_mla", 0, 0, big, &klm, err, errlen)) ||
-        (rc = key_u(g, "attention.value_length_mla", 0, 0, big, &vlm, err, errlen)) ||
-        (rc = key_u(g, "rope.dimension_count", -1, 2, big, &hp->n_rot, err, errlen)) ||
-        (rc = key_u(g, "leading_dense_block_count", 0, 0, hp->n_layer, &hp->n_dense_lead, err, errlen)) ||
-        (rc = key_u(g, "expert_shared_count", 0, 0, 64, &ex_shared, err, errlen)) ||
-        (rc = key_u(g, "expert_gating_func", 1, 0, 3, &gating, err, errlen)) ||
-        (rc = key_u(g, "expert_group_count", 0, 0, 1024, &hp->n_expert_groups, err, errlen)) ||
-        (rc = key_u(g, "expert_group_used_count", 0, 0, 1024, &hp->n_group_used, err, errlen)) ||
-        (rc = key_f(g, "expert_weights_scale", 0.0, 0.0, 1e6, &hp->expert_scale, err, errlen)) ||
-        (rc = key_f(g, "attention.layer_norm_rms_epsilon", 1e-6, 0, 1, &hp->rms_eps, err, errlen)) ||
-        (rc = key_f(g, "rope.freq_base", 10000.0, 1e-3, 1e12, &hp->rope_base, err, errlen)))
+    if ((rc = cm_meta_int(g, "deepseek2", "attention.q_lora_rank", 0, 0, big, &a->q_lora, err, errlen)) ||
+        (rc = cm_meta_int(g, "deepseek2", "attention.kv_lora_rank", -1, 1, big, &a->kv_lora, err, errlen)) ||
+        (rc = cm_meta_int(g, "deepseek2", "attention.key_length", -1, 2, big, &kl, err, errlen)) ||
+        (rc = cm_meta_int(g, "deepseek2", "attention.value_length", -1, 1, big, &vl, err, errlen)) ||
+        (rc = cm_meta_int(g, "deepseek2", "attention.key_length_mla", 0, 0, big, &klm, err, errlen)) ||
+        (rc = cm_meta_int(g, "deepseek2", "attention.value_length_mla", 0, 0, big, &vlm, err, errlen)) ||
+        (rc = cm_meta_int(g, "deepseek2", "rope.dimension_count", -1, 2, big, &hp->n_rot, err, errlen)) ||
+        (rc = cm_meta_int(g, "deepseek2", "leading_dense_block_count", 0, 0, hp->n_layer, &hp->n_dense_lead, err,
+                          errlen)) ||
+        (rc = cm_meta_int(g, "deepseek2", "expert_shared_count", 0, 0, 64, &ex_shared, err, errlen)) ||
+        (rc = cm_meta_int(g, "deepseek2", "expert_gating_func", 1, 0, 3, &gating, err, errlen)) ||
+        (rc = cm_meta_int(g, "deepseek2", "expert_group_count", 0, 0, 1024, &hp->n_expert_groups, err, errlen)) ||
+        (rc = cm_meta_int(g, "deepseek2", "expert_group_used_count", 0, 0, 1024, &hp->n_group_used, err, errlen)) ||
+        (rc = cm_meta_float(g, "deepseek2", "expert_weights_scale", 0.0, 0.0, 1e6, &hp->expert_scale, err, errlen)) ||
+        (rc = cm_meta_float(g, "deepseek2", "attention.layer_norm_rms_epsilon", 1e-6, 0, 1, &hp->rms_eps, err,
+                            errlen)) ||
+        (rc = cm_meta_float(g, "deepseek2", "rope.freq_base", 10000.0, 1e-3, 1e12, &hp->rope_base, err, errlen)))
         return rc;
     if (hp->n_rot % 2) return cm_errf(err, errlen, CM_EFORMAT, "rope dimension count %d is odd", hp->n_rot);
     if (!klm != !vlm)
@@ -148,10 +120,12 @@ int cm_mla_load_hparams(cm_model *m, char *err, size_t errlen) {
         /* llama.cpp reads no beta keys for deepseek2: 32 and 1 */
         float factor, log_mul, attn;
         int orig;
-        if ((rc = key_f(g, "rope.scaling.factor", 1.0, 1e-6, 1e6, &factor, err, errlen)) ||
-            (rc = key_f(g, "rope.scaling.yarn_log_multiplier", 0.0, 0.0, 1e3, &log_mul, err, errlen)) ||
-            (rc = key_f(g, "rope.scaling.attn_factor", 1.0, 1e-6, 1e6, &attn, err, errlen)) ||
-            (rc = key_u(g, "rope.scaling.original_context_length", hp->n_ctx_train, 1, 1L << 30, &orig, err, errlen)))
+        if ((rc = cm_meta_float(g, "deepseek2", "rope.scaling.factor", 1.0, 1e-6, 1e6, &factor, err, errlen)) ||
+            (rc = cm_meta_float(g, "deepseek2", "rope.scaling.yarn_log_multiplier", 0.0, 0.0, 1e3, &log_mul, err,
+                                errlen)) ||
+            (rc = cm_meta_float(g, "deepseek2", "rope.scaling.attn_factor", 1.0, 1e-6, 1e6, &attn, err, errlen)) ||
+            (rc = cm_meta_int(g, "deepseek2", "rope.scaling.original_context_length", hp->n_ctx_train, 1, 1L << 30,
+                              &orig, err, errlen)))
             return rc;
         a->beta_fast = 32.0f, a->beta_slow = 1.0f, a->n_ctx_orig = orig;
         yarn_params(hp, factor, log_mul / 0.1f, attn); /* llama.cpp cancels the converter's 0.1 */

@@ -369,6 +369,9 @@ int cm_kv_init_types(cm_kv *kv, const cm_model *m, int layer_first, int layer_la
 /* Store K and V (head_dim floats each) of kv head hk of layer il at
  * position pos of a rows-layout cache, converted to its types. */
 void cm_kv_store_rows(const cm_kernels *k, cm_kv *kv, int il, int hk, int pos, const float *kr, const float *vr);
+/* The same for a cache of either layout: the rows layout as above, or the
+ * transposed one of cm_kv_init_type (F32 or F16; K a row at pos, V a column). */
+void cm_kv_store(const cm_kernels *k, cm_kv *kv, int il, int hk, int pos, const float *kr, const float *vr);
 /* The rows of one (layer, kv head) of a rows-layout cache, position 0 first. */
 enum { CM_ATTN_TILE = 64 }; /* positions per tile of cm_attn_flash */
 typedef struct cm_attn_kv {

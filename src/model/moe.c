@@ -189,6 +189,19 @@ static cm_tensor expert_view(const cm_tensor *w, int e) {
     return t;
 }
 
+/* The k largest of v[0, n) in descending order (ggml_argsort_top_k: ties
+ * by lower id), marked in mark[0, n) and, unless sel is NULL, into sel. */
+static void top_k(const float *v, int n, int k, uint8_t *mark, int32_t *sel) {
+    memset(mark, 0, (size_t)n);
+    for (int i = 0; i < k; i++) {
+        int best = -1;
+        for (int e = 0; e < n; e++)
+            if (!mark[e] && (best < 0 || v[e] > v[best])) best = e;
+        mark[best] = 1;
+        if (sel) sel[i] = best;
+    }
+}
+
 /* gpt-oss's gating (llama.cpp's SOFTMAX_WEIGHT): p = logits + router bias
  * (ggml_add), the top k of p (descending, ties: lower id), their weights
  * the softmax of the k chosen values (max, expf, double sum, times the
@@ -201,15 +214,8 @@ static void route_oai(moe_route *t, const cm_moe_run *r, const float *lg, float 
     for (int e = 0; e < X; e++) p[e] = lg[e] + bias[e];
     int32_t *sel = t->sel + (size_t)j * K;
     float *w = t->w + (size_t)j * K;
-    memset(t->mark, 0, (size_t)X);
-    for (int k = 0; k < K; k++) {
-        int best = -1;
-        for (int e = 0; e < X; e++)
-            if (!t->mark[e] && (best < 0 || p[e] > p[best])) best = e;
-        t->mark[best] = 1;
-        sel[k] = best;
-        w[k] = p[best];
-    }
+    top_k(p, X, K, t->mark, sel);
+    for (int k = 0; k < K; k++) w[k] = p[sel[k]];
     float mx = -INFINITY;
     for (int k = 0; k < K; k++) mx = w[k] > mx ? w[k] : mx;
     double sum = 0;
@@ -276,13 +282,7 @@ static void route(const cm_moe *s, moe_route *t, const cm_moe_run *r) {
                     if (e != b0 && v[e] > v[b1]) b1 = e;
                 gs[g] = (float)((double)v[b0] + (double)v[b1]);
             }
-            memset(t->mark, 0, (size_t)X);
-            for (int k = 0; k < hp->n_group_used; k++) {
-                int best = -1;
-                for (int g = 0; g < G; g++)
-                    if (!t->mark[g] && (best < 0 || gs[g] > gs[best])) best = g;
-                t->mark[best] = 1;
-            }
+            top_k(gs, G, hp->n_group_used, t->mark, NULL);
             for (int g = 0; g < G; g++)
                 if (!t->mark[g])
                     for (int e = 0; e < per; e++) selp[(size_t)g * per + e] = -INFINITY;
@@ -290,15 +290,8 @@ static void route(const cm_moe *s, moe_route *t, const cm_moe_run *r) {
         /* ggml_argsort_top_k: descending; ties by lower id */
         int32_t *sel = t->sel + (size_t)j * K;
         float *w = t->w + (size_t)j * K;
-        memset(t->mark, 0, (size_t)X);
-        for (int k = 0; k < K; k++) {
-            int best = -1;
-            for (int e = 0; e < X; e++)
-                if (!t->mark[e] && (best < 0 || q[e] > q[best])) best = e;
-            t->mark[best] = 1;
-            sel[k] = best;
-            w[k] = p[best];
-        }
+        top_k(q, X, K, t->mark, sel);
+        for (int k = 0; k < K; k++) w[k] = p[sel[k]];
         if (hp->expert_norm) { /* ggml_sum_rows (double sum), clamp to the F16 minimum, ggml_div */
             double ws = 0;
             for (int k = 0; k < K; k++) ws += (double)w[k];

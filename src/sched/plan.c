@@ -565,13 +565,7 @@ void cm_plan_format(const cm_plan *p, const cm_plan_model *m, const cm_plan_clus
     cm_plan_groups(p, c_in->n_nodes, group_of);
     cm_plan_share_hosts(c_in, group_of, &eff);
     const cm_plan_cluster *c = &eff;
-#define OUT(...)                                            \
-    do {                                                    \
-        if (k < n) {                                        \
-            int w_ = snprintf(buf + k, n - k, __VA_ARGS__); \
-            if (w_ > 0) k += (size_t)w_;                    \
-        }                                                   \
-    } while (0)
+#define OUT(...) (k = cm_appendf(buf, n, k, __VA_ARGS__))
     int w = 16;
     for (int s = 0; s < p->n_stages; s++)
         for (int i = 0; i < p->stages[s].n_members; i++) {

@@ -33,46 +33,9 @@ MGO=$TMP/gptoss.gguf
 PROMPT="Once upon a time"
 N=24
 
-# case NAME MODEL [run options]: fresh nodes (fresh caches), one EP run,
-# checks 1-3.
-case_ep() {
-    name=$1 model=$2
-    shift 2
-    ep_nodes "$name" || return
-    ep_info "$model"
-    "$BIN" run "$model" -p "$PROMPT" -n $N --temp 0 --threads 1 --json >"$TMP/one.json" 2>/dev/null
-    one=$(cc_jsonget "$TMP/one.json" 'join(",", @{$j->{tokens}})')
-    [ -n "$one" ] && ok || bad "$name: single machine run failed"
-    if ! "$BIN" run "$model" --nodes "127.0.0.1:$PORT_a,127.0.0.1:$PORT_b" --parallel ep -p "$PROMPT" -n $N --temp 0 \
-        --threads 1 --json "$@" >"$TMP/ep.json" 2>"$TMP/ep.err"; then
-        bad "$name: expert-parallel run failed: $(tail -3 "$TMP/ep.err")"
-        return
-    fi
-    grep -q "expert parallel: 3 members" "$TMP/ep.err" && ok || bad "$name: not an expert group of 3: $(grep -E 'why|expert' "$TMP/ep.err")"
-    got=$(cc_jsonget "$TMP/ep.json" 'join(",", @{$j->{tokens}})')
-    [ "$got" = "$one" ] && ok || bad "$name: ids differ from one machine: $got vs $one"
-    rows=$(cc_jsonget "$TMP/ep.json" '$j->{tp}{rows}')
-    total=$(cc_jsonget "$TMP/ep.json" '$j->{tp}{data_bytes}')
-    for n in a b; do
-        ep_exchange "$(node_line "$name$n" 0 'expert-parallel rank.*expert exchanges')"
-        [ "$NROWS" = "$rows" ] && ok || bad "$name: node $n computed ${NROWS:-?} rows, the coordinator sent $rows"
-        total=$((total + ${NBYTES:-0}))
-        # 3. weight bytes streamed = all - the experts it does not hold
-        ep_streamed "$TMP/$name$n.log"
-        want_b=$((WB - (X - ${E1:-0} + ${E0:-0}) * PER_EXPERT))
-        [ -n "$GOT_B" ] && [ "$GOT_B" -eq "$want_b" ] && ok ||
-            bad "$name: node $n streamed ${GOT_B:-?} weight bytes for experts [$E0, $E1), expected $want_b"
-        echo "$name: node $n holds experts [$E0, $E1) of $X: streamed $GOT_B of $WB weight bytes"
-    done
-    per=$((L * K * 2 * D * 4)) # per token: L MoE layers x k slots x (members - 1) peers x n_embd x 4
-    [ "$rows" -ge $N ] && [ "$total" -eq $((rows * per)) ] && ok ||
-        bad "$name: the group sent $total exchange bytes for $rows rows, expected $rows x $per"
-    echo "$name: expert exchange per token (all members) $((total / rows)) bytes = $L layers x k $K x 2 peers x $D x 4; $(grep 'expert parallel:' "$TMP/ep.err" | sed 's/.*experts by rank/experts by rank/')"
-    kill "$PID_a" "$PID_b" 2>/dev/null
-}
-
-case_ep e8 "$M8"
-case_ep w8 "$M8" --tp-weights 1,1,8
+# ep_case (ep_common.sh): fresh nodes (fresh caches), one EP run, checks 1-3.
+ep_case e8 "$M8" ""
+ep_case w8 "$M8" "" --tp-weights 1,1,8
 # the skewed split gives the node of weight 8 more experts than the node of
 # weight 1: which of a and b takes which weight is the planner's choice (it
 # orders nodes by their measured speed), so either may hold the larger share
@@ -86,8 +49,8 @@ if [ $# -eq 4 ]; then
 fi
 [ "$big" -gt "$small" ] && [ "$big" -ge $((2 * small)) ] && ok ||
     bad "--tp-weights 1,1,8: neither of nodes a and b holds twice the other's experts ($ea / $eb)"
-case_ep e64 "$M64"
-case_ep go8 "$MGO"
+ep_case e64 "$M64" ""
+ep_case go8 "$MGO" ""
 
 # 4. expert groups as pipeline stages: this machine + a as stage 0's group,
 # b alone (2,1); this machine alone, then a + b as a group (1,2).
@@ -117,15 +80,11 @@ done
 
 # 5. serve --parallel ep: 4 concurrent completions of 2 prompts (several
 # sequences in one forward pass: cm_engine_step) equal one machine's texts.
-"$BIN" serve "$M8" --host 127.0.0.1 --port 0 --nodes "127.0.0.1:$PORT_a,127.0.0.1:$PORT_b" --parallel ep --threads 1 \
-    --slots 4 >"$TMP/serve.out" 2>"$TMP/serve.log" &
-SPID=$!
-CC_PIDS="$CC_PIDS $SPID"
-k=0
-while ! grep -q 'ready' "$TMP/serve.log" 2>/dev/null && [ $k -lt 300 ]; do sleep 0.05; k=$((k + 1)); done
-PORT=$(sed -n 's/.*http:\/\/[^:]*:\([0-9]*\).*/\1/p' "$TMP/serve.log" "$TMP/serve.out" | head -1)
-if grep -q 'ready' "$TMP/serve.log" && grep -q 'expert parallel: 3 members' "$TMP/serve.log" && [ -n "$PORT" ]; then
+# (cc_start_serve: until its "ready:" line, or it exits)
+if cc_start_serve serve "$M8" --host 127.0.0.1 --nodes "127.0.0.1:$PORT_a,127.0.0.1:$PORT_b" --parallel ep --threads 1 \
+    --slots 4 && grep -q 'expert parallel: 3 members' "$TMP/serve.log" && [ -n "$SERVE_PORT" ]; then
     ok
+    PORT=$SERVE_PORT
     for q in 1 2; do
         pr="Once upon a time"; [ $q = 2 ] && pr="The little dog"
         "$BIN" run "$M8" -p "$pr" -n 32 --temp 0 --threads 1 --json 2>/dev/null |
@@ -147,7 +106,6 @@ if grep -q 'ready' "$TMP/serve.log" && grep -q 'expert parallel: 3 members' "$TM
 else
     bad "serve --parallel ep did not start as a group of 3: $(tail -3 "$TMP/serve.log")"
 fi
-kill "$SPID" 2>/dev/null
-wait "$SPID" 2>/dev/null
+cc_stop "$SERVE_PID"
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -37,16 +37,6 @@ export CUMULO_REJOIN_MS=300
 # member may be busier and get its own hottest expert replicated first)
 export CUMULO_DECLARE_SPEED=50,20
 
-# wave TAG: 4 concurrent completions (prompts 1 2 1 2), each one machine's text.
-wave() {
-    CP=""
-    for r in 1 2 3 4; do cc_request "$1" $r $(((r - 1) % 2 + 1)) false; done
-    for p in $CP; do wait "$p"; done
-    for r in 1 2 3 4; do cc_check "$1" $r $(((r - 1) % 2 + 1)) false; done
-}
-# api TAG: /api/cluster into $TMP/TAG.api.json
-api() { curl -s --max-time 10 "http://127.0.0.1:$SERVE_PORT/api/cluster" >"$TMP/$1.api.json"; }
-
 # ---- serve with the default (auto) ----
 ep_nodes s || exit 1
 if ! cc_start_serve serve "$M" --host 127.0.0.1 --nodes "127.0.0.1:$PORT_a,127.0.0.1:$PORT_b" --parallel ep \
@@ -55,20 +45,14 @@ if ! cc_start_serve serve "$M" --host 127.0.0.1 --nodes "127.0.0.1:$PORT_a,127.0
     exit 1
 fi
 grep -q 'expert parallel: 3 members' "$TMP/serve.log" && ok || bad "not an expert group of 3: $(grep -E 'expert|why' "$TMP/serve.log")"
-api start
+ep_api start
 [ "$(cc_jsonget "$TMP/start.api.json" '$j->{experts}{load}')" = uniform ] &&
     [ "$(cc_jsonget "$TMP/start.api.json" 'scalar @{$j->{experts}{replicated}}')" = 0 ] && ok ||
     bad "at the start: $(cc_jsonget "$TMP/start.api.json" 'JSON::PP->new->canonical->encode($j->{experts})')"
 # 1. before: one machine's texts
-wave before
+ep_wave before
 # 2. the warm-up's counts re-plan the replicas (idle: the scheduler's upkeep)
-k=0
-while [ $k -lt 150 ]; do
-    api after
-    [ "$(cc_jsonget "$TMP/after.api.json" '$j->{experts}{replans} // 0')" -ge 1 ] 2>/dev/null && break
-    sleep 0.2
-    k=$((k + 1))
-done
+ep_wait_replan after
 ex() { cc_jsonget "$TMP/after.api.json" "$1"; }
 [ "$(ex '$j->{experts}{replans}')" = 1 ] && [ "$(ex '$j->{experts}{load}')" = measured ] && ok ||
     bad "no re-plan from the measured load: $(ex 'JSON::PP->new->canonical->encode($j->{experts})') $(grep -E 'expert load|re-plan' "$TMP/serve.log" | tail -3)"
@@ -90,9 +74,9 @@ grep -q '^cumulo_expert_routed_total{layer="2",expert="0"} [1-9]' "$TMP/metrics.
     bad "/metrics: $(grep '^cumulo_expert' "$TMP/metrics.txt" | grep -E 'expert="0"|replans' | head -6)"
 echo "after the warm-up: replicated $(ex 'join(",", @{$j->{experts}{replicated}})'), expert 0 on $holder; hits $(ex 'join(",", @{$j->{experts}{hits}})'); $(grep 'expert load measured' "$TMP/serve.log" | tail -1 | sed 's/.*cluster: //')"
 # 3. after: one machine's texts again
-wave later
+ep_wave later
 # 4. the exchange over both plans
-api end
+ep_api end
 cb=$(cc_jsonget "$TMP/end.api.json" '$j->{experts}{exchange_bytes}')
 rows=$(cc_jsonget "$TMP/end.api.json" '$j->{experts}{exchange_rows}')
 cc_stop "$SERVE_PID"
@@ -123,9 +107,9 @@ kill "$PID_a" "$PID_b" 2>/dev/null
 ep_nodes o || exit 1
 if cc_start_serve off "$M" --host 127.0.0.1 --nodes "127.0.0.1:$PORT_a,127.0.0.1:$PORT_b" --parallel ep --threads 1 \
     --slots 4 --expert-load off; then
-    wave off
+    ep_wave off
     sleep 2 # several idle looks (every 300 ms)
-    api off
+    ep_api off
     [ "$(cc_jsonget "$TMP/off.api.json" '$j->{experts}{replans}')" = 0 ] &&
         [ "$(cc_jsonget "$TMP/off.api.json" 'scalar @{$j->{experts}{replicated}}')" = 0 ] && ok ||
         bad "--expert-load off re-planned: $(cc_jsonget "$TMP/off.api.json" 'JSON::PP->new->canonical->encode($j->{experts})')"

@@ -22,42 +22,6 @@ VOCAB=$SHARED/vocab/ggml-vocab-llama-spm.gguf
 PROMPT="Once upon a time"
 N=24
 
-# case_ep NAME MODEL L_MOE
-case_ep() {
-    name=$1 model=$2
-    ep_nodes "$name" || return
-    ep_info "$model"
-    L=$3                          # its MoE layers (the leading dense ones have no experts)
-    PER_EXPERT=$((PER_EXPERT / L)) # per layer's expert; WB - WA counts L MoE layers
-    "$BIN" run "$model" -p "$PROMPT" -n $N --temp 0 --threads 1 --json >"$TMP/one.json" 2>/dev/null
-    one=$(cc_jsonget "$TMP/one.json" 'join(",", @{$j->{tokens}})')
-    [ -n "$one" ] && ok || bad "$name: single machine run failed"
-    if ! "$BIN" run "$model" --nodes "127.0.0.1:$PORT_a,127.0.0.1:$PORT_b" --parallel ep -p "$PROMPT" -n $N --temp 0 \
-        --threads 1 --json >"$TMP/ep.json" 2>"$TMP/ep.err"; then
-        bad "$name: expert-parallel run failed: $(tail -3 "$TMP/ep.err")"
-        return
-    fi
-    grep -q "expert parallel: 3 members" "$TMP/ep.err" && ok || bad "$name: not an expert group of 3: $(grep -E 'why|expert' "$TMP/ep.err")"
-    got=$(cc_jsonget "$TMP/ep.json" 'join(",", @{$j->{tokens}})')
-    [ "$got" = "$one" ] && ok || bad "$name: ids differ from one machine: $got vs $one"
-    rows=$(cc_jsonget "$TMP/ep.json" '$j->{tp}{rows}')
-    total=$(cc_jsonget "$TMP/ep.json" '$j->{tp}{data_bytes}')
-    for n in a b; do
-        ep_exchange "$(node_line "$name$n" 0 'expert-parallel rank.*expert exchanges')"
-        total=$((total + ${NBYTES:-0}))
-        ep_streamed "$TMP/$name$n.log"
-        want_b=$((WB - (X - ${E1:-0} + ${E0:-0}) * PER_EXPERT * L))
-        [ -n "$GOT_B" ] && [ "$GOT_B" -eq "$want_b" ] && ok ||
-            bad "$name: node $n streamed ${GOT_B:-?} weight bytes for experts [$E0, $E1), expected $want_b"
-        echo "$name: node $n holds experts [$E0, $E1) of $X: streamed $GOT_B of $WB weight bytes"
-    done
-    per=$((L * K * 2 * D * 4))
-    [ -n "$rows" ] && [ "$rows" -ge $N ] && [ "$total" -eq $((rows * per)) ] && ok ||
-        bad "$name: the group sent $total exchange bytes for $rows rows, expected $rows x $per"
-    echo "$name: expert exchange per token (all members) $((total / ${rows:-1})) bytes = $L MoE layers x k $K x 2 peers x $D x 4"
-    kill "$PID_a" "$PID_b" 2>/dev/null
-}
-
 V3=$TMP/ds-v3.gguf
 LITE=$TMP/ds-lite.gguf
 "$BIN" synth --arch deepseek2 --variant v3 --dim 256 --layers 3 --heads 4 --ffn 768 --expert-ffn 256 --experts 16 \
@@ -66,8 +30,8 @@ LITE=$TMP/ds-lite.gguf
     --experts-used 2 --type q8_0 --seed 4008 --vocab "$VOCAB" -o "$LITE" 2>/dev/null && ok || bad "synth lite failed"
 "$BIN" info "$V3" >"$TMP/info.txt" 2>&1
 grep -q 'KV cache per token: 3456 bytes' "$TMP/info.txt" && ok || bad "info does not give the latent's 3456 bytes per token: $(grep -i 'kv' "$TMP/info.txt")"
-case_ep v3 "$V3" 2
-case_ep lite "$LITE" 2
+ep_case v3 "$V3" 2
+ep_case lite "$LITE" 2
 
 # 5. a 3-stage pipeline (each stage its layers' latent cache; stage 0 holds the
 # dense layer) and the planner's choice: ids equal one machine; tp refused

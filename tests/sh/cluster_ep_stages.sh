@@ -32,13 +32,6 @@ cc_want "$M" $N_TOK 1 2
 export CUMULO_REJOIN_MS=300
 export CUMULO_DECLARE_SPEED=50,20 # equal speeds: the group's opening ranges are even
 
-wave() {
-    CP=""
-    for r in 1 2 3 4; do cc_request "$1" $r $(((r - 1) % 2 + 1)) false; done
-    for p in $CP; do wait "$p"; done
-    for r in 1 2 3 4; do cc_check "$1" $r $(((r - 1) % 2 + 1)) false; done
-}
-api() { curl -s --max-time 10 "http://127.0.0.1:$SERVE_PORT/api/cluster" >"$TMP/$1.api.json"; }
 # layer_sum FILE L: the assignments counted in layer L
 layer_sum() { cc_jsonget "$1" "my \$s = 0; \$s += \$_ for @{\$j->{experts}{hits_by_layer}[$2]}; \$s"; }
 # hottest FILE L: the most routed expert of layer L
@@ -53,22 +46,16 @@ if ! cc_start_serve serve "$M" --host 127.0.0.1 --nodes "127.0.0.1:$PORT_a,127.0
     bad "serve --parallel ep --groups 1,2 did not start: $(tail -3 "$TMP/serve.log")"
     exit 1
 fi
-api start
+ep_api start
 s1=$(cc_jsonget "$TMP/start.api.json" 'join(" ", map { "$_->{stage}:$_->{layers}[0]-$_->{layers}[1]" } @{$j->{nodes}})')
 grep -q 'hybrid: 2 stages of 1 member (layers \[0, [1-3])), 2 members (layers \[[1-3], 4))' "$TMP/serve.log" && ok ||
     bad "not stage 0 alone then a group of 2 holding layer 3: $(grep -E 'hybrid|why' "$TMP/serve.log") ($s1)"
 [ "$(cc_jsonget "$TMP/start.api.json" 'scalar @{$j->{experts}{replicated}}')" = 0 ] && ok ||
     bad "replicas at the start: $(cc_jsonget "$TMP/start.api.json" 'JSON::PP->new->canonical->encode($j->{experts})')"
-wave before
+ep_wave before
 
 # ---- 2 and 3: the counts of layer 3 reach the coordinator, and re-plan stage 1 ----
-k=0
-while [ $k -lt 150 ]; do
-    api after
-    [ "$(cc_jsonget "$TMP/after.api.json" '$j->{experts}{replans} // 0')" -ge 1 ] 2>/dev/null && break
-    sleep 0.2
-    k=$((k + 1))
-done
+ep_wait_replan after
 ex() { cc_jsonget "$TMP/after.api.json" "$1"; }
 [ "$(ex '$j->{experts}{reports} // 0')" -gt 0 ] 2>/dev/null && [ "$(ex '$j->{experts}{refused_reports}')" = 0 ] && ok ||
     bad "EXPERT_LOAD reports $(ex '$j->{experts}{reports}'), refused $(ex '$j->{experts}{refused_reports}')"
@@ -89,7 +76,7 @@ grep -q '^cumulo_expert_routed_total{layer="3",expert="0"} [1-9]' "$TMP/metrics.
     [ "$(sed -n 's/^cumulo_expert_holders{stage="1",expert="0"} //p' "$TMP/metrics.txt")" = 2 ] && ok ||
     bad "/metrics: $(grep '^cumulo_expert' "$TMP/metrics.txt" | grep -E 'layer="3",expert="0"|stage="1",expert="0"|replans' | head -6)"
 echo "stage 1's layers reported: layer 3 $(ex 'join(",", @{$j->{experts}{hits_by_layer}[3]})'), layer 0 $(ex 'join(",", @{$j->{experts}{hits_by_layer}[0]})'); $(ex '$j->{experts}{reports}') reports; expert 0 replicated on $holder; $(grep 'expert load measured' "$TMP/serve.log" | tail -1 | sed 's/.*cluster: //')"
-wave later
+ep_wave later
 cc_stop "$SERVE_PID"
 replica_rows=0
 for n in a b; do
@@ -105,20 +92,32 @@ kill "$PID_a" "$PID_b" 2>/dev/null
 ep_nodes o || exit 1
 if cc_start_serve off "$M" --host 127.0.0.1 --nodes "127.0.0.1:$PORT_a,127.0.0.1:$PORT_b" --parallel ep --groups 1,2 \
     --threads 1 --slots 4 --expert-load off; then
-    wave off
-    sleep 2 # idle: stage 1's last counts follow within a heartbeat
-    api off
+    ep_wave off
+    # idle for at least 2 s (several of the scheduler's idle looks, every
+    # 300 ms: the control's re-plan would come then); stage 1's last counts
+    # come with its rank 0's next EXPERT_LOAD report, a heartbeat later, or
+    # later on a loaded machine: look until every layer's sum is layer 0's,
+    # up to 30 s
+    sleep 2
+    k=0
+    while :; do
+        ep_api off
+        t0=$(layer_sum "$TMP/off.api.json" 0)
+        sums="$t0"
+        same=1
+        for l in 1 2 3; do
+            t=$(layer_sum "$TMP/off.api.json" $l)
+            sums="$sums $t"
+            [ "$t" = "$t0" ] || same=0
+        done
+        [ "$same" = 1 ] && [ "${t0:-0}" -gt 0 ] 2>/dev/null && break
+        k=$((k + 1))
+        [ $k -ge 150 ] && break
+        sleep 0.2
+    done
     [ "$(cc_jsonget "$TMP/off.api.json" '$j->{experts}{replans}')" = 0 ] &&
         [ "$(cc_jsonget "$TMP/off.api.json" 'scalar @{$j->{experts}{replicated}}')" = 0 ] && ok ||
         bad "--expert-load off re-planned: $(cc_jsonget "$TMP/off.api.json" 'JSON::PP->new->canonical->encode($j->{experts})')"
-    t0=$(layer_sum "$TMP/off.api.json" 0)
-    sums="$t0"
-    same=1
-    for l in 1 2 3; do
-        t=$(layer_sum "$TMP/off.api.json" $l)
-        sums="$sums $t"
-        [ "$t" = "$t0" ] || same=0
-    done
     [ "$same" = 1 ] && [ "$t0" -gt 0 ] && ok || bad "the layers' counts differ: $sums (each layer routes every token)"
     echo "control: per-layer sums $sums"
 else

@@ -1,8 +1,10 @@
 # tests/sh/lib/ep_common.sh: shared by the expert-parallel script tests
 # (cluster_ep*.sh; not a test itself). Source it after cluster_common.sh. It
 # starts the two nodes an expert group of three needs beside this process,
-# reads a model's expert sizes from `cumulo info`, and parses the lines a
-# node logs about its experts (docs/DESIGN.md, "Expert parallelism"). Which
+# reads a model's expert sizes from `cumulo info`, parses the lines a node
+# logs about its experts (docs/DESIGN.md, "Expert parallelism"), runs the
+# one-run case of cluster_ep.sh and cluster_ep_deepseek2.sh (ep_case) and
+# the serving tests' requests and /api/cluster reads. Which
 # node holds which experts is the planner's choice (it orders nodes by their
 # measured speed): callers look at both nodes' lines, never assume one.
 
@@ -65,4 +67,83 @@ node_line() {
         i=$((i + 1))
     done
     grep "$3" "$TMP/$1.log" | tail -1
+}
+
+# ---- serving (cluster_ep_autoload.sh, cluster_ep_stages.sh): a `cumulo
+# serve` at $SERVE_PORT (cc_start_serve); texts named as cc_want's.
+
+# ep_wave TAG: 4 concurrent completions (prompts 1 2 1 2), each one machine's text.
+ep_wave() {
+    CP=""
+    for r in 1 2 3 4; do cc_request "$1" $r $(((r - 1) % 2 + 1)) false; done
+    for p in $CP; do wait "$p"; done
+    for r in 1 2 3 4; do cc_check "$1" $r $(((r - 1) % 2 + 1)) false; done
+}
+
+# ep_api TAG: /api/cluster into $TMP/TAG.api.json
+ep_api() { curl -s --max-time 10 "http://127.0.0.1:$SERVE_PORT/api/cluster" >"$TMP/$1.api.json"; }
+
+# ep_wait_replan TAG: /api/cluster into $TMP/TAG.api.json until it counts a
+# re-plan of the experts (the scheduler's idle upkeep), up to 30 s.
+ep_wait_replan() {
+    k=0
+    while [ $k -lt 150 ]; do
+        ep_api "$1"
+        [ "$(cc_jsonget "$TMP/$1.api.json" '$j->{experts}{replans} // 0')" -ge 1 ] 2>/dev/null && break
+        sleep 0.2
+        k=$((k + 1))
+    done
+}
+
+# ---- one expert-parallel run beside one machine (cluster_ep.sh,
+# cluster_ep_deepseek2.sh): $PROMPT, $N tokens.
+
+# ep_case NAME MODEL L_MOE [run options...]: fresh nodes NAMEa and NAMEb,
+# one `run --parallel ep` over this process and them:
+#   1. an expert group of 3 whose greedy ids equal one machine's;
+#   2. the expert exchange, counted in the data path by every member (the
+#      coordinator's `tp.data_bytes` in --json, each node's line when its
+#      assignment ends), sums to rows x L x k x (members - 1) x n_embd x 4;
+#   3. each node streamed only its experts: weight bytes streamed = all
+#      weights - (n_expert - held) x bytes of one expert.
+# L_MOE: the model's MoE layers when its leading layers are dense (deepseek2);
+# "": every layer.
+ep_case() {
+    name=$1 model=$2 lmoe=$3
+    shift 3
+    ep_nodes "$name" || return
+    ep_info "$model"
+    per_x=$PER_EXPERT
+    if [ -n "$lmoe" ]; then
+        L=$lmoe                           # the leading dense layers have no experts
+        per_x=$((PER_EXPERT / L * L)) # WB - WA counts L MoE layers
+    fi
+    "$BIN" run "$model" -p "$PROMPT" -n $N --temp 0 --threads 1 --json >"$TMP/one.json" 2>/dev/null
+    one=$(cc_jsonget "$TMP/one.json" 'join(",", @{$j->{tokens}})')
+    [ -n "$one" ] && ok || bad "$name: single machine run failed"
+    if ! "$BIN" run "$model" --nodes "127.0.0.1:$PORT_a,127.0.0.1:$PORT_b" --parallel ep -p "$PROMPT" -n $N --temp 0 \
+        --threads 1 --json "$@" >"$TMP/ep.json" 2>"$TMP/ep.err"; then
+        bad "$name: expert-parallel run failed: $(tail -3 "$TMP/ep.err")"
+        return
+    fi
+    grep -q "expert parallel: 3 members" "$TMP/ep.err" && ok || bad "$name: not an expert group of 3: $(grep -E 'why|expert' "$TMP/ep.err")"
+    got=$(cc_jsonget "$TMP/ep.json" 'join(",", @{$j->{tokens}})')
+    [ "$got" = "$one" ] && ok || bad "$name: ids differ from one machine: $got vs $one"
+    rows=$(cc_jsonget "$TMP/ep.json" '$j->{tp}{rows}')
+    total=$(cc_jsonget "$TMP/ep.json" '$j->{tp}{data_bytes}')
+    for n in a b; do
+        ep_exchange "$(node_line "$name$n" 0 'expert-parallel rank.*expert exchanges')"
+        [ "$NROWS" = "$rows" ] && ok || bad "$name: node $n computed ${NROWS:-?} rows, the coordinator sent $rows"
+        total=$((total + ${NBYTES:-0}))
+        ep_streamed "$TMP/$name$n.log"
+        want_b=$((WB - (X - ${E1:-0} + ${E0:-0}) * per_x))
+        [ -n "$GOT_B" ] && [ "$GOT_B" -eq "$want_b" ] && ok ||
+            bad "$name: node $n streamed ${GOT_B:-?} weight bytes for experts [$E0, $E1), expected $want_b"
+        echo "$name: node $n holds experts [$E0, $E1) of $X: streamed $GOT_B of $WB weight bytes"
+    done
+    per=$((L * K * 2 * D * 4)) # per token: L MoE layers x k slots x (members - 1) peers x n_embd x 4
+    [ -n "$rows" ] && [ "$rows" -ge $N ] && [ "$total" -eq $((rows * per)) ] && ok ||
+        bad "$name: the group sent $total exchange bytes for $rows rows, expected $rows x $per"
+    echo "$name: expert exchange per token (all members) $((total / ${rows:-1})) bytes = $L MoE layers x k $K x 2 peers x $D x 4; $(grep 'expert parallel:' "$TMP/ep.err" | sed 's/.*experts by rank/experts by rank/')"
+    kill "$PID_a" "$PID_b" 2>/dev/null
 }
