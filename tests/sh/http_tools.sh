@@ -112,8 +112,9 @@ for cfg in "pp --nodes $N1,$N2" "hy12 --nodes $N1,$N2 --groups 1,2" "hy21 --node
     name=$1; shift
     if start_server "$name" --ctx 1024 --chat-template chatml "$@"; then
         ask_all "$name"
-        if [ "$name" = hy21 ]; then
-            # This machine in a tensor-parallel group: its all-reduced sums
+        if [ "$name" != pp ]; then
+            # A tensor-parallel group (hy21: this machine in one; hy12: the
+            # nodes' stage, split by speeds measured at start): its all-reduced sums
             # differ from one machine's in the last bits, and so may a
             # sampled reply after a long prompt, grammar or not (measured:
             # the same tools prompt unconstrained differs too). Valid replies.
