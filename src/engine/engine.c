@@ -50,6 +50,18 @@ bool cm_engine_weights_in_memory(const cm_engine_opts *opts, uint64_t file_bytes
     return cm_gguf_worth_loading(file_bytes);
 }
 
+/* Most prompt tokens per forward pass (the prompt's chunks, eval_upto) when
+ * opts give none. A tensor-parallel group meets in two all-reduces per layer
+ * and pass, each a lock-step wait for its slowest member: there the largest
+ * pass, CM_BATCH_MAX (a 163-token prompt in 1 pass, not 3; the same bits in
+ * any chunking: the kernels are batch-invariant, kernels.h). Elsewhere 64: a
+ * pipeline's prompt overlaps its stages in such micro-batches. */
+static int default_n_batch(const cm_engine_opts *o) {
+    if (o->n_batch > 0) return o->n_batch;
+    bool tp = o->nodes && *o->nodes && o->plan.mode_set && o->plan.mode == CM_PARALLEL_TP;
+    return tp ? CM_BATCH_MAX : 64;
+}
+
 int cm_engine_load(cm_engine **out, const char *path, const cm_engine_opts *opts, char *err, size_t errlen) {
     *out = NULL;
     cm_engine_opts o;
@@ -95,7 +107,7 @@ int cm_engine_load(cm_engine **out, const char *path, const cm_engine_opts *opts
     int nt = o.n_threads > 0 ? o.n_threads : cm_cpu_count();
     e->pool = cm_pool_new(nt < 1 ? 1 : nt);
     e->n_ctx = o.n_ctx > 0 ? o.n_ctx : CM_MIN(e->m.hp.n_ctx_train, 4096);
-    e->n_batch = o.n_batch > 0 ? o.n_batch : 64;
+    e->n_batch = default_n_batch(&o);
     e->kv_f16 = o.kv_f16;
     e->kv_k = (enum cm_type)o.kv_type_k;
     e->kv_v = (enum cm_type)o.kv_type_v;

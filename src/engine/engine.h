@@ -39,7 +39,7 @@ typedef void (*cm_engine_progress_fn)(void *ctx, uint64_t done, uint64_t total);
 typedef struct cm_engine_opts {
     int n_threads; /* compute threads; 0 = all online CPUs */
     int n_ctx;     /* default context of sessions; 0 = the model's, capped at 4096 */
-    int n_batch;   /* most prompt tokens per forward pass; 0 = 64 */
+    int n_batch;   /* most prompt tokens per forward pass; 0 = 64 (--parallel tp: CM_BATCH_MAX) */
     bool kv_f16;   /* sessions keep an F16 KV cache (half the memory; llama.cpp's default) */
     /* KV cache element types (llama.cpp's -ctk/-ctv): F32 (zero), F16, Q8_0,
      * Q4_0; F32 for both with kv_f16 means F16 for both. A quantized type or

@@ -179,6 +179,23 @@ for nodes in "127.0.0.1:$PORT_s,127.0.0.1:$PORT_t" "$ADDR_a,$ADDR_b"; do
     [ -n "$want" ] && [ "$got" = "$want" ] && ok || bad "'The little dog' x 400 over $nodes differs from one machine ($(tail -2 "$TMP/dog.err"))"
 done
 
+# 7. A prompt longer than 64 tokens goes to the group in one pass
+# (default_n_batch: CM_BATCH_MAX under --parallel tp), so it costs the group as
+# many all-reduces as a one-word prompt, and gives one machine's ids (64-token
+# passes there; the kernels are batch-invariant).
+long=""
+for w in 1 2 3 4 5 6 7 8 9 10 11 12; do long="$long Once upon a time there was a little dog."; done
+want=$("$BIN" run "$M/stories260K-f32.gguf" -p "$long" -n 4 --temp 0 --ignore-eos --threads 1 --json 2>/dev/null |
+    perl -MJSON::PP -e 'local $/; my $j = decode_json(<STDIN>); print join(",", @{$j->{tokens}}), " ", $j->{timings}{prompt_n}')
+for p in "$long" "Once"; do
+    "$BIN" run "$M/stories260K-f32.gguf" --nodes "$ADDR_a" --parallel tp -p "$p" -n 4 --temp 0 --ignore-eos --threads 1 \
+        --json >"$TMP/long.json" 2>"$TMP/long.err" || bad "long prompt run failed: $(tail -2 "$TMP/long.err")"
+    ops=$(cc_jsonget "$TMP/long.json" '$j->{tp}{ops}')
+    [ "$p" = Once ] && ops_short=$ops || { ops_long=$ops got="$(cc_jsonget "$TMP/long.json" 'join(",", @{$j->{tokens}}) . " " . $j->{timings}{prompt_n}')"; }
+done
+[ "${want#* }" -gt 64 ] && [ "$got" = "$want" ] && ok || bad "a prompt of ${want#* } tokens over tp: ids '$got', one machine '$want'"
+[ -n "$ops_long" ] && [ "$ops_long" = "$ops_short" ] && ok || bad "a long prompt took $ops_long all-reduces, a one-word one $ops_short: not one pass"
+
 # NEEDSWORK: a member dying mid-run (the failover work). Hybrid plans: cluster_hybrid.sh.
 
 echo "$pass passed, $fail failed"
