@@ -9,8 +9,8 @@
  * by _mm512_reduce_add_ps's tree. How S_b and M_b are formed is free
  * (integers), so each path picks its own:
  *
- *   - one token (k4_row: vec_dot, both decode gemvs; the gemm for a few
- *     tokens runs it per token with the row's values built once): per 64
+ *   - one token (k4_row: vec_dot, both decode gemvs; k4_multi runs it for a
+ *     few tokens at once on rows longer than the gemms take): per 64
  *     weights one vpdpbusd of the nibbles (unsigned) against y (signed), two
  *     such 4-byte sums packed as the words of an int32 (one vpshufb) and one
  *     vpdpwssd with their sub-blocks' scales; each 16 super-blocks' 16
@@ -18,9 +18,12 @@
  *     (no horizontal sum per block), d and dmin of 4 blocks from one header
  *     (a "q4_k lanes" group's, or 4 file-order blocks' first 16 bytes
  *     transposed into that form), then the float side for 16 at once;
- *   - many tokens (kt4_rows, prefill and batches of KT4_MINTOK and more):
- *     16 tokens in the int32 lanes (8 with 256-bit vectors for a batch under
- *     16), 4 rows x 16 tokens per tile. The token side packed once per pass
+ *   - 2..11 tokens (gemm_kw4, batched decode): k4_row's integer lanes with
+ *     the token packed once (k4_dotp: the file's qs as they are), a row
+ *     unpacked once per pass and run against 4 tokens at a time, each 4
+ *     blocks' sums folded into their lanes at once;
+ *   - 12 tokens and more (kt4_rows, prefill): 16 tokens in the int32 lanes,
+ *     4 rows x 16 tokens per tile. The token side packed once per pass
  *     as y + 128 (unsigned) so that the row's nibbles can be the signed
  *     operand, one vpdpbusd with the 4 weights broadcast from memory per 64
  *     products (no shuffles, no word pairs), one vpmulld with the sub-block's
@@ -379,6 +382,151 @@ static void gemm_k4few(int64_t k, const void *w, size_t w_stride, const void *x,
     }
 }
 
+/* ---------------- small batches: k4_dotp's lanes, tokens as a tile ----------------
+ * A row unpacked once per pass (kw4_unpack: the nibbles of each 64 bytes of
+ * qs as two operands, the scale pairs, the 4 blocks' mins, d and dmin per 16
+ * super-blocks), the pass's tokens packed once (k4_pack, k4_tok16); then
+ * per (row, token) and super-block two vpdpbusd, one pair shuffle and one
+ * vpdpwssd per 128 products (k4_dotp), each 4 blocks' lanes summed into
+ * their S_b by a transpose-add and two 128-bit lane folds, and their M_b by
+ * one madd and two in-lane folds, placed into lanes b % 16 with one masked
+ * move each: the z4 float side per 16 super-blocks as k4_row's. */
+enum { KW4_T = 4, KW4_PASS = 16 }; /* tokens per tile, tokens packed per pass */
+
+typedef struct {
+    __m512i q[4];  /* operand v = 2h: low nibbles of qs[64h..], 2h + 1: high */
+    __m512i sp[2]; /* k4_dotp's scale pairs */
+} kw4_blk;
+
+/* o[b], mn4[quad] (k4_scales' mnw), dv / dmv per 16 super-blocks (0 past nb) */
+static void kw4_unpack(int64_t nb, const cm_block_q4_k *x, kw4_blk *o, __m512i *mn4, __m512 *dv, __m512 *dmv) {
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    for (int64_t bq = 0; bq < nb; bq += 4) {
+        const int n = nb - bq < 4 ? (int)(nb - bq) : 4;
+        __m128i dd, a, b, c;
+        k4_hdr_file(x + bq, n, &dd, &a, &b, &c);
+        __m512i sw;
+        k4_scales(a, b, c, true, &sw, &mn4[bq / 4]);
+        for (int j = 0; j < n; j++) {
+            k4_spair(sw, j, o[bq + j].sp);
+            for (int h = 0; h < 2; h++) {
+                const __m512i q = _mm512_loadu_si512(x[bq + j].qs + 64 * h);
+                o[bq + j].q[2 * h] = _mm512_and_si512(q, m4);
+                o[bq + j].q[2 * h + 1] = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+            }
+        }
+    }
+    for (int64_t q = 0; q < (nb + 15) / 16; q++) {
+        _Alignas(64) float d[16], dm[16];
+        for (int m = 0; m < 16; m++) {
+            const int64_t b = 16 * q + m;
+            d[m] = b < nb ? _cvtsh_ss(x[b].d) : 0.0f;
+            dm[m] = b < nb ? _cvtsh_ss(x[b].dmin) : 0.0f;
+        }
+        dv[q] = _mm512_load_ps(d);
+        dmv[q] = _mm512_load_ps(dm);
+    }
+}
+
+/* one row against T tokens (yp, pr, dyg: the first token's; token strides
+ * ys, ps, ds): out[t] */
+KQ_AI void kw4_tile(int64_t nb, const kw4_blk *xb, const __m512i *mn4, const __m512 *dv, const __m512 *dmv,
+                    const uint8_t *yp, size_t ys, const __m128i *pr, size_t ps, const __m512 *dyg, size_t ds, int T,
+                    float *out) {
+    const __m512i z = _mm512_setzero_si512();
+    const __m512i lane0 = _mm512_setr_epi32(0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12);
+    const __m512 sgn = _mm512_set1_ps(-0.0f);
+    __m512 A[KW4_T];
+    _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) A[t] = _mm512_setzero_ps();
+    for (int64_t b0 = 0; b0 < nb; b0 += 16) {
+        __m512i Sv[KW4_T], Mv[KW4_T];
+        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) Sv[t] = Mv[t] = z;
+        for (int k = 0; k < 4 && b0 + 4 * k < nb; k++) {
+            const int64_t bq = b0 + 4 * k;
+            const int n = nb - bq < 4 ? (int)(nb - bq) : 4;
+            const __mmask16 msk = (__mmask16)(0xfu << (4 * k));
+            __m512i s4[KW4_T][4];
+            _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {
+                if (j >= n) {
+                    _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) s4[t][j] = z;
+                    continue;
+                }
+                const kw4_blk *w = xb + bq + j;
+                _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) s4[t][j] = z;
+                _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
+                    const __m512i q0 = _mm512_load_si512(&w->q[2 * h]), q1 = _mm512_load_si512(&w->q[2 * h + 1]);
+                    const __m512i sp = _mm512_load_si512(&w->sp[h]);
+                    _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
+                        const uint8_t *yt = yp + (size_t)t * ys + (size_t)(bq + j) * 256 + 128 * h;
+                        const __m512i d0 = _mm512_dpbusd_epi32(z, q0, _mm512_load_si512(yt));
+                        const __m512i d1 = _mm512_dpbusd_epi32(z, q1, _mm512_load_si512(yt + 64));
+                        s4[t][j] = _mm512_dpwssd_epi32(s4[t][j], k4_pair(d0, d1), sp);
+                    }
+                }
+            }
+            _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
+                __m512i x = k4_red4(s4[t][0], s4[t][1], s4[t][2], s4[t][3]);
+                x = _mm512_add_epi32(x, _mm512_shuffle_i32x4(x, x, 0x4e));
+                x = _mm512_add_epi32(x, _mm512_shuffle_i32x4(x, x, 0xb1));
+                Sv[t] = _mm512_mask_mov_epi32(Sv[t], msk, x);
+                __m512i m =
+                    _mm512_madd_epi16(mn4[bq / 4], _mm512_loadu_si512((const void *)(pr + (size_t)t * ps + bq)));
+                m = _mm512_add_epi32(m, _mm512_shuffle_epi32(m, (_MM_PERM_ENUM)0x4e));
+                m = _mm512_add_epi32(m, _mm512_shuffle_epi32(m, (_MM_PERM_ENUM)0xb1));
+                Mv[t] = _mm512_mask_permutexvar_epi32(Mv[t], msk, lane0, m);
+            }
+        }
+        const __m512 d = dv[b0 / 16], dm = dmv[b0 / 16];
+        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
+            const __m512 dy = dyg[(size_t)t * ds + b0 / 16];
+            A[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(Sv[t]), _mm512_mul_ps(d, dy), A[t]);
+            A[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(Mv[t]), _mm512_xor_ps(_mm512_mul_ps(dm, dy), sgn), A[t]);
+        }
+    }
+    _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) out[t] = _mm512_reduce_add_ps(A[t]);
+}
+
+static void gemm_kw4(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
+                     int64_t r0, int64_t r1, int64_t n_tok) {
+    enum { MAXNB = 64 };
+    const int64_t nb = k / CM_QK_K;
+    CM_ASSERT(nb <= MAXNB);
+    _Alignas(64) kw4_blk ub[MAXNB];
+    _Alignas(64) __m512i mn4[MAXNB / 4];
+    _Alignas(64) __m512 dv[MAXNB / 16], dmv[MAXNB / 16];
+    _Alignas(64) uint8_t yp[KW4_PASS][MAXNB * 256];
+    _Alignas(64) __m128i pr[KW4_PASS][MAXNB];
+    _Alignas(64) __m512 dyg[KW4_PASS][MAXNB / 16];
+    const size_t ys = sizeof yp[0], ps = MAXNB, ds = MAXNB / 16;
+    for (int64_t j0 = 0; j0 < n_tok; j0 += KW4_PASS) {
+        const int64_t nt = n_tok - j0 < KW4_PASS ? n_tok - j0 : KW4_PASS;
+        for (int64_t t = 0; t < nt; t++) {
+            const cm_block_q8_k *yt =
+                (const cm_block_q8_k *)(const void *)((const char *)x + (size_t)(j0 + t) * x_stride);
+            k4_pack(nb, yt, yp[t]);
+            for (int64_t b0 = 0; b0 < nb; b0 += 16) k4_tok16(b0, nb, yt, pr[t] + b0, dyg[t] + b0 / 16);
+        }
+        for (int64_t i = r0; i < r1; i++) {
+            kw4_unpack(nb, (const cm_block_q4_k *)(const void *)((const char *)w + (size_t)i * w_stride), ub, mn4, dv,
+                       dmv);
+            for (int64_t t0 = 0; t0 < nt; t0 += KW4_T) {
+                const int T = nt - t0 < KW4_T ? (int)(nt - t0) : KW4_T;
+                float out[KW4_T];
+                const uint8_t *yt = yp[t0];
+                const __m128i *pt = pr[t0];
+                const __m512 *dt = dyg[t0];
+                switch (T) {
+                case 4: kw4_tile(nb, ub, mn4, dv, dmv, yt, ys, pt, ps, dt, ds, 4, out); break;
+                case 3: kw4_tile(nb, ub, mn4, dv, dmv, yt, ys, pt, ps, dt, ds, 3, out); break;
+                case 2: kw4_tile(nb, ub, mn4, dv, dmv, yt, ys, pt, ps, dt, ds, 2, out); break;
+                default: kw4_tile(nb, ub, mn4, dv, dmv, yt, ys, pt, ps, dt, ds, 1, out); break;
+                }
+                for (int t = 0; t < T; t++) y[(j0 + t0 + t) * ldy + i] = out[t];
+            }
+        }
+    }
+}
+
 /* ---------------- many tokens: 16 (or 8) tokens in the int32 lanes ----------------
  * Per super-block and row: S = K + sum_j sc_j * C_j, C_j = sum over the
  * sub-block's 32 weights of q * (y + 128) by 8 vpdpbusd (the token's 4 bytes
@@ -387,7 +535,7 @@ static void gemm_k4few(int64_t k, const void *w, size_t w_stride, const void *x,
  * the mins' word pairs with the bsums pairs (M_b). |C_j| <= 32 * 15 * 255. */
 enum {
     KT4_R = 4,                       /* rows per tile */
-    KT4_MINTOK = 5,                  /* fewer tokens: k4_multi */
+    KT4_MINTOK = 12,                 /* fewer tokens: gemm_kw4 (2..11 ran 0-30% faster than 16 lanes or 8, kbench) */
     KT4_MAXNB = 64,                  /* super-blocks per row (k <= 16384); longer rows: k4_multi */
     KT4_TOKB = 69 * 64,              /* a token group's super-block: 64 value vectors, 4 Y pair vectors, dy */
     KT4_PASS = KT4_MAXNB * KT4_TOKB, /* one group of 16 tokens of the longest row */
@@ -505,7 +653,6 @@ KQ_AI int32_t kt4_ld(const void *p) {
         }                                                                                                        \
     }
 KT4_ROWS(kt4_rows, 16, 512, __m512i, __m512, _mm512)
-KT4_ROWS(kt4_rows8, 8, 256, __m256i, __m256, _mm256) /* a group of 8 tokens (batches under 16) */
 
 static void gemm_k4(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
                     int64_t r0, int64_t r1, int64_t n_tok) {
@@ -514,13 +661,17 @@ static void gemm_k4(int64_t k, const void *w, size_t w_stride, const void *x, si
         gemv_k4f(k, w, w_stride, x, x_stride, y, ldy, r0, r1, 1);
         return;
     }
-    if (nb > KT4_MAXNB || n_tok < KT4_MINTOK) {
+    if (nb > KT4_MAXNB) {
         gemm_k4few(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
+        return;
+    }
+    if (n_tok < KT4_MINTOK) {
+        gemm_kw4(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
         return;
     }
     _Alignas(64) uint8_t pk[KT4_PASS];
     _Alignas(64) kt4_blk ub[KT4_R][KT4_MAXNB];
-    const int W = n_tok < 16 ? 8 : 16; /* tokens per group: 256-bit lanes for a few-token batch */
+    enum { W = 16 };
     const int64_t gb = nb * KT4_TOKB / 16 * W, gcap = (int64_t)sizeof pk / gb; /* groups per pass */
     for (int64_t j0 = 0; j0 < n_tok; j0 += gcap * W) {
         const int64_t left = n_tok - j0, ng = (left + W - 1) / W < gcap ? (left + W - 1) / W : gcap;
@@ -536,23 +687,16 @@ static void gemm_k4(int64_t k, const void *w, size_t w_stride, const void *x, si
             }
             for (int64_t g = 0; g < ng; g++) {
                 float out[KT4_R][16];
-                float(*o8)[8] = (float(*)[8])(void *)out; /* W = 8: rows 8 floats apart */
                 const uint8_t *pg = pk + g * gb;
-                if (W == 16) switch (R) {
-                    case 4: kt4_rows(nb, xb, pg, 4, out); break;
-                    case 3: kt4_rows(nb, xb, pg, 3, out); break;
-                    case 2: kt4_rows(nb, xb, pg, 2, out); break;
-                    default: kt4_rows(nb, xb, pg, 1, out); break;
-                    }
-                else switch (R) {
-                    case 4: kt4_rows8(nb, xb, pg, 4, o8); break;
-                    case 3: kt4_rows8(nb, xb, pg, 3, o8); break;
-                    case 2: kt4_rows8(nb, xb, pg, 2, o8); break;
-                    default: kt4_rows8(nb, xb, pg, 1, o8); break;
-                    }
+                switch (R) {
+                case 4: kt4_rows(nb, xb, pg, 4, out); break;
+                case 3: kt4_rows(nb, xb, pg, 3, out); break;
+                case 2: kt4_rows(nb, xb, pg, 2, out); break;
+                default: kt4_rows(nb, xb, pg, 1, out); break;
+                }
                 const int T = left - W * g < W ? (int)(left - W * g) : W;
                 for (int r = 0; r < R; r++)
-                    for (int t = 0; t < T; t++) y[(j0 + W * g + t) * ldy + i + r] = W == 16 ? out[r][t] : o8[r][t];
+                    for (int t = 0; t < T; t++) y[(j0 + W * g + t) * ldy + i + r] = out[r][t];
             }
         }
     }

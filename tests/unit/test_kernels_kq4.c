@@ -1,13 +1,13 @@
 /*
  * test_kernels_kq4.c: the avx512 table's q4_k kernels (gemm_kq4_avx512.c:
  * one float order "z4" for vec_dot, the decode gemv over the file's bytes,
- * the gemm for a few tokens, and the gemm with tokens in lanes, 4 rows x 16
- * or 8 tokens, passes of token groups) on odd shapes: rows of 1, 3, 6 and 9
- * (ragged row tiles) starting at row 0 and 1, every token count 1..40 for
- * short rows (1: the gemv; 2..4: k4_multi; 5..15: 8-token groups; 16 and
+ * the small-batch gemm with 4-token tiles, and the gemm with tokens in
+ * lanes, 4 rows x 16 tokens, passes of token groups) on odd shapes: rows of
+ * 1, 3, 6 and 9 (ragged row tiles) starting at row 0 and 1, every token count
+ * 1..40 for short rows (1: the gemv; 2..11: gemm_kw4, partial tiles; 12 and
  * more: 16-token groups, partial and several), row lengths of 1, 3, 8, 11,
- * 17 and 64 super-blocks (the longest the lane gemm takes: several passes)
- * and 65 and 129 (past the lane gemm and past the decode gemv's token
+ * 17 and 64 super-blocks (the longest the gemms take: several passes) and
+ * 65 and 129 (past them, k4_multi, and past the decode gemv's token
  * arrays). Every (row, token) must equal the table's vec_dot bit for bit
  * (kernels.h's contract), the gemv too, and the scalar reference within
  * 1e-5 of the dot's absolute sum (a wrong scale, offset or min term is far
