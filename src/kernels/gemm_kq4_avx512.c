@@ -206,65 +206,77 @@ KQ_AI void k4_tok16(int64_t b0, int64_t nb, const cm_block_q8_k *y, __m128i *pai
     *dy = _mm512_load_ps(d);
 }
 
+/* 16 super-blocks b0.. of a row in z4's order into acc (k4_row's step).
+ * full: all 16 in "q4_k lanes" groups (no checks); usepk: the token packed
+ * (k4_pack), else read as it is. */
+KQ_AI __m512 k4_step(__m512 acc, int64_t b0, int64_t nb, int64_t ng, const uint8_t *x, const cm_block_q8_k *y,
+                     const __m128i *pp, __m512 dy, const uint8_t *pk, bool full, bool usepk) {
+    /* k4_red4 of the mins gives dword 4j + i = block 4i + j: back to 4i + j's lane */
+    const __m512i mperm = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    const size_t BS = sizeof(cm_block_q4_k);
+    __m512i q[4], mq[4];
+    __m128i dd[4];
+    _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
+        const int64_t bq = b0 + 4 * k;
+        if (!full && bq >= nb) {
+            q[k] = mq[k] = _mm512_setzero_si512();
+            dd[k] = _mm_setzero_si128();
+            continue;
+        }
+        const uint8_t *g = x + (size_t)bq * BS;
+        const int n = full ? 4 : nb - bq < 4 ? (int)(nb - bq) : 4;
+        __m128i a, b, c;
+        const uint8_t *qs;
+        size_t sq;
+        if (full || bq + 4 <= ng) k4_hdr_group(g, &dd[k], &a, &b, &c), qs = g + 64, sq = 128;
+        else
+            k4_hdr_file((const cm_block_q4_k *)(const void *)g, n, &dd[k], &a, &b, &c),
+                qs = g + offsetof(cm_block_q4_k, qs), sq = BS;
+        __m512i sw, mnw, s4[4];
+        k4_scales(a, b, c, usepk, &sw, &mnw);
+        _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {
+            if (j >= n) {
+                s4[j] = _mm512_setzero_si512();
+                continue;
+            }
+            __m512i s[2], v[4];
+            k4_spair(sw, j, s);
+            if (usepk) s4[j] = k4_dotp(qs + j * sq, s, pk + (size_t)(bq + j) * 256);
+            else {
+                k4_vals(qs + j * sq, v);
+                s4[j] = k4_dot(v, s, y[bq + j].qs);
+            }
+        }
+        q[k] = k4_red4(s4[0], s4[1], s4[2], s4[3]);
+        mq[k] = _mm512_madd_epi16(mnw, _mm512_loadu_si512((const void *)(pp + 4 * k)));
+    }
+    const __m512i S = k4_place(q[0], q[1], q[2], q[3]);
+    const __m512i M = _mm512_permutexvar_epi32(mperm, k4_red4(mq[0], mq[1], mq[2], mq[3]));
+    __m512 d, dm;
+    k4_dd(dd, &d, &dm);
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(S), _mm512_mul_ps(d, dy), acc);
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(M), _mm512_xor_ps(_mm512_mul_ps(dm, dy), _mm512_set1_ps(-0.0f)), acc);
+}
+
 /* One row in z4's order. x: the row (grouped: "q4_k lanes", else the
  * file's bytes); pairs / dyg: the token's k4_tok16 for the whole row, or
- * NULL (formed per 16 super-blocks here: rows of any length). */
+ * NULL (formed per 16 super-blocks here: rows of any length); pk: the token
+ * packed by k4_pack (with pairs), or NULL. */
 KQ_AI float k4_row(int64_t nb, const uint8_t *x, const cm_block_q8_k *y, const __m128i *pairs, const __m512 *dyg,
                    const uint8_t *pk, bool grouped) {
     const int64_t ng = grouped ? nb / 4 * 4 : 0;
-    /* k4_red4 of the mins gives dword 4j + i = block 4i + j: back to 4i + j's lane */
-    const __m512i mperm = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-    const __m512 sgn = _mm512_set1_ps(-0.0f);
-    const size_t BS = sizeof(cm_block_q4_k);
     __m512 acc = _mm512_setzero_ps();
-    for (int64_t b0 = 0; b0 < nb; b0 += 16) {
+    int64_t b0 = 0;
+    if (grouped && pk) /* the decode gemv's hot loop: whole steps of groups */
+        for (; b0 + 16 <= ng; b0 += 16) acc = k4_step(acc, b0, nb, ng, x, y, pairs + b0, dyg[b0 / 16], pk, true, true);
+    for (; b0 < nb; b0 += 16) {
         _Alignas(64) __m128i pl[16];
         __m512 dy;
         const __m128i *pp = pairs + b0;
         if (pairs) dy = dyg[b0 / 16];
         else k4_tok16(b0, nb, y, pl, &dy), pp = pl;
-        __m512i q[4], mq[4];
-        __m128i dd[4];
-        _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
-            const int64_t bq = b0 + 4 * k;
-            if (bq >= nb) {
-                q[k] = mq[k] = _mm512_setzero_si512();
-                dd[k] = _mm_setzero_si128();
-                continue;
-            }
-            const uint8_t *g = x + (size_t)bq * BS;
-            const int n = nb - bq < 4 ? (int)(nb - bq) : 4;
-            __m128i a, b, c;
-            const uint8_t *qs;
-            size_t sq;
-            if (bq + 4 <= ng) k4_hdr_group(g, &dd[k], &a, &b, &c), qs = g + 64, sq = 128;
-            else
-                k4_hdr_file((const cm_block_q4_k *)(const void *)g, n, &dd[k], &a, &b, &c),
-                    qs = g + offsetof(cm_block_q4_k, qs), sq = BS;
-            __m512i sw, mnw, s4[4];
-            k4_scales(a, b, c, pk != NULL, &sw, &mnw);
-            _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {
-                if (j >= n) {
-                    s4[j] = _mm512_setzero_si512();
-                    continue;
-                }
-                __m512i s[2], v[4];
-                k4_spair(sw, j, s);
-                if (pk) s4[j] = k4_dotp(qs + j * sq, s, pk + (size_t)(bq + j) * 256);
-                else {
-                    k4_vals(qs + j * sq, v);
-                    s4[j] = k4_dot(v, s, y[bq + j].qs);
-                }
-            }
-            q[k] = k4_red4(s4[0], s4[1], s4[2], s4[3]);
-            mq[k] = _mm512_madd_epi16(mnw, _mm512_loadu_si512((const void *)(pp + 4 * k)));
-        }
-        const __m512i S = k4_place(q[0], q[1], q[2], q[3]);
-        const __m512i M = _mm512_permutexvar_epi32(mperm, k4_red4(mq[0], mq[1], mq[2], mq[3]));
-        __m512 d, dm;
-        k4_dd(dd, &d, &dm);
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(S), _mm512_mul_ps(d, dy), acc);
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(M), _mm512_xor_ps(_mm512_mul_ps(dm, dy), sgn), acc);
+        acc = pk ? k4_step(acc, b0, nb, ng, x, y, pp, dy, pk, false, true)
+                 : k4_step(acc, b0, nb, ng, x, y, pp, dy, NULL, false, false);
     }
     return _mm512_reduce_add_ps(acc);
 }
