@@ -1,21 +1,9 @@
 /*
- * avx512_krepack.h: the AVX-512 decode gemv over q4_k rows repacked at load
- * ("q4_k lanes", repack.c). Not a header in the usual sense:
- * kernels_avx512.c includes it once, after avx512_gemm.h (pack_q4_k) and
+ * avx512_krepack.h: the AVX-512 k-quant decode gemvs over rows repacked at
+ * load (repack.c) and q5_k's and q6_k's plain ones. Not a header in the
+ * usual sense: kernels_avx512.c includes it once, after avx512_gemm.h and
  * avx512_kgemm.h, under its own ISA flags. Nothing else may include it.
- *
- * Per group of 4 super-blocks the scales and mins of all 4 are unpacked with
- * 128-bit operations on the dwords the layout gathered (cm_k4_scales8's bit
- * arithmetic, block j in dword j) and their 8 fp16 converted at once; the
- * weights then go as in avx512_kgemm.h's kg4_tile: per half h one vpdpbusd
- * each for the low and the high nibbles against the token packed once per
- * call (pack_q4_k), the two 4-byte sums blended into word pairs and
- * multiplied by their scales with one vpdpwssd (the pair of scales one
- * vpermd away). Every int32 lane holds ztile_q4_k's lane sum exactly, and
- * the conversion, the FMA with d * dy, the min term and the reduction are
- * ztile_q4_k's, so each row is vec_dot on the file's bytes bit for bit
- * (kernels.h; tests/unit/test_kernels_repack.c). One row per pass: a single
- * sequential stream. Never allocates.
+ * (q4_k's, over "q4_k lanes" too, are gemm_kq4_avx512.c's.)
  *
  * q5_k over "q5_k lanes" with the word-pair arithmetic (the fifth bit added
  * to each 64 weights on the fly) in the table's own float order "z5" (below,
@@ -25,71 +13,9 @@
 
 #include "x86_krepack.h"
 
-/* One super-block: qs (128 bytes, the file's order), the scale word pairs
- * s[h] (kg4_blk's), the mins as words, d and dmin; py the packed token's
- * block (pack_q4_k). */
-AI void rk4_block(const uint8_t *qs, const __m512i s[2], __m128i mn16, float d, float dmin, const uint8_t *py,
-                  __m512 *acc, __m128 *accm) {
-    const __m512i m4 = _mm512_set1_epi8(0x0f), z = _mm512_setzero_si512();
-    __m512i s16 = z;
-    _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
-        const __m512i q = _mm512_loadu_si512(qs + 64 * h);
-        const __m512i d0 =
-            _mm512_dpbusd_epi32(z, _mm512_and_si512(q, m4), _mm512_load_si512((const void *)(py + 128 * h)));
-        const __m512i d1 = _mm512_dpbusd_epi32(z, _mm512_and_si512(_mm512_srli_epi16(q, 4), m4),
-                                               _mm512_load_si512((const void *)(py + 128 * h + 64)));
-        s16 = _mm512_dpwssd_epi32(s16, _mm512_mask_blend_epi16(0xaaaaaaaau, d0, _mm512_slli_epi32(d1, 16)), s[h]);
-    }
-    float yd;
-    memcpy(&yd, py + 272, sizeof yd);
-    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s16), _mm512_set1_ps(d * yd), *acc);
-    const __m128i mins = _mm_madd_epi16(mn16, _mm_load_si128((const __m128i *)(const void *)(py + 256)));
-    *accm = _mm_fmadd_ps(_mm_cvtepi32_ps(mins), _mm_set1_ps(dmin * yd), *accm);
-}
-
 /* 32 words: block j's scale i (i < 4) at 4j + i, scale 4 + i at 16 + 4j + i. */
 AI __m512i rk_scale_words(__m128i sc03, __m128i sc47) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_cvtepu8_epi16(sc03)), _mm256_cvtepu8_epi16(sc47), 1);
-}
-
-AI float rk4_row(int64_t nb, const uint8_t *x, const uint8_t *pk) {
-    __m512 acc = _mm512_setzero_ps();
-    __m128 accm = _mm_setzero_ps();
-    /* lanes 0-7: dword 8h + 2j (scales 4h, 4h+1 of block j), lanes 8-15: 8h + 2j + 1 */
-    const __m512i base = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-    int64_t b = 0;
-    for (; b + 4 <= nb; b += 4, x += RK4_GROUP) {
-        float dd[8];
-        __m128i sc03, sc47, mn16[4];
-        rk_header(x, dd, &sc03, &sc47, mn16);
-        const __m512i sw = rk_scale_words(sc03, sc47);
-        _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {
-            const __m512i s[2] = {_mm512_permutexvar_epi32(_mm512_add_epi32(base, _mm512_set1_epi32(2 * j)), sw),
-                                  _mm512_permutexvar_epi32(_mm512_add_epi32(base, _mm512_set1_epi32(8 + 2 * j)), sw)};
-            rk4_block(x + 64 + 128 * j, s, mn16[j], dd[j], dd[4 + j], pk + (size_t)(b + j) * PQ4K_BLOCK, &acc, &accm);
-        }
-    }
-    for (const cm_block_q4_k *xt = (const cm_block_q4_k *)(const void *)x; b < nb; b++, xt++) {
-        uint8_t sc[8], mn[8];
-        cm_k4_scales8(xt->scales, sc, mn);
-        __m512i s[2];
-        for (int h = 0; h < 2; h++)
-            s[h] = _mm512_inserti64x4(_mm512_set1_epi32((int)(sc[4 * h] | (uint32_t)sc[4 * h + 1] << 16)),
-                                      _mm256_set1_epi32((int)(sc[4 * h + 2] | (uint32_t)sc[4 * h + 3] << 16)), 1);
-        rk4_block(xt->qs, s, _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mn)), f16f(xt->d), f16f(xt->dmin),
-                  pk + (size_t)b * PQ4K_BLOCK, &acc, &accm);
-    }
-    return _mm512_reduce_add_ps(acc) - hsum4(accm);
-}
-
-static void gemv_rq4_k(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
-                       int64_t r0, int64_t r1, int64_t n_tok) {
-    (void)x_stride, (void)ldy, (void)n_tok;
-    const int64_t nb = k / CM_QK_K;
-    CM_ASSERT(nb <= RK4_MAXB);
-    _Alignas(64) uint8_t pk[RK4_MAXB * PQ4K_BLOCK];
-    pack_q4_k(k, x, pk);
-    for (int64_t i = r0; i < r1; i++) y[i] = rk4_row(nb, (const uint8_t *)w + (size_t)i * w_stride, pk);
 }
 
 /* ---- q5_k: the avx512 table's own float order ("z5", shared by vec_dot,

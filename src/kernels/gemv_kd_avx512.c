@@ -12,8 +12,6 @@
  *     vec_dot and gemm for 1-2 tokens: the 5-bit values in 3 operations per
  *     64 weights instead of 6, the word pairs by one vpshufb, 16
  *     super-blocks per step placed into z5's lanes as q6_k's are;
- *   - q4_k over "q4_k lanes" (was avx512_krepack.h's gemv_rq4_k): the word
- *     pairs by one vpshufb.
  * One row per pass everywhere: a single sequential stream (two adjacent
  * rows per pass, sharing the token's loads, ran q6_k 2.5x slower from
  * DRAM: two short streams, which the prefetcher follows badly).
@@ -519,97 +517,10 @@ static void vec_dot_kd5(int64_t n, float *s, const void *x, const void *y) {
     *s = kd5_row(nb, x, y, pairs, dyg, false);
 }
 
-/* ---- q4_k over "q4_k lanes": avx512_krepack.h's gemv_rq4_k (same token
- * packing as pack_q4_k, same lane sums, float side and reduction: the same
- * bits) with the word pairs by kd_pair ---- */
-static cm_gemm_fn g_prev_rq4;
-enum { KD4_BLOCK = 320 }; /* pack_q4_k's bytes per super-block */
-
-static void kd4_pack(int64_t nb, const cm_block_q8_k *y, uint8_t *d) {
-    for (int64_t b = 0; b < nb; b++, d += KD4_BLOCK) {
-        for (int h = 0; h < 2; h++) {
-            const int8_t *q = y[b].qs + 128 * h;
-            _mm512_store_si512((void *)(d + 128 * h),
-                               _mm512_inserti64x4(_mm512_castsi256_si512(ld256(q)), ld256(q + 64), 1));
-            _mm512_store_si512((void *)(d + 128 * h + 64),
-                               _mm512_inserti64x4(_mm512_castsi256_si512(ld256(q + 32)), ld256(q + 96), 1));
-        }
-        const __m256i bs = ld256(y[b].bsums);
-        _mm_store_si128((__m128i *)(void *)(d + 256),
-                        _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1)));
-        _mm_store_si128((__m128i *)(void *)(d + 272), _mm_castps_si128(_mm_set_ss(y[b].d)));
-    }
-}
-
-KD_AI void kd4_block(const uint8_t *qs, const __m512i s[2], __m128i mn16, float d, float dmin, const uint8_t *py,
-                     __m512 *acc, __m128 *accm) {
-    const __m512i m4 = _mm512_set1_epi8(0x0f), z = _mm512_setzero_si512();
-    __m512i s16 = z;
-    _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
-        const __m512i q = _mm512_loadu_si512(qs + 64 * h);
-        const __m512i d0 =
-            _mm512_dpbusd_epi32(z, _mm512_and_si512(q, m4), _mm512_load_si512((const void *)(py + 128 * h)));
-        const __m512i d1 = _mm512_dpbusd_epi32(z, _mm512_and_si512(_mm512_srli_epi16(q, 4), m4),
-                                               _mm512_load_si512((const void *)(py + 128 * h + 64)));
-        s16 = _mm512_dpwssd_epi32(s16, kd_pair(d0, d1), s[h]);
-    }
-    float yd;
-    memcpy(&yd, py + 272, sizeof yd);
-    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s16), _mm512_set1_ps(d * yd), *acc);
-    const __m128i mins = _mm_madd_epi16(mn16, _mm_load_si128((const __m128i *)(const void *)(py + 256)));
-    *accm = _mm_fmadd_ps(_mm_cvtepi32_ps(mins), _mm_set1_ps(dmin * yd), *accm);
-}
-
-KD_AI float kd4_row(int64_t nb, const uint8_t *x, const uint8_t *pk) {
-    __m512 acc = _mm512_setzero_ps();
-    __m128 accm = _mm_setzero_ps();
-    /* lanes 0-7: dword 8h + 2j (scales 4h, 4h+1 of block j), lanes 8-15: 8h + 2j + 1 */
-    const __m512i base = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-    int64_t b = 0;
-    for (; b + 4 <= nb; b += 4, x += RK4_GROUP) {
-        float dd[8];
-        __m128i sc03, sc47, mn16[4];
-        rk_header(x, dd, &sc03, &sc47, mn16);
-        const __m512i sw = kd_scale_words(sc03, sc47);
-        _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {
-            const __m512i s[2] = {_mm512_permutexvar_epi32(_mm512_add_epi32(base, _mm512_set1_epi32(2 * j)), sw),
-                                  _mm512_permutexvar_epi32(_mm512_add_epi32(base, _mm512_set1_epi32(8 + 2 * j)), sw)};
-            kd4_block(x + 64 + 128 * j, s, mn16[j], dd[j], dd[4 + j], pk + (size_t)(b + j) * KD4_BLOCK, &acc, &accm);
-        }
-    }
-    for (const cm_block_q4_k *xt = (const cm_block_q4_k *)(const void *)x; b < nb; b++, xt++) {
-        uint8_t sc[8], mn[8];
-        cm_k4_scales8(xt->scales, sc, mn);
-        __m512i s[2];
-        for (int h = 0; h < 2; h++)
-            s[h] = _mm512_inserti64x4(_mm512_set1_epi32((int)(sc[4 * h] | (uint32_t)sc[4 * h + 1] << 16)),
-                                      _mm256_set1_epi32((int)(sc[4 * h + 2] | (uint32_t)sc[4 * h + 3] << 16)), 1);
-        kd4_block(xt->qs, s, _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(const void *)mn)), f16f(xt->d),
-                  f16f(xt->dmin), pk + (size_t)b * KD4_BLOCK, &acc, &accm);
-    }
-    return _mm512_reduce_add_ps(acc) - hsum4(accm);
-}
-
-static void gemv_kd4r(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
-                      int64_t r0, int64_t r1, int64_t n_tok) {
-    const int64_t nb = k / CM_QK_K;
-    if (nb > RK4_MAXB) {
-        g_prev_rq4(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
-        return;
-    }
-    _Alignas(64) uint8_t pk[RK4_MAXB * KD4_BLOCK];
-    kd4_pack(nb, x, pk);
-    for (int64_t i = r0; i < r1; i++) y[i] = kd4_row(nb, (const uint8_t *)w + (size_t)i * w_stride, pk);
-}
-
 void cm_kernels_fill_kd_avx512(cm_kernels *k) {
     if (k->gemv_packed[CM_TYPE_Q6_K]) {
         g_prev_q6v = k->gemv_packed[CM_TYPE_Q6_K];
         k->gemv_packed[CM_TYPE_Q6_K] = gemv_kd6;
-    }
-    if (k->gemv_packed[CM_TYPE_Q4_K]) {
-        g_prev_rq4 = k->gemv_packed[CM_TYPE_Q4_K];
-        k->gemv_packed[CM_TYPE_Q4_K] = gemv_kd4r;
     }
     if (k->gemv_packed[CM_TYPE_Q5_K] && k->gemv[CM_TYPE_Q5_K]) {
         g_prev_rq5 = k->gemv_packed[CM_TYPE_Q5_K];

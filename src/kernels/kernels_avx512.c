@@ -8,23 +8,23 @@
  * table. It installs x86_tiles.h compiled with vpdpbusd (VNNI) for the byte
  * dot products, then replaces the hottest types with 512-bit tiles written
  * here: q4_0 (16 blocks per step, in the "lane order" below) and q8_0 (two
- * blocks per vector), whose fp16 scales are converted eight at a time; q4_k
- * and q6_k (64 weights per vector); f32 and f16 (FMA), and bf16 with the
+ * blocks per vector), whose fp16 scales are converted eight at a time; q6_k
+ * (64 weights per vector); f32 and f16 (FMA), and bf16 with the
  * vdpbf16ps pair dot product (it treats denormal inputs as zero, which
  * activations and weights of real models never are).
  * gemm runs the same tiles as vec_dot (4 tokens per weight-row pass), so
  * every (row, token) gets vec_dot's bits whatever the batch (kernels.h);
- * q4_0, q8_0, q4_k and f16 instead use avx512_gemm.h, which repacks the
+ * q4_0, q8_0 and f16 instead use avx512_gemm.h, which repacks the
  * activations once per call and replays the tiles' exact arithmetic from the
  * packed operands (q4_0: 16 tokens across the lanes x 2 rows; 2 rows x 4
- * tokens for q8_0 and f16, 4 tokens for q4_k); q8_0 and f16 prefill now run
+ * tokens for q8_0 and f16); q8_0 and f16 prefill now run
  * avx512_prefill.h (the same chains one at a time, 4 x 4 and 4 x 5 register
  * tiles), which falls back to those for rows longer than 16384. q4_0 also has a decode gemv
  * (4 rows per pass against the token packed once), same bits again, and
- * q4_0, q4_k and q5_k decode gemvs over rows repacked at load (repack.c;
+ * q4_0 and q5_k decode gemvs over rows repacked at load (repack.c;
  * avx512_krepack.h for the k-quants, which also has q5_k's and q6_k's plain
  * gemvs; q6_k's repacked one is in gemm_kq_avx512.c; gemv_kd_avx512.c, filled
- * after them, replaces the repacked q4_k, q5_k and q6_k decode gemvs and
+ * after them, replaces the repacked q5_k and q6_k decode gemvs and
  * q5_k's plain one with the same bits in fewer operations);
  * f16 (rows of up to 2730 elements; longer ones run vec_dot per row) and
  * q8_0 decode gemvs that prepare the token once per call (avx512_gemv.h).
@@ -39,9 +39,10 @@
  * permute and an FMA per 4 blocks for every single token). The q8_0 entries
  * set here are replaced by q8lane_avx512.c's, which use that lane order
  * (dispatch.c fills it last); NEEDSWORK: drop the q8_0 tiles here once
- * nothing needs them. q6_k, q5_k and q4_k prefill run gemm_kq_avx512.c, with
- * avx512_kgemm.h (rows unpacked once per pass, same bits; q6_k: the 4-token
- * tiles) as its fallback for long rows; bf16 still uses the 4-token tiles.
+ * nothing needs them. q6_k and q5_k prefill run gemm_kq_avx512.c, with
+ * q6_k's 4-token tiles as its fallback for long rows; bf16 still uses the
+ * 4-token tiles. Every q4_k entry (its own float order "z4") is
+ * gemm_kq4_avx512.c's, filled after this.
  */
 #define CM_X86_VNNI 1
 #include "x86_tiles.h"
@@ -397,51 +398,6 @@ ZTILE_Q(q8_0, cm_block_q8_0, pair_q8_0, d8_q8_0)
  * with the scale, as in the 256-bit tiles, with the same lane bounds (below
  * 2^24, so every conversion to float is exact). */
 
-/* q4_k: vector h (0, 1) holds qs[64h .. 64h+63]: low nibbles = sub-blocks 4h
- * and 4h+2, high nibbles = 4h+1 and 4h+3, each 32 bytes. */
-static const uint16_t k_q4k_idx[4][32] = {
-    {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2},
-    {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3},
-    {4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6},
-    {5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7}};
-
-AI void ztile_q4_k(int64_t nb, const cm_block_q4_k *x, const cm_block_q8_k *const *yv, int T, float *out) {
-    __m512 acc[TMAX];
-    __m128 accm[TMAX];
-    for (int t = 0; t < T; t++) {
-        acc[t] = _mm512_setzero_ps();
-        accm[t] = _mm_setzero_ps();
-    }
-    const __m512i m4 = _mm512_set1_epi8(0x0f);
-    for (int64_t b = 0; b < nb; b++) {
-        uint8_t sc[8], mn[8];
-        cm_k4_scales8(x[b].scales, sc, mn);
-        const __m512i sc16 = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sc)));
-        __m512i sumi[TMAX];
-        for (int t = 0; t < T; t++) sumi[t] = _mm512_setzero_si512();
-        _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
-            const __m512i q = _mm512_loadu_si512(x[b].qs + 64 * h);
-            const __m512i lo = _mm512_and_si512(q, m4), hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
-            const __m512i slo = _mm512_permutexvar_epi16(_mm512_loadu_si512(k_q4k_idx[2 * h]), sc16);
-            const __m512i shi = _mm512_permutexvar_epi16(_mm512_loadu_si512(k_q4k_idx[2 * h + 1]), sc16);
-            for (int t = 0; t < T; t++) {
-                const int8_t *y = yv[t][b].qs + 128 * h;
-                const __m512i ylo = ld2x256(y, y + 64), yhi = ld2x256(y + 32, y + 96);
-                const __m512i plo = _mm512_madd_epi16(_mm512_maddubs_epi16(lo, ylo), slo);
-                const __m512i phi = _mm512_madd_epi16(_mm512_maddubs_epi16(hi, yhi), shi);
-                sumi[t] = _mm512_add_epi32(sumi[t], _mm512_add_epi32(plo, phi));
-            }
-        }
-        const float d = f16f(x[b].d), dmin = f16f(x[b].dmin);
-        for (int t = 0; t < T; t++) {
-            const float yd = yv[t][b].d;
-            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi[t]), _mm512_set1_ps(d * yd), acc[t]);
-            accm[t] = _mm_fmadd_ps(_mm_cvtepi32_ps(kmins(mn, yv[t][b].bsums)), _mm_set1_ps(dmin * yd), accm[t]);
-        }
-    }
-    for (int t = 0; t < T; t++) out[t] = _mm512_reduce_add_ps(acc[t]) - hsum4(accm[t]);
-}
-
 /* q6_k: per 128-element chunk c, one vector holds runs q0|q1 (ql[0..63] low
  * nibbles with qh bits 0-1 and 2-3) and one q2|q3 (high nibbles, qh bits 4-5
  * and 6-7), matching y[0..63] and y[64..127]; each 16-element quarter has one
@@ -527,14 +483,12 @@ AI __m512i place16(__m512i v, __m512i q, int k) {
 #define tile_zbf16 ztile_bf16
 #define tile_zq4_0 ztile_q4_0
 #define tile_zq8_0 ztile_q8_0
-#define tile_zq4_k ztile_q4_k
 #define tile_zq6_k ztile_q6_k
 VEC_DOT(zf32, void, void, 1)
 VEC_DOT(zf16, void, void, 1)
 VEC_DOT(zbf16, void, void, 1)
 VEC_DOT(zq4_0, cm_block_q4_0, cm_block_q8_0, CM_QK4_0)
 VEC_DOT(zq8_0, cm_block_q8_0, cm_block_q8_0, CM_QK8_0)
-VEC_DOT(zq4_k, cm_block_q4_k, cm_block_q8_k, CM_QK_K)
 VEC_DOT(zq6_k, cm_block_q6_k, cm_block_q8_k, CM_QK_K)
 
 /* Decode (one token): the rows in order, each through vec_dot, and no
@@ -581,10 +535,6 @@ void cm_kernels_fill_avx512(cm_kernels *k) {
     k->vec_dot[CM_TYPE_Q8_0] = vec_dot_zq8_0;
     k->gemm[CM_TYPE_Q8_0] = gemm_qg8_0;
     k->gemv[CM_TYPE_Q8_0] = gemv_vq8_0;
-    k->vec_dot[CM_TYPE_Q4_K] = vec_dot_zq4_k;
-    k->gemm[CM_TYPE_Q4_K] = gemm_kg4;
-    k->gemv[CM_TYPE_Q4_K] = gemv_pq4_k;
-    k->gemv_packed[CM_TYPE_Q4_K] = gemv_rq4_k;
     k->vec_dot[CM_TYPE_Q6_K] = vec_dot_zq6_k;
     k->gemm[CM_TYPE_Q6_K] = gemm_zq6_k; /* gemm_kq_avx512.c's for rows up to 16384 */
     k->gemv[CM_TYPE_Q6_K] = gemv_fq6_k;
