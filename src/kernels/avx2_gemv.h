@@ -78,3 +78,104 @@ static void gemv_a6_k(int64_t k, const void *w, size_t w_stride, const void *x, 
         y[i] = a6_row(nb, (const cm_block_q6_k *)(const void *)wr, x, off);
     }
 }
+
+/* ---- f16: tile_f16's bits (x86_tiles.h, tiles.h's CM_TILE_FLOAT) ----
+ * Per (row, token) the tile's two chains (elements i..i+7 and i+8..i+15 of
+ * each step of 16, an FMA each), hsum8 of their sum, then the tail element
+ * by element. The F16 tokens are converted to f32 once per call (gemv) or
+ * once per block of rows and group of tokens (gemm) instead of in every
+ * tile, conversions being exact, and FA_R rows share each token load: the
+ * tile then issues 4 conversions per 12 FMAs instead of 10 per 8. */
+enum { FA_R = 2, FA_T = 3, FA_MAXK = 16384 };
+
+/* R rows (x[r]) x T f32 tokens (y + t * ys): out[r * T + t]. */
+AI void fa_tile(int64_t n, const cm_f16 *const *x, const float *y, int64_t ys, int R, int T, float *out) {
+    __m256 a0[FA_R][FA_T], a1[FA_R][FA_T];
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) a0[r][t] = a1[r][t] = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256 w[FA_R];
+        for (int r = 0; r < R; r++) w[r] = ld_f16(x[r], i);
+        for (int t = 0; t < T; t++) { /* one load of the token for all rows */
+            const __m256 v = ld_f32(y + t * ys, i);
+            for (int r = 0; r < R; r++) a0[r][t] = _mm256_fmadd_ps(w[r], v, a0[r][t]);
+        }
+        for (int r = 0; r < R; r++) w[r] = ld_f16(x[r], i + 8);
+        for (int t = 0; t < T; t++) {
+            const __m256 v = ld_f32(y + t * ys, i + 8);
+            for (int r = 0; r < R; r++) a1[r][t] = _mm256_fmadd_ps(w[r], v, a1[r][t]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) {
+            float s = HSUM8X2(a0[r][t], a1[r][t]);
+            for (int64_t k = i; k < n; k++) s += sc_f16(x[r], k) * sc_f32(y + t * ys, k);
+            out[r * T + t] = s;
+        }
+}
+
+/* Rows [r0, r1) x T tokens (yf, k floats apart) into y (token j0 + t at row ldy * (j0 + t)). */
+AI void fa_rows(int64_t k, const void *w, size_t w_stride, const float *yf, int T, float *y, int64_t ldy, int64_t j0,
+                int64_t r0, int64_t r1) {
+    int64_t i = r0;
+    float out[FA_R * FA_T];
+    for (; i + FA_R <= r1; i += FA_R) {
+        const cm_f16 *x[FA_R];
+        for (int r = 0; r < FA_R; r++)
+            x[r] = (const cm_f16 *)(const void *)((const char *)w + (size_t)(i + r) * w_stride);
+        switch (T) { /* a constant shape keeps the chains in registers */
+        case 3: fa_tile(k, x, yf, k, FA_R, 3, out); break;
+        case 2: fa_tile(k, x, yf, k, FA_R, 2, out); break;
+        default: fa_tile(k, x, yf, k, FA_R, 1, out); break;
+        }
+        for (int r = 0; r < FA_R; r++)
+            for (int t = 0; t < T; t++) y[(j0 + t) * ldy + i + r] = out[r * T + t];
+    }
+    for (; i < r1; i++) {
+        const cm_f16 *x[1] = {(const cm_f16 *)(const void *)((const char *)w + (size_t)i * w_stride)};
+        switch (T) {
+        case 3: fa_tile(k, x, yf, k, 1, 3, out); break;
+        case 2: fa_tile(k, x, yf, k, 1, 2, out); break;
+        default: fa_tile(k, x, yf, k, 1, 1, out); break;
+        }
+        for (int t = 0; t < T; t++) y[(j0 + t) * ldy + i] = out[t];
+    }
+}
+
+AI void fa_convert(int64_t k, const void *x, float *yf) {
+    const cm_f16 *h = x;
+    int64_t i = 0;
+    for (; i + 8 <= k; i += 8) _mm256_storeu_ps(yf + i, ld_f16(h, i));
+    for (; i < k; i++) yf[i] = f16f(h[i]);
+}
+
+static void gemm_af16(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
+                      int64_t r0, int64_t r1, int64_t n_tok) {
+    if (k > FA_MAXK) {
+        gemm_f16(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
+        return;
+    }
+    _Alignas(32) float yf[FA_T * FA_MAXK];
+    /* RB rows at a time (in L2) against each group of FA_T tokens, as tiles.h's gemm */
+    for (int64_t i0 = r0; i0 < r1; i0 += RB) {
+        const int64_t i1 = r1 - i0 < RB ? r1 : i0 + RB;
+        for (int64_t j = 0; j < n_tok; j += FA_T) {
+            const int T = n_tok - j < FA_T ? (int)(n_tok - j) : FA_T;
+            for (int t = 0; t < T; t++) fa_convert(k, (const char *)x + (size_t)(j + t) * x_stride, yf + t * k);
+            fa_rows(k, w, w_stride, yf, T, y, ldy, j, i0, i1);
+        }
+    }
+}
+
+static void gemv_af16(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
+                      int64_t r0, int64_t r1, int64_t n_tok) {
+    (void)x_stride, (void)ldy, (void)n_tok;
+    if (k > 2 * FA_MAXK) {
+        for (int64_t i = r0; i < r1; i++) vec_dot_f16(k, &y[i], (const char *)w + (size_t)i * w_stride, x);
+        return;
+    }
+    _Alignas(32) float yf[2 * FA_MAXK];
+    fa_convert(k, x, yf);
+    fa_rows(k, w, w_stride, yf, 1, y, 0, 0, r0, r1);
+}

@@ -28,5 +28,9 @@ void cm_kernels_fill_avx2(cm_kernels *k) {
     cm_kernels_fill_lane_avx2(k); /* q4_0 in the AVX-512 table's lane order */
     /* the avx512 table (filled with this first) has its own vec_dots: these
      * gemvs match only this table's (avx2_gemv.h) */
-    if (strcmp(k->name, "avx2") == 0) k->gemv[CM_TYPE_Q6_K] = gemv_a6_k;
+    if (strcmp(k->name, "avx2") == 0) {
+        k->gemv[CM_TYPE_Q6_K] = gemv_a6_k;
+        k->gemm[CM_TYPE_F16] = gemm_af16;
+        k->gemv[CM_TYPE_F16] = gemv_af16;
+    }
 }
