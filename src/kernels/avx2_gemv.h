@@ -39,7 +39,7 @@ AI float a6_row(int64_t nb, const cm_block_q6_k *x, const cm_block_q8_k *y, cons
         const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)x[b].scales));
         const __m256i scs[2] = {_mm256_permute2x128_si256(s16, s16, 0x00), _mm256_permute2x128_si256(s16, s16, 0x11)};
         __m256i sumi = _mm256_setzero_si256();
-        for (int c = 0; c < 2; c++) {
+        _Pragma("GCC unroll 2") for (int c = 0; c < 2; c++) {
             const __m256i sc = scs[c];
             const __m256i l0 = ld256(x[b].ql + 64 * c), l1 = ld256(x[b].ql + 64 * c + 32);
             const __m256i h = ld256(x[b].qh + 32 * c);
@@ -49,7 +49,7 @@ AI float a6_row(int64_t nb, const cm_block_q6_k *x, const cm_block_q8_k *y, cons
             q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(h, m30));
             q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
                                    _mm256_and_si256(_mm256_srli_epi16(h, 2), m30));
-            for (int k = 0; k < 4; k++) {
+            _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
                 const __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(q[k], ld256(y[b].qs + 128 * c + 32 * k)),
                                                    off[8 * b + 4 * c + k]);
                 sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, _mm256_shuffle_epi8(sc, pick[k])));
@@ -86,61 +86,83 @@ static void gemv_a6_k(int64_t k, const void *w, size_t w_stride, const void *x, 
  * once per block of rows and group of tokens (gemm) instead of in every
  * tile, conversions being exact, and FA_R rows share each token load: the
  * tile then issues 4 conversions per 12 FMAs instead of 10 per 8. */
-enum { FA_R = 2, FA_T = 3, FA_MAXK = 16384 };
+enum { FA_R = 2, FA_T = 3, FA_MAXK = 16384, FA_KC = 1024 };
 
-/* R rows (x[r]) x T f32 tokens (y + t * ys): out[r * T + t]. */
-AI void fa_tile(int64_t n, const cm_f16 *const *x, const float *y, int64_t ys, int R, int T, float *out) {
+/* Steps [s0, s1) of 16 elements of R rows (x[r]) x T f32 tokens (y + t * ys),
+ * the chains of row r and token t in st[r * 2 * FA_T + 2 * t + h] (h: which
+ * half of the step), so a row can be walked in spans that keep the tokens'
+ * span in L1. */
+AI void fa_span(const cm_f16 *const *x, const float *y, int64_t ys, int R, int T, int64_t s0, int64_t s1, __m256 *st) {
     __m256 a0[FA_R][FA_T], a1[FA_R][FA_T];
-    for (int r = 0; r < R; r++)
-        for (int t = 0; t < T; t++) a0[r][t] = a1[r][t] = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
+        a0[r][t] = st[r * 2 * FA_T + 2 * t];
+        a1[r][t] = st[r * 2 * FA_T + 2 * t + 1];
+    }
+    for (int64_t i = s0; i < s1; i += 16) {
         __m256 w[FA_R];
-        for (int r = 0; r < R; r++) w[r] = ld_f16(x[r], i);
-        for (int t = 0; t < T; t++) { /* one load of the token for all rows */
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) w[r] = ld_f16(x[r], i);
+        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) { /* one load of the token for all rows */
             const __m256 v = ld_f32(y + t * ys, i);
-            for (int r = 0; r < R; r++) a0[r][t] = _mm256_fmadd_ps(w[r], v, a0[r][t]);
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) a0[r][t] = _mm256_fmadd_ps(w[r], v, a0[r][t]);
         }
-        for (int r = 0; r < R; r++) w[r] = ld_f16(x[r], i + 8);
-        for (int t = 0; t < T; t++) {
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) w[r] = ld_f16(x[r], i + 8);
+        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
             const __m256 v = ld_f32(y + t * ys, i + 8);
-            for (int r = 0; r < R; r++) a1[r][t] = _mm256_fmadd_ps(w[r], v, a1[r][t]);
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) a1[r][t] = _mm256_fmadd_ps(w[r], v, a1[r][t]);
         }
     }
-    for (int r = 0; r < R; r++)
-        for (int t = 0; t < T; t++) {
-            float s = HSUM8X2(a0[r][t], a1[r][t]);
-            for (int64_t k = i; k < n; k++) s += sc_f16(x[r], k) * sc_f32(y + t * ys, k);
-            out[r * T + t] = s;
-        }
+    _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
+        st[r * 2 * FA_T + 2 * t] = a0[r][t];
+        st[r * 2 * FA_T + 2 * t + 1] = a1[r][t];
+    }
 }
 
-/* Rows [r0, r1) x T tokens (yf, k floats apart) into y (token j0 + t at row ldy * (j0 + t)). */
+AI void fa_span_rt(const cm_f16 *const *x, const float *y, int64_t ys, int R, int T, int64_t s0, int64_t s1,
+                   __m256 *st) {
+    if (R == FA_R) {
+        switch (T) { /* a constant shape keeps the chains in registers */
+        case 3: fa_span(x, y, ys, FA_R, 3, s0, s1, st); break;
+        case 2: fa_span(x, y, ys, FA_R, 2, s0, s1, st); break;
+        default: fa_span(x, y, ys, FA_R, 1, s0, s1, st); break;
+        }
+    } else {
+        switch (T) {
+        case 3: fa_span(x, y, ys, 1, 3, s0, s1, st); break;
+        case 2: fa_span(x, y, ys, 1, 2, s0, s1, st); break;
+        default: fa_span(x, y, ys, 1, 1, s0, s1, st); break;
+        }
+    }
+}
+
+/* Rows [r0, r1) (at most RB) x T tokens (yf, k floats apart) into y (token
+ * j0 + t at row ldy * (j0 + t)): the span loop, then per (row, token) the
+ * tile's hsum8 of the two chains and its tail. */
 AI void fa_rows(int64_t k, const void *w, size_t w_stride, const float *yf, int T, float *y, int64_t ldy, int64_t j0,
                 int64_t r0, int64_t r1) {
-    int64_t i = r0;
-    float out[FA_R * FA_T];
-    for (; i + FA_R <= r1; i += FA_R) {
-        const cm_f16 *x[FA_R];
-        for (int r = 0; r < FA_R; r++)
-            x[r] = (const cm_f16 *)(const void *)((const char *)w + (size_t)(i + r) * w_stride);
-        switch (T) { /* a constant shape keeps the chains in registers */
-        case 3: fa_tile(k, x, yf, k, FA_R, 3, out); break;
-        case 2: fa_tile(k, x, yf, k, FA_R, 2, out); break;
-        default: fa_tile(k, x, yf, k, FA_R, 1, out); break;
+    const int64_t kf = k & ~(int64_t)15;
+    __m256 st[RB * 2 * FA_T];
+    for (int i = 0; i < RB * 2 * FA_T; i++) st[i] = _mm256_setzero_ps();
+#define FA_ROW(i) ((const cm_f16 *)(const void *)((const char *)w + (size_t)(i)*w_stride))
+    for (int64_t c0 = 0; c0 < kf; c0 += FA_KC) {
+        const int64_t c1 = kf - c0 < FA_KC ? kf : c0 + FA_KC;
+        int64_t i = r0;
+        for (; i + FA_R <= r1; i += FA_R) {
+            const cm_f16 *x[FA_R] = {FA_ROW(i), FA_ROW(i + 1)};
+            fa_span_rt(x, yf, k, FA_R, T, c0, c1, st + (i - r0) * 2 * FA_T);
         }
-        for (int r = 0; r < FA_R; r++)
-            for (int t = 0; t < T; t++) y[(j0 + t) * ldy + i + r] = out[r * T + t];
-    }
-    for (; i < r1; i++) {
-        const cm_f16 *x[1] = {(const cm_f16 *)(const void *)((const char *)w + (size_t)i * w_stride)};
-        switch (T) {
-        case 3: fa_tile(k, x, yf, k, 1, 3, out); break;
-        case 2: fa_tile(k, x, yf, k, 1, 2, out); break;
-        default: fa_tile(k, x, yf, k, 1, 1, out); break;
+        if (i < r1) {
+            const cm_f16 *x[1] = {FA_ROW(i)};
+            fa_span_rt(x, yf, k, 1, T, c0, c1, st + (i - r0) * 2 * FA_T);
         }
-        for (int t = 0; t < T; t++) y[(j0 + t) * ldy + i] = out[t];
     }
+    for (int64_t i = r0; i < r1; i++)
+        for (int t = 0; t < T; t++) {
+            const __m256 *a = st + (i - r0) * 2 * FA_T + 2 * t;
+            float s = HSUM8X2(a[0], a[1]);
+            for (int64_t e = kf; e < k; e++) s += sc_f16(FA_ROW(i), e) * sc_f32(yf + t * k, e);
+            y[(j0 + t) * ldy + i] = s;
+        }
+#undef FA_ROW
 }
 
 AI void fa_convert(int64_t k, const void *x, float *yf) {
@@ -177,5 +199,5 @@ static void gemv_af16(int64_t k, const void *w, size_t w_stride, const void *x, 
     }
     _Alignas(32) float yf[2 * FA_MAXK];
     fa_convert(k, x, yf);
-    fa_rows(k, w, w_stride, yf, 1, y, 0, 0, r0, r1);
+    for (int64_t i0 = r0; i0 < r1; i0 += RB) fa_rows(k, w, w_stride, yf, 1, y, 0, 0, i0, r1 - i0 < RB ? r1 : i0 + RB);
 }
