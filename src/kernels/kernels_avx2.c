@@ -10,6 +10,13 @@
  * and a q5_k one (avx2_krepack.h); tested against the reference in
  * tests/unit/test_kernels_simd.c. Never allocates.
  */
+/* GCC at -O2 does not peel the tiles' loops over their (constant) token
+ * count, which leaves each token's accumulators in memory; ask for it here,
+ * in this file only (unrolling never reorders a float operation, so the bits
+ * stay the same). */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("unroll-loops")
+#endif
 #define CM_X86_VNNI 0
 #include "x86_tiles.h"
 
