@@ -10,17 +10,34 @@
  * and a q5_k one (avx2_krepack.h); tested against the reference in
  * tests/unit/test_kernels_simd.c. Never allocates.
  */
+/* GCC at -O2 does not peel the tiles' loops over their (constant) token
+ * count, which leaves each token's accumulators in memory; ask for it here,
+ * in this file only (unrolling never reorders a float operation, so the bits
+ * stay the same). */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("unroll-loops")
+#endif
 #define CM_X86_VNNI 0
 #include "x86_tiles.h"
 
 #include "base/base.h"
 
+#include "avx2_gemv.h"
 #include "avx2_krepack.h"
 #include "isa.h"
+
+#include <string.h>
 
 void cm_kernels_fill_avx2(cm_kernels *k) {
     x86_fill(k);
     k->gemv_packed[CM_TYPE_Q4_K] = gemv_ak4_k;
     k->gemv_packed[CM_TYPE_Q5_K] = gemv_ak5_k;
     cm_kernels_fill_lane_avx2(k); /* q4_0 in the AVX-512 table's lane order */
+    /* the avx512 table (filled with this first) has its own vec_dots: these
+     * gemvs match only this table's (avx2_gemv.h) */
+    if (strcmp(k->name, "avx2") == 0) {
+        k->gemv[CM_TYPE_Q6_K] = gemv_a6_k;
+        k->gemm[CM_TYPE_F16] = gemm_af16;
+        k->gemv[CM_TYPE_F16] = gemv_af16;
+    }
 }

@@ -204,6 +204,13 @@ static void test_long_rows(void) {
             check_long(k, k_types[ti], is_k(k_types[ti]) ? 40 * 256 : LK, LTOK);
             check_long(k, k_types[ti], is_k(k_types[ti]) ? LKQ : LK2, LTOK);
             if (k_types[ti] == CM_TYPE_Q8_0) check_long(k, k_types[ti], LK3, LTOK);
+            /* F16: rows past the avx2 table's f32-token gemm (avx2_gemv.h,
+             * FA_MAXK: its fallback), and rows of several 1024-element spans
+             * plus a tail of 5, with an odd token count */
+            if (k_types[ti] == CM_TYPE_F16) {
+                check_long(k, k_types[ti], LK3, LTOK);
+                check_long(k, k_types[ti], 2053, 7);
+            }
             if (is_k(k_types[ti])) check_long(k, k_types[ti], KQ_NB * 256, KQ_TOK);
         }
     }
