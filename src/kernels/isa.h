@@ -42,6 +42,7 @@ void cm_kernels_fill_attn_tile_avx512(cm_kernels *k); /* attn_tile_avx512.c: pre
 void cm_kernels_fill_attn_tile_avx2(cm_kernels *k);   /* attn_tile_avx2.c: the same for the AVX2 table */
 /* q5_k / q6_k prefill gemms (gemm_kq_avx512.c), filled after kernels_avx512.c. */
 void cm_kernels_fill_kq_avx512(cm_kernels *k);
+void cm_kernels_fill_kq6_avx512(cm_kernels *k); /* gemm_kq6_avx512.c: q6_k's */
 /* the q6_k decode gemv over "q6_k lanes" (gemv_kd_avx512.c), filled after gemm_kq_avx512.c. */
 void cm_kernels_fill_kd_avx512(cm_kernels *k);
 /* q8_0 in block lane order (q8lane_avx512.c), filled last: replaces kernels_avx512.c's q8_0. */
