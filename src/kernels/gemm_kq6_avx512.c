@@ -214,13 +214,190 @@ KQ_AI void kq6_tile(int64_t ng, const kq6_blk *const *xb, const __m512 *const *x
         out[r * KQ16_T + t] = _mm512_reduce_add_ps(af[r][t]);
 }
 
-static void gemm_kq6(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
-                     int64_t r0, int64_t r1, int64_t n_tok) {
-    const int64_t nb = k / CM_QK_K, ng = (nb + 3) / 4, nq = (nb + 15) / 16;
-    if (nb > KQ_MAXNB || n_tok < 2) {
-        g_prev_q6(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
-        return;
+/* ---------------- tokens in lanes (n_tok >= KT6_MINTOK) ----------------
+ * int32 lane t is token t of a group of 16 (q5_k's scheme, gemm_kq_avx512.c)
+ * with ztile_q6_k's float order unchanged: per super-block b and row the
+ * exact integer sum I_b for 16 tokens at once, converted, one FMA with
+ * d * dy into float lane b % 16, which here is one of 16 vectors per row
+ * (A, on the stack); the final tree across them is _mm512_reduce_add_ps's.
+ * Tokens are packed once per pass as y + 128 (unsigned), rows unpacked once
+ * per pass as q - 32 (signed, broadcast a dword at a time): per sub-block j
+ * a chain of 4 vpdpbusd gives D_j = sum((y + 128)(q - 32)), one vpmulld its
+ * scale; sum(y (q - 32)) = D_j - 128 Q_j (Q_j = sum(q - 32)), so I_b starts
+ * from K = -128 sum_j sc_j Q_j (the row's). |I_b| < 2^28 and every partial
+ * sum fits int32. Per super-block, row and 16 tokens: 64 vpdpbusd and 16
+ * vpmulld (the lane-per-sub-block tiles: the same multiplies plus the
+ * transposes that gather each super-block's 16 lanes); the token operand
+ * loaded once for KT6_R rows. */
+enum {
+    KT6_R = 4,          /* rows per tile */
+    KT6_G = 2,          /* token groups per tile */
+    KT6_MINTOK = 32,    /* fewer tokens: kq6_tile (measured: the row unpack per pass outweighs the gain below 32) */
+    KT6_MINREM = 12,    /* a batch's last n_tok % 16 tokens when fewer: kq6_tile too */
+    KT6_TOKB = 65 * 64, /* a token group's super-block: 64 value vectors, dy */
+    KT6_PASS = KQ_MAXNB * KT6_TOKB, /* one group of 16 tokens of the longest row */
+};
+
+typedef struct {
+    _Alignas(64) int8_t q[256]; /* q - 32 in element order */
+    int32_t sc[16];             /* the sub-blocks' scales */
+    int32_t k;                  /* -128 sum_j sc_j Q_j */
+    float d;
+} kt6_blk;
+
+static void kt6_unpack(int64_t nb, const cm_block_q6_k *x, kt6_blk *o) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30), k32 = _mm256_set1_epi8(32);
+    const __m256i z = _mm256_setzero_si256();
+    for (int64_t b = 0; b < nb; b++) {
+        int32_t k = 0;
+        for (int c = 0; c < 2; c++) { /* elements 128c + 32e + l, e = 0..3 */
+            const __m256i l0 = kq_ld256(x[b].ql + 64 * c), l1 = kq_ld256(x[b].ql + 64 * c + 32);
+            const __m256i h = kq_ld256(x[b].qh + 32 * c);
+            __m256i v[4];
+            v[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(h, 4), m30));
+            v[1] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(h, 2), m30));
+            v[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(h, m30));
+            v[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                   _mm256_and_si256(_mm256_srli_epi16(h, 2), m30));
+            for (int e = 0; e < 4; e++) {
+                _mm256_store_si256((__m256i *)(void *)(o[b].q + 128 * c + 32 * e), _mm256_sub_epi8(v[e], k32));
+                _Alignas(32) int64_t sd[4]; /* sub-blocks 8c + 2e (bytes 0-15), 8c + 2e + 1 */
+                _mm256_store_si256((__m256i *)(void *)sd, _mm256_sad_epu8(v[e], z));
+                const int j = 8 * c + 2 * e;
+                k += x[b].scales[j] * ((int32_t)(sd[0] + sd[1]) - 512) +
+                     x[b].scales[j + 1] * ((int32_t)(sd[2] + sd[3]) - 512);
+            }
+        }
+        for (int j = 0; j < 16; j++) o[b].sc[j] = x[b].scales[j];
+        o[b].k = -128 * k;
+        o[b].d = _cvtsh_ss(x[b].d);
     }
+}
+
+/* Tokens j0 + t (t < T <= 16) into one group: per super-block 64 vectors
+ * (lane t: token t's y[4c..4c+3] + 128) and dy; lanes past T zero. */
+static void kt6_pack(const void *x, size_t x_stride, int64_t j0, int T, int64_t nb, uint8_t *o) {
+    for (int64_t b = 0; b < nb; b++) {
+        uint32_t *a = (uint32_t *)(void *)(o + (size_t)b * KT6_TOKB);
+        float *dy = (float *)(void *)(a + 64 * 16);
+        for (int t = 0; t < 16; t++) {
+            if (t >= T) {
+                for (int c = 0; c < 64; c++) a[c * 16 + t] = 0;
+                dy[t] = 0.0f;
+                continue;
+            }
+            const cm_block_q8_k *y = kq_tok(x, x_stride, j0 + t) + b;
+            uint32_t v[64];
+            memcpy(v, y->qs, 256);
+            for (int c = 0; c < 64; c++) a[c * 16 + t] = v[c] ^ 0x80808080u;
+            dy[t] = y->d;
+        }
+    }
+}
+
+KQ_AI int32_t kt6_ld(const void *p) {
+    int32_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* R rows (xb: their unpacked super-blocks) against G packed groups of 16
+ * tokens (gs bytes apart): out[g][r][t] (ztile_q6_k's bits for each (row,
+ * token)). Each broadcast dword of a row feeds the G groups. */
+KQ_AI void kt6_rows(int64_t nb, const kt6_blk *const *xb, const uint8_t *pg, int64_t gs, int R, int G,
+                    float (*out)[KT6_R][16]) {
+    __m512 A[KT6_G][KT6_R][16];
+    for (int g = 0; g < G; g++)
+        for (int r = 0; r < R; r++)
+            for (int l = 0; l < 16; l++) A[g][r][l] = _mm512_setzero_ps();
+    const __m512i z = _mm512_setzero_si512();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *pb = pg + (size_t)b * KT6_TOKB;
+        __m512i S[KT6_G][KT6_R], C[KT6_G][KT6_R];
+        _Pragma("GCC unroll 2") for (int g = 0; g < G; g++) _Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+            S[g][r] = _mm512_set1_epi32(xb[r][b].k);
+        _Pragma("GCC unroll 2") for (int j = 0; j < 16; j++) {
+            _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) {
+                __m512i a[KT6_G];
+                _Pragma("GCC unroll 2") for (int g = 0; g < G; g++) a[g] =
+                    _mm512_load_si512((const void *)(pb + g * gs + 64 * (4 * j + c)));
+                _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+                    __m512i q = _mm512_set1_epi32(kt6_ld(xb[r][b].q + 16 * j + 4 * c));
+                    if (G > 1) __asm__("" : "+v"(q)); /* one broadcast for the G groups */
+                    _Pragma("GCC unroll 2") for (int g = 0; g < G; g++) C[g][r] =
+                        _mm512_dpbusd_epi32(c ? C[g][r] : z, a[g], q);
+                }
+            }
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+                const __m512i sc = _mm512_set1_epi32(xb[r][b].sc[j]);
+                _Pragma("GCC unroll 2") for (int g = 0; g < G; g++) S[g][r] =
+                    _mm512_add_epi32(S[g][r], _mm512_mullo_epi32(C[g][r], sc));
+            }
+        }
+        const int l = (int)(b & 15);
+        _Pragma("GCC unroll 2") for (int g = 0; g < G; g++) {
+            const __m512 dy = _mm512_load_ps((const void *)(pb + g * gs + 64 * 64));
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) A[g][r][l] =
+                _mm512_fmadd_ps(_mm512_cvtepi32_ps(S[g][r]), _mm512_mul_ps(_mm512_set1_ps(xb[r][b].d), dy), A[g][r][l]);
+        }
+    }
+    for (int g = 0; g < G; g++)
+        for (int r = 0; r < R; r++) { /* _mm512_reduce_add_ps's tree, for 16 tokens at once */
+            __m512 h[8];
+            for (int i = 0; i < 8; i++) h[i] = _mm512_add_ps(A[g][r][i + 8], A[g][r][i]);
+            for (int i = 0; i < 4; i++) h[i] = _mm512_add_ps(h[i + 4], h[i]);
+            const __m512 e0 = _mm512_add_ps(h[0], h[2]), e1 = _mm512_add_ps(h[1], h[3]);
+            _mm512_storeu_ps(out[g][r], _mm512_add_ps(e0, e1));
+        }
+}
+
+static void gemm_kt6(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
+                     int64_t r0, int64_t r1, int64_t n_tok) {
+    const int64_t nb = k / CM_QK_K;
+    _Alignas(64) uint8_t pk[KT6_PASS];
+    _Alignas(64) kt6_blk ub[KT6_R][KQ_MAXNB];
+    const int64_t gb = nb * KT6_TOKB, gcap = (int64_t)sizeof pk / gb; /* groups per pass */
+    for (int64_t j0 = 0; j0 < n_tok; j0 += gcap * 16) {
+        const int64_t left = n_tok - j0, ng = (left + 15) / 16 < gcap ? (left + 15) / 16 : gcap;
+        for (int64_t g = 0; g < ng; g++)
+            kt6_pack(x, x_stride, j0 + 16 * g, left - 16 * g < 16 ? (int)(left - 16 * g) : 16, nb, pk + g * gb);
+        for (int64_t i = r0; i < r1; i += KT6_R) {
+            const int R = r1 - i < KT6_R ? (int)(r1 - i) : KT6_R;
+            const kt6_blk *xb[KT6_R];
+            for (int r = 0; r < R; r++) {
+                kt6_unpack(nb, (const cm_block_q6_k *)(const void *)((const char *)w + (size_t)(i + r) * w_stride),
+                           ub[r]);
+                xb[r] = ub[r];
+            }
+            for (int64_t g = 0; g < ng; g += KT6_G) {
+                float out[KT6_G][KT6_R][16];
+                const uint8_t *pg = pk + g * gb;
+                if (g + 1 < ng) switch (R) {
+                    case 4: kt6_rows(nb, xb, pg, gb, 4, 2, out); break;
+                    case 3: kt6_rows(nb, xb, pg, gb, 3, 2, out); break;
+                    case 2: kt6_rows(nb, xb, pg, gb, 2, 2, out); break;
+                    default: kt6_rows(nb, xb, pg, gb, 1, 2, out); break;
+                    }
+                else switch (R) {
+                    case 4: kt6_rows(nb, xb, pg, gb, 4, 1, out); break;
+                    case 3: kt6_rows(nb, xb, pg, gb, 3, 1, out); break;
+                    case 2: kt6_rows(nb, xb, pg, gb, 2, 1, out); break;
+                    default: kt6_rows(nb, xb, pg, gb, 1, 1, out); break;
+                    }
+                for (int gg = 0; gg < KT6_G && g + gg < ng; gg++) {
+                    const int T = left - 16 * (g + gg) < 16 ? (int)(left - 16 * (g + gg)) : 16;
+                    for (int r = 0; r < R; r++)
+                        for (int t = 0; t < T; t++) y[(j0 + 16 * (g + gg) + t) * ldy + i + r] = out[gg][r][t];
+                }
+            }
+        }
+    }
+}
+
+/* the lane-per-sub-block tiles (few tokens, and the last few of a batch) */
+static void gemm_kq6_tiles(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
+                           int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {
+    const int64_t nb = k / CM_QK_K, ng = (nb + 3) / 4, nq = (nb + 15) / 16;
     enum { CAPMAX = KQ_PASS / (int)CM_QK_K };
     _Alignas(64) kq6_blk buf[KQ16_R * (KQ_MAXNB + 3)];
     _Alignas(64) __m512 dbuf[KQ16_R * KQ_MAXNB / 4];
@@ -263,6 +440,19 @@ static void gemm_kq6(int64_t k, const void *w, size_t w_stride, const void *x, s
             }
         }
     }
+}
+
+static void gemm_kq6(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
+                     int64_t r0, int64_t r1, int64_t n_tok) {
+    if (k / CM_QK_K > KQ_MAXNB || n_tok < 2) {
+        g_prev_q6(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
+        return;
+    }
+    const int64_t rem = n_tok % 16, n16 = n_tok < KT6_MINTOK ? 0 : rem < KT6_MINREM ? n_tok - rem : n_tok;
+    if (n16 > 0) gemm_kt6(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n16);
+    if (n16 < n_tok)
+        gemm_kq6_tiles(k, w, w_stride, (const char *)x + (size_t)n16 * x_stride, x_stride, y + n16 * ldy, ldy, r0, r1,
+                       n_tok - n16);
 }
 
 /* ---- q6_k decode over "q6_k lanes" (repack.c): the rows' values already
