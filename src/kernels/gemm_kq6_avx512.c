@@ -5,7 +5,13 @@
  * replaces it and keeps it for rows longer than its own). Moved out of
  * gemm_kq_avx512.c.
  *
- * q6_k: one int32 lane per sub-block: four vpdpbusd of the 6-bit
+ * From 32 tokens (KT6_MINTOK): 16 tokens in the int32 lanes (q5_k's
+ * scheme), 4 rows x 2 groups of 16 per tile, in ztile_q6_k's float order
+ * (below, "tokens in lanes"); measured on Zen 4 at 64-128 tokens ~10-15%
+ * faster than the tiles below, which keep smaller batches and a batch's last
+ * n_tok % 16 tokens when fewer than 12.
+ *
+ * The tiles: one int32 lane per sub-block: four vpdpbusd of the 6-bit
  * values (unsigned) against the token (signed), started from -32 * the
  * token's bsums, then one vpmulld with the scales: 5 multiplies per 256
  * products where the word-pair scheme spends 6 plus two shifts and blends;
@@ -17,12 +23,13 @@
  *
  * Rows are unpacked once per pass of tokens into a stack buffer, tokens
  * packed once per pass. Every (row, token) is bit-identical to the table's
- * vec_dot (kernels.h; tests/unit/test_kernels_invariant.c).
+ * vec_dot (kernels.h; tests/unit/test_kernels_kq6.c, test_kernels_invariant.c).
  *
  * Installed into the avx512 table by cm_kernels_fill_kq6_avx512 (dispatch.c)
  * after kernels_avx512.c, whose gemm (avx512_kgemm.h over ztile_q6_k, the
  * 4-token tiles) stays the fallback for rows longer than KQ_MAXNB
- * super-blocks and for one token. Never allocates.
+ * super-blocks and for one token. Stack: ~430 KiB at most (one of the two
+ * gemms at a time; compute threads have CM_COMPUTE_STACK). Never allocates.
  */
 #include "isa.h"
 
@@ -227,8 +234,12 @@ KQ_AI void kq6_tile(int64_t ng, const kq6_blk *const *xb, const __m512 *const *x
  * from K = -128 sum_j sc_j Q_j (the row's). |I_b| < 2^28 and every partial
  * sum fits int32. Per super-block, row and 16 tokens: 64 vpdpbusd and 16
  * vpmulld (the lane-per-sub-block tiles: the same multiplies plus the
- * transposes that gather each super-block's 16 lanes); the token operand
- * loaded once for KT6_R rows. */
+ * transposes that gather each super-block's 16 lanes; the vpmulld cost ~10%
+ * here, measured by leaving them out); each token vector loaded once for
+ * KT6_R rows, each row dword broadcast once for KT6_G groups (the j loop
+ * unrolled 2, not 16: fully unrolled, gcc reloaded the token vectors per
+ * row and spilled). The row's K comes from 8 vpdpbusd of its 6-bit values
+ * against the scales (a scalar sum per sub-block cost ~5% at 32 tokens). */
 enum {
     KT6_R = 4,          /* rows per tile */
     KT6_G = 2,          /* token groups per tile */
@@ -247,10 +258,11 @@ typedef struct {
 
 static void kt6_unpack(int64_t nb, const cm_block_q6_k *x, kt6_blk *o) {
     const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30), k32 = _mm256_set1_epi8(32);
-    const __m256i z = _mm256_setzero_si256();
     for (int64_t b = 0; b < nb; b++) {
-        int32_t k = 0;
-        for (int c = 0; c < 2; c++) { /* elements 128c + 32e + l, e = 0..3 */
+        const __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(const void *)x[b].scales));
+        _mm512_storeu_si512(o[b].sc, sc);
+        __m256i acc = _mm256_setzero_si256(); /* sum_j sc_j * sum(q) over sub-block j, in pieces */
+        for (int c = 0; c < 2; c++) {         /* elements 128c + 32e + l, e = 0..3 */
             const __m256i l0 = kq_ld256(x[b].ql + 64 * c), l1 = kq_ld256(x[b].ql + 64 * c + 32);
             const __m256i h = kq_ld256(x[b].qh + 32 * c);
             __m256i v[4];
@@ -259,17 +271,18 @@ static void kt6_unpack(int64_t nb, const cm_block_q6_k *x, kt6_blk *o) {
             v[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(h, m30));
             v[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
                                    _mm256_and_si256(_mm256_srli_epi16(h, 2), m30));
-            for (int e = 0; e < 4; e++) {
-                _mm256_store_si256((__m256i *)(void *)(o[b].q + 128 * c + 32 * e), _mm256_sub_epi8(v[e], k32));
-                _Alignas(32) int64_t sd[4]; /* sub-blocks 8c + 2e (bytes 0-15), 8c + 2e + 1 */
-                _mm256_store_si256((__m256i *)(void *)sd, _mm256_sad_epu8(v[e], z));
+            for (int e = 0; e < 4; e++) { /* sub-blocks 8c + 2e (bytes 0-15), 8c + 2e + 1 */
                 const int j = 8 * c + 2 * e;
-                k += x[b].scales[j] * ((int32_t)(sd[0] + sd[1]) - 512) +
-                     x[b].scales[j + 1] * ((int32_t)(sd[2] + sd[3]) - 512);
+                _mm256_store_si256((__m256i *)(void *)(o[b].q + 128 * c + 32 * e), _mm256_sub_epi8(v[e], k32));
+                acc = _mm256_dpbusd_epi32(
+                    acc, v[e], _mm256_set_m128i(_mm_set1_epi8(x[b].scales[j + 1]), _mm_set1_epi8(x[b].scales[j])));
             }
         }
-        for (int j = 0; j < 16; j++) o[b].sc[j] = x[b].scales[j];
-        o[b].k = -128 * k;
+        /* sum_j sc_j Q_j = sum_j sc_j (sum(q) - 16 * 32) */
+        const __m128i a4 = _mm_add_epi32(_mm256_castsi256_si128(acc), _mm256_extracti128_si256(acc, 1));
+        const int32_t sq = _mm_cvtsi128_si32(a4) + _mm_extract_epi32(a4, 1) + _mm_extract_epi32(a4, 2) +
+                           _mm_extract_epi32(a4, 3) - 512 * _mm512_reduce_add_epi32(sc);
+        o[b].k = -128 * sq;
         o[b].d = _cvtsh_ss(x[b].d);
     }
 }
@@ -351,8 +364,9 @@ KQ_AI void kt6_rows(int64_t nb, const kt6_blk *const *xb, const uint8_t *pg, int
         }
 }
 
-static void gemm_kt6(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
-                     int64_t r0, int64_t r1, int64_t n_tok) {
+__attribute__((noinline)) static void gemm_kt6(int64_t k, const void *w, size_t w_stride, const void *x,
+                                               size_t x_stride, float *y, int64_t ldy, int64_t r0, int64_t r1,
+                                               int64_t n_tok) {
     const int64_t nb = k / CM_QK_K;
     _Alignas(64) uint8_t pk[KT6_PASS];
     _Alignas(64) kt6_blk ub[KT6_R][KQ_MAXNB];
@@ -395,8 +409,9 @@ static void gemm_kt6(int64_t k, const void *w, size_t w_stride, const void *x, s
 }
 
 /* the lane-per-sub-block tiles (few tokens, and the last few of a batch) */
-static void gemm_kq6_tiles(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
-                           int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {
+__attribute__((noinline)) static void gemm_kq6_tiles(int64_t k, const void *w, size_t w_stride, const void *x,
+                                                     size_t x_stride, float *y, int64_t ldy, int64_t r0, int64_t r1,
+                                                     int64_t n_tok) {
     const int64_t nb = k / CM_QK_K, ng = (nb + 3) / 4, nq = (nb + 15) / 16;
     enum { CAPMAX = KQ_PASS / (int)CM_QK_K };
     _Alignas(64) kq6_blk buf[KQ16_R * (KQ_MAXNB + 3)];
