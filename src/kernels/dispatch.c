@@ -75,6 +75,7 @@ static void build_tables(void) {
         cm_kernels_fill_lowbit_avx2(&g_tables[ISA_AVX512]);
         cm_kernels_fill_lowbit_avx512(&g_tables[ISA_AVX512]);
         cm_kernels_fill_kq_avx512(&g_tables[ISA_AVX512]);
+        cm_kernels_fill_kq6_avx512(&g_tables[ISA_AVX512]);
         cm_kernels_fill_kq4_avx512(&g_tables[ISA_AVX512]);
         cm_kernels_fill_kd_avx512(&g_tables[ISA_AVX512]);
         cm_kernels_fill_attn_avx2(&g_tables[ISA_AVX512]);

@@ -1,9 +1,7 @@
 /*
- * gemm_kq_avx512.c: AVX-512 (VNNI) prefill gemms for q5_k and q6_k
- * with the weights of a register tile's rows held in registers across its
- * tokens, and q6_k's decode gemv over rows repacked at load ("q6_k lanes").
- *
- * q4_k's gemm is in gemm_kq4_avx512.c.
+ * gemm_kq_avx512.c: the AVX-512 (VNNI) prefill gemm for q5_k, with the
+ * weights of a register tile's rows held in registers across its tokens.
+ * q4_k's gemm is in gemm_kq4_avx512.c, q6_k's in gemm_kq6_avx512.c.
  *
  * q5_k (below): 16 tokens in the int32 lanes, in the table's "z5" float
  * order (avx512_krepack.h), 4 rows x 16 tokens per tile (8 tokens in
@@ -12,25 +10,15 @@
  * gemv_kd_avx512.c's rows (kd5_multi: each super-block's values built once
  * for up to 6 tokens), whose table entry wraps this one.
  *
- * q6_k (below): one int32 lane per sub-block: four vpdpbusd of the 6-bit
- * values (unsigned) against the token (signed), started from -32 * the
- * token's bsums, then one vpmulld with the scales: 5 multiplies per 256
- * products where the word-pair scheme spends 6 plus two shifts and blends;
- * the float side runs once per 16 super-blocks (ztile_q6_k's order: each
- * super-block's exact integer sum, converted, one FMA with d * dy). The
- * token operand is loaded once for both rows of the tile (an empty asm keeps
- * gcc from folding it into each vpdpbusd as a memory operand: that extra
- * load per row cost ~15%).
- *
  * Rows are unpacked once per pass of tokens into a stack buffer, tokens
  * packed once per pass. Every (row, token) is bit-identical to the table's
  * vec_dot (kernels.h; tests/unit/test_kernels_invariant.c).
  *
  * Installed into the avx512 table by cm_kernels_fill_kq_avx512 (dispatch.c)
- * after kernels_avx512.c, whose gemms (avx512_kgemm.h; q6_k: the 4-token
- * tiles; q5_k: the decode gemv per token) stay the fallback for rows longer
- * than KQ_MAXNB super-blocks and for one token (q5_k: see above). Stack: ~430 KiB at most (compute threads have
- * CM_COMPUTE_STACK). Never allocates.
+ * after kernels_avx512.c, whose q5_k gemm (the decode gemv per token) stays
+ * the fallback for rows longer than KQ_MAXNB super-blocks and for one token.
+ * Stack: ~430 KiB at most (compute threads have CM_COMPUTE_STACK). Never
+ * allocates.
  */
 #include "isa.h"
 
@@ -41,247 +29,13 @@
 
 #define KQ_AI static inline __attribute__((always_inline))
 
-enum {
-    KQ_MAXNB = 64,        /* super-blocks per row (k <= 16384) */
-    KQ_PASS = 256 * 1024, /* bytes of packed token values per pass (stay in L2 while row tiles walk them) */
-    KQ16_R = 2,
-    KQ16_T = 4, /* q6_k / q4_k register tile: rows x tokens (q4_k's min term: 4 tokens per vector) */
-};
+enum { KQ_MAXNB = 64 }; /* super-blocks per row (k <= 16384) */
 
-static cm_gemm_fn g_prev_q5, g_prev_q6; /* the table's gemms before ours (long rows) */
+static cm_gemm_fn g_prev_q5; /* the table's gemm before ours (long rows) */
 
-/* The same reduction sequence as x86_tiles.h's hsum4. */
-KQ_AI float kq_hsum4(__m128 s) {
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-/* Two vectors of 4-byte sums that fit int16 as one of word pairs (d0's low
- * words, d1's as the high ones), for vpdpwssd against two scales. */
-KQ_AI __m512i kq_pair(__m512i d0, __m512i d1) {
-    return _mm512_mask_blend_epi16(0xaaaaaaaau, d0, _mm512_slli_epi32(d1, 16));
-}
 KQ_AI __m256i kq_ld256(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
 KQ_AI const cm_block_q8_k *kq_tok(const void *x, size_t x_stride, int64_t j) {
     return (const cm_block_q8_k *)(const void *)((const char *)x + (size_t)j * x_stride);
-}
-
-/* ---------------- q6_k ----------------
- * The avx512 table's q6_k dot (ztile_q6_k in kernels_avx512.c): per
- * super-block b the exact integer sum of its sub-blocks' scale times
- * sum((q - 32) * y), converted, one FMA with d * dy into float lane b % 16,
- * the 16 lanes summed at the end by _mm512_reduce_add_ps. Here per
- * super-block an int32 vector whose 128-bit lane j holds sub-blocks j, 4 +
- * j, 8 + j and 12 + j; kq_red2 / kq_red22 and kq_place16 sum 16
- * super-blocks' vectors into one (lane m: super-block 16q + m; integers, any
- * order), then one conversion and FMA for all 16. Here the row's
- * 6-bit values (unsigned) and the token's bytes are both laid out so that
- * dword L = 4j + i of operand v holds elements 4v .. 4v + 3 of sub-block 4i
- * + j: four vpdpbusd chained from the token's -32 * bsums give the
- * sub-block sums, one vpmulld the scales. */
-typedef struct {
-    __m512i q[4]; /* q (0..63), operand v: dword 4j + i = sub-block 4i + j's elements 4v.. */
-    __m512i sc;   /* dword 4j + i: scale of sub-block 4i + j */
-} kq6_blk;
-
-typedef struct {
-    __m512i y[4]; /* the token's bytes in kq6_blk's order */
-    __m512i c;    /* dword 4j + i: -32 * bsums[4i + j] */
-} kq6_tok;
-
-/* Four vectors X_i whose 128-bit lane j holds 4 dwords -> o[v], dword 4j + i
- * = X_i's dword v of lane j. */
-KQ_AI void kq6_transpose(const __m512i x[4], __m512i o[4]) {
-    const __m512i t0 = _mm512_unpacklo_epi32(x[0], x[1]), t1 = _mm512_unpackhi_epi32(x[0], x[1]);
-    const __m512i t2 = _mm512_unpacklo_epi32(x[2], x[3]), t3 = _mm512_unpackhi_epi32(x[2], x[3]);
-    o[0] = _mm512_unpacklo_epi64(t0, t2);
-    o[1] = _mm512_unpackhi_epi64(t0, t2);
-    o[2] = _mm512_unpacklo_epi64(t1, t3);
-    o[3] = _mm512_unpackhi_epi64(t1, t3);
-}
-/* dword 4j + i = the sum of s_i's 128-bit lane j (kernels_avx512.c's red4) */
-KQ_AI __m512i kq_red2(__m512i a, __m512i b) {
-    return _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b));
-}
-KQ_AI __m512i kq_red22(__m512i p01, __m512i p23) {
-    return _mm512_add_epi32(_mm512_unpacklo_epi64(p01, p23), _mm512_unpackhi_epi64(p01, p23));
-}
-
-/* byte 4j + i of the scales: scale 4i + j */
-static const int8_t k_kq6_sperm[16] = {0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15};
-
-/* o[b] (zero from nb to nb rounded up to 4), dg[q]: lane m = d of super-block 16q + m (0 past nb) */
-static void kq6_unpack(int64_t nb, const cm_block_q6_k *x, kq6_blk *o, __m512 *dg) {
-    const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
-    static const uint16_t k_shift[2][32] = {
-        {4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2},
-        {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2}};
-    const __m512i shl = _mm512_loadu_si512(k_shift[0]), shr = _mm512_loadu_si512(k_shift[1]);
-    const __m128i sp = _mm_loadu_si128((const __m128i *)(const void *)k_kq6_sperm);
-    for (int64_t b = 0; b < nb; b++) {
-        __m512i X
-        [4];
-        for (int c = 0; c < 2; c++) { /* X[2c]: elements 128c.., X[2c + 1]: 128c + 64.. */
-            const __m512i l = _mm512_loadu_si512(x[b].ql + 64 * c);
-            const __m512i h = _mm512_broadcast_i64x4(kq_ld256(x[b].qh + 32 * c));
-            X
-            [2 * c] = _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_and_si512(_mm512_sllv_epi16(h, shl), m30));
-            X
-            [2 * c + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
-                                          _mm512_and_si512(_mm512_srlv_epi16(h, shr), m30));
-        }
-        kq6_transpose(X, o[b].q);
-        o[b].sc =
-            _mm512_cvtepi8_epi32(_mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(const void *)x[b].scales), sp));
-    }
-    for (int64_t b = nb; b < (nb + 3) / 4 * 4; b++) memset(&o[b], 0, sizeof o[b]);
-    for (int64_t q = 0; q < (nb + 15) / 16; q++) {
-        _Alignas(64) float d[16];
-        for (int m = 0; m < 16; m++) d[m] = 16 * q + m < nb ? _cvtsh_ss(x[16 * q + m].d) : 0.0f;
-        dg[q] = _mm512_load_ps(d);
-    }
-}
-
-/* tokens [j0, j0 + nt): o[t * nbp + b] (nbp = nb rounded up to 4, zero past nb), dyg[t * nq + q] (lane m: dy of 16q + m, 0 past nb) */
-static void kq6_pack(const void *x, size_t x_stride, int64_t j0, int64_t nt, int64_t nb, kq6_tok *o, __m512 *dyg) {
-    const int64_t ng = (nb + 3) / 4;
-    for (int64_t t = 0; t < nt; t++) {
-        const cm_block_q8_k *y = kq_tok(x, x_stride, j0 + t);
-        for (int64_t b = nb; b < 4 * ng; b++) memset(o + t * 4 * ng + b, 0, sizeof *o);
-        for (int64_t b = 0; b < nb; b++) {
-            kq6_tok *p = o + t * 4 * ng + b;
-            __m512i X
-            [4];
-            for (int i = 0; i < 4; i++) X
-            [i] = _mm512_loadu_si512(y[b].qs + 64 * i);
-            kq6_transpose(X, p->y);
-            int32_t c[16];
-            for (int L = 0; L < 16; L++) c[L] = -32 * (int32_t)y[b].bsums[k_kq6_sperm[L]];
-            p->c = _mm512_loadu_si512(c);
-        }
-        const int64_t nq = (nb + 15) / 16;
-        for (int64_t q = 0; q < nq; q++) {
-            _Alignas(64) float d[16];
-            for (int m = 0; m < 16; m++) d[m] = 16 * q + m < nb ? y[16 * q + m].d : 0.0f;
-            dyg[t * nq + q] = _mm512_load_ps(d);
-        }
-    }
-}
-
-/* super-block b's sums into s[r][t] */
-KQ_AI void kq6_sb(int64_t nb, const kq6_blk *const *xb, const kq6_tok *yt, int64_t b, int R, int T,
-                  __m512i s[KQ16_R][KQ16_T]) {
-    _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
-        const __m512i c = _mm512_load_si512((const void *)&yt[t * nb + b].c);
-        _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) s[r][t] = c;
-    }
-    _Pragma("GCC unroll 4") for (int v = 0; v < 4; v++) {
-        __m512i q[KQ16_R];
-        _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) q[r] = _mm512_load_si512((const void *)&xb[r][b].q[v]);
-        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
-            __m512i y = _mm512_load_si512((const void *)&yt[t * nb + b].y[v]);
-            __asm__("" : "+v"(y)); /* one load for the R rows, not one memory operand each */
-            _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) s[r][t] = _mm512_dpbusd_epi32(s[r][t], q[r], y);
-        }
-    }
-    _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) {
-        const __m512i sc = _mm512_load_si512((const void *)&xb[r][b].sc);
-        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) s[r][t] = _mm512_mullo_epi32(s[r][t], sc);
-    }
-}
-
-/* red4's output q (dword 4j + i: super-block 4k + i's part in 128-bit lane
- * j) summed over j into lanes 4k .. 4k + 3 of v (kernels_avx512.c's place16) */
-KQ_AI __m512i kq_place16(__m512i v, __m512i q, int k) {
-    __m512i h = _mm512_add_epi32(q, _mm512_shuffle_i32x4(q, q, 0x4e));
-    h = _mm512_add_epi32(h, _mm512_shuffle_i32x4(h, h, 0xb1));
-    return _mm512_mask_mov_epi32(v, (__mmask16)(0xfu << (4 * k)), h);
-}
-
-/* ztile_q6_k's float side: every 16 super-blocks, their exact sums (lane m:
- * super-block 16q + m) converted and one FMA with d * dy */
-KQ_AI void kq6_tile(int64_t ng, const kq6_blk *const *xb, const __m512 *const *xd, const kq6_tok *yt, const __m512 *dyg,
-                    int R, int T, float *out) {
-    const int64_t nb = 4 * ng, nq = (ng + 3) / 4; /* padded: zero super-blocks give zero sums */
-    __m512 af[KQ16_R][KQ16_T];
-    __m512i v[KQ16_R][KQ16_T];
-    _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
-        af[r][t] = _mm512_setzero_ps();
-        v[r][t] = _mm512_setzero_si512();
-    }
-    for (int64_t g = 0; g < ng; g++) {
-        __m512i s0[KQ16_R][KQ16_T], s1[KQ16_R][KQ16_T], p[KQ16_R][KQ16_T];
-        kq6_sb(nb, xb, yt, 4 * g, R, T, s0);
-        kq6_sb(nb, xb, yt, 4 * g + 1, R, T, s1);
-        _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)
-            p[r][t] = kq_red2(s0[r][t], s1[r][t]);
-        kq6_sb(nb, xb, yt, 4 * g + 2, R, T, s0);
-        kq6_sb(nb, xb, yt, 4 * g + 3, R, T, s1);
-        const int k = (int)(g & 3);
-        _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)
-            v[r][t] = kq_place16(v[r][t], kq_red22(p[r][t], kq_red2(s0[r][t], s1[r][t])), k);
-        if (k == 3 || g == ng - 1) {
-            const int64_t q = g / 4;
-            _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
-                af[r][t] =
-                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(v[r][t]), _mm512_mul_ps(xd[r][q], dyg[t * nq + q]), af[r][t]);
-                v[r][t] = _mm512_setzero_si512();
-            }
-        }
-    }
-    _Pragma("GCC unroll 2") for (int r = 0; r < R; r++) _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)
-        out[r * KQ16_T + t] = _mm512_reduce_add_ps(af[r][t]);
-}
-
-static void gemm_kq6(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
-                     int64_t r0, int64_t r1, int64_t n_tok) {
-    const int64_t nb = k / CM_QK_K, ng = (nb + 3) / 4, nq = (nb + 15) / 16;
-    if (nb > KQ_MAXNB || n_tok < 2) {
-        g_prev_q6(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
-        return;
-    }
-    enum { CAPMAX = KQ_PASS / (int)CM_QK_K };
-    _Alignas(64) kq6_blk buf[KQ16_R * (KQ_MAXNB + 3)];
-    _Alignas(64) __m512 dbuf[KQ16_R * KQ_MAXNB / 4];
-    _Alignas(64) kq6_tok yp[CAPMAX];
-    _Alignas(64) __m512 dyg[CAPMAX];
-    const int64_t cap = CAPMAX / (4 * ng); /* tokens per pass, >= 16 */
-    for (int64_t j0 = 0; j0 < n_tok; j0 += cap) {
-        const int64_t nt = n_tok - j0 < cap ? n_tok - j0 : cap;
-        kq6_pack(x, x_stride, j0, nt, nb, yp, dyg);
-        for (int64_t i = r0; i < r1; i += KQ16_R) {
-            const int R = r1 - i < KQ16_R ? (int)(r1 - i) : KQ16_R;
-            const kq6_blk *xb[KQ16_R];
-            const __m512 *xd[KQ16_R];
-            for (int r = 0; r < R; r++) {
-                kq6_unpack(nb, (const cm_block_q6_k *)(const void *)((const char *)w + (size_t)(i + r) * w_stride),
-                           buf + r * 4 * ng, dbuf + r * nq);
-                xb[r] = buf + r * 4 * ng;
-                xd[r] = dbuf + r * nq;
-            }
-            for (int64_t jj = 0; jj < nt; jj += KQ16_T) {
-                const int T = nt - jj < KQ16_T ? (int)(nt - jj) : KQ16_T;
-                const kq6_tok *yt = yp + jj * 4 * ng;
-                const __m512 *dt = dyg + jj * nq;
-                float out[KQ16_R * KQ16_T];
-                if (R == KQ16_R && T == KQ16_T) kq6_tile(ng, xb, xd, yt, dt, KQ16_R, KQ16_T, out);
-                else
-                    for (int r = 0; r < R; r++) {
-                        const kq6_blk *const *xr = xb + r;
-                        const __m512 *const *dr = xd + r;
-                        float *o = out + r * KQ16_T;
-                        switch (T) {
-                        case 4: kq6_tile(ng, xr, dr, yt, dt, 1, 4, o); break;
-                        case 3: kq6_tile(ng, xr, dr, yt, dt, 1, 3, o); break;
-                        case 2: kq6_tile(ng, xr, dr, yt, dt, 1, 2, o); break;
-                        default: kq6_tile(ng, xr, dr, yt, dt, 1, 1, o); break;
-                        }
-                    }
-                for (int r = 0; r < R; r++)
-                    for (int t = 0; t < T; t++) y[(j0 + jj + t) * ldy + i + r] = out[r * KQ16_T + t];
-            }
-        }
-    }
 }
 
 /* ---------------- q5_k: tokens in lanes ----------------
@@ -544,66 +298,9 @@ static void gemm_kq5(int64_t k, const void *w, size_t w_stride, const void *x, s
     }
 }
 
-/* ---- q6_k decode over "q6_k lanes" (repack.c): the rows' values already
- * in kq6_blk's operand order, 6 bits each as in the file (210 bytes per
- * super-block), so a row streams at its file size; the token packed once
- * per call (kq6_pack). Same sums, groups and float side as the gemm. ---- */
-enum { KQ6V_MAXNB = 128 }; /* rows up to CM_REPACK_MAX_K */
-
-KQ_AI __m512i kq6v_sb(const cm_block_q6_k *x, const kq6_tok *yt) {
-    const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
-    const __m512i l0 = _mm512_loadu_si512(x->ql), l1 = _mm512_loadu_si512(x->ql + 64), h = _mm512_loadu_si512(x->qh);
-    const __m512i v0 = _mm512_or_si512(_mm512_and_si512(l0, m4), _mm512_and_si512(_mm512_slli_epi16(h, 4), m30));
-    const __m512i v1 =
-        _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l0, 4), m4), _mm512_and_si512(_mm512_slli_epi16(h, 2), m30));
-    const __m512i v2 = _mm512_or_si512(_mm512_and_si512(l1, m4), _mm512_and_si512(h, m30));
-    const __m512i v3 =
-        _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l1, 4), m4), _mm512_and_si512(_mm512_srli_epi16(h, 2), m30));
-    __m512i s = _mm512_load_si512((const void *)&yt->c);
-    s = _mm512_dpbusd_epi32(s, v0, _mm512_load_si512((const void *)&yt->y[0]));
-    s = _mm512_dpbusd_epi32(s, v1, _mm512_load_si512((const void *)&yt->y[1]));
-    s = _mm512_dpbusd_epi32(s, v2, _mm512_load_si512((const void *)&yt->y[2]));
-    s = _mm512_dpbusd_epi32(s, v3, _mm512_load_si512((const void *)&yt->y[3]));
-    return _mm512_mullo_epi32(s, _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(const void *)x->scales)));
-}
-
-static void gemv_kq6v(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
-                      int64_t r0, int64_t r1, int64_t n_tok) {
-    (void)x_stride, (void)ldy, (void)n_tok;
-    const int64_t nb = k / CM_QK_K;
-    CM_ASSERT(nb <= KQ6V_MAXNB);
-    _Alignas(64) kq6_tok yp[KQ6V_MAXNB + 3];
-    _Alignas(64) __m512 dyg[KQ6V_MAXNB / 16];
-    kq6_pack(x, 0, 0, 1, nb, yp, dyg);
-    for (int64_t i = r0; i < r1; i++) {
-        const cm_block_q6_k *xr = (const cm_block_q6_k *)(const void *)((const char *)w + (size_t)i * w_stride);
-        __m512 acc = _mm512_setzero_ps();
-        for (int64_t b0 = 0; b0 < nb; b0 += 16) {
-            __m512i v = _mm512_setzero_si512();
-            for (int kk = 0; kk < 4 && b0 + 4 * kk < nb; kk++) {
-                __m512i s[4];
-                _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {
-                    const int64_t b = b0 + 4 * kk + j;
-                    s[j] = b < nb ? kq6v_sb(xr + b, yp + b) : _mm512_setzero_si512();
-                }
-                v = kq_place16(v, kq_red22(kq_red2(s[0], s[1]), kq_red2(s[2], s[3])), kk);
-            }
-            _Alignas(64) float d[16];
-            for (int m = 0; m < 16; m++) d[m] = b0 + m < nb ? _cvtsh_ss(xr[b0 + m].d) : 0.0f;
-            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), _mm512_mul_ps(_mm512_load_ps(d), dyg[b0 / 16]), acc);
-        }
-        y[i] = _mm512_reduce_add_ps(acc);
-    }
-}
-
 void cm_kernels_fill_kq_avx512(cm_kernels *k) {
     if (k->gemm[CM_TYPE_Q5_K]) {
         g_prev_q5 = k->gemm[CM_TYPE_Q5_K];
         k->gemm[CM_TYPE_Q5_K] = gemm_kq5;
-    }
-    if (k->gemm[CM_TYPE_Q6_K]) {
-        g_prev_q6 = k->gemm[CM_TYPE_Q6_K];
-        k->gemm[CM_TYPE_Q6_K] = gemm_kq6;
-        k->gemv_packed[CM_TYPE_Q6_K] = gemv_kq6v;
     }
 }

@@ -40,8 +40,10 @@ void cm_kernels_fill_attn_avx2(cm_kernels *k);        /* attn_avx2.c */
 void cm_kernels_fill_attn_avx512(cm_kernels *k);      /* attn_avx512.c */
 void cm_kernels_fill_attn_tile_avx512(cm_kernels *k); /* attn_tile_avx512.c: prefill's many-query tiles */
 void cm_kernels_fill_attn_tile_avx2(cm_kernels *k);   /* attn_tile_avx2.c: the same for the AVX2 table */
-/* q5_k / q6_k prefill gemms (gemm_kq_avx512.c), filled after kernels_avx512.c. */
+/* the q5_k prefill gemm (gemm_kq_avx512.c), filled after kernels_avx512.c. */
 void cm_kernels_fill_kq_avx512(cm_kernels *k);
+/* q6_k's prefill gemm and repacked decode gemv (gemm_kq6_avx512.c), filled after it. */
+void cm_kernels_fill_kq6_avx512(cm_kernels *k);
 /* the q4_k prefill gemm (gemm_kq4_avx512.c), filled after gemm_kq_avx512.c. */
 void cm_kernels_fill_kq4_avx512(cm_kernels *k);
 /* the q6_k decode gemv over "q6_k lanes" (gemv_kd_avx512.c), filled after gemm_kq_avx512.c. */
