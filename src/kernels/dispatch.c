@@ -65,6 +65,7 @@ static void build_tables(void) {
 #if CM_KERNELS_HAVE_X86
     if (g_have[ISA_AVX2]) {
         cm_kernels_fill_avx2(&g_tables[ISA_AVX2]);
+        cm_kernels_fill_avx2_own(&g_tables[ISA_AVX2]);
         cm_kernels_fill_lowbit_avx2(&g_tables[ISA_AVX2]);
         cm_kernels_fill_attn_avx2(&g_tables[ISA_AVX2]);
         cm_kernels_fill_attn_tile_avx2(&g_tables[ISA_AVX2]);

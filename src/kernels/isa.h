@@ -29,6 +29,7 @@ void cm_kernels_fill_attn_ref(cm_kernels *k); /* attn_ref.c: attn_v */
 #if defined(__x86_64__) || defined(_M_X64)
 #define CM_KERNELS_HAVE_X86 1
 void cm_kernels_fill_avx2(cm_kernels *k);
+void cm_kernels_fill_avx2_own(cm_kernels *k); /* the AVX2 table only, after cm_kernels_fill_avx2 */
 void cm_kernels_fill_avx512(cm_kernels *k);
 /* q4_0 in the AVX-512 q4_0's lane order (lane_avx2.c), called by cm_kernels_fill_avx2. */
 void cm_kernels_fill_lane_avx2(cm_kernels *k);

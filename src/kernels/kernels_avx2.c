@@ -26,18 +26,17 @@
 #include "avx2_krepack.h"
 #include "isa.h"
 
-#include <string.h>
-
 void cm_kernels_fill_avx2(cm_kernels *k) {
     x86_fill(k);
     k->gemv_packed[CM_TYPE_Q4_K] = gemv_ak4_k;
     k->gemv_packed[CM_TYPE_Q5_K] = gemv_ak5_k;
     cm_kernels_fill_lane_avx2(k); /* q4_0 in the AVX-512 table's lane order */
-    /* the avx512 table (filled with this first) has its own vec_dots: these
-     * gemvs match only this table's (avx2_gemv.h) */
-    if (strcmp(k->name, "avx2") == 0) {
-        k->gemv[CM_TYPE_Q6_K] = gemv_a6_k;
-        k->gemm[CM_TYPE_F16] = gemm_af16;
-        k->gemv[CM_TYPE_F16] = gemv_af16;
-    }
+}
+
+/* The AVX2 table's own: the avx512 table (filled with cm_kernels_fill_avx2
+ * first) has its own vec_dots, which these match not (avx2_gemv.h). */
+void cm_kernels_fill_avx2_own(cm_kernels *k) {
+    k->gemv[CM_TYPE_Q6_K] = gemv_a6_k;
+    k->gemm[CM_TYPE_F16] = gemm_af16;
+    k->gemv[CM_TYPE_F16] = gemv_af16;
 }
