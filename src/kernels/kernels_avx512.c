@@ -18,7 +18,7 @@
  * activations once per call and replays the tiles' exact arithmetic from the
  * packed operands (q4_0: 16 tokens across the lanes x 2 rows; 2 rows x 4
  * tokens for q8_0 and f16, 4 tokens for q4_k); q8_0 and f16 prefill now run
- * avx512_prefill.h (the same chains one at a time, 4 x 4 and 4 x 5 register
+ * avx512_prefill.h (the same chains one at a time, 4 x 4 and 4 x 6 register
  * tiles), which falls back to those for rows longer than 16384. q4_0 also has a decode gemv
  * (4 rows per pass against the token packed once), same bits again, and
  * q4_0, q4_k and q5_k decode gemvs over rows repacked at load (repack.c;
@@ -41,7 +41,8 @@
  * (dispatch.c fills it last); NEEDSWORK: drop the q8_0 tiles here once
  * nothing needs them. q6_k, q5_k and q4_k prefill run gemm_kq_avx512.c, with
  * avx512_kgemm.h (rows unpacked once per pass, same bits; q6_k: the 4-token
- * tiles) as its fallback for long rows; bf16 still uses the 4-token tiles.
+ * tiles) as its fallback for long rows; bf16 prefill runs avx512_prefill.h's
+ * chain-outer gemm (4 rows x 6 tokens of vdpbf16ps, same bits as vec_dot).
  */
 #define CM_X86_VNNI 1
 #include "x86_tiles.h"
@@ -567,7 +568,7 @@ void cm_kernels_fill_avx512(cm_kernels *k) {
     k->gemm[CM_TYPE_F16] = gemm_fg16;
     k->gemv[CM_TYPE_F16] = gemv_vf16;
     k->vec_dot[CM_TYPE_BF16] = vec_dot_zbf16;
-    k->gemm[CM_TYPE_BF16] = gemm_zbf16;
+    k->gemm[CM_TYPE_BF16] = gemm_bg16;
     k->gemv[CM_TYPE_BF16] = gemv_zbf16;
     k->vec_dot[CM_TYPE_Q4_0] = vec_dot_zq4_0;
     k->gemm[CM_TYPE_Q4_0] = gemm_lq4_0;
