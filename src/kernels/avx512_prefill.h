@@ -1,5 +1,5 @@
 /*
- * avx512_prefill.h: the AVX-512 prefill gemms for q8_0 and f16 that keep the
+ * avx512_prefill.h: the AVX-512 prefill gemms for q8_0, f16 and bf16 that keep the
  * one-token tiles' float order and still reuse each operand across a large
  * register tile. Not a header in the usual sense: kernels_avx512.c includes it
  * once, after its tiles and avx512_gemm.h, under its own ISA flags. Nothing
@@ -12,7 +12,7 @@
  * result does not depend on when the other chains run, so the gemm runs the
  * chains one after another ("chain-outer"): only one accumulator per (row,
  * token) is live, and the register tile grows from 2 x 4 to 4 x 4 (q8_0) or
- * 4 x 5 (f16), with every weight and activation vector loaded once per tile.
+ * 4 x 6 (f16), with every weight and activation vector loaded once per tile.
  * The chains' lanes are stored, and the tile's own reduction runs on them at
  * the end, so every (row, token) is bit-identical to vec_dot (kernels.h;
  * tests/unit/test_kernels_invariant.c).
@@ -160,23 +160,23 @@ static void gemm_qg8_0(int64_t k, const void *w, size_t w_stride, const void *x,
 }
 
 /* ---- f16: ztile_f16's two chains, each over the whole row in turn ---- */
-enum { FG_R = 4, FG_T = 5, FG_MAXK = 16384 };
+enum { FG_R = 4, FG_T = 6, FG_MAXK = 16384 };
 
 /* R rows (already f32) x T tokens (f16), n32 elements: res[r][t][h] = chain h's lanes. */
 AI void fg_tile(int64_t n32, const float *xf, const cm_f16 *const *yv, int R, int T, __m512 (*res)[FG_T][2]) {
     for (int h = 0; h < 2; h++) {
         __m512 acc[FG_R][FG_T];
-        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) _Pragma("GCC unroll 5") for (int t = 0; t < T; t++)
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) _Pragma("GCC unroll 6") for (int t = 0; t < T; t++)
             acc[r][t] = _mm512_setzero_ps();
         for (int64_t i = 16 * h; i < n32; i += 32) {
             __m512 xv[FG_R];
             _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) xv[r] = _mm512_load_ps(xf + (size_t)r * FG_MAXK + i);
-            _Pragma("GCC unroll 5") for (int t = 0; t < T; t++) {
+            _Pragma("GCC unroll 6") for (int t = 0; t < T; t++) {
                 const __m512 yy = z_f16(yv[t], i);
                 _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) acc[r][t] = _mm512_fmadd_ps(xv[r], yy, acc[r][t]);
             }
         }
-        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) _Pragma("GCC unroll 5") for (int t = 0; t < T; t++)
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) _Pragma("GCC unroll 6") for (int t = 0; t < T; t++)
             res[r][t][h] = acc[r][t];
     }
 }
@@ -196,13 +196,21 @@ static void gemm_fg16(int64_t k, const void *w, size_t w_stride, const void *x, 
             xr[r] = (const cm_f16 *)(const void *)((const char *)w + (size_t)(i + r) * w_stride);
             for (int64_t e = 0; e < n32; e += 16) _mm512_store_ps(xf + (size_t)r * FG_MAXK + e, z_f16(xr[r], e));
         }
+        /* the next row tile into L2, a slice per token tile (rows adjacent, as in a GGUF), so its
+         * conversion to f32 reads L2, not DRAM */
+        const char *pf = (const char *)w + (size_t)(i + FG_R) * w_stride;
+        const size_t pfb = i + 2 * FG_R <= r1 ? (size_t)FG_R * w_stride : 0;
+        const size_t pstep = (pfb / (size_t)((n_tok + FG_T - 1) / FG_T) + 63) & ~(size_t)63;
+        size_t po = 0;
         for (int64_t j = 0; j < n_tok; j += FG_T) {
             const int T = n_tok - j < FG_T ? (int)(n_tok - j) : FG_T;
+            for (const size_t pe = po + pstep; po < pe && po < pfb; po += 64) _mm_prefetch(pf + po, _MM_HINT_T1);
             const cm_f16 *yv[FG_T];
             for (int t = 0; t < T; t++)
                 yv[t] = (const cm_f16 *)(const void *)((const char *)x + (size_t)(j + t) * x_stride);
             __m512 res[FG_R][FG_T][2];
             if (R == FG_R) switch (T) { /* the last tokens: still 4 rows per pass, not 1 */
+                case 6: fg_tile(n32, xf, yv, FG_R, 6, res); break;
                 case 5: fg_tile(n32, xf, yv, FG_R, 5, res); break;
                 case 4: fg_tile(n32, xf, yv, FG_R, 4, res); break;
                 case 3: fg_tile(n32, xf, yv, FG_R, 3, res); break;
@@ -211,6 +219,7 @@ static void gemm_fg16(int64_t k, const void *w, size_t w_stride, const void *x, 
                 }
             else
                 for (int r = 0; r < R; r++) switch (T) {
+                    case 6: fg_tile(n32, xf + (size_t)r * FG_MAXK, yv, 1, 6, res + r); break;
                     case 5: fg_tile(n32, xf + (size_t)r * FG_MAXK, yv, 1, 5, res + r); break;
                     case 4: fg_tile(n32, xf + (size_t)r * FG_MAXK, yv, 1, 4, res + r); break;
                     case 3: fg_tile(n32, xf + (size_t)r * FG_MAXK, yv, 1, 3, res + r); break;
@@ -221,6 +230,83 @@ static void gemm_fg16(int64_t k, const void *w, size_t w_stride, const void *x, 
                 for (int t = 0; t < T; t++) { /* ztile_f16's reduction and scalar tail */
                     float s = _mm512_reduce_add_ps(_mm512_add_ps(res[r][t][0], res[r][t][1]));
                     for (int64_t e = n32; e < k; e++) s += sc_f16(xr[r], e) * sc_f16(yv[t], e);
+                    y[(j + t) * ldy + i + r] = s;
+                }
+        }
+    }
+}
+
+/* ---- bf16: ztile_bf16's two chains (elements 64c..64c+31 and 64c+32..64c+63
+ * of each 64, one vdpbf16ps per 32), each over the whole row in turn, on the
+ * rows and tokens as stored (vdpbf16ps takes bf16 as it is: nothing to
+ * convert). The same vdpbf16ps on the same operands in the same order, the
+ * same reduction and scalar tail: vec_dot's bits. ---- */
+enum { BG_R = 4, BG_T = 6 };
+
+/* R rows x T tokens, n64 elements: res[r][t][h] = chain h's lanes. */
+AI void bg_tile(int64_t n64, const cm_bf16 *const *xr, const cm_bf16 *const *yv, int R, int T, __m512 (*res)[BG_T][2]) {
+    for (int h = 0; h < 2; h++) {
+        __m512 acc[BG_R][BG_T];
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) _Pragma("GCC unroll 6") for (int t = 0; t < T; t++)
+            acc[r][t] = _mm512_setzero_ps();
+        for (int64_t i = 32 * h; i < n64; i += 64) {
+            __m512bh xv[BG_R];
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) xv[r] = (__m512bh)_mm512_loadu_si512(xr[r] + i);
+            _Pragma("GCC unroll 6") for (int t = 0; t < T; t++) {
+                const __m512bh yy = (__m512bh)_mm512_loadu_si512(yv[t] + i);
+                _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], xv[r], yy);
+            }
+        }
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) _Pragma("GCC unroll 6") for (int t = 0; t < T; t++)
+            res[r][t][h] = acc[r][t];
+    }
+}
+
+static void gemm_bg16(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
+                      int64_t r0, int64_t r1, int64_t n_tok) {
+    const int64_t n64 = k & ~(int64_t)63;
+    if (n64 == 0) { /* no whole step of 64: the scalar tail only, as the 4-token tiles do it */
+        gemm_zbf16(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
+        return;
+    }
+    for (int64_t i = r0; i < r1; i += BG_R) {
+        const int R = r1 - i < BG_R ? (int)(r1 - i) : BG_R;
+        const cm_bf16 *xr[BG_R];
+        for (int r = 0; r < R; r++)
+            xr[r] = (const cm_bf16 *)(const void *)((const char *)w + (size_t)(i + r) * w_stride);
+        /* the next row tile into L2, a slice per token tile (rows adjacent, as in a GGUF) */
+        const char *pf = (const char *)w + (size_t)(i + BG_R) * w_stride;
+        const size_t pfb = i + 2 * BG_R <= r1 ? (size_t)BG_R * w_stride : 0;
+        const size_t pstep = (pfb / (size_t)((n_tok + BG_T - 1) / BG_T) + 63) & ~(size_t)63;
+        size_t po = 0;
+        for (int64_t j = 0; j < n_tok; j += BG_T) {
+            const int T = n_tok - j < BG_T ? (int)(n_tok - j) : BG_T;
+            for (const size_t pe = po + pstep; po < pe && po < pfb; po += 64) _mm_prefetch(pf + po, _MM_HINT_T1);
+            const cm_bf16 *yv[BG_T];
+            for (int t = 0; t < T; t++)
+                yv[t] = (const cm_bf16 *)(const void *)((const char *)x + (size_t)(j + t) * x_stride);
+            __m512 res[BG_R][BG_T][2];
+            if (R == BG_R) switch (T) { /* the last tokens: still 4 rows per pass, not 1 */
+                case 6: bg_tile(n64, xr, yv, BG_R, 6, res); break;
+                case 5: bg_tile(n64, xr, yv, BG_R, 5, res); break;
+                case 4: bg_tile(n64, xr, yv, BG_R, 4, res); break;
+                case 3: bg_tile(n64, xr, yv, BG_R, 3, res); break;
+                case 2: bg_tile(n64, xr, yv, BG_R, 2, res); break;
+                default: bg_tile(n64, xr, yv, BG_R, 1, res); break;
+                }
+            else
+                for (int r = 0; r < R; r++) switch (T) {
+                    case 6: bg_tile(n64, xr + r, yv, 1, 6, res + r); break;
+                    case 5: bg_tile(n64, xr + r, yv, 1, 5, res + r); break;
+                    case 4: bg_tile(n64, xr + r, yv, 1, 4, res + r); break;
+                    case 3: bg_tile(n64, xr + r, yv, 1, 3, res + r); break;
+                    case 2: bg_tile(n64, xr + r, yv, 1, 2, res + r); break;
+                    default: bg_tile(n64, xr + r, yv, 1, 1, res + r); break;
+                    }
+            for (int r = 0; r < R; r++)
+                for (int t = 0; t < T; t++) { /* ztile_bf16's reduction and scalar tail */
+                    float s = _mm512_reduce_add_ps(_mm512_add_ps(res[r][t][0], res[r][t][1]));
+                    for (int64_t e = n64; e < k; e++) s += sc_bf16(xr[r], e) * sc_bf16(yv[t], e);
                     y[(j + t) * ldy + i + r] = s;
                 }
         }

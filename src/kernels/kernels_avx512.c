@@ -18,12 +18,12 @@
  * activations once per call and replays the tiles' exact arithmetic from the
  * packed operands (q4_0: 16 tokens across the lanes x 2 rows; 2 rows x 4
  * tokens for q8_0 and f16); q8_0 and f16 prefill now run
- * avx512_prefill.h (the same chains one at a time, 4 x 4 and 4 x 5 register
+ * avx512_prefill.h (the same chains one at a time, 4 x 4 and 4 x 6 register
  * tiles), which falls back to those for rows longer than 16384. q4_0 also has a decode gemv
  * (4 rows per pass against the token packed once), same bits again, and
  * q4_0 and q5_k decode gemvs over rows repacked at load (repack.c;
  * avx512_krepack.h for the k-quants, which also has q5_k's and q6_k's plain
- * gemvs; q6_k's repacked one is in gemm_kq_avx512.c; gemv_kd_avx512.c, filled
+ * gemvs; q6_k's repacked one is in gemm_kq6_avx512.c; gemv_kd_avx512.c, filled
  * after them, replaces the repacked q5_k and q6_k decode gemvs and
  * q5_k's plain one with the same bits in fewer operations);
  * f16 (rows of up to 2730 elements; longer ones run vec_dot per row) and
@@ -39,10 +39,11 @@
  * permute and an FMA per 4 blocks for every single token). The q8_0 entries
  * set here are replaced by q8lane_avx512.c's, which use that lane order
  * (dispatch.c fills it last); NEEDSWORK: drop the q8_0 tiles here once
- * nothing needs them. q6_k and q5_k prefill run gemm_kq_avx512.c, with
- * q6_k's 4-token tiles as its fallback for long rows; bf16 still uses the
- * 4-token tiles. Every q4_k entry (its own float order "z4") is
- * gemm_kq4_avx512.c's, filled after this.
+ * nothing needs them. q5_k prefill runs gemm_kq_avx512.c, q6_k's
+ * gemm_kq6_avx512.c (its 4-token tiles here the fallback for long rows);
+ * bf16 prefill runs avx512_prefill.h's chain-outer gemm (4 rows x 6 tokens
+ * of vdpbf16ps, same bits as vec_dot). Every q4_k entry (its own float order
+ * "z4") is gemm_kq4_avx512.c's, filled after this.
  */
 #define CM_X86_VNNI 1
 #include "x86_tiles.h"
@@ -521,7 +522,7 @@ void cm_kernels_fill_avx512(cm_kernels *k) {
     k->gemm[CM_TYPE_F16] = gemm_fg16;
     k->gemv[CM_TYPE_F16] = gemv_vf16;
     k->vec_dot[CM_TYPE_BF16] = vec_dot_zbf16;
-    k->gemm[CM_TYPE_BF16] = gemm_zbf16;
+    k->gemm[CM_TYPE_BF16] = gemm_bg16;
     k->gemv[CM_TYPE_BF16] = gemv_zbf16;
     k->vec_dot[CM_TYPE_Q4_0] = vec_dot_zq4_0;
     k->gemm[CM_TYPE_Q4_0] = gemm_lq4_0;
