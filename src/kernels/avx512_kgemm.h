@@ -1,7 +1,7 @@
 /*
  * avx512_kgemm.h: what is left of the AVX-512 k-quant gemms that unpacked
- * rows once per pass (q4_k's went to gemm_kq4_avx512.c, q5_k's and q6_k's
- * to gemm_kq_avx512.c): q6_k's scale word order for gemv_fq6_k. Not a
+ * rows once per pass (their gemms are now gemm_kq_avx512.c's, q5_k, and
+ * gemm_kq4_avx512.c's and gemm_kq6_avx512.c's): q6_k's scale word order for gemv_fq6_k. Not a
  * header in the usual sense: kernels_avx512.c includes it once, under its
  * own ISA flags. Nothing else may include it.
  */

@@ -33,7 +33,7 @@
  *     two pair shuffles per (row, token).
  *
  * Every (row, token) of every path is the same bits (kernels.h;
- * tests/unit/test_kernels_kq4.c, test_kernels_invariant.c,
+ * tests/unit/test_kernels_kq.c, test_kernels_invariant.c,
  * test_kernels_repack.c). Installed into the avx512 table by
  * cm_kernels_fill_kq4_avx512 (dispatch.c), replacing all of
  * kernels_avx512.c's q4_k entries. The helpers shared with gemv_kd_avx512.c's

@@ -23,7 +23,7 @@
  *
  * Rows are unpacked once per pass of tokens into a stack buffer, tokens
  * packed once per pass. Every (row, token) is bit-identical to the table's
- * vec_dot (kernels.h; tests/unit/test_kernels_kq6.c, test_kernels_invariant.c).
+ * vec_dot (kernels.h; tests/unit/test_kernels_kq.c, test_kernels_invariant.c).
  *
  * Installed into the avx512 table by cm_kernels_fill_kq6_avx512 (dispatch.c)
  * after kernels_avx512.c, whose gemm (avx512_kgemm.h over ztile_q6_k, the

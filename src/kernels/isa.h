@@ -47,7 +47,7 @@ void cm_kernels_fill_kq_avx512(cm_kernels *k);
 void cm_kernels_fill_kq6_avx512(cm_kernels *k);
 /* the q4_k prefill gemm (gemm_kq4_avx512.c), filled after gemm_kq_avx512.c. */
 void cm_kernels_fill_kq4_avx512(cm_kernels *k);
-/* the q6_k decode gemv over "q6_k lanes" (gemv_kd_avx512.c), filled after gemm_kq_avx512.c. */
+/* the q6_k decode gemv over "q6_k lanes" (gemv_kd_avx512.c), filled after the gemms' files. */
 void cm_kernels_fill_kd_avx512(cm_kernels *k);
 /* q8_0 in block lane order (q8lane_avx512.c), filled last: replaces kernels_avx512.c's q8_0. */
 void cm_kernels_fill_q8lane_avx512(cm_kernels *k);

@@ -453,7 +453,7 @@ AI void zq6_sums(const cm_block_q6_k *x, const cm_block_q8_k *const *yv, int64_t
     }
 }
 
-/* q6_k (the avx512 table's bits; gemm_kq_avx512.c, gemv_fq6_k and
+/* q6_k (the avx512 table's bits; gemm_kq6_avx512.c, gemv_fq6_k and
  * gemv_kq6v give the same): per super-block b the exact integer sum I_b of
  * its 16 sub-blocks' scale * sum((q - 32) * y) (|I_b| < 2^28), converted
  * (round to nearest), one FMA with d * dy into float lane b % 16;
@@ -537,7 +537,7 @@ void cm_kernels_fill_avx512(cm_kernels *k) {
     k->gemm[CM_TYPE_Q8_0] = gemm_qg8_0;
     k->gemv[CM_TYPE_Q8_0] = gemv_vq8_0;
     k->vec_dot[CM_TYPE_Q6_K] = vec_dot_zq6_k;
-    k->gemm[CM_TYPE_Q6_K] = gemm_zq6_k; /* gemm_kq_avx512.c's for rows up to 16384 */
+    k->gemm[CM_TYPE_Q6_K] = gemm_zq6_k; /* gemm_kq6_avx512.c's for rows up to 16384 */
     k->gemv[CM_TYPE_Q6_K] = gemv_fq6_k;
     k->vec_dot[CM_TYPE_Q5_K] = vec_dot_zq5_k; /* avx512_krepack.h's float order, not tile_q5_k's */
     k->gemm[CM_TYPE_Q5_K] = gemm_zq5_k;       /* gemm_kq_avx512.c's for 2+ tokens and rows up to 16384 */

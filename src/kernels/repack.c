@@ -29,7 +29,7 @@
  *
  * Layout "q6_k lanes" (same size and stride; each super-block on its own,
  * as a cm_block_q6_k whose bytes mean): the 256 values in the order of
- * gemm_kq_avx512.c's operands (position 64v + 4L + e = element 16 s(L) +
+ * gemm_kq6_avx512.c's operands (position 64v + 4L + e = element 16 s(L) +
  * 4v + e, s(L) = 4 (L % 4) + L / 4): ql[m] = positions m | 64 + m (low |
  * high nibble), ql[64 + m] = 128 + m | 192 + m, qh[m] = the top 2 bits of
  * positions m, 64 + m, 128 + m, 192 + m (bits 0-1, 2-3, 4-5, 6-7);

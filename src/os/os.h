@@ -114,8 +114,8 @@ int cm_mem_read_bandwidth(cm_pool *pool, size_t bytes, int runs, double *best_by
 typedef struct cm_pool cm_pool;
 typedef void (*cm_pool_fn)(void *ctx, int ith, int nth);
 cm_pool *cm_pool_new(int n_threads); /* n_threads >= 1 */
-/* Kernels keep up to ~310 KiB of packed activations on the stack
- * (kernels/avx512_kgemm.h), on every pool thread and on the caller, thread 0:
+/* Kernels keep packed activations and unpacked rows on the stack
+ * (kernels/gemm_kq*_avx512.c: ~430 KiB), on every pool thread and on the caller, thread 0:
  * a thread that may compute gets CM_COMPUTE_STACK bytes of stack, not the
  * platform's default (512 KiB on macOS, 128 KiB on musl). cm_thread_create is
  * pthread_create with that stack: 0 or its error. */

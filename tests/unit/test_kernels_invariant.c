@@ -141,8 +141,8 @@ enum { LROWS = 5, LTOK = 19, LK = 10336 }; /* 323 blocks of 32: 40 groups of 8 p
  * pass here (16 + 3 tokens: two passes), while LK is past its limit (tiles). */
 enum { LK2 = 6496 };
 static uint8_t g_lw[LROWS * LK * 4], g_lx[LTOK * LK * 4];
-/* K-quants: 40 super-blocks (one pass of tokens in avx512_kgemm.h) and 64
- * (the longest rows it takes: 16 + 3 tokens, two passes). */
+/* K-quants: 40 super-blocks and 64 (the longest rows gemm_kq*_avx512.c
+ * take: 16 + 3 tokens, two passes). */
 enum { LKQ = 64 * 256 };
 /* 513 blocks: one past the rows q8lane_avx512.c's packed gemm and gemv take
  * (they fall back to vec_dot per row and token). */
