@@ -43,6 +43,8 @@
  */
 #include "isa.h"
 
+#include "avx512_ktok.h"
+
 #include "base/base.h"
 #include "ref.h"
 #include "x86_vec.h"
@@ -546,11 +548,10 @@ static void gemm_kw4(int64_t k, const void *w, size_t w_stride, const void *x, s
  * the sub-block's sum of q), so S = S_b exactly; M = sum_u of vpdpwssd of
  * the mins' word pairs with the bsums pairs (M_b). |C_j| <= 32 * 15 * 255. */
 enum {
-    KT4_R = 4,                       /* rows per tile */
-    KT4_MINTOK = 12,                 /* fewer tokens: gemm_kw4 (2..11 ran 0-30% faster than 16 lanes or 8, kbench) */
-    KT4_MAXNB = 64,                  /* super-blocks per row (k <= 16384); longer rows: k4_multi */
-    KT4_TOKB = 69 * 64,              /* a token group's super-block: 64 value vectors, 4 Y pair vectors, dy */
-    KT4_PASS = KT4_MAXNB * KT4_TOKB, /* one group of 16 tokens of the longest row */
+    KT4_R = 4,                      /* rows per tile */
+    KT4_MINTOK = 12,                /* fewer tokens: gemm_kw4 (2..11 ran 0-30% faster than 16 lanes or 8, kbench) */
+    KT4_MAXNB = 64,                 /* super-blocks per row (k <= 16384); longer rows: k4_multi */
+    KT4_PASS = KT4_MAXNB * KT_TOKB, /* one group of 16 tokens of the longest row */
 };
 
 typedef struct {
@@ -586,37 +587,6 @@ static void kt4_unpack(int64_t nb, const cm_block_q4_k *x, kt4_blk *o) {
     }
 }
 
-/* Tokens j0 + t (t < T <= W, W = 16 or 8 lanes) into one group: per
- * super-block 64 vectors (lane t: token t's y[4c..4c+3] + 128), 4 vectors of
- * word pairs (Y_2u, Y_2u+1), dy; lanes past T zero (their sums are unused). */
-static void kt4_pack(const void *x, size_t x_stride, int64_t j0, int T, int W, int64_t nb, uint8_t *o) {
-    for (int64_t b = 0; b < nb; b++) {
-        uint32_t *a = (uint32_t *)(void *)(o + (size_t)b * KT4_TOKB / 16 * (size_t)W);
-        uint32_t *yw = a + 64 * W;
-        float *dy = (float *)(void *)(yw + 4 * W);
-        for (int t = 0; t < W; t++) {
-            if (t >= T) {
-                for (int c = 0; c < 64; c++) a[c * W + t] = 0;
-                for (int u = 0; u < 4; u++) yw[u * W + t] = 0;
-                dy[t] = 0.0f;
-                continue;
-            }
-            const cm_block_q8_k *y =
-                (const cm_block_q8_k *)(const void *)((const char *)x + (size_t)(j0 + t) * x_stride) + b;
-            uint32_t v[64];
-            memcpy(v, y->qs, 256);
-            for (int c = 0; c < 64; c++) a[c * W + t] = v[c] ^ 0x80808080u;
-            for (int u = 0; u < 4; u++) {
-                const int j = 2 * u;
-                const uint16_t y0 = (uint16_t)(y->bsums[2 * j] + y->bsums[2 * j + 1]);
-                const uint16_t y1 = (uint16_t)(y->bsums[2 * j + 2] + y->bsums[2 * j + 3]);
-                yw[u * W + t] = y0 | (uint32_t)y1 << 16;
-            }
-            dy[t] = y->d;
-        }
-    }
-}
-
 KQ_AI int32_t kt4_ld(const void *p) {
     int32_t v;
     memcpy(&v, p, sizeof v);
@@ -632,7 +602,7 @@ KQ_AI int32_t kt4_ld(const void *p) {
             for (int l = 0; l < 16; l++) A[r][l] = P##_setzero_ps();                                             \
         const VI z = P##_setzero_si##SZ();                                                                       \
         for (int64_t b = 0; b < nb; b++) {                                                                       \
-            const uint8_t *pb = pg + (size_t)b * (KT4_TOKB / 16 * W);                                            \
+            const uint8_t *pb = pg + (size_t)b * (KT_TOKB / 16 * W);                                             \
             VI S[KT4_R], C[KT4_R];                                                                               \
             _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) S[r] = P##_set1_epi32(xb[r][b].k);               \
             _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {                                                \
@@ -684,11 +654,11 @@ static void gemm_k4(int64_t k, const void *w, size_t w_stride, const void *x, si
     _Alignas(64) uint8_t pk[KT4_PASS];
     _Alignas(64) kt4_blk ub[KT4_R][KT4_MAXNB];
     enum { W = 16 };
-    const int64_t gb = nb * KT4_TOKB / 16 * W, gcap = (int64_t)sizeof pk / gb; /* groups per pass */
+    const int64_t gb = nb * KT_TOKB / 16 * W, gcap = (int64_t)sizeof pk / gb; /* groups per pass */
     for (int64_t j0 = 0; j0 < n_tok; j0 += gcap * W) {
         const int64_t left = n_tok - j0, ng = (left + W - 1) / W < gcap ? (left + W - 1) / W : gcap;
         for (int64_t g = 0; g < ng; g++)
-            kt4_pack(x, x_stride, j0 + W * g, left - W * g < W ? (int)(left - W * g) : W, W, nb, pk + g * gb);
+            kt_pack(x, x_stride, j0 + W * g, left - W * g < W ? (int)(left - W * g) : W, W, nb, pk + g * gb);
         for (int64_t i = r0; i < r1; i += KT4_R) {
             const int R = r1 - i < KT4_R ? (int)(r1 - i) : KT4_R;
             const kt4_blk *xb[KT4_R];

@@ -22,6 +22,8 @@
  */
 #include "isa.h"
 
+#include "avx512_ktok.h"
+
 #include "base/base.h"
 
 #include <immintrin.h>
@@ -34,9 +36,6 @@ enum { KQ_MAXNB = 64 }; /* super-blocks per row (k <= 16384) */
 static cm_gemm_fn g_prev_q5; /* the table's gemm before ours (long rows) */
 
 KQ_AI __m256i kq_ld256(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
-KQ_AI const cm_block_q8_k *kq_tok(const void *x, size_t x_stride, int64_t j) {
-    return (const cm_block_q8_k *)(const void *)((const char *)x + (size_t)j * x_stride);
-}
 
 /* ---------------- q5_k: tokens in lanes ----------------
  * The avx512 table's q5_k dot ("z5", avx512_krepack.h): per super-block b
@@ -56,14 +55,13 @@ KQ_AI const cm_block_q8_k *kq_tok(const void *x, size_t x_stride, int64_t j) {
  * more (mins against Y_j). Per super-block, row and 16 tokens: 64 vpdpbusd,
  * 8 vpmulld, 8 vpdpwssd; the token operand loaded once for KT5_R rows. */
 enum {
-    KT5_R = 4,          /* rows per tile */
-    KT5_MINTOK = 7,     /* fewer leave most lanes empty: gemv_kd_avx512.c's kd5_multi (rk5_multi past its rows) */
-    KT5_W16 = 9,        /* fewer: one group of 8 tokens in 256-bit lanes (kt5_rows8) */
-    KT5_RB = 16,        /* rows whose results are staged, then stored a token's 16 at a time: stores of single
+    KT5_R = 4,      /* rows per tile */
+    KT5_MINTOK = 7, /* fewer leave most lanes empty: gemv_kd_avx512.c's kd5_multi (rk5_multi past its rows) */
+    KT5_W16 = 9,    /* fewer: one group of 8 tokens in 256-bit lanes (kt5_rows8) */
+    KT5_RB = 16,    /* rows whose results are staged, then stored a token's 16 at a time: stores of single
                            floats ldy apart (often a multiple of 4 KiB: one L1 set) cost ~15% at 2048 x 1024 */
-    KT5_YT = 256,       /* most tokens per pass (the staging buffer's) */
-    KT5_TOKB = 69 * 64, /* a token group's super-block: 64 value vectors, 4 Y pair vectors, dy */
-    KT5_PASS = KQ_MAXNB * KT5_TOKB, /* one group of 16 tokens of the longest row */
+    KT5_YT = 256,   /* most tokens per pass (the staging buffer's) */
+    KT5_PASS = KQ_MAXNB * KT_TOKB, /* one group of 16 tokens of the longest row */
     KT5_ROWB =
         256 + 8 * 4 + 4 * 4 * 2 + 4 * 4, /* a row's super-block: q - 16, sc, 16 sc pairs, mn pairs, K, d, -dmin */
 };
@@ -121,36 +119,6 @@ static void kt5_unpack(int64_t nb, const cm_block_q5_k *x, kt5_blk *o) {
     }
 }
 
-/* Tokens j0 + t (t < T <= W, W = 16 or 8 lanes) into one group: per
- * super-block 64 vectors (lane t: token t's y[4c..4c+3] + 128), 4 vectors of
- * word pairs (Y_2u, Y_2u+1), dy; lanes past T zero (their sums are unused). */
-static void kt5_pack(const void *x, size_t x_stride, int64_t j0, int T, int W, int64_t nb, uint8_t *o) {
-    for (int64_t b = 0; b < nb; b++) {
-        uint32_t *a = (uint32_t *)(void *)(o + (size_t)b * KT5_TOKB / 16 * (size_t)W);
-        uint32_t *yw = a + 64 * W;
-        float *dy = (float *)(void *)(yw + 4 * W);
-        for (int t = 0; t < W; t++) {
-            if (t >= T) {
-                for (int c = 0; c < 64; c++) a[c * W + t] = 0;
-                for (int u = 0; u < 4; u++) yw[u * W + t] = 0;
-                dy[t] = 0.0f;
-                continue;
-            }
-            const cm_block_q8_k *y = kq_tok(x, x_stride, j0 + t) + b;
-            uint32_t v[64];
-            memcpy(v, y->qs, 256);
-            for (int c = 0; c < 64; c++) a[c * W + t] = v[c] ^ 0x80808080u;
-            for (int u = 0; u < 4; u++) {
-                const int j = 2 * u;
-                const uint16_t y0 = (uint16_t)(y->bsums[2 * j] + y->bsums[2 * j + 1]);
-                const uint16_t y1 = (uint16_t)(y->bsums[2 * j + 2] + y->bsums[2 * j + 3]);
-                yw[u * W + t] = y0 | (uint32_t)y1 << 16;
-            }
-            dy[t] = y->d;
-        }
-    }
-}
-
 KQ_AI int32_t kt5_ld(const void *p) {
     int32_t v;
     memcpy(&v, p, sizeof v);
@@ -165,7 +133,7 @@ KQ_AI void kt5_rows(int64_t nb, const kt5_blk *const *xb, const uint8_t *pg, int
         for (int l = 0; l < 16; l++) A[r][l] = _mm512_setzero_ps();
     const __m512i z = _mm512_setzero_si512();
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *pb = pg + (size_t)b * KT5_TOKB;
+        const uint8_t *pb = pg + (size_t)b * KT_TOKB;
         __m512i S[KT5_R], C[KT5_R];
         _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) S[r] = _mm512_set1_epi32(xb[r][b].k);
         _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {
@@ -208,7 +176,7 @@ KQ_AI void kt5_rows8(int64_t nb, const kt5_blk *const *xb, const uint8_t *pg, in
         for (int l = 0; l < 16; l++) A[r][l] = _mm256_setzero_ps();
     const __m256i z = _mm256_setzero_si256();
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *pb = pg + (size_t)b * (KT5_TOKB / 2);
+        const uint8_t *pb = pg + (size_t)b * (KT_TOKB / 2);
         __m256i S[KT5_R], C[KT5_R];
         _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) S[r] = _mm256_set1_epi32(xb[r][b].k);
         _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {
@@ -253,15 +221,15 @@ static void gemm_kq5(int64_t k, const void *w, size_t w_stride, const void *x, s
     }
     _Alignas(64) uint8_t pk[KT5_PASS];
     _Alignas(64) kt5_blk ub[KT5_R][KQ_MAXNB];
-    _Alignas(64) float yb[KT5_YT][KT5_RB];     /* a block of rows' results, token-major */
-    const int W = n_tok < KT5_W16 ? 8 : 16;    /* tokens per group: 256-bit lanes for a few-token batch */
-    const int64_t gb = nb * KT5_TOKB / 16 * W; /* groups per pass: */
+    _Alignas(64) float yb[KT5_YT][KT5_RB];    /* a block of rows' results, token-major */
+    const int W = n_tok < KT5_W16 ? 8 : 16;   /* tokens per group: 256-bit lanes for a few-token batch */
+    const int64_t gb = nb * KT_TOKB / 16 * W; /* groups per pass: */
     const int64_t gcap = (int64_t)sizeof pk / gb < KT5_YT / W ? (int64_t)sizeof pk / gb : KT5_YT / W;
     for (int64_t j0 = 0; j0 < n_tok; j0 += gcap * W) {
         const int64_t left = n_tok - j0, ng = (left + W - 1) / W < gcap ? (left + W - 1) / W : gcap;
         const int64_t np = left < ng * W ? left : ng * W; /* tokens in this pass */
         for (int64_t g = 0; g < ng; g++)
-            kt5_pack(x, x_stride, j0 + W * g, left - W * g < W ? (int)(left - W * g) : W, W, nb, pk + g * gb);
+            kt_pack(x, x_stride, j0 + W * g, left - W * g < W ? (int)(left - W * g) : W, W, nb, pk + g * gb);
         for (int64_t ib = r0; ib < r1; ib += KT5_RB) {
             const int64_t ie = r1 - ib < KT5_RB ? r1 : ib + KT5_RB;
             for (int64_t i = ib; i < ie; i += KT5_R) {
