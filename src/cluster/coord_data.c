@@ -93,6 +93,24 @@ int cm_pipe_seq_start(cm_pipe *p, int slot_i, const cm_sampler_params *sp, const
     return rc;
 }
 
+/* One FORWARD of n rows down the pipe (the caller holds send_mu). */
+static int send_forward(cm_pipe *p, const int32_t *seq, const uint8_t *want, const float *hidden, const int32_t *pos,
+                        int n, char *err, size_t errlen) {
+    cm_msg m = {.type = CM_MSG_FORWARD};
+    m.u.forward = (cm_msg_forward){.epoch = p->epoch,
+                                   .request_id = ++p->next_req,
+                                   .n_tokens = (uint32_t)n,
+                                   .dim = (uint32_t)p->m->hp.n_embd,
+                                   .dtype = CM_HIDDEN_F32,
+                                   .pos = pos,
+                                   .seq = seq,
+                                   .want = want,
+                                   .hidden = hidden};
+    int rc = cm_coord_send_data(p, &m, err, errlen);
+    if (!rc) p->rows_sent += (uint64_t)n;
+    return rc;
+}
+
 int cm_pipe_send(cm_pipe *p, int slot_i, const float *hidden, const int32_t *pos, int n, int want, char *err,
                  size_t errlen) {
     if (n < 1 || n > (int)sizeof p->wantbuf) return cm_errf(err, errlen, CM_EINVAL, "micro-batch of %d rows", n);
@@ -106,18 +124,7 @@ int cm_pipe_send(cm_pipe *p, int slot_i, const float *hidden, const int32_t *pos
         p->slots[slot_i].asked++;
         pthread_mutex_unlock(&p->mu);
     }
-    cm_msg m = {.type = CM_MSG_FORWARD};
-    m.u.forward = (cm_msg_forward){.epoch = p->epoch,
-                                   .request_id = ++p->next_req,
-                                   .n_tokens = (uint32_t)n,
-                                   .dim = (uint32_t)p->m->hp.n_embd,
-                                   .dtype = CM_HIDDEN_F32,
-                                   .pos = pos,
-                                   .seq = p->seqbuf,
-                                   .want = p->wantbuf,
-                                   .hidden = hidden};
-    int rc = cm_coord_send_data(p, &m, err, errlen);
-    if (!rc) p->rows_sent += (uint64_t)n;
+    int rc = send_forward(p, p->seqbuf, p->wantbuf, hidden, pos, n, err, errlen);
     pthread_mutex_unlock(&p->send_mu);
     return rc;
 }
@@ -133,18 +140,7 @@ int cm_pipe_send_rows(cm_pipe *p, const int32_t *slots, const float *hidden, con
     for (int i = 0; i < n; i++)
         if (want[i] == CM_WANT_TOKEN) p->slots[slots[i]].asked++;
     pthread_mutex_unlock(&p->mu);
-    cm_msg m = {.type = CM_MSG_FORWARD};
-    m.u.forward = (cm_msg_forward){.epoch = p->epoch,
-                                   .request_id = ++p->next_req,
-                                   .n_tokens = (uint32_t)n,
-                                   .dim = (uint32_t)p->m->hp.n_embd,
-                                   .dtype = CM_HIDDEN_F32,
-                                   .pos = pos,
-                                   .seq = slots,
-                                   .want = want,
-                                   .hidden = hidden};
-    int rc = cm_coord_send_data(p, &m, err, errlen);
-    if (!rc) p->rows_sent += (uint64_t)n;
+    int rc = send_forward(p, slots, want, hidden, pos, n, err, errlen);
     pthread_mutex_unlock(&p->send_mu);
     return rc;
 }

@@ -27,7 +27,6 @@ AI void a6_offsets(int64_t nb, const cm_block_q8_k *y, __m256i *off) {
 }
 
 AI float a6_row(int64_t nb, const cm_block_q6_k *x, const cm_block_q8_k *y, const __m256i *off) {
-    const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
     /* within each 128-bit half of a scale vector (8 words: scales 8c..8c+7),
      * the low half picks scale 2k's word, the high half scale 2k + 1's */
     const __m256i pick[4] = {_mm256_set_m128i(_mm_set1_epi16(0x0302), _mm_set1_epi16(0x0100)),
@@ -41,14 +40,8 @@ AI float a6_row(int64_t nb, const cm_block_q6_k *x, const cm_block_q8_k *y, cons
         __m256i sumi = _mm256_setzero_si256();
         _Pragma("GCC unroll 2") for (int c = 0; c < 2; c++) {
             const __m256i sc = scs[c];
-            const __m256i l0 = ld256(x[b].ql + 64 * c), l1 = ld256(x[b].ql + 64 * c + 32);
-            const __m256i h = ld256(x[b].qh + 32 * c);
             __m256i q[4];
-            q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(h, 4), m30));
-            q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(h, 2), m30));
-            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(h, m30));
-            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                                   _mm256_and_si256(_mm256_srli_epi16(h, 2), m30));
+            q6_vals(&x[b], c, q);
             _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
                 const __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(q[k], ld256(y[b].qs + 128 * c + 32 * k)),
                                                    off[8 * b + 4 * c + k]);

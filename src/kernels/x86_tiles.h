@@ -200,6 +200,19 @@ AI __m128i kmins(const uint8_t mn[8], const int16_t *bsums) {
 TILE_K45(q4_k, cm_block_q4_k, 0)
 TILE_K45(q5_k, cm_block_q5_k, 1)
 
+/* q6_k super-block x's values of half c (128 values) as 4 vectors of bytes
+ * in [0, 63], q[k] the 32 values that meet the token's y[128c + 32k ..]. */
+AI void q6_vals(const cm_block_q6_k *x, int c, __m256i q[4]) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
+    const __m256i l0 = ld256(x->ql + 64 * c), l1 = ld256(x->ql + 64 * c + 32);
+    const __m256i h = ld256(x->qh + 32 * c);
+    q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(h, 4), m30));
+    q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(h, 2), m30));
+    q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(h, m30));
+    q[3] =
+        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(h, 2), m30));
+}
+
 /* q6_k: 6-bit values stored offset by 32, 16 signed 8-bit scales per super-block.
  * The values are made signed (q - 32) before the byte products: then every
  * int32 lane stays below 2^24 (8 * 2*32*127 * 128), so converting it to float
@@ -207,19 +220,13 @@ TILE_K45(q5_k, cm_block_q5_k, 1)
 AI void tile_q6_k(int64_t nb, const cm_block_q6_k *x, const cm_block_q8_k *const *yv, int T, float *out) {
     __m256 acc[TMAX];
     for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_ps();
-    const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30), k32 = _mm256_set1_epi8(32);
+    const __m256i k32 = _mm256_set1_epi8(32);
     for (int64_t b = 0; b < nb; b++) {
         __m256i sumi[TMAX];
         for (int t = 0; t < T; t++) sumi[t] = _mm256_setzero_si256();
         for (int c = 0; c < 2; c++) {
-            const __m256i l0 = ld256(x[b].ql + 64 * c), l1 = ld256(x[b].ql + 64 * c + 32);
-            const __m256i h = ld256(x[b].qh + 32 * c);
             __m256i q[4];
-            q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(h, 4), m30));
-            q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(h, 2), m30));
-            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(h, m30));
-            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                                   _mm256_and_si256(_mm256_srli_epi16(h, 2), m30));
+            q6_vals(&x[b], c, q);
             for (int k = 0; k < 4; k++) {
                 const int8_t *s = x[b].scales + 8 * c + 2 * k;
                 const __m256i sv = _mm256_set_m128i(_mm_set1_epi16(s[1]), _mm_set1_epi16(s[0]));
