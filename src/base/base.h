@@ -97,6 +97,10 @@ typedef struct cm_config {
     int rejoin_ms;                  /* CUMULO_REJOIN_MS when >= 100; else 0 (CM_PIPE_REJOIN_MS) */
     int prefill_chunk;              /* CUMULO_PREFILL_CHUNK when > 0; else 32 */
     int pipe_groups;                /* CUMULO_PIPE_GROUPS when > 0; else 0 (one group per pipeline stage) */
+    bool tp_trace;                  /* CUMULO_TP_TRACE set and not "0" */
+    int tp_spin_us;                 /* CUMULO_TP_SPIN_US (negative: unset, the link's default) */
+    bool tp_head_split_off;         /* CUMULO_TP_HEAD_SPLIT is "0" */
+    bool tp_encrypt_loopback;       /* CUMULO_TP_ENCRYPT_LOOPBACK set and not "0" */
     bool mixed_pass;                /* CUMULO_MIXED_PASS: not "0" (the default: on) */
     const char *powercap_root;      /* CUMULO_POWERCAP_ROOT; "/sys/class/powercap" */
     const char *proc_stat;          /* CUMULO_PROC_STAT; "/proc/stat" */

@@ -57,6 +57,13 @@
     X(pipe_groups, "CUMULO_PIPE_GROUPS", "0 (one per stage)",                                                      \
       "pipeline: micro-batches the decode rows of a step are split into, each "                                    \
       "relaunched as soon as its tokens return")                                                                   \
+    X(tp_trace, "CUMULO_TP_TRACE", "unset",                                                                        \
+      "set and not 0: tensor-parallel members print where their time went (bench/tp_ratio.sh)")                    \
+    X(tp_spin_us, "CUMULO_TP_SPIN_US", "50 on loopback links, else 0",                                             \
+      "tensor parallel: how long a receive spins before it sleeps")                                                \
+    X(tp_head_split, "CUMULO_TP_HEAD_SPLIT", "1", "0: rank 0 of a tensor-parallel group computes the whole head")  \
+    X(tp_encrypt_loopback, "CUMULO_TP_ENCRYPT_LOOPBACK", "unset",                                                  \
+      "set and not 0: all-reduce pieces on loopback links are encrypted too (by default only authenticated)")      \
     X(mixed_pass, "CUMULO_MIXED_PASS", "1",                                                                        \
       "serve: 0 evaluates prompt chunks in passes of their own, not with the "                                     \
       "decode rows")                                                                                               \
@@ -187,6 +194,11 @@ static void load(void) {
     c->prefill_chunk = int_at_least(RAW(prefill_chunk), 1);
     if (!c->prefill_chunk) c->prefill_chunk = 32;
     c->pipe_groups = int_at_least(RAW(pipe_groups), 1);
+    c->tp_trace = RAW(tp_trace) && *RAW(tp_trace) && strcmp(RAW(tp_trace), "0") != 0;
+    c->tp_spin_us = STR(tp_spin_us) ? (atoi(STR(tp_spin_us)) > 0 ? atoi(STR(tp_spin_us)) : 0) : -1;
+    c->tp_head_split_off = RAW(tp_head_split) && !strcmp(RAW(tp_head_split), "0");
+    c->tp_encrypt_loopback =
+        RAW(tp_encrypt_loopback) && *RAW(tp_encrypt_loopback) && strcmp(RAW(tp_encrypt_loopback), "0") != 0;
     c->mixed_pass = !RAW(mixed_pass) || strcmp(RAW(mixed_pass), "0") != 0;
     c->gpu_subgroup = !RAW(gpu_subgroup) || strcmp(RAW(gpu_subgroup), "0") != 0;
     c->powercap_root = STR(powercap_root) ? STR(powercap_root) : "/sys/class/powercap";

@@ -110,10 +110,7 @@ static void q8_dequantize(const uint8_t *q, int64_t n, float *out, bool add) {
 
 /* CUMULO_TP_ENCRYPT_LOOPBACK=1: encrypt the pieces on loopback links too
  * (by default they go auth-only there: cm_conn_set_clear_allreduce). */
-static bool encrypt_loopback(void) {
-    const char *e = getenv("CUMULO_TP_ENCRYPT_LOOPBACK");
-    return e && *e && strcmp(e, "0");
-}
+static bool encrypt_loopback(void) { return cm_config_get()->tp_encrypt_loopback; }
 
 /* Raise fd's send and receive buffers to CM_COLL_SOCK_BUF where they are
  * smaller (never lower them; best effort: a socket that refuses keeps its
@@ -161,8 +158,7 @@ int cm_coll_new(const cm_coll_cfg *cfg, cm_coll **out, char *err, size_t errlen)
             cm_conn_set_clear_allreduce(cfg->peers[r], !encrypt_loopback());
             sock_bufs(cm_conn_fd(cfg->peers[r]));
         }
-    const char *tr = getenv("CUMULO_TP_TRACE");
-    c->trace = tr && *tr && strcmp(tr, "0");
+    c->trace = cm_config_get()->tp_trace;
     const cm_coll_native *nat = atomic_load(&g_native);
     if (nat && cfg->size > 1 && !nat->open(nat->ctx, cfg->rank, cfg->size, cfg->max_n, cfg->epoch, &c->ngrp) && c->ngrp)
         c->nat = nat;
@@ -171,8 +167,8 @@ int cm_coll_new(const cm_coll_cfg *cfg, cm_coll **out, char *err, size_t errlen)
 }
 
 int cm_coll_link_spin_us(const cm_conn *conn) {
-    const char *sp = getenv("CUMULO_TP_SPIN_US");
-    if (sp && *sp) return atoi(sp) > 0 ? atoi(sp) : 0;
+    const int sp = cm_config_get()->tp_spin_us;
+    if (sp >= 0) return sp;
     return cm_conn_is_loopback(conn) ? CM_COLL_LOOPBACK_SPIN_US : 0;
 }
 

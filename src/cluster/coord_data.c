@@ -328,11 +328,8 @@ static int tp_allreduce(void *user, float *x, int64_t n) {
 }
 
 bool cm_pipe_plan_head_split(const cm_plan *plan) {
-    static int off = -1; /* CUMULO_TP_HEAD_SPLIT=0: rank 0 computes the whole head (a benchmark's baseline) */
-    if (off < 0) {
-        const char *e = getenv("CUMULO_TP_HEAD_SPLIT");
-        off = e && !strcmp(e, "0");
-    }
+    /* CUMULO_TP_HEAD_SPLIT=0: rank 0 computes the whole head (a benchmark's baseline) */
+    const bool off = cm_config_get()->tp_head_split_off;
     const cm_plan_stage *st = &plan->stages[0];
     return !off && plan->n_stages == 1 && st->n_members > 1 && !st->ep;
 }

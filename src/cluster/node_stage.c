@@ -59,8 +59,7 @@ void cm_node_stage_free(stage *s) {
                 "tensor-parallel head, member %u of %u (epoch %llu): %llu gathers to rank 0, %llu element bytes sent\n",
                 s->as.tp_rank, s->as.tp_size, (unsigned long long)s->as.epoch, (unsigned long long)st.head_ops,
                 (unsigned long long)st.head_data_sent);
-        const char *tr = getenv("CUMULO_TP_TRACE");
-        if (tr && *tr && strcmp(tr, "0") && s->t0_ns) /* where the member's time went (bench/tp_ratio.sh) */
+        if (cm_config_get()->tp_trace && s->t0_ns) /* where the member's time went (bench/tp_ratio.sh) */
             fprintf(stderr,
                     "tp trace: member %u: %.3f s assigned, %.3f s in FORWARDs (%llu of one row: %.2f ms each, of which "
                     "all-reduce %.2f ms), %.3f s waiting for FORWARDs\n",
