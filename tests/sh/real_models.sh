@@ -105,6 +105,18 @@ done
 [ -n "$PORT_a" ] && [ -n "$PORT_b" ] && ok || { bad "nodes did not start"; cat "$TMP"/*.log; exit 1; }
 NODES=127.0.0.1:$PORT_a,127.0.0.1:$PORT_b
 
+# The strict rule (CASES_FULL, MIN_FULL) holds where our AVX-512 table runs:
+# its sums reproduce the references' arithmetic. The AVX2, NEON and scalar
+# tables sum in other orders (measured with CUMULO_ISA=avx2: SmolLM2 chat3
+# parts at step 33 at a llama.cpp margin of 0.052): there every case takes
+# the margin rule.
+STRICT=1
+case "${CUMULO_ISA:-best}" in best | avx512) ;; *) STRICT=0 ;; esac
+for f in avx512f avx512bw avx512vl avx512_vnni avx512_bf16; do
+    grep -qw "$f" /proc/cpuinfo 2>/dev/null || STRICT=0
+done
+[ "$STRICT" = 1 ] || echo "# real_models: not the AVX-512 table: the margin rule for every case"
+
 for model in ${CUMULO_REAL_MODELS:-smollm2 gemma3-270m}; do
     ref=tests/data/real/$model.json
     if ! line=$(sh "$MODELS_SCRIPT" "$model" 2>"$TMP/dl.err"); then
@@ -121,6 +133,7 @@ for model in ${CUMULO_REAL_MODELS:-smollm2 gemma3-270m}; do
     grep '^#' "$TMP/tok.out"
     cases=$(cc_jsonget "$ref" 'join(" ", map { $_->{name} } @{$j->{cases}})')
     n_full=0
+    [ "$STRICT" = 1 ] || { CASES_FULL=; MIN_FULL=0; }
     for c in $cases; do
         min=0
         case " $CASES_FULL " in *" $c "*) min=64 ;; esac
