@@ -222,11 +222,6 @@ KD_AI __m512i kd5_block(const uint8_t *qs, const uint8_t *qh, const __m512i s[2]
     return kd5_dot(v, s, y);
 }
 
-/* 32 words: block j's scale i (i < 4) at 4j + i, scale 4 + i at 16 + 4j + i. */
-KD_AI __m512i kd_scale_words(__m128i sc03, __m128i sc47) {
-    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_cvtepu8_epi16(sc03)), _mm256_cvtepu8_epi16(sc47), 1);
-}
-
 /* Four super-blocks' headers -> dd (dword i: block i's d | dmin << 16) and
  * the scale dwords a, b, c of repack.c's group header. Grouped: the group's
  * header; else n (1..4) file-order blocks' first 16 bytes transposed (zeros
