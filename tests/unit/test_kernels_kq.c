@@ -26,14 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static uint64_t g_rng = 0x2545f4914f6cdd1dull;
-static uint64_t rnd(void) {
-    g_rng ^= g_rng << 13;
-    g_rng ^= g_rng >> 7;
-    g_rng ^= g_rng << 17;
-    return g_rng;
-}
-static float frand(void) { return (float)((rnd() >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f; }
+#include "test_rng.h"
 
 enum { MAXROWS = 10, MAXTOK = 40 };
 

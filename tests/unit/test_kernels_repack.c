@@ -20,14 +20,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
-static uint64_t rnd(void) {
-    g_rng ^= g_rng << 13;
-    g_rng ^= g_rng >> 7;
-    g_rng ^= g_rng << 17;
-    return g_rng;
-}
-static float frand(void) { return (float)((rnd() >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f; }
+#define TEST_RNG_SEED 0x9e3779b97f4a7c15ull
+#include "test_rng.h"
 
 enum { ROWS = 37, POOL = 5 };
 static const char *const k_isas[] = {"scalar", "avx2", "avx512", "neon"};

@@ -33,14 +33,8 @@
 
 #include <stdint.h>
 
-static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
-static uint64_t rnd(void) {
-    g_rng ^= g_rng << 13;
-    g_rng ^= g_rng >> 7;
-    g_rng ^= g_rng << 17;
-    return g_rng;
-}
-static float frand(void) { return (float)((rnd() >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f; } /* [-1,1) */
+#define TEST_RNG_SEED 0x9e3779b97f4a7c15ull
+#include "test_rng.h"
 
 static const enum cm_type k_types[] = {CM_TYPE_Q4_0,  CM_TYPE_Q4_1,    CM_TYPE_Q5_0,    CM_TYPE_Q5_1,   CM_TYPE_Q8_0,
                                        CM_TYPE_Q4_K,  CM_TYPE_Q5_K,    CM_TYPE_Q6_K,    CM_TYPE_F16,    CM_TYPE_BF16,
