@@ -6,6 +6,11 @@
 # into a cache outside the repo (never commit it):
 #   $CACHE/native   -DGGML_NATIVE=ON                       (everything this CPU has)
 #   $CACHE/avx2     -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_AVX512=OFF  (AVX2-only anchor)
+#   $CACHE/noamx    everything an AMX CPU has except AMX (AVX-512 with VNNI,
+#                   BF16, VBMI; AVX-VNNI): the anchor on Sapphire-Rapids-class
+#                   CPUs, where the native build's AMX matmul segfaults on
+#                   quantized models (llama.cpp issue 20824, open; seen on
+#                   GenuineIntel family 6 model 167, 2026-12-05)
 # Prints the path of the requested build's llama-bench on stdout; progress
 # on stderr. A build that is already there is reused (delete the folder to
 # rebuild; a build folder missing one of the tools is configured again and
@@ -13,7 +18,8 @@
 #
 #   sh bench/llamacpp.sh                 # native build, prints .../native/bin/llama-bench
 #   sh bench/llamacpp.sh avx2            # AVX2-only build
-#   sh bench/llamacpp.sh all             # both
+#   sh bench/llamacpp.sh all             # native and avx2
+#   sh bench/llamacpp.sh noamx           # native without AMX
 #   LLAMACPP_CACHE=/somewhere sh bench/llamacpp.sh
 #
 # `cumulo bench --vs-llamacpp` runs $CACHE/native/bin/llama-bench when it is
@@ -55,6 +61,9 @@ case $what in
 native) build native -DGGML_NATIVE=ON ;;
 avx2) build avx2 -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
     -DGGML_AVX512=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF -DGGML_AVX512_VBMI=OFF ;;
+noamx) build noamx -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
+    -DGGML_AVX_VNNI=ON -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AVX512_VBMI=ON \
+    -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF ;;
 all) "$0" native && "$0" avx2 ;;
-*) echo "usage: llamacpp.sh [native|avx2|all]" >&2; exit 2 ;;
+*) echo "usage: llamacpp.sh [native|avx2|noamx|all]" >&2; exit 2 ;;
 esac

@@ -15,6 +15,9 @@
 # the AVX2-only rows; so does ISA=avx2 (runs cumulo with CUMULO_ISA=avx2 and,
 # unless CUMULO_LLAMACPP_BENCH says otherwise, bench/llamacpp.sh's avx2 build).
 #
+# LLAMACPP_BUILD=noamx picks bench/llamacpp.sh's build without AMX (on CPUs
+# where the native build's AMX matmul crashes: llama.cpp issue 20824).
+#
 #   sh bench/run_table.sh                 # everything (about 20-40 min on 2 cores)
 #   TYPES="q4_0 f16" THREADS="2" REPS=3 sh bench/run_table.sh
 set -eu
@@ -33,7 +36,7 @@ VOCAB=$SHARED/vocab/ggml-vocab-llama-spm.gguf
 
 [ -x "$CUMULO" ] || { echo "run_table.sh: build cumulo first (make cumulo)" >&2; exit 1; }
 if [ "${ANCHOR:-native}" = native ] && [ -z "${CUMULO_LLAMACPP_BENCH:-}" ]; then
-    CUMULO_LLAMACPP_BENCH=$(sh "$here/bench/llamacpp.sh" "${ISA:-native}")
+    CUMULO_LLAMACPP_BENCH=$(sh "$here/bench/llamacpp.sh" "${ISA:-${LLAMACPP_BUILD:-native}}")
 fi
 [ -n "${ISA:-}" ] && export CUMULO_ISA="$ISA"
 [ "${ANCHOR:-native}" = native ] && export CUMULO_LLAMACPP_BENCH

@@ -217,7 +217,8 @@ done:
 /* ---- llama.cpp through node-llama-cpp ---- */
 
 /* Run argv, collect its stdout (up to cap - 1 bytes); stderr passes through.
- * Returns the exit status, or -1 when it could not be started. */
+ * Returns the exit status, 128 + N when signal N killed it, or -1 when it
+ * could not be started. */
 static int run_capture(char *const argv[], char *out, size_t cap) {
     int fds[2];
     if (pipe(fds)) return -1;
@@ -246,7 +247,7 @@ static int run_capture(char *const argv[], char *out, size_t cap) {
     close(fds[0]);
     int st = 0;
     if (waitpid(pid, &st, 0) < 0) return -1;
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : WIFSIGNALED(st) ? 128 + WTERMSIG(st) : 128;
 }
 
 /* Can llama.cpp run here? NULL if so, else why not. */
@@ -306,6 +307,10 @@ static int native_rep(const bench_opts *o, speed *sp) {
     // clang-format on
     static char out[1 << 16];
     int rc = run_capture(argv, out, sizeof out);
+    if (rc > 128)
+        return cli_fail("llama-bench died of signal %d: '%s' (on an AMX CPU its AMX matmul may crash, "
+                        "llama.cpp issue 20824: build the anchor without AMX, sh bench/llamacpp.sh noamx)",
+                        rc - 128, o->llama_bench);
     if (rc) return cli_fail("llama-bench failed (exit %d): '%s'", rc, o->llama_bench);
     cJSON *j = cJSON_Parse(strchr(out, '[') ? strchr(out, '[') : out);
     sp->pp = sp->tg = 0;
