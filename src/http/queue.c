@@ -517,6 +517,14 @@ static int short_first(cm_queue *s, cm_session **ss, cm_session **pre, int *pre_
         rows += left;
     }
     if (!np) return 0;
+    /* The streams' next tokens first: their logits are ready (the last
+     * pass), so none waits for this pass to stream it (nor does a prompt
+     * that finished there for its first token); the step's pass then
+     * evaluates them (first_taken), the same bits as sampled there. */
+    for (int i = 0; i < s->n_slots; i++) {
+        const slot *sl = &s->slots[i];
+        if (sl->j && sl->started && cm_session_running(sl->s)) cm_session_first_token(sl->s);
+    }
     char err[256] = "";
     const double t0 = cm_now_s();
     s->pass_t0 = t0;
