@@ -7,7 +7,8 @@
 # on its own two nodes) and build/cumulo's ("after", on two more), interleaved per concurrency as
 # serve_compare.sh does; ROUNDS (default 1) repeats the whole comparison (A B A B ...).
 #   PIPE_A=/work/base/build/cumulo ROUNDS=2 sh bench/serve_pipeline.sh
-# CUMULO_PIPE_GROUPS (the serve's micro-batches in flight; default one per stage) passes through.
+# CUMULO_PIPE_GROUPS (the serve's micro-batches in flight; default one per set of stages sharing a
+# host: 1 here, all on one machine) passes through.
 cd "$(dirname "$0")/.." || exit 1
 D=$(mktemp -d)
 PIPE_A=${PIPE_A-}

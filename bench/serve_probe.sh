@@ -8,6 +8,10 @@
 # the build, the round and the load average when it started.
 #
 #   CUMULO_A=/tmp/old-cumulo CUMULO_B=build/cumulo ROUNDS=2 sh bench/serve_probe.sh
+#
+# TRACE=DIR: each server runs with CUMULO_SERVE_TRACE=1 and its stderr goes to
+# DIR/<build>-r<round>.log (where each probe's time to first token went:
+# admission, interjection, passes, first token, bytes sent).
 set -u
 cd "$(dirname "$0")/.." || exit 1
 MODEL=${MODEL:-/work/cache/bench-1b/llama1b-q4_0.gguf}
@@ -22,6 +26,7 @@ ROUNDS=${ROUNDS:-2}
 CUMULO_A=${CUMULO_A-}
 CUMULO_B=${CUMULO_B:-build/cumulo}
 PORT=${PORT:-18600}
+TRACE=${TRACE-}
 pid=""
 trap '[ -n "$pid" ] && kill "$pid" 2>/dev/null' EXIT INT TERM
 echo "serve_probe: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) CPUs; model $MODEL," \
@@ -31,8 +36,10 @@ while [ $r -le "$ROUNDS" ]; do
     for b in A B; do
         eval bin=\$CUMULO_$b
         [ -n "$bin" ] || continue
-        "$bin" serve "$MODEL" --port $PORT --threads "$THREADS" --slots "$SLOTS" --queue 64 --ctx "$CTX" \
-            >/dev/null 2>&1 &
+        log=/dev/null
+        [ -n "$TRACE" ] && mkdir -p "$TRACE" && log="$TRACE/$b-r$r.log"
+        CUMULO_SERVE_TRACE=${TRACE:+1} "$bin" serve "$MODEL" --port $PORT --threads "$THREADS" --slots "$SLOTS" \
+            --queue 64 --ctx "$CTX" >/dev/null 2>"$log" &
         pid=$!
         i=0
         until curl -sf "http://127.0.0.1:$PORT/health" >/dev/null 2>&1 || [ $i -ge 300 ]; do sleep 1; i=$((i + 1)); done

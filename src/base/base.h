@@ -96,7 +96,7 @@ typedef struct cm_config {
     int token_timeout_ms;           /* CUMULO_TOKEN_TIMEOUT_MS when >= 200; else 0 */
     int rejoin_ms;                  /* CUMULO_REJOIN_MS when >= 100; else 0 (CM_PIPE_REJOIN_MS) */
     int prefill_chunk;              /* CUMULO_PREFILL_CHUNK when > 0; else 32 */
-    int pipe_groups;                /* CUMULO_PIPE_GROUPS when > 0; else 0 (one group per pipeline stage) */
+    int pipe_groups;                /* CUMULO_PIPE_GROUPS when > 0; else 0 (one per set of stages sharing a host) */
     bool tp_trace;                  /* CUMULO_TP_TRACE set and not "0" */
     int tp_spin_us;                 /* CUMULO_TP_SPIN_US (negative: unset, the link's default) */
     bool tp_head_split_off;         /* CUMULO_TP_HEAD_SPLIT is "0" */
@@ -113,6 +113,7 @@ typedef struct cm_config {
     unsigned test_step_delay_ms;    /* CUMULO_TEST_STEP_DELAY_MS */
     unsigned test_layer_delay_ms;   /* CUMULO_TEST_LAYER_DELAY_MS */
     bool interject;                 /* CUMULO_INTERJECT: not "0" (the default: on) */
+    bool serve_trace;               /* CUMULO_SERVE_TRACE set and not "0" */
     unsigned test_dash_hold_ms;     /* CUMULO_TEST_DASH_HOLD_MS */
     int test_sockbuf;               /* CUMULO_TEST_SOCKBUF when > 0; else 0 */
     const char *gpu;                /* CUMULO_GPU */

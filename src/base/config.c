@@ -54,7 +54,7 @@
       "coordinator: how often idle upkeep redials lost "                                                           \
       "and new nodes (>= 100)")                                                                                    \
     X(prefill_chunk, "CUMULO_PREFILL_CHUNK", "32", "serve: prompt tokens evaluated per step while others decode")  \
-    X(pipe_groups, "CUMULO_PIPE_GROUPS", "0 (one per stage)",                                                      \
+    X(pipe_groups, "CUMULO_PIPE_GROUPS", "0 (one per host the stages run on)",                                     \
       "pipeline: micro-batches the decode rows of a step are split into, each "                                    \
       "relaunched as soon as its tokens return")                                                                   \
     X(tp_trace, "CUMULO_TP_TRACE", "unset",                                                                        \
@@ -81,6 +81,9 @@
     X(test_layer_delay_ms, "CUMULO_TEST_LAYER_DELAY_MS", "0",                                                      \
       "test hook: serve pauses this long between two layers of a pass")                                            \
     X(interject, "CUMULO_INTERJECT", "1", "serve: 0 lets no short prompt run between two layers of a pass")        \
+    X(serve_trace, "CUMULO_SERVE_TRACE", "unset",                                                                  \
+      "set and not 0: serve prints a line per scheduler pass, admission, interjection and first token "            \
+      "(where a time to first token went)")                                                                        \
     X(test_dash_hold_ms, "CUMULO_TEST_DASH_HOLD_MS", "0",                                                          \
       "test hook: `finetune --dashboard` keeps the page up this long after the run")                               \
     X(test_sockbuf, "CUMULO_TEST_SOCKBUF", "0 (the system's)",                                                     \
@@ -212,6 +215,7 @@ static void load(void) {
     c->test_step_delay_ms = RAW(test_step_delay_ms) ? (unsigned)atoi(RAW(test_step_delay_ms)) : 0;
     c->test_layer_delay_ms = RAW(test_layer_delay_ms) ? (unsigned)atoi(RAW(test_layer_delay_ms)) : 0;
     c->interject = !RAW(interject) || strcmp(RAW(interject), "0") != 0;
+    c->serve_trace = RAW(serve_trace) && *RAW(serve_trace) && strcmp(RAW(serve_trace), "0") != 0;
     c->test_dash_hold_ms = RAW(test_dash_hold_ms) ? (unsigned)atoi(RAW(test_dash_hold_ms)) : 0;
     c->test_sockbuf = int_at_least(RAW(test_sockbuf), 1);
     c->gpu = STR(gpu);

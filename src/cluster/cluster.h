@@ -161,6 +161,9 @@ void cm_pipe_close(cm_pipe *p);
 /* The plan as printed by `cumulo plan`, plus the measured links. */
 const char *cm_pipe_plan_text(const cm_pipe *p);
 int cm_pipe_n_stages(const cm_pipe *p);
+/* Micro-batches serve keeps in flight on the running plan (batch_pipe.c's
+ * default): one per set of stages that share a host (cm_plan_pipe_groups). */
+int cm_pipe_groups(const cm_pipe *p);
 
 /* A sequence slot (0..n_seq_max-1) or CM_EBUSY when all are taken. */
 int cm_pipe_seq_acquire(cm_pipe *p, char *err, size_t errlen);

@@ -618,5 +618,6 @@ void cm_pipe_close(cm_pipe *p) {
 
 const char *cm_pipe_plan_text(const cm_pipe *p) { return p->plan_text; }
 int cm_pipe_n_stages(const cm_pipe *p) { return p->plan.n_stages; }
+int cm_pipe_groups(const cm_pipe *p) { return p->pipe_groups > 0 ? p->pipe_groups : p->plan.n_stages; }
 void cm_coord_make_cluster(cm_pipe *p, cm_plan_cluster *c) { make_cluster(p, c); }
 bool cm_coord_node_link(const cm_pipe *p, int i, int j, double *rtt, double *bw) { return node_link(p, i, j, rtt, bw); }

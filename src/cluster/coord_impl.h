@@ -101,6 +101,7 @@ struct cm_pipe {
      * first member is this machine; node k >= 1 is r[k - 1]). Written only
      * by cm_coord_apply_plan; n_stages 0 until the first plan is applied. */
     cm_plan plan;
+    int pipe_groups;          /* cm_plan_pipe_groups of plan over its nodes' hosts (cm_coord_apply_plan) */
     enum cm_parallel ask;     /* the shape asked for at the start: re-plans ask the planner for it again */
     bool samples_here;        /* the plan is one stage: this machine samples (set at open; re-plans keep it) */
     bool tp_compress;         /* Q8_0 all-reduce transfers in every group */

@@ -266,12 +266,18 @@ static void log_groups(cm_pipe *p, const cm_plan *pl) {
 }
 
 /* The plan as `cumulo plan` prints it, plus the links matrix. */
+/* The plan's text, and the micro-batches serve keeps in flight on it (one
+ * per set of stages sharing a host: cm_plan_pipe_groups). */
 static void format_plan(cm_pipe *p, const cm_plan *pl) {
     cm_plan_model *pm = cm_calloc(1, sizeof *pm);
     cm_plan_cluster *pc = cm_calloc(1, sizeof *pc);
     char e[300];
-    if (pm && pc && !cm_plan_model_from_gguf(p->g, pm, e, sizeof e)) {
+    p->pipe_groups = pl->n_stages;
+    if (pc) {
         cm_coord_make_cluster(p, pc);
+        p->pipe_groups = cm_plan_pipe_groups(pl, pc);
+    }
+    if (pm && pc && !cm_plan_model_from_gguf(p->g, pm, e, sizeof e)) {
         cm_plan_format(pl, pm, pc, p->plan_text, sizeof p->plan_text);
         size_t used = strlen(p->plan_text);
         cm_coord_links_text(p, p->plan_text + used, sizeof p->plan_text - used);

@@ -1,8 +1,8 @@
 /*
  * batch_pipe.c: decode steps on a pipeline (stage 0 here, a last stage
  * elsewhere samples). The running sessions of a step are split into a few
- * groups (one per stage unless CUMULO_PIPE_GROUPS says), and each group is
- * ONE micro-batch carrying a decode row of each of its sessions: stage 0
+ * groups (how many: below), and each group is ONE micro-batch carrying a
+ * decode row of each of its sessions: stage 0
  * evaluates it as one batched pass here, every stage after it evaluates it
  * as one pass (the weights read once for the group), and the last stage
  * samples every row. The groups are kept in flight: a step first collects
@@ -10,8 +10,13 @@
  * and sends that group's next rows at once, then goes to the next group; so
  * while we wait for one group the others are on the stages after us, and
  * every stage has work at every moment (the pipeline never drains between
- * steps). A session thus has its row in flight between two steps
- * (cm_session.inflight); it stays running until its token is collected.
+ * steps). How many groups: one per set of stages that share a host
+ * (cm_pipe_groups: on separate machines every stage works on a group of its
+ * own; stages on one host take turns on its cores, where more groups only
+ * mean smaller batches and more passes over the weights), unless
+ * CUMULO_PIPE_GROUPS says. A session thus has its row in flight between two
+ * steps (cm_session.inflight); it stays running until its token is
+ * collected.
  *
  * Same bits as one machine: every row is computed as it is alone (the
  * kernels are batch-invariant, kernels.h), each sequence has its own caches
@@ -156,7 +161,7 @@ int cm_engine_step_pipe(cm_engine *e, cm_session *const *ss, int n, char *err, s
     const int cap = CM_MIN(e->n_batch, CM_BATCH_MAX);
     int live = 0;
     for (int i = 0; i < n; i++) live += cm_session_running(ss[i]);
-    int groups = cm_config_get()->pipe_groups > 0 ? cm_config_get()->pipe_groups : cm_pipe_n_stages(e->cl);
+    int groups = cm_config_get()->pipe_groups > 0 ? cm_config_get()->pipe_groups : cm_pipe_groups(e->cl);
     if (groups > live) groups = live;
     if (groups < 1) groups = 1;
     int per = (live + groups - 1) / groups;

@@ -101,6 +101,7 @@ typedef struct cm_http_kv_stats {
     uint64_t shared_saved;  /* bytes the slots map from them beyond that once: what copies would add */
     int waiting;            /* 1 while the queue's first job waits for KV memory */
     uint64_t interjections; /* short prompts evaluated between two layers of a pass (queue.c interject) */
+    uint64_t short_first;   /* short prompts evaluated in a pass of their own between two steps (queue.c) */
 } cm_http_kv_stats;
 void cm_http_kv_stats_get(cm_http_server *s, cm_http_kv_stats *out); /* zeros before the engine is set */
 /* Stop listening, end every request (streams get an error event), join all

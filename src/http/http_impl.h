@@ -49,6 +49,7 @@ typedef struct job {
     bool keepalive_due; /* under mu: the watchdog asks the stream for a keep-alive comment */
     double t_suspended;
     double t_queued;
+    bool trace_sent;  /* CUMULO_SERVE_TRACE: its first token's bytes were handed to the connection */
     struct job *next; /* queue link (scheduler lock) */
     /* progress (under mu) */
     enum job_state state;

@@ -345,9 +345,12 @@ void cm_metrics_prometheus(metrics *m, cm_http_server *srv, cm_buf *o) {
                   "# TYPE cumulo_kv_pool_trims_total counter\ncumulo_kv_pool_trims_total %llu\n"
                   "# HELP cumulo_prompt_interjections_total Short prompts evaluated in a pass of their own between "
                   "two layers of a running pass (their first token did not wait for it).\n"
-                  "# TYPE cumulo_prompt_interjections_total counter\ncumulo_prompt_interjections_total %llu\n",
+                  "# TYPE cumulo_prompt_interjections_total counter\ncumulo_prompt_interjections_total %llu\n"
+                  "# HELP cumulo_prompt_short_first_total Short prompts evaluated in a pass of their own between two "
+                  "steps while others decode (their first token did not wait for the decode rows).\n"
+                  "# TYPE cumulo_prompt_short_first_total counter\ncumulo_prompt_short_first_total %llu\n",
                   (unsigned long long)kv.pooled, (unsigned long long)kv.pool_trims,
-                  (unsigned long long)kv.interjections);
+                  (unsigned long long)kv.interjections, (unsigned long long)kv.short_first);
     const char *src = s.measured ? "measured" : "estimated";
     cm_buf_printf(o,
                   "# HELP cumulo_node_tokens_per_second Generated tokens per second of a node.\n"

@@ -42,6 +42,7 @@
 #include "http_impl.h"
 
 #include <errno.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -76,11 +77,26 @@ struct cm_queue {
     bool long_skipped;      /* the last mixed pass left a longer prompt out for short ones (queue_main) */
     int pass_rows_fast;     /* cm_engine_info's: mixed passes stay within it when they can */
     int ij_max;             /* interjections: most prompt tokens of a short request (0: none; interject) */
+    bool trace;             /* CUMULO_SERVE_TRACE: a stderr line per pass, admission, interjection */
+    double pass_t0;         /* when the pass in flight began (the trace's interjection lines) */
     uint64_t n_admitted;
     cm_http_kv_stats kv; /* the budget and its gauges, refreshed under mu by the scheduler */
     uint64_t kv_mem;     /* --kv-mem, 0: the default budget (kv_budget) */
     uint64_t kv_avail;   /* 3/4 of the memory available at start (the weights loaded) */
 };
+
+/* CUMULO_SERVE_TRACE: one line, "serve-trace <seconds> <what>", on stderr
+ * (bench/serve_probe.sh's TRACE=1 keeps them): where a time to first token
+ * went, pass by pass. */
+static void trace(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void trace(const char *fmt, ...) {
+    char line[300];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "serve-trace %.4f %s\n", cm_now_s(), line);
+}
 
 /* The budget: --kv-mem, else every slot's whole context, at most kv_avail,
  * at least one slot's. Measured again before each admission on the slot
@@ -197,6 +213,8 @@ static int on_token(void *user, const cm_token_event *ev) {
     }
     if (id >= 0) {
         j->n_gen++;
+        if (j->n_gen == 1 && cm_config_get()->serve_trace)
+            trace("first %s ids=%d queued+%.1fms", j->id, j->n_ids, (cm_now_s() - j->t_queued) * 1e3);
         if (j->logprobs >= 0 && info) {
             if (j->n_lps == j->cap_lps) {
                 int nc = j->cap_lps ? 2 * j->cap_lps : 64;
@@ -330,17 +348,33 @@ static int prompt_done(slot *sl, char *perr, size_t n) {
     return rc;
 }
 
+/* The job admit takes next (s->mu held; *prev: the one before it, NULL at
+ * the head): the head; for an interjection (max_ids > 0), the first whose
+ * prompt has at most max_ids tokens, past longer ones that arrived before
+ * it while the free slots hold them all besides (a short request that
+ * arrives just behind a long prompt does not wait for the step's end; the
+ * long one still takes its slot there). NULL: none. */
+static job *short_queued(const cm_queue *s, int max_ids, job **prev) {
+    job *j = s->head;
+    *prev = NULL;
+    for (int ahead = 0; j && max_ids > 0 && j->n_ids > max_ids; j = j->next) {
+        if (s->n_active + ++ahead + 1 > s->n_slots) return NULL;
+        *prev = j;
+    }
+    return j;
+}
+
 /* Move queued jobs into free slots, in arrival order, while their KV
  * memory fits (s->mu held). max_ids > 0 (an interjection, between two
- * layers of a pass): only while the head's prompt has at most max_ids
- * tokens, and no prefix is shared (the slots it could come from are in the
- * paused pass). */
+ * layers of a pass): only jobs whose prompts have at most max_ids tokens
+ * (short_queued), and no prefix is shared (the slots it could come from
+ * are in the paused pass). */
 static void admit(cm_queue *s, int max_ids) {
     char err[256];
     s->kv.waiting = 0;
     while (s->head && s->n_active < s->n_slots) {
-        job *j = s->head;
-        if (max_ids > 0 && j->n_ids > max_ids) break;
+        job *prev = NULL, *j = short_queued(s, max_ids, &prev);
+        if (!j) break;
         int k = atomic_load(&j->cancel) ? -1 : pick_slot(s, j);
         const int n_ctx = cm_session_n_ctx(s->slots[k < 0 ? 0 : k].s);
         const int most = j->gp.n_predict > 0 && j->n_ids + j->gp.n_predict < n_ctx ? j->n_ids + j->gp.n_predict : n_ctx;
@@ -352,8 +386,9 @@ static void admit(cm_queue *s, int max_ids) {
             s->kv.waiting = 1;
             break;
         } /* until running jobs end */
-        s->head = j->next;
-        if (!s->head) s->tail = NULL;
+        if (prev) prev->next = j->next;
+        else s->head = j->next;
+        if (s->tail == j) s->tail = prev;
         s->n_queued--;
         if (k < 0) {
             job_end(j, CM_FINISH_CANCEL, 0, NULL);
@@ -379,6 +414,9 @@ static void admit(cm_queue *s, int max_ids) {
         s->slots[k].begun = false;
         s->slots[k].order = s->n_admitted++;
         s->n_active++;
+        if (s->trace)
+            trace("admit %s ids=%d slot=%d queued+%.1fms%s", j->id, j->n_ids, k, (cm_now_s() - j->t_queued) * 1e3,
+                  max_ids > 0 ? " (interjection)" : "");
         pthread_mutex_lock(&j->mu);
         j->state = JOB_RUNNING;
         j->sess = s->slots[k].s;
@@ -407,7 +445,8 @@ static int slot_begin(cm_queue *s, slot *sl, char *err, size_t errlen) {
 static void interject(void *user) {
     cm_queue *s = user;
     pthread_mutex_lock(&s->mu);
-    const bool any = s->head && s->n_active < s->n_slots && s->head->n_ids <= s->ij_max;
+    job *prev;
+    const bool any = s->n_active < s->n_slots && short_queued(s, s->ij_max, &prev);
     if (any) admit(s, s->ij_max);
     pthread_mutex_unlock(&s->mu);
     if (!any) return;
@@ -430,7 +469,11 @@ static void interject(void *user) {
         rows += left;
     }
     if (!np) return;
+    const double t0 = cm_now_s();
     const int k = cm_engine_interject_prompts(s->e, pre, np, err, sizeof err);
+    if (s->trace)
+        trace("interject prompts=%d rows=%d at pass+%.1fms took %.1fms", np, rows, (t0 - s->pass_t0) * 1e3,
+              (cm_now_s() - t0) * 1e3);
     if (k > 0) {
         pthread_mutex_lock(&s->mu);
         s->kv.interjections += (uint64_t)k;
@@ -448,6 +491,66 @@ static void interject(void *user) {
         if (rc) slot_fail(s, sl, rc, perr);
         else cm_session_first_token(sl->s); /* if it ended the job, queue_main's step end finishes it */
     }
+}
+
+/* Between two steps, while streams decode: the newcomers' short prompts
+ * (at most ij_max tokens in all, as an interjection takes) are evaluated
+ * in a pass of their own rows and their first tokens streamed at once,
+ * before the step's pass. A short request that arrives between passes (as
+ * a client's next request does when its last one just ended there) then
+ * waits for its own prompt only, as one that arrives during a pass does
+ * (interject); in the step's pass its rows would wait for the decode rows
+ * and pay a larger pass (8 decode + 16 prompt rows measured 2x the time of
+ * 16 alone on a 2-core Xeon, CUMULO_SERVE_TRACE). The running streams pay
+ * one pass of the newcomers' rows per arrival, as for an interjection.
+ * Returns the prompts started (0: none; failures end their jobs). */
+static int short_first(cm_queue *s, cm_session **ss, cm_session **pre, int *pre_slot, int *pre_done) {
+    enum { MAXP = 8 };
+    int np = 0, rows = 0;
+    for (int i = 0; i < s->n_slots && np < MAXP; i++) {
+        const slot *sl = &s->slots[i];
+        if (!sl->j || sl->started || !sl->begun) continue;
+        const int left = sl->j->n_ids - cm_session_n_past(sl->s);
+        if (left < 1 || rows + left > s->ij_max) continue;
+        pre[np] = sl->s;
+        pre_slot[np++] = i;
+        rows += left;
+    }
+    if (!np) return 0;
+    /* The streams' next tokens first: their logits are ready (the last
+     * pass), so none waits for this pass to stream it (nor does a prompt
+     * that finished there for its first token); the step's pass then
+     * evaluates them (first_taken), the same bits as sampled there. */
+    for (int i = 0; i < s->n_slots; i++) {
+        const slot *sl = &s->slots[i];
+        if (sl->j && sl->started && cm_session_running(sl->s)) cm_session_first_token(sl->s);
+    }
+    char err[256] = "";
+    const double t0 = cm_now_s();
+    s->pass_t0 = t0;
+    const int rc = cm_engine_step_prefill_many(s->e, ss, 0, pre, np, rows, pre_done, err, sizeof err);
+    if (s->trace) trace("short-first prompts=%d rows=%d took %.1fms", np, rows, (cm_now_s() - t0) * 1e3);
+    int started = 0;
+    for (int k = 0; k < np; k++) {
+        slot *sl = &s->slots[pre_slot[k]];
+        if (pre_done[k] < 0 || rc < 0) {
+            slot_fail(s, sl, pre_done[k] < 0 ? pre_done[k] : rc, err);
+            continue;
+        }
+        if (cm_session_n_past(sl->s) != sl->j->n_ids) continue; /* not whole (cannot happen): the step's pass goes on */
+        char perr[256];
+        const int r2 = prompt_done(sl, perr, sizeof perr);
+        if (r2) {
+            slot_fail(s, sl, r2, perr);
+            continue;
+        }
+        cm_session_first_token(sl->s); /* if it ended the job, queue_main's step end finishes it */
+        started++;
+    }
+    pthread_mutex_lock(&s->mu);
+    s->kv.short_first += (uint64_t)started;
+    pthread_mutex_unlock(&s->mu);
+    return started;
 }
 
 static void *queue_main(void *arg) {
@@ -507,6 +610,28 @@ static void *queue_main(void *arg) {
             }
             if (atomic_load(&sl->j->cancel)) cm_session_cancel(sl->s);
             ss[n++] = sl->s;
+        }
+        /* Short newcomers first, in a pass of their own (short_first); they
+         * decode in this step's pass with the others (their first token
+         * taken). */
+        if (n && next >= 0 && s->ij_max && pre && pre_slot && pre_done &&
+            short_first(s, ss, pre, pre_slot, pre_done) > 0) {
+            n = 0;
+            next = -1;
+            for (int i = 0; i < s->n_slots; i++) {
+                const slot *sl = &s->slots[i];
+                if (!sl->j) continue;
+                if (sl->started) {
+                    ss[n++] = sl->s;
+                    continue;
+                }
+                const int left = sl->j->n_ids - cm_session_n_past(sl->s);
+                if (sl->begun &&
+                    (next < 0 || left < next_left || (left == next_left && sl->order < s->slots[next].order))) {
+                    next = i;
+                    next_left = left;
+                }
+            }
         }
         /* Mixed passes: the pending prompts' chunks ride in the decode step's
          * forward pass (the room n_batch leaves beside the decode rows), so
@@ -575,7 +700,14 @@ static void *queue_main(void *arg) {
                 s->long_skipped = n_pass < np;
             }
             for (int k = n_pass; k < np; k++) pre_done[k] = 0;
+            s->pass_t0 = cm_now_s();
             rc = cm_engine_step_prefill_many(s->e, ss, n, pre, n_pass, budget, pre_done, err, sizeof err);
+            if (s->trace) {
+                int rows = 0;
+                for (int k = 0; k < n_pass; k++) rows += pre_done[k] > 0 ? pre_done[k] : 0;
+                trace("pass decode=%d prompts=%d/%d prompt_rows=%d budget=%d took %.1fms", n, n_pass, np, rows, budget,
+                      (cm_now_s() - s->pass_t0) * 1e3);
+            }
             for (int k = 0; k < np; k++) {
                 slot *sl = &s->slots[pre_slot[k]];
                 if (pre_done[k]) mixed = 1;
@@ -587,7 +719,9 @@ static void *queue_main(void *arg) {
                 }
             }
         } else if (n) {
+            s->pass_t0 = cm_now_s();
             rc = cm_engine_step(s->e, ss, n, err, sizeof err);
+            if (s->trace) trace("pass decode=%d took %.1fms", n, (cm_now_s() - s->pass_t0) * 1e3);
         }
         /* Prompt chunks: a budget of s->chunk tokens per iteration (8 chunks
          * when nothing decodes; none after a mixed pass), spent on the
@@ -675,6 +809,7 @@ cm_queue *cm_queue_new(cm_http_server *srv, cm_engine *e, int n_slots, int queue
     s->step_delay_ms = cm_config_get()->test_step_delay_ms;
     s->chunk = cm_config_get()->prefill_chunk;
     s->mixed = cm_config_get()->mixed_pass;
+    s->trace = cm_config_get()->serve_trace;
     {
         cm_engine_info in;
         cm_engine_get_info(e, &in);

@@ -313,6 +313,11 @@ static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max) {
             j->sse_off = 0;
         }
         j->keepalive_due = false;
+        if (j->n_gen > 0 && !j->trace_sent && cm_config_get()->serve_trace) {
+            j->trace_sent = true;
+            fprintf(stderr, "serve-trace %.4f sent %s queued+%.1fms\n", cm_now_s(), j->id,
+                    (cm_now_s() - j->t_queued) * 1e3);
+        }
         pthread_mutex_unlock(&j->mu);
         return (ssize_t)n;
     }

@@ -558,6 +558,28 @@ void cm_plan_model_synthetic_moe(cm_plan_model *m, int n_layers, int dim, int n_
     }
 }
 
+static int stage_set(int *up, int s) { /* cm_plan_pipe_groups' union-find root */
+    while (up[s] != s) s = up[s] = up[up[s]];
+    return s;
+}
+
+int cm_plan_pipe_groups(const cm_plan *p, const cm_plan_cluster *c) {
+    int up[CM_PLAN_MAX_NODES], n = p->n_stages < 1 ? 0 : CM_MIN(p->n_stages, CM_PLAN_MAX_NODES), sets = n;
+    for (int s = 0; s < n; s++) up[s] = s;
+    for (int s = 0; s < n; s++)
+        for (int t = s + 1; t < n; t++)
+            for (int i = 0; i < p->stages[s].n_members; i++)
+                for (int j = 0; j < p->stages[t].n_members; j++) {
+                    const char *a = c->nodes[p->stages[s].members[i].node].host;
+                    const char *b = c->nodes[p->stages[t].members[j].node].host;
+                    const int rs = stage_set(up, s), rt = stage_set(up, t);
+                    if (!a[0] || rs == rt || strcmp(a, b) != 0) continue;
+                    up[rt] = rs;
+                    sets--;
+                }
+    return sets < 1 ? 1 : sets;
+}
+
 void cm_plan_format(const cm_plan *p, const cm_plan_model *m, const cm_plan_cluster *c_in, char *buf, size_t n) {
     size_t k = 0;
     static _Thread_local cm_plan_cluster eff;
@@ -617,6 +639,11 @@ void cm_plan_format(const cm_plan *p, const cm_plan_model *m, const cm_plan_clus
             if (group_of[j] >= 0 && !strcmp(c->nodes[j].host, c->nodes[i].host))
                 OUT("%s%s", w2++ ? ", " : "", c->nodes[j].name);
         OUT(") share its cores and memory bandwidth: each planned at 1/%d\n", cnt);
+    }
+    if (p->n_stages > 1) { /* serve's default (batch_pipe.c; CUMULO_PIPE_GROUPS overrides it) */
+        const int g = cm_plan_pipe_groups(p, c_in);
+        OUT("serving: %d micro-batch%s in flight (%s)\n", g, g == 1 ? "" : "es",
+            g == p->n_stages ? "a host per stage" : "stages that share a host take turns");
     }
     OUT("mode %s; one stream %.2f tok/s; aggregate %.2f tok/s; time to first token %.3f s\n", cm_parallel_name(p->mode),
         p->tok_s, p->tok_s_aggregate, p->ttft_s);

@@ -269,4 +269,16 @@ void cm_plan_replace_replicas(const cm_plan_model *m, const cm_plan_cluster *c, 
 /* Human-readable plan (multi-line) into buf. */
 void cm_plan_format(const cm_plan *p, const cm_plan_model *m, const cm_plan_cluster *c, char *buf, size_t n);
 
+/* Micro-batches a served pipeline keeps in flight by default
+ * (src/engine/batch_pipe.c): one per set of stages that share a host.
+ * Stages on separate machines work on different micro-batches at once, so
+ * one group per stage keeps each busy; stages on one host (a loopback test
+ * cluster, two nodes on one machine) take turns on its cores, where another
+ * group only splits the batch into smaller passes over the same weights.
+ * Stages are joined when any of their members share a host id
+ * (cm_plan_node.host; "" is a host of its own), directly or through another
+ * stage; the result is the number of such sets, 1..p->n_stages (1 for no
+ * stages). Pure. */
+int cm_plan_pipe_groups(const cm_plan *p, const cm_plan_cluster *c);
+
 #endif

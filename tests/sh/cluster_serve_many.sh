@@ -6,11 +6,13 @@
 # from returned logits, logprobs): the decode rows travel as a few
 # micro-batches of several sequences each, kept in flight on every stage
 # (src/engine/batch_pipe.c). Every answer must equal, byte for byte, what a
-# single-process `cumulo serve` gives for that request alone. Run twice: the
-# default groups (one per stage) and CUMULO_PIPE_GROUPS=1 (one micro-batch of
-# every sequence). Then three streaming clients leave mid-generation and
-# three requests that take their slots still get their own text. Every
-# process is killed on exit.
+# single-process `cumulo serve` gives for that request alone. Run three
+# times: the default groups on one host (one micro-batch of every sequence:
+# the plan text says so), each process playing a host of its own
+# (CUMULO_HOST_ID: one group per stage, three in flight) and
+# CUMULO_PIPE_GROUPS=2 (the override). Then three streaming clients leave
+# mid-generation and three requests that take their slots still get their
+# own text. Every process is killed on exit.
 cd "$(dirname "$0")/../.." || exit 1
 if ! command -v curl >/dev/null; then echo "skip: needs curl" >&2; echo "0 passed, 0 failed, 1 skipped"; exit 0; fi
 . tests/sh/lib/cluster_common.sh
@@ -55,10 +57,12 @@ while [ $k -le $N ]; do
     k=$((k + 1))
 done
 
-for groups in 0 1; do
+for groups in 0 h 2; do
     NODES=""
+    hid=""
+    [ "$groups" = h ] && hid=host-$groups
     for i in 1 2; do
-        "$BIN" node --bind 127.0.0.1 --port 0 --port-file "$TMP/p$groups$i" --no-mdns --threads 1 --cache "$TMP/c$groups$i" \
+        CUMULO_HOST_ID=${hid:+$hid$i} "$BIN" node --bind 127.0.0.1 --port 0 --port-file "$TMP/p$groups$i" --no-mdns --threads 1 --cache "$TMP/c$groups$i" \
             >"$TMP/n$groups$i.log" 2>&1 &
         CC_PIDS="$CC_PIDS $!"
         k=0
@@ -66,13 +70,16 @@ for groups in 0 1; do
         NODES="$NODES${NODES:+,}127.0.0.1:$(cat "$TMP/p$groups$i")"
     done
     log="$TMP/pipe$groups.log"
-    CUMULO_PIPE_GROUPS=$groups "$BIN" serve "$M" --host 127.0.0.1 --port 0 --nodes "$NODES" --threads 1 --slots $N \
+    CUMULO_HOST_ID=${hid:+${hid}0} CUMULO_PIPE_GROUPS=${groups#h} "$BIN" serve "$M" --host 127.0.0.1 --port 0 --nodes "$NODES" --threads 1 --slots $N \
         --ctx 128 >"$TMP/pipe$groups.out" 2>"$log" &
     sp=$!
     CC_PIDS="$CC_PIDS $sp"
     P=$(serve_port "$log")
     [ -n "$P" ] && grep -q 'pp plan, 3 stages' "$log" && ok ||
         { bad "groups=$groups: the pipeline serve did not start with 3 stages: $(tail -3 "$log")"; continue; }
+    want="serving: 1 micro-batch in flight"
+    [ "$groups" = h ] && want="serving: 3 micro-batches in flight (a host per stage)"
+    [ "$groups" = 2 ] || { grep -q "$want" "$log" && ok || bad "groups=$groups: no '$want' in $(cat "$log")"; }
     CP=""
     k=1
     while [ $k -le $N ]; do

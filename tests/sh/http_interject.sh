@@ -15,6 +15,10 @@
 #     unchanged; a first token sampled twice or lost, or a disturbed pass,
 #     fails this).
 #  3. Every request completes (none is lost to the scheduler's new path).
+#  4. Between steps (queue.c short_first): with CUMULO_TEST_STEP_DELAY_MS a
+#     request most likely arrives between two steps; its prompt is evaluated
+#     in a pass of its own before the next step (cumulo_prompt_short_first_total
+#     >= 1; 0 with CUMULO_INTERJECT=0), with the same bits as alone.
 . "$(dirname "$0")/lib/http_common.sh"
 serving_setup
 cp "$TMP/cl.py" "$TMP/client.py"
@@ -55,6 +59,8 @@ CUMULO_INTERJECT=0 start_server alone --slots 4 --ctx 4096 --threads 2 || { bad 
 python3 "$TMP/client.py" "$PORT" alone >"$TMP/alone.json" 2>"$TMP/alone.err" || bad "alone client: $(cat "$TMP/alone.err")"
 n=$(metric cumulo_prompt_interjections_total)
 [ "$n" = 0 ] && ok || bad "CUMULO_INTERJECT=0: $n interjections"
+n=$(metric cumulo_prompt_short_first_total)
+[ "$n" = 0 ] && ok || bad "CUMULO_INTERJECT=0: $n short prompts first"
 stop_server "$PID"
 
 CUMULO_TEST_LAYER_DELAY_MS=40 start_server busy --slots 4 --ctx 4096 --threads 2 || { bad "server"; finish; exit 1; }
@@ -67,6 +73,18 @@ for f in a l s; do
     a=$(js "JSON.stringify(j.$f)" "$TMP/alone.json")
     b=$(js "JSON.stringify(j.$f)" "$TMP/busy.json")
     [ -n "$a" ] && [ "$a" = "$b" ] && ok || bad "$f: with interjections '$b' vs alone '$a'"
+done
+stop_server "$PID"
+
+CUMULO_TEST_STEP_DELAY_MS=150 start_server gap --slots 4 --ctx 4096 --threads 2 || { bad "server"; finish; exit 1; }
+python3 "$TMP/client.py" "$PORT" gap >"$TMP/gap.json" 2>"$TMP/gap.err" || bad "gap client: $(cat "$TMP/gap.err")"
+n=$(metric cumulo_prompt_short_first_total)
+[ "${n:-0}" -ge 1 ] && ok || bad "no short prompt went first between steps (cumulo_prompt_short_first_total '$n')"
+[ "$(js 'j.ok' "$TMP/gap.json")" = true ] && ok || bad "requests did not complete: $(cat "$TMP/gap.json")"
+for f in a l s; do
+    a=$(js "JSON.stringify(j.$f)" "$TMP/alone.json")
+    b=$(js "JSON.stringify(j.$f)" "$TMP/gap.json")
+    [ -n "$a" ] && [ "$a" = "$b" ] && ok || bad "$f: short prompts first between steps '$b' vs alone '$a'"
 done
 stop_server "$PID"
 finish

@@ -852,6 +852,50 @@ static void test_ep_modes(void) {
  * prediction is a quarter of the naive one (4 members, memory-bound layers,
  * links negligible), and a node on a host of its own gets more layers than
  * one sharing. The KV line says per sequence and in all. */
+/* serve's micro-batches in flight on a pipeline (cm_plan_pipe_groups): one
+ * per set of stages sharing a host, whatever else the plan says. */
+static void set_hosts(cm_plan_cluster *c, const char *const *h) {
+    for (int i = 0; i < c->n_nodes; i++) snprintf(c->nodes[i].host, sizeof c->nodes[i].host, "%s", h[i]);
+}
+
+static void test_pipe_groups(void) {
+    cm_plan_cluster c = {0};
+    c.n_nodes = 6;
+    cm_plan p = {0};
+    p.n_stages = 3; /* stages 0, 1, 2 on nodes 0, 1, 2, one member each */
+    for (int s = 0; s < 3; s++) {
+        p.stages[s].n_members = 1;
+        p.stages[s].members[0].node = s;
+    }
+    set_hosts(&c, (const char *const[]){"a", "b", "c", "", "", ""});
+    CHECK(cm_plan_pipe_groups(&p, &c) == 3); /* three machines: a group each */
+    set_hosts(&c, (const char *const[]){"a", "a", "a", "", "", ""});
+    CHECK(cm_plan_pipe_groups(&p, &c) == 1); /* loopback: one host, one group */
+    set_hosts(&c, (const char *const[]){"a", "a", "b", "", "", ""});
+    CHECK(cm_plan_pipe_groups(&p, &c) == 2);
+    set_hosts(&c, (const char *const[]){"a", "b", "a", "", "", ""}); /* not adjacent: still one host's turns */
+    CHECK(cm_plan_pipe_groups(&p, &c) == 2);
+    set_hosts(&c, (const char *const[]){"", "", "", "", "", ""}); /* unknown (older nodes): a host each */
+    CHECK(cm_plan_pipe_groups(&p, &c) == 3);
+    set_hosts(&c, (const char *const[]){"a", "", "a", "", "", ""});
+    CHECK(cm_plan_pipe_groups(&p, &c) == 2);
+    /* a tensor-parallel stage spanning hosts joins the stages on either */
+    p.stages[1].n_members = 2;
+    p.stages[1].members[1].node = 3;
+    set_hosts(&c, (const char *const[]){"a", "b", "c", "a", "", ""}); /* stage 1 on b and a: 0 and 1 share a */
+    CHECK(cm_plan_pipe_groups(&p, &c) == 2);
+    set_hosts(&c, (const char *const[]){"a", "b", "c", "c", "", ""}); /* 1 and 2 share c */
+    CHECK(cm_plan_pipe_groups(&p, &c) == 2);
+    set_hosts(&c, (const char *const[]){"a", "a", "c", "c", "", ""}); /* 0-1 through a, 1-2 through c */
+    CHECK(cm_plan_pipe_groups(&p, &c) == 1);
+    set_hosts(&c, (const char *const[]){"a", "b", "c", "d", "", ""});
+    CHECK(cm_plan_pipe_groups(&p, &c) == 3);
+    p.n_stages = 1;
+    CHECK(cm_plan_pipe_groups(&p, &c) == 1);
+    p.n_stages = 0;
+    CHECK(cm_plan_pipe_groups(&p, &c) == 1);
+}
+
 static void test_shared_host(void) {
     cm_plan_model m;
     cm_plan_model_synthetic(&m, 16, 2048, 32, 8, 8192, 32000, 4.5); /* ~1B */
@@ -882,6 +926,7 @@ static void test_shared_host(void) {
             buf,
             "shared host vm-1: 4 members (n0, n1, n2, n3) share its cores and memory bandwidth: each planned at 1/4"),
         "%s", buf);
+    CHECKF(strstr(buf, "serving: 1 micro-batch in flight (stages that share a host take turns)"), "%s", buf);
     /* the coordinator on a machine of its own, three nodes sharing another:
      * the coordinator's stage holds more layers than any shared one */
     snprintf(c.nodes[0].host, sizeof c.nodes[0].host, "mac");
@@ -1002,6 +1047,7 @@ static void test_gpu_node(void) {
 int main(void) {
     RUN(test_gpu_node);
     RUN(test_shared_host);
+    RUN(test_pipe_groups);
     RUN(test_single_node);
     RUN(test_kv_types);
     RUN(test_even_and_uneven_pipeline);
