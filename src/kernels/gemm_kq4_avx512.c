@@ -208,6 +208,13 @@ KQ_AI void k4_tok16(int64_t b0, int64_t nb, const cm_block_q8_k *y, __m128i *pai
     *dy = _mm512_load_ps(d);
 }
 
+/* The decode gemvs prefetch K4_PFD bytes ahead of the quad being read (its
+ * 9 lines, 2 per block; rows are contiguous, so past a row's end the next
+ * rows'): from DRAM, 2048 x 2048 (8 super-blocks a row) ran 12% slower
+ * than session 15's gemv without it and ~even with it, 5632 x 2048 1.05x
+ * faster (bench/gvbench.c, Intel Xeon, session 17); a whole row 4 rows
+ * ahead at once ran 1.3x slower. */
+enum { K4_PFD = 2048 };
 /* 16 super-blocks b0.. of a row in z4's order into acc (k4_row's step).
  * full: all 16 in "q4_k lanes" groups (no checks); usepk: the token packed
  * (k4_pack), else read as it is. */
@@ -243,6 +250,11 @@ KQ_AI __m512 k4_step(__m512 acc, int64_t b0, int64_t nb, int64_t ng, const uint8
             }
             __m512i s[2], v[4];
             k4_spair(sw, j, s);
+            if (usepk) { /* the decode gemv: the quad's 9 lines K4_PFD bytes on, 2 per block */
+                _mm_prefetch((const char *)g + K4_PFD + 128 * j, _MM_HINT_T0);
+                _mm_prefetch((const char *)g + K4_PFD + 128 * j + 64, _MM_HINT_T0);
+                if (j == 3) _mm_prefetch((const char *)g + K4_PFD + 512, _MM_HINT_T0);
+            }
             if (usepk) s4[j] = k4_dotp(qs + j * sq, s, pk + (size_t)(bq + j) * 256);
             else {
                 k4_vals(qs + j * sq, v);
