@@ -39,4 +39,5 @@ void cm_kernels_fill_avx2_own(cm_kernels *k) {
     k->gemv[CM_TYPE_Q6_K] = gemv_a6_k;
     k->gemm[CM_TYPE_F16] = gemm_af16;
     k->gemv[CM_TYPE_F16] = gemv_af16;
+    cm_kernels_fill_lq8_avx2(k);
 }
