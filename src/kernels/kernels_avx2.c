@@ -37,6 +37,7 @@ void cm_kernels_fill_avx2(cm_kernels *k) {
  * first) has its own vec_dots, which these match not (avx2_gemv.h). */
 void cm_kernels_fill_avx2_own(cm_kernels *k) {
     k->gemv[CM_TYPE_Q6_K] = gemv_a6_k;
+    k->gemm[CM_TYPE_Q6_K] = gemm_a6_k;
     k->gemm[CM_TYPE_F16] = gemm_af16;
     k->gemv[CM_TYPE_F16] = gemv_af16;
     cm_kernels_fill_lq8_avx2(k);
