@@ -11,7 +11,8 @@
  * row is vec_dot on the file's bytes bit for bit; what the layout saves is
  * cm_k4_scales8's scalar bit work and the fp16 conversions per super-block (4
  * blocks' at once, x86_krepack.h), and the token's bsums pair sums, gathered
- * once per call. One row per pass: a single sequential stream.
+ * once per call. One row per pass: a single sequential stream. The
+ * prefill gemms at the end run the same arithmetic for 8 tokens per row pass.
  */
 #include "x86_krepack.h"
 
