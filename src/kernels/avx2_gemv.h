@@ -89,10 +89,11 @@ AI void a6g_row(int64_t nb, const cm_block_q6_k *x, const cm_block_q8_k *const *
     _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)x[b].scales));
+        const __m256i scs[2] = {_mm256_permute2x128_si256(s16, s16, 0x00), _mm256_permute2x128_si256(s16, s16, 0x11)};
         __m256i sumi[A6G_T];
         _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) sumi[t] = _mm256_setzero_si256();
         _Pragma("GCC unroll 2") for (int c = 0; c < 2; c++) {
-            const __m256i sc = _mm256_permute2x128_si256(s16, s16, c ? 0x11 : 0x00);
+            const __m256i sc = scs[c];
             __m256i q[4];
             q6_vals(&x[b], c, q);
             _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
