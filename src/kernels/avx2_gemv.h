@@ -72,6 +72,74 @@ static void gemv_a6_k(int64_t k, const void *w, size_t w_stride, const void *x, 
     }
 }
 
+/* ---- q6_k prefill: tile_q6_k's arithmetic (the sign trick, pair scales
+ * as a6_row shuffles them) for up to A6G_T tokens per pass over a row, so the
+ * 6-bit values and the scales are made once for 8 tokens instead of 4; each
+ * (row, token) gets the tile's bits (vec_dot's). Rows in blocks of A6G_RB (in
+ * L2) against every group of tokens (in L1). ---- */
+enum { A6G_T = 8, A6G_RB = 16 };
+
+AI void a6g_row(int64_t nb, const cm_block_q6_k *x, const cm_block_q8_k *const *yv, int T, float *out) {
+    const __m256i pick[4] = {_mm256_set_m128i(_mm_set1_epi16(0x0302), _mm_set1_epi16(0x0100)),
+                             _mm256_set_m128i(_mm_set1_epi16(0x0706), _mm_set1_epi16(0x0504)),
+                             _mm256_set_m128i(_mm_set1_epi16(0x0b0a), _mm_set1_epi16(0x0908)),
+                             _mm256_set_m128i(_mm_set1_epi16(0x0f0e), _mm_set1_epi16(0x0d0c))};
+    const __m256i k32 = _mm256_set1_epi8(32);
+    __m256 acc[A6G_T];
+    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)x[b].scales));
+        const __m256i scs[2] = {_mm256_permute2x128_si256(s16, s16, 0x00), _mm256_permute2x128_si256(s16, s16, 0x11)};
+        __m256i sumi[A6G_T];
+        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) sumi[t] = _mm256_setzero_si256();
+        _Pragma("GCC unroll 2") for (int c = 0; c < 2; c++) {
+            const __m256i sc = scs[c];
+            __m256i q[4];
+            q6_vals(&x[b], c, q);
+            _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
+                const __m256i sv = _mm256_shuffle_epi8(sc, pick[k]);
+                const __m256i qs = _mm256_sub_epi8(q[k], k32), qa = _mm256_sign_epi8(qs, qs);
+                _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
+                    const __m256i yy = _mm256_sign_epi8(ld256(yv[t][b].qs + 128 * c + 32 * k), qs);
+                    sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(_mm256_maddubs_epi16(qa, yy), sv));
+                }
+            }
+        }
+        const float d = f16f(x[b].d);
+        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) FMA_BLOCK(acc[t], sumi[t], d * yv[t][b].d);
+    }
+    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) out[t] = hsum8(acc[t]);
+}
+
+static void gemm_a6_k(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
+                      int64_t r0, int64_t r1, int64_t n_tok) {
+    const int64_t nb = k / CM_QK_K;
+    for (int64_t i0 = r0; i0 < r1; i0 += A6G_RB) {
+        const int64_t i1 = r1 - i0 < A6G_RB ? r1 : i0 + A6G_RB;
+        for (int64_t j = 0; j < n_tok; j += A6G_T) {
+            const int T = n_tok - j < A6G_T ? (int)(n_tok - j) : A6G_T;
+            const cm_block_q8_k *yv[A6G_T];
+            for (int t = 0; t < T; t++)
+                yv[t] = (const cm_block_q8_k *)(const void *)((const char *)x + (size_t)(j + t) * x_stride);
+            for (int64_t i = i0; i < i1; i++) {
+                const cm_block_q6_k *xr = (const cm_block_q6_k *)(const void *)((const char *)w + (size_t)i * w_stride);
+                float out[A6G_T];
+                switch (T) { /* a constant T keeps the tile in registers */
+                case 8: a6g_row(nb, xr, yv, 8, out); break;
+                case 7: a6g_row(nb, xr, yv, 7, out); break;
+                case 6: a6g_row(nb, xr, yv, 6, out); break;
+                case 5: a6g_row(nb, xr, yv, 5, out); break;
+                case 4: a6g_row(nb, xr, yv, 4, out); break;
+                case 3: a6g_row(nb, xr, yv, 3, out); break;
+                case 2: a6g_row(nb, xr, yv, 2, out); break;
+                default: a6g_row(nb, xr, yv, 1, out); break;
+                }
+                for (int t = 0; t < T; t++) y[(j + t) * ldy + i] = out[t];
+            }
+        }
+    }
+}
+
 /* ---- f16: tile_f16's bits (x86_tiles.h, tiles.h's CM_TILE_FLOAT) ----
  * Per (row, token) the tile's two chains (elements i..i+7 and i+8..i+15 of
  * each step of 16, an FMA each), hsum8 of their sum, then the tail element

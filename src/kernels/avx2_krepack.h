@@ -11,7 +11,8 @@
  * row is vec_dot on the file's bytes bit for bit; what the layout saves is
  * cm_k4_scales8's scalar bit work and the fp16 conversions per super-block (4
  * blocks' at once, x86_krepack.h), and the token's bsums pair sums, gathered
- * once per call. One row per pass: a single sequential stream.
+ * once per call. One row per pass: a single sequential stream. The
+ * prefill gemms at the end run the same arithmetic for 8 tokens per row pass.
  */
 #include "x86_krepack.h"
 
@@ -142,4 +143,137 @@ static void gemv_ak5_k(int64_t k, const void *w, size_t w_stride, const void *x,
     __m128i pairs[RK4_MAXB];
     rk_pairs(nb, x, pairs);
     for (int64_t i = r0; i < r1; i++) y[i] = ak5_row(nb, (const uint8_t *)w + (size_t)i * w_stride, x, pairs);
+}
+
+/* ---- prefill over the same rows: ak4_row / ak5_row for up to AKG_T tokens
+ * at once (a row's header, nibbles and scale shuffles made once for all of
+ * them), so each (row, token) gets those functions' bits, hence vec_dot's.
+ * Rows in blocks of AKG_RB (in L2) against every group of tokens (in L1). ---- */
+enum { AKG_T = 8, AKG_RB = 16 };
+
+/* One super-block x T tokens: qs (the file's order), qh (q5_k's, or NULL),
+ * the block's scales as sw, mins, d, dmin; yb[t]: token t's block, pr[t] its
+ * bsums pair sums. HAS_QH a constant. */
+AI void akg_block(const uint8_t *qs, const uint8_t *qhp, int has_qh, __m256i sw, __m128i mn16, float d, float dmin,
+                  const cm_block_q8_k *const *yb, const __m128i *pr, int T, __m256 *acc, __m128 *accm) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1);
+    __m256i sumi[AKG_T];
+    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) sumi[t] = _mm256_setzero_si256();
+    __m256i qh = has_qh ? ld256(qhp) : one;
+    _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {
+        const __m256i q = ld256(qs + 32 * j);
+        __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+        if (has_qh) {
+            lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(qh, one), 4));
+            hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 1), one), 4));
+            qh = _mm256_srli_epi16(qh, 2);
+        }
+        const __m256i slo = ak_scale(sw, 2 * j), shi = ak_scale(sw, 2 * j + 1);
+        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
+            const int8_t *y = yb[t]->qs + 64 * j;
+            const __m256i plo = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, ld256(y)), slo);
+            const __m256i phi = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, ld256(y + 32)), shi);
+            sumi[t] = _mm256_add_epi32(sumi[t], _mm256_add_epi32(plo, phi));
+        }
+    }
+    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
+        const float yd = yb[t]->d;
+        FMA_BLOCK(acc[t], sumi[t], d * yd);
+        accm[t] = _mm_fmadd_ps(_mm_cvtepi32_ps(_mm_madd_epi16(mn16, pr[t])), _mm_set1_ps(dmin * yd), accm[t]);
+    }
+}
+
+/* One repacked row (q4_k lanes, or q5_k lanes when has_qh) x T tokens. */
+AI void akg_row(int64_t nb, const uint8_t *x, int has_qh, const cm_block_q8_k *const *yv, const __m128i *pairs, int T,
+                float *out) {
+    __m256 acc[AKG_T];
+    __m128 accm[AKG_T];
+    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
+        acc[t] = _mm256_setzero_ps();
+        accm[t] = _mm_setzero_ps();
+    }
+    const size_t group = has_qh ? (size_t)AK5_GROUP : (size_t)RK4_GROUP;
+    const cm_block_q8_k *yb[AKG_T];
+    __m128i pr[AKG_T];
+    int64_t b = 0;
+    for (; b + 4 <= nb; b += 4, x += group) {
+        float dd[8];
+        __m128i sc03, sc47, mn16[4];
+        rk_header(x, dd, &sc03, &sc47, mn16);
+        __m256i sw[4];
+        ak_sws(sc03, sc47, sw);
+        for (int j = 0; j < 4; j++) {
+            _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
+                yb[t] = yv[t] + b + j;
+                pr[t] = pairs[t * RK4_MAXB + b + j];
+            }
+            if (has_qh)
+                akg_block(x + 192 + 128 * j, x + 64 + 32 * j, 1, sw[j], mn16[j], dd[j], dd[4 + j], yb, pr, T, acc,
+                          accm);
+            else akg_block(x + 64 + 128 * j, NULL, 0, sw[j], mn16[j], dd[j], dd[4 + j], yb, pr, T, acc, accm);
+        }
+    }
+    for (; b < nb; b++) { /* the file's last nb % 4 super-blocks */
+        uint8_t sc[8], mn[8];
+        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
+            yb[t] = yv[t] + b;
+            pr[t] = pairs[t * RK4_MAXB + b];
+        }
+        if (has_qh) {
+            const cm_block_q5_k *xt = (const cm_block_q5_k *)(const void *)x + (b - nb / 4 * 4);
+            cm_k4_scales8(xt->scales, sc, mn);
+            akg_block(xt->qs, xt->qh, 1, ak_sw(_mm_loadl_epi64((const __m128i *)sc)),
+                      _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mn)), f16f(xt->d), f16f(xt->dmin), yb, pr, T,
+                      acc, accm);
+        } else {
+            const cm_block_q4_k *xt = (const cm_block_q4_k *)(const void *)x + (b - nb / 4 * 4);
+            cm_k4_scales8(xt->scales, sc, mn);
+            akg_block(xt->qs, NULL, 0, ak_sw(_mm_loadl_epi64((const __m128i *)sc)),
+                      _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mn)), f16f(xt->d), f16f(xt->dmin), yb, pr, T,
+                      acc, accm);
+        }
+    }
+    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) out[t] = hsum8(acc[t]) - hsum4(accm[t]);
+}
+
+AI void akg_gemm(int has_qh, int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
+                 int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {
+    const int64_t nb = k / CM_QK_K;
+    CM_ASSERT(nb <= RK4_MAXB);
+    __m128i pairs[AKG_T * RK4_MAXB];
+    for (int64_t i0 = r0; i0 < r1; i0 += AKG_RB) {
+        const int64_t i1 = r1 - i0 < AKG_RB ? r1 : i0 + AKG_RB;
+        for (int64_t j = 0; j < n_tok; j += AKG_T) {
+            const int T = n_tok - j < AKG_T ? (int)(n_tok - j) : AKG_T;
+            const cm_block_q8_k *yv[AKG_T];
+            for (int t = 0; t < T; t++) {
+                yv[t] = (const cm_block_q8_k *)(const void *)((const char *)x + (size_t)(j + t) * x_stride);
+                rk_pairs(nb, yv[t], pairs + t * RK4_MAXB);
+            }
+            for (int64_t i = i0; i < i1; i++) {
+                const uint8_t *xr = (const uint8_t *)w + (size_t)i * w_stride;
+                float out[AKG_T];
+                switch (T) { /* a constant T keeps the tile in registers */
+                case 8: akg_row(nb, xr, has_qh, yv, pairs, 8, out); break;
+                case 7: akg_row(nb, xr, has_qh, yv, pairs, 7, out); break;
+                case 6: akg_row(nb, xr, has_qh, yv, pairs, 6, out); break;
+                case 5: akg_row(nb, xr, has_qh, yv, pairs, 5, out); break;
+                case 4: akg_row(nb, xr, has_qh, yv, pairs, 4, out); break;
+                case 3: akg_row(nb, xr, has_qh, yv, pairs, 3, out); break;
+                case 2: akg_row(nb, xr, has_qh, yv, pairs, 2, out); break;
+                default: akg_row(nb, xr, has_qh, yv, pairs, 1, out); break;
+                }
+                for (int t = 0; t < T; t++) y[(j + t) * ldy + i] = out[t];
+            }
+        }
+    }
+}
+
+static void gemm_ak4_k(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
+                       int64_t r0, int64_t r1, int64_t n_tok) {
+    akg_gemm(0, k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
+}
+static void gemm_ak5_k(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
+                       int64_t r0, int64_t r1, int64_t n_tok) {
+    akg_gemm(1, k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
 }

@@ -33,6 +33,8 @@ void cm_kernels_fill_avx2_own(cm_kernels *k); /* the AVX2 table only, after cm_k
 void cm_kernels_fill_avx512(cm_kernels *k);
 /* q4_0 in the AVX-512 q4_0's lane order (lane_avx2.c), called by cm_kernels_fill_avx2. */
 void cm_kernels_fill_lane_avx2(cm_kernels *k);
+/* q8_0 in that lane order too (lane_avx2.c), for the AVX2 table only (cm_kernels_fill_avx2_own). */
+void cm_kernels_fill_lq8_avx2(cm_kernels *k);
 /* The low-bit types' kernels (lowbit_avx2.c, lowbit_avx512.c), filled after
  * the files above. */
 void cm_kernels_fill_lowbit_avx2(cm_kernels *k);

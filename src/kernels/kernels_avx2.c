@@ -6,9 +6,12 @@
  * cm_cpu_features_get() says the CPU has it. cm_kernels_fill_avx2() overrides
  * the entries this file implements; every other entry stays the scalar
  * reference. The kernels themselves are in x86_tiles.h (shared with the
- * AVX-512 file), plus a q4_k decode gemv over rows repacked at load
- * and a q5_k one (avx2_krepack.h); tested against the reference in
- * tests/unit/test_kernels_simd.c. Never allocates.
+ * AVX-512 file), plus q4_k and q5_k decode gemvs and prefill gemms over
+ * rows repacked at load (avx2_krepack.h), the AVX2 table's own q6_k and f16
+ * gemv and gemm (avx2_gemv.h), and q4_0 / q8_0 in the AVX-512 table's lane
+ * order (lane_avx2.c); tested against the reference in
+ * tests/unit/test_kernels_simd.c, for batch invariance in
+ * test_kernels_invariant.c and test_kernels_repack.c. Never allocates.
  */
 /* GCC at -O2 does not peel the tiles' loops over their (constant) token
  * count, which leaves each token's accumulators in memory; ask for it here,
@@ -37,6 +40,10 @@ void cm_kernels_fill_avx2(cm_kernels *k) {
  * first) has its own vec_dots, which these match not (avx2_gemv.h). */
 void cm_kernels_fill_avx2_own(cm_kernels *k) {
     k->gemv[CM_TYPE_Q6_K] = gemv_a6_k;
+    k->gemm[CM_TYPE_Q6_K] = gemm_a6_k;
     k->gemm[CM_TYPE_F16] = gemm_af16;
     k->gemv[CM_TYPE_F16] = gemv_af16;
+    cm_kernels_fill_lq8_avx2(k);
+    k->gemm_packed[CM_TYPE_Q4_K] = gemm_ak4_k; /* the table's gemm_packed_max: every batch */
+    k->gemm_packed[CM_TYPE_Q5_K] = gemm_ak5_k;
 }

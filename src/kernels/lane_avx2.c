@@ -8,6 +8,9 @@
  * blocks is one conversion, one scale product and one FMA; the remaining
  * nb % 8 blocks go one at a time into their chain (as the AVX-512 tail does).
  *
+ * q8_0 (below) takes the same order: q8lane_avx512.c's, so both tables give
+ * q8_0 the same bits too.
+ *
  * Kernels: vec_dot on the file's bytes (8 blocks' int32 sums transposed into
  * one vector with hadd), gemm as vec_dot per (row, token) (isa.h
  * CM_ROW_GEMM), and over the "q4_0 lanes" rows repacked at load (repack.c)
@@ -206,6 +209,137 @@ static void gemm_plq4_0(int64_t k, const void *w, size_t w_stride, const void *x
             }
         }
     }
+}
+
+/* ---- q8_0 in the same block lane order (q8lane_avx512.c's) ----
+ * s_b = the exact integer dot of block b (|s_b| < 2^21), d_b = dx_b * dy_b,
+ * chain b mod 8 = fma(s_b, d_b, chain), hsum8 of the chains: the AVX-512
+ * table's q8_0 bits. 8 blocks fill one vector's lanes (hadd8x8), so 8 blocks
+ * cost one conversion, one scale product and one FMA instead of 8 each; the
+ * token's dy are converted to f32 once per call (gemv) or per row block and
+ * token group (gemm), exactly. */
+enum { L8_T = 4, L8_MAXNB = 512, L8_RB = 16, L8_PF = 4 };
+
+/* Blocks [b0, nb) of a row (b0 a multiple of 8) against T tokens (yv[t], dy
+ * as f32 in dyf + t * L8_MAXNB) into chains c[t]. */
+AI void lq8_tile(int64_t nb, const cm_block_q8_0 *x, const cm_block_q8_0 *const *yv, const float *dyf, int T,
+                 __m256 *c) {
+    int64_t b = 0;
+    for (; b + 8 <= nb; b += 8) {
+        const __m256 dx = d8(&x[b].d, sizeof *x);
+        __m256i ax[8];
+        _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
+            const __m256i q = ld256(x[b + i].qs);
+            ax[i] = _mm256_sign_epi8(q, q);
+        }
+        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
+            __m256i p[8];
+            _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
+                const __m256i sy = _mm256_sign_epi8(ld256(yv[t][b + i].qs), ld256(x[b + i].qs));
+                p[i] = _mm256_madd_epi16(_mm256_maddubs_epi16(ax[i], sy), _mm256_set1_epi16(1));
+            }
+            const __m256 d = _mm256_mul_ps(dx, _mm256_loadu_ps(dyf + t * L8_MAXNB + b));
+            c[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hadd8x8(p)), d, c[t]);
+        }
+    }
+    for (; b < nb; b++) {
+        const __m256i q = ld256(x[b].qs);
+        const float dx = f16f(x[b].d);
+        for (int t = 0; t < T; t++)
+            c[t] = lfma_lane(c[t], (int)(b & 7), hsum_i32(dot_s8s8(q, ld256(yv[t][b].qs))), dx * dyf[t * L8_MAXNB + b]);
+    }
+}
+
+/* A token's dy as f32 (exact conversions). */
+AI void lq8_dy(int64_t nb, const cm_block_q8_0 *y, float *dyf) {
+    int64_t b = 0;
+    for (; b + 8 <= nb; b += 8) _mm256_storeu_ps(dyf + b, d8(&y[b].d, sizeof *y));
+    for (; b < nb; b++) dyf[b] = f16f(y[b].d);
+}
+
+static void vec_dot_lq8_0(int64_t n, float *s, const void *vx, const void *vy) {
+    const int64_t nb = n / CM_QK8_0;
+    const cm_block_q8_0 *x = vx, *y = vy;
+    __m256 c = _mm256_setzero_ps();
+    int64_t b = 0;
+    float dyf[L8_MAXNB];
+    for (; b < nb; b += L8_MAXNB) { /* any length: the blocks in slices, in order */
+        const int64_t m = nb - b < L8_MAXNB ? nb - b : L8_MAXNB;
+        const cm_block_q8_0 *yv[1] = {y + b};
+        lq8_dy(m, y + b, dyf);
+        lq8_tile(m, x + b, yv, dyf, 1, &c);
+    }
+    *s = hsum8(c);
+}
+
+/* One token, rows [r0, r1), each row's lines prefetched L8_PF rows ahead
+ * into L1 (several rows' lines in flight; a non-temporal hint measured ~4x
+ * slower here, Intel family 6 model 167). */
+static void gemv_lq8_0(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
+                       int64_t r0, int64_t r1, int64_t n_tok) {
+    (void)x_stride, (void)ldy, (void)n_tok;
+    const int64_t nb = k / CM_QK8_0;
+    if (nb > L8_MAXNB) {
+        for (int64_t i = r0; i < r1; i++) vec_dot_lq8_0(k, &y[i], (const char *)w + (size_t)i * w_stride, x);
+        return;
+    }
+    float dyf[L8_MAXNB];
+    lq8_dy(nb, x, dyf);
+    const cm_block_q8_0 *yv[1] = {x};
+    const size_t row_bytes = (size_t)nb * sizeof(cm_block_q8_0);
+    for (int64_t i = r0; i < r1; i++) {
+        const char *wr = (const char *)w + (size_t)i * w_stride;
+        if (i + L8_PF < r1)
+            for (size_t o = 0; o < row_bytes; o += 64) _mm_prefetch(wr + L8_PF * w_stride + o, _MM_HINT_T0);
+        __m256 c = _mm256_setzero_ps();
+        lq8_tile(nb, (const cm_block_q8_0 *)(const void *)wr, yv, dyf, 1, &c);
+        y[i] = hsum8(c);
+    }
+}
+
+/* Rows in blocks of L8_RB (in L2) against every group of L8_T tokens (in L1). */
+static void gemm_lq8_0(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
+                       int64_t r0, int64_t r1, int64_t n_tok) {
+    const int64_t nb = k / CM_QK8_0;
+    if (nb > L8_MAXNB) {
+        for (int64_t i = r0; i < r1; i++)
+            for (int64_t j = 0; j < n_tok; j++)
+                vec_dot_lq8_0(k, &y[j * ldy + i], (const char *)w + (size_t)i * w_stride,
+                              (const char *)x + (size_t)j * x_stride);
+        return;
+    }
+    float dyf[L8_T * L8_MAXNB];
+    for (int64_t i0 = r0; i0 < r1; i0 += L8_RB) {
+        const int64_t i1 = r1 - i0 < L8_RB ? r1 : i0 + L8_RB;
+        for (int64_t j = 0; j < n_tok; j += L8_T) {
+            const int T = n_tok - j < L8_T ? (int)(n_tok - j) : L8_T;
+            const cm_block_q8_0 *yv[L8_T];
+            for (int t = 0; t < T; t++) {
+                yv[t] = (const cm_block_q8_0 *)(const void *)((const char *)x + (size_t)(j + t) * x_stride);
+                lq8_dy(nb, yv[t], dyf + t * L8_MAXNB);
+            }
+            for (int64_t i = i0; i < i1; i++) {
+                const cm_block_q8_0 *xr = (const cm_block_q8_0 *)(const void *)((const char *)w + (size_t)i * w_stride);
+                __m256 c[L8_T];
+                for (int t = 0; t < L8_T; t++) c[t] = _mm256_setzero_ps();
+                switch (T) { /* a constant T keeps the chains in registers */
+                case 4: lq8_tile(nb, xr, yv, dyf, 4, c); break;
+                case 3: lq8_tile(nb, xr, yv, dyf, 3, c); break;
+                case 2: lq8_tile(nb, xr, yv, dyf, 2, c); break;
+                default: lq8_tile(nb, xr, yv, dyf, 1, c); break;
+                }
+                for (int t = 0; t < T; t++) y[(j + t) * ldy + i] = hsum8(c[t]);
+            }
+        }
+    }
+}
+
+/* The AVX2 table only (dispatch.c calls it from cm_kernels_fill_avx2_own):
+ * the avx512 table has q8lane_avx512.c's, with these bits. */
+void cm_kernels_fill_lq8_avx2(cm_kernels *k) {
+    k->vec_dot[CM_TYPE_Q8_0] = vec_dot_lq8_0;
+    k->gemm[CM_TYPE_Q8_0] = gemm_lq8_0;
+    k->gemv[CM_TYPE_Q8_0] = gemv_lq8_0;
 }
 
 void cm_kernels_fill_lane_avx2(cm_kernels *k) {

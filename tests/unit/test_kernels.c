@@ -677,6 +677,54 @@ static void test_lanes_across_tables(void) {
     CHECKF(bad == 0, "avx2 vs avx512 q4_0: %ld of %ld comparisons differ", bad, n_cmp);
 }
 
+/* q8_0 too: the avx2 table's lane_avx2.c kernels carry q8lane_avx512.c's
+ * block lane order, so both x86 tables give every (row, token) the same bits:
+ * vec_dot, the decode gemv and the prefill gemm, rows of 1..600 blocks (past
+ * 512 the avx2 kernels walk the row in slices). */
+static void test_q8_lanes_across_tables(void) {
+    const cm_kernels *a = cm_kernels_for("avx2"), *z = cm_kernels_for("avx512");
+    if (!a || !z) {
+        printf("skip: this CPU lacks the avx2 or avx512 table\n");
+        return;
+    }
+    static const int nbs[] = {1, 7, 8, 9, 17, 64, 129, 600};
+    cm_rng r;
+    cm_rng_seed(&r, 4243);
+    long bad = 0, n_cmp = 0;
+    for (size_t ni = 0; ni < CM_ARRAY_LEN(nbs); ni++) {
+        const int64_t n = (int64_t)nbs[ni] * CM_QK8_0;
+        enum { RW = 19, NT = 13 };
+        const size_t rs = cm_row_size(CM_TYPE_Q8_0, n);
+        float *f = malloc(sizeof(float) * (size_t)(n * RW));
+        uint8_t *w = malloc(rs * RW), *x = malloc(rs * NT);
+        float ya[RW * NT], yz[RW * NT];
+        for (int dist = 0; dist < DIST_COUNT; dist++) {
+            fill(&r, f, (int)(n * RW), dist);
+            cm_quantize_rows(CM_TYPE_Q8_0, f, w, RW, n);
+            fill(&r, f, (int)(n * NT), (dist + 1) % DIST_COUNT);
+            cm_kernels_ref()->from_float[CM_TYPE_Q8_0](f, x, n * NT);
+            for (int i = 0; i < RW; i++)
+                for (int j = 0; j < NT; j++) {
+                    a->vec_dot[CM_TYPE_Q8_0](n, &ya[0], w + (size_t)i * rs, x + (size_t)j * rs);
+                    z->vec_dot[CM_TYPE_Q8_0](n, &yz[0], w + (size_t)i * rs, x + (size_t)j * rs);
+                    bad += memcmp(&ya[0], &yz[0], sizeof(float)) != 0, n_cmp++;
+                }
+            cm_tensor W;
+            const int64_t ne[2] = {n, RW};
+            cm_tensor_init(&W, CM_TYPE_Q8_0, 2, ne, w, "w");
+            static const int nts[] = {1, 3, 7, NT};
+            for (size_t ti = 0; ti < CM_ARRAY_LEN(nts); ti++) {
+                memset(ya, 0xff, sizeof ya), memset(yz, 0xfe, sizeof yz);
+                cm_matmul_rows(a, &W, x, rs, nts[ti], ya, RW, 0, RW);
+                cm_matmul_rows(z, &W, x, rs, nts[ti], yz, RW, 0, RW);
+                bad += memcmp(ya, yz, sizeof(float) * (size_t)(RW * nts[ti])) != 0, n_cmp++;
+            }
+        }
+        free(f), free(w), free(x);
+    }
+    CHECKF(bad == 0, "avx2 vs avx512 q8_0: %ld of %ld comparisons differ", bad, n_cmp);
+}
+
 int main(int argc, char **argv) {
     g_argv0 = argv[0];
     if (argc > 1 && !strcmp(argv[1], "--print-isa")) {
@@ -693,5 +741,6 @@ int main(int argc, char **argv) {
     RUN(test_dispatch);
     RUN(test_isa_tables);
     RUN(test_lanes_across_tables);
+    RUN(test_q8_lanes_across_tables);
     TEST_END();
 }

@@ -203,6 +203,23 @@ static void test_q4_0_batched(void) {
     if (!tables) printf("skip: no kernel table on this CPU has a batched gemm over repacked q4_0\n");
 }
 
+/* q4_k and q5_k prefill over their lanes (the avx2 table's gemm_packed): groups
+ * only, a 3-block tail, five groups and a 2-block tail. */
+static void test_k_batched(void) {
+    static const enum cm_type types[] = {CM_TYPE_Q4_K, CM_TYPE_Q5_K};
+    int tables = 0;
+    for (size_t ti = 0; ti < 2; ti++)
+        for (size_t i = 0; i < sizeof k_isas / sizeof k_isas[0]; i++) {
+            const cm_kernels *k = cm_kernels_for(k_isas[i]);
+            if (!k || !k->gemm_packed[types[ti]]) continue;
+            tables++;
+            check_batch(k, types[ti], 1024);
+            check_batch(k, types[ti], 7 * 256);
+            check_batch(k, types[ti], 5632);
+        }
+    if (!tables) printf("skip: no kernel table on this CPU has a batched gemm over repacked q4_k or q5_k\n");
+}
+
 static void test_q4_0_lanes(void) {
     for (size_t i = 0; i < sizeof k_isas / sizeof k_isas[0]; i++) {
         const cm_kernels *k = cm_kernels_for(k_isas[i]);
@@ -260,5 +277,6 @@ int main(void) {
     RUN(test_q4_k_lanes);
     RUN(test_q5_k_lanes);
     RUN(test_q6_k_lanes);
+    RUN(test_k_batched);
     TEST_END();
 }
