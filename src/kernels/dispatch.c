@@ -26,6 +26,7 @@ static const cm_kernels *g_best;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static const char *g_amx_why = "not built";
 static bool g_amx_cpu; /* the avx512 table exists and this process may use AMX-INT8 */
+static cm_gemm_fn g_gemm_noamx[CM_TYPE_COUNT]; /* the avx512 table's gemms before AMX */
 
 /* What each ISA file may use, from the flags the Makefile compiles it with.
  * A CPU lacking any of them never runs that file. */
@@ -85,6 +86,7 @@ static void build_tables(void) {
         cm_kernels_fill_attn_avx512(&g_tables[ISA_AVX512]);
         cm_kernels_fill_attn_tile_avx512(&g_tables[ISA_AVX512]);
         cm_kernels_fill_q8lane_avx512(&g_tables[ISA_AVX512]);
+        memcpy(g_gemm_noamx, g_tables[ISA_AVX512].gemm, sizeof g_gemm_noamx);
         g_amx_cpu = f->x86_amx_int8;
         g_amx_why = !f->x86_amx_int8 ? f->x86_amx_why : cm_config_get()->amx_off ? "CUMULO_AMX=0" : "";
         if (!*g_amx_why) cm_kernels_fill_amx(&g_tables[ISA_AVX512]);
@@ -140,8 +142,10 @@ const char *cm_kernels_amx_why(void) {
     return g_amx_why;
 }
 
-cm_gemm_fn cm_kernels_amx_gemm(enum cm_type t) {
+cm_gemm_fn cm_kernels_amx_gemm(enum cm_type t, bool amx) {
     pthread_once(&g_once, build_tables);
+    if ((unsigned)t >= CM_TYPE_COUNT) return NULL;
+    if (!amx) return g_gemm_noamx[t];
 #if CM_KERNELS_HAVE_X86
     return g_amx_cpu ? cm_kernels_amx_direct(t) : NULL;
 #else

@@ -29,7 +29,7 @@
  * when it returns, so any thread may call at any time. Compiled with the
  * avx512 flags plus -mamx-tile -mamx-int8 (Makefile); installed by
  * dispatch.c only when cm_cpu_features_get() says this process may use
- * AMX-INT8 and CUMULO_AMX is not 0. Below AX_MINTOK tokens, or for rows
+ * AMX-INT8 and CUMULO_AMX is not 0. Below AX_MINTOK_* tokens, or for rows
  * longer than AX_MAXNB blocks, it hands over to the table's gemm it
  * replaced. Stack: ~330 KiB at most. Never allocates.
  */
@@ -44,29 +44,32 @@
 
 enum {
     AX_MAXNB = 512, /* longest row, in blocks (k <= 16384) */
-    AX_MINTOK = 16, /* fewer tokens: the replaced gemm */
+    /* fewer tokens: the replaced gemm (kbench, rows of 2048, one thread,
+     * Xeon family 6 model 167: q4_0 AMX 0.78 / 0.71 ms at 3 / 6 tokens
+     * against 0.85 / 1.03; q8_0 0.87 / 0.94 at 4 / 6 against 0.86 / 1.12) */
+    AX_MINTOK_Q4_0 = 4,
+    AX_MINTOK_Q8_0 = 6,
     AX_PB = 512,    /* panel bytes per block: 8 x 64 */
+    AX_TB = 576,    /* packed tokens' bytes per block: 16 x 32, 16 dy */
+    AX_PACK = 768 * 1024, /* packed tokens per pass (16 at least: AX_MAXNB * AX_TB fits) */
 };
 
-/* Tiles: 0 A (16 tokens x 32 bytes), 1 A of the last token group (nt
- * rows), 2 and 3 B (8 x 64 bytes), 4 and 5 C (16 x 16 int32), 6 and 7 C of
- * the last token group. */
+/* Tiles: 0 and 1 A (16 tokens x 32 bytes), 2 and 3 B (8 x 64 bytes), 4 to
+ * 7 C (16 tokens x 16 int32): four blocks in flight, each C tile zeroed,
+ * multiplied once and stored. One configuration for every call. */
 typedef struct {
     uint8_t palette, start_row, rsv[14];
     uint16_t colsb[16];
     uint8_t rows[16];
 } ax_cfg;
 
-static void ax_config(int nt) {
+static void ax_config(void) {
     _Alignas(64) ax_cfg c;
     memset(&c, 0, sizeof c);
     c.palette = 1;
-    const int t = nt ? nt : 16;
-    c.rows[0] = 16, c.colsb[0] = 32;
-    c.rows[1] = (uint8_t)t, c.colsb[1] = 32;
+    c.rows[0] = c.rows[1] = 16, c.colsb[0] = c.colsb[1] = 32;
     c.rows[2] = c.rows[3] = 8, c.colsb[2] = c.colsb[3] = 64;
-    c.rows[4] = c.rows[5] = 16, c.colsb[4] = c.colsb[5] = 64;
-    c.rows[6] = c.rows[7] = (uint8_t)t, c.colsb[6] = c.colsb[7] = 64;
+    for (int i = 4; i < 8; i++) c.rows[i] = 16, c.colsb[i] = 64;
     _tile_loadconfig(&c);
 }
 
@@ -98,15 +101,29 @@ XAI void ax_panel(enum cm_type t, int64_t nb, const uint8_t *w, size_t ws, int R
     }
 }
 
-/* dy of the nt tokens at x (stride xs) for every block, as f32: dy[16 * b + m]
- * (m >= nt repeat token nt - 1). */
-static void ax_dy(int64_t nb, const uint8_t *x, size_t xs, int nt, float *dy) {
-    _Alignas(64) int32_t off[16];
-    for (int m = 0; m < 16; m++) off[m] = (int32_t)((size_t)(m < nt ? m : nt - 1) * xs);
-    const __m512i idx = _mm512_load_si512((const void *)off);
-    for (int64_t b = 0; b < nb; b++) {
-        const __m512i dw = _mm512_i32gather_epi32(idx, (const void *)(x + (size_t)b * sizeof(cm_block_q8_0)), 1);
-        _mm512_store_ps(dy + 16 * b, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dw)));
+/* Pack T (1..16) tokens at x (stride xs), all nb blocks, AX_TB bytes per
+ * block: the 16 x 32 bytes of the A tile (rows past T zero), then the 16 dy
+ * as f32 (0 past T). */
+static void ax_pack(int64_t nb, const uint8_t *x, size_t xs, int T, uint8_t *d) {
+    for (int m = 0; m < 16; m++) {
+        const uint8_t *xm = x + (size_t)m * xs;
+        uint8_t *dm = d + 32 * m;
+        float *dym = (float *)(void *)(d + 512) + m;
+        if (m >= T) {
+            for (int64_t b = 0; b < nb; b++) {
+                _mm256_store_si256((__m256i *)(void *)(dm + (size_t)b * AX_TB), _mm256_setzero_si256());
+                dym[(size_t)b * AX_TB / 4] = 0;
+            }
+            continue;
+        }
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *blk = xm + (size_t)b * sizeof(cm_block_q8_0);
+            _mm256_store_si256((__m256i *)(void *)(dm + (size_t)b * AX_TB),
+                               _mm256_loadu_si256((const __m256i *)(const void *)(blk + 2)));
+            cm_f16 h;
+            memcpy(&h, blk, 2);
+            dym[(size_t)b * AX_TB / 4] = _cvtsh_ss(h);
+        }
     }
 }
 
@@ -118,57 +135,53 @@ XAI void ax_fin(const int32_t *cb, const float *dx, const float *dy, __m512 *acc
         acc[m]);
 }
 
-/* The 16 rows of a panel against one group of tokens (the A rows at x,
- * stride xs; TAIL: the last group, tiles 1, 6, 7): res[m] = the 16 rows'
- * results for token m. */
-XAI void ax_group(int64_t nb, const uint8_t *x, size_t xs, const uint8_t *pb, const float *dx, const float *dy,
-                  int32_t *cb, float *ch, bool tail) {
+/* The int32 sums of blocks b, b + 8, b + 16, b + 24 (the first n of them)
+ * of the panel pb against the packed tokens xp into cb + 256 * i. */
+#define AX_BLOCK(ta, tb, tc, blk)                                \
+    do {                                                         \
+        _tile_loadd(tb, pb + (size_t)(blk) * AX_PB, 64);         \
+        _tile_loadd(ta, xp + (size_t)(blk) * AX_TB, 32);         \
+        _tile_zero(tc);                                          \
+        _tile_dpbssd(tc, ta, tb);                                \
+    } while (0)
+XAI void ax_sums(int64_t b, int n, const uint8_t *xp, const uint8_t *pb, int32_t *cb) {
+    AX_BLOCK(0, 2, 4, b);
+    if (n > 1) AX_BLOCK(1, 3, 5, b + 8);
+    if (n > 2) AX_BLOCK(0, 2, 6, b + 16);
+    if (n > 3) AX_BLOCK(1, 3, 7, b + 24);
+    _tile_stored(4, cb, 64);
+    if (n > 1) _tile_stored(5, cb + 256, 64);
+    if (n > 2) _tile_stored(6, cb + 512, 64);
+    if (n > 3) _tile_stored(7, cb + 768, 64);
+}
+
+/* How many of blocks b, b + 8, b + 16, b + 24 exist. */
+XAI int ax_count(int64_t b, int64_t nb) {
+    const int64_t n = (nb - b + 7) / 8;
+    return n < 4 ? (int)n : 4;
+}
+
+/* The 16 rows of a panel against one packed group of tokens: ch + 256 * c +
+ * 16 * m = chain c of token m for the 16 rows. Chain c runs over blocks c,
+ * c + 8, ... four at a time; the tile sums of the next step are issued
+ * before this step's epilogue (two buffers in cb), so the tile unit and the
+ * vector units overlap. */
+static void ax_group(int64_t nb, const uint8_t *xp, const uint8_t *pb, const float *dx, int32_t *cb, float *ch) {
+    int cur = 0;
+    if (nb > 0) ax_sums(0, ax_count(0, nb), xp, pb, cb);
     for (int c = 0; c < 8; c++) {
         __m512 acc[16];
         _Pragma("GCC unroll 16") for (int m = 0; m < 16; m++) acc[m] = _mm512_setzero_ps();
-        int64_t b = c;
-        for (; b + 8 < nb; b += 16) {
-            const uint8_t *xa = x + (size_t)b * sizeof(cm_block_q8_0) + 2;
-            const uint8_t *xb = xa + 8 * sizeof(cm_block_q8_0);
-            _tile_loadd(2, pb + (size_t)b * AX_PB, 64);
-            _tile_loadd(3, pb + (size_t)(b + 8) * AX_PB, 64);
-            if (tail) {
-                _tile_zero(6);
-                _tile_zero(7);
-                _tile_loadd(1, xa, (long)xs);
-                _tile_dpbssd(6, 1, 2);
-                _tile_loadd(1, xb, (long)xs);
-                _tile_dpbssd(7, 1, 3);
-                _tile_stored(6, cb, 64);
-                _tile_stored(7, cb + 256, 64);
-            } else {
-                _tile_zero(4);
-                _tile_zero(5);
-                _tile_loadd(0, xa, (long)xs);
-                _tile_dpbssd(4, 0, 2);
-                _tile_loadd(0, xb, (long)xs);
-                _tile_dpbssd(5, 0, 3);
-                _tile_stored(4, cb, 64);
-                _tile_stored(5, cb + 256, 64);
+        for (int64_t b = c; b < nb; b += 32) {
+            const int n = ax_count(b, nb);
+            const int64_t bn = b + 32 < nb ? b + 32 : c + 1; /* else the next chain's first step */
+            if (bn < nb && (bn > b || c < 7)) ax_sums(bn, ax_count(bn, nb), xp, pb, cb + 1024 * (cur ^ 1));
+            const int32_t *cc = cb + 1024 * cur;
+            for (int i = 0; i < n; i++) {
+                const int64_t bi = b + 8 * i;
+                ax_fin(cc + 256 * i, dx + 16 * bi, (const float *)(const void *)(xp + (size_t)bi * AX_TB + 512), acc);
             }
-            ax_fin(cb, dx + 16 * b, dy + 16 * b, acc);
-            ax_fin(cb + 256, dx + 16 * (b + 8), dy + 16 * (b + 8), acc);
-        }
-        if (b < nb) {
-            const uint8_t *xa = x + (size_t)b * sizeof(cm_block_q8_0) + 2;
-            _tile_loadd(2, pb + (size_t)b * AX_PB, 64);
-            if (tail) {
-                _tile_zero(6);
-                _tile_loadd(1, xa, (long)xs);
-                _tile_dpbssd(6, 1, 2);
-                _tile_stored(6, cb, 64);
-            } else {
-                _tile_zero(4);
-                _tile_loadd(0, xa, (long)xs);
-                _tile_dpbssd(4, 0, 2);
-                _tile_stored(4, cb, 64);
-            }
-            ax_fin(cb, dx + 16 * b, dy + 16 * b, acc);
+            cur ^= 1;
         }
         _Pragma("GCC unroll 16") for (int m = 0; m < 16; m++) _mm512_store_ps(ch + 256 * c + 16 * m, acc[m]);
     }
@@ -177,32 +190,34 @@ XAI void ax_group(int64_t nb, const uint8_t *x, size_t xs, const uint8_t *pb, co
 static void ax_gemm(enum cm_type t, int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
                     int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {
     const int64_t nb = k / 32;
-    _Alignas(64) uint8_t pb[AX_MAXNB * AX_PB];
-    _Alignas(64) float dx[AX_MAXNB * 16], dy[AX_MAXNB * 16], ch[8 * 256];
-    _Alignas(64) int32_t cb[512];
-    memset(cb, 0, sizeof cb); /* rows past the last group's tokens are read, never used */
-    const int nt = (int)(n_tok % 16);
-    ax_config(nt);
-    const size_t bs = t == CM_TYPE_Q4_0 ? sizeof(cm_block_q4_0) : sizeof(cm_block_q8_0);
-    (void)bs;
-    for (int64_t i = r0; i < r1; i += 16) {
-        const int R = r1 - i < 16 ? (int)(r1 - i) : 16;
-        const __mmask16 mk = (__mmask16)((1u << R) - 1);
-        ax_panel(t, nb, (const uint8_t *)w + (size_t)i * w_stride, w_stride, R, pb, dx);
-        for (int64_t j0 = 0; j0 < n_tok; j0 += 16) {
-            const int T = n_tok - j0 < 16 ? (int)(n_tok - j0) : 16;
-            const uint8_t *xg = (const uint8_t *)x + (size_t)j0 * x_stride;
-            ax_dy(nb, xg, x_stride, T, dy);
-            if (T == 16) ax_group(nb, xg, x_stride, pb, dx, dy, cb, ch, false);
-            else ax_group(nb, xg, x_stride, pb, dx, dy, cb, ch, true);
-            for (int m = 0; m < T; m++) {
-                const float *c = ch + 16 * m;
-                const __m512 r = _mm512_add_ps(
-                    _mm512_add_ps(_mm512_add_ps(_mm512_load_ps(c), _mm512_load_ps(c + 1024)),
-                                  _mm512_add_ps(_mm512_load_ps(c + 512), _mm512_load_ps(c + 1536))),
-                    _mm512_add_ps(_mm512_add_ps(_mm512_load_ps(c + 256), _mm512_load_ps(c + 1280)),
-                                  _mm512_add_ps(_mm512_load_ps(c + 768), _mm512_load_ps(c + 1792))));
-                _mm512_mask_storeu_ps(y + (j0 + m) * ldy + i, mk, r);
+    _Alignas(64) uint8_t pb[AX_MAXNB * AX_PB], xp[AX_PACK];
+    _Alignas(64) float dx[AX_MAXNB * 16], ch[8 * 256];
+    _Alignas(64) int32_t cb[2048];
+    const size_t gbytes = (size_t)nb * AX_TB;
+    const int64_t gcap = (int64_t)(AX_PACK / gbytes); /* groups of 16 tokens per pass */
+    ax_config();
+    for (int64_t j0 = 0; j0 < n_tok; j0 += 16 * gcap) {
+        const int64_t ntp = n_tok - j0 < 16 * gcap ? n_tok - j0 : 16 * gcap, ngr = (ntp + 15) / 16;
+        for (int64_t g = 0; g < ngr; g++) {
+            const int T = ntp - 16 * g < 16 ? (int)(ntp - 16 * g) : 16;
+            ax_pack(nb, (const uint8_t *)x + (size_t)(j0 + 16 * g) * x_stride, x_stride, T, xp + (size_t)g * gbytes);
+        }
+        for (int64_t i = r0; i < r1; i += 16) {
+            const int R = r1 - i < 16 ? (int)(r1 - i) : 16;
+            const __mmask16 mk = (__mmask16)((1u << R) - 1);
+            ax_panel(t, nb, (const uint8_t *)w + (size_t)i * w_stride, w_stride, R, pb, dx);
+            for (int64_t g = 0; g < ngr; g++) {
+                const int T = ntp - 16 * g < 16 ? (int)(ntp - 16 * g) : 16;
+                ax_group(nb, xp + (size_t)g * gbytes, pb, dx, cb, ch);
+                for (int m = 0; m < T; m++) {
+                    const float *c = ch + 16 * m;
+                    const __m512 r = _mm512_add_ps(
+                        _mm512_add_ps(_mm512_add_ps(_mm512_load_ps(c), _mm512_load_ps(c + 1024)),
+                                      _mm512_add_ps(_mm512_load_ps(c + 512), _mm512_load_ps(c + 1536))),
+                        _mm512_add_ps(_mm512_add_ps(_mm512_load_ps(c + 256), _mm512_load_ps(c + 1280)),
+                                      _mm512_add_ps(_mm512_load_ps(c + 768), _mm512_load_ps(c + 1792))));
+                    _mm512_mask_storeu_ps(y + (j0 + 16 * g + m) * ldy + i, mk, r);
+                }
             }
         }
     }
@@ -211,7 +226,7 @@ static void ax_gemm(enum cm_type t, int64_t k, const void *w, size_t w_stride, c
 
 static void gemm_xq4_0(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
                        int64_t r0, int64_t r1, int64_t n_tok) {
-    if (n_tok < AX_MINTOK || k / 32 > AX_MAXNB) {
+    if (n_tok < AX_MINTOK_Q4_0 || k / 32 > AX_MAXNB) {
         g_prev_q4_0(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
         return;
     }
@@ -220,7 +235,7 @@ static void gemm_xq4_0(int64_t k, const void *w, size_t w_stride, const void *x,
 
 static void gemm_xq8_0(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
                        int64_t r0, int64_t r1, int64_t n_tok) {
-    if (n_tok < AX_MINTOK || k / 32 > AX_MAXNB) {
+    if (n_tok < AX_MINTOK_Q8_0 || k / 32 > AX_MAXNB) {
         g_prev_q8_0(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
         return;
     }

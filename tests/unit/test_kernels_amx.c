@@ -83,7 +83,7 @@ static const int64_t k_lens[] = {32, 9 * 32, 27 * 32, 63 * 32, 65 * 32, 2048, 56
 
 static void test_amx_bits(void) {
     const cm_kernels *k = cm_kernels_for("avx512");
-    if (!k || !cm_kernels_amx_gemm(CM_TYPE_Q4_0)) {
+    if (!k || !cm_kernels_amx_gemm(CM_TYPE_Q4_0, true)) {
         printf("skip: n/a: no AMX gemm here (%s)\n", cm_kernels_amx_why());
         g_skipped++;
         return;
@@ -92,7 +92,7 @@ static void test_amx_bits(void) {
     static const int big_tok[] = {47, 64, 65, 100, 129};
     for (size_t ti = 0; ti < CM_ARRAY_LEN(k_types); ti++) {
         const enum cm_type t = k_types[ti];
-        const cm_gemm_fn amx = cm_kernels_amx_gemm(t);
+        const cm_gemm_fn amx = cm_kernels_amx_gemm(t, true);
         CHECK(amx != NULL);
         if (!amx) continue;
         for (size_t li = 0; li < CM_ARRAY_LEN(k_lens); li++) {
@@ -161,7 +161,7 @@ static void *run_job(void *p) {
 }
 static void test_amx_threads(void) {
     const cm_kernels *k = cm_kernels_for("avx512");
-    const cm_gemm_fn amx = cm_kernels_amx_gemm(CM_TYPE_Q8_0);
+    const cm_gemm_fn amx = cm_kernels_amx_gemm(CM_TYPE_Q8_0, true);
     if (!k || !amx) {
         printf("skip: n/a: no AMX gemm here (%s)\n", cm_kernels_amx_why());
         g_skipped++;
