@@ -25,7 +25,7 @@ static bool g_have[ISA_COUNT]; /* compiled in and supported by this CPU */
 static const cm_kernels *g_best;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static const char *g_amx_why = "not built";
-static bool g_amx_cpu; /* the avx512 table exists and this process may use AMX-INT8 */
+static bool g_amx_cpu;                         /* the avx512 table exists and this process may use AMX-INT8 */
 static cm_gemm_fn g_gemm_noamx[CM_TYPE_COUNT]; /* the avx512 table's gemms before AMX */
 
 /* What each ISA file may use, from the flags the Makefile compiles it with.

@@ -49,8 +49,8 @@ enum {
      * against 0.85 / 1.03; q8_0 0.87 / 0.94 at 4 / 6 against 0.86 / 1.12) */
     AX_MINTOK_Q4_0 = 4,
     AX_MINTOK_Q8_0 = 6,
-    AX_PB = 512,    /* panel bytes per block: 8 x 64 */
-    AX_TB = 576,    /* packed tokens' bytes per block: 16 x 32, 16 dy */
+    AX_PB = 512,          /* panel bytes per block: 8 x 64 */
+    AX_TB = 576,          /* packed tokens' bytes per block: 16 x 32, 16 dy */
     AX_PACK = 768 * 1024, /* packed tokens per pass (16 at least: AX_MAXNB * AX_TB fits) */
 };
 
@@ -96,7 +96,8 @@ XAI void ax_panel(enum cm_type t, int64_t nb, const uint8_t *w, size_t ws, int R
             }
         } else {
             for (int q = 0; q < 8; q++)
-                _mm512_store_si512((void *)(pb + 64 * q), _mm512_i32gather_epi32(idx, (const void *)(blk + 2 + 4 * q), 1));
+                _mm512_store_si512((void *)(pb + 64 * q),
+                                   _mm512_i32gather_epi32(idx, (const void *)(blk + 2 + 4 * q), 1));
         }
     }
 }
@@ -130,19 +131,19 @@ static void ax_pack(int64_t nb, const uint8_t *x, size_t xs, int T, uint8_t *d) 
 /* One block's epilogue: acc[m] = fma(f32(C[m]), dx * dy_m, acc[m]) for the 16 token rows m. */
 XAI void ax_fin(const int32_t *cb, const float *dx, const float *dy, __m512 *acc) {
     const __m512 d = _mm512_load_ps(dx);
-    _Pragma("GCC unroll 16") for (int m = 0; m < 16; m++) acc[m] = _mm512_fmadd_ps(
-        _mm512_cvtepi32_ps(_mm512_load_si512((const void *)(cb + 16 * m))), _mm512_mul_ps(d, _mm512_set1_ps(dy[m])),
-        acc[m]);
+    _Pragma("GCC unroll 16") for (int m = 0; m < 16; m++) acc[m] =
+        _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512((const void *)(cb + 16 * m))),
+                        _mm512_mul_ps(d, _mm512_set1_ps(dy[m])), acc[m]);
 }
 
 /* The int32 sums of blocks b, b + 8, b + 16, b + 24 (the first n of them)
  * of the panel pb against the packed tokens xp into cb + 256 * i. */
-#define AX_BLOCK(ta, tb, tc, blk)                                \
-    do {                                                         \
-        _tile_loadd(tb, pb + (size_t)(blk) * AX_PB, 64);         \
-        _tile_loadd(ta, xp + (size_t)(blk) * AX_TB, 32);         \
-        _tile_zero(tc);                                          \
-        _tile_dpbssd(tc, ta, tb);                                \
+#define AX_BLOCK(ta, tb, tc, blk)                      \
+    do {                                               \
+        _tile_loadd(tb, pb + (size_t)(blk)*AX_PB, 64); \
+        _tile_loadd(ta, xp + (size_t)(blk)*AX_TB, 32); \
+        _tile_zero(tc);                                \
+        _tile_dpbssd(tc, ta, tb);                      \
     } while (0)
 XAI void ax_sums(int64_t b, int n, const uint8_t *xp, const uint8_t *pb, int32_t *cb) {
     AX_BLOCK(0, 2, 4, b);
@@ -211,11 +212,11 @@ static void ax_gemm(enum cm_type t, int64_t k, const void *w, size_t w_stride, c
                 ax_group(nb, xp + (size_t)g * gbytes, pb, dx, cb, ch);
                 for (int m = 0; m < T; m++) {
                     const float *c = ch + 16 * m;
-                    const __m512 r = _mm512_add_ps(
-                        _mm512_add_ps(_mm512_add_ps(_mm512_load_ps(c), _mm512_load_ps(c + 1024)),
-                                      _mm512_add_ps(_mm512_load_ps(c + 512), _mm512_load_ps(c + 1536))),
-                        _mm512_add_ps(_mm512_add_ps(_mm512_load_ps(c + 256), _mm512_load_ps(c + 1280)),
-                                      _mm512_add_ps(_mm512_load_ps(c + 768), _mm512_load_ps(c + 1792))));
+                    const __m512 r =
+                        _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(_mm512_load_ps(c), _mm512_load_ps(c + 1024)),
+                                                    _mm512_add_ps(_mm512_load_ps(c + 512), _mm512_load_ps(c + 1536))),
+                                      _mm512_add_ps(_mm512_add_ps(_mm512_load_ps(c + 256), _mm512_load_ps(c + 1280)),
+                                                    _mm512_add_ps(_mm512_load_ps(c + 768), _mm512_load_ps(c + 1792))));
                     _mm512_mask_storeu_ps(y + (j0 + 16 * g + m) * ldy + i, mk, r);
                 }
             }

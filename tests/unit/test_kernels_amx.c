@@ -33,7 +33,8 @@ static int g_skipped, g_printed;
 static long g_compared; /* (row, token) results compared */
 
 static void fill(enum cm_type t, int64_t k) {
-    const size_t bw = t == CM_TYPE_Q4_0 ? 18 : 34, nbw = (size_t)ROWS * (size_t)(k / 32), nbx = MAXTOK * (size_t)(k / 32);
+    const size_t bw = t == CM_TYPE_Q4_0 ? 18 : 34, nbw = (size_t)ROWS * (size_t)(k / 32),
+                 nbx = MAXTOK * (size_t)(k / 32);
     for (size_t i = 0; i < nbw * bw; i++) g_w[i] = (uint8_t)rnd();
     for (size_t i = 0; i < nbx * 34; i++) /* activations never hold -128 (the quantizer writes -127..127) */
         do g_x[i] = (uint8_t)rnd();
