@@ -51,7 +51,7 @@ enum {
     AX_MINTOK_Q8_0 = 6,
     AX_PB = 512,          /* panel bytes per block: 8 x 64 */
     AX_TB = 576,          /* packed tokens' bytes per block: 16 x 32, 16 dy */
-    AX_PACK = 768 * 1024, /* packed tokens per pass (16 at least: AX_MAXNB * AX_TB fits) */
+    AX_PACK = 512 * 1024, /* packed tokens per pass (16 at least: AX_MAXNB * AX_TB fits) */
 };
 
 /* Tiles: 0 and 1 A (16 tokens x 32 bytes), 2 and 3 B (8 x 64 bytes), 4 to
