@@ -164,9 +164,10 @@ XAI int ax_count(int64_t b, int64_t nb) {
 
 /* The 16 rows of a panel against one packed group of tokens: ch + 256 * c +
  * 16 * m = chain c of token m for the 16 rows. Chain c runs over blocks c,
- * c + 8, ... four at a time; the tile sums of the next step are issued
- * before this step's epilogue (two buffers in cb), so the tile unit and the
- * vector units overlap. */
+ * c + 8, ... four at a time (a step); the tile sums of the next step are
+ * issued one block at a time between this step's block epilogues (two
+ * buffers in cb): 8% faster than all four ahead (K 4096, 128 tokens), though
+ * the tile part and the epilogue still mostly add up. */
 static void ax_group(int64_t nb, const uint8_t *xp, const uint8_t *pb, const float *dx, int32_t *cb, float *ch) {
     int cur = 0;
     if (nb > 0) ax_sums(0, ax_count(0, nb), xp, pb, cb);
@@ -176,12 +177,24 @@ static void ax_group(int64_t nb, const uint8_t *xp, const uint8_t *pb, const flo
         for (int64_t b = c; b < nb; b += 32) {
             const int n = ax_count(b, nb);
             const int64_t bn = b + 32 < nb ? b + 32 : c + 1; /* else the next chain's first step */
-            if (bn < nb && (bn > b || c < 7)) ax_sums(bn, ax_count(bn, nb), xp, pb, cb + 1024 * (cur ^ 1));
+            const int nn = bn < nb && (bn > b || c < 7) ? ax_count(bn, nb) : 0;
+            int32_t *cn = cb + 1024 * (cur ^ 1);
             const int32_t *cc = cb + 1024 * cur;
-            for (int i = 0; i < n; i++) {
-                const int64_t bi = b + 8 * i;
-                ax_fin(cc + 256 * i, dx + 16 * bi, (const float *)(const void *)(xp + (size_t)bi * AX_TB + 512), acc);
-            }
+#define AX_STEP(i, ta, tb, tc)                                                                    \
+    do {                                                                                          \
+        if ((i) < nn) {                                                                           \
+            AX_BLOCK(ta, tb, tc, bn + 8 * (i));                                                   \
+            _tile_stored(tc, cn + 256 * (i), 64);                                                 \
+        }                                                                                         \
+        if ((i) < n)                                                                              \
+            ax_fin(cc + 256 * (i), dx + 16 * (b + 8 * (i)),                                       \
+                   (const float *)(const void *)(xp + (size_t)(b + 8 * (i)) * AX_TB + 512), acc); \
+    } while (0)
+            AX_STEP(0, 0, 2, 4);
+            AX_STEP(1, 1, 3, 5);
+            AX_STEP(2, 0, 2, 6);
+            AX_STEP(3, 1, 3, 7);
+#undef AX_STEP
             cur ^= 1;
         }
         _Pragma("GCC unroll 16") for (int m = 0; m < 16; m++) _mm512_store_ps(ch + 256 * c + 16 * m, acc[m]);
