@@ -31,7 +31,9 @@
  * dispatch.c only when cm_cpu_features_get() says this process may use
  * AMX-INT8 and CUMULO_AMX is not 0. Below AX_MINTOK_* tokens, or for rows
  * longer than AX_MAXNB blocks, it hands over to the table's gemm it
- * replaced. Stack: ~330 KiB at most. Never allocates.
+ * replaced. q4_0 rows repacked at load ("q4_0 lanes", repack.c) get the
+ * same gemm from AX_MINTOK_PACKED tokens as the table's gemm_packed (its
+ * panel reads the lanes layout; same ints, same bits). Stack: ~330 KiB at most. Never allocates.
  */
 #include "isa.h"
 
@@ -49,6 +51,10 @@ enum {
      * against 0.85 / 1.03; q8_0 0.87 / 0.94 at 4 / 6 against 0.86 / 1.12) */
     AX_MINTOK_Q4_0 = 4,
     AX_MINTOK_Q8_0 = 6,
+    /* over the repacked q4_0 rows, against the batched tile (avx512_bgemm.h,
+     * 4096 x 2048): 1.16-1.28 / 1.10-1.22 / 1.17-1.20 ms at 24 / 28 / 32
+     * tokens against 1.21-1.24 / 1.46-1.54 / 1.58-1.68 */
+    AX_MINTOK_PACKED = 24,
     AX_PB = 512,          /* panel bytes per block: 8 x 64 */
     AX_TB = 576,          /* packed tokens' bytes per block: 16 x 32, 16 dy */
     AX_PACK = 512 * 1024, /* packed tokens per pass (16 at least: AX_MAXNB * AX_TB fits) */
@@ -73,31 +79,41 @@ static void ax_config(void) {
     _tile_loadconfig(&c);
 }
 
-static cm_gemm_fn g_prev_q4_0, g_prev_q8_0;
+/* The weights' layouts: q4_0 and q8_0 as in the file, q4_0 repacked at load
+ * ("q4_0 lanes", repack.c). */
+enum { AX_Q4_0, AX_Q4_0_LANES, AX_Q8_0 };
+
+static cm_gemm_fn g_prev_q4_0, g_prev_q8_0, g_prev_packed_q4_0;
 
 /* The panel of rows [i, i + R) (R <= 16; lanes past R repeat row R - 1):
  * per block, the 8 x 64 bytes of B and the 16 dx as f32. */
-XAI void ax_panel(enum cm_type t, int64_t nb, const uint8_t *w, size_t ws, int R, uint8_t *pb, float *dx) {
+XAI void ax_panel(int lay, int64_t nb, const uint8_t *w, size_t ws, int R, uint8_t *pb, float *dx) {
     _Alignas(64) int32_t off[16];
     for (int n = 0; n < 16; n++) off[n] = (int32_t)((size_t)(n < R ? n : R - 1) * ws);
     const __m512i idx = _mm512_load_si512((const void *)off);
     const __m512i m4 = _mm512_set1_epi8(0x0f), k8 = _mm512_set1_epi8(8);
-    const size_t bs = t == CM_TYPE_Q4_0 ? sizeof(cm_block_q4_0) : sizeof(cm_block_q8_0);
+    const size_t bs = lay == AX_Q8_0 ? sizeof(cm_block_q8_0) : sizeof(cm_block_q4_0);
+    const int64_t nl = lay == AX_Q4_0_LANES ? nb / 16 * 16 : 0; /* blocks in "q4_0 lanes" groups */
     for (int64_t b = 0; b < nb; b++, pb += AX_PB) {
-        const uint8_t *blk = w + (size_t)b * bs;
-        const __m512i dw = _mm512_i32gather_epi32(idx, (const void *)blk, 1);
+        /* the block's fp16 d and its qs dword q at qs + qstep * q */
+        const uint8_t *d = w + (size_t)b * bs, *qs = d + 2;
+        size_t qstep = 4;
+        if (b < nl) {
+            const uint8_t *g = w + (size_t)(b / 16) * (16 * sizeof(cm_block_q4_0));
+            d = g + 2 * (b % 16), qs = g + 32 + 4 * (b % 16), qstep = 64;
+        }
+        const __m512i dw = _mm512_i32gather_epi32(idx, (const void *)d, 1);
         _mm512_store_ps(dx + 16 * b, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dw)));
-        if (t == CM_TYPE_Q4_0) {
+        if (lay != AX_Q8_0) {
             for (int q = 0; q < 4; q++) {
-                const __m512i v = _mm512_i32gather_epi32(idx, (const void *)(blk + 2 + 4 * q), 1);
+                const __m512i v = _mm512_i32gather_epi32(idx, (const void *)(qs + qstep * (size_t)q), 1);
                 _mm512_store_si512((void *)(pb + 64 * q), _mm512_sub_epi8(_mm512_and_si512(v, m4), k8));
                 _mm512_store_si512((void *)(pb + 64 * (q + 4)),
                                    _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(v, 4), m4), k8));
             }
         } else {
             for (int q = 0; q < 8; q++)
-                _mm512_store_si512((void *)(pb + 64 * q),
-                                   _mm512_i32gather_epi32(idx, (const void *)(blk + 2 + 4 * q), 1));
+                _mm512_store_si512((void *)(pb + 64 * q), _mm512_i32gather_epi32(idx, (const void *)(qs + 4 * q), 1));
         }
     }
 }
@@ -201,7 +217,7 @@ static void ax_group(int64_t nb, const uint8_t *xp, const uint8_t *pb, const flo
     }
 }
 
-static void ax_gemm(enum cm_type t, int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
+static void ax_gemm(int lay, int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
                     int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {
     const int64_t nb = k / 32;
     _Alignas(64) uint8_t pb[AX_MAXNB * AX_PB], xp[AX_PACK];
@@ -219,7 +235,7 @@ static void ax_gemm(enum cm_type t, int64_t k, const void *w, size_t w_stride, c
         for (int64_t i = r0; i < r1; i += 16) {
             const int R = r1 - i < 16 ? (int)(r1 - i) : 16;
             const __mmask16 mk = (__mmask16)((1u << R) - 1);
-            ax_panel(t, nb, (const uint8_t *)w + (size_t)i * w_stride, w_stride, R, pb, dx);
+            ax_panel(lay, nb, (const uint8_t *)w + (size_t)i * w_stride, w_stride, R, pb, dx);
             for (int64_t g = 0; g < ngr; g++) {
                 const int T = ntp - 16 * g < 16 ? (int)(ntp - 16 * g) : 16;
                 ax_group(nb, xp + (size_t)g * gbytes, pb, dx, cb, ch);
@@ -244,7 +260,7 @@ static void gemm_xq4_0(int64_t k, const void *w, size_t w_stride, const void *x,
         g_prev_q4_0(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
         return;
     }
-    ax_gemm(CM_TYPE_Q4_0, k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
+    ax_gemm(AX_Q4_0, k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
 }
 
 static void gemm_xq8_0(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
@@ -253,25 +269,37 @@ static void gemm_xq8_0(int64_t k, const void *w, size_t w_stride, const void *x,
         g_prev_q8_0(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
         return;
     }
-    ax_gemm(CM_TYPE_Q8_0, k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
+    ax_gemm(AX_Q8_0, k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
 }
 
 /* The AMX paths for every n_tok (tests and kbench; rows up to AX_MAXNB blocks). */
 static void gemm_aq4_0(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
                        int64_t r0, int64_t r1, int64_t n_tok) {
-    if (n_tok > 0 && r1 > r0) ax_gemm(CM_TYPE_Q4_0, k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
+    if (n_tok > 0 && r1 > r0) ax_gemm(AX_Q4_0, k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
 }
 static void gemm_aq8_0(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
                        int64_t r0, int64_t r1, int64_t n_tok) {
-    if (n_tok > 0 && r1 > r0) ax_gemm(CM_TYPE_Q8_0, k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
+    if (n_tok > 0 && r1 > r0) ax_gemm(AX_Q8_0, k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
+}
+
+/* The batched gemm over "q4_0 lanes" rows (up to gemm_packed_max tokens). */
+static void gemm_pq4_0(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
+                       int64_t r0, int64_t r1, int64_t n_tok) {
+    if (n_tok < AX_MINTOK_PACKED || k / 32 > AX_MAXNB) {
+        g_prev_packed_q4_0(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
+        return;
+    }
+    ax_gemm(AX_Q4_0_LANES, k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
 }
 
 void cm_kernels_fill_amx(cm_kernels *k) {
     g_prev_q4_0 = k->gemm[CM_TYPE_Q4_0];
     g_prev_q8_0 = k->gemm[CM_TYPE_Q8_0];
-    CM_ASSERT(g_prev_q4_0 && g_prev_q8_0);
+    g_prev_packed_q4_0 = k->gemm_packed[CM_TYPE_Q4_0];
+    CM_ASSERT(g_prev_q4_0 && g_prev_q8_0 && g_prev_packed_q4_0);
     k->gemm[CM_TYPE_Q4_0] = gemm_xq4_0;
     k->gemm[CM_TYPE_Q8_0] = gemm_xq8_0;
+    k->gemm_packed[CM_TYPE_Q4_0] = gemm_pq4_0;
 }
 
 cm_gemm_fn cm_kernels_amx_direct(enum cm_type t) {

@@ -14,7 +14,8 @@
  * (q8_0 weight bytes of -128 included, which no quantizer writes but a
  * file may hold; activations stay in -127..127, as from_float makes them).
  * Also through cm_matmul_rows with the avx512 table (the AMX gemm from 16
- * tokens, the VNNI one below), and two threads at once (tile configuration
+ * tokens, the VNNI one below), over q4_0 rows repacked at load (the
+ * batched gemm, AMX from 24 tokens), and two threads at once (tile configuration
  * is per thread). A CPU, OS or build without AMX-INT8 reports a skip.
  */
 #include "base/base.h"
@@ -146,6 +147,57 @@ static void test_table_bits(void) {
     }
 }
 
+/* The batched gemm over q4_0 rows repacked at load ("q4_0 lanes", AMX from
+ * 24 tokens up to gemm_packed_max), through cm_matmul_rows on the tensor
+ * whose copy was made: still vec_dot's bits on the file's bytes. */
+static void test_packed_bits(void) {
+    const cm_kernels *k = cm_kernels_for("avx512");
+    if (!k || !k->gemm_packed[CM_TYPE_Q4_0]) {
+        printf("skip: n/a: no avx512 table with a repacked q4_0 gemm on this CPU\n");
+        g_skipped++;
+        return;
+    }
+    static const int64_t lens[] = {27 * 32, 65 * 32, 2048, 5632};
+    for (size_t li = 0; li < CM_ARRAY_LEN(lens); li++) {
+        const int64_t n = lens[li];
+        g_mt = CM_TYPE_Q4_0;
+        fill(CM_TYPE_Q4_0, n);
+        reference(k, CM_TYPE_Q4_0, n, MAXTOK);
+        cm_tensor W;
+        const int64_t ne[2] = {n, ROWS};
+        cm_tensor_init(&W, CM_TYPE_Q4_0, 2, ne, g_w, "w");
+        int owner;
+        char err[128] = "";
+        const cm_tensor *ws[] = {&W};
+        CHECKF(cm_repack_add(&owner, k, ws, 1, err, sizeof err) == 0, "%s", err);
+        if (!cm_repack_find(&W, NULL)) {
+            printf("skip: no repacked copy (CUMULO_REPACK=0?)\n");
+            g_skipped++;
+            cm_repack_drop(&owner);
+            return;
+        }
+        int bad = 0;
+        const size_t xs = cm_row_size(CM_TYPE_Q8_0, n);
+        const int ldy = ROWS + 5;
+        for (int nt = 2; nt <= 40; nt++) {
+            static const int sl[][2] = {{0, ROWS}, {5, 21}, {17, 37}};
+            for (size_t si = 0; si < CM_ARRAY_LEN(sl); si++) {
+                for (int i = 0; i < nt * ldy; i++) g_y[i] = -7.25e30f;
+                cm_matmul_rows(k, &W, g_x, xs, nt, g_y, ldy, sl[si][0], sl[si][1]);
+                for (int j = 0; j < nt; j++)
+                    for (int i = 0; i < ldy; i++) {
+                        const bool in = i >= sl[si][0] && i < sl[si][1];
+                        g_compared += in;
+                        bad += in ? memcmp(&g_y[j * ldy + i], &g_ref[j * ROWS + i], 4) != 0
+                                  : g_y[j * ldy + i] != -7.25e30f;
+                    }
+            }
+        }
+        CHECKF(bad == 0, "repacked q4_0, rows of %lld: %d results differ from vec_dot", (long long)n, bad);
+        cm_repack_drop(&owner);
+    }
+}
+
 /* Two threads at once on different slices of one product: each configures
  * its own tiles. */
 typedef struct {
@@ -184,6 +236,7 @@ static void test_amx_threads(void) {
 int main(void) {
     RUN(test_amx_bits);
     RUN(test_table_bits);
+    RUN(test_packed_bits);
     RUN(test_amx_threads);
     printf("# %ld (row, token) results compared with vec_dot\n", g_compared);
     TEST_END_SKIPPED(g_skipped);
