@@ -146,10 +146,10 @@ cm_gemm_fn cm_kernels_amx_gemm(enum cm_type t, bool amx) {
     pthread_once(&g_once, build_tables);
     if ((unsigned)t >= CM_TYPE_COUNT) return NULL;
     if (!amx) return g_gemm_noamx[t];
+    if (!g_amx_cpu) return NULL;
 #if CM_KERNELS_HAVE_X86
-    return g_amx_cpu ? cm_kernels_amx_direct(t) : NULL;
+    return cm_kernels_amx_direct(t);
 #else
-    (void)t;
     return NULL;
 #endif
 }
