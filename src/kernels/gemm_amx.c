@@ -13,27 +13,29 @@
  * vec_dot's bits (kernels.h's batch invariance; an AMX machine and one
  * without agree in a cluster), tests/unit/test_kernels_amx.c.
  *
- * Operands: A = 16 tokens x the 32 activation bytes of block b, loaded
- * straight from the Q8_0 activation rows (tile row stride = the row
- * stride); B = the weights of 16 rows, repacked per call into a small
- * per-thread panel in the VNNI layout (block b: 8 rows of 64 bytes, row q
- * holding bytes 4q..4q+3 of each weight row's block; q4_0's nibbles made
- * signed q - 8), reused by every token group: no second copy of the
- * weights in memory. C = 16 tokens x 16 rows of int32, stored to L1 and
- * finished with AVX-512: each chain runs over its blocks with the 16
- * tokens' accumulators in registers (a chain's value does not depend on
- * when the others run).
+ * Operands: A = 16 tokens x the 32 activation bytes of block b, packed
+ * once per call with the tokens' dy as f32 (a last group of fewer than 16
+ * tokens padded with zero rows, so one tile shape serves all); B = the
+ * weights of 16 rows, repacked per call into a small per-thread panel in
+ * the VNNI layout (block b: 8 rows of 64 bytes, row q holding bytes
+ * 4q..4q+3 of each weight row's block; q4_0's nibbles made signed q - 8),
+ * reused by every token group: no second copy of the weights in memory.
+ * C = 16 tokens x 16 rows of int32, stored to L1 and finished with
+ * AVX-512: each chain runs over its blocks with the 16 tokens'
+ * accumulators in registers (a chain's value does not depend on when the
+ * others run).
  *
  * Tile configuration is per thread and per call: every call loads its own
- * (the last token group may have fewer than 16 rows) and releases the tiles
- * when it returns, so any thread may call at any time. Compiled with the
- * avx512 flags plus -mamx-tile -mamx-int8 (Makefile); installed by
- * dispatch.c only when cm_cpu_features_get() says this process may use
- * AMX-INT8 and CUMULO_AMX is not 0. Below AX_MINTOK_* tokens, or for rows
- * longer than AX_MAXNB blocks, it hands over to the table's gemm it
- * replaced. q4_0 rows repacked at load ("q4_0 lanes", repack.c) get the
- * same gemm from AX_MINTOK_PACKED tokens as the table's gemm_packed (its
- * panel reads the lanes layout; same ints, same bits). Stack: ~330 KiB at most. Never allocates.
+ * and releases the tiles when it returns, so any thread may call at any
+ * time. Compiled with the avx512 flags plus -mamx-tile -mamx-int8
+ * (Makefile); installed by dispatch.c only when cm_cpu_features_get() says
+ * this process may use AMX-INT8 and CUMULO_AMX is not 0. Below AX_MINTOK_*
+ * tokens, or for rows longer than AX_MAXNB blocks, it hands over to the
+ * table's gemm it replaced. q4_0 rows repacked at load ("q4_0 lanes",
+ * repack.c) get the same gemm from AX_MINTOK_PACKED tokens as the table's
+ * gemm_packed (its panel reads the lanes layout; same ints, same bits).
+ * Stack: ~880 KiB at most (compute threads have CM_COMPUTE_STACK, 8 MiB).
+ * Never allocates.
  */
 #include "isa.h"
 
