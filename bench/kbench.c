@@ -11,7 +11,9 @@
  * KBENCH_TYPES=q4_0,f16 and KBENCH_REPS=N narrow it; KBENCH_TOK=N sets the
  * gemm's tokens (default 16), KBENCH_CPU=1 times by thread CPU time. Where a table has a
  * gemv over weights repacked at load, a line "ISA+rp" times it A B A B
- * against the plain gemv on the same bytes.
+ * against the plain gemv on the same bytes. Where the CPU has AMX-INT8, a line
+ * "amx" times the AMX prefill gemm (gemm_amx.c, every token count) A B A B
+ * against the avx512 table's gemm without AMX, at the same KBENCH_TOK.
  */
 #include "kernels/kernels.h"
 #include "os/os.h"
@@ -116,6 +118,27 @@ static void packed_ab(const cm_kernels *k, const cm_tensor *W, const void *xq, s
     free(plain);
 }
 
+/* The AMX gemm against the avx512 gemm without it, A B A B, TOK tokens. */
+static void amx_ab(const cm_tensor *W, const void *xq, size_t as, float *y) {
+    const cm_gemm_fn amx = cm_kernels_amx_gemm(W->type, true), vnni = cm_kernels_amx_gemm(W->type, false);
+    if (!amx || !vnni) return;
+    const int reps = getenv("KBENCH_REPS") ? atoi(getenv("KBENCH_REPS")) : 5;
+    const int64_t n = W->ne[0], rows = W->ne[1];
+    double ba = 1e9, bv = 1e9;
+    for (int r = 0; r < reps; r++) {
+        double t0 = now_s();
+        amx(n, W->data, W->nb[1], xq, as, y, rows, 0, rows, TOK);
+        double t1 = now_s();
+        vnni(n, W->data, W->nb[1], xq, as, y, rows, 0, rows, TOK);
+        double t2 = now_s();
+        if (t1 - t0 < ba) ba = t1 - t0;
+        if (t2 - t1 < bv) bv = t2 - t1;
+    }
+    const double gb = (double)W->nb[1] * (double)rows / 1e9;
+    printf("%-6s %-7s %10s %8s %12.1f   (A B A B: avx512 gemm %.1f GB/s, x%.2f; %d tokens)\n", cm_type_name(W->type),
+           "amx", "", "", gb * TOK / ba, gb * TOK / bv, bv / ba, TOK);
+}
+
 int main(void) {
     static const enum cm_type types[] = {CM_TYPE_Q4_0, CM_TYPE_Q4_1, CM_TYPE_Q5_0, CM_TYPE_Q5_1,
                                          CM_TYPE_Q8_0, CM_TYPE_Q4_K, CM_TYPE_Q5_K, CM_TYPE_Q6_K,
@@ -182,6 +205,7 @@ int main(void) {
                    gb * TOK / bestg);
             fflush(stdout);
             if (k->gemv_packed[t]) packed_ab(k, &W, xq, as, y, gb, bw);
+            if (!strcmp(k->name, "avx512")) amx_ab(&W, xq, as, y);
         }
         free(w);
         free(xq);

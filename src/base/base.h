@@ -85,6 +85,7 @@ typedef struct cm_config {
     const char *isa;                /* CUMULO_ISA; "best" when unset */
     bool mmap;                      /* CUMULO_MMAP set and not "0" */
     bool repack_off;                /* CUMULO_REPACK is "0" */
+    bool amx_off;                   /* CUMULO_AMX is "0" */
     const char *key_file;           /* CUMULO_KEY_FILE */
     const char *models;             /* CUMULO_MODELS */
     const char *api_key;            /* CUMULO_API_KEY, as set (may be "") */

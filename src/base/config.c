@@ -30,6 +30,7 @@
       "set and not 0: keep weights in the file mapping instead of reading them into "                              \
       "memory (as --mmap)")                                                                                        \
     X(repack, "CUMULO_REPACK", "unset", "0: no repacking of weights into the kernels' interleaved layouts")        \
+    X(amx, "CUMULO_AMX", "1", "0: the int8 prefill gemms do not use AMX tiles where the CPU has them")             \
     X(key_file, "CUMULO_KEY_FILE", "$HOME/.config/cumulo/cluster.key", "the cluster key file (as --key-file)")     \
     X(models, "CUMULO_MODELS", "$XDG_CACHE_HOME/cumulo/models, else $HOME/.cache/cumulo/models",                   \
       "the models directory of pull, models, rm and hf:// names")                                                  \
@@ -174,6 +175,7 @@ static void load(void) {
     const char *mm = STR(mmap);
     c->mmap = mm && strcmp(mm, "0") != 0;
     c->repack_off = RAW(repack) && !strcmp(RAW(repack), "0");
+    c->amx_off = RAW(amx) && !strcmp(RAW(amx), "0");
     c->key_file = STR(key_file);
     c->models = STR(models);
     c->api_key = RAW(api_key);

@@ -497,7 +497,10 @@ int cmd_bench(int argc, char **argv) {
     if (cm_engine_load(&e, o.model, &eo, err, sizeof err)) return cli_fail("%s", err);
     cm_engine_info in;
     cm_engine_get_info(e, &in);
-    const char *kname = cm_kernels_get()->name;
+    /* "avx512+amx" where the q4_0/q8_0 prefill gemms use AMX tiles */
+    char kname[48];
+    snprintf(kname, sizeof kname, "%s%s", cm_kernels_get()->name,
+             !strcmp(cm_kernels_get()->name, "avx512") && !*cm_kernels_amx_why() ? "+amx" : "");
     if (in.n_stages > 1 || o.clo.on)
         fprintf(stderr,
                 "bench: cluster: %d stage%s, %d layer%s on this machine; power, joules/token and the "
@@ -505,6 +508,8 @@ int cmd_bench(int argc, char **argv) {
                 in.n_stages, in.n_stages == 1 ? "" : "s", in.local_layers, in.local_layers == 1 ? "" : "s");
     fprintf(stderr, "bench: %s (%s, %.1f M params, %.2f GB weights), %d thread%s, kernels %s\n", in.name, in.arch,
             in.n_params / 1e6, wbytes / 1e9, o.threads, o.threads == 1 ? "" : "s", kname);
+    if (!strcmp(cm_kernels_get()->name, "avx512") && *cm_kernels_amx_why())
+        fprintf(stderr, "bench: no AMX: %s\n", cm_kernels_amx_why());
 
     speed *runs = cm_calloc((size_t)o.reps * 2, sizeof *runs), best = {0, 0}, lbest = {0, 0};
     /* Power of this machine while cumulo decodes: RAPL when readable, else an

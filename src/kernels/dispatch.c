@@ -24,6 +24,9 @@ static cm_kernels g_tables[ISA_COUNT];
 static bool g_have[ISA_COUNT]; /* compiled in and supported by this CPU */
 static const cm_kernels *g_best;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+static const char *g_amx_why = "not built";
+static bool g_amx_cpu;                         /* the avx512 table exists and this process may use AMX-INT8 */
+static cm_gemm_fn g_gemm_noamx[CM_TYPE_COUNT]; /* the avx512 table's gemms before AMX */
 
 /* What each ISA file may use, from the flags the Makefile compiles it with.
  * A CPU lacking any of them never runs that file. */
@@ -83,6 +86,12 @@ static void build_tables(void) {
         cm_kernels_fill_attn_avx512(&g_tables[ISA_AVX512]);
         cm_kernels_fill_attn_tile_avx512(&g_tables[ISA_AVX512]);
         cm_kernels_fill_q8lane_avx512(&g_tables[ISA_AVX512]);
+        memcpy(g_gemm_noamx, g_tables[ISA_AVX512].gemm, sizeof g_gemm_noamx);
+        g_amx_cpu = f->x86_amx_int8;
+        g_amx_why = !f->x86_amx_int8 ? f->x86_amx_why : cm_config_get()->amx_off ? "CUMULO_AMX=0" : "";
+        if (!*g_amx_why) cm_kernels_fill_amx(&g_tables[ISA_AVX512]);
+    } else {
+        g_amx_why = "no avx512 kernels";
     }
 #endif
 #if CM_KERNELS_HAVE_NEON
@@ -107,8 +116,9 @@ static void build_tables(void) {
         if (isa_rank(i) > isa_rank(best)) best = i;
     }
     g_best = &g_tables[best];
-    CM_LOGD("kernels: using '%s' (CUMULO_ISA=%s; avx2 %s, avx512 %s, neon %s)", g_best->name, cap_name,
-            g_have[ISA_AVX2] ? "yes" : "no", g_have[ISA_AVX512] ? "yes" : "no", g_have[ISA_NEON] ? "yes" : "no");
+    CM_LOGD("kernels: using '%s' (CUMULO_ISA=%s; avx2 %s, avx512 %s, neon %s; amx %s)", g_best->name, cap_name,
+            g_have[ISA_AVX2] ? "yes" : "no", g_have[ISA_AVX512] ? "yes" : "no", g_have[ISA_NEON] ? "yes" : "no",
+            *g_amx_why ? g_amx_why : "yes");
 }
 
 const cm_kernels *cm_kernels_get(void) {
@@ -125,6 +135,23 @@ const cm_kernels *cm_kernels_for(const char *isa) {
     pthread_once(&g_once, build_tables);
     int i = isa_index(isa);
     return i >= 0 && g_have[i] ? &g_tables[i] : NULL;
+}
+
+const char *cm_kernels_amx_why(void) {
+    pthread_once(&g_once, build_tables);
+    return g_amx_why;
+}
+
+cm_gemm_fn cm_kernels_amx_gemm(enum cm_type t, bool amx) {
+    pthread_once(&g_once, build_tables);
+    if ((unsigned)t >= CM_TYPE_COUNT) return NULL;
+    if (!amx) return g_gemm_noamx[t];
+    if (!g_amx_cpu) return NULL;
+#if CM_KERNELS_HAVE_X86
+    return cm_kernels_amx_direct(t);
+#else
+    return NULL;
+#endif
 }
 
 bool cm_kernels_supports(enum cm_type t) {

@@ -53,6 +53,11 @@ void cm_kernels_fill_kq4_avx512(cm_kernels *k);
 void cm_kernels_fill_kd_avx512(cm_kernels *k);
 /* q8_0 in block lane order (q8lane_avx512.c), filled last: replaces kernels_avx512.c's q8_0. */
 void cm_kernels_fill_q8lane_avx512(cm_kernels *k);
+/* q4_0 and q8_0 prefill on AMX tiles (gemm_amx.c), filled after every other
+ * avx512 file when the CPU and the OS allow AMX-INT8 and CUMULO_AMX is not 0;
+ * cm_kernels_amx_direct: its gemm of type t for every n_tok, or NULL. */
+void cm_kernels_fill_amx(cm_kernels *k);
+cm_gemm_fn cm_kernels_amx_direct(enum cm_type t);
 #else
 #define CM_KERNELS_HAVE_X86 0
 #endif

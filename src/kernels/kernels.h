@@ -130,6 +130,17 @@ const cm_kernels *cm_kernels_ref(void);
 /* A specific ISA's table, or NULL when this CPU/binary lacks it (for tests). */
 const cm_kernels *cm_kernels_for(const char *isa);
 
+/* AMX (gemm_amx.c): "" when the avx512 table's q4_0 and q8_0 prefill gemms
+ * use AMX tiles (from 4 and 6 tokens on), else why not ("CUMULO_AMX=0", or what
+ * the CPU or OS lacks). Same bits either way (batch invariance). */
+const char *cm_kernels_amx_why(void);
+/* For tests and kbench: with amx, that AMX gemm of weight type t for every
+ * n_tok >= 1 and rows of at most 16384 elements (no hand-over to another
+ * gemm), whatever CUMULO_AMX says, or NULL where this CPU, OS or build has
+ * no AMX-INT8 or t has none; without, the avx512 table's gemm of t as
+ * CUMULO_AMX=0 has it (NULL: no avx512 table, or no gemm). */
+cm_gemm_fn cm_kernels_amx_gemm(enum cm_type t, bool amx);
+
 /* Is type t usable as a weight type (has a dot product, a dequantizer and an
  * activation converter for its vec_dot_type)? False for unknown ids. */
 bool cm_kernels_supports(enum cm_type t);

@@ -13,6 +13,10 @@
 #if defined(__x86_64__)
 #include <cpuid.h>
 #endif
+#if defined(__x86_64__) && defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 #if defined(__linux__) && defined(__aarch64__)
 #include <sys/auxv.h>
 #ifndef HWCAP_ASIMDDP
@@ -38,12 +42,33 @@ static uint64_t xgetbv0(void) {
     __asm__ volatile("xgetbv" : "=a"(eax), "=d"(edx) : "c"(0));
     return ((uint64_t)edx << 32) | eax;
 }
+
+/* "" when this process may use AMX-INT8 tiles, else why not. Asks Linux
+ * for the tile data state once (arch_prctl ARCH_REQ_XCOMP_PERM for
+ * XFEATURE_XTILEDATA): the grant covers every thread of the process, those
+ * started later included. */
+static const char *amx_detect(uint64_t xcr0) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return "no CPUID leaf 7";
+    if (!(d & (1u << 24)) || !(d & (1u << 25))) return "the CPU has no AMX-TILE/AMX-INT8";
+    if ((xcr0 & (3u << 17)) != (3u << 17)) return "the OS does not enable tile state (XCR0)";
+#if defined(__linux__)
+    enum { ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18 };
+    if (syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) != 0)
+        return "Linux refused the tile data permission (arch_prctl)";
+    return "";
+#else
+    return "AMX is used on Linux only";
+#endif
+}
 #endif
 
 static void detect(void) {
     memset(&g_feat, 0, sizeof g_feat);
+    g_feat.x86_amx_why = "not an x86-64 build";
 #if defined(__x86_64__)
     unsigned a, b, c, d;
+    g_feat.x86_amx_why = "no CPUID";
     if (!__get_cpuid(1, &a, &b, &c, &d)) return;
     bool osxsave = c & (1u << 27);
     bool avx = c & (1u << 28);
@@ -63,6 +88,8 @@ static void detect(void) {
         g_feat.x86_avxvnni = ymm_ok && (a & (1u << 4));
         g_feat.x86_avx512bf16 = g_feat.x86_avx512f && (a & (1u << 5));
     }
+    g_feat.x86_amx_why = amx_detect(xcr0);
+    g_feat.x86_amx_int8 = !*g_feat.x86_amx_why;
 #elif defined(__aarch64__)
     g_feat.arm_neon = true;
 #if defined(__linux__)

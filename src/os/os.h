@@ -77,6 +77,12 @@ typedef struct cm_cpu_features {
     bool x86_avx2, x86_fma, x86_f16c;
     bool x86_avx512f, x86_avx512bw, x86_avx512vl, x86_avx512vnni, x86_avx512bf16, x86_avxvnni;
     bool arm_neon, arm_dotprod, arm_i8mm, arm_fp16;
+    /* AMX tiles with int8 products, usable by this process: CPUID says
+     * AMX-TILE and AMX-INT8, XCR0 enables tile state, and (Linux) the kernel
+     * granted this process the tile data (arch_prctl). x86_amx_why says why
+     * not when false ("" when true). */
+    bool x86_amx_int8;
+    const char *x86_amx_why;
 } cm_cpu_features;
 const cm_cpu_features *cm_cpu_features_get(void); /* detected once; thread-safe after first call */
 /* CUMULO_ISA=scalar|avx2|avx512|neon caps what dispatch may pick (for tests and benchmarks). */
