@@ -16,6 +16,7 @@
 #     fails this).
 #  3. Every request completes (none is lost to the scheduler's new path).
 . "$(dirname "$0")/lib/http_common.sh"
+need python3
 serving_setup
 cp "$TMP/cl.py" "$TMP/client.py"
 cat >>"$TMP/client.py" <<'EOF'
