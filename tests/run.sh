@@ -106,6 +106,7 @@ run_one() {
     done <"$OUT/why"
     total_p=$((total_p + p)); total_f=$((total_f + f)); total_s=$((total_s + s))
     sk=""; [ "$s" -gt 0 ] && sk=", $s skipped"
+    case "$line" in *" $s skipped"*) sk="" ;; esac # (said already)
     if [ "$f" -ne 0 ]; then
         bad="$bad $name"
         printf 'FAIL  %-28s %s (%ss)\n' "$name" "${line:-}${why:+ [$why]}" "$secs"

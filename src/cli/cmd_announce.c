@@ -9,6 +9,7 @@
 #include "base/base.h"
 #include "cluster/mdns.h"
 #include "os/os.h"
+#include "proto/proto.h"
 
 #include <signal.h>
 #include <stdio.h>
@@ -80,7 +81,7 @@ int cmd_announce(int argc, char **argv) {
     cm_mdns_service svc = {.name = name,
                            .port = (uint16_t)port,
                            .node_id = id,
-                           .proto_version = 1,
+                           .proto_version = CM_PROTO_VERSION,
                            .txt_extra = {cores, mem, isa, os},
                            .n_txt_extra = 4,
                            .ttl_host = (uint32_t)ttl};

@@ -2,12 +2,18 @@
  * cmd_info.c: `cumulo info MODEL [--ctx N] [--json]`: what a GGUF model is
  * and what running it costs: architecture and shape, parameter count, quant
  * mix, context, and memory needed (mmapped weights + KV cache at ctx).
- * Reads through engine.h only; never writes anything but stdout/stderr.
+ * Reads the model through engine.h only; `--cpu` (no model) tells which
+ * kernel table this machine and CUMULO_ISA select and the CPU features it
+ * was chosen from, so scripts ask the binary instead of repeating the
+ * dispatch rules (tests/sh/real_models.sh). Never writes anything but
+ * stdout/stderr.
  */
 #include "cli.h"
 
 #include "base/base.h"
 #include "engine/engine.h"
+#include "kernels/kernels.h"
+#include "os/os.h"
 #include "tensor/tensor.h"
 
 #include <cjson/cJSON.h>
@@ -17,6 +23,7 @@
 static const char k_info_usage[] =
     "usage: cumulo info MODEL.gguf [--ctx N] [--kv-type T] [-ctk T] [-ctv T] [--json]\n"
     "       cumulo info --gpu [--json]   (the Vulkan devices only)\n"
+    "       cumulo info --cpu [--json]   (this machine's kernel table and CPU features)\n"
     "\n"
     "Print the model's architecture, parameter count, quant mix, context and the\n"
     "memory it needs (weights, mapped from the file, plus the KV cache at --ctx).\n"
@@ -25,7 +32,10 @@ static const char k_info_usage[] =
     "  --kv-type T f32 (default), f16, q8_0 or q4_0 KV cache for the estimate\n"
     "  -ctk T, -ctv T  K and V types apart (--cache-type-k, --cache-type-v)\n"
     "  --json      one JSON object instead of text\n"
-    "  --gpu       without a model: list the Vulkan devices (a model's info lists them too)\n";
+    "  --gpu       without a model: list the Vulkan devices (a model's info lists them too)\n"
+    "  --cpu       without a model: the kernel table cumulo runs here (scalar, avx2, avx512\n"
+    "              or neon: the best this CPU supports, capped by CUMULO_ISA) and the CPU\n"
+    "              features it was chosen from\n";
 
 static void human(char *b, size_t n, double bytes) {
     const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
@@ -43,11 +53,62 @@ static uint64_t kv_per_token(const cm_engine_info *in, enum cm_type t) {
     return 2ull * (uint64_t)in->n_layer * (uint64_t)in->n_head_kv * (uint64_t)cm_row_size(t, in->head_dim);
 }
 
+/* `info --cpu`: the kernel table cm_kernels_get() picks (what every matrix
+ * product of this process runs), the tables this CPU could run, and the
+ * features detected. */
+static int cpu_info(bool json) {
+    const cm_cpu_features *f = cm_cpu_features_get();
+    const struct {
+        bool on;
+        const char *name;
+    } feats[] = {{f->x86_avx2, "avx2"},
+                 {f->x86_fma, "fma"},
+                 {f->x86_f16c, "f16c"},
+                 {f->x86_avx512f, "avx512f"},
+                 {f->x86_avx512bw, "avx512bw"},
+                 {f->x86_avx512vl, "avx512vl"},
+                 {f->x86_avx512vnni, "avx512vnni"},
+                 {f->x86_avx512bf16, "avx512bf16"},
+                 {f->x86_avxvnni, "avxvnni"},
+                 {f->arm_neon, "neon"},
+                 {f->arm_dotprod, "dotprod"},
+                 {f->arm_i8mm, "i8mm"},
+                 {f->arm_fp16, "fp16"}};
+    static const char *const isas[] = {"scalar", "avx2", "avx512", "neon"};
+    const char *kname = cm_kernels_get()->name;
+    if (json) {
+        cJSON *j = cJSON_CreateObject();
+        cJSON_AddStringToObject(j, "kernels", kname);
+        cJSON_AddStringToObject(j, "isa_cap", cm_cpu_isa_cap());
+        cJSON *t = cJSON_AddArrayToObject(j, "tables");
+        for (size_t i = 0; i < CM_ARRAY_LEN(isas); i++)
+            if (cm_kernels_for(isas[i])) cJSON_AddItemToArray(t, cJSON_CreateString(isas[i]));
+        cJSON_AddStringToObject(j, "arch", cm_arch_name());
+        cJSON_AddNumberToObject(j, "cores", cm_cpu_count());
+        cJSON *a = cJSON_AddArrayToObject(j, "features");
+        for (size_t i = 0; i < CM_ARRAY_LEN(feats); i++)
+            if (feats[i].on) cJSON_AddItemToArray(a, cJSON_CreateString(feats[i].name));
+        char *s = cJSON_PrintUnformatted(j);
+        if (s) puts(s);
+        cJSON_free(s);
+        cJSON_Delete(j);
+        return 0;
+    }
+    printf("kernels:  %s (CUMULO_ISA=%s; tables this CPU runs:", kname, cm_cpu_isa_cap());
+    for (size_t i = 0; i < CM_ARRAY_LEN(isas); i++)
+        if (cm_kernels_for(isas[i])) printf(" %s", isas[i]);
+    printf(")\ncpu:      %s, %d cores; features:", cm_arch_name(), cm_cpu_count());
+    for (size_t i = 0; i < CM_ARRAY_LEN(feats); i++)
+        if (feats[i].on) printf(" %s", feats[i].name);
+    printf("\n");
+    return 0;
+}
+
 int cmd_info(int argc, char **argv) {
     if (cli_help(argc, argv, k_info_usage, 0)) return 0;
     const char *model = NULL;
     long ctx = 0;
-    bool json = false, kv_f16 = false, gpus = false;
+    bool json = false, kv_f16 = false, gpus = false, cpu = false;
     cli_kv kvo = {0};
     int kr;
     for (int i = 1; i < argc; i++) {
@@ -59,6 +120,8 @@ int cmd_info(int argc, char **argv) {
             json = true;
         } else if (!strcmp(argv[i], "--gpu")) {
             gpus = true;
+        } else if (!strcmp(argv[i], "--cpu")) {
+            cpu = true;
         } else if (argv[i][0] == '-' && argv[i][1]) {
             return cli_fail("unknown option '%s'; see 'cumulo info --help'", argv[i]);
         } else if (!model) {
@@ -66,6 +129,10 @@ int cmd_info(int argc, char **argv) {
         } else {
             return cli_fail("unexpected argument '%s'; see 'cumulo info --help'", argv[i]);
         }
+    }
+    if (cpu) {
+        if (model || gpus) return cli_fail("'--cpu' takes no model and no '--gpu'; see 'cumulo info --help'");
+        return cpu_info(json);
     }
     if (!model && gpus) { /* the devices only */
         cJSON *j = json ? cJSON_CreateObject() : NULL;

@@ -78,7 +78,7 @@ AI __m256i dot_s8s8(__m256i x, __m256i y) { return dot_u8s8(_mm256_sign_epi8(x, 
 
 /* TILE32_CHAIN: one FMA chain per token over the blocks in order, then
  * hsum8 (+ the min terms' own chain): the order of llama.cpp's x86 vec_dot
- * for q5_0/q5_1 and of its llamafile tinyBLAS gemm for q5_0 (which its x86
+ * for q4_1/q5_0/q5_1 and of its llamafile tinyBLAS gemm for q5_0 (which its x86
  * builds run for q5_0 in prefill and decode alike), so these dots carry
  * llama.cpp's bits, not merely its value (phi3's 768-wide rows put a few
  * activations close enough to an 8-bit rounding tie that the two-chain
@@ -114,7 +114,7 @@ TILE32(q4_0, cm_block_q4_0, cm_block_q8_0, BODY_Q4_0)
             M[t] += mx * f16f(yv[t][B].s);                                             \
         }                                                                              \
     } while (0)
-TILE32(q4_1, cm_block_q4_1, cm_block_q8_1, BODY_Q4_1)
+TILE32_CHAIN(q4_1, cm_block_q4_1, cm_block_q8_1, BODY_Q4_1) /* llama.cpp's order, as q5_0/q5_1 */
 
 /* q5_0: the fifth bit clear means value - 16, which in a signed byte is 0xf0 | nibble. */
 #define BODY_Q5_0(B, ACC, M)                                                                                   \
@@ -249,16 +249,51 @@ AI __m256 ld_f32(const void *p, int64_t i) { return _mm256_loadu_ps((const float
 AI __m256 ld_f16(const void *p, int64_t i) {
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const cm_f16 *)p + i)));
 }
-AI __m256 ld_bf16(const void *p, int64_t i) {
-    const __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const cm_bf16 *)p + i)));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
-}
 /* acc + a * b, and the sum of the lanes of a + b (tiles.h's CM_TILE_FLOAT) */
 #define FMA8(acc, a, b) _mm256_fmadd_ps(a, b, acc)
 #define HSUM8X2(a, b) hsum8(_mm256_add_ps(a, b))
 CM_TILE_FLOAT(tile_f32, ld_f32, sc_f32, __m256, 8, _mm256_setzero_ps(), FMA8, HSUM8X2)
 CM_TILE_FLOAT(tile_f16, ld_f16, sc_f16, __m256, 8, _mm256_setzero_ps(), FMA8, HSUM8X2)
-CM_TILE_FLOAT(tile_bf16, ld_bf16, sc_bf16, __m256, 8, _mm256_setzero_ps(), FMA8, HSUM8X2)
+
+/* bf16 in the arithmetic of the AVX-512 table's ztile_bf16 (kernels_avx512.c),
+ * which is that of llama.cpp's x86 vec_dot on AVX512-BF16 CPUs (the synthetic
+ * goldens' references): vdpbf16ps, emulated. A 32-bit lane holds the pair of
+ * elements 2j, 2j+1; the odd element's product is added first, then the even
+ * one's, each rounded (vdpbf16ps's two FMAs; the products are exact, 8-bit
+ * mantissas); 64 elements per step in two 16-lane chains (here 4 x 8 lanes),
+ * folded lane by lane and then halved as _mm512_reduce_add_ps does, so this
+ * table's bf16 bits equal the AVX-512 table's (vdpbf16ps also flushes
+ * denormals, which no model's weights or activations are). With its own
+ * order (2 x 8 lanes, one element per lane) CUMULO_ISA=avx2 parted from the
+ * references at a near tie in gemma3-bf16 (test_synth_golden). */
+AI __m256 bf16_hi(__m256i v) { return _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32((int)0xffff0000u))); }
+AI __m256 bf16_lo(__m256i v) { return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)); }
+AI __m256 dpbf16_8(__m256 acc, __m256i x, __m256i y) {
+    acc = _mm256_fmadd_ps(bf16_hi(x), bf16_hi(y), acc);
+    return _mm256_fmadd_ps(bf16_lo(x), bf16_lo(y), acc);
+}
+AI void tile_bf16(int64_t n, const void *x, const void *const *yv, int T, float *out) {
+    __m256 a[TMAX][4]; /* [0], [1]: the first 16-lane chain (elements 0-31 of a step); [2], [3]: the second */
+    for (int t = 0; t < T; t++) a[t][0] = a[t][1] = a[t][2] = a[t][3] = _mm256_setzero_ps();
+    const cm_bf16 *xb = x;
+    int64_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        const __m256i x0 = ld256(xb + i), x1 = ld256(xb + i + 16), x2 = ld256(xb + i + 32), x3 = ld256(xb + i + 48);
+        for (int t = 0; t < T; t++) {
+            const cm_bf16 *yb = yv[t];
+            a[t][0] = dpbf16_8(a[t][0], x0, ld256(yb + i));
+            a[t][1] = dpbf16_8(a[t][1], x1, ld256(yb + i + 16));
+            a[t][2] = dpbf16_8(a[t][2], x2, ld256(yb + i + 32));
+            a[t][3] = dpbf16_8(a[t][3], x3, ld256(yb + i + 48));
+        }
+    }
+    for (int t = 0; t < T; t++) {
+        /* chain 1 + chain 2 lane by lane, then lanes 8-15 + lanes 0-7, then hsum8's halving */
+        float s = hsum8(_mm256_add_ps(_mm256_add_ps(a[t][1], a[t][3]), _mm256_add_ps(a[t][0], a[t][2])));
+        for (int64_t k = i; k < n; k++) s += sc_bf16(x, k) * sc_bf16(yv[t], k);
+        out[t] = s;
+    }
+}
 
 /* ---- vec_dot and gemm wrappers (tiles.h) ---- */
 CM_VEC_DOT_TYPES()

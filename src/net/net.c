@@ -466,6 +466,21 @@ static int send_msg(cm_conn *c, const cm_msg *m, uint64_t deadline, char *err, s
     return send_sealed(c, m->type, n, deadline, err, errlen);
 }
 
+/* A peer of another protocol version, before the handshake: tell it why in a
+ * frame of its own version (proto.h: what a refusal needs never changes), when
+ * nothing was sent on this connection yet (a listener's first frame), then
+ * fail with the same words from this side. */
+static int refuse_version(cm_conn *c, unsigned v, uint64_t deadline, char *err, size_t errlen) {
+    char theirs[300], mine[300], e2[64];
+    uint8_t f[CM_FRAME_HDR + 1024];
+    size_t n;
+    cm_proto_mismatch_text(theirs, sizeof theirs, v, CM_PROTO_VERSION);
+    cm_proto_mismatch_text(mine, sizeof mine, CM_PROTO_VERSION, v);
+    if (c->s.tx_seq == 0 && cm_frame_refusal(v, CM_EUNSUPPORTED, theirs, f, sizeof f, &n, e2, sizeof e2) == 0)
+        write_all(c, f, n, CM_MIN(deadline, cm_now_ns() + 200000000ull), e2, sizeof e2);
+    return conn_fail(c, CM_EUNSUPPORTED, err, errlen, "%s", mine);
+}
+
 static int recv_frame(cm_conn *c, cm_frame_hdr *h, uint8_t **payload, uint64_t deadline, int timeout_ms, char *err,
                       size_t errlen) {
     size_t got = 0;
@@ -481,6 +496,9 @@ static int recv_frame(cm_conn *c, cm_frame_hdr *h, uint8_t **payload, uint64_t d
     }
     if (rc) goto io_error;
     rc = cm_frame_hdr_decode(c->rx, CM_FRAME_HDR, h, e, sizeof e);
+    unsigned v;
+    if (rc && !c->s.established && cm_frame_hdr_version(c->rx, CM_FRAME_HDR, &v) && v != CM_PROTO_VERSION)
+        return refuse_version(c, v, deadline, err, errlen);
     if (!rc) rc = cm_chan_check_hdr(&c->s, h, e, sizeof e);
     if (rc) return conn_fail(c, rc, err, errlen, "%s", e);
     size_t need = CM_FRAME_HDR + (size_t)h->len + ((h->flags & CM_FRAME_F_MAC) ? CM_FRAME_MAC : 0);
@@ -531,8 +549,9 @@ static int hs_recv(cm_conn *c, unsigned want, const uint8_t **p, size_t *n, uint
     int rc = recv_frame(c, &h, &pl, deadline, timeout_ms, err, errlen);
     if (rc == CM_ECLOSED)
         return conn_fail(c, CM_ECLOSED, err, errlen,
-                         "closed the connection during the handshake (different cluster key, or "
-                         "not a cumulo node?)");
+                         "closed the connection during the handshake (a different cluster key, a cumulo "
+                         "older than protocol %d, which closes without a reason, or not a cumulo node?)",
+                         CM_PROTO_VERSION);
     if (rc == CM_ETIMEDOUT && c->state != CM_CONN_FAILED)
         return conn_fail(c, rc, err, errlen, "did not finish the handshake within %d ms", timeout_ms);
     if (rc) return rc;

@@ -10,6 +10,7 @@
 #include "base/base.h"
 
 #include <sodium.h>
+#include <stdio.h>
 #include <string.h>
 
 static const struct {
@@ -67,6 +68,28 @@ int cm_frame_hdr_decode(const uint8_t *p, size_t n, cm_frame_hdr *h, char *err, 
     if (h->len > k_types[h->type].max)
         return cm_errf(err, errlen, CM_ERANGE, "%s frame of %u bytes exceeds the maximum of %u", k_types[h->type].name,
                        (unsigned)h->len, (unsigned)k_types[h->type].max);
+    return 0;
+}
+
+bool cm_frame_hdr_version(const uint8_t *p, size_t n, unsigned *version) {
+    if (n < CM_FRAME_HDR || cm_rd_u32(p) != CM_PROTO_MAGIC) return false;
+    *version = p[4];
+    return true;
+}
+
+int cm_frame_refusal(unsigned version, int32_t code, const char *text, uint8_t *out, size_t cap, size_t *len, char *err,
+                     size_t errlen) {
+    if (version > 255) return cm_errf(err, errlen, CM_EINVAL, "protocol version %u does not fit a header", version);
+    cm_msg m = {.type = CM_MSG_ERROR};
+    m.u.error.code = code;
+    snprintf(m.u.error.text, sizeof m.u.error.text, "%s", text);
+    size_t n;
+    if (cap < CM_FRAME_HDR) return cm_errf(err, errlen, CM_ERANGE, "refusal buffer too small");
+    int rc = cm_msg_encode(&m, out + CM_FRAME_HDR, cap - CM_FRAME_HDR, &n, err, errlen);
+    if (rc) return rc;
+    const cm_frame_hdr h = {(uint8_t)version, CM_MSG_ERROR, 0, 0, (uint32_t)n};
+    cm_frame_hdr_encode(&h, out);
+    *len = CM_FRAME_HDR + n;
     return 0;
 }
 

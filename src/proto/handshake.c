@@ -11,6 +11,7 @@
 #include "base/base.h"
 
 #include <sodium.h>
+#include <stdio.h>
 #include <string.h>
 
 #define KDF_CTX "cumulohs" /* crypto_kdf context: exactly 8 bytes */
@@ -47,6 +48,13 @@ static const char *mode_words(unsigned m) {
     return m == CM_SEC_INSECURE ? "runs --insecure"
            : m == CM_SEC_AUTH   ? "uses auth-only frames"
                                 : "requires the cluster key and encrypted frames";
+}
+
+void cm_proto_mismatch_text(char *out, size_t cap, unsigned this_v, unsigned that_v) {
+    snprintf(out, cap,
+             "protocol version mismatch: that node runs cumulo protocol %u, this node protocol %u: update cumulo "
+             "on %s (every node of a cluster must speak the same protocol version)",
+             that_v, this_v, this_v < that_v ? "this node" : "that node");
 }
 
 /* Checks the version and mode of a peer's INIT/REPLY core. The messages may be

@@ -18,7 +18,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define CM_PROTO_VERSION 1
+/* Both ends of a connection speak exactly one version (docs/PROTOCOL.md,
+ * "Versioning"). 2: session 16's auth-only ALLREDUCE frames on IP loopback
+ * and 16384-element all-reduce pieces. */
+#define CM_PROTO_VERSION 2
 #define CM_PROTO_MAGIC 0x4F4C4D43u /* "CMLO" on the wire */
 #define CM_FRAME_HDR 20            /* magic4 version1 type1 flags2 seq8 len4 */
 #define CM_FRAME_MAC 16            /* Poly1305 tag, present when CM_FRAME_F_MAC */
@@ -87,6 +90,27 @@ typedef struct cm_frame_hdr {
  * CM_EFORMAT (magic/flags/truncated), CM_EUNSUPPORTED (version, type), CM_ERANGE (len). */
 int cm_frame_hdr_decode(const uint8_t *p, size_t n, cm_frame_hdr *h, char *err, size_t errlen);
 void cm_frame_hdr_encode(const cm_frame_hdr *h, uint8_t out[CM_FRAME_HDR]);
+
+/* Peers of other versions. What a refusal needs never changes from one
+ * version to the next: the header's layout and magic, ERROR's type number
+ * (17) and payload (cm_msg_error), and a listener's first frame being in
+ * plaintext with sequence number 0. So a node can always tell a peer of
+ * another version why it refuses it, in that peer's own version. */
+
+/* The version byte of the frame header at p, whatever the version (true), or
+ * false when n < CM_FRAME_HDR or the magic is not cumulo's. */
+bool cm_frame_hdr_version(const uint8_t *p, size_t n, unsigned *version);
+/* A whole plaintext ERROR frame {code, text} with sequence number 0 and
+ * protocol `version`'s header, for a peer of that version before any
+ * handshake: *len bytes at out. CM_ERANGE when cap is too small. */
+int cm_frame_refusal(unsigned version, int32_t code, const char *text, uint8_t *out, size_t cap, size_t *len, char *err,
+                     size_t errlen);
+/* The words for two protocol versions that differ, from the side of the
+ * node that speaks `this_v` (the other speaks `that_v`): "protocol version
+ * mismatch: that node runs cumulo protocol 1, this node protocol 2: update
+ * cumulo on that node (...)". A refusal sent to a peer is written from the
+ * peer's side (this_v = the peer's version): the peer shows it as it is. */
+void cm_proto_mismatch_text(char *out, size_t cap, unsigned this_v, unsigned that_v);
 
 /* Security of a connection. Both ends must use the same mode. */
 typedef enum cm_sec_mode {

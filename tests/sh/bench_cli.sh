@@ -4,6 +4,8 @@
 # decode step reads (all weights minus the token-embedding rows not looked up,
 # the separate output head included). Timings are printed, never asserted.
 cd "$(dirname "$0")/../.." || exit 1
+. tests/sh/lib/need.sh
+need python3
 BIN=${CUMULO_BIN:-build/cumulo}
 SHARED=${CUMULO_SHARED:-../shared}
 VOCAB=$SHARED/vocab/ggml-vocab-llama-spm.gguf

@@ -52,12 +52,8 @@ KNOWN_FAIL=${CUMULO_CHAOS_KNOWN_FAIL:-}
 T=cmchaos-$$
 BR=$T-br; NC=$T-c; NA=$T-a; NB=$T-b
 cc_cleanup_hook() { for n in $NC $NA $NB $BR; do ip netns del "$n" 2>/dev/null; done; }
-if [ "$(id -u)" != 0 ] || ! command -v nft >/dev/null || ! command -v tc >/dev/null || ! command -v curl >/dev/null ||
-    ! command -v python3 >/dev/null || ! ip netns add "$BR" 2>/dev/null; then
-    echo "skip: needs root, ip netns, nft, tc, curl and python3" >&2
-    echo "0 passed, 0 failed, 1 skipped"
-    exit 0
-fi
+need nft tc curl python3
+need_netns "$BR"
 t_start=$(date +%s)
 ip -n "$BR" link set lo up
 . tests/sh/lib/netns_common.sh

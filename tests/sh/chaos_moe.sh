@@ -22,11 +22,7 @@
 # Loopback only (no namespaces, no root needed).
 cd "$(dirname "$0")/../.." || exit 1
 . tests/sh/lib/cluster_common.sh
-command -v curl >/dev/null && command -v python3 >/dev/null || {
-    echo "skip: needs curl and python3" >&2
-    echo "0 passed, 0 failed, 1 skipped"
-    exit 0
-}
+need curl python3
 VOCAB=$SHARED/vocab/ggml-vocab-llama-spm.gguf
 N_TOK=48; LOST_MS=1000; TOKEN_MS=5000; WAVE1=4; WAVE2=2; WAVE3=2
 SCENARIOS=${CUMULO_CHAOS_SCENARIOS:-none kill stop killtp}

@@ -92,6 +92,15 @@ grep -q '^architecture: llama' "$TMP/i.txt" && grep -q '^parameters:   292800 ' 
 # KV bytes per token by type: a head of 8 elements is not whole Q8_0/Q4_0 blocks (null, "n/a"), not 0
 [ "$(cc_jsonget "$TMP/i.json" 'my $t = $j->{kv_bytes_per_token_by_type}; join ",", map { $t->{$_} // "null" } qw(f32 f16 q8_0 q4_0)')" = "1280,640,null,null" ] && ok || bad "info kv per token by type"
 grep -q 'q8_0 n/a' "$TMP/i.txt" && ok || bad "info kv per token text: $(grep 'kv per token' "$TMP/i.txt")"
+# info --cpu: the kernel table this process runs (scripts ask it instead of
+# reading /proc/cpuinfo): one the CPU has, and CUMULO_ISA=scalar caps it.
+"$BIN" info --cpu --json >"$TMP/cpu.json" 2>"$TMP/cpu.err"
+k=$(cc_jsonget "$TMP/cpu.json" '$j->{kernels}')
+tables=$(cc_jsonget "$TMP/cpu.json" 'join " ", @{$j->{tables}}')
+case " $tables " in *" $k "*) [ -n "$k" ] && ok || bad "info --cpu: no kernels" ;; *) bad "info --cpu: kernels '$k' not among the tables '$tables': $(cat "$TMP/cpu.json" "$TMP/cpu.err")" ;; esac
+[ "$(CUMULO_ISA=scalar "$BIN" info --cpu --json 2>/dev/null | perl -MJSON::PP -e 'print decode_json(<STDIN>)->{kernels}')" = scalar ] &&
+    ok || bad "info --cpu under CUMULO_ISA=scalar"
+"$BIN" info --cpu | grep -q "^kernels:  $k (CUMULO_ISA=" && ok || bad "info --cpu text: $("$BIN" info --cpu 2>&1)"
 out=$("$BIN" run "$M/stories260K-f32.gguf" -p "The dog" -n 16 --temp 0 --kv-type f16 --json 2>/dev/null | perl -MJSON::PP -e 'print scalar @{decode_json(<STDIN>)->{tokens}}')
 [ "$out" = 16 ] && ok || bad "run --kv-type f16"
 "$BIN" run --help | grep -q 'usage: cumulo run' && ok || bad "run --help"

@@ -14,7 +14,7 @@ cd "$(dirname "$0")/../.." || exit 1
 . tests/sh/lib/cluster_common.sh
 M=$MODELS/stories260K-q8_0.gguf
 N_TOK=150
-if ! command -v curl >/dev/null; then echo "skip: needs curl" >&2; echo "0 passed, 0 failed, 1 skipped"; exit 0; fi
+need curl
 cc_want "$M" $N_TOK 1 2 3 4
 
 start_node() { # $1: tag; sets NODE_PID, NODE_ADDR

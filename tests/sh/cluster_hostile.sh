@@ -23,11 +23,8 @@ cd "$(dirname "$0")/../.." || exit 1
 M=$MODELS/stories260K-q8_0.gguf
 HOSTILE=${CUMULO_TESTBIN:-build/tests}/test_hostile
 N_TOK=120
-if ! command -v curl >/dev/null || ! command -v python3 >/dev/null || [ ! -x "$HOSTILE" ]; then
-    echo "skip: needs curl, python3 and $HOSTILE" >&2
-    echo "0 passed, 0 failed, 1 skipped"
-    exit 0
-fi
+need curl python3
+[ -x "$HOSTILE" ] || need_skip "needs $HOSTILE (make tests)"
 PROMPTS="Once upon a time|The little dog|Lily and Ben|One day"
 prompt() { echo "$PROMPTS" | cut -d'|' -f"$1"; }
 for i in 1 2 3 4; do
@@ -90,12 +87,7 @@ cc_stop "$SERVE_PID"
 T=cmchaos-h$$
 BR=$T-br; NC=$T-c; NG=$T-g; NR=$T-r
 cc_cleanup_hook() { for n in $NC $NG $NR $BR; do ip netns del "$n" 2>/dev/null; done; }
-if [ "$(id -u)" != 0 ] || ! ip netns add "$BR" 2>/dev/null; then
-    echo "skip: the namespace part needs root and ip netns" >&2
-    echo "$pass passed, $fail failed"
-    [ "$fail" -eq 0 ]
-    exit
-fi
+need_netns "$BR" # (or the namespace part is skipped)
 ip -n "$BR" link add chbr0 type bridge && ip -n "$BR" link set chbr0 up
 i=1
 for n in $NC $NG $NR; do

@@ -36,11 +36,9 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 1' INT TERM HUP
 
-if [ "$(id -u)" != 0 ] || ! command -v ip >/dev/null || ! command -v tc >/dev/null || ! ip netns add "$BR" 2>/dev/null; then
-    echo "skip: needs root, ip netns and tc" >&2
-    echo "0 passed, 0 failed, 1 skipped"
-    exit 0
-fi
+. tests/sh/lib/need.sh
+need tc
+need_netns "$BR"
 jsonget() {
     perl -MJSON::PP -e 'local $/; open my $f, "<", $ARGV[0] or exit 2; my $j = decode_json(<$f>); print eval $ARGV[1]' "$1" "$2"
 }

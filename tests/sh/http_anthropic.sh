@@ -10,6 +10,7 @@
 # /v1/chat/completions' for the same conversation (same template, same
 # prompt), streamed or not.
 . "$(dirname "$0")/lib/http_common.sh"
+need curl node
 
 if [ ! -d tests/js/node_modules/@anthropic-ai/sdk ]; then
     (cd tests/js && npm ci --no-audit --no-fund >"$TMP/npm.log" 2>&1) || { tail -20 "$TMP/npm.log" >&2; bad "npm ci in tests/js failed"; finish; exit 1; }

@@ -8,6 +8,7 @@
 # (flag and CUMULO_API_KEY); CORS only when asked; the embedded dashboard is
 # in sync with its HTML.
 . "$(dirname "$0")/lib/http_common.sh"
+need curl node
 
 start_server a --slots 2 || { bad "server a"; finish; exit 1; }
 

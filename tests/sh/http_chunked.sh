@@ -26,6 +26,7 @@
 # 8 iterations of 100 ms (256 tokens each while nothing decodes), so the
 # client's leaving after 0.3 s always falls inside the prefill.
 . "$(dirname "$0")/lib/http_common.sh"
+need curl python3
 serving_setup
 cp "$TMP/cl.py" "$TMP/client.py"
 cat >>"$TMP/client.py" <<'EOF'

@@ -10,11 +10,12 @@
 # real page). Screenshots: tests/artifacts/dashboard-cluster*.png and
 # tests/artifacts/dash-N*-w*.png (ignored by git). Every process is killed on exit (http_common's trap).
 . "$(dirname "$0")/lib/http_common.sh"
+need node
 
 if [ ! -d tests/js/node_modules/playwright-core ]; then
     (cd tests/js && npm ci --no-audit --no-fund >"$TMP/npm.log" 2>&1) || { tail -20 "$TMP/npm.log" >&2; bad "npm ci in tests/js failed"; finish; exit 1; }
 fi
-[ -x /usr/bin/chromium ] || { bad "/usr/bin/chromium missing (run scripts/setup.sh)"; finish; exit 1; }
+[ -x /usr/bin/chromium ] || { echo "skip: needs /usr/bin/chromium (scripts/setup.sh installs it)"; echo "$pass passed, $fail failed, 1 skipped"; exit 0; }
 
 export CUMULO_KEY_FILE="$TMP/key"
 "$BIN" key >/dev/null 2>&1 || { bad "cumulo key"; finish; exit 1; }

@@ -31,6 +31,7 @@
 #     the same bound against llama.cpp and the same vectors as one machine,
 #     also during a generation; a tensor-parallel group: a clear 501.
 . "$(dirname "$0")/lib/http_common.sh"
+need curl python3 node
 REF=tests/data/embed
 BOUND=1.5e-6
 BOUND_FLIP=1e-3

@@ -11,6 +11,7 @@
 # a file name, a file not in DIR, bad hyperparameters), an unknown job 404,
 # and a server without --finetune-dir answers 404.
 . "$(dirname "$0")/lib/http_common.sh"
+need curl node
 DIR=$TMP/ft
 mkdir -p "$DIR"
 i=0

@@ -7,6 +7,7 @@
 # harmony form (random weights never write <|channel|>) passes the
 # final-channel filter unchanged. The filter itself is tested in test_chat.
 . "$(dirname "$0")/lib/http_common.sh"
+need curl
 VOCAB=$SHARED/vocab/ggml-vocab-llama-spm.gguf
 MODEL=$TMP/gptoss.gguf
 "$BIN" synth --arch gpt-oss --dim 256 --layers 4 --heads 4 --kv-heads 2 --ffn 768 --expert-ffn 256 --experts 8 \

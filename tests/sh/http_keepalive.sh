@@ -3,6 +3,8 @@
 # (--timeout 2, every step slowed to 2.5 s by the test hook) still completes:
 # the server sends SSE keep-alive comments while it waits.
 cd "$(dirname "$0")/../.." || exit 1
+. tests/sh/lib/need.sh
+need curl python3
 BIN=${CUMULO_BIN:-build/cumulo}
 SHARED=${CUMULO_SHARED:-../shared}
 pass=0; fail=0

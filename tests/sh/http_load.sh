@@ -12,6 +12,7 @@
 # CUMULO_TEST_STEP_DELAY_MS (a test hook of the scheduler) slows generation so
 # that requests stay in flight long enough to observe.
 . "$(dirname "$0")/lib/http_common.sh"
+need curl node
 
 # ---- 16 concurrent streams == 16 single runs ----
 start_server many --slots 16 --queue 16 || { bad "server"; finish; exit 1; }

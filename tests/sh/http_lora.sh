@@ -13,6 +13,7 @@
 #  4. bad ids, scales and shapes are 400s naming the entry (OpenAI and
 #     Anthropic routes), also on a server without adapters.
 . "$(dirname "$0")/lib/http_common.sh"
+need curl
 P="Once upon a time"
 "$BIN" synth --lora-for "$MODEL" --rank 4 --alpha 8 --strength 0.1 --seed 9 -o "$TMP/a.gguf" 2>/dev/null || bad "synth a"
 "$BIN" synth --lora-for "$MODEL" --rank 8 --alpha 0 --strength 0.1 --seed 8 --only ffn -o "$TMP/b.gguf" 2>/dev/null || bad "synth b"

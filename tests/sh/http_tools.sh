@@ -9,6 +9,7 @@
 # enforces the grammar too, and a pipeline and hybrid plans give one
 # machine's replies (the last stage sends a constrained row's logits back).
 . "$(dirname "$0")/lib/http_common.sh"
+need curl node
 
 if [ ! -d tests/js/node_modules/openai ]; then
     (cd tests/js && npm ci --no-audit --no-fund >"$TMP/npm.log" 2>&1) || { tail -20 "$TMP/npm.log" >&2; bad "npm ci in tests/js failed"; finish; exit 1; }

@@ -28,12 +28,9 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 1' INT TERM HUP
 
-for c in avahi-daemon avahi-browse avahi-publish dbus-daemon ip; do
-    if ! command -v $c >/dev/null; then echo "skip: $c not installed" >&2; echo "0 passed, 0 failed, 1 skipped"; exit 0; fi
-done
-if [ "$(id -u)" != 0 ] || ! ip netns add "$BR" 2>/dev/null; then
-    echo "skip: needs root and ip netns" >&2; echo "0 passed, 0 failed, 1 skipped"; exit 0
-fi
+. tests/sh/lib/need.sh
+need avahi-daemon avahi-browse avahi-publish dbus-daemon
+need_netns "$BR"
 ip -n "$BR" link add cmbr0 type bridge && ip -n "$BR" link set cmbr0 up
 i=1
 for n in $NC $NA; do

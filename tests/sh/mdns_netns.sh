@@ -24,11 +24,8 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 1' INT TERM HUP
 
-if [ "$(id -u)" != 0 ] || ! command -v ip >/dev/null || ! ip netns add "$BR" 2>/dev/null; then
-    echo "skip: needs root and ip netns" >&2
-    echo "0 passed, 0 failed, 1 skipped"
-    exit 0
-fi
+. tests/sh/lib/need.sh
+need_netns "$BR"
 . tests/sh/lib/netns_common.sh
 nn_bridge "$BR" cmbr0 cmp 10.77.0 "$N1" "$N2" "$N3"
 

@@ -2,6 +2,8 @@
 # plan_cli.sh: `cumulo plan` on the example cluster files (simulated) and on
 # two live nodes on 127.0.0.1 (the plan a real cluster settles on).
 cd "$(dirname "$0")/../.." || exit 1
+. tests/sh/lib/need.sh
+need python3
 BIN=${CUMULO_BIN:-build/cumulo}
 SHARED=${CUMULO_SHARED:-../shared}
 pass=0; fail=0

@@ -34,6 +34,7 @@
 # shows as errors of 0.3 and more and a first difference at a wide margin.
 cd "$(dirname "$0")/../.." || exit 1
 . tests/sh/lib/cluster_common.sh
+need python3
 CHECK="python3 tests/sh/lib/real_check.py"
 MODELS_SCRIPT=scripts/real_models.sh
 skipped=0
@@ -109,18 +110,21 @@ NODES=127.0.0.1:$PORT_a,127.0.0.1:$PORT_b
 # its sums reproduce the references' arithmetic. The AVX2, NEON and scalar
 # tables sum in other orders (measured with CUMULO_ISA=avx2: SmolLM2 chat3
 # parts at step 33 at a llama.cpp margin of 0.052): there every case takes
-# the margin rule.
-STRICT=1
-case "${CUMULO_ISA:-best}" in best | avx512) ;; *) STRICT=0 ;; esac
-for f in avx512f avx512bw avx512vl avx512_vnni avx512_bf16; do
-    grep -qw "$f" /proc/cpuinfo 2>/dev/null || STRICT=0
-done
-[ "$STRICT" = 1 ] || echo "# real_models: not the AVX-512 table: the margin rule for every case"
+# the margin rule. Which table runs is the binary's to say (`cumulo info
+# --cpu`: the CPU's features and CUMULO_ISA, dispatch.c's rules).
+KERNELS=$("$BIN" info --cpu 2>&1 | sed -n 's/^kernels: *\([a-z0-9]*\).*/\1/p')
+case "$KERNELS" in
+    scalar | avx2 | avx512 | neon) ok ;;
+    *) bad "'$BIN info --cpu' names no kernel table: $("$BIN" info --cpu 2>&1 | head -2)" ;;
+esac
+STRICT=0
+[ "$KERNELS" = avx512 ] && STRICT=1
+[ "$STRICT" = 1 ] || echo "# real_models: the ${KERNELS:-unknown} kernel table, not avx512: the margin rule for every case"
 
 for model in ${CUMULO_REAL_MODELS:-smollm2 gemma3-270m}; do
     ref=tests/data/real/$model.json
     if ! line=$(sh "$MODELS_SCRIPT" "$model" 2>"$TMP/dl.err"); then
-        echo "real_models: $model skipped: cannot fetch it: $(tail -1 "$TMP/dl.err")" >&2
+        echo "skip: $model: cannot fetch it: $(tail -1 "$TMP/dl.err")"
         skipped=$((skipped + 1))
         continue
     fi

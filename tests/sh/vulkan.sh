@@ -16,6 +16,8 @@
 # a skip with the reason (not n/a: setup installs lavapipe, so under CI=true
 # it fails).
 cd "$(dirname "$0")/../.." || exit 1
+. tests/sh/lib/need.sh
+need curl python3
 BIN=${CUMULO_BIN:-build/cumulo}
 SHARED=${CUMULO_SHARED:-../shared}
 T=$(mktemp -d)

@@ -112,6 +112,28 @@ static bool raw_send_expect_close(const void *p, size_t n, bool half_close) {
     return ok;
 }
 
+/* A raw TCP connection and some bytes; what the node sends back until it
+ * closes the connection (within 3 s), at most cap bytes. */
+static size_t raw_send_reply(const void *p, size_t n, uint8_t *out, size_t cap) {
+    cm_conn *c = NULL;
+    char e[300];
+    size_t got = 0;
+    if (cm_net_connect(g_host, g_port, 3000, &c, e, sizeof e)) return 0;
+    if (cm_conn_write_raw(c, p, n, 2000, e, sizeof e) == 0) {
+        const int fd = cm_conn_fd(c);
+        const uint64_t end = cm_now_ns() + 3000000000ull;
+        while (cm_now_ns() < end && got < cap) {
+            struct pollfd pf = {.fd = fd, .events = POLLIN};
+            if (poll(&pf, 1, 100) <= 0) continue;
+            ssize_t k = recv(fd, out + got, cap - got, 0);
+            if (k == 0 || (k < 0 && errno != EAGAIN && errno != EINTR)) break;
+            if (k > 0) got += (size_t)k;
+        }
+    }
+    cm_conn_close(c, NULL);
+    return got;
+}
+
 /* An honest peer still gets in and gets a PONG. */
 static bool honest_ping(void) {
     int rc;
@@ -155,10 +177,26 @@ static void test_not_a_frame(void) {
     cm_frame_hdr h = {CM_PROTO_VERSION, CM_MSG_AUTH_INIT, 0, 0, 0xfffffff0u};
     cm_frame_hdr_encode(&h, f);
     CHECK(raw_send_expect_close(f, sizeof f, false));
-    /* Another protocol version. */
-    h = (cm_frame_hdr){CM_PROTO_VERSION + 1, CM_MSG_AUTH_INIT, 0, 0, CM_HS_INIT_BYTES};
-    cm_frame_hdr_encode(&h, f);
-    CHECK(raw_send_expect_close(f, sizeof f, false));
+    /* Another protocol version, older and newer: the node answers in the
+     * peer's own version with the reason (what a cumulo of that version
+     * shows: "peer ... refused the handshake: <text>"), then closes. */
+    for (int d = -1; d <= 1; d += 2) {
+        uint8_t init[CM_FRAME_HDR + CM_HS_INIT_BYTES] = {0}, got[2048];
+        const unsigned v = (unsigned)(CM_PROTO_VERSION + d);
+        h = (cm_frame_hdr){(uint8_t)v, CM_MSG_AUTH_INIT, 0, 0, CM_HS_INIT_BYTES};
+        cm_frame_hdr_encode(&h, init);
+        cm_wr_u16(init + CM_FRAME_HDR, (uint16_t)v);
+        size_t n = raw_send_reply(init, sizeof init, got, sizeof got);
+        unsigned gv = 0;
+        cm_msg m = {0};
+        char e[256] = "", want[300];
+        const bool framed = cm_frame_hdr_version(got, n, &gv) && gv == v && got[5] == CM_MSG_ERROR && got[6] == 0 &&
+                            got[7] == 0 && cm_rd_u64(got + 8) == 0 && cm_rd_u32(got + 16) == n - CM_FRAME_HDR &&
+                            cm_msg_decode(CM_MSG_ERROR, got + CM_FRAME_HDR, n - CM_FRAME_HDR, &m, e, sizeof e) == 0;
+        cm_proto_mismatch_text(want, sizeof want, v, CM_PROTO_VERSION);
+        CHECKF(framed && m.u.error.code == CM_EUNSUPPORTED && !strcmp(m.u.error.text, want),
+               "version %u: %zu bytes back, %s: '%s'", v, n, e, m.u.error.text);
+    }
     /* A truncated AUTH_INIT (10 of 68 payload bytes), then the writer closes. */
     uint8_t t[CM_FRAME_HDR + 10] = {0};
     h = (cm_frame_hdr){CM_PROTO_VERSION, CM_MSG_AUTH_INIT, 0, 0, CM_HS_INIT_BYTES};
@@ -626,7 +664,7 @@ int main(void) {
             "the connecting node runs --insecure",
             "not a cumulo frame",
             "AUTH_INIT frame of 4294967280 bytes exceeds the maximum of 128",
-            "frame of protocol version 2 (this node speaks version 1)",
+            "protocol version mismatch: that node runs cumulo protocol",
             "closed the connection during the handshake",
             "sent a FORWARD frame before the handshake finished",
             "sent a replayed PING frame",

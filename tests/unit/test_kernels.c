@@ -725,6 +725,57 @@ static void test_q8_lanes_across_tables(void) {
     CHECKF(bad == 0, "avx2 vs avx512 q8_0: %ld of %ld comparisons differ", bad, n_cmp);
 }
 
+/* The AVX2 table's bf16 emulates vdpbf16ps (x86_tiles.h's tile_bf16: the
+ * odd element's product, then the even one's, in the AVX-512 table's chains
+ * and fold), so both x86 tables give the same bits, which are those of
+ * llama.cpp's vec_dot on AVX512-BF16 CPUs (test_synth_golden's gemma3-bf16
+ * parted from it at a near tie while the AVX2 table summed in its own
+ * order): vec_dot on rows with and without a tail past the 64-element steps,
+ * and cm_matmul_rows for 1, 3 and 9 tokens (gemv, gemm). */
+static void test_bf16_across_tables(void) {
+    const cm_kernels *a = cm_kernels_for("avx2"), *z = cm_kernels_for("avx512");
+    if (!a || !z) {
+        printf("skip: this CPU lacks the avx2 or avx512 table\n");
+        return;
+    }
+    static const int ns[] = {1, 15, 16, 63, 64, 65, 127, 128, 256, 768, 1000, 2048 + 17};
+    cm_rng r;
+    cm_rng_seed(&r, 4343);
+    long bad = 0, n_cmp = 0;
+    for (size_t ni = 0; ni < CM_ARRAY_LEN(ns); ni++) {
+        const int64_t n = ns[ni];
+        enum { RW = 7, NT = 9 };
+        const size_t rs = cm_row_size(CM_TYPE_BF16, n);
+        float *f = malloc(sizeof(float) * (size_t)(n * NT));
+        uint8_t *w = malloc(rs * RW), *x = malloc(rs * NT);
+        float ya[RW * NT], yz[RW * NT];
+        for (int dist = 0; dist < DIST_COUNT; dist++) {
+            fill(&r, f, (int)(n * RW), dist);
+            cm_quantize_rows(CM_TYPE_BF16, f, w, RW, n);
+            fill(&r, f, (int)(n * NT), (dist + 1) % DIST_COUNT);
+            cm_kernels_ref()->from_float[CM_TYPE_BF16](f, x, n * NT);
+            for (int i = 0; i < RW; i++)
+                for (int j = 0; j < NT; j++) {
+                    a->vec_dot[CM_TYPE_BF16](n, &ya[0], w + (size_t)i * rs, x + (size_t)j * rs);
+                    z->vec_dot[CM_TYPE_BF16](n, &yz[0], w + (size_t)i * rs, x + (size_t)j * rs);
+                    bad += memcmp(&ya[0], &yz[0], sizeof(float)) != 0, n_cmp++;
+                }
+            cm_tensor W;
+            const int64_t ne[2] = {n, RW};
+            cm_tensor_init(&W, CM_TYPE_BF16, 2, ne, w, "w");
+            static const int nts[] = {1, 3, NT};
+            for (int ti = 0; ti < 3; ti++) {
+                memset(ya, 0xff, sizeof ya), memset(yz, 0xfe, sizeof yz);
+                cm_matmul_rows(a, &W, x, rs, nts[ti], ya, RW, 0, RW);
+                cm_matmul_rows(z, &W, x, rs, nts[ti], yz, RW, 0, RW);
+                bad += memcmp(ya, yz, sizeof(float) * (size_t)(RW * nts[ti])) != 0, n_cmp++;
+            }
+        }
+        free(f), free(w), free(x);
+    }
+    CHECKF(bad == 0, "avx2 vs avx512 bf16: %ld of %ld comparisons differ", bad, n_cmp);
+}
+
 int main(int argc, char **argv) {
     g_argv0 = argv[0];
     if (argc > 1 && !strcmp(argv[1], "--print-isa")) {
@@ -742,5 +793,6 @@ int main(int argc, char **argv) {
     RUN(test_isa_tables);
     RUN(test_lanes_across_tables);
     RUN(test_q8_lanes_across_tables);
+    RUN(test_bf16_across_tables);
     TEST_END();
 }

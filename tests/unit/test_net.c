@@ -455,7 +455,7 @@ static void test_foreign_peers(void) {
     raw_peer(h, sizeof h, 2000, CM_ERANGE, "AUTH_INIT frame of 1073741824 bytes exceeds the maximum of 128");
     fh = (cm_frame_hdr){7, CM_MSG_AUTH_INIT, 0, 0, 68};
     cm_frame_hdr_encode(&fh, h);
-    raw_peer(h, sizeof h, 2000, CM_EUNSUPPORTED, "protocol version 7");
+    raw_peer(h, sizeof h, 2000, CM_EUNSUPPORTED, "that node runs cumulo protocol 7, this node protocol");
     raw_peer(NULL, 0, 300, CM_ETIMEDOUT, "did not finish the handshake within 300 ms");
 }
 

@@ -311,10 +311,11 @@ static size_t enc(const cm_msg *m, uint8_t *out, size_t cap) {
 
 /* The header layout, byte for byte, as PROTOCOL.md states it. */
 static void test_header_layout(void) {
-    cm_frame_hdr h = {1, CM_MSG_FORWARD, 3, 0x0102030405060708ull, 0x00a0b0c0};
+    cm_frame_hdr h = {CM_PROTO_VERSION, CM_MSG_FORWARD, 3, 0x0102030405060708ull, 0x00a0b0c0};
     uint8_t b[CM_FRAME_HDR];
     cm_frame_hdr_encode(&h, b);
-    const uint8_t want[CM_FRAME_HDR] = {'C', 'M', 'L', 'O', 1, 12, 3, 0, 8, 7, 6, 5, 4, 3, 2, 1, 0xc0, 0xb0, 0xa0, 0};
+    const uint8_t want[CM_FRAME_HDR] = {'C',  'M',  'L',  'O', CM_PROTO_VERSION, 12, 3, 0, 8, 7, 6, 5, 4, 3, 2, 1,
+                                        0xc0, 0xb0, 0xa0, 0};
     CHECK(!memcmp(b, want, sizeof want));
     cm_frame_hdr d;
     CHECK(cm_frame_hdr_decode(b, sizeof b, &d, NULL, 0) == 0);
@@ -330,17 +331,61 @@ static void test_header_layout(void) {
     CHECK(n == 28 && !memcmp(p, wp, 28));
 }
 
+/* Peers of other versions (proto.h): the version byte of any cumulo header;
+ * a refusal in the peer's own version whose bytes are the same in every
+ * version (the layout a node of version 1 reads: magic, version, type 17,
+ * flags 0, seq 0, len; code i32 and a u16-counted text); the words, from
+ * both sides, naming both versions and which side to update. */
+static void test_version_refusal(void) {
+    uint8_t b[CM_FRAME_HDR + 1024];
+    unsigned v = 0;
+    cm_frame_hdr h = {77, CM_MSG_AUTH_INIT, 0, 0, CM_HS_INIT_BYTES};
+    cm_frame_hdr_encode(&h, b);
+    CHECK(cm_frame_hdr_version(b, CM_FRAME_HDR, &v) && v == 77);
+    CHECK(!cm_frame_hdr_version(b, CM_FRAME_HDR - 1, &v));
+    b[0] = 'G';
+    CHECK(!cm_frame_hdr_version(b, CM_FRAME_HDR, &v));
+
+    char old_side[300], new_side[300];
+    cm_proto_mismatch_text(old_side, sizeof old_side, 1, 2); /* what a node of version 1 is told */
+    cm_proto_mismatch_text(new_side, sizeof new_side, 2, 1); /* what the node of version 2 says */
+    CHECKF(!strcmp(old_side, "protocol version mismatch: that node runs cumulo protocol 2, this node protocol 1: "
+                             "update cumulo on this node (every node of a cluster must speak the same protocol "
+                             "version)"),
+           "%s", old_side);
+    CHECKF(strstr(new_side, "that node runs cumulo protocol 1, this node protocol 2: update cumulo on that node"), "%s",
+           new_side);
+
+    size_t n = 0;
+    char e[256];
+    CHECK(cm_frame_refusal(1, CM_EUNSUPPORTED, old_side, b, sizeof b, &n, e, sizeof e) == 0);
+    const size_t tl = strlen(old_side);
+    CHECK(n == CM_FRAME_HDR + 4 + 2 + tl);
+    static const uint8_t want_hdr[CM_FRAME_HDR - 4] = {'C', 'M', 'L', 'O', 1, 17, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    CHECK(!memcmp(b, want_hdr, sizeof want_hdr));
+    CHECK(cm_rd_u32(b + 16) == n - CM_FRAME_HDR);
+    CHECK(cm_rd_u32(b + CM_FRAME_HDR) == (uint32_t)CM_EUNSUPPORTED);
+    CHECK(cm_rd_u16(b + CM_FRAME_HDR + 4) == tl && !memcmp(b + CM_FRAME_HDR + 6, old_side, tl));
+    cm_msg m;
+    CHECK(cm_msg_decode(CM_MSG_ERROR, b + CM_FRAME_HDR, n - CM_FRAME_HDR, &m, e, sizeof e) == 0);
+    CHECK(m.u.error.code == CM_EUNSUPPORTED && !strcmp(m.u.error.text, old_side));
+    CHECK(cm_frame_refusal(1, CM_EUNSUPPORTED, old_side, b, CM_FRAME_HDR + 10, &n, e, sizeof e) == CM_ERANGE);
+    CHECK(cm_frame_refusal(256, CM_EUNSUPPORTED, old_side, b, sizeof b, &n, e, sizeof e) == CM_EINVAL);
+}
+
 static void test_header_refusals(void) {
-    cm_frame_hdr h = {1, CM_MSG_HEARTBEAT, 0, 0, 28}, d;
+    char w[64];
+    cm_frame_hdr h = {CM_PROTO_VERSION, CM_MSG_HEARTBEAT, 0, 0, 28}, d;
     uint8_t b[CM_FRAME_HDR];
     char e[256];
     cm_frame_hdr_encode(&h, b);
     CHECK(cm_frame_hdr_decode(b, sizeof b, &d, e, sizeof e) == 0);
     for (size_t n = 0; n < CM_FRAME_HDR; n++) CHECK(cm_frame_hdr_decode(b, n, &d, e, sizeof e) == CM_EFORMAT);
-    b[4] = 2; /* version */
+    b[4] = CM_PROTO_VERSION + 1; /* version */
     CHECK(cm_frame_hdr_decode(b, sizeof b, &d, e, sizeof e) == CM_EUNSUPPORTED);
-    CHECKF(strstr(e, "protocol version 2") != NULL, "%s", e);
-    b[4] = 1;
+    snprintf(w, sizeof w, "protocol version %d", CM_PROTO_VERSION + 1);
+    CHECKF(strstr(e, w) != NULL, "%s", e);
+    b[4] = CM_PROTO_VERSION;
     b[5] = 200; /* type */
     CHECK(cm_frame_hdr_decode(b, sizeof b, &d, e, sizeof e) == CM_EUNSUPPORTED);
     CHECKF(strstr(e, "unknown message type 200") != NULL, "%s", e);
@@ -1361,6 +1406,7 @@ int main(void) {
     if (getenv("CUMULO_FRAME_CORPUS")) return write_corpus(getenv("CUMULO_FRAME_CORPUS"));
     RUN(test_header_layout);
     RUN(test_header_refusals);
+    RUN(test_version_refusal);
     RUN(test_roundtrip_all);
     RUN(test_truncation);
     RUN(test_corruption);

@@ -46,7 +46,7 @@
  *    bound. Measured on the x86 references: 21 of 60 models need 1-4 flips;
  *    every flip found is within 3.1 ulps of its tie (BF16: 38), and with the
  *    flips every 8-bit position agrees to <= 1.1e-6 (CUMULO_ISA=avx2: <= 7
- *    ulps, BF16 14; scalar: <= 5.2 ulps; both <= 1.2e-6; docs/DESIGN.md). A wrong kernel, norm,
+ *    ulps, its BF16 the AVX-512 table's bits; scalar: <= 5.2 ulps; both <= 1.2e-6; docs/DESIGN.md). A wrong kernel, norm,
  *    RoPE or a perturbation of the logits moves every position, which no
  *    rounding explains. F16's 11-bit roundings flip too (0.4 per position,
  *    each worth ~1e-4), too many to name: hence its looser bound;
@@ -694,10 +694,18 @@ static bool explain(tf_env *env, const ref_case *rc, int i, double tol, double *
  * llama.cpp's FMA builds (forward.c), and the search names the GELU
  * input's F16 rounding (site gelu_in): gemma3-q6_k needs
  * L1.gelu_in[2,231] (2.0 ulps), gemma3-q4_k_m L0.gelu_in[4,149] (3.0 ulps,
- * the only potent GELU candidate there: 6.1e-3 -> 3.7e-7). Other ISAs of
- * ours (not CI's): CUMULO_ISA=avx2 fails gemma3-bf16 at case 0 positions
- * 6-7 once its 6 flips (MAX_FLIPS) are spent, one GELU input (L0, column
- * 535) per position; scalar fails gemma3-q4_1 at case 1 positions 6-7. */
+ * the only potent GELU candidate there: 6.1e-3 -> 3.7e-7). Case 0 of
+ * every model is one token repeated, so layer 0 holds nearly the same
+ * activations at every position and a near tie there recurs at each: with
+ * its own BF16 order the AVX2 table needed the flip L0.gelu_in[p,535] (1
+ * ulp) at each of gemma3-bf16's positions 0-5 and failed positions 6-7 once
+ * its 6 flips (MAX_FLIPS) were spent. Its BF16 dot now emulates vdpbf16ps
+ * in the AVX-512 table's order, llama.cpp's on the references' CPU
+ * (x86_tiles.h's tile_bf16: the same bits), and passes (8.8e-4, 2 flips).
+ * CUMULO_ISA=scalar failed gemma3-q4_1 at case 1 positions 6-7 (5.5e-3)
+ * while its q4_1 reference summed blocks whole in one float chain; q4_1
+ * now runs llama.cpp's x86 order on every table (TILE32_CHAIN, as q5_1):
+ * all q4_1 models within 5.5e-7 with no flip, the same bits on all three. */
 /* NEEDSWORK: an F16 KV cache with flash attention on Q8_0 weights
  * (llama-q8_0-kvf16 up to 9.8e-3 at 4 of 24 positions, qwen3-q8_0-kvf16
  * 1.8e-3 at 1; medians 3.7e-7 / 2.6e-7). ggml accumulates V in F16 there

@@ -12,6 +12,7 @@ SHARED=${CUMULO_SHARED:-$(cd .. && pwd)/shared}
 MODELS=$(realpath "$SHARED/models")
 pass=0
 fail=0
+. tests/sh/lib/need.sh
 ok() { pass=$((pass + 1)); }
 bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
 TMP=$(mktemp -d /tmp/cmcluster.XXXXXX)

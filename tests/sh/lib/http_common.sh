@@ -8,6 +8,7 @@ SHARED=${CUMULO_SHARED:-$(cd .. && pwd)/shared}
 MODEL=$SHARED/models/stories260K-q8_0.gguf
 pass=0
 fail=0
+. tests/sh/lib/need.sh
 ok() { pass=$((pass + 1)); }
 bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
 # check DESCRIPTION COMMAND...: one check, passes when COMMAND succeeds.
@@ -71,7 +72,7 @@ metric() { curl -s ${AUTH_HDR:+-H "$AUTH_HDR"} "$URL/metrics" | sed -n "s/^$1 //
 # the head of a client script: tests/sh/lib/serve_client.py imported as sc,
 # sc.PORT from argv[1], mode = argv[2].
 serving_setup() {
-    command -v python3 >/dev/null || { echo "skip: python3 is missing (0 passed, 0 failed, 1 skipped)"; exit 0; }
+    need python3
     MODEL=$TMP/q4.gguf
     "$BIN" synth --arch llama --dim 512 --layers 4 --heads 8 --kv-heads 4 --ffn 1024 --type q4_0 \
         --vocab "$SHARED/vocab/ggml-vocab-llama-spm.gguf" --seed 9 -o "$MODEL" >/dev/null 2>&1 || {
