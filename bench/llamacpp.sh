@@ -6,8 +6,8 @@
 # into a cache outside the repo (never commit it):
 #   $CACHE/native   -DGGML_NATIVE=ON                       (everything this CPU has)
 #   $CACHE/avx2     -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_AVX512=OFF  (AVX2-only anchor)
-#   $CACHE/noamx    everything an AMX CPU has except AMX (AVX-512 with VNNI,
-#                   BF16, VBMI; AVX-VNNI): the anchor on Sapphire-Rapids-class
+#   $CACHE/noamx    -DGGML_NATIVE=ON with -mno-amx-* (GCC lets explicit -mno-
+#                   flags override -march=native's): the anchor on Sapphire-Rapids-class
 #                   CPUs, where the native build's AMX matmul segfaults on
 #                   quantized models (llama.cpp issue 20824, open; seen on
 #                   GenuineIntel family 6 model 167, 2026-12-05)
@@ -30,6 +30,7 @@ VERSION=${LLAMACPP_PY_VERSION:-0.3.36}
 CACHE=${LLAMACPP_CACHE:-/work/cache/llamacpp-native}
 JOBS=${JOBS:-2}
 what=${1:-native}
+NOAMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 
 src=$CACHE/llama_cpp_python-$VERSION/vendor/llama.cpp
 mkdir -p "$CACHE"
@@ -61,9 +62,7 @@ case $what in
 native) build native -DGGML_NATIVE=ON ;;
 avx2) build avx2 -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
     -DGGML_AVX512=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF -DGGML_AVX512_VBMI=OFF ;;
-noamx) build noamx -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
-    -DGGML_AVX_VNNI=ON -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AVX512_VBMI=ON \
-    -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF ;;
+noamx) build noamx -DGGML_NATIVE=ON -DCMAKE_C_FLAGS="$NOAMX" -DCMAKE_CXX_FLAGS="$NOAMX" ;;
 all) "$0" native && "$0" avx2 ;;
 *) echo "usage: llamacpp.sh [native|avx2|noamx|all]" >&2; exit 2 ;;
 esac

@@ -70,16 +70,21 @@ static int cpu_info(bool json) {
                  {f->x86_avx512vnni, "avx512vnni"},
                  {f->x86_avx512bf16, "avx512bf16"},
                  {f->x86_avxvnni, "avxvnni"},
+                 {f->x86_amx_int8, "amx_int8"},
                  {f->arm_neon, "neon"},
                  {f->arm_dotprod, "dotprod"},
                  {f->arm_i8mm, "i8mm"},
                  {f->arm_fp16, "fp16"}};
     static const char *const isas[] = {"scalar", "avx2", "avx512", "neon"};
     const char *kname = cm_kernels_get()->name;
+    /* AMX only serves the avx512 table's prefill, with the same bits. */
+    const char *amx = strcmp(kname, "avx512") ? "not the avx512 table" : cm_kernels_amx_why();
     if (json) {
         cJSON *j = cJSON_CreateObject();
         cJSON_AddStringToObject(j, "kernels", kname);
         cJSON_AddStringToObject(j, "isa_cap", cm_cpu_isa_cap());
+        cJSON_AddBoolToObject(j, "amx", !*amx);
+        if (*amx) cJSON_AddStringToObject(j, "amx_off", amx);
         cJSON *t = cJSON_AddArrayToObject(j, "tables");
         for (size_t i = 0; i < CM_ARRAY_LEN(isas); i++)
             if (cm_kernels_for(isas[i])) cJSON_AddItemToArray(t, cJSON_CreateString(isas[i]));
@@ -97,6 +102,10 @@ static int cpu_info(bool json) {
     printf("kernels:  %s (CUMULO_ISA=%s; tables this CPU runs:", kname, cm_cpu_isa_cap());
     for (size_t i = 0; i < CM_ARRAY_LEN(isas); i++)
         if (cm_kernels_for(isas[i])) printf(" %s", isas[i]);
+    if (*amx) printf(")\namx:      off (%s", amx);
+    else
+        printf(
+            ")\namx:      on (q4_0 and q8_0 prefill in AMX tiles, the same bits as without; CUMULO_AMX=0 to turn off");
     printf(")\ncpu:      %s, %d cores; features:", cm_arch_name(), cm_cpu_count());
     for (size_t i = 0; i < CM_ARRAY_LEN(feats); i++)
         if (feats[i].on) printf(" %s", feats[i].name);
