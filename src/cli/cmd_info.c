@@ -57,24 +57,8 @@ static uint64_t kv_per_token(const cm_engine_info *in, enum cm_type t) {
  * product of this process runs), the tables this CPU could run, and the
  * features detected. */
 static int cpu_info(bool json) {
-    const cm_cpu_features *f = cm_cpu_features_get();
-    const struct {
-        bool on;
-        const char *name;
-    } feats[] = {{f->x86_avx2, "avx2"},
-                 {f->x86_fma, "fma"},
-                 {f->x86_f16c, "f16c"},
-                 {f->x86_avx512f, "avx512f"},
-                 {f->x86_avx512bw, "avx512bw"},
-                 {f->x86_avx512vl, "avx512vl"},
-                 {f->x86_avx512vnni, "avx512vnni"},
-                 {f->x86_avx512bf16, "avx512bf16"},
-                 {f->x86_avxvnni, "avxvnni"},
-                 {f->x86_amx_int8, "amx_int8"},
-                 {f->arm_neon, "neon"},
-                 {f->arm_dotprod, "dotprod"},
-                 {f->arm_i8mm, "i8mm"},
-                 {f->arm_fp16, "fp16"}};
+    const char *feats[32];
+    const int n_feats = cm_cpu_feature_names(feats, (int)CM_ARRAY_LEN(feats));
     static const char *const isas[] = {"scalar", "avx2", "avx512", "neon"};
     const char *kname = cm_kernels_get()->name;
     /* AMX only serves the avx512 table's prefill, with the same bits. */
@@ -91,8 +75,7 @@ static int cpu_info(bool json) {
         cJSON_AddStringToObject(j, "arch", cm_arch_name());
         cJSON_AddNumberToObject(j, "cores", cm_cpu_count());
         cJSON *a = cJSON_AddArrayToObject(j, "features");
-        for (size_t i = 0; i < CM_ARRAY_LEN(feats); i++)
-            if (feats[i].on) cJSON_AddItemToArray(a, cJSON_CreateString(feats[i].name));
+        for (int i = 0; i < n_feats; i++) cJSON_AddItemToArray(a, cJSON_CreateString(feats[i]));
         char *s = cJSON_PrintUnformatted(j);
         if (s) puts(s);
         cJSON_free(s);
@@ -107,8 +90,7 @@ static int cpu_info(bool json) {
         printf(
             ")\namx:      on (q4_0 and q8_0 prefill in AMX tiles, the same bits as without; CUMULO_AMX=0 to turn off");
     printf(")\ncpu:      %s, %d cores; features:", cm_arch_name(), cm_cpu_count());
-    for (size_t i = 0; i < CM_ARRAY_LEN(feats); i++)
-        if (feats[i].on) printf(" %s", feats[i].name);
+    for (int i = 0; i < n_feats; i++) printf(" %s", feats[i]);
     printf("\n");
     return 0;
 }

@@ -36,28 +36,14 @@ static void measure(void) {
     cm_node_caps *c = &g_caps;
     const cm_kernels *k = cm_kernels_get();
     c->cores = cm_cpu_count();
-    const cm_cpu_features *f = cm_cpu_features_get();
-    const struct {
-        bool on;
-        const char *name;
-    } feats[] = {{f->x86_avx2, "avx2"},
-                 {f->x86_fma, "fma"},
-                 {f->x86_f16c, "f16c"},
-                 {f->x86_avx512f, "avx512f"},
-                 {f->x86_avx512bw, "avx512bw"},
-                 {f->x86_avx512vnni, "avx512vnni"},
-                 {f->x86_avx512bf16, "avx512bf16"},
-                 {f->arm_neon, "neon"},
-                 {f->arm_dotprod, "dotprod"},
-                 {f->arm_i8mm, "i8mm"},
-                 {f->arm_fp16, "fp16"}};
+    const char *feats[32];
+    const int n_feats = cm_cpu_feature_names(feats, (int)CM_ARRAY_LEN(feats));
     size_t at = (size_t)snprintf(c->isa, sizeof c->isa, "%s", k->name);
     const char *sep = " (";
-    for (size_t i = 0; i < CM_ARRAY_LEN(feats) && at < sizeof c->isa; i++)
-        if (feats[i].on) {
-            at += (size_t)snprintf(c->isa + at, sizeof c->isa - at, "%s%s", sep, feats[i].name);
-            sep = ",";
-        }
+    for (int i = 0; i < n_feats && at < sizeof c->isa; i++) {
+        at += (size_t)snprintf(c->isa + at, sizeof c->isa - at, "%s%s", sep, feats[i]);
+        sep = ",";
+    }
     if (*sep == ',' && at + 1 < sizeof c->isa) memcpy(c->isa + at, ")", 2);
     c->mem_total = cm_mem_total_bytes();
     c->mem_free = cm_mem_available_bytes();

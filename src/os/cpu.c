@@ -116,4 +116,29 @@ const cm_cpu_features *cm_cpu_features_get(void) {
     return &g_feat;
 }
 
+int cm_cpu_feature_names(const char **names, int max) {
+    const cm_cpu_features *f = cm_cpu_features_get();
+    const struct {
+        bool on;
+        const char *name;
+    } feats[] = {{f->x86_avx2, "avx2"},
+                 {f->x86_fma, "fma"},
+                 {f->x86_f16c, "f16c"},
+                 {f->x86_avx512f, "avx512f"},
+                 {f->x86_avx512bw, "avx512bw"},
+                 {f->x86_avx512vl, "avx512vl"},
+                 {f->x86_avx512vnni, "avx512vnni"},
+                 {f->x86_avx512bf16, "avx512bf16"},
+                 {f->x86_avxvnni, "avxvnni"},
+                 {f->x86_amx_int8, "amx_int8"},
+                 {f->arm_neon, "neon"},
+                 {f->arm_dotprod, "dotprod"},
+                 {f->arm_i8mm, "i8mm"},
+                 {f->arm_fp16, "fp16"}};
+    int n = 0;
+    for (size_t i = 0; i < sizeof feats / sizeof feats[0] && n < max; i++)
+        if (feats[i].on) names[n++] = feats[i].name;
+    return n;
+}
+
 const char *cm_cpu_isa_cap(void) { return cm_config_get()->isa; }

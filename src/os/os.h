@@ -85,6 +85,10 @@ typedef struct cm_cpu_features {
     const char *x86_amx_why;
 } cm_cpu_features;
 const cm_cpu_features *cm_cpu_features_get(void); /* detected once; thread-safe after first call */
+/* The names of the detected features ("avx2", "avx512vnni", "amx_int8",
+ * "dotprod", ...) in one fixed order, at most max of them into names;
+ * returns how many. For `info --cpu` and the node caps. */
+int cm_cpu_feature_names(const char **names, int max);
 /* CUMULO_ISA=scalar|avx2|avx512|neon caps what dispatch may pick (for tests and benchmarks). */
 const char *cm_cpu_isa_cap(void);
 int cm_cpu_count(void); /* online logical CPUs */
