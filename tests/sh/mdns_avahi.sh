@@ -93,20 +93,23 @@ if ! wait_for "$TMP/avahi.log" "Server startup complete" 10; then
     echo "$pass passed, $fail failed"; exit 1
 fi
 
-# 1. avahi-browse -rpt lists and resolves our node, TXT included
+# 1. avahi-browse -rpt lists and resolves our node, TXT included (v= is the
+# wire protocol's version, src/proto/proto.h)
+PROTO=$(sed -n 's/^#define CM_PROTO_VERSION \([0-9]*\).*/\1/p' src/proto/proto.h)
+[ -n "$PROTO" ] || bad "CM_PROTO_VERSION not found in src/proto/proto.h"
 ip netns exec "$NC" "$BIN" announce --name alpha --port 7001 --id a1a1a1a1a1a1a1a1 >"$TMP/a1" 2>&1 &
 A1=$!; PIDS="$PIDS $A1"
 wait_for "$TMP/a1" "^announced alpha$" 5 || bad "alpha announced: $(cat "$TMP/a1")"
 ip netns exec "$NA" timeout 10 avahi-browse -rpt _cumulo._tcp >"$TMP/browse" 2>&1
 if grep -q '^=;eth0;IPv4;alpha;_cumulo._tcp;local;cm-a1a1a1a1a1a1.local;10.79.0.1;7001;.*"id=a1a1a1a1a1a1a1a1"' "$TMP/browse" &&
-   grep -q '^=;.*"v=1"' "$TMP/browse"; then
+   grep -q "^=;.*\"v=$PROTO\"" "$TMP/browse"; then
     ok "avahi-browse -rpt resolves our node with TXT"
 else
     bad "avahi-browse: $(cat "$TMP/browse")"
 fi
 
 # 2. our browser finds a service published with avahi-publish -s
-ip netns exec "$NA" avahi-publish -s "avahi svc" _cumulo._tcp 7777 "id=feedbeef" "v=1" >"$TMP/pub" 2>&1 &
+ip netns exec "$NA" avahi-publish -s "avahi svc" _cumulo._tcp 7777 "id=feedbeef" "v=$PROTO" >"$TMP/pub" 2>&1 &
 PIDS="$PIDS $!"
 wait_for "$TMP/pub" "Established" 5 || bad "avahi-publish: $(cat "$TMP/pub")"
 ip netns exec "$NC" "$BIN" discover --json --timeout 3 >"$TMP/list.json" 2>&1
