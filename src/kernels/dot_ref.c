@@ -56,38 +56,34 @@ void cm_ref_vec_dot_q4_0(int64_t n, float *s, const void *vx, const void *vy) {
     *s = sumf;
 }
 
-static inline uint32_t rd_qh(const uint8_t qh[4]) {
-    return (uint32_t)qh[0] | ((uint32_t)qh[1] << 8) | ((uint32_t)qh[2] << 16) | ((uint32_t)qh[3] << 24);
-}
-
-/* q4_1, q5_0 and q5_1 in llama.cpp's x86 order, which is also x86_tiles.h's
- * TILE32_CHAIN (so the scalar, AVX2 and AVX-512 builds give one set of
- * bits): 8 lanes, lane k summing elements 4k..4k+3 of each block exactly,
- * times the block's float scale into one FMA chain per lane, blocks in
- * order; then the lanes folded as hsum8 does. The min terms of q4_1 and
- * q5_1 form their own chain, added last. (q4_1 summed each block whole into
- * one float chain before: CUMULO_ISA=scalar then parted from llama.cpp at a
- * near tie in test_synth_golden's gemma3-q4_1.) */
-static float fold8(const float a[8]) { return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7])); }
-
 /* Q4_1/Q5_1 x Q8_1: sum_j (d_x q_j + m)(d_y p_j) = d_x d_y sum q p + m * (d_y sum p),
  * and Q8_1 stores d_y * sum p as s. */
 void cm_ref_vec_dot_q4_1(int64_t n, float *s, const void *vx, const void *vy) {
     const cm_block_q4_1 *x = vx;
     const cm_block_q8_1 *y = vy;
-    float acc[8] = {0}, m = 0;
+    float sumf = 0;
     for (int64_t b = 0; b < n / CM_QK4_1; b++) {
-        int lane[8] = {0};
+        int sumi = 0;
         for (int j = 0; j < CM_QK4_1 / 2; j++) {
-            lane[j / 4] += (x[b].qs[j] & 0xF) * y[b].qs[j];
-            lane[(j + CM_QK4_1 / 2) / 4] += (x[b].qs[j] >> 4) * y[b].qs[j + CM_QK4_1 / 2];
+            sumi += (x[b].qs[j] & 0xF) * y[b].qs[j];
+            sumi += (x[b].qs[j] >> 4) * y[b].qs[j + CM_QK4_1 / 2];
         }
-        const float d = cm_f16_to_f32(x[b].d) * cm_f16_to_f32(y[b].d);
-        for (int k = 0; k < 8; k++) acc[k] = fmaf((float)lane[k], d, acc[k]);
-        m += cm_f16_to_f32(x[b].m) * cm_f16_to_f32(y[b].s);
+        sumf += (cm_f16_to_f32(x[b].d) * cm_f16_to_f32(y[b].d)) * sumi + cm_f16_to_f32(x[b].m) * cm_f16_to_f32(y[b].s);
     }
-    *s = fold8(acc) + m;
+    *s = sumf;
 }
+
+static inline uint32_t rd_qh(const uint8_t qh[4]) {
+    return (uint32_t)qh[0] | ((uint32_t)qh[1] << 8) | ((uint32_t)qh[2] << 16) | ((uint32_t)qh[3] << 24);
+}
+
+/* q5_0 and q5_1 in llama.cpp's x86 order, which is also x86_tiles.h's
+ * TILE32_CHAIN (so the scalar, AVX2 and AVX-512 builds give one set of
+ * bits): 8 lanes, lane k summing elements 4k..4k+3 of each block exactly,
+ * times the block's float scale into one FMA chain per lane, blocks in
+ * order; then the lanes folded as hsum8 does. q5_1's min terms form their
+ * own chain, added last. */
+static float fold8(const float a[8]) { return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7])); }
 
 void cm_ref_vec_dot_q5_0(int64_t n, float *s, const void *vx, const void *vy) {
     const cm_block_q5_0 *x = vx;

@@ -78,7 +78,7 @@ AI __m256i dot_s8s8(__m256i x, __m256i y) { return dot_u8s8(_mm256_sign_epi8(x, 
 
 /* TILE32_CHAIN: one FMA chain per token over the blocks in order, then
  * hsum8 (+ the min terms' own chain): the order of llama.cpp's x86 vec_dot
- * for q4_1/q5_0/q5_1 and of its llamafile tinyBLAS gemm for q5_0 (which its x86
+ * for q5_0/q5_1 and of its llamafile tinyBLAS gemm for q5_0 (which its x86
  * builds run for q5_0 in prefill and decode alike), so these dots carry
  * llama.cpp's bits, not merely its value (phi3's 768-wide rows put a few
  * activations close enough to an 8-bit rounding tie that the two-chain
@@ -114,7 +114,7 @@ TILE32(q4_0, cm_block_q4_0, cm_block_q8_0, BODY_Q4_0)
             M[t] += mx * f16f(yv[t][B].s);                                             \
         }                                                                              \
     } while (0)
-TILE32_CHAIN(q4_1, cm_block_q4_1, cm_block_q8_1, BODY_Q4_1) /* llama.cpp's order, as q5_0/q5_1 */
+TILE32(q4_1, cm_block_q4_1, cm_block_q8_1, BODY_Q4_1)
 
 /* q5_0: the fifth bit clear means value - 16, which in a signed byte is 0xf0 | nibble. */
 #define BODY_Q5_0(B, ACC, M)                                                                                   \
