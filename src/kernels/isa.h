@@ -58,6 +58,10 @@ void cm_kernels_fill_q8lane_avx512(cm_kernels *k);
  * cm_kernels_amx_direct: its gemm of type t for every n_tok, or NULL. */
 void cm_kernels_fill_amx(cm_kernels *k);
 cm_gemm_fn cm_kernels_amx_direct(enum cm_type t);
+/* q6_k prefill on AMX tiles (gemm_amx6.c), filled by cm_kernels_fill_amx;
+ * cm_kernels_amx6_direct: that gemm for every n_tok. */
+void cm_kernels_fill_amx6(cm_kernels *k);
+cm_gemm_fn cm_kernels_amx6_direct(void);
 #else
 #define CM_KERNELS_HAVE_X86 0
 #endif
