@@ -53,6 +53,8 @@ enum {
     A6_PB = 8192,         /* panel bytes per super-block: 4 chunks x (lo, hi) x 16 rows x 64 */
     A6_TB = 4160,         /* packed token bytes per super-block: 4 chunks x 16 x 64, then 16 dy */
     A6_PACK = 768 * 1024, /* packed tokens per pass (one group at least: A6_MAXNB * A6_TB fits) */
+    A6_S = 2,             /* super-blocks per panel piece (16 KiB: stays in L1 for every token group) */
+    A6_MAXG = 32,         /* token groups per pass (their chains: 16 KiB each) */
 };
 
 /* Eight tiles of 16 rows x 64 bytes: 0 and 1 C (L and H), 2 and 3 B
@@ -84,7 +86,7 @@ static const uint16_t k_a6_sidx[32] = {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1,
  * (q unsigned, the scale byte beside a zero; |q * s| < 2^13, no
  * saturation) less 32 s, then lo = the low bytes in place and hi = the high
  * bytes of w + 128. */
-static void a6_panel(int64_t nb, const uint8_t *w, size_t ws, int R, uint8_t *pb, float *dx) {
+static void a6_panel(int64_t nb, int64_t b0, int64_t b1, const uint8_t *w, size_t ws, int R, uint8_t *pb, float *dx) {
     const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
     static const uint16_t k_shift[2][32] = {
         {4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2},
@@ -97,8 +99,13 @@ static void a6_panel(int64_t nb, const uint8_t *w, size_t ws, int R, uint8_t *pb
     for (int c = 0; c < 4; c++) si[c] = _mm512_add_epi16(sidx, _mm512_set1_epi16((short)(4 * c)));
     for (int n = 0; n < 16; n++) {
         const cm_block_q6_k *x = (const cm_block_q6_k *)(const void *)(w + (size_t)(n < R ? n : R - 1) * ws);
-        for (int64_t b = 0; b < nb; b++) {
-            uint8_t *p = pb + (size_t)b * A6_PB + 64 * n;
+        for (int64_t b = b0; b < b1; b++) {
+            uint8_t *p = pb + (size_t)(b - b0) * A6_PB + 64 * n;
+            /* the row's next piece, after its last one the next panel's first
+             * (the hardware prefetcher stops at pages) */
+            const char *ahead =
+                b + A6_S < nb ? (const char *)(x + b + A6_S) : (const char *)(x + b + A6_S - nb) + 16 * ws;
+            for (int o = 0; o < 256; o += 64) _mm_prefetch(ahead + o, _MM_HINT_T0);
             dx[16 * b + n] = _cvtsh_ss(x[b].d);
             const __m512i sc = _mm512_castsi256_si512(
                 _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)x[b].scales)));
@@ -145,7 +152,8 @@ static void a6_pack(int64_t nb, const uint8_t *x, size_t xs, int T, uint8_t *d) 
     }
 }
 
-/* Super-block b's L and H (16 rows x 16 tokens of int32) into cb and cb + 256. */
+/* One super-block's L and H (16 rows x 16 tokens of int32) into cb and
+ * cb + 256: xb its packed tokens, wb its panel. */
 #define A6_CHUNK(c, tb, tl, th)                      \
     do {                                             \
         _tile_loadd(tb, xb + 1024 * (c), 64);        \
@@ -154,8 +162,7 @@ static void a6_pack(int64_t nb, const uint8_t *x, size_t xs, int T, uint8_t *d) 
         _tile_loadd(th, wb + 2048 * (c) + 1024, 64); \
         _tile_dpbssd(1, th, tb);                     \
     } while (0)
-A6I void a6_sums(int64_t b, const uint8_t *xp, const uint8_t *pb, int32_t *cb) {
-    const uint8_t *xb = xp + (size_t)b * A6_TB, *wb = pb + (size_t)b * A6_PB;
+A6I void a6_sums(const uint8_t *xb, const uint8_t *wb, int32_t *cb) {
     _tile_zero(0);
     _tile_zero(1);
     A6_CHUNK(0, 2, 4, 6);
@@ -167,27 +174,22 @@ A6I void a6_sums(int64_t b, const uint8_t *xp, const uint8_t *pb, int32_t *cb) {
 }
 #undef A6_CHUNK
 
-/* The 16 rows of a panel against one packed group of tokens: out + 16n =
- * the 16 tokens' results of row n. */
-static void a6_group(int64_t nb, const uint8_t *xp, const uint8_t *pb, const float *dx, int32_t *cb, __m512 *ch,
-                     float *out) {
-    int cur = 0;
-    a6_sums(0, xp, pb, cb);
-    for (int64_t b = 0; b < nb; b++) {
-        if (b + 1 < nb) a6_sums(b + 1, xp, pb, cb + 512 * (cur ^ 1));
-        const int32_t *cc = cb + 512 * cur;
-        const __m512 dy = _mm512_load_ps((const float *)(const void *)(xp + (size_t)b * A6_TB + 4096));
-        __m512 *cv = ch + 16 * (b & 15);
-        _Pragma("GCC unroll 16") for (int n = 0; n < 16; n++) {
-            const __m512i I =
-                _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512((const void *)(cc + 256 + 16 * n)), 8),
-                                 _mm512_load_si512((const void *)(cc + 16 * n)));
-            const __m512 dd = _mm512_mul_ps(_mm512_set1_ps(dx[16 * b + n]), dy);
-            cv[n] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), dd, b < 16 ? _mm512_setzero_ps() : cv[n]);
-        }
-        cur ^= 1;
+/* Super-block b's epilogue: chain cv[n] (row n's 16 tokens) = fma(f32((H
+ * << 8) + L), d_n * dy, chain), dy = the tokens' dy. */
+A6I void a6_fin(int64_t b, const int32_t *cc, const float *dx, const float *dyp, __m512 *cv) {
+    const __m512 dy = _mm512_load_ps(dyp);
+    _Pragma("GCC unroll 16") for (int n = 0; n < 16; n++) {
+        const __m512i I = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512((const void *)(cc + 256 + 16 * n)), 8),
+                                           _mm512_load_si512((const void *)(cc + 16 * n)));
+        const __m512 dd = _mm512_mul_ps(_mm512_set1_ps(dx[16 * b + n]), dy);
+        cv[n] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), dd, b < 16 ? _mm512_setzero_ps() : cv[n]);
     }
-    /* chains past nb are 0, as vec_dot's untouched lanes */
+}
+
+/* out + 16n = row n's 16 results: the chains (ch + 16c) summed as
+ * _mm512_reduce_add_ps does (chains past nb are 0, as vec_dot's untouched
+ * lanes). */
+static void a6_tree(int64_t nb, const __m512 *ch, float *out) {
     const __m512 z = _mm512_setzero_ps();
     for (int n = 0; n < 16; n++) {
         __m512 c[16];
@@ -198,15 +200,35 @@ static void a6_group(int64_t nb, const uint8_t *xp, const uint8_t *pb, const flo
     }
 }
 
+/* Super-blocks [b0, b1) of a panel piece pb against the ngr packed groups
+ * of xp (gbytes each): every group's chains (ch + 256g) advanced. Item it =
+ * group it / S, super-block b0 + it % S, S = b1 - b0; the sums of the next
+ * item are issued before this one's epilogue (two buffers in cb). */
+static void a6_piece(int64_t b0, int64_t b1, int64_t ngr, const uint8_t *xp, size_t gbytes, const uint8_t *pb,
+                     const float *dx, int32_t *cb, __m512 *ch) {
+    const int64_t S = b1 - b0, n_it = ngr * S;
+#define A6_XB(it) (xp + (size_t)((it) / S) * gbytes + (size_t)(b0 + (it) % S) * A6_TB)
+    int cur = 0;
+    a6_sums(A6_XB(0), pb, cb);
+    for (int64_t it = 0; it < n_it; it++) {
+        if (it + 1 < n_it) a6_sums(A6_XB(it + 1), pb + (size_t)((it + 1) % S) * A6_PB, cb + 512 * (cur ^ 1));
+        const int64_t g = it / S, b = b0 + it % S;
+        a6_fin(b, cb + 512 * cur, dx, (const float *)(const void *)(A6_XB(it) + 4096), ch + 256 * g + 16 * (b & 15));
+        cur ^= 1;
+    }
+#undef A6_XB
+}
+
 static void a6_gemm(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
                     int64_t r0, int64_t r1, int64_t n_tok) {
     const int64_t nb = k / CM_QK_K;
-    _Alignas(64) uint8_t pb[A6_MAXNB * A6_PB], xp[A6_PACK];
+    _Alignas(64) uint8_t pb[A6_S * A6_PB], xp[A6_PACK];
     _Alignas(64) float dx[A6_MAXNB * 16], out[256];
     _Alignas(64) int32_t cb[1024];
-    _Alignas(64) __m512 ch[256];
+    _Alignas(64) __m512 ch[A6_MAXG * 256];
     const size_t gbytes = (size_t)nb * A6_TB;
-    const int64_t gcap = (int64_t)(A6_PACK / gbytes); /* groups of 16 tokens per pass */
+    int64_t gcap = (int64_t)(A6_PACK / gbytes); /* groups of 16 tokens per pass */
+    if (gcap > A6_MAXG) gcap = A6_MAXG;
     _Alignas(64) int32_t col[16];
     for (int n = 0; n < 16; n++) col[n] = 16 * n;
     const __m512i cidx = _mm512_load_si512((const void *)col);
@@ -220,10 +242,14 @@ static void a6_gemm(int64_t k, const void *w, size_t w_stride, const void *x, si
         for (int64_t i = r0; i < r1; i += 16) {
             const int R = r1 - i < 16 ? (int)(r1 - i) : 16;
             const __mmask16 mk = (__mmask16)((1u << R) - 1);
-            a6_panel(nb, (const uint8_t *)w + (size_t)i * w_stride, w_stride, R, pb, dx);
+            for (int64_t b0 = 0; b0 < nb; b0 += A6_S) {
+                const int64_t b1 = b0 + A6_S < nb ? b0 + A6_S : nb;
+                a6_panel(nb, b0, b1, (const uint8_t *)w + (size_t)i * w_stride, w_stride, R, pb, dx);
+                a6_piece(b0, b1, ngr, xp, gbytes, pb, dx, cb, ch);
+            }
             for (int64_t g = 0; g < ngr; g++) {
                 const int T = ntp - 16 * g < 16 ? (int)(ntp - 16 * g) : 16;
-                a6_group(nb, xp + (size_t)g * gbytes, pb, dx, cb, ch, out);
+                a6_tree(nb, ch + 256 * g, out);
                 for (int m = 0; m < T; m++) /* token m: column m of out */
                     _mm512_mask_storeu_ps(y + (j0 + 16 * g + m) * ldy + i, mk, _mm512_i32gather_ps(cidx, out + m, 4));
             }
