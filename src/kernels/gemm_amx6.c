@@ -49,7 +49,7 @@
 
 enum {
     A6_MAXNB = 64,        /* longest row, in super-blocks (k <= 16384) */
-    A6_MINTOK = 8,        /* fewer tokens: the replaced gemm (kbench, below) */
+    A6_MINTOK = 12,       /* fewer tokens: the replaced gemm (see gemm_xq6_k) */
     A6_PB = 8192,         /* panel bytes per super-block: 4 chunks x (lo, hi) x 16 rows x 64 */
     A6_TB = 4160,         /* packed token bytes per super-block: 4 chunks x 16 x 64, then 16 dy */
     A6_PACK = 768 * 1024, /* packed tokens per pass (one group at least: A6_MAXNB * A6_TB fits) */
@@ -258,8 +258,10 @@ static void a6_gemm(int64_t k, const void *w, size_t w_stride, const void *x, si
     _tile_release();
 }
 
-/* kbench, KBENCH_TYPES=q6_k, rows of 4096, one thread (Xeon family 6 model
- * 167): see A6_MINTOK. */
+/* From A6_MINTOK tokens (1 thread, Xeon family 6 model 167, thread CPU
+ * time, load ~10: AMX / avx512 gemm 0.82-1.09x at 8 tokens, 0.99-1.52x at
+ * 10, 1.07-1.53x at 12, 1.17-1.49x at 16 on 2048 x 2048, 2048 x 8192 and
+ * 8192 x 2048 matrices; HISTORY.md, session 18). */
 static void gemm_xq6_k(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
                        int64_t r0, int64_t r1, int64_t n_tok) {
     if (n_tok < A6_MINTOK || k / CM_QK_K > A6_MAXNB) {
