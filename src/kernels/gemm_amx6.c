@@ -25,10 +25,16 @@
  * of one super-block), B = 16 tokens' 64 activation bytes of that chunk in
  * the VNNI layout (row q: 4 bytes 4q..4q+3 of each token), C = 16 rows x 16
  * tokens of int32: the epilogue runs over vectors of 16 tokens. The rows'
- * lo/hi panel is built per call and per 16 rows (no second copy of the
- * weights in memory) and reused by every group of 16 tokens; the tokens are
- * packed once per pass (a last group of fewer than 16 padded with zeros).
- * q6_k has no gemm_packed in the avx512 table: the rows are the file's.
+ * lo/hi panel is built per call, per 16 rows and per A6_S super-blocks (a
+ * 16 KiB piece that stays in L1 while every group of 16 tokens uses it;
+ * the whole panel at once, 64 KiB at k = 2048, ran 1.1-1.6x slower: its
+ * tile loads missed L1), with no second copy of the weights in memory; each
+ * group keeps its 16 chains per row in memory between pieces. The tokens
+ * are packed once per pass (a last group of fewer than 16 padded with
+ * zeros). The bound is the TDPBSSDs and their tile loads with the
+ * epilogue: sharing the weight tiles between two token groups gained
+ * nothing. q6_k has no gemm_packed in the avx512 table: the rows are the
+ * file's (its "q6_k lanes" copy serves one-token decode).
  *
  * Tile configuration per thread and per call (loaded here, released on
  * return). Compiled with the AMX flags (Makefile), installed by
