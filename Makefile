@@ -124,6 +124,11 @@ $(BUILD)/bench/kbench: bench/kbench.c $(BUILD)/libcumulo.a
 kbench: $(BUILD)/bench/kbench
 	$(BUILD)/bench/kbench
 
+# The float prefill gemms (f16, bf16) at one shape, GFLOP/s by thread CPU time; not a test.
+$(BUILD)/bench/fgbench: bench/fgbench.c $(BUILD)/libcumulo.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libcumulo.a $(LDLIBS)
+
 # Batched-decode kernel benchmark (Q4_0 1B-llama shapes, B = 1..32 rows); not a test.
 $(BUILD)/bench/bbench: bench/bbench.c $(BUILD)/libcumulo.a
 	@mkdir -p $(dir $@)

@@ -12,7 +12,7 @@
  * result does not depend on when the other chains run, so the gemm runs the
  * chains one after another ("chain-outer"): only one accumulator per (row,
  * token) is live, and the register tile grows from 2 x 4 to 4 x 4 (q8_0) or
- * 4 x 6 (f16), with every weight and activation vector loaded once per tile.
+ * 6 x 4 (f16), with every weight and activation vector loaded once per tile.
  * The chains' lanes are stored, and the tile's own reduction runs on them at
  * the end, so every (row, token) is bit-identical to vec_dot (kernels.h;
  * tests/unit/test_kernels_invariant.c).
@@ -26,15 +26,16 @@
  * pair as well, and no token packing budget (the weights were streamed from
  * memory once per 9-26 tokens). Blocks past the last whole group of 8 go
  * through tile_q8_0, as in ztile_q8_0.
- * f16 (ztile_f16's order): weights converted to f32 once per row tile (reused
- * by every token), activations converted per token tile (reused by every row).
+ * f16 (ztile_f16's order): weights converted to f32 once per row tile and
+ * segment (reused by every token), activations once per call (reused by every
+ * row); see the f16 section.
  *
  * q8_0 runs the 4 chains over one segment of QG_SEG blocks before the next
  * (each chain's lanes carried in memory across segments), so the tile's
  * weights, corrections, activations and scale products stay near L1 for long
  * rows too (ffn_down).
  *
- * Stack: ~180 KiB (q8_0) / ~260 KiB (f16) of tables at most; every thread
+ * Stack: ~180 KiB (q8_0) / ~750 KiB (f16) of tables at most; every thread
  * cumulo starts has the default 8 MiB. Rows longer than the tables (k >
  * 16384) use the earlier gemms. Never allocates.
  */
@@ -159,79 +160,132 @@ static void gemm_qg8_0(int64_t k, const void *w, size_t w_stride, const void *x,
     }
 }
 
-/* ---- f16: ztile_f16's two chains, each over the whole row in turn ---- */
-enum { FG_R = 4, FG_T = 6, FG_MAXK = 16384 };
+/* ---- f16: ztile_f16's two chains, one after the other ----
+ * Chain h of a row is its elements 32m + 16h .. 32m + 16h + 15 (m = 0, 1,
+ * ...), added in ascending m. The tokens of a pass are converted to f32 once
+ * per call and stored chain by chain (chain 0's vectors, then chain 1's), so
+ * the register tile's loop is aligned loads and FMAs only (vcvtph2ps is two
+ * uops on the FMA ports of Intel cores: converting each token vector for
+ * every row tile spent a third of those ports' slots). A row tile runs chain
+ * 0 over every token, then chain 1; each chain in segments of FG_SEG of its
+ * elements: the tile's rows' segment is converted to f32 into a
+ * small buffer that stays in L1 while every token tile of the pass streams
+ * its own segment of the packed tokens from L2 (FG_T lines per FG_R x FG_T
+ * FMAs), each tile's lanes carried across segments in a table. The same
+ * FMAs on the same operands in the same order per chain, then ztile_f16's
+ * reduction and scalar tail: each (row, token) keeps vec_dot's bits. */
+enum {
+    FG_R = 6,               /* weight rows per register tile */
+    FG_T = 4,               /* tokens per register tile */
+    FG_MAXK = 16384,        /* longer rows: gemm_pf16 */
+    FG_SEG = 512,           /* elements of one chain per segment */
+    FG_XLD = FG_SEG + 16,   /* float stride of the segment buffer's rows (+ a line: no set aliasing) */
+    FG_YF = 640 * 1024 / 4, /* floats of converted tokens per pass */
+    FG_MAXT = 128,          /* tokens per pass at most (a multiple of FG_T) */
+};
 
-/* R rows (already f32) x T tokens (f16), n32 elements: res[r][t][h] = chain h's lanes. */
-AI void fg_tile(int64_t n32, const float *xf, const cm_f16 *const *yv, int R, int T, __m512 (*res)[FG_T][2]) {
-    for (int h = 0; h < 2; h++) {
-        __m512 acc[FG_R][FG_T];
-        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) _Pragma("GCC unroll 6") for (int t = 0; t < T; t++)
-            acc[r][t] = _mm512_setzero_ps();
-        for (int64_t i = 16 * h; i < n32; i += 32) {
-            __m512 xv[FG_R];
-            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) xv[r] = _mm512_load_ps(xf + (size_t)r * FG_MAXK + i);
-            _Pragma("GCC unroll 6") for (int t = 0; t < T; t++) {
-                const __m512 yy = z_f16(yv[t], i);
-                _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) acc[r][t] = _mm512_fmadd_ps(xv[r], yy, acc[r][t]);
-            }
+/* R rows' segment (f32, FG_XLD apart) x T tokens' segment (f32, ys apart), n
+ * elements: acc[r][t] = the chain's lanes, carried in and out (from zero
+ * when first). */
+AI void fg_tile(int64_t n, const float *xs, const float *yseg, size_t ys, const float *ynext, int R, int T, bool first,
+                __m512 (*acc)[FG_T]) {
+    __m512 a[FG_R][FG_T];
+    _Pragma("GCC unroll 6") for (int r = 0; r < R; r++) _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) a[r][t] =
+        first ? _mm512_setzero_ps() : acc[r][t];
+    for (int64_t i = 0; i < n; i += 16) {
+        __m512 xv[FG_R];
+        _Pragma("GCC unroll 6") for (int r = 0; r < R; r++) xv[r] = _mm512_load_ps(xs + (size_t)r * FG_XLD + i);
+        _Pragma("GCC unroll 4") for (int t = 0; t < FG_T; t++)
+            _mm_prefetch((const char *)(ynext + (size_t)t * ys + i), _MM_HINT_T0);
+        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
+            const __m512 yy = _mm512_load_ps(yseg + (size_t)t * ys + i);
+            _Pragma("GCC unroll 6") for (int r = 0; r < R; r++) a[r][t] = _mm512_fmadd_ps(xv[r], yy, a[r][t]);
         }
-        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) _Pragma("GCC unroll 6") for (int t = 0; t < T; t++)
-            res[r][t][h] = acc[r][t];
     }
+    _Pragma("GCC unroll 6") for (int r = 0; r < R; r++) _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) acc[r][t] =
+        a[r][t];
+}
+
+/* The tile with constant R (FG_R, or 1 for each of the last rows) and T. */
+static void fg_tile_any(int64_t n, const float *xs, const float *yseg, size_t ys, const float *ynext, int R, int T,
+                        bool first, __m512 (*acc)[FG_T]) {
+#define FG_CASE(TT)                                                                                                  \
+    case TT:                                                                                                         \
+        if (R == FG_R) fg_tile(n, xs, yseg, ys, ynext, FG_R, TT, first, acc);                                        \
+        else                                                                                                         \
+            for (int r = 0; r < R; r++) fg_tile(n, xs + (size_t)r * FG_XLD, yseg, ys, ynext, 1, TT, first, acc + r); \
+        break;
+    switch (T) {
+        FG_CASE(4)
+        FG_CASE(3)
+        FG_CASE(2)
+    default: FG_CASE(1)
+    }
+#undef FG_CASE
 }
 
 static void gemm_fg16(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
                       int64_t r0, int64_t r1, int64_t n_tok) {
-    const int64_t n32 = k & ~(int64_t)31;
+    const int64_t n32 = k & ~(int64_t)31, nh = n32 / 2; /* elements per chain */
     if (n32 == 0 || k > FG_MAXK) {
         gemm_pf16(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
         return;
     }
-    _Alignas(64) float xf[FG_R * FG_MAXK]; /* the row tile's weights in f32 */
-    for (int64_t i = r0; i < r1; i += FG_R) {
-        const int R = r1 - i < FG_R ? (int)(r1 - i) : FG_R;
-        const cm_f16 *xr[FG_R];
-        for (int r = 0; r < R; r++) {
-            xr[r] = (const cm_f16 *)(const void *)((const char *)w + (size_t)(i + r) * w_stride);
-            for (int64_t e = 0; e < n32; e += 16) _mm512_store_ps(xf + (size_t)r * FG_MAXK + e, z_f16(xr[r], e));
+    _Alignas(64) float yf[FG_YF];                           /* the pass's tokens in f32, chain-split, ys apart */
+    _Alignas(64) float xs[FG_R * FG_XLD];                   /* the row tile's segment of one chain in f32 */
+    _Alignas(64) __m512 acc[2][FG_MAXT / FG_T][FG_R][FG_T]; /* per chain and token tile */
+    const size_t ys = (size_t)n32 + 16;                     /* + a line: no set aliasing between tokens */
+    int64_t cap = (int64_t)(FG_YF / ys) / FG_T * FG_T;
+    cap = cap > FG_MAXT ? FG_MAXT : cap < FG_T ? FG_T : cap; /* k <= FG_MAXK: 9 tokens fit */
+    for (int64_t j0 = 0; j0 < n_tok; j0 += cap) {
+        const int64_t nt = n_tok - j0 < cap ? n_tok - j0 : cap, ntt = (nt + FG_T - 1) / FG_T;
+        for (int64_t t = 0; t < nt; t++) {
+            const void *yr = (const char *)x + (size_t)(j0 + t) * x_stride;
+            float *d = yf + (size_t)t * ys;
+            for (int64_t e = 0; e < n32; e += 32) {
+                _mm512_store_ps(d + e / 2, z_f16(yr, e));
+                _mm512_store_ps(d + nh + e / 2, z_f16(yr, e + 16));
+            }
         }
-        /* the next row tile into L2, a slice per token tile (rows adjacent, as in a GGUF), so its
-         * conversion to f32 reads L2, not DRAM */
-        const char *pf = (const char *)w + (size_t)(i + FG_R) * w_stride;
-        const size_t pfb = i + 2 * FG_R <= r1 ? (size_t)FG_R * w_stride : 0;
-        const size_t pstep = (pfb / (size_t)((n_tok + FG_T - 1) / FG_T) + 63) & ~(size_t)63;
-        size_t po = 0;
-        for (int64_t j = 0; j < n_tok; j += FG_T) {
-            const int T = n_tok - j < FG_T ? (int)(n_tok - j) : FG_T;
-            for (const size_t pe = po + pstep; po < pe && po < pfb; po += 64) _mm_prefetch(pf + po, _MM_HINT_T1);
-            const cm_f16 *yv[FG_T];
-            for (int t = 0; t < T; t++)
-                yv[t] = (const cm_f16 *)(const void *)((const char *)x + (size_t)(j + t) * x_stride);
-            __m512 res[FG_R][FG_T][2];
-            if (R == FG_R) switch (T) { /* the last tokens: still 4 rows per pass, not 1 */
-                case 6: fg_tile(n32, xf, yv, FG_R, 6, res); break;
-                case 5: fg_tile(n32, xf, yv, FG_R, 5, res); break;
-                case 4: fg_tile(n32, xf, yv, FG_R, 4, res); break;
-                case 3: fg_tile(n32, xf, yv, FG_R, 3, res); break;
-                case 2: fg_tile(n32, xf, yv, FG_R, 2, res); break;
-                default: fg_tile(n32, xf, yv, FG_R, 1, res); break;
-                }
-            else
-                for (int r = 0; r < R; r++) switch (T) {
-                    case 6: fg_tile(n32, xf + (size_t)r * FG_MAXK, yv, 1, 6, res + r); break;
-                    case 5: fg_tile(n32, xf + (size_t)r * FG_MAXK, yv, 1, 5, res + r); break;
-                    case 4: fg_tile(n32, xf + (size_t)r * FG_MAXK, yv, 1, 4, res + r); break;
-                    case 3: fg_tile(n32, xf + (size_t)r * FG_MAXK, yv, 1, 3, res + r); break;
-                    case 2: fg_tile(n32, xf + (size_t)r * FG_MAXK, yv, 1, 2, res + r); break;
-                    default: fg_tile(n32, xf + (size_t)r * FG_MAXK, yv, 1, 1, res + r); break;
-                    }
+        for (int64_t i = r0; i < r1; i += FG_R) {
+            const int R = r1 - i < FG_R ? (int)(r1 - i) : FG_R;
+            const cm_f16 *xr[FG_R];
             for (int r = 0; r < R; r++)
-                for (int t = 0; t < T; t++) { /* ztile_f16's reduction and scalar tail */
-                    float s = _mm512_reduce_add_ps(_mm512_add_ps(res[r][t][0], res[r][t][1]));
-                    for (int64_t e = n32; e < k; e++) s += sc_f16(xr[r], e) * sc_f16(yv[t], e);
-                    y[(j + t) * ldy + i + r] = s;
+                xr[r] = (const cm_f16 *)(const void *)((const char *)w + (size_t)(i + r) * w_stride);
+            /* the next row tile into L2 (rows adjacent, as in a GGUF), a few lines per token tile: a
+             * burst stalls on the miss queue */
+            const char *pf = (const char *)w + (size_t)(i + FG_R) * w_stride;
+            const size_t pfb = i + 2 * FG_R <= r1 ? (size_t)FG_R * w_stride : 0;
+            const size_t pstep = (pfb / (size_t)(2 * ((nh + FG_SEG - 1) / FG_SEG) * ntt) + 64) & ~(size_t)63;
+            size_t po = 0;
+            for (int h = 0; h < 2; h++)
+                for (int64_t s0 = 0; s0 < nh; s0 += FG_SEG) {
+                    const int64_t n = nh - s0 < FG_SEG ? nh - s0 : FG_SEG;
+                    for (int r = 0; r < R; r++) /* elements 32m + 16h.. for m = s0/16 .. */
+                        for (int64_t e = 0; e < n; e += 16)
+                            _mm512_store_ps(xs + (size_t)r * FG_XLD + e, z_f16(xr[r], 2 * (s0 + e) + 16 * h));
+                    for (int64_t jt = 0; jt < ntt; jt++) {
+                        for (const size_t pe = po + pstep; po < pe && po < pfb; po += 64)
+                            _mm_prefetch(pf + po, _MM_HINT_T1);
+                        const int T = nt - jt * FG_T < FG_T ? (int)(nt - jt * FG_T) : FG_T;
+                        const float *yseg = yf + (size_t)(jt * FG_T) * ys + (size_t)(h * nh + s0);
+                        /* the next tile's segment into L1 meanwhile (past the last tile: harmless lines of yf) */
+                        const float *ynext = jt + 1 < ntt ? yseg + (size_t)FG_T * ys : yf;
+                        fg_tile_any(n, xs, yseg, ys, ynext, R, T, s0 == 0, acc[h][jt]);
+                    }
                 }
+            for (int64_t jt = 0; jt < ntt; jt++) {
+                const int T = nt - jt * FG_T < FG_T ? (int)(nt - jt * FG_T) : FG_T;
+                for (int t = 0; t < T; t++) { /* the tile's rows are adjacent in y */
+                    const int64_t j = j0 + jt * FG_T + t;
+                    const cm_f16 *yr = (const cm_f16 *)(const void *)((const char *)x + (size_t)j * x_stride);
+                    for (int r = 0; r < R; r++) { /* ztile_f16's reduction and scalar tail */
+                        float s = _mm512_reduce_add_ps(_mm512_add_ps(acc[0][jt][r][t], acc[1][jt][r][t]));
+                        for (int64_t e = n32; e < k; e++) s += sc_f16(xr[r], e) * sc_f16(yr, e);
+                        y[j * ldy + i + r] = s;
+                    }
+                }
+            }
         }
     }
 }

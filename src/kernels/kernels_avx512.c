@@ -18,7 +18,7 @@
  * activations once per call and replays the tiles' exact arithmetic from the
  * packed operands (q4_0: 16 tokens across the lanes x 2 rows; 2 rows x 4
  * tokens for q8_0 and f16); q8_0 and f16 prefill now run
- * avx512_prefill.h (the same chains one at a time, 4 x 4 and 4 x 6 register
+ * avx512_prefill.h (the same chains one at a time, 4 x 4 and 6 x 4 register
  * tiles), which falls back to those for rows longer than 16384. q4_0 also has a decode gemv
  * (4 rows per pass against the token packed once), same bits again, and
  * q4_0 and q5_k decode gemvs over rows repacked at load (repack.c;

@@ -129,7 +129,7 @@ static void test_gemm_equals_vec_dot(void) {
 /* Rows long enough that a gemm packing activations into a bounded buffer
  * (kernels_avx512.c's avx512_gemm.h) needs several passes over the tokens:
  * every pass boundary must still give vec_dot's bits. */
-enum { LROWS = 5, LTOK = 19, LK = 10336 }; /* 323 blocks of 32: 40 groups of 8 plus 3 */
+enum { LROWS = 7, LTOK = 19, LK = 10336 }; /* 323 blocks of 32: 40 groups of 8 plus 3 */
 /* 203 blocks: the q4_0 tokens-in-lanes gemm packs one group of 16 tokens per
  * pass here (16 + 3 tokens: two passes), while LK is past its limit (tiles). */
 enum { LK2 = 6496 };
