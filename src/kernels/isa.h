@@ -58,6 +58,10 @@ void cm_kernels_fill_q8lane_avx512(cm_kernels *k);
  * cm_kernels_amx_direct: its gemm of type t for every n_tok, or NULL. */
 void cm_kernels_fill_amx(cm_kernels *k);
 cm_gemm_fn cm_kernels_amx_direct(enum cm_type t);
+/* q4_k and q5_k prefill on AMX tiles (gemm_amxk.c): cm_kernels_fill_amx's
+ * and cm_kernels_amx_direct's part for those types. */
+void cm_kernels_fill_amxk(cm_kernels *k);
+cm_gemm_fn cm_kernels_amxk_direct(enum cm_type t);
 #else
 #define CM_KERNELS_HAVE_X86 0
 #endif

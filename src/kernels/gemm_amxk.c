@@ -1,0 +1,331 @@
+/*
+ * gemm_amxk.c: the avx512 table's q4_k and q5_k prefill gemms on AMX tiles
+ * (Sapphire Rapids and later), bit-identical to that table's vec_dot.
+ *
+ * Both types share the avx512 table's float order (z4, gemm_kq4_avx512.c;
+ * z5, avx512_krepack.h): per super-block b the exact integers S_b (the sum
+ * over its 256 weights of sc_j(i) * q_i * y_i, sc_j the 6-bit scale of
+ * sub-block j) and M_b (sum_j mn_j * Y_j, Y_j the token's sum over
+ * sub-block j, from the q8_k bsums), each converted to f32 once; float lane
+ * l = b % 16 gets acc_l = fma(f32(S_b), d * dy, acc_l), then acc_l =
+ * fma(f32(M_b), -dmin * dy, acc_l) (b ascending), and the 16 lanes are
+ * summed in _mm512_reduce_add_ps's tree. Only the integers are formed
+ * differently here, which is free: the same bits for every (row, token).
+ *
+ * S_b on tiles: p_i = sc_j(i) * q_i < 2^11 (q5_k: 31 * 63) is split into
+ * bytes lo_i = p_i & 255 and hi_i = p_i >> 8; one TDPBUSD (unsigned A,
+ * signed B) per 64 weights accumulates sum(lo * y) and another sum(hi * y)
+ * over the whole super-block into two C tiles (16 rows x 16 tokens), and
+ * S_b = C_lo + 256 * C_hi exactly (|C_lo| <= 256 * 255 * 128, |S_b| < 2^26):
+ * 8 TDPBUSD per super-block and no multiply by the scales afterwards. M_b:
+ * four vpdpwssd per row against the tokens' Y pairs (AVX-512), as
+ * gemm_kq4_avx512.c's kt4_rows. The float epilogue then does exactly the
+ * operations above with the 16 tokens of a row in one vector; the lanes'
+ * chains (l = 0..15, blocks l, l + 16, ...) run one after another, the next
+ * block's tiles issued between the current block's row epilogues.
+ *
+ * Operands: A = the byte-split products of 16 weight rows, built per call
+ * into a per-thread panel (row-major, 64 bytes a tile row: no second copy of
+ * the weights in memory) with each row's d, -dmin and mins word pairs;
+ * B = 16 tokens' q8_k values in the VNNI layout (row c of a tile: the 16
+ * tokens' bytes 4c..4c+3), packed once per call with their Y pairs and dy
+ * (a last group of fewer than 16 tokens padded with zeros, its results
+ * never stored). Rows past a slice's end repeat its last row (never stored).
+ *
+ * Tile configuration is per thread and per call (loaded, released before
+ * returning). Compiled with the AMX flags (Makefile); installed by
+ * gemm_amx.c's cm_kernels_fill_amx (only where AMX-INT8 is usable and
+ * CUMULO_AMX is not 0). Below AK_MINTOK_* tokens, or for rows longer than
+ * AK_MAXNB super-blocks, it hands over to the table's gemm it replaced.
+ * Tests: tests/unit/test_kernels_amxk.c. Stack: ~1.1 MiB at most (compute
+ * threads have CM_COMPUTE_STACK, 8 MiB). Never allocates.
+ */
+#include "isa.h"
+
+#include "base/base.h"
+#include "ref.h"
+
+#include <immintrin.h>
+#include <string.h>
+
+#define AKI static inline __attribute__((always_inline))
+
+enum {
+    AK_MAXNB = 64, /* longest row, in super-blocks (k <= 16384) */
+    /* fewer tokens: the replaced gemm (kbench, see AK_MINTOK's note in docs/HISTORY.md, session 18) */
+    AK_MINTOK_Q4_K = 8,
+    AK_MINTOK_Q5_K = 8,
+    AK_PB = 8192,         /* panel bytes per super-block: 4 lo tiles, 4 hi tiles, 16 x 64 bytes each */
+    AK_TB = 4416,         /* a packed group's super-block: 4 B tiles (4096), 4 Y pair vectors, dy */
+    AK_PACK = 512 * 1024, /* packed tokens per pass (one group of the longest row fits) */
+};
+
+/* Tiles: 0 and 1 B (16 x 64 bytes: 64 activations of 16 tokens), 2 and 3
+ * A (16 rows x 64 bytes: lo, hi), 4 to 7 C (16 rows x 16 int32: lo, hi of
+ * two super-blocks in flight). */
+typedef struct {
+    uint8_t palette, start_row, rsv[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} ak_cfg;
+
+static void ak_config(void) {
+    _Alignas(64) ak_cfg c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int i = 0; i < 8; i++) c.rows[i] = 16, c.colsb[i] = 64;
+    _tile_loadconfig(&c);
+}
+
+static cm_gemm_fn g_prev_q4_k, g_prev_q5_k;
+
+/* The panel of rows w (stride ws), R of them (R <= 16; lanes past R repeat
+ * row R - 1): per super-block b the byte-split products at pa + AK_PB * b
+ * (tile k of lo at 1024 k, of hi at 4096 + 1024 k, row r at 64 r), and the
+ * rows' d (pd[16 b + r]), -dmin (pn) and mins word pairs (pm[16 (4 b + u) + r]
+ * = mn_2u | mn_2u+1 << 16). q5: q5_k rows, else q4_k. */
+AKI void ak_panel(bool q5, int64_t nb, const uint8_t *w, size_t ws, int R, uint8_t *pa, float *pd, float *pn,
+                  int32_t *pm) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1);
+    for (int r = 0; r < 16; r++) {
+        const uint8_t *row = w + (size_t)(r < R ? r : R - 1) * ws;
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *blk = row + (size_t)b * (q5 ? sizeof(cm_block_q5_k) : sizeof(cm_block_q4_k));
+            const cm_block_q4_k *b4 = (const cm_block_q4_k *)(const void *)blk;
+            const cm_block_q5_k *b5 = (const cm_block_q5_k *)(const void *)blk;
+            uint8_t sc[8], mn[8];
+            cm_k4_scales8(q5 ? b5->scales : b4->scales, sc, mn);
+            const uint8_t *qs = q5 ? b5->qs : b4->qs;
+            const __m256i qh = q5 ? _mm256_loadu_si256((const __m256i *)(const void *)b5->qh) : _mm256_setzero_si256();
+            uint8_t *pr = pa + (size_t)b * AK_PB + 64 * r;
+            _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) { /* elements 64k.. (low nibbles), 64k+32.. (high) */
+                const __m256i q = _mm256_loadu_si256((const __m256i *)(const void *)(qs + 32 * k));
+                __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+                if (q5) {
+                    lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * k), one), 4));
+                    hi = _mm256_or_si256(hi,
+                                         _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * k + 1), one), 4));
+                }
+                const __m512i p0 = _mm512_mullo_epi16(_mm512_cvtepu8_epi16(lo), _mm512_set1_epi16(sc[2 * k]));
+                const __m512i p1 = _mm512_mullo_epi16(_mm512_cvtepu8_epi16(hi), _mm512_set1_epi16(sc[2 * k + 1]));
+                uint8_t *tl = pr + 1024 * k, *th = pr + 4096 + 1024 * k;
+                _mm256_store_si256((__m256i *)(void *)tl, _mm512_cvtepi16_epi8(p0));
+                _mm256_store_si256((__m256i *)(void *)(tl + 32), _mm512_cvtepi16_epi8(p1));
+                _mm256_store_si256((__m256i *)(void *)th, _mm512_cvtepi16_epi8(_mm512_srli_epi16(p0, 8)));
+                _mm256_store_si256((__m256i *)(void *)(th + 32), _mm512_cvtepi16_epi8(_mm512_srli_epi16(p1, 8)));
+            }
+            pd[16 * b + r] = _cvtsh_ss(b4->d);
+            pn[16 * b + r] = -_cvtsh_ss(b4->dmin);
+            for (int u = 0; u < 4; u++)
+                pm[16 * (4 * b + u) + r] = (int32_t)((uint32_t)mn[2 * u] | (uint32_t)mn[2 * u + 1] << 16);
+        }
+    }
+}
+
+/* Pack T (1..16) tokens at x (stride xs, q8_k rows of nb super-blocks) into
+ * one group, AK_TB bytes per super-block: dword 16 c + t = token t's bytes
+ * 4c..4c+3 (c < 64), then dword 1024 + 16 u + t = its Y_2u | Y_2u+1 << 16,
+ * then float 1088 + t = its d; zeros past T. */
+static void ak_pack(int64_t nb, const uint8_t *x, size_t xs, int T, uint8_t *d) {
+    for (int64_t b = 0; b < nb; b++) {
+        uint32_t *a = (uint32_t *)(void *)(d + (size_t)b * AK_TB);
+        float *dy = (float *)(void *)(a + 1088);
+        for (int t = 0; t < 16; t++) {
+            if (t >= T) {
+                for (int c = 0; c < 68; c++) a[16 * c + t] = 0;
+                dy[t] = 0.0f;
+                continue;
+            }
+            const cm_block_q8_k *y = (const cm_block_q8_k *)(const void *)(x + (size_t)t * xs) + b;
+            uint32_t v[64];
+            memcpy(v, y->qs, 256);
+            for (int c = 0; c < 64; c++) a[16 * c + t] = v[c];
+            for (int u = 0; u < 4; u++) {
+                const uint16_t y0 = (uint16_t)(y->bsums[4 * u] + y->bsums[4 * u + 1]);
+                const uint16_t y1 = (uint16_t)(y->bsums[4 * u + 2] + y->bsums[4 * u + 3]);
+                a[1024 + 16 * u + t] = y0 | (uint32_t)y1 << 16;
+            }
+            dy[t] = y->d;
+        }
+    }
+}
+
+/* The 64 weights 64k.. of super-block b: C_lo (tile CL) += lo * y, C_hi (CH) += hi * y */
+#define AK_CHUNK(CL, CH, TB, b, k)                                       \
+    do {                                                                 \
+        _tile_loadd(TB, xp + (size_t)(b)*AK_TB + 1024 * (k), 64);        \
+        _tile_loadd(2, pa + (size_t)(b)*AK_PB + 1024 * (k), 64);         \
+        _tile_dpbusd(CL, 2, TB);                                         \
+        _tile_loadd(3, pa + (size_t)(b)*AK_PB + 4096 + 1024 * (k), 64);  \
+        _tile_dpbusd(CH, 3, TB);                                         \
+    } while (0)
+
+/* Rows r0..r0+3 of super-block b's epilogue: cc its C_lo (C_hi at + 256), tb its packed tokens. */
+AKI void ak_fin4(int r0, int64_t b, const int32_t *cc, const uint8_t *tb, const float *pd, const float *pn,
+                 const int32_t *pm, __m512 *acc) {
+    const __m512i z = _mm512_setzero_si512();
+    const __m512 dy = _mm512_load_ps((const void *)(tb + 4352));
+    _Pragma("GCC unroll 4") for (int r = r0; r < r0 + 4; r++) {
+        const __m512i S = _mm512_add_epi32(_mm512_load_si512((const void *)(cc + 16 * r)),
+                                           _mm512_slli_epi32(_mm512_load_si512((const void *)(cc + 256 + 16 * r)), 8));
+        __m512i M = z;
+        _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++) M =
+            _mm512_dpwssd_epi32(M, _mm512_load_si512((const void *)(tb + 4096 + 64 * u)),
+                                _mm512_set1_epi32(pm[16 * (4 * b + u) + r]));
+        const __m512 a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(S), _mm512_mul_ps(_mm512_set1_ps(pd[16 * b + r]), dy), acc[r]);
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(M), _mm512_mul_ps(_mm512_set1_ps(pn[16 * b + r]), dy), a);
+    }
+}
+
+/* The 16 rows of a panel against one packed group of 16 tokens: out[r] =
+ * row r's 16 tokens. The super-blocks run in chain order (b % 16 = 0 first,
+ * each chain ascending); while block s's epilogue runs, block s + 1's tiles
+ * are computed into the other C pair and stored to the other half of cb. */
+static void ak_group(int64_t nb, const uint8_t *xp, const uint8_t *pa, const float *pd, const float *pn,
+                     const int32_t *pm, int32_t *cb, __m512 *out) {
+    __m512 ch[16][16]; /* ch[l][r]: lane l's chain of row r */
+    int64_t seq[AK_MAXNB];
+    int ns = 0;
+    for (int64_t l = 0; l < 16 && l < nb; l++)
+        for (int64_t b = l; b < nb; b += 16) seq[ns++] = b;
+#define AK_TILES(CL, CH, b, dst)               \
+    do {                                       \
+        _tile_zero(CL);                        \
+        _tile_zero(CH);                        \
+        AK_CHUNK(CL, CH, 0, b, 0);             \
+        AK_CHUNK(CL, CH, 1, b, 1);             \
+        AK_CHUNK(CL, CH, 0, b, 2);             \
+        AK_CHUNK(CL, CH, 1, b, 3);             \
+        _tile_stored(CL, (dst), 64);           \
+        _tile_stored(CH, (dst) + 256, 64);     \
+    } while (0)
+    if (ns > 0) AK_TILES(4, 5, seq[0], cb);
+    __m512 acc[16];
+    _Pragma("GCC unroll 16") for (int r = 0; r < 16; r++) acc[r] = _mm512_setzero_ps();
+    for (int s = 0; s < ns; s++) {
+        const int64_t b = seq[s];
+        if (b < 16 && b > 0) _Pragma("GCC unroll 16") for (int r = 0; r < 16; r++) acc[r] = _mm512_setzero_ps();
+        const int32_t *cc = cb + 512 * (s & 1);
+        const uint8_t *tb = xp + (size_t)b * AK_TB;
+        if (s + 1 < ns) {
+            const int64_t bn = seq[s + 1];
+            int32_t *cn = cb + 512 * ((s + 1) & 1);
+            if (s & 1) {
+                _tile_zero(4);
+                _tile_zero(5);
+                AK_CHUNK(4, 5, 0, bn, 0);
+                ak_fin4(0, b, cc, tb, pd, pn, pm, acc);
+                AK_CHUNK(4, 5, 1, bn, 1);
+                ak_fin4(4, b, cc, tb, pd, pn, pm, acc);
+                AK_CHUNK(4, 5, 0, bn, 2);
+                ak_fin4(8, b, cc, tb, pd, pn, pm, acc);
+                AK_CHUNK(4, 5, 1, bn, 3);
+                _tile_stored(4, cn, 64);
+                _tile_stored(5, cn + 256, 64);
+            } else {
+                _tile_zero(6);
+                _tile_zero(7);
+                AK_CHUNK(6, 7, 0, bn, 0);
+                ak_fin4(0, b, cc, tb, pd, pn, pm, acc);
+                AK_CHUNK(6, 7, 1, bn, 1);
+                ak_fin4(4, b, cc, tb, pd, pn, pm, acc);
+                AK_CHUNK(6, 7, 0, bn, 2);
+                ak_fin4(8, b, cc, tb, pd, pn, pm, acc);
+                AK_CHUNK(6, 7, 1, bn, 3);
+                _tile_stored(6, cn, 64);
+                _tile_stored(7, cn + 256, 64);
+            }
+            ak_fin4(12, b, cc, tb, pd, pn, pm, acc);
+        } else {
+            ak_fin4(0, b, cc, tb, pd, pn, pm, acc);
+            ak_fin4(4, b, cc, tb, pd, pn, pm, acc);
+            ak_fin4(8, b, cc, tb, pd, pn, pm, acc);
+            ak_fin4(12, b, cc, tb, pd, pn, pm, acc);
+        }
+        if (b + 16 >= nb) _Pragma("GCC unroll 16") for (int r = 0; r < 16; r++) ch[b % 16][r] = acc[r];
+    }
+#undef AK_TILES
+    for (int64_t l = nb; l < 16; l++)
+        for (int r = 0; r < 16; r++) ch[l][r] = _mm512_setzero_ps();
+    for (int r = 0; r < 16; r++) { /* _mm512_reduce_add_ps's tree, for 16 tokens at once (kt4_rows') */
+        __m512 h[8];
+        for (int i = 0; i < 8; i++) h[i] = _mm512_add_ps(ch[i + 8][r], ch[i][r]);
+        for (int i = 0; i < 4; i++) h[i] = _mm512_add_ps(h[i + 4], h[i]);
+        out[r] = _mm512_add_ps(_mm512_add_ps(h[0], h[2]), _mm512_add_ps(h[1], h[3]));
+    }
+}
+
+static void ak_gemm(bool q5, int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
+                    int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {
+    const int64_t nb = k / CM_QK_K;
+    _Alignas(64) uint8_t pa[AK_MAXNB * AK_PB], xp[AK_PACK];
+    _Alignas(64) float pd[AK_MAXNB * 16], pn[AK_MAXNB * 16];
+    _Alignas(64) int32_t pm[AK_MAXNB * 64], cb[1024];
+    _Alignas(64) float ob[16][16];
+    const size_t gbytes = (size_t)nb * AK_TB;
+    const int64_t gcap = (int64_t)(AK_PACK / gbytes); /* groups of 16 tokens per pass */
+    const __m512i col = _mm512_setr_epi32(0, 16, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 240);
+    ak_config();
+    for (int64_t j0 = 0; j0 < n_tok; j0 += 16 * gcap) {
+        const int64_t ntp = n_tok - j0 < 16 * gcap ? n_tok - j0 : 16 * gcap, ngr = (ntp + 15) / 16;
+        for (int64_t g = 0; g < ngr; g++) {
+            const int T = ntp - 16 * g < 16 ? (int)(ntp - 16 * g) : 16;
+            ak_pack(nb, (const uint8_t *)x + (size_t)(j0 + 16 * g) * x_stride, x_stride, T, xp + (size_t)g * gbytes);
+        }
+        for (int64_t i = r0; i < r1; i += 16) {
+            const int R = r1 - i < 16 ? (int)(r1 - i) : 16;
+            const __mmask16 mk = (__mmask16)((1u << R) - 1);
+            ak_panel(q5, nb, (const uint8_t *)w + (size_t)i * w_stride, w_stride, R, pa, pd, pn, pm);
+            for (int64_t g = 0; g < ngr; g++) {
+                const int T = ntp - 16 * g < 16 ? (int)(ntp - 16 * g) : 16;
+                __m512 out[16];
+                ak_group(nb, xp + (size_t)g * gbytes, pa, pd, pn, pm, cb, out);
+                for (int r = 0; r < 16; r++) _mm512_store_ps(ob[r], out[r]);
+                for (int t = 0; t < T; t++) /* column t of ob: token t's 16 rows */
+                    _mm512_mask_storeu_ps(y + (j0 + 16 * g + t) * ldy + i, mk,
+                                          _mm512_i32gather_ps(col, &ob[0][t], 4));
+            }
+        }
+    }
+    _tile_release();
+}
+
+static void gemm_xq4_k(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
+                       int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {
+    if (n_tok < AK_MINTOK_Q4_K || k / CM_QK_K > AK_MAXNB) {
+        g_prev_q4_k(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
+        return;
+    }
+    ak_gemm(false, k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
+}
+
+static void gemm_xq5_k(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
+                       int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {
+    if (n_tok < AK_MINTOK_Q5_K || k / CM_QK_K > AK_MAXNB) {
+        g_prev_q5_k(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
+        return;
+    }
+    ak_gemm(true, k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
+}
+
+/* The AMX paths for every n_tok (tests and kbench; rows up to AK_MAXNB super-blocks). */
+static void gemm_aq4_k(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
+                       int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {
+    if (n_tok > 0 && r1 > r0) ak_gemm(false, k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
+}
+static void gemm_aq5_k(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
+                       int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {
+    if (n_tok > 0 && r1 > r0) ak_gemm(true, k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
+}
+
+void cm_kernels_fill_amxk(cm_kernels *k) {
+    g_prev_q4_k = k->gemm[CM_TYPE_Q4_K];
+    g_prev_q5_k = k->gemm[CM_TYPE_Q5_K];
+    CM_ASSERT(g_prev_q4_k && g_prev_q5_k);
+    k->gemm[CM_TYPE_Q4_K] = gemm_xq4_k;
+    k->gemm[CM_TYPE_Q5_K] = gemm_xq5_k;
+}
+
+cm_gemm_fn cm_kernels_amxk_direct(enum cm_type t) {
+    return t == CM_TYPE_Q4_K ? gemm_aq4_k : t == CM_TYPE_Q5_K ? gemm_aq5_k : NULL;
+}
