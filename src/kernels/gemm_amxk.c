@@ -52,12 +52,16 @@
 
 enum {
     AK_MAXNB = 64, /* longest row, in super-blocks (k <= 16384) */
-    /* fewer tokens: the replaced gemm (kbench, see AK_MINTOK's note in docs/HISTORY.md, session 18) */
-    AK_MINTOK_Q4_K = 8,
-    AK_MINTOK_Q5_K = 8,
+    /* fewer tokens: the replaced gemm (2048 x 2048, one thread, CPU time, Xeon family 6 model 167: q4_k
+     * AMX 0.73 / 0.73 / 0.89 ms at 12 / 16 / 17 tokens against 0.74 / 0.81 / 1.19; q5_k 0.72 / 0.88 /
+     * 0.89 at 16 / 17 / 20 against 0.70 / 0.86 / 1.04 (its 16-token tile is one pass); the panel's
+     * build is most of the time below 16 tokens) */
+    AK_MINTOK_Q4_K = 16,
+    AK_MINTOK_Q5_K = 19,
     AK_PB = 8192,         /* panel bytes per super-block: 4 lo tiles, 4 hi tiles, 16 x 64 bytes each */
     AK_TB = 4416,         /* a packed group's super-block: 4 B tiles (4096), 4 Y pair vectors, dy */
-    AK_PACK = 512 * 1024, /* packed tokens per pass (one group of the longest row fits) */
+    AK_PACK = 1024 * 1024, /* packed tokens per pass (one group of the longest row fits) */
+    AK_GMAX = 16,         /* groups of 16 tokens per pass at most */
 };
 
 /* Tiles: 0 and 1 B (16 x 64 bytes: 64 activations of 16 tokens), 2 and 3
@@ -86,7 +90,9 @@ static cm_gemm_fn g_prev_q4_k, g_prev_q5_k;
  * = mn_2u | mn_2u+1 << 16). q5: q5_k rows, else q4_k. */
 AKI void ak_panel(bool q5, int64_t nb, const uint8_t *w, size_t ws, int R, uint8_t *pa, float *pd, float *pn,
                   int32_t *pm) {
-    const __m256i m4 = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1);
+    const __m512i m4 = _mm512_set1_epi8(0x0f), one = _mm512_set1_epi8(1), mlo = _mm512_set1_epi16(0x00ff);
+    /* per 64-weight chunk: shift counts of the low (elements 64k..) and high (64k+32..) nibbles */
+    const __m512i nsh = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
     for (int r = 0; r < 16; r++) {
         const uint8_t *row = w + (size_t)(r < R ? r : R - 1) * ws;
         for (int64_t b = 0; b < nb; b++) {
@@ -95,24 +101,30 @@ AKI void ak_panel(bool q5, int64_t nb, const uint8_t *w, size_t ws, int R, uint8
             const cm_block_q5_k *b5 = (const cm_block_q5_k *)(const void *)blk;
             uint8_t sc[8], mn[8];
             cm_k4_scales8(q5 ? b5->scales : b4->scales, sc, mn);
+            uint64_t sc64;
+            memcpy(&sc64, sc, 8);
+            /* the 8 scales as words 0..7, sub-block 2k's in words 0..15 of kth vector, 2k+1's in 16..31 */
+            const __m512i scw = _mm512_cvtepu8_epi16(_mm256_castsi128_si256(_mm_cvtsi64_si128((long long)sc64)));
             const uint8_t *qs = q5 ? b5->qs : b4->qs;
-            const __m256i qh = q5 ? _mm256_loadu_si256((const __m256i *)(const void *)b5->qh) : _mm256_setzero_si256();
+            const __m512i h5 = q5 ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(const void *)b5->qh))
+                                  : _mm512_setzero_si512();
             uint8_t *pr = pa + (size_t)b * AK_PB + 64 * r;
-            _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) { /* elements 64k.. (low nibbles), 64k+32.. (high) */
-                const __m256i q = _mm256_loadu_si256((const __m256i *)(const void *)(qs + 32 * k));
-                __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-                if (q5) {
-                    lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * k), one), 4));
-                    hi = _mm256_or_si256(hi,
-                                         _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * k + 1), one), 4));
+            _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
+                const __m512i q = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(const void *)(qs + 32 * k)));
+                __m512i v = _mm512_and_si512(_mm512_srlv_epi16(q, nsh), m4);
+                if (q5) { /* bit 2k (low nibbles) or 2k + 1 (high) of qh as bit 4 */
+                    const __m512i hb =
+                        _mm512_srlv_epi16(h5, _mm512_add_epi16(_mm512_srli_epi16(nsh, 2), _mm512_set1_epi16((short)(2 * k))));
+                    v = _mm512_or_si512(v, _mm512_slli_epi16(_mm512_and_si512(hb, one), 4));
                 }
-                const __m512i p0 = _mm512_mullo_epi16(_mm512_cvtepu8_epi16(lo), _mm512_set1_epi16(sc[2 * k]));
-                const __m512i p1 = _mm512_mullo_epi16(_mm512_cvtepu8_epi16(hi), _mm512_set1_epi16(sc[2 * k + 1]));
-                uint8_t *tl = pr + 1024 * k, *th = pr + 4096 + 1024 * k;
-                _mm256_store_si256((__m256i *)(void *)tl, _mm512_cvtepi16_epi8(p0));
-                _mm256_store_si256((__m256i *)(void *)(tl + 32), _mm512_cvtepi16_epi8(p1));
-                _mm256_store_si256((__m256i *)(void *)th, _mm512_cvtepi16_epi8(_mm512_srli_epi16(p0, 8)));
-                _mm256_store_si256((__m256i *)(void *)(th + 32), _mm512_cvtepi16_epi8(_mm512_srli_epi16(p1, 8)));
+                const __m512i sk = _mm512_permutexvar_epi16(
+                    _mm512_inserti64x4(_mm512_set1_epi16((short)(2 * k)), _mm256_set1_epi16((short)(2 * k + 1)), 1), scw);
+                const __m512i pe = _mm512_mullo_epi16(_mm512_and_si512(v, mlo), sk);
+                const __m512i po = _mm512_mullo_epi16(_mm512_srli_epi16(v, 8), sk);
+                /* lo bytes: pe & 0xff | po << 8; hi bytes: pe >> 8 | po & 0xff00 */
+                _mm512_store_si512((void *)(pr + 1024 * k), _mm512_ternarylogic_epi32(mlo, pe, _mm512_slli_epi16(po, 8), 0xca));
+                _mm512_store_si512((void *)(pr + 4096 + 1024 * k),
+                                   _mm512_ternarylogic_epi32(mlo, _mm512_srli_epi16(pe, 8), po, 0xca));
             }
             pd[16 * b + r] = _cvtsh_ss(b4->d);
             pn[16 * b + r] = -_cvtsh_ss(b4->dmin);
@@ -150,7 +162,7 @@ static void ak_pack(int64_t nb, const uint8_t *x, size_t xs, int T, uint8_t *d) 
     }
 }
 
-/* The 64 weights 64k.. of super-block b: C_lo (tile CL) += lo * y, C_hi (CH) += hi * y */
+/* The 64 weights 64k.. of super-block b (tokens at xp): C_lo (tile CL) += lo * y, C_hi (CH) += hi * y */
 #define AK_CHUNK(CL, CH, TB, b, k)                                       \
     do {                                                                 \
         _tile_loadd(TB, xp + (size_t)(b)*AK_TB + 1024 * (k), 64);        \
@@ -177,81 +189,127 @@ AKI void ak_fin4(int r0, int64_t b, const int32_t *cc, const uint8_t *tb, const 
     }
 }
 
-/* The 16 rows of a panel against one packed group of 16 tokens: out[r] =
- * row r's 16 tokens. The super-blocks run in chain order (b % 16 = 0 first,
- * each chain ascending); while block s's epilogue runs, block s + 1's tiles
- * are computed into the other C pair and stored to the other half of cb. */
-static void ak_group(int64_t nb, const uint8_t *xp, const uint8_t *pa, const float *pd, const float *pn,
-                     const int32_t *pm, int32_t *cb, __m512 *out) {
-    __m512 ch[16][16]; /* ch[l][r]: lane l's chain of row r */
+/* out[r] (row r's 16 tokens) -> out[t] (token t's 16 rows) */
+AKI void ak_transpose(__m512 *o) {
+    __m512 u[4][4]; /* u[e][q]: 128-bit lane L holds rows 4q..4q+3 of token 4L + e */
+    _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {
+        const __m512 t0 = _mm512_unpacklo_ps(o[4 * q], o[4 * q + 1]), t1 = _mm512_unpackhi_ps(o[4 * q], o[4 * q + 1]);
+        const __m512 t2 = _mm512_unpacklo_ps(o[4 * q + 2], o[4 * q + 3]),
+                     t3 = _mm512_unpackhi_ps(o[4 * q + 2], o[4 * q + 3]);
+        u[0][q] = _mm512_shuffle_ps(t0, t2, 0x44);
+        u[1][q] = _mm512_shuffle_ps(t0, t2, 0xee);
+        u[2][q] = _mm512_shuffle_ps(t1, t3, 0x44);
+        u[3][q] = _mm512_shuffle_ps(t1, t3, 0xee);
+    }
+    _Pragma("GCC unroll 4") for (int e = 0; e < 4; e++) {
+        const __m512 v0 = _mm512_shuffle_f32x4(u[e][0], u[e][1], 0x44), v1 = _mm512_shuffle_f32x4(u[e][0], u[e][1], 0xee);
+        const __m512 v2 = _mm512_shuffle_f32x4(u[e][2], u[e][3], 0x44), v3 = _mm512_shuffle_f32x4(u[e][2], u[e][3], 0xee);
+        o[e] = _mm512_shuffle_f32x4(v0, v2, 0x88);
+        o[4 + e] = _mm512_shuffle_f32x4(v0, v2, 0xdd);
+        o[8 + e] = _mm512_shuffle_f32x4(v1, v3, 0x88);
+        o[12 + e] = _mm512_shuffle_f32x4(v1, v3, 0xdd);
+    }
+}
+
+/* The 16 rows of a panel against ngr (<= AK_GMAX) packed groups of tokens
+ * (gbytes apart), results of token t of group g (t < 16, below ntp - 16 g)
+ * to yg + (16 g + t) * ldy under mask mk. The super-blocks run in chain
+ * order (b % 16 = 0 first, each chain ascending), each against every group
+ * before the next (its panel tiles stay in L1), a group's chain state in
+ * am; while one (block, group)'s epilogue runs, the next one's tiles are
+ * computed into the other C pair and stored to the other half of cb. Lane
+ * l >= 8's chain is added to lane l - 8's as it ends (the tree's first
+ * level), hs[g][l - 8] = ch[l] + ch[l - 8]. */
+static void ak_groups(int64_t nb, int64_t ngr, int64_t ntp, const uint8_t *xp0, size_t gbytes, const uint8_t *pa,
+                      const float *pd, const float *pn, const int32_t *pm, int32_t *cb, __m512 (*am)[16],
+                      __m512 (*hs)[8][16], float *yg, int64_t ldy, __mmask16 mk) {
     int64_t seq[AK_MAXNB];
     int ns = 0;
     for (int64_t l = 0; l < 16 && l < nb; l++)
         for (int64_t b = l; b < nb; b += 16) seq[ns++] = b;
-#define AK_TILES(CL, CH, b, dst)               \
-    do {                                       \
-        _tile_zero(CL);                        \
-        _tile_zero(CH);                        \
-        AK_CHUNK(CL, CH, 0, b, 0);             \
-        AK_CHUNK(CL, CH, 1, b, 1);             \
-        AK_CHUNK(CL, CH, 0, b, 2);             \
-        AK_CHUNK(CL, CH, 1, b, 3);             \
-        _tile_stored(CL, (dst), 64);           \
-        _tile_stored(CH, (dst) + 256, 64);     \
+    const uint8_t *xp = xp0;
+#define AK_TILES(CL, CH, b, dst)           \
+    do {                                   \
+        _tile_zero(CL);                    \
+        _tile_zero(CH);                    \
+        AK_CHUNK(CL, CH, 0, b, 0);         \
+        AK_CHUNK(CL, CH, 1, b, 1);         \
+        AK_CHUNK(CL, CH, 0, b, 2);         \
+        AK_CHUNK(CL, CH, 1, b, 3);         \
+        _tile_stored(CL, (dst), 64);       \
+        _tile_stored(CH, (dst) + 256, 64); \
     } while (0)
-    if (ns > 0) AK_TILES(4, 5, seq[0], cb);
-    __m512 acc[16];
-    _Pragma("GCC unroll 16") for (int r = 0; r < 16; r++) acc[r] = _mm512_setzero_ps();
+    AK_TILES(4, 5, seq[0], cb);
+#undef AK_TILES
+    int64_t par = 0; /* (block, group) steps done, for the C pair */
     for (int s = 0; s < ns; s++) {
         const int64_t b = seq[s];
-        if (b < 16 && b > 0) _Pragma("GCC unroll 16") for (int r = 0; r < 16; r++) acc[r] = _mm512_setzero_ps();
-        const int32_t *cc = cb + 512 * (s & 1);
-        const uint8_t *tb = xp + (size_t)b * AK_TB;
-        if (s + 1 < ns) {
-            const int64_t bn = seq[s + 1];
-            int32_t *cn = cb + 512 * ((s + 1) & 1);
-            if (s & 1) {
-                _tile_zero(4);
-                _tile_zero(5);
-                AK_CHUNK(4, 5, 0, bn, 0);
-                ak_fin4(0, b, cc, tb, pd, pn, pm, acc);
-                AK_CHUNK(4, 5, 1, bn, 1);
-                ak_fin4(4, b, cc, tb, pd, pn, pm, acc);
-                AK_CHUNK(4, 5, 0, bn, 2);
-                ak_fin4(8, b, cc, tb, pd, pn, pm, acc);
-                AK_CHUNK(4, 5, 1, bn, 3);
-                _tile_stored(4, cn, 64);
-                _tile_stored(5, cn + 256, 64);
+        for (int64_t g = 0; g < ngr; g++, par++) {
+            const uint8_t *xg = xp0 + (size_t)g * gbytes;
+            __m512 acc[16];
+            if (b < 16) _Pragma("GCC unroll 16") for (int r = 0; r < 16; r++) acc[r] = _mm512_setzero_ps();
+            else _Pragma("GCC unroll 16") for (int r = 0; r < 16; r++) acc[r] = am[g][r];
+            const int32_t *cc = cb + 512 * (par & 1);
+            const uint8_t *tb = xg + (size_t)b * AK_TB;
+            if (g + 1 < ngr || s + 1 < ns) {
+                const int64_t bn = g + 1 < ngr ? b : seq[s + 1];
+                xp = g + 1 < ngr ? xg + gbytes : xp0;
+                int32_t *cn = cb + 512 * ((par + 1) & 1);
+                if (par & 1) {
+                    _tile_zero(4);
+                    _tile_zero(5);
+                    AK_CHUNK(4, 5, 0, bn, 0);
+                    ak_fin4(0, b, cc, tb, pd, pn, pm, acc);
+                    AK_CHUNK(4, 5, 1, bn, 1);
+                    ak_fin4(4, b, cc, tb, pd, pn, pm, acc);
+                    AK_CHUNK(4, 5, 0, bn, 2);
+                    ak_fin4(8, b, cc, tb, pd, pn, pm, acc);
+                    AK_CHUNK(4, 5, 1, bn, 3);
+                    _tile_stored(4, cn, 64);
+                    _tile_stored(5, cn + 256, 64);
+                } else {
+                    _tile_zero(6);
+                    _tile_zero(7);
+                    AK_CHUNK(6, 7, 0, bn, 0);
+                    ak_fin4(0, b, cc, tb, pd, pn, pm, acc);
+                    AK_CHUNK(6, 7, 1, bn, 1);
+                    ak_fin4(4, b, cc, tb, pd, pn, pm, acc);
+                    AK_CHUNK(6, 7, 0, bn, 2);
+                    ak_fin4(8, b, cc, tb, pd, pn, pm, acc);
+                    AK_CHUNK(6, 7, 1, bn, 3);
+                    _tile_stored(6, cn, 64);
+                    _tile_stored(7, cn + 256, 64);
+                }
+                ak_fin4(12, b, cc, tb, pd, pn, pm, acc);
             } else {
-                _tile_zero(6);
-                _tile_zero(7);
-                AK_CHUNK(6, 7, 0, bn, 0);
                 ak_fin4(0, b, cc, tb, pd, pn, pm, acc);
-                AK_CHUNK(6, 7, 1, bn, 1);
                 ak_fin4(4, b, cc, tb, pd, pn, pm, acc);
-                AK_CHUNK(6, 7, 0, bn, 2);
                 ak_fin4(8, b, cc, tb, pd, pn, pm, acc);
-                AK_CHUNK(6, 7, 1, bn, 3);
-                _tile_stored(6, cn, 64);
-                _tile_stored(7, cn + 256, 64);
+                ak_fin4(12, b, cc, tb, pd, pn, pm, acc);
             }
-            ak_fin4(12, b, cc, tb, pd, pn, pm, acc);
-        } else {
-            ak_fin4(0, b, cc, tb, pd, pn, pm, acc);
-            ak_fin4(4, b, cc, tb, pd, pn, pm, acc);
-            ak_fin4(8, b, cc, tb, pd, pn, pm, acc);
-            ak_fin4(12, b, cc, tb, pd, pn, pm, acc);
+            const int l = (int)(b % 16);
+            if (b + 16 < nb) _Pragma("GCC unroll 16") for (int r = 0; r < 16; r++) am[g][r] = acc[r];
+            else if (l < 8) _Pragma("GCC unroll 16") for (int r = 0; r < 16; r++) hs[g][l][r] = acc[r];
+            else _Pragma("GCC unroll 16") for (int r = 0; r < 16; r++) hs[g][l - 8][r] =
+                _mm512_add_ps(acc[r], hs[g][l - 8][r]);
         }
-        if (b + 16 >= nb) _Pragma("GCC unroll 16") for (int r = 0; r < 16; r++) ch[b % 16][r] = acc[r];
     }
-#undef AK_TILES
-    for (int64_t l = nb; l < 16; l++)
-        for (int r = 0; r < 16; r++) ch[l][r] = _mm512_setzero_ps();
-    for (int r = 0; r < 16; r++) { /* _mm512_reduce_add_ps's tree, for 16 tokens at once (kt4_rows') */
-        __m512 h[8];
-        for (int i = 0; i < 8; i++) h[i] = _mm512_add_ps(ch[i + 8][r], ch[i][r]);
-        for (int i = 0; i < 4; i++) h[i] = _mm512_add_ps(h[i + 4], h[i]);
-        out[r] = _mm512_add_ps(_mm512_add_ps(h[0], h[2]), _mm512_add_ps(h[1], h[3]));
+    for (int64_t g = 0; g < ngr; g++) {
+        /* lanes without a block hold +0 (z4's tree adds them all the same) */
+        for (int64_t l = nb; l < 8; l++)
+            for (int r = 0; r < 16; r++) hs[g][l][r] = _mm512_setzero_ps();
+        for (int64_t l = nb > 8 ? nb : 8; l < 16; l++)
+            for (int r = 0; r < 16; r++) hs[g][l - 8][r] = _mm512_add_ps(_mm512_setzero_ps(), hs[g][l - 8][r]);
+        /* the rest of _mm512_reduce_add_ps's tree, for 16 tokens at once (kt4_rows') */
+        __m512 out[16];
+        for (int r = 0; r < 16; r++) {
+            __m512 h[4];
+            for (int i = 0; i < 4; i++) h[i] = _mm512_add_ps(hs[g][i + 4][r], hs[g][i][r]);
+            out[r] = _mm512_add_ps(_mm512_add_ps(h[0], h[2]), _mm512_add_ps(h[1], h[3]));
+        }
+        ak_transpose(out);
+        const int T = ntp - 16 * g < 16 ? (int)(ntp - 16 * g) : 16;
+        for (int t = 0; t < T; t++) _mm512_mask_storeu_ps(yg + (16 * g + t) * ldy, mk, out[t]);
     }
 }
 
@@ -261,10 +319,10 @@ static void ak_gemm(bool q5, int64_t k, const void *w, size_t w_stride, const vo
     _Alignas(64) uint8_t pa[AK_MAXNB * AK_PB], xp[AK_PACK];
     _Alignas(64) float pd[AK_MAXNB * 16], pn[AK_MAXNB * 16];
     _Alignas(64) int32_t pm[AK_MAXNB * 64], cb[1024];
-    _Alignas(64) float ob[16][16];
+    _Alignas(64) __m512 am[AK_GMAX][16], hs[AK_GMAX][8][16];
     const size_t gbytes = (size_t)nb * AK_TB;
-    const int64_t gcap = (int64_t)(AK_PACK / gbytes); /* groups of 16 tokens per pass */
-    const __m512i col = _mm512_setr_epi32(0, 16, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 240);
+    int64_t gcap = (int64_t)(AK_PACK / gbytes); /* groups of 16 tokens per pass */
+    if (gcap > AK_GMAX) gcap = AK_GMAX;
     ak_config();
     for (int64_t j0 = 0; j0 < n_tok; j0 += 16 * gcap) {
         const int64_t ntp = n_tok - j0 < 16 * gcap ? n_tok - j0 : 16 * gcap, ngr = (ntp + 15) / 16;
@@ -274,17 +332,9 @@ static void ak_gemm(bool q5, int64_t k, const void *w, size_t w_stride, const vo
         }
         for (int64_t i = r0; i < r1; i += 16) {
             const int R = r1 - i < 16 ? (int)(r1 - i) : 16;
-            const __mmask16 mk = (__mmask16)((1u << R) - 1);
             ak_panel(q5, nb, (const uint8_t *)w + (size_t)i * w_stride, w_stride, R, pa, pd, pn, pm);
-            for (int64_t g = 0; g < ngr; g++) {
-                const int T = ntp - 16 * g < 16 ? (int)(ntp - 16 * g) : 16;
-                __m512 out[16];
-                ak_group(nb, xp + (size_t)g * gbytes, pa, pd, pn, pm, cb, out);
-                for (int r = 0; r < 16; r++) _mm512_store_ps(ob[r], out[r]);
-                for (int t = 0; t < T; t++) /* column t of ob: token t's 16 rows */
-                    _mm512_mask_storeu_ps(y + (j0 + 16 * g + t) * ldy + i, mk,
-                                          _mm512_i32gather_ps(col, &ob[0][t], 4));
-            }
+            ak_groups(nb, ngr, ntp, xp, gbytes, pa, pd, pn, pm, cb, am, hs, y + j0 * ldy + i, ldy,
+                      (__mmask16)((1u << R) - 1));
         }
     }
     _tile_release();
