@@ -162,16 +162,6 @@ static void ak_pack(int64_t nb, const uint8_t *x, size_t xs, int T, uint8_t *d) 
     }
 }
 
-/* The 64 weights 64k.. of super-block b (tokens at xp): C_lo (tile CL) += lo * y, C_hi (CH) += hi * y */
-#define AK_CHUNK(CL, CH, TB, b, k)                                       \
-    do {                                                                 \
-        _tile_loadd(TB, xp + (size_t)(b)*AK_TB + 1024 * (k), 64);        \
-        _tile_loadd(2, pa + (size_t)(b)*AK_PB + 1024 * (k), 64);         \
-        _tile_dpbusd(CL, 2, TB);                                         \
-        _tile_loadd(3, pa + (size_t)(b)*AK_PB + 4096 + 1024 * (k), 64);  \
-        _tile_dpbusd(CH, 3, TB);                                         \
-    } while (0)
-
 /* Rows r0..r0+3 of super-block b's epilogue: cc its C_lo (C_hi at + 256), tb its packed tokens. */
 AKI void ak_fin4(int r0, int64_t b, const int32_t *cc, const uint8_t *tb, const float *pd, const float *pn,
                  const int32_t *pm, __m512 *acc) {
@@ -211,15 +201,60 @@ AKI void ak_transpose(__m512 *o) {
     }
 }
 
+/* One group's epilogue of super-block b (cc: its C_lo, C_hi at + 256; tb:
+ * its packed tokens): the lane chain b % 16 goes on from am (or +0 at the
+ * chain's start) and back to am, or at the chain's end into hs (lane
+ * l >= 8's added to lane l - 8's: the tree's first level). */
+AKI void ak_gfin(int64_t b, int64_t nb, const int32_t *cc, const uint8_t *tb, const float *pd, const float *pn,
+                 const int32_t *pm, __m512 *am, __m512 (*hs)[16]) {
+    __m512 acc[16];
+    if (b < 16) _Pragma("GCC unroll 16") for (int r = 0; r < 16; r++) acc[r] = _mm512_setzero_ps();
+    else _Pragma("GCC unroll 16") for (int r = 0; r < 16; r++) acc[r] = am[r];
+    ak_fin4(0, b, cc, tb, pd, pn, pm, acc);
+    ak_fin4(4, b, cc, tb, pd, pn, pm, acc);
+    ak_fin4(8, b, cc, tb, pd, pn, pm, acc);
+    ak_fin4(12, b, cc, tb, pd, pn, pm, acc);
+    const int l = (int)(b % 16);
+    if (b + 16 < nb) _Pragma("GCC unroll 16") for (int r = 0; r < 16; r++) am[r] = acc[r];
+    else if (l < 8) _Pragma("GCC unroll 16") for (int r = 0; r < 16; r++) hs[l][r] = acc[r];
+    else _Pragma("GCC unroll 16") for (int r = 0; r < 16; r++) hs[l - 8][r] = _mm512_add_ps(acc[r], hs[l - 8][r]);
+}
+
+/* Tiles 4..7 += the 64 weights 64k.. of super-block b against the groups at x0 (4, 5: lo, hi) and x1 (6, 7). */
+#define AK_PCHUNK(b, x0, x1, k)                                          \
+    do {                                                                 \
+        _tile_loadd(0, pa + (size_t)(b)*AK_PB + 1024 * (k), 64);         \
+        _tile_loadd(2, (x0) + (size_t)(b)*AK_TB + 1024 * (k), 64);       \
+        _tile_dpbusd(4, 0, 2);                                           \
+        _tile_loadd(1, pa + (size_t)(b)*AK_PB + 4096 + 1024 * (k), 64);  \
+        _tile_dpbusd(5, 1, 2);                                           \
+        _tile_loadd(3, (x1) + (size_t)(b)*AK_TB + 1024 * (k), 64);       \
+        _tile_dpbusd(6, 0, 3);                                           \
+        _tile_dpbusd(7, 1, 3);                                           \
+    } while (0)
+#define AK_PSTORE(dst)                   \
+    do {                                 \
+        _tile_stored(4, (dst), 64);      \
+        _tile_stored(5, (dst) + 256, 64); \
+        _tile_stored(6, (dst) + 512, 64); \
+        _tile_stored(7, (dst) + 768, 64); \
+    } while (0)
+#define AK_PZERO()      \
+    do {                \
+        _tile_zero(4);  \
+        _tile_zero(5);  \
+        _tile_zero(6);  \
+        _tile_zero(7);  \
+    } while (0)
+
 /* The 16 rows of a panel against ngr (<= AK_GMAX) packed groups of tokens
  * (gbytes apart), results of token t of group g (t < 16, below ntp - 16 g)
  * to yg + (16 g + t) * ldy under mask mk. The super-blocks run in chain
  * order (b % 16 = 0 first, each chain ascending), each against every group
- * before the next (its panel tiles stay in L1), a group's chain state in
- * am; while one (block, group)'s epilogue runs, the next one's tiles are
- * computed into the other C pair and stored to the other half of cb. Lane
- * l >= 8's chain is added to lane l - 8's as it ends (the tree's first
- * level), hs[g][l - 8] = ch[l] + ch[l - 8]. */
+ * before the next (its panel tiles stay in L1), two groups a step (A tiles
+ * loaded once for both; an odd last group paired with itself, the copy's
+ * sums unused), a group's chain state in am; while one step's epilogues run,
+ * the next step's tiles are computed and stored to the other half of cb. */
 static void ak_groups(int64_t nb, int64_t ngr, int64_t ntp, const uint8_t *xp0, size_t gbytes, const uint8_t *pa,
                       const float *pd, const float *pn, const int32_t *pm, int32_t *cb, __m512 (*am)[16],
                       __m512 (*hs)[8][16], float *yg, int64_t ldy, __mmask16 mk) {
@@ -227,84 +262,48 @@ static void ak_groups(int64_t nb, int64_t ngr, int64_t ntp, const uint8_t *xp0, 
     int ns = 0;
     for (int64_t l = 0; l < 16 && l < nb; l++)
         for (int64_t b = l; b < nb; b += 16) seq[ns++] = b;
-    const uint8_t *xp = xp0;
-#define AK_TILES(CL, CH, b, dst)           \
-    do {                                   \
-        _tile_zero(CL);                    \
-        _tile_zero(CH);                    \
-        AK_CHUNK(CL, CH, 0, b, 0);         \
-        AK_CHUNK(CL, CH, 1, b, 1);         \
-        AK_CHUNK(CL, CH, 0, b, 2);         \
-        AK_CHUNK(CL, CH, 1, b, 3);         \
-        _tile_stored(CL, (dst), 64);       \
-        _tile_stored(CH, (dst) + 256, 64); \
-    } while (0)
-    AK_TILES(4, 5, seq[0], cb);
-#undef AK_TILES
-    int64_t par = 0; /* (block, group) steps done, for the C pair */
+    const int64_t np = (ngr + 1) / 2;
+#define AK_X(g) (xp0 + (size_t)((g) < ngr ? (g) : ngr - 1) * gbytes)
+    AK_PZERO();
+    for (int k = 0; k < 4; k++) AK_PCHUNK(seq[0], AK_X(0), AK_X(1), k);
+    AK_PSTORE(cb);
+    int64_t par = 0; /* steps done, for the half of cb */
     for (int s = 0; s < ns; s++) {
         const int64_t b = seq[s];
-        for (int64_t g = 0; g < ngr; g++, par++) {
-            const uint8_t *xg = xp0 + (size_t)g * gbytes;
-            __m512 acc[16];
-            if (b < 16) _Pragma("GCC unroll 16") for (int r = 0; r < 16; r++) acc[r] = _mm512_setzero_ps();
-            else _Pragma("GCC unroll 16") for (int r = 0; r < 16; r++) acc[r] = am[g][r];
-            const int32_t *cc = cb + 512 * (par & 1);
-            const uint8_t *tb = xg + (size_t)b * AK_TB;
-            if (g + 1 < ngr || s + 1 < ns) {
-                const int64_t bn = g + 1 < ngr ? b : seq[s + 1];
-                xp = g + 1 < ngr ? xg + gbytes : xp0;
-                int32_t *cn = cb + 512 * ((par + 1) & 1);
-                if (par & 1) {
-                    _tile_zero(4);
-                    _tile_zero(5);
-                    AK_CHUNK(4, 5, 0, bn, 0);
-                    ak_fin4(0, b, cc, tb, pd, pn, pm, acc);
-                    AK_CHUNK(4, 5, 1, bn, 1);
-                    ak_fin4(4, b, cc, tb, pd, pn, pm, acc);
-                    AK_CHUNK(4, 5, 0, bn, 2);
-                    ak_fin4(8, b, cc, tb, pd, pn, pm, acc);
-                    AK_CHUNK(4, 5, 1, bn, 3);
-                    _tile_stored(4, cn, 64);
-                    _tile_stored(5, cn + 256, 64);
-                } else {
-                    _tile_zero(6);
-                    _tile_zero(7);
-                    AK_CHUNK(6, 7, 0, bn, 0);
-                    ak_fin4(0, b, cc, tb, pd, pn, pm, acc);
-                    AK_CHUNK(6, 7, 1, bn, 1);
-                    ak_fin4(4, b, cc, tb, pd, pn, pm, acc);
-                    AK_CHUNK(6, 7, 0, bn, 2);
-                    ak_fin4(8, b, cc, tb, pd, pn, pm, acc);
-                    AK_CHUNK(6, 7, 1, bn, 3);
-                    _tile_stored(6, cn, 64);
-                    _tile_stored(7, cn + 256, 64);
-                }
-                ak_fin4(12, b, cc, tb, pd, pn, pm, acc);
+        for (int64_t p = 0; p < np; p++, par++) {
+            const int64_t g0 = 2 * p, g1 = 2 * p + 1;
+            const int32_t *cc = cb + 1024 * (par & 1);
+            const uint8_t *t0 = AK_X(g0) + (size_t)b * AK_TB, *t1 = AK_X(g1) + (size_t)b * AK_TB;
+            if (p + 1 < np || s + 1 < ns) {
+                const int64_t bn = p + 1 < np ? b : seq[s + 1], pn2 = p + 1 < np ? 2 * p + 2 : 0;
+                const uint8_t *x0 = AK_X(pn2), *x1 = AK_X(pn2 + 1);
+                int32_t *cn = cb + 1024 * ((par + 1) & 1);
+                AK_PZERO();
+                AK_PCHUNK(bn, x0, x1, 0);
+                AK_PCHUNK(bn, x0, x1, 1);
+                ak_gfin(b, nb, cc, t0, pd, pn, pm, am[g0], hs[g0]);
+                AK_PCHUNK(bn, x0, x1, 2);
+                AK_PCHUNK(bn, x0, x1, 3);
+                AK_PSTORE(cn);
             } else {
-                ak_fin4(0, b, cc, tb, pd, pn, pm, acc);
-                ak_fin4(4, b, cc, tb, pd, pn, pm, acc);
-                ak_fin4(8, b, cc, tb, pd, pn, pm, acc);
-                ak_fin4(12, b, cc, tb, pd, pn, pm, acc);
+                ak_gfin(b, nb, cc, t0, pd, pn, pm, am[g0], hs[g0]);
             }
-            const int l = (int)(b % 16);
-            if (b + 16 < nb) _Pragma("GCC unroll 16") for (int r = 0; r < 16; r++) am[g][r] = acc[r];
-            else if (l < 8) _Pragma("GCC unroll 16") for (int r = 0; r < 16; r++) hs[g][l][r] = acc[r];
-            else _Pragma("GCC unroll 16") for (int r = 0; r < 16; r++) hs[g][l - 8][r] =
-                _mm512_add_ps(acc[r], hs[g][l - 8][r]);
+            if (g1 < ngr) ak_gfin(b, nb, cc + 512, t1, pd, pn, pm, am[g1], hs[g1]);
         }
     }
+#undef AK_X
     for (int64_t g = 0; g < ngr; g++) {
-        /* lanes without a block hold +0 (z4's tree adds them all the same) */
-        for (int64_t l = nb; l < 8; l++)
-            for (int r = 0; r < 16; r++) hs[g][l][r] = _mm512_setzero_ps();
-        for (int64_t l = nb > 8 ? nb : 8; l < 16; l++)
-            for (int r = 0; r < 16; r++) hs[g][l - 8][r] = _mm512_add_ps(_mm512_setzero_ps(), hs[g][l - 8][r]);
-        /* the rest of _mm512_reduce_add_ps's tree, for 16 tokens at once (kt4_rows') */
+        /* the rest of _mm512_reduce_add_ps's tree, for 16 tokens at once (kt4_rows'); lanes without
+         * a block hold +0 and are added all the same */
+        const __m512 z = _mm512_setzero_ps();
         __m512 out[16];
         for (int r = 0; r < 16; r++) {
-            __m512 h[4];
-            for (int i = 0; i < 4; i++) h[i] = _mm512_add_ps(hs[g][i + 4][r], hs[g][i][r]);
+            __m512 h[8];
+            for (int i = 0; i < 8; i++) {
+                h[i] = i < nb ? hs[g][i][r] : z;
+                if (i + 8 >= nb) h[i] = _mm512_add_ps(z, h[i]);
+            }
+            for (int i = 0; i < 4; i++) h[i] = _mm512_add_ps(h[i + 4], h[i]);
             out[r] = _mm512_add_ps(_mm512_add_ps(h[0], h[2]), _mm512_add_ps(h[1], h[3]));
         }
         ak_transpose(out);
@@ -318,7 +317,7 @@ static void ak_gemm(bool q5, int64_t k, const void *w, size_t w_stride, const vo
     const int64_t nb = k / CM_QK_K;
     _Alignas(64) uint8_t pa[AK_MAXNB * AK_PB], xp[AK_PACK];
     _Alignas(64) float pd[AK_MAXNB * 16], pn[AK_MAXNB * 16];
-    _Alignas(64) int32_t pm[AK_MAXNB * 64], cb[1024];
+    _Alignas(64) int32_t pm[AK_MAXNB * 64], cb[2048];
     _Alignas(64) __m512 am[AK_GMAX][16], hs[AK_GMAX][8][16];
     const size_t gbytes = (size_t)nb * AK_TB;
     int64_t gcap = (int64_t)(AK_PACK / gbytes); /* groups of 16 tokens per pass */
