@@ -58,10 +58,10 @@ enum {
      * build is most of the time below 16 tokens) */
     AK_MINTOK_Q4_K = 16,
     AK_MINTOK_Q5_K = 19,
-    AK_PB = 8192,         /* panel bytes per super-block: 4 lo tiles, 4 hi tiles, 16 x 64 bytes each */
-    AK_TB = 4416,         /* a packed group's super-block: 4 B tiles (4096), 4 Y pair vectors, dy */
+    AK_PB = 8192,          /* panel bytes per super-block: 4 lo tiles, 4 hi tiles, 16 x 64 bytes each */
+    AK_TB = 4416,          /* a packed group's super-block: 4 B tiles (4096), 4 Y pair vectors, dy */
     AK_PACK = 1024 * 1024, /* packed tokens per pass (one group of the longest row fits) */
-    AK_GMAX = 16,         /* groups of 16 tokens per pass at most */
+    AK_GMAX = 16,          /* groups of 16 tokens per pass at most */
 };
 
 /* Tiles: 0 and 1 B (16 x 64 bytes: 64 activations of 16 tokens), 2 and 3
@@ -110,19 +110,22 @@ AKI void ak_panel(bool q5, int64_t nb, const uint8_t *w, size_t ws, int R, uint8
                                   : _mm512_setzero_si512();
             uint8_t *pr = pa + (size_t)b * AK_PB + 64 * r;
             _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
-                const __m512i q = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(const void *)(qs + 32 * k)));
+                const __m512i q =
+                    _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(const void *)(qs + 32 * k)));
                 __m512i v = _mm512_and_si512(_mm512_srlv_epi16(q, nsh), m4);
                 if (q5) { /* bit 2k (low nibbles) or 2k + 1 (high) of qh as bit 4 */
-                    const __m512i hb =
-                        _mm512_srlv_epi16(h5, _mm512_add_epi16(_mm512_srli_epi16(nsh, 2), _mm512_set1_epi16((short)(2 * k))));
+                    const __m512i hb = _mm512_srlv_epi16(
+                        h5, _mm512_add_epi16(_mm512_srli_epi16(nsh, 2), _mm512_set1_epi16((short)(2 * k))));
                     v = _mm512_or_si512(v, _mm512_slli_epi16(_mm512_and_si512(hb, one), 4));
                 }
                 const __m512i sk = _mm512_permutexvar_epi16(
-                    _mm512_inserti64x4(_mm512_set1_epi16((short)(2 * k)), _mm256_set1_epi16((short)(2 * k + 1)), 1), scw);
+                    _mm512_inserti64x4(_mm512_set1_epi16((short)(2 * k)), _mm256_set1_epi16((short)(2 * k + 1)), 1),
+                    scw);
                 const __m512i pe = _mm512_mullo_epi16(_mm512_and_si512(v, mlo), sk);
                 const __m512i po = _mm512_mullo_epi16(_mm512_srli_epi16(v, 8), sk);
                 /* lo bytes: pe & 0xff | po << 8; hi bytes: pe >> 8 | po & 0xff00 */
-                _mm512_store_si512((void *)(pr + 1024 * k), _mm512_ternarylogic_epi32(mlo, pe, _mm512_slli_epi16(po, 8), 0xca));
+                _mm512_store_si512((void *)(pr + 1024 * k),
+                                   _mm512_ternarylogic_epi32(mlo, pe, _mm512_slli_epi16(po, 8), 0xca));
                 _mm512_store_si512((void *)(pr + 4096 + 1024 * k),
                                    _mm512_ternarylogic_epi32(mlo, _mm512_srli_epi16(pe, 8), po, 0xca));
             }
@@ -171,10 +174,10 @@ AKI void ak_fin4(int r0, int64_t b, const int32_t *cc, const uint8_t *tb, const 
         const __m512i S = _mm512_add_epi32(_mm512_load_si512((const void *)(cc + 16 * r)),
                                            _mm512_slli_epi32(_mm512_load_si512((const void *)(cc + 256 + 16 * r)), 8));
         __m512i M = z;
-        _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++) M =
-            _mm512_dpwssd_epi32(M, _mm512_load_si512((const void *)(tb + 4096 + 64 * u)),
-                                _mm512_set1_epi32(pm[16 * (4 * b + u) + r]));
-        const __m512 a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(S), _mm512_mul_ps(_mm512_set1_ps(pd[16 * b + r]), dy), acc[r]);
+        _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++) M = _mm512_dpwssd_epi32(
+            M, _mm512_load_si512((const void *)(tb + 4096 + 64 * u)), _mm512_set1_epi32(pm[16 * (4 * b + u) + r]));
+        const __m512 a =
+            _mm512_fmadd_ps(_mm512_cvtepi32_ps(S), _mm512_mul_ps(_mm512_set1_ps(pd[16 * b + r]), dy), acc[r]);
         acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(M), _mm512_mul_ps(_mm512_set1_ps(pn[16 * b + r]), dy), a);
     }
 }
@@ -192,8 +195,10 @@ AKI void ak_transpose(__m512 *o) {
         u[3][q] = _mm512_shuffle_ps(t1, t3, 0xee);
     }
     _Pragma("GCC unroll 4") for (int e = 0; e < 4; e++) {
-        const __m512 v0 = _mm512_shuffle_f32x4(u[e][0], u[e][1], 0x44), v1 = _mm512_shuffle_f32x4(u[e][0], u[e][1], 0xee);
-        const __m512 v2 = _mm512_shuffle_f32x4(u[e][2], u[e][3], 0x44), v3 = _mm512_shuffle_f32x4(u[e][2], u[e][3], 0xee);
+        const __m512 v0 = _mm512_shuffle_f32x4(u[e][0], u[e][1], 0x44),
+                     v1 = _mm512_shuffle_f32x4(u[e][0], u[e][1], 0xee);
+        const __m512 v2 = _mm512_shuffle_f32x4(u[e][2], u[e][3], 0x44),
+                     v3 = _mm512_shuffle_f32x4(u[e][2], u[e][3], 0xee);
         o[e] = _mm512_shuffle_f32x4(v0, v2, 0x88);
         o[4 + e] = _mm512_shuffle_f32x4(v0, v2, 0xdd);
         o[8 + e] = _mm512_shuffle_f32x4(v1, v3, 0x88);
@@ -221,30 +226,30 @@ AKI void ak_gfin(int64_t b, int64_t nb, const int32_t *cc, const uint8_t *tb, co
 }
 
 /* Tiles 4..7 += the 64 weights 64k.. of super-block b against the groups at x0 (4, 5: lo, hi) and x1 (6, 7). */
-#define AK_PCHUNK(b, x0, x1, k)                                          \
-    do {                                                                 \
-        _tile_loadd(0, pa + (size_t)(b)*AK_PB + 1024 * (k), 64);         \
-        _tile_loadd(2, (x0) + (size_t)(b)*AK_TB + 1024 * (k), 64);       \
-        _tile_dpbusd(4, 0, 2);                                           \
-        _tile_loadd(1, pa + (size_t)(b)*AK_PB + 4096 + 1024 * (k), 64);  \
-        _tile_dpbusd(5, 1, 2);                                           \
-        _tile_loadd(3, (x1) + (size_t)(b)*AK_TB + 1024 * (k), 64);       \
-        _tile_dpbusd(6, 0, 3);                                           \
-        _tile_dpbusd(7, 1, 3);                                           \
+#define AK_PCHUNK(b, x0, x1, k)                                         \
+    do {                                                                \
+        _tile_loadd(0, pa + (size_t)(b)*AK_PB + 1024 * (k), 64);        \
+        _tile_loadd(2, (x0) + (size_t)(b)*AK_TB + 1024 * (k), 64);      \
+        _tile_dpbusd(4, 0, 2);                                          \
+        _tile_loadd(1, pa + (size_t)(b)*AK_PB + 4096 + 1024 * (k), 64); \
+        _tile_dpbusd(5, 1, 2);                                          \
+        _tile_loadd(3, (x1) + (size_t)(b)*AK_TB + 1024 * (k), 64);      \
+        _tile_dpbusd(6, 0, 3);                                          \
+        _tile_dpbusd(7, 1, 3);                                          \
     } while (0)
-#define AK_PSTORE(dst)                   \
-    do {                                 \
-        _tile_stored(4, (dst), 64);      \
+#define AK_PSTORE(dst)                    \
+    do {                                  \
+        _tile_stored(4, (dst), 64);       \
         _tile_stored(5, (dst) + 256, 64); \
         _tile_stored(6, (dst) + 512, 64); \
         _tile_stored(7, (dst) + 768, 64); \
     } while (0)
-#define AK_PZERO()      \
-    do {                \
-        _tile_zero(4);  \
-        _tile_zero(5);  \
-        _tile_zero(6);  \
-        _tile_zero(7);  \
+#define AK_PZERO()     \
+    do {               \
+        _tile_zero(4); \
+        _tile_zero(5); \
+        _tile_zero(6); \
+        _tile_zero(7); \
     } while (0)
 
 /* The 16 rows of a panel against ngr (<= AK_GMAX) packed groups of tokens
@@ -339,8 +344,8 @@ static void ak_gemm(bool q5, int64_t k, const void *w, size_t w_stride, const vo
     _tile_release();
 }
 
-static void gemm_xq4_k(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
-                       int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {
+static void gemm_xq4_k(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
+                       int64_t r0, int64_t r1, int64_t n_tok) {
     if (n_tok < AK_MINTOK_Q4_K || k / CM_QK_K > AK_MAXNB) {
         g_prev_q4_k(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
         return;
@@ -348,8 +353,8 @@ static void gemm_xq4_k(int64_t k, const void *w, size_t w_stride, const void *x,
     ak_gemm(false, k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
 }
 
-static void gemm_xq5_k(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
-                       int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {
+static void gemm_xq5_k(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
+                       int64_t r0, int64_t r1, int64_t n_tok) {
     if (n_tok < AK_MINTOK_Q5_K || k / CM_QK_K > AK_MAXNB) {
         g_prev_q5_k(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
         return;
@@ -358,12 +363,12 @@ static void gemm_xq5_k(int64_t k, const void *w, size_t w_stride, const void *x,
 }
 
 /* The AMX paths for every n_tok (tests and kbench; rows up to AK_MAXNB super-blocks). */
-static void gemm_aq4_k(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
-                       int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {
+static void gemm_aq4_k(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
+                       int64_t r0, int64_t r1, int64_t n_tok) {
     if (n_tok > 0 && r1 > r0) ak_gemm(false, k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
 }
-static void gemm_aq5_k(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
-                       int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {
+static void gemm_aq5_k(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
+                       int64_t r0, int64_t r1, int64_t n_tok) {
     if (n_tok > 0 && r1 > r0) ak_gemm(true, k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
 }
 
