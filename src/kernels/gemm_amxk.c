@@ -37,7 +37,7 @@
  * gemm_amx.c's cm_kernels_fill_amx (only where AMX-INT8 is usable and
  * CUMULO_AMX is not 0). Below AK_MINTOK_* tokens, or for rows longer than
  * AK_MAXNB super-blocks, it hands over to the table's gemm it replaced.
- * Tests: tests/unit/test_kernels_amxk.c. Stack: ~1.1 MiB at most (compute
+ * Tests: tests/unit/test_kernels_amxk.c. Stack: ~1.8 MiB at most (compute
  * threads have CM_COMPUTE_STACK, 8 MiB). Never allocates.
  */
 #include "isa.h"
