@@ -1,6 +1,6 @@
 # cumulo — one plain Makefile. Every src/<module>/*.c is part of libcumulo.a
 # (except src/cli, which makes the binary). ISA-specific kernel files are
-# named *_avx2.c, *_avx512.c, *_amx.c (and *_amx6.c), *_neon.c and get their own flags; the default
+# named *_avx2.c, *_avx512.c, *_amx.c, *_neon.c and get their own flags; the default
 # build runs on any x86-64 or arm64 machine (runtime dispatch; never tuned to the build host).
 #
 #   make demo      install what is missing, build, run the demo
@@ -53,7 +53,7 @@ ifeq ($(UNAME_M),x86_64)
   ISA_SRCS_EXCLUDE := %_neon.c
 else ifneq ($(filter arm64 aarch64,$(UNAME_M)),)
   ISA_NEON := -march=armv8.2-a+dotprod+fp16
-  ISA_SRCS_EXCLUDE := %_avx2.c %_avx512.c %_amx.c %_amx6.c
+  ISA_SRCS_EXCLUDE := %_avx2.c %_avx512.c %_amx.c
 endif
 
 LIB_SRCS := $(filter-out $(ISA_SRCS_EXCLUDE),$(wildcard src/*/*.c))
@@ -99,9 +99,6 @@ $(BUILD)/%_avx512.o: %_avx512.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(ISA_AVX512) -MMD -MP -c -o $@ $<
 $(BUILD)/%_amx.o: %_amx.c
-	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(ISA_AMX) -MMD -MP -c -o $@ $<
-$(BUILD)/%_amx6.o: %_amx6.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(ISA_AMX) -MMD -MP -c -o $@ $<
 $(BUILD)/%_neon.o: %_neon.c
@@ -159,7 +156,7 @@ NEON_CC ?= aarch64-linux-gnu-gcc
 NEON_QEMU ?= qemu-aarch64
 NEON_ISA := -march=armv8.2-a+dotprod+fp16
 NEON_CFLAGS := -std=c11 -O2 $(WARN) -D_GNU_SOURCE -fno-strict-aliasing -Isrc -Itests/unit
-NEON_SRCS := $(filter-out %_avx2.c %_avx512.c %_amx.c %_amx6.c,$(wildcard src/base/*.c src/os/*.c src/tensor/*.c src/kernels/*.c))
+NEON_SRCS := $(filter-out %_avx2.c %_avx512.c %_amx.c,$(wildcard src/base/*.c src/os/*.c src/tensor/*.c src/kernels/*.c))
 NEON_OBJS := $(NEON_SRCS:%.c=build-neon/%.o)
 build-neon/%_neon.o: %_neon.c
 	@mkdir -p $(dir $@)

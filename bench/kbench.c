@@ -12,8 +12,9 @@
  * gemm's tokens (default 16), KBENCH_CPU=1 times by thread CPU time. Where a table has a
  * gemv over weights repacked at load, a line "ISA+rp" times it A B A B
  * against the plain gemv on the same bytes. Where the CPU has AMX-INT8, a line
- * "amx" times the AMX prefill gemm (gemm_amx.c, every token count) A B A B
- * against the avx512 table's gemm without AMX, at the same KBENCH_TOK.
+ * "amx" times the AMX prefill gemm (gemm_amx.c, gemm_kq45_amx.c; every token
+ * count) A B A B against the avx512 table's gemm without AMX, at the same
+ * KBENCH_TOK.
  */
 #include "kernels/kernels.h"
 #include "os/os.h"

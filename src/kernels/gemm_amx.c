@@ -302,12 +302,13 @@ void cm_kernels_fill_amx(cm_kernels *k) {
     k->gemm[CM_TYPE_Q4_0] = gemm_xq4_0;
     k->gemm[CM_TYPE_Q8_0] = gemm_xq8_0;
     k->gemm_packed[CM_TYPE_Q4_0] = gemm_pq4_0;
-    cm_kernels_fill_amx6(k); /* q6_k: gemm_amx6.c */
+    cm_kernels_fill_amxk(k); /* q4_k and q5_k: gemm_kq45_amx.c */
+    cm_kernels_fill_amx6(k); /* q6_k: gemm_kq6_amx.c */
 }
 
 cm_gemm_fn cm_kernels_amx_direct(enum cm_type t) {
     return t == CM_TYPE_Q4_0   ? gemm_aq4_0
            : t == CM_TYPE_Q8_0 ? gemm_aq8_0
            : t == CM_TYPE_Q6_K ? cm_kernels_amx6_direct()
-                               : NULL;
+                               : cm_kernels_amxk_direct(t);
 }

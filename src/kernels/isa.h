@@ -58,10 +58,14 @@ void cm_kernels_fill_q8lane_avx512(cm_kernels *k);
  * cm_kernels_amx_direct: its gemm of type t for every n_tok, or NULL. */
 void cm_kernels_fill_amx(cm_kernels *k);
 cm_gemm_fn cm_kernels_amx_direct(enum cm_type t);
-/* q6_k prefill on AMX tiles (gemm_amx6.c), filled by cm_kernels_fill_amx;
+/* q6_k prefill on AMX tiles (gemm_kq6_amx.c), filled by cm_kernels_fill_amx;
  * cm_kernels_amx6_direct: that gemm for every n_tok. */
 void cm_kernels_fill_amx6(cm_kernels *k);
 cm_gemm_fn cm_kernels_amx6_direct(void);
+/* q4_k and q5_k prefill on AMX tiles (gemm_kq45_amx.c): cm_kernels_fill_amx's
+ * and cm_kernels_amx_direct's part for those types. */
+void cm_kernels_fill_amxk(cm_kernels *k);
+cm_gemm_fn cm_kernels_amxk_direct(enum cm_type t);
 #else
 #define CM_KERNELS_HAVE_X86 0
 #endif

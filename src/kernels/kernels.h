@@ -130,9 +130,10 @@ const cm_kernels *cm_kernels_ref(void);
 /* A specific ISA's table, or NULL when this CPU/binary lacks it (for tests). */
 const cm_kernels *cm_kernels_for(const char *isa);
 
-/* AMX (gemm_amx.c, gemm_amx6.c): "" when the avx512 table's q4_0, q8_0 and
- * q6_k prefill gemms use AMX tiles (from 4, 6 and 12 tokens on), else why not ("CUMULO_AMX=0", or what
- * the CPU or OS lacks). Same bits either way (batch invariance). */
+/* AMX (gemm_amx.c, gemm_kq45_amx.c, gemm_kq6_amx.c): "" when the avx512
+ * table's q4_0, q8_0, q4_k, q5_k and q6_k prefill gemms use AMX tiles (from
+ * 4, 6, 16, 19 and 12 tokens on), else why not ("CUMULO_AMX=0", or what the
+ * CPU or OS lacks). Same bits either way (batch invariance). */
 const char *cm_kernels_amx_why(void);
 /* For tests and kbench: with amx, that AMX gemm of weight type t for every
  * n_tok >= 1 and rows of at most 16384 elements (no hand-over to another

@@ -1,5 +1,5 @@
 /*
- * test_kernels_amx6.c: the q6_k AMX prefill gemm (gemm_amx6.c) gives the
+ * test_kernels_amx6.c: the q6_k AMX prefill gemm (gemm_kq6_amx.c) gives the
  * avx512 table's vec_dot bits for every (row, token), so logits are the same
  * with CUMULO_AMX=0 and 1 and an AMX machine agrees with a Zen 4 one in a
  * cluster (kernels.h batch invariance). memcmp, no tolerance.

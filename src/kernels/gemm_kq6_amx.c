@@ -1,5 +1,5 @@
 /*
- * gemm_amx6.c: the avx512 table's q6_k prefill gemm on AMX tiles (Sapphire
+ * gemm_kq6_amx.c: the avx512 table's q6_k prefill gemm on AMX tiles (Sapphire
  * Rapids and later), bit-identical to that table's vec_dot (ztile_q6_k in
  * kernels_avx512.c).
  *
