@@ -102,7 +102,11 @@ static void interject(void *user) {
  * and pay a larger pass (8 decode + 16 prompt rows measured 2x the time of
  * 16 alone on a 2-core Xeon, CUMULO_SERVE_TRACE). The running streams pay
  * one pass of the newcomers' rows per arrival, as for an interjection.
- * Returns the prompts started (0: none; failures end their jobs). */
+ * Returns the prompts started (0: none; failures end their jobs).
+ * NEEDSWORK: a burst of newcomers goes 2 prompts (32 rows) per such pass,
+ * the rest with the step's pass, so the last of a burst waits several
+ * steps; closed-loop TTFT p50 rose in 5 of 6 pairs of session 17 (HISTORY):
+ * one larger pass for a burst may serve it better (not measured quiet). */
 int cm_queue_short_first(cm_queue *s, cm_session **ss, cm_session **pre, int *pre_slot, int *pre_done) {
     enum { MAXP = 8 };
     int np = 0, rows = 0;
