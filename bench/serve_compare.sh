@@ -30,8 +30,11 @@ ARGS_A=${ARGS_A-}
 ARGS_B=${ARGS_B-}
 CUMULO_A=${CUMULO_A-}
 CUMULO_B=${CUMULO_B:-build/cumulo}
-LLAMA_SERVER=${LLAMA_SERVER-/work/cache/llamacpp-native/native/bin/llama-server}
-BATCHED_BENCH=${BATCHED_BENCH-/work/cache/llamacpp-native/native/bin/llama-batched-bench}
+# llama.cpp's native build without AMX: its AMX build segfaults on quantized
+# models on an AMX CPU (llama.cpp issue 20824); without AMX it is the anchor
+LLAMACPP_BIN=${LLAMACPP_BIN:-/work/cache/llamacpp-native/noamx/bin}
+LLAMA_SERVER=${LLAMA_SERVER-$LLAMACPP_BIN/llama-server}
+BATCHED_BENCH=${BATCHED_BENCH-$LLAMACPP_BIN/llama-batched-bench}
 CTX=${CTX:-4096}
 PORT0=${PORT0:-18500}
 TMP=$(mktemp -d)
@@ -84,7 +87,9 @@ for u in $USERS; do
             --prompt "$PROMPT" --label "$name" --seed "$u" | tail -1
     done
     if [ -n "$BATCHED_BENCH" ] && [ -x "$BATCHED_BENCH" ]; then
-        "$BATCHED_BENCH" -m "$MODEL" -c $(((PROMPT + GEN) * u + 64)) -b 2048 -ub 512 -npp "$PROMPT" -ntg "$GEN" \
+        # n_ctx a multiple of the sequences' 256-rounded need: llama.cpp
+        # splits it per sequence and crashed on "n_ctx is not divisible by n_seq_max"
+        "$BATCHED_BENCH" -m "$MODEL" -c $((((PROMPT + GEN + 255) / 256 * 256) * u)) -b 2048 -ub 512 -npp "$PROMPT" -ntg "$GEN" \
             -npl "$u" -t "$THREADS" 2>/dev/null | awk -v u="$u" -F'|' '/^\|[ ]+[0-9]/ {
                 gsub(/ /, ""); printf("{\"bench\":\"llama-batched-bench\",\"label\":\"llama-batched-bench\",\"users\":%s,\"tg_tps\":%s,\"pp_tps\":%s,\"total_tps\":%s}\n", u, $9, $7, $11) }'
     fi

@@ -39,7 +39,7 @@
  * drain them. A canceled job (client gone) is dropped
  * from the queue or stopped at the next step, freeing its slot.
  */
-#include "http_impl.h"
+#include "queue_impl.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -47,49 +47,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct slot {
-    cm_session *s;
-    job *j;         /* NULL when free */
-    bool started;   /* generating (its prompt fully evaluated) */
-    bool begun;     /* prompt set (cm_session_prompt_begin), chunks pending */
-    uint64_t order; /* admission order: prefill goes first come, first served */
-    uint64_t resv;  /* KV bytes promised to its job (0 when free) */
-    uint64_t used;  /* when its job last ended or started: idle caches go back oldest first */
-    int shared;     /* prompt tokens taken from another slot at admission (reported at prompt begin) */
-} slot;
-
-struct cm_queue {
-    cm_http_server *srv;
-    cm_engine *e;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    pthread_t th;
-    bool th_started;
-    bool stop;
-    job *head, *tail;
-    int n_queued, queue_max;
-    slot *slots;
-    int n_slots;
-    int n_active;
-    unsigned step_delay_ms; /* test hook: CUMULO_TEST_STEP_DELAY_MS slows every step */
-    int chunk;              /* prompt tokens evaluated between two decode steps (CUMULO_PREFILL_CHUNK) */
-    bool mixed;             /* a prompt chunk rides in the decode pass (CUMULO_MIXED_PASS) */
-    bool long_skipped;      /* the last mixed pass left a longer prompt out for short ones (queue_main) */
-    int pass_rows_fast;     /* cm_engine_info's: mixed passes stay within it when they can */
-    int ij_max;             /* interjections: most prompt tokens of a short request (0: none; interject) */
-    bool trace;             /* CUMULO_SERVE_TRACE: a stderr line per pass, admission, interjection */
-    double pass_t0;         /* when the pass in flight began (the trace's interjection lines) */
-    uint64_t n_admitted;
-    cm_http_kv_stats kv; /* the budget and its gauges, refreshed under mu by the scheduler */
-    uint64_t kv_mem;     /* --kv-mem, 0: the default budget (kv_budget) */
-    uint64_t kv_avail;   /* 3/4 of the memory available at start (the weights loaded) */
-};
-
-/* CUMULO_SERVE_TRACE: one line, "serve-trace <seconds> <what>", on stderr
- * (bench/serve_probe.sh's TRACE=1 keeps them): where a time to first token
- * went, pass by pass. */
-static void trace(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void trace(const char *fmt, ...) {
+void cm_queue_trace(const char *fmt, ...) {
     char line[300];
     va_list ap;
     va_start(ap, fmt);
@@ -214,7 +172,7 @@ static int on_token(void *user, const cm_token_event *ev) {
     if (id >= 0) {
         j->n_gen++;
         if (j->n_gen == 1 && cm_config_get()->serve_trace)
-            trace("first %s ids=%d queued+%.1fms", j->id, j->n_ids, (cm_now_s() - j->t_queued) * 1e3);
+            cm_queue_trace("first %s ids=%d queued+%.1fms", j->id, j->n_ids, (cm_now_s() - j->t_queued) * 1e3);
         if (j->logprobs >= 0 && info) {
             if (j->n_lps == j->cap_lps) {
                 int nc = j->cap_lps ? 2 * j->cap_lps : 64;
@@ -325,7 +283,7 @@ static int share_prefix(cm_queue *s, int k, int src, int n) {
 
 /* A slot's prompt failed or its job was canceled before generating: end
  * the job and free the slot (s->mu not held). */
-static void slot_fail(cm_queue *s, slot *sl, int rc, const char *err) {
+void cm_queue_slot_fail(cm_queue *s, slot *sl, int rc, const char *err) {
     /* The prompt was checked against the context already, so this is cancel
      * or a server fault; CM_EAGAIN: the cluster lost nodes it cannot do without. */
     job_end(sl->j, CM_FINISH_CANCEL, rc == CM_ECANCELED ? 0 : rc == CM_EAGAIN ? 503 : 500, err);
@@ -338,7 +296,7 @@ static void slot_fail(cm_queue *s, slot *sl, int rc, const char *err) {
 }
 
 /* A slot's prompt is evaluated: its job starts generating (0, or an error). */
-static int prompt_done(slot *sl, char *perr, size_t n) {
+int cm_queue_prompt_done(slot *sl, char *perr, size_t n) {
     job *j = sl->j;
     cm_timings t = cm_session_timings(sl->s);
     j->n_cached = j->n_ids - t.n_prompt;   /* prefix reused from the slot's KV cache */
@@ -348,32 +306,16 @@ static int prompt_done(slot *sl, char *perr, size_t n) {
     return rc;
 }
 
-/* The job admit takes next (s->mu held; *prev: the one before it, NULL at
- * the head): the head; for an interjection (max_ids > 0), the first whose
- * prompt has at most max_ids tokens, past longer ones that arrived before
- * it while the free slots hold them all besides (a short request that
- * arrives just behind a long prompt does not wait for the step's end; the
- * long one still takes its slot there). NULL: none. */
-static job *short_queued(const cm_queue *s, int max_ids, job **prev) {
-    job *j = s->head;
-    *prev = NULL;
-    for (int ahead = 0; j && max_ids > 0 && j->n_ids > max_ids; j = j->next) {
-        if (s->n_active + ++ahead + 1 > s->n_slots) return NULL;
-        *prev = j;
-    }
-    return j;
-}
-
 /* Move queued jobs into free slots, in arrival order, while their KV
  * memory fits (s->mu held). max_ids > 0 (an interjection, between two
  * layers of a pass): only jobs whose prompts have at most max_ids tokens
  * (short_queued), and no prefix is shared (the slots it could come from
  * are in the paused pass). */
-static void admit(cm_queue *s, int max_ids) {
+void cm_queue_admit(cm_queue *s, int max_ids) {
     char err[256];
     s->kv.waiting = 0;
     while (s->head && s->n_active < s->n_slots) {
-        job *prev = NULL, *j = short_queued(s, max_ids, &prev);
+        job *prev = NULL, *j = cm_queue_short_queued(s, max_ids, &prev);
         if (!j) break;
         int k = atomic_load(&j->cancel) ? -1 : pick_slot(s, j);
         const int n_ctx = cm_session_n_ctx(s->slots[k < 0 ? 0 : k].s);
@@ -415,8 +357,8 @@ static void admit(cm_queue *s, int max_ids) {
         s->slots[k].order = s->n_admitted++;
         s->n_active++;
         if (s->trace)
-            trace("admit %s ids=%d slot=%d queued+%.1fms%s", j->id, j->n_ids, k, (cm_now_s() - j->t_queued) * 1e3,
-                  max_ids > 0 ? " (interjection)" : "");
+            cm_queue_trace("admit %s ids=%d slot=%d queued+%.1fms%s", j->id, j->n_ids, k,
+                           (cm_now_s() - j->t_queued) * 1e3, max_ids > 0 ? " (interjection)" : "");
         pthread_mutex_lock(&j->mu);
         j->state = JOB_RUNNING;
         j->sess = s->slots[k].s;
@@ -425,7 +367,7 @@ static void admit(cm_queue *s, int max_ids) {
 }
 
 /* Set a newly admitted slot's prompt (prefix reuse); 0 or an error code. */
-static int slot_begin(cm_queue *s, slot *sl, char *err, size_t errlen) {
+int cm_queue_slot_begin(cm_queue *s, slot *sl, char *err, size_t errlen) {
     if (sl->shared > 0) cm_metrics_prefix(cm_http_metrics(s->srv), sl->shared);
     sl->shared = 0;
     int rc = atomic_load(&sl->j->cancel) ? CM_ECANCELED : 0;
@@ -433,124 +375,6 @@ static int slot_begin(cm_queue *s, slot *sl, char *err, size_t errlen) {
     if (!rc) rc = cm_session_prompt_begin(sl->s, sl->j->ids, sl->j->n_ids, err, errlen);
     sl->begun = !rc;
     return rc;
-}
-
-/* Interjection (engine.h cm_engine_set_interject), between two layers of a
- * pass of queue_main's step: jobs that arrived with short prompts (at most
- * ij_max tokens) are admitted, their prompts evaluated whole in a pass of
- * their own and their first tokens streamed now, so a short request's first
- * token waits for one layer of the pass in flight plus its own prompt, not
- * for the rest of that pass and a pass beside the decode rows. Longer
- * prompts and jobs behind them wait for the step's end as before. */
-static void interject(void *user) {
-    cm_queue *s = user;
-    pthread_mutex_lock(&s->mu);
-    job *prev;
-    const bool any = s->n_active < s->n_slots && short_queued(s, s->ij_max, &prev);
-    if (any) admit(s, s->ij_max);
-    pthread_mutex_unlock(&s->mu);
-    if (!any) return;
-    enum { MAXP = 8 };
-    cm_session *pre[MAXP];
-    int ps[MAXP], np = 0, rows = 0;
-    char err[256];
-    for (int i = 0; i < s->n_slots && np < MAXP; i++) {
-        slot *sl = &s->slots[i];
-        if (!sl->j || sl->started || sl->begun || sl->j->n_ids > s->ij_max) continue;
-        int rc = slot_begin(s, sl, err, sizeof err);
-        if (rc) {
-            slot_fail(s, sl, rc, err);
-            continue;
-        }
-        const int left = sl->j->n_ids - cm_session_n_past(sl->s);
-        if (left < 1 || rows + left > s->ij_max) continue; /* the step's end takes it */
-        pre[np] = sl->s;
-        ps[np++] = i;
-        rows += left;
-    }
-    if (!np) return;
-    const double t0 = cm_now_s();
-    const int k = cm_engine_interject_prompts(s->e, pre, np, err, sizeof err);
-    if (s->trace)
-        trace("interject prompts=%d rows=%d at pass+%.1fms took %.1fms", np, rows, (t0 - s->pass_t0) * 1e3,
-              (cm_now_s() - t0) * 1e3);
-    if (k > 0) {
-        pthread_mutex_lock(&s->mu);
-        s->kv.interjections += (uint64_t)k;
-        pthread_mutex_unlock(&s->mu);
-    }
-    for (int r = 0; r < np; r++) {
-        slot *sl = &s->slots[ps[r]];
-        if (k < 0) {
-            slot_fail(s, sl, k, err);
-            continue;
-        }
-        if (r >= k) continue;
-        char perr[256];
-        int rc = prompt_done(sl, perr, sizeof perr);
-        if (rc) slot_fail(s, sl, rc, perr);
-        else cm_session_first_token(sl->s); /* if it ended the job, queue_main's step end finishes it */
-    }
-}
-
-/* Between two steps, while streams decode: the newcomers' short prompts
- * (at most ij_max tokens in all, as an interjection takes) are evaluated
- * in a pass of their own rows and their first tokens streamed at once,
- * before the step's pass. A short request that arrives between passes (as
- * a client's next request does when its last one just ended there) then
- * waits for its own prompt only, as one that arrives during a pass does
- * (interject); in the step's pass its rows would wait for the decode rows
- * and pay a larger pass (8 decode + 16 prompt rows measured 2x the time of
- * 16 alone on a 2-core Xeon, CUMULO_SERVE_TRACE). The running streams pay
- * one pass of the newcomers' rows per arrival, as for an interjection.
- * Returns the prompts started (0: none; failures end their jobs). */
-static int short_first(cm_queue *s, cm_session **ss, cm_session **pre, int *pre_slot, int *pre_done) {
-    enum { MAXP = 8 };
-    int np = 0, rows = 0;
-    for (int i = 0; i < s->n_slots && np < MAXP; i++) {
-        const slot *sl = &s->slots[i];
-        if (!sl->j || sl->started || !sl->begun) continue;
-        const int left = sl->j->n_ids - cm_session_n_past(sl->s);
-        if (left < 1 || rows + left > s->ij_max) continue;
-        pre[np] = sl->s;
-        pre_slot[np++] = i;
-        rows += left;
-    }
-    if (!np) return 0;
-    /* The streams' next tokens first: their logits are ready (the last
-     * pass), so none waits for this pass to stream it (nor does a prompt
-     * that finished there for its first token); the step's pass then
-     * evaluates them (first_taken), the same bits as sampled there. */
-    for (int i = 0; i < s->n_slots; i++) {
-        const slot *sl = &s->slots[i];
-        if (sl->j && sl->started && cm_session_running(sl->s)) cm_session_first_token(sl->s);
-    }
-    char err[256] = "";
-    const double t0 = cm_now_s();
-    s->pass_t0 = t0;
-    const int rc = cm_engine_step_prefill_many(s->e, ss, 0, pre, np, rows, pre_done, err, sizeof err);
-    if (s->trace) trace("short-first prompts=%d rows=%d took %.1fms", np, rows, (cm_now_s() - t0) * 1e3);
-    int started = 0;
-    for (int k = 0; k < np; k++) {
-        slot *sl = &s->slots[pre_slot[k]];
-        if (pre_done[k] < 0 || rc < 0) {
-            slot_fail(s, sl, pre_done[k] < 0 ? pre_done[k] : rc, err);
-            continue;
-        }
-        if (cm_session_n_past(sl->s) != sl->j->n_ids) continue; /* not whole (cannot happen): the step's pass goes on */
-        char perr[256];
-        const int r2 = prompt_done(sl, perr, sizeof perr);
-        if (r2) {
-            slot_fail(s, sl, r2, perr);
-            continue;
-        }
-        cm_session_first_token(sl->s); /* if it ended the job, queue_main's step end finishes it */
-        started++;
-    }
-    pthread_mutex_lock(&s->mu);
-    s->kv.short_first += (uint64_t)started;
-    pthread_mutex_unlock(&s->mu);
-    return started;
 }
 
 static void *queue_main(void *arg) {
@@ -562,7 +386,7 @@ static void *queue_main(void *arg) {
     char err[256];
     pthread_mutex_lock(&s->mu);
     while (!s->stop) {
-        admit(s, 0);
+        cm_queue_admit(s, 0);
         kv_refresh(s);
         if (!s->n_active) {
             /* Idle: about once a second the engine may take back nodes
@@ -594,9 +418,9 @@ static void *queue_main(void *arg) {
             if (!sl->j) continue;
             if (!sl->started) {
                 int rc = atomic_load(&sl->j->cancel) ? CM_ECANCELED : 0;
-                if (!rc && !sl->begun) rc = slot_begin(s, sl, err, sizeof err);
+                if (!rc && !sl->begun) rc = cm_queue_slot_begin(s, sl, err, sizeof err);
                 if (rc) {
-                    slot_fail(s, sl, rc, err);
+                    cm_queue_slot_fail(s, sl, rc, err);
                     continue;
                 }
                 /* the fewest prompt tokens left first (a short request is not
@@ -615,7 +439,7 @@ static void *queue_main(void *arg) {
          * decode in this step's pass with the others (their first token
          * taken). */
         if (n && next >= 0 && s->ij_max && pre && pre_slot && pre_done &&
-            short_first(s, ss, pre, pre_slot, pre_done) > 0) {
+            cm_queue_short_first(s, ss, pre, pre_slot, pre_done) > 0) {
             n = 0;
             next = -1;
             for (int i = 0; i < s->n_slots; i++) {
@@ -677,51 +501,31 @@ static void *queue_main(void *arg) {
                 const int room = s->pass_rows_fast - n;
                 if (room >= (s->chunk + 3) / 4 && room < budget) budget = room;
             }
-            /* Short first, alone: while streams decode, when the prompts with
-             * the fewest tokens left finish whole within the budget, this
-             * pass carries only them, not a chunk of a longer prompt besides:
-             * a pass of fewer rows is sooner over, so a newcomer's first
-             * token waits for its own prompt and the decode rows only (the
-             * time to first token under load). The longer prompt is skipped
-             * one pass at a time at most (its next pass carries it whatever
-             * waits), so a stream of short requests slows it by half at
-             * worst, never starves it. */
-            int n_pass = np;
-            if (n) {
-                int used = 0, whole = 0;
-                while (whole < np) {
-                    const slot *o = &s->slots[pre_slot[whole]];
-                    const int l = o->j->n_ids - cm_session_n_past(o->s);
-                    if (used + l > budget) break;
-                    used += l;
-                    whole++;
-                }
-                if (whole > 0 && whole < np && !s->long_skipped) n_pass = whole;
-                s->long_skipped = n_pass < np;
-            }
+            /* short prompts alone while streams decode (queue_short.c) */
+            const int n_pass = n ? cm_queue_short_pass(s, pre_slot, np, budget) : np;
             for (int k = n_pass; k < np; k++) pre_done[k] = 0;
             s->pass_t0 = cm_now_s();
             rc = cm_engine_step_prefill_many(s->e, ss, n, pre, n_pass, budget, pre_done, err, sizeof err);
             if (s->trace) {
                 int rows = 0;
                 for (int k = 0; k < n_pass; k++) rows += pre_done[k] > 0 ? pre_done[k] : 0;
-                trace("pass decode=%d prompts=%d/%d prompt_rows=%d budget=%d took %.1fms", n, n_pass, np, rows, budget,
-                      (cm_now_s() - s->pass_t0) * 1e3);
+                cm_queue_trace("pass decode=%d prompts=%d/%d prompt_rows=%d budget=%d took %.1fms", n, n_pass, np, rows,
+                               budget, (cm_now_s() - s->pass_t0) * 1e3);
             }
             for (int k = 0; k < np; k++) {
                 slot *sl = &s->slots[pre_slot[k]];
                 if (pre_done[k]) mixed = 1;
-                if (pre_done[k] < 0) slot_fail(s, sl, pre_done[k], err);
+                if (pre_done[k] < 0) cm_queue_slot_fail(s, sl, pre_done[k], err);
                 else if (pre_done[k] > 0 && cm_session_n_past(sl->s) == sl->j->n_ids) {
                     char perr[256];
-                    int r2 = prompt_done(sl, perr, sizeof perr);
-                    if (r2) slot_fail(s, sl, r2, perr);
+                    int r2 = cm_queue_prompt_done(sl, perr, sizeof perr);
+                    if (r2) cm_queue_slot_fail(s, sl, r2, perr);
                 }
             }
         } else if (n) {
             s->pass_t0 = cm_now_s();
             rc = cm_engine_step(s->e, ss, n, err, sizeof err);
-            if (s->trace) trace("pass decode=%d took %.1fms", n, (cm_now_s() - s->pass_t0) * 1e3);
+            if (s->trace) cm_queue_trace("pass decode=%d took %.1fms", n, (cm_now_s() - s->pass_t0) * 1e3);
         }
         /* Prompt chunks: a budget of s->chunk tokens per iteration (8 chunks
          * when nothing decodes; none after a mixed pass), spent on the
@@ -734,8 +538,8 @@ static void *queue_main(void *arg) {
             const int before = cm_session_n_past(sl->s);
             int left = cm_session_prompt_step(sl->s, budget, perr, sizeof perr);
             budget -= cm_session_n_past(sl->s) - before > 0 ? cm_session_n_past(sl->s) - before : budget;
-            if (left == 0) left = prompt_done(sl, perr, sizeof perr);
-            if (left < 0) slot_fail(s, sl, left, perr);
+            if (left == 0) left = cm_queue_prompt_done(sl, perr, sizeof perr);
+            if (left < 0) cm_queue_slot_fail(s, sl, left, perr);
             if (left != 0) break; /* a prompt still pending keeps the rest of the budget's turn */
             next = -1;            /* the next prompt with the fewest tokens left */
             for (int i = 0; i < s->n_slots; i++) {
@@ -768,7 +572,7 @@ static void *queue_main(void *arg) {
         }
     }
     /* Stopping: end everything still here (s->mu held: no interjection). */
-    if (s->ij_max) cm_engine_set_interject(s->e, NULL, NULL, 0);
+    cm_queue_short_stop(s);
     for (int i = 0; i < s->n_slots; i++)
         if (s->slots[i].j) {
             job *j = s->slots[i].j;
@@ -814,10 +618,7 @@ cm_queue *cm_queue_new(cm_http_server *srv, cm_engine *e, int n_slots, int queue
         cm_engine_info in;
         cm_engine_get_info(e, &in);
         s->pass_rows_fast = in.n_stages > 1 || in.tp_size > 1 ? 0 : in.pass_rows_fast;
-        /* a short request: a prompt of up to the rows the batched-decode
-         * kernels take at their pace (32 with repacked Q4_0), at least 16 */
-        const int ij = CM_MAX(16, in.pass_rows_fast);
-        if (cm_config_get()->interject && cm_engine_set_interject(e, interject, s, ij)) s->ij_max = ij;
+        cm_queue_short_init(s, in.pass_rows_fast);
     }
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
@@ -896,7 +697,7 @@ void cm_queue_free(cm_queue *s) {
         pthread_mutex_unlock(&s->mu);
         pthread_join(s->th, NULL);
     }
-    if (s->ij_max) cm_engine_set_interject(s->e, NULL, NULL, 0);
+    cm_queue_short_stop(s);
     for (int i = 0; s->slots && i < s->n_slots; i++) cm_session_free(s->slots[i].s);
     cm_free(s->slots);
     pthread_mutex_destroy(&s->mu);

@@ -169,7 +169,10 @@ void cm_matmul_rows(const cm_kernels *k, const cm_tensor *W, const void *xq, siz
     const int64_t n = W->ne[0];
     const void *wp;
     size_t ws;
-    if (n_tok > 1 && n_tok <= k->gemm_packed_max && k->gemm_packed[t] && (wp = cm_repack_find(W, &ws)) != NULL) {
+    /* up to gemm_packed_max tokens, or any number where the copy is the
+     * only one resident (the file's pages given back: cm_repack_give_back) */
+    if (n_tok > 1 && k->gemm_packed[t] &&
+        (wp = n_tok <= k->gemm_packed_max ? cm_repack_find(W, &ws) : cm_repack_find_alone(W, &ws)) != NULL) {
         k->gemm_packed[t](n, wp, ws, xq, xq_stride, y, ldy, r0, r1, n_tok);
         return;
     }

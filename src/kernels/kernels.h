@@ -189,6 +189,18 @@ size_t cm_repack_bytes(const void *owner);
  * view that was not added itself); *stride (when not NULL) is the copy's
  * bytes per row: W->nb[1] for whole tensors, less for a column view. */
 const void *cm_repack_find(const cm_tensor *W, size_t *stride);
+/* The same, only where that copy is the one resident (cm_repack_give_back
+ * gave the file's pages under it back): cm_matmul_rows then reads it for
+ * every n_tok (gemm_packed beyond gemm_packed_max too). */
+const void *cm_repack_find_alone(const cm_tensor *W, size_t *stride);
+/* One copy of the weights: for owner's whole-tensor copies of the types
+ * whose gemv and gemm both read the repacked layout under table k
+ * (gemm_packed set), give the file's pages under them back
+ * (cm_file_give_back; f: the file they were read from). The bytes at the
+ * tensors' addresses stay the file's (faulted in again if read). Returns
+ * the bytes given back. */
+struct cm_mapped_file;
+size_t cm_repack_give_back(const void *owner, const cm_kernels *k, const struct cm_mapped_file *f);
 /* The "q4_0 lanes" layout of nb blocks and the "q4_k lanes" and "q5_k
  * lanes" and "q6_k lanes" layouts of nb super-blocks (repack.c says what
  * they are); cm_repack_row: the layout of one row of ne0 elements of type t

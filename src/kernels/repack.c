@@ -41,6 +41,17 @@
  * columns, rows packed at their own row size (cstride), and is found by the
  * view's address, width and row stride.
  *
+ * One copy resident: where a table's gemv and gemm both read a type's
+ * repacked layout (gemv_packed and gemm_packed; gemm_packed serves any
+ * number of tokens, same bits), the file's pages under a whole tensor's
+ * copy are given back to the OS (cm_repack_give_back: a file read into
+ * memory becomes a mapping of the same bytes there, faulted in only if
+ * something else reads them: a column view, another table, the cluster's
+ * weight transfer) and cm_matmul_rows reads the copy for every n_tok
+ * (cm_repack_find_alone). Types whose prefill gemm reads only the file's
+ * layout keep both. NEEDSWORK: a gemm over those types' repacked layouts
+ * would let them give theirs back too.
+ *
  * The registry is process-wide: a sorted array of {owner, base, stride,
  * ne0, rows, type, copy, cstride}, under a rwlock (writers: loads and releases;
  * readers: every matmul). Copies come from cm_huge_alloc, one per owner
@@ -65,6 +76,7 @@ typedef struct rp_entry {
     size_t cstride;   /* the copy's bytes per row: the row size of ne0 elements */
     void *alloc;      /* the owner's allocation (set on its first entry only) */
     size_t alloc_n;
+    bool alone; /* the file's bytes were given back: the copy serves every n_tok (cm_repack_give_back) */
 } rp_entry;
 
 static pthread_rwlock_t g_lock = PTHREAD_RWLOCK_INITIALIZER;
@@ -262,7 +274,23 @@ void cm_repack_drop(const void *owner) {
     if (n) CM_LOGD("repack: dropped %d tensors, %zu bytes, for %p", n, bytes, owner);
 }
 
-const void *cm_repack_find(const cm_tensor *W, size_t *stride) {
+size_t cm_repack_give_back(const void *owner, const cm_kernels *k, const cm_mapped_file *f) {
+    size_t n = 0;
+    pthread_rwlock_wrlock(&g_lock);
+    for (int i = 0; i < g_n; i++) {
+        rp_entry *e = &g_e[i];
+        if (e->owner != owner || e->alone || !k->gemm_packed[e->type]) continue;
+        if (e->stride != e->cstride) continue; /* a view: the file's rows are wider */
+        const size_t b = cm_file_give_back(f, e->base, (size_t)e->rows * e->stride);
+        e->alone = b > 0;
+        n += b;
+    }
+    pthread_rwlock_unlock(&g_lock);
+    if (n) CM_LOGD("repack: gave back %zu bytes of the file's pages for %p (the copies serve them)", n, owner);
+    return n;
+}
+
+static const void *find(const cm_tensor *W, size_t *stride, bool alone) {
     if (__atomic_load_n(&g_n, __ATOMIC_ACQUIRE) == 0) return NULL; /* nothing repacked: skip the lock */
     const char *p = W->data;
     const void *hit = NULL;
@@ -279,6 +307,7 @@ const void *cm_repack_find(const cm_tensor *W, size_t *stride) {
         const size_t o = (size_t)(p - e->base);
         if (o % e->stride || W->type != e->type || W->ne[0] != e->ne0 || W->nb[1] != e->stride) continue;
         if ((int64_t)(o / e->stride) + W->ne[1] > e->rows) continue;
+        if (alone && !e->alone) continue;
         hit = e->copy + o / e->stride * e->cstride;
         if (stride) *stride = e->cstride;
         break;
@@ -286,3 +315,7 @@ const void *cm_repack_find(const cm_tensor *W, size_t *stride) {
     pthread_rwlock_unlock(&g_lock);
     return hit;
 }
+
+const void *cm_repack_find(const cm_tensor *W, size_t *stride) { return find(W, stride, false); }
+
+const void *cm_repack_find_alone(const cm_tensor *W, size_t *stride) { return find(W, stride, true); }

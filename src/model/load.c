@@ -238,7 +238,9 @@ void cm_model_release(cm_model *m) {
     memset(m, 0, sizeof *m);
 }
 
-static int load(cm_model *m, const cm_gguf *g, bool repack_whole, char *err, size_t errlen) {
+static int repack_whole(cm_model *m, const cm_mapped_file *f, char *err, size_t errlen);
+
+static int load(cm_model *m, const cm_gguf *g, bool whole, char *err, size_t errlen) {
     memset(m, 0, sizeof *m);
     m->gguf = g;
     int rc = load_hparams(m, err, errlen);
@@ -346,27 +348,36 @@ static int load(cm_model *m, const cm_gguf *g, bool repack_whole, char *err, siz
      * while that much memory is free with cm_gguf_worth_loading's margin. A
      * mapped file (a coordinator's or a pipeline stage's whole-model file, or
      * one that only just fits) keeps the file's layout alone.
+     * Where the copy serves every pass (repack.c: gemv and gemm both read
+     * it), the file's pages under it go back to the OS: one copy resident.
      * NEEDSWORK: repack in place instead of beside, then every file can. */
     m->repack = g->file.in_memory && cm_gguf_worth_loading(g->size);
-    if (m->repack && repack_whole && (rc = cm_model_repack_whole(m, err, errlen))) goto fail;
+    if (m->repack && whole && (rc = repack_whole(m, &g->file, err, errlen))) goto fail;
     return 0;
 fail:
     cm_model_release(m);
     return rc;
 }
 
-int cm_model_repack_whole(cm_model *m, char *err, size_t errlen) {
+/* The whole tensors' copies; f (NULL: none): the file read into memory
+ * whose pages under them go back as each layer is repacked (repack.c), so
+ * the load's peak holds the file and one layer's copies, not two models. */
+static int repack_whole(cm_model *m, const cm_mapped_file *f, char *err, size_t errlen) {
     int rc = 0;
     for (int il = 0; il < m->hp.n_layer && !rc; il++) {
         const cm_layer *L = &m->layers[il];
         const cm_tensor *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->ffn_gate, &L->ffn_up, &L->ffn_down};
         rc = cm_repack_add(m, cm_kernels_get(), ws, 7, err, errlen);
+        if (!rc && f) (void)cm_repack_give_back(m, cm_kernels_get(), f);
     }
     if (!rc) rc = cm_repack_add(m, cm_kernels_get(), (const cm_tensor *const[]){&m->output}, 1, err, errlen);
+    if (!rc && f) (void)cm_repack_give_back(m, cm_kernels_get(), f);
     if (rc) cm_repack_drop(m);
     m->repack_whole = !rc;
     return rc;
 }
+
+int cm_model_repack_whole(cm_model *m, char *err, size_t errlen) { return repack_whole(m, NULL, err, errlen); }
 
 /* Repacked copies of the views a slice's forward pass multiplies (cm_forward's
  * layer loop); the whole tensors' copies are dropped unless deepseek2 needs them. */

@@ -135,6 +135,32 @@ void cm_file_unmap(cm_mapped_file *f) {
     f->fd = -1;
 }
 
+size_t cm_file_give_back(const cm_mapped_file *f, const void *p, size_t n) {
+    if (!f || !f->in_memory || f->fd < 0 || !f->data || !p || !n) return 0;
+    const uintptr_t d = (uintptr_t)f->data, b = (uintptr_t)p;
+    if (b < d || b - d > f->size || n > f->size - (b - d)) return 0;
+    struct stat st;
+    if (fstat(f->fd, &st) != 0 || (size_t)st.st_size != f->size) return 0; /* not the bytes read in */
+    const long ps = sysconf(_SC_PAGESIZE);
+    const uintptr_t pg = ps > 0 ? (uintptr_t)ps : 4096;
+    const uintptr_t a = (b + pg - 1) & ~(pg - 1), e = (b + n) & ~(pg - 1); /* whole pages only */
+    if (e <= a || (a - d) % pg) return 0; /* data is page-aligned (cm_huge_alloc): file offsets are too */
+    void *q = mmap((void *)a, e - a, PROT_READ, MAP_PRIVATE | MAP_FIXED, f->fd, (off_t)(a - d));
+    if (q != MAP_FAILED) return (size_t)(e - a);
+    /* A failed MAP_FIXED may have unmapped the range: put the bytes back as
+     * they were (anonymous, read from the file again). */
+    q = mmap((void *)a, e - a, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+    CM_ASSERT(q != MAP_FAILED && "cannot restore the weights' pages");
+    for (size_t done = 0; done < e - a;) {
+        ssize_t r = pread(f->fd, (uint8_t *)a + done, e - a - done, (off_t)(a - d + done));
+        if (r < 0 && errno == EINTR) continue;
+        CM_ASSERT(r > 0 && "cannot read the weights' pages back");
+        done += (size_t)r;
+    }
+    (void)mprotect((void *)a, e - a, PROT_READ);
+    return 0;
+}
+
 int cm_file_read_all(const char *path, char **out, size_t *len, char *err, size_t errlen) {
     *out = NULL;
     if (len) *len = 0;

@@ -30,6 +30,16 @@ int cm_file_map(cm_mapped_file *f, const char *path, char *err, size_t errlen);
 int cm_file_load(cm_mapped_file *f, const char *path, void (*progress)(void *ctx, uint64_t done, uint64_t total),
                  void *progress_ctx, char *err, size_t errlen);
 void cm_file_unmap(cm_mapped_file *f); /* either kind; no-op on a zeroed struct */
+/* Give back the anonymous memory under [p, p+n) of a file cm_file_load read
+ * in: its whole pages there become a private read-only mapping of the
+ * file's same bytes, faulted in again only if something reads them (for
+ * bytes that another copy serves: the weights' repacked layouts). The
+ * address and the bytes read there do not change, as long as the file on
+ * disk does not (as for cm_file_map; a file whose size changed since it was
+ * read is left alone). Returns the bytes given back (0: not a loaded file,
+ * out of its range, or the OS refused). Not thread-safe against a reader of
+ * those pages only where the OS's mmap is not (none known). */
+size_t cm_file_give_back(const cm_mapped_file *f, const void *p, size_t n);
 
 /* Page-aligned zeroed memory that the OS backs with huge pages where it can
  * (Linux transparent huge pages, 2 MiB aligned; elsewhere plain pages).

@@ -13,12 +13,16 @@
  * and q5_k's layouts (one token). A column view added on its own (tensor
  * parallelism's slices of wo and ffn_down) is found with its own row stride
  * and gives vec_dot's bits on the file's columns, for one and several tokens.
+ * Giving a loaded file's pages back under a copy (cm_repack_give_back) keeps
+ * the bytes at the tensor's address and every matmul's bits.
  */
 #include "kernels/kernels.h"
+#include "os/os.h"
 #include "test.h"
 
 #include <stdint.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #define TEST_RNG_SEED 0x9e3779b97f4a7c15ull
 #include "test_rng.h"
@@ -263,6 +267,90 @@ static void test_q6_k_lanes(void) {
     }
 }
 
+/* One copy resident: a tensor in a file read into memory (cm_file_load),
+ * repacked, its file pages given back where the table's gemm reads the
+ * layout too (gemm_packed): the bytes at its address stay the file's, the
+ * copy is then found for every n_tok (cm_repack_find_alone) and matmuls of
+ * 1..gemm_packed_max and more tokens still give vec_dot's bits on the
+ * file's bytes. Where the table has no gemm_packed nothing is given back.
+ * A tensor outside a loaded file (malloc'd) gives nothing back. */
+static void check_give_back(const cm_kernels *k, enum cm_type t, int64_t n) {
+    enum { GROWS = 300, GPOOL = 80, OFF = 1000 }; /* 300 rows span many pages; an odd start */
+    const enum cm_type vt = cm_type_traits_of(t)->vec_dot_type;
+    const size_t ws = cm_row_size(t, n), xs = cm_row_size(vt, n);
+    float *f = malloc(sizeof(float) * (size_t)(GROWS * n));
+    uint8_t *w = calloc(1, OFF + ws * GROWS + 77), *x = malloc(xs * GPOOL);
+    float *ref = malloc(sizeof(float) * GROWS * GPOOL), *y = malloc(sizeof(float) * GROWS * GPOOL);
+    for (int64_t i = 0; i < GROWS * n; i++) f[i] = frand() * (float)(1 << (rnd() % 8));
+    CHECK(cm_quantize_rows(t, f, w + OFF, GROWS, n) == GROWS * ws);
+    char path[] = "/tmp/cumulo-test-giveback-XXXXXX", err[200] = "";
+    const int fd = mkstemp(path);
+    CHECK(fd >= 0 && write(fd, w, OFF + ws * GROWS + 77) == (ssize_t)(OFF + ws * GROWS + 77));
+    close(fd);
+    cm_mapped_file mf;
+    CHECKF(cm_file_load(&mf, path, NULL, NULL, err, sizeof err) == 0, "%s", err);
+    unlink(path);
+    cm_tensor W, M;
+    const int64_t ne[2] = {n, GROWS};
+    cm_tensor_init(&W, t, 2, ne, (void *)(mf.data + OFF), "w");
+    cm_tensor_init(&M, t, 2, ne, w + OFF, "m");
+    const cm_tensor *wp[] = {&W}, *mp[] = {&M};
+    int owner, owner2;
+    CHECKF(cm_repack_add(&owner, k, wp, 1, err, sizeof err) == 0, "%s", err);
+    CHECKF(cm_repack_add(&owner2, k, mp, 1, err, sizeof err) == 0, "%s", err);
+    CHECK(cm_repack_give_back(&owner2, k, &mf) == 0); /* not the file's bytes */
+    CHECK(cm_repack_find_alone(&M, NULL) == NULL);
+    cm_repack_drop(&owner2);
+    const size_t given = cm_repack_give_back(&owner, k, &mf);
+    const bool both = k->gemm_packed[t] != NULL;
+    CHECKF(both ? given > 0 && given <= ws * GROWS : given == 0, "%s %s: %zu bytes given back", k->name,
+           cm_type_name(t), given);
+    CHECK((cm_repack_find_alone(&W, NULL) != NULL) == both);
+    CHECK(memcmp(mf.data, w, OFF + ws * GROWS + 77) == 0); /* the same bytes at the same address */
+    for (int p = 0; p < GPOOL; p++) {
+        for (int64_t i = 0; i < n; i++) f[i] = frand() * (float)(1 << (rnd() % 6));
+        k->from_float[vt](f, x + (size_t)p * xs, n);
+        for (int r = 0; r < GROWS; r++)
+            k->vec_dot[t](n, &ref[p * GROWS + r], w + OFF + (size_t)r * ws, x + (size_t)p * xs);
+    }
+    static const int nts[] = {1, 2, 7, 32, 33, 64, GPOOL};
+    static const int slices[][2] = {{0, GROWS}, {17, 150}, {150, GROWS}, {3, 4}};
+    long bad = 0;
+    for (size_t a = 0; a < sizeof nts / sizeof nts[0]; a++)
+        for (size_t s = 0; s < sizeof slices / sizeof slices[0]; s++) {
+            const int nt = nts[a], r0 = slices[s][0], r1 = slices[s][1];
+            memset(y, 0xff, sizeof(float) * GROWS * GPOOL);
+            cm_matmul_rows(k, &W, x, xs, nt, y, GROWS, r0, r1);
+            for (int j = 0; j < nt; j++)
+                for (int r = r0; r < r1; r++)
+                    if (memcmp(&y[j * GROWS + r], &ref[j * GROWS + r], sizeof(float)) != 0 && !bad++)
+                        fprintf(stderr, "  %s %s n=%lld given back: n_tok %d row %d token %d: %.9g, vec_dot %.9g\n",
+                                k->name, cm_type_name(t), (long long)n, nt, r, j, (double)y[j * GROWS + r],
+                                (double)ref[j * GROWS + r]);
+        }
+    CHECK(bad == 0);
+    cm_repack_drop(&owner);
+    CHECK(cm_repack_find(&W, NULL) == NULL && memcmp(mf.data, w, OFF + ws * GROWS + 77) == 0);
+    cm_file_unmap(&mf);
+    free(f), free(w), free(x), free(ref), free(y);
+}
+
+static void test_give_back(void) {
+    int tables = 0;
+    for (size_t i = 0; i < sizeof k_isas / sizeof k_isas[0]; i++) {
+        const cm_kernels *k = cm_kernels_for(k_isas[i]);
+        if (!k) continue;
+        if (k->gemv_packed[CM_TYPE_Q4_0]) {
+            tables++;
+            check_give_back(k, CM_TYPE_Q4_0, 2048);
+            check_give_back(k, CM_TYPE_Q4_0, 5632);
+        }
+        if (k->gemv_packed[CM_TYPE_Q4_K]) check_give_back(k, CM_TYPE_Q4_K, 2048);
+        if (k->gemv_packed[CM_TYPE_Q6_K]) check_give_back(k, CM_TYPE_Q6_K, 2048);
+    }
+    if (!tables) printf("skip: no kernel table on this CPU repacks q4_0 (nothing to give back)\n");
+}
+
 int main(void) {
     int tables = 0;
     for (size_t i = 0; i < sizeof k_isas / sizeof k_isas[0]; i++) {
@@ -278,5 +366,6 @@ int main(void) {
     RUN(test_q5_k_lanes);
     RUN(test_q6_k_lanes);
     RUN(test_k_batched);
+    RUN(test_give_back);
     TEST_END();
 }
