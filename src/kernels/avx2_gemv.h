@@ -1,189 +1,138 @@
 /*
- * avx2_gemv.h: the AVX2 table's own q6_k and f16 kernels (vec_dot, decode
- * gemv, prefill gemm), over the file's bytes. Not a header in the usual
- * sense: kernels_avx2.c includes it once, after x86_tiles.h, under the AVX2
- * flags; it registers them in the avx2 table only (the avx512 table has its
- * own, which these do not match). Nothing else may include it. Never
- * allocates.
+ * avx2_gemv.h: the AVX2 table's own decode gemvs (one token), over the
+ * file's bytes. Not a header in the usual sense: kernels_avx2.c includes it
+ * once, after x86_tiles.h, under the AVX2 flags; it registers them in the
+ * avx2 table only (the avx512 table has its own vec_dots, which these would
+ * not match). Nothing else may include it. Never allocates.
  *
- * q6_k, the AVX2 table's float order: per super-block b the exact integer
- * total s_b = sum_j sc_j * sum_i (q_i - 32) * y_i, then one chain per (row,
- * token): acc = fma((float)s_b, dx_b * dy_b, acc) in ascending b (an f32
- * product, a fused multiply-add), no horizontal float sum. Only the integer
- * total reaches a float, so it may be computed any exact way, which lets the
- * -32 offset come from the token's bsums (Q8_K's 16-value sums) once per
- * block instead of once per value, as llama.cpp's x86 q6_k does:
- *   s_b = sum_j sc_j * sum_i q_i * y_i  -  32 * sum_j sc_j * bsums_j.
- * The first term is maddubs(q, y) (q unsigned 0..63, y signed, |pair| <=
- * 2 * 63 * 128 = 16128 < 2^15: no saturation), madd with the pair scales
- * (|lane| per 32 values <= 2 * 16128 * 128 < 2^23, 8 of them < 2^26); the
- * second is one madd of the scales times -32 (|sc * 32| <= 4096, an int16)
- * with the bsums (|bsum| <= 16 * 128 = 2048): |lane| <= 2 * 4096 * 2048 =
- * 2^24. Every int32 lane and partial sum stays below 2^27 and the total
- * |s_b| <= 256 * 32 * 128 * 128 < 2^28: exact. Per 32 values and token that
- * is one maddubs, one madd and one add (the sign trick took two more).
- * Several rows' or tokens' totals are transposed into the lanes of one
- * vector (a6_hadd8), so the conversions, scale products and FMAs go 8 at a
- * time, each lane its own (row, token) chain: vec_dot's bits.
+ * gemv_a6_k: each row bit for bit tile_q6_k's (x86_tiles.h) for one token.
+ * The tile's integer lanes are exact, so they may be computed another way:
+ * per 32 values, maddubs of the unsigned 6-bit values q (0..63) against the
+ * token's bytes y, minus maddubs(32, y) (the offset, once per call for the
+ * token), is sum (q - 32) * y per pair, as the tile's sign trick gives it
+ * (|pair| <= 2 * 63 * 127 before the subtraction, so nothing saturates); the
+ * pair scales come from one sign extension of the 16 scales and a byte
+ * shuffle per 32 values instead of two broadcasts. Then the tile's float
+ * steps: one FMA per super-block into one chain, hsum8. About 8 vector
+ * operations per 32 weights instead of 14.
  */
 
-enum { A6_MAXB = CM_REPACK_MAX_K / CM_QK_K, A6_PF = 4, A6G_T = 8, A6G_RB = 16 };
+enum { A6_MAXB = CM_REPACK_MAX_K / CM_QK_K, A6_PF = 4 };
 
-/* p[i]: 8 int32 summing to total i; returns lane i = total i (exact). */
-AI __m256i a6_hadd8(const __m256i p[8]) {
-    const __m256i h0 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
-    const __m256i h1 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
-    return _mm256_add_epi32(_mm256_permute2x128_si256(h0, h1, 0x20), _mm256_permute2x128_si256(h0, h1, 0x31));
+/* Pair offsets of the token: off[8 * b + 4 * c + k] = maddubs(32, y_b's bytes 128c + 32k..). */
+AI void a6_offsets(int64_t nb, const cm_block_q8_k *y, __m256i *off) {
+    const __m256i k32 = _mm256_set1_epi8(32);
+    for (int64_t b = 0; b < nb; b++)
+        for (int g = 0; g < 8; g++) off[8 * b + g] = _mm256_maddubs_epi16(k32, ld256(y[b].qs + 32 * g));
 }
 
-/* The block's 16 scales as words (s16) and as -32 * scale words (ns). */
-AI void a6_scales(const cm_block_q6_k *x, __m256i *s16, __m256i *ns) {
-    *s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)x->scales));
-    *ns = _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(*s16, 5));
-}
-
-/* The 6-bit values 32k..32k+31 of half c of block x (0..63, q6_vals' order). */
-AI __m256i a6_vals(const cm_block_q6_k *x, int c, int k) {
-    const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
-    const __m256i l = ld256(x->ql + 64 * c + 32 * (k & 1)), h = ld256(x->qh + 32 * c);
-    const __m256i lo = k < 2 ? _mm256_and_si256(l, m4) : _mm256_and_si256(_mm256_srli_epi16(l, 4), m4);
-    const __m256i hs = k == 0   ? _mm256_slli_epi16(h, 4)
-                       : k == 1 ? _mm256_slli_epi16(h, 2)
-                       : k == 2 ? h
-                                : _mm256_srli_epi16(h, 2);
-    return _mm256_or_si256(lo, _mm256_and_si256(hs, m30));
-}
-
-/* Block x against T tokens' blocks yb[t] into sumi[t] (8 lanes summing to
- * s_b, the offset term included). T a constant. The 8 pair-scale vectors go
- * to memory once, as operands of the madds: with T = 8 the accumulators
- * take half the 16 registers. */
-AI void a6_block(const cm_block_q6_k *x, const cm_block_q8_k *const *yb, int T, __m256i *sumi) {
+AI float a6_row(int64_t nb, const cm_block_q6_k *x, const cm_block_q8_k *y, const __m256i *off) {
     /* within each 128-bit half of a scale vector (8 words: scales 8c..8c+7),
      * the low half picks scale 2k's word, the high half scale 2k + 1's */
     const __m256i pick[4] = {_mm256_set_m128i(_mm_set1_epi16(0x0302), _mm_set1_epi16(0x0100)),
                              _mm256_set_m128i(_mm_set1_epi16(0x0706), _mm_set1_epi16(0x0504)),
                              _mm256_set_m128i(_mm_set1_epi16(0x0b0a), _mm_set1_epi16(0x0908)),
                              _mm256_set_m128i(_mm_set1_epi16(0x0f0e), _mm_set1_epi16(0x0d0c))};
-    __m256i s16, ns, sv[8];
-    a6_scales(x, &s16, &ns);
-    const __m256i sc[2] = {_mm256_permute2x128_si256(s16, s16, 0x00), _mm256_permute2x128_si256(s16, s16, 0x11)};
-    _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) sv[i] = _mm256_shuffle_epi8(sc[i / 4], pick[i % 4]);
-    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) sumi[t] = _mm256_madd_epi16(ns, ld256(yb[t]->bsums));
-    _Pragma("GCC unroll 2") for (int c = 0; c < 2; c++) {
-        _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
-            const __m256i q = a6_vals(x, c, k);
-            _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
-                const __m256i p = _mm256_maddubs_epi16(q, ld256(yb[t]->qs + 128 * c + 32 * k));
-                sumi[t] = ax_keep(_mm256_add_epi32(sumi[t], _mm256_madd_epi16(p, sv[4 * c + k])));
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)x[b].scales));
+        const __m256i scs[2] = {_mm256_permute2x128_si256(s16, s16, 0x00), _mm256_permute2x128_si256(s16, s16, 0x11)};
+        __m256i sumi = _mm256_setzero_si256();
+        _Pragma("GCC unroll 2") for (int c = 0; c < 2; c++) {
+            const __m256i sc = scs[c];
+            __m256i q[4];
+            q6_vals(&x[b], c, q);
+            _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
+                const __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(q[k], ld256(y[b].qs + 128 * c + 32 * k)),
+                                                   off[8 * b + 4 * c + k]);
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, _mm256_shuffle_epi8(sc, pick[k])));
             }
         }
+        FMA_BLOCK(acc, sumi, f16f(x[b].d) * y[b].d);
     }
+    return hsum8(acc);
 }
 
-static void vec_dot_a6_k(int64_t n, float *s, const void *vx, const void *vy) {
-    const cm_block_q6_k *x = vx;
-    const cm_block_q8_k *y = vy;
-    __m128 acc = _mm_setzero_ps();
-    for (int64_t b = 0; b < n / CM_QK_K; b++) {
-        const cm_block_q8_k *yb[1] = {y + b};
-        __m256i sumi[1];
-        a6_block(x + b, yb, 1, sumi);
-        const float d = f16f(x[b].d) * y[b].d;
-        acc = _mm_fmadd_ss(_mm_cvtsi32_ss(_mm_setzero_ps(), hsum_i32(sumi[0])), _mm_set_ss(d), acc);
-    }
-    *s = _mm_cvtss_f32(acc);
-}
-
-/* Decode: 8 rows at a time in the lanes of one chain vector (the rows' dx
- * gathered per block), each row's lines prefetched A6_PF groups ahead. */
 static void gemv_a6_k(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
                       int64_t r0, int64_t r1, int64_t n_tok) {
     (void)x_stride, (void)ldy, (void)n_tok;
     const int64_t nb = k / CM_QK_K;
-    const cm_block_q8_k *yq = x;
+    if (nb > A6_MAXB) { /* longer than any repacked row: the tile itself */
+        for (int64_t i = r0; i < r1; i++) vec_dot_q6_k(k, &y[i], (const char *)w + (size_t)i * w_stride, x);
+        return;
+    }
+    __m256i off[A6_MAXB * 8];
+    a6_offsets(nb, x, off);
     const size_t row_bytes = (size_t)nb * sizeof(cm_block_q6_k);
-    int64_t i = r0;
-    for (; i + 8 <= r1; i += 8) {
-        const cm_block_q6_k *xr[8];
-        for (int r = 0; r < 8; r++) {
-            xr[r] = (const cm_block_q6_k *)(const void *)((const char *)w + (size_t)(i + r) * w_stride);
-            if (i + 8 + r < r1) /* several rows' lines in flight (cm_matmul_rows' reason) */
-                for (size_t o = 0; o < row_bytes; o += 64)
-                    _mm_prefetch((const char *)xr[r] + 8 * w_stride + o, _MM_HINT_T0);
-        }
-        __m256 acc = _mm256_setzero_ps();
-        for (int64_t b = 0; b < nb; b++) {
-            const cm_block_q8_k *yb[1] = {yq + b};
-            __m256i sumi[8];
-            cm_f16 h[8];
-            for (int r = 0; r < 8; r++) {
-                a6_block(xr[r] + b, yb, 1, &sumi[r]);
-                h[r] = xr[r][b].d;
-            }
-            const __m256 dx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)h));
-            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a6_hadd8(sumi)), _mm256_mul_ps(dx, _mm256_set1_ps(yq[b].d)), acc);
-        }
-        _mm256_storeu_ps(y + i, acc);
+    for (int64_t i = r0; i < r1; i++) {
+        const char *wr = (const char *)w + (size_t)i * w_stride;
+        if (i + A6_PF < r1) /* several rows' lines in flight (cm_matmul_rows' reason) */
+            for (size_t o = 0; o < row_bytes; o += 64) _mm_prefetch(wr + A6_PF * w_stride + o, _MM_HINT_T0);
+        y[i] = a6_row(nb, (const cm_block_q6_k *)(const void *)wr, x, off);
     }
-    for (; i < r1; i++) vec_dot_a6_k(k, &y[i], (const char *)w + (size_t)i * w_stride, x);
 }
 
-/* One row x T tokens (yv[t]; dy[8 * b + t]: token t's block b scale):
- * out[t]. T a constant. */
-AI void a6g_row(int64_t nb, const cm_block_q6_k *x, const cm_block_q8_k *const *yv, const float *dy, int T,
-                float *out) {
-    __m256 acc = _mm256_setzero_ps();
+/* ---- q6_k prefill: tile_q6_k's arithmetic (the sign trick, pair scales
+ * as a6_row shuffles them) for up to A6G_T tokens per pass over a row, so the
+ * 6-bit values and the scales are made once for 8 tokens instead of 4; each
+ * (row, token) gets the tile's bits (vec_dot's). Rows in blocks of A6G_RB (in
+ * L2) against every group of tokens (in L1). ---- */
+enum { A6G_T = 8, A6G_RB = 16 };
+
+AI void a6g_row(int64_t nb, const cm_block_q6_k *x, const cm_block_q8_k *const *yv, int T, float *out) {
+    const __m256i pick[4] = {_mm256_set_m128i(_mm_set1_epi16(0x0302), _mm_set1_epi16(0x0100)),
+                             _mm256_set_m128i(_mm_set1_epi16(0x0706), _mm_set1_epi16(0x0504)),
+                             _mm256_set_m128i(_mm_set1_epi16(0x0b0a), _mm_set1_epi16(0x0908)),
+                             _mm256_set_m128i(_mm_set1_epi16(0x0f0e), _mm_set1_epi16(0x0d0c))};
+    const __m256i k32 = _mm256_set1_epi8(32);
+    __m256 acc[A6G_T];
+    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        const cm_block_q8_k *yb[A6G_T];
-        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) yb[t] = yv[t] + b;
+        const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)x[b].scales));
+        const __m256i scs[2] = {_mm256_permute2x128_si256(s16, s16, 0x00), _mm256_permute2x128_si256(s16, s16, 0x11)};
         __m256i sumi[A6G_T];
-        a6_block(x + b, yb, T, sumi);
-        _Pragma("GCC unroll 8") for (int t = T; t < A6G_T; t++) sumi[t] = _mm256_setzero_si256();
-        const __m256 d = _mm256_mul_ps(_mm256_set1_ps(f16f(x[b].d)), _mm256_loadu_ps(dy + 8 * b));
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a6_hadd8(sumi)), d, acc);
+        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) sumi[t] = _mm256_setzero_si256();
+        _Pragma("GCC unroll 2") for (int c = 0; c < 2; c++) {
+            const __m256i sc = scs[c];
+            __m256i q[4];
+            q6_vals(&x[b], c, q);
+            _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
+                const __m256i sv = _mm256_shuffle_epi8(sc, pick[k]);
+                const __m256i qs = _mm256_sub_epi8(q[k], k32), qa = _mm256_sign_epi8(qs, qs);
+                _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
+                    const __m256i yy = _mm256_sign_epi8(ld256(yv[t][b].qs + 128 * c + 32 * k), qs);
+                    sumi[t] = ax_keep(_mm256_add_epi32(sumi[t], _mm256_madd_epi16(_mm256_maddubs_epi16(qa, yy), sv)));
+                }
+            }
+        }
+        const float d = f16f(x[b].d);
+        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) FMA_BLOCK(acc[t], sumi[t], d * yv[t][b].d);
     }
-    _Alignas(32) float o[8];
-    _mm256_store_ps(o, acc);
-    for (int t = 0; t < T; t++) out[t] = o[t];
+    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) out[t] = hsum8(acc[t]);
 }
 
-/* Prefill: each row once per group of A6G_T tokens, rows in blocks of A6G_RB
- * (in L2) against every group of tokens (in L1). */
 static void gemm_a6_k(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
                       int64_t r0, int64_t r1, int64_t n_tok) {
     const int64_t nb = k / CM_QK_K;
-    if (nb > A6_MAXB) {
-        for (int64_t i = r0; i < r1; i++)
-            for (int64_t j = 0; j < n_tok; j++)
-                vec_dot_a6_k(k, &y[j * ldy + i], (const char *)w + (size_t)i * w_stride,
-                             (const char *)x + (size_t)j * x_stride);
-        return;
-    }
-    float dy[8 * A6_MAXB];
     for (int64_t i0 = r0; i0 < r1; i0 += A6G_RB) {
         const int64_t i1 = r1 - i0 < A6G_RB ? r1 : i0 + A6G_RB;
         for (int64_t j = 0; j < n_tok; j += A6G_T) {
             const int T = n_tok - j < A6G_T ? (int)(n_tok - j) : A6G_T;
             const cm_block_q8_k *yv[A6G_T];
-            for (int t = 0; t < T; t++) {
+            for (int t = 0; t < T; t++)
                 yv[t] = (const cm_block_q8_k *)(const void *)((const char *)x + (size_t)(j + t) * x_stride);
-                for (int64_t b = 0; b < nb; b++) dy[8 * b + t] = yv[t][b].d;
-            }
-            for (int t = T; t < A6G_T; t++)
-                for (int64_t b = 0; b < nb; b++) dy[8 * b + t] = 0;
             for (int64_t i = i0; i < i1; i++) {
                 const cm_block_q6_k *xr = (const cm_block_q6_k *)(const void *)((const char *)w + (size_t)i * w_stride);
                 float out[A6G_T];
                 switch (T) { /* a constant T keeps the tile in registers */
-                case 8: a6g_row(nb, xr, yv, dy, 8, out); break;
-                case 7: a6g_row(nb, xr, yv, dy, 7, out); break;
-                case 6: a6g_row(nb, xr, yv, dy, 6, out); break;
-                case 5: a6g_row(nb, xr, yv, dy, 5, out); break;
-                case 4: a6g_row(nb, xr, yv, dy, 4, out); break;
-                case 3: a6g_row(nb, xr, yv, dy, 3, out); break;
-                case 2: a6g_row(nb, xr, yv, dy, 2, out); break;
-                default: a6g_row(nb, xr, yv, dy, 1, out); break;
+                case 8: a6g_row(nb, xr, yv, 8, out); break;
+                case 7: a6g_row(nb, xr, yv, 7, out); break;
+                case 6: a6g_row(nb, xr, yv, 6, out); break;
+                case 5: a6g_row(nb, xr, yv, 5, out); break;
+                case 4: a6g_row(nb, xr, yv, 4, out); break;
+                case 3: a6g_row(nb, xr, yv, 3, out); break;
+                case 2: a6g_row(nb, xr, yv, 2, out); break;
+                default: a6g_row(nb, xr, yv, 1, out); break;
                 }
                 for (int t = 0; t < T; t++) y[(j + t) * ldy + i] = out[t];
             }

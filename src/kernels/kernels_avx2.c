@@ -49,7 +49,6 @@ void cm_kernels_fill_avx2(cm_kernels *k) {
 /* The AVX2 table's own: the avx512 table (filled with cm_kernels_fill_avx2
  * first) has its own vec_dots, which these match not (avx2_gemv.h). */
 void cm_kernels_fill_avx2_own(cm_kernels *k) {
-    k->vec_dot[CM_TYPE_Q6_K] = vec_dot_a6_k;
     k->gemv[CM_TYPE_Q6_K] = gemv_a6_k;
     k->gemm[CM_TYPE_Q6_K] = gemm_a6_k;
     k->gemm[CM_TYPE_F16] = gemm_af16;
