@@ -101,7 +101,7 @@ AI void a6g_row(int64_t nb, const cm_block_q6_k *x, const cm_block_q8_k *const *
                 const __m256i qs = _mm256_sub_epi8(q[k], k32), qa = _mm256_sign_epi8(qs, qs);
                 _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
                     const __m256i yy = _mm256_sign_epi8(ld256(yv[t][b].qs + 128 * c + 32 * k), qs);
-                    sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(_mm256_maddubs_epi16(qa, yy), sv));
+                    sumi[t] = ax_keep(_mm256_add_epi32(sumi[t], _mm256_madd_epi16(_mm256_maddubs_epi16(qa, yy), sv)));
                 }
             }
         }

@@ -173,7 +173,7 @@ AI void akg_block(const uint8_t *qs, const uint8_t *qhp, int has_qh, __m256i sw,
             const int8_t *y = yb[t]->qs + 64 * j;
             const __m256i plo = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, ld256(y)), slo);
             const __m256i phi = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, ld256(y + 32)), shi);
-            sumi[t] = _mm256_add_epi32(sumi[t], _mm256_add_epi32(plo, phi));
+            sumi[t] = ax_keep(_mm256_add_epi32(sumi[t], _mm256_add_epi32(plo, phi)));
         }
     }
     _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
