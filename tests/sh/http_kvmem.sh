@@ -16,6 +16,7 @@
 #  3. A request whose prompt + max_tokens can never fit the budget gets a 400
 #     that names --kv-mem instead of waiting forever.
 . "$(dirname "$0")/lib/http_common.sh"
+need curl python3
 [ -r /proc/self/status ] || need_skip "n/a: no /proc/self/status here"
 serving_setup
 cp "$TMP/cl.py" "$TMP/client.py"

@@ -16,6 +16,7 @@
 #     grew + 8 MiB: the accounting is the memory. (A crowd of 16 short
 #     requests runs first, so the baseline has every slot's buffers touched.)
 . "$(dirname "$0")/lib/http_common.sh"
+need python3
 [ -r /proc/self/smaps_rollup ] || need_skip "n/a: no /proc/self/smaps_rollup here"
 serving_setup
 cp "$TMP/cl.py" "$TMP/client.py"

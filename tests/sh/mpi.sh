@@ -19,7 +19,7 @@
 # CUMULO_MPIRUN=mpirun.mpich (after make MPI=1 MPICC=mpicc.mpich BUILD=build-mpich).
 cd "$(dirname "$0")/../.." || exit 1
 . tests/sh/lib/cluster_common.sh
-need curl
+need curl perl python3
 M=$SHARED/models
 MBIN=$(realpath "${CUMULO_MPI_BIN:-build-mpi/cumulo}" 2>/dev/null)
 MPIRUN=${CUMULO_MPIRUN:-mpirun}
