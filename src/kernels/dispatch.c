@@ -192,14 +192,19 @@ void cm_matmul_rows(const cm_kernels *k, const cm_tensor *W, const void *xq, siz
      * Decode is a stream of weight rows from DRAM: ask for the row PF_AHEAD
      * rows ahead while this one is computed, so several rows' cache lines are
      * in flight at once (the hardware prefetcher alone stalls at each row
-     * start on a busy machine). Prefetches never fault, even past the end. */
+     * start on a busy machine). Prefetches never fault, even past the end.
+     * Locality 3 (prefetcht0: into L1 and L2): 1.2-1.8x the non-temporal
+     * hint's (0) speed by thread CPU time on session 18's Xeon (256 MiB
+     * matrices of q4_1, q5_0, q5_1, q2_k, q3_k, iq4_nl, iq4_xs, mxfp4; avx512
+     * and avx2 tables; a loaded machine); no prefetch was mixed (0.7-1.6x of
+     * hint 0). docs/HISTORY.md, session 18. */
     enum { PF_AHEAD = 4 };
     const size_t rs = W->nb[1], row_bytes = cm_row_size(t, n);
     for (int64_t i = r0; i < r1; i++) {
         const void *w = (const char *)W->data + (size_t)i * rs;
         if (i + PF_AHEAD < r1) {
             const char *pf = (const char *)w + PF_AHEAD * rs;
-            for (size_t o = 0; o < row_bytes; o += 64) __builtin_prefetch(pf + o, 0, 0);
+            for (size_t o = 0; o < row_bytes; o += 64) __builtin_prefetch(pf + o, 0, 3);
         }
         for (int64_t j = 0; j < n_tok; j++)
             k->vec_dot[t](n, &y[j * ldy + i], w, (const char *)xq + (size_t)j * xq_stride);

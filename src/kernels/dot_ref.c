@@ -58,21 +58,6 @@ void cm_ref_vec_dot_q4_0(int64_t n, float *s, const void *vx, const void *vy) {
 
 /* Q4_1/Q5_1 x Q8_1: sum_j (d_x q_j + m)(d_y p_j) = d_x d_y sum q p + m * (d_y sum p),
  * and Q8_1 stores d_y * sum p as s. */
-void cm_ref_vec_dot_q4_1(int64_t n, float *s, const void *vx, const void *vy) {
-    const cm_block_q4_1 *x = vx;
-    const cm_block_q8_1 *y = vy;
-    float sumf = 0;
-    for (int64_t b = 0; b < n / CM_QK4_1; b++) {
-        int sumi = 0;
-        for (int j = 0; j < CM_QK4_1 / 2; j++) {
-            sumi += (x[b].qs[j] & 0xF) * y[b].qs[j];
-            sumi += (x[b].qs[j] >> 4) * y[b].qs[j + CM_QK4_1 / 2];
-        }
-        sumf += (cm_f16_to_f32(x[b].d) * cm_f16_to_f32(y[b].d)) * sumi + cm_f16_to_f32(x[b].m) * cm_f16_to_f32(y[b].s);
-    }
-    *s = sumf;
-}
-
 static inline uint32_t rd_qh(const uint8_t qh[4]) {
     return (uint32_t)qh[0] | ((uint32_t)qh[1] << 8) | ((uint32_t)qh[2] << 16) | ((uint32_t)qh[3] << 24);
 }
@@ -84,6 +69,35 @@ static inline uint32_t rd_qh(const uint8_t qh[4]) {
  * order; then the lanes folded as hsum8 does. q5_1's min terms form their
  * own chain, added last. */
 static float fold8(const float a[8]) { return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7])); }
+
+/* q4_1 in the order of x86_tiles.h's TILE32, the x86 tables' (so the
+ * scalar, AVX2 and AVX-512 tables give one set of bits): lanes as above,
+ * even blocks into one FMA chain per lane and odd blocks into another, the
+ * min terms likewise in two chains; the two lane sets added, folded as
+ * hsum8 does, plus the two min chains' sum. (Summing each block whole into
+ * one float chain, as before, parted CUMULO_ISA=scalar from llama.cpp at a
+ * near tie in test_synth_golden's gemma3-q4_1: 5.5e-3 at case 1 positions
+ * 6-7 that no single rounding flip explains. llama.cpp's own x86 order,
+ * TILE32_CHAIN, is what q5_0/q5_1 use; on q4_1 it was reverted from the x86
+ * tables, 873c918, since real_models' SmolLM2 Q4_1 then failed.) */
+void cm_ref_vec_dot_q4_1(int64_t n, float *s, const void *vx, const void *vy) {
+    const cm_block_q4_1 *x = vx;
+    const cm_block_q8_1 *y = vy;
+    float acc[2][8] = {{0}}, m[2] = {0};
+    for (int64_t b = 0; b < n / CM_QK4_1; b++) {
+        int lane[8] = {0};
+        for (int j = 0; j < CM_QK4_1 / 2; j++) {
+            lane[j / 4] += (x[b].qs[j] & 0xF) * y[b].qs[j];
+            lane[(j + CM_QK4_1 / 2) / 4] += (x[b].qs[j] >> 4) * y[b].qs[j + CM_QK4_1 / 2];
+        }
+        const float d = cm_f16_to_f32(x[b].d) * cm_f16_to_f32(y[b].d);
+        for (int k = 0; k < 8; k++) acc[b & 1][k] = fmaf((float)lane[k], d, acc[b & 1][k]);
+        m[b & 1] += cm_f16_to_f32(x[b].m) * cm_f16_to_f32(y[b].s);
+    }
+    float a[8];
+    for (int k = 0; k < 8; k++) a[k] = acc[0][k] + acc[1][k];
+    *s = fold8(a) + (m[0] + m[1]);
+}
 
 void cm_ref_vec_dot_q5_0(int64_t n, float *s, const void *vx, const void *vy) {
     const cm_block_q5_0 *x = vx;

@@ -52,7 +52,7 @@ KNOWN_FAIL=${CUMULO_CHAOS_KNOWN_FAIL:-}
 T=cmchaos-$$
 BR=$T-br; NC=$T-c; NA=$T-a; NB=$T-b
 cc_cleanup_hook() { for n in $NC $NA $NB $BR; do ip netns del "$n" 2>/dev/null; done; }
-need nft tc curl python3
+need nft tc curl python3 perl
 need_netns "$BR"
 t_start=$(date +%s)
 ip -n "$BR" link set lo up

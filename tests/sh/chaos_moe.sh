@@ -22,7 +22,7 @@
 # Loopback only (no namespaces, no root needed).
 cd "$(dirname "$0")/../.." || exit 1
 . tests/sh/lib/cluster_common.sh
-need curl python3
+need curl python3 perl
 VOCAB=$SHARED/vocab/ggml-vocab-llama-spm.gguf
 N_TOK=48; LOST_MS=1000; TOKEN_MS=5000; WAVE1=4; WAVE2=2; WAVE3=2
 SCENARIOS=${CUMULO_CHAOS_SCENARIOS:-none kill stop killtp}

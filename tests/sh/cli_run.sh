@@ -7,6 +7,7 @@
 # error, non-zero exit, no crash. Needs perl (JSON::PP) for JSON and bytes.
 cd "$(dirname "$0")/../.." || exit 1
 . tests/sh/lib/cluster_common.sh
+need perl
 M=$SHARED/models
 R=$SHARED/reference
 

@@ -8,6 +8,7 @@
 # it takes (checked in cluster_lease.sh).
 cd "$(dirname "$0")/../.." || exit 1
 . tests/sh/lib/cluster_common.sh
+need perl python3
 
 "$BIN" nodes --no-mdns >"$TMP/n0.out" 2>"$TMP/n0.err"
 rc=$?

@@ -23,7 +23,7 @@
 cd "$(dirname "$0")/../.." || exit 1
 . tests/sh/lib/cluster_common.sh
 M=$MODELS/stories260K-q8_0.gguf
-need curl python3
+need curl python3 perl
 export CUMULO_LOG=info
 LONG="Once upon a time, there was a little girl named Lily. She loved to play outside in the park with her friends. One day, she saw a big red ball under a tree. She ran to the ball and kicked it very high. The ball flew over the fence and into the garden of an old man. Lily was scared, but she went to the door and knocked. The old man opened the door and smiled at her. He gave her the ball and a cookie. Lily said thank you and ran back to her friends. They played all day until the sun went down."
 N_TOK=60

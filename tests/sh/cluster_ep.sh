@@ -20,7 +20,7 @@
 cd "$(dirname "$0")/../.." || exit 1
 . tests/sh/lib/cluster_common.sh
 . tests/sh/lib/ep_common.sh
-need curl
+need curl perl
 VOCAB=$SHARED/vocab/ggml-vocab-llama-spm.gguf
 M8=$TMP/moe8.gguf
 M64=$TMP/moe64.gguf

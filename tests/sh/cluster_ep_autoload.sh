@@ -25,7 +25,7 @@
 cd "$(dirname "$0")/../.." || exit 1
 . tests/sh/lib/cluster_common.sh
 . tests/sh/lib/ep_common.sh
-need curl
+need curl perl
 M=$TMP/hot.gguf
 ep_hot_model "$M"
 ep_info "$M"

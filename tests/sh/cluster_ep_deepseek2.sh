@@ -17,6 +17,7 @@
 #      expert group: the same ids, and the all-reduces counted.
 cd "$(dirname "$0")/../.." || exit 1
 . tests/sh/lib/cluster_common.sh
+need perl
 . tests/sh/lib/ep_common.sh
 VOCAB=$SHARED/vocab/ggml-vocab-llama-spm.gguf
 PROMPT="Once upon a time"

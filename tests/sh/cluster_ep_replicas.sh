@@ -19,6 +19,7 @@
 #      the counts again, and the text equals one machine's.
 cd "$(dirname "$0")/../.." || exit 1
 . tests/sh/lib/cluster_common.sh
+need perl
 . tests/sh/lib/ep_common.sh
 M=$TMP/hot.gguf
 ep_hot_model "$M"

@@ -23,7 +23,7 @@
 cd "$(dirname "$0")/../.." || exit 1
 . tests/sh/lib/cluster_common.sh
 . tests/sh/lib/ep_common.sh
-need curl
+need curl perl
 M=$TMP/hot3.gguf
 "$BIN" synth --arch qwen3moe --dim 256 --layers 4 --heads 4 --kv-heads 2 --ffn 768 --expert-ffn 256 --experts 16 \
     --experts-used 2 --hot-expert 0 --hot-from 3 --type q8_0 --seed 21 \

@@ -14,7 +14,7 @@ cd "$(dirname "$0")/../.." || exit 1
 . tests/sh/lib/cluster_common.sh
 M=$MODELS/stories260K-q8_0.gguf
 N_TOK=150
-need curl
+need curl perl
 cc_want "$M" $N_TOK 1 2 3 4
 
 start_node() { # $1: tag; sets NODE_PID, NODE_ADDR

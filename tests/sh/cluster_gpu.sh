@@ -16,6 +16,7 @@
 # with the reason (setup installs lavapipe, so under CI=true it fails).
 cd "$(dirname "$0")/../.." || exit 1
 . tests/sh/lib/cluster_common.sh
+need perl
 M=$SHARED/models
 
 "$BIN" info --gpu >"$TMP/info" 2>&1

@@ -23,7 +23,7 @@ cd "$(dirname "$0")/../.." || exit 1
 M=$MODELS/stories260K-q8_0.gguf
 HOSTILE=${CUMULO_TESTBIN:-build/tests}/test_hostile
 N_TOK=120
-need curl python3
+need curl python3 perl
 [ -x "$HOSTILE" ] || need_skip "needs $HOSTILE (make tests)"
 PROMPTS="Once upon a time|The little dog|Lily and Ben|One day"
 prompt() { echo "$PROMPTS" | cut -d'|' -f"$1"; }

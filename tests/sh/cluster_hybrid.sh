@@ -26,7 +26,7 @@
 #     each time the coordinator re-plans and every stream equals one machine's.
 cd "$(dirname "$0")/../.." || exit 1
 . tests/sh/lib/cluster_common.sh
-need curl
+need curl perl
 M=$SHARED/models
 R=$SHARED/reference
 ids() { cc_jsonget "$1" 'join(",", @{$j->{tokens}})'; }

@@ -22,11 +22,11 @@
 #         both, leaves the rogue out with a log line, and re-plans onto the
 #         good one while idle (declared speeds make a layer cost more than a
 #         hop, so 3 stages are predicted faster); /api/cluster shows it; texts
-#         equal. Skipped without root / ip netns.
+#         equal. Skipped (a skip with its reason) without root / ip netns.
 cd "$(dirname "$0")/../.." || exit 1
 . tests/sh/lib/cluster_common.sh
 M=$MODELS/stories260K-q8_0.gguf
-if ! command -v curl >/dev/null; then echo "skip: needs curl" >&2; echo "0 passed, 0 failed, 1 skipped"; exit 0; fi
+need curl perl
 export CUMULO_REJOIN_MS=500
 PHASES=${CUMULO_JOIN_PHASES:-tp hybrid refuse mdns} # a subset by hand: CUMULO_JOIN_PHASES="mdns"
 want() { case " $PHASES " in *" $1 "*) return 0 ;; esac; return 1; }
@@ -154,10 +154,9 @@ fi
 # starts later, 3 a node with another cluster key.
 T=cms3join-$$
 cc_cleanup_hook() { for n in $T-0 $T-1 $T-2 $T-3 $T-br; do ip netns del "$n" 2>/dev/null; done; }
-if ! want mdns; then :
-elif [ "$(id -u)" != 0 ] || ! command -v ip >/dev/null || ! ip netns add "$T-br" 2>/dev/null; then
-    echo "skip: the mdns part needs root and ip netns" >&2
-else
+if want mdns; then
+    need python3 # the flood below; the last phase: a skip here ends the script with the counts so far
+    need_netns "$T-br"
     ip -n "$T-br" link add cmbr0 type bridge && ip -n "$T-br" link set cmbr0 up || bad "mdns: bridge"
     for i in 0 1 2 3; do
         ip netns add "$T-$i"

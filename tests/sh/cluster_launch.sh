@@ -18,12 +18,10 @@ pass=0
 fail=0
 ok() { pass=$((pass + 1)); }
 bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
+. tests/sh/lib/need.sh
 SSHD=/usr/sbin/sshd
-if [ ! -x "$SSHD" ] || ! command -v ssh >/dev/null || ! command -v ssh-keygen >/dev/null; then
-    echo "skip: needs openssh-server and openssh-client" >&2
-    echo "0 passed, 0 failed, 1 skipped"
-    exit 0
-fi
+[ -x "$SSHD" ] || need_skip "needs $SSHD (openssh-server), which is not installed here (scripts/setup.sh installs it)"
+need ssh ssh-keygen perl
 TMP=$(mktemp -d /tmp/cmtest-launch.XXXXXX)
 chmod 700 "$TMP"
 SSHD_PID=""

@@ -20,7 +20,7 @@
 cd "$(dirname "$0")/../.." || exit 1
 . tests/sh/lib/cluster_common.sh
 M=$MODELS/stories260K-q8_0.gguf
-if ! command -v curl >/dev/null; then echo "skip: needs curl" >&2; echo "0 passed, 0 failed, 1 skipped"; exit 0; fi
+need curl perl
 export CUMULO_REJOIN_MS=500
 N_TOK=24
 cc_want "$M" $N_TOK 1 2

@@ -17,7 +17,7 @@
 # still equal one machine's). Every process is killed on exit.
 cd "$(dirname "$0")/../.." || exit 1
 . tests/sh/lib/cluster_common.sh
-need curl python3
+need curl python3 perl
 M=$SHARED/models
 M8=$M/stories260K-q8_0.gguf
 M32=$M/stories260K-f32.gguf

@@ -9,6 +9,7 @@
 # slice is tests/unit/test_moe.c; expert parallelism is tests/sh/cluster_ep.sh).
 cd "$(dirname "$0")/../.." || exit 1
 . tests/sh/lib/cluster_common.sh
+need perl
 VOCAB=$SHARED/vocab/ggml-vocab-llama-spm.gguf
 MOE=$TMP/moe.gguf
 "$BIN" synth --arch qwen3moe --dim 256 --layers 3 --heads 4 --kv-heads 2 --ffn 768 --expert-ffn 256 --experts 8 \

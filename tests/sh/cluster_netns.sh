@@ -37,7 +37,7 @@ trap cleanup EXIT
 trap 'exit 1' INT TERM HUP
 
 . tests/sh/lib/need.sh
-need tc
+need tc perl
 need_netns "$BR"
 jsonget() {
     perl -MJSON::PP -e 'local $/; open my $f, "<", $ARGV[0] or exit 2; my $j = decode_json(<$f>); print eval $ARGV[1]' "$1" "$2"

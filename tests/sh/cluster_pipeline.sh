@@ -10,6 +10,7 @@
 # process is killed on exit.
 cd "$(dirname "$0")/../.." || exit 1
 . tests/sh/lib/cluster_common.sh
+need perl
 M=$SHARED/models
 
 # start_node NAME [node options...]: a node on a free port (cluster_common.sh);

@@ -10,6 +10,7 @@
 # asserted (2 shared cores). Every process is killed on exit.
 cd "$(dirname "$0")/../.." || exit 1
 . tests/sh/lib/cluster_common.sh
+need perl
 M=$SHARED/models
 
 for n in a b; do

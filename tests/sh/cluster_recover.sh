@@ -21,7 +21,7 @@
 cd "$(dirname "$0")/../.." || exit 1
 . tests/sh/lib/cluster_common.sh
 M=$MODELS/stories260K-q8_0.gguf
-if ! command -v curl >/dev/null; then echo "skip: needs curl" >&2; echo "0 passed, 0 failed, 1 skipped"; exit 0; fi
+need curl perl
 export CUMULO_REJOIN_MS=500
 
 LONG="Once upon a time, there was a little girl named Lily. She loved to play outside in the park with her friends. One day, she saw a big red ball under a tree. She ran to the ball and kicked it very high. The ball flew over the fence and into the garden of an old man. Lily was scared, but she went to the door and knocked. The old man opened the door and smiled at her. He gave her the ball and a cookie. Lily said thank you and ran back to her friends. They played all day until the sun went down. When she got home, her mom asked her about her day. Lily told her about the ball, the old man and the cookie. Her mom was happy and gave her a big hug. The next day, Lily went back to the garden with a flower for the old man. He was very happy and they became good friends."

@@ -7,8 +7,8 @@
 # max_tokens runs to the limit with finish_reason "length" and `run`'s text
 # (finish "ctx"). Every process is killed on exit.
 cd "$(dirname "$0")/../.." || exit 1
-if ! command -v curl >/dev/null; then echo "skip: needs curl" >&2; echo "0 passed, 0 failed, 1 skipped"; exit 0; fi
 . tests/sh/lib/cluster_common.sh
+need curl perl
 M=$SHARED/models/stories260K-q8_0.gguf
 NODES=""
 for i in 1 2; do

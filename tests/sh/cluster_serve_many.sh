@@ -14,8 +14,8 @@
 # mid-generation and three requests that take their slots still get their
 # own text. Every process is killed on exit.
 cd "$(dirname "$0")/../.." || exit 1
-if ! command -v curl >/dev/null; then echo "skip: needs curl" >&2; echo "0 passed, 0 failed, 1 skipped"; exit 0; fi
 . tests/sh/lib/cluster_common.sh
+need curl perl
 M=$SHARED/models/stories260K-q8_0.gguf
 
 serve_port() { # LOG: the port of a serve that logged 'ready'

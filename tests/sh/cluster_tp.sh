@@ -12,6 +12,7 @@
 # `serve --parallel tp` answers a completion equal to one machine's.
 cd "$(dirname "$0")/../.." || exit 1
 . tests/sh/lib/cluster_common.sh
+need curl perl
 M=$SHARED/models
 
 # start_node NAME [node options...]: a node on a free port (cluster_common.sh);

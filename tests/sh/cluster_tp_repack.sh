@@ -10,6 +10,7 @@
 # (CUMULO_REPACK=0 on both), token for token, one stream and three at once.
 cd "$(dirname "$0")/../.." || exit 1
 . tests/sh/lib/cluster_common.sh
+need perl
 VOCAB=$SHARED/vocab/ggml-vocab-llama-spm.gguf
 L=2
 

@@ -13,7 +13,7 @@ cd "$(dirname "$0")/../.." || exit 1
 M=$SHARED/models/stories260K-f32.gguf
 STEPS=24
 finetune_data >"$TMP/data.jsonl"
-command -v curl >/dev/null || { echo "skip: needs curl"; echo "0 passed, 0 failed, 1 skipped"; exit 0; }
+need curl python3
 
 cc_start_node a --no-mdns --models "$SHARED/models"
 A=127.0.0.1:$NODE_PORT

@@ -10,7 +10,7 @@
 # real page). Screenshots: tests/artifacts/dashboard-cluster*.png and
 # tests/artifacts/dash-N*-w*.png (ignored by git). Every process is killed on exit (http_common's trap).
 . "$(dirname "$0")/lib/http_common.sh"
-need node
+need node curl
 
 if [ ! -d tests/js/node_modules/playwright-core ]; then
     (cd tests/js && npm ci --no-audit --no-fund >"$TMP/npm.log" 2>&1) || { tail -20 "$TMP/npm.log" >&2; bad "npm ci in tests/js failed"; finish; exit 1; }

@@ -9,11 +9,7 @@
 # refused (--max-per-ip 256), while another address is served. The latency
 # and RSS numbers are printed, not asserted beyond bounds that cannot flake.
 . "$(dirname "$0")/lib/http_common.sh"
-if ! command -v python3 >/dev/null; then
-    echo "skip: needs python3" >&2
-    echo "0 passed, 0 failed, 1 skipped"
-    exit 0
-fi
+need python3 curl
 CUMULO_TEST_STEP_DELAY_MS=10 start_server idle --timeout 12 --slots 8 --queue 16 || { bad "server"; finish; exit 1; }
 python3 tests/sh/lib/idle_flood.py "$PORT" "$PID" 16 >"$TMP/flood.json" 2>"$TMP/flood.err" || bad "flood client: $(tail -3 "$TMP/flood.err")"
 echo "http_idle: $(cat "$TMP/flood.json")" >&2

@@ -20,7 +20,7 @@
 #     in a pass of its own before the next step (cumulo_prompt_short_first_total
 #     >= 1; 0 with CUMULO_INTERJECT=0), with the same bits as alone.
 . "$(dirname "$0")/lib/http_common.sh"
-need python3
+need python3 curl
 serving_setup
 cp "$TMP/cl.py" "$TMP/client.py"
 cat >>"$TMP/client.py" <<'EOF'

@@ -16,7 +16,8 @@
 #  3. A request whose prompt + max_tokens can never fit the budget gets a 400
 #     that names --kv-mem instead of waiting forever.
 . "$(dirname "$0")/lib/http_common.sh"
-[ -r /proc/self/status ] || { echo "skip: n/a: no /proc/self/status here"; echo "0 passed, 0 failed, 1 skipped"; exit 0; }
+need curl python3
+[ -r /proc/self/status ] || need_skip "n/a: no /proc/self/status here"
 serving_setup
 cp "$TMP/cl.py" "$TMP/client.py"
 cat >>"$TMP/client.py" <<'EOF'

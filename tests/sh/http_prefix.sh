@@ -16,7 +16,8 @@
 #     grew + 8 MiB: the accounting is the memory. (A crowd of 16 short
 #     requests runs first, so the baseline has every slot's buffers touched.)
 . "$(dirname "$0")/lib/http_common.sh"
-[ -r /proc/self/smaps_rollup ] || { echo "skip: n/a: no /proc/self/smaps_rollup here"; echo "0 passed, 0 failed, 1 skipped"; exit 0; }
+need python3
+[ -r /proc/self/smaps_rollup ] || need_skip "n/a: no /proc/self/smaps_rollup here"
 serving_setup
 cp "$TMP/cl.py" "$TMP/client.py"
 cat >>"$TMP/client.py" <<'EOF'

@@ -6,6 +6,7 @@
 # adapters (the base model itself, another model's adapter, a missing file)
 # fail with one line and exit 1 (--lora on a cluster: cluster_lora.sh).
 . "$(dirname "$0")/lib/http_common.sh"
+need curl
 M32=$SHARED/models/stories260K-f32.gguf
 M8=$SHARED/models/stories260K-q8_0.gguf
 P="Once upon a time"

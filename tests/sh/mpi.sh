@@ -19,19 +19,16 @@
 # CUMULO_MPIRUN=mpirun.mpich (after make MPI=1 MPICC=mpicc.mpich BUILD=build-mpich).
 cd "$(dirname "$0")/../.." || exit 1
 . tests/sh/lib/cluster_common.sh
-need curl
+need curl perl python3
 M=$SHARED/models
 MBIN=$(realpath "${CUMULO_MPI_BIN:-build-mpi/cumulo}" 2>/dev/null)
 MPIRUN=${CUMULO_MPIRUN:-mpirun}
 
 if [ ! -x "$MBIN" ]; then
     if command -v "${MPICC:-mpicc}" >/dev/null 2>&1; then
-        echo "skip: build-mpi/cumulo missing: run make MPI=1 (mpicc is installed)"
-    else
-        echo "skip: n/a: built without MPI (no mpicc; make MPI=1 needs openmpi or mpich)"
+        need_skip "build-mpi/cumulo missing: run make MPI=1 (mpicc is installed)"
     fi
-    echo "0 passed, 0 failed, 1 skipped"
-    exit 0
+    need_skip "n/a: built without MPI (no mpicc; make MPI=1 needs openmpi or mpich)"
 fi
 command -v "$MPIRUN" >/dev/null 2>&1 || { bad "$MPIRUN missing while $MBIN exists"; echo "$pass passed, $fail failed"; exit 1; }
 

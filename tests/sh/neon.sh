@@ -8,11 +8,10 @@
 # test_kernels_invariant on arm64. On an arm64 host the
 # ordinary unit-test run already covers NEON natively, so this has nothing to add.
 cd "$(dirname "$0")/../.." || exit 1
+. tests/sh/lib/need.sh
 case "$(uname -m)" in
 aarch64 | arm64)
-    echo "skip: n/a: arm64 host: test_kernels_simd runs NEON natively"
-    echo "0 passed, 0 failed, 1 skipped"
-    exit 0
+    need_skip "n/a: arm64 host: test_kernels_simd runs NEON natively"
     ;;
 esac
 pass=0 fail=0

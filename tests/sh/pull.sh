@@ -7,6 +7,7 @@
 # repository (HF_TOKEN, never sent to the CDN), a server that ignores Range,
 # a paged listing, multi-part files. Ends with "N passed, N failed".
 cd "$(dirname "$0")/../.." || exit 1
+. tests/sh/lib/need.sh
 BIN=${CUMULO_BIN:-build/cumulo}
 SHARED=${CUMULO_SHARED:-../shared}
 M=$SHARED/models
@@ -15,9 +16,9 @@ ok() { pass=$((pass + 1)); }
 bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
 check() { d=$1; shift; if "$@"; then ok; else bad "$d"; fi; }
 for f in stories260K-q8_0.gguf stories260K-q4_0.gguf stories260K-f32.gguf; do
-    [ -f "$M/$f" ] || { echo "skip: $M/$f is not there (../shared models)"; echo "0 passed, 0 failed, 1 skipped"; exit 0; }
+    [ -f "$M/$f" ] || need_skip "$M/$f is not there (../shared models)"
 done
-command -v python3 >/dev/null || { echo "skip: python3 is not installed"; echo "0 passed, 0 failed, 1 skipped"; exit 0; }
+need python3
 
 TMP=$(mktemp -d)
 HUBPID=""

@@ -34,7 +34,7 @@
 # shows as errors of 0.3 and more and a first difference at a wide margin.
 cd "$(dirname "$0")/../.." || exit 1
 . tests/sh/lib/cluster_common.sh
-need python3
+need python3 perl
 CHECK="python3 tests/sh/lib/real_check.py"
 MODELS_SCRIPT=scripts/real_models.sh
 skipped=0

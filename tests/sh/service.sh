@@ -13,12 +13,8 @@ pass=0; fail=0
 ok() { pass=$((pass + 1)); }
 bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
 check() { d=$1; shift; if "$@"; then ok; else bad "$d"; fi; }
-if ! command -v systemd-analyze >/dev/null; then # (Debian's package systemd; scripts/setup.sh installs it)
-    if [ "$(uname -s)" = Linux ]; then echo "skip: needs systemd-analyze (package systemd; scripts/setup.sh installs it)"
-    else echo "skip: n/a: no systemd-analyze on $(uname -s)"; fi
-    echo "0 passed, 0 failed, 1 skipped"
-    exit 0
-fi
+if [ "$(uname -s)" = Linux ]; then need systemd-analyze # (Debian's package systemd; scripts/setup.sh installs it)
+else command -v systemd-analyze >/dev/null || need_skip "n/a: no systemd-analyze on $(uname -s)"; fi
 TMP=$(mktemp -d)
 NODEPID=""
 trap '[ -n "$NODEPID" ] && kill $NODEPID 2>/dev/null; rm -rf "$TMP"' EXIT INT TERM

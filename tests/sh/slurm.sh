@@ -21,7 +21,7 @@
 # installs it).
 cd "$(dirname "$0")/../.." || exit 1
 . tests/sh/lib/cluster_common.sh
-need curl
+need curl perl python3
 M=$SHARED/models
 MBIN=$(realpath "${CUMULO_MPI_BIN:-build-mpi/cumulo}" 2>/dev/null)
 F32=$M/stories260K-f32.gguf

@@ -29,6 +29,7 @@
 # (default cmtest).
 cd "$(dirname "$0")/../.." || exit 1
 . tests/sh/lib/cluster_common.sh
+need curl perl
 M=$SHARED/models
 MBIN=$(realpath "${CUMULO_MPI_BIN:-build-mpi/cumulo}" 2>/dev/null)
 F32=$M/stories260K-f32.gguf

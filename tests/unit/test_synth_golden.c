@@ -702,10 +702,13 @@ static bool explain(tf_env *env, const ref_case *rc, int i, double tol, double *
  * its 6 flips (MAX_FLIPS) were spent. Its BF16 dot now emulates vdpbf16ps
  * in the AVX-512 table's order, llama.cpp's on the references' CPU
  * (x86_tiles.h's tile_bf16: the same bits), and passes (8.8e-4, 2 flips).
- * CUMULO_ISA=scalar failed gemma3-q4_1 at case 1 positions 6-7 (5.5e-3)
- * while its q4_1 reference summed blocks whole in one float chain; q4_1
- * now runs llama.cpp's x86 order on every table (TILE32_CHAIN, as q5_1):
- * all q4_1 models within 5.5e-7 with no flip, the same bits on all three. */
+ * CUMULO_ISA=scalar failed gemma3-q4_1 at case 1 positions 6-7 (5.5e-3,
+ * no flip among 400 candidates explains it) while its q4_1 reference
+ * summed blocks whole in one float chain. llama.cpp's x86 order
+ * (TILE32_CHAIN) on every table fixed it but was taken back (real_models'
+ * SmolLM2 Q4_1 on the avx512 table); the scalar reference now sums in the
+ * x86 tables' TILE32 order instead (dot_ref.c), the same bits on all
+ * three tables: gemma3-q4_1 7.1e-7, the other q4_1 models as before. */
 /* NEEDSWORK: an F16 KV cache with flash attention on Q8_0 weights
  * (llama-q8_0-kvf16 up to 9.8e-3 at 4 of 24 positions, qwen3-q8_0-kvf16
  * 1.8e-3 at 1; medians 3.7e-7 / 2.6e-7). ggml accumulates V in F16 there
