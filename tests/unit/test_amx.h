@@ -90,6 +90,28 @@ static inline void amx_sweep(cm_gemm_fn amx, enum cm_type t, int64_t n, int64_t 
     CHECKF(bad == 0, "%s, rows of %lld: %d results differ from vec_dot", cm_type_name(t), (long long)n, bad);
 }
 
+/* Weights and activations for type t and rows of n (k: the avx512 table). */
+typedef void (*amx_fill_fn)(const cm_kernels *k, enum cm_type t, int64_t n);
+
+/* Each type's AMX gemm against vec_dot over rows of each length (amx_sweep);
+ * a skip without types[0]'s AMX gemm. */
+static inline void amx_bits(const enum cm_type *types, size_t n_types, const int64_t *lens, size_t n_lens,
+                            int64_t short_max, amx_fill_fn fill) {
+    const cm_kernels *k = cm_kernels_for("avx512");
+    if (amx_skip(k, cm_kernels_amx_gemm(types[0], true))) return;
+    for (size_t ti = 0; ti < n_types; ti++) {
+        const enum cm_type t = types[ti];
+        const cm_gemm_fn amx = cm_kernels_amx_gemm(t, true);
+        CHECK(amx != NULL);
+        if (!amx) continue;
+        for (size_t li = 0; li < n_lens; li++) {
+            fill(k, t, lens[li]);
+            reference(k, t, lens[li], MAXTOK);
+            amx_sweep(amx, t, lens[li], short_max);
+        }
+    }
+}
+
 /* The avx512 table, or a skip (and NULL) without one; prints whether its
  * gemms use AMX. */
 static inline const cm_kernels *amx_table(void) {
@@ -148,6 +170,17 @@ static inline void amx_threads(cm_gemm_fn amx, enum cm_type t, int64_t n) {
     pthread_join(ta, NULL);
     pthread_join(tb, NULL);
     CHECK(memcmp(y, g_ref, sizeof y) == 0);
+}
+
+/* amx_threads on type t's AMX gemm over rows of 2048; a skip without it. */
+static inline void amx_threads_test(enum cm_type t, amx_fill_fn fill) {
+    const cm_kernels *k = cm_kernels_for("avx512");
+    const cm_gemm_fn amx = cm_kernels_amx_gemm(t, true);
+    if (amx_skip(k, amx)) return;
+    const int64_t n = 2048;
+    fill(k, t, n);
+    reference(k, t, n, 64);
+    amx_threads(amx, t, n);
 }
 
 #endif

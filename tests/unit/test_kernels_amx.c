@@ -25,9 +25,9 @@
 enum { MAXK = 16384 };
 static uint8_t g_w[ROWS * (MAXK / 32) * 34], g_x[MAXTOK * (MAXK / 32) * 34];
 
-static void fill(enum cm_type t, int64_t k) {
-    const size_t bw = t == CM_TYPE_Q4_0 ? 18 : 34, nbw = (size_t)ROWS * (size_t)(k / 32),
-                 nbx = MAXTOK * (size_t)(k / 32);
+static void fill(const cm_kernels *k, enum cm_type t, int64_t n) {
+    const size_t bw = t == CM_TYPE_Q4_0 ? 18 : 34, nbw = (size_t)ROWS * (size_t)(n / 32),
+                 nbx = MAXTOK * (size_t)(n / 32);
     for (size_t i = 0; i < nbw * bw; i++) g_w[i] = (uint8_t)rnd();
     for (size_t i = 0; i < nbx * 34; i++) /* activations never hold -128 (the quantizer writes -127..127) */
         do g_x[i] = (uint8_t)rnd();
@@ -45,22 +45,7 @@ static void fill(enum cm_type t, int64_t k) {
 static const enum cm_type k_types[] = {CM_TYPE_Q4_0, CM_TYPE_Q8_0};
 static const int64_t k_lens[] = {32, 9 * 32, 27 * 32, 63 * 32, 65 * 32, 2048, 5632, MAXK};
 
-static void test_amx_bits(void) {
-    const cm_kernels *k = cm_kernels_for("avx512");
-    if (amx_skip(k, cm_kernels_amx_gemm(CM_TYPE_Q4_0, true))) return;
-    for (size_t ti = 0; ti < CM_ARRAY_LEN(k_types); ti++) {
-        const enum cm_type t = k_types[ti];
-        const cm_gemm_fn amx = cm_kernels_amx_gemm(t, true);
-        CHECK(amx != NULL);
-        if (!amx) continue;
-        for (size_t li = 0; li < CM_ARRAY_LEN(k_lens); li++) {
-            const int64_t n = k_lens[li];
-            fill(t, n);
-            reference(k, t, n, MAXTOK);
-            amx_sweep(amx, t, n, 2048);
-        }
-    }
-}
+static void test_amx_bits(void) { amx_bits(k_types, CM_ARRAY_LEN(k_types), k_lens, CM_ARRAY_LEN(k_lens), 2048, fill); }
 
 /* The table's own gemm (AMX from 16 tokens when CUMULO_AMX is not 0, the
  * VNNI one below) through cm_matmul_rows. */
@@ -70,7 +55,7 @@ static void test_table_bits(void) {
     for (size_t ti = 0; ti < CM_ARRAY_LEN(k_types); ti++) {
         const enum cm_type t = k_types[ti];
         const int64_t n = 5632;
-        fill(t, n);
+        fill(k, t, n);
         reference(k, t, n, MAXTOK);
         static const int toks[] = {2, 15, 16, 17, 31, 33, 64, 129};
         const int bad = amx_via_matmul(t, n, toks, CM_ARRAY_LEN(toks));
@@ -91,7 +76,7 @@ static void test_packed_bits(void) {
     static const int64_t lens[] = {27 * 32, 65 * 32, 2048, 5632};
     for (size_t li = 0; li < CM_ARRAY_LEN(lens); li++) {
         const int64_t n = lens[li];
-        fill(CM_TYPE_Q4_0, n);
+        fill(k, CM_TYPE_Q4_0, n);
         reference(k, CM_TYPE_Q4_0, n, MAXTOK);
         cm_tensor W;
         const int64_t ne[2] = {n, ROWS};
@@ -128,15 +113,7 @@ static void test_packed_bits(void) {
 }
 
 /* Two threads at once on different slices of one product. */
-static void test_amx_threads(void) {
-    const cm_kernels *k = cm_kernels_for("avx512");
-    const cm_gemm_fn amx = cm_kernels_amx_gemm(CM_TYPE_Q8_0, true);
-    if (amx_skip(k, amx)) return;
-    const int64_t n = 2048;
-    fill(CM_TYPE_Q8_0, n);
-    reference(k, CM_TYPE_Q8_0, n, 64);
-    amx_threads(amx, CM_TYPE_Q8_0, n);
-}
+static void test_amx_threads(void) { amx_threads_test(CM_TYPE_Q8_0, fill); }
 
 int main(void) {
     amx_data(g_w, g_x, CM_TYPE_Q8_0);

@@ -28,8 +28,8 @@ enum { MAXK = 16384, NBMAX = MAXK / 256 };
 static cm_block_q6_k g_w[ROWS * NBMAX];
 static cm_block_q8_k g_x[MAXTOK * NBMAX];
 
-static void fill(int64_t k) {
-    const size_t nb = (size_t)(k / 256);
+static void fill(const cm_kernels *k, enum cm_type t, int64_t n) {
+    const size_t nb = (size_t)(n / 256);
     uint8_t *w = (uint8_t *)g_w;
     for (size_t i = 0; i < ROWS * nb * sizeof(cm_block_q6_k); i++) w[i] = (uint8_t)rnd();
     for (size_t b = 0; b < ROWS * nb; b++) {
@@ -55,17 +55,8 @@ static void fill(int64_t k) {
 
 static const int64_t k_lens[] = {256, 3 * 256, 15 * 256, 16 * 256, 17 * 256, 31 * 256, 33 * 256, 2048, 8192, MAXK};
 
-static void test_amx6_bits(void) {
-    const cm_kernels *k = cm_kernels_for("avx512");
-    const cm_gemm_fn amx = cm_kernels_amx_gemm(CM_TYPE_Q6_K, true);
-    if (amx_skip(k, amx)) return;
-    for (size_t li = 0; li < CM_ARRAY_LEN(k_lens); li++) {
-        const int64_t n = k_lens[li];
-        fill(n);
-        reference(k, CM_TYPE_Q6_K, n, MAXTOK);
-        amx_sweep(amx, CM_TYPE_Q6_K, n, 4096);
-    }
-}
+static const enum cm_type k_types[] = {CM_TYPE_Q6_K};
+static void test_amx6_bits(void) { amx_bits(k_types, 1, k_lens, CM_ARRAY_LEN(k_lens), 4096, fill); }
 
 /* The table's own gemm (AMX from its minimum token count when CUMULO_AMX is
  * not 0, the VNNI gemm below) through cm_matmul_rows. */
@@ -75,7 +66,7 @@ static void test_table_bits(void) {
     static const int64_t lens[] = {2048, 8192, MAXK};
     for (size_t li = 0; li < CM_ARRAY_LEN(lens); li++) {
         const int64_t n = lens[li];
-        fill(n);
+        fill(k, CM_TYPE_Q6_K, n);
         reference(k, CM_TYPE_Q6_K, n, MAXTOK);
         static const int toks[] = {2, 7, 11, 12, 13, 15, 16, 17, 31, 33, 64, 129};
         const int bad = amx_via_matmul(CM_TYPE_Q6_K, n, toks, CM_ARRAY_LEN(toks));
@@ -84,15 +75,7 @@ static void test_table_bits(void) {
 }
 
 /* Two threads at once on different slices of one product. */
-static void test_amx6_threads(void) {
-    const cm_kernels *k = cm_kernels_for("avx512");
-    const cm_gemm_fn amx = cm_kernels_amx_gemm(CM_TYPE_Q6_K, true);
-    if (amx_skip(k, amx)) return;
-    const int64_t n = 2048;
-    fill(n);
-    reference(k, CM_TYPE_Q6_K, n, 64);
-    amx_threads(amx, CM_TYPE_Q6_K, n);
-}
+static void test_amx6_threads(void) { amx_threads_test(CM_TYPE_Q6_K, fill); }
 
 int main(void) {
     amx_data(g_w, g_x, CM_TYPE_Q8_K);

@@ -48,24 +48,10 @@ static void fill(const cm_kernels *k, enum cm_type t, int64_t n) {
 }
 
 static const enum cm_type k_types[] = {CM_TYPE_Q4_K, CM_TYPE_Q5_K};
-static const int k_nbs[] = {1, 2, 8, 9, 15, 16, 17, 22, 31, 33, MAXNB};
+static const int64_t k_lens[] = {256,      2 * 256,  8 * 256,  9 * 256,  15 * 256,   16 * 256,
+                                 17 * 256, 22 * 256, 31 * 256, 33 * 256, MAXNB * 256};
 
-static void test_amxk_bits(void) {
-    const cm_kernels *k = cm_kernels_for("avx512");
-    if (amx_skip(k, cm_kernels_amx_gemm(CM_TYPE_Q4_K, true))) return;
-    for (size_t ti = 0; ti < CM_ARRAY_LEN(k_types); ti++) {
-        const enum cm_type t = k_types[ti];
-        const cm_gemm_fn amx = cm_kernels_amx_gemm(t, true);
-        CHECK(amx != NULL);
-        if (!amx) continue;
-        for (size_t li = 0; li < CM_ARRAY_LEN(k_nbs); li++) {
-            const int64_t n = 256 * (int64_t)k_nbs[li];
-            fill(k, t, n);
-            reference(k, t, n, MAXTOK);
-            amx_sweep(amx, t, n, 4096);
-        }
-    }
-}
+static void test_amxk_bits(void) { amx_bits(k_types, CM_ARRAY_LEN(k_types), k_lens, CM_ARRAY_LEN(k_lens), 4096, fill); }
 
 /* The table's own gemm (AMX from its minimum token count when CUMULO_AMX
  * is not 0) through cm_matmul_rows. */
@@ -84,15 +70,7 @@ static void test_table_bits(void) {
 }
 
 /* Two threads at once on different slices of one product. */
-static void test_amxk_threads(void) {
-    const cm_kernels *k = cm_kernels_for("avx512");
-    const cm_gemm_fn amx = cm_kernels_amx_gemm(CM_TYPE_Q5_K, true);
-    if (amx_skip(k, amx)) return;
-    const int64_t n = 2048;
-    fill(k, CM_TYPE_Q5_K, n);
-    reference(k, CM_TYPE_Q5_K, n, 64);
-    amx_threads(amx, CM_TYPE_Q5_K, n);
-}
+static void test_amxk_threads(void) { amx_threads_test(CM_TYPE_Q5_K, fill); }
 
 int main(void) {
     amx_data(g_w, g_x, CM_TYPE_Q8_K);
