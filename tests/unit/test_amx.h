@@ -112,19 +112,6 @@ static inline void amx_bits(const enum cm_type *types, size_t n_types, const int
     }
 }
 
-/* The avx512 table, or a skip (and NULL) without one; prints whether its
- * gemms use AMX. */
-static inline const cm_kernels *amx_table(void) {
-    const cm_kernels *k = cm_kernels_for("avx512");
-    if (!k) {
-        printf("skip: n/a: no avx512 table on this CPU\n");
-        g_skipped++;
-        return NULL;
-    }
-    printf("# avx512 table, AMX: %s\n", *cm_kernels_amx_why() ? cm_kernels_amx_why() : "in use");
-    return k;
-}
-
 /* The table's own gemm (AMX from its minimum token count when CUMULO_AMX is
  * not 0) through cm_matmul_rows, the model's entry, on weights of type g_mt. */
 static enum cm_type g_mt;
@@ -137,13 +124,30 @@ static inline void gemm_via_matmul(int64_t n, const void *w, size_t ws, const vo
     cm_matmul_rows(cm_kernels_for("avx512"), &W, x, xs, n_tok, y, ldy, r0, r1);
 }
 
-/* Every row through cm_matmul_rows for each of the n_toks token counts
- * (g_ref made for MAXTOK tokens); the number of results that differ. */
-static inline int amx_via_matmul(enum cm_type t, int64_t n, const int *toks, size_t n_toks) {
-    g_mt = t;
-    int bad = 0;
-    for (size_t i = 0; i < n_toks; i++) bad += check(gemm_via_matmul, t, n, toks[i], 0, ROWS);
-    return bad;
+/* The avx512 table's own gemms through cm_matmul_rows (gemm_via_matmul),
+ * every row, for each type and row length and each of the n_toks token
+ * counts; a skip without the table. Prints whether its gemms use AMX. */
+static inline void amx_table_bits(const enum cm_type *types, size_t n_types, const int64_t *lens, size_t n_lens,
+                                  const int *toks, size_t n_toks, amx_fill_fn fill) {
+    const cm_kernels *k = cm_kernels_for("avx512");
+    if (!k) {
+        printf("skip: n/a: no avx512 table on this CPU\n");
+        g_skipped++;
+        return;
+    }
+    printf("# avx512 table, AMX: %s\n", *cm_kernels_amx_why() ? cm_kernels_amx_why() : "in use");
+    for (size_t ti = 0; ti < n_types; ti++)
+        for (size_t li = 0; li < n_lens; li++) {
+            const enum cm_type t = types[ti];
+            const int64_t n = lens[li];
+            fill(k, t, n);
+            reference(k, t, n, MAXTOK);
+            g_mt = t;
+            int bad = 0;
+            for (size_t i = 0; i < n_toks; i++) bad += check(gemm_via_matmul, t, n, toks[i], 0, ROWS);
+            CHECKF(bad == 0, "%s rows of %lld through cm_matmul_rows: %d results differ from vec_dot", cm_type_name(t),
+                   (long long)n, bad);
+        }
 }
 
 /* Two threads at once on different slices of one product, 64 tokens, rows
