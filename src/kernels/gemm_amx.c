@@ -37,6 +37,7 @@
  * Stack: ~880 KiB at most (compute threads have CM_COMPUTE_STACK, 8 MiB).
  * Never allocates.
  */
+#include "amx.h"
 #include "isa.h"
 
 #include "base/base.h"
@@ -65,20 +66,10 @@ enum {
 /* Tiles: 0 and 1 A (16 tokens x 32 bytes), 2 and 3 B (8 x 64 bytes), 4 to
  * 7 C (16 tokens x 16 int32): four blocks in flight, each C tile zeroed,
  * multiplied once and stored. One configuration for every call. */
-typedef struct {
-    uint8_t palette, start_row, rsv[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} ax_cfg;
-
 static void ax_config(void) {
-    _Alignas(64) ax_cfg c;
-    memset(&c, 0, sizeof c);
-    c.palette = 1;
-    c.rows[0] = c.rows[1] = 16, c.colsb[0] = c.colsb[1] = 32;
-    c.rows[2] = c.rows[3] = 8, c.colsb[2] = c.colsb[3] = 64;
-    for (int i = 4; i < 8; i++) c.rows[i] = 16, c.colsb[i] = 64;
-    _tile_loadconfig(&c);
+    static const uint8_t rows[8] = {16, 16, 8, 8, 16, 16, 16, 16};
+    static const uint16_t colsb[8] = {32, 32, 64, 64, 64, 64, 64, 64};
+    cm_amx_config(rows, colsb);
 }
 
 /* The weights' layouts: q4_0 and q8_0 as in the file, q4_0 repacked at load

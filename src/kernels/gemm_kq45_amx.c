@@ -40,6 +40,7 @@
  * Tests: tests/unit/test_kernels_amxk.c. Stack: ~1.8 MiB at most (compute
  * threads have CM_COMPUTE_STACK, 8 MiB). Never allocates.
  */
+#include "amx.h"
 #include "isa.h"
 
 #include "base/base.h"
@@ -63,23 +64,6 @@ enum {
     AK_PACK = 1024 * 1024, /* packed tokens per pass (one group of the longest row fits) */
     AK_GMAX = 16,          /* groups of 16 tokens per pass at most */
 };
-
-/* Tiles: 0 and 1 B (16 x 64 bytes: 64 activations of 16 tokens), 2 and 3
- * A (16 rows x 64 bytes: lo, hi), 4 to 7 C (16 rows x 16 int32: lo, hi of
- * two super-blocks in flight). */
-typedef struct {
-    uint8_t palette, start_row, rsv[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} ak_cfg;
-
-static void ak_config(void) {
-    _Alignas(64) ak_cfg c;
-    memset(&c, 0, sizeof c);
-    c.palette = 1;
-    for (int i = 0; i < 8; i++) c.rows[i] = 16, c.colsb[i] = 64;
-    _tile_loadconfig(&c);
-}
 
 static cm_gemm_fn g_prev_q4_k, g_prev_q5_k;
 
@@ -327,7 +311,9 @@ static void ak_gemm(bool q5, int64_t k, const void *w, size_t w_stride, const vo
     const size_t gbytes = (size_t)nb * AK_TB;
     int64_t gcap = (int64_t)(AK_PACK / gbytes); /* groups of 16 tokens per pass */
     if (gcap > AK_GMAX) gcap = AK_GMAX;
-    ak_config();
+    /* Tiles: 0 and 1 B (16 x 64 bytes: 64 activations of 16 tokens), 2 and 3 A (16 rows x 64
+     * bytes: lo, hi), 4 to 7 C (16 rows x 16 int32: lo, hi of two super-blocks in flight). */
+    cm_amx_config(NULL, NULL);
     for (int64_t j0 = 0; j0 < n_tok; j0 += 16 * gcap) {
         const int64_t ntp = n_tok - j0 < 16 * gcap ? n_tok - j0 : 16 * gcap, ngr = (ntp + 15) / 16;
         for (int64_t g = 0; g < ngr; g++) {

@@ -44,6 +44,7 @@
  * Stack: ~1.3 MiB at most (compute threads have CM_COMPUTE_STACK, 8 MiB).
  * Never allocates.
  */
+#include "amx.h"
 #include "isa.h"
 
 #include "base/base.h"
@@ -62,22 +63,6 @@ enum {
     A6_S = 2,             /* super-blocks per panel piece (16 KiB: stays in L1 for every token group) */
     A6_MAXG = 32,         /* token groups per pass (their chains: 16 KiB each) */
 };
-
-/* Eight tiles of 16 rows x 64 bytes: 0 and 1 C (L and H), 2 and 3 B
- * (tokens, even and odd chunks), 4 and 5 A lo, 6 and 7 A hi. */
-typedef struct {
-    uint8_t palette, start_row, rsv[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} a6_cfg;
-
-static void a6_config(void) {
-    _Alignas(64) a6_cfg c;
-    memset(&c, 0, sizeof c);
-    c.palette = 1;
-    for (int i = 0; i < 8; i++) c.rows[i] = 16, c.colsb[i] = 64;
-    _tile_loadconfig(&c);
-}
 
 static cm_gemm_fn g_prev_q6;
 
@@ -238,7 +223,9 @@ static void a6_gemm(int64_t k, const void *w, size_t w_stride, const void *x, si
     _Alignas(64) int32_t col[16];
     for (int n = 0; n < 16; n++) col[n] = 16 * n;
     const __m512i cidx = _mm512_load_si512((const void *)col);
-    a6_config();
+    /* Eight tiles of 16 rows x 64 bytes: 0 and 1 C (L and H), 2 and 3 B (tokens, even and odd
+     * chunks), 4 and 5 A lo, 6 and 7 A hi. */
+    cm_amx_config(NULL, NULL);
     for (int64_t j0 = 0; j0 < n_tok; j0 += 16 * gcap) {
         const int64_t ntp = n_tok - j0 < 16 * gcap ? n_tok - j0 : 16 * gcap, ngr = (ntp + 15) / 16;
         for (int64_t g = 0; g < ngr; g++) {
