@@ -16,13 +16,15 @@
 #   REPS=3 GEN=64          reps (pairs) and generated tokens
 #   TP_WEIGHTS=1,1         --tp-weights of the TP runs (even slices, so runs compare;
 #                          empty: the planner's split from measured speeds)
-#   VARIANTS="spin0 insecure mmap head0 enc"   extra TP runs in every rep: spin0 =
+#   VARIANTS="spin0 insecure mmap head0 enc tcp"   extra TP runs in every rep: spin0 =
 #                          CUMULO_TP_SPIN_US=0 (receives sleep in poll at once), insecure =
 #                          --insecure links (no MAC, no encryption), mmap = CUMULO_MMAP=1 on
 #                          both members (weights mapped, not repacked), each with a node of its
 #                          own; head0 = CUMULO_TP_HEAD_SPLIT=0 (rank 0 computes the whole head);
 #                          enc = CUMULO_TP_ENCRYPT_LOOPBACK=1 on both (all-reduce pieces
-#                          encrypted on loopback as before session 16, not auth-only)
+#                          encrypted on loopback as before session 16, not auth-only);
+#                          tcp = CUMULO_TP_SHM=0 on both (pieces over the loopback link,
+#                          not through shared memory as since session 19)
 #   TRACE=1                CUMULO_TP_TRACE=1 on both members: the last rep's lines
 #                          saying where each member's time went, and the cipher's
 #                          share of rank 0's decode token and prompt (wall-clock
@@ -82,9 +84,10 @@ for v in $VARIANTS; do
     insecure) start_node insecure -- --insecure ;;
     mmap) start_node mmap CUMULO_MMAP=1 -- ;;
     enc) start_node enc CUMULO_TP_ENCRYPT_LOOPBACK=1 -- ;;
+    tcp) start_node tcp CUMULO_TP_SHM=0 -- ;;
     head0) ;;
     *)
-        echo "unknown variant '$v' (spin0, insecure, mmap, head0, enc)" >&2
+        echo "unknown variant '$v' (spin0, insecure, mmap, head0, enc, tcp)" >&2
         exit 2
         ;;
     esac
@@ -118,6 +121,7 @@ tp_runs() { # REP: the TP runs of one rep
         insecure) one_run "tp.$v.$1" -- $(tp_args insecure) --insecure ;;
         mmap) one_run "tp.$v.$1" CUMULO_MMAP=1 -- $(tp_args mmap) ;;
         enc) one_run "tp.$v.$1" CUMULO_TP_ENCRYPT_LOOPBACK=1 -- $(tp_args enc) ;;
+        tcp) one_run "tp.$v.$1" CUMULO_TP_SHM=0 -- $(tp_args tcp) ;;
         head0) one_run "tp.$v.$1" CUMULO_TP_HEAD_SPLIT=0 -- $(tp_args base) ;;
         esac
     done

@@ -102,6 +102,7 @@ typedef struct cm_config {
     int tp_spin_us;                 /* CUMULO_TP_SPIN_US (negative: unset, the link's default) */
     bool tp_head_split_off;         /* CUMULO_TP_HEAD_SPLIT is "0" */
     bool tp_encrypt_loopback;       /* CUMULO_TP_ENCRYPT_LOOPBACK set and not "0" */
+    bool tp_shm_off;                /* CUMULO_TP_SHM is "0" */
     bool mixed_pass;                /* CUMULO_MIXED_PASS: not "0" (the default: on) */
     const char *powercap_root;      /* CUMULO_POWERCAP_ROOT; "/sys/class/powercap" */
     const char *proc_stat;          /* CUMULO_PROC_STAT; "/proc/stat" */

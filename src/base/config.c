@@ -65,6 +65,8 @@
     X(tp_head_split, "CUMULO_TP_HEAD_SPLIT", "1", "0: rank 0 of a tensor-parallel group computes the whole head")  \
     X(tp_encrypt_loopback, "CUMULO_TP_ENCRYPT_LOOPBACK", "unset",                                                  \
       "set and not 0: all-reduce pieces on loopback links are encrypted too (by default only authenticated)")      \
+    X(tp_shm, "CUMULO_TP_SHM", "1",                                                                                \
+      "0: tensor-parallel members on one host send all-reduce pieces over their loopback link, not shared memory") \
     X(mixed_pass, "CUMULO_MIXED_PASS", "1",                                                                        \
       "serve: 0 evaluates prompt chunks in passes of their own, not with the "                                     \
       "decode rows")                                                                                               \
@@ -204,6 +206,7 @@ static void load(void) {
     c->tp_head_split_off = RAW(tp_head_split) && !strcmp(RAW(tp_head_split), "0");
     c->tp_encrypt_loopback =
         RAW(tp_encrypt_loopback) && *RAW(tp_encrypt_loopback) && strcmp(RAW(tp_encrypt_loopback), "0") != 0;
+    c->tp_shm_off = RAW(tp_shm) && !strcmp(RAW(tp_shm), "0");
     c->mixed_pass = !RAW(mixed_pass) || strcmp(RAW(mixed_pass), "0") != 0;
     c->gpu_subgroup = !RAW(gpu_subgroup) || strcmp(RAW(gpu_subgroup), "0") != 0;
     c->powercap_root = STR(powercap_root) ? STR(powercap_root) : "/sys/class/powercap";

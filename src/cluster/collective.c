@@ -6,6 +6,7 @@
  */
 #include "cluster/collective.h"
 
+#include "cluster/coll_shm.h"
 #include "base/base.h"
 #include "os/os.h"
 #include "tensor/tensor.h"
@@ -38,6 +39,13 @@ struct cm_coll {
      * ops before them (a prompt's compute); the wall time between ops before
      * them (load shows as wall above CPU: spin off, waits do not burn CPU) */
     uint64_t last_end_cpu_ns, big_cpu_ns, big_gap_cpu_ns, big_gap_wall_ns;
+    /* trace: the same for the decode-sized all-reduces (CPU inside them, and
+     * CPU / wall between ops before them: a decode step's compute) */
+    uint64_t small_cpu_ns, small_gap_cpu_ns, small_gap_wall_ns;
+    /* two members on one host: pieces through shared memory (coll_shm.h),
+     * set up at the first op (shm_tried) */
+    cm_coll_shm *shm;
+    bool shm_tried;
     const cm_coll_native *nat; /* the transport's all-reduce, or NULL */
     void *ngrp;
     char err[512];
@@ -209,12 +217,20 @@ static void trace_print(const cm_coll *c) {
             "CPU of %.1f ms wall (computing)\n",
             c->cfg.rank, c->cfg.size, (double)c->big_cpu_ns * 1e-6, big_busy * 1e3, (double)c->big_gap_cpu_ns * 1e-6,
             (double)c->big_gap_wall_ns * 1e-6);
+    fprintf(
+        stderr,
+        "tp trace: rank %d of %d: decode-sized all-reduces: %.1f us CPU of %.1f us wall in each; before each %.1f us "
+        "CPU of %.1f us wall (computing)\n",
+        c->cfg.rank, c->cfg.size, per((double)c->small_cpu_ns * 1e-3, s->small_ops),
+        per(s->small_busy_s * us, s->small_ops), per((double)c->small_gap_cpu_ns * 1e-3, s->small_ops),
+        per((double)c->small_gap_wall_ns * 1e-3, s->small_ops));
 }
 
 void cm_coll_free(cm_coll *c) {
     if (!c) return;
     if (c->trace && c->st.ops) trace_print(c);
     native_drop(c);
+    cm_coll_shm_close(c->shm);
     cm_free(c->part);
     cm_free(c->tmp);
     cm_free(c->qall);
@@ -222,7 +238,10 @@ void cm_coll_free(cm_coll *c) {
 }
 
 void cm_coll_reset(cm_coll *c, uint64_t epoch) {
-    native_drop(c); /* the library's op sequence may be off by one: the exchange from here on */
+    native_drop(c);            /* the library's op sequence may be off by one: the exchange from here on */
+    cm_coll_shm_close(c->shm); /* the same for the regions' counters: set up again at the next op */
+    c->shm = NULL;
+    c->shm_tried = false;
     c->cfg.epoch = epoch;
     c->op_id = 0;
     c->failed = false;
@@ -341,17 +360,22 @@ static void get_f32s(const uint8_t *p, float *dst, int64_t m, bool add) {
 
 /* Send x[off, off+m) (or, when q is given, its Q8_0 blocks q) to peer,
  * written straight into the connection's frame buffer (no staging copy). */
+/* A piece's header at p (collective.h's wire layout). */
+static void put_hdr(const cm_coll *c, uint8_t *p, int step, int64_t off, int64_t m, bool q8) {
+    put_u64(p, c->cfg.epoch);
+    put_u64(p + 8, c->op_id);
+    put_u16(p + 16, (uint16_t)(c->op_id / 2));
+    p[18] = (uint8_t)(c->gathering ? CM_COLL_POINT_GATHER : (c->op_id % 2) | (q8 ? CM_COLL_POINT_Q8 : 0));
+    p[19] = (uint8_t)step;
+    put_u32(p + 20, (uint32_t)off);
+    put_u32(p + 24, (uint32_t)m);
+}
+
 static int send_piece(cm_coll *c, int peer, int step, int64_t off, int64_t m, const float *x, const uint8_t *q) {
     size_t data = q ? q8_bytes(m) : (size_t)m * 4;
     uint8_t *p = cm_conn_tx_payload(c->cfg.peers[peer], CM_COLL_HDR_BYTES + data);
     if (!p) return peer_fail(c, peer, CM_ENOMEM, "sending to", "out of memory for a frame");
-    put_u64(p, c->cfg.epoch);
-    put_u64(p + 8, c->op_id);
-    put_u16(p + 16, (uint16_t)(c->op_id / 2));
-    p[18] = (uint8_t)(c->gathering ? CM_COLL_POINT_GATHER : (c->op_id % 2) | (q ? CM_COLL_POINT_Q8 : 0));
-    p[19] = (uint8_t)step;
-    put_u32(p + 20, (uint32_t)off);
-    put_u32(p + 24, (uint32_t)m);
+    put_hdr(c, p, step, off, m, q != NULL);
     if (q) memcpy(p + CM_COLL_HDR_BYTES, q, data);
     else put_f32s(p + CM_COLL_HDR_BYTES, x + off, m);
     char e[256];
@@ -365,6 +389,9 @@ static int send_piece(cm_coll *c, int peer, int step, int64_t off, int64_t m, co
 }
 
 enum { PUT_STORE, PUT_ADD };
+
+static int check_piece(cm_coll *c, int peer, const uint8_t *pl, size_t len, int step, int64_t off, int64_t m,
+                       cm_coll_piece *out);
 
 /* Receive the piece (step, off, m) from peer; store or add it into dst[off..];
  * with qkeep, also keep its Q8_0 blocks at qkeep (all-gather forwarding). */
@@ -382,7 +409,22 @@ static int recv_piece(cm_coll *c, int peer, int step, int64_t off, int64_t m, fl
         return peer_fail(c, peer, CM_EPROTO, "from", e);
     }
     cm_coll_piece pc;
-    if ((rc = cm_coll_piece_parse(pl, len, &pc, e, sizeof e))) return peer_fail(c, peer, CM_EPROTO, "from", e);
+    if ((rc = check_piece(c, peer, pl, len, step, off, m, &pc))) return rc;
+    bool q8 = (pc.point & CM_COLL_POINT_Q8) != 0;
+    if (q8) {
+        if (qkeep) memcpy(qkeep, pc.data, pc.data_len);
+        q8_dequantize(pc.data, m, dst + off, how == PUT_ADD);
+    } else get_f32s(pc.data, dst + off, m, how == PUT_ADD);
+    count(&c->st.link[peer], false, len, pc.data_len, c->cfg.peers[peer]);
+    return 0;
+}
+
+/* Parse the piece (step, off, m) from peer at pl and check it is the one due. */
+static int check_piece(cm_coll *c, int peer, const uint8_t *pl, size_t len, int step, int64_t off, int64_t m,
+                       cm_coll_piece *out) {
+    char e[256];
+    cm_coll_piece pc;
+    if (cm_coll_piece_parse(pl, len, &pc, e, sizeof e)) return peer_fail(c, peer, CM_EPROTO, "from", e);
     bool q8 = (pc.point & CM_COLL_POINT_Q8) != 0;
     /* A gather piece where a partial sum is due, or the reverse, is out of
      * sequence like any other (a gather never travels as Q8_0). */
@@ -397,11 +439,7 @@ static int recv_piece(cm_coll *c, int peer, int step, int64_t off, int64_t m, fl
                  (long long)m, c->cfg.compress ? " q8" : "");
         return peer_fail(c, peer, CM_EPROTO, "from", e);
     }
-    if (q8) {
-        if (qkeep) memcpy(qkeep, pc.data, pc.data_len);
-        q8_dequantize(pc.data, m, dst + off, how == PUT_ADD);
-    } else get_f32s(pc.data, dst + off, m, how == PUT_ADD);
-    count(&c->st.link[peer], false, len, pc.data_len, c->cfg.peers[peer]);
+    *out = pc;
     return 0;
 }
 
@@ -448,6 +486,65 @@ static int allreduce_direct(cm_coll *c, float *x, int64_t n) {
                 x[i] = s;
             }
     }
+    return 0;
+}
+
+/* ---- shared memory (two members on one host, coll_shm.h) ---- */
+
+static bool ip_loopback(const cm_conn *conn) {
+    char h[64];
+    cm_conn_peer_host(conn, h, sizeof h);
+    return !strncmp(h, "127.", 4) || !strcmp(h, "::1") || !strncmp(h, "::ffff:127.", 11);
+}
+
+/* At the first op: both members of a pair on IP loopback set up the regions
+ * (the same test on both sides, so both take part in the exchange). */
+static int shm_setup(cm_coll *c) {
+    if (c->shm_tried) return 0;
+    c->shm_tried = true;
+    int peer = 1 - c->cfg.rank;
+    if (c->cfg.size != 2 || c->cfg.compress || c->nat || !CM_COLL_LE || !ip_loopback(c->cfg.peers[peer])) return 0;
+    char e[384];
+    int64_t cap = c->cfg.max_n;
+    if (c->ring_min > 0 && cap >= c->ring_min) cap = c->ring_min - 1; /* larger ops take the ring */
+    bool offer = !cm_config_get()->tp_shm_off && cap > 0;
+    int rc = cm_coll_shm_open(c->cfg.peers[peer], c->cfg.epoch, c->op_id, cap, offer,
+                              (uint64_t)cm_coll_link_spin_us(c->cfg.peers[peer]) * 1000u, c->timeout_ms, &c->shm, e,
+                              sizeof e);
+    if (rc) return peer_fail(c, peer, rc, "setting up shared memory with", e);
+    return 0;
+}
+
+/* The direct exchange of a pair through the regions: one piece each way. */
+static int allreduce_shm(cm_coll *c, float *x, int64_t n) {
+    int r = c->cfg.rank, peer = 1 - r, rc = 0;
+    char e[384];
+    uint64_t t0 = cm_now_ns();
+    uint8_t *p = cm_coll_shm_tx_slot(c->shm, c->timeout_ms, &rc, e, sizeof e);
+    if (!p) return peer_fail(c, peer, rc, "sending to", e);
+    put_hdr(c, p, 0, 0, n, false);
+    memcpy(p + CM_COLL_HDR_BYTES, x, (size_t)n * 4);
+    cm_coll_shm_tx_publish(c->shm);
+    uint64_t t1 = cm_now_ns();
+    c->st.send_s += (double)(t1 - t0) * 1e-9;
+    cm_coll_link_stats *l = &c->st.link[peer];
+    l->msgs_sent++;
+    l->wire_sent += CM_COLL_HDR_BYTES + (uint64_t)n * 4;
+    l->data_sent += (uint64_t)n * 4;
+    const uint8_t *q = cm_coll_shm_rx_slot(c->shm, c->timeout_ms, &rc, e, sizeof e);
+    c->st.wait_s += (double)(cm_now_ns() - t1) * 1e-9;
+    if (!q) return peer_fail(c, peer, rc, "receiving from", e);
+    cm_coll_piece pc;
+    if ((rc = check_piece(c, peer, q, CM_COLL_HDR_BYTES + (size_t)n * 4, 0, 0, n, &pc))) return rc;
+    /* the fixed order (p0 + p1), the peer's elements read in place (aligned:
+     * coll_shm.h's slots start them on 64 bytes) */
+    const float *theirs = (const float *)(const void *)pc.data;
+    const float *a = r == 0 ? x : theirs, *b = r == 0 ? theirs : x;
+    for (int64_t i = 0; i < n; i++) x[i] = a[i] + b[i];
+    cm_coll_shm_rx_done(c->shm);
+    l->msgs_recv++;
+    l->wire_recv += CM_COLL_HDR_BYTES + (uint64_t)n * 4;
+    l->data_recv += (uint64_t)n * 4;
     return 0;
 }
 
@@ -555,6 +652,9 @@ int cm_coll_allreduce(cm_coll *c, float *x, int64_t n, char *err, size_t errlen)
     if (c->trace && c->last_end_ns && n > CM_COLL_SMALL_N) {
         c->big_gap_cpu_ns += cpu0 - c->last_end_cpu_ns;
         c->big_gap_wall_ns += t0 - c->last_end_ns;
+    } else if (c->trace && c->last_end_ns) {
+        c->small_gap_cpu_ns += cpu0 - c->last_end_cpu_ns;
+        c->small_gap_wall_ns += t0 - c->last_end_ns;
     }
     double wait0 = c->st.wait_s;
     int rc = 0;
@@ -563,13 +663,15 @@ int cm_coll_allreduce(cm_coll *c, float *x, int64_t n, char *err, size_t errlen)
     if (nat) {
         rc = c->nat->allreduce(c->ngrp, x, n, c->timeout_ms, c->err, sizeof c->err);
         if (rc) c->failed = true;
-    } else if (c->cfg.size > 1) {
-        rc = ring ? allreduce_ring(c, x, n) : allreduce_direct(c, x, n);
+    } else if (c->cfg.size > 1 && !(rc = shm_setup(c))) {
+        if (!ring && c->shm && n <= cm_coll_shm_cap(c->shm)) rc = allreduce_shm(c, x, n);
+        else rc = ring ? allreduce_ring(c, x, n) : allreduce_direct(c, x, n);
     }
     c->last_end_ns = cm_now_ns();
     if (c->trace) {
         c->last_end_cpu_ns = thread_cpu_ns();
         if (n > CM_COLL_SMALL_N) c->big_cpu_ns += c->last_end_cpu_ns - cpu0;
+        else c->small_cpu_ns += c->last_end_cpu_ns - cpu0;
     }
     c->st.busy_s += (double)(c->last_end_ns - t0) * 1e-9;
     if (rc) return cm_errf(err, errlen, rc, "%s", c->err);
@@ -639,8 +741,9 @@ static int gather_op(cm_coll *c, float *x, const int64_t *part, int root, char *
     cipher_ns(c, &seal0, &open0);
     double wait0 = c->st.wait_s;
     uint64_t t0 = cm_now_ns();
+    int rc = k > 1 && !c->nat ? shm_setup(c) : 0;
     c->gathering = true;
-    int rc = k > 1 ? allgather_rounds(c, x, part, root) : 0;
+    if (!rc) rc = k > 1 ? allgather_rounds(c, x, part, root) : 0;
     c->gathering = false;
     double busy = (double)(cm_now_ns() - t0) * 1e-9;
     c->st.busy_s += busy;

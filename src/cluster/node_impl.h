@@ -48,6 +48,7 @@ typedef struct stage {
     cm_coll *coll;                       /* TP group's all-reduce, NULL without TP */
     uint64_t rows;                       /* token rows computed */
     uint64_t t0_ns, fwd_ns, fwd1_ns, n_fwd1; /* CUMULO_TP_TRACE: assigned at; time in FORWARDs, in 1-row ones */
+    uint64_t fwd1_cpu_ns;                    /* CUMULO_TP_TRACE: this thread's CPU time in 1-row FORWARDs */
     struct cm_gpu_model *gm;                 /* its first layers on the node's GPU (node_gpu.c), or NULL */
     struct cm_node_train *train;             /* LoRA training of this stage's layers (node_train.c), NULL: none */
     /* Training (node_train.c): FWDs go on to next outside n->mu, under fsend_mu; the BWDs

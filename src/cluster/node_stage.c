@@ -61,10 +61,11 @@ void cm_node_stage_free(stage *s) {
                 (unsigned long long)st.head_data_sent);
         if (cm_config_get()->tp_trace && s->t0_ns) /* where the member's time went (bench/tp_ratio.sh) */
             fprintf(stderr,
-                    "tp trace: member %u: %.3f s assigned, %.3f s in FORWARDs (%llu of one row: %.2f ms each, of which "
-                    "all-reduce %.2f ms), %.3f s waiting for FORWARDs\n",
+                    "tp trace: member %u: %.3f s assigned, %.3f s in FORWARDs (%llu of one row: %.2f ms each, %.2f ms "
+                    "CPU, of which all-reduce %.2f ms), %.3f s waiting for FORWARDs\n",
                     s->as.tp_rank, (double)(cm_now_ns() - s->t0_ns) * 1e-9, (double)s->fwd_ns * 1e-9,
                     (unsigned long long)s->n_fwd1, s->n_fwd1 ? (double)s->fwd1_ns * 1e-6 / (double)s->n_fwd1 : 0.0,
+                    s->n_fwd1 ? (double)s->fwd1_cpu_ns * 1e-6 / (double)s->n_fwd1 : 0.0,
                     s->n_fwd1 ? st.small_busy_s * 1e3 / (double)s->n_fwd1 : 0.0,
                     (double)(cm_now_ns() - s->t0_ns - s->fwd_ns) * 1e-9);
     }

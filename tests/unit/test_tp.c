@@ -81,12 +81,15 @@ typedef struct vec_member {
     int rank, n, ops;
     bool compress;
     int64_t ring_min;
-    int mode; /* 0 normal, 1 out of step (other epoch), 2 silent, 3 reset to the same epoch first */
+    int mode; /* 0 normal, 1 out of step (other epoch), 2 silent, 3 reset to the same epoch first,
+               * 4 leave (close the links) after the first op */
     float *x; /* [ops][n] in: partials, out: sums */
     int rc;
     char err[512];
     cm_coll_stats st;
     int clear_links; /* links that may send their pieces auth-only (loopback, encrypted) */
+    uint64_t frames; /* ALLREDUCE frames this member sent over its links (pieces and shared-memory set-up) */
+    double secs;     /* wall time of the ops */
 } vec_member;
 
 static void *vec_main(void *arg) {
@@ -105,12 +108,24 @@ static void *vec_main(void *arg) {
     if ((v->rc = cm_coll_new(&cfg, &c, v->err, sizeof v->err))) return NULL;
     if (v->mode == 1) cm_coll_reset(c, 4);
     if (v->mode == 3) cm_coll_reset(c, 3);
+    double t0 = cm_now_s();
     if (v->mode != 2)
-        for (int o = 0; o < v->ops && !v->rc; o++)
+        for (int o = 0; o < (v->mode == 4 ? 1 : v->ops) && !v->rc; o++)
             v->rc = cm_coll_allreduce(c, v->x + (size_t)o * v->n, v->n, v->err, sizeof v->err);
     else cm_sleep_ms(1500);
+    v->secs = cm_now_s() - t0;
     cm_coll_stats_get(c, &v->st);
     cm_coll_free(c);
+    for (int j = 0; j < v->M->k; j++) {
+        cm_conn_stats cs;
+        if (!v->M->conns[v->rank][j]) continue;
+        cm_conn_get_stats(v->M->conns[v->rank][j], CM_MSG_ALLREDUCE, &cs);
+        v->frames += cs.tx_frames;
+    }
+    if (v->mode == 4) {
+        cm_coll_mesh_close(v->M->conns[v->rank], v->M->k);
+        return NULL;
+    }
     /* every link of this mesh may send its pieces auth-only (IP loopback, an
      * encrypted session: cm_conn_set_clear_allreduce says so), and off is off */
     for (int j = 0; j < v->M->k; j++) {
@@ -140,7 +155,8 @@ static void run_vec(int k, int n, int ops, int64_t ring_min, bool compress, cons
         pthread_create(&th[r], NULL, vec_main, &v[r]);
     }
     for (int r = 0; r < k; r++) pthread_join(th[r], NULL);
-    for (int r = 0; r < k; r++) CHECKF(v[r].clear_links == k - 1, "member %d: %d auth-only links", r, v[r].clear_links);
+    for (int r = 0; r < k; r++)
+        CHECKF(v[r].clear_links == k - 1 || v[r].mode == 4, "member %d: %d auth-only links", r, v[r].clear_links);
     mesh_free(&M);
 }
 
@@ -269,6 +285,54 @@ static void test_collective_failures(void) {
     p[24] = 2;
     CHECK(cm_coll_piece_parse(p, sizeof p, &pc, errbuf, sizeof errbuf) == 0);
     CHECK(cm_coll_piece_parse(p, 10, &pc, errbuf, sizeof errbuf) == CM_EFORMAT);
+}
+
+/* Two members on one host (IP loopback): the pieces go through shared memory
+ * (coll_shm.h), the sums are the fixed order's bits, and only the two set-up
+ * frames cross the link; CUMULO_TP_SHM=0 sends every piece over it with the
+ * same bits; a member that leaves fails the other's next op at once, not at
+ * the deadline. */
+static void test_collective_shm(void) {
+    const int k = 2, n = 2048, ops = 40;
+    float **orig = random_parts(k, n, ops, 7);
+    uint64_t frames[2] = {0, 0};
+    for (int off = 0; off < 2; off++) {
+        if (off) setenv("CUMULO_TP_SHM", "0", 1);
+        cm_config_reload();
+        float **parts = random_parts(k, n, ops, 7);
+        vec_member v[MAXM];
+        run_vec(k, n, ops, 0, false, NULL, v, parts);
+        int bad = 0;
+        for (int r = 0; r < k; r++) {
+            CHECKF(v[r].rc == 0, "shm %s member %d: %s", off ? "off" : "on", r, v[r].err);
+            for (int64_t i = 0; i < (int64_t)n * ops; i++) {
+                float want = orig[0][i] + orig[1][i];
+                bad += memcmp(&parts[r][i], &want, 4) != 0;
+            }
+            CHECKF(v[r].st.total.msgs_sent == (uint64_t)ops && v[r].st.total.data_sent == (uint64_t)ops * n * 4,
+                   "member %d: %llu pieces, %llu bytes counted", r, (unsigned long long)v[r].st.total.msgs_sent,
+                   (unsigned long long)v[r].st.total.data_sent);
+        }
+        CHECKF(bad == 0, "shm %s: %d elements differ from p0 + p1", off ? "off" : "on", bad);
+        frames[off] = v[0].frames;
+        printf("  shared memory %s: %d ops of %d floats, %llu ALLREDUCE frames over the link, %.1f us per op\n",
+               off ? "off" : "on ", ops, n, (unsigned long long)v[0].frames, v[0].secs * 1e6 / ops);
+        free_parts(parts, k);
+    }
+    unsetenv("CUMULO_TP_SHM");
+    cm_config_reload();
+    CHECKF(frames[0] == 2 && frames[1] == 2u + (uint64_t)ops, "frames over the link: %llu with, %llu without",
+           (unsigned long long)frames[0], (unsigned long long)frames[1]);
+    /* member 1 leaves after one op: member 0's second op fails on the closed link */
+    float **parts = random_parts(k, n, ops, 8);
+    vec_member v[MAXM];
+    int leave[2] = {0, 4};
+    run_vec(k, n, ops, 0, false, leave, v, parts);
+    CHECKF(v[0].rc != 0 && v[0].secs < 0.6 && v[0].st.ops == 1, "after the peer left: rc %d in %.3f s, %llu ops: %s",
+           v[0].rc, v[0].secs, (unsigned long long)v[0].st.ops, v[0].err);
+    printf("  peer left: %s (%.3f s)\n", v[0].err, v[0].secs);
+    free_parts(parts, k);
+    free_parts(orig, k);
 }
 
 /* ---- a transport's own all-reduce, faked in-process ---- */
@@ -842,6 +906,7 @@ int main(void) {
     RUN(test_collective_orders);
     RUN(test_collective_compress);
     RUN(test_collective_failures);
+    RUN(test_collective_shm);
     RUN(test_collective_native);
     RUN(test_stories);
     RUN(test_synth_q8);
