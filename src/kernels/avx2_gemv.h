@@ -72,41 +72,88 @@ static void gemv_a6_k(int64_t k, const void *w, size_t w_stride, const void *x, 
     }
 }
 
-/* ---- q6_k prefill: tile_q6_k's arithmetic (the sign trick, pair scales
- * as a6_row shuffles them) for up to A6G_T tokens per pass over a row, so the
- * 6-bit values and the scales are made once for 8 tokens instead of 4; each
- * (row, token) gets the tile's bits (vec_dot's). Rows in blocks of A6G_RB (in
- * L2) against every group of tokens (in L1). ---- */
-enum { A6G_T = 8, A6G_RB = 16 };
+/* ---- q6_k prefill: tile_q6_k's integer lanes (the sign trick's, pair
+ * scales as a6_row shuffles them) for up to A6G_T tokens per pass over a
+ * row; each (row, token) gets the tile's bits (vec_dot's). The lanes are
+ * exact, and computed another way: with the token's bytes made unsigned (y +
+ * 128, once per group of tokens, a6g_toks) and the values signed (q - 32),
+ * maddubs(y + 128, q - 32) is per pair sum (y q') + 128 sum q' (|pair| <= 2 *
+ * 255 * 32: nothing saturates; Q8_K bytes are never -128, so the tile's sign
+ * trick is exact too), and the row's 128 sum q' terms, scaled like the
+ * products, are taken off once per super-block for all tokens: per 32
+ * weights and token a maddubs, a madd and an add. A block of rows is
+ * unpacked once (a6g_blk: values, pair scales, offset) for every group of
+ * tokens, so a row pass is those three operations and the super-block's
+ * conversion and FMA per token. Rows in blocks of at most A6G_RB (in L2)
+ * against every group of tokens (in L1). ---- */
+enum { A6G_T = 8, A6G_RB = 16, A6G_CB = A6G_RB * 32 /* (row, super-block)s unpacked at once */ };
 
-AI void a6g_row(int64_t nb, const cm_block_q6_k *x, const cm_block_q8_k *const *yv, int T, float *out) {
+typedef struct {
+    uint8_t qs[A6_MAXB][A6G_T][CM_QK_K]; /* token t's bytes of super-block b, + 128 */
+    float yd[A6_MAXB][A6G_T];            /* token t's d (0 past T) */
+} a6g_toks;
+
+/* One super-block of a row, unpacked: q[4c + k] the values q - 32 of chunk c's
+ * 32-value group k, sv[4c + k] their pair scales, noff minus the offset
+ * lanes, d the block's scale. */
+typedef struct {
+    __m256i q[8], sv[8], noff;
+    float d;
+} a6g_blk;
+
+static void a6g_prep(int64_t nb, const cm_block_q8_k *const *yv, int T, a6g_toks *g) {
+    const __m256i k80 = _mm256_set1_epi8((char)0x80);
+    for (int64_t b = 0; b < nb; b++)
+        for (int t = 0; t < A6G_T; t++) {
+            g->yd[b][t] = t < T ? yv[t][b].d : 0.0f;
+            if (t < T)
+                for (int o = 0; o < CM_QK_K; o += 32)
+                    _mm256_storeu_si256((__m256i *)(void *)(g->qs[b][t] + o),
+                                        _mm256_xor_si256(ld256(yv[t][b].qs + o), k80));
+        }
+}
+
+static void a6g_unpack(const cm_block_q6_k *x, a6g_blk *o) {
     const __m256i pick[4] = {_mm256_set_m128i(_mm_set1_epi16(0x0302), _mm_set1_epi16(0x0100)),
                              _mm256_set_m128i(_mm_set1_epi16(0x0706), _mm_set1_epi16(0x0504)),
                              _mm256_set_m128i(_mm_set1_epi16(0x0b0a), _mm_set1_epi16(0x0908)),
                              _mm256_set_m128i(_mm_set1_epi16(0x0f0e), _mm_set1_epi16(0x0d0c))};
-    const __m256i k32 = _mm256_set1_epi8(32);
+    const __m256i k32 = _mm256_set1_epi8(32), k80 = _mm256_set1_epi8((char)0x80);
+    const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)x->scales));
+    const __m256i scs[2] = {_mm256_permute2x128_si256(s16, s16, 0x00), _mm256_permute2x128_si256(s16, s16, 0x11)};
+    __m256i off = _mm256_setzero_si256();
+    for (int c = 0; c < 2; c++) {
+        __m256i q[4];
+        q6_vals(x, c, q);
+        for (int k = 0; k < 4; k++) {
+            const __m256i sv = _mm256_shuffle_epi8(scs[c], pick[k]), qs = _mm256_sub_epi8(q[k], k32);
+            o->q[4 * c + k] = qs;
+            o->sv[4 * c + k] = sv;
+            off = _mm256_add_epi32(off, _mm256_madd_epi16(_mm256_maddubs_epi16(k80, qs), sv));
+        }
+    }
+    o->noff = _mm256_sub_epi32(_mm256_setzero_si256(), off);
+    o->d = f16f(x->d);
+}
+
+AI void a6g_row(int64_t nb, const a6g_blk *x, const a6g_toks *g, int T, float *out) {
     __m256 acc[A6G_T];
     _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)x[b].scales));
-        const __m256i scs[2] = {_mm256_permute2x128_si256(s16, s16, 0x00), _mm256_permute2x128_si256(s16, s16, 0x11)};
+        const uint8_t *yq = g->qs[b][0];
         __m256i sumi[A6G_T];
-        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) sumi[t] = _mm256_setzero_si256();
-        _Pragma("GCC unroll 2") for (int c = 0; c < 2; c++) {
-            const __m256i sc = scs[c];
-            __m256i q[4];
-            q6_vals(&x[b], c, q);
-            _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
-                const __m256i sv = _mm256_shuffle_epi8(sc, pick[k]);
-                const __m256i qs = _mm256_sub_epi8(q[k], k32), qa = _mm256_sign_epi8(qs, qs);
-                _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
-                    const __m256i yy = _mm256_sign_epi8(ld256(yv[t][b].qs + 128 * c + 32 * k), qs);
-                    sumi[t] = ax_keep(_mm256_add_epi32(sumi[t], _mm256_madd_epi16(_mm256_maddubs_epi16(qa, yy), sv)));
-                }
+        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) sumi[t] = x[b].noff;
+        _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
+            const __m256i qs = x[b].q[i], sv = x[b].sv[i];
+            _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
+                const __m256i yy = ld256(yq + CM_QK_K * t + 32 * i);
+                sumi[t] = ax_keep(_mm256_add_epi32(sumi[t], _mm256_madd_epi16(_mm256_maddubs_epi16(yy, qs), sv)));
             }
         }
-        const float d = f16f(x[b].d);
-        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) FMA_BLOCK(acc[t], sumi[t], d * yv[t][b].d);
+        float dy[A6G_T];
+        _mm256_storeu_ps(dy, _mm256_mul_ps(_mm256_set1_ps(x[b].d), _mm256_loadu_ps(g->yd[b])));
+        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) acc[t] =
+            _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[t]), _mm256_broadcast_ss(&dy[t]), acc[t]);
     }
     _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) out[t] = hsum8(acc[t]);
 }
@@ -114,25 +161,41 @@ AI void a6g_row(int64_t nb, const cm_block_q6_k *x, const cm_block_q8_k *const *
 static void gemm_a6_k(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
                       int64_t r0, int64_t r1, int64_t n_tok) {
     const int64_t nb = k / CM_QK_K;
-    for (int64_t i0 = r0; i0 < r1; i0 += A6G_RB) {
-        const int64_t i1 = r1 - i0 < A6G_RB ? r1 : i0 + A6G_RB;
+    if (nb > A6_MAXB) { /* longer than any repacked row: vec_dot (the same bits) */
+        for (int64_t j = 0; j < n_tok; j++)
+            for (int64_t i = r0; i < r1; i++)
+                vec_dot_q6_k(k, &y[j * ldy + i], (const char *)w + (size_t)i * w_stride,
+                             (const char *)x + (size_t)j * x_stride);
+        return;
+    }
+    /* ~560 KiB at the longest rows (compute threads: CM_COMPUTE_STACK) */
+    a6g_toks g;
+    a6g_blk rows[A6G_CB];
+    const int64_t rb = nb * A6G_RB <= A6G_CB ? A6G_RB : (nb > A6G_CB ? 1 : A6G_CB / nb);
+    for (int64_t i0 = r0; i0 < r1; i0 += rb) {
+        const int64_t i1 = r1 - i0 < rb ? r1 : i0 + rb;
+        for (int64_t i = i0; i < i1; i++) {
+            const cm_block_q6_k *xr = (const cm_block_q6_k *)(const void *)((const char *)w + (size_t)i * w_stride);
+            for (int64_t b = 0; b < nb; b++) a6g_unpack(xr + b, &rows[(i - i0) * nb + b]);
+        }
         for (int64_t j = 0; j < n_tok; j += A6G_T) {
             const int T = n_tok - j < A6G_T ? (int)(n_tok - j) : A6G_T;
             const cm_block_q8_k *yv[A6G_T];
             for (int t = 0; t < T; t++)
                 yv[t] = (const cm_block_q8_k *)(const void *)((const char *)x + (size_t)(j + t) * x_stride);
+            a6g_prep(nb, yv, T, &g);
             for (int64_t i = i0; i < i1; i++) {
-                const cm_block_q6_k *xr = (const cm_block_q6_k *)(const void *)((const char *)w + (size_t)i * w_stride);
+                const a6g_blk *xr = &rows[(i - i0) * nb];
                 float out[A6G_T];
                 switch (T) { /* a constant T keeps the tile in registers */
-                case 8: a6g_row(nb, xr, yv, 8, out); break;
-                case 7: a6g_row(nb, xr, yv, 7, out); break;
-                case 6: a6g_row(nb, xr, yv, 6, out); break;
-                case 5: a6g_row(nb, xr, yv, 5, out); break;
-                case 4: a6g_row(nb, xr, yv, 4, out); break;
-                case 3: a6g_row(nb, xr, yv, 3, out); break;
-                case 2: a6g_row(nb, xr, yv, 2, out); break;
-                default: a6g_row(nb, xr, yv, 1, out); break;
+                case 8: a6g_row(nb, xr, &g, 8, out); break;
+                case 7: a6g_row(nb, xr, &g, 7, out); break;
+                case 6: a6g_row(nb, xr, &g, 6, out); break;
+                case 5: a6g_row(nb, xr, &g, 5, out); break;
+                case 4: a6g_row(nb, xr, &g, 4, out); break;
+                case 3: a6g_row(nb, xr, &g, 3, out); break;
+                case 2: a6g_row(nb, xr, &g, 2, out); break;
+                default: a6g_row(nb, xr, &g, 1, out); break;
                 }
                 for (int t = 0; t < T; t++) y[(j + t) * ldy + i] = out[t];
             }

@@ -148,19 +148,61 @@ static void gemv_ak5_k(int64_t k, const void *w, size_t w_stride, const void *x,
 /* ---- prefill over the same rows: ak4_row / ak5_row for up to AKG_T tokens
  * at once (a row's header, nibbles and scale shuffles made once for all of
  * them), so each (row, token) gets those functions' bits, hence vec_dot's.
- * Rows in blocks of AKG_RB (in L2) against every group of tokens (in L1). ---- */
-enum { AKG_T = 8, AKG_RB = 16 };
+ * Rows in blocks of AKG_RB (in L2) against every group of tokens (in L1).
+ * What a group of tokens needs is laid out once per (row block, group)
+ * (akg_toks): the tokens' bytes block by block (one pointer for all T), their
+ * d, and for each pair of tokens the bsums pair sums and d side by side in
+ * one vector, so the min term of two tokens takes one madd, conversion,
+ * product and FMA (the same operations lane for lane as ak4_row's 128-bit
+ * ones: the same bits), and d * dy of 8 tokens one product. ---- */
+enum { AKG_T = 8, AKG_P = AKG_T / 2, AKG_RB = 16, AKG_CB = AKG_RB * 32 /* (row, super-block)s unpacked at once */ };
 
-/* One super-block x T tokens: qs (the file's order), qh (q5_k's, or NULL),
- * the block's scales as sw, mins, d, dmin; yb[t]: token t's block, pr[t] its
- * bsums pair sums. HAS_QH a constant. */
-AI void akg_block(const uint8_t *qs, const uint8_t *qhp, int has_qh, __m256i sw, __m128i mn16, float d, float dmin,
-                  const cm_block_q8_k *const *yb, const __m128i *pr, int T, __m256 *acc, __m128 *accm) {
+typedef struct {
+    int8_t qs[RK4_MAXB][AKG_T][CM_QK_K]; /* token t's bytes of super-block b */
+    float yd[RK4_MAXB][AKG_T];           /* token t's d (0 past T) */
+    __m256 yd2[RK4_MAXB][AKG_P];         /* d of tokens 2p (low half) and 2p + 1 (high), 4 each */
+    __m256i pr2[RK4_MAXB][AKG_P];        /* their bsums pair sums, likewise */
+} akg_toks;
+
+/* T tokens (yv) of nb super-blocks into g. */
+static void akg_prep(int64_t nb, const cm_block_q8_k *const *yv, int T, akg_toks *g) {
+    for (int64_t b = 0; b < nb; b++) {
+        __m128i pr[AKG_T];
+        for (int t = 0; t < AKG_T; t++) {
+            if (t < T) {
+                const cm_block_q8_k *y = yv[t] + b;
+                for (int o = 0; o < CM_QK_K; o += 32)
+                    _mm256_storeu_si256((__m256i *)(void *)(g->qs[b][t] + o), ld256(y->qs + o));
+                g->yd[b][t] = y->d;
+                const __m256i bs = ld256(y->bsums);
+                pr[t] = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+            } else {
+                g->yd[b][t] = 0.0f;
+                pr[t] = _mm_setzero_si128();
+            }
+        }
+        for (int p = 0; p < AKG_P; p++) {
+            g->yd2[b][p] = _mm256_set_m128(_mm_set1_ps(g->yd[b][2 * p + 1]), _mm_set1_ps(g->yd[b][2 * p]));
+            g->pr2[b][p] = _mm256_set_m128i(pr[2 * p + 1], pr[2 * p]);
+        }
+    }
+}
+
+/* One super-block of a row, unpacked for the gemm: v[i] the values (bytes,
+ * q5_k's with the fifth bit) that meet the token's bytes 32i..32i + 31, s[i]
+ * their scale as words, mn2 the mins as words in both halves, d, dmin. */
+typedef struct {
+    __m256i v[8], s[8], mn2;
+    float d, dmin;
+} akg_blk;
+
+/* One super-block: qs (the file's order), qh (q5_k's, or NULL), the scales
+ * as sw, mins as words; HAS_QH a constant. */
+AI void akg_unpack_blk(const uint8_t *qs, const uint8_t *qhp, int has_qh, __m256i sw, __m128i mn16, float d, float dmin,
+                       akg_blk *o) {
     const __m256i m4 = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1);
-    __m256i sumi[AKG_T];
-    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) sumi[t] = _mm256_setzero_si256();
     __m256i qh = has_qh ? ld256(qhp) : one;
-    _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {
+    for (int j = 0; j < 4; j++) {
         const __m256i q = ld256(qs + 32 * j);
         __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
         if (has_qh) {
@@ -168,33 +210,19 @@ AI void akg_block(const uint8_t *qs, const uint8_t *qhp, int has_qh, __m256i sw,
             hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 1), one), 4));
             qh = _mm256_srli_epi16(qh, 2);
         }
-        const __m256i slo = ak_scale(sw, 2 * j), shi = ak_scale(sw, 2 * j + 1);
-        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
-            const int8_t *y = yb[t]->qs + 64 * j;
-            const __m256i plo = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, ld256(y)), slo);
-            const __m256i phi = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, ld256(y + 32)), shi);
-            sumi[t] = ax_keep(_mm256_add_epi32(sumi[t], _mm256_add_epi32(plo, phi)));
-        }
+        o->v[2 * j] = lo;
+        o->v[2 * j + 1] = hi;
+        o->s[2 * j] = ak_scale(sw, 2 * j);
+        o->s[2 * j + 1] = ak_scale(sw, 2 * j + 1);
     }
-    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
-        const float yd = yb[t]->d;
-        FMA_BLOCK(acc[t], sumi[t], d * yd);
-        accm[t] = _mm_fmadd_ps(_mm_cvtepi32_ps(_mm_madd_epi16(mn16, pr[t])), _mm_set1_ps(dmin * yd), accm[t]);
-    }
+    o->mn2 = _mm256_broadcastsi128_si256(mn16);
+    o->d = d;
+    o->dmin = dmin;
 }
 
-/* One repacked row (q4_k lanes, or q5_k lanes when has_qh) x T tokens. */
-AI void akg_row(int64_t nb, const uint8_t *x, int has_qh, const cm_block_q8_k *const *yv, const __m128i *pairs, int T,
-                float *out) {
-    __m256 acc[AKG_T];
-    __m128 accm[AKG_T];
-    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
-        acc[t] = _mm256_setzero_ps();
-        accm[t] = _mm_setzero_ps();
-    }
+/* A repacked row (q4_k lanes, or q5_k lanes when has_qh) of nb super-blocks into o[0..nb). */
+static void akg_unpack(int64_t nb, const uint8_t *x, int has_qh, akg_blk *o) {
     const size_t group = has_qh ? (size_t)AK5_GROUP : (size_t)RK4_GROUP;
-    const cm_block_q8_k *yb[AKG_T];
-    __m128i pr[AKG_T];
     int64_t b = 0;
     for (; b + 4 <= nb; b += 4, x += group) {
         float dd[8];
@@ -203,65 +231,86 @@ AI void akg_row(int64_t nb, const uint8_t *x, int has_qh, const cm_block_q8_k *c
         __m256i sw[4];
         ak_sws(sc03, sc47, sw);
         for (int j = 0; j < 4; j++) {
-            _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
-                yb[t] = yv[t] + b + j;
-                pr[t] = pairs[t * RK4_MAXB + b + j];
-            }
             if (has_qh)
-                akg_block(x + 192 + 128 * j, x + 64 + 32 * j, 1, sw[j], mn16[j], dd[j], dd[4 + j], yb, pr, T, acc,
-                          accm);
-            else akg_block(x + 64 + 128 * j, NULL, 0, sw[j], mn16[j], dd[j], dd[4 + j], yb, pr, T, acc, accm);
+                akg_unpack_blk(x + 192 + 128 * j, x + 64 + 32 * j, 1, sw[j], mn16[j], dd[j], dd[4 + j], &o[b + j]);
+            else akg_unpack_blk(x + 64 + 128 * j, NULL, 0, sw[j], mn16[j], dd[j], dd[4 + j], &o[b + j]);
         }
     }
     for (; b < nb; b++) { /* the file's last nb % 4 super-blocks */
         uint8_t sc[8], mn[8];
-        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
-            yb[t] = yv[t] + b;
-            pr[t] = pairs[t * RK4_MAXB + b];
-        }
         if (has_qh) {
             const cm_block_q5_k *xt = (const cm_block_q5_k *)(const void *)x + (b - nb / 4 * 4);
             cm_k4_scales8(xt->scales, sc, mn);
-            akg_block(xt->qs, xt->qh, 1, ak_sw(_mm_loadl_epi64((const __m128i *)sc)),
-                      _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mn)), f16f(xt->d), f16f(xt->dmin), yb, pr, T,
-                      acc, accm);
+            akg_unpack_blk(xt->qs, xt->qh, 1, ak_sw(_mm_loadl_epi64((const __m128i *)sc)),
+                           _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mn)), f16f(xt->d), f16f(xt->dmin), &o[b]);
         } else {
             const cm_block_q4_k *xt = (const cm_block_q4_k *)(const void *)x + (b - nb / 4 * 4);
             cm_k4_scales8(xt->scales, sc, mn);
-            akg_block(xt->qs, NULL, 0, ak_sw(_mm_loadl_epi64((const __m128i *)sc)),
-                      _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mn)), f16f(xt->d), f16f(xt->dmin), yb, pr, T,
-                      acc, accm);
+            akg_unpack_blk(xt->qs, NULL, 0, ak_sw(_mm_loadl_epi64((const __m128i *)sc)),
+                           _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mn)), f16f(xt->d), f16f(xt->dmin), &o[b]);
         }
     }
-    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) out[t] = hsum8(acc[t]) - hsum4(accm[t]);
+}
+
+/* One unpacked row x T tokens (g). acc[t]: token t's chain; accm[p]: the min
+ * chains of tokens 2p and 2p + 1 (halves). */
+AI void akg_row(int64_t nb, const akg_blk *x, const akg_toks *g, int T, float *out) {
+    __m256 acc[AKG_T], accm[AKG_P];
+    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_ps();
+    _Pragma("GCC unroll 4") for (int p = 0; p < (T + 1) / 2; p++) accm[p] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const int8_t *yq = g->qs[b][0];
+        __m256i sumi[AKG_T];
+        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) sumi[t] = _mm256_setzero_si256();
+        _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
+            const __m256i v = x[b].v[i], sc = x[b].s[i];
+            _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) sumi[t] = ax_keep(_mm256_add_epi32(
+                sumi[t], _mm256_madd_epi16(_mm256_maddubs_epi16(v, ld256(yq + CM_QK_K * t + 32 * i)), sc)));
+        }
+        float dy[AKG_T];
+        _mm256_storeu_ps(dy, _mm256_mul_ps(_mm256_set1_ps(x[b].d), _mm256_loadu_ps(g->yd[b])));
+        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) acc[t] =
+            _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[t]), _mm256_broadcast_ss(&dy[t]), acc[t]);
+        const __m256 dm = _mm256_set1_ps(x[b].dmin);
+        _Pragma("GCC unroll 4") for (int p = 0; p < (T + 1) / 2; p++) accm[p] = _mm256_fmadd_ps(
+            _mm256_cvtepi32_ps(_mm256_madd_epi16(x[b].mn2, g->pr2[b][p])), _mm256_mul_ps(dm, g->yd2[b][p]), accm[p]);
+    }
+    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
+        const __m256 m = accm[t / 2];
+        out[t] = hsum8(acc[t]) - hsum4(t % 2 ? _mm256_extractf128_ps(m, 1) : _mm256_castps256_ps128(m));
+    }
 }
 
 AI void akg_gemm(int has_qh, int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
                  int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {
     const int64_t nb = k / CM_QK_K;
     CM_ASSERT(nb <= RK4_MAXB);
-    __m128i pairs[AKG_T * RK4_MAXB];
-    for (int64_t i0 = r0; i0 < r1; i0 += AKG_RB) {
-        const int64_t i1 = r1 - i0 < AKG_RB ? r1 : i0 + AKG_RB;
+    /* ~590 KiB (compute threads: CM_COMPUTE_STACK) */
+    akg_toks g;
+    akg_blk rows[AKG_CB];
+    const int64_t rb = nb * AKG_RB <= AKG_CB ? AKG_RB : (nb > AKG_CB ? 1 : AKG_CB / nb);
+    for (int64_t i0 = r0; i0 < r1; i0 += rb) {
+        const int64_t i1 = r1 - i0 < rb ? r1 : i0 + rb;
+        for (int64_t i = i0; i < i1; i++)
+            akg_unpack(nb, (const uint8_t *)w + (size_t)i * w_stride, has_qh, &rows[(i - i0) * nb]);
         for (int64_t j = 0; j < n_tok; j += AKG_T) {
             const int T = n_tok - j < AKG_T ? (int)(n_tok - j) : AKG_T;
             const cm_block_q8_k *yv[AKG_T];
-            for (int t = 0; t < T; t++) {
+            for (int t = 0; t < T; t++)
                 yv[t] = (const cm_block_q8_k *)(const void *)((const char *)x + (size_t)(j + t) * x_stride);
-                rk_pairs(nb, yv[t], pairs + t * RK4_MAXB);
-            }
+            akg_prep(nb, yv, T, &g);
             for (int64_t i = i0; i < i1; i++) {
-                const uint8_t *xr = (const uint8_t *)w + (size_t)i * w_stride;
+                const akg_blk *xr = &rows[(i - i0) * nb];
                 float out[AKG_T];
                 switch (T) { /* a constant T keeps the tile in registers */
-                case 8: akg_row(nb, xr, has_qh, yv, pairs, 8, out); break;
-                case 7: akg_row(nb, xr, has_qh, yv, pairs, 7, out); break;
-                case 6: akg_row(nb, xr, has_qh, yv, pairs, 6, out); break;
-                case 5: akg_row(nb, xr, has_qh, yv, pairs, 5, out); break;
-                case 4: akg_row(nb, xr, has_qh, yv, pairs, 4, out); break;
-                case 3: akg_row(nb, xr, has_qh, yv, pairs, 3, out); break;
-                case 2: akg_row(nb, xr, has_qh, yv, pairs, 2, out); break;
-                default: akg_row(nb, xr, has_qh, yv, pairs, 1, out); break;
+                case 8: akg_row(nb, xr, &g, 8, out); break;
+                case 7: akg_row(nb, xr, &g, 7, out); break;
+                case 6: akg_row(nb, xr, &g, 6, out); break;
+                case 5: akg_row(nb, xr, &g, 5, out); break;
+                case 4: akg_row(nb, xr, &g, 4, out); break;
+                case 3: akg_row(nb, xr, &g, 3, out); break;
+                case 2: akg_row(nb, xr, &g, 2, out); break;
+                default: akg_row(nb, xr, &g, 1, out); break;
                 }
                 for (int t = 0; t < T; t++) y[(j + t) * ldy + i] = out[t];
             }

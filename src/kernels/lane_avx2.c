@@ -218,7 +218,7 @@ static void gemm_plq4_0(int64_t k, const void *w, size_t w_stride, const void *x
  * cost one conversion, one scale product and one FMA instead of 8 each; the
  * token's dy are converted to f32 once per call (gemv) or per row block and
  * token group (gemm), exactly. */
-enum { L8_T = 4, L8_MAXNB = 512, L8_RB = 16, L8_PF = 4 };
+enum { L8_MAXNB = 512, L8_PF = 4 };
 
 /* Blocks [b0, nb) of a row (b0 a multiple of 8) against T tokens (yv[t], dy
  * as f32 in dyf + t * L8_MAXNB) into chains c[t]. */
@@ -297,10 +297,84 @@ static void gemv_lq8_0(int64_t k, const void *w, size_t w_stride, const void *x,
     }
 }
 
-/* Rows in blocks of L8_RB (in L2) against every group of L8_T tokens (in L1). */
+/* ---- the q8_0 gemm: lq8_tile's bits without its hadd8x8 ----
+ * A group of 8 blocks transposed by 4-byte words (l8_transpose: vector s,
+ * lane i = block i's bytes 4s..4s+3), for the row and for each token, makes
+ * madd(maddubs(|x|, sign(y, x)), 1) of vector s lane i block i's 4-byte
+ * partial sum, exactly the lane lq8_tile's madd gives (the same byte pairs
+ * in each maddubs word, so even a saturating pair saturates the same), and 8
+ * adds give lane i block i's sum: per 32 weights and token a sign, a maddubs,
+ * a madd and an add, where lq8_tile also pays a share of hadd8x8 (21
+ * operations per 8 blocks). Then lq8_tile's conversion, scale product and FMA
+ * per group, its tail blocks one by one: lq8_tile's bits. Rows are transposed
+ * once per block of rows (l8g_grp), tokens once per (row block, group of
+ * L8G_T) (l8g_toks). */
+enum { L8G_T = 8, L8G_RB = 32, L8G_CG = L8G_RB * 32 /* (row, 8-block group)s transposed at once */ };
+
+/* lane i of o[s] = dword s of q[i] */
+AI void l8_transpose(const __m256i q[8], __m256i o[8]) {
+    __m256i t[8], u[8];
+    for (int i = 0; i < 4; i++) {
+        t[2 * i] = _mm256_unpacklo_epi32(q[2 * i], q[2 * i + 1]);
+        t[2 * i + 1] = _mm256_unpackhi_epi32(q[2 * i], q[2 * i + 1]);
+    }
+    for (int h = 0; h < 2; h++) {                                         /* blocks 0-3 (h = 0), 4-7 */
+        u[4 * h] = _mm256_unpacklo_epi64(t[4 * h], t[4 * h + 2]);         /* dwords 0 | 4 */
+        u[4 * h + 1] = _mm256_unpackhi_epi64(t[4 * h], t[4 * h + 2]);     /* 1 | 5 */
+        u[4 * h + 2] = _mm256_unpacklo_epi64(t[4 * h + 1], t[4 * h + 3]); /* 2 | 6 */
+        u[4 * h + 3] = _mm256_unpackhi_epi64(t[4 * h + 1], t[4 * h + 3]); /* 3 | 7 */
+    }
+    for (int s = 0; s < 4; s++) {
+        o[s] = _mm256_permute2x128_si256(u[s], u[4 + s], 0x20);
+        o[s + 4] = _mm256_permute2x128_si256(u[s], u[4 + s], 0x31);
+    }
+}
+
+/* One row's group of 8 blocks: x[s] transposed, ax[s] = |x[s]|, dx the 8 d. */
+typedef struct {
+    __m256i x[8], ax[8];
+    __m256 dx;
+} l8g_grp;
+
+typedef struct {
+    __m256i y[L8_MAXNB / 8][L8G_T][8]; /* token t's group g, transposed */
+    float dy[L8G_T][L8_MAXNB];         /* token t's dy as f32 */
+} l8g_toks;
+
+AI __m256i l8_keep(__m256i v) { /* in a register here: no reassociated trees (kernels_avx2.c's ax_keep) */
+    __asm__("" : "+x"(v));
+    return v;
+}
+
+AI void l8g_row(int64_t nb, const l8g_grp *xg, const cm_block_q8_0 *xr, const l8g_toks *g,
+                const cm_block_q8_0 *const *yv, int T, float *out) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 c[L8G_T];
+    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) c[t] = _mm256_setzero_ps();
+    const int64_t ng = nb / 8;
+    for (int64_t gi = 0; gi < ng; gi++) {
+        __m256i si[L8G_T];
+        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) si[t] = _mm256_setzero_si256();
+        _Pragma("GCC unroll 8") for (int st = 0; st < 8; st++) {
+            const __m256i xs = xg[gi].x[st], ax = xg[gi].ax[st];
+            _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) si[t] = l8_keep(_mm256_add_epi32(
+                si[t], _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(g->y[gi][t][st], xs)), ones)));
+        }
+        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) c[t] = _mm256_fmadd_ps(
+            _mm256_cvtepi32_ps(si[t]), _mm256_mul_ps(xg[gi].dx, _mm256_loadu_ps(g->dy[t] + 8 * gi)), c[t]);
+    }
+    for (int64_t b = ng * 8; b < nb; b++) { /* lq8_tile's tail */
+        const __m256i q = ld256(xr[b].qs);
+        const float dx = f16f(xr[b].d);
+        for (int t = 0; t < T; t++)
+            c[t] = lfma_lane(c[t], (int)(b & 7), hsum_i32(dot_s8s8(q, ld256(yv[t][b].qs))), dx * g->dy[t][b]);
+    }
+    _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) out[t] = hsum8(c[t]);
+}
+
 static void gemm_lq8_0(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
                        int64_t r0, int64_t r1, int64_t n_tok) {
-    const int64_t nb = k / CM_QK8_0;
+    const int64_t nb = k / CM_QK8_0, ng = nb / 8;
     if (nb > L8_MAXNB) {
         for (int64_t i = r0; i < r1; i++)
             for (int64_t j = 0; j < n_tok; j++)
@@ -308,27 +382,50 @@ static void gemm_lq8_0(int64_t k, const void *w, size_t w_stride, const void *x,
                               (const char *)x + (size_t)j * x_stride);
         return;
     }
-    float dyf[L8_T * L8_MAXNB];
-    for (int64_t i0 = r0; i0 < r1; i0 += L8_RB) {
-        const int64_t i1 = r1 - i0 < L8_RB ? r1 : i0 + L8_RB;
-        for (int64_t j = 0; j < n_tok; j += L8_T) {
-            const int T = n_tok - j < L8_T ? (int)(n_tok - j) : L8_T;
-            const cm_block_q8_0 *yv[L8_T];
+    /* ~700 KiB (compute threads: CM_COMPUTE_STACK) */
+    l8g_toks g;
+    l8g_grp rows[L8G_CG];
+    const int64_t rb = ng * L8G_RB <= L8G_CG ? L8G_RB : L8G_CG / ng;
+    for (int64_t i0 = r0; i0 < r1; i0 += rb) {
+        const int64_t i1 = r1 - i0 < rb ? r1 : i0 + rb;
+        for (int64_t i = i0; i < i1; i++) {
+            const cm_block_q8_0 *xr = (const cm_block_q8_0 *)(const void *)((const char *)w + (size_t)i * w_stride);
+            for (int64_t gi = 0; gi < ng; gi++) {
+                l8g_grp *o = &rows[(i - i0) * ng + gi];
+                __m256i q[8];
+                for (int b = 0; b < 8; b++) q[b] = ld256(xr[8 * gi + b].qs);
+                l8_transpose(q, o->x);
+                for (int st = 0; st < 8; st++) o->ax[st] = _mm256_sign_epi8(o->x[st], o->x[st]);
+                o->dx = d8(&xr[8 * gi].d, sizeof *xr);
+            }
+        }
+        for (int64_t j = 0; j < n_tok; j += L8G_T) {
+            const int T = n_tok - j < L8G_T ? (int)(n_tok - j) : L8G_T;
+            const cm_block_q8_0 *yv[L8G_T];
             for (int t = 0; t < T; t++) {
                 yv[t] = (const cm_block_q8_0 *)(const void *)((const char *)x + (size_t)(j + t) * x_stride);
-                lq8_dy(nb, yv[t], dyf + t * L8_MAXNB);
+                lq8_dy(nb, yv[t], g.dy[t]);
+                for (int64_t gi = 0; gi < ng; gi++) {
+                    __m256i q[8];
+                    for (int b = 0; b < 8; b++) q[b] = ld256(yv[t][8 * gi + b].qs);
+                    l8_transpose(q, g.y[gi][t]);
+                }
             }
             for (int64_t i = i0; i < i1; i++) {
+                const l8g_grp *xg = &rows[(i - i0) * ng];
                 const cm_block_q8_0 *xr = (const cm_block_q8_0 *)(const void *)((const char *)w + (size_t)i * w_stride);
-                __m256 c[L8_T];
-                for (int t = 0; t < L8_T; t++) c[t] = _mm256_setzero_ps();
-                switch (T) { /* a constant T keeps the chains in registers */
-                case 4: lq8_tile(nb, xr, yv, dyf, 4, c); break;
-                case 3: lq8_tile(nb, xr, yv, dyf, 3, c); break;
-                case 2: lq8_tile(nb, xr, yv, dyf, 2, c); break;
-                default: lq8_tile(nb, xr, yv, dyf, 1, c); break;
+                float out[L8G_T];
+                switch (T) { /* a constant T keeps the sums in registers */
+                case 8: l8g_row(nb, xg, xr, &g, yv, 8, out); break;
+                case 7: l8g_row(nb, xg, xr, &g, yv, 7, out); break;
+                case 6: l8g_row(nb, xg, xr, &g, yv, 6, out); break;
+                case 5: l8g_row(nb, xg, xr, &g, yv, 5, out); break;
+                case 4: l8g_row(nb, xg, xr, &g, yv, 4, out); break;
+                case 3: l8g_row(nb, xg, xr, &g, yv, 3, out); break;
+                case 2: l8g_row(nb, xg, xr, &g, yv, 2, out); break;
+                default: l8g_row(nb, xg, xr, &g, yv, 1, out); break;
                 }
-                for (int t = 0; t < T; t++) y[(j + t) * ldy + i] = hsum8(c[t]);
+                for (int t = 0; t < T; t++) y[(j + t) * ldy + i] = out[t];
             }
         }
     }
