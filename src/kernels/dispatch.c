@@ -215,7 +215,7 @@ cm_gemv_plan cm_gemv_plan_of(const cm_kernels *k, const cm_tensor *W) {
     const enum cm_type t = W->type;
     CM_ASSERT((unsigned)t < CM_TYPE_COUNT && k->vec_dot[t]);
     cm_gemv_plan p = {.k = k, .W = W};
-    if (k->gemv_packed[t] && (p.w = cm_repack_find(W, &p.ws)) != NULL) p.fn = k->gemv_packed[t];
+    if (k->gemv_packed[t] && (p.w = cm_repack_find(W, &p.ws)) != NULL) p.fn = k->gemv_packed[t], p.packed = true;
     else if (k->gemv[t]) p.fn = k->gemv[t], p.w = W->data, p.ws = W->nb[1];
     return p;
 }

@@ -178,6 +178,7 @@ typedef struct {
     cm_gemm_fn fn; /* NULL: cm_matmul_rows */
     const void *w;
     size_t ws;
+    bool packed; /* fn is gemv_packed (on the repacked copy) */
 } cm_gemv_plan;
 cm_gemv_plan cm_gemv_plan_of(const cm_kernels *k, const cm_tensor *W);
 void cm_gemv_plan_rows(const cm_gemv_plan *p, const void *xq, size_t xq_stride, float *y, int64_t ldy, int64_t r0,
