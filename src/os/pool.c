@@ -44,7 +44,6 @@ struct cm_pool {
     _Atomic int sleepers;
     /* shared loops: CM_POOL_LOOPS x n cursors, LINE bytes apart */
     unsigned char *cur;
-    int loops_used; /* by the last run (thread 0's count) */
 };
 
 static _Atomic int64_t *cursor(cm_pool *p, int loop, int owner) {
@@ -157,13 +156,13 @@ int cm_pool_size(const cm_pool *p) { return p ? p->n : 1; }
 void cm_thread_yield(void) { sched_yield(); }
 
 void cm_pool_run(cm_pool *p, cm_pool_fn fn, void *ctx) {
+    tl_loop = 0;
     if (!p || p->n == 1) {
         fn(ctx, 0, 1);
         return;
     }
     p->fn = fn;
     p->ctx = ctx;
-    tl_loop = 0;
     atomic_store_explicit(&p->remaining, p->n - 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&p->generation, 1, memory_order_release);
     if (atomic_load(&p->sleepers) > 0) {
@@ -199,7 +198,7 @@ void cm_pool_barrier(cm_pool *p) {
 
 void cm_pool_loop_begin(cm_pool_loop *l, cm_pool *p, int64_t n_units, int ith, int nth) {
     l->p = p;
-    l->loop = tl_loop++;
+    l->loop = tl_loop < CM_POOL_LOOPS ? tl_loop++ : CM_POOL_LOOPS; /* no overflow outside runs */
     l->ith = ith;
     l->nth = nth;
     l->n = n_units;
