@@ -21,9 +21,10 @@
  *        product dx * dy, the permute, the FMAs into the two accumulators,
  *        the tail through tile_q8_0 and the reduction are ztile_q8_0's.
  * So each row is vec_dot's bits (kernels.h; tests/unit/test_kernels_invariant.c,
- * n_tok 1). One row per pass (a single sequential stream, as GEMV_ROWS).
- * f16 rows longer than GV_F16_F32K elements and q8_0 rows longer than
- * GV_MAXK go through vec_dot row by row. Stack: 11 KiB (f16) / 34 KiB
+ * n_tok 1). One row per pass (a single sequential stream, as GEMV_ROWS),
+ * prefetched GV_PFD bytes ahead (f16). f16 rows longer than GV_F16_F32K
+ * elements keep the token in fp16 (vec_dot's operations, with the
+ * prefetch); q8_0 rows longer than GV_MAXK go through vec_dot row by row. Stack: 11 KiB (f16) / 34 KiB
  * (q8_0) at most. Never allocates.
  */
 
@@ -39,11 +40,23 @@ enum { GV_MAXK = 16384, GV_Q8_MAXNB = GV_MAXK / CM_QK8_0 };
  * (no second conversion per element), so it stays for short rows. */
 enum { GV_F16_F32K = 16384 / 6 };
 
+/* Software prefetch GV_PFD bytes ahead of the line being read (rows are
+ * contiguous: past a row's end that is the next rows'; prefetches never
+ * fault). The hardware prefetcher alone kept too few lines in flight for
+ * one core's share of DRAM: a chain of 1B-model-shaped f16 gemvs (1.4 GB,
+ * huge pages) ran at 81-82% of the read roofline at 1 and 2 threads
+ * without it, 88-94% with 2048 bytes, 94-97% with 3072 and 83-84% with 4096
+ * (the lines then alias the ones being read in L1's sets) on session 19's
+ * Intel Xeon (docs/HISTORY.md). 2048, as gemv_kd_avx512.c's KD_PFD and
+ * q8lane_avx512.c's QL_PFD: not tuned to one CPU's best. */
+enum { GV_PFD = 2048 };
+
 /* ---- f16 ---- */
 AI float gvf16_row(int64_t n, const cm_f16 *x, const float *yf) {
     __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
     int64_t i = 0;
     for (; i + 32 <= n; i += 32) { /* ztile_f16 (CM_TILE_FLOAT), T = 1 */
+        _mm_prefetch((const char *)(x + i) + GV_PFD, _MM_HINT_T0);
         const __m512 x0 = z_f16(x, i), x1 = z_f16(x, i + 16);
         a0 = FMA16(a0, x0, _mm512_load_ps(yf + i));
         a1 = FMA16(a1, x1, _mm512_load_ps(yf + i + 16));
@@ -53,11 +66,28 @@ AI float gvf16_row(int64_t n, const cm_f16 *x, const float *yf) {
     return s;
 }
 
+/* A long row against the token in fp16: ztile_f16 with T = 1 (vec_dot_zf16's
+ * operations, values and order) plus the prefetch. */
+AI float gvf16_row_h(int64_t n, const cm_f16 *x, const cm_f16 *y) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        _mm_prefetch((const char *)(x + i) + GV_PFD, _MM_HINT_T0);
+        const __m512 x0 = z_f16(x, i), x1 = z_f16(x, i + 16);
+        a0 = FMA16(a0, x0, z_f16(y, i));
+        a1 = FMA16(a1, x1, z_f16(y, i + 16));
+    }
+    float s = HSUM16X2(a0, a1);
+    for (int64_t k = i; k < n; k++) s += sc_f16(x, k) * sc_f16(y, k);
+    return s;
+}
+
 static void gemv_vf16(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
                       int64_t r0, int64_t r1, int64_t n_tok) {
     (void)x_stride, (void)ldy, (void)n_tok;
-    if (k > GV_F16_F32K) { /* the token in fp16, converted again for every row: vec_dot */
-        for (int64_t i = r0; i < r1; i++) vec_dot_zf16(k, &y[i], (const char *)w + (size_t)i * w_stride, x);
+    if (k > GV_F16_F32K) { /* the token in fp16, converted again for every row, as vec_dot */
+        for (int64_t i = r0; i < r1; i++)
+            y[i] = gvf16_row_h(k, (const cm_f16 *)(const void *)((const char *)w + (size_t)i * w_stride), x);
         return;
     }
     _Alignas(64) float yf[GV_F16_F32K];

@@ -210,3 +210,19 @@ void cm_matmul_rows(const cm_kernels *k, const cm_tensor *W, const void *xq, siz
             k->vec_dot[t](n, &y[j * ldy + i], w, (const char *)xq + (size_t)j * xq_stride);
     }
 }
+
+cm_gemv_plan cm_gemv_plan_of(const cm_kernels *k, const cm_tensor *W) {
+    const enum cm_type t = W->type;
+    CM_ASSERT((unsigned)t < CM_TYPE_COUNT && k->vec_dot[t]);
+    cm_gemv_plan p = {.k = k, .W = W};
+    if (k->gemv_packed[t] && (p.w = cm_repack_find(W, &p.ws)) != NULL) p.fn = k->gemv_packed[t], p.packed = true;
+    else if (k->gemv[t]) p.fn = k->gemv[t], p.w = W->data, p.ws = W->nb[1];
+    return p;
+}
+
+void cm_gemv_plan_rows(const cm_gemv_plan *p, const void *xq, size_t xq_stride, float *y, int64_t ldy, int64_t r0,
+                       int64_t r1) {
+    CM_ASSERT(r0 >= 0 && r1 <= p->W->ne[1] && r0 <= r1);
+    if (p->fn) p->fn(p->W->ne[0], p->w, p->ws, xq, xq_stride, y, ldy, r0, r1, 1);
+    else cm_matmul_rows(p->k, p->W, xq, xq_stride, 1, y, ldy, r0, r1);
+}

@@ -167,6 +167,22 @@ size_t cm_quantize_rows(enum cm_type t, const float *src, void *dst, int64_t nro
  * loader rejects such files first). */
 void cm_matmul_rows(const cm_kernels *k, const cm_tensor *W, const void *xq, size_t xq_stride, int64_t n_tok, float *y,
                     int64_t ldy, int64_t r0, int64_t r1);
+/* cm_matmul_rows for one token over many row ranges of the same W (a decode
+ * matmul's shared loop, cm_pool_loop): cm_gemv_plan_of looks the repacked
+ * copy up once (a read lock and a search per call otherwise), then
+ * cm_gemv_plan_rows computes rows [r0, r1) exactly as cm_matmul_rows(k, W,
+ * xq, xq_stride, 1, y, ldy, r0, r1) would. */
+typedef struct {
+    const cm_kernels *k;
+    const cm_tensor *W;
+    cm_gemm_fn fn; /* NULL: cm_matmul_rows */
+    const void *w;
+    size_t ws;
+    bool packed; /* fn is gemv_packed (on the repacked copy) */
+} cm_gemv_plan;
+cm_gemv_plan cm_gemv_plan_of(const cm_kernels *k, const cm_tensor *W);
+void cm_gemv_plan_rows(const cm_gemv_plan *p, const void *xq, size_t xq_stride, float *y, int64_t ldy, int64_t r0,
+                       int64_t r1);
 
 /* ---- weights repacked at load (repack.c) ----
  * cm_repack_add: for each of the n tensors (whole weight matrices, or

@@ -116,10 +116,26 @@ QAI void q8l_pack1(int64_t ng, const cm_block_q8_0 *y, uint8_t *d) {
     }
 }
 
-/* The chains after ng groups of row x against the packed token, from cv. */
-QAI __m256 q8l_groups(int64_t ng, const cm_block_q8_0 *x, const uint8_t *pk, __m256 cv) {
+/* The decode gemv's software prefetch: each group's 9 lines QL_PFD bytes
+ * ahead of it (rows are contiguous: past a row's end that is the next rows',
+ * past the last row a few lines nobody reads; prefetches never fault). The
+ * hardware prefetcher alone kept too few lines in flight for one core's
+ * share of DRAM: a chain of 1B-model-shaped q8_0 gemvs (767 MB, huge pages)
+ * ran at 82% of the read roofline at 2 threads and 84% at 1 without it,
+ * 88-94% and 89-91% with 1024-2048 bytes, and 67% at 4096 (the lines then
+ * alias the ones being read in L1's sets) on session 19's Intel Xeon
+ * (docs/HISTORY.md). 2048, as gemv_kd_avx512.c's KD_PFD. */
+enum { QL_PFD = 2048 };
+
+/* The chains after ng groups of row x against the packed token, from cv;
+ * pf: prefetch QL_PFD bytes ahead (the decode gemv). Prefetching changes no
+ * arithmetic. */
+QAI __m256 q8l_groups_p(int64_t ng, const cm_block_q8_0 *x, const uint8_t *pk, __m256 cv, bool pf) {
     const __m512i k128 = _mm512_set1_epi8((char)0x80), z = _mm512_setzero_si512();
     for (int64_t g = 0; g < ng; g++, x += 16, pk += QL_GROUP) {
+        if (pf)
+            for (int o = 0; o < 16 * (int)sizeof(cm_block_q8_0); o += 64)
+                _mm_prefetch((const char *)x + QL_PFD + o, _MM_HINT_T0);
         __m512i p[4];
         _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) {
             const cm_block_q8_0 *xb = x + i;
@@ -136,6 +152,9 @@ QAI __m256 q8l_groups(int64_t ng, const cm_block_q8_0 *x, const uint8_t *pk, __m
         cv = _mm256_fmadd_ps(_mm512_extractf32x8_ps(f, 1), _mm512_extractf32x8_ps(d, 1), cv);
     }
     return cv;
+}
+QAI __m256 q8l_groups(int64_t ng, const cm_block_q8_0 *x, const uint8_t *pk, __m256 cv) {
+    return q8l_groups_p(ng, x, pk, cv, false);
 }
 
 static void vec_dot_lq8_0(int64_t n, float *s, const void *vx, const void *vy) {
@@ -168,7 +187,8 @@ static void q8l_rows(int64_t k, const void *w, size_t w_stride, const void *x, s
             for (int64_t t = 0; t < nt; t++) {
                 const cm_block_q8_0 *yt =
                     (const cm_block_q8_0 *)(const void *)((const char *)x + (size_t)(j0 + t) * x_stride);
-                const __m256 cv = q8l_groups(ng, xr, pk + t * PKT, _mm256_setzero_ps());
+                const __m256 cv = n_tok == 1 ? q8l_groups_p(ng, xr, pk, _mm256_setzero_ps(), true)
+                                             : q8l_groups(ng, xr, pk + t * PKT, _mm256_setzero_ps());
                 y[(j0 + t) * ldy + i] = q8l_finish(cv, 16 * ng, nb, xr, yt);
             }
         }

@@ -83,9 +83,41 @@ static void lora_mm(cm_ctx *c, const cm_tensor *w, float *y, int64_t ldy, int n_
                            c->lrows ? c->lrow_out : NULL);
 }
 
+/* Rows per unit of a decode matmul's shared loop (cm_pool_loop): 8-row
+ * multiples of at least 32 KiB, so a unit taken from another thread's part
+ * is worth its kernel call (which packs the token again). */
+static int64_t mm_grain(const cm_tensor *w) {
+    const int64_t rb = (int64_t)cm_row_size(w->type, w->ne[0]);
+    return CM_MAX(8, ((32768 + rb - 1) / rb + 7) & ~(int64_t)7);
+}
+
+/* Decode (one token): a shared loop over row units, so that a thread that
+ * reads memory slower than the other (a busy core, its pages farther away)
+ * hands over the end of its part instead of making the others wait at the
+ * next barrier. Every row is the same kernel's on the same data whichever
+ * thread computes it (kernels.h: any row slice gives the same bits). A
+ * batch keeps cm_split_range's parts (the gemms' tiles pack all tokens per
+ * call), and so does a gemv over repacked rows (gemv_packed): its token
+ * packing per call (q4_0's: gathers) made the shared loop 2-4% slower on
+ * the 1B q4_0 model (session 19). A NULL pool in cm_pool_loop_begin gives
+ * each thread its cm_split_range part. */
 static void matmul(cm_ctx *c, const cm_tensor *w, const void *xq, size_t xs, int n_tok, float *y, int64_t ldy, int ith,
                    int nth) {
     int64_t r0, r1;
+    if (n_tok == 1 && nth > 1) {
+        const int64_t g = mm_grain(w), nu = (w->ne[1] + g - 1) / g;
+        const cm_gemv_plan pl = cm_gemv_plan_of(c->k, w);
+        cm_pool_loop l;
+        int64_t u0, u1;
+        cm_pool_loop_begin(&l, pl.packed ? NULL : c->pool, nu, ith, nth);
+        while (cm_pool_loop_next(&l, &u0, &u1)) {
+            r0 = u0 * g;
+            r1 = CM_MIN(w->ne[1], u1 * g);
+            cm_gemv_plan_rows(&pl, xq, xs, y, ldy, r0, r1);
+            if (c->lora) lora_mm(c, w, y, ldy, 1, r0, r1);
+        }
+        return;
+    }
     cm_split_range(w->ne[1], ith, nth, &r0, &r1);
     if (r1 > r0) cm_matmul_rows(c->k, w, xq, xs, n_tok, y, ldy, r0, r1);
     if (c->lora && r1 > r0) lora_mm(c, w, y, ldy, n_tok, r0, r1);
@@ -324,8 +356,8 @@ static void phase_ffn(cm_ctx *c, int ith, int nth) {
     size_t xs;
     const void *xq = add_norm_prep(c, CM_ACT_FFN_IN, &L->ffn_norm, &c->gt, &xs, ith, nth);
     /* Decode: each thread computes gate and up for the same rows (whole
-     * blocks of ffn_down's activation type), applies silu and converts those
-     * blocks itself, into xq past the FFN input row that the other threads
+     * blocks of ffn_down's activation type, units of a shared loop as in
+     * matmul), applies silu and converts those blocks itself, into xq past the FFN input row that the other threads
      * may still be reading: one barrier before ffn_down instead of two. Same
      * per-row products, same elementwise ops: results are unchanged. */
     const enum cm_type vdn = cm_type_traits_of(c->dn.type)->vec_dot_type;
@@ -334,15 +366,19 @@ static void phase_ffn(cm_ctx *c, int ith, int nth) {
     if (n == 1 && cm_type_traits_of(c->up_w.type)->vec_dot_type == cm_type_traits_of(c->gt.type)->vec_dot_type &&
         dn_off + dn_rs <= xq_bytes(c)) {
         const int bs = cm_type_traits_of(vdn)->block_size;
-        int64_t u0, u1;
-        cm_split_range(FS / bs, ith, nth, &u0, &u1);
-        if (u1 > u0) {
-            cm_matmul_rows(c->k, &c->gt, xq, xs, 1, c->gate, FS, u0 * bs, u1 * bs);
-            cm_matmul_rows(c->k, &c->up_w, xq, xs, 1, c->up, FS, u0 * bs, u1 * bs);
+        const int64_t g = CM_MAX(1, mm_grain(&c->gt) / bs); /* blocks per unit of the shared loop */
+        const cm_gemv_plan pg = cm_gemv_plan_of(c->k, &c->gt), pu = cm_gemv_plan_of(c->k, &c->up_w);
+        cm_pool_loop l;
+        int64_t v0, v1;
+        cm_pool_loop_begin(&l, pg.packed || pu.packed ? NULL : c->pool, (FS / bs + g - 1) / g, ith, nth);
+        while (cm_pool_loop_next(&l, &v0, &v1)) {
+            const int64_t u0 = v0 * g, u1 = CM_MIN(FS / bs, v1 * g);
+            cm_gemv_plan_rows(&pg, xq, xs, c->gate, FS, u0 * bs, u1 * bs);
+            cm_gemv_plan_rows(&pu, xq, xs, c->up, FS, u0 * bs, u1 * bs);
             if (c->lora) lora_mm(c, &c->gt, c->gate, FS, 1, u0 * bs, u1 * bs);
             if (c->lora) lora_mm(c, &c->up_w, c->up, FS, 1, u0 * bs, u1 * bs);
+            silu_blocks(c, vdn, FS, u0, u1, c->xq + dn_off);
         }
-        silu_blocks(c, vdn, FS, u0, u1, c->xq + dn_off);
         cm_pool_barrier(c->pool);
         xq = vdn == CM_TYPE_F32 ? (const void *)c->gate : (const void *)(c->xq + dn_off);
         matmul(c, &c->dn, xq, dn_rs, n, c->part, E, ith, nth);

@@ -146,6 +146,27 @@ int cm_pool_size(const cm_pool *p);
 void cm_pool_run(cm_pool *p, cm_pool_fn fn, void *ctx);
 void cm_pool_barrier(cm_pool *p);
 
+/* A shared loop over n_units items inside cm_pool_run's fn: every thread of
+ * the run calls cm_pool_loop_begin (the same loops in the same order, each
+ * with the same n_units), then cm_pool_loop_next until it returns false;
+ * each call gives a range [*begin, *end) of units no other thread gets.
+ * Each thread starts on its cm_split_range part and, when done, takes what
+ * the others have not reached yet, so a thread slowed down (a busy core,
+ * slower memory) does not hold the run back. Which thread computes a unit
+ * varies: only for work whose result does not depend on it. Past
+ * CM_POOL_LOOPS loops in one run, or with p NULL or nth != the pool's size,
+ * each thread gets its cm_split_range part in one piece. A barrier (or the
+ * run's end) is still needed before reading the results. */
+enum { CM_POOL_LOOPS = 16 };
+typedef struct {
+    cm_pool *p;
+    int loop, ith, nth, k;
+    bool shared;
+    int64_t n;
+} cm_pool_loop;
+void cm_pool_loop_begin(cm_pool_loop *l, cm_pool *p, int64_t n_units, int ith, int nth);
+bool cm_pool_loop_next(cm_pool_loop *l, int64_t *begin, int64_t *end);
+
 /* Split [0, n) into nth near-equal parts; part ith is [*begin, *end). */
 static inline void cm_split_range(int64_t n, int ith, int nth, int64_t *begin, int64_t *end) {
     int64_t per = n / nth, rem = n % nth;

@@ -5,6 +5,9 @@
  * between the ops of one forward pass), then yield, then sleep on a condition
  * variable when idle, so an idle server burns no CPU. The barrier is a
  * sense-reversing counter with the same spin-then-yield policy.
+ * Shared loops (cm_pool_loop_next) balance a run's work between threads
+ * that do not read memory equally fast: one cursor per (loop, owner), each
+ * on its own cache line, zeroed after the run by the caller.
  * Must never allocate or create threads in cm_pool_run.
  */
 #include "os.h"
@@ -18,6 +21,11 @@
 
 #define SPIN_ITERS 2000
 #define YIELD_ITERS 20000
+#define LINE 64
+
+/* The shared loop a thread opens next in the current run (cm_pool_loop_begin):
+ * every thread of a run opens the same loops in the same order. */
+static _Thread_local int tl_loop;
 
 struct cm_pool {
     int n;
@@ -34,7 +42,13 @@ struct cm_pool {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     _Atomic int sleepers;
+    /* shared loops: CM_POOL_LOOPS x n cursors, LINE bytes apart */
+    unsigned char *cur;
 };
+
+static _Atomic int64_t *cursor(cm_pool *p, int loop, int owner) {
+    return (_Atomic int64_t *)(void *)(p->cur + ((size_t)loop * (size_t)p->n + (size_t)owner) * LINE);
+}
 
 typedef struct {
     cm_pool *p;
@@ -76,6 +90,7 @@ static void *worker_main(void *arg) {
         }
         seen = g;
         if (atomic_load(&p->stop)) return NULL;
+        tl_loop = 0;
         p->fn(p->ctx, wa.ith, p->n);
         atomic_fetch_sub_explicit(&p->remaining, 1, memory_order_acq_rel);
     }
@@ -89,10 +104,15 @@ cm_pool *cm_pool_new(int n_threads) {
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->cv, NULL);
     p->threads = calloc((size_t)n_threads, sizeof *p->threads);
-    if (!p->threads) {
+    p->cur = aligned_alloc(LINE, (size_t)CM_POOL_LOOPS * (size_t)n_threads * LINE);
+    if (!p->threads || !p->cur) {
+        free(p->threads);
+        free(p->cur);
         free(p);
         return NULL;
     }
+    for (int l = 0; l < CM_POOL_LOOPS; l++)
+        for (int o = 0; o < n_threads; o++) atomic_init(cursor(p, l, o), 0);
     for (int i = 1; i < n_threads; i++) {
         worker_arg *wa = malloc(sizeof *wa);
         CM_ASSERT(wa);
@@ -127,6 +147,7 @@ void cm_pool_free(cm_pool *p) {
     pthread_mutex_destroy(&p->mu);
     pthread_cond_destroy(&p->cv);
     free(p->threads);
+    free(p->cur);
     free(p);
 }
 
@@ -135,6 +156,7 @@ int cm_pool_size(const cm_pool *p) { return p ? p->n : 1; }
 void cm_thread_yield(void) { sched_yield(); }
 
 void cm_pool_run(cm_pool *p, cm_pool_fn fn, void *ctx) {
+    tl_loop = 0;
     if (!p || p->n == 1) {
         fn(ctx, 0, 1);
         return;
@@ -154,6 +176,9 @@ void cm_pool_run(cm_pool *p, cm_pool_fn fn, void *ctx) {
         if (spins++ < SPIN_ITERS) cpu_relax();
         else sched_yield();
     }
+    /* every thread is done with the run's loops: ready them for the next */
+    for (int l = 0; l < CM_MIN(tl_loop, CM_POOL_LOOPS); l++)
+        for (int o = 0; o < p->n; o++) atomic_store_explicit(cursor(p, l, o), 0, memory_order_relaxed);
 }
 
 void cm_pool_barrier(cm_pool *p) {
@@ -169,4 +194,46 @@ void cm_pool_barrier(cm_pool *p) {
         if (spins++ < SPIN_ITERS) cpu_relax();
         else sched_yield();
     }
+}
+
+void cm_pool_loop_begin(cm_pool_loop *l, cm_pool *p, int64_t n_units, int ith, int nth) {
+    l->p = p;
+    l->loop = tl_loop < CM_POOL_LOOPS ? tl_loop++ : CM_POOL_LOOPS; /* no overflow outside runs */
+    l->ith = ith;
+    l->nth = nth;
+    l->n = n_units;
+    l->k = 0;
+    /* alone, or past the run's loops: this thread's cm_split_range part, in one piece */
+    l->shared = p && nth > 1 && nth == p->n && l->loop < CM_POOL_LOOPS;
+}
+
+bool cm_pool_loop_next(cm_pool_loop *l, int64_t *begin, int64_t *end) {
+    if (!l->shared) {
+        if (l->k++) return false;
+        cm_split_range(l->n, l->ith, l->nth, begin, end);
+        return *begin < *end;
+    }
+    /* Owner o's units are its cm_split_range part. The owner takes 3/4 of
+     * its part in one piece, then half of what is left each time (each
+     * piece is one kernel call, and kernels pack the token per call); the
+     * others, done with their own, take one unit at a time. */
+    for (; l->k < l->nth; l->k++) {
+        const int o = (l->ith + l->k) % l->nth;
+        int64_t o0, o1;
+        cm_split_range(l->n, o, l->nth, &o0, &o1);
+        const int64_t cnt = o1 - o0;
+        _Atomic int64_t *c = cursor(l->p, l->loop, o);
+        int64_t want = 1;
+        if (l->k == 0) {
+            const int64_t done = atomic_load_explicit(c, memory_order_relaxed);
+            want = done == 0 ? CM_MAX(1, cnt * 3 / 4) : CM_MAX(1, (cnt - done) / 2);
+        }
+        const int64_t got = atomic_fetch_add_explicit(c, want, memory_order_relaxed);
+        if (got < cnt) {
+            *begin = o0 + got;
+            *end = o0 + CM_MIN(cnt, got + want);
+            return true;
+        }
+    }
+    return false;
 }

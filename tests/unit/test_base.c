@@ -7,6 +7,8 @@
 #include "tensor/tensor.h"
 
 #include <stdatomic.h>
+#include <string.h>
+#include <time.h>
 
 static void test_errors(void) {
     char e[64];
@@ -105,6 +107,66 @@ static void barrier_job(void *vctx, int ith, int nth) {
     }
 }
 
+/* cm_pool_loop: loops of several sizes in one run, more of them than
+ * CM_POOL_LOOPS (the rest fall back to cm_split_range parts); every unit
+ * exactly once. In loop 1 thread 0 starts late (it sleeps), so the others
+ * must take units of its part. */
+enum { LOOP_N = CM_POOL_LOOPS + 4, LOOP_MAXU = 1000 };
+typedef struct {
+    _Atomic int count[LOOP_N][LOOP_MAXU];
+    _Atomic int by[LOOP_N][LOOP_MAXU]; /* 1 + the thread that took the unit */
+    int bad;
+} loop_ctx;
+
+static int64_t loop_units(int l) {
+    static const int64_t sizes[] = {0, 1000, 1, 3, 7, 100, 999};
+    return sizes[l % 7];
+}
+
+static void loop_job(void *vctx, int ith, int nth) {
+    loop_ctx *c = vctx;
+    for (int l = 0; l < LOOP_N; l++) {
+        const int64_t n = loop_units(l);
+        cm_pool_loop lp;
+        cm_pool_loop_begin(&lp, g_pool, n, ith, nth);
+        if (l == 1 && ith == 0 && nth > 1) {
+            struct timespec ts = {0, 20 * 1000 * 1000};
+            nanosleep(&ts, NULL);
+        }
+        int64_t b, e;
+        while (cm_pool_loop_next(&lp, &b, &e)) {
+            if (b < 0 || e > n || b >= e) c->bad++;
+            for (int64_t i = CM_MAX(0, b); i < CM_MIN(n, e); i++) {
+                atomic_fetch_add(&c->count[l][i], 1);
+                atomic_store(&c->by[l][i], 1 + ith);
+            }
+        }
+    }
+}
+
+static void test_pool_loop(void) {
+    static loop_ctx c;
+    for (int n = 1; n <= 4; n++) {
+        cm_pool *p = cm_pool_new(n);
+        g_pool = p;
+        for (int run = 0; run < (n > 1 ? 3 : 1); run++) {
+            memset(&c, 0, sizeof c);
+            cm_pool_run(p, loop_job, &c);
+            CHECK(c.bad == 0);
+            for (int l = 0; l < LOOP_N; l++)
+                for (int64_t i = 0; i < loop_units(l); i++)
+                    CHECKF(atomic_load(&c.count[l][i]) == 1, "n=%d loop %d unit %lld taken %d times", n, l,
+                           (long long)i, atomic_load(&c.count[l][i]));
+            if (n > 1) { /* thread 0's part of loop 1, [0, 1000 / n), mostly taken by the others */
+                int others = 0;
+                for (int64_t i = 0; i < 1000 / n; i++) others += atomic_load(&c.by[1][i]) != 1;
+                CHECKF(others > 0, "n=%d: no unit of the sleeping thread's part was taken by another", n);
+            }
+        }
+        cm_pool_free(p);
+    }
+}
+
 static void test_pool(void) {
     for (int n = 1; n <= 4; n++) {
         cm_pool *p = cm_pool_new(n);
@@ -178,6 +240,7 @@ int main(void) {
     RUN(test_types);
     RUN(test_f16);
     RUN(test_pool);
+    RUN(test_pool_loop);
     RUN(test_file);
     TEST_END();
 }
