@@ -208,14 +208,23 @@ AI void fg_tile(int64_t n, const float *xs, const float *yseg, const float *ynex
         a[r][t];
 }
 
-/* The tile with constant R (FG_R, or 1 for each of the last rows) and T. */
+/* The tile with constant R and T: FG_R rows, or the last rows of a slice in
+ * tiles of 3, 2 and 1 (5 = 3 + 2, 4 = 2 + 2: a 1-row tile loads a weight
+ * vector per 1-4 FMAs, a 3-row one per 3-12). */
 static void fg_tile_any(int64_t n, const float *xs, const float *yseg, const float *ynext, int R, int T, bool first,
                         __m512 (*acc)[FG_T]) {
-#define FG_CASE(TT)                                                                                              \
-    case TT:                                                                                                     \
-        if (R == FG_R) fg_tile(n, xs, yseg, ynext, FG_R, TT, first, acc);                                        \
-        else                                                                                                     \
-            for (int r = 0; r < R; r++) fg_tile(n, xs + (size_t)r * FG_XLD, yseg, ynext, 1, TT, first, acc + r); \
+#define FG_ROWS(RR, TT) fg_tile(n, xs + (size_t)r * FG_XLD, yseg, ynext, RR, TT, first, acc + r)
+#define FG_CASE(TT)                                                                 \
+    case TT:                                                                        \
+        if (R == FG_R) fg_tile(n, xs, yseg, ynext, FG_R, TT, first, acc);           \
+        else                                                                        \
+            for (int r = 0; r < R;) {                                               \
+                const int left = R - r, take = left == 4 ? 2 : left > 3 ? 3 : left; \
+                if (take == 3) FG_ROWS(3, TT);                                      \
+                else if (take == 2) FG_ROWS(2, TT);                                 \
+                else FG_ROWS(1, TT);                                                \
+                r += take;                                                          \
+            }                                                                       \
         break;
     switch (T) {
         FG_CASE(4)
@@ -224,6 +233,7 @@ static void fg_tile_any(int64_t n, const float *xs, const float *yseg, const flo
     default: FG_CASE(1)
     }
 #undef FG_CASE
+#undef FG_ROWS
 }
 
 /* _mm512_reduce_add_ps of 16 vectors at once: lane 4k + m of the result is
