@@ -35,7 +35,7 @@
  * weights, corrections, activations and scale products stay near L1 for long
  * rows too (ffn_down).
  *
- * Stack: ~180 KiB (q8_0) / ~750 KiB (f16) of tables at most; every thread
+ * Stack: ~180 KiB (q8_0) / ~1.1 MiB (f16) of tables at most; every thread
  * cumulo starts has the default 8 MiB. Rows longer than the tables (k >
  * 16384) use the earlier gemms. Never allocates.
  */
