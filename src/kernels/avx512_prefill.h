@@ -35,7 +35,7 @@
  * weights, corrections, activations and scale products stay near L1 for long
  * rows too (ffn_down).
  *
- * Stack: ~180 KiB (q8_0) / ~750 KiB (f16) of tables at most; every thread
+ * Stack: ~180 KiB (q8_0) / ~1.1 MiB (f16) of tables at most; every thread
  * cumulo starts has the default 8 MiB. Rows longer than the tables (k >
  * 16384) use the earlier gemms. Never allocates.
  */
@@ -163,31 +163,33 @@ static void gemm_qg8_0(int64_t k, const void *w, size_t w_stride, const void *x,
 /* ---- f16: ztile_f16's two chains, one after the other ----
  * Chain h of a row is its elements 32m + 16h .. 32m + 16h + 15 (m = 0, 1,
  * ...), added in ascending m. The tokens of a pass are converted to f32 once
- * per call and stored chain by chain (chain 0's vectors, then chain 1's), so
- * the register tile's loop is aligned loads and FMAs only (vcvtph2ps is two
- * uops on the FMA ports of Intel cores: converting each token vector for
- * every row tile spent a third of those ports' slots). A row tile runs chain
- * 0 over every token, then chain 1; each chain in segments of FG_SEG of its
- * elements: the tile's rows' segment is converted to f32 into a
- * small buffer that stays in L1 while every token tile of the pass streams
- * its own segment of the packed tokens from L2 (FG_T lines per FG_R x FG_T
- * FMAs), each tile's lanes carried across segments in a table. The same
- * FMAs on the same operands in the same order per chain, then ztile_f16's
- * reduction and scalar tail: each (row, token) keeps vec_dot's bits. */
+ * per call (vcvtph2ps is two uops on the FMA ports of Intel cores: converting
+ * each token vector for every row tile spent a third of those ports' slots)
+ * and stored by token tile: chain 0's vectors then chain 1's, each step's 16
+ * elements of the tile's FG_T tokens side by side, so a tile reads one
+ * sequential stream (the hardware prefetchers follow it: no prefetch
+ * instructions, which took load-port slots the loads need). A row tile runs
+ * chain 0 over every token, then chain 1; each chain in segments of FG_SEG of
+ * its elements: the tile's rows' segment is converted to f32 into a small
+ * buffer that stays in L1 while every token tile of the pass streams its own
+ * segment of the packed tokens from L2, each tile's lanes carried across
+ * segments in a table. The same FMAs on the same operands in the same order
+ * per chain, then ztile_f16's reduction (fg_reduce16: sixteen at once, the
+ * same additions) and scalar tail: each (row, token) keeps vec_dot's bits. */
 enum {
-    FG_R = 6,               /* weight rows per register tile */
-    FG_T = 4,               /* tokens per register tile */
-    FG_MAXK = 16384,        /* longer rows: gemm_pf16 */
-    FG_SEG = 512,           /* elements of one chain per segment */
-    FG_XLD = FG_SEG + 16,   /* float stride of the segment buffer's rows (+ a line: no set aliasing) */
-    FG_YF = 640 * 1024 / 4, /* floats of converted tokens per pass */
-    FG_MAXT = 128,          /* tokens per pass at most (a multiple of FG_T) */
+    FG_R = 6,                /* weight rows per register tile */
+    FG_T = 4,                /* tokens per register tile */
+    FG_MAXK = 16384,         /* longer rows: gemm_pf16 */
+    FG_SEG = 512,            /* elements of one chain per segment */
+    FG_XLD = FG_SEG + 16,    /* float stride of the segment buffer's rows (+ a line: no set aliasing) */
+    FG_YF = 1024 * 1024 / 4, /* floats of converted tokens per pass: 128 tokens of 2048 (one pass of a prompt) */
+    FG_MAXT = 128,           /* tokens per pass at most (a multiple of FG_T) */
 };
 
-/* R rows' segment (f32, FG_XLD apart) x T tokens' segment (f32, ys apart), n
- * elements: acc[r][t] = the chain's lanes, carried in and out (from zero
- * when first). */
-AI void fg_tile(int64_t n, const float *xs, const float *yseg, size_t ys, const float *ynext, int R, int T, bool first,
+/* R rows' segment (f32, FG_XLD apart) x T tokens' segment (yseg: per step of
+ * 16 elements, FG_T tokens' vectors), n elements: acc[r][t] = the chain's
+ * lanes, carried in and out (from zero when first). */
+AI void fg_tile(int64_t n, const float *xs, const float *yseg, const float *ynext, int R, int T, bool first,
                 __m512 (*acc)[FG_T]) {
     __m512 a[FG_R][FG_T];
     _Pragma("GCC unroll 6") for (int r = 0; r < R; r++) _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) a[r][t] =
@@ -196,9 +198,9 @@ AI void fg_tile(int64_t n, const float *xs, const float *yseg, size_t ys, const 
         __m512 xv[FG_R];
         _Pragma("GCC unroll 6") for (int r = 0; r < R; r++) xv[r] = _mm512_load_ps(xs + (size_t)r * FG_XLD + i);
         _Pragma("GCC unroll 4") for (int t = 0; t < FG_T; t++)
-            _mm_prefetch((const char *)(ynext + (size_t)t * ys + i), _MM_HINT_T0);
+            _mm_prefetch((const char *)(ynext + (size_t)(FG_T * i + 16 * t)), _MM_HINT_T0);
         _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
-            const __m512 yy = _mm512_load_ps(yseg + (size_t)t * ys + i);
+            const __m512 yy = _mm512_load_ps(yseg + (size_t)(FG_T * i + 16 * t));
             _Pragma("GCC unroll 6") for (int r = 0; r < R; r++) a[r][t] = _mm512_fmadd_ps(xv[r], yy, a[r][t]);
         }
     }
@@ -206,14 +208,23 @@ AI void fg_tile(int64_t n, const float *xs, const float *yseg, size_t ys, const 
         a[r][t];
 }
 
-/* The tile with constant R (FG_R, or 1 for each of the last rows) and T. */
-static void fg_tile_any(int64_t n, const float *xs, const float *yseg, size_t ys, const float *ynext, int R, int T,
-                        bool first, __m512 (*acc)[FG_T]) {
-#define FG_CASE(TT)                                                                                                  \
-    case TT:                                                                                                         \
-        if (R == FG_R) fg_tile(n, xs, yseg, ys, ynext, FG_R, TT, first, acc);                                        \
-        else                                                                                                         \
-            for (int r = 0; r < R; r++) fg_tile(n, xs + (size_t)r * FG_XLD, yseg, ys, ynext, 1, TT, first, acc + r); \
+/* The tile with constant R and T: FG_R rows, or the last rows of a slice in
+ * tiles of 3, 2 and 1 (5 = 3 + 2, 4 = 2 + 2: a 1-row tile loads a weight
+ * vector per 1-4 FMAs, a 3-row one per 3-12). */
+static void fg_tile_any(int64_t n, const float *xs, const float *yseg, const float *ynext, int R, int T, bool first,
+                        __m512 (*acc)[FG_T]) {
+#define FG_ROWS(RR, TT) fg_tile(n, xs + (size_t)r * FG_XLD, yseg, ynext, RR, TT, first, acc + r)
+#define FG_CASE(TT)                                                                 \
+    case TT:                                                                        \
+        if (R == FG_R) fg_tile(n, xs, yseg, ynext, FG_R, TT, first, acc);           \
+        else                                                                        \
+            for (int r = 0; r < R;) {                                               \
+                const int left = R - r, take = left == 4 ? 2 : left > 3 ? 3 : left; \
+                if (take == 3) FG_ROWS(3, TT);                                      \
+                else if (take == 2) FG_ROWS(2, TT);                                 \
+                else FG_ROWS(1, TT);                                                \
+                r += take;                                                          \
+            }                                                                       \
         break;
     switch (T) {
         FG_CASE(4)
@@ -222,6 +233,47 @@ static void fg_tile_any(int64_t n, const float *xs, const float *yseg, size_t ys
     default: FG_CASE(1)
     }
 #undef FG_CASE
+#undef FG_ROWS
+}
+
+/* _mm512_reduce_add_ps of 16 vectors at once: lane 4k + m of the result is
+ * v[4m + k]'s sum. The same additions in the same tree as the intrinsic
+ * (upper 256 + lower 256, then upper 128 + lower 128 of that, then lanes 0,1
+ * + lanes 2,3, then lane 0 + lane 1), each of the four levels on four or
+ * eight sums per instruction instead of one. */
+AI __m512 fg_reduce16(const __m512 *v) {
+    __m512 s1[8], s2[4], s3[2];
+    for (int p = 0; p < 8; p++) /* v[2p] | v[2p+1]: 8 lanes each */
+        s1[p] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * p], v[2 * p + 1], 0xEE),
+                              _mm512_shuffle_f32x4(v[2 * p], v[2 * p + 1], 0x44));
+    for (int p = 0; p < 4; p++) /* v[4p + k] in 128-bit lane k: 4 each */
+        s2[p] = _mm512_add_ps(_mm512_shuffle_f32x4(s1[2 * p], s1[2 * p + 1], 0xDD),
+                              _mm512_shuffle_f32x4(s1[2 * p], s1[2 * p + 1], 0x88));
+    for (int p = 0; p < 2; p++) /* lane k: v[8p + k] (2), v[8p + 4 + k] (2) */
+        s3[p] = _mm512_add_ps(_mm512_shuffle_ps(s2[2 * p], s2[2 * p + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                              _mm512_shuffle_ps(s2[2 * p], s2[2 * p + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    return _mm512_add_ps(_mm512_shuffle_ps(s3[0], s3[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_ps(s3[0], s3[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+/* A full tile's 24 results (chains' lanes a0, a1; no scalar tail) into yo
+ * (rows adjacent, tokens ldy apart): rows 0-3 by one fg_reduce16 (lane 4t +
+ * r), rows 4-5 by another (lane 4t + r - 4), four and two floats per token. */
+AI void fg_done(__m512 (*a0)[FG_T], __m512 (*a1)[FG_T], float *yo, int64_t ldy) {
+    __m512 v[16], u[16];
+    _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++) _Pragma("GCC unroll 4") for (int t = 0; t < FG_T; t++) {
+        v[4 * r + t] = _mm512_add_ps(a0[r][t], a1[r][t]); /* ztile_f16's a0 + a1 */
+        u[4 * r + t] = r < 2 ? _mm512_add_ps(a0[4 + r][t], a1[4 + r][t]) : _mm512_setzero_ps();
+    }
+    const __m512 s = fg_reduce16(v), s2 = fg_reduce16(u);
+    _mm_storeu_ps(yo, _mm512_castps512_ps128(s));
+    _mm_storel_pi((__m64 *)(void *)(yo + 4), _mm512_castps512_ps128(s2));
+    _mm_storeu_ps(yo + ldy, _mm512_extractf32x4_ps(s, 1));
+    _mm_storel_pi((__m64 *)(void *)(yo + ldy + 4), _mm512_extractf32x4_ps(s2, 1));
+    _mm_storeu_ps(yo + 2 * ldy, _mm512_extractf32x4_ps(s, 2));
+    _mm_storel_pi((__m64 *)(void *)(yo + 2 * ldy + 4), _mm512_extractf32x4_ps(s2, 2));
+    _mm_storeu_ps(yo + 3 * ldy, _mm512_extractf32x4_ps(s, 3));
+    _mm_storel_pi((__m64 *)(void *)(yo + 3 * ldy + 4), _mm512_extractf32x4_ps(s2, 3));
 }
 
 static void gemm_fg16(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
@@ -231,20 +283,20 @@ static void gemm_fg16(int64_t k, const void *w, size_t w_stride, const void *x, 
         gemm_pf16(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
         return;
     }
-    _Alignas(64) float yf[FG_YF];                           /* the pass's tokens in f32, chain-split, ys apart */
+    _Alignas(64) float yf[FG_YF];                           /* the pass's tokens in f32, by token tile */
     _Alignas(64) float xs[FG_R * FG_XLD];                   /* the row tile's segment of one chain in f32 */
     _Alignas(64) __m512 acc[2][FG_MAXT / FG_T][FG_R][FG_T]; /* per chain and token tile */
-    const size_t ys = (size_t)n32 + 16;                     /* + a line: no set aliasing between tokens */
-    int64_t cap = (int64_t)(FG_YF / ys) / FG_T * FG_T;
-    cap = cap > FG_MAXT ? FG_MAXT : cap < FG_T ? FG_T : cap; /* k <= FG_MAXK: 9 tokens fit */
+    const size_t ts = (size_t)FG_T * (size_t)n32;           /* floats per token tile */
+    int64_t cap = (int64_t)(FG_YF / ts) * FG_T;             /* k <= FG_MAXK: 4 tiles fit */
+    cap = cap > FG_MAXT ? FG_MAXT : cap;
     for (int64_t j0 = 0; j0 < n_tok; j0 += cap) {
         const int64_t nt = n_tok - j0 < cap ? n_tok - j0 : cap, ntt = (nt + FG_T - 1) / FG_T;
         for (int64_t t = 0; t < nt; t++) {
             const void *yr = (const char *)x + (size_t)(j0 + t) * x_stride;
-            float *d = yf + (size_t)t * ys;
+            float *d = yf + (size_t)(t / FG_T) * ts + (size_t)(t % FG_T) * 16;
             for (int64_t e = 0; e < n32; e += 32) {
-                _mm512_store_ps(d + e / 2, z_f16(yr, e));
-                _mm512_store_ps(d + nh + e / 2, z_f16(yr, e + 16));
+                _mm512_store_ps(d + FG_T * (e / 2), z_f16(yr, e));
+                _mm512_store_ps(d + FG_T * (nh + e / 2), z_f16(yr, e + 16));
             }
         }
         for (int64_t i = r0; i < r1; i += FG_R) {
@@ -268,24 +320,31 @@ static void gemm_fg16(int64_t k, const void *w, size_t w_stride, const void *x, 
                         for (const size_t pe = po + pstep; po < pe && po < pfb; po += 64)
                             _mm_prefetch(pf + po, _MM_HINT_T1);
                         const int T = nt - jt * FG_T < FG_T ? (int)(nt - jt * FG_T) : FG_T;
-                        const float *yseg = yf + (size_t)(jt * FG_T) * ys + (size_t)(h * nh + s0);
+                        const float *yseg = yf + (size_t)jt * ts + (size_t)FG_T * (size_t)(h * nh + s0);
                         /* the next tile's segment into L1 meanwhile (past the last tile: harmless lines of yf) */
-                        const float *ynext = jt + 1 < ntt ? yseg + (size_t)FG_T * ys : yf;
-                        fg_tile_any(n, xs, yseg, ys, ynext, R, T, s0 == 0, acc[h][jt]);
+                        const float *ynext = jt + 1 < ntt ? yseg + ts : yf;
+                        float *yo = y + (j0 + jt * FG_T) * ldy + i;
+                        const bool last = h == 1 && s0 + n == nh;
+                        if (last) /* its results' lines, written after this tile */
+                            for (int t = 0; t < T; t++) {
+                                __builtin_prefetch(yo + t * ldy, 1, 3);
+                                __builtin_prefetch(yo + t * ldy + R - 1, 1, 3);
+                            }
+                        fg_tile_any(n, xs, yseg, ynext, R, T, s0 == 0, acc[h][jt]);
+                        if (last && R == FG_R && T == FG_T && n32 == k) fg_done(acc[0][jt], acc[1][jt], yo, ldy);
+                        else if (last)
+                            for (int t = 0; t < T; t++) { /* ztile_f16's reduction and scalar tail */
+                                const cm_f16 *yr =
+                                    (const cm_f16 *)(const void *)((const char *)x +
+                                                                   (size_t)(j0 + jt * FG_T + t) * x_stride);
+                                for (int r = 0; r < R; r++) {
+                                    float sum = _mm512_reduce_add_ps(_mm512_add_ps(acc[0][jt][r][t], acc[1][jt][r][t]));
+                                    for (int64_t e = n32; e < k; e++) sum += sc_f16(xr[r], e) * sc_f16(yr, e);
+                                    yo[t * ldy + r] = sum;
+                                }
+                            }
                     }
                 }
-            for (int64_t jt = 0; jt < ntt; jt++) {
-                const int T = nt - jt * FG_T < FG_T ? (int)(nt - jt * FG_T) : FG_T;
-                for (int t = 0; t < T; t++) { /* the tile's rows are adjacent in y */
-                    const int64_t j = j0 + jt * FG_T + t;
-                    const cm_f16 *yr = (const cm_f16 *)(const void *)((const char *)x + (size_t)j * x_stride);
-                    for (int r = 0; r < R; r++) { /* ztile_f16's reduction and scalar tail */
-                        float s = _mm512_reduce_add_ps(_mm512_add_ps(acc[0][jt][r][t], acc[1][jt][r][t]));
-                        for (int64_t e = n32; e < k; e++) s += sc_f16(xr[r], e) * sc_f16(yr, e);
-                        y[j * ldy + i + r] = s;
-                    }
-                }
-            }
         }
     }
 }

@@ -203,7 +203,9 @@ static void test_long_rows(void) {
             if (k_types[ti] == CM_TYPE_F16) {
                 check_long(k, k_types[ti], LK3, LTOK);
                 check_long(k, k_types[ti], 2053, 7);
+                check_long(k, k_types[ti], 16384, LTOK); /* avx512_prefill.h: two passes of whole tiles */
             }
+            if (k_types[ti] == CM_TYPE_BF16) check_long(k, k_types[ti], 2048, LTOK); /* no scalar tail */
             if (is_k(k_types[ti])) check_long(k, k_types[ti], KQ_NB * 256, KQ_TOK);
         }
     }
