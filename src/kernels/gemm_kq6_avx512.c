@@ -38,6 +38,8 @@
 #include <immintrin.h>
 #include <string.h>
 
+#include "avx512_kpacked.h"
+
 #define KQ_AI static inline __attribute__((always_inline))
 
 enum {
@@ -603,7 +605,6 @@ KQ_AI void kq6_prev_gemm(int64_t k, const void *w, size_t w_stride, const void *
                          int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {
     g_prev_q6(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
 }
-#include "avx512_kpacked.h"
 KP_GEMM(gemm_pq6_long, cm_block_q6_k, kq6_unlanes, kq6_prev_gemm)
 
 void cm_kernels_fill_kq6_avx512(cm_kernels *k) {
