@@ -347,8 +347,11 @@ static void test_give_back(void) {
             check_give_back(k, CM_TYPE_Q4_0, 5632);
         }
         if (k->gemv_packed[CM_TYPE_Q4_K]) check_give_back(k, CM_TYPE_Q4_K, 2048);
-        if (k->gemv_packed[CM_TYPE_Q5_K])
-            check_give_back(k, CM_TYPE_Q5_K, 2048), check_give_back(k, CM_TYPE_Q5_K, 5632);
+        if (k->gemv_packed[CM_TYPE_Q5_K]) {
+            check_give_back(k, CM_TYPE_Q5_K, 2048);
+            check_give_back(k, CM_TYPE_Q5_K, 5632);
+            check_give_back(k, CM_TYPE_Q5_K, 17408); /* past the avx512 gemms' 64 super-blocks */
+        }
         if (k->gemv_packed[CM_TYPE_Q6_K]) {
             check_give_back(k, CM_TYPE_Q6_K, 2048);
             check_give_back(k, CM_TYPE_Q6_K, 5632);  /* several of avx512_kpacked.h's chunks */
