@@ -24,6 +24,8 @@
  * Rows are unpacked once per pass of tokens into a stack buffer, tokens
  * packed once per pass. Every (row, token) is bit-identical to the table's
  * vec_dot (kernels.h; tests/unit/test_kernels_kq.c, test_kernels_invariant.c).
+ * The same gemm over "q6_k lanes" rows is the table's gemm_packed (gemm_pq6:
+ * the weights held once, repack.c; tests/unit/test_kernels_repack.c).
  *
  * Installed into the avx512 table by cm_kernels_fill_kq6_avx512 (dispatch.c)
  * after kernels_avx512.c, whose gemm (avx512_kgemm.h over ztile_q6_k, the
