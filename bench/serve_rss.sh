@@ -17,10 +17,10 @@
 # info`'s "context: N trained"): KV pages are committed only as positions are
 # written (src/model/kv_mem.c), so 16 slots of it reserve nothing up front.
 # The weights figure is the model's tensors once; where the kernels' repacked
-# layouts serve every pass (src/kernels/repack.c: Q4_0 on avx512/avx2) the
-# file's pages under them are given back, elsewhere (K-quants on avx512) the
-# copies are a second copy counted in the overhead (CUMULO_REPACK=0 passes
-# through to serve and leaves them out: the overhead then shows the rest).
+# layouts serve every pass (src/kernels/repack.c: Q4_0, Q4_K, Q5_K, Q6_K as
+# each table repacks them) the file's pages under them are given back; a copy
+# held beside the file's bytes (a mapped file) counts in the overhead
+# (CUMULO_REPACK=0 passes through to serve and leaves them out).
 set -u
 cd "$(dirname "$0")/.." || exit 1
 MODEL=${MODEL:-/work/cache/bench-1b/llama1b-q4_0.gguf}

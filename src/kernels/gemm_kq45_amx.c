@@ -49,6 +49,8 @@
 #include <immintrin.h>
 #include <string.h>
 
+#include "avx512_kpacked.h"
+
 #define AKI static inline __attribute__((always_inline))
 
 enum {
@@ -73,14 +75,17 @@ static cm_gemm_fn g_prev_q4_k, g_prev_q5_k;
  * rows' d (pd[16 b + r]), -dmin (pn) and mins word pairs (pm[16 (4 b + u) + r]
  * = mn_2u | mn_2u+1 << 16). q5: q5_k rows, else q4_k. */
 AKI void ak_panel(bool q5, int64_t nb, const uint8_t *w, size_t ws, int R, uint8_t *pa, float *pd, float *pn,
-                  int32_t *pm) {
+                  int32_t *pm, bool lanes) {
     const __m512i m4 = _mm512_set1_epi8(0x0f), one = _mm512_set1_epi8(1), mlo = _mm512_set1_epi16(0x00ff);
     /* per 64-weight chunk: shift counts of the low (elements 64k..) and high (64k+32..) nibbles */
     const __m512i nsh = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
     for (int r = 0; r < 16; r++) {
         const uint8_t *row = w + (size_t)(r < R ? r : R - 1) * ws;
         for (int64_t b = 0; b < nb; b++) {
-            const uint8_t *blk = row + (size_t)b * (q5 ? sizeof(cm_block_q5_k) : sizeof(cm_block_q4_k));
+            cm_block_q5_k tmp; /* lanes: the rows are "q5_k lanes", this super-block in the file's form */
+            if (lanes) kp_q5_blk(row, nb, b, &tmp);
+            const uint8_t *blk =
+                lanes ? (const uint8_t *)&tmp : row + (size_t)b * (q5 ? sizeof(cm_block_q5_k) : sizeof(cm_block_q4_k));
             const cm_block_q4_k *b4 = (const cm_block_q4_k *)(const void *)blk;
             const cm_block_q5_k *b5 = (const cm_block_q5_k *)(const void *)blk;
             uint8_t sc[8], mn[8];
@@ -302,7 +307,7 @@ static void ak_groups(int64_t nb, int64_t ngr, int64_t ntp, const uint8_t *xp0, 
 }
 
 static void ak_gemm(bool q5, int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
-                    int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {
+                    int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok, bool lanes) {
     const int64_t nb = k / CM_QK_K;
     _Alignas(64) uint8_t pa[AK_MAXNB * AK_PB], xp[AK_PACK];
     _Alignas(64) float pd[AK_MAXNB * 16], pn[AK_MAXNB * 16];
@@ -322,7 +327,8 @@ static void ak_gemm(bool q5, int64_t k, const void *w, size_t w_stride, const vo
         }
         for (int64_t i = r0; i < r1; i += 16) {
             const int R = r1 - i < 16 ? (int)(r1 - i) : 16;
-            ak_panel(q5, nb, (const uint8_t *)w + (size_t)i * w_stride, w_stride, R, pa, pd, pn, pm);
+            if (lanes) ak_panel(true, nb, (const uint8_t *)w + (size_t)i * w_stride, w_stride, R, pa, pd, pn, pm, true);
+            else ak_panel(q5, nb, (const uint8_t *)w + (size_t)i * w_stride, w_stride, R, pa, pd, pn, pm, false);
             ak_groups(nb, ngr, ntp, xp, gbytes, pa, pd, pn, pm, cb, am, hs, y + j0 * ldy + i, ldy,
                       (__mmask16)((1u << R) - 1));
         }
@@ -336,7 +342,7 @@ static void gemm_xq4_k(int64_t k, const void *w, size_t w_stride, const void *x,
         g_prev_q4_k(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
         return;
     }
-    ak_gemm(false, k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
+    ak_gemm(false, k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok, false);
 }
 
 static void gemm_xq5_k(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
@@ -345,17 +351,29 @@ static void gemm_xq5_k(int64_t k, const void *w, size_t w_stride, const void *x,
         g_prev_q5_k(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
         return;
     }
-    ak_gemm(true, k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
+    ak_gemm(true, k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok, false);
+}
+
+/* The same over "q5_k lanes" (the table's gemm_packed, which it wraps: the
+ * file's pages under the copy are given back, cm_repack_give_back). */
+static cm_gemm_fn g_prev_pq5_k;
+static void gemm_xpq5_k(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
+                        int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {
+    if (n_tok < AK_MINTOK_Q5_K || k / CM_QK_K > AK_MAXNB) {
+        g_prev_pq5_k(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
+        return;
+    }
+    ak_gemm(true, k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok, true);
 }
 
 /* The AMX paths for every n_tok (tests and kbench; rows up to AK_MAXNB super-blocks). */
 static void gemm_aq4_k(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
                        int64_t r0, int64_t r1, int64_t n_tok) {
-    if (n_tok > 0 && r1 > r0) ak_gemm(false, k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
+    if (n_tok > 0 && r1 > r0) ak_gemm(false, k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok, false);
 }
 static void gemm_aq5_k(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
                        int64_t r0, int64_t r1, int64_t n_tok) {
-    if (n_tok > 0 && r1 > r0) ak_gemm(true, k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
+    if (n_tok > 0 && r1 > r0) ak_gemm(true, k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok, false);
 }
 
 void cm_kernels_fill_amxk(cm_kernels *k) {
@@ -364,6 +382,10 @@ void cm_kernels_fill_amxk(cm_kernels *k) {
     CM_ASSERT(g_prev_q4_k && g_prev_q5_k);
     k->gemm[CM_TYPE_Q4_K] = gemm_xq4_k;
     k->gemm[CM_TYPE_Q5_K] = gemm_xq5_k;
+    if (k->gemm_packed[CM_TYPE_Q5_K]) {
+        g_prev_pq5_k = k->gemm_packed[CM_TYPE_Q5_K];
+        k->gemm_packed[CM_TYPE_Q5_K] = gemm_xpq5_k;
+    }
 }
 
 cm_gemm_fn cm_kernels_amxk_direct(enum cm_type t) {

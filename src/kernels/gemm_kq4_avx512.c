@@ -1,6 +1,7 @@
 /*
  * gemm_kq4_avx512.c: every q4_k kernel of the avx512 table (vec_dot, the
- * decode gemvs over the file's bytes and over "q4_k lanes", the gemm) in one
+ * decode gemv, the gemm; all over the file's bytes: q4_k is not repacked on
+ * this table, GEMV_K4) in one
  * float order, "z4": q5_k's z5 (x86_krepack.h, avx512_krepack.h) with 4-bit
  * values. Per super-block b the exact integer sums S_b (its 8 sub-blocks'
  * scale times sum(q * y)) and M_b (its 8 mins times the token's bsums pair
@@ -9,15 +10,15 @@
  * by _mm512_reduce_add_ps's tree. How S_b and M_b are formed is free
  * (integers), so each path picks its own:
  *
- *   - one token (k4_row: vec_dot, both decode gemvs; k4_multi runs it for a
+ *   - one token (k4_row: vec_dot, the decode gemv; k4_multi runs it for a
  *     few tokens at once on rows longer than the gemms take): per 64
  *     weights one vpdpbusd of the nibbles (unsigned) against y (signed), two
  *     such 4-byte sums packed as the words of an int32 (one vpshufb) and one
  *     vpdpwssd with their sub-blocks' scales; each 16 super-blocks' 16
  *     dwords and the mins' products summed into lane b % 16 by transpose-adds
  *     (no horizontal sum per block), d and dmin of 4 blocks from one header
- *     (a "q4_k lanes" group's, or 4 file-order blocks' first 16 bytes
- *     transposed into that form), then the float side for 16 at once;
+ *     (4 file-order blocks' first 16 bytes transposed into the form of a
+ *     "q4_k lanes" group's), then the float side for 16 at once;
  *   - 2..11 tokens (gemm_kw4, batched decode): k4_row's integer lanes with
  *     the token packed once (k4_dotp: the file's qs as they are), a row
  *     unpacked once per pass and run against 4 tokens at a time, each 4
@@ -133,17 +134,8 @@ static void k4_pack(int64_t nb, const cm_block_q8_k *y, uint8_t *d) {
 }
 
 /* Four super-blocks' headers -> dd (dword i: block i's d | dmin << 16) and
- * the scale dwords a, b, c of repack.c's group header. Grouped: the group's
- * header; else n (1..4) file-order blocks' first 16 bytes transposed (zeros
- * past n). */
-KQ_AI void k4_hdr_group(const uint8_t *g, __m128i *dd, __m128i *a, __m128i *b, __m128i *c) {
-    const __m128i h = _mm_loadu_si128((const __m128i *)(const void *)g);
-    *dd = _mm_unpacklo_epi16(h, _mm_srli_si128(h, 8));
-    *a = _mm_loadu_si128((const __m128i *)(const void *)(g + 16));
-    *b = _mm_loadu_si128((const __m128i *)(const void *)(g + 32));
-    *c = _mm_loadu_si128((const __m128i *)(const void *)(g + 48));
-}
-
+ * the scale dwords a, b, c (repack.c's "q4_k lanes" group header): n (1..4)
+ * file-order blocks' first 16 bytes transposed (zeros past n). */
 KQ_AI void k4_hdr_file(const cm_block_q4_k *xt, int n, __m128i *dd, __m128i *a, __m128i *b, __m128i *c) {
     __m128i L[4];
     for (int i = 0; i < 4; i++)
@@ -216,10 +208,9 @@ KQ_AI void k4_tok16(int64_t b0, int64_t nb, const cm_block_q8_k *y, __m128i *pai
  * ahead at once ran 1.3x slower. */
 enum { K4_PFD = 2048 };
 /* 16 super-blocks b0.. of a row in z4's order into acc (k4_row's step).
- * full: all 16 in "q4_k lanes" groups (no checks); usepk: the token packed
- * (k4_pack), else read as it is. */
-KQ_AI __m512 k4_step(__m512 acc, int64_t b0, int64_t nb, int64_t ng, const uint8_t *x, const cm_block_q8_k *y,
-                     const __m128i *pp, __m512 dy, const uint8_t *pk, bool full, bool usepk) {
+ * usepk: the token packed (k4_pack), else read as it is. */
+KQ_AI __m512 k4_step(__m512 acc, int64_t b0, int64_t nb, const uint8_t *x, const cm_block_q8_k *y, const __m128i *pp,
+                     __m512 dy, const uint8_t *pk, bool usepk) {
     /* k4_red4 of the mins gives dword 4j + i = block 4i + j: back to 4i + j's lane */
     const __m512i mperm = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
     const size_t BS = sizeof(cm_block_q4_k);
@@ -227,20 +218,17 @@ KQ_AI __m512 k4_step(__m512 acc, int64_t b0, int64_t nb, int64_t ng, const uint8
     __m128i dd[4];
     _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
         const int64_t bq = b0 + 4 * k;
-        if (!full && bq >= nb) {
+        if (bq >= nb) {
             q[k] = mq[k] = _mm512_setzero_si512();
             dd[k] = _mm_setzero_si128();
             continue;
         }
         const uint8_t *g = x + (size_t)bq * BS;
-        const int n = full ? 4 : nb - bq < 4 ? (int)(nb - bq) : 4;
+        const int n = nb - bq < 4 ? (int)(nb - bq) : 4;
         __m128i a, b, c;
-        const uint8_t *qs;
-        size_t sq;
-        if (full || bq + 4 <= ng) k4_hdr_group(g, &dd[k], &a, &b, &c), qs = g + 64, sq = 128;
-        else
-            k4_hdr_file((const cm_block_q4_k *)(const void *)g, n, &dd[k], &a, &b, &c),
-                qs = g + offsetof(cm_block_q4_k, qs), sq = BS;
+        k4_hdr_file((const cm_block_q4_k *)(const void *)g, n, &dd[k], &a, &b, &c);
+        const uint8_t *qs = g + offsetof(cm_block_q4_k, qs);
+        const size_t sq = BS;
         __m512i sw, mnw, s4[4];
         k4_scales(a, b, c, usepk, &sw, &mnw);
         _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {
@@ -272,34 +260,33 @@ KQ_AI __m512 k4_step(__m512 acc, int64_t b0, int64_t nb, int64_t ng, const uint8
     return _mm512_fmadd_ps(_mm512_cvtepi32_ps(M), _mm512_xor_ps(_mm512_mul_ps(dm, dy), _mm512_set1_ps(-0.0f)), acc);
 }
 
-/* One row in z4's order. x: the row (grouped: "q4_k lanes", else the
- * file's bytes); pairs / dyg: the token's k4_tok16 for the whole row, or
- * NULL (formed per 16 super-blocks here: rows of any length); pk: the token
- * packed by k4_pack (with pairs), or NULL. */
+/* One row (the file's bytes) in z4's order. pairs / dyg: the token's
+ * k4_tok16 for the whole row, or NULL (formed per 16 super-blocks here:
+ * rows of any length); pk: the token packed by k4_pack (with pairs), or
+ * NULL. */
 KQ_AI float k4_row(int64_t nb, const uint8_t *x, const cm_block_q8_k *y, const __m128i *pairs, const __m512 *dyg,
-                   const uint8_t *pk, bool grouped) {
-    const int64_t ng = grouped ? nb / 4 * 4 : 0;
+                   const uint8_t *pk) {
     __m512 acc = _mm512_setzero_ps();
-    int64_t b0 = 0;
-    if (grouped && pk) /* the decode gemv's hot loop: whole steps of groups */
-        for (; b0 + 16 <= ng; b0 += 16) acc = k4_step(acc, b0, nb, ng, x, y, pairs + b0, dyg[b0 / 16], pk, true, true);
-    for (; b0 < nb; b0 += 16) {
+    for (int64_t b0 = 0; b0 < nb; b0 += 16) {
         _Alignas(64) __m128i pl[16];
         __m512 dy;
         const __m128i *pp = pairs + b0;
         if (pairs) dy = dyg[b0 / 16];
         else k4_tok16(b0, nb, y, pl, &dy), pp = pl;
-        acc = pk ? k4_step(acc, b0, nb, ng, x, y, pp, dy, pk, false, true)
-                 : k4_step(acc, b0, nb, ng, x, y, pp, dy, NULL, false, false);
+        acc = pk ? k4_step(acc, b0, nb, x, y, pp, dy, pk, true) : k4_step(acc, b0, nb, x, y, pp, dy, NULL, false);
     }
     return _mm512_reduce_add_ps(acc);
 }
 
 static void vec_dot_k4(int64_t n, float *s, const void *x, const void *y) {
-    *s = k4_row(n / CM_QK_K, x, y, NULL, NULL, NULL, false);
+    *s = k4_row(n / CM_QK_K, x, y, NULL, NULL, NULL);
 }
 
-#define GEMV_K4(NAME, GROUPED)                                                                                         \
+/* The decode gemv over the file's bytes. No "q4_k lanes" gemv here: over
+ * that layout the same loop ran x1.00-1.04 this one's speed (kbench
+ * A B A B, thread CPU time, Xeon family 6 model 167, session 19), so q4_k
+ * is not repacked on this table and its weights stay the file's, once. */
+#define GEMV_K4(NAME)                                                                                                  \
     static void NAME(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy, \
                      int64_t r0, int64_t r1, int64_t n_tok) {                                                          \
         (void)x_stride, (void)ldy, (void)n_tok;                                                                        \
@@ -312,10 +299,9 @@ static void vec_dot_k4(int64_t n, float *s, const void *x, const void *y) {
         if (fit) k4_pack(nb, x, pk);                                                                                   \
         for (int64_t i = r0; i < r1; i++)                                                                              \
             y[i] = k4_row(nb, (const uint8_t *)w + (size_t)i * w_stride, x, fit ? pairs : NULL, fit ? dyg : NULL,      \
-                          fit ? pk : NULL, GROUPED);                                                                   \
+                          fit ? pk : NULL);                                                                            \
     }
-GEMV_K4(gemv_k4r, true)  /* over "q4_k lanes" (repack.c) */
-GEMV_K4(gemv_k4f, false) /* over the file's bytes */
+GEMV_K4(gemv_k4f)
 
 /* ---- a few tokens: k4_row for T tokens at once on the file's bytes, each
  * super-block's values and scale pairs built once for all of them; per token
@@ -379,7 +365,7 @@ static void gemm_k4few(int64_t k, const void *w, size_t w_stride, const void *x,
         for (int64_t j = 0; j < n_tok; j++) {
             const cm_block_q8_k *yt = (const cm_block_q8_k *)(const void *)((const char *)x + (size_t)j * x_stride);
             for (int64_t i = r0; i < r1; i++)
-                y[j * ldy + i] = k4_row(nb, (const uint8_t *)w + (size_t)i * w_stride, yt, NULL, NULL, NULL, false);
+                y[j * ldy + i] = k4_row(nb, (const uint8_t *)w + (size_t)i * w_stride, yt, NULL, NULL, NULL);
         }
         return;
     }
@@ -699,6 +685,6 @@ static void gemm_k4(int64_t k, const void *w, size_t w_stride, const void *x, si
 void cm_kernels_fill_kq4_avx512(cm_kernels *k) {
     k->vec_dot[CM_TYPE_Q4_K] = vec_dot_k4;
     k->gemv[CM_TYPE_Q4_K] = gemv_k4f;
-    k->gemv_packed[CM_TYPE_Q4_K] = gemv_k4r;
+    k->gemv_packed[CM_TYPE_Q4_K] = NULL; /* cm_kernels_fill_avx2's: not repacked here (GEMV_K4) */
     k->gemm[CM_TYPE_Q4_K] = gemm_k4;
 }

@@ -33,8 +33,8 @@
  * are packed once per pass (a last group of fewer than 16 padded with
  * zeros). The bound is the TDPBSSDs and their tile loads with the
  * epilogue: sharing the weight tiles between two token groups gained
- * nothing. q6_k has no gemm_packed in the avx512 table: the rows are the
- * file's (its "q6_k lanes" copy serves one-token decode).
+ * nothing. The same gemm reads "q6_k lanes" rows (the table's gemm_packed,
+ * a6_panel's lanes: the weights held once, cm_repack_give_back).
  *
  * Tile configuration per thread and per call (loaded here, released on
  * return). Compiled with the AMX flags (Makefile), installed by
@@ -77,7 +77,14 @@ static const uint16_t k_a6_sidx[32] = {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1,
  * (q unsigned, the scale byte beside a zero; |q * s| < 2^13, no
  * saturation) less 32 s, then lo = the low bytes in place and hi = the high
  * bytes of w + 128. */
-static void a6_panel(int64_t nb, int64_t b0, int64_t b1, const uint8_t *w, size_t ws, int R, uint8_t *pb, float *dx) {
+static const int8_t k_a6_sperm[16] = {0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15};
+
+/* lanes: the rows are "q6_k lanes" (repack.c): position 64u + 4L + e holds
+ * element 16 s(L) + 4u + e, s(L) = 4 (L % 4) + L / 4, and scales[L] scale
+ * s(L), so a 4 x 4 dword transpose per 128-bit lane gives the elements in
+ * order and one byte shuffle the scales (gemm_kq6_avx512.c's kq6_unlanes_blk) */
+A6I void a6_panel(int64_t nb, int64_t b0, int64_t b1, const uint8_t *w, size_t ws, int R, uint8_t *pb, float *dx,
+                  bool lanes) {
     const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
     static const uint16_t k_shift[2][32] = {
         {4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2},
@@ -98,27 +105,44 @@ static void a6_panel(int64_t nb, int64_t b0, int64_t b1, const uint8_t *w, size_
                 b + A6_S < nb ? (const char *)(x + b + A6_S) : (const char *)(x + b + A6_S - nb) + 16 * ws;
             for (int o = 0; o < 256; o += 64) _mm_prefetch(ahead + o, _MM_HINT_T0);
             dx[16 * b + n] = _cvtsh_ss(x[b].d);
-            const __m512i sc = _mm512_castsi256_si512(
-                _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)x[b].scales)));
-            for (int c = 0; c < 2; c++) {
-                const __m512i l = _mm512_loadu_si512(x[b].ql + 64 * c);
-                const __m512i h =
-                    _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(const void *)(x[b].qh + 32 * c)));
-                __m512i v[2]; /* elements 128c + 64u .. + 63, values 0..63 */
-                v[0] = _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_and_si512(_mm512_sllv_epi16(h, shl), m30));
-                v[1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
-                                       _mm512_and_si512(_mm512_srlv_epi16(h, shr), m30));
-                for (int u = 0; u < 2; u++) {
-                    const int ch = 2 * c + u;
-                    const __m512i s = _mm512_permutexvar_epi16(si[ch], sc), s32 = _mm512_slli_epi16(s, 5);
-                    const __m512i we = _mm512_sub_epi16(_mm512_maddubs_epi16(v[u], _mm512_and_si512(s, lob)), s32);
-                    const __m512i wo = _mm512_sub_epi16(_mm512_maddubs_epi16(v[u], _mm512_slli_epi16(s, 8)), s32);
-                    _mm512_store_si512((void *)(p + 2048 * ch),
-                                       _mm512_mask_blend_epi8(odd, we, _mm512_slli_epi16(wo, 8)));
-                    _mm512_store_si512((void *)(p + 2048 * ch + 1024),
-                                       _mm512_mask_blend_epi8(odd, _mm512_srli_epi16(_mm512_add_epi16(we, k128), 8),
-                                                              _mm512_add_epi16(wo, k128)));
+            __m128i sb = _mm_loadu_si128((const __m128i *)(const void *)x[b].scales);
+            __m512i v[4]; /* v[ch]: elements 64ch .. + 63, values 0..63 */
+            if (lanes) {
+                const __m512i l0 = _mm512_loadu_si512(x[b].ql), l1 = _mm512_loadu_si512(x[b].ql + 64);
+                const __m512i h = _mm512_loadu_si512(x[b].qh);
+                const __m512i p0 =
+                    _mm512_or_si512(_mm512_and_si512(l0, m4), _mm512_and_si512(_mm512_slli_epi16(h, 4), m30));
+                const __m512i p1 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l0, 4), m4),
+                                                   _mm512_and_si512(_mm512_slli_epi16(h, 2), m30));
+                const __m512i p2 = _mm512_or_si512(_mm512_and_si512(l1, m4), _mm512_and_si512(h, m30));
+                const __m512i p3 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l1, 4), m4),
+                                                   _mm512_and_si512(_mm512_srli_epi16(h, 2), m30));
+                const __m512i t0 = _mm512_unpacklo_epi32(p0, p1), t1 = _mm512_unpackhi_epi32(p0, p1);
+                const __m512i t2 = _mm512_unpacklo_epi32(p2, p3), t3 = _mm512_unpackhi_epi32(p2, p3);
+                v[0] = _mm512_unpacklo_epi64(t0, t2);
+                v[1] = _mm512_unpackhi_epi64(t0, t2);
+                v[2] = _mm512_unpacklo_epi64(t1, t3);
+                v[3] = _mm512_unpackhi_epi64(t1, t3);
+                sb = _mm_shuffle_epi8(sb, _mm_loadu_si128((const __m128i *)(const void *)k_a6_sperm));
+            } else
+                for (int c = 0; c < 2; c++) {
+                    const __m512i l = _mm512_loadu_si512(x[b].ql + 64 * c);
+                    const __m512i h =
+                        _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(const void *)(x[b].qh + 32 * c)));
+                    v[2 * c] =
+                        _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_and_si512(_mm512_sllv_epi16(h, shl), m30));
+                    v[2 * c + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
+                                                   _mm512_and_si512(_mm512_srlv_epi16(h, shr), m30));
                 }
+            const __m512i sc = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(sb));
+            for (int ch = 0; ch < 4; ch++) {
+                const __m512i s = _mm512_permutexvar_epi16(si[ch], sc), s32 = _mm512_slli_epi16(s, 5);
+                const __m512i we = _mm512_sub_epi16(_mm512_maddubs_epi16(v[ch], _mm512_and_si512(s, lob)), s32);
+                const __m512i wo = _mm512_sub_epi16(_mm512_maddubs_epi16(v[ch], _mm512_slli_epi16(s, 8)), s32);
+                _mm512_store_si512((void *)(p + 2048 * ch), _mm512_mask_blend_epi8(odd, we, _mm512_slli_epi16(wo, 8)));
+                _mm512_store_si512((void *)(p + 2048 * ch + 1024),
+                                   _mm512_mask_blend_epi8(odd, _mm512_srli_epi16(_mm512_add_epi16(we, k128), 8),
+                                                          _mm512_add_epi16(wo, k128)));
             }
         }
     }
@@ -211,7 +235,7 @@ static void a6_piece(int64_t b0, int64_t b1, int64_t ngr, const uint8_t *xp, siz
 }
 
 static void a6_gemm(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
-                    int64_t r0, int64_t r1, int64_t n_tok) {
+                    int64_t r0, int64_t r1, int64_t n_tok, bool lanes) {
     const int64_t nb = k / CM_QK_K;
     _Alignas(64) uint8_t pb[A6_S * A6_PB], xp[A6_PACK];
     _Alignas(64) float dx[A6_MAXNB * 16], out[256];
@@ -237,7 +261,8 @@ static void a6_gemm(int64_t k, const void *w, size_t w_stride, const void *x, si
             const __mmask16 mk = (__mmask16)((1u << R) - 1);
             for (int64_t b0 = 0; b0 < nb; b0 += A6_S) {
                 const int64_t b1 = b0 + A6_S < nb ? b0 + A6_S : nb;
-                a6_panel(nb, b0, b1, (const uint8_t *)w + (size_t)i * w_stride, w_stride, R, pb, dx);
+                if (lanes) a6_panel(nb, b0, b1, (const uint8_t *)w + (size_t)i * w_stride, w_stride, R, pb, dx, true);
+                else a6_panel(nb, b0, b1, (const uint8_t *)w + (size_t)i * w_stride, w_stride, R, pb, dx, false);
                 a6_piece(b0, b1, ngr, xp, gbytes, pb, dx, cb, ch);
             }
             for (int64_t g = 0; g < ngr; g++) {
@@ -261,19 +286,35 @@ static void gemm_xq6_k(int64_t k, const void *w, size_t w_stride, const void *x,
         g_prev_q6(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
         return;
     }
-    a6_gemm(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
+    a6_gemm(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok, false);
+}
+
+/* The same over "q6_k lanes" (the table's gemm_packed, which it replaces:
+ * the file's pages under the copy are given back, cm_repack_give_back). */
+static cm_gemm_fn g_prev_pq6;
+static void gemm_xpq6_k(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
+                        int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {
+    if (n_tok < A6_MINTOK || k / CM_QK_K > A6_MAXNB) {
+        g_prev_pq6(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
+        return;
+    }
+    a6_gemm(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok, true);
 }
 
 /* The AMX path for every n_tok (tests and kbench; rows up to A6_MAXNB super-blocks). */
 static void gemm_aq6_k(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
                        int64_t r0, int64_t r1, int64_t n_tok) {
-    if (n_tok > 0 && r1 > r0) a6_gemm(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
+    if (n_tok > 0 && r1 > r0) a6_gemm(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok, false);
 }
 
 void cm_kernels_fill_amx6(cm_kernels *k) {
     g_prev_q6 = k->gemm[CM_TYPE_Q6_K];
     CM_ASSERT(g_prev_q6);
     k->gemm[CM_TYPE_Q6_K] = gemm_xq6_k;
+    if (k->gemm_packed[CM_TYPE_Q6_K]) {
+        g_prev_pq6 = k->gemm_packed[CM_TYPE_Q6_K];
+        k->gemm_packed[CM_TYPE_Q6_K] = gemm_xpq6_k;
+    }
 }
 
 cm_gemm_fn cm_kernels_amx6_direct(void) { return gemm_aq6_k; }

@@ -24,6 +24,8 @@
  * Rows are unpacked once per pass of tokens into a stack buffer, tokens
  * packed once per pass. Every (row, token) is bit-identical to the table's
  * vec_dot (kernels.h; tests/unit/test_kernels_kq.c, test_kernels_invariant.c).
+ * The same gemm over "q6_k lanes" rows is the table's gemm_packed (gemm_pq6:
+ * the weights held once, repack.c; tests/unit/test_kernels_repack.c).
  *
  * Installed into the avx512 table by cm_kernels_fill_kq6_avx512 (dispatch.c)
  * after kernels_avx512.c, whose gemm (avx512_kgemm.h over ztile_q6_k, the
@@ -37,6 +39,8 @@
 
 #include <immintrin.h>
 #include <string.h>
+
+#include "avx512_kpacked.h"
 
 #define KQ_AI static inline __attribute__((always_inline))
 
@@ -98,15 +102,34 @@ KQ_AI __m512i kq_red22(__m512i p01, __m512i p23) {
 /* byte 4j + i of the scales: scale 4i + j */
 static const int8_t k_kq6_sperm[16] = {0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15};
 
-/* o[b] (zero from nb to nb rounded up to 4), dg[q]: lane m = d of super-block 16q + m (0 past nb) */
-static void kq6_unpack(int64_t nb, const cm_block_q6_k *x, kq6_blk *o, __m512 *dg) {
+/* The values of a "q6_k lanes" super-block (repack.c) as kq6_blk's operands:
+ * v[u] = the 64 values at positions 64u.. (dword 4j + i: sub-block 4i + j's
+ * elements 4u..) */
+KQ_AI void kq6_lanes_vals(const cm_block_q6_k *x, __m512i v[4]) {
+    const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
+    const __m512i l0 = _mm512_loadu_si512(x->ql), l1 = _mm512_loadu_si512(x->ql + 64), h = _mm512_loadu_si512(x->qh);
+    v[0] = _mm512_or_si512(_mm512_and_si512(l0, m4), _mm512_and_si512(_mm512_slli_epi16(h, 4), m30));
+    v[1] =
+        _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l0, 4), m4), _mm512_and_si512(_mm512_slli_epi16(h, 2), m30));
+    v[2] = _mm512_or_si512(_mm512_and_si512(l1, m4), _mm512_and_si512(h, m30));
+    v[3] =
+        _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l1, 4), m4), _mm512_and_si512(_mm512_srli_epi16(h, 2), m30));
+}
+
+/* o[b] (zero from nb to nb rounded up to 4), dg[q]: lane m = d of super-block 16q + m (0 past nb);
+ * lanes: x is a row of "q6_k lanes", whose values and scales are already in o's order */
+KQ_AI void kq6_unpack(int64_t nb, const cm_block_q6_k *x, kq6_blk *o, __m512 *dg, bool lanes) {
     const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
     static const uint16_t k_shift[2][32] = {
         {4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2},
         {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2}};
     const __m512i shl = _mm512_loadu_si512(k_shift[0]), shr = _mm512_loadu_si512(k_shift[1]);
     const __m128i sp = _mm_loadu_si128((const __m128i *)(const void *)k_kq6_sperm);
-    for (int64_t b = 0; b < nb; b++) {
+    for (int64_t b = 0; lanes && b < nb; b++) {
+        kq6_lanes_vals(x + b, o[b].q);
+        o[b].sc = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(const void *)x[b].scales));
+    }
+    for (int64_t b = 0; !lanes && b < nb; b++) {
         __m512i X
         [4];
         for (int c = 0; c < 2; c++) { /* X[2c]: elements 128c.., X[2c + 1]: 128c + 64.. */
@@ -256,15 +279,21 @@ typedef struct {
     float d;
 } kt6_blk;
 
-static void kt6_unpack(int64_t nb, const cm_block_q6_k *x, kt6_blk *o) {
+KQ_AI void kq6_unlanes_blk(const cm_block_q6_k *x, cm_block_q6_k *o);
+
+/* lanes: x is a row of "q6_k lanes" (each super-block turned back into the file's bytes first) */
+static void kt6_unpack(int64_t nb, const cm_block_q6_k *xr, kt6_blk *o, bool lanes) {
     const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30), k32 = _mm256_set1_epi8(32);
     for (int64_t b = 0; b < nb; b++) {
-        const __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(const void *)x[b].scales));
+        cm_block_q6_k tmp;
+        if (lanes) kq6_unlanes_blk(xr + b, &tmp);
+        const cm_block_q6_k *x = lanes ? &tmp : xr + b;
+        const __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(const void *)x->scales));
         _mm512_storeu_si512(o[b].sc, sc);
         __m256i acc = _mm256_setzero_si256(); /* sum_j sc_j * sum(q) over sub-block j, in pieces */
         for (int c = 0; c < 2; c++) {         /* elements 128c + 32e + l, e = 0..3 */
-            const __m256i l0 = kq_ld256(x[b].ql + 64 * c), l1 = kq_ld256(x[b].ql + 64 * c + 32);
-            const __m256i h = kq_ld256(x[b].qh + 32 * c);
+            const __m256i l0 = kq_ld256(x->ql + 64 * c), l1 = kq_ld256(x->ql + 64 * c + 32);
+            const __m256i h = kq_ld256(x->qh + 32 * c);
             __m256i v[4];
             v[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(h, 4), m30));
             v[1] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(h, 2), m30));
@@ -275,7 +304,7 @@ static void kt6_unpack(int64_t nb, const cm_block_q6_k *x, kt6_blk *o) {
                 const int j = 8 * c + 2 * e;
                 _mm256_store_si256((__m256i *)(void *)(o[b].q + 128 * c + 32 * e), _mm256_sub_epi8(v[e], k32));
                 acc = _mm256_dpbusd_epi32(
-                    acc, v[e], _mm256_set_m128i(_mm_set1_epi8(x[b].scales[j + 1]), _mm_set1_epi8(x[b].scales[j])));
+                    acc, v[e], _mm256_set_m128i(_mm_set1_epi8(x->scales[j + 1]), _mm_set1_epi8(x->scales[j])));
             }
         }
         /* sum_j sc_j Q_j = sum_j sc_j (sum(q) - 16 * 32) */
@@ -283,7 +312,7 @@ static void kt6_unpack(int64_t nb, const cm_block_q6_k *x, kt6_blk *o) {
         const int32_t sq = _mm_cvtsi128_si32(a4) + _mm_extract_epi32(a4, 1) + _mm_extract_epi32(a4, 2) +
                            _mm_extract_epi32(a4, 3) - 512 * _mm512_reduce_add_epi32(sc);
         o[b].k = -128 * sq;
-        o[b].d = _cvtsh_ss(x[b].d);
+        o[b].d = _cvtsh_ss(x->d);
     }
 }
 
@@ -366,7 +395,7 @@ KQ_AI void kt6_rows(int64_t nb, const kt6_blk *const *xb, const uint8_t *pg, int
 
 __attribute__((noinline)) static void gemm_kt6(int64_t k, const void *w, size_t w_stride, const void *x,
                                                size_t x_stride, float *y, int64_t ldy, int64_t r0, int64_t r1,
-                                               int64_t n_tok) {
+                                               int64_t n_tok, bool lanes) {
     const int64_t nb = k / CM_QK_K;
     _Alignas(64) uint8_t pk[KT6_PASS];
     _Alignas(64) kt6_blk ub[KT6_R][KQ_MAXNB];
@@ -380,7 +409,7 @@ __attribute__((noinline)) static void gemm_kt6(int64_t k, const void *w, size_t 
             const kt6_blk *xb[KT6_R];
             for (int r = 0; r < R; r++) {
                 kt6_unpack(nb, (const cm_block_q6_k *)(const void *)((const char *)w + (size_t)(i + r) * w_stride),
-                           ub[r]);
+                           ub[r], lanes);
                 xb[r] = ub[r];
             }
             for (int64_t g = 0; g < ng; g += KT6_G) {
@@ -411,7 +440,7 @@ __attribute__((noinline)) static void gemm_kt6(int64_t k, const void *w, size_t 
 /* the lane-per-sub-block tiles (few tokens, and the last few of a batch) */
 __attribute__((noinline)) static void gemm_kq6_tiles(int64_t k, const void *w, size_t w_stride, const void *x,
                                                      size_t x_stride, float *y, int64_t ldy, int64_t r0, int64_t r1,
-                                                     int64_t n_tok) {
+                                                     int64_t n_tok, bool lanes) {
     const int64_t nb = k / CM_QK_K, ng = (nb + 3) / 4, nq = (nb + 15) / 16;
     enum { CAPMAX = KQ_PASS / (int)CM_QK_K };
     _Alignas(64) kq6_blk buf[KQ16_R * (KQ_MAXNB + 3)];
@@ -428,7 +457,7 @@ __attribute__((noinline)) static void gemm_kq6_tiles(int64_t k, const void *w, s
             const __m512 *xd[KQ16_R];
             for (int r = 0; r < R; r++) {
                 kq6_unpack(nb, (const cm_block_q6_k *)(const void *)((const char *)w + (size_t)(i + r) * w_stride),
-                           buf + r * 4 * ng, dbuf + r * nq);
+                           buf + r * 4 * ng, dbuf + r * nq, lanes);
                 xb[r] = buf + r * 4 * ng;
                 xd[r] = dbuf + r * nq;
             }
@@ -457,17 +486,37 @@ __attribute__((noinline)) static void gemm_kq6_tiles(int64_t k, const void *w, s
     }
 }
 
-static void gemm_kq6(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
-                     int64_t r0, int64_t r1, int64_t n_tok) {
+static void gemm_pq6_long(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
+                          int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok);
+
+KQ_AI void kq6_gemm(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
+                    int64_t r0, int64_t r1, int64_t n_tok, bool lanes) {
     if (k / CM_QK_K > KQ_MAXNB || n_tok < 2) {
-        g_prev_q6(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
+        if (lanes) gemm_pq6_long(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
+        else g_prev_q6(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
         return;
     }
     const int64_t rem = n_tok % 16, n16 = n_tok < KT6_MINTOK ? 0 : rem < KT6_MINREM ? n_tok - rem : n_tok;
-    if (n16 > 0) gemm_kt6(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n16);
+    if (n16 > 0) gemm_kt6(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n16, lanes);
     if (n16 < n_tok)
         gemm_kq6_tiles(k, w, w_stride, (const char *)x + (size_t)n16 * x_stride, x_stride, y + n16 * ldy, ldy, r0, r1,
-                       n_tok - n16);
+                       n_tok - n16, lanes);
+}
+
+static void gemm_kq6(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
+                     int64_t r0, int64_t r1, int64_t n_tok) {
+    kq6_gemm(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok, false);
+}
+
+/* The table's gemm_packed: the same over "q6_k lanes" (repack.c), so that the
+ * file's pages can go back (cm_repack_give_back): kq6_tile's unpack reads the
+ * lanes as they are (its operand order), the tokens-in-lanes unpack turns each
+ * super-block back into the file's bytes first (kq6_unlanes_blk; ~7 ns a
+ * super-block, once per pass of >= 32 tokens), rows longer than KQ_MAXNB
+ * super-blocks go through avx512_kpacked.h to kernels_avx512.c's gemm. */
+static void gemm_pq6(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
+                     int64_t r0, int64_t r1, int64_t n_tok) {
+    kq6_gemm(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok, true);
 }
 
 /* ---- q6_k decode over "q6_k lanes" (repack.c): the rows' values already
@@ -522,10 +571,49 @@ static void gemv_kq6v(int64_t k, const void *w, size_t w_stride, const void *x, 
     }
 }
 
+/* ---- "q6_k lanes" back to the file's bytes, one super-block. The lanes'
+ * operand v (kq6_lanes_vals: dword 4j + i = sub-block 4i + j's elements 4v..)
+ * is the 4 x 4 dword transpose per 128-bit lane of the elements in order
+ * (kq6_transpose is its own inverse), which the file's ql / qh encoding then
+ * packs as dequantize_row_q6_K reads it; the scales' order is a transpose
+ * too. ---- */
+KQ_AI void kq6_unlanes_blk(const cm_block_q6_k *x, cm_block_q6_k *o) {
+    const __m512i m4 = _mm512_set1_epi8(0x0f), m03 = _mm512_set1_epi8(0x03);
+    __m512i v[4], q[4];
+    kq6_lanes_vals(x, v);
+    kq6_transpose(v, q); /* q[r]: elements 64r .. 64r + 63 */
+    for (int c = 0; c < 2; c++) {
+        const __m512i a = q[2 * c], b = q[2 * c + 1];
+        _mm512_storeu_si512(o->ql + 64 * c,
+                            _mm512_or_si512(_mm512_and_si512(a, m4), _mm512_slli_epi16(_mm512_and_si512(b, m4), 4)));
+        const __m512i hq = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(a, 4), m03),
+                                           _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(b, 4), m03), 4));
+        const __m256i qh =
+            _mm256_or_si256(_mm512_castsi512_si256(hq), _mm256_slli_epi16(_mm512_extracti64x4_epi64(hq, 1), 2));
+        _mm256_storeu_si256((__m256i *)(void *)(o->qh + 32 * c), qh);
+    }
+    const __m128i sp = _mm_loadu_si128((const __m128i *)(const void *)k_kq6_sperm);
+    _mm_storeu_si128((__m128i *)(void *)o->scales,
+                     _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(const void *)x->scales), sp));
+    o->d = x->d;
+}
+
+static void kq6_unlanes(int64_t nb, const uint8_t *src, cm_block_q6_k *dst) {
+    const cm_block_q6_k *x = (const cm_block_q6_k *)(const void *)src;
+    for (int64_t b = 0; b < nb; b++) kq6_unlanes_blk(x + b, dst + b);
+}
+
+KQ_AI void kq6_prev_gemm(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
+                         int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {
+    g_prev_q6(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
+}
+KP_GEMM(gemm_pq6_long, cm_block_q6_k, kq6_unlanes, kq6_prev_gemm)
+
 void cm_kernels_fill_kq6_avx512(cm_kernels *k) {
     if (k->gemm[CM_TYPE_Q6_K]) {
         g_prev_q6 = k->gemm[CM_TYPE_Q6_K];
         k->gemm[CM_TYPE_Q6_K] = gemm_kq6;
         k->gemv_packed[CM_TYPE_Q6_K] = gemv_kq6v;
+        k->gemm_packed[CM_TYPE_Q6_K] = gemm_pq6;
     }
 }

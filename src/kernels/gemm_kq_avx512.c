@@ -12,7 +12,9 @@
  *
  * Rows are unpacked once per pass of tokens into a stack buffer, tokens
  * packed once per pass. Every (row, token) is bit-identical to the table's
- * vec_dot (kernels.h; tests/unit/test_kernels_invariant.c).
+ * vec_dot (kernels.h; tests/unit/test_kernels_invariant.c). The same gemm
+ * over "q5_k lanes" rows is the table's gemm_packed (gemm_pq5: the weights
+ * held once, repack.c; tests/unit/test_kernels_repack.c).
  *
  * Installed into the avx512 table by cm_kernels_fill_kq_avx512 (dispatch.c)
  * after kernels_avx512.c, whose q5_k gemm (the decode gemv per token) stays
@@ -28,6 +30,8 @@
 
 #include <immintrin.h>
 #include <string.h>
+
+#include "avx512_kpacked.h"
 
 #define KQ_AI static inline __attribute__((always_inline))
 
@@ -81,11 +85,14 @@ typedef struct {
  * values as q - 16, and sum_j sc_j sum(q) by vpmaddubsw of the 5-bit values
  * (unsigned) against their sub-block's scale (each word <= 8 * 2 * 31 * 63:
  * no saturation) then vpmaddwd: no scalar work per value. */
-static void kt5_unpack(int64_t nb, const cm_block_q5_k *x, kt5_blk *o) {
+static void kt5_unpack(int64_t nb, const cm_block_q5_k *xr, kt5_blk *o, bool lanes) {
     const __m256i m4 = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1), k16 = _mm256_set1_epi8(16);
     for (int64_t b = 0; b < nb; b++) {
+        cm_block_q5_k tmp; /* lanes: the row is "q5_k lanes": this super-block in the file's form */
+        if (lanes) kp_q5_blk((const uint8_t *)xr, nb, b, &tmp);
+        const cm_block_q5_k *x = lanes ? &tmp : xr + b;
         uint32_t u[3];
-        memcpy(u, x[b].scales, 12);
+        memcpy(u, x->scales, 12);
         const uint32_t sc03 = u[0] & 0x3f3f3f3fu, mn03 = u[1] & 0x3f3f3f3fu;
         const uint32_t sc47 = (u[2] & 0x0f0f0f0fu) | ((u[0] >> 6) & 0x03030303u) << 4;
         const uint32_t mn47 = ((u[2] >> 4) & 0x0f0f0f0fu) | ((u[1] >> 6) & 0x03030303u) << 4;
@@ -94,9 +101,9 @@ static void kt5_unpack(int64_t nb, const cm_block_q5_k *x, kt5_blk *o) {
         _mm256_storeu_si256((__m256i *)(void *)o[b].sc, _mm256_cvtepu8_epi32(s8));
         _mm_storeu_si128((__m128i *)(void *)o[b].sw, _mm_slli_epi16(_mm_cvtepu8_epi16(s8), 4));
         _mm_storeu_si128((__m128i *)(void *)o[b].mw, _mm_cvtepu8_epi16(m8));
-        __m256i qh = kq_ld256(x[b].qh), acc = _mm256_setzero_si256();
+        __m256i qh = kq_ld256(x->qh), acc = _mm256_setzero_si256();
         for (int j = 0; j < 4; j++) { /* elements 64j.. (low nibbles, bit 2j), 64j+32.. (high, bit 2j+1) */
-            const __m256i q = kq_ld256(x[b].qs + 32 * j);
+            const __m256i q = kq_ld256(x->qs + 32 * j);
             const __m256i lo =
                 _mm256_or_si256(_mm256_and_si256(q, m4), _mm256_slli_epi16(_mm256_and_si256(qh, one), 4));
             const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4),
@@ -114,8 +121,8 @@ static void kt5_unpack(int64_t nb, const cm_block_q5_k *x, kt5_blk *o) {
         h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 1));
         const int32_t ssum = _mm_cvtsi128_si32(_mm_sad_epu8(s8, _mm_setzero_si128())); /* sum_j sc_j */
         o[b].k = -128 * (_mm_cvtsi128_si32(h) - 512 * ssum);                           /* -128 sum_j sc_j Q_j */
-        o[b].d = _cvtsh_ss(x[b].d);
-        o[b].ndmin = -_cvtsh_ss(x[b].dmin);
+        o[b].d = _cvtsh_ss(x->d);
+        o[b].ndmin = -_cvtsh_ss(x->dmin);
     }
 }
 
@@ -212,11 +219,23 @@ KQ_AI void kt5_rows8(int64_t nb, const kt5_blk *const *xb, const uint8_t *pg, in
     }
 }
 
-static void gemm_kq5(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
-                     int64_t r0, int64_t r1, int64_t n_tok) {
+/* "q5_k lanes" rows back to the file's bytes (avx512_kpacked.h) */
+static void kq5_unlanes(int64_t nb, const uint8_t *src, cm_block_q5_k *dst) {
+    for (int64_t b = 0; b < nb; b++) kp_q5_blk(src, nb, b, dst + b);
+}
+KQ_AI void kq5_prev_gemm(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
+                         int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {
+    g_prev_q5(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
+}
+KP_GEMM(gemm_pq5_prev, cm_block_q5_k, kq5_unlanes, kq5_prev_gemm)
+
+/* lanes: w is "q5_k lanes" (the table's gemm_packed, gemm_pq5) */
+KQ_AI void kq5_gemm(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
+                    int64_t r0, int64_t r1, int64_t n_tok, bool lanes) {
     const int64_t nb = k / CM_QK_K;
     if (nb > KQ_MAXNB || n_tok < KT5_MINTOK) { /* few tokens: avx512_krepack.h's rows (z5 too) */
-        g_prev_q5(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
+        if (lanes) gemm_pq5_prev(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
+        else g_prev_q5(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
         return;
     }
     _Alignas(64) uint8_t pk[KT5_PASS];
@@ -237,7 +256,7 @@ static void gemm_kq5(int64_t k, const void *w, size_t w_stride, const void *x, s
                 const kt5_blk *xb[KT5_R];
                 for (int r = 0; r < R; r++) {
                     kt5_unpack(nb, (const cm_block_q5_k *)(const void *)((const char *)w + (size_t)(i + r) * w_stride),
-                               ub[r]);
+                               ub[r], lanes);
                     xb[r] = ub[r];
                 }
                 for (int64_t g = 0; g < ng; g++) {
@@ -266,9 +285,25 @@ static void gemm_kq5(int64_t k, const void *w, size_t w_stride, const void *x, s
     }
 }
 
+static void gemm_kq5(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
+                     int64_t r0, int64_t r1, int64_t n_tok) {
+    kq5_gemm(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok, false);
+}
+
+/* The table's gemm_packed for q5_k: the same over "q5_k lanes" (repack.c),
+ * each super-block put back in the file's form as a row is unpacked (once
+ * per pass of tokens), so that the file's pages can go back
+ * (cm_repack_give_back). gemv_kd_avx512.c and gemm_kq45_amx.c wrap it as
+ * they wrap gemm_kq5. */
+static void gemm_pq5(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
+                     int64_t r0, int64_t r1, int64_t n_tok) {
+    kq5_gemm(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok, true);
+}
+
 void cm_kernels_fill_kq_avx512(cm_kernels *k) {
     if (k->gemm[CM_TYPE_Q5_K]) {
         g_prev_q5 = k->gemm[CM_TYPE_Q5_K];
         k->gemm[CM_TYPE_Q5_K] = gemm_kq5;
+        if (k->gemv_packed[CM_TYPE_Q5_K]) k->gemm_packed[CM_TYPE_Q5_K] = gemm_pq5;
     }
 }

@@ -389,10 +389,12 @@ enum {
     KD5_MAXREM = 5 /* most of a larger batch's last tokens done here (a further group of 16 lanes costs ~7 rows' tokens:
                       the rows are unpacked once for all groups) */
 };
-static cm_gemm_fn g_prev_gq5;
+static cm_gemm_fn g_prev_gq5, g_prev_pgq5; /* the gemm and gemm_packed this one wraps */
 
+/* lanes: x is a row of "q5_k lanes" (the table's gemm_packed: kd5_row's grouped headers) */
 KD_AI void kd5_multi(int64_t nb, const uint8_t *x, const cm_block_q8_k *const *yv, const __m128i (*pairs)[RK4_MAXB],
-                     const __m512 (*dyg)[RK4_MAXB / 16], int T, float *out) {
+                     const __m512 (*dyg)[RK4_MAXB / 16], int T, float *out, bool lanes) {
+    const int64_t ng = lanes ? nb / 4 * 4 : 0;
     static const uint16_t k_base[32] = {0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2, 0, 2,
                                         1, 3, 1, 3, 1, 3, 1, 3, 1, 3, 1, 3, 1, 3, 1, 3};
     const __m512i base = _mm512_loadu_si512(k_base);
@@ -413,8 +415,10 @@ KD_AI void kd5_multi(int64_t nb, const uint8_t *x, const cm_block_q8_k *const *y
             }
             const int n = nb - bq < 4 ? (int)(nb - bq) : 4;
             const cm_block_q5_k *xq = (const cm_block_q5_k *)(const void *)(x + (size_t)bq * BS);
+            const bool grp = bq + 4 <= ng;
             __m128i a, b, c;
-            kd5_hdr_file(xq, n, &dd[k], &a, &b, &c);
+            if (grp) kd5_hdr_group((const uint8_t *)xq, &dd[k], &a, &b, &c);
+            else kd5_hdr_file(xq, n, &dd[k], &a, &b, &c);
             __m512i sw, mnw;
             kd5_scales(a, b, c, &sw, &mnw);
             __m512i p[KD5_MT], h[KD5_MT]; /* kd_red4's unpack sums of blocks 0, 1 (then 2, 3) */
@@ -425,7 +429,8 @@ KD_AI void kd5_multi(int64_t nb, const uint8_t *x, const cm_block_q8_k *const *y
                         _mm512_permutexvar_epi16(_mm512_add_epi16(base, _mm512_set1_epi16((short)(4 * j))), sw),
                         _mm512_permutexvar_epi16(_mm512_add_epi16(base, _mm512_set1_epi16((short)(16 + 4 * j))), sw)};
                     __m512i V[4];
-                    kd5_vals(xq[j].qs, xq[j].qh, V);
+                    if (grp) kd5_vals((const uint8_t *)xq + 192 + 128 * j, (const uint8_t *)xq + 64 + 32 * j, V);
+                    else kd5_vals(xq[j].qs, xq[j].qh, V);
                     _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) s[t] = kd5_dot(V, S, yv[t] + bq + j);
                 } else _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) s[t] = _mm512_setzero_si512();
                 _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
@@ -459,10 +464,14 @@ KD_AI void kd5_multi(int64_t nb, const uint8_t *x, const cm_block_q8_k *const *y
 }
 
 /* One instance per token count (T constant: unrolled, in registers). */
-#define KD5_MULTI_T(TT)                                                                                          \
-    static void kd5_multi_##TT(int64_t nb, const uint8_t *x, const cm_block_q8_k *const *yv,                     \
-                               const __m128i(*pairs)[RK4_MAXB], const __m512(*dyg)[RK4_MAXB / 16], float *out) { \
-        kd5_multi(nb, x, yv, pairs, dyg, TT, out);                                                               \
+#define KD5_MULTI_T(TT)                                                                                           \
+    static void kd5_multi_##TT(int64_t nb, const uint8_t *x, const cm_block_q8_k *const *yv,                      \
+                               const __m128i(*pairs)[RK4_MAXB], const __m512(*dyg)[RK4_MAXB / 16], float *out) {  \
+        kd5_multi(nb, x, yv, pairs, dyg, TT, out, false);                                                         \
+    }                                                                                                             \
+    static void kd5_multi_p##TT(int64_t nb, const uint8_t *x, const cm_block_q8_k *const *yv,                     \
+                                const __m128i(*pairs)[RK4_MAXB], const __m512(*dyg)[RK4_MAXB / 16], float *out) { \
+        kd5_multi(nb, x, yv, pairs, dyg, TT, out, true);                                                          \
     }
 KD5_MULTI_T(1)
 KD5_MULTI_T(2)
@@ -472,15 +481,16 @@ KD5_MULTI_T(5)
 KD5_MULTI_T(6)
 typedef void (*kd5_multi_fn)(int64_t, const uint8_t *, const cm_block_q8_k *const *, const __m128i (*)[RK4_MAXB],
                              const __m512 (*)[RK4_MAXB / 16], float *);
-static const kd5_multi_fn k_kd5_multi[KD5_MT + 1] = {NULL,        kd5_multi_1, kd5_multi_2, kd5_multi_3,
-                                                     kd5_multi_4, kd5_multi_5, kd5_multi_6};
+static const kd5_multi_fn k_kd5_multi[2][KD5_MT + 1] = {
+    {NULL, kd5_multi_1, kd5_multi_2, kd5_multi_3, kd5_multi_4, kd5_multi_5, kd5_multi_6},
+    {NULL, kd5_multi_p1, kd5_multi_p2, kd5_multi_p3, kd5_multi_p4, kd5_multi_p5, kd5_multi_p6}};
 
-static void gemm_kd5(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
-                     int64_t r0, int64_t r1, int64_t n_tok) {
+KD_AI void kd5_gemm(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
+                    int64_t r0, int64_t r1, int64_t n_tok, bool lanes) {
     const int64_t nb = k / CM_QK_K;
     int64_t rem = n_tok > KD5_MAXT ? n_tok % 16 : n_tok; /* the tokens done here: the last rem */
     if (nb > RK4_MAXB || (n_tok > KD5_MAXT && rem > KD5_MAXREM)) rem = 0;
-    if (n_tok - rem > 0) g_prev_gq5(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok - rem);
+    if (n_tok - rem > 0) (lanes ? g_prev_pgq5 : g_prev_gq5)(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok - rem);
     if (rem == 0) return;
     x = (const char *)x + (size_t)(n_tok - rem) * x_stride;
     y += (n_tok - rem) * ldy;
@@ -496,7 +506,7 @@ static void gemm_kd5(int64_t k, const void *w, size_t w_stride, const void *x, s
             yv[t] = (const cm_block_q8_k *)(const void *)((const char *)x + (size_t)(p0 + t) * x_stride);
             kd5_tok(nb, yv[t], pairs[t], dyg[t]);
         }
-        const kd5_multi_fn f = k_kd5_multi[T];
+        const kd5_multi_fn f = k_kd5_multi[lanes][T];
         for (int64_t i = r0; i < r1; i++) {
             float out[KD5_MT];
             f(nb, (const uint8_t *)w + (size_t)i * w_stride, yv, (const __m128i(*)[RK4_MAXB])pairs,
@@ -505,6 +515,16 @@ static void gemm_kd5(int64_t k, const void *w, size_t w_stride, const void *x, s
         }
         p0 += T;
     }
+}
+
+static void gemm_kd5(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
+                     int64_t r0, int64_t r1, int64_t n_tok) {
+    kd5_gemm(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok, false);
+}
+/* the same over "q5_k lanes" (the table's gemm_packed, gemm_kq_avx512.c's gemm_pq5 beneath) */
+static void gemm_pkd5(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
+                      int64_t r0, int64_t r1, int64_t n_tok) {
+    kd5_gemm(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok, true);
 }
 
 /* vec_dot (z5) on the file's bytes: the same row */
@@ -534,6 +554,10 @@ void cm_kernels_fill_kd_avx512(cm_kernels *k) {
         if (k->gemm[CM_TYPE_Q5_K]) {
             g_prev_gq5 = k->gemm[CM_TYPE_Q5_K];
             k->gemm[CM_TYPE_Q5_K] = gemm_kd5;
+        }
+        if (k->gemm_packed[CM_TYPE_Q5_K]) {
+            g_prev_pgq5 = k->gemm_packed[CM_TYPE_Q5_K];
+            k->gemm_packed[CM_TYPE_Q5_K] = gemm_pkd5;
         }
         if (k->vec_dot[CM_TYPE_Q5_K]) {
             g_prev_vd5 = k->vec_dot[CM_TYPE_Q5_K];

@@ -48,9 +48,11 @@
  * memory becomes a mapping of the same bytes there, faulted in only if
  * something else reads them: a column view, another table, the cluster's
  * weight transfer) and cm_matmul_rows reads the copy for every n_tok
- * (cm_repack_find_alone). Types whose prefill gemm reads only the file's
- * layout keep both. NEEDSWORK: a gemm over those types' repacked layouts
- * would let them give theirs back too.
+ * (cm_repack_find_alone). Every table's repacked types have such a gemm
+ * (q4_0 on avx512 and avx2, q4_k / q5_k on avx2, q5_k / q6_k on avx512:
+ * avx512_kpacked.h); a table repacks a type only where its decode gemv
+ * gains by it (the avx512 table's q4_k gemv ran as fast over the file's
+ * bytes: not repacked there, gemm_kq4_avx512.c).
  *
  * The registry is process-wide: a sorted array of {owner, base, stride,
  * ne0, rows, type, copy, cstride}, under a rwlock (writers: loads and releases;

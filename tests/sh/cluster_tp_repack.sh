@@ -2,7 +2,7 @@
 # tests/sh/cluster_tp_repack.sh: a tensor-parallel member repacks its column
 # slices (wo by its heads, ffn_down by its FFN rows: cm_model_repack_slice)
 # into the decode gemv's layout, and that changes no bit. Synthetic llama
-# models wide enough for the repacked layouts (Q4_0: 16-block groups; Q4_K:
+# models wide enough for the repacked layouts (Q4_0: 16-block groups; Q5_K:
 # 4-super-block groups), a group of the coordinator and one node: the
 # coordinator's and the node's debug logs must show copies of their slices
 # only (no whole-tensor copies kept), and the greedy ids of the
@@ -76,9 +76,10 @@ unset CUMULO_LOG CUMULO_REPACK
 }
 # FFN widths such that either member's ffn_down slice is wide enough to repack
 # whatever split the planner makes of --tp-weights 1,1 (its quantum and the
-# head/embedding it counts make it uneven): Q4_0 needs 512 columns, Q4_K 1024
+# head/embedding it counts make it uneven): Q4_0 needs 512 columns, Q5_K 1024 (Q5_K: repacked on
+# the avx512 and avx2 tables alike; Q4_K only on avx2)
 case_type q4_0 512 3072
-case_type q4_k 1024 4096
+case_type q5_k 1024 4096
 grep -q "tensor parallel: '.*' read into memory, its slice copied from it" "$TMP/on.log" && ok ||
     bad "the node did not load for its slice: $(grep "tensor parallel: '" "$TMP/on.log" | head -2)"
 # the node holding the repacking member made its slice copies too (one line per assignment)

@@ -207,12 +207,13 @@ static void test_q4_0_batched(void) {
     if (!tables) printf("skip: no kernel table on this CPU has a batched gemm over repacked q4_0\n");
 }
 
-/* q4_k and q5_k prefill over their lanes (the avx2 table's gemm_packed): groups
- * only, a 3-block tail, five groups and a 2-block tail. */
+/* q4_k, q5_k and q6_k prefill over their lanes (the avx2 table's q4_k and
+ * q5_k gemm_packed, the avx512 table's q5_k and q6_k: avx512_kpacked.h):
+ * groups only, a 3-block tail, five groups and a 2-block tail. */
 static void test_k_batched(void) {
-    static const enum cm_type types[] = {CM_TYPE_Q4_K, CM_TYPE_Q5_K};
+    static const enum cm_type types[] = {CM_TYPE_Q4_K, CM_TYPE_Q5_K, CM_TYPE_Q6_K};
     int tables = 0;
-    for (size_t ti = 0; ti < 2; ti++)
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
         for (size_t i = 0; i < sizeof k_isas / sizeof k_isas[0]; i++) {
             const cm_kernels *k = cm_kernels_for(k_isas[i]);
             if (!k || !k->gemm_packed[types[ti]]) continue;
@@ -221,7 +222,7 @@ static void test_k_batched(void) {
             check_batch(k, types[ti], 7 * 256);
             check_batch(k, types[ti], 5632);
         }
-    if (!tables) printf("skip: no kernel table on this CPU has a batched gemm over repacked q4_k or q5_k\n");
+    if (!tables) printf("skip: no kernel table on this CPU has a batched gemm over repacked k-quants\n");
 }
 
 static void test_q4_0_lanes(void) {
@@ -346,7 +347,16 @@ static void test_give_back(void) {
             check_give_back(k, CM_TYPE_Q4_0, 5632);
         }
         if (k->gemv_packed[CM_TYPE_Q4_K]) check_give_back(k, CM_TYPE_Q4_K, 2048);
-        if (k->gemv_packed[CM_TYPE_Q6_K]) check_give_back(k, CM_TYPE_Q6_K, 2048);
+        if (k->gemv_packed[CM_TYPE_Q5_K]) {
+            check_give_back(k, CM_TYPE_Q5_K, 2048);
+            check_give_back(k, CM_TYPE_Q5_K, 5632);
+            check_give_back(k, CM_TYPE_Q5_K, 17408); /* past the avx512 gemms' 64 super-blocks */
+        }
+        if (k->gemv_packed[CM_TYPE_Q6_K]) {
+            check_give_back(k, CM_TYPE_Q6_K, 2048);
+            check_give_back(k, CM_TYPE_Q6_K, 5632);  /* several of avx512_kpacked.h's chunks */
+            check_give_back(k, CM_TYPE_Q6_K, 17408); /* past the avx512 gemms' 64 super-blocks */
+        }
     }
     if (!tables) printf("skip: no kernel table on this CPU repacks q4_0 (nothing to give back)\n");
 }
