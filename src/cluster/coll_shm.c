@@ -63,17 +63,6 @@ static uint8_t *slot_at(shm_ctrl *h, int64_t cap, uint32_t s) {
     return (uint8_t *)h + CTRL_BYTES + (size_t)(s % 2) * slot_bytes(cap);
 }
 
-static void put_u32(uint8_t *p, uint32_t v) {
-    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put_u64(uint8_t *p, uint64_t v) {
-    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint32_t get_u32(const uint8_t *p) {
-    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
-}
-static uint64_t get_u64(const uint8_t *p) { return (uint64_t)get_u32(p) | ((uint64_t)get_u32(p + 4) << 32); }
-
 #if CM_SHM_OK
 static void futex_wait(_Atomic uint32_t *w, uint32_t v, long ns) {
     struct timespec ts = {ns / 1000000000L, ns % 1000000000L};
@@ -194,11 +183,11 @@ static int send_setup(cm_conn *peer, uint64_t epoch, uint64_t op_id, int step, c
                       int timeout_ms, char *err, size_t errlen) {
     uint8_t p[CM_COLL_HDR_BYTES + SHM_NAME_MAX];
     memset(p, 0, CM_COLL_HDR_BYTES);
-    put_u64(p, epoch);
-    put_u64(p + 8, op_id);
+    cm_wr_u64(p, epoch);
+    cm_wr_u64(p + 8, op_id);
     p[18] = (uint8_t)CM_COLL_POINT_SHM;
     p[19] = (uint8_t)step;
-    put_u32(p + 24, n);
+    cm_wr_u32(p + 24, n);
     if (data && n) memcpy(p + CM_COLL_HDR_BYTES, data, n);
     return cm_conn_send_payload(peer, CM_MSG_ALLREDUCE, p, CM_COLL_HDR_BYTES + (data ? n : 0), timeout_ms, err, errlen);
 }
@@ -212,11 +201,11 @@ static int recv_setup(cm_conn *peer, uint64_t epoch, uint64_t op_id, int step, c
     char e[300];
     int rc = cm_conn_recv_payload(peer, &type, &p, &len, timeout_ms, e, sizeof e);
     if (rc) return cm_errf(err, errlen, rc, "%s", e);
-    if (type != CM_MSG_ALLREDUCE || len < CM_COLL_HDR_BYTES || get_u64(p) != epoch || get_u64(p + 8) != op_id ||
+    if (type != CM_MSG_ALLREDUCE || len < CM_COLL_HDR_BYTES || cm_rd_u64(p) != epoch || cm_rd_u64(p + 8) != op_id ||
         p[18] != CM_COLL_POINT_SHM || p[19] != step)
         return cm_errf(err, errlen, CM_EPROTO, "expected its shared-memory %s, got %s of %zu bytes",
                        step == 1 ? "offer" : "answer", cm_msg_type_name(type), len);
-    *n = get_u32(p + 24);
+    *n = cm_rd_u32(p + 24);
     size_t want = name ? *n : 0;
     if (*n > (name ? SHM_NAME_MAX : 1u) || len != CM_COLL_HDR_BYTES + want)
         return cm_errf(err, errlen, CM_EPROTO, "shared-memory set-up frame of %zu bytes carries %u", len, *n);
