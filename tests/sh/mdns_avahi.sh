@@ -75,6 +75,14 @@ EOC
 export DBUS_SYSTEM_BUS_ADDRESS="unix:path=$TMP/dbus.sock"
 dbus-daemon --config-file="$TMP/dbus.conf" --nofork --nopidfile >"$TMP/dbus.log" 2>&1 &
 PIDS="$PIDS $!"
+# avahi-daemon connects to the bus once, at start: wait until dbus-daemon
+# listens (a clean-clone CI run once started avahi before the socket existed)
+k=0
+while [ ! -S "$TMP/dbus.sock" ] && [ $k -lt 100 ]; do sleep 0.1; k=$((k + 1)); done
+if [ ! -S "$TMP/dbus.sock" ]; then
+    bad "dbus-daemon did not start: $(tail -5 "$TMP/dbus.log")"
+    echo "$pass passed, $fail failed"; exit 1
+fi
 # ip netns exec gives a private mount namespace: a tmpfs /run keeps avahi's pid file off the host
 ip netns exec "$NA" sh -c 'mount -t tmpfs tmpfs /run && exec avahi-daemon --no-drop-root --no-chroot --no-rlimits --no-proc-title -f "$1"' \
     sh "$TMP/avahi.conf" >"$TMP/avahi.log" 2>&1 &
