@@ -448,6 +448,22 @@ static int parse(int argc, char **argv, bench_opts *o) {
     return 0;
 }
 
+/* The JSON's anchor label for a llama-bench binary: bench/llamacpp.sh builds
+ * into CACHE/BUILD/bin/, and its builds other than "native" say what they
+ * leave out; any other path is taken as a native build. */
+static const char *anchor_label(const char *path) {
+    static const struct {
+        const char *dir, *label;
+    } builds[] = {{"/noamx/bin/llama-bench", "llama-bench (native build without AMX)"},
+                  {"/avx2/bin/llama-bench", "llama-bench (AVX2-only build)"}};
+    size_t n = strlen(path);
+    for (size_t i = 0; i < sizeof builds / sizeof builds[0]; i++) {
+        size_t m = strlen(builds[i].dir);
+        if (n >= m && !strcmp(path + n - m, builds[i].dir)) return builds[i].label;
+    }
+    return "llama-bench (native build)";
+}
+
 int cmd_bench(int argc, char **argv) {
     if (cli_help(argc, argv, k_bench_usage, CLI_CLUSTER_BENCH)) return 0;
     bench_opts o;
@@ -464,7 +480,7 @@ int cmd_bench(int argc, char **argv) {
     char why[1200];
     const char *skip = NULL, *anchor = NULL;
     if (o.vs && o.llama_bench) {
-        if (access(o.llama_bench, X_OK) == 0) anchor = "llama-bench (native build)";
+        if (access(o.llama_bench, X_OK) == 0) anchor = anchor_label(o.llama_bench);
         else
             fprintf(stderr,
                     "bench: llama-bench '%s' is not there (bench/llamacpp.sh builds it); trying node-llama-cpp\n",

@@ -54,6 +54,12 @@ chmod +x "$T/llama-bench"
     grep -q '"pp_tokens_per_s":123.5,"tg_tokens_per_s":45.25' "$T/njson" && ok ||
     bad "native anchor: rc $rc, $(cat "$T/nerr" "$T/njson")"
 grep -q -- "-t 1 -p 8 -n 4 -r 1 -ctk f16 -ctv f16 -o json" "$T/lb-args" && ok || bad "llama-bench args: $(cat "$T/lb-args")"
+# bench/llamacpp.sh's build without AMX is named as such in the JSON
+mkdir -p "$T/noamx/bin" && cp "$T/llama-bench" "$T/noamx/bin/llama-bench"
+"$BIN" bench "$T/m.gguf" --threads 1 --prompt 8 --gen 4 --reps 1 --bw-mib 16 --json --vs-llamacpp \
+    --llamacpp-bench "$T/noamx/bin/llama-bench" --oracle-dir "$T/no-oracle" >"$T/n2json" 2>"$T/n2err"
+grep -q '"anchor":"llama-bench (native build without AMX)"' "$T/n2json" && ok ||
+    bad "noamx anchor label: $(cat "$T/n2err" "$T/n2json")"
 grep -q '"cpu":{"vendor":"[^"]*","name":"[^"]*","family"' "$T/njson" && ok || bad "no cpu in the JSON: $(cat "$T/njson")"
 CUMULO_LLAMACPP_BENCH="$T/missing-bench" "$BIN" bench "$T/m.gguf" --threads 1 --prompt 8 --gen 4 --reps 1 --bw-mib 16 \
     --json --vs-llamacpp --oracle-dir "$T/no-oracle" >"$T/mjson" 2>"$T/merr"
