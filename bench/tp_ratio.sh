@@ -16,8 +16,9 @@
 #   REPS=3 GEN=64          reps (pairs) and generated tokens
 #   TP_WEIGHTS=1,1         --tp-weights of the TP runs (even slices, so runs compare;
 #                          empty: the planner's split from measured speeds)
-#   VARIANTS="spin0 insecure mmap head0 enc tcp"   extra TP runs in every rep: spin0 =
-#                          CUMULO_TP_SPIN_US=0 (receives sleep in poll at once), insecure =
+#   VARIANTS="spin0 insecure mmap head0 enc tcp"   extra TP runs in every rep: spinN =
+#                          CUMULO_TP_SPIN_US=N on both (spin0: waits sleep at once; the
+#                          default spins 500 us on loopback), insecure =
 #                          --insecure links (no MAC, no encryption), mmap = CUMULO_MMAP=1 on
 #                          both members (weights mapped, not repacked), each with a node of its
 #                          own; head0 = CUMULO_TP_HEAD_SPLIT=0 (rank 0 computes the whole head);
@@ -80,14 +81,14 @@ start_node() {
 start_node base --
 for v in $VARIANTS; do
     case $v in
-    spin0) start_node spin0 CUMULO_TP_SPIN_US=0 -- ;;
+    spin[0-9]*) start_node "$v" "CUMULO_TP_SPIN_US=${v#spin}" -- ;;
     insecure) start_node insecure -- --insecure ;;
     mmap) start_node mmap CUMULO_MMAP=1 -- ;;
     enc) start_node enc CUMULO_TP_ENCRYPT_LOOPBACK=1 -- ;;
     tcp) start_node tcp CUMULO_TP_SHM=0 -- ;;
     head0) ;;
     *)
-        echo "unknown variant '$v' (spin0, insecure, mmap, head0, enc, tcp)" >&2
+        echo "unknown variant '$v' (spinN, insecure, mmap, head0, enc, tcp)" >&2
         exit 2
         ;;
     esac
@@ -117,7 +118,7 @@ tp_runs() { # REP: the TP runs of one rep
     one_run "tp.base.$1" -- $(tp_args base)
     for v in $VARIANTS; do
         case $v in
-        spin0) one_run "tp.$v.$1" CUMULO_TP_SPIN_US=0 -- $(tp_args spin0) ;;
+        spin[0-9]*) one_run "tp.$v.$1" "CUMULO_TP_SPIN_US=${v#spin}" -- $(tp_args "$v") ;;
         insecure) one_run "tp.$v.$1" -- $(tp_args insecure) --insecure ;;
         mmap) one_run "tp.$v.$1" CUMULO_MMAP=1 -- $(tp_args mmap) ;;
         enc) one_run "tp.$v.$1" CUMULO_TP_ENCRYPT_LOOPBACK=1 -- $(tp_args enc) ;;

@@ -7,6 +7,9 @@
  * writes its partial sums into a region of its own that the other maps, and
  * publishes them with a counter; the reader spins on the counter (sleeping on
  * a futex after the link's spin time) and sums straight from the region.
+ * Every op of the pair goes this way: all-reduces of any size (a prefill's
+ * stream through the two slots piece by piece instead of taking the ring)
+ * and gathers (a split head's logits to rank 0, expert all-gathers).
  *
  * Set-up (cm_coll_shm_open, at the first op of a collective, both members at
  * once): each creates a POSIX shared-memory object under a random name
@@ -31,7 +34,7 @@
 #include <stdint.h>
 
 #define CM_COLL_POINT_SHM 3u         /* point of the set-up frames */
-#define CM_COLL_SHM_MAX_FLOATS 65536 /* largest piece a region holds (the ring takes larger ops) */
+#define CM_COLL_SHM_MAX_FLOATS 65536 /* largest piece a region holds (larger ops go piece by piece) */
 #define CM_COLL_SHM_SLOT_HDR 64      /* bytes before a slot's elements (the 28-byte piece header) */
 
 typedef struct cm_coll_shm cm_coll_shm;

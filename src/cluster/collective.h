@@ -76,7 +76,8 @@ typedef struct cm_coll_cfg {
     cm_conn *peers[CM_COLL_MAX_MEMBERS]; /* READY connection to each other rank; [rank] unused; not owned */
     int64_t max_n;                       /* largest vector (batch * n_embd) */
     int timeout_ms;                      /* deadline of every wait; 0 = CM_COLL_DEFAULT_TIMEOUT_MS */
-    int64_t ring_min;                    /* n >= ring_min uses the ring; 0 = default; < 0 = never */
+    int64_t ring_min;                    /* n >= ring_min uses the ring (not a pair through shared memory,
+                                          * coll_shm.h: that takes every size); 0 = default; < 0 = never */
     bool compress;                       /* Q8_0 transfer */
     uint64_t epoch;                      /* plan epoch carried by every message */
 } cm_coll_cfg;

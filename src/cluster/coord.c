@@ -595,6 +595,11 @@ void cm_pipe_close(cm_pipe *p) {
     for (int i = 0; i < p->n_remote; i++)
         if (p->r[i].rx_started) pthread_join(p->r[i].rx, NULL);
     if (p->data) cm_conn_close(p->data, "coordinator done");
+    if (p->tr_turns && cm_config_get()->tp_trace) /* the serial part of a decode step (bench/tp_ratio.sh) */
+        fprintf(stderr,
+                "tp trace: rank 0: %.1f us from the head's gather to the next one-row FORWARD sent (sampling, the "
+                "engine's turn), %llu tokens\n",
+                (double)p->tr_turn_ns * 1e-3 / (double)p->tr_turns, (unsigned long long)p->tr_turns);
     cm_coll_free(p->coll);
     cm_coll_mesh_close(p->tp_conn, CM_COLL_MAX_MEMBERS);
     for (int i = 0; i < p->n_remote; i++)

@@ -356,6 +356,7 @@ static int tp_head_gather(void *user, float *logits, int n_out) {
             return rc;
         }
     }
+    if (n_out == 1) p->tr_gather_end_ns = cm_now_ns();
     return 0;
 }
 
@@ -379,6 +380,8 @@ static int tp_send(cm_pipe *p, const int32_t *tokens, const int32_t *pos, const 
                                    .want = p->wantbuf,
                                    .tokens = tokens};
     int rc = cm_coord_send_group0(p, &m, err, errlen);
+    if (!rc && n == 1 && p->tr_gather_end_ns) p->tr_turn_ns += cm_now_ns() - p->tr_gather_end_ns, p->tr_turns++;
+    p->tr_gather_end_ns = 0;
     if (!rc && p->plan.n_stages == 1)
         p->rows_sent += (uint64_t)n; /* hybrid: rows_sent counts the hidden rows to stage 1 */
     pthread_mutex_unlock(&p->send_mu);

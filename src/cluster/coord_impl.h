@@ -89,6 +89,9 @@ struct cm_pipe {
     int n_seq, n_ctx, max_batch, timeout_ms;
     _Atomic uint64_t epoch;
     uint64_t next_req;
+    /* CUMULO_TP_TRACE, a split head: end of the last one-row gather (0: none
+     * since), and the time from there to the next one-row FORWARD sent */
+    uint64_t tr_gather_end_ns, tr_turn_ns, tr_turns;
     int lost_ms;     /* the loss bound (env CUMULO_LOST_MS) */
     int rejoin_ms;   /* cm_pipe_maintain acts at most this often (env CUMULO_REJOIN_MS) */
     bool no_recover; /* env CUMULO_TEST_NO_RECOVER: recovery refused (a test shows it matters) */

@@ -539,6 +539,8 @@ static void conn_serve(node *n, cm_conn *c, int src) {
                         (unsigned long long)m.u.forward.epoch, cm_conn_peer(c), (unsigned long long)s->as.epoch);
             } else if (m.type == CM_MSG_FORWARD) {
                 uint64_t t0 = cm_now_ns(), c0 = thread_cpu_ns();
+                if (m.u.forward.n_tokens == 1 && s->fwd1_end_ns) s->gap1_ns += t0 - s->fwd1_end_ns, s->n_gap1++;
+                s->fwd1_end_ns = 0;
                 r2 = on_forward(s, &m.u.forward, err, sizeof err);
                 if (!r2) { /* telemetry: the heartbeats report rows/s and time per row */
                     uint64_t dt = cm_now_ns() - t0;
@@ -546,7 +548,8 @@ static void conn_serve(node *n, cm_conn *c, int src) {
                     atomic_fetch_add(&n->hb.busy_ns, dt);
                     s->fwd_ns += dt;
                     if (m.u.forward.n_tokens == 1)
-                        s->fwd1_ns += dt, s->n_fwd1++, s->fwd1_cpu_ns += thread_cpu_ns() - c0;
+                        s->fwd1_ns += dt, s->n_fwd1++, s->fwd1_cpu_ns += thread_cpu_ns() - c0,
+                            s->fwd1_end_ns = cm_now_ns();
                     if (s->coll && spin_ns) spin_until = cm_now_ns() + spin_ns;
                     cm_node_expert_report(s); /* a later stage's routing, for the coordinator (node_ep.c) */
                 }

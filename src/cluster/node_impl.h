@@ -49,6 +49,8 @@ typedef struct stage {
     uint64_t rows;                       /* token rows computed */
     uint64_t t0_ns, fwd_ns, fwd1_ns, n_fwd1; /* CUMULO_TP_TRACE: assigned at; time in FORWARDs, in 1-row ones */
     uint64_t fwd1_cpu_ns;                    /* CUMULO_TP_TRACE: this thread's CPU time in 1-row FORWARDs */
+    uint64_t fwd1_end_ns, gap1_ns, n_gap1;   /* CUMULO_TP_TRACE: end of the last 1-row FORWARD (0: other); time
+                                              * from there to the next 1-row one, received (rank 0's turn) */
     struct cm_gpu_model *gm;                 /* its first layers on the node's GPU (node_gpu.c), or NULL */
     struct cm_node_train *train;             /* LoRA training of this stage's layers (node_train.c), NULL: none */
     /* Training (node_train.c): FWDs go on to next outside n->mu, under fsend_mu; the BWDs

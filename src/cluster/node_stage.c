@@ -62,12 +62,14 @@ void cm_node_stage_free(stage *s) {
         if (cm_config_get()->tp_trace && s->t0_ns) /* where the member's time went (bench/tp_ratio.sh) */
             fprintf(stderr,
                     "tp trace: member %u: %.3f s assigned, %.3f s in FORWARDs (%llu of one row: %.2f ms each, %.2f ms "
-                    "CPU, of which all-reduce %.2f ms), %.3f s waiting for FORWARDs\n",
+                    "CPU, of which all-reduce %.2f ms), %.3f s waiting for FORWARDs (%.1f us from a one-row FORWARD's "
+                    "end to the next one's arrival)\n",
                     s->as.tp_rank, (double)(cm_now_ns() - s->t0_ns) * 1e-9, (double)s->fwd_ns * 1e-9,
                     (unsigned long long)s->n_fwd1, s->n_fwd1 ? (double)s->fwd1_ns * 1e-6 / (double)s->n_fwd1 : 0.0,
                     s->n_fwd1 ? (double)s->fwd1_cpu_ns * 1e-6 / (double)s->n_fwd1 : 0.0,
                     s->n_fwd1 ? st.small_busy_s * 1e3 / (double)s->n_fwd1 : 0.0,
-                    (double)(cm_now_ns() - s->t0_ns - s->fwd_ns) * 1e-9);
+                    (double)(cm_now_ns() - s->t0_ns - s->fwd_ns) * 1e-9,
+                    s->n_gap1 ? (double)s->gap1_ns * 1e-3 / (double)s->n_gap1 : 0.0);
     }
     if (s->holders) /* one line per assignment (tests/sh/cluster_ep_replicas.sh reads it) */
         fprintf(stderr, "expert-parallel rank %u of %u (epoch %llu): %llu rows of replicated experts computed here\n",

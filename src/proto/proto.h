@@ -21,8 +21,10 @@
 /* Both ends of a connection speak exactly one version (docs/PROTOCOL.md,
  * "Versioning"). 2: session 16's auth-only ALLREDUCE frames on IP loopback
  * and 16384-element all-reduce pieces; 3: session 19's shared-memory set-up
- * frames (ALLREDUCE point 3) at a loopback pair's first op. */
-#define CM_PROTO_VERSION 3
+ * frames (ALLREDUCE point 3) at a loopback pair's first op; 4: session 20's
+ * pair takes every op through the shared memory (prefill-sized all-reduces,
+ * the split head's gather) where version 3 sent them as frames. */
+#define CM_PROTO_VERSION 4
 #define CM_PROTO_MAGIC 0x4F4C4D43u /* "CMLO" on the wire */
 #define CM_FRAME_HDR 20            /* magic4 version1 type1 flags2 seq8 len4 */
 #define CM_FRAME_MAC 16            /* Poly1305 tag, present when CM_FRAME_F_MAC */

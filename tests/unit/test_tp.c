@@ -92,6 +92,10 @@ typedef struct vec_member {
     double secs;     /* wall time of the ops */
 } vec_member;
 
+/* 0: run_vec's ops are all-reduces; 1: gathers to member 0, 2: all-gathers,
+ * of two parts: [0, n / 3) member 0's, [n / 3, n) member 1's */
+static int vec_gather;
+
 static void *vec_main(void *arg) {
     vec_member *v = arg;
     v->rc = mesh_join(v->M, v->rank, v->err, sizeof v->err);
@@ -110,8 +114,13 @@ static void *vec_main(void *arg) {
     if (v->mode == 3) cm_coll_reset(c, 3);
     double t0 = cm_now_s();
     if (v->mode != 2)
-        for (int o = 0; o < (v->mode == 4 ? 1 : v->ops) && !v->rc; o++)
-            v->rc = cm_coll_allreduce(c, v->x + (size_t)o * v->n, v->n, v->err, sizeof v->err);
+        for (int o = 0; o < (v->mode == 4 ? 1 : v->ops) && !v->rc; o++) {
+            float *x = v->x + (size_t)o * v->n;
+            int64_t part[3] = {0, v->n / 3, v->n};
+            v->rc = vec_gather == 1   ? cm_coll_gather(c, x, part, 0, v->err, sizeof v->err)
+                    : vec_gather == 2 ? cm_coll_allgather(c, x, part, v->err, sizeof v->err)
+                                      : cm_coll_allreduce(c, x, v->n, v->err, sizeof v->err);
+        }
     else cm_sleep_ms(1500);
     v->secs = cm_now_s() - t0;
     cm_coll_stats_get(c, &v->st);
@@ -333,6 +342,63 @@ static void test_collective_shm(void) {
     printf("  peer left: %s (%.3f s)\n", v[0].err, v[0].secs);
     free_parts(parts, k);
     free_parts(orig, k);
+
+    /* Larger than a slot's piece (what took the ring over the link before:
+     * ring_min 64): a prefill-sized all-reduce streams through the regions,
+     * then gathers (a split head's, to member 0; an all-gather) of parts of
+     * two and of three pieces. Same bits and counts with and without. */
+    const int nb = 40000, ob = 3; /* 3 pieces of at most 16384 per op; parts of 13333 and 26667 */
+    for (int g = 0; g <= 2; g++) {
+        float **o2 = random_parts(k, nb, ob, 21);
+        uint64_t fr[2] = {0, 0};
+        for (int off = 0; off < 2; off++) {
+            if (off) setenv("CUMULO_TP_SHM", "0", 1);
+            cm_config_reload();
+            float **p2 = random_parts(k, nb, ob, 21);
+            vec_gather = g;
+            run_vec(k, nb, ob, 64, false, NULL, v, p2);
+            vec_gather = 0;
+            int bad = 0;
+            for (int r = 0; r < k; r++) {
+                CHECKF(v[r].rc == 0, "shm %s, %s: member %d: %s", off ? "off" : "on", g ? "gather" : "large", r,
+                       v[r].err);
+                for (int64_t i = 0; i < (int64_t)nb * ob; i++) {
+                    float want = o2[0][i] + o2[1][i];
+                    if (g) /* member 1's part from member 1, the rest each member's own */
+                        want = (g == 2 || r == 0) && i % nb >= nb / 3 ? o2[1][i] : (g == 2 ? o2[0][i] : o2[r][i]);
+                    bad += memcmp(&p2[r][i], &want, 4) != 0;
+                }
+            }
+            uint64_t sent1 = g ? (uint64_t)ob * (nb - nb / 3) * 4 : (uint64_t)ob * nb * 4,
+                     sent0 = g == 1   ? 0
+                             : g == 2 ? (uint64_t)ob * (nb / 3) * 4
+                                      : sent1;
+            CHECKF(bad == 0 && v[0].st.total.data_sent == sent0 && v[1].st.total.data_sent == sent1 &&
+                       v[0].st.total.data_recv == sent1,
+                   "shm %s, %s: %d elements wrong; bytes sent %llu, %llu (want %llu, %llu)", off ? "off" : "on",
+                   g == 1 ? "gather"
+                   : g    ? "all-gather"
+                          : "large",
+                   bad, (unsigned long long)v[0].st.total.data_sent, (unsigned long long)v[1].st.total.data_sent,
+                   (unsigned long long)sent0, (unsigned long long)sent1);
+            fr[off] = v[0].frames + v[1].frames;
+            free_parts(p2, k);
+        }
+        unsetenv("CUMULO_TP_SHM");
+        cm_config_reload();
+        /* with the regions only the set-up frames (2 each) cross the links */
+        CHECKF(fr[0] == 4 && fr[1] > 4 + (uint64_t)ob, "%s: frames over the links %llu with, %llu without",
+               g == 1 ? "gather"
+               : g    ? "all-gather"
+                      : "large",
+               (unsigned long long)fr[0], (unsigned long long)fr[1]);
+        printf("  shared memory, %d %s of %d floats: %llu frames over the links (%llu without)\n", ob,
+               g == 1 ? "gathers"
+               : g    ? "all-gathers"
+                      : "all-reduces",
+               nb, (unsigned long long)fr[0], (unsigned long long)fr[1]);
+        free_parts(o2, k);
+    }
 }
 
 /* ---- a transport's own all-reduce, faked in-process ---- */
