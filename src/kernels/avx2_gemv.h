@@ -17,7 +17,7 @@
  * operations per 32 weights instead of 14.
  */
 
-enum { A6_MAXB = CM_REPACK_MAX_K / CM_QK_K, A6_PF = 4 };
+enum { A6_MAXB = CM_REPACK_MAX_K / CM_QK_K };
 
 /* Pair offsets of the token: off[8 * b + 4 * c + k] = maddubs(32, y_b's bytes 128c + 32k..). */
 AI void a6_offsets(int64_t nb, const cm_block_q8_k *y, __m256i *off) {
@@ -35,6 +35,9 @@ AI float a6_row(int64_t nb, const cm_block_q6_k *x, const cm_block_q8_k *y, cons
                              _mm256_set_m128i(_mm_set1_epi16(0x0f0e), _mm_set1_epi16(0x0d0c))};
     __m256 acc = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
+        /* the block's 4 lines A2_PFD bytes on */
+        _Pragma("GCC unroll 4") for (int o = 0; o < (int)sizeof(cm_block_q6_k); o += 64)
+            _mm_prefetch((const char *)&x[b] + A2_PFD + o, _MM_HINT_T0);
         const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)x[b].scales));
         const __m256i scs[2] = {_mm256_permute2x128_si256(s16, s16, 0x00), _mm256_permute2x128_si256(s16, s16, 0x11)};
         __m256i sumi = _mm256_setzero_si256();
@@ -63,13 +66,8 @@ static void gemv_a6_k(int64_t k, const void *w, size_t w_stride, const void *x, 
     }
     __m256i off[A6_MAXB * 8];
     a6_offsets(nb, x, off);
-    const size_t row_bytes = (size_t)nb * sizeof(cm_block_q6_k);
-    for (int64_t i = r0; i < r1; i++) {
-        const char *wr = (const char *)w + (size_t)i * w_stride;
-        if (i + A6_PF < r1) /* several rows' lines in flight (cm_matmul_rows' reason) */
-            for (size_t o = 0; o < row_bytes; o += 64) _mm_prefetch(wr + A6_PF * w_stride + o, _MM_HINT_T0);
-        y[i] = a6_row(nb, (const cm_block_q6_k *)(const void *)wr, x, off);
-    }
+    for (int64_t i = r0; i < r1; i++)
+        y[i] = a6_row(nb, (const cm_block_q6_k *)(const void *)((const char *)w + (size_t)i * w_stride), x, off);
 }
 
 /* ---- q6_k prefill: tile_q6_k's integer lanes (the sign trick's, pair

@@ -56,6 +56,9 @@ AI float ak4_row(int64_t nb, const uint8_t *x, const cm_block_q8_k *y, const __m
     __m128 accm = _mm_setzero_ps();
     int64_t b = 0;
     for (; b + 4 <= nb; b += 4, x += RK4_GROUP) {
+        /* the group's 9 lines A2_PFD bytes on */
+        _Pragma("GCC unroll 9") for (int o = 0; o < RK4_GROUP; o += 64)
+            _mm_prefetch((const char *)x + A2_PFD + o, _MM_HINT_T0);
         float dd[8];
         __m128i sc03, sc47, mn16[4];
         rk_header(x, dd, &sc03, &sc47, mn16);
@@ -115,6 +118,9 @@ AI float ak5_row(int64_t nb, const uint8_t *x, const cm_block_q8_k *y, const __m
     __m128 accm = _mm_setzero_ps();
     int64_t b = 0;
     for (; b + 4 <= nb; b += 4, x += AK5_GROUP) {
+        /* the group's 11 lines A2_PFD bytes on */
+        _Pragma("GCC unroll 11") for (int o = 0; o < AK5_GROUP; o += 64)
+            _mm_prefetch((const char *)x + A2_PFD + o, _MM_HINT_T0);
         float dd[8];
         __m128i sc03, sc47, mn16[4];
         rk_header(x, dd, &sc03, &sc47, mn16);

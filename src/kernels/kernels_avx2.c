@@ -35,6 +35,13 @@ AI __m256i ax_keep(__m256i v) {
     return v;
 }
 
+/* The decode gemvs' software prefetch (avx2_gemv.h's q6_k, avx2_krepack.h's
+ * q4_k / q5_k): the lines A2_PFD bytes ahead of the ones being read (rows
+ * are contiguous: past a row's end that is the next rows'; prefetches never
+ * fault), a few per block. Prefetching changes no arithmetic. 2048, as the
+ * AVX-512 table's KD_PFD (gemv_kd_avx512.c). */
+enum { A2_PFD = 2048 };
+
 #include "avx2_gemv.h"
 #include "avx2_krepack.h"
 #include "isa.h"

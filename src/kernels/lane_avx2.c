@@ -34,12 +34,20 @@
 #include "base/base.h"
 
 #include <immintrin.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <string.h>
 
 #define AI static inline __attribute__((always_inline))
 
 #include "x86_vec.h"
+
+/* The decode gemvs' software prefetch: the lines LA_PFD bytes ahead of the
+ * ones being read (rows are contiguous: past a row's end that is the next
+ * rows', past the last row a few lines nobody reads; prefetches never
+ * fault). Prefetching changes no arithmetic. 2048, as the AVX-512 table's
+ * QL_PFD / RQ_PFD (q8lane_avx512.c, kernels_avx512.c). */
+enum { LA_PFD = 2048 };
 
 /* Signed x signed bytes as 8 int32: |x| unsigned, x's sign moved onto y. */
 AI __m256i dot_s8s8(__m256i x, __m256i y) {
@@ -119,13 +127,16 @@ AI void lq4_pack(int64_t ng, const cm_block_q8_0 *y, uint8_t *d) {
 /* One repacked row x T packed tokens (tb bytes apart): out[t]. yv: the
  * tokens' q8_0 rows, for the nb % 16 tail blocks (the file's order). */
 AI void lq4_tile(int64_t nb, const uint8_t *x, const uint8_t *pk, size_t tb, const cm_block_q8_0 *const *yv, int T,
-                 float *out) {
+                 bool pf, float *out) {
     const int64_t ng = nb / 16;
     const __m256i m4 = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi16(1);
     __m256 c[LQ_T];
     _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) c[t] = _mm256_setzero_ps();
     for (int64_t g = 0; g < ng; g++) {
         const uint8_t *xg = x + (size_t)g * 16 * sizeof(cm_block_q4_0);
+        if (pf) /* the decode gemv: the group's 5 lines LA_PFD bytes on */
+            _Pragma("GCC unroll 5") for (int o = 0; o < 16 * (int)sizeof(cm_block_q4_0); o += 64)
+                _mm_prefetch((const char *)xg + LA_PFD + o, _MM_HINT_T0);
         _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
             __m256i lo[4], hi[4];
             _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {
@@ -160,7 +171,8 @@ static void gemv_lq4_0(int64_t k, const void *w, size_t w_stride, const void *x,
     _Alignas(64) uint8_t pk[LQ_MAXG * LQ_GROUP];
     lq4_pack(ng, x, pk);
     const cm_block_q8_0 *yv[1] = {x};
-    for (int64_t i = r0; i < r1; i++) lq4_tile(nb, (const uint8_t *)w + (size_t)i * w_stride, pk, 0, yv, 1, &y[i]);
+    for (int64_t i = r0; i < r1; i++)
+        lq4_tile(nb, (const uint8_t *)w + (size_t)i * w_stride, pk, 0, yv, 1, true, &y[i]);
 }
 
 /* Any number of tokens: packed LQ_PACK bytes at a time; rows in blocks of
@@ -199,10 +211,10 @@ static void gemm_plq4_0(int64_t k, const void *w, size_t w_stride, const void *x
                             _mm_prefetch((const char *)xr + (size_t)LQ_RB * w_stride + o, _MM_HINT_T1);
                     float out[LQ_T];
                     switch (T) { /* a constant T keeps the tile's chains in registers */
-                    case 4: lq4_tile(nb, xr, p, tb, yv, 4, out); break;
-                    case 3: lq4_tile(nb, xr, p, tb, yv, 3, out); break;
-                    case 2: lq4_tile(nb, xr, p, tb, yv, 2, out); break;
-                    default: lq4_tile(nb, xr, p, tb, yv, 1, out); break;
+                    case 4: lq4_tile(nb, xr, p, tb, yv, 4, false, out); break;
+                    case 3: lq4_tile(nb, xr, p, tb, yv, 3, false, out); break;
+                    case 2: lq4_tile(nb, xr, p, tb, yv, 2, false, out); break;
+                    default: lq4_tile(nb, xr, p, tb, yv, 1, false, out); break;
                     }
                     for (int t = 0; t < T; t++) y[(j0 + jj + t) * ldy + i] = out[t];
                 }
@@ -218,14 +230,17 @@ static void gemm_plq4_0(int64_t k, const void *w, size_t w_stride, const void *x
  * cost one conversion, one scale product and one FMA instead of 8 each; the
  * token's dy are converted to f32 once per call (gemv) or per row block and
  * token group (gemm), exactly. */
-enum { L8_MAXNB = 512, L8_PF = 4 };
+enum { L8_MAXNB = 512 };
 
 /* Blocks [b0, nb) of a row (b0 a multiple of 8) against T tokens (yv[t], dy
  * as f32 in dyf + t * L8_MAXNB) into chains c[t]. */
-AI void lq8_tile(int64_t nb, const cm_block_q8_0 *x, const cm_block_q8_0 *const *yv, const float *dyf, int T,
+AI void lq8_tile(int64_t nb, const cm_block_q8_0 *x, const cm_block_q8_0 *const *yv, const float *dyf, int T, bool pf,
                  __m256 *c) {
     int64_t b = 0;
     for (; b + 8 <= nb; b += 8) {
+        if (pf) /* the decode gemv: the group's 5 lines LA_PFD bytes on */
+            _Pragma("GCC unroll 5") for (int o = 0; o < 8 * (int)sizeof(cm_block_q8_0); o += 64)
+                _mm_prefetch((const char *)(x + b) + LA_PFD + o, _MM_HINT_T0);
         const __m256 dx = d8(&x[b].d, sizeof *x);
         __m256i ax[8];
         _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
@@ -267,14 +282,14 @@ static void vec_dot_lq8_0(int64_t n, float *s, const void *vx, const void *vy) {
         const int64_t m = nb - b < L8_MAXNB ? nb - b : L8_MAXNB;
         const cm_block_q8_0 *yv[1] = {y + b};
         lq8_dy(m, y + b, dyf);
-        lq8_tile(m, x + b, yv, dyf, 1, &c);
+        lq8_tile(m, x + b, yv, dyf, 1, false, &c);
     }
     *s = hsum8(c);
 }
 
-/* One token, rows [r0, r1), each row's lines prefetched L8_PF rows ahead
- * into L1 (several rows' lines in flight; a non-temporal hint measured ~4x
- * slower here, Intel family 6 model 167). */
+/* One token, rows [r0, r1), the row stream prefetched LA_PFD bytes ahead
+ * into L1 (several lines in flight; a non-temporal hint measured ~4x slower
+ * here, Intel family 6 model 167). */
 static void gemv_lq8_0(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
                        int64_t r0, int64_t r1, int64_t n_tok) {
     (void)x_stride, (void)ldy, (void)n_tok;
@@ -286,13 +301,10 @@ static void gemv_lq8_0(int64_t k, const void *w, size_t w_stride, const void *x,
     float dyf[L8_MAXNB];
     lq8_dy(nb, x, dyf);
     const cm_block_q8_0 *yv[1] = {x};
-    const size_t row_bytes = (size_t)nb * sizeof(cm_block_q8_0);
     for (int64_t i = r0; i < r1; i++) {
         const char *wr = (const char *)w + (size_t)i * w_stride;
-        if (i + L8_PF < r1)
-            for (size_t o = 0; o < row_bytes; o += 64) _mm_prefetch(wr + L8_PF * w_stride + o, _MM_HINT_T0);
         __m256 c = _mm256_setzero_ps();
-        lq8_tile(nb, (const cm_block_q8_0 *)(const void *)wr, yv, dyf, 1, &c);
+        lq8_tile(nb, (const cm_block_q8_0 *)(const void *)wr, yv, dyf, 1, true, &c);
         y[i] = hsum8(c);
     }
 }
