@@ -170,8 +170,7 @@ static void gemv_kd6(int64_t k, const void *w, size_t w_stride, const void *x, s
     kd6_pack(nb, x, yp, dyg);
     const size_t pfd = (size_t)cm_tune_get(CM_TUNE_KQ_GEMV_PFD);
     for (int64_t i = r0; i < r1; i++) {
-        y[i] = kd6_row(nb, (const cm_block_q6_k *)(const void *)((const char *)w + (size_t)i * w_stride), yp, dyg,
-                       pfd);
+        y[i] = kd6_row(nb, (const cm_block_q6_k *)(const void *)((const char *)w + (size_t)i * w_stride), yp, dyg, pfd);
     }
 }
 

@@ -18,23 +18,28 @@
  * 1024 for q8_0 at one thread; 4096 aliased L1 sets there), and f16 passes
  * of 256 KiB to 1 MiB of converted tokens (1 MiB fills Zen 4's L2). */
 static const cm_tune_knob_info k_knobs[CM_TUNE_COUNT] = {
-    [CM_TUNE_F16_GEMV_PFD] = {"avx512.f16.gemv.pfd", "avx512", {CM_TYPE_F16}, 1, false, false, 2048, 3,
-                              {1024, 2048, 3072}},
-    [CM_TUNE_Q8_0_GEMV_PFD] = {"avx512.q8_0.gemv.pfd", "avx512", {CM_TYPE_Q8_0}, 1, false, false, 2048, 3,
-                               {1024, 2048, 3072}},
-    [CM_TUNE_Q4_0_GEMV_PFD] = {"avx512.q4_0.gemv.pfd", "avx512", {CM_TYPE_Q4_0}, 1, false, true, 2048, 3,
-                               {1024, 2048, 3072}},
-    [CM_TUNE_KQ_GEMV_PFD] = {"avx512.q5_k+q6_k.gemv.pfd", "avx512", {CM_TYPE_Q5_K, CM_TYPE_Q6_K}, 2, false, false, 2048,
-                             3, {1024, 2048, 3072}},
-    [CM_TUNE_F16_GEMM_PASS] = {"avx512.f16.gemm.pass_kib", "avx512", {CM_TYPE_F16}, 1, true, false, 1024, 3,
-                               {256, 512, 1024}},
+    [CM_TUNE_F16_GEMV_PFD] =
+        {"avx512.f16.gemv.pfd", "avx512", {CM_TYPE_F16}, 1, false, false, 2048, 3, {1024, 2048, 3072}},
+    [CM_TUNE_Q8_0_GEMV_PFD] =
+        {"avx512.q8_0.gemv.pfd", "avx512", {CM_TYPE_Q8_0}, 1, false, false, 2048, 3, {1024, 2048, 3072}},
+    [CM_TUNE_Q4_0_GEMV_PFD] =
+        {"avx512.q4_0.gemv.pfd", "avx512", {CM_TYPE_Q4_0}, 1, false, true, 2048, 3, {1024, 2048, 3072}},
+    [CM_TUNE_KQ_GEMV_PFD] = {"avx512.q5_k+q6_k.gemv.pfd",
+                             "avx512",
+                             {CM_TYPE_Q5_K, CM_TYPE_Q6_K},
+                             2,
+                             false,
+                             false,
+                             2048,
+                             3,
+                             {1024, 2048, 3072}},
+    [CM_TUNE_F16_GEMM_PASS] =
+        {"avx512.f16.gemm.pass_kib", "avx512", {CM_TYPE_F16}, 1, true, false, 1024, 3, {256, 512, 1024}},
 };
 
 int cm_tune_vals_[CM_TUNE_COUNT] = {2048, 2048, 2048, 2048, 1024};
 
-const cm_tune_knob_info *cm_tune_info(int knob) {
-    return knob >= 0 && knob < CM_TUNE_COUNT ? &k_knobs[knob] : NULL;
-}
+const cm_tune_knob_info *cm_tune_info(int knob) { return knob >= 0 && knob < CM_TUNE_COUNT ? &k_knobs[knob] : NULL; }
 
 int cm_tune_find(const char *name, size_t len) {
     for (int i = 0; i < CM_TUNE_COUNT; i++)
@@ -128,11 +133,16 @@ int cm_tune_parse(const uint8_t *p, size_t n, const char *sig, cm_tune_choice *c
 
 /* ---- measurement ---- */
 
-static bool knob_takes(int knob, const cm_tensor *W) {
+static bool knob_takes_type(int knob, const cm_tensor *W) {
     const cm_tune_knob_info *ki = &k_knobs[knob];
     bool type = false;
     for (int t = 0; t < ki->n_types; t++) type |= W->type == ki->types[t];
-    if (!type || !W->data || W->ne[0] <= 0 || W->ne[1] <= 0) return false;
+    return type && W->data && W->ne[0] > 0 && W->ne[1] > 0;
+}
+
+static bool knob_takes(int knob, const cm_tensor *W) {
+    const cm_tune_knob_info *ki = &k_knobs[knob];
+    if (!knob_takes_type(knob, W)) return false;
     if (ki->packed && !cm_repack_find(W, NULL)) return false;
     if (ki->gemm) return W->ne[0] >= 512 && W->ne[0] <= 16384 && W->ne[1] >= 64;
     return true;
@@ -146,9 +156,13 @@ int cm_tune_wanted(const cm_kernels *k, const cm_tensor *const *ws, int n, bool 
         want[i] = false;
         if (strcmp(k_knobs[i].table, k->name) != 0) continue;
         size_t bytes = 0;
-        for (int j = 0; j < n; j++)
-            if (knob_takes(i, ws[j])) bytes += k_knobs[i].gemm ? CM_TUNE_MIN_BYTES : tensor_bytes(ws[j]);
-        want[i] = bytes >= CM_TUNE_MIN_BYTES;
+        bool takes = false;
+        for (int j = 0; j < n; j++) {
+            const bool t = knob_takes(i, ws[j]);
+            takes |= t;
+            if (t || (k_knobs[i].gemm && knob_takes_type(i, ws[j]))) bytes += tensor_bytes(ws[j]);
+        }
+        want[i] = takes && bytes >= CM_TUNE_MIN_BYTES;
         nw += want[i];
     }
     return nw;
@@ -234,8 +248,8 @@ int cm_tune_measure(const cm_kernels *k, const cm_tensor *const *ws, int n, cons
             if (!G) continue;
             const enum cm_type vt = cm_type_traits_of(G->type)->vec_dot_type;
             for (int t = 0; t < GEMM_TOK; t++)
-                k->from_float[vt](r.xf + (size_t)t * (size_t)G->ne[0], (char *)r.xq + (size_t)t * cm_row_size(vt, G->ne[0]),
-                                  G->ne[0]);
+                k->from_float[vt](r.xf + (size_t)t * (size_t)G->ne[0],
+                                  (char *)r.xq + (size_t)t * cm_row_size(vt, G->ne[0]), G->ne[0]);
         }
         double best[CM_TUNE_MAXCAND] = {0};
         (void)cm_tune_set(knob, ki->def); /* one untimed rep: pages, caches, clocks */

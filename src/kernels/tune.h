@@ -87,11 +87,12 @@ size_t cm_tune_format(const char *sig, const cm_tune_choice *c, char *out, size_
 int cm_tune_parse(const uint8_t *p, size_t n, const char *sig, cm_tune_choice *c, char *err, size_t errlen);
 
 /* Which knobs the model's weights ws[0:n] (the matmul weights, repacked
- * where they will be) would measure under table k: those of k's table whose
- * type is among the weights with at least CM_TUNE_MIN_BYTES of them (the
- * decode gemv knobs: a stream that small is served from cache, where no
- * distance matters) or, for a gemm knob, one weight it can run on. Returns
- * how many; want[i] set for each. */
+ * where they will be) would measure under table k: those of k's table with
+ * at least CM_TUNE_MIN_BYTES of weights of their types that their kernel
+ * reads (a stream that small is served from cache, where no prefetch
+ * distance matters; a model that small is quick anyway) and, for a gemm
+ * knob, one weight its kernel runs on. Returns how many; want[i] set for
+ * each. */
 enum { CM_TUNE_MIN_BYTES = 64 << 20 };
 int cm_tune_wanted(const cm_kernels *k, const cm_tensor *const *ws, int n, bool want[CM_TUNE_COUNT]);
 

@@ -298,14 +298,14 @@ int cm_model_repack_whole(cm_model *m, char *err, size_t errlen);
  * CM_ENOMEM (the knobs then stay as they were). */
 int cm_model_tune(const cm_model *m, bool may_measure);
 typedef struct cm_model_tune_info {
-    const char *source; /* "cache", "measured", "defaults" (mapped file), "off" (CUMULO_TUNE=0), "none"
+    const char *source;       /* "cache", "measured", "defaults" (mapped file), "off" (CUMULO_TUNE=0), "none"
                          * (no knob reads this model's weights on this table), NULL: never called */
-    cm_tune_choice choice;                          /* the values cached or measured for this model's knobs */
-    int value[CM_TUNE_COUNT];                       /* every knob's value after the call */
-    bool used[CM_TUNE_COUNT];                       /* knob i was chosen for this model */
-    double ns[CM_TUNE_COUNT][CM_TUNE_MAXCAND];      /* measured: best rep per candidate (0: not measured) */
-    double ms;                                      /* the time the call took */
-    char path[512];                                 /* the cache file ("" when none) */
+    cm_tune_choice choice;    /* the values cached or measured for this model's knobs */
+    int value[CM_TUNE_COUNT]; /* every knob's value after the call */
+    bool used[CM_TUNE_COUNT]; /* knob i matters to this model (CUMULO_TUNE=0: would) */
+    double ns[CM_TUNE_COUNT][CM_TUNE_MAXCAND]; /* measured: best rep per candidate (0: not measured) */
+    double ms;                                 /* the time the call took */
+    char path[512];                            /* the cache file ("" when none) */
 } cm_model_tune_info;
 /* What the last cm_model_tune of this process did. Thread-safe. */
 void cm_model_tune_last(cm_model_tune_info *out);

@@ -55,11 +55,6 @@ int cm_model_tune(const cm_model *m, bool may_measure) {
     const cm_kernels *k = cm_kernels_get();
     const uint64_t t0 = cm_now_ns();
     cm_model_tune_info info = {.source = "defaults"};
-    if (cfg->tune_off) {
-        cm_tune_defaults();
-        info.source = "off";
-        goto done;
-    }
     const int nmax = m->hp.n_layer * 7 + 1;
     const cm_tensor **ws = cm_malloc((size_t)nmax * sizeof *ws);
     if (!ws) return CM_ENOMEM;
@@ -72,7 +67,15 @@ int cm_model_tune(const cm_model *m, bool may_measure) {
     }
     if (m->output.data) ws[n++] = &m->output;
     bool want[CM_TUNE_COUNT];
-    if (cm_tune_wanted(k, ws, n, want) == 0) {
+    const int nwant = cm_tune_wanted(k, ws, n, want);
+    for (int i = 0; i < CM_TUNE_COUNT; i++) info.used[i] = want[i];
+    if (cfg->tune_off) {
+        cm_tune_defaults();
+        info.source = "off";
+        cm_free(ws);
+        goto done;
+    }
+    if (nwant == 0) {
         info.source = "none"; /* nothing this model's kernels would read on this table */
         cm_free(ws);
         goto done;
@@ -119,10 +122,7 @@ int cm_model_tune(const cm_model *m, bool may_measure) {
     cm_free(ws);
     if (!have_path) info.path[0] = 0;
 done:
-    for (int i = 0; i < CM_TUNE_COUNT; i++) {
-        info.value[i] = cm_tune_get((enum cm_tune_knob)i);
-        info.used[i] = info.choice.set[i];
-    }
+    for (int i = 0; i < CM_TUNE_COUNT; i++) info.value[i] = cm_tune_get((enum cm_tune_knob)i);
     info.ms = (double)(cm_now_ns() - t0) * 1e-6;
     CM_LOGI("kernel tuning (%s table): %s in %.1f ms%s%s", k->name, info.source, info.ms, info.path[0] ? ", " : "",
             info.path);

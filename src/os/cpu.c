@@ -202,7 +202,8 @@ void cm_cpu_signature(char *out, size_t cap) {
     const int nf = cm_cpu_feature_names(names, 32);
     size_t o = (size_t)snprintf(out, cap, "%s;", id);
     for (int i = 0; i < nf && o < cap; i++) o += (size_t)snprintf(out + o, cap - o, " %s", names[i]);
-    if (o < cap) snprintf(out + o, cap - o, "; l2 %llu; cpus %d", (unsigned long long)cm_cpu_l2_bytes(), cm_cpu_count());
+    if (o < cap)
+        snprintf(out + o, cap - o, "; l2 %llu; cpus %d", (unsigned long long)cm_cpu_l2_bytes(), cm_cpu_count());
 }
 
 uint64_t cm_thread_cpu_ns(void) {
