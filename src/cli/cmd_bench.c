@@ -342,6 +342,7 @@ static cJSON *tune_json(void) {
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "source", t.source ? t.source : "not run");
     cJSON_AddNumberToObject(j, "ms", round(t.ms * 100) / 100);
+    cJSON_AddNumberToObject(j, "cpu_ms", round(t.cpu_ms * 100) / 100);
     cJSON *kn = cJSON_AddObjectToObject(j, "knobs"), *ms = NULL;
     for (int i = 0; i < CM_TUNE_COUNT; i++) {
         const cm_tune_knob_info *ki = cm_tune_info(i);

@@ -304,7 +304,7 @@ typedef struct cm_model_tune_info {
     int value[CM_TUNE_COUNT]; /* every knob's value after the call */
     bool used[CM_TUNE_COUNT]; /* knob i matters to this model (CUMULO_TUNE=0: would) */
     double ns[CM_TUNE_COUNT][CM_TUNE_MAXCAND]; /* measured: best rep per candidate (0: not measured) */
-    double ms;                                 /* the time the call took */
+    double ms, cpu_ms;                         /* the time the call took, and its thread's CPU time */
     char path[512];                            /* the cache file ("" when none) */
 } cm_model_tune_info;
 /* What the last cm_model_tune of this process did. Thread-safe. */

@@ -53,7 +53,7 @@ static int read_cache(const char *path, const char *sig, cm_tune_choice *c) {
 int cm_model_tune(const cm_model *m, bool may_measure) {
     const cm_config *cfg = cm_config_get();
     const cm_kernels *k = cm_kernels_get();
-    const uint64_t t0 = cm_now_ns();
+    const uint64_t t0 = cm_now_ns(), c0 = cm_thread_cpu_ns();
     cm_model_tune_info info = {.source = "defaults"};
     const int nmax = m->hp.n_layer * 7 + 1;
     const cm_tensor **ws = cm_malloc((size_t)nmax * sizeof *ws);
@@ -124,8 +124,9 @@ int cm_model_tune(const cm_model *m, bool may_measure) {
 done:
     for (int i = 0; i < CM_TUNE_COUNT; i++) info.value[i] = cm_tune_get((enum cm_tune_knob)i);
     info.ms = (double)(cm_now_ns() - t0) * 1e-6;
-    CM_LOGI("kernel tuning (%s table): %s in %.1f ms%s%s", k->name, info.source, info.ms, info.path[0] ? ", " : "",
-            info.path);
+    info.cpu_ms = (double)(cm_thread_cpu_ns() - c0) * 1e-6;
+    CM_LOGI("kernel tuning (%s table): %s in %.1f ms (%.1f ms CPU)%s%s", k->name, info.source, info.ms, info.cpu_ms,
+            info.path[0] ? ", " : "", info.path);
     pthread_mutex_lock(&g_mu);
     g_last = info;
     pthread_mutex_unlock(&g_mu);
