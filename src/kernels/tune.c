@@ -171,7 +171,8 @@ int cm_tune_wanted(const cm_kernels *k, const cm_tensor *const *ws, int n, bool 
 enum {
     CHUNK_BYTES = 24 << 20, /* weights a gemv rep reads: one core's DRAM share for a few ms */
     GEMM_TOK = 128,         /* tokens of the gemm rep: passes of 32, 64 and 128 at k = 2048 */
-    GEMM_ROWS = 192,        /* rows of it */
+    GEMM_ROWS = 192,        /* rows of each weight */
+    GEMM_SHAPES = 4,        /* weights of distinct row lengths it runs (the first met of each) */
 };
 
 typedef struct {
@@ -203,14 +204,23 @@ static double gemv_rep(tune_run *r, int knob) {
     return bytes ? (double)ns * (double)(1 << 20) / (double)bytes : 0;
 }
 
-/* One gemm rep: GEMM_TOK tokens against GEMM_ROWS rows of W; CPU ns. */
-static double gemm_rep(tune_run *r, const cm_tensor *W) {
-    const int64_t k = W->ne[0], rows = W->ne[1] < GEMM_ROWS ? W->ne[1] : GEMM_ROWS;
-    const enum cm_type vt = cm_type_traits_of(W->type)->vec_dot_type;
-    const size_t xs = cm_row_size(vt, k);
-    const uint64_t t0 = cm_thread_cpu_ns();
-    cm_matmul_rows(r->k, W, r->xq, xs, GEMM_TOK, r->y, rows, 0, rows);
-    return (double)(cm_thread_cpu_ns() - t0);
+/* One gemm rep: GEMM_TOK tokens against GEMM_ROWS rows of each of G[0:ng]
+ * (one weight per row length: a pass size that suits 2048-element rows can
+ * cost a 5632-element one 1.3x); CPU ns of the products. */
+static double gemm_rep(tune_run *r, const cm_tensor *const *G, int ng) {
+    uint64_t ns = 0;
+    for (int g = 0; g < ng; g++) {
+        const cm_tensor *W = G[g];
+        const int64_t k = W->ne[0], rows = W->ne[1] < GEMM_ROWS ? W->ne[1] : GEMM_ROWS;
+        const enum cm_type vt = cm_type_traits_of(W->type)->vec_dot_type;
+        const size_t xs = cm_row_size(vt, k);
+        for (int t = 0; t < GEMM_TOK; t++)
+            r->k->from_float[vt](r->xf + (size_t)t * (size_t)k, (char *)r->xq + (size_t)t * xs, k);
+        const uint64_t t0 = cm_thread_cpu_ns();
+        cm_matmul_rows(r->k, W, r->xq, xs, GEMM_TOK, r->y, rows, 0, rows);
+        ns += cm_thread_cpu_ns() - t0;
+    }
+    return (double)ns;
 }
 
 int cm_tune_measure(const cm_kernels *k, const cm_tensor *const *ws, int n, const bool want[CM_TUNE_COUNT],
@@ -241,25 +251,24 @@ int cm_tune_measure(const cm_kernels *k, const cm_tensor *const *ws, int n, cons
     for (int knob = 0; knob < CM_TUNE_COUNT; knob++) {
         if (!want[knob]) continue;
         const cm_tune_knob_info *ki = &k_knobs[knob];
-        const cm_tensor *G = NULL; /* the gemm's weight: the one with the most rows */
-        if (ki->gemm) {
-            for (int j = 0; j < n; j++)
-                if (knob_takes(knob, ws[j]) && (!G || ws[j]->ne[1] > G->ne[1])) G = ws[j];
-            if (!G) continue;
-            const enum cm_type vt = cm_type_traits_of(G->type)->vec_dot_type;
-            for (int t = 0; t < GEMM_TOK; t++)
-                k->from_float[vt](r.xf + (size_t)t * (size_t)G->ne[0],
-                                  (char *)r.xq + (size_t)t * cm_row_size(vt, G->ne[0]), G->ne[0]);
+        const cm_tensor *G[GEMM_SHAPES]; /* the gemm's weights: one per row length */
+        int ng = 0;
+        for (int j = 0; ki->gemm && j < n; j++) {
+            if (!knob_takes(knob, ws[j])) continue;
+            int g = 0;
+            while (g < ng && G[g]->ne[0] != ws[j]->ne[0]) g++;
+            if (g == ng && ng < GEMM_SHAPES) G[ng++] = ws[j];
         }
+        if (ki->gemm && ng == 0) continue;
         double best[CM_TUNE_MAXCAND] = {0};
         (void)cm_tune_set(knob, ki->def); /* one untimed rep: pages, caches, clocks */
-        if (ki->gemm) (void)gemm_rep(&r, G);
+        if (ki->gemm) (void)gemm_rep(&r, G, ng);
         else (void)gemv_rep(&r, knob);
         for (int rep = 0; rep < CM_TUNE_REPS; rep++)
             for (int jj = 0; jj < ki->n_cand; jj++) {
                 const int j = (jj + rep) % ki->n_cand;
                 (void)cm_tune_set(knob, ki->cand[j]);
-                const double t = ki->gemm ? gemm_rep(&r, G) : gemv_rep(&r, knob);
+                const double t = ki->gemm ? gemm_rep(&r, G, ng) : gemv_rep(&r, knob);
                 if (t > 0 && (best[j] == 0 || t < best[j])) best[j] = t;
             }
         int def = 0, win = -1;
