@@ -291,8 +291,9 @@ int cm_model_repack_whole(cm_model *m, char *err, size_t errlen);
  * defaults; else the values cached for this CPU's signature under
  * CUMULO_TUNE_DIR (default $XDG_CACHE_HOME/cumulo/tune, else
  * $HOME/.cache/cumulo/tune), and those missing (or all, CUMULO_TUNE=force)
- * measured on m's weights when may_measure (a file read into memory: a
- * mapped one would time page faults; else the defaults) and written back.
+ * measured on m's weights when may_measure (cm_model_load of a file read
+ * into memory: a mapped one would time page faults, a cluster member's
+ * slice load would stall its links; else the defaults) and written back.
  * A corrupt or foreign file: a warning, measured again. The values are
  * process-wide (one CPU); same bits whatever they are. Thread-safe; 0 or
  * CM_ENOMEM (the knobs then stay as they were). */
