@@ -125,6 +125,9 @@ kbench: $(BUILD)/bench/kbench
 $(BUILD)/bench/fgbench: bench/fgbench.c $(BUILD)/libcumulo.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libcumulo.a $(LDLIBS)
+$(BUILD)/bench/tunebench: bench/tunebench.c $(BUILD)/libcumulo.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libcumulo.a $(LDLIBS)
 
 # Batched-decode kernel benchmark (Q4_0 1B-llama shapes, B = 1..32 rows); not a test.
 $(BUILD)/bench/bbench: bench/bbench.c $(BUILD)/libcumulo.a

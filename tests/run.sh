@@ -28,6 +28,9 @@ CI_MODE=""
 case "${CI:-}" in true | 1 | yes) CI_MODE=1 ;; esac
 OUT=$(mktemp -d) || exit 1
 trap 'rm -rf "$OUT"' EXIT
+# the kernels' knob choices of models loaded by tests go to a temporary
+# folder, never to the user's cache (tests/sh/tune_cli.sh sets its own)
+export CUMULO_TUNE_DIR=${CUMULO_TUNE_DIR:-$OUT/tune}
 total_p=0; total_f=0; total_s=0; bad=""; left_out=0; n_run=0
 : >"$OUT/skips"
 

@@ -86,6 +86,9 @@ typedef struct cm_config {
     bool mmap;                      /* CUMULO_MMAP set and not "0" */
     bool repack_off;                /* CUMULO_REPACK is "0" */
     bool amx_off;                   /* CUMULO_AMX is "0" */
+    bool tune_off;                  /* CUMULO_TUNE is "0" */
+    bool tune_force;                /* CUMULO_TUNE is "force" */
+    const char *tune_dir;           /* CUMULO_TUNE_DIR (NULL: unset) */
     const char *key_file;           /* CUMULO_KEY_FILE */
     const char *models;             /* CUMULO_MODELS */
     const char *api_key;            /* CUMULO_API_KEY, as set (may be "") */

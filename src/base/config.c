@@ -31,6 +31,10 @@
       "memory (as --mmap)")                                                                                        \
     X(repack, "CUMULO_REPACK", "unset", "0: no repacking of weights into the kernels' interleaved layouts")        \
     X(amx, "CUMULO_AMX", "1", "0: the int8 prefill gemms do not use AMX tiles where the CPU has them")             \
+    X(tune, "CUMULO_TUNE", "1",                                                                                    \
+      "0: the kernels' built-in knob values; force: measure them again at model load even when cached")            \
+    X(tune_dir, "CUMULO_TUNE_DIR", "$XDG_CACHE_HOME/cumulo/tune, else $HOME/.cache/cumulo/tune",                   \
+      "where the kernels' knob values chosen at load are kept, one file per CPU signature")                        \
     X(key_file, "CUMULO_KEY_FILE", "$HOME/.config/cumulo/cluster.key", "the cluster key file (as --key-file)")     \
     X(models, "CUMULO_MODELS", "$XDG_CACHE_HOME/cumulo/models, else $HOME/.cache/cumulo/models",                   \
       "the models directory of pull, models, rm and hf:// names")                                                  \
@@ -178,6 +182,9 @@ static void load(void) {
     c->mmap = mm && strcmp(mm, "0") != 0;
     c->repack_off = RAW(repack) && !strcmp(RAW(repack), "0");
     c->amx_off = RAW(amx) && !strcmp(RAW(amx), "0");
+    c->tune_off = RAW(tune) && !strcmp(RAW(tune), "0");
+    c->tune_force = RAW(tune) && !strcmp(RAW(tune), "force");
+    c->tune_dir = STR(tune_dir);
     c->key_file = STR(key_file);
     c->models = STR(models);
     c->api_key = RAW(api_key);

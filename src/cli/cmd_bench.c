@@ -37,6 +37,7 @@
 #include "engine/engine.h"
 #include "gguf/gguf.h"
 #include "kernels/kernels.h"
+#include "model/model.h"
 #include "os/os.h"
 
 #include <cjson/cJSON.h>
@@ -75,7 +76,12 @@ static const char k_bench_usage[] =
     "  --oracle-dir DIR   folder with bench.mjs and node_modules/node-llama-cpp\n"
     "                     (default: $CUMULO_ORACLE_DIR, else /tmp/nlc)\n"
     "  --bw-mib N         size of the bandwidth buffer in MiB (default 1024)\n"
-    "  --json             print one JSON line instead of the table\n"
+    "  --json             print one JSON line instead of the table (\"tune\": the kernels' knobs)\n"
+    "\n"
+    "The kernels' knobs (prefetch distances, pass sizes) are chosen per CPU at model load: read\n"
+    "from the cache ($CUMULO_TUNE_DIR, else $XDG_CACHE_HOME/cumulo/tune, else ~/.cache/cumulo/tune)\n"
+    "or measured on the weights (well under a second) and kept there; CUMULO_TUNE=0 uses the\n"
+    "built-in values, CUMULO_TUNE=force measures again. Same results either way.\n"
     "\n"
     "Cluster (with --cluster: power, joules/token and the roofline count this machine only;\n"
     "the bytes on the wire per token are printed either way):\n";
@@ -326,6 +332,34 @@ static int native_rep(const bench_opts *o, speed *sp) {
     return sp->pp > 0 && sp->tg > 0 ? 0 : cli_fail("llama-bench printed no result");
 }
 
+/* The kernels' knobs the load chose (model/tune_cache.c): where from
+ * ("cache", "measured", "defaults", "off", "none"), the ms it cost, each
+ * knob's value and, when measured, the best rep per candidate (ms per MiB
+ * of weights for a decode gemv's knob, ms per call for a gemm's). */
+static cJSON *tune_json(void) {
+    cm_model_tune_info t;
+    cm_model_tune_last(&t);
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "source", t.source ? t.source : "not run");
+    cJSON_AddNumberToObject(j, "ms", round(t.ms * 100) / 100);
+    cJSON_AddNumberToObject(j, "cpu_ms", round(t.cpu_ms * 100) / 100);
+    cJSON *kn = cJSON_AddObjectToObject(j, "knobs"), *ms = NULL;
+    for (int i = 0; i < CM_TUNE_COUNT; i++) {
+        const cm_tune_knob_info *ki = cm_tune_info(i);
+        if (!t.used[i]) continue;
+        cJSON_AddNumberToObject(kn, ki->name, t.value[i]);
+        if (t.ns[i][0] <= 0) continue;
+        if (!ms) ms = cJSON_AddObjectToObject(j, "measured_ms");
+        cJSON *c = cJSON_AddObjectToObject(ms, ki->name);
+        for (int k = 0; k < ki->n_cand; k++) {
+            char v[16];
+            snprintf(v, sizeof v, "%d", ki->cand[k]);
+            cJSON_AddNumberToObject(c, v, round(t.ns[i][k] * 1e-3) / 1e3);
+        }
+    }
+    return j;
+}
+
 /* This CPU as /proc/cpuinfo names it (vendor, family, model, the flags that
  * matter to the kernels), for the JSON; "unknown" where there is no such file. */
 static cJSON *cpu_json(void) {
@@ -526,6 +560,15 @@ int cmd_bench(int argc, char **argv) {
             in.n_params / 1e6, wbytes / 1e9, o.threads, o.threads == 1 ? "" : "s", kname);
     if (!strcmp(cm_kernels_get()->name, "avx512") && *cm_kernels_amx_why())
         fprintf(stderr, "bench: no AMX: %s\n", cm_kernels_amx_why());
+    {
+        cm_model_tune_info t;
+        cm_model_tune_last(&t);
+        char kv[256] = "";
+        size_t o2 = 0;
+        for (int i = 0; i < CM_TUNE_COUNT && o2 < sizeof kv; i++)
+            if (t.used[i]) o2 += (size_t)snprintf(kv + o2, sizeof kv - o2, " %s=%d", cm_tune_info(i)->name, t.value[i]);
+        fprintf(stderr, "bench: kernel knobs: %s (%.1f ms)%s\n", t.source ? t.source : "not run", t.ms, kv);
+    }
 
     speed *runs = cm_calloc((size_t)o.reps * 2, sizeof *runs), best = {0, 0}, lbest = {0, 0};
     /* Power of this machine while cumulo decodes: RAPL when readable, else an
@@ -584,6 +627,7 @@ int cmd_bench(int argc, char **argv) {
         cJSON_AddNumberToObject(j, "n_params", (double)in.n_params);
         cJSON_AddStringToObject(j, "kernels", kname);
         cJSON_AddItemToObject(j, "cpu", cpu_json());
+        cJSON_AddItemToObject(j, "tune", tune_json());
         cJSON_AddNumberToObject(j, "threads", o.threads);
         cJSON_AddStringToObject(j, "kv_type", o.kvo.set ? cli_kv_name(&o.kvo) : o.kv_f16 ? "f16" : "f32");
         cJSON_AddBoolToObject(j, "flash_attn", !o.kvo.no_flash);

@@ -22,7 +22,7 @@
  *        the tail through tile_q8_0 and the reduction are ztile_q8_0's.
  * So each row is vec_dot's bits (kernels.h; tests/unit/test_kernels_invariant.c,
  * n_tok 1). One row per pass (a single sequential stream, as GEMV_ROWS),
- * prefetched GV_PFD bytes ahead (f16). f16 rows longer than GV_F16_F32K
+ * prefetched CM_TUNE_F16_GEMV_PFD bytes ahead (f16). f16 rows longer than GV_F16_F32K
  * elements keep the token in fp16 (vec_dot's operations, with the
  * prefetch); q8_0 rows longer than GV_MAXK go through vec_dot row by row. Stack: 11 KiB (f16) / 34 KiB
  * (q8_0) at most. Never allocates.
@@ -47,16 +47,15 @@ enum { GV_F16_F32K = 16384 / 6 };
  * huge pages) ran at 81-82% of the read roofline at 1 and 2 threads
  * without it, 88-94% with 2048 bytes, 94-97% with 3072 and 83-84% with 4096
  * (the lines then alias the ones being read in L1's sets) on session 19's
- * Intel Xeon (docs/HISTORY.md). 2048, as gemv_kd_avx512.c's KD_PFD and
- * q8lane_avx512.c's QL_PFD: not tuned to one CPU's best. */
-enum { GV_PFD = 2048 };
+ * Intel Xeon (docs/HISTORY.md). The distance is the knob
+ * CM_TUNE_F16_GEMV_PFD (tune.h: chosen per CPU at load, 2048 by default). */
 
 /* ---- f16 ---- */
-AI float gvf16_row(int64_t n, const cm_f16 *x, const float *yf) {
+AI float gvf16_row(int64_t n, const cm_f16 *x, const float *yf, size_t pfd) {
     __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
     int64_t i = 0;
     for (; i + 32 <= n; i += 32) { /* ztile_f16 (CM_TILE_FLOAT), T = 1 */
-        _mm_prefetch((const char *)(x + i) + GV_PFD, _MM_HINT_T0);
+        _mm_prefetch((const char *)(x + i) + pfd, _MM_HINT_T0);
         const __m512 x0 = z_f16(x, i), x1 = z_f16(x, i + 16);
         a0 = FMA16(a0, x0, _mm512_load_ps(yf + i));
         a1 = FMA16(a1, x1, _mm512_load_ps(yf + i + 16));
@@ -68,11 +67,11 @@ AI float gvf16_row(int64_t n, const cm_f16 *x, const float *yf) {
 
 /* A long row against the token in fp16: ztile_f16 with T = 1 (vec_dot_zf16's
  * operations, values and order) plus the prefetch. */
-AI float gvf16_row_h(int64_t n, const cm_f16 *x, const cm_f16 *y) {
+AI float gvf16_row_h(int64_t n, const cm_f16 *x, const cm_f16 *y, size_t pfd) {
     __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
     int64_t i = 0;
     for (; i + 32 <= n; i += 32) {
-        _mm_prefetch((const char *)(x + i) + GV_PFD, _MM_HINT_T0);
+        _mm_prefetch((const char *)(x + i) + pfd, _MM_HINT_T0);
         const __m512 x0 = z_f16(x, i), x1 = z_f16(x, i + 16);
         a0 = FMA16(a0, x0, z_f16(y, i));
         a1 = FMA16(a1, x1, z_f16(y, i + 16));
@@ -85,9 +84,10 @@ AI float gvf16_row_h(int64_t n, const cm_f16 *x, const cm_f16 *y) {
 static void gemv_vf16(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
                       int64_t r0, int64_t r1, int64_t n_tok) {
     (void)x_stride, (void)ldy, (void)n_tok;
+    const size_t pfd = (size_t)cm_tune_get(CM_TUNE_F16_GEMV_PFD);
     if (k > GV_F16_F32K) { /* the token in fp16, converted again for every row, as vec_dot */
         for (int64_t i = r0; i < r1; i++)
-            y[i] = gvf16_row_h(k, (const cm_f16 *)(const void *)((const char *)w + (size_t)i * w_stride), x);
+            y[i] = gvf16_row_h(k, (const cm_f16 *)(const void *)((const char *)w + (size_t)i * w_stride), x, pfd);
         return;
     }
     _Alignas(64) float yf[GV_F16_F32K];
@@ -95,7 +95,7 @@ static void gemv_vf16(int64_t k, const void *w, size_t w_stride, const void *x, 
     for (; e + 16 <= k; e += 16) _mm512_store_ps(yf + e, z_f16(x, e));
     for (; e < k; e++) yf[e] = sc_f16(x, e);
     for (int64_t i = r0; i < r1; i++)
-        y[i] = gvf16_row(k, (const cm_f16 *)(const void *)((const char *)w + (size_t)i * w_stride), yf);
+        y[i] = gvf16_row(k, (const cm_f16 *)(const void *)((const char *)w + (size_t)i * w_stride), yf, pfd);
 }
 
 /* ---- q8_0 ---- */

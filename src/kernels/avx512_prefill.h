@@ -182,7 +182,7 @@ enum {
     FG_MAXK = 16384,         /* longer rows: gemm_pf16 */
     FG_SEG = 512,            /* elements of one chain per segment */
     FG_XLD = FG_SEG + 16,    /* float stride of the segment buffer's rows (+ a line: no set aliasing) */
-    FG_YF = 1024 * 1024 / 4, /* floats of converted tokens per pass: 128 tokens of 2048 (one pass of a prompt) */
+    FG_YF = 1024 * 1024 / 4, /* floats of converted tokens per pass at most: 128 tokens of 2048 */
     FG_MAXT = 128,           /* tokens per pass at most (a multiple of FG_T) */
 };
 
@@ -287,7 +287,10 @@ static void gemm_fg16(int64_t k, const void *w, size_t w_stride, const void *x, 
     _Alignas(64) float xs[FG_R * FG_XLD];                   /* the row tile's segment of one chain in f32 */
     _Alignas(64) __m512 acc[2][FG_MAXT / FG_T][FG_R][FG_T]; /* per chain and token tile */
     const size_t ts = (size_t)FG_T * (size_t)n32;           /* floats per token tile */
-    int64_t cap = (int64_t)(FG_YF / ts) * FG_T;             /* k <= FG_MAXK: 4 tiles fit */
+    /* tokens per pass: the knob's KiB of them (tune.h; 1 MiB by default, one pass of a 128-token prompt
+     * of 2048: fills Zen 4's L2, half of a Xeon's), at least a tile (k <= FG_MAXK: one fits 256 KiB) */
+    const size_t yfl = CM_MIN((size_t)FG_YF, (size_t)cm_tune_get(CM_TUNE_F16_GEMM_PASS) * 256);
+    int64_t cap = (int64_t)(yfl / ts) * FG_T;
     cap = cap > FG_MAXT ? FG_MAXT : cap;
     for (int64_t j0 = 0; j0 < n_tok; j0 += cap) {
         const int64_t nt = n_tok - j0 < cap ? n_tok - j0 : cap, ntt = (nt + FG_T - 1) / FG_T;

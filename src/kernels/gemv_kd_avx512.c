@@ -15,7 +15,7 @@
  * One row per pass everywhere: a single sequential stream (two adjacent
  * rows per pass, sharing the token's loads, ran q6_k 2.5x slower from
  * DRAM: two short streams, which the prefetcher follows badly). The
- * stream is prefetched in software KD_PFD bytes ahead of the block being
+ * stream is prefetched in software CM_TUNE_KQ_GEMV_PFD bytes ahead of the block being
  * read, a few lines per block (rows are contiguous: past a row's end that is
  * the next rows'): from DRAM on the Intel Xeon of session 17, q6_k's gemv
  * 1.15-1.33x, q5_k's 1.1-1.2x (bench/gvbench.c, thread CPU time); the
@@ -40,6 +40,7 @@
 #include "isa.h"
 
 #include "base/base.h"
+#include "tune.h"
 #include "ref.h"
 #include "x86_vec.h"
 
@@ -87,11 +88,13 @@ static void kd6_pack(int64_t nb, const cm_block_q8_k *y, kd6_tok *o, __m512 *dyg
     }
 }
 
-enum { KD_PFD = 2048 };
-/* One super-block of one row: dword 4j + i = scale(4i + j) * sum((q - 32) * y)
- * over sub-block 4i + j's 4v.. elements summed over v (gemv_kq6v's kq6v_sb). */
-KD_AI __m512i kd6_sb(const cm_block_q6_k *x, const kd6_tok *t) {
-    for (int o = 0; o < 256; o += 64) _mm_prefetch((const char *)x + KD_PFD + o, _MM_HINT_T0);
+/* The software prefetch distance of the decode gemvs here: the knob
+ * CM_TUNE_KQ_GEMV_PFD (tune.h: chosen per CPU at load, 2048 by default).
+ * One super-block of one row: dword 4j + i = scale(4i + j) * sum((q - 32) * y)
+ * over sub-block 4i + j's 4v.. elements summed over v (gemv_kq6v's kq6v_sb);
+ * its lines pfd bytes on prefetched. */
+KD_AI __m512i kd6_sb(const cm_block_q6_k *x, const kd6_tok *t, size_t pfd) {
+    for (int o = 0; o < 256; o += 64) _mm_prefetch((const char *)x + pfd + o, _MM_HINT_T0);
     const __m512i m4 = _mm512_set1_epi8(0x0f), k33 = _mm512_set1_epi8(0x33), kcc = _mm512_set1_epi8((char)0xcc);
     const __m512i l0 = _mm512_loadu_si512(x->ql), l1 = _mm512_loadu_si512(x->ql + 64), h = _mm512_loadu_si512(x->qh);
     const __m512i hm = _mm512_and_si512(h, k33), hn = _mm512_and_si512(h, kcc);
@@ -134,7 +137,7 @@ KD_AI __m512 kd6_d(const cm_block_q6_k *x, int64_t b0, int n) {
 }
 
 /* one row of nb super-blocks */
-KD_AI float kd6_row(int64_t nb, const cm_block_q6_k *x, const kd6_tok *yp, const __m512 *dyg) {
+KD_AI float kd6_row(int64_t nb, const cm_block_q6_k *x, const kd6_tok *yp, const __m512 *dyg, size_t pfd) {
     __m512 acc = _mm512_setzero_ps();
     for (int64_t b0 = 0; b0 < nb; b0 += 16) {
         const int n = nb - b0 < 16 ? (int)(nb - b0) : 16;
@@ -143,7 +146,7 @@ KD_AI float kd6_row(int64_t nb, const cm_block_q6_k *x, const kd6_tok *yp, const
             __m512i s[4];
             _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) {
                 const int64_t b = b0 + 4 * k + i;
-                s[i] = 4 * k + i < n ? kd6_sb(x + b, yp + b) : _mm512_setzero_si512();
+                s[i] = 4 * k + i < n ? kd6_sb(x + b, yp + b, pfd) : _mm512_setzero_si512();
             }
             q[k] = kd_red4(s[0], s[1], s[2], s[3]);
         }
@@ -165,8 +168,9 @@ static void gemv_kd6(int64_t k, const void *w, size_t w_stride, const void *x, s
     _Alignas(64) kd6_tok yp[KD6_MAXNB];
     _Alignas(64) __m512 dyg[KD6_MAXNB / 16];
     kd6_pack(nb, x, yp, dyg);
+    const size_t pfd = (size_t)cm_tune_get(CM_TUNE_KQ_GEMV_PFD);
     for (int64_t i = r0; i < r1; i++) {
-        y[i] = kd6_row(nb, (const cm_block_q6_k *)(const void *)((const char *)w + (size_t)i * w_stride), yp, dyg);
+        y[i] = kd6_row(nb, (const cm_block_q6_k *)(const void *)((const char *)w + (size_t)i * w_stride), yp, dyg, pfd);
     }
 }
 
@@ -302,7 +306,7 @@ KD_AI void kd5_quad(__m128i a, __m128i b, __m128i c, const uint8_t *qs, const ui
  * from the 4 quads' headers, then z5's conversion and two FMAs with d * dy
  * and -(dmin * dy). */
 KD_AI float kd5_row(int64_t nb, const uint8_t *x, const cm_block_q8_k *y, const __m128i *pairs, const __m512 *dyg,
-                    bool grouped, bool pf) {
+                    bool grouped, size_t pf) {
     const int64_t ng = grouped ? nb / 4 * 4 : 0;
     /* kd_red4 of the mins gives dword 4j + i = block 4i + j: back to 4i + j's lane */
     const __m512i mperm = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
@@ -316,8 +320,8 @@ KD_AI float kd5_row(int64_t nb, const uint8_t *x, const cm_block_q8_k *y, const 
             const int64_t bq = b0 + 4 * k;
             const uint8_t *g = x + (size_t)bq * BS;
             __m128i a, b, c;
-            if (pf && bq < nb) /* the decode gemv: the quad's 11 lines KD_PFD bytes on */
-                for (int o = 0; o < 4 * (int)BS; o += 64) _mm_prefetch((const char *)g + KD_PFD + o, _MM_HINT_T0);
+            if (pf && bq < nb) /* the decode gemv: the quad's 11 lines pf bytes on */
+                for (int o = 0; o < 4 * (int)BS; o += 64) _mm_prefetch((const char *)g + pf + o, _MM_HINT_T0);
             if (bq + 4 <= ng) {
                 kd5_hdr_group(g, &dd[k], &a, &b, &c);
                 kd5_quad(a, b, c, g + 192, g + 64, 128, 32, 4, y + bq, pairs + bq, &q[k], &mq[k]);
@@ -368,8 +372,9 @@ static void kd5_tok(int64_t nb, const cm_block_q8_k *y, __m128i *pairs, __m512 *
         _Alignas(64) __m128i pairs[RK4_MAXB];                                                                          \
         _Alignas(64) __m512 dyg[RK4_MAXB / 16];                                                                        \
         kd5_tok(nb, x, pairs, dyg);                                                                                    \
+        const size_t pfd = (size_t)cm_tune_get(CM_TUNE_KQ_GEMV_PFD);                                                   \
         for (int64_t i = r0; i < r1; i++)                                                                              \
-            y[i] = kd5_row(nb, (const uint8_t *)w + (size_t)i * w_stride, x, pairs, dyg, GROUPED, true);               \
+            y[i] = kd5_row(nb, (const uint8_t *)w + (size_t)i * w_stride, x, pairs, dyg, GROUPED, pfd);                \
     }
 GEMV_KD5(gemv_kd5r, g_prev_rq5, true)  /* over "q5_k lanes" (repack.c) */
 GEMV_KD5(gemv_kd5f, g_prev_fq5, false) /* over the file's bytes */
@@ -538,7 +543,7 @@ static void vec_dot_kd5(int64_t n, float *s, const void *x, const void *y) {
     _Alignas(64) __m128i pairs[RK4_MAXB];
     _Alignas(64) __m512 dyg[RK4_MAXB / 16];
     kd5_tok(nb, y, pairs, dyg);
-    *s = kd5_row(nb, x, y, pairs, dyg, false, false);
+    *s = kd5_row(nb, x, y, pairs, dyg, false, 0);
 }
 
 void cm_kernels_fill_kd_avx512(cm_kernels *k) {

@@ -49,6 +49,7 @@
 #include "x86_tiles.h"
 
 #include "base/base.h"
+#include "tune.h"
 
 #include <stddef.h>
 
@@ -336,8 +337,9 @@ static void gemv_zq4_0(int64_t k, const void *w, size_t w_stride, const void *x,
 /* Each group's 5 lines are prefetched RQ_PFD bytes ahead (rows are
  * contiguous; prefetches never fault): the 1B q4_0 model's decode at 2
  * threads, median token 16.9-17.2 ms against 18.8-19.0 without (session 19,
- * Intel Xeon; 1024 bytes: 17.6-17.7). 2048, as gemv_kd_avx512.c's KD_PFD. */
-enum { RQ_GROUP = 640, RQ_MAXG = CM_REPACK_MAX_K / 512, RQ_PFD = 2048 };
+ * Intel Xeon; 1024 bytes: 17.6-17.7). The distance is the knob
+ * CM_TUNE_Q4_0_GEMV_PFD (tune.h: chosen per CPU at load, 2048 by default). */
+enum { RQ_GROUP = 640, RQ_MAXG = CM_REPACK_MAX_K / 512 };
 
 AI void rq4_pack(int64_t ng, const cm_block_q8_0 *y, uint8_t *d) {
     const __m512i k8 = _mm512_set1_epi8(8), z = _mm512_setzero_si512();
@@ -358,13 +360,13 @@ AI void rq4_pack(int64_t ng, const cm_block_q8_0 *y, uint8_t *d) {
     }
 }
 
-AI float rq4_row(int64_t nb, const uint8_t *x, const uint8_t *pk, const cm_block_q8_0 *y) {
+AI float rq4_row(int64_t nb, const uint8_t *x, const uint8_t *pk, const cm_block_q8_0 *y, size_t pfd) {
     const int64_t ng = nb / 16;
     const __m512i m4 = _mm512_set1_epi8(0x0f);
     __m256 c = _mm256_setzero_ps();
     for (int64_t g = 0; g < ng; g++, x += 16 * sizeof(cm_block_q4_0), pk += RQ_GROUP) {
         for (int o = 0; o < 16 * (int)sizeof(cm_block_q4_0); o += 64)
-            _mm_prefetch((const char *)x + RQ_PFD + o, _MM_HINT_T0);
+            _mm_prefetch((const char *)x + pfd + o, _MM_HINT_T0);
         __m512i a = _mm512_load_si512((const void *)(pk + 512)), b = _mm512_setzero_si512();
         _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {
             const __m512i v = _mm512_loadu_si512(x + 32 + 64 * q);
@@ -393,7 +395,8 @@ static void gemv_rq4_0(int64_t k, const void *w, size_t w_stride, const void *x,
     CM_ASSERT(ng <= RQ_MAXG);
     _Alignas(64) uint8_t pk[RQ_MAXG * RQ_GROUP];
     rq4_pack(ng, x, pk);
-    for (int64_t i = r0; i < r1; i++) y[i] = rq4_row(nb, (const uint8_t *)w + (size_t)i * w_stride, pk, x);
+    const size_t pfd = (size_t)cm_tune_get(CM_TUNE_Q4_0_GEMV_PFD);
+    for (int64_t i = r0; i < r1; i++) y[i] = rq4_row(nb, (const uint8_t *)w + (size_t)i * w_stride, pk, x, pfd);
 }
 
 ZTILE_Q(q8_0, cm_block_q8_0, pair_q8_0, d8_q8_0)

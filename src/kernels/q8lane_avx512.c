@@ -34,6 +34,7 @@
 #include "isa.h"
 
 #include "base/base.h"
+#include "tune.h"
 
 #include <immintrin.h>
 #include <math.h>
@@ -124,18 +125,18 @@ QAI void q8l_pack1(int64_t ng, const cm_block_q8_0 *y, uint8_t *d) {
  * ran at 82% of the read roofline at 2 threads and 84% at 1 without it,
  * 88-94% and 89-91% with 1024-2048 bytes, and 67% at 4096 (the lines then
  * alias the ones being read in L1's sets) on session 19's Intel Xeon
- * (docs/HISTORY.md). 2048, as gemv_kd_avx512.c's KD_PFD. */
-enum { QL_PFD = 2048 };
+ * (docs/HISTORY.md). The distance is the knob CM_TUNE_Q8_0_GEMV_PFD
+ * (tune.h: chosen per CPU at load, 2048 by default). */
 
 /* The chains after ng groups of row x against the packed token, from cv;
- * pf: prefetch QL_PFD bytes ahead (the decode gemv). Prefetching changes no
- * arithmetic. */
-QAI __m256 q8l_groups_p(int64_t ng, const cm_block_q8_0 *x, const uint8_t *pk, __m256 cv, bool pf) {
+ * pf: prefetch pf bytes ahead (the decode gemv; 0: none). Prefetching
+ * changes no arithmetic. */
+QAI __m256 q8l_groups_p(int64_t ng, const cm_block_q8_0 *x, const uint8_t *pk, __m256 cv, size_t pf) {
     const __m512i k128 = _mm512_set1_epi8((char)0x80), z = _mm512_setzero_si512();
     for (int64_t g = 0; g < ng; g++, x += 16, pk += QL_GROUP) {
         if (pf)
             for (int o = 0; o < 16 * (int)sizeof(cm_block_q8_0); o += 64)
-                _mm_prefetch((const char *)x + QL_PFD + o, _MM_HINT_T0);
+                _mm_prefetch((const char *)x + pf + o, _MM_HINT_T0);
         __m512i p[4];
         _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) {
             const cm_block_q8_0 *xb = x + i;
@@ -154,7 +155,7 @@ QAI __m256 q8l_groups_p(int64_t ng, const cm_block_q8_0 *x, const uint8_t *pk, _
     return cv;
 }
 QAI __m256 q8l_groups(int64_t ng, const cm_block_q8_0 *x, const uint8_t *pk, __m256 cv) {
-    return q8l_groups_p(ng, x, pk, cv, false);
+    return q8l_groups_p(ng, x, pk, cv, 0);
 }
 
 static void vec_dot_lq8_0(int64_t n, float *s, const void *vx, const void *vy) {
@@ -177,6 +178,7 @@ static void q8l_rows(int64_t k, const void *w, size_t w_stride, const void *x, s
     const int64_t nb = k / CM_QK8_0, ng = nb / 16;
     enum { PKT = QL_MAXNB / 16 * QL_GROUP };
     _Alignas(64) uint8_t pk[QL_MINTOK * PKT];
+    const size_t pfd = (size_t)cm_tune_get(CM_TUNE_Q8_0_GEMV_PFD);
     for (int64_t j0 = 0; j0 < n_tok; j0 += QL_MINTOK) {
         const int64_t nt = n_tok - j0 < QL_MINTOK ? n_tok - j0 : QL_MINTOK;
         for (int64_t t = 0; t < nt; t++)
@@ -187,7 +189,7 @@ static void q8l_rows(int64_t k, const void *w, size_t w_stride, const void *x, s
             for (int64_t t = 0; t < nt; t++) {
                 const cm_block_q8_0 *yt =
                     (const cm_block_q8_0 *)(const void *)((const char *)x + (size_t)(j0 + t) * x_stride);
-                const __m256 cv = n_tok == 1 ? q8l_groups_p(ng, xr, pk, _mm256_setzero_ps(), true)
+                const __m256 cv = n_tok == 1 ? q8l_groups_p(ng, xr, pk, _mm256_setzero_ps(), pfd)
                                              : q8l_groups(ng, xr, pk + t * PKT, _mm256_setzero_ps());
                 y[(j0 + t) * ldy + i] = q8l_finish(cv, 16 * ng, nb, xr, yt);
             }

@@ -353,6 +353,10 @@ static int load(cm_model *m, const cm_gguf *g, bool whole, char *err, size_t err
      * NEEDSWORK: repack in place instead of beside, then every file can. */
     m->repack = g->file.in_memory && cm_gguf_worth_loading(g->size);
     if (m->repack && whole && (rc = repack_whole(m, &g->file, err, errlen))) goto fail;
+    /* the kernels' knobs for these weights on this CPU: cached, or measured on them (a whole model
+     * in memory; a cluster member loading its slice does not stall its links for it, and takes the
+     * cache or the defaults); without memory for the scratch they stay as they are (same bits) */
+    (void)cm_model_tune(m, whole && g->file.in_memory);
     return 0;
 fail:
     cm_model_release(m);

@@ -45,6 +45,7 @@
 #include "../base/base.h"
 #include "../gguf/gguf.h"
 #include "../kernels/kernels.h"
+#include "../kernels/tune.h"
 #include "../os/os.h"
 #include "../tensor/tensor.h"
 
@@ -284,6 +285,33 @@ cm_slice cm_slice_full(const cm_model *m);
 /* Decode-layout copies of every matmul weight, owned by m (cm_model_load
  * makes them for a file read into memory). Returns 0 or CM_ENOMEM. */
 int cm_model_repack_whole(cm_model *m, char *err, size_t errlen);
+
+/* The kernels' knobs (kernels/tune.h) for m's weights on this CPU
+ * (tune_cache.c; cm_model_load calls it): CUMULO_TUNE=0 sets the built-in
+ * defaults; else the values cached for this CPU's signature under
+ * CUMULO_TUNE_DIR (default $XDG_CACHE_HOME/cumulo/tune, else
+ * $HOME/.cache/cumulo/tune), and those missing (or all, CUMULO_TUNE=force)
+ * measured on m's weights when may_measure (cm_model_load of a file read
+ * into memory: a mapped one would time page faults, a cluster member's
+ * slice load would stall its links; else the defaults) and written back.
+ * A corrupt or foreign file: a warning, measured again. The values are
+ * process-wide (one CPU); same bits whatever they are. Thread-safe; 0 or
+ * CM_ENOMEM (the knobs then stay as they were). */
+int cm_model_tune(const cm_model *m, bool may_measure);
+typedef struct cm_model_tune_info {
+    const char *source;       /* "cache", "measured", "defaults" (mapped file), "off" (CUMULO_TUNE=0), "none"
+                         * (no knob reads this model's weights on this table), NULL: never called */
+    cm_tune_choice choice;    /* the values cached or measured for this model's knobs */
+    int value[CM_TUNE_COUNT]; /* every knob's value after the call */
+    bool used[CM_TUNE_COUNT]; /* knob i matters to this model (CUMULO_TUNE=0: would) */
+    double ns[CM_TUNE_COUNT][CM_TUNE_MAXCAND]; /* measured: best rep per candidate (0: not measured) */
+    double ms, cpu_ms;                         /* the time the call took, and its thread's CPU time */
+    char path[512];                            /* the cache file ("" when none) */
+} cm_model_tune_info;
+/* What the last cm_model_tune of this process did. Thread-safe. */
+void cm_model_tune_last(cm_model_tune_info *out);
+/* The cache file for CPU signature sig: 0, CM_ENOENT (no dir), CM_ERANGE. */
+int cm_tune_cache_path(const char *sig, char *out, size_t cap);
 /* Tensor parallelism: where the model was repacked at load, a member keeps
  * decode-layout copies of its slice only: the rows of wq/wk/wv (its heads)
  * and ffn_gate/ffn_up (its FFN rows), the columns of wo and ffn_down, and the

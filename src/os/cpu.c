@@ -7,8 +7,10 @@
 #include "../base/base.h"
 
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #if defined(__x86_64__)
 #include <cpuid.h>
@@ -142,3 +144,70 @@ int cm_cpu_feature_names(const char **names, int max) {
 }
 
 const char *cm_cpu_isa_cap(void) { return cm_config_get()->isa; }
+
+uint64_t cm_cpu_l2_bytes(void) {
+#if defined(__linux__)
+    for (int i = 0; i < 8; i++) {
+        char path[96], line[64];
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/level", i);
+        FILE *f = fopen(path, "r");
+        if (!f) break;
+        const bool l2 = fgets(line, sizeof line, f) && atoi(line) == 2;
+        fclose(f);
+        if (!l2) continue;
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/size", i);
+        if (!(f = fopen(path, "r"))) return 0;
+        uint64_t v = 0;
+        if (fgets(line, sizeof line, f)) {
+            char *e;
+            v = strtoull(line, &e, 10);
+            v *= *e == 'K' ? 1024u : *e == 'M' ? 1024u * 1024u : 1u;
+        }
+        fclose(f);
+        return v;
+    }
+    return 0;
+#elif defined(__APPLE__)
+    uint64_t v = 0;
+    size_t len = sizeof v;
+    return sysctlbyname("hw.l2cachesize", &v, &len, NULL, 0) == 0 ? v : 0;
+#else
+    return 0;
+#endif
+}
+
+void cm_cpu_signature(char *out, size_t cap) {
+    if (!cap) return;
+    char id[80] = "unknown";
+#if defined(__x86_64__)
+    unsigned a, b, c, d;
+    if (__get_cpuid(0, &a, &b, &c, &d)) {
+        char vendor[13];
+        memcpy(vendor, &b, 4), memcpy(vendor + 4, &d, 4), memcpy(vendor + 8, &c, 4);
+        vendor[12] = 0;
+        for (int i = 0; i < 12; i++)
+            if (vendor[i] < 0x21 || vendor[i] > 0x7e) vendor[i] = '_';
+        unsigned fam = 0, model = 0, step = 0;
+        if (__get_cpuid(1, &a, &b, &c, &d)) {
+            fam = (a >> 8) & 0xf, model = (a >> 4) & 0xf, step = a & 0xf;
+            if (fam == 0xf) fam += (a >> 20) & 0xff;
+            if (fam == 0x6 || fam >= 0xf) model |= ((a >> 16) & 0xf) << 4;
+        }
+        snprintf(id, sizeof id, "%s %u %u %u", vendor, fam, model, step);
+    }
+#elif defined(__aarch64__)
+    snprintf(id, sizeof id, "arm64");
+#endif
+    const char *names[32];
+    const int nf = cm_cpu_feature_names(names, 32);
+    size_t o = (size_t)snprintf(out, cap, "%s;", id);
+    for (int i = 0; i < nf && o < cap; i++) o += (size_t)snprintf(out + o, cap - o, " %s", names[i]);
+    if (o < cap)
+        snprintf(out + o, cap - o, "; l2 %llu; cpus %d", (unsigned long long)cm_cpu_l2_bytes(), cm_cpu_count());
+}
+
+uint64_t cm_thread_cpu_ns(void) {
+    struct timespec ts;
+    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts)) return 0;
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}

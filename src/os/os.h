@@ -102,6 +102,16 @@ int cm_cpu_feature_names(const char **names, int max);
 /* CUMULO_ISA=scalar|avx2|avx512|neon caps what dispatch may pick (for tests and benchmarks). */
 const char *cm_cpu_isa_cap(void);
 int cm_cpu_count(void); /* online logical CPUs */
+/* This CPU as the kernels' tuning keys it (kernels/tune.h): vendor, family,
+ * model and stepping (x86 CPUID; arm64: "arm64"), the detected features
+ * (cm_cpu_feature_names), the L2 cache per core and the online CPUs, e.g.
+ * "GenuineIntel 6 167 1; avx2 fma ...; l2 2097152; cpus 2". Printable
+ * ASCII, at most cap - 1 bytes. */
+void cm_cpu_signature(char *out, size_t cap);
+/* Bytes of L2 cache of CPU 0 (Linux sysfs, macOS sysctl), 0 if unknown. */
+uint64_t cm_cpu_l2_bytes(void);
+/* CPU time the calling thread has used, in ns (0 if unknown). */
+uint64_t cm_thread_cpu_ns(void);
 uint64_t cm_mem_total_bytes(void);
 uint64_t cm_mem_available_bytes(void);
 /* A nameless in-memory file of `bytes` (zeros), for pages shared by private
