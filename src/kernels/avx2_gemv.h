@@ -177,7 +177,7 @@ static void gemm_a6_k(int64_t k, const void *w, size_t w_stride, const void *x, 
                              (const char *)x + (size_t)j * x_stride);
         return;
     }
-    /* ~560 KiB at the longest rows (compute threads: CM_COMPUTE_STACK) */
+    /* ~620 KiB at the longest rows (compute threads: CM_COMPUTE_STACK) */
     a6g_toks g;
     a6g_blk rows[A6G_CB];
     const int64_t rb = nb * A6G_RB <= A6G_CB ? A6G_RB : (nb > A6G_CB ? 1 : A6G_CB / nb);

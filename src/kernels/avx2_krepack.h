@@ -285,7 +285,7 @@ AI void akg_gemm(int has_qh, int64_t k, const void *w, size_t w_stride, const vo
                  int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {
     const int64_t nb = k / CM_QK_K;
     CM_ASSERT(nb <= RK4_MAXB);
-    /* ~590 KiB (compute threads: CM_COMPUTE_STACK) */
+    /* ~660 KiB (compute threads: CM_COMPUTE_STACK) */
     akg_toks g;
     akg_blk rows[AKG_CB];
     const int64_t rb = nb * AKG_RB <= AKG_CB ? AKG_RB : (nb > AKG_CB ? 1 : AKG_CB / nb);
