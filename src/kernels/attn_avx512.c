@@ -93,20 +93,22 @@ static void attn_f16_step(int64_t D, void *accv, const void *vv, float ms, float
 static void attn_f16_dot(int64_t D, float *s, const void *xv, const void *yv) {
     const cm_f16 *x = xv, *y = yv;
     __m512 a[4];
-    for (int j = 0; j < 4; j++) a[j] = _mm512_setzero_ps();
+    _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) a[j] = _mm512_setzero_ps(); /* unrolled: in registers */
     const int64_t np = D & ~(int64_t)63;
     for (int64_t i = 0; i < np; i += 64)
-        for (int j = 0; j < 4; j++)
-            a[j] = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(x + i + 16 * j))),
-                                   _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(y + i + 16 * j))), a[j]);
+        _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) a[j] =
+            _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(x + i + 16 * j))),
+                            _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(y + i + 16 * j))), a[j]);
     a[0] = _mm512_add_ps(a[0], a[2]);
     a[1] = _mm512_add_ps(a[1], a[3]);
     a[0] = _mm512_add_ps(a[0], a[1]);
-    float t[16];
-    _mm512_storeu_ps(t, a[0]);
-    for (int w = 8; w >= 1; w >>= 1)
-        for (int l = 0; l < w; l++) t[l] += t[l + w];
-    double sum = t[0];
+    /* t[l] += t[l + w] for w = 8, 4, 2, 1 over t = a[0] in registers */
+    const __m256 u = _mm256_add_ps(_mm512_castps512_ps256(a[0]),
+                                   _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a[0]), 1)));
+    __m128 v = _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1));
+    v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+    v = _mm_add_ss(v, _mm_movehdup_ps(v));
+    double sum = _mm_cvtss_f32(v);
     for (int64_t i = np; i < D; i++) sum += (double)(cm_f16_to_f32(x[i]) * cm_f16_to_f32(y[i]));
     *s = (float)sum;
 }

@@ -84,7 +84,16 @@ static void gemv_a6_k(int64_t k, const void *w, size_t w_stride, const void *x, 
  * tokens, so a row pass is those three operations and the super-block's
  * conversion and FMA per token. Rows in blocks of at most A6G_RB (in L2)
  * against every group of tokens (in L1). ---- */
-enum { A6G_T = 8, A6G_RB = 16, A6G_CB = A6G_RB * 32 /* (row, super-block)s unpacked at once */ };
+enum { A6G_T = 8, A6G_RB = 64, A6G_CB = 640 /* (row, super-block)s unpacked at once */ };
+
+/* Part `part` of `parts` of the bytes [lo, hi) asked into L2: the next block
+ * of rows of a prefill gemm, spread over the current block's groups of
+ * tokens, so that its unpacking finds them there instead of in DRAM. */
+static inline void a6g_pf(const char *lo, const char *hi, int64_t part, int64_t parts) {
+    const int64_t n = hi - lo;
+    for (int64_t o = n * part / parts & ~(int64_t)63; o < n * (part + 1) / parts; o += 64)
+        _mm_prefetch(lo + o, _MM_HINT_T1);
+}
 
 typedef struct {
     uint8_t qs[A6_MAXB][A6G_T][CM_QK_K]; /* token t's bytes of super-block b, + 128 */
@@ -166,7 +175,7 @@ static void gemm_a6_k(int64_t k, const void *w, size_t w_stride, const void *x, 
                              (const char *)x + (size_t)j * x_stride);
         return;
     }
-    /* ~560 KiB at the longest rows (compute threads: CM_COMPUTE_STACK) */
+    /* ~620 KiB at the longest rows (compute threads: CM_COMPUTE_STACK) */
     a6g_toks g;
     a6g_blk rows[A6G_CB];
     const int64_t rb = nb * A6G_RB <= A6G_CB ? A6G_RB : (nb > A6G_CB ? 1 : A6G_CB / nb);
@@ -176,8 +185,10 @@ static void gemm_a6_k(int64_t k, const void *w, size_t w_stride, const void *x, 
             const cm_block_q6_k *xr = (const cm_block_q6_k *)(const void *)((const char *)w + (size_t)i * w_stride);
             for (int64_t b = 0; b < nb; b++) a6g_unpack(xr + b, &rows[(i - i0) * nb + b]);
         }
+        const int64_t i2 = r1 - i1 < rb ? r1 : i1 + rb, ng = (n_tok + A6G_T - 1) / A6G_T;
         for (int64_t j = 0; j < n_tok; j += A6G_T) {
             const int T = n_tok - j < A6G_T ? (int)(n_tok - j) : A6G_T;
+            a6g_pf((const char *)w + (size_t)i1 * w_stride, (const char *)w + (size_t)i2 * w_stride, j / A6G_T, ng);
             const cm_block_q8_k *yv[A6G_T];
             for (int t = 0; t < T; t++)
                 yv[t] = (const cm_block_q8_k *)(const void *)((const char *)x + (size_t)(j + t) * x_stride);

@@ -161,7 +161,7 @@ static void gemv_ak5_k(int64_t k, const void *w, size_t w_stride, const void *x,
  * one vector, so the min term of two tokens takes one madd, conversion,
  * product and FMA (the same operations lane for lane as ak4_row's 128-bit
  * ones: the same bits), and d * dy of 8 tokens one product. ---- */
-enum { AKG_T = 8, AKG_P = AKG_T / 2, AKG_RB = 16, AKG_CB = AKG_RB * 32 /* (row, super-block)s unpacked at once */ };
+enum { AKG_T = 8, AKG_P = AKG_T / 2, AKG_RB = 64, AKG_CB = 640 /* (row, super-block)s unpacked at once */ };
 
 typedef struct {
     int8_t qs[RK4_MAXB][AKG_T][CM_QK_K]; /* token t's bytes of super-block b */
@@ -291,7 +291,7 @@ AI void akg_gemm(int has_qh, int64_t k, const void *w, size_t w_stride, const vo
                  int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {
     const int64_t nb = k / CM_QK_K;
     CM_ASSERT(nb <= RK4_MAXB);
-    /* ~590 KiB (compute threads: CM_COMPUTE_STACK) */
+    /* ~660 KiB (compute threads: CM_COMPUTE_STACK) */
     akg_toks g;
     akg_blk rows[AKG_CB];
     const int64_t rb = nb * AKG_RB <= AKG_CB ? AKG_RB : (nb > AKG_CB ? 1 : AKG_CB / nb);
@@ -299,8 +299,11 @@ AI void akg_gemm(int has_qh, int64_t k, const void *w, size_t w_stride, const vo
         const int64_t i1 = r1 - i0 < rb ? r1 : i0 + rb;
         for (int64_t i = i0; i < i1; i++)
             akg_unpack(nb, (const uint8_t *)w + (size_t)i * w_stride, has_qh, &rows[(i - i0) * nb]);
+        const int64_t i2 = r1 - i1 < rb ? r1 : i1 + rb, ng = (n_tok + AKG_T - 1) / AKG_T;
         for (int64_t j = 0; j < n_tok; j += AKG_T) {
             const int T = n_tok - j < AKG_T ? (int)(n_tok - j) : AKG_T;
+            a6g_pf((const char *)w + (size_t)i1 * w_stride, (const char *)w + (size_t)i2 * w_stride, j / AKG_T,
+                   ng); /* the next block of rows (avx2_gemv.h) */
             const cm_block_q8_k *yv[AKG_T];
             for (int t = 0; t < T; t++)
                 yv[t] = (const cm_block_q8_k *)(const void *)((const char *)x + (size_t)(j + t) * x_stride);

@@ -321,7 +321,7 @@ static void gemv_lq8_0(int64_t k, const void *w, size_t w_stride, const void *x,
  * per group, its tail blocks one by one: lq8_tile's bits. Rows are transposed
  * once per block of rows (l8g_grp), tokens once per (row block, group of
  * L8G_T) (l8g_toks). */
-enum { L8G_T = 8, L8G_RB = 32, L8G_CG = L8G_RB * 32 /* (row, 8-block group)s transposed at once */ };
+enum { L8G_T = 8, L8G_RB = 64, L8G_CG = 1024 /* (row, 8-block group)s transposed at once */ };
 
 /* lane i of o[s] = dword s of q[i] */
 AI void l8_transpose(const __m256i q[8], __m256i o[8]) {

@@ -200,20 +200,33 @@ static void flash_f16v(const cm_kernels *k, const cm_attn_kv *kv, int D, const c
     const cm_attn_f16_step_fn step = k->attn_f16_step;
     float M = -INFINITY, S = 0.0f;
     memset(acc16, 0, (size_t)D * sizeof(cm_f16)); /* F16 zero is all zero bits */
-    for (int p = aq->p_lo; p < aq->p_hi; p++) {
-        float s;
-        dot(D, &s, kv->k + (size_t)p * kv->k_row, qx);
-        s = s * aq->scale;
-        float ms = 1.0f, vs = 1.0f;
-        if (s > M) {
-            const float Mold = M;
-            M = s;
-            ms = expf(Mold - M);
-        } else {
-            vs = expf(s - M);
+    /* A tile of positions at a time: their scores (independent of each
+     * other), then the running maximum and sum in position order, then the
+     * steps in position order: each operation as position by position, only
+     * grouped (the dots no longer wait on the previous step). */
+    float sc[CM_ATTN_TILE], msc[CM_ATTN_TILE];
+    for (int p0 = aq->p_lo; p0 < aq->p_hi; p0 += CM_ATTN_TILE) {
+        const int nt = CM_MIN(CM_ATTN_TILE, aq->p_hi - p0);
+        for (int j = 0; j < nt; j++) {
+            float s;
+            dot(D, &s, kv->k + (size_t)(p0 + j) * kv->k_row, qx);
+            sc[j] = s * aq->scale;
         }
-        step(D, acc16, kv->v + (size_t)p * kv->v_row, ms, vs);
-        S = S * ms + vs;
+        for (int j = 0; j < nt; j++) {
+            const float s = sc[j];
+            float ms = 1.0f, vs = 1.0f;
+            if (s > M) {
+                const float Mold = M;
+                M = s;
+                ms = expf(Mold - M);
+            } else {
+                vs = expf(s - M);
+            }
+            S = S * ms + vs;
+            msc[j] = ms;
+            sc[j] = vs;
+        }
+        for (int j = 0; j < nt; j++) step(D, acc16, kv->v + (size_t)(p0 + j) * kv->v_row, msc[j], sc[j]);
     }
     for (int i = 0; i < D; i++) out[i] = cm_f16_to_f32(acc16[i]);
     if (!isnan(aq->sink)) {

@@ -470,9 +470,12 @@ void cm_fwd_attn(cm_ctx *c, int ith, int nth) {
     if (use_multi(c)) {
         attn_prefill_multi(c, ith, nth);
     } else {
-        int64_t tasks = (int64_t)n * nq, t0, t1;
-        cm_split_range(tasks, ith, nth, &t0, &t1);
-        for (int64_t t = t0; t < t1; t++) attn_task(c, (int)(t / nq), (int)(t % nq), ith);
+        /* Every nth task, not a contiguous part: a causal prompt's later
+         * tokens attend to more positions, and contiguous parts gave the
+         * last thread ~3x the first's work at 2 threads. Each task writes
+         * its own output: which thread runs it changes no bits. */
+        const int64_t tasks = (int64_t)n * nq;
+        for (int64_t t = ith; t < tasks; t += nth) attn_task(c, (int)(t / nq), (int)(t % nq), ith);
     }
     cm_pool_barrier(c->pool);
 

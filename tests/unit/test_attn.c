@@ -157,6 +157,71 @@ static void test_f16_path_isa(void) {
     }
 }
 
+/* An F16 cache: cm_attn_flash equals, bit for bit, the recurrence ggml's
+ * flash attention runs position by position (score, a new maximum rescales
+ * at once, the F16 accumulator step, the sum), written out here with the
+ * table's own dot and step: grouping the positions in tiles (scores first)
+ * must not change any operation. Windows inside one tile, across tile
+ * borders and past several, a rising maximum, a sink. */
+static void test_f16_tiles_exact(void) {
+    const int D = 64, N = 300;
+    uint64_t s = 21;
+    float *k = cm_malloc(sizeof(float) * D * N), *v = cm_malloc(sizeof(float) * D * N), q[64], out[64], ref[64];
+    for (int j = 0; j < N; j++)
+        for (int i = 0; i < D; i++) /* keys that grow along the cache: new maxima in later tiles too */
+            k[(size_t)j * D + i] = frand(&s) + (float)j / (float)N, v[(size_t)j * D + i] = frand(&s);
+    for (int i = 0; i < D; i++) q[i] = 2 + frand(&s);
+    uint8_t *kr = make_rows(CM_TYPE_F16, k, N, D), *vr = make_rows(CM_TYPE_F16, v, N, D);
+    const size_t row = cm_row_size(CM_TYPE_F16, D);
+    const cm_attn_kv av = {.k = kr, .v = vr, .k_row = row, .v_row = row, .k_type = CM_TYPE_F16, .v_type = CM_TYPE_F16};
+    void *scratch = cm_aligned_alloc(cm_attn_scratch_bytes(D));
+    const cm_kernels *kk = cm_kernels_get();
+    const int ranges[5][2] = {{0, 1}, {5, 60}, {0, 64}, {30, 200}, {0, N}};
+    const float sinks[2] = {NAN, 9.0f};
+    for (int r = 0; r < 5; r++)
+        for (int si = 0; si < 2; si++) {
+            const cm_attn_query aq = {
+                .q = q, .p_lo = ranges[r][0], .p_hi = ranges[r][1], .scale = 0.5f, .sink = sinks[si]};
+            cm_attn_flash(kk, &av, D, &aq, scratch, out);
+            cm_f16 qh[64], acc[64];
+            kk->from_float[CM_TYPE_F16](q, qh, D);
+            memset(acc, 0, sizeof acc);
+            float M = -INFINITY, S = 0.0f;
+            for (int p = aq.p_lo; p < aq.p_hi; p++) {
+                float sc, ms = 1.0f, vs = 1.0f;
+                kk->attn_f16_dot(D, &sc, kr + row * p, qh);
+                sc = sc * aq.scale;
+                if (sc > M) {
+                    const float Mold = M;
+                    M = sc;
+                    ms = expf(Mold - M);
+                } else {
+                    vs = expf(sc - M);
+                }
+                kk->attn_f16_step(D, acc, vr + row * p, ms, vs);
+                S = S * ms + vs;
+            }
+            for (int i = 0; i < D; i++) ref[i] = cm_f16_to_f32(acc[i]);
+            if (!isnan(aq.sink)) {
+                float ms = 1.0f, vs = 1.0f;
+                if (aq.sink > M) {
+                    ms = expf(M - aq.sink);
+                    for (int i = 0; i < D; i++) ref[i] *= ms;
+                } else {
+                    vs = expf(aq.sink - M);
+                }
+                S = S * ms + vs;
+            }
+            const float inv = S == 0.0f ? 0.0f : 1.0f / S;
+            for (int i = 0; i < D; i++) ref[i] *= inv;
+            CHECKF(memcmp(out, ref, sizeof out) == 0,
+                   "f16 cache [%d, %d) sink %g: not the per-position bits (%.9g vs %.9g)", aq.p_lo, aq.p_hi,
+                   (double)aq.sink, (double)out[0], (double)ref[0]);
+        }
+    cm_aligned_free(scratch);
+    cm_free(kr), cm_free(vr), cm_free(k), cm_free(v);
+}
+
 /* The Walsh-Hadamard rotation of quantized caches: the Sylvester matrix
  * (-1)^popcount(i & j) / sqrt(n) per chunk, its own inverse; the chunk
  * sizes llama.cpp picks; and a rotated Q8_0 cache (stored through
@@ -225,5 +290,6 @@ int main(void) {
     RUN(test_flash_vs_naive);
     RUN(test_rotation);
     RUN(test_f16_path_isa);
+    RUN(test_f16_tiles_exact);
     TEST_END();
 }

@@ -356,7 +356,10 @@ static void test_give_back(void) {
             check_give_back(k, CM_TYPE_Q6_K, 2048);
             check_give_back(k, CM_TYPE_Q6_K, 5632);  /* several of avx512_kpacked.h's chunks */
             check_give_back(k, CM_TYPE_Q6_K, 17408); /* past the avx512 gemms' 64 super-blocks */
+        } else if (k->gemm[CM_TYPE_Q6_K]) {
+            check_give_back(k, CM_TYPE_Q6_K, 2048); /* a gemm on the file's bytes: several blocks of rows */
         }
+        if (!k->gemv_packed[CM_TYPE_Q8_0] && k->gemm[CM_TYPE_Q8_0]) check_give_back(k, CM_TYPE_Q8_0, 2048); /* same */
     }
     if (!tables) printf("skip: no kernel table on this CPU repacks q4_0 (nothing to give back)\n");
 }
