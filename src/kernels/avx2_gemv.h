@@ -215,8 +215,8 @@ static void gemm_a6_k(int64_t k, const void *w, size_t w_stride, const void *x, 
 /* ---- f16: tile_f16's bits (x86_tiles.h, tiles.h's CM_TILE_FLOAT) ----
  * Per (row, token) the tile's two chains (elements i..i+7 and i+8..i+15 of
  * each step of 16, an FMA each), hsum8 of their sum, then the tail element
- * by element. The F16 tokens are converted to f32 once per call (gemv) or
- * once per block of rows and group of tokens (gemm) instead of in every
+ * by element. The F16 tokens are converted to f32 once per call (gemv, below)
+ * or once per block of rows and group of tokens (gemm) instead of in every
  * tile, conversions being exact, and FA_R rows share each token load: the
  * tile then issues 4 conversions per 12 FMAs instead of 10 per 8. */
 enum { FA_R = 2, FA_T = 3, FA_MAXK = 16384, FA_KC = 1024 };
@@ -323,14 +323,63 @@ static void gemm_af16(int64_t k, const void *w, size_t w_stride, const void *x, 
     }
 }
 
+/* Decode: one row per pass (a single sequential stream, as the AVX-512
+ * table's gemv_vf16), each row tile_f16's operations with T = 1 (the two
+ * chains, HSUM8X2, the tail), prefetched FA_PFD bytes ahead: walking RB
+ * rows span by span (fa_rows) read 32 streams at once and reached ~55-58% of
+ * the read roofline. The token in f32 (converted once, exact) while it and a
+ * row fit in half of L1 (avx512_gemv.h's GV_F16_F32K); past that in fp16, as
+ * vec_dot. */
+enum { FA_PFD = 2048, FA_F32K = 16384 / 6 };
+
+AI float fa_gv_row(int64_t n, const cm_f16 *x, const float *yf) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) { /* two steps of tile_f16 per 64-byte line */
+        _mm_prefetch((const char *)(x + i) + FA_PFD, _MM_HINT_T0);
+        a0 = _mm256_fmadd_ps(ld_f16(x, i), ld_f32(yf, i), a0);
+        a1 = _mm256_fmadd_ps(ld_f16(x, i + 8), ld_f32(yf, i + 8), a1);
+        a0 = _mm256_fmadd_ps(ld_f16(x, i + 16), ld_f32(yf, i + 16), a0);
+        a1 = _mm256_fmadd_ps(ld_f16(x, i + 24), ld_f32(yf, i + 24), a1);
+    }
+    for (; i + 16 <= n; i += 16) {
+        a0 = _mm256_fmadd_ps(ld_f16(x, i), ld_f32(yf, i), a0);
+        a1 = _mm256_fmadd_ps(ld_f16(x, i + 8), ld_f32(yf, i + 8), a1);
+    }
+    float s = HSUM8X2(a0, a1);
+    for (; i < n; i++) s += sc_f16(x, i) * yf[i];
+    return s;
+}
+
+AI float fa_gv_row_h(int64_t n, const cm_f16 *x, const cm_f16 *y) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        _mm_prefetch((const char *)(x + i) + FA_PFD, _MM_HINT_T0);
+        a0 = _mm256_fmadd_ps(ld_f16(x, i), ld_f16(y, i), a0);
+        a1 = _mm256_fmadd_ps(ld_f16(x, i + 8), ld_f16(y, i + 8), a1);
+        a0 = _mm256_fmadd_ps(ld_f16(x, i + 16), ld_f16(y, i + 16), a0);
+        a1 = _mm256_fmadd_ps(ld_f16(x, i + 24), ld_f16(y, i + 24), a1);
+    }
+    for (; i + 16 <= n; i += 16) {
+        a0 = _mm256_fmadd_ps(ld_f16(x, i), ld_f16(y, i), a0);
+        a1 = _mm256_fmadd_ps(ld_f16(x, i + 8), ld_f16(y, i + 8), a1);
+    }
+    float s = HSUM8X2(a0, a1);
+    for (; i < n; i++) s += sc_f16(x, i) * sc_f16(y, i);
+    return s;
+}
+
 static void gemv_af16(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
                       int64_t r0, int64_t r1, int64_t n_tok) {
     (void)x_stride, (void)ldy, (void)n_tok;
-    if (k > 2 * FA_MAXK) {
-        for (int64_t i = r0; i < r1; i++) vec_dot_f16(k, &y[i], (const char *)w + (size_t)i * w_stride, x);
+#define FA_GROW(i) ((const cm_f16 *)(const void *)((const char *)w + (size_t)(i)*w_stride))
+    if (k > FA_F32K) {
+        for (int64_t i = r0; i < r1; i++) y[i] = fa_gv_row_h(k, FA_GROW(i), x);
         return;
     }
-    _Alignas(32) float yf[2 * FA_MAXK];
+    _Alignas(32) float yf[FA_F32K];
     fa_convert(k, x, yf);
-    for (int64_t i0 = r0; i0 < r1; i0 += RB) fa_rows(k, w, w_stride, yf, 1, y, 0, 0, i0, r1 - i0 < RB ? r1 : i0 + RB);
+    for (int64_t i = r0; i < r1; i++) y[i] = fa_gv_row(k, FA_GROW(i), yf);
+#undef FA_GROW
 }

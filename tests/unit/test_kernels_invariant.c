@@ -203,6 +203,10 @@ static void test_long_rows(void) {
             if (k_types[ti] == CM_TYPE_F16) {
                 check_long(k, k_types[ti], LK3, LTOK);
                 check_long(k, k_types[ti], 2053, 7);
+                /* the avx2 gemv's rows: a lone step of 16 before the tail, with
+                 * the token in f32 (2069) and in fp16 (5653: past FA_F32K) */
+                check_long(k, k_types[ti], 2069, 7);
+                check_long(k, k_types[ti], 5653, 7);
                 check_long(k, k_types[ti], 16384, LTOK); /* avx512_prefill.h: two passes of whole tiles */
             }
             if (k_types[ti] == CM_TYPE_BF16) check_long(k, k_types[ti], 2048, LTOK); /* no scalar tail */
