@@ -73,7 +73,7 @@ console.log("| model | threads | GB read/token | prompt tok/s cumulo | llama.cpp
 console.log("|---|---|---|---|---|---|---|---|---|---|---|---|");
 for (const r of rows) {
   const l = r.llamacpp || {};
-  const type = r.model.replace(/^qwen3moe-/, "").replace(/\.gguf$/, "").toUpperCase();
+  const type = r.model.replace(/^qwen3moe-a3b[0-9]+-/, "").replace(/\.gguf$/, "").toUpperCase();
   console.log(`| ${type} | ${r.threads} | ${f(r.bytes_per_token / 1e9, 3)} | ${f(r.pp_tokens_per_s)} | ${f(l.pp_tokens_per_s)} | ` +
     `${f(r.pp_ratio, 2)} | ${f(r.tg_tokens_per_s)} | ${f(l.tg_tokens_per_s)} | ${f(r.tg_ratio, 2)} | ` +
     `${f(r.tg_roofline_pct)}% | ${f(l.tg_roofline_pct)}% | ${f(r.read_bw_gbs)} |`);
