@@ -372,6 +372,8 @@ static int repack_whole(cm_model *m, const cm_mapped_file *f, char *err, size_t 
         const cm_layer *L = &m->layers[il];
         const cm_tensor *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->ffn_gate, &L->ffn_up, &L->ffn_down};
         rc = cm_repack_add(m, cm_kernels_get(), ws, 7, err, errlen);
+        /* the experts only at load (f): where their pages go back, one copy is held */
+        if (!rc && f && L->ffn_gate_exps.data) rc = cm_moe_repack_layer(m, il, err, errlen);
         if (!rc && f) (void)cm_repack_give_back(m, cm_kernels_get(), f);
     }
     if (!rc) rc = cm_repack_add(m, cm_kernels_get(), (const cm_tensor *const[]){&m->output}, 1, err, errlen);

@@ -38,6 +38,11 @@ int cm_moe_bind_layer(cm_model *m, int il, char *err, size_t errlen);
  * Missing: an error naming it (mla.c's tensors too). */
 int cm_moe_bind_tensor(cm_model *m, cm_tensor *t, int il, const char *suffix, int nd, int64_t ne0, int64_t ne1,
                        int64_t ne2, bool weight, char *err, size_t errlen);
+/* Repacked copies (kernels.h, cm_repack_add; owner m) of layer il's stacked
+ * expert tensors, each as one matrix of every expert's rows, so that the
+ * per-expert views moe.c multiplies find them (row views); the same bits,
+ * the decode layout. Returns 0 or CM_ENOMEM. */
+int cm_moe_repack_layer(const cm_model *m, int il, char *err, size_t errlen);
 /* Set m->n_params_active / weight_bytes_active (after every layer is bound). */
 void cm_moe_count_active(cm_model *m);
 /* CM_EUNSUPPORTED unless s is the whole model (no tensor-parallel experts yet). */

@@ -158,6 +158,25 @@ int cm_moe_bind_layer(cm_model *m, int il, char *err, size_t errlen) {
     return 0;
 }
 
+int cm_moe_repack_layer(const cm_model *m, int il, char *err, size_t errlen) {
+    const cm_layer *L = &m->layers[il];
+    const cm_tensor *ts[3] = {&L->ffn_gate_exps, &L->ffn_up_exps, &L->ffn_down_exps};
+    cm_tensor v[3];
+    const cm_tensor *ws[3];
+    int n = 0;
+    for (int i = 0; i < 3; i++) {
+        const cm_tensor *w = ts[i];
+        if (!w->data || w->n_dims != 3 || w->nb[2] != (size_t)w->ne[1] * w->nb[1]) continue;
+        v[n] = *w; /* the stack as one matrix of ne[1] * ne[2] rows: each expert's view is a row view of it */
+        v[n].ne[1] = w->ne[1] * w->ne[2];
+        v[n].ne[2] = 1;
+        v[n].n_dims = 2;
+        ws[n] = &v[n];
+        n++;
+    }
+    return n ? cm_repack_add(m, cm_kernels_get(), ws, n, err, errlen) : 0;
+}
+
 void cm_moe_count_active(cm_model *m) {
     m->n_params_active = m->n_params;
     m->weight_bytes_active = m->weight_bytes;

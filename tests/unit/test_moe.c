@@ -15,6 +15,11 @@
 #include "synth/synth.h"
 #include "synth_fx.h"
 
+#include "kernels/kernels.h"
+
+#include <stdlib.h>
+#include <unistd.h>
+
 static char errbuf[512];
 static cm_gguf g_vocab;
 
@@ -169,6 +174,75 @@ static void test_moe_grouping_invariance(void) {
         fx_close(&f);
     }
     cm_pool_free(pool);
+}
+
+/* Expert slabs repacked at load (moe_load.c) give the bits of the file's
+ * layout: a Q4_0 qwen3moe wide enough to be repacked (rows of 512), read
+ * from a file into memory so that the copies serve alone (the file's pages
+ * given back), 16 experts top 4: the prompt's 48 assignments give batches
+ * of 1 to a few tokens per expert, which moe.c pads to MOE_PAD_TOK over the
+ * repacked rows. One batch = token by token (the packed gemv) = 1 thread =
+ * the same model parsed from a buffer (not repacked: the file's layout). */
+static void test_moe_repacked_experts(void) {
+    cm_synth_params sp = {.arch = "qwen3moe",
+                          .n_embd = 512,
+                          .n_layer = 2,
+                          .n_head = 4,
+                          .n_head_kv = 2,
+                          .n_ff = 512,
+                          .n_ctx = 256,
+                          .type = "q4_0",
+                          .seed = 23,
+                          .n_threads = 2,
+                          .n_expert = 16,
+                          .n_expert_used = 4,
+                          .n_ff_exp = 512};
+    char path[] = "/tmp/cumulo-test-moe-XXXXXX";
+    const int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    if (fd < 0) return;
+    close(fd);
+    fx f; /* the file's layout (a buffer: never repacked) */
+    cm_gguf g = {0};
+    cm_model m = {0};
+    bool ok = synth_fx_open(&f, &sp, &g_vocab, "qwen3moe q4_0", errbuf, sizeof errbuf) == 0 &&
+              cm_synth_write(&sp, &g_vocab, path, NULL, errbuf, sizeof errbuf) == 0 &&
+              cm_gguf_load(&g, path, NULL, NULL, errbuf, sizeof errbuf) == 0 &&
+              cm_model_load(&m, &g, errbuf, sizeof errbuf) == 0;
+    CHECKF(ok, "%s", errbuf);
+    if (ok) {
+        /* expert 5's gate rows of layer 1, as moe.c views them */
+        const cm_tensor *ge = &m.layers[1].ffn_gate_exps;
+        cm_tensor v = *ge;
+        v.data = (char *)ge->data + 5 * ge->nb[2];
+        v.ne[2] = 1;
+        v.n_dims = 2;
+        const bool packed = cm_kernels_get()->gemm_packed[CM_TYPE_Q4_0] != NULL;
+        if (packed) CHECKF(cm_repack_find_alone(&v, NULL) != NULL, "expert 5's rows are not repacked alone");
+        else printf("# SKIP part: this table has no packed q4_0 gemm (the file's layout on both sides)\n");
+        const size_t V = (size_t)m.hp.n_vocab;
+        float *a = cm_malloc(sizeof(float) * V * NTOK), *b = cm_malloc(sizeof(float) * V * NTOK);
+        cm_pool *pool = cm_pool_new(2);
+        CHECK(run_steps(&f.m, pool, NTOK, a) == 0);
+        CHECK(run_steps(&m, pool, NTOK, b) == 0);
+        CHECKF(memcmp(a, b, sizeof(float) * V * NTOK) == 0, "one batch: repacked experts vs the file's layout");
+        CHECK(run_steps(&m, pool, 1, b) == 0);
+        CHECKF(memcmp(a, b, sizeof(float) * V * NTOK) == 0, "token by token (packed gemv) vs one batch");
+        CHECK(run_steps(&m, NULL, 5, b) == 0);
+        CHECKF(memcmp(a, b, sizeof(float) * V * NTOK) == 0, "1 thread, batches of 5, repacked");
+        const bool amx = packed && !strcmp(cm_kernels_get()->name, "avx512") && !*cm_kernels_amx_why();
+        printf("# qwen3moe-q4_0 512 wide, 16 experts top 4, %s table: repacked experts (%s) = the file's layout\n",
+               cm_kernels_get()->name,
+               !packed ? "none"
+               : amx   ? "AMX: padded batches"
+                       : "batches as they are");
+        cm_pool_free(pool);
+        cm_free(a), cm_free(b);
+    }
+    cm_model_release(&m);
+    cm_gguf_close(&g);
+    fx_close(&f);
+    unlink(path);
 }
 
 /* A token uses exactly k experts per layer and no other: poison one expert
@@ -341,6 +415,7 @@ int main(void) {
         return 1;
     }
     RUN(test_moe_grouping_invariance);
+    RUN(test_moe_repacked_experts);
     RUN(test_moe_exactly_k);
     RUN(test_moe_counts);
     RUN(test_moe_refusals);
