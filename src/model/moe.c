@@ -213,7 +213,10 @@ static cm_tensor expert_view(const cm_tensor *w, int e) {
  * cm_moe_new keeps) are read, their results go to this thread's scratch and
  * are dropped. kernels.h's batch-invariance contract: each real token's
  * result has the same bits whatever n_tok. Elsewhere (no AMX: 3x the work of
- * a compute-bound gemm; other types: not measured) batches stay as they are. */
+ * a compute-bound gemm; other types: not measured) batches stay as they are.
+ * NEEDSWORK: this knows gemm_amx.c's AX_MINTOK_PACKED; the AMX gemm over
+ * repacked rows should start at fewer tokens itself (measured against the
+ * batched tile for dense batches too) and this padding go. */
 static bool pad_batch(const cm_kernels *kt, const cm_tensor *w) {
     return w->type == CM_TYPE_Q4_0 && kt->gemm_packed[w->type] && !strcmp(kt->name, "avx512") &&
            !*cm_kernels_amx_why() && cm_repack_find_alone(w, NULL);
