@@ -233,6 +233,7 @@ static void test_q4_0_lanes(void) {
         check(k, CM_TYPE_Q4_0, 2048);    /* four groups, no tail */
         check(k, CM_TYPE_Q4_0, 43 * 32); /* two groups and an 11-block tail */
         check(k, CM_TYPE_Q4_0, 5632);    /* ffn_down of the 1B bench models */
+        check(k, CM_TYPE_Q4_0, 2816);    /* its half, a TP member's slice: five groups and an 8-block tail */
     }
 }
 
