@@ -6,6 +6,7 @@
  */
 #include "cluster/collective.h"
 
+#include "cluster/coll_impl.h"
 #include "cluster/coll_shm.h"
 #include "base/base.h"
 #include "os/os.h"
@@ -18,38 +19,6 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <time.h>
-
-struct cm_coll {
-    cm_coll_cfg cfg;
-    int timeout_ms;
-    int64_t ring_min;
-    uint64_t op_id;
-    bool failed;
-    bool gathering; /* the op in progress is an expert gather (point CM_COLL_POINT_GATHER) */
-    float *part;    /* [size][max_n]: received partials (direct) */
-    float *tmp;     /* [max_n]: own dequantized partial (direct + compress) */
-    uint8_t *qall;  /* Q8_0 blocks of the whole vector (compress) */
-    cm_coll_stats st;
-    uint64_t last_end_ns; /* end of the previous op (gap_s) */
-    bool trace;           /* CUMULO_TP_TRACE: print the time line at cm_coll_free */
-    /* trace: cipher time, [0] decode-sized all-reduces, [1] larger ones, [2] gathers (head, experts) */
-    uint64_t seal_ns[3], open_ns[3];
-    double gather_busy_s, gather_wait_s; /* trace: busy_s and wait_s of the gathers */
-    /* trace: this thread's CPU time (ns) in the larger all-reduces, and between
-     * ops before them (a prompt's compute); the wall time between ops before
-     * them (load shows as wall above CPU: spin off, waits do not burn CPU) */
-    uint64_t last_end_cpu_ns, big_cpu_ns, big_gap_cpu_ns, big_gap_wall_ns;
-    /* trace: the same for the decode-sized all-reduces (CPU inside them, and
-     * CPU / wall between ops before them: a decode step's compute) */
-    uint64_t small_cpu_ns, small_gap_cpu_ns, small_gap_wall_ns;
-    /* two members on one host: pieces through shared memory (coll_shm.h),
-     * set up at the first op (shm_tried) */
-    cm_coll_shm *shm;
-    bool shm_tried;
-    const cm_coll_native *nat; /* the transport's all-reduce, or NULL */
-    void *ngrp;
-    char err[512];
-};
 
 static _Atomic(const cm_coll_native *) g_native;
 void cm_coll_set_native(const cm_coll_native *nat) { atomic_store(&g_native, nat); }
@@ -311,7 +280,7 @@ int cm_coll_piece_parse(const uint8_t *p, size_t n, cm_coll_piece *out, char *er
     return 0;
 }
 
-static int peer_fail(cm_coll *c, int peer, int rc, const char *what, const char *detail) {
+int cm_coll_peer_fail(cm_coll *c, int peer, int rc, const char *what, const char *detail) {
     c->failed = true;
     snprintf(c->err, sizeof c->err, "all-reduce op %llu: %s member %d (%s): %s", (unsigned long long)c->op_id, what,
              peer, cm_conn_peer(c->cfg.peers[peer]), detail);
@@ -332,12 +301,8 @@ static void count(cm_coll_link_stats *l, bool sent, size_t payload, size_t data,
 }
 
 /* Little-endian f32 runs: a plain copy where the host is little-endian
- * (every machine cumulo runs on so far), byte by byte elsewhere. */
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-#define CM_COLL_LE 1
-#else
-#define CM_COLL_LE 0
-#endif
+ * (every machine cumulo runs on so far; CM_COLL_LE, coll_impl.h), byte by
+ * byte elsewhere. */
 static void put_f32s(uint8_t *p, const float *x, int64_t m) {
     if (CM_COLL_LE) memcpy(p, x, (size_t)m * 4);
     else
@@ -361,7 +326,7 @@ static void get_f32s(const uint8_t *p, float *dst, int64_t m, bool add) {
 /* Send x[off, off+m) (or, when q is given, its Q8_0 blocks q) to peer,
  * written straight into the connection's frame buffer (no staging copy). */
 /* A piece's header at p (collective.h's wire layout). */
-static void put_hdr(const cm_coll *c, uint8_t *p, int step, int64_t off, int64_t m, bool q8) {
+void cm_coll_put_hdr(const cm_coll *c, uint8_t *p, int step, int64_t off, int64_t m, bool q8) {
     put_u64(p, c->cfg.epoch);
     put_u64(p + 8, c->op_id);
     put_u16(p + 16, (uint16_t)(c->op_id / 2));
@@ -374,8 +339,8 @@ static void put_hdr(const cm_coll *c, uint8_t *p, int step, int64_t off, int64_t
 static int send_piece(cm_coll *c, int peer, int step, int64_t off, int64_t m, const float *x, const uint8_t *q) {
     size_t data = q ? q8_bytes(m) : (size_t)m * 4;
     uint8_t *p = cm_conn_tx_payload(c->cfg.peers[peer], CM_COLL_HDR_BYTES + data);
-    if (!p) return peer_fail(c, peer, CM_ENOMEM, "sending to", "out of memory for a frame");
-    put_hdr(c, p, step, off, m, q != NULL);
+    if (!p) return cm_coll_peer_fail(c, peer, CM_ENOMEM, "sending to", "out of memory for a frame");
+    cm_coll_put_hdr(c, p, step, off, m, q != NULL);
     if (q) memcpy(p + CM_COLL_HDR_BYTES, q, data);
     else put_f32s(p + CM_COLL_HDR_BYTES, x + off, m);
     char e[256];
@@ -383,15 +348,12 @@ static int send_piece(cm_coll *c, int peer, int step, int64_t off, int64_t m, co
     int rc =
         cm_conn_send_tx(c->cfg.peers[peer], CM_MSG_ALLREDUCE, CM_COLL_HDR_BYTES + data, c->timeout_ms, e, sizeof e);
     c->st.send_s += (double)(cm_now_ns() - t0) * 1e-9;
-    if (rc) return peer_fail(c, peer, rc, "sending to", e);
+    if (rc) return cm_coll_peer_fail(c, peer, rc, "sending to", e);
     count(&c->st.link[peer], true, CM_COLL_HDR_BYTES + data, data, c->cfg.peers[peer]);
     return 0;
 }
 
 enum { PUT_STORE, PUT_ADD };
-
-static int check_piece(cm_coll *c, int peer, const uint8_t *pl, size_t len, int step, int64_t off, int64_t m,
-                       cm_coll_piece *out);
 
 /* Receive the piece (step, off, m) from peer; store or add it into dst[off..];
  * with qkeep, also keep its Q8_0 blocks at qkeep (all-gather forwarding). */
@@ -403,13 +365,13 @@ static int recv_piece(cm_coll *c, int peer, int step, int64_t off, int64_t m, fl
     uint64_t t0 = cm_now_ns();
     int rc = cm_conn_recv_payload(c->cfg.peers[peer], &type, &pl, &len, c->timeout_ms, e, sizeof e);
     c->st.wait_s += (double)(cm_now_ns() - t0) * 1e-9;
-    if (rc) return peer_fail(c, peer, rc, "receiving from", e);
+    if (rc) return cm_coll_peer_fail(c, peer, rc, "receiving from", e);
     if (type != CM_MSG_ALLREDUCE) {
         snprintf(e, sizeof e, "expected ALLREDUCE, got %s", cm_msg_type_name(type));
-        return peer_fail(c, peer, CM_EPROTO, "from", e);
+        return cm_coll_peer_fail(c, peer, CM_EPROTO, "from", e);
     }
     cm_coll_piece pc;
-    if ((rc = check_piece(c, peer, pl, len, step, off, m, &pc))) return rc;
+    if ((rc = cm_coll_check_piece(c, peer, pl, len, step, off, m, &pc))) return rc;
     bool q8 = (pc.point & CM_COLL_POINT_Q8) != 0;
     if (q8) {
         if (qkeep) memcpy(qkeep, pc.data, pc.data_len);
@@ -420,11 +382,11 @@ static int recv_piece(cm_coll *c, int peer, int step, int64_t off, int64_t m, fl
 }
 
 /* Parse the piece (step, off, m) from peer at pl and check it is the one due. */
-static int check_piece(cm_coll *c, int peer, const uint8_t *pl, size_t len, int step, int64_t off, int64_t m,
-                       cm_coll_piece *out) {
+int cm_coll_check_piece(cm_coll *c, int peer, const uint8_t *pl, size_t len, int step, int64_t off, int64_t m,
+                        cm_coll_piece *out) {
     char e[256];
     cm_coll_piece pc;
-    if (cm_coll_piece_parse(pl, len, &pc, e, sizeof e)) return peer_fail(c, peer, CM_EPROTO, "from", e);
+    if (cm_coll_piece_parse(pl, len, &pc, e, sizeof e)) return cm_coll_peer_fail(c, peer, CM_EPROTO, "from", e);
     bool q8 = (pc.point & CM_COLL_POINT_Q8) != 0;
     /* A gather piece where a partial sum is due, or the reverse, is out of
      * sequence like any other (a gather never travels as Q8_0). */
@@ -437,7 +399,7 @@ static int check_piece(cm_coll *c, int peer, const uint8_t *pl, size_t len, int 
                  (unsigned long long)pc.epoch, (unsigned long long)pc.op_id, pc.step, pc.elem_offset, pc.n,
                  q8 ? " q8" : "", (unsigned long long)c->cfg.epoch, (unsigned long long)c->op_id, step, (long long)off,
                  (long long)m, c->cfg.compress ? " q8" : "");
-        return peer_fail(c, peer, CM_EPROTO, "from", e);
+        return cm_coll_peer_fail(c, peer, CM_EPROTO, "from", e);
     }
     *out = pc;
     return 0;
@@ -485,118 +447,6 @@ static int allreduce_direct(cm_coll *c, float *x, int64_t n) {
                 for (int j = 1; j < k; j++) s += src[j][i];
                 x[i] = s;
             }
-    }
-    return 0;
-}
-
-/* ---- shared memory (two members on one host, coll_shm.h) ---- */
-
-static bool ip_loopback(const cm_conn *conn) {
-    char h[64];
-    cm_conn_peer_host(conn, h, sizeof h);
-    return !strncmp(h, "127.", 4) || !strcmp(h, "::1") || !strncmp(h, "::ffff:127.", 11);
-}
-
-/* At the first op: both members of a pair on IP loopback set up the regions
- * (the same test on both sides, so both take part in the exchange). */
-static int shm_setup(cm_coll *c) {
-    if (c->shm_tried) return 0;
-    c->shm_tried = true;
-    int peer = 1 - c->cfg.rank;
-    if (c->cfg.size != 2 || c->cfg.compress || c->nat || !CM_COLL_LE || !ip_loopback(c->cfg.peers[peer])) return 0;
-    char e[384];
-    int64_t cap = CM_MIN(c->cfg.max_n, (int64_t)CM_COLL_PIECE_FLOATS); /* larger ops stream through it */
-    bool offer = !cm_config_get()->tp_shm_off && cap > 0;
-    int rc = cm_coll_shm_open(c->cfg.peers[peer], c->cfg.epoch, c->op_id, cap, offer,
-                              (uint64_t)cm_coll_link_spin_us(c->cfg.peers[peer]) * 1000u, c->timeout_ms, &c->shm, e,
-                              sizeof e);
-    if (rc) return peer_fail(c, peer, rc, "setting up shared memory with", e);
-    return 0;
-}
-
-/* Elements per piece through the regions: a slot's capacity, at most a
- * link piece (64 KiB: a larger op streams through both slots, the peer
- * summing one piece while we write the next). */
-static int64_t shm_piece(const cm_coll *c) { return CM_MIN(cm_coll_shm_cap(c->shm), (int64_t)CM_COLL_PIECE_FLOATS); }
-
-/* Our piece (step, off, m) of src into our region's next slot. */
-static int shm_send(cm_coll *c, int peer, int64_t off, int64_t m, const float *src) {
-    int rc = 0;
-    char e[384];
-    uint64_t t0 = cm_now_ns();
-    uint8_t *p = cm_coll_shm_tx_slot(c->shm, c->timeout_ms, &rc, e, sizeof e);
-    if (!p) return peer_fail(c, peer, rc, "sending to", e);
-    put_hdr(c, p, 0, off, m, false);
-    memcpy(p + CM_COLL_HDR_BYTES, src + off, (size_t)m * 4);
-    cm_coll_shm_tx_publish(c->shm);
-    c->st.send_s += (double)(cm_now_ns() - t0) * 1e-9;
-    cm_coll_link_stats *l = &c->st.link[peer];
-    l->msgs_sent++;
-    l->wire_sent += CM_COLL_HDR_BYTES + (uint64_t)m * 4;
-    l->data_sent += (uint64_t)m * 4;
-    return 0;
-}
-
-/* The peer's piece (off, m) from its region: x[off..+m) = ours + theirs in
- * the fixed order p0 + p1 (add), or theirs (store). */
-static int shm_recv(cm_coll *c, int peer, int64_t off, int64_t m, float *x, bool add) {
-    int rc = 0;
-    char e[384];
-    uint64_t t0 = cm_now_ns();
-    const uint8_t *q = cm_coll_shm_rx_slot(c->shm, c->timeout_ms, &rc, e, sizeof e);
-    c->st.wait_s += (double)(cm_now_ns() - t0) * 1e-9;
-    if (!q) return peer_fail(c, peer, rc, "receiving from", e);
-    cm_coll_piece pc;
-    if ((rc = check_piece(c, peer, q, CM_COLL_HDR_BYTES + (size_t)m * 4, 0, off, m, &pc))) return rc;
-    /* the peer's elements read in place (aligned: coll_shm.h's slots start them on 64 bytes) */
-    const float *theirs = (const float *)(const void *)pc.data;
-    float *y = x + off;
-    if (!add) memcpy(y, theirs, (size_t)m * 4);
-    else if (c->cfg.rank == 0)
-        for (int64_t i = 0; i < m; i++) y[i] = y[i] + theirs[i];
-    else
-        for (int64_t i = 0; i < m; i++) y[i] = theirs[i] + y[i];
-    cm_coll_shm_rx_done(c->shm);
-    cm_coll_link_stats *l = &c->st.link[peer];
-    l->msgs_recv++;
-    l->wire_recv += CM_COLL_HDR_BYTES + (uint64_t)m * 4;
-    l->data_recv += (uint64_t)m * 4;
-    return 0;
-}
-
-/* The direct exchange of a pair through the regions, any size: piece by
- * piece, ours then theirs (at most one piece ahead of the peer: two slots). */
-static int allreduce_shm(cm_coll *c, float *x, int64_t n) {
-    int peer = 1 - c->cfg.rank;
-    int64_t pm = shm_piece(c);
-    for (int64_t off = 0; off < n; off += pm) {
-        int64_t m = CM_MIN(n - off, pm);
-        int rc = shm_send(c, peer, off, m, x);
-        if (!rc) rc = shm_recv(c, peer, off, m, x, true);
-        if (rc) return rc;
-    }
-    return 0;
-}
-
-/* A gather of a pair through the regions: our part's pieces to the peer
- * unless we are root, the peer's into x when we are root (root < 0: both). */
-static int gather_shm(cm_coll *c, float *x, const int64_t *part, int root) {
-    int r = c->cfg.rank, peer = 1 - r;
-    int64_t pm = shm_piece(c), mo = part[r], po = part[peer];
-    bool send = r != root, recv = root < 0 || r == root;
-    while ((send && mo < part[r + 1]) || (recv && po < part[peer + 1])) {
-        if (send && mo < part[r + 1]) {
-            int64_t m = CM_MIN(part[r + 1] - mo, pm);
-            int rc = shm_send(c, peer, mo, m, x);
-            if (rc) return rc;
-            mo += m;
-        }
-        if (recv && po < part[peer + 1]) {
-            int64_t m = CM_MIN(part[peer + 1] - po, pm);
-            int rc = shm_recv(c, peer, po, m, x, false);
-            if (rc) return rc;
-            po += m;
-        }
     }
     return 0;
 }
@@ -716,8 +566,8 @@ int cm_coll_allreduce(cm_coll *c, float *x, int64_t n, char *err, size_t errlen)
     if (nat) {
         rc = c->nat->allreduce(c->ngrp, x, n, c->timeout_ms, c->err, sizeof c->err);
         if (rc) c->failed = true;
-    } else if (c->cfg.size > 1 && !(rc = shm_setup(c))) {
-        if (c->shm) ring = false, rc = allreduce_shm(c, x, n); /* every size: no ring between two */
+    } else if (c->cfg.size > 1 && !(rc = cm_coll_shm_setup(c))) {
+        if (c->shm) ring = false, rc = cm_coll_allreduce_shm(c, x, n); /* every size: no ring between two */
         else rc = ring ? allreduce_ring(c, x, n) : allreduce_direct(c, x, n);
     }
     c->last_end_ns = cm_now_ns();
@@ -794,9 +644,9 @@ static int gather_op(cm_coll *c, float *x, const int64_t *part, int root, char *
     cipher_ns(c, &seal0, &open0);
     double wait0 = c->st.wait_s;
     uint64_t t0 = cm_now_ns();
-    int rc = k > 1 && !c->nat ? shm_setup(c) : 0;
+    int rc = k > 1 && !c->nat ? cm_coll_shm_setup(c) : 0;
     c->gathering = true;
-    if (!rc && k > 1) rc = c->shm ? gather_shm(c, x, part, root) : allgather_rounds(c, x, part, root);
+    if (!rc && k > 1) rc = c->shm ? cm_coll_gather_shm(c, x, part, root) : allgather_rounds(c, x, part, root);
     c->gathering = false;
     double busy = (double)(cm_now_ns() - t0) * 1e-9;
     c->st.busy_s += busy;
