@@ -132,9 +132,9 @@ AI void bq4_tile(int64_t nb, const uint8_t *x, size_t xs, int R, const uint8_t *
     for (int r = 0; r < R; r++) {
         const cm_block_q4_0 *xt =
             (const cm_block_q4_0 *)(const void *)(x + (size_t)r * xs + (size_t)ng * 16 * sizeof(cm_block_q4_0));
-        for (int64_t b = 16 * ng; b < nb; b += 8) /* rq4_tail: fma_lane's bits, eight blocks at once */
+        for (int64_t b = 16 * ng; b < nb; b += 8) /* kernels_avx512.c's q4_0_tail: eight blocks at once */
             for (int t = 0; t < T; t++)
-                c[r][t] = rq4_tail(xt + (b - 16 * ng), yv[t] + b, (int)CM_MIN(nb - b, 8), c[r][t]);
+                c[r][t] = q4_0_tail(xt + (b - 16 * ng), yv[t] + b, (int)CM_MIN(nb - b, 8), c[r][t]);
         for (int t = 0; t < T; t++) out[r * BQ_T + t] = hsum8(c[r][t]);
     }
 }
@@ -189,8 +189,8 @@ AI void bq1_tile(int64_t nb, const uint8_t *x, const uint8_t *pk, size_t tb, con
         }
     }
     const cm_block_q4_0 *xt = (const cm_block_q4_0 *)(const void *)(x + (size_t)ng * 16 * sizeof(cm_block_q4_0));
-    for (int64_t b = 16 * ng; b < nb; b += 8) /* rq4_tail: fma_lane's bits, eight blocks at once */
-        for (int t = 0; t < T; t++) c[t] = rq4_tail(xt + (b - 16 * ng), yv[t] + b, (int)CM_MIN(nb - b, 8), c[t]);
+    for (int64_t b = 16 * ng; b < nb; b += 8) /* kernels_avx512.c's q4_0_tail: eight blocks at once */
+        for (int t = 0; t < T; t++) c[t] = q4_0_tail(xt + (b - 16 * ng), yv[t] + b, (int)CM_MIN(nb - b, 8), c[t]);
     for (int t = 0; t < T; t++) out[t] = hsum8(c[t]);
 }
 

@@ -177,12 +177,33 @@ AI __m512i hadd4x4(const __m512i p[4]) {
     return _mm512_add_epi32(_mm512_unpacklo_epi64(s01, s23), _mm512_unpackhi_epi64(s01, s23));
 }
 AI __m512 d16(__m256 a, __m256 b) { return _mm512_insertf32x8(_mm512_castps256_ps512(a), b, 1); }
-/* c = fma(s, d, c) for one block, in chain (lane) j of c. */
-AI __m256 fma_lane(__m256 c, int j, int32_t s, float d) {
-    _Alignas(32) float v[8];
-    _mm256_store_ps(v, c);
-    v[j] = _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss((float)s), _mm_set_ss(d), _mm_set_ss(v[j])));
-    return _mm256_load_ps(v);
+/* A q4_0 row's tail (the blocks past its last group of 16, in the file's
+ * layout): blocks xt[0..n), n <= 8, into chains (lanes) 0..n-1 of c, block
+ * j's exact integer sum s_j converted and one FMA with dx_j * dy_j: c_j =
+ * fma(s_j, dx_j * dy_j, c_j), eight lanes at once. Callers pass blocks
+ * 8i..8i+7 past a multiple of 16, in order: block b into lane b & 7, as one
+ * block at a time did (through a store and reload of c per block: a TP
+ * member's slice of ffn_down, 2816 of the 1B models' 5632 columns, 5 groups
+ * and 8 blocks, spent a fifth of its gemv there). */
+AI __m256 q4_0_tail(const cm_block_q4_0 *xt, const cm_block_q8_0 *y, int n, __m256 c) {
+    __m256i p[8];
+    _Alignas(16) uint16_t dx[8] = {0}, dy[8] = {0};
+    for (int j = 0; j < 8; j++) {
+        p[j] = _mm256_setzero_si256();
+        if (j >= n) continue;
+        p[j] = dot_s8s8(_mm256_sub_epi8(nibbles32(xt[j].qs), _mm256_set1_epi8(8)), ld256(y[j].qs));
+        memcpy(&dx[j], &xt[j].d, 2);
+        memcpy(&dy[j], &y[j].d, 2);
+    }
+    /* lane j of s: the 8 int32 of p[j] summed (integers: any order) */
+    const __m256i h0 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+    const __m256i h1 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
+    const __m256i s =
+        _mm256_add_epi32(_mm256_permute2x128_si256(h0, h1, 0x20), _mm256_permute2x128_si256(h0, h1, 0x31));
+    const __m256 d = _mm256_mul_ps(_mm256_cvtph_ps(_mm_load_si128((const __m128i *)(const void *)dx)),
+                                   _mm256_cvtph_ps(_mm_load_si128((const __m128i *)(const void *)dy)));
+    /* lanes past n keep c as it is (an FMA of zeros would turn -0 into +0) */
+    return _mm256_mask3_fmadd_ps(_mm256_cvtepi32_ps(s), d, c, (__mmask8)((1u << n) - 1u));
 }
 
 AI void ztile_q4_0(int64_t nb, const cm_block_q4_0 *x, const cm_block_q8_0 *const *yv, int T, float *out) {
@@ -214,12 +235,8 @@ AI void ztile_q4_0(int64_t nb, const cm_block_q4_0 *x, const cm_block_q8_0 *cons
             c[t] = _mm256_fmadd_ps(_mm512_extractf32x8_ps(f, 1), _mm512_extractf32x8_ps(d, 1), c[t]);
         }
     }
-    for (int64_t b = n16; b < nb; b++) {
-        const __m256i qx = _mm256_sub_epi8(nibbles32(x[b].qs), _mm256_set1_epi8(8));
-        const float dx = f16f(x[b].d);
-        for (int t = 0; t < T; t++)
-            c[t] = fma_lane(c[t], (int)(b & 7), hsum_i32(dot_s8s8(qx, ld256(yv[t][b].qs))), dx * f16f(yv[t][b].d));
-    }
+    for (int64_t b = n16; b < nb; b += 8) /* block b into lane b & 7, in block order */
+        for (int t = 0; t < T; t++) c[t] = q4_0_tail(x + b, yv[t] + b, (int)CM_MIN(nb - b, 8), c[t]);
     for (int t = 0; t < T; t++) out[t] = hsum8(c[t]);
 }
 
@@ -285,10 +302,7 @@ AI void gq4_rows(int64_t nb, const cm_block_q4_0 *const *x, const uint8_t *pk, c
     for (int r = 0; r < R; r++) {
         if (pf[r])
             for (size_t o = (size_t)ng * 288; o < pf_bytes; o += 64) _mm_prefetch(pf[r] + o, _MM_HINT_NTA);
-        for (int64_t b = 16 * ng; b < nb; b++) {
-            const __m256i qx = _mm256_sub_epi8(nibbles32(x[r][b].qs), _mm256_set1_epi8(8));
-            c[r] = fma_lane(c[r], (int)(b & 7), hsum_i32(dot_s8s8(qx, ld256(y[b].qs))), f16f(x[r][b].d) * f16f(y[b].d));
-        }
+        for (int64_t b = 16 * ng; b < nb; b += 8) c[r] = q4_0_tail(x[r] + b, y + b, (int)CM_MIN(nb - b, 8), c[r]);
         out[r] = hsum8(c[r]);
     }
 }
@@ -360,33 +374,6 @@ AI void rq4_pack(int64_t ng, const cm_block_q8_0 *y, uint8_t *d) {
     }
 }
 
-/* A row's tail (the blocks past its last group of 16, in the file's layout):
- * blocks xt[0..n), n <= 8, into lanes 0..n-1 of c with fma_lane's arithmetic
- * (the exact integer sum s_j converted, one FMA with dx_j * dy_j), eight at
- * once: the same bits as one block at a time, without a store and reload of
- * c per block. A TP member's slice of ffn_down (2816 of the 1B models' 5632
- * columns: 5 groups and 8 blocks) spent a fifth of its gemv here. */
-AI __m256 rq4_tail(const cm_block_q4_0 *xt, const cm_block_q8_0 *y, int n, __m256 c) {
-    __m256i p[8];
-    _Alignas(16) uint16_t dx[8] = {0}, dy[8] = {0};
-    for (int j = 0; j < 8; j++) {
-        p[j] = _mm256_setzero_si256();
-        if (j >= n) continue;
-        p[j] = dot_s8s8(_mm256_sub_epi8(nibbles32(xt[j].qs), _mm256_set1_epi8(8)), ld256(y[j].qs));
-        memcpy(&dx[j], &xt[j].d, 2);
-        memcpy(&dy[j], &y[j].d, 2);
-    }
-    /* lane j of s: the 8 int32 of p[j] summed (integers: any order) */
-    const __m256i h0 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
-    const __m256i h1 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
-    const __m256i s =
-        _mm256_add_epi32(_mm256_permute2x128_si256(h0, h1, 0x20), _mm256_permute2x128_si256(h0, h1, 0x31));
-    const __m256 d = _mm256_mul_ps(_mm256_cvtph_ps(_mm_load_si128((const __m128i *)(const void *)dx)),
-                                   _mm256_cvtph_ps(_mm_load_si128((const __m128i *)(const void *)dy)));
-    /* lanes past n keep c as it is (an FMA of zeros would turn -0 into +0) */
-    return _mm256_mask3_fmadd_ps(_mm256_cvtepi32_ps(s), d, c, (__mmask8)((1u << n) - 1u));
-}
-
 AI float rq4_row(int64_t nb, const uint8_t *x, const uint8_t *pk, const cm_block_q8_0 *y, size_t pfd) {
     const int64_t ng = nb / 16;
     const __m512i m4 = _mm512_set1_epi8(0x0f);
@@ -409,7 +396,7 @@ AI float rq4_row(int64_t nb, const uint8_t *x, const uint8_t *pk, const cm_block
     }
     const cm_block_q4_0 *xt = (const cm_block_q4_0 *)(const void *)x;
     for (int64_t b = 16 * ng; b < nb; b += 8) /* block b into lane b & 7, in block order */
-        c = rq4_tail(xt + (b - 16 * ng), y + b, (int)CM_MIN(nb - b, 8), c);
+        c = q4_0_tail(xt + (b - 16 * ng), y + b, (int)CM_MIN(nb - b, 8), c);
     return hsum8(c);
 }
 

@@ -55,7 +55,7 @@ AI __m256i dot_s8s8(__m256i x, __m256i y) {
                              _mm256_set1_epi16(1));
 }
 
-/* c = fma(s, d, c) in chain (lane) j of c, as kernels_avx512.c's fma_lane. */
+/* c = fma(s, d, c) in chain (lane) j of c, as kernels_avx512.c's q4_0_tail per lane. */
 AI __m256 lfma_lane(__m256 c, int j, int32_t s, float d) {
     _Alignas(32) float v[8];
     _mm256_store_ps(v, c);
