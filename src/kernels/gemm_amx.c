@@ -29,11 +29,14 @@
  * and releases the tiles when it returns, so any thread may call at any
  * time. Compiled with the avx512 flags plus -mamx-tile -mamx-int8
  * (Makefile); installed by dispatch.c only when cm_cpu_features_get() says
- * this process may use AMX-INT8 and CUMULO_AMX is not 0. Below AX_MINTOK_*
- * tokens, or for rows longer than AX_MAXNB blocks, it hands over to the
+ * this process may use AMX-INT8 and CUMULO_AMX is not 0. Below ax_mintok's
+ * tokens (where the replaced gemm is faster, measured per layout and row
+ * length), or for rows longer than AX_MAXNB blocks, it hands over to the
  * table's gemm it replaced. q4_0 rows repacked at load ("q4_0 lanes",
- * repack.c) get the same gemm from AX_MINTOK_PACKED tokens as the table's
- * gemm_packed (its panel reads the lanes layout; same ints, same bits).
+ * repack.c) get the same gemm as the table's gemm_packed (its panel reads
+ * the lanes layout; same ints, same bits). A group of 4 or 8 tokens or
+ * fewer runs on 4- or 8-row A and C tiles (ax_config), so a small batch
+ * costs less than a full 16-token group.
  * Stack: ~880 KiB at most (compute threads have CM_COMPUTE_STACK, 8 MiB).
  * Never allocates.
  */

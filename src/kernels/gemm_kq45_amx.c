@@ -334,14 +334,16 @@ static void ak_gemm(bool q5, int64_t k, const void *w, size_t w_stride, const vo
 /* The fewest tokens (rows of nb super-blocks) taken from the replaced gemm
  * (bench/amxcross.c, thread CPU time, best of 5, 1 thread, Xeon family 6
  * model 167, HISTORY.md session 21; the panel's build is most of the time
- * below 16 tokens, one pass up to 16): q4_k AMX / avx512 0.94-1.40x at 13
- * tokens on 768 x 2048, 2048 x 768, 2048 x 2048, 1024 x 8192, 4096 x 1024
- * (rows x k; 1.03-1.40x but the first); q5_k 1.02-1.03x at 9 for k 768 and
- * 1024, 0.95-1.04x at 17 and 1.01-1.08x at 18 for k 2048 and 8192; over
- * "q5_k lanes" 1.16-1.27x at 9 for k 768 and 1024, 0.97-1.00x at 9-16 and
- * 1.03-1.10x at 17 for k 2048 and 8192. */
+ * below 16 tokens, one pass up to 16). AMX / avx512 gemm, rows x k: q4_k
+ * 1.09-1.20x at 9 tokens on 2048 x 768, 1.06x at 11 on 4096 x 1024, but
+ * at 13-16 for k 2048 0.89-0.95x (768 rows), 1.03-1.07x (2048), 0.96-1.16x
+ * (6144), a tie that the 8-layer MoE's Q4_K_M prompt (expert gate / up 768 x
+ * 2048) did not resolve: 16 from k 1280; q5_k 1.02-1.03x at 9 for k 768 and
+ * 1024, 0.95-1.04x at 17 and 1.01-1.08x at 18 for k 2048 and 8192; over "q5_k
+ * lanes" 1.16-1.27x at 9 for k 768 and 1024, 0.97-1.00x at 9-16 and 1.03-1.10x
+ * at 17 for k 2048 and 8192. */
 static int ak_mintok(bool q5, bool lanes, int64_t nb) {
-    if (!q5) return 13;
+    if (!q5) return nb <= 3 ? 9 : nb <= 4 ? 11 : 16;
     if (nb <= 4) return 9;
     return lanes ? 17 : 18;
 }

@@ -56,8 +56,8 @@ static void test_amxk_bits(void) { amx_bits(k_types, CM_ARRAY_LEN(k_types), k_le
 /* The table's own gemm (AMX from its minimum token count when CUMULO_AMX
  * is not 0) through cm_matmul_rows. */
 static void test_table_bits(void) {
-    static const int64_t lens[] = {1024, 5632};
-    static const int toks[] = {2, 7, 8, 9, 12, 13, 15, 16, 17, 18, 19, 31, 33, 64, 129};
+    static const int64_t lens[] = {768, 1024, 5632};
+    static const int toks[] = {2, 7, 8, 9, 10, 11, 12, 13, 15, 16, 17, 18, 19, 31, 33, 64, 129};
     amx_table_bits(k_types, CM_ARRAY_LEN(k_types), lens, CM_ARRAY_LEN(lens), toks, CM_ARRAY_LEN(toks), fill);
 }
 
@@ -69,12 +69,11 @@ static void test_packed_bits(void) {
 }
 
 /* Small batches go to AMX where it wins (HISTORY.md session 21; q4_k 16,
- * q5_k 19 before). */
+ * q5_k 19 for every row length before). */
 static void test_small_starts(void) {
-    static const amx_start st[] = {{CM_TYPE_Q4_K, false, 2048, 13},
-                                   {CM_TYPE_Q5_K, false, 1024, 9},
-                                   {CM_TYPE_Q5_K, false, 2048, 18},
-                                   {CM_TYPE_Q5_K, true, 1024, 9},
+    static const amx_start st[] = {{CM_TYPE_Q4_K, false, 768, 9},   {CM_TYPE_Q4_K, false, 1024, 11},
+                                   {CM_TYPE_Q4_K, false, 2048, 16}, {CM_TYPE_Q5_K, false, 1024, 9},
+                                   {CM_TYPE_Q5_K, false, 2048, 18}, {CM_TYPE_Q5_K, true, 1024, 9},
                                    {CM_TYPE_Q5_K, true, 2048, 17}};
     amx_starts(st, CM_ARRAY_LEN(st));
 }
