@@ -156,8 +156,9 @@ int cm_kernels_amx_path(enum cm_type t, bool packed, int64_t k, cm_gemm_fn *amx,
     if ((unsigned)t >= CM_TYPE_COUNT) return 0;
     *prev = packed ? g_packed_noamx[t] : g_gemm_noamx[t];
     int mintok = 0;
+    if (!g_amx_cpu || !*prev) return 0;
 #if CM_KERNELS_HAVE_X86
-    if (g_amx_cpu && *prev) *amx = cm_kernels_amx_direct(t, packed, k, &mintok);
+    *amx = cm_kernels_amx_direct(t, packed, k, &mintok);
 #endif
     return *amx ? mintok : 0;
 }
