@@ -190,7 +190,7 @@ static cm_tensor expert_view(const cm_tensor *w, int e) {
 }
 
 /* Rows [r0, r1) of expert weights w times its c tokens' inputs x (row
- * stride xs) into y (ldy), on thread ith. A prefill spreads n * k
+ * stride xs) into y (ldy). A prefill spreads n * k
  * assignments over the experts: ~8 tokens each for 128 tokens, top 8 of
  * 128. The kernels pick their path for such small batches themselves (the
  * AMX gemm over repacked q4_0 rows from a few tokens, gemm_amx.c's
