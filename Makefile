@@ -125,6 +125,10 @@ kbench: $(BUILD)/bench/kbench
 $(BUILD)/bench/fgbench: bench/fgbench.c $(BUILD)/libcumulo.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libcumulo.a $(LDLIBS)
+# Where each AMX gemm starts to win against the gemm it takes over from; not a test.
+$(BUILD)/bench/amxcross: bench/amxcross.c $(BUILD)/libcumulo.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libcumulo.a $(LDLIBS)
 $(BUILD)/bench/tunebench: bench/tunebench.c $(BUILD)/libcumulo.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libcumulo.a $(LDLIBS)

@@ -29,4 +29,8 @@ static inline void cm_amx_config(const uint8_t *rows, const uint16_t *colsb) {
     _tile_loadconfig(&c);
 }
 
+/* AMX gemm calls made by this thread (gemm_amx.c; each AMX gemm adds one
+ * per call): tests tell from it which path a batch took. */
+extern _Thread_local uint64_t cm_amx_calls;
+
 #endif

@@ -25,8 +25,9 @@ static bool g_have[ISA_COUNT]; /* compiled in and supported by this CPU */
 static const cm_kernels *g_best;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static const char *g_amx_why = "not built";
-static bool g_amx_cpu;                         /* the avx512 table exists and this process may use AMX-INT8 */
-static cm_gemm_fn g_gemm_noamx[CM_TYPE_COUNT]; /* the avx512 table's gemms before AMX */
+static bool g_amx_cpu;                           /* the avx512 table exists and this process may use AMX-INT8 */
+static cm_gemm_fn g_gemm_noamx[CM_TYPE_COUNT];   /* the avx512 table's gemms before AMX */
+static cm_gemm_fn g_packed_noamx[CM_TYPE_COUNT]; /* and its gemm_packed */
 
 /* What each ISA file may use, from the flags the Makefile compiles it with.
  * A CPU lacking any of them never runs that file. */
@@ -87,6 +88,7 @@ static void build_tables(void) {
         cm_kernels_fill_attn_tile_avx512(&g_tables[ISA_AVX512]);
         cm_kernels_fill_q8lane_avx512(&g_tables[ISA_AVX512]);
         memcpy(g_gemm_noamx, g_tables[ISA_AVX512].gemm, sizeof g_gemm_noamx);
+        memcpy(g_packed_noamx, g_tables[ISA_AVX512].gemm_packed, sizeof g_packed_noamx);
         g_amx_cpu = f->x86_amx_int8;
         g_amx_why = !f->x86_amx_int8 ? f->x86_amx_why : cm_config_get()->amx_off ? "CUMULO_AMX=0" : "";
         if (!*g_amx_why) cm_kernels_fill_amx(&g_tables[ISA_AVX512]);
@@ -143,14 +145,29 @@ const char *cm_kernels_amx_why(void) {
 }
 
 cm_gemm_fn cm_kernels_amx_gemm(enum cm_type t, bool amx) {
+    cm_gemm_fn a = NULL, p = NULL;
+    cm_kernels_amx_path(t, false, 4096, &a, &p);
+    return amx ? a : p;
+}
+
+int cm_kernels_amx_path(enum cm_type t, bool packed, int64_t k, cm_gemm_fn *amx, cm_gemm_fn *prev) {
     pthread_once(&g_once, build_tables);
-    if ((unsigned)t >= CM_TYPE_COUNT) return NULL;
-    if (!amx) return g_gemm_noamx[t];
-    if (!g_amx_cpu) return NULL;
+    *amx = *prev = NULL;
+    if ((unsigned)t >= CM_TYPE_COUNT) return 0;
+    *prev = packed ? g_packed_noamx[t] : g_gemm_noamx[t];
+    int mintok = 0;
+    if (!g_amx_cpu || !*prev) return 0;
 #if CM_KERNELS_HAVE_X86
-    return cm_kernels_amx_direct(t);
+    *amx = cm_kernels_amx_direct(t, packed, k, &mintok);
+#endif
+    return *amx ? mintok : 0;
+}
+
+uint64_t cm_kernels_amx_calls(void) {
+#if CM_KERNELS_HAVE_X86
+    return g_amx_cpu ? cm_kernels_amx_ncalls() : 0;
 #else
-    return NULL;
+    return 0;
 #endif
 }
 

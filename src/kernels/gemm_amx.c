@@ -29,11 +29,14 @@
  * and releases the tiles when it returns, so any thread may call at any
  * time. Compiled with the avx512 flags plus -mamx-tile -mamx-int8
  * (Makefile); installed by dispatch.c only when cm_cpu_features_get() says
- * this process may use AMX-INT8 and CUMULO_AMX is not 0. Below AX_MINTOK_*
- * tokens, or for rows longer than AX_MAXNB blocks, it hands over to the
+ * this process may use AMX-INT8 and CUMULO_AMX is not 0. Below ax_mintok's
+ * tokens (where the replaced gemm is faster, measured per layout and row
+ * length), or for rows longer than AX_MAXNB blocks, it hands over to the
  * table's gemm it replaced. q4_0 rows repacked at load ("q4_0 lanes",
- * repack.c) get the same gemm from AX_MINTOK_PACKED tokens as the table's
- * gemm_packed (its panel reads the lanes layout; same ints, same bits).
+ * repack.c) get the same gemm as the table's gemm_packed (its panel reads
+ * the lanes layout; same ints, same bits). A group of 4 or 8 tokens or
+ * fewer runs on 4- or 8-row A and C tiles (ax_config), so a small batch
+ * costs less than a full 16-token group.
  * Stack: ~880 KiB at most (compute threads have CM_COMPUTE_STACK, 8 MiB).
  * Never allocates.
  */
@@ -48,35 +51,53 @@
 #define XAI static inline __attribute__((always_inline))
 
 enum {
-    AX_MAXNB = 512, /* longest row, in blocks (k <= 16384) */
-    /* fewer tokens: the replaced gemm (kbench, rows of 2048, one thread,
-     * Xeon family 6 model 167: q4_0 AMX 0.78 / 0.71 ms at 3 / 6 tokens
-     * against 0.85 / 1.03; q8_0 0.87 / 0.94 at 4 / 6 against 0.86 / 1.12) */
-    AX_MINTOK_Q4_0 = 4,
-    AX_MINTOK_Q8_0 = 6,
-    /* over the repacked q4_0 rows, against the batched tile (avx512_bgemm.h,
-     * 4096 x 2048): 1.16-1.28 / 1.10-1.22 / 1.17-1.20 ms at 24 / 28 / 32
-     * tokens against 1.21-1.24 / 1.46-1.54 / 1.58-1.68 */
-    AX_MINTOK_PACKED = 24,
+    AX_MAXNB = 512,       /* longest row, in blocks (k <= 16384) */
     AX_PB = 512,          /* panel bytes per block: 8 x 64 */
     AX_TB = 576,          /* packed tokens' bytes per block: 16 x 32, 16 dy */
     AX_PACK = 512 * 1024, /* packed tokens per pass (16 at least: AX_MAXNB * AX_TB fits) */
 };
 
-/* Tiles: 0 and 1 A (16 tokens x 32 bytes), 2 and 3 B (8 x 64 bytes), 4 to
- * 7 C (16 tokens x 16 int32): four blocks in flight, each C tile zeroed,
- * multiplied once and stored. One configuration for every call. */
-static void ax_config(void) {
-    static const uint8_t rows[8] = {16, 16, 8, 8, 16, 16, 16, 16};
+/* Tiles: 0 and 1 A (M tokens x 32 bytes), 2 and 3 B (8 x 64 bytes), 4 to
+ * 7 C (M tokens x 16 int32): four blocks in flight, each C tile zeroed,
+ * multiplied once and stored. M = 16, or 4 or 8 for a group of that many
+ * tokens or fewer (a small batch, a batch's last group): the tile work,
+ * the stores and the epilogue shrink with it (each token's operations stay
+ * the same). */
+static void ax_config(int M) {
+    const uint8_t m = (uint8_t)M, rows[8] = {m, m, 8, 8, m, m, m, m};
     static const uint16_t colsb[8] = {32, 32, 64, 64, 64, 64, 64, 64};
     cm_amx_config(rows, colsb);
 }
+
+/* The tile rows for a group of T tokens. */
+static int ax_rows(int T) { return T <= 4 ? 4 : T <= 8 ? 8 : 16; }
 
 /* The weights' layouts: q4_0 and q8_0 as in the file, q4_0 repacked at load
  * ("q4_0 lanes", repack.c). */
 enum { AX_Q4_0, AX_Q4_0_LANES, AX_Q8_0 };
 
 static cm_gemm_fn g_prev_q4_0, g_prev_q8_0, g_prev_packed_q4_0;
+
+/* The fewest tokens (of rows of nb blocks) taken from the replaced gemm,
+ * where AMX wins (bench/amxcross.c, thread CPU time, best of 5-7, 1
+ * thread, Xeon family 6 model 167, HISTORY.md session 21). Up to 16
+ * tokens the AMX gemm costs about the same (the per-call panel, one tile
+ * group); the replaced gemms grow with the tokens. Over the file's layout
+ * (gemm_lq4_0, gemm_qg8_0): q4_0 AMX / avx512 1.09-1.24x at 2 tokens on
+ * 768 x 2048, 2048 x 768, 2048 x 2048 (rows x k); q8_0 0.88-0.92x at 3,
+ * 1.13-1.17x at 4 (2048 x 768: 1.34x at 2). Over "q4_0 lanes", the batched
+ * tile (avx512_bgemm.h) is the fast one: rows of whole groups of 16 blocks
+ * cross at 13 tokens (0.96-1.05x at 13 at k 1536-8192, 1.00-1.12x at 14),
+ * at 8-10 for k of 512 and 1024; a row's nb % 16 tail blocks go through its
+ * per-token q8_0 dot there: k 768 (a MoE expert's down) 1.9-3.0x from 1
+ * token, k 2816 1.15x from 3. */
+static int ax_mintok(int lay, int64_t nb) {
+    if (lay == AX_Q4_0) return 2;
+    if (lay == AX_Q8_0) return 4;
+    return nb % 16 ? (nb < 64 ? 2 : 3) : nb <= 32 ? 10 : 13;
+}
+
+_Thread_local uint64_t cm_amx_calls;
 
 /* The panel of rows [i, i + R) (R <= 16; lanes past R repeat row R - 1):
  * per block, the 8 x 64 bytes of B and the 16 dx as f32. */
@@ -137,10 +158,10 @@ static void ax_pack(int64_t nb, const uint8_t *x, size_t xs, int T, uint8_t *d) 
     }
 }
 
-/* One block's epilogue: acc[m] = fma(f32(C[m]), dx * dy_m, acc[m]) for the 16 token rows m. */
-XAI void ax_fin(const int32_t *cb, const float *dx, const float *dy, __m512 *acc) {
+/* One block's epilogue: acc[m] = fma(f32(C[m]), dx * dy_m, acc[m]) for the M token rows m. */
+XAI void ax_fin(int M, const int32_t *cb, const float *dx, const float *dy, __m512 *acc) {
     const __m512 d = _mm512_load_ps(dx);
-    _Pragma("GCC unroll 16") for (int m = 0; m < 16; m++) acc[m] =
+    _Pragma("GCC unroll 16") for (int m = 0; m < M; m++) acc[m] =
         _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512((const void *)(cb + 16 * m))),
                         _mm512_mul_ps(d, _mm512_set1_ps(dy[m])), acc[m]);
 }
@@ -177,12 +198,12 @@ XAI int ax_count(int64_t b, int64_t nb) {
  * issued one block at a time between this step's block epilogues (two
  * buffers in cb): 8% faster than all four ahead (K 4096, 128 tokens), though
  * the tile part and the epilogue still mostly add up. */
-static void ax_group(int64_t nb, const uint8_t *xp, const uint8_t *pb, const float *dx, int32_t *cb, float *ch) {
+XAI void ax_group_m(int M, int64_t nb, const uint8_t *xp, const uint8_t *pb, const float *dx, int32_t *cb, float *ch) {
     int cur = 0;
     if (nb > 0) ax_sums(0, ax_count(0, nb), xp, pb, cb);
     for (int c = 0; c < 8; c++) {
         __m512 acc[16];
-        _Pragma("GCC unroll 16") for (int m = 0; m < 16; m++) acc[m] = _mm512_setzero_ps();
+        _Pragma("GCC unroll 16") for (int m = 0; m < M; m++) acc[m] = _mm512_setzero_ps();
         for (int64_t b = c; b < nb; b += 32) {
             const int n = ax_count(b, nb);
             const int64_t bn = b + 32 < nb ? b + 32 : c + 1; /* else the next chain's first step */
@@ -196,7 +217,7 @@ static void ax_group(int64_t nb, const uint8_t *xp, const uint8_t *pb, const flo
             _tile_stored(tc, cn + 256 * (i), 64);                                                 \
         }                                                                                         \
         if ((i) < n)                                                                              \
-            ax_fin(cc + 256 * (i), dx + 16 * (b + 8 * (i)),                                       \
+            ax_fin(M, cc + 256 * (i), dx + 16 * (b + 8 * (i)),                                    \
                    (const float *)(const void *)(xp + (size_t)(b + 8 * (i)) * AX_TB + 512), acc); \
     } while (0)
             AX_STEP(0, 0, 2, 4);
@@ -206,8 +227,13 @@ static void ax_group(int64_t nb, const uint8_t *xp, const uint8_t *pb, const flo
 #undef AX_STEP
             cur ^= 1;
         }
-        _Pragma("GCC unroll 16") for (int m = 0; m < 16; m++) _mm512_store_ps(ch + 256 * c + 16 * m, acc[m]);
+        _Pragma("GCC unroll 16") for (int m = 0; m < M; m++) _mm512_store_ps(ch + 256 * c + 16 * m, acc[m]);
     }
+}
+static void ax_group(int M, int64_t nb, const uint8_t *xp, const uint8_t *pb, const float *dx, int32_t *cb, float *ch) {
+    if (M == 4) ax_group_m(4, nb, xp, pb, dx, cb, ch);
+    else if (M == 8) ax_group_m(8, nb, xp, pb, dx, cb, ch);
+    else ax_group_m(16, nb, xp, pb, dx, cb, ch);
 }
 
 static void ax_gemm(int lay, int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
@@ -218,7 +244,8 @@ static void ax_gemm(int lay, int64_t k, const void *w, size_t w_stride, const vo
     _Alignas(64) int32_t cb[2048];
     const size_t gbytes = (size_t)nb * AX_TB;
     const int64_t gcap = (int64_t)(AX_PACK / gbytes); /* groups of 16 tokens per pass */
-    ax_config();
+    int M = 0;                                        /* the tile rows configured */
+    cm_amx_calls++;
     for (int64_t j0 = 0; j0 < n_tok; j0 += 16 * gcap) {
         const int64_t ntp = n_tok - j0 < 16 * gcap ? n_tok - j0 : 16 * gcap, ngr = (ntp + 15) / 16;
         for (int64_t g = 0; g < ngr; g++) {
@@ -231,7 +258,8 @@ static void ax_gemm(int lay, int64_t k, const void *w, size_t w_stride, const vo
             ax_panel(lay, nb, (const uint8_t *)w + (size_t)i * w_stride, w_stride, R, pb, dx);
             for (int64_t g = 0; g < ngr; g++) {
                 const int T = ntp - 16 * g < 16 ? (int)(ntp - 16 * g) : 16;
-                ax_group(nb, xp + (size_t)g * gbytes, pb, dx, cb, ch);
+                if (ax_rows(T) != M) ax_config(M = ax_rows(T));
+                ax_group(M, nb, xp + (size_t)g * gbytes, pb, dx, cb, ch);
                 for (int m = 0; m < T; m++) {
                     const float *c = ch + 16 * m;
                     const __m512 r =
@@ -249,7 +277,7 @@ static void ax_gemm(int lay, int64_t k, const void *w, size_t w_stride, const vo
 
 static void gemm_xq4_0(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
                        int64_t r0, int64_t r1, int64_t n_tok) {
-    if (n_tok < AX_MINTOK_Q4_0 || k / 32 > AX_MAXNB) {
+    if (n_tok < ax_mintok(AX_Q4_0, k / 32) || k / 32 > AX_MAXNB) {
         g_prev_q4_0(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
         return;
     }
@@ -258,7 +286,7 @@ static void gemm_xq4_0(int64_t k, const void *w, size_t w_stride, const void *x,
 
 static void gemm_xq8_0(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
                        int64_t r0, int64_t r1, int64_t n_tok) {
-    if (n_tok < AX_MINTOK_Q8_0 || k / 32 > AX_MAXNB) {
+    if (n_tok < ax_mintok(AX_Q8_0, k / 32) || k / 32 > AX_MAXNB) {
         g_prev_q8_0(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
         return;
     }
@@ -275,10 +303,15 @@ static void gemm_aq8_0(int64_t k, const void *w, size_t w_stride, const void *x,
     if (n_tok > 0 && r1 > r0) ax_gemm(AX_Q8_0, k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
 }
 
+static void gemm_apq4_0(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
+                        int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {
+    if (n_tok > 0 && r1 > r0) ax_gemm(AX_Q4_0_LANES, k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
+}
+
 /* The batched gemm over "q4_0 lanes" rows (up to gemm_packed_max tokens). */
 static void gemm_pq4_0(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
                        int64_t r0, int64_t r1, int64_t n_tok) {
-    if (n_tok < AX_MINTOK_PACKED || k / 32 > AX_MAXNB) {
+    if (n_tok < ax_mintok(AX_Q4_0_LANES, k / 32) || k / 32 > AX_MAXNB) {
         g_prev_packed_q4_0(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
         return;
     }
@@ -297,9 +330,15 @@ void cm_kernels_fill_amx(cm_kernels *k) {
     cm_kernels_fill_amx6(k); /* q6_k: gemm_kq6_amx.c */
 }
 
-cm_gemm_fn cm_kernels_amx_direct(enum cm_type t) {
-    return t == CM_TYPE_Q4_0   ? gemm_aq4_0
-           : t == CM_TYPE_Q8_0 ? gemm_aq8_0
-           : t == CM_TYPE_Q6_K ? cm_kernels_amx6_direct()
-                               : cm_kernels_amxk_direct(t);
+uint64_t cm_kernels_amx_ncalls(void) { return cm_amx_calls; }
+
+cm_gemm_fn cm_kernels_amx_direct(enum cm_type t, bool packed, int64_t k, int *mintok) {
+    if (t == CM_TYPE_Q6_K) return cm_kernels_amx6_direct(packed, k, mintok);
+    if (t == CM_TYPE_Q4_K || t == CM_TYPE_Q5_K) return cm_kernels_amxk_direct(t, packed, k, mintok);
+    const int lay = t == CM_TYPE_Q8_0 ? AX_Q8_0 : packed ? AX_Q4_0_LANES : AX_Q4_0;
+    const cm_gemm_fn f = t == CM_TYPE_Q4_0              ? (packed ? gemm_apq4_0 : gemm_aq4_0)
+                         : t == CM_TYPE_Q8_0 && !packed ? gemm_aq8_0
+                                                        : NULL;
+    *mintok = f ? ax_mintok(lay, k / 32) : 0;
+    return f;
 }

@@ -35,7 +35,7 @@
  * Tile configuration is per thread and per call (loaded, released before
  * returning). Compiled with the AMX flags (Makefile); installed by
  * gemm_amx.c's cm_kernels_fill_amx (only where AMX-INT8 is usable and
- * CUMULO_AMX is not 0). Below AK_MINTOK_* tokens, or for rows longer than
+ * CUMULO_AMX is not 0). Below ak_mintok's tokens, or for rows longer than
  * AK_MAXNB super-blocks, it hands over to the table's gemm it replaced.
  * Tests: tests/unit/test_kernels_amxk.c. Stack: ~1.8 MiB at most (compute
  * threads have CM_COMPUTE_STACK, 8 MiB). Never allocates.
@@ -54,13 +54,7 @@
 #define AKI static inline __attribute__((always_inline))
 
 enum {
-    AK_MAXNB = 64, /* longest row, in super-blocks (k <= 16384) */
-    /* fewer tokens: the replaced gemm (2048 x 2048, one thread, CPU time, Xeon family 6 model 167: q4_k
-     * AMX 0.73 / 0.73 / 0.89 ms at 12 / 16 / 17 tokens against 0.74 / 0.81 / 1.19; q5_k 0.72 / 0.88 /
-     * 0.89 at 16 / 17 / 20 against 0.70 / 0.86 / 1.04 (its 16-token tile is one pass); the panel's
-     * build is most of the time below 16 tokens) */
-    AK_MINTOK_Q4_K = 16,
-    AK_MINTOK_Q5_K = 19,
+    AK_MAXNB = 64,         /* longest row, in super-blocks (k <= 16384) */
     AK_PB = 8192,          /* panel bytes per super-block: 4 lo tiles, 4 hi tiles, 16 x 64 bytes each */
     AK_TB = 4416,          /* a packed group's super-block: 4 B tiles (4096), 4 Y pair vectors, dy */
     AK_PACK = 1024 * 1024, /* packed tokens per pass (one group of the longest row fits) */
@@ -316,6 +310,7 @@ static void ak_gemm(bool q5, int64_t k, const void *w, size_t w_stride, const vo
     const size_t gbytes = (size_t)nb * AK_TB;
     int64_t gcap = (int64_t)(AK_PACK / gbytes); /* groups of 16 tokens per pass */
     if (gcap > AK_GMAX) gcap = AK_GMAX;
+    cm_amx_calls++;
     /* Tiles: 0 and 1 B (16 x 64 bytes: 64 activations of 16 tokens), 2 and 3 A (16 rows x 64
      * bytes: lo, hi), 4 to 7 C (16 rows x 16 int32: lo, hi of two super-blocks in flight). */
     cm_amx_config(NULL, NULL);
@@ -336,9 +331,26 @@ static void ak_gemm(bool q5, int64_t k, const void *w, size_t w_stride, const vo
     _tile_release();
 }
 
+/* The fewest tokens (rows of nb super-blocks) taken from the replaced gemm
+ * (bench/amxcross.c, thread CPU time, best of 5, 1 thread, Xeon family 6
+ * model 167, HISTORY.md session 21; the panel's build is most of the time
+ * below 16 tokens, one pass up to 16). AMX / avx512 gemm, rows x k: q4_k
+ * 1.09-1.20x at 9 tokens on 2048 x 768, 1.06x at 11 on 4096 x 1024, but
+ * at 13-16 for k 2048 0.89-0.95x (768 rows), 1.03-1.07x (2048), 0.96-1.16x
+ * (6144), a tie that the 8-layer MoE's Q4_K_M prompt (expert gate / up 768 x
+ * 2048) did not resolve: 16 from k 1280; q5_k 1.02-1.03x at 9 for k 768 and
+ * 1024, 0.95-1.04x at 17 and 1.01-1.08x at 18 for k 2048 and 8192; over "q5_k
+ * lanes" 1.16-1.27x at 9 for k 768 and 1024, 0.97-1.00x at 9-16 and 1.03-1.10x
+ * at 17 for k 2048 and 8192. */
+static int ak_mintok(bool q5, bool lanes, int64_t nb) {
+    if (!q5) return nb <= 3 ? 9 : nb <= 4 ? 11 : 16;
+    if (nb <= 4) return 9;
+    return lanes ? 17 : 18;
+}
+
 static void gemm_xq4_k(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
                        int64_t r0, int64_t r1, int64_t n_tok) {
-    if (n_tok < AK_MINTOK_Q4_K || k / CM_QK_K > AK_MAXNB) {
+    if (n_tok < ak_mintok(false, false, k / CM_QK_K) || k / CM_QK_K > AK_MAXNB) {
         g_prev_q4_k(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
         return;
     }
@@ -347,7 +359,7 @@ static void gemm_xq4_k(int64_t k, const void *w, size_t w_stride, const void *x,
 
 static void gemm_xq5_k(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
                        int64_t r0, int64_t r1, int64_t n_tok) {
-    if (n_tok < AK_MINTOK_Q5_K || k / CM_QK_K > AK_MAXNB) {
+    if (n_tok < ak_mintok(true, false, k / CM_QK_K) || k / CM_QK_K > AK_MAXNB) {
         g_prev_q5_k(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
         return;
     }
@@ -359,7 +371,7 @@ static void gemm_xq5_k(int64_t k, const void *w, size_t w_stride, const void *x,
 static cm_gemm_fn g_prev_pq5_k;
 static void gemm_xpq5_k(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
                         int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {
-    if (n_tok < AK_MINTOK_Q5_K || k / CM_QK_K > AK_MAXNB) {
+    if (n_tok < ak_mintok(true, true, k / CM_QK_K) || k / CM_QK_K > AK_MAXNB) {
         g_prev_pq5_k(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
         return;
     }
@@ -388,6 +400,14 @@ void cm_kernels_fill_amxk(cm_kernels *k) {
     }
 }
 
-cm_gemm_fn cm_kernels_amxk_direct(enum cm_type t) {
-    return t == CM_TYPE_Q4_K ? gemm_aq4_k : t == CM_TYPE_Q5_K ? gemm_aq5_k : NULL;
+static void gemm_apq5_k(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
+                        int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {
+    if (n_tok > 0 && r1 > r0) ak_gemm(true, k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok, true);
+}
+
+cm_gemm_fn cm_kernels_amxk_direct(enum cm_type t, bool packed, int64_t k, int *mintok) {
+    *mintok = t == CM_TYPE_Q4_K && !packed ? ak_mintok(false, false, k / CM_QK_K)
+              : t == CM_TYPE_Q5_K          ? ak_mintok(true, packed, k / CM_QK_K)
+                                           : 0;
+    return t == CM_TYPE_Q4_K && !packed ? gemm_aq4_k : t == CM_TYPE_Q5_K ? (packed ? gemm_apq5_k : gemm_aq5_k) : NULL;
 }

@@ -39,7 +39,7 @@
  * Tile configuration per thread and per call (loaded here, released on
  * return). Compiled with the AMX flags (Makefile), installed by
  * gemm_amx.c's cm_kernels_fill_amx only when AMX-INT8 is usable and
- * CUMULO_AMX is not 0. Below A6_MINTOK tokens, or for rows longer than
+ * CUMULO_AMX is not 0. Below a6_mintok's tokens, or for rows longer than
  * A6_MAXNB super-blocks, it hands over to the table's gemm it replaced.
  * Stack: ~1.3 MiB at most (compute threads have CM_COMPUTE_STACK, 8 MiB).
  * Never allocates.
@@ -56,7 +56,6 @@
 
 enum {
     A6_MAXNB = 64,        /* longest row, in super-blocks (k <= 16384) */
-    A6_MINTOK = 12,       /* fewer tokens: the replaced gemm (see gemm_xq6_k) */
     A6_PB = 8192,         /* panel bytes per super-block: 4 chunks x (lo, hi) x 16 rows x 64 */
     A6_TB = 4160,         /* packed token bytes per super-block: 4 chunks x 16 x 64, then 16 dy */
     A6_PACK = 768 * 1024, /* packed tokens per pass (one group at least: A6_MAXNB * A6_TB fits) */
@@ -243,6 +242,7 @@ static void a6_gemm(int64_t k, const void *w, size_t w_stride, const void *x, si
     _Alignas(64) __m512 ch[A6_MAXG * 256];
     const size_t gbytes = (size_t)nb * A6_TB;
     int64_t gcap = (int64_t)(A6_PACK / gbytes); /* groups of 16 tokens per pass */
+    cm_amx_calls++;
     if (gcap > A6_MAXG) gcap = A6_MAXG;
     _Alignas(64) int32_t col[16];
     for (int n = 0; n < 16; n++) col[n] = 16 * n;
@@ -276,13 +276,21 @@ static void a6_gemm(int64_t k, const void *w, size_t w_stride, const void *x, si
     _tile_release();
 }
 
-/* From A6_MINTOK tokens (1 thread, Xeon family 6 model 167, thread CPU
- * time, load ~10: AMX / avx512 gemm 0.82-1.09x at 8 tokens, 0.99-1.52x at
- * 10, 1.07-1.53x at 12, 1.17-1.49x at 16 on 2048 x 2048, 2048 x 8192 and
- * 8192 x 2048 matrices; HISTORY.md, session 18). */
+/* The fewest tokens (rows of nb super-blocks) taken from the replaced gemm
+ * (bench/amxcross.c, thread CPU time, best of 5, 1 thread, Xeon family 6
+ * model 167, HISTORY.md session 21): AMX / avx512 1.01-1.04x at 7 for k
+ * 768, 1.06-1.09x at 10 for k 1024 and 2048, 1.13x at 6 for k 8192; over
+ * "q6_k lanes" 1.12x at 9 for k 768, 1.05-1.06x at 11 for k 1024 and
+ * 2048, 1.09x at 7 for k 8192. */
+static int a6_mintok(bool lanes, int64_t nb) {
+    if (nb <= 3) return lanes ? 9 : 7;
+    if (nb >= 32) return lanes ? 7 : 6;
+    return lanes ? 11 : 10;
+}
+
 static void gemm_xq6_k(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
                        int64_t r0, int64_t r1, int64_t n_tok) {
-    if (n_tok < A6_MINTOK || k / CM_QK_K > A6_MAXNB) {
+    if (n_tok < a6_mintok(false, k / CM_QK_K) || k / CM_QK_K > A6_MAXNB) {
         g_prev_q6(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
         return;
     }
@@ -294,7 +302,7 @@ static void gemm_xq6_k(int64_t k, const void *w, size_t w_stride, const void *x,
 static cm_gemm_fn g_prev_pq6;
 static void gemm_xpq6_k(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
                         int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {
-    if (n_tok < A6_MINTOK || k / CM_QK_K > A6_MAXNB) {
+    if (n_tok < a6_mintok(true, k / CM_QK_K) || k / CM_QK_K > A6_MAXNB) {
         g_prev_pq6(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
         return;
     }
@@ -317,4 +325,12 @@ void cm_kernels_fill_amx6(cm_kernels *k) {
     }
 }
 
-cm_gemm_fn cm_kernels_amx6_direct(void) { return gemm_aq6_k; }
+static void gemm_apq6_k(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
+                        int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {
+    if (n_tok > 0 && r1 > r0) a6_gemm(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok, true);
+}
+
+cm_gemm_fn cm_kernels_amx6_direct(bool packed, int64_t k, int *mintok) {
+    *mintok = a6_mintok(packed, k / CM_QK_K);
+    return packed ? gemm_apq6_k : gemm_aq6_k;
+}

@@ -55,17 +55,21 @@ void cm_kernels_fill_kd_avx512(cm_kernels *k);
 void cm_kernels_fill_q8lane_avx512(cm_kernels *k);
 /* q4_0 and q8_0 prefill on AMX tiles (gemm_amx.c), filled after every other
  * avx512 file when the CPU and the OS allow AMX-INT8 and CUMULO_AMX is not 0;
- * cm_kernels_amx_direct: its gemm of type t for every n_tok, or NULL. */
+ * cm_kernels_amx_direct: its gemm of type t over the file's layout or (packed)
+ * the repacked one for every n_tok, or NULL; *mintok: the fewest tokens the
+ * table's gemm hands to it for rows of k elements (0 with NULL). */
 void cm_kernels_fill_amx(cm_kernels *k);
-cm_gemm_fn cm_kernels_amx_direct(enum cm_type t);
+cm_gemm_fn cm_kernels_amx_direct(enum cm_type t, bool packed, int64_t k, int *mintok);
 /* q6_k prefill on AMX tiles (gemm_kq6_amx.c), filled by cm_kernels_fill_amx;
- * cm_kernels_amx6_direct: that gemm for every n_tok. */
+ * cm_kernels_amx6_direct: cm_kernels_amx_direct's part for q6_k. */
 void cm_kernels_fill_amx6(cm_kernels *k);
-cm_gemm_fn cm_kernels_amx6_direct(void);
+cm_gemm_fn cm_kernels_amx6_direct(bool packed, int64_t k, int *mintok);
 /* q4_k and q5_k prefill on AMX tiles (gemm_kq45_amx.c): cm_kernels_fill_amx's
  * and cm_kernels_amx_direct's part for those types. */
 void cm_kernels_fill_amxk(cm_kernels *k);
-cm_gemm_fn cm_kernels_amxk_direct(enum cm_type t);
+cm_gemm_fn cm_kernels_amxk_direct(enum cm_type t, bool packed, int64_t k, int *mintok);
+/* AMX gemm calls this thread made (cm_kernels_amx_calls). */
+uint64_t cm_kernels_amx_ncalls(void);
 #else
 #define CM_KERNELS_HAVE_X86 0
 #endif

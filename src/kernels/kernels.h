@@ -132,7 +132,7 @@ const cm_kernels *cm_kernels_for(const char *isa);
 
 /* AMX (gemm_amx.c, gemm_kq45_amx.c, gemm_kq6_amx.c): "" when the avx512
  * table's q4_0, q8_0, q4_k, q5_k and q6_k prefill gemms use AMX tiles (from
- * 4, 6, 16, 19 and 12 tokens on), else why not ("CUMULO_AMX=0", or what the
+ * the token count where each wins, cm_kernels_amx_path), else why not ("CUMULO_AMX=0", or what the
  * CPU or OS lacks). Same bits either way (batch invariance). */
 const char *cm_kernels_amx_why(void);
 /* For tests and kbench: with amx, that AMX gemm of weight type t for every
@@ -141,6 +141,16 @@ const char *cm_kernels_amx_why(void);
  * no AMX-INT8 or t has none; without, the avx512 table's gemm of t as
  * CUMULO_AMX=0 has it (NULL: no avx512 table, or no gemm). */
 cm_gemm_fn cm_kernels_amx_gemm(enum cm_type t, bool amx);
+/* For tests and benches: the AMX gemm of type t over the file's layout or
+ * (packed) the repacked one (cm_repack_row) for every n_tok (as above) in
+ * *amx, the avx512 table's gemm (gemm_packed) it takes over from in *prev
+ * (as CUMULO_AMX=0 has it); returns the fewest tokens the table hands to
+ * AMX for rows of k elements, 0 (and *amx NULL) where there is no such AMX
+ * path here. */
+int cm_kernels_amx_path(enum cm_type t, bool packed, int64_t k, cm_gemm_fn *amx, cm_gemm_fn *prev);
+/* The AMX gemm calls this thread has made (0 without AMX): which path a
+ * batch took, for tests. */
+uint64_t cm_kernels_amx_calls(void);
 
 /* Is type t usable as a weight type (has a dot product, a dequantizer and an
  * activation converter for its vec_dot_type)? False for unknown ids. */

@@ -29,10 +29,6 @@
 
 /* ---------------- scratch ---------------- */
 
-/* A prefill expert batch of fewer tokens over repacked weights is padded to
- * this many (expert_mm says why). */
-enum { MOE_PAD_TOK = 24 };
-
 /* One batch's routing: written by route(), read by the later steps. */
 typedef struct moe_route {
     float *probs;             /* [B][n_expert] probabilities */
@@ -61,8 +57,6 @@ struct cm_moe {
     float *gs, *us, *ys;          /* shared expert [B][FS], [B][FS], [B][E] */
     uint8_t *dqs;                 /* [B] its down inputs */
     size_t rs_e, rs_f, rs_fs;     /* bytes per converted row of E, F, FS floats (any type fits) */
-    float *pad;                   /* [n_threads][MOE_PAD_TOK][max(E, F)]: padded batches' results (expert_mm) */
-    int64_t pad_ld;
 };
 
 static void *zalloc(size_t n) {
@@ -98,8 +92,8 @@ void cm_moe_free(cm_moe *s) {
     for (int i = 0; s->tl && i < s->n_threads; i++) route_free(&s->tl[i]);
     cm_free(s->tl);
     cm_free((void *)s->hits);
-    void *ps[] = {s->logits, s->shl, s->xr, s->xu, s->xsg, s->xsu, s->xg,  s->xgu, s->g,
-                  s->u,      s->dq,  s->y,  s->gs, s->us,  s->ys,  s->dqs, s->pad};
+    void *ps[] = {s->logits, s->shl, s->xr, s->xu, s->xsg, s->xsu, s->xg, s->xgu,
+                  s->g,      s->u,   s->dq, s->y,  s->gs,  s->us,  s->ys, s->dqs};
     for (size_t i = 0; i < CM_ARRAY_LEN(ps); i++) cm_aligned_free(ps[i]);
     cm_free(s);
 }
@@ -127,14 +121,11 @@ cm_moe *cm_moe_new(const cm_model *m, int max_batch, int n_threads) {
     s->xu = zalloc(B * s->rs_e);
     s->xsg = zalloc(B * s->rs_e);
     s->xsu = zalloc(B * s->rs_e);
-    /* MOE_PAD_TOK rows of slack after the gathered inputs: a padded batch reads past the last run */
-    s->xg = zalloc((A + MOE_PAD_TOK) * s->rs_e);
-    s->xgu = zalloc((A + MOE_PAD_TOK) * s->rs_e);
+    s->xg = zalloc(A * s->rs_e);
+    s->xgu = zalloc(A * s->rs_e);
     s->g = zalloc(A * F * 4);
     s->u = zalloc(A * F * 4);
-    s->dq = zalloc((A + MOE_PAD_TOK) * s->rs_f);
-    s->pad_ld = (int64_t)(E > F ? E : F);
-    s->pad = max_batch > 1 ? zalloc((size_t)s->n_threads * MOE_PAD_TOK * (size_t)s->pad_ld * 4) : NULL;
+    s->dq = zalloc(A * s->rs_f);
     s->y = zalloc(A * E * 4);
     s->gs = zalloc(B * FS * 4);
     s->us = zalloc(B * FS * 4);
@@ -148,7 +139,6 @@ cm_moe *cm_moe_new(const cm_model *m, int max_batch, int n_threads) {
     void *ps[] = {s->logits, s->shl, s->xr, s->xu, s->xsg, s->xsu, s->xg, s->xgu,
                   s->g,      s->u,   s->dq, s->y,  s->gs,  s->us,  s->ys, s->dqs};
     for (size_t i = 0; i < CM_ARRAY_LEN(ps); i++) ok = ok && ps[i];
-    ok = ok && (max_batch == 1 || s->pad);
     if (!ok) {
         cm_moe_free(s);
         return NULL;
@@ -200,38 +190,13 @@ static cm_tensor expert_view(const cm_tensor *w, int e) {
 }
 
 /* Rows [r0, r1) of expert weights w times its c tokens' inputs x (row
- * stride xs) into y (ldy), on thread ith. A prefill spreads n * k
- * assignments over the experts: ~8 tokens each for 128 tokens, top 8 of 128.
- * Over repacked Q4_0 rows (moe_load.c) where the avx512 table's prefill
- * uses AMX, such batches took the batched tile (the AMX gemm over the
- * repacked rows starts at 24 tokens, gemm_amx.c; over the file's layout at
- * 4): the whole prompt ran at 0.65x of the file layout's speed (8-layer
- * qwen3moe 128 experts top 8, 128 tokens, session 20). So there a batch of 2
- * to MOE_PAD_TOK - 1 tokens is padded to MOE_PAD_TOK (0.87x; the AMX tiles'
- * work on the padding is cheap, the weights are read once either way): the
- * rows after the run (the next experts' inputs, or the zeroed slack
- * cm_moe_new keeps) are read, their results go to this thread's scratch and
- * are dropped. kernels.h's batch-invariance contract: each real token's
- * result has the same bits whatever n_tok. Elsewhere (no AMX: 3x the work of
- * a compute-bound gemm; other types: not measured) batches stay as they are.
- * NEEDSWORK: this knows gemm_amx.c's AX_MINTOK_PACKED; the AMX gemm over
- * repacked rows should start at fewer tokens itself (measured against the
- * batched tile for dense batches too) and this padding go. */
-static bool pad_batch(const cm_kernels *kt, const cm_tensor *w) {
-    return w->type == CM_TYPE_Q4_0 && kt->gemm_packed[w->type] && !strcmp(kt->name, "avx512") &&
-           !*cm_kernels_amx_why() && cm_repack_find_alone(w, NULL);
-}
-
-static void expert_mm(const cm_moe *s, const cm_kernels *kt, const cm_tensor *w, const void *x, size_t xs, int c,
-                      float *y, int64_t ldy, int64_t r0, int64_t r1, int ith) {
-    if (c > 1 && c < MOE_PAD_TOK && s->pad && ith < s->n_threads && pad_batch(kt, w)) {
-        float *py = s->pad + (size_t)ith * MOE_PAD_TOK * (size_t)s->pad_ld;
-        cm_matmul_rows(kt, w, x, xs, MOE_PAD_TOK, py, s->pad_ld, r0, r1);
-        for (int j = 0; j < c; j++)
-            memcpy(y + (size_t)j * (size_t)ldy + r0, py + (size_t)j * (size_t)s->pad_ld + r0,
-                   (size_t)(r1 - r0) * sizeof(float));
-        return;
-    }
+ * stride xs) into y (ldy). A prefill spreads n * k
+ * assignments over the experts: ~8 tokens each for 128 tokens, top 8 of
+ * 128. The kernels pick their path for such small batches themselves (the
+ * AMX gemm over repacked q4_0 rows from a few tokens, gemm_amx.c's
+ * ax_mintok; session 20 padded batches to 24 tokens here instead). */
+static void expert_mm(const cm_kernels *kt, const cm_tensor *w, const void *x, size_t xs, int c, float *y, int64_t ldy,
+                      int64_t r0, int64_t r1) {
     cm_matmul_rows(kt, w, x, xs, c, y, ldy, r0, r1);
 }
 
@@ -569,8 +534,8 @@ void cm_moe_ffn(cm_moe *s, const cm_moe_run *r, int ith, int nth) {
             cm_tensor wg = expert_view(&L->ffn_gate_exps, e), wu = expert_view(&L->ffn_up_exps, e);
             const uint8_t *xg = n == 1 ? (const uint8_t *)r->xq : s->xg + (size_t)o * s->rs_e;
             const uint8_t *xv = n == 1 ? xu : xup + (size_t)o * s->rs_e;
-            expert_mm(s, kt, &wg, xg, s->rs_e, c, s->g + (size_t)o * F, F, r0, r1, ith);
-            expert_mm(s, kt, &wu, xv, s->rs_e, c, s->u + (size_t)o * F, F, r0, r1, ith);
+            expert_mm(kt, &wg, xg, s->rs_e, c, s->g + (size_t)o * F, F, r0, r1);
+            expert_mm(kt, &wu, xv, s->rs_e, c, s->u + (size_t)o * F, F, r0, r1);
             const float *bg = L->ffn_gate_exps_b.data ? (const float *)L->ffn_gate_exps_b.data + (size_t)e * F : NULL;
             const float *bu = L->ffn_up_exps_b.data ? (const float *)L->ffn_up_exps_b.data + (size_t)e * F : NULL;
             for (int a = o; a < o + c; a++)
@@ -603,8 +568,7 @@ void cm_moe_ffn(cm_moe *s, const cm_moe_run *r, int ith, int nth) {
             }
             cm_tensor wd = expert_view(&L->ffn_down_exps, e);
             const void *x = f32d ? (const void *)(s->g + (size_t)o * F) : (const void *)(s->dq + (size_t)o * s->rs_f);
-            expert_mm(s, kt, &wd, x, f32d ? (size_t)F * sizeof(float) : s->rs_f, c, s->y + (size_t)o * E, E, r0, r1,
-                      ith);
+            expert_mm(kt, &wd, x, f32d ? (size_t)F * sizeof(float) : s->rs_f, c, s->y + (size_t)o * E, E, r0, r1);
             if (L->ffn_down_exps_b.data) { /* gpt-oss: + the expert's down bias (ggml_add_id) */
                 const float *bd = (const float *)L->ffn_down_exps_b.data + (size_t)e * E;
                 for (int a = o; a < o + c; a++)

@@ -112,6 +112,24 @@ static inline void amx_bits(const enum cm_type *types, size_t n_types, const int
     }
 }
 
+/* Which path a batch took (cm_kernels_amx_calls, before: its count before
+ * the call): AMX exactly from the token count cm_kernels_amx_path gives for
+ * this type, layout and row length where AMX is on, the replaced gemm below
+ * it and everywhere with CUMULO_AMX=0. g_path_bad counts the batches that
+ * took the other path. */
+static long g_path_bad, g_path_checked;
+static inline void amx_path_check(enum cm_type t, bool packed, int64_t n, int64_t n_tok, uint64_t before) {
+    cm_gemm_fn a, p;
+    const int mintok = cm_kernels_amx_path(t, packed, n, &a, &p);
+    const bool want = !*cm_kernels_amx_why() && mintok > 0 && n_tok > 1 && n_tok >= mintok;
+    const bool got = cm_kernels_amx_calls() != before;
+    g_path_checked++;
+    if (want != got && g_path_bad++ < 6)
+        fprintf(stderr, "  %s%s rows of %lld, %lld tokens: %s, expected %s (AMX from %d)\n", cm_type_name(t),
+                packed ? " repacked" : "", (long long)n, (long long)n_tok, got ? "AMX" : "not AMX",
+                want ? "AMX" : "not AMX", mintok);
+}
+
 /* The table's own gemm (AMX from its minimum token count when CUMULO_AMX is
  * not 0) through cm_matmul_rows, the model's entry, on weights of type g_mt. */
 static enum cm_type g_mt;
@@ -121,7 +139,9 @@ static inline void gemm_via_matmul(int64_t n, const void *w, size_t ws, const vo
     const int64_t ne[2] = {n, ROWS};
     cm_tensor_init(&W, g_mt, 2, ne, (void *)(uintptr_t)w, "w");
     CHECK(W.nb[1] == ws);
+    const uint64_t before = cm_kernels_amx_calls();
     cm_matmul_rows(cm_kernels_for("avx512"), &W, x, xs, n_tok, y, ldy, r0, r1);
+    amx_path_check(g_mt, false, n, n_tok, before);
 }
 
 /* The avx512 table's own gemms through cm_matmul_rows (gemm_via_matmul),
@@ -148,6 +168,87 @@ static inline void amx_table_bits(const enum cm_type *types, size_t n_types, con
             CHECKF(bad == 0, "%s rows of %lld through cm_matmul_rows: %d results differ from vec_dot", cm_type_name(t),
                    (long long)n, bad);
         }
+    CHECKF(g_path_bad == 0, "%ld of %ld batches through cm_matmul_rows took the wrong path", g_path_bad,
+           g_path_checked);
+}
+
+/* The table's gemm_packed over rows of type t repacked at load (the model's
+ * copies, cm_repack_add), through cm_matmul_rows on the tensor whose copy
+ * was made: vec_dot's bits on the file's bytes for every n_tok from 2 to 40
+ * and row slices, each batch on its path (amx_path_check). A skip without
+ * the avx512 table's gemm_packed for t. */
+static inline void amx_packed_bits(enum cm_type t, const int64_t *lens, size_t n_lens, amx_fill_fn fill) {
+    const cm_kernels *k = cm_kernels_for("avx512");
+    if (!k || !k->gemm_packed[t]) {
+        printf("skip: n/a: no avx512 table with a repacked %s gemm on this CPU\n", cm_type_name(t));
+        g_skipped++;
+        return;
+    }
+    for (size_t li = 0; li < n_lens; li++) {
+        const int64_t n = lens[li];
+        fill(k, t, n);
+        reference(k, t, n, MAXTOK);
+        cm_tensor W;
+        const int64_t ne[2] = {n, ROWS};
+        cm_tensor_init(&W, t, 2, ne, (void *)(uintptr_t)g_wb, "w");
+        int owner;
+        char err[128] = "";
+        const cm_tensor *ws[] = {&W};
+        CHECKF(cm_repack_add(&owner, k, ws, 1, err, sizeof err) == 0, "%s", err);
+        if (!cm_repack_find(&W, NULL)) {
+            printf("skip: no repacked copy (CUMULO_REPACK=0?)\n");
+            g_skipped++;
+            cm_repack_drop(&owner);
+            return;
+        }
+        int bad = 0;
+        const size_t xs = cm_row_size(g_xt, n);
+        for (int nt = 2; nt <= 40; nt++) {
+            static const int sl[][2] = {{0, ROWS}, {5, 21}, {17, 37}};
+            for (size_t si = 0; si < CM_ARRAY_LEN(sl); si++) {
+                for (int i = 0; i < nt * LDY; i++) g_y[i] = -7.25e30f;
+                const uint64_t before = cm_kernels_amx_calls();
+                cm_matmul_rows(k, &W, g_xb, xs, nt, g_y, LDY, sl[si][0], sl[si][1]);
+                amx_path_check(t, true, n, nt, before);
+                for (int j = 0; j < nt; j++)
+                    for (int i = 0; i < LDY; i++) {
+                        const bool in = i >= sl[si][0] && i < sl[si][1];
+                        g_compared += in;
+                        bad += in ? memcmp(&g_y[j * LDY + i], &g_ref[j * ROWS + i], 4) != 0
+                                  : g_y[j * LDY + i] != -7.25e30f;
+                    }
+            }
+        }
+        CHECKF(bad == 0, "repacked %s, rows of %lld: %d results differ from vec_dot", cm_type_name(t), (long long)n,
+               bad);
+        cm_repack_drop(&owner);
+    }
+    CHECKF(g_path_bad == 0, "%ld of %ld batches over repacked rows took the wrong path", g_path_bad, g_path_checked);
+}
+
+/* Where AMX starts, per path (cm_kernels_amx_path), is no later than the
+ * measured crossover it was set from (bench/amxcross.c): a small batch that
+ * AMX serves faster must not go to the replaced gemm. Each entry: type,
+ * repacked, row length, the latest first token count allowed. A skip
+ * without AMX in use. */
+typedef struct {
+    enum cm_type t;
+    bool packed;
+    int64_t n;
+    int at_most;
+} amx_start;
+static inline void amx_starts(const amx_start *st, size_t n_st) {
+    if (*cm_kernels_amx_why()) {
+        printf("skip: n/a: AMX not in use (%s)\n", cm_kernels_amx_why());
+        g_skipped++;
+        return;
+    }
+    for (size_t i = 0; i < n_st; i++) {
+        cm_gemm_fn a, p;
+        const int m = cm_kernels_amx_path(st[i].t, st[i].packed, st[i].n, &a, &p);
+        CHECKF(a && p && m >= 1 && m <= st[i].at_most, "%s%s rows of %lld: AMX from %d tokens, want <= %d",
+               cm_type_name(st[i].t), st[i].packed ? " repacked" : "", (long long)st[i].n, m, st[i].at_most);
+    }
 }
 
 /* Two threads at once on different slices of one product, 64 tokens, rows

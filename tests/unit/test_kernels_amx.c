@@ -13,10 +13,11 @@
  * activations are random bytes with random-sign scales of varied size
  * (q8_0 weight bytes of -128 included, which no quantizer writes but a
  * file may hold; activations stay in -127..127, as from_float makes them).
- * Also through cm_matmul_rows with the avx512 table (the AMX gemm from 16
- * tokens, the VNNI one below), over q4_0 rows repacked at load (the
- * batched gemm, AMX from 24 tokens), and two threads at once (tile configuration
- * is per thread). A CPU, OS or build without AMX-INT8 reports a skip.
+ * Also through cm_matmul_rows with the avx512 table (the AMX gemm from the
+ * token count where it wins, the VNNI one below: each batch checked to take
+ * its path), over q4_0 rows repacked at load (the batched gemm, AMX from a
+ * few tokens), and two threads at once (tile configuration is per thread).
+ * A CPU, OS or build without AMX-INT8 reports a skip.
  */
 #include "test_rng.h"
 
@@ -47,61 +48,32 @@ static const int64_t k_lens[] = {32, 9 * 32, 27 * 32, 63 * 32, 65 * 32, 2048, 56
 
 static void test_amx_bits(void) { amx_bits(k_types, CM_ARRAY_LEN(k_types), k_lens, CM_ARRAY_LEN(k_lens), 2048, fill); }
 
-/* The table's own gemm (AMX from 16 tokens when CUMULO_AMX is not 0, the
- * VNNI one below) through cm_matmul_rows. */
+/* The table's own gemm (AMX from ax_mintok's tokens when CUMULO_AMX is not
+ * 0, the VNNI one below) through cm_matmul_rows. */
 static void test_table_bits(void) {
     static const int64_t lens[] = {5632};
-    static const int toks[] = {2, 15, 16, 17, 31, 33, 64, 129};
+    static const int toks[] = {2, 3, 4, 5, 6, 7, 8, 15, 16, 17, 31, 33, 64, 129};
     amx_table_bits(k_types, CM_ARRAY_LEN(k_types), lens, 1, toks, CM_ARRAY_LEN(toks), fill);
 }
 
 /* The batched gemm over q4_0 rows repacked at load ("q4_0 lanes", AMX from
- * 24 tokens up to gemm_packed_max), through cm_matmul_rows on the tensor
- * whose copy was made: still vec_dot's bits on the file's bytes. */
+ * a few tokens up to gemm_packed_max), through cm_matmul_rows on the tensor
+ * whose copy was made: still vec_dot's bits on the file's bytes, each batch
+ * on its path. 768: a MoE expert's down (nb % 16 tail blocks). */
 static void test_packed_bits(void) {
-    const cm_kernels *k = cm_kernels_for("avx512");
-    if (!k || !k->gemm_packed[CM_TYPE_Q4_0]) {
-        printf("skip: n/a: no avx512 table with a repacked q4_0 gemm on this CPU\n");
-        g_skipped++;
-        return;
-    }
-    static const int64_t lens[] = {27 * 32, 65 * 32, 2048, 5632};
-    for (size_t li = 0; li < CM_ARRAY_LEN(lens); li++) {
-        const int64_t n = lens[li];
-        fill(k, CM_TYPE_Q4_0, n);
-        reference(k, CM_TYPE_Q4_0, n, MAXTOK);
-        cm_tensor W;
-        const int64_t ne[2] = {n, ROWS};
-        cm_tensor_init(&W, CM_TYPE_Q4_0, 2, ne, g_w, "w");
-        int owner;
-        char err[128] = "";
-        const cm_tensor *ws[] = {&W};
-        CHECKF(cm_repack_add(&owner, k, ws, 1, err, sizeof err) == 0, "%s", err);
-        if (!cm_repack_find(&W, NULL)) {
-            printf("skip: no repacked copy (CUMULO_REPACK=0?)\n");
-            g_skipped++;
-            cm_repack_drop(&owner);
-            return;
-        }
-        int bad = 0;
-        const size_t xs = cm_row_size(CM_TYPE_Q8_0, n);
-        for (int nt = 2; nt <= 40; nt++) {
-            static const int sl[][2] = {{0, ROWS}, {5, 21}, {17, 37}};
-            for (size_t si = 0; si < CM_ARRAY_LEN(sl); si++) {
-                for (int i = 0; i < nt * LDY; i++) g_y[i] = -7.25e30f;
-                cm_matmul_rows(k, &W, g_x, xs, nt, g_y, LDY, sl[si][0], sl[si][1]);
-                for (int j = 0; j < nt; j++)
-                    for (int i = 0; i < LDY; i++) {
-                        const bool in = i >= sl[si][0] && i < sl[si][1];
-                        g_compared += in;
-                        bad += in ? memcmp(&g_y[j * LDY + i], &g_ref[j * ROWS + i], 4) != 0
-                                  : g_y[j * LDY + i] != -7.25e30f;
-                    }
-            }
-        }
-        CHECKF(bad == 0, "repacked q4_0, rows of %lld: %d results differ from vec_dot", (long long)n, bad);
-        cm_repack_drop(&owner);
-    }
+    static const int64_t lens[] = {16 * 32, 24 * 32, 27 * 32, 65 * 32, 2048, 5632};
+    amx_packed_bits(CM_TYPE_Q4_0, lens, CM_ARRAY_LEN(lens), fill);
+}
+
+/* Small batches go to AMX where it wins (HISTORY.md session 21): over the
+ * file's layout from 2 (q4_0) and 4 (q8_0) tokens, over "q4_0 lanes" from
+ * 2 with tail blocks (a MoE expert's down, k 768) and from 13 otherwise
+ * (session 20 had 24, which made moe.c pad its expert batches). */
+static void test_small_starts(void) {
+    static const amx_start st[] = {{CM_TYPE_Q4_0, false, 2048, 2}, {CM_TYPE_Q8_0, false, 2048, 4},
+                                   {CM_TYPE_Q4_0, true, 768, 2},   {CM_TYPE_Q4_0, true, 2816, 3},
+                                   {CM_TYPE_Q4_0, true, 2048, 13}, {CM_TYPE_Q4_0, true, 5632, 13}};
+    amx_starts(st, CM_ARRAY_LEN(st));
 }
 
 /* Two threads at once on different slices of one product. */
@@ -112,6 +84,7 @@ int main(void) {
     RUN(test_amx_bits);
     RUN(test_table_bits);
     RUN(test_packed_bits);
+    RUN(test_small_starts);
     RUN(test_amx_threads);
     printf("# %ld (row, token) results compared with vec_dot\n", g_compared);
     TEST_END_SKIPPED(g_skipped);

@@ -61,9 +61,24 @@ static void test_amx6_bits(void) { amx_bits(k_types, 1, k_lens, CM_ARRAY_LEN(k_l
 /* The table's own gemm (AMX from its minimum token count when CUMULO_AMX is
  * not 0, the VNNI gemm below) through cm_matmul_rows. */
 static void test_table_bits(void) {
-    static const int64_t lens[] = {2048, 8192, MAXK};
-    static const int toks[] = {2, 7, 11, 12, 13, 15, 16, 17, 31, 33, 64, 129};
+    static const int64_t lens[] = {3 * 256, 2048, 8192, MAXK};
+    static const int toks[] = {2, 5, 6, 7, 8, 9, 10, 11, 12, 13, 15, 16, 17, 31, 33, 64, 129};
     amx_table_bits(k_types, 1, lens, CM_ARRAY_LEN(lens), toks, CM_ARRAY_LEN(toks), fill);
+}
+
+/* Over "q6_k lanes" rows (the table's gemm_packed) through cm_matmul_rows,
+ * each batch on its path. */
+static void test_packed_bits(void) {
+    static const int64_t lens[] = {3 * 256, 2048, 8192};
+    amx_packed_bits(CM_TYPE_Q6_K, lens, CM_ARRAY_LEN(lens), fill);
+}
+
+/* Small batches go to AMX where it wins (HISTORY.md session 21; 12 before). */
+static void test_small_starts(void) {
+    static const amx_start st[] = {{CM_TYPE_Q6_K, false, 768, 7},  {CM_TYPE_Q6_K, false, 2048, 10},
+                                   {CM_TYPE_Q6_K, false, 8192, 6}, {CM_TYPE_Q6_K, true, 768, 9},
+                                   {CM_TYPE_Q6_K, true, 2048, 11}, {CM_TYPE_Q6_K, true, 8192, 7}};
+    amx_starts(st, CM_ARRAY_LEN(st));
 }
 
 /* Two threads at once on different slices of one product. */
@@ -73,6 +88,8 @@ int main(void) {
     amx_data(g_w, g_x, CM_TYPE_Q8_K);
     RUN(test_amx6_bits);
     RUN(test_table_bits);
+    RUN(test_packed_bits);
+    RUN(test_small_starts);
     RUN(test_amx6_threads);
     printf("# %ld (row, token) results compared with vec_dot\n", g_compared);
     TEST_END_SKIPPED(g_skipped);

@@ -56,9 +56,26 @@ static void test_amxk_bits(void) { amx_bits(k_types, CM_ARRAY_LEN(k_types), k_le
 /* The table's own gemm (AMX from its minimum token count when CUMULO_AMX
  * is not 0) through cm_matmul_rows. */
 static void test_table_bits(void) {
-    static const int64_t lens[] = {5632};
-    static const int toks[] = {2, 7, 8, 9, 15, 16, 17, 31, 33, 64, 129};
-    amx_table_bits(k_types, CM_ARRAY_LEN(k_types), lens, 1, toks, CM_ARRAY_LEN(toks), fill);
+    static const int64_t lens[] = {768, 1024, 5632};
+    static const int toks[] = {2, 7, 8, 9, 10, 11, 12, 13, 15, 16, 17, 18, 19, 31, 33, 64, 129};
+    amx_table_bits(k_types, CM_ARRAY_LEN(k_types), lens, CM_ARRAY_LEN(lens), toks, CM_ARRAY_LEN(toks), fill);
+}
+
+/* Over "q5_k lanes" rows (the table's gemm_packed) through cm_matmul_rows,
+ * each batch on its path. */
+static void test_packed_bits(void) {
+    static const int64_t lens[] = {1024, 2048, 5632};
+    amx_packed_bits(CM_TYPE_Q5_K, lens, CM_ARRAY_LEN(lens), fill);
+}
+
+/* Small batches go to AMX where it wins (HISTORY.md session 21; q4_k 16,
+ * q5_k 19 for every row length before). */
+static void test_small_starts(void) {
+    static const amx_start st[] = {{CM_TYPE_Q4_K, false, 768, 9},   {CM_TYPE_Q4_K, false, 1024, 11},
+                                   {CM_TYPE_Q4_K, false, 2048, 16}, {CM_TYPE_Q5_K, false, 1024, 9},
+                                   {CM_TYPE_Q5_K, false, 2048, 18}, {CM_TYPE_Q5_K, true, 1024, 9},
+                                   {CM_TYPE_Q5_K, true, 2048, 17}};
+    amx_starts(st, CM_ARRAY_LEN(st));
 }
 
 /* Two threads at once on different slices of one product. */
@@ -68,6 +85,8 @@ int main(void) {
     amx_data(g_w, g_x, CM_TYPE_Q8_K);
     RUN(test_amxk_bits);
     RUN(test_table_bits);
+    RUN(test_packed_bits);
+    RUN(test_small_starts);
     RUN(test_amxk_threads);
     printf("# %ld (row, token) results compared with vec_dot\n", g_compared);
     TEST_END_SKIPPED(g_skipped);

@@ -180,8 +180,8 @@ static void test_moe_grouping_invariance(void) {
  * layout: a Q4_0 qwen3moe wide enough to be repacked (rows of 512), read
  * from a file into memory so that the copies serve alone (the file's pages
  * given back), 16 experts top 4: the prompt's 48 assignments give batches
- * of 1 to a few tokens per expert, which moe.c pads to MOE_PAD_TOK over the
- * repacked rows. One batch = token by token (the packed gemv) = 1 thread =
+ * of 1 to a few tokens per expert (the AMX gemm over the repacked rows
+ * takes such batches itself where it wins). One batch = token by token (the packed gemv) = 1 thread =
  * the same model parsed from a buffer (not repacked: the file's layout). */
 static void test_moe_repacked_experts(void) {
     cm_synth_params sp = {.arch = "qwen3moe",
@@ -234,7 +234,7 @@ static void test_moe_repacked_experts(void) {
         printf("# qwen3moe-q4_0 512 wide, 16 experts top 4, %s table: repacked experts (%s) = the file's layout\n",
                cm_kernels_get()->name,
                !packed ? "none"
-               : amx   ? "AMX: padded batches"
+               : amx   ? "AMX from a few tokens"
                        : "batches as they are");
         cm_pool_free(pool);
         cm_free(a), cm_free(b);
