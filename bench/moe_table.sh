@@ -62,20 +62,4 @@ for t in $TYPES; do
     done
 done
 
-node - "$OUT/results.jsonl" <<'JS'
-const fs = require("fs");
-const rows = fs.readFileSync(process.argv[2], "utf8").trim().split("\n").map(JSON.parse);
-const f = (x, d = 1) => (x === undefined || x === null ? "-" : x.toFixed(d));
-const c = rows[0].cpu || {}, a = (rows[0].llamacpp || {}).anchor || "none";
-console.log(`CPU: ${c.name} (${c.vendor}, family ${c.family}, model ${c.model}, ${c.cpus} CPUs; ${(c.flags || []).join(" ")}); ` +
-  `cumulo kernels ${rows[0].kernels}; anchor: ${a}\n`);
-console.log("| model | threads | GB read/token | prompt tok/s cumulo | llama.cpp | ratio | decode tok/s cumulo | llama.cpp | ratio | % roofline cumulo | llama.cpp | read GB/s |");
-console.log("|---|---|---|---|---|---|---|---|---|---|---|---|");
-for (const r of rows) {
-  const l = r.llamacpp || {};
-  const type = r.model.replace(/^qwen3moe-a3b[0-9]+-/, "").replace(/\.gguf$/, "").toUpperCase();
-  console.log(`| ${type} | ${r.threads} | ${f(r.bytes_per_token / 1e9, 3)} | ${f(r.pp_tokens_per_s)} | ${f(l.pp_tokens_per_s)} | ` +
-    `${f(r.pp_ratio, 2)} | ${f(r.tg_tokens_per_s)} | ${f(l.tg_tokens_per_s)} | ${f(r.tg_ratio, 2)} | ` +
-    `${f(r.tg_roofline_pct)}% | ${f(l.tg_roofline_pct)}% | ${f(r.read_bw_gbs)} |`);
-}
-JS
+node "$here/bench/bench_table.js" "$OUT/results.jsonl" "qwen3moe-a3b[0-9]+-" --bytes-per-token

@@ -10,6 +10,10 @@
 #   sh tools/real_spread.sh MODEL [BUILD [REPACK]]
 #     MODEL: smollm2 | gemma3-270m; BUILD: native (default) | avx2;
 #     REPACK: 1 (llama.cpp's default weight repacking) | 0
+#   AT=CASE:STEP sh tools/real_spread.sh ...   # one step of one case
+#     teacher-forced: llama.cpp gets the prompt and the reference's first STEP
+#     greedy ids, one token per decode (ONEBYONE=0: as one batch), so a step
+#     where cumulo parts from the reference is compared on the same prefix
 set -eu
 cd "$(dirname "$0")/.."
 model=$1 build=${2:-native} repack=${3:-1}
@@ -25,13 +29,15 @@ trap 'rm -rf "$out"' EXIT
 cc -O2 -c tools/llama_logits.c -I"$src/include" -I"$src/ggml/include" -o "$out/llama_logits.o"
 c++ -o "$out/llama_logits" "$out/llama_logits.o" "$lib/src/libllama.a" "$lib/ggml/src/libggml.a" \
     "$lib/ggml/src/libggml-cpu.a" "$lib/ggml/src/libggml-base.a" -fopenmp -lpthread -lm
-for c in $(python3 -c "import json,sys; print(' '.join(c['name'] for c in json.load(open(sys.argv[1]))['cases']))" "$ref"); do
-    ids=$(python3 -c "import json,sys; c=[c for c in json.load(open(sys.argv[1]))['cases'] if c['name']==sys.argv[2]][0]; print(','.join(map(str,c['prompt'])), len(c['greedy']))" "$ref" "$c")
+at=${AT:+${AT#*:}}
+cases=${AT:+${AT%%:*}}
+for c in ${cases:-$(python3 -c "import json,sys; print(' '.join(c['name'] for c in json.load(open(sys.argv[1]))['cases']))" "$ref")}; do
+    ids=$(python3 -c "import json,sys; c=[c for c in json.load(open(sys.argv[1]))['cases'] if c['name']==sys.argv[2]][0]; k=int(sys.argv[3]); print(','.join(map(str,c['prompt']+c['greedy'][:k])), len(c['greedy'])-k)" "$ref" "$c" "${at:-0}")
     mkdir -p "$out/$c"
     # shellcheck disable=SC2086
     set -- $ids
-    "$out/llama_logits" "$path" "$1" "$2" "$out/$c" "$repack" >/dev/null 2>"$out/$c/err" ||
+    "$out/llama_logits" "$path" "$1" "$2" "$out/$c" "$repack" "${at:+${ONEBYONE:-1}}" >/dev/null 2>"$out/$c/err" ||
         { echo "real_spread: $c: $(tail -2 "$out/$c/err")" >&2; exit 1; }
 done
-echo "# $model: llama.cpp $build build, repack $repack, against $ref"
-python3 tools/real_spread.py "$ref" "$out"
+echo "# $model: llama.cpp $build build, repack $repack${AT:+, teacher-forced to $AT, one by one ${ONEBYONE:-1}}, against $ref"
+python3 tools/real_spread.py "$ref" "$out" "${at:-0}"

@@ -143,6 +143,12 @@ const cm_config *cm_config_get(void);
  * --isa`) and publish it to later cm_config_get() calls. A copy obtained
  * before stays valid until a few more reloads (4) have followed. */
 void cm_config_reload(void);
+/* cumulo's cache directory for one use (sub: "tune", "models"), into out
+ * (cap bytes): override when non-NULL (the variable that names it, e.g.
+ * cm_config's tune_dir or models), else $XDG_CACHE_HOME/cumulo/SUB, else
+ * $HOME/.cache/cumulo/SUB. 0, CM_ENOENT when none can be formed (no HOME),
+ * or CM_ERANGE when the path does not fit. Thread-safe; creates nothing. */
+int cm_cache_dir(const char *override, const char *sub, char *out, size_t cap);
 /* The table of every variable: name, default, meaning (n: how many). */
 typedef struct cm_config_var {
     const char *name, *def, *meaning;

@@ -17,6 +17,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -114,8 +115,8 @@
       "cumulo mpi: then, for 100 ms, the bridge naps this long between polls "                                     \
       "(0: sleeps 1 ms at once)")                                                                                  \
     X(tmpdir, "TMPDIR", "/tmp", "cumulo mpi: where the link bridge's sockets go (paths under 48 bytes)")           \
-    X(home, "HOME", "(the system's)", "the user's home: default key file, node cache, models directory, services") \
-    X(xdg_cache_home, "XDG_CACHE_HOME", "unset", "the models directory's parent when set")                         \
+    X(home, "HOME", "(the system's)", "home: default key file, node cache, models and tune directories, services") \
+    X(xdg_cache_home, "XDG_CACHE_HOME", "unset", "the models and tune directories' parent when set")               \
     X(xdg_config_home, "XDG_CONFIG_HOME", "unset", "service --user: the systemd unit's folder when set")           \
     X(sudo_user, "SUDO_USER", "unset", "service: the user a system service runs as when installed with sudo")      \
     X(path, "PATH", "(the system's)", "where this program finds its own file when argv[0] has no slash")           \
@@ -257,4 +258,14 @@ const cm_config *cm_config_get(void) {
 void cm_config_reload(void) {
     pthread_once(&g_once, load);
     load();
+}
+
+int cm_cache_dir(const char *override, const char *sub, char *out, size_t cap) {
+    const cm_config *c = cm_config_get();
+    int w;
+    if (override) w = snprintf(out, cap, "%s", override);
+    else if (c->xdg_cache_home) w = snprintf(out, cap, "%s/cumulo/%s", c->xdg_cache_home, sub);
+    else if (c->home) w = snprintf(out, cap, "%s/.cache/cumulo/%s", c->home, sub);
+    else return CM_ENOENT;
+    return w < 0 || (size_t)w >= cap ? CM_ERANGE : 0;
 }

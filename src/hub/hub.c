@@ -281,14 +281,9 @@ int cm_hub_choose(const cm_hub_ref *r, const cm_hub_file *files, size_t n, size_
 }
 
 int cm_models_dir(char *out, size_t cap, char *err, size_t errlen) {
-    const cm_config *c = cm_config_get();
-    const char *env = c->models, *xdg = c->xdg_cache_home, *home = c->home;
-    int w;
-    if (env) w = snprintf(out, cap, "%s", env);
-    else if (xdg) w = snprintf(out, cap, "%s/cumulo/models", xdg);
-    else if (home) w = snprintf(out, cap, "%s/.cache/cumulo/models", home);
-    else return cm_errf(err, errlen, CM_ENOENT, "no models directory: set CUMULO_MODELS or HOME");
-    if (w < 0 || (size_t)w >= cap) return cm_errf(err, errlen, CM_ERANGE, "models directory path too long");
+    const int rc = cm_cache_dir(cm_config_get()->models, "models", out, cap);
+    if (rc == CM_ENOENT) return cm_errf(err, errlen, rc, "no models directory: set CUMULO_MODELS or HOME");
+    if (rc) return cm_errf(err, errlen, rc, "models directory path too long");
     return 0;
 }
 

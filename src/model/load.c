@@ -370,8 +370,9 @@ static int repack_whole(cm_model *m, const cm_mapped_file *f, char *err, size_t 
     int rc = 0;
     for (int il = 0; il < m->hp.n_layer && !rc; il++) {
         const cm_layer *L = &m->layers[il];
-        const cm_tensor *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->ffn_gate, &L->ffn_up, &L->ffn_down};
-        rc = cm_repack_add(m, cm_kernels_get(), ws, 7, err, errlen);
+        const cm_tensor *ws[CM_LAYER_MATMULS];
+        cm_layer_matmuls(L, ws);
+        rc = cm_repack_add(m, cm_kernels_get(), ws, CM_LAYER_MATMULS, err, errlen);
         /* the experts only at load (f): where their pages go back, one copy is held */
         if (!rc && f && L->ffn_gate_exps.data) rc = cm_moe_repack_layer(m, il, err, errlen);
         if (!rc && f) (void)cm_repack_give_back(m, cm_kernels_get(), f);
@@ -409,8 +410,9 @@ int cm_model_repack_slice(cm_model *m, cm_slice s, char *err, size_t errlen) {
     size_t whole_layers = 0; /* what the whole layers' copies cost */
     for (int il = 0; il < hp->n_layer; il++) {
         const cm_layer *L = &m->layers[il];
-        const cm_tensor *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->ffn_gate, &L->ffn_up, &L->ffn_down};
-        for (int i = 0; i < 7; i++) whole_layers += cm_repack_size(cm_kernels_get(), ws[i]);
+        const cm_tensor *ws[CM_LAYER_MATMULS];
+        cm_layer_matmuls(L, ws);
+        for (int i = 0; i < CM_LAYER_MATMULS; i++) whole_layers += cm_repack_size(cm_kernels_get(), ws[i]);
     }
     for (int il = 0; il < hp->n_layer && !rc; il++) {
         const cm_layer *L = &m->layers[il];

@@ -181,8 +181,8 @@ static int check_header(const cm_lora *l, const cm_gguf *g, float *alpha, char *
 /* The model's view of target t of layer il (what the forward pass multiplies by). */
 static const cm_tensor *bound_of(const cm_model *m, int il, enum cm_lora_target t) {
     if (t == CM_LORA_OUTPUT) return &m->output;
-    const cm_layer *L = &m->layers[il];
-    const cm_tensor *v[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->ffn_gate, &L->ffn_up, &L->ffn_down};
+    const cm_tensor *v[CM_LAYER_MATMULS];
+    cm_layer_matmuls(&m->layers[il], v);
     return v[t];
 }
 

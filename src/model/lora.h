@@ -29,6 +29,7 @@
 
 #include "model.h"
 
+/* The targets: a layer's dense weights in cm_layer_matmuls' order, then the output head. */
 enum cm_lora_target {
     CM_LORA_Q,
     CM_LORA_K,
@@ -40,6 +41,7 @@ enum cm_lora_target {
     CM_LORA_OUTPUT,
     CM_LORA_TARGET_COUNT
 };
+_Static_assert(CM_LORA_OUTPUT == CM_LAYER_MATMULS, "a layer's LoRA targets are cm_layer_matmuls' tensors");
 
 #define CM_LORA_MAX_RANK 1024 /* larger ranks are refused (the A x product lives on the stack) */
 

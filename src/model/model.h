@@ -215,6 +215,16 @@ typedef struct cm_layer {
     cm_tensor wq_a, q_a_norm, wq_b, wkv_a, kv_a_norm, wk_b, wv_b, wkv_b;
 } cm_layer;
 
+/* A layer's dense matmul weights, in the one order every walk over them
+ * shares (load-time repacking, kernel tuning; lora.h's enum cm_lora_target
+ * numbers its first 7 targets so): wq, wk, wv, wo, ffn_gate, ffn_up,
+ * ffn_down. Absent ones (an MoE layer's FFN) have data == NULL. */
+#define CM_LAYER_MATMULS 7
+static inline void cm_layer_matmuls(const cm_layer *L, const cm_tensor *w[CM_LAYER_MATMULS]) {
+    w[0] = &L->wq, w[1] = &L->wk, w[2] = &L->wv, w[3] = &L->wo;
+    w[4] = &L->ffn_gate, w[5] = &L->ffn_up, w[6] = &L->ffn_down;
+}
+
 typedef struct cm_model {
     cm_hparams hp;
     cm_tensor tok_embd;    /* [E, V] */

@@ -25,15 +25,12 @@ void cm_model_tune_last(cm_model_tune_info *out) {
 }
 
 int cm_tune_cache_path(const char *sig, char *out, size_t cap) {
-    const cm_config *c = cm_config_get();
     uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a of the signature: one file per CPU */
     for (const char *p = sig; *p; p++) h = (h ^ (uint8_t)*p) * 0x100000001b3ull;
-    int w;
-    if (c->tune_dir) w = snprintf(out, cap, "%s/%016llx.tune", c->tune_dir, (unsigned long long)h);
-    else if (c->xdg_cache_home)
-        w = snprintf(out, cap, "%s/cumulo/tune/%016llx.tune", c->xdg_cache_home, (unsigned long long)h);
-    else if (c->home) w = snprintf(out, cap, "%s/.cache/cumulo/tune/%016llx.tune", c->home, (unsigned long long)h);
-    else return CM_ENOENT;
+    char dir[512];
+    const int rc = cm_cache_dir(cm_config_get()->tune_dir, "tune", dir, sizeof dir);
+    if (rc) return rc;
+    const int w = snprintf(out, cap, "%s/%016llx.tune", dir, (unsigned long long)h);
     return w < 0 || (size_t)w >= cap ? CM_ERANGE : 0;
 }
 
@@ -55,14 +52,14 @@ int cm_model_tune(const cm_model *m, bool may_measure) {
     const cm_kernels *k = cm_kernels_get();
     const uint64_t t0 = cm_now_ns(), c0 = cm_thread_cpu_ns();
     cm_model_tune_info info = {.source = "defaults"};
-    const int nmax = m->hp.n_layer * 7 + 1;
+    const int nmax = m->hp.n_layer * CM_LAYER_MATMULS + 1;
     const cm_tensor **ws = cm_malloc((size_t)nmax * sizeof *ws);
     if (!ws) return CM_ENOMEM;
     int n = 0;
     for (int il = 0; il < m->hp.n_layer && m->layers; il++) {
-        const cm_layer *L = &m->layers[il];
-        const cm_tensor *lw[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->ffn_gate, &L->ffn_up, &L->ffn_down};
-        for (int i = 0; i < 7; i++)
+        const cm_tensor *lw[CM_LAYER_MATMULS];
+        cm_layer_matmuls(&m->layers[il], lw);
+        for (int i = 0; i < CM_LAYER_MATMULS; i++)
             if (lw[i]->data && lw[i]->ne[1] > 0) ws[n++] = lw[i];
     }
     if (m->output.data) ws[n++] = &m->output;

@@ -49,8 +49,8 @@ int cm_train_check_model(const cm_model *m, char *err, size_t errlen) {
 }
 
 static const cm_tensor *target_tensor(const cm_model *m, int il, int t) {
-    const cm_layer *L = &m->layers[il];
-    const cm_tensor *v[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->ffn_gate, &L->ffn_up, &L->ffn_down};
+    const cm_tensor *v[CM_LAYER_MATMULS];
+    cm_layer_matmuls(&m->layers[il], v);
     return v[t];
 }
 

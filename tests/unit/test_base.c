@@ -232,8 +232,32 @@ static void test_config(void) {
     }
 }
 
+/* The cache directory chain shared by the models directory (hub) and the
+ * kernels' tuning files (model/tune_cache.c). */
+static void test_cache_dir(void) {
+    char d[64], home[512] = "";
+    if (cm_config_get()->home) snprintf(home, sizeof home, "%s", cm_config_get()->home);
+    setenv("XDG_CACHE_HOME", "/c", 1);
+    setenv("HOME", "/h", 1);
+    cm_config_reload();
+    CHECK(cm_cache_dir("/x/tune", "tune", d, sizeof d) == 0 && !strcmp(d, "/x/tune"));
+    CHECK(cm_cache_dir(NULL, "tune", d, sizeof d) == 0 && !strcmp(d, "/c/cumulo/tune"));
+    unsetenv("XDG_CACHE_HOME");
+    cm_config_reload();
+    CHECK(cm_cache_dir(NULL, "models", d, sizeof d) == 0 && !strcmp(d, "/h/.cache/cumulo/models"));
+    CHECK(cm_cache_dir(NULL, "models", d, 23) == CM_ERANGE); /* 23 bytes: one short */
+    CHECK(cm_cache_dir(NULL, "models", d, 24) == 0);
+    unsetenv("HOME");
+    cm_config_reload();
+    CHECK(cm_cache_dir(NULL, "models", d, sizeof d) == CM_ENOENT);
+    CHECK(cm_cache_dir("/x", "models", d, sizeof d) == 0 && !strcmp(d, "/x"));
+    if (home[0]) setenv("HOME", home, 1);
+    cm_config_reload();
+}
+
 int main(void) {
     RUN(test_config);
+    RUN(test_cache_dir);
     RUN(test_errors);
     RUN(test_arena_buf);
     RUN(test_rng);
