@@ -397,6 +397,7 @@ static void gemm_af16(int64_t k, const void *w, size_t w_stride, const void *x, 
         }
         return;
     }
+    /* 2.5 MiB of stack (compute threads have CM_COMPUTE_STACK, 8 MiB) */
     _Alignas(32) float yf[FP_YF];                   /* the pass's tokens, by group */
     _Alignas(32) cm_f16 wp[FP_RB * FP_MAXK];        /* the block's rows, by pair */
     _Alignas(32) __m256 st[FP_RB / 2][2][2 * FP_T]; /* per pair and chain */

@@ -138,7 +138,7 @@ enum { LK2 = 6496 };
  * lone token in the last group), an odd row padded, 8 segments a chain (the
  * last one short). */
 enum { FPK = 8179, FPTOK = 67 };
-static uint8_t g_lw[LROWS * LK * 4], g_lx[FPTOK * FPK * 2 > LTOK * LK * 4 ? FPTOK * FPK * 2 : LTOK * LK * 4];
+static uint8_t g_lw[LROWS * LK * 4], g_lx[FPTOK * FPK * 2 > LTOK *LK * 4 ? FPTOK *FPK * 2 : LTOK *LK * 4];
 /* K-quants: 40 super-blocks and 64 (the longest rows gemm_kq*_avx512.c
  * take: 16 + 3 tokens, two passes). */
 enum { LKQ = 64 * 256 };
