@@ -305,20 +305,150 @@ AI void fa_convert(int64_t k, const void *x, float *yf) {
     for (; i < k; i++) yf[i] = f16f(h[i]);
 }
 
+/* ---- the prompt gemm over packed panels (gemm_af16 from FP_MINT tokens) ----
+ * The same float operations per (row, token) as fa_rows (tile_f16's two
+ * chains in ascending step order, HSUM8X2, the scalar tail), from operands
+ * laid out so that the register tile reads one sequential stream each:
+ * - the tokens of a pass converted to f32 once per call, by group of FP_T:
+ *   chain 0's steps, then chain 1's, each step's 8 elements of the group's
+ *   FP_T tokens side by side (missing tokens of the last group are zeros);
+ * - each block of FP_RB rows copied (f16, no arithmetic) by pair of rows:
+ *   per chain and segment of FP_SEG steps, every pair's steps one after the
+ *   other, each step the pair's two 8-element halves side by side (a
+ *   missing last row is zeros).
+ * The 2 x 6 tile then walks a segment of one chain: the group's tokens (12
+ * KiB) stay in L1 while the block's weights (every pair's, contiguous)
+ * stream from L2. Walking the file's rows and tokens in place (fa_rows, 2 + 3
+ * streams 4-8 KiB apart) ran 27-30 GMAC/s against 46 for the same tile in
+ * L1 (session 20). Results of padded rows and tokens are never stored. */
+enum {
+    FP_T = 6,                /* tokens per register tile */
+    FP_RB = 32,              /* rows per packed block */
+    FP_SEG = 64,             /* steps of one chain per segment */
+    FP_MAXK = 8192,          /* longer rows: fa_rows */
+    FP_YF = 2048 * 1024 / 4, /* floats of packed tokens per pass at most (read segment by segment: L2 or L3) */
+    FP_MINT = 12,            /* fewer tokens: fa_rows (8 tokens: 0.65x in the panels) */
+};
+
+/* n steps of one chain of a row pair (wp: per step rows 0, 1's 8 elements) x
+ * FP_T tokens (yp: per step FP_T vectors), lanes carried in st[2 * FP_T]
+ * (row r, token t: st[r * FP_T + t]). */
+AI void fp_tile(const cm_f16 *wp, const float *yp, int64_t n, __m256 *st) {
+    __m256 a0[FP_T], a1[FP_T]; /* rows 0 and 1 */
+    _Pragma("GCC unroll 6") for (int t = 0; t < FP_T; t++) {
+        a0[t] = st[t];
+        a1[t] = st[FP_T + t];
+    }
+    for (int64_t m = 0; m < n; m++) {
+        const __m256 w0 = ld_f16(wp, 16 * m), w1 = ld_f16(wp, 16 * m + 8);
+        _Pragma("GCC unroll 6") for (int t = 0; t < FP_T; t++) {
+            __m256 v = _mm256_load_ps(yp + (FP_T * m + t) * 8);
+            __asm__("" : "+x"(v)); /* one load for both rows (not a memory operand of each FMA) */
+            a0[t] = _mm256_fmadd_ps(w0, v, a0[t]);
+            a1[t] = _mm256_fmadd_ps(w1, v, a1[t]);
+        }
+    }
+    _Pragma("GCC unroll 6") for (int t = 0; t < FP_T; t++) {
+        st[t] = a0[t];
+        st[FP_T + t] = a1[t];
+    }
+}
+
+/* Rows [r0, r1) (at most FP_RB) into the block panel wp (ns steps of 16). */
+AI void fp_pack_rows(const void *w, size_t w_stride, int64_t r0, int64_t r1, int64_t ns, cm_f16 *wp) {
+    const int64_t np = (r1 - r0 + 1) / 2;
+    for (int64_t p = 0; p < np; p++)
+        for (int r = 0; r < 2; r++) {
+            const int64_t i = r0 + 2 * p + r;
+            const cm_f16 *x = (const cm_f16 *)(const void *)((const char *)w + (size_t)i * w_stride);
+            for (int h = 0; h < 2; h++)
+                for (int64_t s0 = 0; s0 < ns; s0 += FP_SEG) {
+                    const int64_t sn = ns - s0 < FP_SEG ? ns - s0 : FP_SEG;
+                    cm_f16 *d = wp + (size_t)(h * np * ns * 16 + s0 * np * 16 + p * sn * 16 + 8 * r);
+                    if (i < r1)
+                        for (int64_t m = 0; m < sn; m++)
+                            _mm_storeu_si128(
+                                (__m128i *)(void *)(d + 16 * m),
+                                _mm_loadu_si128((const __m128i *)(const void *)(x + 16 * (s0 + m) + 8 * h)));
+                    else
+                        for (int64_t m = 0; m < sn; m++)
+                            _mm_storeu_si128((__m128i *)(void *)(d + 16 * m), _mm_setzero_si128());
+                }
+        }
+}
+
 static void gemm_af16(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
                       int64_t r0, int64_t r1, int64_t n_tok) {
+    const int64_t kf = k & ~(int64_t)15, ns = kf / 16; /* steps of 16 */
     if (k > FA_MAXK) {
         gemm_f16(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
         return;
     }
-    _Alignas(32) float yf[FA_T * FA_MAXK];
-    /* RB rows at a time (in L2) against each group of FA_T tokens, as tiles.h's gemm */
-    for (int64_t i0 = r0; i0 < r1; i0 += RB) {
-        const int64_t i1 = r1 - i0 < RB ? r1 : i0 + RB;
-        for (int64_t j = 0; j < n_tok; j += FA_T) {
-            const int T = n_tok - j < FA_T ? (int)(n_tok - j) : FA_T;
-            for (int t = 0; t < T; t++) fa_convert(k, (const char *)x + (size_t)(j + t) * x_stride, yf + t * k);
-            fa_rows(k, w, w_stride, yf, T, y, ldy, j, i0, i1);
+    if (n_tok < FP_MINT || k > FP_MAXK || ns == 0) {
+        _Alignas(32) float yf[FA_T * FA_MAXK];
+        /* RB rows at a time (in L2) against each group of FA_T tokens, as tiles.h's gemm */
+        for (int64_t i0 = r0; i0 < r1; i0 += RB) {
+            const int64_t i1 = r1 - i0 < RB ? r1 : i0 + RB;
+            for (int64_t j = 0; j < n_tok; j += FA_T) {
+                const int T = n_tok - j < FA_T ? (int)(n_tok - j) : FA_T;
+                for (int t = 0; t < T; t++) fa_convert(k, (const char *)x + (size_t)(j + t) * x_stride, yf + t * k);
+                fa_rows(k, w, w_stride, yf, T, y, ldy, j, i0, i1);
+            }
+        }
+        return;
+    }
+    /* 2.5 MiB of stack (compute threads have CM_COMPUTE_STACK, 8 MiB) */
+    _Alignas(32) float yf[FP_YF];                   /* the pass's tokens, by group */
+    _Alignas(32) cm_f16 wp[FP_RB * FP_MAXK];        /* the block's rows, by pair */
+    _Alignas(32) __m256 st[FP_RB / 2][2][2 * FP_T]; /* per pair and chain */
+    const int64_t gs = 2 * ns * 8 * FP_T;           /* floats per group */
+    const int64_t gmax = FP_YF / gs;                /* groups per pass (k <= FP_MAXK: >= 5) */
+    const int64_t npass = (n_tok + gmax * FP_T - 1) / (gmax * FP_T);
+    /* passes of equal size (a pass packs the rows again) */
+    const int64_t cap = ((n_tok + npass - 1) / npass + FP_T - 1) / FP_T * FP_T;
+    for (int64_t j0 = 0; j0 < n_tok; j0 += cap) {
+        const int64_t nt = n_tok - j0 < cap ? n_tok - j0 : cap, ng = (nt + FP_T - 1) / FP_T;
+        for (int64_t t = 0; t < ng * FP_T; t++) {
+            const cm_f16 *yr = (const cm_f16 *)(const void *)((const char *)x + (size_t)(j0 + t) * x_stride);
+            float *d = yf + (t / FP_T) * gs + (t % FP_T) * 8;
+            for (int h = 0; h < 2; h++)
+                for (int64_t m = 0; m < ns; m++)
+                    _mm256_store_ps(d + (h * ns + m) * 8 * FP_T,
+                                    t < nt ? ld_f16(yr, 16 * m + 8 * h) : _mm256_setzero_ps());
+        }
+        for (int64_t i0 = r0; i0 < r1; i0 += FP_RB) {
+            const int64_t i1 = r1 - i0 < FP_RB ? r1 : i0 + FP_RB, np = (i1 - i0 + 1) / 2;
+            fp_pack_rows(w, w_stride, i0, i1, ns, wp);
+            /* the next block's rows into L2 meanwhile, a few lines per segment (rows adjacent, as in a GGUF) */
+            const char *pf = (const char *)w + (size_t)i1 * w_stride;
+            const size_t pfb = i1 < r1 ? (size_t)(r1 - i1 < FP_RB ? r1 - i1 : FP_RB) * w_stride : 0;
+            const size_t pstep = (pfb / (size_t)(2 * ng * ((ns + FP_SEG - 1) / FP_SEG)) + 64) & ~(size_t)63;
+            size_t po = 0;
+            for (int64_t g = 0; g < ng; g++) {
+                const float *yg = yf + g * gs;
+                memset(st, 0, sizeof st);
+                for (int h = 0; h < 2; h++)
+                    for (int64_t s0 = 0; s0 < ns; s0 += FP_SEG) {
+                        const int64_t sn = ns - s0 < FP_SEG ? ns - s0 : FP_SEG;
+                        const cm_f16 *ws = wp + (size_t)(h * np * ns * 16 + s0 * np * 16);
+                        const float *ys = yg + (h * ns + s0) * 8 * FP_T;
+                        for (const size_t pe = po + pstep; po < pe && po < pfb; po += 64)
+                            _mm_prefetch(pf + po, _MM_HINT_T1);
+                        for (int64_t p = 0; p < np; p++) fp_tile(ws + p * sn * 16, ys, sn, st[p][h]);
+                    }
+                const int T = nt - g * FP_T < FP_T ? (int)(nt - g * FP_T) : FP_T;
+                for (int64_t i = i0; i < i1; i++) {
+                    const int64_t p = (i - i0) / 2, r = (i - i0) % 2;
+                    const cm_f16 *xr = (const cm_f16 *)(const void *)((const char *)w + (size_t)i * w_stride);
+                    for (int t = 0; t < T; t++) {
+                        const int64_t j = j0 + g * FP_T + t;
+                        const cm_f16 *yr = (const cm_f16 *)(const void *)((const char *)x + (size_t)j * x_stride);
+                        float s = HSUM8X2(st[p][0][r * FP_T + t], st[p][1][r * FP_T + t]);
+                        for (int64_t e = kf; e < k; e++) s += sc_f16(xr, e) * sc_f16(yr, e);
+                        y[j * ldy + i] = s;
+                    }
+                }
+            }
         }
     }
 }
@@ -332,41 +462,26 @@ static void gemm_af16(int64_t k, const void *w, size_t w_stride, const void *x, 
  * vec_dot. */
 enum { FA_PFD = 2048, FA_F32K = 16384 / 6 };
 
-AI float fa_gv_row(int64_t n, const cm_f16 *x, const float *yf) {
+/* One row x the token: yh, the token in fp16 (converted in the loop, as
+ * vec_dot), else in f32 (converted once: the same values). */
+AI float fa_gv_row(int64_t n, const cm_f16 *x, const void *y, bool yh) {
+#define FA_LDY(i) (yh ? ld_f16(y, i) : ld_f32(y, i))
     __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
     int64_t i = 0;
     for (; i + 32 <= n; i += 32) { /* two steps of tile_f16 per 64-byte line */
         _mm_prefetch((const char *)(x + i) + FA_PFD, _MM_HINT_T0);
-        a0 = _mm256_fmadd_ps(ld_f16(x, i), ld_f32(yf, i), a0);
-        a1 = _mm256_fmadd_ps(ld_f16(x, i + 8), ld_f32(yf, i + 8), a1);
-        a0 = _mm256_fmadd_ps(ld_f16(x, i + 16), ld_f32(yf, i + 16), a0);
-        a1 = _mm256_fmadd_ps(ld_f16(x, i + 24), ld_f32(yf, i + 24), a1);
+        a0 = _mm256_fmadd_ps(ld_f16(x, i), FA_LDY(i), a0);
+        a1 = _mm256_fmadd_ps(ld_f16(x, i + 8), FA_LDY(i + 8), a1);
+        a0 = _mm256_fmadd_ps(ld_f16(x, i + 16), FA_LDY(i + 16), a0);
+        a1 = _mm256_fmadd_ps(ld_f16(x, i + 24), FA_LDY(i + 24), a1);
     }
     for (; i + 16 <= n; i += 16) {
-        a0 = _mm256_fmadd_ps(ld_f16(x, i), ld_f32(yf, i), a0);
-        a1 = _mm256_fmadd_ps(ld_f16(x, i + 8), ld_f32(yf, i + 8), a1);
+        a0 = _mm256_fmadd_ps(ld_f16(x, i), FA_LDY(i), a0);
+        a1 = _mm256_fmadd_ps(ld_f16(x, i + 8), FA_LDY(i + 8), a1);
     }
+#undef FA_LDY
     float s = HSUM8X2(a0, a1);
-    for (; i < n; i++) s += sc_f16(x, i) * yf[i];
-    return s;
-}
-
-AI float fa_gv_row_h(int64_t n, const cm_f16 *x, const cm_f16 *y) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 32 <= n; i += 32) {
-        _mm_prefetch((const char *)(x + i) + FA_PFD, _MM_HINT_T0);
-        a0 = _mm256_fmadd_ps(ld_f16(x, i), ld_f16(y, i), a0);
-        a1 = _mm256_fmadd_ps(ld_f16(x, i + 8), ld_f16(y, i + 8), a1);
-        a0 = _mm256_fmadd_ps(ld_f16(x, i + 16), ld_f16(y, i + 16), a0);
-        a1 = _mm256_fmadd_ps(ld_f16(x, i + 24), ld_f16(y, i + 24), a1);
-    }
-    for (; i + 16 <= n; i += 16) {
-        a0 = _mm256_fmadd_ps(ld_f16(x, i), ld_f16(y, i), a0);
-        a1 = _mm256_fmadd_ps(ld_f16(x, i + 8), ld_f16(y, i + 8), a1);
-    }
-    float s = HSUM8X2(a0, a1);
-    for (; i < n; i++) s += sc_f16(x, i) * sc_f16(y, i);
+    for (; i < n; i++) s += sc_f16(x, i) * (yh ? sc_f16(y, i) : sc_f32(y, i));
     return s;
 }
 
@@ -375,11 +490,11 @@ static void gemv_af16(int64_t k, const void *w, size_t w_stride, const void *x, 
     (void)x_stride, (void)ldy, (void)n_tok;
 #define FA_GROW(i) ((const cm_f16 *)(const void *)((const char *)w + (size_t)(i)*w_stride))
     if (k > FA_F32K) {
-        for (int64_t i = r0; i < r1; i++) y[i] = fa_gv_row_h(k, FA_GROW(i), x);
+        for (int64_t i = r0; i < r1; i++) y[i] = fa_gv_row(k, FA_GROW(i), x, true);
         return;
     }
     _Alignas(32) float yf[FA_F32K];
     fa_convert(k, x, yf);
-    for (int64_t i = r0; i < r1; i++) y[i] = fa_gv_row(k, FA_GROW(i), yf);
+    for (int64_t i = r0; i < r1; i++) y[i] = fa_gv_row(k, FA_GROW(i), yf, false);
 #undef FA_GROW
 }

@@ -133,7 +133,12 @@ enum { LROWS = 7, LTOK = 19, LK = 10336 }; /* 323 blocks of 32: 40 groups of 8 p
 /* 203 blocks: the q4_0 tokens-in-lanes gemm packs one group of 16 tokens per
  * pass here (16 + 3 tokens: two passes), while LK is past its limit (tiles). */
 enum { LK2 = 6496 };
-static uint8_t g_lw[LROWS * LK * 4], g_lx[LTOK * LK * 4];
+/* F16 rows of 511 steps of 16 plus 3 and 67 tokens: the avx2 table's panel
+ * gemm (avx2_gemv.h, FP_*) takes them in two passes of tokens (36 + 31, a
+ * lone token in the last group), an odd row padded, 8 segments a chain (the
+ * last one short). */
+enum { FPK = 8179, FPTOK = 67 };
+static uint8_t g_lw[LROWS * LK * 4], g_lx[FPTOK * FPK * 2 > LTOK *LK * 4 ? FPTOK *FPK * 2 : LTOK *LK * 4];
 /* K-quants: 40 super-blocks and 64 (the longest rows gemm_kq*_avx512.c
  * take: 16 + 3 tokens, two passes). */
 enum { LKQ = 64 * 256 };
@@ -144,7 +149,7 @@ enum { LK3 = 513 * 32 }; /* also the longest float row below: > LKQ */
  * model) and 53 tokens, so gemm_kq_avx512.c's passes end unevenly and q5_k's
  * token pairs end with a lone token. */
 enum { KQ_NB = 22, KQ_TOK = 53 };
-static float g_lf[LK3], g_ly[KQ_TOK * LROWS];
+static float g_lf[LK3], g_ly[FPTOK * LROWS];
 
 static void check_long(const cm_kernels *k, enum cm_type t, int64_t n, int ntok) {
     const cm_type_traits *tr = cm_type_traits_of(t);
@@ -154,7 +159,7 @@ static void check_long(const cm_kernels *k, enum cm_type t, int64_t n, int ntok)
         for (int64_t i = 0; i < n; i++) g_lf[i] = frand() * (float)(1 << (rnd() % 8));
         CHECK(make_rows(t, g_lf, g_lw + (size_t)r * ws, 1, n) == ws);
     }
-    CHECK((size_t)ntok * xs <= sizeof g_lx && ntok <= KQ_TOK);
+    CHECK((size_t)ntok * xs <= sizeof g_lx && ntok <= FPTOK);
     for (int j = 0; j < ntok; j++) {
         for (int64_t i = 0; i < n; i++) g_lf[i] = frand() * (float)(1 << (rnd() % 6));
         k->from_float[vt](g_lf, g_lx + (size_t)j * xs, n);
@@ -208,6 +213,7 @@ static void test_long_rows(void) {
                 check_long(k, k_types[ti], 2069, 7);
                 check_long(k, k_types[ti], 5653, 7);
                 check_long(k, k_types[ti], 16384, LTOK); /* avx512_prefill.h: two passes of whole tiles */
+                check_long(k, k_types[ti], FPK, FPTOK);
             }
             if (k_types[ti] == CM_TYPE_BF16) check_long(k, k_types[ti], 2048, LTOK); /* no scalar tail */
             if (is_k(k_types[ti])) check_long(k, k_types[ti], KQ_NB * 256, KQ_TOK);
