@@ -78,13 +78,18 @@ static void gemv_a6_k(int64_t k, const void *w, size_t w_stride, const void *x, 
  * maddubs(y + 128, q - 32) is per pair sum (y q') + 128 sum q' (|pair| <= 2 *
  * 255 * 32: nothing saturates; Q8_K bytes are never -128, so the tile's sign
  * trick is exact too), and the row's 128 sum q' terms, scaled like the
- * products, are taken off once per super-block for all tokens: per 32
- * weights and token a maddubs, a madd and an add. A block of rows is
- * unpacked once (a6g_blk: values, pair scales, offset) for every group of
- * tokens, so a row pass is those three operations and the super-block's
- * conversion and FMA per token. Rows in blocks of at most A6G_RB (in L2)
- * against every group of tokens (in L1). ---- */
-enum { A6G_T = 8, A6G_RB = 64, A6G_CB = 640 /* (row, super-block)s unpacked at once */ };
+ * products, are taken off once per super-block for all tokens. Two groups of
+ * 32 values (2p, 2p + 1: the token's bytes 64p..) are paired by 16-bit units
+ * as avx2_krepack.h's ak_pair does (values at unpacking, token bytes once per
+ * group of tokens), so maddubs + maddubs (int16: 4 products of one group and
+ * scale per word, in [-32 * 255 * 4, 31 * 255 * 4], inside int16) and one
+ * madd with both groups' pair scales give each lane both groups' terms: per
+ * 64 weights and token two maddubs, an add, a madd and an add. A block of
+ * rows is unpacked once (a6g_blk: paired values, pair scales, offset) for
+ * every group of tokens, so a row pass is those operations and the
+ * super-block's conversion and FMA per token. Rows in blocks of at most
+ * A6G_RB (in L2) against every group of tokens (in L1). ---- */
+enum { A6G_T = 8, A6G_RB = 128, A6G_CB = 1024 /* (row, super-block)s unpacked at once */ };
 
 /* Part `part` of `parts` of the bytes [lo, hi) asked into L2: the next block
  * of rows of a prefill gemm, spread over the current block's groups of
@@ -95,16 +100,25 @@ static inline void a6g_pf(const char *lo, const char *hi, int64_t part, int64_t 
         _mm_prefetch(lo + o, _MM_HINT_T1);
 }
 
+/* Two vectors of 32 bytes (a pair of groups of 32: values or token bytes) by
+ * 16-bit units: o[0] the low unit of each dword of a and of b, o[1] the high
+ * ones (avx2_krepack.h's ak_pair). */
+AI void a6g_pair(__m256i a, __m256i b, __m256i *o) {
+    o[0] = _mm256_blend_epi16(a, _mm256_slli_epi32(b, 16), 0xaa);
+    o[1] = _mm256_blend_epi16(_mm256_srli_epi32(a, 16), b, 0xaa);
+}
+
 typedef struct {
-    uint8_t qs[A6_MAXB][A6G_T][CM_QK_K]; /* token t's bytes of super-block b, + 128 */
+    uint8_t qs[A6_MAXB][A6G_T][CM_QK_K]; /* token t's bytes of super-block b, + 128, paired per 64 */
     float yd[A6_MAXB][A6G_T];            /* token t's d (0 past T) */
 } a6g_toks;
 
-/* One super-block of a row, unpacked: q[4c + k] the values q - 32 of chunk c's
- * 32-value group k, sv[4c + k] their pair scales, noff minus the offset
- * lanes, d the block's scale. */
+/* One super-block of a row, unpacked: q[2p], q[2p + 1] the values q - 32 of
+ * groups 2p and 2p + 1 (chunk p / 2's 32-value groups 2 (p % 2), + 1)
+ * paired, sv[p] their pair scales (2p's in the even words), noff minus the
+ * offset lanes, d the block's scale. */
 typedef struct {
-    __m256i q[8], sv[8], noff;
+    __m256i q[8], sv[4], noff;
     float d;
 } a6g_blk;
 
@@ -114,9 +128,13 @@ static void a6g_prep(int64_t nb, const cm_block_q8_k *const *yv, int T, a6g_toks
         for (int t = 0; t < A6G_T; t++) {
             g->yd[b][t] = t < T ? yv[t][b].d : 0.0f;
             if (t < T)
-                for (int o = 0; o < CM_QK_K; o += 32)
-                    _mm256_storeu_si256((__m256i *)(void *)(g->qs[b][t] + o),
-                                        _mm256_xor_si256(ld256(yv[t][b].qs + o), k80));
+                for (int o = 0; o < CM_QK_K; o += 64) {
+                    __m256i v[2];
+                    a6g_pair(_mm256_xor_si256(ld256(yv[t][b].qs + o), k80),
+                             _mm256_xor_si256(ld256(yv[t][b].qs + o + 32), k80), v);
+                    _mm256_storeu_si256((__m256i *)(void *)(g->qs[b][t] + o), v[0]);
+                    _mm256_storeu_si256((__m256i *)(void *)(g->qs[b][t] + o + 32), v[1]);
+                }
         }
 }
 
@@ -130,13 +148,16 @@ static void a6g_unpack(const cm_block_q6_k *x, a6g_blk *o) {
     const __m256i scs[2] = {_mm256_permute2x128_si256(s16, s16, 0x00), _mm256_permute2x128_si256(s16, s16, 0x11)};
     __m256i off = _mm256_setzero_si256();
     for (int c = 0; c < 2; c++) {
-        __m256i q[4];
+        __m256i q[4], sv[4];
         q6_vals(x, c, q);
         for (int k = 0; k < 4; k++) {
-            const __m256i sv = _mm256_shuffle_epi8(scs[c], pick[k]), qs = _mm256_sub_epi8(q[k], k32);
-            o->q[4 * c + k] = qs;
-            o->sv[4 * c + k] = sv;
-            off = _mm256_add_epi32(off, _mm256_madd_epi16(_mm256_maddubs_epi16(k80, qs), sv));
+            q[k] = _mm256_sub_epi8(q[k], k32);
+            sv[k] = _mm256_shuffle_epi8(scs[c], pick[k]);
+            off = _mm256_add_epi32(off, _mm256_madd_epi16(_mm256_maddubs_epi16(k80, q[k]), sv[k]));
+        }
+        for (int m = 0; m < 2; m++) {
+            a6g_pair(q[2 * m], q[2 * m + 1], &o->q[4 * c + 2 * m]);
+            o->sv[2 * c + m] = _mm256_blend_epi16(sv[2 * m], sv[2 * m + 1], 0xaa);
         }
     }
     o->noff = _mm256_sub_epi32(_mm256_setzero_si256(), off);
@@ -150,11 +171,14 @@ AI void a6g_row(int64_t nb, const a6g_blk *x, const a6g_toks *g, int T, float *o
         const uint8_t *yq = g->qs[b][0];
         __m256i sumi[A6G_T];
         _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) sumi[t] = x[b].noff;
-        _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
-            const __m256i qs = x[b].q[i], sv = x[b].sv[i];
+        _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++) {
+            const __m256i qa = x[b].q[2 * p], qb = x[b].q[2 * p + 1], sv = x[b].sv[p];
             _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
-                const __m256i yy = ld256(yq + CM_QK_K * t + 32 * i);
-                sumi[t] = ax_keep(_mm256_add_epi32(sumi[t], _mm256_madd_epi16(_mm256_maddubs_epi16(yy, qs), sv)));
+                const uint8_t *yy = yq + CM_QK_K * t + 64 * p;
+                const __m256i s = _mm256_madd_epi16(
+                    _mm256_add_epi16(_mm256_maddubs_epi16(ld256(yy), qa), _mm256_maddubs_epi16(ld256(yy + 32), qb)),
+                    sv);
+                sumi[t] = ax_keep(_mm256_add_epi32(sumi[t], s));
             }
         }
         float dy[A6G_T];
@@ -175,7 +199,7 @@ static void gemm_a6_k(int64_t k, const void *w, size_t w_stride, const void *x, 
                              (const char *)x + (size_t)j * x_stride);
         return;
     }
-    /* ~620 KiB at the longest rows (compute threads: CM_COMPUTE_STACK) */
+    /* ~710 KiB at the longest rows (compute threads: CM_COMPUTE_STACK) */
     a6g_toks g;
     a6g_blk rows[A6G_CB];
     const int64_t rb = nb * A6G_RB <= A6G_CB ? A6G_RB : (nb > A6G_CB ? 1 : A6G_CB / nb);

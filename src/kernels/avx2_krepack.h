@@ -152,19 +152,42 @@ static void gemv_ak5_k(int64_t k, const void *w, size_t w_stride, const void *x,
 }
 
 /* ---- prefill over the same rows: ak4_row / ak5_row for up to AKG_T tokens
- * at once (a row's header, nibbles and scale shuffles made once for all of
- * them), so each (row, token) gets those functions' bits, hence vec_dot's.
- * Rows in blocks of AKG_RB (in L2) against every group of tokens (in L1).
+ * at once (a row's header, nibbles and scales made once for all of them), so
+ * each (row, token) gets those functions' integer lanes, hence their bits
+ * (vec_dot's). Rows in blocks of AKG_RB (in L2) against every group of
+ * tokens (in L1).
+ *
+ * The lanes are computed with fewer operations than ak4_block's maddubs,
+ * madd, add per 32 weights: lane l of a super-block's sum is, for each of its
+ * 8 groups of 32 weights (one scale each), the scale times the 4 products of
+ * the group's dword l. A pair of groups (2p: the low nibbles, 2p + 1: the
+ * high, meeting the token's bytes 64p.. and 64p + 32..) is laid out as two
+ * vectors by 16-bit units (ak_pair): A = dword l's low unit of group 2p and
+ * of group 2p + 1, B = their high units, the token's bytes alike. Then
+ * maddubs(A) + maddubs(B) (int16: 4 products of one group per word, <= 4 *
+ * 31 * 127 < 2^15) has in word 2l group 2p's four and in word 2l + 1 group
+ * 2p + 1's, and one madd with the two scales gives lane l both groups' terms:
+ * per 64 weights and token two maddubs, an add, a madd and an add instead of
+ * two of each and three adds. The same integers lane for lane: the same bits.
+ *
  * What a group of tokens needs is laid out once per (row block, group)
- * (akg_toks): the tokens' bytes block by block (one pointer for all T), their
- * d, and for each pair of tokens the bsums pair sums and d side by side in
- * one vector, so the min term of two tokens takes one madd, conversion,
- * product and FMA (the same operations lane for lane as ak4_row's 128-bit
- * ones: the same bits), and d * dy of 8 tokens one product. ---- */
-enum { AKG_T = 8, AKG_P = AKG_T / 2, AKG_RB = 64, AKG_CB = 640 /* (row, super-block)s unpacked at once */ };
+ * (akg_toks): the tokens' bytes block by block so paired (one pointer for all
+ * T), their d, and for each pair of tokens the bsums pair sums and d side by
+ * side in one vector, so the min term of two tokens takes one madd,
+ * conversion, product and FMA (the same operations lane for lane as
+ * ak4_row's 128-bit ones: the same bits), and d * dy of 8 tokens one
+ * product. ---- */
+enum { AKG_T = 8, AKG_P = AKG_T / 2, AKG_RB = 128, AKG_CB = 1536 /* (row, super-block)s unpacked at once */ };
+
+/* Two vectors of 32 bytes (a group pair, weights or token bytes) by 16-bit
+ * units: o[0] the low unit of each dword of a and of b, o[1] the high ones. */
+AI void ak_pair(__m256i a, __m256i b, __m256i *o) {
+    o[0] = _mm256_blend_epi16(a, _mm256_slli_epi32(b, 16), 0xaa);
+    o[1] = _mm256_blend_epi16(_mm256_srli_epi32(a, 16), b, 0xaa);
+}
 
 typedef struct {
-    int8_t qs[RK4_MAXB][AKG_T][CM_QK_K]; /* token t's bytes of super-block b */
+    int8_t qs[RK4_MAXB][AKG_T][CM_QK_K]; /* token t's bytes of super-block b, paired (ak_pair per 64) */
     float yd[RK4_MAXB][AKG_T];           /* token t's d (0 past T) */
     __m256 yd2[RK4_MAXB][AKG_P];         /* d of tokens 2p (low half) and 2p + 1 (high), 4 each */
     __m256i pr2[RK4_MAXB][AKG_P];        /* their bsums pair sums, likewise */
@@ -172,20 +195,28 @@ typedef struct {
 
 /* T tokens (yv) of nb super-blocks into g. */
 static void akg_prep(int64_t nb, const cm_block_q8_k *const *yv, int T, akg_toks *g) {
+    for (int t = 0; t < AKG_T; t++) /* token by token: one stream read at a time */
+        for (int64_t b = 0; b < nb; b++) {
+            if (t >= T) {
+                g->yd[b][t] = 0.0f;
+                continue;
+            }
+            const cm_block_q8_k *y = yv[t] + b;
+            for (int o = 0; o < CM_QK_K; o += 64) {
+                __m256i v[2];
+                ak_pair(ld256(y->qs + o), ld256(y->qs + o + 32), v);
+                _mm256_storeu_si256((__m256i *)(void *)(g->qs[b][t] + o), v[0]);
+                _mm256_storeu_si256((__m256i *)(void *)(g->qs[b][t] + o + 32), v[1]);
+            }
+            g->yd[b][t] = y->d;
+        }
     for (int64_t b = 0; b < nb; b++) {
         __m128i pr[AKG_T];
         for (int t = 0; t < AKG_T; t++) {
             if (t < T) {
-                const cm_block_q8_k *y = yv[t] + b;
-                for (int o = 0; o < CM_QK_K; o += 32)
-                    _mm256_storeu_si256((__m256i *)(void *)(g->qs[b][t] + o), ld256(y->qs + o));
-                g->yd[b][t] = y->d;
-                const __m256i bs = ld256(y->bsums);
+                const __m256i bs = ld256(yv[t][b].bsums);
                 pr[t] = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
-            } else {
-                g->yd[b][t] = 0.0f;
-                pr[t] = _mm_setzero_si128();
-            }
+            } else pr[t] = _mm_setzero_si128();
         }
         for (int p = 0; p < AKG_P; p++) {
             g->yd2[b][p] = _mm256_set_m128(_mm_set1_ps(g->yd[b][2 * p + 1]), _mm_set1_ps(g->yd[b][2 * p]));
@@ -194,11 +225,13 @@ static void akg_prep(int64_t nb, const cm_block_q8_k *const *yv, int T, akg_toks
     }
 }
 
-/* One super-block of a row, unpacked for the gemm: v[i] the values (bytes,
- * q5_k's with the fifth bit) that meet the token's bytes 32i..32i + 31, s[i]
- * their scale as words, mn2 the mins as words in both halves, d, dmin. */
+/* One super-block of a row, unpacked for the gemm: v[2p], v[2p + 1] the
+ * values (bytes, q5_k's with the fifth bit) of groups 2p and 2p + 1 paired
+ * (ak_pair), sc2[p] their two scales as words (2p low), mn2 the mins as
+ * words in both halves, d, dmin. */
 typedef struct {
-    __m256i v[8], s[8], mn2;
+    __m256i v[8], mn2;
+    int32_t sc2[4];
     float d, dmin;
 } akg_blk;
 
@@ -216,16 +249,13 @@ AI void akg_unpack_blk(const uint8_t *qs, const uint8_t *qhp, int has_qh, __m256
             hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 1), one), 4));
             qh = _mm256_srli_epi16(qh, 2);
         }
-        o->v[2 * j] = lo;
-        o->v[2 * j + 1] = hi;
-        o->s[2 * j] = ak_scale(sw, 2 * j);
-        o->s[2 * j + 1] = ak_scale(sw, 2 * j + 1);
+        ak_pair(lo, hi, &o->v[2 * j]);
     }
+    _mm_storeu_si128((__m128i *)(void *)o->sc2, _mm256_castsi256_si128(sw)); /* dword p: words 2p, 2p + 1 */
     o->mn2 = _mm256_broadcastsi128_si256(mn16);
     o->d = d;
     o->dmin = dmin;
 }
-
 /* A repacked row (q4_k lanes, or q5_k lanes when has_qh) of nb super-blocks into o[0..nb). */
 static void akg_unpack(int64_t nb, const uint8_t *x, int has_qh, akg_blk *o) {
     const size_t group = has_qh ? (size_t)AK5_GROUP : (size_t)RK4_GROUP;
@@ -267,11 +297,15 @@ AI void akg_row(int64_t nb, const akg_blk *x, const akg_toks *g, int T, float *o
     for (int64_t b = 0; b < nb; b++) {
         const int8_t *yq = g->qs[b][0];
         __m256i sumi[AKG_T];
-        _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) sumi[t] = _mm256_setzero_si256();
-        _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
-            const __m256i v = x[b].v[i], sc = x[b].s[i];
-            _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) sumi[t] = ax_keep(_mm256_add_epi32(
-                sumi[t], _mm256_madd_epi16(_mm256_maddubs_epi16(v, ld256(yq + CM_QK_K * t + 32 * i)), sc)));
+        _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++) {
+            const __m256i va = x[b].v[2 * p], vb = x[b].v[2 * p + 1], sc = _mm256_set1_epi32(x[b].sc2[p]);
+            _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) {
+                const int8_t *yy = yq + CM_QK_K * t + 64 * p;
+                const __m256i s = _mm256_madd_epi16(
+                    _mm256_add_epi16(_mm256_maddubs_epi16(va, ld256(yy)), _mm256_maddubs_epi16(vb, ld256(yy + 32))),
+                    sc);
+                sumi[t] = ax_keep(p ? _mm256_add_epi32(sumi[t], s) : s);
+            }
         }
         float dy[AKG_T];
         _mm256_storeu_ps(dy, _mm256_mul_ps(_mm256_set1_ps(x[b].d), _mm256_loadu_ps(g->yd[b])));
@@ -291,7 +325,7 @@ AI void akg_gemm(int has_qh, int64_t k, const void *w, size_t w_stride, const vo
                  int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {
     const int64_t nb = k / CM_QK_K;
     CM_ASSERT(nb <= RK4_MAXB);
-    /* ~660 KiB (compute threads: CM_COMPUTE_STACK) */
+    /* ~775 KiB (compute threads: CM_COMPUTE_STACK) */
     akg_toks g;
     akg_blk rows[AKG_CB];
     const int64_t rb = nb * AKG_RB <= AKG_CB ? AKG_RB : (nb > AKG_CB ? 1 : AKG_CB / nb);
