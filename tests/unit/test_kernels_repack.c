@@ -202,7 +202,7 @@ static void test_q4_0_batched(void) {
         check_batch(k, CM_TYPE_Q4_0, 512);
         check_batch(k, CM_TYPE_Q4_0, 43 * 32);
         check_batch(k, CM_TYPE_Q4_0, 5632);
-        check_batch(k, CM_TYPE_Q4_0, 2816); /* a TP member's ffn_down slice: an 8-block tail */
+        check_batch(k, CM_TYPE_Q4_0, 2816);  /* a TP member's ffn_down slice: an 8-block tail */
         check_batch(k, CM_TYPE_Q4_0, 16384); /* more tokens than one pack holds: chunks */
     }
     if (!tables) printf("skip: no kernel table on this CPU has a batched gemm over repacked q4_0\n");
