@@ -68,14 +68,25 @@ grep -q "node 127.0.0.1:$PA not used: na serves" "$TMP/run2.log" && ok || bad "p
 grep -q "took stage" "$TMP/nc.log" && ok || bad "partial: nc took no stage: $(tail -3 "$TMP/nc.log")"
 
 # ---- take: --take moves both nodes; the server hears it at once
-timeout 60 "$BIN" run "$M" --cluster --nodes "127.0.0.1:$PA,127.0.0.1:$PB" --take --layers 2,2,1 -p "$(cc_prompt 2)" -n $N_TOK \
-    --temp 0 --threads 1 --json >"$TMP/run3.json" 2>"$TMP/run3.log" &
+# `run` pauses 60 ms after each micro-batch (about 1.5 s in all): the server
+# hears within a poll of its reader (100 ms), and a loaded machine (a CI run's
+# parallel tests) must not end `run` before this script looks
+CUMULO_TEST_CLUSTER_DELAY_MS=60 timeout 60 "$BIN" run "$M" --cluster --nodes "127.0.0.1:$PA,127.0.0.1:$PB" --take \
+    --layers 2,2,1 -p "$(cc_prompt 2)" -n $N_TOK --temp 0 --threads 1 --json >"$TMP/run3.json" 2>"$TMP/run3.log" &
 RUN=$!
 # the server's log says so while `run` still holds the nodes (run prints its
-# text only at the end; the line must come first)
-cc_wait_grep "$TMP/srv.log" "was taken over by coordinator" 300 && ok || bad "take: the server did not hear: $(tail -5 "$TMP/srv.log")"
-heard_before_end=0
-kill -0 $RUN 2>/dev/null && heard_before_end=1
+# text only at the end; the line must come first): the line seen first, then
+# `run` found alive
+heard_before_end=0; heard=0; k=0
+while [ $k -lt 3000 ]; do
+    if grep -q "was taken over by coordinator" "$TMP/srv.log"; then
+        heard=1
+        kill -0 $RUN 2>/dev/null && heard_before_end=1
+        break
+    fi
+    k=$((k + 1)); sleep 0.01
+done
+[ $heard -eq 1 ] && ok || bad "take: the server did not hear: $(tail -5 "$TMP/srv.log")"
 wait $RUN
 rc=$?
 got=$(perl -MJSON::PP -e 'local $/; print decode_json(<STDIN>)->{text}' <"$TMP/run3.json" 2>/dev/null)
