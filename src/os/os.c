@@ -60,9 +60,25 @@ int cm_file_map(cm_mapped_file *f, const char *path, char *err, size_t errlen) {
 
 #define CM_HUGE_PAGE ((size_t)2 << 20)
 
-void *cm_huge_alloc(size_t n) {
+/* The length mapped for n bytes: whole 4 KiB pages, and from 2 MiB on whole
+ * huge pages where the last one would be at least half used, so that a huge
+ * page backs the end too: a region's last partial huge page is otherwise 4
+ * KiB pages, which a gemv streams from memory several times slower (a TP
+ * member's share of the 1B model's output head, whose last 1.2 MiB were such
+ * pages, ran ~20% slower than the other member's: HISTORY.md, session 22,
+ * tp). A shorter tail stays on 4 KiB pages: at most 1 MiB unused per region. */
+static size_t huge_len(size_t n) {
     if (n == 0) n = 1;
     size_t len = (n + 4095) & ~(size_t)4095;
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    const size_t tail = len & (CM_HUGE_PAGE - 1);
+    if (len >= CM_HUGE_PAGE && tail >= CM_HUGE_PAGE / 2 && len + CM_HUGE_PAGE > len) len += CM_HUGE_PAGE - tail;
+#endif
+    return len;
+}
+
+void *cm_huge_alloc(size_t n) {
+    size_t len = huge_len(n);
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
     if (len >= CM_HUGE_PAGE) {
         size_t big = len + CM_HUGE_PAGE;
@@ -83,8 +99,7 @@ void *cm_huge_alloc(size_t n) {
 
 void cm_huge_free(void *p, size_t n) {
     if (!p) return;
-    if (n == 0) n = 1;
-    munmap(p, (n + 4095) & ~(size_t)4095);
+    munmap(p, huge_len(n));
 }
 
 int cm_file_load(cm_mapped_file *f, const char *path, void (*progress)(void *ctx, uint64_t done, uint64_t total),

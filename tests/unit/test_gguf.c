@@ -158,6 +158,35 @@ static void test_load_in_memory(void) {
         memset(h, 7, n);
         cm_huge_free(h, n);
     }
+#if defined(__linux__)
+    /* A size whose last huge page is at least half used maps it whole, so
+     * that a huge page can back the end too (a 4 KiB-page tail streamed
+     * several times slower: HISTORY.md, session 22, tp); a shorter tail does
+     * not (at most 1 MiB unused). Free unmaps all of it. */
+    const size_t sizes[2] = {((size_t)5 << 20) + 4096 + 1, ((size_t)4 << 20) + 4096};
+    const unsigned long long spans[2] = {6ull << 20, (4ull << 20) + 4096};
+    for (int i = 0; i < 2; i++) {
+        n = sizes[i];
+        h = cm_huge_alloc(n);
+        CHECK(h != NULL);
+        if (!h) continue;
+        CHECK(h[n - 1] == 0);
+        unsigned long long want = (unsigned long long)(uintptr_t)h, lo = 0, hi = 0, a, b;
+        FILE *f = fopen("/proc/self/maps", "r");
+        char line[512];
+        while (f && fgets(line, sizeof line, f))
+            if (sscanf(line, "%llx-%llx", &a, &b) == 2 && a <= want && want < b) lo = a, hi = b;
+        if (f) fclose(f);
+        CHECKF(lo == want && hi - lo == spans[i], "%zu bytes: mapping [%llx, %llx) for %p", n, lo, hi, (void *)h);
+        cm_huge_free(h, n);
+        bool still = false;
+        f = fopen("/proc/self/maps", "r");
+        while (f && fgets(line, sizeof line, f))
+            if (sscanf(line, "%llx-%llx", &a, &b) == 2 && a < want + spans[i] && b > want) still = true;
+        if (f) fclose(f);
+        CHECK(!still);
+    }
+#endif
     /* The policy: CUMULO_MMAP set means map; an impossible size never fits. */
     CHECK(!cm_gguf_worth_loading((uint64_t)1 << 62) || cm_mem_available_bytes() == 0);
     setenv("CUMULO_MMAP", "1", 1);
