@@ -83,10 +83,16 @@ grep -q -- '--mmap' "$T/help" && ok || bad "--mmap not in --help"
 
 # --nodes: the same measurement over a one-node cluster on loopback
 "$BIN" key --new --file "$T/k" >/dev/null 2>&1
-cport=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-"$BIN" node --port "$cport" --no-mdns --key-file "$T/k" >"$T/node.log" 2>&1 &
+# --port 0 and its port file: the node's own free port (a port picked and
+# closed by another process can be taken meanwhile), known once it listens
+# (it measures its speed first: ~1.1 s on a loaded 2-core machine; the
+# script used to sleep 1 s and rely on the listen backlog)
+"$BIN" node --port 0 --port-file "$T/node.port" --no-mdns --key-file "$T/k" >"$T/node.log" 2>&1 &
 cnode=$!
-sleep 1
+i=0
+while [ ! -s "$T/node.port" ] && [ $i -lt 300 ] && kill -0 $cnode 2>/dev/null; do sleep 0.1; i=$((i + 1)); done
+cport=$(cat "$T/node.port" 2>/dev/null)
+[ -n "$cport" ] || bad "bench --nodes: the node did not start: $(tail -3 "$T/node.log")"
 timeout 120 "$BIN" bench "$SHARED/models/stories260K-q8_0.gguf" --nodes "127.0.0.1:$cport" --key-file "$T/k" \
     --threads 1 --reps 1 --prompt 16 --gen 8 --bw-mib 16 --json >"$T/cjson" 2>"$T/cerr"; rc=$?
 kill $cnode 2>/dev/null; wait $cnode 2>/dev/null

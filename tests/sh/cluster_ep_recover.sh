@@ -33,7 +33,11 @@ run_kill() {
     run=$!
     CC_PIDS="$CC_PIDS $run"
     cc_wait_grep "$TMP/$1.log" 'expert parallel:' 300 || bad "$1: no expert group: $(tail -3 "$TMP/$1.log")"
+    # the kill once the members have loaded ('expert parallel:' is the plan;
+    # a member lost while it loads fails the run instead), then mid-run
+    cc_wait_grep "$TMP/$1.log" 'cluster ready' 300 || bad "$1: the cluster did not start: $(tail -3 "$TMP/$1.log")"
     sleep 0.4 # ~10 tokens in
+    kill -0 $run 2>/dev/null && ok || bad "$1: the run had ended before the kill"
     kill -9 "$3"
     wait $run
     perl -MJSON::PP -e 'binmode STDOUT, ":utf8"; local $/; print decode_json(<STDIN>)->{text}' <"$TMP/$1.json" >"$TMP/$1.got" 2>/dev/null

@@ -107,11 +107,16 @@ CUMULO_TEST_CLUSTER_DELAY_MS=40 "$BIN" run "$M" -p "$PROMPT" -n $N --temp 0 --th
 run=$!
 CC_PIDS="$CC_PIDS $run"
 cc_wait_grep "$TMP/kill.log" 'expert parallel:' 300 || bad "kill: no expert group: $(tail -3 "$TMP/kill.log")"
+# the members have loaded (and logged their replicas) once the run says
+# 'cluster ready'; 'expert parallel:' is the plan, and a member lost while it
+# loads fails the run instead of a recovery
+cc_wait_grep "$TMP/kill.log" 'cluster ready' 300 || bad "kill: the cluster did not start: $(tail -3 "$TMP/kill.log")"
 victim=""
 grep -q 'weight bytes streamed, replicas' "$TMP/ka.log" && victim=$PID_a vname=a
 [ -z "$victim" ] && grep -q 'weight bytes streamed, replicas' "$TMP/kb.log" && victim=$PID_b vname=b
 [ -n "$victim" ] && ok || bad "kill: neither node holds a replica"
 sleep 0.4 # ~10 tokens in
+kill -0 $run 2>/dev/null && ok || bad "kill: the run had ended before the kill"
 [ -n "$victim" ] && kill -9 "$victim"
 wait $run
 cc_jsonget "$TMP/kill.json" '$j->{text}' >"$TMP/kill.got" 2>/dev/null

@@ -103,29 +103,49 @@ ADDR_c=127.0.0.1:$PORT_c
 ALL=$ADDR_a,$ADDR_b,$ADDR_c
 [ -n "$PORT_a" ] && [ -n "$PORT_b" ] && [ -n "$PORT_c" ] && ok || { bad "nodes did not start"; cat "$TMP"/*.log; exit 1; }
 
-# node_tp NAME: "rows ops data_bytes k stage layers" of the node's next
-# finished TP assignment (printed when the coordinator leaves; wait for it).
-seen_a=0 seen_b=0 seen_c=0
-node_tp() {
-    eval "before=\$seen_$1"
+# A node logs each assignment ("... (epoch E), rank R of K" at info level) and,
+# when the assignment ends (the coordinator leaves, a re-plan replaces it), a
+# member of a group (K > 1) prints its traffic: "tensor-parallel rank R of K
+# (epoch E), stage S ...". That line comes after the run has exited, later on
+# a loaded machine. (A fixed 0.5 s wait, and counting every line with
+# "tensor-parallel rank" in it, which the "rank N connected from" lines of
+# the run itself satisfy at once, could read the previous run's line.)
+# tp_pending NAME: how many of the node's group assignments lack that line.
+tp_pending() {
+    perl -ne '$a{$1} = 1 if /\(epoch (\d+)\), rank \d+ of (\d+)/ && $2 > 1;
+        $d{$1} = 1 if /^(?:tensor|expert)-parallel rank \d+ of \d+ \(epoch (\d+)\), stage/;
+        END { print scalar(grep { !$d{$_} } keys %a) }' "$TMP/$1.log"
+}
+# tp_wait NAME: until every group assignment of the node has its line (up to 10 s).
+tp_wait() {
     i=0
-    while [ $i -lt 100 ]; do
-        cnt=$(grep -c 'tensor-parallel rank' "$TMP/$1.log")
-        [ "$cnt" -gt "$before" ] && break
-        sleep 0.05
+    while [ "$(tp_pending "$1")" != 0 ]; do
         i=$((i + 1))
+        if [ $i -ge 200 ]; then
+            echo "FAIL: node $1: $(tp_pending "$1") group assignment(s) without a traffic line 10 s after the run" >&2
+            return 1
+        fi
+        sleep 0.05
     done
-    eval "seen_$1=\$cnt"
-    grep 'tensor-parallel rank' "$TMP/$1.log" | tail -1 |
+}
+
+# node_tp NAME: "rows ops data_bytes k stage layers" of the node's latest
+# group assignment (empty, so the caller's check fails, when it has none or
+# its line never came).
+node_tp() {
+    tp_wait "$1" || return 0
+    e=$(perl -ne 'print "$1\n" if /\(epoch (\d+)\), rank \d+ of (\d+)/ && $2 > 1' "$TMP/$1.log" | tail -1)
+    [ -n "$e" ] || return 0
+    grep "^tensor-parallel rank [0-9]* of [0-9]* (epoch $e), stage" "$TMP/$1.log" | tail -1 |
         sed 's/.*rank [0-9]* of \([0-9]*\) .*stage \([0-9]*\) layers \[\([0-9]*\), \([0-9]*\)): \([0-9]*\) rows, \([0-9]*\) all-reduces, \([0-9]*\) element bytes.*/\5 \6 \7 \1 \2 \4-\3/' | sed 's/ \([0-9]*\)-\([0-9]*\)$/ \1 \2/' |
         perl -ane 'print "$F[0] $F[1] $F[2] $F[3] $F[4] ", $F[5] - $F[6], "\n"'
 }
 
-# resync: after a run whose members we do not check, wait for the nodes to
-# finish their assignment and skip their lines.
+# resync: after a run whose members we do not check, wait until the nodes
+# have ended its assignments (their traffic lines are out), so that the next
+# run's assignment is each node's latest.
 resync() {
-    sleep 0.5
-    for nd in a b c; do eval "seen_$nd=$(grep -c 'tensor-parallel rank' "$TMP/$nd.log")"; done
+    for nd in a b c; do tp_wait $nd || fail=$((fail + 1)); done
 }
 
 run_one() { # OUT MODEL PROMPT N ARGS... (ro_*: shell functions share variables)

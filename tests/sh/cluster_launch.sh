@@ -100,9 +100,17 @@ grep -q "already there" "$TMP/l2.err" && ok || bad "the binary was copied again:
 # stop
 # shellcheck disable=SC2086
 "$BIN" launch "$T" $L --stop >/dev/null 2>&1 && ok || bad "--stop failed"
-sleep 0.5
-"$BIN" nodes --no-mdns --nodes "127.0.0.1:$NPORT" --json >"$TMP/n.json" 2>/dev/null
-[ "$(jsonget "$TMP/n.json" '$j->[0]{reachable} ? 1 : 0')" = 0 ] && ok || bad "the node still answers after --stop"
+# --stop sends SIGTERM and returns: the node lets go of its port soon after,
+# later on a loaded machine; look until it no longer answers, up to 10 s
+i=0
+while :; do
+    "$BIN" nodes --no-mdns --nodes "127.0.0.1:$NPORT" --json >"$TMP/n.json" 2>/dev/null
+    [ "$(jsonget "$TMP/n.json" '$j->[0]{reachable} ? 1 : 0')" = 0 ] && break
+    i=$((i + 1))
+    [ $i -ge 50 ] && break
+    sleep 0.2
+done
+[ "$(jsonget "$TMP/n.json" '$j->[0]{reachable} ? 1 : 0')" = 0 ] && ok || bad "the node still answers 10 s after --stop"
 LAUNCHED=""
 # ssh passes no *SAN_OPTIONS (log_path) to the launched node, so in a sanitizer
 # build its reports land in its own log: look there.
@@ -138,9 +146,14 @@ grep -q "install the libraries" "$TMP/l3.err" && ok || bad "no advice on the lib
 printf '%s\n' "$(cat "$TMP/id.pub")" >"$TMP/authorized_keys"
 
 # a node that exits on start (its port is taken): the node's own error line
-perl -MIO::Socket::INET -e '$s = IO::Socket::INET->new(LocalAddr => "127.0.0.1:'$NPORT'", Listen => 1, ReuseAddr => 1) or die; sleep 120' &
+# (the holder says when it listens: perl alone takes 0.4-0.7 s to get there
+# on a loaded 2-core machine, and launch must find the port taken)
+perl -MIO::Socket::INET -e '$s = IO::Socket::INET->new(LocalAddr => "127.0.0.1:'$NPORT'", Listen => 1, ReuseAddr => 1) or die;
+    open my $f, ">", "'"$TMP/held"'" or die; close $f; sleep 120' &
 HOLD=$!
-sleep 0.3
+i=0
+while [ ! -f "$TMP/held" ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+[ -f "$TMP/held" ] && ok || bad "the port holder did not listen within 10 s"
 t4=$(date +%s.%N)
 # shellcheck disable=SC2086
 if "$BIN" launch "$T" $L2 --port "$NPORT" --no-mdns >"$TMP/l4.out" 2>"$TMP/l4.err"; then

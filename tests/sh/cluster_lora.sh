@@ -228,11 +228,16 @@ grep -q '^hybrid: 2 stages' "$TMP/s_pr_hy21.log" && ok || bad "per-request hy21:
 start_node ra --models "$M"
 start_node rb --models "$M"
 want=$(ids "$M8" -n 100 --lora "$TMP/q8.gguf")
-CUMULO_REJOIN_MS=500 CUMULO_TEST_CLUSTER_DELAY_MS=5 "$BIN" run "$M8" -p "$P" -n 100 --temp 0 --threads 1 --json \
+CUMULO_REJOIN_MS=500 CUMULO_TEST_CLUSTER_DELAY_MS=20 "$BIN" run "$M8" -p "$P" -n 100 --temp 0 --threads 1 --json \
     --nodes "127.0.0.1:$PORT_ra,127.0.0.1:$PORT_rb" --layers 2,2,1 --lora "$TMP/q8.gguf" >"$TMP/rec.json" 2>"$TMP/rec.err" &
 RUN=$!
-cc_wait_grep "$TMP/rec.err" 'why:' 100
+# the kill after 'cluster ready' (the stages loaded; 'why:' is the plan, and a
+# node lost while its stage loads fails the run instead), then mid-run: 20 ms a
+# token makes 100 tokens last 2 s at least (at 5 ms the margin was 0.3 s);
+# said, not assumed:
+cc_wait_grep "$TMP/rec.err" 'cluster ready' 300 || bad "recovery: the cluster did not start: $(tail -3 "$TMP/rec.err")"
 sleep 0.2
+kill -0 $RUN 2>/dev/null && ok || bad "recovery: the run had ended before the kill"
 kill -9 "$PID_ra"
 wait $RUN
 got=$(cc_jsonget "$TMP/rec.json" 'join(",", @{$j->{tokens}})')

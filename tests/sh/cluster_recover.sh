@@ -155,15 +155,20 @@ grep -q 'recovered' "$TMP/spre.log" && ok || bad "prefill: no recovery in the lo
 echo "prefill: $started of 6 streams had output at the kill" >&2
 kill -9 $SRV 2>/dev/null
 
-# ---- cli: `cumulo run --cluster`, 5 ms pause per token (test hook)
+# ---- cli: `cumulo run --cluster`, 20 ms pause per token (test hook)
 start_node clia; A=$NODE_PID; PA=$NODE_PORT
 start_node clib; PB=$NODE_PORT
-CUMULO_TEST_CLUSTER_DELAY_MS=5 "$BIN" run "$M" -p "$(cc_prompt 1)" -n $N_TOK --temp 0 --threads 1 \
+CUMULO_TEST_CLUSTER_DELAY_MS=20 "$BIN" run "$M" -p "$(cc_prompt 1)" -n $N_TOK --temp 0 --threads 1 \
     --nodes "127.0.0.1:$PA,127.0.0.1:$PB" --layers 2,2,1 --json >"$TMP/cli.json" 2>"$TMP/cli.log" &
 RUN=$!
 sleep 0.1
-wait_log "$TMP/cli.log" 'why:' 100
+# the kill after 'cluster ready' (the stages loaded; 'why:' is the plan, and a
+# node lost while its stage loads fails the run instead), then mid-run: 20 ms a
+# token makes 100 tokens last 2 s at least (at 5 ms the margin was 0.3 s);
+# said, not assumed:
+wait_log "$TMP/cli.log" 'cluster ready' 300 || bad "cli: the cluster did not start: $(tail -3 "$TMP/cli.log")"
 sleep 0.2
+kill -0 $RUN 2>/dev/null && ok || bad "cli: the run had ended before the kill"
 kill -9 $A
 wait $RUN
 perl -MJSON::PP -e 'local $/; print decode_json(<STDIN>)->{text}' <"$TMP/cli.json" >"$TMP/cli.got" 2>/dev/null

@@ -37,12 +37,17 @@ text_of() { perl -MJSON::PP -e 'local $/; print decode_json(<STDIN>)->{text}' 2>
 CC_NOWAIT=1 cc_start_node cli-a; A=$NODE_PID
 cc_start_node cli-b
 cc_wait_grep "$TMP/cli-a.port" . 100 || bad "cli: node a did not start"
-CUMULO_TEST_CLUSTER_DELAY_MS=8 "$BIN" run "$M" -p "$(prompt 1)" -n $N_TOK --temp 0.8 --seed 11 --threads 1 \
+CUMULO_TEST_CLUSTER_DELAY_MS=20 "$BIN" run "$M" -p "$(prompt 1)" -n $N_TOK --temp 0.8 --seed 11 --threads 1 \
     --nodes "127.0.0.1:$(cat "$TMP/cli-a.port"),127.0.0.1:$(cat "$TMP/cli-b.port")" --layers 2,2,1 --json \
     >"$TMP/cli.json" 2>"$TMP/cli.log" &
 RUN=$!
-cc_wait_grep "$TMP/cli.log" 'why:' 100
+# the kill after 'cluster ready' (the stages loaded; 'why:' is the plan, and a
+# node lost while its stage loads fails the run instead), then mid-run: 20 ms a
+# token makes 100 tokens last 2 s at least (at 8 ms the margin was 0.5 s);
+# said, not assumed:
+cc_wait_grep "$TMP/cli.log" 'cluster ready' 300 || bad "cli: the cluster did not start: $(tail -3 "$TMP/cli.log")"
 sleep 0.3
+kill -0 $RUN 2>/dev/null && ok || bad "cli: the run had ended before the kill"
 kill -9 $A
 wait $RUN
 text_of <"$TMP/cli.json" >"$TMP/cli.got"
@@ -59,11 +64,12 @@ TPN="127.0.0.1:$(cat "$TMP/clitp-a.port"),127.0.0.1:$(cat "$TMP/clitp-b.port")"
 "$BIN" run "$F32" -p "$(prompt 2)" -n $N_TOK --temp 0.8 --seed 12 --threads 1 --nodes "$TPN" --parallel tp --json \
     2>"$TMP/clitp-u.log" | text_of >"$TMP/clitp.want"
 [ -s "$TMP/clitp.want" ] || bad "clitp: no undisturbed text: $(tail -2 "$TMP/clitp-u.log")"
-CUMULO_TEST_CLUSTER_DELAY_MS=8 "$BIN" run "$F32" -p "$(prompt 2)" -n $N_TOK --temp 0.8 --seed 12 --threads 1 \
+CUMULO_TEST_CLUSTER_DELAY_MS=20 "$BIN" run "$F32" -p "$(prompt 2)" -n $N_TOK --temp 0.8 --seed 12 --threads 1 \
     --nodes "$TPN" --parallel tp --json >"$TMP/clitp.json" 2>"$TMP/clitp.log" &
 RUN=$!
-cc_wait_grep "$TMP/clitp.log" 'why:' 100
+cc_wait_grep "$TMP/clitp.log" 'cluster ready' 300 || bad "clitp: the cluster did not start: $(tail -3 "$TMP/clitp.log")"
 sleep 0.3
+kill -0 $RUN 2>/dev/null && ok || bad "clitp: the run had ended before the kill"
 kill -9 $A
 wait $RUN
 text_of <"$TMP/clitp.json" >"$TMP/clitp.got"

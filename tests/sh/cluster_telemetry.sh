@@ -2,8 +2,8 @@
 # cluster_telemetry.sh (issue 19, item 4): live telemetry from every node.
 # `cumulo serve` + two nodes that play machines of their own (host ids
 # cc-na, cc-nb); na reads a fake RAPL tree (CUMULO_POWERCAP_ROOT, whose
-# counter a loop advances by 5 J every 0.2 s: 25 W), nb has none (an
-# estimate). After a few requests:
+# counter a loop sets every 20 ms to 25 W times the time since it began), nb
+# has none (an estimate). After a few requests:
 #   /api/cluster: every remote node's memory in use, CPU load, power and its
 #     label (na measured, nb estimated), tokens/s and time per token of its
 #     stage come from its heartbeats; the cluster's watts are the sum over the
@@ -21,7 +21,16 @@ RAPL=$TMP/rapl
 mkdir -p "$RAPL/intel-rapl:0"
 echo 1000000000000 >"$RAPL/intel-rapl:0/max_energy_range_uj"
 echo 0 >"$RAPL/intel-rapl:0/energy_uj"
-( e=0; while :; do e=$((e + 5000000)); echo $e >"$RAPL/intel-rapl:0/energy_uj.t" && mv "$RAPL/intel-rapl:0/energy_uj.t" "$RAPL/intel-rapl:0/energy_uj"; sleep 0.2; done ) &
+# The counter follows the clock, not the loop's pace: a shell loop adding 5 J
+# per `sleep 0.2` (forking echo, mv and sleep) slowed to ~0.3 s a turn at load
+# 20 and read 17.8 W; at 0.4 s a turn a 500 ms window holds one step (10 W).
+# No forks here, and however late a turn runs it writes 25 W x elapsed.
+perl -MTime::HiRes=time,sleep -e '
+    my ($d, $t0) = ($ARGV[0], time);
+    while (1) {
+        open my $f, ">", "$d/energy_uj.t" or die; printf $f "%d\n", 25e6 * (time - $t0); close $f;
+        rename "$d/energy_uj.t", "$d/energy_uj" or die; sleep 0.02;
+    }' "$RAPL/intel-rapl:0" &
 CC_PIDS="$CC_PIDS $!"
 CUMULO_POWERCAP_ROOT=$RAPL cc_start_node na --bind 127.0.0.1 --no-mdns; PA=$NODE_PORT
 cc_start_node nb --bind 127.0.0.1 --no-mdns; PB=$NODE_PORT
@@ -50,9 +59,9 @@ done
 na=$(node_of $PA); nb=$(node_of $PB)
 [ "$(j "$na->{power_source}")" = measured ] && [ "$(j "$nb->{power_source}")" = estimated ] && ok ||
     bad "power sources: na $(j "$na->{power_source}"), nb $(j "$nb->{power_source}")"
-# na's fake counter: 25 W on average (5 J every 0.2 s; the loop's sleeps stretch on a loaded machine),
-# read as the average over one heartbeat (CM_PIPE_HB_MS, 500 ms): 2 or 3 steps of 5 J fall in a
-# window, 20 or 30 W (a CI run saw 29.9)
+# na's fake counter: 25 W, read as the average over one heartbeat (CM_PIPE_HB_MS, 500 ms); the
+# counter lags the clock by at most a late turn of its loop, so a window reads 25 W give or take
+# that lag over 500 ms; the bounds keep it apart from the estimate (65 W here) and from nothing
 [ "$(j "$na->{power_watts} > 12 && $na->{power_watts} <= 31 ? 1 : 0")" = 1 ] && ok || bad "na watts $(j "$na->{power_watts}")"
 [ "$(j '$j->{power_hosts}')" = 3 ] && [ "$(j '$j->{power_missing}')" = 0 ] && ok || bad "hosts $(j '$j->{power_hosts}') missing $(j '$j->{power_missing}')"
 sum=$(j 'my $s = 0; $s += $_->{power_watts} for @{$j->{nodes}}; $s')

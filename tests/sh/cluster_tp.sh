@@ -34,18 +34,25 @@ ADDR_c=127.0.0.1:$PORT_c
 L=$(cc_jsonget "$TMP/info.json" '$j->{n_layer}')
 D=$(cc_jsonget "$TMP/info.json" '$j->{n_embd}')
 
-# node_bytes NAME: "rows data_bytes" of the node's last finished TP assignment
-# (printed when the coordinator leaves; wait for it).
+# node_bytes NAME LAST_EPOCH: "rows data_bytes epoch" of the node's latest
+# tensor-parallel assignment ("took stage ... (epoch E), tensor-parallel
+# member"), from the line it prints when the assignment ends ("tensor-parallel
+# rank R of K (epoch E), stage ..."): after the run has exited and the node
+# has noticed, later on a loaded machine, so wait for that line (up to 10 s).
+# Empty (the caller's check fails) when the node took no new assignment since
+# LAST_EPOCH or its line never came. (It used to wait 3 s for one more line
+# than the caller had counted and then take the last line, whichever run's.)
 node_bytes() {
+    e=$(sed -n 's/.*took stage .* (epoch \([0-9]*\)), tensor-parallel member.*/\1/p' "$TMP/$1.log" | tail -1)
+    [ -n "$e" ] && [ "$e" != "$2" ] || return 0
     i=0
-    while [ $i -lt 60 ]; do
-        line=$(grep 'tensor-parallel rank' "$TMP/$1.log" | tail -1)
-        cnt=$(grep -c 'tensor-parallel rank' "$TMP/$1.log")
-        [ "$cnt" -gt "$2" ] && break
-        sleep 0.05
+    while ! grep -q "^tensor-parallel rank [0-9]* of [0-9]* (epoch $e), stage" "$TMP/$1.log"; do
         i=$((i + 1))
+        [ $i -ge 200 ] && return 0
+        sleep 0.05
     done
-    echo "$line" | sed 's/.*: \([0-9]*\) rows, [0-9]* all-reduces, \([0-9]*\) element bytes.*/\1 \2/'
+    grep "^tensor-parallel rank [0-9]* of [0-9]* (epoch $e), stage" "$TMP/$1.log" | tail -1 |
+        sed 's/.*: \([0-9]*\) rows, [0-9]* all-reduces, \([0-9]*\) element bytes.*/\1 \2 '"$e"'/'
 }
 seen_a=0 seen_b=0 seen_c=0
 
@@ -72,7 +79,7 @@ for q in f32 q8_0; do
                 case $nodes in *"$(eval echo "\$ADDR_$nd")"*) ;; *) continue ;; esac
                 eval "before=\$seen_$nd"
                 set -- $(node_bytes $nd "$before")
-                eval "seen_$nd=$((before + 1))"
+                [ -n "$3" ] && eval "seen_$nd=$3"
                 [ "$1" = "$rows" ] && [ "$2" = $((rows * per)) ] && ok ||
                     bad "$q case $c, $k members: node $nd sent ${2:-?} element bytes for ${1:-?} rows, expected $rows x $per"
             done

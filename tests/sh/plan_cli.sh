@@ -93,11 +93,16 @@ out=$("$BIN" plan --preset llama-3-70b --parallel ep --simulate examples/cluster
 
 # live: two nodes on loopback with a temporary key
 "$BIN" key --new --file "$tmp/k" >/dev/null 2>&1 || bad "key"
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-p1=$(port); p2=$(port)
-"$BIN" node --port "$p1" --no-mdns --key-file "$tmp/k" >"$tmp/n1.log" 2>&1 & n1=$!
-"$BIN" node --port "$p2" --no-mdns --key-file "$tmp/k" >"$tmp/n2.log" 2>&1 & n2=$!
-sleep 1
+# --port 0 and port files: each node's own free port (a port picked and closed
+# by another process can be taken meanwhile), known once it listens (a node
+# measures its speed first: ~1.1 s on a loaded 2-core machine; the script
+# used to sleep 1 s and rely on the listen backlog)
+"$BIN" node --port 0 --port-file "$tmp/n1.port" --no-mdns --key-file "$tmp/k" >"$tmp/n1.log" 2>&1 & n1=$!
+"$BIN" node --port 0 --port-file "$tmp/n2.port" --no-mdns --key-file "$tmp/k" >"$tmp/n2.log" 2>&1 & n2=$!
+i=0
+while { [ ! -s "$tmp/n1.port" ] || [ ! -s "$tmp/n2.port" ]; } && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
+p1=$(cat "$tmp/n1.port" 2>/dev/null); p2=$(cat "$tmp/n2.port" 2>/dev/null)
+[ -n "$p1" ] && [ -n "$p2" ] || bad "live: the nodes did not start: $(tail -2 "$tmp/n1.log" "$tmp/n2.log")"
 out=$(timeout 60 "$BIN" plan "$SHARED/models/stories260K-q8_0.gguf" --nodes "127.0.0.1:$p1,127.0.0.1:$p2" --key-file "$tmp/k" 2>&1)
 if [ $? -eq 0 ] && [ "$(echo "$out" | grep -c "127.0.0.1:")" -ge 2 ] && echo "$out" | grep -q 'head'; then ok; else bad "live plan: $out"; fi
 # the two nodes and this machine share this host (their HELLOs say so): the plan says it, and the KV is one sequence's
