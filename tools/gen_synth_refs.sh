@@ -145,3 +145,8 @@ seed=4100
 for kvt in Q8_0 Q4_0 F16; do
     gen_all "llama qwen3" "f32 q8_0" "$kvt"
 done
+# Other shapes (head sizes 48-256, 6/10 heads, GQA 3/5, one KV head, odd FFN widths), BPE vocabularies and
+# prompts of 100-300 ids (past gemma3's and gpt-oss's windows, YaRN's original context); seeds from 7001
+# (tools/synth_shapes.txt, the case lines of tools/synth_sweep.sh, which writes only missing references:
+# delete a JSON to redo it).
+SWEEP_DIR=$OUT SWEEP_CMP=0 sh tools/synth_sweep.sh "$NLC" "$ONLY" tools/synth_shapes.txt

@@ -6,8 +6,10 @@
  * the last global, the others with a 4-position sliding window, and a tied
  * head like Gemma 3 270M; phi3) x every tensor type, and the RoPE
  * scalings read from the GGUF (YaRN from a 16- and 32-position original
- * context, so the greedy steps run past it; linear), F32 and Q8_0,
- * against llama.cpp. The models are random-weight files that cm_synth
+ * context, so the greedy steps run past it; linear), F32 and Q8_0, and
+ * other shapes (tools/synth_shapes.txt: head sizes 48-256, 6 and 10 heads,
+ * GQA 3 and 5, one KV head, the llama-bpe, qwen2 and gpt-2 vocabularies,
+ * prompts of 100-300 ids past the sliding windows), against llama.cpp. The models are random-weight files that cm_synth
  * regenerates from the seeds in tests/data/synth/ (what `cumulo synth`
  * writes); the JSON files hold llama.cpp's numbers for them, produced once by
  * tools/gen_synth_refs.sh (node-llama-cpp 3.21.1, 1 thread, F32 KV cache).
@@ -62,7 +64,9 @@
  * the same model made with another seed (a wrong model) and for logits scaled
  * by 1 + 1e-3 (a small numeric error), or the test itself fails.
  * CUMULO_TEST_VERBOSE=1 prints every position's error and the flip search.
- * CUMULO_SYNTH_ONLY=regex limits the models (by name).
+ * CUMULO_SYNTH_ONLY=regex limits the models (by name); CUMULO_SYNTH_DIR=DIR
+ * reads the references from DIR and runs only this comparison
+ * (tools/synth_sweep.sh).
  */
 #include "test.h"
 
@@ -81,7 +85,7 @@
 #define DATA_DIR "tests/data/synth"
 #define NPOS 8
 #define MAXGEN 64
-#define MAXPROMPT 32
+#define MAXPROMPT 512
 #define MAXCASES 4
 #define MARGIN_8BIT 0.02
 #define TOL_F32 1e-4
@@ -108,6 +112,7 @@ typedef struct ref_case {
 typedef struct ref_model {
     char name[64];
     char arch[16], type[16], scaling[16];
+    char vocab[128]; /* the vocabulary GGUF under ../shared ("" or llama-spm: g_vocab) */
     int dim, layers, heads, kv_heads, ffn, ctx;
     int experts, experts_used, expert_ffn, shared_ffn; /* mixture of experts (0: dense) */
     long seed;
@@ -115,6 +120,7 @@ typedef struct ref_model {
     char variant[16]; /* deepseek2: "v3", "v3yarn" or "lite" ("" elsewhere) */
     /* RoPE scaling keys (rope_scaling "linear"/"yarn"; 0 = not written) */
     float rope_factor, rope_attn_factor, yarn_beta_fast, yarn_beta_slow, yarn_log_mul;
+    float rope_base; /* 0: the architecture's default */
     int rope_orig_ctx;
     /* llama.cpp's KV cache (top-level "kv": "F32", "Q8_0", or "K/V") and
      * flash attention ("flash"): ours then uses those types and attn.c */
@@ -208,10 +214,11 @@ static int load_ref(const char *path, ref_model *R) {
         }
     }
     {
-        const char *fk[5] = {"rope_factor", "rope_attn_factor", "yarn_beta_fast", "yarn_beta_slow", "yarn_log_mul"};
-        float *fv[5] = {&R->rope_factor, &R->rope_attn_factor, &R->yarn_beta_fast, &R->yarn_beta_slow,
-                        &R->yarn_log_mul};
-        for (int i = 0; i < 5; i++) {
+        const char *fk[6] = {"rope_factor",    "rope_attn_factor", "yarn_beta_fast",
+                             "yarn_beta_slow", "yarn_log_mul",     "rope_base"};
+        float *fv[6] = {&R->rope_factor,    &R->rope_attn_factor, &R->yarn_beta_fast,
+                        &R->yarn_beta_slow, &R->yarn_log_mul,     &R->rope_base};
+        for (int i = 0; i < 6; i++) {
             const cJSON *x_ = cJSON_GetObjectItem(s, fk[i]);
             *fv[i] = cJSON_IsNumber(x_) ? (float)x_->valuedouble : 0.0f;
         }
@@ -233,6 +240,8 @@ static int load_ref(const char *path, ref_model *R) {
     }
     const cJSON *swa = cJSON_GetObjectItem(s, "swa");
     R->swa = cJSON_IsNumber(swa) ? swa->valueint : 0;
+    const cJSON *voc = cJSON_GetObjectItem(s, "vocab");
+    snprintf(R->vocab, sizeof R->vocab, "%s", cJSON_IsString(voc) ? voc->valuestring : "");
     const cJSON *var = cJSON_GetObjectItem(s, "variant");
     snprintf(R->variant, sizeof R->variant, "%s", cJSON_IsString(var) ? var->valuestring : "");
     R->n_cases = 0;
@@ -737,6 +746,9 @@ static int g_skipped;
  * on that GPU (src/gpu) where it runs the model; the teacher-forced context
  * (its activation hook) stays on the CPU. */
 static cm_gpu *g_gpu;
+/* The batch and context sizes a model's cases need (the committed references: 32 and 128). */
+static int g_max_batch = 32, g_max_ctx = 128;
+
 static cm_gpu_model *gpu_attach(cm_ctx *c, const cm_model *m, const char *name) {
     const char *want = getenv("CUMULO_GPU");
     int index;
@@ -751,7 +763,7 @@ static cm_gpu_model *gpu_attach(cm_ctx *c, const cm_model *m, const char *name) 
         printf("# %-16s gpu: not on the GPU: %s\n", name, why);
         return NULL;
     }
-    if (cm_gpu_model_new(&gm, g_gpu, m, m->hp.n_layer, MAXPROMPT, 128, 1, why, sizeof why)) {
+    if (cm_gpu_model_new(&gm, g_gpu, m, m->hp.n_layer, g_max_batch, g_max_ctx, 1, why, sizeof why)) {
         CHECKF(0, "%s: gpu: %s", name, why);
         return NULL;
     }
@@ -782,6 +794,7 @@ static void check_model(const ref_model *R, cm_pool *pool) {
                           .rope_scaling =
                               !strcmp(R->scaling, "llama3") || !strcmp(R->scaling, "none") ? NULL : R->scaling,
                           .rope_factor = R->rope_factor,
+                          .rope_base = R->rope_base,
                           .rope_orig_ctx = R->rope_orig_ctx,
                           .rope_attn_factor = R->rope_attn_factor,
                           .yarn_beta_fast = R->yarn_beta_fast,
@@ -799,7 +812,25 @@ static void check_model(const ref_model *R, cm_pool *pool) {
     double *p = NULL;
     g_models++;
     int bad0 = t_cur_failed;
-    if (cm_synth_write(&sp, &g_vocab, NULL, &file, errbuf, sizeof errbuf) ||
+    g_max_batch = 32;
+    g_max_ctx = 128;
+    for (int ci = 0; ci < R->n_cases; ci++) {
+        g_max_batch = R->cases[ci].n_prompt > g_max_batch ? R->cases[ci].n_prompt : g_max_batch;
+        const int need = R->cases[ci].n_prompt + R->cases[ci].n_gen;
+        g_max_ctx = need > g_max_ctx ? need : g_max_ctx;
+    }
+    /* another vocabulary than llama-spm's (tools/synth_sweep.sh: BPE vocabularies) */
+    cm_gguf vocab_own;
+    memset(&vocab_own, 0, sizeof vocab_own);
+    const cm_gguf *vocab = &g_vocab;
+    if (R->vocab[0] && strcmp(R->vocab, "vocab/ggml-vocab-llama-spm.gguf")) {
+        if (cm_gguf_open(&vocab_own, t_shared(R->vocab), NULL, NULL, errbuf, sizeof errbuf)) {
+            CHECKF(0, "%s: %s", R->name, errbuf);
+            goto out;
+        }
+        vocab = &vocab_own;
+    }
+    if (cm_synth_write(&sp, vocab, NULL, &file, errbuf, sizeof errbuf) ||
         cm_gguf_parse(&g, (const uint8_t *)file.data, file.len, errbuf, sizeof errbuf) ||
         cm_model_load(&m, &g, errbuf, sizeof errbuf)) {
         CHECKF(0, "%s: %s", R->name, errbuf);
@@ -815,8 +846,8 @@ static void check_model(const ref_model *R, cm_pool *pool) {
     const double margin_thr = is_fine(R->type) ? 1e-3 : MARGIN_8BIT;
     /* 8-bit activations: every type but F32/F16 (BF16's mantissa has 8 bits) */
     const bool flip_ok = !is_fine(R->type);
-    c = cm_ctx_new(&m, MAXPROMPT, 128, pool, errbuf, sizeof errbuf);
-    c1 = cm_ctx_new(&m, NPOS, 128, NULL, errbuf, sizeof errbuf);
+    c = cm_ctx_new(&m, g_max_batch, g_max_ctx, pool, errbuf, sizeof errbuf);
+    c1 = cm_ctx_new(&m, NPOS, g_max_ctx, NULL, errbuf, sizeof errbuf);
     logits = cm_malloc(sizeof(float) * (size_t)V * NPOS);
     p = cm_malloc(sizeof(double) * (size_t)V);
     if (!c || !c1 || !logits || !p) {
@@ -838,7 +869,7 @@ static void check_model(const ref_model *R, cm_pool *pool) {
     for (int ci = 0; ci < R->n_cases; ci++) {
         const ref_case *rc = &R->cases[ci];
         cm_kv kv;
-        if (cm_kv_init_types(&kv, &m, 0, m.hp.n_layer, cm_slice_full(&m), 128, R->kv_k, R->kv_v, R->flash, errbuf,
+        if (cm_kv_init_types(&kv, &m, 0, m.hp.n_layer, cm_slice_full(&m), g_max_ctx, R->kv_k, R->kv_v, R->flash, errbuf,
                              sizeof errbuf)) {
             CHECKF(0, "%s: %s", R->name, errbuf);
             goto out;
@@ -939,13 +970,16 @@ out:
     cm_model_release(&m);
     cm_gguf_close(&g);
     cm_buf_release(&file);
+    if (vocab != &g_vocab) cm_gguf_close(&vocab_own);
 }
 
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
 static void test_synth_golden(void) {
-    DIR *d = opendir(DATA_DIR);
-    CHECKF(d != NULL, "cannot open %s", DATA_DIR);
+    /* CUMULO_SYNTH_DIR: another folder of references (tools/synth_sweep.sh) */
+    const char *dir = getenv("CUMULO_SYNTH_DIR") ? getenv("CUMULO_SYNTH_DIR") : DATA_DIR;
+    DIR *d = opendir(dir);
+    CHECKF(d != NULL, "cannot open %s", dir);
     if (!d) return;
     char *names[256];
     int n = 0;
@@ -963,7 +997,7 @@ static void test_synth_golden(void) {
     static ref_model R;
     for (int i = 0; i < n; i++) {
         char path[512];
-        snprintf(path, sizeof path, "%s/%s", DATA_DIR, names[i]);
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
         if (use_re && regexec(&re, names[i], 0, NULL, 0) != 0) continue;
         memset(&R, 0, sizeof R);
         if (load_ref(path, &R)) {
@@ -1263,7 +1297,8 @@ int main(void) {
         printf("0 passed, 1 failed\n");
         return 1;
     }
-    if (getenv("CUMULO_GPU")) { /* the GPU changes only the golden comparison (tests/sh/vulkan.sh) */
+    if (getenv("CUMULO_GPU") || getenv("CUMULO_SYNTH_DIR")) { /* the GPU changes only the golden comparison
+                                                                 (tests/sh/vulkan.sh); a sweep compares only */
         RUN(test_synth_golden);
     } else {
         RUN(test_synth_deterministic);
