@@ -732,3 +732,119 @@ static void gemv_pf16(int64_t k, const void *w, size_t w_stride, const void *x, 
 #undef FQ_LDY
 }
 #undef FQ_PAIR
+
+/* ---- bf16 prompt gemm: tile_bf16's bits (x86_tiles.h) ----
+ * Per (row, token) tile_bf16's four 8-lane chains (chain c: elements 64s +
+ * 16c .. + 15 of each step s of 64; per lane the odd element's product then
+ * the even one's, each an FMA), folded (1 + 3) + (0 + 2), hsum8, then the
+ * tail element by element. The tokens' halves are split into f32 once per
+ * block of rows and group of tokens (exact: a bf16 is the top half of its
+ * f32) instead of in every tile: tile_bf16 spent 2 integer operations per
+ * token and 16 elements beside its 2 FMAs, on the FMA ports. BA_R rows x
+ * BA_T tokens share each load, one chain at a time, over spans of BA_KC
+ * elements that keep the group's tokens in L1 while the block's rows sit in
+ * L2 (as fa_rows). */
+enum { BA_R = 2, BA_T = 4, BA_KC = 1024, BA_MAXK = 16384, BA_RB = 32 };
+
+/* The first k64 elements of a bf16 token: per 16 elements the odd ones' f32
+ * (8) then the even ones' (8), at o + the element index. */
+AI void ba_split(int64_t k64, const cm_bf16 *y, float *o) {
+    for (int64_t i = 0; i < k64; i += 16) {
+        const __m256i v = ld256(y + i);
+        _mm256_store_ps(o + i, bf16_hi(v));
+        _mm256_store_ps(o + i + 8, bf16_lo(v));
+    }
+}
+
+/* Elements [s0, s1) (multiples of 64) of R rows x T split tokens (yf + t *
+ * ys), chain c of row r and token t in st[(r * BA_T + t) * 4 + c]. */
+AI void ba_span(const cm_bf16 *const *x, const float *yf, int64_t ys, int R, int T, int64_t s0, int64_t s1,
+                __m256 *st) {
+    _Pragma("GCC unroll 1") for (int c = 0; c < 4; c++) {
+        __m256 a[BA_R][BA_T];
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)
+            a[r][t] = st[(r * BA_T + t) * 4 + c];
+        for (int64_t i = s0 + 16 * c; i < s1; i += 64) {
+            __m256 wh[BA_R], wl[BA_R];
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+                const __m256i v = ld256(x[r] + i);
+                wh[r] = bf16_hi(v);
+                wl[r] = bf16_lo(v);
+            }
+            _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
+                __m256 vh = _mm256_load_ps(yf + t * ys + i), vl = _mm256_load_ps(yf + t * ys + i + 8);
+                __asm__("" : "+x"(vh), "+x"(vl)); /* one load for all rows */
+                _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+                    a[r][t] = _mm256_fmadd_ps(wh[r], vh, a[r][t]);
+                    a[r][t] = _mm256_fmadd_ps(wl[r], vl, a[r][t]);
+                }
+            }
+        }
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)
+            st[(r * BA_T + t) * 4 + c] = a[r][t];
+    }
+}
+
+AI void ba_span_rt(const cm_bf16 *const *x, const float *yf, int64_t ys, int R, int T, int64_t s0, int64_t s1,
+                   __m256 *st) {
+    if (R == BA_R) {
+        switch (T) { /* a constant shape keeps the chains in registers */
+        case 4: ba_span(x, yf, ys, BA_R, 4, s0, s1, st); break;
+        case 3: ba_span(x, yf, ys, BA_R, 3, s0, s1, st); break;
+        case 2: ba_span(x, yf, ys, BA_R, 2, s0, s1, st); break;
+        default: ba_span(x, yf, ys, BA_R, 1, s0, s1, st); break;
+        }
+    } else {
+        switch (T) {
+        case 4: ba_span(x, yf, ys, 1, 4, s0, s1, st); break;
+        case 3: ba_span(x, yf, ys, 1, 3, s0, s1, st); break;
+        case 2: ba_span(x, yf, ys, 1, 2, s0, s1, st); break;
+        default: ba_span(x, yf, ys, 1, 1, s0, s1, st); break;
+        }
+    }
+}
+
+static void gemm_abf16(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
+                       int64_t r0, int64_t r1, int64_t n_tok) {
+    if (k > BA_MAXK) {
+        gemm_bf16(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
+        return;
+    }
+    const int64_t k64 = k & ~(int64_t)63;
+    _Alignas(32) float yf[BA_T * BA_MAXK];
+    _Alignas(32) __m256 st[BA_RB * BA_T * 4];
+#define BA_ROW(i) ((const cm_bf16 *)(const void *)((const char *)w + (size_t)(i)*w_stride))
+    for (int64_t i0 = r0; i0 < r1; i0 += BA_RB) {
+        const int64_t i1 = r1 - i0 < BA_RB ? r1 : i0 + BA_RB;
+        for (int64_t j = 0; j < n_tok; j += BA_T) {
+            const int T = n_tok - j < BA_T ? (int)(n_tok - j) : BA_T;
+            const cm_bf16 *yv[BA_T];
+            for (int t = 0; t < T; t++) {
+                yv[t] = (const cm_bf16 *)(const void *)((const char *)x + (size_t)(j + t) * x_stride);
+                ba_split(k64, yv[t], yf + t * k64);
+            }
+            memset(st, 0, sizeof st);
+            for (int64_t c0 = 0; c0 < k64; c0 += BA_KC) {
+                const int64_t c1 = k64 - c0 < BA_KC ? k64 : c0 + BA_KC;
+                int64_t i = i0;
+                for (; i + BA_R <= i1; i += BA_R) {
+                    const cm_bf16 *xr[BA_R] = {BA_ROW(i), BA_ROW(i + 1)};
+                    ba_span_rt(xr, yf, k64, BA_R, T, c0, c1, st + (i - i0) * BA_T * 4);
+                }
+                if (i < i1) {
+                    const cm_bf16 *xr[1] = {BA_ROW(i)};
+                    ba_span_rt(xr, yf, k64, 1, T, c0, c1, st + (i - i0) * BA_T * 4);
+                }
+            }
+            for (int64_t i = i0; i < i1; i++) {
+                for (int t = 0; t < T; t++) {
+                    const __m256 *a = st + (i - i0) * BA_T * 4 + t * 4;
+                    float s = hsum8(_mm256_add_ps(_mm256_add_ps(a[1], a[3]), _mm256_add_ps(a[0], a[2])));
+                    for (int64_t e = k64; e < k; e++) s += sc_bf16(BA_ROW(i), e) * sc_bf16(yv[t], e);
+                    y[(j + t) * ldy + i] = s;
+                }
+            }
+        }
+    }
+#undef BA_ROW
+}
