@@ -62,7 +62,7 @@
  * something else reads them: a column view, another table, the cluster's
  * weight transfer) and cm_matmul_rows reads the copy for every n_tok
  * (cm_repack_find_alone). Every table's repacked types have such a gemm
- * (q4_0 on avx512 and avx2, q4_k / q5_k on avx2, q5_k / q6_k on avx512:
+ * (q4_0 on avx512 and avx2, q4_k / q5_k / f16 on avx2, q5_k / q6_k on avx512:
  * avx512_kpacked.h); a table repacks a type only where its decode gemv
  * gains by it (the avx512 table's q4_k gemv ran as fast over the file's
  * bytes: not repacked there, gemm_kq4_avx512.c).
