@@ -357,22 +357,22 @@ enum {
 /* n steps of one chain of a row pair (wp: per step rows 0, 1's 8 elements) x
  * FP_T tokens (yp: per step FP_T vectors), lanes carried in st[2 * FP_T]
  * (row r, token t: st[r * FP_T + t]). */
-AI void fp_tile(const cm_f16 *wp, const float *yp, int64_t n, __m256 *st) {
-    __m256 a0[FP_T], a1[FP_T]; /* rows 0 and 1 */
-    _Pragma("GCC unroll 6") for (int t = 0; t < FP_T; t++) {
+AI void fp_tile(const cm_f16 *wp, const float *yp, int64_t n, __m256 *st, int T) {
+    __m256 a0[FP_T], a1[FP_T]; /* rows 0 and 1 (the first T tokens) */
+    _Pragma("GCC unroll 6") for (int t = 0; t < T; t++) {
         a0[t] = st[t];
         a1[t] = st[FP_T + t];
     }
     for (int64_t m = 0; m < n; m++) {
         const __m256 w0 = ld_f16(wp, 16 * m), w1 = ld_f16(wp, 16 * m + 8);
-        _Pragma("GCC unroll 6") for (int t = 0; t < FP_T; t++) {
+        _Pragma("GCC unroll 6") for (int t = 0; t < T; t++) {
             __m256 v = _mm256_load_ps(yp + (FP_T * m + t) * 8);
             __asm__("" : "+x"(v)); /* one load for both rows (not a memory operand of each FMA) */
             a0[t] = _mm256_fmadd_ps(w0, v, a0[t]);
             a1[t] = _mm256_fmadd_ps(w1, v, a1[t]);
         }
     }
-    _Pragma("GCC unroll 6") for (int t = 0; t < FP_T; t++) {
+    _Pragma("GCC unroll 6") for (int t = 0; t < T; t++) {
         st[t] = a0[t];
         st[FP_T + t] = a1[t];
     }
@@ -399,6 +399,19 @@ AI void fp_pack_rows(const void *w, size_t w_stride, int64_t r0, int64_t r1, int
                             _mm_storeu_si128((__m128i *)(void *)(d + 16 * m), _mm_setzero_si128());
                 }
         }
+}
+
+/* Tokens [j0, j0 + nt) of x (fp16) into yf as f32, by group of FP_T (the
+ * layout above; 2 * ns * 8 * FP_T floats per group; missing tokens zeros). */
+AI void fp_pack_toks(const void *x, size_t x_stride, int64_t j0, int64_t nt, int64_t ns, float *yf) {
+    const int64_t ng = (nt + FP_T - 1) / FP_T, gs = 2 * ns * 8 * FP_T;
+    for (int64_t t = 0; t < ng * FP_T; t++) {
+        const cm_f16 *yr = (const cm_f16 *)(const void *)((const char *)x + (size_t)(j0 + t) * x_stride);
+        float *d = yf + (t / FP_T) * gs + (t % FP_T) * 8;
+        for (int h = 0; h < 2; h++)
+            for (int64_t m = 0; m < ns; m++)
+                _mm256_store_ps(d + (h * ns + m) * 8 * FP_T, t < nt ? ld_f16(yr, 16 * m + 8 * h) : _mm256_setzero_ps());
+    }
 }
 
 static void gemm_af16(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
@@ -432,14 +445,7 @@ static void gemm_af16(int64_t k, const void *w, size_t w_stride, const void *x, 
     const int64_t cap = ((n_tok + npass - 1) / npass + FP_T - 1) / FP_T * FP_T;
     for (int64_t j0 = 0; j0 < n_tok; j0 += cap) {
         const int64_t nt = n_tok - j0 < cap ? n_tok - j0 : cap, ng = (nt + FP_T - 1) / FP_T;
-        for (int64_t t = 0; t < ng * FP_T; t++) {
-            const cm_f16 *yr = (const cm_f16 *)(const void *)((const char *)x + (size_t)(j0 + t) * x_stride);
-            float *d = yf + (t / FP_T) * gs + (t % FP_T) * 8;
-            for (int h = 0; h < 2; h++)
-                for (int64_t m = 0; m < ns; m++)
-                    _mm256_store_ps(d + (h * ns + m) * 8 * FP_T,
-                                    t < nt ? ld_f16(yr, 16 * m + 8 * h) : _mm256_setzero_ps());
-        }
+        fp_pack_toks(x, x_stride, j0, nt, ns, yf);
         for (int64_t i0 = r0; i0 < r1; i0 += FP_RB) {
             const int64_t i1 = r1 - i0 < FP_RB ? r1 : i0 + FP_RB, np = (i1 - i0 + 1) / 2;
             fp_pack_rows(w, w_stride, i0, i1, ns, wp);
@@ -458,7 +464,7 @@ static void gemm_af16(int64_t k, const void *w, size_t w_stride, const void *x, 
                         const float *ys = yg + (h * ns + s0) * 8 * FP_T;
                         for (const size_t pe = po + pstep; po < pe && po < pfb; po += 64)
                             _mm_prefetch(pf + po, _MM_HINT_T1);
-                        for (int64_t p = 0; p < np; p++) fp_tile(ws + p * sn * 16, ys, sn, st[p][h]);
+                        for (int64_t p = 0; p < np; p++) fp_tile(ws + p * sn * 16, ys, sn, st[p][h], FP_T);
                     }
                 const int T = nt - g * FP_T < FP_T ? (int)(nt - g * FP_T) : FP_T;
                 for (int64_t i = i0; i < i1; i++) {
@@ -521,4 +527,324 @@ static void gemv_af16(int64_t k, const void *w, size_t w_stride, const void *x, 
     fa_convert(k, x, yf);
     for (int64_t i = r0; i < r1; i++) y[i] = fa_gv_row(k, FA_GROW(i), yf, false);
 #undef FA_GROW
+}
+
+/* ---- f16 over rows repacked at load ("f16 pairs", repack.c) ----
+ * Row pair q of a copy (rows 2q and 2q + 1; w_stride is the row size, 2k
+ * bytes) sits at w + 2q * w_stride: chain 0's ns = k / 16 steps (per step
+ * row 2q's 8 elements then row 2q + 1's: the panel above, one pair), chain
+ * 1's, then row 2q's k % 16 tail elements and row 2q + 1's. The prompt gemm
+ * walks it in place (the panel gemm without the per-call copy), the decode
+ * gemv reads both rows of a pair at once (chain 0 and chain 1: two streams).
+ * Each (row, token) is tile_f16's operations in its order (as gemm_af16 and
+ * gemv_af16). A slice may start or end mid-pair: the pair is computed, the
+ * row outside [r0, r1) not stored. Rows at most CM_REPACK_MAX_K long (the
+ * token groups of a pass: 6k floats each, at least 2 per pass). */
+
+/* fp_tile with a constant token count (a pass's last group, small batches) */
+AI void fp_tile_rt(const cm_f16 *wp, const float *yp, int64_t n, __m256 *st, int T) {
+    switch (T) {
+    case 6: fp_tile(wp, yp, n, st, 6); break;
+    case 5: fp_tile(wp, yp, n, st, 5); break;
+    case 4: fp_tile(wp, yp, n, st, 4); break;
+    case 3: fp_tile(wp, yp, n, st, 3); break;
+    case 2: fp_tile(wp, yp, n, st, 2); break;
+    default: fp_tile(wp, yp, n, st, 1); break;
+    }
+}
+
+#define FQ_PAIR(q) ((const cm_f16 *)(const void *)((const char *)w + (size_t)(2 * (q)) * w_stride))
+
+/* Few tokens (< FP_MINT): per pair both chains at once for T <= FQ_T tokens
+ * (f32, k apart in yf), 4T accumulators, one pass over the pair (as
+ * gemv_pf16); blocks of pairs that stay in L2 for every group of tokens.
+ * (The panels at 4 tokens: 0.88x of fa_rows on the file's rows.) */
+enum { FQ_T = 3, FQ_BLK = 256 * 1024 /* bytes of pairs per block */ };
+
+AI void fq_pair(int64_t k, const cm_f16 *c0, const float *yf, int T, const cm_f16 *const *yh, float *out) {
+    const int64_t kf = k & ~(int64_t)15, ns = kf / 16, kt = k - kf;
+    const cm_f16 *c1 = c0 + 16 * ns;
+    __m256 a[2][2][FQ_T]; /* row, chain, token */
+    _Pragma("GCC unroll 3") for (int t = 0; t < T; t++) a[0][0][t] = a[0][1][t] = a[1][0][t] = a[1][1][t] =
+        _mm256_setzero_ps();
+    for (int64_t m = 0; m < ns; m++) {
+        const __m256 w00 = ld_f16(c0, 16 * m), w10 = ld_f16(c0, 16 * m + 8);
+        _Pragma("GCC unroll 3") for (int t = 0; t < T; t++) {
+            __m256 v = ld_f32(yf + t * k, 16 * m);
+            __asm__("" : "+x"(v));
+            a[0][0][t] = _mm256_fmadd_ps(w00, v, a[0][0][t]);
+            a[1][0][t] = _mm256_fmadd_ps(w10, v, a[1][0][t]);
+        }
+        const __m256 w01 = ld_f16(c1, 16 * m), w11 = ld_f16(c1, 16 * m + 8);
+        _Pragma("GCC unroll 3") for (int t = 0; t < T; t++) {
+            __m256 v = ld_f32(yf + t * k, 16 * m + 8);
+            __asm__("" : "+x"(v));
+            a[0][1][t] = _mm256_fmadd_ps(w01, v, a[0][1][t]);
+            a[1][1][t] = _mm256_fmadd_ps(w11, v, a[1][1][t]);
+        }
+    }
+    const cm_f16 *tl = c0 + 2 * kf;
+    _Pragma("GCC unroll 3") for (int t = 0; t < T; t++) for (int r = 0; r < 2; r++) {
+        float s = HSUM8X2(a[r][0][t], a[r][1][t]);
+        for (int64_t e = kf; e < k; e++) s += sc_f16(tl + r * kt, e - kf) * sc_f16(yh[t], e);
+        out[2 * t + r] = s;
+    }
+}
+
+static void fq_small(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
+                     int64_t r0, int64_t r1, int64_t n_tok) {
+    _Alignas(32) float yf[FQ_T * CM_REPACK_MAX_K];
+    const int64_t q0 = r0 / 2, q1 = (r1 + 1) / 2;
+    int64_t bp = FQ_BLK / (int64_t)(2 * w_stride);
+    if (bp < 1) bp = 1;
+    for (int64_t b0 = q0; b0 < q1; b0 += bp) {
+        const int64_t b1 = q1 - b0 < bp ? q1 : b0 + bp;
+        for (int64_t j = 0; j < n_tok; j += FQ_T) {
+            const int T = n_tok - j < FQ_T ? (int)(n_tok - j) : FQ_T;
+            const cm_f16 *yh[FQ_T];
+            for (int t = 0; t < T; t++) {
+                yh[t] = (const cm_f16 *)(const void *)((const char *)x + (size_t)(j + t) * x_stride);
+                fa_convert(k, yh[t], yf + t * k);
+            }
+            for (int64_t q = b0; q < b1; q++) {
+                float out[2 * FQ_T];
+                switch (T) { /* a constant T keeps the chains in registers */
+                case 3: fq_pair(k, FQ_PAIR(q), yf, 3, yh, out); break;
+                case 2: fq_pair(k, FQ_PAIR(q), yf, 2, yh, out); break;
+                default: fq_pair(k, FQ_PAIR(q), yf, 1, yh, out); break;
+                }
+                for (int t = 0; t < T; t++)
+                    for (int r = 0; r < 2; r++)
+                        if (2 * q + r >= r0 && 2 * q + r < r1) y[(j + t) * ldy + 2 * q + r] = out[2 * t + r];
+            }
+        }
+    }
+}
+
+static void gemm_pf16(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
+                      int64_t r0, int64_t r1, int64_t n_tok) {
+    const int64_t kf = k & ~(int64_t)15, ns = kf / 16, kt = k - kf;
+    CM_ASSERT(ns > 0 && k <= CM_REPACK_MAX_K);
+    if (n_tok < FP_MINT) {
+        fq_small(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
+        return;
+    }
+    /* 2 MiB of stack (compute threads have CM_COMPUTE_STACK, 8 MiB) */
+    _Alignas(32) float yf[FP_YF];                   /* the pass's tokens, by group */
+    _Alignas(32) __m256 st[FP_RB / 2][2][2 * FP_T]; /* per pair and chain */
+    const int64_t gs = 2 * ns * 8 * FP_T, gmax = FP_YF / gs;
+    const int64_t npass = (n_tok + gmax * FP_T - 1) / (gmax * FP_T);
+    const int64_t cap = ((n_tok + npass - 1) / npass + FP_T - 1) / FP_T * FP_T;
+    const int64_t q0 = r0 / 2, q1 = (r1 + 1) / 2;
+    for (int64_t j0 = 0; j0 < n_tok; j0 += cap) {
+        const int64_t nt = n_tok - j0 < cap ? n_tok - j0 : cap, ng = (nt + FP_T - 1) / FP_T;
+        fp_pack_toks(x, x_stride, j0, nt, ns, yf);
+        for (int64_t b0 = q0; b0 < q1; b0 += FP_RB / 2) {
+            const int64_t b1 = q1 - b0 < FP_RB / 2 ? q1 : b0 + FP_RB / 2, np = b1 - b0;
+            /* the next block's pairs into L2 meanwhile, a few lines per segment */
+            const char *pf = (const char *)FQ_PAIR(b1);
+            const size_t pfb = (size_t)(q1 - b1 < FP_RB / 2 ? q1 - b1 : FP_RB / 2) * 2 * w_stride;
+            const size_t pstep = (pfb / (size_t)(2 * ng * ((ns + FP_SEG - 1) / FP_SEG)) + 64) & ~(size_t)63;
+            size_t po = 0;
+            for (int64_t g = 0; g < ng; g++) {
+                const float *yg = yf + g * gs;
+                const int T = nt - g * FP_T < FP_T ? (int)(nt - g * FP_T) : FP_T;
+                memset(st, 0, sizeof st);
+                for (int h = 0; h < 2; h++)
+                    for (int64_t s0 = 0; s0 < ns; s0 += FP_SEG) {
+                        const int64_t sn = ns - s0 < FP_SEG ? ns - s0 : FP_SEG;
+                        const float *ys = yg + (h * ns + s0) * 8 * FP_T;
+                        for (const size_t pe = po + pstep; po < pe && po < pfb; po += 64)
+                            _mm_prefetch(pf + po, _MM_HINT_T1);
+                        for (int64_t p = 0; p < np; p++)
+                            fp_tile_rt(FQ_PAIR(b0 + p) + (h * ns + s0) * 16, ys, sn, st[p][h], T);
+                    }
+                for (int64_t p = 0; p < np; p++)
+                    for (int r = 0; r < 2; r++) {
+                        const int64_t i = 2 * (b0 + p) + r;
+                        if (i < r0 || i >= r1) continue;
+                        const cm_f16 *tl = FQ_PAIR(b0 + p) + 2 * kf + r * kt;
+                        for (int t = 0; t < T; t++) {
+                            const int64_t j = j0 + g * FP_T + t;
+                            const cm_f16 *yr = (const cm_f16 *)(const void *)((const char *)x + (size_t)j * x_stride);
+                            float s = HSUM8X2(st[p][0][r * FP_T + t], st[p][1][r * FP_T + t]);
+                            for (int64_t e = kf; e < k; e++) s += sc_f16(tl, e - kf) * sc_f16(yr, e);
+                            y[j * ldy + i] = s;
+                        }
+                    }
+            }
+        }
+    }
+}
+
+/* Decode over pairs: per pair the two rows' chains (4 accumulators), the
+ * token in f32 while it fits as in gemv_af16 (else fp16: the same values),
+ * each chain's stream prefetched FA_PFD bytes ahead (into the next pair's
+ * same chain past its end). */
+static void gemv_pf16(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
+                      int64_t r0, int64_t r1, int64_t n_tok) {
+    (void)x_stride, (void)ldy, (void)n_tok;
+    const int64_t kf = k & ~(int64_t)15, ns = kf / 16, kt = k - kf, cb = 32 * ns; /* bytes per chain */
+    const bool yh = k > FA_F32K;
+    _Alignas(32) float yf[FA_F32K];
+    if (!yh) fa_convert(k, x, yf);
+    const void *yv = yh ? x : (const void *)yf;
+#define FQ_LDY(i) (yh ? ld_f16(yv, i) : ld_f32(yv, i))
+    for (int64_t q = r0 / 2; q < (r1 + 1) / 2; q++) {
+        const cm_f16 *c0 = FQ_PAIR(q), *c1 = c0 + 16 * ns;
+        const char *p0 = (const char *)c0, *p1 = (const char *)c1, *n0 = p0 + 2 * w_stride, *n1 = p1 + 2 * w_stride;
+        __m256 a00 = _mm256_setzero_ps(), a01 = _mm256_setzero_ps(); /* row 2q: chains 0, 1 */
+        __m256 a10 = _mm256_setzero_ps(), a11 = _mm256_setzero_ps(); /* row 2q + 1 */
+        int64_t m = 0;
+        for (; m + 2 <= ns; m += 2) { /* one 64-byte line of each chain */
+            const int64_t o = 32 * m + FA_PFD;
+            _mm_prefetch(o < cb ? p0 + o : n0 + (o - cb), _MM_HINT_T0);
+            _mm_prefetch(o < cb ? p1 + o : n1 + (o - cb), _MM_HINT_T0);
+            _Pragma("GCC unroll 2") for (int u = 0; u < 2; u++) {
+                const int64_t e = 16 * (m + u);
+                const __m256 v0 = FQ_LDY(e), v1 = FQ_LDY(e + 8);
+                a00 = _mm256_fmadd_ps(ld_f16(c0, e), v0, a00);
+                a10 = _mm256_fmadd_ps(ld_f16(c0, e + 8), v0, a10);
+                a01 = _mm256_fmadd_ps(ld_f16(c1, e), v1, a01);
+                a11 = _mm256_fmadd_ps(ld_f16(c1, e + 8), v1, a11);
+            }
+        }
+        for (; m < ns; m++) {
+            const int64_t e = 16 * m;
+            const __m256 v0 = FQ_LDY(e), v1 = FQ_LDY(e + 8);
+            a00 = _mm256_fmadd_ps(ld_f16(c0, e), v0, a00);
+            a10 = _mm256_fmadd_ps(ld_f16(c0, e + 8), v0, a10);
+            a01 = _mm256_fmadd_ps(ld_f16(c1, e), v1, a01);
+            a11 = _mm256_fmadd_ps(ld_f16(c1, e + 8), v1, a11);
+        }
+        const cm_f16 *tl = c0 + 2 * kf;
+        if (2 * q >= r0) {
+            float s = HSUM8X2(a00, a01);
+            for (int64_t e = kf; e < k; e++) s += sc_f16(tl, e - kf) * sc_f16(x, e);
+            y[2 * q] = s;
+        }
+        if (2 * q + 1 < r1) {
+            float s = HSUM8X2(a10, a11);
+            for (int64_t e = kf; e < k; e++) s += sc_f16(tl + kt, e - kf) * sc_f16(x, e);
+            y[2 * q + 1] = s;
+        }
+    }
+#undef FQ_LDY
+}
+#undef FQ_PAIR
+
+/* ---- bf16 prompt gemm: tile_bf16's bits (x86_tiles.h) ----
+ * Per (row, token) tile_bf16's four 8-lane chains (chain c: elements 64s +
+ * 16c .. + 15 of each step s of 64; per lane the odd element's product then
+ * the even one's, each an FMA), folded (1 + 3) + (0 + 2), hsum8, then the
+ * tail element by element. The tokens' halves are split into f32 once per
+ * block of rows and group of tokens (exact: a bf16 is the top half of its
+ * f32) instead of in every tile: tile_bf16 spent 2 integer operations per
+ * token and 16 elements beside its 2 FMAs, on the FMA ports. BA_R rows x
+ * BA_T tokens share each load, one chain at a time, over spans of BA_KC
+ * elements that keep the group's tokens in L1 while the block's rows sit in
+ * L2 (as fa_rows). */
+enum { BA_R = 2, BA_T = 4, BA_KC = 1024, BA_MAXK = 16384, BA_RB = 32 };
+
+/* The first k64 elements of a bf16 token: per 16 elements the odd ones' f32
+ * (8) then the even ones' (8), at o + the element index. */
+AI void ba_split(int64_t k64, const cm_bf16 *y, float *o) {
+    for (int64_t i = 0; i < k64; i += 16) {
+        const __m256i v = ld256(y + i);
+        _mm256_store_ps(o + i, bf16_hi(v));
+        _mm256_store_ps(o + i + 8, bf16_lo(v));
+    }
+}
+
+/* Elements [s0, s1) (multiples of 64) of R rows x T split tokens (yf + t *
+ * ys), chain c of row r and token t in st[(r * BA_T + t) * 4 + c]. */
+AI void ba_span(const cm_bf16 *const *x, const float *yf, int64_t ys, int R, int T, int64_t s0, int64_t s1,
+                __m256 *st) {
+    _Pragma("GCC unroll 1") for (int c = 0; c < 4; c++) {
+        __m256 a[BA_R][BA_T];
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)
+            a[r][t] = st[(r * BA_T + t) * 4 + c];
+        for (int64_t i = s0 + 16 * c; i < s1; i += 64) {
+            __m256 wh[BA_R], wl[BA_R];
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+                const __m256i v = ld256(x[r] + i);
+                wh[r] = bf16_hi(v);
+                wl[r] = bf16_lo(v);
+            }
+            _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
+                __m256 vh = _mm256_load_ps(yf + t * ys + i), vl = _mm256_load_ps(yf + t * ys + i + 8);
+                __asm__("" : "+x"(vh), "+x"(vl)); /* one load for all rows */
+                _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+                    a[r][t] = _mm256_fmadd_ps(wh[r], vh, a[r][t]);
+                    a[r][t] = _mm256_fmadd_ps(wl[r], vl, a[r][t]);
+                }
+            }
+        }
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) _Pragma("GCC unroll 4") for (int t = 0; t < T; t++)
+            st[(r * BA_T + t) * 4 + c] = a[r][t];
+    }
+}
+
+AI void ba_span_rt(const cm_bf16 *const *x, const float *yf, int64_t ys, int R, int T, int64_t s0, int64_t s1,
+                   __m256 *st) {
+    if (R == BA_R) {
+        switch (T) { /* a constant shape keeps the chains in registers */
+        case 4: ba_span(x, yf, ys, BA_R, 4, s0, s1, st); break;
+        case 3: ba_span(x, yf, ys, BA_R, 3, s0, s1, st); break;
+        case 2: ba_span(x, yf, ys, BA_R, 2, s0, s1, st); break;
+        default: ba_span(x, yf, ys, BA_R, 1, s0, s1, st); break;
+        }
+    } else {
+        switch (T) {
+        case 4: ba_span(x, yf, ys, 1, 4, s0, s1, st); break;
+        case 3: ba_span(x, yf, ys, 1, 3, s0, s1, st); break;
+        case 2: ba_span(x, yf, ys, 1, 2, s0, s1, st); break;
+        default: ba_span(x, yf, ys, 1, 1, s0, s1, st); break;
+        }
+    }
+}
+
+static void gemm_abf16(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
+                       int64_t r0, int64_t r1, int64_t n_tok) {
+    if (k > BA_MAXK) {
+        gemm_bf16(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
+        return;
+    }
+    const int64_t k64 = k & ~(int64_t)63;
+    _Alignas(32) float yf[BA_T * BA_MAXK];
+    _Alignas(32) __m256 st[BA_RB * BA_T * 4];
+#define BA_ROW(i) ((const cm_bf16 *)(const void *)((const char *)w + (size_t)(i)*w_stride))
+    for (int64_t i0 = r0; i0 < r1; i0 += BA_RB) {
+        const int64_t i1 = r1 - i0 < BA_RB ? r1 : i0 + BA_RB;
+        for (int64_t j = 0; j < n_tok; j += BA_T) {
+            const int T = n_tok - j < BA_T ? (int)(n_tok - j) : BA_T;
+            const cm_bf16 *yv[BA_T];
+            for (int t = 0; t < T; t++) {
+                yv[t] = (const cm_bf16 *)(const void *)((const char *)x + (size_t)(j + t) * x_stride);
+                ba_split(k64, yv[t], yf + t * k64);
+            }
+            memset(st, 0, sizeof st);
+            for (int64_t c0 = 0; c0 < k64; c0 += BA_KC) {
+                const int64_t c1 = k64 - c0 < BA_KC ? k64 : c0 + BA_KC;
+                int64_t i = i0;
+                for (; i + BA_R <= i1; i += BA_R) {
+                    const cm_bf16 *xr[BA_R] = {BA_ROW(i), BA_ROW(i + 1)};
+                    ba_span_rt(xr, yf, k64, BA_R, T, c0, c1, st + (i - i0) * BA_T * 4);
+                }
+                if (i < i1) {
+                    const cm_bf16 *xr[1] = {BA_ROW(i)};
+                    ba_span_rt(xr, yf, k64, 1, T, c0, c1, st + (i - i0) * BA_T * 4);
+                }
+            }
+            for (int64_t i = i0; i < i1; i++) {
+                for (int t = 0; t < T; t++) {
+                    const __m256 *a = st + (i - i0) * BA_T * 4 + t * 4;
+                    float s = hsum8(_mm256_add_ps(_mm256_add_ps(a[1], a[3]), _mm256_add_ps(a[0], a[2])));
+                    for (int64_t e = k64; e < k; e++) s += sc_bf16(BA_ROW(i), e) * sc_bf16(yv[t], e);
+                    y[(j + t) * ldy + i] = s;
+                }
+            }
+        }
+    }
+#undef BA_ROW
 }

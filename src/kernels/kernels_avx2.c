@@ -60,6 +60,9 @@ void cm_kernels_fill_avx2_own(cm_kernels *k) {
     k->gemm[CM_TYPE_Q6_K] = gemm_a6_k;
     k->gemm[CM_TYPE_F16] = gemm_af16;
     k->gemv[CM_TYPE_F16] = gemv_af16;
+    k->gemm[CM_TYPE_BF16] = gemm_abf16;
+    k->gemv_packed[CM_TYPE_F16] = gemv_pf16; /* "f16 pairs" (repack.c) */
+    k->gemm_packed[CM_TYPE_F16] = gemm_pf16;
     cm_kernels_fill_lq8_avx2(k);
     k->gemm_packed[CM_TYPE_Q4_K] = gemm_ak4_k; /* the table's gemm_packed_max: every batch */
     k->gemm_packed[CM_TYPE_Q5_K] = gemm_ak5_k;

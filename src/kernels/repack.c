@@ -36,6 +36,19 @@
  * scales[L] = scale s(L); d unchanged. Unpacking is a few shifts and masks
  * and four vpdpbusd give each sub-block's sum in one lane.
  *
+ * Layout "f16 pairs" (rows rounded up to even, row stride unchanged: the
+ * copy of row pair q, rows 2q and 2q + 1, is the 2 row sizes at row 2q):
+ *   [chain 0: k / 16 steps of (row 2q's 8 elements, row 2q + 1's)]
+ *   [chain 1: the same][row 2q's k % 16 tail elements][row 2q + 1's]
+ * where chain 0's step m holds elements 16m..16m+7, chain 1's 16m+8..16m+15
+ * (tile_f16's two chains), so the AVX2 table's prompt gemm (avx2_gemv.h's
+ * gemm_pf16) walks a pair and a chain as one sequence, as its per-call
+ * panels did, and the decode gemv reads a pair's rows at once. An odd last
+ * row pairs with zeros. The pairs count from the tensor's (or added view's)
+ * first row, so a row view starting at an odd row finds no copy (it reads
+ * the file's bytes); a row slice [r0, r1) of a call may start or end
+ * mid-pair.
+ *
  * A view of a tensor may be repacked on its own (tensor parallelism's
  * column slices: columns [c0, c1) of every row): its copy holds only those
  * columns, rows packed at their own row size (cstride), and is found by the
@@ -49,7 +62,7 @@
  * something else reads them: a column view, another table, the cluster's
  * weight transfer) and cm_matmul_rows reads the copy for every n_tok
  * (cm_repack_find_alone). Every table's repacked types have such a gemm
- * (q4_0 on avx512 and avx2, q4_k / q5_k on avx2, q5_k / q6_k on avx512:
+ * (q4_0 on avx512 and avx2, q4_k / q5_k / f16 on avx2, q5_k / q6_k on avx512:
  * avx512_kpacked.h); a table repacks a type only where its decode gemv
  * gains by it (the avx512 table's q4_k gemv ran as fast over the file's
  * bytes: not repacked there, gemm_kq4_avx512.c).
@@ -93,7 +106,32 @@ static bool rp_wanted(const cm_kernels *k, const cm_tensor *W) {
     if (W->type == CM_TYPE_Q4_K || W->type == CM_TYPE_Q5_K)
         return W->ne[0] >= 4 * CM_QK_K && W->ne[0] <= CM_REPACK_MAX_K;
     if (W->type == CM_TYPE_Q6_K) return W->ne[0] >= CM_QK_K && W->ne[0] <= CM_REPACK_MAX_K;
+    if (W->type == CM_TYPE_F16) return W->ne[0] >= 16 && W->ne[0] <= CM_REPACK_MAX_K;
     return false;
+}
+
+/* Rows a copy holds (pairs: rounded up to even) and its bytes (64-aligned). */
+static int64_t rp_rows(enum cm_type t, int64_t rows) { return t == CM_TYPE_F16 ? (rows + 1) & ~(int64_t)1 : rows; }
+static size_t rp_bytes(const cm_tensor *W) {
+    return ((size_t)rp_rows(W->type, W->ne[1]) * cm_row_size(W->type, W->ne[0]) + 63) & ~(size_t)63;
+}
+
+void cm_repack_f16_pair(const void *a, const void *b, void *dst, int64_t k) {
+    const cm_f16 *r[2] = {a, b};
+    cm_f16 *d = dst;
+    const int64_t kf = k & ~(int64_t)15, kt = k - kf;
+    for (int h = 0; h < 2; h++)
+        for (int64_t m = 0; m < kf / 16; m++)
+            for (int i = 0; i < 2; i++) {
+                cm_f16 *o = d + h * kf + 16 * m + 8 * i;
+                if (r[i]) memcpy(o, r[i] + 16 * m + 8 * h, 8 * sizeof *o);
+                else memset(o, 0, 8 * sizeof *o);
+            }
+    for (int i = 0; i < 2; i++) {
+        cm_f16 *o = d + 2 * kf + i * kt;
+        if (r[i]) memcpy(o, r[i] + kf, (size_t)kt * sizeof *o);
+        else memset(o, 0, (size_t)kt * sizeof *o);
+    }
 }
 
 void cm_repack_q4_0_lanes(const void *src, void *dst, int64_t nb) {
@@ -186,7 +224,7 @@ static bool repack_off(void) { return cm_config_get()->repack_off; }
 
 size_t cm_repack_size(const cm_kernels *k, const cm_tensor *W) {
     if (repack_off() || !rp_wanted(k, W)) return 0;
-    return ((size_t)W->ne[1] * cm_row_size(W->type, W->ne[0]) + 63) & ~(size_t)63;
+    return rp_bytes(W);
 }
 
 size_t cm_repack_bytes(const void *owner) {
@@ -227,8 +265,15 @@ int cm_repack_add(const void *owner, const cm_kernels *k, const cm_tensor *const
         const cm_tensor *W = ws[i];
         if (!rp_wanted(k, W)) continue;
         const size_t cs = cm_row_size(W->type, W->ne[0]);
-        for (int64_t r = 0; r < W->ne[1]; r++)
-            cm_repack_row(W->type, (const char *)W->data + (size_t)r * W->nb[1], mem + off + (size_t)r * cs, W->ne[0]);
+        const char *src = W->data;
+        if (W->type == CM_TYPE_F16)
+            for (int64_t r = 0; r < W->ne[1]; r += 2)
+                cm_repack_f16_pair(src + (size_t)r * W->nb[1],
+                                   r + 1 < W->ne[1] ? src + (size_t)(r + 1) * W->nb[1] : NULL,
+                                   mem + off + (size_t)r * cs, W->ne[0]);
+        else
+            for (int64_t r = 0; r < W->ne[1]; r++)
+                cm_repack_row(W->type, src + (size_t)r * W->nb[1], mem + off + (size_t)r * cs, W->ne[0]);
         rp_entry e = {.owner = owner,
                       .base = W->data,
                       .stride = W->nb[1],
@@ -240,7 +285,7 @@ int cm_repack_add(const void *owner, const cm_kernels *k, const cm_tensor *const
                       .alloc = first ? mem : NULL,
                       .alloc_n = first ? total : 0};
         first = false;
-        off += ((size_t)W->ne[1] * cs + 63) & ~(size_t)63;
+        off += rp_bytes(W);
         int at = g_n; /* keep sorted by base */
         while (at > 0 && g_e[at - 1].base > e.base) at--;
         memmove(g_e + at + 1, g_e + at, (size_t)(g_n - at) * sizeof *g_e);
@@ -309,6 +354,7 @@ static const void *find(const cm_tensor *W, size_t *stride, bool alone) {
         const size_t o = (size_t)(p - e->base);
         if (o % e->stride || W->type != e->type || W->ne[0] != e->ne0 || W->nb[1] != e->stride) continue;
         if ((int64_t)(o / e->stride) + W->ne[1] > e->rows) continue;
+        if (e->type == CM_TYPE_F16 && o / e->stride % 2) continue; /* mid-pair ("f16 pairs") */
         if (alone && !e->alone) continue;
         hit = e->copy + o / e->stride * e->cstride;
         if (stride) *stride = e->cstride;

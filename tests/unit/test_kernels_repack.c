@@ -13,7 +13,9 @@
  * and q5_k's layouts (one token). A column view added on its own (tensor
  * parallelism's slices of wo and ffn_down) is found with its own row stride
  * and gives vec_dot's bits on the file's columns, for one and several tokens.
- * Giving a loaded file's pages back under a copy (cm_repack_give_back) keeps
+ * F16's "f16 pairs" (the avx2 table): the layout element by element, odd
+ * row counts, slices and row views starting mid-pair, decode and 1..67
+ * tokens. Giving a loaded file's pages back under a copy (cm_repack_give_back) keeps
  * the bytes at the tensor's address and every matmul's bits.
  */
 #include "kernels/kernels.h"
@@ -226,6 +228,99 @@ static void test_k_batched(void) {
     if (!tables) printf("skip: no kernel table on this CPU has a batched gemm over repacked k-quants\n");
 }
 
+/* "f16 pairs" (repack.c): element e of row 2q + i at chain (e % 16) / 8's
+ * step e / 16, half i, or in row i's tail; an odd last row paired with
+ * zeros. Decode over the copy (cm_matmul_rows, one token): vec_dot's bits
+ * for slices starting and ending mid-pair; a row view from an even row
+ * finds the copy at its row, one from an odd row finds none (the file's
+ * bytes), both give vec_dot's bits. */
+static void check_f16(const cm_kernels *k, int64_t n) {
+    const enum cm_type t = CM_TYPE_F16;
+    const size_t ws = cm_row_size(t, n);
+    const int64_t kf = n & ~(int64_t)15, kt = n - kf;
+    float *f = malloc(sizeof(float) * (size_t)(ROWS * n));
+    uint8_t *w = malloc(ws * ROWS), *x = malloc(ws);
+    float ref[ROWS], y[2 * ROWS];
+    for (int64_t i = 0; i < ROWS * n; i++) f[i] = frand() * (float)(1 << (rnd() % 8));
+    CHECK(cm_quantize_rows(t, f, w, ROWS, n) == ROWS * ws);
+    cm_tensor W;
+    const int64_t ne[2] = {n, ROWS};
+    cm_tensor_init(&W, t, 2, ne, w, "w");
+    const cm_tensor *wp[] = {&W};
+    char err[200] = "";
+    int owner;
+    CHECKF(cm_repack_add(&owner, k, wp, 1, err, sizeof err) == 0, "%s", err);
+    CHECK(cm_repack_size(k, &W) >= (ROWS + 1) * ws);
+    const cm_f16 *copy = cm_repack_find(&W, NULL);
+    CHECK(copy != NULL);
+    if (!copy) goto done;
+    long lay = 0; /* every element where the layout says, the padding row zeros */
+    for (int64_t r = 0; r < ROWS + 1; r++) {
+        const cm_f16 *pair = (const cm_f16 *)(const void *)((const uint8_t *)copy + (size_t)(r & ~1) * ws);
+        const int64_t i = r & 1;
+        for (int64_t e = 0; e < n; e++) {
+            const int64_t pos = e < kf ? (e % 16) / 8 * kf + e / 16 * 16 + 8 * i + e % 8 : 2 * kf + i * kt + e - kf;
+            const cm_f16 want = r < ROWS ? ((const cm_f16 *)(const void *)(w + (size_t)r * ws))[e] : 0;
+            lay += memcmp(&pair[pos], &want, sizeof want) != 0;
+        }
+    }
+    if (lay) fprintf(stderr, "  %s f16 n=%lld: %ld elements out of place\n", k->name, (long long)n, lay);
+    CHECK(lay == 0);
+    long bad = 0;
+    for (int p = 0; p < POOL; p++) {
+        for (int64_t i = 0; i < n; i++) f[i] = frand() * (float)(1 << (rnd() % 6));
+        k->from_float[t](f, x, n);
+        for (int r = 0; r < ROWS; r++) k->vec_dot[t](n, &ref[r], w + (size_t)r * ws, x);
+        static const int slices[][2] = {{0, ROWS}, {5, 22}, {36, 37}, {3, 4}, {1, 36}, {0, 1}, {4, 21}};
+        for (int s = 0; s < 7; s++) {
+            const int r0 = slices[s][0], r1 = slices[s][1];
+            memset(y, 0xff, sizeof y);
+            cm_matmul_rows(k, &W, x, ws, 1, y, ROWS, r0, r1);
+            for (int r = 0; r < ROWS; r++) {
+                const uint32_t untouched = 0xffffffffu;
+                bad += r >= r0 && r < r1 ? memcmp(&y[r], &ref[r], sizeof(float)) != 0
+                                         : memcmp(&y[r], &untouched, sizeof(float)) != 0;
+            }
+            cm_tensor rv = W; /* a row view: found at its row from an even row only */
+            rv.data = w + (size_t)r0 * ws;
+            rv.ne[1] = r1 - r0;
+            CHECK(cm_repack_find(&rv, NULL) == (r0 % 2 ? NULL : (const uint8_t *)copy + (size_t)r0 * ws));
+            memset(y, 0xff, sizeof y);
+            cm_matmul_rows(k, &rv, x, ws, 1, y, ROWS, 0, r1 - r0);
+            bad += memcmp(y, ref + r0, sizeof(float) * (size_t)(r1 - r0)) != 0;
+            cm_matmul_rows(k, &rv, x, 0, 2, y, ROWS, 0, r1 - r0); /* 2 tokens, both x (x_stride 0) */
+            bad += memcmp(y, ref + r0, sizeof(float) * (size_t)(r1 - r0)) != 0;
+            bad += memcmp(y + ROWS, ref + r0, sizeof(float) * (size_t)(r1 - r0)) != 0;
+        }
+    }
+    if (bad) fprintf(stderr, "  %s f16 n=%lld: %ld mismatching rows\n", k->name, (long long)n, bad);
+    CHECK(bad == 0);
+done:
+    cm_repack_drop(&owner);
+    CHECK(cm_repack_find(&W, NULL) == NULL);
+    free(f), free(w), free(x);
+}
+
+/* The avx2 table's f16 gemv and gemm over "f16 pairs": one step, tails of
+ * 5 and 3 (the token in fp16 past gemv_af16's f32 width), the 1B models'
+ * widths; batches 1..67 (a pass's last group short) over row slices. */
+static void test_f16_pairs(void) {
+    int tables = 0;
+    for (size_t i = 0; i < sizeof k_isas / sizeof k_isas[0]; i++) {
+        const cm_kernels *k = cm_kernels_for(k_isas[i]);
+        if (!k) continue;
+        if (!k->gemv_packed[CM_TYPE_F16]) continue;
+        tables++;
+        CHECK(k->gemm_packed[CM_TYPE_F16] != NULL);
+        static const int64_t ns[] = {16, 117, 2048, 5632, 8179};
+        for (size_t j = 0; j < sizeof ns / sizeof ns[0]; j++) check_f16(k, ns[j]);
+        check_batch(k, CM_TYPE_F16, 117);
+        check_batch(k, CM_TYPE_F16, 2048);
+        check_batch(k, CM_TYPE_F16, 8179);
+    }
+    if (!tables) printf("skip: no kernel table on this CPU repacks f16\n");
+}
+
 static void test_q4_0_lanes(void) {
     for (size_t i = 0; i < sizeof k_isas / sizeof k_isas[0]; i++) {
         const cm_kernels *k = cm_kernels_for(k_isas[i]);
@@ -361,6 +456,10 @@ static void test_give_back(void) {
         } else if (k->gemm[CM_TYPE_Q6_K]) {
             check_give_back(k, CM_TYPE_Q6_K, 2048); /* a gemm on the file's bytes: several blocks of rows */
         }
+        if (k->gemv_packed[CM_TYPE_F16]) {
+            check_give_back(k, CM_TYPE_F16, 2048);
+            check_give_back(k, CM_TYPE_F16, 1005); /* a 13-element tail */
+        }
         if (!k->gemv_packed[CM_TYPE_Q8_0] && k->gemm[CM_TYPE_Q8_0]) check_give_back(k, CM_TYPE_Q8_0, 2048); /* same */
     }
     if (!tables) printf("skip: no kernel table on this CPU repacks q4_0 (nothing to give back)\n");
@@ -381,6 +480,7 @@ int main(void) {
     RUN(test_q5_k_lanes);
     RUN(test_q6_k_lanes);
     RUN(test_k_batched);
+    RUN(test_f16_pairs);
     RUN(test_give_back);
     TEST_END();
 }
