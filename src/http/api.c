@@ -313,25 +313,12 @@ int cm_api_parse_request(cm_http_server *srv, bool chat, const char *body, size_
     if (!cm_api_get_int(CM_API_OPENAI, root, "max_tokens", 1, 1 << 30, &mt, ae)) goto fail;
     if (!cm_api_get_int(CM_API_OPENAI, root, "max_completion_tokens", 1, 1 << 30, &mt, ae)) goto fail;
     cm_sampler_params *sp = &gp->sampling;
-    double v;
-    v = sp->temperature;
-    if (!cm_api_get_num(CM_API_OPENAI, root, "temperature", 0, 2, &v, ae)) goto fail;
-    sp->temperature = (float)v;
-    v = sp->top_p;
-    if (!cm_api_get_num(CM_API_OPENAI, root, "top_p", 0, 1, &v, ae)) goto fail;
-    sp->top_p = (float)v;
-    v = sp->min_p;
-    if (!cm_api_get_num(CM_API_OPENAI, root, "min_p", 0, 1, &v, ae)) goto fail;
-    sp->min_p = (float)v;
-    v = sp->presence_penalty;
-    if (!cm_api_get_num(CM_API_OPENAI, root, "presence_penalty", -2, 2, &v, ae)) goto fail;
-    sp->presence_penalty = (float)v;
-    v = sp->frequency_penalty;
-    if (!cm_api_get_num(CM_API_OPENAI, root, "frequency_penalty", -2, 2, &v, ae)) goto fail;
-    sp->frequency_penalty = (float)v;
-    v = sp->repeat_penalty;
-    if (!cm_api_get_num(CM_API_OPENAI, root, "repeat_penalty", 0.01, 10, &v, ae)) goto fail;
-    sp->repeat_penalty = (float)v;
+    if (!cm_api_get_float(CM_API_OPENAI, root, "temperature", 0, 2, &sp->temperature, ae)) goto fail;
+    if (!cm_api_get_float(CM_API_OPENAI, root, "top_p", 0, 1, &sp->top_p, ae)) goto fail;
+    if (!cm_api_get_float(CM_API_OPENAI, root, "min_p", 0, 1, &sp->min_p, ae)) goto fail;
+    if (!cm_api_get_float(CM_API_OPENAI, root, "presence_penalty", -2, 2, &sp->presence_penalty, ae)) goto fail;
+    if (!cm_api_get_float(CM_API_OPENAI, root, "frequency_penalty", -2, 2, &sp->frequency_penalty, ae)) goto fail;
+    if (!cm_api_get_float(CM_API_OPENAI, root, "repeat_penalty", 0.01, 10, &sp->repeat_penalty, ae)) goto fail;
     long long k = sp->top_k;
     if (!cm_api_get_int(CM_API_OPENAI, root, "top_k", 0, 1 << 30, &k, ae)) goto fail;
     sp->top_k = (int32_t)k;
@@ -609,12 +596,16 @@ char *cm_api_final_json(job *j) {
     cm_buf_printf(&b, ",\"finish_reason\":\"%s\"}],\"usage\":", finish_reason(j->finish));
     usage_json(&b, j);
     cm_buf_puts(&b, "}");
-    cm_buf_append(&b, "", 1);
-    if (b.oom) {
-        cm_buf_release(&b);
+    return cm_api_buf_take(&b);
+}
+
+char *cm_api_buf_take(cm_buf *b) {
+    cm_buf_append(b, "", 1);
+    if (b->oom) {
+        cm_buf_release(b);
         return NULL;
     }
-    return b.data;
+    return b->data;
 }
 
 void cm_api_models_json(cm_http_server *srv, cm_buf *out) {

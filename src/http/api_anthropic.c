@@ -208,13 +208,8 @@ int cm_anth_parse_request(cm_http_server *srv, const char *body, size_t n, job *
     cm_gen_params *gp = &j->gp;
     cm_gen_params_default(gp);
     cm_sampler_params *sp = &gp->sampling;
-    double v;
-    v = sp->temperature;
-    if (!cm_api_get_num(CM_API_ANTHROPIC, root, "temperature", 0, 1, &v, ae)) goto fail;
-    sp->temperature = (float)v;
-    v = sp->top_p;
-    if (!cm_api_get_num(CM_API_ANTHROPIC, root, "top_p", 0, 1, &v, ae)) goto fail;
-    sp->top_p = (float)v;
+    if (!cm_api_get_float(CM_API_ANTHROPIC, root, "temperature", 0, 1, &sp->temperature, ae)) goto fail;
+    if (!cm_api_get_float(CM_API_ANTHROPIC, root, "top_p", 0, 1, &sp->top_p, ae)) goto fail;
     long long k = sp->top_k;
     if (!cm_api_get_int(CM_API_ANTHROPIC, root, "top_k", 0, 1 << 30, &k, ae)) goto fail;
     sp->top_k = (int32_t)k;
@@ -351,10 +346,5 @@ char *cm_anth_final_json(job *j) {
     cm_buf_printf(&b, "}],\"stop_reason\":\"%s\",", stop_reason(j));
     stop_sequence_json(&b, j);
     cm_buf_printf(&b, ",\"usage\":{\"input_tokens\":%d,\"output_tokens\":%d}}", j->n_ids, j->n_gen);
-    cm_buf_append(&b, "", 1);
-    if (b.oom) {
-        cm_buf_release(&b);
-        return NULL;
-    }
-    return b.data;
+    return cm_api_buf_take(&b);
 }

@@ -274,14 +274,9 @@ char *cm_anth_tools_final_json(job *j) {
     cm_buf_puts(&b, "],");
     usage_tail(&b, j, stop_reason(j, n));
     cm_buf_printf(&b, ",\"usage\":{\"input_tokens\":%d,\"output_tokens\":%d}}", j->n_ids, j->n_gen);
-    cm_buf_append(&b, "", 1);
     cJSON_Delete(calls);
     cm_buf_release(&content);
-    if (b.oom) {
-        cm_buf_release(&b);
-        return NULL;
-    }
-    return b.data;
+    return cm_api_buf_take(&b);
 }
 
 static void event(cm_buf *b, const char *name) { cm_buf_printf(b, "event: %s\ndata: ", name); }

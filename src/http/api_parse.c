@@ -31,15 +31,15 @@ static void bad_field(enum cm_api_kind api, api_error *ae, const char *key, cons
     else cm_api_error_set(ae, 400, "invalid_request_error", key, NULL, "'%s' %s", key, what);
 }
 
-bool cm_api_get_num(enum cm_api_kind api, const cJSON *o, const char *key, double lo, double hi, double *out,
-                    api_error *ae) {
+bool cm_api_get_float(enum cm_api_kind api, const cJSON *o, const char *key, double lo, double hi, float *out,
+                      api_error *ae) {
     const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, key);
     if (cm_api_is_null(x)) return true;
     if (!cJSON_IsNumber(x) || !isfinite(x->valuedouble) || x->valuedouble < lo || x->valuedouble > hi) {
         bad_field(api, ae, key, "must be a number from %g to %g", lo, hi);
         return false;
     }
-    *out = x->valuedouble;
+    *out = (float)x->valuedouble;
     return true;
 }
 

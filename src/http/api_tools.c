@@ -647,14 +647,9 @@ char *cm_tools_final_json(job *j) {
     cm_buf_printf(&b, "},\"logprobs\":null,\"finish_reason\":\"%s\"}],\"usage\":", finish_of(j, calls));
     usage(&b, j);
     cm_buf_puts(&b, "}");
-    cm_buf_append(&b, "", 1);
     cJSON_Delete(calls);
     cm_buf_release(&content);
-    if (b.oom) {
-        cm_buf_release(&b);
-        return NULL;
-    }
-    return b.data;
+    return cm_api_buf_take(&b);
 }
 
 void cm_tools_stream_end(job *j) {

@@ -109,15 +109,20 @@ void cm_api_stream_role(job *j);
 void cm_api_stream_end(job *j);
 /* Non-streaming body (malloc'd JSON) of a finished job. */
 char *cm_api_final_json(job *j);
+/* The end of every final_json: NUL-terminates b and hands its bytes to the
+ * caller (cm_free), or NULL with b released when an append ran out of
+ * memory (api.c). */
+char *cm_api_buf_take(cm_buf *b);
 
 /* ---- request fields both APIs read (api_parse.c) ---- */
 struct cJSON;
 bool cm_api_is_null(const struct cJSON *x); /* absent or JSON null */
 /* o[key] into *out when present and not null; a number (integer) outside
  * [lo, hi] or a non-boolean is a 400 naming the key in the API's style and
- * false. */
-bool cm_api_get_num(enum cm_api_kind api, const struct cJSON *o, const char *key, double lo, double hi, double *out,
-                    api_error *ae);
+ * false. get_float checks the range on the double and stores it rounded to
+ * float (the sampler's fields are floats). */
+bool cm_api_get_float(enum cm_api_kind api, const struct cJSON *o, const char *key, double lo, double hi, float *out,
+                      api_error *ae);
 bool cm_api_get_int(enum cm_api_kind api, const struct cJSON *o, const char *key, double lo, double hi, long long *out,
                     api_error *ae);
 bool cm_api_get_bool(enum cm_api_kind api, const struct cJSON *o, const char *key, bool *out, api_error *ae);
