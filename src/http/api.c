@@ -349,6 +349,10 @@ int cm_api_parse_request(cm_http_server *srv, bool chat, const char *body, size_
         int ns = cJSON_IsString(stop) ? 1 : cJSON_IsArray(stop) ? cJSON_GetArraySize(stop) : -1;
         if (ns < 0 || ns > 16) BAD("stop", "'stop' must be a string or an array of at most 16 strings");
         j->stops = cm_calloc((size_t)(ns ? ns : 1), sizeof *j->stops);
+        if (!j->stops) {
+            cm_api_error_set(ae, 503, "server_error", NULL, NULL, "out of memory");
+            goto fail;
+        }
         for (int i = 0; i < ns; i++) {
             const cJSON *s = cJSON_IsString(stop) ? stop : cJSON_GetArrayItem(stop, i);
             if (!cJSON_IsString(s) || strlen(s->valuestring) > 1024)
