@@ -23,6 +23,10 @@ typedef struct cm_command {
 int cli_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* A log callback (cm_engine_opts.log, cm_pipe_opts.log): the line on stderr. */
 void cli_log_line(void *ctx, const char *line);
+/* A --json answer: j on stdout (indented when pretty) and a newline, then
+ * j deleted. j NULL (out of memory while building it) prints nothing. */
+struct cJSON;
+void cli_json_print(struct cJSON *j, bool pretty);
 /* True if any argument is -h or --help. */
 bool cli_wants_help(int argc, char **argv);
 /* When any argument is -h or --help: usage, then the --help lines of the
