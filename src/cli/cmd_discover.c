@@ -89,7 +89,7 @@ int cmd_discover(int argc, char **argv) {
         else if (!strcmp(argv[i], "--iface")) {
             if (i + 1 >= argc) return cli_fail("option '--iface' needs a value"), 2;
             ifaces = argv[++i];
-        } else return cli_fail("discover: unknown option '%s'", argv[i]), 2;
+        } else return cli_fail("discover: unknown option '%s'; see 'cumulo discover --help'", argv[i]), 2;
     }
     char err[256];
     cm_mdns *m;

@@ -34,6 +34,8 @@ static const char *k_help =
     "object a line: {\"text\": ...}, {\"prompt\": ..., \"completion\": ...} (loss on the completion) or\n"
     "{\"messages\": [{\"role\", \"content\"}...]} (the model's chat template; loss on assistant turns).\n"
     "Writes ADAPTER.gguf (load it with `cumulo run --lora` or llama.cpp's --lora) and ADAPTER.gguf.svg.\n\n"
+    "  --data FILE.jsonl    the training data (required)\n"
+    "  -o, --out FILE.gguf  the adapter to write (required)\n"
     "  --rank N             LoRA rank (default 8)\n"
     "  --alpha X            LoRA alpha; the update is scaled by alpha/rank (default 2 x rank)\n"
     "  --dropout P          LoRA input dropout (default 0)\n"
@@ -117,7 +119,7 @@ static int parse(int argc, char **argv, cm_finetune_opts *o, const char **model,
         double x;
         int so;
         if (a[0] != '-') {
-            if (*model) return cli_fail("finetune: unexpected argument '%s'", a);
+            if (*model) return cli_fail("finetune: unexpected argument '%s'; see 'cumulo finetune --help'", a);
             *model = a;
             continue;
         }
