@@ -169,10 +169,9 @@ static int chat_prompt(cm_http_server *srv, const cJSON *root, cm_buf *text, api
         cm_api_error_set(ae, 400, "invalid_request_error", "messages", NULL, "too many messages (%d; at most 4096)", n);
         return -1;
     }
-    cm_chat_msg *m = cm_calloc((size_t)n, sizeof *m);
-    cm_buf *parts = cm_calloc((size_t)n, sizeof *parts);
+    cm_api_msgs l;
     int rc = -1;
-    if (!m || !parts) {
+    if (cm_api_msgs_init(&l, n)) {
         cm_api_error_set(ae, 503, "server_error", NULL, NULL, "out of memory");
         goto out;
     }
@@ -193,24 +192,19 @@ static int chat_prompt(cm_http_server *srv, const cJSON *root, cm_buf *text, api
                              "'%s' must be system, developer, user or assistant (tools are not supported)", param);
             goto out;
         }
-        cm_buf_init(&parts[i]);
-        if (!content_text(cJSON_GetObjectItemCaseSensitive(msg, "content"), &parts[i], i, ae)) goto out;
-        cm_buf_append(&parts[i], "", 1);
-        m[i].role = r;
-        m[i].content = parts[i].data;
+        if (!content_text(cJSON_GetObjectItemCaseSensitive(msg, "content"), cm_api_msgs_add(&l, r), i, ae)) goto out;
         i++;
     }
+    cm_api_msgs_seal(&l);
     char err[256];
-    if (cm_engine_chat_render(cm_http_engine(srv), cm_http_chat_template(srv), m, (size_t)n, true, text, err,
+    if (cm_engine_chat_render(cm_http_engine(srv), cm_http_chat_template(srv), l.m, (size_t)l.n, true, text, err,
                               sizeof err)) {
         cm_api_error_set(ae, 400, "invalid_request_error", "messages", NULL, "%s", err);
         goto out;
     }
     rc = 0;
 out:
-    for (int k = 0; parts && k < n; k++) cm_buf_release(&parts[k]);
-    cm_free(parts);
-    cm_free(m);
+    cm_api_msgs_release(&l);
     return rc;
 }
 

@@ -200,6 +200,7 @@ int cm_tools_prompt(cm_http_server *srv, const void *root_, job *j, cm_buf *text
     cm_buf list;
     cm_buf_init(&list);
     int rc = -1, found = 0;
+    cm_api_msgs l = {0}; /* the conversation: its first nm_ messages are used */
     cm_chat_msg *m = NULL;
     cm_buf *parts = NULL;
     int n = cJSON_IsArray(msgs) ? cJSON_GetArraySize(msgs) : 0;
@@ -254,13 +255,12 @@ int cm_tools_prompt(cm_http_server *srv, const void *root_, job *j, cm_buf *text
                          "'messages' is required: a non-empty array (at most 4096)");
         goto out;
     }
-    m = cm_calloc((size_t)n + 1, sizeof *m);
-    parts = cm_calloc((size_t)n + 1, sizeof *parts);
-    if (!m || !parts) {
+    if (cm_api_msgs_init(&l, n + 1)) { /* one more: Hermes may add a system message */
         cm_api_error_set(ae, 503, "server_error", NULL, NULL, "out of memory");
         goto out;
     }
-    for (int i = 0; i <= n; i++) cm_buf_init(&parts[i]);
+    m = l.m;
+    parts = l.text;
     int nm_ = 0, last_user = -1;
     bool have_system = false, first_user = true;
     const cJSON *msg;
@@ -493,9 +493,7 @@ int cm_tools_prompt(cm_http_server *srv, const void *root_, job *j, cm_buf *text
     }
     rc = 0;
 out:
-    for (int q = 0; parts && q <= n; q++) cm_buf_release(&parts[q]);
-    cm_free(parts);
-    cm_free(m);
+    cm_api_msgs_release(&l);
     cm_buf_release(&list);
     return rc;
 }

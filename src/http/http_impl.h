@@ -126,6 +126,20 @@ bool cm_api_get_float(enum cm_api_kind api, const struct cJSON *o, const char *k
 bool cm_api_get_int(enum cm_api_kind api, const struct cJSON *o, const char *key, double lo, double hi, long long *out,
                     api_error *ae);
 bool cm_api_get_bool(enum cm_api_kind api, const struct cJSON *o, const char *key, bool *out, api_error *ae);
+/* A conversation being read from a request: up to cap messages, each with
+ * its own text buffer. init: 0, or -1 out of memory (release it either
+ * way); add: the next message's role and the buffer its text goes into;
+ * seal: NUL-terminates every text and points m[k].content at it, for
+ * cm_engine_chat_render(l.m, l.n). */
+typedef struct cm_api_msgs {
+    cm_chat_msg *m;
+    cm_buf *text;
+    int n, cap;
+} cm_api_msgs;
+int cm_api_msgs_init(cm_api_msgs *l, int cap);
+cm_buf *cm_api_msgs_add(cm_api_msgs *l, const char *role);
+void cm_api_msgs_seal(cm_api_msgs *l);
+void cm_api_msgs_release(cm_api_msgs *l);
 /* The rendered prompt's token ids into j->ids / j->n_ids (BOS added;
  * special tokens parsed when `special`). 0, or -1 with *ae: 400 naming
  * `param` when the tokenizer refuses the text, 503 out of memory. */
