@@ -627,13 +627,17 @@ static void usage(cm_buf *b, job *j) {
                   j->n_ids + j->n_gen);
 }
 
+void *cm_tools_reply(job *j, cm_buf *content) {
+    void *calls = NULL;
+    cm_buf_init(content);
+    cm_tools_parse_text(j->tools, j->text.data ? j->text.data : "", j->text.len, content, &calls);
+    return calls;
+}
+
 char *cm_tools_final_json(job *j) {
     cm_buf content, b;
-    cm_buf_init(&content);
     cm_buf_init(&b);
-    void *cv = NULL;
-    cm_tools_parse_text(j->tools, j->text.data ? j->text.data : "", j->text.len, &content, &cv);
-    cJSON *calls = cv;
+    cJSON *calls = cm_tools_reply(j, &content);
     head(&b, j, false);
     cm_buf_puts(&b, "{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":");
     if (content.len || !cJSON_GetArraySize(calls)) cm_json_str(&b, content.data ? content.data : "", content.len);
@@ -656,10 +660,7 @@ void cm_tools_stream_end(job *j) {
         cm_api_sse_error(b, j);
     } else if (j->finish != CM_FINISH_CANCEL) {
         cm_buf content;
-        cm_buf_init(&content);
-        void *cv = NULL;
-        cm_tools_parse_text(j->tools, j->text.data ? j->text.data : "", j->text.len, &content, &cv);
-        cJSON *calls = cv;
+        cJSON *calls = cm_tools_reply(j, &content);
         const char *tail = j->include_usage ? ",\"usage\":null}\n\n" : "}\n\n";
         if (content.len) {
             head(b, j, true);

@@ -193,6 +193,9 @@ int cm_tools_prompt(cm_http_server *srv, const void *root, job *j, cm_buf *text,
 /* Split a reply into content and calls (a cJSON array of {"name","arguments"
  * (a JSON string)}, empty when the reply is not calls; free with cJSON_Delete). */
 int cm_tools_parse_text(int family, const char *s, size_t n, cm_buf *content, void **calls);
+/* The same for a finished tools job's reply (j->text, j->tools): content
+ * is initialised here (release it); returns the calls (a cJSON *). */
+void *cm_tools_reply(job *j, cm_buf *content);
 char *cm_tools_final_json(job *j);
 void cm_tools_stream_end(job *j);
 /* tools_render.c: tool turns as the official templates write them (Llama
