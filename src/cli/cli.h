@@ -23,6 +23,10 @@ typedef struct cm_command {
 int cli_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* A log callback (cm_engine_opts.log, cm_pipe_opts.log): the line on stderr. */
 void cli_log_line(void *ctx, const char *line);
+/* A --json answer: j on stdout (indented when pretty) and a newline, then
+ * j deleted. j NULL (out of memory while building it) prints nothing. */
+struct cJSON;
+void cli_json_print(struct cJSON *j, bool pretty);
 /* True if any argument is -h or --help. */
 bool cli_wants_help(int argc, char **argv);
 /* When any argument is -h or --help: usage, then the --help lines of the
@@ -248,16 +252,18 @@ int cmd_rm(int argc, char **argv);
 int cmd_merge(int argc, char **argv);
 int cmd_service(int argc, char **argv);
 int cmd_finetune(int argc, char **argv);
-/* The chat template for "messages" lines of training data: name (a
- * family), else the model's (NULL when it has none; cmd_finetune.c). bos,
- * eos: 64 bytes each, for co. */
+/* What a fine-tune reads (cmd_finetune.c; serve_finetune.c too): the model
+ * at model_path opened, loaded and checked for training, its tokenizer, and
+ * the JSONL file data_path parsed (its errors name data_name), "messages"
+ * lines with the chat template tmpl (a family name; NULL: the model's). 0,
+ * or an error in err with nothing left open; after 0 the caller releases
+ * d, tok, m and g. */
+struct cm_model;
 struct cm_tokenizer;
-struct cm_chat_template;
-struct cm_chat_opts;
-const struct cm_chat_template *cli_finetune_chat_of(const struct cm_gguf *g, const struct cm_tokenizer *tok,
-                                                    const char *name, struct cm_chat_template *t,
-                                                    struct cm_chat_opts *co, char *bos, char *eos, char *err,
-                                                    size_t errlen, int *rc);
+struct cm_tdata;
+int cli_finetune_inputs(const char *model_path, const char *data_path, const char *data_name, const char *tmpl,
+                        struct cm_gguf *g, struct cm_model *m, struct cm_tokenizer **tok, struct cm_tdata *d, char *err,
+                        size_t errlen);
 /* serve --finetune-dir DIR (serve_finetune.c): POST /v1/fine_tuning/jobs
  * trains a LoRA adapter on model_path with a JSONL file of DIR, in the
  * background, on n_threads threads; the adapter goes to DIR/ID.gguf. */

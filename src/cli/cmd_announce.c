@@ -62,9 +62,9 @@ int cmd_announce(int argc, char **argv) {
             else if (a[3] == 'd') id = v;
             else ifaces = v;
             i++;
-        } else return cli_fail("announce: unknown option '%s'", a), 2;
+        } else return cli_fail("announce: unknown option '%s'; see 'cumulo announce --help'", a), 2;
     }
-    if (port < 0) return cli_fail("announce: --port is required"), 2;
+    if (port < 0) return cli_fail("announce: --port is required (the port to advertise, e.g. --port 7070)"), 2;
     char idbuf[17];
     if (!id) {
         cm_rng r;

@@ -59,7 +59,7 @@ static const char k_bench_usage[] =
     "machine's memory read bandwidth measured in the same run, and decode as % of the\n"
     "bandwidth roofline. Progress goes to stderr.\n"
     "\n"
-    "  --threads N        compute threads, for cumulo, llama.cpp and the bandwidth kernel\n"
+    "  -t, --threads N    compute threads, for cumulo, llama.cpp and the bandwidth kernel\n"
     "                     (default: all CPUs)\n"
     "  --prompt N         prompt tokens (default 128)\n"
     "  --gen N            generated tokens (default 64)\n"
@@ -476,7 +476,8 @@ static int parse(int argc, char **argv, bench_opts *o) {
     }
     if (!o->model) return cli_fail("no model given; usage: cumulo bench MODEL.gguf [options]");
     if (!(o->model = cli_model_path(o->model))) return 1;
-    if (o->n_prompt + o->n_gen + 8 > (1 << 20)) return cli_fail("prompt + gen is too long");
+    if (o->n_prompt + o->n_gen + 8 > (1 << 20))
+        return cli_fail("--prompt + --gen is too long (at most %d tokens together)", (1 << 20) - 8);
     if (cli_cluster_check(&o->clo)) return 1;
     if (o->threads == 0) o->threads = cm_cpu_count() > 0 ? cm_cpu_count() : 1;
     return 0;
@@ -675,10 +676,7 @@ int cmd_bench(int argc, char **argv) {
         } else {
             cJSON_AddNullToObject(j, "joules_per_token");
         }
-        char *s = cJSON_PrintUnformatted(j);
-        if (s) puts(s);
-        free(s);
-        cJSON_Delete(j);
+        cli_json_print(j, false);
     } else {
         printf("model      %s (%s, %.1f M params), %d thread%s, kernels %s, kv %s\n", base, in.arch, in.n_params / 1e6,
                o.threads, o.threads == 1 ? "" : "s", kname,

@@ -60,10 +60,7 @@ static void on_event(void *ud, enum cm_mdns_event ev, const cm_mdns_instance *in
     static const char *names[] = {"add", "update", "remove"};
     if (o->json) {
         cJSON *j = inst_json(in, names[ev]);
-        char *s = cJSON_PrintUnformatted(j);
-        if (s) printf("%s\n", s);
-        cJSON_free(s);
-        cJSON_Delete(j);
+        cli_json_print(j, false);
     } else {
         printf("%s '%s' %s:%u\n", names[ev], in->name, in->addr, in->port);
     }
@@ -92,7 +89,7 @@ int cmd_discover(int argc, char **argv) {
         else if (!strcmp(argv[i], "--iface")) {
             if (i + 1 >= argc) return cli_fail("option '--iface' needs a value"), 2;
             ifaces = argv[++i];
-        } else return cli_fail("discover: unknown option '%s'", argv[i]), 2;
+        } else return cli_fail("discover: unknown option '%s'; see 'cumulo discover --help'", argv[i]), 2;
     }
     char err[256];
     cm_mdns *m;
@@ -116,10 +113,7 @@ int cmd_discover(int argc, char **argv) {
         if (o.json) {
             cJSON *a = cJSON_CreateArray();
             for (size_t i = 0; i < n; i++) cJSON_AddItemToArray(a, inst_json(cm_mdns_instance_at(m, i), NULL));
-            char *s = cJSON_Print(a);
-            if (s) printf("%s\n", s);
-            cJSON_free(s);
-            cJSON_Delete(a);
+            cli_json_print(a, true);
         } else {
             if (n == 0)
                 fprintf(stderr, "cumulo: no nodes found in %.1f s (is `cumulo node` running, and on this network?)\n",

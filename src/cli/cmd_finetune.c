@@ -34,6 +34,8 @@ static const char *k_help =
     "object a line: {\"text\": ...}, {\"prompt\": ..., \"completion\": ...} (loss on the completion) or\n"
     "{\"messages\": [{\"role\", \"content\"}...]} (the model's chat template; loss on assistant turns).\n"
     "Writes ADAPTER.gguf (load it with `cumulo run --lora` or llama.cpp's --lora) and ADAPTER.gguf.svg.\n\n"
+    "  --data FILE.jsonl    the training data (required)\n"
+    "  -o, --out FILE.gguf  the adapter to write (required)\n"
     "  --rank N             LoRA rank (default 8)\n"
     "  --alpha X            LoRA alpha; the update is scaled by alpha/rank (default 2 x rank)\n"
     "  --dropout P          LoRA input dropout (default 0)\n"
@@ -117,7 +119,7 @@ static int parse(int argc, char **argv, cm_finetune_opts *o, const char **model,
         double x;
         int so;
         if (a[0] != '-') {
-            if (*model) return cli_fail("finetune: unexpected argument '%s'", a);
+            if (*model) return cli_fail("finetune: unexpected argument '%s'; see 'cumulo finetune --help'", a);
             *model = a;
             continue;
         }
@@ -350,9 +352,8 @@ static int train(const char *path, const cm_gguf *g, const cm_model *m, const cm
 }
 
 /* The chat template for "messages" lines: --chat-template, else the model's (NULL when it has none). */
-const cm_chat_template *cli_finetune_chat_of(const cm_gguf *g, const cm_tokenizer *tok, const char *name,
-                                             cm_chat_template *t, cm_chat_opts *co, char *bos, char *eos, char *err,
-                                             size_t errlen, int *rc) {
+static const cm_chat_template *chat_of(const cm_gguf *g, const cm_tokenizer *tok, const char *name, cm_chat_template *t,
+                                       cm_chat_opts *co, char *bos, char *eos, char *err, size_t errlen, int *rc) {
     const cm_gguf_kv *kv = cm_gguf_find_kv(g, "tokenizer.chat_template");
     *rc = 0;
     if (name) *rc = cm_chat_template_by_name(t, name, err, errlen);
@@ -368,6 +369,37 @@ const cm_chat_template *cli_finetune_chat_of(const cm_gguf *g, const cm_tokenize
     return t;
 }
 
+int cli_finetune_inputs(const char *model_path, const char *data_path, const char *data_name, const char *tmpl,
+                        cm_gguf *g, cm_model *m, cm_tokenizer **tok, cm_tdata *d, char *err, size_t errlen) {
+    *tok = NULL;
+    *d = (cm_tdata){0};
+    int rc = cm_gguf_open(g, model_path, NULL, NULL, err, errlen);
+    if (rc) return rc;
+    if ((rc = cm_model_load(m, g, err, errlen))) {
+        cm_gguf_close(g);
+        return rc;
+    }
+    char *text = NULL;
+    size_t len = 0;
+    if (!(rc = cm_train_check_model(m, err, errlen)) && !(rc = cm_tokenizer_new(tok, g, err, errlen)) &&
+        !(rc = cm_file_read_all(data_path, &text, &len, err, errlen))) {
+        cm_chat_template t;
+        cm_chat_opts co;
+        char bos[64] = "", eos[64] = "";
+        const cm_chat_template *tp = chat_of(g, *tok, tmpl, &t, &co, bos, eos, err, errlen, &rc);
+        if (!rc) rc = cm_tdata_parse(d, (const uint8_t *)text, len, data_name, *tok, tp, &co, err, errlen);
+    }
+    cm_free(text);
+    if (rc) {
+        cm_tdata_release(d);
+        cm_tokenizer_free(*tok);
+        *tok = NULL;
+        cm_model_release(m);
+        cm_gguf_close(g);
+    }
+    return rc;
+}
+
 int cmd_finetune(int argc, char **argv) {
     if (cli_help(argc, argv, k_help, CLI_CLUSTER_FINETUNE)) return 0;
     cm_finetune_opts o;
@@ -380,56 +412,39 @@ int cmd_finetune(int argc, char **argv) {
     char err[1024];
     cm_gguf g;
     cm_model m;
-    cm_tokenizer *tok = NULL;
-    cm_tdata d = {0};
-    int rc = cm_gguf_open(&g, model, NULL, NULL, err, sizeof err);
+    cm_tokenizer *tok;
+    cm_tdata d;
+    int rc = cli_finetune_inputs(model, data, data, tmpl, &g, &m, &tok, &d, err, sizeof err);
     if (rc) return cli_fail("%s", err);
-    if ((rc = cm_model_load(&m, &g, err, sizeof err))) {
-        cm_gguf_close(&g);
-        return cli_fail("%s", err);
+    if (o.n_ctx > m.hp.n_ctx_train && m.hp.n_ctx_train > 0) o.n_ctx = m.hp.n_ctx_train;
+    fprintf(stderr,
+            "finetune: %d examples, %lld tokens; rank %d, alpha %g, lr %g, ctx %d, batch %d x %d, %d thread%s\n",
+            d.n_ex, (long long)d.n_tok, o.rank, o.alpha, o.lr, o.n_ctx, o.batch, o.grad_accum, o.n_threads,
+            o.n_threads > 1 ? "s" : "");
+    const int force = cm_config_get()->progress; /* -1 unset, 0 off, 1 on */
+    bar b = {.tty = force == 1 || (force != 0 && isatty(2)), .loss0 = NAN, .val0 = NAN, .loss = NAN, .val = NAN};
+    o.progress = on_progress;
+    o.progress_user = &b;
+    if (c.dash_port >= 0) {
+        const char *base = strrchr(model, '/');
+        char title[300];
+        snprintf(title, sizeof title, "%s -> %s", base ? base + 1 : model, o.out);
+        if (cli_finetune_dash_start(&b.dash, c.dash_host ? c.dash_host : "127.0.0.1", c.dash_port, title))
+            rc = CM_EINVAL, snprintf(err, sizeof err, "the dashboard did not start");
+        cli_finetune_dash_local(b.dash, m.hp.n_layer);
     }
-    char *text = NULL;
-    size_t len = 0;
-    if (!(rc = cm_train_check_model(&m, err, sizeof err)) && !(rc = cm_tokenizer_new(&tok, &g, err, sizeof err)) &&
-        !(rc = cm_file_read_all(data, &text, &len, err, sizeof err))) {
-        cm_chat_template t;
-        cm_chat_opts co;
-        char bos[64] = "", eos[64] = "";
-        const cm_chat_template *tp = cli_finetune_chat_of(&g, tok, tmpl, &t, &co, bos, eos, err, sizeof err, &rc);
-        if (!rc) rc = cm_tdata_parse(&d, (const uint8_t *)text, len, data, tok, tp, &co, err, sizeof err);
-    }
-    cm_free(text);
-    if (!rc && o.n_ctx > m.hp.n_ctx_train && m.hp.n_ctx_train > 0) o.n_ctx = m.hp.n_ctx_train;
-    if (!rc) {
-        fprintf(stderr,
-                "finetune: %d examples, %lld tokens; rank %d, alpha %g, lr %g, ctx %d, batch %d x %d, %d thread%s\n",
-                d.n_ex, (long long)d.n_tok, o.rank, o.alpha, o.lr, o.n_ctx, o.batch, o.grad_accum, o.n_threads,
-                o.n_threads > 1 ? "s" : "");
-        const int force = cm_config_get()->progress; /* -1 unset, 0 off, 1 on */
-        bar b = {.tty = force == 1 || (force != 0 && isatty(2)), .loss0 = NAN, .val0 = NAN, .loss = NAN, .val = NAN};
-        o.progress = on_progress;
-        o.progress_user = &b;
-        if (c.dash_port >= 0) {
-            const char *base = strrchr(model, '/');
-            char title[300];
-            snprintf(title, sizeof title, "%s -> %s", base ? base + 1 : model, o.out);
-            if (cli_finetune_dash_start(&b.dash, c.dash_host ? c.dash_host : "127.0.0.1", c.dash_port, title))
-                rc = CM_EINVAL, snprintf(err, sizeof err, "the dashboard did not start");
-            cli_finetune_dash_local(b.dash, m.hp.n_layer);
-        }
-        double t0 = cm_now_s();
-        if (!rc) rc = train(model, &g, &m, &d, &o, &c, err, sizeof err);
-        if (!rc)
-            fprintf(stderr, "finetune: loss %.4f -> %.4f, val %.4f -> %.4f; wrote %s and %s.svg (%.1f s)\n", b.loss0,
-                    b.loss, b.val0, b.val, o.out, o.out, cm_now_s() - t0);
-        if (b.dash) {
-            char s[600];
-            snprintf(s, sizeof s, rc ? "failed: %s" : "done: wrote %s", rc ? err : o.out);
-            cm_train_dash_status(b.dash, s);
-            const unsigned hold = cm_config_get()->test_dash_hold_ms; /* tests: the final page stays up this long */
-            if (hold) cm_sleep_ms(hold > 600000 ? 600000 : hold);
-            cm_train_dash_stop(b.dash);
-        }
+    double t0 = cm_now_s();
+    if (!rc) rc = train(model, &g, &m, &d, &o, &c, err, sizeof err);
+    if (!rc)
+        fprintf(stderr, "finetune: loss %.4f -> %.4f, val %.4f -> %.4f; wrote %s and %s.svg (%.1f s)\n", b.loss0,
+                b.loss, b.val0, b.val, o.out, o.out, cm_now_s() - t0);
+    if (b.dash) {
+        char s[600];
+        snprintf(s, sizeof s, rc ? "failed: %s" : "done: wrote %s", rc ? err : o.out);
+        cm_train_dash_status(b.dash, s);
+        const unsigned hold = cm_config_get()->test_dash_hold_ms; /* tests: the final page stays up this long */
+        if (hold) cm_sleep_ms(hold > 600000 ? 600000 : hold);
+        cm_train_dash_stop(b.dash);
     }
     cm_tdata_release(&d);
     cm_tokenizer_free(tok);

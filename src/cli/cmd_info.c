@@ -76,10 +76,7 @@ static int cpu_info(bool json) {
         cJSON_AddNumberToObject(j, "cores", cm_cpu_count());
         cJSON *a = cJSON_AddArrayToObject(j, "features");
         for (int i = 0; i < n_feats; i++) cJSON_AddItemToArray(a, cJSON_CreateString(feats[i]));
-        char *s = cJSON_PrintUnformatted(j);
-        if (s) puts(s);
-        cJSON_free(s);
-        cJSON_Delete(j);
+        cli_json_print(j, false);
         return 0;
     }
     printf("kernels:  %s (CUMULO_ISA=%s; tables this CPU runs:", kname, cm_cpu_isa_cap());
@@ -128,10 +125,7 @@ int cmd_info(int argc, char **argv) {
     if (!model && gpus) { /* the devices only */
         cJSON *j = json ? cJSON_CreateObject() : NULL;
         cli_gpu_list(j, 0, 0);
-        char *s = j ? cJSON_PrintUnformatted(j) : NULL;
-        if (s) puts(s);
-        cJSON_free(s);
-        cJSON_Delete(j);
+        cli_json_print(j, false);
         return 0;
     }
     if (!model) return cli_fail("info needs a MODEL.gguf; see 'cumulo info --help'");
@@ -196,10 +190,7 @@ int cmd_info(int argc, char **argv) {
         }
         cJSON_AddNumberToObject(j, "memory_bytes", (double)total);
         cli_gpu_list(j, in.n_layer, cm_engine_gpu_layer_bytes(e, n_ctx));
-        char *s = cJSON_PrintUnformatted(j);
-        if (s) puts(s);
-        cJSON_free(s);
-        cJSON_Delete(j);
+        cli_json_print(j, false);
     } else {
         char b1[32], b2[32], b3[32];
         printf("model:        %s\n", in.name);

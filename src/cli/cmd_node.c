@@ -242,10 +242,7 @@ int cmd_nodes(int argc, char **argv) {
             }
             cJSON_AddItemToArray(arr, o);
         }
-        char *s = cJSON_Print(arr);
-        if (s) puts(s);
-        cJSON_free(s);
-        cJSON_Delete(arr);
+        cli_json_print(arr, true);
         return nodes_reachable(info, n, mdns, given != NULL);
     }
     if (!n) return nodes_reachable(info, n, mdns, given != NULL);

@@ -209,10 +209,7 @@ int cmd_plan(int argc, char **argv) {
             if (alt_rc[k] == 0) cJSON_AddItemToObject(ja, cm_parallel_name(alts[k]), plan_json(&alt[k], &cl));
             else cJSON_AddStringToObject(ja, cm_parallel_name(alts[k]), alt_err[k]);
         }
-        char *s = cJSON_PrintUnformatted(root);
-        printf("%s\n", s);
-        free(s);
-        cJSON_Delete(root);
+        cli_json_print(root, false);
         return 0;
     }
     char buf[8192];

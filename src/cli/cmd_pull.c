@@ -186,10 +186,7 @@ int cmd_models(int argc, char **argv) {
             cJSON_AddStringToObject(o, "architecture", m[i].arch);
             cJSON_AddItemToArray(arr, o);
         }
-        char *txt = cJSON_PrintUnformatted(arr);
-        if (txt) printf("%s\n", txt);
-        cJSON_free(txt);
-        cJSON_Delete(arr);
+        cli_json_print(arr, false);
     } else if (!n) {
         printf("no models in %s; get one with: cumulo pull org/repo:QUANT\n", dir);
     } else {

@@ -441,10 +441,7 @@ int cmd_run(int argc, char **argv) {
             cJSON_AddNumberToObject(tj2, "ops", (double)to);
             cJSON_AddNumberToObject(tj2, "rows", (double)tr);
         }
-        char *js = cJSON_PrintUnformatted(j);
-        if (js) puts(js);
-        cJSON_free(js);
-        cJSON_Delete(j);
+        cli_json_print(j, false);
     } else {
         fputc('\n', stdout);
         fflush(stdout);

@@ -78,24 +78,9 @@ static void *run(void *arg) {
     char err[1024] = "";
     cm_gguf g;
     cm_model m;
-    cm_tokenizer *tok = NULL;
-    cm_tdata d = {0};
-    bool have_g = false, have_m = false;
-    int rc = cm_gguf_open(&g, f->model, NULL, NULL, err, sizeof err);
-    have_g = rc == 0;
-    if (!rc) have_m = (rc = cm_model_load(&m, &g, err, sizeof err)) == 0;
-    char *text = NULL;
-    size_t len = 0;
-    if (!rc && !(rc = cm_train_check_model(&m, err, sizeof err)) &&
-        !(rc = cm_tokenizer_new(&tok, &g, err, sizeof err)) &&
-        !(rc = cm_file_read_all(f->data, &text, &len, err, sizeof err))) {
-        cm_chat_template t;
-        cm_chat_opts co;
-        char bos[64] = "", eos[64] = "";
-        const cm_chat_template *tp = cli_finetune_chat_of(&g, tok, NULL, &t, &co, bos, eos, err, sizeof err, &rc);
-        if (!rc) rc = cm_tdata_parse(&d, (const uint8_t *)text, len, r->training_file, tok, tp, &co, err, sizeof err);
-    }
-    cm_free(text);
+    cm_tokenizer *tok;
+    cm_tdata d;
+    int rc = cli_finetune_inputs(f->model, f->data, r->training_file, NULL, &g, &m, &tok, &d, err, sizeof err);
     if (!rc) {
         cm_finetune_opts o;
         cm_finetune_opts_default(&o);
@@ -111,11 +96,11 @@ static void *run(void *arg) {
         o.progress = on_progress;
         o.progress_user = f;
         rc = cm_finetune_run(&m, &d, &o, err, sizeof err);
+        cm_tdata_release(&d);
+        cm_tokenizer_free(tok);
+        cm_model_release(&m);
+        cm_gguf_close(&g);
     }
-    cm_tdata_release(&d);
-    cm_tokenizer_free(tok);
-    if (have_m) cm_model_release(&m);
-    if (have_g) cm_gguf_close(&g);
     pthread_mutex_lock(&f->mu);
     if (f->srv) cm_http_ft_end(f->srv, r->id, rc, f->out, err);
     pthread_mutex_unlock(&f->mu);

@@ -10,6 +10,8 @@
 #include "os/os.h"
 #include "sampler/sampler.h"
 
+#include <cjson/cJSON.h>
+
 #include <errno.h>
 #include <limits.h>
 #include <stdarg.h>
@@ -37,6 +39,13 @@ bool cli_wants_help(int argc, char **argv) {
 void cli_log_line(void *ctx, const char *line) {
     (void)ctx;
     fprintf(stderr, "%s\n", line);
+}
+
+void cli_json_print(cJSON *j, bool pretty) {
+    char *s = !j ? NULL : pretty ? cJSON_Print(j) : cJSON_PrintUnformatted(j);
+    if (s) puts(s);
+    cJSON_free(s);
+    cJSON_Delete(j);
 }
 
 bool cli_help(int argc, char **argv, const char *usage, unsigned cluster) {

@@ -119,17 +119,3 @@ int cm_constrain_take(cm_session *s, cm_grammar_state *gs, int32_t id) {
     if (id < 0 || id >= v->n_vocab || v->eog[id]) return 0;
     return cm_grammar_accept(gs, v->bytes + v->off[id], v->off[id + 1] - v->off[id]);
 }
-
-int cm_engine_chat_family(const cm_engine *e, const char *template_name, char *err, size_t errlen) {
-    cm_chat_template t;
-    int rc;
-    if (template_name) {
-        rc = cm_chat_template_by_name(&t, template_name, err, errlen);
-    } else {
-        const cm_gguf_kv *kv = cm_gguf_find_kv(&e->g, "tokenizer.chat_template");
-        if (!kv || kv->type != CM_GGUF_STRING)
-            return cm_errf(err, errlen, CM_EUNSUPPORTED, "the model has no chat template");
-        rc = cm_chat_template_detect(&t, kv->v.str.ptr, (size_t)kv->v.str.len, err, errlen);
-    }
-    return rc ? rc : (int)t.family;
-}

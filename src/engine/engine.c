@@ -370,20 +370,29 @@ int cm_engine_token_piece(const cm_engine *e, int32_t id, char *buf, size_t cap)
     return (int)n;
 }
 
+/* The template a chat is rendered with: the one named, else the one the
+ * model's tokenizer.chat_template is recognised as. */
+static int chat_template_of(const cm_engine *e, const char *template_name, cm_chat_template *t, char *err,
+                            size_t errlen) {
+    if (template_name) return cm_chat_template_by_name(t, template_name, err, errlen);
+    const cm_gguf_kv *kv = cm_gguf_find_kv(&e->g, "tokenizer.chat_template");
+    if (!kv || kv->type != CM_GGUF_STRING)
+        return cm_errf(err, errlen, CM_EUNSUPPORTED,
+                       "the model has no chat template; choose one with --chat-template (%s)",
+                       cm_chat_template_names());
+    return cm_chat_template_detect(t, kv->v.str.ptr, (size_t)kv->v.str.len, err, errlen);
+}
+
+int cm_engine_chat_family(const cm_engine *e, const char *template_name, char *err, size_t errlen) {
+    cm_chat_template t;
+    int rc = chat_template_of(e, template_name, &t, err, errlen);
+    return rc ? rc : (int)t.family;
+}
+
 int cm_engine_chat_render(const cm_engine *e, const char *template_name, const cm_chat_msg *msgs, size_t n,
                           bool add_generation_prompt, cm_buf *out, char *err, size_t errlen) {
     cm_chat_template t;
-    int rc;
-    if (template_name) {
-        rc = cm_chat_template_by_name(&t, template_name, err, errlen);
-    } else {
-        const cm_gguf_kv *kv = cm_gguf_find_kv(&e->g, "tokenizer.chat_template");
-        if (!kv || kv->type != CM_GGUF_STRING)
-            return cm_errf(err, errlen, CM_EUNSUPPORTED,
-                           "the model has no chat template; choose one with --chat-template (%s)",
-                           cm_chat_template_names());
-        rc = cm_chat_template_detect(&t, kv->v.str.ptr, (size_t)kv->v.str.len, err, errlen);
-    }
+    int rc = chat_template_of(e, template_name, &t, err, errlen);
     if (rc) return rc;
     /* BOS/EOS texts, NUL-terminated copies (vocabulary texts are not). */
     char bos[64] = "", eos[64] = "";
@@ -667,21 +676,6 @@ int cm_session_prompt_step(cm_session *s, int max_tokens, char *err, size_t errl
     s->t.prompt_s += cm_now_s() - t0;
     if (rc) return rc;
     return end - s->kv.n_past > 0 ? end - s->kv.n_past : 0;
-}
-
-int cm_session_copy_prefix(cm_session *dst, const cm_session *src, int n, char *err, size_t errlen) {
-    if (dst->e != src->e) return cm_errf(err, errlen, CM_EINVAL, "sessions of different engines");
-    if (dst->e->cl) return cm_errf(err, errlen, CM_EUNSUPPORTED, "prefix copy on a cluster");
-    if (!cm_session_lora_same(dst, src))
-        return cm_errf(err, errlen, CM_EINVAL, "the sessions use different LoRA adapter scales");
-    if (n > src->kv.n_past || n > src->n_hist || n > dst->n_ctx)
-        return cm_errf(err, errlen, CM_EINVAL, "prefix of %d tokens is longer than the source's", n);
-    int rc = cm_kv_copy_prefix(&dst->kv, &src->kv, n, err, errlen);
-    if (rc) return rc;
-    memcpy(dst->hist, src->hist, (size_t)n * sizeof *dst->hist);
-    dst->n_hist = n;
-    dst->have_logits = false;
-    return 0;
 }
 
 int cm_session_set_prompt(cm_session *s, const int32_t *ids, int n, char *err, size_t errlen) {

@@ -225,7 +225,7 @@ int cm_engine_embed(cm_engine *e, const int32_t *ids, int n, enum cm_pooling poo
                     char *err, size_t errlen);
 
 /* The chat family (enum cm_chat_family, >= 0) cm_engine_chat_render uses
- * with this template_name, or a negative code (constrain.c). */
+ * with this template_name, or a negative code. */
 int cm_engine_chat_family(const cm_engine *e, const char *template_name, char *err, size_t errlen);
 
 /* ---- sessions ---- */

@@ -169,10 +169,9 @@ static int chat_prompt(cm_http_server *srv, const cJSON *root, cm_buf *text, api
         cm_api_error_set(ae, 400, "invalid_request_error", "messages", NULL, "too many messages (%d; at most 4096)", n);
         return -1;
     }
-    cm_chat_msg *m = cm_calloc((size_t)n, sizeof *m);
-    cm_buf *parts = cm_calloc((size_t)n, sizeof *parts);
+    cm_api_msgs l;
     int rc = -1;
-    if (!m || !parts) {
+    if (cm_api_msgs_init(&l, n)) {
         cm_api_error_set(ae, 503, "server_error", NULL, NULL, "out of memory");
         goto out;
     }
@@ -193,24 +192,19 @@ static int chat_prompt(cm_http_server *srv, const cJSON *root, cm_buf *text, api
                              "'%s' must be system, developer, user or assistant (tools are not supported)", param);
             goto out;
         }
-        cm_buf_init(&parts[i]);
-        if (!content_text(cJSON_GetObjectItemCaseSensitive(msg, "content"), &parts[i], i, ae)) goto out;
-        cm_buf_append(&parts[i], "", 1);
-        m[i].role = r;
-        m[i].content = parts[i].data;
+        if (!content_text(cJSON_GetObjectItemCaseSensitive(msg, "content"), cm_api_msgs_add(&l, r), i, ae)) goto out;
         i++;
     }
+    cm_api_msgs_seal(&l);
     char err[256];
-    if (cm_engine_chat_render(cm_http_engine(srv), cm_http_chat_template(srv), m, (size_t)n, true, text, err,
+    if (cm_engine_chat_render(cm_http_engine(srv), cm_http_chat_template(srv), l.m, (size_t)l.n, true, text, err,
                               sizeof err)) {
         cm_api_error_set(ae, 400, "invalid_request_error", "messages", NULL, "%s", err);
         goto out;
     }
     rc = 0;
 out:
-    for (int k = 0; parts && k < n; k++) cm_buf_release(&parts[k]);
-    cm_free(parts);
-    cm_free(m);
+    cm_api_msgs_release(&l);
     return rc;
 }
 
@@ -313,25 +307,12 @@ int cm_api_parse_request(cm_http_server *srv, bool chat, const char *body, size_
     if (!cm_api_get_int(CM_API_OPENAI, root, "max_tokens", 1, 1 << 30, &mt, ae)) goto fail;
     if (!cm_api_get_int(CM_API_OPENAI, root, "max_completion_tokens", 1, 1 << 30, &mt, ae)) goto fail;
     cm_sampler_params *sp = &gp->sampling;
-    double v;
-    v = sp->temperature;
-    if (!cm_api_get_num(CM_API_OPENAI, root, "temperature", 0, 2, &v, ae)) goto fail;
-    sp->temperature = (float)v;
-    v = sp->top_p;
-    if (!cm_api_get_num(CM_API_OPENAI, root, "top_p", 0, 1, &v, ae)) goto fail;
-    sp->top_p = (float)v;
-    v = sp->min_p;
-    if (!cm_api_get_num(CM_API_OPENAI, root, "min_p", 0, 1, &v, ae)) goto fail;
-    sp->min_p = (float)v;
-    v = sp->presence_penalty;
-    if (!cm_api_get_num(CM_API_OPENAI, root, "presence_penalty", -2, 2, &v, ae)) goto fail;
-    sp->presence_penalty = (float)v;
-    v = sp->frequency_penalty;
-    if (!cm_api_get_num(CM_API_OPENAI, root, "frequency_penalty", -2, 2, &v, ae)) goto fail;
-    sp->frequency_penalty = (float)v;
-    v = sp->repeat_penalty;
-    if (!cm_api_get_num(CM_API_OPENAI, root, "repeat_penalty", 0.01, 10, &v, ae)) goto fail;
-    sp->repeat_penalty = (float)v;
+    if (!cm_api_get_float(CM_API_OPENAI, root, "temperature", 0, 2, &sp->temperature, ae)) goto fail;
+    if (!cm_api_get_float(CM_API_OPENAI, root, "top_p", 0, 1, &sp->top_p, ae)) goto fail;
+    if (!cm_api_get_float(CM_API_OPENAI, root, "min_p", 0, 1, &sp->min_p, ae)) goto fail;
+    if (!cm_api_get_float(CM_API_OPENAI, root, "presence_penalty", -2, 2, &sp->presence_penalty, ae)) goto fail;
+    if (!cm_api_get_float(CM_API_OPENAI, root, "frequency_penalty", -2, 2, &sp->frequency_penalty, ae)) goto fail;
+    if (!cm_api_get_float(CM_API_OPENAI, root, "repeat_penalty", 0.01, 10, &sp->repeat_penalty, ae)) goto fail;
     long long k = sp->top_k;
     if (!cm_api_get_int(CM_API_OPENAI, root, "top_k", 0, 1 << 30, &k, ae)) goto fail;
     sp->top_k = (int32_t)k;
@@ -362,6 +343,10 @@ int cm_api_parse_request(cm_http_server *srv, bool chat, const char *body, size_
         int ns = cJSON_IsString(stop) ? 1 : cJSON_IsArray(stop) ? cJSON_GetArraySize(stop) : -1;
         if (ns < 0 || ns > 16) BAD("stop", "'stop' must be a string or an array of at most 16 strings");
         j->stops = cm_calloc((size_t)(ns ? ns : 1), sizeof *j->stops);
+        if (!j->stops) {
+            cm_api_error_set(ae, 503, "server_error", NULL, NULL, "out of memory");
+            goto fail;
+        }
         for (int i = 0; i < ns; i++) {
             const cJSON *s = cJSON_IsString(stop) ? stop : cJSON_GetArrayItem(stop, i);
             if (!cJSON_IsString(s) || strlen(s->valuestring) > 1024)
@@ -609,12 +594,16 @@ char *cm_api_final_json(job *j) {
     cm_buf_printf(&b, ",\"finish_reason\":\"%s\"}],\"usage\":", finish_reason(j->finish));
     usage_json(&b, j);
     cm_buf_puts(&b, "}");
-    cm_buf_append(&b, "", 1);
-    if (b.oom) {
-        cm_buf_release(&b);
+    return cm_api_buf_take(&b);
+}
+
+char *cm_api_buf_take(cm_buf *b) {
+    cm_buf_append(b, "", 1);
+    if (b->oom) {
+        cm_buf_release(b);
         return NULL;
     }
-    return b.data;
+    return b->data;
 }
 
 void cm_api_models_json(cm_http_server *srv, cm_buf *out) {

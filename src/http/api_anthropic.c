@@ -111,25 +111,14 @@ static int anth_prompt(cm_http_server *srv, const cJSON *root, cm_buf *text, api
                          n);
         return -1;
     }
-    cm_chat_msg *m = cm_calloc((size_t)n + 1, sizeof *m);
-    cm_buf *parts = cm_calloc((size_t)n + 1, sizeof *parts);
-    int rc = -1, nm = 0;
-    if (!m || !parts) {
+    cm_api_msgs l;
+    int rc = -1;
+    if (cm_api_msgs_init(&l, n + 1)) {
         cm_api_error_set(ae, 503, "api_error", NULL, NULL, "out of memory");
         goto out;
     }
     const cJSON *sys = cJSON_GetObjectItemCaseSensitive(root, "system");
-    if (!cm_api_is_null(sys)) {
-        cm_buf_init(&parts[0]);
-        if (!blocks_text(sys, "system", &parts[0], ae)) {
-            nm = 1;
-            goto out;
-        }
-        cm_buf_append(&parts[0], "", 1);
-        m[0].role = "system";
-        m[0].content = parts[0].data;
-        nm = 1;
-    }
+    if (!cm_api_is_null(sys) && !blocks_text(sys, "system", cm_api_msgs_add(&l, "system"), ae)) goto out;
     int i = 0;
     const cJSON *msg;
     cJSON_ArrayForEach(msg, msgs) {
@@ -152,31 +141,22 @@ static int anth_prompt(cm_http_server *srv, const cJSON *root, cm_buf *text, api
             cm_api_error_set(ae, 400, "invalid_request_error", param, NULL, "%s: Field required", param);
             goto out;
         }
-        cm_buf_init(&parts[nm]);
-        if (!blocks_text(c, param, &parts[nm], ae)) {
-            nm++;
-            goto out;
-        }
-        cm_buf_append(&parts[nm], "", 1);
-        m[nm].role = r;
-        m[nm].content = parts[nm].data;
-        nm++;
+        if (!blocks_text(c, param, cm_api_msgs_add(&l, r), ae)) goto out;
         i++;
     }
+    cm_api_msgs_seal(&l);
     /* A trailing assistant message is continued, not closed. */
-    bool prefill = !strcmp(m[nm - 1].role, "assistant");
+    bool prefill = !strcmp(l.m[l.n - 1].role, "assistant");
     char err[256];
-    if (cm_engine_chat_render(cm_http_engine(srv), cm_http_chat_template(srv), m, (size_t)(nm - prefill), true, text,
+    if (cm_engine_chat_render(cm_http_engine(srv), cm_http_chat_template(srv), l.m, (size_t)(l.n - prefill), true, text,
                               err, sizeof err)) {
         cm_api_error_set(ae, 400, "invalid_request_error", "messages", NULL, "messages: %s", err);
         goto out;
     }
-    if (prefill) cm_buf_puts(text, m[nm - 1].content);
+    if (prefill) cm_buf_puts(text, l.m[l.n - 1].content);
     rc = 0;
 out:
-    for (int k = 0; parts && k < nm; k++) cm_buf_release(&parts[k]);
-    cm_free(parts);
-    cm_free(m);
+    cm_api_msgs_release(&l);
     return rc;
 }
 
@@ -208,13 +188,8 @@ int cm_anth_parse_request(cm_http_server *srv, const char *body, size_t n, job *
     cm_gen_params *gp = &j->gp;
     cm_gen_params_default(gp);
     cm_sampler_params *sp = &gp->sampling;
-    double v;
-    v = sp->temperature;
-    if (!cm_api_get_num(CM_API_ANTHROPIC, root, "temperature", 0, 1, &v, ae)) goto fail;
-    sp->temperature = (float)v;
-    v = sp->top_p;
-    if (!cm_api_get_num(CM_API_ANTHROPIC, root, "top_p", 0, 1, &v, ae)) goto fail;
-    sp->top_p = (float)v;
+    if (!cm_api_get_float(CM_API_ANTHROPIC, root, "temperature", 0, 1, &sp->temperature, ae)) goto fail;
+    if (!cm_api_get_float(CM_API_ANTHROPIC, root, "top_p", 0, 1, &sp->top_p, ae)) goto fail;
     long long k = sp->top_k;
     if (!cm_api_get_int(CM_API_ANTHROPIC, root, "top_k", 0, 1 << 30, &k, ae)) goto fail;
     sp->top_k = (int32_t)k;
@@ -351,10 +326,5 @@ char *cm_anth_final_json(job *j) {
     cm_buf_printf(&b, "}],\"stop_reason\":\"%s\",", stop_reason(j));
     stop_sequence_json(&b, j);
     cm_buf_printf(&b, ",\"usage\":{\"input_tokens\":%d,\"output_tokens\":%d}}", j->n_ids, j->n_gen);
-    cm_buf_append(&b, "", 1);
-    if (b.oom) {
-        cm_buf_release(&b);
-        return NULL;
-    }
-    return b.data;
+    return cm_api_buf_take(&b);
 }

@@ -246,11 +246,8 @@ static void usage_tail(cm_buf *b, const job *j, const char *reason) {
 
 char *cm_anth_tools_final_json(job *j) {
     cm_buf content, b;
-    cm_buf_init(&content);
     cm_buf_init(&b);
-    void *cv = NULL;
-    cm_tools_parse_text(j->tools, j->text.data ? j->text.data : "", j->text.len, &content, &cv);
-    cJSON *calls = cv;
+    cJSON *calls = cm_tools_reply(j, &content);
     int n = cJSON_GetArraySize(calls);
     cm_buf_puts(&b, "{\"id\":");
     cm_json_str(&b, j->id, strlen(j->id));
@@ -274,14 +271,9 @@ char *cm_anth_tools_final_json(job *j) {
     cm_buf_puts(&b, "],");
     usage_tail(&b, j, stop_reason(j, n));
     cm_buf_printf(&b, ",\"usage\":{\"input_tokens\":%d,\"output_tokens\":%d}}", j->n_ids, j->n_gen);
-    cm_buf_append(&b, "", 1);
     cJSON_Delete(calls);
     cm_buf_release(&content);
-    if (b.oom) {
-        cm_buf_release(&b);
-        return NULL;
-    }
-    return b.data;
+    return cm_api_buf_take(&b);
 }
 
 static void event(cm_buf *b, const char *name) { cm_buf_printf(b, "event: %s\ndata: ", name); }
@@ -290,10 +282,7 @@ void cm_anth_tools_stream_end(job *j) {
     cm_buf *b = &j->sse;
     if (j->http_status || j->finish == CM_FINISH_CANCEL) return; /* cm_anth_stream_end wrote the error */
     cm_buf content;
-    cm_buf_init(&content);
-    void *cv = NULL;
-    cm_tools_parse_text(j->tools, j->text.data ? j->text.data : "", j->text.len, &content, &cv);
-    cJSON *calls = cv;
+    cJSON *calls = cm_tools_reply(j, &content);
     int n = cJSON_GetArraySize(calls), idx = 0;
     if (content.len || !n) {
         event(b, "content_block_start");

@@ -2,8 +2,8 @@
  * api_parse.c: what the OpenAI (api.c) and Anthropic (api_anthropic.c)
  * request parsers share: reading a number, integer or boolean field with
  * its range checked (absent or null keeps the default; anything else is a
- * 400 naming the field), and turning the rendered prompt into the job's
- * token ids. Each API's own message style is kept: OpenAI's
+ * 400 naming the field), the list of messages a conversation is read into,
+ * and turning the rendered prompt into the job's token ids. Each API's own message style is kept: OpenAI's
  * "'temperature' must be ...", Anthropic's "temperature: must be ...".
  *
  * Never aborts on input.
@@ -16,6 +16,34 @@
 #include <stdio.h>
 
 bool cm_api_is_null(const cJSON *x) { return !x || cJSON_IsNull(x); }
+
+int cm_api_msgs_init(cm_api_msgs *l, int cap) {
+    *l = (cm_api_msgs){.m = cm_calloc((size_t)cap, sizeof *l->m), .text = cm_calloc((size_t)cap, sizeof *l->text)};
+    if (!l->m || !l->text) return -1;
+    l->cap = cap;
+    for (int k = 0; k < cap; k++) cm_buf_init(&l->text[k]);
+    return 0;
+}
+
+cm_buf *cm_api_msgs_add(cm_api_msgs *l, const char *role) {
+    CM_ASSERT(l->n < l->cap);
+    l->m[l->n].role = role;
+    return &l->text[l->n++];
+}
+
+void cm_api_msgs_seal(cm_api_msgs *l) {
+    for (int k = 0; k < l->n; k++) {
+        cm_buf_append(&l->text[k], "", 1);
+        l->m[k].content = l->text[k].data;
+    }
+}
+
+void cm_api_msgs_release(cm_api_msgs *l) {
+    for (int k = 0; k < l->cap; k++) cm_buf_release(&l->text[k]);
+    cm_free(l->text);
+    cm_free(l->m);
+    *l = (cm_api_msgs){0};
+}
 
 /* A 400 invalid_request_error for `key` whose message is "<key> <what>" in
  * the API's style. */
@@ -31,15 +59,15 @@ static void bad_field(enum cm_api_kind api, api_error *ae, const char *key, cons
     else cm_api_error_set(ae, 400, "invalid_request_error", key, NULL, "'%s' %s", key, what);
 }
 
-bool cm_api_get_num(enum cm_api_kind api, const cJSON *o, const char *key, double lo, double hi, double *out,
-                    api_error *ae) {
+bool cm_api_get_float(enum cm_api_kind api, const cJSON *o, const char *key, double lo, double hi, float *out,
+                      api_error *ae) {
     const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, key);
     if (cm_api_is_null(x)) return true;
     if (!cJSON_IsNumber(x) || !isfinite(x->valuedouble) || x->valuedouble < lo || x->valuedouble > hi) {
         bad_field(api, ae, key, "must be a number from %g to %g", lo, hi);
         return false;
     }
-    *out = x->valuedouble;
+    *out = (float)x->valuedouble;
     return true;
 }
 

@@ -200,6 +200,7 @@ int cm_tools_prompt(cm_http_server *srv, const void *root_, job *j, cm_buf *text
     cm_buf list;
     cm_buf_init(&list);
     int rc = -1, found = 0;
+    cm_api_msgs l = {0}; /* the conversation: its first nm_ messages are used */
     cm_chat_msg *m = NULL;
     cm_buf *parts = NULL;
     int n = cJSON_IsArray(msgs) ? cJSON_GetArraySize(msgs) : 0;
@@ -254,13 +255,12 @@ int cm_tools_prompt(cm_http_server *srv, const void *root_, job *j, cm_buf *text
                          "'messages' is required: a non-empty array (at most 4096)");
         goto out;
     }
-    m = cm_calloc((size_t)n + 1, sizeof *m);
-    parts = cm_calloc((size_t)n + 1, sizeof *parts);
-    if (!m || !parts) {
+    if (cm_api_msgs_init(&l, n + 1)) { /* one more: Hermes may add a system message */
         cm_api_error_set(ae, 503, "server_error", NULL, NULL, "out of memory");
         goto out;
     }
-    for (int i = 0; i <= n; i++) cm_buf_init(&parts[i]);
+    m = l.m;
+    parts = l.text;
     int nm_ = 0, last_user = -1;
     bool have_system = false, first_user = true;
     const cJSON *msg;
@@ -493,9 +493,7 @@ int cm_tools_prompt(cm_http_server *srv, const void *root_, job *j, cm_buf *text
     }
     rc = 0;
 out:
-    for (int q = 0; parts && q <= n; q++) cm_buf_release(&parts[q]);
-    cm_free(parts);
-    cm_free(m);
+    cm_api_msgs_release(&l);
     cm_buf_release(&list);
     return rc;
 }
@@ -629,13 +627,17 @@ static void usage(cm_buf *b, job *j) {
                   j->n_ids + j->n_gen);
 }
 
+void *cm_tools_reply(job *j, cm_buf *content) {
+    void *calls = NULL;
+    cm_buf_init(content);
+    cm_tools_parse_text(j->tools, j->text.data ? j->text.data : "", j->text.len, content, &calls);
+    return calls;
+}
+
 char *cm_tools_final_json(job *j) {
     cm_buf content, b;
-    cm_buf_init(&content);
     cm_buf_init(&b);
-    void *cv = NULL;
-    cm_tools_parse_text(j->tools, j->text.data ? j->text.data : "", j->text.len, &content, &cv);
-    cJSON *calls = cv;
+    cJSON *calls = cm_tools_reply(j, &content);
     head(&b, j, false);
     cm_buf_puts(&b, "{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":");
     if (content.len || !cJSON_GetArraySize(calls)) cm_json_str(&b, content.data ? content.data : "", content.len);
@@ -647,14 +649,9 @@ char *cm_tools_final_json(job *j) {
     cm_buf_printf(&b, "},\"logprobs\":null,\"finish_reason\":\"%s\"}],\"usage\":", finish_of(j, calls));
     usage(&b, j);
     cm_buf_puts(&b, "}");
-    cm_buf_append(&b, "", 1);
     cJSON_Delete(calls);
     cm_buf_release(&content);
-    if (b.oom) {
-        cm_buf_release(&b);
-        return NULL;
-    }
-    return b.data;
+    return cm_api_buf_take(&b);
 }
 
 void cm_tools_stream_end(job *j) {
@@ -663,10 +660,7 @@ void cm_tools_stream_end(job *j) {
         cm_api_sse_error(b, j);
     } else if (j->finish != CM_FINISH_CANCEL) {
         cm_buf content;
-        cm_buf_init(&content);
-        void *cv = NULL;
-        cm_tools_parse_text(j->tools, j->text.data ? j->text.data : "", j->text.len, &content, &cv);
-        cJSON *calls = cv;
+        cJSON *calls = cm_tools_reply(j, &content);
         const char *tail = j->include_usage ? ",\"usage\":null}\n\n" : "}\n\n";
         if (content.len) {
             head(b, j, true);

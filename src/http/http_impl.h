@@ -109,18 +109,37 @@ void cm_api_stream_role(job *j);
 void cm_api_stream_end(job *j);
 /* Non-streaming body (malloc'd JSON) of a finished job. */
 char *cm_api_final_json(job *j);
+/* The end of every final_json: NUL-terminates b and hands its bytes to the
+ * caller (cm_free), or NULL with b released when an append ran out of
+ * memory (api.c). */
+char *cm_api_buf_take(cm_buf *b);
 
 /* ---- request fields both APIs read (api_parse.c) ---- */
 struct cJSON;
 bool cm_api_is_null(const struct cJSON *x); /* absent or JSON null */
 /* o[key] into *out when present and not null; a number (integer) outside
  * [lo, hi] or a non-boolean is a 400 naming the key in the API's style and
- * false. */
-bool cm_api_get_num(enum cm_api_kind api, const struct cJSON *o, const char *key, double lo, double hi, double *out,
-                    api_error *ae);
+ * false. get_float checks the range on the double and stores it rounded to
+ * float (the sampler's fields are floats). */
+bool cm_api_get_float(enum cm_api_kind api, const struct cJSON *o, const char *key, double lo, double hi, float *out,
+                      api_error *ae);
 bool cm_api_get_int(enum cm_api_kind api, const struct cJSON *o, const char *key, double lo, double hi, long long *out,
                     api_error *ae);
 bool cm_api_get_bool(enum cm_api_kind api, const struct cJSON *o, const char *key, bool *out, api_error *ae);
+/* A conversation being read from a request: up to cap messages, each with
+ * its own text buffer. init: 0, or -1 out of memory (release it either
+ * way); add: the next message's role and the buffer its text goes into;
+ * seal: NUL-terminates every text and points m[k].content at it, for
+ * cm_engine_chat_render(l.m, l.n). */
+typedef struct cm_api_msgs {
+    cm_chat_msg *m;
+    cm_buf *text;
+    int n, cap;
+} cm_api_msgs;
+int cm_api_msgs_init(cm_api_msgs *l, int cap);
+cm_buf *cm_api_msgs_add(cm_api_msgs *l, const char *role);
+void cm_api_msgs_seal(cm_api_msgs *l);
+void cm_api_msgs_release(cm_api_msgs *l);
 /* The rendered prompt's token ids into j->ids / j->n_ids (BOS added;
  * special tokens parsed when `special`). 0, or -1 with *ae: 400 naming
  * `param` when the tokenizer refuses the text, 503 out of memory. */
@@ -174,6 +193,9 @@ int cm_tools_prompt(cm_http_server *srv, const void *root, job *j, cm_buf *text,
 /* Split a reply into content and calls (a cJSON array of {"name","arguments"
  * (a JSON string)}, empty when the reply is not calls; free with cJSON_Delete). */
 int cm_tools_parse_text(int family, const char *s, size_t n, cm_buf *content, void **calls);
+/* The same for a finished tools job's reply (j->text, j->tools): content
+ * is initialised here (release it); returns the calls (a cJSON *). */
+void *cm_tools_reply(job *j, cm_buf *content);
 char *cm_tools_final_json(job *j);
 void cm_tools_stream_end(job *j);
 /* tools_render.c: tool turns as the official templates write them (Llama

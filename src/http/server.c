@@ -178,6 +178,16 @@ static void common_headers(cm_http_server *srv, struct MHD_Response *r, const ch
     }
 }
 
+/* Every answer ends here: r queued with status, released, and counted. */
+static enum MHD_Result respond(cm_http_server *srv, struct MHD_Connection *c, req *q, int status,
+                               struct MHD_Response *r) {
+    enum MHD_Result ok = MHD_queue_response(c, (unsigned)status, r);
+    MHD_destroy_response(r);
+    q->responded = true;
+    cm_metrics_request(srv->m, q->route, status);
+    return ok;
+}
+
 static enum MHD_Result send_bytes(cm_http_server *srv, struct MHD_Connection *c, req *q, int status, const char *type,
                                   const char *data, size_t n) {
     struct MHD_Response *r = MHD_create_response_from_buffer(n, (void *)data, MHD_RESPMEM_MUST_COPY);
@@ -188,11 +198,7 @@ static enum MHD_Result send_bytes(cm_http_server *srv, struct MHD_Connection *c,
         MHD_add_response_header(r, "Content-Security-Policy",
                                 "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
                                 "connect-src 'self'; img-src 'self' data:");
-    enum MHD_Result ok = MHD_queue_response(c, (unsigned)status, r);
-    MHD_destroy_response(r);
-    q->responded = true;
-    cm_metrics_request(srv->m, q->route, status);
-    return ok;
+    return respond(srv, c, q, status, r);
 }
 
 static enum MHD_Result send_buf(cm_http_server *srv, struct MHD_Connection *c, req *q, int status, const char *type,
@@ -385,11 +391,7 @@ static enum MHD_Result generate(cm_http_server *srv, struct MHD_Connection *c, r
         }
         common_headers(srv, r, "text/event-stream");
         MHD_add_response_header(r, "X-Accel-Buffering", "no");
-        enum MHD_Result ok = MHD_queue_response(c, 200, r);
-        MHD_destroy_response(r);
-        q->responded = true;
-        cm_metrics_request(srv->m, q->route, 200);
-        return ok;
+        return respond(srv, c, q, 200, r);
     }
     q->j = j; /* the request's reference now */
     return wait_job(srv, c, q);
@@ -458,11 +460,7 @@ enum MHD_Result cm_http_on_request(void *cls, struct MHD_Connection *c, const ch
             MHD_add_response_header(r, "Access-Control-Allow-Headers",
                                     "Authorization, Content-Type, x-api-key, anthropic-version");
             MHD_add_response_header(r, "Access-Control-Max-Age", "600");
-            enum MHD_Result ok = MHD_queue_response(c, 204, r);
-            MHD_destroy_response(r);
-            q->responded = true;
-            cm_metrics_request(srv->m, q->route, 204);
-            return ok;
+            return respond(srv, c, q, 204, r);
         }
         if (q->route == R_OTHER) return fail(srv, c, q, 404, "invalid_request_error", "not_found", "no such route");
         bool want_post = q->route == R_CHAT || q->route == R_COMPLETIONS || q->route == R_MESSAGES ||
@@ -480,11 +478,7 @@ enum MHD_Result cm_http_on_request(void *cls, struct MHD_Connection *c, const ch
             cm_buf_release(&b);
             common_headers(srv, r, "application/json");
             MHD_add_response_header(r, "Allow", want_post ? "POST" : "GET, HEAD");
-            enum MHD_Result ok = MHD_queue_response(c, 405, r);
-            MHD_destroy_response(r);
-            q->responded = true;
-            cm_metrics_request(srv->m, q->route, 405);
-            return ok;
+            return respond(srv, c, q, 405, r);
         }
         /* The dashboard page itself holds no data (it asks for the key and
          * sends it with its API calls); /health is for load balancers. */

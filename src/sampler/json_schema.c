@@ -213,8 +213,10 @@ static int number_rule(jsc *c, bool integer) {
     return *cache = r;
 }
 
-/* "[" ws "]" | "[" ws item (ws "," ws item){min-1,max-1} ws "]" */
-static int array_of(jsc *c, int item, int min, int max) {
+/* open ws close | open ws item (ws "," ws item){min-1,max-1} ws close
+ * (the empty form only when min is 0): a JSON array ("[" "]") of items, or
+ * an object ("{" "}") whose items are its members. */
+static int list_of(jsc *c, const char *open, int item, const char *close, int min, int max) {
     int w = ws(c), more = rule(c), r = rule(c);
     if (w < 0 || more < 0 || r < 0) return -1;
     cm_grammar_ref(c->g, more, w);
@@ -224,56 +226,38 @@ static int array_of(jsc *c, int item, int min, int max) {
     int tail = rep(c, more, min > 0 ? min - 1 : 0, max < 0 ? -1 : max - 1);
     if (tail < 0) return -1;
     if (min == 0) {
-        cm_grammar_lit(c->g, r, "[");
+        cm_grammar_lit(c->g, r, open);
         cm_grammar_ref(c->g, r, w);
-        cm_grammar_lit(c->g, r, "]");
+        cm_grammar_lit(c->g, r, close);
         if (max == 0) return r;
         cm_grammar_alt(c->g, r);
     }
-    cm_grammar_lit(c->g, r, "[");
+    cm_grammar_lit(c->g, r, open);
     cm_grammar_ref(c->g, r, w);
     cm_grammar_ref(c->g, r, item);
     cm_grammar_ref(c->g, r, tail);
     cm_grammar_ref(c->g, r, w);
-    cm_grammar_lit(c->g, r, "]");
+    cm_grammar_lit(c->g, r, close);
     return r;
 }
 
 /* An object whose members are key (a string rule) : value, any number. */
 static int map_of(jsc *c, int key, int val) {
-    int w = ws(c), mem = rule(c), r = rule(c);
-    if (w < 0 || mem < 0 || r < 0) return -1;
+    int w = ws(c), mem = rule(c);
+    if (w < 0 || mem < 0) return -1;
     cm_grammar_ref(c->g, mem, key);
     cm_grammar_ref(c->g, mem, w);
     cm_grammar_lit(c->g, mem, ":");
     cm_grammar_ref(c->g, mem, w);
     cm_grammar_ref(c->g, mem, val);
-    int more = rule(c);
-    if (more < 0) return -1;
-    cm_grammar_ref(c->g, more, w);
-    cm_grammar_lit(c->g, more, ",");
-    cm_grammar_ref(c->g, more, w);
-    cm_grammar_ref(c->g, more, mem);
-    int tail = rep(c, more, 0, -1);
-    if (tail < 0) return -1;
-    cm_grammar_lit(c->g, r, "{");
-    cm_grammar_ref(c->g, r, w);
-    cm_grammar_lit(c->g, r, "}");
-    cm_grammar_alt(c->g, r);
-    cm_grammar_lit(c->g, r, "{");
-    cm_grammar_ref(c->g, r, w);
-    cm_grammar_ref(c->g, r, mem);
-    cm_grammar_ref(c->g, r, tail);
-    cm_grammar_ref(c->g, r, w);
-    cm_grammar_lit(c->g, r, "}");
-    return r;
+    return list_of(c, "{", mem, "}", 0, -1);
 }
 
 static int any_value(jsc *c) {
     if (c->r_value >= 0) return c->r_value;
     int r = c->r_value = rule(c);
     if (r < 0) return -1;
-    int obj = map_of(c, string_rule(c, 0, -1), r), arr = array_of(c, r, 0, -1);
+    int obj = map_of(c, string_rule(c, 0, -1), r), arr = list_of(c, "[", r, "]", 0, -1);
     int str = string_rule(c, 0, -1), num = number_rule(c, false);
     if (obj < 0 || arr < 0 || str < 0 || num < 0) return -1;
     cm_grammar_ref(c->g, r, obj);
@@ -452,7 +436,7 @@ static int typed(jsc *c, const cJSON *s, const char *t, const char *path) {
         if (mx >= 0 && mx < mn) return fail(c, CM_EINVAL, path, "'%s' is below minItems", "maxItems");
         snprintf(sub, sizeof sub, "%s/items", path);
         int item = it ? compile(c, it, sub) : any_value(c);
-        return item < 0 ? -1 : array_of(c, item, mn, mx);
+        return item < 0 ? -1 : list_of(c, "[", item, "]", mn, mx);
     }
     if (!strcmp(t, "object")) return object_rule(c, s, path);
     return fail(c, CM_EINVAL, path, "unknown type '%.100s'", t);
