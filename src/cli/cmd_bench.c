@@ -25,9 +25,12 @@
  *   - the llama.cpp anchor: llama-bench built natively for this CPU
  *     (bench/llamacpp.sh; --llamacpp-bench or $CUMULO_LLAMACPP_BENCH), one
  *     `-r 1` run per rep, its prompt test (-p) and decode test (-n) with the
- *     same threads and an F16 KV cache; without it node-llama-cpp's prebuilt
- *     llama.cpp (shared/oracle/bench.mjs), labelled as the fallback. The JSON
- *     names the anchor and this CPU (vendor, family, model, flags).
+ *     same threads and an F16 KV cache, and its weights where cumulo's are
+ *     (read into memory, `-lm none`, or mapped, `-lm mmap`; an older build's
+ *     `-mmp 0|1`; one that takes neither runs mapped, its default, and
+ *     bench says so); without it node-llama-cpp's prebuilt llama.cpp
+ *     (shared/oracle/bench.mjs), labelled as the fallback. The JSON names the
+ *     anchor, its load mode and this CPU (vendor, family, model, flags).
  * Timings never gate anything: this prints, it does not assert.
  * Progress goes to stderr; stdout carries the result (one JSON line with --json).
  */
@@ -66,8 +69,9 @@ static const char k_bench_usage[] =
     "  --reps N           repetitions; the best counts (default 3)\n"
     "  --kv-type T        cumulo's KV cache: f32 (default), f16 (llama.cpp's default), q8_0, q4_0;\n"
     "                     -ctk T / -ctv T apart; -fa: tiled attention for f32/f16 too\n"
-    "  --mmap             weights in a file mapping, as llama.cpp's default (default: read\n"
-    "                     into huge-page memory when they fit; also CUMULO_MMAP=1)\n"
+    "  --mmap             weights in a file mapping (default: read into huge-page memory when\n"
+    "                     they fit; also CUMULO_MMAP=1); llama-bench gets the same (-lm mmap\n"
+    "                     or -lm none)\n"
     "  --isa ISA          cap cumulo's kernels: scalar, avx2, avx512 or neon (default: best)\n"
     "  --vs-llamacpp      run llama.cpp on the same file, interleaved A B A B, and print the\n"
     "                     ratios cumulo / llama.cpp: llama-bench built for this CPU when given\n"
@@ -93,6 +97,8 @@ typedef struct bench_opts {
     cli_kv kvo;   /* -ctk/-ctv/--kv-type/-fa (kvopt.c) */
     cli_gpu gpuo; /* --gpu, --gpu-layers (gpuopt.c) */
     bool json, vs, kv_f16, mmap;
+    const char *lb_flag; /* llama-bench's load-mode option: "-lm", "-mmp" or NULL (it has none) */
+    const char *lb_load; /* the anchor's weights: "none" (in memory), "mmap" or "default" */
 } bench_opts;
 
 typedef struct speed {
@@ -307,9 +313,11 @@ static int native_rep(const bench_opts *o, speed *sp) {
     snprintf(th, sizeof th, "%d", o->threads);
     snprintf(np, sizeof np, "%d", o->n_prompt);
     snprintf(ng, sizeof ng, "%d", o->n_gen);
+    bool mapped = !strcmp(o->lb_load, "mmap");
+    char *lm = !o->lb_flag ? NULL : !strcmp(o->lb_flag, "-lm") ? (mapped ? "mmap" : "none") : (mapped ? "1" : "0");
     // clang-format off
     char *argv[] = {(char *)o->llama_bench, "-m", (char *)o->model, "-t", th, "-p", np, "-n", ng, "-r", "1",
-                    "-ctk", "f16", "-ctv", "f16", "-o", "json", NULL};
+                    "-ctk", "f16", "-ctv", "f16", "-o", "json", (char *)o->lb_flag, lm, NULL};
     // clang-format on
     static char out[1 << 16];
     int rc = run_capture(argv, out, sizeof out);
@@ -330,6 +338,19 @@ static int native_rep(const bench_opts *o, speed *sp) {
     }
     cJSON_Delete(j);
     return sp->pp > 0 && sp->tg > 0 ? 0 : cli_fail("llama-bench printed no result");
+}
+
+/* Which option sets llama-bench's load mode, read from its --help: this
+ * llama.cpp's `-lm, --load-mode <auto|none|mmap|...>`, an older one's
+ * `-mmp, --mmap <0|1>`, else NULL (it runs with its default, the file
+ * mapped). Why it matters: on a VM in session 22 the mapped anchor decoded
+ * an F16 model at 2.27 tok/s and the same binary with -lm none at 5.81. */
+static const char *native_load_flag(const char *llama_bench) {
+    static char help[1 << 16];
+    char *argv[] = {(char *)llama_bench, "--help", NULL};
+    help[0] = 0;
+    run_capture(argv, help, sizeof help);
+    return strstr(help, "--load-mode") ? "-lm" : strstr(help, "--mmap") ? "-mmp" : NULL;
 }
 
 /* The kernels' knobs the load chose (model/tune_cache.c): where from
@@ -530,9 +551,7 @@ int cmd_bench(int argc, char **argv) {
     }
     if (skip) fprintf(stderr, "bench: skipping llama.cpp: %s\n", skip);
     bool vs = o.vs && !skip;
-    if (vs)
-        fprintf(stderr, "bench: llama.cpp anchor: %s%s%s\n", anchor, o.llama_bench ? " " : "",
-                o.llama_bench ? o.llama_bench : "");
+    if (vs && o.llama_bench) o.lb_flag = native_load_flag(o.llama_bench);
 
     double bw_before = measure_bw(o.threads, o.bw_mib, "before");
 
@@ -552,6 +571,17 @@ int cmd_bench(int argc, char **argv) {
     char kname[48];
     snprintf(kname, sizeof kname, "%s%s", cm_kernels_get()->name,
              !strcmp(cm_kernels_get()->name, "avx512") && !*cm_kernels_amx_why() ? "+amx" : "");
+    /* The anchor's weights where cumulo's are (memory unless mapped), when it can be told. */
+    o.lb_load = !o.llama_bench || !o.lb_flag ? "default" : in.weights_in_memory ? "none" : "mmap";
+    if (vs) {
+        fprintf(stderr, "bench: llama.cpp anchor: %s%s%s, load mode %s\n", anchor, o.llama_bench ? " " : "",
+                o.llama_bench ? o.llama_bench : "", o.lb_load);
+        if (o.llama_bench && !o.lb_flag)
+            fprintf(stderr,
+                    "bench: llama-bench '%s' has neither -lm nor -mmp in its --help: it runs with its default "
+                    "load mode (the file mapped)%s\n",
+                    o.llama_bench, in.weights_in_memory ? ", cumulo's weights are in memory: not like-for-like" : "");
+    }
     if (in.n_stages > 1 || o.clo.on)
         fprintf(stderr,
                 "bench: cluster: %d stage%s, %d layer%s on this machine; power, joules/token and the "
@@ -661,6 +691,7 @@ int cmd_bench(int argc, char **argv) {
         } else if (o.vs) {
             cJSON_AddStringToObject(j, "llamacpp_skipped", skip);
         }
+        if (vs) cJSON_AddStringToObject(j, "llamacpp_load", o.lb_load);
         if (have_tp && trows) {
             cJSON_AddNumberToObject(j, "tp_data_bytes_per_token", round((double)td / (double)trows));
             cJSON_AddNumberToObject(j, "tp_wire_bytes_per_token", round((double)tw / (double)trows));
@@ -685,12 +716,13 @@ int cmd_bench(int argc, char **argv) {
                           : "f32");
         printf("run        prompt %d tokens, gen %d tokens, best of %d rep%s%s\n", o.n_prompt, o.n_gen, o.reps,
                o.reps == 1 ? "" : "s", vs ? ", cumulo and llama.cpp interleaved" : "");
-        printf("%-26s %14s %14s %12s\n", "", "prompt tok/s", "decode tok/s", "% roofline");
-        printf("%-26s %14.2f %14.2f %11.1f%%\n", "cumulo", best.pp, best.tg, pct);
+        printf("%-32s %14s %14s %12s\n", "", "prompt tok/s", "decode tok/s", "% roofline");
+        printf("%-32s %14.2f %14.2f %11.1f%%\n", "cumulo", best.pp, best.tg, pct);
         if (vs) {
-            printf("%-26s %14.2f %14.2f %11.1f%%\n",
-                   o.llama_bench ? "llama.cpp (native)" : "llama.cpp (node, fallback)", lbest.pp, lbest.tg, lpct);
-            printf("%-26s %14.3f %14.3f\n", "ratio cumulo / llama.cpp", ratio(best.pp, lbest.pp),
+            char label[64] = "llama.cpp (node, fallback)";
+            if (o.llama_bench) snprintf(label, sizeof label, "llama.cpp (native, load %s)", o.lb_load);
+            printf("%-32s %14.2f %14.2f %11.1f%%\n", label, lbest.pp, lbest.tg, lpct);
+            printf("%-32s %14.3f %14.3f\n", "ratio cumulo / llama.cpp", ratio(best.pp, lbest.pp),
                    ratio(best.tg, lbest.tg));
         } else if (o.vs) {
             printf("llama.cpp  skipped: %s\n", skip);

@@ -40,20 +40,56 @@ expect_err "unknown option '--bogus'" "$T/none.gguf" --bogus
 grep -q "skipping llama.cpp: node" "$T/err" && grep -q '"llamacpp_skipped"' "$T/json" && ok ||
     bad "missing oracle is skipped with a message: $(cat "$T/err")"
 # The native anchor: a stand-in llama-bench that prints llama-bench's JSON (a
-# prompt test and a decode test) and records its arguments.
-{
-    echo '#!/bin/sh'
-    echo "echo \"\$*\" >'$T/lb-args'"
-    echo 'echo "llama-bench noise on stdout"'
-    echo "echo '[{\"n_prompt\": 8, \"n_gen\": 0, \"avg_ts\": 123.5}, {\"n_prompt\": 0, \"n_gen\": 4, \"avg_ts\": 45.25}]'"
-} >"$T/llama-bench"
-chmod +x "$T/llama-bench"
+# prompt test and a decode test) and records its arguments. make_fake FILE
+# HELP REJECT: its --help prints HELP (the load-mode option of one llama.cpp
+# version); like llama-bench it exits 1 on an option it does not know (those
+# matching the case pattern REJECT).
+make_fake() {
+    mkdir -p "$(dirname "$1")"
+    cat >"$1" <<EOF
+#!/bin/sh
+case "\$1" in --help) echo "usage: llama-bench [options]"; echo "$2"; exit 0;; esac
+for a in "\$@"; do case "\$a" in $3) echo "error: invalid parameter for argument: \$a" >&2; exit 1;; esac; done
+echo "\$*" >'$T/lb-args'
+echo "llama-bench noise on stdout"
+echo '[{"n_prompt": 8, "n_gen": 0, "avg_ts": 123.5}, {"n_prompt": 0, "n_gen": 4, "avg_ts": 45.25}]'
+EOF
+    chmod +x "$1"
+}
+make_fake "$T/llama-bench" "  -lm, --load-mode <auto|none|mmap|mlock|mmap+mlock|dio> (default: auto)" "-mmp"
 "$BIN" bench "$T/m.gguf" --threads 1 --prompt 8 --gen 4 --reps 2 --bw-mib 16 --json --vs-llamacpp \
     --llamacpp-bench "$T/llama-bench" --oracle-dir "$T/no-oracle" >"$T/njson" 2>"$T/nerr"; rc=$?
 [ $rc -eq 0 ] && grep -q '"anchor":"llama-bench (native build)"' "$T/njson" &&
     grep -q '"pp_tokens_per_s":123.5,"tg_tokens_per_s":45.25' "$T/njson" && ok ||
     bad "native anchor: rc $rc, $(cat "$T/nerr" "$T/njson")"
-grep -q -- "-t 1 -p 8 -n 4 -r 1 -ctk f16 -ctv f16 -o json" "$T/lb-args" && ok || bad "llama-bench args: $(cat "$T/lb-args")"
+# its weights in memory as cumulo's (-lm none), and the JSON says so
+grep -q -- "-t 1 -p 8 -n 4 -r 1 -ctk f16 -ctv f16 -o json -lm none$" "$T/lb-args" && ok ||
+    bad "llama-bench args: $(cat "$T/lb-args")"
+grep -q '"weights":"memory",.*"llamacpp_load":"none"' "$T/njson" && ok || bad "no llamacpp_load none: $(cat "$T/njson")"
+# cumulo with --mmap: the anchor mapped too (-lm mmap), in the JSON and the table's anchor row
+"$BIN" bench "$T/m.gguf" --threads 1 --prompt 8 --gen 4 --reps 1 --bw-mib 16 --mmap --vs-llamacpp \
+    --llamacpp-bench "$T/llama-bench" --oracle-dir "$T/no-oracle" >"$T/ntext" 2>"$T/nerr"
+grep -q -- "-o json -lm mmap$" "$T/lb-args" && grep -q "^llama.cpp (native, load mmap) .*45.25" "$T/ntext" && ok ||
+    bad "--mmap anchor: $(cat "$T/lb-args" "$T/nerr" "$T/ntext")"
+"$BIN" bench "$T/m.gguf" --threads 1 --prompt 8 --gen 4 --reps 1 --bw-mib 16 --mmap --json --vs-llamacpp \
+    --llamacpp-bench "$T/llama-bench" --oracle-dir "$T/no-oracle" >"$T/n3json" 2>"$T/nerr"
+grep -q '"weights":"mmap",.*"llamacpp_load":"mmap"' "$T/n3json" && ok || bad "no llamacpp_load mmap: $(cat "$T/n3json")"
+# an older llama-bench: -mmp 0|1
+make_fake "$T/old/llama-bench" "  -mmp, --mmap <0|1>                        (default: 1)" "-lm"
+"$BIN" bench "$T/m.gguf" --threads 1 --prompt 8 --gen 4 --reps 1 --bw-mib 16 --json --vs-llamacpp \
+    --llamacpp-bench "$T/old/llama-bench" --oracle-dir "$T/no-oracle" >"$T/n3json" 2>"$T/nerr"; rc=$?
+[ $rc -eq 0 ] && grep -q -- "-o json -mmp 0$" "$T/lb-args" && grep -q '"llamacpp_load":"none"' "$T/n3json" && ok ||
+    bad "old llama-bench (-mmp): rc $rc, $(cat "$T/lb-args" "$T/nerr" "$T/n3json")"
+# one that knows neither option: its default, said on stderr, in the JSON and in the table
+make_fake "$T/bare/llama-bench" "  -r, --repetitions <n>                     (default: 5)" "-lm|-mmp"
+"$BIN" bench "$T/m.gguf" --threads 1 --prompt 8 --gen 4 --reps 1 --bw-mib 16 --json --vs-llamacpp \
+    --llamacpp-bench "$T/bare/llama-bench" --oracle-dir "$T/no-oracle" >"$T/n3json" 2>"$T/nerr"; rc=$?
+[ $rc -eq 0 ] && grep -q -- "-o json$" "$T/lb-args" && grep -q '"llamacpp_load":"default"' "$T/n3json" &&
+    grep -q "has neither -lm nor -mmp in its --help: it runs with its default.*not like-for-like" "$T/nerr" && ok ||
+    bad "llama-bench without a load-mode option: rc $rc, $(cat "$T/lb-args" "$T/nerr" "$T/n3json")"
+"$BIN" bench "$T/m.gguf" --threads 1 --prompt 8 --gen 4 --reps 1 --bw-mib 16 --vs-llamacpp \
+    --llamacpp-bench "$T/bare/llama-bench" --oracle-dir "$T/no-oracle" >"$T/ntext" 2>"$T/nerr"
+grep -q "^llama.cpp (native, load default) " "$T/ntext" && ok || bad "default anchor row: $(cat "$T/ntext")"
 # bench/llamacpp.sh's build without AMX is named as such in the JSON
 mkdir -p "$T/noamx/bin" && cp "$T/llama-bench" "$T/noamx/bin/llama-bench"
 "$BIN" bench "$T/m.gguf" --threads 1 --prompt 8 --gen 4 --reps 1 --bw-mib 16 --json --vs-llamacpp \
