@@ -172,7 +172,7 @@ static int chat_prompt(cm_http_server *srv, const cJSON *root, cm_buf *text, api
     cm_api_msgs l;
     int rc = -1;
     if (cm_api_msgs_init(&l, n)) {
-        cm_api_error_set(ae, 503, "server_error", NULL, NULL, "out of memory");
+        cm_api_no_memory(CM_API_OPENAI, ae);
         goto out;
     }
     int i = 0;
@@ -219,10 +219,7 @@ static int completion_prompt(cm_http_server *srv, const cJSON *root, job *j, api
         cm_engine_get_info(cm_http_engine(srv), &info);
         int n = cJSON_GetArraySize(p);
         j->ids = cm_malloc((size_t)n * sizeof *j->ids);
-        if (!j->ids) {
-            cm_api_error_set(ae, 503, "server_error", NULL, NULL, "out of memory");
-            return -1;
-        }
+        if (!j->ids) return cm_api_no_memory(CM_API_OPENAI, ae);
         const cJSON *x;
         cJSON_ArrayForEach(x, p) {
             if (!cJSON_IsNumber(x) || x->valuedouble != floor(x->valuedouble) || x->valuedouble < 0 ||
@@ -246,7 +243,7 @@ int cm_api_apply_template(cm_http_server *srv, const char *body, size_t n, cm_bu
     cm_buf text;
     cm_buf_init(&text);
     int rc = -1;
-    if (!j) cm_api_error_set(ae, 503, "server_error", NULL, NULL, "out of memory");
+    if (!j) cm_api_no_memory(CM_API_OPENAI, ae);
     else if (!cJSON_IsObject(root))
         cm_api_error_set(ae, 400, "invalid_request_error", NULL, NULL, "the body must be a JSON object");
     else rc = cm_tools_wanted(root) ? cm_tools_prompt(srv, root, j, &text, ae) : chat_prompt(srv, root, &text, ae);
@@ -337,26 +334,7 @@ int cm_api_parse_request(cm_http_server *srv, bool chat, const char *body, size_
         if (echo) BAD("echo", "'echo' is not supported");
     }
     sp->n_probs = j->logprobs > 0 ? j->logprobs : 0;
-    /* stop: a string or an array of up to 16 strings */
-    const cJSON *stop = cJSON_GetObjectItemCaseSensitive(root, "stop");
-    if (!cm_api_is_null(stop)) {
-        int ns = cJSON_IsString(stop) ? 1 : cJSON_IsArray(stop) ? cJSON_GetArraySize(stop) : -1;
-        if (ns < 0 || ns > 16) BAD("stop", "'stop' must be a string or an array of at most 16 strings");
-        j->stops = cm_calloc((size_t)(ns ? ns : 1), sizeof *j->stops);
-        if (!j->stops) {
-            cm_api_error_set(ae, 503, "server_error", NULL, NULL, "out of memory");
-            goto fail;
-        }
-        for (int i = 0; i < ns; i++) {
-            const cJSON *s = cJSON_IsString(stop) ? stop : cJSON_GetArrayItem(stop, i);
-            if (!cJSON_IsString(s) || strlen(s->valuestring) > 1024)
-                BAD("stop", "'stop' must be a string or an array of strings (each at most 1024 bytes)");
-            if (!*s->valuestring) continue; /* an empty stop string matches nothing */
-            j->stops[j->n_stops++] = cm_strdup(s->valuestring);
-        }
-        gp->stops = (const char *const *)j->stops;
-        gp->n_stops = j->n_stops;
-    }
+    if (cm_api_parse_stops(CM_API_OPENAI, root, j, ae)) goto fail;
     char err[256];
     if (cm_sampler_params_check(sp, err, sizeof err)) BAD(NULL, "%s", err);
     /* the prompt */

@@ -114,7 +114,7 @@ static int anth_prompt(cm_http_server *srv, const cJSON *root, cm_buf *text, api
     cm_api_msgs l;
     int rc = -1;
     if (cm_api_msgs_init(&l, n + 1)) {
-        cm_api_error_set(ae, 503, "api_error", NULL, NULL, "out of memory");
+        cm_api_no_memory(CM_API_ANTHROPIC, ae);
         goto out;
     }
     const cJSON *sys = cJSON_GetObjectItemCaseSensitive(root, "system");
@@ -193,26 +193,7 @@ int cm_anth_parse_request(cm_http_server *srv, const char *body, size_t n, job *
     long long k = sp->top_k;
     if (!cm_api_get_int(CM_API_ANTHROPIC, root, "top_k", 0, 1 << 30, &k, ae)) goto fail;
     sp->top_k = (int32_t)k;
-    /* stop_sequences: up to 16 strings */
-    const cJSON *stop = cJSON_GetObjectItemCaseSensitive(root, "stop_sequences");
-    if (!cm_api_is_null(stop)) {
-        int ns = cJSON_IsArray(stop) ? cJSON_GetArraySize(stop) : -1;
-        if (ns < 0 || ns > 16) BAD("stop_sequences", "stop_sequences: must be an array of at most 16 strings");
-        j->stops = cm_calloc((size_t)(ns ? ns : 1), sizeof *j->stops);
-        if (!j->stops) {
-            cm_api_error_set(ae, 503, "api_error", NULL, NULL, "out of memory");
-            goto fail;
-        }
-        for (int i = 0; i < ns; i++) {
-            const cJSON *s = cJSON_GetArrayItem(stop, i);
-            if (!cJSON_IsString(s) || strlen(s->valuestring) > 1024)
-                BAD("stop_sequences", "stop_sequences.%d: must be a string of at most 1024 bytes", i);
-            if (!*s->valuestring) BAD("stop_sequences", "stop_sequences.%d: must not be empty", i);
-            j->stops[j->n_stops++] = cm_strdup(s->valuestring);
-        }
-        gp->stops = (const char *const *)j->stops;
-        gp->n_stops = j->n_stops;
-    }
+    if (cm_api_parse_stops(CM_API_ANTHROPIC, root, j, ae)) goto fail;
     char err[256];
     if (cm_sampler_params_check(sp, err, sizeof err)) BAD(NULL, "%s", err);
     if (cm_anth_tools_wanted(root) ? cm_anth_tools_prompt(srv, root, j, &text, ae) : anth_prompt(srv, root, &text, ae))

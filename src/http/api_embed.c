@@ -58,10 +58,7 @@ static int input_ids(cm_http_server *srv, const cJSON *x, int idx, int32_t **ids
         int cap = (int)CM_MIN(len + 8, (size_t)n_ctx + 8);
         for (;;) {
             *ids = cm_malloc((size_t)cap * sizeof **ids);
-            if (!*ids) {
-                cm_api_error_set(ae, 503, "server_error", NULL, NULL, "out of memory");
-                return -1;
-            }
+            if (!*ids) return cm_api_no_memory(CM_API_OPENAI, ae);
             int k = cm_engine_tokenize(e, x->valuestring, len, true, false, *ids, cap, err, sizeof err);
             if (k < 0) {
                 cm_api_error_set(ae, 400, "invalid_request_error", "input", NULL, "%s", err);
@@ -78,10 +75,7 @@ static int input_ids(cm_http_server *srv, const cJSON *x, int idx, int32_t **ids
     } else if (cJSON_IsArray(x) && cJSON_GetArraySize(x) > 0) {
         int k = cJSON_GetArraySize(x);
         *ids = cm_malloc((size_t)k * sizeof **ids);
-        if (!*ids) {
-            cm_api_error_set(ae, 503, "server_error", NULL, NULL, "out of memory");
-            return -1;
-        }
+        if (!*ids) return cm_api_no_memory(CM_API_OPENAI, ae);
         const cJSON *t;
         cJSON_ArrayForEach(t, x) {
             if (!cJSON_IsNumber(t) || t->valuedouble != floor(t->valuedouble) || t->valuedouble < 0 ||
@@ -165,7 +159,7 @@ int cm_api_embeddings(cm_http_server *srv, const char *body, size_t n, cm_buf *o
     if (n_in > MAX_INPUTS) BAD("input", "'input' has %d items; at most %d", n_in, MAX_INPUTS);
     vec = cm_malloc((size_t)in.n_embd * sizeof *vec);
     if (!vec) {
-        cm_api_error_set(ae, 503, "server_error", NULL, NULL, "out of memory");
+        cm_api_no_memory(CM_API_OPENAI, ae);
         goto done;
     }
     cm_buf_puts(out, "{\"object\":\"list\",\"data\":[");
@@ -221,7 +215,7 @@ int cm_api_embeddings(cm_http_server *srv, const char *body, size_t n, cm_buf *o
     cm_json_str(out, cm_http_model_id(srv), strlen(cm_http_model_id(srv)));
     cm_buf_printf(out, ",\"usage\":{\"prompt_tokens\":%lld,\"total_tokens\":%lld}}", n_tok, n_tok);
     if (out->oom) {
-        cm_api_error_set(ae, 503, "server_error", NULL, NULL, "out of memory");
+        cm_api_no_memory(CM_API_OPENAI, ae);
         goto done;
     }
     rc = 0;

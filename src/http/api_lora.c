@@ -68,11 +68,7 @@ int cm_api_parse_lora(cm_http_server *srv, enum cm_api_kind api, const void *roo
     if (!n && (cm_api_is_null(list) || (cJSON_IsArray(list) && cJSON_GetArraySize(list) == 0))) return 0;
     char msg[400];
     if (n) {
-        if (!(j->lora = cm_malloc((size_t)n * sizeof *j->lora))) {
-            cm_api_error_set(ae, 503, api == CM_API_ANTHROPIC ? "api_error" : "server_error", NULL, NULL,
-                             "out of memory");
-            return -1;
-        }
+        if (!(j->lora = cm_malloc((size_t)n * sizeof *j->lora))) return cm_api_no_memory(api, ae);
         j->n_lora = n;
         cm_engine_lora_defaults(e, j->lora, n);
     }
@@ -92,10 +88,7 @@ int cm_api_lora_list_json(cm_http_server *srv, cm_buf *out, api_error *ae) {
     cm_engine *e = cm_http_engine(srv);
     const int n = cm_engine_lora_count(e);
     float *sc = cm_malloc((size_t)(n ? n : 1) * sizeof *sc);
-    if (!sc) {
-        cm_api_error_set(ae, 503, "server_error", NULL, NULL, "out of memory");
-        return -1;
-    }
+    if (!sc) return cm_api_no_memory(CM_API_OPENAI, ae);
     cm_engine_lora_defaults(e, sc, n);
     cm_buf_puts(out, "[");
     for (int i = 0; i < n; i++) {
@@ -122,7 +115,7 @@ int cm_api_lora_set(cm_http_server *srv, const char *body, size_t n, cm_buf *out
     float *sc = cm_malloc((size_t)(na ? na : 1) * sizeof *sc);
     char msg[400];
     int rc = -1;
-    if (!sc) cm_api_error_set(ae, 503, "server_error", NULL, NULL, "out of memory");
+    if (!sc) cm_api_no_memory(CM_API_OPENAI, ae);
     else if (!root)
         cm_api_error_set(ae, 400, "invalid_request_error", NULL, NULL, "the request body is not valid JSON");
     else if (parse_list(root, "body", sc, na, msg, sizeof msg) ||

@@ -232,7 +232,7 @@ int cm_tools_prompt(cm_http_server *srv, const void *root_, job *j, cm_buf *text
         } /* the list is written after the loop */
         char *js = cJSON_PrintUnformatted(t);
         if (!js) {
-            cm_api_error_set(ae, 503, "server_error", NULL, NULL, "out of memory");
+            cm_api_no_memory(CM_API_OPENAI, ae);
             goto out;
         }
         if (fam == CM_TOOLS_MISTRAL) cm_buf_printf(&list, "%s%s", k ? ", " : "[", js);
@@ -256,7 +256,7 @@ int cm_tools_prompt(cm_http_server *srv, const void *root_, job *j, cm_buf *text
         goto out;
     }
     if (cm_api_msgs_init(&l, n + 1)) { /* one more: Hermes may add a system message */
-        cm_api_error_set(ae, 503, "server_error", NULL, NULL, "out of memory");
+        cm_api_no_memory(CM_API_OPENAI, ae);
         goto out;
     }
     m = l.m;
@@ -456,7 +456,7 @@ int cm_tools_prompt(cm_http_server *srv, const void *root_, job *j, cm_buf *text
         int alt = 0;
         if (!g || call < 0 || w < 0 || root_r < 0) {
             cm_grammar_free(g);
-            cm_api_error_set(ae, 503, "server_error", NULL, NULL, "out of memory");
+            cm_api_no_memory(CM_API_OPENAI, ae);
             goto out;
         }
         cJSON_ArrayForEach(t, tools) {

@@ -117,6 +117,9 @@ char *cm_api_buf_take(cm_buf *b);
 /* ---- request fields both APIs read (api_parse.c) ---- */
 struct cJSON;
 bool cm_api_is_null(const struct cJSON *x); /* absent or JSON null */
+/* *ae = 503 "out of memory" in the API's style (error type server_error or
+ * api_error); returns -1. */
+int cm_api_no_memory(enum cm_api_kind api, api_error *ae);
 /* o[key] into *out when present and not null; a number (integer) outside
  * [lo, hi] or a non-boolean is a 400 naming the key in the API's style and
  * false. get_float checks the range on the double and stores it rounded to
@@ -126,6 +129,13 @@ bool cm_api_get_float(enum cm_api_kind api, const struct cJSON *o, const char *k
 bool cm_api_get_int(enum cm_api_kind api, const struct cJSON *o, const char *key, double lo, double hi, long long *out,
                     api_error *ae);
 bool cm_api_get_bool(enum cm_api_kind api, const struct cJSON *o, const char *key, bool *out, api_error *ae);
+/* The request's stop strings into j->stops / j->n_stops and j->gp: OpenAI's
+ * "stop" (a string or an array) or Anthropic's "stop_sequences" (an array),
+ * at most 16 strings of at most 1024 bytes each; an empty one matches
+ * nothing (OpenAI skips it, Anthropic refuses it). 0, or -1 with *ae: 400
+ * naming the field, or 503 out of memory (the strings copied so far stay in
+ * j->stops, counted in j->n_stops, and go with the job). */
+int cm_api_parse_stops(enum cm_api_kind api, const struct cJSON *root, job *j, api_error *ae);
 /* A conversation being read from a request: up to cap messages, each with
  * its own text buffer. init: 0, or -1 out of memory (release it either
  * way); add: the next message's role and the buffer its text goes into;

@@ -188,17 +188,26 @@ static enum MHD_Result respond(cm_http_server *srv, struct MHD_Connection *c, re
     return ok;
 }
 
-static enum MHD_Result send_bytes(cm_http_server *srv, struct MHD_Connection *c, req *q, int status, const char *type,
-                                  const char *data, size_t n) {
+/* A response holding a copy of data (n bytes) with the headers every
+ * answer has (Retry-After on 503 and 429, the page's CSP on /), or NULL out
+ * of memory (the caller answers MHD_NO: libmicrohttpd closes the connection). */
+static struct MHD_Response *new_response(cm_http_server *srv, req *q, int status, const char *type, const char *data,
+                                         size_t n) {
     struct MHD_Response *r = MHD_create_response_from_buffer(n, (void *)data, MHD_RESPMEM_MUST_COPY);
-    if (!r) return MHD_NO;
+    if (!r) return NULL;
     common_headers(srv, r, type);
     if (status == 503 || status == 429) MHD_add_response_header(r, "Retry-After", "1");
     if (q->route == R_ROOT)
         MHD_add_response_header(r, "Content-Security-Policy",
                                 "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
                                 "connect-src 'self'; img-src 'self' data:");
-    return respond(srv, c, q, status, r);
+    return r;
+}
+
+static enum MHD_Result send_bytes(cm_http_server *srv, struct MHD_Connection *c, req *q, int status, const char *type,
+                                  const char *data, size_t n) {
+    struct MHD_Response *r = new_response(srv, q, status, type, data, n);
+    return r ? respond(srv, c, q, status, r) : MHD_NO;
 }
 
 static enum MHD_Result send_buf(cm_http_server *srv, struct MHD_Connection *c, req *q, int status, const char *type,
@@ -208,11 +217,16 @@ static enum MHD_Result send_buf(cm_http_server *srv, struct MHD_Connection *c, r
     return ok;
 }
 
+/* e's JSON in the shape of q's API (Anthropic's on /v1/messages), into b (initialised here). */
+static void error_body(const req *q, const api_error *e, cm_buf *b) {
+    cm_buf_init(b);
+    if (q->route == R_MESSAGES) cm_anth_error_json(b, e);
+    else cm_api_error_json(b, e);
+}
+
 static enum MHD_Result send_error(cm_http_server *srv, struct MHD_Connection *c, req *q, const api_error *e) {
     cm_buf b;
-    cm_buf_init(&b);
-    if (q->route == R_MESSAGES) cm_anth_error_json(&b, e);
-    else cm_api_error_json(&b, e);
+    error_body(q, e, &b);
     return send_buf(srv, c, q, e->status, "application/json", &b);
 }
 
@@ -454,8 +468,8 @@ enum MHD_Result cm_http_on_request(void *cls, struct MHD_Connection *c, const ch
                         "this Host header is not allowed (DNS rebinding protection); start the server with "
                         "--allow-host NAME to accept it");
         if (!strcmp(method, "OPTIONS") && srv->cors && q->route != R_OTHER) {
-            struct MHD_Response *r = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
-            common_headers(srv, r, "text/plain");
+            struct MHD_Response *r = new_response(srv, q, 204, "text/plain", "", 0);
+            if (!r) return MHD_NO;
             MHD_add_response_header(r, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
             MHD_add_response_header(r, "Access-Control-Allow-Headers",
                                     "Authorization, Content-Type, x-api-key, anthropic-version");
@@ -466,17 +480,14 @@ enum MHD_Result cm_http_on_request(void *cls, struct MHD_Connection *c, const ch
         bool want_post = q->route == R_CHAT || q->route == R_COMPLETIONS || q->route == R_MESSAGES ||
                          q->route == R_EMBEDDINGS || q->route == R_APPLY_TEMPLATE;
         if (q->route == R_LORA || q->route == R_FINETUNE ? !get && !post : want_post ? !post : !get) {
-            struct MHD_Response *r = NULL;
-            cm_buf b;
-            cm_buf_init(&b);
             api_error e;
             cm_api_error_set(&e, 405, "invalid_request_error", NULL, "method_not_allowed",
                              "%s is not allowed here; use %s", method, want_post ? "POST" : "GET");
-            if (q->route == R_MESSAGES) cm_anth_error_json(&b, &e);
-            else cm_api_error_json(&b, &e);
-            r = MHD_create_response_from_buffer(b.len, b.data, MHD_RESPMEM_MUST_COPY);
+            cm_buf b;
+            error_body(q, &e, &b);
+            struct MHD_Response *r = new_response(srv, q, 405, "application/json", b.data ? b.data : "", b.len);
             cm_buf_release(&b);
-            common_headers(srv, r, "application/json");
+            if (!r) return MHD_NO;
             MHD_add_response_header(r, "Allow", want_post ? "POST" : "GET, HEAD");
             return respond(srv, c, q, 405, r);
         }
