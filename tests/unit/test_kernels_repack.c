@@ -32,6 +32,38 @@
 enum { ROWS = 37, POOL = 5 };
 static const char *const k_isas[] = {"scalar", "avx2", "avx512", "neon"};
 
+/* What each check starts from: ROWS rows of n random weights quantized to
+ * t (w: the file's bytes, ws per row; f: their ROWS x n floats, scratch
+ * the check may reuse), the tensor W over them, added to k's repacked
+ * copies (owner). */
+typedef struct weights {
+    float *f;
+    uint8_t *w;
+    size_t ws;
+    cm_tensor W;
+    int owner;
+} weights;
+
+static void weights_make(weights *m, const cm_kernels *k, enum cm_type t, int64_t n) {
+    m->ws = cm_row_size(t, n);
+    m->f = malloc(sizeof(float) * (size_t)(ROWS * n));
+    m->w = malloc(m->ws * ROWS);
+    for (int64_t i = 0; i < ROWS * n; i++) m->f[i] = frand() * (float)(1 << (rnd() % 8));
+    CHECK(cm_quantize_rows(t, m->f, m->w, ROWS, n) == ROWS * m->ws);
+    const int64_t ne[2] = {n, ROWS};
+    cm_tensor_init(&m->W, t, 2, ne, m->w, "w");
+    const cm_tensor *wp[] = {&m->W};
+    char err[200] = "";
+    CHECKF(cm_repack_add(&m->owner, k, wp, 1, err, sizeof err) == 0, "%s", err);
+}
+
+/* Drops the copy (it is found no more) and frees the weights. */
+static void weights_free(weights *m) {
+    cm_repack_drop(&m->owner);
+    CHECK(cm_repack_find(&m->W, NULL) == NULL);
+    free(m->f), free(m->w);
+}
+
 /* cv: a column view of a file's rows. Added on its own, it is found with
  * the row size of its width as stride, and matmuls over it (1 and 2..6
  * tokens) give vec_dot's bits on its columns of the file's bytes. */
@@ -74,19 +106,14 @@ static void check_cols(const cm_kernels *k, const cm_tensor *cv) {
 
 static void check(const cm_kernels *k, enum cm_type t, int64_t n) {
     const enum cm_type vt = cm_type_traits_of(t)->vec_dot_type;
-    const size_t ws = cm_row_size(t, n), xs = cm_row_size(vt, n);
-    float *f = malloc(sizeof(float) * (size_t)(ROWS * n));
-    uint8_t *w = malloc(ws * ROWS), *x = malloc(xs * POOL), *lay = malloc(ws);
+    weights m;
+    weights_make(&m, k, t, n);
+    const cm_tensor W = m.W;
+    float *f = m.f;
+    uint8_t *w = m.w;
+    const size_t ws = m.ws, xs = cm_row_size(vt, n);
+    uint8_t *x = malloc(xs * POOL), *lay = malloc(ws);
     float ref[ROWS], y[ROWS];
-    for (int64_t i = 0; i < ROWS * n; i++) f[i] = frand() * (float)(1 << (rnd() % 8));
-    CHECK(cm_quantize_rows(t, f, w, ROWS, n) == ROWS * ws);
-    cm_tensor W;
-    const int64_t ne[2] = {n, ROWS};
-    cm_tensor_init(&W, t, 2, ne, w, "w");
-    const cm_tensor *wp[] = {&W};
-    char err[200] = "";
-    int owner;
-    CHECKF(cm_repack_add(&owner, k, wp, 1, err, sizeof err) == 0, "%s", err);
     const void *copy = cm_repack_find(&W, NULL);
     if (!k->gemv_packed[t]) {
         CHECK(copy == NULL);
@@ -127,33 +154,24 @@ static void check(const cm_kernels *k, enum cm_type t, int64_t n) {
     if (bad) fprintf(stderr, "  %s %s n=%lld: %ld mismatching slices\n", k->name, cm_type_name(t), (long long)n, bad);
     CHECK(bad == 0);
 done:
-    cm_repack_drop(&owner);
-    CHECK(cm_repack_find(&W, NULL) == NULL);
-    free(f), free(w), free(x), free(lay);
+    weights_free(&m);
+    free(x), free(lay);
 }
 
 /* gemm_packed: n_tok tokens at once, every (row, token) = vec_dot's bits. */
 enum { BPOOL = 67 };
 static void check_batch(const cm_kernels *k, enum cm_type t, int64_t n) {
     const enum cm_type vt = cm_type_traits_of(t)->vec_dot_type;
-    const size_t ws = cm_row_size(t, n), xs = cm_row_size(vt, n);
-    float *f = malloc(sizeof(float) * (size_t)(ROWS * n));
-    uint8_t *w = malloc(ws * ROWS), *x = malloc(xs * BPOOL);
+    weights m;
+    weights_make(&m, k, t, n);
+    const size_t xs = cm_row_size(vt, n);
+    uint8_t *x = malloc(xs * BPOOL);
     float *ref = malloc(sizeof(float) * ROWS * BPOOL), *y = malloc(sizeof(float) * ROWS * BPOOL);
-    for (int64_t i = 0; i < ROWS * n; i++) f[i] = frand() * (float)(1 << (rnd() % 8));
-    CHECK(cm_quantize_rows(t, f, w, ROWS, n) == ROWS * ws);
-    cm_tensor W;
-    const int64_t ne[2] = {n, ROWS};
-    cm_tensor_init(&W, t, 2, ne, w, "w");
-    const cm_tensor *wp[] = {&W};
-    char err[200] = "";
-    int owner;
-    CHECKF(cm_repack_add(&owner, k, wp, 1, err, sizeof err) == 0, "%s", err);
-    CHECK(cm_repack_find(&W, NULL) != NULL);
+    CHECK(cm_repack_find(&m.W, NULL) != NULL);
     for (int p = 0; p < BPOOL; p++) {
-        for (int64_t i = 0; i < n; i++) f[i] = frand() * (float)(1 << (rnd() % 6));
-        k->from_float[vt](f, x + (size_t)p * xs, n);
-        for (int r = 0; r < ROWS; r++) k->vec_dot[t](n, &ref[p * ROWS + r], w + (size_t)r * ws, x + (size_t)p * xs);
+        for (int64_t i = 0; i < n; i++) m.f[i] = frand() * (float)(1 << (rnd() % 6));
+        k->from_float[vt](m.f, x + (size_t)p * xs, n);
+        for (int r = 0; r < ROWS; r++) k->vec_dot[t](n, &ref[p * ROWS + r], m.w + (size_t)r * m.ws, x + (size_t)p * xs);
     }
     long bad = 0;
     char first[200] = "";
@@ -170,8 +188,8 @@ static void check_batch(const cm_kernels *k, enum cm_type t, int64_t n) {
             const int r0 = slices[s][0], r1 = slices[s][1], p0 = (nt * 7 + s) % (BPOOL - nt + 1);
             memset(y, 0xff, sizeof(float) * ROWS * BPOOL);
             if (nt == 1)
-                k->gemm_packed[t](n, cm_repack_find(&W, NULL), ws, x + (size_t)p0 * xs, xs, y, ROWS, r0, r1, 1);
-            else cm_matmul_rows(k, &W, x + (size_t)p0 * xs, xs, nt, y, ROWS, r0, r1);
+                k->gemm_packed[t](n, cm_repack_find(&m.W, NULL), m.ws, x + (size_t)p0 * xs, xs, y, ROWS, r0, r1, 1);
+            else cm_matmul_rows(k, &m.W, x + (size_t)p0 * xs, xs, nt, y, ROWS, r0, r1);
             for (int j = 0; j < BPOOL; j++)
                 for (int r = 0; r < ROWS; r++) {
                     const bool in = j < nt && r >= r0 && r < r1;
@@ -190,8 +208,8 @@ static void check_batch(const cm_kernels *k, enum cm_type t, int64_t n) {
         fprintf(stderr, "  %s %s n=%lld batched: %ld mismatches; first %s\n", k->name, cm_type_name(t), (long long)n,
                 bad, first);
     CHECK(bad == 0);
-    cm_repack_drop(&owner);
-    free(f), free(w), free(x), free(ref), free(y);
+    weights_free(&m);
+    free(x), free(ref), free(y);
 }
 
 static void test_q4_0_batched(void) {
@@ -236,20 +254,15 @@ static void test_k_batched(void) {
  * bytes), both give vec_dot's bits. */
 static void check_f16(const cm_kernels *k, int64_t n) {
     const enum cm_type t = CM_TYPE_F16;
-    const size_t ws = cm_row_size(t, n);
     const int64_t kf = n & ~(int64_t)15, kt = n - kf;
-    float *f = malloc(sizeof(float) * (size_t)(ROWS * n));
-    uint8_t *w = malloc(ws * ROWS), *x = malloc(ws);
+    weights m;
+    weights_make(&m, k, t, n);
+    const cm_tensor W = m.W;
+    float *f = m.f;
+    uint8_t *w = m.w;
+    const size_t ws = m.ws;
+    uint8_t *x = malloc(ws);
     float ref[ROWS], y[2 * ROWS];
-    for (int64_t i = 0; i < ROWS * n; i++) f[i] = frand() * (float)(1 << (rnd() % 8));
-    CHECK(cm_quantize_rows(t, f, w, ROWS, n) == ROWS * ws);
-    cm_tensor W;
-    const int64_t ne[2] = {n, ROWS};
-    cm_tensor_init(&W, t, 2, ne, w, "w");
-    const cm_tensor *wp[] = {&W};
-    char err[200] = "";
-    int owner;
-    CHECKF(cm_repack_add(&owner, k, wp, 1, err, sizeof err) == 0, "%s", err);
     CHECK(cm_repack_size(k, &W) >= (ROWS + 1) * ws);
     const cm_f16 *copy = cm_repack_find(&W, NULL);
     CHECK(copy != NULL);
@@ -296,9 +309,8 @@ static void check_f16(const cm_kernels *k, int64_t n) {
     if (bad) fprintf(stderr, "  %s f16 n=%lld: %ld mismatching rows\n", k->name, (long long)n, bad);
     CHECK(bad == 0);
 done:
-    cm_repack_drop(&owner);
-    CHECK(cm_repack_find(&W, NULL) == NULL);
-    free(f), free(w), free(x);
+    weights_free(&m);
+    free(x);
 }
 
 /* The avx2 table's f16 gemv and gemm over "f16 pairs": one step, tails of
