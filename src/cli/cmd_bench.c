@@ -307,8 +307,10 @@ static int llamacpp_rep(const bench_opts *o, speed *sp) {
 }
 
 /* llama-bench -o json: an array of tests; the one with n_gen 0 is the
- * prompt, the one with n_prompt 0 the decode; avg_ts is tokens/s. */
-static int native_rep(const bench_opts *o, speed *sp) {
+ * prompt, the one with n_prompt 0 the decode; avg_ts is tokens/s. The load
+ * mode it reports ("load_mode", an older build's "use_mmap") goes into
+ * load (cap bytes), left as it is when it reports none. */
+static int native_rep(const bench_opts *o, speed *sp, char *load, size_t cap) {
     char th[16], np[16], ng[16];
     snprintf(th, sizeof th, "%d", o->threads);
     snprintf(np, sizeof np, "%d", o->n_prompt);
@@ -333,6 +335,9 @@ static int native_rep(const bench_opts *o, speed *sp) {
         const cJSON *p = cJSON_GetObjectItem(t, "n_prompt"), *g = cJSON_GetObjectItem(t, "n_gen"),
                     *ts = cJSON_GetObjectItem(t, "avg_ts");
         if (!cJSON_IsNumber(p) || !cJSON_IsNumber(g) || !cJSON_IsNumber(ts)) continue;
+        const cJSON *lm = cJSON_GetObjectItem(t, "load_mode"), *um = cJSON_GetObjectItem(t, "use_mmap");
+        if (cJSON_IsString(lm)) snprintf(load, cap, "%s", lm->valuestring);
+        else if (cJSON_IsBool(um)) snprintf(load, cap, "%s", cJSON_IsTrue(um) ? "mmap" : "none");
         if (g->valuedouble == 0) sp->pp = ts->valuedouble;
         else if (p->valuedouble == 0) sp->tg = ts->valuedouble;
     }
@@ -610,6 +615,7 @@ int cmd_bench(int argc, char **argv) {
         return cli_fail("out of memory");
     }
     speed *lruns = runs + o.reps;
+    char lb_seen[32] = ""; /* the load mode llama-bench says it ran with */
     int status = 1;
     for (int r = 0; r < o.reps; r++) {
         if (cumulo_rep(e, &o, r, &runs[r], &en)) goto done;
@@ -618,12 +624,17 @@ int cmd_bench(int argc, char **argv) {
         fprintf(stderr, "bench: rep %d/%d  cumulo     prompt %8.2f tok/s  decode %7.2f tok/s\n", r + 1, o.reps,
                 runs[r].pp, runs[r].tg);
         if (vs) {
-            if (o.llama_bench ? native_rep(&o, &lruns[r]) : llamacpp_rep(&o, &lruns[r])) goto done;
+            if (o.llama_bench ? native_rep(&o, &lruns[r], lb_seen, sizeof lb_seen) : llamacpp_rep(&o, &lruns[r]))
+                goto done;
             lbest.pp = CM_MAX(lbest.pp, lruns[r].pp);
             lbest.tg = CM_MAX(lbest.tg, lruns[r].tg);
             fprintf(stderr, "bench: rep %d/%d  llama.cpp  prompt %8.2f tok/s  decode %7.2f tok/s\n", r + 1, o.reps,
                     lruns[r].pp, lruns[r].tg);
         }
+    }
+    if (*lb_seen && strcmp(lb_seen, o.lb_load)) {
+        fprintf(stderr, "bench: llama-bench reports load mode '%s' (asked for: %s)\n", lb_seen, o.lb_load);
+        o.lb_load = lb_seen;
     }
     /* The cluster's traffic from this machine, per token row it evaluated. */
     uint64_t td = 0, tw = 0, top = 0, trows = 0, hb = 0, hf = 0, hrows = 0;

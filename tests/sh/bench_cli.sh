@@ -52,7 +52,8 @@ case "\$1" in --help) echo "usage: llama-bench [options]"; echo "$2"; exit 0;; e
 for a in "\$@"; do case "\$a" in $3) echo "error: invalid parameter for argument: \$a" >&2; exit 1;; esac; done
 echo "\$*" >'$T/lb-args'
 echo "llama-bench noise on stdout"
-echo '[{"n_prompt": 8, "n_gen": 0, "avg_ts": 123.5}, {"n_prompt": 0, "n_gen": 4, "avg_ts": 45.25}]'
+if [ -n "\$FAKE_LOAD_MODE" ]; then lm=", \"load_mode\": \"\$FAKE_LOAD_MODE\""; else lm=""; fi
+echo "[{\"n_prompt\": 8, \"n_gen\": 0, \"avg_ts\": 123.5\$lm}, {\"n_prompt\": 0, \"n_gen\": 4, \"avg_ts\": 45.25\$lm}]"
 EOF
     chmod +x "$1"
 }
@@ -74,6 +75,11 @@ grep -q -- "-o json -lm mmap$" "$T/lb-args" && grep -q "^llama.cpp (native, load
 "$BIN" bench "$T/m.gguf" --threads 1 --prompt 8 --gen 4 --reps 1 --bw-mib 16 --mmap --json --vs-llamacpp \
     --llamacpp-bench "$T/llama-bench" --oracle-dir "$T/no-oracle" >"$T/n3json" 2>"$T/nerr"
 grep -q '"weights":"mmap",.*"llamacpp_load":"mmap"' "$T/n3json" && ok || bad "no llamacpp_load mmap: $(cat "$T/n3json")"
+# the JSON records the load mode llama-bench reports having run with, when it differs from the one asked for
+FAKE_LOAD_MODE=mmap "$BIN" bench "$T/m.gguf" --threads 1 --prompt 8 --gen 4 --reps 1 --bw-mib 16 --json --vs-llamacpp \
+    --llamacpp-bench "$T/llama-bench" --oracle-dir "$T/no-oracle" >"$T/n3json" 2>"$T/nerr"
+grep -q '"llamacpp_load":"mmap"' "$T/n3json" && grep -q "reports load mode 'mmap' (asked for: none)" "$T/nerr" && ok ||
+    bad "llama-bench's own load mode: $(cat "$T/nerr" "$T/n3json")"
 # an older llama-bench: -mmp 0|1
 make_fake "$T/old/llama-bench" "  -mmp, --mmap <0|1>                        (default: 1)" "-lm"
 "$BIN" bench "$T/m.gguf" --threads 1 --prompt 8 --gen 4 --reps 1 --bw-mib 16 --json --vs-llamacpp \
