@@ -4,13 +4,16 @@
  * and out of memory while copying them: a 503 in the API's style, the
  * strings copied so far owned by the job (nothing leaks: run it under
  * valgrind or ASan), no NULL among the job's stops. cm_strdup fails on
- * demand: this test links with -Wl,--wrap=cm_strdup (Makefile). */
+ * demand: this test links with -Wl,--wrap=cm_strdup (Makefile; GNU ld and
+ * lld have it, macOS's linker not: there CM_TEST_NO_WRAP leaves that part
+ * out, reported as a skip). */
 #include "test.h"
 
 #include "http/http_impl.h"
 
 #include <cjson/cJSON.h>
 
+#ifndef CM_TEST_NO_WRAP
 char *__real_cm_strdup(const char *s);
 char *__wrap_cm_strdup(const char *s);
 
@@ -20,6 +23,7 @@ char *__wrap_cm_strdup(const char *s) {
     if (strdup_fail_in >= 0 && strdup_fail_in-- == 0) return NULL;
     return __real_cm_strdup(s);
 }
+#endif
 
 /* What the job's release does with its stops (server.c). */
 static void release(job *j) {
@@ -86,6 +90,7 @@ static void test_anthropic(void) {
 
 /* cm_strdup fails at the second, then the first string: 503, the copies
  * made before it kept and counted (the job frees them), none NULL. */
+#ifndef CM_TEST_NO_WRAP
 static void test_out_of_memory(void) {
     static const struct {
         enum cm_api_kind api;
@@ -107,10 +112,16 @@ static void test_out_of_memory(void) {
             release(&j);
         }
 }
+#endif
 
 int main(void) {
     RUN(test_openai);
     RUN(test_anthropic);
+#ifndef CM_TEST_NO_WRAP
     RUN(test_out_of_memory);
     TEST_END();
+#else
+    printf("skip: n/a: this linker has no --wrap (cm_strdup cannot be made to fail)\n");
+    TEST_END_SKIPPED(0);
+#endif
 }
