@@ -102,6 +102,9 @@ run_open tp "$M" "127.0.0.1:$PA,127.0.0.1:$PB" --parallel tp
 check_left_out tp tb "$PB" 'left: '
 grep -q 'recovered: tensor-parallel group of 2' "$TMP/tp.log" && ok ||
     bad "tp: no group of 2: $(grep -i 'tensor\|plan' "$TMP/tp.log" | tail -3)"
+# The survivor waiting for the lost rank (when it is the higher one, as in the
+# order given) stops at the re-plan's greeting, not after its 30 s deadline.
+grep -q 'did not connect within 30 s' "$TMP/ta.log" && bad "tp: the survivor waited 30 s for the lost rank" || ok
 
 # ---- ep: an expert group of 3 loses a member at open (cluster_ep_recover.sh's model).
 VOCAB=$SHARED/vocab/ggml-vocab-llama-spm.gguf
