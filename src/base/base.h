@@ -125,6 +125,7 @@ typedef struct cm_config {
     bool gpu_subgroup;              /* CUMULO_GPU_SUBGROUP: not "0" (the default: on) */
     const char *vulkan_lib;         /* CUMULO_VULKAN_LIB */
     const char *test_gpu_fault;     /* CUMULO_TEST_GPU_FAULT (src/gpu/vk.c) */
+    const char *test_open_fail;     /* CUMULO_TEST_OPEN_FAIL (src/cluster/node.c) */
     const char *mpi_spin_ms;        /* CUMULO_MPI_SPIN_MS, as a string (the MPI bridge parses it) */
     const char *mpi_nap_us;         /* CUMULO_MPI_NAP_US, as a string (the MPI bridge parses it) */
     const char *tmpdir;             /* TMPDIR */

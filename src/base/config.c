@@ -100,6 +100,9 @@
     X(gpu, "CUMULO_GPU", "unset",                                                                                  \
       "the --gpu choice when the option is not given: auto, vulkan, none or a device "                             \
       "number (the test suites' switch)")                                                                          \
+    X(test_open_fail, "CUMULO_TEST_OPEN_FAIL", "unset",                                                            \
+      "test hook: exit or stop: a node exits (or stops itself, SIGSTOP) when its first ASSIGN arrives, "           \
+      "as if lost while the cluster opens")                                                                        \
     X(test_gpu_fault, "CUMULO_TEST_GPU_FAULT", "unset",                                                            \
       "test hook: lost or oom, or lost:N / oom:N: the device's Nth forward pass (from 1) fails so "                \
       "(lost: every later one too)")                                                                               \
@@ -234,6 +237,7 @@ static void load(void) {
     c->gpu = STR(gpu);
     c->vulkan_lib = STR(vulkan_lib);
     c->test_gpu_fault = STR(test_gpu_fault);
+    c->test_open_fail = STR(test_open_fail);
     c->mpi_spin_ms = STR(mpi_spin_ms);
     c->mpi_nap_us = STR(mpi_nap_us);
     c->tmpdir = STR(tmpdir);

@@ -224,8 +224,13 @@ int cm_pipe_recv_token(cm_pipe *p, int slot, int32_t *token, float *logprob, cha
  * to send one when no loss bound applies (a node's next FORWARD, a weight
  * chunk, the coordinator's token wait unless cm_pipe_opts.timeout_ms says). */
 #define CM_PIPE_DATA_MS 60000
-/* The silence allowed to a node still loading its stage (no READY yet). */
+/* The longest a node may take to load a stage (no READY yet; training's
+ * waits). */
 #define CM_PIPE_LOAD_MS 600000
+/* The silence allowed to a node loading its stage: its own heartbeats keep
+ * coming (a thread of their own), so 5 x the loss bound, at least this; a
+ * node stopped while the cluster opens is then left out in seconds. */
+#define CM_PIPE_LOAD_SILENT_MS 10000
 /* The loss bound in force: CM_PIPE_LOST_MS, or env CUMULO_LOST_MS (>= 200).
  * It also bounds every wait on a peer that should answer within it: a send
  * that makes no progress (cm_net_cfg.send_stall_ms of every cluster

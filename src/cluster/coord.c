@@ -51,6 +51,17 @@ void cm_coord_fatal(cm_pipe *p, int code, const char *fmt, ...) {
     pthread_mutex_unlock(&p->mu);
 }
 
+/* Declared lost (the rx thread ends): why first, for the line that leaves
+ * it out of the cluster. */
+static void mark_lost(remote *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void mark_lost(remote *r, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(r->lost_why, sizeof r->lost_why, fmt, ap);
+    va_end(ap);
+    atomic_store(&r->lost, true);
+}
+
 static void *rx_main(void *arg) {
     remote *r = arg;
     cm_pipe *p = r->p;
@@ -76,22 +87,26 @@ static void *rx_main(void *arg) {
                 r->last_hb_ns = now;
             }
             if (rc) {
-                atomic_store(&r->lost, true);
+                mark_lost(r, "heartbeat: %.180s", err);
                 CM_LOGW("node %s ('%s') lost: heartbeat: %s", r->addr, r->hello.name, err);
                 if (!atomic_load(&p->closing))
                     cm_coord_fatal(p, CM_ECLOSED, "node %s ('%s') lost: %s", r->addr, r->hello.name, err);
                 break;
             }
         }
-        /* Silence: loading a stage (no READY yet) may take long; otherwise
-         * the node echoes every heartbeat. */
-        uint64_t bound_ms = atomic_load(&r->loading) ? CM_PIPE_LOAD_MS : (uint64_t)p->lost_ms;
+        /* Silence: loading a stage (no READY yet) may take long, but the
+         * node's own heartbeat thread speaks all along (node.c, from the
+         * ASSIGN), and frames queued while this thread served its weights
+         * are read first (below): a looser bound, so that a node stopped
+         * while the cluster opens is left out in seconds, not minutes
+         * (coord_recover.c); otherwise the node echoes every heartbeat. */
+        uint64_t bound_ms = atomic_load(&r->loading) ? cm_coord_load_silent_ms(p) : (uint64_t)p->lost_ms;
         /* Frames already waiting in the socket are not silence: this thread
          * may itself have been held up (a loaded machine, a long lock) while
          * the node kept talking; read them first. */
         if (now - atomic_load(&r->last_rx_ns) > bound_ms * 1000000ull && now >= atomic_load(&r->quiet_until_ns) &&
             cm_fd_wait_readable(cm_conn_fd(r->ctl), 0) <= 0) {
-            atomic_store(&r->lost, true);
+            mark_lost(r, "silent for %llu ms", (unsigned long long)bound_ms);
             CM_LOGW("node %s ('%s') lost: silent for %llu ms", r->addr, r->hello.name, (unsigned long long)bound_ms);
             if (!atomic_load(&p->closing))
                 cm_coord_fatal(p, CM_ETIMEDOUT, "node %s ('%s') lost: silent for %llu ms", r->addr, r->hello.name,
@@ -102,7 +117,7 @@ static void *rx_main(void *arg) {
         int rc = cm_conn_recv(r->ctl, &m, p->lost_ms, err, sizeof err);
         if (rc == CM_ETIMEDOUT) continue;
         if (rc || m.type == CM_MSG_BYE) {
-            atomic_store(&r->lost, true);
+            mark_lost(r, "left: %.180s", rc ? err : m.u.bye.text);
             if (!atomic_load(&p->closing))
                 CM_LOGW("node %s ('%s') left: %s", r->addr, r->hello.name, rc ? err : m.u.bye.text);
             if (!atomic_load(&p->closing))
@@ -579,6 +594,7 @@ int cm_pipe_open(cm_pipe **out, const char *model_path, const cm_gguf *g, const 
     }
     rc = cm_coord_apply_plan(p, &plan, "open", err, errlen);
     p->take = false; /* later plans never take a node from another coordinator */
+    if (rc) rc = cm_coord_open_recover(p, &plan, rc, err, errlen); /* a node lost meanwhile: on without it */
     if (rc) goto fail;
     *local_last = cm_coord_local_last(p);
     *out = p;

@@ -30,6 +30,7 @@ typedef struct remote {
     atomic_bool loading;       /* ASSIGN sent, READY not yet: loading may outlast the heartbeat bound, and
                               * the node's control thread expects only WEIGHTS_CHUNKs: no heartbeats */
     atomic_bool lost;          /* declared lost: its rx thread has ended */
+    char lost_why[200];        /* rx thread, before lost is set: how it was lost (coord_recover.c says it) */
     bool seen_back;            /* coord_recover.c: lost, answered one rejoin check */
     uint64_t refused_until_ns; /* coord_recover.c: not redialled before (it refused its part) */
     bool held_logged;          /* coord_recover.c: said once that another coordinator holds it (issue 19) */
@@ -232,6 +233,14 @@ int cm_coord_apply_plan(cm_pipe *p, const cm_plan *plan, const char *why, char *
  * indices; *cur_score (may be NULL) is the running plan's predicted speed
  * on the same view, *score the answer's. CM_EAGAIN when nothing fits. */
 int cm_coord_replan(cm_pipe *p, cm_plan *out, double *score, double *cur_score, char *err, size_t errlen);
+/* The opening plan tried failed with rc/err (coord_recover.c): when a node
+ * was lost meanwhile (killed, silent, closed while it loaded its part), it
+ * is left out, said in a line, and the failure is recovered like one after
+ * the cluster was ready (tried becomes the running record, cm_coord_replan
+ * on the survivors, cm_coord_apply_plan): 0 with the pipe running. Else an
+ * error: rc when no node was lost, or one saying that the rest cannot hold
+ * the model and what to do. */
+int cm_coord_open_recover(cm_pipe *p, const cm_plan *tried, int rc, char *err, size_t errlen);
 /* What the measured routing asks (coord_plan.c): the running plan with the
  * hot-expert replicas of its expert groups placed again under the pipe's
  * counts (cm_plan_replace_replicas: stages, members and expert ranges kept;
@@ -251,6 +260,12 @@ static inline int cm_coord_plan_members(const cm_plan *pl) {
     int n = 0;
     for (int s = 0; s < pl->n_stages; s++) n += pl->stages[s].n_members;
     return n;
+}
+/* The silence allowed to a node loading its part (no READY yet): 5 x the
+ * loss bound, at least CM_PIPE_LOAD_SILENT_MS (its own heartbeats keep
+ * coming while it loads). */
+static inline uint64_t cm_coord_load_silent_ms(const cm_pipe *p) {
+    return CM_MAX(5ull * (uint64_t)p->lost_ms, (uint64_t)CM_PIPE_LOAD_SILENT_MS);
 }
 static inline bool cm_coord_alive(const remote *r) { return r->ctl && r->rx_started && !atomic_load(&r->lost); }
 /* Send a sequence message down the data path (every TP member, or stage 1);

@@ -144,6 +144,8 @@ static void settle(cm_pipe *p) {
     }
 }
 
+static int recover_settled(cm_pipe *p, char *err, size_t errlen);
+
 int cm_pipe_recover(cm_pipe *p, char *err, size_t errlen) {
     if (!cm_pipe_failed(p)) return 0;
     if (p->gave_up && retry_due(p)) p->gave_up = false;
@@ -157,6 +159,10 @@ int cm_pipe_recover(cm_pipe *p, char *err, size_t errlen) {
      * closed connections a moment to show as lost. */
     cm_sleep_ms(200);
     settle(p);
+    return recover_settled(p, err, errlen);
+}
+
+static int recover_settled(cm_pipe *p, char *err, size_t errlen) {
     char why[300];
     pthread_mutex_lock(&p->mu);
     snprintf(why, sizeof why, "%.299s", p->cause[0] ? p->cause : p->fatal_text);
@@ -201,6 +207,77 @@ int cm_pipe_recover(cm_pipe *p, char *err, size_t errlen) {
     cm_errf(err, errlen, p->fatal, "%s", p->fatal_text);
     pthread_mutex_unlock(&p->mu);
     return p->fatal;
+}
+
+/* Whether a connected node was declared lost (not yet reaped). */
+static bool any_lost(const cm_pipe *p) {
+    for (int i = 0; i < p->n_remote; i++)
+        if (p->r[i].ctl && atomic_load(&p->r[i].lost)) return true;
+    return false;
+}
+
+/* Whether a live node has not answered its ASSIGN yet. */
+static bool any_loading(const cm_pipe *p) {
+    for (int i = 0; i < p->n_remote; i++)
+        if (p->r[i].ctl && !atomic_load(&p->r[i].lost) && atomic_load(&p->r[i].loading)) return true;
+    return false;
+}
+
+int cm_coord_open_recover(cm_pipe *p, const cm_plan *tried, int rc, char *err, size_t errlen) {
+    /* The same settling as after ready: a node killed while it loaded shows
+     * as a closed connection within moments, one stopped as silence within
+     * the loading bound (coord.c), which wait_ready already waited out. */
+    cm_sleep_ms(200);
+    settle(p);
+    /* A failure seen first by a send or a mesh dial: the dead node's
+     * receiver thread may not have run yet on a busy machine (up to the loss
+     * bound for it). A member that refused its part because its neighbour
+     * does not answer (a node stopped while it loads: no READY) speaks
+     * before the silence bound declares that neighbour lost: while a node
+     * still loads, up to that bound. A failure that is no loss costs that
+     * much more time. */
+    uint64_t t0 = cm_now_ns(), end = t0 + (uint64_t)p->lost_ms * 1000000ull;
+    uint64_t end_loading = t0 + (cm_coord_load_silent_ms(p) + 1000) * 1000000ull;
+    while (!any_lost(p) && cm_now_ns() < end_loading && (cm_now_ns() < end || any_loading(p))) cm_sleep_ms(20);
+    char lost[600] = "";
+    int n_lost = 0;
+    size_t o = 0;
+    for (int i = 0; i < p->n_remote; i++) {
+        remote *r = &p->r[i];
+        if (!r->ctl || !atomic_load(&r->lost)) continue;
+        cm_coord_log(p, "node %s ('%s') left out: lost while the cluster opened (%s); planning without it", r->addr,
+                     r->hello.name, r->lost_why);
+        o = cm_appendf(lost, sizeof lost, o, "%s%s ('%s')", n_lost ? ", " : "", r->addr, r->hello.name);
+        n_lost++;
+    }
+    if (!n_lost || p->no_recover) return rc; /* not a loss (a refusal, a bad request): the error as it was */
+    char first[600];
+    snprintf(first, sizeof first, "%s", err);
+    pthread_mutex_lock(&p->mu);
+    if (!p->fatal) {
+        p->fatal = rc < 0 ? rc : CM_EIO;
+        snprintf(p->fatal_text, sizeof p->fatal_text, "%s", first);
+    }
+    snprintf(p->cause, sizeof p->cause, "node%s %.250s lost while the cluster opened", n_lost > 1 ? "s" : "", lost);
+    pthread_mutex_unlock(&p->mu);
+    /* The plan tried is the running record, as if it had run: the re-plan
+     * keeps its shape (one group stays one group) and this machine's layers. */
+    pthread_mutex_lock(&p->send_mu);
+    p->plan = *tried;
+    pthread_mutex_unlock(&p->send_mu);
+    rc = recover_settled(p, err, errlen);
+    if (!rc) {
+        cm_coord_log(p, "%s", p->plan_text); /* the plan that runs */
+        return 0;
+    }
+    char e2[600];
+    snprintf(e2, sizeof e2, "%s", err);
+    char *after = strstr(e2, " (after: "); /* the loss, said first here */
+    if (after) *after = 0;
+    return cm_errf(err, errlen, rc,
+                   "node%s %s lost while the cluster opened, and %s; start %s again (or name other nodes in --nodes), "
+                   "or ask for less (a smaller --ctx, fewer --slots) so that the rest can hold the model",
+                   n_lost > 1 ? "s" : "", lost, e2, n_lost > 1 ? "them" : "it");
 }
 
 /* Redial the nodes we lost; returns how many came back. */

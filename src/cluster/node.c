@@ -53,11 +53,13 @@
 #include "os/os.h"
 
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #define NODE_RECV_MS 500
 
@@ -403,6 +405,22 @@ static bool lease_assign(node *n, cm_conn *c, const cm_msg_hello *peer, const cm
 }
 
 /* This thread's CPU time (CUMULO_TP_TRACE's breakdown); 0 where there is none. */
+/* Test hook (CUMULO_TEST_OPEN_FAIL, tests/sh/cluster_open.sh): at its first
+ * ASSIGN this node exits (as kill -9 would) or stops itself (as SIGSTOP
+ * would), so that a test loses it while the cluster opens, at that point,
+ * without timing a kill. */
+static void open_fail_hook(node *n) {
+    static atomic_bool fired;
+    const char *how = cm_config_get()->test_open_fail;
+    if (!how || atomic_exchange(&fired, true)) return;
+    bool stop = !strcmp(how, "stop");
+    fprintf(stderr, "cumulo node '%s': test hook: %s at the first ASSIGN\n", n->hello.name,
+            stop ? "stopping (SIGSTOP)" : "exiting");
+    fflush(NULL);
+    if (stop) raise(SIGSTOP);
+    else _exit(9);
+}
+
 static uint64_t thread_cpu_ns(void) {
     struct timespec ts;
     if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts)) return 0;
@@ -514,6 +532,7 @@ static void conn_serve(node *n, cm_conn *c, int src) {
                 break;
             }
             if (!lease_assign(n, c, &peer, &m.u.assign)) break; /* another coordinator's node: refused */
+            open_fail_hook(n);
             /* Our own heartbeats start now, not at the coordinator's first
              * one: that can wait behind a busy data path, and a member whose
              * only traffic is tokens would fall silent with its group. */

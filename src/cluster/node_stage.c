@@ -145,8 +145,13 @@ static int tp_connect(node *n, stage *s, char *err, size_t errlen) {
     uint64_t deadline = cm_now_ns() + 30ull * 1000000000ull;
     for (;;) {
         int missing = -1;
+        uint64_t newer = 0;
         pthread_mutex_lock(&n->mu);
         for (int j = 0; j < k; j++) {
+            /* A member of a newer plan greeted us: ours was re-planned (a
+             * member lost while the cluster opened, coord_recover.c) and its
+             * ASSIGN waits behind this one: stop waiting for the lost one. */
+            if (n->tp_in[j] && n->tp_in_epoch[j] > a->epoch) newer = n->tp_in_epoch[j];
             if (j == me || (j >= lo && j < me)) continue;
             if (!s->tp[j] && n->tp_in[j] && n->tp_in_epoch[j] == a->epoch) {
                 s->tp[j] = n->tp_in[j];
@@ -156,6 +161,10 @@ static int tp_connect(node *n, stage *s, char *err, size_t errlen) {
         }
         pthread_mutex_unlock(&n->mu);
         if (missing < 0) break;
+        if (newer)
+            return cm_errf(err, errlen, CM_ECANCELED,
+                           "tensor-parallel rank %d did not connect, and a plan of epoch %llu has begun", missing,
+                           (unsigned long long)newer);
         if (cm_now_ns() > deadline || atomic_load(n->stop))
             return cm_errf(err, errlen, CM_ETIMEDOUT, "tensor-parallel rank %d did not connect within 30 s", missing);
         cm_sleep_ms(5);

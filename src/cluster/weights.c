@@ -208,13 +208,16 @@ static int fetch(cm_conn *c, pthread_mutex_t *send_mu, const uint8_t hash[32], u
         cm_msg r;
         /* Chunks are the only thing the coordinator sends while we load, but
          * the answer to the request of a fetch that a newer ASSIGN superseded
-         * may still be on its way: a few chunks of another object are
-         * skipped. */
+         * may still be on its way: a few chunks of another object, or of this
+         * one at another offset (the new fetch asks for the same object
+         * again; a stale answer at the same offset holds the same bytes),
+         * are skipped. */
         int stale = 0;
         do rc = cm_conn_recv(c, &r, CM_PIPE_DATA_MS, err, errlen);
-        while (!rc &&
-               (r.type == CM_MSG_HEARTBEAT || r.type == CM_MSG_PING ||
-                (r.type == CM_MSG_WEIGHTS_CHUNK && memcmp(r.u.weights_chunk.tensor_hash, hash, 32) && ++stale <= 4)));
+        while (!rc && (r.type == CM_MSG_HEARTBEAT || r.type == CM_MSG_PING ||
+                       (r.type == CM_MSG_WEIGHTS_CHUNK &&
+                        (memcmp(r.u.weights_chunk.tensor_hash, hash, 32) || r.u.weights_chunk.offset != off) &&
+                        ++stale <= 4)));
         if (rc) return rc;
         if (r.type != CM_MSG_WEIGHTS_CHUNK) return not_a_chunk(&r, err, errlen);
         if (memcmp(r.u.weights_chunk.tensor_hash, hash, 32))
