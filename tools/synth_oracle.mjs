@@ -19,7 +19,14 @@ import {getLlama} from "node-llama-cpp";
 import fs from "node:fs";
 const [,, modelPath, outPath, promptsArg, nGenArg = "32", topkArg = "16", metaArg = "{}"] = process.argv;
 const nGen = Number(nGenArg), topk = Number(topkArg), NPOS = 8;
-const llama = await getLlama({gpu: false, build: "never", logLevel: "warn"});
+// ggml_cpu: the CPU variant llama.cpp loaded (haswell, icelake, sapphirerapids, ...): its BF16 dot order
+// depends on it (vdpbf16ps only where the CPU has AVX512-BF16; test_synth_golden's BF16 bound reads it)
+let ggmlCpu = "unknown";
+const llama = await getLlama({gpu: false, build: "never", logLevel: "debug", logger: (level, message) => {
+  const m = /loaded CPU backend from .*libggml-cpu-([a-z0-9_]+)\.so/.exec(message);
+  if (m) ggmlCpu = m[1];
+  else if (level === "warn" || level === "error" || level === "fatal") console.error(message.trimEnd());
+}});
 const model = await llama.loadModel({modelPath});
 // KV_K / KV_V (e.g. Q8_0) and FA=1 choose the KV cache types and flash attention
 // (llama.cpp needs flash attention for a quantized V cache).
@@ -45,7 +52,7 @@ async function evalAll(ids) { // teacher-forced, one batch, probabilities at eve
 }
 
 const prompts = promptsArg.split(";").map(s => s.split(",").map(Number));
-const out = {...JSON.parse(metaArg), model: modelPath.split("/").pop(), nodeLlamaCpp: "3.21.1", kv: kvK === kvV ? kvK : `${kvK}/${kvV}`, flash, threads: 1, topk, cases: []};
+const out = {...JSON.parse(metaArg), model: modelPath.split("/").pop(), nodeLlamaCpp: "3.21.1", ggml_cpu: ggmlCpu, kv: kvK === kvV ? kvK : `${kvK}/${kvV}`, flash, threads: 1, topk, cases: []};
 for (const prompt of prompts) {
   const pre = await evalAll(prompt); // the prompt's positions, one batch
   // greedy: the prompt as one batch, then one token per decode step; step k's

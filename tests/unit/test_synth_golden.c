@@ -52,6 +52,13 @@
  *    RoPE or a perturbation of the logits moves every position, which no
  *    rounding explains. F16's 11-bit roundings flip too (0.4 per position,
  *    each worth ~1e-4), too many to name: hence its looser bound;
+ *  - BF16 against a reference whose llama.cpp ran without AVX512-BF16 (the
+ *    JSON's "ggml_cpu", e.g. haswell: tinyBLAS and ggml_vec_dot_bf16's FMA
+ *    chains, not vdpbf16ps's pairs): every dot sums in another order, so
+ *    the BF16 roundings of the activations flip too often to name, as F16's
+ *    do; F16's bounds x 16 (BF16's ulp is 8x F16's, x 2), which admits
+ *    llama.cpp's own haswell build against its sse42 build (max 1.04e-2,
+ *    median 1.5e-3 at dim 512; ours against haswell: 7.4e-3, 1.5e-3);
  *  - where llama.cpp's one-token decode and its batched evaluation disagree
  *    by more than 1e-5 (only F16/BF16 here: tinyBLAS in the batch, vec_dot
  *    for one token), the file has both and either is accepted.
@@ -92,6 +99,7 @@
 #define TOL_F16 1e-3
 #define MEDIAN_F16 2.5e-4
 #define TOL_8BIT 1e-4
+#define BF16_FOREIGN 16 /* BF16's ulp / F16's (2^-8 / 2^-11) x 2 */
 
 typedef struct ref_dist {
     int n;
@@ -127,6 +135,9 @@ typedef struct ref_model {
     enum cm_type kv_k, kv_v;
     bool flash;
     bool tied;
+    /* BF16 summed by llama.cpp in another order than vdpbf16ps's (the JSON's
+     * "ggml_cpu": the CPU variant it ran, when one without AVX512-BF16) */
+    bool bf16_foreign;
     int n_cases;
     ref_case cases[MAXCASES];
 } ref_model;
@@ -237,6 +248,14 @@ static int load_ref(const char *path, ref_model *R) {
         }
         if (cm_kv_type_parse(kk, &R->kv_k) || cm_kv_type_parse(vv, &R->kv_v)) goto out;
         R->flash = cJSON_IsTrue(cJSON_GetObjectItem(j, "flash"));
+    }
+    {
+        /* no "ggml_cpu": the golden set's references, made on an AVX512-BF16 CPU (docs/HISTORY.md, session 17) */
+        const cJSON *cpu = cJSON_GetObjectItem(j, "ggml_cpu");
+        const char *bf16_cpus[] = {"sapphirerapids", "cooperlake", "zen4"};
+        R->bf16_foreign = cpu != NULL;
+        for (size_t i = 0; cJSON_IsString(cpu) && i < sizeof bf16_cpus / sizeof *bf16_cpus; i++)
+            if (!strcmp(cpu->valuestring, bf16_cpus[i])) R->bf16_foreign = false;
     }
     const cJSON *swa = cJSON_GetObjectItem(s, "swa");
     R->swa = cJSON_IsNumber(swa) ? swa->valueint : 0;
@@ -842,10 +861,19 @@ static void check_model(const ref_model *R, cm_pool *pool) {
      * roundings as in an F16 model: F16's bound for every type. Measured:
      * F32 9.3e-5 (other architectures' F32: ~1e-6). */
     const bool f16_acts = !strcmp(R->type, "f16") || !strcmp(R->arch, "gemma3");
-    const double prob_tol = f16_acts ? TOL_F16 : !strcmp(R->type, "f32") ? TOL_F32 : TOL_8BIT;
+    /* BF16 against a llama.cpp that summed in another order (bf16_foreign):
+     * the BF16 roundings of the activations flip as F16's do, too many to
+     * name, each worth 8x an F16 flip (2^-8 against 2^-11): F16's bounds x
+     * BF16_FOREIGN (the header; docs/HISTORY.md, session 23). */
+    const bool bf16_foreign = R->bf16_foreign && !strcmp(R->type, "bf16");
+    const double prob_tol = bf16_foreign              ? BF16_FOREIGN * TOL_F16
+                            : f16_acts                ? TOL_F16
+                            : !strcmp(R->type, "f32") ? TOL_F32
+                                                      : TOL_8BIT;
+    const double median_tol = bf16_foreign ? BF16_FOREIGN * MEDIAN_F16 : MEDIAN_F16;
     const double margin_thr = is_fine(R->type) ? 1e-3 : MARGIN_8BIT;
     /* 8-bit activations: every type but F32/F16 (BF16's mantissa has 8 bits) */
-    const bool flip_ok = !is_fine(R->type);
+    const bool flip_ok = !is_fine(R->type) && !bf16_foreign;
     c = cm_ctx_new(&m, g_max_batch, g_max_ctx, pool, errbuf, sizeof errbuf);
     c1 = cm_ctx_new(&m, NPOS, g_max_ctx, NULL, errbuf, sizeof errbuf);
     logits = cm_malloc(sizeof(float) * (size_t)V * NPOS);
@@ -956,7 +984,8 @@ static void check_model(const ref_model *R, cm_pool *pool) {
     }
     qsort(all_err, (size_t)n_err, sizeof *all_err, cmp_double);
     const double median = n_err ? all_err[n_err / 2] : 0;
-    if (f16_acts) CHECKF(median <= MEDIAN_F16, "%s: median probability error %.3g > %g", R->name, median, MEDIAN_F16);
+    if (f16_acts || bf16_foreign)
+        CHECKF(median <= median_tol, "%s: median probability error %.3g > %g", R->name, median, median_tol);
     printf("# %-16s greedy %-26s probs: max %.1e median %.1e rest %.1e (bound %.0e)%s\n", R->name, greedy_txt, worst,
            median, worst_rest, prob_tol, env.n_eitherway ? ", batched ref closer somewhere" : "");
     if (n_flips) printf("#   %d position(s) explained by %d rounding flip(s):%s\n", n_flipped_pos, n_flips, flips_txt);
