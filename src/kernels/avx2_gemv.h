@@ -352,19 +352,21 @@ enum {
     FP_MAXK = 8192,          /* longer rows: fa_rows */
     FP_YF = 2048 * 1024 / 4, /* floats of packed tokens per pass at most (read segment by segment: L2 or L3) */
     FP_MINT = 12,            /* fewer tokens: fa_rows (8 tokens: 0.65x in the panels) */
+    FP_WF = 64 * 1024,       /* floats of a block's pairs converted to f32 (gemm_pf16; half of a Zen 1 L2) */
 };
 
-/* n steps of one chain of a row pair (wp: per step rows 0, 1's 8 elements) x
- * FP_T tokens (yp: per step FP_T vectors), lanes carried in st[2 * FP_T]
- * (row r, token t: st[r * FP_T + t]). */
-AI void fp_tile(const cm_f16 *wp, const float *yp, int64_t n, __m256 *st, int T) {
+/* n steps of one chain of a row pair (wp: per step rows 0, 1's 8 elements,
+ * fp16, or f32 when w32) x FP_T tokens (yp: per step FP_T vectors), lanes
+ * carried in st[2 * FP_T] (row r, token t: st[r * FP_T + t]). */
+AI void fp_tile(const void *wp, bool w32, const float *yp, int64_t n, __m256 *st, int T) {
     __m256 a0[FP_T], a1[FP_T]; /* rows 0 and 1 (the first T tokens) */
     _Pragma("GCC unroll 6") for (int t = 0; t < T; t++) {
         a0[t] = st[t];
         a1[t] = st[FP_T + t];
     }
     for (int64_t m = 0; m < n; m++) {
-        const __m256 w0 = ld_f16(wp, 16 * m), w1 = ld_f16(wp, 16 * m + 8);
+        const __m256 w0 = w32 ? _mm256_load_ps((const float *)wp + 16 * m) : ld_f16(wp, 16 * m);
+        const __m256 w1 = w32 ? _mm256_load_ps((const float *)wp + 16 * m + 8) : ld_f16(wp, 16 * m + 8);
         _Pragma("GCC unroll 6") for (int t = 0; t < T; t++) {
             __m256 v = _mm256_load_ps(yp + (FP_T * m + t) * 8);
             __asm__("" : "+x"(v)); /* one load for both rows (not a memory operand of each FMA) */
@@ -464,7 +466,7 @@ static void gemm_af16(int64_t k, const void *w, size_t w_stride, const void *x, 
                         const float *ys = yg + (h * ns + s0) * 8 * FP_T;
                         for (const size_t pe = po + pstep; po < pe && po < pfb; po += 64)
                             _mm_prefetch(pf + po, _MM_HINT_T1);
-                        for (int64_t p = 0; p < np; p++) fp_tile(ws + p * sn * 16, ys, sn, st[p][h], FP_T);
+                        for (int64_t p = 0; p < np; p++) fp_tile(ws + p * sn * 16, false, ys, sn, st[p][h], FP_T);
                     }
                 const int T = nt - g * FP_T < FP_T ? (int)(nt - g * FP_T) : FP_T;
                 for (int64_t i = i0; i < i1; i++) {
@@ -534,22 +536,26 @@ static void gemv_af16(int64_t k, const void *w, size_t w_stride, const void *x, 
  * bytes) sits at w + 2q * w_stride: chain 0's ns = k / 16 steps (per step
  * row 2q's 8 elements then row 2q + 1's: the panel above, one pair), chain
  * 1's, then row 2q's k % 16 tail elements and row 2q + 1's. The prompt gemm
- * walks it in place (the panel gemm without the per-call copy), the decode
+ * converts a block of pairs (FP_WF floats at most) to f32 in this layout once
+ * per pass of tokens and walks that (the panel tile without its fp16
+ * conversions: vcvtph2ps takes about two cycles of Zen 1's FMA pipes, so the
+ * 2 x 6 tile ran 16 cycles per step instead of its 12 FMAs'; f32 exact, so
+ * the same bits), the decode
  * gemv reads both rows of a pair at once (chain 0 and chain 1: two streams).
  * Each (row, token) is tile_f16's operations in its order (as gemm_af16 and
  * gemv_af16). A slice may start or end mid-pair: the pair is computed, the
  * row outside [r0, r1) not stored. Rows at most CM_REPACK_MAX_K long (the
  * token groups of a pass: 6k floats each, at least 2 per pass). */
 
-/* fp_tile with a constant token count (a pass's last group, small batches) */
-AI void fp_tile_rt(const cm_f16 *wp, const float *yp, int64_t n, __m256 *st, int T) {
+/* fp_tile over f32 weights with a constant token count (a pass's last group) */
+AI void fp_tile_rt(const float *wp, const float *yp, int64_t n, __m256 *st, int T) {
     switch (T) {
-    case 6: fp_tile(wp, yp, n, st, 6); break;
-    case 5: fp_tile(wp, yp, n, st, 5); break;
-    case 4: fp_tile(wp, yp, n, st, 4); break;
-    case 3: fp_tile(wp, yp, n, st, 3); break;
-    case 2: fp_tile(wp, yp, n, st, 2); break;
-    default: fp_tile(wp, yp, n, st, 1); break;
+    case 6: fp_tile(wp, true, yp, n, st, 6); break;
+    case 5: fp_tile(wp, true, yp, n, st, 5); break;
+    case 4: fp_tile(wp, true, yp, n, st, 4); break;
+    case 3: fp_tile(wp, true, yp, n, st, 3); break;
+    case 2: fp_tile(wp, true, yp, n, st, 2); break;
+    default: fp_tile(wp, true, yp, n, st, 1); break;
     }
 }
 
@@ -629,21 +635,25 @@ static void gemm_pf16(int64_t k, const void *w, size_t w_stride, const void *x, 
         fq_small(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
         return;
     }
-    /* 2 MiB of stack (compute threads have CM_COMPUTE_STACK, 8 MiB) */
+    /* 2.25 MiB of stack (compute threads have CM_COMPUTE_STACK, 8 MiB) */
     _Alignas(32) float yf[FP_YF];                   /* the pass's tokens, by group */
+    _Alignas(32) float wf[FP_WF];                   /* the block's pairs as f32 */
     _Alignas(32) __m256 st[FP_RB / 2][2][2 * FP_T]; /* per pair and chain */
     const int64_t gs = 2 * ns * 8 * FP_T, gmax = FP_YF / gs;
     const int64_t npass = (n_tok + gmax * FP_T - 1) / (gmax * FP_T);
     const int64_t cap = ((n_tok + npass - 1) / npass + FP_T - 1) / FP_T * FP_T;
-    const int64_t q0 = r0 / 2, q1 = (r1 + 1) / 2;
+    const int64_t q0 = r0 / 2, q1 = (r1 + 1) / 2, pw = 32 * ns; /* f32 per pair */
+    const int64_t bp = FP_WF / pw < 1 ? 1 : FP_WF / pw > FP_RB / 2 ? FP_RB / 2 : FP_WF / pw;
     for (int64_t j0 = 0; j0 < n_tok; j0 += cap) {
         const int64_t nt = n_tok - j0 < cap ? n_tok - j0 : cap, ng = (nt + FP_T - 1) / FP_T;
         fp_pack_toks(x, x_stride, j0, nt, ns, yf);
-        for (int64_t b0 = q0; b0 < q1; b0 += FP_RB / 2) {
-            const int64_t b1 = q1 - b0 < FP_RB / 2 ? q1 : b0 + FP_RB / 2, np = b1 - b0;
+        for (int64_t b0 = q0; b0 < q1; b0 += bp) {
+            const int64_t b1 = q1 - b0 < bp ? q1 : b0 + bp, np = b1 - b0;
+            for (int64_t p = 0; p < np; p++) /* both chains of each pair, converted once for every group */
+                for (int64_t e = 0; e < pw; e += 8) _mm256_store_ps(wf + p * pw + e, ld_f16(FQ_PAIR(b0 + p), e));
             /* the next block's pairs into L2 meanwhile, a few lines per segment */
             const char *pf = (const char *)FQ_PAIR(b1);
-            const size_t pfb = (size_t)(q1 - b1 < FP_RB / 2 ? q1 - b1 : FP_RB / 2) * 2 * w_stride;
+            const size_t pfb = (size_t)(q1 - b1 < bp ? q1 - b1 : bp) * 2 * w_stride;
             const size_t pstep = (pfb / (size_t)(2 * ng * ((ns + FP_SEG - 1) / FP_SEG)) + 64) & ~(size_t)63;
             size_t po = 0;
             for (int64_t g = 0; g < ng; g++) {
@@ -657,7 +667,7 @@ static void gemm_pf16(int64_t k, const void *w, size_t w_stride, const void *x, 
                         for (const size_t pe = po + pstep; po < pe && po < pfb; po += 64)
                             _mm_prefetch(pf + po, _MM_HINT_T1);
                         for (int64_t p = 0; p < np; p++)
-                            fp_tile_rt(FQ_PAIR(b0 + p) + (h * ns + s0) * 16, ys, sn, st[p][h], T);
+                            fp_tile_rt(wf + p * pw + (h * ns + s0) * 16, ys, sn, st[p][h], T);
                     }
                 for (int64_t p = 0; p < np; p++)
                     for (int r = 0; r < 2; r++) {
