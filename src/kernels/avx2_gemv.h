@@ -38,8 +38,13 @@ AI float a6_row(int64_t nb, const cm_block_q6_k *x, const cm_block_q8_k *y, cons
         /* the block's 4 lines A2_PFD bytes on */
         _Pragma("GCC unroll 4") for (int o = 0; o < (int)sizeof(cm_block_q6_k); o += 64)
             _mm_prefetch((const char *)&x[b] + A2_PFD + o, _MM_HINT_T0);
-        const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)x[b].scales));
-        const __m256i scs[2] = {_mm256_permute2x128_si256(s16, s16, 0x00), _mm256_permute2x128_si256(s16, s16, 0x11)};
+        /* scales 8c..8c+7 as int16 in both halves: a 64-bit sign extension
+         * and an insert each (no vperm2i128: 8 µops on Zen 1) */
+        __m256i scs[2];
+        _Pragma("GCC unroll 2") for (int c = 0; c < 2; c++) {
+            const __m128i s8 = _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)(const void *)(x[b].scales + 8 * c)));
+            scs[c] = _mm256_set_m128i(s8, s8);
+        }
         __m256i sumi = _mm256_setzero_si256();
         _Pragma("GCC unroll 2") for (int c = 0; c < 2; c++) {
             const __m256i sc = scs[c];
