@@ -685,15 +685,11 @@ static void gemm_pf16(int64_t k, const void *w, size_t w_stride, const void *x, 
 /* Decode over pairs: per pair the two rows' chains (4 accumulators), the
  * token in f32 while it fits as in gemv_af16 (else fp16: the same values),
  * each chain's stream prefetched FA_PFD bytes ahead (into the next pair's
- * same chain past its end). */
-static void gemv_pf16(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
-                      int64_t r0, int64_t r1, int64_t n_tok) {
-    (void)x_stride, (void)ldy, (void)n_tok;
+ * same chain past its end). fq_gv_pairs is instantiated for each yh (a
+ * constant: no test of it inside the loop; GCC -O2 does not unswitch). */
+AI void fq_gv_pairs(int64_t k, const void *w, size_t w_stride, const void *x, const void *yv, bool yh, float *y,
+                    int64_t r0, int64_t r1) {
     const int64_t kf = k & ~(int64_t)15, ns = kf / 16, kt = k - kf, cb = 32 * ns; /* bytes per chain */
-    const bool yh = k > FA_F32K;
-    _Alignas(32) float yf[FA_F32K];
-    if (!yh) fa_convert(k, x, yf);
-    const void *yv = yh ? x : (const void *)yf;
 #define FQ_LDY(i) (yh ? ld_f16(yv, i) : ld_f32(yv, i))
     for (int64_t q = r0 / 2; q < (r1 + 1) / 2; q++) {
         const cm_f16 *c0 = FQ_PAIR(q), *c1 = c0 + 16 * ns;
@@ -735,6 +731,18 @@ static void gemv_pf16(int64_t k, const void *w, size_t w_stride, const void *x, 
         }
     }
 #undef FQ_LDY
+}
+
+static void gemv_pf16(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
+                      int64_t r0, int64_t r1, int64_t n_tok) {
+    (void)x_stride, (void)ldy, (void)n_tok;
+    if (k > FA_F32K) {
+        fq_gv_pairs(k, w, w_stride, x, x, true, y, r0, r1);
+        return;
+    }
+    _Alignas(32) float yf[FA_F32K];
+    fa_convert(k, x, yf);
+    fq_gv_pairs(k, w, w_stride, x, yf, false, y, r0, r1);
 }
 #undef FQ_PAIR
 
