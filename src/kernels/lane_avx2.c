@@ -235,7 +235,7 @@ static void gemm_plq4_0(int64_t k, const void *w, size_t w_stride, const void *x
 /* ---- q8_0 in the same block lane order (q8lane_avx512.c's) ----
  * s_b = the exact integer dot of block b (|s_b| < 2^21), d_b = dx_b * dy_b,
  * chain b mod 8 = fma(s_b, d_b, chain), hsum8 of the chains: the AVX-512
- * table's q8_0 bits. 8 blocks fill one vector's lanes (hadd8x8), so 8 blocks
+ * table's q8_0 bits. 8 blocks fill one vector's lanes (fold2 + hadd), so 8 blocks
  * cost one conversion, one scale product and one FMA instead of 8 each; the
  * token's dy are converted to f32 once per call (gemv) or per row block and
  * token group (gemm), exactly. */
