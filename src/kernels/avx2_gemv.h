@@ -38,8 +38,13 @@ AI float a6_row(int64_t nb, const cm_block_q6_k *x, const cm_block_q8_k *y, cons
         /* the block's 4 lines A2_PFD bytes on */
         _Pragma("GCC unroll 4") for (int o = 0; o < (int)sizeof(cm_block_q6_k); o += 64)
             _mm_prefetch((const char *)&x[b] + A2_PFD + o, _MM_HINT_T0);
-        const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)x[b].scales));
-        const __m256i scs[2] = {_mm256_permute2x128_si256(s16, s16, 0x00), _mm256_permute2x128_si256(s16, s16, 0x11)};
+        /* scales 8c..8c+7 as int16 in both halves: a 64-bit sign extension
+         * and an insert each (no vperm2i128: 8 µops on Zen 1) */
+        __m256i scs[2];
+        _Pragma("GCC unroll 2") for (int c = 0; c < 2; c++) {
+            const __m128i s8 = _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)(const void *)(x[b].scales + 8 * c)));
+            scs[c] = _mm256_set_m128i(s8, s8);
+        }
         __m256i sumi = _mm256_setzero_si256();
         _Pragma("GCC unroll 2") for (int c = 0; c < 2; c++) {
             const __m256i sc = scs[c];
@@ -690,15 +695,11 @@ static void gemm_pf16(int64_t k, const void *w, size_t w_stride, const void *x, 
 /* Decode over pairs: per pair the two rows' chains (4 accumulators), the
  * token in f32 while it fits as in gemv_af16 (else fp16: the same values),
  * each chain's stream prefetched FA_PFD bytes ahead (into the next pair's
- * same chain past its end). */
-static void gemv_pf16(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
-                      int64_t r0, int64_t r1, int64_t n_tok) {
-    (void)x_stride, (void)ldy, (void)n_tok;
+ * same chain past its end). fq_gv_pairs is instantiated for each yh (a
+ * constant: no test of it inside the loop; GCC -O2 does not unswitch). */
+AI void fq_gv_pairs(int64_t k, const void *w, size_t w_stride, const void *x, const void *yv, bool yh, float *y,
+                    int64_t r0, int64_t r1) {
     const int64_t kf = k & ~(int64_t)15, ns = kf / 16, kt = k - kf, cb = 32 * ns; /* bytes per chain */
-    const bool yh = k > FA_F32K;
-    _Alignas(32) float yf[FA_F32K];
-    if (!yh) fa_convert(k, x, yf);
-    const void *yv = yh ? x : (const void *)yf;
 #define FQ_LDY(i) (yh ? ld_f16(yv, i) : ld_f32(yv, i))
     for (int64_t q = r0 / 2; q < (r1 + 1) / 2; q++) {
         const cm_f16 *c0 = FQ_PAIR(q), *c1 = c0 + 16 * ns;
@@ -740,6 +741,18 @@ static void gemv_pf16(int64_t k, const void *w, size_t w_stride, const void *x, 
         }
     }
 #undef FQ_LDY
+}
+
+static void gemv_pf16(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
+                      int64_t r0, int64_t r1, int64_t n_tok) {
+    (void)x_stride, (void)ldy, (void)n_tok;
+    if (k > FA_F32K) {
+        fq_gv_pairs(k, w, w_stride, x, x, true, y, r0, r1);
+        return;
+    }
+    _Alignas(32) float yf[FA_F32K];
+    fa_convert(k, x, yf);
+    fq_gv_pairs(k, w, w_stride, x, yf, false, y, r0, r1);
 }
 #undef FQ_PAIR
 

@@ -96,14 +96,18 @@ enum { AK5_GROUP = 4 * (int)sizeof(cm_block_q5_k) };
 
 AI void ak5_block(const uint8_t *qs, const uint8_t *qhp, __m256i sw, __m128i mn16, float d, float dmin,
                   const cm_block_q8_k *y, __m128i pairs, __m256 *acc, __m128 *accm) {
-    const __m256i m4 = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1);
-    __m256i qh = ld256(qhp), sumi = _mm256_setzero_si256();
-    for (int j = 0; j < 4; j++) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m16 = _mm256_set1_epi8(0x10);
+    const __m256i qh = ld256(qhp);
+    __m256i sumi = _mm256_setzero_si256();
+    _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {
         const __m256i q = ld256(qs + 32 * j);
-        __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-        lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(qh, one), 4));
-        hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 1), one), 4));
-        qh = _mm256_srli_epi16(qh, 2);
+        /* bit 2j (lo) or 2j + 1 (hi) of each qh byte moved to bit 4 by one
+         * 16-bit shift of at most 4 (no bit crosses into the other byte
+         * that the mask keeps), then masked: one shift and one and each */
+        const __m256i blo = 2 * j <= 4 ? _mm256_slli_epi16(qh, 4 - 2 * j) : _mm256_srli_epi16(qh, 2 * j - 4);
+        const __m256i bhi = 2 * j + 1 <= 4 ? _mm256_slli_epi16(qh, 3 - 2 * j) : _mm256_srli_epi16(qh, 2 * j - 3);
+        const __m256i lo = _mm256_or_si256(_mm256_and_si256(q, m4), _mm256_and_si256(blo, m16));
+        const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), _mm256_and_si256(bhi, m16));
         const __m256i plo = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, ld256(y->qs + 64 * j)), ak_scale(sw, 2 * j));
         const __m256i phi =
             _mm256_madd_epi16(_mm256_maddubs_epi16(hi, ld256(y->qs + 64 * j + 32)), ak_scale(sw, 2 * j + 1));

@@ -63,11 +63,20 @@ AI __m256 lfma_lane(__m256 c, int j, int32_t s, float d) {
     return _mm256_load_ps(v);
 }
 
+/* h0: lanes 0-3 and 4-7 two parts of blocks 0-3's totals, h1 of blocks 4-7;
+ * returns lane i = block i's total. Two blends, one vpermq and an add: no
+ * vperm2i128 (8 µops on Zen 1, where vpermq is 2); the same sums (integer
+ * adds: any order gives the same bits). */
+AI __m256i fold8(__m256i h0, __m256i h1) {
+    const __m256i a = _mm256_blend_epi32(h0, h1, 0xf0), b = _mm256_blend_epi32(h1, h0, 0xf0);
+    return _mm256_add_epi32(a, _mm256_permute4x64_epi64(b, 0x4e));
+}
+
 /* p[i]: 8 int32 summing to block i's total; returns lane i = block i's total. */
 AI __m256i hadd8x8(const __m256i p[8]) {
     const __m256i h0 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
     const __m256i h1 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
-    return _mm256_add_epi32(_mm256_permute2x128_si256(h0, h1, 0x20), _mm256_permute2x128_si256(h0, h1, 0x31));
+    return fold8(h0, h1);
 }
 
 /* 8 fp16 scales, 'stride' bytes apart, as f32. */
@@ -226,43 +235,45 @@ static void gemm_plq4_0(int64_t k, const void *w, size_t w_stride, const void *x
 /* ---- q8_0 in the same block lane order (q8lane_avx512.c's) ----
  * s_b = the exact integer dot of block b (|s_b| < 2^21), d_b = dx_b * dy_b,
  * chain b mod 8 = fma(s_b, d_b, chain), hsum8 of the chains: the AVX-512
- * table's q8_0 bits. 8 blocks fill one vector's lanes (hadd8x8), so 8 blocks
+ * table's q8_0 bits. 8 blocks fill one vector's lanes (fold2 + hadd), so 8 blocks
  * cost one conversion, one scale product and one FMA instead of 8 each; the
  * token's dy are converted to f32 once per call (gemv) or per row block and
  * token group (gemm), exactly. */
 enum { L8_MAXNB = 512 };
 
-/* Blocks [b0, nb) of a row (b0 a multiple of 8) against T tokens (yv[t], dy
- * as f32 in dyf + t * L8_MAXNB) into chains c[t]. */
-AI void lq8_tile(int64_t nb, const cm_block_q8_0 *x, const cm_block_q8_0 *const *yv, const float *dyf, int T, bool pf,
-                 __m256 *c) {
+/* Two blocks' dot vectors p0, p1 (8 int32 each) folded to 4 lanes: lanes 0-1
+ * p0's halves, 2-3 p1's, as 128-bit operations (Zen 1 splits every 256-bit
+ * one in two; this measured faster there than a 256-bit hadd tree). */
+AI __m128i fold2(__m256i p0, __m256i p1) {
+    return _mm_hadd_epi32(_mm_add_epi32(_mm256_castsi256_si128(p0), _mm256_extracti128_si256(p0, 1)),
+                          _mm_add_epi32(_mm256_castsi256_si128(p1), _mm256_extracti128_si256(p1, 1)));
+}
+
+/* Blocks [0, nb) of a row against one token into the chains c: the token's
+ * block j's 32 bytes at yq + j * ys (its q8_0 row, ys = 34, or the gemv's
+ * aligned copy, ys = 32), its dy as f32 in dyf. Per 8 blocks the dots fold
+ * pairwise as they come (few vectors live), then lane i = block i's sum. */
+AI __m256 lq8_row(int64_t nb, const cm_block_q8_0 *x, const uint8_t *yq, size_t ys, const float *dyf, bool pf,
+                  __m256 c) {
     int64_t b = 0;
     for (; b + 8 <= nb; b += 8) {
         if (pf) /* the decode gemv: the group's 5 lines LA_PFD bytes on */
             _Pragma("GCC unroll 5") for (int o = 0; o < 8 * (int)sizeof(cm_block_q8_0); o += 64)
                 _mm_prefetch((const char *)(x + b) + LA_PFD + o, _MM_HINT_T0);
-        const __m256 dx = d8(&x[b].d, sizeof *x);
-        __m256i ax[8];
-        _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
-            const __m256i q = ld256(x[b + i].qs);
-            ax[i] = _mm256_sign_epi8(q, q);
+        __m128i h[4];
+        _Pragma("GCC unroll 4") for (int i = 0; i < 4; i++) {
+            const int64_t j = b + 2 * i;
+            h[i] = fold2(dot_s8s8(ld256(x[j].qs), ld256(yq + (size_t)j * ys)),
+                         dot_s8s8(ld256(x[j + 1].qs), ld256(yq + (size_t)(j + 1) * ys)));
         }
-        _Pragma("GCC unroll 4") for (int t = 0; t < T; t++) {
-            __m256i p[8];
-            _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
-                const __m256i sy = _mm256_sign_epi8(ld256(yv[t][b + i].qs), ld256(x[b + i].qs));
-                p[i] = _mm256_madd_epi16(_mm256_maddubs_epi16(ax[i], sy), _mm256_set1_epi16(1));
-            }
-            const __m256 d = _mm256_mul_ps(dx, _mm256_loadu_ps(dyf + t * L8_MAXNB + b));
-            c[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hadd8x8(p)), d, c[t]);
-        }
+        const __m256i s = _mm256_set_m128i(_mm_hadd_epi32(h[2], h[3]), _mm_hadd_epi32(h[0], h[1]));
+        const __m256 d = _mm256_mul_ps(d8(&x[b].d, sizeof *x), _mm256_loadu_ps(dyf + b));
+        c = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), d, c);
     }
-    for (; b < nb; b++) {
-        const __m256i q = ld256(x[b].qs);
-        const float dx = f16f(x[b].d);
-        for (int t = 0; t < T; t++)
-            c[t] = lfma_lane(c[t], (int)(b & 7), hsum_i32(dot_s8s8(q, ld256(yv[t][b].qs))), dx * dyf[t * L8_MAXNB + b]);
-    }
+    for (; b < nb; b++)
+        c = lfma_lane(c, (int)(b & 7), hsum_i32(dot_s8s8(ld256(x[b].qs), ld256(yq + (size_t)b * ys))),
+                      f16f(x[b].d) * dyf[b]);
+    return c;
 }
 
 /* A token's dy as f32 (exact conversions). */
@@ -280,9 +291,8 @@ static void vec_dot_lq8_0(int64_t n, float *s, const void *vx, const void *vy) {
     float dyf[L8_MAXNB];
     for (; b < nb; b += L8_MAXNB) { /* any length: the blocks in slices, in order */
         const int64_t m = nb - b < L8_MAXNB ? nb - b : L8_MAXNB;
-        const cm_block_q8_0 *yv[1] = {y + b};
         lq8_dy(m, y + b, dyf);
-        lq8_tile(m, x + b, yv, dyf, 1, false, &c);
+        c = lq8_row(m, x + b, (const uint8_t *)y[b].qs, sizeof *y, dyf, false, c);
     }
     *s = hsum8(c);
 }
@@ -298,14 +308,16 @@ static void gemv_lq8_0(int64_t k, const void *w, size_t w_stride, const void *x,
         for (int64_t i = r0; i < r1; i++) vec_dot_lq8_0(k, &y[i], (const char *)w + (size_t)i * w_stride, x);
         return;
     }
+    /* the token's bytes copied once, 32-byte aligned: its loads never
+     * split a cache line (a 34-byte block's do about one time in two) */
+    const cm_block_q8_0 *xb = x;
     float dyf[L8_MAXNB];
-    lq8_dy(nb, x, dyf);
-    const cm_block_q8_0 *yv[1] = {x};
+    _Alignas(32) uint8_t yq[L8_MAXNB * 32];
+    lq8_dy(nb, xb, dyf);
+    for (int64_t b = 0; b < nb; b++) _mm256_store_si256((__m256i *)(void *)(yq + 32 * b), ld256(xb[b].qs));
     for (int64_t i = r0; i < r1; i++) {
         const char *wr = (const char *)w + (size_t)i * w_stride;
-        __m256 c = _mm256_setzero_ps();
-        lq8_tile(nb, (const cm_block_q8_0 *)(const void *)wr, yv, dyf, 1, true, &c);
-        y[i] = hsum8(c);
+        y[i] = hsum8(lq8_row(nb, (const cm_block_q8_0 *)(const void *)wr, yq, 32, dyf, true, _mm256_setzero_ps()));
     }
 }
 
