@@ -630,7 +630,7 @@ static void test_isa_tables(void) {
 static void test_lanes_across_tables(void) {
     const cm_kernels *a = cm_kernels_for("avx2"), *z = cm_kernels_for("avx512");
     if (!a || !z) {
-        printf("skip: this CPU lacks the avx2 or avx512 table\n");
+        printf("skip: n/a: this CPU lacks the avx2 or avx512 table\n");
         return;
     }
     static const int nbs[] = {1, 3, 7, 8, 9, 15, 16, 17, 31, 43, 64, 176};
@@ -684,7 +684,7 @@ static void test_lanes_across_tables(void) {
 static void test_q8_lanes_across_tables(void) {
     const cm_kernels *a = cm_kernels_for("avx2"), *z = cm_kernels_for("avx512");
     if (!a || !z) {
-        printf("skip: this CPU lacks the avx2 or avx512 table\n");
+        printf("skip: n/a: this CPU lacks the avx2 or avx512 table\n");
         return;
     }
     static const int nbs[] = {1, 7, 8, 9, 17, 64, 129, 600};
@@ -735,7 +735,7 @@ static void test_q8_lanes_across_tables(void) {
 static void test_bf16_across_tables(void) {
     const cm_kernels *a = cm_kernels_for("avx2"), *z = cm_kernels_for("avx512");
     if (!a || !z) {
-        printf("skip: this CPU lacks the avx2 or avx512 table\n");
+        printf("skip: n/a: this CPU lacks the avx2 or avx512 table\n");
         return;
     }
     static const int ns[] = {1, 15, 16, 63, 64, 65, 127, 128, 256, 768, 1000, 2048 + 17};

@@ -95,6 +95,7 @@ static const int k_rows[][2] = {{0, 1}, {1, 3}, {0, 6}, {1, 9}};
 static void check_type(int type, const int64_t *nbs, int n_nbs, int64_t long_nb, const int *long_toks, int n_long) {
     const cm_kernels *k = cm_kernels_for("avx512");
     if (!k) {
+        printf("skip: n/a: no avx512 table on this CPU (%s)\n", cm_type_name(type));
         g_skipped++;
         return;
     }

@@ -225,7 +225,7 @@ static void test_q4_0_batched(void) {
         check_batch(k, CM_TYPE_Q4_0, 2816);  /* a TP member's ffn_down slice: an 8-block tail */
         check_batch(k, CM_TYPE_Q4_0, 16384); /* more tokens than one pack holds: chunks */
     }
-    if (!tables) printf("skip: no kernel table on this CPU has a batched gemm over repacked q4_0\n");
+    if (!tables) printf("skip: n/a: no kernel table on this CPU has a batched gemm over repacked q4_0\n");
 }
 
 /* q4_k, q5_k and q6_k prefill over their lanes (the avx2 table's q4_k and
@@ -243,7 +243,7 @@ static void test_k_batched(void) {
             check_batch(k, types[ti], 7 * 256);
             check_batch(k, types[ti], 5632);
         }
-    if (!tables) printf("skip: no kernel table on this CPU has a batched gemm over repacked k-quants\n");
+    if (!tables) printf("skip: n/a: no kernel table on this CPU has a batched gemm over repacked k-quants\n");
 }
 
 /* "f16 pairs" (repack.c): element e of row 2q + i at chain (e % 16) / 8's
@@ -330,7 +330,7 @@ static void test_f16_pairs(void) {
         check_batch(k, CM_TYPE_F16, 2048);
         check_batch(k, CM_TYPE_F16, 8179);
     }
-    if (!tables) printf("skip: no kernel table on this CPU repacks f16\n");
+    if (!tables) printf("skip: n/a: no kernel table on this CPU repacks f16\n");
 }
 
 static void test_q4_0_lanes(void) {
@@ -361,7 +361,7 @@ static void check_k(enum cm_type t) {
             check(k, t, 33 * 256);
         }
     }
-    if (!tables) printf("skip: no kernel table on this CPU has a gemv over repacked %s\n", cm_type_name(t));
+    if (!tables) printf("skip: n/a: no kernel table on this CPU has a gemv over repacked %s\n", cm_type_name(t));
 }
 static void test_q4_k_lanes(void) { check_k(CM_TYPE_Q4_K); }
 static void test_q5_k_lanes(void) { check_k(CM_TYPE_Q5_K); }
@@ -474,7 +474,7 @@ static void test_give_back(void) {
         }
         if (!k->gemv_packed[CM_TYPE_Q8_0] && k->gemm[CM_TYPE_Q8_0]) check_give_back(k, CM_TYPE_Q8_0, 2048); /* same */
     }
-    if (!tables) printf("skip: no kernel table on this CPU repacks q4_0 (nothing to give back)\n");
+    if (!tables) printf("skip: n/a: no kernel table on this CPU repacks q4_0 (nothing to give back)\n");
 }
 
 int main(void) {
@@ -485,7 +485,7 @@ int main(void) {
     }
     if (!tables) /* still run it: the tables without must repack nothing */
         printf(
-            "skip: no kernel table on this CPU has a gemv over repacked q4_0 (only that nothing is repacked is checked)\n");
+            "skip: n/a: no kernel table on this CPU has a gemv over repacked q4_0 (only that nothing is repacked is checked)\n");
     RUN(test_q4_0_lanes);
     RUN(test_q4_0_batched);
     RUN(test_q4_k_lanes);

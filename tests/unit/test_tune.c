@@ -195,7 +195,7 @@ static void test_measure(void) {
         for (int i = 0; i < CM_TUNE_COUNT; i++) CHECK(!want[i]);
     }
     if (!k) {
-        printf("skip: no avx512 table on this CPU: the measurement of its knobs\n");
+        printf("skip: n/a: no avx512 table on this CPU: the measurement of its knobs\n");
         return;
     }
     const int64_t n = 8192, rows = 4608; /* 72 MiB of f16 */
