@@ -32,7 +32,7 @@ bench "$T/small.gguf" && [ "$(src)" = none ] && [ ! -e "$T/tune" ] && ok || bad 
 bench "$T/big.gguf"
 first=$(src)
 if [ "$first" = none ]; then
-    echo "skip: no avx512 table on this CPU: the knobs' cache (only 'none' checked)"
+    echo "skip: n/a: no avx512 table on this CPU: the knobs' cache (only 'none' checked)"
     echo "$pass passed, $fail failed, 1 skipped"
     [ $fail -eq 0 ]; exit
 fi
