@@ -16,11 +16,6 @@
  */
 #include "x86_krepack.h"
 
-/* Word m of a block's 8 scales (sw: the 8 as words, in both halves) in every
- * word: one byte shuffle instead of a scalar load and a broadcast. */
-AI __m256i ak_scale(__m256i sw, int m) {
-    return _mm256_shuffle_epi8(sw, _mm256_set1_epi16((short)((2 * m) | ((2 * m + 1) << 8))));
-}
 /* The 8 scales bytes of a block as sw. */
 AI __m256i ak_sw(__m128i sc8) { return _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sc8)); }
 /* Block j's 8 scales (bytes 0-7 or 8-15 of lo = unpacklo(sc03, sc47) for
@@ -33,18 +28,32 @@ AI void ak_sws(__m128i sc03, __m128i sc47, __m256i sw[4]) {
     sw[3] = ak_sw(_mm_srli_si128(hi, 8));
 }
 
-/* One super-block: qs (the file's order), sc[0..7], mins as words, d, dmin;
- * y the token's block, pairs its bsums pair sums. */
-AI void ak4_block(const uint8_t *qs, __m256i sw, __m128i mn16, float d, float dmin, const cm_block_q8_k *y,
+/* The 8 scale bytes of 2 blocks (sc8's 16 bytes: block 0's, then block
+ * 1's) as dwords holding the scale in both words, scd[0..16): a scale's
+ * madd operand is then one dword broadcast from memory (no shuffle). */
+AI void akd_scd2(__m128i sc8, int32_t *scd) {
+    const __m128i w0 = _mm_cvtepu8_epi16(sc8), w1 = _mm_cvtepu8_epi16(_mm_srli_si128(sc8, 8));
+    _mm_storeu_si128((__m128i *)(void *)scd, _mm_unpacklo_epi16(w0, w0));
+    _mm_storeu_si128((__m128i *)(void *)(scd + 4), _mm_unpackhi_epi16(w0, w0));
+    _mm_storeu_si128((__m128i *)(void *)(scd + 8), _mm_unpacklo_epi16(w1, w1));
+    _mm_storeu_si128((__m128i *)(void *)(scd + 12), _mm_unpackhi_epi16(w1, w1));
+}
+/* Block m's scale as a madd operand. */
+#define AKD_SC(SCD, M) _mm256_set1_epi32((SCD)[M])
+
+/* One super-block: qs (the file's order), its 8 scales as scd[0..8)
+ * (akd_scd2), mins as words, d, dmin; y the token's block, pairs its bsums
+ * pair sums. */
+AI void ak4_block(const uint8_t *qs, const int32_t *scd, __m128i mn16, float d, float dmin, const cm_block_q8_k *y,
                   __m128i pairs, __m256 *acc, __m128 *accm) {
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     __m256i sumi = _mm256_setzero_si256();
     for (int j = 0; j < 4; j++) {
         const __m256i q = ld256(qs + 32 * j);
         const __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-        const __m256i plo = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, ld256(y->qs + 64 * j)), ak_scale(sw, 2 * j));
+        const __m256i plo = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, ld256(y->qs + 64 * j)), AKD_SC(scd, 2 * j));
         const __m256i phi =
-            _mm256_madd_epi16(_mm256_maddubs_epi16(hi, ld256(y->qs + 64 * j + 32)), ak_scale(sw, 2 * j + 1));
+            _mm256_madd_epi16(_mm256_maddubs_epi16(hi, ld256(y->qs + 64 * j + 32)), AKD_SC(scd, 2 * j + 1));
         sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(plo, phi));
     }
     FMA_BLOCK(*acc, sumi, d * y->d);
@@ -62,18 +71,20 @@ AI float ak4_row(int64_t nb, const uint8_t *x, const cm_block_q8_k *y, const __m
         float dd[8];
         __m128i sc03, sc47, mn16[4];
         rk_header(x, dd, &sc03, &sc47, mn16);
-        __m256i sw[4];
-        ak_sws(sc03, sc47, sw);
+        int32_t scd[32];
+        akd_scd2(_mm_unpacklo_epi32(sc03, sc47), scd);
+        akd_scd2(_mm_unpackhi_epi32(sc03, sc47), scd + 16);
         for (int j = 0; j < 4; j++) {
-            ak4_block(x + 64 + 128 * j, sw[j], mn16[j], dd[j], dd[4 + j], y + b + j, pairs[b + j], &acc, &accm);
+            ak4_block(x + 64 + 128 * j, scd + 8 * j, mn16[j], dd[j], dd[4 + j], y + b + j, pairs[b + j], &acc, &accm);
         }
     }
     for (const cm_block_q4_k *xt = (const cm_block_q4_k *)(const void *)x; b < nb; b++, xt++) {
         uint8_t sc[8], mn[8];
+        int32_t scd[16];
         cm_k4_scales8(xt->scales, sc, mn);
-        ak4_block(xt->qs, ak_sw(_mm_loadl_epi64((const __m128i *)sc)),
-                  _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mn)), f16f(xt->d), f16f(xt->dmin), y + b, pairs[b],
-                  &acc, &accm);
+        akd_scd2(_mm_loadl_epi64((const __m128i *)sc), scd);
+        ak4_block(xt->qs, scd, _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mn)), f16f(xt->d), f16f(xt->dmin),
+                  y + b, pairs[b], &acc, &accm);
     }
     return hsum8(acc) - hsum4(accm);
 }
@@ -94,7 +105,7 @@ static void gemv_ak4_k(int64_t k, const void *w, size_t w_stride, const void *x,
  * row is vec_dot on the file's bytes bit for bit. ---- */
 enum { AK5_GROUP = 4 * (int)sizeof(cm_block_q5_k) };
 
-AI void ak5_block(const uint8_t *qs, const uint8_t *qhp, __m256i sw, __m128i mn16, float d, float dmin,
+AI void ak5_block(const uint8_t *qs, const uint8_t *qhp, const int32_t *scd, __m128i mn16, float d, float dmin,
                   const cm_block_q8_k *y, __m128i pairs, __m256 *acc, __m128 *accm) {
     const __m256i m4 = _mm256_set1_epi8(0x0f), m16 = _mm256_set1_epi8(0x10);
     const __m256i qh = ld256(qhp);
@@ -108,9 +119,9 @@ AI void ak5_block(const uint8_t *qs, const uint8_t *qhp, __m256i sw, __m128i mn1
         const __m256i bhi = 2 * j + 1 <= 4 ? _mm256_slli_epi16(qh, 3 - 2 * j) : _mm256_srli_epi16(qh, 2 * j - 3);
         const __m256i lo = _mm256_or_si256(_mm256_and_si256(q, m4), _mm256_and_si256(blo, m16));
         const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), _mm256_and_si256(bhi, m16));
-        const __m256i plo = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, ld256(y->qs + 64 * j)), ak_scale(sw, 2 * j));
+        const __m256i plo = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, ld256(y->qs + 64 * j)), AKD_SC(scd, 2 * j));
         const __m256i phi =
-            _mm256_madd_epi16(_mm256_maddubs_epi16(hi, ld256(y->qs + 64 * j + 32)), ak_scale(sw, 2 * j + 1));
+            _mm256_madd_epi16(_mm256_maddubs_epi16(hi, ld256(y->qs + 64 * j + 32)), AKD_SC(scd, 2 * j + 1));
         sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(plo, phi));
     }
     FMA_BLOCK(*acc, sumi, d * y->d);
@@ -128,19 +139,21 @@ AI float ak5_row(int64_t nb, const uint8_t *x, const cm_block_q8_k *y, const __m
         float dd[8];
         __m128i sc03, sc47, mn16[4];
         rk_header(x, dd, &sc03, &sc47, mn16);
-        __m256i sw[4];
-        ak_sws(sc03, sc47, sw);
+        int32_t scd[32];
+        akd_scd2(_mm_unpacklo_epi32(sc03, sc47), scd);
+        akd_scd2(_mm_unpackhi_epi32(sc03, sc47), scd + 16);
         for (int j = 0; j < 4; j++) {
-            ak5_block(x + 192 + 128 * j, x + 64 + 32 * j, sw[j], mn16[j], dd[j], dd[4 + j], y + b + j, pairs[b + j],
-                      &acc, &accm);
+            ak5_block(x + 192 + 128 * j, x + 64 + 32 * j, scd + 8 * j, mn16[j], dd[j], dd[4 + j], y + b + j,
+                      pairs[b + j], &acc, &accm);
         }
     }
     for (const cm_block_q5_k *xt = (const cm_block_q5_k *)(const void *)x; b < nb; b++, xt++) {
         uint8_t sc[8], mn[8];
+        int32_t scd[16];
         cm_k4_scales8(xt->scales, sc, mn);
-        ak5_block(xt->qs, xt->qh, ak_sw(_mm_loadl_epi64((const __m128i *)sc)),
-                  _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mn)), f16f(xt->d), f16f(xt->dmin), y + b, pairs[b],
-                  &acc, &accm);
+        akd_scd2(_mm_loadl_epi64((const __m128i *)sc), scd);
+        ak5_block(xt->qs, xt->qh, scd, _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mn)), f16f(xt->d),
+                  f16f(xt->dmin), y + b, pairs[b], &acc, &accm);
     }
     return hsum8(acc) - hsum4(accm);
 }
