@@ -91,30 +91,40 @@ static int64_t mm_grain(const cm_tensor *w) {
     return CM_MAX(8, ((32768 + rb - 1) / rb + 7) & ~(int64_t)7);
 }
 
-/* Decode (one token): a shared loop over row units, so that a thread that
- * reads memory slower than the other (a busy core, its pages farther away)
- * hands over the end of its part instead of making the others wait at the
- * next barrier. Every row is the same kernel's on the same data whichever
- * thread computes it (kernels.h: any row slice gives the same bits). A
- * batch keeps cm_split_range's parts (the gemms' tiles pack all tokens per
- * call), and so does a gemv over repacked rows (gemv_packed): its token
- * packing per call (q4_0's: gathers) made the shared loop 2-4% slower on
- * the 1B q4_0 model (session 19). A NULL pool in cm_pool_loop_begin gives
- * each thread its cm_split_range part. */
+/* Rows per unit of a batch matmul's shared loop: the AVX2 q8_0 gemm's row
+ * block (lane_avx2.c L8G_RB), half the q4_k / q5_k gemm's (AKG_RB). */
+enum { MM_BATCH_GRAIN = 64 };
+
+/* A shared loop over row units (cm_pool_loop), so that a thread that runs
+ * slower than the other (a busy core, a vCPU its host shares, its pages
+ * farther away) hands over the end of its part instead of making the
+ * others wait at the next barrier. Every row is the same kernel's on the
+ * same data whichever thread computes it (kernels.h: any row slice gives
+ * the same bits). Decode (one token): units of mm_grain rows; a gemv over
+ * repacked rows (gemv_packed) keeps cm_split_range's parts (a NULL pool in
+ * cm_pool_loop_begin): its token packing per call (q4_0's: gathers) made the
+ * shared loop 2-4% slower on the 1B q4_0 model (session 19). A batch: units
+ * of MM_BATCH_GRAIN rows; the owner takes 3/4 of its part in one call and
+ * then halves (pool.c), so its gemm packs the tokens a few times per
+ * matmul, not once (the same CPU time on the 1B q8_0 / q4_k_m prompts).
+ * Session 23 (zen-p2): static parts did equal CPU work within 1% at 2
+ * threads on Zen 1 and still scaled 1.54-1.75x by wall (llama.cpp's shared
+ * chunks 1.98x): the loss is in waiting, not in work. */
 static void matmul(cm_ctx *c, const cm_tensor *w, const void *xq, size_t xs, int n_tok, float *y, int64_t ldy, int ith,
                    int nth) {
     int64_t r0, r1;
-    if (n_tok == 1 && nth > 1) {
-        const int64_t g = mm_grain(w), nu = (w->ne[1] + g - 1) / g;
-        const cm_gemv_plan pl = cm_gemv_plan_of(c->k, w);
+    if (nth > 1) {
+        const int64_t g = n_tok == 1 ? mm_grain(w) : MM_BATCH_GRAIN, nu = (w->ne[1] + g - 1) / g;
+        const cm_gemv_plan pl = n_tok == 1 ? cm_gemv_plan_of(c->k, w) : (cm_gemv_plan){0};
         cm_pool_loop l;
         int64_t u0, u1;
         cm_pool_loop_begin(&l, pl.packed ? NULL : c->pool, nu, ith, nth);
         while (cm_pool_loop_next(&l, &u0, &u1)) {
             r0 = u0 * g;
             r1 = CM_MIN(w->ne[1], u1 * g);
-            cm_gemv_plan_rows(&pl, xq, xs, y, ldy, r0, r1);
-            if (c->lora) lora_mm(c, w, y, ldy, 1, r0, r1);
+            if (n_tok == 1) cm_gemv_plan_rows(&pl, xq, xs, y, ldy, r0, r1);
+            else cm_matmul_rows(c->k, w, xq, xs, n_tok, y, ldy, r0, r1);
+            if (c->lora) lora_mm(c, w, y, ldy, n_tok, r0, r1);
         }
         return;
     }
