@@ -229,7 +229,9 @@ void cm_engine_get_info(const cm_engine *e, cm_engine_info *in) {
     if (hp->n_layer > 0 && e->m.layers[0].ffn_down.data) {
         const cm_kernels *k = cm_kernels_get();
         const enum cm_type t = e->m.layers[0].ffn_down.type;
-        in->pass_rows_fast = (unsigned)t < CM_TYPE_COUNT && k->gemm_packed[t] ? k->gemm_packed_max : 0;
+        /* a table whose packed gemm takes every batch (AVX2) has no such bound */
+        const bool bound = (unsigned)t < CM_TYPE_COUNT && k->gemm_packed[t] && k->gemm_packed_max < CM_GEMM_PACKED_ALL;
+        in->pass_rows_fast = bound ? k->gemm_packed_max : 0;
     }
     in->n_expert = hp->n_expert;
     in->n_expert_used = hp->n_expert_used;

@@ -120,8 +120,12 @@ typedef struct cm_kernels {
      * on the file's bytes. Decoding B sequences reads the weights once per step
      * for all B; this makes the work per weight byte not grow with B. */
     cm_gemm_fn gemm_packed[CM_TYPE_COUNT];
-    int gemm_packed_max; /* most tokens gemm_packed is used for (beyond: gemm) */
+    int gemm_packed_max; /* most tokens gemm_packed is used for (beyond: gemm); CM_GEMM_PACKED_ALL: every batch */
 } cm_kernels;
+
+/* gemm_packed_max of a table whose packed gemm takes every batch size: its
+ * pace has no row bound (cm_engine_info's pass_rows_fast is then 0). */
+enum { CM_GEMM_PACKED_ALL = 1 << 30 };
 
 /* The best table for this CPU (respecting CUMULO_ISA). Thread-safe; never NULL. */
 const cm_kernels *cm_kernels_get(void);

@@ -469,5 +469,5 @@ void cm_kernels_fill_lane_avx2(cm_kernels *k) {
     k->gemv[CM_TYPE_Q4_0] = NULL;
     k->gemv_packed[CM_TYPE_Q4_0] = gemv_lq4_0;
     k->gemm_packed[CM_TYPE_Q4_0] = gemm_plq4_0;
-    k->gemm_packed_max = 1 << 30; /* the packed gemm at every batch size */
+    k->gemm_packed_max = CM_GEMM_PACKED_ALL; /* the packed gemm at every batch size */
 }

@@ -13,12 +13,12 @@ ok() { pass=$((pass + 1)); }
 bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
 # check DESCRIPTION COMMAND...: one check, passes when COMMAND succeeds.
 check() { d=$1; shift; if "$@"; then ok; else bad "$d"; fi; }
-TMP=$(mktemp -d)
+TMP=$(mktemp -d) # KEEP_TMP=DIR: a copy of it (server logs, client output) is left there
 SERVER_PIDS=""
 cleanup() {
     for p in $SERVER_PIDS; do kill "$p" 2>/dev/null; done
     for p in $SERVER_PIDS; do wait "$p" 2>/dev/null; done
-    rm -rf "$TMP"
+    [ -n "$KEEP_TMP" ] && cp -r "$TMP" "$KEEP_TMP"; rm -rf "$TMP"
 }
 trap cleanup EXIT
 trap 'exit 1' INT TERM
