@@ -232,15 +232,19 @@ void cm_repack_q6_k_pairs(const void *src, void *dst, int64_t nb) {
     for (int64_t b = 0; b < nb; b++, o += sizeof *x) {
         uint8_t q[256], v[8][32];
         q6_values(&x[b], q);
-        for (int p = 0; p < 4; p++) /* groups 2p, 2p + 1 paired by 16-bit units */
-            for (int u = 0; u < 2; u++)
-                for (int j = 0; j < 8; j++)
-                    for (int e = 0; e < 4; e++)
-                        v[2 * p + u][4 * j + e] = q[32 * (2 * p + e / 2) + 4 * j + 2 * u + e % 2];
-        for (int h = 0; h < 2; h++)
+        for (int g = 0; g < 8; g++) /* groups 2p, 2p + 1 paired by 16-bit units */
+            for (int j = 0; j < 8; j++)
+                for (int u = 0; u < 2; u++)
+                    memcpy(&v[(g & ~1) | u][4 * j + 2 * (g & 1)], &q[32 * g + 4 * j + 2 * u], 2);
+        for (int h = 0; h < 2; h++) /* 8 bytes at a time: the shifted bits are masked within each byte */
             for (int i = 0; i < 3; i++)
-                for (int m = 0; m < 32; m++)
-                    o[96 * h + 32 * i + m] = (uint8_t)(v[4 * h + i][m] | (v[4 * h + 3][m] >> 2 * i & 3) << 6);
+                for (int m = 0; m < 32; m += 8) {
+                    uint64_t a, c;
+                    memcpy(&a, &v[4 * h + i][m], 8);
+                    memcpy(&c, &v[4 * h + 3][m], 8);
+                    a |= (c >> 2 * i & 0x0303030303030303ull) << 6;
+                    memcpy(o + 96 * h + 32 * i + m, &a, 8);
+                }
         for (int i = 0; i < 8; i++) {
             o[192 + i] = (uint8_t)x[b].scales[2 * i];
             o[200 + i] = (uint8_t)x[b].scales[2 * i + 1];
