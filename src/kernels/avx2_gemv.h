@@ -15,18 +15,31 @@
  * shuffle per 32 values instead of two broadcasts. Then the tile's float
  * steps: one FMA per super-block into one chain, hsum8. About 8 vector
  * operations per 32 weights instead of 14.
+ *
+ * gemv_p6_k / gemm_p6_k: the same bits over rows repacked at load ("q6_k
+ * pairs", repack.c: the avx2 table's own q6_k layout), where values come
+ * paired and mostly unmasked: about 5 operations per 32 weights (below).
  */
 
 enum { A6_MAXB = CM_REPACK_MAX_K / CM_QK_K };
 
-/* Pair offsets of the token: off[8 * b + 4 * c + k] = maddubs(32, y_b's bytes 128c + 32k..). */
-AI void a6_offsets(int64_t nb, const cm_block_q8_k *y, __m256i *off) {
+/* The token's bytes of one group of 32 values, aligned, beside their pair
+ * offsets maddubs(32, y) (one 64-byte line). */
+typedef struct {
+    __m256i y, off;
+} a6_tok;
+
+AI void a6_prep(int64_t nb, const cm_block_q8_k *y, a6_tok *t) {
     const __m256i k32 = _mm256_set1_epi8(32);
     for (int64_t b = 0; b < nb; b++)
-        for (int g = 0; g < 8; g++) off[8 * b + g] = _mm256_maddubs_epi16(k32, ld256(y[b].qs + 32 * g));
+        for (int g = 0; g < 8; g++) {
+            const __m256i v = ld256(y[b].qs + 32 * g);
+            t[8 * b + g].y = v;
+            t[8 * b + g].off = _mm256_maddubs_epi16(k32, v);
+        }
 }
 
-AI float a6_row(int64_t nb, const cm_block_q6_k *x, const cm_block_q8_k *y, const __m256i *off) {
+AI float a6_row(int64_t nb, const cm_block_q6_k *x, const cm_block_q8_k *y, const a6_tok *tk) {
     /* within each 128-bit half of a scale vector (8 words: scales 8c..8c+7),
      * the low half picks scale 2k's word, the high half scale 2k + 1's */
     const __m256i pick[4] = {_mm256_set_m128i(_mm_set1_epi16(0x0302), _mm_set1_epi16(0x0100)),
@@ -51,8 +64,8 @@ AI float a6_row(int64_t nb, const cm_block_q6_k *x, const cm_block_q8_k *y, cons
             __m256i q[4];
             q6_vals(&x[b], c, q);
             _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
-                const __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(q[k], ld256(y[b].qs + 128 * c + 32 * k)),
-                                                   off[8 * b + 4 * c + k]);
+                const a6_tok *t = &tk[8 * b + 4 * c + k];
+                const __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(q[k], t->y), t->off);
                 sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, _mm256_shuffle_epi8(sc, pick[k])));
             }
         }
@@ -69,10 +82,10 @@ static void gemv_a6_k(int64_t k, const void *w, size_t w_stride, const void *x, 
         for (int64_t i = r0; i < r1; i++) vec_dot_q6_k(k, &y[i], (const char *)w + (size_t)i * w_stride, x);
         return;
     }
-    __m256i off[A6_MAXB * 8];
-    a6_offsets(nb, x, off);
+    a6_tok tk[A6_MAXB * 8];
+    a6_prep(nb, x, tk);
     for (int64_t i = r0; i < r1; i++)
-        y[i] = a6_row(nb, (const cm_block_q6_k *)(const void *)((const char *)w + (size_t)i * w_stride), x, off);
+        y[i] = a6_row(nb, (const cm_block_q6_k *)(const void *)((const char *)w + (size_t)i * w_stride), x, tk);
 }
 
 /* ---- q6_k prefill: tile_q6_k's integer lanes (the sign trick's, pair
@@ -194,10 +207,68 @@ AI void a6g_row(int64_t nb, const a6g_blk *x, const a6g_toks *g, int T, float *o
     _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) out[t] = hsum8(acc[t]);
 }
 
-static void gemm_a6_k(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
-                      int64_t r0, int64_t r1, int64_t n_tok) {
+/* ---- q6_k over "q6_k pairs" (repack.c; the avx2 table's layout): the
+ * values come paired as a6g_pair pairs them (groups 2p, 2p + 1 by 16-bit
+ * units), three of every four vectors need one mask and the fourth is
+ * gathered from their top bits, the pair scales are one dword shuffle of
+ * the 16 scales (evens then odds). The gemv: per pair p of a super-block
+ * maddubs + maddubs against the token's paired bytes (a6p_tok), the pair
+ * offsets 32 * (y) taken off once, one madd with both groups' scales:
+ * tile_q6_k's integer lanes (exact: each word |v y + v' y'| * 2 <= 4 * 63 *
+ * 128 wraps back into range after the offset, |sum (q - 32) y| over 4 <=
+ * 16256), then its FMA per super-block and hsum8: vec_dot's bits. ---- */
+enum { A6P_SC = 192, A6P_D = 208 };
+
+/* The 8 paired value vectors (0..63) of super-block x. */
+AI void a6p_vals(const uint8_t *x, __m256i v[8]) {
+    const __m256i m3f = _mm256_set1_epi8(0x3f), m03 = _mm256_set1_epi8(0x03), m0c = _mm256_set1_epi8(0x0c),
+                  m30 = _mm256_set1_epi8(0x30);
+    _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
+        const __m256i x0 = ld256(x + 96 * h), x1 = ld256(x + 96 * h + 32), x2 = ld256(x + 96 * h + 64);
+        v[4 * h] = _mm256_and_si256(x0, m3f);
+        v[4 * h + 1] = _mm256_and_si256(x1, m3f);
+        v[4 * h + 2] = _mm256_and_si256(x2, m3f);
+        v[4 * h + 3] = _mm256_or_si256(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(x0, 6), m03),
+                                                       _mm256_and_si256(_mm256_srli_epi16(x1, 4), m0c)),
+                                       _mm256_and_si256(_mm256_srli_epi16(x2, 2), m30));
+    }
+}
+/* Pair p's scales sv[p] (group 2p's in the even words, 2p + 1's in the odd
+ * ones; scale 2g + 1 in the high half): the stored scales 0, 2, .., 14, 1,
+ * 3, .., 15 as words (low half: evens), dword p of each half broadcast. */
+AI void a6p_sv(const uint8_t *x, __m256i sv[4]) {
+    const __m256i s = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(x + A6P_SC)));
+    sv[0] = _mm256_shuffle_epi32(s, 0x00);
+    sv[1] = _mm256_shuffle_epi32(s, 0x55);
+    sv[2] = _mm256_shuffle_epi32(s, 0xaa);
+    sv[3] = _mm256_shuffle_epi32(s, 0xff);
+}
+
+/* Super-block x ("q6_k pairs") as a6g_unpack gives the file's. */
+static void a6g_unpack_p(const uint8_t *x, a6g_blk *o) {
+    const __m256i k32 = _mm256_set1_epi8(32), k80 = _mm256_set1_epi8((char)0x80);
+    __m256i v[8], off = _mm256_setzero_si256();
+    a6p_vals(x, v);
+    a6p_sv(x, o->sv);
+    for (int p = 0; p < 4; p++) {
+        o->q[2 * p] = _mm256_sub_epi8(v[2 * p], k32);
+        o->q[2 * p + 1] = _mm256_sub_epi8(v[2 * p + 1], k32);
+        const __m256i m =
+            _mm256_add_epi16(_mm256_maddubs_epi16(k80, o->q[2 * p]), _mm256_maddubs_epi16(k80, o->q[2 * p + 1]));
+        off = _mm256_add_epi32(off, _mm256_madd_epi16(m, o->sv[p]));
+    }
+    o->noff = _mm256_sub_epi32(_mm256_setzero_si256(), off);
+    cm_f16 d;
+    memcpy(&d, x + A6P_D, 2);
+    o->d = f16f(d);
+}
+
+/* gemm_a6_k over the file's rows, or (packed) over "q6_k pairs" rows. */
+AI void a6g_gemm(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
+                 int64_t r0, int64_t r1, int64_t n_tok, bool packed) {
     const int64_t nb = k / CM_QK_K;
     if (nb > A6_MAXB) { /* longer than any repacked row: vec_dot (the same bits) */
+        CM_ASSERT(!packed);
         for (int64_t j = 0; j < n_tok; j++)
             for (int64_t i = r0; i < r1; i++)
                 vec_dot_q6_k(k, &y[j * ldy + i], (const char *)w + (size_t)i * w_stride,
@@ -211,8 +282,12 @@ static void gemm_a6_k(int64_t k, const void *w, size_t w_stride, const void *x, 
     for (int64_t i0 = r0; i0 < r1; i0 += rb) {
         const int64_t i1 = r1 - i0 < rb ? r1 : i0 + rb;
         for (int64_t i = i0; i < i1; i++) {
-            const cm_block_q6_k *xr = (const cm_block_q6_k *)(const void *)((const char *)w + (size_t)i * w_stride);
-            for (int64_t b = 0; b < nb; b++) a6g_unpack(xr + b, &rows[(i - i0) * nb + b]);
+            const char *xr = (const char *)w + (size_t)i * w_stride;
+            for (int64_t b = 0; b < nb; b++) {
+                if (packed)
+                    a6g_unpack_p((const uint8_t *)xr + b * (int64_t)sizeof(cm_block_q6_k), &rows[(i - i0) * nb + b]);
+                else a6g_unpack((const cm_block_q6_k *)(const void *)xr + b, &rows[(i - i0) * nb + b]);
+            }
         }
         const int64_t i2 = r1 - i1 < rb ? r1 : i1 + rb, ng = (n_tok + A6G_T - 1) / A6G_T;
         for (int64_t j = 0; j < n_tok; j += A6G_T) {
@@ -239,6 +314,61 @@ static void gemm_a6_k(int64_t k, const void *w, size_t w_stride, const void *x, 
             }
         }
     }
+}
+
+static void gemm_a6_k(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
+                      int64_t r0, int64_t r1, int64_t n_tok) {
+    a6g_gemm(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok, false);
+}
+static void gemm_p6_k(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
+                      int64_t r0, int64_t r1, int64_t n_tok) {
+    a6g_gemm(k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok, true);
+}
+
+/* The token's bytes of pair p of a super-block, paired (a6g_pair), and its
+ * pair offsets maddubs(32, y[0]) + maddubs(32, y[1]) (96 bytes). */
+typedef struct {
+    __m256i y[2], off;
+} a6p_tok;
+
+AI float a6p_row(int64_t nb, const uint8_t *x, const cm_block_q8_k *y, const a6p_tok *tk) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++, x += sizeof(cm_block_q6_k)) {
+        _Pragma("GCC unroll 4") for (int o = 0; o < (int)sizeof(cm_block_q6_k); o += 64)
+            _mm_prefetch((const char *)x + A2_PFD + o, _MM_HINT_T0);
+        __m256i v[8], sv[4];
+        a6p_vals(x, v);
+        a6p_sv(x, sv);
+        __m256i sumi = _mm256_setzero_si256();
+        _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++) {
+            const a6p_tok *t = &tk[4 * b + p];
+            const __m256i s16 = _mm256_sub_epi16(
+                _mm256_add_epi16(_mm256_maddubs_epi16(v[2 * p], t->y[0]), _mm256_maddubs_epi16(v[2 * p + 1], t->y[1])),
+                t->off);
+            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(s16, sv[p]));
+        }
+        cm_f16 d;
+        memcpy(&d, x + A6P_D, 2);
+        FMA_BLOCK(acc, sumi, f16f(d) * y[b].d);
+    }
+    return hsum8(acc);
+}
+
+static void gemv_p6_k(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
+                      int64_t r0, int64_t r1, int64_t n_tok) {
+    (void)x_stride, (void)ldy, (void)n_tok;
+    const int64_t nb = k / CM_QK_K;
+    CM_ASSERT(nb <= A6_MAXB);
+    const cm_block_q8_k *yq = x;
+    const __m256i k32 = _mm256_set1_epi8(32);
+    a6p_tok tk[A6_MAXB * 4];
+    for (int64_t b = 0; b < nb; b++)
+        for (int p = 0; p < 4; p++) {
+            a6p_tok *t = &tk[4 * b + p];
+            a6g_pair(ld256(yq[b].qs + 64 * p), ld256(yq[b].qs + 64 * p + 32), t->y);
+            t->off = _mm256_add_epi16(_mm256_maddubs_epi16(k32, t->y[0]), _mm256_maddubs_epi16(k32, t->y[1]));
+        }
+    for (int64_t i = r0; i < r1; i++) y[i] = a6p_row(nb, (const uint8_t *)w + (size_t)i * w_stride, yq, tk);
 }
 
 /* ---- f16: tile_f16's bits (x86_tiles.h, tiles.h's CM_TILE_FLOAT) ----

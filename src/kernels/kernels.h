@@ -234,12 +234,16 @@ size_t cm_repack_give_back(const void *owner, const cm_kernels *k, const struct 
 /* The "q4_0 lanes" layout of nb blocks and the "q4_k lanes" and "q5_k
  * lanes" and "q6_k lanes" layouts of nb super-blocks (repack.c says what
  * they are); cm_repack_row: the layout of one row of ne0 elements of type t
- * (q4_0, q4_k, q5_k or q6_k; f16 is laid out by row pair). */
+ * (q4_0, q4_k, q5_k or q6_k; f16 is laid out by row pair). cm_repack_row_for:
+ * the layout table k's kernels read ("q6_k pairs" for the avx2 table's q6_k,
+ * cm_repack_q6_k_pairs; else cm_repack_row's). */
 void cm_repack_q4_0_lanes(const void *src, void *dst, int64_t nb);
 void cm_repack_q4_k_lanes(const void *src, void *dst, int64_t nb);
 void cm_repack_q5_k_lanes(const void *src, void *dst, int64_t nb);
 void cm_repack_q6_k_lanes(const void *src, void *dst, int64_t nb);
+void cm_repack_q6_k_pairs(const void *src, void *dst, int64_t nb);
 void cm_repack_row(enum cm_type t, const void *src, void *dst, int64_t ne0);
+void cm_repack_row_for(const cm_kernels *k, enum cm_type t, const void *src, void *dst, int64_t ne0);
 /* The "f16 pairs" layout of two F16 rows a, b (b NULL: zeros) of k
  * elements: 2 row sizes at dst (repack.c says what it is). */
 void cm_repack_f16_pair(const void *a, const void *b, void *dst, int64_t k);

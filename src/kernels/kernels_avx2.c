@@ -7,8 +7,9 @@
  * the entries this file implements; every other entry stays the scalar
  * reference. The kernels themselves are in x86_tiles.h (shared with the
  * AVX-512 file), plus q4_k and q5_k decode gemvs and prefill gemms over
- * rows repacked at load (avx2_krepack.h), the AVX2 table's own q6_k and f16
- * gemv and gemm (avx2_gemv.h), and q4_0 / q8_0 in the AVX-512 table's lane
+ * rows repacked at load (avx2_krepack.h), the AVX2 table's own q6_k (over
+ * the file's rows, and over "q6_k pairs" repacked at load) and f16 gemv and
+ * gemm (avx2_gemv.h), and q4_0 / q8_0 in the AVX-512 table's lane
  * order (lane_avx2.c); tested against the reference in
  * tests/unit/test_kernels_simd.c, for batch invariance in
  * test_kernels_invariant.c and test_kernels_repack.c. Never allocates.
@@ -58,6 +59,8 @@ void cm_kernels_fill_avx2(cm_kernels *k) {
 void cm_kernels_fill_avx2_own(cm_kernels *k) {
     k->gemv[CM_TYPE_Q6_K] = gemv_a6_k;
     k->gemm[CM_TYPE_Q6_K] = gemm_a6_k;
+    k->gemv_packed[CM_TYPE_Q6_K] = gemv_p6_k; /* "q6_k pairs" (repack.c) */
+    k->gemm_packed[CM_TYPE_Q6_K] = gemm_p6_k;
     k->gemm[CM_TYPE_F16] = gemm_af16;
     k->gemv[CM_TYPE_F16] = gemv_af16;
     k->gemm[CM_TYPE_BF16] = gemm_abf16;

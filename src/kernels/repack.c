@@ -27,7 +27,7 @@
  * same with the 4 blocks' qh (4 x 32 bytes) between the scales and the qs
  * (704 bytes per group).
  *
- * Layout "q6_k lanes" (same size and stride; each super-block on its own,
+ * Layout "q6_k lanes" (the avx512 table's q6_k; same size and stride; each super-block on its own,
  * as a cm_block_q6_k whose bytes mean): the 256 values in the order of
  * gemm_kq6_avx512.c's operands (position 64v + 4L + e = element 16 s(L) +
  * 4v + e, s(L) = 4 (L % 4) + L / 4): ql[m] = positions m | 64 + m (low |
@@ -35,6 +35,15 @@
  * positions m, 64 + m, 128 + m, 192 + m (bits 0-1, 2-3, 4-5, 6-7);
  * scales[L] = scale s(L); d unchanged. Unpacking is a few shifts and masks
  * and four vpdpbusd give each sub-block's sum in one lane.
+ *
+ * Layout "q6_k pairs" (the avx2 table's q6_k; same size and stride; each
+ * super-block on its own): v[0..8) the 6-bit values of groups of 32
+ * elements 2p and 2p + 1 paired by 16-bit units (v[2p + u] byte 4j + e =
+ * element 32 (2p + e / 2) + 4j + 2u + e % 2: avx2_gemv.h's a6g_pair), stored
+ * as bytes 0-191: [v0 | v3 bits 0-1 << 6][v1 | v3 bits 2-3 << 6][v2 | v3
+ * bits 4-5 << 6], the same for v4..v7; bytes 192-207 the scales 0, 2, .., 14
+ * then 1, 3, .., 15; d unchanged at 208. A value is one mask (or three
+ * shifts and masks for every fourth vector), a pair's scales one shuffle.
  *
  * Layout "f16 pairs" (rows rounded up to even, row stride unchanged: the
  * copy of row pair q, rows 2q and 2q + 1, is the 2 row sizes at row 2q):
@@ -62,7 +71,7 @@
  * something else reads them: a column view, another table, the cluster's
  * weight transfer) and cm_matmul_rows reads the copy for every n_tok
  * (cm_repack_find_alone). Every table's repacked types have such a gemm
- * (q4_0 on avx512 and avx2, q4_k / q5_k / f16 on avx2, q5_k / q6_k on avx512:
+ * (q4_0 on avx512 and avx2, q4_k / q5_k / q6_k / f16 on avx2, q5_k / q6_k on avx512:
  * avx512_kpacked.h); a table repacks a type only where its decode gemv
  * gains by it (the avx512 table's q4_k gemv ran as fast over the file's
  * bytes: not repacked there, gemm_kq4_avx512.c).
@@ -182,20 +191,25 @@ void cm_repack_q5_k_lanes(const void *src, void *dst, int64_t nb) {
     memcpy(d, x + g, (size_t)(nb - g) * sizeof *x);
 }
 
+/* A q6_k super-block's 6-bit values in element order (ggml's dequantize_row_q6_K). */
+static void q6_values(const cm_block_q6_k *x, uint8_t q[256]) {
+    for (int c = 0; c < 2; c++) {
+        const uint8_t *ql = x->ql + 64 * c, *qh = x->qh + 32 * c;
+        for (int l = 0; l < 32; l++) {
+            q[128 * c + l] = (uint8_t)((ql[l] & 0xf) | ((qh[l] >> 0) & 3) << 4);
+            q[128 * c + l + 32] = (uint8_t)((ql[l + 32] & 0xf) | ((qh[l] >> 2) & 3) << 4);
+            q[128 * c + l + 64] = (uint8_t)((ql[l] >> 4) | ((qh[l] >> 4) & 3) << 4);
+            q[128 * c + l + 96] = (uint8_t)((ql[l + 32] >> 4) | ((qh[l] >> 6) & 3) << 4);
+        }
+    }
+}
+
 void cm_repack_q6_k_lanes(const void *src, void *dst, int64_t nb) {
     const cm_block_q6_k *x = src;
     cm_block_q6_k *o = dst;
     for (int64_t b = 0; b < nb; b++) {
-        uint8_t q[256]; /* the 6-bit values in element order (ggml's dequantize_row_q6_K) */
-        for (int c = 0; c < 2; c++) {
-            const uint8_t *ql = x[b].ql + 64 * c, *qh = x[b].qh + 32 * c;
-            for (int l = 0; l < 32; l++) {
-                q[128 * c + l] = (uint8_t)((ql[l] & 0xf) | ((qh[l] >> 0) & 3) << 4);
-                q[128 * c + l + 32] = (uint8_t)((ql[l + 32] & 0xf) | ((qh[l] >> 2) & 3) << 4);
-                q[128 * c + l + 64] = (uint8_t)((ql[l] >> 4) | ((qh[l] >> 4) & 3) << 4);
-                q[128 * c + l + 96] = (uint8_t)((ql[l + 32] >> 4) | ((qh[l] >> 6) & 3) << 4);
-            }
-        }
+        uint8_t q[256];
+        q6_values(&x[b], q);
         uint8_t p[256]; /* position 64v + 4L + e: element 16 s(L) + 4v + e, s(L) = 4 (L % 4) + L / 4 */
         for (int v = 0; v < 4; v++)
             for (int L = 0; L < 16; L++)
@@ -210,6 +224,38 @@ void cm_repack_q6_k_lanes(const void *src, void *dst, int64_t nb) {
         r.d = x[b].d;
         memcpy(&o[b], &r, sizeof r);
     }
+}
+
+void cm_repack_q6_k_pairs(const void *src, void *dst, int64_t nb) {
+    const cm_block_q6_k *x = src;
+    uint8_t *o = dst;
+    for (int64_t b = 0; b < nb; b++, o += sizeof *x) {
+        uint8_t q[256], v[8][32];
+        q6_values(&x[b], q);
+        for (int g = 0; g < 8; g++) /* groups 2p, 2p + 1 paired by 16-bit units */
+            for (int j = 0; j < 8; j++)
+                for (int u = 0; u < 2; u++)
+                    memcpy(&v[(g & ~1) | u][4 * j + 2 * (g & 1)], &q[32 * g + 4 * j + 2 * u], 2);
+        for (int h = 0; h < 2; h++) /* 8 bytes at a time: the shifted bits are masked within each byte */
+            for (int i = 0; i < 3; i++)
+                for (int m = 0; m < 32; m += 8) {
+                    uint64_t a, c;
+                    memcpy(&a, &v[4 * h + i][m], 8);
+                    memcpy(&c, &v[4 * h + 3][m], 8);
+                    a |= (c >> 2 * i & 0x0303030303030303ull) << 6;
+                    memcpy(o + 96 * h + 32 * i + m, &a, 8);
+                }
+        for (int i = 0; i < 8; i++) {
+            o[192 + i] = (uint8_t)x[b].scales[2 * i];
+            o[200 + i] = (uint8_t)x[b].scales[2 * i + 1];
+        }
+        memcpy(o + 208, &x[b].d, 2);
+    }
+}
+
+void cm_repack_row_for(const cm_kernels *k, enum cm_type t, const void *src, void *dst, int64_t ne0) {
+    if (t == CM_TYPE_Q6_K && k && strcmp(k->name, "avx2") == 0) cm_repack_q6_k_pairs(src, dst, ne0 / CM_QK_K);
+    else cm_repack_row(t, src, dst, ne0);
 }
 
 void cm_repack_row(enum cm_type t, const void *src, void *dst, int64_t ne0) {
@@ -273,7 +319,7 @@ int cm_repack_add(const void *owner, const cm_kernels *k, const cm_tensor *const
                                    mem + off + (size_t)r * cs, W->ne[0]);
         else
             for (int64_t r = 0; r < W->ne[1]; r++)
-                cm_repack_row(W->type, src + (size_t)r * W->nb[1], mem + off + (size_t)r * cs, W->ne[0]);
+                cm_repack_row_for(k, W->type, src + (size_t)r * W->nb[1], mem + off + (size_t)r * cs, W->ne[0]);
         rp_entry e = {.owner = owner,
                       .base = W->data,
                       .stride = W->nb[1],
