@@ -69,32 +69,32 @@ AI void akp_vals(const uint8_t *qs, __m256i qhv, int has_qh, int c, __m256i *a, 
 }
 
 /* One super-block in pair order: qs (and q5_k's V at qhp), scw its scale
- * words (ak_scw), mins as words, d, dmin; yp the token's paired bytes of
- * the block, yd its d, pairs its bsums pair sums. Per chunk: maddubs of A
+ * words (ak_scw), mins as words, *dy = d * dy and *dmy = dmin * dy (dy the
+ * token's d); yp the token's paired bytes of the block, pairs its bsums pair
+ * sums. Per chunk: maddubs of A
  * and of B, their int16 sum (4 products of one 32-value group per word, <=
  * 4 * 31 * 128 < 2^15), one madd with the two scales: lane l gets group
  * 2c's and 2c + 1's terms of dword l, tile_q4_k / tile_q5_k's int32 lanes
  * (integer sums in another order): the same bits. */
-AI void akp_block(const uint8_t *qs, const uint8_t *qhp, int has_qh, const int32_t *scw, __m128i mn16, float d,
-                  float dmin, const int8_t *yp, float yd, __m128i pairs, __m256 *acc, __m128 *accm) {
+AI void akp_block(const uint8_t *qs, const uint8_t *qhp, int has_qh, const int32_t *scw, __m128i mn16, const float *dy,
+                  const float *dmy, const int8_t *yp, __m128i pairs, __m256 *acc, __m128 *accm) {
     const __m256i qhv = has_qh ? ld256(qhp) : _mm256_setzero_si256();
     __m256i sumi = _mm256_setzero_si256();
     _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) {
         __m256i a, b;
         akp_vals(qs, qhv, has_qh, c, &a, &b);
-        const __m256i p =
-            _mm256_add_epi16(_mm256_maddubs_epi16(a, ld256(yp + 64 * c)), _mm256_maddubs_epi16(b, ld256(yp + 64 * c + 32)));
+        const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(a, ld256(yp + 64 * c)),
+                                           _mm256_maddubs_epi16(b, ld256(yp + 64 * c + 32)));
         sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, _mm256_set1_epi32(scw[c])));
     }
-    FMA_BLOCK(*acc, sumi, d * yd);
-    *accm = _mm_fmadd_ps(_mm_cvtepi32_ps(_mm_madd_epi16(mn16, pairs)), _mm_set1_ps(dmin * yd), *accm);
+    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_broadcast_ss(dy), *acc); /* FMA_BLOCK's */
+    *accm = _mm_fmadd_ps(_mm_cvtepi32_ps(_mm_madd_epi16(mn16, pairs)), _mm_broadcast_ss(dmy), *accm);
 }
 
 /* One row of "q4_k pairs" (has_qh 0) or "q5_k pairs" (1): groups of 4
  * super-blocks (the q4_k lanes header, then q5_k's 4 V, then the quants),
  * then the nb % 4 last as the file's blocks with their quants in pair order. */
-AI float akp_row(int64_t nb, const uint8_t *x, int has_qh, const cm_block_q8_k *y, const int8_t *yp,
-                 const __m128i *pairs) {
+AI float akp_row(int64_t nb, const uint8_t *x, int has_qh, const float *ydv, const int8_t *yp, const __m128i *pairs) {
     const int group = has_qh ? 4 * (int)sizeof(cm_block_q5_k) : RK4_GROUP, qs0 = has_qh ? 192 : 64;
     __m256 acc = _mm256_setzero_ps();
     __m128 accm = _mm_setzero_ps();
@@ -108,9 +108,12 @@ AI float akp_row(int64_t nb, const uint8_t *x, int has_qh, const cm_block_q8_k *
         rk_header(x, dd, &sc03, &sc47, mn16);
         int32_t scw[16];
         ak_scw4(sc03, sc47, scw);
+        float f[8]; /* d * dy, then dmin * dy, of the 4 blocks (products as tile_q4_k's) */
+        _mm256_storeu_ps(
+            f, _mm256_mul_ps(_mm256_loadu_ps(dd), _mm256_broadcast_ps((const __m128 *)(const void *)(ydv + b))));
         for (int j = 0; j < 4; j++)
-            akp_block(x + qs0 + 128 * j, x + 64 + 32 * j, has_qh, scw + 4 * j, mn16[j], dd[j], dd[4 + j],
-                      yp + 256 * (b + j), y[b + j].d, pairs[b + j], &acc, &accm);
+            akp_block(x + qs0 + 128 * j, x + 64 + 32 * j, has_qh, scw + 4 * j, mn16[j], f + j, f + 4 + j,
+                      yp + 256 * (b + j), pairs[b + j], &acc, &accm);
     }
     for (; b < nb; b++) {
         const cm_block_q5_k *x5 = (const cm_block_q5_k *)(const void *)x;
@@ -120,9 +123,10 @@ AI float akp_row(int64_t nb, const uint8_t *x, int has_qh, const cm_block_q8_k *
         int32_t scw[4];
         cm_k4_scales8(scales, sc, mn);
         ak_scw(_mm_loadl_epi64((const __m128i *)sc), scw);
+        const float f[2] = {f16f(has_qh ? x5->d : x4->d) * ydv[b], f16f(has_qh ? x5->dmin : x4->dmin) * ydv[b]};
         akp_block(has_qh ? x5->qs : x4->qs, has_qh ? x5->qh : NULL, has_qh, scw,
-                  _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mn)), f16f(has_qh ? x5->d : x4->d),
-                  f16f(has_qh ? x5->dmin : x4->dmin), yp + 256 * b, y[b].d, pairs[b], &acc, &accm);
+                  _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mn)), f, f + 1, yp + 256 * b, pairs[b], &acc,
+                  &accm);
         x += has_qh ? sizeof *x5 : sizeof *x4;
     }
     return hsum8(acc) - hsum4(accm);
@@ -134,10 +138,12 @@ AI void akp_gemv(int has_qh, int64_t k, const void *w, size_t w_stride, const vo
     CM_ASSERT(nb <= RK4_MAXB);
     __m128i pairs[RK4_MAXB];
     _Alignas(32) int8_t yp[RK4_MAXB * CM_QK_K]; /* 32 KiB at most (compute threads: CM_COMPUTE_STACK) */
+    float ydv[RK4_MAXB];
     rk_pairs(nb, x, pairs);
     ak_tok(nb, x, yp);
+    for (int64_t b = 0; b < nb; b++) ydv[b] = ((const cm_block_q8_k *)x)[b].d;
     for (int64_t i = r0; i < r1; i++)
-        y[i] = akp_row(nb, (const uint8_t *)w + (size_t)i * w_stride, has_qh, x, yp, pairs);
+        y[i] = akp_row(nb, (const uint8_t *)w + (size_t)i * w_stride, has_qh, ydv, yp, pairs);
 }
 
 static void gemv_ak4_k(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
@@ -251,7 +257,8 @@ static void akg_unpack(int64_t nb, const uint8_t *x, int has_qh, akg_blk *o) {
         ak_scw4(sc03, sc47, scw);
         for (int j = 0; j < 4; j++) {
             if (has_qh)
-                akg_unpack_blk(x + 192 + 128 * j, x + 64 + 32 * j, 1, scw + 4 * j, mn16[j], dd[j], dd[4 + j], &o[b + j]);
+                akg_unpack_blk(x + 192 + 128 * j, x + 64 + 32 * j, 1, scw + 4 * j, mn16[j], dd[j], dd[4 + j],
+                               &o[b + j]);
             else akg_unpack_blk(x + 64 + 128 * j, NULL, 0, scw + 4 * j, mn16[j], dd[j], dd[4 + j], &o[b + j]);
         }
     }

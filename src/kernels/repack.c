@@ -89,6 +89,7 @@
 #include "os/os.h"
 
 #include <pthread.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -157,8 +158,6 @@ void cm_repack_q4_0_lanes(const void *src, void *dst, int64_t nb) {
     memcpy(d, x + g, (size_t)(nb - g) * sizeof *x);
 }
 
-enum { RP_K4_GROUP = 4 * (int)sizeof(cm_block_q4_k), RP_K5_GROUP = 4 * (int)sizeof(cm_block_q5_k) };
-
 /* The first 64 bytes of a "q4_k lanes" or "q5_k lanes" group, which the two
  * layouts share: block j's d and dmin, and its 12 scale bytes as three
  * 4-byte words (word q of the 4 blocks together). */
@@ -206,7 +205,8 @@ static void kp_vals(const uint8_t *qs, const uint8_t *qh, uint8_t v[256]) {
     for (int c = 0; c < 4; c++)
         for (int i = 0; i < 64; i++) {
             const uint8_t q = qs[32 * c + i % 32];
-            v[64 * c + i] = (uint8_t)((i < 32 ? q & 15 : q >> 4) | (qh ? (qh[i % 32] >> (2 * c + i / 32) & 1) << 4 : 0));
+            v[64 * c + i] =
+                (uint8_t)((i < 32 ? q & 15 : q >> 4) | (qh ? (qh[i % 32] >> (2 * c + i / 32) & 1) << 4 : 0));
         }
 }
 static uint8_t kp_at(const uint8_t v[256], int c, int h, int n) {
@@ -232,28 +232,34 @@ static void kp_block(const uint8_t *qs, const uint8_t *qh, uint8_t *oqs, uint8_t
         }
 }
 
+/* A row of "lanes" (done by the caller) put into pair order: each
+ * super-block's quants where the lanes layout keeps them (group j: qs at
+ * 64 + 32 * n_qh + 128j, q5_k's qh at 64 + 32j; the tail: the block's). */
+static void kp_row(const void *src, void *dst, int64_t nb, bool q5) {
+    const size_t bs = q5 ? sizeof(cm_block_q5_k) : sizeof(cm_block_q4_k);
+    const size_t oqs = q5 ? offsetof(cm_block_q5_k, qs) : offsetof(cm_block_q4_k, qs),
+                 oqh = offsetof(cm_block_q5_k, qh);
+    const uint8_t *x = src;
+    uint8_t *d = dst;
+    const int64_t ng = nb / 4 * 4;
+    for (int64_t b = 0; b < nb; b++) {
+        uint8_t *g = d + (size_t)(b / 4) * 4 * bs, *t = d + (size_t)b * bs; /* b's group, or b itself past ng */
+        kp_block(x + (size_t)b * bs + oqs, q5 ? x + (size_t)b * bs + oqh : NULL,
+                 b < ng ? g + 64 + (q5 ? 128 : 0) + 128 * (b % 4) : t + oqs,
+                 !q5      ? NULL
+                 : b < ng ? g + 64 + 32 * (b % 4)
+                          : t + oqh);
+    }
+}
+
 void cm_repack_q4_k_pairs(const void *src, void *dst, int64_t nb) {
     cm_repack_q4_k_lanes(src, dst, nb);
-    uint8_t *d = dst;
-    cm_block_q4_k *t = (cm_block_q4_k *)(void *)(d + nb / 4 * 4 * sizeof *t);
-    const cm_block_q4_k *x = src;
-    for (int64_t b = 0; b < nb; b++) {
-        uint8_t *qs = b < nb / 4 * 4 ? d + b / 4 * RP_K4_GROUP + 64 + 128 * (b % 4) : t[b - nb / 4 * 4].qs;
-        kp_block(x[b].qs, NULL, qs, NULL);
-    }
+    kp_row(src, dst, nb, false);
 }
 
 void cm_repack_q5_k_pairs(const void *src, void *dst, int64_t nb) {
     cm_repack_q5_k_lanes(src, dst, nb);
-    uint8_t *d = dst;
-    cm_block_q5_k *t = (cm_block_q5_k *)(void *)(d + nb / 4 * 4 * sizeof *t);
-    const cm_block_q5_k *x = src;
-    for (int64_t b = 0; b < nb; b++) {
-        const bool grp = b < nb / 4 * 4;
-        uint8_t *g = d + b / 4 * RP_K5_GROUP;
-        kp_block(x[b].qs, x[b].qh, grp ? g + 192 + 128 * (b % 4) : t[b - nb / 4 * 4].qs,
-                 grp ? g + 64 + 32 * (b % 4) : t[b - nb / 4 * 4].qh);
-    }
+    kp_row(src, dst, nb, true);
 }
 
 void cm_repack_q6_k_lanes(const void *src, void *dst, int64_t nb) {
@@ -295,7 +301,8 @@ void cm_repack_row(enum cm_type t, const void *src, void *dst, int64_t ne0) {
 }
 
 void cm_repack_row_for(const cm_kernels *k, enum cm_type t, const void *src, void *dst, int64_t ne0) {
-    if (k && (unsigned)t < CM_TYPE_COUNT && k->repack[t]) k->repack[t](src, dst, ne0 / cm_type_traits_of(t)->block_size);
+    if (k && (unsigned)t < CM_TYPE_COUNT && k->repack[t])
+        k->repack[t](src, dst, ne0 / cm_type_traits_of(t)->block_size);
     else cm_repack_row(t, src, dst, ne0);
 }
 
