@@ -1,17 +1,24 @@
 /*
- * avx2_krepack.h: the AVX2 decode gemvs over q4_k and q5_k rows repacked at load
- * ("q4_k lanes", repack.c). Not a header in the usual sense: kernels_avx2.c
- * includes it once, after x86_tiles.h, under its own ISA flags (the AVX-512
- * table, filled after, replaces it with avx512_krepack.h's). Nothing else
- * may include it.
+ * avx2_krepack.h: the AVX2 table's q4_k and q5_k decode gemvs and prompt
+ * gemms over rows repacked at load in its own layouts ("q4_k pairs", "q5_k
+ * pairs", repack.c; the AVX-512 table keeps "q5_k lanes"). Not a header in
+ * the usual sense: kernels_avx2.c includes it once, after x86_tiles.h,
+ * under its own ISA flags. Nothing else may include it.
  *
- * tile_q4_k's arithmetic for one token (x86_tiles.h: per 64 weights two
- * maddubs against the token, two madd with the broadcast scales, the 8 int32
- * lanes FMAed with d * dy, the min term in 4 lanes, hsum8 - hsum4), so each
- * row is vec_dot on the file's bytes bit for bit; what the layout saves is
- * cm_k4_scales8's scalar bit work and the fp16 conversions per super-block (4
- * blocks' at once, x86_krepack.h), and the token's bsums pair sums, gathered
- * once per call. One row per pass: a single sequential stream. The
+ * tile_q4_k's arithmetic for one token (x86_tiles.h: the 8 int32 lanes of
+ * each super-block FMAed with d * dy, the min term in 4 lanes, hsum8 -
+ * hsum4), so each row is vec_dot on the file's bytes bit for bit. Lane l of
+ * a super-block is, for each of its 8 groups of 32 weights (one scale each),
+ * the scale times the 4 products of the group's dword l: tile_q4_k takes
+ * per 64 weights two maddubs, two madd and two adds; the pairs layout holds
+ * each 64 weights as the two vectors A, B (group 2c's and 2c + 1's bytes by
+ * 16-bit units: ak_pair's order) that meet the token's bytes paired once
+ * per call (ak_tok), so per 64 weights it is an and, a shift and an and
+ * (q5_k: three more, the fifth bits pre-merged), two maddubs, an int16
+ * add, one madd with both scales and one add (akp_block): 8 (q5_k 11) ymm
+ * operations instead of 11 (15). What the header saves is cm_k4_scales8's
+ * scalar bit work and the fp16 conversions per super-block (4 blocks' at
+ * once, x86_krepack.h). One row per pass: a single sequential stream. The
  * prefill gemms at the end run the same arithmetic for 8 tokens per row pass.
  */
 #include "x86_krepack.h"
@@ -157,31 +164,27 @@ static void gemv_ak5_k(int64_t k, const void *w, size_t w_stride, const void *x,
     akp_gemv(1, k, w, w_stride, x, y, r0, r1);
 }
 
-/* ---- prefill over the same rows: ak4_row / ak5_row for up to AKG_T tokens
+/* ---- prefill over the same rows: akp_row for up to AKG_T tokens
  * at once (a row's header, nibbles and scales made once for all of them), so
  * each (row, token) gets those functions' integer lanes, hence their bits
  * (vec_dot's). Rows in blocks of AKG_RB (in L2) against every group of
  * tokens (in L1).
  *
- * The lanes are computed with fewer operations than ak4_block's maddubs,
- * madd, add per 32 weights: lane l of a super-block's sum is, for each of its
- * 8 groups of 32 weights (one scale each), the scale times the 4 products of
- * the group's dword l. A pair of groups (2p: the low nibbles, 2p + 1: the
- * high, meeting the token's bytes 64p.. and 64p + 32..) is laid out as two
- * vectors by 16-bit units (ak_pair): A = dword l's low unit of group 2p and
- * of group 2p + 1, B = their high units, the token's bytes alike. Then
- * maddubs(A) + maddubs(B) (int16: 4 products of one group per word, <= 4 *
- * 31 * 127 < 2^15) has in word 2l group 2p's four and in word 2l + 1 group
- * 2p + 1's, and one madd with the two scales gives lane l both groups' terms:
- * per 64 weights and token two maddubs, an add, a madd and an add instead of
- * two of each and three adds. The same integers lane for lane: the same bits.
+ * The lanes as the gemv computes them: a pair of groups (2p: the low
+ * nibbles, 2p + 1: the high, meeting the token's bytes 64p.. and 64p +
+ * 32..) is the layout's two vectors (ak_pair's order): A = dword l's low
+ * unit of group 2p and of group 2p + 1, B = their high units, the token's
+ * bytes alike. Then maddubs(A) + maddubs(B) (int16: 4 products of one group
+ * per word, <= 4 * 31 * 128 < 2^15) has in word 2l group 2p's four and in
+ * word 2l + 1 group 2p + 1's, and one madd with the two scales gives lane l
+ * both groups' terms. The same integers lane for lane: the same bits.
  *
  * What a group of tokens needs is laid out once per (row block, group)
  * (akg_toks): the tokens' bytes block by block so paired (one pointer for all
  * T), their d, and for each pair of tokens the bsums pair sums and d side by
  * side in one vector, so the min term of two tokens takes one madd,
  * conversion, product and FMA (the same operations lane for lane as
- * ak4_row's 128-bit ones: the same bits), and d * dy of 8 tokens one
+ * akp_row's 128-bit ones: the same bits), and d * dy of 8 tokens one
  * product. ---- */
 enum { AKG_T = 8, AKG_P = AKG_T / 2, AKG_RB = 128, AKG_CB = 1536 /* (row, super-block)s unpacked at once */ };
 
@@ -226,7 +229,7 @@ static void akg_prep(int64_t nb, const cm_block_q8_k *const *yv, int T, akg_toks
 
 /* One super-block of a row, unpacked for the gemm: v[2p], v[2p + 1] the
  * values (bytes, q5_k's with the fifth bit) of groups 2p and 2p + 1 paired
- * (ak_pair), sc2[p] their two scales as words (2p low), mn2 the mins as
+ * (akp_vals), sc2[p] their two scales as words (2p low), mn2 the mins as
  * words in both halves, d, dmin. */
 typedef struct {
     __m256i v[8], mn2;
