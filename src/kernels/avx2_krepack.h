@@ -1,200 +1,27 @@
 /*
- * avx2_krepack.h: the AVX2 decode gemvs over q4_k and q5_k rows repacked at load
- * ("q4_k lanes", repack.c). Not a header in the usual sense: kernels_avx2.c
- * includes it once, after x86_tiles.h, under its own ISA flags (the AVX-512
- * table, filled after, replaces it with avx512_krepack.h's). Nothing else
- * may include it.
+ * avx2_krepack.h: the AVX2 table's q4_k and q5_k decode gemvs and prompt
+ * gemms over rows repacked at load in its own layouts ("q4_k pairs", "q5_k
+ * pairs", repack.c; the AVX-512 table keeps "q5_k lanes"). Not a header in
+ * the usual sense: kernels_avx2.c includes it once, after x86_tiles.h,
+ * under its own ISA flags. Nothing else may include it.
  *
- * tile_q4_k's arithmetic for one token (x86_tiles.h: per 64 weights two
- * maddubs against the token, two madd with the broadcast scales, the 8 int32
- * lanes FMAed with d * dy, the min term in 4 lanes, hsum8 - hsum4), so each
- * row is vec_dot on the file's bytes bit for bit; what the layout saves is
- * cm_k4_scales8's scalar bit work and the fp16 conversions per super-block (4
- * blocks' at once, x86_krepack.h), and the token's bsums pair sums, gathered
- * once per call. One row per pass: a single sequential stream. The
+ * tile_q4_k's arithmetic for one token (x86_tiles.h: the 8 int32 lanes of
+ * each super-block FMAed with d * dy, the min term in 4 lanes, hsum8 -
+ * hsum4), so each row is vec_dot on the file's bytes bit for bit. Lane l of
+ * a super-block is, for each of its 8 groups of 32 weights (one scale each),
+ * the scale times the 4 products of the group's dword l: tile_q4_k takes
+ * per 64 weights two maddubs, two madd and two adds; the pairs layout holds
+ * each 64 weights as the two vectors A, B (group 2c's and 2c + 1's bytes by
+ * 16-bit units: ak_pair's order) that meet the token's bytes paired once
+ * per call (ak_tok), so per 64 weights it is an and, a shift and an and
+ * (q5_k: three more, the fifth bits pre-merged), two maddubs, an int16
+ * add, one madd with both scales and one add (akp_block): 8 (q5_k 11) ymm
+ * operations instead of 11 (15). What the header saves is cm_k4_scales8's
+ * scalar bit work and the fp16 conversions per super-block (4 blocks' at
+ * once, x86_krepack.h). One row per pass: a single sequential stream. The
  * prefill gemms at the end run the same arithmetic for 8 tokens per row pass.
  */
 #include "x86_krepack.h"
-
-/* The 8 scales bytes of a block as sw. */
-AI __m256i ak_sw(__m128i sc8) { return _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sc8)); }
-/* Block j's 8 scales (bytes 0-7 or 8-15 of lo = unpacklo(sc03, sc47) for
- * blocks 0 and 1, of hi = unpackhi for blocks 2 and 3) as sw. */
-AI void ak_sws(__m128i sc03, __m128i sc47, __m256i sw[4]) {
-    const __m128i lo = _mm_unpacklo_epi32(sc03, sc47), hi = _mm_unpackhi_epi32(sc03, sc47);
-    sw[0] = ak_sw(lo);
-    sw[1] = ak_sw(_mm_srli_si128(lo, 8));
-    sw[2] = ak_sw(hi);
-    sw[3] = ak_sw(_mm_srli_si128(hi, 8));
-}
-
-/* The 8 scale bytes of 2 blocks (sc8's 16 bytes: block 0's, then block
- * 1's) as dwords holding the scale in both words, scd[0..16): a scale's
- * madd operand is then one dword broadcast from memory (no shuffle). */
-AI void akd_scd2(__m128i sc8, int32_t *scd) {
-    const __m128i w0 = _mm_cvtepu8_epi16(sc8), w1 = _mm_cvtepu8_epi16(_mm_srli_si128(sc8, 8));
-    _mm_storeu_si128((__m128i *)(void *)scd, _mm_unpacklo_epi16(w0, w0));
-    _mm_storeu_si128((__m128i *)(void *)(scd + 4), _mm_unpackhi_epi16(w0, w0));
-    _mm_storeu_si128((__m128i *)(void *)(scd + 8), _mm_unpacklo_epi16(w1, w1));
-    _mm_storeu_si128((__m128i *)(void *)(scd + 12), _mm_unpackhi_epi16(w1, w1));
-}
-/* Block m's scale as a madd operand. */
-#define AKD_SC(SCD, M) _mm256_set1_epi32((SCD)[M])
-
-/* One super-block: qs (the file's order), its 8 scales as scd[0..8)
- * (akd_scd2), mins as words, d, dmin; y the token's block, pairs its bsums
- * pair sums. */
-AI void ak4_block(const uint8_t *qs, const int32_t *scd, __m128i mn16, float d, float dmin, const cm_block_q8_k *y,
-                  __m128i pairs, __m256 *acc, __m128 *accm) {
-    const __m256i m4 = _mm256_set1_epi8(0x0f);
-    __m256i sumi = _mm256_setzero_si256();
-    for (int j = 0; j < 4; j++) {
-        const __m256i q = ld256(qs + 32 * j);
-        const __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-        const __m256i plo = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, ld256(y->qs + 64 * j)), AKD_SC(scd, 2 * j));
-        const __m256i phi =
-            _mm256_madd_epi16(_mm256_maddubs_epi16(hi, ld256(y->qs + 64 * j + 32)), AKD_SC(scd, 2 * j + 1));
-        sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(plo, phi));
-    }
-    FMA_BLOCK(*acc, sumi, d * y->d);
-    *accm = _mm_fmadd_ps(_mm_cvtepi32_ps(_mm_madd_epi16(mn16, pairs)), _mm_set1_ps(dmin * y->d), *accm);
-}
-
-AI float ak4_row(int64_t nb, const uint8_t *x, const cm_block_q8_k *y, const __m128i *pairs) {
-    __m256 acc = _mm256_setzero_ps();
-    __m128 accm = _mm_setzero_ps();
-    int64_t b = 0;
-    for (; b + 4 <= nb; b += 4, x += RK4_GROUP) {
-        /* the group's 9 lines A2_PFD bytes on */
-        _Pragma("GCC unroll 9") for (int o = 0; o < RK4_GROUP; o += 64)
-            _mm_prefetch((const char *)x + A2_PFD + o, _MM_HINT_T0);
-        float dd[8];
-        __m128i sc03, sc47, mn16[4];
-        rk_header(x, dd, &sc03, &sc47, mn16);
-        int32_t scd[32];
-        akd_scd2(_mm_unpacklo_epi32(sc03, sc47), scd);
-        akd_scd2(_mm_unpackhi_epi32(sc03, sc47), scd + 16);
-        for (int j = 0; j < 4; j++) {
-            ak4_block(x + 64 + 128 * j, scd + 8 * j, mn16[j], dd[j], dd[4 + j], y + b + j, pairs[b + j], &acc, &accm);
-        }
-    }
-    for (const cm_block_q4_k *xt = (const cm_block_q4_k *)(const void *)x; b < nb; b++, xt++) {
-        uint8_t sc[8], mn[8];
-        int32_t scd[16];
-        cm_k4_scales8(xt->scales, sc, mn);
-        akd_scd2(_mm_loadl_epi64((const __m128i *)sc), scd);
-        ak4_block(xt->qs, scd, _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mn)), f16f(xt->d), f16f(xt->dmin),
-                  y + b, pairs[b], &acc, &accm);
-    }
-    return hsum8(acc) - hsum4(accm);
-}
-
-static void gemv_ak4_k(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
-                       int64_t r0, int64_t r1, int64_t n_tok) {
-    (void)x_stride, (void)ldy, (void)n_tok;
-    const int64_t nb = k / CM_QK_K;
-    CM_ASSERT(nb <= RK4_MAXB);
-    __m128i pairs[RK4_MAXB];
-    rk_pairs(nb, x, pairs);
-    for (int64_t i = r0; i < r1; i++) y[i] = ak4_row(nb, (const uint8_t *)w + (size_t)i * w_stride, x, pairs);
-}
-
-/* ---- q5_k over "q5_k lanes" (repack.c: the q4_k group's header, then the
- * 4 blocks' qh, 32 bytes each, then their qs): tile_q5_k's arithmetic (the
- * fifth bit ORed in as bit 4 of each nibble, as x86_tiles.h does), so each
- * row is vec_dot on the file's bytes bit for bit. ---- */
-enum { AK5_GROUP = 4 * (int)sizeof(cm_block_q5_k) };
-
-AI void ak5_block(const uint8_t *qs, const uint8_t *qhp, const int32_t *scd, __m128i mn16, float d, float dmin,
-                  const cm_block_q8_k *y, __m128i pairs, __m256 *acc, __m128 *accm) {
-    const __m256i m4 = _mm256_set1_epi8(0x0f), m16 = _mm256_set1_epi8(0x10);
-    const __m256i qh = ld256(qhp);
-    __m256i sumi = _mm256_setzero_si256();
-    _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {
-        const __m256i q = ld256(qs + 32 * j);
-        /* bit 2j (lo) or 2j + 1 (hi) of each qh byte moved to bit 4 by one
-         * 16-bit shift of at most 4 (no bit crosses into the other byte
-         * that the mask keeps), then masked: one shift and one and each */
-        const __m256i blo = 2 * j <= 4 ? _mm256_slli_epi16(qh, 4 - 2 * j) : _mm256_srli_epi16(qh, 2 * j - 4);
-        const __m256i bhi = 2 * j + 1 <= 4 ? _mm256_slli_epi16(qh, 3 - 2 * j) : _mm256_srli_epi16(qh, 2 * j - 3);
-        const __m256i lo = _mm256_or_si256(_mm256_and_si256(q, m4), _mm256_and_si256(blo, m16));
-        const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), _mm256_and_si256(bhi, m16));
-        const __m256i plo = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, ld256(y->qs + 64 * j)), AKD_SC(scd, 2 * j));
-        const __m256i phi =
-            _mm256_madd_epi16(_mm256_maddubs_epi16(hi, ld256(y->qs + 64 * j + 32)), AKD_SC(scd, 2 * j + 1));
-        sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(plo, phi));
-    }
-    FMA_BLOCK(*acc, sumi, d * y->d);
-    *accm = _mm_fmadd_ps(_mm_cvtepi32_ps(_mm_madd_epi16(mn16, pairs)), _mm_set1_ps(dmin * y->d), *accm);
-}
-
-AI float ak5_row(int64_t nb, const uint8_t *x, const cm_block_q8_k *y, const __m128i *pairs) {
-    __m256 acc = _mm256_setzero_ps();
-    __m128 accm = _mm_setzero_ps();
-    int64_t b = 0;
-    for (; b + 4 <= nb; b += 4, x += AK5_GROUP) {
-        /* the group's 11 lines A2_PFD bytes on */
-        _Pragma("GCC unroll 11") for (int o = 0; o < AK5_GROUP; o += 64)
-            _mm_prefetch((const char *)x + A2_PFD + o, _MM_HINT_T0);
-        float dd[8];
-        __m128i sc03, sc47, mn16[4];
-        rk_header(x, dd, &sc03, &sc47, mn16);
-        int32_t scd[32];
-        akd_scd2(_mm_unpacklo_epi32(sc03, sc47), scd);
-        akd_scd2(_mm_unpackhi_epi32(sc03, sc47), scd + 16);
-        for (int j = 0; j < 4; j++) {
-            ak5_block(x + 192 + 128 * j, x + 64 + 32 * j, scd + 8 * j, mn16[j], dd[j], dd[4 + j], y + b + j,
-                      pairs[b + j], &acc, &accm);
-        }
-    }
-    for (const cm_block_q5_k *xt = (const cm_block_q5_k *)(const void *)x; b < nb; b++, xt++) {
-        uint8_t sc[8], mn[8];
-        int32_t scd[16];
-        cm_k4_scales8(xt->scales, sc, mn);
-        akd_scd2(_mm_loadl_epi64((const __m128i *)sc), scd);
-        ak5_block(xt->qs, xt->qh, scd, _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mn)), f16f(xt->d),
-                  f16f(xt->dmin), y + b, pairs[b], &acc, &accm);
-    }
-    return hsum8(acc) - hsum4(accm);
-}
-
-static void gemv_ak5_k(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
-                       int64_t r0, int64_t r1, int64_t n_tok) {
-    (void)x_stride, (void)ldy, (void)n_tok;
-    const int64_t nb = k / CM_QK_K;
-    CM_ASSERT(nb <= RK4_MAXB);
-    __m128i pairs[RK4_MAXB];
-    rk_pairs(nb, x, pairs);
-    for (int64_t i = r0; i < r1; i++) y[i] = ak5_row(nb, (const uint8_t *)w + (size_t)i * w_stride, x, pairs);
-}
-
-/* ---- prefill over the same rows: ak4_row / ak5_row for up to AKG_T tokens
- * at once (a row's header, nibbles and scales made once for all of them), so
- * each (row, token) gets those functions' integer lanes, hence their bits
- * (vec_dot's). Rows in blocks of AKG_RB (in L2) against every group of
- * tokens (in L1).
- *
- * The lanes are computed with fewer operations than ak4_block's maddubs,
- * madd, add per 32 weights: lane l of a super-block's sum is, for each of its
- * 8 groups of 32 weights (one scale each), the scale times the 4 products of
- * the group's dword l. A pair of groups (2p: the low nibbles, 2p + 1: the
- * high, meeting the token's bytes 64p.. and 64p + 32..) is laid out as two
- * vectors by 16-bit units (ak_pair): A = dword l's low unit of group 2p and
- * of group 2p + 1, B = their high units, the token's bytes alike. Then
- * maddubs(A) + maddubs(B) (int16: 4 products of one group per word, <= 4 *
- * 31 * 127 < 2^15) has in word 2l group 2p's four and in word 2l + 1 group
- * 2p + 1's, and one madd with the two scales gives lane l both groups' terms:
- * per 64 weights and token two maddubs, an add, a madd and an add instead of
- * two of each and three adds. The same integers lane for lane: the same bits.
- *
- * What a group of tokens needs is laid out once per (row block, group)
- * (akg_toks): the tokens' bytes block by block so paired (one pointer for all
- * T), their d, and for each pair of tokens the bsums pair sums and d side by
- * side in one vector, so the min term of two tokens takes one madd,
- * conversion, product and FMA (the same operations lane for lane as
- * ak4_row's 128-bit ones: the same bits), and d * dy of 8 tokens one
- * product. ---- */
-enum { AKG_T = 8, AKG_P = AKG_T / 2, AKG_RB = 128, AKG_CB = 1536 /* (row, super-block)s unpacked at once */ };
 
 /* Two vectors of 32 bytes (a group pair, weights or token bytes) by 16-bit
  * units: o[0] the low unit of each dword of a and of b, o[1] the high ones. */
@@ -202,6 +29,164 @@ AI void ak_pair(__m256i a, __m256i b, __m256i *o) {
     o[0] = _mm256_blend_epi16(a, _mm256_slli_epi32(b, 16), 0xaa);
     o[1] = _mm256_blend_epi16(_mm256_srli_epi32(a, 16), b, 0xaa);
 }
+
+/* The token's bytes of nb super-blocks in the pairs' order (ak_pair per 64:
+ * yp[256b + 64c ..] meets chunk c's A, yp[256b + 64c + 32 ..] its B). */
+AI void ak_tok(int64_t nb, const cm_block_q8_k *y, int8_t *yp) {
+    for (int64_t b = 0; b < nb; b++)
+        for (int c = 0; c < 4; c++) {
+            __m256i v[2];
+            ak_pair(ld256(y[b].qs + 64 * c), ld256(y[b].qs + 64 * c + 32), v);
+            _mm256_storeu_si256((__m256i *)(void *)(yp + 256 * b + 64 * c), v[0]);
+            _mm256_storeu_si256((__m256i *)(void *)(yp + 256 * b + 64 * c + 32), v[1]);
+        }
+}
+
+/* A block's 8 scale bytes (sc8's low 8) as words: scw[c] = chunk c's two
+ * scales (2c low), a madd operand by one dword broadcast from memory. */
+AI void ak_scw(__m128i sc8, int32_t *scw) { _mm_storeu_si128((__m128i *)(void *)scw, _mm_cvtepu8_epi16(sc8)); }
+/* A group's 4 blocks' (rk_header's sc03, sc47) into scw[0..16). */
+AI void ak_scw4(__m128i sc03, __m128i sc47, int32_t *scw) {
+    const __m128i lo = _mm_unpacklo_epi32(sc03, sc47), hi = _mm_unpackhi_epi32(sc03, sc47);
+    ak_scw(lo, scw);
+    ak_scw(_mm_srli_si128(lo, 8), scw + 4);
+    ak_scw(hi, scw + 8);
+    ak_scw(_mm_srli_si128(hi, 8), scw + 12);
+}
+
+/* Chunk c's A and B of a pairs block (repack.c): q4_k's from qs (qhv
+ * unused), q5_k's from U = qs and V = qhv (HAS_QH a constant). */
+AI void akp_vals(const uint8_t *qs, __m256i qhv, int has_qh, int c, __m256i *a, __m256i *b) {
+    const __m256i q = ld256(qs + 32 * c);
+    if (!has_qh) {
+        const __m256i m4 = _mm256_set1_epi8(0x0f);
+        *a = _mm256_and_si256(q, m4);
+        *b = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+        return;
+    }
+    /* V's bits 2c, 2c + 1 to bits 3, 4 by one 16-bit shift (3, 1, -1, -3):
+     * what crosses into the other byte lands outside the mask */
+    const __m256i h = c == 0   ? _mm256_slli_epi16(qhv, 3)
+                      : c == 1 ? _mm256_slli_epi16(qhv, 1)
+                      : c == 2 ? _mm256_srli_epi16(qhv, 1)
+                               : _mm256_srli_epi16(qhv, 3);
+    *a = _mm256_and_si256(q, _mm256_set1_epi8(0x1f));
+    *b = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 5), _mm256_set1_epi8(0x07)),
+                         _mm256_and_si256(h, _mm256_set1_epi8(0x18)));
+}
+
+/* One super-block in pair order: qs (and q5_k's V at qhp), scw its scale
+ * words (ak_scw), mins as words, *dy = d * dy and *dmy = dmin * dy (dy the
+ * token's d); yp the token's paired bytes of the block, pairs its bsums pair
+ * sums. Per chunk: maddubs of A
+ * and of B, their int16 sum (4 products of one 32-value group per word, <=
+ * 4 * 31 * 128 < 2^15), one madd with the two scales: lane l gets group
+ * 2c's and 2c + 1's terms of dword l, tile_q4_k / tile_q5_k's int32 lanes
+ * (integer sums in another order): the same bits. */
+AI void akp_block(const uint8_t *qs, const uint8_t *qhp, int has_qh, const int32_t *scw, __m128i mn16, const float *dy,
+                  const float *dmy, const int8_t *yp, __m128i pairs, __m256 *acc, __m128 *accm) {
+    const __m256i qhv = has_qh ? ld256(qhp) : _mm256_setzero_si256();
+    __m256i sumi = _mm256_setzero_si256();
+    _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) {
+        __m256i a, b;
+        akp_vals(qs, qhv, has_qh, c, &a, &b);
+        const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(a, ld256(yp + 64 * c)),
+                                           _mm256_maddubs_epi16(b, ld256(yp + 64 * c + 32)));
+        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, _mm256_set1_epi32(scw[c])));
+    }
+    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_broadcast_ss(dy), *acc); /* FMA_BLOCK's */
+    *accm = _mm_fmadd_ps(_mm_cvtepi32_ps(_mm_madd_epi16(mn16, pairs)), _mm_broadcast_ss(dmy), *accm);
+}
+
+/* One row of "q4_k pairs" (has_qh 0) or "q5_k pairs" (1): groups of 4
+ * super-blocks (the q4_k lanes header, then q5_k's 4 V, then the quants),
+ * then the nb % 4 last as the file's blocks with their quants in pair order. */
+AI float akp_row(int64_t nb, const uint8_t *x, int has_qh, const float *ydv, const int8_t *yp, const __m128i *pairs) {
+    const int group = has_qh ? 4 * (int)sizeof(cm_block_q5_k) : RK4_GROUP, qs0 = has_qh ? 192 : 64;
+    __m256 acc = _mm256_setzero_ps();
+    __m128 accm = _mm_setzero_ps();
+    int64_t b = 0;
+    for (; b + 4 <= nb; b += 4, x += group) {
+        /* the group's 9 (q5_k: 11) lines A2_PFD bytes on */
+        _Pragma("GCC unroll 11") for (int o = 0; o < group; o += 64)
+            _mm_prefetch((const char *)x + A2_PFD + o, _MM_HINT_T0);
+        float dd[8];
+        __m128i sc03, sc47, mn16[4];
+        rk_header(x, dd, &sc03, &sc47, mn16);
+        int32_t scw[16];
+        ak_scw4(sc03, sc47, scw);
+        float f[8]; /* d * dy, then dmin * dy, of the 4 blocks (products as tile_q4_k's) */
+        _mm256_storeu_ps(
+            f, _mm256_mul_ps(_mm256_loadu_ps(dd), _mm256_broadcast_ps((const __m128 *)(const void *)(ydv + b))));
+        for (int j = 0; j < 4; j++)
+            akp_block(x + qs0 + 128 * j, x + 64 + 32 * j, has_qh, scw + 4 * j, mn16[j], f + j, f + 4 + j,
+                      yp + 256 * (b + j), pairs[b + j], &acc, &accm);
+    }
+    for (; b < nb; b++) {
+        const cm_block_q5_k *x5 = (const cm_block_q5_k *)(const void *)x;
+        const cm_block_q4_k *x4 = (const cm_block_q4_k *)(const void *)x;
+        const uint8_t *scales = has_qh ? x5->scales : x4->scales;
+        uint8_t sc[8], mn[8];
+        int32_t scw[4];
+        cm_k4_scales8(scales, sc, mn);
+        ak_scw(_mm_loadl_epi64((const __m128i *)sc), scw);
+        const float f[2] = {f16f(has_qh ? x5->d : x4->d) * ydv[b], f16f(has_qh ? x5->dmin : x4->dmin) * ydv[b]};
+        akp_block(has_qh ? x5->qs : x4->qs, has_qh ? x5->qh : NULL, has_qh, scw,
+                  _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mn)), f, f + 1, yp + 256 * b, pairs[b], &acc,
+                  &accm);
+        x += has_qh ? sizeof *x5 : sizeof *x4;
+    }
+    return hsum8(acc) - hsum4(accm);
+}
+
+AI void akp_gemv(int has_qh, int64_t k, const void *w, size_t w_stride, const void *x, float *y, int64_t r0,
+                 int64_t r1) {
+    const int64_t nb = k / CM_QK_K;
+    CM_ASSERT(nb <= RK4_MAXB);
+    __m128i pairs[RK4_MAXB];
+    _Alignas(32) int8_t yp[RK4_MAXB * CM_QK_K]; /* 32 KiB at most (compute threads: CM_COMPUTE_STACK) */
+    float ydv[RK4_MAXB];
+    rk_pairs(nb, x, pairs);
+    ak_tok(nb, x, yp);
+    for (int64_t b = 0; b < nb; b++) ydv[b] = ((const cm_block_q8_k *)x)[b].d;
+    for (int64_t i = r0; i < r1; i++)
+        y[i] = akp_row(nb, (const uint8_t *)w + (size_t)i * w_stride, has_qh, ydv, yp, pairs);
+}
+
+static void gemv_ak4_k(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
+                       int64_t r0, int64_t r1, int64_t n_tok) {
+    (void)x_stride, (void)ldy, (void)n_tok;
+    akp_gemv(0, k, w, w_stride, x, y, r0, r1);
+}
+static void gemv_ak5_k(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
+                       int64_t r0, int64_t r1, int64_t n_tok) {
+    (void)x_stride, (void)ldy, (void)n_tok;
+    akp_gemv(1, k, w, w_stride, x, y, r0, r1);
+}
+
+/* ---- prefill over the same rows: akp_row for up to AKG_T tokens
+ * at once (a row's header, nibbles and scales made once for all of them), so
+ * each (row, token) gets those functions' integer lanes, hence their bits
+ * (vec_dot's). Rows in blocks of AKG_RB (in L2) against every group of
+ * tokens (in L1).
+ *
+ * The lanes as the gemv computes them: a pair of groups (2p: the low
+ * nibbles, 2p + 1: the high, meeting the token's bytes 64p.. and 64p +
+ * 32..) is the layout's two vectors (ak_pair's order): A = dword l's low
+ * unit of group 2p and of group 2p + 1, B = their high units, the token's
+ * bytes alike. Then maddubs(A) + maddubs(B) (int16: 4 products of one group
+ * per word, <= 4 * 31 * 128 < 2^15) has in word 2l group 2p's four and in
+ * word 2l + 1 group 2p + 1's, and one madd with the two scales gives lane l
+ * both groups' terms. The same integers lane for lane: the same bits.
+ *
+ * What a group of tokens needs is laid out once per (row block, group)
+ * (akg_toks): the tokens' bytes block by block so paired (one pointer for all
+ * T), their d, and for each pair of tokens the bsums pair sums and d side by
+ * side in one vector, so the min term of two tokens takes one madd,
+ * conversion, product and FMA (the same operations lane for lane as
+ * akp_row's 128-bit ones: the same bits), and d * dy of 8 tokens one
+ * product. ---- */
+enum { AKG_T = 8, AKG_P = AKG_T / 2, AKG_RB = 128, AKG_CB = 1536 /* (row, super-block)s unpacked at once */ };
 
 typedef struct {
     int8_t qs[RK4_MAXB][AKG_T][CM_QK_K]; /* token t's bytes of super-block b, paired (ak_pair per 64) */
@@ -244,7 +229,7 @@ static void akg_prep(int64_t nb, const cm_block_q8_k *const *yv, int T, akg_toks
 
 /* One super-block of a row, unpacked for the gemm: v[2p], v[2p + 1] the
  * values (bytes, q5_k's with the fifth bit) of groups 2p and 2p + 1 paired
- * (ak_pair), sc2[p] their two scales as words (2p low), mn2 the mins as
+ * (akp_vals), sc2[p] their two scales as words (2p low), mn2 the mins as
  * words in both halves, d, dmin. */
 typedef struct {
     __m256i v[8], mn2;
@@ -252,55 +237,49 @@ typedef struct {
     float d, dmin;
 } akg_blk;
 
-/* One super-block: qs (the file's order), qh (q5_k's, or NULL), the scales
- * as sw, mins as words; HAS_QH a constant. */
-AI void akg_unpack_blk(const uint8_t *qs, const uint8_t *qhp, int has_qh, __m256i sw, __m128i mn16, float d, float dmin,
-                       akg_blk *o) {
-    const __m256i m4 = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1);
-    __m256i qh = has_qh ? ld256(qhp) : one;
-    for (int j = 0; j < 4; j++) {
-        const __m256i q = ld256(qs + 32 * j);
-        __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-        if (has_qh) {
-            lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(qh, one), 4));
-            hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 1), one), 4));
-            qh = _mm256_srli_epi16(qh, 2);
-        }
-        ak_pair(lo, hi, &o->v[2 * j]);
-    }
-    _mm_storeu_si128((__m128i *)(void *)o->sc2, _mm256_castsi256_si128(sw)); /* dword p: words 2p, 2p + 1 */
+/* One super-block in pair order: qs (and q5_k's V at qhp when has_qh, a
+ * constant), its scale words (ak_scw), mins as words. */
+AI void akg_unpack_blk(const uint8_t *qs, const uint8_t *qhp, int has_qh, const int32_t *scw, __m128i mn16, float d,
+                       float dmin, akg_blk *o) {
+    const __m256i qhv = has_qh ? ld256(qhp) : _mm256_setzero_si256();
+    _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) akp_vals(qs, qhv, has_qh, c, &o->v[2 * c], &o->v[2 * c + 1]);
+    memcpy(o->sc2, scw, sizeof o->sc2); /* dword p: words 2p, 2p + 1 */
     o->mn2 = _mm256_broadcastsi128_si256(mn16);
     o->d = d;
     o->dmin = dmin;
 }
-/* A repacked row (q4_k lanes, or q5_k lanes when has_qh) of nb super-blocks into o[0..nb). */
+/* A repacked row (q4_k pairs, or q5_k pairs when has_qh) of nb super-blocks into o[0..nb). */
 static void akg_unpack(int64_t nb, const uint8_t *x, int has_qh, akg_blk *o) {
-    const size_t group = has_qh ? (size_t)AK5_GROUP : (size_t)RK4_GROUP;
+    const size_t group = has_qh ? 4 * sizeof(cm_block_q5_k) : (size_t)RK4_GROUP;
     int64_t b = 0;
     for (; b + 4 <= nb; b += 4, x += group) {
         float dd[8];
         __m128i sc03, sc47, mn16[4];
         rk_header(x, dd, &sc03, &sc47, mn16);
-        __m256i sw[4];
-        ak_sws(sc03, sc47, sw);
+        int32_t scw[16];
+        ak_scw4(sc03, sc47, scw);
         for (int j = 0; j < 4; j++) {
             if (has_qh)
-                akg_unpack_blk(x + 192 + 128 * j, x + 64 + 32 * j, 1, sw[j], mn16[j], dd[j], dd[4 + j], &o[b + j]);
-            else akg_unpack_blk(x + 64 + 128 * j, NULL, 0, sw[j], mn16[j], dd[j], dd[4 + j], &o[b + j]);
+                akg_unpack_blk(x + 192 + 128 * j, x + 64 + 32 * j, 1, scw + 4 * j, mn16[j], dd[j], dd[4 + j],
+                               &o[b + j]);
+            else akg_unpack_blk(x + 64 + 128 * j, NULL, 0, scw + 4 * j, mn16[j], dd[j], dd[4 + j], &o[b + j]);
         }
     }
-    for (; b < nb; b++) { /* the file's last nb % 4 super-blocks */
+    for (; b < nb; b++) { /* the file's last nb % 4 super-blocks, quants in pair order */
         uint8_t sc[8], mn[8];
+        int32_t scw[4];
         if (has_qh) {
             const cm_block_q5_k *xt = (const cm_block_q5_k *)(const void *)x + (b - nb / 4 * 4);
             cm_k4_scales8(xt->scales, sc, mn);
-            akg_unpack_blk(xt->qs, xt->qh, 1, ak_sw(_mm_loadl_epi64((const __m128i *)sc)),
-                           _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mn)), f16f(xt->d), f16f(xt->dmin), &o[b]);
+            ak_scw(_mm_loadl_epi64((const __m128i *)sc), scw);
+            akg_unpack_blk(xt->qs, xt->qh, 1, scw, _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mn)), f16f(xt->d),
+                           f16f(xt->dmin), &o[b]);
         } else {
             const cm_block_q4_k *xt = (const cm_block_q4_k *)(const void *)x + (b - nb / 4 * 4);
             cm_k4_scales8(xt->scales, sc, mn);
-            akg_unpack_blk(xt->qs, NULL, 0, ak_sw(_mm_loadl_epi64((const __m128i *)sc)),
-                           _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mn)), f16f(xt->d), f16f(xt->dmin), &o[b]);
+            ak_scw(_mm_loadl_epi64((const __m128i *)sc), scw);
+            akg_unpack_blk(xt->qs, NULL, 0, scw, _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mn)), f16f(xt->d),
+                           f16f(xt->dmin), &o[b]);
         }
     }
 }

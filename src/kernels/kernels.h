@@ -103,6 +103,11 @@ typedef struct cm_kernels {
      * repacked copy, same row stride): each row bit-identical to vec_dot on
      * the file's bytes. Non-NULL makes cm_repack_add repack type t. */
     cm_gemm_fn gemv_packed[CM_TYPE_COUNT];
+    /* Optional: the table's own repacked layout of type t (nb blocks of a
+     * row), which its gemv_packed and gemm_packed read instead of the type's
+     * shared one (cm_repack_row); a copy is read only by the table that made
+     * it. The avx2 table's q4_k / q5_k / q6_k "pairs" (repack.c). */
+    void (*repack[CM_TYPE_COUNT])(const void *src, void *dst, int64_t nb);
     cm_attn_v_fn attn_v[CM_TYPE_COUNT]; /* KV cache types F32 F16 Q8_0 Q4_0 (attn_*.c) */
     cm_attn_f16_step_fn attn_f16_step;  /* (attn_*.c) */
     /* q.k of two F16 rows in the lane order of ggml's AVX-512 F16 dot (64
@@ -234,15 +239,18 @@ size_t cm_repack_give_back(const void *owner, const cm_kernels *k, const struct 
 /* The "q4_0 lanes" layout of nb blocks and the "q4_k lanes" and "q5_k
  * lanes" and "q6_k lanes" layouts of nb super-blocks (repack.c says what
  * they are); cm_repack_row: the layout of one row of ne0 elements of type t
- * (q4_0, q4_k, q5_k or q6_k; f16 is laid out by row pair). cm_repack_row_for:
- * the layout table k's kernels read ("q6_k pairs" for the avx2 table's q6_k,
- * cm_repack_q6_k_pairs; else cm_repack_row's). */
+ * (q4_0, q4_k, q5_k or q6_k; f16 is laid out by row pair). */
 void cm_repack_q4_0_lanes(const void *src, void *dst, int64_t nb);
 void cm_repack_q4_k_lanes(const void *src, void *dst, int64_t nb);
 void cm_repack_q5_k_lanes(const void *src, void *dst, int64_t nb);
 void cm_repack_q6_k_lanes(const void *src, void *dst, int64_t nb);
-void cm_repack_q6_k_pairs(const void *src, void *dst, int64_t nb);
 void cm_repack_row(enum cm_type t, const void *src, void *dst, int64_t ne0);
+/* The avx2 table's "q4_k pairs", "q5_k pairs" and "q6_k pairs" (repack.c),
+ * and the layout table k repacks one row of type t in (k->repack[t], else
+ * cm_repack_row). */
+void cm_repack_q4_k_pairs(const void *src, void *dst, int64_t nb);
+void cm_repack_q5_k_pairs(const void *src, void *dst, int64_t nb);
+void cm_repack_q6_k_pairs(const void *src, void *dst, int64_t nb);
 void cm_repack_row_for(const cm_kernels *k, enum cm_type t, const void *src, void *dst, int64_t ne0);
 /* The "f16 pairs" layout of two F16 rows a, b (b NULL: zeros) of k
  * elements: 2 row sizes at dst (repack.c says what it is). */

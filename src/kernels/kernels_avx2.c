@@ -49,8 +49,6 @@ enum { A2_PFD = 2048 };
 
 void cm_kernels_fill_avx2(cm_kernels *k) {
     x86_fill(k);
-    k->gemv_packed[CM_TYPE_Q4_K] = gemv_ak4_k;
-    k->gemv_packed[CM_TYPE_Q5_K] = gemv_ak5_k;
     cm_kernels_fill_lane_avx2(k); /* q4_0 in the AVX-512 table's lane order */
 }
 
@@ -59,7 +57,8 @@ void cm_kernels_fill_avx2(cm_kernels *k) {
 void cm_kernels_fill_avx2_own(cm_kernels *k) {
     k->gemv[CM_TYPE_Q6_K] = gemv_a6_k;
     k->gemm[CM_TYPE_Q6_K] = gemm_a6_k;
-    k->gemv_packed[CM_TYPE_Q6_K] = gemv_p6_k; /* "q6_k pairs" (repack.c) */
+    k->repack[CM_TYPE_Q6_K] = cm_repack_q6_k_pairs; /* "q6_k pairs" (repack.c) */
+    k->gemv_packed[CM_TYPE_Q6_K] = gemv_p6_k;
     k->gemm_packed[CM_TYPE_Q6_K] = gemm_p6_k;
     k->gemm[CM_TYPE_F16] = gemm_af16;
     k->gemv[CM_TYPE_F16] = gemv_af16;
@@ -67,6 +66,12 @@ void cm_kernels_fill_avx2_own(cm_kernels *k) {
     k->gemv_packed[CM_TYPE_F16] = gemv_pf16; /* "f16 pairs" (repack.c) */
     k->gemm_packed[CM_TYPE_F16] = gemm_pf16;
     cm_kernels_fill_lq8_avx2(k);
-    k->gemm_packed[CM_TYPE_Q4_K] = gemm_ak4_k; /* the table's gemm_packed_max: every batch */
+    /* q4_k / q5_k over the table's own "pairs" layouts (repack.c), gemv and
+     * gemm (the table's gemm_packed_max: every batch) */
+    k->repack[CM_TYPE_Q4_K] = cm_repack_q4_k_pairs;
+    k->repack[CM_TYPE_Q5_K] = cm_repack_q5_k_pairs;
+    k->gemv_packed[CM_TYPE_Q4_K] = gemv_ak4_k;
+    k->gemv_packed[CM_TYPE_Q5_K] = gemv_ak5_k;
+    k->gemm_packed[CM_TYPE_Q4_K] = gemm_ak4_k;
     k->gemm_packed[CM_TYPE_Q5_K] = gemm_ak5_k;
 }

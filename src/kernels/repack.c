@@ -27,6 +27,17 @@
  * same with the 4 blocks' qh (4 x 32 bytes) between the scales and the qs
  * (704 bytes per group).
  *
+ * Layouts "q4_k pairs" and "q5_k pairs" (the avx2 table's own, selected by
+ * its cm_kernels.repack; same size and stride): "q4_k lanes" / "q5_k lanes"
+ * with each super-block's 256 values reordered so that one load, a mask and
+ * a shift give the two vectors of a 64-value chunk that the avx2 gemv feeds
+ * to two maddubs and one madd (avx2_krepack.h): chunk c's A holds in byte
+ * 4l + e value 64c + 32 (e / 2) + 4l + e % 2, its B the value two on
+ * (kp_at). q4_k: chunk c's 32 bytes are A | B << 4. q5_k: its 32 bytes U
+ * are A (5 bits) | (B & 7) << 5, and the 32 bytes where "q5_k lanes" keeps
+ * qh hold B >> 3 of chunk c in bits 2c, 2c + 1 (V). The nb % 4 last
+ * super-blocks keep the file's block layout with their quants so reordered.
+ *
  * Layout "q6_k lanes" (the avx512 table's q6_k; same size and stride; each super-block on its own,
  * as a cm_block_q6_k whose bytes mean): the 256 values in the order of
  * gemm_kq6_avx512.c's operands (position 64v + 4L + e = element 16 s(L) +
@@ -87,6 +98,7 @@
 #include "os/os.h"
 
 #include <pthread.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -204,6 +216,74 @@ static void q6_values(const cm_block_q6_k *x, uint8_t q[256]) {
     }
 }
 
+/* ---- "q4_k pairs" / "q5_k pairs" (the avx2 table's: cm_kernels.repack) ----
+ * v[64c + i]: value i of a super-block's 64-value chunk c (ggml's order:
+ * qs[32c + i % 32]'s low nibble for i < 32, high for i >= 32, q5_k's fifth
+ * bit from qh[i % 32] bit 2c + i / 32). The chunk's two 32-byte vectors A
+ * (h = 0) and B (h = 1): byte 4l + e is value 32 (e / 2) + 4l + 2h + e % 2,
+ * so A's word 2l / 2l + 1 hold values 4l, 4l + 1 / 32 + 4l, 33 + 4l and B's
+ * the next two of each dword (avx2_krepack.h). */
+static void kp_vals(const uint8_t *qs, const uint8_t *qh, uint8_t v[256]) {
+    for (int c = 0; c < 4; c++)
+        for (int i = 0; i < 64; i++) {
+            const uint8_t q = qs[32 * c + i % 32];
+            v[64 * c + i] =
+                (uint8_t)((i < 32 ? q & 15 : q >> 4) | (qh ? (qh[i % 32] >> (2 * c + i / 32) & 1) << 4 : 0));
+        }
+}
+static uint8_t kp_at(const uint8_t v[256], int c, int h, int n) {
+    return v[64 * c + 32 * (n % 4 / 2) + 4 * (n / 4) + 2 * h + n % 2];
+}
+
+/* One super-block's quants in pair order: q4_k's 128 bytes (qh NULL), byte
+ * 32c + n = A | B << 4; q5_k's U (qs, 128 bytes: byte 32c + n = A | (B & 7)
+ * << 5) and V (oqh, 32 bytes: bits 2c, 2c + 1 of byte n = B >> 3 of chunk c). */
+static void kp_block(const uint8_t *qs, const uint8_t *qh, uint8_t *oqs, uint8_t *oqh) {
+    uint8_t v[256];
+    kp_vals(qs, qh, v);
+    if (oqh) memset(oqh, 0, 32);
+    for (int c = 0; c < 4; c++)
+        for (int n = 0; n < 32; n++) {
+            const int a = kp_at(v, c, 0, n), b = kp_at(v, c, 1, n);
+            if (!qh) {
+                oqs[32 * c + n] = (uint8_t)(a | b << 4);
+                continue;
+            }
+            oqs[32 * c + n] = (uint8_t)(a | (b & 7) << 5);
+            oqh[n] |= (uint8_t)((b >> 3) << (2 * c));
+        }
+}
+
+/* A row of "lanes" (done by the caller) put into pair order: each
+ * super-block's quants where the lanes layout keeps them (group j: qs at
+ * 64 + 32 * n_qh + 128j, q5_k's qh at 64 + 32j; the tail: the block's). */
+static void kp_row(const void *src, void *dst, int64_t nb, bool q5) {
+    const size_t bs = q5 ? sizeof(cm_block_q5_k) : sizeof(cm_block_q4_k);
+    const size_t oqs = q5 ? offsetof(cm_block_q5_k, qs) : offsetof(cm_block_q4_k, qs),
+                 oqh = offsetof(cm_block_q5_k, qh);
+    const uint8_t *x = src;
+    uint8_t *d = dst;
+    const int64_t ng = nb / 4 * 4;
+    for (int64_t b = 0; b < nb; b++) {
+        uint8_t *g = d + (size_t)(b / 4) * 4 * bs, *t = d + (size_t)b * bs; /* b's group, or b itself past ng */
+        kp_block(x + (size_t)b * bs + oqs, q5 ? x + (size_t)b * bs + oqh : NULL,
+                 b < ng ? g + 64 + (q5 ? 128 : 0) + 128 * (b % 4) : t + oqs,
+                 !q5      ? NULL
+                 : b < ng ? g + 64 + 32 * (b % 4)
+                          : t + oqh);
+    }
+}
+
+void cm_repack_q4_k_pairs(const void *src, void *dst, int64_t nb) {
+    cm_repack_q4_k_lanes(src, dst, nb);
+    kp_row(src, dst, nb, false);
+}
+
+void cm_repack_q5_k_pairs(const void *src, void *dst, int64_t nb) {
+    cm_repack_q5_k_lanes(src, dst, nb);
+    kp_row(src, dst, nb, true);
+}
+
 void cm_repack_q6_k_lanes(const void *src, void *dst, int64_t nb) {
     const cm_block_q6_k *x = src;
     cm_block_q6_k *o = dst;
@@ -253,17 +333,18 @@ void cm_repack_q6_k_pairs(const void *src, void *dst, int64_t nb) {
     }
 }
 
-void cm_repack_row_for(const cm_kernels *k, enum cm_type t, const void *src, void *dst, int64_t ne0) {
-    if (t == CM_TYPE_Q6_K && k && strcmp(k->name, "avx2") == 0) cm_repack_q6_k_pairs(src, dst, ne0 / CM_QK_K);
-    else cm_repack_row(t, src, dst, ne0);
-}
-
 void cm_repack_row(enum cm_type t, const void *src, void *dst, int64_t ne0) {
     if (t == CM_TYPE_Q4_0) cm_repack_q4_0_lanes(src, dst, ne0 / CM_QK4_0);
     else if (t == CM_TYPE_Q4_K) cm_repack_q4_k_lanes(src, dst, ne0 / CM_QK_K);
     else if (t == CM_TYPE_Q5_K) cm_repack_q5_k_lanes(src, dst, ne0 / CM_QK_K);
     else if (t == CM_TYPE_Q6_K) cm_repack_q6_k_lanes(src, dst, ne0 / CM_QK_K);
     else CM_ASSERT(!"no repacked layout for this type");
+}
+
+void cm_repack_row_for(const cm_kernels *k, enum cm_type t, const void *src, void *dst, int64_t ne0) {
+    if (k && (unsigned)t < CM_TYPE_COUNT && k->repack[t])
+        k->repack[t](src, dst, ne0 / cm_type_traits_of(t)->block_size);
+    else cm_repack_row(t, src, dst, ne0);
 }
 
 static bool repack_off(void) { return cm_config_get()->repack_off; }

@@ -1,6 +1,7 @@
 /*
  * x86_krepack.h: what the AVX2 and AVX-512 gemvs over "q4_k lanes" and
- * "q5_k lanes" rows (repack.c) share: a group's header unpacked with 128-bit
+ * "q5_k lanes" rows (repack.c; the AVX2 table's "pairs" have the same group
+ * header) share: a group's header unpacked with 128-bit
  * operations, the token's bsums pair sums. Included only by avx2_krepack.h and avx512_krepack.h (each in
  * its own ISA file, after x86_tiles.h). Never allocates.
  */

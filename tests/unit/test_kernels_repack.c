@@ -121,7 +121,7 @@ static void check(const cm_kernels *k, enum cm_type t, int64_t n) {
     }
     CHECK(copy != NULL);
     if (!copy) goto done;
-    cm_repack_row_for(k, t, w + ws, lay, n); /* the copy is the layout of the file's rows (for this table) */
+    cm_repack_row_for(k, t, w + ws, lay, n); /* the copy is the table's layout of the file's rows */
     CHECK(memcmp((const uint8_t *)copy + ws, lay, ws) == 0);
     const int64_t blk = cm_type_traits_of(t)->block_size;
     cm_tensor cv = W; /* a column view reads the file's bytes */
