@@ -333,7 +333,7 @@ AI void akg_gemm(int has_qh, int64_t k, const void *w, size_t w_stride, const vo
         for (int64_t j = 0; j < n_tok; j += AKG_T) {
             const int T = n_tok - j < AKG_T ? (int)(n_tok - j) : AKG_T;
             a6g_pf((const char *)w + (size_t)i1 * w_stride, (const char *)w + (size_t)i2 * w_stride, j / AKG_T,
-                   ng); /* the next block of rows (avx2_gemv.h) */
+                   ng); /* the next block of rows (avx2_q6k.h) */
             const cm_block_q8_k *yv[AKG_T];
             for (int t = 0; t < T; t++)
                 yv[t] = (const cm_block_q8_k *)(const void *)((const char *)x + (size_t)(j + t) * x_stride);

@@ -8,8 +8,8 @@
  * reference. The kernels themselves are in x86_tiles.h (shared with the
  * AVX-512 file), plus q4_k and q5_k decode gemvs and prefill gemms over
  * rows repacked at load (avx2_krepack.h), the AVX2 table's own q6_k (over
- * the file's rows, and over "q6_k pairs" repacked at load) and f16 gemv and
- * gemm (avx2_gemv.h), and q4_0 / q8_0 in the AVX-512 table's lane
+ * the file's rows, and over "q6_k pairs" repacked at load; avx2_q6k.h) and
+ * f16 gemv and gemm (avx2_gemv.h), and q4_0 / q8_0 in the AVX-512 table's lane
  * order (lane_avx2.c); tested against the reference in
  * tests/unit/test_kernels_simd.c, for batch invariance in
  * test_kernels_invariant.c and test_kernels_repack.c. Never allocates.
@@ -36,7 +36,7 @@ AI __m256i ax_keep(__m256i v) {
     return v;
 }
 
-/* The decode gemvs' software prefetch (avx2_gemv.h's q6_k, avx2_krepack.h's
+/* The decode gemvs' software prefetch (avx2_q6k.h's q6_k, avx2_krepack.h's
  * q4_k / q5_k): the lines A2_PFD bytes ahead of the ones being read (rows
  * are contiguous: past a row's end that is the next rows'; prefetches never
  * fault), a few per block. Prefetching changes no arithmetic. 2048, as the
@@ -44,6 +44,7 @@ AI __m256i ax_keep(__m256i v) {
 enum { A2_PFD = 2048 };
 
 #include "avx2_gemv.h"
+#include "avx2_q6k.h"
 #include "avx2_krepack.h"
 #include "isa.h"
 

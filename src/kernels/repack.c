@@ -50,7 +50,7 @@
  * Layout "q6_k pairs" (the avx2 table's q6_k; same size and stride; each
  * super-block on its own): v[0..8) the 6-bit values of groups of 32
  * elements 2p and 2p + 1 paired by 16-bit units (v[2p + u] byte 4j + e =
- * element 32 (2p + e / 2) + 4j + 2u + e % 2: avx2_gemv.h's a6g_pair), stored
+ * element 32 (2p + e / 2) + 4j + 2u + e % 2: avx2_q6k.h's a6g_pair), stored
  * as bytes 0-191: [v0 | v3 bits 0-1 << 6][v1 | v3 bits 2-3 << 6][v2 | v3
  * bits 4-5 << 6], the same for v4..v7; bytes 192-207 the scales 0, 2, .., 14
  * then 1, 3, .., 15; d unchanged at 208. A value is one mask (or three
