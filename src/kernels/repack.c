@@ -223,35 +223,31 @@ static void q6_values(const cm_block_q6_k *x, uint8_t q[256]) {
  * (h = 0) and B (h = 1): byte 4l + e is value 32 (e / 2) + 4l + 2h + e % 2,
  * so A's word 2l / 2l + 1 hold values 4l, 4l + 1 / 32 + 4l, 33 + 4l and B's
  * the next two of each dword (avx2_krepack.h). */
-static void kp_vals(const uint8_t *qs, const uint8_t *qh, uint8_t v[256]) {
-    for (int c = 0; c < 4; c++)
-        for (int i = 0; i < 64; i++) {
-            const uint8_t q = qs[32 * c + i % 32];
-            v[64 * c + i] =
-                (uint8_t)((i < 32 ? q & 15 : q >> 4) | (qh ? (qh[i % 32] >> (2 * c + i / 32) & 1) << 4 : 0));
-        }
-}
-static uint8_t kp_at(const uint8_t v[256], int c, int h, int n) {
-    return v[64 * c + 32 * (n % 4 / 2) + 4 * (n / 4) + 2 * h + n % 2];
-}
 
 /* One super-block's quants in pair order: q4_k's 128 bytes (qh NULL), byte
  * 32c + n = A | B << 4; q5_k's U (qs, 128 bytes: byte 32c + n = A | (B & 7)
- * << 5) and V (oqh, 32 bytes: bits 2c, 2c + 1 of byte n = B >> 3 of chunk c). */
+ * << 5) and V (oqh, 32 bytes: bits 2c, 2c + 1 of byte n = B >> 3 of chunk c).
+ * Byte n's A is value 32s + j of chunk c, its B value 32s + j + 2, with
+ * j = 4 (n / 4) + n % 2 and s = n / 2 % 2: the s-th nibble of the chunk's
+ * qs bytes j and j + 2 (q5_k: plus bit 2c + s of qh bytes j and j + 2). */
 static void kp_block(const uint8_t *qs, const uint8_t *qh, uint8_t *oqs, uint8_t *oqh) {
-    uint8_t v[256];
-    kp_vals(qs, qh, v);
-    if (oqh) memset(oqh, 0, 32);
-    for (int c = 0; c < 4; c++)
-        for (int n = 0; n < 32; n++) {
-            const int a = kp_at(v, c, 0, n), b = kp_at(v, c, 1, n);
+    uint8_t hb[32] = {0};
+    for (int n = 0; n < 32; n++) {
+        const int j = 4 * (n / 4) + n % 2, s = n / 2 % 2;
+        for (int c = 0; c < 4; c++) {
+            const uint8_t *q = qs + 32 * c;
+            int a = q[j] >> 4 * s & 15, b = q[j + 2] >> 4 * s & 15;
             if (!qh) {
                 oqs[32 * c + n] = (uint8_t)(a | b << 4);
                 continue;
             }
+            a |= (qh[j] >> (2 * c + s) & 1) << 4;
+            b |= (qh[j + 2] >> (2 * c + s) & 1) << 4;
             oqs[32 * c + n] = (uint8_t)(a | (b & 7) << 5);
-            oqh[n] |= (uint8_t)((b >> 3) << (2 * c));
+            hb[n] |= (uint8_t)((b >> 3) << (2 * c));
         }
+    }
+    if (oqh) memcpy(oqh, hb, 32);
 }
 
 /* A row of "lanes" (done by the caller) put into pair order: each
@@ -363,6 +359,47 @@ size_t cm_repack_bytes(const void *owner) {
     return n;
 }
 
+/* Filling the copies of one cm_repack_add call: rows (f16: row pairs) of
+ * each wanted tensor split over the threads, in the order the entries take
+ * (each tensor's copy at the next rp_bytes). Pure data movement: the same
+ * bytes whichever thread writes a row. */
+typedef struct rp_fill {
+    const cm_kernels *k;
+    const cm_tensor *const *ws;
+    int n;
+    char *mem;
+} rp_fill;
+
+static void rp_fill_run(void *ctx, int ith, int nth) {
+    const rp_fill *f = ctx;
+    size_t off = 0;
+    for (int i = 0; i < f->n; i++) {
+        const cm_tensor *W = f->ws[i];
+        if (!rp_wanted(f->k, W)) continue;
+        const size_t cs = cm_row_size(W->type, W->ne[0]);
+        const char *src = W->data;
+        char *dst = f->mem + off;
+        const bool pairs = W->type == CM_TYPE_F16;
+        int64_t u0, u1;
+        cm_split_range(pairs ? (W->ne[1] + 1) / 2 : W->ne[1], ith, nth, &u0, &u1);
+        for (int64_t u = u0; u < u1; u++) {
+            if (pairs) {
+                const int64_t r = 2 * u;
+                cm_repack_f16_pair(src + (size_t)r * W->nb[1],
+                                   r + 1 < W->ne[1] ? src + (size_t)(r + 1) * W->nb[1] : NULL, dst + (size_t)r * cs,
+                                   W->ne[0]);
+            } else cm_repack_row_for(f->k, W->type, src + (size_t)u * W->nb[1], dst + (size_t)u * cs, W->ne[0]);
+        }
+        off += rp_bytes(W);
+    }
+}
+
+/* Threads for a call repacking total bytes: every CPU (up to 16) from
+ * RP_THREADED_MIN on (a 1B model's layer is ~30 MB; the scalar reorders cost
+ * ~4 ns a byte on one Zen 1 core: a 7B Q4_K_M model's ~4 GB were ~15 s of
+ * load on one core), one below (the threads' start would cost more). */
+enum { RP_THREADED_MIN = 4 << 20, RP_THREADS_MAX = 16 };
+
 int cm_repack_add(const void *owner, const cm_kernels *k, const cm_tensor *const *ws, int n, char *err, size_t errlen) {
     if (repack_off()) return 0;
     size_t total = 0;
@@ -374,6 +411,17 @@ int cm_repack_add(const void *owner, const cm_kernels *k, const cm_tensor *const
     if (m == 0) return 0;
     char *mem = cm_huge_alloc(total);
     if (!mem) return cm_errf(err, errlen, CM_ENOMEM, "out of memory repacking %zu bytes of weights", total);
+    /* the copies are made before the registry's lock is taken: nothing can
+     * find them yet, and matmuls elsewhere (a model already serving) never
+     * wait on a load */
+    rp_fill fill = {.k = k, .ws = ws, .n = n, .mem = mem};
+    int nth = total >= RP_THREADED_MIN ? cm_cpu_count() : 1;
+    if (nth > RP_THREADS_MAX) nth = RP_THREADS_MAX;
+    cm_pool *pool = nth > 1 ? cm_pool_new(nth) : NULL;
+    if (pool) {
+        cm_pool_run(pool, rp_fill_run, &fill);
+        cm_pool_free(pool);
+    } else rp_fill_run(&fill, 0, 1);
     pthread_rwlock_wrlock(&g_lock);
     if (g_n + m > g_cap) {
         int cap = g_cap ? g_cap : 64;
@@ -391,16 +439,6 @@ int cm_repack_add(const void *owner, const cm_kernels *k, const cm_tensor *const
     for (int i = 0; i < n; i++) {
         const cm_tensor *W = ws[i];
         if (!rp_wanted(k, W)) continue;
-        const size_t cs = cm_row_size(W->type, W->ne[0]);
-        const char *src = W->data;
-        if (W->type == CM_TYPE_F16)
-            for (int64_t r = 0; r < W->ne[1]; r += 2)
-                cm_repack_f16_pair(src + (size_t)r * W->nb[1],
-                                   r + 1 < W->ne[1] ? src + (size_t)(r + 1) * W->nb[1] : NULL,
-                                   mem + off + (size_t)r * cs, W->ne[0]);
-        else
-            for (int64_t r = 0; r < W->ne[1]; r++)
-                cm_repack_row_for(k, W->type, src + (size_t)r * W->nb[1], mem + off + (size_t)r * cs, W->ne[0]);
         rp_entry e = {.owner = owner,
                       .base = W->data,
                       .stride = W->nb[1],
@@ -408,7 +446,7 @@ int cm_repack_add(const void *owner, const cm_kernels *k, const cm_tensor *const
                       .rows = W->ne[1],
                       .type = W->type,
                       .copy = mem + off,
-                      .cstride = cs,
+                      .cstride = cm_row_size(W->type, W->ne[0]),
                       .alloc = first ? mem : NULL,
                       .alloc_n = first ? total : 0};
         first = false;
@@ -420,7 +458,7 @@ int cm_repack_add(const void *owner, const cm_kernels *k, const cm_tensor *const
         __atomic_store_n(&g_n, g_n + 1, __ATOMIC_RELEASE);
     }
     pthread_rwlock_unlock(&g_lock);
-    CM_LOGD("repack: %d tensors, %zu bytes, for %p", m, total, owner);
+    CM_LOGD("repack: %d tensors, %zu bytes, for %p, on %d threads", m, total, owner, pool ? nth : 1);
     return 0;
 }
 

@@ -16,7 +16,8 @@
  * F16's "f16 pairs" (the avx2 table): the layout element by element, odd
  * row counts, slices and row views starting mid-pair, decode and 1..67
  * tokens. Giving a loaded file's pages back under a copy (cm_repack_give_back) keeps
- * the bytes at the tensor's address and every matmul's bits.
+ * the bytes at the tensor's address and every matmul's bits. A call big enough
+ * to repack on several threads makes each row's copy as cm_repack_row_for does.
  */
 #include "kernels/kernels.h"
 #include "os/os.h"
@@ -477,6 +478,74 @@ static void test_give_back(void) {
     if (!tables) printf("skip: n/a: no kernel table on this CPU repacks q4_0 (nothing to give back)\n");
 }
 
+/* One cm_repack_add call big enough to fill its copies on several threads
+ * (repack.c: from 4 MiB on), mixing every type the table repacks with one
+ * it does not: each copy must hold, row by row (f16: pair by pair), what
+ * cm_repack_row_for (cm_repack_f16_pair) makes of the file's bytes alone.
+ * Random bytes: only where they go is checked. */
+static void check_threaded(const cm_kernels *k) {
+    static const struct {
+        enum cm_type t;
+        int64_t n, rows;
+    } sh[] = {{CM_TYPE_Q4_K, 4096, 701}, {CM_TYPE_Q8_0, 2048, 33},  {CM_TYPE_F16, 2048, 1001},
+              {CM_TYPE_Q5_K, 2048, 333}, {CM_TYPE_Q6_K, 5632, 150}, {CM_TYPE_Q4_0, 5632, 257}};
+    enum { NS = sizeof sh / sizeof sh[0] };
+    cm_tensor W[NS];
+    const cm_tensor *wp[NS];
+    uint8_t *buf[NS];
+    size_t total = 0;
+    for (int i = 0; i < NS; i++) {
+        const size_t bytes = cm_row_size(sh[i].t, sh[i].n) * (size_t)sh[i].rows;
+        buf[i] = malloc(bytes);
+        for (size_t b = 0; b < bytes; b++) buf[i][b] = (uint8_t)rnd();
+        const int64_t ne[2] = {sh[i].n, sh[i].rows};
+        cm_tensor_init(&W[i], sh[i].t, 2, ne, buf[i], "w");
+        wp[i] = &W[i];
+        total += cm_repack_size(k, &W[i]);
+    }
+    if (total < ((size_t)4 << 20)) {
+        for (int i = 0; i < NS; i++) free(buf[i]);
+        return; /* repacks too few of these types to take threads */
+    }
+    int owner;
+    char err[200] = "";
+    CHECKF(cm_repack_add(&owner, k, wp, NS, err, sizeof err) == 0, "%s", err);
+    long bad = 0, seen = 0;
+    for (int i = 0; i < NS; i++) {
+        size_t cs = 0;
+        const uint8_t *copy = cm_repack_find(&W[i], &cs);
+        if (!k->gemv_packed[sh[i].t]) {
+            CHECK(copy == NULL);
+            continue;
+        }
+        if (!copy) continue; /* a width this table does not repack */
+        seen++;
+        const size_t rs = cm_row_size(sh[i].t, sh[i].n);
+        CHECK(cs == rs);
+        uint8_t *ref = malloc(2 * rs);
+        const bool pairs = sh[i].t == CM_TYPE_F16;
+        for (int64_t r = 0; r < sh[i].rows; r += pairs ? 2 : 1) {
+            const uint8_t *src = buf[i] + (size_t)r * rs;
+            const bool two = pairs && r + 1 < sh[i].rows;
+            if (pairs) cm_repack_f16_pair(src, two ? src + rs : NULL, ref, sh[i].n);
+            else cm_repack_row_for(k, sh[i].t, src, ref, sh[i].n);
+            bad += memcmp(copy + (size_t)r * rs, ref, pairs ? 2 * rs : rs) != 0;
+        }
+        free(ref);
+    }
+    if (bad) fprintf(stderr, "  %s: %ld rows of a threaded repack differ from cm_repack_row_for\n", k->name, bad);
+    CHECK(bad == 0 && seen >= 2);
+    cm_repack_drop(&owner);
+    for (int i = 0; i < NS; i++) free(buf[i]);
+}
+
+static void test_threaded(void) {
+    for (size_t i = 0; i < sizeof k_isas / sizeof k_isas[0]; i++) {
+        const cm_kernels *k = cm_kernels_for(k_isas[i]);
+        if (k) check_threaded(k);
+    }
+}
+
 int main(void) {
     int tables = 0;
     for (size_t i = 0; i < sizeof k_isas / sizeof k_isas[0]; i++) {
@@ -494,5 +563,6 @@ int main(void) {
     RUN(test_k_batched);
     RUN(test_f16_pairs);
     RUN(test_give_back);
+    RUN(test_threaded);
     TEST_END();
 }
