@@ -213,7 +213,8 @@ void cm_gemv_plan_rows(const cm_gemv_plan *p, const void *xq, size_t xq_stride, 
  * bytes). cm_repack_drop frees owner's copies (call it before the tensors'
  * bytes go away). Thread-safe; the copies cost the views' size in memory.
  * Returns 0 or CM_ENOMEM. */
-enum { CM_REPACK_MAX_K = 32768 }; /* longest row repacked */
+enum { CM_REPACK_MAX_K = 32768 };      /* longest row repacked */
+enum { CM_REPACK_MAX_K_Q8_0 = 16384 }; /* longest q8_0 row (the avx2 table's kernels hold a row's token on the stack) */
 int cm_repack_add(const void *owner, const cm_kernels *k, const cm_tensor *const *ws, int n, char *err, size_t errlen);
 void cm_repack_drop(const void *owner);
 /* Bytes of the copy cm_repack_add would make of W under table k (0: none),
@@ -251,6 +252,8 @@ void cm_repack_row(enum cm_type t, const void *src, void *dst, int64_t ne0);
 void cm_repack_q4_k_pairs(const void *src, void *dst, int64_t nb);
 void cm_repack_q5_k_pairs(const void *src, void *dst, int64_t nb);
 void cm_repack_q6_k_pairs(const void *src, void *dst, int64_t nb);
+/* The avx2 table's "q8_0 lanes" (repack.c) of nb blocks. */
+void cm_repack_q8_0_lanes(const void *src, void *dst, int64_t nb);
 void cm_repack_row_for(const cm_kernels *k, enum cm_type t, const void *src, void *dst, int64_t ne0);
 /* The "f16 pairs" layout of two F16 rows a, b (b NULL: zeros) of k
  * elements: 2 row sizes at dst (repack.c says what it is). */

@@ -10,7 +10,7 @@
  * rows repacked at load (avx2_krepack.h), the AVX2 table's own q6_k (over
  * the file's rows, and over "q6_k pairs" repacked at load; avx2_q6k.h) and
  * f16 gemv and gemm (avx2_gemv.h), and q4_0 / q8_0 in the AVX-512 table's lane
- * order (lane_avx2.c); tested against the reference in
+ * order (lane_avx2.c; q8_0 also over "q8_0 lanes" rows repacked at load); tested against the reference in
  * tests/unit/test_kernels_simd.c, for batch invariance in
  * test_kernels_invariant.c and test_kernels_repack.c. Never allocates.
  */

@@ -9,7 +9,9 @@
  * nb % 8 blocks go one at a time into their chain (as the AVX-512 tail does).
  *
  * q8_0 (below) takes the same order: q8lane_avx512.c's, so both tables give
- * q8_0 the same bits too.
+ * q8_0 the same bits too; its decode gemv and gemm also run over "q8_0
+ * lanes" rows repacked at load (repack.c), where 8 blocks are transposed
+ * by 4-byte words once and for all.
  *
  * Kernels: vec_dot on the file's bytes (8 blocks' int32 sums transposed into
  * one vector with hadd), gemm as vec_dot per (row, token) (isa.h
@@ -334,6 +336,7 @@ static void gemv_lq8_0(int64_t k, const void *w, size_t w_stride, const void *x,
  * once per block of rows (l8g_grp), tokens once per (row block, group of
  * L8G_T) (l8g_toks). */
 enum { L8G_T = 8, L8G_RB = 64, L8G_CG = 1024 /* (row, 8-block group)s transposed at once */ };
+enum { L8P_GROUP = 8 * sizeof(cm_block_q8_0) }; /* a "q8_0 lanes" group: 8 d, 8 vectors */
 
 /* lane i of o[s] = dword s of q[i] */
 AI void l8_transpose(const __m256i q[8], __m256i o[8]) {
@@ -370,7 +373,8 @@ AI __m256i l8_keep(__m256i v) { /* in a register here: no reassociated trees (ke
     return v;
 }
 
-AI void l8g_row(int64_t nb, const l8g_grp *xg, const cm_block_q8_0 *xr, const l8g_toks *g,
+/* xt: the row's nb % 8 tail blocks (the file's block layout) */
+AI void l8g_row(int64_t nb, const l8g_grp *xg, const cm_block_q8_0 *xt, const l8g_toks *g,
                 const cm_block_q8_0 *const *yv, int T, float *out) {
     const __m256i ones = _mm256_set1_epi16(1);
     __m256 c[L8G_T];
@@ -388,41 +392,46 @@ AI void l8g_row(int64_t nb, const l8g_grp *xg, const cm_block_q8_0 *xr, const l8
             _mm256_cvtepi32_ps(si[t]), _mm256_mul_ps(xg[gi].dx, _mm256_loadu_ps(g->dy[t] + 8 * gi)), c[t]);
     }
     for (int64_t b = ng * 8; b < nb; b++) { /* lq8_tile's tail */
-        const __m256i q = ld256(xr[b].qs);
-        const float dx = f16f(xr[b].d);
+        const __m256i q = ld256(xt[b - ng * 8].qs);
+        const float dx = f16f(xt[b - ng * 8].d);
         for (int t = 0; t < T; t++)
             c[t] = lfma_lane(c[t], (int)(b & 7), hsum_i32(dot_s8s8(q, ld256(yv[t][b].qs))), dx * g->dy[t][b]);
     }
     _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) out[t] = hsum8(c[t]);
 }
 
-static void gemm_lq8_0(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
-                       int64_t r0, int64_t r1, int64_t n_tok) {
-    const int64_t nb = k / CM_QK8_0, ng = nb / 8;
-    if (nb > L8_MAXNB) {
-        for (int64_t i = r0; i < r1; i++)
-            for (int64_t j = 0; j < n_tok; j++)
-                vec_dot_lq8_0(k, &y[j * ldy + i], (const char *)w + (size_t)i * w_stride,
-                              (const char *)x + (size_t)j * x_stride);
-        return;
+/* Row i's group gi as l8g_row takes it: transposed from the file's blocks,
+ * or loaded from "q8_0 lanes" (packed: below), where it is so already. */
+AI void l8g_stage(bool packed, const uint8_t *wr, int64_t gi, l8g_grp *o) {
+    if (packed) {
+        const uint8_t *xg = wr + (size_t)gi * L8P_GROUP;
+        for (int st = 0; st < 8; st++) o->x[st] = ld256(xg + 16 + 32 * st);
+        o->dx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)xg));
+    } else {
+        const cm_block_q8_0 *xr = (const cm_block_q8_0 *)(const void *)wr;
+        __m256i q[8];
+        for (int b = 0; b < 8; b++) q[b] = ld256(xr[8 * gi + b].qs);
+        l8_transpose(q, o->x);
+        o->dx = d8(&xr[8 * gi].d, sizeof *xr);
     }
+    for (int st = 0; st < 8; st++) o->ax[st] = _mm256_sign_epi8(o->x[st], o->x[st]);
+}
+
+/* The gemm over the file's rows or (packed) "q8_0 lanes" rows: the same bits. */
+AI void l8g_gemm(bool packed, int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
+                 int64_t ldy, int64_t r0, int64_t r1, int64_t n_tok) {
+    const int64_t nb = k / CM_QK8_0, ng = nb / 8;
     /* ~700 KiB (compute threads: CM_COMPUTE_STACK) */
     l8g_toks g;
     l8g_grp rows[L8G_CG];
     const int64_t rb = ng * L8G_RB <= L8G_CG ? L8G_RB : L8G_CG / ng;
+    /* where row i's tail blocks are: after its groups, in either layout */
+    const size_t tail = packed ? (size_t)ng * L8P_GROUP : (size_t)ng * 8 * sizeof(cm_block_q8_0);
     for (int64_t i0 = r0; i0 < r1; i0 += rb) {
         const int64_t i1 = r1 - i0 < rb ? r1 : i0 + rb;
-        for (int64_t i = i0; i < i1; i++) {
-            const cm_block_q8_0 *xr = (const cm_block_q8_0 *)(const void *)((const char *)w + (size_t)i * w_stride);
-            for (int64_t gi = 0; gi < ng; gi++) {
-                l8g_grp *o = &rows[(i - i0) * ng + gi];
-                __m256i q[8];
-                for (int b = 0; b < 8; b++) q[b] = ld256(xr[8 * gi + b].qs);
-                l8_transpose(q, o->x);
-                for (int st = 0; st < 8; st++) o->ax[st] = _mm256_sign_epi8(o->x[st], o->x[st]);
-                o->dx = d8(&xr[8 * gi].d, sizeof *xr);
-            }
-        }
+        for (int64_t i = i0; i < i1; i++)
+            for (int64_t gi = 0; gi < ng; gi++)
+                l8g_stage(packed, (const uint8_t *)w + (size_t)i * w_stride, gi, &rows[(i - i0) * ng + gi]);
         for (int64_t j = 0; j < n_tok; j += L8G_T) {
             const int T = n_tok - j < L8G_T ? (int)(n_tok - j) : L8G_T;
             const cm_block_q8_0 *yv[L8G_T];
@@ -437,22 +446,99 @@ static void gemm_lq8_0(int64_t k, const void *w, size_t w_stride, const void *x,
             }
             for (int64_t i = i0; i < i1; i++) {
                 const l8g_grp *xg = &rows[(i - i0) * ng];
-                const cm_block_q8_0 *xr = (const cm_block_q8_0 *)(const void *)((const char *)w + (size_t)i * w_stride);
+                const cm_block_q8_0 *xt =
+                    (const cm_block_q8_0 *)(const void *)((const char *)w + (size_t)i * w_stride + tail);
                 float out[L8G_T];
                 switch (T) { /* a constant T keeps the sums in registers */
-                case 8: l8g_row(nb, xg, xr, &g, yv, 8, out); break;
-                case 7: l8g_row(nb, xg, xr, &g, yv, 7, out); break;
-                case 6: l8g_row(nb, xg, xr, &g, yv, 6, out); break;
-                case 5: l8g_row(nb, xg, xr, &g, yv, 5, out); break;
-                case 4: l8g_row(nb, xg, xr, &g, yv, 4, out); break;
-                case 3: l8g_row(nb, xg, xr, &g, yv, 3, out); break;
-                case 2: l8g_row(nb, xg, xr, &g, yv, 2, out); break;
-                default: l8g_row(nb, xg, xr, &g, yv, 1, out); break;
+                case 8: l8g_row(nb, xg, xt, &g, yv, 8, out); break;
+                case 7: l8g_row(nb, xg, xt, &g, yv, 7, out); break;
+                case 6: l8g_row(nb, xg, xt, &g, yv, 6, out); break;
+                case 5: l8g_row(nb, xg, xt, &g, yv, 5, out); break;
+                case 4: l8g_row(nb, xg, xt, &g, yv, 4, out); break;
+                case 3: l8g_row(nb, xg, xt, &g, yv, 3, out); break;
+                case 2: l8g_row(nb, xg, xt, &g, yv, 2, out); break;
+                default: l8g_row(nb, xg, xt, &g, yv, 1, out); break;
                 }
                 for (int t = 0; t < T; t++) y[(j + t) * ldy + i] = out[t];
             }
         }
     }
+}
+
+static void gemm_lq8_0(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
+                       int64_t r0, int64_t r1, int64_t n_tok) {
+    if (k / CM_QK8_0 > L8_MAXNB) {
+        for (int64_t i = r0; i < r1; i++)
+            for (int64_t j = 0; j < n_tok; j++)
+                vec_dot_lq8_0(k, &y[j * ldy + i], (const char *)w + (size_t)i * w_stride,
+                              (const char *)x + (size_t)j * x_stride);
+        return;
+    }
+    l8g_gemm(false, k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
+}
+
+/* ---- over "q8_0 lanes" (repack.c: the AVX2 table's own q8_0 layout) ----
+ * A row's groups of 8 blocks hold the group's 8 d, then l8_transpose's 8
+ * vectors of its bytes (272 bytes, the group's size in the file); its nb % 8
+ * last blocks are the file's. The decode gemv adds each group's 8 madds
+ * (lane i = block i's exact sum) where lq8_row folds and hadds 8 dot vectors:
+ * 1.4x per block on one Zen 1 core, the same bits (the same s_b, scale
+ * product, FMA chains and tail). The gemm is gemm_lq8_0's, loading what it
+ * transposes. Rows of at most L8_MAXNB blocks (CM_REPACK_MAX_K_Q8_0). */
+_Static_assert(CM_REPACK_MAX_K_Q8_0 == L8_MAXNB * CM_QK8_0, "the q8_0 rows repack.c repacks are the rows these take");
+
+/* A token's groups transposed as the rows are (256 bytes per group). */
+AI void l8p_token(int64_t ng, const cm_block_q8_0 *y, uint8_t *yt) {
+    for (int64_t gi = 0; gi < ng; gi++) {
+        __m256i q[8], o[8];
+        for (int b = 0; b < 8; b++) q[b] = ld256(y[8 * gi + b].qs);
+        l8_transpose(q, o);
+        for (int st = 0; st < 8; st++) _mm256_store_si256((__m256i *)(void *)(yt + 256 * gi + 32 * st), o[st]);
+    }
+}
+
+static void gemv_p8_0(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
+                      int64_t r0, int64_t r1, int64_t n_tok) {
+    (void)x_stride, (void)ldy, (void)n_tok;
+    const int64_t nb = k / CM_QK8_0, ng = nb / 8;
+    CM_ASSERT(nb <= L8_MAXNB);
+    const cm_block_q8_0 *xb = x;
+    _Alignas(32) uint8_t yt[L8_MAXNB * 32];
+    float dyf[L8_MAXNB];
+    lq8_dy(nb, xb, dyf);
+    l8p_token(ng, xb, yt);
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int64_t i = r0; i < r1; i++) {
+        const uint8_t *wr = (const uint8_t *)w + (size_t)i * w_stride;
+        __m256 c = _mm256_setzero_ps();
+        for (int64_t gi = 0; gi < ng; gi++) {
+            const uint8_t *xg = wr + (size_t)gi * L8P_GROUP;
+            _Pragma("GCC unroll 5") for (int o = 0; o < (int)L8P_GROUP; o += 64)
+                _mm_prefetch((const char *)xg + LA_PFD + o, _MM_HINT_T0);
+            __m256i s = _mm256_setzero_si256();
+            _Pragma("GCC unroll 8") for (int st = 0; st < 8; st++) {
+                const __m256i xv = ld256(xg + 16 + 32 * st);
+                const __m256i yv = _mm256_load_si256((const __m256i *)(const void *)(yt + 256 * gi + 32 * st));
+                s = l8_keep(_mm256_add_epi32(
+                    s,
+                    _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(xv, xv), _mm256_sign_epi8(yv, xv)), ones)));
+            }
+            const __m256 d = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)xg)),
+                                           _mm256_loadu_ps(dyf + 8 * gi));
+            c = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), d, c);
+        }
+        const cm_block_q8_0 *xt = (const cm_block_q8_0 *)(const void *)(wr + (size_t)ng * L8P_GROUP);
+        for (int64_t b = 8 * ng; b < nb; b++) /* lq8_row's tail */
+            c = lfma_lane(c, (int)(b & 7), hsum_i32(dot_s8s8(ld256(xt[b - 8 * ng].qs), ld256(xb[b].qs))),
+                          f16f(xt[b - 8 * ng].d) * dyf[b]);
+        y[i] = hsum8(c);
+    }
+}
+
+static void gemm_p8_0(int64_t k, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y, int64_t ldy,
+                      int64_t r0, int64_t r1, int64_t n_tok) {
+    CM_ASSERT(k / CM_QK8_0 <= L8_MAXNB);
+    l8g_gemm(true, k, w, w_stride, x, x_stride, y, ldy, r0, r1, n_tok);
 }
 
 /* The AVX2 table only (dispatch.c calls it from cm_kernels_fill_avx2_own):
@@ -461,6 +547,9 @@ void cm_kernels_fill_lq8_avx2(cm_kernels *k) {
     k->vec_dot[CM_TYPE_Q8_0] = vec_dot_lq8_0;
     k->gemm[CM_TYPE_Q8_0] = gemm_lq8_0;
     k->gemv[CM_TYPE_Q8_0] = gemv_lq8_0;
+    k->repack[CM_TYPE_Q8_0] = cm_repack_q8_0_lanes; /* "q8_0 lanes" (repack.c) */
+    k->gemv_packed[CM_TYPE_Q8_0] = gemv_p8_0;
+    k->gemm_packed[CM_TYPE_Q8_0] = gemm_p8_0;
 }
 
 void cm_kernels_fill_lane_avx2(cm_kernels *k) {

@@ -56,6 +56,13 @@
  * then 1, 3, .., 15; d unchanged at 208. A value is one mask (or three
  * shifts and masks for every fourth vector), a pair's scales one shuffle.
  *
+ * Layout "q8_0 lanes" (the avx2 table's q8_0; same size and stride): each
+ * group of 8 blocks, 272 bytes, is
+ *   [8 fp16 d][8 x 32 bytes: vector q, lane j (4 bytes) = block j's qs[4q..4q+3]]
+ * so 8 maddubs / madd pairs give the 8 blocks' sums in the 8 lanes with
+ * plain adds (lane_avx2.c's gemv_p8_0); the nb % 8 last blocks of a row stay
+ * as they are. Rows of 8 blocks to CM_REPACK_MAX_K_Q8_0 elements.
+ *
  * Layout "f16 pairs" (rows rounded up to even, row stride unchanged: the
  * copy of row pair q, rows 2q and 2q + 1, is the 2 row sizes at row 2q):
  *   [chain 0: k / 16 steps of (row 2q's 8 elements, row 2q + 1's)]
@@ -82,7 +89,7 @@
  * something else reads them: a column view, another table, the cluster's
  * weight transfer) and cm_matmul_rows reads the copy for every n_tok
  * (cm_repack_find_alone). Every table's repacked types have such a gemm
- * (q4_0 on avx512 and avx2, q4_k / q5_k / q6_k / f16 on avx2, q5_k / q6_k on avx512:
+ * (q4_0 on avx512 and avx2, q4_k / q5_k / q6_k / q8_0 / f16 on avx2, q5_k / q6_k on avx512:
  * avx512_kpacked.h); a table repacks a type only where its decode gemv
  * gains by it (the avx512 table's q4_k gemv ran as fast over the file's
  * bytes: not repacked there, gemm_kq4_avx512.c).
@@ -128,6 +135,7 @@ static bool rp_wanted(const cm_kernels *k, const cm_tensor *W) {
         return W->ne[0] >= 4 * CM_QK_K && W->ne[0] <= CM_REPACK_MAX_K;
     if (W->type == CM_TYPE_Q6_K) return W->ne[0] >= CM_QK_K && W->ne[0] <= CM_REPACK_MAX_K;
     if (W->type == CM_TYPE_F16) return W->ne[0] >= 16 && W->ne[0] <= CM_REPACK_MAX_K;
+    if (W->type == CM_TYPE_Q8_0) return W->ne[0] >= 8 * CM_QK8_0 && W->ne[0] <= CM_REPACK_MAX_K_Q8_0;
     return false;
 }
 
@@ -163,6 +171,18 @@ void cm_repack_q4_0_lanes(const void *src, void *dst, int64_t nb) {
         for (int j = 0; j < 16; j++) memcpy(d + 2 * j, &x[g + j].d, 2);
         for (int q = 0; q < 4; q++)
             for (int j = 0; j < 16; j++) memcpy(d + 32 + 64 * q + 4 * j, x[g + j].qs + 4 * q, 4);
+    }
+    memcpy(d, x + g, (size_t)(nb - g) * sizeof *x);
+}
+
+void cm_repack_q8_0_lanes(const void *src, void *dst, int64_t nb) {
+    const cm_block_q8_0 *x = src;
+    uint8_t *d = dst;
+    int64_t g = 0;
+    for (; g + 8 <= nb; g += 8, d += 8 * sizeof(cm_block_q8_0)) {
+        for (int j = 0; j < 8; j++) memcpy(d + 2 * j, &x[g + j].d, 2);
+        for (int q = 0; q < 8; q++)
+            for (int j = 0; j < 8; j++) memcpy(d + 16 + 32 * q + 4 * j, x[g + j].qs + 4 * q, 4);
     }
     memcpy(d, x + g, (size_t)(nb - g) * sizeof *x);
 }

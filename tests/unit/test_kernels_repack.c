@@ -71,7 +71,9 @@ static void weights_free(weights *m) {
 static void check_cols(const cm_kernels *k, const cm_tensor *cv) {
     const enum cm_type t = cv->type, vt = cm_type_traits_of(t)->vec_dot_type;
     const int64_t n = cv->ne[0], rows = cv->ne[1];
-    const int64_t min = t == CM_TYPE_Q4_0 ? 16 * CM_QK4_0 : 4 * CM_QK_K; /* repack.c's narrowest row */
+    const int64_t min = t == CM_TYPE_Q4_0   ? 16 * CM_QK4_0
+                        : t == CM_TYPE_Q8_0 ? 8 * CM_QK8_0
+                                            : 4 * CM_QK_K; /* repack.c's narrowest row */
     if (n < min) return;
     enum { NT = 6 };
     const size_t xs = cm_row_size(vt, n);
@@ -378,6 +380,38 @@ static void test_q6_k_lanes(void) {
     }
 }
 
+/* "q8_0 lanes" (the avx2 table's): groups of 8 blocks and a tail of 0..7,
+ * up to CM_REPACK_MAX_K_Q8_0 elements (a longer row is not repacked);
+ * decode and batches over the copy. */
+static void test_q8_0_lanes(void) {
+    int tables = 0;
+    for (size_t i = 0; i < sizeof k_isas / sizeof k_isas[0]; i++) {
+        const cm_kernels *k = cm_kernels_for(k_isas[i]);
+        if (!k) continue;
+        check(k, CM_TYPE_Q8_0, 256);     /* one group (or, without the layout: nothing repacked) */
+        check(k, CM_TYPE_Q8_0, 2048);    /* eight groups, no tail */
+        check(k, CM_TYPE_Q8_0, 43 * 32); /* five groups and a 3-block tail */
+        check(k, CM_TYPE_Q8_0, 2816);    /* a TP member's ffn_down slice of the 1B models */
+        check(k, CM_TYPE_Q8_0, 5632);
+        check(k, CM_TYPE_Q8_0, CM_REPACK_MAX_K_Q8_0);
+        if (!k->gemv_packed[CM_TYPE_Q8_0]) continue;
+        tables++;
+        CHECK(k->gemm_packed[CM_TYPE_Q8_0] != NULL);
+        uint8_t dummy;
+        cm_tensor W;
+        const int64_t ne[2] = {CM_REPACK_MAX_K_Q8_0 + 32, 3}, ne_short[2] = {7 * 32, 3};
+        cm_tensor_init(&W, CM_TYPE_Q8_0, 2, ne, &dummy, "w");
+        CHECK(cm_repack_size(k, &W) == 0);
+        cm_tensor_init(&W, CM_TYPE_Q8_0, 2, ne_short, &dummy, "w");
+        CHECK(cm_repack_size(k, &W) == 0);
+        check_batch(k, CM_TYPE_Q8_0, 256);
+        check_batch(k, CM_TYPE_Q8_0, 43 * 32);
+        check_batch(k, CM_TYPE_Q8_0, 5632);
+        check_batch(k, CM_TYPE_Q8_0, CM_REPACK_MAX_K_Q8_0);
+    }
+    if (!tables) printf("skip: n/a: no kernel table on this CPU has a gemv over repacked q8_0\n");
+}
+
 /* One copy resident: a tensor in a file read into memory (cm_file_load),
  * repacked, its file pages given back where the table's gemm reads the
  * layout too (gemm_packed): the bytes at its address stay the file's, the
@@ -473,7 +507,10 @@ static void test_give_back(void) {
             check_give_back(k, CM_TYPE_F16, 2048);
             check_give_back(k, CM_TYPE_F16, 1005); /* a 13-element tail */
         }
-        if (!k->gemv_packed[CM_TYPE_Q8_0] && k->gemm[CM_TYPE_Q8_0]) check_give_back(k, CM_TYPE_Q8_0, 2048); /* same */
+        if (k->gemv_packed[CM_TYPE_Q8_0]) { /* "q8_0 lanes": groups only, and a 3-block tail */
+            check_give_back(k, CM_TYPE_Q8_0, 2048);
+            check_give_back(k, CM_TYPE_Q8_0, 43 * 32);
+        } else if (k->gemm[CM_TYPE_Q8_0]) check_give_back(k, CM_TYPE_Q8_0, 2048); /* same */
     }
     if (!tables) printf("skip: n/a: no kernel table on this CPU repacks q4_0 (nothing to give back)\n");
 }
@@ -560,6 +597,7 @@ int main(void) {
     RUN(test_q4_k_lanes);
     RUN(test_q5_k_lanes);
     RUN(test_q6_k_lanes);
+    RUN(test_q8_0_lanes);
     RUN(test_k_batched);
     RUN(test_f16_pairs);
     RUN(test_give_back);
