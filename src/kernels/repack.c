@@ -163,28 +163,29 @@ void cm_repack_f16_pair(const void *a, const void *b, void *dst, int64_t k) {
     }
 }
 
-void cm_repack_q4_0_lanes(const void *src, void *dst, int64_t nb) {
-    const cm_block_q4_0 *x = src;
-    uint8_t *d = dst;
+/* "q4_0 lanes" and "q8_0 lanes": per group of G blocks (bs bytes each: an
+ * fp16 d, then nq 4-byte words of quants) the G d, then word q of the G
+ * blocks side by side for each q; the nb % G last blocks as they are. */
+static void lanes_by_word(const uint8_t *x, uint8_t *d, int64_t nb, int G, size_t bs, int nq) {
     int64_t g = 0;
-    for (; g + 16 <= nb; g += 16, d += 16 * sizeof(cm_block_q4_0)) {
-        for (int j = 0; j < 16; j++) memcpy(d + 2 * j, &x[g + j].d, 2);
-        for (int q = 0; q < 4; q++)
-            for (int j = 0; j < 16; j++) memcpy(d + 32 + 64 * q + 4 * j, x[g + j].qs + 4 * q, 4);
+    for (; g + G <= nb; g += G, d += (size_t)G * bs) {
+        for (int j = 0; j < G; j++) memcpy(d + 2 * j, x + (size_t)(g + j) * bs, 2);
+        for (int q = 0; q < nq; q++)
+            for (int j = 0; j < G; j++) memcpy(d + 2 * G + 4 * G * q + 4 * j, x + (size_t)(g + j) * bs + 2 + 4 * q, 4);
     }
-    memcpy(d, x + g, (size_t)(nb - g) * sizeof *x);
+    memcpy(d, x + (size_t)g * bs, (size_t)(nb - g) * bs);
+}
+
+_Static_assert(offsetof(cm_block_q4_0, d) == 0 && offsetof(cm_block_q4_0, qs) == 2 && offsetof(cm_block_q8_0, d) == 0 &&
+                   offsetof(cm_block_q8_0, qs) == 2,
+               "lanes_by_word's block: d, then the quants");
+
+void cm_repack_q4_0_lanes(const void *src, void *dst, int64_t nb) {
+    lanes_by_word(src, dst, nb, 16, sizeof(cm_block_q4_0), CM_QK4_0 / 8);
 }
 
 void cm_repack_q8_0_lanes(const void *src, void *dst, int64_t nb) {
-    const cm_block_q8_0 *x = src;
-    uint8_t *d = dst;
-    int64_t g = 0;
-    for (; g + 8 <= nb; g += 8, d += 8 * sizeof(cm_block_q8_0)) {
-        for (int j = 0; j < 8; j++) memcpy(d + 2 * j, &x[g + j].d, 2);
-        for (int q = 0; q < 8; q++)
-            for (int j = 0; j < 8; j++) memcpy(d + 16 + 32 * q + 4 * j, x[g + j].qs + 4 * q, 4);
-    }
-    memcpy(d, x + g, (size_t)(nb - g) * sizeof *x);
+    lanes_by_word(src, dst, nb, 8, sizeof(cm_block_q8_0), CM_QK8_0 / 4);
 }
 
 /* The first 64 bytes of a "q4_k lanes" or "q5_k lanes" group, which the two
