@@ -106,7 +106,7 @@ typedef struct cm_kernels {
     /* Optional: the table's own repacked layout of type t (nb blocks of a
      * row), which its gemv_packed and gemm_packed read instead of the type's
      * shared one (cm_repack_row); a copy is read only by the table that made
-     * it. The avx2 table's q4_k / q5_k / q6_k "pairs" (repack.c). */
+     * it. The avx2 table's q4_k / q5_k / q6_k "pairs" and "q8_0 lanes" (repack.c). */
     void (*repack[CM_TYPE_COUNT])(const void *src, void *dst, int64_t nb);
     cm_attn_v_fn attn_v[CM_TYPE_COUNT]; /* KV cache types F32 F16 Q8_0 Q4_0 (attn_*.c) */
     cm_attn_f16_step_fn attn_f16_step;  /* (attn_*.c) */

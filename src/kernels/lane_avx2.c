@@ -323,18 +323,18 @@ static void gemv_lq8_0(int64_t k, const void *w, size_t w_stride, const void *x,
     }
 }
 
-/* ---- the q8_0 gemm: lq8_tile's bits without its hadd8x8 ----
+/* ---- the q8_0 gemm: lq8_row's bits without its folds ----
  * A group of 8 blocks transposed by 4-byte words (l8_transpose: vector s,
  * lane i = block i's bytes 4s..4s+3), for the row and for each token, makes
  * madd(maddubs(|x|, sign(y, x)), 1) of vector s lane i block i's 4-byte
- * partial sum, exactly the lane lq8_tile's madd gives (the same byte pairs
- * in each maddubs word, so even a saturating pair saturates the same), and 8
- * adds give lane i block i's sum: per 32 weights and token a sign, a maddubs,
- * a madd and an add, where lq8_tile also pays a share of hadd8x8 (21
- * operations per 8 blocks). Then lq8_tile's conversion, scale product and FMA
- * per group, its tail blocks one by one: lq8_tile's bits. Rows are transposed
- * once per block of rows (l8g_grp), tokens once per (row block, group of
- * L8G_T) (l8g_toks). */
+ * partial sum, exactly the lane dot_s8s8's madd gives in lq8_row (the same
+ * byte pairs in each maddubs word, so even a saturating pair saturates the
+ * same), and 8 adds give lane i block i's sum: per 32 weights and token a
+ * sign, a maddubs, a madd and an add, where lq8_row also folds and hadds each
+ * 8 blocks' dot vectors. Then lq8_row's conversion, scale product and FMA per
+ * group, its tail blocks one by one: lq8_row's bits. Rows are transposed
+ * (over "q8_0 lanes": loaded) once per block of rows (l8g_grp), tokens once
+ * per (row block, group of L8G_T) (l8g_toks). */
 enum { L8G_T = 8, L8G_RB = 64, L8G_CG = 1024 /* (row, 8-block group)s transposed at once */ };
 enum { L8P_GROUP = 8 * sizeof(cm_block_q8_0) }; /* a "q8_0 lanes" group: 8 d, 8 vectors */
 
@@ -391,7 +391,7 @@ AI void l8g_row(int64_t nb, const l8g_grp *xg, const cm_block_q8_0 *xt, const l8
         _Pragma("GCC unroll 8") for (int t = 0; t < T; t++) c[t] = _mm256_fmadd_ps(
             _mm256_cvtepi32_ps(si[t]), _mm256_mul_ps(xg[gi].dx, _mm256_loadu_ps(g->dy[t] + 8 * gi)), c[t]);
     }
-    for (int64_t b = ng * 8; b < nb; b++) { /* lq8_tile's tail */
+    for (int64_t b = ng * 8; b < nb; b++) { /* lq8_row's tail */
         const __m256i q = ld256(xt[b - ng * 8].qs);
         const float dx = f16f(xt[b - ng * 8].d);
         for (int t = 0; t < T; t++)

@@ -33,7 +33,7 @@
  * a shift give the two vectors of a 64-value chunk that the avx2 gemv feeds
  * to two maddubs and one madd (avx2_krepack.h): chunk c's A holds in byte
  * 4l + e value 64c + 32 (e / 2) + 4l + e % 2, its B the value two on
- * (kp_at). q4_k: chunk c's 32 bytes are A | B << 4. q5_k: its 32 bytes U
+ * (kp_block). q4_k: chunk c's 32 bytes are A | B << 4. q5_k: its 32 bytes U
  * are A (5 bits) | (B & 7) << 5, and the 32 bytes where "q5_k lanes" keeps
  * qh hold B >> 3 of chunk c in bits 2c, 2c + 1 (V). The nb % 4 last
  * super-blocks keep the file's block layout with their quants so reordered.
@@ -439,7 +439,9 @@ int cm_repack_add(const void *owner, const cm_kernels *k, const cm_tensor *const
     int nth = total >= RP_THREADED_MIN ? cm_cpu_count() : 1;
     if (nth > RP_THREADS_MAX) nth = RP_THREADS_MAX;
     cm_pool *pool = nth > 1 ? cm_pool_new(nth) : NULL;
+    int used = 1; /* the threads the pool got (it may start fewer) */
     if (pool) {
+        used = cm_pool_size(pool);
         cm_pool_run(pool, rp_fill_run, &fill);
         cm_pool_free(pool);
     } else rp_fill_run(&fill, 0, 1);
@@ -479,7 +481,7 @@ int cm_repack_add(const void *owner, const cm_kernels *k, const cm_tensor *const
         __atomic_store_n(&g_n, g_n + 1, __ATOMIC_RELEASE);
     }
     pthread_rwlock_unlock(&g_lock);
-    CM_LOGD("repack: %d tensors, %zu bytes, for %p, on %d threads", m, total, owner, pool ? nth : 1);
+    CM_LOGD("repack: %d tensors, %zu bytes, for %p, on %d threads", m, total, owner, used);
     return 0;
 }
 

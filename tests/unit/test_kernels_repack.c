@@ -518,14 +518,16 @@ static void test_give_back(void) {
 /* One cm_repack_add call big enough to fill its copies on several threads
  * (repack.c: from 4 MiB on), mixing every type the table repacks with one
  * it does not: each copy must hold, row by row (f16: pair by pair), what
- * cm_repack_row_for (cm_repack_f16_pair) makes of the file's bytes alone.
+ * cm_repack_row_for (cm_repack_f16_pair) makes of the file's bytes alone,
+ * and a tensor of a type no table repacks (between others) has no copy.
  * Random bytes: only where they go is checked. */
 static void check_threaded(const cm_kernels *k) {
     static const struct {
         enum cm_type t;
         int64_t n, rows;
-    } sh[] = {{CM_TYPE_Q4_K, 4096, 701}, {CM_TYPE_Q8_0, 2048, 33},  {CM_TYPE_F16, 2048, 1001},
-              {CM_TYPE_Q5_K, 2048, 333}, {CM_TYPE_Q6_K, 5632, 150}, {CM_TYPE_Q4_0, 5632, 257}};
+    } sh[] = {/* q5_0: no table repacks it; q8_0 with a 1-block tail; sizes past 4 MiB for either x86 table */
+              {CM_TYPE_Q4_K, 4096, 701}, {CM_TYPE_Q8_0, 2080, 33},  {CM_TYPE_Q5_0, 2048, 64}, {CM_TYPE_F16, 2048, 1001},
+              {CM_TYPE_Q5_K, 2048, 333}, {CM_TYPE_Q6_K, 5632, 600}, {CM_TYPE_Q4_0, 5632, 600}};
     enum { NS = sizeof sh / sizeof sh[0] };
     cm_tensor W[NS];
     const cm_tensor *wp[NS];
@@ -542,8 +544,9 @@ static void check_threaded(const cm_kernels *k) {
     }
     if (total < ((size_t)4 << 20)) {
         for (int i = 0; i < NS; i++) free(buf[i]);
-        return; /* repacks too few of these types to take threads */
+        return; /* repacks too few of these types to take threads (scalar, neon) */
     }
+    if (cm_cpu_count() < 2) printf("skip: n/a: one CPU: the repack ran on one thread (%s)\n", k->name);
     int owner;
     char err[200] = "";
     CHECKF(cm_repack_add(&owner, k, wp, NS, err, sizeof err) == 0, "%s", err);
@@ -571,7 +574,7 @@ static void check_threaded(const cm_kernels *k) {
         free(ref);
     }
     if (bad) fprintf(stderr, "  %s: %ld rows of a threaded repack differ from cm_repack_row_for\n", k->name, bad);
-    CHECK(bad == 0 && seen >= 2);
+    CHECK(bad == 0 && seen >= 3);
     cm_repack_drop(&owner);
     for (int i = 0; i < NS; i++) free(buf[i]);
 }
