@@ -417,8 +417,9 @@ static void rp_fill_run(void *ctx, int ith, int nth) {
 
 /* Threads for a call repacking total bytes: every CPU (up to 16) from
  * RP_THREADED_MIN on (a 1B model's layer is ~30 MB; the scalar reorders cost
- * ~4 ns a byte on one Zen 1 core: a 7B Q4_K_M model's ~4 GB were ~15 s of
- * load on one core), one below (the threads' start would cost more). */
+ * ~2 ns a byte on one Zen 1 core, ~4 before kp_block's direct formula: a 7B
+ * Q4_K_M model's ~4 GB are ~8 s of load on one core), one below (the
+ * threads' start would cost more). */
 enum { RP_THREADED_MIN = 4 << 20, RP_THREADS_MAX = 16 };
 
 int cm_repack_add(const void *owner, const cm_kernels *k, const cm_tensor *const *ws, int n, char *err, size_t errlen) {
